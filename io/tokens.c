@@ -1,0 +1,601 @@
+/* Token shard files: read (llm.c headered shards, nanoGPT raw uint16) and
+ * write (llm.c shards). See tokens.h for the format. */
+#define _GNU_SOURCE /* glob(3) error codes, O_DIRECTORY */
+#include "tokens.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <glob.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+/* Headers and tokens are moved between disk and memory with memcpy, which
+ * is only the right byte order on a little-endian host (every machine we
+ * run on). A big-endian port must add byte swaps here, so refuse to build
+ * rather than silently write files nobody else can read. */
+#if !defined(__BYTE_ORDER__) || !defined(__ORDER_LITTLE_ENDIAN__) || \
+    __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "io/tokens.c assumes a little-endian host: add byte swaps before porting"
+#endif
+
+#define HEADER_BYTES ((off_t)TOKENS_HEADER_INTS * (off_t)sizeof(int32_t))
+
+/* Tokens converted per write(2) call: large enough to amortise the syscall,
+ * small enough to stay in cache. */
+#define WRITE_CHUNK 65536
+
+#if defined(__GNUC__)
+__attribute__((format(printf, 3, 4)))
+#endif
+static void seterr(char *err, size_t errlen, const char *fmt, ...)
+{
+    if (err == NULL || errlen == 0)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+int tokens_format_parse(const char *s, tokens_format_t *fmt)
+{
+    if (s == NULL || fmt == NULL)
+        return -1;
+    if (strcmp(s, "llmc") == 0) {
+        *fmt = TOKENS_FORMAT_LLMC;
+        return 0;
+    }
+    if (strcmp(s, "raw-u16") == 0) {
+        *fmt = TOKENS_FORMAT_RAW_U16;
+        return 0;
+    }
+    return -1;
+}
+
+/* ------------------------------------------------------------------ */
+/* Reading                                                              */
+/* ------------------------------------------------------------------ */
+
+/* read(2) until `len` bytes arrive: reads from network file systems may
+ * return short counts or be interrupted by the signals the trainer uses. */
+static int read_full(int fd, void *buf, size_t len, const char *path,
+                     char *err, size_t errlen)
+{
+    char *p = buf;
+    while (len > 0) {
+        ssize_t got = read(fd, p, len);
+        if (got < 0) {
+            if (errno == EINTR)
+                continue;
+            seterr(err, errlen, "cannot read token file '%s': %s", path,
+                   strerror(errno));
+            return -1;
+        }
+        if (got == 0) {
+            seterr(err, errlen,
+                   "token file '%s' shrank while being read (is another "
+                   "process rewriting it? wait for it and retry)", path);
+            return -1;
+        }
+        p += got;
+        len -= (size_t)got;
+    }
+    return 0;
+}
+
+/* A headerless file is plausible when its size is a whole number of
+ * uint16 tokens; only then is suggesting --data-format raw-u16 useful. */
+static const char *raw_hint(off_t size)
+{
+    return (size > 0 && size % 2 == 0)
+               ? "; if it is a headerless nanoGPT uint16 file, pass "
+                 "--data-format raw-u16"
+               : "";
+}
+
+/* Check the llm.c header against the file size; on success *width and
+ * *count describe the body that follows the header. */
+static int check_header(const int32_t *hdr, off_t size, const char *path,
+                        int *width, size_t *count, char *err, size_t errlen)
+{
+    int32_t magic = hdr[0], version = hdr[1], n = hdr[2];
+    int32_t want_version;
+
+    if (magic == TOKENS_MAGIC_U16) {
+        *width = 2;
+        want_version = TOKENS_VERSION_U16;
+    } else if (magic == TOKENS_MAGIC_U32) {
+        *width = 4;
+        want_version = TOKENS_VERSION_U32;
+    } else {
+        seterr(err, errlen,
+               "token file '%s': bad magic %d (accepted: %d = llm.c uint16, "
+               "%d = llm.c uint32)%s; otherwise re-create it with "
+               "dtrain-prepare",
+               path, (int)magic, TOKENS_MAGIC_U16, TOKENS_MAGIC_U32,
+               raw_hint(size));
+        return -1;
+    }
+    if (version != want_version) {
+        seterr(err, errlen,
+               "token file '%s': magic %d needs header version %d but the "
+               "file has version %d: re-create it with dtrain-prepare",
+               path, (int)magic, (int)want_version, (int)version);
+        return -1;
+    }
+    if (n < 0) {
+        seterr(err, errlen,
+               "token file '%s': negative token count %d in the header: the "
+               "file is corrupt, re-create it with dtrain-prepare",
+               path, (int)n);
+        return -1;
+    }
+    if (n == 0) {
+        seterr(err, errlen,
+               "token file '%s' is an empty shard (header token count 0): "
+               "remove it or re-create it from non-empty text",
+               path);
+        return -1;
+    }
+    off_t want = HEADER_BYTES + (off_t)n * (off_t)*width;
+    if (size != want) {
+        seterr(err, errlen,
+               "token file '%s' is %s: the header says %d tokens of %d bytes "
+               "= %lld bytes with the header, but the file is %lld bytes: "
+               "copy it again or re-create it with dtrain-prepare",
+               path, size < want ? "truncated" : "overlong (trailing bytes)",
+               (int)n, *width, (long long)want, (long long)size);
+        return -1;
+    }
+    *count = (size_t)n;
+    return 0;
+}
+
+/* Widen uint16 tokens to int32 in place. The uint16 body occupies the
+ * first half of the buffer; walking from the end means every element is
+ * read before its bytes are overwritten (element i lands at bytes
+ * [4i, 4i+4), which only covers uint16 elements 2i and 2i+1 >= i). */
+static void widen_u16(int32_t *tok, size_t n)
+{
+    const unsigned char *src = (const unsigned char *)tok;
+    for (size_t i = n; i-- > 0;) {
+        uint16_t v;
+        memcpy(&v, src + 2 * i, sizeof v);
+        tok[i] = (int32_t)v;
+    }
+}
+
+/* Read one shard into sh (path already set). The file is checked fully
+ * before the caller sees any of it, so training never starts on a file
+ * that fails halfway through. */
+static int read_shard(token_shard_t *sh, tokens_format_t fmt, int vocab_size,
+                      char *err, size_t errlen)
+{
+    const char *path = sh->path;
+    int rc = -1;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        seterr(err, errlen, "cannot open token file '%s': %s", path,
+               strerror(errno));
+        return -1;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        seterr(err, errlen, "cannot stat token file '%s': %s", path,
+               strerror(errno));
+        goto out;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        seterr(err, errlen,
+               "token file '%s' is not a regular file: make --data match "
+               "only shard files",
+               path);
+        goto out;
+    }
+    off_t size = st.st_size;
+    int width;
+    size_t count;
+
+    if (fmt == TOKENS_FORMAT_RAW_U16) {
+        if (size == 0) {
+            seterr(err, errlen,
+                   "token file '%s' is an empty shard (0 bytes): remove it "
+                   "or re-create it",
+                   path);
+            goto out;
+        }
+        if (size % 2 != 0) {
+            seterr(err, errlen,
+                   "token file '%s' has an odd size (%lld bytes), so it is "
+                   "not a raw uint16 token file: check --data and "
+                   "--data-format",
+                   path, (long long)size);
+            goto out;
+        }
+        width = 2;
+        count = (size_t)(size / 2);
+    } else {
+        if (size < HEADER_BYTES) {
+            seterr(err, errlen,
+                   "token file '%s' is truncated: %lld bytes is shorter than "
+                   "the %lld-byte llm.c header%s; otherwise re-create it "
+                   "with dtrain-prepare",
+                   path, (long long)size, (long long)HEADER_BYTES,
+                   raw_hint(size));
+            goto out;
+        }
+        int32_t hdr[TOKENS_HEADER_INTS];
+        if (read_full(fd, hdr, sizeof hdr, path, err, errlen) != 0)
+            goto out;
+        if (check_header(hdr, size, path, &width, &count, err, errlen) != 0)
+            goto out;
+    }
+
+    if (count > SIZE_MAX / sizeof(int32_t)) {
+        seterr(err, errlen, "token file '%s' is too large for this host",
+               path);
+        goto out;
+    }
+    sh->tok = malloc(count * sizeof(int32_t));
+    if (sh->tok == NULL) {
+        seterr(err, errlen,
+               "out of memory reading token file '%s' (%zu tokens need %zu "
+               "bytes): use fewer or smaller shards",
+               path, count, count * sizeof(int32_t));
+        goto out;
+    }
+    if (read_full(fd, sh->tok, count * (size_t)width, path, err, errlen) != 0)
+        goto out;
+
+    if (fmt == TOKENS_FORMAT_RAW_U16 && count * 2 >= (size_t)HEADER_BYTES) {
+        /* A raw read of an llm.c shard would train on its header as if it
+         * were text; an exact magic + version + size match is no accident. */
+        int32_t hdr[3];
+        memcpy(hdr, sh->tok, sizeof hdr);
+        if (hdr[0] == TOKENS_MAGIC_U16 && hdr[1] == TOKENS_VERSION_U16 &&
+            hdr[2] > 0 &&
+            (off_t)count * 2 == HEADER_BYTES + (off_t)hdr[2] * 2) {
+            seterr(err, errlen,
+                   "token file '%s' is an llm.c shard (magic %d), not a "
+                   "headerless file: drop --data-format raw-u16",
+                   path, TOKENS_MAGIC_U16);
+            goto out;
+        }
+    }
+
+    /* Compare as unsigned so that uint32 values above INT32_MAX, which
+     * would turn negative when widened, are caught by the same test. */
+    if (width == 2)
+        widen_u16(sh->tok, count);
+    for (size_t i = 0; i < count; i++) {
+        uint32_t v = (uint32_t)sh->tok[i];
+        if (v >= (uint32_t)vocab_size) {
+            seterr(err, errlen,
+                   "token file '%s': token at index %zu has value %u, which "
+                   "is >= vocab size %d: the file was made with a different "
+                   "tokenizer (check the tokenizer and --vocab-size)",
+                   path, i, (unsigned)v, vocab_size);
+            goto out;
+        }
+    }
+    sh->n = count;
+    rc = 0;
+out:
+    if (close(fd) != 0 && rc == 0) {
+        seterr(err, errlen, "cannot close token file '%s': %s", path,
+               strerror(errno));
+        rc = -1;
+    }
+    if (rc != 0) {
+        free(sh->tok);
+        sh->tok = NULL;
+    }
+    return rc;
+}
+
+static int cmp_path(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+void tokens_close(token_set_t *set)
+{
+    if (set == NULL)
+        return;
+    for (int i = 0; i < set->n_shards; i++) {
+        free(set->shard[i].path);
+        free(set->shard[i].tok);
+    }
+    free(set->shard);
+    memset(set, 0, sizeof *set);
+}
+
+int tokens_open(token_set_t *set, const char *pattern, tokens_format_t fmt,
+                int vocab_size, char *err, size_t errlen)
+{
+    if (set == NULL || pattern == NULL) {
+        seterr(err, errlen, "tokens_open: no token set or pattern given");
+        return -1;
+    }
+    memset(set, 0, sizeof *set);
+    if (fmt != TOKENS_FORMAT_LLMC && fmt != TOKENS_FORMAT_RAW_U16) {
+        seterr(err, errlen, "tokens_open '%s': unknown data format %d",
+               pattern, (int)fmt);
+        return -1;
+    }
+    if (vocab_size <= 0) {
+        seterr(err, errlen,
+               "tokens_open '%s': vocab size %d is not positive: set "
+               "--vocab-size",
+               pattern, vocab_size);
+        return -1;
+    }
+
+    glob_t g;
+    memset(&g, 0, sizeof g);
+    errno = 0;
+    int grc = glob(pattern, GLOB_ERR, NULL, &g);
+    if (grc == GLOB_NOMATCH) {
+        /* A file name containing glob metacharacters ("run[1].bin") does
+         * not match itself as a pattern; accept it as a plain path. */
+        struct stat st;
+        if (stat(pattern, &st) == 0) {
+            globfree(&g);
+            memset(&g, 0, sizeof g);
+            grc = 0;
+        } else {
+            globfree(&g);
+            seterr(err, errlen,
+                   "no token files match '%s': run dtrain-prepare or check "
+                   "--data",
+                   pattern);
+            return -1;
+        }
+    } else if (grc != 0) {
+        int e = errno;
+        globfree(&g);
+        seterr(err, errlen,
+               "cannot expand token file pattern '%s': %s: check that the "
+               "directories in --data exist and are readable",
+               pattern,
+               grc == GLOB_NOSPACE ? "out of memory"
+               : e != 0            ? strerror(e)
+                                   : "a directory could not be read");
+        return -1;
+    }
+
+    size_t n = (g.gl_pathc > 0) ? g.gl_pathc : 1;
+    if (n > INT_MAX) {
+        globfree(&g);
+        seterr(err, errlen, "pattern '%s' matches too many files", pattern);
+        return -1;
+    }
+    set->shard = calloc(n, sizeof *set->shard);
+    if (set->shard == NULL) {
+        globfree(&g);
+        seterr(err, errlen, "out of memory listing token files '%s'",
+               pattern);
+        return -1;
+    }
+    set->n_shards = (int)n;
+    for (size_t i = 0; i < n; i++) {
+        const char *p = (g.gl_pathc > 0) ? g.gl_pathv[i] : pattern;
+        set->shard[i].path = strdup(p);
+        if (set->shard[i].path == NULL) {
+            globfree(&g);
+            tokens_close(set);
+            seterr(err, errlen, "out of memory listing token files '%s'",
+                   pattern);
+            return -1;
+        }
+    }
+    globfree(&g);
+
+    /* glob sorts by the locale's collation; sort again bytewise so every
+     * rank sees the same shard order whatever its environment says. */
+    qsort(set->shard, n, sizeof *set->shard, cmp_path);
+
+    for (size_t i = 0; i < n; i++) {
+        if (read_shard(&set->shard[i], fmt, vocab_size, err, errlen) != 0) {
+            tokens_close(set);
+            return -1;
+        }
+        set->n_tokens += set->shard[i].n;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Writing                                                              */
+/* ------------------------------------------------------------------ */
+
+static int write_full(int fd, const void *buf, size_t len, const char *path,
+                      char *err, size_t errlen)
+{
+    const char *p = buf;
+    while (len > 0) {
+        ssize_t put = write(fd, p, len);
+        if (put < 0) {
+            if (errno == EINTR)
+                continue;
+            seterr(err, errlen,
+                   "cannot write '%s': %s: check free space and permissions",
+                   path, strerror(errno));
+            return -1;
+        }
+        p += put;
+        len -= (size_t)put;
+    }
+    return 0;
+}
+
+/* Make the rename itself durable: without syncing the directory a crash
+ * can leave neither the old nor the new name. File systems that cannot
+ * sync a directory say EINVAL; that is their normal behaviour, not an
+ * error. */
+static int sync_parent_dir(const char *path, char *err, size_t errlen)
+{
+    char *dir = strdup(path);
+    if (dir == NULL) {
+        seterr(err, errlen, "out of memory writing '%s'", path);
+        return -1;
+    }
+    char *slash = strrchr(dir, '/');
+    if (slash == NULL)
+        strcpy(dir, ".");
+    else if (slash == dir)
+        slash[1] = '\0';
+    else
+        *slash = '\0';
+    int rc = 0;
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) {
+        seterr(err, errlen, "cannot open directory '%s' of '%s' to sync it: %s",
+               dir, path, strerror(errno));
+        rc = -1;
+    } else {
+        if (fsync(fd) != 0 && errno != EINVAL && errno != ENOTSUP) {
+            seterr(err, errlen, "cannot sync directory '%s' of '%s': %s", dir,
+                   path, strerror(errno));
+            rc = -1;
+        }
+        if (close(fd) != 0 && rc == 0) {
+            seterr(err, errlen, "cannot close directory '%s': %s", dir,
+                   strerror(errno));
+            rc = -1;
+        }
+    }
+    free(dir);
+    return rc;
+}
+
+int tokens_write(const char *path, const int32_t *tok, size_t n, int width,
+                 char *err, size_t errlen)
+{
+    if (path == NULL || (tok == NULL && n > 0)) {
+        seterr(err, errlen, "tokens_write: no path or tokens given");
+        return -1;
+    }
+    if (width != 2 && width != 4) {
+        seterr(err, errlen,
+               "tokens_write '%s': token width %d is not supported (use 2 "
+               "for uint16 or 4 for uint32)",
+               path, width);
+        return -1;
+    }
+    if (n == 0) {
+        seterr(err, errlen,
+               "tokens_write '%s': refusing to write an empty shard (readers "
+               "reject them)",
+               path);
+        return -1;
+    }
+    if (n > (size_t)INT32_MAX) {
+        seterr(err, errlen,
+               "tokens_write '%s': %zu tokens exceed the llm.c header's "
+               "int32 count: write more, smaller shards",
+               path, n);
+        return -1;
+    }
+    /* Check before creating anything, so a bad call leaves no file. */
+    int32_t max = (width == 2) ? (int32_t)UINT16_MAX : INT32_MAX;
+    for (size_t i = 0; i < n; i++) {
+        if (tok[i] < 0 || tok[i] > max) {
+            seterr(err, errlen,
+                   "tokens_write '%s': token at index %zu has value %d, "
+                   "which does not fit a %d-byte token (0..%d): use width 4 "
+                   "for vocabularies over 65536",
+                   path, i, (int)tok[i], width, (int)max);
+            return -1;
+        }
+    }
+
+    size_t plen = strlen(path);
+    char *tmp = malloc(plen + 5);
+    if (tmp == NULL) {
+        seterr(err, errlen, "out of memory writing '%s'", path);
+        return -1;
+    }
+    memcpy(tmp, path, plen);
+    memcpy(tmp + plen, ".tmp", 5);
+
+    unsigned char *buf = malloc((size_t)WRITE_CHUNK * (size_t)width);
+    if (buf == NULL) {
+        seterr(err, errlen, "out of memory writing '%s'", path);
+        free(tmp);
+        return -1;
+    }
+
+    int rc = -1;
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        seterr(err, errlen,
+               "cannot create '%s': %s: check that the directory exists and "
+               "is writable",
+               tmp, strerror(errno));
+        goto out;
+    }
+
+    int32_t hdr[TOKENS_HEADER_INTS];
+    memset(hdr, 0, sizeof hdr);
+    hdr[0] = (width == 2) ? TOKENS_MAGIC_U16 : TOKENS_MAGIC_U32;
+    hdr[1] = (width == 2) ? TOKENS_VERSION_U16 : TOKENS_VERSION_U32;
+    hdr[2] = (int32_t)n;
+    if (write_full(fd, hdr, sizeof hdr, tmp, err, errlen) != 0)
+        goto out_close;
+
+    for (size_t off = 0; off < n; off += WRITE_CHUNK) {
+        size_t m = (n - off < WRITE_CHUNK) ? n - off : WRITE_CHUNK;
+        if (width == 2) {
+            for (size_t i = 0; i < m; i++) {
+                uint16_t v = (uint16_t)tok[off + i];
+                memcpy(buf + 2 * i, &v, sizeof v);
+            }
+        } else {
+            memcpy(buf, tok + off, m * sizeof(int32_t));
+        }
+        if (write_full(fd, buf, m * (size_t)width, tmp, err, errlen) != 0)
+            goto out_close;
+    }
+    /* A rename of unsynced data can survive a crash as a file of zeros;
+     * sync first so the final name only ever points at a whole shard. */
+    if (fsync(fd) != 0) {
+        seterr(err, errlen, "cannot sync '%s': %s: check free space", tmp,
+               strerror(errno));
+        goto out_close;
+    }
+    rc = 0;
+out_close:
+    if (close(fd) != 0 && rc == 0) {
+        seterr(err, errlen, "cannot close '%s': %s: check free space", tmp,
+               strerror(errno));
+        rc = -1;
+    }
+    if (rc == 0 && rename(tmp, path) != 0) {
+        seterr(err, errlen, "cannot rename '%s' to '%s': %s", tmp, path,
+               strerror(errno));
+        rc = -1;
+    }
+    if (rc == 0)
+        rc = sync_parent_dir(path, err, errlen);
+    else if (unlink(tmp) != 0 && errno != ENOENT) {
+        /* The first error is the one the user must fix; a leftover .tmp
+         * file is only worth a mention. */
+        if (err != NULL && errlen > 0) {
+            size_t used = strnlen(err, errlen);
+            if (used + 1 < errlen)
+                snprintf(err + used, errlen - used,
+                         " (and '%s' was left behind)", tmp);
+        }
+    }
+out:
+    free(buf);
+    free(tmp);
+    return rc;
+}

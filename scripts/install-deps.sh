@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Install every Debian 12 / Ubuntu package that dtrain's build, tests and
+# benchmarks need. Idempotent: packages already present are left alone and
+# the package index is refreshed only when something is missing.
+# Works as root or through sudo.
+set -euo pipefail
+
+packages=(
+  # toolchain and autotools
+  build-essential pkg-config autoconf automake libtool autoconf-archive
+  # MPI (OpenMPI with PMIx) and parallel HDF5
+  openmpi-bin libopenmpi-dev libpmix-dev libhdf5-openmpi-dev hdf5-tools
+  # BLAS: the OpenMP build, so OpenBLAS and our kernels share one thread pool
+  libopenblas-openmp-dev
+  # PyTorch reference, checkpoint interop, plots
+  python3 python3-torch python3-numpy python3-h5py gnuplot-nox
+  # SLURM test cluster (issue 6) needs these; harmless until then
+  # debugging aids used by the sanitizer and fault tests
+  valgrind
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#packages[@]} packages already installed"
+  exit 0
+fi
+
+if [ "$(id -u)" -eq 0 ]; then
+  SUDO=""
+elif command -v sudo >/dev/null 2>&1; then
+  SUDO="sudo"
+else
+  echo "install-deps: need root or sudo to install: ${missing[*]}" >&2
+  exit 1
+fi
+
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -q
+$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"

@@ -1,0 +1,37 @@
+#include "metrics.h"
+
+#include <math.h>
+
+void metrics_format_bytes(char *buf, size_t len, double bytes)
+{
+    const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int u = 0;
+    while (bytes >= 1024.0 && u < 4) {
+        bytes /= 1024.0;
+        u++;
+    }
+    snprintf(buf, len, u ? "%.2f %s" : "%.0f %s", bytes, unit[u]);
+}
+
+void metrics_print_step(FILE *out, const step_record_t *r)
+{
+    fprintf(out, "step %*d/%d | loss %.6f", r->steps >= 10000 ? 6 : 4, r->step, r->steps, r->loss);
+    if (!isnan(r->val_loss))
+        fprintf(out, " | val %.6f", r->val_loss);
+    fprintf(out, " | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s | MFU %.1f%%\n", r->lr, r->grad_norm,
+            r->ms, r->tokens_per_s, 100.0 * r->mfu);
+    fflush(out);
+}
+
+int metrics_write_json(FILE *f, const step_record_t *r)
+{
+    int rc = fprintf(f, "{\"step\": %d, \"loss\": %.9g", r->step, r->loss);
+    if (!isnan(r->val_loss))
+        rc = rc < 0 ? rc : fprintf(f, ", \"val_loss\": %.9g", r->val_loss);
+    rc = rc < 0 ? rc
+                : fprintf(f, ", \"lr\": %.9g, \"grad_norm\": %.9g, \"ms\": %.3f, \"tokens_per_s\": %.3f, \"mfu\": %.6f}\n",
+                          r->lr, r->grad_norm, r->ms, r->tokens_per_s, r->mfu);
+    if (rc < 0 || fflush(f) != 0)
+        return -1;
+    return 0;
+}

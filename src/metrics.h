@@ -1,0 +1,22 @@
+/* What a run reports: the startup banner, one line per step on rank 0, and
+ * the --metrics file (one JSON object per step). */
+#ifndef DTRAIN_METRICS_H
+#define DTRAIN_METRICS_H
+
+#include <stdio.h>
+
+typedef struct step_record {
+    int step, steps;   /* 1-based step just finished, total */
+    double loss;       /* mean training loss of the step's global batch */
+    double val_loss;   /* NAN when not computed this step */
+    double lr, grad_norm;
+    double ms, tokens_per_s, mfu; /* mfu as a fraction */
+} step_record_t;
+
+void metrics_print_step(FILE *out, const step_record_t *r);
+/* Returns 0, or -1 if the write failed. */
+int metrics_write_json(FILE *f, const step_record_t *r);
+/* "1.23 GiB" style */
+void metrics_format_bytes(char *buf, size_t len, double bytes);
+
+#endif

@@ -1,0 +1,126 @@
+/* The ops table: every numeric kernel the model needs, behind one struct of
+ * function pointers. src/ops_cpu.c implements it with cblas_sgemm and OpenMP;
+ * the CUDA backend implements the same table. Model code never loops over
+ * elements itself.
+ *
+ * Conventions
+ *  - All tensors are fp32, row-major, in the backend's memory.
+ *  - N = B*T rows (tokens). C = model width. Weights are stored [out, in]
+ *    (as nn.Linear), so every matmul is a GEMM with no transposed copy.
+ *  - "accum" flags: 0 = overwrite the output, 1 = add into it. Parameter
+ *    gradients are written on the first microbatch and accumulated after,
+ *    so nothing is zeroed before backward.
+ *  - Attention inputs are a fused qkv row per token:
+ *      qkv[N, (NH + 2*NKV) * HS] = [ q heads (NH*HS) | k heads (NKV*HS) | v heads (NKV*HS) ]
+ *    Query head h uses KV head h / (NH / NKV) (grouped-query attention).
+ */
+#ifndef DTRAIN_OPS_H
+#define DTRAIN_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct ops {
+    const char *name; /* "cpu", "cuda" */
+
+    /* Memory in the backend's address space. alloc returns 64-byte aligned
+     * memory or NULL. to_host/from_host copy between host and backend. */
+    void *(*alloc)(size_t bytes);
+    void (*free)(void *p);
+    void (*copy)(void *dst, const void *src, size_t bytes);
+    void (*to_host)(void *host_dst, const void *src, size_t bytes);
+    void (*from_host)(void *dst, const void *host_src, size_t bytes);
+    void (*zero)(void *dst, size_t bytes);
+
+    /* out[N,OC] = in[N,IC] . w[OC,IC]^T (+ b[OC] when b != NULL) */
+    void (*matmul_fwd)(float *out, const float *in, const float *w, const float *b,
+                       int N, int IC, int OC);
+    /* din[N,IC]  (=|+= by accum_din) dout[N,OC] . w[OC,IC]
+     * dw[OC,IC]  (=|+= by accum_dw)  dout^T . in
+     * db[OC]     (=|+= by accum_dw)  sum over rows of dout
+     * Any of din, dw, db may be NULL (not wanted). */
+    void (*matmul_bwd)(float *din, float *dw, float *db, const float *dout,
+                       const float *in, const float *w, int N, int IC, int OC,
+                       int accum_din, int accum_dw);
+
+    /* LayerNorm over the last dim: out = (x - mean) * rstd * w + b.
+     * mean[N], rstd[N] are saved for backward. */
+    void (*layernorm_fwd)(float *out, float *mean, float *rstd, const float *x,
+                          const float *w, const float *b, int N, int C, float eps);
+    /* din[N,C] += d/dx (always accumulates: it adds into the residual
+     * gradient); dw[C], db[C] (=|+= by accum_dw). */
+    void (*layernorm_bwd)(float *din, float *dw, float *db, const float *dout,
+                          const float *x, const float *w, const float *mean,
+                          const float *rstd, int N, int C, int accum_dw);
+    /* RMSNorm: out = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps). */
+    void (*rmsnorm_fwd)(float *out, float *rstd, const float *x, const float *w,
+                        int N, int C, float eps);
+    /* din[N,C] += d/dx (always accumulates); dw[C] (=|+= by accum_dw). */
+    void (*rmsnorm_bwd)(float *din, float *dw, const float *dout, const float *x,
+                        const float *w, const float *rstd, int N, int C, int accum_dw);
+
+    /* Rotary position embedding, in place on the q and k parts of qkv
+     * (v untouched). Pairs are (2i, 2i+1) within a head (the interleaved
+     * "GPT-J / Meta Llama" convention); position of row n is n % T;
+     * angle = pos * theta^(-2i/HS). rope_bwd applies the inverse rotation
+     * to the gradient, in place. */
+    void (*rope_fwd)(float *qkv, int B, int T, int NH, int NKV, int HS, float theta);
+    void (*rope_bwd)(float *dqkv, int B, int T, int NH, int NKV, int HS, float theta);
+
+    /* Causal self-attention, scale 1/sqrt(HS).
+     * out[N, NH*HS]; att[B,NH,T,T] receives the softmax probabilities
+     * (entries above the diagonal are 0) and is kept for backward. */
+    void (*attention_fwd)(float *out, float *att, const float *qkv,
+                          int B, int T, int NH, int NKV, int HS);
+    /* dqkv[N,(NH+2NKV)*HS] is written (not accumulated). scratch is
+     * [B,NH,T,T] floats of workspace. */
+    void (*attention_bwd)(float *dqkv, float *scratch, const float *dout,
+                          const float *qkv, const float *att,
+                          int B, int T, int NH, int NKV, int HS);
+
+    /* GELU, tanh approximation (GPT-2). out/din are written. */
+    void (*gelu_fwd)(float *out, const float *x, size_t n);
+    void (*gelu_bwd)(float *dx, const float *x, const float *dout, size_t n);
+    /* SwiGLU: gu[N, 2F] = [gate (F) | up (F)] per row; out[N,F] = silu(gate) * up.
+     * dgu[N,2F] is written. */
+    void (*swiglu_fwd)(float *out, const float *gu, int N, int F);
+    void (*swiglu_bwd)(float *dgu, const float *gu, const float *dout, int N, int F);
+
+    /* out[n] = a[n] + b[n] (out may alias a or b) */
+    void (*add)(float *out, const float *a, const float *b, size_t n);
+
+    /* out[N,C] = wte[tok[n], :] (+ wpe[n % T, :] when wpe != NULL) */
+    void (*embedding_fwd)(float *out, const int32_t *tok, const float *wte,
+                          const float *wpe, int N, int T, int C);
+    /* dwte[tok[n], :] += dout[n, :]; dwpe[n % T, :] += dout[n, :].
+     * With accum = 0 the touched tensors are first set to zero (all rows).
+     * dwpe may be NULL. Deterministic: no atomics, no order dependence. */
+    void (*embedding_bwd)(float *dwte, float *dwpe, const float *dout,
+                          const int32_t *tok, int N, int T, int C, int V, int accum);
+
+    /* Softmax cross-entropy over the first V columns of each row of
+     * logits[N, ld] (columns V..ld-1 are padding and never reach the loss or
+     * the gradient). losses[N] = -log softmax(logits)[target].
+     * Rows with target < 0 are ignored (loss 0, gradient 0).
+     * When dlogits != NULL it receives dloss * (softmax - onehot) over [N, ld]
+     * with padding columns set to 0; dlogits may alias logits. */
+    void (*cross_entropy)(float *losses, float *dlogits, const float *logits,
+                          const int32_t *targets, int N, int V, int ld, float dloss);
+
+    /* AdamW on n contiguous parameters. g is multiplied by grad_scale first
+     * (clipping and averaging). Bias-corrected with step t >= 1; decoupled
+     * weight decay: p -= lr * wd * p. */
+    void (*adamw)(float *p, const float *g, float *m, float *v, size_t n,
+                  float lr, float beta1, float beta2, float eps, float wd,
+                  float grad_scale, int t);
+
+    /* sum of squares, accumulated in double */
+    double (*sumsq)(const float *x, size_t n);
+    /* x[i] *= s */
+    void (*scale)(float *x, float s, size_t n);
+} ops_t;
+
+/* The CPU backend (src/ops_cpu.c). */
+const ops_t *ops_cpu(void);
+
+#endif

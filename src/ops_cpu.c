@@ -1,0 +1,648 @@
+/* The CPU ops table: cblas_sgemm (OpenMP build of OpenBLAS) for every matmul,
+ * OpenMP loops for everything else, per-element formulas from ops_math.h.
+ *
+ * Threading. OpenBLAS and the loops here share libgomp's thread pool. A
+ * cblas_sgemm called at top level uses all threads; one called inside an
+ * `omp parallel` region runs on the calling thread only, which is what the
+ * per-head attention GEMMs want.
+ *
+ * Determinism. Every reduction over rows (bias, norm-weight and embedding
+ * gradients, sumsq) is split by columns or into fixed-size blocks that do not
+ * depend on the thread count, and each partial is summed in index order, so
+ * results are bit-identical for any OMP_NUM_THREADS. */
+#include "ops.h"
+#include "ops_math.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* Column block of the column-parallel reductions: one 64-byte cache line, so
+ * two threads never write the same line of the output for aligned rows. */
+#define COL_BLOCK 16
+/* Query rows per block in causal attention: only keys 0..(block end) are
+ * multiplied, so big T costs about half the full T x T GEMMs. */
+#define ATT_ROW_BLOCK 64
+/* sumsq is summed in this many fixed blocks, then the block sums in order. */
+#define SUMSQ_BLOCKS 64
+
+#ifdef _OPENMP
+/* Used by `omp parallel for if (...)` clauses only. */
+static int max_threads(void) { return omp_get_max_threads(); }
+#endif
+
+static int imin(int a, int b) { return a < b ? a : b; }
+
+/* ---- memory ----------------------------------------------------------------- */
+
+static void *cpu_alloc(size_t bytes)
+{
+    if (bytes > SIZE_MAX - 63)
+        return NULL;
+    size_t sz = bytes ? (bytes + 63) & ~(size_t)63 : 64; /* aligned_alloc wants a multiple */
+    void *p = aligned_alloc(64, sz);
+    if (p)
+        memset(p, 0, sz);
+    return p;
+}
+
+static void cpu_free(void *p) { free(p); }
+
+static void cpu_copy(void *dst, const void *src, size_t bytes)
+{
+    if (bytes)
+        memmove(dst, src, bytes);
+}
+
+static void cpu_zero(void *dst, size_t bytes)
+{
+    if (bytes)
+        memset(dst, 0, bytes);
+}
+
+/* ---- shared reductions ------------------------------------------------------- */
+
+/* out[C] (=|+= by accum) sum over rows of x[N, C]. Column-parallel: each
+ * column is summed over n in order by exactly one thread. */
+static void colsum(float *out, const float *x, int N, int C, int accum)
+{
+    int nblk = (C + COL_BLOCK - 1) / COL_BLOCK;
+#pragma omp parallel for schedule(static)
+    for (int blk = 0; blk < nblk; blk++) {
+        int c0 = blk * COL_BLOCK, nc = imin(COL_BLOCK, C - c0);
+        float acc[COL_BLOCK] = {0};
+        for (int n = 0; n < N; n++) {
+            const float *row = x + (size_t)n * C + c0;
+            for (int c = 0; c < nc; c++)
+                acc[c] += row[c];
+        }
+        for (int c = 0; c < nc; c++)
+            out[c0 + c] = accum ? out[c0 + c] + acc[c] : acc[c];
+    }
+}
+
+/* ---- matmul ------------------------------------------------------------------- */
+
+/* out[N,OC] = in[N,IC] . w[OC,IC]^T (+ b[OC]).
+ * The bias is written first and the GEMM adds onto it (beta = 1): one write
+ * sweep instead of a read-modify-write sweep after the GEMM. */
+static void matmul_fwd(float *out, const float *in, const float *w, const float *b,
+                       int N, int IC, int OC)
+{
+    if (N <= 0 || OC <= 0)
+        return;
+    float beta = 0.0f;
+    if (b) {
+#pragma omp parallel for schedule(static)
+        for (int n = 0; n < N; n++)
+            memcpy(out + (size_t)n * OC, b, (size_t)OC * sizeof(float));
+        beta = 1.0f;
+    }
+    if (IC <= 0) {
+        if (!b)
+            memset(out, 0, (size_t)N * OC * sizeof(float));
+        return;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, IC,
+                1.0f, in, IC, w, IC, beta, out, OC);
+}
+
+/* din[N,IC] = dout[N,OC] . w[OC,IC];  dw[OC,IC] = dout^T . in[N,IC];
+ * db[OC] = column sums of dout. beta = 0 overwrites (NaN-safe in OpenBLAS). */
+static void matmul_bwd(float *din, float *dw, float *db, const float *dout,
+                       const float *in, const float *w, int N, int IC, int OC,
+                       int accum_din, int accum_dw)
+{
+    if (OC <= 0)
+        return;
+    if (din && N > 0 && IC > 0)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, IC, OC,
+                    1.0f, dout, OC, w, IC, accum_din ? 1.0f : 0.0f, din, IC);
+    if (dw && IC > 0) {
+        if (N > 0)
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, N,
+                        1.0f, dout, OC, in, IC, accum_dw ? 1.0f : 0.0f, dw, IC);
+        else if (!accum_dw)
+            memset(dw, 0, (size_t)OC * IC * sizeof(float));
+    }
+    if (db)
+        colsum(db, dout, N, OC, accum_dw);
+}
+
+/* ---- LayerNorm ---------------------------------------------------------------- */
+
+/* out[N,C] = (x - mean) * rstd * w + b; mean[N], rstd[N] saved. */
+static void layernorm_fwd(float *out, float *mean, float *rstd, const float *x,
+                          const float *w, const float *b, int N, int C, float eps)
+{
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *xr = x + (size_t)n * C;
+        float *o = out + (size_t)n * C;
+        float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+        for (int c = 0; c < C; c++)
+            s += xr[c];
+        float mu = s / (float)C;
+        float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+        for (int c = 0; c < C; c++) {
+            float d = xr[c] - mu;
+            ss += d * d;
+        }
+        float r = 1.0f / sqrtf(ss / (float)C + eps);
+        for (int c = 0; c < C; c++)
+            o[c] = (xr[c] - mu) * r * w[c] + b[c];
+        mean[n] = mu;
+        rstd[n] = r;
+    }
+}
+
+/* din[N,C] += (g - mean(g) - xhat * mean(g * xhat)) * rstd with g = dout * w;
+ * dw[C] (=|+=) sum_n dout * xhat; db[C] (=|+=) sum_n dout.
+ * Rows for din, then column blocks for dw/db (deterministic). */
+static void layernorm_bwd(float *din, float *dw, float *db, const float *dout,
+                          const float *x, const float *w, const float *mean,
+                          const float *rstd, int N, int C, int accum_dw)
+{
+    int nblk = (C + COL_BLOCK - 1) / COL_BLOCK;
+#pragma omp parallel
+    {
+        if (din) {
+#pragma omp for schedule(static) nowait
+            for (int n = 0; n < N; n++) {
+                const float *xr = x + (size_t)n * C, *g = dout + (size_t)n * C;
+                float *d = din + (size_t)n * C;
+                float mu = mean[n], r = rstd[n];
+                float sg = 0.0f, sgx = 0.0f;
+#pragma omp simd reduction(+ : sg, sgx)
+                for (int c = 0; c < C; c++) {
+                    float gw = g[c] * w[c];
+                    sg += gw;
+                    sgx += gw * (xr[c] - mu) * r;
+                }
+                sg /= (float)C;
+                sgx /= (float)C;
+                for (int c = 0; c < C; c++) {
+                    float xhat = (xr[c] - mu) * r;
+                    d[c] += (g[c] * w[c] - sg - xhat * sgx) * r;
+                }
+            }
+        }
+        if (dw || db) {
+#pragma omp for schedule(static)
+            for (int blk = 0; blk < nblk; blk++) {
+                int c0 = blk * COL_BLOCK, nc = imin(COL_BLOCK, C - c0);
+                float aw[COL_BLOCK] = {0}, ab[COL_BLOCK] = {0};
+                for (int n = 0; n < N; n++) {
+                    const float *xr = x + (size_t)n * C + c0, *g = dout + (size_t)n * C + c0;
+                    float mu = mean[n], r = rstd[n];
+                    for (int c = 0; c < nc; c++) {
+                        aw[c] += g[c] * (xr[c] - mu) * r;
+                        ab[c] += g[c];
+                    }
+                }
+                for (int c = 0; c < nc; c++) {
+                    if (dw)
+                        dw[c0 + c] = accum_dw ? dw[c0 + c] + aw[c] : aw[c];
+                    if (db)
+                        db[c0 + c] = accum_dw ? db[c0 + c] + ab[c] : ab[c];
+                }
+            }
+        }
+    }
+}
+
+/* ---- RMSNorm ------------------------------------------------------------------- */
+
+/* out[N,C] = x * rstd * w, rstd[N] = 1/sqrt(mean(x^2) + eps). */
+static void rmsnorm_fwd(float *out, float *rstd, const float *x, const float *w,
+                        int N, int C, float eps)
+{
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *xr = x + (size_t)n * C;
+        float *o = out + (size_t)n * C;
+        float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+        for (int c = 0; c < C; c++)
+            ss += xr[c] * xr[c];
+        float r = 1.0f / sqrtf(ss / (float)C + eps);
+        for (int c = 0; c < C; c++)
+            o[c] = xr[c] * r * w[c];
+        rstd[n] = r;
+    }
+}
+
+/* din[N,C] += r * w * g - x * r^3 / C * sum_c(w g x);  dw[C] (=|+=) sum_n g x r. */
+static void rmsnorm_bwd(float *din, float *dw, const float *dout, const float *x,
+                        const float *w, const float *rstd, int N, int C, int accum_dw)
+{
+    int nblk = (C + COL_BLOCK - 1) / COL_BLOCK;
+#pragma omp parallel
+    {
+        if (din) {
+#pragma omp for schedule(static) nowait
+            for (int n = 0; n < N; n++) {
+                const float *xr = x + (size_t)n * C, *g = dout + (size_t)n * C;
+                float *d = din + (size_t)n * C;
+                float r = rstd[n];
+                float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+                for (int c = 0; c < C; c++)
+                    s += w[c] * g[c] * xr[c];
+                float k = r * r * r * s / (float)C;
+                for (int c = 0; c < C; c++)
+                    d[c] += r * w[c] * g[c] - xr[c] * k;
+            }
+        }
+        if (dw) {
+#pragma omp for schedule(static)
+            for (int blk = 0; blk < nblk; blk++) {
+                int c0 = blk * COL_BLOCK, nc = imin(COL_BLOCK, C - c0);
+                float aw[COL_BLOCK] = {0};
+                for (int n = 0; n < N; n++) {
+                    const float *xr = x + (size_t)n * C + c0, *g = dout + (size_t)n * C + c0;
+                    float r = rstd[n];
+                    for (int c = 0; c < nc; c++)
+                        aw[c] += g[c] * xr[c] * r;
+                }
+                for (int c = 0; c < nc; c++)
+                    dw[c0 + c] = accum_dw ? dw[c0 + c] + aw[c] : aw[c];
+            }
+        }
+    }
+}
+
+/* ---- RoPE ------------------------------------------------------------------------ */
+
+/* Rotates pair i of every q and k head of each row of qkv[B*T, (NH+2NKV)*HS]
+ * by +angle (dir = 1, forward) or -angle (dir = -1, gradient). The q and k
+ * heads are contiguous at the start of the row, so they are one run of
+ * NH+NKV heads. One cos/sin per (row, pair), shared by all heads. */
+static void rope_apply(float *qkv, int B, int T, int NH, int NKV, int HS, float theta,
+                       float dir)
+{
+    const int N = B * T, R = (NH + 2 * NKV) * HS, nqk = NH + NKV;
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        float *row = qkv + (size_t)n * R;
+        int pos = n % T;
+        for (int i = 0; i < HS / 2; i++) {
+            float a = dt_rope_angle(pos, i, HS, theta);
+            float c = cosf(a), s = dir * sinf(a);
+            for (int h = 0; h < nqk; h++) {
+                float *p = row + h * HS + 2 * i;
+                dt_rope_rotate(p, p + 1, c, s);
+            }
+        }
+    }
+}
+
+static void rope_fwd(float *qkv, int B, int T, int NH, int NKV, int HS, float theta)
+{
+    rope_apply(qkv, B, T, NH, NKV, HS, theta, 1.0f);
+}
+
+static void rope_bwd(float *dqkv, int B, int T, int NH, int NKV, int HS, float theta)
+{
+    rope_apply(dqkv, B, T, NH, NKV, HS, theta, -1.0f);
+}
+
+/* ---- attention ---------------------------------------------------------------- */
+
+/* In-place causal softmax of rows r0..r1-1 of S[T, T] (already scaled);
+ * columns above the diagonal become 0. */
+static void causal_softmax_rows(float *S, int T, int r0, int r1)
+{
+    for (int t = r0; t < r1; t++) {
+        float *row = S + (size_t)t * T;
+        float mx = -INFINITY;
+        for (int j = 0; j <= t; j++)
+            mx = row[j] > mx ? row[j] : mx;
+        float sum = 0.0f;
+        for (int j = 0; j <= t; j++) {
+            row[j] = expf(row[j] - mx);
+            sum += row[j];
+        }
+        float inv = 1.0f / sum;
+        for (int j = 0; j <= t; j++)
+            row[j] *= inv;
+        for (int j = t + 1; j < T; j++)
+            row[j] = 0.0f;
+    }
+}
+
+/* out[B*T, NH*HS]; att[B, NH, T, T]; qkv[B*T, (NH+2NKV)*HS].
+ * Per (b, h): P = softmax(Q K^T / sqrt(HS)) causal, O = P V, with Q, K, V
+ * strided views of qkv (row stride R). Rows are taken in blocks so a block
+ * multiplies only the keys at or before its last row. */
+static void attention_fwd(float *out, float *att, const float *qkv,
+                          int B, int T, int NH, int NKV, int HS)
+{
+    const int R = (NH + 2 * NKV) * HS, OC = NH * HS, grp = NH / NKV;
+    const float scale = 1.0f / sqrtf((float)HS);
+#pragma omp parallel for schedule(static) if (B * NH >= max_threads())
+    for (int bh = 0; bh < B * NH; bh++) {
+        int b = bh / NH, h = bh % NH, kh = h / grp;
+        const float *base = qkv + (size_t)b * T * R;
+        const float *q = base + h * HS, *k = base + (NH + kh) * HS,
+                    *v = base + (NH + NKV + kh) * HS;
+        float *P = att + (size_t)bh * T * T;
+        float *o = out + (size_t)b * T * OC + h * HS;
+        for (int r0 = 0; r0 < T; r0 += ATT_ROW_BLOCK) {
+            int r1 = imin(T, r0 + ATT_ROW_BLOCK), M = r1 - r0;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, r1, HS,
+                        scale, q + (size_t)r0 * R, R, k, R, 0.0f, P + (size_t)r0 * T, T);
+            causal_softmax_rows(P, T, r0, r1);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, HS, r1,
+                        1.0f, P + (size_t)r0 * T, T, v, R, 0.0f, o + (size_t)r0 * OC, OC);
+        }
+    }
+}
+
+/* dqkv[B*T, R] written; scratch[B, NH, T, T] holds dP then dS per head.
+ * Parallel over (b, kv head): the query heads sharing a KV head run on one
+ * thread, so dK and dV are accumulated race-free.
+ *   dP = dO V^T;  dS = P o (dP - rowsum(dP o P));  dQ = dS K * scale;
+ *   dK += dS^T Q * scale;  dV += P^T dO. */
+static void attention_bwd(float *dqkv, float *scratch, const float *dout,
+                          const float *qkv, const float *att,
+                          int B, int T, int NH, int NKV, int HS)
+{
+    const int R = (NH + 2 * NKV) * HS, OC = NH * HS, grp = NH / NKV;
+    const float scale = 1.0f / sqrtf((float)HS);
+#pragma omp parallel for schedule(static) if (B * NKV >= max_threads())
+    for (int bk = 0; bk < B * NKV; bk++) {
+        int b = bk / NKV, kh = bk % NKV;
+        const float *base = qkv + (size_t)b * T * R;
+        const float *k = base + (NH + kh) * HS, *v = base + (NH + NKV + kh) * HS;
+        float *dbase = dqkv + (size_t)b * T * R;
+        float *dk = dbase + (NH + kh) * HS, *dv = dbase + (NH + NKV + kh) * HS;
+        for (int t = 0; t < T; t++) {
+            memset(dk + (size_t)t * R, 0, (size_t)HS * sizeof(float));
+            memset(dv + (size_t)t * R, 0, (size_t)HS * sizeof(float));
+        }
+        for (int h = kh * grp; h < (kh + 1) * grp; h++) {
+            const float *q = base + h * HS;
+            const float *P = att + ((size_t)b * NH + h) * T * T;
+            const float *dO = dout + (size_t)b * T * OC + h * HS;
+            float *dS = scratch + ((size_t)b * NH + h) * T * T;
+            float *dq = dbase + h * HS;
+            for (int r0 = 0; r0 < T; r0 += ATT_ROW_BLOCK) {
+                int r1 = imin(T, r0 + ATT_ROW_BLOCK), M = r1 - r0;
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, r1, HS,
+                            1.0f, dO + (size_t)r0 * OC, OC, v, R, 0.0f, dS + (size_t)r0 * T, T);
+                for (int t = r0; t < r1; t++) {
+                    const float *p = P + (size_t)t * T;
+                    float *d = dS + (size_t)t * T;
+                    float dot = 0.0f;
+                    for (int j = 0; j <= t; j++)
+                        dot += d[j] * p[j];
+                    for (int j = 0; j <= t; j++)
+                        d[j] = p[j] * (d[j] - dot);
+                    for (int j = t + 1; j < r1; j++)
+                        d[j] = 0.0f;
+                }
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, HS, r1,
+                            scale, dS + (size_t)r0 * T, T, k, R, 0.0f, dq + (size_t)r0 * R, R);
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1, HS, M,
+                            scale, dS + (size_t)r0 * T, T, q + (size_t)r0 * R, R, 1.0f, dk, R);
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1, HS, M,
+                            1.0f, P + (size_t)r0 * T, T, dO + (size_t)r0 * OC, OC, 1.0f, dv, R);
+            }
+        }
+    }
+}
+
+/* ---- activations ------------------------------------------------------------------ */
+
+static void gelu_fwd(float *out, const float *x, size_t n)
+{
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++)
+        out[i] = dt_gelu(x[i]);
+}
+
+static void gelu_bwd(float *dx, const float *x, const float *dout, size_t n)
+{
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++)
+        dx[i] = dout[i] * dt_gelu_grad(x[i]);
+}
+
+/* gu[N, 2F] = [gate | up]; out[N, F] = silu(gate) * up. */
+static void swiglu_fwd(float *out, const float *gu, int N, int F)
+{
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *g = gu + (size_t)n * 2 * F, *u = g + F;
+        float *o = out + (size_t)n * F;
+        for (int f = 0; f < F; f++)
+            o[f] = dt_silu(g[f]) * u[f];
+    }
+}
+
+static void swiglu_bwd(float *dgu, const float *gu, const float *dout, int N, int F)
+{
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *g = gu + (size_t)n * 2 * F, *u = g + F, *d = dout + (size_t)n * F;
+        float *dg = dgu + (size_t)n * 2 * F, *du = dg + F;
+        for (int f = 0; f < F; f++)
+            dt_swiglu_grad(g[f], u[f], d[f], &dg[f], &du[f]);
+    }
+}
+
+static void add(float *out, const float *a, const float *b, size_t n)
+{
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++)
+        out[i] = a[i] + b[i];
+}
+
+/* ---- embedding --------------------------------------------------------------------- */
+
+/* out[N,C] = wte[tok[n]] (+ wpe[n % T]). */
+static void embedding_fwd(float *out, const int32_t *tok, const float *wte,
+                          const float *wpe, int N, int T, int C)
+{
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        float *o = out + (size_t)n * C;
+        const float *e = wte + (size_t)tok[n] * C;
+        if (wpe) {
+            const float *p = wpe + (size_t)(n % T) * C;
+            for (int c = 0; c < C; c++)
+                o[c] = e[c] + p[c];
+        } else {
+            memcpy(o, e, (size_t)C * sizeof(float));
+        }
+    }
+}
+
+/* dwte[V,C], dwpe[T,C] (+)= scatter of dout[N,C]. Each thread owns column
+ * blocks and walks the tokens in order, so repeated tokens are summed in a
+ * fixed order without atomics. With accum = 0 all V (and T) rows are
+ * cleared first. */
+static void embedding_bwd(float *dwte, float *dwpe, const float *dout,
+                          const int32_t *tok, int N, int T, int C, int V, int accum)
+{
+    int nblk = (C + COL_BLOCK - 1) / COL_BLOCK;
+#pragma omp parallel
+    {
+        if (!accum) {
+#pragma omp for schedule(static) nowait
+            for (int r = 0; r < V; r++)
+                memset(dwte + (size_t)r * C, 0, (size_t)C * sizeof(float));
+            if (dwpe) {
+#pragma omp for schedule(static)
+                for (int r = 0; r < T; r++)
+                    memset(dwpe + (size_t)r * C, 0, (size_t)C * sizeof(float));
+            }
+#pragma omp barrier
+        }
+#pragma omp for schedule(static)
+        for (int blk = 0; blk < nblk; blk++) {
+            int c0 = blk * COL_BLOCK, nc = imin(COL_BLOCK, C - c0);
+            for (int n = 0; n < N; n++) {
+                const float *d = dout + (size_t)n * C + c0;
+                float *e = dwte + (size_t)tok[n] * C + c0;
+                for (int c = 0; c < nc; c++)
+                    e[c] += d[c];
+                if (dwpe) {
+                    float *p = dwpe + (size_t)(n % T) * C + c0;
+                    for (int c = 0; c < nc; c++)
+                        p[c] += d[c];
+                }
+            }
+        }
+    }
+}
+
+/* ---- cross-entropy ------------------------------------------------------------------ */
+
+/* losses[N]; logits/dlogits [N, ld], first V columns real. Per row: max,
+ * then exp (stored in dlogits when wanted) summed in double, then the
+ * gradient dloss * (p - onehot). The target logit is read before the row is
+ * overwritten, so dlogits may alias logits. */
+static void cross_entropy(float *losses, float *dlogits, const float *logits,
+                          const int32_t *targets, int N, int V, int ld, float dloss)
+{
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *x = logits + (size_t)n * ld;
+        float *d = dlogits ? dlogits + (size_t)n * ld : NULL;
+        int tgt = targets[n];
+        if (tgt < 0) {
+            losses[n] = 0.0f;
+            if (d)
+                memset(d, 0, (size_t)ld * sizeof(float));
+            continue;
+        }
+        float mx = -INFINITY;
+        for (int i = 0; i < V; i++)
+            mx = x[i] > mx ? x[i] : mx;
+        float xt = x[tgt];
+        double sum = 0.0;
+        if (d) {
+            for (int i = 0; i < V; i++) {
+                float e = expf(x[i] - mx);
+                d[i] = e;
+                sum += e;
+            }
+        } else {
+            for (int i = 0; i < V; i++)
+                sum += expf(x[i] - mx);
+        }
+        losses[n] = (float)((double)mx + log(sum) - (double)xt);
+        if (d) {
+            float k = (float)((double)dloss / sum);
+            for (int i = 0; i < V; i++)
+                d[i] *= k;
+            d[tgt] -= dloss;
+            for (int i = V; i < ld; i++)
+                d[i] = 0.0f;
+        }
+    }
+}
+
+/* ---- optimizer and reductions --------------------------------------------------------- */
+
+static void adamw(float *p, const float *g, float *m, float *v, size_t n,
+                  float lr, float beta1, float beta2, float eps, float wd,
+                  float grad_scale, int t)
+{
+    const dt_adamw_coef_t k = dt_adamw_coef(lr, beta1, beta2, eps, wd, grad_scale, t);
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++)
+        dt_adamw_update(&p[i], &m[i], &v[i], g[i], &k);
+}
+
+/* Sum of squares in double over SUMSQ_BLOCKS fixed blocks, block sums added
+ * in order: the same bits for any thread count. */
+static double sumsq(const float *x, size_t n)
+{
+    double part[SUMSQ_BLOCKS];
+    size_t bs = (n + SUMSQ_BLOCKS - 1) / SUMSQ_BLOCKS;
+#pragma omp parallel for schedule(static)
+    for (int blk = 0; blk < SUMSQ_BLOCKS; blk++) {
+        size_t lo = (size_t)blk * bs, hi = lo + bs < n ? lo + bs : n;
+        double s = 0.0;
+#pragma omp simd reduction(+ : s)
+        for (size_t i = lo; i < hi; i++)
+            s += (double)x[i] * (double)x[i];
+        part[blk] = s;
+    }
+    double tot = 0.0;
+    for (int blk = 0; blk < SUMSQ_BLOCKS; blk++)
+        tot += part[blk];
+    return tot;
+}
+
+static void scale(float *x, float s, size_t n)
+{
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++)
+        x[i] *= s;
+}
+
+/* ---- the table ------------------------------------------------------------------------- */
+
+static const ops_t cpu_ops = {
+    .name = "cpu",
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .copy = cpu_copy,
+    .to_host = cpu_copy,
+    .from_host = cpu_copy,
+    .zero = cpu_zero,
+    .matmul_fwd = matmul_fwd,
+    .matmul_bwd = matmul_bwd,
+    .layernorm_fwd = layernorm_fwd,
+    .layernorm_bwd = layernorm_bwd,
+    .rmsnorm_fwd = rmsnorm_fwd,
+    .rmsnorm_bwd = rmsnorm_bwd,
+    .rope_fwd = rope_fwd,
+    .rope_bwd = rope_bwd,
+    .attention_fwd = attention_fwd,
+    .attention_bwd = attention_bwd,
+    .gelu_fwd = gelu_fwd,
+    .gelu_bwd = gelu_bwd,
+    .swiglu_fwd = swiglu_fwd,
+    .swiglu_bwd = swiglu_bwd,
+    .add = add,
+    .embedding_fwd = embedding_fwd,
+    .embedding_bwd = embedding_bwd,
+    .cross_entropy = cross_entropy,
+    .adamw = adamw,
+    .sumsq = sumsq,
+    .scale = scale,
+};
+
+const ops_t *ops_cpu(void) { return &cpu_ops; }

@@ -1,0 +1,144 @@
+/* Per-element arithmetic shared by the CPU backend (src/ops_cpu.c) and the
+ * CUDA backend, so that the CPU tests also exercise the GPU's formulas.
+ * Everything here is a static inline function of scalars: no loops, no
+ * memory layout, no threading. Those belong to the backends. */
+#ifndef DTRAIN_OPS_MATH_H
+#define DTRAIN_OPS_MATH_H
+
+#include <math.h>
+
+#ifdef __CUDACC__
+#define DT_HD __host__ __device__
+#else
+#define DT_HD
+#endif
+
+/* ---- GELU, tanh approximation (GPT-2) ------------------------------------
+ * gelu(x) = 0.5 x (1 + tanh(u)), u = k (x + c x^3), k = sqrt(2/pi).
+ * We use the identity 0.5 (1 + tanh(u)) = sigmoid(2u): one expf instead of a
+ * tanhf (about 3x cheaper on glibc) and no cancellation in 1 + tanh(u) for
+ * u << 0. The result equals the tanh form to float rounding. */
+#define DT_GELU_K 0.7978845608028654f /* sqrt(2/pi) */
+#define DT_GELU_C 0.044715f
+
+/* 1/(1+e^-x); for x << 0 expf overflows to inf and the result is 0, not NaN. */
+static inline DT_HD float dt_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+static inline DT_HD float dt_gelu(float x)
+{
+    float u = DT_GELU_K * (x + DT_GELU_C * x * x * x);
+    return x * dt_sigmoid(2.0f * u);
+}
+
+/* d gelu / dx = s + 2 x s (1-s) du/dx with s = sigmoid(2u), since
+ * 1 - tanh(u)^2 = 4 s (1-s). */
+static inline DT_HD float dt_gelu_grad(float x)
+{
+    float u = DT_GELU_K * (x + DT_GELU_C * x * x * x);
+    float du = DT_GELU_K * (1.0f + 3.0f * DT_GELU_C * x * x);
+    float s = dt_sigmoid(2.0f * u);
+    return s + 2.0f * x * s * (1.0f - s) * du;
+}
+
+/* ---- SiLU (SwiGLU gate) --------------------------------------------------- */
+static inline DT_HD float dt_silu(float x) { return x * dt_sigmoid(x); }
+
+/* d silu / dx = s (1 + x (1 - s)) */
+static inline DT_HD float dt_silu_grad(float x)
+{
+    float s = dt_sigmoid(x);
+    return s * (1.0f + x * (1.0f - s));
+}
+
+/* out = silu(g) * u. Backward of one (gate g, up u) pair given d out = d,
+ * sharing one sigmoid between silu and its derivative. */
+static inline DT_HD void dt_swiglu_grad(float g, float u, float d, float *dg, float *du)
+{
+    float s = dt_sigmoid(g);
+    *dg = d * u * s * (1.0f + g * (1.0f - s));
+    *du = d * g * s;
+}
+
+/* ---- Rotary position embedding -------------------------------------------
+ * Pair i of a head (elements 2i, 2i+1) turns by angle pos * theta^(-2i/HS)
+ * radians. Computed in float exactly as Meta's Llama and Hugging Face do
+ * (inv_freq = 1 / theta^((2i)/HS) in float, angle = float(pos) * inv_freq),
+ * so the rounding of large angles matches theirs. */
+static inline DT_HD float dt_rope_inv_freq(int i, int HS, float theta)
+{
+    return 1.0f / powf(theta, (float)(2 * i) / (float)HS);
+}
+
+static inline DT_HD float dt_rope_angle(int pos, int i, int HS, float theta)
+{
+    return (float)pos * dt_rope_inv_freq(i, HS, theta);
+}
+
+/* Rotate (x0, x1) by the angle whose cosine/sine are (c, s). The backward
+ * pass rotates the gradient by the inverse angle: call it with -s. */
+static inline DT_HD void dt_rope_rotate(float *x0, float *x1, float c, float s)
+{
+    float a = *x0, b = *x1;
+    *x0 = a * c - b * s;
+    *x1 = a * s + b * c;
+}
+
+/* ---- Numerically stable log-sum-exp ---------------------------------------
+ * Online form: fold one value x into a running (max m, sum s of exp(v - m)).
+ * Start from m = -INFINITY, s = 0; the result is m + logf(s). Used where a
+ * single pass over a row is wanted (one row per warp on the GPU). */
+static inline DT_HD void dt_lse_push(float *m, float *s, float x)
+{
+    if (x > *m) {
+        *s = *s * expf(*m - x) + 1.0f;
+        *m = x;
+    } else {
+        *s += expf(x - *m);
+    }
+}
+
+/* ---- AdamW (torch.optim.AdamW, single-tensor path, PyTorch 1.13) ----------
+ * Per-step scalars are computed once in double on the host, as PyTorch does
+ * in Python, then rounded to float; the per-element update then follows
+ * PyTorch's sequence of float operations:
+ *   p *= 1 - lr*wd;  m = m*b1 + (1-b1) g;  v = v*b2 + (1-b2) g g;
+ *   p -= (lr / (1-b1^t)) * m / (sqrt(v) / sqrt(1-b2^t) + eps). */
+typedef struct dt_adamw_coef {
+    float beta1, beta2;
+    float one_minus_beta1, one_minus_beta2;
+    float decay;        /* 1 - lr*wd */
+    float step_size;    /* lr / (1 - beta1^t) */
+    float bc2_sqrt;     /* sqrt(1 - beta2^t) */
+    float eps;
+    float grad_scale;   /* clipping x averaging factor applied to g first */
+} dt_adamw_coef_t;
+
+static inline dt_adamw_coef_t dt_adamw_coef(float lr, float beta1, float beta2, float eps,
+                                            float wd, float grad_scale, int t)
+{
+    dt_adamw_coef_t k;
+    k.beta1 = beta1;
+    k.beta2 = beta2;
+    k.one_minus_beta1 = (float)(1.0 - (double)beta1);
+    k.one_minus_beta2 = (float)(1.0 - (double)beta2);
+    k.decay = (float)(1.0 - (double)lr * (double)wd);
+    k.step_size = (float)((double)lr / (1.0 - pow((double)beta1, (double)t)));
+    k.bc2_sqrt = (float)sqrt(1.0 - pow((double)beta2, (double)t));
+    k.eps = eps;
+    k.grad_scale = grad_scale;
+    return k;
+}
+
+static inline DT_HD void dt_adamw_update(float *p, float *m, float *v, float g,
+                                         const dt_adamw_coef_t *k)
+{
+    g *= k->grad_scale;
+    float mi = *m * k->beta1 + k->one_minus_beta1 * g;
+    float vi = *v * k->beta2 + k->one_minus_beta2 * g * g;
+    float denom = sqrtf(vi) / k->bc2_sqrt + k->eps;
+    *m = mi;
+    *v = vi;
+    *p = *p * k->decay - k->step_size * (mi / denom);
+}
+
+#endif

@@ -1,0 +1,47 @@
+/* AdamW with global-norm clipping and the warmup + cosine LR schedule. */
+#ifndef DTRAIN_OPTIM_H
+#define DTRAIN_OPTIM_H
+
+#include <stddef.h>
+
+#include "ops.h"
+#include "params.h"
+
+typedef struct lr_schedule {
+    double lr, min_lr;
+    int warmup, steps;
+} lr_schedule_t;
+
+/* Learning rate of optimizer step `step` (0-based): linear warmup from
+ * lr/warmup to lr over the first `warmup` steps, then cosine decay to min_lr
+ * at the last step. */
+double lr_at(const lr_schedule_t *s, int step);
+
+/* A run of consecutive tensors sharing one weight-decay setting: the update
+ * is one fused pass per run instead of one per tensor. */
+typedef struct optim_range {
+    size_t offset, n;
+    int decay;
+} optim_range_t;
+
+typedef struct adamw {
+    const ops_t *ops;
+    float *m, *v; /* [n] first and second moments */
+    size_t n;
+    optim_range_t *ranges;
+    int n_ranges;
+    double beta1, beta2, eps, weight_decay, grad_clip;
+    int t; /* steps taken */
+} adamw_t;
+
+int adamw_create(adamw_t *a, const ops_t *ops, const param_table_t *t, double beta1, double beta2,
+                 double eps, double weight_decay, double grad_clip);
+void adamw_destroy(adamw_t *a);
+
+/* Gradient-norm clipping factor for a global norm: min(1, clip / norm). */
+double adamw_clip_scale(const adamw_t *a, double grad_norm);
+
+/* One step over params/grads; grads are multiplied by grad_scale first. */
+void adamw_step(adamw_t *a, float *params, const float *grads, double lr, double grad_scale);
+
+#endif

@@ -1,0 +1,375 @@
+#include "options.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef HAVE_CONFIG_H
+#include "config.h"
+#endif
+#ifndef PACKAGE_VERSION
+#define PACKAGE_VERSION "0.1.0"
+#endif
+
+typedef enum { OPT_INT, OPT_LLONG, OPT_REAL, OPT_STR } opt_kind_t;
+
+typedef struct opt_def {
+    const char *name; /* long option without "--"; also the config-file key */
+    opt_kind_t kind;
+    size_t offset;
+    size_t size;      /* OPT_STR: buffer size */
+    const char *def;  /* default, parsed like user input */
+    double min, max;  /* numeric range (inclusive) */
+    const char *const *choices; /* OPT_STR: allowed values, NULL = any */
+    const char *help;
+} opt_def_t;
+
+static const char *const arch_choices[] = {"gpt2", "llama", NULL};
+static const char *const format_choices[] = {"llmc", "raw-u16", NULL};
+
+#define F(field) offsetof(run_options_t, field)
+#define S(field) sizeof(((run_options_t *)0)->field)
+
+static const opt_def_t opt_defs[] = {
+    {"config", OPT_STR, F(config), S(config), "", 0, 0, NULL, "read `key = value` options from FILE (the command line overrides it)"},
+    {"model", OPT_STR, F(model), S(model), "tiny", 0, 0, NULL, "model preset (see --help for the list)"},
+    {"arch", OPT_STR, F(arch), S(arch), "", 0, 0, arch_choices, "override the preset's architecture: gpt2|llama"},
+    {"n-layer", OPT_INT, F(n_layer), 0, "0", 0, 1024, NULL, "override the number of blocks (0 = preset)"},
+    {"n-head", OPT_INT, F(n_head), 0, "0", 0, 4096, NULL, "override the number of attention heads (0 = preset)"},
+    {"n-kv-head", OPT_INT, F(n_kv_head), 0, "0", 0, 4096, NULL, "override the number of KV heads (0 = preset)"},
+    {"d-model", OPT_INT, F(d_model), 0, "0", 0, 1 << 20, NULL, "override the model width (0 = preset)"},
+    {"d-ff", OPT_INT, F(d_ff), 0, "0", 0, 1 << 22, NULL, "override the MLP width (0 = preset)"},
+    {"vocab-size", OPT_INT, F(vocab_size), 0, "0", 0, 1 << 24, NULL, "override the vocabulary size (0 = preset)"},
+    {"max-seq-len", OPT_INT, F(max_seq_len), 0, "0", 0, 1 << 20, NULL, "override the learned positions of GPT-2 (0 = preset)"},
+    {"steps", OPT_INT, F(steps), 0, "1000", 1, INT_MAX, NULL, "total optimizer steps of the run"},
+    {"micro-batch", OPT_INT, F(micro_batch), 0, "16", 1, 1 << 20, NULL, "sequences per microbatch (per rank)"},
+    {"global-batch", OPT_INT, F(global_batch), 0, "0", 0, 1 << 30, NULL, "sequences per optimizer step; a multiple of the micro batch (0 = micro batch)"},
+    {"seq-len", OPT_INT, F(seq_len), 0, "128", 1, 1 << 20, NULL, "tokens per sequence"},
+    {"lr", OPT_REAL, F(lr), 0, "1e-3", 0, 10, NULL, "peak learning rate"},
+    {"min-lr", OPT_REAL, F(min_lr), 0, "1e-4", 0, 10, NULL, "learning rate at the end of the cosine decay"},
+    {"warmup", OPT_INT, F(warmup), 0, "50", 0, INT_MAX, NULL, "linear warmup steps"},
+    {"weight-decay", OPT_REAL, F(weight_decay), 0, "0.1", 0, 10, NULL, "AdamW decoupled weight decay (2-D tensors only)"},
+    {"grad-clip", OPT_REAL, F(grad_clip), 0, "1.0", 0, 1e30, NULL, "clip the global gradient norm to this (0 = off)"},
+    {"beta1", OPT_REAL, F(beta1), 0, "0.9", 0, 0.999999, NULL, "AdamW beta1"},
+    {"beta2", OPT_REAL, F(beta2), 0, "0.95", 0, 0.999999999, NULL, "AdamW beta2"},
+    {"adam-eps", OPT_REAL, F(adam_eps), 0, "1e-8", 0, 1, NULL, "AdamW epsilon"},
+    {"seed", OPT_LLONG, F(seed), 0, "1337", 0, 9.0e18, NULL, "seed of initialisation, data order and sampling"},
+    {"data", OPT_STR, F(data), S(data), "data/gutenberg_train_*.bin", 0, 0, NULL, "training token shards (glob)"},
+    {"val-data", OPT_STR, F(val_data), S(val_data), "data/gutenberg_val_*.bin", 0, 0, NULL, "validation token shards (glob)"},
+    {"data-format", OPT_STR, F(data_format), S(data_format), "llmc", 0, 0, format_choices, "token file format: llmc (headered shards) | raw-u16 (nanoGPT .bin)"},
+    {"val-every", OPT_INT, F(val_every), 0, "100", 0, INT_MAX, NULL, "validate every N steps and at the end (0 = never)"},
+    {"val-batches", OPT_INT, F(val_batches), 0, "16", 1, INT_MAX, NULL, "microbatches of validation data per evaluation"},
+    {"metrics", OPT_STR, F(metrics), S(metrics), "", 0, 0, NULL, "write one JSON object per step to FILE"},
+    {"sample-tokens", OPT_INT, F(sample_tokens), 0, "256", 0, 1 << 20, NULL, "tokens to generate at the end (0 = no sample)"},
+    {"prompt", OPT_STR, F(prompt), S(prompt), "ALICE.", 0, 0, NULL, "prompt for the sample (byte vocabulary)"},
+    {"temperature", OPT_REAL, F(temperature), 0, "0.8", 0, 100, NULL, "sampling temperature (0 = greedy)"},
+    {"top-k", OPT_INT, F(top_k), 0, "40", 0, 1 << 24, NULL, "sample from the k most likely tokens (0 = all)"},
+    {"threads", OPT_INT, F(threads), 0, "0", 0, 4096, NULL, "OpenMP/OpenBLAS threads per rank (0 = OMP_NUM_THREADS or all cores)"},
+    {"peak-gflops", OPT_REAL, F(peak_gflops), 0, "0", 0, 1e12, NULL, "peak GFLOP/s for MFU (0 = measure with a short sgemm probe)"},
+};
+#define N_OPTS ((int)(sizeof opt_defs / sizeof opt_defs[0]))
+
+static const opt_def_t *opt_find(const char *name, size_t len)
+{
+    for (int i = 0; i < N_OPTS; i++)
+        if (strlen(opt_defs[i].name) == len && strncmp(opt_defs[i].name, name, len) == 0)
+            return &opt_defs[i];
+    return NULL;
+}
+
+/* Parses value into its field; where says where it came from. */
+static int opt_set(run_options_t *o, const opt_def_t *d, const char *value, const char *where,
+                   char *err, size_t errlen)
+{
+    char *field = (char *)o + d->offset;
+    char *end = NULL;
+    errno = 0;
+    switch (d->kind) {
+    case OPT_INT:
+    case OPT_LLONG: {
+        long long v = strtoll(value, &end, 10);
+        if (errno || end == value || *end != '\0') {
+            snprintf(err, errlen, "%s--%s '%s': not an integer", where, d->name, value);
+            return -1;
+        }
+        if ((double)v < d->min || (double)v > d->max) {
+            snprintf(err, errlen, "%s--%s %lld: out of range, allowed %.0f..%.0f", where, d->name, v,
+                     d->min, d->max);
+            return -1;
+        }
+        if (d->kind == OPT_INT)
+            *(int *)field = (int)v;
+        else
+            *(long long *)field = v;
+        return 0;
+    }
+    case OPT_REAL: {
+        double v = strtod(value, &end);
+        if (errno || end == value || *end != '\0' || !isfinite(v)) {
+            snprintf(err, errlen, "%s--%s '%s': not a number", where, d->name, value);
+            return -1;
+        }
+        if (v < d->min || v > d->max) {
+            snprintf(err, errlen, "%s--%s %g: out of range, allowed %g..%g", where, d->name, v, d->min,
+                     d->max);
+            return -1;
+        }
+        *(double *)field = v;
+        return 0;
+    }
+    case OPT_STR:
+    default:
+        if (d->choices && *value) {
+            int ok = 0;
+            for (const char *const *c = d->choices; *c; c++)
+                ok |= strcmp(*c, value) == 0;
+            if (!ok) {
+                char allowed[128] = "";
+                for (const char *const *c = d->choices; *c; c++)
+                    snprintf(allowed + strlen(allowed), sizeof allowed - strlen(allowed), "%s%s",
+                             c == d->choices ? "" : "|", *c);
+                snprintf(err, errlen, "%s--%s '%s': allowed values are %s", where, d->name, value, allowed);
+                return -1;
+            }
+        }
+        if (strlen(value) >= d->size) {
+            snprintf(err, errlen, "%s--%s: value longer than %zu characters", where, d->name, d->size - 1);
+            return -1;
+        }
+        memcpy(field, value, strlen(value) + 1);
+        return 0;
+    }
+}
+
+static char *trim(char *s)
+{
+    while (*s == ' ' || *s == '\t')
+        s++;
+    char *e = s + strlen(s);
+    while (e > s && (e[-1] == ' ' || e[-1] == '\t' || e[-1] == '\n' || e[-1] == '\r'))
+        *--e = '\0';
+    return s;
+}
+
+static int load_config_file(run_options_t *o, const char *path, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        snprintf(err, errlen, "--config %s: cannot open: %s", path, strerror(errno));
+        return -1;
+    }
+    char line[2048], where[OPT_PATH_MAX + 32];
+    int lineno = 0, rc = 0;
+    while (rc == 0 && fgets(line, sizeof line, f)) {
+        lineno++;
+        char *hash = strchr(line, '#');
+        if (hash)
+            *hash = '\0';
+        char *s = trim(line);
+        if (!*s)
+            continue;
+        snprintf(where, sizeof where, "%s:%d: ", path, lineno);
+        char *eq = strchr(s, '=');
+        if (!eq) {
+            snprintf(err, errlen, "%sexpected `key = value`, got '%s'", where, s);
+            rc = -1;
+            break;
+        }
+        *eq = '\0';
+        char *key = trim(s), *value = trim(eq + 1);
+        const opt_def_t *d = opt_find(key, strlen(key));
+        if (!d || strcmp(key, "config") == 0) {
+            snprintf(err, errlen, "%sunknown option '%s' (dtrain --help lists them)", where, key);
+            rc = -1;
+            break;
+        }
+        rc = opt_set(o, d, value, where, err, errlen);
+    }
+    if (rc == 0 && ferror(f)) {
+        snprintf(err, errlen, "--config %s: read error", path);
+        rc = -1;
+    }
+    fclose(f);
+    return rc;
+}
+
+static void print_help(FILE *out)
+{
+    fprintf(out,
+            "usage: dtrain [--config FILE] [--option value ...]\n"
+            "Train a GPT-2 or Llama style transformer on token shards.\n\n"
+            "Options (default in brackets; config files use the same names without --):\n");
+    for (int i = 0; i < N_OPTS; i++) {
+        const opt_def_t *d = &opt_defs[i];
+        char lhs[64];
+        snprintf(lhs, sizeof lhs, "--%s %s", d->name,
+                 d->kind == OPT_STR ? (strcmp(d->name, "config") == 0 || strcmp(d->name, "metrics") == 0
+                                           ? "FILE" : "STR")
+                                    : d->kind == OPT_REAL ? "X" : "N");
+        fprintf(out, "  %-24s %s [%s]\n", lhs, d->help, d->def);
+    }
+    fprintf(out, "  %-24s %s\n  %-24s %s\n", "--help", "print this help and exit", "--version",
+            "print the version and exit");
+    fprintf(out, "\nModel presets:\n");
+    for (const model_preset_t *p = model_presets(); p->name; p++)
+        fprintf(out, "  %-12s %s\n", p->name, p->about);
+}
+
+static int check_consistency(const run_options_t *o, char *err, size_t errlen)
+{
+    if (!model_preset_find(o->model)) {
+        char names[256] = "";
+        for (const model_preset_t *p = model_presets(); p->name; p++)
+            snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s",
+                     p == model_presets() ? "" : "|", p->name);
+        snprintf(err, errlen, "--model '%s': unknown preset, allowed %s", o->model, names);
+        return -1;
+    }
+    if (o->global_batch != 0 && o->global_batch % o->micro_batch != 0) {
+        snprintf(err, errlen, "--global-batch %d must be a multiple of --micro-batch %d",
+                 o->global_batch, o->micro_batch);
+        return -1;
+    }
+    if (o->min_lr > o->lr) {
+        snprintf(err, errlen, "--min-lr %g must not exceed --lr %g", o->min_lr, o->lr);
+        return -1;
+    }
+    if (!o->data[0]) {
+        snprintf(err, errlen, "--data: a token shard path or glob is required");
+        return -1;
+    }
+    if (o->val_every > 0 && !o->val_data[0]) {
+        snprintf(err, errlen, "--val-every %d needs --val-data (or set --val-every 0)", o->val_every);
+        return -1;
+    }
+    return 0;
+}
+
+options_status_t options_parse(run_options_t *o, int argc, char **argv, int print, char *err,
+                               size_t errlen)
+{
+    memset(o, 0, sizeof *o);
+    for (int i = 0; i < N_OPTS; i++)
+        if (opt_set(o, &opt_defs[i], opt_defs[i].def, "default ", err, errlen) != 0)
+            return OPTIONS_ERROR;
+
+    /* --help/--version win wherever they are; --config is applied before
+     * the other command-line options so that those override it. */
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            if (print)
+                print_help(stdout);
+            return OPTIONS_EXIT_OK;
+        }
+        if (strcmp(argv[i], "--version") == 0) {
+            if (print)
+                printf("dtrain %s\n", PACKAGE_VERSION);
+            return OPTIONS_EXIT_OK;
+        }
+    }
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 1; i < argc; i++) {
+            const char *a = argv[i];
+            if (strncmp(a, "--", 2) != 0) {
+                snprintf(err, errlen, "unexpected argument '%s': options are --name value (dtrain --help)", a);
+                return OPTIONS_ERROR;
+            }
+            const char *name = a + 2, *eq = strchr(name, '=');
+            size_t len = eq ? (size_t)(eq - name) : strlen(name);
+            const opt_def_t *d = opt_find(name, len);
+            if (!d) {
+                snprintf(err, errlen, "unknown option '%.*s' (dtrain --help lists them)", (int)len + 2, a);
+                return OPTIONS_ERROR;
+            }
+            const char *value = eq ? eq + 1 : NULL;
+            if (!value) {
+                if (i + 1 >= argc) {
+                    snprintf(err, errlen, "--%s needs a value", d->name);
+                    return OPTIONS_ERROR;
+                }
+                value = argv[++i];
+            }
+            int is_config = strcmp(d->name, "config") == 0;
+            if (pass == 0 && is_config) {
+                if (opt_set(o, d, value, "", err, errlen) != 0 ||
+                    load_config_file(o, value, err, errlen) != 0)
+                    return OPTIONS_ERROR;
+            } else if (pass == 1 && !is_config) {
+                if (opt_set(o, d, value, "", err, errlen) != 0)
+                    return OPTIONS_ERROR;
+            }
+        }
+    }
+    if (check_consistency(o, err, errlen) != 0)
+        return OPTIONS_ERROR;
+    return OPTIONS_OK;
+}
+
+int options_model_config(const run_options_t *o, model_config_t *c, char *err, size_t errlen)
+{
+    const model_preset_t *p = model_preset_find(o->model);
+    if (!p) {
+        snprintf(err, errlen, "--model '%s': unknown preset", o->model);
+        return -1;
+    }
+    *c = p->cfg;
+    if (o->arch[0]) {
+        c->arch = strcmp(o->arch, "llama") == 0 ? ARCH_LLAMA : ARCH_GPT2;
+        if (c->arch == ARCH_LLAMA && c->rope_theta == 0)
+            c->rope_theta = 10000.0f;
+    }
+    if (o->n_layer)
+        c->n_layer = o->n_layer;
+    if (o->n_head) {
+        c->n_head = o->n_head;
+        if (c->arch == ARCH_GPT2 || !o->n_kv_head)
+            c->n_kv_head = o->n_head;
+    }
+    if (o->n_kv_head)
+        c->n_kv_head = o->n_kv_head;
+    if (o->d_model)
+        c->d_model = o->d_model;
+    if (o->d_ff)
+        c->d_ff = o->d_ff;
+    if (o->vocab_size)
+        c->vocab_size = o->vocab_size;
+    if (o->max_seq_len)
+        c->max_seq = o->max_seq_len;
+    if (c->arch == ARCH_LLAMA && o->seq_len > c->max_seq)
+        c->max_seq = o->seq_len; /* RoPE has no table of positions to outgrow */
+    return model_config_check(c, err, errlen);
+}
+
+int options_accum_steps(const run_options_t *o, int dp)
+{
+    int gb = o->global_batch ? o->global_batch : o->micro_batch * dp;
+    return gb / (o->micro_batch * dp);
+}
+
+void options_print(const run_options_t *o, void *file)
+{
+    FILE *f = file;
+    for (int i = 0; i < N_OPTS; i++) {
+        const opt_def_t *d = &opt_defs[i];
+        const char *field = (const char *)o + d->offset;
+        fprintf(f, "  %-14s = ", d->name);
+        switch (d->kind) {
+        case OPT_INT:
+            fprintf(f, "%d\n", *(const int *)field);
+            break;
+        case OPT_LLONG:
+            fprintf(f, "%lld\n", *(const long long *)field);
+            break;
+        case OPT_REAL:
+            fprintf(f, "%g\n", *(const double *)field);
+            break;
+        case OPT_STR:
+            fprintf(f, "%s\n", field);
+            break;
+        }
+    }
+}

@@ -1,0 +1,58 @@
+/* Run options: one table drives the command line, the config file
+ * (`key = value` lines, # comments, same keys as the long options without
+ * the dashes), --help and validation. The command line overrides the file. */
+#ifndef DTRAIN_OPTIONS_H
+#define DTRAIN_OPTIONS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model_config.h"
+
+#define OPT_PATH_MAX 1024
+
+typedef struct run_options {
+    char config[OPT_PATH_MAX];
+    char model[64];
+    /* model shape overrides; 0 = the preset's value */
+    char arch[16];
+    int n_layer, n_head, n_kv_head, d_model, d_ff, vocab_size, max_seq_len;
+    /* schedule and batch */
+    int steps, micro_batch, global_batch, seq_len;
+    double lr, min_lr;
+    int warmup;
+    double weight_decay, grad_clip, beta1, beta2, adam_eps;
+    long long seed;
+    /* data */
+    char data[OPT_PATH_MAX], val_data[OPT_PATH_MAX], data_format[16];
+    int val_every, val_batches;
+    /* output */
+    char metrics[OPT_PATH_MAX];
+    int sample_tokens, top_k;
+    double temperature;
+    char prompt[512];
+    int threads;
+    double peak_gflops;
+} run_options_t;
+
+typedef enum {
+    OPTIONS_OK = 0,
+    OPTIONS_EXIT_OK = 1,  /* --help / --version printed: exit 0 */
+    OPTIONS_ERROR = 2     /* err holds one line: exit 2 */
+} options_status_t;
+
+/* Parses argv (and the --config file it names) into o. Never prints except
+ * --help/--version text (to out, only when print is set: rank 0). */
+options_status_t options_parse(run_options_t *o, int argc, char **argv, int print,
+                               char *err, size_t errlen);
+
+/* Resolves --model plus the shape overrides into a model config. */
+int options_model_config(const run_options_t *o, model_config_t *c, char *err, size_t errlen);
+
+/* Number of microbatches per optimizer step for data-parallel size dp. */
+int options_accum_steps(const run_options_t *o, int dp);
+
+/* Writes every option as `key = value` lines (the banner and metrics). */
+void options_print(const run_options_t *o, void *file);
+
+#endif

@@ -1,0 +1,166 @@
+#include "params.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rng.h"
+
+typedef struct table_builder {
+    param_table_t *t;
+    int cap;
+    int tp_size, tp_rank;
+    int n_layer;
+    char *err;
+    size_t errlen;
+    int failed;
+} table_builder_t;
+
+static void add_param(table_builder_t *b, int layer, const char *suffix, int ndim, int64_t d0,
+                      int64_t d1, tp_split_t split, param_init_t init, float std)
+{
+    if (b->failed)
+        return;
+    param_table_t *t = b->t;
+    if (t->n == b->cap) {
+        b->cap = b->cap ? 2 * b->cap : 64;
+        param_desc_t *np = realloc(t->p, (size_t)b->cap * sizeof *np);
+        if (!np) {
+            snprintf(b->err, b->errlen, "out of memory building the parameter table");
+            b->failed = 1;
+            return;
+        }
+        t->p = np;
+    }
+    param_desc_t *d = &t->p[t->n];
+    memset(d, 0, sizeof *d);
+    if (layer >= 0 && layer < b->n_layer)
+        snprintf(d->name, sizeof d->name, "h.%d.%s", layer, suffix);
+    else
+        snprintf(d->name, sizeof d->name, "%s", suffix);
+    d->ndim = ndim;
+    d->shape[0] = d0;
+    d->shape[1] = ndim == 2 ? d1 : 1;
+    d->tp_split = split;
+    d->layer = layer;
+    d->decay = ndim == 2;
+    d->init = init;
+    d->init_std = std;
+    d->count[0] = d->shape[0];
+    d->count[1] = d->shape[1];
+    int dim = split == TP_SPLIT_ROWS ? 0 : split == TP_SPLIT_COLS ? 1 : -1;
+    if (dim >= 0) {
+        if (d->shape[dim] % b->tp_size != 0) {
+            snprintf(b->err, b->errlen, "tensor %s dimension %d (%lld) is not divisible by --tp %d",
+                     d->name, dim, (long long)d->shape[dim], b->tp_size);
+            b->failed = 1;
+            return;
+        }
+        d->count[dim] = d->shape[dim] / b->tp_size;
+        d->start[dim] = d->count[dim] * b->tp_rank;
+    }
+    d->numel = (size_t)d->count[0] * (size_t)d->count[1];
+    d->offset = t->numel;
+    t->numel += d->numel;
+    t->logical_numel += (size_t)d->shape[0] * (size_t)d->shape[1];
+    t->n++;
+}
+
+int param_table_build(param_table_t *t, const model_config_t *c, int tp_size, int tp_rank,
+                      char *err, size_t errlen)
+{
+    memset(t, 0, sizeof *t);
+    table_builder_t b = {.t = t, .tp_size = tp_size, .tp_rank = tp_rank,
+                        .n_layer = c->n_layer, .err = err, .errlen = errlen};
+    const int64_t C = c->d_model, F = c->d_ff, V = c->vocab_size, L = c->n_layer;
+    const int64_t HS = model_head_size(c), QD = c->n_head * HS, KVD = c->n_kv_head * HS;
+    const float std = 0.02f;
+    /* GPT-2's scaled init of the projections that write into the residual
+     * stream keeps its variance from growing with depth. */
+    const float std_out = 0.02f / sqrtf(2.0f * (float)L);
+
+    if (c->arch == ARCH_GPT2) {
+        add_param(&b, -1, "wte", 2, V, C, TP_SPLIT_ROWS, INIT_NORMAL, std);
+        add_param(&b, -1, "wpe", 2, c->max_seq, C, TP_SPLIT_NONE, INIT_NORMAL, std);
+    } else {
+        add_param(&b, -1, "tok_emb", 2, V, C, TP_SPLIT_ROWS, INIT_NORMAL, std);
+    }
+    for (int l = 0; l < L; l++) {
+        add_param(&b, l, "ln1.w", 1, C, 1, TP_SPLIT_NONE, INIT_ONES, 0);
+        if (c->arch == ARCH_GPT2)
+            add_param(&b, l, "ln1.b", 1, C, 1, TP_SPLIT_NONE, INIT_ZEROS, 0);
+        add_param(&b, l, "attn.wq", 2, QD, C, TP_SPLIT_ROWS, INIT_NORMAL, std);
+        add_param(&b, l, "attn.wk", 2, KVD, C, TP_SPLIT_ROWS, INIT_NORMAL, std);
+        add_param(&b, l, "attn.wv", 2, KVD, C, TP_SPLIT_ROWS, INIT_NORMAL, std);
+        if (c->arch == ARCH_GPT2) {
+            add_param(&b, l, "attn.bq", 1, QD, 1, TP_SPLIT_ROWS, INIT_ZEROS, 0);
+            add_param(&b, l, "attn.bk", 1, KVD, 1, TP_SPLIT_ROWS, INIT_ZEROS, 0);
+            add_param(&b, l, "attn.bv", 1, KVD, 1, TP_SPLIT_ROWS, INIT_ZEROS, 0);
+        }
+        add_param(&b, l, "attn.wo", 2, C, QD, TP_SPLIT_COLS, INIT_NORMAL, std_out);
+        if (c->arch == ARCH_GPT2)
+            add_param(&b, l, "attn.bo", 1, C, 1, TP_SPLIT_NONE, INIT_ZEROS, 0);
+        add_param(&b, l, "ln2.w", 1, C, 1, TP_SPLIT_NONE, INIT_ONES, 0);
+        if (c->arch == ARCH_GPT2) {
+            add_param(&b, l, "ln2.b", 1, C, 1, TP_SPLIT_NONE, INIT_ZEROS, 0);
+            add_param(&b, l, "mlp.wfc", 2, F, C, TP_SPLIT_ROWS, INIT_NORMAL, std);
+            add_param(&b, l, "mlp.bfc", 1, F, 1, TP_SPLIT_ROWS, INIT_ZEROS, 0);
+            add_param(&b, l, "mlp.wproj", 2, C, F, TP_SPLIT_COLS, INIT_NORMAL, std_out);
+            add_param(&b, l, "mlp.bproj", 1, C, 1, TP_SPLIT_NONE, INIT_ZEROS, 0);
+        } else {
+            add_param(&b, l, "mlp.wgate", 2, F, C, TP_SPLIT_ROWS, INIT_NORMAL, std);
+            add_param(&b, l, "mlp.wup", 2, F, C, TP_SPLIT_ROWS, INIT_NORMAL, std);
+            add_param(&b, l, "mlp.wproj", 2, C, F, TP_SPLIT_COLS, INIT_NORMAL, std_out);
+        }
+    }
+    add_param(&b, (int)L, "lnf.w", 1, C, 1, TP_SPLIT_NONE, INIT_ONES, 0);
+    if (c->arch == ARCH_GPT2)
+        add_param(&b, (int)L, "lnf.b", 1, C, 1, TP_SPLIT_NONE, INIT_ZEROS, 0);
+    else
+        add_param(&b, (int)L, "lm_head.w", 2, V, C, TP_SPLIT_ROWS, INIT_NORMAL, std);
+    if (b.failed) {
+        param_table_free(t);
+        return -1;
+    }
+    return 0;
+}
+
+void param_table_free(param_table_t *t)
+{
+    free(t->p);
+    memset(t, 0, sizeof *t);
+}
+
+int param_table_find(const param_table_t *t, const char *name)
+{
+    for (int i = 0; i < t->n; i++)
+        if (strcmp(t->p[i].name, name) == 0)
+            return i;
+    return -1;
+}
+
+float param_init_value(const param_desc_t *d, uint64_t seed, int64_t i, int64_t j)
+{
+    switch (d->init) {
+    case INIT_ZEROS:
+        return 0.0f;
+    case INIT_ONES:
+        return 1.0f;
+    case INIT_NORMAL:
+    default:
+        return d->init_std * rng_normal(seed, rng_stream_of(d->name), (uint64_t)(i * d->shape[1] + j));
+    }
+}
+
+void param_table_init(const param_table_t *t, float *flat, uint64_t seed)
+{
+    for (int k = 0; k < t->n; k++) {
+        const param_desc_t *d = &t->p[k];
+        float *dst = flat + d->offset;
+#pragma omp parallel for schedule(static)
+        for (int64_t r = 0; r < d->count[0]; r++)
+            for (int64_t s = 0; s < d->count[1]; s++)
+                dst[r * d->count[1] + s] = param_init_value(d, seed, d->start[0] + r, d->start[1] + s);
+    }
+}

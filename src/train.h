@@ -1,0 +1,41 @@
+/* The training run: model, optimizer, data and the step loop. */
+#ifndef DTRAIN_TRAIN_H
+#define DTRAIN_TRAIN_H
+
+#include <stdio.h>
+
+#include "data.h"
+#include "launch.h"
+#include "model.h"
+#include "optim.h"
+#include "options.h"
+
+typedef struct trainer {
+    const run_options_t *opt;
+    const launch_env_t *env;
+    model_config_t cfg;
+    model_t model;
+    adamw_t optim;
+    lr_schedule_t sched;
+    data_loader_t train, val;
+    int has_val;
+    int accum;          /* microbatches per optimizer step */
+    int threads;
+    double flops_token; /* model FLOPs per token */
+    double peak_gflops; /* per rank */
+    FILE *metrics;
+    int32_t *tok, *tgt; /* host batch [B*T] */
+} trainer_t;
+
+/* Everything a run needs; on failure err holds one line. Local to this
+ * rank: the caller agrees on failure across ranks. */
+int trainer_setup(trainer_t *tr, const run_options_t *o, const launch_env_t *env, char *err,
+                  size_t errlen);
+void trainer_banner(const trainer_t *tr, FILE *out);
+/* The step loop, validation and the final sample. */
+int trainer_run(trainer_t *tr, char *err, size_t errlen);
+/* Mean loss over --val-batches microbatches of the validation set. */
+double trainer_val_loss(trainer_t *tr);
+void trainer_teardown(trainer_t *tr);
+
+#endif

@@ -1,0 +1,29 @@
+# Shared by the shell tests. The harness exports DTRAIN, DTRAIN_PREPARE,
+# MPIEXEC, top_srcdir, top_builddir and the OpenMPI settings for running as
+# root and oversubscribed.
+set -u
+: "${top_srcdir:=.}" "${top_builddir:=.}"
+: "${DTRAIN:=$top_builddir/src/dtrain}"
+: "${MPIEXEC:=mpiexec}"
+export OMPI_MCA_mpi_yield_when_idle=1
+DATA_TRAIN="$top_builddir/data/gutenberg_train_*.bin"
+DATA_VAL="$top_builddir/data/gutenberg_val_*.bin"
+
+# A scratch directory under the build tree, removed on exit.
+TMP=$(mktemp -d "$top_builddir/test/tmp.XXXXXX") || exit 99
+trap 'rm -rf "$TMP"' EXIT
+
+fails=0
+pass() { echo "ok   $*"; }
+fail() { echo "FAIL $*"; fails=$((fails + 1)); }
+finish() { echo "$fails failure(s)"; [ "$fails" -eq 0 ]; exit $?; }
+
+# Small, fast runs: the tiny model with the bundled corpus.
+tiny_args() {
+    echo --model tiny --data "$DATA_TRAIN" --val-data "$DATA_VAL" --peak-gflops 100 --threads 2
+}
+
+# json_field FILE STEP KEY: the value of KEY in the JSON line of STEP.
+json_field() {
+    sed -n "s/^{\"step\": $2,.*\"$3\": \([^,}]*\).*/\1/p" "$1"
+}

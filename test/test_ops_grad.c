@@ -1,0 +1,907 @@
+/* Checks every op of the CPU ops table against a double-precision reference
+ * written here, independently of src/ops_math.h:
+ *   - forward: fp32 output vs the double reference, max|got - ref| / max|ref|
+ *     <= FWD_TOL;
+ *   - backward: fp32 analytic gradient of L = sum(out o R) (R fixed random)
+ *     vs central finite differences of the double reference (h = 1e-6),
+ *     max|got - ref| / max|ref| <= BWD_TOL;
+ *   - accum flags (accum = 0 overwrites NaN garbage, a second call with
+ *     accum = 1 doubles), aliasing, padding columns, ignored targets;
+ *   - AdamW against PyTorch 1.13's AdamW formula in double for 3 steps;
+ *   - bit-identical reductions for 1..4 threads.
+ * Prints one line per check; exits 1 if any check fails. */
+#include "ops.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#define FWD_TOL 1e-5   /* fp32 forward vs double reference */
+#define BWD_TOL 1e-4   /* fp32 backward vs finite differences in double */
+#define ACC_TOL 1e-6   /* accum = 1 doubling; AdamW state */
+#define FD_H 1e-6      /* central-difference step (inputs are O(1)) */
+
+static const ops_t *ops;
+static int n_fail;
+
+/* ---- helpers ---------------------------------------------------------------- */
+
+static uint64_t rng_state = 0x853c49e6748fea9bULL;
+
+/* splitmix64 -> uniform float in [-1, 1) on a 2^-23 grid (exact in float) */
+static float frand(void)
+{
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    z ^= z >> 31;
+    return (float)((double)(z >> 40) * (1.0 / 8388608.0) - 1.0);
+}
+
+static void *xmalloc(size_t bytes)
+{
+    void *p = malloc(bytes ? bytes : 1);
+    if (!p) {
+        fprintf(stderr, "test_ops_grad: out of memory (%zu bytes)\n", bytes);
+        exit(1);
+    }
+    return p;
+}
+
+static float *frandv(size_t n, float lo, float hi)
+{
+    float *x = xmalloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+        x[i] = lo + (hi - lo) * 0.5f * (frand() + 1.0f);
+    return x;
+}
+
+static float *fnan(size_t n)
+{
+    float *x = xmalloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+        x[i] = NAN;
+    return x;
+}
+
+static double *todouble(const float *x, size_t n)
+{
+    double *d = xmalloc(n * sizeof(double));
+    for (size_t i = 0; i < n; i++)
+        d[i] = x[i];
+    return d;
+}
+
+static float *fdup(const float *x, size_t n)
+{
+    float *y = xmalloc(n * sizeof(float));
+    memcpy(y, x, n * sizeof(float));
+    return y;
+}
+
+/* max|got - ref| / max|ref|; NaN in got gives +inf */
+static double rel_err(const float *got, const double *ref, size_t n)
+{
+    double md = 0.0, mr = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - ref[i]);
+        if (isnan(d))
+            return INFINITY;
+        md = d > md ? d : md;
+        mr = fabs(ref[i]) > mr ? fabs(ref[i]) : mr;
+    }
+    return mr > 0.0 ? md / mr : md;
+}
+
+static double rel_err_d(const double *got, const double *ref, size_t n)
+{
+    double md = 0.0, mr = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs(got[i] - ref[i]);
+        if (isnan(d))
+            return INFINITY;
+        md = d > md ? d : md;
+        mr = fabs(ref[i]) > mr ? fabs(ref[i]) : mr;
+    }
+    return mr > 0.0 ? md / mr : md;
+}
+
+/* second = 2 * first within ACC_TOL */
+static double doubling_err(const float *first, const float *second, size_t n)
+{
+    double md = 0.0, mr = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double want = 2.0 * first[i], d = fabs(second[i] - want);
+        if (isnan(d))
+            return INFINITY;
+        md = d > md ? d : md;
+        mr = fabs(want) > mr ? fabs(want) : mr;
+    }
+    return mr > 0.0 ? md / mr : md;
+}
+
+static void check(const char *what, double err, double tol)
+{
+    int ok = err <= tol;
+    printf("%-52s max rel err %9.2e  tol %.0e  %s\n", what, err, tol, ok ? "ok" : "FAIL");
+    if (!ok)
+        n_fail++;
+}
+
+static void check_true(const char *what, int ok)
+{
+    printf("%-52s %s\n", what, ok ? "ok" : "FAIL");
+    if (!ok)
+        n_fail++;
+}
+
+/* grad[i] = dL/dx[i] by central differences; x is perturbed and restored */
+static void fd_grad(double *grad, double *x, size_t n, double (*L)(void *), void *ctx)
+{
+    for (size_t i = 0; i < n; i++) {
+        double x0 = x[i];
+        x[i] = x0 + FD_H;
+        double lp = L(ctx);
+        x[i] = x0 - FD_H;
+        double lm = L(ctx);
+        x[i] = x0;
+        grad[i] = (lp - lm) / (2.0 * FD_H);
+    }
+}
+
+static double dot(const double *a, const double *b, size_t n)
+{
+    double s = 0.0;
+    for (size_t i = 0; i < n; i++)
+        s += a[i] * b[i];
+    return s;
+}
+
+static void set_threads(int n)
+{
+#ifdef _OPENMP
+    omp_set_num_threads(n);
+#else
+    (void)n;
+#endif
+}
+
+static int get_threads(void)
+{
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+/* ---- matmul ------------------------------------------------------------------- */
+
+typedef struct {
+    int N, IC, OC;
+    double *in, *w, *b, *R, *out;
+} mm_ctx;
+
+static void ref_matmul(double *out, const double *in, const double *w, const double *b,
+                       int N, int IC, int OC)
+{
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) {
+            double s = b ? b[o] : 0.0;
+            for (int i = 0; i < IC; i++)
+                s += in[(size_t)n * IC + i] * w[(size_t)o * IC + i];
+            out[(size_t)n * OC + o] = s;
+        }
+}
+
+static double loss_matmul(void *p)
+{
+    mm_ctx *c = p;
+    ref_matmul(c->out, c->in, c->w, c->b, c->N, c->IC, c->OC);
+    return dot(c->out, c->R, (size_t)c->N * c->OC);
+}
+
+static void test_matmul(void)
+{
+    const int N = 6, IC = 9, OC = 37; /* OC spans a partial column block */
+    size_t nin = (size_t)N * IC, nw = (size_t)OC * IC, nout = (size_t)N * OC;
+    float *in = frandv(nin, -1, 1), *w = frandv(nw, -1, 1), *b = frandv(OC, -1, 1);
+    float *R = frandv(nout, -1, 1), *out = fnan(nout);
+    mm_ctx c = {N, IC, OC, todouble(in, nin), todouble(w, nw), todouble(b, OC),
+                todouble(R, nout), xmalloc(nout * sizeof(double))};
+
+    ops->matmul_fwd(out, in, w, b, N, IC, OC);
+    loss_matmul(&c);
+    check("matmul_fwd (bias)", rel_err(out, c.out, nout), FWD_TOL);
+    float *out_nb = fnan(nout);
+    double *ref_nb = xmalloc(nout * sizeof(double));
+    ops->matmul_fwd(out_nb, in, w, NULL, N, IC, OC);
+    ref_matmul(ref_nb, c.in, c.w, NULL, N, IC, OC);
+    check("matmul_fwd (no bias)", rel_err(out_nb, ref_nb, nout), FWD_TOL);
+
+    float *din = fnan(nin), *dw = fnan(nw), *db = fnan(OC);
+    ops->matmul_bwd(din, dw, db, R, in, w, N, IC, OC, 0, 0);
+    double *g = xmalloc(nw * sizeof(double));
+    fd_grad(g, c.in, nin, loss_matmul, &c);
+    check("matmul_bwd din vs FD", rel_err(din, g, nin), BWD_TOL);
+    fd_grad(g, c.w, nw, loss_matmul, &c);
+    check("matmul_bwd dw vs FD", rel_err(dw, g, nw), BWD_TOL);
+    fd_grad(g, c.b, OC, loss_matmul, &c);
+    check("matmul_bwd db vs FD", rel_err(db, g, OC), BWD_TOL);
+
+    float *din2 = fdup(din, nin), *dw2 = fdup(dw, nw), *db2 = fdup(db, OC);
+    ops->matmul_bwd(din2, dw2, db2, R, in, w, N, IC, OC, 1, 1);
+    check("matmul_bwd accum=1 doubles din", doubling_err(din, din2, nin), ACC_TOL);
+    check("matmul_bwd accum=1 doubles dw", doubling_err(dw, dw2, nw), ACC_TOL);
+    check("matmul_bwd accum=1 doubles db", doubling_err(db, db2, OC), ACC_TOL);
+
+    /* NULL outputs are skipped; the others are still right */
+    float *dw3 = fnan(nw);
+    ops->matmul_bwd(NULL, dw3, NULL, R, in, w, N, IC, OC, 0, 0);
+    check_true("matmul_bwd din=db=NULL leaves dw identical", memcmp(dw3, dw, nw * 4) == 0);
+
+    free(in); free(w); free(b); free(R); free(out); free(out_nb); free(ref_nb);
+    free(din); free(dw); free(db); free(din2); free(dw2); free(db2); free(dw3); free(g);
+    free(c.in); free(c.w); free(c.b); free(c.R); free(c.out);
+}
+
+/* A larger matmul, compared with the exact formulas in double (no FD): the
+ * BLAS kernels OpenBLAS picks for these sizes differ from the tiny ones. */
+static void test_matmul_medium(void)
+{
+    const int N = 64, IC = 96, OC = 80;
+    size_t nin = (size_t)N * IC, nw = (size_t)OC * IC, nout = (size_t)N * OC;
+    float *in = frandv(nin, -1, 1), *w = frandv(nw, -1, 1), *b = frandv(OC, -1, 1);
+    float *dout = frandv(nout, -1, 1), *out = fnan(nout);
+    float *din = fnan(nin), *dw = fnan(nw), *db = fnan(OC);
+    double *rin = todouble(in, nin), *rw = todouble(w, nw), *rb = todouble(b, OC);
+    double *rout = xmalloc(nout * sizeof(double));
+    ops->matmul_fwd(out, in, w, b, N, IC, OC);
+    ref_matmul(rout, rin, rw, rb, N, IC, OC);
+    check("matmul_fwd 64x96x80 vs double", rel_err(out, rout, nout), FWD_TOL);
+
+    ops->matmul_bwd(din, dw, db, dout, in, w, N, IC, OC, 0, 0);
+    double *r = xmalloc(nw * sizeof(double));
+    for (int n = 0; n < N; n++)
+        for (int i = 0; i < IC; i++) {
+            double s = 0;
+            for (int o = 0; o < OC; o++)
+                s += (double)dout[(size_t)n * OC + o] * rw[(size_t)o * IC + i];
+            r[(size_t)n * IC + i] = s;
+        }
+    check("matmul_bwd 64x96x80 din vs double", rel_err(din, r, nin), FWD_TOL);
+    for (int o = 0; o < OC; o++)
+        for (int i = 0; i < IC; i++) {
+            double s = 0;
+            for (int n = 0; n < N; n++)
+                s += (double)dout[(size_t)n * OC + o] * rin[(size_t)n * IC + i];
+            r[(size_t)o * IC + i] = s;
+        }
+    check("matmul_bwd 64x96x80 dw vs double", rel_err(dw, r, nw), FWD_TOL);
+    for (int o = 0; o < OC; o++) {
+        double s = 0;
+        for (int n = 0; n < N; n++)
+            s += dout[(size_t)n * OC + o];
+        r[o] = s;
+    }
+    check("matmul_bwd 64x96x80 db vs double", rel_err(db, r, OC), FWD_TOL);
+    free(in); free(w); free(b); free(dout); free(out); free(din); free(dw); free(db);
+    free(rin); free(rw); free(rb); free(rout); free(r);
+}
+
+/* ---- layernorm / rmsnorm --------------------------------------------------------- */
+
+typedef struct {
+    int N, C, rms;
+    double eps;
+    double *x, *w, *b, *R, *out, *mean, *rstd;
+} norm_ctx;
+
+static void ref_norm(norm_ctx *c)
+{
+    for (int n = 0; n < c->N; n++) {
+        const double *x = c->x + (size_t)n * c->C;
+        double mu = 0.0, var = 0.0;
+        if (!c->rms) {
+            for (int i = 0; i < c->C; i++)
+                mu += x[i];
+            mu /= c->C;
+        }
+        for (int i = 0; i < c->C; i++)
+            var += (x[i] - mu) * (x[i] - mu);
+        var /= c->C;
+        double r = 1.0 / sqrt(var + c->eps);
+        for (int i = 0; i < c->C; i++)
+            c->out[(size_t)n * c->C + i] = (x[i] - mu) * r * c->w[i] + (c->rms ? 0.0 : c->b[i]);
+        c->mean[n] = mu;
+        c->rstd[n] = r;
+    }
+}
+
+static double loss_norm(void *p)
+{
+    norm_ctx *c = p;
+    ref_norm(c);
+    return dot(c->out, c->R, (size_t)c->N * c->C);
+}
+
+static void test_norm(int rms)
+{
+    const int N = 5, C = 37;
+    const float eps = 1e-5f;
+    size_t nx = (size_t)N * C;
+    char name[96];
+    const char *op = rms ? "rmsnorm" : "layernorm";
+    float *x = frandv(nx, -1.5f, 2.5f), *w = frandv(C, 0.5f, 1.5f), *b = frandv(C, -1, 1);
+    float *R = frandv(nx, -1, 1), *out = fnan(nx), *mean = fnan(N), *rstd = fnan(N);
+    norm_ctx c = {N, C, rms, eps, todouble(x, nx), todouble(w, C), todouble(b, C),
+                  todouble(R, nx), xmalloc(nx * sizeof(double)), xmalloc(N * sizeof(double)),
+                  xmalloc(N * sizeof(double))};
+    loss_norm(&c);
+    if (rms)
+        ops->rmsnorm_fwd(out, rstd, x, w, N, C, eps);
+    else
+        ops->layernorm_fwd(out, mean, rstd, x, w, b, N, C, eps);
+    snprintf(name, sizeof name, "%s_fwd out", op);
+    check(name, rel_err(out, c.out, nx), FWD_TOL);
+    snprintf(name, sizeof name, "%s_fwd rstd", op);
+    check(name, rel_err(rstd, c.rstd, N), FWD_TOL);
+    if (!rms)
+        check("layernorm_fwd mean", rel_err(mean, c.mean, N), FWD_TOL);
+
+    /* din accumulates onto D0; dw/db overwrite NaN garbage with accum = 0 */
+    float *D0 = frandv(nx, -1, 1), *din = fdup(D0, nx), *dw = fnan(C), *db = fnan(C);
+    if (rms)
+        ops->rmsnorm_bwd(din, dw, R, x, w, rstd, N, C, 0);
+    else
+        ops->layernorm_bwd(din, dw, db, R, x, w, mean, rstd, N, C, 0);
+    double *g = xmalloc(nx * sizeof(double)), *dd = xmalloc(nx * sizeof(double));
+    for (size_t i = 0; i < nx; i++)
+        dd[i] = (double)din[i] - (double)D0[i];
+    fd_grad(g, c.x, nx, loss_norm, &c);
+    snprintf(name, sizeof name, "%s_bwd din (+= onto D0) vs FD", op);
+    check(name, rel_err_d(dd, g, nx), BWD_TOL);
+    fd_grad(g, c.w, C, loss_norm, &c);
+    snprintf(name, sizeof name, "%s_bwd dw vs FD", op);
+    check(name, rel_err(dw, g, C), BWD_TOL);
+    if (!rms) {
+        fd_grad(g, c.b, C, loss_norm, &c);
+        check("layernorm_bwd db vs FD", rel_err(db, g, C), BWD_TOL);
+    }
+
+    float *dw2 = fdup(dw, C), *db2 = fdup(db, C), *din2 = fdup(din, nx);
+    if (rms)
+        ops->rmsnorm_bwd(din2, dw2, R, x, w, rstd, N, C, 1);
+    else
+        ops->layernorm_bwd(din2, dw2, db2, R, x, w, mean, rstd, N, C, 1);
+    snprintf(name, sizeof name, "%s_bwd accum=1 doubles dw", op);
+    check(name, doubling_err(dw, dw2, C), ACC_TOL);
+    if (!rms)
+        check("layernorm_bwd accum=1 doubles db", doubling_err(db, db2, C), ACC_TOL);
+    double *dd2 = xmalloc(nx * sizeof(double));
+    for (size_t i = 0; i < nx; i++) {
+        dd[i] = (double)din[i] - (double)D0[i];
+        dd2[i] = (double)din2[i] - (double)din[i];
+    }
+    snprintf(name, sizeof name, "%s_bwd din accumulates on 2nd call", op);
+    check(name, rel_err_d(dd2, dd, nx), FWD_TOL);
+    free(dd2);
+    free(x); free(w); free(b); free(R); free(out); free(mean); free(rstd);
+    free(D0); free(din); free(dw); free(db); free(dw2); free(db2); free(din2); free(g); free(dd);
+    free(c.x); free(c.w); free(c.b); free(c.R); free(c.out); free(c.mean); free(c.rstd);
+}
+
+/* ---- RoPE and attention ------------------------------------------------------------ */
+
+typedef struct {
+    int B, T, NH, NKV, HS, rope, attn;
+    double theta;
+    double *qkv, *R, *tmp, *out, *att;
+} at_ctx;
+
+/* pair i of each q and k head turns by pos * theta^(-2i/HS), pos = n % T */
+static void ref_rope(double *qkv, int B, int T, int NH, int NKV, int HS, double theta)
+{
+    int R = (NH + 2 * NKV) * HS;
+    for (int n = 0; n < B * T; n++)
+        for (int h = 0; h < NH + NKV; h++)
+            for (int i = 0; i < HS / 2; i++) {
+                double a = (n % T) * pow(theta, -2.0 * i / HS);
+                double *p = qkv + (size_t)n * R + h * HS + 2 * i;
+                double x0 = p[0], x1 = p[1];
+                p[0] = x0 * cos(a) - x1 * sin(a);
+                p[1] = x0 * sin(a) + x1 * cos(a);
+            }
+}
+
+static void ref_attention(double *out, double *att, const double *qkv,
+                          int B, int T, int NH, int NKV, int HS)
+{
+    int R = (NH + 2 * NKV) * HS;
+    double scale = 1.0 / sqrt((double)HS);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++) {
+            int kh = h / (NH / NKV);
+            double *P = att + ((size_t)b * NH + h) * T * T;
+            for (int t = 0; t < T; t++) {
+                const double *q = qkv + ((size_t)b * T + t) * R + h * HS;
+                double mx = -INFINITY;
+                for (int j = 0; j < T; j++) {
+                    double s = 0.0;
+                    if (j <= t) {
+                        const double *k = qkv + ((size_t)b * T + j) * R + (NH + kh) * HS;
+                        for (int d = 0; d < HS; d++)
+                            s += q[d] * k[d];
+                        s *= scale;
+                        mx = s > mx ? s : mx;
+                    }
+                    P[(size_t)t * T + j] = s;
+                }
+                double sum = 0.0;
+                for (int j = 0; j <= t; j++)
+                    sum += (P[(size_t)t * T + j] = exp(P[(size_t)t * T + j] - mx));
+                for (int j = 0; j < T; j++)
+                    P[(size_t)t * T + j] = j <= t ? P[(size_t)t * T + j] / sum : 0.0;
+                double *o = out + ((size_t)b * T + t) * NH * HS + h * HS;
+                for (int d = 0; d < HS; d++) {
+                    double s = 0.0;
+                    for (int j = 0; j <= t; j++)
+                        s += P[(size_t)t * T + j] *
+                             qkv[((size_t)b * T + j) * R + (NH + NKV + kh) * HS + d];
+                    o[d] = s;
+                }
+            }
+        }
+}
+
+/* L = sum(f(qkv) o R) with f = rope, attention, or attention after rope */
+static double loss_at(void *p)
+{
+    at_ctx *c = p;
+    size_t nqkv = (size_t)c->B * c->T * (c->NH + 2 * c->NKV) * c->HS;
+    memcpy(c->tmp, c->qkv, nqkv * sizeof(double));
+    if (c->rope)
+        ref_rope(c->tmp, c->B, c->T, c->NH, c->NKV, c->HS, c->theta);
+    if (!c->attn)
+        return dot(c->tmp, c->R, nqkv);
+    ref_attention(c->out, c->att, c->tmp, c->B, c->T, c->NH, c->NKV, c->HS);
+    return dot(c->out, c->R, (size_t)c->B * c->T * c->NH * c->HS);
+}
+
+static void test_rope(void)
+{
+    const int B = 2, T = 5, NH = 4, NKV = 2, HS = 8;
+    const float theta = 10000.0f;
+    size_t nqkv = (size_t)B * T * (NH + 2 * NKV) * HS;
+    float *qkv = frandv(nqkv, -1, 1), *R = frandv(nqkv, -1, 1);
+    at_ctx c = {B, T, NH, NKV, HS, 1, 0, theta, todouble(qkv, nqkv), todouble(R, nqkv),
+                xmalloc(nqkv * sizeof(double)), NULL, NULL};
+    float *y = fdup(qkv, nqkv);
+    ops->rope_fwd(y, B, T, NH, NKV, HS, theta);
+    loss_at(&c);
+    check("rope_fwd (q, k rotated; v untouched)", rel_err(y, c.tmp, nqkv), FWD_TOL);
+    float *dy = fdup(R, nqkv);
+    ops->rope_bwd(dy, B, T, NH, NKV, HS, theta);
+    double *g = xmalloc(nqkv * sizeof(double));
+    fd_grad(g, c.qkv, nqkv, loss_at, &c);
+    check("rope_bwd vs FD", rel_err(dy, g, nqkv), BWD_TOL);
+    /* the backward is the inverse: rope_bwd(rope_fwd(x)) = x */
+    ops->rope_bwd(y, B, T, NH, NKV, HS, theta);
+    check("rope_bwd(rope_fwd(x)) = x", rel_err(y, c.qkv, nqkv), FWD_TOL);
+    free(qkv); free(R); free(y); free(dy); free(g); free(c.qkv); free(c.R); free(c.tmp);
+}
+
+static void test_attention(int B, int T, int NH, int NKV, int HS, int rope, int threads)
+{
+    const float theta = 10000.0f;
+    const int R = (NH + 2 * NKV) * HS;
+    size_t nqkv = (size_t)B * T * R, nout = (size_t)B * T * NH * HS,
+           natt = (size_t)B * NH * T * T;
+    char tag[96], name[160];
+    snprintf(tag, sizeof tag, "B%d T%d NH%d NKV%d HS%d%s%s", B, T, NH, NKV, HS,
+             rope ? " +rope" : "", threads ? " 4thr" : "");
+    int saved = get_threads();
+    if (threads)
+        set_threads(4);
+
+    float *qkv = frandv(nqkv, -1.5f, 1.5f), *dout = frandv(nout, -1, 1);
+    at_ctx c = {B, T, NH, NKV, HS, rope, 1, theta, todouble(qkv, nqkv), todouble(dout, nout),
+                xmalloc(nqkv * sizeof(double)), xmalloc(nout * sizeof(double)),
+                xmalloc(natt * sizeof(double))};
+    loss_at(&c);
+
+    float *x = fdup(qkv, nqkv), *out = fnan(nout), *att = fnan(natt);
+    if (rope)
+        ops->rope_fwd(x, B, T, NH, NKV, HS, theta);
+    ops->attention_fwd(out, att, x, B, T, NH, NKV, HS);
+    snprintf(name, sizeof name, "attention_fwd out  %s", tag);
+    check(name, rel_err(out, c.out, nout), FWD_TOL);
+    snprintf(name, sizeof name, "attention_fwd att  %s", tag);
+    check(name, rel_err(att, c.att, natt), FWD_TOL);
+    int upper_zero = 1;
+    for (size_t bh = 0; bh < (size_t)B * NH; bh++)
+        for (int t = 0; t < T; t++)
+            for (int j = t + 1; j < T; j++)
+                upper_zero &= att[(bh * T + t) * T + j] == 0.0f;
+    snprintf(name, sizeof name, "attention_fwd att above diagonal == 0  %s", tag);
+    check_true(name, upper_zero);
+
+    float *dqkv = fnan(nqkv), *scratch = fnan(natt);
+    ops->attention_bwd(dqkv, scratch, dout, x, att, B, T, NH, NKV, HS);
+    if (rope)
+        ops->rope_bwd(dqkv, B, T, NH, NKV, HS, theta);
+    double *g = xmalloc(nqkv * sizeof(double));
+    fd_grad(g, c.qkv, nqkv, loss_at, &c);
+    snprintf(name, sizeof name, "attention_bwd dqkv vs FD  %s", tag);
+    check(name, rel_err(dqkv, g, nqkv), BWD_TOL);
+
+    if (threads)
+        set_threads(saved);
+    free(qkv); free(dout); free(x); free(out); free(att); free(dqkv); free(scratch); free(g);
+    free(c.qkv); free(c.R); free(c.tmp); free(c.out); free(c.att);
+}
+
+/* ---- GELU / SwiGLU ---------------------------------------------------------------------- */
+
+typedef struct {
+    int N, F, swiglu;
+    double *x, *R, *out;
+} act_ctx;
+
+static double loss_act(void *p)
+{
+    act_ctx *c = p;
+    const double k = sqrt(2.0 / M_PI);
+    if (!c->swiglu) {
+        for (int i = 0; i < c->N; i++) {
+            double x = c->x[i];
+            c->out[i] = 0.5 * x * (1.0 + tanh(k * (x + 0.044715 * x * x * x)));
+        }
+        return dot(c->out, c->R, (size_t)c->N);
+    }
+    for (int n = 0; n < c->N; n++)
+        for (int f = 0; f < c->F; f++) {
+            double g = c->x[(size_t)n * 2 * c->F + f], u = c->x[(size_t)n * 2 * c->F + c->F + f];
+            c->out[(size_t)n * c->F + f] = g / (1.0 + exp(-g)) * u;
+        }
+    return dot(c->out, c->R, (size_t)c->N * c->F);
+}
+
+static void test_gelu(void)
+{
+    const int n = 200;
+    float *x = frandv(n, -6, 6), *R = frandv(n, -1, 1), *out = fnan(n), *dx = fnan(n);
+    x[0] = 0.0f; x[1] = -20.0f; x[2] = 20.0f; x[3] = -1e-3f; /* tails and the origin */
+    act_ctx c = {n, 0, 0, todouble(x, n), todouble(R, n), xmalloc(n * sizeof(double))};
+    loss_act(&c);
+    ops->gelu_fwd(out, x, n);
+    check("gelu_fwd vs tanh formula", rel_err(out, c.out, n), FWD_TOL);
+    ops->gelu_bwd(dx, x, R, n);
+    double *g = xmalloc(n * sizeof(double));
+    fd_grad(g, c.x, n, loss_act, &c);
+    check("gelu_bwd vs FD", rel_err(dx, g, n), BWD_TOL);
+    /* in place (dx aliasing dout), as a fused caller may do */
+    float *d2 = fdup(R, n);
+    ops->gelu_bwd(d2, x, d2, n);
+    check_true("gelu_bwd dx aliasing dout gives same bits", memcmp(d2, dx, n * 4) == 0);
+    free(x); free(R); free(out); free(dx); free(g); free(d2); free(c.x); free(c.R); free(c.out);
+}
+
+static void test_swiglu(void)
+{
+    const int N = 4, F = 19;
+    size_t ngu = (size_t)N * 2 * F, nout = (size_t)N * F;
+    float *gu = frandv(ngu, -5, 5), *R = frandv(nout, -1, 1), *out = fnan(nout), *dgu = fnan(ngu);
+    gu[0] = -30.0f; gu[1] = 30.0f;
+    act_ctx c = {N, F, 1, todouble(gu, ngu), todouble(R, nout), xmalloc(nout * sizeof(double))};
+    loss_act(&c);
+    ops->swiglu_fwd(out, gu, N, F);
+    check("swiglu_fwd", rel_err(out, c.out, nout), FWD_TOL);
+    ops->swiglu_bwd(dgu, gu, R, N, F);
+    double *g = xmalloc(ngu * sizeof(double));
+    fd_grad(g, c.x, ngu, loss_act, &c);
+    check("swiglu_bwd (gate and up) vs FD", rel_err(dgu, g, ngu), BWD_TOL);
+    free(gu); free(R); free(out); free(dgu); free(g); free(c.x); free(c.R); free(c.out);
+}
+
+/* ---- embedding ------------------------------------------------------------------------------ */
+
+typedef struct {
+    int N, T, C, V;
+    const int32_t *tok;
+    double *wte, *wpe, *R, *out;
+} emb_ctx;
+
+static double loss_emb(void *p)
+{
+    emb_ctx *c = p;
+    for (int n = 0; n < c->N; n++)
+        for (int i = 0; i < c->C; i++)
+            c->out[(size_t)n * c->C + i] = c->wte[(size_t)c->tok[n] * c->C + i] +
+                                           (c->wpe ? c->wpe[(size_t)(n % c->T) * c->C + i] : 0.0);
+    return dot(c->out, c->R, (size_t)c->N * c->C);
+}
+
+static void test_embedding(void)
+{
+    const int B = 2, T = 5, N = B * T, C = 37, V = 11;
+    const int32_t tok[10] = {3, 7, 3, 0, 10, 3, 3, 9, 7, 1}; /* repeats; rows 2,4,5,6,8 unused */
+    size_t nwte = (size_t)V * C, nwpe = (size_t)T * C, nout = (size_t)N * C;
+    float *wte = frandv(nwte, -1, 1), *wpe = frandv(nwpe, -1, 1), *R = frandv(nout, -1, 1);
+    float *out = fnan(nout);
+    emb_ctx c = {N, T, C, V, tok, todouble(wte, nwte), todouble(wpe, nwpe), todouble(R, nout),
+                 xmalloc(nout * sizeof(double))};
+    loss_emb(&c);
+    ops->embedding_fwd(out, tok, wte, wpe, N, T, C);
+    check("embedding_fwd (wte + wpe)", rel_err(out, c.out, nout), FWD_TOL);
+
+    float *dwte = fnan(nwte), *dwpe = fnan(nwpe);
+    ops->embedding_bwd(dwte, dwpe, R, tok, N, T, C, V, 0);
+    double *g = xmalloc(nwte * sizeof(double));
+    fd_grad(g, c.wte, nwte, loss_emb, &c);
+    check("embedding_bwd dwte (accum=0 over NaN) vs FD", rel_err(dwte, g, nwte), BWD_TOL);
+    fd_grad(g, c.wpe, nwpe, loss_emb, &c);
+    check("embedding_bwd dwpe (accum=0 over NaN) vs FD", rel_err(dwpe, g, nwpe), BWD_TOL);
+    float *dwte2 = fdup(dwte, nwte), *dwpe2 = fdup(dwpe, nwpe);
+    ops->embedding_bwd(dwte2, dwpe2, R, tok, N, T, C, V, 1);
+    check("embedding_bwd accum=1 doubles dwte", doubling_err(dwte, dwte2, nwte), ACC_TOL);
+    check("embedding_bwd accum=1 doubles dwpe", doubling_err(dwpe, dwpe2, nwpe), ACC_TOL);
+
+    /* without wpe */
+    free(c.wpe);
+    c.wpe = NULL;
+    loss_emb(&c);
+    float *out2 = fnan(nout), *dwte3 = fnan(nwte);
+    ops->embedding_fwd(out2, tok, wte, NULL, N, T, C);
+    check("embedding_fwd (wte only)", rel_err(out2, c.out, nout), FWD_TOL);
+    ops->embedding_bwd(dwte3, NULL, R, tok, N, T, C, V, 0);
+    check_true("embedding_bwd dwpe=NULL: dwte same bits", memcmp(dwte3, dwte, nwte * 4) == 0);
+    free(wte); free(wpe); free(R); free(out); free(out2); free(dwte); free(dwpe); free(dwte2);
+    free(dwpe2); free(dwte3); free(g); free(c.wte); free(c.R); free(c.out);
+}
+
+/* ---- cross-entropy ---------------------------------------------------------------------------- */
+
+typedef struct {
+    int N, V, ld;
+    const int32_t *tgt;
+    double dloss;
+    double *logits, *losses;
+} ce_ctx;
+
+/* losses[n] = logsumexp(row) - row[tgt]; L = dloss * sum of the losses */
+static double loss_ce(void *p)
+{
+    ce_ctx *c = p;
+    double L = 0.0;
+    for (int n = 0; n < c->N; n++) {
+        const double *x = c->logits + (size_t)n * c->ld;
+        if (c->tgt[n] < 0) {
+            c->losses[n] = 0.0;
+            continue;
+        }
+        double mx = -INFINITY, s = 0.0;
+        for (int i = 0; i < c->V; i++)
+            mx = x[i] > mx ? x[i] : mx;
+        for (int i = 0; i < c->V; i++)
+            s += exp(x[i] - mx);
+        c->losses[n] = mx + log(s) - x[c->tgt[n]];
+        L += c->dloss * c->losses[n];
+    }
+    return L;
+}
+
+static void test_cross_entropy(void)
+{
+    const int N = 6, V = 13, ld = 16;
+    const int32_t tgt[6] = {4, 0, -1, 12, 7, 4};
+    const float dloss = 0.37f;
+    size_t nl = (size_t)N * ld;
+    float *logits = frandv(nl, -3, 3);
+    for (int n = 0; n < N; n++)
+        for (int i = V; i < ld; i++)
+            logits[(size_t)n * ld + i] = NAN; /* padding must never be read into the result */
+    for (int i = 0; i < V; i++)
+        logits[4 * ld + i] += 90.0f; /* exp would overflow without the max shift */
+    ce_ctx c = {N, V, ld, tgt, dloss, todouble(logits, nl), xmalloc(N * sizeof(double))};
+    loss_ce(&c);
+    double *refloss = xmalloc(N * sizeof(double));
+    memcpy(refloss, c.losses, N * sizeof(double));
+
+    float *losses = fnan(N), *dl = fnan(nl), *losses_only = fnan(N);
+    ops->cross_entropy(losses, dl, logits, tgt, N, V, ld, dloss);
+    check("cross_entropy losses (NaN padding, big logits)", rel_err(losses, refloss, N), FWD_TOL);
+    check_true("cross_entropy ignored target: loss == 0", losses[2] == 0.0f);
+    double *g = xmalloc(nl * sizeof(double));
+    memset(g, 0, nl * sizeof(double));
+    for (int n = 0; n < N; n++) /* FD over the real columns only; padding gradient is 0 */
+        fd_grad(g + (size_t)n * ld, c.logits + (size_t)n * ld, V, loss_ce, &c);
+    check("cross_entropy dlogits vs FD", rel_err(dl, g, nl), BWD_TOL);
+    int pad_zero = 1, ign_zero = 1;
+    for (int n = 0; n < N; n++)
+        for (int i = V; i < ld; i++)
+            pad_zero &= dl[(size_t)n * ld + i] == 0.0f;
+    for (int i = 0; i < ld; i++)
+        ign_zero &= dl[2 * ld + i] == 0.0f;
+    check_true("cross_entropy dlogits padding columns == 0", pad_zero);
+    check_true("cross_entropy ignored target: gradient row == 0", ign_zero);
+
+    ops->cross_entropy(losses_only, NULL, logits, tgt, N, V, ld, dloss);
+    check_true("cross_entropy dlogits=NULL: same losses", memcmp(losses_only, losses, N * 4) == 0);
+    float *alias = fdup(logits, nl), *losses2 = fnan(N);
+    ops->cross_entropy(losses2, alias, alias, tgt, N, V, ld, dloss);
+    check_true("cross_entropy dlogits aliasing logits: same bits",
+               memcmp(losses2, losses, N * 4) == 0 && memcmp(alias, dl, nl * 4) == 0);
+    free(logits); free(losses); free(dl); free(losses_only); free(alias); free(losses2);
+    free(g); free(refloss); free(c.logits); free(c.losses);
+}
+
+/* ---- AdamW ------------------------------------------------------------------------------------ */
+
+/* torch.optim.AdamW (1.13, single-tensor) in double, hyperparameters as the
+ * op receives them (floats widened to double) */
+static void test_adamw(void)
+{
+    const size_t n = 1000;
+    const float lr = 1e-2f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f, gs = 0.5f;
+    float *p = frandv(n, -1, 1), *m = xmalloc(n * 4), *v = xmalloc(n * 4);
+    memset(m, 0, n * 4);
+    memset(v, 0, n * 4);
+    double *rp = todouble(p, n), *rm = xmalloc(n * 8), *rv = xmalloc(n * 8);
+    memset(rm, 0, n * 8);
+    memset(rv, 0, n * 8);
+    double *p0 = todouble(p, n);
+    for (int t = 1; t <= 3; t++) {
+        float *g = frandv(n, -2, 2);
+        g[0] = 0.0f; /* zero gradient: denominator is eps only on step 1 */
+        ops->adamw(p, g, m, v, n, lr, b1, b2, eps, wd, gs, t);
+        double bc1 = 1.0 - pow(b1, t), bc2 = 1.0 - pow(b2, t);
+        for (size_t i = 0; i < n; i++) {
+            double gi = (double)g[i] * gs;
+            rp[i] *= 1.0 - (double)lr * wd;
+            rm[i] = b1 * rm[i] + (1.0 - b1) * gi;
+            rv[i] = b2 * rv[i] + (1.0 - b2) * gi * gi;
+            rp[i] -= lr / bc1 * rm[i] / (sqrt(rv[i]) / sqrt(bc2) + eps);
+        }
+        free(g);
+    }
+    check("adamw 3 steps: p vs PyTorch formula in double", rel_err(p, rp, n), ACC_TOL);
+    check("adamw 3 steps: m", rel_err(m, rm, n), ACC_TOL);
+    check("adamw 3 steps: v", rel_err(v, rv, n), ACC_TOL);
+    double *dp = xmalloc(n * 8), *rdp = xmalloc(n * 8);
+    for (size_t i = 0; i < n; i++) {
+        dp[i] = (double)p[i] - p0[i];
+        rdp[i] = rp[i] - p0[i];
+    }
+    /* limited by rounding p (|p| <= 1) to float each step: ~3 ulp / max|p - p0| ~ 6e-6 */
+    check("adamw 3 steps: total update p - p0", rel_err_d(dp, rdp, n), 3e-5);
+    free(p); free(m); free(v); free(rp); free(rm); free(rv); free(p0); free(dp); free(rdp);
+}
+
+/* ---- small ops and memory --------------------------------------------------------------------- */
+
+static void test_misc(void)
+{
+    const size_t n = 100003;
+    float *x = frandv(n, -2, 2), *y = frandv(n, -2, 2), *z = fnan(n);
+    double ref = 0.0;
+    for (size_t i = 0; i < n; i++)
+        ref += (double)x[i] * x[i];
+    double got = ops->sumsq(x, n);
+    check("sumsq vs double", fabs(got - ref) / ref, 1e-12);
+    check_true("sumsq of 0 elements == 0", ops->sumsq(x, 0) == 0.0);
+
+    ops->add(z, x, y, n);
+    int ok = 1;
+    for (size_t i = 0; i < n; i++)
+        ok &= z[i] == x[i] + y[i];
+    ops->add(x, x, y, n); /* out aliasing a */
+    ok &= memcmp(x, z, n * 4) == 0;
+    check_true("add (and out aliasing a) exact", ok);
+
+    memcpy(z, y, n * 4);
+    ops->scale(z, 0.3f, n);
+    ok = 1;
+    for (size_t i = 0; i < n; i++)
+        ok &= z[i] == y[i] * 0.3f;
+    check_true("scale exact", ok);
+
+    float *a = ops->alloc(n * 4 + 3);
+    ok = a != NULL && ((uintptr_t)a % 64) == 0;
+    if (a) {
+        ops->from_host(a, y, n * 4);
+        ops->copy(a, a, 0);
+        float *b = ops->alloc(n * 4);
+        ok &= b != NULL;
+        if (b) {
+            ops->copy(b, a, n * 4);
+            ops->to_host(z, b, n * 4);
+            ok &= memcmp(z, y, n * 4) == 0;
+            ops->zero(b, n * 4);
+            for (size_t i = 0; i < n; i++)
+                ok &= b[i] == 0.0f;
+            ops->free(b);
+        }
+        ops->free(a);
+    }
+    check_true("alloc 64-byte aligned, copy/to_host/from_host/zero", ok);
+    free(x); free(y); free(z);
+}
+
+/* ---- determinism across thread counts ---------------------------------------------------------- */
+
+/* The reductions must give the same bits for 1..4 threads. */
+static void test_determinism(void)
+{
+#ifdef _OPENMP
+    const int N = 300, C = 100, V = 50, T = 30, OC = 100;
+    size_t nx = (size_t)N * C;
+    float *x = frandv(nx, -2, 2), *w = frandv(C, 0.5f, 1.5f), *dout = frandv(nx, -1, 1);
+    float *mean = xmalloc(N * 4), *rstd = xmalloc(N * 4), *rrstd = xmalloc(N * 4);
+    int32_t *tok = xmalloc(N * sizeof(int32_t));
+    for (int n = 0; n < N; n++)
+        tok[n] = (int32_t)((n * 7 + n / 13) % V);
+    ops->layernorm_fwd(x, mean, rstd, x, w, w, N, C, 1e-5f); /* reuse x as a normalised input */
+    ops->rmsnorm_fwd(dout, rrstd, dout, w, N, C, 1e-5f);
+    size_t nres = (size_t)2 * C + C + OC + (size_t)V * C + (size_t)T * C + 2;
+    float *res[4];
+    double ss[4];
+    int saved = get_threads();
+    for (int k = 0; k < 4; k++) {
+        set_threads(k + 1);
+        float *r = res[k] = xmalloc(nres * 4);
+        float *din = xmalloc(nx * 4);
+        memset(din, 0, nx * 4);
+        ops->layernorm_bwd(din, r, r + C, dout, x, w, mean, rstd, N, C, 0);
+        ops->rmsnorm_bwd(din, r + 2 * C, dout, x, w, rrstd, N, C, 0);
+        ops->matmul_bwd(NULL, NULL, r + 3 * C, dout, x, w, N, C, OC, 0, 0);
+        ops->embedding_bwd(r + 3 * C + OC, r + 3 * C + OC + (size_t)V * C, dout, tok, N, T, C, V, 0);
+        ss[k] = ops->sumsq(dout, nx);
+        float l[2];
+        memcpy(l, &ss[k], sizeof l);
+        memcpy(r + nres - 2, l, sizeof l);
+        free(din);
+    }
+    set_threads(saved);
+    int same = 1;
+    for (int k = 1; k < 4; k++)
+        same &= memcmp(res[0], res[k], nres * 4) == 0 && ss[0] == ss[k];
+    check_true("bias/norm/embedding grads, sumsq: same bits 1-4 threads", same);
+    for (int k = 0; k < 4; k++)
+        free(res[k]);
+    free(x); free(w); free(dout); free(mean); free(rstd); free(rrstd); free(tok);
+#endif
+}
+
+int main(void)
+{
+    ops = ops_cpu();
+    printf("ops backend '%s', %d threads\n", ops->name, get_threads());
+    test_matmul();
+    test_matmul_medium();
+    test_norm(0);
+    test_norm(1);
+    test_rope();
+    test_attention(2, 7, 4, 4, 8, 0, 0);  /* MHA */
+    test_attention(2, 7, 4, 2, 8, 0, 0);  /* GQA, 2 query heads per KV head */
+    test_attention(2, 7, 4, 1, 8, 0, 0);  /* MQA */
+    test_attention(2, 7, 4, 2, 8, 1, 0);  /* RoPE then GQA attention */
+    test_attention(1, 70, 2, 1, 4, 0, 1); /* T > row block; fewer tasks than threads */
+    test_gelu();
+    test_swiglu();
+    test_embedding();
+    test_cross_entropy();
+    test_adamw();
+    test_misc();
+    test_determinism();
+    if (n_fail)
+        printf("%d check(s) FAILED\n", n_fail);
+    else
+        printf("all checks passed\n");
+    return n_fail ? 1 : 0;
+}

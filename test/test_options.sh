@@ -1,0 +1,77 @@
+#!/bin/sh
+# Bad input: each case must print exactly one line on stderr that names the
+# option (or file) and what is allowed, and exit with status 2. Also: --help
+# lists every option of the documented contract, --version, and the
+# command line overriding a config file.
+. "$top_srcdir/test/common.sh"
+
+# expect_error WANT_SUBSTRING ARGS...: exit 2, one stderr line containing WANT.
+expect_error() {
+    want=$1
+    shift
+    "$DTRAIN" "$@" >"$TMP/out" 2>"$TMP/err"
+    rc=$?
+    lines=$(wc -l <"$TMP/err")
+    if [ "$rc" -eq 2 ] && [ "$lines" -eq 1 ] && grep -q -- "$want" "$TMP/err"; then
+        pass "$* -> exit 2: $(cat "$TMP/err")"
+    else
+        fail "$* -> exit $rc, $lines stderr line(s), wanted '$want': $(head -c 400 "$TMP/err")"
+    fi
+}
+
+D="--data $DATA_TRAIN --val-data $DATA_VAL"
+expect_error "unknown option '--bogus'" --bogus 3
+expect_error "--steps 'abc': not an integer" --steps abc $D
+expect_error "--steps 0: out of range" --steps 0 $D
+expect_error "--lr '1e-3x': not a number" --lr 1e-3x $D
+expect_error "--lr -1: out of range" --lr -1 $D
+expect_error "--global-batch 10 must be a multiple of --micro-batch 4" --micro-batch 4 --global-batch 10 $D
+expect_error "--model 'gpt5': unknown preset" --model gpt5 $D
+expect_error "--min-lr 0.1 must not exceed --lr 0.01" --lr 0.01 --min-lr 0.1 $D
+expect_error "--data-format 'u8': allowed values are llmc|raw-u16" --data-format u8 $D
+expect_error "--arch 'bert'" --arch bert $D
+expect_error "--steps needs a value" $D --steps
+expect_error "--seq-len 512 exceeds the model's 256 learned positions" --seq-len 512 --val-every 0 --steps 1 $D
+expect_error "--d-model 128 must be a positive multiple of --n-head 3" --n-head 3 $D
+expect_error "--n-kv-head 3 must divide --n-head 4" --model tiny-llama --n-kv-head 3 $D
+expect_error "no token files match" --data "$TMP/nothing_*.bin" --val-every 0
+expect_error "--config $TMP/missing.conf: cannot open" --config "$TMP/missing.conf"
+
+printf 'steps = 5\nbogus-key = 1\n' >"$TMP/bad.conf"
+expect_error "bad.conf:2: unknown option 'bogus-key'" --config "$TMP/bad.conf"
+printf 'steps = 5\nlr 0.1\n' >"$TMP/bad2.conf"
+expect_error "bad2.conf:2: expected \`key = value\`" --config "$TMP/bad2.conf"
+
+# token files: bad magic, truncated body, tokens outside the vocabulary
+head -c 4096 /dev/zero >"$TMP/zeros.bin"
+expect_error "magic" --data "$TMP/zeros.bin" --val-every 0
+f=$(ls $DATA_TRAIN | head -n 1)
+head -c 3000 "$f" >"$TMP/trunc_train.bin"
+expect_error "trunc_train.bin" --data "$TMP/trunc_train.bin" --val-every 0
+expect_error "vocab" --vocab-size 100 --data "$f" --val-every 0
+
+# more than one rank is refused on every rank, reported once
+"$MPIEXEC" --quiet -np 2 "$DTRAIN" $D --steps 1 >"$TMP/out" 2>"$TMP/err"
+rc=$?
+n=$(grep -c "this version trains on one rank" "$TMP/err")
+if [ "$rc" -eq 2 ] && [ "$n" -eq 1 ]; then pass "mpirun -np 2 -> exit 2, one message"; else fail "mpirun -np 2 -> exit $rc, $n messages"; fi
+
+# --help lists the contract's options; --version
+"$DTRAIN" --help >"$TMP/help" 2>&1 || fail "--help exit status"
+for o in config model steps micro-batch global-batch seq-len lr min-lr warmup weight-decay grad-clip \
+         seed data val-data val-every metrics sample-tokens threads; do
+    grep -q -- "--$o " "$TMP/help" || fail "--help does not list --$o"
+done
+pass "--help lists every contract option"
+v=$("$DTRAIN" --version)
+case "$v" in "dtrain "[0-9]*) pass "--version: $v" ;; *) fail "--version printed '$v'" ;; esac
+
+# the command line overrides the config file
+printf '# comment\nmodel = tiny\nsteps = 7\nval-every = 0 # inline comment\nsample-tokens = 0\n' >"$TMP/ok.conf"
+"$DTRAIN" --config "$TMP/ok.conf" --steps 2 --data "$DATA_TRAIN" --peak-gflops 100 --micro-batch 2 --seq-len 32 >"$TMP/out" 2>&1
+if grep -q "^step    2/2 " "$TMP/out" && ! grep -q "^step    3/" "$TMP/out"; then
+    pass "--steps 2 on the command line overrides steps = 7 in the file"
+else
+    fail "config override: $(tail -n 3 "$TMP/out")"
+fi
+finish
