@@ -428,11 +428,15 @@ static int prepare(const prepare_opts_t *o)
             goto out;
     }
     if (o->val_fraction > 0.0 && val.total == 0) {
+        /* The smallest file size whose split gives one validation token. */
+        size_t need = (size_t)(1.0 / o->val_fraction);
+        while ((size_t)((double)need * o->val_fraction) < 1)
+            need++;
         fprintf(stderr,
                 PROG ": the validation split is empty: the inputs are too "
-                "small for --val-fraction %g (each file needs at least %.0f "
-                "bytes to give one token)\n",
-                o->val_fraction, ceil(1.0 / o->val_fraction));
+                "small for --val-fraction %g (a file needs at least %zu "
+                "bytes to give one validation token)\n",
+                o->val_fraction, need);
         goto out;
     }
     if (shard_flush(&train) != 0 || shard_flush(&val) != 0)

@@ -14,6 +14,9 @@
 #ifdef HAVE_CONFIG_H
 #include "config.h"
 #endif
+#ifdef HAVE_CUDA
+#include "device.h"
+#endif
 #include "flops.h"
 #include "mem.h"
 #include "metrics.h"
@@ -122,6 +125,14 @@ void trainer_banner(const trainer_t *tr, FILE *out)
     fprintf(out, "compute: %.1f GFLOP per step, peak %.1f GFLOP/s per rank (%s)\n",
             tr->flops_token * o->micro_batch * o->seq_len * tr->accum * 1e-9, tr->peak_gflops,
             o->peak_gflops > 0 ? "--peak-gflops" : "sgemm probe");
+#ifdef HAVE_CUDA
+    char cerr[256];
+    int ndev = cuda_device_count(cerr, sizeof cerr);
+    if (ndev < 0)
+        fprintf(out, "cuda: built with the toolkit; no device usable: %s\n", cerr);
+    else
+        fprintf(out, "cuda: %d device(s) visible; the CUDA backend is not implemented yet, training runs on the CPU\n", ndev);
+#endif
     fprintf(out, "configuration:\n");
     options_print(o, out);
     fflush(out);

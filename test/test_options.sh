@@ -63,6 +63,13 @@ for o in config model steps micro-batch global-batch seq-len lr min-lr warmup we
     grep -q -- "--$o " "$TMP/help" || fail "--help does not list --$o"
 done
 pass "--help lists every contract option"
+# the man page documents every option --help lists
+missing=""
+for o in $(sed -n 's/^  \(--[a-z0-9-]*\) .*/\1/p' "$TMP/help"); do
+    m=$(printf '%s' "$o" | sed 's/-/\\\\-/g')
+    grep -q -- "$m" "$top_srcdir/doc/dtrain.1" || missing="$missing $o"
+done
+[ -z "$missing" ] && pass "doc/dtrain.1 documents every option" || fail "doc/dtrain.1 lacks:$missing"
 v=$("$DTRAIN" --version)
 case "$v" in "dtrain "[0-9]*) pass "--version: $v" ;; *) fail "--version printed '$v'" ;; esac
 
