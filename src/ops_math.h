@@ -6,12 +6,49 @@
 #define DTRAIN_OPS_MATH_H
 
 #include <math.h>
+#include <stdint.h>
 
 #ifdef __CUDACC__
 #define DT_HD __host__ __device__
 #else
 #define DT_HD
 #endif
+
+/* ---- exp -------------------------------------------------------------------
+ * e^x in float without a libm call, so loops over it vectorise (glibc's expf
+ * is scalar unless -ffast-math). Cody-Waite reduction x = n ln2 + r with
+ * |r| <= ln2/2, Cephes' degree-6 polynomial for e^r, then 2^n applied as two
+ * exact power-of-two factors so the result over/underflows exactly as expf
+ * does (inf above 88.72, denormals, then 0 below -103.97). NaN propagates.
+ * Error <= 1 ulp against correctly rounded e^x. On the GPU, expf itself. */
+static inline DT_HD float dt_expf(float x)
+{
+#ifdef __CUDA_ARCH__
+    return expf(x);
+#else
+    const float magic = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
+    int ok = x == x;                 /* not NaN */
+    float xc = x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : x);
+    xc = ok ? xc : 0.0f;
+    float t = xc * 1.44269504088896341f + magic;
+    float n = t - magic;
+    union { float f; int32_t i; } u = {t}, m = {magic};
+    int32_t ni = u.i - m.i; /* n as an integer, in [-150, 129] */
+    float r = xc - n * 0.693359375f;  /* ln2 split in two: the first */
+    r = r - n * -2.12194440e-4f;      /* product is exact */
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    float y = p * r * r + r + 1.0f;
+    int32_t n1 = ni / 2, n2 = ni - n1; /* each in [-75, 65]: normal floats */
+    union { int32_t i; float f; } s1 = {(n1 + 127) * 8388608}, s2 = {(n2 + 127) * 8388608};
+    y = y * s1.f * s2.f;
+    return ok ? y : x;
+#endif
+}
 
 /* ---- GELU, tanh approximation (GPT-2) ------------------------------------
  * gelu(x) = 0.5 x (1 + tanh(u)), u = k (x + c x^3), k = sqrt(2/pi).
@@ -22,7 +59,7 @@
 #define DT_GELU_C 0.044715f
 
 /* 1/(1+e^-x); for x << 0 expf overflows to inf and the result is 0, not NaN. */
-static inline DT_HD float dt_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+static inline DT_HD float dt_sigmoid(float x) { return 1.0f / (1.0f + dt_expf(-x)); }
 
 static inline DT_HD float dt_gelu(float x)
 {
@@ -90,10 +127,10 @@ static inline DT_HD void dt_rope_rotate(float *x0, float *x1, float c, float s)
 static inline DT_HD void dt_lse_push(float *m, float *s, float x)
 {
     if (x > *m) {
-        *s = *s * expf(*m - x) + 1.0f;
+        *s = *s * dt_expf(*m - x) + 1.0f;
         *m = x;
     } else {
-        *s += expf(x - *m);
+        *s += dt_expf(x - *m);
     }
 }
 
