@@ -268,22 +268,25 @@ float model_forward(model_t *m, const int32_t *tokens, const int32_t *targets, i
     if (!targets)
         return 0.0f;
 
+    /* The loss is the mean over the targets that count (>= 0); the
+     * gradient must be of that same mean. */
+    int counted = 0;
+    for (int i = 0; i < N; i++)
+        counted += targets[i] >= 0;
     o->from_host(m->targets, targets, (size_t)N * sizeof(int32_t));
     float *dlogits = dloss > 0 ? m->logits : NULL;
-    o->cross_entropy(m->losses, dlogits, m->logits, m->targets, N, V, V, dloss / (float)N);
+    o->cross_entropy(m->losses, dlogits, m->logits, m->targets, N, V, V,
+                     counted ? dloss / (float)counted : 0.0f);
     m->has_dlogits = dloss > 0;
-    /* the loss is reduced on the host in double, in a fixed order */
+    /* reduced on the host in double, in a fixed order */
     float *host = malloc((size_t)N * sizeof(float));
     if (!host)
         return NAN;
     o->to_host(host, m->losses, (size_t)N * sizeof(float));
     double sum = 0.0;
-    int counted = 0;
     for (int i = 0; i < N; i++)
-        if (targets[i] >= 0) {
+        if (targets[i] >= 0)
             sum += host[i];
-            counted++;
-        }
     free(host);
     return counted ? (float)(sum / counted) : 0.0f;
 }

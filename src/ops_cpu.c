@@ -332,14 +332,17 @@ static void causal_softmax_rows(float *S, int T, int r0, int r1)
     for (int t = r0; t < r1; t++) {
         float *row = S + (size_t)t * T;
         float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
         for (int j = 0; j <= t; j++)
             mx = row[j] > mx ? row[j] : mx;
         float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
         for (int j = 0; j <= t; j++) {
-            row[j] = expf(row[j] - mx);
+            row[j] = dt_expf(row[j] - mx);
             sum += row[j];
         }
         float inv = 1.0f / sum;
+#pragma omp simd
         for (int j = 0; j <= t; j++)
             row[j] *= inv;
         for (int j = t + 1; j < T; j++)
@@ -411,8 +414,10 @@ static void attention_bwd(float *dqkv, float *scratch, const float *dout,
                     const float *p = P + (size_t)t * T;
                     float *d = dS + (size_t)t * T;
                     float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
                     for (int j = 0; j <= t; j++)
                         dot += d[j] * p[j];
+#pragma omp simd
                     for (int j = 0; j <= t; j++)
                         d[j] = p[j] * (d[j] - dot);
                     for (int j = t + 1; j < r1; j++)
@@ -433,14 +438,14 @@ static void attention_bwd(float *dqkv, float *scratch, const float *dout,
 
 static void gelu_fwd(float *out, const float *x, size_t n)
 {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++)
         out[i] = dt_gelu(x[i]);
 }
 
 static void gelu_bwd(float *dx, const float *x, const float *dout, size_t n)
 {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++)
         dx[i] = dout[i] * dt_gelu_grad(x[i]);
 }
@@ -452,6 +457,7 @@ static void swiglu_fwd(float *out, const float *gu, int N, int F)
     for (int n = 0; n < N; n++) {
         const float *g = gu + (size_t)n * 2 * F, *u = g + F;
         float *o = out + (size_t)n * F;
+#pragma omp simd
         for (int f = 0; f < F; f++)
             o[f] = dt_silu(g[f]) * u[f];
     }
@@ -463,6 +469,7 @@ static void swiglu_bwd(float *dgu, const float *gu, const float *dout, int N, in
     for (int n = 0; n < N; n++) {
         const float *g = gu + (size_t)n * 2 * F, *u = g + F, *d = dout + (size_t)n * F;
         float *dg = dgu + (size_t)n * 2 * F, *du = dg + F;
+#pragma omp simd
         for (int f = 0; f < F; f++)
             dt_swiglu_grad(g[f], u[f], d[f], &dg[f], &du[f]);
     }
@@ -561,14 +568,16 @@ static void cross_entropy(float *losses, float *dlogits, const float *logits,
         float xt = x[tgt];
         double sum = 0.0;
         if (d) {
+#pragma omp simd reduction(+ : sum)
             for (int i = 0; i < V; i++) {
-                float e = expf(x[i] - mx);
+                float e = dt_expf(x[i] - mx);
                 d[i] = e;
                 sum += e;
             }
         } else {
+#pragma omp simd reduction(+ : sum)
             for (int i = 0; i < V; i++)
-                sum += expf(x[i] - mx);
+                sum += dt_expf(x[i] - mx);
         }
         losses[n] = (float)((double)mx + log(sum) - (double)xt);
         if (d) {

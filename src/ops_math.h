@@ -27,13 +27,17 @@ static inline DT_HD float dt_expf(float x)
     return expf(x);
 #else
     const float magic = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
-    int ok = x == x;                 /* not NaN */
-    float xc = x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : x);
-    xc = ok ? xc : 0.0f;
+    /* Clamp to [-104, 89] so n stays in [-150, 129]; NaN fails both compares
+     * and comes out as NaN. The clamp is a bit select, not a branch: with a
+     * branch GCC folds the constant arms and the loop no longer vectorises. */
+    union { float f; uint32_t u; } xb = {x}, lob = {-104.0f}, hib = {89.0f};
+    uint32_t mlo = 0u - (uint32_t)(x < -104.0f), mhi = 0u - (uint32_t)(x > 89.0f);
+    xb.u = (xb.u & ~(mlo | mhi)) | (lob.u & mlo) | (hib.u & mhi);
+    float xc = xb.f;
     float t = xc * 1.44269504088896341f + magic;
     float n = t - magic;
-    union { float f; int32_t i; } u = {t}, m = {magic};
-    int32_t ni = u.i - m.i; /* n as an integer, in [-150, 129] */
+    union { float f; uint32_t u; } tb = {t}, mb = {magic};
+    int32_t ni = (int32_t)(tb.u - mb.u);
     float r = xc - n * 0.693359375f;  /* ln2 split in two: the first */
     r = r - n * -2.12194440e-4f;      /* product is exact */
     float p = 1.9875691500e-4f;
@@ -44,9 +48,8 @@ static inline DT_HD float dt_expf(float x)
     p = p * r + 5.0000001201e-1f;
     float y = p * r * r + r + 1.0f;
     int32_t n1 = ni / 2, n2 = ni - n1; /* each in [-75, 65]: normal floats */
-    union { int32_t i; float f; } s1 = {(n1 + 127) * 8388608}, s2 = {(n2 + 127) * 8388608};
-    y = y * s1.f * s2.f;
-    return ok ? y : x;
+    union { uint32_t u; float f; } s1 = {(uint32_t)(n1 + 127) << 23}, s2 = {(uint32_t)(n2 + 127) << 23};
+    return y * s1.f * s2.f;
 #endif
 }
 

@@ -16,6 +16,7 @@
  *   logits.bin         float32 [B*T, V] of the forward
  *   grads.bin          flat float32 gradients of the mean loss
  *   params_after.bin   flat float32 parameters after one AdamW step
+ *   params_after2.bin  ... after a second step on the same gradients scaled by 0.5
  *
  * The 1-D tensors (biases, norm weights) start at exactly 0 or 1; they are
  * perturbed here so that a bias or norm weight used in the wrong place, or
@@ -38,7 +39,7 @@
 enum { REF_B = 2, REF_T = 16 };
 static const uint64_t REF_SEED = 1234;
 static const float ADAM_LR = 1e-3f, ADAM_BETA1 = 0.9f, ADAM_BETA2 = 0.95f, ADAM_EPS = 1e-8f,
-                   ADAM_WD = 0.1f;
+                   ADAM_WD = 0.1f, ADAM_STEP2_SCALE = 0.5f;
 
 static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 
@@ -127,13 +128,14 @@ static void write_config(const char *dir, const model_config_t *c, const char *p
                     "  \"loss\": %.9g,\n"
                     "  \"loss_train\": %.9g,\n"
                     "  \"adam\": {\"lr\": %.9g, \"beta1\": %.9g, \"beta2\": %.9g, \"eps\": %.9g, "
-                    "\"weight_decay\": %.9g, \"grad_scale\": 1, \"step\": 1}\n"
+                    "\"weight_decay\": %.9g, \"grad_scale\": 1, \"step\": 1, \"step2_grad_scale\": %.9g}\n"
                     "}\n",
                     preset, model_arch_name(c->arch), c->vocab_size, c->n_layer, c->n_head,
                     c->n_kv_head, c->d_model, c->d_ff, c->max_seq, (double)c->norm_eps,
                     (double)c->rope_theta, B, T, masked, (unsigned long long)REF_SEED, (double)loss,
                     (double)loss_train, (double)ADAM_LR, (double)ADAM_BETA1,
-                    (double)ADAM_BETA2, (double)ADAM_EPS, (double)ADAM_WD);
+                    (double)ADAM_BETA2, (double)ADAM_EPS, (double)ADAM_WD,
+                    (double)ADAM_STEP2_SCALE);
     if (r < 0) {
         fclose(f);
         die("error writing %s", path);
@@ -281,6 +283,18 @@ int main(int argc, char **argv)
     }
     ops->to_host(host, m.params, P * sizeof *host);
     write_bin(outdir, "params_after.bin", host, sizeof *host, P);
+
+    /* A second step (t = 2) on the same gradients with grad_scale 0.5:
+     * exercises the moments carried over, the step-2 bias corrections and
+     * the gradient scaling that clipping and averaging use. */
+    for (int k = 0; k < tab->n; k++) {
+        const param_desc_t *d = &tab->p[k];
+        ops->adamw(m.params + d->offset, m.grads + d->offset, mom + d->offset, var + d->offset,
+                   d->numel, ADAM_LR, ADAM_BETA1, ADAM_BETA2, ADAM_EPS,
+                   d->decay ? ADAM_WD : 0.0f, ADAM_STEP2_SCALE, 2);
+    }
+    ops->to_host(host, m.params, P * sizeof *host);
+    write_bin(outdir, "params_after2.bin", host, sizeof *host, P);
 
     printf("ref_dump: %s (%s) B=%d T=%d%s params=%zu loss=%.9g -> %s\n", model_name,
            model_arch_name(cfg->arch), B, T, masked ? " masked" : "", P, (double)loss, outdir);

@@ -8,8 +8,9 @@ and compares with dtrain's float32 results:
   loss                  |diff| / |ref|                       <= 1e-5
   logits                max|diff| / max|ref|                 <= 1e-4
   each gradient tensor  max|diff| / max|ref|                 <= 1e-4
-  each tensor after one AdamW step (torch.optim.AdamW, two param groups,
-  fed dtrain's own gradients)  every element |diff| <= max(1e-6, 1e-5*|ref|)
+  each tensor after AdamW steps 1 and 2 (torch.optim.AdamW, two param
+  groups, fed dtrain's own gradients; step 2 with grad_scale 0.5)
+                        every element |diff| <= max(1e-6, 1e-5*|ref|)
 
 Prints one line per check and exits 0 when all pass, 1 otherwise
 (2 on unusable input).
@@ -70,6 +71,7 @@ def load(outdir):
     flat = np.fromfile(path("params.bin"), dtype="<f4")
     grads = np.fromfile(path("grads.bin"), dtype="<f4")
     after = np.fromfile(path("params_after.bin"), dtype="<f4")
+    after2 = np.fromfile(path("params_after2.bin"), dtype="<f4")
     tokens = np.fromfile(path("tokens.bin"), dtype="<i4")
     targets = np.fromfile(path("targets.bin"), dtype="<i4")
     logits = np.fromfile(path("logits.bin"), dtype="<f4")
@@ -78,7 +80,8 @@ def load(outdir):
     total = sum(p["numel"] for p in table)
     problems = []
     for name, arr, n in (("params.bin", flat, total), ("grads.bin", grads, total),
-                         ("params_after.bin", after, total), ("tokens.bin", tokens, B * T),
+                         ("params_after.bin", after, total),
+                         ("params_after2.bin", after2, total), ("tokens.bin", tokens, B * T),
                          ("targets.bin", targets, B * T), ("logits.bin", logits, B * T * V)):
         if arr.size != n:
             problems.append("%s holds %d values, expected %d" % (name, arr.size, n))
@@ -90,7 +93,7 @@ def load(outdir):
         for p in problems:
             print("torch_ref: %s: %s" % (outdir, p), file=sys.stderr)
         sys.exit(2)
-    return cfg, table, flat, grads, after, tokens, targets, logits.reshape(B * T, V)
+    return cfg, table, flat, grads, (after, after2), tokens, targets, logits.reshape(B * T, V)
 
 
 def tensors_of(table, flat):
@@ -192,43 +195,52 @@ def forward(cfg, P, tokens, targets):
     return loss, logits
 
 
-def adamw_check(chk, cfg, table, flat, grads, after):
-    """One torch.optim.AdamW step from dtrain's parameters and dtrain's own
+def adamw_check(chk, cfg, table, flat, grads, afters):
+    """Two torch.optim.AdamW steps from dtrain's parameters and dtrain's own
     gradients (so gradient differences do not leak into this check: at step 1
-    the update is close to lr * sign(g), which is discontinuous at g = 0)."""
+    the update is close to lr * sign(g), which is discontinuous at g = 0).
+    Step 2 reuses the gradients scaled by step2_grad_scale and starts from
+    dtrain's parameters after step 1 (the moments are torch's own), so each
+    step is judged on its own."""
     hp = cfg["adam"]
     params = tensors_of(table, flat)
     gr = tensors_of(table, grads)
     decay, no_decay, order = [], [], []
     for p in table:
         t = torch.tensor(params[p["name"]], dtype=DT, requires_grad=True)
-        t.grad = torch.tensor(gr[p["name"]], dtype=DT) * hp.get("grad_scale", 1)
         (decay if p["decay"] else no_decay).append(t)
         order.append((p["name"], t))
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": hp["weight_decay"]},
          {"params": no_decay, "weight_decay": 0.0}],
-        lr=hp["lr"], betas=(hp["beta1"], hp["beta2"]), eps=hp["eps"])
-    assert hp.get("step", 1) == 1
-    opt.step()
-    got_all = tensors_of(table, after)
-    for name, t in order:
-        ref = t.detach().numpy()
-        got = got_all[name].astype(np.float64)
-        diff = np.abs(got - ref)
-        # worst element measured against its own allowance max(abs, rel*|ref|)
-        allow = np.maximum(TOL_ADAM_ABS, TOL_ADAM_REL * np.abs(ref))
-        ratio = float(np.max(diff / allow))
-        worst = int(np.argmax(diff / allow))
-        ok = ratio <= 1.0
-        chk.count += 1
-        if not ok:
-            chk.failures += 1
-        print("%-4s %-34s max|diff| %.3e, worst/allowance %.3f (tol max(%.0e, %.0e*|ref|))%s"
-              % ("ok" if ok else "FAIL", "adamw " + name, float(np.max(diff)), ratio,
-                 TOL_ADAM_ABS, TOL_ADAM_REL,
-                 "" if ok else "  [elem %d: got %.9g ref %.9g]"
-                 % (worst, got.flat[worst], ref.flat[worst])))
+        lr=hp["lr"], betas=(hp["beta1"], hp["beta2"]), eps=hp["eps"], foreach=False)
+    scales = [hp["grad_scale"], hp["step2_grad_scale"]]
+    for step, (after, scale) in enumerate(zip(afters, scales), start=1):
+        got_all = tensors_of(table, after)
+        with torch.no_grad():
+            for name, t in order:
+                t.grad = torch.tensor(gr[name], dtype=DT) * scale
+        opt.step()
+        for name, t in order:
+            ref = t.detach().numpy()
+            got = got_all[name].astype(np.float64)
+            diff = np.abs(got - ref)
+            # worst element against its own allowance max(abs, rel*|ref|)
+            allow = np.maximum(TOL_ADAM_ABS, TOL_ADAM_REL * np.abs(ref))
+            ratio = float(np.max(diff / allow))
+            worst = int(np.argmax(diff / allow))
+            ok = ratio <= 1.0
+            chk.count += 1
+            if not ok:
+                chk.failures += 1
+            print("%-4s %-34s max|diff| %.3e, worst/allowance %.3f (tol max(%.0e, %.0e*|ref|))%s"
+                  % ("ok" if ok else "FAIL", "adamw step %d %s" % (step, name),
+                     float(np.max(diff)), ratio, TOL_ADAM_ABS, TOL_ADAM_REL,
+                     "" if ok else "  [elem %d: got %.9g ref %.9g]"
+                     % (worst, got.flat[worst], ref.flat[worst])))
+        with torch.no_grad():  # the next step starts from dtrain's parameters
+            for name, t in order:
+                t.copy_(torch.from_numpy(got_all[name].astype(np.float64)))
 
 
 def main():
@@ -237,7 +249,7 @@ def main():
         return 2
     outdir = sys.argv[1]
     torch.set_grad_enabled(True)
-    cfg, table, flat, grads, after, tokens, targets, logits = load(outdir)
+    cfg, table, flat, grads, afters, tokens, targets, logits = load(outdir)
     print("torch_ref: %s (%s) L=%d C=%d NH=%d NKV=%d F=%d V=%d B=%d T=%d, %d of %d targets "
           "ignored, torch %s, reference in float64"
           % (cfg.get("preset", "?"), cfg["arch"], cfg["n_layer"], cfg["d_model"], cfg["n_head"],
@@ -279,7 +291,7 @@ def main():
             continue
         chk.rel_max("grad " + name, g_got[name], ref_grad(name), TOL_GRAD)
 
-    adamw_check(chk, cfg, table, flat, grads, after)
+    adamw_check(chk, cfg, table, flat, grads, afters)
 
     label = cfg.get("preset", outdir) + (" (masked targets)" if cfg.get("masked") else "")
     print("torch_ref: %s: %d of %d checks failed" % (label, chk.failures, chk.count)
