@@ -13,6 +13,8 @@
  *  - Attention inputs are a fused qkv row per token:
  *      qkv[N, (NH + 2*NKV) * HS] = [ q heads (NH*HS) | k heads (NKV*HS) | v heads (NKV*HS) ]
  *    Query head h uses KV head h / (NH / NKV) (grouped-query attention).
+ *  - Preconditions the ops do not check (the model and loader guarantee
+ *    them): NH % NKV == 0; token ids < V; targets < V or < 0 (ignored).
  */
 #ifndef DTRAIN_OPS_H
 #define DTRAIN_OPS_H
@@ -93,8 +95,9 @@ typedef struct ops {
     void (*embedding_fwd)(float *out, const int32_t *tok, const float *wte,
                           const float *wpe, int N, int T, int C);
     /* dwte[tok[n], :] += dout[n, :]; dwpe[n % T, :] += dout[n, :].
-     * With accum = 0 the touched tensors are first set to zero (all rows).
-     * dwpe may be NULL. Deterministic: no atomics, no order dependence. */
+     * With accum = 0 all V rows of dwte and the first T rows of dwpe are
+     * first set to zero (rows of dwpe beyond T are the caller's). dwpe may
+     * be NULL. Deterministic: no atomics, no order dependence. */
     void (*embedding_bwd)(float *dwte, float *dwpe, const float *dout,
                           const int32_t *tok, int N, int T, int C, int V, int accum);
 
@@ -114,7 +117,8 @@ typedef struct ops {
                   float lr, float beta1, float beta2, float eps, float wd,
                   float grad_scale, int t);
 
-    /* sum of squares, accumulated in double */
+    /* sum of squares: float over runs of 32, folded into double (relative
+     * error ~1e-7); the same bits for any thread count */
     double (*sumsq)(const float *x, size_t n);
     /* x[i] *= s */
     void (*scale)(float *x, float s, size_t n);
