@@ -1,7 +1,8 @@
 #!/bin/sh
 # Training works: the default tiny model on the bundled corpus brings the
-# validation loss from ln(256) = 5.545 (uniform over bytes) to below 2.0
-# nats per byte, i.e. it learned the text's structure.
+# validation loss from ln(256) = 5.545 (uniform over bytes) to below 1.9
+# nats per byte (a unigram byte model scores 3.13 on this corpus), i.e. it
+# learned the text's structure. Takes about 100 s on two cores.
 . "$top_srcdir/test/common.sh"
 
 start=$(date +%s)
@@ -17,6 +18,6 @@ vN=$(json_field "$TMP/m.json" "$last" val_loss)
 echo "initial val loss $v0, final val loss $vN after $last steps, $((end - start)) s wall"
 awk -v v="$v0" 'BEGIN { exit !(v > 5.3 && v < 5.8) }' && pass "initial val loss $v0 is near ln(256) = 5.545" ||
     fail "initial val loss '$v0' is not near ln(256)"
-awk -v v="$vN" 'BEGIN { exit !(v < 2.0) }' && pass "final val loss $vN < 2.0" || fail "final val loss '$vN' >= 2.0"
+awk -v v="$vN" 'BEGIN { exit !(v < 1.9) }' && pass "final val loss $vN < 1.9" || fail "final val loss '$vN' >= 1.9"
 grep -q "^sample" "$TMP/out" && pass "a sample was printed" || fail "no sample printed"
 finish
