@@ -56,6 +56,19 @@ else
     fail "step 6 loss, micro 4 x 1 = $l1, micro 2 x 2 = $l2"
 fi
 
+# nanoGPT's headerless uint16 file of the same tokens trains identically
+f=$(ls $DATA_TRAIN | head -n 1)
+tail -c +1025 "$f" >"$TMP/train.bin"
+tail -c +1025 "$(ls $DATA_VAL | head -n 1)" >"$TMP/val.bin"
+run "$TMP/r.json" --model tiny --data "$TMP/train.bin" --val-data "$TMP/val.bin" --data-format raw-u16
+strip_timing "$TMP/a.json" >"$TMP/a.n"
+strip_timing "$TMP/r.json" >"$TMP/r.n"
+if [ -s "$TMP/r.n" ] && cmp -s "$TMP/a.n" "$TMP/r.n"; then
+    pass "--data-format raw-u16 on the same tokens: identical losses, val losses and norms"
+else
+    fail "--data-format raw-u16 differs from the llm.c shard"
+fi
+
 run "$TMP/e.json" --model tiny --seed 99
 if [ "$(json_field "$TMP/a.json" 1 loss)" != "$(json_field "$TMP/e.json" 1 loss)" ]; then
     pass "another seed gives another loss"
