@@ -27,3 +27,12 @@ tiny_args() {
 json_field() {
     sed -n "s/^{\"step\": $2,.*\"$3\": \([^,}]*\).*/\1/p" "$1"
 }
+
+# expect_close LABEL A B TOL: pass when |A - B| / |A| < TOL.
+expect_close() {
+    if awk -v a="$2" -v b="$3" -v t="$4" 'BEGIN { d = a - b; if (d < 0) d = -d; if (a < 0) a = -a; exit !(a > 0 && d / a < t) }'; then
+        pass "$1: $2 vs $3 (rel < $4)"
+    else
+        fail "$1: $2 vs $3 (rel >= $4)"
+    fi
+}

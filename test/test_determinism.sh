@@ -41,20 +41,12 @@ else
 fi
 # same global batch as 1 x 4: same data, losses equal to fp32 reduction noise
 run "$TMP/a.json" --model tiny
-l1=$(json_field "$TMP/a.json" 1 loss)
-l2=$(json_field "$TMP/c.json" 1 loss)
-if awk -v a="$l1" -v b="$l2" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d / a < 1e-5) }'; then
-    pass "step 1 loss, micro 4 x 1 = $l1, micro 2 x 2 = $l2 (rel < 1e-5)"
-else
-    fail "step 1 loss, micro 4 x 1 = $l1, micro 2 x 2 = $l2"
-fi
-l1=$(json_field "$TMP/a.json" 6 loss)
-l2=$(json_field "$TMP/c.json" 6 loss)
-if awk -v a="$l1" -v b="$l2" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d / a < 1e-4) }'; then
-    pass "step 6 loss, micro 4 x 1 = $l1, micro 2 x 2 = $l2 (rel < 1e-4)"
-else
-    fail "step 6 loss, micro 4 x 1 = $l1, micro 2 x 2 = $l2"
-fi
+for step in 1 6; do
+    tol=1e-5
+    [ $step -eq 6 ] && tol=1e-4 # five optimizer steps amplify the reduction-order noise
+    expect_close "step $step loss, micro 4 x 1 vs micro 2 x 2" \
+        "$(json_field "$TMP/a.json" $step loss)" "$(json_field "$TMP/c.json" $step loss)" $tol
+done
 
 # nanoGPT's headerless uint16 file of the same tokens trains identically
 f=$(ls $DATA_TRAIN | head -n 1)
