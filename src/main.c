@@ -1,6 +1,7 @@
 /* dtrain: train GPT-2 and Llama style transformers. */
 #include <stdio.h>
 
+#include "grid.h"
 #include "launch.h"
 #include "options.h"
 #include "train.h"
@@ -21,22 +22,35 @@ int main(int argc, char **argv)
             fprintf(stderr, "dtrain: error: %s\n", err);
         launch_exit(&env, 2);
     }
-    if (launch_any_failed(&env, "dtrain", env.world_size != 1,
-                          "this version trains on one rank; run it without mpirun, or with -np 1 "
-                          "(tensor, pipeline and data parallelism are not implemented yet)"))
-        launch_exit(&env, 2);
 
-    trainer_t tr;
-    int failed = trainer_setup(&tr, &opt, &env, err, sizeof err) != 0;
-    if (launch_any_failed(&env, "dtrain", failed, err)) {
-        trainer_teardown(&tr);
+    grid_t grid;
+    int failed = grid_create(&grid, opt.tp, opt.pp, opt.dp) != 0;
+    if (launch_any_failed(&env, "dtrain", failed, grid.err))
+        launch_exit(&env, 2);
+    if (launch_any_failed(&env, "dtrain", grid.tp_size > 1 || grid.pp_size > 1,
+                          "--tp and --pp above 1: tensor and pipeline parallelism are not implemented "
+                          "yet; this version parallelises over data only (--dp)")) {
+        grid_destroy(&grid);
         launch_exit(&env, 2);
     }
-    if (env.world_rank == 0)
-        trainer_banner(&tr, stdout);
-    failed = trainer_run(&tr, err, sizeof err) != 0;
-    int status = launch_any_failed(&env, "dtrain", failed, err) ? 1 : 0;
+
+    trainer_t tr;
+    failed = trainer_setup(&tr, &opt, &env, &grid, err, sizeof err) != 0;
+    if (launch_any_failed(&env, "dtrain", failed, err)) {
+        trainer_teardown(&tr);
+        grid_destroy(&grid);
+        launch_exit(&env, 2);
+    }
+    trainer_banner(&tr, stdout);
+    /* every replica starts from the identical model (init is a pure
+     * function of the seed); verify it before spending compute */
+    failed = trainer_check_replicas(&tr, 0, err, sizeof err) != 0;
+    if (!launch_any_failed(&env, "dtrain", failed, err)) {
+        failed = trainer_run(&tr, err, sizeof err) != 0;
+        failed = launch_any_failed(&env, "dtrain", failed, err);
+    }
     trainer_teardown(&tr);
-    launch_exit(&env, status);
-    return status;
+    grid_destroy(&grid);
+    launch_exit(&env, failed ? 1 : 0);
+    return failed ? 1 : 0;
 }

@@ -161,12 +161,17 @@ int model_create(model_t *m, const model_config_t *cfg, const ops_t *ops, int B,
     m->p.h = calloc(L, sizeof *m->p.h);
     m->g.h = calloc(L, sizeof *m->g.h);
     m->acts = calloc(L, sizeof *m->acts);
+    m->layer_start = calloc(L + 1, sizeof *m->layer_start);
+    if (m->layer_start)
+        for (int i = m->table.n - 1; i >= 0; i--) /* lowest offset of each layer wins */
+            if (m->table.p[i].layer >= 0)
+                m->layer_start[m->table.p[i].layer] = m->table.p[i].offset;
     m->params = backend_alloc(ops, MEM_PARAMS, pbytes);
     m->grads = backend_alloc(ops, MEM_GRADS, pbytes);
     layout_acts(m, NULL, &m->act_bytes, NULL, &m->work_bytes);
     char *acts = backend_alloc(ops, MEM_ACTS, m->act_bytes);
     char *work = backend_alloc(ops, MEM_WORKSPACE, m->work_bytes);
-    if (!m->p.h || !m->g.h || !m->acts || !m->params || !m->grads || !acts || !work) {
+    if (!m->p.h || !m->g.h || !m->acts || !m->layer_start || !m->params || !m->grads || !acts || !work) {
         snprintf(err, errlen, "out of memory: the model needs %.1f MiB of parameters+gradients and "
                  "%.1f MiB of activations at micro batch %d x seq %d; lower --micro-batch or --seq-len",
                  2.0 * (double)pbytes / 1048576.0, (double)(m->act_bytes + m->work_bytes) / 1048576.0, B, T);
@@ -198,6 +203,7 @@ void model_destroy(model_t *m)
     free(m->p.h);
     free(m->g.h);
     free(m->acts);
+    free(m->layer_start);
     param_table_free(&m->table);
     memset(m, 0, sizeof *m);
 }
@@ -311,6 +317,9 @@ void model_backward(model_t *m, int accum)
                          m->lnf_rstd, N, C, accum);
     else
         o->rmsnorm_bwd(m->dres, m->g.lnfw, m->dln, xL, m->p.lnfw, m->lnf_rstd, N, C, accum);
+    /* GPT-2's head is wte, which is not final until the embedding's part */
+    if (m->grads_ready)
+        m->grads_ready(m->grads_ready_ctx, m->layer_start[L]);
 
     for (int l = L - 1; l >= 0; l--) {
         const block_tensors_t *w = &m->p.h[l];
@@ -340,12 +349,16 @@ void model_backward(model_t *m, int accum)
                              a->ln1_rstd, N, C, accum);
         else
             o->rmsnorm_bwd(m->dres, g->ln1w, m->dln, x, w->ln1w, a->ln1_rstd, N, C, accum);
+        if (m->grads_ready)
+            m->grads_ready(m->grads_ready_ctx, m->layer_start[l]);
     }
     /* GPT-2's wte gradient already holds the output head's part, so the
      * embedding adds to it; wpe is cleared here on the first microbatch. */
     if (gpt && !accum)
         o->zero(m->g.wpe, (size_t)c->max_seq * C * sizeof(float));
     o->embedding_bwd(m->g.wte, m->g.wpe, m->dres, m->tokens, N, t, C, V, gpt ? 1 : accum);
+    if (m->grads_ready)
+        m->grads_ready(m->grads_ready_ctx, 0);
     m->has_dlogits = 0;
 }
 

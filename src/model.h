@@ -61,6 +61,14 @@ typedef struct model {
     float *dres, *dln, *dbig, *dbig2, *datt;
     size_t act_bytes, work_bytes;
     int has_dlogits;
+    /* layer_start[l]: flat offset of block l's first tensor; [L]: the final
+     * norm's (the head and final norm lie above it, embeddings below [0]) */
+    size_t *layer_start;
+    /* When set, model_backward reports progress: every gradient at flat
+     * offset >= ready_from is final. Data parallelism starts reducing
+     * gradient buckets from here while backward continues. */
+    void (*grads_ready)(void *ctx, size_t ready_from);
+    void *grads_ready_ctx;
 } model_t;
 
 /* Allocates parameters, gradients and activations for batches up to B x T.

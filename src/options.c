@@ -30,6 +30,7 @@ typedef struct opt_def {
 
 static const char *const arch_choices[] = {"gpt2", "llama", NULL};
 static const char *const format_choices[] = {"llmc", "raw-u16", NULL};
+static const char *const ddp_choices[] = {"naive", "flat", "bucketed", NULL};
 
 #define F(field) offsetof(run_options_t, field)
 #define S(field) sizeof(((run_options_t *)0)->field)
@@ -45,9 +46,15 @@ static const opt_def_t opt_defs[] = {
     {"d-ff", OPT_INT, F(d_ff), 0, "0", 0, 1 << 22, NULL, "override the MLP width (0 = preset)"},
     {"vocab-size", OPT_INT, F(vocab_size), 0, "0", 0, 1 << 24, NULL, "override the vocabulary size (0 = preset)"},
     {"max-seq-len", OPT_INT, F(max_seq_len), 0, "0", 0, 1 << 20, NULL, "override the learned positions of GPT-2 (0 = preset)"},
+    {"tp", OPT_INT, F(tp), 0, "1", 1, 4096, NULL, "tensor-parallel size (only 1 so far)"},
+    {"pp", OPT_INT, F(pp), 0, "1", 1, 4096, NULL, "pipeline-parallel size (only 1 so far)"},
+    {"dp", OPT_INT, F(dp), 0, "0", 0, 1 << 20, NULL, "data-parallel size (0 = world size / (tp x pp))"},
+    {"ddp-mode", OPT_STR, F(ddp_mode), S(ddp_mode), "bucketed", 0, 0, ddp_choices, "gradient all-reduce: naive (per tensor) | flat (one buffer) | bucketed (overlapped with backward)"},
+    {"bucket-mb", OPT_REAL, F(bucket_mb), 0, "25", 0.001, 1e6, NULL, "gradient bucket size in MiB for --ddp-mode bucketed"},
+    {"check-replicas", OPT_INT, F(check_replicas), 0, "0", 0, INT_MAX, NULL, "check data-parallel replicas hold identical parameters every N steps (0 = only at start)"},
     {"steps", OPT_INT, F(steps), 0, "1000", 1, INT_MAX, NULL, "total optimizer steps of the run"},
     {"micro-batch", OPT_INT, F(micro_batch), 0, "16", 1, 1 << 20, NULL, "sequences per microbatch (per rank)"},
-    {"global-batch", OPT_INT, F(global_batch), 0, "0", 0, 1 << 30, NULL, "sequences per optimizer step; a multiple of the micro batch (0 = micro batch)"},
+    {"global-batch", OPT_INT, F(global_batch), 0, "0", 0, 1 << 30, NULL, "sequences per optimizer step over all ranks; a multiple of micro batch x dp (0 = micro batch x dp)"},
     {"seq-len", OPT_INT, F(seq_len), 0, "128", 1, 1 << 20, NULL, "tokens per sequence"},
     {"lr", OPT_REAL, F(lr), 0, "1e-3", 0, 10, NULL, "peak learning rate"},
     {"min-lr", OPT_REAL, F(min_lr), 0, "1e-4", 0, 10, NULL, "learning rate at the end of the cosine decay"},
@@ -342,6 +349,18 @@ int options_model_config(const run_options_t *o, model_config_t *c, char *err, s
     if (c->arch == ARCH_LLAMA && o->seq_len > c->max_seq)
         c->max_seq = o->seq_len; /* RoPE has no table of positions to outgrow */
     return model_config_check(c, err, errlen);
+}
+
+int options_check_layout(const run_options_t *o, const model_config_t *c, int dp, char *err,
+                         size_t errlen)
+{
+    if (o->global_batch != 0 && o->global_batch % (o->micro_batch * dp) != 0) {
+        snprintf(err, errlen, "--global-batch %d must be a multiple of --micro-batch %d x dp %d = %d",
+                 o->global_batch, o->micro_batch, dp, o->micro_batch * dp);
+        return -1;
+    }
+    (void)c;
+    return 0;
 }
 
 int options_accum_steps(const run_options_t *o, int dp)

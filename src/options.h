@@ -17,6 +17,11 @@ typedef struct run_options {
     /* model shape overrides; 0 = the preset's value */
     char arch[16];
     int n_layer, n_head, n_kv_head, d_model, d_ff, vocab_size, max_seq_len;
+    /* parallel layout */
+    int tp, pp, dp;
+    char ddp_mode[16];
+    double bucket_mb;
+    int check_replicas;
     /* schedule and batch */
     int steps, micro_batch, global_batch, seq_len;
     double lr, min_lr;
@@ -48,6 +53,11 @@ options_status_t options_parse(run_options_t *o, int argc, char **argv, int prin
 
 /* Resolves --model plus the shape overrides into a model config. */
 int options_model_config(const run_options_t *o, model_config_t *c, char *err, size_t errlen);
+
+/* Layout checks that need the model and the data-parallel size: one line
+ * in err on failure. */
+int options_check_layout(const run_options_t *o, const model_config_t *c, int dp, char *err,
+                         size_t errlen);
 
 /* Number of microbatches per optimizer step for data-parallel size dp. */
 int options_accum_steps(const run_options_t *o, int dp);

@@ -20,6 +20,7 @@
 #include "flops.h"
 #include "mem.h"
 #include "metrics.h"
+#include "replica.h"
 #include "sample.h"
 
 static double now_s(void)
@@ -46,20 +47,31 @@ static int setup_threads(int requested)
     return n;
 }
 
-int trainer_setup(trainer_t *tr, const run_options_t *o, const launch_env_t *env, char *err,
-                  size_t errlen)
+/* The training loop's hook into model_backward: hands finished gradient
+ * ranges to the data-parallel reducer while backward continues. */
+static void on_grads_ready(void *ctx, size_t ready_from)
+{
+    trainer_t *tr = ctx;
+    if (ddp_grads_ready(&tr->ddp, ready_from) != 0)
+        tr->ddp_failed = 1;
+}
+
+int trainer_setup(trainer_t *tr, const run_options_t *o, const launch_env_t *env, grid_t *grid,
+                  char *err, size_t errlen)
 {
     memset(tr, 0, sizeof *tr);
     tr->opt = o;
     tr->env = env;
+    tr->grid = grid;
     tr->threads = setup_threads(o->threads);
-    if (options_model_config(o, &tr->cfg, err, errlen) != 0)
+    if (options_model_config(o, &tr->cfg, err, errlen) != 0 ||
+        options_check_layout(o, &tr->cfg, grid->dp_size, err, errlen) != 0)
         return -1;
     if (o->top_k > tr->cfg.vocab_size) {
         snprintf(err, errlen, "--top-k %d exceeds the vocabulary (%d)", o->top_k, tr->cfg.vocab_size);
         return -1;
     }
-    tr->accum = options_accum_steps(o, 1);
+    tr->accum = options_accum_steps(o, grid->dp_size);
     tr->sched = (lr_schedule_t){.lr = o->lr, .min_lr = o->min_lr, .warmup = o->warmup, .steps = o->steps};
     tokens_format_t fmt;
     if (tokens_format_parse(o->data_format, &fmt) != 0) {
@@ -80,6 +92,22 @@ int trainer_setup(trainer_t *tr, const run_options_t *o, const launch_env_t *env
         adamw_create(&tr->optim, tr->model.ops, &tr->model.table, o->beta1, o->beta2, o->adam_eps,
                      o->weight_decay, o->grad_clip) != 0) {
         snprintf(err, errlen, "out of memory for the optimizer state (%zu parameters)", tr->model.table.numel);
+        return -1;
+    }
+    const param_table_t *t = &tr->model.table;
+    tr->tensor_start = malloc(((size_t)t->n + 1) * sizeof *tr->tensor_start);
+    if (!tr->tensor_start) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    for (int i = 0; i < t->n; i++)
+        tr->tensor_start[i] = t->p[i].offset;
+    tr->tensor_start[t->n] = t->numel;
+    ddp_mode_t mode;
+    if (ddp_mode_parse(o->ddp_mode, &mode) != 0 ||
+        ddp_create(&tr->ddp, mode, grid->dp, tr->model.grads, t->numel, tr->tensor_start, t->n,
+                   (size_t)(o->bucket_mb * 1048576.0)) != 0) {
+        snprintf(err, errlen, "cannot set up --ddp-mode %s with --bucket-mb %g", o->ddp_mode, o->bucket_mb);
         return -1;
     }
     size_t n = (size_t)o->micro_batch * (size_t)o->seq_len;
@@ -106,14 +134,26 @@ void trainer_banner(const trainer_t *tr, FILE *out)
     const model_config_t *c = &tr->cfg;
     const run_options_t *o = tr->opt;
     char buf[32];
-    fprintf(out, "dtrain %s | %d rank%s | %d thread%s per rank | host %s\n", PACKAGE_VERSION,
-            tr->env->world_size, tr->env->world_size == 1 ? "" : "s", tr->threads,
-            tr->threads == 1 ? "" : "s", tr->env->host);
+
+    const grid_t *g = tr->grid;
+    int rank0 = tr->env->world_rank == 0;
+    if (rank0)
+        fprintf(out, "dtrain %s | %d rank%s: tp %d x pp %d x dp %d | %d thread%s per rank | ddp %s\n",
+                PACKAGE_VERSION, g->world_size, g->world_size == 1 ? "" : "s", g->tp_size, g->pp_size,
+                g->dp_size, tr->threads, tr->threads == 1 ? "" : "s", o->ddp_mode);
+    if (grid_print(g, out) != 0 && rank0)
+        fprintf(out, "grid: %s\n", g->err);
+    if (!rank0)
+        return;
+    if (g->dp_size > 1)
+        fprintf(out, "data parallel: %s all-reduce of %zu gradients over %d ranks, %d bucket%s\n", o->ddp_mode,
+                tr->model.table.numel, g->dp_size, tr->ddp.n_buckets, tr->ddp.n_buckets == 1 ? "" : "s");
     fprintf(out, "model %s (%s): L=%d C=%d heads=%d kv_heads=%d ffn=%d vocab=%d | %zu parameters\n", o->model,
             model_arch_name(c->arch), c->n_layer, c->d_model, c->n_head, c->n_kv_head, c->d_ff,
             c->vocab_size, tr->model.table.logical_numel);
-    fprintf(out, "batch: micro %d x seq %d, %d microbatch%s per step = %d tokens per step\n", o->micro_batch,
-            o->seq_len, tr->accum, tr->accum == 1 ? "" : "es", o->micro_batch * o->seq_len * tr->accum);
+    fprintf(out, "batch: micro %d x seq %d, %d microbatch%s per step x dp %d = %d tokens per step\n",
+            o->micro_batch, o->seq_len, tr->accum, tr->accum == 1 ? "" : "es", tr->grid->dp_size,
+            o->micro_batch * o->seq_len * tr->accum * tr->grid->dp_size);
     fprintf(out, "data: %zu train tokens (%zu samples)", tr->train.set.n_tokens, tr->train.n_samples);
     if (tr->has_val)
         fprintf(out, ", %zu val tokens", tr->val.set.n_tokens);
@@ -123,7 +163,7 @@ void trainer_banner(const trainer_t *tr, FILE *out)
         fprintf(out, " %s %s%s", mem_category_name((mem_category_t)k), buf, k + 1 < MEM_N_CATEGORIES ? "," : "\n");
     }
     fprintf(out, "compute: %.1f GFLOP per step, peak %.1f GFLOP/s per rank (%s)\n",
-            tr->flops_token * o->micro_batch * o->seq_len * tr->accum * 1e-9, tr->peak_gflops,
+            tr->flops_token * o->micro_batch * o->seq_len * tr->accum * tr->grid->dp_size * 1e-9, tr->peak_gflops,
             o->peak_gflops > 0 ? "--peak-gflops" : "sgemm probe");
 #ifdef HAVE_CUDA
     char cerr[256];
@@ -141,13 +181,44 @@ void trainer_banner(const trainer_t *tr, FILE *out)
 double trainer_val_loss(trainer_t *tr)
 {
     const int B = tr->opt->micro_batch, T = tr->opt->seq_len;
-    double sum = 0.0;
-    for (int i = 0; i < tr->opt->val_batches; i++) {
+    const grid_t *g = tr->grid;
+    /* microbatch i is evaluated by DP rank i % dp; the per-microbatch means
+     * are summed in microbatch order after the gather, so the value does not
+     * depend on the layout beyond fp32 noise */
+    int nb = tr->opt->val_batches;
+    float *means = calloc((size_t)nb, sizeof *means);
+    if (!means)
+        return NAN;
+    for (int i = g->dp_rank; i < nb; i += g->dp_size) {
         for (int b = 0; b < B; b++)
             data_sample(&tr->val, (uint64_t)i * B + b, tr->tok + (size_t)b * T, tr->tgt + (size_t)b * T);
-        sum += model_forward(&tr->model, tr->tok, tr->tgt, B, T, 0.0f);
+        means[i] = model_forward(&tr->model, tr->tok, tr->tgt, B, T, 0.0f);
     }
-    return sum / tr->opt->val_batches;
+    if (g->dp_size > 1 && g->dp->ops->allreduce(g->dp, means, (size_t)nb, COMM_SUM) != 0) {
+        free(means);
+        return NAN;
+    }
+    double sum = 0.0;
+    for (int i = 0; i < nb; i++)
+        sum += means[i];
+    free(means);
+    return sum / nb;
+}
+
+int trainer_check_replicas(trainer_t *tr, int step, char *err, size_t errlen)
+{
+    int bad = -1;
+    int rc = replica_check(tr->grid->dp, tr->model.params, tr->tensor_start, tr->model.table.n, &bad);
+    if (rc < 0) {
+        snprintf(err, errlen, "replica check: %s", tr->grid->dp->err);
+        return -1;
+    }
+    if (rc > 0) {
+        snprintf(err, errlen, "data-parallel replicas diverged %s %d: tensor %s differs between ranks of the dp group",
+                 step ? "after step" : "at", step, tr->model.table.p[bad].name);
+        return -1;
+    }
+    return 0;
 }
 
 static void print_sample(trainer_t *tr, FILE *out)
@@ -184,7 +255,8 @@ int trainer_run(trainer_t *tr, char *err, size_t errlen)
     const run_options_t *o = tr->opt;
     const int B = o->micro_batch, T = o->seq_len, rank0 = tr->env->world_rank == 0;
     model_t *m = &tr->model;
-    const double tokens_step = (double)B * T * tr->accum;
+    const grid_t *g = tr->grid;
+    const double tokens_step = (double)B * T * tr->accum * g->dp_size;
     double t_run = now_s(), loss = NAN;
     if (tr->has_val) {
         /* the untrained model's validation loss: the baseline the run improves on */
@@ -201,11 +273,31 @@ int trainer_run(trainer_t *tr, char *err, size_t errlen)
         double t0 = now_s();
         double lr = lr_at(&tr->sched, step), loss_sum = 0.0;
         for (int micro = 0; micro < tr->accum; micro++) {
-            data_batch(&tr->train, step, micro, tr->accum, 0, 1, B, tr->tok, tr->tgt);
+            const int last = micro == tr->accum - 1;
+            data_batch(&tr->train, step, micro, tr->accum, g->dp_rank, g->dp_size, B, tr->tok, tr->tgt);
             loss_sum += model_forward(m, tr->tok, tr->tgt, B, T, 1.0f / (float)tr->accum);
+            /* only the last microbatch's backward communicates */
+            if (last) {
+                ddp_begin(&tr->ddp);
+                m->grads_ready = on_grads_ready;
+                m->grads_ready_ctx = tr;
+            }
             model_backward(m, micro > 0);
+            m->grads_ready = NULL;
         }
-        loss = loss_sum / tr->accum;
+        if (tr->ddp_failed || ddp_finish(&tr->ddp) != 0) {
+            snprintf(err, errlen, "step %d: gradient all-reduce failed: %s", step + 1, g->dp->err);
+            return -1;
+        }
+        /* the step's loss is the mean over the global batch */
+        float lf = (float)(loss_sum / tr->accum);
+        if (g->dp_size > 1 && g->dp->ops->allreduce(g->dp, &lf, 1, COMM_SUM) != 0) {
+            snprintf(err, errlen, "step %d: loss all-reduce failed: %s", step + 1, g->dp->err);
+            return -1;
+        }
+        loss = (double)lf / g->dp_size;
+        /* gradients are DP-averaged, so identical on every replica: the
+         * local norm is the global one */
         double norm = sqrt(m->ops->sumsq(m->grads, m->table.numel));
         if (!isfinite(loss) || !isfinite(norm)) {
             snprintf(err, errlen, "step %d: loss %g, gradient norm %g: training diverged; lower --lr or raise --warmup",
@@ -217,7 +309,10 @@ int trainer_run(trainer_t *tr, char *err, size_t errlen)
 
         step_record_t r = {.step = step + 1, .steps = o->steps, .loss = loss, .val_loss = NAN, .lr = lr,
                            .grad_norm = norm, .ms = 1e3 * dt, .tokens_per_s = tokens_step / dt};
-        r.mfu = tr->peak_gflops > 0 ? tr->flops_token * r.tokens_per_s * 1e-9 / tr->peak_gflops : 0.0;
+        r.mfu = tr->peak_gflops > 0 ? tr->flops_token * r.tokens_per_s * 1e-9 / (tr->peak_gflops * g->world_size) : 0.0;
+        if (o->check_replicas > 0 && (step + 1) % o->check_replicas == 0 &&
+            trainer_check_replicas(tr, step + 1, err, errlen) != 0)
+            return -1;
         if (tr->has_val && ((step + 1) % o->val_every == 0 || step + 1 == o->steps))
             r.val_loss = trainer_val_loss(tr);
         if (rank0) {
@@ -244,6 +339,8 @@ void trainer_teardown(trainer_t *tr)
         fprintf(stderr, "dtrain: warning: closing --metrics %s failed\n", tr->opt->metrics);
     free(tr->tok);
     free(tr->tgt);
+    ddp_destroy(&tr->ddp);
+    free(tr->tensor_start);
     adamw_destroy(&tr->optim);
     if (tr->model.ops)
         model_destroy(&tr->model);

@@ -5,6 +5,8 @@
 #include <stdio.h>
 
 #include "data.h"
+#include "ddp.h"
+#include "grid.h"
 #include "launch.h"
 #include "model.h"
 #include "optim.h"
@@ -13,6 +15,10 @@
 typedef struct trainer {
     const run_options_t *opt;
     const launch_env_t *env;
+    grid_t *grid;
+    ddp_t ddp;
+    size_t *tensor_start; /* [n_tensors+1] flat offsets of the parameter table */
+    int ddp_failed;
     model_config_t cfg;
     model_t model;
     adamw_t optim;
@@ -29,12 +35,17 @@ typedef struct trainer {
 
 /* Everything a run needs; on failure err holds one line. Local to this
  * rank: the caller agrees on failure across ranks. */
-int trainer_setup(trainer_t *tr, const run_options_t *o, const launch_env_t *env, char *err,
-                  size_t errlen);
+int trainer_setup(trainer_t *tr, const run_options_t *o, const launch_env_t *env, grid_t *grid,
+                  char *err, size_t errlen);
+/* Collective (prints the grid); rank 0 writes. */
 void trainer_banner(const trainer_t *tr, FILE *out);
+/* Collective over the DP group: 0 when all replicas hold identical
+ * parameters, else -1 with the first differing tensor in err. */
+int trainer_check_replicas(trainer_t *tr, int step, char *err, size_t errlen);
 /* The step loop, validation and the final sample. */
 int trainer_run(trainer_t *tr, char *err, size_t errlen);
-/* Mean loss over --val-batches microbatches of the validation set. */
+/* Mean loss over --val-batches microbatches of the validation set (split
+ * over the data-parallel ranks). Collective over the DP group. */
 double trainer_val_loss(trainer_t *tr);
 void trainer_teardown(trainer_t *tr);
 

@@ -50,15 +50,9 @@ head -c 3000 "$f" >"$TMP/trunc_train.bin"
 expect_error "trunc_train.bin" --data "$TMP/trunc_train.bin" --val-every 0
 expect_error "vocab" --vocab-size 100 --data "$f" --val-every 0
 
-# more than one rank is refused on every rank, reported once
-"$MPIEXEC" --quiet -np 2 "$DTRAIN" $D --steps 1 >"$TMP/out" 2>"$TMP/err"
-rc=$?
-n=$(grep -c "this version trains on one rank" "$TMP/err")
-if [ "$rc" -eq 2 ] && [ "$n" -eq 1 ]; then pass "mpirun -np 2 -> exit 2, one message"; else fail "mpirun -np 2 -> exit $rc, $n messages"; fi
-
 # --help lists the contract's options; --version
 "$DTRAIN" --help >"$TMP/help" 2>&1 || fail "--help exit status"
-for o in config model steps micro-batch global-batch seq-len lr min-lr warmup weight-decay grad-clip \
+for o in config model tp pp dp ddp-mode bucket-mb check-replicas steps micro-batch global-batch seq-len lr min-lr warmup weight-decay grad-clip \
          seed data val-data val-every metrics sample-tokens threads; do
     grep -q -- "--$o " "$TMP/help" || fail "--help does not list --$o"
 done

@@ -1,0 +1,513 @@
+/* The communicator interface (comm.h) over an MPI communicator, host
+ * buffers, fp32.
+ *
+ * comm_mpi_create duplicates the caller's MPI_Comm, so the collectives of
+ * this communicator never match traffic on the original, and sets
+ * MPI_ERRORS_RETURN on the duplicate: every call's return code is checked
+ * and turned into one line in c->err ("MPI_Allreduce(n=..., comm size ...)
+ * failed: <MPI_Error_string>").
+ *
+ * Counts are size_t; MPI's are int. A count above the per-call limit
+ * (2^28 floats = 1 GiB, so that no byte count inside MPI passes INT_MAX
+ * either) is split into chunks of at most that many elements, each its own
+ * MPI call; a nonblocking operation then holds one MPI_Request per chunk
+ * and test/wait complete them together:
+ *   allreduce, broadcast, send/recv: consecutive ranges of the buffer
+ *     (point-to-point chunks keep their order: MPI does not overtake
+ *     messages with the same source, tag and communicator);
+ *   allgather: chunk [off, off+len) of every rank's block in one
+ *     MPI_Allgather, received through a contiguous type resized to the
+ *     block stride;
+ *   reduce_scatter: one MPI_Reduce per (chunk, destination rank), because
+ *     predefined reduction ops take only predefined datatypes. In place
+ *     (send == recv) the nonblocking form runs blocking and returns a
+ *     finished request: the reductions must run in order there.
+ * DTRAIN_COMM_MAX_COUNT=k (read at creation, the same on every rank) sets a
+ * smaller limit so that the tests exercise every chunked path.
+ *
+ * In place: allreduce always is (MPI_IN_PLACE); reduce_scatter with
+ * send == recv and allgather with send == recv + rank*n_each use
+ * MPI_IN_PLACE too.
+ *
+ * OpenMPI has no asynchronous progress thread: a nonblocking operation
+ * advances only inside MPI calls, so callers must call test() between
+ * kernels (ddp.c does). */
+#include "comm.h"
+
+#include <limits.h>
+#include <mpi.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_COUNT_DEFAULT ((size_t)1 << 28)
+
+typedef struct mpi_comm {
+    comm_t pub; /* first: a comm_t * is a mpi_comm_t * */
+    MPI_Comm comm;
+    size_t max_count; /* largest element count of one MPI call */
+} mpi_comm_t;
+
+/* A nonblocking operation: one request per chunk. */
+typedef struct mpi_req {
+    const char *what; /* MPI call that started it, for messages */
+    size_t n;
+    int nreq;
+    MPI_Request r[];
+} mpi_req_t;
+
+static MPI_Comm mcomm(const comm_t *c)
+{
+    return ((const mpi_comm_t *)c)->comm;
+}
+
+static size_t maxc(const comm_t *c)
+{
+    return ((const mpi_comm_t *)c)->max_count;
+}
+
+static size_t n_chunks(size_t n, size_t max)
+{
+    return n / max + (n % max != 0);
+}
+
+static int chunk_len(size_t n, size_t off, size_t max)
+{
+    return (int)(n - off < max ? n - off : max);
+}
+
+static int fail(comm_t *c, int rc, const char *what, size_t n, const char *extra)
+{
+    char msg[MPI_MAX_ERROR_STRING] = "";
+    int len = 0;
+    if (MPI_Error_string(rc, msg, &len) != MPI_SUCCESS)
+        snprintf(msg, sizeof msg, "MPI error code %d", rc);
+    snprintf(c->err, sizeof c->err, "%s(n=%zu%s, comm size %d) failed: %s", what, n, extra ? extra : "",
+             c->size, msg);
+    return -1;
+}
+
+static int fail_msg(comm_t *c, const char *what, size_t n, const char *msg)
+{
+    snprintf(c->err, sizeof c->err, "%s(n=%zu, comm size %d) failed: %s", what, n, c->size, msg);
+    return -1;
+}
+
+static int to_mpi_op(comm_op_t op, MPI_Op *out)
+{
+    switch (op) {
+    case COMM_SUM:
+        *out = MPI_SUM;
+        return 0;
+    case COMM_MAX:
+        *out = MPI_MAX;
+        return 0;
+    }
+    return -1;
+}
+
+/* Allocates the MPI requests of a nonblocking operation into req. */
+static mpi_req_t *req_start(comm_t *c, comm_req_t *req, const char *what, size_t n, size_t nreq)
+{
+    if (req->active) {
+        fail_msg(c, what, n, "the request is still in flight (test or wait for it first)");
+        return NULL;
+    }
+    if (nreq > INT_MAX) {
+        fail_msg(c, what, n, "too many chunks");
+        return NULL;
+    }
+    mpi_req_t *r = malloc(sizeof *r + nreq * sizeof(MPI_Request));
+    if (!r) {
+        fail_msg(c, what, n, "out of memory for the requests");
+        return NULL;
+    }
+    r->what = what;
+    r->n = n;
+    r->nreq = 0;
+    for (size_t i = 0; i < nreq; i++)
+        r->r[i] = MPI_REQUEST_NULL;
+    req->comm = c;
+    req->impl = r;
+    req->active = 1;
+    return r;
+}
+
+/* A posting call failed after some chunks were started: those cannot be
+ * cancelled (collectives) and are left to MPI; the handle is released. */
+static int req_abandon(comm_req_t *req)
+{
+    free(req->impl);
+    req->impl = NULL;
+    req->active = 0;
+    return -1;
+}
+
+/* ------------------------------------------------------------ collectives */
+
+static int mpi_allreduce(comm_t *c, float *buf, size_t n, comm_op_t op)
+{
+    MPI_Op mop;
+    if (to_mpi_op(op, &mop) != 0)
+        return fail_msg(c, "MPI_Allreduce", n, "unknown reduction op");
+    const size_t max = maxc(c);
+    for (size_t off = 0; off < n; off += max) {
+        int rc = MPI_Allreduce(MPI_IN_PLACE, buf + off, chunk_len(n, off, max), MPI_FLOAT, mop, mcomm(c));
+        if (rc != MPI_SUCCESS)
+            return fail(c, rc, "MPI_Allreduce", n, NULL);
+    }
+    return 0;
+}
+
+static int mpi_iallreduce(comm_t *c, float *buf, size_t n, comm_op_t op, comm_req_t *req)
+{
+    MPI_Op mop;
+    if (to_mpi_op(op, &mop) != 0)
+        return fail_msg(c, "MPI_Iallreduce", n, "unknown reduction op");
+    const size_t max = maxc(c);
+    mpi_req_t *r = req_start(c, req, "MPI_Iallreduce", n, n_chunks(n, max));
+    if (!r)
+        return -1;
+    for (size_t off = 0; off < n; off += max) {
+        int rc = MPI_Iallreduce(MPI_IN_PLACE, buf + off, chunk_len(n, off, max), MPI_FLOAT, mop, mcomm(c),
+                                &r->r[r->nreq]);
+        if (rc != MPI_SUCCESS) {
+            fail(c, rc, "MPI_Iallreduce", n, NULL);
+            return req_abandon(req);
+        }
+        r->nreq++;
+    }
+    return 0;
+}
+
+/* Chunked reduce-scatter: recv[off..] of rank d = sum over ranks of
+ * send[d*n_each + off ..], one MPI_Reduce (or Ireduce) rooted at d per
+ * chunk. In place the blocks are reduced in rank order per chunk, so block
+ * 0's chunk (where the result lands) is read before it is overwritten. */
+static int reduce_scatter_chunked(comm_t *c, const float *send, float *recv, size_t n_each, mpi_req_t *r)
+{
+    const size_t max = maxc(c);
+    const int inplace = send == recv;
+    for (size_t off = 0; off < n_each; off += max) {
+        int len = chunk_len(n_each, off, max);
+        for (int d = 0; d < c->size; d++) {
+            const float *src = (inplace ? recv : send) + (size_t)d * n_each + off;
+            const void *sbuf = src;
+            if (inplace && d == c->rank && d == 0)
+                sbuf = MPI_IN_PLACE; /* input and result are both recv[off..] */
+            int rc = r ? MPI_Ireduce(sbuf, recv + off, len, MPI_FLOAT, MPI_SUM, d, mcomm(c), &r->r[r->nreq])
+                       : MPI_Reduce(sbuf, recv + off, len, MPI_FLOAT, MPI_SUM, d, mcomm(c));
+            if (rc != MPI_SUCCESS)
+                return fail(c, rc, r ? "MPI_Ireduce" : "MPI_Reduce", n_each, " per rank, chunked reduce-scatter");
+            if (r)
+                r->nreq++;
+        }
+    }
+    return 0;
+}
+
+static int mpi_reduce_scatter(comm_t *c, const float *send, float *recv, size_t n_each)
+{
+    if (n_each > maxc(c))
+        return reduce_scatter_chunked(c, send, recv, n_each, NULL);
+    int rc = MPI_Reduce_scatter_block(send == recv ? MPI_IN_PLACE : send, recv, (int)n_each, MPI_FLOAT, MPI_SUM,
+                                      mcomm(c));
+    if (rc != MPI_SUCCESS)
+        return fail(c, rc, "MPI_Reduce_scatter_block", n_each, " per rank");
+    return 0;
+}
+
+static int mpi_ireduce_scatter(comm_t *c, const float *send, float *recv, size_t n_each, comm_req_t *req)
+{
+    if (n_each > maxc(c) && send == recv) {
+        /* ordered in-place reductions: run them now, hand back a finished request */
+        if (req->active)
+            return fail_msg(c, "MPI_Ireduce", n_each, "the request is still in flight (test or wait for it first)");
+        req->comm = c;
+        req->impl = NULL;
+        req->active = 0;
+        return reduce_scatter_chunked(c, send, recv, n_each, NULL);
+    }
+    size_t nreq = n_each > maxc(c) ? n_chunks(n_each, maxc(c)) * (size_t)c->size : 1;
+    mpi_req_t *r = req_start(c, req, n_each > maxc(c) ? "MPI_Ireduce" : "MPI_Ireduce_scatter_block", n_each, nreq);
+    if (!r)
+        return -1;
+    if (n_each > maxc(c))
+        return reduce_scatter_chunked(c, send, recv, n_each, r) == 0 ? 0 : req_abandon(req);
+    int rc = MPI_Ireduce_scatter_block(send == recv ? MPI_IN_PLACE : send, recv, (int)n_each, MPI_FLOAT, MPI_SUM,
+                                       mcomm(c), &r->r[0]);
+    if (rc != MPI_SUCCESS) {
+        fail(c, rc, "MPI_Ireduce_scatter_block", n_each, " per rank");
+        return req_abandon(req);
+    }
+    r->nreq = 1;
+    return 0;
+}
+
+/* One allgather per chunk: this rank's [off, off+len) into every block's
+ * [off, off+len), through a type of len floats whose extent is the block
+ * stride. In place the contribution is already at recv + rank*n_each + off. */
+static int allgather_chunks(comm_t *c, const float *send, float *recv, size_t n_each, mpi_req_t *r)
+{
+    const size_t max = maxc(c);
+    const int inplace = send == recv + (size_t)c->rank * n_each;
+    const char *what = r ? "MPI_Iallgather" : "MPI_Allgather";
+    for (size_t off = 0; off < n_each; off += max) {
+        int len = chunk_len(n_each, off, max);
+        MPI_Datatype block = MPI_DATATYPE_NULL, strided = MPI_DATATYPE_NULL;
+        int rc = MPI_SUCCESS;
+        int rtype_own = n_each > max;
+        if (rtype_own) {
+            rc = MPI_Type_contiguous(len, MPI_FLOAT, &block);
+            if (rc == MPI_SUCCESS)
+                rc = MPI_Type_create_resized(block, 0, (MPI_Aint)(n_each * sizeof(float)), &strided);
+            if (rc == MPI_SUCCESS)
+                rc = MPI_Type_commit(&strided);
+            if (block != MPI_DATATYPE_NULL)
+                MPI_Type_free(&block);
+            if (rc != MPI_SUCCESS) {
+                if (strided != MPI_DATATYPE_NULL)
+                    MPI_Type_free(&strided);
+                return fail(c, rc, "MPI_Type_create_resized", n_each, " per rank, chunked allgather");
+            }
+        }
+        const void *sbuf = inplace ? MPI_IN_PLACE : (const void *)(send + off);
+        int rcount = rtype_own ? 1 : len;
+        MPI_Datatype rtype = rtype_own ? strided : MPI_FLOAT;
+        rc = r ? MPI_Iallgather(sbuf, len, MPI_FLOAT, recv + off, rcount, rtype, mcomm(c), &r->r[r->nreq])
+               : MPI_Allgather(sbuf, len, MPI_FLOAT, recv + off, rcount, rtype, mcomm(c));
+        /* a datatype freed while an operation uses it stays valid for it */
+        if (rtype_own)
+            MPI_Type_free(&strided);
+        if (rc != MPI_SUCCESS)
+            return fail(c, rc, what, n_each, " per rank");
+        if (r)
+            r->nreq++;
+    }
+    return 0;
+}
+
+static int mpi_allgather(comm_t *c, const float *send, float *recv, size_t n_each)
+{
+    return allgather_chunks(c, send, recv, n_each, NULL);
+}
+
+static int mpi_iallgather(comm_t *c, const float *send, float *recv, size_t n_each, comm_req_t *req)
+{
+    mpi_req_t *r = req_start(c, req, "MPI_Iallgather", n_each, n_chunks(n_each, maxc(c)));
+    if (!r)
+        return -1;
+    return allgather_chunks(c, send, recv, n_each, r) == 0 ? 0 : req_abandon(req);
+}
+
+static int mpi_broadcast(comm_t *c, float *buf, size_t n, int root)
+{
+    const size_t max = maxc(c);
+    for (size_t off = 0; off < n; off += max) {
+        int rc = MPI_Bcast(buf + off, chunk_len(n, off, max), MPI_FLOAT, root, mcomm(c));
+        if (rc != MPI_SUCCESS) {
+            char extra[32];
+            snprintf(extra, sizeof extra, ", root %d", root);
+            return fail(c, rc, "MPI_Bcast", n, extra);
+        }
+    }
+    return 0;
+}
+
+/* --------------------------------------------------------- point to point */
+
+static int p2p_fail(comm_t *c, int rc, const char *what, size_t n, int peer, int tag)
+{
+    char extra[64];
+    snprintf(extra, sizeof extra, ", peer %d, tag %d", peer, tag);
+    return fail(c, rc, what, n, extra);
+}
+
+static int mpi_send(comm_t *c, const float *buf, size_t n, int peer, int tag)
+{
+    const size_t max = maxc(c);
+    size_t off = 0;
+    do { /* n = 0 still sends one empty message, which recv matches */
+        int rc = MPI_Send(buf + off, n ? chunk_len(n, off, max) : 0, MPI_FLOAT, peer, tag, mcomm(c));
+        if (rc != MPI_SUCCESS)
+            return p2p_fail(c, rc, "MPI_Send", n, peer, tag);
+        off += max;
+    } while (off < n);
+    return 0;
+}
+
+static int mpi_recv(comm_t *c, float *buf, size_t n, int peer, int tag)
+{
+    const size_t max = maxc(c);
+    size_t off = 0;
+    do {
+        MPI_Status st;
+        int want = n ? chunk_len(n, off, max) : 0, got = 0;
+        int rc = MPI_Recv(buf + off, want, MPI_FLOAT, peer, tag, mcomm(c), &st);
+        if (rc == MPI_SUCCESS)
+            rc = MPI_Get_count(&st, MPI_FLOAT, &got);
+        if (rc != MPI_SUCCESS)
+            return p2p_fail(c, rc, "MPI_Recv", n, peer, tag);
+        if (got != want) {
+            char msg[96];
+            snprintf(msg, sizeof msg, "peer %d sent %d floats where %d were expected", peer, got, want);
+            return fail_msg(c, "MPI_Recv", n, msg);
+        }
+        off += max;
+    } while (off < n);
+    return 0;
+}
+
+static int mpi_isend(comm_t *c, const float *buf, size_t n, int peer, int tag, comm_req_t *req)
+{
+    const size_t max = maxc(c);
+    mpi_req_t *r = req_start(c, req, "MPI_Isend", n, n ? n_chunks(n, max) : 1);
+    if (!r)
+        return -1;
+    size_t off = 0;
+    do {
+        int rc = MPI_Isend(buf + off, n ? chunk_len(n, off, max) : 0, MPI_FLOAT, peer, tag, mcomm(c),
+                           &r->r[r->nreq]);
+        if (rc != MPI_SUCCESS) {
+            p2p_fail(c, rc, "MPI_Isend", n, peer, tag);
+            return req_abandon(req);
+        }
+        r->nreq++;
+        off += max;
+    } while (off < n);
+    return 0;
+}
+
+static int mpi_irecv(comm_t *c, float *buf, size_t n, int peer, int tag, comm_req_t *req)
+{
+    const size_t max = maxc(c);
+    mpi_req_t *r = req_start(c, req, "MPI_Irecv", n, n ? n_chunks(n, max) : 1);
+    if (!r)
+        return -1;
+    size_t off = 0;
+    do {
+        int rc = MPI_Irecv(buf + off, n ? chunk_len(n, off, max) : 0, MPI_FLOAT, peer, tag, mcomm(c),
+                           &r->r[r->nreq]);
+        if (rc != MPI_SUCCESS) {
+            p2p_fail(c, rc, "MPI_Irecv", n, peer, tag);
+            return req_abandon(req);
+        }
+        r->nreq++;
+        off += max;
+    } while (off < n);
+    return 0;
+}
+
+/* ------------------------------------------------------------- completion */
+
+static void req_release(comm_req_t *req)
+{
+    free(req->impl);
+    req->impl = NULL;
+    req->active = 0;
+}
+
+static int mpi_test(comm_req_t *req, int *done)
+{
+    *done = 1;
+    if (!req->active)
+        return 0;
+    mpi_req_t *r = req->impl;
+    int flag = 1;
+    int rc = r->nreq ? MPI_Testall(r->nreq, r->r, &flag, MPI_STATUSES_IGNORE) : MPI_SUCCESS;
+    if (rc != MPI_SUCCESS) {
+        char what[64];
+        snprintf(what, sizeof what, "MPI_Testall(%s)", r->what);
+        fail(req->comm, rc, what, r->n, NULL);
+        req_release(req);
+        return -1;
+    }
+    *done = flag;
+    if (flag)
+        req_release(req);
+    return 0;
+}
+
+static int mpi_wait(comm_req_t *req)
+{
+    if (!req->active)
+        return 0;
+    mpi_req_t *r = req->impl;
+    int rc = r->nreq ? MPI_Waitall(r->nreq, r->r, MPI_STATUSES_IGNORE) : MPI_SUCCESS;
+    if (rc != MPI_SUCCESS) {
+        char what[64];
+        snprintf(what, sizeof what, "MPI_Waitall(%s)", r->what);
+        fail(req->comm, rc, what, r->n, NULL);
+        req_release(req);
+        return -1;
+    }
+    req_release(req);
+    return 0;
+}
+
+static int mpi_barrier(comm_t *c)
+{
+    int rc = MPI_Barrier(mcomm(c));
+    return rc == MPI_SUCCESS ? 0 : fail(c, rc, "MPI_Barrier", 0, NULL);
+}
+
+static void mpi_destroy(comm_t *c)
+{
+    if (!c)
+        return;
+    mpi_comm_t *m = (mpi_comm_t *)c;
+    int finalized = 1;
+    if (MPI_Finalized(&finalized) == MPI_SUCCESS && !finalized && m->comm != MPI_COMM_NULL)
+        MPI_Comm_free(&m->comm);
+    free(m);
+}
+
+static const comm_ops_t mpi_ops = {
+    .name = "mpi",
+    .allreduce = mpi_allreduce,
+    .iallreduce = mpi_iallreduce,
+    .reduce_scatter = mpi_reduce_scatter,
+    .ireduce_scatter = mpi_ireduce_scatter,
+    .allgather = mpi_allgather,
+    .iallgather = mpi_iallgather,
+    .broadcast = mpi_broadcast,
+    .send = mpi_send,
+    .recv = mpi_recv,
+    .isend = mpi_isend,
+    .irecv = mpi_irecv,
+    .test = mpi_test,
+    .wait = mpi_wait,
+    .barrier = mpi_barrier,
+    .destroy = mpi_destroy,
+};
+
+comm_t *comm_mpi_create(const void *mpi_comm)
+{
+    if (!mpi_comm || *(const MPI_Comm *)mpi_comm == MPI_COMM_NULL)
+        return NULL;
+    mpi_comm_t *m = calloc(1, sizeof *m);
+    if (!m)
+        return NULL;
+    m->comm = MPI_COMM_NULL;
+    if (MPI_Comm_dup(*(const MPI_Comm *)mpi_comm, &m->comm) != MPI_SUCCESS ||
+        MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN) != MPI_SUCCESS ||
+        MPI_Comm_rank(m->comm, &m->pub.rank) != MPI_SUCCESS ||
+        MPI_Comm_size(m->comm, &m->pub.size) != MPI_SUCCESS) {
+        if (m->comm != MPI_COMM_NULL)
+            MPI_Comm_free(&m->comm);
+        free(m);
+        return NULL;
+    }
+    m->max_count = MAX_COUNT_DEFAULT;
+    const char *s = getenv("DTRAIN_COMM_MAX_COUNT");
+    if (s && *s) {
+        char *end = NULL;
+        unsigned long long v = strtoull(s, &end, 10);
+        if (end && *end == '\0' && v >= 1 && v <= MAX_COUNT_DEFAULT)
+            m->max_count = (size_t)v;
+    }
+    m->pub.ops = &mpi_ops;
+    m->pub.impl = &m->comm;
+    return &m->pub;
+}

@@ -1,0 +1,263 @@
+/* Data-parallel gradient averaging on one flat buffer (see ddp.h).
+ *
+ * Buckets (bucketed mode only; naive and flat have none): tensors are taken
+ * from the highest offset down, the order backward finishes them, and added
+ * to the current bucket; a bucket is closed before a tensor that would push
+ * it past bucket_bytes, and as soon as it reaches bucket_bytes. So every
+ * bucket holds whole tensors, is at most bucket_bytes unless it is a
+ * single larger tensor, and buckets[0] ends at the top of the buffer.
+ * Empty tensors never start a bucket.
+ *
+ * Averaging: every mode sums with the communicator's allreduce and then
+ * multiplies each element by (float)(1/dp) in one pass per communicated
+ * range, so the scaling step is the same arithmetic in all modes. Whether
+ * the sums themselves are bit-identical across modes depends on the MPI
+ * library's reduction order for each message size (doc/design.md). With a
+ * DP group of one there is nothing to do: no communication, no scaling.
+ *
+ * comm_wait_s counts the time ddp_finish spends in communication calls
+ * (posting the last buckets and waiting; for naive/flat, all of it), not
+ * the scaling.
+ *
+ * A bucket's `launched` is 0 before its allreduce starts, 1 while it is in
+ * flight and 2 once it is reduced and scaled (in ddp_grads_ready when a
+ * test finds it done, else in ddp_finish). */
+#include "ddp.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* bucket->launched: 0 not yet, 1 in flight, BUCKET_DONE reduced and scaled */
+enum { BUCKET_IN_FLIGHT = 1, BUCKET_DONE = 2 };
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void scale(float *x, size_t n, float s)
+{
+#pragma omp parallel for simd schedule(static) if (n >= ((size_t)1 << 16))
+    for (size_t i = 0; i < n; i++)
+        x[i] *= s;
+}
+
+static float inv_dp(const ddp_t *d)
+{
+    return 1.0f / (float)d->dp->size;
+}
+
+static int set_err(ddp_t *d, const char *msg)
+{
+    if (d->dp)
+        snprintf(d->dp->err, sizeof d->dp->err, "ddp: %s", msg);
+    return -1;
+}
+
+int ddp_mode_parse(const char *s, ddp_mode_t *mode)
+{
+    static const char *const names[] = {[DDP_NAIVE] = "naive", [DDP_FLAT] = "flat", [DDP_BUCKETED] = "bucketed"};
+    for (int i = 0; i < (int)(sizeof names / sizeof names[0]); i++)
+        if (s && strcmp(s, names[i]) == 0) {
+            *mode = (ddp_mode_t)i;
+            return 0;
+        }
+    return -1;
+}
+
+/* Greedy buckets from the top of the buffer down (see the file comment).
+ * Called twice: count (out NULL), then fill. */
+static int make_buckets(const ddp_t *d, size_t cap_floats, ddp_bucket_t *out)
+{
+    int nb = 0;
+    size_t lo = d->n, hi = d->n; /* current bucket [lo, hi) */
+    for (int t = d->n_tensors - 1; t >= 0; t--) {
+        size_t ts = d->tensor_start[t], tn = d->tensor_start[t + 1] - ts;
+        if (tn == 0)
+            continue;
+        if (hi > lo && (hi - lo) + tn > cap_floats) { /* close before overflowing */
+            if (out)
+                out[nb] = (ddp_bucket_t){.start = lo, .n = hi - lo};
+            nb++;
+            hi = lo;
+        }
+        lo = ts;
+        if (hi - lo >= cap_floats) { /* full (or a single large tensor) */
+            if (out)
+                out[nb] = (ddp_bucket_t){.start = lo, .n = hi - lo};
+            nb++;
+            hi = lo;
+        }
+    }
+    if (hi > lo) {
+        if (out)
+            out[nb] = (ddp_bucket_t){.start = lo, .n = hi - lo};
+        nb++;
+    }
+    return nb;
+}
+
+int ddp_create(ddp_t *d, ddp_mode_t mode, comm_t *dp, float *grads, size_t n, const size_t *tensor_start,
+               int n_tensors, size_t bucket_bytes)
+{
+    memset(d, 0, sizeof *d);
+    d->mode = mode;
+    d->dp = dp;
+    d->grads = grads;
+    d->n = n;
+    if (!dp)
+        return -1;
+    if (mode != DDP_NAIVE && mode != DDP_FLAT && mode != DDP_BUCKETED)
+        return set_err(d, "unknown mode");
+    if (n_tensors < 0 || (n_tensors > 0 && !tensor_start) || (n > 0 && !grads))
+        return set_err(d, "invalid arguments");
+    d->tensor_start = malloc(((size_t)n_tensors + 1) * sizeof *d->tensor_start);
+    if (!d->tensor_start)
+        return set_err(d, "out of memory");
+    for (int t = 0; t < n_tensors; t++) {
+        d->tensor_start[t] = tensor_start[t];
+        size_t prev = t ? tensor_start[t - 1] : 0;
+        if ((t == 0 && tensor_start[0] != 0) || tensor_start[t] < prev || tensor_start[t] > n) {
+            char msg[160];
+            snprintf(msg, sizeof msg, "tensor %d starts at %zu: offsets must ascend from 0 and stay within %zu", t,
+                     tensor_start[t], n);
+            ddp_destroy(d);
+            return set_err(d, msg);
+        }
+    }
+    d->tensor_start[n_tensors] = n;
+    d->n_tensors = n_tensors;
+    if (n_tensors == 0 && n > 0) {
+        ddp_destroy(d);
+        return set_err(d, "a non-empty buffer needs at least one tensor");
+    }
+    if (mode == DDP_BUCKETED) {
+        size_t cap = bucket_bytes / sizeof(float);
+        int nb = make_buckets(d, cap, NULL);
+        if (nb > 0) {
+            d->buckets = calloc((size_t)nb, sizeof *d->buckets);
+            if (!d->buckets) {
+                ddp_destroy(d);
+                return set_err(d, "out of memory");
+            }
+            make_buckets(d, cap, d->buckets);
+        }
+        d->n_buckets = nb;
+    }
+    return 0;
+}
+
+void ddp_destroy(ddp_t *d)
+{
+    /* A bucket still in flight here means a failed step: the job is ending
+     * and its request is left to MPI. */
+    free(d->buckets);
+    free(d->tensor_start);
+    d->buckets = NULL;
+    d->tensor_start = NULL;
+    d->n_buckets = 0;
+    d->n_tensors = 0;
+}
+
+void ddp_begin(ddp_t *d)
+{
+    d->next_bucket = 0;
+    d->comm_wait_s = 0.0;
+    for (int b = 0; b < d->n_buckets; b++)
+        d->buckets[b].launched = 0;
+}
+
+/* Tests the launched buckets oldest first, scaling each one that has
+ * finished; stops at the first still in flight (they finish in order, and
+ * one MPI_Test progresses all of them). */
+static int progress(ddp_t *d)
+{
+    for (int b = 0; b < d->next_bucket; b++) {
+        ddp_bucket_t *k = &d->buckets[b];
+        if (k->launched == BUCKET_DONE)
+            continue;
+        int done = 0;
+        if (d->dp->ops->test(&k->req, &done) != 0)
+            return -1;
+        if (!done)
+            break;
+        scale(d->grads + k->start, k->n, inv_dp(d));
+        k->launched = BUCKET_DONE;
+    }
+    return 0;
+}
+
+static int launch_ready(ddp_t *d, size_t ready_from)
+{
+    while (d->next_bucket < d->n_buckets && d->buckets[d->next_bucket].start >= ready_from) {
+        ddp_bucket_t *k = &d->buckets[d->next_bucket];
+        if (d->dp->ops->iallreduce(d->dp, d->grads + k->start, k->n, COMM_SUM, &k->req) != 0)
+            return -1;
+        k->launched = BUCKET_IN_FLIGHT;
+        d->next_bucket++;
+    }
+    return 0;
+}
+
+int ddp_grads_ready(ddp_t *d, size_t ready_from)
+{
+    if (d->mode != DDP_BUCKETED || d->dp->size == 1)
+        return 0;
+    if (launch_ready(d, ready_from) != 0)
+        return -1;
+    return progress(d);
+}
+
+int ddp_finish(ddp_t *d)
+{
+    if (d->dp->size == 1)
+        return 0;
+    const float s = inv_dp(d);
+    double t0 = now_s(), blocked = 0.0;
+    int rc = 0;
+    switch (d->mode) {
+    case DDP_NAIVE:
+        for (int t = d->n_tensors - 1; t >= 0 && rc == 0; t--) {
+            size_t ts = d->tensor_start[t], tn = d->tensor_start[t + 1] - ts;
+            if (tn == 0)
+                continue;
+            double t1 = now_s();
+            rc = d->dp->ops->allreduce(d->dp, d->grads + ts, tn, COMM_SUM);
+            blocked += now_s() - t1;
+            if (rc == 0)
+                scale(d->grads + ts, tn, s);
+        }
+        break;
+    case DDP_FLAT:
+        if (d->n > 0) {
+            rc = d->dp->ops->allreduce(d->dp, d->grads, d->n, COMM_SUM);
+            blocked = now_s() - t0;
+            if (rc == 0)
+                scale(d->grads, d->n, s);
+        }
+        break;
+    case DDP_BUCKETED:
+        rc = launch_ready(d, 0);
+        blocked = now_s() - t0;
+        for (int b = 0; b < d->n_buckets && rc == 0; b++) {
+            ddp_bucket_t *k = &d->buckets[b];
+            if (k->launched == BUCKET_DONE)
+                continue; /* finished and scaled during backward */
+            double t1 = now_s();
+            rc = d->dp->ops->wait(&k->req);
+            blocked += now_s() - t1;
+            if (rc == 0) {
+                scale(d->grads + k->start, k->n, s);
+                k->launched = BUCKET_DONE;
+            }
+        }
+        break;
+    }
+    d->comm_wait_s += blocked;
+    return rc;
+}

@@ -1,0 +1,62 @@
+/* Data-parallel gradient synchronisation over the DP group, on one flat
+ * gradient buffer. Knows nothing of models: the training loop says which
+ * tensors exist (offsets into the flat buffer) and, during the backward of
+ * the last microbatch, how far down the gradients are final.
+ *
+ *   naive:    after backward, one allreduce per tensor
+ *   flat:     after backward, one allreduce of the whole buffer
+ *   bucketed: buckets of about bucket_bytes in reverse buffer order (the
+ *             order backward finishes them); each is started as a
+ *             nonblocking allreduce as soon as the backward has finished
+ *             every gradient in it, progressed (MPI_Test) whenever the loop
+ *             reports progress, and waited for in ddp_finish.
+ * In every mode ddp_finish leaves the DP average (sum / dp size) in place. */
+#ifndef DTRAIN_DDP_H
+#define DTRAIN_DDP_H
+
+#include <stddef.h>
+
+#include "comm.h"
+
+typedef enum { DDP_NAIVE = 0, DDP_FLAT, DDP_BUCKETED } ddp_mode_t;
+
+typedef struct ddp_bucket {
+    size_t start, n; /* floats: [start, start+n) of the flat buffer */
+    comm_req_t req;
+    int launched;
+} ddp_bucket_t;
+
+typedef struct ddp {
+    ddp_mode_t mode;
+    comm_t *dp;
+    float *grads;
+    size_t n;
+    size_t *tensor_start; /* [n_tensors+1] ascending offsets, last = n */
+    int n_tensors;
+    ddp_bucket_t *buckets; /* buckets[0] is the highest offsets (first ready) */
+    int n_buckets;
+    int next_bucket;       /* first not launched */
+    double comm_wait_s;    /* time blocked in ddp_finish this step */
+} ddp_t;
+
+/* tensor_start: ascending offsets of the tensors, n_tensors of them,
+ * covering [0, n). Bucket boundaries fall on tensor boundaries (a tensor
+ * larger than the bucket size is a bucket of its own). Returns 0 or -1. */
+int ddp_create(ddp_t *d, ddp_mode_t mode, comm_t *dp, float *grads, size_t n,
+               const size_t *tensor_start, int n_tensors, size_t bucket_bytes);
+void ddp_destroy(ddp_t *d);
+
+/* Start of a step's communicating backward (the last microbatch). */
+void ddp_begin(ddp_t *d);
+/* Every gradient at offset >= ready_from is final for this step. Launches
+ * the buckets that became complete (bucketed mode) and tests the ones in
+ * flight. Cheap when nothing changed; call it between kernels. */
+int ddp_grads_ready(ddp_t *d, size_t ready_from);
+/* All gradients final: completes communication (naive/flat: does all of
+ * it) and scales by 1/dp. Returns 0 or -1 with the message in d->dp->err. */
+int ddp_finish(ddp_t *d);
+
+/* "naive" / "flat" / "bucketed" -> mode; -1 otherwise. */
+int ddp_mode_parse(const char *s, ddp_mode_t *mode);
+
+#endif

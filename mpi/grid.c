@@ -1,0 +1,390 @@
+/* The TP x PP x DP process grid (see grid.h).
+ *
+ * Rank order world_rank = tp + T * (dp + D * pp), TP fastest (Megatron's
+ * tp-dp-pp order). Each axis is one MPI_Comm_split of MPI_COMM_WORLD, HPL
+ * style: the color is the index of the group (the other two coordinates
+ * folded in the same order), the key is the coordinate along the axis, so
+ * the rank in the group is the coordinate. The embedding group ties the
+ * first and last pipeline stage of one (tp, dp). Every split comm is
+ * wrapped with comm_mpi_create (which duplicates it) and then freed.
+ *
+ * Layout errors are found without communication, so every rank returns the
+ * same message. Failures of MPI itself are agreed over the world before
+ * grid_create returns, so every rank returns -1 together and with the
+ * message of the lowest failing rank. */
+#include "grid.h"
+
+#include <limits.h>
+#include <mpi.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { AXIS_TP, AXIS_DP, AXIS_PP, AXIS_EMBED, N_AXES };
+static const char *const axis_name[N_AXES] = { "tp", "dp", "pp", "embed" };
+
+static void set_err(grid_t *g, const char *fmt, ...)
+{
+    if (g->err[0])
+        return; /* keep the first error */
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(g->err, sizeof g->err, fmt, ap);
+    va_end(ap);
+}
+
+static void mpi_err(grid_t *g, int rc, const char *what)
+{
+    char msg[MPI_MAX_ERROR_STRING] = "";
+    int len = 0;
+    if (MPI_Error_string(rc, msg, &len) != MPI_SUCCESS)
+        snprintf(msg, sizeof msg, "MPI error code %d", rc);
+    set_err(g, "grid: %s failed: %s", what, msg);
+}
+
+/* The color (group index) and key (rank in the group) of world rank
+ * (tp, dp, pp) on `axis`; color MPI_UNDEFINED where it is not a member.
+ * grid_print enumerates groups with the same rule. */
+static void axis_color_key(int axis, int T, int D, int P, int tp, int dp, int pp, int *color, int *key)
+{
+    switch (axis) {
+    case AXIS_TP: *color = dp + D * pp; *key = tp; break;
+    case AXIS_DP: *color = tp + T * pp; *key = dp; break;
+    case AXIS_PP: *color = tp + T * dp; *key = pp; break;
+    default: /* AXIS_EMBED: first and last stage; key 0 = first stage */
+        *color = (pp == 0 || pp == P - 1) ? tp + T * dp : MPI_UNDEFINED;
+        *key = pp;
+        break;
+    }
+}
+
+static int axis_group_size(int axis, int T, int D, int P)
+{
+    switch (axis) {
+    case AXIS_TP: return T;
+    case AXIS_DP: return D;
+    case AXIS_PP: return P;
+    default: return P > 1 ? 2 : 1;
+    }
+}
+
+static int axis_group_count(int axis, int T, int D, int P)
+{
+    switch (axis) {
+    case AXIS_TP: return D * P;
+    case AXIS_DP: return T * P;
+    default: return T * D; /* pp, embed */
+    }
+}
+
+/* World rank of member i of group `color` on `axis`. */
+static int axis_member(int axis, int T, int D, int P, int color, int i)
+{
+    switch (axis) {
+    case AXIS_TP: return i + T * color;                                /* color = dp + D*pp */
+    case AXIS_DP: return color % T + T * (i + D * (color / T));        /* color = tp + T*pp */
+    case AXIS_PP: return color + T * D * i;                            /* color = tp + T*dp */
+    default: return color + T * D * (i == 0 ? 0 : P - 1);              /* embed */
+    }
+}
+
+static comm_t **axis_slot(grid_t *g, int axis)
+{
+    switch (axis) {
+    case AXIS_TP: return &g->tp;
+    case AXIS_DP: return &g->dp;
+    case AXIS_PP: return &g->pp;
+    default: return &g->embed;
+    }
+}
+
+/* Checks the layout; fills g's sizes. No communication. */
+static int check_layout(grid_t *g, int tp, int pp, int dp)
+{
+    int W = g->world_size;
+    if (tp < 1 || pp < 1 || dp < 0) {
+        set_err(g, "--tp %d, --pp %d and --dp %d: tp and pp must be >= 1 and dp >= 0 (0 = world size / (tp x pp))",
+                tp, pp, dp);
+        return -1;
+    }
+    long long tpp = (long long)tp * pp;
+    if (W % tpp != 0) {
+        set_err(g, "world size %d is not divisible by --tp %d x --pp %d = %lld: launch a multiple of %lld ranks",
+                W, tp, pp, tpp, tpp);
+        return -1;
+    }
+    if (dp == 0)
+        dp = (int)(W / tpp);
+    long long total = tpp * dp;
+    if (total != W) {
+        set_err(g, "--tp %d x --pp %d x --dp %d = %lld ranks, but the world size is %d", tp, pp, dp, total, W);
+        return -1;
+    }
+    g->tp_size = tp;
+    g->pp_size = pp;
+    g->dp_size = dp;
+    return 0;
+}
+
+/* Wraps `mc` (if not MPI_COMM_NULL) and frees it. On a member, checks that
+ * the wrapped comm has the expected rank and size. */
+static void wrap_split(grid_t *g, int axis, MPI_Comm *mc, int want_rank, int want_size)
+{
+    if (*mc == MPI_COMM_NULL)
+        return;
+    comm_t *c = comm_mpi_create(mc);
+    if (!c)
+        set_err(g, "grid: cannot create the %s communicator (comm_mpi_create failed)", axis_name[axis]);
+    else if (c->rank != want_rank || c->size != want_size)
+        set_err(g, "grid: %s communicator has rank %d of %d, expected %d of %d", axis_name[axis], c->rank,
+                c->size, want_rank, want_size);
+    *axis_slot(g, axis) = c;
+    int rc = MPI_Comm_free(mc);
+    if (rc != MPI_SUCCESS)
+        mpi_err(g, rc, "MPI_Comm_free");
+}
+
+/* Collective over the world: if any rank has an error, every rank gets
+ * the lowest failing rank's message (prefixed with its rank when the world
+ * has more than one) and returns -1. */
+static int agree(grid_t *g)
+{
+    int mine = g->err[0] ? g->world_rank : INT_MAX, first = INT_MAX;
+    int rc = MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (rc != MPI_SUCCESS) {
+        mpi_err(g, rc, "MPI_Allreduce(agree)");
+        return -1;
+    }
+    if (first == INT_MAX)
+        return 0;
+    char msg[sizeof g->err];
+    memcpy(msg, g->err, sizeof msg);
+    rc = MPI_Bcast(msg, (int)sizeof msg, MPI_CHAR, first, MPI_COMM_WORLD);
+    if (rc != MPI_SUCCESS) {
+        mpi_err(g, rc, "MPI_Bcast(agree)");
+        return -1;
+    }
+    msg[sizeof msg - 1] = '\0';
+    if (g->world_size > 1)
+        snprintf(g->err, sizeof g->err, "rank %d: %.*s", first, (int)sizeof g->err - 16, msg);
+    else
+        memcpy(g->err, msg, sizeof g->err);
+    return -1;
+}
+
+int grid_create(grid_t *g, int tp, int pp, int dp)
+{
+    memset(g, 0, sizeof *g);
+    int rc = MPI_Comm_rank(MPI_COMM_WORLD, &g->world_rank);
+    if (rc == MPI_SUCCESS)
+        rc = MPI_Comm_size(MPI_COMM_WORLD, &g->world_size);
+    if (rc != MPI_SUCCESS) {
+        mpi_err(g, rc, "MPI_Comm_rank/size(MPI_COMM_WORLD)");
+        return -1;
+    }
+    if (check_layout(g, tp, pp, dp) != 0)
+        return -1;
+
+    const int T = g->tp_size, D = g->dp_size, P = g->pp_size, r = g->world_rank;
+    g->tp_rank = r % T;
+    g->dp_rank = (r / T) % D;
+    g->pp_rank = r / (T * D);
+
+    /* From here on every rank enters the same world collectives (the
+     * splits, then agree()) in the same order whatever failed locally, so
+     * every rank returns -1 together. (A split that fails on one member
+     * only would still leave its group's other members in the dup inside
+     * comm_mpi_create; MPI reports such failures on all members.) */
+    MPI_Comm world = MPI_COMM_WORLD;
+    g->world = comm_mpi_create(&world);
+    if (!g->world)
+        set_err(g, "grid: cannot create the world communicator (comm_mpi_create failed)");
+    else if (g->world->rank != r || g->world->size != g->world_size)
+        set_err(g, "grid: world communicator has rank %d of %d, expected %d of %d", g->world->rank,
+                g->world->size, r, g->world_size);
+
+    for (int axis = 0; axis < N_AXES; axis++) {
+        int color, key;
+        axis_color_key(axis, T, D, P, g->tp_rank, g->dp_rank, g->pp_rank, &color, &key);
+        MPI_Comm sub = MPI_COMM_NULL;
+        rc = MPI_Comm_split(MPI_COMM_WORLD, color, key, &sub);
+        if (rc != MPI_SUCCESS) {
+            char what[64];
+            snprintf(what, sizeof what, "MPI_Comm_split(%s)", axis_name[axis]);
+            mpi_err(g, rc, what);
+            continue; /* sub stays MPI_COMM_NULL */
+        }
+        if (color == MPI_UNDEFINED) {
+            if (sub != MPI_COMM_NULL)
+                set_err(g, "grid: MPI_Comm_split(%s) gave a communicator to a non-member", axis_name[axis]);
+            continue;
+        }
+        /* embed: key 0 is the first stage, the last stage is rank 1 */
+        int want_rank = axis == AXIS_EMBED ? (key == 0 ? 0 : 1) : key;
+        wrap_split(g, axis, &sub, want_rank, axis_group_size(axis, T, D, P));
+    }
+
+    if (agree(g) != 0) {
+        char msg[sizeof g->err];
+        memcpy(msg, g->err, sizeof msg);
+        grid_destroy(g);
+        memcpy(g->err, msg, sizeof msg);
+        return -1;
+    }
+    return 0;
+}
+
+void grid_destroy(grid_t *g)
+{
+    if (!g)
+        return;
+    comm_t **all[] = { &g->embed, &g->pp, &g->dp, &g->tp, &g->world };
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        if (*all[i])
+            (*all[i])->ops->destroy(*all[i]);
+        *all[i] = NULL;
+    }
+    memset(g, 0, sizeof *g);
+}
+
+/* ---- grid_print ---- */
+
+typedef struct {
+    char *s;
+    size_t len, cap;
+} strbuf_t;
+
+static void sb_printf(strbuf_t *b, const char *fmt, ...)
+{
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(b->s ? b->s + b->len : NULL, b->s ? b->cap - b->len : 0, fmt, ap);
+        va_end(ap);
+        if (n < 0)
+            return;
+        if (b->s && b->len + (size_t)n < b->cap) {
+            b->len += (size_t)n;
+            return;
+        }
+        size_t cap = b->cap ? b->cap * 2 : 256;
+        while (cap <= b->len + (size_t)n)
+            cap *= 2;
+        char *p = realloc(b->s, cap);
+        if (!p)
+            return; /* out of memory: the line is cut */
+        b->s = p;
+        b->cap = cap;
+    }
+}
+
+/* Members form an arithmetic progression m0, m0+s, ...: "0,1", "0-7",
+ * "0,8,16,24", and past 8 members "0,8,...,120 (16 ranks)". */
+static void format_ranks(strbuf_t *b, int n, int first, int stride)
+{
+    int last = first + stride * (n - 1);
+    if (n >= 3 && stride == 1)
+        sb_printf(b, "%d-%d", first, last);
+    else if (n <= 8)
+        for (int i = 0; i < n; i++)
+            sb_printf(b, "%s%d", i ? "," : "", first + stride * i);
+    else
+        sb_printf(b, "%d,%d,...,%d (%d ranks)", first, first + stride, last, n);
+}
+
+#define GRID_PRINT_MAX_GROUPS 64 /* per kind; beyond that a summary line */
+#define GRID_PRINT_MAX_HOSTS 4   /* per group; beyond that a count */
+
+static void print_groups(FILE *out, const grid_t *g, int axis, const char *hosts, int hostlen)
+{
+    const int T = g->tp_size, D = g->dp_size, P = g->pp_size;
+    int n = axis_group_size(axis, T, D, P), ng = axis_group_count(axis, T, D, P);
+    if (n == 1) {
+        fprintf(out, "  %-5s %d group%s of 1 rank (no %s communication)\n", axis_name[axis], ng,
+                ng == 1 ? "" : "s", axis_name[axis]);
+        return;
+    }
+    int width = snprintf(NULL, 0, "%d", ng - 1);
+    int shown = ng <= GRID_PRINT_MAX_GROUPS ? ng : GRID_PRINT_MAX_GROUPS - 1;
+    const char **distinct = malloc((size_t)n * sizeof *distinct);
+    strbuf_t b = { 0 };
+    for (int c = 0; c < ng; c++) {
+        if (c == shown && c != ng - 1) {
+            fprintf(out, "  %-5s ... %d more groups ...\n", axis_name[axis], ng - shown - 1);
+            c = ng - 1; /* and the last one */
+        }
+        b.len = 0;
+        int m0 = axis_member(axis, T, D, P, c, 0);
+        int stride = n > 1 ? axis_member(axis, T, D, P, c, 1) - m0 : 1;
+        sb_printf(&b, "  %-5s group %*d: ranks ", axis_name[axis], width, c);
+        format_ranks(&b, n, m0, stride);
+        int nd = 0;
+        for (int i = 0; distinct && i < n; i++) {
+            const char *h = hosts + (size_t)axis_member(axis, T, D, P, c, i) * (size_t)hostlen;
+            int seen = 0;
+            for (int j = 0; j < nd && !seen; j++)
+                seen = strcmp(distinct[j], h) == 0;
+            if (!seen)
+                distinct[nd++] = h;
+        }
+        sb_printf(&b, " on ");
+        for (int j = 0; j < nd && j < GRID_PRINT_MAX_HOSTS; j++)
+            sb_printf(&b, "%s%s", j ? "," : "", distinct[j]);
+        if (nd > GRID_PRINT_MAX_HOSTS)
+            sb_printf(&b, ",... (%d hosts)", nd);
+        if (b.s)
+            fprintf(out, "%s\n", b.s);
+    }
+    free(b.s);
+    free(distinct);
+}
+
+int grid_print(const grid_t *g, FILE *out)
+{
+    enum { HOSTLEN = MPI_MAX_PROCESSOR_NAME };
+    char me[HOSTLEN];
+    memset(me, 0, sizeof me);
+    int len = 0, rc = MPI_Get_processor_name(me, &len);
+    if (rc != MPI_SUCCESS)
+        snprintf(me, sizeof me, "?");
+    me[HOSTLEN - 1] = '\0';
+
+    char *hosts = NULL;
+    int root = g->world_rank == 0;
+    if (root && !(hosts = calloc((size_t)g->world_size, HOSTLEN))) {
+        /* the others are entering the gather: end the job, never hang */
+        fprintf(stderr, "grid_print: out of memory for %d host names\n", g->world_size);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+        return -1;
+    }
+    rc = MPI_Gather(me, HOSTLEN, MPI_CHAR, hosts, HOSTLEN, MPI_CHAR, 0, MPI_COMM_WORLD);
+    if (rc != MPI_SUCCESS) {
+        char msg[MPI_MAX_ERROR_STRING] = "";
+        MPI_Error_string(rc, msg, &len);
+        fprintf(stderr, "grid_print: MPI_Gather(host names) failed: %s\n", msg);
+        free(hosts);
+        return -1;
+    }
+    if (!root)
+        return 0;
+    int status = 0;
+    if (out) {
+        int nhosts = 0;
+        for (int r = 0; r < g->world_size; r++) {
+            int seen = 0;
+            for (int q = 0; q < r && !seen; q++)
+                seen = strcmp(hosts + (size_t)q * HOSTLEN, hosts + (size_t)r * HOSTLEN) == 0;
+            nhosts += !seen;
+        }
+        fprintf(out, "grid: %d rank%s = tp %d x dp %d x pp %d on %d host%s (rank = tp + %d*(dp + %d*pp))\n",
+                g->world_size, g->world_size == 1 ? "" : "s", g->tp_size, g->dp_size, g->pp_size, nhosts,
+                nhosts == 1 ? "" : "s", g->tp_size, g->dp_size);
+        for (int axis = 0; axis < N_AXES; axis++)
+            print_groups(out, g, axis, hosts, HOSTLEN);
+        if (fflush(out) != 0 || ferror(out))
+            status = -1;
+    }
+    free(hosts);
+    return status;
+}

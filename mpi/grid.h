@@ -1,0 +1,33 @@
+/* The TP x PP x DP process grid. Rank order: TP fastest, then DP, then PP,
+ *   world_rank = tp + T * (dp + D * pp)
+ * (Megatron's order), so a TP group is T consecutive ranks: inside a node. */
+#ifndef DTRAIN_GRID_H
+#define DTRAIN_GRID_H
+
+#include <stdio.h>
+
+#include "comm.h"
+
+typedef struct grid {
+    int world_rank, world_size;
+    int tp_size, pp_size, dp_size;
+    int tp_rank, pp_rank, dp_rank;
+    /* one communicator per group this rank belongs to */
+    comm_t *world, *tp, *dp, *pp;
+    comm_t *embed; /* first and last pipeline stage of this (tp, dp); NULL
+                      on middle stages; with pp 1 it is a group of one */
+    char err[512];
+} grid_t;
+
+/* Checks tp * pp * dp == world (dp 0 = world / (tp*pp)) and builds the
+ * groups with MPI_Comm_split. Collective over MPI_COMM_WORLD. Returns 0, or
+ * -1 with one line in g->err (the same on every rank for layout errors). */
+int grid_create(grid_t *g, int tp, int pp, int dp);
+void grid_destroy(grid_t *g);
+
+/* Prints, on the calling rank, every group of each kind with its world
+ * ranks and hosts: "tp group 0: ranks 0,1 (hostA)". Collective (gathers
+ * host names); only world rank 0 writes to out. */
+int grid_print(const grid_t *g, FILE *out);
+
+#endif

@@ -1,0 +1,19 @@
+/* Replica consistency: do all members of a group hold bit-identical copies
+ * of a flat buffer? Each tensor is hashed locally and the hashes compared
+ * with two allreduces (max and min) of 8 floats per tensor, so the check
+ * costs one pass over the buffer and O(tensors) communication. */
+#ifndef DTRAIN_REPLICA_H
+#define DTRAIN_REPLICA_H
+
+#include <stddef.h>
+
+#include "comm.h"
+
+/* tensor_start: [n_tensors+1] ascending offsets into buf. Returns 0 when
+ * all replicas agree, 1 when they differ (*first_bad = the lowest tensor
+ * index that differs, the same on every rank), -1 on a communication error
+ * (message in c->err). Collective over c. */
+int replica_check(comm_t *c, const float *buf, const size_t *tensor_start, int n_tensors,
+                  int *first_bad);
+
+#endif
