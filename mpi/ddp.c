@@ -22,6 +22,8 @@
  * A bucket's `launched` is 0 before its allreduce starts, 1 while it is in
  * flight and 2 once it is reduced and scaled (in ddp_grads_ready when a
  * test finds it done, else in ddp_finish). */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
+
 #include "ddp.h"
 
 #include <stdint.h>

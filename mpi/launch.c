@@ -20,6 +20,12 @@ void launch_mpi_check(int rc, const char *what)
 void launch_init(launch_env_t *env, int *argc, char ***argv)
 {
     memset(env, 0, sizeof *env);
+    /* OpenMPI's default in-place MPI_Iallreduce is a binomial tree whose
+     * post blocks for a whole round (about 2x a blocking allreduce at 64 MB,
+     * ../shared/notes/platform.md); the ring is as fast as the blocking
+     * call. An MCA parameter has no API, so set it before MPI_Init unless the
+     * user chose one. */
+    setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "1", 0);
     int provided = 0;
     if (MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
         fprintf(stderr, "dtrain: MPI_Init_thread failed: check the MPI installation and launcher\n");

@@ -18,8 +18,10 @@ void metrics_print_step(FILE *out, const step_record_t *r)
     fprintf(out, "step %*d/%d | loss %.6f", r->steps >= 10000 ? 6 : 4, r->step, r->steps, r->loss);
     if (!isnan(r->val_loss))
         fprintf(out, " | val %.6f", r->val_loss);
-    fprintf(out, " | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s | MFU %.1f%%\n", r->lr, r->grad_norm,
-            r->ms, r->tokens_per_s, 100.0 * r->mfu);
+    fprintf(out, " | lr %.3e | norm %.4f | %.1f ms", r->lr, r->grad_norm, r->ms);
+    if (r->comm_ms > 0)
+        fprintf(out, " (comm wait %.1f)", r->comm_ms);
+    fprintf(out, " | %.0f tok/s | MFU %.1f%%\n", r->tokens_per_s, 100.0 * r->mfu);
     fflush(out);
 }
 
@@ -29,8 +31,8 @@ int metrics_write_json(FILE *f, const step_record_t *r)
     if (!isnan(r->val_loss))
         rc = rc < 0 ? rc : fprintf(f, ", \"val_loss\": %.9g", r->val_loss);
     rc = rc < 0 ? rc
-                : fprintf(f, ", \"lr\": %.9g, \"grad_norm\": %.9g, \"ms\": %.3f, \"tokens_per_s\": %.3f, \"mfu\": %.6f}\n",
-                          r->lr, r->grad_norm, r->ms, r->tokens_per_s, r->mfu);
+                : fprintf(f, ", \"lr\": %.9g, \"grad_norm\": %.9g, \"ms\": %.3f, \"comm_ms\": %.3f, \"tokens_per_s\": %.3f, \"mfu\": %.6f}\n",
+                          r->lr, r->grad_norm, r->ms, r->comm_ms, r->tokens_per_s, r->mfu);
     if (rc < 0 || fflush(f) != 0)
         return -1;
     return 0;

@@ -11,6 +11,7 @@ typedef struct step_record {
     double val_loss;   /* NAN when not computed this step */
     double lr, grad_norm;
     double ms, tokens_per_s, mfu; /* mfu as a fraction */
+    double comm_ms; /* time blocked waiting for gradient all-reduce (exposed communication), this rank */
 } step_record_t;
 
 void metrics_print_step(FILE *out, const step_record_t *r);

@@ -308,7 +308,8 @@ int trainer_run(trainer_t *tr, char *err, size_t errlen)
         double dt = now_s() - t0;
 
         step_record_t r = {.step = step + 1, .steps = o->steps, .loss = loss, .val_loss = NAN, .lr = lr,
-                           .grad_norm = norm, .ms = 1e3 * dt, .tokens_per_s = tokens_step / dt};
+                           .grad_norm = norm, .ms = 1e3 * dt, .tokens_per_s = tokens_step / dt,
+                           .comm_ms = 1e3 * tr->ddp.comm_wait_s};
         r.mfu = tr->peak_gflops > 0 ? tr->flops_token * r.tokens_per_s * 1e-9 / (tr->peak_gflops * g->world_size) : 0.0;
         if (o->check_replicas > 0 && (step + 1) % o->check_replicas == 0 &&
             trainer_check_replicas(tr, step + 1, err, errlen) != 0)

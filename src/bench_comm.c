@@ -1,0 +1,455 @@
+/* dtrain-bench-comm: collective bandwidth of the communicator (mpi/comm.h)
+ * in the style of nccl-tests.
+ *
+ *   mpirun -np N dtrain-bench-comm [--op allreduce|reduce_scatter|allgather|sendrecv|all]
+ *       [--min-bytes 1K] [--max-bytes 1G] [--step-factor 2] [--iters 20] [--warmup 5]
+ *
+ * For each size: the first call is checked against exactly known values
+ * (#wrong, summed over ranks), then --warmup untimed calls, then --iters
+ * timed calls; time is the mean per call, the maximum over ranks. algbw is
+ * size / time; busbw scales it by nccl-tests' factors (allreduce 2(n-1)/n,
+ * reduce_scatter and allgather (n-1)/n, sendrecv 1), so that it is
+ * comparable with the hardware's link bandwidth whatever n is. Size is the
+ * buffer of one rank for allreduce and sendrecv, and the whole gathered
+ * (or scattered) buffer for allgather and reduce_scatter, as in nccl-tests.
+ * GB = 1e9 bytes. */
+#include <errno.h>
+#include <limits.h>
+#include <mpi.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm.h"
+#include "launch.h"
+
+#ifdef HAVE_CONFIG_H
+#include "config.h"
+#endif
+#ifndef PACKAGE_VERSION
+#define PACKAGE_VERSION "0.1.0"
+#endif
+
+#define PROG "dtrain-bench-comm"
+
+typedef enum { OP_ALLREDUCE = 0, OP_REDUCE_SCATTER, OP_ALLGATHER, OP_SENDRECV, N_OPS, OP_ALL = N_OPS } op_t;
+static const char *const op_names[] = {"allreduce", "reduce_scatter", "allgather", "sendrecv", "all"};
+
+typedef struct bench_opts {
+    op_t op;
+    size_t min_bytes, max_bytes;
+    double factor;
+    long iters, warmup;
+} bench_opts_t;
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "Usage: mpirun -np N " PROG " [OPTION]...\n"
+            "Measure the communicator's collectives (nccl-tests style): time, algbw, busbw, #wrong.\n"
+            "\n"
+            "  --op NAME          allreduce|reduce_scatter|allgather|sendrecv|all (default allreduce)\n"
+            "  --min-bytes SIZE   smallest size (default 1K); suffixes K, M, G are powers of 1024\n"
+            "  --max-bytes SIZE   largest size (default 1G)\n"
+            "  --step-factor F    multiply the size by F from one row to the next (default 2)\n"
+            "  --iters N          timed calls per size (default 20)\n"
+            "  --warmup N         untimed calls per size before timing (default 5)\n"
+            "  --help             print this help and exit\n"
+            "  --version          print the version and exit\n");
+}
+
+/* Bytes: digits with an optional K, M or G (powers of 1024). */
+static int parse_size(const char *s, size_t *out)
+{
+    if (!s || *s < '0' || *s > '9')
+        return -1;
+    errno = 0;
+    char *end = NULL;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s)
+        return -1;
+    unsigned long long mul = 1;
+    switch (*end) {
+    case '\0':
+        break;
+    case 'K': case 'k':
+        mul = 1ull << 10;
+        end++;
+        break;
+    case 'M': case 'm':
+        mul = 1ull << 20;
+        end++;
+        break;
+    case 'G': case 'g':
+        mul = 1ull << 30;
+        end++;
+        break;
+    default:
+        return -1;
+    }
+    if (*end != '\0' || v > (unsigned long long)SIZE_MAX / mul)
+        return -1;
+    *out = (size_t)(v * mul);
+    return 0;
+}
+
+static int parse_long(const char *s, long lo, long hi, long *out)
+{
+    errno = 0;
+    char *end = NULL;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end != '\0' || v < lo || v > hi)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+/* Returns 0 to run, 1 for --help/--version (done), 2 with one line in err. */
+static int parse_args(int argc, char **argv, bench_opts_t *o, char *err, size_t errlen, int print)
+{
+    *o = (bench_opts_t){.op = OP_ALLREDUCE, .min_bytes = 1024, .max_bytes = (size_t)1 << 30, .factor = 2.0,
+                        .iters = 20, .warmup = 5};
+    const size_t max_size = (size_t)1 << 40;
+    const char *min_s = "1K", *max_s = "1G";
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            if (print)
+                usage(stdout);
+            return 1;
+        }
+        if (strcmp(a, "--version") == 0) {
+            if (print)
+                printf(PROG " " PACKAGE_VERSION "\n");
+            return 1;
+        }
+        static const char *const names[] = {"--op", "--min-bytes", "--max-bytes", "--step-factor", "--iters",
+                                            "--warmup"};
+        int k = -1;
+        const char *val = NULL;
+        for (int j = 0; j < (int)(sizeof names / sizeof names[0]); j++) {
+            size_t len = strlen(names[j]);
+            if (strncmp(a, names[j], len) == 0 && (a[len] == '\0' || a[len] == '=')) {
+                k = j;
+                val = a[len] == '=' ? a + len + 1 : NULL;
+                break;
+            }
+        }
+        if (k < 0) {
+            snprintf(err, errlen, "unknown option '%s' (" PROG " --help lists them)", a);
+            return 2;
+        }
+        if (!val) {
+            if (i + 1 >= argc) {
+                snprintf(err, errlen, "%s needs a value", names[k]);
+                return 2;
+            }
+            val = argv[++i];
+        }
+        switch (k) {
+        case 0: {
+            int found = 0;
+            for (int j = 0; j <= OP_ALL; j++)
+                if (strcmp(val, op_names[j]) == 0) {
+                    o->op = (op_t)j;
+                    found = 1;
+                }
+            if (!found) {
+                snprintf(err, errlen, "--op '%s': allowed values are allreduce|reduce_scatter|allgather|sendrecv|all",
+                         val);
+                return 2;
+            }
+            break;
+        }
+        case 1:
+        case 2: {
+            size_t v = 0;
+            if (parse_size(val, &v) != 0) {
+                snprintf(err, errlen, "%s '%s': not a size (an integer with an optional K, M or G suffix)", names[k],
+                         val);
+                return 2;
+            }
+            if (v < sizeof(float) || v > max_size) {
+                snprintf(err, errlen, "%s %s: out of range (4 bytes to 1024G)", names[k], val);
+                return 2;
+            }
+            *(k == 1 ? &o->min_bytes : &o->max_bytes) = v;
+            *(k == 1 ? &min_s : &max_s) = val;
+            break;
+        }
+        case 3: {
+            char *end = NULL;
+            errno = 0;
+            double f = strtod(val, &end);
+            if (errno || end == val || *end != '\0') {
+                snprintf(err, errlen, "--step-factor '%s': not a number", val);
+                return 2;
+            }
+            if (!(f > 1.0 && f <= 1024.0)) {
+                snprintf(err, errlen, "--step-factor %s: out of range (above 1, at most 1024)", val);
+                return 2;
+            }
+            o->factor = f;
+            break;
+        }
+        case 4:
+        case 5: {
+            long v = 0;
+            if (parse_long(val, LONG_MIN, LONG_MAX, &v) != 0) {
+                snprintf(err, errlen, "%s '%s': not an integer", names[k], val);
+                return 2;
+            }
+            if (v < (k == 4 ? 1 : 0) || v > 1000000000L) {
+                snprintf(err, errlen, "%s %s: out of range (%d to 1000000000)", names[k], val, k == 4 ? 1 : 0);
+                return 2;
+            }
+            *(k == 4 ? &o->iters : &o->warmup) = v;
+            break;
+        }
+        }
+    }
+    if (o->min_bytes > o->max_bytes) {
+        snprintf(err, errlen, "--min-bytes %s exceeds --max-bytes %s", min_s, max_s);
+        return 2;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------ one op */
+
+typedef struct bench {
+    op_t op;
+    comm_t *c;
+    float *a, *b; /* allreduce: a; others: a = send, b = recv */
+} bench_t;
+
+/* Elements in the call's "count" for a size in bytes (0: size too small). */
+static size_t op_count(op_t op, size_t bytes, int p)
+{
+    size_t n = bytes / sizeof(float);
+    if (op == OP_REDUCE_SCATTER || op == OP_ALLGATHER)
+        n = n / (size_t)p * (size_t)p;
+    return n;
+}
+
+static double bus_factor(op_t op, int p)
+{
+    switch (op) {
+    case OP_ALLREDUCE:
+        return 2.0 * (p - 1) / p;
+    case OP_REDUCE_SCATTER:
+    case OP_ALLGATHER:
+        return (double)(p - 1) / p;
+    default:
+        return 1.0;
+    }
+}
+
+/* Exactly representable inputs whose results are known in closed form. */
+static float val(size_t i, int rank)
+{
+    return (float)(i % 61) + (float)(rank * 64);
+}
+
+static void fill(const bench_t *bt, size_t count)
+{
+    const int p = bt->c->size, r = bt->c->rank;
+    switch (bt->op) {
+    case OP_ALLREDUCE:
+    case OP_REDUCE_SCATTER:
+        for (size_t i = 0; i < count; i++)
+            bt->a[i] = (float)(i % 61) + (float)r;
+        break;
+    case OP_ALLGATHER:
+        for (size_t i = 0; i < count / (size_t)p; i++)
+            bt->a[i] = val(i, r);
+        break;
+    default:
+        for (size_t i = 0; i < count; i++)
+            bt->a[i] = val(i, r);
+    }
+}
+
+static long check(const bench_t *bt, size_t count)
+{
+    const int p = bt->c->size, r = bt->c->rank;
+    const float tri = (float)(p * (p - 1) / 2);
+    long wrong = 0;
+    switch (bt->op) {
+    case OP_ALLREDUCE:
+        for (size_t i = 0; i < count; i++)
+            wrong += bt->a[i] != (float)p * (float)(i % 61) + tri;
+        break;
+    case OP_REDUCE_SCATTER: {
+        size_t each = count / (size_t)p;
+        for (size_t i = 0; i < each; i++)
+            wrong += bt->b[i] != (float)p * (float)(((size_t)r * each + i) % 61) + tri;
+        break;
+    }
+    case OP_ALLGATHER: {
+        size_t each = count / (size_t)p;
+        for (int q = 0; q < p; q++)
+            for (size_t i = 0; i < each; i++)
+                wrong += bt->b[(size_t)q * each + i] != val(i, q);
+        break;
+    }
+    default:
+        for (size_t i = 0; i < count; i++)
+            wrong += bt->b[i] != val(i, (r + p - 1) % p);
+    }
+    return wrong;
+}
+
+static int run_once(const bench_t *bt, size_t count)
+{
+    comm_t *c = bt->c;
+    const int p = c->size;
+    switch (bt->op) {
+    case OP_ALLREDUCE:
+        return c->ops->allreduce(c, bt->a, count, COMM_SUM);
+    case OP_REDUCE_SCATTER:
+        return c->ops->reduce_scatter(c, bt->a, bt->b, count / (size_t)p);
+    case OP_ALLGATHER:
+        return c->ops->allgather(c, bt->a, bt->b, count / (size_t)p);
+    default: {
+        comm_req_t rs = {0}, rr = {0};
+        if (c->ops->irecv(c, bt->b, count, (c->rank + p - 1) % p, 0, &rr) != 0 ||
+            c->ops->isend(c, bt->a, count, (c->rank + 1) % p, 0, &rs) != 0)
+            return -1;
+        return c->ops->wait(&rs) == 0 && c->ops->wait(&rr) == 0 ? 0 : -1;
+    }
+    }
+}
+
+/* Runs one op over all sizes; returns the number of wrong values (>= 0),
+ * or -1 after an error that every rank has agreed on. */
+static long bench_op(const launch_env_t *env, comm_t *c, op_t op, const bench_opts_t *o)
+{
+    const int p = c->size, rank0 = c->rank == 0;
+    const size_t maxn = op_count(op, o->max_bytes, p);
+    bench_t bt = {.op = op, .c = c};
+    size_t na = maxn, nb = 0;
+    if (op == OP_REDUCE_SCATTER)
+        nb = maxn / (size_t)p;
+    else if (op == OP_ALLGATHER)
+        na = maxn / (size_t)p, nb = maxn;
+    else if (op == OP_SENDRECV)
+        nb = maxn;
+    bt.a = malloc((na ? na : 1) * sizeof(float));
+    bt.b = malloc((nb ? nb : 1) * sizeof(float));
+    char msg[600] = "";
+    if (!bt.a || !bt.b)
+        snprintf(msg, sizeof msg, "%s: out of memory for %zu bytes of buffers (lower --max-bytes)", op_names[op],
+                 (na + nb) * sizeof(float));
+    if (launch_any_failed(env, PROG, !bt.a || !bt.b, msg)) {
+        free(bt.a);
+        free(bt.b);
+        return -1;
+    }
+    if (rank0) {
+        printf("# %s: %s, %d rank%s, comm %s, float%s, %ld timed call%s after %ld warm-up, "
+               "time = mean per call (max over ranks)\n",
+               PROG, op_names[op], p, p == 1 ? "" : "s", c->ops->name,
+               op == OP_ALLREDUCE ? " sum in place" : op == OP_REDUCE_SCATTER ? " sum" : "", o->iters,
+               o->iters == 1 ? "" : "s", o->warmup);
+        printf("#\n# %12s %12s %6s %6s %11s %8s %8s %7s\n", "size", "count", "type", "redop", "time", "algbw",
+               "busbw", "#wrong");
+        printf("# %12s %12s %6s %6s %11s %8s %8s %7s\n", "(B)", "(elements)", "", "", "(us)", "(GB/s)", "(GB/s)", "");
+    }
+    long wrong_total = 0;
+    double bus_sum = 0.0;
+    int rows = 0;
+    for (size_t bytes = o->min_bytes;;) {
+        const size_t count = op_count(op, bytes, p);
+        if (count > 0) {
+            fill(&bt, count);
+            int failed = run_once(&bt, count) != 0;
+            long wrong = failed ? 0 : check(&bt, count), wrong_all = 0;
+            if (op == OP_ALLREDUCE) /* in place: keep the timed calls' values finite */
+                memset(bt.a, 0, count * sizeof(float));
+            for (long it = 0; it < o->warmup && !failed; it++)
+                failed = run_once(&bt, count) != 0;
+            launch_mpi_check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier");
+            double t0 = MPI_Wtime();
+            for (long it = 0; it < o->iters && !failed; it++)
+                failed = run_once(&bt, count) != 0;
+            double t = (MPI_Wtime() - t0) / (double)o->iters, tmax = 0.0;
+            if (launch_any_failed(env, PROG, failed, c->err)) {
+                free(bt.a);
+                free(bt.b);
+                return -1;
+            }
+            launch_mpi_check(MPI_Allreduce(&t, &tmax, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD), "MPI_Allreduce");
+            launch_mpi_check(MPI_Allreduce(&wrong, &wrong_all, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD),
+                             "MPI_Allreduce");
+            const size_t size = count * sizeof(float);
+            const double algbw = (double)size / 1e9 / tmax, busbw = algbw * bus_factor(op, p);
+            if (rank0)
+                printf("  %12zu %12zu %6s %6s %11.2f %8.3f %8.3f %7ld\n", size, count, "float",
+                       op == OP_ALLREDUCE || op == OP_REDUCE_SCATTER ? "sum" : "none", tmax * 1e6, algbw, busbw,
+                       wrong_all);
+            fflush(stdout);
+            wrong_total += wrong_all;
+            bus_sum += busbw;
+            rows++;
+        }
+        if ((double)bytes * o->factor > (double)o->max_bytes)
+            break;
+        size_t next = (size_t)((double)bytes * o->factor);
+        bytes = next > bytes ? next : bytes + 1;
+    }
+    if (rank0) {
+        printf("# Wrong values   : %ld %s\n", wrong_total, wrong_total ? "FAILED" : "OK");
+        if (rows)
+            printf("# Avg bus bandwidth : %.3f GB/s\n#\n", bus_sum / rows);
+        else
+            printf("# no size in [--min-bytes, --max-bytes] holds a float per rank\n#\n");
+        fflush(stdout);
+    }
+    free(bt.a);
+    free(bt.b);
+    return wrong_total;
+}
+
+int main(int argc, char **argv)
+{
+    launch_env_t env;
+    launch_init(&env, &argc, &argv);
+    bench_opts_t o;
+    char err[512] = "";
+    int rc = parse_args(argc, argv, &o, err, sizeof err, env.world_rank == 0);
+    if (rc != 0) {
+        /* every rank parsed the same arguments: all leave alike */
+        if (rc == 2 && env.world_rank == 0)
+            fprintf(stderr, PROG ": %s\n", err);
+        launch_exit(&env, rc == 1 ? 0 : 2);
+    }
+    MPI_Comm world = MPI_COMM_WORLD;
+    comm_t *c = comm_mpi_create(&world);
+    if (launch_any_failed(&env, PROG, c == NULL, "cannot create the communicator (comm_mpi_create failed)"))
+        launch_exit(&env, 1);
+    if (env.world_rank == 0) {
+        char lib[MPI_MAX_LIBRARY_VERSION_STRING] = "";
+        int len = 0;
+        if (MPI_Get_library_version(lib, &len) == MPI_SUCCESS) {
+            char *nl = strchr(lib, '\n');
+            if (nl)
+                *nl = '\0';
+            printf("# %s\n", lib);
+        }
+    }
+    int status = 0;
+    for (int op = 0; op < N_OPS; op++) {
+        if (o.op != OP_ALL && o.op != (op_t)op)
+            continue;
+        long wrong = bench_op(&env, c, (op_t)op, &o);
+        if (wrong != 0)
+            status = 1; /* wrong values: go on with the other ops */
+        if (wrong < 0)
+            break; /* an error every rank agreed on, printed once */
+    }
+    c->ops->destroy(c);
+    launch_exit(&env, status);
+    return status;
+}

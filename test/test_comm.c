@@ -1,0 +1,681 @@
+/* The MPI communicator (mpi/comm_mpi.c) and data-parallel gradient
+ * averaging (mpi/ddp.c), on synthetic buffers, at whatever size it is
+ * started with (test_comm.sh runs np 1..4).
+ *
+ * Values are integers small enough that every partial sum is exact in
+ * fp32, so the expected results are exact whatever order MPI sums in, and
+ * the checks compare with ==. Each check is agreed over all ranks (an
+ * MPI_Allreduce), rank 0 prints one line with the lowest failing rank's
+ * detail, and every rank exits with the same status. */
+#define _POSIX_C_SOURCE 200809L /* setenv, unsetenv */
+
+#include "comm.h"
+#include "ddp.h"
+
+#include <math.h>
+#include <mpi.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int g_rank, g_size, g_checks, g_fails;
+
+static void die(const char *what)
+{
+    fprintf(stderr, "test_comm: rank %d: %s\n", g_rank, what);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
+/* Collective over the world: ok is this rank's verdict, detail its reason
+ * when !ok. Returns 1 when every rank passed. Every rank makes the same
+ * sequence of calls, whatever its group. */
+static int check(int ok, const char *detail, const char *fmt, ...)
+{
+    char name[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    int mine = ok ? g_size : g_rank, first = 0;
+    if (MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD) != MPI_SUCCESS)
+        die("MPI_Allreduce(check)");
+    g_checks++;
+    if (first == g_size) {
+        if (g_rank == 0)
+            printf("ok   np=%d %s\n", g_size, name);
+        return 1;
+    }
+    g_fails++;
+    char buf[512] = "";
+    if (g_rank == first)
+        snprintf(buf, sizeof buf, "%s", detail ? detail : "");
+    if (MPI_Bcast(buf, sizeof buf, MPI_CHAR, first, MPI_COMM_WORLD) != MPI_SUCCESS)
+        die("MPI_Bcast(check)");
+    if (g_rank == 0)
+        printf("FAIL np=%d %s: rank %d: %s\n", g_size, name, first, buf);
+    fflush(stdout);
+    return 0;
+}
+
+static void info(const char *fmt, ...)
+{
+    if (g_rank != 0)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    printf("info np=%d ", g_size);
+    vprintf(fmt, ap);
+    printf("\n");
+    va_end(ap);
+}
+
+/* 1 when got[i] == want[i] for all i; else the first difference in detail. */
+static int same(const float *got, const float *want, size_t n, char *detail, size_t len)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!(got[i] == want[i])) {
+            snprintf(detail, len, "element %zu of %zu is %.9g, want %.9g", i, n, (double)got[i], (double)want[i]);
+            return 0;
+        }
+    return 1;
+}
+
+static float *falloc(size_t n)
+{
+    float *p = malloc((n ? n : 1) * sizeof *p);
+    if (!p)
+        die("out of memory");
+    return p;
+}
+
+/* A comm call that must succeed; its message goes into detail. */
+static int call_ok(comm_t *c, int rc, char *detail, size_t len)
+{
+    if (rc != 0)
+        snprintf(detail, len, "returned %d: %.400s", rc, c->err);
+    return rc == 0;
+}
+
+/* Tests until done; counts the test calls. */
+static int test_loop(comm_t *c, comm_req_t *req, long *calls)
+{
+    int done = 0;
+    *calls = 0;
+    while (!done) {
+        if (c->ops->test(req, &done) != 0)
+            return -1;
+        ++*calls;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------ collectives */
+
+static void run_collectives(comm_t *c, const char *label)
+{
+    const int p = c->size, r = c->rank;
+    const size_t counts[] = {0, 1, 7, 2500, 65537};
+    char d[512];
+    for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++) {
+        const size_t n = counts[k];
+        float *buf = falloc(n), *want = falloc(n), *buf2 = falloc(n), *want2 = falloc(n);
+        int ok;
+
+        /* allreduce sum, in place */
+        for (size_t i = 0; i < n; i++) {
+            buf[i] = (float)(i % 1000) + 3.0f * (float)r;
+            want[i] = (float)p * (float)(i % 1000) + 3.0f * (float)(p * (p - 1) / 2);
+        }
+        ok = call_ok(c, c->ops->allreduce(c, buf, n, COMM_SUM), d, sizeof d) && same(buf, want, n, d, sizeof d);
+        check(ok, d, "%s allreduce sum n=%zu", label, n);
+
+        /* allreduce max */
+        for (size_t i = 0; i < n; i++) {
+            buf[i] = (float)((i * 7 + (size_t)r * 13) % 101) - 50.0f;
+            float m = -1e30f;
+            for (int q = 0; q < p; q++) {
+                float v = (float)((i * 7 + (size_t)q * 13) % 101) - 50.0f;
+                m = v > m ? v : m;
+            }
+            want[i] = m;
+        }
+        ok = call_ok(c, c->ops->allreduce(c, buf, n, COMM_MAX), d, sizeof d) && same(buf, want, n, d, sizeof d);
+        check(ok, d, "%s allreduce max n=%zu", label, n);
+
+        /* two nonblocking allreduces in flight at once, driven by test */
+        comm_req_t ra = {0}, rb = {0};
+        for (size_t i = 0; i < n; i++) {
+            buf[i] = (float)(i % 1000) + 3.0f * (float)r;
+            want[i] = (float)p * (float)(i % 1000) + 3.0f * (float)(p * (p - 1) / 2);
+            buf2[i] = (float)((i * 7 + (size_t)r * 13) % 101) - 50.0f;
+        }
+        for (size_t i = 0; i < n; i++) {
+            float m = -1e30f;
+            for (int q = 0; q < p; q++) {
+                float v = (float)((i * 7 + (size_t)q * 13) % 101) - 50.0f;
+                m = v > m ? v : m;
+            }
+            want2[i] = m;
+        }
+        long calls_a = 0, calls_b = 0;
+        ok = call_ok(c, c->ops->iallreduce(c, buf, n, COMM_SUM, &ra), d, sizeof d) &&
+             call_ok(c, c->ops->iallreduce(c, buf2, n, COMM_MAX, &rb), d, sizeof d) &&
+             call_ok(c, test_loop(c, &rb, &calls_b), d, sizeof d) &&
+             call_ok(c, test_loop(c, &ra, &calls_a), d, sizeof d);
+        if (ok && (ra.active || rb.active || ra.impl || rb.impl)) {
+            snprintf(d, sizeof d, "finished requests not released (active %d %d)", ra.active, rb.active);
+            ok = 0;
+        }
+        ok = ok && same(buf, want, n, d, sizeof d) && same(buf2, want2, n, d, sizeof d);
+        check(ok, d, "%s iallreduce sum+max in flight together, test loop, n=%zu", label, n);
+        free(buf2);
+        free(want2);
+
+        /* reduce_scatter then allgather: the round trip is an allreduce */
+        float *send = falloc((size_t)p * n), *full = falloc((size_t)p * n), *fwant = falloc((size_t)p * n);
+        for (size_t j = 0; j < (size_t)p * n; j++) {
+            send[j] = (float)(j % 977) + (float)r;
+            fwant[j] = (float)p * (float)(j % 977) + (float)(p * (p - 1) / 2);
+        }
+        ok = call_ok(c, c->ops->reduce_scatter(c, send, buf, n), d, sizeof d) &&
+             same(buf, fwant + (size_t)r * n, n, d, sizeof d);
+        check(ok, d, "%s reduce_scatter n_each=%zu", label, n);
+        ok = call_ok(c, c->ops->allgather(c, buf, full, n), d, sizeof d) && same(full, fwant, (size_t)p * n, d, sizeof d);
+        check(ok, d, "%s allgather of the scattered sums n_each=%zu", label, n);
+
+        /* in place: reduce_scatter(send == recv), allgather(send == recv + rank*n) */
+        memcpy(full, send, (size_t)p * n * sizeof *full);
+        ok = call_ok(c, c->ops->reduce_scatter(c, full, full, n), d, sizeof d) &&
+             same(full, fwant + (size_t)r * n, n, d, sizeof d);
+        check(ok, d, "%s reduce_scatter in place n_each=%zu", label, n);
+        for (size_t j = 0; j < (size_t)p * n; j++)
+            full[j] = -7.0f;
+        memcpy(full + (size_t)r * n, fwant + (size_t)r * n, n * sizeof *full);
+        ok = call_ok(c, c->ops->allgather(c, full + (size_t)r * n, full, n), d, sizeof d) &&
+             same(full, fwant, (size_t)p * n, d, sizeof d);
+        check(ok, d, "%s allgather in place n_each=%zu", label, n);
+
+        /* nonblocking forms, out of place and in place */
+        for (int inplace = 0; inplace < 2; inplace++) {
+            comm_req_t rq = {0};
+            long calls = 0;
+            float *dst = inplace ? full : buf;
+            memcpy(full, send, (size_t)p * n * sizeof *full);
+            ok = call_ok(c, c->ops->ireduce_scatter(c, inplace ? full : send, dst, n, &rq), d, sizeof d) &&
+                 call_ok(c, c->ops->wait(&rq), d, sizeof d) && same(dst, fwant + (size_t)r * n, n, d, sizeof d);
+            check(ok, d, "%s ireduce_scatter%s + wait n_each=%zu", label, inplace ? " in place" : "", n);
+            float *out = inplace ? full : falloc((size_t)p * n);
+            for (size_t j = 0; j < (size_t)p * n; j++)
+                out[j] = -7.0f;
+            if (inplace)
+                memcpy(full + (size_t)r * n, fwant + (size_t)r * n, n * sizeof *full);
+            const float *src = inplace ? full + (size_t)r * n : buf;
+            ok = call_ok(c, c->ops->iallgather(c, src, out, n, &rq), d, sizeof d) &&
+                 call_ok(c, test_loop(c, &rq, &calls), d, sizeof d) && same(out, fwant, (size_t)p * n, d, sizeof d);
+            check(ok, d, "%s iallgather%s + test loop n_each=%zu", label, inplace ? " in place" : "", n);
+            if (!inplace)
+                free(out);
+        }
+        free(send);
+        free(full);
+        free(fwant);
+
+        /* broadcast from every root (up to the world size, so that every
+         * rank makes the same checks whatever its group's size) */
+        for (int root = 0; root < g_size; root++) {
+            if (root >= p) {
+                check(1, "", "%s broadcast root %d n=%zu: no such rank in this group", label, root, n);
+                continue;
+            }
+            for (size_t i = 0; i < n; i++) {
+                want[i] = (float)(root * 100000) + (float)(i % 1000);
+                buf[i] = r == root ? want[i] : -1.0f;
+            }
+            ok = call_ok(c, c->ops->broadcast(c, buf, n, root), d, sizeof d) && same(buf, want, n, d, sizeof d);
+            check(ok, d, "%s broadcast root %d n=%zu", label, root, n);
+        }
+
+        /* ring: receive from the left what the left rank sent to its right */
+        const int right = (r + 1) % p, left = (r + p - 1) % p;
+        float *out = falloc(n);
+        for (size_t i = 0; i < n; i++) {
+            out[i] = (float)(r * 1000) + (float)(i % 997);
+            want[i] = (float)(left * 1000) + (float)(i % 997);
+            buf[i] = -1.0f;
+        }
+        if (p == 1) {
+            check(1, "", "%s send/recv ring n=%zu: group of one, nothing to do", label, n);
+        } else { /* blocking: even ranks send first, odd ranks receive first */
+            if (r % 2 == 0)
+                ok = call_ok(c, c->ops->send(c, out, n, right, 5), d, sizeof d) &&
+                     call_ok(c, c->ops->recv(c, buf, n, left, 5), d, sizeof d);
+            else
+                ok = call_ok(c, c->ops->recv(c, buf, n, left, 5), d, sizeof d) &&
+                     call_ok(c, c->ops->send(c, out, n, right, 5), d, sizeof d);
+            ok = ok && same(buf, want, n, d, sizeof d);
+            check(ok, d, "%s send/recv ring n=%zu", label, n);
+            for (size_t i = 0; i < n; i++)
+                buf[i] = -1.0f;
+        }
+        comm_req_t rs = {0}, rr = {0};
+        long calls = 0;
+        ok = call_ok(c, c->ops->irecv(c, buf, n, left, 9, &rr), d, sizeof d) &&
+             call_ok(c, c->ops->isend(c, out, n, right, 9, &rs), d, sizeof d) &&
+             call_ok(c, test_loop(c, &rr, &calls), d, sizeof d) && call_ok(c, c->ops->wait(&rs), d, sizeof d) &&
+             same(buf, want, n, d, sizeof d);
+        check(ok, d, "%s isend/irecv ring n=%zu", label, n);
+        free(out);
+        free(buf);
+        free(want);
+    }
+    char d2[512] = "";
+    check(call_ok(c, c->ops->barrier(c), d2, sizeof d2), d2, "%s barrier", label);
+}
+
+/* Chunking: with DTRAIN_COMM_MAX_COUNT=1000 a send of 2500 floats travels
+ * as messages of 1000, 1000 and 500 floats on the duplicate MPI_Comm. */
+static void check_chunked_send(comm_t *c, size_t max)
+{
+    const int p = c->size, r = c->rank;
+    if (p < 2)
+        return;
+    const size_t n = 2500;
+    float *out = falloc(n), *in = falloc(n), *want = falloc(n);
+    for (size_t i = 0; i < n; i++) {
+        out[i] = (float)(r * 10000) + (float)i;
+        want[i] = (float)(((r + p - 1) % p) * 10000) + (float)i;
+    }
+    char d[512] = "";
+    comm_req_t rs = {0};
+    int ok = call_ok(c, c->ops->isend(c, out, n, (r + 1) % p, 3, &rs), d, sizeof d);
+    MPI_Status st;
+    int got = -1;
+    if (MPI_Probe((r + p - 1) % p, 3, *(MPI_Comm *)c->impl, &st) != MPI_SUCCESS ||
+        MPI_Get_count(&st, MPI_FLOAT, &got) != MPI_SUCCESS)
+        die("MPI_Probe");
+    if (ok && (size_t)got != max) {
+        snprintf(d, sizeof d, "first message holds %d floats, want %zu", got, max);
+        ok = 0;
+    }
+    ok = call_ok(c, c->ops->recv(c, in, n, (r + p - 1) % p, 3), d, sizeof d) && ok;
+    ok = call_ok(c, c->ops->wait(&rs), d, sizeof d) && ok && same(in, want, n, d, sizeof d);
+    check(ok, d, "chunked: 2500 floats sent as messages of at most %zu (probed), received whole", max);
+    free(out);
+    free(in);
+    free(want);
+}
+
+static void check_errors(comm_t *c)
+{
+    char d[512] = "";
+    float x = 1.0f;
+    int rc = c->ops->send(c, &x, 1, c->size + 5, 0);
+    int ok = rc == -1 && strncmp(c->err, "MPI_Send(n=1, peer ", 19) == 0 && strstr(c->err, "comm size") &&
+             strstr(c->err, ") failed: MPI_ERR_RANK") && !strchr(c->err, '\n');
+    snprintf(d, sizeof d, "rc %d, err '%.400s'", rc, c->err);
+    check(ok, d, "send to rank size+5 fails with one line: %.400s", c->err);
+    rc = c->ops->allreduce(c, &x, 1, (comm_op_t)99);
+    ok = rc == -1 && strstr(c->err, "MPI_Allreduce(n=1, comm size") && strstr(c->err, "unknown reduction op");
+    snprintf(d, sizeof d, "rc %d, err '%.400s'", rc, c->err);
+    check(ok, d, "allreduce with an unknown op fails: %.400s", c->err);
+
+    MPI_Comm null = MPI_COMM_NULL;
+    check(comm_mpi_create(NULL) == NULL && comm_mpi_create(&null) == NULL, "", "comm_mpi_create(NULL / MPI_COMM_NULL) = NULL");
+
+    ddp_mode_t m = DDP_NAIVE;
+    ok = ddp_mode_parse("flat", &m) == 0 && m == DDP_FLAT && ddp_mode_parse("bucketed", &m) == 0 &&
+         m == DDP_BUCKETED && ddp_mode_parse("naive", &m) == 0 && m == DDP_NAIVE &&
+         ddp_mode_parse("bucket", &m) == -1 && ddp_mode_parse("", &m) == -1;
+    check(ok, "", "ddp_mode_parse naive|flat|bucketed, rejects others");
+
+    float g[10] = {0};
+    size_t bad1[] = {0, 6, 4}, bad2[] = {0, 4, 11}, bad3[] = {2, 4};
+    ddp_t dd;
+    ok = ddp_create(&dd, DDP_BUCKETED, c, g, 10, bad1, 3, 16) == -1 && strstr(c->err, "ddp: tensor 2 starts at 4");
+    snprintf(d, sizeof d, "err '%.400s'", c->err);
+    ok = ok && ddp_create(&dd, DDP_BUCKETED, c, g, 10, bad2, 3, 16) == -1 &&
+         ddp_create(&dd, DDP_FLAT, c, g, 10, bad3, 2, 16) == -1;
+    check(ok, d, "ddp_create rejects descending, out-of-range and non-zero first offsets: %.400s", c->err);
+}
+
+static void check_subcomm(comm_t *world)
+{
+    char d[512] = "";
+    int res = MPI_UNEQUAL;
+    if (MPI_Comm_compare(*(MPI_Comm *)world->impl, MPI_COMM_WORLD, &res) != MPI_SUCCESS)
+        die("MPI_Comm_compare");
+    snprintf(d, sizeof d, "compare gives %d", res);
+    check(res == MPI_CONGRUENT && world->rank == g_rank && world->size == g_size && strcmp(world->ops->name, "mpi") == 0,
+          d, "world comm: impl is a duplicate of MPI_COMM_WORLD, rank %d size %d, name mpi", world->rank, world->size);
+}
+
+/* ------------------------------------------------------------------- DDP */
+
+#define N_TENSORS 37
+
+static size_t tensor_size(int t)
+{
+    if (t == 10)
+        return 0; /* an empty tensor */
+    if (t % 9 == 4)
+        return 3000; /* larger than the small buckets */
+    return 1 + (size_t)(t * t * 131 + t * 17) % 700;
+}
+
+/* Rank q of p holds avg + (2q - (p-1)) * h: the deviations sum to zero, so
+ * the DP average is avg exactly, and every partial sum is a small integer. */
+static float avg_value(size_t i, int step)
+{
+    return (float)((int)(i % 509) - 200 + step);
+}
+
+static float grad_value(size_t i, int step, int q, int p)
+{
+    return avg_value(i, step) + (float)(2 * q - (p - 1)) * (float)(i % 7 + 1);
+}
+
+/* Buckets cover [0, n) from the top down, contiguous, start on tensor
+ * boundaries, hold at most cap floats unless a single tensor, and each
+ * could not take the next tensor below it without passing cap. */
+static int buckets_ok(const ddp_t *dd, const size_t *starts, size_t n, size_t cap, char *d, size_t len)
+{
+    if (n > 0 && dd->n_buckets < 1) {
+        snprintf(d, len, "no buckets");
+        return 0;
+    }
+    for (int b = 0; b < dd->n_buckets; b++) {
+        const ddp_bucket_t *k = &dd->buckets[b];
+        size_t top = b == 0 ? n : dd->buckets[b - 1].start;
+        if (k->n == 0 || k->start + k->n != top) {
+            snprintf(d, len, "bucket %d [%zu, +%zu) does not end at %zu", b, k->start, k->n, top);
+            return 0;
+        }
+        int boundary = 0, inside = 0;
+        size_t below = 0; /* size of the next non-empty tensor below the bucket */
+        for (int t = 0; t < N_TENSORS; t++) {
+            size_t ts = tensor_size(t);
+            boundary |= starts[t] == k->start;
+            inside += ts > 0 && starts[t] >= k->start && starts[t] < k->start + k->n;
+            if (ts > 0 && starts[t] < k->start)
+                below = ts;
+        }
+        if (!boundary) {
+            snprintf(d, len, "bucket %d starts at %zu, not a tensor boundary", b, k->start);
+            return 0;
+        }
+        if (k->n > cap && inside != 1) {
+            snprintf(d, len, "bucket %d holds %zu floats > %zu in %d tensors", b, k->n, cap, inside);
+            return 0;
+        }
+        if (b < dd->n_buckets - 1 && k->n + below <= cap) {
+            snprintf(d, len, "bucket %d (%zu floats) could have taken the next tensor (%zu)", b, k->n, below);
+            return 0;
+        }
+    }
+    if (dd->n_buckets > 0 && dd->buckets[dd->n_buckets - 1].start != 0) {
+        snprintf(d, len, "last bucket starts at %zu, not 0", dd->buckets[dd->n_buckets - 1].start);
+        return 0;
+    }
+    return 1;
+}
+
+static const char *mode_name(ddp_mode_t m)
+{
+    return m == DDP_NAIVE ? "naive" : m == DDP_FLAT ? "flat" : "bucketed";
+}
+
+typedef struct {
+    ddp_mode_t mode;
+    size_t bytes;
+} ddp_cfg_t;
+
+static const ddp_cfg_t ddp_cfgs[] = {
+    {DDP_NAIVE, 4096},   {DDP_FLAT, 4096},     {DDP_BUCKETED, 0},       {DDP_BUCKETED, 256},
+    {DDP_BUCKETED, 4096}, {DDP_BUCKETED, 20000}, {DDP_BUCKETED, 1 << 20},
+};
+#define N_CFGS ((int)(sizeof ddp_cfgs / sizeof ddp_cfgs[0]))
+
+static size_t layout(size_t *starts)
+{
+    size_t n = 0;
+    for (int t = 0; t < N_TENSORS; t++) {
+        starts[t] = n;
+        n += tensor_size(t);
+    }
+    return n;
+}
+
+/* Exact averages; buckets launched as the simulated backward reaches them. */
+static void ddp_exact(comm_t *c, const char *label)
+{
+    const int p = c->size, q = c->rank;
+    size_t starts[N_TENSORS];
+    const size_t n = layout(starts);
+    float *g = falloc(n), *want = falloc(n);
+    char d[512] = "";
+    for (int k = 0; k < N_CFGS; k++) {
+        const ddp_cfg_t *cf = &ddp_cfgs[k];
+        const size_t cap = cf->bytes / sizeof(float);
+        ddp_t dd;
+        int ok = ddp_create(&dd, cf->mode, c, g, n, starts, N_TENSORS, cf->bytes) == 0;
+        if (!ok)
+            snprintf(d, sizeof d, "ddp_create: %.400s", c->err);
+        else if (cf->mode == DDP_BUCKETED)
+            ok = buckets_ok(&dd, starts, n, cap, d, sizeof d);
+        else if (dd.n_buckets != 0) {
+            snprintf(d, sizeof d, "%d buckets in mode %s", dd.n_buckets, mode_name(cf->mode));
+            ok = 0;
+        }
+        if (!check(ok, d, "%s ddp %s %zu B: %d buckets of whole tensors, top down, greedy", label,
+                   mode_name(cf->mode), cf->bytes, ok ? dd.n_buckets : -1)) {
+            ddp_destroy(&dd); /* safe after a failed create too */
+            continue;
+        }
+        for (int step = 0; step < 2; step++) {
+            for (size_t i = 0; i < n; i++) {
+                g[i] = 1e30f * (float)(q + 1); /* not yet computed */
+                want[i] = avg_value(i, step);
+            }
+            ddp_begin(&dd);
+            ok = 1;
+            /* backward: the last tensor is finished first */
+            for (int t = N_TENSORS - 1; t >= 0 && ok; t--) {
+                for (size_t i = starts[t]; i < starts[t] + tensor_size(t); i++)
+                    g[i] = grad_value(i, step, q, p);
+                if (ddp_grads_ready(&dd, starts[t]) != 0) {
+                    snprintf(d, sizeof d, "ddp_grads_ready: %.400s", c->err);
+                    ok = 0;
+                    break;
+                }
+                int expect = 0;
+                if (cf->mode == DDP_BUCKETED && p > 1)
+                    for (int b = 0; b < dd.n_buckets; b++)
+                        expect += dd.buckets[b].start >= starts[t];
+                int launched = 0;
+                for (int b = 0; b < dd.n_buckets; b++)
+                    launched += dd.buckets[b].launched != 0;
+                if (dd.next_bucket != expect || launched != expect) {
+                    snprintf(d, sizeof d, "after tensor %d ready: next_bucket %d, %d launched, want %d", t,
+                             dd.next_bucket, launched, expect);
+                    ok = 0;
+                }
+            }
+            int before = dd.next_bucket;
+            if (ok && ddp_finish(&dd) != 0) {
+                snprintf(d, sizeof d, "ddp_finish: %.400s", c->err);
+                ok = 0;
+            }
+            ok = ok && same(g, want, n, d, sizeof d);
+            if (ok && !(dd.comm_wait_s >= 0.0 && dd.comm_wait_s < 60.0)) {
+                snprintf(d, sizeof d, "comm_wait_s = %g", dd.comm_wait_s);
+                ok = 0;
+            }
+            int want_before = cf->mode == DDP_BUCKETED && p > 1 ? dd.n_buckets : 0;
+            if (ok && before != want_before) {
+                snprintf(d, sizeof d, "%d buckets launched during backward, want %d", before, want_before);
+                ok = 0;
+            }
+            check(ok, d, "%s ddp %s %zu B step %d: exact average of %zu floats; %d/%d buckets launched before finish",
+                  label, mode_name(cf->mode), cf->bytes, step + 1, n, before, dd.n_buckets);
+        }
+        ddp_destroy(&dd);
+    }
+    free(g);
+    free(want);
+}
+
+static uint64_t mix64(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+/* Full 24-bit mantissas over magnitudes 2^-8 .. 2^8, so that sums in a
+ * different order round differently. */
+static float random_grad(int q, size_t i)
+{
+    uint64_t h = mix64(((uint64_t)q << 40) ^ i);
+    return ldexpf((float)(h >> 40) * (1.0f / 16777216.0f) - 0.5f, (int)(h & 15) - 7);
+}
+
+/* Random gradients: all modes agree to 1e-5 of the largest contribution
+ * to each element, the same mode twice is bit-identical, and every replica
+ * holds the same bits. */
+static void ddp_random(comm_t *c, const char *label)
+{
+    const int q = c->rank;
+    size_t starts[N_TENSORS];
+    const size_t n = layout(starts);
+    float *ref = falloc(n), *g = falloc(n), *first = falloc(n), *r0 = falloc(n), *scale = falloc(n);
+    char d[512] = "";
+    for (size_t i = 0; i < n; i++) /* the largest |contribution| over the group */
+        scale[i] = fabsf(random_grad(q, i));
+    if (c->ops->allreduce(c, scale, n, COMM_MAX) != 0)
+        die("allreduce(max)");
+    for (int k = -1; k < N_CFGS; k++) {
+        /* k = -1: flat, the reference */
+        const ddp_cfg_t cf = k < 0 ? (ddp_cfg_t){DDP_FLAT, 0} : ddp_cfgs[k];
+        ddp_t dd;
+        int ok = ddp_create(&dd, cf.mode, c, g, n, starts, N_TENSORS, cf.bytes) == 0;
+        for (int run = 0; run < 2 && ok; run++) {
+            for (size_t i = 0; i < n; i++)
+                g[i] = random_grad(q, i);
+            ddp_begin(&dd);
+            for (int t = N_TENSORS - 1; t >= 0 && ok; t--)
+                ok = ddp_grads_ready(&dd, starts[t]) == 0;
+            ok = ok && ddp_finish(&dd) == 0;
+            if (run == 0)
+                memcpy(first, g, n * sizeof *g);
+        }
+        if (!ok)
+            snprintf(d, sizeof d, "%.400s", c->err);
+        ddp_destroy(&dd);
+        if (!check(ok, d, "%s ddp %s %zu B random gradients: create, backward, finish", label, mode_name(cf.mode),
+                   cf.bytes))
+            continue;
+        ok = same(g, first, n, d, sizeof d);
+        memcpy(r0, g, n * sizeof *g);
+        if (MPI_Bcast(r0, (int)n, MPI_FLOAT, 0, *(MPI_Comm *)c->impl) != MPI_SUCCESS)
+            die("MPI_Bcast");
+        int replicas = same(g, r0, n, d + strlen(d), sizeof d - strlen(d));
+        if (k < 0) {
+            memcpy(ref, g, n * sizeof *g);
+            check(ok && replicas, d, "%s ddp flat random: twice bit-identical, same bits on every replica", label);
+            continue;
+        }
+        size_t ndiff = 0;
+        double maxrel = 0.0;
+        for (size_t i = 0; i < n; i++) {
+            if (memcmp(&g[i], &ref[i], sizeof *g) != 0)
+                ndiff++;
+            double rel = fabs((double)g[i] - (double)ref[i]) / (double)scale[i];
+            maxrel = rel > maxrel ? rel : maxrel;
+        }
+        if (ok && replicas && maxrel > 1e-5) {
+            snprintf(d, sizeof d, "differs from flat by %g (relative)", maxrel);
+            ok = 0;
+        }
+        check(ok && replicas, d, "%s ddp %s %zu B random: twice bit-identical, replicas agree, within 1e-5 of flat",
+              label, mode_name(cf.mode), cf.bytes);
+        info("%s ddp %s %zu B vs flat: %zu of %zu floats differ in bits, max relative difference %.3g", label,
+             mode_name(cf.mode), cf.bytes, ndiff, n, maxrel);
+    }
+    free(ref);
+    free(g);
+    free(first);
+    free(r0);
+    free(scale);
+}
+
+int main(int argc, char **argv)
+{
+    int provided = 0;
+    if (MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
+        fprintf(stderr, "test_comm: MPI_Init_thread failed\n");
+        return 1;
+    }
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &g_size);
+    unsetenv("DTRAIN_COMM_MAX_COUNT");
+
+    MPI_Comm world_mpi = MPI_COMM_WORLD;
+    comm_t *world = comm_mpi_create(&world_mpi);
+    if (!world)
+        die("comm_mpi_create(MPI_COMM_WORLD) failed");
+    check_subcomm(world);
+    run_collectives(world, "world");
+    check_errors(world);
+
+    /* a group per parity of the world rank, ordered by descending world rank */
+    MPI_Comm split = MPI_COMM_NULL;
+    if (MPI_Comm_split(MPI_COMM_WORLD, g_rank % 2, g_size - g_rank, &split) != MPI_SUCCESS)
+        die("MPI_Comm_split");
+    comm_t *sub = comm_mpi_create(&split);
+    if (!sub)
+        die("comm_mpi_create(split) failed");
+    MPI_Comm_free(&split); /* the communicator holds its own duplicate */
+    int want_size = 0, want_rank = 0;
+    float want_sum = 0.0f, x = (float)g_rank;
+    for (int r = 0; r < g_size; r++)
+        if (r % 2 == g_rank % 2) {
+            want_size++;
+            want_rank += r > g_rank;
+            want_sum += (float)r;
+        }
+    char d[512] = "";
+    int ok = sub->size == want_size && sub->rank == want_rank;
+    snprintf(d, sizeof d, "rank %d size %d, want %d %d", sub->rank, sub->size, want_rank, want_size);
+    ok = ok && call_ok(sub, sub->ops->allreduce(sub, &x, 1, COMM_SUM), d, sizeof d) && x == want_sum;
+    if (ok == 0 && d[0] == '\0')
+        snprintf(d, sizeof d, "sum %g, want %g", (double)x, (double)want_sum);
+    check(ok, d, "MPI_Comm_split by parity: rank/size in group, allreduce of world ranks");
+    run_collectives(sub, "split");
+
+    /* every chunked path: at most 1000 floats per MPI call */
+    setenv("DTRAIN_COMM_MAX_COUNT", "1000", 1);
+    comm_t *chunked = comm_mpi_create(&world_mpi);
+    unsetenv("DTRAIN_COMM_MAX_COUNT");
+    if (!chunked)
+        die("comm_mpi_create(chunked) failed");
+    check_chunked_send(chunked, 1000);
+    run_collectives(chunked, "chunked");
+
+    ddp_exact(world, "world");
+    ddp_exact(sub, "split");
+    ddp_exact(chunked, "chunked");
+    ddp_random(world, "world");
+
+    chunked->ops->destroy(chunked);
+    sub->ops->destroy(sub);
+    world->ops->destroy(world);
+    if (g_rank == 0)
+        printf("np=%d: %d checks, %d failure(s)\n", g_size, g_checks, g_fails);
+    fflush(stdout);
+    MPI_Finalize();
+    return g_fails ? 1 : 0;
+}
