@@ -118,7 +118,7 @@ static int check_layout(grid_t *g, int tp, int pp, int dp)
         dp = (int)(W / tpp);
     long long total = tpp * dp;
     if (total != W) {
-        set_err(g, "--tp %d x --pp %d x --dp %d = %lld ranks, but the world size is %d", tp, pp, dp, total, W);
+        set_err(g, "--tp %d x --pp %d x --dp %d = %lld ranks, but the world size is %d: launch %lld ranks or drop --dp", tp, pp, dp, total, W, total);
         return -1;
     }
     g->tp_size = tp;

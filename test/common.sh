@@ -36,3 +36,18 @@ expect_close() {
         fail "$1: $2 vs $3 (rel >= $4)"
     fi
 }
+
+# expect_exit2 WANT CMD ARGS...: CMD exits with status 2 and prints exactly
+# one line on stderr, containing WANT (the bad-input contract).
+expect_exit2() {
+    want=$1
+    shift
+    "$@" >"$TMP/out" 2>"$TMP/err"
+    rc=$?
+    lines=$(wc -l <"$TMP/err")
+    if [ "$rc" -eq 2 ] && [ "$lines" -eq 1 ] && grep -q -- "$want" "$TMP/err"; then
+        pass "exit 2: $(cat "$TMP/err")"
+    else
+        fail "$* -> exit $rc, $lines stderr line(s), wanted '$want': $(head -c 600 "$TMP/err")"
+    fi
+}

@@ -249,8 +249,9 @@ int main(int argc, char **argv)
              "world size %d is not divisible by --tp %d x --pp %d = %d: launch a multiple of %d ranks", N, N + 1,
              1, N + 1, N + 1);
     check_layout_error(N + 1, 1, 0, want);
-    snprintf(want, sizeof want, "--tp %d x --pp %d x --dp %d = %d ranks, but the world size is %d", T, P, D + 1,
-             T * P * (D + 1), N);
+    snprintf(want, sizeof want,
+             "--tp %d x --pp %d x --dp %d = %d ranks, but the world size is %d: launch %d ranks or drop --dp", T, P,
+             D + 1, T * P * (D + 1), N, T * P * (D + 1));
     check_layout_error(T, P, D + 1, want);
     check_layout_error(0, 1, 0,
                        "--tp 0, --pp 1 and --dp 0: tp and pp must be >= 1 and dp >= 0 (0 = world size / (tp x pp))");

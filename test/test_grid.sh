@@ -21,14 +21,7 @@ good() {
 # bad N T P WANT: exit 2, one stderr line containing WANT. --quiet keeps
 # mpiexec's own "non-zero exit code" banner off stderr.
 bad() {
-    "$MPIEXEC" --quiet --oversubscribe -np "$1" "$PROG" "$2" "$3" >"$TMP/out" 2>"$TMP/err"
-    rc=$?
-    lines=$(wc -l <"$TMP/err")
-    if [ "$rc" -eq 2 ] && [ "$lines" -eq 1 ] && grep -q -- "$4" "$TMP/err"; then
-        pass "np $1 tp $2 pp $3 -> exit 2: $(cat "$TMP/err")"
-    else
-        fail "np $1 tp $2 pp $3 -> exit $rc, $lines stderr line(s), wanted '$4': $(head -c 600 "$TMP/err")"
-    fi
+    expect_exit2 "$4" "$MPIEXEC" --quiet --oversubscribe -np "$1" "$PROG" "$2" "$3"
 }
 
 good 1 1 1

@@ -52,25 +52,8 @@ for model in tiny tiny-llama; do
 done
 
 # layout errors: one line, exit 2 on every rank
-"$MPIEXEC" --quiet -np 2 "$DTRAIN" $(tiny_args) --micro-batch 2 --global-batch 6 >"$TMP/o" 2>"$TMP/e"
-rc=$?
-if [ $rc -eq 2 ] && [ "$(wc -l <"$TMP/e")" -eq 1 ] && grep -q "multiple of --micro-batch 2 x dp 2" "$TMP/e"; then
-    pass "global batch 6 at micro 2 x dp 2 -> exit 2: $(cat "$TMP/e")"
-else
-    fail "global batch 6 at dp 2 -> exit $rc: $(cat "$TMP/e")"
-fi
-"$MPIEXEC" --quiet -np 3 "$DTRAIN" $(tiny_args) --dp 2 >"$TMP/o" 2>"$TMP/e"
-rc=$?
-if [ $rc -eq 2 ] && [ "$(wc -l <"$TMP/e")" -eq 1 ]; then
-    pass "--dp 2 on 3 ranks -> exit 2: $(cat "$TMP/e")"
-else
-    fail "--dp 2 on 3 ranks -> exit $rc: $(cat "$TMP/e")"
-fi
-"$MPIEXEC" --quiet -np 2 "$DTRAIN" $(tiny_args) --tp 2 >"$TMP/o" 2>"$TMP/e"
-rc=$?
-if [ $rc -eq 2 ] && [ "$(wc -l <"$TMP/e")" -eq 1 ] && grep -q "not implemented" "$TMP/e"; then
-    pass "--tp 2 -> exit 2: $(cat "$TMP/e")"
-else
-    fail "--tp 2 -> exit $rc: $(cat "$TMP/e")"
-fi
+expect_exit2 "multiple of --micro-batch 2 x dp 2" \
+    "$MPIEXEC" --quiet -np 2 "$DTRAIN" $(tiny_args) --micro-batch 2 --global-batch 6
+expect_exit2 "world size is 3" "$MPIEXEC" --quiet -np 3 "$DTRAIN" $(tiny_args) --dp 2
+expect_exit2 "not implemented" "$MPIEXEC" --quiet -np 2 "$DTRAIN" $(tiny_args) --tp 2
 finish

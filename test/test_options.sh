@@ -5,18 +5,11 @@
 # command line overriding a config file.
 . "$top_srcdir/test/common.sh"
 
-# expect_error WANT_SUBSTRING ARGS...: exit 2, one stderr line containing WANT.
+# expect_error WANT ARGS...: dtrain ARGS exits 2 with one stderr line containing WANT
 expect_error() {
     want=$1
     shift
-    "$DTRAIN" "$@" >"$TMP/out" 2>"$TMP/err"
-    rc=$?
-    lines=$(wc -l <"$TMP/err")
-    if [ "$rc" -eq 2 ] && [ "$lines" -eq 1 ] && grep -q -- "$want" "$TMP/err"; then
-        pass "$* -> exit 2: $(cat "$TMP/err")"
-    else
-        fail "$* -> exit $rc, $lines stderr line(s), wanted '$want': $(head -c 400 "$TMP/err")"
-    fi
+    expect_exit2 "$want" "$DTRAIN" "$@"
 }
 
 D="--data $DATA_TRAIN --val-data $DATA_VAL"
