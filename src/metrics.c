@@ -20,7 +20,8 @@ void metrics_print_step(FILE *out, const step_record_t *r)
         fprintf(out, " | val %.6f", r->val_loss);
     fprintf(out, " | lr %.3e | norm %.4f | %.1f ms", r->lr, r->grad_norm, r->ms);
     if (r->comm_ms > 0)
-        fprintf(out, " (comm wait %.1f)", r->comm_ms);
+        fprintf(out, " (compute %.1f/%.1f, comm wait %.1f/%.1f max/mean)", r->compute_ms_max, r->compute_ms_mean,
+                r->comm_ms, r->comm_ms_mean);
     fprintf(out, " | %.0f tok/s | MFU %.1f%%\n", r->tokens_per_s, 100.0 * r->mfu);
     fflush(out);
 }
@@ -31,8 +32,9 @@ int metrics_write_json(FILE *f, const step_record_t *r)
     if (!isnan(r->val_loss))
         rc = rc < 0 ? rc : fprintf(f, ", \"val_loss\": %.9g", r->val_loss);
     rc = rc < 0 ? rc
-                : fprintf(f, ", \"lr\": %.9g, \"grad_norm\": %.9g, \"ms\": %.3f, \"comm_ms\": %.3f, \"tokens_per_s\": %.3f, \"mfu\": %.6f}\n",
-                          r->lr, r->grad_norm, r->ms, r->comm_ms, r->tokens_per_s, r->mfu);
+                : fprintf(f, ", \"lr\": %.9g, \"grad_norm\": %.9g, \"ms\": %.3f, \"compute_ms_max\": %.3f, \"compute_ms_mean\": %.3f, \"comm_ms\": %.3f, \"comm_ms_mean\": %.3f, \"tokens_per_s\": %.3f, \"mfu\": %.6f}\n",
+                          r->lr, r->grad_norm, r->ms, r->compute_ms_max, r->compute_ms_mean, r->comm_ms, r->comm_ms_mean,
+                          r->tokens_per_s, r->mfu);
     if (rc < 0 || fflush(f) != 0)
         return -1;
     return 0;

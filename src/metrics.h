@@ -11,7 +11,10 @@ typedef struct step_record {
     double val_loss;   /* NAN when not computed this step */
     double lr, grad_norm;
     double ms, tokens_per_s, mfu; /* mfu as a fraction */
-    double comm_ms; /* time blocked waiting for gradient all-reduce (exposed communication), this rank */
+    /* per rank: compute = step time less exposed communication (time
+     * blocked waiting for the gradient all-reduce); max and mean over ranks */
+    double compute_ms_max, compute_ms_mean;
+    double comm_ms, comm_ms_mean; /* comm_ms is the max */
 } step_record_t;
 
 void metrics_print_step(FILE *out, const step_record_t *r);

@@ -308,8 +308,22 @@ int trainer_run(trainer_t *tr, char *err, size_t errlen)
         double dt = now_s() - t0;
 
         step_record_t r = {.step = step + 1, .steps = o->steps, .loss = loss, .val_loss = NAN, .lr = lr,
-                           .grad_norm = norm, .ms = 1e3 * dt, .tokens_per_s = tokens_step / dt,
-                           .comm_ms = 1e3 * tr->ddp.comm_wait_s};
+                           .grad_norm = norm, .ms = 1e3 * dt, .tokens_per_s = tokens_step / dt};
+        /* compute and exposed communication, max and mean over ranks: a
+         * straggler or a slow link shows as max well above mean */
+        float t[4] = {(float)(dt - tr->ddp.comm_wait_s), (float)tr->ddp.comm_wait_s}, tmax[2];
+        t[2] = t[0];
+        t[3] = t[1];
+        memcpy(tmax, t, sizeof tmax);
+        if (g->world_size > 1 && (g->world->ops->allreduce(g->world, tmax, 2, COMM_MAX) != 0 ||
+                                  g->world->ops->allreduce(g->world, t + 2, 2, COMM_SUM) != 0)) {
+            snprintf(err, errlen, "step %d: timing all-reduce failed: %s", step + 1, g->world->err);
+            return -1;
+        }
+        r.compute_ms_max = 1e3 * tmax[0];
+        r.comm_ms = 1e3 * tmax[1];
+        r.compute_ms_mean = 1e3 * t[2] / g->world_size;
+        r.comm_ms_mean = 1e3 * t[3] / g->world_size;
         r.mfu = tr->peak_gflops > 0 ? tr->flops_token * r.tokens_per_s * 1e-9 / (tr->peak_gflops * g->world_size) : 0.0;
         if (o->check_replicas > 0 && (step + 1) % o->check_replicas == 0 &&
             trainer_check_replicas(tr, step + 1, err, errlen) != 0)
