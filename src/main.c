@@ -27,9 +27,9 @@ int main(int argc, char **argv)
     int failed = grid_create(&grid, opt.tp, opt.pp, opt.dp) != 0;
     if (launch_any_failed(&env, "dtrain", failed, grid.err))
         launch_exit(&env, 2);
-    if (launch_any_failed(&env, "dtrain", grid.tp_size > 1 || grid.pp_size > 1,
-                          "--tp and --pp above 1: tensor and pipeline parallelism are not implemented "
-                          "yet; this version parallelises over data only (--dp)")) {
+    if (launch_any_failed(&env, "dtrain", grid.pp_size > 1,
+                          "--pp above 1: pipeline parallelism is not implemented yet; this version "
+                          "parallelises over tensors (--tp) and data (--dp)")) {
         grid_destroy(&grid);
         launch_exit(&env, 2);
     }

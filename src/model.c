@@ -7,16 +7,50 @@
 
 #include "mem.h"
 
-static size_t qkv_width(const model_config_t *c)
+/* ---- local widths ------------------------------------------------------------------ */
+
+static int tp_size(const model_t *m) { return m->lay.part.tp_size; }
+static int heads(const model_t *m) { return m->cfg.n_head / tp_size(m); }
+static int kv_heads(const model_t *m) { return m->cfg.n_kv_head / tp_size(m); }
+static int ffn(const model_t *m) { return m->cfg.d_ff / tp_size(m); }
+static int qkv_width(const model_t *m) { return (heads(m) + 2 * kv_heads(m)) * model_head_size(&m->cfg); }
+/* Width of the MLP's first matmul output: F (GPT-2) or 2F (Llama gate|up). */
+static int fc_width(const model_t *m) { return (m->cfg.arch == ARCH_LLAMA ? 2 : 1) * ffn(m); }
+/* Residual-stream rows this rank holds for n tokens. */
+static int res_rows(const model_t *m, int n) { return m->lay.sequence_parallel ? n / tp_size(m) : n; }
+
+/* ---- TP collectives: a failure is remembered, later ones skipped ------------------ */
+
+static int tp_active(const model_t *m) { return tp_size(m) > 1 && !m->failed; }
+
+static void tp_fail(model_t *m)
 {
-    return (size_t)(c->n_head + 2 * c->n_kv_head) * (size_t)model_head_size(c);
+    m->failed = 1;
+    snprintf(m->err, sizeof m->err, "tensor-parallel collective failed: %.400s", m->lay.tp->err);
 }
 
-/* Width of the MLP's first matmul output: F (GPT-2) or 2F (Llama gate|up). */
-static size_t fc_width(const model_config_t *c)
+/* Sum of the partial results of a row-parallel matmul, in place. */
+static void tp_allreduce(model_t *m, float *buf, size_t n, comm_op_t op)
 {
-    return (size_t)(c->arch == ARCH_LLAMA ? 2 : 1) * (size_t)c->d_ff;
+    if (tp_active(m) && m->lay.tp->ops->allreduce(m->lay.tp, buf, n, op) != 0)
+        tp_fail(m);
 }
+
+/* all[P*n_each] = every rank's rows in rank order */
+static void tp_allgather(model_t *m, float *all, const float *mine, size_t n_each)
+{
+    if (tp_active(m) && m->lay.tp->ops->allgather(m->lay.tp, mine, all, n_each) != 0)
+        tp_fail(m);
+}
+
+/* mine[n_each] = sum over ranks of rows [r*n_each, (r+1)*n_each) of all */
+static void tp_reduce_scatter(model_t *m, float *mine, const float *all, size_t n_each)
+{
+    if (tp_active(m) && m->lay.tp->ops->reduce_scatter(m->lay.tp, all, mine, n_each) != 0)
+        tp_fail(m);
+}
+
+/* ---- tensors ------------------------------------------------------------------------- */
 
 static float *tensor_ptr(const model_t *m, float *flat, const char *fmt, int layer)
 {
@@ -36,11 +70,16 @@ static int map_tensors(model_t *m, float *flat, model_tensors_t *t)
     t->wpe = gpt ? tensor_ptr(m, flat, "wpe", 0) : NULL;
     t->lnfw = tensor_ptr(m, flat, "lnf.w", 0);
     t->lnfb = gpt ? tensor_ptr(m, flat, "lnf.b", 0) : NULL;
-    t->head = gpt ? t->wte : tensor_ptr(m, flat, "lm_head.w", 0);
+    t->head = gpt ? tensor_ptr(m, flat, "wte", 0) : tensor_ptr(m, flat, "lm_head.w", 0);
+    if (!m->lay.part.has_head)
+        t->head = NULL;
+    if (!m->lay.part.has_embed)
+        t->wte = NULL;
     const size_t C = (size_t)c->d_model, HS = (size_t)model_head_size(c);
-    const size_t QD = (size_t)c->n_head * HS, KVD = (size_t)c->n_kv_head * HS;
-    for (int l = 0; l < c->n_layer; l++) {
-        block_tensors_t *h = &t->h[l];
+    const size_t QD = (size_t)heads(m) * HS, KVD = (size_t)kv_heads(m) * HS;
+    for (int i = 0; i < m->n_local; i++) {
+        const int l = m->lay.part.layer_begin + i;
+        block_tensors_t *h = &t->h[i];
         h->ln1w = tensor_ptr(m, flat, "h.%d.ln1.w", l);
         h->ln1b = tensor_ptr(m, flat, "h.%d.ln1.b", l);
         h->wqkv = tensor_ptr(m, flat, "h.%d.attn.wq", l);
@@ -60,11 +99,13 @@ static int map_tensors(model_t *m, float *flat, model_tensors_t *t)
         if (gpt && (tensor_ptr(m, flat, "h.%d.attn.bk", l) != h->bqkv + QD ||
                     tensor_ptr(m, flat, "h.%d.attn.bv", l) != h->bqkv + QD + KVD))
             return -1;
-        if (!gpt && tensor_ptr(m, flat, "h.%d.mlp.wup", l) != h->wfc + (size_t)c->d_ff * C)
+        if (!gpt && tensor_ptr(m, flat, "h.%d.mlp.wup", l) != h->wfc + (size_t)ffn(m) * C)
             return -1;
     }
     return 0;
 }
+
+/* ---- activation arenas ----------------------------------------------------------------- */
 
 /* Carves n floats out of the arena at *cursor (64-byte aligned pieces). */
 static float *carve(char *base, size_t *cursor, size_t n)
@@ -74,50 +115,60 @@ static float *carve(char *base, size_t *cursor, size_t n)
     return p;
 }
 
-/* Lays out activations and workspace in two arenas. Called once with
- * base == NULL to size them, then with the allocated arenas. */
+/* Lays out every slot's activations and the shared workspace in two arenas.
+ * Called once with base == NULL to size them, then with the allocated arenas. */
 static void layout_acts(model_t *m, char *acts, size_t *acts_bytes, char *work, size_t *work_bytes)
 {
-    const model_config_t *c = &m->cfg;
-    const size_t N = (size_t)m->B * (size_t)m->T, C = (size_t)c->d_model;
-    const size_t L = (size_t)c->n_layer, V = (size_t)c->vocab_size;
-    const size_t QKV = qkv_width(c), QD = (size_t)c->n_head * (size_t)model_head_size(c);
-    const size_t FW = fc_width(c), F = (size_t)c->d_ff;
-    const size_t ATT = (size_t)m->B * (size_t)c->n_head * (size_t)m->T * (size_t)m->T;
+    const size_t N = (size_t)m->B * (size_t)m->T, NR = (size_t)res_rows(m, (int)N);
+    const size_t C = (size_t)m->cfg.d_model, Ls = (size_t)m->n_local, Vl = (size_t)m->v_rows;
+    const size_t QKV = (size_t)qkv_width(m), QD = (size_t)heads(m) * (size_t)model_head_size(&m->cfg);
+    const size_t FW = (size_t)fc_width(m), F = (size_t)ffn(m);
+    const size_t ATT = (size_t)m->B * (size_t)heads(m) * (size_t)m->T * (size_t)m->T;
     size_t a = 0, w = 0;
-    m->x = carve(acts, &a, (L + 1) * N * C);
-    for (size_t l = 0; l < L; l++) {
-        block_acts_t *s = &m->acts[l];
-        s->ln1 = carve(acts, &a, N * C);
-        s->ln1_mean = carve(acts, &a, N);
-        s->ln1_rstd = carve(acts, &a, N);
-        s->qkv = carve(acts, &a, N * QKV);
-        s->att = carve(acts, &a, ATT);
-        s->atty = carve(acts, &a, N * QD);
-        s->res2 = carve(acts, &a, N * C);
-        s->ln2 = carve(acts, &a, N * C);
-        s->ln2_mean = carve(acts, &a, N);
-        s->ln2_rstd = carve(acts, &a, N);
-        s->fc = carve(acts, &a, N * FW);
-        s->fc_act = carve(acts, &a, N * F);
+    for (int k = 0; k < m->lay.n_slots; k++) {
+        model_slot_t *sl = &m->slots[k];
+        sl->x = carve(acts, &a, (Ls + 1) * NR * C);
+        for (size_t l = 0; l < Ls; l++) {
+            block_acts_t *s = &sl->acts[l];
+            s->ln1 = carve(acts, &a, N * C);
+            s->ln1_mean = carve(acts, &a, NR);
+            s->ln1_rstd = carve(acts, &a, NR);
+            s->qkv = carve(acts, &a, N * QKV);
+            s->att = carve(acts, &a, ATT);
+            s->atty = carve(acts, &a, N * QD);
+            s->res2 = carve(acts, &a, NR * C);
+            s->ln2 = carve(acts, &a, N * C);
+            s->ln2_mean = carve(acts, &a, NR);
+            s->ln2_rstd = carve(acts, &a, NR);
+            s->fc = carve(acts, &a, N * FW);
+            s->fc_act = carve(acts, &a, N * F);
+        }
+        if (m->lay.part.has_head) {
+            sl->lnf = carve(acts, &a, N * C);
+            sl->lnf_mean = carve(acts, &a, NR);
+            sl->lnf_rstd = carve(acts, &a, NR);
+            sl->logits = carve(acts, &a, N * Vl);
+            sl->losses = carve(acts, &a, N);
+            sl->xmax = carve(acts, &a, N);
+            sl->xstats = carve(acts, &a, 2 * N);
+        }
+        sl->tokens = (int32_t *)carve(acts, &a, N);
+        sl->targets = (int32_t *)carve(acts, &a, N);
     }
-    m->lnf = carve(acts, &a, N * C);
-    m->lnf_mean = carve(acts, &a, N);
-    m->lnf_rstd = carve(acts, &a, N);
-    m->logits = carve(acts, &a, N * V);
-    m->losses = carve(acts, &a, N);
-    m->tokens = (int32_t *)carve(acts, &a, N);
-    m->targets = (int32_t *)carve(acts, &a, N);
     size_t big = QKV;
     if (FW > big)
         big = FW;
     if (QD > big)
         big = QD;
-    m->dres = carve(work, &w, N * C);
+    m->dres = carve(work, &w, NR * C);
+    m->dfull = carve(work, &w, N * C);
     m->dln = carve(work, &w, N * C);
+    m->dlnr = carve(work, &w, NR * C);
     m->dbig = carve(work, &w, N * big);
     m->dbig2 = carve(work, &w, N * big);
     m->datt = carve(work, &w, ATT);
+    m->tmp = carve(work, &w, N * C);
+    m->lnr = carve(work, &w, NR * C);
     *acts_bytes = a;
     *work_bytes = w;
 }
@@ -140,14 +191,21 @@ static void backend_free(const ops_t *ops, mem_category_t cat, void *p, size_t b
     }
 }
 
-int model_create(model_t *m, const model_config_t *cfg, const ops_t *ops, int B, int T,
-                 char *err, size_t errlen)
+model_layout_t model_layout_single(const model_config_t *c)
+{
+    return (model_layout_t){.part = param_layout_whole(c), .tp = NULL, .sequence_parallel = 0, .n_slots = 1};
+}
+
+int model_create(model_t *m, const model_config_t *cfg, const ops_t *ops, const model_layout_t *lay,
+                 int B, int T, char *err, size_t errlen)
 {
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
     m->ops = ops;
+    m->lay = *lay;
     m->B = B;
     m->T = T;
+    const int P = lay->part.tp_size;
     if (model_config_check(cfg, err, errlen) != 0)
         return -1;
     if (cfg->arch == ARCH_GPT2 && T > cfg->max_seq) {
@@ -155,23 +213,60 @@ int model_create(model_t *m, const model_config_t *cfg, const ops_t *ops, int B,
                  T, cfg->max_seq);
         return -1;
     }
-    if (param_table_build(&m->table, cfg, 1, 0, err, errlen) != 0)
+    if (P > 1 && !lay->tp) {
+        snprintf(err, errlen, "internal error: --tp %d without a TP communicator", P);
         return -1;
-    const size_t L = (size_t)cfg->n_layer, pbytes = m->table.numel * sizeof(float);
-    m->p.h = calloc(L, sizeof *m->p.h);
-    m->g.h = calloc(L, sizeof *m->g.h);
-    m->acts = calloc(L, sizeof *m->acts);
-    m->layer_start = calloc(L + 1, sizeof *m->layer_start);
-    if (m->layer_start)
-        for (int i = m->table.n - 1; i >= 0; i--) /* lowest offset of each layer wins */
-            if (m->table.p[i].layer >= 0)
-                m->layer_start[m->table.p[i].layer] = m->table.p[i].offset;
+    }
+    if (cfg->n_head % P || cfg->n_kv_head % P || cfg->d_ff % P) {
+        snprintf(err, errlen, "--tp %d must divide the heads (%d), the KV heads (%d) and the FFN width (%d)",
+                 P, cfg->n_head, cfg->n_kv_head, cfg->d_ff);
+        return -1;
+    }
+    if (lay->sequence_parallel && ((size_t)B * (size_t)T) % (size_t)P) {
+        snprintf(err, errlen, "--sequence-parallel: micro batch x seq len (%d x %d) must be a multiple of --tp %d",
+                 B, T, P);
+        return -1;
+    }
+    if (lay->n_slots < 1 || lay->part.layer_begin < 0 || lay->part.layer_end > cfg->n_layer ||
+        lay->part.layer_begin > lay->part.layer_end) {
+        snprintf(err, errlen, "internal error: bad stage layout (layers %d..%d, %d slots)",
+                 lay->part.layer_begin, lay->part.layer_end, lay->n_slots);
+        return -1;
+    }
+    if (param_table_build(&m->table, cfg, &lay->part, err, errlen) != 0)
+        return -1;
+    m->n_local = lay->part.layer_end - lay->part.layer_begin;
+    m->v_rows = (int)(param_padded_vocab(cfg->vocab_size, P) / P);
+    m->v0 = m->v_rows * lay->part.tp_rank;
+    m->v_held = cfg->vocab_size - m->v0 < 0 ? 0 : cfg->vocab_size - m->v0 > m->v_rows ? m->v_rows
+                                                                                   : cfg->vocab_size - m->v0;
+    const size_t Ls = (size_t)m->n_local, pbytes = m->table.numel * sizeof(float);
+    m->p.h = calloc(Ls ? Ls : 1, sizeof *m->p.h);
+    m->g.h = calloc(Ls ? Ls : 1, sizeof *m->g.h);
+    m->slots = calloc((size_t)lay->n_slots, sizeof *m->slots);
+    int slots_ok = m->slots != NULL;
+    for (int k = 0; slots_ok && k < lay->n_slots; k++)
+        slots_ok = (m->slots[k].acts = calloc(Ls ? Ls : 1, sizeof(block_acts_t))) != NULL;
+    m->layer_start = calloc(Ls + 1, sizeof *m->layer_start);
+    if (m->layer_start) {
+        for (size_t i = 0; i <= Ls; i++)
+            m->layer_start[i] = m->table.numel;
+        for (int i = m->table.n - 1; i >= 0; i--) { /* lowest offset of each layer wins */
+            int l = m->table.p[i].layer - lay->part.layer_begin;
+            if (m->table.p[i].layer >= 0 && l >= 0 && (size_t)l <= Ls)
+                m->layer_start[l] = m->table.p[i].offset;
+        }
+    }
     m->params = backend_alloc(ops, MEM_PARAMS, pbytes);
     m->grads = backend_alloc(ops, MEM_GRADS, pbytes);
-    layout_acts(m, NULL, &m->act_bytes, NULL, &m->work_bytes);
-    char *acts = backend_alloc(ops, MEM_ACTS, m->act_bytes);
-    char *work = backend_alloc(ops, MEM_WORKSPACE, m->work_bytes);
-    if (!m->p.h || !m->g.h || !m->acts || !m->layer_start || !m->params || !m->grads || !acts || !work) {
+    char *acts = NULL, *work = NULL;
+    if (slots_ok) {
+        layout_acts(m, NULL, &m->act_bytes, NULL, &m->work_bytes);
+        acts = backend_alloc(ops, MEM_ACTS, m->act_bytes);
+        work = backend_alloc(ops, MEM_WORKSPACE, m->work_bytes);
+    }
+    if (!m->p.h || !m->g.h || !slots_ok || !m->layer_start || (pbytes && (!m->params || !m->grads)) ||
+        !acts || !work) {
         snprintf(err, errlen, "out of memory: the model needs %.1f MiB of parameters+gradients and "
                  "%.1f MiB of activations at micro batch %d x seq %d; lower --micro-batch or --seq-len",
                  2.0 * (double)pbytes / 1048576.0, (double)(m->act_bytes + m->work_bytes) / 1048576.0, B, T);
@@ -196,13 +291,15 @@ void model_destroy(model_t *m)
     size_t pbytes = m->table.numel * sizeof(float);
     backend_free(ops, MEM_PARAMS, m->params, pbytes);
     backend_free(ops, MEM_GRADS, m->grads, pbytes);
-    if (m->x)
-        backend_free(ops, MEM_ACTS, m->x, m->act_bytes); /* x is the arena's first piece */
+    if (m->slots && m->slots[0].x)
+        backend_free(ops, MEM_ACTS, m->slots[0].x, m->act_bytes); /* the arena's first piece */
     if (m->dres)
         backend_free(ops, MEM_WORKSPACE, m->dres, m->work_bytes);
+    for (int k = 0; m->slots && k < m->lay.n_slots; k++)
+        free(m->slots[k].acts);
+    free(m->slots);
     free(m->p.h);
     free(m->g.h);
-    free(m->acts);
     free(m->layer_start);
     param_table_free(&m->table);
     memset(m, 0, sizeof *m);
@@ -211,7 +308,7 @@ void model_destroy(model_t *m)
 int model_init_params(model_t *m, uint64_t seed)
 {
     size_t bytes = m->table.numel * sizeof(float);
-    float *host = malloc(bytes);
+    float *host = malloc(bytes ? bytes : 1);
     if (!host)
         return -1;
     param_table_init(&m->table, host, seed);
@@ -220,75 +317,114 @@ int model_init_params(model_t *m, uint64_t seed)
     return 0;
 }
 
-float model_forward(model_t *m, const int32_t *tokens, const int32_t *targets, int b, int t,
-                    float dloss)
+/* ---- forward --------------------------------------------------------------------------- */
+
+/* Norm of this rank's NR rows of x, then all N rows of the result in
+ * out[N,C] (gathered under sequence parallelism). */
+static void norm_fwd_gather(model_t *m, float *out, float *mean, float *rstd, const float *x, const float *w,
+                            const float *b, int N, int NR)
+{
+    const model_config_t *c = &m->cfg;
+    const int C = c->d_model;
+    float *dst = m->lay.sequence_parallel ? m->lnr : out;
+    if (c->arch == ARCH_GPT2)
+        m->ops->layernorm_fwd(dst, mean, rstd, x, w, b, NR, C, c->norm_eps);
+    else
+        m->ops->rmsnorm_fwd(dst, rstd, x, w, NR, C, c->norm_eps);
+    if (m->lay.sequence_parallel)
+        tp_allgather(m, out, m->lnr, (size_t)NR * C);
+    (void)N;
+}
+
+/* out[NR,C] = res[NR,C] + (in[N,IC] . w^T + b) summed over TP ranks: the
+ * row-parallel matmul (bias added once, by TP rank 0), then the
+ * all-reduce, or the reduce-scatter to this rank's rows. */
+static void row_parallel_fwd(model_t *m, float *out, const float *res, const float *in, const float *w,
+                             const float *b, int N, int NR, int IC)
+{
+    const int C = m->cfg.d_model;
+    const float *bias = m->lay.part.tp_rank == 0 ? b : NULL;
+    if (m->lay.sequence_parallel) {
+        m->ops->matmul_fwd(m->tmp, in, w, bias, N, IC, C);
+        tp_reduce_scatter(m, out, m->tmp, (size_t)NR * C);
+    } else {
+        m->ops->matmul_fwd(out, in, w, bias, N, IC, C);
+        tp_allreduce(m, out, (size_t)N * C, COMM_SUM);
+    }
+    m->ops->add(out, out, res, (size_t)NR * C);
+}
+
+static void block_fwd(model_t *m, model_slot_t *sl, int i, int b, int t)
 {
     const ops_t *o = m->ops;
     const model_config_t *c = &m->cfg;
-    const int gpt = c->arch == ARCH_GPT2;
-    const int N = b * t, C = c->d_model, L = c->n_layer, V = c->vocab_size;
-    const int NH = c->n_head, NKV = c->n_kv_head, HS = model_head_size(c);
-    const int QKV = (int)qkv_width(c), QD = NH * HS, F = c->d_ff, FW = (int)fc_width(c);
-    m->cur_B = b;
-    m->cur_T = t;
-    m->has_dlogits = 0;
-
-    o->from_host(m->tokens, tokens, (size_t)N * sizeof(int32_t));
-    o->embedding_fwd(m->x, m->tokens, m->p.wte, m->p.wpe, N, t, C);
-
-    for (int l = 0; l < L; l++) {
-        const block_tensors_t *w = &m->p.h[l];
-        block_acts_t *a = &m->acts[l];
-        float *x = m->x + (size_t)l * N * C, *xout = x + (size_t)N * C;
-        /* attention sub-block: res2 = x + wo . attn(norm1(x)) */
-        if (gpt)
-            o->layernorm_fwd(a->ln1, a->ln1_mean, a->ln1_rstd, x, w->ln1w, w->ln1b, N, C, c->norm_eps);
-        else
-            o->rmsnorm_fwd(a->ln1, a->ln1_rstd, x, w->ln1w, N, C, c->norm_eps);
-        o->matmul_fwd(a->qkv, a->ln1, w->wqkv, w->bqkv, N, C, QKV);
-        if (!gpt)
-            o->rope_fwd(a->qkv, b, t, NH, NKV, HS, c->rope_theta);
-        o->attention_fwd(a->atty, a->att, a->qkv, b, t, NH, NKV, HS);
-        o->matmul_fwd(a->res2, a->atty, w->wo, w->bo, N, QD, C);
-        o->add(a->res2, a->res2, x, (size_t)N * C);
-        /* MLP sub-block: xout = res2 + wproj . act(fc(norm2(res2))) */
-        if (gpt)
-            o->layernorm_fwd(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2w, w->ln2b, N, C, c->norm_eps);
-        else
-            o->rmsnorm_fwd(a->ln2, a->ln2_rstd, a->res2, w->ln2w, N, C, c->norm_eps);
-        o->matmul_fwd(a->fc, a->ln2, w->wfc, w->bfc, N, C, FW);
-        if (gpt)
-            o->gelu_fwd(a->fc_act, a->fc, (size_t)N * F);
-        else
-            o->swiglu_fwd(a->fc_act, a->fc, N, F);
-        o->matmul_fwd(xout, a->fc_act, w->wproj, w->bproj, N, F, C);
-        o->add(xout, xout, a->res2, (size_t)N * C);
-    }
-
-    float *xL = m->x + (size_t)L * N * C;
-    if (gpt)
-        o->layernorm_fwd(m->lnf, m->lnf_mean, m->lnf_rstd, xL, m->p.lnfw, m->p.lnfb, N, C, c->norm_eps);
+    const int N = b * t, NR = res_rows(m, N), C = c->d_model, HS = model_head_size(c);
+    const int NH = heads(m), NKV = kv_heads(m), QD = NH * HS, F = ffn(m);
+    const block_tensors_t *w = &m->p.h[i];
+    block_acts_t *a = &sl->acts[i];
+    const float *x = sl->x + (size_t)i * NR * C;
+    float *xout = sl->x + (size_t)(i + 1) * NR * C;
+    /* attention sub-block: res2 = x + wo . attn(norm1(x)) */
+    norm_fwd_gather(m, a->ln1, a->ln1_mean, a->ln1_rstd, x, w->ln1w, w->ln1b, N, NR);
+    o->matmul_fwd(a->qkv, a->ln1, w->wqkv, w->bqkv, N, C, qkv_width(m));
+    if (c->arch == ARCH_LLAMA)
+        o->rope_fwd(a->qkv, b, t, NH, NKV, HS, c->rope_theta);
+    o->attention_fwd(a->atty, a->att, a->qkv, b, t, NH, NKV, HS);
+    row_parallel_fwd(m, a->res2, x, a->atty, w->wo, w->bo, N, NR, QD);
+    /* MLP sub-block: xout = res2 + wproj . act(fc(norm2(res2))) */
+    norm_fwd_gather(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2w, w->ln2b, N, NR);
+    o->matmul_fwd(a->fc, a->ln2, w->wfc, w->bfc, N, C, fc_width(m));
+    if (c->arch == ARCH_GPT2)
+        o->gelu_fwd(a->fc_act, a->fc, (size_t)N * F);
     else
-        o->rmsnorm_fwd(m->lnf, m->lnf_rstd, xL, m->p.lnfw, N, C, c->norm_eps);
-    o->matmul_fwd(m->logits, m->lnf, m->p.head, NULL, N, C, V);
+        o->swiglu_fwd(a->fc_act, a->fc, N, F);
+    row_parallel_fwd(m, xout, a->res2, a->fc_act, w->wproj, w->bproj, N, NR, F);
+}
+
+/* x0[NR,C] = embeddings of the tokens: each TP rank looks up the tokens of
+ * its vocabulary slice (others give 0) and the ranks' rows are summed. */
+static void embed_fwd(model_t *m, model_slot_t *sl, int b, int t)
+{
+    const int N = b * t, NR = res_rows(m, N), C = m->cfg.d_model;
+    const float *wpe = m->lay.part.tp_rank == 0 ? m->p.wpe : NULL; /* added once */
+    if (m->lay.sequence_parallel) {
+        m->ops->embedding_fwd(m->tmp, sl->tokens, m->p.wte, wpe, N, t, C, m->v0, m->v_held);
+        tp_reduce_scatter(m, sl->x, m->tmp, (size_t)NR * C);
+    } else {
+        m->ops->embedding_fwd(sl->x, sl->tokens, m->p.wte, wpe, N, t, C, m->v0, m->v_held);
+        tp_allreduce(m, sl->x, (size_t)N * C, COMM_SUM);
+    }
+}
+
+/* Final norm, vocabulary-parallel head and cross-entropy (last stage). */
+static float head_fwd(model_t *m, model_slot_t *sl, const int32_t *targets, int b, int t, float dloss)
+{
+    const ops_t *o = m->ops;
+    const int N = b * t, NR = res_rows(m, N), C = m->cfg.d_model, Vl = m->v_rows;
+    const float *xL = sl->x + (size_t)m->n_local * NR * C;
+    norm_fwd_gather(m, sl->lnf, sl->lnf_mean, sl->lnf_rstd, xL, m->p.lnfw, m->p.lnfb, N, NR);
+    o->matmul_fwd(sl->logits, sl->lnf, m->p.head, NULL, N, C, Vl);
     if (!targets)
         return 0.0f;
-
     /* The loss is the mean over the targets that count (>= 0); the
      * gradient must be of that same mean. */
     int counted = 0;
     for (int i = 0; i < N; i++)
         counted += targets[i] >= 0;
-    o->from_host(m->targets, targets, (size_t)N * sizeof(int32_t));
-    float *dlogits = dloss > 0 ? m->logits : NULL;
-    o->cross_entropy(m->losses, dlogits, m->logits, m->targets, N, V, V,
-                     counted ? dloss / (float)counted : 0.0f);
-    m->has_dlogits = dloss > 0;
+    o->from_host(sl->targets, targets, (size_t)N * sizeof(int32_t));
+    float *dlogits = dloss > 0 ? sl->logits : NULL;
+    o->xent_max(sl->xmax, sl->logits, N, m->v_held, Vl);
+    tp_allreduce(m, sl->xmax, (size_t)N, COMM_MAX);
+    o->xent_sumexp(sl->xstats, dlogits, sl->logits, sl->xmax, sl->targets, m->v0, N, m->v_held, Vl);
+    tp_allreduce(m, sl->xstats, 2 * (size_t)N, COMM_SUM);
+    o->xent_finish(sl->losses, dlogits, sl->xmax, sl->xstats, sl->targets, m->v0, N, m->v_held, Vl,
+                   counted ? dloss / (float)counted : 0.0f);
+    sl->has_dlogits = dloss > 0;
     /* reduced on the host in double, in a fixed order */
     float *host = malloc((size_t)N * sizeof(float));
     if (!host)
         return NAN;
-    o->to_host(host, m->losses, (size_t)N * sizeof(float));
+    o->to_host(host, sl->losses, (size_t)N * sizeof(float));
     double sum = 0.0;
     for (int i = 0; i < N; i++)
         if (targets[i] >= 0)
@@ -297,73 +433,179 @@ float model_forward(model_t *m, const int32_t *tokens, const int32_t *targets, i
     return counted ? (float)(sum / counted) : 0.0f;
 }
 
-void model_backward(model_t *m, int accum)
+float model_forward(model_t *m, int slot, const int32_t *tokens, const int32_t *targets, int b, int t,
+                    float dloss)
+{
+    model_slot_t *sl = &m->slots[slot];
+    const int N = b * t;
+    sl->b = b;
+    sl->t = t;
+    sl->has_dlogits = 0;
+    if (m->lay.part.has_embed) {
+        m->ops->from_host(sl->tokens, tokens, (size_t)N * sizeof(int32_t));
+        embed_fwd(m, sl, b, t);
+    }
+    for (int i = 0; i < m->n_local; i++)
+        block_fwd(m, sl, i, b, t);
+    float loss = m->lay.part.has_head ? head_fwd(m, sl, targets, b, t, dloss) : 0.0f;
+    return m->failed ? NAN : loss;
+}
+
+/* ---- backward -------------------------------------------------------------------------- */
+
+/* All N rows of dres (the residual gradient) for a row-parallel matmul's
+ * backward: dres itself, or its all-gather under sequence parallelism. */
+static const float *dres_all_rows(model_t *m, int N, int NR)
+{
+    if (!m->lay.sequence_parallel)
+        return m->dres;
+    tp_allgather(m, m->dfull, m->dres, (size_t)NR * m->cfg.d_model);
+    (void)N;
+    return m->dfull;
+}
+
+/* dln[N,C] holds this rank's partial dL/d(norm output) from a
+ * column-parallel matmul: sum it over TP ranks and add the norm's backward
+ * into dres (this rank's rows). */
+static void norm_bwd_reduce(model_t *m, float *dw, float *db, const float *x, const float *w,
+                            const float *mean, const float *rstd, int N, int NR, int accum)
+{
+    const int C = m->cfg.d_model;
+    const float *dout = m->dln;
+    if (m->lay.sequence_parallel) {
+        tp_reduce_scatter(m, m->dlnr, m->dln, (size_t)NR * C);
+        dout = m->dlnr;
+    } else {
+        tp_allreduce(m, m->dln, (size_t)N * C, COMM_SUM);
+    }
+    if (m->cfg.arch == ARCH_GPT2)
+        m->ops->layernorm_bwd(m->dres, dw, db, dout, x, w, mean, rstd, NR, C, accum);
+    else
+        m->ops->rmsnorm_bwd(m->dres, dw, dout, x, w, rstd, NR, C, accum);
+}
+
+/* Under sequence parallelism a norm's weight (and bias) gradient is this
+ * rank's rows' part: summed over TP once the step's last microbatch is in. */
+static void norm_grads_reduce(model_t *m, float *dw, float *db, int last)
+{
+    if (!m->lay.sequence_parallel || !last)
+        return;
+    tp_allreduce(m, dw, (size_t)m->cfg.d_model, COMM_SUM);
+    if (db)
+        tp_allreduce(m, db, (size_t)m->cfg.d_model, COMM_SUM);
+}
+
+static void block_bwd(model_t *m, model_slot_t *sl, int i, int accum, int last)
 {
     const ops_t *o = m->ops;
     const model_config_t *c = &m->cfg;
     const int gpt = c->arch == ARCH_GPT2;
-    const int b = m->cur_B, t = m->cur_T, N = b * t, C = c->d_model, L = c->n_layer;
-    const int V = c->vocab_size, NH = c->n_head, NKV = c->n_kv_head, HS = model_head_size(c);
-    const int QKV = (int)qkv_width(c), QD = NH * HS, F = c->d_ff, FW = (int)fc_width(c);
-    if (!m->has_dlogits)
-        return;
-
-    /* output head and final norm; dres accumulates dL/dx from here down */
-    o->matmul_bwd(m->dln, m->g.head, NULL, m->logits, m->lnf, m->p.head, N, C, V, 0, accum);
-    o->zero(m->dres, (size_t)N * C * sizeof(float));
-    float *xL = m->x + (size_t)L * N * C;
+    const int b = sl->b, t = sl->t, N = b * t, NR = res_rows(m, N), C = c->d_model;
+    const int NH = heads(m), NKV = kv_heads(m), HS = model_head_size(c), QD = NH * HS, F = ffn(m);
+    const block_tensors_t *w = &m->p.h[i];
+    const block_tensors_t *g = &m->g.h[i];
+    const block_acts_t *a = &sl->acts[i];
+    const float *x = sl->x + (size_t)i * NR * C;
+    /* MLP: dres = dL/dxout on entry, dL/dres2 after the norm backward */
+    o->matmul_bwd(m->dbig, g->wproj, g->bproj, dres_all_rows(m, N, NR), a->fc_act, w->wproj, N, F, C, 0, accum);
     if (gpt)
-        o->layernorm_bwd(m->dres, m->g.lnfw, m->g.lnfb, m->dln, xL, m->p.lnfw, m->lnf_mean,
-                         m->lnf_rstd, N, C, accum);
+        o->gelu_bwd(m->dbig2, a->fc, m->dbig, (size_t)N * F);
     else
-        o->rmsnorm_bwd(m->dres, m->g.lnfw, m->dln, xL, m->p.lnfw, m->lnf_rstd, N, C, accum);
-    /* GPT-2's head is wte, which is not final until the embedding's part */
-    if (m->grads_ready)
-        m->grads_ready(m->grads_ready_ctx, m->layer_start[L]);
-
-    for (int l = L - 1; l >= 0; l--) {
-        const block_tensors_t *w = &m->p.h[l];
-        const block_tensors_t *g = &m->g.h[l];
-        const block_acts_t *a = &m->acts[l];
-        const float *x = m->x + (size_t)l * N * C;
-        /* MLP: dres = dL/dxout on entry, dL/dres2 after the norm backward */
-        o->matmul_bwd(m->dbig, g->wproj, g->bproj, m->dres, a->fc_act, w->wproj, N, F, C, 0, accum);
-        if (gpt)
-            o->gelu_bwd(m->dbig2, a->fc, m->dbig, (size_t)N * F);
-        else
-            o->swiglu_bwd(m->dbig2, a->fc, m->dbig, N, F);
-        o->matmul_bwd(m->dln, g->wfc, g->bfc, m->dbig2, a->ln2, w->wfc, N, C, FW, 0, accum);
-        if (gpt)
-            o->layernorm_bwd(m->dres, g->ln2w, g->ln2b, m->dln, a->res2, w->ln2w, a->ln2_mean,
-                             a->ln2_rstd, N, C, accum);
-        else
-            o->rmsnorm_bwd(m->dres, g->ln2w, m->dln, a->res2, w->ln2w, a->ln2_rstd, N, C, accum);
-        /* attention: dres becomes dL/dx */
-        o->matmul_bwd(m->dbig, g->wo, g->bo, m->dres, a->atty, w->wo, N, QD, C, 0, accum);
-        o->attention_bwd(m->dbig2, m->datt, m->dbig, a->qkv, a->att, b, t, NH, NKV, HS);
-        if (!gpt)
-            o->rope_bwd(m->dbig2, b, t, NH, NKV, HS, c->rope_theta);
-        o->matmul_bwd(m->dln, g->wqkv, g->bqkv, m->dbig2, a->ln1, w->wqkv, N, C, QKV, 0, accum);
-        if (gpt)
-            o->layernorm_bwd(m->dres, g->ln1w, g->ln1b, m->dln, x, w->ln1w, a->ln1_mean,
-                             a->ln1_rstd, N, C, accum);
-        else
-            o->rmsnorm_bwd(m->dres, g->ln1w, m->dln, x, w->ln1w, a->ln1_rstd, N, C, accum);
-        if (m->grads_ready)
-            m->grads_ready(m->grads_ready_ctx, m->layer_start[l]);
-    }
-    /* GPT-2's wte gradient already holds the output head's part, so the
-     * embedding adds to it; wpe is cleared here on the first microbatch. */
-    if (gpt && !accum)
-        o->zero(m->g.wpe, (size_t)c->max_seq * C * sizeof(float));
-    o->embedding_bwd(m->g.wte, m->g.wpe, m->dres, m->tokens, N, t, C, V, gpt ? 1 : accum);
-    if (m->grads_ready)
-        m->grads_ready(m->grads_ready_ctx, 0);
-    m->has_dlogits = 0;
+        o->swiglu_bwd(m->dbig2, a->fc, m->dbig, N, F);
+    o->matmul_bwd(m->dln, g->wfc, g->bfc, m->dbig2, a->ln2, w->wfc, N, C, fc_width(m), 0, accum);
+    norm_bwd_reduce(m, g->ln2w, g->ln2b, a->res2, w->ln2w, a->ln2_mean, a->ln2_rstd, N, NR, accum);
+    /* attention: dres becomes dL/dx */
+    o->matmul_bwd(m->dbig, g->wo, g->bo, dres_all_rows(m, N, NR), a->atty, w->wo, N, QD, C, 0, accum);
+    o->attention_bwd(m->dbig2, m->datt, m->dbig, a->qkv, a->att, b, t, NH, NKV, HS);
+    if (!gpt)
+        o->rope_bwd(m->dbig2, b, t, NH, NKV, HS, c->rope_theta);
+    o->matmul_bwd(m->dln, g->wqkv, g->bqkv, m->dbig2, a->ln1, w->wqkv, N, C, qkv_width(m), 0, accum);
+    norm_bwd_reduce(m, g->ln1w, g->ln1b, x, w->ln1w, a->ln1_mean, a->ln1_rstd, N, NR, accum);
+    norm_grads_reduce(m, g->ln1w, g->ln1b, last);
+    norm_grads_reduce(m, g->ln2w, g->ln2b, last);
 }
 
-void model_logits_row(const model_t *m, int n, float *host_out)
+int model_backward(model_t *m, int slot, int accum, int last)
 {
-    const size_t V = (size_t)m->cfg.vocab_size;
-    m->ops->to_host(host_out, m->logits + (size_t)n * V, V * sizeof(float));
+    const ops_t *o = m->ops;
+    const model_config_t *c = &m->cfg;
+    const int gpt = c->arch == ARCH_GPT2;
+    model_slot_t *sl = &m->slots[slot];
+    const int t = sl->t, N = sl->b * t, NR = res_rows(m, N), C = c->d_model;
+    if (m->lay.part.has_head) {
+        if (!sl->has_dlogits) {
+            snprintf(m->err, sizeof m->err, "internal error: backward without a training forward");
+            return -1;
+        }
+        /* output head and final norm; dres accumulates dL/dx from here down */
+        o->matmul_bwd(m->dln, m->g.head, NULL, sl->logits, sl->lnf, m->p.head, N, C, m->v_rows, 0, accum);
+        o->zero(m->dres, (size_t)NR * C * sizeof(float));
+        const float *xL = sl->x + (size_t)m->n_local * NR * C;
+        norm_bwd_reduce(m, m->g.lnfw, m->g.lnfb, xL, m->p.lnfw, sl->lnf_mean, sl->lnf_rstd, N, NR, accum);
+        norm_grads_reduce(m, m->g.lnfw, m->g.lnfb, last);
+        sl->has_dlogits = 0;
+    }
+    /* GPT-2's head is wte, which is not final until the embedding's part */
+    if (m->grads_ready && !m->failed)
+        m->grads_ready(m->grads_ready_ctx, m->layer_start[m->n_local]);
+
+    for (int i = m->n_local - 1; i >= 0; i--) {
+        block_bwd(m, sl, i, accum, last);
+        if (m->grads_ready && !m->failed)
+            m->grads_ready(m->grads_ready_ctx, m->layer_start[i]);
+    }
+    if (m->lay.part.has_embed) {
+        /* GPT-2's wte gradient already holds the output head's part when
+         * the head is on this stage, so the embedding adds to it; wpe is
+         * cleared here on the first microbatch. */
+        const int wte_has_head = gpt && m->lay.part.has_head;
+        if (gpt && !accum)
+            o->zero(m->g.wpe, (size_t)c->max_seq * C * sizeof(float));
+        o->embedding_bwd(m->g.wte, m->g.wpe, dres_all_rows(m, N, NR), sl->tokens, N, t, C, m->v0, m->v_held,
+                         wte_has_head ? 1 : accum);
+        if (m->grads_ready && !m->failed)
+            m->grads_ready(m->grads_ready_ctx, 0);
+    }
+    return m->failed ? -1 : 0;
+}
+
+/* ---- stage interface and sampling ---------------------------------------------------- */
+
+float *model_stage_input(model_t *m, int slot) { return m->slots[slot].x; }
+
+float *model_stage_output(model_t *m, int slot)
+{
+    const model_slot_t *sl = &m->slots[slot];
+    return m->slots[slot].x + (size_t)m->n_local * model_stage_floats(m, sl->b, sl->t);
+}
+
+float *model_stage_grad(model_t *m) { return m->dres; }
+
+size_t model_stage_floats(const model_t *m, int b, int t)
+{
+    return (size_t)res_rows(m, b * t) * (size_t)m->cfg.d_model;
+}
+
+int model_logits_row(model_t *m, int slot, int n, float *host_out)
+{
+    const size_t Vl = (size_t)m->v_rows, P = (size_t)tp_size(m);
+    const float *row = m->slots[slot].logits + (size_t)n * Vl;
+    if (P == 1) {
+        m->ops->to_host(host_out, row, (size_t)m->cfg.vocab_size * sizeof(float));
+        return 0;
+    }
+    float *all = malloc(P * Vl * sizeof *all), *mine = malloc(Vl * sizeof *mine);
+    int rc = -1;
+    if (all && mine) {
+        m->ops->to_host(mine, row, Vl * sizeof(float));
+        tp_allgather(m, all, mine, Vl);
+        if (!m->failed) {
+            /* rank r's slice starts at logical column r*Vl: the padded layout */
+            memcpy(host_out, all, (size_t)m->cfg.vocab_size * sizeof(float));
+            rc = 0;
+        }
+    }
+    free(all);
+    free(mine);
+    return rc;
 }

@@ -1,14 +1,28 @@
 /* GPT-2 and Llama decoder-only transformers: forward and backward built from
  * the ops table, over one flat parameter buffer described by the parameter
- * table. Shapes in comments: B batch rows, T sequence length, N = B*T,
- * C d_model, NH/NKV query/KV heads, HS head size, F MLP width, V vocabulary,
- * QKV = (NH + 2*NKV)*HS. */
+ * table, for one pipeline stage of one tensor-parallel rank.
+ *
+ * Shapes in comments: B batch rows, T sequence length, N = B*T tokens, C
+ * d_model, HS head size. Tensor parallelism (TP ranks P) splits heads, the
+ * MLP width and the vocabulary, so a rank computes with local widths:
+ *   NH = n_head/P query heads, NKV = n_kv_head/P KV heads,
+ *   QKV = (NH + 2*NKV)*HS, QD = NH*HS, F = d_ff/P, Vl = padded vocab/P.
+ * The residual stream has NR rows per rank: N, or N/P with sequence
+ * parallelism (rows [r*N/P, (r+1)*N/P) on TP rank r).
+ *
+ * Megatron's layout: q,k,v and the MLP's first matmul are column-parallel,
+ * the attention output and the MLP's second matmul row-parallel; one
+ * conjugate pair per sub-block: before the column-parallel matmul, identity
+ * forward / all-reduce backward (with sequence parallelism: all-gather /
+ * reduce-scatter), after the row-parallel one, all-reduce forward / identity
+ * backward (reduce-scatter / all-gather). */
 #ifndef DTRAIN_MODEL_H
 #define DTRAIN_MODEL_H
 
 #include <stddef.h>
 #include <stdint.h>
 
+#include "comm.h"
 #include "model_config.h"
 #include "ops.h"
 #include "params.h"
@@ -22,77 +36,125 @@ typedef struct block_tensors {
 } block_tensors_t;
 
 typedef struct model_tensors {
-    float *wte;  /* [V,C] token embedding (GPT-2: tied with the output head) */
-    float *wpe;  /* [max_seq,C] GPT-2 only */
-    block_tensors_t *h; /* [L] */
-    float *lnfw, *lnfb;
-    float *head; /* [V,C] output head: == wte for GPT-2 */
+    float *wte;  /* [Vl,C] token embedding (GPT-2: tied with the output head); first stage */
+    float *wpe;  /* [max_seq,C] GPT-2 only; first stage */
+    block_tensors_t *h; /* [Ls] this stage's blocks */
+    float *lnfw, *lnfb; /* last stage */
+    float *head; /* [Vl,C] output head (GPT-2: wte, or its tied copy); last stage */
 } model_tensors_t;
 
 /* Saved activations of one block, all in backend memory. */
 typedef struct block_acts {
-    float *ln1, *ln1_mean, *ln1_rstd; /* [N,C], [N], [N] (mean unused by RMSNorm) */
+    float *ln1, *ln1_mean, *ln1_rstd; /* [N,C] (all rows), [NR], [NR] (mean unused by RMSNorm) */
     float *qkv;                       /* [N,QKV] (Llama: after RoPE) */
     float *att;                       /* [B,NH,T,T] softmax probabilities */
-    float *atty;                      /* [N,NH*HS] attention output before wo */
-    float *res2;                      /* [N,C] residual after attention */
-    float *ln2, *ln2_mean, *ln2_rstd;
+    float *atty;                      /* [N,QD] attention output before wo */
+    float *res2;                      /* [NR,C] residual after attention */
+    float *ln2, *ln2_mean, *ln2_rstd; /* [N,C], [NR], [NR] */
     float *fc;                        /* [N,F] GPT-2 pre-GELU, [N,2F] Llama gate|up */
     float *fc_act;                    /* [N,F] after GELU / SwiGLU */
 } block_acts_t;
 
+/* Everything one microbatch's forward leaves for its backward. A pipeline
+ * stage keeps several in flight (1F1B: up to the number of stages). */
+typedef struct model_slot {
+    int b, t;           /* shape of the forward held here */
+    int has_dlogits;
+    float *x;           /* [Ls+1][NR,C] residual stream: x[0] stage input, x[i+1] block i's output */
+    block_acts_t *acts; /* [Ls] */
+    float *lnf, *lnf_mean, *lnf_rstd; /* [N,C], [NR], [NR] (last stage) */
+    float *logits;      /* [N,Vl]; after a training forward it holds dlogits */
+    float *losses;      /* [N] */
+    float *xmax, *xstats; /* [N], [N,2]: cross-entropy max and {sumexp, target logit} */
+    int32_t *tokens, *targets; /* [N] backend copies of the batch */
+} model_slot_t;
+
+/* Where this rank sits: its TP group and its pipeline stage. */
+typedef struct model_layout {
+    param_layout_t part;   /* tensors held: TP rank, layer range, embed/head */
+    comm_t *tp;            /* the TP group; may be NULL when part.tp_size == 1 */
+    int sequence_parallel;
+    int n_slots;           /* microbatches in flight on this stage */
+} model_layout_t;
+
 typedef struct model {
     model_config_t cfg;
     const ops_t *ops;
+    model_layout_t lay;
     param_table_t table;
     float *params; /* [table.numel] */
     float *grads;  /* [table.numel] */
     model_tensors_t p, g;
+    int n_local;   /* Ls: blocks on this stage */
+    int v0, v_held, v_rows; /* vocab: first logical row held, rows held, rows in memory (Vl) */
 
     int B, T; /* activation capacity; forward accepts any b <= B, t <= T */
-    int cur_B, cur_T; /* shape of the last forward */
-    block_acts_t *acts; /* [L] */
-    float *x;           /* [L+1][N,C] residual stream: x[0] embeddings, x[l+1] block l output */
-    float *lnf, *lnf_mean, *lnf_rstd;
-    float *logits;      /* [N,V]; after a training forward it holds dlogits */
-    float *losses;      /* [N] */
-    int32_t *tokens, *targets; /* [N] backend copies of the batch */
-    /* backward workspace */
-    float *dres, *dln, *dbig, *dbig2, *datt;
+    model_slot_t *slots; /* [n_slots] */
+    /* backward and forward workspace, shared by all slots */
+    float *dres;   /* [NR,C] dL/d(residual): holds dL/d(stage output) on entry to a
+                      middle stage's backward, dL/d(stage input) on exit */
+    float *dfull;  /* [N,C] all rows of dres (sequence parallel) */
+    float *dln;    /* [N,C] */
+    float *dlnr;   /* [NR,C] this rank's rows of dln after reduce-scatter */
+    float *dbig, *dbig2, *datt;
+    float *tmp;    /* [N,C] row-parallel partial sums before reduce-scatter */
+    float *lnr;    /* [NR,C] a norm's output rows before all-gather */
     size_t act_bytes, work_bytes;
-    int has_dlogits;
-    /* layer_start[l]: flat offset of block l's first tensor; [L]: the final
-     * norm's (the head and final norm lie above it, embeddings below [0]) */
+    /* layer_start[i]: flat offset of local block i's first tensor; [Ls]: the
+     * final norm's (the head and final norm lie above it, embeddings below [0]) */
     size_t *layer_start;
     /* When set, model_backward reports progress: every gradient at flat
      * offset >= ready_from is final. Data parallelism starts reducing
      * gradient buckets from here while backward continues. */
     void (*grads_ready)(void *ctx, size_t ready_from);
     void *grads_ready_ctx;
+    int failed;    /* a TP collective failed: err says which */
+    char err[512];
 } model_t;
+
+/* The layout of a single process: the whole model, no TP, one slot. */
+model_layout_t model_layout_single(const model_config_t *c);
 
 /* Allocates parameters, gradients and activations for batches up to B x T.
  * Returns 0, or -1 with one line in err. */
-int model_create(model_t *m, const model_config_t *cfg, const ops_t *ops, int B, int T,
-                 char *err, size_t errlen);
+int model_create(model_t *m, const model_config_t *cfg, const ops_t *ops, const model_layout_t *lay,
+                 int B, int T, char *err, size_t errlen);
 void model_destroy(model_t *m);
 
 /* Fills parameters from the counter-based RNG (layout independent).
  * Returns -1 if the host staging buffer cannot be allocated. */
 int model_init_params(model_t *m, uint64_t seed);
 
-/* Forward of tokens[b*t] (host memory). Returns the mean loss over the b*t
- * targets (host memory), or 0 when targets is NULL (logits only, e.g. for
- * sampling). With dloss > 0 the gradient of dloss * mean loss with respect to
- * the logits is left in place for model_backward. */
-float model_forward(model_t *m, const int32_t *tokens, const int32_t *targets, int b, int t,
+/* Forward of one microbatch of b x t tokens into activation slot `slot`.
+ * tokens (host, [b*t]) are read by the first stage; other stages read their
+ * input from model_stage_input(). On the last stage with targets != NULL
+ * it returns the mean loss over the counted targets (>= 0), and with
+ * dloss > 0 leaves the gradient of dloss * mean loss w.r.t. the logits for
+ * model_backward. Elsewhere it returns 0 (and the output is in
+ * model_stage_output()). Collective over the TP group; NAN with m->failed
+ * set if a collective failed. With sequence parallelism b*t must be a
+ * multiple of the TP size. */
+float model_forward(model_t *m, int slot, const int32_t *tokens, const int32_t *targets, int b, int t,
                     float dloss);
 
-/* Backward of the last forward (which must have had dloss > 0). accum = 0
- * writes parameter gradients, 1 adds to them (later microbatches). */
-void model_backward(model_t *m, int accum);
+/* Backward of the forward held in `slot`. Last stage: from its dlogits;
+ * other stages: from dL/d(output) the caller put in model_stage_grad().
+ * accum = 0 writes parameter gradients, 1 adds to them (later
+ * microbatches). last = 1 on the step's final microbatch: gradients that
+ * need a TP reduction (norm weights under sequence parallelism) get it
+ * then. On exit model_stage_grad() holds dL/d(stage input) (not on the
+ * first stage). Returns 0, or -1 with m->err when a collective failed. */
+int model_backward(model_t *m, int slot, int accum, int last);
 
-/* Copies row n of the last forward's logits ([V] floats) to host memory. */
-void model_logits_row(const model_t *m, int n, float *host_out);
+/* The stage's activation interface for the pipeline: [NR,C] floats each. */
+float *model_stage_input(model_t *m, int slot);
+float *model_stage_output(model_t *m, int slot);
+float *model_stage_grad(model_t *m);
+size_t model_stage_floats(const model_t *m, int b, int t);
+
+/* Copies logits row n of slot's last forward, all V columns, to host
+ * memory (last stage). Collective over the TP group (gathers the vocab
+ * slices). Returns 0 or -1. */
+int model_logits_row(model_t *m, int slot, int n, float *host_out);
 
 #endif

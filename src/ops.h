@@ -91,24 +91,37 @@ typedef struct ops {
     /* out[n] = a[n] + b[n] (out may alias a or b) */
     void (*add)(float *out, const float *a, const float *b, size_t n);
 
-    /* out[N,C] = wte[tok[n], :] (+ wpe[n % T, :] when wpe != NULL) */
+    /* Vocabulary-parallel embedding: this rank holds rows [v0, v0+Vl) of the
+     * token embedding in wte[Vl, C].
+     * out[N,C] = wte[tok[n] - v0, :] for tokens held, else 0
+     *            (+ wpe[n % T, :] when wpe != NULL) */
     void (*embedding_fwd)(float *out, const int32_t *tok, const float *wte,
-                          const float *wpe, int N, int T, int C);
-    /* dwte[tok[n], :] += dout[n, :]; dwpe[n % T, :] += dout[n, :].
-     * With accum = 0 all V rows of dwte and the first T rows of dwpe are
-     * first set to zero (rows of dwpe beyond T are the caller's). dwpe may
-     * be NULL. Deterministic: no atomics, no order dependence. */
+                          const float *wpe, int N, int T, int C, int v0, int Vl);
+    /* dwte[tok[n] - v0, :] += dout[n, :] for tokens held; dwpe[n % T, :] +=
+     * dout[n, :]. With accum = 0 all Vl rows of dwte and the first T rows of
+     * dwpe are first set to zero (rows of dwpe beyond T are the caller's).
+     * dwpe may be NULL. Deterministic: no atomics, no order dependence. */
     void (*embedding_bwd)(float *dwte, float *dwpe, const float *dout,
-                          const int32_t *tok, int N, int T, int C, int V, int accum);
+                          const int32_t *tok, int N, int T, int C, int v0, int Vl, int accum);
 
-    /* Softmax cross-entropy over the first V columns of each row of
-     * logits[N, ld] (columns V..ld-1 are padding and never reach the loss or
-     * the gradient). losses[N] = -log softmax(logits)[target].
-     * Rows with target < 0 are ignored (loss 0, gradient 0).
-     * When dlogits != NULL it receives dloss * (softmax - onehot) over [N, ld]
-     * with padding columns set to 0; dlogits may alias logits. */
-    void (*cross_entropy)(float *losses, float *dlogits, const float *logits,
-                          const int32_t *targets, int N, int V, int ld, float dloss);
+    /* Softmax cross-entropy over a vocabulary split across a group: this
+     * rank holds logical columns [v0, v0+Vl) as the first Vl columns of
+     * logits[N, ld]; columns Vl..ld-1 are padding and never reach the loss
+     * or the gradient (so a padded vocabulary cannot leak probability mass).
+     * Three passes, with a group reduction after each of the first two:
+     *   xent_max     rowmax[N]                               -> allreduce MAX
+     *   xent_sumexp  stats[N,2] = {sum exp(x - rowmax),
+     *                              target logit if held else 0} -> allreduce SUM
+     *   xent_finish  losses[N] = -log softmax(x)[target]
+     * Rows with target < 0 are ignored (loss 0, gradient 0). With expbuf !=
+     * NULL (may alias logits) pass 2 keeps the exps there and pass 3 turns
+     * them into dlogits = dloss * (softmax - onehot), padding columns 0;
+     * pass dlogits == NULL to xent_finish for losses only. */
+    void (*xent_max)(float *rowmax, const float *logits, int N, int Vl, int ld);
+    void (*xent_sumexp)(float *stats, float *expbuf, const float *logits, const float *rowmax,
+                        const int32_t *targets, int v0, int N, int Vl, int ld);
+    void (*xent_finish)(float *losses, float *dlogits, const float *rowmax, const float *stats,
+                        const int32_t *targets, int v0, int N, int Vl, int ld, float dloss);
 
     /* AdamW on n contiguous parameters. g is multiplied by grad_scale first
      * (clipping and averaging). Bias-corrected with step t >= 1; decoupled

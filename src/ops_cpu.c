@@ -30,7 +30,7 @@
 #define ATT_ROW_BLOCK 64
 /* sumsq is summed in this many fixed blocks, then the block sums in order. */
 #define SUMSQ_BLOCKS 64
-/* cross_entropy sums exp in float over runs of this many columns, then in
+/* cross-entropy sums exp in float over runs of this many columns, then in
  * double across runs. */
 #define CE_RUN 256
 
@@ -516,37 +516,44 @@ static void add(float *out, const float *a, const float *b, size_t n)
 
 /* ---- embedding --------------------------------------------------------------------- */
 
-/* out[N,C] = wte[tok[n]] (+ wpe[n % T]). */
+/* out[N,C] = wte[tok[n] - v0] for tokens this rank holds ([v0, v0+Vl)), else
+ * 0; + wpe[n % T] when wpe != NULL. */
 static void embedding_fwd(float *out, const int32_t *tok, const float *wte,
-                          const float *wpe, int N, int T, int C)
+                          const float *wpe, int N, int T, int C, int v0, int Vl)
 {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         float *o = out + (size_t)n * C;
-        const float *e = wte + (size_t)tok[n] * C;
-        if (wpe) {
-            const float *p = wpe + (size_t)(n % T) * C;
-            for (int c = 0; c < C; c++)
-                o[c] = e[c] + p[c];
+        int r = tok[n] - v0;
+        const float *p = wpe ? wpe + (size_t)(n % T) * C : NULL;
+        if (r >= 0 && r < Vl) {
+            const float *e = wte + (size_t)r * C;
+            if (p)
+                for (int c = 0; c < C; c++)
+                    o[c] = e[c] + p[c];
+            else
+                memcpy(o, e, (size_t)C * sizeof(float));
+        } else if (p) {
+            memcpy(o, p, (size_t)C * sizeof(float));
         } else {
-            memcpy(o, e, (size_t)C * sizeof(float));
+            memset(o, 0, (size_t)C * sizeof(float));
         }
     }
 }
 
-/* dwte[V,C], dwpe[T,C] (+)= scatter of dout[N,C]. Each thread owns column
+/* dwte[Vl,C], dwpe[T,C] (+)= scatter of dout[N,C]. Each thread owns column
  * blocks and walks the tokens in order, so repeated tokens are summed in a
- * fixed order without atomics. With accum = 0 all V (and T) rows are
+ * fixed order without atomics. With accum = 0 all Vl (and T) rows are
  * cleared first. */
 static void embedding_bwd(float *dwte, float *dwpe, const float *dout,
-                          const int32_t *tok, int N, int T, int C, int V, int accum)
+                          const int32_t *tok, int N, int T, int C, int v0, int Vl, int accum)
 {
     int nblk = (C + COL_BLOCK - 1) / COL_BLOCK;
 #pragma omp parallel
     {
         if (!accum) {
 #pragma omp for schedule(static) nowait
-            for (int r = 0; r < V; r++)
+            for (int r = 0; r < Vl; r++)
                 memset(dwte + (size_t)r * C, 0, (size_t)C * sizeof(float));
             if (dwpe) {
 #pragma omp for schedule(static)
@@ -560,9 +567,12 @@ static void embedding_bwd(float *dwte, float *dwpe, const float *dout,
             int c0 = blk * COL_BLOCK, nc = imin(COL_BLOCK, C - c0);
             for (int n = 0; n < N; n++) {
                 const float *d = dout + (size_t)n * C + c0;
-                float *e = dwte + (size_t)tok[n] * C + c0;
-                for (int c = 0; c < nc; c++)
-                    e[c] += d[c];
+                int r = tok[n] - v0;
+                if (r >= 0 && r < Vl) {
+                    float *e = dwte + (size_t)r * C + c0;
+                    for (int c = 0; c < nc; c++)
+                        e[c] += d[c];
+                }
                 if (dwpe) {
                     float *p = dwpe + (size_t)(n % T) * C + c0;
                     for (int c = 0; c < nc; c++)
@@ -575,38 +585,40 @@ static void embedding_bwd(float *dwte, float *dwpe, const float *dout,
 
 /* ---- cross-entropy ------------------------------------------------------------------ */
 
-/* losses[N]; logits/dlogits [N, ld], first V columns real. Per row: max,
- * then exp (stored in dlogits when wanted) and its sum, then the gradient
- * dloss * (p - onehot). The target logit is read before the row is
- * overwritten, so dlogits may alias logits. Padding columns are never read. */
-static void cross_entropy(float *losses, float *dlogits, const float *logits,
-                          const int32_t *targets, int N, int V, int ld, float dloss)
+/* Vocabulary-parallel cross-entropy, pass 1: rowmax[n] over this rank's Vl
+ * real columns of logits[N, ld]. */
+static void xent_max(float *rowmax, const float *logits, int N, int Vl, int ld)
+{
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++)
+        rowmax[n] = row_max(logits + (size_t)n * ld, Vl);
+}
+
+/* Pass 2: stats[n] = {sum exp(x - rowmax) over this rank's columns, the
+ * target's logit if this rank holds it else 0}. The sum is float over runs
+ * of CE_RUN terms (each <= 1) folded in double: it vectorises and keeps
+ * ~1e-7 accuracy. With expbuf (may alias logits) the exps are kept for
+ * pass 3; the target logit is read before its slot is overwritten. */
+static void xent_sumexp(float *stats, float *expbuf, const float *logits, const float *rowmax,
+                        const int32_t *targets, int v0, int N, int Vl, int ld)
 {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         const float *x = logits + (size_t)n * ld;
-        float *d = dlogits ? dlogits + (size_t)n * ld : NULL;
-        int tgt = targets[n];
-        if (tgt < 0) {
-            losses[n] = 0.0f;
-            if (d)
-                memset(d, 0, (size_t)ld * sizeof(float));
-            continue;
-        }
-        float mx = row_max(x, V);
-        float xt = x[tgt];
-        /* float partial sums over runs of CE_RUN terms (each <= 1), folded
-         * into double: vectorises, and the row sum keeps ~1e-7 accuracy */
+        float *e = expbuf ? expbuf + (size_t)n * ld : NULL;
+        int r = targets[n] - v0;
+        stats[2 * n + 1] = targets[n] >= 0 && r >= 0 && r < Vl ? x[r] : 0.0f;
+        const float mx = rowmax[n];
         double sum = 0.0;
-        for (int i0 = 0; i0 < V; i0 += CE_RUN) {
-            int i1 = imin(V, i0 + CE_RUN);
+        for (int i0 = 0; i0 < Vl; i0 += CE_RUN) {
+            int i1 = imin(Vl, i0 + CE_RUN);
             float ps = 0.0f;
-            if (d) {
+            if (e) {
 #pragma omp simd reduction(+ : ps)
                 for (int i = i0; i < i1; i++) {
-                    float e = dt_expf(x[i] - mx);
-                    d[i] = e;
-                    ps += e;
+                    float v = dt_expf(x[i] - mx);
+                    e[i] = v;
+                    ps += v;
                 }
             } else {
 #pragma omp simd reduction(+ : ps)
@@ -615,14 +627,37 @@ static void cross_entropy(float *losses, float *dlogits, const float *logits,
             }
             sum += ps;
         }
-        losses[n] = (float)((double)mx + log(sum) - (double)xt);
+        stats[2 * n] = (float)sum;
+    }
+}
+
+/* Pass 3, after the group sums: losses[n] = rowmax + log(sumexp) - x_target
+ * (0 for ignored rows, target < 0). With dlogits (holding pass 2's exps):
+ * dlogits = dloss * (softmax - onehot) over the Vl real columns; padding
+ * columns and ignored rows become 0. */
+static void xent_finish(float *losses, float *dlogits, const float *rowmax, const float *stats,
+                        const int32_t *targets, int v0, int N, int Vl, int ld, float dloss)
+{
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        float *d = dlogits ? dlogits + (size_t)n * ld : NULL;
+        const double sum = stats[2 * n];
+        if (targets[n] < 0) {
+            losses[n] = 0.0f;
+            if (d)
+                memset(d, 0, (size_t)ld * sizeof(float));
+            continue;
+        }
+        losses[n] = (float)((double)rowmax[n] + log(sum) - (double)stats[2 * n + 1]);
         if (d) {
             float k = (float)((double)dloss / sum);
 #pragma omp simd
-            for (int i = 0; i < V; i++)
+            for (int i = 0; i < Vl; i++)
                 d[i] *= k;
-            d[tgt] -= dloss;
-            for (int i = V; i < ld; i++)
+            int r = targets[n] - v0;
+            if (r >= 0 && r < Vl)
+                d[r] -= dloss;
+            for (int i = Vl; i < ld; i++)
                 d[i] = 0.0f;
         }
     }
@@ -720,7 +755,9 @@ static const ops_t cpu_ops = {
     .add = add,
     .embedding_fwd = embedding_fwd,
     .embedding_bwd = embedding_bwd,
-    .cross_entropy = cross_entropy,
+    .xent_max = xent_max,
+    .xent_sumexp = xent_sumexp,
+    .xent_finish = xent_finish,
     .adamw = adamw,
     .sumsq = sumsq,
     .scale = scale,

@@ -15,7 +15,8 @@
 #define PACKAGE_VERSION "0.1.0"
 #endif
 
-typedef enum { OPT_INT, OPT_LLONG, OPT_REAL, OPT_STR } opt_kind_t;
+/* OPT_FLAG: an int 0/1; on the command line bare `--name` means 1 */
+typedef enum { OPT_INT, OPT_LLONG, OPT_REAL, OPT_STR, OPT_FLAG } opt_kind_t;
 
 typedef struct opt_def {
     const char *name; /* long option without "--"; also the config-file key */
@@ -46,7 +47,8 @@ static const opt_def_t opt_defs[] = {
     {"d-ff", OPT_INT, F(d_ff), 0, "0", 0, 1 << 22, NULL, "override the MLP width (0 = preset)"},
     {"vocab-size", OPT_INT, F(vocab_size), 0, "0", 0, 1 << 24, NULL, "override the vocabulary size (0 = preset)"},
     {"max-seq-len", OPT_INT, F(max_seq_len), 0, "0", 0, 1 << 20, NULL, "override the learned positions of GPT-2 (0 = preset)"},
-    {"tp", OPT_INT, F(tp), 0, "1", 1, 4096, NULL, "tensor-parallel size (only 1 so far)"},
+    {"tp", OPT_INT, F(tp), 0, "1", 1, 4096, NULL, "tensor-parallel size: heads, MLP width and vocabulary split over N ranks"},
+    {"sequence-parallel", OPT_FLAG, F(sequence_parallel), 0, "0", 0, 1, NULL, "with --tp: shard norms and residuals along the sequence (all-gather / reduce-scatter)"},
     {"pp", OPT_INT, F(pp), 0, "1", 1, 4096, NULL, "pipeline-parallel size (only 1 so far)"},
     {"dp", OPT_INT, F(dp), 0, "0", 0, 1 << 20, NULL, "data-parallel size (0 = world size / (tp x pp))"},
     {"ddp-mode", OPT_STR, F(ddp_mode), S(ddp_mode), "bucketed", 0, 0, ddp_choices, "gradient all-reduce: naive (per tensor) | flat (one buffer) | bucketed (overlapped with backward)"},
@@ -96,6 +98,13 @@ static int opt_set(run_options_t *o, const opt_def_t *d, const char *value, cons
     char *end = NULL;
     errno = 0;
     switch (d->kind) {
+    case OPT_FLAG:
+        if (strcmp(value, "0") != 0 && strcmp(value, "1") != 0) {
+            snprintf(err, errlen, "%s--%s '%s': a flag takes 0 or 1", where, d->name, value);
+            return -1;
+        }
+        *(int *)field = value[0] == '1';
+        return 0;
     case OPT_INT:
     case OPT_LLONG: {
         long long v = strtoll(value, &end, 10);
@@ -213,8 +222,8 @@ static void print_help(FILE *out)
     for (int i = 0; i < N_OPTS; i++) {
         const opt_def_t *d = &opt_defs[i];
         char lhs[64];
-        snprintf(lhs, sizeof lhs, "--%s %s", d->name,
-                 d->kind == OPT_STR ? (strcmp(d->name, "config") == 0 || strcmp(d->name, "metrics") == 0
+        snprintf(lhs, sizeof lhs, "--%s%s%s", d->name, d->kind == OPT_FLAG ? "" : " ",
+                 d->kind == OPT_FLAG ? "" : d->kind == OPT_STR ? (strcmp(d->name, "config") == 0 || strcmp(d->name, "metrics") == 0
                                            ? "FILE" : "STR")
                                     : d->kind == OPT_REAL ? "X" : "N");
         fprintf(out, "  %-24s %s [%s]\n", lhs, d->help, d->def);
@@ -293,6 +302,8 @@ options_status_t options_parse(run_options_t *o, int argc, char **argv, int prin
                 return OPTIONS_ERROR;
             }
             const char *value = eq ? eq + 1 : NULL;
+            if (!value && d->kind == OPT_FLAG)
+                value = "1";
             if (!value) {
                 if (i + 1 >= argc) {
                     snprintf(err, errlen, "--%s needs a value", d->name);
@@ -351,15 +362,34 @@ int options_model_config(const run_options_t *o, model_config_t *c, char *err, s
     return model_config_check(c, err, errlen);
 }
 
-int options_check_layout(const run_options_t *o, const model_config_t *c, int dp, char *err,
-                         size_t errlen)
+int options_check_layout(const run_options_t *o, const model_config_t *c, int tp, int pp, int dp,
+                         char *err, size_t errlen)
 {
     if (o->global_batch != 0 && o->global_batch % (o->micro_batch * dp) != 0) {
         snprintf(err, errlen, "--global-batch %d must be a multiple of --micro-batch %d x dp %d = %d",
                  o->global_batch, o->micro_batch, dp, o->micro_batch * dp);
         return -1;
     }
-    (void)c;
+    if (c->n_head % tp || c->n_kv_head % tp || c->d_ff % tp) {
+        snprintf(err, errlen, "--tp %d must divide the attention heads (%d), the KV heads (%d) and the FFN "
+                 "width (%d); pick a --tp that divides all three", tp, c->n_head, c->n_kv_head, c->d_ff);
+        return -1;
+    }
+    if (o->sequence_parallel && tp == 1) {
+        snprintf(err, errlen, "--sequence-parallel shards over the tensor-parallel group: it needs --tp above 1");
+        return -1;
+    }
+    /* the sequence is what sequence parallelism splits; sampling windows are
+     * padded up to a multiple of tp, so the whole sequence must be one */
+    if (o->sequence_parallel && o->seq_len % tp) {
+        snprintf(err, errlen, "--sequence-parallel: --seq-len %d must be a multiple of --tp %d", o->seq_len, tp);
+        return -1;
+    }
+    if (pp > c->n_layer) {
+        snprintf(err, errlen, "--pp %d exceeds the model's %d layers: every stage needs at least one", pp,
+                 c->n_layer);
+        return -1;
+    }
     return 0;
 }
 
@@ -378,6 +408,7 @@ void options_print(const run_options_t *o, void *file)
         fprintf(f, "  %-14s = ", d->name);
         switch (d->kind) {
         case OPT_INT:
+        case OPT_FLAG:
             fprintf(f, "%d\n", *(const int *)field);
             break;
         case OPT_LLONG:

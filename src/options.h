@@ -19,6 +19,7 @@ typedef struct run_options {
     int n_layer, n_head, n_kv_head, d_model, d_ff, vocab_size, max_seq_len;
     /* parallel layout */
     int tp, pp, dp;
+    int sequence_parallel;
     char ddp_mode[16];
     double bucket_mb;
     int check_replicas;
@@ -54,10 +55,10 @@ options_status_t options_parse(run_options_t *o, int argc, char **argv, int prin
 /* Resolves --model plus the shape overrides into a model config. */
 int options_model_config(const run_options_t *o, model_config_t *c, char *err, size_t errlen);
 
-/* Layout checks that need the model and the data-parallel size: one line
- * in err on failure. */
-int options_check_layout(const run_options_t *o, const model_config_t *c, int dp, char *err,
-                         size_t errlen);
+/* Layout checks that need the model and the grid: one line in err on
+ * failure, the same on every rank. */
+int options_check_layout(const run_options_t *o, const model_config_t *c, int tp, int pp, int dp,
+                         char *err, size_t errlen);
 
 /* Number of microbatches per optimizer step for data-parallel size dp. */
 int options_accum_steps(const run_options_t *o, int dp);

@@ -11,6 +11,7 @@ typedef struct table_builder {
     param_table_t *t;
     int cap;
     int tp_size, tp_rank;
+    int64_t padded_vocab;
     int n_layer;
     char *err;
     size_t errlen;
@@ -49,30 +50,55 @@ static void add_param(table_builder_t *b, int layer, const char *suffix, int ndi
     d->init_std = std;
     d->count[0] = d->shape[0];
     d->count[1] = d->shape[1];
-    int dim = split == TP_SPLIT_ROWS ? 0 : split == TP_SPLIT_COLS ? 1 : -1;
-    if (dim >= 0) {
-        if (d->shape[dim] % b->tp_size != 0) {
-            snprintf(b->err, b->errlen, "tensor %s dimension %d (%lld) is not divisible by --tp %d",
-                     d->name, dim, (long long)d->shape[dim], b->tp_size);
-            b->failed = 1;
-            return;
+    d->norm = init == INIT_ONES || (ndim == 1 && strstr(suffix, "ln") == suffix);
+    if (split == TP_SPLIT_VOCAB) {
+        d->local_rows = b->padded_vocab / b->tp_size;
+        int64_t v0 = d->local_rows * b->tp_rank;
+        d->start[0] = v0 < d0 ? v0 : d0;
+        d->count[0] = v0 >= d0 ? 0 : d0 - v0 < d->local_rows ? d0 - v0 : d->local_rows;
+    } else {
+        int dim = split == TP_SPLIT_ROWS ? 0 : split == TP_SPLIT_COLS ? 1 : -1;
+        if (dim >= 0) {
+            if (d->shape[dim] % b->tp_size != 0) {
+                snprintf(b->err, b->errlen, "tensor %s dimension %d (%lld) is not divisible by --tp %d",
+                         d->name, dim, (long long)d->shape[dim], b->tp_size);
+                b->failed = 1;
+                return;
+            }
+            d->count[dim] = d->shape[dim] / b->tp_size;
+            d->start[dim] = d->count[dim] * b->tp_rank;
         }
-        d->count[dim] = d->shape[dim] / b->tp_size;
-        d->start[dim] = d->count[dim] * b->tp_rank;
+        d->local_rows = d->count[0];
     }
-    d->numel = (size_t)d->count[0] * (size_t)d->count[1];
+    d->numel = (size_t)d->local_rows * (size_t)d->count[1];
     d->offset = t->numel;
     t->numel += d->numel;
     t->logical_numel += (size_t)d->shape[0] * (size_t)d->shape[1];
     t->n++;
 }
 
-int param_table_build(param_table_t *t, const model_config_t *c, int tp_size, int tp_rank,
+param_layout_t param_layout_whole(const model_config_t *c)
+{
+    return (param_layout_t){.tp_size = 1, .tp_rank = 0, .layer_begin = 0, .layer_end = c->n_layer,
+                            .has_embed = 1, .has_head = 1};
+}
+
+int64_t param_padded_vocab(int64_t V, int tp_size)
+{
+    int64_t q = 128 * (int64_t)tp_size;
+    return (V + q - 1) / q * q;
+}
+
+int param_table_build(param_table_t *t, const model_config_t *c, const param_layout_t *lay,
                       char *err, size_t errlen)
 {
     memset(t, 0, sizeof *t);
-    table_builder_t b = {.t = t, .tp_size = tp_size, .tp_rank = tp_rank,
-                        .n_layer = c->n_layer, .err = err, .errlen = errlen};
+    param_layout_t whole = param_layout_whole(c);
+    if (!lay)
+        lay = &whole;
+    table_builder_t b = {.t = t, .tp_size = lay->tp_size, .tp_rank = lay->tp_rank,
+                         .padded_vocab = param_padded_vocab(c->vocab_size, lay->tp_size),
+                         .n_layer = c->n_layer, .err = err, .errlen = errlen};
     const int64_t C = c->d_model, F = c->d_ff, V = c->vocab_size, L = c->n_layer;
     const int64_t HS = model_head_size(c), QD = c->n_head * HS, KVD = c->n_kv_head * HS;
     const float std = 0.02f;
@@ -80,13 +106,15 @@ int param_table_build(param_table_t *t, const model_config_t *c, int tp_size, in
      * stream keeps its variance from growing with depth. */
     const float std_out = 0.02f / sqrtf(2.0f * (float)L);
 
-    if (c->arch == ARCH_GPT2) {
-        add_param(&b, -1, "wte", 2, V, C, TP_SPLIT_ROWS, INIT_NORMAL, std);
-        add_param(&b, -1, "wpe", 2, c->max_seq, C, TP_SPLIT_NONE, INIT_NORMAL, std);
-    } else {
-        add_param(&b, -1, "tok_emb", 2, V, C, TP_SPLIT_ROWS, INIT_NORMAL, std);
+    if (lay->has_embed) {
+        if (c->arch == ARCH_GPT2) {
+            add_param(&b, -1, "wte", 2, V, C, TP_SPLIT_VOCAB, INIT_NORMAL, std);
+            add_param(&b, -1, "wpe", 2, c->max_seq, C, TP_SPLIT_NONE, INIT_NORMAL, std);
+        } else {
+            add_param(&b, -1, "tok_emb", 2, V, C, TP_SPLIT_VOCAB, INIT_NORMAL, std);
+        }
     }
-    for (int l = 0; l < L; l++) {
+    for (int l = lay->layer_begin; l < lay->layer_end; l++) {
         add_param(&b, l, "ln1.w", 1, C, 1, TP_SPLIT_NONE, INIT_ONES, 0);
         if (c->arch == ARCH_GPT2)
             add_param(&b, l, "ln1.b", 1, C, 1, TP_SPLIT_NONE, INIT_ZEROS, 0);
@@ -114,11 +142,20 @@ int param_table_build(param_table_t *t, const model_config_t *c, int tp_size, in
             add_param(&b, l, "mlp.wproj", 2, C, F, TP_SPLIT_COLS, INIT_NORMAL, std_out);
         }
     }
-    add_param(&b, (int)L, "lnf.w", 1, C, 1, TP_SPLIT_NONE, INIT_ONES, 0);
-    if (c->arch == ARCH_GPT2)
-        add_param(&b, (int)L, "lnf.b", 1, C, 1, TP_SPLIT_NONE, INIT_ZEROS, 0);
-    else
-        add_param(&b, (int)L, "lm_head.w", 2, V, C, TP_SPLIT_ROWS, INIT_NORMAL, std);
+    if (lay->has_head) {
+        add_param(&b, (int)L, "lnf.w", 1, C, 1, TP_SPLIT_NONE, INIT_ONES, 0);
+        if (c->arch == ARCH_GPT2) {
+            add_param(&b, (int)L, "lnf.b", 1, C, 1, TP_SPLIT_NONE, INIT_ZEROS, 0);
+            /* the tied head: a copy of wte when the embedding is on another stage */
+            if (!lay->has_embed) {
+                add_param(&b, (int)L, "wte", 2, V, C, TP_SPLIT_VOCAB, INIT_NORMAL, std);
+                if (!b.failed)
+                    t->p[t->n - 1].tied_copy = 1;
+            }
+        } else {
+            add_param(&b, (int)L, "lm_head.w", 2, V, C, TP_SPLIT_VOCAB, INIT_NORMAL, std);
+        }
+    }
     if (b.failed) {
         param_table_free(t);
         return -1;
@@ -159,8 +196,9 @@ void param_table_init(const param_table_t *t, float *flat, uint64_t seed)
         const param_desc_t *d = &t->p[k];
         float *dst = flat + d->offset;
 #pragma omp parallel for schedule(static)
-        for (int64_t r = 0; r < d->count[0]; r++)
+        for (int64_t r = 0; r < d->local_rows; r++)
             for (int64_t s = 0; s < d->count[1]; s++)
-                dst[r * d->count[1] + s] = param_init_value(d, seed, d->start[0] + r, d->start[1] + s);
+                dst[r * d->count[1] + s] =
+                    r < d->count[0] ? param_init_value(d, seed, d->start[0] + r, d->start[1] + s) : 0.0f;
     }
 }

@@ -16,9 +16,18 @@
 
 typedef enum {
     TP_SPLIT_NONE = 0, /* replicated on every TP rank */
-    TP_SPLIT_ROWS,     /* dim 0 split: column-parallel linear (output features), vocab-parallel embedding */
-    TP_SPLIT_COLS      /* dim 1 split: row-parallel linear (input features) */
+    TP_SPLIT_ROWS,     /* dim 0 split: column-parallel linear (output features) */
+    TP_SPLIT_COLS,     /* dim 1 split: row-parallel linear (input features) */
+    TP_SPLIT_VOCAB     /* dim 0 split after padding to param_padded_vocab(): vocab-parallel
+                          embedding and output head; the padding rows exist only in memory */
 } tp_split_t;
+
+/* Which part of the model one rank holds. */
+typedef struct param_layout {
+    int tp_size, tp_rank;
+    int layer_begin, layer_end; /* blocks [begin, end) of this pipeline stage */
+    int has_embed, has_head;    /* first stage: embeddings; last: final norm and head */
+} param_layout_t;
 
 typedef enum { INIT_NORMAL = 0, INIT_ZEROS, INIT_ONES } param_init_t;
 
@@ -29,27 +38,39 @@ typedef struct param_desc {
     tp_split_t tp_split;
     int layer;      /* block index; -1 = input embeddings, n_layer = final norm / head */
     int decay;      /* AdamW weight decay applies (2-D tensors) */
+    int norm;       /* a norm's weight or bias: under sequence parallelism each TP
+                       rank sees some rows only, so its gradient is a partial sum */
+    int tied_copy;  /* GPT-2's output head on a last stage that is not the first:
+                       a copy of "wte" whose gradient is summed with the original's */
     param_init_t init;
     float init_std; /* for INIT_NORMAL */
-    /* This rank's slice */
+    /* This rank's slice: logical hyperslab [start, start+count) */
     int64_t start[2], count[2];
+    int64_t local_rows; /* rows in the buffer: count[0], plus zero padding rows
+                           for TP_SPLIT_VOCAB (never trained, never saved) */
     size_t offset; /* in floats, into the rank's flat parameter buffer */
-    size_t numel;  /* count[0] * count[1] */
+    size_t numel;  /* local_rows * count[1] */
 } param_desc_t;
 
 typedef struct param_table {
     param_desc_t *p;
     int n;
     size_t numel;         /* local floats in the flat buffer */
-    size_t logical_numel; /* floats of the whole model */
+    size_t logical_numel; /* floats of the whole logical tensors this table names */
 } param_table_t;
 
-/* Builds the table for the model as seen by TP rank tp_rank of tp_size.
- * Tensors are laid out layer by layer, so a layer's parameters are
- * contiguous; within a layer the q, k, v weights (and biases) are adjacent
- * so one GEMM computes the fused qkv, and likewise gate and up of SwiGLU. */
-int param_table_build(param_table_t *t, const model_config_t *c, int tp_size, int tp_rank,
+/* Builds the table of the tensors a rank with layout lay holds. Tensors are
+ * laid out layer by layer, so a layer's parameters are contiguous; within a
+ * layer the q, k, v weights (and biases) are adjacent so one GEMM computes
+ * the fused qkv, and likewise gate and up of SwiGLU. lay == NULL: the whole
+ * model on one rank. */
+int param_table_build(param_table_t *t, const model_config_t *c, const param_layout_t *lay,
                       char *err, size_t errlen);
+/* The whole model on one rank. */
+param_layout_t param_layout_whole(const model_config_t *c);
+/* Vocabulary rows in memory: V rounded up to a multiple of 128 * tp_size,
+ * so every TP rank holds the same number and the head GEMM is aligned. */
+int64_t param_padded_vocab(int64_t V, int tp_size);
 void param_table_free(param_table_t *t);
 /* Index of the tensor called name, or -1. */
 int param_table_find(const param_table_t *t, const char *name);

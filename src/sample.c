@@ -75,19 +75,34 @@ int sample_generate(model_t *m, const int32_t *prompt, int n_prompt, int n_new, 
                     int top_k, uint64_t seed, int32_t *out)
 {
     const int V = m->cfg.vocab_size;
+    /* sequence parallelism splits the window's rows over the TP ranks, so
+     * the window is padded to a multiple of the TP size; causal attention
+     * keeps the padding from changing the logits of the real tokens */
+    const int quantum = m->lay.sequence_parallel ? m->lay.part.tp_size : 1;
     float *logits = malloc((size_t)V * sizeof *logits);
-    if (!logits)
+    int32_t *window = malloc((size_t)m->T * sizeof *window);
+    if (!logits || !window) {
+        free(logits);
+        free(window);
         return -1;
+    }
     memcpy(out, prompt, (size_t)n_prompt * sizeof *out);
     int n = n_prompt;
     for (int i = 0; i < n_new; i++) {
         int ctx = n < m->T ? n : m->T;
-        const int32_t *window = out + (n - ctx);
-        model_forward(m, window, NULL, 1, ctx, 0.0f);
-        model_logits_row(m, ctx - 1, logits);
+        int padded = (ctx + quantum - 1) / quantum * quantum;
+        memcpy(window, out + (n - ctx), (size_t)ctx * sizeof *window);
+        for (int k = ctx; k < padded; k++)
+            window[k] = 0;
+        model_forward(m, 0, window, NULL, 1, padded, 0.0f);
+        if (m->failed || model_logits_row(m, 0, ctx - 1, logits) != 0) {
+            n = -1;
+            break;
+        }
         out[n] = sample_pick(logits, V, temperature, top_k, rng_uniform(seed, SAMPLE_STREAM, (uint64_t)n));
         n++;
     }
     free(logits);
+    free(window);
     return n;
 }

@@ -65,7 +65,7 @@ int trainer_setup(trainer_t *tr, const run_options_t *o, const launch_env_t *env
     tr->grid = grid;
     tr->threads = setup_threads(o->threads);
     if (options_model_config(o, &tr->cfg, err, errlen) != 0 ||
-        options_check_layout(o, &tr->cfg, grid->dp_size, err, errlen) != 0)
+        options_check_layout(o, &tr->cfg, grid->tp_size, grid->pp_size, grid->dp_size, err, errlen) != 0)
         return -1;
     if (o->top_k > tr->cfg.vocab_size) {
         snprintf(err, errlen, "--top-k %d exceeds the vocabulary (%d)", o->top_k, tr->cfg.vocab_size);
@@ -86,7 +86,12 @@ int trainer_setup(trainer_t *tr, const run_options_t *o, const launch_env_t *env
             return -1;
         tr->has_val = 1;
     }
-    if (model_create(&tr->model, &tr->cfg, ops_cpu(), o->micro_batch, o->seq_len, err, errlen) != 0)
+    model_layout_t lay = model_layout_single(&tr->cfg);
+    lay.part.tp_size = grid->tp_size;
+    lay.part.tp_rank = grid->tp_rank;
+    lay.tp = grid->tp;
+    lay.sequence_parallel = o->sequence_parallel;
+    if (model_create(&tr->model, &tr->cfg, ops_cpu(), &lay, o->micro_batch, o->seq_len, err, errlen) != 0)
         return -1;
     if (model_init_params(&tr->model, (uint64_t)o->seed) != 0 ||
         adamw_create(&tr->optim, tr->model.ops, &tr->model.table, o->beta1, o->beta2, o->adam_eps,
@@ -192,7 +197,7 @@ double trainer_val_loss(trainer_t *tr)
     for (int i = g->dp_rank; i < nb; i += g->dp_size) {
         for (int b = 0; b < B; b++)
             data_sample(&tr->val, (uint64_t)i * B + b, tr->tok + (size_t)b * T, tr->tgt + (size_t)b * T);
-        means[i] = model_forward(&tr->model, tr->tok, tr->tgt, B, T, 0.0f);
+        means[i] = model_forward(&tr->model, 0, tr->tok, tr->tgt, B, T, 0.0f);
     }
     if (g->dp_size > 1 && g->dp->ops->allreduce(g->dp, means, (size_t)nb, COMM_SUM) != 0) {
         free(means);
@@ -203,6 +208,32 @@ double trainer_val_loss(trainer_t *tr)
         sum += means[i];
     free(means);
     return sum / nb;
+}
+
+double trainer_grad_norm(trainer_t *tr)
+{
+    const model_t *m = &tr->model;
+    const grid_t *g = tr->grid;
+    /* Gradients are DP-averaged, so identical on every replica: the sum
+     * runs over the TP group only. Each logical parameter counts once: a
+     * TP-split tensor's slices on every rank, a replicated one (norms,
+     * row-parallel biases, wpe) on TP rank 0 only. The fixed-order sum in
+     * double gives the same value on every rank. */
+    double local = 0.0;
+    for (int i = 0; i < m->table.n; i++) {
+        const param_desc_t *d = &m->table.p[i];
+        if (d->tied_copy || (d->tp_split == TP_SPLIT_NONE && g->tp_rank != 0))
+            continue;
+        local += m->ops->sumsq(m->grads + d->offset, d->numel);
+    }
+    if (g->tp_size > 1) {
+        /* the communicator carries fp32: ~1e-7 relative, ample for clipping */
+        float part = (float)local;
+        if (g->tp->ops->allreduce(g->tp, &part, 1, COMM_SUM) != 0)
+            return NAN;
+        local = part;
+    }
+    return sqrt(local);
 }
 
 int trainer_check_replicas(trainer_t *tr, int step, char *err, size_t errlen)
@@ -221,7 +252,9 @@ int trainer_check_replicas(trainer_t *tr, int step, char *err, size_t errlen)
     return 0;
 }
 
-static void print_sample(trainer_t *tr, FILE *out)
+/* Collective over the TP group: every rank generates (the TP ranks
+ * together, DP replicas redundantly), world rank 0 prints. */
+static int print_sample(trainer_t *tr, FILE *out)
 {
     const run_options_t *o = tr->opt;
     const int byte_vocab = tr->cfg.vocab_size == 256;
@@ -230,11 +263,15 @@ static void print_sample(trainer_t *tr, FILE *out)
         n_prompt = 1;
     int32_t *seq = malloc((size_t)(n_prompt + o->sample_tokens) * sizeof *seq);
     if (!seq)
-        return;
+        return -1;
     for (int i = 0; i < n_prompt; i++)
         seq[i] = byte_vocab && o->prompt[0] ? (unsigned char)o->prompt[i] : 0;
     int n = sample_generate(&tr->model, seq, n_prompt, o->sample_tokens, o->temperature, o->top_k,
                             (uint64_t)o->seed, seq);
+    if (n < 0 || tr->env->world_rank != 0) {
+        free(seq);
+        return n < 0 ? -1 : 0;
+    }
     if (byte_vocab) {
         fprintf(out, "sample (temperature %g, top-k %d):\n", o->temperature, o->top_k);
         for (int i = 0; i < n; i++)
@@ -248,6 +285,7 @@ static void print_sample(trainer_t *tr, FILE *out)
     }
     fflush(out);
     free(seq);
+    return 0;
 }
 
 int trainer_run(trainer_t *tr, char *err, size_t errlen)
@@ -275,15 +313,19 @@ int trainer_run(trainer_t *tr, char *err, size_t errlen)
         for (int micro = 0; micro < tr->accum; micro++) {
             const int last = micro == tr->accum - 1;
             data_batch(&tr->train, step, micro, tr->accum, g->dp_rank, g->dp_size, B, tr->tok, tr->tgt);
-            loss_sum += model_forward(m, tr->tok, tr->tgt, B, T, 1.0f / (float)tr->accum);
+            loss_sum += model_forward(m, 0, tr->tok, tr->tgt, B, T, 1.0f / (float)tr->accum);
             /* only the last microbatch's backward communicates */
             if (last) {
                 ddp_begin(&tr->ddp);
                 m->grads_ready = on_grads_ready;
                 m->grads_ready_ctx = tr;
             }
-            model_backward(m, micro > 0);
+            int bad = model_backward(m, 0, micro > 0, last) != 0;
             m->grads_ready = NULL;
+            if (bad) {
+                snprintf(err, errlen, "step %d: %s", step + 1, m->err);
+                return -1;
+            }
         }
         if (tr->ddp_failed || ddp_finish(&tr->ddp) != 0) {
             snprintf(err, errlen, "step %d: gradient all-reduce failed: %s", step + 1, g->dp->err);
@@ -296,9 +338,7 @@ int trainer_run(trainer_t *tr, char *err, size_t errlen)
             return -1;
         }
         loss = (double)lf / g->dp_size;
-        /* gradients are DP-averaged, so identical on every replica: the
-         * local norm is the global one */
-        double norm = sqrt(m->ops->sumsq(m->grads, m->table.numel));
+        double norm = trainer_grad_norm(tr);
         if (!isfinite(loss) || !isfinite(norm)) {
             snprintf(err, errlen, "step %d: loss %g, gradient norm %g: training diverged; lower --lr or raise --warmup",
                      step + 1, loss, norm);
@@ -342,8 +382,10 @@ int trainer_run(trainer_t *tr, char *err, size_t errlen)
         double total = now_s() - t_run;
         printf("done: %d steps in %.1f s, final loss %.6f, %.0f tok/s average\n", o->steps, total, loss,
                tokens_step * o->steps / total);
-        if (o->sample_tokens > 0)
-            print_sample(tr, stdout);
+    }
+    if (o->sample_tokens > 0 && print_sample(tr, stdout) != 0) {
+        snprintf(err, errlen, "sampling failed: %s", m->failed ? m->err : "out of memory");
+        return -1;
     }
     return 0;
 }

@@ -42,6 +42,9 @@ void trainer_banner(const trainer_t *tr, FILE *out);
 /* Collective over the DP group: 0 when all replicas hold identical
  * parameters, else -1 with the first differing tensor in err. */
 int trainer_check_replicas(trainer_t *tr, int step, char *err, size_t errlen);
+/* The global gradient norm, every logical parameter counted once.
+ * Collective over the TP group (NAN if it failed). */
+double trainer_grad_norm(trainer_t *tr);
 /* The step loop, validation and the final sample. */
 int trainer_run(trainer_t *tr, char *err, size_t errlen);
 /* Mean loss over --val-batches microbatches of the validation set (split

@@ -51,3 +51,49 @@ expect_exit2() {
         fail "$* -> exit $rc, $lines stderr line(s), wanted '$want': $(head -c 600 "$TMP/err")"
     fi
 }
+
+# ---- layout equivalence (test_layout_*.sh) ----
+# tiny / tiny-llama, 20 steps at one global batch of 8 sequences of 64
+# tokens, validated at the end, replicas checked every 5 steps.
+strip_timing() { sed 's/, "ms": .*//' "$1"; }
+
+# layout_run OUT NP ARGS...: the run's metrics in OUT, its output in OUT.log
+layout_run() {
+    out=$1
+    np=$2
+    shift 2
+    "$MPIEXEC" --quiet -np "$np" "$DTRAIN" $(tiny_args) --threads 1 --steps 20 --warmup 5 --micro-batch 2 \
+        --global-batch 8 --seq-len 64 --val-every 20 --val-batches 4 --sample-tokens 0 --check-replicas 5 \
+        --metrics "$out" "$@" >"$out.log" 2>&1 || { fail "np $np $*: exit status $? $(tail -n 3 "$out.log")"; return 1; }
+}
+
+# layout_compare REF OUT LABEL: every step's loss and the final validation
+# loss within 1e-5 relative, the gradient norm within 1e-4 (a loss spike
+# amplifies fp32 reduction-order noise in the norm about 100-fold)
+layout_compare() {
+    worst=$(awk -v ref="$1" -v out="$2" '
+        function val(line, key,   m) { if (match(line, "\"" key "\": [-0-9.e+]+")) return substr(line, RSTART + length(key) + 4, RLENGTH - length(key) - 4) + 0; return "" }
+        BEGIN { nk = split("loss val_loss grad_norm", keys, " ")
+                while ((getline l < ref) > 0) { match(l, /"step": [0-9]+/); s = substr(l, RSTART + 8, RLENGTH - 8)
+                    for (k = 1; k <= nk; k++) r[s, k] = val(l, keys[k]) }
+                n = 0; wl = 0; wn = 0
+                while ((getline l < out) > 0) { match(l, /"step": [0-9]+/); s = substr(l, RSTART + 8, RLENGTH - 8)
+                    for (k = 1; k <= nk; k++) { x = val(l, keys[k]); y = r[s, k]
+                        if (x == "" && y == "") continue
+                        if (x == "" || y == "") { print "missing"; exit }
+                        d = x - y; if (d < 0) d = -d; d /= (y < 0 ? -y : y); n++
+                        if (k == 3) { if (d > wn) wn = d } else if (d > wl) wl = d } }
+                printf "%.2e %.2e %d\n", wl, wn, n }')
+    set -- "$3" $worst
+    if [ "$2" != "missing" ] && [ "${4:-0}" -ge 41 ] && awk -v l="$2" -v n="$3" 'BEGIN { exit !(l < 1e-5 && n < 1e-4) }'; then
+        pass "$1: $4 values, worst relative difference: losses $2 (< 1e-5), norms $3 (< 1e-4)"
+    else
+        fail "$1: worst relative difference: losses $2, norms ${3:-}, over ${4:-0} values"
+    fi
+}
+
+# layout_twice FIRST SECOND LABEL: two runs of one layout, bit-identical
+layout_twice() {
+    strip_timing "$1" >"$TMP/twice.a" && strip_timing "$2" >"$TMP/twice.b" &&
+        if cmp -s "$TMP/twice.a" "$TMP/twice.b"; then pass "$3 twice: bit-identical"; else fail "$3 twice differ"; fi
+}

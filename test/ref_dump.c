@@ -216,13 +216,17 @@ int main(int argc, char **argv)
 
     const ops_t *ops = ops_cpu();
     model_t m;
-    if (model_create(&m, cfg, ops, B, T, err, sizeof err) != 0)
+    model_layout_t lay = model_layout_single(cfg);
+    if (model_create(&m, cfg, ops, &lay, B, T, err, sizeof err) != 0)
         die("model_create(%s): %s", model_name, err);
     if (model_init_params(&m, REF_SEED) != 0)
         die("model_init_params: out of memory");
 
     const param_table_t *tab = &m.table;
     const size_t P = tab->numel;
+    if (P != tab->logical_numel)
+        die("preset %s: the vocabulary is padded in memory; the reference dump needs V a multiple of 128",
+            model_name);
     float *host = xmalloc(P * sizeof *host);
 
     /* Perturb biases and norm weights (initialised to 0 and 1). */
@@ -249,21 +253,23 @@ int main(int argc, char **argv)
     write_bin(outdir, "targets.bin", targets, sizeof *targets, (size_t)N);
 
     /* Evaluation forward: logits stay logits. */
-    float loss = model_forward(&m, tokens, targets, B, T, 0.0f);
+    float loss = model_forward(&m, 0, tokens, targets, B, T, 0.0f);
     float *logits = xmalloc((size_t)N * (size_t)V * sizeof *logits);
     for (int n = 0; n < N; n++)
-        model_logits_row(&m, n, logits + (size_t)n * (size_t)V);
+        if (model_logits_row(&m, 0, n, logits + (size_t)n * (size_t)V) != 0)
+            die("model_logits_row: %s", m.err);
     write_bin(outdir, "logits.bin", logits, sizeof *logits, (size_t)N * (size_t)V);
 
     /* Training forward and backward: gradients of the mean loss. */
-    float loss_train = model_forward(&m, tokens, targets, B, T, 1.0f);
+    float loss_train = model_forward(&m, 0, tokens, targets, B, T, 1.0f);
     if (!isfinite(loss) || !isfinite(loss_train))
         die("non-finite loss (%g, %g)", (double)loss, (double)loss_train);
     if (loss_train != loss)
         fprintf(stderr, "ref_dump: note: training forward loss %.9g differs from evaluation "
                         "forward loss %.9g\n",
                 (double)loss_train, (double)loss);
-    model_backward(&m, 0);
+    if (model_backward(&m, 0, 0, 1) != 0)
+        die("model_backward: %s", m.err);
     float *grads = xmalloc(P * sizeof *grads);
     ops->to_host(grads, m.grads, P * sizeof *grads);
     write_bin(outdir, "grads.bin", grads, sizeof *grads, P);

@@ -3,7 +3,10 @@
  *  - a tensor's values do not depend on how it is sliced (TP 2 and 4 slices are
  *    bit-identical to the matching hyperslab of the unsliced tensor);
  *  - the normal init has the requested mean and standard deviation;
- *  - the same seed gives identical values, another seed different ones. */
+ *  - the same seed gives identical values, another seed different ones;
+ *  - the vocabulary padding rows are zero and outside every hyperslab;
+ *  - pipeline stages' tables together hold every logical tensor exactly once,
+ *    plus GPT-2's tied head copy on the last stage. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,17 +24,28 @@ static void check(int ok, const char *what)
         failures++;
 }
 
-static void check_count(const char *preset, size_t want)
+static param_layout_t tp_layout(const model_config_t *c, int tp, int r)
+{
+    param_layout_t lay = param_layout_whole(c);
+    lay.tp_size = tp;
+    lay.tp_rank = r;
+    return lay;
+}
+
+/* want: logical parameters; the flat buffer adds the vocabulary padding
+ * (GPT-2: 50257 -> 50304 rows of wte) */
+static void check_count(const char *preset, size_t want, size_t want_numel)
 {
     param_table_t t;
     char err[256], what[256];
     const model_preset_t *p = model_preset_find(preset);
-    if (!p || param_table_build(&t, &p->cfg, 1, 0, err, sizeof err) != 0) {
+    if (!p || param_table_build(&t, &p->cfg, NULL, err, sizeof err) != 0) {
         check(0, preset);
         return;
     }
-    snprintf(what, sizeof what, "%s has %zu parameters (expected %zu)", preset, t.logical_numel, want);
-    check(t.logical_numel == want && t.numel == want, what);
+    snprintf(what, sizeof what, "%s has %zu parameters (expected %zu), %zu in memory (expected %zu)", preset,
+             t.logical_numel, want, t.numel, want_numel);
+    check(t.logical_numel == want && t.numel == want_numel, what);
     param_table_free(&t);
 }
 
@@ -41,16 +55,18 @@ static void check_slicing(const char *preset, int tp)
     const model_preset_t *p = model_preset_find(preset);
     char err[256], what[256];
     param_table_t full;
-    if (param_table_build(&full, &p->cfg, 1, 0, err, sizeof err) != 0) {
+    if (param_table_build(&full, &p->cfg, NULL, err, sizeof err) != 0) {
         check(0, err);
         return;
     }
     float *ref = malloc(full.numel * sizeof *ref);
     param_table_init(&full, ref, 42);
-    long long mismatches = 0, compared = 0;
+    long long mismatches = 0, compared = 0, pad_nonzero = 0;
+    int64_t vocab_rows = 0;
     for (int r = 0; r < tp; r++) {
         param_table_t part;
-        if (param_table_build(&part, &p->cfg, tp, r, err, sizeof err) != 0) {
+        param_layout_t lay = tp_layout(&p->cfg, tp, r);
+        if (param_table_build(&part, &p->cfg, &lay, err, sizeof err) != 0) {
             check(0, err);
             continue;
         }
@@ -66,6 +82,11 @@ static void check_slicing(const char *preset, int tp)
                     mismatches += memcmp(&a, &b, sizeof a) != 0;
                     compared++;
                 }
+            for (int64_t i = d->count[0]; i < d->local_rows; i++)
+                for (int64_t j = 0; j < d->count[1]; j++)
+                    pad_nonzero += buf[d->offset + i * d->count[1] + j] != 0.0f;
+            if (d->tp_split == TP_SPLIT_VOCAB && strcmp(d->name, "lm_head.w") != 0)
+                vocab_rows += d->count[0];
         }
         free(buf);
         param_table_free(&part);
@@ -73,6 +94,9 @@ static void check_slicing(const char *preset, int tp)
     snprintf(what, sizeof what, "%s at tp %d: %lld of %lld sliced elements differ from the unsliced tensor",
              preset, tp, mismatches, compared);
     check(mismatches == 0 && compared > 0, what);
+    snprintf(what, sizeof what, "%s at tp %d: padding rows all zero (%lld not), embedding slices cover %lld of %d rows",
+             preset, tp, pad_nonzero, (long long)vocab_rows, p->cfg.vocab_size);
+    check(pad_nonzero == 0 && vocab_rows == p->cfg.vocab_size, what);
     free(ref);
     param_table_free(&full);
 }
@@ -82,7 +106,7 @@ static void check_statistics(void)
     const model_preset_t *p = model_preset_find("tiny");
     param_table_t t;
     char err[256], what[256];
-    param_table_build(&t, &p->cfg, 1, 0, err, sizeof err);
+    param_table_build(&t, &p->cfg, NULL, err, sizeof err);
     float *a = malloc(t.numel * sizeof *a), *b = malloc(t.numel * sizeof *b);
     param_table_init(&t, a, 7);
     param_table_init(&t, b, 7);
@@ -126,16 +150,64 @@ static void check_statistics(void)
     param_table_free(&t);
 }
 
+/* Stages [0,1), [1,3), [3,4) of a 4-layer model: every tensor of the
+ * whole model is held by exactly one stage, except GPT-2's wte, which the
+ * last stage holds as a tied copy. */
+static void check_stages(const char *preset)
+{
+    const model_preset_t *p = model_preset_find(preset);
+    char err[256], what[256];
+    const int bounds[4] = {0, 1, 3, 4};
+    param_table_t full, st[3];
+    if (param_table_build(&full, &p->cfg, NULL, err, sizeof err) != 0) {
+        check(0, err);
+        return;
+    }
+    int *held = calloc((size_t)full.n, sizeof *held), copies = 0, bad = 0;
+    for (int s = 0; s < 3; s++) {
+        param_layout_t lay = param_layout_whole(&p->cfg);
+        lay.layer_begin = bounds[s];
+        lay.layer_end = bounds[s + 1];
+        lay.has_embed = s == 0;
+        lay.has_head = s == 2;
+        if (param_table_build(&st[s], &p->cfg, &lay, err, sizeof err) != 0) {
+            check(0, err);
+            break;
+        }
+        for (int k = 0; k < st[s].n; k++) {
+            int i = param_table_find(&full, st[s].p[k].name);
+            if (i < 0)
+                bad++;
+            else if (st[s].p[k].tied_copy)
+                copies++;
+            else
+                held[i]++;
+        }
+        param_table_free(&st[s]);
+    }
+    for (int i = 0; i < full.n; i++)
+        bad += held[i] != 1;
+    int want_copies = p->cfg.arch == ARCH_GPT2;
+    snprintf(what, sizeof what, "%s over 3 stages: %d tensors not held exactly once, %d tied copies (want %d)",
+             preset, bad, copies, want_copies);
+    check(bad == 0 && copies == want_copies, what);
+    free(held);
+    param_table_free(&full);
+}
+
 int main(void)
 {
     /* Published counts: GPT-2 124M (untied head counted once), Llama 2 7B and 70B. */
-    check_count("gpt2-124m", 124439808);
-    check_count("gpt2-350m", 354823168);
-    check_count("llama-7b", 6738415616);
-    check_count("llama-70b", 68976648192);
+    check_count("gpt2-124m", 124439808, 124439808 + 47 * 768);
+    check_count("gpt2-350m", 354823168, 354823168 + 47 * 1024);
+    check_count("llama-7b", 6738415616, 6738415616);
+    check_count("llama-70b", 68976648192, 68976648192);
     check_slicing("tiny", 2);
-    check_slicing("tiny", 4);
+    check_slicing("tiny", 4); /* vocab 256 padded to 512: ranks 2, 3 hold padding only */
     check_slicing("tiny-llama", 2);
+    check_slicing("gpt2-124m", 8); /* 50257 -> 51200 rows, 6400 per rank */
+    check_stages("tiny");
+    check_stages("tiny-llama");
     check_statistics();
     printf("%d failure(s)\n", failures);
     return failures ? 1 : 0;

@@ -638,18 +638,18 @@ static void test_embedding(void)
     emb_ctx c = {N, T, C, V, tok, todouble(wte, nwte), todouble(wpe, nwpe), todouble(R, nout),
                  xmalloc(nout * sizeof(double))};
     loss_emb(&c);
-    ops->embedding_fwd(out, tok, wte, wpe, N, T, C);
+    ops->embedding_fwd(out, tok, wte, wpe, N, T, C, 0, V);
     check("embedding_fwd (wte + wpe)", rel_err(out, c.out, nout), FWD_TOL);
 
     float *dwte = fnan(nwte), *dwpe = fnan(nwpe);
-    ops->embedding_bwd(dwte, dwpe, R, tok, N, T, C, V, 0);
+    ops->embedding_bwd(dwte, dwpe, R, tok, N, T, C, 0, V, 0);
     double *g = xmalloc(nwte * sizeof(double));
     fd_grad(g, c.wte, nwte, loss_emb, &c);
     check("embedding_bwd dwte (accum=0 over NaN) vs FD", rel_err(dwte, g, nwte), BWD_TOL);
     fd_grad(g, c.wpe, nwpe, loss_emb, &c);
     check("embedding_bwd dwpe (accum=0 over NaN) vs FD", rel_err(dwpe, g, nwpe), BWD_TOL);
     float *dwte2 = fdup(dwte, nwte), *dwpe2 = fdup(dwpe, nwpe);
-    ops->embedding_bwd(dwte2, dwpe2, R, tok, N, T, C, V, 1);
+    ops->embedding_bwd(dwte2, dwpe2, R, tok, N, T, C, 0, V, 1);
     check("embedding_bwd accum=1 doubles dwte", doubling_err(dwte, dwte2, nwte), ACC_TOL);
     check("embedding_bwd accum=1 doubles dwpe", doubling_err(dwpe, dwpe2, nwpe), ACC_TOL);
 
@@ -658,10 +658,27 @@ static void test_embedding(void)
     c.wpe = NULL;
     loss_emb(&c);
     float *out2 = fnan(nout), *dwte3 = fnan(nwte);
-    ops->embedding_fwd(out2, tok, wte, NULL, N, T, C);
+    ops->embedding_fwd(out2, tok, wte, NULL, N, T, C, 0, V);
     check("embedding_fwd (wte only)", rel_err(out2, c.out, nout), FWD_TOL);
-    ops->embedding_bwd(dwte3, NULL, R, tok, N, T, C, V, 0);
+    ops->embedding_bwd(dwte3, NULL, R, tok, N, T, C, 0, V, 0);
     check_true("embedding_bwd dwpe=NULL: dwte same bits", memcmp(dwte3, dwte, nwte * 4) == 0);
+
+    /* vocabulary split over two ranks, rows [0,6) and [6,11); wpe on the
+     * first: the sum of the outputs is the whole embedding, and each rank's
+     * dwte is its rows of the whole gradient, bit for bit */
+    const int V0 = 6, V1 = V - V0;
+    float *o0 = fnan(nout), *o1 = fnan(nout), *d0 = fnan((size_t)V0 * C), *d1 = fnan((size_t)V1 * C);
+    ops->embedding_fwd(o0, tok, wte, wpe, N, T, C, 0, V0);
+    ops->embedding_fwd(o1, tok, wte + (size_t)V0 * C, NULL, N, T, C, V0, V1);
+    ops->add(o0, o0, o1, nout);
+    check_true("embedding_fwd vocab split in 2 (wpe on one): sum == whole, same bits",
+               memcmp(o0, out, nout * 4) == 0);
+    ops->embedding_bwd(d0, NULL, R, tok, N, T, C, 0, V0, 0);
+    ops->embedding_bwd(d1, NULL, R, tok, N, T, C, V0, V1, 0);
+    check_true("embedding_bwd vocab split in 2: rows == whole's, same bits",
+               memcmp(d0, dwte, (size_t)V0 * C * 4) == 0 &&
+               memcmp(d1, dwte + (size_t)V0 * C, (size_t)V1 * C * 4) == 0);
+    free(o0); free(o1); free(d0); free(d1);
     free(wte); free(wpe); free(R); free(out); free(out2); free(dwte); free(dwpe); free(dwte2);
     free(dwpe2); free(dwte3); free(g); free(c.wte); free(c.R); free(c.out);
 }
@@ -697,6 +714,18 @@ static double loss_ce(void *p)
     return L;
 }
 
+/* The three cross-entropy passes on an unsplit vocabulary. */
+static void xent_whole(float *losses, float *dlogits, const float *logits, const int32_t *tgt,
+                       int N, int V, int ld, float dloss)
+{
+    float *mx = fnan(N), *st = fnan((size_t)2 * N);
+    ops->xent_max(mx, logits, N, V, ld);
+    ops->xent_sumexp(st, dlogits, logits, mx, tgt, 0, N, V, ld);
+    ops->xent_finish(losses, dlogits, mx, st, tgt, 0, N, V, ld, dloss);
+    free(mx);
+    free(st);
+}
+
 /* row 2 has an ignored target, row 4 has logits shifted by +90 */
 static void test_cross_entropy(int N, int V, int ld, const int32_t *tgt)
 {
@@ -716,7 +745,7 @@ static void test_cross_entropy(int N, int V, int ld, const int32_t *tgt)
     memcpy(refloss, c.losses, N * sizeof(double));
 
     float *losses = fnan(N), *dl = fnan(nl), *losses_only = fnan(N);
-    ops->cross_entropy(losses, dl, logits, tgt, N, V, ld, dloss);
+    xent_whole(losses, dl, logits, tgt, N, V, ld, dloss);
     snprintf(name, sizeof name, "cross_entropy losses (NaN padding) %s", tag);
     check(name, rel_err(losses, refloss, N), FWD_TOL);
     check_true("cross_entropy ignored target: loss == 0", losses[2] == 0.0f);
@@ -735,12 +764,62 @@ static void test_cross_entropy(int N, int V, int ld, const int32_t *tgt)
     check_true("cross_entropy dlogits padding columns == 0", pad_zero);
     check_true("cross_entropy ignored target: gradient row == 0", ign_zero);
 
-    ops->cross_entropy(losses_only, NULL, logits, tgt, N, V, ld, dloss);
+    xent_whole(losses_only, NULL, logits, tgt, N, V, ld, dloss);
     check_true("cross_entropy dlogits=NULL: same losses", memcmp(losses_only, losses, N * 4) == 0);
     float *alias = fdup(logits, nl), *losses2 = fnan(N);
-    ops->cross_entropy(losses2, alias, alias, tgt, N, V, ld, dloss);
+    xent_whole(losses2, alias, alias, tgt, N, V, ld, dloss);
     check_true("cross_entropy dlogits aliasing logits: same bits",
                memcmp(losses2, losses, N * 4) == 0 && memcmp(alias, dl, nl * 4) == 0);
+
+    /* the vocabulary split over 3 ranks as tensor parallelism pads it:
+     * each holds ldr = ceil(ld/3) columns, the last ones padding; the max
+     * and the stats reduced between passes as the allreduces would */
+    const int ldr = (ld + 2) / 3;
+    float *part[3], *rmax[3], *st[3], *pl[3];
+    float *gmax = fnan(N), *gst = xmalloc((size_t)2 * N * 4);
+    memset(gst, 0, (size_t)2 * N * 4);
+    for (int r = 0; r < 3; r++) {
+        int v0 = r * ldr, vl = V - v0 < 0 ? 0 : V - v0 > ldr ? ldr : V - v0;
+        part[r] = fnan((size_t)N * ldr);
+        for (int n = 0; n < N; n++)
+            memcpy(part[r] + (size_t)n * ldr, logits + (size_t)n * ld + v0, (size_t)vl * 4);
+        rmax[r] = fnan(N);
+        st[r] = fnan((size_t)2 * N);
+        pl[r] = fnan(N);
+        ops->xent_max(rmax[r], part[r], N, vl, ldr);
+        for (int n = 0; n < N; n++)
+            gmax[n] = r == 0 || rmax[r][n] > gmax[n] ? rmax[r][n] : gmax[n];
+    }
+    for (int r = 0; r < 3; r++) {
+        int v0 = r * ldr, vl = V - v0 < 0 ? 0 : V - v0 > ldr ? ldr : V - v0;
+        ops->xent_sumexp(st[r], part[r], part[r], gmax, tgt, v0, N, vl, ldr);
+        for (int k = 0; k < 2 * N; k++)
+            gst[k] += st[r][k];
+    }
+    double gerr = 0.0;
+    int lsame = 1;
+    for (int r = 0; r < 3; r++) {
+        int v0 = r * ldr, vl = V - v0 < 0 ? 0 : V - v0 > ldr ? ldr : V - v0;
+        ops->xent_finish(pl[r], part[r], gmax, gst, tgt, v0, N, vl, ldr, dloss);
+        for (int n = 0; n < N; n++) {
+            lsame &= fabsf(pl[r][n] - losses[n]) <= 1e-6f * (1.0f + fabsf(losses[n]));
+            for (int i = 0; i < ldr; i++) {
+                double want = i < vl ? g[(size_t)n * ld + v0 + i] : 0.0;
+                double e = fabs(part[r][(size_t)n * ldr + i] - want);
+                if (!(e <= gerr)) /* NaN propagates */
+                    gerr = e;
+            }
+        }
+        free(part[r]); free(rmax[r]); free(st[r]); free(pl[r]);
+    }
+    snprintf(name, sizeof name, "cross_entropy vocab split in 3 (padded): losses == whole's %s", tag);
+    check_true(name, lsame);
+    double gmaxabs = 0.0;
+    for (size_t k = 0; k < nl; k++)
+        gmaxabs = fabs(g[k]) > gmaxabs ? fabs(g[k]) : gmaxabs;
+    snprintf(name, sizeof name, "cross_entropy vocab split in 3: dlogits vs FD, padding 0 %s", tag);
+    check(name, gerr / gmaxabs, BWD_TOL);
+    free(gmax); free(gst);
     free(logits); free(losses); free(dl); free(losses_only); free(alias); free(losses2);
     free(g); free(refloss); free(c.logits); free(c.losses);
 }
@@ -899,7 +978,7 @@ static void test_determinism(void)
         ops->layernorm_bwd(din, r, r + C, dout, x, w, mean, rstd, N, C, 0);
         ops->rmsnorm_bwd(din, r + 2 * C, dout, x, w, rrstd, N, C, 0);
         ops->matmul_bwd(NULL, NULL, r + 3 * C, dout, x, w, N, C, OC, 0, 0);
-        ops->embedding_bwd(r + 3 * C + OC, r + 3 * C + OC + (size_t)V * C, dout, tok, N, T, C, V, 0);
+        ops->embedding_bwd(r + 3 * C + OC, r + 3 * C + OC + (size_t)V * C, dout, tok, N, T, C, 0, V, 0);
         ss[k] = ops->sumsq(dout, nx);
         float l[2];
         memcpy(l, &ss[k], sizeof l);
