@@ -12,6 +12,8 @@
 
 #include <stddef.h>
 
+#include "trace.h"
+
 typedef enum { COMM_SUM = 0, COMM_MAX } comm_op_t;
 
 typedef struct comm comm_t;
@@ -48,6 +50,13 @@ struct comm {
     const comm_ops_t *ops;
     int rank, size;
     void *impl; /* MPI: the MPI_Comm */
+    /* Optional: when set, every call records a span on TRACE_COMM named
+     * "<op> <name>" ("iallreduce dp") with its bytes (and peer for point to
+     * point): blocking calls from entry to return, nonblocking ones from
+     * the posting call to the test() that reports done or wait()'s return.
+     * NULL (the default) costs one branch per call. */
+    trace_t *trace;
+    char name[16]; /* group label for spans: "world", "tp", "dp", "pp", "embed" */
     char err[512];
 };
 

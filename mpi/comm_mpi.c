@@ -29,6 +29,16 @@
  * send == recv and allgather with send == recv + rank*n_each use
  * MPI_IN_PLACE too.
  *
+ * Tracing (comm->trace set): each call records one span on TRACE_COMM
+ * named "<op> <group>" (op without the MPI_ prefix, lower case, as in
+ * "allreduce dp", "isend pp"), args bytes and, for point to point, peer
+ * (rank in the group; a broadcast's root). Bytes are the whole buffer, as
+ * nccl-tests counts them: n*4 for allreduce, broadcast and point to point,
+ * size*n_each*4 for reduce_scatter and allgather. Blocking calls span entry
+ * to return; nonblocking ones span the posting call's entry to the test()
+ * that finds them done or wait()'s return, so the span covers everything
+ * the caller could overlap. Failed calls record nothing (the job ends).
+ *
  * OpenMPI has no asynchronous progress thread: a nonblocking operation
  * advances only inside MPI calls, so callers must call test() between
  * kernels (ddp.c does). */
@@ -53,6 +63,11 @@ typedef struct mpi_comm {
 typedef struct mpi_req {
     const char *what; /* MPI call that started it, for messages */
     size_t n;
+    /* for the trace span (set when comm->trace is): */
+    const char *op; /* "iallreduce" */
+    double t0;      /* trace_now() at the posting call's entry */
+    long long bytes;
+    int peer;
     int nreq;
     MPI_Request r[];
 } mpi_req_t;
@@ -107,9 +122,36 @@ static int to_mpi_op(comm_op_t op, MPI_Op *out)
     return -1;
 }
 
-/* Allocates the MPI requests of a nonblocking operation into req. */
-static mpi_req_t *req_start(comm_t *c, comm_req_t *req, const char *what, size_t n, size_t nreq)
+/* ------------------------------------------------------------------ trace */
+
+static double span_t0(const comm_t *c)
 {
+    return c->trace ? trace_now() : 0.0;
+}
+
+/* Records [t0, now] for a call that returned rc; returns rc. */
+static int span_end(comm_t *c, int rc, const char *op, double t0, long long bytes, int peer)
+{
+    if (!c->trace || rc != 0)
+        return rc;
+    char name[TRACE_NAME_MAX + 1];
+    snprintf(name, sizeof name, "%s%s%s", op, c->name[0] ? " " : "", c->name);
+    trace_span(c->trace, TRACE_COMM, name, t0, trace_now(),
+               &(trace_args_t){ .bytes = bytes, .microbatch = -1, .layer = -1, .peer = peer });
+    return rc;
+}
+
+static long long fbytes(size_t n)
+{
+    return (long long)(n * sizeof(float));
+}
+
+/* Allocates the MPI requests of a nonblocking operation into req; op,
+ * bytes and peer (-1: none) name its trace span. */
+static mpi_req_t *req_start(comm_t *c, comm_req_t *req, const char *what, size_t n, size_t nreq, const char *op,
+                            long long bytes, int peer)
+{
+    double t0 = span_t0(c);
     if (req->active) {
         fail_msg(c, what, n, "the request is still in flight (test or wait for it first)");
         return NULL;
@@ -125,6 +167,10 @@ static mpi_req_t *req_start(comm_t *c, comm_req_t *req, const char *what, size_t
     }
     r->what = what;
     r->n = n;
+    r->op = op;
+    r->t0 = t0;
+    r->bytes = bytes;
+    r->peer = peer;
     r->nreq = 0;
     for (size_t i = 0; i < nreq; i++)
         r->r[i] = MPI_REQUEST_NULL;
@@ -146,7 +192,7 @@ static int req_abandon(comm_req_t *req)
 
 /* ------------------------------------------------------------ collectives */
 
-static int mpi_allreduce(comm_t *c, float *buf, size_t n, comm_op_t op)
+static int allreduce_run(comm_t *c, float *buf, size_t n, comm_op_t op)
 {
     MPI_Op mop;
     if (to_mpi_op(op, &mop) != 0)
@@ -166,7 +212,7 @@ static int mpi_iallreduce(comm_t *c, float *buf, size_t n, comm_op_t op, comm_re
     if (to_mpi_op(op, &mop) != 0)
         return fail_msg(c, "MPI_Iallreduce", n, "unknown reduction op");
     const size_t max = maxc(c);
-    mpi_req_t *r = req_start(c, req, "MPI_Iallreduce", n, n_chunks(n, max));
+    mpi_req_t *r = req_start(c, req, "MPI_Iallreduce", n, n_chunks(n, max), "iallreduce", fbytes(n), -1);
     if (!r)
         return -1;
     for (size_t off = 0; off < n; off += max) {
@@ -207,7 +253,7 @@ static int reduce_scatter_chunked(comm_t *c, const float *send, float *recv, siz
     return 0;
 }
 
-static int mpi_reduce_scatter(comm_t *c, const float *send, float *recv, size_t n_each)
+static int reduce_scatter_run(comm_t *c, const float *send, float *recv, size_t n_each)
 {
     if (n_each > maxc(c))
         return reduce_scatter_chunked(c, send, recv, n_each, NULL);
@@ -227,10 +273,13 @@ static int mpi_ireduce_scatter(comm_t *c, const float *send, float *recv, size_t
         req->comm = c;
         req->impl = NULL;
         req->active = 0;
-        return reduce_scatter_chunked(c, send, recv, n_each, NULL);
+        double t0 = span_t0(c);
+        return span_end(c, reduce_scatter_chunked(c, send, recv, n_each, NULL), "ireduce_scatter", t0,
+                        fbytes(n_each * (size_t)c->size), -1);
     }
     size_t nreq = n_each > maxc(c) ? n_chunks(n_each, maxc(c)) * (size_t)c->size : 1;
-    mpi_req_t *r = req_start(c, req, n_each > maxc(c) ? "MPI_Ireduce" : "MPI_Ireduce_scatter_block", n_each, nreq);
+    mpi_req_t *r = req_start(c, req, n_each > maxc(c) ? "MPI_Ireduce" : "MPI_Ireduce_scatter_block", n_each, nreq,
+                             "ireduce_scatter", fbytes(n_each * (size_t)c->size), -1);
     if (!r)
         return -1;
     if (n_each > maxc(c))
@@ -288,20 +337,21 @@ static int allgather_chunks(comm_t *c, const float *send, float *recv, size_t n_
     return 0;
 }
 
-static int mpi_allgather(comm_t *c, const float *send, float *recv, size_t n_each)
+static int allgather_run(comm_t *c, const float *send, float *recv, size_t n_each)
 {
     return allgather_chunks(c, send, recv, n_each, NULL);
 }
 
 static int mpi_iallgather(comm_t *c, const float *send, float *recv, size_t n_each, comm_req_t *req)
 {
-    mpi_req_t *r = req_start(c, req, "MPI_Iallgather", n_each, n_chunks(n_each, maxc(c)));
+    mpi_req_t *r = req_start(c, req, "MPI_Iallgather", n_each, n_chunks(n_each, maxc(c)), "iallgather",
+                             fbytes(n_each * (size_t)c->size), -1);
     if (!r)
         return -1;
     return allgather_chunks(c, send, recv, n_each, r) == 0 ? 0 : req_abandon(req);
 }
 
-static int mpi_broadcast(comm_t *c, float *buf, size_t n, int root)
+static int broadcast_run(comm_t *c, float *buf, size_t n, int root)
 {
     const size_t max = maxc(c);
     for (size_t off = 0; off < n; off += max) {
@@ -324,7 +374,7 @@ static int p2p_fail(comm_t *c, int rc, const char *what, size_t n, int peer, int
     return fail(c, rc, what, n, extra);
 }
 
-static int mpi_send(comm_t *c, const float *buf, size_t n, int peer, int tag)
+static int send_run(comm_t *c, const float *buf, size_t n, int peer, int tag)
 {
     const size_t max = maxc(c);
     size_t off = 0;
@@ -337,7 +387,7 @@ static int mpi_send(comm_t *c, const float *buf, size_t n, int peer, int tag)
     return 0;
 }
 
-static int mpi_recv(comm_t *c, float *buf, size_t n, int peer, int tag)
+static int recv_run(comm_t *c, float *buf, size_t n, int peer, int tag)
 {
     const size_t max = maxc(c);
     size_t off = 0;
@@ -362,7 +412,7 @@ static int mpi_recv(comm_t *c, float *buf, size_t n, int peer, int tag)
 static int mpi_isend(comm_t *c, const float *buf, size_t n, int peer, int tag, comm_req_t *req)
 {
     const size_t max = maxc(c);
-    mpi_req_t *r = req_start(c, req, "MPI_Isend", n, n ? n_chunks(n, max) : 1);
+    mpi_req_t *r = req_start(c, req, "MPI_Isend", n, n ? n_chunks(n, max) : 1, "isend", fbytes(n), peer);
     if (!r)
         return -1;
     size_t off = 0;
@@ -382,7 +432,7 @@ static int mpi_isend(comm_t *c, const float *buf, size_t n, int peer, int tag, c
 static int mpi_irecv(comm_t *c, float *buf, size_t n, int peer, int tag, comm_req_t *req)
 {
     const size_t max = maxc(c);
-    mpi_req_t *r = req_start(c, req, "MPI_Irecv", n, n ? n_chunks(n, max) : 1);
+    mpi_req_t *r = req_start(c, req, "MPI_Irecv", n, n ? n_chunks(n, max) : 1, "irecv", fbytes(n), peer);
     if (!r)
         return -1;
     size_t off = 0;
@@ -400,6 +450,13 @@ static int mpi_irecv(comm_t *c, float *buf, size_t n, int peer, int tag, comm_re
 }
 
 /* ------------------------------------------------------------- completion */
+
+/* The span of a finished nonblocking operation, ending now. */
+static void req_span(comm_req_t *req)
+{
+    const mpi_req_t *r = req->impl;
+    span_end(req->comm, 0, r->op, r->t0, r->bytes, r->peer);
+}
 
 static void req_release(comm_req_t *req)
 {
@@ -424,8 +481,10 @@ static int mpi_test(comm_req_t *req, int *done)
         return -1;
     }
     *done = flag;
-    if (flag)
+    if (flag) {
+        req_span(req);
         req_release(req);
+    }
     return 0;
 }
 
@@ -442,11 +501,12 @@ static int mpi_wait(comm_req_t *req)
         req_release(req);
         return -1;
     }
+    req_span(req);
     req_release(req);
     return 0;
 }
 
-static int mpi_barrier(comm_t *c)
+static int barrier_run(comm_t *c)
 {
     int rc = MPI_Barrier(mcomm(c));
     return rc == MPI_SUCCESS ? 0 : fail(c, rc, "MPI_Barrier", 0, NULL);
@@ -461,6 +521,52 @@ static void mpi_destroy(comm_t *c)
     if (MPI_Finalized(&finalized) == MPI_SUCCESS && !finalized && m->comm != MPI_COMM_NULL)
         MPI_Comm_free(&m->comm);
     free(m);
+}
+
+/* Blocking calls: the operation, timed when traced. */
+
+static int mpi_allreduce(comm_t *c, float *buf, size_t n, comm_op_t op)
+{
+    double t0 = span_t0(c);
+    return span_end(c, allreduce_run(c, buf, n, op), "allreduce", t0, fbytes(n), -1);
+}
+
+static int mpi_reduce_scatter(comm_t *c, const float *send, float *recv, size_t n_each)
+{
+    double t0 = span_t0(c);
+    return span_end(c, reduce_scatter_run(c, send, recv, n_each), "reduce_scatter", t0,
+                    fbytes(n_each * (size_t)c->size), -1);
+}
+
+static int mpi_allgather(comm_t *c, const float *send, float *recv, size_t n_each)
+{
+    double t0 = span_t0(c);
+    return span_end(c, allgather_run(c, send, recv, n_each), "allgather", t0, fbytes(n_each * (size_t)c->size),
+                    -1);
+}
+
+static int mpi_broadcast(comm_t *c, float *buf, size_t n, int root)
+{
+    double t0 = span_t0(c);
+    return span_end(c, broadcast_run(c, buf, n, root), "bcast", t0, fbytes(n), root);
+}
+
+static int mpi_send(comm_t *c, const float *buf, size_t n, int peer, int tag)
+{
+    double t0 = span_t0(c);
+    return span_end(c, send_run(c, buf, n, peer, tag), "send", t0, fbytes(n), peer);
+}
+
+static int mpi_recv(comm_t *c, float *buf, size_t n, int peer, int tag)
+{
+    double t0 = span_t0(c);
+    return span_end(c, recv_run(c, buf, n, peer, tag), "recv", t0, fbytes(n), peer);
+}
+
+static int mpi_barrier(comm_t *c)
+{
+    double t0 = span_t0(c);
+    return span_end(c, barrier_run(c), "barrier", t0, 0, -1);
 }
 
 static const comm_ops_t mpi_ops = {

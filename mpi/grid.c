@@ -139,6 +139,8 @@ static void wrap_split(grid_t *g, int axis, MPI_Comm *mc, int want_rank, int wan
     else if (c->rank != want_rank || c->size != want_size)
         set_err(g, "grid: %s communicator has rank %d of %d, expected %d of %d", axis_name[axis], c->rank,
                 c->size, want_rank, want_size);
+    if (c)
+        snprintf(c->name, sizeof c->name, "%s", axis_name[axis]); /* trace span suffix */
     *axis_slot(g, axis) = c;
     int rc = MPI_Comm_free(mc);
     if (rc != MPI_SUCCESS)
@@ -203,6 +205,8 @@ int grid_create(grid_t *g, int tp, int pp, int dp)
     else if (g->world->rank != r || g->world->size != g->world_size)
         set_err(g, "grid: world communicator has rank %d of %d, expected %d of %d", g->world->rank,
                 g->world->size, r, g->world_size);
+    if (g->world)
+        snprintf(g->world->name, sizeof g->world->name, "world"); /* trace span suffix */
 
     for (int axis = 0; axis < N_AXES; axis++) {
         int color, key;
