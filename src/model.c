@@ -50,6 +50,23 @@ static void tp_reduce_scatter(model_t *m, float *mine, const float *all, size_t 
         tp_fail(m);
 }
 
+/* A compute span from t0 to now on the trace (no-op without --trace):
+ * "fwd h.3", "bwd head". layer -1 = not a block. */
+static void span_end(const model_t *m, const char *what, int layer, double t0)
+{
+    if (!m->trace)
+        return;
+    char name[TRACE_NAME_MAX + 1];
+    if (layer >= 0)
+        snprintf(name, sizeof name, "%s h.%d", what, layer);
+    else
+        snprintf(name, sizeof name, "%s", what);
+    trace_span(m->trace, TRACE_COMPUTE, name, t0, trace_now(),
+               &(trace_args_t){.bytes = -1, .microbatch = m->trace_micro, .layer = layer, .peer = -1});
+}
+
+static double span_start(const model_t *m) { return m->trace ? trace_now() : 0.0; }
+
 /* ---- tensors ------------------------------------------------------------------------- */
 
 static float *tensor_ptr(const model_t *m, float *flat, const char *fmt, int layer)
@@ -441,13 +458,23 @@ float model_forward(model_t *m, int slot, const int32_t *tokens, const int32_t *
     sl->b = b;
     sl->t = t;
     sl->has_dlogits = 0;
+    double t0 = span_start(m);
     if (m->lay.part.has_embed) {
         m->ops->from_host(sl->tokens, tokens, (size_t)N * sizeof(int32_t));
         embed_fwd(m, sl, b, t);
+        span_end(m, "fwd embed", -1, t0);
     }
-    for (int i = 0; i < m->n_local; i++)
+    for (int i = 0; i < m->n_local; i++) {
+        t0 = span_start(m);
         block_fwd(m, sl, i, b, t);
-    float loss = m->lay.part.has_head ? head_fwd(m, sl, targets, b, t, dloss) : 0.0f;
+        span_end(m, "fwd", m->lay.part.layer_begin + i, t0);
+    }
+    float loss = 0.0f;
+    if (m->lay.part.has_head) {
+        t0 = span_start(m);
+        loss = head_fwd(m, sl, targets, b, t, dloss);
+        span_end(m, "fwd head", -1, t0);
+    }
     return m->failed ? NAN : loss;
 }
 
@@ -532,6 +559,7 @@ int model_backward(model_t *m, int slot, int accum, int last)
     const int gpt = c->arch == ARCH_GPT2;
     model_slot_t *sl = &m->slots[slot];
     const int t = sl->t, N = sl->b * t, NR = res_rows(m, N), C = c->d_model;
+    double t0 = span_start(m);
     if (m->lay.part.has_head) {
         if (!sl->has_dlogits) {
             snprintf(m->err, sizeof m->err, "internal error: backward without a training forward");
@@ -544,13 +572,16 @@ int model_backward(model_t *m, int slot, int accum, int last)
         norm_bwd_reduce(m, m->g.lnfw, m->g.lnfb, xL, m->p.lnfw, sl->lnf_mean, sl->lnf_rstd, N, NR, accum);
         norm_grads_reduce(m, m->g.lnfw, m->g.lnfb, last);
         sl->has_dlogits = 0;
+        span_end(m, "bwd head", -1, t0);
     }
     /* GPT-2's head is wte, which is not final until the embedding's part */
     if (m->grads_ready && !m->failed)
         m->grads_ready(m->grads_ready_ctx, m->layer_start[m->n_local]);
 
     for (int i = m->n_local - 1; i >= 0; i--) {
+        t0 = span_start(m);
         block_bwd(m, sl, i, accum, last);
+        span_end(m, "bwd", m->lay.part.layer_begin + i, t0);
         if (m->grads_ready && !m->failed)
             m->grads_ready(m->grads_ready_ctx, m->layer_start[i]);
     }
@@ -559,10 +590,12 @@ int model_backward(model_t *m, int slot, int accum, int last)
          * the head is on this stage, so the embedding adds to it; wpe is
          * cleared here on the first microbatch. */
         const int wte_has_head = gpt && m->lay.part.has_head;
+        t0 = span_start(m);
         if (gpt && !accum)
             o->zero(m->g.wpe, (size_t)c->max_seq * C * sizeof(float));
         o->embedding_bwd(m->g.wte, m->g.wpe, dres_all_rows(m, N, NR), sl->tokens, N, t, C, m->v0, m->v_held,
                          wte_has_head ? 1 : accum);
+        span_end(m, "bwd embed", -1, t0);
         if (m->grads_ready && !m->failed)
             m->grads_ready(m->grads_ready_ctx, 0);
     }

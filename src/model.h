@@ -26,6 +26,7 @@
 #include "model_config.h"
 #include "ops.h"
 #include "params.h"
+#include "trace.h"
 
 /* Pointers into a flat buffer (parameters or their gradients) for one block.
  * wqkv is wq with wk, wv following it; wfc is GPT-2's fc weight or Llama's
@@ -108,6 +109,8 @@ typedef struct model {
      * gradient buckets from here while backward continues. */
     void (*grads_ready)(void *ctx, size_t ready_from);
     void *grads_ready_ctx;
+    trace_t *trace;   /* NULL, or where per-layer spans go (--trace) */
+    int trace_micro;  /* microbatch index the spans are labelled with */
     int failed;    /* a TP collective failed: err says which */
     char err[512];
 } model_t;

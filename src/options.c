@@ -73,6 +73,7 @@ static const opt_def_t opt_defs[] = {
     {"val-every", OPT_INT, F(val_every), 0, "100", 0, INT_MAX, NULL, "validate every N steps and at the end (0 = never)"},
     {"val-batches", OPT_INT, F(val_batches), 0, "16", 1, INT_MAX, NULL, "microbatches of validation data per evaluation"},
     {"metrics", OPT_STR, F(metrics), S(metrics), "", 0, 0, NULL, "write one JSON object per step to FILE"},
+    {"trace", OPT_STR, F(trace), S(trace), "", 0, 0, NULL, "write a Chrome/Perfetto trace of every rank (layer and communication spans) to FILE"},
     {"sample-tokens", OPT_INT, F(sample_tokens), 0, "256", 0, 1 << 20, NULL, "tokens to generate at the end (0 = no sample)"},
     {"prompt", OPT_STR, F(prompt), S(prompt), "ALICE.", 0, 0, NULL, "prompt for the sample (byte vocabulary)"},
     {"temperature", OPT_REAL, F(temperature), 0, "0.8", 0, 100, NULL, "sampling temperature (0 = greedy)"},
@@ -223,7 +224,8 @@ static void print_help(FILE *out)
         const opt_def_t *d = &opt_defs[i];
         char lhs[64];
         snprintf(lhs, sizeof lhs, "--%s%s%s", d->name, d->kind == OPT_FLAG ? "" : " ",
-                 d->kind == OPT_FLAG ? "" : d->kind == OPT_STR ? (strcmp(d->name, "config") == 0 || strcmp(d->name, "metrics") == 0
+                 d->kind == OPT_FLAG ? "" : d->kind == OPT_STR ? (strcmp(d->name, "config") == 0 || strcmp(d->name, "metrics") == 0 ||
+                                           strcmp(d->name, "trace") == 0
                                            ? "FILE" : "STR")
                                     : d->kind == OPT_REAL ? "X" : "N");
         fprintf(out, "  %-24s %s [%s]\n", lhs, d->help, d->def);

@@ -34,6 +34,7 @@ typedef struct run_options {
     int val_every, val_batches;
     /* output */
     char metrics[OPT_PATH_MAX];
+    char trace[OPT_PATH_MAX];
     int sample_tokens, top_k;
     double temperature;
     char prompt[512];

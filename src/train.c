@@ -5,11 +5,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 #include <cblas.h>
+#include <mpi.h>
 
 #ifdef HAVE_CONFIG_H
 #include "config.h"
@@ -124,6 +126,33 @@ int trainer_setup(trainer_t *tr, const run_options_t *o, const launch_env_t *env
     }
     tr->flops_token = flops_per_token(&tr->cfg, o->seq_len);
     tr->peak_gflops = o->peak_gflops > 0 ? o->peak_gflops : flops_measure_peak_gflops();
+    if (o->trace[0]) {
+        /* refuse at start what would fail after the whole run */
+        char dir[OPT_PATH_MAX];
+        snprintf(dir, sizeof dir, "%s", o->trace);
+        char *slash = strrchr(dir, '/');
+        if (slash)
+            *(slash == dir ? slash + 1 : slash) = '\0';
+        else
+            snprintf(dir, sizeof dir, ".");
+        if (access(dir, W_OK | X_OK) != 0) {
+            snprintf(err, errlen, "--trace %s: cannot write into directory %s: %s", o->trace, dir,
+                     strerror(errno));
+            return -1;
+        }
+        char label[96];
+        snprintf(label, sizeof label, "rank %d (tp %d pp %d dp %d)", grid->world_rank, grid->tp_rank,
+                 grid->pp_rank, grid->dp_rank);
+        if (!(tr->trace = trace_create(grid->world_rank, label, 0))) {
+            snprintf(err, errlen, "out of memory for --trace");
+            return -1;
+        }
+        comm_t *groups[] = {grid->world, grid->tp, grid->dp, grid->pp, grid->embed};
+        for (size_t i = 0; i < sizeof groups / sizeof groups[0]; i++)
+            if (groups[i])
+                groups[i]->trace = tr->trace;
+        tr->model.trace = tr->trace;
+    }
     if (o->metrics[0] && env->world_rank == 0) {
         tr->metrics = fopen(o->metrics, "w");
         if (!tr->metrics) {
@@ -312,6 +341,7 @@ int trainer_run(trainer_t *tr, char *err, size_t errlen)
         double lr = lr_at(&tr->sched, step), loss_sum = 0.0;
         for (int micro = 0; micro < tr->accum; micro++) {
             const int last = micro == tr->accum - 1;
+            m->trace_micro = micro;
             data_batch(&tr->train, step, micro, tr->accum, g->dp_rank, g->dp_size, B, tr->tok, tr->tgt);
             loss_sum += model_forward(m, 0, tr->tok, tr->tgt, B, T, 1.0f / (float)tr->accum);
             /* only the last microbatch's backward communicates */
@@ -344,7 +374,9 @@ int trainer_run(trainer_t *tr, char *err, size_t errlen)
                      step + 1, loss, norm);
             return -1;
         }
+        double t_opt = tr->trace ? trace_now() : 0.0;
         adamw_step(&tr->optim, m->params, m->grads, lr, adamw_clip_scale(&tr->optim, norm));
+        trace_span(tr->trace, TRACE_COMPUTE, "optimizer", t_opt, tr->trace ? trace_now() : 0.0, NULL);
         double dt = now_s() - t0;
 
         step_record_t r = {.step = step + 1, .steps = o->steps, .loss = loss, .val_loss = NAN, .lr = lr,
@@ -387,11 +419,27 @@ int trainer_run(trainer_t *tr, char *err, size_t errlen)
         snprintf(err, errlen, "sampling failed: %s", m->failed ? m->err : "out of memory");
         return -1;
     }
+    if (tr->trace) {
+        MPI_Comm world = MPI_COMM_WORLD;
+        if (trace_write_merged(tr->trace, &world, o->trace, err, errlen) != 0)
+            return -1;
+        if (rank0)
+            printf("trace: %zu spans on rank 0 written to %s (open in ui.perfetto.dev)\n",
+                   trace_count(tr->trace), o->trace);
+    }
     return 0;
 }
 
 void trainer_teardown(trainer_t *tr)
 {
+    if (tr->trace) {
+        grid_t *g = tr->grid;
+        comm_t *groups[] = {g->world, g->tp, g->dp, g->pp, g->embed};
+        for (size_t i = 0; i < sizeof groups / sizeof groups[0]; i++)
+            if (groups[i])
+                groups[i]->trace = NULL;
+        trace_destroy(tr->trace);
+    }
     if (tr->metrics && fclose(tr->metrics) != 0)
         fprintf(stderr, "dtrain: warning: closing --metrics %s failed\n", tr->opt->metrics);
     free(tr->tok);

@@ -30,6 +30,7 @@ typedef struct trainer {
     double flops_token; /* model FLOPs per token */
     double peak_gflops; /* per rank */
     FILE *metrics;
+    trace_t *trace;     /* --trace: this rank's spans */
     int32_t *tok, *tgt; /* host batch [B*T] */
 } trainer_t;
 
