@@ -1,0 +1,1655 @@
+/* The parallel-HDF5 tensor store. See h5store.h for the API and
+ * doc/format.md for the file layout.
+ *
+ * Collective discipline: every HDF5 call that is collective under MPI-IO
+ * (file create/open/flush/close, dataset and attribute creation with
+ * collective metadata writes, collective H5Dwrite) is entered by every rank
+ * in the same order. Inputs are validated and agreed on before the file is
+ * created, and ranks agree again after each tensor, so a rank never goes on
+ * to the next collective call after another rank failed. Reads are
+ * independent transfers with independent metadata reads, so ranks may read
+ * different tensors in any order. */
+#define _GNU_SOURCE /* O_DIRECTORY */
+#include "h5store.h"
+
+#include <hdf5.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "crc32c.h"
+
+/* The checksums cover the bytes as stored (IEEE fp32 little-endian) and are
+ * computed on host memory, which is the same bytes only on little-endian. */
+#if !defined(__BYTE_ORDER__) || !defined(__ORDER_LITTLE_ENDIAN__) || \
+    __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "io/h5store.c assumes a little-endian host: add byte swaps before porting"
+#endif
+
+#define CRC_ATTR "crc32c"             /* per dataset: int64 [k,5] start0 start1 count0 count1 crc */
+#define VERSION_ATTR "h5store_version" /* root: int64 */
+#define RESERVED_PREFIX "h5store_"
+#define MSG_LEN 512                   /* agreed messages travel in fixed buffers */
+#define VERIFY_BLOCK_ELEMS (1 << 22)  /* 16 MiB of floats per read while verifying */
+
+/* One recorded shard: a hyperslab and the CRC-32C of its bytes. */
+typedef struct srec {
+    int64_t s0, s1, c0, c1;
+    int64_t crc;
+    int tensor, rank; /* writer: tensor index and owner (not stored) */
+} srec_t;
+
+typedef struct entry {
+    h5store_tensor_t t;
+    srec_t *rec;
+    int nrec;
+} entry_t;
+
+struct h5store {
+    MPI_Comm comm; /* the caller's; must outlive the handle */
+    int rank, size;
+    hid_t file, dxpl;
+    char path[PATH_MAX];
+    entry_t *e;
+    h5store_tensor_t *list; /* e[i].t, contiguous, for h5store_list */
+    int n, cap;
+    crc32c_t crc;
+};
+
+/* ------------------------------------------------------------------ */
+/* Errors                                                              */
+/* ------------------------------------------------------------------ */
+
+#if defined(__GNUC__)
+__attribute__((format(printf, 3, 4)))
+#endif
+static void seterr(char *err, size_t errlen, const char *fmt, ...)
+{
+    if (err == NULL || errlen == 0)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+typedef struct ewalk {
+    char *buf;
+    size_t len;
+    int n;
+} ewalk_t;
+
+/* Walking upward starts at the innermost (most specific) entry; keep it
+ * with its class names and the one above it, as platform.md recommends. */
+static herr_t ewalk_cb(unsigned n, const H5E_error2_t *e, void *data)
+{
+    ewalk_t *w = data;
+    (void)n;
+    if (w->n >= 2)
+        return 0;
+    size_t used = strlen(w->buf);
+    if (used + 1 >= w->len)
+        return 0;
+    if (w->n == 0) {
+        char maj[128] = "", min[128] = "";
+        if (H5Eget_msg(e->maj_num, NULL, maj, sizeof maj) < 0)
+            maj[0] = '\0';
+        if (H5Eget_msg(e->min_num, NULL, min, sizeof min) < 0)
+            min[0] = '\0';
+        snprintf(w->buf + used, w->len - used, "%s() %s (%s: %s)", e->func_name,
+                 e->desc ? e->desc : "", maj, min);
+    } else {
+        snprintf(w->buf + used, w->len - used, " <- %s() %s", e->func_name, e->desc ? e->desc : "");
+    }
+    w->n++;
+    return 0;
+}
+
+/* "<what>: <HDF5's reason>" as one line, then the stack is cleared. */
+#if defined(__GNUC__)
+__attribute__((format(printf, 3, 4)))
+#endif
+static void h5err(char *err, size_t errlen, const char *fmt, ...)
+{
+    char what[MSG_LEN], why[MSG_LEN] = "";
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    ewalk_t w = {why, sizeof why, 0};
+    if (H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, ewalk_cb, &w) < 0 || why[0] == '\0')
+        snprintf(why, sizeof why, "unknown HDF5 error");
+    if (H5Eclear2(H5E_DEFAULT) < 0) {
+        /* nothing more to report: the line below already says what failed */
+    }
+    for (char *p = why; *p; p++)
+        if (*p == '\n' || *p == '\r')
+            *p = ' ';
+    seterr(err, errlen, "%s: %s", what, why);
+}
+
+static void mpierr(char *err, size_t errlen, int rc, const char *what)
+{
+    char s[MPI_MAX_ERROR_STRING];
+    int n = 0;
+    if (MPI_Error_string(rc, s, &n) != MPI_SUCCESS)
+        snprintf(s, sizeof s, "MPI error %d", rc);
+    seterr(err, errlen, "%s failed: %s", what, s);
+}
+
+/* HDF5 prints its error stack on every rank by default; while the store
+ * runs, it is off (and the message is built by h5err), then restored. */
+typedef struct quiet {
+    H5E_auto2_t fn;
+    void *data;
+    int saved;
+} quiet_t;
+
+static void quiet_on(quiet_t *q)
+{
+    q->saved = H5Eget_auto2(H5E_DEFAULT, &q->fn, &q->data) >= 0;
+    if (H5Eset_auto2(H5E_DEFAULT, NULL, NULL) < 0) {
+        /* still correct, only noisier */
+    }
+}
+
+static void quiet_off(const quiet_t *q)
+{
+    if (q->saved && H5Eset_auto2(H5E_DEFAULT, q->fn, q->data) < 0) {
+        /* the caller's handler stays off; nothing else to do */
+    }
+}
+
+int h5store_agree(MPI_Comm comm, int rc, char *err, size_t errlen)
+{
+    int rank = 0, mine, low;
+    if (MPI_Comm_rank(comm, &rank) != MPI_SUCCESS) {
+        seterr(err, errlen, "MPI_Comm_rank failed in h5store");
+        return -1;
+    }
+    mine = rc != 0 ? rank : INT_MAX;
+    int mrc = MPI_Allreduce(&mine, &low, 1, MPI_INT, MPI_MIN, comm);
+    if (mrc != MPI_SUCCESS) {
+        mpierr(err, errlen, mrc, "MPI_Allreduce (h5store agreement)");
+        return -1;
+    }
+    if (low == INT_MAX)
+        return 0;
+    char msg[MSG_LEN] = "error";
+    if (rank == low && err != NULL && errlen > 0)
+        snprintf(msg, sizeof msg, "%s", err);
+    mrc = MPI_Bcast(msg, sizeof msg, MPI_CHAR, low, comm);
+    if (mrc != MPI_SUCCESS) {
+        mpierr(err, errlen, mrc, "MPI_Bcast (h5store agreement)");
+        return -1;
+    }
+    seterr(err, errlen, "%s", msg);
+    return -1;
+}
+
+/* ------------------------------------------------------------------ */
+/* Shapes, regions, records                                            */
+/* ------------------------------------------------------------------ */
+
+/* "[37,24]" or "[13]" */
+static const char *shape_str(char *buf, size_t n, int ndim, const int64_t shape[2])
+{
+    if (ndim == 1)
+        snprintf(buf, n, "[%" PRId64 "]", shape[0]);
+    else
+        snprintf(buf, n, "[%" PRId64 ",%" PRId64 "]", shape[0], shape[1]);
+    return buf;
+}
+
+/* A hyperslab for messages, ranges inclusive: "elements 0..12",
+ * "rows 0..127", "rows 0..127 cols 64..127" (cols only when partial). */
+static const char *region_str(char *buf, size_t n, int ndim, const int64_t shape[2],
+                              const int64_t s[2], const int64_t c[2])
+{
+    if (ndim == 1)
+        snprintf(buf, n, "elements %" PRId64 "..%" PRId64, s[0], s[0] + c[0] - 1);
+    else if (s[1] == 0 && c[1] == shape[1])
+        snprintf(buf, n, "rows %" PRId64 "..%" PRId64, s[0], s[0] + c[0] - 1);
+    else
+        snprintf(buf, n, "rows %" PRId64 "..%" PRId64 " cols %" PRId64 "..%" PRId64, s[0],
+                 s[0] + c[0] - 1, s[1], s[1] + c[1] - 1);
+    return buf;
+}
+
+static const char *rec_str(char *buf, size_t n, const h5store_tensor_t *t, const srec_t *r)
+{
+    int64_t s[2] = {r->s0, r->s1}, c[2] = {r->c0, r->c1};
+    return region_str(buf, n, t->ndim, t->shape, s, c);
+}
+
+static int cmp_srec(const void *a, const void *b)
+{
+    const srec_t *x = a, *y = b;
+    if (x->tensor != y->tensor)
+        return x->tensor < y->tensor ? -1 : 1;
+    if (x->s0 != y->s0)
+        return x->s0 < y->s0 ? -1 : 1;
+    if (x->s1 != y->s1)
+        return x->s1 < y->s1 ? -1 : 1;
+    return 0;
+}
+
+/* The records of one tensor (sorted by start) lie inside its shape, do not
+ * overlap and together cover every element: each element has exactly one
+ * checksum, written exactly once. */
+static int check_cover(const h5store_tensor_t *t, const srec_t *r, int n, int writer,
+                       char *err, size_t errlen)
+{
+    char a[96], b[96], sh[48];
+    int64_t sum = 0;
+    for (int i = 0; i < n; i++) {
+        if (r[i].s0 < 0 || r[i].s1 < 0 || r[i].c0 < 1 || r[i].c1 < 1 ||
+            r[i].s0 + r[i].c0 > t->shape[0] || r[i].s1 + r[i].c1 > t->shape[1]) {
+            seterr(err, errlen, "tensor %s: shard %s outside shape %s", t->name,
+                   rec_str(a, sizeof a, t, &r[i]), shape_str(sh, sizeof sh, t->ndim, t->shape));
+            return -1;
+        }
+        sum += r[i].c0 * r[i].c1;
+        for (int j = i + 1; j < n && r[j].s0 < r[i].s0 + r[i].c0; j++) {
+            if (r[j].s1 < r[i].s1 + r[i].c1 && r[i].s1 < r[j].s1 + r[j].c1) {
+                if (writer)
+                    seterr(err, errlen, "tensor %s: shards of rank %d (%s) and rank %d (%s) overlap",
+                           t->name, r[i].rank, rec_str(a, sizeof a, t, &r[i]), r[j].rank,
+                           rec_str(b, sizeof b, t, &r[j]));
+                else
+                    seterr(err, errlen, "tensor %s: checksummed shards %s and %s overlap", t->name,
+                           rec_str(a, sizeof a, t, &r[i]), rec_str(b, sizeof b, t, &r[j]));
+                return -1;
+            }
+        }
+    }
+    if (sum != t->shape[0] * t->shape[1]) {
+        seterr(err, errlen, "tensor %s: %s cover %" PRId64 " of %" PRId64 " elements%s", t->name,
+               writer ? "the shards" : "checksummed shards", sum, t->shape[0] * t->shape[1],
+               writer ? " (every element must be written by exactly one rank)" : "");
+        return -1;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Writing                                                             */
+/* ------------------------------------------------------------------ */
+
+static int cmp_tensor_ptr(const void *a, const void *b)
+{
+    const h5store_tensor_t *const *x = a, *const *y = b;
+    return strcmp((*x)->name, (*y)->name);
+}
+
+static int check_name(const char *name, char *err, size_t errlen)
+{
+    size_t n = strnlen(name, H5STORE_NAME_MAX);
+    if (n == 0 || n == H5STORE_NAME_MAX) {
+        seterr(err, errlen, "tensor name '%.*s' is empty or not shorter than %d bytes",
+               (int)(n > 40 ? 40 : n), name, H5STORE_NAME_MAX);
+        return -1;
+    }
+    if (name[0] == '/' || name[n - 1] == '/' || strstr(name, "//") != NULL || name[0] == '.') {
+        seterr(err, errlen, "tensor name '%s': want a relative path like 'params/wte' "
+               "(no leading '/' or '.', no trailing or double '/')", name);
+        return -1;
+    }
+    return 0;
+}
+
+/* Local checks of everything this rank was handed. */
+static int check_inputs(const h5store_tensor_t *t, int nt, const h5store_shard_t *s, int ns,
+                        const h5store_attr_t *a, int na, int rank, char *err, size_t errlen)
+{
+    char sh[48], rg[96];
+    if (nt < 0 || ns < 0 || na < 0 || (nt > 0 && !t) || (ns > 0 && !s) || (na > 0 && !a)) {
+        seterr(err, errlen, "h5store_write: bad counts or NULL lists");
+        return -1;
+    }
+    for (int i = 0; i < nt; i++) {
+        if (check_name(t[i].name, err, errlen))
+            return -1;
+        const h5store_tensor_t *x = &t[i];
+        if ((x->ndim != 1 && x->ndim != 2) || x->shape[0] < 1 || x->shape[1] < 1 ||
+            (x->ndim == 1 && x->shape[1] != 1)) {
+            seterr(err, errlen, "tensor %s: bad ndim %d / shape [%" PRId64 ",%" PRId64 "] "
+                   "(want 1-D [n] with shape[1] = 1, or 2-D, all dims >= 1)",
+                   x->name, x->ndim, x->shape[0], x->shape[1]);
+            return -1;
+        }
+        if (x->chunk[0] != 0 || (x->ndim == 2 && x->chunk[1] != 0)) {
+            int64_t c1 = x->ndim == 2 ? x->chunk[1] : 1;
+            /* HDF5 limits a chunk to 4 GiB and to the dataset's extent */
+            if (x->chunk[0] < 1 || x->chunk[0] > x->shape[0] || c1 < 1 || c1 > x->shape[1] ||
+                x->chunk[0] * c1 > (int64_t)(UINT32_MAX / sizeof(float))) {
+                seterr(err, errlen, "tensor %s: chunk [%" PRId64 ",%" PRId64 "] does not fit "
+                       "shape %s (or is over 4 GiB)", x->name, x->chunk[0], x->chunk[1],
+                       shape_str(sh, sizeof sh, x->ndim, x->shape));
+                return -1;
+            }
+        }
+    }
+    if (nt > 1) {
+        const h5store_tensor_t **p = malloc((size_t)nt * sizeof *p);
+        if (!p) {
+            seterr(err, errlen, "out of memory checking %d tensor names", nt);
+            return -1;
+        }
+        for (int i = 0; i < nt; i++)
+            p[i] = &t[i];
+        qsort(p, (size_t)nt, sizeof *p, cmp_tensor_ptr);
+        for (int i = 1; i < nt; i++)
+            if (strcmp(p[i - 1]->name, p[i]->name) == 0) {
+                seterr(err, errlen, "tensor %s appears twice in the list", p[i]->name);
+                free(p);
+                return -1;
+            }
+        free(p);
+    }
+    for (int i = 0; i < na; i++) {
+        if (!a[i].key || !a[i].key[0] || strncmp(a[i].key, RESERVED_PREFIX, strlen(RESERVED_PREFIX)) == 0 ||
+            (a[i].type != H5STORE_INT && a[i].type != H5STORE_DOUBLE && a[i].type != H5STORE_STR) ||
+            (a[i].type == H5STORE_STR && !a[i].s)) {
+            seterr(err, errlen, "attribute %d ('%s'): empty or reserved key, bad type, or NULL string",
+                   i, a[i].key ? a[i].key : "(null)");
+            return -1;
+        }
+        for (int j = 0; j < i; j++)
+            if (strcmp(a[i].key, a[j].key) == 0) {
+                seterr(err, errlen, "attribute '%s' appears twice", a[i].key);
+                return -1;
+            }
+    }
+    for (int i = 0; i < ns; i++) {
+        if (s[i].tensor < 0 || s[i].tensor >= nt) {
+            seterr(err, errlen, "rank %d: shard %d names tensor %d of %d", rank, i, s[i].tensor, nt);
+            return -1;
+        }
+        const h5store_tensor_t *x = &t[s[i].tensor];
+        if (s[i].count[0] == 0 || s[i].count[1] == 0)
+            continue; /* nothing to write; start is not looked at */
+        int64_t n1 = x->ndim == 1 ? 1 : x->shape[1];
+        if (s[i].start[0] < 0 || s[i].start[1] < 0 || s[i].count[0] < 0 || s[i].count[1] < 0 ||
+            s[i].start[0] + s[i].count[0] > x->shape[0] || s[i].start[1] + s[i].count[1] > n1) {
+            seterr(err, errlen, "rank %d: shard %d of tensor %s (start [%" PRId64 ",%" PRId64
+                   "] count [%" PRId64 ",%" PRId64 "]) outside shape %s", rank, i, x->name,
+                   s[i].start[0], s[i].start[1], s[i].count[0], s[i].count[1],
+                   shape_str(sh, sizeof sh, x->ndim, x->shape));
+            return -1;
+        }
+        if (!s[i].buf) {
+            int64_t c[2] = {s[i].count[0], s[i].count[1]};
+            seterr(err, errlen, "rank %d: shard %d of tensor %s (%s) has no buffer", rank, i,
+                   x->name, region_str(rg, sizeof rg, x->ndim, x->shape, s[i].start, c));
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* A checksum of the tensor list and attributes, to prove every rank
+ * passed the same ones. */
+static uint32_t inputs_hash(const crc32c_t *cc, const h5store_tensor_t *t, int nt,
+                            const h5store_attr_t *a, int na)
+{
+    uint32_t h = crc32c_update(cc, 0, &nt, sizeof nt);
+    for (int i = 0; i < nt; i++) {
+        h = crc32c_update(cc, h, t[i].name, strlen(t[i].name) + 1);
+        h = crc32c_update(cc, h, &t[i].ndim, sizeof t[i].ndim);
+        h = crc32c_update(cc, h, t[i].shape, sizeof t[i].shape);
+        h = crc32c_update(cc, h, t[i].chunk, sizeof t[i].chunk);
+    }
+    h = crc32c_update(cc, h, &na, sizeof na);
+    for (int i = 0; i < na; i++) {
+        h = crc32c_update(cc, h, a[i].key, strlen(a[i].key) + 1);
+        int ty = (int)a[i].type;
+        h = crc32c_update(cc, h, &ty, sizeof ty);
+        if (a[i].type == H5STORE_INT)
+            h = crc32c_update(cc, h, &a[i].i, sizeof a[i].i);
+        else if (a[i].type == H5STORE_DOUBLE)
+            h = crc32c_update(cc, h, &a[i].d, sizeof a[i].d);
+        else
+            h = crc32c_update(cc, h, a[i].s, strlen(a[i].s) + 1);
+    }
+    return h;
+}
+
+/* Every rank's shard records (with CRCs), sorted by (tensor, start), on
+ * every rank: the tables written beside the data, and the proof that the
+ * shards tile each tensor exactly. */
+static int gather_records(MPI_Comm comm, int rank, int size, const crc32c_t *cc,
+                          const h5store_tensor_t *t, int nt, const h5store_shard_t *s, int ns,
+                          srec_t **out, int *n_out, char *err, size_t errlen)
+{
+    enum { F = 7 }; /* tensor s0 s1 c0 c1 crc rank */
+    int nloc = 0, rc = -1, mrc;
+    for (int i = 0; i < ns; i++)
+        nloc += s[i].count[0] > 0 && s[i].count[1] > 0;
+    int64_t *mine = malloc((size_t)(nloc > 0 ? nloc : 1) * F * sizeof *mine);
+    int *cnt = malloc(2 * (size_t)size * sizeof *cnt);
+    int64_t *all = NULL;
+    srec_t *r = NULL;
+    if (!mine || !cnt) {
+        seterr(err, errlen, "out of memory for %d shard records", nloc);
+        goto done;
+    }
+    int k = 0;
+    for (int i = 0; i < ns; i++) {
+        if (s[i].count[0] <= 0 || s[i].count[1] <= 0)
+            continue;
+        int64_t *m = mine + (size_t)k++ * F;
+        m[0] = s[i].tensor;
+        m[1] = s[i].start[0];
+        m[2] = t[s[i].tensor].ndim == 1 ? 0 : s[i].start[1];
+        m[3] = s[i].count[0];
+        m[4] = s[i].count[1];
+        m[5] = crc32c_update(cc, 0, s[i].buf, (size_t)(s[i].count[0] * s[i].count[1]) * sizeof(float));
+        m[6] = rank;
+    }
+    int nf = nloc * F;
+    mrc = MPI_Allgather(&nf, 1, MPI_INT, cnt, 1, MPI_INT, comm);
+    if (mrc != MPI_SUCCESS) {
+        mpierr(err, errlen, mrc, "MPI_Allgather (shard counts)");
+        goto done;
+    }
+    int *displ = cnt + size;
+    int64_t total = 0;
+    for (int p = 0; p < size; p++) {
+        displ[p] = (int)total;
+        total += cnt[p];
+    }
+    if (total > INT_MAX) {
+        seterr(err, errlen, "too many shards (%" PRId64 " records)", total / F);
+        goto done;
+    }
+    all = malloc((size_t)(total > 0 ? total : 1) * sizeof *all);
+    r = malloc((size_t)(total / F > 0 ? total / F : 1) * sizeof *r);
+    if (!all || !r) {
+        seterr(err, errlen, "out of memory for %" PRId64 " shard records", total / F);
+        goto done;
+    }
+    mrc = MPI_Allgatherv(mine, nf, MPI_INT64_T, all, cnt, displ, MPI_INT64_T, comm);
+    if (mrc != MPI_SUCCESS) {
+        mpierr(err, errlen, mrc, "MPI_Allgatherv (shard records)");
+        goto done;
+    }
+    int n = (int)(total / F);
+    for (int i = 0; i < n; i++) {
+        const int64_t *m = all + (size_t)i * F;
+        r[i] = (srec_t){.tensor = (int)m[0], .s0 = m[1], .s1 = m[2], .c0 = m[3], .c1 = m[4],
+                        .crc = m[5], .rank = (int)m[6]};
+    }
+    qsort(r, (size_t)n, sizeof *r, cmp_srec);
+    *out = r;
+    *n_out = n;
+    r = NULL;
+    rc = 0;
+done:
+    free(mine);
+    free(cnt);
+    free(all);
+    free(r);
+    return rc;
+}
+
+static int write_attr(hid_t loc, const h5store_attr_t *a, char *err, size_t errlen)
+{
+    hid_t space = H5Screate(H5S_SCALAR), ftype = H5I_INVALID_HID, attr = H5I_INVALID_HID;
+    hid_t mtype;
+    const void *val;
+    int rc = -1;
+    if (space < 0) {
+        h5err(err, errlen, "attribute %s: H5Screate", a->key);
+        return -1;
+    }
+    if (a->type == H5STORE_INT) {
+        ftype = H5Tcopy(H5T_STD_I64LE);
+        mtype = H5T_NATIVE_INT64;
+        val = &a->i;
+    } else if (a->type == H5STORE_DOUBLE) {
+        ftype = H5Tcopy(H5T_IEEE_F64LE);
+        mtype = H5T_NATIVE_DOUBLE;
+        val = &a->d;
+    } else {
+        /* variable-length UTF-8: h5py reads it as a Python str */
+        ftype = H5Tcopy(H5T_C_S1);
+        if (ftype >= 0 && (H5Tset_size(ftype, H5T_VARIABLE) < 0 || H5Tset_cset(ftype, H5T_CSET_UTF8) < 0)) {
+            h5err(err, errlen, "attribute %s: string type", a->key);
+            goto done;
+        }
+        mtype = ftype;
+        val = &a->s;
+    }
+    if (ftype < 0) {
+        h5err(err, errlen, "attribute %s: H5Tcopy", a->key);
+        goto done;
+    }
+    attr = H5Acreate2(loc, a->key, ftype, space, H5P_DEFAULT, H5P_DEFAULT);
+    if (attr < 0) {
+        h5err(err, errlen, "cannot create attribute %s", a->key);
+        goto done;
+    }
+    if (H5Awrite(attr, mtype, val) < 0) {
+        h5err(err, errlen, "cannot write attribute %s", a->key);
+        goto done;
+    }
+    rc = 0;
+done:
+    if (attr >= 0 && H5Aclose(attr) < 0 && rc == 0) {
+        h5err(err, errlen, "attribute %s: H5Aclose", a->key);
+        rc = -1;
+    }
+    if (ftype >= 0 && H5Tclose(ftype) < 0 && rc == 0) {
+        h5err(err, errlen, "attribute %s: H5Tclose", a->key);
+        rc = -1;
+    }
+    if (H5Sclose(space) < 0 && rc == 0) {
+        h5err(err, errlen, "attribute %s: H5Sclose", a->key);
+        rc = -1;
+    }
+    return rc;
+}
+
+/* The crc32c table of one dataset: int64 [n,5] start0 start1 count0 count1 crc. */
+static int write_crc_attr(hid_t dset, const h5store_tensor_t *t, const srec_t *r, int n,
+                          char *err, size_t errlen)
+{
+    if (n == 0)
+        return 0;
+    int64_t *v = malloc((size_t)n * 5 * sizeof *v);
+    if (!v) {
+        seterr(err, errlen, "tensor %s: out of memory for %d checksums", t->name, n);
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        int64_t *x = v + (size_t)i * 5;
+        x[0] = r[i].s0, x[1] = r[i].s1, x[2] = r[i].c0, x[3] = r[i].c1, x[4] = r[i].crc;
+    }
+    hsize_t dims[2] = {(hsize_t)n, 5};
+    int rc = -1;
+    hid_t attr = H5I_INVALID_HID, space = H5Screate_simple(2, dims, NULL);
+    if (space < 0) {
+        h5err(err, errlen, "tensor %s: checksum table space", t->name);
+        goto done;
+    }
+    attr = H5Acreate2(dset, CRC_ATTR, H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT);
+    if (attr < 0 || H5Awrite(attr, H5T_NATIVE_INT64, v) < 0) {
+        h5err(err, errlen, "tensor %s: cannot write the checksum table", t->name);
+        goto done;
+    }
+    rc = 0;
+done:
+    if (attr >= 0 && H5Aclose(attr) < 0 && rc == 0) {
+        h5err(err, errlen, "tensor %s: H5Aclose", t->name);
+        rc = -1;
+    }
+    if (space >= 0 && H5Sclose(space) < 0 && rc == 0) {
+        h5err(err, errlen, "tensor %s: H5Sclose", t->name);
+        rc = -1;
+    }
+    free(v);
+    return rc;
+}
+
+/* Collective: create one dataset and its checksum table, then `rounds`
+ * collective H5Dwrite calls; in round k each rank writes its k-th shard of
+ * the tensor (mine[k]) or joins with an empty selection. */
+static int write_tensor(hid_t file, hid_t dxpl, const h5store_tensor_t *t, const srec_t *rec,
+                        int nrec, const h5store_shard_t *const *mine, int nmine, int rounds,
+                        char *err, size_t errlen)
+{
+    hsize_t dims[2] = {(hsize_t)t->shape[0], (hsize_t)t->shape[1]};
+    hid_t lcpl = H5I_INVALID_HID, dcpl = H5I_INVALID_HID, space = H5I_INVALID_HID;
+    hid_t dset = H5I_INVALID_HID, fs = H5I_INVALID_HID, ms = H5I_INVALID_HID;
+    int rc = -1;
+    if ((lcpl = H5Pcreate(H5P_LINK_CREATE)) < 0 || H5Pset_create_intermediate_group(lcpl, 1) < 0 ||
+        (dcpl = H5Pcreate(H5P_DATASET_CREATE)) < 0 ||
+        /* every element is written: skip HDF5's zero fill (seconds per GiB) */
+        H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER) < 0 ||
+        (space = H5Screate_simple(t->ndim, dims, NULL)) < 0) {
+        h5err(err, errlen, "tensor %s: property lists", t->name);
+        goto done;
+    }
+    if (t->chunk[0] > 0) {
+        hsize_t cd[2] = {(hsize_t)t->chunk[0], t->ndim == 2 ? (hsize_t)t->chunk[1] : 1};
+        if (H5Pset_chunk(dcpl, t->ndim, cd) < 0) {
+            h5err(err, errlen, "tensor %s: H5Pset_chunk", t->name);
+            goto done;
+        }
+    }
+    dset = H5Dcreate2(file, t->name, H5T_IEEE_F32LE, space, lcpl, dcpl, H5P_DEFAULT);
+    if (dset < 0) {
+        h5err(err, errlen, "cannot create dataset %s", t->name);
+        goto done;
+    }
+    if (write_crc_attr(dset, t, rec, nrec, err, errlen))
+        goto done;
+    for (int k = 0; k < rounds; k++) {
+        const h5store_shard_t *s = k < nmine ? mine[k] : NULL;
+        float dummy = 0.0f;
+        if ((fs = H5Scopy(space)) < 0) {
+            h5err(err, errlen, "tensor %s: H5Scopy", t->name);
+            goto done;
+        }
+        if (s) {
+            hsize_t st[2] = {(hsize_t)s->start[0], t->ndim == 2 ? (hsize_t)s->start[1] : 0};
+            hsize_t ct[2] = {(hsize_t)s->count[0], (hsize_t)s->count[1]};
+            if (H5Sselect_hyperslab(fs, H5S_SELECT_SET, st, NULL, ct, NULL) < 0 ||
+                (ms = H5Screate_simple(t->ndim, ct, NULL)) < 0) {
+                h5err(err, errlen, "tensor %s: selection", t->name);
+                goto done;
+            }
+        } else {
+            /* nothing here this round, but the write is collective */
+            hsize_t one = 1;
+            if (H5Sselect_none(fs) < 0 || (ms = H5Screate_simple(1, &one, NULL)) < 0 ||
+                H5Sselect_none(ms) < 0) {
+                h5err(err, errlen, "tensor %s: empty selection", t->name);
+                goto done;
+            }
+        }
+        if (H5Dwrite(dset, H5T_NATIVE_FLOAT, ms, fs, dxpl, s ? (const void *)s->buf : &dummy) < 0) {
+            h5err(err, errlen, "cannot write tensor %s", t->name);
+            goto done;
+        }
+        if (H5Sclose(fs) < 0 || H5Sclose(ms) < 0) {
+            fs = ms = H5I_INVALID_HID;
+            h5err(err, errlen, "tensor %s: H5Sclose", t->name);
+            goto done;
+        }
+        fs = ms = H5I_INVALID_HID;
+    }
+    rc = 0;
+done:
+    if (ms >= 0 && H5Sclose(ms) < 0 && rc == 0)
+        rc = -1;
+    if (fs >= 0 && H5Sclose(fs) < 0 && rc == 0)
+        rc = -1;
+    if (dset >= 0 && H5Dclose(dset) < 0 && rc == 0) {
+        h5err(err, errlen, "tensor %s: H5Dclose", t->name);
+        rc = -1;
+    }
+    if (space >= 0 && H5Sclose(space) < 0 && rc == 0)
+        rc = -1;
+    if (dcpl >= 0 && H5Pclose(dcpl) < 0 && rc == 0)
+        rc = -1;
+    if (lcpl >= 0 && H5Pclose(lcpl) < 0 && rc == 0)
+        rc = -1;
+    if (rc != 0 && err && errlen && err[0] == '\0')
+        seterr(err, errlen, "tensor %s: closing HDF5 objects failed", t->name);
+    return rc;
+}
+
+/* "<dir>/.<base>.tmp" beside the final file (same file system: rename is
+ * atomic) and the directory, for its fsync. */
+static int temp_paths(const char *path, char *tmp, char *dir, size_t n, char *err, size_t errlen)
+{
+    const char *slash = strrchr(path, '/');
+    const char *base = slash ? slash + 1 : path;
+    if (*base == '\0') {
+        seterr(err, errlen, "'%s' names a directory, not a file", path);
+        return -1;
+    }
+    int dl = slash ? (int)(slash - path) : 0;
+    int a = snprintf(dir, n, "%.*s", dl, dl ? path : ".");
+    if (slash && dl == 0)
+        a = snprintf(dir, n, "/");
+    int b = slash ? snprintf(tmp, n, "%.*s/.%s.tmp", dl, path, base) : snprintf(tmp, n, ".%s.tmp", base);
+    if (a < 0 || b < 0 || (size_t)a >= n || (size_t)b >= n) {
+        seterr(err, errlen, "path too long: %s", path);
+        return -1;
+    }
+    return 0;
+}
+
+/* Rank 0 only: make the closed temporary file durable under its final
+ * name. fsync the data, rename, fsync the directory entry. */
+static int publish(const char *tmp, const char *path, const char *dir, char *err, size_t errlen)
+{
+    int fd = open(tmp, O_RDONLY);
+    if (fd < 0 || fsync(fd) != 0) {
+        seterr(err, errlen, "cannot fsync %s: %s", tmp, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    if (close(fd) != 0) {
+        seterr(err, errlen, "cannot close %s: %s", tmp, strerror(errno));
+        return -1;
+    }
+    if (rename(tmp, path) != 0) {
+        seterr(err, errlen, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
+        return -1;
+    }
+    fd = open(dir, O_RDONLY | O_DIRECTORY);
+    if (fd < 0 || fsync(fd) != 0) {
+        /* the file is complete and renamed; only the rename's durability
+         * is in doubt, and the caller should know */
+        seterr(err, errlen, "wrote %s but cannot fsync directory %s: %s", path, dir, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    if (close(fd) != 0) {
+        seterr(err, errlen, "cannot close directory %s: %s", dir, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+static hid_t mpio_fapl(MPI_Comm comm, int collective_metadata, char *err, size_t errlen)
+{
+    hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+    if (fapl < 0 || H5Pset_fapl_mpio(fapl, comm, MPI_INFO_NULL) < 0 ||
+        /* v18+ object headers: attributes over 64 KiB (large checksum
+         * tables) go to dense storage instead of failing */
+        H5Pset_libver_bounds(fapl, H5F_LIBVER_V18, H5F_LIBVER_LATEST) < 0 ||
+        (collective_metadata &&
+         (H5Pset_all_coll_metadata_ops(fapl, 1) < 0 || H5Pset_coll_metadata_write(fapl, 1) < 0))) {
+        h5err(err, errlen, "cannot set up MPI-IO file access");
+        if (fapl >= 0 && H5Pclose(fapl) < 0) {
+            /* already failing */
+        }
+        return H5I_INVALID_HID;
+    }
+    return fapl;
+}
+
+int h5store_write(const char *path, MPI_Comm comm, const h5store_tensor_t *t, int nt,
+                  const h5store_shard_t *s, int ns, const h5store_attr_t *a, int na,
+                  char *err, size_t errlen)
+{
+    char tmp[PATH_MAX] = "", dir[PATH_MAX] = "", msg[MSG_LEN] = "";
+    int rank, size, rc = 0, mrc;
+    quiet_t q;
+    hid_t fapl = H5I_INVALID_HID, file = H5I_INVALID_HID, dxpl = H5I_INVALID_HID;
+    srec_t *rec = NULL;
+    int nrec = 0, *rounds = NULL, *nmine = NULL;
+    const h5store_shard_t **mine = NULL;
+    crc32c_t *cc = malloc(sizeof *cc);
+
+    if ((mrc = MPI_Comm_rank(comm, &rank)) != MPI_SUCCESS || (mrc = MPI_Comm_size(comm, &size)) != MPI_SUCCESS) {
+        mpierr(err, errlen, mrc, "MPI_Comm_rank/size");
+        free(cc);
+        return -1;
+    }
+    quiet_on(&q);
+    if (!cc) {
+        seterr(msg, sizeof msg, "out of memory");
+        rc = -1;
+    } else {
+        crc32c_init(cc, 1);
+        rc = check_inputs(t, nt, s, ns, a, na, rank, msg, sizeof msg);
+        if (rc == 0)
+            rc = temp_paths(path, tmp, dir, sizeof tmp, msg, sizeof msg);
+    }
+    if (h5store_agree(comm, rc, msg, sizeof msg))
+        goto fail;
+
+    /* the same tensors and attributes everywhere: min(h) == max(h) */
+    int64_t h = inputs_hash(cc, t, nt, a, na), hh[2] = {h, -h}, hr[2];
+    if ((mrc = MPI_Allreduce(hh, hr, 2, MPI_INT64_T, MPI_MIN, comm)) != MPI_SUCCESS) {
+        mpierr(msg, sizeof msg, mrc, "MPI_Allreduce (input check)");
+        goto fail; /* an MPI failure is not recoverable anyway */
+    }
+    if (hr[0] != -hr[1]) {
+        seterr(msg, sizeof msg, "the tensor list or attributes differ between ranks "
+               "(h5store_write needs the same ones on every rank)");
+        goto fail;
+    }
+
+    /* every shard record everywhere; the shards must tile each tensor */
+    rc = gather_records(comm, rank, size, cc, t, nt, s, ns, &rec, &nrec, msg, sizeof msg);
+    if (h5store_agree(comm, rc, msg, sizeof msg))
+        goto fail;
+    for (int i = 0, b = 0; i < nt; i++) {
+        int e = b;
+        while (e < nrec && rec[e].tensor == i)
+            e++;
+        if (check_cover(&t[i], rec + b, e - b, 1, msg, sizeof msg))
+            goto fail; /* same records on every rank: same verdict */
+        b = e;
+    }
+
+    /* this rank's non-empty shards grouped by tensor, and the number of
+     * collective write rounds per tensor (the most shards any rank has) */
+    rounds = calloc((size_t)(nt > 0 ? 2 * nt + 1 : 1), sizeof *rounds);
+    mine = malloc((size_t)(ns > 0 ? ns : 1) * sizeof *mine);
+    rc = (!rounds || !mine) ? -1 : 0;
+    if (rc)
+        seterr(msg, sizeof msg, "out of memory");
+    if (h5store_agree(comm, rc, msg, sizeof msg))
+        goto fail;
+    nmine = rounds + nt; /* nmine[i]..nmine[i+1]: offsets into mine */
+    for (int i = 0; i < ns; i++)
+        if (s[i].count[0] > 0 && s[i].count[1] > 0)
+            nmine[s[i].tensor + 1]++;
+    for (int i = 0; i < nt; i++) {
+        rounds[i] = nmine[i + 1];
+        nmine[i + 1] += nmine[i];
+    }
+    {
+        int *fill = calloc((size_t)(nt > 0 ? nt : 1), sizeof *fill);
+        rc = fill ? 0 : -1;
+        if (fill) {
+            for (int i = 0; i < ns; i++)
+                if (s[i].count[0] > 0 && s[i].count[1] > 0)
+                    mine[nmine[s[i].tensor] + fill[s[i].tensor]++] = &s[i];
+            free(fill);
+        } else {
+            seterr(msg, sizeof msg, "out of memory");
+        }
+    }
+    if (h5store_agree(comm, rc, msg, sizeof msg))
+        goto fail;
+    if (nt > 0 && (mrc = MPI_Allreduce(MPI_IN_PLACE, rounds, nt, MPI_INT, MPI_MAX, comm)) != MPI_SUCCESS) {
+        mpierr(msg, sizeof msg, mrc, "MPI_Allreduce (write rounds)");
+        goto fail;
+    }
+
+    /* the file: every rank creates it and every object in it */
+    fapl = mpio_fapl(comm, 1, msg, sizeof msg);
+    rc = fapl < 0 ? -1 : 0;
+    if (rc == 0) {
+        file = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+        if (file < 0) {
+            h5err(msg, sizeof msg, "cannot create %s", tmp);
+            rc = -1;
+        }
+    }
+    if (rc == 0 && ((dxpl = H5Pcreate(H5P_DATASET_XFER)) < 0 ||
+                    H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE) < 0)) {
+        h5err(msg, sizeof msg, "cannot set up collective transfers");
+        rc = -1;
+    }
+    if (rc == 0) {
+        h5store_attr_t ver = {.key = VERSION_ATTR, .type = H5STORE_INT, .i = H5STORE_VERSION};
+        rc = write_attr(file, &ver, msg, sizeof msg);
+        for (int i = 0; i < na && rc == 0; i++)
+            rc = write_attr(file, &a[i], msg, sizeof msg);
+    }
+    if (h5store_agree(comm, rc, msg, sizeof msg))
+        goto fail;
+    for (int i = 0, b = 0; i < nt; i++) {
+        int e = b;
+        while (e < nrec && rec[e].tensor == i)
+            e++;
+        rc = write_tensor(file, dxpl, &t[i], rec + b, e - b, mine + nmine[i], nmine[i + 1] - nmine[i],
+                          rounds[i], msg, sizeof msg);
+        if (h5store_agree(comm, rc, msg, sizeof msg))
+            goto fail;
+        b = e;
+    }
+    /* H5Fflush(GLOBAL) fsyncs on every rank; H5Fclose then only rewrites
+     * the superblock, which rank 0's fsync below makes durable */
+    rc = 0;
+    if (H5Fflush(file, H5F_SCOPE_GLOBAL) < 0) {
+        h5err(msg, sizeof msg, "cannot flush %s", tmp);
+        rc = -1;
+    }
+    if (h5store_agree(comm, rc, msg, sizeof msg))
+        goto fail;
+    rc = 0;
+    if (H5Pclose(dxpl) < 0 || H5Pclose(fapl) < 0) {
+        h5err(msg, sizeof msg, "H5Pclose");
+        rc = -1;
+    }
+    dxpl = fapl = H5I_INVALID_HID;
+    if (H5Fclose(file) < 0) {
+        h5err(msg, sizeof msg, "cannot close %s", tmp);
+        rc = -1;
+    }
+    file = H5I_INVALID_HID;
+    if (h5store_agree(comm, rc, msg, sizeof msg))
+        goto fail;
+    rc = rank == 0 ? publish(tmp, path, dir, msg, sizeof msg) : 0;
+    if (h5store_agree(comm, rc, msg, sizeof msg))
+        goto fail;
+
+    free(rec);
+    free(rounds);
+    free(mine);
+    free(cc);
+    quiet_off(&q);
+    return 0;
+
+fail:
+    /* every rank is here (each step above was agreed on) */
+    if (dxpl >= 0 && H5Pclose(dxpl) < 0) {
+        /* already failing; the first message is the one that matters */
+    }
+    if (fapl >= 0 && H5Pclose(fapl) < 0) {
+    }
+    if (file >= 0 && H5Fclose(file) < 0) {
+    }
+    if (H5Eclear2(H5E_DEFAULT) < 0) {
+    }
+    /* the temp file goes; a file at `path` from before is untouched */
+    if (rank == 0 && tmp[0] != '\0' && access(tmp, F_OK) == 0 && unlink(tmp) != 0) {
+        size_t l = strlen(msg);
+        snprintf(msg + l, sizeof msg - l, " (and cannot remove %s: %s)", tmp, strerror(errno));
+    }
+    /* nobody returns before the temp file is gone */
+    if (MPI_Barrier(comm) != MPI_SUCCESS) {
+        /* the message already says what failed first */
+    }
+    seterr(err, errlen, "%s", msg);
+    free(rec);
+    free(rounds);
+    free(mine);
+    free(cc);
+    quiet_off(&q);
+    return -1;
+}
+
+/* ------------------------------------------------------------------ */
+/* Reading                                                             */
+/* ------------------------------------------------------------------ */
+
+typedef struct visit {
+    h5store_t *h;
+    char *err;
+    size_t errlen;
+} visit_t;
+
+static int cmp_entry(const void *a, const void *b)
+{
+    return strcmp(((const entry_t *)a)->t.name, ((const entry_t *)b)->t.name);
+}
+
+/* Reads the checksum table of one dataset, if it has one. */
+static int read_crc_attr(hid_t dset, entry_t *e, char *err, size_t errlen)
+{
+    htri_t has = H5Aexists(dset, CRC_ATTR);
+    if (has < 0) {
+        h5err(err, errlen, "tensor %s: H5Aexists", e->t.name);
+        return -1;
+    }
+    if (has == 0)
+        return 0;
+    hid_t attr = H5Aopen(dset, CRC_ATTR, H5P_DEFAULT), space = H5I_INVALID_HID;
+    int64_t *v = NULL;
+    int rc = -1;
+    hsize_t dims[2] = {0, 0};
+    if (attr < 0 || (space = H5Aget_space(attr)) < 0) {
+        h5err(err, errlen, "tensor %s: cannot open its checksum table", e->t.name);
+        goto done;
+    }
+    if (H5Sget_simple_extent_ndims(space) != 2 || H5Sget_simple_extent_dims(space, dims, NULL) < 0 ||
+        dims[1] != 5 || dims[0] > INT_MAX) {
+        seterr(err, errlen, "tensor %s: checksum table is not [n,5]", e->t.name);
+        goto done;
+    }
+    v = malloc((size_t)(dims[0] > 0 ? dims[0] : 1) * 5 * sizeof *v);
+    e->rec = malloc((size_t)(dims[0] > 0 ? dims[0] : 1) * sizeof *e->rec);
+    if (!v || !e->rec) {
+        seterr(err, errlen, "tensor %s: out of memory for the checksum table", e->t.name);
+        goto done;
+    }
+    if (dims[0] > 0 && H5Aread(attr, H5T_NATIVE_INT64, v) < 0) {
+        h5err(err, errlen, "tensor %s: cannot read its checksum table", e->t.name);
+        goto done;
+    }
+    e->nrec = (int)dims[0];
+    for (int i = 0; i < e->nrec; i++) {
+        const int64_t *x = v + (size_t)i * 5;
+        e->rec[i] = (srec_t){.s0 = x[0], .s1 = x[1], .c0 = x[2], .c1 = x[3], .crc = x[4]};
+    }
+    qsort(e->rec, (size_t)e->nrec, sizeof *e->rec, cmp_srec);
+    rc = 0;
+done:
+    free(v);
+    if (space >= 0 && H5Sclose(space) < 0 && rc == 0)
+        rc = -1;
+    if (attr >= 0 && H5Aclose(attr) < 0 && rc == 0)
+        rc = -1;
+    return rc;
+}
+
+/* Adds one dataset to the catalog if it is a fp32 1-D or 2-D array;
+ * other datasets are not tensors of this store and are skipped. */
+static int catalog_add(h5store_t *h, const char *name, hid_t dset, char *err, size_t errlen)
+{
+    hid_t type = H5Dget_type(dset), space = H5I_INVALID_HID, dcpl = H5I_INVALID_HID;
+    int rc = -1;
+    if (type < 0 || (space = H5Dget_space(dset)) < 0 || (dcpl = H5Dget_create_plist(dset)) < 0) {
+        h5err(err, errlen, "dataset %s: cannot get its type, shape or layout", name);
+        goto done;
+    }
+    H5T_class_t cls = H5Tget_class(type);
+    int nd = H5Sget_simple_extent_ndims(space);
+    if (cls < 0 || nd < 0) {
+        h5err(err, errlen, "dataset %s: type class or rank", name);
+        goto done;
+    }
+    if (cls != H5T_FLOAT || H5Tget_size(type) != sizeof(float) || (nd != 1 && nd != 2)) {
+        rc = 0; /* not a tensor of ours */
+        goto done;
+    }
+    if (strlen(name) >= H5STORE_NAME_MAX) {
+        seterr(err, errlen, "dataset %s: name longer than %d bytes", name, H5STORE_NAME_MAX - 1);
+        goto done;
+    }
+    if (h->n == h->cap) {
+        int cap = h->cap ? 2 * h->cap : 64;
+        entry_t *e = realloc(h->e, (size_t)cap * sizeof *e);
+        if (!e) {
+            seterr(err, errlen, "out of memory for the catalog");
+            goto done;
+        }
+        h->e = e;
+        h->cap = cap;
+    }
+    entry_t *e = &h->e[h->n];
+    memset(e, 0, sizeof *e);
+    snprintf(e->t.name, sizeof e->t.name, "%s", name);
+    e->t.ndim = nd;
+    hsize_t d[2] = {1, 1}, c[2] = {0, 0};
+    if (H5Sget_simple_extent_dims(space, d, NULL) < 0) {
+        h5err(err, errlen, "dataset %s: dims", name);
+        goto done;
+    }
+    e->t.shape[0] = (int64_t)d[0];
+    e->t.shape[1] = nd == 2 ? (int64_t)d[1] : 1;
+    H5D_layout_t lay = H5Pget_layout(dcpl);
+    if (lay < 0) {
+        h5err(err, errlen, "dataset %s: layout", name);
+        goto done;
+    }
+    if (lay == H5D_CHUNKED && H5Pget_chunk(dcpl, 2, c) < 0) {
+        h5err(err, errlen, "dataset %s: chunk shape", name);
+        goto done;
+    }
+    e->t.chunk[0] = (int64_t)c[0];
+    e->t.chunk[1] = nd == 2 ? (int64_t)c[1] : 0;
+    h->n++; /* from here on freed with the catalog */
+    rc = read_crc_attr(dset, e, err, errlen);
+done:
+    if (dcpl >= 0 && H5Pclose(dcpl) < 0 && rc == 0)
+        rc = -1;
+    if (space >= 0 && H5Sclose(space) < 0 && rc == 0)
+        rc = -1;
+    if (type >= 0 && H5Tclose(type) < 0 && rc == 0)
+        rc = -1;
+    return rc;
+}
+
+static herr_t visit_cb(hid_t group, const char *name, const H5L_info_t *info, void *data)
+{
+    visit_t *v = data;
+    if (info->type != H5L_TYPE_HARD)
+        return 0; /* soft and external links are not followed */
+    hid_t obj = H5Oopen(group, name, H5P_DEFAULT);
+    if (obj < 0) {
+        h5err(v->err, v->errlen, "cannot open object %s", name);
+        return -1;
+    }
+    H5I_type_t ty = H5Iget_type(obj);
+    int rc = 0;
+    if (ty == H5I_DATASET)
+        rc = catalog_add(v->h, name, obj, v->err, v->errlen);
+    if (H5Oclose(obj) < 0 && rc == 0) {
+        h5err(v->err, v->errlen, "H5Oclose %s", name);
+        rc = -1;
+    }
+    return rc ? -1 : 0;
+}
+
+static void free_handle(h5store_t *h)
+{
+    if (!h)
+        return;
+    for (int i = 0; i < h->n; i++)
+        free(h->e[i].rec);
+    free(h->e);
+    free(h->list);
+    free(h);
+}
+
+h5store_t *h5store_open(const char *path, MPI_Comm comm, char *err, size_t errlen)
+{
+    char msg[MSG_LEN] = "";
+    quiet_t q;
+    int rc = 0, mrc;
+    hid_t fapl = H5I_INVALID_HID;
+    h5store_t *h = calloc(1, sizeof *h);
+    quiet_on(&q);
+    if (!h) {
+        seterr(msg, sizeof msg, "out of memory");
+        rc = -1;
+    } else {
+        h->file = h->dxpl = H5I_INVALID_HID;
+        h->comm = comm;
+        if ((mrc = MPI_Comm_rank(comm, &h->rank)) != MPI_SUCCESS ||
+            (mrc = MPI_Comm_size(comm, &h->size)) != MPI_SUCCESS) {
+            mpierr(msg, sizeof msg, mrc, "MPI_Comm_rank/size");
+            rc = -1;
+        } else if (snprintf(h->path, sizeof h->path, "%s", path) >= (int)sizeof h->path) {
+            seterr(msg, sizeof msg, "path too long: %.100s...", path);
+            rc = -1;
+        } else {
+            crc32c_init(&h->crc, 1);
+        }
+    }
+    if (h5store_agree(comm, rc, msg, sizeof msg))
+        goto fail;
+    /* independent metadata reads: ranks may then read different tensors
+     * in different orders without matching collective calls */
+    fapl = mpio_fapl(comm, 0, msg, sizeof msg);
+    if (fapl >= 0) {
+        h->file = H5Fopen(path, H5F_ACC_RDONLY, fapl);
+        if (h->file < 0) {
+            h5err(msg, sizeof msg, "cannot open %s", path);
+            rc = -1;
+        }
+        if (H5Pclose(fapl) < 0 && rc == 0) {
+            h5err(msg, sizeof msg, "H5Pclose");
+            rc = -1;
+        }
+    } else {
+        rc = -1;
+    }
+    if (h5store_agree(comm, rc, msg, sizeof msg))
+        goto fail;
+    if ((h->dxpl = H5Pcreate(H5P_DATASET_XFER)) < 0 || H5Pset_dxpl_mpio(h->dxpl, H5FD_MPIO_INDEPENDENT) < 0) {
+        h5err(msg, sizeof msg, "%s: transfer properties", path);
+        rc = -1;
+    }
+    if (rc == 0 && h5store_has_attr(h, VERSION_ATTR) == 1) {
+        int64_t ver = 0;
+        if (h5store_get_int(h, VERSION_ATTR, &ver, msg, sizeof msg))
+            rc = -1;
+        else if (ver > H5STORE_VERSION) {
+            seterr(msg, sizeof msg, "%s: store format version %" PRId64 " is newer than this "
+                   "program's (%d): use a newer dtrain", path, ver, H5STORE_VERSION);
+            rc = -1;
+        }
+    }
+    if (rc == 0) {
+        visit_t v = {h, msg, sizeof msg};
+        if (H5Lvisit(h->file, H5_INDEX_NAME, H5_ITER_INC, visit_cb, &v) < 0) {
+            if (msg[0] == '\0')
+                h5err(msg, sizeof msg, "%s: cannot list its datasets", path);
+            rc = -1;
+        }
+    }
+    if (rc == 0) {
+        qsort(h->e, (size_t)h->n, sizeof *h->e, cmp_entry);
+        h->list = malloc((size_t)(h->n > 0 ? h->n : 1) * sizeof *h->list);
+        if (!h->list) {
+            seterr(msg, sizeof msg, "out of memory for the catalog");
+            rc = -1;
+        } else {
+            for (int i = 0; i < h->n; i++)
+                h->list[i] = h->e[i].t;
+        }
+    }
+    if (h5store_agree(comm, rc, msg, sizeof msg))
+        goto fail;
+    quiet_off(&q);
+    return h;
+fail:
+    if (h && h->dxpl >= 0 && H5Pclose(h->dxpl) < 0) {
+        /* already failing */
+    }
+    if (h && h->file >= 0 && H5Fclose(h->file) < 0) {
+    }
+    if (H5Eclear2(H5E_DEFAULT) < 0) {
+    }
+    free_handle(h);
+    seterr(err, errlen, "%s", msg);
+    quiet_off(&q);
+    return NULL;
+}
+
+int h5store_close(h5store_t *h, char *err, size_t errlen)
+{
+    if (!h)
+        return 0;
+    char msg[MSG_LEN] = "";
+    quiet_t q;
+    int rc = 0;
+    quiet_on(&q);
+    if (H5Pclose(h->dxpl) < 0) {
+        h5err(msg, sizeof msg, "%s: H5Pclose", h->path);
+        rc = -1;
+    }
+    if (H5Fclose(h->file) < 0) {
+        h5err(msg, sizeof msg, "cannot close %s", h->path);
+        rc = -1;
+    }
+    MPI_Comm comm = h->comm;
+    free_handle(h);
+    quiet_off(&q);
+    rc = h5store_agree(comm, rc, msg, sizeof msg);
+    if (rc)
+        seterr(err, errlen, "%s", msg);
+    return rc;
+}
+
+int h5store_list(const h5store_t *h, const h5store_tensor_t **tensors)
+{
+    *tensors = h->list;
+    return h->n;
+}
+
+static entry_t *find_entry(const h5store_t *h, const char *name)
+{
+    entry_t key;
+    snprintf(key.t.name, sizeof key.t.name, "%s", name);
+    return bsearch(&key, h->e, (size_t)h->n, sizeof *h->e, cmp_entry);
+}
+
+const h5store_tensor_t *h5store_find(const h5store_t *h, const char *name)
+{
+    const entry_t *e = find_entry(h, name);
+    return e ? &e->t : NULL;
+}
+
+/* Reads rows [s0, s0+c0) x cols [s1, s1+c1) of an open dataset into buf. */
+static int read_slab(h5store_t *h, hid_t dset, const entry_t *e, const int64_t s[2],
+                     const int64_t c[2], float *buf, char *err, size_t errlen)
+{
+    hsize_t st[2] = {(hsize_t)s[0], (hsize_t)s[1]}, ct[2] = {(hsize_t)c[0], (hsize_t)c[1]};
+    hid_t fs = H5Dget_space(dset), ms = H5I_INVALID_HID;
+    int rc = -1;
+    if (fs < 0 || H5Sselect_hyperslab(fs, H5S_SELECT_SET, st, NULL, ct, NULL) < 0 ||
+        (ms = H5Screate_simple(e->t.ndim, ct, NULL)) < 0) {
+        h5err(err, errlen, "tensor %s: selection", e->t.name);
+        goto done;
+    }
+    if (H5Dread(dset, H5T_NATIVE_FLOAT, ms, fs, h->dxpl, buf) < 0) {
+        char rg[96];
+        h5err(err, errlen, "%s: cannot read tensor %s %s", h->path, e->t.name,
+              region_str(rg, sizeof rg, e->t.ndim, e->t.shape, s, c));
+        goto done;
+    }
+    rc = 0;
+done:
+    if (ms >= 0 && H5Sclose(ms) < 0 && rc == 0)
+        rc = -1;
+    if (fs >= 0 && H5Sclose(fs) < 0 && rc == 0)
+        rc = -1;
+    return rc;
+}
+
+static void mismatch(char *err, size_t errlen, const h5store_t *h, const entry_t *e, const srec_t *r,
+                     uint32_t got)
+{
+    char rg[96];
+    seterr(err, errlen, "%s: checksum mismatch in %s %s (stored %08" PRIx32 ", data %08" PRIx32 ")",
+           h->path, e->t.name, rec_str(rg, sizeof rg, &e->t, r), (uint32_t)r->crc, got);
+}
+
+int h5store_read(h5store_t *h, const char *name, const int64_t start[2], const int64_t count[2],
+                 float *buf, char *err, size_t errlen)
+{
+    const entry_t *e = find_entry(h, name);
+    char sh[48];
+    if (!e) {
+        seterr(err, errlen, "tensor %s: not in %s", name, h->path);
+        return -1;
+    }
+    int64_t s[2] = {start[0], e->t.ndim == 2 ? start[1] : 0};
+    int64_t c[2] = {count[0], e->t.ndim == 2 ? count[1] : 1};
+    if (count[0] == 0 || count[1] == 0)
+        return 0;
+    if (s[0] < 0 || s[1] < 0 || c[0] < 0 || c[1] < 0 || s[0] + c[0] > e->t.shape[0] ||
+        s[1] + c[1] > e->t.shape[1] || (e->t.ndim == 1 && (start[1] != 0 || count[1] != 1))) {
+        seterr(err, errlen, "tensor %s: read of start [%" PRId64 ",%" PRId64 "] count [%" PRId64
+               ",%" PRId64 "] outside shape %s", name, start[0], start[1], count[0], count[1],
+               shape_str(sh, sizeof sh, e->t.ndim, e->t.shape));
+        return -1;
+    }
+    if (!buf) {
+        seterr(err, errlen, "tensor %s: no buffer to read into", name);
+        return -1;
+    }
+    quiet_t q;
+    quiet_on(&q);
+    int rc = -1;
+    hid_t dset = H5Dopen2(h->file, name, H5P_DEFAULT);
+    if (dset < 0) {
+        h5err(err, errlen, "%s: cannot open tensor %s", h->path, name);
+        goto done;
+    }
+    if (read_slab(h, dset, e, s, c, buf, err, errlen))
+        goto done;
+    /* every recorded shard inside the region read is checked */
+    rc = 0;
+    for (int i = 0; i < e->nrec && rc == 0; i++) {
+        const srec_t *r = &e->rec[i];
+        if (r->s0 < s[0] || r->s0 + r->c0 > s[0] + c[0] || r->s1 < s[1] || r->s1 + r->c1 > s[1] + c[1])
+            continue;
+        uint32_t crc = 0;
+        for (int64_t row = 0; row < r->c0; row++)
+            crc = crc32c_update(&h->crc, crc, buf + (r->s0 - s[0] + row) * c[1] + (r->s1 - s[1]),
+                                (size_t)r->c1 * sizeof(float));
+        if (crc != (uint32_t)r->crc) {
+            mismatch(err, errlen, h, e, r, crc);
+            rc = -1;
+        }
+    }
+done:
+    if (dset >= 0 && H5Dclose(dset) < 0 && rc == 0) {
+        h5err(err, errlen, "tensor %s: H5Dclose", name);
+        rc = -1;
+    }
+    quiet_off(&q);
+    return rc;
+}
+
+int h5store_read_shards(h5store_t *h, const h5store_tensor_t *t, int nt, const h5store_shard_t *s,
+                        int ns, char *err, size_t errlen)
+{
+    char msg[MSG_LEN] = "", a[48], b[48];
+    int rc = 0;
+    for (int i = 0; i < nt && rc == 0; i++) {
+        const entry_t *e = find_entry(h, t[i].name);
+        if (!e) {
+            seterr(msg, sizeof msg, "tensor %s: not in %s", t[i].name, h->path);
+            rc = -1;
+        } else if (e->t.ndim != t[i].ndim || e->t.shape[0] != t[i].shape[0] ||
+                   (t[i].ndim == 2 && e->t.shape[1] != t[i].shape[1])) {
+            seterr(msg, sizeof msg, "tensor %s: shape %s in file, expected %s", t[i].name,
+                   shape_str(a, sizeof a, e->t.ndim, e->t.shape), shape_str(b, sizeof b, t[i].ndim, t[i].shape));
+            rc = -1;
+        }
+    }
+    for (int i = 0; i < ns && rc == 0; i++) {
+        if (s[i].tensor < 0 || s[i].tensor >= nt) {
+            seterr(msg, sizeof msg, "rank %d: shard %d names tensor %d of %d", h->rank, i, s[i].tensor, nt);
+            rc = -1;
+        } else {
+            rc = h5store_read(h, t[s[i].tensor].name, s[i].start, s[i].count, s[i].buf, msg, sizeof msg);
+        }
+    }
+    rc = h5store_agree(h->comm, rc, msg, sizeof msg);
+    if (rc)
+        seterr(err, errlen, "%s", msg);
+    return rc;
+}
+
+/* Reads one recorded shard in row blocks and returns its CRC. */
+static int shard_crc(h5store_t *h, hid_t dset, const entry_t *e, const srec_t *r, float *tmp,
+                     uint32_t *crc, char *err, size_t errlen)
+{
+    int64_t rows = VERIFY_BLOCK_ELEMS / r->c1;
+    if (rows < 1)
+        rows = 1; /* one row over the block size: the caller sized tmp for it */
+    *crc = 0;
+    for (int64_t r0 = 0; r0 < r->c0; r0 += rows) {
+        int64_t n = r->c0 - r0 < rows ? r->c0 - r0 : rows;
+        int64_t s[2] = {r->s0 + r0, r->s1}, c[2] = {n, r->c1};
+        if (read_slab(h, dset, e, s, c, tmp, err, errlen))
+            return -1;
+        *crc = crc32c_update(&h->crc, *crc, tmp, (size_t)(n * r->c1) * sizeof(float));
+    }
+    return 0;
+}
+
+int h5store_verify(h5store_t *h, int64_t *n_shards, int64_t *n_bytes, char *err, size_t errlen)
+{
+    char msg[MSG_LEN] = "";
+    int rc = 0, mrc;
+    int64_t stat[3] = {0, 0, 0}; /* shards, bytes, mismatches */
+    float *tmp = NULL;
+    quiet_t q;
+    quiet_on(&q);
+    /* records must tile each tensor (metadata only: same verdict on all ranks) */
+    for (int i = 0; i < h->n && rc == 0; i++) {
+        if (h->e[i].nrec == 0) {
+            seterr(msg, sizeof msg, "%s: tensor %s has no checksums", h->path, h->e[i].t.name);
+            rc = -1;
+        } else {
+            rc = check_cover(&h->e[i].t, h->e[i].rec, h->e[i].nrec, 0, msg, sizeof msg);
+        }
+    }
+    if (rc == 0) {
+        int64_t maxrow = 1;
+        for (int i = 0; i < h->n; i++)
+            if (h->e[i].t.shape[1] > maxrow)
+                maxrow = h->e[i].t.shape[1];
+        size_t n = VERIFY_BLOCK_ELEMS > maxrow ? VERIFY_BLOCK_ELEMS : (size_t)maxrow;
+        tmp = malloc(n * sizeof *tmp);
+        if (!tmp) {
+            seterr(msg, sizeof msg, "out of memory for verification");
+            rc = -1;
+        }
+    }
+    /* record k (counting over all tensors) is checked by rank k % size */
+    int64_t k = 0;
+    for (int i = 0; i < h->n && rc == 0; i++) {
+        entry_t *e = &h->e[i];
+        hid_t dset = H5I_INVALID_HID;
+        for (int j = 0; j < e->nrec && rc == 0; j++, k++) {
+            if (k % h->size != h->rank)
+                continue;
+            if (dset < 0 && (dset = H5Dopen2(h->file, e->t.name, H5P_DEFAULT)) < 0) {
+                h5err(msg, sizeof msg, "%s: cannot open tensor %s", h->path, e->t.name);
+                rc = -1;
+                break;
+            }
+            uint32_t crc;
+            if (shard_crc(h, dset, e, &e->rec[j], tmp, &crc, msg, sizeof msg)) {
+                rc = -1;
+                break;
+            }
+            stat[0]++;
+            stat[1] += e->rec[j].c0 * e->rec[j].c1 * (int64_t)sizeof(float);
+            if (crc != (uint32_t)e->rec[j].crc) {
+                if (stat[2]++ == 0)
+                    mismatch(msg, sizeof msg, h, e, &e->rec[j], crc);
+            }
+        }
+        if (dset >= 0 && H5Dclose(dset) < 0 && rc == 0) {
+            h5err(msg, sizeof msg, "tensor %s: H5Dclose", e->t.name);
+            rc = -1;
+        }
+    }
+    free(tmp);
+    quiet_off(&q);
+    if (stat[2] > 0)
+        rc = -1;
+    if ((mrc = MPI_Allreduce(MPI_IN_PLACE, stat, 3, MPI_INT64_T, MPI_SUM, h->comm)) != MPI_SUCCESS) {
+        mpierr(err, errlen, mrc, "MPI_Allreduce (verify)");
+        return -1;
+    }
+    if (stat[2] > 1 && rc != 0 && strstr(msg, "checksum mismatch")) {
+        size_t l = strlen(msg);
+        snprintf(msg + l, sizeof msg - l, " (+%" PRId64 " more)", stat[2] - 1);
+    }
+    if (h5store_agree(h->comm, rc, msg, sizeof msg)) {
+        seterr(err, errlen, "%s", msg);
+        return -1;
+    }
+    if (n_shards)
+        *n_shards = stat[0];
+    if (n_bytes)
+        *n_bytes = stat[1];
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Root attributes                                                     */
+/* ------------------------------------------------------------------ */
+
+int h5store_has_attr(h5store_t *h, const char *key)
+{
+    quiet_t q;
+    quiet_on(&q);
+    htri_t r = H5Aexists(h->file, key);
+    if (r < 0 && H5Eclear2(H5E_DEFAULT) < 0) {
+    }
+    quiet_off(&q);
+    return r > 0;
+}
+
+/* Opens root attribute `key` holding one value; *cls gets its type class. */
+static hid_t open_attr(h5store_t *h, const char *key, H5T_class_t *cls, hid_t *type, char *err, size_t errlen)
+{
+    htri_t ex = H5Aexists(h->file, key);
+    if (ex <= 0) {
+        if (ex < 0)
+            h5err(err, errlen, "%s: attribute %s", h->path, key);
+        else
+            seterr(err, errlen, "%s: no attribute %s", h->path, key);
+        return H5I_INVALID_HID;
+    }
+    hid_t attr = H5Aopen(h->file, key, H5P_DEFAULT), space = H5I_INVALID_HID;
+    *type = H5I_INVALID_HID;
+    if (attr < 0 || (space = H5Aget_space(attr)) < 0 || (*type = H5Aget_type(attr)) < 0 ||
+        (*cls = H5Tget_class(*type)) < 0) {
+        h5err(err, errlen, "%s: cannot open attribute %s", h->path, key);
+        goto fail;
+    }
+    hssize_t n = H5Sget_simple_extent_npoints(space);
+    if (n != 1) {
+        seterr(err, errlen, "%s: attribute %s holds %lld values, expected 1", h->path, key, (long long)n);
+        goto fail;
+    }
+    if (H5Sclose(space) < 0) {
+        space = H5I_INVALID_HID;
+        h5err(err, errlen, "H5Sclose");
+        goto fail;
+    }
+    return attr;
+fail:
+    if (space >= 0 && H5Sclose(space) < 0) {
+    }
+    if (*type >= 0 && H5Tclose(*type) < 0) {
+    }
+    if (attr >= 0 && H5Aclose(attr) < 0) {
+    }
+    *type = H5I_INVALID_HID;
+    return H5I_INVALID_HID;
+}
+
+static const char *class_name(H5T_class_t c)
+{
+    switch (c) {
+    case H5T_INTEGER: return "an integer";
+    case H5T_FLOAT: return "a float";
+    case H5T_STRING: return "a string";
+    default: return "not a number or string";
+    }
+}
+
+static int close_attr(hid_t attr, hid_t type, int rc, char *err, size_t errlen)
+{
+    if (type >= 0 && H5Tclose(type) < 0 && rc == 0) {
+        h5err(err, errlen, "H5Tclose");
+        rc = -1;
+    }
+    if (attr >= 0 && H5Aclose(attr) < 0 && rc == 0) {
+        h5err(err, errlen, "H5Aclose");
+        rc = -1;
+    }
+    return rc;
+}
+
+/* Integer or float attribute as `want` (H5T_INTEGER -> int64, H5T_FLOAT -> double). */
+static int get_num(h5store_t *h, const char *key, H5T_class_t want, void *v, char *err, size_t errlen)
+{
+    quiet_t q;
+    H5T_class_t cls = H5T_NO_CLASS;
+    hid_t type, attr;
+    int rc = -1;
+    quiet_on(&q);
+    attr = open_attr(h, key, &cls, &type, err, errlen);
+    if (attr >= 0) {
+        if (cls != want && !(want == H5T_FLOAT && cls == H5T_INTEGER))
+            seterr(err, errlen, "%s: attribute %s is %s, expected %s", h->path, key, class_name(cls),
+                   class_name(want));
+        else if (H5Aread(attr, want == H5T_INTEGER ? H5T_NATIVE_INT64 : H5T_NATIVE_DOUBLE, v) < 0)
+            h5err(err, errlen, "%s: cannot read attribute %s", h->path, key);
+        else
+            rc = 0;
+        rc = close_attr(attr, type, rc, err, errlen);
+    }
+    quiet_off(&q);
+    return rc;
+}
+
+int h5store_get_int(h5store_t *h, const char *key, int64_t *v, char *err, size_t errlen)
+{
+    return get_num(h, key, H5T_INTEGER, v, err, errlen);
+}
+
+int h5store_get_double(h5store_t *h, const char *key, double *v, char *err, size_t errlen)
+{
+    return get_num(h, key, H5T_FLOAT, v, err, errlen);
+}
+
+int h5store_get_str(h5store_t *h, const char *key, char *out, size_t outlen, char *err, size_t errlen)
+{
+    quiet_t q;
+    H5T_class_t cls = H5T_NO_CLASS;
+    hid_t type, attr, mt = H5I_INVALID_HID;
+    int rc = -1;
+    char *s = NULL;
+    htri_t var = 0;
+    quiet_on(&q);
+    attr = open_attr(h, key, &cls, &type, err, errlen);
+    if (attr < 0)
+        goto done;
+    if (cls != H5T_STRING) {
+        seterr(err, errlen, "%s: attribute %s is %s, expected a string", h->path, key, class_name(cls));
+        goto done;
+    }
+    var = H5Tis_variable_str(type);
+    size_t fixed = H5Tget_size(type);
+    H5T_cset_t cset = H5Tget_cset(type); /* ASCII <-> UTF-8 has no conversion path */
+    if (var < 0 || cset < 0 || (mt = H5Tcopy(H5T_C_S1)) < 0 ||
+        H5Tset_size(mt, var ? H5T_VARIABLE : fixed + 1) < 0 || H5Tset_cset(mt, cset) < 0) {
+        h5err(err, errlen, "%s: attribute %s: string type", h->path, key);
+        goto done;
+    }
+    if (var) {
+        if (H5Aread(attr, mt, &s) < 0) {
+            h5err(err, errlen, "%s: cannot read attribute %s", h->path, key);
+            goto done;
+        }
+    } else {
+        /* fixed-length (e.g. numpy bytes): one more byte for the NUL */
+        if (!(s = calloc(fixed + 1, 1))) {
+            seterr(err, errlen, "out of memory");
+            goto done;
+        }
+        if (H5Aread(attr, mt, s) < 0) {
+            h5err(err, errlen, "%s: cannot read attribute %s", h->path, key);
+            goto done;
+        }
+    }
+    size_t n = s ? strlen(s) : 0;
+    if (n >= outlen) {
+        seterr(err, errlen, "%s: attribute %s is %zu bytes, longer than the %zu-byte buffer", h->path,
+               key, n, outlen);
+        goto done;
+    }
+    memcpy(out, s ? s : "", n + 1);
+    rc = 0;
+done:
+    if (s && var) {
+        if (H5free_memory(s) < 0 && rc == 0) {
+            h5err(err, errlen, "H5free_memory");
+            rc = -1;
+        }
+    } else {
+        free(s);
+    }
+    if (mt >= 0 && H5Tclose(mt) < 0 && rc == 0)
+        rc = -1;
+    if (attr >= 0)
+        rc = close_attr(attr, type, rc, err, errlen);
+    quiet_off(&q);
+    return rc;
+}
