@@ -27,12 +27,6 @@ int main(int argc, char **argv)
     int failed = grid_create(&grid, opt.tp, opt.pp, opt.dp) != 0;
     if (launch_any_failed(&env, "dtrain", failed, grid.err))
         launch_exit(&env, 2);
-    if (launch_any_failed(&env, "dtrain", grid.pp_size > 1,
-                          "--pp above 1: pipeline parallelism is not implemented yet; this version "
-                          "parallelises over tensors (--tp) and data (--dp)")) {
-        grid_destroy(&grid);
-        launch_exit(&env, 2);
-    }
 
     trainer_t tr;
     failed = trainer_setup(&tr, &opt, &env, &grid, err, sizeof err) != 0;

@@ -19,9 +19,13 @@ void metrics_print_step(FILE *out, const step_record_t *r)
     if (!isnan(r->val_loss))
         fprintf(out, " | val %.6f", r->val_loss);
     fprintf(out, " | lr %.3e | norm %.4f | %.1f ms", r->lr, r->grad_norm, r->ms);
-    if (r->comm_ms > 0)
-        fprintf(out, " (compute %.1f/%.1f, comm wait %.1f/%.1f max/mean)", r->compute_ms_max, r->compute_ms_mean,
+    if (r->comm_ms > 0 || r->bubble_max > 0)
+        fprintf(out, " (compute %.1f/%.1f, comm wait %.1f/%.1f", r->compute_ms_max, r->compute_ms_mean,
                 r->comm_ms, r->comm_ms_mean);
+    if (r->bubble_max > 0)
+        fprintf(out, ", bubble %.0f%%/%.0f%%", 100.0 * r->bubble_max, 100.0 * r->bubble_mean);
+    if (r->comm_ms > 0 || r->bubble_max > 0)
+        fprintf(out, " max/mean)");
     fprintf(out, " | %.0f tok/s | MFU %.1f%%\n", r->tokens_per_s, 100.0 * r->mfu);
     fflush(out);
 }
@@ -32,9 +36,9 @@ int metrics_write_json(FILE *f, const step_record_t *r)
     if (!isnan(r->val_loss))
         rc = rc < 0 ? rc : fprintf(f, ", \"val_loss\": %.9g", r->val_loss);
     rc = rc < 0 ? rc
-                : fprintf(f, ", \"lr\": %.9g, \"grad_norm\": %.9g, \"ms\": %.3f, \"compute_ms_max\": %.3f, \"compute_ms_mean\": %.3f, \"comm_ms\": %.3f, \"comm_ms_mean\": %.3f, \"tokens_per_s\": %.3f, \"mfu\": %.6f}\n",
+                : fprintf(f, ", \"lr\": %.9g, \"grad_norm\": %.9g, \"ms\": %.3f, \"compute_ms_max\": %.3f, \"compute_ms_mean\": %.3f, \"comm_ms\": %.3f, \"comm_ms_mean\": %.3f, \"bubble_max\": %.4f, \"bubble_mean\": %.4f, \"tokens_per_s\": %.3f, \"mfu\": %.6f}\n",
                           r->lr, r->grad_norm, r->ms, r->compute_ms_max, r->compute_ms_mean, r->comm_ms, r->comm_ms_mean,
-                          r->tokens_per_s, r->mfu);
+                          r->bubble_max, r->bubble_mean, r->tokens_per_s, r->mfu);
     if (rc < 0 || fflush(f) != 0)
         return -1;
     return 0;

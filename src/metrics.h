@@ -12,9 +12,13 @@ typedef struct step_record {
     double lr, grad_norm;
     double ms, tokens_per_s, mfu; /* mfu as a fraction */
     /* per rank: compute = step time less exposed communication (time
-     * blocked waiting for the gradient all-reduce); max and mean over ranks */
+     * blocked in the gradient all-reduce wait and in tensor-parallel
+     * collectives) and less the pipeline bubble; max and mean over ranks */
     double compute_ms_max, compute_ms_mean;
     double comm_ms, comm_ms_mean; /* comm_ms is the max */
+    /* fraction of the step a rank spent waiting for a neighbour pipeline
+     * stage (warm-up, cool-down, imbalance); 0 without pipelining */
+    double bubble_max, bubble_mean;
 } step_record_t;
 
 void metrics_print_step(FILE *out, const step_record_t *r);

@@ -29,25 +29,39 @@ static void tp_fail(model_t *m)
     snprintf(m->err, sizeof m->err, "tensor-parallel collective failed: %.400s", m->lay.tp->err);
 }
 
+/* Each blocks until the group is done: exposed communication, timed. */
+
 /* Sum of the partial results of a row-parallel matmul, in place. */
 static void tp_allreduce(model_t *m, float *buf, size_t n, comm_op_t op)
 {
-    if (tp_active(m) && m->lay.tp->ops->allreduce(m->lay.tp, buf, n, op) != 0)
+    if (!tp_active(m))
+        return;
+    double t0 = trace_now();
+    if (m->lay.tp->ops->allreduce(m->lay.tp, buf, n, op) != 0)
         tp_fail(m);
+    m->tp_comm_s += trace_now() - t0;
 }
 
 /* all[P*n_each] = every rank's rows in rank order */
 static void tp_allgather(model_t *m, float *all, const float *mine, size_t n_each)
 {
-    if (tp_active(m) && m->lay.tp->ops->allgather(m->lay.tp, mine, all, n_each) != 0)
+    if (!tp_active(m))
+        return;
+    double t0 = trace_now();
+    if (m->lay.tp->ops->allgather(m->lay.tp, mine, all, n_each) != 0)
         tp_fail(m);
+    m->tp_comm_s += trace_now() - t0;
 }
 
 /* mine[n_each] = sum over ranks of rows [r*n_each, (r+1)*n_each) of all */
 static void tp_reduce_scatter(model_t *m, float *mine, const float *all, size_t n_each)
 {
-    if (tp_active(m) && m->lay.tp->ops->reduce_scatter(m->lay.tp, all, mine, n_each) != 0)
+    if (!tp_active(m))
+        return;
+    double t0 = trace_now();
+    if (m->lay.tp->ops->reduce_scatter(m->lay.tp, all, mine, n_each) != 0)
         tp_fail(m);
+    m->tp_comm_s += trace_now() - t0;
 }
 
 /* A compute span from t0 to now on the trace (no-op without --trace):
@@ -600,6 +614,17 @@ int model_backward(model_t *m, int slot, int accum, int last)
             m->grads_ready(m->grads_ready_ctx, 0);
     }
     return m->failed ? -1 : 0;
+}
+
+size_t model_params_total(const model_config_t *c)
+{
+    param_table_t whole;
+    char err[256];
+    if (param_table_build(&whole, c, NULL, err, sizeof err) != 0)
+        return 0;
+    size_t n = whole.logical_numel;
+    param_table_free(&whole);
+    return n;
 }
 
 /* ---- stage interface and sampling ---------------------------------------------------- */

@@ -109,6 +109,7 @@ typedef struct model {
      * gradient buckets from here while backward continues. */
     void (*grads_ready)(void *ctx, size_t ready_from);
     void *grads_ready_ctx;
+    double tp_comm_s; /* seconds in TP collectives since the caller zeroed it */
     trace_t *trace;   /* NULL, or where per-layer spans go (--trace) */
     int trace_micro;  /* microbatch index the spans are labelled with */
     int failed;    /* a TP collective failed: err says which */
@@ -154,6 +155,10 @@ float *model_stage_input(model_t *m, int slot);
 float *model_stage_output(model_t *m, int slot);
 float *model_stage_grad(model_t *m);
 size_t model_stage_floats(const model_t *m, int b, int t);
+
+/* Parameters of the whole model (all stages, unsplit); 0 if the table
+ * cannot be built. */
+size_t model_params_total(const model_config_t *c);
 
 /* Copies logits row n of slot's last forward, all V columns, to host
  * memory (last stage). Collective over the TP group (gathers the vocab

@@ -32,6 +32,7 @@ typedef struct opt_def {
 static const char *const arch_choices[] = {"gpt2", "llama", NULL};
 static const char *const format_choices[] = {"llmc", "raw-u16", NULL};
 static const char *const ddp_choices[] = {"naive", "flat", "bucketed", NULL};
+static const char *const pp_schedule_choices[] = {"1f1b", "gpipe", NULL};
 
 #define F(field) offsetof(run_options_t, field)
 #define S(field) sizeof(((run_options_t *)0)->field)
@@ -49,7 +50,9 @@ static const opt_def_t opt_defs[] = {
     {"max-seq-len", OPT_INT, F(max_seq_len), 0, "0", 0, 1 << 20, NULL, "override the learned positions of GPT-2 (0 = preset)"},
     {"tp", OPT_INT, F(tp), 0, "1", 1, 4096, NULL, "tensor-parallel size: heads, MLP width and vocabulary split over N ranks"},
     {"sequence-parallel", OPT_FLAG, F(sequence_parallel), 0, "0", 0, 1, NULL, "with --tp: shard norms and residuals along the sequence (all-gather / reduce-scatter)"},
-    {"pp", OPT_INT, F(pp), 0, "1", 1, 4096, NULL, "pipeline-parallel size (only 1 so far)"},
+    {"pp", OPT_INT, F(pp), 0, "1", 1, 4096, NULL, "pipeline-parallel size: contiguous layer ranges on N stages"},
+    {"pp-layers", OPT_STR, F(pp_layers), S(pp_layers), "", 0, 0, NULL, "layers per pipeline stage, e.g. 10,10,12 (empty = balanced)"},
+    {"pp-schedule", OPT_STR, F(pp_schedule), S(pp_schedule), "1f1b", 0, 0, pp_schedule_choices, "pipeline schedule over a step's microbatches: 1f1b | gpipe"},
     {"dp", OPT_INT, F(dp), 0, "0", 0, 1 << 20, NULL, "data-parallel size (0 = world size / (tp x pp))"},
     {"ddp-mode", OPT_STR, F(ddp_mode), S(ddp_mode), "bucketed", 0, 0, ddp_choices, "gradient all-reduce: naive (per tensor) | flat (one buffer) | bucketed (overlapped with backward)"},
     {"bucket-mb", OPT_REAL, F(bucket_mb), 0, "25", 0.001, 1e6, NULL, "gradient bucket size in MiB for --ddp-mode bucketed"},
@@ -73,6 +76,7 @@ static const opt_def_t opt_defs[] = {
     {"val-every", OPT_INT, F(val_every), 0, "100", 0, INT_MAX, NULL, "validate every N steps and at the end (0 = never)"},
     {"val-batches", OPT_INT, F(val_batches), 0, "16", 1, INT_MAX, NULL, "microbatches of validation data per evaluation"},
     {"metrics", OPT_STR, F(metrics), S(metrics), "", 0, 0, NULL, "write one JSON object per step to FILE"},
+    {"save-params", OPT_STR, F(save_params), S(save_params), "", 0, 0, NULL, "at the end, write the trained parameters as logical tensors to FILE (HDF5, any layout reads it)"},
     {"trace", OPT_STR, F(trace), S(trace), "", 0, 0, NULL, "write a Chrome/Perfetto trace of every rank (layer and communication spans) to FILE"},
     {"sample-tokens", OPT_INT, F(sample_tokens), 0, "256", 0, 1 << 20, NULL, "tokens to generate at the end (0 = no sample)"},
     {"prompt", OPT_STR, F(prompt), S(prompt), "ALICE.", 0, 0, NULL, "prompt for the sample (byte vocabulary)"},
@@ -225,7 +229,7 @@ static void print_help(FILE *out)
         char lhs[64];
         snprintf(lhs, sizeof lhs, "--%s%s%s", d->name, d->kind == OPT_FLAG ? "" : " ",
                  d->kind == OPT_FLAG ? "" : d->kind == OPT_STR ? (strcmp(d->name, "config") == 0 || strcmp(d->name, "metrics") == 0 ||
-                                           strcmp(d->name, "trace") == 0
+                                           strcmp(d->name, "trace") == 0 || strcmp(d->name, "save-params") == 0
                                            ? "FILE" : "STR")
                                     : d->kind == OPT_REAL ? "X" : "N");
         fprintf(out, "  %-24s %s [%s]\n", lhs, d->help, d->def);
@@ -390,6 +394,52 @@ int options_check_layout(const run_options_t *o, const model_config_t *c, int tp
     if (pp > c->n_layer) {
         snprintf(err, errlen, "--pp %d exceeds the model's %d layers: every stage needs at least one", pp,
                  c->n_layer);
+        return -1;
+    }
+    if (pp > 1 && options_accum_steps(o, dp) < pp) {
+        snprintf(err, errlen, "--pp %d needs at least %d microbatches per step, got %d (global batch %d / "
+                 "(micro batch %d x dp %d)); raise --global-batch or lower --micro-batch",
+                 pp, pp, options_accum_steps(o, dp), o->global_batch ? o->global_batch : o->micro_batch * dp,
+                 o->micro_batch, dp);
+        return -1;
+    }
+    int layers[4096];
+    if (options_stage_layers(o, c->n_layer, pp, layers, err, errlen) != 0)
+        return -1;
+    return 0;
+}
+
+int options_stage_layers(const run_options_t *o, int n_layer, int pp, int *layers, char *err, size_t errlen)
+{
+    if (!o->pp_layers[0]) {
+        /* balanced; the remainder goes to the first stages, since the last
+         * one also holds the final norm, the head and the loss */
+        for (int s = 0; s < pp; s++)
+            layers[s] = n_layer / pp + (s < n_layer % pp);
+        return 0;
+    }
+    int n = 0, sum = 0;
+    const char *p = o->pp_layers;
+    while (*p) {
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || errno || v < 1 || v > n_layer || (*end && *end != ',')) {
+            snprintf(err, errlen, "--pp-layers '%s': expected a comma-separated list of positive layer counts",
+                     o->pp_layers);
+            return -1;
+        }
+        if (n == pp) {
+            n++;
+            break;
+        }
+        layers[n++] = (int)v;
+        sum += (int)v;
+        p = *end ? end + 1 : end;
+    }
+    if (n != pp || sum != n_layer) {
+        snprintf(err, errlen, "--pp-layers '%s': needs %d counts (one per stage) summing to the model's %d layers",
+                 o->pp_layers, pp, n_layer);
         return -1;
     }
     return 0;

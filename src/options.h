@@ -20,6 +20,7 @@ typedef struct run_options {
     /* parallel layout */
     int tp, pp, dp;
     int sequence_parallel;
+    char pp_layers[256], pp_schedule[16];
     char ddp_mode[16];
     double bucket_mb;
     int check_replicas;
@@ -35,6 +36,7 @@ typedef struct run_options {
     /* output */
     char metrics[OPT_PATH_MAX];
     char trace[OPT_PATH_MAX];
+    char save_params[OPT_PATH_MAX];
     int sample_tokens, top_k;
     double temperature;
     char prompt[512];
@@ -60,6 +62,10 @@ int options_model_config(const run_options_t *o, model_config_t *c, char *err, s
  * failure, the same on every rank. */
 int options_check_layout(const run_options_t *o, const model_config_t *c, int tp, int pp, int dp,
                          char *err, size_t errlen);
+
+/* layers[s] = blocks of pipeline stage s (pp of them): --pp-layers, or
+ * balanced. Returns 0, or -1 with one line in err. */
+int options_stage_layers(const run_options_t *o, int n_layer, int pp, int *layers, char *err, size_t errlen);
 
 /* Number of microbatches per optimizer step for data-parallel size dp. */
 int options_accum_steps(const run_options_t *o, int dp);

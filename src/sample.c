@@ -71,16 +71,12 @@ int sample_pick(float *logits, int V, double temperature, int top_k, double u)
     return best;
 }
 
-int sample_generate(model_t *m, const int32_t *prompt, int n_prompt, int n_new, double temperature,
-                    int top_k, uint64_t seed, int32_t *out)
+int sample_generate(sample_logits_fn logits_of, void *ctx, int V, int max_ctx, int quantum,
+                    const int32_t *prompt, int n_prompt, int n_new, double temperature, int top_k,
+                    uint64_t seed, int32_t *out)
 {
-    const int V = m->cfg.vocab_size;
-    /* sequence parallelism splits the window's rows over the TP ranks, so
-     * the window is padded to a multiple of the TP size; causal attention
-     * keeps the padding from changing the logits of the real tokens */
-    const int quantum = m->lay.sequence_parallel ? m->lay.part.tp_size : 1;
     float *logits = malloc((size_t)V * sizeof *logits);
-    int32_t *window = malloc((size_t)m->T * sizeof *window);
+    int32_t *window = malloc((size_t)max_ctx * sizeof *window);
     if (!logits || !window) {
         free(logits);
         free(window);
@@ -89,13 +85,14 @@ int sample_generate(model_t *m, const int32_t *prompt, int n_prompt, int n_new, 
     memcpy(out, prompt, (size_t)n_prompt * sizeof *out);
     int n = n_prompt;
     for (int i = 0; i < n_new; i++) {
-        int ctx = n < m->T ? n : m->T;
-        int padded = (ctx + quantum - 1) / quantum * quantum;
-        memcpy(window, out + (n - ctx), (size_t)ctx * sizeof *window);
-        for (int k = ctx; k < padded; k++)
+        int ctx_len = n < max_ctx ? n : max_ctx;
+        /* causal attention keeps the padding from changing the logits of
+         * the real tokens */
+        int padded = (ctx_len + quantum - 1) / quantum * quantum;
+        memcpy(window, out + (n - ctx_len), (size_t)ctx_len * sizeof *window);
+        for (int k = ctx_len; k < padded; k++)
             window[k] = 0;
-        model_forward(m, 0, window, NULL, 1, padded, 0.0f);
-        if (m->failed || model_logits_row(m, 0, ctx - 1, logits) != 0) {
+        if (logits_of(ctx, window, padded, ctx_len - 1, logits) != 0) {
             n = -1;
             break;
         }

@@ -4,14 +4,20 @@
 
 #include <stdint.h>
 
-#include "model.h"
+
+/* Logits [V] of row `row` of the forward of window[t] (host memory, on
+ * every rank that calls it). Returns 0 or -1. */
+typedef int (*sample_logits_fn)(void *ctx, const int32_t *window, int t, int row, float *logits);
 
 /* Appends n_new tokens to prompt[0..n_prompt) in out (out[0..n_prompt) is the
- * prompt). The context is the last m->T tokens. temperature 0 = greedy;
- * top_k 0 = the whole vocabulary. Deterministic for a given seed. Returns
- * the number of tokens in out, or -1 on allocation failure. */
-int sample_generate(model_t *m, const int32_t *prompt, int n_prompt, int n_new, double temperature,
-                    int top_k, uint64_t seed, int32_t *out);
+ * prompt). The context is the last max_ctx tokens, padded with token 0 to a
+ * multiple of quantum (sequence parallelism splits the window's rows).
+ * temperature 0 = greedy; top_k 0 = the whole vocabulary. Deterministic
+ * for a given seed, so every rank that runs it picks the same tokens.
+ * Returns the number of tokens in out, or -1 on failure. */
+int sample_generate(sample_logits_fn logits_of, void *ctx, int V, int max_ctx, int quantum,
+                    const int32_t *prompt, int n_prompt, int n_new, double temperature, int top_k,
+                    uint64_t seed, int32_t *out);
 
 /* Pick a token from logits[V] (modified in place). u is uniform in [0,1). */
 int sample_pick(float *logits, int V, double temperature, int top_k, double u);

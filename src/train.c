@@ -21,6 +21,8 @@
 #endif
 #include "flops.h"
 #include "mem.h"
+#include "h5store.h"
+#include "param_io.h"
 #include "metrics.h"
 #include "replica.h"
 #include "sample.h"
@@ -58,6 +60,26 @@ static void on_grads_ready(void *ctx, size_t ready_from)
         tr->ddp_failed = 1;
 }
 
+/* Output files are written at the end of the run: refuse at start a path
+ * whose directory cannot take them. Empty path: nothing to check. */
+static int check_writable_dir(const char *opt, const char *path, char *err, size_t errlen)
+{
+    if (!path[0])
+        return 0;
+    char dir[OPT_PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash)
+        *(slash == dir ? slash + 1 : slash) = '\0';
+    else
+        snprintf(dir, sizeof dir, ".");
+    if (access(dir, W_OK | X_OK) != 0) {
+        snprintf(err, errlen, "%s %s: cannot write into directory %s: %s", opt, path, dir, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
 int trainer_setup(trainer_t *tr, const run_options_t *o, const launch_env_t *env, grid_t *grid,
                   char *err, size_t errlen)
 {
@@ -88,11 +110,25 @@ int trainer_setup(trainer_t *tr, const run_options_t *o, const launch_env_t *env
             return -1;
         tr->has_val = 1;
     }
+    if (pipe_kind_parse(o->pp_schedule, &tr->pp_kind) != 0) {
+        snprintf(err, errlen, "--pp-schedule '%s': allowed 1f1b|gpipe", o->pp_schedule);
+        return -1;
+    }
+    int layers[4096];
+    if (options_stage_layers(o, tr->cfg.n_layer, grid->pp_size, layers, err, errlen) != 0)
+        return -1;
     model_layout_t lay = model_layout_single(&tr->cfg);
     lay.part.tp_size = grid->tp_size;
     lay.part.tp_rank = grid->tp_rank;
+    lay.part.layer_begin = 0;
+    for (int s = 0; s < grid->pp_rank; s++)
+        lay.part.layer_begin += layers[s];
+    lay.part.layer_end = lay.part.layer_begin + layers[grid->pp_rank];
+    lay.part.has_embed = grid->pp_rank == 0;
+    lay.part.has_head = grid->pp_rank == grid->pp_size - 1;
     lay.tp = grid->tp;
     lay.sequence_parallel = o->sequence_parallel;
+    lay.n_slots = pipe_slots(tr->pp_kind, grid->pp_size, grid->pp_rank, tr->accum);
     if (model_create(&tr->model, &tr->cfg, ops_cpu(), &lay, o->micro_batch, o->seq_len, err, errlen) != 0)
         return -1;
     if (model_init_params(&tr->model, (uint64_t)o->seed) != 0 ||
@@ -110,6 +146,12 @@ int trainer_setup(trainer_t *tr, const run_options_t *o, const launch_env_t *env
     for (int i = 0; i < t->n; i++)
         tr->tensor_start[i] = t->p[i].offset;
     tr->tensor_start[t->n] = t->numel;
+    /* GPT-2's tied embedding, when the first and last stage differ: the
+     * first stage's wte and the last stage's copy, summed over the
+     * embedding group */
+    tr->tied = -1;
+    if (tr->cfg.arch == ARCH_GPT2 && grid->pp_size > 1 && grid->embed)
+        tr->tied = param_table_find(t, "wte");
     ddp_mode_t mode;
     if (ddp_mode_parse(o->ddp_mode, &mode) != 0 ||
         ddp_create(&tr->ddp, mode, grid->dp, tr->model.grads, t->numel, tr->tensor_start, t->n,
@@ -126,20 +168,10 @@ int trainer_setup(trainer_t *tr, const run_options_t *o, const launch_env_t *env
     }
     tr->flops_token = flops_per_token(&tr->cfg, o->seq_len);
     tr->peak_gflops = o->peak_gflops > 0 ? o->peak_gflops : flops_measure_peak_gflops();
+    if (check_writable_dir("--trace", o->trace, err, errlen) != 0 ||
+        check_writable_dir("--save-params", o->save_params, err, errlen) != 0)
+        return -1;
     if (o->trace[0]) {
-        /* refuse at start what would fail after the whole run */
-        char dir[OPT_PATH_MAX];
-        snprintf(dir, sizeof dir, "%s", o->trace);
-        char *slash = strrchr(dir, '/');
-        if (slash)
-            *(slash == dir ? slash + 1 : slash) = '\0';
-        else
-            snprintf(dir, sizeof dir, ".");
-        if (access(dir, W_OK | X_OK) != 0) {
-            snprintf(err, errlen, "--trace %s: cannot write into directory %s: %s", o->trace, dir,
-                     strerror(errno));
-            return -1;
-        }
         char label[96];
         snprintf(label, sizeof label, "rank %d (tp %d pp %d dp %d)", grid->world_rank, grid->tp_rank,
                  grid->pp_rank, grid->dp_rank);
@@ -179,12 +211,28 @@ void trainer_banner(const trainer_t *tr, FILE *out)
         fprintf(out, "grid: %s\n", g->err);
     if (!rank0)
         return;
+    if (g->tp_size > 1)
+        fprintf(out, "tensor parallel: %d ranks, %d heads, %d KV heads, FFN %d and %d vocabulary rows (of %lld "
+                "padded) per rank%s\n", g->tp_size, c->n_head / g->tp_size, c->n_kv_head / g->tp_size,
+                c->d_ff / g->tp_size, tr->model.v_rows, (long long)param_padded_vocab(c->vocab_size, g->tp_size),
+                o->sequence_parallel ? ", sequence parallel" : "");
+    if (g->pp_size > 1) {
+        int layers[4096], l0 = 0;
+        char e[8];
+        if (options_stage_layers(o, c->n_layer, g->pp_size, layers, e, sizeof e) == 0) {
+            fprintf(out, "pipeline: %d stages, %s schedule over %d microbatches, layers", g->pp_size, o->pp_schedule,
+                    tr->accum);
+            for (int s = 0; s < g->pp_size; l0 += layers[s], s++)
+                fprintf(out, "%s %d-%d", s ? " |" : "", l0, l0 + layers[s] - 1);
+            fprintf(out, "\n");
+        }
+    }
     if (g->dp_size > 1)
         fprintf(out, "data parallel: %s all-reduce of %zu gradients over %d ranks, %d bucket%s\n", o->ddp_mode,
                 tr->model.table.numel, g->dp_size, tr->ddp.n_buckets, tr->ddp.n_buckets == 1 ? "" : "s");
     fprintf(out, "model %s (%s): L=%d C=%d heads=%d kv_heads=%d ffn=%d vocab=%d | %zu parameters\n", o->model,
             model_arch_name(c->arch), c->n_layer, c->d_model, c->n_head, c->n_kv_head, c->d_ff,
-            c->vocab_size, tr->model.table.logical_numel);
+            c->vocab_size, model_params_total(c));
     fprintf(out, "batch: micro %d x seq %d, %d microbatch%s per step x dp %d = %d tokens per step\n",
             o->micro_batch, o->seq_len, tr->accum, tr->accum == 1 ? "" : "es", tr->grid->dp_size,
             o->micro_batch * o->seq_len * tr->accum * tr->grid->dp_size);
@@ -212,23 +260,50 @@ void trainer_banner(const trainer_t *tr, FILE *out)
     fflush(out);
 }
 
+/* Pipeline tags of the forward-only passes (validation, sampling); the
+ * training schedule's messages are pipe_run's own. */
+#define TAG_EVAL 7001
+
+/* Forward-only pass of one microbatch through the pipeline, in slot 0:
+ * stage s receives from s-1, computes, sends to s+1. Returns the loss on
+ * the last stage (0 elsewhere); NAN on failure. Collective over PP (and TP). */
+static float pipeline_eval(trainer_t *tr, const int32_t *tok, const int32_t *tgt, int b, int t)
+{
+    model_t *m = &tr->model;
+    const grid_t *g = tr->grid;
+    const size_t n = model_stage_floats(m, b, t);
+    if (g->pp_rank > 0 && g->pp->ops->recv(g->pp, model_stage_input(m, 0), n, g->pp_rank - 1, TAG_EVAL) != 0)
+        return NAN;
+    float loss = model_forward(m, 0, tok, tgt, b, t, 0.0f);
+    if (m->failed)
+        return NAN;
+    if (g->pp_rank < g->pp_size - 1 &&
+        g->pp->ops->send(g->pp, model_stage_output(m, 0), n, g->pp_rank + 1, TAG_EVAL) != 0)
+        return NAN;
+    return loss;
+}
+
 double trainer_val_loss(trainer_t *tr)
 {
     const int B = tr->opt->micro_batch, T = tr->opt->seq_len;
     const grid_t *g = tr->grid;
     /* microbatch i is evaluated by DP rank i % dp; the per-microbatch means
-     * are summed in microbatch order after the gather, so the value does not
-     * depend on the layout beyond fp32 noise */
-    int nb = tr->opt->val_batches;
+     * (from the last stage; 0 on the others) are summed over PP, gathered
+     * over DP and added in microbatch order, so the value does not depend
+     * on the layout beyond fp32 noise */
+    int nb = tr->opt->val_batches, bad = 0;
     float *means = calloc((size_t)nb, sizeof *means);
     if (!means)
         return NAN;
     for (int i = g->dp_rank; i < nb; i += g->dp_size) {
         for (int b = 0; b < B; b++)
             data_sample(&tr->val, (uint64_t)i * B + b, tr->tok + (size_t)b * T, tr->tgt + (size_t)b * T);
-        means[i] = model_forward(&tr->model, 0, tr->tok, tr->tgt, B, T, 0.0f);
+        float v = pipeline_eval(tr, tr->tok, tr->tgt, B, T);
+        bad |= isnan(v);
+        means[i] = bad ? 0.0f : v;
     }
-    if (g->dp_size > 1 && g->dp->ops->allreduce(g->dp, means, (size_t)nb, COMM_SUM) != 0) {
+    if (bad || (g->pp_size > 1 && g->pp->ops->allreduce(g->pp, means, (size_t)nb, COMM_SUM) != 0) ||
+        (g->dp_size > 1 && g->dp->ops->allreduce(g->dp, means, (size_t)nb, COMM_SUM) != 0)) {
         free(means);
         return NAN;
     }
@@ -244,9 +319,10 @@ double trainer_grad_norm(trainer_t *tr)
     const model_t *m = &tr->model;
     const grid_t *g = tr->grid;
     /* Gradients are DP-averaged, so identical on every replica: the sum
-     * runs over the TP group only. Each logical parameter counts once: a
+     * runs over the TP and PP groups only. Each logical parameter counts once: a
      * TP-split tensor's slices on every rank, a replicated one (norms,
-     * row-parallel biases, wpe) on TP rank 0 only. The fixed-order sum in
+     * row-parallel biases, wpe) on TP rank 0 only, GPT-2's tied head copy on
+     * the last stage never. The fixed-order sum in
      * double gives the same value on every rank. */
     double local = 0.0;
     for (int i = 0; i < m->table.n; i++) {
@@ -255,10 +331,11 @@ double trainer_grad_norm(trainer_t *tr)
             continue;
         local += m->ops->sumsq(m->grads + d->offset, d->numel);
     }
-    if (g->tp_size > 1) {
+    if (g->tp_size > 1 || g->pp_size > 1) {
         /* the communicator carries fp32: ~1e-7 relative, ample for clipping */
         float part = (float)local;
-        if (g->tp->ops->allreduce(g->tp, &part, 1, COMM_SUM) != 0)
+        if ((g->tp_size > 1 && g->tp->ops->allreduce(g->tp, &part, 1, COMM_SUM) != 0) ||
+            (g->pp_size > 1 && g->pp->ops->allreduce(g->pp, &part, 1, COMM_SUM) != 0))
             return NAN;
         local = part;
     }
@@ -281,7 +358,25 @@ int trainer_check_replicas(trainer_t *tr, int step, char *err, size_t errlen)
     return 0;
 }
 
-/* Collective over the TP group: every rank generates (the TP ranks
+/* sample_generate's model: the window through the pipeline, the last
+ * stage's logits row gathered over TP and broadcast over PP, so every rank
+ * holds it and picks the same token. */
+static int sample_logits(void *ctx, const int32_t *window, int t, int row, float *logits)
+{
+    trainer_t *tr = ctx;
+    model_t *m = &tr->model;
+    const grid_t *g = tr->grid;
+    if (isnan(pipeline_eval(tr, window, NULL, 1, t)))
+        return -1;
+    if (g->pp_rank == g->pp_size - 1 && model_logits_row(m, 0, row, logits) != 0)
+        return -1;
+    if (g->pp_size > 1 &&
+        g->pp->ops->broadcast(g->pp, logits, (size_t)tr->cfg.vocab_size, g->pp_size - 1) != 0)
+        return -1;
+    return 0;
+}
+
+/* Collective over the whole grid: every rank generates (TP and PP ranks
  * together, DP replicas redundantly), world rank 0 prints. */
 static int print_sample(trainer_t *tr, FILE *out)
 {
@@ -295,8 +390,9 @@ static int print_sample(trainer_t *tr, FILE *out)
         return -1;
     for (int i = 0; i < n_prompt; i++)
         seq[i] = byte_vocab && o->prompt[0] ? (unsigned char)o->prompt[i] : 0;
-    int n = sample_generate(&tr->model, seq, n_prompt, o->sample_tokens, o->temperature, o->top_k,
-                            (uint64_t)o->seed, seq);
+    const int quantum = o->sequence_parallel ? tr->grid->tp_size : 1;
+    int n = sample_generate(sample_logits, tr, tr->cfg.vocab_size, o->seq_len, quantum, seq, n_prompt,
+                            o->sample_tokens, o->temperature, o->top_k, (uint64_t)o->seed, seq);
     if (n < 0 || tr->env->world_rank != 0) {
         free(seq);
         return n < 0 ? -1 : 0;
@@ -314,6 +410,96 @@ static int print_sample(trainer_t *tr, FILE *out)
     }
     fflush(out);
     free(seq);
+    return 0;
+}
+
+/* ---- one step over the pipeline schedule ---------------------------------------------- */
+
+static int stage_forward(void *ctx, int micro, int slot)
+{
+    trainer_t *tr = ctx;
+    const run_options_t *o = tr->opt;
+    const grid_t *g = tr->grid;
+    model_t *m = &tr->model;
+    /* the first stage needs the tokens, the last the targets: the batch is
+     * a pure function of (step, micro, dp rank), so each stage draws it */
+    data_batch(&tr->train, tr->cur_step, micro, tr->accum, g->dp_rank, g->dp_size, o->micro_batch, tr->tok, tr->tgt);
+    m->trace_micro = micro;
+    float loss = model_forward(m, slot, tr->tok, tr->tgt, o->micro_batch, o->seq_len, 1.0f / (float)tr->accum);
+    if (m->failed) {
+        snprintf(tr->step_err, sizeof tr->step_err, "%s", m->err);
+        return -1;
+    }
+    tr->loss_sum += loss;
+    return 0;
+}
+
+static int stage_backward(void *ctx, int micro, int slot)
+{
+    trainer_t *tr = ctx;
+    model_t *m = &tr->model;
+    const int first = tr->bwd_done == 0, last = tr->bwd_done == tr->accum - 1;
+    /* only the step's last backward communicates gradients */
+    if (last) {
+        ddp_begin(&tr->ddp);
+        m->grads_ready = on_grads_ready;
+        m->grads_ready_ctx = tr;
+    }
+    m->trace_micro = micro;
+    int rc = model_backward(m, slot, !first, last);
+    m->grads_ready = NULL;
+    tr->bwd_done++;
+    if (rc != 0)
+        snprintf(tr->step_err, sizeof tr->step_err, "%s", m->err);
+    return rc;
+}
+
+static float *stage_input(void *ctx, int slot) { return model_stage_input(&((trainer_t *)ctx)->model, slot); }
+static float *stage_output(void *ctx, int slot) { return model_stage_output(&((trainer_t *)ctx)->model, slot); }
+static float *stage_grad(void *ctx) { return model_stage_grad(&((trainer_t *)ctx)->model); }
+
+/* Forward and backward of the step's microbatches (the pipeline schedule
+ * when pp > 1), then the gradient reductions: DP average, and the tied
+ * embedding's sum over the first and last stage. Returns 0 or -1. */
+static int step_gradients(trainer_t *tr, int step, double *bubble_s, char *err, size_t errlen)
+{
+    model_t *m = &tr->model;
+    const grid_t *g = tr->grid;
+    tr->cur_step = step;
+    tr->bwd_done = 0;
+    tr->loss_sum = 0.0;
+    tr->step_err[0] = '\0';
+    *bubble_s = 0.0;
+    if (g->pp_size == 1) {
+        for (int micro = 0; micro < tr->accum; micro++)
+            if (stage_forward(tr, micro, 0) != 0 || stage_backward(tr, micro, 0) != 0) {
+                snprintf(err, errlen, "step %d: %s", step + 1, tr->step_err);
+                return -1;
+            }
+    } else {
+        const pipe_stage_ops_t ops = {.forward = stage_forward, .backward = stage_backward, .input = stage_input,
+                                      .output = stage_output, .grad = stage_grad,
+                                      .n = model_stage_floats(m, tr->opt->micro_batch, tr->opt->seq_len)};
+        pipe_stats_t st = {0};
+        if (pipe_run(g->pp, tr->pp_kind, tr->accum, &ops, tr, &st) != 0) {
+            snprintf(err, errlen, "step %d: pipeline: %s", step + 1, tr->step_err[0] ? tr->step_err : g->pp->err);
+            return -1;
+        }
+        *bubble_s = st.wait_s;
+    }
+    if (tr->ddp_failed || ddp_finish(&tr->ddp) != 0) {
+        snprintf(err, errlen, "step %d: gradient all-reduce failed: %s", step + 1, g->dp->err);
+        return -1;
+    }
+    if (tr->tied >= 0) {
+        const param_desc_t *d = &m->table.p[tr->tied];
+        double t0 = now_s();
+        if (g->embed->ops->allreduce(g->embed, m->grads + d->offset, d->numel, COMM_SUM) != 0) {
+            snprintf(err, errlen, "step %d: tied embedding all-reduce failed: %s", step + 1, g->embed->err);
+            return -1;
+        }
+        tr->embed_comm_s = now_s() - t0;
+    }
     return 0;
 }
 
@@ -338,33 +524,17 @@ int trainer_run(trainer_t *tr, char *err, size_t errlen)
     }
     for (int step = 0; step < o->steps; step++) {
         double t0 = now_s();
-        double lr = lr_at(&tr->sched, step), loss_sum = 0.0;
-        for (int micro = 0; micro < tr->accum; micro++) {
-            const int last = micro == tr->accum - 1;
-            m->trace_micro = micro;
-            data_batch(&tr->train, step, micro, tr->accum, g->dp_rank, g->dp_size, B, tr->tok, tr->tgt);
-            loss_sum += model_forward(m, 0, tr->tok, tr->tgt, B, T, 1.0f / (float)tr->accum);
-            /* only the last microbatch's backward communicates */
-            if (last) {
-                ddp_begin(&tr->ddp);
-                m->grads_ready = on_grads_ready;
-                m->grads_ready_ctx = tr;
-            }
-            int bad = model_backward(m, 0, micro > 0, last) != 0;
-            m->grads_ready = NULL;
-            if (bad) {
-                snprintf(err, errlen, "step %d: %s", step + 1, m->err);
-                return -1;
-            }
-        }
-        if (tr->ddp_failed || ddp_finish(&tr->ddp) != 0) {
-            snprintf(err, errlen, "step %d: gradient all-reduce failed: %s", step + 1, g->dp->err);
+        double lr = lr_at(&tr->sched, step), bubble = 0.0;
+        m->tp_comm_s = 0.0;
+        tr->embed_comm_s = 0.0;
+        if (step_gradients(tr, step, &bubble, err, errlen) != 0)
             return -1;
-        }
-        /* the step's loss is the mean over the global batch */
-        float lf = (float)(loss_sum / tr->accum);
-        if (g->dp_size > 1 && g->dp->ops->allreduce(g->dp, &lf, 1, COMM_SUM) != 0) {
-            snprintf(err, errlen, "step %d: loss all-reduce failed: %s", step + 1, g->dp->err);
+        /* the step's loss is the mean over the global batch: the last
+         * stage's microbatch means, summed over PP (others add 0) and DP */
+        float lf = g->pp_rank == g->pp_size - 1 ? (float)(tr->loss_sum / tr->accum) : 0.0f;
+        if ((g->pp_size > 1 && g->pp->ops->allreduce(g->pp, &lf, 1, COMM_SUM) != 0) ||
+            (g->dp_size > 1 && g->dp->ops->allreduce(g->dp, &lf, 1, COMM_SUM) != 0)) {
+            snprintf(err, errlen, "step %d: loss all-reduce failed", step + 1);
             return -1;
         }
         loss = (double)lf / g->dp_size;
@@ -381,21 +551,25 @@ int trainer_run(trainer_t *tr, char *err, size_t errlen)
 
         step_record_t r = {.step = step + 1, .steps = o->steps, .loss = loss, .val_loss = NAN, .lr = lr,
                            .grad_norm = norm, .ms = 1e3 * dt, .tokens_per_s = tokens_step / dt};
-        /* compute and exposed communication, max and mean over ranks: a
-         * straggler or a slow link shows as max well above mean */
-        float t[4] = {(float)(dt - tr->ddp.comm_wait_s), (float)tr->ddp.comm_wait_s}, tmax[2];
-        t[2] = t[0];
-        t[3] = t[1];
+        /* compute, exposed communication (blocked in the DP wait, TP
+         * collectives, the tied-embedding sum) and the pipeline bubble
+         * (blocked waiting for a neighbour stage), max and mean over ranks:
+         * a straggler or a slow link shows as max well above mean */
+        double comm = tr->ddp.comm_wait_s + m->tp_comm_s + tr->embed_comm_s;
+        float t[6] = {(float)(dt - comm - bubble), (float)comm, (float)(bubble / dt)}, tmax[3];
         memcpy(tmax, t, sizeof tmax);
-        if (g->world_size > 1 && (g->world->ops->allreduce(g->world, tmax, 2, COMM_MAX) != 0 ||
-                                  g->world->ops->allreduce(g->world, t + 2, 2, COMM_SUM) != 0)) {
+        memcpy(t + 3, t, sizeof tmax);
+        if (g->world_size > 1 && (g->world->ops->allreduce(g->world, tmax, 3, COMM_MAX) != 0 ||
+                                  g->world->ops->allreduce(g->world, t + 3, 3, COMM_SUM) != 0)) {
             snprintf(err, errlen, "step %d: timing all-reduce failed: %s", step + 1, g->world->err);
             return -1;
         }
         r.compute_ms_max = 1e3 * tmax[0];
         r.comm_ms = 1e3 * tmax[1];
-        r.compute_ms_mean = 1e3 * t[2] / g->world_size;
-        r.comm_ms_mean = 1e3 * t[3] / g->world_size;
+        r.bubble_max = tmax[2];
+        r.compute_ms_mean = 1e3 * t[3] / g->world_size;
+        r.comm_ms_mean = 1e3 * t[4] / g->world_size;
+        r.bubble_mean = t[5] / g->world_size;
         r.mfu = tr->peak_gflops > 0 ? tr->flops_token * r.tokens_per_s * 1e-9 / (tr->peak_gflops * g->world_size) : 0.0;
         if (o->check_replicas > 0 && (step + 1) % o->check_replicas == 0 &&
             trainer_check_replicas(tr, step + 1, err, errlen) != 0)
@@ -414,6 +588,24 @@ int trainer_run(trainer_t *tr, char *err, size_t errlen)
         double total = now_s() - t_run;
         printf("done: %d steps in %.1f s, final loss %.6f, %.0f tok/s average\n", o->steps, total, loss,
                tokens_step * o->steps / total);
+    }
+    if (o->save_params[0]) {
+        float *host = malloc(m->table.numel * sizeof *host + 1);
+        const int layout[3] = {g->tp_size, g->pp_size, g->dp_size};
+        int rc = host ? 0 : -1;
+        if (host)
+            m->ops->to_host(host, m->params, m->table.numel * sizeof *host);
+        else
+            snprintf(err, errlen, "--save-params: out of memory");
+        rc = h5store_agree(MPI_COMM_WORLD, rc, err, errlen);
+        if (rc == 0)
+            rc = param_io_save(o->save_params, &tr->cfg, &m->table, host, g->dp_rank == 0, g->tp_rank, layout,
+                               o->steps, err, errlen);
+        free(host);
+        if (rc != 0)
+            return -1;
+        if (rank0)
+            printf("parameters written to %s\n", o->save_params);
     }
     if (o->sample_tokens > 0 && print_sample(tr, stdout) != 0) {
         snprintf(err, errlen, "sampling failed: %s", m->failed ? m->err : "out of memory");

@@ -11,6 +11,7 @@
 #include "model.h"
 #include "optim.h"
 #include "options.h"
+#include "pipeline.h"
 
 typedef struct trainer {
     const run_options_t *opt;
@@ -26,6 +27,13 @@ typedef struct trainer {
     data_loader_t train, val;
     int has_val;
     int accum;          /* microbatches per optimizer step */
+    pipe_kind_t pp_kind;
+    int tied;           /* table index of the tied wte (GPT-2, pp > 1, first/last stage), else -1 */
+    /* the step in progress, for the pipeline's forward/backward callbacks */
+    int cur_step, bwd_done;
+    double loss_sum;
+    double embed_comm_s; /* this step's tied-embedding all-reduce */
+    char step_err[512];
     int threads;
     double flops_token; /* model FLOPs per token */
     double peak_gflops; /* per rank */

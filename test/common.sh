@@ -64,13 +64,19 @@ layout_run() {
     shift 2
     "$MPIEXEC" --quiet -np "$np" "$DTRAIN" $(tiny_args) --threads 1 --steps 20 --warmup 5 --micro-batch 2 \
         --global-batch 8 --seq-len 64 --val-every 20 --val-batches 4 --sample-tokens 0 --check-replicas 5 \
-        --metrics "$out" "$@" >"$out.log" 2>&1 || { fail "np $np $*: exit status $? $(tail -n 3 "$out.log")"; return 1; }
+        --metrics "$out" --save-params "$out.h5" "$@" >"$out.log" 2>&1 ||
+        { fail "np $np $*: exit status $? $(tail -n 3 "$out.log")"; return 1; }
 }
 
 # layout_compare REF OUT LABEL: every step's loss and the final validation
 # loss within 1e-5 relative, the gradient norm within 1e-4 (a loss spike
-# amplifies fp32 reduction-order noise in the norm about 100-fold)
+# amplifies fp32 reduction-order noise in the norm about 100-fold), and the
+# final parameters (--save-params) within 1e-4 relative, worst tensor
+# (||a-b|| / ||a||; a max-element measure would be ruled by the few weights
+# whose gradient is near zero, where AdamW's update direction is noise)
 layout_compare() {
+    ref=$1
+    out=$2
     worst=$(awk -v ref="$1" -v out="$2" '
         function val(line, key,   m) { if (match(line, "\"" key "\": [-0-9.e+]+")) return substr(line, RSTART + length(key) + 4, RLENGTH - length(key) - 4) + 0; return "" }
         BEGIN { nk = split("loss val_loss grad_norm", keys, " ")
@@ -90,10 +96,22 @@ layout_compare() {
     else
         fail "$1: worst relative difference: losses $2, norms ${3:-}, over ${4:-0} values"
     fi
+    label=$1
+    if params=$(/usr/bin/python3 "$top_srcdir/test/compare_params.py" "$ref.h5" "$out.h5" 1e-4 2>&1); then
+        pass "$label: final parameters: $params (< 1e-4)"
+    else
+        fail "$label: final parameters: $params"
+    fi
 }
 
 # layout_twice FIRST SECOND LABEL: two runs of one layout, bit-identical
+# losses and parameters
 layout_twice() {
     strip_timing "$1" >"$TMP/twice.a" && strip_timing "$2" >"$TMP/twice.b" &&
-        if cmp -s "$TMP/twice.a" "$TMP/twice.b"; then pass "$3 twice: bit-identical"; else fail "$3 twice differ"; fi
+        if cmp -s "$TMP/twice.a" "$TMP/twice.b" &&
+            /usr/bin/python3 "$top_srcdir/test/compare_params.py" "$1.h5" "$2.h5" 0 >/dev/null; then
+            pass "$3 twice: bit-identical losses and parameters"
+        else
+            fail "$3 twice differ"
+        fi
 }

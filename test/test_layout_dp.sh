@@ -26,5 +26,5 @@ done
 expect_exit2 "multiple of --micro-batch 2 x dp 2" \
     "$MPIEXEC" --quiet -np 2 "$DTRAIN" $(tiny_args) --micro-batch 2 --global-batch 6
 expect_exit2 "world size is 3" "$MPIEXEC" --quiet -np 3 "$DTRAIN" $(tiny_args) --dp 2
-expect_exit2 "not implemented" "$MPIEXEC" --quiet -np 2 "$DTRAIN" $(tiny_args) --pp 2
+
 finish
