@@ -9,7 +9,7 @@
  * to the next collective call after another rank failed. Reads are
  * independent transfers with independent metadata reads, so ranks may read
  * different tensors in any order. */
-#define _GNU_SOURCE /* O_DIRECTORY */
+#define _GNU_SOURCE /* O_DIRECTORY, fallocate */
 #include "h5store.h"
 
 #include <hdf5.h>
@@ -22,6 +22,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "crc32c.h"
@@ -710,11 +712,78 @@ static int temp_paths(const char *path, char *tmp, char *dir, size_t n, char *er
     return 0;
 }
 
-/* Rank 0 only: make the closed temporary file durable under its final
- * name. fsync the data, rename, fsync the directory entry. */
-static int publish(const char *tmp, const char *path, const char *dir, char *err, size_t errlen)
+/* Bytes a file of these tensors can take: the data, plus HDF5's metadata
+ * (measured at about 2.7 KiB per chunked dataset with its checksum
+ * attribute; three times that is reserved) and the root attributes. */
+static off_t file_bytes_bound(const h5store_tensor_t *t, int nt, int nrec)
 {
-    int fd = open(tmp, O_RDONLY);
+    off_t b = (off_t)1 << 20;
+    for (int i = 0; i < nt; i++)
+        b += (off_t)t[i].shape[0] * t[i].shape[1] * (off_t)sizeof(float) + 8192;
+    return b + (off_t)nrec * 64;
+}
+
+/* Rank 0, right after the file is created: reserve its blocks before any
+ * data is written. A write that fails for lack of space on one rank but not
+ * another leaves HDF5's collective metadata cache in different states on
+ * different ranks, and the collective H5Fclose that follows then never
+ * returns; reserving the space up front turns a full disk into an error
+ * that every rank sees before the first collective write. Where the file
+ * system cannot reserve (no fallocate), the free space is checked instead. */
+static int reserve_space(const char *tmp, off_t bytes, char *err, size_t errlen)
+{
+    const double mib = (double)bytes / (1 << 20);
+#ifdef FALLOC_FL_KEEP_SIZE
+    int fd = open(tmp, O_WRONLY);
+    if (fd < 0) {
+        seterr(err, errlen, "cannot open %s to reserve space: %s", tmp, strerror(errno));
+        return -1;
+    }
+    /* KEEP_SIZE: the file's length stays HDF5's business */
+    int rc = fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, bytes);
+    int e = errno;
+    if (close(fd) != 0 && rc == 0) {
+        seterr(err, errlen, "cannot close %s: %s", tmp, strerror(errno));
+        return -1;
+    }
+    if (rc == 0)
+        return 0;
+    if (e != EOPNOTSUPP && e != ENOSYS) {
+        seterr(err, errlen, "cannot reserve %.1f MiB for %s: %s", mib, tmp, strerror(e));
+        return -1;
+    }
+#endif
+    struct statvfs fs;
+    if (statvfs(tmp, &fs) != 0) {
+        seterr(err, errlen, "cannot query free space for %s: %s", tmp, strerror(errno));
+        return -1;
+    }
+    if ((double)fs.f_bavail * (double)fs.f_frsize < (double)bytes) {
+        seterr(err, errlen, "cannot write %s: %s (needs up to %.1f MiB, %.1f MiB free)", tmp, strerror(ENOSPC), mib,
+               (double)fs.f_bavail * (double)fs.f_frsize / (1 << 20));
+        return -1;
+    }
+    return 0;
+}
+
+/* Rank 0 only: make the closed temporary file durable under its final
+ * name. Release the part of the reservation past the file's end, fsync
+ * the data, rename, fsync the directory entry. */
+static int publish(const char *tmp, const char *path, const char *dir, off_t reserved, char *err, size_t errlen)
+{
+    int fd = open(tmp, O_RDWR);
+#ifdef FALLOC_FL_PUNCH_HOLE
+    struct stat st;
+    if (fd >= 0 && fstat(fd, &st) == 0 && st.st_size < reserved &&
+        fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, st.st_size, reserved - st.st_size) != 0 &&
+        errno != EOPNOTSUPP && errno != ENOSYS) {
+        seterr(err, errlen, "cannot release unused space of %s: %s", tmp, strerror(errno));
+        close(fd);
+        return -1;
+    }
+#else
+    (void)reserved;
+#endif
     if (fd < 0 || fsync(fd) != 0) {
         seterr(err, errlen, "cannot fsync %s: %s", tmp, strerror(errno));
         if (fd >= 0)
@@ -865,6 +934,12 @@ int h5store_write(const char *path, MPI_Comm comm, const h5store_tensor_t *t, in
             rc = -1;
         }
     }
+    if (h5store_agree(comm, rc, msg, sizeof msg))
+        goto fail;
+    const off_t reserved = file_bytes_bound(t, nt, nrec);
+    rc = rank == 0 ? reserve_space(tmp, reserved, msg, sizeof msg) : 0;
+    if (h5store_agree(comm, rc, msg, sizeof msg))
+        goto fail;
     if (rc == 0 && ((dxpl = H5Pcreate(H5P_DATASET_XFER)) < 0 ||
                     H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE) < 0)) {
         h5err(msg, sizeof msg, "cannot set up collective transfers");
@@ -910,7 +985,7 @@ int h5store_write(const char *path, MPI_Comm comm, const h5store_tensor_t *t, in
     file = H5I_INVALID_HID;
     if (h5store_agree(comm, rc, msg, sizeof msg))
         goto fail;
-    rc = rank == 0 ? publish(tmp, path, dir, msg, sizeof msg) : 0;
+    rc = rank == 0 ? publish(tmp, path, dir, reserved, msg, sizeof msg) : 0;
     if (h5store_agree(comm, rc, msg, sizeof msg))
         goto fail;
 

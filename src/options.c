@@ -76,6 +76,11 @@ static const opt_def_t opt_defs[] = {
     {"val-every", OPT_INT, F(val_every), 0, "100", 0, INT_MAX, NULL, "validate every N steps and at the end (0 = never)"},
     {"val-batches", OPT_INT, F(val_batches), 0, "16", 1, INT_MAX, NULL, "microbatches of validation data per evaluation"},
     {"metrics", OPT_STR, F(metrics), S(metrics), "", 0, 0, NULL, "write one JSON object per step to FILE"},
+    {"ckpt-dir", OPT_STR, F(ckpt_dir), S(ckpt_dir), "", 0, 0, NULL, "write checkpoints (HDF5, any layout loads them) into DIR, created if missing"},
+    {"ckpt-every", OPT_INT, F(ckpt_every), 0, "0", 0, INT_MAX, NULL, "checkpoint every N steps (0 = only at the end); needs --ckpt-dir"},
+    {"keep", OPT_INT, F(keep), 0, "0", 0, INT_MAX, NULL, "keep the newest N checkpoints in --ckpt-dir, removing older ones once a new one is complete (0 = all)"},
+    {"stop-at-step", OPT_INT, F(stop_at_step), 0, "0", 0, INT_MAX, NULL, "end this job after step N (checkpointed with --ckpt-dir) and leave the rest of --steps to a resumed run (0 = run to --steps)"},
+    {"resume", OPT_STR, F(resume), S(resume), "", 0, 0, NULL, "continue from a checkpoint: auto (the newest complete one in --ckpt-dir, or a fresh start) or FILE"},
     {"save-params", OPT_STR, F(save_params), S(save_params), "", 0, 0, NULL, "at the end, write the trained parameters as logical tensors to FILE (HDF5, any layout reads it)"},
     {"trace", OPT_STR, F(trace), S(trace), "", 0, 0, NULL, "write a Chrome/Perfetto trace of every rank (layer and communication spans) to FILE"},
     {"sample-tokens", OPT_INT, F(sample_tokens), 0, "256", 0, 1 << 20, NULL, "tokens to generate at the end (0 = no sample)"},
@@ -218,6 +223,27 @@ static int load_config_file(run_options_t *o, const char *path, char *err, size_
     return rc;
 }
 
+/* What --help shows after an option's name. */
+static const char *metavar(const opt_def_t *d)
+{
+    static const char *const files[] = {"config", "metrics", "trace", "save-params", "resume", NULL};
+    switch (d->kind) {
+    case OPT_FLAG:
+        return "";
+    case OPT_REAL:
+        return "X";
+    case OPT_INT:
+    case OPT_LLONG:
+        return "N";
+    case OPT_STR:
+    default:
+        for (const char *const *f = files; *f; f++)
+            if (strcmp(d->name, *f) == 0)
+                return "FILE";
+        return strcmp(d->name, "ckpt-dir") == 0 ? "DIR" : "STR";
+    }
+}
+
 static void print_help(FILE *out)
 {
     fprintf(out,
@@ -227,11 +253,7 @@ static void print_help(FILE *out)
     for (int i = 0; i < N_OPTS; i++) {
         const opt_def_t *d = &opt_defs[i];
         char lhs[64];
-        snprintf(lhs, sizeof lhs, "--%s%s%s", d->name, d->kind == OPT_FLAG ? "" : " ",
-                 d->kind == OPT_FLAG ? "" : d->kind == OPT_STR ? (strcmp(d->name, "config") == 0 || strcmp(d->name, "metrics") == 0 ||
-                                           strcmp(d->name, "trace") == 0 || strcmp(d->name, "save-params") == 0
-                                           ? "FILE" : "STR")
-                                    : d->kind == OPT_REAL ? "X" : "N");
+        snprintf(lhs, sizeof lhs, "--%s%s%s", d->name, d->kind == OPT_FLAG ? "" : " ", metavar(d));
         fprintf(out, "  %-24s %s [%s]\n", lhs, d->help, d->def);
     }
     fprintf(out, "  %-24s %s\n  %-24s %s\n", "--help", "print this help and exit", "--version",
@@ -262,6 +284,14 @@ static int check_consistency(const run_options_t *o, char *err, size_t errlen)
     }
     if (!o->data[0]) {
         snprintf(err, errlen, "--data: a token shard path or glob is required");
+        return -1;
+    }
+    if (o->ckpt_every > 0 && !o->ckpt_dir[0]) {
+        snprintf(err, errlen, "--ckpt-every %d needs --ckpt-dir DIR", o->ckpt_every);
+        return -1;
+    }
+    if (strcmp(o->resume, "auto") == 0 && !o->ckpt_dir[0]) {
+        snprintf(err, errlen, "--resume auto looks in --ckpt-dir: give --ckpt-dir DIR (or --resume FILE)");
         return -1;
     }
     if (o->val_every > 0 && !o->val_data[0]) {

@@ -37,6 +37,8 @@ typedef struct run_options {
     char metrics[OPT_PATH_MAX];
     char trace[OPT_PATH_MAX];
     char save_params[OPT_PATH_MAX];
+    char ckpt_dir[OPT_PATH_MAX], resume[OPT_PATH_MAX];
+    int ckpt_every, keep, stop_at_step;
     int sample_tokens, top_k;
     double temperature;
     char prompt[512];

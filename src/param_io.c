@@ -1,102 +1,187 @@
 #include "param_io.h"
 
+#include <math.h>
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "h5store.h"
+int param_io_model_attrs(const model_config_t *cfg, h5store_attr_t *out)
+{
+    int n = 0;
+    out[n++] = (h5store_attr_t){.key = "arch", .type = H5STORE_STR, .s = model_arch_name(cfg->arch)};
+    out[n++] = (h5store_attr_t){.key = "vocab_size", .type = H5STORE_INT, .i = cfg->vocab_size};
+    out[n++] = (h5store_attr_t){.key = "n_layer", .type = H5STORE_INT, .i = cfg->n_layer};
+    out[n++] = (h5store_attr_t){.key = "n_head", .type = H5STORE_INT, .i = cfg->n_head};
+    out[n++] = (h5store_attr_t){.key = "n_kv_head", .type = H5STORE_INT, .i = cfg->n_kv_head};
+    out[n++] = (h5store_attr_t){.key = "d_model", .type = H5STORE_INT, .i = cfg->d_model};
+    out[n++] = (h5store_attr_t){.key = "d_ff", .type = H5STORE_INT, .i = cfg->d_ff};
+    out[n++] = (h5store_attr_t){.key = "max_seq", .type = H5STORE_INT, .i = cfg->max_seq};
+    out[n++] = (h5store_attr_t){.key = "norm_eps", .type = H5STORE_DOUBLE, .d = cfg->norm_eps};
+    out[n++] = (h5store_attr_t){.key = "rope_theta", .type = H5STORE_DOUBLE, .d = cfg->rope_theta};
+    return n;
+}
 
-#ifdef HAVE_CONFIG_H
-#include "config.h"
-#endif
+int param_io_check_model(h5store_t *h, const model_config_t *cfg, const char *path, char *err, size_t errlen)
+{
+    h5store_attr_t want[PARAM_IO_MODEL_ATTRS];
+    const int n = param_io_model_attrs(cfg, want);
+    for (int i = 0; i < n; i++) {
+        const h5store_attr_t *a = &want[i];
+        if (a->type == H5STORE_STR) {
+            char got[64];
+            if (h5store_get_str(h, a->key, got, sizeof got, err, errlen) != 0)
+                return -1;
+            if (strcmp(got, a->s) != 0) {
+                snprintf(err, errlen, "%s holds a model with %s %s, this run's model has %s %s (same --model "
+                         "and shape options as the run that wrote it?)", path, a->key, got, a->key, a->s);
+                return -1;
+            }
+        } else if (a->type == H5STORE_INT) {
+            int64_t got;
+            if (h5store_get_int(h, a->key, &got, err, errlen) != 0)
+                return -1;
+            if (got != a->i) {
+                snprintf(err, errlen, "%s holds a model with %s %lld, this run's model has %s %lld (same --model "
+                         "and shape options as the run that wrote it?)", path, a->key, (long long)got, a->key,
+                         (long long)a->i);
+                return -1;
+            }
+        } else {
+            double got;
+            if (h5store_get_double(h, a->key, &got, err, errlen) != 0)
+                return -1;
+            if ((float)got != (float)a->d) {
+                snprintf(err, errlen, "%s holds a model with %s %g, this run's model has %s %g", path, a->key,
+                         got, a->key, a->d);
+                return -1;
+            }
+        }
+    }
+    return 0;
+}
 
-/* Every logical tensor of the model, as the store names them: the table of
- * the whole model on one rank, so the list is the same on every rank. */
-static int logical_tensors(const model_config_t *cfg, h5store_tensor_t **out, int *n, char *err, size_t errlen)
+/* Every logical tensor of the model, for each group: the table of the whole
+ * model on one rank, so the list is the same on every rank. Chunks are the
+ * TP slices of the writing layout (vocabulary slices include padding rows'
+ * worth, so every chunk has one shape). */
+static int logical_tensors(const model_config_t *cfg, const param_io_group_t *groups, int n_groups, int tp_size,
+                           h5store_tensor_t **out, int *n_out, char *err, size_t errlen)
 {
     param_table_t whole;
     if (param_table_build(&whole, cfg, NULL, err, errlen) != 0)
         return -1;
-    h5store_tensor_t *t = calloc((size_t)whole.n, sizeof *t);
+    h5store_tensor_t *t = calloc((size_t)whole.n * (size_t)n_groups, sizeof *t);
     if (!t) {
         param_table_free(&whole);
         snprintf(err, errlen, "out of memory");
         return -1;
     }
-    for (int i = 0; i < whole.n; i++) {
-        const param_desc_t *d = &whole.p[i];
-        snprintf(t[i].name, sizeof t[i].name, "params/%s", d->name);
-        t[i].ndim = d->ndim;
-        t[i].shape[0] = d->shape[0];
-        t[i].shape[1] = d->shape[1];
-    }
+    const int64_t vrows = param_padded_vocab(cfg->vocab_size, tp_size) / tp_size;
+    for (int g = 0; g < n_groups; g++)
+        for (int i = 0; i < whole.n; i++) {
+            const param_desc_t *d = &whole.p[i];
+            h5store_tensor_t *x = &t[g * whole.n + i];
+            snprintf(x->name, sizeof x->name, "%s/%s", groups[g].prefix, d->name);
+            x->ndim = d->ndim;
+            x->shape[0] = d->shape[0];
+            x->shape[1] = d->shape[1];
+            x->chunk[0] = d->shape[0];
+            x->chunk[1] = d->shape[1];
+            if (d->tp_split == TP_SPLIT_ROWS)
+                x->chunk[0] = d->shape[0] / tp_size;
+            else if (d->tp_split == TP_SPLIT_COLS)
+                x->chunk[1] = d->shape[1] / tp_size;
+            else if (d->tp_split == TP_SPLIT_VOCAB)
+                x->chunk[0] = vrows < d->shape[0] ? vrows : d->shape[0];
+        }
     *out = t;
-    *n = whole.n;
+    *n_out = whole.n * n_groups;
     param_table_free(&whole);
     return 0;
 }
 
-static int tensor_index(const h5store_tensor_t *t, int n, const char *name)
+static int tensor_index(const h5store_tensor_t *t, int n, const char *prefix, const char *name)
 {
     char full[H5STORE_NAME_MAX];
-    snprintf(full, sizeof full, "params/%s", name);
+    snprintf(full, sizeof full, "%s/%s", prefix, name);
     for (int i = 0; i < n; i++)
         if (strcmp(t[i].name, full) == 0)
             return i;
     return -1;
 }
 
-int param_io_save(const char *path, const model_config_t *cfg, const param_table_t *t, const float *host,
-                  int writer, int tp_rank, const int layout[3], int step, char *err, size_t errlen)
+/* This rank's shards: all = every tensor of the table (reading), else only
+ * those it writes. */
+static int table_shards(const param_table_t *t, const param_io_group_t *groups, int n_groups,
+                        const h5store_tensor_t *tensors, int nt, int all, int tp_rank, h5store_shard_t *shards,
+                        int *ns, char *err, size_t errlen)
+{
+    int n = 0;
+    for (int g = 0; g < n_groups; g++)
+        for (int i = 0; i < t->n; i++) {
+            const param_desc_t *d = &t->p[i];
+            if (d->count[0] == 0)
+                continue;
+            if (!all && (d->tied_copy || (d->tp_split == TP_SPLIT_NONE && tp_rank != 0)))
+                continue;
+            int k = tensor_index(tensors, nt, groups[g].prefix, d->name);
+            if (k < 0) {
+                snprintf(err, errlen, "internal error: tensor %s is not in the model's table", d->name);
+                return -1;
+            }
+            /* the real rows come first in the buffer, padding rows after */
+            shards[n++] = (h5store_shard_t){.tensor = k, .start = {d->start[0], d->start[1]},
+                                            .count = {d->count[0], d->count[1]},
+                                            .buf = groups[g].buf + d->offset};
+        }
+    *ns = n;
+    return 0;
+}
+
+int param_io_write(const char *path, const model_config_t *cfg, const param_table_t *t,
+                   const param_io_group_t *groups, int n_groups, int writer, int tp_size, int tp_rank,
+                   const h5store_attr_t *attrs, int n_attrs, char *err, size_t errlen)
 {
     h5store_tensor_t *tensors = NULL;
-    h5store_shard_t *shards = calloc((size_t)t->n + 1, sizeof *shards);
+    h5store_shard_t *shards = calloc((size_t)t->n * (size_t)n_groups + 1, sizeof *shards);
     int nt = 0, ns = 0, rc = 0;
     if (!shards) {
         snprintf(err, errlen, "out of memory");
         rc = -1;
     }
     if (rc == 0)
-        rc = logical_tensors(cfg, &tensors, &nt, err, errlen);
-    for (int i = 0; rc == 0 && writer && i < t->n; i++) {
-        const param_desc_t *d = &t->p[i];
-        /* replicated over TP: TP rank 0 writes it; the tied copy: never */
-        if (d->tied_copy || (d->tp_split == TP_SPLIT_NONE && tp_rank != 0) || d->count[0] == 0)
-            continue;
-        int k = tensor_index(tensors, nt, d->name);
-        if (k < 0) {
-            snprintf(err, errlen, "internal error: tensor %s is not in the model's table", d->name);
-            rc = -1;
-            break;
-        }
-        /* the real rows come first in the buffer, padding rows after */
-        shards[ns++] = (h5store_shard_t){.tensor = k, .start = {d->start[0], d->start[1]},
-                                         .count = {d->count[0], d->count[1]}, .buf = (float *)host + d->offset};
-    }
-    char layout_s[64];
-    snprintf(layout_s, sizeof layout_s, "tp %d pp %d dp %d", layout[0], layout[1], layout[2]);
-    const h5store_attr_t attrs[] = {
-        {.key = "dtrain_version", .type = H5STORE_STR, .s = PACKAGE_VERSION},
-        {.key = "content", .type = H5STORE_STR, .s = "params"},
-        {.key = "arch", .type = H5STORE_STR, .s = model_arch_name(cfg->arch)},
-        {.key = "vocab_size", .type = H5STORE_INT, .i = cfg->vocab_size},
-        {.key = "n_layer", .type = H5STORE_INT, .i = cfg->n_layer},
-        {.key = "n_head", .type = H5STORE_INT, .i = cfg->n_head},
-        {.key = "n_kv_head", .type = H5STORE_INT, .i = cfg->n_kv_head},
-        {.key = "d_model", .type = H5STORE_INT, .i = cfg->d_model},
-        {.key = "d_ff", .type = H5STORE_INT, .i = cfg->d_ff},
-        {.key = "max_seq", .type = H5STORE_INT, .i = cfg->max_seq},
-        {.key = "norm_eps", .type = H5STORE_DOUBLE, .d = cfg->norm_eps},
-        {.key = "rope_theta", .type = H5STORE_DOUBLE, .d = cfg->rope_theta},
-        {.key = "layout", .type = H5STORE_STR, .s = layout_s},
-        {.key = "step", .type = H5STORE_INT, .i = step},
-    };
+        rc = logical_tensors(cfg, groups, n_groups, tp_size, &tensors, &nt, err, errlen);
+    if (rc == 0 && writer)
+        rc = table_shards(t, groups, n_groups, tensors, nt, 0, tp_rank, shards, &ns, err, errlen);
     /* a failure above is agreed on, so every rank skips the write together */
     rc = h5store_agree(MPI_COMM_WORLD, rc, err, errlen);
     if (rc == 0)
-        rc = h5store_write(path, MPI_COMM_WORLD, tensors, nt, shards, ns, attrs,
-                           (int)(sizeof attrs / sizeof attrs[0]), err, errlen);
+        rc = h5store_write(path, MPI_COMM_WORLD, tensors, nt, shards, ns, attrs, n_attrs, err, errlen);
+    free(tensors);
+    free(shards);
+    return rc;
+}
+
+int param_io_read(h5store_t *h, const model_config_t *cfg, const param_table_t *t,
+                  const param_io_group_t *groups, int n_groups, char *err, size_t errlen)
+{
+    h5store_tensor_t *tensors = NULL;
+    h5store_shard_t *shards = calloc((size_t)t->n * (size_t)n_groups + 1, sizeof *shards);
+    int nt = 0, ns = 0, rc = 0;
+    if (!shards) {
+        snprintf(err, errlen, "out of memory");
+        rc = -1;
+    }
+    if (rc == 0)
+        rc = logical_tensors(cfg, groups, n_groups, 1, &tensors, &nt, err, errlen);
+    if (rc == 0)
+        rc = table_shards(t, groups, n_groups, tensors, nt, 1, 0, shards, &ns, err, errlen);
+    /* h5store_read_shards checks every listed tensor's shape: the chunk
+     * field is not compared, so the reader's layout is free */
+    rc = h5store_agree(MPI_COMM_WORLD, rc, err, errlen);
+    if (rc == 0)
+        rc = h5store_read_shards(h, tensors, nt, shards, ns, err, errlen);
     free(tensors);
     free(shards);
     return rc;

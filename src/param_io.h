@@ -1,24 +1,52 @@
 /* The parameter table mapped onto the tensor store (io/h5store.h): the one
- * place that knows how model tensors become logical datasets. A dataset is
- * "params/<name>" with the tensor's logical shape; each rank contributes
- * the hyperslab it holds, and a tensor held by several ranks (DP replicas,
- * a replicated tensor on every TP rank, GPT-2's tied head copy on the last
- * stage) is written by one of them only. */
+ * place that knows how model tensors become logical datasets.
+ *
+ * A group of tensors is a prefix ("params", "optim/m", "optim/v") and a
+ * host buffer laid out like the rank's flat parameter buffer; tensor
+ * <name> of the group is the dataset "<prefix>/<name>" in its logical,
+ * unsplit shape, chunked along the writing layout's TP slices. Each element
+ * is written by one rank: DP rank 0, TP rank 0 for tensors every TP rank
+ * holds, never GPT-2's tied head copy on the last stage, never vocabulary
+ * padding rows. Every rank reads every tensor it holds, copies included,
+ * so the same file loads at any TP, PP and DP. */
 #ifndef DTRAIN_PARAM_IO_H
 #define DTRAIN_PARAM_IO_H
 
 #include <stddef.h>
 
+#include "h5store.h"
 #include "model_config.h"
 #include "params.h"
 
-/* Writes every parameter of the model as a consolidated file of logical
- * tensors (no optimizer state): what inference and export want. host is
- * this rank's flat parameter buffer in host memory; writer = 0 on ranks
- * whose copy another rank writes (DP ranks other than 0). Collective over
- * MPI_COMM_WORLD. Attributes record the model shape, the layout that wrote
- * the file and the step. Returns 0, or -1 with one line in err on every rank. */
-int param_io_save(const char *path, const model_config_t *cfg, const param_table_t *t, const float *host,
-                  int writer, int tp_rank, const int layout[3], int step, char *err, size_t errlen);
+typedef struct param_io_group {
+    const char *prefix; /* "params", "optim/m", "optim/v" */
+    float *buf;         /* host memory, [table.numel], the flat buffer's layout */
+} param_io_group_t;
+
+/* The model-shape attributes every file carries (arch, sizes, eps, theta):
+ * fills out[] (at least PARAM_IO_MODEL_ATTRS entries), returns the count.
+ * The strings point into cfg or are static. */
+#define PARAM_IO_MODEL_ATTRS 10
+int param_io_model_attrs(const model_config_t *cfg, h5store_attr_t *out);
+
+/* 0 when the file's model-shape attributes equal cfg's, else -1 with one
+ * line naming the first difference ("checkpoint is of d_model 256, this
+ * run's model has 128"). Independent. */
+int param_io_check_model(h5store_t *h, const model_config_t *cfg, const char *path, char *err, size_t errlen);
+
+/* Collective over MPI_COMM_WORLD: writes the groups of every rank into one
+ * new file (atomically, see h5store_write) with the given root attributes.
+ * writer = 0 on ranks whose copy another rank writes (DP ranks above 0).
+ * tp_size/tp_rank: this rank's TP place (the chunking and who writes
+ * replicated tensors). Returns 0, or -1 with one line in err on every rank. */
+int param_io_write(const char *path, const model_config_t *cfg, const param_table_t *t,
+                   const param_io_group_t *groups, int n_groups, int writer, int tp_size, int tp_rank,
+                   const h5store_attr_t *attrs, int n_attrs, char *err, size_t errlen);
+
+/* Collective over the store's communicator: reads every tensor of this
+ * rank's table, for each group, from the open file (any layout wrote it).
+ * A missing tensor or a shape mismatch is an error naming it. */
+int param_io_read(h5store_t *h, const model_config_t *cfg, const param_table_t *t,
+                  const param_io_group_t *groups, int n_groups, char *err, size_t errlen);
 
 #endif

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #ifdef _OPENMP
@@ -21,6 +22,7 @@
 #endif
 #include "flops.h"
 #include "mem.h"
+#include "ckpt.h"
 #include "h5store.h"
 #include "param_io.h"
 #include "metrics.h"
@@ -78,6 +80,159 @@ static int check_writable_dir(const char *opt, const char *path, char *err, size
         return -1;
     }
     return 0;
+}
+
+/* --ckpt-dir is made by rank 0 if missing (one level, like mkdir) and
+ * must be writable: checked before the run, not at its first checkpoint.
+ * Collective. */
+static int prepare_ckpt_dir(trainer_t *tr, char *err, size_t errlen)
+{
+    const char *dir = tr->opt->ckpt_dir;
+    if (!dir[0])
+        return 0;
+    int rc = 0;
+    if (tr->env->world_rank == 0) {
+        if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
+            snprintf(err, errlen, "--ckpt-dir %s: cannot create: %s", dir, strerror(errno));
+            rc = -1;
+        } else if (access(dir, W_OK | X_OK) != 0) {
+            snprintf(err, errlen, "--ckpt-dir %s: not a writable directory: %s", dir, strerror(errno));
+            rc = -1;
+        } else {
+            ckpt_remove_stale(dir);
+        }
+    }
+    return h5store_agree(MPI_COMM_WORLD, rc, err, errlen);
+}
+
+/* Host copies of parameters and moments for checkpoint I/O (the CPU
+ * backend's memory is host memory, but the ops table does not promise it). */
+static int host_state(trainer_t *tr, float **p, float **m, float **v)
+{
+    const size_t bytes = tr->model.table.numel * sizeof(float) + 1;
+    *p = malloc(bytes);
+    *m = malloc(bytes);
+    *v = malloc(bytes);
+    return *p && *m && *v ? 0 : -1;
+}
+
+static void free_state(float *p, float *m, float *v)
+{
+    free(p);
+    free(m);
+    free(v);
+}
+
+/* --resume: loads the checkpoint it names into the model and optimizer and
+ * sets the step to continue from. Collective. */
+static int trainer_resume(trainer_t *tr, char *err, size_t errlen)
+{
+    const run_options_t *o = tr->opt;
+    model_t *m = &tr->model;
+    char path[OPT_PATH_MAX + 64];
+    if (ckpt_resolve(o->resume, o->ckpt_dir, path, sizeof path, err, errlen) != 0)
+        return -1;
+    if (!path[0]) {
+        if (tr->env->world_rank == 0)
+            printf("resume: no checkpoint in %s yet, starting from step 0\n", o->ckpt_dir);
+        return 0;
+    }
+    float *hp, *hm, *hv;
+    int rc = host_state(tr, &hp, &hm, &hv);
+    if (rc != 0)
+        snprintf(err, errlen, "out of memory for loading %s", path);
+    rc = h5store_agree(MPI_COMM_WORLD, rc, err, errlen);
+    ckpt_meta_t meta;
+    if (rc == 0) {
+        /* padding rows are not in the file: start them from the buffers' zeros */
+        const size_t bytes = m->table.numel * sizeof(float);
+        memset(hp, 0, bytes);
+        memset(hm, 0, bytes);
+        memset(hv, 0, bytes);
+        rc = ckpt_load(path, &tr->cfg, &m->table, hp, hm, hv, &meta, err, errlen);
+    }
+    if (rc == 0) {
+        const size_t bytes = m->table.numel * sizeof(float);
+        m->ops->from_host(m->params, hp, bytes);
+        m->ops->from_host(tr->optim.m, hm, bytes);
+        m->ops->from_host(tr->optim.v, hv, bytes);
+        tr->optim.t = meta.adam_t;
+        tr->start_step = meta.step;
+        tr->steps_done = meta.step;
+        if (tr->env->world_rank == 0) {
+            printf("resume: %s, step %d, %lld tokens, written at %s\n", path, meta.step, meta.tokens, meta.layout);
+            const int gb = o->global_batch ? o->global_batch : o->micro_batch * tr->grid->dp_size;
+            if (meta.seed != o->seed || meta.global_batch != gb || meta.seq_len != o->seq_len)
+                printf("resume: note: the checkpoint's run had seed %lld, global batch %d, seq len %d; this run "
+                       "has %lld, %d, %d, so its data order differs from an uninterrupted run\n",
+                       meta.seed, meta.global_batch, meta.seq_len, (long long)o->seed, gb, o->seq_len);
+        }
+    }
+    free_state(hp, hm, hv);
+    return rc;
+}
+
+/* Writes the checkpoint of `step` completed steps. Collective. */
+static int trainer_save(trainer_t *tr, int step, char *err, size_t errlen)
+{
+    const run_options_t *o = tr->opt;
+    const grid_t *g = tr->grid;
+    model_t *m = &tr->model;
+    float *hp, *hm, *hv;
+    int rc = host_state(tr, &hp, &hm, &hv);
+    if (rc != 0)
+        snprintf(err, errlen, "out of memory for a checkpoint");
+    rc = h5store_agree(MPI_COMM_WORLD, rc, err, errlen);
+    if (rc == 0) {
+        const size_t bytes = m->table.numel * sizeof(float);
+        m->ops->to_host(hp, m->params, bytes);
+        m->ops->to_host(hm, tr->optim.m, bytes);
+        m->ops->to_host(hv, tr->optim.v, bytes);
+        ckpt_meta_t meta = {.step = step, .adam_t = tr->optim.t, .seed = o->seed, .seq_len = o->seq_len,
+                            .global_batch = o->micro_batch * tr->accum * g->dp_size, .lr = o->lr,
+                            .min_lr = o->min_lr, .warmup = o->warmup, .steps = o->steps};
+        meta.tokens = (long long)step * meta.global_batch * o->seq_len;
+        snprintf(meta.layout, sizeof meta.layout, "tp %d pp %d dp %d", g->tp_size, g->pp_size, g->dp_size);
+        char path[OPT_PATH_MAX + 64];
+        double t0 = now_s();
+        rc = ckpt_save(o->ckpt_dir, o->keep, &tr->cfg, &m->table, hp, hm, hv, g->dp_rank == 0, g->tp_size,
+                       g->tp_rank, &meta, path, sizeof path, err, errlen);
+        if (rc == 0 && tr->env->world_rank == 0)
+            printf("checkpoint: %s (step %d) in %.2f s\n", path, step, now_s() - t0);
+    }
+    free_state(hp, hm, hv);
+    return rc;
+}
+
+/* --save-params: the parameters alone, as logical tensors. Collective. */
+static int trainer_save_params(trainer_t *tr, char *err, size_t errlen)
+{
+    const run_options_t *o = tr->opt;
+    const grid_t *g = tr->grid;
+    model_t *m = &tr->model;
+    float *host = malloc(m->table.numel * sizeof *host + 1);
+    int rc = host ? 0 : -1;
+    if (!host)
+        snprintf(err, errlen, "--save-params: out of memory");
+    rc = h5store_agree(MPI_COMM_WORLD, rc, err, errlen);
+    if (rc == 0) {
+        m->ops->to_host(host, m->params, m->table.numel * sizeof *host);
+        char layout[64];
+        snprintf(layout, sizeof layout, "tp %d pp %d dp %d", g->tp_size, g->pp_size, g->dp_size);
+        h5store_attr_t attrs[PARAM_IO_MODEL_ATTRS + 4];
+        int na = param_io_model_attrs(&tr->cfg, attrs);
+        attrs[na++] = (h5store_attr_t){.key = "content", .type = H5STORE_STR, .s = "params"};
+        attrs[na++] = (h5store_attr_t){.key = "dtrain_version", .type = H5STORE_STR, .s = PACKAGE_VERSION};
+        attrs[na++] = (h5store_attr_t){.key = "layout", .type = H5STORE_STR, .s = layout};
+        attrs[na++] = (h5store_attr_t){.key = "step", .type = H5STORE_INT, .i = tr->steps_done};
+        const param_io_group_t group = {"params", host};
+        rc = param_io_write(o->save_params, &tr->cfg, &m->table, &group, 1, g->dp_rank == 0, g->tp_size, g->tp_rank,
+                            attrs, na, err, errlen);
+    }
+    free(host);
+    if (rc == 0 && tr->env->world_rank == 0)
+        printf("parameters written to %s\n", o->save_params);
+    return rc;
 }
 
 int trainer_setup(trainer_t *tr, const run_options_t *o, const launch_env_t *env, grid_t *grid,
@@ -152,6 +307,11 @@ int trainer_setup(trainer_t *tr, const run_options_t *o, const launch_env_t *env
     tr->tied = -1;
     if (tr->cfg.arch == ARCH_GPT2 && grid->pp_size > 1 && grid->embed)
         tr->tied = param_table_find(t, "wte");
+    if (check_writable_dir("--trace", o->trace, err, errlen) != 0 ||
+        check_writable_dir("--save-params", o->save_params, err, errlen) != 0 || prepare_ckpt_dir(tr, err, errlen) != 0)
+        return -1;
+    if (o->resume[0] && trainer_resume(tr, err, errlen) != 0)
+        return -1;
     ddp_mode_t mode;
     if (ddp_mode_parse(o->ddp_mode, &mode) != 0 ||
         ddp_create(&tr->ddp, mode, grid->dp, tr->model.grads, t->numel, tr->tensor_start, t->n,
@@ -168,9 +328,6 @@ int trainer_setup(trainer_t *tr, const run_options_t *o, const launch_env_t *env
     }
     tr->flops_token = flops_per_token(&tr->cfg, o->seq_len);
     tr->peak_gflops = o->peak_gflops > 0 ? o->peak_gflops : flops_measure_peak_gflops();
-    if (check_writable_dir("--trace", o->trace, err, errlen) != 0 ||
-        check_writable_dir("--save-params", o->save_params, err, errlen) != 0)
-        return -1;
     if (o->trace[0]) {
         char label[96];
         snprintf(label, sizeof label, "rank %d (tp %d pp %d dp %d)", grid->world_rank, grid->tp_rank,
@@ -511,7 +668,7 @@ int trainer_run(trainer_t *tr, char *err, size_t errlen)
     const grid_t *g = tr->grid;
     const double tokens_step = (double)B * T * tr->accum * g->dp_size;
     double t_run = now_s(), loss = NAN;
-    if (tr->has_val) {
+    if (tr->has_val && tr->start_step == 0) {
         /* the untrained model's validation loss: the baseline the run improves on */
         double v = trainer_val_loss(tr);
         if (rank0) {
@@ -522,7 +679,12 @@ int trainer_run(trainer_t *tr, char *err, size_t errlen)
             }
         }
     }
-    for (int step = 0; step < o->steps; step++) {
+    if (tr->start_step >= o->steps && rank0)
+        printf("resume: the checkpoint is at step %d and --steps is %d: nothing left to train\n", tr->start_step,
+               o->steps);
+    /* --stop-at-step ends this job early; the schedule is still --steps' */
+    const int end = o->stop_at_step > 0 && o->stop_at_step < o->steps ? o->stop_at_step : o->steps;
+    for (int step = tr->start_step; step < end; step++) {
         double t0 = now_s();
         double lr = lr_at(&tr->sched, step), bubble = 0.0;
         m->tp_comm_s = 0.0;
@@ -548,6 +710,7 @@ int trainer_run(trainer_t *tr, char *err, size_t errlen)
         adamw_step(&tr->optim, m->params, m->grads, lr, adamw_clip_scale(&tr->optim, norm));
         trace_span(tr->trace, TRACE_COMPUTE, "optimizer", t_opt, tr->trace ? trace_now() : 0.0, NULL);
         double dt = now_s() - t0;
+        tr->steps_done = step + 1;
 
         step_record_t r = {.step = step + 1, .steps = o->steps, .loss = loss, .val_loss = NAN, .lr = lr,
                            .grad_norm = norm, .ms = 1e3 * dt, .tokens_per_s = tokens_step / dt};
@@ -574,7 +737,7 @@ int trainer_run(trainer_t *tr, char *err, size_t errlen)
         if (o->check_replicas > 0 && (step + 1) % o->check_replicas == 0 &&
             trainer_check_replicas(tr, step + 1, err, errlen) != 0)
             return -1;
-        if (tr->has_val && ((step + 1) % o->val_every == 0 || step + 1 == o->steps))
+        if (tr->has_val && ((step + 1) % o->val_every == 0 || step + 1 == end))
             r.val_loss = trainer_val_loss(tr);
         if (rank0) {
             metrics_print_step(stdout, &r);
@@ -583,30 +746,18 @@ int trainer_run(trainer_t *tr, char *err, size_t errlen)
                 return -1;
             }
         }
+        if (o->ckpt_dir[0] && ((o->ckpt_every > 0 && (step + 1) % o->ckpt_every == 0) || step + 1 == end) &&
+            trainer_save(tr, step + 1, err, errlen) != 0)
+            return -1;
     }
     if (rank0) {
         double total = now_s() - t_run;
-        printf("done: %d steps in %.1f s, final loss %.6f, %.0f tok/s average\n", o->steps, total, loss,
-               tokens_step * o->steps / total);
+        const int ran = end > tr->start_step ? end - tr->start_step : 0;
+        printf("done: %d steps in %.1f s, final loss %.6f, %.0f tok/s average\n", ran, total, loss,
+               ran > 0 ? tokens_step * ran / total : 0.0);
     }
-    if (o->save_params[0]) {
-        float *host = malloc(m->table.numel * sizeof *host + 1);
-        const int layout[3] = {g->tp_size, g->pp_size, g->dp_size};
-        int rc = host ? 0 : -1;
-        if (host)
-            m->ops->to_host(host, m->params, m->table.numel * sizeof *host);
-        else
-            snprintf(err, errlen, "--save-params: out of memory");
-        rc = h5store_agree(MPI_COMM_WORLD, rc, err, errlen);
-        if (rc == 0)
-            rc = param_io_save(o->save_params, &tr->cfg, &m->table, host, g->dp_rank == 0, g->tp_rank, layout,
-                               o->steps, err, errlen);
-        free(host);
-        if (rc != 0)
-            return -1;
-        if (rank0)
-            printf("parameters written to %s\n", o->save_params);
-    }
+    if (o->save_params[0] && trainer_save_params(tr, err, errlen) != 0)
+        return -1;
     if (o->sample_tokens > 0 && print_sample(tr, stdout) != 0) {
         snprintf(err, errlen, "sampling failed: %s", m->failed ? m->err : "out of memory");
         return -1;

@@ -27,6 +27,8 @@ typedef struct trainer {
     data_loader_t train, val;
     int has_val;
     int accum;          /* microbatches per optimizer step */
+    int start_step;     /* steps already done (a resumed checkpoint's) */
+    int steps_done;     /* optimizer steps completed so far */
     pipe_kind_t pp_kind;
     int tied;           /* table index of the tied wte (GPT-2, pp > 1, first/last stage), else -1 */
     /* the step in progress, for the pipeline's forward/backward callbacks */

@@ -1,0 +1,267 @@
+#include "ckpt.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "h5store.h"
+#include "param_io.h"
+
+#ifdef HAVE_CONFIG_H
+#include "config.h"
+#endif
+
+#define LATEST "latest"
+
+static int world_rank(void)
+{
+    int r = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &r);
+    return r;
+}
+
+/* Rank 0's status and message to every rank. */
+static int bcast_status(int rc, char *err, size_t errlen)
+{
+    int v = rc;
+    if (MPI_Bcast(&v, 1, MPI_INT, 0, MPI_COMM_WORLD) != MPI_SUCCESS) {
+        snprintf(err, errlen, "MPI_Bcast of a checkpoint status failed");
+        return -1;
+    }
+    if (v != 0 && MPI_Bcast(err, (int)errlen, MPI_CHAR, 0, MPI_COMM_WORLD) != MPI_SUCCESS)
+        snprintf(err, errlen, "MPI_Bcast of a checkpoint error failed");
+    return v ? -1 : 0;
+}
+
+static int fsync_path(const char *path, int flags)
+{
+    int fd = open(path, flags);
+    if (fd < 0)
+        return -1;
+    int rc = fsync(fd);
+    if (close(fd) != 0)
+        rc = -1;
+    return rc;
+}
+
+/* DIR/latest <- name, atomically (temporary file, fsync, rename, fsync DIR). */
+static int write_latest(const char *dir, const char *name, char *err, size_t errlen)
+{
+    char tmp[4096], final[4096];
+    snprintf(tmp, sizeof tmp, "%s/.%s.tmp", dir, LATEST);
+    snprintf(final, sizeof final, "%s/%s", dir, LATEST);
+    FILE *f = fopen(tmp, "w");
+    if (!f) {
+        snprintf(err, errlen, "cannot write %s: %s", tmp, strerror(errno));
+        return -1;
+    }
+    int bad = fprintf(f, "%s\n", name) < 0;
+    bad |= fflush(f) != 0 || fsync(fileno(f)) != 0;
+    bad |= fclose(f) != 0;
+    if (bad || rename(tmp, final) != 0 || fsync_path(dir, O_RDONLY | O_DIRECTORY) != 0) {
+        snprintf(err, errlen, "cannot update %s: %s", final, strerror(errno));
+        unlink(tmp);
+        return -1;
+    }
+    return 0;
+}
+
+/* Removes all but the newest `keep` step_*.h5 in dir (never `current`). */
+static void prune(const char *dir, int keep, int current)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    int *steps = NULL, n = 0, cap = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        int s;
+        char tail;
+        if (sscanf(e->d_name, "step_%d.h5%c", &s, &tail) != 1 || strlen(e->d_name) != 16)
+            continue;
+        if (n == cap) {
+            int *p = realloc(steps, (size_t)(cap = cap ? 2 * cap : 16) * sizeof *p);
+            if (!p)
+                break;
+            steps = p;
+        }
+        steps[n++] = s;
+    }
+    closedir(d);
+    /* the keep newest: count those at or above each one */
+    for (int i = 0; i < n; i++) {
+        int newer = 0;
+        for (int j = 0; j < n; j++)
+            newer += steps[j] > steps[i];
+        if (newer >= keep && steps[i] != current) {
+            char path[4096];
+            snprintf(path, sizeof path, "%s/step_%08d.h5", dir, steps[i]);
+            unlink(path);
+        }
+    }
+    free(steps);
+}
+
+void ckpt_remove_stale(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        int s;
+        char tail[8] = "";
+        /* h5store_write's temporary of step_<s>.h5 is .step_<s>.h5.tmp */
+        if (sscanf(e->d_name, ".step_%d.h5.%7s", &s, tail) == 2 && strcmp(tail, "tmp") == 0) {
+            char path[4096];
+            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+            unlink(path);
+        }
+    }
+    closedir(d);
+}
+
+int ckpt_save(const char *dir, int keep, const model_config_t *cfg, const param_table_t *t, float *params,
+              float *m, float *v, int writer, int tp_size, int tp_rank, const ckpt_meta_t *meta, char *path_out,
+              size_t path_len, char *err, size_t errlen)
+{
+    char name[32];
+    snprintf(name, sizeof name, "step_%08d.h5", meta->step);
+    snprintf(path_out, path_len, "%s/%s", dir, name);
+    h5store_attr_t attrs[PARAM_IO_MODEL_ATTRS + 16];
+    int na = param_io_model_attrs(cfg, attrs);
+    attrs[na++] = (h5store_attr_t){.key = "content", .type = H5STORE_STR, .s = "checkpoint"};
+    attrs[na++] = (h5store_attr_t){.key = "format_version", .type = H5STORE_INT, .i = CKPT_FORMAT_VERSION};
+    attrs[na++] = (h5store_attr_t){.key = "dtrain_version", .type = H5STORE_STR, .s = PACKAGE_VERSION};
+    attrs[na++] = (h5store_attr_t){.key = "layout", .type = H5STORE_STR, .s = meta->layout};
+    attrs[na++] = (h5store_attr_t){.key = "step", .type = H5STORE_INT, .i = meta->step};
+    attrs[na++] = (h5store_attr_t){.key = "tokens", .type = H5STORE_INT, .i = meta->tokens};
+    attrs[na++] = (h5store_attr_t){.key = "adam_t", .type = H5STORE_INT, .i = meta->adam_t};
+    attrs[na++] = (h5store_attr_t){.key = "seed", .type = H5STORE_INT, .i = meta->seed};
+    attrs[na++] = (h5store_attr_t){.key = "global_batch", .type = H5STORE_INT, .i = meta->global_batch};
+    attrs[na++] = (h5store_attr_t){.key = "seq_len", .type = H5STORE_INT, .i = meta->seq_len};
+    attrs[na++] = (h5store_attr_t){.key = "lr", .type = H5STORE_DOUBLE, .d = meta->lr};
+    attrs[na++] = (h5store_attr_t){.key = "min_lr", .type = H5STORE_DOUBLE, .d = meta->min_lr};
+    attrs[na++] = (h5store_attr_t){.key = "warmup", .type = H5STORE_INT, .i = meta->warmup};
+    attrs[na++] = (h5store_attr_t){.key = "steps", .type = H5STORE_INT, .i = meta->steps};
+    const param_io_group_t groups[3] = {{"params", params}, {"optim/m", m}, {"optim/v", v}};
+    if (param_io_write(path_out, cfg, t, groups, 3, writer, tp_size, tp_rank, attrs, na, err, errlen) != 0)
+        return -1;
+    /* the file is complete and durable: only now does `latest` move */
+    int rc = 0;
+    if (world_rank() == 0) {
+        rc = write_latest(dir, name, err, errlen);
+        if (rc == 0 && keep > 0)
+            prune(dir, keep, meta->step);
+    }
+    return bcast_status(rc, err, errlen);
+}
+
+int ckpt_resolve(const char *resume, const char *dir, char *path, size_t path_len, char *err, size_t errlen)
+{
+    path[0] = '\0';
+    if (strcmp(resume, "auto") != 0) {
+        snprintf(path, path_len, "%s", resume);
+        return 0;
+    }
+    int rc = 0;
+    if (world_rank() == 0) {
+        char latest[4096], name[256] = "";
+        snprintf(latest, sizeof latest, "%s/%s", dir, LATEST);
+        FILE *f = fopen(latest, "r");
+        if (f) {
+            if (!fgets(name, sizeof name, f) || !strchr(name, '\n') || name[0] == '\n') {
+                snprintf(err, errlen, "%s is damaged (no file name in it); name a checkpoint with --resume FILE",
+                         latest);
+                rc = -1;
+            } else {
+                name[strcspn(name, "\n")] = '\0';
+                snprintf(path, path_len, "%s/%s", dir, name);
+                struct stat st;
+                if (stat(path, &st) != 0) {
+                    snprintf(err, errlen, "%s names %s, which is missing: %s", latest, path, strerror(errno));
+                    rc = -1;
+                }
+            }
+            fclose(f);
+        } else if (errno != ENOENT) {
+            snprintf(err, errlen, "cannot read %s: %s", latest, strerror(errno));
+            rc = -1;
+        }
+    }
+    if (bcast_status(rc, err, errlen) != 0)
+        return -1;
+    if (MPI_Bcast(path, (int)path_len, MPI_CHAR, 0, MPI_COMM_WORLD) != MPI_SUCCESS) {
+        snprintf(err, errlen, "MPI_Bcast of the checkpoint path failed");
+        return -1;
+    }
+    return 0;
+}
+
+/* Reads an int attribute into *v (range-checked to int). */
+static int get_int(h5store_t *h, const char *key, int *v, char *err, size_t errlen)
+{
+    int64_t x;
+    if (h5store_get_int(h, key, &x, err, errlen) != 0)
+        return -1;
+    *v = (int)x;
+    return 0;
+}
+
+int ckpt_load(const char *path, const model_config_t *cfg, const param_table_t *t, float *params, float *m,
+              float *v, ckpt_meta_t *meta, char *err, size_t errlen)
+{
+    h5store_t *h = h5store_open(path, MPI_COMM_WORLD, err, errlen);
+    if (!h)
+        return -1;
+    char content[32] = "";
+    int64_t version = 0, tokens = 0, seed = 0;
+    memset(meta, 0, sizeof *meta);
+    /* the attributes are the same on every rank, so every rank reaches the
+     * same verdict without talking */
+    int rc = h5store_get_str(h, "content", content, sizeof content, err, errlen);
+    if (rc == 0 && strcmp(content, "checkpoint") != 0) {
+        snprintf(err, errlen, "%s holds %s only, no optimizer state: --resume needs a checkpoint written with "
+                 "--ckpt-dir", path, content);
+        rc = -1;
+    }
+    if (rc == 0 && (rc = h5store_get_int(h, "format_version", &version, err, errlen)) == 0 &&
+        version != CKPT_FORMAT_VERSION) {
+        snprintf(err, errlen, "%s: unknown checkpoint format version %lld (this dtrain reads version %d)", path,
+                 (long long)version, CKPT_FORMAT_VERSION);
+        rc = -1;
+    }
+    if (rc == 0)
+        rc = param_io_check_model(h, cfg, path, err, errlen);
+    if (rc == 0 && (get_int(h, "step", &meta->step, err, errlen) || h5store_get_int(h, "tokens", &tokens, err, errlen) ||
+                    get_int(h, "adam_t", &meta->adam_t, err, errlen) || h5store_get_int(h, "seed", &seed, err, errlen) ||
+                    get_int(h, "global_batch", &meta->global_batch, err, errlen) ||
+                    get_int(h, "seq_len", &meta->seq_len, err, errlen) ||
+                    h5store_get_double(h, "lr", &meta->lr, err, errlen) ||
+                    h5store_get_double(h, "min_lr", &meta->min_lr, err, errlen) ||
+                    get_int(h, "warmup", &meta->warmup, err, errlen) || get_int(h, "steps", &meta->steps, err, errlen) ||
+                    h5store_get_str(h, "layout", meta->layout, sizeof meta->layout, err, errlen)))
+        rc = -1;
+    meta->tokens = tokens;
+    meta->seed = seed;
+    rc = h5store_agree(MPI_COMM_WORLD, rc, err, errlen);
+    /* every byte of the file is checked once (the ranks share the work),
+     * then each rank reads its own slices */
+    if (rc == 0)
+        rc = h5store_verify(h, NULL, NULL, err, errlen);
+    const param_io_group_t groups[3] = {{"params", params}, {"optim/m", m}, {"optim/v", v}};
+    if (rc == 0)
+        rc = param_io_read(h, cfg, t, groups, 3, err, errlen);
+    char cerr[256];
+    if (h5store_close(h, cerr, sizeof cerr) != 0 && rc == 0) {
+        snprintf(err, errlen, "%s", cerr);
+        rc = -1;
+    }
+    return rc;
+}

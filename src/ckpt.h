@@ -1,0 +1,63 @@
+/* Checkpoints: the whole training state in one HDF5 file of logical tensors
+ * (doc/format.md), so a run resumes exactly at the same layout and
+ * continues at any other.
+ *
+ *   DIR/step_00000200.h5   parameters, AdamW moments, run state (attributes)
+ *   DIR/latest             the name of the newest complete checkpoint
+ *
+ * A checkpoint is complete and verified or it does not exist: the file is
+ * written under a temporary name, fsynced and renamed (io/h5store.c), and
+ * only then is `latest` replaced (temporary file, fsync, rename, fsync of
+ * the directory) and older checkpoints beyond --keep removed. A crash at
+ * any point leaves `latest` naming a complete file. */
+#ifndef DTRAIN_CKPT_H
+#define DTRAIN_CKPT_H
+
+#include <stddef.h>
+
+#include "model_config.h"
+#include "params.h"
+
+#define CKPT_FORMAT_VERSION 1
+
+/* What besides tensors a run needs to continue exactly. The data order and
+ * the LR schedule are pure functions of these, so no generator state is
+ * stored. */
+typedef struct ckpt_meta {
+    int step;           /* optimizer steps completed */
+    long long tokens;   /* training tokens consumed */
+    int adam_t;         /* AdamW's step counter (bias correction) */
+    long long seed;     /* init, data order and sampling */
+    int global_batch, seq_len; /* sequences per step and their length: the data order */
+    double lr, min_lr;  /* the LR schedule ... */
+    int warmup, steps;  /* ... and its length */
+    char layout[64];    /* "tp 2 pp 2 dp 2" of the writer (information) */
+} ckpt_meta_t;
+
+/* Collective over MPI_COMM_WORLD. Writes DIR/step_<step>.h5 from every
+ * rank's host buffers (params, m, v: [table.numel]), then points `latest`
+ * at it and removes all but the newest `keep` checkpoints (keep 0 = all).
+ * writer/tp_size/tp_rank as in param_io_write. The path written goes to
+ * path_out. Returns 0, or -1 with one line in err on every rank (the
+ * previous `latest` then still stands). */
+int ckpt_save(const char *dir, int keep, const model_config_t *cfg, const param_table_t *t, float *params,
+              float *m, float *v, int writer, int tp_size, int tp_rank, const ckpt_meta_t *meta, char *path_out,
+              size_t path_len, char *err, size_t errlen);
+
+/* Removes the temporaries of checkpoints whose writing was interrupted
+ * (a killed job). Rank 0, at start, before any new checkpoint is written:
+ * one job per checkpoint directory. */
+void ckpt_remove_stale(const char *dir);
+
+/* Collective: the checkpoint --resume names. "auto": the file DIR/latest
+ * names, or "" (a fresh start) when DIR has no `latest`; anything else is
+ * the path itself. Returns 0, or -1 (e.g. `latest` names a missing file). */
+int ckpt_resolve(const char *resume, const char *dir, char *path, size_t path_len, char *err, size_t errlen);
+
+/* Collective: opens path, checks it is a checkpoint of this format and of
+ * cfg's model, verifies every checksum, and reads this rank's slices of the
+ * parameters and moments (any layout may have written it) and the run state. */
+int ckpt_load(const char *path, const model_config_t *cfg, const param_table_t *t, float *params, float *m,
+              float *v, ckpt_meta_t *meta, char *err, size_t errlen);
+
+#endif
