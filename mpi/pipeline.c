@@ -1,24 +1,74 @@
+/* Pipeline schedules (1f1b, gpipe) and the executor that runs one stage's
+ * schedule over the pp communicator. See pipeline.h for the contract.
+ *
+ * Messages. Activations go downstream with tag TAG_ACT, gradients upstream
+ * with TAG_GRAD; every stage sends and receives each direction in
+ * increasing microbatch order, so receives posted in that order match the
+ * sends one to one (MPI's non-overtaking rule), however early they are
+ * posted. Everything is nonblocking:
+ *
+ *   activation receive of microbatch m, into input(m % S)   (stage > 0)
+ *     posted at the start for m < S, else right after the backward of
+ *     m - S frees the slot; waited for just before forward(m).
+ *   activation send of forward(m)'s output(m % S)           (stage < P-1)
+ *     posted right after forward(m); waited for just before backward(m)
+ *     (where it has always completed: the gradient of m came back, so the
+ *     next stage received the activation) and before the slot's next
+ *     forward (a no-op after that).
+ *   gradient receive of backward(m)'s dL/d(output), into grad()  (stage < P-1)
+ *     posted at the start for m = 0, else right after backward(m-1) and
+ *     the copy of its dL/d(input) out of grad(); waited for just before
+ *     backward(m). Forwards in between must not write grad().
+ *   gradient send of backward(m)'s dL/d(input)               (stage > 0)
+ *     grad() is copied into send buffer m % R of an executor-owned ring
+ *     (R = min(S, 2) buffers of n floats) and sent from there; the copy
+ *     first waits for that buffer's previous send (microbatch m - R).
+ *
+ * Deadlock freedom. A wait can block only on a neighbour: a receive until
+ * the neighbour posts the matching send, a send until the neighbour posts
+ * the matching receive (messages above MPI's eager limit). The stages form
+ * a line, so a deadlock needs two neighbours U = s, D = s+1 each blocked
+ * on the other. U blocks on D only in the wait for the gradient of some m
+ * before backward(U, m) (its other waits on D, the activation sends, are
+ * made after that gradient arrived and have completed by then); U has
+ * then finished every action before backward(U, m), received every
+ * gradient below m, and posted the gradient receive of m. D blocks on U:
+ *  - in the activation receive before forward(D, k): D has not run
+ *    backward(D, m) (U still waits for it), so forward(D, k) precedes
+ *    backward(D, m) in D's order: k <= m + min(P-D-1, M) for 1f1b, where
+ *    U's order has every forward k <= m + min(P-U-1, M) before
+ *    backward(U, m), a larger bound; for gpipe U ran every forward before
+ *    any backward. So U already sent k: contradiction.
+ *  - in the send buffer wait of gradient j before sending gradient j + R:
+ *    D has sent gradients 0 .. j+R-1, so the gradient U waits for is
+ *    m = j + R > j; U finished backward(U, m-1) and so posted the receive
+ *    of every gradient up to m, j among them: contradiction.
+ *  - in the final waits for its gradient sends: D has then sent every
+ *    gradient, so U is not blocked on D.
+ * Hence neither order of waits can close a cycle, for any P, M >= 1 and
+ * any R >= 1; progress inside a blocked wait completes matched transfers
+ * (OpenMPI progresses every request of the process in any wait). The
+ * executor also calls test() on its requests between actions, since
+ * OpenMPI has no progress thread.
+ *
+ * Memory: the ring (R*n floats, none on stage 0) and 2*S + R + 1 request
+ * handles, allocated per call and freed before return, so no state lives
+ * between steps. */
 #include "pipeline.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
-/* Message tags: activations go downstream, gradients upstream, so the two
- * directions between a pair of stages never match each other's receives. */
-#define TAG_ACT 0x501
-#define TAG_GRAD 0x502
+#include "trace.h"
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+#define TAG_ACT 0x501  /* activations, stage s -> s+1 */
+#define TAG_GRAD 0x502 /* gradients, stage s+1 -> s */
 
 int pipe_kind_parse(const char *s, pipe_kind_t *k)
 {
+    if (!s)
+        return -1;
     if (strcmp(s, "1f1b") == 0)
         *k = PIPE_1F1B;
     else if (strcmp(s, "gpipe") == 0)
@@ -28,122 +78,273 @@ int pipe_kind_parse(const char *s, pipe_kind_t *k)
     return 0;
 }
 
+const char *pipe_kind_name(pipe_kind_t k)
+{
+    return k == PIPE_GPIPE ? "gpipe" : "1f1b";
+}
+
 int pipe_slots(pipe_kind_t k, int n_stages, int stage, int n_micro)
 {
+    if (n_stages < 1 || stage < 0 || stage >= n_stages || n_micro < 1)
+        return 0;
     if (k == PIPE_GPIPE)
         return n_micro;
-    int s = n_stages - stage;
-    return s < n_micro ? s : n_micro;
+    const int in_flight = n_stages - stage;
+    return in_flight < n_micro ? in_flight : n_micro;
 }
 
 int pipe_schedule(pipe_kind_t k, int n_stages, int stage, int n_micro, pipe_action_t *out)
 {
     const int slots = pipe_slots(k, n_stages, stage, n_micro);
-    int n = 0, fwd = 0, bwd = 0;
-#define FWD() (out[n++] = (pipe_action_t){PIPE_FWD, fwd, fwd % slots}, fwd++)
-#define BWD() (out[n++] = (pipe_action_t){PIPE_BWD, bwd, bwd % slots}, bwd++)
-    if (k == PIPE_GPIPE) {
-        while (fwd < n_micro)
-            FWD();
-        while (bwd < n_micro)
-            BWD();
-        return n;
-    }
-    int warm = n_stages - stage - 1;
+    if (slots < 1 || (k != PIPE_1F1B && k != PIPE_GPIPE))
+        return -1;
+    /* GPipe has no warm-up limit: every forward runs first */
+    int warm = k == PIPE_GPIPE ? n_micro : n_stages - stage - 1;
     if (warm > n_micro)
         warm = n_micro;
-    while (fwd < warm)
-        FWD();
-    while (fwd < n_micro) {
-        FWD();
-        BWD();
+    int n = 0, fwd = 0, bwd = 0;
+    while (fwd < warm) {
+        out[n++] = (pipe_action_t){ PIPE_FWD, fwd, fwd % slots };
+        fwd++;
     }
-    while (bwd < n_micro)
-        BWD();
-#undef FWD
-#undef BWD
+    /* steady state: one forward, one backward */
+    while (fwd < n_micro) {
+        out[n++] = (pipe_action_t){ PIPE_FWD, fwd, fwd % slots };
+        fwd++;
+        out[n++] = (pipe_action_t){ PIPE_BWD, bwd, bwd % slots };
+        bwd++;
+    }
+    /* cool-down */
+    while (bwd < n_micro) {
+        out[n++] = (pipe_action_t){ PIPE_BWD, bwd, bwd % slots };
+        bwd++;
+    }
     return n;
 }
 
-/* Waits for req if it is in flight, adding the time to *wait_s. */
-static int wait_timed(comm_req_t *req, double *wait_s)
+/* ----------------------------------------------------------------- executor */
+
+typedef struct pipe_exec {
+    comm_t *pp;
+    const pipe_stage_ops_t *ops;
+    void *ctx;
+    int P, s, M, S, R, first, last;
+    comm_req_t *act_recv;  /* [S]: activation receive into input(slot) */
+    comm_req_t *act_send;  /* [S]: activation send of output(slot) */
+    comm_req_t *grad_send; /* [R]: gradient send of ring[r] */
+    comm_req_t grad_recv;  /* the next backward's dL/d(output), into grad() */
+    float *ring;           /* [R][n]: dL/d(input) copies being sent upstream */
+    double wait_s;
+} pipe_exec_t;
+
+/* Prefixes pp->err (the comm layer's message) with where it happened. */
+static int fail_at(pipe_exec_t *ex, const char *what, int micro)
+{
+    char msg[sizeof ex->pp->err];
+    snprintf(msg, sizeof msg, "%s", ex->pp->err);
+    if (micro >= 0)
+        snprintf(ex->pp->err, sizeof ex->pp->err, "pipeline stage %d/%d, %s of microbatch %d: %.400s", ex->s, ex->P,
+                 what, micro, msg);
+    else
+        snprintf(ex->pp->err, sizeof ex->pp->err, "pipeline stage %d/%d, %s: %.400s", ex->s, ex->P, what, msg);
+    return -1;
+}
+
+/* Waits for req if it is in flight, counting the time blocked. */
+static int wait_timed(pipe_exec_t *ex, comm_req_t *req)
 {
     if (!req->active)
         return 0;
-    double t0 = now_s();
-    int rc = req->comm->ops->wait(req);
-    *wait_s += now_s() - t0;
+    double t0 = trace_now();
+    int rc = ex->pp->ops->wait(req);
+    ex->wait_s += trace_now() - t0;
+    return rc;
+}
+
+static int post_act_recv(pipe_exec_t *ex, int m)
+{
+    const int slot = m % ex->S;
+    if (ex->pp->ops->irecv(ex->pp, ex->ops->input(ex->ctx, slot), ex->ops->n, ex->s - 1, TAG_ACT,
+                           &ex->act_recv[slot]) != 0)
+        return fail_at(ex, "activation receive", m);
+    return 0;
+}
+
+static int post_grad_recv(pipe_exec_t *ex, int m)
+{
+    if (ex->pp->ops->irecv(ex->pp, ex->ops->grad(ex->ctx), ex->ops->n, ex->s + 1, TAG_GRAD, &ex->grad_recv) != 0)
+        return fail_at(ex, "gradient receive", m);
+    return 0;
+}
+
+/* One test() on every request in flight: OpenMPI advances transfers only
+ * inside MPI calls, so between two callbacks the executor lets it. */
+static int progress(pipe_exec_t *ex, int micro)
+{
+    comm_t *pp = ex->pp;
+    int done;
+    for (int i = 0; i < ex->S; i++)
+        if ((ex->act_recv[i].active && pp->ops->test(&ex->act_recv[i], &done) != 0) ||
+            (ex->act_send[i].active && pp->ops->test(&ex->act_send[i], &done) != 0))
+            return fail_at(ex, "progress after", micro);
+    for (int i = 0; i < ex->R; i++)
+        if (ex->grad_send[i].active && pp->ops->test(&ex->grad_send[i], &done) != 0)
+            return fail_at(ex, "progress after", micro);
+    if (ex->grad_recv.active && pp->ops->test(&ex->grad_recv, &done) != 0)
+        return fail_at(ex, "progress after", micro);
+    return 0;
+}
+
+static int run_forward(pipe_exec_t *ex, const pipe_action_t *a)
+{
+    const pipe_stage_ops_t *ops = ex->ops;
+    if (!ex->first && wait_timed(ex, &ex->act_recv[a->slot]) != 0)
+        return fail_at(ex, "activation receive", a->micro);
+    /* the slot's previous output must have left (completed already at that
+     * microbatch's backward; kept as the rule the buffer depends on) */
+    if (!ex->last && wait_timed(ex, &ex->act_send[a->slot]) != 0)
+        return fail_at(ex, "activation send", a->micro);
+    if (ops->forward(ex->ctx, a->micro, a->slot) != 0) {
+        snprintf(ex->pp->err, sizeof ex->pp->err, "pipeline stage %d/%d: forward of microbatch %d failed", ex->s,
+                 ex->P, a->micro);
+        return -1;
+    }
+    if (!ex->last && ex->pp->ops->isend(ex->pp, ops->output(ex->ctx, a->slot), ops->n, ex->s + 1, TAG_ACT,
+                                        &ex->act_send[a->slot]) != 0)
+        return fail_at(ex, "activation send", a->micro);
+    return 0;
+}
+
+/* Backwards run in increasing microbatch order, so the next backward is
+ * a->micro + 1 and the slot's next microbatch a->micro + S. */
+static int run_backward(pipe_exec_t *ex, const pipe_action_t *a)
+{
+    const pipe_stage_ops_t *ops = ex->ops;
+    const size_t n = ops->n;
+    if (!ex->last) {
+        if (wait_timed(ex, &ex->grad_recv) != 0)
+            return fail_at(ex, "gradient receive", a->micro);
+        /* done already: the next stage received it before sending this gradient */
+        if (wait_timed(ex, &ex->act_send[a->slot]) != 0)
+            return fail_at(ex, "activation send", a->micro);
+    }
+    if (ops->backward(ex->ctx, a->micro, a->slot) != 0) {
+        snprintf(ex->pp->err, sizeof ex->pp->err, "pipeline stage %d/%d: backward of microbatch %d failed", ex->s,
+                 ex->P, a->micro);
+        return -1;
+    }
+    if (!ex->first) {
+        const int r = a->micro % ex->R;
+        float *buf = ex->ring + (size_t)r * n;
+        if (wait_timed(ex, &ex->grad_send[r]) != 0)
+            return fail_at(ex, "gradient send", a->micro - ex->R);
+        if (n)
+            memcpy(buf, ops->grad(ex->ctx), n * sizeof *buf);
+        if (ex->pp->ops->isend(ex->pp, buf, n, ex->s - 1, TAG_GRAD, &ex->grad_send[r]) != 0)
+            return fail_at(ex, "gradient send", a->micro);
+    }
+    /* grad() is free again: receive the next backward's gradient into it */
+    if (!ex->last && a->micro + 1 < ex->M && post_grad_recv(ex, a->micro + 1) != 0)
+        return -1;
+    /* the slot is free: receive the activation of its next microbatch */
+    if (!ex->first && a->micro + ex->S < ex->M && post_act_recv(ex, a->micro + ex->S) != 0)
+        return -1;
+    return 0;
+}
+
+/* Requests still in flight after the schedule. On success only gradient
+ * sends can be (waited for here); a receive left over would be a bug. On
+ * failure nothing is waited for (a neighbour that failed too would never
+ * match it): one test() each, and *left counts those still in flight. */
+static int drain(pipe_exec_t *ex, int failed, int *left)
+{
+    /* act_recv[S], act_send[S], grad_send[R] are one block; then grad_recv */
+    const int nblock = 2 * ex->S + ex->R;
+    int rc = 0;
+    *left = 0;
+    for (int i = 0; i <= nblock; i++) {
+        comm_req_t *req = i < nblock ? &ex->act_recv[i] : &ex->grad_recv;
+        const int is_recv = i < ex->S || i == nblock;
+        if (!req->active)
+            continue;
+        if (!failed && !is_recv) {
+            if (wait_timed(ex, req) != 0) {
+                rc = fail_at(ex, "final send", -1);
+                failed = 1;
+            }
+            continue;
+        }
+        if (!failed) {
+            snprintf(ex->pp->err, sizeof ex->pp->err,
+                     "pipeline stage %d/%d: a receive is still posted after the schedule", ex->s, ex->P);
+            rc = -1;
+            failed = 1;
+        }
+        int done = 0;
+        if (ex->pp->ops->test(req, &done) == 0 && !done)
+            (*left)++;
+    }
     return rc;
 }
 
 int pipe_run(comm_t *pp, pipe_kind_t k, int n_micro, const pipe_stage_ops_t *ops, void *ctx, pipe_stats_t *st)
 {
-    const int P = pp->size, s = pp->rank, first = s == 0, last = s == P - 1;
-    const int slots = pipe_slots(k, P, s, n_micro);
+    if (st)
+        st->wait_s = 0.0;
+    const int P = pp->size, s = pp->rank;
+    const int S = pipe_slots(k, P, s, n_micro);
+    if (S < 1 || (k != PIPE_1F1B && k != PIPE_GPIPE) || !ops || !ops->forward || !ops->backward ||
+        (s > 0 && !ops->input) || (s < P - 1 && !ops->output) || !ops->grad) {
+        snprintf(pp->err, sizeof pp->err,
+                 "pipeline: bad arguments (kind %d, %d microbatches, stage %d of %d, callbacks %s)", (int)k, n_micro,
+                 s, P, ops ? "incomplete" : "missing");
+        return -1;
+    }
+    pipe_exec_t ex = { .pp = pp, .ops = ops, .ctx = ctx, .P = P, .s = s, .M = n_micro, .S = S,
+                       .R = S < 2 ? S : 2, .first = s == 0, .last = s == P - 1 };
     const size_t n = ops->n;
     pipe_action_t *act = malloc((size_t)2 * (size_t)n_micro * sizeof *act);
-    /* act_sent[i]: the isend of slot i's output, which the slot's next
-     * forward must not overwrite before it completes; grad_sent[i] and
-     * gbuf[i]: a ring of upstream gradient sends, since the next backward
-     * overwrites grad() */
-    comm_req_t *act_sent = calloc((size_t)slots, sizeof *act_sent);
-    comm_req_t *grad_sent = calloc((size_t)slots, sizeof *grad_sent);
-    float *gbuf = first ? NULL : malloc((size_t)slots * n * sizeof *gbuf + 1);
-    comm_req_t recv = {0};
-    double wait_s = 0.0;
-    int rc = 0, nb = 0;
-    if (!act || !act_sent || !grad_sent || (!first && !gbuf)) {
-        snprintf(pp->err, sizeof pp->err, "pipeline: out of memory for %d slots of %zu floats", slots, n);
-        rc = -1;
+    /* one block of handles: act_recv[S], act_send[S], grad_send[R] */
+    comm_req_t *reqs = calloc((size_t)(2 * S + ex.R), sizeof *reqs);
+    ex.ring = ex.first ? NULL : malloc((size_t)ex.R * n * sizeof(float) + 1);
+    if (!act || !reqs || (!ex.first && !ex.ring)) {
+        snprintf(pp->err, sizeof pp->err, "pipeline stage %d/%d: out of memory for %d slots of %zu floats", s, P, S,
+                 n);
+        free(act);
+        free(reqs);
+        free(ex.ring);
+        return -1;
     }
-    const int na = rc ? 0 : pipe_schedule(k, P, s, n_micro, act);
+    ex.act_recv = reqs;
+    ex.act_send = reqs + S;
+    ex.grad_send = reqs + 2 * S;
+
+    int rc = 0;
+    const int na = pipe_schedule(k, P, s, n_micro, act);
+    /* receives that can be posted before any compute: every free slot's
+     * activation, and the first backward's gradient */
+    for (int m = 0; rc == 0 && !ex.first && m < S; m++)
+        rc = post_act_recv(&ex, m);
+    if (rc == 0 && !ex.last)
+        rc = post_grad_recv(&ex, 0);
     for (int i = 0; rc == 0 && i < na; i++) {
         const pipe_action_t *a = &act[i];
-        if (a->op == PIPE_FWD) {
-            if (!first) {
-                rc = pp->ops->irecv(pp, ops->input(ctx, a->slot), n, s - 1, TAG_ACT, &recv);
-                rc = rc ? rc : wait_timed(&recv, &wait_s);
-            }
-            if (rc == 0 && !last)
-                rc = wait_timed(&act_sent[a->slot], &wait_s);
-            if (rc == 0)
-                rc = ops->forward(ctx, a->micro, a->slot);
-            if (rc == 0 && !last)
-                rc = pp->ops->isend(pp, ops->output(ctx, a->slot), n, s + 1, TAG_ACT, &act_sent[a->slot]);
-        } else {
-            if (!last) {
-                rc = pp->ops->irecv(pp, ops->grad(ctx), n, s + 1, TAG_GRAD, &recv);
-                rc = rc ? rc : wait_timed(&recv, &wait_s);
-            }
-            if (rc == 0)
-                rc = ops->backward(ctx, a->micro, a->slot);
-            if (rc == 0 && !first) {
-                const int r = nb % slots;
-                float *b = gbuf + (size_t)r * n;
-                rc = wait_timed(&grad_sent[r], &wait_s);
-                if (rc == 0) {
-                    memcpy(b, ops->grad(ctx), n * sizeof *b);
-                    rc = pp->ops->isend(pp, b, n, s - 1, TAG_GRAD, &grad_sent[r]);
-                }
-            }
-            nb++;
-        }
+        rc = a->op == PIPE_FWD ? run_forward(&ex, a) : run_backward(&ex, a);
+        if (rc == 0 && i + 1 < na)
+            rc = progress(&ex, a->micro);
     }
-    /* every send completes before the buffers go (also after a failure:
-     * the peers' receives were posted in the same order) */
-    for (int i = 0; i < slots && act_sent && grad_sent; i++) {
-        int w = wait_timed(&act_sent[i], &wait_s);
-        w |= wait_timed(&grad_sent[i], &wait_s);
-        if (rc == 0)
-            rc = w;
-    }
-    if (recv.active && wait_timed(&recv, &wait_s) != 0 && rc == 0)
+    int left = 0;
+    if (drain(&ex, rc != 0, &left) != 0)
         rc = -1;
     free(act);
-    free(act_sent);
-    free(grad_sent);
-    free(gbuf);
+    if (left == 0) {
+        free(reqs);
+        free(ex.ring);
+    }
+    /* else: after a failure, requests still in flight keep their handles
+     * and the ring; the job ends (pipeline.h), so they are left to MPI
+     * rather than freed under it */
     if (st)
-        st->wait_s = wait_s;
+        st->wait_s = ex.wait_s;
     return rc ? -1 : 0;
 }

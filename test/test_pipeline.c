@@ -1,0 +1,629 @@
+/* Pipeline schedules and executor (mpi/pipeline.c), on a synthetic model,
+ * at whatever size it is started with (test_pipeline.sh runs np 1..4; the
+ * world is the pipeline, one stage per rank).
+ *
+ * (a) Schedule properties for P = 1..8 stages, M = 1..16 microbatches,
+ *     both kinds, every stage: each microbatch's forward once, then its
+ *     backward once; forwards and backwards in increasing microbatch
+ *     order; 1f1b warm-up length and strict alternation after it; the most
+ *     microbatches in flight equals pipe_slots() and no two in flight share
+ *     a slot. Across stages, an ideal run (forward 1, backward 2 time
+ *     units, each action waiting for its neighbour's) never stalls and ends
+ *     at (M + P - 1) * 3, the bubble-optimal makespan.
+ * (b) The executor: stage s computes y = w_s * x + b_s elementwise on n
+ *     floats; the last stage's loss is sum(y * t_m). Backward: dx = w_s *
+ *     dy, dw_s += dy * x, db_s += dy. Every value is a small integer, so
+ *     fp32 is exact whatever the order and dw, db, loss are compared with
+ *     the closed form by ==. Also checked inside the callbacks: the order
+ *     of calls is pipe_schedule()'s, every received activation and
+ *     gradient is the one of its microbatch. Backward poisons its output
+ *     and input slot afterwards (NaN), so an overwrite of a slot before
+ *     its send completed or a receive posted too early shows up as NaN.
+ *     n = 65536 floats (256 KiB) is far above the shared-memory eager
+ *     limit, so sends complete only when matched.
+ * (c) Overlap: with sleeps as compute (forward 2 ms, backward 4 ms), M = 8,
+ *     each stage's wait_s for 1f1b and gpipe next to the ideal one
+ *     ((P-1)(tf+tb) - s*tb: the fill before its first forward plus the
+ *     drain of the backwards below it); printed, not asserted (timings on
+ *     an oversubscribed machine are noise; (a) checks the schedules'
+ *     bubble exactly).
+ *
+ * Each check is agreed over all ranks; rank 0 prints one line per check
+ * and every rank exits with the same status. */
+#define _POSIX_C_SOURCE 200809L /* nanosleep, setenv */
+
+#include "comm.h"
+#include "pipeline.h"
+
+#include <math.h>
+#include <mpi.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static int g_rank, g_size, g_checks, g_fails;
+
+static void die(const char *what)
+{
+    fprintf(stderr, "test_pipeline: rank %d: %s\n", g_rank, what);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
+/* Collective over the world: ok is this rank's verdict, detail its reason
+ * when !ok. Returns 1 when every rank passed. */
+static int check(int ok, const char *detail, const char *fmt, ...)
+{
+    char name[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    int mine = ok ? g_size : g_rank, first = 0;
+    if (MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD) != MPI_SUCCESS)
+        die("MPI_Allreduce(check)");
+    g_checks++;
+    if (first == g_size) {
+        if (g_rank == 0)
+            printf("ok   np=%d %s\n", g_size, name);
+        return 1;
+    }
+    g_fails++;
+    char buf[512] = "";
+    if (g_rank == first)
+        snprintf(buf, sizeof buf, "%s", detail ? detail : "");
+    if (MPI_Bcast(buf, sizeof buf, MPI_CHAR, first, MPI_COMM_WORLD) != MPI_SUCCESS)
+        die("MPI_Bcast(check)");
+    if (g_rank == 0)
+        printf("FAIL np=%d %s: rank %d: %s\n", g_size, name, first, buf);
+    fflush(stdout);
+    return 0;
+}
+
+/* ------------------------------------------------------ (a) schedules */
+
+/* Local properties of one stage's schedule; 1 or 0 with the reason. */
+static int schedule_ok(pipe_kind_t k, int P, int s, int M, char *d, size_t dl)
+{
+    pipe_action_t a[2 * 16];
+    const int S = pipe_slots(k, P, s, M);
+    const int want_S = k == PIPE_GPIPE ? M : (P - s < M ? P - s : M);
+    if (S != want_S) {
+        snprintf(d, dl, "pipe_slots %d, want %d", S, want_S);
+        return 0;
+    }
+    const int na = pipe_schedule(k, P, s, M, a);
+    if (na != 2 * M) {
+        snprintf(d, dl, "%d actions, want %d", na, 2 * M);
+        return 0;
+    }
+    int fpos[16], bpos[16], fslot[16], holder[16];
+    for (int m = 0; m < 16; m++)
+        fpos[m] = bpos[m] = holder[m] = -1;
+    int next_f = 0, next_b = 0, inflight = 0, peak = 0, first_bwd = -1;
+    for (int i = 0; i < na; i++) {
+        const int m = a[i].micro, sl = a[i].slot;
+        if (m < 0 || m >= M || sl < 0 || sl >= S) {
+            snprintf(d, dl, "action %d: micro %d slot %d out of range (slots %d)", i, m, sl, S);
+            return 0;
+        }
+        if (a[i].op == PIPE_FWD) {
+            if (m != next_f++) {
+                snprintf(d, dl, "action %d: forward of %d out of order", i, m);
+                return 0;
+            }
+            if (holder[sl] >= 0) {
+                snprintf(d, dl, "action %d: forward of %d into slot %d held by %d", i, m, sl, holder[sl]);
+                return 0;
+            }
+            holder[sl] = m;
+            fpos[m] = i;
+            fslot[m] = sl;
+            if (++inflight > peak)
+                peak = inflight;
+            /* 1f1b after warm-up: never two forwards in a row */
+            if (k == PIPE_1F1B && first_bwd >= 0 && i > 0 && a[i - 1].op == PIPE_FWD) {
+                snprintf(d, dl, "action %d: two forwards in a row after warm-up", i);
+                return 0;
+            }
+        } else {
+            if (m != next_b++ || fpos[m] < 0 || bpos[m] >= 0) {
+                snprintf(d, dl, "action %d: backward of %d out of order or before its forward", i, m);
+                return 0;
+            }
+            if (sl != fslot[m] || holder[sl] != m) {
+                snprintf(d, dl, "action %d: backward of %d in slot %d, forward used %d", i, m, sl, fslot[m]);
+                return 0;
+            }
+            if (first_bwd < 0)
+                first_bwd = i;
+            holder[sl] = -1;
+            bpos[m] = i;
+            inflight--;
+        }
+    }
+    if (next_f != M || next_b != M || inflight != 0) {
+        snprintf(d, dl, "%d forwards, %d backwards", next_f, next_b);
+        return 0;
+    }
+    if (peak != S) {
+        snprintf(d, dl, "peak in flight %d, pipe_slots %d", peak, S);
+        return 0;
+    }
+    /* the forwards before the first backward: warm-up + 1 (or all M) */
+    const int want_first = k == PIPE_GPIPE ? M : (P - s < M ? P - s : M);
+    if (first_bwd != want_first) {
+        snprintf(d, dl, "first backward at action %d, want %d", first_bwd, want_first);
+        return 0;
+    }
+    return 1;
+}
+
+/* The ideal run of all P stages' schedules: each action takes tf or tb
+ * units and starts when its stage is free and its input exists (forward
+ * of m on s-1 done; backward of m on s+1 done). Returns the makespan, or
+ * -1 when no stage can proceed (a schedule-level deadlock). */
+static int ideal_makespan(pipe_kind_t k, int P, int M, int tf, int tb)
+{
+    pipe_action_t a[8][2 * 16];
+    int pc[8] = { 0 }, clock[8] = { 0 }, fend[8][16], bend[8][16];
+    for (int s = 0; s < P; s++) {
+        pipe_schedule(k, P, s, M, a[s]);
+        for (int m = 0; m < M; m++)
+            fend[s][m] = bend[s][m] = -1;
+    }
+    int left = 2 * M * P, end = 0;
+    while (left > 0) {
+        int moved = 0;
+        for (int s = 0; s < P; s++) {
+            while (pc[s] < 2 * M) {
+                const pipe_action_t *x = &a[s][pc[s]];
+                int ready;
+                if (x->op == PIPE_FWD)
+                    ready = s == 0 ? 0 : fend[s - 1][x->micro];
+                else
+                    ready = s == P - 1 ? fend[s][x->micro] : bend[s + 1][x->micro];
+                if (ready < 0)
+                    break;
+                const int t0 = clock[s] > ready ? clock[s] : ready;
+                clock[s] = t0 + (x->op == PIPE_FWD ? tf : tb);
+                (x->op == PIPE_FWD ? fend : bend)[s][x->micro] = clock[s];
+                if (clock[s] > end)
+                    end = clock[s];
+                pc[s]++;
+                left--;
+                moved = 1;
+            }
+        }
+        if (!moved)
+            return -1;
+    }
+    return end;
+}
+
+static void check_schedules(void)
+{
+    pipe_kind_t k = PIPE_GPIPE;
+    int ok = pipe_kind_parse("1f1b", &k) == 0 && k == PIPE_1F1B && pipe_kind_parse("gpipe", &k) == 0 &&
+             k == PIPE_GPIPE && pipe_kind_parse("2f2b", &k) == -1 && k == PIPE_GPIPE &&
+             pipe_kind_parse("", &k) == -1 && pipe_kind_parse(NULL, &k) == -1 &&
+             strcmp(pipe_kind_name(PIPE_1F1B), "1f1b") == 0 && strcmp(pipe_kind_name(PIPE_GPIPE), "gpipe") == 0;
+    check(ok, "", "pipe_kind_parse: 1f1b, gpipe; 2f2b, \"\" and NULL rejected");
+    ok = pipe_slots(PIPE_1F1B, 4, 4, 8) == 0 && pipe_slots(PIPE_1F1B, 4, -1, 8) == 0 &&
+         pipe_slots(PIPE_1F1B, 4, 0, 0) == 0 && pipe_schedule(PIPE_1F1B, 0, 0, 8, NULL) == -1 &&
+         pipe_schedule(PIPE_GPIPE, 4, 0, 0, NULL) == -1;
+    check(ok, "", "pipe_slots / pipe_schedule: stage or microbatch count out of range rejected");
+
+    for (int kk = 0; kk < 2; kk++) {
+        k = kk ? PIPE_GPIPE : PIPE_1F1B;
+        char d[256] = "";
+        int good = 1, cases = 0;
+        for (int P = 1; P <= 8 && good; P++)
+            for (int M = 1; M <= 16 && good; M++)
+                for (int s = 0; s < P && good; s++) {
+                    cases++;
+                    char why[200] = "";
+                    if (!schedule_ok(k, P, s, M, why, sizeof why)) {
+                        snprintf(d, sizeof d, "P %d M %d stage %d: %s", P, M, s, why);
+                        good = 0;
+                    }
+                }
+        if (good)
+            for (int P = 1; P <= 8 && good; P++)
+                if (k == PIPE_1F1B)
+                    for (int M = 1; M <= 16; M++)
+                        if (pipe_slots(k, P, 0, M) != (P < M ? P : M)) {
+                            snprintf(d, sizeof d, "P %d M %d: stage 0 holds %d, want min(P, M)", P, M,
+                                     pipe_slots(k, P, 0, M));
+                            good = 0;
+                            break;
+                        }
+        check(good, d,
+              "%s schedules, P 1..8 x M 1..16, %d stages: each forward then backward once, in microbatch order, "
+              "peak in flight = pipe_slots (1f1b stage 0: min(P, M)), no shared slot",
+              pipe_kind_name(k), cases);
+
+        good = 1;
+        d[0] = '\0';
+        for (int P = 1; P <= 8 && good; P++)
+            for (int M = 1; M <= 16 && good; M++)
+                for (int tb = 1; tb <= 2; tb++) {
+                    const int got = ideal_makespan(k, P, M, 1, tb), want = (M + P - 1) * (1 + tb);
+                    if (got != want) {
+                        snprintf(d, sizeof d, "P %d M %d tf 1 tb %d: makespan %d, want %d%s", P, M, tb, got, want,
+                                 got < 0 ? " (deadlock)" : "");
+                        good = 0;
+                        break;
+                    }
+                }
+        check(good, d, "%s: the ideal run of all stages never stalls and ends at (M+P-1)*(tf+tb), tb = tf and 2tf",
+              pipe_kind_name(k));
+    }
+}
+
+/* ----------------------------------------------- (b) synthetic model */
+
+/* Small integers: every product and sum below stays under 2^24 for P <= 8
+ * and M <= 16, so fp32 is exact. */
+static float x0_of(int m, size_t i) { return (float)((int)((m + 2 * i) % 5) - 2); }
+static float w_of(int s, size_t i) { return (float)(1 + (int)((s + i) % 2)); }
+static float b_of(int s, size_t i) { return (float)((int)((s + 3 * i) % 3) - 1); }
+static float t_of(int m, size_t i) { return (float)((int)((3 * m + i) % 4) - 1); }
+
+/* The input of stage s for microbatch m, element i. */
+static double x_at(int s, int m, size_t i)
+{
+    double x = x0_of(m, i);
+    for (int q = 0; q < s; q++)
+        x = w_of(q, i) * x + b_of(q, i);
+    return x;
+}
+
+/* dL/d(output of stage s) for microbatch m, element i. */
+static double dy_at(int P, int s, int m, size_t i)
+{
+    double g = t_of(m, i);
+    for (int q = P - 1; q > s; q--)
+        g *= w_of(q, i);
+    return g;
+}
+
+typedef struct synth {
+    int s, P, M, S;
+    size_t n;
+    float *in, *out, *grad; /* [S][n], [S][n], [n] */
+    float *w, *b, *dw, *db; /* [n] each */
+    double loss;
+    const pipe_action_t *expect; /* pipe_schedule()'s order */
+    int pos;
+    int fail_fwd; /* forward of this microbatch returns -1 (-1: none) */
+    long sleep_f_us, sleep_b_us;
+    char err[256]; /* first violation seen in a callback */
+} synth_t;
+
+static void sleep_us(long us)
+{
+    if (us <= 0)
+        return;
+    struct timespec ts = { us / 1000000, (us % 1000000) * 1000 };
+    nanosleep(&ts, NULL);
+}
+
+static void note(synth_t *c, const char *fmt, ...)
+{
+    if (c->err[0])
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->err, sizeof c->err, fmt, ap);
+    va_end(ap);
+}
+
+/* The next action must be (op, micro, slot). */
+static void expect_action(synth_t *c, pipe_op_t op, int micro, int slot)
+{
+    const pipe_action_t *e = c->pos < 2 * c->M ? &c->expect[c->pos] : NULL;
+    if (!e || e->op != op || e->micro != micro || e->slot != slot)
+        note(c, "call %d: %s(micro %d, slot %d), schedule says %s(%d, %d)", c->pos, op == PIPE_FWD ? "fwd" : "bwd",
+             micro, slot, e ? (e->op == PIPE_FWD ? "fwd" : "bwd") : "end", e ? e->micro : -1, e ? e->slot : -1);
+    c->pos++;
+}
+
+static int synth_forward(void *ctx, int m, int slot)
+{
+    synth_t *c = ctx;
+    expect_action(c, PIPE_FWD, m, slot);
+    if (m == c->fail_fwd)
+        return -1;
+    float *x = c->in + (size_t)slot * c->n, *y = c->out + (size_t)slot * c->n;
+    for (size_t i = 0; i < c->n; i++) {
+        if (c->s == 0)
+            x[i] = x0_of(m, i); /* the first stage makes its own input */
+        else if (x[i] != (float)x_at(c->s, m, i))
+            note(c, "fwd %d: input[%zu] = %g, want %g", m, i, (double)x[i], x_at(c->s, m, i));
+        y[i] = c->w[i] * x[i] + c->b[i];
+        if (c->s == c->P - 1)
+            c->loss += (double)y[i] * t_of(m, i);
+    }
+    sleep_us(c->sleep_f_us);
+    return 0;
+}
+
+static int synth_backward(void *ctx, int m, int slot)
+{
+    synth_t *c = ctx;
+    expect_action(c, PIPE_BWD, m, slot);
+    float *x = c->in + (size_t)slot * c->n, *y = c->out + (size_t)slot * c->n;
+    const int last = c->s == c->P - 1;
+    for (size_t i = 0; i < c->n; i++) {
+        const float dy = last ? t_of(m, i) : c->grad[i];
+        if (!last && dy != (float)dy_at(c->P, c->s, m, i))
+            note(c, "bwd %d: grad[%zu] = %g, want %g", m, i, (double)dy, dy_at(c->P, c->s, m, i));
+        c->dw[i] += dy * x[i];
+        c->db[i] += dy;
+        c->grad[i] = c->w[i] * dy;
+        /* the slot is dead: a receive posted into it too early, or a send
+         * of it not yet complete, now sees NaN */
+        x[i] = NAN;
+        y[i] = NAN;
+    }
+    sleep_us(c->sleep_b_us);
+    return 0;
+}
+
+static float *synth_input(void *ctx, int slot)
+{
+    synth_t *c = ctx;
+    return c->in + (size_t)slot * c->n;
+}
+
+static float *synth_output(void *ctx, int slot)
+{
+    synth_t *c = ctx;
+    return c->out + (size_t)slot * c->n;
+}
+
+static float *synth_grad(void *ctx) { return ((synth_t *)ctx)->grad; }
+
+static int synth_init(synth_t *c, pipe_kind_t k, int P, int s, int M, size_t n, pipe_action_t *expect)
+{
+    memset(c, 0, sizeof *c);
+    c->s = s;
+    c->P = P;
+    c->M = M;
+    c->n = n;
+    c->S = pipe_slots(k, P, s, M);
+    c->fail_fwd = -1;
+    c->expect = expect;
+    pipe_schedule(k, P, s, M, expect);
+    const size_t S = (size_t)c->S;
+    c->in = malloc(S * n * sizeof(float));
+    c->out = malloc(S * n * sizeof(float));
+    c->grad = malloc(n * sizeof(float));
+    c->w = malloc(n * sizeof(float));
+    c->b = malloc(n * sizeof(float));
+    c->dw = calloc(n, sizeof(float));
+    c->db = calloc(n, sizeof(float));
+    if (!c->in || !c->out || !c->grad || !c->w || !c->b || !c->dw || !c->db)
+        return -1;
+    for (size_t i = 0; i < S * n; i++)
+        c->in[i] = c->out[i] = NAN;
+    for (size_t i = 0; i < n; i++) {
+        c->grad[i] = NAN;
+        c->w[i] = w_of(s, i);
+        c->b[i] = b_of(s, i);
+    }
+    return 0;
+}
+
+static void synth_free(synth_t *c)
+{
+    free(c->in);
+    free(c->out);
+    free(c->grad);
+    free(c->w);
+    free(c->b);
+    free(c->dw);
+    free(c->db);
+}
+
+static const pipe_stage_ops_t *synth_ops(size_t n)
+{
+    static pipe_stage_ops_t ops = { .forward = synth_forward, .backward = synth_backward, .input = synth_input,
+                                    .output = synth_output, .grad = synth_grad };
+    ops.n = n;
+    return &ops;
+}
+
+/* One step of the synthetic model on pp; checks dw, db, the loss and the
+ * callbacks' observations against the closed form. */
+static void run_exact(comm_t *pp, const char *label, pipe_kind_t k, int M, size_t n)
+{
+    const int P = pp->size, s = pp->rank;
+    pipe_action_t *expect = malloc((size_t)2 * M * sizeof *expect);
+    synth_t c;
+    if (!expect || synth_init(&c, k, P, s, M, n, expect) != 0)
+        die("out of memory");
+    pipe_stats_t st = { -1.0 };
+    char d[512] = "";
+    int ok = pipe_run(pp, k, M, synth_ops(n), &c, &st) == 0;
+    if (!ok)
+        snprintf(d, sizeof d, "pipe_run: %.480s", pp->err);
+    else if (c.err[0])
+        snprintf(d, sizeof d, "%s", c.err), ok = 0;
+    else if (c.pos != 2 * M)
+        snprintf(d, sizeof d, "%d callbacks, want %d", c.pos, 2 * M), ok = 0;
+    else if (!(st.wait_s >= 0.0))
+        snprintf(d, sizeof d, "wait_s %g", st.wait_s), ok = 0;
+    double want_loss = 0.0;
+    for (size_t i = 0; ok && i < n; i++) {
+        double dw = 0.0, db = 0.0;
+        for (int m = 0; m < M; m++) {
+            const double dy = dy_at(P, s, m, i);
+            dw += dy * x_at(s, m, i);
+            db += dy;
+            if (s == P - 1)
+                want_loss += (w_of(s, i) * x_at(s, m, i) + b_of(s, i)) * t_of(m, i);
+        }
+        if (c.dw[i] != (float)dw || c.db[i] != (float)db) {
+            snprintf(d, sizeof d, "element %zu: dw %.9g db %.9g, want %.9g %.9g", i, (double)c.dw[i],
+                     (double)c.db[i], dw, db);
+            ok = 0;
+        }
+    }
+    if (ok && s == P - 1 && c.loss != want_loss) {
+        snprintf(d, sizeof d, "loss %.17g, want %.17g", c.loss, want_loss);
+        ok = 0;
+    }
+    check(ok, d, "%s %s P=%d M=%d n=%zu: dw, db, loss exact on every stage; calls in schedule order; inputs and "
+                 "gradients those of their microbatch",
+          label, pipe_kind_name(k), P, M, n);
+    synth_free(&c);
+    free(expect);
+}
+
+/* Bad arguments and a failing callback, on a group of one (no neighbour
+ * to leave waiting). */
+static void check_errors(comm_t *self)
+{
+    pipe_action_t expect[8];
+    synth_t c;
+    if (synth_init(&c, PIPE_1F1B, 1, 0, 4, 10, expect) != 0)
+        die("out of memory");
+    char d[600] = "";
+    int rc = pipe_run(self, PIPE_1F1B, 0, synth_ops(10), &c, NULL);
+    int ok = rc == -1 && strstr(self->err, "bad arguments") != NULL;
+    snprintf(d, sizeof d, "rc %d, err '%s'", rc, self->err);
+    check(ok, d, "pipe_run with 0 microbatches: -1, '%s'", ok ? self->err : "");
+    pipe_stage_ops_t no_fwd = *synth_ops(10);
+    no_fwd.forward = NULL;
+    rc = pipe_run(self, PIPE_1F1B, 4, &no_fwd, &c, NULL);
+    ok = rc == -1 && strstr(self->err, "bad arguments") != NULL;
+    snprintf(d, sizeof d, "rc %d, err '%s'", rc, self->err);
+    check(ok, d, "pipe_run without a forward callback: -1");
+    c.fail_fwd = 2;
+    rc = pipe_run(self, PIPE_1F1B, 4, synth_ops(10), &c, NULL);
+    ok = rc == -1 && strstr(self->err, "forward of microbatch 2 failed") != NULL && c.pos == 5;
+    snprintf(d, sizeof d, "rc %d after %d calls, err '%s'", rc, c.pos, self->err);
+    check(ok, d, "a forward callback's -1 stops the schedule: '%s'", ok ? self->err : "");
+    synth_free(&c);
+}
+
+/* ---------------------------------------------------- (c) overlap */
+
+static void report_overlap(comm_t *pp)
+{
+    const int P = pp->size, s = pp->rank, M = 8;
+    const long tf = 2000, tb = 4000;
+    double wait[2] = { 0, 0 }, wall[2] = { 0, 0 };
+    for (int kk = 0; kk < 2; kk++) {
+        const pipe_kind_t k = kk ? PIPE_GPIPE : PIPE_1F1B;
+        pipe_action_t expect[16];
+        synth_t c;
+        if (synth_init(&c, k, P, s, M, 1000, expect) != 0)
+            die("out of memory");
+        c.sleep_f_us = tf;
+        c.sleep_b_us = tb;
+        pipe_stats_t st = { 0 };
+        int ok = 1;
+        for (int rep = 0; rep < 2 && ok; rep++) { /* the first run warms up the connections */
+            c.pos = 0;
+            if (MPI_Barrier(MPI_COMM_WORLD) != MPI_SUCCESS)
+                die("MPI_Barrier");
+            const double t0 = MPI_Wtime();
+            ok = pipe_run(pp, k, M, synth_ops(1000), &c, &st) == 0 && !c.err[0];
+            wall[kk] = MPI_Wtime() - t0;
+        }
+        check(ok, ok ? "" : (c.err[0] ? c.err : pp->err), "overlap run %s P=%d M=%d with sleeps", pipe_kind_name(k),
+              P, M);
+        wait[kk] = st.wait_s;
+        synth_free(&c);
+    }
+    double all[4 * 64];
+    double mine[4] = { wait[0], wait[1], wall[0], wall[1] };
+    if (P > 64)
+        return;
+    if (MPI_Gather(mine, 4, MPI_DOUBLE, all, 4, MPI_DOUBLE, 0, MPI_COMM_WORLD) != MPI_SUCCESS)
+        die("MPI_Gather");
+    if (g_rank != 0)
+        return;
+    /* ideal: stage r starts at r*tf and ends at (M+P-1)(tf+tb) - r*tb, busy M(tf+tb) */
+    const double ms = 1e-3, ideal_step = (M + P - 1) * (tf + tb) * ms;
+    printf("info np=%d overlap, M=%d, forward %.0f ms, backward %.0f ms: ideal step %.0f ms\n", P, M, tf * ms,
+           tb * ms, ideal_step);
+    double sum[2] = { 0, 0 }, ideal_sum = 0;
+    for (int r = 0; r < P; r++) {
+        const double ideal = ((P - 1) * (tf + tb) - r * tb) * ms;
+        printf("info np=%d   stage %d: wait 1f1b %6.1f ms  gpipe %6.1f ms  (ideal %4.0f ms) | step 1f1b %6.1f ms  "
+               "gpipe %6.1f ms\n",
+               P, r, all[4 * r] * 1e3, all[4 * r + 1] * 1e3, ideal, all[4 * r + 2] * 1e3, all[4 * r + 3] * 1e3);
+        sum[0] += all[4 * r];
+        sum[1] += all[4 * r + 1];
+        ideal_sum += ideal;
+    }
+    printf("info np=%d   sum of wait_s: 1f1b %.1f ms, gpipe %.1f ms (ideal %.0f ms for both)\n", P, sum[0] * 1e3,
+           sum[1] * 1e3, ideal_sum);
+    fflush(stdout);
+}
+
+int main(int argc, char **argv)
+{
+    int provided = 0;
+    if (MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
+        fprintf(stderr, "test_pipeline: MPI_Init_thread failed\n");
+        return 1;
+    }
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &g_size);
+    unsetenv("DTRAIN_COMM_MAX_COUNT");
+
+    check_schedules();
+
+    MPI_Comm world_mpi = MPI_COMM_WORLD, self_mpi = MPI_COMM_SELF;
+    comm_t *world = comm_mpi_create(&world_mpi), *self = comm_mpi_create(&self_mpi);
+    if (!world || !self)
+        die("comm_mpi_create failed");
+    check_errors(self);
+
+    const int P = g_size;
+    const int Ms[] = { 1, P, P + 1, 2 * P + 3, 16 };
+    const size_t ns[] = { 1, 1000, 65536 };
+    for (int kk = 0; kk < 2; kk++)
+        for (size_t j = 0; j < sizeof ns / sizeof ns[0]; j++)
+            for (size_t i = 0; i < sizeof Ms / sizeof Ms[0]; i++) {
+                if (i > 0 && Ms[i] == Ms[i - 1])
+                    continue;
+                if (ns[j] == 65536 && Ms[i] == 16 && kk == 1)
+                    continue; /* 16 slots of 256 KiB per stage: covered by the smaller runs */
+                run_exact(world, "world", kk ? PIPE_GPIPE : PIPE_1F1B, Ms[i], ns[j]);
+            }
+
+    /* the pipeline in reverse world-rank order, over a communicator whose
+     * sends are split into chunks of 1000 floats (several requests each) */
+    MPI_Comm rev = MPI_COMM_NULL;
+    if (MPI_Comm_split(MPI_COMM_WORLD, 0, g_size - g_rank, &rev) != MPI_SUCCESS)
+        die("MPI_Comm_split");
+    setenv("DTRAIN_COMM_MAX_COUNT", "1000", 1);
+    comm_t *chunked = comm_mpi_create(&rev);
+    unsetenv("DTRAIN_COMM_MAX_COUNT");
+    MPI_Comm_free(&rev);
+    if (!chunked)
+        die("comm_mpi_create(reversed, chunked) failed");
+    run_exact(chunked, "reversed+chunked", PIPE_1F1B, 2 * P + 1, 4500);
+    run_exact(chunked, "reversed+chunked", PIPE_GPIPE, P + 1, 4500);
+    chunked->ops->destroy(chunked);
+
+    /* two steps back to back: nothing of one step is left for the next */
+    run_exact(world, "world (again)", PIPE_1F1B, 2 * P, 65536);
+
+    report_overlap(world);
+
+    world->ops->destroy(world);
+    self->ops->destroy(self);
+    if (g_rank == 0)
+        printf("%d checks, %d failure(s)\n", g_checks, g_fails);
+    MPI_Finalize();
+    return g_fails ? 1 : 0;
+}
