@@ -243,13 +243,38 @@ void grid_destroy(grid_t *g)
 {
     if (!g)
         return;
-    comm_t **all[] = { &g->embed, &g->pp, &g->dp, &g->tp, &g->world };
+    comm_t **all[] = { &g->shard, &g->embed, &g->pp, &g->dp, &g->tp, &g->world };
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
         if (*all[i])
             (*all[i])->ops->destroy(*all[i]);
         *all[i] = NULL;
     }
     memset(g, 0, sizeof *g);
+}
+
+int grid_create_shard_group(grid_t *g, int H)
+{
+    const int groups = g->dp_size / H;
+    const int color = (g->pp_rank * g->tp_size + g->tp_rank) * groups + g->dp_rank / H;
+    MPI_Comm sub = MPI_COMM_NULL;
+    int rc = MPI_Comm_split(MPI_COMM_WORLD, color, g->dp_rank % H, &sub);
+    if (rc != MPI_SUCCESS) {
+        mpi_err(g, rc, "MPI_Comm_split(shard)");
+        return -1;
+    }
+    g->shard = comm_mpi_create(&sub);
+    if (MPI_Comm_free(&sub) != MPI_SUCCESS && g->shard) {
+        g->shard->ops->destroy(g->shard);
+        g->shard = NULL;
+    }
+    int ok = g->shard && g->shard->size == H && g->shard->rank == g->dp_rank % H;
+    rc = MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (rc != MPI_SUCCESS || !ok) {
+        set_err(g, "grid: cannot create the hybrid shard groups of %d ranks", H);
+        return -1;
+    }
+    snprintf(g->shard->name, sizeof g->shard->name, "shard");
+    return 0;
 }
 
 /* ---- grid_print ---- */

@@ -16,6 +16,8 @@ typedef struct grid {
     comm_t *world, *tp, *dp, *pp;
     comm_t *embed; /* first and last pipeline stage of this (tp, dp); NULL
                       on middle stages; with pp 1 it is a group of one */
+    comm_t *shard; /* --hybrid-shard H: the H consecutive DP ranks of this
+                      rank's shard group (grid_create_shard_group); else NULL */
     char err[512];
 } grid_t;
 
@@ -24,6 +26,11 @@ typedef struct grid {
  * -1 with one line in g->err (the same on every rank for layout errors). */
 int grid_create(grid_t *g, int tp, int pp, int dp);
 void grid_destroy(grid_t *g);
+
+/* HSDP: splits each DP group into dp/H groups of H consecutive DP ranks
+ * (g->shard). H must divide dp. Collective over MPI_COMM_WORLD. Returns 0,
+ * or -1 with one line in g->err. */
+int grid_create_shard_group(grid_t *g, int H);
 
 /* Prints, on the calling rank, every group of each kind with its world
  * ranks and hosts: "tp group 0: ranks 0,1 (hostA)". Collective (gathers

@@ -36,9 +36,12 @@ int metrics_write_json(FILE *f, const step_record_t *r)
     if (!isnan(r->val_loss))
         rc = rc < 0 ? rc : fprintf(f, ", \"val_loss\": %.9g", r->val_loss);
     rc = rc < 0 ? rc
-                : fprintf(f, ", \"lr\": %.9g, \"grad_norm\": %.9g, \"ms\": %.3f, \"compute_ms_max\": %.3f, \"compute_ms_mean\": %.3f, \"comm_ms\": %.3f, \"comm_ms_mean\": %.3f, \"bubble_max\": %.4f, \"bubble_mean\": %.4f, \"tokens_per_s\": %.3f, \"mfu\": %.6f}\n",
+                : fprintf(f, ", \"lr\": %.9g, \"grad_norm\": %.9g, \"ms\": %.3f, \"compute_ms_max\": %.3f, \"compute_ms_mean\": %.3f, \"comm_ms\": %.3f, \"comm_ms_mean\": %.3f, \"bubble_max\": %.4f, \"bubble_mean\": %.4f, \"tokens_per_s\": %.3f, \"mfu\": %.6f, \"mem_peak\": {",
                           r->lr, r->grad_norm, r->ms, r->compute_ms_max, r->compute_ms_mean, r->comm_ms, r->comm_ms_mean,
                           r->bubble_max, r->bubble_mean, r->tokens_per_s, r->mfu);
+    for (int k = 0; k <= MEM_N_CATEGORIES && rc >= 0; k++)
+        rc = fprintf(f, "\"%s\": %lld%s", k < MEM_N_CATEGORIES ? mem_category_name((mem_category_t)k) : "total",
+                     r->mem_peak[k], k < MEM_N_CATEGORIES ? ", " : "}}\n");
     if (rc < 0 || fflush(f) != 0)
         return -1;
     return 0;

@@ -5,6 +5,8 @@
 
 #include <stdio.h>
 
+#include "mem.h"
+
 typedef struct step_record {
     int step, steps;   /* 1-based step just finished, total */
     double loss;       /* mean training loss of the step's global batch */
@@ -19,6 +21,9 @@ typedef struct step_record {
     /* fraction of the step a rank spent waiting for a neighbour pipeline
      * stage (warm-up, cool-down, imbalance); 0 without pipelining */
     double bubble_max, bubble_mean;
+    /* high-water marks of the accounting allocator, bytes, max over
+     * ranks: one per category (mem.h order), then the total's */
+    long long mem_peak[MEM_N_CATEGORIES + 1];
 } step_record_t;
 
 void metrics_print_step(FILE *out, const step_record_t *r);

@@ -19,21 +19,37 @@ double lr_at(const lr_schedule_t *s, int step)
     return s->min_lr + 0.5 * (s->lr - s->min_lr) * (1.0 + cos(M_PI * progress));
 }
 
-int adamw_create(adamw_t *a, const ops_t *ops, const param_table_t *t, double beta1, double beta2,
-                 double eps, double weight_decay, double grad_clip)
+/* Appends [offset, offset+n) (moments at soff, gradients at goff), merged
+ * into the previous run when contiguous in all three with the same decay. */
+static void add_range(adamw_t *a, size_t offset, size_t goff, size_t soff, size_t n, int decay)
+{
+    optim_range_t *last = a->n_ranges ? &a->ranges[a->n_ranges - 1] : NULL;
+    if (n == 0)
+        return;
+    if (last && last->decay == decay && last->offset + last->n == offset && last->goff + last->n == goff &&
+        last->soff + last->n == soff)
+        last->n += n;
+    else
+        a->ranges[a->n_ranges++] = (optim_range_t){.offset = offset, .goff = goff, .soff = soff, .n = n,
+                                                   .decay = decay};
+}
+
+int adamw_create(adamw_t *a, const ops_t *ops, const param_table_t *t, const zero_t *z, double beta1,
+                 double beta2, double eps, double weight_decay, double grad_clip)
 {
     memset(a, 0, sizeof *a);
     a->ops = ops;
-    a->n = t->numel;
+    a->n = z ? z->shard_n : t->numel;
     a->beta1 = beta1;
     a->beta2 = beta2;
     a->eps = eps;
     a->weight_decay = weight_decay;
     a->grad_clip = grad_clip;
-    size_t bytes = a->n * sizeof(float);
+    size_t bytes = (a->n ? a->n : 1) * sizeof(float);
     a->m = ops->alloc(bytes);
     a->v = ops->alloc(bytes);
-    a->ranges = calloc((size_t)t->n, sizeof *a->ranges);
+    /* at most one run per (tensor, unit) overlap: tensors + units */
+    a->ranges = calloc((size_t)t->n + (z ? (size_t)z->n_units : 0) + 1, sizeof *a->ranges);
     if (!a->m || !a->v || !a->ranges) {
         adamw_destroy(a);
         return -1;
@@ -41,13 +57,24 @@ int adamw_create(adamw_t *a, const ops_t *ops, const param_table_t *t, double be
     ops->zero(a->m, bytes);
     ops->zero(a->v, bytes);
     mem_track(MEM_OPTIM, 2 * (long long)bytes);
-    for (int i = 0; i < t->n; i++) {
-        const param_desc_t *d = &t->p[i];
-        optim_range_t *last = a->n_ranges ? &a->ranges[a->n_ranges - 1] : NULL;
-        if (last && last->decay == d->decay && last->offset + last->n == d->offset)
-            last->n += d->numel;
-        else
-            a->ranges[a->n_ranges++] = (optim_range_t){.offset = d->offset, .n = d->numel, .decay = d->decay};
+    if (!z) {
+        for (int i = 0; i < t->n; i++)
+            add_range(a, t->p[i].offset, t->p[i].offset, t->p[i].offset, t->p[i].numel, t->p[i].decay);
+        return 0;
+    }
+    /* this rank's piece of each unit, cut at tensor boundaries (decay) */
+    int i = 0;
+    for (int u = 0; u < z->n_units; u++) {
+        size_t lo, hi;
+        zero_piece(z, u, &lo, &hi);
+        while (i < t->n && t->p[i].offset + t->p[i].numel <= lo)
+            i++;
+        for (int k = i; k < t->n && t->p[k].offset < hi; k++) {
+            const size_t a0 = t->p[k].offset > lo ? t->p[k].offset : lo;
+            const size_t e = t->p[k].offset + t->p[k].numel, a1 = e < hi ? e : hi;
+            const size_t soff = z->shard_start[u] + (a0 - lo);
+            add_range(a, a0, z->stage >= 2 ? soff : a0, soff, a1 - a0, t->p[k].decay);
+        }
     }
     return 0;
 }
@@ -55,7 +82,7 @@ int adamw_create(adamw_t *a, const ops_t *ops, const param_table_t *t, double be
 void adamw_destroy(adamw_t *a)
 {
     if (a->m && a->v)
-        mem_track(MEM_OPTIM, -2 * (long long)(a->n * sizeof(float)));
+        mem_track(MEM_OPTIM, -2 * (long long)((a->n ? a->n : 1) * sizeof(float)));
     if (a->m)
         a->ops->free(a->m);
     if (a->v)
@@ -76,7 +103,7 @@ void adamw_step(adamw_t *a, float *params, const float *grads, double lr, double
     a->t++;
     for (int i = 0; i < a->n_ranges; i++) {
         const optim_range_t *r = &a->ranges[i];
-        a->ops->adamw(params + r->offset, grads + r->offset, a->m + r->offset, a->v + r->offset, r->n,
+        a->ops->adamw(params + r->offset, grads + r->goff, a->m + r->soff, a->v + r->soff, r->n,
                       (float)lr, (float)a->beta1, (float)a->beta2, (float)a->eps,
                       r->decay ? (float)a->weight_decay : 0.0f, (float)grad_scale, a->t);
     }

@@ -6,6 +6,7 @@
 
 #include "ops.h"
 #include "params.h"
+#include "zero.h"
 
 typedef struct lr_schedule {
     double lr, min_lr;
@@ -17,10 +18,13 @@ typedef struct lr_schedule {
  * at the last step. */
 double lr_at(const lr_schedule_t *s, int step);
 
-/* A run of consecutive tensors sharing one weight-decay setting: the update
- * is one fused pass per run instead of one per tensor. */
+/* A run of consecutive elements sharing one weight-decay setting: the
+ * update is one fused pass per run instead of one per tensor. Offsets in
+ * floats: into the parameters, the gradients, and the moments (the three
+ * differ under ZeRO, where moments and sharded gradients cover only this
+ * rank's pieces). */
 typedef struct optim_range {
-    size_t offset, n;
+    size_t offset, goff, soff, n;
     int decay;
 } optim_range_t;
 
@@ -34,8 +38,11 @@ typedef struct adamw {
     int t; /* steps taken */
 } adamw_t;
 
-int adamw_create(adamw_t *a, const ops_t *ops, const param_table_t *t, double beta1, double beta2,
-                 double eps, double weight_decay, double grad_clip);
+/* Moments for every parameter of the table (z NULL), or for this rank's
+ * ZeRO pieces only (z: moments [z->shard_n]; gradients indexed like the
+ * moments when z->stage >= 2, like the parameters otherwise). */
+int adamw_create(adamw_t *a, const ops_t *ops, const param_table_t *t, const zero_t *z, double beta1,
+                 double beta2, double eps, double weight_decay, double grad_clip);
 void adamw_destroy(adamw_t *a);
 
 /* Gradient-norm clipping factor for a global norm: min(1, clip / norm). */

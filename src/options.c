@@ -32,6 +32,7 @@ typedef struct opt_def {
 static const char *const arch_choices[] = {"gpt2", "llama", NULL};
 static const char *const format_choices[] = {"llmc", "raw-u16", NULL};
 static const char *const ddp_choices[] = {"naive", "flat", "bucketed", NULL};
+static const char *const fsdp_choices[] = {"", "no_shard", "shard_grad_op", "full_shard", NULL};
 static const char *const pp_schedule_choices[] = {"1f1b", "gpipe", NULL};
 
 #define F(field) offsetof(run_options_t, field)
@@ -55,6 +56,9 @@ static const opt_def_t opt_defs[] = {
     {"pp-schedule", OPT_STR, F(pp_schedule), S(pp_schedule), "1f1b", 0, 0, pp_schedule_choices, "pipeline schedule over a step's microbatches: 1f1b | gpipe"},
     {"dp", OPT_INT, F(dp), 0, "0", 0, 1 << 20, NULL, "data-parallel size (0 = world size / (tp x pp))"},
     {"ddp-mode", OPT_STR, F(ddp_mode), S(ddp_mode), "bucketed", 0, 0, ddp_choices, "gradient all-reduce: naive (per tensor) | flat (one buffer) | bucketed (overlapped with backward)"},
+    {"zero", OPT_INT, F(zero), 0, "0", 0, 3, NULL, "ZeRO stage over the data-parallel group: 0 (replicated) | 1 (AdamW moments sharded)"},
+    {"fsdp", OPT_STR, F(fsdp), S(fsdp), "", 0, 0, fsdp_choices, "PyTorch FSDP names for --zero: no_shard (0) | shard_grad_op (2) | full_shard (3)"},
+    {"hybrid-shard", OPT_INT, F(hybrid_shard), 0, "0", 0, 1 << 20, NULL, "shard the ZeRO state within groups of N consecutive data-parallel ranks and replicate it across groups (HSDP; 0 = the whole data-parallel group)"},
     {"bucket-mb", OPT_REAL, F(bucket_mb), 0, "25", 0.001, 1e6, NULL, "gradient bucket size in MiB for --ddp-mode bucketed"},
     {"check-replicas", OPT_INT, F(check_replicas), 0, "0", 0, INT_MAX, NULL, "check data-parallel replicas hold identical parameters every N steps (0 = only at start)"},
     {"steps", OPT_INT, F(steps), 0, "1000", 1, INT_MAX, NULL, "total optimizer steps of the run"},
@@ -294,6 +298,17 @@ static int check_consistency(const run_options_t *o, char *err, size_t errlen)
         snprintf(err, errlen, "--resume auto looks in --ckpt-dir: give --ckpt-dir DIR (or --resume FILE)");
         return -1;
     }
+    if (o->fsdp[0] && o->zero != 0) {
+        snprintf(err, errlen, "--fsdp %s and --zero %d both set the sharding stage: give one of them", o->fsdp,
+                 o->zero);
+        return -1;
+    }
+    if (options_zero_stage(o) >= 2) {
+        snprintf(err, errlen, "--%s: ZeRO stage %d (gradient%s sharding) is not implemented yet; stages 0 and 1 "
+                 "(optimizer-state sharding) are", o->fsdp[0] ? "fsdp" : "zero", options_zero_stage(o),
+                 options_zero_stage(o) == 3 ? " and parameter" : "");
+        return -1;
+    }
     if (o->val_every > 0 && !o->val_data[0]) {
         snprintf(err, errlen, "--val-every %d needs --val-data (or set --val-every 0)", o->val_every);
         return -1;
@@ -363,6 +378,15 @@ options_status_t options_parse(run_options_t *o, int argc, char **argv, int prin
     return OPTIONS_OK;
 }
 
+int options_zero_stage(const run_options_t *o)
+{
+    if (strcmp(o->fsdp, "full_shard") == 0)
+        return 3;
+    if (strcmp(o->fsdp, "shard_grad_op") == 0)
+        return 2;
+    return o->fsdp[0] ? 0 : o->zero;
+}
+
 int options_model_config(const run_options_t *o, model_config_t *c, char *err, size_t errlen)
 {
     const model_preset_t *p = model_preset_find(o->model);
@@ -404,6 +428,14 @@ int options_check_layout(const run_options_t *o, const model_config_t *c, int tp
     if (o->global_batch != 0 && o->global_batch % (o->micro_batch * dp) != 0) {
         snprintf(err, errlen, "--global-batch %d must be a multiple of --micro-batch %d x dp %d = %d",
                  o->global_batch, o->micro_batch, dp, o->micro_batch * dp);
+        return -1;
+    }
+    if (o->hybrid_shard > 0 && (dp % o->hybrid_shard != 0 || options_zero_stage(o) == 0)) {
+        snprintf(err, errlen, "--hybrid-shard %d: %s", o->hybrid_shard,
+                 options_zero_stage(o) == 0 ? "shards the ZeRO state: it needs --zero 1 or higher"
+                                            : "must divide the data-parallel size");
+        if (options_zero_stage(o) != 0)
+            snprintf(err + strlen(err), errlen - strlen(err), " %d", dp);
         return -1;
     }
     if (c->n_head % tp || c->n_kv_head % tp || c->d_ff % tp) {

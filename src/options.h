@@ -22,6 +22,9 @@ typedef struct run_options {
     int sequence_parallel;
     char pp_layers[256], pp_schedule[16];
     char ddp_mode[16];
+    int zero;          /* ZeRO stage; see options_zero_stage */
+    char fsdp[16];     /* "" or an FSDP sharding strategy name */
+    int hybrid_shard;  /* shard group size (0 = the whole DP group) */
     double bucket_mb;
     int check_replicas;
     /* schedule and batch */
@@ -58,6 +61,8 @@ options_status_t options_parse(run_options_t *o, int argc, char **argv, int prin
                                char *err, size_t errlen);
 
 /* Resolves --model plus the shape overrides into a model config. */
+/* The ZeRO stage --zero or --fsdp asks for (0..3). */
+int options_zero_stage(const run_options_t *o);
 int options_model_config(const run_options_t *o, model_config_t *c, char *err, size_t errlen);
 
 /* Layout checks that need the model and the grid: one line in err on

@@ -123,6 +123,53 @@ static void free_state(float *p, float *m, float *v)
     free(v);
 }
 
+/* The moments as full flat host buffers [table.numel] (what a checkpoint
+ * holds) from the optimizer's: the same buffers without ZeRO; under ZeRO
+ * each rank's pieces, gathered over the shard group so that the writer
+ * (DP rank 0) holds every element. Collective over the shard group. */
+static int moments_to_host(trainer_t *tr, float *hm, float *hv)
+{
+    model_t *m = &tr->model;
+    if (tr->zero_stage == 0) {
+        m->ops->to_host(hm, tr->optim.m, m->table.numel * sizeof(float));
+        m->ops->to_host(hv, tr->optim.v, m->table.numel * sizeof(float));
+        return 0;
+    }
+    float *shard = malloc(tr->zero.shard_n * sizeof *shard + 1);
+    if (!shard)
+        return -1;
+    float *const dst[2] = {hm, hv}, *const src[2] = {tr->optim.m, tr->optim.v};
+    int rc = 0;
+    for (int k = 0; k < 2 && rc == 0; k++) {
+        m->ops->to_host(shard, src[k], tr->zero.shard_n * sizeof *shard);
+        memset(dst[k], 0, m->table.numel * sizeof(float));
+        zero_shard_to_flat(&tr->zero, shard, dst[k]);
+        rc = zero_allgather(&tr->zero, dst[k]);
+    }
+    free(shard);
+    return rc;
+}
+
+/* The reverse, after a checkpoint was read: each rank keeps its pieces. */
+static int moments_from_host(trainer_t *tr, const float *hm, const float *hv)
+{
+    model_t *m = &tr->model;
+    if (tr->zero_stage == 0) {
+        m->ops->from_host(tr->optim.m, hm, m->table.numel * sizeof(float));
+        m->ops->from_host(tr->optim.v, hv, m->table.numel * sizeof(float));
+        return 0;
+    }
+    float *shard = malloc(tr->zero.shard_n * sizeof *shard + 1);
+    if (!shard)
+        return -1;
+    zero_flat_to_shard(&tr->zero, hm, shard);
+    m->ops->from_host(tr->optim.m, shard, tr->zero.shard_n * sizeof *shard);
+    zero_flat_to_shard(&tr->zero, hv, shard);
+    m->ops->from_host(tr->optim.v, shard, tr->zero.shard_n * sizeof *shard);
+    free(shard);
+    return 0;
+}
+
 /* --resume: loads the checkpoint it names into the model and optimizer and
  * sets the step to continue from. Collective. */
 static int trainer_resume(trainer_t *tr, char *err, size_t errlen)
@@ -154,8 +201,13 @@ static int trainer_resume(trainer_t *tr, char *err, size_t errlen)
     if (rc == 0) {
         const size_t bytes = m->table.numel * sizeof(float);
         m->ops->from_host(m->params, hp, bytes);
-        m->ops->from_host(tr->optim.m, hm, bytes);
-        m->ops->from_host(tr->optim.v, hv, bytes);
+        if (moments_from_host(tr, hm, hv) != 0) {
+            snprintf(err, errlen, "out of memory for loading %s", path);
+            rc = -1;
+        }
+    }
+    rc = h5store_agree(MPI_COMM_WORLD, rc, err, errlen);
+    if (rc == 0) {
         tr->optim.t = meta.adam_t;
         tr->start_step = meta.step;
         tr->steps_done = meta.step;
@@ -184,10 +236,16 @@ static int trainer_save(trainer_t *tr, int step, char *err, size_t errlen)
         snprintf(err, errlen, "out of memory for a checkpoint");
     rc = h5store_agree(MPI_COMM_WORLD, rc, err, errlen);
     if (rc == 0) {
-        const size_t bytes = m->table.numel * sizeof(float);
-        m->ops->to_host(hp, m->params, bytes);
-        m->ops->to_host(hm, tr->optim.m, bytes);
-        m->ops->to_host(hv, tr->optim.v, bytes);
+        m->ops->to_host(hp, m->params, m->table.numel * sizeof(float));
+        /* collective over the shard group: every rank reaches it */
+        if (moments_to_host(tr, hm, hv) != 0) {
+            snprintf(err, errlen, "checkpoint: gathering the sharded AdamW moments failed: %s",
+                     tr->zero.group && tr->zero.group->err[0] ? tr->zero.group->err : "out of memory");
+            rc = -1;
+        }
+    }
+    rc = h5store_agree(MPI_COMM_WORLD, rc, err, errlen);
+    if (rc == 0) {
         ckpt_meta_t meta = {.step = step, .adam_t = tr->optim.t, .seed = o->seed, .seq_len = o->seq_len,
                             .global_batch = o->micro_batch * tr->accum * g->dp_size, .lr = o->lr,
                             .min_lr = o->min_lr, .warmup = o->warmup, .steps = o->steps};
@@ -232,6 +290,37 @@ static int trainer_save_params(trainer_t *tr, char *err, size_t errlen)
     free(host);
     if (rc == 0 && tr->env->world_rank == 0)
         printf("parameters written to %s\n", o->save_params);
+    return rc;
+}
+
+/* ZeRO's units: each transformer block's tensors together, every other
+ * tensor (embeddings, final norm, head) alone; sharded over the DP group
+ * or, with --hybrid-shard, over the shard group. */
+static int setup_zero(trainer_t *tr, char *err, size_t errlen)
+{
+    const param_table_t *t = &tr->model.table;
+    grid_t *g = tr->grid;
+    const int H = tr->opt->hybrid_shard;
+    if (H > 0 && H < g->dp_size && grid_create_shard_group(g, H) != 0) {
+        snprintf(err, errlen, "%s", g->err);
+        return -1;
+    }
+    size_t *start = malloc(((size_t)t->n + 1) * sizeof *start);
+    if (!start) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    int n = 0;
+    for (int i = 0; i < t->n; i++) {
+        const int block = t->p[i].layer >= 0 && t->p[i].layer < tr->cfg.n_layer;
+        if (i == 0 || !block || t->p[i - 1].layer != t->p[i].layer)
+            start[n++] = t->p[i].offset;
+    }
+    start[n] = t->numel;
+    int rc = zero_create(&tr->zero, tr->zero_stage, g->shard ? g->shard : g->dp, t->numel, start, n);
+    free(start);
+    if (rc != 0)
+        snprintf(err, errlen, "out of memory for the ZeRO buffers");
     return rc;
 }
 
@@ -286,9 +375,12 @@ int trainer_setup(trainer_t *tr, const run_options_t *o, const launch_env_t *env
     lay.n_slots = pipe_slots(tr->pp_kind, grid->pp_size, grid->pp_rank, tr->accum);
     if (model_create(&tr->model, &tr->cfg, ops_cpu(), &lay, o->micro_batch, o->seq_len, err, errlen) != 0)
         return -1;
+    tr->zero_stage = options_zero_stage(o);
+    if (tr->zero_stage > 0 && setup_zero(tr, err, errlen) != 0)
+        return -1;
     if (model_init_params(&tr->model, (uint64_t)o->seed) != 0 ||
-        adamw_create(&tr->optim, tr->model.ops, &tr->model.table, o->beta1, o->beta2, o->adam_eps,
-                     o->weight_decay, o->grad_clip) != 0) {
+        adamw_create(&tr->optim, tr->model.ops, &tr->model.table, tr->zero_stage ? &tr->zero : NULL, o->beta1,
+                     o->beta2, o->adam_eps, o->weight_decay, o->grad_clip) != 0) {
         snprintf(err, errlen, "out of memory for the optimizer state (%zu parameters)", tr->model.table.numel);
         return -1;
     }
@@ -709,6 +801,17 @@ int trainer_run(trainer_t *tr, char *err, size_t errlen)
         double t_opt = tr->trace ? trace_now() : 0.0;
         adamw_step(&tr->optim, m->params, m->grads, lr, adamw_clip_scale(&tr->optim, norm));
         trace_span(tr->trace, TRACE_COMPUTE, "optimizer", t_opt, tr->trace ? trace_now() : 0.0, NULL);
+        double zero_s = 0.0;
+        if (tr->zero_stage > 0) {
+            /* each rank updated its pieces: gather the rest */
+            double tz = now_s();
+            if (zero_allgather(&tr->zero, m->params) != 0) {
+                snprintf(err, errlen, "step %d: ZeRO parameter all-gather failed: %s", step + 1,
+                         tr->zero.group->err);
+                return -1;
+            }
+            zero_s = now_s() - tz;
+        }
         double dt = now_s() - t0;
         tr->steps_done = step + 1;
 
@@ -718,7 +821,7 @@ int trainer_run(trainer_t *tr, char *err, size_t errlen)
          * collectives, the tied-embedding sum) and the pipeline bubble
          * (blocked waiting for a neighbour stage), max and mean over ranks:
          * a straggler or a slow link shows as max well above mean */
-        double comm = tr->ddp.comm_wait_s + m->tp_comm_s + tr->embed_comm_s;
+        double comm = tr->ddp.comm_wait_s + m->tp_comm_s + tr->embed_comm_s + zero_s;
         float t[6] = {(float)(dt - comm - bubble), (float)comm, (float)(bubble / dt)}, tmax[3];
         memcpy(tmax, t, sizeof tmax);
         memcpy(t + 3, t, sizeof tmax);
@@ -727,6 +830,12 @@ int trainer_run(trainer_t *tr, char *err, size_t errlen)
             snprintf(err, errlen, "step %d: timing all-reduce failed: %s", step + 1, g->world->err);
             return -1;
         }
+        for (int k = 0; k < MEM_N_CATEGORIES; k++)
+            r.mem_peak[k] = (long long)mem_peak_bytes((mem_category_t)k);
+        r.mem_peak[MEM_N_CATEGORIES] = (long long)mem_total_peak_bytes();
+        launch_mpi_check(MPI_Allreduce(MPI_IN_PLACE, r.mem_peak, MEM_N_CATEGORIES + 1, MPI_LONG_LONG, MPI_MAX,
+                                       MPI_COMM_WORLD),
+                         "MPI_Allreduce (memory peaks)");
         r.compute_ms_max = 1e3 * tmax[0];
         r.comm_ms = 1e3 * tmax[1];
         r.bubble_max = tmax[2];
@@ -790,6 +899,8 @@ void trainer_teardown(trainer_t *tr)
     ddp_destroy(&tr->ddp);
     free(tr->tensor_start);
     adamw_destroy(&tr->optim);
+    if (tr->zero_stage > 0)
+        zero_destroy(&tr->zero);
     if (tr->model.ops)
         model_destroy(&tr->model);
     data_close(&tr->train);

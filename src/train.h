@@ -12,6 +12,7 @@
 #include "optim.h"
 #include "options.h"
 #include "pipeline.h"
+#include "zero.h"
 
 typedef struct trainer {
     const run_options_t *opt;
@@ -23,6 +24,8 @@ typedef struct trainer {
     model_config_t cfg;
     model_t model;
     adamw_t optim;
+    int zero_stage;     /* 0: replicated state; 1: AdamW moments sharded (zero) */
+    zero_t zero;        /* the sharding, when zero_stage > 0 */
     lr_schedule_t sched;
     data_loader_t train, val;
     int has_val;
