@@ -3,9 +3,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <mpi.h>
+
 #include "mem.h"
 
-int zero_create(zero_t *z, int stage, comm_t *group, size_t n, const size_t *unit_start, int n_units)
+int zero_create(zero_t *z, int stage, comm_t *group, size_t n, const size_t *unit_start, int n_units,
+                size_t window_units)
 {
     memset(z, 0, sizeof *z);
     z->stage = stage;
@@ -38,6 +41,20 @@ int zero_create(zero_t *z, int stage, comm_t *group, size_t n, const size_t *uni
         zero_destroy(z);
         return -1;
     }
+    z->window_unit[0] = z->window_unit[1] = -1;
+    if (stage >= 2) {
+        const size_t c = (window_units + S - 1) / S;
+        z->window_n = S * c;
+        z->grad_shard = mem_alloc(MEM_GRADS, (z->shard_n + 1) * sizeof(float));
+        for (int k = 0; k < 2; k++) {
+            z->window[k] = mem_alloc(MEM_GRADS, (z->window_n + 1) * sizeof(float));
+            z->recv[k] = mem_alloc(MEM_COMM, (c + 1) * sizeof(float));
+        }
+        if (!z->grad_shard || !z->window[0] || !z->window[1] || !z->recv[0] || !z->recv[1]) {
+            zero_destroy(z);
+            return -1;
+        }
+    }
     return 0;
 }
 
@@ -45,6 +62,15 @@ void zero_destroy(zero_t *z)
 {
     if (z->stage_buf)
         mem_free(MEM_COMM, z->stage_buf, (z->stage_n ? z->stage_n : 1) * sizeof(float));
+    const size_t c = z->group && z->window_n ? z->window_n / (size_t)z->group->size : 0;
+    if (z->grad_shard)
+        mem_free(MEM_GRADS, z->grad_shard, (z->shard_n + 1) * sizeof(float));
+    for (int k = 0; k < 2; k++) {
+        if (z->window[k])
+            mem_free(MEM_GRADS, z->window[k], (z->window_n + 1) * sizeof(float));
+        if (z->recv[k])
+            mem_free(MEM_COMM, z->recv[k], (c + 1) * sizeof(float));
+    }
     free(z->unit_start);
     free(z->chunk);
     free(z->shard_start);
@@ -102,6 +128,107 @@ void zero_shard_to_flat(const zero_t *z, const float *shard, float *flat)
         zero_piece(z, u, &lo, &hi);
         memcpy(flat + lo, shard + z->shard_start[u], (hi - lo) * sizeof(float));
     }
+}
+
+int zero_unit_of(const zero_t *z, size_t off)
+{
+    int lo = 0, hi = z->n_units - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (z->unit_start[mid] <= off)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
+void zero_grads_begin(zero_t *z)
+{
+    memset(z->grad_shard, 0, z->shard_n * sizeof(float));
+    z->wait_s = 0.0;
+}
+
+/* Adds a finished reduce-scatter's piece of unit u to the shard. */
+static void add_piece(zero_t *z, int u, const float *piece)
+{
+    float *dst = z->grad_shard + z->shard_start[u];
+    for (size_t j = 0; j < z->chunk[u]; j++)
+        dst[j] += piece[j];
+}
+
+static int window_drain(zero_t *z, int k)
+{
+    if (z->window_unit[k] < 0)
+        return 0;
+    double t0 = MPI_Wtime();
+    int rc = z->group->ops->wait(&z->req[k]);
+    z->wait_s += MPI_Wtime() - t0;
+    if (rc != 0)
+        return -1;
+    add_piece(z, z->window_unit[k], z->recv[k]);
+    z->window_unit[k] = -1;
+    return 0;
+}
+
+int zero_grads_progress(zero_t *z)
+{
+    for (int k = 0; k < 2; k++) {
+        if (z->window_unit[k] < 0)
+            continue;
+        int done = 0;
+        if (z->group->ops->test(&z->req[k], &done) != 0)
+            return -1;
+        if (done) {
+            add_piece(z, z->window_unit[k], z->recv[k]);
+            z->window_unit[k] = -1;
+        }
+    }
+    return 0;
+}
+
+float *zero_grads_window(zero_t *z, int u)
+{
+    const int k = u & 1;
+    return window_drain(z, k) == 0 ? z->window[k] : NULL;
+}
+
+int zero_grads_reduce_window(zero_t *z, int u)
+{
+    const int k = u & 1;
+    comm_t *c = z->group;
+    if (c->ops->ireduce_scatter(c, z->window[k], z->recv[k], z->chunk[u], &z->req[k]) != 0)
+        return -1;
+    z->window_unit[k] = u;
+    return 0;
+}
+
+int zero_grads_reduce(zero_t *z, int u, const float *src)
+{
+    comm_t *c = z->group;
+    const size_t cu = z->chunk[u], len = z->unit_start[u + 1] - z->unit_start[u];
+    if (cu == 0)
+        return 0;
+    /* stage_buf [S*c]: the send, padded; in place, the rank's piece lands
+     * at its start */
+    memcpy(z->stage_buf, src, len * sizeof(float));
+    memset(z->stage_buf + len, 0, ((size_t)c->size * cu - len) * sizeof(float));
+    double t0 = MPI_Wtime();
+    int rc = c->ops->reduce_scatter(c, z->stage_buf, z->stage_buf, cu);
+    z->wait_s += MPI_Wtime() - t0;
+    if (rc != 0)
+        return -1;
+    add_piece(z, u, z->stage_buf);
+    return 0;
+}
+
+int zero_grads_finish(zero_t *z, float scale)
+{
+    if (window_drain(z, 0) != 0 || window_drain(z, 1) != 0)
+        return -1;
+    for (size_t j = 0; j < z->shard_n; j++)
+        z->grad_shard[j] *= scale;
+    return 0;
 }
 
 int zero_fsdp_stage(const char *mode)

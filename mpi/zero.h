@@ -14,8 +14,17 @@
  *            all-reduce each rank updates its pieces of the parameters,
  *            then every unit is all-gathered.
  *
+ *   stage 2: gradients too. Backward writes each block's gradients into
+ *            one of two lent windows; as soon as a block is done its window
+ *            is reduce-scattered (nonblocking) and the rank adds its piece
+ *            to its gradient shard. Every microbatch is reduced this way
+ *            (DeepSpeed does the same), so a rank never holds a whole
+ *            gradient, only the tensors outside the blocks, two blocks'
+ *            windows and its shard.
+ *
  * The update is elementwise, so a ZeRO-1 step is bit-identical to an
- * unsharded one on the same gradients. */
+ * unsharded one on the same gradients; ZeRO-2 sums gradients in another
+ * order (per microbatch, then over ranks), equal to fp32 rounding. */
 #ifndef DTRAIN_ZERO_H
 #define DTRAIN_ZERO_H
 
@@ -35,11 +44,22 @@ typedef struct zero {
     float *stage_buf;    /* [S * max c] all-gather landing buffer (MEM_COMM) */
     size_t stage_n;
     double comm_s;       /* seconds in this step's gathers */
+    /* stage 2 */
+    float *grad_shard;   /* [shard_n] the step's summed gradient pieces */
+    float *window[2];    /* [window_n] block gradients, zero padded to S*c */
+    float *recv[2];      /* [window_n / S] a window's reduced piece */
+    size_t window_n;
+    int window_unit[2];  /* unit whose reduce-scatter is in flight, or -1 */
+    comm_req_t req[2];
+    double wait_s;       /* seconds blocked on reduce-scatters this step */
 } zero_t;
 
 /* unit_start: n_units+1 ascending offsets covering [0, n]. Returns 0 or -1
  * (out of memory). */
-int zero_create(zero_t *z, int stage, comm_t *group, size_t n, const size_t *unit_start, int n_units);
+/* window_units: the largest unit stage 2 reduces through windows (a
+ * block's length; 0 below stage 2). */
+int zero_create(zero_t *z, int stage, comm_t *group, size_t n, const size_t *unit_start, int n_units,
+                size_t window_units);
 void zero_destroy(zero_t *z);
 
 /* This rank's piece of unit u, in flat offsets: [*lo, *hi). */
@@ -54,6 +74,34 @@ int zero_allgather(zero_t *z, float *buf);
  * pieces, padding left zero. */
 void zero_flat_to_shard(const zero_t *z, const float *flat, float *shard);
 void zero_shard_to_flat(const zero_t *z, const float *shard, float *flat);
+
+/* Stage 2. The step starts: the gradient shard is cleared. */
+void zero_grads_begin(zero_t *z);
+
+/* The window for unit u's gradients (u a block unit; windows alternate by
+ * u's parity). Waits for the reduce-scatter still using it, if any.
+ * NULL on a communication failure (message in group->err). */
+float *zero_grads_window(zero_t *z, int u);
+
+/* Unit u's gradients are complete in its window: starts their
+ * reduce-scatter (nonblocking). Returns 0 or -1. */
+int zero_grads_reduce_window(zero_t *z, int u);
+
+/* Drives the reduce-scatters in flight (MPI makes no progress on a
+ * nonblocking collective unless it is tested) and banks finished ones.
+ * Cheap; call it between kernels. Returns 0 or -1. */
+int zero_grads_progress(zero_t *z);
+
+/* Unit u's gradients are complete in src ([len] floats, not a window):
+ * reduce-scatters them now and adds this rank's piece. Returns 0 or -1. */
+int zero_grads_reduce(zero_t *z, int u, const float *src);
+
+/* Completes every reduce-scatter in flight, then multiplies the shard by
+ * scale (1/dp: the average). Returns 0 or -1. */
+int zero_grads_finish(zero_t *z, float scale);
+
+/* The unit holding flat offset off. */
+int zero_unit_of(const zero_t *z, size_t off);
 
 /* "--zero N" for N in 0..3 and "--fsdp MODE" -> stage; -1 otherwise. */
 int zero_fsdp_stage(const char *mode);

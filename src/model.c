@@ -83,54 +83,88 @@ static double span_start(const model_t *m) { return m->trace ? trace_now() : 0.0
 
 /* ---- tensors ------------------------------------------------------------------------- */
 
-static float *tensor_ptr(const model_t *m, float *flat, const char *fmt, int layer)
+/* The named tensor in a buffer that starts at flat offset base_off. */
+static float *tensor_at(const model_t *m, float *flat, size_t base_off, const char *fmt, int layer)
 {
     char name[PARAM_NAME_MAX];
     snprintf(name, sizeof name, fmt, layer);
     int i = param_table_find(&m->table, name);
-    return i < 0 ? NULL : flat + m->table.p[i].offset;
+    return i < 0 ? NULL : flat + (m->table.p[i].offset - base_off);
 }
 
-/* Resolves the named tensors of the table into pointers into flat. Returns
- * -1 if the fused GEMMs' adjacency assumptions do not hold. */
-static int map_tensors(model_t *m, float *flat, model_tensors_t *t)
+/* Floats of the tensors outside the blocks: embeddings below layer_start[0],
+ * final norm and head from layer_start[Ls] up. */
+static size_t outside_blocks(const model_t *m)
+{
+    return m->layer_start[0] + (m->table.numel - m->layer_start[m->n_local]);
+}
+
+/* A non-block tensor in a buffer laid out like the flat one (compact = 0),
+ * or holding only the non-block tensors, the upper ones moved down to
+ * follow the embeddings (compact = 1: the lent-gradient layout). */
+static float *outside_ptr(const model_t *m, float *flat, int compact, const char *name)
+{
+    int i = param_table_find(&m->table, name);
+    if (i < 0)
+        return NULL;
+    const size_t off = m->table.p[i].offset, hi = m->layer_start[m->n_local];
+    return flat + (compact && off >= hi ? off - (hi - m->layer_start[0]) : off);
+}
+
+/* Block i's tensors in a buffer that starts at flat offset base_off.
+ * Returns -1 if the fused GEMMs' adjacency assumptions do not hold. */
+static int map_block(const model_t *m, float *flat, size_t base_off, int i, block_tensors_t *h)
 {
     const model_config_t *c = &m->cfg;
     const int gpt = c->arch == ARCH_GPT2;
-    t->wte = tensor_ptr(m, flat, gpt ? "wte" : "tok_emb", 0);
-    t->wpe = gpt ? tensor_ptr(m, flat, "wpe", 0) : NULL;
-    t->lnfw = tensor_ptr(m, flat, "lnf.w", 0);
-    t->lnfb = gpt ? tensor_ptr(m, flat, "lnf.b", 0) : NULL;
-    t->head = gpt ? tensor_ptr(m, flat, "wte", 0) : tensor_ptr(m, flat, "lm_head.w", 0);
+    const size_t C = (size_t)c->d_model, HS = (size_t)model_head_size(c);
+    const size_t QD = (size_t)heads(m) * HS, KVD = (size_t)kv_heads(m) * HS;
+    const int l = m->lay.part.layer_begin + i;
+    h->ln1w = tensor_at(m, flat, base_off, "h.%d.ln1.w", l);
+    h->ln1b = tensor_at(m, flat, base_off, "h.%d.ln1.b", l);
+    h->wqkv = tensor_at(m, flat, base_off, "h.%d.attn.wq", l);
+    h->bqkv = tensor_at(m, flat, base_off, "h.%d.attn.bq", l);
+    h->wo = tensor_at(m, flat, base_off, "h.%d.attn.wo", l);
+    h->bo = tensor_at(m, flat, base_off, "h.%d.attn.bo", l);
+    h->ln2w = tensor_at(m, flat, base_off, "h.%d.ln2.w", l);
+    h->ln2b = tensor_at(m, flat, base_off, "h.%d.ln2.b", l);
+    h->wfc = tensor_at(m, flat, base_off, gpt ? "h.%d.mlp.wfc" : "h.%d.mlp.wgate", l);
+    h->bfc = tensor_at(m, flat, base_off, "h.%d.mlp.bfc", l);
+    h->wproj = tensor_at(m, flat, base_off, "h.%d.mlp.wproj", l);
+    h->bproj = tensor_at(m, flat, base_off, "h.%d.mlp.bproj", l);
+    /* one GEMM computes q|k|v, and one computes gate|up */
+    if (tensor_at(m, flat, base_off, "h.%d.attn.wk", l) != h->wqkv + QD * C ||
+        tensor_at(m, flat, base_off, "h.%d.attn.wv", l) != h->wqkv + (QD + KVD) * C)
+        return -1;
+    if (gpt && (tensor_at(m, flat, base_off, "h.%d.attn.bk", l) != h->bqkv + QD ||
+                tensor_at(m, flat, base_off, "h.%d.attn.bv", l) != h->bqkv + QD + KVD))
+        return -1;
+    if (!gpt && tensor_at(m, flat, base_off, "h.%d.mlp.wup", l) != h->wfc + (size_t)ffn(m) * C)
+        return -1;
+    return 0;
+}
+
+/* Resolves the named tensors of the table into pointers into flat (laid
+ * out like the flat buffer; compact: the lent-gradient layout, whose block
+ * pointers are set per backward by model_backward). Returns -1 if the
+ * fused GEMMs' adjacency assumptions do not hold. */
+static int map_tensors(model_t *m, float *flat, model_tensors_t *t, int compact)
+{
+    const model_config_t *c = &m->cfg;
+    const int gpt = c->arch == ARCH_GPT2;
+    t->wte = outside_ptr(m, flat, compact, gpt ? "wte" : "tok_emb");
+    t->wpe = gpt ? outside_ptr(m, flat, compact, "wpe") : NULL;
+    t->lnfw = outside_ptr(m, flat, compact, "lnf.w");
+    t->lnfb = gpt ? outside_ptr(m, flat, compact, "lnf.b") : NULL;
+    t->head = outside_ptr(m, flat, compact, gpt ? "wte" : "lm_head.w");
     if (!m->lay.part.has_head)
         t->head = NULL;
     if (!m->lay.part.has_embed)
         t->wte = NULL;
-    const size_t C = (size_t)c->d_model, HS = (size_t)model_head_size(c);
-    const size_t QD = (size_t)heads(m) * HS, KVD = (size_t)kv_heads(m) * HS;
     for (int i = 0; i < m->n_local; i++) {
-        const int l = m->lay.part.layer_begin + i;
-        block_tensors_t *h = &t->h[i];
-        h->ln1w = tensor_ptr(m, flat, "h.%d.ln1.w", l);
-        h->ln1b = tensor_ptr(m, flat, "h.%d.ln1.b", l);
-        h->wqkv = tensor_ptr(m, flat, "h.%d.attn.wq", l);
-        h->bqkv = tensor_ptr(m, flat, "h.%d.attn.bq", l);
-        h->wo = tensor_ptr(m, flat, "h.%d.attn.wo", l);
-        h->bo = tensor_ptr(m, flat, "h.%d.attn.bo", l);
-        h->ln2w = tensor_ptr(m, flat, "h.%d.ln2.w", l);
-        h->ln2b = tensor_ptr(m, flat, "h.%d.ln2.b", l);
-        h->wfc = tensor_ptr(m, flat, gpt ? "h.%d.mlp.wfc" : "h.%d.mlp.wgate", l);
-        h->bfc = tensor_ptr(m, flat, "h.%d.mlp.bfc", l);
-        h->wproj = tensor_ptr(m, flat, "h.%d.mlp.wproj", l);
-        h->bproj = tensor_ptr(m, flat, "h.%d.mlp.bproj", l);
-        /* one GEMM computes q|k|v, and one computes gate|up */
-        if (tensor_ptr(m, flat, "h.%d.attn.wk", l) != h->wqkv + QD * C ||
-            tensor_ptr(m, flat, "h.%d.attn.wv", l) != h->wqkv + (QD + KVD) * C)
-            return -1;
-        if (gpt && (tensor_ptr(m, flat, "h.%d.attn.bk", l) != h->bqkv + QD ||
-                    tensor_ptr(m, flat, "h.%d.attn.bv", l) != h->bqkv + QD + KVD))
-            return -1;
-        if (!gpt && tensor_ptr(m, flat, "h.%d.mlp.wup", l) != h->wfc + (size_t)ffn(m) * C)
+        if (compact)
+            memset(&t->h[i], 0, sizeof t->h[i]);
+        else if (map_block(m, flat, 0, i, &t->h[i]) != 0)
             return -1;
     }
     return 0;
@@ -289,7 +323,8 @@ int model_create(model_t *m, const model_config_t *cfg, const ops_t *ops, const 
         }
     }
     m->params = backend_alloc(ops, MEM_PARAMS, pbytes);
-    m->grads = backend_alloc(ops, MEM_GRADS, pbytes);
+    m->grads_n = m->layer_start && lay->lent_block_grads ? outside_blocks(m) : m->table.numel;
+    m->grads = backend_alloc(ops, MEM_GRADS, m->grads_n * sizeof(float));
     char *acts = NULL, *work = NULL;
     if (slots_ok) {
         layout_acts(m, NULL, &m->act_bytes, NULL, &m->work_bytes);
@@ -308,7 +343,7 @@ int model_create(model_t *m, const model_config_t *cfg, const ops_t *ops, const 
         return -1;
     }
     layout_acts(m, acts, &m->act_bytes, work, &m->work_bytes);
-    if (map_tensors(m, m->params, &m->p) != 0 || map_tensors(m, m->grads, &m->g) != 0) {
+    if (map_tensors(m, m->params, &m->p, 0) != 0 || map_tensors(m, m->grads, &m->g, lay->lent_block_grads) != 0) {
         snprintf(err, errlen, "internal error: parameter table does not keep fused tensors adjacent");
         model_destroy(m);
         return -1;
@@ -321,7 +356,7 @@ void model_destroy(model_t *m)
     const ops_t *ops = m->ops;
     size_t pbytes = m->table.numel * sizeof(float);
     backend_free(ops, MEM_PARAMS, m->params, pbytes);
-    backend_free(ops, MEM_GRADS, m->grads, pbytes);
+    backend_free(ops, MEM_GRADS, m->grads, m->grads_n * sizeof(float));
     if (m->slots && m->slots[0].x)
         backend_free(ops, MEM_ACTS, m->slots[0].x, m->act_bytes); /* the arena's first piece */
     if (m->dres)
@@ -593,6 +628,15 @@ int model_backward(model_t *m, int slot, int accum, int last)
         m->grads_ready(m->grads_ready_ctx, m->layer_start[m->n_local]);
 
     for (int i = m->n_local - 1; i >= 0; i--) {
+        if (m->lay.lent_block_grads) {
+            float *base = m->block_grads ? m->block_grads(m->block_grads_ctx, i) : NULL;
+            if (!base || map_block(m, base, m->layer_start[i], i, &m->g.h[i]) != 0) {
+                if (!m->failed)
+                    snprintf(m->err, sizeof m->err, "no gradient buffer for block %d", i);
+                m->failed = 1;
+                break;
+            }
+        }
         t0 = span_start(m);
         block_bwd(m, sl, i, accum, last);
         span_end(m, "bwd", m->lay.part.layer_begin + i, t0);

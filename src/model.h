@@ -76,6 +76,12 @@ typedef struct model_layout {
     comm_t *tp;            /* the TP group; may be NULL when part.tp_size == 1 */
     int sequence_parallel;
     int n_slots;           /* microbatches in flight on this stage */
+    /* ZeRO-2: block gradients are not kept. m->grads holds only the tensors
+     * outside the blocks (embeddings, then final norm and head), and each
+     * block's gradients go to the buffer block_grads lends for that block's
+     * backward ([layer_start[i+1] - layer_start[i]] floats, the flat layout
+     * of the block's range). */
+    int lent_block_grads;
 } model_layout_t;
 
 typedef struct model {
@@ -84,7 +90,8 @@ typedef struct model {
     model_layout_t lay;
     param_table_t table;
     float *params; /* [table.numel] */
-    float *grads;  /* [table.numel] */
+    float *grads;  /* [grads_n]: [table.numel], or see lent_block_grads */
+    size_t grads_n;
     model_tensors_t p, g;
     int n_local;   /* Ls: blocks on this stage */
     int v0, v_held, v_rows; /* vocab: first logical row held, rows held, rows in memory (Vl) */
@@ -109,6 +116,10 @@ typedef struct model {
      * gradient buckets from here while backward continues. */
     void (*grads_ready)(void *ctx, size_t ready_from);
     void *grads_ready_ctx;
+    /* lent_block_grads: asked for block i's gradient buffer just before its
+     * backward; NULL fails the backward (the caller's err says why) */
+    float *(*block_grads)(void *ctx, int block);
+    void *block_grads_ctx;
     double tp_comm_s; /* seconds in TP collectives since the caller zeroed it */
     trace_t *trace;   /* NULL, or where per-layer spans go (--trace) */
     int trace_micro;  /* microbatch index the spans are labelled with */

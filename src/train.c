@@ -55,11 +55,47 @@ static int setup_threads(int requested)
 
 /* The training loop's hook into model_backward: hands finished gradient
  * ranges to the data-parallel reducer while backward continues. */
+/* ZeRO-2: where unit u's gradients are in the model's buffer of the
+ * tensors outside the blocks (the compact layout of model.h). */
+static const float *outside_grads(const trainer_t *tr, int u)
+{
+    const model_t *m = &tr->model;
+    const size_t off = tr->zero.unit_start[u], lo = m->layer_start[0], hi = m->layer_start[m->n_local];
+    return m->grads + (off >= hi ? off - (hi - lo) : off);
+}
+
+static int is_block_unit(const trainer_t *tr, int u)
+{
+    return u >= tr->zero_unit0 && u < tr->zero_unit0 + tr->model.n_local;
+}
+
 static void on_grads_ready(void *ctx, size_t ready_from)
 {
     trainer_t *tr = ctx;
-    if (ddp_grads_ready(&tr->ddp, ready_from) != 0)
+    if (tr->zero_stage < 2) {
+        if (ddp_grads_ready(&tr->ddp, ready_from) != 0)
+            tr->ddp_failed = 1;
+        return;
+    }
+    if (zero_grads_progress(&tr->zero) != 0)
         tr->ddp_failed = 1;
+    /* units finish from the top down: reduce every one now complete */
+    while (!tr->ddp_failed && tr->zero_next >= 0 && tr->zero.unit_start[tr->zero_next] >= ready_from) {
+        const int u = tr->zero_next--;
+        if ((is_block_unit(tr, u) ? zero_grads_reduce_window(&tr->zero, u)
+                                  : zero_grads_reduce(&tr->zero, u, outside_grads(tr, u))) != 0)
+            tr->ddp_failed = 1;
+    }
+}
+
+/* ZeRO-2: the window block i's backward writes its gradients into. */
+static float *on_block_grads(void *ctx, int block)
+{
+    trainer_t *tr = ctx;
+    float *w = zero_grads_window(&tr->zero, tr->zero_unit0 + block);
+    if (!w)
+        tr->ddp_failed = 1;
+    return w;
 }
 
 /* Output files are written at the end of the run: refuse at start a path
@@ -311,13 +347,22 @@ static int setup_zero(trainer_t *tr, char *err, size_t errlen)
         return -1;
     }
     int n = 0;
+    size_t window = 0;
+    tr->zero_unit0 = -1;
     for (int i = 0; i < t->n; i++) {
         const int block = t->p[i].layer >= 0 && t->p[i].layer < tr->cfg.n_layer;
-        if (i == 0 || !block || t->p[i - 1].layer != t->p[i].layer)
+        if (i == 0 || !block || t->p[i - 1].layer != t->p[i].layer) {
+            if (block && tr->zero_unit0 < 0)
+                tr->zero_unit0 = n;
             start[n++] = t->p[i].offset;
+        }
     }
     start[n] = t->numel;
-    int rc = zero_create(&tr->zero, tr->zero_stage, g->shard ? g->shard : g->dp, t->numel, start, n);
+    for (int u = tr->zero_unit0; u >= 0 && u < tr->zero_unit0 + tr->model.n_local; u++)
+        if (start[u + 1] - start[u] > window)
+            window = start[u + 1] - start[u];
+    int rc = zero_create(&tr->zero, tr->zero_stage, g->shard ? g->shard : g->dp, t->numel, start, n,
+                         tr->zero_stage >= 2 ? window : 0);
     free(start);
     if (rc != 0)
         snprintf(err, errlen, "out of memory for the ZeRO buffers");
@@ -373,9 +418,10 @@ int trainer_setup(trainer_t *tr, const run_options_t *o, const launch_env_t *env
     lay.tp = grid->tp;
     lay.sequence_parallel = o->sequence_parallel;
     lay.n_slots = pipe_slots(tr->pp_kind, grid->pp_size, grid->pp_rank, tr->accum);
+    tr->zero_stage = options_zero_stage(o);
+    lay.lent_block_grads = tr->zero_stage >= 2;
     if (model_create(&tr->model, &tr->cfg, ops_cpu(), &lay, o->micro_batch, o->seq_len, err, errlen) != 0)
         return -1;
-    tr->zero_stage = options_zero_stage(o);
     if (tr->zero_stage > 0 && setup_zero(tr, err, errlen) != 0)
         return -1;
     if (model_init_params(&tr->model, (uint64_t)o->seed) != 0 ||
@@ -405,9 +451,9 @@ int trainer_setup(trainer_t *tr, const run_options_t *o, const launch_env_t *env
     if (o->resume[0] && trainer_resume(tr, err, errlen) != 0)
         return -1;
     ddp_mode_t mode;
-    if (ddp_mode_parse(o->ddp_mode, &mode) != 0 ||
+    if (tr->zero_stage < 2 && (ddp_mode_parse(o->ddp_mode, &mode) != 0 ||
         ddp_create(&tr->ddp, mode, grid->dp, tr->model.grads, t->numel, tr->tensor_start, t->n,
-                   (size_t)(o->bucket_mb * 1048576.0)) != 0) {
+                   (size_t)(o->bucket_mb * 1048576.0)) != 0)) {
         snprintf(err, errlen, "cannot set up --ddp-mode %s with --bucket-mb %g", o->ddp_mode, o->bucket_mb);
         return -1;
     }
@@ -574,17 +620,31 @@ double trainer_grad_norm(trainer_t *tr)
      * the last stage never. The fixed-order sum in
      * double gives the same value on every rank. */
     double local = 0.0;
+    const zero_t *z = &tr->zero;
     for (int i = 0; i < m->table.n; i++) {
         const param_desc_t *d = &m->table.p[i];
         if (d->tied_copy || (d->tp_split == TP_SPLIT_NONE && g->tp_rank != 0))
             continue;
-        local += m->ops->sumsq(m->grads + d->offset, d->numel);
+        if (tr->zero_stage < 2) {
+            local += m->ops->sumsq(m->grads + d->offset, d->numel);
+            continue;
+        }
+        /* ZeRO-2: this rank's piece of the tensor; the DP sum below adds
+         * the other pieces */
+        const int u = zero_unit_of(z, d->offset);
+        size_t lo, hi;
+        zero_piece(z, u, &lo, &hi);
+        const size_t a = d->offset > lo ? d->offset : lo, e = d->offset + d->numel, b = e < hi ? e : hi;
+        if (a < b)
+            local += m->ops->sumsq(z->grad_shard + z->shard_start[u] + (a - lo), b - a);
     }
-    if (g->tp_size > 1 || g->pp_size > 1) {
+    const int over_dp = tr->zero_stage >= 2 && z->group->size > 1;
+    if (g->tp_size > 1 || g->pp_size > 1 || over_dp) {
         /* the communicator carries fp32: ~1e-7 relative, ample for clipping */
         float part = (float)local;
         if ((g->tp_size > 1 && g->tp->ops->allreduce(g->tp, &part, 1, COMM_SUM) != 0) ||
-            (g->pp_size > 1 && g->pp->ops->allreduce(g->pp, &part, 1, COMM_SUM) != 0))
+            (g->pp_size > 1 && g->pp->ops->allreduce(g->pp, &part, 1, COMM_SUM) != 0) ||
+            (over_dp && z->group->ops->allreduce(z->group, &part, 1, COMM_SUM) != 0))
             return NAN;
         local = part;
     }
@@ -687,9 +747,18 @@ static int stage_backward(void *ctx, int micro, int slot)
 {
     trainer_t *tr = ctx;
     model_t *m = &tr->model;
-    const int first = tr->bwd_done == 0, last = tr->bwd_done == tr->accum - 1;
-    /* only the step's last backward communicates gradients */
-    if (last) {
+    int first = tr->bwd_done == 0, last = tr->bwd_done == tr->accum - 1;
+    if (tr->zero_stage >= 2) {
+        /* every microbatch's gradients are fresh and reduce-scattered into
+         * the shard, where they add up */
+        first = last = 1;
+        tr->zero_next = tr->zero.n_units - 1;
+        m->grads_ready = on_grads_ready;
+        m->grads_ready_ctx = tr;
+        m->block_grads = on_block_grads;
+        m->block_grads_ctx = tr;
+    } else if (last) {
+        /* only the step's last backward communicates gradients */
         ddp_begin(&tr->ddp);
         m->grads_ready = on_grads_ready;
         m->grads_ready_ctx = tr;
@@ -698,6 +767,10 @@ static int stage_backward(void *ctx, int micro, int slot)
     int rc = model_backward(m, slot, !first, last);
     m->grads_ready = NULL;
     tr->bwd_done++;
+    if (tr->ddp_failed) {
+        snprintf(tr->step_err, sizeof tr->step_err, "gradient reduce-scatter failed: %.400s", tr->zero.group->err);
+        return -1;
+    }
     if (rc != 0)
         snprintf(tr->step_err, sizeof tr->step_err, "%s", m->err);
     return rc;
@@ -716,6 +789,8 @@ static int step_gradients(trainer_t *tr, int step, double *bubble_s, char *err, 
     const grid_t *g = tr->grid;
     tr->cur_step = step;
     tr->bwd_done = 0;
+    if (tr->zero_stage >= 2)
+        zero_grads_begin(&tr->zero);
     tr->loss_sum = 0.0;
     tr->step_err[0] = '\0';
     *bubble_s = 0.0;
@@ -736,14 +811,24 @@ static int step_gradients(trainer_t *tr, int step, double *bubble_s, char *err, 
         }
         *bubble_s = st.wait_s;
     }
-    if (tr->ddp_failed || ddp_finish(&tr->ddp) != 0) {
+    if (tr->zero_stage >= 2) {
+        if (tr->ddp_failed || zero_grads_finish(&tr->zero, 1.0f / (float)g->dp_size) != 0) {
+            snprintf(err, errlen, "step %d: gradient reduce-scatter failed: %s", step + 1, tr->zero.group->err);
+            return -1;
+        }
+    } else if (tr->ddp_failed || ddp_finish(&tr->ddp) != 0) {
         snprintf(err, errlen, "step %d: gradient all-reduce failed: %s", step + 1, g->dp->err);
         return -1;
     }
     if (tr->tied >= 0) {
         const param_desc_t *d = &m->table.p[tr->tied];
+        /* ZeRO-2: wte and its copy are one-tensor units of the same length,
+         * so this rank's pieces of both cover the same elements */
+        const int u = tr->zero_stage >= 2 ? zero_unit_of(&tr->zero, d->offset) : -1;
+        float *buf = u >= 0 ? tr->zero.grad_shard + tr->zero.shard_start[u] : m->grads + d->offset;
+        const size_t n = u >= 0 ? tr->zero.chunk[u] : d->numel;
         double t0 = now_s();
-        if (g->embed->ops->allreduce(g->embed, m->grads + d->offset, d->numel, COMM_SUM) != 0) {
+        if (g->embed->ops->allreduce(g->embed, buf, n, COMM_SUM) != 0) {
             snprintf(err, errlen, "step %d: tied embedding all-reduce failed: %s", step + 1, g->embed->err);
             return -1;
         }
@@ -799,7 +884,8 @@ int trainer_run(trainer_t *tr, char *err, size_t errlen)
             return -1;
         }
         double t_opt = tr->trace ? trace_now() : 0.0;
-        adamw_step(&tr->optim, m->params, m->grads, lr, adamw_clip_scale(&tr->optim, norm));
+        adamw_step(&tr->optim, m->params, tr->zero_stage >= 2 ? tr->zero.grad_shard : m->grads, lr,
+                   adamw_clip_scale(&tr->optim, norm));
         trace_span(tr->trace, TRACE_COMPUTE, "optimizer", t_opt, tr->trace ? trace_now() : 0.0, NULL);
         double zero_s = 0.0;
         if (tr->zero_stage > 0) {
@@ -821,7 +907,8 @@ int trainer_run(trainer_t *tr, char *err, size_t errlen)
          * collectives, the tied-embedding sum) and the pipeline bubble
          * (blocked waiting for a neighbour stage), max and mean over ranks:
          * a straggler or a slow link shows as max well above mean */
-        double comm = tr->ddp.comm_wait_s + m->tp_comm_s + tr->embed_comm_s + zero_s;
+        double comm = (tr->zero_stage >= 2 ? tr->zero.wait_s : tr->ddp.comm_wait_s) + m->tp_comm_s +
+                      tr->embed_comm_s + zero_s;
         float t[6] = {(float)(dt - comm - bubble), (float)comm, (float)(bubble / dt)}, tmax[3];
         memcpy(tmax, t, sizeof tmax);
         memcpy(t + 3, t, sizeof tmax);

@@ -24,8 +24,10 @@ typedef struct trainer {
     model_config_t cfg;
     model_t model;
     adamw_t optim;
-    int zero_stage;     /* 0: replicated state; 1: AdamW moments sharded (zero) */
+    int zero_stage;     /* 0: replicated state; 1: AdamW moments sharded; 2: gradients too */
     zero_t zero;        /* the sharding, when zero_stage > 0 */
+    int zero_unit0;     /* ZeRO unit of this stage's first block */
+    int zero_next;      /* ZeRO-2: highest unit not yet reduced in this backward */
     lr_schedule_t sched;
     data_loader_t train, val;
     int has_val;
