@@ -701,9 +701,8 @@ static int temp_paths(const char *path, char *tmp, char *dir, size_t n, char *er
         return -1;
     }
     int dl = slash ? (int)(slash - path) : 0;
-    int a = snprintf(dir, n, "%.*s", dl, dl ? path : ".");
-    if (slash && dl == 0)
-        a = snprintf(dir, n, "/");
+    /* "out.h5" lives in ".", "/out.h5" in "/" */
+    int a = !slash ? snprintf(dir, n, ".") : dl == 0 ? snprintf(dir, n, "/") : snprintf(dir, n, "%.*s", dl, path);
     int b = slash ? snprintf(tmp, n, "%.*s/.%s.tmp", dl, path, base) : snprintf(tmp, n, ".%s.tmp", base);
     if (a < 0 || b < 0 || (size_t)a >= n || (size_t)b >= n) {
         seterr(err, errlen, "path too long: %s", path);
