@@ -162,9 +162,21 @@ if [ $? -eq 0 ]; then pass "$(cat "$TMP/py")"; else fail "--params-only: $(tail 
 
 # ---- bad input: one line, exit 2; nothing written ----
 expect_exit2 "unknown option '--zero'" dreshard 2 --in "$A" --out "$TMP/x.h5" --zero 1
-expect_exit2 "no --out FILE" dreshard 1 --in "$A"
-expect_exit2 "--tp 0: out of range" dreshard 1 --in "$A" --out "$TMP/x.h5" --tp 0
-expect_exit2 "--info FILE only prints a file" dreshard 1 --info "$A" --out "$TMP/x.h5"
+# every option of --help is in the man page
+missing=""
+for opt in $("$DRESHARD" --help | grep -o -- '--[a-z-]*' | sort -u); do
+    grep -q -- "$(echo "$opt" | sed 's/-/\\\\-/g')" "$top_srcdir/doc/dreshard.1" || missing="$missing $opt"
+done
+if [ -z "$missing" ] && "$DRESHARD" --version | grep -q "^dreshard (dtrain) "; then
+    pass "--help: every option documented in doc/dreshard.1; $("$DRESHARD" --version)"
+else
+    fail "options missing from doc/dreshard.1:$missing"
+fi
+
+# command-line errors need no collective: a singleton run (no launcher) is quicker
+expect_exit2 "no --out FILE" "$DRESHARD" --in "$A"
+expect_exit2 "--tp 0: out of range" "$DRESHARD" --in "$A" --out "$TMP/x.h5" --tp 0
+expect_exit2 "--info FILE only prints a file" "$DRESHARD" --info "$A" --out "$TMP/x.h5"
 expect_exit2 "--in $TMP/nope.h5: No such file or directory" dreshard 2 --in "$TMP/nope.h5" --out "$TMP/x.h5"
 echo "not hdf5" >"$TMP/text.h5"
 expect_exit2 "cannot open $TMP/text.h5" dreshard 2 --in "$TMP/text.h5" --out "$TMP/x.h5"
