@@ -701,9 +701,8 @@ static int temp_paths(const char *path, char *tmp, char *dir, size_t n, char *er
         return -1;
     }
     int dl = slash ? (int)(slash - path) : 0;
-    int a = snprintf(dir, n, "%.*s", dl, dl ? path : ".");
-    if (slash && dl == 0)
-        a = snprintf(dir, n, "/");
+    /* "out.h5" lives in ".", "/out.h5" in "/" */
+    int a = !slash ? snprintf(dir, n, ".") : dl == 0 ? snprintf(dir, n, "/") : snprintf(dir, n, "%.*s", dl, path);
     int b = slash ? snprintf(tmp, n, "%.*s/.%s.tmp", dl, path, base) : snprintf(tmp, n, ".%s.tmp", base);
     if (a < 0 || b < 0 || (size_t)a >= n || (size_t)b >= n) {
         seterr(err, errlen, "path too long: %s", path);
@@ -1664,7 +1663,8 @@ int h5store_get_double(h5store_t *h, const char *key, double *v, char *err, size
     return get_num(h, key, H5T_FLOAT, v, err, errlen);
 }
 
-int h5store_get_str(h5store_t *h, const char *key, char *out, size_t outlen, char *err, size_t errlen)
+/* Root attribute `key` as a string in memory the caller frees. */
+static int read_str(h5store_t *h, const char *key, char **out, char *err, size_t errlen)
 {
     quiet_t q;
     H5T_class_t cls = H5T_NO_CLASS;
@@ -1672,6 +1672,7 @@ int h5store_get_str(h5store_t *h, const char *key, char *out, size_t outlen, cha
     int rc = -1;
     char *s = NULL;
     htri_t var = 0;
+    *out = NULL;
     quiet_on(&q);
     attr = open_attr(h, key, &cls, &type, err, errlen);
     if (attr < 0)
@@ -1704,13 +1705,11 @@ int h5store_get_str(h5store_t *h, const char *key, char *out, size_t outlen, cha
             goto done;
         }
     }
-    size_t n = s ? strlen(s) : 0;
-    if (n >= outlen) {
-        seterr(err, errlen, "%s: attribute %s is %zu bytes, longer than the %zu-byte buffer", h->path,
-               key, n, outlen);
+    /* HDF5 allocated a variable-length string: the copy is ours to free */
+    if (!(*out = strdup(s ? s : ""))) {
+        seterr(err, errlen, "out of memory");
         goto done;
     }
-    memcpy(out, s ? s : "", n + 1);
     rc = 0;
 done:
     if (s && var) {
@@ -1725,6 +1724,125 @@ done:
         rc = -1;
     if (attr >= 0)
         rc = close_attr(attr, type, rc, err, errlen);
+    if (rc != 0) {
+        free(*out);
+        *out = NULL;
+    }
     quiet_off(&q);
     return rc;
+}
+
+int h5store_get_str(h5store_t *h, const char *key, char *out, size_t outlen, char *err, size_t errlen)
+{
+    char *s;
+    if (read_str(h, key, &s, err, errlen) != 0)
+        return -1;
+    size_t n = strlen(s);
+    int rc = 0;
+    if (n >= outlen) {
+        seterr(err, errlen, "%s: attribute %s is %zu bytes, longer than the %zu-byte buffer", h->path,
+               key, n, outlen);
+        rc = -1;
+    } else {
+        memcpy(out, s, n + 1);
+    }
+    free(s);
+    return rc;
+}
+
+typedef struct attr_names {
+    char **name;
+    int n, cap;
+} attr_names_t;
+
+static herr_t attr_name_cb(hid_t loc, const char *name, const H5A_info_t *info, void *data)
+{
+    attr_names_t *a = data;
+    (void)loc;
+    (void)info;
+    if (strncmp(name, RESERVED_PREFIX, strlen(RESERVED_PREFIX)) == 0)
+        return 0;
+    if (a->n == a->cap) {
+        int cap = a->cap ? 2 * a->cap : 32;
+        char **p = realloc(a->name, (size_t)cap * sizeof *p);
+        if (!p)
+            return -1;
+        a->name = p;
+        a->cap = cap;
+    }
+    if (!(a->name[a->n] = strdup(name)))
+        return -1;
+    a->n++;
+    return 0;
+}
+
+void h5store_free_attrs(h5store_attr_t *attrs, int n)
+{
+    if (!attrs)
+        return;
+    /* the strings were allocated by h5store_get_attrs; const is for readers */
+    for (int i = 0; i < n; i++) {
+        free((char *)attrs[i].key);
+        free((char *)attrs[i].s);
+    }
+    free(attrs);
+}
+
+int h5store_get_attrs(h5store_t *h, h5store_attr_t **attrs, int *n_attrs, char *err, size_t errlen)
+{
+    attr_names_t names = {NULL, 0, 0};
+    h5store_attr_t *a = NULL;
+    int rc = 0;
+    quiet_t q;
+    quiet_on(&q);
+    /* names first, then values, so no attribute is opened from inside
+     * HDF5's iteration */
+    hsize_t idx = 0;
+    if (H5Aiterate2(h->file, H5_INDEX_NAME, H5_ITER_INC, &idx, attr_name_cb, &names) < 0) {
+        h5err(err, errlen, "%s: cannot list its root attributes", h->path);
+        rc = -1;
+    }
+    quiet_off(&q);
+    if (rc == 0 && !(a = calloc((size_t)names.n + 1, sizeof *a))) {
+        seterr(err, errlen, "out of memory");
+        rc = -1;
+    }
+    int n = 0;
+    for (int i = 0; i < names.n && rc == 0; i++, n++) {
+        a[n].key = names.name[i];
+        names.name[i] = NULL; /* owned by a[] from here */
+        H5T_class_t cls = H5T_NO_CLASS;
+        hid_t type, attr;
+        quiet_on(&q);
+        attr = open_attr(h, a[n].key, &cls, &type, err, errlen);
+        quiet_off(&q);
+        if (attr < 0 || close_attr(attr, type, 0, err, errlen) != 0) {
+            rc = -1;
+        } else if (cls == H5T_INTEGER) {
+            a[n].type = H5STORE_INT;
+            rc = get_num(h, a[n].key, H5T_INTEGER, &a[n].i, err, errlen);
+        } else if (cls == H5T_FLOAT) {
+            a[n].type = H5STORE_DOUBLE;
+            rc = get_num(h, a[n].key, H5T_FLOAT, &a[n].d, err, errlen);
+        } else if (cls == H5T_STRING) {
+            char *s = NULL;
+            a[n].type = H5STORE_STR;
+            rc = read_str(h, a[n].key, &s, err, errlen);
+            a[n].s = s;
+        } else {
+            seterr(err, errlen, "%s: attribute %s is %s, expected an integer, a float or a string", h->path,
+                   a[n].key, class_name(cls));
+            rc = -1;
+        }
+    }
+    for (int i = 0; i < names.n; i++)
+        free(names.name[i]);
+    free(names.name);
+    if (rc != 0) {
+        h5store_free_attrs(a, n);
+        return -1;
+    }
+    *attrs = a;
+    *n_attrs = n;
+    return 0;
 }

@@ -8,6 +8,7 @@
  *   read:   h = h5store_open(path, comm)
  *           h5store_list / h5store_find          catalog (names, shapes)
  *           h5store_get_int / _double / _str     root attributes
+ *           h5store_get_attrs                    all of them (copying a file)
  *           h5store_read_shards                  collective, layout B
  *           h5store_read                         one hyperslab, independent
  *           h5store_verify                       every checksum, collective
@@ -96,6 +97,14 @@ int h5store_has_attr(h5store_t *h, const char *key);
 int h5store_get_int(h5store_t *h, const char *key, int64_t *v, char *err, size_t errlen);
 int h5store_get_double(h5store_t *h, const char *key, double *v, char *err, size_t errlen);
 int h5store_get_str(h5store_t *h, const char *key, char *out, size_t outlen, char *err, size_t errlen);
+
+/* Independent: every root attribute but the store's own (h5store_*), in
+ * name order, each as an integer, a double or a string (malloc'd copies;
+ * free the array with h5store_free_attrs). So a file can be rewritten with
+ * its attributes carried over. An attribute of another type or not a
+ * scalar is an error naming it. */
+int h5store_get_attrs(h5store_t *h, h5store_attr_t **attrs, int *n_attrs, char *err, size_t errlen);
+void h5store_free_attrs(h5store_attr_t *attrs, int n_attrs);
 
 /* Independent (any rank, any order): reads the hyperslab start/count of
  * `name` (1-D: start[1] = 0, count[1] = 1) into buf, row-major, and checks

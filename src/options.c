@@ -425,6 +425,21 @@ int options_model_config(const run_options_t *o, model_config_t *c, char *err, s
     return model_config_check(c, err, errlen);
 }
 
+int options_check_grid(const model_config_t *c, int tp, int pp, char *err, size_t errlen)
+{
+    if (c->n_head % tp || c->n_kv_head % tp || c->d_ff % tp) {
+        snprintf(err, errlen, "--tp %d must divide the attention heads (%d), the KV heads (%d) and the FFN "
+                 "width (%d); pick a --tp that divides all three", tp, c->n_head, c->n_kv_head, c->d_ff);
+        return -1;
+    }
+    if (pp > c->n_layer) {
+        snprintf(err, errlen, "--pp %d exceeds the model's %d layers: every stage needs at least one", pp,
+                 c->n_layer);
+        return -1;
+    }
+    return 0;
+}
+
 int options_check_layout(const run_options_t *o, const model_config_t *c, int tp, int pp, int dp,
                          char *err, size_t errlen)
 {
@@ -441,11 +456,8 @@ int options_check_layout(const run_options_t *o, const model_config_t *c, int tp
             snprintf(err + strlen(err), errlen - strlen(err), " %d", dp);
         return -1;
     }
-    if (c->n_head % tp || c->n_kv_head % tp || c->d_ff % tp) {
-        snprintf(err, errlen, "--tp %d must divide the attention heads (%d), the KV heads (%d) and the FFN "
-                 "width (%d); pick a --tp that divides all three", tp, c->n_head, c->n_kv_head, c->d_ff);
+    if (options_check_grid(c, tp, pp, err, errlen) != 0)
         return -1;
-    }
     if (o->sequence_parallel && tp == 1) {
         snprintf(err, errlen, "--sequence-parallel shards over the tensor-parallel group: it needs --tp above 1");
         return -1;
@@ -454,11 +466,6 @@ int options_check_layout(const run_options_t *o, const model_config_t *c, int tp
      * padded up to a multiple of tp, so the whole sequence must be one */
     if (o->sequence_parallel && o->seq_len % tp) {
         snprintf(err, errlen, "--sequence-parallel: --seq-len %d must be a multiple of --tp %d", o->seq_len, tp);
-        return -1;
-    }
-    if (pp > c->n_layer) {
-        snprintf(err, errlen, "--pp %d exceeds the model's %d layers: every stage needs at least one", pp,
-                 c->n_layer);
         return -1;
     }
     if (pp > 1 && options_accum_steps(o, dp) < pp) {

@@ -65,6 +65,12 @@ options_status_t options_parse(run_options_t *o, int argc, char **argv, int prin
 int options_zero_stage(const run_options_t *o);
 int options_model_config(const run_options_t *o, model_config_t *c, char *err, size_t errlen);
 
+/* The layout checks that depend on the model alone (not on the run's
+ * batch or options): --tp divides the heads, KV heads and FFN width, --pp
+ * at most the layers. One line in err on failure. Part of
+ * options_check_layout; dreshard checks a target layout with it. */
+int options_check_grid(const model_config_t *c, int tp, int pp, char *err, size_t errlen);
+
 /* Layout checks that need the model and the grid: one line in err on
  * failure, the same on every rank. */
 int options_check_layout(const run_options_t *o, const model_config_t *c, int tp, int pp, int dp,

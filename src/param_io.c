@@ -2,6 +2,7 @@
 
 #include <math.h>
 #include <mpi.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +21,58 @@ int param_io_model_attrs(const model_config_t *cfg, h5store_attr_t *out)
     out[n++] = (h5store_attr_t){.key = "norm_eps", .type = H5STORE_DOUBLE, .d = cfg->norm_eps};
     out[n++] = (h5store_attr_t){.key = "rope_theta", .type = H5STORE_DOUBLE, .d = cfg->rope_theta};
     return n;
+}
+
+int param_io_read_model(h5store_t *h, model_config_t *cfg, const char *path, char *err, size_t errlen)
+{
+    char arch[64];
+    int64_t v[6];
+    double eps, theta;
+    const char *ikeys[6] = {"vocab_size", "n_layer", "n_head", "n_kv_head", "d_model", "d_ff"};
+    memset(cfg, 0, sizeof *cfg);
+    if (h5store_get_str(h, "arch", arch, sizeof arch, err, errlen) != 0)
+        return -1;
+    if (strcmp(arch, model_arch_name(ARCH_GPT2)) == 0) {
+        cfg->arch = ARCH_GPT2;
+    } else if (strcmp(arch, model_arch_name(ARCH_LLAMA)) == 0) {
+        cfg->arch = ARCH_LLAMA;
+    } else {
+        snprintf(err, errlen, "%s holds a model of arch '%s': this program knows %s and %s", path, arch,
+                 model_arch_name(ARCH_GPT2), model_arch_name(ARCH_LLAMA));
+        return -1;
+    }
+    for (int i = 0; i < 6; i++) {
+        if (h5store_get_int(h, ikeys[i], &v[i], err, errlen) != 0)
+            return -1;
+        if (v[i] <= 0 || v[i] > INT32_MAX) {
+            snprintf(err, errlen, "%s: attribute %s = %lld is not a model size", path, ikeys[i], (long long)v[i]);
+            return -1;
+        }
+    }
+    int64_t max_seq;
+    if (h5store_get_int(h, "max_seq", &max_seq, err, errlen) != 0 ||
+        h5store_get_double(h, "norm_eps", &eps, err, errlen) != 0 ||
+        h5store_get_double(h, "rope_theta", &theta, err, errlen) != 0)
+        return -1;
+    if (max_seq <= 0 || max_seq > INT32_MAX) {
+        snprintf(err, errlen, "%s: attribute max_seq = %lld is not a model size", path, (long long)max_seq);
+        return -1;
+    }
+    cfg->vocab_size = (int)v[0];
+    cfg->n_layer = (int)v[1];
+    cfg->n_head = (int)v[2];
+    cfg->n_kv_head = (int)v[3];
+    cfg->d_model = (int)v[4];
+    cfg->d_ff = (int)v[5];
+    cfg->max_seq = (int)max_seq;
+    cfg->norm_eps = (float)eps;
+    cfg->rope_theta = (float)theta;
+    char why[512];
+    if (model_config_check(cfg, why, sizeof why) != 0) {
+        snprintf(err, errlen, "%s holds an inconsistent model: %s", path, why);
+        return -1;
+    }
+    return 0;
 }
 
 int param_io_check_model(h5store_t *h, const model_config_t *cfg, const char *path, char *err, size_t errlen)
@@ -61,12 +114,11 @@ int param_io_check_model(h5store_t *h, const model_config_t *cfg, const char *pa
     return 0;
 }
 
-/* Every logical tensor of the model, for each group: the table of the whole
- * model on one rank, so the list is the same on every rank. Chunks are the
- * TP slices of the writing layout (vocabulary slices include padding rows'
- * worth, so every chunk has one shape). */
-static int logical_tensors(const model_config_t *cfg, const param_io_group_t *groups, int n_groups, int tp_size,
-                           h5store_tensor_t **out, int *n_out, char *err, size_t errlen)
+/* The table of the whole model on one rank, so the list is the same on
+ * every rank. Vocabulary chunks hold padding rows' worth, so every chunk of
+ * a tensor has one shape. */
+int param_io_tensors(const model_config_t *cfg, const param_io_group_t *groups, int n_groups, int tp_size,
+                     h5store_tensor_t **out, int *n_out, char *err, size_t errlen)
 {
     param_table_t whole;
     if (param_table_build(&whole, cfg, NULL, err, errlen) != 0)
@@ -151,7 +203,7 @@ int param_io_write(const char *path, const model_config_t *cfg, const param_tabl
         rc = -1;
     }
     if (rc == 0)
-        rc = logical_tensors(cfg, groups, n_groups, tp_size, &tensors, &nt, err, errlen);
+        rc = param_io_tensors(cfg, groups, n_groups, tp_size, &tensors, &nt, err, errlen);
     if (rc == 0 && writer)
         rc = table_shards(t, groups, n_groups, tensors, nt, 0, tp_rank, shards, &ns, err, errlen);
     /* a failure above is agreed on, so every rank skips the write together */
@@ -174,7 +226,7 @@ int param_io_read(h5store_t *h, const model_config_t *cfg, const param_table_t *
         rc = -1;
     }
     if (rc == 0)
-        rc = logical_tensors(cfg, groups, n_groups, 1, &tensors, &nt, err, errlen);
+        rc = param_io_tensors(cfg, groups, n_groups, 1, &tensors, &nt, err, errlen);
     if (rc == 0)
         rc = table_shards(t, groups, n_groups, tensors, nt, 1, 0, shards, &ns, err, errlen);
     /* h5store_read_shards checks every listed tensor's shape: the chunk

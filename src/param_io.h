@@ -34,6 +34,17 @@ int param_io_model_attrs(const model_config_t *cfg, h5store_attr_t *out);
  * run's model has 128"). Independent. */
 int param_io_check_model(h5store_t *h, const model_config_t *cfg, const char *path, char *err, size_t errlen);
 
+/* The model a file holds, from its model-shape attributes (the inverse of
+ * param_io_model_attrs), checked with model_config_check. Independent. */
+int param_io_read_model(h5store_t *h, model_config_t *cfg, const char *path, char *err, size_t errlen);
+
+/* Every logical tensor of the model, for each group (only the prefixes of
+ * groups are used): "<prefix>/<name>", its logical shape, and as chunk the
+ * TP slice a layout of tp_size writes (the whole tensor for replicated
+ * ones). The same list on every rank; *out is malloc'd. */
+int param_io_tensors(const model_config_t *cfg, const param_io_group_t *groups, int n_groups, int tp_size,
+                     h5store_tensor_t **out, int *n_out, char *err, size_t errlen);
+
 /* Collective over MPI_COMM_WORLD: writes the groups of every rank into one
  * new file (atomically, see h5store_write) with the given root attributes.
  * writer = 0 on ranks whose copy another rank writes (DP ranks above 0).

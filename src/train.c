@@ -286,7 +286,8 @@ static int trainer_save(trainer_t *tr, int step, char *err, size_t errlen)
                             .global_batch = o->micro_batch * tr->accum * g->dp_size, .lr = o->lr,
                             .min_lr = o->min_lr, .warmup = o->warmup, .steps = o->steps};
         meta.tokens = (long long)step * meta.global_batch * o->seq_len;
-        snprintf(meta.layout, sizeof meta.layout, "tp %d pp %d dp %d", g->tp_size, g->pp_size, g->dp_size);
+        snprintf(meta.layout, sizeof meta.layout, "tp %d pp %d dp %d zero %d", g->tp_size, g->pp_size, g->dp_size,
+                 tr->zero_stage);
         char path[OPT_PATH_MAX + 64];
         double t0 = now_s();
         rc = ckpt_save(o->ckpt_dir, o->keep, &tr->cfg, &m->table, hp, hm, hv, g->dp_rank == 0, g->tp_size,
@@ -312,7 +313,8 @@ static int trainer_save_params(trainer_t *tr, char *err, size_t errlen)
     if (rc == 0) {
         m->ops->to_host(host, m->params, m->table.numel * sizeof *host);
         char layout[64];
-        snprintf(layout, sizeof layout, "tp %d pp %d dp %d", g->tp_size, g->pp_size, g->dp_size);
+        snprintf(layout, sizeof layout, "tp %d pp %d dp %d zero %d", g->tp_size, g->pp_size, g->dp_size,
+                 tr->zero_stage);
         h5store_attr_t attrs[PARAM_IO_MODEL_ATTRS + 4];
         int na = param_io_model_attrs(&tr->cfg, attrs);
         attrs[na++] = (h5store_attr_t){.key = "content", .type = H5STORE_STR, .s = "params"};

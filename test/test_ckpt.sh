@@ -83,7 +83,7 @@ import sys, h5py, numpy as np
 f = h5py.File(sys.argv[1], "r")
 a = dict(f.attrs)
 assert a["content"] == "checkpoint" and a["format_version"] == 1 and a["step"] == 20, a
-assert a["layout"] == "tp 1 pp 1 dp 2" and a["d_model"] == 128 and a["tokens"] == 20 * 8 * 64, a
+assert a["layout"] == "tp 1 pp 1 dp 2 zero 0" and a["d_model"] == 128 and a["tokens"] == 20 * 8 * 64, a
 n = 0
 for g in ("params", "optim/m", "optim/v"):
     for name in ("wte", "wpe", "h.0.attn.wq", "h.3.mlp.wproj", "lnf.w"):

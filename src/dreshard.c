@@ -1,0 +1,635 @@
+/* dreshard: rewrite a dtrain checkpoint or parameter file with the chunking
+ * another parallel layout writes, or show what a file holds.
+ *
+ *   mpirun -np M dreshard --in A.h5 --out B.h5 --tp T --pp P --dp D [--params-only] [--force]
+ *   mpirun -np M dreshard --info FILE
+ *
+ * The file holds logical tensors (doc/format.md), so resharding moves no
+ * element: it changes each dataset's chunk shape to the target's TP slice
+ * and the checksum records to one per slice, exactly what dtrain itself
+ * writes at that layout. Any number of ranks M works: the target's slices
+ * are dealt out to the ranks by size, each rank reads its slices from the
+ * input (any layout wrote it) and writes them into the output through the
+ * same collective, atomic h5store_write that dtrain's checkpoints use.
+ *
+ * Exit status: 0; 2 when the command line or the input is wrong (unknown
+ * option, missing, unreadable or damaged input, a target layout that does
+ * not fit the model, an output that exists), as for dtrain, whose --resume
+ * of a damaged checkpoint also exits 2; 1 when writing the output fails
+ * (disk full, I/O error, out of memory). One line from rank 0 either way. */
+#ifdef HAVE_CONFIG_H
+#include "config.h"
+#endif
+
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <mpi.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ckpt.h"
+#include "h5store.h"
+#include "launch.h"
+#include "options.h"
+#include "param_io.h"
+
+#ifndef PACKAGE_VERSION
+#define PACKAGE_VERSION "0.1.0"
+#endif
+
+#define PROG "dreshard"
+#define ERRLEN 1024
+#define MAX_TP 4096      /* the ranges dtrain's --tp, --pp and --dp accept */
+#define MAX_PP 4096
+#define MAX_DP (1 << 20)
+
+typedef struct reshard_opts {
+    const char *in, *out, *info;
+    int tp, pp, dp, zero;
+    int params_only, force;
+} reshard_opts_t;
+
+typedef enum { PARSE_OK = 0, PARSE_EXIT_OK, PARSE_ERROR } parse_status_t;
+
+/* One target slice: written by one rank, so it is one checksum record. */
+typedef struct tile {
+    int tensor;
+    int64_t start[2], count[2];
+    int64_t bytes;
+    int owner; /* rank */
+} tile_t;
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "Usage: mpirun -np M " PROG " --in FILE --out FILE [--tp T] [--pp P] [--dp D] [--zero S]\n"
+            "       [--params-only] [--force]\n"
+            "       mpirun -np M " PROG " --info FILE\n"
+            "Rewrites a dtrain checkpoint or --save-params file with the chunking the target layout\n"
+            "(tensor x pipeline x data parallel) writes, verifying every checksum of the input and\n"
+            "writing fresh ones; the tensors are copied bit for bit. Any number of ranks M.\n"
+            "\n"
+            "  --in FILE       the file to read (checkpoint or parameter file)\n"
+            "  --out FILE      the file to write (atomically); must not exist, and never the input\n"
+            "  --tp T          target tensor-parallel size (default 1): must divide the heads, KV heads, FFN\n"
+            "  --pp P          target pipeline-parallel size (default 1): at most the layers\n"
+            "  --dp D          target data-parallel size (default 1)\n"
+            "  --zero S        target ZeRO stage 0-3 (default 0); recorded in the layout attribute: the\n"
+            "                  moments are logical tensors, so every stage reads the same file\n"
+            "  --params-only   write only params/* as a parameter file (content = params)\n"
+            "  --force         replace --out if it exists (the old file stays until the new one is complete)\n"
+            "  --info FILE     print the attributes, every tensor with its shape and chunks, and verify\n"
+            "                  every checksum\n"
+            "  -h, --help      show this help and exit\n"
+            "  --version       show the version and exit\n"
+            "\n"
+            "Exit status: 0; 2 for a bad command line or input (including a damaged input file);\n"
+            "1 when writing the output fails. See dreshard(1).\n");
+}
+
+/* The value of --name: the rest of "--name=value" or the next argument. */
+static const char *opt_value(int argc, char **argv, int *i, const char *arg, size_t namelen, char *err,
+                             size_t errlen)
+{
+    if (arg[namelen] == '=')
+        return arg + namelen + 1;
+    if (*i + 1 >= argc) {
+        snprintf(err, errlen, "option '%.*s' needs a value (see " PROG " --help)", (int)namelen, arg);
+        return NULL;
+    }
+    return argv[++*i];
+}
+
+static int parse_size(const char *name, const char *v, int max, int *out, char *err, size_t errlen)
+{
+    char *end;
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    if (errno || end == v || *end != '\0') {
+        snprintf(err, errlen, "--%s '%s': not an integer", name, v);
+        return -1;
+    }
+    if (x < 1 || x > max) {
+        snprintf(err, errlen, "--%s %lld: out of range, allowed 1..%d", name, x, max);
+        return -1;
+    }
+    *out = (int)x;
+    return 0;
+}
+
+/* Every rank parses the same arguments, so all reach the same verdict. */
+static parse_status_t parse_args(int argc, char **argv, reshard_opts_t *o, int print, char *err, size_t errlen)
+{
+    static const char *const allowed = "--in, --out, --tp, --pp, --dp, --zero, --params-only, --force, --info, --help, "
+                                       "--version";
+    memset(o, 0, sizeof *o);
+    o->tp = o->pp = o->dp = 1;
+    int layout_given = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        size_t n = strcspn(a, "=");
+        const char *v;
+#define IS(name) (n == strlen(name) && strncmp(a, name, n) == 0)
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            if (print)
+                usage(stdout);
+            return PARSE_EXIT_OK;
+        } else if (strcmp(a, "--version") == 0) {
+            if (print)
+                printf(PROG " (dtrain) %s\n", PACKAGE_VERSION);
+            return PARSE_EXIT_OK;
+        } else if (strcmp(a, "--params-only") == 0) {
+            o->params_only = 1;
+        } else if (strcmp(a, "--force") == 0) {
+            o->force = 1;
+        } else if (IS("--in") || IS("--out") || IS("--info")) {
+            if (!(v = opt_value(argc, argv, &i, a, n, err, errlen)))
+                return PARSE_ERROR;
+            if (!*v) {
+                snprintf(err, errlen, "option '%.*s' needs a non-empty FILE", (int)n, a);
+                return PARSE_ERROR;
+            }
+            if (IS("--in"))
+                o->in = v;
+            else if (IS("--out"))
+                o->out = v;
+            else
+                o->info = v;
+        } else if (IS("--tp") || IS("--pp") || IS("--dp")) {
+            if (!(v = opt_value(argc, argv, &i, a, n, err, errlen)))
+                return PARSE_ERROR;
+            const char *name = IS("--tp") ? "tp" : IS("--pp") ? "pp" : "dp";
+            int *field = IS("--tp") ? &o->tp : IS("--pp") ? &o->pp : &o->dp;
+            int max = IS("--tp") ? MAX_TP : IS("--pp") ? MAX_PP : MAX_DP;
+            if (parse_size(name, v, max, field, err, errlen) != 0)
+                return PARSE_ERROR;
+            layout_given = 1;
+        } else if (IS("--zero")) {
+            if (!(v = opt_value(argc, argv, &i, a, n, err, errlen)))
+                return PARSE_ERROR;
+            if (strlen(v) != 1 || v[0] < '0' || v[0] > '3') {
+                snprintf(err, errlen, "--zero '%s': the ZeRO stage is 0, 1, 2 or 3", v);
+                return PARSE_ERROR;
+            }
+            o->zero = v[0] - '0';
+            layout_given = 1;
+        } else {
+            snprintf(err, errlen, "unknown option '%s': allowed are %s", a, allowed);
+            return PARSE_ERROR;
+        }
+#undef IS
+    }
+    if (o->info) {
+        if (o->in || o->out || layout_given || o->params_only || o->force) {
+            snprintf(err, errlen, "--info FILE only prints a file: give it alone, without --in, --out, --tp, "
+                     "--pp, --dp, --zero, --params-only or --force");
+            return PARSE_ERROR;
+        }
+        return PARSE_OK;
+    }
+    if (!o->in || !o->out) {
+        snprintf(err, errlen, "%s: give --in FILE and --out FILE (or --info FILE; see " PROG " --help)",
+                 !o->in && !o->out ? "nothing to do" : !o->in ? "no --in FILE" : "no --out FILE");
+        return PARSE_ERROR;
+    }
+    return PARSE_OK;
+}
+
+/* The directory part of path ("." when it has none). */
+static void dir_of(const char *path, char *dir, size_t n)
+{
+    snprintf(dir, n, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash)
+        *(slash == dir ? slash + 1 : slash) = '\0';
+    else
+        snprintf(dir, n, ".");
+}
+
+/* Rank 0's checks of the two paths, before any file is opened: the input
+ * is a readable file; the output is not the input, does not exist (unless
+ * --force) and its directory takes new files. */
+static int check_paths(const reshard_opts_t *o, char *err, size_t errlen)
+{
+    struct stat in_st, out_st;
+    if (stat(o->in, &in_st) != 0 || access(o->in, R_OK) != 0) {
+        snprintf(err, errlen, "--in %s: %s", o->in, strerror(errno));
+        return -1;
+    }
+    if (!S_ISREG(in_st.st_mode)) {
+        snprintf(err, errlen, "--in %s: not a regular file", o->in);
+        return -1;
+    }
+    if (stat(o->out, &out_st) == 0) {
+        if (out_st.st_dev == in_st.st_dev && out_st.st_ino == in_st.st_ino) {
+            snprintf(err, errlen, "--out %s is the input file: write to another path (" PROG " never rewrites "
+                     "its input in place)", o->out);
+            return -1;
+        }
+        if (S_ISDIR(out_st.st_mode)) {
+            snprintf(err, errlen, "--out %s is a directory: name the file to write", o->out);
+            return -1;
+        }
+        if (!o->force) {
+            snprintf(err, errlen, "--out %s exists: remove it, choose another path, or pass --force to replace "
+                     "it", o->out);
+            return -1;
+        }
+    } else if (errno != ENOENT) {
+        snprintf(err, errlen, "--out %s: %s", o->out, strerror(errno));
+        return -1;
+    }
+    char dir[PATH_MAX];
+    dir_of(o->out, dir, sizeof dir);
+    if (access(dir, W_OK | X_OK) != 0) {
+        snprintf(err, errlen, "--out %s: cannot write into directory %.512s: %s", o->out, dir,
+                 strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+/* Rank 0's status and message to every rank (checks only rank 0 makes). */
+static int bcast_status(int rc, char *err, size_t errlen)
+{
+    int v = rc;
+    if (MPI_Bcast(&v, 1, MPI_INT, 0, MPI_COMM_WORLD) != MPI_SUCCESS) {
+        snprintf(err, errlen, "MPI_Bcast of a status failed");
+        return -1;
+    }
+    if (v != 0 && MPI_Bcast(err, (int)errlen, MPI_CHAR, 0, MPI_COMM_WORLD) != MPI_SUCCESS)
+        snprintf(err, errlen, "MPI_Bcast of an error message failed");
+    return v ? -1 : 0;
+}
+
+/* The tensor groups a file of this content holds. */
+static int content_groups(h5store_t *h, const char *path, param_io_group_t *groups, int *n_groups,
+                          char *content, size_t content_len, char *err, size_t errlen)
+{
+    if (h5store_get_str(h, "content", content, content_len, err, errlen) != 0)
+        return -1;
+    groups[0] = (param_io_group_t){"params", NULL};
+    groups[1] = (param_io_group_t){"optim/m", NULL};
+    groups[2] = (param_io_group_t){"optim/v", NULL};
+    if (strcmp(content, "params") == 0) {
+        *n_groups = 1;
+        return 0;
+    }
+    if (strcmp(content, "checkpoint") != 0) {
+        snprintf(err, errlen, "%s holds content '%s': " PROG " reads dtrain checkpoints and parameter files "
+                 "(content checkpoint or params)", path, content);
+        return -1;
+    }
+    int64_t version = 0;
+    if (h5store_get_int(h, "format_version", &version, err, errlen) != 0)
+        return -1;
+    if (version != CKPT_FORMAT_VERSION) {
+        snprintf(err, errlen, "%s: unknown checkpoint format version %lld (this " PROG " reads version %d)", path,
+                 (long long)version, CKPT_FORMAT_VERSION);
+        return -1;
+    }
+    *n_groups = 3;
+    return 0;
+}
+
+/* The file's catalog is exactly the model's tensors, in their shapes:
+ * nothing missing, and nothing the output would silently drop. */
+static int check_catalog(h5store_t *h, const char *path, const h5store_tensor_t *want, int n_want,
+                         const char *content, char *err, size_t errlen)
+{
+    for (int i = 0; i < n_want; i++) {
+        const h5store_tensor_t *got = h5store_find(h, want[i].name);
+        if (!got) {
+            snprintf(err, errlen, "tensor %s: not in %s", want[i].name, path);
+            return -1;
+        }
+        if (got->ndim != want[i].ndim || got->shape[0] != want[i].shape[0] || got->shape[1] != want[i].shape[1]) {
+            snprintf(err, errlen, "tensor %s: shape [%" PRId64 ",%" PRId64 "] in %s, the model's is [%" PRId64
+                     ",%" PRId64 "]", want[i].name, got->shape[0], got->shape[1], path, want[i].shape[0],
+                     want[i].shape[1]);
+            return -1;
+        }
+    }
+    const h5store_tensor_t *all;
+    int n = h5store_list(h, &all);
+    if (n != n_want) {
+        for (int i = 0; i < n; i++) {
+            int known = 0;
+            for (int j = 0; j < n_want && !known; j++)
+                known = strcmp(all[i].name, want[j].name) == 0;
+            if (!known) {
+                snprintf(err, errlen, "%s: tensor %s is not part of the model's %s file, and " PROG
+                         " would drop it: remove it or copy it separately", path, all[i].name, content);
+                return -1;
+            }
+        }
+    }
+    return 0;
+}
+
+static int cmp_tile_size(const void *a, const void *b)
+{
+    const tile_t *x = *(const tile_t *const *)a, *y = *(const tile_t *const *)b;
+    if (x->bytes != y->bytes)
+        return x->bytes > y->bytes ? -1 : 1;
+    /* equal sizes keep list order: the same plan on every rank */
+    return x < y ? -1 : x > y;
+}
+
+/* The target's slices of every tensor (chunk-shaped tiles, the last one
+ * clipped: what dtrain writes at that layout), dealt out largest first to
+ * the least loaded rank. The same plan on every rank. */
+static int plan_tiles(const h5store_tensor_t *t, int nt, int nranks, tile_t **out, int *n_out, char *err,
+                      size_t errlen)
+{
+    int n = 0, cap = 0;
+    tile_t *tiles = NULL;
+    for (int i = 0; i < nt; i++) {
+        const int64_t c0 = t[i].chunk[0] > 0 ? t[i].chunk[0] : t[i].shape[0];
+        const int64_t c1 = t[i].chunk[1] > 0 ? t[i].chunk[1] : t[i].shape[1];
+        for (int64_t r = 0; r < t[i].shape[0]; r += c0)
+            for (int64_t c = 0; c < t[i].shape[1]; c += c1) {
+                if (n == cap) {
+                    cap = cap ? 2 * cap : 256;
+                    tile_t *p = realloc(tiles, (size_t)cap * sizeof *p);
+                    if (!p) {
+                        free(tiles);
+                        snprintf(err, errlen, "out of memory for the plan");
+                        return -1;
+                    }
+                    tiles = p;
+                }
+                tile_t *x = &tiles[n++];
+                x->tensor = i;
+                x->start[0] = r;
+                x->start[1] = c;
+                x->count[0] = t[i].shape[0] - r < c0 ? t[i].shape[0] - r : c0;
+                x->count[1] = t[i].shape[1] - c < c1 ? t[i].shape[1] - c : c1;
+                x->bytes = x->count[0] * x->count[1] * (int64_t)sizeof(float);
+            }
+    }
+    tile_t **order = malloc((size_t)(n > 0 ? n : 1) * sizeof *order);
+    int64_t *load = calloc((size_t)nranks, sizeof *load);
+    if (!order || !load) {
+        free(order);
+        free(load);
+        free(tiles);
+        snprintf(err, errlen, "out of memory for the plan");
+        return -1;
+    }
+    for (int i = 0; i < n; i++)
+        order[i] = &tiles[i];
+    qsort(order, (size_t)n, sizeof *order, cmp_tile_size);
+    for (int i = 0; i < n; i++) {
+        int best = 0;
+        for (int r = 1; r < nranks; r++)
+            if (load[r] < load[best])
+                best = r;
+        order[i]->owner = best;
+        load[best] += order[i]->bytes;
+    }
+    free(order);
+    free(load);
+    *out = tiles;
+    *n_out = n;
+    return 0;
+}
+
+static double now_s(void)
+{
+    return MPI_Wtime();
+}
+
+static double mib(int64_t bytes)
+{
+    return (double)bytes / 1048576.0;
+}
+
+/* The resharding: every step agreed on by all ranks. *status is the exit
+ * status on failure (2 for the input and the command line, 1 for writing). */
+static int reshard(const reshard_opts_t *o, int rank, int nranks, int *status, char *err, size_t errlen)
+{
+    char content[64] = "", layout[64];
+    model_config_t cfg;
+    param_io_group_t groups[3];
+    int n_groups = 0, nt_in = 0, nt_out = 0, ntiles = 0, ns = 0, na = 0, na_out = 0;
+    h5store_tensor_t *t_in = NULL, *t_out = NULL;
+    h5store_attr_t *attrs = NULL, *out_attrs = NULL;
+    h5store_shard_t *shards = NULL;
+    tile_t *tiles = NULL;
+    float *buf = NULL;
+    int64_t in_shards = 0, in_bytes = 0, my_bytes = 0;
+    double t0 = now_s(), t_verify = 0, t_read = 0, t_write = 0;
+    *status = 2;
+
+    int rc = rank == 0 ? check_paths(o, err, errlen) : 0;
+    if (bcast_status(rc, err, errlen) != 0)
+        return -1;
+    h5store_t *h = h5store_open(o->in, MPI_COMM_WORLD, err, errlen);
+    if (!h)
+        return -1;
+    /* the attributes and catalog are the same on every rank, so every rank
+     * reaches the same verdict; agreed on anyway, for the message */
+    rc = content_groups(h, o->in, groups, &n_groups, content, sizeof content, err, errlen);
+    if (rc == 0)
+        rc = param_io_read_model(h, &cfg, o->in, err, errlen);
+    if (rc == 0)
+        rc = options_check_grid(&cfg, o->tp, o->pp, err, errlen);
+    if (rc == 0)
+        rc = param_io_tensors(&cfg, groups, n_groups, 1, &t_in, &nt_in, err, errlen);
+    if (rc == 0)
+        rc = check_catalog(h, o->in, t_in, nt_in, content, err, errlen);
+    if (rc == 0)
+        rc = h5store_get_attrs(h, &attrs, &na, err, errlen);
+    rc = h5store_agree(MPI_COMM_WORLD, rc, err, errlen);
+    double t1 = now_s();
+    if (rc == 0)
+        rc = h5store_verify(h, &in_shards, &in_bytes, err, errlen);
+    t_verify = now_s() - t1;
+
+    /* the output: the target's tensors, chunks, attributes and slices */
+    const int out_groups = o->params_only ? 1 : n_groups;
+    snprintf(layout, sizeof layout, "tp %d pp %d dp %d zero %d", o->tp, o->pp, o->dp, o->zero);
+    if (rc == 0) {
+        *status = 1; /* from here on, failures are the machine's, not the input's */
+        rc = param_io_tensors(&cfg, groups, out_groups, o->tp, &t_out, &nt_out, err, errlen);
+        if (rc == 0 && !(out_attrs = calloc((size_t)na + 2, sizeof *out_attrs))) {
+            snprintf(err, errlen, "out of memory");
+            rc = -1;
+        }
+        if (rc == 0) {
+            int n = 0, has_layout = 0;
+            for (int i = 0; i < na; i++) {
+                out_attrs[n] = attrs[i];
+                if (strcmp(attrs[i].key, "layout") == 0) {
+                    out_attrs[n] = (h5store_attr_t){.key = "layout", .type = H5STORE_STR, .s = layout};
+                    has_layout = 1;
+                } else if (o->params_only && strcmp(attrs[i].key, "content") == 0) {
+                    out_attrs[n] = (h5store_attr_t){.key = "content", .type = H5STORE_STR, .s = "params"};
+                }
+                n++;
+            }
+            if (!has_layout)
+                out_attrs[n++] = (h5store_attr_t){.key = "layout", .type = H5STORE_STR, .s = layout};
+            na_out = n;
+        }
+        if (rc == 0)
+            rc = plan_tiles(t_out, nt_out, nranks, &tiles, &ntiles, err, errlen);
+        if (rc == 0) {
+            for (int i = 0; i < ntiles; i++)
+                if (tiles[i].owner == rank) {
+                    ns++;
+                    my_bytes += tiles[i].bytes;
+                }
+            shards = calloc((size_t)ns + 1, sizeof *shards);
+            buf = malloc((size_t)my_bytes + 1);
+            if (!shards || !buf) {
+                snprintf(err, errlen, "rank %d: out of memory for its %.1f MiB of slices (run on more ranks)", rank,
+                         mib(my_bytes));
+                rc = -1;
+            }
+        }
+        if (rc == 0) {
+            int k = 0;
+            float *p = buf;
+            for (int i = 0; i < ntiles; i++) {
+                if (tiles[i].owner != rank)
+                    continue;
+                shards[k++] = (h5store_shard_t){.tensor = tiles[i].tensor,
+                                                .start = {tiles[i].start[0], tiles[i].start[1]},
+                                                .count = {tiles[i].count[0], tiles[i].count[1]}, .buf = p};
+                p += tiles[i].count[0] * tiles[i].count[1];
+            }
+        }
+        rc = h5store_agree(MPI_COMM_WORLD, rc, err, errlen);
+        if (rc == 0) {
+            /* a read error here is the input's again */
+            t1 = now_s();
+            rc = h5store_read_shards(h, t_out, nt_out, shards, ns, err, errlen);
+            t_read = now_s() - t1;
+            if (rc != 0)
+                *status = 2;
+        }
+    }
+    char cerr[ERRLEN];
+    if (h5store_close(h, cerr, sizeof cerr) != 0 && rc == 0) {
+        snprintf(err, errlen, "%s", cerr);
+        rc = -1;
+    }
+    if (rc == 0) {
+        t1 = now_s();
+        rc = h5store_write(o->out, MPI_COMM_WORLD, t_out, nt_out, shards, ns, out_attrs, na_out, err, errlen);
+        t_write = now_s() - t1;
+    }
+    if (rc == 0 && rank == 0) {
+        int64_t out_bytes = 0;
+        for (int i = 0; i < ntiles; i++)
+            out_bytes += tiles[i].bytes;
+        printf(PROG ": %s (%s, %d tensors, %" PRId64 " shards, %.1f MiB verified in %.2f s) -> %s (%s, %d "
+               "tensors, %d slices, %.1f MiB) on %d rank%s: read %.2f s, write %.2f s, total %.2f s\n",
+               o->in, content, nt_in, in_shards, mib(in_bytes), t_verify, o->out, layout, nt_out, ntiles,
+               mib(out_bytes), nranks, nranks == 1 ? "" : "s", t_read, t_write, now_s() - t0);
+    }
+    free(buf);
+    free(shards);
+    free(tiles);
+    free(out_attrs); /* its strings are attrs' or on the stack */
+    h5store_free_attrs(attrs, na);
+    free(t_in);
+    free(t_out);
+    return rc;
+}
+
+/* --info: the attributes, the tensors and the checksum verdict. */
+static int info(const char *path, int rank, char *err, size_t errlen)
+{
+    struct stat st;
+    int rc = 0;
+    if (rank == 0 && stat(path, &st) != 0) {
+        snprintf(err, errlen, "--info %s: %s", path, strerror(errno));
+        rc = -1;
+    }
+    if (bcast_status(rc, err, errlen) != 0)
+        return -1;
+    h5store_t *h = h5store_open(path, MPI_COMM_WORLD, err, errlen);
+    if (!h)
+        return -1;
+    h5store_attr_t *attrs = NULL;
+    int na = 0;
+    rc = h5store_agree(MPI_COMM_WORLD, h5store_get_attrs(h, &attrs, &na, err, errlen), err, errlen);
+    if (rc == 0 && rank == 0) {
+        const h5store_tensor_t *t;
+        int nt = h5store_list(h, &t);
+        printf("file: %s\nattributes: %d\n", path, na);
+        for (int i = 0; i < na; i++) {
+            if (attrs[i].type == H5STORE_INT)
+                printf("  %s = %" PRId64 "\n", attrs[i].key, attrs[i].i);
+            else if (attrs[i].type == H5STORE_DOUBLE)
+                printf("  %s = %g\n", attrs[i].key, attrs[i].d);
+            else
+                printf("  %s = %s\n", attrs[i].key, attrs[i].s);
+        }
+        int64_t elems = 0;
+        printf("tensors: %d\n", nt);
+        for (int i = 0; i < nt; i++) {
+            elems += t[i].shape[0] * t[i].shape[1];
+            char shape[48], chunk[64];
+            if (t[i].ndim == 1)
+                snprintf(shape, sizeof shape, "[%" PRId64 "]", t[i].shape[0]);
+            else
+                snprintf(shape, sizeof shape, "[%" PRId64 ", %" PRId64 "]", t[i].shape[0], t[i].shape[1]);
+            if (t[i].chunk[0] <= 0) {
+                snprintf(chunk, sizeof chunk, "contiguous");
+            } else {
+                const int64_t c1 = t[i].ndim == 2 ? t[i].chunk[1] : 1;
+                const int64_t n = ((t[i].shape[0] + t[i].chunk[0] - 1) / t[i].chunk[0]) *
+                                  ((t[i].shape[1] + c1 - 1) / c1);
+                snprintf(chunk, sizeof chunk, "%" PRId64 " chunk%s", n, n == 1 ? "" : "s");
+            }
+            printf("  %-32s %-14s %s\n", t[i].name, shape, chunk);
+        }
+        printf("elements: %" PRId64 " (%.1f MiB)\n", elems, mib(elems * (int64_t)sizeof(float)));
+        fflush(stdout);
+    }
+    int64_t shards = 0, bytes = 0;
+    if (rc == 0)
+        rc = h5store_verify(h, &shards, &bytes, err, errlen);
+    if (rc == 0 && rank == 0)
+        printf("checksums: verified: %" PRId64 " shards, %.1f MiB\n", shards, mib(bytes));
+    char cerr[ERRLEN];
+    if (h5store_close(h, cerr, sizeof cerr) != 0 && rc == 0) {
+        snprintf(err, errlen, "%s", cerr);
+        rc = -1;
+    }
+    h5store_free_attrs(attrs, na);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    launch_env_t env;
+    launch_init(&env, &argc, &argv);
+    reshard_opts_t o;
+    char err[ERRLEN] = "";
+    parse_status_t st = parse_args(argc, argv, &o, env.world_rank == 0, err, sizeof err);
+    if (st == PARSE_EXIT_OK)
+        launch_exit(&env, 0);
+    if (st == PARSE_ERROR) {
+        if (env.world_rank == 0)
+            fprintf(stderr, PROG ": error: %s\n", err);
+        launch_exit(&env, 2);
+    }
+    int status = 2, failed;
+    if (o.info)
+        failed = info(o.info, env.world_rank, err, sizeof err) != 0;
+    else
+        failed = reshard(&o, env.world_rank, env.world_size, &status, err, sizeof err) != 0;
+    failed = launch_any_failed(&env, PROG, failed, err);
+    launch_exit(&env, failed ? status : 0);
+    return failed ? status : 0;
+}
