@@ -15,37 +15,86 @@
 #  - slurm/train_70b.sbatch: every #SBATCH line parses (`sbatch --test-only`
 #    with the node and GPU counts overridden to fit the one-node cluster; a
 #    bad directive is caught), and dtrain accepts its model arguments.
-# Skipped (77) only when SLURM is not installed or its daemons cannot start.
+# Before the cluster, without SLURM: SIGTERM to a singleton run stops it at
+# a step boundary with a checkpoint and exit 0, and the resumed run ends
+# bit-identical to an uninterrupted one; without --ckpt-dir it stops the
+# same way and says nothing was saved.
+# The SLURM part is skipped (77) only when SLURM is not installed or its
+# daemons cannot start.
 . "$top_srcdir/test/common.sh"
 
 PY=/usr/bin/python3
 S="$top_srcdir/slurm"
+STEPS=60
+set -- --data "$DATA_TRAIN" --val-data "$DATA_VAL" --peak-gflops 100 --steps $STEPS --warmup 10 \
+    --seq-len 64 --micro-batch 4 --global-batch 8 --sample-tokens 0 --val-every $STEPS --val-batches 4
+
+# ---- SIGTERM, singleton ----
+# term_at_step OUT STEP ARGS...: dtrain in the background, SIGTERM once OUT
+# shows STEP; its exit status
+term_at_step() {
+    out=$1 at=$2
+    shift 2
+    "$DTRAIN" --threads 1 "$@" >"$out" 2>&1 &
+    pid=$!
+    n=0
+    until grep -Eq "^step +$at/" "$out" || [ $n -ge 600 ]; do sleep 0.1; n=$((n + 1)); done
+    kill -TERM "$pid"
+    wait "$pid"
+}
+"$DTRAIN" --threads 1 "$@" --save-params "$TMP/single.h5" >"$TMP/single.log" 2>&1 || fail "singleton run: $(tail -n 2 "$TMP/single.log")"
+term_at_step "$TMP/term.log" 3 "$@" --ckpt-dir "$TMP/term.ckpt" --ckpt-every 25 --save-params "$TMP/term.h5"
+rc=$?
+stop=$(grep "^stopping at step" "$TMP/term.log")
+n=$(echo "$stop" | sed -n 's/^stopping at step \([0-9]*\): SIGTERM received, checkpoint .*step_0*\1\.h5 written.*/\1/p')
+if [ "$rc" -eq 0 ] && [ -n "$n" ] && [ "$n" -lt $STEPS ] && [ ! -e "$TMP/term.h5" ]; then
+    pass "SIGTERM: exit 0, $stop"
+else
+    fail "SIGTERM: exit $rc, '$stop', final parameters written: $([ -e "$TMP/term.h5" ] && echo yes || echo no)"
+fi
+"$DTRAIN" --threads 1 "$@" --ckpt-dir "$TMP/term.ckpt" --ckpt-every 25 --resume auto --save-params "$TMP/term.h5" >"$TMP/term2.log" 2>&1 ||
+    fail "SIGTERM: resume: $(tail -n 2 "$TMP/term2.log")"
+if p=$($PY "$top_srcdir/test/compare_params.py" "$TMP/single.h5" "$TMP/term.h5" 0 2>&1); then
+    pass "SIGTERM at step ${n:-?}, resumed: final parameters bit-identical to the uninterrupted run: $p"
+else
+    fail "SIGTERM, resumed: final parameters: $p"
+fi
+term_at_step "$TMP/term3.log" 3 "$@"
+rc=$?
+if [ "$rc" -eq 0 ] && grep -q "^stopping at step [0-9]*: SIGTERM received; nothing saved (no --ckpt-dir)" "$TMP/term3.log"; then
+    pass "SIGTERM without --ckpt-dir: exit 0, $(grep "^stopping" "$TMP/term3.log")"
+else
+    fail "SIGTERM without --ckpt-dir: exit $rc: $(tail -n 2 "$TMP/term3.log")"
+fi
+
+# ---- the cluster ----
+# skip: nothing of SLURM is tested, but a failure above still fails
+skip() {
+    echo "SKIP: $*"
+    [ "$fails" -eq 0 ] || finish
+    exit 77
+}
 PATH=$PATH:/usr/sbin:/sbin
 for b in sbatch scontrol scancel squeue sinfo slurmctld slurmd munged; do
-    command -v "$b" >/dev/null || { echo "SKIP: $b not found: scripts/install-deps.sh installs slurm-wlm and munge"; exit 77; }
+    command -v "$b" >/dev/null || skip "$b not found: scripts/install-deps.sh installs slurm-wlm and munge"
 done
-if ! up=$("$S/test-cluster.sh" up 2>"$TMP/up.err"); then
-    echo "SKIP: the SLURM daemons could not start: $(tail -n 8 "$TMP/up.err")"
-    exit 77
+if ! up=$(bash "$S/test-cluster.sh" up 2>"$TMP/up.err"); then
+    skip "the SLURM daemons could not start: $(tail -n 8 "$TMP/up.err")"
 fi
 eval "$up"
 # the daemons and every job go, whatever happens to this script
-trap '"$S/test-cluster.sh" down --rm "$SLURM_LOCAL_DIR" >/dev/null 2>&1; rm -rf "$TMP"' EXIT
+trap 'bash "$S/test-cluster.sh" down --rm "$SLURM_LOCAL_DIR" >/dev/null 2>&1; rm -rf "$TMP"' EXIT
 trap 'exit 1' HUP INT TERM
 echo "cluster: $SLURM_LOCAL_DIR"
 
 export DTRAIN DTRAIN_CONFIG="$top_srcdir/examples/tiny.conf" DTRAIN_LOG_ROOT="$TMP/logs"
-STEPS=60
-set -- --data "$DATA_TRAIN" --val-data "$DATA_VAL" --peak-gflops 100 --steps $STEPS --warmup 10 \
-    --seq-len 64 --micro-batch 4 --global-batch 8 --sample-tokens 0 --val-every $STEPS --val-batches 4 \
-    --ckpt-every 25
 
 # submit NAME SCRIPT DTRAIN-ARGS...: the job id; output in $TMP/NAME.out,
 # checkpoints in $TMP/NAME.ckpt
 submit() {
     name=$1 script=$2
     shift 2
-    DTRAIN_CKPT_DIR="$TMP/$name.ckpt" sbatch --parsable -J "$name" -o "$TMP/$name.out" "$S/$script" "$@"
+    DTRAIN_CKPT_DIR="$TMP/$name.ckpt" sbatch --parsable -J "$name" -o "$TMP/$name.out" "$S/$script" "$@" --ckpt-every 25
 }
 # job_field JOB KEY: KEY's value in `scontrol show job` (kept MinJobAge=300 s)
 job_field() { scontrol show job -o "$1" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$2=//p"; }
@@ -186,7 +235,7 @@ cd - >/dev/null || exit 1
 
 # ---- nothing left behind ----
 pids="$(cat "$SLURM_LOCAL_DIR/slurmctld.bgpid" "$SLURM_LOCAL_DIR/slurmd.bgpid" "$SLURM_LOCAL_DIR/munge/munged.pid")"
-"$S/test-cluster.sh" down "$SLURM_LOCAL_DIR" >/dev/null
+bash "$S/test-cluster.sh" down "$SLURM_LOCAL_DIR" >/dev/null
 left=""
 for p in $pids; do
     if kill -0 "$p" 2>/dev/null && ! grep -q '^State:.*Z' "/proc/$p/status" 2>/dev/null; then left="$left $p"; fi
