@@ -2,9 +2,107 @@
 
 #include <limits.h>
 #include <mpi.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+
+/* The one piece of state outside the run context: a signal handler gets no
+ * argument to find a context through. Written only by the handler, read by
+ * launch_stop_signal; sig_atomic_t makes both async-signal-safe. */
+static volatile sig_atomic_t stop_signal;
+
+static void on_stop_signal(int sig)
+{
+    stop_signal = sig;
+}
+
+int launch_stop_signal(void)
+{
+    return (int)stop_signal;
+}
+
+/* SIGUSR1 (SLURM's warning before the time limit, --signal) and SIGTERM
+ * (scancel, preemption, the time limit itself) only set the flag; the
+ * training loop checkpoints and exits at its next step boundary. SA_RESTART:
+ * a signal must not fail a write or an MPI call with EINTR. SIGINT keeps its
+ * default, so ^C still ends an interactive run at once; a rank that never
+ * reaches a step boundary is SIGKILLed by SLURM after KillWait. */
+int launch_catch_stop_signals(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sa.sa_flags = SA_RESTART;
+    if (sigemptyset(&sa.sa_mask) != 0 || sigaction(SIGUSR1, &sa, NULL) != 0 || sigaction(SIGTERM, &sa, NULL) != 0)
+        return -1;
+    return 0;
+}
+
+/* An integer environment variable; def when unset or not a number. */
+static long long env_ll(const char *name, long long def)
+{
+    const char *v = getenv(name);
+    if (!v || !*v)
+        return def;
+    char *end = NULL;
+    long long x = strtoll(v, &end, 10);
+    return *end ? def : x;
+}
+
+static void env_str(char *dst, size_t n, const char *name, const char *fallback)
+{
+    const char *v = getenv(name);
+    if ((!v || !*v) && fallback)
+        v = getenv(fallback);
+    snprintf(dst, n, "%s", v ? v : "");
+}
+
+/* Who started us. OpenMPI's mpirun (orted) gives every rank
+ * OMPI_COMM_WORLD_SIZE; srun's direct launch gives every task its own
+ * SLURM_STEP_ID and SLURM_PROCID and no OMPI_COMM_WORLD_*. Under mpirun
+ * inside an allocation the SLURM_* task variables are orted's (SLURM_PROCID
+ * and SLURM_LOCALID 0 on every rank), so they are never used for identity. */
+static void detect_launcher(launch_env_t *env)
+{
+    if (getenv("OMPI_COMM_WORLD_SIZE")) {
+        env->kind = LAUNCH_MPIRUN;
+        env->local_var = "OMPI_COMM_WORLD_LOCAL_RANK";
+    } else if (getenv("SLURM_STEP_ID") && getenv("SLURM_PROCID")) {
+        env->kind = LAUNCH_SRUN;
+        env->local_var = "SLURM_LOCALID";
+    } else {
+        env->kind = env->world_size == 1 ? LAUNCH_SINGLETON : LAUNCH_OTHER;
+        env->local_var = NULL;
+    }
+}
+
+/* Cross-checks MPI's local rank with the launcher's: a disagreement means
+ * ranks were placed differently from what the launcher thinks (and device
+ * binding by local rank would pick the wrong GPU). Collective. */
+static void check_local_rank(launch_env_t *env)
+{
+    int var = env->local_var ? (int)env_ll(env->local_var, -1) : env->local_rank;
+    int mine = var != env->local_rank ? env->world_rank : INT_MAX, first = INT_MAX;
+    launch_mpi_check(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD), "MPI_Allreduce(local rank)");
+    env->mismatch_rank = first == INT_MAX ? -1 : first;
+    if (first == INT_MAX)
+        return;
+    int pair[2] = {env->local_rank, var};
+    launch_mpi_check(MPI_Bcast(pair, 2, MPI_INT, first, MPI_COMM_WORLD), "MPI_Bcast(local rank)");
+    env->mismatch_mpi = pair[0];
+    env->mismatch_var = pair[1];
+}
+
+static void read_slurm_job(launch_env_t *env)
+{
+    env_str(env->job_id, sizeof env->job_id, "SLURM_JOB_ID", "SLURM_JOBID");
+    env_str(env->nodelist, sizeof env->nodelist, "SLURM_JOB_NODELIST", "SLURM_NODELIST");
+    env->restart_count = (int)env_ll("SLURM_RESTART_COUNT", 0);
+    env->n_job_nodes = (int)env_ll("SLURM_JOB_NUM_NODES", env_ll("SLURM_NNODES", 0));
+    env->end_time = env_ll("SLURM_JOB_END_TIME", 0);
+}
 
 void launch_mpi_check(int rc, const char *what)
 {
@@ -45,6 +143,54 @@ void launch_init(launch_env_t *env, int *argc, char ***argv)
     char name[MPI_MAX_PROCESSOR_NAME] = "";
     launch_mpi_check(MPI_Get_processor_name(name, &len), "MPI_Get_processor_name");
     snprintf(env->host, sizeof env->host, "%s", name);
+    int first = env->local_rank == 0;
+    launch_mpi_check(MPI_Allreduce(&first, &env->n_nodes, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD),
+                     "MPI_Allreduce(nodes)");
+    detect_launcher(env);
+    check_local_rank(env);
+    read_slurm_job(env);
+}
+
+static const char *kind_name(launch_kind_t k)
+{
+    switch (k) {
+    case LAUNCH_SINGLETON: return "singleton (no launcher)";
+    case LAUNCH_SRUN: return "srun";
+    case LAUNCH_MPIRUN: return "mpirun";
+    default: return "unknown launcher";
+    }
+}
+
+void launch_describe(const launch_env_t *env, FILE *out)
+{
+    if (env->world_rank != 0)
+        return;
+    fprintf(out, "launch: %s, %d rank%s on %d node%s", kind_name(env->kind), env->world_size,
+            env->world_size == 1 ? "" : "s", env->n_nodes, env->n_nodes == 1 ? "" : "s");
+    if (env->mismatch_rank >= 0)
+        fprintf(out, "; warning: rank %d's local rank is %d by MPI but %s=%d: check the launcher's task "
+                "placement\n", env->mismatch_rank, env->mismatch_mpi, env->local_var, env->mismatch_var);
+    else if (env->local_var)
+        fprintf(out, ", local ranks agree with %s\n", env->local_var);
+    else
+        fprintf(out, "\n");
+    if (!env->job_id[0])
+        return;
+    fprintf(out, "slurm: job %s, restart %d, %d node%s %s, time limit ", env->job_id, env->restart_count,
+            env->n_job_nodes, env->n_job_nodes == 1 ? "" : "s", env->nodelist[0] ? env->nodelist : "?");
+    if (env->end_time > 0) {
+        long long left = env->end_time - (long long)time(NULL);
+        time_t end = (time_t)env->end_time;
+        struct tm tm;
+        char when[32] = "?";
+        if (localtime_r(&end, &tm))
+            strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", &tm);
+        if (left < 0)
+            left = 0;
+        fprintf(out, "%s (%lldh%02lldm%02llds left)\n", when, left / 3600, left / 60 % 60, left % 60);
+    } else {
+        fprintf(out, "unknown (SLURM_JOB_END_TIME unset)\n");
+    }
 }
 
 int launch_any_failed(const launch_env_t *env, const char *prog, int failed, const char *msg)

@@ -1,20 +1,58 @@
-/* The launch environment: who this process is in the job, and how the job
- * ends. Every rank exits with the same status; an error found on any rank
- * is printed once, by rank 0, naming the rank that found it. */
+/* The launch environment: who this process is in the job, how it was
+ * started (singleton, srun, mpirun), the SLURM job around it, how the job
+ * ends, and the stop request a signal leaves for the training loop. Every
+ * rank exits with the same status; an error found on any rank is printed
+ * once, by rank 0, naming the rank that found it. */
 #ifndef DTRAIN_LAUNCH_H
 #define DTRAIN_LAUNCH_H
 
 #include <stddef.h>
+#include <stdio.h>
+
+typedef enum {
+    LAUNCH_SINGLETON, /* ./dtrain with no launcher: one rank */
+    LAUNCH_SRUN,      /* srun --mpi=pmix: SLURM started every rank */
+    LAUNCH_MPIRUN,    /* OpenMPI's mpirun/mpiexec, inside an allocation or not */
+    LAUNCH_OTHER      /* another launcher (MPICH's hydra, ...) */
+} launch_kind_t;
 
 typedef struct launch_env {
-    int world_rank, world_size;
-    int local_rank, local_size; /* among the ranks sharing this node */
+    int world_rank, world_size;  /* from MPI: under mpirun in an allocation SLURM_PROCID is 0 everywhere */
+    int local_rank, local_size;  /* among the ranks sharing this node (MPI_Comm_split_type) */
+    int n_nodes;                 /* nodes the job's ranks are on */
     char host[256];
+    launch_kind_t kind;
+    /* the launcher's own idea of the local rank, checked against MPI's:
+     * the variable's name, or NULL when the launcher sets none */
+    const char *local_var;
+    int mismatch_rank; /* lowest rank where the two differ, or -1 */
+    int mismatch_mpi, mismatch_var;
+    /* the SLURM job; job_id is empty outside one */
+    char job_id[32];
+    int restart_count;   /* SLURM_RESTART_COUNT: times the job was requeued */
+    int n_job_nodes;     /* SLURM_JOB_NUM_NODES */
+    char nodelist[256];  /* SLURM_JOB_NODELIST (compressed, e.g. gpu[01-08]) */
+    long long end_time;  /* SLURM_JOB_END_TIME: Unix seconds the time limit ends, 0 unknown */
 } launch_env_t;
 
-/* MPI_Init_thread (FUNNELED) and the rank/size queries. On failure prints a
+/* MPI_Init_thread (FUNNELED), the rank/size queries, the launcher and SLURM
+ * job around it. Collective. On failure prints a
  * line and exits 1 (nothing else can be agreed on without MPI). */
 void launch_init(launch_env_t *env, int *argc, char ***argv);
+
+/* Rank 0 writes the launch and SLURM lines of the banner. */
+void launch_describe(const launch_env_t *env, FILE *out);
+
+/* Installs the SIGUSR1/SIGTERM handlers that only record the signal (for
+ * programs that stop cleanly at a safe point; the others keep the default
+ * actions). Call after launch_init, so that MPI's handlers do not replace
+ * them. 0, or -1 when sigaction fails. */
+int launch_catch_stop_signals(void);
+
+/* The signal that asked this rank to stop (SIGUSR1 or SIGTERM), or 0.
+ * The handlers only record it: the caller agrees on it across ranks at a
+ * point where stopping is safe (the training loop's step boundary). */
+int launch_stop_signal(void);
 
 /* Collective over the world: returns 1 if any rank passed failed != 0.
  * Then the lowest failing rank's msg is printed by rank 0 as

@@ -14,7 +14,9 @@ packages=(
   libopenblas-openmp-dev
   # PyTorch reference, checkpoint interop, plots
   python3 python3-torch python3-numpy python3-h5py gnuplot-nox
-  # SLURM test cluster (issue 6) needs these; harmless until then
+  # the throw-away SLURM test cluster (slurm/test-cluster.sh, test_slurm.sh):
+  # controller, node daemon, client commands and the munge authentication daemon
+  slurm-wlm slurmctld slurmd slurm-client munge
   # debugging aids used by the sanitizer and fault tests
   valgrind
 )

@@ -23,8 +23,14 @@ int main(int argc, char **argv)
         launch_exit(&env, 2);
     }
 
+    /* from here on SIGUSR1/SIGTERM stop the run at a step boundary, with a
+     * checkpoint, instead of killing it */
+    int failed = launch_catch_stop_signals() != 0;
+    if (launch_any_failed(&env, "dtrain", failed, "cannot install the SIGUSR1/SIGTERM handlers: sigaction failed"))
+        launch_exit(&env, 1);
+
     grid_t grid;
-    int failed = grid_create(&grid, opt.tp, opt.pp, opt.dp) != 0;
+    failed = grid_create(&grid, opt.tp, opt.pp, opt.dp) != 0;
     if (launch_any_failed(&env, "dtrain", failed, grid.err))
         launch_exit(&env, 2);
 

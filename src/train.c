@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -292,6 +293,10 @@ static int trainer_save(trainer_t *tr, int step, char *err, size_t errlen)
         double t0 = now_s();
         rc = ckpt_save(o->ckpt_dir, o->keep, &tr->cfg, &m->table, hp, hm, hv, g->dp_rank == 0, g->tp_size,
                        g->tp_rank, &meta, path, sizeof path, err, errlen);
+        if (rc == 0) {
+            snprintf(tr->last_ckpt, sizeof tr->last_ckpt, "%s", path);
+            tr->last_ckpt_step = step;
+        }
         if (rc == 0 && tr->env->world_rank == 0)
             printf("checkpoint: %s (step %d) in %.2f s\n", path, step, now_s() - t0);
     }
@@ -378,6 +383,7 @@ int trainer_setup(trainer_t *tr, const run_options_t *o, const launch_env_t *env
     tr->opt = o;
     tr->env = env;
     tr->grid = grid;
+    tr->last_ckpt_step = -1;
     tr->threads = setup_threads(o->threads);
     if (options_model_config(o, &tr->cfg, err, errlen) != 0 ||
         options_check_layout(o, &tr->cfg, grid->tp_size, grid->pp_size, grid->dp_size, err, errlen) != 0)
@@ -504,6 +510,7 @@ void trainer_banner(const trainer_t *tr, FILE *out)
         fprintf(out, "dtrain %s | %d rank%s: tp %d x pp %d x dp %d | %d thread%s per rank | ddp %s\n",
                 PACKAGE_VERSION, g->world_size, g->world_size == 1 ? "" : "s", g->tp_size, g->pp_size,
                 g->dp_size, tr->threads, tr->threads == 1 ? "" : "s", o->ddp_mode);
+    launch_describe(tr->env, out);
     if (grid_print(g, out) != 0 && rank0)
         fprintf(out, "grid: %s\n", g->err);
     if (!rank0)
@@ -839,6 +846,51 @@ static int step_gradients(trainer_t *tr, int step, double *bubble_s, char *err, 
     return 0;
 }
 
+/* --trace: every rank's spans into one file. Collective. */
+static int write_trace(trainer_t *tr, char *err, size_t errlen)
+{
+    MPI_Comm world = MPI_COMM_WORLD;
+    if (trace_write_merged(tr->trace, &world, tr->opt->trace, err, errlen) != 0)
+        return -1;
+    if (tr->env->world_rank == 0)
+        printf("trace: %zu spans on rank 0 written to %s (open in ui.perfetto.dev)\n", trace_count(tr->trace),
+               tr->opt->trace);
+    return 0;
+}
+
+/* At the boundary after `step` completed steps: did SIGUSR1 or SIGTERM
+ * reach any rank? A signal reaches the ranks at different moments (srun
+ * and mpirun forward it one by one), so all ranks decide together on the
+ * maximum of their flags; one all-reduce of one int per step. If so, writes
+ * the checkpoint of `step` (unless this boundary just wrote it), says why
+ * it stops and sets stopped_by. Collective. */
+static int stop_requested(trainer_t *tr, int step, char *err, size_t errlen)
+{
+    const run_options_t *o = tr->opt;
+    int sig = launch_stop_signal();
+    if (tr->grid->world_size > 1 && MPI_Allreduce(MPI_IN_PLACE, &sig, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD) !=
+                                        MPI_SUCCESS) {
+        snprintf(err, errlen, "step %d: the all-reduce of the stop signal failed", step);
+        return -1;
+    }
+    if (sig == 0)
+        return 0;
+    const char *name = sig == SIGUSR1 ? "SIGUSR1" : sig == SIGTERM ? "SIGTERM" : "a signal";
+    if (o->ckpt_dir[0] && tr->last_ckpt_step != step && trainer_save(tr, step, err, errlen) != 0)
+        return -1;
+    if (tr->env->world_rank == 0) {
+        if (o->ckpt_dir[0])
+            printf("stopping at step %d: %s received, checkpoint %s written; requeue to continue (--resume auto)\n",
+                   step, name, tr->last_ckpt);
+        else
+            printf("stopping at step %d: %s received; nothing saved (no --ckpt-dir), so a rerun starts again "
+                   "from step 0\n", step, name);
+        fflush(stdout);
+    }
+    tr->stopped_by = sig;
+    return 0;
+}
+
 int trainer_run(trainer_t *tr, char *err, size_t errlen)
 {
     const run_options_t *o = tr->opt;
@@ -947,6 +999,16 @@ int trainer_run(trainer_t *tr, char *err, size_t errlen)
         if (o->ckpt_dir[0] && ((o->ckpt_every > 0 && (step + 1) % o->ckpt_every == 0) || step + 1 == end) &&
             trainer_save(tr, step + 1, err, errlen) != 0)
             return -1;
+        if (step + 1 < end && stop_requested(tr, step + 1, err, errlen) != 0)
+            return -1;
+        if (tr->stopped_by)
+            break;
+    }
+    if (tr->stopped_by) {
+        /* the run continues in a later job: no final parameters, no sample */
+        if (tr->trace && write_trace(tr, err, errlen) != 0)
+            return -1;
+        return 0;
     }
     if (rank0) {
         double total = now_s() - t_run;
@@ -960,14 +1022,8 @@ int trainer_run(trainer_t *tr, char *err, size_t errlen)
         snprintf(err, errlen, "sampling failed: %s", m->failed ? m->err : "out of memory");
         return -1;
     }
-    if (tr->trace) {
-        MPI_Comm world = MPI_COMM_WORLD;
-        if (trace_write_merged(tr->trace, &world, o->trace, err, errlen) != 0)
-            return -1;
-        if (rank0)
-            printf("trace: %zu spans on rank 0 written to %s (open in ui.perfetto.dev)\n",
-                   trace_count(tr->trace), o->trace);
-    }
+    if (tr->trace && write_trace(tr, err, errlen) != 0)
+        return -1;
     return 0;
 }
 

@@ -34,6 +34,9 @@ typedef struct trainer {
     int accum;          /* microbatches per optimizer step */
     int start_step;     /* steps already done (a resumed checkpoint's) */
     int steps_done;     /* optimizer steps completed so far */
+    int stopped_by;     /* the signal (SIGUSR1, SIGTERM) that stopped the run early, else 0 */
+    int last_ckpt_step; /* the step of the last checkpoint this run wrote, else -1 */
+    char last_ckpt[OPT_PATH_MAX + 64]; /* and its path */
     pipe_kind_t pp_kind;
     int tied;           /* table index of the tied wte (GPT-2, pp > 1, first/last stage), else -1 */
     /* the step in progress, for the pipeline's forward/backward callbacks */
@@ -61,7 +64,10 @@ int trainer_check_replicas(trainer_t *tr, int step, char *err, size_t errlen);
 /* The global gradient norm, every logical parameter counted once.
  * Collective over the TP group (NAN if it failed). */
 double trainer_grad_norm(trainer_t *tr);
-/* The step loop, validation and the final sample. */
+/* The step loop, validation and the final sample. A SIGUSR1 or SIGTERM
+ * (launch_stop_signal on any rank) ends the loop at the next step boundary
+ * with a checkpoint (with --ckpt-dir) and returns 0 with stopped_by set:
+ * the run is to be continued by a later job with --resume auto. */
 int trainer_run(trainer_t *tr, char *err, size_t errlen);
 /* Mean loss over --val-batches microbatches of the validation set (split
  * over the data-parallel ranks). Collective over the DP group. */

@@ -1,0 +1,250 @@
+#!/bin/sh
+# SLURM integration, on a throw-away one-node cluster on 127.0.0.1
+# (slurm/test-cluster.sh). Four jobs run side by side (2 tasks each, 8 CPU
+# slots), then the checks:
+#  - slurm/train_small.sbatch (srun) runs 60 steps of the tiny model to
+#    COMPLETED, and its log shows the loss falling; it is the reference;
+#  - preemption under srun and under mpirun: once the job's log shows step
+#    3, `scancel --batch --signal=USR1` (what --signal=B:USR1@N does at the
+#    time limit); dtrain checkpoints at its next step boundary and exits 0,
+#    the script requeues the job, the second attempt (SLURM_RESTART_COUNT=1
+#    in its banner) resumes from `latest` and finishes; its losses and final
+#    parameters are bit-identical to the reference's;
+#  - a job with an invalid layout (--tp 3 on 2 ranks) FAILs at once with
+#    exit code 2, the one-line error in its log, and no requeue;
+#  - slurm/train_70b.sbatch: every #SBATCH line parses (`sbatch --test-only`
+#    with the node and GPU counts overridden to fit the one-node cluster; a
+#    bad directive is caught), and dtrain accepts its model arguments.
+# Before the cluster, without SLURM: SIGTERM to a singleton run stops it at
+# a step boundary with a checkpoint and exit 0, and the resumed run ends
+# bit-identical to an uninterrupted one; without --ckpt-dir it stops the
+# same way and says nothing was saved.
+# The SLURM part is skipped (77) only when SLURM is not installed or its
+# daemons cannot start.
+. "$top_srcdir/test/common.sh"
+
+PY=/usr/bin/python3
+S="$top_srcdir/slurm"
+STEPS=60
+set -- --data "$DATA_TRAIN" --val-data "$DATA_VAL" --peak-gflops 100 --steps $STEPS --warmup 10 \
+    --seq-len 64 --micro-batch 4 --global-batch 8 --sample-tokens 0 --val-every $STEPS --val-batches 4
+
+# ---- SIGTERM, singleton ----
+# term_at_step OUT STEP ARGS...: dtrain in the background, SIGTERM once OUT
+# shows STEP; its exit status
+term_at_step() {
+    out=$1 at=$2
+    shift 2
+    "$DTRAIN" --threads 1 "$@" >"$out" 2>&1 &
+    pid=$!
+    n=0
+    until grep -Eq "^step +$at/" "$out" || [ $n -ge 600 ]; do sleep 0.1; n=$((n + 1)); done
+    kill -TERM "$pid"
+    wait "$pid"
+}
+"$DTRAIN" --threads 1 "$@" --save-params "$TMP/single.h5" >"$TMP/single.log" 2>&1 || fail "singleton run: $(tail -n 2 "$TMP/single.log")"
+term_at_step "$TMP/term.log" 3 "$@" --ckpt-dir "$TMP/term.ckpt" --ckpt-every 25 --save-params "$TMP/term.h5"
+rc=$?
+stop=$(grep "^stopping at step" "$TMP/term.log")
+n=$(echo "$stop" | sed -n 's/^stopping at step \([0-9]*\): SIGTERM received, checkpoint .*step_0*\1\.h5 written.*/\1/p')
+if [ "$rc" -eq 0 ] && [ -n "$n" ] && [ "$n" -lt $STEPS ] && [ ! -e "$TMP/term.h5" ]; then
+    pass "SIGTERM: exit 0, $stop"
+else
+    fail "SIGTERM: exit $rc, '$stop', final parameters written: $([ -e "$TMP/term.h5" ] && echo yes || echo no)"
+fi
+"$DTRAIN" --threads 1 "$@" --ckpt-dir "$TMP/term.ckpt" --ckpt-every 25 --resume auto --save-params "$TMP/term.h5" >"$TMP/term2.log" 2>&1 ||
+    fail "SIGTERM: resume: $(tail -n 2 "$TMP/term2.log")"
+if p=$($PY "$top_srcdir/test/compare_params.py" "$TMP/single.h5" "$TMP/term.h5" 0 2>&1); then
+    pass "SIGTERM at step ${n:-?}, resumed: final parameters bit-identical to the uninterrupted run: $p"
+else
+    fail "SIGTERM, resumed: final parameters: $p"
+fi
+term_at_step "$TMP/term3.log" 3 "$@"
+rc=$?
+if [ "$rc" -eq 0 ] && grep -q "^stopping at step [0-9]*: SIGTERM received; nothing saved (no --ckpt-dir)" "$TMP/term3.log"; then
+    pass "SIGTERM without --ckpt-dir: exit 0, $(grep "^stopping" "$TMP/term3.log")"
+else
+    fail "SIGTERM without --ckpt-dir: exit $rc: $(tail -n 2 "$TMP/term3.log")"
+fi
+
+# ---- the cluster ----
+# skip: nothing of SLURM is tested, but a failure above still fails
+skip() {
+    echo "SKIP: $*"
+    [ "$fails" -eq 0 ] || finish
+    exit 77
+}
+PATH=$PATH:/usr/sbin:/sbin
+for b in sbatch scontrol scancel squeue sinfo slurmctld slurmd munged; do
+    command -v "$b" >/dev/null || skip "$b not found: scripts/install-deps.sh installs slurm-wlm and munge"
+done
+if ! up=$(bash "$S/test-cluster.sh" up 2>"$TMP/up.err"); then
+    skip "the SLURM daemons could not start: $(tail -n 8 "$TMP/up.err")"
+fi
+eval "$up"
+# the daemons and every job go, whatever happens to this script
+trap 'bash "$S/test-cluster.sh" down --rm "$SLURM_LOCAL_DIR" >/dev/null 2>&1; rm -rf "$TMP"' EXIT
+trap 'exit 1' HUP INT TERM
+echo "cluster: $SLURM_LOCAL_DIR"
+
+export DTRAIN DTRAIN_CONFIG="$top_srcdir/examples/tiny.conf" DTRAIN_LOG_ROOT="$TMP/logs"
+
+# submit NAME SCRIPT DTRAIN-ARGS...: the job id; output in $TMP/NAME.out,
+# checkpoints in $TMP/NAME.ckpt
+submit() {
+    name=$1 script=$2
+    shift 2
+    DTRAIN_CKPT_DIR="$TMP/$name.ckpt" sbatch --parsable -J "$name" -o "$TMP/$name.out" "$S/$script" "$@" --ckpt-every 25
+}
+# job_field JOB KEY: KEY's value in `scontrol show job` (kept MinJobAge=300 s)
+job_field() { scontrol show job -o "$1" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$2=//p"; }
+# wait_job JOB RESTARTS TIMEOUT_S: waits for a final state reached after
+# RESTARTS requeues; prints the state
+wait_job() {
+    end=$(($(date +%s) + $3))
+    while :; do
+        st=$(job_field "$1" JobState)
+        case $st in
+        COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY | BOOT_FAIL | DEADLINE | PREEMPTED)
+            [ "$(job_field "$1" Restarts)" -ge "$2" ] && { echo "$st"; return; } ;;
+        esac
+        [ "$(date +%s)" -lt "$end" ] || { echo "still-$st-after-$3-s"; return; }
+        sleep 0.3
+    done
+}
+# signal_at_step JOB NAME STEP: once NAME's log shows STEP, the warning
+# signal to the batch shell
+signal_at_step() {
+    end=$(($(date +%s) + 120))
+    until grep -Eq "^step +$3/" "$TMP/$2.out" 2>/dev/null; do
+        [ "$(date +%s)" -lt "$end" ] || { fail "$2: step $3 not reached in 120 s: $(tail -n 3 "$TMP/$2.out")"; return 1; }
+        sleep 0.2
+    done
+    scancel --batch --signal=USR1 "$1" && echo "$2: SIGUSR1 sent to job $1 at step $3"
+}
+# losses FILE...: "step loss val_loss lr grad_norm" of every training step
+# (and the validation loss where there is one)
+losses() {
+    sed -En 's/^\{"step": ([0-9]+), "loss": ([^,]*), ("val_loss": ([^,]*), )?"lr": ([^,]*), "grad_norm": ([^,]*),.*/\1 \2 \4 \5 \6/p' "$@"
+}
+
+t0=$(date +%s)
+ref=$(submit ref train_small.sbatch "$@" --save-params "$TMP/ref.h5") || fail "sbatch ref"
+srun_j=$(submit srun train_small.sbatch "$@" --save-params "$TMP/srun.h5") || fail "sbatch srun"
+mpi_j=$(submit mpirun train_small_mpirun.sbatch "$@" --save-params "$TMP/mpirun.h5") || fail "sbatch mpirun"
+bad=$(submit bad train_small.sbatch "$@" --tp 3) || fail "sbatch bad"
+[ "$fails" -eq 0 ] || finish
+echo "jobs: ref $ref, srun $srun_j, mpirun $mpi_j, bad $bad"
+
+# ---- an invalid configuration fails fast ----
+st=$(wait_job "$bad" 0 60)
+dt=$(($(date +%s) - t0))
+errs=$(grep -c "^dtrain: error:" "$TMP/bad.out")
+if [ "$st" = FAILED ] && [ "$(job_field "$bad" ExitCode)" = 2:0 ] && [ "$errs" -eq 1 ] && [ "$dt" -lt 60 ] &&
+    [ "$(job_field "$bad" Restarts)" = 0 ] &&
+    grep -q "^dtrain: error: world size 2 is not divisible by --tp 3" "$TMP/bad.out"; then
+    pass "invalid configuration: $st after ${dt} s, exit code 2, not requeued: $(grep "^dtrain: error:" "$TMP/bad.out")"
+else
+    fail "invalid configuration: state $st after ${dt} s, exit code $(job_field "$bad" ExitCode), $errs error line(s): $(tail -n 3 "$TMP/bad.out")"
+fi
+
+# ---- preemption: the warning signal, a checkpoint, a requeue, a resume ----
+signal_at_step "$srun_j" srun 3
+signal_at_step "$mpi_j" mpirun 3
+st_ref=$(wait_job "$ref" 0 240)
+st_srun=$(wait_job "$srun_j" 1 240)
+st_mpi=$(wait_job "$mpi_j" 1 240)
+echo "all jobs done after $(($(date +%s) - t0)) s"
+
+# ---- the uninterrupted job: completes, loss falls ----
+metrics="$TMP/logs/ref-$ref/metrics.restart0.json"
+l1=$(json_field "$metrics" 1 loss)
+lN=$(json_field "$metrics" $STEPS loss)
+v0=$(json_field "$metrics" 0 val_loss)
+vN=$(json_field "$metrics" $STEPS val_loss)
+if [ "$st_ref" = COMPLETED ] && grep -q "^done: $STEPS steps" "$TMP/ref.out" &&
+    awk -v a="$l1" -v b="$lN" -v c="$v0" -v d="$vN" 'BEGIN { exit !(a > 5 && b < a - 2 && d < c - 2) }'; then
+    pass "sbatch train_small.sbatch: $st_ref; loss $l1 at step 1 -> $lN at step $STEPS, validation $v0 -> $vN"
+else
+    fail "sbatch train_small.sbatch: $st_ref; loss '$l1' -> '$lN', validation '$v0' -> '$vN': $(tail -n 3 "$TMP/ref.out")"
+fi
+if grep -q "^launch: srun, 2 ranks on 1 node, local ranks agree with SLURM_LOCALID$" "$TMP/ref.out" &&
+    grep -Eq "^slurm: job $ref, restart 0, 1 node localhost, time limit [0-9-]+ [0-9:]+ \(0h1[45]m[0-9]+s left\)$" "$TMP/ref.out"; then
+    pass "banner: $(grep -E '^(launch|slurm):' "$TMP/ref.out" | tr '\n' '|')"
+else
+    fail "banner: $(grep -E '^(launch|slurm):' "$TMP/ref.out" | tr '\n' '|')"
+fi
+losses "$metrics" >"$TMP/ref.losses"
+
+# check_preempted NAME JOB STATE LAUNCH-LINE
+check_preempted() {
+    name=$1 job=$2 st=$3 launch=$4 out="$TMP/$1.out"
+    stop=$(grep "^stopping at step" "$out")
+    n=$(echo "$stop" | sed -n 's/^stopping at step \([0-9]*\): SIGUSR1 received, checkpoint .*step_0*\([0-9]*\)\.h5 written; requeue to continue.*/\1 \2/p')
+    set -- $n
+    if [ "$st" = COMPLETED ] && [ "$(job_field "$job" Restarts)" = 1 ] && [ "$(grep -c "^stopping at step" "$out")" = 1 ] &&
+        [ -n "${1:-}" ] && [ "$1" = "${2:-}" ] && [ "$1" -ge 3 ] && [ "$1" -lt $STEPS ] &&
+        grep -q "^job $job: dtrain stopped at the warning signal; requeueing (restart 1)" "$out" &&
+        grep -q "^slurm: job $job, restart 1," "$out" && grep -q "^resume: .*step_0*$1\.h5, step $1," "$out" &&
+        [ "$(grep -c "^$launch$" "$out")" = 2 ] && grep -q "^done: $((STEPS - $1)) steps" "$out"; then
+        pass "$name: stopped at step $1 by SIGUSR1 with a checkpoint, requeued, resumed at restart 1, $st"
+    else
+        fail "$name: state $st, restarts $(job_field "$job" Restarts), '$stop': $(grep -E '^(stopping|resume|slurm|launch|done|job)' "$out" | tr '\n' '|')"
+        return
+    fi
+    # the resumed attempt's steps against the reference's, bit for bit
+    losses "$TMP/logs/$name-$job/metrics.restart0.json" "$TMP/logs/$name-$job/metrics.restart1.json" |
+        awk '!seen[$1]++' >"$TMP/$name.losses"
+    if cmp -s "$TMP/ref.losses" "$TMP/$name.losses" && [ "$(wc -l <"$TMP/$name.losses")" -eq $STEPS ]; then
+        pass "$name: losses, learning rates, gradient norms of all $STEPS steps and the final validation loss bit-identical to the uninterrupted job"
+    else
+        fail "$name: losses differ from the uninterrupted job: $(diff "$TMP/ref.losses" "$TMP/$name.losses" | head -n 4 | tr '\n' '|')"
+    fi
+    if p=$($PY "$top_srcdir/test/compare_params.py" "$TMP/ref.h5" "$TMP/$name.h5" 0 2>&1); then
+        pass "$name: final parameters bit-identical to the uninterrupted job: $p"
+    else
+        fail "$name: final parameters: $p"
+    fi
+}
+check_preempted srun "$srun_j" "$st_srun" "launch: srun, 2 ranks on 1 node, local ranks agree with SLURM_LOCALID"
+check_preempted mpirun "$mpi_j" "$st_mpi" \
+    "launch: mpirun, 2 ranks on 1 node, local ranks agree with OMPI_COMM_WORLD_LOCAL_RANK"
+
+# ---- train_70b.sbatch parses; dtrain accepts its arguments ----
+# --test-only reads every #SBATCH line and asks the controller whether the
+# job could run; the one node has no GPUs and 8 CPUs, so the shape is
+# overridden on the command line (which wins over the script's lines)
+fit="--nodes=1 --ntasks-per-node=1 --gpus-per-node=0 --cpus-per-task=1 --mem=100"
+if msg=$(sbatch --test-only $fit "$S/train_70b.sbatch" 2>&1); then
+    pass "sbatch --test-only train_70b.sbatch: $msg"
+else
+    fail "sbatch --test-only train_70b.sbatch: $msg"
+fi
+sed 's/^#SBATCH --requeue$/#SBATCH --requeue-typo/' "$S/train_70b.sbatch" >"$TMP/bad70b.sbatch"
+if ! msg=$(sbatch --test-only $fit "$TMP/bad70b.sbatch" 2>&1); then
+    pass "a bad #SBATCH line is caught: $(echo "$msg" | head -n 1)"
+else
+    fail "sbatch --test-only accepted '#SBATCH --requeue-typo': $msg"
+fi
+# the options parse and the config loads; only the 64-rank layout is refused
+args=$(sed -n '/^model_args=(/,/^)/{/^model_args=(/d;/^)/d;p;}' "$S/train_70b.sbatch")
+[ -n "$args" ] || fail "train_70b.sbatch: no model_args"
+cd "$top_srcdir" && expect_exit2 "world size 1 is not divisible by --tp 8 x --pp 8 = 64: launch a multiple of 64 ranks" \
+    "$DTRAIN" $args --threads 1
+cd - >/dev/null || exit 1
+
+# ---- nothing left behind ----
+pids="$(cat "$SLURM_LOCAL_DIR/slurmctld.bgpid" "$SLURM_LOCAL_DIR/slurmd.bgpid" "$SLURM_LOCAL_DIR/munge/munged.pid")"
+bash "$S/test-cluster.sh" down "$SLURM_LOCAL_DIR" >/dev/null
+left=""
+for p in $pids; do
+    if kill -0 "$p" 2>/dev/null && ! grep -q '^State:.*Z' "/proc/$p/status" 2>/dev/null; then left="$left $p"; fi
+done
+strays=$(pgrep -f -- "$TMP" || true)
+if [ -z "$left" ] && [ -z "$strays" ]; then
+    pass "test-cluster.sh down: daemons ($(echo $pids)) stopped, no job process left"
+else
+    fail "left running: daemons '$left', job processes '$strays'"
+fi
+echo "total $(($(date +%s) - t0)) s"
+finish
