@@ -180,34 +180,70 @@ static float *carve(char *base, size_t *cursor, size_t n)
     return p;
 }
 
+/* Carves one block's tensors: `core` (everything but att and fc_act, dropped
+ * only by full recompute), `att` (the [B,NH,T,T] probabilities) and `act`
+ * (the activation function's output). Tensors not carved stay NULL. */
+static void carve_block(const model_t *m, char *base, size_t *cursor, block_acts_t *s, int core, int att, int act)
+{
+    const size_t N = (size_t)m->B * (size_t)m->T, NR = (size_t)res_rows(m, (int)N), C = (size_t)m->cfg.d_model;
+    const size_t QD = (size_t)heads(m) * (size_t)model_head_size(&m->cfg);
+    const size_t ATT = (size_t)m->B * (size_t)heads(m) * (size_t)m->T * (size_t)m->T;
+    memset(s, 0, sizeof *s);
+    if (core) {
+        s->ln1 = carve(base, cursor, N * C);
+        s->ln1_mean = carve(base, cursor, NR);
+        s->ln1_rstd = carve(base, cursor, NR);
+        s->qkv = carve(base, cursor, N * (size_t)qkv_width(m));
+        s->atty = carve(base, cursor, N * QD);
+        s->res2 = carve(base, cursor, NR * C);
+        s->ln2 = carve(base, cursor, N * C);
+        s->ln2_mean = carve(base, cursor, NR);
+        s->ln2_rstd = carve(base, cursor, NR);
+        s->fc = carve(base, cursor, N * (size_t)fc_width(m));
+    }
+    if (att)
+        s->att = carve(base, cursor, ATT);
+    if (act)
+        s->fc_act = carve(base, cursor, N * (size_t)ffn(m));
+}
+
 /* Lays out every slot's activations and the shared workspace in two arenas.
- * Called once with base == NULL to size them, then with the allocated arenas. */
+ * Called once with base == NULL to size them, then with the allocated arenas.
+ *
+ * Bytes (what a planner must reproduce). Every piece is 64-byte aligned:
+ * r(n) = 64 * ceil(4n / 64) for n floats. N = B*T (micro batch x seq len),
+ * NR = N (N/P with sequence parallelism), Ls blocks on this stage, widths
+ * as in model.h, FW = F (GPT-2) or 2F (Llama), ATT = B*NH*T*T, big =
+ * max(QKV, FW, QD).
+ *   core  = 2 r(N*C) + 4 r(NR) + r(N*QKV) + r(N*QD) + r(NR*C) + r(N*FW)
+ *   att   = r(ATT)            act = r(N*F)
+ *   block = core + att + act  (--recompute none)
+ *           core              (selective)
+ *           0                 (full)
+ *   head  = r(N*C) + 2 r(NR) + r(N*Vl) + 2 r(N) + r(2N)  (last stage only)
+ *   slot  = r((Ls+1)*NR*C) + Ls*block + head + 2 r(N)
+ *   activations = n_slots * slot
+ *   workspace   = 3 r(NR*C) + 3 r(N*C) + 2 r(N*big) + r(ATT)
+ *                 + 0 (none) | att (selective) | core + att (full)
+ * (dres, dlnr and lnr are the r(NR*C) terms; dfull, dln and tmp the
+ * r(N*C) ones; datt the r(ATT).) The recomputed fc_act needs no bytes of its
+ * own: it lives in dbig2. So selective saves Ls*n_slots*(att + act) - att,
+ * full Ls*n_slots*(core + att + act) - core - att. */
 static void layout_acts(model_t *m, char *acts, size_t *acts_bytes, char *work, size_t *work_bytes)
 {
     const size_t N = (size_t)m->B * (size_t)m->T, NR = (size_t)res_rows(m, (int)N);
     const size_t C = (size_t)m->cfg.d_model, Ls = (size_t)m->n_local, Vl = (size_t)m->v_rows;
     const size_t QKV = (size_t)qkv_width(m), QD = (size_t)heads(m) * (size_t)model_head_size(&m->cfg);
-    const size_t FW = (size_t)fc_width(m), F = (size_t)ffn(m);
+    const size_t FW = (size_t)fc_width(m);
     const size_t ATT = (size_t)m->B * (size_t)heads(m) * (size_t)m->T * (size_t)m->T;
+    const model_recompute_t rc = m->lay.recompute;
     size_t a = 0, w = 0;
     for (int k = 0; k < m->lay.n_slots; k++) {
         model_slot_t *sl = &m->slots[k];
         sl->x = carve(acts, &a, (Ls + 1) * NR * C);
-        for (size_t l = 0; l < Ls; l++) {
-            block_acts_t *s = &sl->acts[l];
-            s->ln1 = carve(acts, &a, N * C);
-            s->ln1_mean = carve(acts, &a, NR);
-            s->ln1_rstd = carve(acts, &a, NR);
-            s->qkv = carve(acts, &a, N * QKV);
-            s->att = carve(acts, &a, ATT);
-            s->atty = carve(acts, &a, N * QD);
-            s->res2 = carve(acts, &a, NR * C);
-            s->ln2 = carve(acts, &a, N * C);
-            s->ln2_mean = carve(acts, &a, NR);
-            s->ln2_rstd = carve(acts, &a, NR);
-            s->fc = carve(acts, &a, N * FW);
-            s->fc_act = carve(acts, &a, N * F);
-        }
+        for (size_t l = 0; l < Ls; l++)
+            carve_block(m, acts, &a, &sl->acts[l], rc != MODEL_RECOMPUTE_FULL, rc == MODEL_RECOMPUTE_NONE,
+                        rc == MODEL_RECOMPUTE_NONE);
         if (m->lay.part.has_head) {
             sl->lnf = carve(acts, &a, N * C);
             sl->lnf_mean = carve(acts, &a, NR);
@@ -234,6 +270,7 @@ static void layout_acts(model_t *m, char *acts, size_t *acts_bytes, char *work, 
     m->datt = carve(work, &w, ATT);
     m->tmp = carve(work, &w, N * C);
     m->lnr = carve(work, &w, NR * C);
+    carve_block(m, work, &w, &m->racts, rc == MODEL_RECOMPUTE_FULL, rc != MODEL_RECOMPUTE_NONE, 0);
     *acts_bytes = a;
     *work_bytes = w;
 }
@@ -254,6 +291,17 @@ static void backend_free(const ops_t *ops, mem_category_t cat, void *p, size_t b
         ops->free(p);
         mem_track(cat, -(long long)bytes);
     }
+}
+
+int model_recompute_parse(const char *name, model_recompute_t *out)
+{
+    static const char *const names[] = {"none", "selective", "full"};
+    for (int k = 0; k < 3; k++)
+        if (strcmp(name, names[k]) == 0) {
+            *out = (model_recompute_t)k;
+            return 0;
+        }
+    return -1;
 }
 
 model_layout_t model_layout_single(const model_config_t *c)
@@ -420,16 +468,33 @@ static void row_parallel_fwd(model_t *m, float *out, const float *res, const flo
     m->ops->add(out, out, res, (size_t)NR * C);
 }
 
-static void block_fwd(model_t *m, model_slot_t *sl, int i, int b, int t)
+/* The tensors block i of slot sl is computed into and its backward reads:
+ * the slot's own, with the ones --recompute drops taken from the shared
+ * workspace (fc_act from dbig2, which only a backward uses otherwise). */
+static block_acts_t block_view(const model_t *m, const model_slot_t *sl, int i)
+{
+    block_acts_t a = sl->acts[i];
+    const block_acts_t *r = &m->racts;
+    if (m->lay.recompute == MODEL_RECOMPUTE_NONE)
+        return a;
+    if (m->lay.recompute == MODEL_RECOMPUTE_FULL)
+        a = *r;
+    a.att = r->att;
+    a.fc_act = m->dbig2;
+    return a;
+}
+
+/* Block i's forward from x[NR,C] into the tensors of a, then xout[NR,C].
+ * xout == NULL (full recompute in backward) stops after the activation
+ * function: what backward needs, without the MLP's output projection and
+ * its collective (which every TP rank then skips alike). */
+static void block_fwd(model_t *m, const block_acts_t *a, const float *x, float *xout, int i, int b, int t)
 {
     const ops_t *o = m->ops;
     const model_config_t *c = &m->cfg;
     const int N = b * t, NR = res_rows(m, N), C = c->d_model, HS = model_head_size(c);
     const int NH = heads(m), NKV = kv_heads(m), QD = NH * HS, F = ffn(m);
     const block_tensors_t *w = &m->p.h[i];
-    block_acts_t *a = &sl->acts[i];
-    const float *x = sl->x + (size_t)i * NR * C;
-    float *xout = sl->x + (size_t)(i + 1) * NR * C;
     /* attention sub-block: res2 = x + wo . attn(norm1(x)) */
     norm_fwd_gather(m, a->ln1, a->ln1_mean, a->ln1_rstd, x, w->ln1w, w->ln1b, N, NR);
     o->matmul_fwd(a->qkv, a->ln1, w->wqkv, w->bqkv, N, C, qkv_width(m));
@@ -444,7 +509,8 @@ static void block_fwd(model_t *m, model_slot_t *sl, int i, int b, int t)
         o->gelu_fwd(a->fc_act, a->fc, (size_t)N * F);
     else
         o->swiglu_fwd(a->fc_act, a->fc, N, F);
-    row_parallel_fwd(m, xout, a->res2, a->fc_act, w->wproj, w->bproj, N, NR, F);
+    if (xout)
+        row_parallel_fwd(m, xout, a->res2, a->fc_act, w->wproj, w->bproj, N, NR, F);
 }
 
 /* x0[NR,C] = embeddings of the tokens: each TP rank looks up the tokens of
@@ -513,9 +579,11 @@ float model_forward(model_t *m, int slot, const int32_t *tokens, const int32_t *
         embed_fwd(m, sl, b, t);
         span_end(m, "fwd embed", -1, t0);
     }
+    const size_t nrc = model_stage_floats(m, b, t);
     for (int i = 0; i < m->n_local; i++) {
         t0 = span_start(m);
-        block_fwd(m, sl, i, b, t);
+        const block_acts_t a = block_view(m, sl, i);
+        block_fwd(m, &a, sl->x + (size_t)i * nrc, sl->x + (size_t)(i + 1) * nrc, i, b, t);
         span_end(m, "fwd", m->lay.part.layer_begin + i, t0);
     }
     float loss = 0.0f;
@@ -580,8 +648,17 @@ static void block_bwd(model_t *m, model_slot_t *sl, int i, int accum, int last)
     const int NH = heads(m), NKV = kv_heads(m), HS = model_head_size(c), QD = NH * HS, F = ffn(m);
     const block_tensors_t *w = &m->p.h[i];
     const block_tensors_t *g = &m->g.h[i];
-    const block_acts_t *a = &sl->acts[i];
+    const block_acts_t view = block_view(m, sl, i), *a = &view;
     const float *x = sl->x + (size_t)i * NR * C;
+    const model_recompute_t rc = m->lay.recompute;
+    /* recompute what the slot dropped, with the forward's kernels on the
+     * forward's inputs: the same bits */
+    if (rc == MODEL_RECOMPUTE_FULL)
+        block_fwd(m, a, x, NULL, i, b, t);
+    else if (rc == MODEL_RECOMPUTE_SELECTIVE && gpt)
+        o->gelu_fwd(a->fc_act, a->fc, (size_t)N * F);
+    else if (rc == MODEL_RECOMPUTE_SELECTIVE)
+        o->swiglu_fwd(a->fc_act, a->fc, N, F);
     /* MLP: dres = dL/dxout on entry, dL/dres2 after the norm backward */
     o->matmul_bwd(m->dbig, g->wproj, g->bproj, dres_all_rows(m, N, NR), a->fc_act, w->wproj, N, F, C, 0, accum);
     if (gpt)
@@ -592,6 +669,10 @@ static void block_bwd(model_t *m, model_slot_t *sl, int i, int accum, int last)
     norm_bwd_reduce(m, g->ln2w, g->ln2b, a->res2, w->ln2w, a->ln2_mean, a->ln2_rstd, N, NR, accum);
     /* attention: dres becomes dL/dx */
     o->matmul_bwd(m->dbig, g->wo, g->bo, dres_all_rows(m, N, NR), a->atty, w->wo, N, QD, C, 0, accum);
+    /* selective: the probabilities again; the output (= atty) goes to
+     * dbig2, free until attention_bwd writes dqkv there */
+    if (rc == MODEL_RECOMPUTE_SELECTIVE)
+        o->attention_fwd(m->dbig2, a->att, a->qkv, b, t, NH, NKV, HS);
     o->attention_bwd(m->dbig2, m->datt, m->dbig, a->qkv, a->att, b, t, NH, NKV, HS);
     if (!gpt)
         o->rope_bwd(m->dbig2, b, t, NH, NKV, HS, c->rope_theta);

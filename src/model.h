@@ -44,7 +44,20 @@ typedef struct model_tensors {
     float *head; /* [Vl,C] output head (GPT-2: wte, or its tied copy); last stage */
 } model_tensors_t;
 
-/* Saved activations of one block, all in backend memory. */
+/* What a slot keeps of each block for its backward (--recompute):
+ *  NONE       every tensor of block_acts_t;
+ *  SELECTIVE  all but att and fc_act: the backward re-runs the attention
+ *             (from qkv) and the activation function (from fc) into shared
+ *             workspace;
+ *  FULL       nothing but the block's input x[i]: the backward re-runs the
+ *             block's forward (its TP collectives included) into a one-block
+ *             workspace shared by all slots.
+ * Every mode runs the same kernels on the same inputs, so losses, gradients
+ * and parameters are bit-identical to NONE. */
+typedef enum { MODEL_RECOMPUTE_NONE = 0, MODEL_RECOMPUTE_SELECTIVE, MODEL_RECOMPUTE_FULL } model_recompute_t;
+
+/* Saved activations of one block, all in backend memory. In a slot the
+ * tensors its --recompute mode drops are NULL. */
 typedef struct block_acts {
     float *ln1, *ln1_mean, *ln1_rstd; /* [N,C] (all rows), [NR], [NR] (mean unused by RMSNorm) */
     float *qkv;                       /* [N,QKV] (Llama: after RoPE) */
@@ -82,6 +95,7 @@ typedef struct model_layout {
      * backward ([layer_start[i+1] - layer_start[i]] floats, the flat layout
      * of the block's range). */
     int lent_block_grads;
+    model_recompute_t recompute; /* what the slots keep of each block */
 } model_layout_t;
 
 typedef struct model {
@@ -107,6 +121,11 @@ typedef struct model {
     float *dbig, *dbig2, *datt;
     float *tmp;    /* [N,C] row-parallel partial sums before reduce-scatter */
     float *lnr;    /* [NR,C] a norm's output rows before all-gather */
+    /* --recompute: where the dropped tensors of the block being computed
+     * live (SELECTIVE: att; FULL: all of block_acts_t). fc_act is never
+     * here: it goes to dbig2, free from the activation function's backward
+     * until the attention's. NULL fields: kept in the slot instead. */
+    block_acts_t racts;
     size_t act_bytes, work_bytes;
     /* layer_start[i]: flat offset of local block i's first tensor; [Ls]: the
      * final norm's (the head and final norm lie above it, embeddings below [0]) */
@@ -126,6 +145,9 @@ typedef struct model {
     int failed;    /* a TP collective failed: err says which */
     char err[512];
 } model_t;
+
+/* --recompute's name -> mode; -1 for an unknown name. */
+int model_recompute_parse(const char *name, model_recompute_t *out);
 
 /* The layout of a single process: the whole model, no TP, one slot. */
 model_layout_t model_layout_single(const model_config_t *c);

@@ -34,6 +34,7 @@ static const char *const format_choices[] = {"llmc", "raw-u16", NULL};
 static const char *const ddp_choices[] = {"naive", "flat", "bucketed", NULL};
 static const char *const fsdp_choices[] = {"", "no_shard", "shard_grad_op", "full_shard", NULL};
 static const char *const pp_schedule_choices[] = {"1f1b", "gpipe", NULL};
+static const char *const recompute_choices[] = {"none", "selective", "full", NULL};
 
 #define F(field) offsetof(run_options_t, field)
 #define S(field) sizeof(((run_options_t *)0)->field)
@@ -60,6 +61,7 @@ static const opt_def_t opt_defs[] = {
     {"fsdp", OPT_STR, F(fsdp), S(fsdp), "", 0, 0, fsdp_choices, "PyTorch FSDP names for --zero: no_shard (0) | shard_grad_op (2) | full_shard (3)"},
     {"hybrid-shard", OPT_INT, F(hybrid_shard), 0, "0", 0, 1 << 20, NULL, "shard the ZeRO state within groups of N consecutive data-parallel ranks and replicate it across groups (HSDP; 0 = the whole data-parallel group)"},
     {"bucket-mb", OPT_REAL, F(bucket_mb), 0, "25", 0.001, 1e6, NULL, "gradient bucket size in MiB for --ddp-mode bucketed"},
+    {"recompute", OPT_STR, F(recompute), S(recompute), "none", 0, 0, recompute_choices, "activation recomputation: none | selective (attention probabilities and MLP activation redone in backward) | full (keep each block's input, redo the block); bit-identical results"},
     {"check-replicas", OPT_INT, F(check_replicas), 0, "0", 0, INT_MAX, NULL, "check data-parallel replicas hold identical parameters every N steps (0 = only at start)"},
     {"steps", OPT_INT, F(steps), 0, "1000", 1, INT_MAX, NULL, "total optimizer steps of the run"},
     {"micro-batch", OPT_INT, F(micro_batch), 0, "16", 1, 1 << 20, NULL, "sequences per microbatch (per rank)"},

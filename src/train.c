@@ -428,6 +428,10 @@ int trainer_setup(trainer_t *tr, const run_options_t *o, const launch_env_t *env
     lay.n_slots = pipe_slots(tr->pp_kind, grid->pp_size, grid->pp_rank, tr->accum);
     tr->zero_stage = options_zero_stage(o);
     lay.lent_block_grads = tr->zero_stage >= 2;
+    if (model_recompute_parse(o->recompute, &lay.recompute) != 0) {
+        snprintf(err, errlen, "--recompute '%s': allowed none|selective|full", o->recompute);
+        return -1;
+    }
     if (model_create(&tr->model, &tr->cfg, ops_cpu(), &lay, o->micro_batch, o->seq_len, err, errlen) != 0)
         return -1;
     if (tr->zero_stage > 0 && setup_zero(tr, err, errlen) != 0)

@@ -1,0 +1,62 @@
+"""The bytes of model.c's activation and workspace arenas, by the formula in
+the comment above layout_acts() (what a planner must reproduce), for the
+rank that holds the most (what --metrics' mem_peak reports: the maximum over
+ranks). Standard library only; run with /usr/bin/python3.
+
+    act_bytes.py MODEL B T TP SP PP ACCUM SCHEDULE RECOMPUTE
+
+prints "ACTIVATIONS WORKSPACE". MODEL is a preset name known below; SP is
+0 or 1; PP stages get balanced layer counts, the remainder to the first."""
+import sys
+
+PRESETS = {  # arch, V, L, NH, NKV, C, F (src/model_config.c)
+    "tiny": ("gpt2", 256, 4, 4, 4, 128, 512),
+    "tiny-llama": ("llama", 256, 4, 4, 2, 128, 352),
+    "gpt2-124m": ("gpt2", 50257, 12, 12, 12, 768, 3072),
+    "gpt2-350m": ("gpt2", 50257, 24, 16, 16, 1024, 4096),
+    "llama-7b": ("llama", 32000, 32, 32, 32, 4096, 11008),
+    "llama-70b": ("llama", 32000, 80, 64, 8, 8192, 28672),
+}
+
+
+def r(n):
+    """n floats as one 64-byte aligned piece"""
+    return 64 * ((4 * n + 63) // 64)
+
+
+def stage_bytes(model, B, T, P, sp, Ls, slots, has_head, mode):
+    arch, V, L, NH, NKV, C, F = PRESETS[model]
+    N = B * T
+    NR = N // P if sp else N
+    HS = C // NH
+    nh, nkv, Fl = NH // P, NKV // P, F // P
+    QKV, QD = (nh + 2 * nkv) * HS, nh * HS
+    FW = 2 * Fl if arch == "llama" else Fl
+    ATT = B * nh * T * T
+    q = 128 * P
+    Vl = (V + q - 1) // q * q // P
+    big = max(QKV, FW, QD)
+    core = 2 * r(N * C) + 4 * r(NR) + r(N * QKV) + r(N * QD) + r(NR * C) + r(N * FW)
+    att, act = r(ATT), r(N * Fl)
+    block = {"none": core + att + act, "selective": core, "full": 0}[mode]
+    head = r(N * C) + 2 * r(NR) + r(N * Vl) + 2 * r(N) + r(2 * N) if has_head else 0
+    slot = r((Ls + 1) * NR * C) + Ls * block + head + 2 * r(N)
+    work = 3 * r(NR * C) + 3 * r(N * C) + 2 * r(N * big) + r(ATT)
+    work += {"none": 0, "selective": att, "full": core + att}[mode]
+    return slots * slot, work
+
+
+def main():
+    model, B, T, P, sp, pp, accum, sched, mode = sys.argv[1:10]
+    B, T, P, sp, pp, accum = int(B), int(T), int(P), int(sp), int(pp), int(accum)
+    L = PRESETS[model][2]
+    acts = work = 0
+    for s in range(pp):
+        Ls = L // pp + (s < L % pp)
+        slots = accum if sched == "gpipe" else min(pp - s, accum)
+        a, w = stage_bytes(model, B, T, P, sp, Ls, slots, s == pp - 1, mode)
+        acts, work = max(acts, a), max(work, w)
+    print(acts, work)
+
+
+main()
