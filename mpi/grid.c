@@ -243,7 +243,7 @@ void grid_destroy(grid_t *g)
 {
     if (!g)
         return;
-    comm_t **all[] = { &g->shard, &g->embed, &g->pp, &g->dp, &g->tp, &g->world };
+    comm_t **all[] = { &g->replica, &g->shard, &g->embed, &g->pp, &g->dp, &g->tp, &g->world };
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
         if (*all[i])
             (*all[i])->ops->destroy(*all[i]);
@@ -274,6 +274,26 @@ int grid_create_shard_group(grid_t *g, int H)
         return -1;
     }
     snprintf(g->shard->name, sizeof g->shard->name, "shard");
+    /* the replica group: same (pp, tp) and the same rank within the shard
+     * group, ordered by shard group */
+    const int rcolor = (g->pp_rank * g->tp_size + g->tp_rank) * H + g->dp_rank % H;
+    rc = MPI_Comm_split(MPI_COMM_WORLD, rcolor, g->dp_rank / H, &sub);
+    if (rc != MPI_SUCCESS) {
+        mpi_err(g, rc, "MPI_Comm_split(replica)");
+        return -1;
+    }
+    g->replica = comm_mpi_create(&sub);
+    if (MPI_Comm_free(&sub) != MPI_SUCCESS && g->replica) {
+        g->replica->ops->destroy(g->replica);
+        g->replica = NULL;
+    }
+    ok = g->replica && g->replica->size == groups && g->replica->rank == g->dp_rank / H;
+    rc = MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (rc != MPI_SUCCESS || !ok) {
+        set_err(g, "grid: cannot create the hybrid replica groups of %d ranks", groups);
+        return -1;
+    }
+    snprintf(g->replica->name, sizeof g->replica->name, "replica");
     return 0;
 }
 

@@ -18,6 +18,8 @@ typedef struct grid {
                       on middle stages; with pp 1 it is a group of one */
     comm_t *shard; /* --hybrid-shard H: the H consecutive DP ranks of this
                       rank's shard group (grid_create_shard_group); else NULL */
+    comm_t *replica; /* with shard: the dp/H ranks holding the same pieces
+                        (one per shard group, same rank within it) */
     char err[512];
 } grid_t;
 
@@ -28,7 +30,7 @@ int grid_create(grid_t *g, int tp, int pp, int dp);
 void grid_destroy(grid_t *g);
 
 /* HSDP: splits each DP group into dp/H groups of H consecutive DP ranks
- * (g->shard). H must divide dp. Collective over MPI_COMM_WORLD. Returns 0,
+ * (g->shard), and across them into H replica groups (g->replica). H must divide dp. Collective over MPI_COMM_WORLD. Returns 0,
  * or -1 with one line in g->err. */
 int grid_create_shard_group(grid_t *g, int H);
 

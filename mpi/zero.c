@@ -55,6 +55,16 @@ int zero_create(zero_t *z, int stage, comm_t *group, size_t n, const size_t *uni
             return -1;
         }
     }
+    z->pwin_unit[0] = z->pwin_unit[1] = -1;
+    if (stage >= 3) {
+        z->param_shard = mem_alloc(MEM_PARAMS, (z->shard_n + 1) * sizeof(float));
+        for (int k = 0; k < 2; k++)
+            z->pwin[k] = mem_alloc(MEM_PARAMS, (z->window_n + 1) * sizeof(float));
+        if (!z->param_shard || !z->pwin[0] || !z->pwin[1]) {
+            zero_destroy(z);
+            return -1;
+        }
+    }
     return 0;
 }
 
@@ -71,6 +81,11 @@ void zero_destroy(zero_t *z)
         if (z->recv[k])
             mem_free(MEM_COMM, z->recv[k], (c + 1) * sizeof(float));
     }
+    if (z->param_shard)
+        mem_free(MEM_PARAMS, z->param_shard, (z->shard_n + 1) * sizeof(float));
+    for (int k = 0; k < 2; k++)
+        if (z->pwin[k])
+            mem_free(MEM_PARAMS, z->pwin[k], (z->window_n + 1) * sizeof(float));
     free(z->unit_start);
     free(z->chunk);
     free(z->shard_start);
@@ -147,6 +162,7 @@ void zero_grads_begin(zero_t *z)
 {
     memset(z->grad_shard, 0, z->shard_n * sizeof(float));
     z->wait_s = 0.0;
+    z->gather_s = 0.0;
 }
 
 /* Adds a finished reduce-scatter's piece of unit u to the shard. */
@@ -228,6 +244,94 @@ int zero_grads_finish(zero_t *z, float scale)
         return -1;
     for (size_t j = 0; j < z->shard_n; j++)
         z->grad_shard[j] *= scale;
+    return 0;
+}
+
+/* ---- stage 3: parameter windows ---- */
+
+static int pwin_wait(zero_t *z, int k)
+{
+    if (!z->pwin_busy[k])
+        return 0;
+    double t0 = MPI_Wtime();
+    int rc = z->group->ops->wait(&z->preq[k]);
+    z->gather_s += MPI_Wtime() - t0;
+    z->pwin_busy[k] = 0;
+    if (rc != 0)
+        z->pwin_unit[k] = -1;
+    return rc;
+}
+
+/* Starts gathering unit u into window k: every rank sends its c-float
+ * piece (padded with zeros in the shard), the window receives S*c floats
+ * in rank order, which is the unit's flat layout followed by padding. */
+static int pwin_start(zero_t *z, int k, int u)
+{
+    comm_t *c = z->group;
+    z->pwin_unit[k] = u;
+    z->gathers++;
+    if (c->ops->iallgather(c, z->param_shard + z->shard_start[u], z->pwin[k], z->chunk[u], &z->preq[k]) != 0) {
+        z->pwin_unit[k] = -1;
+        return -1;
+    }
+    z->pwin_busy[k] = 1;
+    return 0;
+}
+
+float *zero_params_window(zero_t *z, int u, int next)
+{
+    const int k = u & 1;
+    if (z->pwin_unit[k] != u) {
+        if (pwin_wait(z, k) != 0 || pwin_start(z, k, u) != 0)
+            return NULL;
+    }
+    if (pwin_wait(z, k) != 0)
+        return NULL;
+    if (next >= 0 && (next & 1) != k && z->pwin_unit[next & 1] != next) {
+        const int o = next & 1;
+        if (pwin_wait(z, o) != 0 || pwin_start(z, o, next) != 0)
+            return NULL;
+    }
+    return z->pwin[k];
+}
+
+int zero_params_progress(zero_t *z)
+{
+    for (int k = 0; k < 2; k++) {
+        if (!z->pwin_busy[k])
+            continue;
+        int done = 0;
+        if (z->group->ops->test(&z->preq[k], &done) != 0) {
+            z->pwin_busy[k] = 0;
+            z->pwin_unit[k] = -1;
+            return -1;
+        }
+        if (done)
+            z->pwin_busy[k] = 0;
+    }
+    return 0;
+}
+
+int zero_params_invalidate(zero_t *z)
+{
+    int rc = 0;
+    for (int k = 0; k < 2; k++) {
+        if (pwin_wait(z, k) != 0)
+            rc = -1;
+        z->pwin_unit[k] = -1;
+    }
+    return rc;
+}
+
+int zero_params_gather_unit(zero_t *z, int u, float *dst)
+{
+    comm_t *c = z->group;
+    const size_t cu = z->chunk[u], len = z->unit_start[u + 1] - z->unit_start[u];
+    if (cu == 0)
+        return 0;
+    if (c->ops->allgather(c, z->param_shard + z->shard_start[u], z->stage_buf, cu) != 0)
+        return -1;
+    memcpy(dst, z->stage_buf, len * sizeof(float));
     return 0;
 }
 

@@ -22,6 +22,18 @@
  *            gradient, only the tensors outside the blocks, two blocks'
  *            windows and its shard.
  *
+ *   stage 3: parameters too, for the block units. The rank keeps its
+ *            pieces of every unit (param_shard, what AdamW updates); a
+ *            block's full parameters exist only while it computes, in one
+ *            of two windows that alternate by unit parity. Asking for
+ *            block u's window starts the all-gather of the block that runs
+ *            next (u+1 in forward, u-1 in backward) into the other window,
+ *            so that gather overlaps block u's compute. A window still
+ *            holding u (the last forward block is the first backward one)
+ *            is used as it is. The tensors outside the blocks (embeddings,
+ *            final norm, head) are gathered whole after each step, as in
+ *            stages 1 and 2.
+ *
  * The update is elementwise, so a ZeRO-1 step is bit-identical to an
  * unsharded one on the same gradients; ZeRO-2 sums gradients in another
  * order (per microbatch, then over ranks), equal to fp32 rounding. */
@@ -52,6 +64,14 @@ typedef struct zero {
     int window_unit[2];  /* unit whose reduce-scatter is in flight, or -1 */
     comm_req_t req[2];
     double wait_s;       /* seconds blocked on reduce-scatters this step */
+    /* stage 3 */
+    float *param_shard;  /* [shard_n] this rank's pieces of every unit */
+    float *pwin[2];      /* [window_n] a block's gathered parameters */
+    int pwin_unit[2];    /* unit a window holds or is gathering, or -1 */
+    int pwin_busy[2];    /* its all-gather is in flight */
+    comm_req_t preq[2];
+    double gather_s;     /* seconds blocked on parameter all-gathers this step */
+    long long gathers;   /* block all-gathers started (a cache hit starts none) */
 } zero_t;
 
 /* unit_start: n_units+1 ascending offsets covering [0, n]. Returns 0 or -1
@@ -99,6 +119,23 @@ int zero_grads_reduce(zero_t *z, int u, const float *src);
 /* Completes every reduce-scatter in flight, then multiplies the shard by
  * scale (1/dp: the average). Returns 0 or -1. */
 int zero_grads_finish(zero_t *z, float scale);
+
+/* Stage 3. Block unit u's parameters, gathered (flat layout of the unit
+ * from its start); then starts gathering unit `next` (-1: none; must be a
+ * block unit of the other parity) into the other window. NULL on a
+ * communication failure (message in group->err). */
+float *zero_params_window(zero_t *z, int u, int next);
+
+/* Drives parameter all-gathers in flight. Returns 0 or -1. */
+int zero_params_progress(zero_t *z);
+
+/* The shards changed (an optimizer step, a load): completes gathers in
+ * flight and forgets what the windows hold. Returns 0 or -1. */
+int zero_params_invalidate(zero_t *z);
+
+/* Unit u gathered from the parameter shard into dst ([unit length]).
+ * Blocking. Returns 0 or -1. */
+int zero_params_gather_unit(zero_t *z, int u, float *dst);
 
 /* The unit holding flat offset off. */
 int zero_unit_of(const zero_t *z, size_t off);

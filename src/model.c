@@ -370,7 +370,8 @@ int model_create(model_t *m, const model_config_t *cfg, const ops_t *ops, const 
                 m->layer_start[l] = m->table.p[i].offset;
         }
     }
-    m->params = backend_alloc(ops, MEM_PARAMS, pbytes);
+    m->params_n = m->layer_start && lay->lent_block_params ? outside_blocks(m) : m->table.numel;
+    m->params = backend_alloc(ops, MEM_PARAMS, m->params_n * sizeof(float));
     m->grads_n = m->layer_start && lay->lent_block_grads ? outside_blocks(m) : m->table.numel;
     m->grads = backend_alloc(ops, MEM_GRADS, m->grads_n * sizeof(float));
     char *acts = NULL, *work = NULL;
@@ -391,7 +392,8 @@ int model_create(model_t *m, const model_config_t *cfg, const ops_t *ops, const 
         return -1;
     }
     layout_acts(m, acts, &m->act_bytes, work, &m->work_bytes);
-    if (map_tensors(m, m->params, &m->p, 0) != 0 || map_tensors(m, m->grads, &m->g, lay->lent_block_grads) != 0) {
+    if (map_tensors(m, m->params, &m->p, lay->lent_block_params) != 0 ||
+        map_tensors(m, m->grads, &m->g, lay->lent_block_grads) != 0) {
         snprintf(err, errlen, "internal error: parameter table does not keep fused tensors adjacent");
         model_destroy(m);
         return -1;
@@ -402,8 +404,7 @@ int model_create(model_t *m, const model_config_t *cfg, const ops_t *ops, const 
 void model_destroy(model_t *m)
 {
     const ops_t *ops = m->ops;
-    size_t pbytes = m->table.numel * sizeof(float);
-    backend_free(ops, MEM_PARAMS, m->params, pbytes);
+    backend_free(ops, MEM_PARAMS, m->params, m->params_n * sizeof(float));
     backend_free(ops, MEM_GRADS, m->grads, m->grads_n * sizeof(float));
     if (m->slots && m->slots[0].x)
         backend_free(ops, MEM_ACTS, m->slots[0].x, m->act_bytes); /* the arena's first piece */
@@ -426,12 +427,53 @@ int model_init_params(model_t *m, uint64_t seed)
     if (!host)
         return -1;
     param_table_init(&m->table, host, seed);
-    m->ops->from_host(m->params, host, bytes);
+    model_params_from_host(m, host);
     free(host);
     return 0;
 }
 
+/* With lent block parameters the buffer is the flat one without the
+ * blocks' range [layer_start[0], layer_start[Ls]). */
+void model_params_from_host(model_t *m, const float *host)
+{
+    if (!m->lay.lent_block_params) {
+        m->ops->from_host(m->params, host, m->table.numel * sizeof(float));
+        return;
+    }
+    const size_t lo = m->layer_start[0], hi = m->layer_start[m->n_local];
+    m->ops->from_host(m->params, host, lo * sizeof(float));
+    m->ops->from_host(m->params + lo, host + hi, (m->table.numel - hi) * sizeof(float));
+}
+
+void model_params_to_host(const model_t *m, float *host)
+{
+    if (!m->lay.lent_block_params) {
+        m->ops->to_host(host, m->params, m->table.numel * sizeof(float));
+        return;
+    }
+    const size_t lo = m->layer_start[0], hi = m->layer_start[m->n_local];
+    m->ops->to_host(host, m->params, lo * sizeof(float));
+    m->ops->to_host(host + hi, m->params + lo, (m->table.numel - hi) * sizeof(float));
+}
+
 /* ---- forward --------------------------------------------------------------------------- */
+
+/* ZeRO-3: points block i's parameter tensors at the buffer the lender
+ * gathered them into. Returns 0, or -1 with m->failed set. */
+static int lend_params(model_t *m, int i, int next)
+{
+    if (!m->lay.lent_block_params)
+        return 0;
+    if (m->failed)
+        return -1;
+    float *base = m->block_params ? m->block_params(m->block_params_ctx, i, next) : NULL;
+    if (!base || map_block(m, base, m->layer_start[i], i, &m->p.h[i]) != 0) {
+        snprintf(m->err, sizeof m->err, "no parameters for block %d (all-gather failed)", i);
+        m->failed = 1;
+        return -1;
+    }
+    return 0;
+}
 
 /* Norm of this rank's NR rows of x, then all N rows of the result in
  * out[N,C] (gathered under sequence parallelism). */
@@ -581,6 +623,8 @@ float model_forward(model_t *m, int slot, const int32_t *tokens, const int32_t *
     }
     const size_t nrc = model_stage_floats(m, b, t);
     for (int i = 0; i < m->n_local; i++) {
+        if (lend_params(m, i, i + 1 < m->n_local ? i + 1 : -1) != 0)
+            return NAN;
         t0 = span_start(m);
         const block_acts_t a = block_view(m, sl, i);
         block_fwd(m, &a, sl->x + (size_t)i * nrc, sl->x + (size_t)(i + 1) * nrc, i, b, t);
@@ -718,6 +762,8 @@ int model_backward(model_t *m, int slot, int accum, int last)
                 break;
             }
         }
+        if (lend_params(m, i, i > 0 ? i - 1 : -1) != 0)
+            break;
         t0 = span_start(m);
         block_bwd(m, sl, i, accum, last);
         span_end(m, "bwd", m->lay.part.layer_begin + i, t0);

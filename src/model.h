@@ -95,6 +95,11 @@ typedef struct model_layout {
      * backward ([layer_start[i+1] - layer_start[i]] floats, the flat layout
      * of the block's range). */
     int lent_block_grads;
+    /* ZeRO-3: block parameters are not kept either. m->params holds the
+     * tensors outside the blocks in the same compact layout, and each
+     * block's forward or backward first asks block_params for the block's
+     * gathered parameters. */
+    int lent_block_params;
     model_recompute_t recompute; /* what the slots keep of each block */
 } model_layout_t;
 
@@ -103,7 +108,8 @@ typedef struct model {
     const ops_t *ops;
     model_layout_t lay;
     param_table_t table;
-    float *params; /* [table.numel] */
+    float *params; /* [params_n]: [table.numel], or see lent_block_params */
+    size_t params_n;
     float *grads;  /* [grads_n]: [table.numel], or see lent_block_grads */
     size_t grads_n;
     model_tensors_t p, g;
@@ -139,6 +145,12 @@ typedef struct model {
      * backward; NULL fails the backward (the caller's err says why) */
     float *(*block_grads)(void *ctx, int block);
     void *block_grads_ctx;
+    /* lent_block_params: block i's parameters ([layer_start[i+1] -
+     * layer_start[i]] floats, flat layout), asked for before each block's
+     * forward and backward; `next` is the block expected after it (-1 when
+     * none), which the lender may start fetching. NULL: failure. */
+    float *(*block_params)(void *ctx, int block, int next);
+    void *block_params_ctx;
     double tp_comm_s; /* seconds in TP collectives since the caller zeroed it */
     trace_t *trace;   /* NULL, or where per-layer spans go (--trace) */
     int trace_micro;  /* microbatch index the spans are labelled with */
@@ -161,6 +173,11 @@ void model_destroy(model_t *m);
 /* Fills parameters from the counter-based RNG (layout independent).
  * Returns -1 if the host staging buffer cannot be allocated. */
 int model_init_params(model_t *m, uint64_t seed);
+/* Copies between the parameter buffer and a host buffer in the flat
+ * layout [table.numel]; with lent_block_params only the tensors outside the
+ * blocks (the block range of host is neither read nor written). */
+void model_params_from_host(model_t *m, const float *host);
+void model_params_to_host(const model_t *m, float *host);
 
 /* Forward of one microbatch of b x t tokens into activation slot `slot`.
  * tokens (host, [b*t]) are read by the first stage; other stages read their

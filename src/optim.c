@@ -73,7 +73,7 @@ int adamw_create(adamw_t *a, const ops_t *ops, const param_table_t *t, const zer
             const size_t a0 = t->p[k].offset > lo ? t->p[k].offset : lo;
             const size_t e = t->p[k].offset + t->p[k].numel, a1 = e < hi ? e : hi;
             const size_t soff = z->shard_start[u] + (a0 - lo);
-            add_range(a, a0, z->stage >= 2 ? soff : a0, soff, a1 - a0, t->p[k].decay);
+            add_range(a, z->stage >= 3 ? soff : a0, z->stage >= 2 ? soff : a0, soff, a1 - a0, t->p[k].decay);
         }
     }
     return 0;

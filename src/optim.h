@@ -40,7 +40,8 @@ typedef struct adamw {
 
 /* Moments for every parameter of the table (z NULL), or for this rank's
  * ZeRO pieces only (z: moments [z->shard_n]; gradients indexed like the
- * moments when z->stage >= 2, like the parameters otherwise). */
+ * moments when z->stage >= 2, like the parameters otherwise; parameters
+ * like the moments when z->stage >= 3, the parameter shard). */
 int adamw_create(adamw_t *a, const ops_t *ops, const param_table_t *t, const zero_t *z, double beta1,
                  double beta2, double eps, double weight_decay, double grad_clip);
 void adamw_destroy(adamw_t *a);

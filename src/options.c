@@ -57,7 +57,7 @@ static const opt_def_t opt_defs[] = {
     {"pp-schedule", OPT_STR, F(pp_schedule), S(pp_schedule), "1f1b", 0, 0, pp_schedule_choices, "pipeline schedule over a step's microbatches: 1f1b | gpipe"},
     {"dp", OPT_INT, F(dp), 0, "0", 0, 1 << 20, NULL, "data-parallel size (0 = world size / (tp x pp))"},
     {"ddp-mode", OPT_STR, F(ddp_mode), S(ddp_mode), "bucketed", 0, 0, ddp_choices, "gradient all-reduce: naive (per tensor) | flat (one buffer) | bucketed (overlapped with backward)"},
-    {"zero", OPT_INT, F(zero), 0, "0", 0, 3, NULL, "ZeRO stage over the data-parallel group: 0 (replicated) | 1 (AdamW moments sharded) | 2 (gradients too)"},
+    {"zero", OPT_INT, F(zero), 0, "0", 0, 3, NULL, "ZeRO stage over the data-parallel group: 0 (replicated) | 1 (AdamW moments sharded) | 2 (gradients too) | 3 (block parameters too: FSDP)"},
     {"fsdp", OPT_STR, F(fsdp), S(fsdp), "", 0, 0, fsdp_choices, "PyTorch FSDP names for --zero: no_shard (0) | shard_grad_op (2) | full_shard (3)"},
     {"hybrid-shard", OPT_INT, F(hybrid_shard), 0, "0", 0, 1 << 20, NULL, "shard the ZeRO state within groups of N consecutive data-parallel ranks and replicate it across groups (HSDP; 0 = the whole data-parallel group)"},
     {"bucket-mb", OPT_REAL, F(bucket_mb), 0, "25", 0.001, 1e6, NULL, "gradient bucket size in MiB for --ddp-mode bucketed"},
@@ -303,15 +303,6 @@ static int check_consistency(const run_options_t *o, char *err, size_t errlen)
     if (o->fsdp[0] && o->zero != 0) {
         snprintf(err, errlen, "--fsdp %s and --zero %d both set the sharding stage: give one of them", o->fsdp,
                  o->zero);
-        return -1;
-    }
-    if (options_zero_stage(o) == 3) {
-        snprintf(err, errlen, "--%s: ZeRO stage 3 (parameter sharding, FSDP full_shard) is not implemented yet; "
-                 "stages 0, 1 and 2 are", o->fsdp[0] ? "fsdp" : "zero");
-        return -1;
-    }
-    if (options_zero_stage(o) == 2 && o->hybrid_shard > 0) {
-        snprintf(err, errlen, "--hybrid-shard with ZeRO stage 2 is not implemented yet; use it with --zero 1");
         return -1;
     }
     if (o->val_every > 0 && !o->val_data[0]) {

@@ -56,13 +56,14 @@ static int setup_threads(int requested)
 
 /* The training loop's hook into model_backward: hands finished gradient
  * ranges to the data-parallel reducer while backward continues. */
-/* ZeRO-2: where unit u's gradients are in the model's buffer of the
- * tensors outside the blocks (the compact layout of model.h). */
-static const float *outside_grads(const trainer_t *tr, int u)
+/* ZeRO-2/3: where non-block unit u is in a buffer of the tensors outside
+ * the blocks (the compact layout of model.h): the model's gradients, or
+ * under ZeRO-3 its parameters. */
+static float *outside_at(const trainer_t *tr, float *compact, int u)
 {
     const model_t *m = &tr->model;
     const size_t off = tr->zero.unit_start[u], lo = m->layer_start[0], hi = m->layer_start[m->n_local];
-    return m->grads + (off >= hi ? off - (hi - lo) : off);
+    return compact + (off >= hi ? off - (hi - lo) : off);
 }
 
 static int is_block_unit(const trainer_t *tr, int u)
@@ -78,13 +79,13 @@ static void on_grads_ready(void *ctx, size_t ready_from)
             tr->ddp_failed = 1;
         return;
     }
-    if (zero_grads_progress(&tr->zero) != 0)
+    if (zero_grads_progress(&tr->zero) != 0 || (tr->zero_stage >= 3 && zero_params_progress(&tr->zero) != 0))
         tr->ddp_failed = 1;
     /* units finish from the top down: reduce every one now complete */
     while (!tr->ddp_failed && tr->zero_next >= 0 && tr->zero.unit_start[tr->zero_next] >= ready_from) {
         const int u = tr->zero_next--;
         if ((is_block_unit(tr, u) ? zero_grads_reduce_window(&tr->zero, u)
-                                  : zero_grads_reduce(&tr->zero, u, outside_grads(tr, u))) != 0)
+                                  : zero_grads_reduce(&tr->zero, u, outside_at(tr, tr->model.grads, u))) != 0)
             tr->ddp_failed = 1;
     }
 }
@@ -97,6 +98,67 @@ static float *on_block_grads(void *ctx, int block)
     if (!w)
         tr->ddp_failed = 1;
     return w;
+}
+
+/* ZeRO-3: block i's gathered parameters; starts gathering block `next`. */
+static float *on_block_params(void *ctx, int block, int next)
+{
+    trainer_t *tr = ctx;
+    return zero_params_window(&tr->zero, tr->zero_unit0 + block, next >= 0 ? tr->zero_unit0 + next : -1);
+}
+
+/* The parameters from a full flat host copy [table.numel]: the model's
+ * buffer, and under ZeRO-3 this rank's pieces of the blocks. */
+static int params_from_host(trainer_t *tr, const float *host)
+{
+    model_params_from_host(&tr->model, host);
+    if (tr->zero_stage < 3)
+        return 0;
+    zero_flat_to_shard(&tr->zero, host, tr->zero.param_shard);
+    return zero_params_invalidate(&tr->zero);
+}
+
+/* The reverse: a full flat host copy. Under ZeRO-3 the blocks are gathered
+ * from the pieces: collective over the shard group. */
+static int params_to_host(trainer_t *tr, float *host)
+{
+    model_params_to_host(&tr->model, host);
+    if (tr->zero_stage < 3)
+        return 0;
+    zero_shard_to_flat(&tr->zero, tr->zero.param_shard, host);
+    return zero_allgather(&tr->zero, host);
+}
+
+/* Parameters from the counter-based initializer: every layout and stage
+ * starts from the same logical values. */
+static int init_params(trainer_t *tr, uint64_t seed)
+{
+    const model_t *m = &tr->model;
+    float *host = malloc(m->table.numel * sizeof *host + 1);
+    if (!host)
+        return -1;
+    param_table_init(&m->table, host, seed);
+    int rc = params_from_host(tr, host);
+    free(host);
+    return rc;
+}
+
+/* After the optimizer updated this rank's pieces: every rank's copy of the
+ * tensors outside the blocks, and under ZeRO-1/2 of the blocks too, is
+ * gathered; ZeRO-3 blocks stay as pieces until a window gathers them.
+ * Collective over the shard group. */
+static int gather_updated_params(trainer_t *tr)
+{
+    zero_t *z = &tr->zero;
+    model_t *m = &tr->model;
+    if (tr->zero_stage < 3)
+        return zero_allgather(z, m->params);
+    if (zero_params_invalidate(z) != 0)
+        return -1;
+    for (int u = 0; u < z->n_units; u++)
+        if (!is_block_unit(tr, u) && zero_params_gather_unit(z, u, outside_at(tr, m->params, u)) != 0)
+            return -1;
+    return 0;
 }
 
 /* Output files are written at the end of the run: refuse at start a path
@@ -236,9 +298,7 @@ static int trainer_resume(trainer_t *tr, char *err, size_t errlen)
         rc = ckpt_load(path, &tr->cfg, &m->table, hp, hm, hv, &meta, err, errlen);
     }
     if (rc == 0) {
-        const size_t bytes = m->table.numel * sizeof(float);
-        m->ops->from_host(m->params, hp, bytes);
-        if (moments_from_host(tr, hm, hv) != 0) {
+        if (params_from_host(tr, hp) != 0 || moments_from_host(tr, hm, hv) != 0) {
             snprintf(err, errlen, "out of memory for loading %s", path);
             rc = -1;
         }
@@ -273,10 +333,9 @@ static int trainer_save(trainer_t *tr, int step, char *err, size_t errlen)
         snprintf(err, errlen, "out of memory for a checkpoint");
     rc = h5store_agree(MPI_COMM_WORLD, rc, err, errlen);
     if (rc == 0) {
-        m->ops->to_host(hp, m->params, m->table.numel * sizeof(float));
         /* collective over the shard group: every rank reaches it */
-        if (moments_to_host(tr, hm, hv) != 0) {
-            snprintf(err, errlen, "checkpoint: gathering the sharded AdamW moments failed: %s",
+        if (params_to_host(tr, hp) != 0 || moments_to_host(tr, hm, hv) != 0) {
+            snprintf(err, errlen, "checkpoint: gathering the sharded parameters or AdamW moments failed: %s",
                      tr->zero.group && tr->zero.group->err[0] ? tr->zero.group->err : "out of memory");
             rc = -1;
         }
@@ -316,7 +375,13 @@ static int trainer_save_params(trainer_t *tr, char *err, size_t errlen)
         snprintf(err, errlen, "--save-params: out of memory");
     rc = h5store_agree(MPI_COMM_WORLD, rc, err, errlen);
     if (rc == 0) {
-        m->ops->to_host(host, m->params, m->table.numel * sizeof *host);
+        if (params_to_host(tr, host) != 0) {
+            snprintf(err, errlen, "--save-params: gathering the sharded parameters failed: %s", tr->zero.group->err);
+            rc = -1;
+        }
+    }
+    rc = h5store_agree(MPI_COMM_WORLD, rc, err, errlen);
+    if (rc == 0) {
         char layout[64];
         snprintf(layout, sizeof layout, "tp %d pp %d dp %d zero %d", g->tp_size, g->pp_size, g->dp_size,
                  tr->zero_stage);
@@ -428,6 +493,7 @@ int trainer_setup(trainer_t *tr, const run_options_t *o, const launch_env_t *env
     lay.n_slots = pipe_slots(tr->pp_kind, grid->pp_size, grid->pp_rank, tr->accum);
     tr->zero_stage = options_zero_stage(o);
     lay.lent_block_grads = tr->zero_stage >= 2;
+    lay.lent_block_params = tr->zero_stage >= 3;
     if (model_recompute_parse(o->recompute, &lay.recompute) != 0) {
         snprintf(err, errlen, "--recompute '%s': allowed none|selective|full", o->recompute);
         return -1;
@@ -436,7 +502,9 @@ int trainer_setup(trainer_t *tr, const run_options_t *o, const launch_env_t *env
         return -1;
     if (tr->zero_stage > 0 && setup_zero(tr, err, errlen) != 0)
         return -1;
-    if (model_init_params(&tr->model, (uint64_t)o->seed) != 0 ||
+    tr->model.block_params = on_block_params;
+    tr->model.block_params_ctx = tr;
+    if (init_params(tr, (uint64_t)o->seed) != 0 ||
         adamw_create(&tr->optim, tr->model.ops, &tr->model.table, tr->zero_stage ? &tr->zero : NULL, o->beta1,
                      o->beta2, o->adam_eps, o->weight_decay, o->grad_clip) != 0) {
         snprintf(err, errlen, "out of memory for the optimizer state (%zu parameters)", tr->model.table.numel);
@@ -667,7 +735,18 @@ double trainer_grad_norm(trainer_t *tr)
 int trainer_check_replicas(trainer_t *tr, int step, char *err, size_t errlen)
 {
     int bad = -1;
-    int rc = replica_check(tr->grid->dp, tr->model.params, tr->tensor_start, tr->model.table.n, &bad);
+    /* ZeRO-3 holds block parameters as pieces: compare the gathered whole */
+    float *host = NULL;
+    if (tr->zero_stage >= 3) {
+        host = malloc(tr->model.table.numel * sizeof *host + 1);
+        if (!host || params_to_host(tr, host) != 0) {
+            snprintf(err, errlen, "replica check: %s", host ? tr->zero.group->err : "out of memory");
+            free(host);
+            return -1;
+        }
+    }
+    int rc = replica_check(tr->grid->dp, host ? host : tr->model.params, tr->tensor_start, tr->model.table.n, &bad);
+    free(host);
     if (rc < 0) {
         snprintf(err, errlen, "replica check: %s", tr->grid->dp->err);
         return -1;
@@ -829,6 +908,13 @@ static int step_gradients(trainer_t *tr, int step, double *bubble_s, char *err, 
             snprintf(err, errlen, "step %d: gradient reduce-scatter failed: %s", step + 1, tr->zero.group->err);
             return -1;
         }
+        /* HSDP: each shard group reduced its own ranks' gradients; the
+         * groups' pieces of the same elements are summed across them */
+        if (g->replica && g->replica->ops->allreduce(g->replica, tr->zero.grad_shard, tr->zero.shard_n, COMM_SUM) != 0) {
+            snprintf(err, errlen, "step %d: gradient all-reduce across shard groups failed: %s", step + 1,
+                     g->replica->err);
+            return -1;
+        }
     } else if (tr->ddp_failed || ddp_finish(&tr->ddp) != 0) {
         snprintf(err, errlen, "step %d: gradient all-reduce failed: %s", step + 1, g->dp->err);
         return -1;
@@ -942,14 +1028,15 @@ int trainer_run(trainer_t *tr, char *err, size_t errlen)
             return -1;
         }
         double t_opt = tr->trace ? trace_now() : 0.0;
-        adamw_step(&tr->optim, m->params, tr->zero_stage >= 2 ? tr->zero.grad_shard : m->grads, lr,
+        adamw_step(&tr->optim, tr->zero_stage >= 3 ? tr->zero.param_shard : m->params,
+                   tr->zero_stage >= 2 ? tr->zero.grad_shard : m->grads, lr,
                    adamw_clip_scale(&tr->optim, norm));
         trace_span(tr->trace, TRACE_COMPUTE, "optimizer", t_opt, tr->trace ? trace_now() : 0.0, NULL);
         double zero_s = 0.0;
         if (tr->zero_stage > 0) {
             /* each rank updated its pieces: gather the rest */
             double tz = now_s();
-            if (zero_allgather(&tr->zero, m->params) != 0) {
+            if (gather_updated_params(tr) != 0) {
                 snprintf(err, errlen, "step %d: ZeRO parameter all-gather failed: %s", step + 1,
                          tr->zero.group->err);
                 return -1;
@@ -965,7 +1052,7 @@ int trainer_run(trainer_t *tr, char *err, size_t errlen)
          * collectives, the tied-embedding sum) and the pipeline bubble
          * (blocked waiting for a neighbour stage), max and mean over ranks:
          * a straggler or a slow link shows as max well above mean */
-        double comm = (tr->zero_stage >= 2 ? tr->zero.wait_s : tr->ddp.comm_wait_s) + m->tp_comm_s +
+        double comm = (tr->zero_stage >= 2 ? tr->zero.wait_s + tr->zero.gather_s : tr->ddp.comm_wait_s) + m->tp_comm_s +
                       tr->embed_comm_s + zero_s;
         float t[6] = {(float)(dt - comm - bubble), (float)comm, (float)(bubble / dt)}, tmax[3];
         memcpy(tmax, t, sizeof tmax);

@@ -3,8 +3,9 @@
 # whose tied embedding lives on the first and the last stage and is summed
 # over the embedding group) and tiny-llama, 20 steps at one global batch of
 # 8 sequences, at pp2 (1F1B and GPipe), pp2 with uneven --pp-layers 1,3,
-# tp2 pp2 (+ sequence parallel), pp2 dp2 with 2 microbatches per step, pp4
-# (one layer per stage), and tp2 pp2 dp2 on 8 ranks. The loss at every step
+# tp2 pp2 (with and without sequence parallelism), pp2 dp2 with 2
+# microbatches per step, pp4 (one layer per stage), and tp2 pp2 dp2 on 8
+# ranks (with and without sequence parallelism). The loss at every step
 # and the final validation loss are within 1e-5 relative of the 1-rank run,
 # gradient norms (which count each parameter once across stages and TP
 # ranks) and final parameters within 1e-4; the same layout twice is
@@ -29,6 +30,12 @@ layout_run "$TMP/tiny.tp2pp2.json" 4 --model tiny --tp 2 --pp 2 &&
     layout_compare "$TMP/tiny.1.json" "$TMP/tiny.tp2pp2.json" "tiny tp2 pp2"
 layout_run "$TMP/tiny-llama.tp2pp2sp.json" 4 --model tiny-llama --tp 2 --pp 2 --sequence-parallel --ddp-mode flat &&
     layout_compare "$TMP/tiny-llama.1.json" "$TMP/tiny-llama.tp2pp2sp.json" "tiny-llama tp2 pp2 sequence-parallel"
+layout_run "$TMP/tiny.tp2pp2dp2.nosp.json" 8 --model tiny --tp 2 --pp 2 --ddp-mode flat &&
+    layout_compare "$TMP/tiny.1.json" "$TMP/tiny.tp2pp2dp2.nosp.json" "tiny tp2 pp2 dp2 (8 ranks)"
+layout_run "$TMP/tiny.tp2pp2sp.json" 4 --model tiny --tp 2 --pp 2 --sequence-parallel &&
+    layout_compare "$TMP/tiny.1.json" "$TMP/tiny.tp2pp2sp.json" "tiny tp2 pp2 sequence-parallel"
+layout_run "$TMP/tiny-llama.tp2pp2.json" 4 --model tiny-llama --tp 2 --pp 2 &&
+    layout_compare "$TMP/tiny-llama.1.json" "$TMP/tiny-llama.tp2pp2.json" "tiny-llama tp2 pp2"
 layout_run "$TMP/tiny.pp4.json" 4 --model tiny --pp 4 &&
     layout_compare "$TMP/tiny.1.json" "$TMP/tiny.pp4.json" "tiny pp4"
 layout_run "$TMP/tiny.pp2.again.json" 2 --model tiny --pp 2 &&
