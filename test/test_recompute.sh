@@ -41,7 +41,7 @@ for layout in "1 tiny 1 0 1" "1 tiny-llama 1 0 1" "2 tiny 2 0 1 --tp 2" "2 tiny-
         got="$(mem "$run" activations) $(mem "$run" workspace)"
         acts=${got% *}
         if [ "$got" = "$want" ] && { [ -z "$prev" ] || [ "$acts" -lt "$prev" ]; }; then
-            pass "$label --recompute $mode: activations + workspace $got bytes (formula $want)${prev:+, activations below the previous mode's $prev}"
+            pass "$label --recompute $mode: activations + workspace $got bytes (formula $want)${prev:+, activations below $prev of the previous mode}"
         else
             fail "$label --recompute $mode: activations + workspace '$got' bytes, formula '$want', previous mode's activations '$prev'"
         fi
