@@ -34,6 +34,8 @@ static const char *const format_choices[] = {"llmc", "raw-u16", NULL};
 static const char *const ddp_choices[] = {"naive", "flat", "bucketed", NULL};
 static const char *const fsdp_choices[] = {"", "no_shard", "shard_grad_op", "full_shard", NULL};
 static const char *const pp_schedule_choices[] = {"1f1b", "gpipe", NULL};
+static const char *const recompute_choices[] = {"none", "selective", "full", NULL};
+static const char *const plan_dtype_choices[] = {"", "fp32", "bf16", NULL};
 
 #define F(field) offsetof(run_options_t, field)
 #define S(field) sizeof(((run_options_t *)0)->field)
@@ -56,7 +58,7 @@ static const opt_def_t opt_defs[] = {
     {"pp-schedule", OPT_STR, F(pp_schedule), S(pp_schedule), "1f1b", 0, 0, pp_schedule_choices, "pipeline schedule over a step's microbatches: 1f1b | gpipe"},
     {"dp", OPT_INT, F(dp), 0, "0", 0, 1 << 20, NULL, "data-parallel size (0 = world size / (tp x pp))"},
     {"ddp-mode", OPT_STR, F(ddp_mode), S(ddp_mode), "bucketed", 0, 0, ddp_choices, "gradient all-reduce: naive (per tensor) | flat (one buffer) | bucketed (overlapped with backward)"},
-    {"zero", OPT_INT, F(zero), 0, "0", 0, 3, NULL, "ZeRO stage over the data-parallel group: 0 (replicated) | 1 (AdamW moments sharded) | 2 (gradients too)"},
+    {"zero", OPT_INT, F(zero), 0, "0", 0, 3, NULL, "ZeRO stage over the data-parallel group: 0 (replicated) | 1 (AdamW moments sharded) | 2 (gradients too) | 3 (parameters too; --plan only so far)"},
     {"fsdp", OPT_STR, F(fsdp), S(fsdp), "", 0, 0, fsdp_choices, "PyTorch FSDP names for --zero: no_shard (0) | shard_grad_op (2) | full_shard (3)"},
     {"hybrid-shard", OPT_INT, F(hybrid_shard), 0, "0", 0, 1 << 20, NULL, "shard the ZeRO state within groups of N consecutive data-parallel ranks and replicate it across groups (HSDP; 0 = the whole data-parallel group)"},
     {"bucket-mb", OPT_REAL, F(bucket_mb), 0, "25", 0.001, 1e6, NULL, "gradient bucket size in MiB for --ddp-mode bucketed"},
@@ -92,7 +94,14 @@ static const opt_def_t opt_defs[] = {
     {"temperature", OPT_REAL, F(temperature), 0, "0.8", 0, 100, NULL, "sampling temperature (0 = greedy)"},
     {"top-k", OPT_INT, F(top_k), 0, "40", 0, 1 << 24, NULL, "sample from the k most likely tokens (0 = all)"},
     {"threads", OPT_INT, F(threads), 0, "0", 0, 4096, NULL, "OpenMP/OpenBLAS threads per rank (0 = OMP_NUM_THREADS or all cores)"},
-    {"peak-gflops", OPT_REAL, F(peak_gflops), 0, "0", 0, 1e12, NULL, "peak GFLOP/s for MFU (0 = measure with a short sgemm probe)"},
+    {"peak-gflops", OPT_REAL, F(peak_gflops), 0, "0", 0, 1e12, NULL, "peak GFLOP/s for MFU (0 = measure with a short sgemm probe); with --plan --hw cpu, the profile's peak"},
+    {"recompute", OPT_STR, F(recompute), S(recompute), "none", 0, 0, recompute_choices, "activation recomputation: none | selective (attention scores) | full (keep each layer's input); training supports none so far, --plan models all three"},
+    {"plan", OPT_FLAG, F(plan), 0, "0", 0, 1, NULL, "print the per-rank memory, FLOPs, communication and predicted step time of this configuration and exit without training (one process is enough)"},
+    {"search", OPT_FLAG, F(search), 0, "0", 0, 1, NULL, "with --plan and --gpus: list the layouts (tp, pp, dp, zero, recompute, micro batch) that fit, best predicted tokens/s first"},
+    {"gpus", OPT_INT, F(gpus), 0, "0", 0, 1 << 24, NULL, "with --plan: devices in all; dp = N / (tp x pp) (0 = --dp, or the world size)"},
+    {"hw", OPT_STR, F(hw), S(hw), "", 0, 0, NULL, "with --plan: hardware profile h100-sxm | a100-80g | cpu, or a FILE of key = value lines (empty = h100-sxm)"},
+    {"plan-dtype", OPT_STR, F(plan_dtype), S(plan_dtype), "", 0, 0, plan_dtype_choices, "with --plan: fp32 (dtrain's own buffers, exactly) | bf16 (bf16 weights, fp32 gradients, master weights and AdamW moments; Korthikanti activations) (empty = bf16 on GPU profiles, fp32 on cpu)"},
+    {"gpu-mem", OPT_REAL, F(gpu_mem), 0, "0", 0, 1e9, NULL, "with --plan: device memory per rank in GiB (0 = the hardware profile's)"},
 };
 #define N_OPTS ((int)(sizeof opt_defs / sizeof opt_defs[0]))
 
@@ -230,7 +239,7 @@ static int load_config_file(run_options_t *o, const char *path, char *err, size_
 /* What --help shows after an option's name. */
 static const char *metavar(const opt_def_t *d)
 {
-    static const char *const files[] = {"config", "metrics", "trace", "save-params", "resume", NULL};
+    static const char *const files[] = {"config", "metrics", "trace", "save-params", "resume", "hw", NULL};
     switch (d->kind) {
     case OPT_FLAG:
         return "";
@@ -298,17 +307,33 @@ static int check_consistency(const run_options_t *o, char *err, size_t errlen)
         snprintf(err, errlen, "--resume auto looks in --ckpt-dir: give --ckpt-dir DIR (or --resume FILE)");
         return -1;
     }
+    /* options that only the planner reads are refused elsewhere, never ignored */
+    const char *plan_only = o->search ? "search" : o->gpus ? "gpus" : o->hw[0] ? "hw"
+                          : o->plan_dtype[0] ? "plan-dtype" : o->gpu_mem > 0 ? "gpu-mem" : NULL;
+    if (plan_only && !o->plan) {
+        snprintf(err, errlen, "--%s is an option of the planner: add --plan (which trains nothing)", plan_only);
+        return -1;
+    }
+    if (o->search && !o->gpus) {
+        snprintf(err, errlen, "--search needs --gpus N: the number of devices the layouts share");
+        return -1;
+    }
     if (o->fsdp[0] && o->zero != 0) {
         snprintf(err, errlen, "--fsdp %s and --zero %d both set the sharding stage: give one of them", o->fsdp,
                  o->zero);
         return -1;
     }
-    if (options_zero_stage(o) == 3) {
+    if (strcmp(o->recompute, "none") != 0 && !o->plan) {
+        snprintf(err, errlen, "--recompute %s: activation recomputation is not implemented in training yet; "
+                 "--plan models it", o->recompute);
+        return -1;
+    }
+    if (options_zero_stage(o) == 3 && !o->plan) {
         snprintf(err, errlen, "--%s: ZeRO stage 3 (parameter sharding, FSDP full_shard) is not implemented yet; "
                  "stages 0, 1 and 2 are", o->fsdp[0] ? "fsdp" : "zero");
         return -1;
     }
-    if (options_zero_stage(o) == 2 && o->hybrid_shard > 0) {
+    if (options_zero_stage(o) == 2 && o->hybrid_shard > 0 && !o->plan) {
         snprintf(err, errlen, "--hybrid-shard with ZeRO stage 2 is not implemented yet; use it with --zero 1");
         return -1;
     }
