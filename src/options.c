@@ -169,8 +169,9 @@ static int opt_set(run_options_t *o, const opt_def_t *d, const char *value, cons
             if (!ok) {
                 char allowed[128] = "";
                 for (const char *const *c = d->choices; *c; c++)
-                    snprintf(allowed + strlen(allowed), sizeof allowed - strlen(allowed), "%s%s",
-                             c == d->choices ? "" : "|", *c);
+                    if (**c) /* "" (unset) is allowed but not worth listing */
+                        snprintf(allowed + strlen(allowed), sizeof allowed - strlen(allowed), "%s%s",
+                                 allowed[0] ? "|" : "", *c);
                 snprintf(err, errlen, "%s--%s '%s': allowed values are %s", where, d->name, value, allowed);
                 return -1;
             }
@@ -330,11 +331,12 @@ static int check_consistency(const run_options_t *o, char *err, size_t errlen)
     }
     if (options_zero_stage(o) == 3 && !o->plan) {
         snprintf(err, errlen, "--%s: ZeRO stage 3 (parameter sharding, FSDP full_shard) is not implemented yet; "
-                 "stages 0, 1 and 2 are", o->fsdp[0] ? "fsdp" : "zero");
+                 "stages 0, 1 and 2 are (--plan models stage 3)", o->fsdp[0] ? "fsdp" : "zero");
         return -1;
     }
     if (options_zero_stage(o) == 2 && o->hybrid_shard > 0 && !o->plan) {
-        snprintf(err, errlen, "--hybrid-shard with ZeRO stage 2 is not implemented yet; use it with --zero 1");
+        snprintf(err, errlen, "--hybrid-shard with ZeRO stage 2 is not implemented yet; use it with --zero 1 "
+                 "(--plan models it)");
         return -1;
     }
     if (o->val_every > 0 && !o->val_data[0]) {

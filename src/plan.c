@@ -680,7 +680,7 @@ static int write_json(const plan_t *p, const run_options_t *o, const char *path,
         fprintf(f, "\"%s\": %.0f%s", k < MEM_N_CATEGORIES ? mem_category_name((mem_category_t)k) : "total",
                 p->mem_max[k], k < MEM_N_CATEGORIES ? ", " : "}");
     fprintf(f, ", \"device_bytes\": %.0f, \"usable_bytes\": %.0f, \"fits\": %d, \"margin_bytes\": %.0f, "
-            "\"flops_per_step\": %.6g, \"hw_flops_per_step\": %.6g, \"bytes_sent\": {\"tp\": %.0f, \"pp\": %.0f, "
+            "\"flops_per_step\": %.0f, \"hw_flops_per_step\": %.0f, \"bytes_sent\": {\"tp\": %.0f, \"pp\": %.0f, "
             "\"dp\": %.0f, \"embed\": %.0f}, \"step_s\": %.6g, \"compute_s\": %.6g, \"tp_comm_s\": %.6g, "
             "\"bubble_s\": %.6g, \"bubble_fraction\": %.6g, \"pp_comm_s\": %.6g, \"dp_comm_exposed_s\": %.6g, "
             "\"optimizer_s\": %.6g, \"tokens_per_s\": %.6g, \"mfu\": %.6g, \"hfu\": %.6g}\n",
