@@ -31,7 +31,7 @@ static const hw_profile_t builtin[] = {
      .efficiency = 0.50, .mem_bw = 3.35e12, .intra_bw = 0.8 * 450e9, .inter_bw = 0.8 * 50e9, .latency = 15e-6,
      .gpus_per_node = 8},
     {.name = "a100-80g", .memory = 80 * GIB, .reserve = 4 * GIB, .peak_fp32 = 19.5e12, .peak_bf16 = 312e12,
-     .efficiency = 0.55, .mem_bw = 2.04e12, .intra_bw = 0.8 * 300e9, .inter_bw = 0.8 * 25e9, .latency = 15e-6,
+     .efficiency = 0.60, .mem_bw = 2.04e12, .intra_bw = 0.8 * 300e9, .inter_bw = 0.8 * 25e9, .latency = 15e-6,
      .gpus_per_node = 8},
 };
 #define N_BUILTIN ((int)(sizeof builtin / sizeof builtin[0]))

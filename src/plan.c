@@ -635,8 +635,9 @@ static void print_perf(const plan_t *p, FILE *out)
 
     fprintf(out, "\npredicted step on %s (%.0f%% of peak in the kernels; doc/design.md has the calibration):\n",
             hw->name, 100.0 * hw->efficiency);
-    fprintf(out, "  compute          %12s  %d microbatches x %s on the slowest stage\n",
-            fmt_time(b1, sizeof b1, p->t_compute), in->m, fmt_time(b2, sizeof b2, p->t_compute / in->m));
+    fprintf(out, "  compute          %12s  %d microbatch%s x %s on the slowest stage\n",
+            fmt_time(b1, sizeof b1, p->t_compute), in->m, in->m == 1 ? "" : "es",
+            fmt_time(b2, sizeof b2, p->t_compute / in->m));
     fprintf(out, "  tp communication %12s  blocking collectives inside each microbatch (exposed)\n",
             fmt_time(b1, sizeof b1, p->t_tp));
     fprintf(out, "  pipeline bubble  %12s  (p-1)/(m+p-1) = %.1f%% of the pipeline's time\n",
