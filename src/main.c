@@ -4,6 +4,7 @@
 #include "grid.h"
 #include "launch.h"
 #include "options.h"
+#include "plan.h"
 #include "train.h"
 
 int main(int argc, char **argv)
@@ -21,6 +22,13 @@ int main(int argc, char **argv)
         if (env.world_rank == 0)
             fprintf(stderr, "dtrain: error: %s\n", err);
         launch_exit(&env, 2);
+    }
+
+    /* --plan: a prediction, no training and no grid; every rank computes
+     * the same plan (rank 0 prints it) so all exit alike */
+    if (opt.plan) {
+        int failed = plan_run(&opt, env.world_size, env.world_rank == 0, stdout, err, sizeof err) != 0;
+        launch_exit(&env, launch_any_failed(&env, "dtrain", failed, err) ? 2 : 0);
     }
 
     /* from here on SIGUSR1/SIGTERM stop the run at a step boundary, with a

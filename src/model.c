@@ -238,12 +238,15 @@ static void layout_acts(model_t *m, char *acts, size_t *acts_bytes, char *work, 
     const size_t ATT = (size_t)m->B * (size_t)heads(m) * (size_t)m->T * (size_t)m->T;
     const model_recompute_t rc = m->lay.recompute;
     size_t a = 0, w = 0;
+    /* sizing without a model (model_arena_bytes): the pointers land here */
+    model_slot_t scratch_slot;
+    block_acts_t scratch_acts;
     for (int k = 0; k < m->lay.n_slots; k++) {
-        model_slot_t *sl = &m->slots[k];
+        model_slot_t *sl = m->slots ? &m->slots[k] : &scratch_slot;
         sl->x = carve(acts, &a, (Ls + 1) * NR * C);
         for (size_t l = 0; l < Ls; l++)
-            carve_block(m, acts, &a, &sl->acts[l], rc != MODEL_RECOMPUTE_FULL, rc == MODEL_RECOMPUTE_NONE,
-                        rc == MODEL_RECOMPUTE_NONE);
+            carve_block(m, acts, &a, m->slots ? &sl->acts[l] : &scratch_acts, rc != MODEL_RECOMPUTE_FULL,
+                        rc == MODEL_RECOMPUTE_NONE, rc == MODEL_RECOMPUTE_NONE);
         if (m->lay.part.has_head) {
             sl->lnf = carve(acts, &a, N * C);
             sl->lnf_mean = carve(acts, &a, NR);
@@ -302,6 +305,20 @@ int model_recompute_parse(const char *name, model_recompute_t *out)
             return 0;
         }
     return -1;
+}
+
+void model_arena_bytes(const model_config_t *cfg, const model_layout_t *lay, int B, int T, size_t *acts,
+                       size_t *work)
+{
+    model_t m;
+    memset(&m, 0, sizeof m);
+    m.cfg = *cfg;
+    m.lay = *lay;
+    m.B = B;
+    m.T = T;
+    m.n_local = lay->part.layer_end - lay->part.layer_begin;
+    m.v_rows = (int)(param_padded_vocab(cfg->vocab_size, lay->part.tp_size) / lay->part.tp_size);
+    layout_acts(&m, NULL, acts, NULL, work);
 }
 
 model_layout_t model_layout_single(const model_config_t *c)

@@ -170,6 +170,13 @@ int model_create(model_t *m, const model_config_t *cfg, const ops_t *ops, const 
                  int B, int T, char *err, size_t errlen);
 void model_destroy(model_t *m);
 
+/* Bytes of the activation arena (MEM_ACTS) and the workspace arena
+ * (MEM_WORKSPACE) model_create allocates for this layout and batch
+ * capacity, computed by the same layout code without allocating: what the
+ * planner (src/plan.c) reports for the fp32 backend. */
+void model_arena_bytes(const model_config_t *cfg, const model_layout_t *lay, int B, int T, size_t *acts,
+                       size_t *work);
+
 /* Fills parameters from the counter-based RNG (layout independent).
  * Returns -1 if the host staging buffer cannot be allocated. */
 int model_init_params(model_t *m, uint64_t seed);

@@ -35,6 +35,7 @@ static const char *const ddp_choices[] = {"naive", "flat", "bucketed", NULL};
 static const char *const fsdp_choices[] = {"", "no_shard", "shard_grad_op", "full_shard", NULL};
 static const char *const pp_schedule_choices[] = {"1f1b", "gpipe", NULL};
 static const char *const recompute_choices[] = {"none", "selective", "full", NULL};
+static const char *const plan_dtype_choices[] = {"", "fp32", "bf16", NULL};
 
 #define F(field) offsetof(run_options_t, field)
 #define S(field) sizeof(((run_options_t *)0)->field)
@@ -94,7 +95,13 @@ static const opt_def_t opt_defs[] = {
     {"temperature", OPT_REAL, F(temperature), 0, "0.8", 0, 100, NULL, "sampling temperature (0 = greedy)"},
     {"top-k", OPT_INT, F(top_k), 0, "40", 0, 1 << 24, NULL, "sample from the k most likely tokens (0 = all)"},
     {"threads", OPT_INT, F(threads), 0, "0", 0, 4096, NULL, "OpenMP/OpenBLAS threads per rank (0 = OMP_NUM_THREADS or all cores)"},
-    {"peak-gflops", OPT_REAL, F(peak_gflops), 0, "0", 0, 1e12, NULL, "peak GFLOP/s for MFU (0 = measure with a short sgemm probe)"},
+    {"peak-gflops", OPT_REAL, F(peak_gflops), 0, "0", 0, 1e12, NULL, "peak GFLOP/s for MFU (0 = measure with a short sgemm probe); with --plan --hw cpu, the profile's peak"},
+    {"plan", OPT_FLAG, F(plan), 0, "0", 0, 1, NULL, "print the per-rank memory, FLOPs, communication and predicted step time of this configuration and exit without training (one process is enough)"},
+    {"search", OPT_FLAG, F(search), 0, "0", 0, 1, NULL, "with --plan and --gpus: list the layouts (tp, pp, dp, zero, recompute, micro batch) that fit, best predicted tokens/s first"},
+    {"gpus", OPT_INT, F(gpus), 0, "0", 0, 1 << 24, NULL, "with --plan: devices in all; dp = N / (tp x pp) (0 = --dp, or the world size)"},
+    {"hw", OPT_STR, F(hw), S(hw), "", 0, 0, NULL, "with --plan: hardware profile h100-sxm | a100-80g | cpu, or a FILE of key = value lines (empty = h100-sxm)"},
+    {"plan-dtype", OPT_STR, F(plan_dtype), S(plan_dtype), "", 0, 0, plan_dtype_choices, "with --plan: fp32 (dtrain's own buffers, exactly) | bf16 (bf16 weights, fp32 gradients, master weights and AdamW moments; Korthikanti activations) (empty = bf16 on GPU profiles, fp32 on cpu)"},
+    {"gpu-mem", OPT_REAL, F(gpu_mem), 0, "0", 0, 1e9, NULL, "with --plan: device memory per rank in GiB (0 = the hardware profile's)"},
 };
 #define N_OPTS ((int)(sizeof opt_defs / sizeof opt_defs[0]))
 
@@ -162,8 +169,9 @@ static int opt_set(run_options_t *o, const opt_def_t *d, const char *value, cons
             if (!ok) {
                 char allowed[128] = "";
                 for (const char *const *c = d->choices; *c; c++)
-                    snprintf(allowed + strlen(allowed), sizeof allowed - strlen(allowed), "%s%s",
-                             c == d->choices ? "" : "|", *c);
+                    if (**c) /* "" (unset) is allowed but not worth listing */
+                        snprintf(allowed + strlen(allowed), sizeof allowed - strlen(allowed), "%s%s",
+                                 allowed[0] ? "|" : "", *c);
                 snprintf(err, errlen, "%s--%s '%s': allowed values are %s", where, d->name, value, allowed);
                 return -1;
             }
@@ -232,7 +240,7 @@ static int load_config_file(run_options_t *o, const char *path, char *err, size_
 /* What --help shows after an option's name. */
 static const char *metavar(const opt_def_t *d)
 {
-    static const char *const files[] = {"config", "metrics", "trace", "save-params", "resume", NULL};
+    static const char *const files[] = {"config", "metrics", "trace", "save-params", "resume", "hw", NULL};
     switch (d->kind) {
     case OPT_FLAG:
         return "";
@@ -298,6 +306,17 @@ static int check_consistency(const run_options_t *o, char *err, size_t errlen)
     }
     if (strcmp(o->resume, "auto") == 0 && !o->ckpt_dir[0]) {
         snprintf(err, errlen, "--resume auto looks in --ckpt-dir: give --ckpt-dir DIR (or --resume FILE)");
+        return -1;
+    }
+    /* options that only the planner reads are refused elsewhere, never ignored */
+    const char *plan_only = o->search ? "search" : o->gpus ? "gpus" : o->hw[0] ? "hw"
+                          : o->plan_dtype[0] ? "plan-dtype" : o->gpu_mem > 0 ? "gpu-mem" : NULL;
+    if (plan_only && !o->plan) {
+        snprintf(err, errlen, "--%s is an option of the planner: add --plan (which trains nothing)", plan_only);
+        return -1;
+    }
+    if (o->search && !o->gpus) {
+        snprintf(err, errlen, "--search needs --gpus N: the number of devices the layouts share");
         return -1;
     }
     if (o->fsdp[0] && o->zero != 0) {

@@ -48,6 +48,13 @@ typedef struct run_options {
     char prompt[512];
     int threads;
     double peak_gflops;
+    /* --plan: print the memory, compute and communication plan and exit
+     * (src/plan.h); the options below are the planner's alone */
+    int plan, search;
+    int gpus;                /* total devices (0 = --dp or the world size) */
+    char hw[OPT_PATH_MAX];   /* profile name or key = value file ("" = h100-sxm) */
+    char plan_dtype[8];      /* "" (bf16 on a GPU profile, fp32 on cpu) | fp32 | bf16 */
+    double gpu_mem;          /* device memory in GiB (0 = the profile's) */
 } run_options_t;
 
 typedef enum {

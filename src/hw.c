@@ -1,0 +1,214 @@
+#include "hw.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#include <cblas.h>
+
+#ifdef HAVE_CONFIG_H
+#include "config.h"
+#endif
+#include "flops.h"
+
+#define GIB 1073741824.0
+
+/* Datasheet peaks (dense, no sparsity: issue #9 of ../shared/notes/anchors.md
+ * is users dividing by the 2:4 number). Bandwidths are achievable bus
+ * bandwidths, 80 % of the link's per-direction rate (nccl-tests' busbw on
+ * NVLink and InfiniBand reaches about that). efficiency is calibrated so
+ * that the planner's prediction for the Megatron-Core 70B anchor (TP8 PP2 on
+ * H100, 42 % MFU) and the Megatron-LM A100 runs (44-52 % MFU) come out at
+ * the published MFU; doc/design.md shows the calibration. */
+static const hw_profile_t builtin[] = {
+    {.name = "h100-sxm", .memory = 80 * GIB, .reserve = 4 * GIB, .peak_fp32 = 66.9e12, .peak_bf16 = 989.4e12,
+     .efficiency = 0.50, .mem_bw = 3.35e12, .intra_bw = 0.8 * 450e9, .inter_bw = 0.8 * 50e9, .latency = 15e-6,
+     .gpus_per_node = 8},
+    {.name = "a100-80g", .memory = 80 * GIB, .reserve = 4 * GIB, .peak_fp32 = 19.5e12, .peak_bf16 = 312e12,
+     .efficiency = 0.60, .mem_bw = 2.04e12, .intra_bw = 0.8 * 300e9, .inter_bw = 0.8 * 25e9, .latency = 15e-6,
+     .gpus_per_node = 8},
+};
+#define N_BUILTIN ((int)(sizeof builtin / sizeof builtin[0]))
+
+const char *hw_builtin_names(void) { return "h100-sxm|a100-80g|cpu"; }
+
+/* This machine, one single-threaded rank per core (how the multi-rank CPU
+ * runs go): RAM shared by the cores, the sgemm probe's peak on one thread,
+ * dtrain's measured 68-72 % MFU on gpt2-124m (bench/README.md), MPI's
+ * shared-memory all-reduce at about 1 GB/s busbw for large messages. */
+static void cpu_profile(hw_profile_t *p, double peak_gflops)
+{
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "cpu");
+    long cores = sysconf(_SC_NPROCESSORS_ONLN), pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    p->gpus_per_node = cores > 0 ? (int)cores : 1;
+    p->memory = pages > 0 && psz > 0 ? (double)pages * (double)psz / p->gpus_per_node : 8 * GIB;
+    p->reserve = 0.25 * GIB;
+    if (peak_gflops <= 0) {
+#ifdef _OPENMP
+        int was = omp_get_max_threads();
+        omp_set_num_threads(1);
+#endif
+#ifdef HAVE_OPENBLAS_SET_NUM_THREADS
+        openblas_set_num_threads(1);
+#endif
+        peak_gflops = flops_measure_peak_gflops();
+#ifdef _OPENMP
+        omp_set_num_threads(was);
+#endif
+#ifdef HAVE_OPENBLAS_SET_NUM_THREADS
+        openblas_set_num_threads(was);
+#endif
+    }
+    p->peak_fp32 = p->peak_bf16 = peak_gflops * 1e9; /* the CPU backend computes in fp32 */
+    p->efficiency = 0.70;
+    p->mem_bw = 35e9;
+    p->intra_bw = 1.0e9;
+    p->inter_bw = 1.0e9;
+    p->latency = 20e-6;
+}
+
+/* "80GiB", "450GB", "989e12", "1.5 TB": a number and an optional unit. */
+static int parse_quantity(const char *s, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || !isfinite(v) || v < 0)
+        return -1;
+    while (*end == ' ')
+        end++;
+    static const struct { const char *unit; double mul; } units[] = {
+        {"", 1}, {"B", 1}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
+        {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", GIB}, {"TiB", GIB * 1024.0},
+    };
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
+        if (strcmp(end, units[i].unit) == 0) {
+            *out = v * units[i].mul;
+            return 0;
+        }
+    return -1;
+}
+
+static char *trim(char *s)
+{
+    while (*s == ' ' || *s == '\t')
+        s++;
+    char *e = s + strlen(s);
+    while (e > s && (e[-1] == ' ' || e[-1] == '\t' || e[-1] == '\n' || e[-1] == '\r'))
+        *--e = '\0';
+    return s;
+}
+
+static int load_file(hw_profile_t *p, const char *path, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        snprintf(err, errlen, "--hw '%s': not a built-in profile (%s) and cannot open it as a file: %s", path,
+                 hw_builtin_names(), strerror(errno));
+        return -1;
+    }
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "%.63s", path);
+    p->efficiency = 0.5;
+    struct { const char *key; double *field; int required; } keys[] = {
+        {"memory", &p->memory, 1},       {"reserve", &p->reserve, 0},       {"peak_fp32", &p->peak_fp32, 0},
+        {"peak_bf16", &p->peak_bf16, 0}, {"efficiency", &p->efficiency, 0}, {"mem_bw", &p->mem_bw, 0},
+        {"intra_node_bw", &p->intra_bw, 1}, {"inter_node_bw", &p->inter_bw, 1}, {"latency", &p->latency, 0},
+    };
+    const int nk = (int)(sizeof keys / sizeof keys[0]);
+    int seen[16] = {0}, have_gpn = 0, lineno = 0, rc = 0;
+    char line[1024];
+    while (rc == 0 && fgets(line, sizeof line, f)) {
+        lineno++;
+        char *hash = strchr(line, '#');
+        if (hash)
+            *hash = '\0';
+        char *s = trim(line), *eq = strchr(s, '=');
+        if (!*s)
+            continue;
+        if (!eq) {
+            snprintf(err, errlen, "%s:%d: expected `key = value`, got '%s'", path, lineno, s);
+            rc = -1;
+            break;
+        }
+        *eq = '\0';
+        char *key = trim(s), *val = trim(eq + 1);
+        if (strcmp(key, "name") == 0) {
+            snprintf(p->name, sizeof p->name, "%.63s", val);
+            continue;
+        }
+        if (strcmp(key, "gpus_per_node") == 0) {
+            char *end;
+            long v = strtol(val, &end, 10);
+            if (end == val || *end || v < 1 || v > 1 << 20) {
+                snprintf(err, errlen, "%s:%d: gpus_per_node '%s': expected a positive integer", path, lineno, val);
+                rc = -1;
+            }
+            p->gpus_per_node = (int)v;
+            have_gpn = 1;
+            continue;
+        }
+        int k = 0;
+        while (k < nk && strcmp(keys[k].key, key) != 0)
+            k++;
+        if (k == nk) {
+            snprintf(err, errlen, "%s:%d: unknown key '%s' (allowed: name, memory, reserve, peak_fp32, peak_bf16, "
+                     "efficiency, mem_bw, intra_node_bw, inter_node_bw, latency, gpus_per_node)", path, lineno, key);
+            rc = -1;
+        } else if (parse_quantity(val, keys[k].field) != 0) {
+            snprintf(err, errlen, "%s:%d: %s '%s': expected a non-negative number with an optional unit "
+                     "(B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)", path, lineno, key, val);
+            rc = -1;
+        } else {
+            seen[k] = 1;
+        }
+    }
+    fclose(f);
+    for (int k = 0; rc == 0 && k < nk; k++)
+        if (keys[k].required && !seen[k]) {
+            snprintf(err, errlen, "%s: the key '%s' is missing", path, keys[k].key);
+            rc = -1;
+        }
+    if (rc == 0 && !have_gpn) {
+        snprintf(err, errlen, "%s: the key 'gpus_per_node' is missing", path);
+        rc = -1;
+    }
+    if (rc == 0 && (p->memory <= 0 || p->intra_bw <= 0 || p->inter_bw <= 0 || (p->peak_fp32 <= 0 && p->peak_bf16 <= 0) ||
+                    p->efficiency <= 0 || p->efficiency > 1 || p->reserve >= p->memory)) {
+        snprintf(err, errlen, "%s: memory, a peak (peak_fp32 or peak_bf16) and both bandwidths must be positive, "
+                 "efficiency in (0, 1] and reserve below memory", path);
+        rc = -1;
+    }
+    return rc;
+}
+
+int hw_profile_load(hw_profile_t *p, const char *name_or_file, double peak_gflops, double mem_gib, char *err,
+                    size_t errlen)
+{
+    const char *name = name_or_file[0] ? name_or_file : "h100-sxm";
+    int found = 0;
+    for (int i = 0; i < N_BUILTIN && !found; i++)
+        if (strcmp(builtin[i].name, name) == 0) {
+            *p = builtin[i];
+            found = 1;
+        }
+    if (!found && strcmp(name, "cpu") == 0) {
+        cpu_profile(p, peak_gflops);
+        found = 1;
+    }
+    if (!found && load_file(p, name, err, errlen) != 0)
+        return -1;
+    if (mem_gib > 0) {
+        p->memory = mem_gib * GIB;
+        if (p->reserve >= p->memory)
+            p->reserve = 0;
+    }
+    return 0;
+}

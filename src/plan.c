@@ -1,0 +1,854 @@
+#include "plan.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "flops.h"
+#include "hw.h"
+#include "mem.h"
+#include "metrics.h"
+#include "model.h"
+#include "params.h"
+#include "pipeline.h"
+
+/* Notation as in Korthikanti et al. 2022: s sequence length, b micro
+ * batch, h d_model, a attention heads, t tensor-parallel size, p pipeline
+ * stages, m microbatches per step, d data-parallel size, S the ZeRO shard
+ * group's size (d, or --hybrid-shard). */
+
+typedef enum { RC_NONE = 0, RC_SELECTIVE, RC_FULL } recompute_t;
+static const char *const rc_names[] = {"none", "selective", "full"};
+
+/* One layout to plan. */
+typedef struct plan_in {
+    const model_config_t *c;
+    const hw_profile_t *hw;
+    int tp, pp, dp, zero, shard, sp, mb, gb, seq, m, bf16, hybrid;
+    recompute_t rc;
+    pipe_kind_t kind;
+    const int *layers; /* [pp] blocks per stage */
+} plan_in_t;
+
+/* One pipeline stage (every TP and DP rank of a stage holds the same). */
+typedef struct stage_plan {
+    int layers, slots;
+    size_t n;        /* local parameters (floats of the flat buffer) */
+    size_t shard_n;  /* this rank's ZeRO shard of them (pieces padded) */
+    size_t logical;  /* logical parameters the stage owns (tied copy not counted) */
+    double mem[MEM_N_CATEGORIES], total;
+    double act_layer;  /* activation bytes of one layer and one microbatch */
+    double act_extra;  /* activations outside the layers x microbatches product */
+    double flops_mb;   /* FLOPs of one microbatch on one rank, recomputation included */
+    double t_comp_mb, t_tp_mb;
+    int tp_colls;      /* TP collectives per microbatch */
+    double tp_bytes, pp_bytes, dp_bytes, embed_bytes; /* sent per step by one rank */
+    double t_dp, t_dp_exposed, t_embed, t_opt;
+} stage_plan_t;
+
+typedef struct plan {
+    plan_in_t in;
+    stage_plan_t *st; /* [pp] */
+    int worst;        /* stage with the largest total */
+    size_t params_total;
+    double mem_max[MEM_N_CATEGORIES + 1]; /* max over stages per category, and of the totals */
+    double usable, margin;
+    int fits;
+    double flops_step, hw_flops_step;
+    double t_mb, t_compute, t_tp, t_bubble, t_pp, t_pp_msg, t_dp, t_dp_total, t_embed, t_opt, t_step;
+    double tokens_s, mfu, hfu, bubble_frac;
+} plan_t;
+
+static double div_up(double a, double b) { return ceil(a / b); }
+static double round64(double bytes) { return ceil(bytes / 64.0) * 64.0; }
+
+/* Achievable bandwidth for a group whose ranks span `span` consecutive
+ * world ranks (rank = tp + TP*(dp + DP*pp)): inside a node or not. */
+static double link_bw(const hw_profile_t *hw, long span) { return span <= hw->gpus_per_node ? hw->intra_bw : hw->inter_bw; }
+static const char *link_name(const hw_profile_t *hw, long span) { return span <= hw->gpus_per_node ? "intra-node" : "inter-node"; }
+
+/* Korthikanti et al. 2022, Table 2: activation bytes of one transformer
+ * layer and one microbatch at 16 bits, with tensor (and sequence)
+ * parallelism over t ranks. */
+static double korthikanti_layer(const plan_in_t *in, recompute_t rc)
+{
+    const double s = in->seq, b = in->mb, h = in->c->d_model, a = in->c->n_head, t = in->tp;
+    const double sbh = s * b * h, as_h = a * s / h;
+    switch (rc) {
+    case RC_FULL:
+        return in->sp ? 2.0 * sbh / t : 2.0 * sbh;
+    case RC_SELECTIVE:
+        return in->sp ? 34.0 * sbh / t : sbh * (10.0 + 24.0 / t);
+    case RC_NONE:
+    default:
+        return in->sp ? sbh / t * (34.0 + 5.0 * as_h) : sbh * (10.0 + 24.0 / t + 5.0 * as_h / t);
+    }
+}
+
+/* Parameters, gradients, optimizer state, communication buffers and
+ * activations of stage s. Returns 0 or -1 (err). */
+static int plan_stage(const plan_in_t *in, int s, int layer_begin, stage_plan_t *sp, char *err, size_t errlen)
+{
+    const model_config_t *c = in->c;
+    memset(sp, 0, sizeof *sp);
+    sp->layers = in->layers[s];
+    sp->slots = pipe_slots(in->kind, in->pp, s, in->m);
+    const param_layout_t part = {.tp_size = in->tp, .tp_rank = 0, .layer_begin = layer_begin,
+                                 .layer_end = layer_begin + sp->layers, .has_embed = s == 0,
+                                 .has_head = s == in->pp - 1};
+    param_table_t t;
+    if (param_table_build(&t, c, &part, err, errlen) != 0)
+        return -1;
+    /* ZeRO's units, as the trainer cuts them (train.c setup_zero): each
+     * block's tensors together, every other tensor alone */
+    const double S = in->shard;
+    double shard_n = 0, max_c = 0, block_n = 0, window = 0, blk_chunk = 0;
+    size_t unit_lo = 0;
+    for (int i = 0; i <= t.n; i++) {
+        const int block = i < t.n && t.p[i].layer >= 0 && t.p[i].layer < c->n_layer;
+        if (i > 0 && (i == t.n || !block || t.p[i - 1].layer != t.p[i].layer ||
+                      !(t.p[i - 1].layer >= 0 && t.p[i - 1].layer < c->n_layer))) {
+            const size_t hi = i < t.n ? t.p[i].offset : t.numel;
+            const double len = (double)(hi - unit_lo), cu = div_up(len, S);
+            const int prev_block = t.p[i - 1].layer >= 0 && t.p[i - 1].layer < c->n_layer;
+            shard_n += cu;
+            max_c = cu > max_c ? cu : max_c;
+            if (prev_block) {
+                block_n += len;
+                window = len > window ? len : window;
+            }
+            unit_lo = hi;
+        }
+        /* GPT-2's head on a later stage is a copy of the first stage's wte */
+        if (i < t.n && !t.p[i].tied_copy)
+            sp->logical += (size_t)t.p[i].shape[0] * (size_t)t.p[i].shape[1];
+    }
+    blk_chunk = div_up(window, S);
+    const double n = (double)t.numel, outside = n - block_n, window_n = S * blk_chunk;
+    sp->n = t.numel;
+    sp->shard_n = (size_t)shard_n;
+    param_table_free(&t);
+
+    double *mem = sp->mem;
+    const int z = in->zero;
+    const double opt_n = z >= 1 ? shard_n : n;
+    if (!in->bf16) {
+        /* dtrain's fp32 buffers, byte for byte (model.c, optim.c, zero.c) */
+        /* ZeRO-3: the tensors outside the blocks whole, the shard, and two
+         * gathered block windows (the block computing and the next one) */
+        mem[MEM_PARAMS] = z >= 3 ? 4.0 * (outside + shard_n + 1) + 2.0 * 4.0 * (window_n + 1) : 4.0 * n;
+        mem[MEM_GRADS] = z >= 2 ? 4.0 * (outside + shard_n + 1) + 2.0 * 4.0 * (window_n + 1) : 4.0 * n;
+        mem[MEM_OPTIM] = 2.0 * 4.0 * (opt_n > 0 ? opt_n : 1);
+        if (z >= 1)
+            mem[MEM_COMM] = 4.0 * (S * max_c > 0 ? S * max_c : 1);
+        if (z >= 2)
+            mem[MEM_COMM] += 2.0 * 4.0 * (blk_chunk + 1);
+    } else {
+        /* bf16 weights, fp32 gradients (Megatron's main_grad), fp32 master
+         * weights and AdamW moments: 2 + 4 + 12 bytes per parameter */
+        mem[MEM_PARAMS] = z >= 3 ? 2.0 * (outside + shard_n + 2.0 * window_n) : 2.0 * n;
+        mem[MEM_GRADS] = z >= 2 ? 4.0 * (outside + shard_n + 2.0 * window_n) : 4.0 * n;
+        mem[MEM_OPTIM] = 12.0 * opt_n;
+        if (z >= 1)
+            mem[MEM_COMM] = 2.0 * S * max_c;
+        if (z >= 2)
+            mem[MEM_COMM] += 2.0 * 4.0 * blk_chunk;
+    }
+
+    /* activations and workspace */
+    model_layout_t lay = {.part = part, .tp = NULL, .sequence_parallel = in->sp, .n_slots = sp->slots,
+                          .lent_block_grads = z >= 2, .lent_block_params = z >= 3,
+                          .recompute = in->rc == RC_FULL        ? MODEL_RECOMPUTE_FULL
+                                       : in->rc == RC_SELECTIVE ? MODEL_RECOMPUTE_SELECTIVE
+                                                                : MODEL_RECOMPUTE_NONE};
+    size_t arena = 0, work = 0;
+    model_arena_bytes(c, &lay, in->mb, in->seq, &arena, &work);
+    const double N = (double)in->mb * in->seq, NR = in->sp ? N / in->tp : N;
+    if (!in->bf16) {
+        /* the arena dtrain allocates, recomputation included (model.c
+         * layout_acts); per layer: a 2-layer stage less a 1-layer one,
+         * less the residual stream's extra row block */
+        size_t a1 = 0, a2 = 0, w_ = 0;
+        model_layout_t one = lay;
+        one.part.has_embed = one.part.has_head = 0;
+        one.n_slots = 1;
+        one.part.layer_begin = 0;
+        one.part.layer_end = 1;
+        model_arena_bytes(c, &one, in->mb, in->seq, &a1, &w_);
+        one.part.layer_end = 2;
+        model_arena_bytes(c, &one, in->mb, in->seq, &a2, &w_);
+        const double C = c->d_model;
+        const double per_layer = (double)(a2 - a1) - (round64(4.0 * 3 * NR * C) - round64(4.0 * 2 * NR * C));
+        const double lx = (double)sp->layers * sp->slots;
+        sp->act_layer = per_layer;
+        sp->act_extra = (double)arena - lx * per_layer;
+        mem[MEM_ACTS] = (double)arena;
+        mem[MEM_WORKSPACE] = (double)work;
+    } else {
+        sp->act_layer = korthikanti_layer(in, in->rc);
+        /* recomputation's working set: one layer of one microbatch
+         * recomputed at a time (Korthikanti leave it out) */
+        double extra = in->rc == RC_FULL ? korthikanti_layer(in, RC_NONE)
+                     : in->rc == RC_SELECTIVE ? korthikanti_layer(in, RC_NONE) - korthikanti_layer(in, RC_SELECTIVE)
+                                              : 0.0;
+        /* last stage: the final norm's input and fp32 logits (their
+         * gradient overwrites them), per microbatch in flight */
+        if (s == in->pp - 1) {
+            const double Vl = (double)param_padded_vocab(c->vocab_size, in->tp) / in->tp;
+            extra += sp->slots * (2.0 * NR * c->d_model + 4.0 * N * Vl);
+        }
+        sp->act_extra = extra;
+        mem[MEM_ACTS] = (double)sp->layers * sp->slots * sp->act_layer + extra;
+        mem[MEM_WORKSPACE] = 0.5 * (double)work; /* the backward's scratch at 16 bits */
+    }
+    for (int k = 0; k < MEM_N_CATEGORIES; k++)
+        sp->total += mem[k];
+    return 0;
+}
+
+/* FLOPs, bytes sent and time of stage s (after plan_stage). */
+static void plan_stage_time(const plan_in_t *in, int s, stage_plan_t *sp, double peak)
+{
+    const model_config_t *c = in->c;
+    const hw_profile_t *hw = in->hw;
+    const double C = c->d_model, HS = model_head_size(c), QD = c->n_head * HS, KVD = c->n_kv_head * HS;
+    const double F = c->d_ff, V = c->vocab_size, T = in->seq, t = in->tp;
+    const double mlp = c->arch == ARCH_LLAMA ? 3.0 * C * F : 2.0 * C * F;
+    const double P_l = C * (QD + 2.0 * KVD) + QD * C + mlp;
+    const double att = 4.0 * QD * T, fwd = 2.0 * P_l + att;
+    const double tok = (double)in->mb * T;
+    const int last = s == in->pp - 1;
+    double per_tok = sp->layers * (3.0 * fwd + (in->rc == RC_SELECTIVE ? att : in->rc == RC_FULL ? fwd : 0.0));
+    if (last)
+        per_tok += 6.0 * V * C;
+    sp->flops_mb = tok * per_tok / t;
+    sp->t_comp_mb = sp->flops_mb / (peak * hw->efficiency);
+
+    /* tensor parallel: per layer two all-reduces forward and two backward
+     * of the [s*b, h] activations (with sequence parallelism an all-gather
+     * and a reduce-scatter each, the same bytes), two more forward under
+     * full recomputation; the vocabulary-parallel embedding's forward
+     * all-reduce, the head's backward one and cross-entropy's statistics */
+    const double abytes = in->bf16 ? 2.0 : 4.0;
+    if (in->tp > 1) {
+        const double ring = 2.0 * (t - 1.0) / t, act = tok * C * abytes;
+        int colls = sp->layers * (in->rc == RC_FULL ? 6 : 4);
+        double bytes = colls * ring * act;
+        if (s == 0) {
+            colls++;
+            bytes += ring * act;
+        }
+        if (last) {
+            colls += 4;
+            bytes += ring * act + 3.0 * ring * tok * 4.0;
+        }
+        sp->tp_colls = colls;
+        sp->t_tp_mb = colls * hw->latency + bytes / link_bw(hw, in->tp);
+        sp->tp_bytes = bytes * in->m;
+    }
+
+    /* pipeline: each microbatch's [rows, h] activation to the next stage
+     * and its gradient back; every TP rank sends its rows (all of them
+     * without sequence parallelism) */
+    const double msg = (in->sp ? tok / t : tok) * C * abytes;
+    sp->pp_bytes = in->m * msg * ((s < in->pp - 1) + (s > 0));
+
+    /* data parallel, dtrain's algorithms: ZeRO 0/1 all-reduce the
+     * gradients in buckets during the step's last backward; 1 then
+     * all-gathers the updated parameters; 2 reduce-scatters every
+     * microbatch's gradients during its backward; 3 also all-gathers each
+     * block's parameters before its forward and its backward, overlapped
+     * with the previous block's compute. --hybrid-shard: shard inside
+     * groups of S, all-reduce the shard across the d/S groups. */
+    const double d = in->dp, S = in->shard, gbytes = 4.0, pbytes = in->bf16 ? 2.0 : 4.0;
+    const double n = (double)sp->n, t_bwd = sp->t_comp_mb * 2.0 / 3.0;
+    const double bw_dp = link_bw(hw, (long)in->tp * in->dp), bw_sh = link_bw(hw, (long)in->tp * in->shard);
+    double overlap_win = 0.0, exposed_only = 0.0, overlapped = 0.0;
+    if (in->dp > 1) {
+        if (in->zero <= 1) {
+            const double ar = 2.0 * (d - 1.0) / d * n * gbytes;
+            sp->dp_bytes += ar;
+            overlapped += ar / bw_dp + div_up(n * gbytes, 25.0 * 1048576.0) * hw->latency;
+            overlap_win = t_bwd;
+        } else {
+            const double rs = in->m * (S - 1.0) / S * n * gbytes;
+            const double ag = in->zero >= 3 ? in->m * 2.0 * (S - 1.0) / S * n * pbytes : 0.0;
+            sp->dp_bytes += rs + ag;
+            overlapped += rs / bw_sh + ag / bw_sh + in->m * (sp->layers + 2) * hw->latency;
+            overlap_win = in->zero >= 3 ? in->m * sp->t_comp_mb : in->m * t_bwd;
+        }
+        if (in->zero >= 2 && S < d) {
+            const double g = d / S, ar = 2.0 * (g - 1.0) / g * (double)sp->shard_n * gbytes;
+            sp->dp_bytes += ar;
+            exposed_only += ar / bw_dp;
+        }
+    }
+    if (in->zero >= 1 && in->zero <= 2 && S > 1) {
+        const double ag = (S - 1.0) / S * n * pbytes;
+        sp->dp_bytes += ag;
+        exposed_only += ag / bw_sh + (sp->layers + 3) * hw->latency;
+    }
+    sp->t_dp = overlapped + exposed_only;
+    sp->t_dp_exposed = (overlapped > overlap_win ? overlapped - overlap_win : 0.0) + exposed_only;
+
+    /* GPT-2's tied embedding: the first and last stage sum wte's gradient */
+    if (c->arch == ARCH_GPT2 && in->pp > 1 && (s == 0 || last)) {
+        const double Vl = (double)param_padded_vocab(c->vocab_size, in->tp) / in->tp;
+        const double len = in->zero >= 2 ? div_up(Vl * C, S) : Vl * C;
+        sp->embed_bytes = len * gbytes;
+        sp->t_embed = hw->latency + sp->embed_bytes / link_bw(hw, (long)in->tp * in->dp * in->pp);
+    }
+
+    /* AdamW streams its state once: fp32 p, m, v read and written and g
+     * read (28 B per element); bf16 adds the bf16 weight written (30 B) */
+    const double opt_n = in->zero >= 1 ? (double)sp->shard_n : n;
+    sp->t_opt = hw->mem_bw > 0 ? opt_n * (in->bf16 ? 30.0 : 28.0) / hw->mem_bw : 0.0;
+}
+
+/* The whole plan of one layout. Returns 0 or -1 (err). */
+static int plan_compute(const plan_in_t *in, plan_t *p, char *err, size_t errlen)
+{
+    memset(p, 0, sizeof *p);
+    p->in = *in;
+    p->st = calloc((size_t)in->pp, sizeof *p->st);
+    if (!p->st) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    const hw_profile_t *hw = in->hw;
+    const double peak = in->bf16 ? hw->peak_bf16 : hw->peak_fp32;
+    int l0 = 0;
+    double t_mb = 0.0, extra = 0.0;
+    for (int s = 0; s < in->pp; l0 += in->layers[s], s++) {
+        stage_plan_t *sp = &p->st[s];
+        if (plan_stage(in, s, l0, sp, err, errlen) != 0)
+            return -1;
+        plan_stage_time(in, s, sp, peak);
+        p->params_total += sp->logical;
+        for (int k = 0; k < MEM_N_CATEGORIES; k++)
+            p->mem_max[k] = sp->mem[k] > p->mem_max[k] ? sp->mem[k] : p->mem_max[k];
+        p->mem_max[MEM_N_CATEGORIES] = sp->total > p->mem_max[MEM_N_CATEGORIES] ? sp->total : p->mem_max[MEM_N_CATEGORIES];
+        if (sp->total > p->st[p->worst].total)
+            p->worst = s;
+        p->hw_flops_step += sp->flops_mb * in->m * in->tp * in->dp;
+        if (sp->t_comp_mb + sp->t_tp_mb > t_mb) {
+            t_mb = sp->t_comp_mb + sp->t_tp_mb;
+            p->t_compute = in->m * sp->t_comp_mb;
+            p->t_tp = in->m * sp->t_tp_mb;
+        }
+        const double e = sp->t_dp_exposed + sp->t_embed + sp->t_opt;
+        if (e > extra) {
+            extra = e;
+            p->t_dp = sp->t_dp_exposed;
+            p->t_dp_total = sp->t_dp;
+            p->t_embed = sp->t_embed;
+            p->t_opt = sp->t_opt;
+        }
+    }
+    p->usable = hw->memory - hw->reserve;
+    p->margin = p->usable - p->st[p->worst].total;
+    p->fits = p->margin >= 0;
+    const double tokens = (double)in->gb * in->seq;
+    p->flops_step = flops_per_token(in->c, in->seq) * tokens;
+    p->t_mb = t_mb;
+    p->bubble_frac = (double)(in->pp - 1) / (in->m + in->pp - 1);
+    p->t_bubble = (in->pp - 1) * t_mb;
+    /* pipeline messages overlap the steady state; the fill and the drain
+     * wait for them: p-1 hops each way */
+    const double msg = (in->sp ? (double)in->mb * in->seq / in->tp : (double)in->mb * in->seq) * in->c->d_model *
+                       (in->bf16 ? 2.0 : 4.0);
+    p->t_pp_msg = hw->latency + msg / link_bw(hw, (long)in->tp * in->dp * in->pp);
+    p->t_pp = in->pp > 1 ? 2.0 * (in->pp - 1) * p->t_pp_msg : 0.0;
+    p->t_step = (in->m + in->pp - 1) * t_mb + p->t_pp + extra;
+    p->tokens_s = tokens / p->t_step;
+    const double world = (double)in->tp * in->pp * in->dp;
+    p->mfu = p->flops_step / (p->t_step * world * peak);
+    p->hfu = p->hw_flops_step / (p->t_step * world * peak);
+    return 0;
+}
+
+static void plan_free(plan_t *p)
+{
+    free(p->st);
+    p->st = NULL;
+}
+
+/* ---- inputs ------------------------------------------------------------------------------ */
+
+/* Checks the layout as training would and fills in. Returns 0 or -1. */
+static int plan_setup(const run_options_t *o, const model_config_t *c, const hw_profile_t *hw, int tp, int pp,
+                      int dp, int *layers, plan_in_t *in, char *err, size_t errlen)
+{
+    if (options_check_layout(o, c, tp, pp, dp, err, errlen) != 0 ||
+        options_stage_layers(o, c->n_layer, pp, layers, err, errlen) != 0)
+        return -1;
+    if (c->arch == ARCH_GPT2 && o->seq_len > c->max_seq) {
+        snprintf(err, errlen, "--seq-len %d exceeds the model's %d learned positions (--max-seq-len)", o->seq_len,
+                 c->max_seq);
+        return -1;
+    }
+    memset(in, 0, sizeof *in);
+    in->c = c;
+    in->hw = hw;
+    in->tp = tp;
+    in->pp = pp;
+    in->dp = dp;
+    in->zero = options_zero_stage(o);
+    in->hybrid = o->hybrid_shard;
+    in->shard = o->hybrid_shard > 0 && o->hybrid_shard < dp ? o->hybrid_shard : dp;
+    in->sp = o->sequence_parallel;
+    in->mb = o->micro_batch;
+    in->m = options_accum_steps(o, dp);
+    in->gb = in->m * o->micro_batch * dp;
+    in->seq = o->seq_len;
+    in->bf16 = strcmp(o->plan_dtype, "bf16") == 0 || (!o->plan_dtype[0] && strcmp(hw->name, "cpu") != 0);
+    in->rc = strcmp(o->recompute, "full") == 0 ? RC_FULL : strcmp(o->recompute, "selective") == 0 ? RC_SELECTIVE : RC_NONE;
+    in->layers = layers;
+    if (pipe_kind_parse(o->pp_schedule, &in->kind) != 0) {
+        snprintf(err, errlen, "--pp-schedule '%s': allowed 1f1b|gpipe", o->pp_schedule);
+        return -1;
+    }
+    if ((in->bf16 ? hw->peak_bf16 : hw->peak_fp32) <= 0) {
+        snprintf(err, errlen, "--hw %s: the profile has no peak_%s for --plan-dtype %s", hw->name,
+                 in->bf16 ? "bf16" : "fp32", in->bf16 ? "bf16" : "fp32");
+        return -1;
+    }
+    return 0;
+}
+
+/* dp from --gpus, --dp or the world size. */
+static int plan_dp(const run_options_t *o, int world_size, int *dp, char *err, size_t errlen)
+{
+    const int mp = o->tp * o->pp;
+    if (o->gpus) {
+        if (o->gpus % mp != 0) {
+            snprintf(err, errlen, "--gpus %d is not a multiple of --tp %d x --pp %d = %d", o->gpus, o->tp, o->pp, mp);
+            return -1;
+        }
+        if (o->dp && o->dp != o->gpus / mp) {
+            snprintf(err, errlen, "--dp %d disagrees with --gpus %d / (--tp %d x --pp %d) = %d: give one of them",
+                     o->dp, o->gpus, o->tp, o->pp, o->gpus / mp);
+            return -1;
+        }
+        *dp = o->gpus / mp;
+    } else if (o->dp) {
+        *dp = o->dp;
+    } else if (world_size > 1) {
+        if (world_size % mp != 0) {
+            snprintf(err, errlen, "world size %d is not a multiple of --tp %d x --pp %d = %d: give --dp or --gpus",
+                     world_size, o->tp, o->pp, mp);
+            return -1;
+        }
+        *dp = world_size / mp;
+    } else {
+        *dp = 1;
+    }
+    return 0;
+}
+
+/* ---- output ------------------------------------------------------------------------------ */
+
+static const char *fmt_bytes(char *buf, size_t len, double bytes)
+{
+    metrics_format_bytes(buf, len, bytes);
+    return buf;
+}
+
+/* 1.23 s / 45.6 ms / 789 us */
+static const char *fmt_time(char *buf, size_t len, double s)
+{
+    if (s >= 1.0)
+        snprintf(buf, len, "%.3f s", s);
+    else if (s >= 1e-3)
+        snprintf(buf, len, "%.2f ms", s * 1e3);
+    else
+        snprintf(buf, len, "%.1f us", s * 1e6);
+    return buf;
+}
+
+static const char *fmt_flops(char *buf, size_t len, double f)
+{
+    const char *u[] = {"", "K", "M", "G", "T", "P", "E"};
+    int k = 0;
+    while (f >= 1000.0 && k < 6) {
+        f /= 1000.0;
+        k++;
+    }
+    snprintf(buf, len, "%.2f %sFLOP", f, u[k]);
+    return buf;
+}
+
+/* "+1.23 GiB" / "-4.56 GiB" */
+static const char *fmt_signed_bytes(char *buf, size_t len, double bytes)
+{
+    char tmp[24];
+    metrics_format_bytes(tmp, sizeof tmp, fabs(bytes));
+    snprintf(buf, len, "%s%s", bytes < 0 ? "-" : "", tmp);
+    return buf;
+}
+
+static const char *act_formula(const plan_in_t *in)
+{
+    switch (in->rc) {
+    case RC_FULL:
+        return in->sp ? "2sbh/t: each layer's input only" : "2sbh: each layer's input only";
+    case RC_SELECTIVE:
+        return in->sp ? "34sbh/t" : "sbh(10 + 24/t)";
+    case RC_NONE:
+    default:
+        return in->sp ? "sbh/t(34 + 5as/h)" : "sbh(10 + 24/t + 5as/(ht))";
+    }
+}
+
+static void print_plan_header(const plan_t *p, const run_options_t *o, FILE *out)
+{
+    const plan_in_t *in = &p->in;
+    const model_config_t *c = in->c;
+    const hw_profile_t *hw = in->hw;
+    char b1[32], b2[32];
+    const double peak = in->bf16 ? hw->peak_bf16 : hw->peak_fp32;
+    fprintf(out, "dtrain plan: model %s (%s): L=%d C=%d heads=%d kv_heads=%d ffn=%d vocab=%d | %zu parameters\n",
+            o->model, model_arch_name(c->arch), c->n_layer, c->d_model, c->n_head, c->n_kv_head, c->d_ff,
+            c->vocab_size, p->params_total);
+    fprintf(out, "layout: tp %d x pp %d x dp %d = %d ranks | zero %d", in->tp, in->pp, in->dp,
+            in->tp * in->pp * in->dp, in->zero);
+    if (in->zero > 0)
+        fprintf(out, " (sharded over %d rank%s%s)", in->shard, in->shard == 1 ? "" : "s",
+                in->shard < in->dp ? ", replicated across the hybrid groups" : "");
+    fprintf(out, " | recompute %s | sequence parallel %s | %s schedule\n", rc_names[in->rc], in->sp ? "on" : "off",
+            pipe_kind_name(in->kind));
+    fprintf(out, "batch: micro %d x seq %d, %d microbatch%s per step x dp %d = %d sequences, %lld tokens per step\n",
+            in->mb, in->seq, in->m, in->m == 1 ? "" : "es", in->dp, in->gb, (long long)in->gb * in->seq);
+    if (in->bf16)
+        fprintf(out, "precision: bf16: bf16 weights, fp32 gradients, fp32 master weights and AdamW moments "
+                "(2 + 4 + 12 B per parameter before sharding); activations by Korthikanti et al. 2022\n");
+    else
+        fprintf(out, "precision: fp32: dtrain's CPU backend as built (4 B weights and gradients, 8 B of AdamW "
+                "moments per parameter, the trainer's own activation arena)\n");
+    fprintf(out, "hardware: %s: %s per rank (%s reserved), %.1f TFLOP/s %s peak, %.0f%% achievable in the kernels, "
+            "%d per node, %.0f GB/s intra-node, %.1f GB/s inter-node\n",
+            hw->name, fmt_bytes(b1, sizeof b1, hw->memory), fmt_bytes(b2, sizeof b2, hw->reserve), peak * 1e-12,
+            in->bf16 ? "bf16" : "fp32", 100.0 * hw->efficiency, hw->gpus_per_node, hw->intra_bw * 1e-9,
+            hw->inter_bw * 1e-9);
+}
+
+static void print_memory(const plan_t *p, FILE *out)
+{
+    const plan_in_t *in = &p->in;
+    const hw_profile_t *hw = in->hw;
+    const stage_plan_t *w = &p->st[p->worst];
+    char b1[32], b2[32], b3[32];
+    fprintf(out, "\nmemory per rank, worst rank: pipeline stage %d of %d (%d layer%s%s%s, %d microbatch%s in flight "
+            "under %s)\n", p->worst, in->pp, w->layers, w->layers == 1 ? "" : "s", p->worst == 0 ? " + embedding" : "",
+            p->worst == in->pp - 1 ? " + head" : "", w->slots, w->slots == 1 ? "" : "es", pipe_kind_name(in->kind));
+    const double opt_n = in->zero >= 1 ? (double)w->shard_n : (double)w->n;
+    for (int k = 0; k < MEM_N_CATEGORIES; k++) {
+        fprintf(out, "  %-14s %11s  %14.0f B  ", mem_category_name((mem_category_t)k),
+                fmt_bytes(b1, sizeof b1, w->mem[k]), w->mem[k]);
+        switch (k) {
+        case MEM_PARAMS:
+            if (in->zero >= 3)
+                fprintf(out, "%s: a shard of %zu, the tensors outside the blocks, two gathered blocks",
+                        in->bf16 ? "bf16" : "fp32", w->shard_n);
+            else
+                fprintf(out, "%zu local parameters x %d B (%s)", w->n, in->bf16 ? 2 : 4, in->bf16 ? "bf16" : "fp32");
+            break;
+        case MEM_GRADS:
+            if (in->zero >= 2)
+                fprintf(out, "fp32: a shard of %zu, the tensors outside the blocks, two blocks' windows", w->shard_n);
+            else
+                fprintf(out, "fp32, one per local parameter");
+            break;
+        case MEM_OPTIM:
+            fprintf(out, "%.0f elements x %d B (%s)%s", opt_n, in->bf16 ? 12 : 8,
+                    in->bf16 ? "fp32 master weights, m, v" : "fp32 m, v", in->zero >= 1 ? ", the ZeRO shard" : "");
+            break;
+        case MEM_ACTS:
+            fprintf(out, "%s per layer and microbatch x %d x %d", fmt_bytes(b2, sizeof b2, w->act_layer), w->layers,
+                    w->slots);
+            if (w->act_extra > 0)
+                fprintf(out, " + %s", fmt_bytes(b3, sizeof b3, w->act_extra));
+            if (in->bf16)
+                fprintf(out, " (Korthikanti et al.: %s%s)", act_formula(in),
+                        in->rc != RC_NONE ? "; + one layer recomputed" : "");
+            else
+                fprintf(out, " (dtrain's arena)");
+            break;
+        case MEM_COMM:
+            fprintf(out, "%s", in->zero > 0 ? "ZeRO gather / reduce-scatter staging" : "none outside the buffers above");
+            break;
+        case MEM_WORKSPACE:
+            fprintf(out, "backward scratch shared by the microbatches%s", in->bf16 ? " (dtrain's, at 16 bits)" : "");
+            break;
+        }
+        fprintf(out, "\n");
+    }
+    char b4[32];
+    fprintf(out, "  %-14s %11s  %14.0f B  of %s usable (%s less %s reserve)\n", "total",
+            fmt_bytes(b1, sizeof b1, w->total), w->total, fmt_bytes(b2, sizeof b2, p->usable),
+            fmt_bytes(b3, sizeof b3, hw->memory), fmt_bytes(b4, sizeof b4, hw->reserve));
+    fprintf(out, "%s: margin %s (%.1f%% of usable)\n", p->fits ? "FITS" : "DOES NOT FIT",
+            fmt_signed_bytes(b1, sizeof b1, p->margin), 100.0 * p->margin / p->usable);
+    if (in->pp > 1) {
+        fprintf(out, "other stages:");
+        for (int s = 0; s < in->pp; s++)
+            if (s != p->worst)
+                fprintf(out, " %d: %s%s", s, fmt_bytes(b1, sizeof b1, p->st[s].total),
+                        s + 1 < in->pp && !(s + 1 == p->worst && s + 2 == in->pp) ? "," : "\n");
+    }
+}
+
+static void print_perf(const plan_t *p, FILE *out)
+{
+    const plan_in_t *in = &p->in;
+    const hw_profile_t *hw = in->hw;
+    const stage_plan_t *w = &p->st[p->worst];
+    char b1[32], b2[32], b3[32];
+    const double tokens = (double)in->gb * in->seq;
+    fprintf(out, "\ncompute: %s per step (%s per token: 6 x matmul parameters + 12 x L x h x s, src/flops.c), "
+            "%s with recomputation\n", fmt_flops(b1, sizeof b1, p->flops_step),
+            fmt_flops(b2, sizeof b2, p->flops_step / tokens), fmt_flops(b3, sizeof b3, p->hw_flops_step));
+    fprintf(out, "bytes sent per step by one rank of stage %d:\n", p->worst);
+    const long tp = in->tp, dp = in->dp, pp = in->pp;
+    if (in->tp > 1)
+        fprintf(out, "  tp  %11s  %d ranks, %s: %d all-reduce%s (or all-gather + reduce-scatter) per microbatch\n",
+                fmt_bytes(b1, sizeof b1, w->tp_bytes), in->tp, link_name(hw, tp), w->tp_colls,
+                in->sp ? " pairs" : "s");
+    if (in->pp > 1)
+        fprintf(out, "  pp  %11s  %d stages, %s: activations forward, their gradients back, %d microbatches\n",
+                fmt_bytes(b1, sizeof b1, w->pp_bytes), in->pp, link_name(hw, tp * dp * pp), in->m);
+    if (in->dp > 1 || (in->zero >= 1 && in->shard > 1)) {
+        static const char *const how[] = {
+            "gradient all-reduce (bucketed, during the last backward)",
+            "gradient all-reduce, then the updated parameters all-gathered",
+            "gradients reduce-scattered every microbatch, parameters all-gathered after the update",
+            "parameters all-gathered for forward and backward, gradients reduce-scattered, every microbatch"};
+        fprintf(out, "  dp  %11s  %d ranks, %s: %s%s\n", fmt_bytes(b1, sizeof b1, w->dp_bytes), in->dp,
+                link_name(hw, tp * dp), how[in->zero],
+                in->zero >= 2 && in->shard < in->dp ? "; the shard all-reduced across the hybrid groups" : "");
+    }
+    if (w->embed_bytes > 0)
+        fprintf(out, "  embedding  %s  tied wte gradient summed over the first and last stage\n",
+                fmt_bytes(b1, sizeof b1, w->embed_bytes));
+    if (in->tp == 1 && in->pp == 1 && in->dp == 1)
+        fprintf(out, "  none: one rank\n");
+
+    fprintf(out, "\npredicted step on %s (%.0f%% of peak in the kernels; doc/design.md has the calibration):\n",
+            hw->name, 100.0 * hw->efficiency);
+    fprintf(out, "  compute          %12s  %d microbatch%s x %s on the slowest stage\n",
+            fmt_time(b1, sizeof b1, p->t_compute), in->m, in->m == 1 ? "" : "es",
+            fmt_time(b2, sizeof b2, p->t_compute / in->m));
+    fprintf(out, "  tp communication %12s  blocking collectives inside each microbatch (exposed)\n",
+            fmt_time(b1, sizeof b1, p->t_tp));
+    fprintf(out, "  pipeline bubble  %12s  (p-1)/(m+p-1) = %.1f%% of the pipeline's time\n",
+            fmt_time(b1, sizeof b1, p->t_bubble), 100.0 * p->bubble_frac);
+    fprintf(out, "  pp communication %12s  exposed: fill and drain, %d hops each way (steady state overlapped)\n",
+            fmt_time(b1, sizeof b1, p->t_pp), in->pp - 1);
+    fprintf(out, "  dp communication %12s  exposed, of %s in all (the rest overlapped with backward)\n",
+            fmt_time(b1, sizeof b1, p->t_dp), fmt_time(b2, sizeof b2, p->t_dp_total));
+    if (p->t_embed > 0)
+        fprintf(out, "  tied embedding   %12s  exposed\n", fmt_time(b1, sizeof b1, p->t_embed));
+    fprintf(out, "  optimizer        %12s  AdamW streaming its state at %.0f GB/s\n", fmt_time(b1, sizeof b1, p->t_opt),
+            hw->mem_bw * 1e-9);
+    fprintf(out, "  step             %12s  | %.0f tokens/s | %.1f tokens/s per rank | MFU %.1f%% (HFU %.1f%%)\n",
+            fmt_time(b1, sizeof b1, p->t_step), p->tokens_s, p->tokens_s / ((double)in->tp * in->pp * in->dp),
+            100.0 * p->mfu, 100.0 * p->hfu);
+    fprintf(out, "  exposed communication %s, bubble %s\n",
+            fmt_time(b1, sizeof b1, p->t_tp + p->t_pp + p->t_dp + p->t_embed), fmt_time(b2, sizeof b2, p->t_bubble));
+}
+
+/* --metrics FILE under --plan: the plan as one JSON object; "mem_peak" is
+ * the per-category maximum over ranks, as training's --metrics reports it. */
+static int write_json(const plan_t *p, const run_options_t *o, const char *path, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        snprintf(err, errlen, "--metrics %s: cannot create: %s", path, strerror(errno));
+        return -1;
+    }
+    const plan_in_t *in = &p->in;
+    const stage_plan_t *w = &p->st[p->worst];
+    fprintf(f, "{\"plan\": 1, \"model\": \"%s\", \"params_total\": %zu, \"tp\": %d, \"pp\": %d, \"dp\": %d, "
+            "\"zero\": %d, \"shard\": %d, \"sequence_parallel\": %d, \"recompute\": \"%s\", \"dtype\": \"%s\", "
+            "\"hw\": \"%s\", \"micro_batch\": %d, \"global_batch\": %d, \"seq_len\": %d, \"microbatches\": %d, "
+            "\"worst_stage\": %d, \"in_flight\": %d, \"local_params\": %zu, \"mem_worst\": {",
+            o->model, p->params_total, in->tp, in->pp, in->dp, in->zero, in->shard, in->sp, rc_names[in->rc],
+            in->bf16 ? "bf16" : "fp32", in->hw->name, in->mb, in->gb, in->seq, in->m, p->worst, w->slots, w->n);
+    for (int k = 0; k < MEM_N_CATEGORIES; k++)
+        fprintf(f, "\"%s\": %.0f, ", mem_category_name((mem_category_t)k), w->mem[k]);
+    fprintf(f, "\"total\": %.0f}, \"mem_peak\": {", w->total);
+    for (int k = 0; k <= MEM_N_CATEGORIES; k++)
+        fprintf(f, "\"%s\": %.0f%s", k < MEM_N_CATEGORIES ? mem_category_name((mem_category_t)k) : "total",
+                p->mem_max[k], k < MEM_N_CATEGORIES ? ", " : "}");
+    fprintf(f, ", \"device_bytes\": %.0f, \"usable_bytes\": %.0f, \"fits\": %d, \"margin_bytes\": %.0f, "
+            "\"flops_per_step\": %.0f, \"hw_flops_per_step\": %.0f, \"bytes_sent\": {\"tp\": %.0f, \"pp\": %.0f, "
+            "\"dp\": %.0f, \"embed\": %.0f}, \"step_s\": %.6g, \"compute_s\": %.6g, \"tp_comm_s\": %.6g, "
+            "\"bubble_s\": %.6g, \"bubble_fraction\": %.6g, \"pp_comm_s\": %.6g, \"dp_comm_exposed_s\": %.6g, "
+            "\"optimizer_s\": %.6g, \"tokens_per_s\": %.6g, \"mfu\": %.6g, \"hfu\": %.6g}\n",
+            in->hw->memory, p->usable, p->fits, p->margin, p->flops_step, p->hw_flops_step, w->tp_bytes, w->pp_bytes,
+            w->dp_bytes, w->embed_bytes, p->t_step, p->t_compute, p->t_tp, p->t_bubble, p->bubble_frac, p->t_pp,
+            p->t_dp, p->t_opt, p->tokens_s, p->mfu, p->hfu);
+    if (fclose(f) != 0) {
+        snprintf(err, errlen, "--metrics %s: write failed", path);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- --search ------------------------------------------------------------------------ */
+
+typedef struct candidate {
+    int tp, pp, dp, zero, sp, mb;
+    recompute_t rc;
+    double tokens_s, mfu, mem, margin, bubble;
+} candidate_t;
+
+static int by_throughput(const void *a, const void *b)
+{
+    const candidate_t *x = a, *y = b;
+    if (x->tokens_s != y->tokens_s)
+        return x->tokens_s < y->tokens_s ? 1 : -1;
+    return x->mem > y->mem ? 1 : x->mem < y->mem ? -1 : 0;
+}
+
+#define SEARCH_SHOW 12
+
+/* Every layout of --gpus devices: tp within a node and dividing the
+ * heads, pp up to the layers, zero 0-3, each recomputation policy,
+ * sequence parallelism on and off, micro batches 1-16 that divide the
+ * global batch; the ones that fit, best predicted tokens/s first. */
+static int plan_search(const run_options_t *o, const model_config_t *c, const hw_profile_t *hw, int print, FILE *out,
+                       char *err, size_t errlen)
+{
+    const int G = o->gpus;
+    const int gb = o->global_batch;
+    if (gb == 0) {
+        snprintf(err, errlen, "--search needs --global-batch: the batch every layout must train");
+        return -1;
+    }
+    size_t cap = 4096, n = 0, tried = 0;
+    candidate_t *cand = malloc(cap * sizeof *cand);
+    int *layers = malloc((size_t)(c->n_layer + 1) * sizeof *layers);
+    if (!cand || !layers) {
+        free(cand);
+        free(layers);
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    run_options_t t = *o;
+    t.pp_layers[0] = '\0';
+    t.fsdp[0] = '\0';
+    char e[512];
+    for (int tp = 1; tp <= G && tp <= hw->gpus_per_node; tp++) {
+        if (G % tp || options_check_grid(c, tp, 1, e, sizeof e) != 0)
+            continue;
+        for (int pp = 1; pp <= G / tp && pp <= c->n_layer; pp++) {
+            if ((G / tp) % pp)
+                continue;
+            const int dp = G / (tp * pp);
+            for (int mb = 1; mb <= 16; mb *= 2)
+                for (int sp = 0; sp <= (tp > 1); sp++)
+                    for (int z = 0; z <= 3; z++)
+                        for (int rc = RC_NONE; rc <= RC_FULL; rc++) {
+                            t.tp = tp;
+                            t.pp = pp;
+                            t.dp = dp;
+                            t.micro_batch = mb;
+                            t.global_batch = gb;
+                            t.sequence_parallel = sp;
+                            t.zero = z;
+                            t.hybrid_shard = o->hybrid_shard > 0 && dp % o->hybrid_shard == 0 ? o->hybrid_shard : 0;
+                            if (z == 0)
+                                t.hybrid_shard = 0;
+                            snprintf(t.recompute, sizeof t.recompute, "%s", rc_names[rc]);
+                            plan_in_t in;
+                            if (gb % (mb * dp) || plan_setup(&t, c, hw, tp, pp, dp, layers, &in, e, sizeof e) != 0)
+                                continue;
+                            plan_t p;
+                            tried++;
+                            if (plan_compute(&in, &p, e, sizeof e) != 0) {
+                                plan_free(&p);
+                                continue;
+                            }
+                            if (p.fits) {
+                                if (n == cap) {
+                                    candidate_t *nc = realloc(cand, 2 * cap * sizeof *cand);
+                                    if (!nc) {
+                                        plan_free(&p);
+                                        break;
+                                    }
+                                    cand = nc;
+                                    cap *= 2;
+                                }
+                                cand[n++] = (candidate_t){.tp = tp, .pp = pp, .dp = dp, .zero = z, .sp = sp, .mb = mb,
+                                                          .rc = (recompute_t)rc, .tokens_s = p.tokens_s, .mfu = p.mfu,
+                                                          .mem = p.st[p.worst].total, .margin = p.margin,
+                                                          .bubble = p.bubble_frac};
+                            }
+                            plan_free(&p);
+                        }
+        }
+    }
+    free(layers);
+    qsort(cand, n, sizeof *cand, by_throughput);
+    if (print) {
+        char b1[32], b2[32];
+        fprintf(out, "search: %s on %d x %s, global batch %d x seq %d, %s: %zu layouts planned, %zu fit in %s usable\n",
+                o->model, G, hw->name, gb, o->seq_len, strcmp(o->plan_dtype, "fp32") == 0 ||
+                (!o->plan_dtype[0] && strcmp(hw->name, "cpu") == 0) ? "fp32" : "bf16",
+                tried, n, fmt_bytes(b1, sizeof b1, hw->memory - hw->reserve));
+        if (n > 0)
+            fprintf(out, "  %4s %4s %4s %4s %3s %-9s %5s %12s %7s %10s %10s %7s\n", "tp", "pp", "dp", "zero", "sp",
+                    "recompute", "micro", "tokens/s", "MFU", "memory", "margin", "bubble");
+        for (size_t i = 0; i < n && i < SEARCH_SHOW; i++)
+            fprintf(out, "  %4d %4d %4d %4d %3s %-9s %5d %12.0f %6.1f%% %10s %10s %6.1f%%\n", cand[i].tp, cand[i].pp,
+                    cand[i].dp, cand[i].zero, cand[i].sp ? "on" : "off", rc_names[cand[i].rc], cand[i].mb,
+                    cand[i].tokens_s, 100.0 * cand[i].mfu, fmt_bytes(b1, sizeof b1, cand[i].mem),
+                    fmt_bytes(b2, sizeof b2, cand[i].margin), 100.0 * cand[i].bubble);
+        if (n > SEARCH_SHOW)
+            fprintf(out, "  ... and %zu more that fit\n", n - SEARCH_SHOW);
+        if (n == 0)
+            fprintf(out, "no layout fits: more devices, a smaller micro batch or sequence, or more memory per device\n");
+    }
+    free(cand);
+    return 0;
+}
+
+/* ---- entry ------------------------------------------------------------------------------- */
+
+int plan_run(const run_options_t *o, int world_size, int print, FILE *out, char *err, size_t errlen)
+{
+    model_config_t c;
+    hw_profile_t hw;
+    if (options_model_config(o, &c, err, errlen) != 0 ||
+        hw_profile_load(&hw, o->hw, o->peak_gflops, o->gpu_mem, err, errlen) != 0)
+        return -1;
+    if (o->search)
+        return plan_search(o, &c, &hw, print, out, err, errlen);
+    int dp;
+    if (plan_dp(o, world_size, &dp, err, errlen) != 0)
+        return -1;
+    int *layers = malloc((size_t)(o->pp + 1) * sizeof *layers);
+    if (!layers) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    plan_in_t in;
+    plan_t p;
+    memset(&p, 0, sizeof p);
+    int rc = plan_setup(o, &c, &hw, o->tp, o->pp, dp, layers, &in, err, errlen);
+    if (rc == 0)
+        rc = plan_compute(&in, &p, err, errlen);
+    if (rc == 0 && print) {
+        print_plan_header(&p, o, out);
+        print_memory(&p, out);
+        print_perf(&p, out);
+        fflush(out);
+        if (o->metrics[0])
+            rc = write_json(&p, o, o->metrics, err, errlen);
+    }
+    plan_free(&p);
+    free(layers);
+    return rc;
+}

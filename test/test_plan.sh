@@ -1,0 +1,231 @@
+#!/bin/sh
+# dtrain --plan: (a) the planner's parameter count is dtrain's; (b) in fp32
+# its bytes per rank and category equal a real run's accounting allocator
+# (--metrics "mem_peak", the maximum over ranks), at several layouts; (c)
+# llama-70b on 64 H100s at tp 8 pp 8 fits with ZeRO-1 and recomputation
+# and does not without; (d) slurm/train_70b.sbatch's own arguments fit;
+# (e) bad input is one line and exit 2; --search lists layouts that fit.
+. "$top_srcdir/test/common.sh"
+
+# plan_json OUT ARGS...: dtrain --plan ARGS, the plan's JSON in OUT and its
+# text in OUT.txt
+plan_json() {
+    out=$1
+    shift
+    "$DTRAIN" --plan "$@" --metrics "$out" >"$out.txt" 2>&1 ||
+        { fail "--plan $*: exit status $?: $(tail -n 2 "$out.txt")"; return 1; }
+}
+
+# jget FILE KEY[.KEY]: a value of the plan's or a run's last JSON line
+jget() {
+    /usr/bin/python3 -c 'import json, sys
+d = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+for k in sys.argv[2].split("."):
+    d = d[k]
+print(d)' "$1" "$2"
+}
+
+# ---- (a) parameter counts ------------------------------------------------------------
+# the planner sums its stages' tables (tied copies once); dtrain's banner
+# prints model_params_total. Published counts: test_init.c.
+banner_params() {
+    sed -n 's/^model .* | \([0-9]*\) parameters$/\1/p' "$1"
+}
+for m in tiny gpt2-124m; do
+    "$DTRAIN" $(tiny_args) --model "$m" --threads 1 --steps 1 --val-every 0 --sample-tokens 0 --micro-batch 1 \
+        --seq-len 32 >"$TMP/run_$m.log" 2>&1 || fail "$m: one training step failed: $(tail -n 2 "$TMP/run_$m.log")"
+    real=$(banner_params "$TMP/run_$m.log")
+    for layout in "--tp 1 --pp 1" "--tp 2 --pp 2" "--tp 4 --pp 4 --dp 2"; do
+        plan_json "$TMP/a.json" --model "$m" --micro-batch 1 --global-batch 8 --seq-len 32 $layout || continue
+        got=$(jget "$TMP/a.json" params_total)
+        if [ -n "$real" ] && [ "$got" = "$real" ]; then
+            pass "$m $layout: planner counts $got parameters, as dtrain does"
+        else
+            fail "$m $layout: planner $got parameters, dtrain '$real'"
+        fi
+    done
+done
+[ "$(banner_params "$TMP/run_gpt2-124m.log")" = 124439808 ] &&
+    pass "gpt2-124m: 124,439,808 parameters (124.4M: the head tied to wte, counted once)" ||
+    fail "gpt2-124m: dtrain prints $(banner_params "$TMP/run_gpt2-124m.log") parameters, expected 124439808"
+for layout in "--tp 1 --pp 1" "--tp 8 --pp 8"; do
+    plan_json "$TMP/a.json" --model llama-70b --micro-batch 1 --global-batch 64 --seq-len 4096 $layout || continue
+    got=$(jget "$TMP/a.json" params_total)
+    [ "$got" = 68976648192 ] && pass "llama-70b $layout: $got parameters (Llama 2 70B)" ||
+        fail "llama-70b $layout: $got parameters, expected 68976648192"
+done
+
+# ---- (b) fp32 plan = the accounting allocator of a real run, byte for byte ----------------
+# Every category is modelled exactly (dtrain's fp32 buffers and arenas),
+# so the tolerance is zero, activations included.
+RUN="--threads 1 --steps 2 --val-every 0 --sample-tokens 0 --micro-batch 2 --global-batch 8 --seq-len 64"
+mem_check() {
+    np=$1
+    shift
+    "$MPIEXEC" --quiet -np "$np" "$DTRAIN" $(tiny_args) $RUN "$@" --metrics "$TMP/run.json" >"$TMP/run.log" 2>&1 ||
+        { fail "np $np $*: training failed: $(tail -n 2 "$TMP/run.log")"; return; }
+    plan_json "$TMP/plan.json" $(tiny_args) $RUN "$@" --hw cpu --plan-dtype fp32 --gpus "$np" || return
+    diffs=""
+    for k in parameters gradients optimizer activations communication workspace total; do
+        a=$(jget "$TMP/run.json" "mem_peak.$k")
+        b=$(jget "$TMP/plan.json" "mem_peak.$k")
+        [ "$a" = "$b" ] || diffs="$diffs $k: run $a, plan $b;"
+    done
+    if [ -z "$diffs" ]; then
+        pass "np $np $*: planned bytes = measured peak in every category (total $(jget "$TMP/plan.json" mem_peak.total) B)"
+    else
+        fail "np $np $*:$diffs"
+    fi
+}
+mem_check 1
+mem_check 1 --model tiny-llama
+mem_check 4 --tp 2 --pp 2
+mem_check 4 --tp 2 --sequence-parallel --zero 1
+mem_check 4 --zero 1 --hybrid-shard 2
+mem_check 4 --zero 2 --pp 2
+mem_check 4 --model tiny-llama --tp 2 --zero 2
+mem_check 4 --pp 4 --pp-schedule gpipe
+mem_check 4 --tp 2 --zero 3
+mem_check 4 --pp 2 --zero 3 --recompute full
+mem_check 2 --recompute selective
+mem_check 4 --zero 2 --hybrid-shard 2
+# the worst rank of the plan is the first stage under 1F1B (most in flight)
+plan_json "$TMP/w.json" $(tiny_args) $RUN --pp 4 --global-batch 16 --hw cpu --plan-dtype fp32 &&
+    [ "$(jget "$TMP/w.json" worst_stage)" = 0 ] && [ "$(jget "$TMP/w.json" in_flight)" = 4 ] &&
+    pass "pp 4, 1f1b: worst rank is stage 0 with 4 microbatches in flight" || fail "pp 4 worst stage: $(cat "$TMP/w.json")"
+
+# ---- (c) llama-70b on 64 x H100 80 GB, tp 8 pp 8, micro batch 1, seq 4096, bf16 ----------------
+L70="--config $top_srcdir/examples/llama-70b.conf --gpus 64 --hw h100-sxm --tp 8 --pp 8 --micro-batch 1 --seq-len 4096 --global-batch 128 --plan-dtype bf16"
+for v in "--zero 1 --recompute selective" "--zero 1 --recompute full" "--zero 1 --recompute selective --sequence-parallel"; do
+    plan_json "$TMP/c.json" $L70 $v || continue
+    if [ "$(jget "$TMP/c.json" fits)" = 1 ] && grep -q "^FITS: margin" "$TMP/c.json.txt"; then
+        pass "llama-70b 64 x h100-sxm $v: $(grep '^  total' "$TMP/c.json.txt" | sed 's/  */ /g'), $(grep '^FITS' "$TMP/c.json.txt")"
+    else
+        fail "llama-70b $v: $(grep -E '^(  total|FITS|DOES)' "$TMP/c.json.txt")"
+    fi
+done
+for v in "--zero 0 --recompute none" "--zero 0 --recompute none --sequence-parallel"; do
+    plan_json "$TMP/c.json" $L70 $v || continue
+    if [ "$(jget "$TMP/c.json" fits)" = 0 ] && grep -q "^DOES NOT FIT: margin -" "$TMP/c.json.txt"; then
+        pass "llama-70b 64 x h100-sxm $v: $(grep '^DOES NOT FIT' "$TMP/c.json.txt")"
+    else
+        fail "llama-70b $v: $(grep -E '^(  total|FITS|DOES)' "$TMP/c.json.txt")"
+    fi
+done
+# the parts of the 70B plan that follow from the formulas alone: stage 0
+# holds 10 blocks + the embedding, 8 microbatches in flight; 2 + 4 B per
+# local parameter (dp 1: nothing to shard); Korthikanti's selective
+# activations s*b*h*(10 + 24/t) per layer and microbatch
+plan_json "$TMP/c.json" $L70 --zero 1 --recompute selective && {
+    n=$(jget "$TMP/c.json" local_params)
+    # 10 blocks' matrices / 8, their norm weights whole, and 32000 -> 32768
+    # padded vocabulary rows / 8 of the embedding
+    want=$(( 10 * 855638016 / 8 + 10 * 2 * 8192 + 32768 / 8 * 8192 ))
+    [ "$n" = "$want" ] && pass "llama-70b stage 0: $n local parameters (10 blocks + embedding, split 8 ways)" ||
+        fail "llama-70b stage 0: $n local parameters, expected $want"
+    p=$(jget "$TMP/c.json" mem_worst.parameters)
+    g=$(jget "$TMP/c.json" mem_worst.gradients)
+    o=$(jget "$TMP/c.json" mem_worst.optimizer)
+    [ "$p" = $((2 * n)) ] && [ "$g" = $((4 * n)) ] && [ "$o" = $((12 * n)) ] &&
+        pass "llama-70b bf16: 2 + 4 + 12 B per parameter ($p, $g, $o)" || fail "llama-70b bf16 bytes $p $g $o for $n"
+    a=$(jget "$TMP/c.json" mem_worst.activations)
+    # 80 layer-microbatches x 4096*8192*(10 + 24/8) + one layer's attention scores (5as^2b/t) recomputed
+    want=$(( 80 * 4096 * 8192 * 13 + 5 * 64 * 4096 * 4096 / 8 ))
+    [ "$a" = "$want" ] && pass "llama-70b selective activations: $a B = 80 x sbh(10 + 24/t) + 5as^2b/t" ||
+        fail "llama-70b selective activations: $a B, expected $want"
+}
+
+# ---- (d) slurm/train_70b.sbatch's arguments ------------------------------------------------
+SB="$top_srcdir/slurm/train_70b.sbatch"
+# the job's model_args array (model, layout, batch, recompute), as srun gets it
+args=$(sed -n '/^model_args=(/,/^)/{/^model_args=(/d;/^)/d;s/#.*//;p;}' "$SB" | sed "s|examples/|$top_srcdir/examples/|")
+if [ -n "$args" ]; then
+    plan_json "$TMP/d.json" $args --plan-dtype bf16 --hw h100-sxm --gpus 64 &&
+        [ "$(jget "$TMP/d.json" fits)" = 1 ] && pass "slurm/train_70b.sbatch model_args ($(echo $args | sed "s|$top_srcdir/||")): FITS on 64 x h100-sxm" ||
+        fail "slurm/train_70b.sbatch ($args): $(grep -E '^(FITS|DOES)' "$TMP/d.json.txt")"
+else
+    fail "slurm/train_70b.sbatch: no model_args array"
+fi
+
+# ---- FLOPs and the time model ------------------------------------------------------------------
+# FLOPs per step = src/flops.c's per-token count x tokens: for tiny at seq
+# 64, 6 x (4 x 12 x 128^2 + 256 x 128) + 12 x 4 x 128 x 64 = 5,308,416
+plan_json "$TMP/f.json" $(tiny_args) $RUN --hw cpu --peak-gflops 100 && {
+    f=$(jget "$TMP/f.json" flops_per_step)
+    expect_close "tiny FLOPs per step = 5308416 x 512 tokens" 2717908992 "$f" 1e-6
+}
+plan_json "$TMP/f.json" $L70 --zero 1 --recompute selective && {
+    b=$(jget "$TMP/f.json" bubble_fraction)
+    expect_close "1F1B bubble (p-1)/(m+p-1) at p 8, m 128" "$(awk 'BEGIN { print 7 / 135 }')" "$b" 1e-6
+    mfu=$(jget "$TMP/f.json" mfu)
+    awk -v m="$mfu" 'BEGIN { exit !(m > 0.2 && m < 0.6) }' && pass "llama-70b predicted MFU $mfu (published anchors: 0.38-0.47)" ||
+        fail "llama-70b predicted MFU $mfu outside 0.2-0.6"
+}
+# ZeRO stages shrink the data-parallel rank's state: optimizer 1/dp at zero 1
+plan_json "$TMP/z0.json" --model gpt2-124m --gpus 8 --micro-batch 1 --global-batch 8 --seq-len 64 --zero 0 &&
+    plan_json "$TMP/z1.json" --model gpt2-124m --gpus 8 --micro-batch 1 --global-batch 8 --seq-len 64 --zero 1 &&
+    plan_json "$TMP/z3.json" --model gpt2-124m --gpus 8 --micro-batch 1 --global-batch 8 --seq-len 64 --zero 3 && {
+    awk -v a="$(jget "$TMP/z0.json" mem_worst.optimizer)" -v b="$(jget "$TMP/z1.json" mem_worst.optimizer)" \
+        'BEGIN { r = b / a; exit !(r > 0.124 && r < 0.127) }' && pass "zero 1 at dp 8: optimizer state 1/8" ||
+        fail "zero 1 optimizer $(jget "$TMP/z1.json" mem_worst.optimizer) vs $(jget "$TMP/z0.json" mem_worst.optimizer)"
+    # ZeRO-3 keeps parameters as ZeRO-2/3 keep gradients: the shard, the
+    # tensors outside the blocks whole and two block windows, in bf16
+    # against fp32 gradients: exactly half the gradient bytes
+    p3=$(jget "$TMP/z3.json" mem_worst.parameters)
+    g3=$(jget "$TMP/z3.json" mem_worst.gradients)
+    p0=$(jget "$TMP/z0.json" mem_worst.parameters)
+    [ $((2 * p3)) -eq "$g3" ] && [ "$p3" -lt "$p0" ] &&
+        pass "zero 3 at dp 8: parameters $p3 B = shard + outside-block tensors + 2 block windows (half the fp32 gradients' $g3 B; zero 0: $p0 B)" ||
+        fail "zero 3 parameters $p3 vs gradients $g3, zero 0 $p0"
+}
+
+# ---- --search ----------------------------------------------------------------------------------
+"$DTRAIN" --plan --search --config "$top_srcdir/examples/llama-70b.conf" --gpus 64 --global-batch 128 >"$TMP/s.txt" 2>&1 &&
+    n=$(sed -n 's/.* layouts planned, \([0-9]*\) fit in .*/\1/p' "$TMP/s.txt") && [ "${n:-0}" -gt 0 ] &&
+    awk '/tokens\/s/ { on = 1; next } on && NF == 12 { print $8 }' "$TMP/s.txt" | sort -c -r -n 2>/dev/null &&
+    pass "--search: $n layouts of llama-70b fit on 64 x h100-sxm, listed by predicted tokens/s: $(sed -n '3p' "$TMP/s.txt" | sed 's/  */ /g')" ||
+    fail "--search: $(head -n 4 "$TMP/s.txt")"
+# every layout it lists, planned on its own, fits
+sed -n '3p' "$TMP/s.txt" | { read -r tp pp dp z sp rc mb rest
+    spf=""; [ "$sp" = on ] && spf=--sequence-parallel
+    plan_json "$TMP/s1.json" --config "$top_srcdir/examples/llama-70b.conf" --tp "$tp" --pp "$pp" --dp "$dp" --zero "$z" \
+        $spf --recompute "$rc" --micro-batch "$mb" --global-batch 128 &&
+        [ "$(jget "$TMP/s1.json" fits)" = 1 ] && pass "--search's best (tp $tp pp $pp dp $dp zero $z) fits when planned alone" ||
+        fail "--search's best (tp $tp pp $pp dp $dp zero $z): $(grep -E '^(FITS|DOES)' "$TMP/s1.json.txt")"; }
+
+# one process plans any layout; under mpirun every rank agrees and rank 0 prints
+"$MPIEXEC" --quiet -np 2 "$DTRAIN" --plan --model tiny --tp 2 --hw cpu --peak-gflops 100 >"$TMP/np2.txt" 2>&1 &&
+    [ "$(grep -c '^dtrain plan:' "$TMP/np2.txt")" = 1 ] && grep -q "tp 2 x pp 1 x dp 1 = 2 ranks" "$TMP/np2.txt" &&
+    pass "--plan under mpirun -np 2: one plan printed, dp from the world size" || fail "--plan np 2: $(head -n 3 "$TMP/np2.txt")"
+
+# ---- (e) bad input -----------------------------------------------------------------------------
+expect_exit2 "--hw is an option of the planner: add --plan" "$DTRAIN" --hw h100-sxm
+expect_exit2 "--search is an option of the planner" "$DTRAIN" --search --gpus 8
+expect_exit2 "--plan-dtype is an option of the planner" "$DTRAIN" --plan-dtype bf16
+expect_exit2 "--gpu-mem is an option of the planner" "$DTRAIN" --gpu-mem 80
+expect_exit2 "--hw 'h200': not a built-in profile (h100-sxm|a100-80g|cpu)" "$DTRAIN" --plan --hw h200
+expect_exit2 "--plan-dtype 'fp16': allowed values are fp32|bf16" "$DTRAIN" --plan --plan-dtype fp16
+expect_exit2 "--recompute 'some': allowed values are none|selective|full" "$DTRAIN" --plan --recompute some
+expect_exit2 "--gpus 60 is not a multiple of --tp 8 x --pp 8 = 64" "$DTRAIN" --plan --model llama-70b --tp 8 --pp 8 --gpus 60
+expect_exit2 "--dp 2 disagrees with --gpus 64" "$DTRAIN" --plan --model llama-70b --tp 8 --pp 8 --gpus 64 --dp 2
+expect_exit2 "--tp 3 must divide the attention heads (64)" "$DTRAIN" --plan --model llama-70b --tp 3
+expect_exit2 "--pp 8 needs at least 8 microbatches per step" "$DTRAIN" --plan --model llama-70b --tp 8 --pp 8 --micro-batch 1
+expect_exit2 "--search needs --gpus N" "$DTRAIN" --plan --search
+expect_exit2 "--search needs --global-batch" "$DTRAIN" --plan --search --gpus 8
+expect_exit2 "--seq-len 2048 exceeds the model's 1024 learned positions" "$DTRAIN" --plan --model gpt2-124m --seq-len 2048
+printf 'memory = 80GiB\nintra_node_bw = 450GB\ninter_node_bw = 50GB\ngpus_per_node = 8\npeak_bf16 = 989e12\nwarp = 9\n' >"$TMP/hw.conf"
+expect_exit2 "hw.conf:6: unknown key 'warp'" "$DTRAIN" --plan --hw "$TMP/hw.conf"
+printf 'memory = 80 GiB\nintra_node_bw = fast\n' >"$TMP/hw2.conf"
+expect_exit2 "hw2.conf:2: intra_node_bw 'fast': expected a non-negative number" "$DTRAIN" --plan --hw "$TMP/hw2.conf"
+printf 'memory = 80GiB\n' >"$TMP/hw3.conf"
+expect_exit2 "hw3.conf: the key 'intra_node_bw' is missing" "$DTRAIN" --plan --hw "$TMP/hw3.conf"
+# a profile file: the same numbers as the built-in H100 give the same plan
+printf '# H100 SXM as a file\nname = my-h100\nmemory = 80GiB\nreserve = 4GiB\npeak_fp32 = 66.9e12\npeak_bf16 = 989.4e12\nefficiency = 0.5\nmem_bw = 3.35TB\nintra_node_bw = 360GB\ninter_node_bw = 40GB\nlatency = 15e-6\ngpus_per_node = 8\n' >"$TMP/h100.conf"
+plan_json "$TMP/h1.json" $L70 --zero 1 --recompute selective && plan_json "$TMP/h2.json" $(echo "$L70" | sed 's/--hw h100-sxm//') --hw "$TMP/h100.conf" --zero 1 --recompute selective &&
+    [ "$(jget "$TMP/h1.json" step_s)" = "$(jget "$TMP/h2.json" step_s)" ] && [ "$(jget "$TMP/h1.json" mem_worst.total)" = "$(jget "$TMP/h2.json" mem_worst.total)" ] &&
+    pass "--hw FILE with the h100-sxm numbers plans the same step time and memory" || fail "--hw FILE vs h100-sxm: $(jget "$TMP/h1.json" step_s) vs $(jget "$TMP/h2.json" step_s)"
+# --gpu-mem overrides the profile's memory
+plan_json "$TMP/g.json" $L70 --zero 1 --recompute selective --gpu-mem 40 &&
+    [ "$(jget "$TMP/g.json" fits)" = 0 ] && pass "--gpu-mem 40: the 70B layout that fits in 80 GiB does not in 40" || fail "--gpu-mem 40: fits=$(jget "$TMP/g.json" fits)"
+
+finish
