@@ -34,6 +34,7 @@ static const char *const format_choices[] = {"llmc", "raw-u16", NULL};
 static const char *const ddp_choices[] = {"naive", "flat", "bucketed", NULL};
 static const char *const fsdp_choices[] = {"", "no_shard", "shard_grad_op", "full_shard", NULL};
 static const char *const pp_schedule_choices[] = {"1f1b", "gpipe", NULL};
+static const char *const device_choices[] = {"auto", "cpu", "cuda", NULL};
 
 #define F(field) offsetof(run_options_t, field)
 #define S(field) sizeof(((run_options_t *)0)->field)
@@ -92,6 +93,8 @@ static const opt_def_t opt_defs[] = {
     {"temperature", OPT_REAL, F(temperature), 0, "0.8", 0, 100, NULL, "sampling temperature (0 = greedy)"},
     {"top-k", OPT_INT, F(top_k), 0, "40", 0, 1 << 24, NULL, "sample from the k most likely tokens (0 = all)"},
     {"threads", OPT_INT, F(threads), 0, "0", 0, 4096, NULL, "OpenMP/OpenBLAS threads per rank (0 = OMP_NUM_THREADS or all cores)"},
+    {"device", OPT_STR, F(device), S(device), "auto", 0, 0, device_choices, "compute backend: cpu | cuda (one GPU per rank, chosen by local rank) | auto (cuda when built with it and a GPU is visible, else cpu)"},
+    {"selftest", OPT_FLAG, F(selftest), 0, "0", 0, 1, NULL, "compare every CUDA op with the CPU op on random inputs (stated error bounds), print the results and exit (0 = all agree)"},
     {"peak-gflops", OPT_REAL, F(peak_gflops), 0, "0", 0, 1e12, NULL, "peak GFLOP/s for MFU (0 = measure with a short sgemm probe)"},
 };
 #define N_OPTS ((int)(sizeof opt_defs / sizeof opt_defs[0]))
@@ -376,6 +379,13 @@ options_status_t options_parse(run_options_t *o, int argc, char **argv, int prin
             }
         }
     }
+#ifndef HAVE_CUDA
+    if (strcmp(o->device, "cuda") == 0 || o->selftest) {
+        snprintf(err, errlen, "%s: this dtrain is built without the CUDA backend: rebuild with ./configure --with-cuda",
+                 o->selftest ? "--selftest" : "--device cuda");
+        return OPTIONS_ERROR;
+    }
+#endif
     if (check_consistency(o, err, errlen) != 0)
         return OPTIONS_ERROR;
     return OPTIONS_OK;

@@ -47,6 +47,9 @@ typedef struct run_options {
     char prompt[512];
     int threads;
     double peak_gflops;
+    /* backend */
+    char device[8];    /* "auto" | "cpu" | "cuda" (see backend.h) */
+    int selftest;      /* --selftest: compare every CUDA op with the CPU op, exit */
 } run_options_t;
 
 typedef enum {
