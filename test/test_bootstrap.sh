@@ -31,11 +31,11 @@ run 0 6 3 1
 run 0 8 1 4
 # failures: rank 0 leads every world/tp/dp/pp group it is in, so every rank
 # (the world group) sees it; rank 2 of np 4 tp 2 pp 1 leads the tp group
+# {2,3} and its own one-rank pp and embed groups (dp groups are {0,2},
+# {1,3}); rank 4 of np 8 tp 2 pp 2 (tp 0, dp 0, pp 1) leads tp {4,5} and
+# dp {4,6} (pp and embed groups are led by stage 0)
 run 4 4 2 1 0
 run 2 4 2 1 2
-# {2,3} and its own one-rank pp and embed groups (dp groups are {0,2},
-# {1,3}); np 8 tp 2 pp 2: rank 4 (tp 0, dp 0, pp 1) leads tp {4,5} and
-# dp {4,6} (pp and embed groups are led by stage 0)
 run 3 8 2 2 4
 
 finish
