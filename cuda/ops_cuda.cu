@@ -274,10 +274,21 @@ __global__ void k_colsum(float *out, const float *x, int N, int C, int accum)
     out[c] = accum ? out[c] + a : a;
 }
 
-/* ---- matmul (cuBLASLt) ---------------------------------------------------------------
- * Column-major C[m, n] = alpha op(A) op(B) + beta C (+ bias[m] per column
+/* ---- matmul (cuBLASLt) --------------------------------------------------------------- */
+
+/* Largest power of two (at most 256) dividing the address. */
+static uint32_t align_of(const void *p)
+{
+    uintptr_t a = (uintptr_t)p;
+    uint32_t al = 256;
+    while (al > 1 && (a & (al - 1)))
+        al >>= 1;
+    return al;
+}
+
+/* Column-major C[m, n] = alpha op(A) op(B) + beta C (+ bias[m] per column
  * when bias != NULL, with beta == 0). Row-major callers pass transposes. */
-static void lt_gemm(const char *what, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+static int lt_gemm(const char *what, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
                     float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc,
                     const float *bias)
 {
@@ -298,19 +309,33 @@ static void lt_gemm(const char *what, cublasOperation_t ta, cublasOperation_t tb
     ckb(cublasLtMatmulPreferenceCreate(&pref), what);
     size_t ws = WORKSPACE_BYTES;
     ckb(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws), what);
+    /* The heuristic assumes 256-byte aligned matrices unless told: the
+     * model passes pointers into its arenas (a head's slice of qkv, a
+     * layer's weight), so state each pointer's real alignment. */
+    uint32_t al_a = align_of(A), al_b = align_of(B), al_c = align_of(C);
+    ckb(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a),
+        what);
+    ckb(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b),
+        what);
+    ckb(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c),
+        what);
+    ckb(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c),
+        what);
     cublasLtMatmulHeuristicResult_t res;
     int nres = 0;
     memset(&res, 0, sizeof res);
     ckb(cublasLtMatmulAlgoGetHeuristic(g.lt, op, la, lb, lc, lc, pref, 1, &res, &nres), what);
-    if (nres == 0)
-        cuda_fatal(what, "cuBLASLt found no algorithm for this fp32 GEMM");
-    ckb(cublasLtMatmul(g.lt, op, &alpha, A, la, B, lb, &beta, C, lc, C, lc, &res.algo, g.ws, WORKSPACE_BYTES,
-                       g.stream), what);
+    if (nres > 0)
+        ckb(cublasLtMatmul(g.lt, op, &alpha, A, la, B, lb, &beta, C, lc, C, lc, &res.algo, g.ws, WORKSPACE_BYTES,
+                           g.stream), what);
     ckb(cublasLtMatmulPreferenceDestroy(pref), what);
     ckb(cublasLtMatrixLayoutDestroy(lc), what);
     ckb(cublasLtMatrixLayoutDestroy(lb), what);
     ckb(cublasLtMatrixLayoutDestroy(la), what);
     ckb(cublasLtMatmulDescDestroy(op), what);
+    if (nres == 0 && !bias)
+        cuda_fatal(what, "cuBLASLt found no algorithm for this fp32 GEMM");
+    return nres > 0 ? 0 : -1;
 }
 
 /* out[N,OC] = in[N,IC] . w[OC,IC]^T (+ b): column-major out^T = w^T^T in^T. */
@@ -318,11 +343,15 @@ static void matmul_fwd(float *out, const float *in, const float *w, const float 
 {
     if (N <= 0 || OC <= 0)
         return;
-    if (IC <= 0)
+    /* the bias epilogue where cuBLASLt offers it; otherwise (or for IC 0)
+     * bias rows first and a GEMM adding onto them, as the CPU backend does */
+    if (IC <= 0 || lt_gemm("matmul_fwd: cublasLtMatmul", CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, 1.0f, w, IC, in, IC,
+                           0.0f, out, OC, b) != 0) {
         k_fill_rows<<<grid_for((size_t)N * OC, THREADS), THREADS, 0, g.stream>>>(out, b, N, OC);
-    else
-        lt_gemm("matmul_fwd: cublasLtMatmul", CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, 1.0f, w, IC, in, IC, 0.0f, out,
-                OC, b);
+        if (IC > 0)
+            lt_gemm("matmul_fwd: cublasLtMatmul", CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, 1.0f, w, IC, in, IC, 1.0f,
+                    out, OC, NULL);
+    }
     finish("matmul_fwd");
 }
 
