@@ -65,4 +65,8 @@ struct comm {
  * Returns NULL on failure. */
 comm_t *comm_mpi_create(const void *mpi_comm);
 
+/* The MPI communicator under a communicator made by comm_mpi_create,
+ * copied into *(MPI_Comm *)out. Returns 0, or -1 for any other kind. */
+int comm_mpi_handle(const comm_t *c, void *out);
+
 #endif

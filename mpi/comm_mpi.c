@@ -617,3 +617,11 @@ comm_t *comm_mpi_create(const void *mpi_comm)
     m->pub.impl = &m->comm;
     return &m->pub;
 }
+
+int comm_mpi_handle(const comm_t *c, void *out)
+{
+    if (!c || c->ops != &mpi_ops || !out)
+        return -1;
+    *(MPI_Comm *)out = mcomm(c);
+    return 0;
+}

@@ -1,6 +1,7 @@
 /* dtrain: train GPT-2 and Llama style transformers. */
 #include <stdio.h>
 
+#include "backend.h"
 #include "grid.h"
 #include "launch.h"
 #include "options.h"
@@ -29,6 +30,21 @@ int main(int argc, char **argv)
     if (opt.plan) {
         int failed = plan_run(&opt, env.world_size, env.world_rank == 0, stdout, err, sizeof err) != 0;
         launch_exit(&env, launch_any_failed(&env, "dtrain", failed, err) ? 2 : 0);
+    }
+
+    if (opt.selftest) {
+        /* every rank tests its own GPU; rank 0 prints its comparisons */
+        FILE *out = env.world_rank == 0 ? stdout : fopen("/dev/null", "w");
+        int rc = out ? backend_selftest(env.local_rank, out, err, sizeof err) : -1;
+        if (!out)
+            snprintf(err, sizeof err, "--selftest: cannot open /dev/null");
+        if (out && out != stdout)
+            fclose(out);
+        fflush(stdout);
+        if (launch_any_failed(&env, "dtrain", rc < 0, err))
+            launch_exit(&env, 2);
+        snprintf(err, sizeof err, "--selftest: %d comparison(s) outside their bounds", rc);
+        launch_exit(&env, launch_any_failed(&env, "dtrain", rc > 0, err) ? 1 : 0);
     }
 
     /* from here on SIGUSR1/SIGTERM stop the run at a step boundary, with a

@@ -1,6 +1,6 @@
 /* The ops table: every numeric kernel the model needs, behind one struct of
  * function pointers. src/ops_cpu.c implements it with cblas_sgemm and OpenMP;
- * the CUDA backend implements the same table. Model code never loops over
+ * cuda/ops_cuda.cu (--with-cuda) with cuBLASLt and CUDA kernels. Model code never loops over
  * elements itself.
  *
  * Conventions

@@ -191,10 +191,10 @@ static void layernorm_fwd(float *out, float *mean, float *rstd, const float *x,
             float d = xr[c] - mu;
             ss += d * d;
         }
-        float r = 1.0f / sqrtf(ss / (float)C + eps);
+        float r = dt_norm_rstd(ss, C, eps);
 #pragma omp simd
         for (int c = 0; c < C; c++)
-            o[c] = (xr[c] - mu) * r * w[c] + b[c];
+            o[c] = dt_layernorm_out(xr[c], mu, r, w[c], b[c]);
         mean[n] = mu;
         rstd[n] = r;
     }
@@ -228,7 +228,7 @@ static void layernorm_bwd(float *din, float *dw, float *db, const float *dout,
 #pragma omp simd
                 for (int c = 0; c < C; c++) {
                     float xhat = (xr[c] - mu) * r;
-                    d[c] += (g[c] * w[c] - sg - xhat * sgx) * r;
+                    d[c] += dt_layernorm_dx(g[c], w[c], xhat, sg, sgx, r);
                 }
             }
         }
@@ -271,7 +271,7 @@ static void rmsnorm_fwd(float *out, float *rstd, const float *x, const float *w,
 #pragma omp simd reduction(+ : ss)
         for (int c = 0; c < C; c++)
             ss += xr[c] * xr[c];
-        float r = 1.0f / sqrtf(ss / (float)C + eps);
+        float r = dt_norm_rstd(ss, C, eps);
 #pragma omp simd
         for (int c = 0; c < C; c++)
             o[c] = xr[c] * r * w[c];
@@ -296,10 +296,10 @@ static void rmsnorm_bwd(float *din, float *dw, const float *dout, const float *x
 #pragma omp simd reduction(+ : s)
                 for (int c = 0; c < C; c++)
                     s += w[c] * g[c] * xr[c];
-                float k = r * r * r * s / (float)C;
+                float k = dt_rmsnorm_k(r, s, C);
 #pragma omp simd
                 for (int c = 0; c < C; c++)
-                    d[c] += r * w[c] * g[c] - xr[c] * k;
+                    d[c] += dt_rmsnorm_dx(r, w[c], g[c], xr[c], k);
             }
         }
         if (dw) {
@@ -451,7 +451,7 @@ static void attention_bwd(float *dqkv, float *scratch, const float *dout,
                         dot += d[j] * p[j];
 #pragma omp simd
                     for (int j = 0; j <= t; j++)
-                        d[j] = p[j] * (d[j] - dot);
+                        d[j] = dt_softmax_grad(p[j], d[j], dot);
                     for (int j = t + 1; j < r1; j++)
                         d[j] = 0.0f;
                 }
@@ -648,9 +648,9 @@ static void xent_finish(float *losses, float *dlogits, const float *rowmax, cons
                 memset(d, 0, (size_t)ld * sizeof(float));
             continue;
         }
-        losses[n] = (float)((double)rowmax[n] + log(sum) - (double)stats[2 * n + 1]);
+        losses[n] = dt_xent_loss(rowmax[n], sum, stats[2 * n + 1]);
         if (d) {
-            float k = (float)((double)dloss / sum);
+            float k = dt_xent_gscale(dloss, sum);
 #pragma omp simd
             for (int i = 0; i < Vl; i++)
                 d[i] *= k;

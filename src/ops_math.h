@@ -137,6 +137,57 @@ static inline DT_HD void dt_lse_push(float *m, float *s, float x)
     }
 }
 
+/* ---- LayerNorm / RMSNorm ---------------------------------------------------
+ * rstd from a row's sum of squares (of deviations, for LayerNorm) over C. */
+static inline DT_HD float dt_norm_rstd(float ss, int C, float eps)
+{
+    return 1.0f / sqrtf(ss / (float)C + eps);
+}
+
+static inline DT_HD float dt_layernorm_out(float x, float mu, float r, float w, float b)
+{
+    return (x - mu) * r * w + b;
+}
+
+/* d/dx of LayerNorm for one element: g = dout, sg = mean(g*w),
+ * sgx = mean(g*w*xhat) over the row. */
+static inline DT_HD float dt_layernorm_dx(float g, float w, float xhat, float sg, float sgx, float r)
+{
+    return (g * w - sg - xhat * sgx) * r;
+}
+
+/* RMSNorm backward: k = r^3 * sum_c(w g x) / C per row, then per element
+ * d x = r w g - x k. */
+static inline DT_HD float dt_rmsnorm_k(float r, float s, int C)
+{
+    return r * r * r * s / (float)C;
+}
+
+static inline DT_HD float dt_rmsnorm_dx(float r, float w, float g, float x, float k)
+{
+    return r * w * g - x * k;
+}
+
+/* ---- softmax backward ------------------------------------------------------
+ * dS = P o (dP - rowsum(dP o P)) per element, dot = rowsum(dP o P). */
+static inline DT_HD float dt_softmax_grad(float p, float dp, float dot)
+{
+    return p * (dp - dot);
+}
+
+/* ---- cross-entropy -----------------------------------------------------------
+ * Per row, after the group sums: loss = rowmax + log(sum exp) - x_target in
+ * double, and the factor turning the kept exps into dloss * softmax. */
+static inline DT_HD float dt_xent_loss(float rowmax, double sumexp, float target_logit)
+{
+    return (float)((double)rowmax + log(sumexp) - (double)target_logit);
+}
+
+static inline DT_HD float dt_xent_gscale(float dloss, double sumexp)
+{
+    return (float)((double)dloss / sumexp);
+}
+
 /* ---- AdamW (torch.optim.AdamW, single-tensor path, PyTorch 1.13) ----------
  * Per-step scalars are computed once in double on the host, as PyTorch does
  * in Python, then rounded to float; the per-element update then follows

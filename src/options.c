@@ -36,6 +36,7 @@ static const char *const fsdp_choices[] = {"", "no_shard", "shard_grad_op", "ful
 static const char *const pp_schedule_choices[] = {"1f1b", "gpipe", NULL};
 static const char *const recompute_choices[] = {"none", "selective", "full", NULL};
 static const char *const plan_dtype_choices[] = {"", "fp32", "bf16", NULL};
+static const char *const device_choices[] = {"auto", "cpu", "cuda", NULL};
 
 #define F(field) offsetof(run_options_t, field)
 #define S(field) sizeof(((run_options_t *)0)->field)
@@ -102,6 +103,8 @@ static const opt_def_t opt_defs[] = {
     {"hw", OPT_STR, F(hw), S(hw), "", 0, 0, NULL, "with --plan: hardware profile h100-sxm | a100-80g | cpu, or a FILE of key = value lines (empty = h100-sxm)"},
     {"plan-dtype", OPT_STR, F(plan_dtype), S(plan_dtype), "", 0, 0, plan_dtype_choices, "with --plan: fp32 (dtrain's own buffers, exactly) | bf16 (bf16 weights, fp32 gradients, master weights and AdamW moments; Korthikanti activations) (empty = bf16 on GPU profiles, fp32 on cpu)"},
     {"gpu-mem", OPT_REAL, F(gpu_mem), 0, "0", 0, 1e9, NULL, "with --plan: device memory per rank in GiB (0 = the hardware profile's)"},
+    {"device", OPT_STR, F(device), S(device), "auto", 0, 0, device_choices, "compute backend: cpu | cuda (one GPU per rank, chosen by local rank) | auto (cuda when built with it and a GPU is visible, else cpu)"},
+    {"selftest", OPT_FLAG, F(selftest), 0, "0", 0, 1, NULL, "compare every CUDA op with the CPU op on random inputs (stated error bounds), print the results and exit (0 = all agree)"},
 };
 #define N_OPTS ((int)(sizeof opt_defs / sizeof opt_defs[0]))
 
@@ -388,6 +391,13 @@ options_status_t options_parse(run_options_t *o, int argc, char **argv, int prin
             }
         }
     }
+#ifndef HAVE_CUDA
+    if (strcmp(o->device, "cuda") == 0 || o->selftest) {
+        snprintf(err, errlen, "%s: this dtrain is built without the CUDA backend: rebuild with ./configure --with-cuda",
+                 o->selftest ? "--selftest" : "--device cuda");
+        return OPTIONS_ERROR;
+    }
+#endif
     if (check_consistency(o, err, errlen) != 0)
         return OPTIONS_ERROR;
     return OPTIONS_OK;

@@ -55,6 +55,9 @@ typedef struct run_options {
     char hw[OPT_PATH_MAX];   /* profile name or key = value file ("" = h100-sxm) */
     char plan_dtype[8];      /* "" (bf16 on a GPU profile, fp32 on cpu) | fp32 | bf16 */
     double gpu_mem;          /* device memory in GiB (0 = the profile's) */
+    /* backend */
+    char device[8];    /* "auto" | "cpu" | "cuda" (see backend.h) */
+    int selftest;      /* --selftest: compare every CUDA op with the CPU op, exit */
 } run_options_t;
 
 typedef enum {

@@ -18,9 +18,7 @@
 #ifdef HAVE_CONFIG_H
 #include "config.h"
 #endif
-#ifdef HAVE_CUDA
-#include "device.h"
-#endif
+#include "backend.h"
 #include "flops.h"
 #include "mem.h"
 #include "ckpt.h"
@@ -498,7 +496,9 @@ int trainer_setup(trainer_t *tr, const run_options_t *o, const launch_env_t *env
         snprintf(err, errlen, "--recompute '%s': allowed none|selective|full", o->recompute);
         return -1;
     }
-    if (model_create(&tr->model, &tr->cfg, ops_cpu(), &lay, o->micro_batch, o->seq_len, err, errlen) != 0)
+    if (backend_open(&tr->backend, o->device, env->local_rank, err, errlen) != 0)
+        return -1;
+    if (model_create(&tr->model, &tr->cfg, tr->backend.ops, &lay, o->micro_batch, o->seq_len, err, errlen) != 0)
         return -1;
     if (tr->zero_stage > 0 && setup_zero(tr, err, errlen) != 0)
         return -1;
@@ -623,14 +623,7 @@ void trainer_banner(const trainer_t *tr, FILE *out)
     fprintf(out, "compute: %.1f GFLOP per step, peak %.1f GFLOP/s per rank (%s)\n",
             tr->flops_token * o->micro_batch * o->seq_len * tr->accum * tr->grid->dp_size * 1e-9, tr->peak_gflops,
             o->peak_gflops > 0 ? "--peak-gflops" : "sgemm probe");
-#ifdef HAVE_CUDA
-    char cerr[256];
-    int ndev = cuda_device_count(cerr, sizeof cerr);
-    if (ndev < 0)
-        fprintf(out, "cuda: built with the toolkit; no device usable: %s\n", cerr);
-    else
-        fprintf(out, "cuda: %d device(s) visible; the CUDA backend is not implemented yet, training runs on the CPU\n", ndev);
-#endif
+    fprintf(out, "backend: %s\n", tr->backend.desc);
     fprintf(out, "configuration:\n");
     options_print(o, out);
     fflush(out);
@@ -1139,6 +1132,7 @@ void trainer_teardown(trainer_t *tr)
         zero_destroy(&tr->zero);
     if (tr->model.ops)
         model_destroy(&tr->model);
+    backend_close(&tr->backend);
     data_close(&tr->train);
     if (tr->has_val)
         data_close(&tr->val);

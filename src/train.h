@@ -4,6 +4,7 @@
 
 #include <stdio.h>
 
+#include "backend.h"
 #include "data.h"
 #include "ddp.h"
 #include "grid.h"
@@ -21,6 +22,7 @@ typedef struct trainer {
     ddp_t ddp;
     size_t *tensor_start; /* [n_tensors+1] flat offsets of the parameter table */
     int ddp_failed;
+    backend_t backend;  /* --device: the ops table (rank 0's choice is in the banner) */
     model_config_t cfg;
     model_t model;
     adamw_t optim;

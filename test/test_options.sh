@@ -32,6 +32,33 @@ expect_error "--config $TMP/missing.conf: cannot open" --config "$TMP/missing.co
 expect_error "--trace $TMP/nodir/t.json: cannot write into directory $TMP/nodir" --trace "$TMP/nodir/t.json" $D
 expect_error "--sequence-parallel 'yes': a flag takes 0 or 1" --sequence-parallel=yes $D
 
+expect_error "--device 'gpu': allowed values are auto|cpu|cuda" --device gpu $D
+
+# --device cuda and --selftest: on a CPU-only build, one line naming the fix
+# (exit 2 on every rank, so also under mpiexec -np 2); on a CUDA build
+# without a usable GPU, exit 2 with the CUDA error string
+if grep -q "^#define HAVE_CUDA 1" "$top_builddir/config.h"; then
+    if ! "$top_builddir/test/gpu/test_ops_cuda" --probe >"$TMP/probe" 2>&1; then
+        why=$(sed -n 's/^SKIP: no GPU visible: //p' "$TMP/probe")
+        expect_error "--device cuda: no usable GPU: $why" --device cuda --steps 1 $D
+        expect_exit2 "--device cuda: no usable GPU: $why" "$MPIEXEC" --quiet -np 2 "$DTRAIN" --device cuda \
+            --steps 1 --threads 1 $D
+        expect_error "--device cuda: no usable GPU: $why" --selftest
+        "$DTRAIN" --steps 1 --micro-batch 2 --seq-len 32 --val-every 0 --sample-tokens 0 --peak-gflops 100 \
+            --data "$DATA_TRAIN" >"$TMP/auto.out" 2>&1 &&
+            grep -q "^backend: cpu (--device auto: no GPU usable: $why)" "$TMP/auto.out" &&
+            pass "--device auto falls back to cpu and says why" ||
+            fail "--device auto without a GPU: $(grep -i backend "$TMP/auto.out") $(tail -n 2 "$TMP/auto.out")"
+    fi
+else
+    expect_error "--device cuda: this dtrain is built without the CUDA backend: rebuild with ./configure --with-cuda" \
+        --device cuda $D
+    expect_exit2 "--device cuda: this dtrain is built without the CUDA backend: rebuild with ./configure --with-cuda" \
+        "$MPIEXEC" --quiet -np 2 "$DTRAIN" --device cuda $D
+    expect_error "--selftest: this dtrain is built without the CUDA backend: rebuild with ./configure --with-cuda" \
+        --selftest
+fi
+
 printf 'steps = 5\nbogus-key = 1\n' >"$TMP/bad.conf"
 expect_error "bad.conf:2: unknown option 'bogus-key'" --config "$TMP/bad.conf"
 printf 'steps = 5\nlr 0.1\n' >"$TMP/bad2.conf"

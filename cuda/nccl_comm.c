@@ -1,0 +1,478 @@
+/* The communicator interface over NCCL (see nccl_comm.h).
+ *
+ * Buffers. NCCL needs memory the GPU can address: device or managed
+ * memory (the CUDA ops table allocates managed memory) is passed straight
+ * to NCCL. A host buffer (a scalar on the stack, a host array: train.c
+ * reduces loss sums and norms that way) is staged through a device buffer
+ * of the communicator; such an operation runs to completion even when
+ * called as nonblocking, and its request is returned finished.
+ *
+ * Streams. Every group enqueues on the rank's one communication stream;
+ * a nonblocking operation records an event after its NCCL call, and
+ * test()/wait() query that event. Ordering against computation: in this
+ * slice every CUDA op synchronises its own stream before returning (see
+ * cuda/ops_cuda.cu), so data handed to a collective is always complete.
+ * When ops become asynchronous, a collective must first make the
+ * communication stream wait on an event recorded on the compute stream.
+ *
+ * Failure. Every CUDA and NCCL call is checked and turned into one line in
+ * comm->err. While waiting, ncclCommGetAsyncError is polled: a failed peer
+ * or network error aborts the communicator (ncclCommAbort) and fails the
+ * call instead of hanging; so does the timeout given at creation.
+ *
+ * Point to point. ncclSend/ncclRecv have no tags: messages between two
+ * ranks match in the order they are posted, so the tag argument is only
+ * checked by the caller's own ordering (the pipeline executor posts in a
+ * fixed schedule order on both sides). */
+#include "nccl_comm.h"
+
+#include <cuda_runtime.h>
+#include <mpi.h>
+#include <nccl.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "bootstrap.h"
+
+typedef struct nccl_comm {
+    comm_t pub; /* first: a comm_t * is a nccl_comm_t * */
+    ncclComm_t nc;
+    cudaStream_t stream; /* shared with the grid's other groups */
+    double timeout_s;
+    float *stage;        /* device staging for host buffers */
+    size_t stage_n;
+    int aborted;
+} nccl_comm_t;
+
+typedef struct nccl_req {
+    cudaEvent_t ev;
+    const char *what;
+    size_t n;
+    double t0;
+} nccl_req_t;
+
+typedef enum { K_ALLREDUCE, K_REDUCE_SCATTER, K_ALLGATHER, K_BCAST, K_SEND, K_RECV } kind_t;
+static const char *const kind_name[] = {"allreduce", "reduce_scatter", "allgather", "broadcast", "send", "recv"};
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static nccl_comm_t *nm(comm_t *c)
+{
+    return (nccl_comm_t *)c;
+}
+
+static void set_err(comm_t *c, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->err, sizeof c->err, fmt, ap);
+    va_end(ap);
+}
+
+static int cuda_fail(comm_t *c, cudaError_t rc, const char *what, size_t n)
+{
+    set_err(c, "NCCL %s on group %s (n=%zu): CUDA: %s (%s)", what, c->name, n, cudaGetErrorString(rc),
+            cudaGetErrorName(rc));
+    return -1;
+}
+
+static int nccl_fail(comm_t *c, ncclResult_t rc, const char *what, size_t n)
+{
+    const char *last = nm(c)->nc ? ncclGetLastError(nm(c)->nc) : NULL;
+    set_err(c, "NCCL %s on group %s (n=%zu, %d ranks) failed: %s%s%s", what, c->name, n, c->size,
+            ncclGetErrorString(rc), last && *last ? ": " : "", last ? last : "");
+    return -1;
+}
+
+static int is_device_ptr(const void *p)
+{
+    struct cudaPointerAttributes a;
+    if (!p || cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+}
+
+/* One poll of an operation's event: 1 done, 0 not yet, -1 failed (the
+ * communicator is aborted on an asynchronous NCCL error or the timeout). */
+static int poll_event(comm_t *c, cudaEvent_t ev, const char *what, size_t n, double t0)
+{
+    nccl_comm_t *m = nm(c);
+    cudaError_t q = cudaEventQuery(ev);
+    if (q == cudaSuccess)
+        return 1;
+    if (q != cudaErrorNotReady)
+        return cuda_fail(c, q, what, n);
+    ncclResult_t ae = ncclSuccess;
+    ncclResult_t rc = ncclCommGetAsyncError(m->nc, &ae);
+    if (rc != ncclSuccess || (ae != ncclSuccess && ae != ncclInProgress)) {
+        nccl_fail(c, rc != ncclSuccess ? rc : ae, what, n);
+        (void)ncclCommAbort(m->nc);
+        m->aborted = 1;
+        return -1;
+    }
+    if (m->timeout_s > 0 && now_s() - t0 > m->timeout_s) {
+        set_err(c, "NCCL %s on group %s (n=%zu, %d ranks) did not finish in %.0f s: a peer is stuck or gone; "
+                "communicator aborted", what, c->name, n, c->size, m->timeout_s);
+        (void)ncclCommAbort(m->nc);
+        m->aborted = 1;
+        return -1;
+    }
+    return 0;
+}
+
+static int wait_event(comm_t *c, cudaEvent_t ev, const char *what, size_t n, double t0)
+{
+    for (;;) {
+        int st = poll_event(c, ev, what, n, t0);
+        if (st != 0)
+            return st < 0 ? -1 : 0;
+        sched_yield();
+    }
+}
+
+static ncclResult_t enqueue(nccl_comm_t *m, kind_t k, const float *s, float *r, size_t n, comm_op_t op, int peer)
+{
+    ncclRedOp_t rop = op == COMM_MAX ? ncclMax : ncclSum;
+    switch (k) {
+    case K_ALLREDUCE: return ncclAllReduce(s, r, n, ncclFloat, rop, m->nc, m->stream);
+    case K_REDUCE_SCATTER: return ncclReduceScatter(s, r, n, ncclFloat, ncclSum, m->nc, m->stream);
+    case K_ALLGATHER: return ncclAllGather(s, r, n, ncclFloat, m->nc, m->stream);
+    case K_BCAST: return ncclBroadcast(s, r, n, ncclFloat, peer, m->nc, m->stream);
+    case K_SEND: return ncclSend(s, n, ncclFloat, peer, m->nc, m->stream);
+    default: return ncclRecv(r, n, ncclFloat, peer, m->nc, m->stream);
+    }
+}
+
+/* Every operation. send/recv counts by kind (n = the interface's count):
+ * allreduce, broadcast: in place, n; reduce_scatter: size*n -> n;
+ * allgather: n -> size*n; send: n out; recv: n in. req == NULL: blocking. */
+static int run(comm_t *c, kind_t k, const float *send, float *recv, size_t n, comm_op_t op, int peer,
+               comm_req_t *req)
+{
+    nccl_comm_t *m = nm(c);
+    const char *what = kind_name[k];
+    if (req)
+        memset(req, 0, sizeof *req);
+    if (m->aborted) {
+        set_err(c, "NCCL %s on group %s: the communicator was aborted by an earlier failure", what, c->name);
+        return -1;
+    }
+    size_t sn = 0, rn = 0;
+    switch (k) {
+    case K_ALLREDUCE: case K_BCAST: sn = rn = n; break;
+    case K_REDUCE_SCATTER: sn = (size_t)c->size * n; rn = n; break;
+    case K_ALLGATHER: sn = n; rn = (size_t)c->size * n; break;
+    case K_SEND: sn = n; break;
+    default: rn = n; break;
+    }
+    int host = (sn && !is_device_ptr(send)) || (rn && !is_device_ptr(recv));
+    const float *s = send;
+    float *r = recv;
+    cudaError_t ce;
+    if (host) {
+        /* stage both sides through device memory; in-place stays in place */
+        int inplace = (const float *)recv == send;
+        size_t need = inplace ? (sn > rn ? sn : rn) : sn + rn;
+        if (need > m->stage_n) {
+            if (m->stage)
+                (void)cudaFree(m->stage);
+            m->stage = NULL;
+            m->stage_n = 0;
+            if ((ce = cudaMalloc((void **)&m->stage, need * sizeof(float))) != cudaSuccess)
+                return cuda_fail(c, ce, what, n);
+            m->stage_n = need;
+        }
+        float *ds = m->stage, *dr = inplace ? m->stage : m->stage + sn;
+        if (sn && (ce = cudaMemcpyAsync(ds, send, sn * sizeof(float), cudaMemcpyDefault, m->stream)) != cudaSuccess)
+            return cuda_fail(c, ce, what, n);
+        s = ds;
+        r = dr;
+    }
+    double t0 = now_s();
+    ncclResult_t rc = enqueue(m, k, s, r, n, op, peer);
+    if (rc != ncclSuccess)
+        return nccl_fail(c, rc, what, n);
+    if (host && rn && (ce = cudaMemcpyAsync(recv, r, rn * sizeof(float), cudaMemcpyDefault, m->stream)) != cudaSuccess)
+        return cuda_fail(c, ce, what, n);
+    cudaEvent_t ev;
+    if ((ce = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming)) != cudaSuccess)
+        return cuda_fail(c, ce, what, n);
+    if ((ce = cudaEventRecord(ev, m->stream)) != cudaSuccess) {
+        (void)cudaEventDestroy(ev);
+        return cuda_fail(c, ce, what, n);
+    }
+    if (!req || host) { /* blocking, or a staged host buffer: finish now */
+        int st = wait_event(c, ev, what, n, t0);
+        (void)cudaEventDestroy(ev);
+        return st;
+    }
+    nccl_req_t *q = malloc(sizeof *q);
+    if (!q) {
+        int st = wait_event(c, ev, what, n, t0); /* cannot track it: finish it */
+        (void)cudaEventDestroy(ev);
+        return st;
+    }
+    q->ev = ev;
+    q->what = what;
+    q->n = n;
+    q->t0 = t0;
+    req->comm = c;
+    req->impl = q;
+    req->active = 1;
+    return 0;
+}
+
+static void release(comm_req_t *req)
+{
+    nccl_req_t *q = req->impl;
+    if (q) {
+        (void)cudaEventDestroy(q->ev);
+        free(q);
+    }
+    req->impl = NULL;
+    req->active = 0;
+}
+
+static int n_test(comm_req_t *req, int *done)
+{
+    *done = 1;
+    if (!req->active)
+        return 0;
+    nccl_req_t *q = req->impl;
+    int st = poll_event(req->comm, q->ev, q->what, q->n, q->t0);
+    if (st == 0) {
+        *done = 0;
+        return 0;
+    }
+    release(req);
+    return st < 0 ? -1 : 0;
+}
+
+static int n_wait(comm_req_t *req)
+{
+    if (!req->active)
+        return 0;
+    nccl_req_t *q = req->impl;
+    int st = wait_event(req->comm, q->ev, q->what, q->n, q->t0);
+    release(req);
+    return st;
+}
+
+static int n_allreduce(comm_t *c, float *buf, size_t n, comm_op_t op)
+{
+    return run(c, K_ALLREDUCE, buf, buf, n, op, 0, NULL);
+}
+static int n_iallreduce(comm_t *c, float *buf, size_t n, comm_op_t op, comm_req_t *req)
+{
+    return run(c, K_ALLREDUCE, buf, buf, n, op, 0, req);
+}
+static int n_reduce_scatter(comm_t *c, const float *send, float *recv, size_t n_each)
+{
+    return run(c, K_REDUCE_SCATTER, send, recv, n_each, COMM_SUM, 0, NULL);
+}
+static int n_ireduce_scatter(comm_t *c, const float *send, float *recv, size_t n_each, comm_req_t *req)
+{
+    return run(c, K_REDUCE_SCATTER, send, recv, n_each, COMM_SUM, 0, req);
+}
+static int n_allgather(comm_t *c, const float *send, float *recv, size_t n_each)
+{
+    return run(c, K_ALLGATHER, send, recv, n_each, COMM_SUM, 0, NULL);
+}
+static int n_iallgather(comm_t *c, const float *send, float *recv, size_t n_each, comm_req_t *req)
+{
+    return run(c, K_ALLGATHER, send, recv, n_each, COMM_SUM, 0, req);
+}
+static int n_broadcast(comm_t *c, float *buf, size_t n, int root)
+{
+    return run(c, K_BCAST, buf, buf, n, COMM_SUM, root, NULL);
+}
+static int n_send(comm_t *c, const float *buf, size_t n, int peer, int tag)
+{
+    (void)tag;
+    return run(c, K_SEND, buf, NULL, n, COMM_SUM, peer, NULL);
+}
+static int n_recv(comm_t *c, float *buf, size_t n, int peer, int tag)
+{
+    (void)tag;
+    return run(c, K_RECV, NULL, buf, n, COMM_SUM, peer, NULL);
+}
+static int n_isend(comm_t *c, const float *buf, size_t n, int peer, int tag, comm_req_t *req)
+{
+    (void)tag;
+    return run(c, K_SEND, buf, NULL, n, COMM_SUM, peer, req);
+}
+static int n_irecv(comm_t *c, float *buf, size_t n, int peer, int tag, comm_req_t *req)
+{
+    (void)tag;
+    return run(c, K_RECV, NULL, buf, n, COMM_SUM, peer, req);
+}
+
+/* NCCL has no barrier: a one-float allreduce on the staging path. */
+static int n_barrier(comm_t *c)
+{
+    float one = 1.0f;
+    return run(c, K_ALLREDUCE, &one, &one, 1, COMM_SUM, 0, NULL);
+}
+
+static void n_destroy(comm_t *c)
+{
+    nccl_comm_t *m = nm(c);
+    if (m->nc && !m->aborted)
+        (void)ncclCommDestroy(m->nc);
+    if (m->stage)
+        (void)cudaFree(m->stage);
+    free(m);
+}
+
+static const comm_ops_t nccl_ops = {
+    .name = "nccl",
+    .allreduce = n_allreduce,
+    .iallreduce = n_iallreduce,
+    .reduce_scatter = n_reduce_scatter,
+    .ireduce_scatter = n_ireduce_scatter,
+    .allgather = n_allgather,
+    .iallgather = n_iallgather,
+    .broadcast = n_broadcast,
+    .send = n_send,
+    .recv = n_recv,
+    .isend = n_isend,
+    .irecv = n_irecv,
+    .test = n_test,
+    .wait = n_wait,
+    .barrier = n_barrier,
+    .destroy = n_destroy,
+};
+
+/* ---- creation ------------------------------------------------------------- */
+
+static int make_nccl_id(void *id, size_t len, void *ctx, char *err, size_t errlen)
+{
+    (void)ctx;
+    ncclUniqueId u;
+    ncclResult_t rc = ncclGetUniqueId(&u);
+    if (rc != ncclSuccess || len != sizeof u) {
+        snprintf(err, errlen, "ncclGetUniqueId: %s", rc != ncclSuccess ? ncclGetErrorString(rc) : "id size");
+        return -1;
+    }
+    memcpy(id, &u, sizeof u);
+    return 0;
+}
+
+static comm_t **slot(nccl_grid_t *ng, const char *name)
+{
+    if (strcmp(name, "world") == 0) return &ng->world;
+    if (strcmp(name, "tp") == 0) return &ng->tp;
+    if (strcmp(name, "dp") == 0) return &ng->dp;
+    if (strcmp(name, "pp") == 0) return &ng->pp;
+    if (strcmp(name, "embed") == 0) return &ng->embed;
+    return &ng->shard;
+}
+
+/* 1 on every rank if any rank passed failed != 0 (MPI failure counts). */
+static int any_failed(int failed)
+{
+    int any = 1;
+    if (MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD) != MPI_SUCCESS)
+        return 1;
+    return any;
+}
+
+int nccl_grid_create(const grid_t *g, nccl_grid_t *ng, double timeout_s, char *err, size_t errlen)
+{
+    memset(ng, 0, sizeof *ng);
+    unsigned char ids[BOOTSTRAP_MAX_GROUPS * sizeof(ncclUniqueId)];
+    comm_t *list[BOOTSTRAP_MAX_GROUPS];
+    const char *names[BOOTSTRAP_MAX_GROUPS];
+    int n = bootstrap_grid_ids(g, sizeof(ncclUniqueId), make_nccl_id, NULL, ids, list, names, err, errlen);
+    /* nobody may enter ncclCommInitRank while a peer will not */
+    if (any_failed(n < 0)) {
+        if (n >= 0)
+            snprintf(err, errlen, "NCCL bootstrap failed on another rank");
+        return -1;
+    }
+    cudaStream_t stream = NULL;
+    cudaError_t ce = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+    int failed = ce != cudaSuccess;
+    if (failed)
+        snprintf(err, errlen, "NCCL setup: cudaStreamCreate: %s (%s)", cudaGetErrorString(ce), cudaGetErrorName(ce));
+    if (any_failed(failed)) {
+        if (stream)
+            (void)cudaStreamDestroy(stream);
+        if (!failed)
+            snprintf(err, errlen, "NCCL setup failed on another rank");
+        return -1;
+    }
+    ng->stream = stream;
+    ncclComm_t nc[BOOTSTRAP_MAX_GROUPS];
+    memset(nc, 0, sizeof nc);
+    ncclResult_t rc = ncclGroupStart(), first = ncclSuccess;
+    const char *first_name = "";
+    for (int i = 0; i < n && rc == ncclSuccess; i++) {
+        ncclUniqueId u;
+        memcpy(&u, ids + (size_t)i * sizeof u, sizeof u);
+        ncclResult_t r = ncclCommInitRank(&nc[i], list[i]->size, u, list[i]->rank);
+        if (r != ncclSuccess && first == ncclSuccess) {
+            first = r;
+            first_name = names[i];
+        }
+    }
+    ncclResult_t end = ncclGroupEnd();
+    if (rc != ncclSuccess || first != ncclSuccess || end != ncclSuccess) {
+        ncclResult_t bad = rc != ncclSuccess ? rc : first != ncclSuccess ? first : end;
+        snprintf(err, errlen, "NCCL setup: ncclCommInitRank%s%s: %s", first_name[0] ? " of group " : "",
+                 first_name, ncclGetErrorString(bad));
+        failed = 1;
+    }
+    for (int i = 0; i < n && !failed; i++) {
+        nccl_comm_t *m = calloc(1, sizeof *m);
+        if (!m) {
+            snprintf(err, errlen, "NCCL setup: out of memory");
+            failed = 1;
+            break;
+        }
+        m->pub.ops = &nccl_ops;
+        m->pub.rank = list[i]->rank;
+        m->pub.size = list[i]->size;
+        m->pub.impl = m;
+        snprintf(m->pub.name, sizeof m->pub.name, "%s", names[i]);
+        m->nc = nc[i];
+        nc[i] = NULL;
+        m->stream = stream;
+        m->timeout_s = timeout_s;
+        *slot(ng, names[i]) = &m->pub;
+    }
+    if (any_failed(failed)) {
+        for (int i = 0; i < n; i++)
+            if (nc[i])
+                (void)ncclCommDestroy(nc[i]);
+        if (!failed)
+            snprintf(err, errlen, "NCCL setup failed on another rank");
+        nccl_grid_destroy(ng);
+        return -1;
+    }
+    return 0;
+}
+
+void nccl_grid_destroy(nccl_grid_t *ng)
+{
+    comm_t **all[] = {&ng->shard, &ng->embed, &ng->pp, &ng->dp, &ng->tp, &ng->world};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        if (*all[i])
+            (*all[i])->ops->destroy(*all[i]);
+        *all[i] = NULL;
+    }
+    if (ng->stream)
+        (void)cudaStreamDestroy((cudaStream_t)ng->stream);
+    ng->stream = NULL;
+}

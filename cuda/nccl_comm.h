@@ -1,0 +1,31 @@
+/* The communicator interface (mpi/comm.h) over NCCL (built only with
+ * --with-cuda). One NCCL communicator per grid group, each bootstrapped
+ * from that group's MPI communicator by mpi/bootstrap.c: group rank 0
+ * calls ncclGetUniqueId, MPI_Bcast shares it, every member calls
+ * ncclCommInitRank, all groups inside one ncclGroupStart/End. */
+#ifndef DTRAIN_NCCL_COMM_H
+#define DTRAIN_NCCL_COMM_H
+
+#include <stddef.h>
+
+#include "comm.h"
+#include "grid.h"
+
+typedef struct nccl_grid {
+    /* the NCCL twin of each grid communicator (NULL where g has none) */
+    comm_t *world, *tp, *dp, *pp, *embed, *shard;
+    void *stream; /* the rank's communication stream (cudaStream_t), shared by all groups */
+} nccl_grid_t;
+
+/* Collective over MPI_COMM_WORLD; the CUDA device must already be selected
+ * (backend_open). timeout_s > 0: a wait or test that sees an operation
+ * unfinished after that many seconds aborts the communicator and fails
+ * with a message naming the collective, its group and size (0 = wait
+ * forever; ncclCommGetAsyncError is polled either way, so a failed peer
+ * is an error, not a hang). Returns 0 on every rank, or -1 on every rank
+ * with one line in err (the lowest failing rank's is not gathered: each
+ * rank has its own). */
+int nccl_grid_create(const grid_t *g, nccl_grid_t *ng, double timeout_s, char *err, size_t errlen);
+void nccl_grid_destroy(nccl_grid_t *ng);
+
+#endif

@@ -1,0 +1,27 @@
+/* The CUDA ops table (cuda/ops_cuda.cu): every entry of src/ops.h on the
+ * GPU, fp32. Built only with --with-cuda. */
+#ifndef DTRAIN_OPS_CUDA_H
+#define DTRAIN_OPS_CUDA_H
+
+#include <stddef.h>
+
+#include "ops.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Makes device `dev` current and creates the compute stream, the cuBLASLt
+ * handle and its workspace. Returns 0, or -1 with one line in err. Call
+ * once per process before ops_cuda(). */
+int ops_cuda_init(int dev, char *err, size_t errlen);
+/* Releases what ops_cuda_init made (safe to call when it was not). */
+void ops_cuda_shutdown(void);
+/* The table; NULL before ops_cuda_init succeeded. */
+const ops_t *ops_cuda(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,471 @@
+/* GPU ops against CPU ops (see selftest.h).
+ *
+ * Each case fills host inputs from a fixed-seed generator, copies them to
+ * the GPU, runs the CPU op on the host copies and the GPU op on the device
+ * copies (outputs start equal, so accumulate flags are exercised too),
+ * brings the GPU outputs back and compares every output tensor with
+ *   err = max_i |gpu_i - cpu_i| / max_i |cpu_i|     (0 when both are 0)
+ * against the bound stated in the table below. The bounds are fp32
+ * rounding-order noise: the backends sum in different orders (cuBLASLt vs
+ * OpenBLAS, block reductions vs loops) and the GPU's expf/sinf/cosf differ
+ * from the CPU's by an ulp or two. TF32 would break the matmul bound by
+ * two orders of magnitude, so the test also proves it is off.
+ *
+ *   matmul fwd/bwd, attention bwd ..... 5e-5  (sums of up to ~800 products)
+ *   layernorm, rmsnorm, attention fwd,
+ *   rope, cross-entropy ............... 1e-5
+ *   gelu, swiglu, adamw, sumsq ........ 2e-6  (per element; sumsq: the CPU's
+ *                                              float partials lose ~1e-7)
+ *   add, scale, embedding fwd/bwd,
+ *   memory round trips ................ 0     (same arithmetic, same order)
+ */
+#include "selftest.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define B_MATMUL 5e-5
+#define B_ROW 1e-5
+#define B_ELEM 2e-6
+#define B_EXACT 0.0
+
+typedef struct st {
+    const ops_t *cpu, *gpu;
+    FILE *out;
+    uint64_t rng;
+    int run, failed, oom;
+} st_t;
+
+/* A tensor on both sides: h is the CPU's (and the reference), d the GPU's. */
+typedef struct tp {
+    float *h, *d;
+    size_t n;
+} tp_t;
+
+static float frand(st_t *s, float lo, float hi)
+{
+    /* xorshift64*: a fixed sequence for a fixed seed */
+    s->rng ^= s->rng >> 12;
+    s->rng ^= s->rng << 25;
+    s->rng ^= s->rng >> 27;
+    uint64_t r = s->rng * 2685821657736338717ull;
+    return lo + (hi - lo) * (float)((double)(r >> 40) / (double)(1ull << 24));
+}
+
+/* n floats in [lo, hi) on both sides. */
+static int tp_new(st_t *s, tp_t *t, size_t n, float lo, float hi)
+{
+    t->n = n;
+    t->h = calloc(n ? n : 1, sizeof(float));
+    t->d = s->gpu->alloc(n * sizeof(float));
+    if (!t->h || !t->d) {
+        s->oom = 1;
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++)
+        t->h[i] = frand(s, lo, hi);
+    s->gpu->from_host(t->d, t->h, n * sizeof(float));
+    return 0;
+}
+
+static void tp_free(st_t *s, tp_t *t)
+{
+    free(t->h);
+    if (t->d)
+        s->gpu->free(t->d);
+    memset(t, 0, sizeof *t);
+}
+
+/* int32 buffer on both sides */
+static int32_t *ints_dev(st_t *s, const int32_t *h, size_t n)
+{
+    int32_t *d = s->gpu->alloc(n * sizeof(int32_t));
+    if (!d) {
+        s->oom = 1;
+        return NULL;
+    }
+    s->gpu->from_host(d, h, n * sizeof(int32_t));
+    return d;
+}
+
+static void check(st_t *s, const char *what, const tp_t *t, double bound)
+{
+    float *g = malloc((t->n ? t->n : 1) * sizeof(float));
+    if (!g) {
+        s->oom = 1;
+        return;
+    }
+    s->gpu->to_host(g, t->d, t->n * sizeof(float));
+    double maxref = 0.0, maxdiff = 0.0;
+    int bad = 0;
+    for (size_t i = 0; i < t->n; i++) {
+        double a = t->h[i], b = g[i];
+        if (isnan(a) != isnan(b) || (!isnan(a) && isinf(a) != isinf(b)))
+            bad = 1;
+        if (isfinite(a) && fabs(a) > maxref)
+            maxref = fabs(a);
+        if (isfinite(a) && isfinite(b) && fabs(a - b) > maxdiff)
+            maxdiff = fabs(a - b);
+    }
+    free(g);
+    double err = maxdiff == 0.0 ? 0.0 : maxref > 0.0 ? maxdiff / maxref : INFINITY;
+    int ok = !bad && err <= bound;
+    s->run++;
+    if (!ok)
+        s->failed++;
+    fprintf(s->out, "%s %-60s err %.2e (bound %.0e)%s\n", ok ? "ok  " : "FAIL", what, err, bound,
+            bad ? " nan/inf mismatch" : "");
+}
+
+static void check_val(st_t *s, const char *what, double ref, double got, double bound)
+{
+    double err = ref == got ? 0.0 : fabs(ref - got) / (fabs(ref) > 0 ? fabs(ref) : 1.0);
+    int ok = err <= bound;
+    s->run++;
+    if (!ok)
+        s->failed++;
+    fprintf(s->out, "%s %-60s err %.2e (bound %.0e)\n", ok ? "ok  " : "FAIL", what, err, bound);
+}
+
+/* ---- cases ------------------------------------------------------------------------ */
+
+static void t_memory(st_t *s)
+{
+    tp_t a, b;
+    memset(&a, 0, sizeof a), b = a;
+    if (tp_new(s, &a, 1000, -1, 1) || tp_new(s, &b, 1000, 5, 6))
+        goto out;
+    s->gpu->copy(b.d, a.d, 600 * sizeof(float));
+    memcpy(b.h, a.h, 600 * sizeof(float));
+    s->gpu->zero(a.d + 100, 50 * sizeof(float));
+    memset(a.h + 100, 0, 50 * sizeof(float));
+    check(s, "memory: from_host, copy, to_host", &b, B_EXACT);
+    check(s, "memory: zero", &a, B_EXACT);
+out:
+    tp_free(s, &a);
+    tp_free(s, &b);
+}
+
+static void t_matmul(st_t *s, int N, int IC, int OC)
+{
+    char what[128];
+    tp_t in, w, b, out, dout, din, dw, db;
+    memset(&in, 0, sizeof in), w = b = out = dout = din = dw = db = in;
+    if (tp_new(s, &in, (size_t)N * IC, -1, 1) || tp_new(s, &w, (size_t)OC * IC, -1, 1) ||
+        tp_new(s, &b, (size_t)OC, -1, 1) || tp_new(s, &out, (size_t)N * OC, -1, 1) ||
+        tp_new(s, &dout, (size_t)N * OC, -1, 1) || tp_new(s, &din, (size_t)N * IC, -1, 1) ||
+        tp_new(s, &dw, (size_t)OC * IC, -1, 1) || tp_new(s, &db, (size_t)OC, -1, 1))
+        goto out;
+    for (int bias = 0; bias < 2; bias++) {
+        s->cpu->matmul_fwd(out.h, in.h, w.h, bias ? b.h : NULL, N, IC, OC);
+        s->gpu->matmul_fwd(out.d, in.d, w.d, bias ? b.d : NULL, N, IC, OC);
+        snprintf(what, sizeof what, "matmul_fwd N=%d IC=%d OC=%d%s", N, IC, OC, bias ? " +bias" : "");
+        check(s, what, &out, B_MATMUL);
+    }
+    for (int accum = 0; accum < 2; accum++) {
+        s->cpu->matmul_bwd(din.h, dw.h, db.h, dout.h, in.h, w.h, N, IC, OC, accum, accum);
+        s->gpu->matmul_bwd(din.d, dw.d, db.d, dout.d, in.d, w.d, N, IC, OC, accum, accum);
+        snprintf(what, sizeof what, "matmul_bwd din N=%d IC=%d OC=%d accum=%d", N, IC, OC, accum);
+        check(s, what, &din, B_MATMUL);
+        snprintf(what, sizeof what, "matmul_bwd dw N=%d IC=%d OC=%d accum=%d", N, IC, OC, accum);
+        check(s, what, &dw, B_MATMUL);
+        snprintf(what, sizeof what, "matmul_bwd db N=%d IC=%d OC=%d accum=%d", N, IC, OC, accum);
+        check(s, what, &db, B_MATMUL);
+    }
+out:
+    tp_free(s, &in), tp_free(s, &w), tp_free(s, &b), tp_free(s, &out);
+    tp_free(s, &dout), tp_free(s, &din), tp_free(s, &dw), tp_free(s, &db);
+}
+
+static void t_norms(st_t *s, int N, int C)
+{
+    char what[128];
+    tp_t x, w, b, out, mean, rstd, dout, din, dw, db;
+    memset(&x, 0, sizeof x), w = b = out = mean = rstd = dout = din = dw = db = x;
+    if (tp_new(s, &x, (size_t)N * C, -2, 2) || tp_new(s, &w, (size_t)C, 0.5f, 1.5f) ||
+        tp_new(s, &b, (size_t)C, -1, 1) || tp_new(s, &out, (size_t)N * C, 0, 0) ||
+        tp_new(s, &mean, (size_t)N, 0, 0) || tp_new(s, &rstd, (size_t)N, 0, 0) ||
+        tp_new(s, &dout, (size_t)N * C, -1, 1) || tp_new(s, &din, (size_t)N * C, -1, 1) ||
+        tp_new(s, &dw, (size_t)C, -1, 1) || tp_new(s, &db, (size_t)C, -1, 1))
+        goto out;
+    const float eps = 1e-5f;
+    s->cpu->layernorm_fwd(out.h, mean.h, rstd.h, x.h, w.h, b.h, N, C, eps);
+    s->gpu->layernorm_fwd(out.d, mean.d, rstd.d, x.d, w.d, b.d, N, C, eps);
+    snprintf(what, sizeof what, "layernorm_fwd out N=%d C=%d", N, C);
+    check(s, what, &out, B_ROW);
+    snprintf(what, sizeof what, "layernorm_fwd mean N=%d C=%d", N, C);
+    check(s, what, &mean, B_ROW);
+    snprintf(what, sizeof what, "layernorm_fwd rstd N=%d C=%d", N, C);
+    check(s, what, &rstd, B_ROW);
+    /* backward from the CPU's saved statistics on both sides */
+    s->gpu->from_host(mean.d, mean.h, (size_t)N * sizeof(float));
+    s->gpu->from_host(rstd.d, rstd.h, (size_t)N * sizeof(float));
+    for (int accum = 0; accum < 2; accum++) {
+        s->cpu->layernorm_bwd(din.h, dw.h, db.h, dout.h, x.h, w.h, mean.h, rstd.h, N, C, accum);
+        s->gpu->layernorm_bwd(din.d, dw.d, db.d, dout.d, x.d, w.d, mean.d, rstd.d, N, C, accum);
+        snprintf(what, sizeof what, "layernorm_bwd din N=%d C=%d accum_dw=%d", N, C, accum);
+        check(s, what, &din, B_ROW);
+        snprintf(what, sizeof what, "layernorm_bwd dw N=%d C=%d accum_dw=%d", N, C, accum);
+        check(s, what, &dw, B_ROW);
+        snprintf(what, sizeof what, "layernorm_bwd db N=%d C=%d accum_dw=%d", N, C, accum);
+        check(s, what, &db, B_ROW);
+    }
+    s->cpu->rmsnorm_fwd(out.h, rstd.h, x.h, w.h, N, C, eps);
+    s->gpu->rmsnorm_fwd(out.d, rstd.d, x.d, w.d, N, C, eps);
+    snprintf(what, sizeof what, "rmsnorm_fwd out N=%d C=%d", N, C);
+    check(s, what, &out, B_ROW);
+    snprintf(what, sizeof what, "rmsnorm_fwd rstd N=%d C=%d", N, C);
+    check(s, what, &rstd, B_ROW);
+    s->gpu->from_host(rstd.d, rstd.h, (size_t)N * sizeof(float));
+    for (int accum = 0; accum < 2; accum++) {
+        s->cpu->rmsnorm_bwd(din.h, dw.h, dout.h, x.h, w.h, rstd.h, N, C, accum);
+        s->gpu->rmsnorm_bwd(din.d, dw.d, dout.d, x.d, w.d, rstd.d, N, C, accum);
+        snprintf(what, sizeof what, "rmsnorm_bwd din N=%d C=%d accum_dw=%d", N, C, accum);
+        check(s, what, &din, B_ROW);
+        snprintf(what, sizeof what, "rmsnorm_bwd dw N=%d C=%d accum_dw=%d", N, C, accum);
+        check(s, what, &dw, B_ROW);
+    }
+out:
+    tp_free(s, &x), tp_free(s, &w), tp_free(s, &b), tp_free(s, &out), tp_free(s, &mean);
+    tp_free(s, &rstd), tp_free(s, &dout), tp_free(s, &din), tp_free(s, &dw), tp_free(s, &db);
+}
+
+static void t_attention(st_t *s, int B, int T, int NH, int NKV, int HS)
+{
+    char what[128], dims[64];
+    snprintf(dims, sizeof dims, "B=%d T=%d NH=%d NKV=%d HS=%d", B, T, NH, NKV, HS);
+    const size_t R = (size_t)(NH + 2 * NKV) * HS, N = (size_t)B * T;
+    tp_t qkv, out, att, dout, dqkv, scratch;
+    memset(&qkv, 0, sizeof qkv), out = att = dout = dqkv = scratch = qkv;
+    if (tp_new(s, &qkv, N * R, -1, 1) || tp_new(s, &out, N * NH * HS, 0, 0) ||
+        tp_new(s, &att, (size_t)B * NH * T * T, 0, 0) || tp_new(s, &dout, N * NH * HS, -1, 1) ||
+        tp_new(s, &dqkv, N * R, 0, 0) || tp_new(s, &scratch, (size_t)B * NH * T * T, 0, 0))
+        goto out;
+    const float theta = 10000.0f;
+    s->cpu->rope_fwd(qkv.h, B, T, NH, NKV, HS, theta);
+    s->gpu->rope_fwd(qkv.d, B, T, NH, NKV, HS, theta);
+    snprintf(what, sizeof what, "rope_fwd %s", dims);
+    check(s, what, &qkv, B_ROW);
+    s->gpu->from_host(qkv.d, qkv.h, N * R * sizeof(float));
+    s->cpu->attention_fwd(out.h, att.h, qkv.h, B, T, NH, NKV, HS);
+    s->gpu->attention_fwd(out.d, att.d, qkv.d, B, T, NH, NKV, HS);
+    snprintf(what, sizeof what, "attention_fwd out %s", dims);
+    check(s, what, &out, B_ROW);
+    snprintf(what, sizeof what, "attention_fwd att %s", dims);
+    check(s, what, &att, B_ROW);
+    s->gpu->from_host(att.d, att.h, att.n * sizeof(float));
+    s->cpu->attention_bwd(dqkv.h, scratch.h, dout.h, qkv.h, att.h, B, T, NH, NKV, HS);
+    s->gpu->attention_bwd(dqkv.d, scratch.d, dout.d, qkv.d, att.d, B, T, NH, NKV, HS);
+    snprintf(what, sizeof what, "attention_bwd dqkv %s", dims);
+    check(s, what, &dqkv, B_MATMUL);
+    /* rope_bwd from an identical start: the CPU's attention gradient */
+    s->gpu->from_host(dqkv.d, dqkv.h, N * R * sizeof(float));
+    s->cpu->rope_bwd(dqkv.h, B, T, NH, NKV, HS, theta);
+    s->gpu->rope_bwd(dqkv.d, B, T, NH, NKV, HS, theta);
+    snprintf(what, sizeof what, "rope_bwd %s", dims);
+    check(s, what, &dqkv, B_ROW);
+out:
+    tp_free(s, &qkv), tp_free(s, &out), tp_free(s, &att), tp_free(s, &dout), tp_free(s, &dqkv);
+    tp_free(s, &scratch);
+}
+
+static void t_elementwise(st_t *s, size_t n, int F)
+{
+    char what[128];
+    tp_t x, y, dout, out, gu, dgu, o2;
+    memset(&x, 0, sizeof x), y = dout = out = gu = dgu = o2 = x;
+    const int N = (int)(n / (size_t)F);
+    if (tp_new(s, &x, n, -6, 6) || tp_new(s, &y, n, -3, 3) || tp_new(s, &dout, n, -1, 1) ||
+        tp_new(s, &out, n, 0, 0) || tp_new(s, &gu, 2 * (size_t)N * F, -6, 6) ||
+        tp_new(s, &dgu, 2 * (size_t)N * F, 0, 0) || tp_new(s, &o2, (size_t)N * F, 0, 0))
+        goto out;
+    s->cpu->gelu_fwd(out.h, x.h, n);
+    s->gpu->gelu_fwd(out.d, x.d, n);
+    snprintf(what, sizeof what, "gelu_fwd n=%zu", n);
+    check(s, what, &out, B_ELEM);
+    s->cpu->gelu_bwd(out.h, x.h, dout.h, n);
+    s->gpu->gelu_bwd(out.d, x.d, dout.d, n);
+    snprintf(what, sizeof what, "gelu_bwd n=%zu", n);
+    check(s, what, &out, B_ELEM);
+    s->cpu->swiglu_fwd(o2.h, gu.h, N, F);
+    s->gpu->swiglu_fwd(o2.d, gu.d, N, F);
+    snprintf(what, sizeof what, "swiglu_fwd N=%d F=%d", N, F);
+    check(s, what, &o2, B_ELEM);
+    s->cpu->swiglu_bwd(dgu.h, gu.h, dout.h, N, F);
+    s->gpu->swiglu_bwd(dgu.d, gu.d, dout.d, N, F);
+    snprintf(what, sizeof what, "swiglu_bwd N=%d F=%d", N, F);
+    check(s, what, &dgu, B_ELEM);
+    s->cpu->add(out.h, x.h, y.h, n);
+    s->gpu->add(out.d, x.d, y.d, n);
+    snprintf(what, sizeof what, "add n=%zu", n);
+    check(s, what, &out, B_EXACT);
+    s->cpu->add(x.h, x.h, y.h, n); /* aliased output */
+    s->gpu->add(x.d, x.d, y.d, n);
+    snprintf(what, sizeof what, "add (out aliases a) n=%zu", n);
+    check(s, what, &x, B_EXACT);
+    s->cpu->scale(y.h, -0.37f, n);
+    s->gpu->scale(y.d, -0.37f, n);
+    snprintf(what, sizeof what, "scale n=%zu", n);
+    check(s, what, &y, B_EXACT);
+    double a = s->cpu->sumsq(x.h, n), b = s->gpu->sumsq(x.d, n);
+    snprintf(what, sizeof what, "sumsq n=%zu", n);
+    check_val(s, what, a, b, B_ELEM);
+out:
+    tp_free(s, &x), tp_free(s, &y), tp_free(s, &dout), tp_free(s, &out), tp_free(s, &gu);
+    tp_free(s, &dgu), tp_free(s, &o2);
+}
+
+static void t_adamw(st_t *s, size_t n)
+{
+    char what[128];
+    tp_t p, gr, m, v;
+    memset(&p, 0, sizeof p), gr = m = v = p;
+    if (tp_new(s, &p, n, -1, 1) || tp_new(s, &gr, n, -1, 1) || tp_new(s, &m, n, -0.1f, 0.1f) ||
+        tp_new(s, &v, n, 0, 0.01f))
+        goto out;
+    for (int t = 1; t <= 10; t += 9) {
+        s->cpu->adamw(p.h, gr.h, m.h, v.h, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, t);
+        s->gpu->adamw(p.d, gr.d, m.d, v.d, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, t);
+        snprintf(what, sizeof what, "adamw p n=%zu t=%d", n, t);
+        check(s, what, &p, B_ELEM);
+        snprintf(what, sizeof what, "adamw m n=%zu t=%d", n, t);
+        check(s, what, &m, B_ELEM);
+        snprintf(what, sizeof what, "adamw v n=%zu t=%d", n, t);
+        check(s, what, &v, B_ELEM);
+    }
+out:
+    tp_free(s, &p), tp_free(s, &gr), tp_free(s, &m), tp_free(s, &v);
+}
+
+/* Tokens of a vocabulary of V split at v0 (this rank holds [v0, v0+Vl)),
+ * with repeats, so the backward sums several rows into one. */
+static void t_embedding(st_t *s, int N, int T, int C, int V, int v0, int Vl)
+{
+    char what[128], dims[80];
+    snprintf(dims, sizeof dims, "N=%d T=%d C=%d V=%d rows [%d,%d)", N, T, C, V, v0, v0 + Vl);
+    int32_t *tok = malloc((size_t)N * sizeof *tok), *dtok = NULL;
+    tp_t wte, wpe, out, dout, dwte, dwpe;
+    memset(&wte, 0, sizeof wte), wpe = out = dout = dwte = dwpe = wte;
+    if (!tok) {
+        s->oom = 1;
+        return;
+    }
+    for (int n = 0; n < N; n++)
+        tok[n] = (int32_t)(frand(s, 0, 1) * (float)V) % V;
+    if (!(dtok = ints_dev(s, tok, (size_t)N)) || tp_new(s, &wte, (size_t)Vl * C, -1, 1) ||
+        tp_new(s, &wpe, (size_t)T * C, -1, 1) || tp_new(s, &out, (size_t)N * C, 0, 0) ||
+        tp_new(s, &dout, (size_t)N * C, -1, 1) || tp_new(s, &dwte, (size_t)Vl * C, -1, 1) ||
+        tp_new(s, &dwpe, (size_t)T * C, -1, 1))
+        goto out;
+    for (int pos = 0; pos < 2; pos++) {
+        s->cpu->embedding_fwd(out.h, tok, wte.h, pos ? wpe.h : NULL, N, T, C, v0, Vl);
+        s->gpu->embedding_fwd(out.d, dtok, wte.d, pos ? wpe.d : NULL, N, T, C, v0, Vl);
+        snprintf(what, sizeof what, "embedding_fwd%s %s", pos ? " +wpe" : "", dims);
+        check(s, what, &out, B_EXACT);
+    }
+    for (int accum = 0; accum < 2; accum++) {
+        s->cpu->embedding_bwd(dwte.h, dwpe.h, dout.h, tok, N, T, C, v0, Vl, accum);
+        s->gpu->embedding_bwd(dwte.d, dwpe.d, dout.d, dtok, N, T, C, v0, Vl, accum);
+        snprintf(what, sizeof what, "embedding_bwd dwte accum=%d %s", accum, dims);
+        check(s, what, &dwte, B_EXACT);
+        snprintf(what, sizeof what, "embedding_bwd dwpe accum=%d %s", accum, dims);
+        check(s, what, &dwpe, B_EXACT);
+    }
+out:
+    free(tok);
+    if (dtok)
+        s->gpu->free(dtok);
+    tp_free(s, &wte), tp_free(s, &wpe), tp_free(s, &out), tp_free(s, &dout), tp_free(s, &dwte);
+    tp_free(s, &dwpe);
+}
+
+/* The three cross-entropy passes on both sides, each compared; rows with
+ * an ignored target (-1) and targets outside this rank's columns. */
+static void t_xent(st_t *s, int N, int Vl, int ld, int v0, int V)
+{
+    char what[128], dims[64];
+    snprintf(dims, sizeof dims, "N=%d Vl=%d ld=%d v0=%d", N, Vl, ld, v0);
+    int32_t *tgt = malloc((size_t)N * sizeof *tgt), *dtgt = NULL;
+    tp_t logits, rowmax, stats, losses, logits2;
+    memset(&logits, 0, sizeof logits), rowmax = stats = losses = logits2 = logits;
+    if (!tgt) {
+        s->oom = 1;
+        return;
+    }
+    for (int n = 0; n < N; n++)
+        tgt[n] = n % 5 == 4 ? -1 : (int32_t)(frand(s, 0, 1) * (float)V) % V;
+    if (!(dtgt = ints_dev(s, tgt, (size_t)N)) || tp_new(s, &logits, (size_t)N * ld, -8, 8) ||
+        tp_new(s, &rowmax, (size_t)N, 0, 0) || tp_new(s, &stats, 2 * (size_t)N, 0, 0) ||
+        tp_new(s, &losses, (size_t)N, 0, 0) || tp_new(s, &logits2, (size_t)N * ld, 0, 0))
+        goto out;
+    memcpy(logits2.h, logits.h, logits.n * sizeof(float));
+    s->gpu->from_host(logits2.d, logits2.h, logits.n * sizeof(float));
+    s->cpu->xent_max(rowmax.h, logits.h, N, Vl, ld);
+    s->gpu->xent_max(rowmax.d, logits.d, N, Vl, ld);
+    snprintf(what, sizeof what, "xent_max %s", dims);
+    check(s, what, &rowmax, B_EXACT);
+    /* losses only (no expbuf) */
+    s->cpu->xent_sumexp(stats.h, NULL, logits.h, rowmax.h, tgt, v0, N, Vl, ld);
+    s->gpu->xent_sumexp(stats.d, NULL, logits.d, rowmax.d, dtgt, v0, N, Vl, ld);
+    snprintf(what, sizeof what, "xent_sumexp stats %s", dims);
+    check(s, what, &stats, B_ROW);
+    s->cpu->xent_finish(losses.h, NULL, rowmax.h, stats.h, tgt, v0, N, Vl, ld, 1.0f);
+    s->gpu->xent_finish(losses.d, NULL, rowmax.d, stats.d, dtgt, v0, N, Vl, ld, 1.0f);
+    snprintf(what, sizeof what, "xent_finish losses %s", dims);
+    check(s, what, &losses, B_ROW);
+    /* with gradients, exps kept in place (expbuf aliases the logits) */
+    s->cpu->xent_sumexp(stats.h, logits2.h, logits2.h, rowmax.h, tgt, v0, N, Vl, ld);
+    s->gpu->xent_sumexp(stats.d, logits2.d, logits2.d, rowmax.d, dtgt, v0, N, Vl, ld);
+    snprintf(what, sizeof what, "xent_sumexp in place exps %s", dims);
+    check(s, what, &logits2, B_ROW);
+    s->gpu->from_host(stats.d, stats.h, stats.n * sizeof(float));
+    s->cpu->xent_finish(losses.h, logits2.h, rowmax.h, stats.h, tgt, v0, N, Vl, ld, 0.25f);
+    s->gpu->xent_finish(losses.d, logits2.d, rowmax.d, stats.d, dtgt, v0, N, Vl, ld, 0.25f);
+    snprintf(what, sizeof what, "xent_finish dlogits %s", dims);
+    check(s, what, &logits2, B_ROW);
+out:
+    free(tgt);
+    if (dtgt)
+        s->gpu->free(dtgt);
+    tp_free(s, &logits), tp_free(s, &rowmax), tp_free(s, &stats), tp_free(s, &losses);
+    tp_free(s, &logits2);
+}
+
+int cuda_selftest(const ops_t *gpu, FILE *out, char *err, size_t errlen)
+{
+    st_t s = {.cpu = ops_cpu(), .gpu = gpu, .out = out, .rng = 0x9E3779B97F4A7C15ull};
+    static const int mm[][3] = {{1, 1, 1}, {7, 13, 5}, {64, 96, 160}, {33, 257, 129}, {128, 768, 64}, {0, 5, 3}};
+    static const int nc[][2] = {{1, 1}, {5, 7}, {64, 768}, {3, 1030}};
+    static const int at[][5] = {{1, 1, 1, 1, 4}, {2, 17, 4, 2, 8}, {1, 64, 4, 4, 16}, {2, 33, 6, 2, 32},
+                                {1, 200, 2, 1, 64}};
+    t_memory(&s);
+    for (size_t i = 0; i < sizeof mm / sizeof mm[0] && !s.oom; i++)
+        t_matmul(&s, mm[i][0], mm[i][1], mm[i][2]);
+    for (size_t i = 0; i < sizeof nc / sizeof nc[0] && !s.oom; i++)
+        t_norms(&s, nc[i][0], nc[i][1]);
+    for (size_t i = 0; i < sizeof at / sizeof at[0] && !s.oom; i++)
+        t_attention(&s, at[i][0], at[i][1], at[i][2], at[i][3], at[i][4]);
+    if (!s.oom)
+        t_elementwise(&s, 7, 7);
+    if (!s.oom)
+        t_elementwise(&s, (size_t)3 << 18, 768);
+    if (!s.oom)
+        t_adamw(&s, 100003);
+    if (!s.oom)
+        t_embedding(&s, 37, 8, 48, 50, 0, 50);
+    if (!s.oom)
+        t_embedding(&s, 256, 64, 129, 100, 40, 30);
+    if (!s.oom)
+        t_xent(&s, 23, 50, 50, 0, 50);
+    if (!s.oom)
+        t_xent(&s, 64, 1000, 1008, 500, 2000);
+    if (s.oom) {
+        snprintf(err, errlen, "selftest: out of memory (host or device)");
+        return -1;
+    }
+    fprintf(out, "selftest: %d comparisons of the %s ops against the cpu ops, %d failed\n", s.run, gpu->name,
+            s.failed);
+    return s.failed;
+}

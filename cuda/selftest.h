@@ -1,0 +1,18 @@
+/* Every op of a GPU ops table against the CPU ops table on random inputs of
+ * several shapes, each with a stated relative error bound. Shared by
+ * `dtrain --selftest` and test/gpu/test_ops_cuda (make check on CUDA
+ * builds), so the two run exactly the same comparisons. */
+#ifndef DTRAIN_CUDA_SELFTEST_H
+#define DTRAIN_CUDA_SELFTEST_H
+
+#include <stdio.h>
+
+#include "ops.h"
+
+/* Runs every comparison, one line each on out ("ok   ..." / "FAIL ..."),
+ * then a summary line. Returns the number of failed comparisons (0 = the
+ * backends agree), or -1 with one line in err when the test itself could
+ * not run (out of memory). */
+int cuda_selftest(const ops_t *gpu, FILE *out, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,107 @@
+/* The compute backend of a run (see backend.h). */
+#include "backend.h"
+
+#include <string.h>
+
+#ifdef HAVE_CONFIG_H
+#include "config.h"
+#endif
+#ifdef HAVE_CUDA
+#include "device.h"
+#include "ops_cuda.h"
+#include "selftest.h"
+#endif
+
+int backend_have_cuda(void)
+{
+#ifdef HAVE_CUDA
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+static void use_cpu(backend_t *b, const char *why)
+{
+    b->ops = ops_cpu();
+    b->cuda = 0;
+    b->device = -1;
+    snprintf(b->desc, sizeof b->desc, "cpu%s%s", why[0] ? " " : "", why);
+}
+
+#ifdef HAVE_CUDA
+/* Takes the GPU of this local rank and sets up the CUDA ops table. */
+static int open_cuda(backend_t *b, int local_rank, char *err, size_t errlen)
+{
+    int dev = cuda_select_device(local_rank, err, errlen);
+    if (dev < 0)
+        return -1;
+    if (ops_cuda_init(dev, err, errlen) != 0)
+        return -1;
+    char name[200];
+    cuda_device_describe(dev, name, sizeof name);
+    b->ops = ops_cuda();
+    b->cuda = 1;
+    b->device = dev;
+    snprintf(b->desc, sizeof b->desc, "cuda (device %d of local rank %d: %s; fp32)", dev, local_rank, name);
+    return 0;
+}
+#endif
+
+int backend_open(backend_t *b, const char *device, int local_rank, char *err, size_t errlen)
+{
+    memset(b, 0, sizeof *b);
+    b->device = -1;
+    if (strcmp(device, "cpu") == 0) {
+        use_cpu(b, "");
+        return 0;
+    }
+#ifdef HAVE_CUDA
+    if (strcmp(device, "cuda") == 0)
+        return open_cuda(b, local_rank, err, errlen);
+    /* auto */
+    char why[256] = "";
+    int n = cuda_device_count(why, sizeof why);
+    if (n > 0)
+        return open_cuda(b, local_rank, err, errlen);
+    char line[300];
+    snprintf(line, sizeof line, "(--device auto: no GPU usable: %s)", n == 0 ? "0 devices visible" : why);
+    use_cpu(b, line);
+    return 0;
+#else
+    if (strcmp(device, "cuda") == 0) {
+        snprintf(err, errlen, "--device cuda: this dtrain is built without the CUDA backend: rebuild with ./configure --with-cuda");
+        return -1;
+    }
+    use_cpu(b, "");
+    return 0;
+#endif
+}
+
+void backend_close(backend_t *b)
+{
+#ifdef HAVE_CUDA
+    if (b->cuda)
+        ops_cuda_shutdown();
+#endif
+    memset(b, 0, sizeof *b);
+    b->device = -1;
+}
+
+int backend_selftest(int local_rank, FILE *out, char *err, size_t errlen)
+{
+#ifdef HAVE_CUDA
+    backend_t b;
+    if (backend_open(&b, "cuda", local_rank, err, errlen) != 0)
+        return -1;
+    fprintf(out, "selftest on %s\n", b.desc);
+    int rc = cuda_selftest(b.ops, out, err, errlen);
+    backend_close(&b);
+    return rc;
+#else
+    (void)local_rank;
+    (void)out;
+    snprintf(err, errlen, "--selftest: this dtrain is built without the CUDA backend: rebuild with ./configure --with-cuda");
+    return -1;
+#endif
+}

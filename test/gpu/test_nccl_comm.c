@@ -1,0 +1,155 @@
+/* The NCCL communicators on GPUs: mpiexec -np N test_nccl_comm (N <= GPUs).
+ * nccl_grid_create over a tp N grid (world and tp groups of N), then on
+ * both groups, with exact expected values (small integers, exact in fp32):
+ * allreduce SUM and MAX, iallreduce + wait and + test polling,
+ * reduce_scatter, allgather, broadcast, a host (stack) buffer through the
+ * staging path, a send/recv ring, barrier. SKIP (77) with the CUDA error
+ * string when any rank sees no GPU. */
+#include <cuda_runtime.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "device.h"
+#include "grid.h"
+#include "launch.h"
+#include "nccl_comm.h"
+
+static int nfail;
+static void check(int ok, const char *group, const char *what, int rank)
+{
+    if (!ok) {
+        nfail++;
+        fprintf(stderr, "test_nccl_comm: rank %d: FAIL %s on %s\n", rank, what, group);
+    }
+}
+
+static int group_checks(comm_t *c, float *buf, float *buf2)
+{
+    const int r = c->rank, W = c->size;
+    const size_t n = 1000;
+    int bad0 = nfail;
+    char e[600];
+    /* allreduce SUM: sum_r (r + 1 + i) = W(W+1)/2 + W i */
+    for (size_t i = 0; i < n; i++)
+        buf[i] = (float)(r + 1) + (float)i;
+    if (c->ops->allreduce(c, buf, n, COMM_SUM) != 0)
+        return snprintf(e, sizeof e, "%s", c->err), fprintf(stderr, "%s\n", e), -1;
+    int ok = 1;
+    for (size_t i = 0; i < n; i++)
+        ok &= buf[i] == (float)(W * (W + 1) / 2) + (float)(W * (int)i);
+    check(ok, c->name, "allreduce sum", r);
+    for (size_t i = 0; i < n; i++)
+        buf[i] = (float)((r * 7 + (int)i) % W);
+    ok = c->ops->allreduce(c, buf, n, COMM_MAX) == 0;
+    for (size_t i = 0; ok && i < n; i++)
+        ok &= buf[i] == (float)(W - 1);
+    check(ok, c->name, "allreduce max", r);
+    /* iallreduce, wait and test */
+    comm_req_t q;
+    for (size_t i = 0; i < n; i++)
+        buf[i] = 1.0f;
+    ok = c->ops->iallreduce(c, buf, n, COMM_SUM, &q) == 0 && c->ops->wait(&q) == 0;
+    for (size_t i = 0; ok && i < n; i++)
+        ok &= buf[i] == (float)W;
+    check(ok, c->name, "iallreduce + wait", r);
+    ok = c->ops->iallreduce(c, buf, n, COMM_SUM, &q) == 0;
+    int done = 0;
+    while (ok && !done)
+        ok = c->ops->test(&q, &done) == 0;
+    for (size_t i = 0; ok && i < n; i++)
+        ok &= buf[i] == (float)(W * W);
+    check(ok, c->name, "iallreduce + test", r);
+    /* reduce_scatter: send[j*n + i] = r + j; rank r gets sum_q (q + r) */
+    for (int j = 0; j < W; j++)
+        for (size_t i = 0; i < n; i++)
+            buf[(size_t)j * n + i] = (float)(r + j);
+    ok = c->ops->reduce_scatter(c, buf, buf2, n) == 0;
+    for (size_t i = 0; ok && i < n; i++)
+        ok &= buf2[i] == (float)(W * (W - 1) / 2 + W * r);
+    check(ok, c->name, "reduce_scatter", r);
+    /* allgather: rank q's block holds q */
+    for (size_t i = 0; i < n; i++)
+        buf2[i] = (float)r;
+    ok = c->ops->allgather(c, buf2, buf, n) == 0;
+    for (int j = 0; ok && j < W; j++)
+        for (size_t i = 0; i < n; i++)
+            ok &= buf[(size_t)j * n + i] == (float)j;
+    check(ok, c->name, "allgather", r);
+    /* broadcast from the last rank */
+    for (size_t i = 0; i < n; i++)
+        buf[i] = r == W - 1 ? 42.0f + (float)i : -1.0f;
+    ok = c->ops->broadcast(c, buf, n, W - 1) == 0;
+    for (size_t i = 0; ok && i < n; i++)
+        ok &= buf[i] == 42.0f + (float)i;
+    check(ok, c->name, "broadcast", r);
+    /* host buffer: staged */
+    float host[3] = {1.0f, (float)r, -2.0f};
+    ok = c->ops->allreduce(c, host, 3, COMM_SUM) == 0 && host[0] == (float)W &&
+         host[1] == (float)(W * (W - 1) / 2) && host[2] == -2.0f * (float)W;
+    check(ok, c->name, "allreduce of a host (stack) buffer", r);
+    /* ring: send to r+1, receive from r-1 (nonblocking both, then wait) */
+    if (W > 1) {
+        comm_req_t s, rq;
+        for (size_t i = 0; i < n; i++)
+            buf[i] = (float)(r * 1000) + (float)i;
+        ok = c->ops->irecv(c, buf2, n, (r + W - 1) % W, 7, &rq) == 0 &&
+             c->ops->isend(c, buf, n, (r + 1) % W, 7, &s) == 0 && c->ops->wait(&rq) == 0 && c->ops->wait(&s) == 0;
+        for (size_t i = 0; ok && i < n; i++)
+            ok &= buf2[i] == (float)(((r + W - 1) % W) * 1000) + (float)i;
+        check(ok, c->name, "isend/irecv ring", r);
+    }
+    check(c->ops->barrier(c) == 0, c->name, "barrier", r);
+    return nfail > bad0 ? -1 : 0;
+}
+
+int main(int argc, char **argv)
+{
+    launch_env_t env;
+    launch_init(&env, &argc, &argv);
+    char err[512] = "";
+    int dev = cuda_select_device(env.local_rank, err, sizeof err), ok = dev >= 0, all = 0;
+    MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (!all) {
+        if (env.world_rank == 0)
+            printf("SKIP: %s\n", ok ? "a rank sees no GPU" : err);
+        launch_exit(&env, 77);
+    }
+    grid_t g;
+    if (grid_create(&g, env.world_size, 1, 0) != 0) {
+        fprintf(stderr, "test_nccl_comm: %s\n", g.err);
+        launch_exit(&env, 99);
+    }
+    nccl_grid_t ng;
+    if (nccl_grid_create(&g, &ng, 60.0, err, sizeof err) != 0) {
+        fprintf(stderr, "test_nccl_comm: rank %d: %s\n", env.world_rank, err);
+        launch_exit(&env, 1);
+    }
+    float *buf = NULL, *buf2 = NULL;
+    size_t bytes = (size_t)env.world_size * 1000 * sizeof(float);
+    if (cudaMallocManaged((void **)&buf, bytes, cudaMemAttachGlobal) != cudaSuccess ||
+        cudaMallocManaged((void **)&buf2, bytes, cudaMemAttachGlobal) != cudaSuccess) {
+        fprintf(stderr, "test_nccl_comm: cudaMallocManaged failed\n");
+        launch_exit(&env, 99);
+    }
+    comm_t *groups[] = {ng.world, ng.tp};
+    for (int i = 0; i < 2; i++) {
+        if (!groups[i]) {
+            nfail++;
+            fprintf(stderr, "test_nccl_comm: rank %d: group %d missing\n", env.world_rank, i);
+        } else if (group_checks(groups[i], buf, buf2) != 0 && groups[i]->err[0]) {
+            fprintf(stderr, "test_nccl_comm: rank %d: %s\n", env.world_rank, groups[i]->err);
+        }
+    }
+    cudaFree(buf);
+    cudaFree(buf2);
+    nccl_grid_destroy(&ng);
+    grid_destroy(&g);
+    int total = 0;
+    MPI_Allreduce(&nfail, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    if (env.world_rank == 0)
+        printf("test_nccl_comm: %s: %d rank(s), world and tp groups, %d failure(s)\n", total ? "FAIL" : "ok",
+               env.world_size, total);
+    launch_exit(&env, total ? 1 : 0);
+    return 0;
+}
