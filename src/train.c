@@ -226,13 +226,17 @@ static int trainer_resume(trainer_t *tr, char *err, size_t errlen)
         snprintf(err, errlen, "out of memory for loading %s", path);
     rc = h5store_agree(MPI_COMM_WORLD, rc, err, errlen);
     ckpt_meta_t meta;
+    double load_s = 0.0;
     if (rc == 0) {
         /* padding rows are not in the file: start them from the buffers' zeros */
         const size_t bytes = m->table.numel * sizeof(float);
         memset(hp, 0, bytes);
         memset(hm, 0, bytes);
         memset(hv, 0, bytes);
+        /* ckpt_load ends in a collective close: rank 0's time is the job's */
+        const double t0 = now_s();
         rc = ckpt_load(path, &tr->cfg, &m->table, hp, hm, hv, &meta, err, errlen);
+        load_s = now_s() - t0;
     }
     if (rc == 0) {
         const size_t bytes = m->table.numel * sizeof(float);
@@ -248,7 +252,8 @@ static int trainer_resume(trainer_t *tr, char *err, size_t errlen)
         tr->start_step = meta.step;
         tr->steps_done = meta.step;
         if (tr->env->world_rank == 0) {
-            printf("resume: %s, step %d, %lld tokens, written at %s\n", path, meta.step, meta.tokens, meta.layout);
+            printf("resume: %s, step %d, %lld tokens, written at %s; read and verified in %.2f s\n", path, meta.step,
+                   meta.tokens, meta.layout, load_s);
             const int gb = o->global_batch ? o->global_batch : o->micro_batch * tr->grid->dp_size;
             if (meta.seed != o->seed || meta.global_batch != gb || meta.seq_len != o->seq_len)
                 printf("resume: note: the checkpoint's run had seed %lld, global batch %d, seq len %d; this run "
