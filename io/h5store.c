@@ -46,6 +46,7 @@ typedef struct srec {
     int64_t s0, s1, c0, c1;
     int64_t crc;
     int tensor, rank; /* writer: tensor index and owner (not stored) */
+    int checked;      /* reader: a read on this rank matched the CRC (not stored) */
 } srec_t;
 
 typedef struct entry {
@@ -1411,6 +1412,7 @@ int h5store_read(h5store_t *h, const char *name, const int64_t start[2], const i
             mismatch(err, errlen, h, e, r, crc);
             rc = -1;
         }
+        e->rec[i].checked = rc == 0;
     }
 done:
     if (dset >= 0 && H5Dclose(dset) < 0 && rc == 0) {
@@ -1421,31 +1423,41 @@ done:
     return rc;
 }
 
-int h5store_read_shards(h5store_t *h, const h5store_tensor_t *t, int nt, const h5store_shard_t *s,
-                        int ns, char *err, size_t errlen)
+/* This rank's part of h5store_read_shards: the shape checks and the reads,
+ * without agreeing on the result. */
+static int read_shards_local(h5store_t *h, const h5store_tensor_t *t, int nt, const h5store_shard_t *s, int ns,
+                             char *msg, size_t msglen)
 {
-    char msg[MSG_LEN] = "", a[48], b[48];
+    char a[48], b[48];
     int rc = 0;
     for (int i = 0; i < nt && rc == 0; i++) {
         const entry_t *e = find_entry(h, t[i].name);
         if (!e) {
-            seterr(msg, sizeof msg, "tensor %s: not in %s", t[i].name, h->path);
+            seterr(msg, msglen, "tensor %s: not in %s", t[i].name, h->path);
             rc = -1;
         } else if (e->t.ndim != t[i].ndim || e->t.shape[0] != t[i].shape[0] ||
                    (t[i].ndim == 2 && e->t.shape[1] != t[i].shape[1])) {
-            seterr(msg, sizeof msg, "tensor %s: shape %s in file, expected %s", t[i].name,
+            seterr(msg, msglen, "tensor %s: shape %s in file, expected %s", t[i].name,
                    shape_str(a, sizeof a, e->t.ndim, e->t.shape), shape_str(b, sizeof b, t[i].ndim, t[i].shape));
             rc = -1;
         }
     }
     for (int i = 0; i < ns && rc == 0; i++) {
         if (s[i].tensor < 0 || s[i].tensor >= nt) {
-            seterr(msg, sizeof msg, "rank %d: shard %d names tensor %d of %d", h->rank, i, s[i].tensor, nt);
+            seterr(msg, msglen, "rank %d: shard %d names tensor %d of %d", h->rank, i, s[i].tensor, nt);
             rc = -1;
         } else {
-            rc = h5store_read(h, t[s[i].tensor].name, s[i].start, s[i].count, s[i].buf, msg, sizeof msg);
+            rc = h5store_read(h, t[s[i].tensor].name, s[i].start, s[i].count, s[i].buf, msg, msglen);
         }
     }
+    return rc;
+}
+
+int h5store_read_shards(h5store_t *h, const h5store_tensor_t *t, int nt, const h5store_shard_t *s,
+                        int ns, char *err, size_t errlen)
+{
+    char msg[MSG_LEN] = "";
+    int rc = read_shards_local(h, t, nt, s, ns, msg, sizeof msg);
     rc = h5store_agree(h->comm, rc, msg, sizeof msg);
     if (rc)
         seterr(err, errlen, "%s", msg);
@@ -1470,7 +1482,11 @@ static int shard_crc(h5store_t *h, hid_t dset, const entry_t *e, const srec_t *r
     return 0;
 }
 
-int h5store_verify(h5store_t *h, int64_t *n_shards, int64_t *n_bytes, char *err, size_t errlen)
+/* Collective: h5store_verify over the records not marked in `done` (all
+ * when done is NULL; indexed by record, counting over all tensors in
+ * catalog order), the ranks taking turns over those left. */
+static int verify_records(h5store_t *h, const unsigned char *done, int64_t *n_shards, int64_t *n_bytes, char *err,
+                          size_t errlen)
 {
     char msg[MSG_LEN] = "";
     int rc = 0, mrc;
@@ -1499,13 +1515,16 @@ int h5store_verify(h5store_t *h, int64_t *n_shards, int64_t *n_bytes, char *err,
             rc = -1;
         }
     }
-    /* record k (counting over all tensors) is checked by rank k % size */
-    int64_t k = 0;
+    /* the k-th record left to check (counting over all tensors) is
+     * checked by rank k % size */
+    int64_t k = 0, idx = 0;
     for (int i = 0; i < h->n && rc == 0; i++) {
         entry_t *e = &h->e[i];
         hid_t dset = H5I_INVALID_HID;
-        for (int j = 0; j < e->nrec && rc == 0; j++, k++) {
-            if (k % h->size != h->rank)
+        for (int j = 0; j < e->nrec && rc == 0; j++, idx++) {
+            if (done && done[idx])
+                continue;
+            if (k++ % h->size != h->rank)
                 continue;
             if (dset < 0 && (dset = H5Dopen2(h->file, e->t.name, H5P_DEFAULT)) < 0) {
                 h5err(msg, sizeof msg, "%s: cannot open tensor %s", h->path, e->t.name);
@@ -1550,6 +1569,53 @@ int h5store_verify(h5store_t *h, int64_t *n_shards, int64_t *n_bytes, char *err,
     if (n_bytes)
         *n_bytes = stat[1];
     return 0;
+}
+
+int h5store_verify(h5store_t *h, int64_t *n_shards, int64_t *n_bytes, char *err, size_t errlen)
+{
+    return verify_records(h, NULL, n_shards, n_bytes, err, errlen);
+}
+
+int h5store_read_verify(h5store_t *h, const h5store_tensor_t *t, int nt, const h5store_shard_t *s, int ns,
+                        char *err, size_t errlen)
+{
+    char msg[MSG_LEN] = "";
+    int64_t total = 0;
+    for (int i = 0; i < h->n; i++) {
+        for (int j = 0; j < h->e[i].nrec; j++)
+            h->e[i].rec[j].checked = 0;
+        total += h->e[i].nrec;
+    }
+    int rc = read_shards_local(h, t, nt, s, ns, msg, sizeof msg), mrc;
+    unsigned char *done = calloc((size_t)total + 1, 1);
+    if (!done && rc == 0) {
+        seterr(msg, sizeof msg, "out of memory for verification");
+        rc = -1;
+    }
+    /* a bad read anywhere is the answer: no need to look further */
+    if (h5store_agree(h->comm, rc, msg, sizeof msg)) {
+        free(done);
+        seterr(err, errlen, "%s", msg);
+        return -1;
+    }
+    int64_t idx = 0;
+    for (int i = 0; i < h->n; i++)
+        for (int j = 0; j < h->e[i].nrec; j++)
+            done[idx++] = (unsigned char)h->e[i].rec[j].checked;
+    /* the records some rank's reads checked; the rest are read for their CRC */
+    if (total > INT_MAX) {
+        seterr(err, errlen, "%s: too many checksum records (%" PRId64 ")", h->path, total);
+        rc = -1;
+    } else if (total > 0 &&
+               (mrc = MPI_Allreduce(MPI_IN_PLACE, done, (int)total, MPI_UNSIGNED_CHAR, MPI_MAX, h->comm)) !=
+                   MPI_SUCCESS) {
+        mpierr(err, errlen, mrc, "MPI_Allreduce (records checked)");
+        rc = -1;
+    }
+    if (rc == 0)
+        rc = verify_records(h, done, NULL, NULL, err, errlen);
+    free(done);
+    return rc;
 }
 
 /* ------------------------------------------------------------------ */

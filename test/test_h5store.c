@@ -6,6 +6,9 @@
  *   write PATH SPLIT    write the tensor set split by SPLIT over the ranks
  *   read PATH SPLIT     read it back split by SPLIT, check every element,
  *                       the attributes, a cross-shard window, verify
+ *   readverify PATH SPLIT all|nobig
+ *                       h5store_read_verify at SPLIT (nobig: no rank reads
+ *                       optim/m/big); elements checked; the error on stderr, exit 1
  *   verify PATH         open + h5store_verify; the error on stderr, exit 1
  *   open PATH           open only; the error on stderr, exit 1
  *   many PATH           one tensor in 2000 one-row shards (a 78 KiB checksum table)
@@ -341,6 +344,49 @@ static int mode_read(ctx_t *c, const char *path, const char *split)
     return 0;
 }
 
+/* h5store_read_verify at split: the elements read are right, and every
+ * checksum in the file is checked, also with "nobig" (no rank reads
+ * optim/m/big, so its records are left to the verification pass). */
+static int mode_readverify(ctx_t *c, const char *path, const char *split, const char *which)
+{
+    char err[512] = "";
+    h5store_t *h = h5store_open(path, MPI_COMM_WORLD, err, sizeof err);
+    if (!h) {
+        if (c->rank == 0)
+            fprintf(stderr, "%s\n", err);
+        return 1;
+    }
+    h5store_shard_t s[2 * NT];
+    int ns = make_shards(split, c->rank, c->size, 0, s), n = 0;
+    for (int i = 0; i < ns; i++) {
+        if (strcmp(which, "nobig") == 0 && s[i].tensor == 4)
+            free(s[i].buf);
+        else
+            s[n++] = s[i];
+    }
+    int rc = h5store_read_verify(h, TENSORS, NT, s, n, err, sizeof err);
+    int64_t bad = 0, elems = 0;
+    for (int i = 0; rc == 0 && i < n; i++) {
+        bad += count_bad(&s[i]);
+        elems += s[i].count[0] * s[i].count[1];
+    }
+    free_shards(s, n);
+    if (h5store_close(h, rc ? NULL : err, rc ? 0 : sizeof err))
+        rc = -1;
+    if (rc != 0) {
+        if (c->rank == 0)
+            fprintf(stderr, "%s\n", err);
+        return 1;
+    }
+    check(c, bad == 0, "%lld of %lld elements differ", (long long)bad, (long long)elems);
+    long long all = elems;
+    MPI_Allreduce(MPI_IN_PLACE, &all, 1, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
+    if (c->rank == 0)
+        printf("read_verify %s at np %d split %s (%s): %lld elements read and right, every checksum checked\n", path,
+               c->size, split, which, all);
+    return 0;
+}
+
 static int mode_verify(ctx_t *c, const char *path, int verify)
 {
     char err[512] = "";
@@ -513,6 +559,8 @@ int main(int argc, char **argv)
         status = mode_write(&c, argv[2], argv[3]);
     else if (strcmp(mode, "read") == 0 && argc == 4)
         status = mode_read(&c, argv[2], argv[3]);
+    else if (strcmp(mode, "readverify") == 0 && argc == 5)
+        status = mode_readverify(&c, argv[2], argv[3], argv[4]);
     else if (strcmp(mode, "verify") == 0 && argc == 3)
         status = mode_verify(&c, argv[2], 1);
     else if (strcmp(mode, "open") == 0 && argc == 3)
@@ -523,7 +571,8 @@ int main(int argc, char **argv)
         status = mode_fail(&c, argv[2]);
     else {
         if (env.world_rank == 0)
-            fprintf(stderr, "usage: test_h5store crc | write|read PATH SPLIT | verify|open|many PATH | fail DIR\n");
+            fprintf(stderr, "usage: test_h5store crc | write|read PATH SPLIT | readverify PATH SPLIT all|nobig | "
+                            "verify|open|many PATH | fail DIR\n");
         status = 2;
     }
     int all = c.fails;
