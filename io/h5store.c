@@ -39,7 +39,24 @@
 #define VERSION_ATTR "h5store_version" /* root: int64 */
 #define RESERVED_PREFIX "h5store_"
 #define MSG_LEN 512                   /* agreed messages travel in fixed buffers */
-#define VERIFY_BLOCK_ELEMS (1 << 22)  /* 16 MiB of floats per read while verifying */
+/* Data move between the caller's tensors and the file through a staging
+ * buffer of this many floats (8 MiB; more when one row is longer), a
+ * block of rows at a time: the kernel then copies to and from the same few
+ * pages every time instead of walking gigabytes of the caller's memory.
+ * On the dev VM the kernel's first touch of each user page costs ~6 us (a
+ * 1.5 GB checkpoint: ~2 s per direction); the user-space memcpy into the
+ * stage costs ~0.2 s, and the CRC of a block is taken while it is in cache. */
+#define STAGE_ELEMS ((int64_t)1 << 21)
+
+/* The stage size: STAGE_ELEMS, or H5STORE_STAGE_FLOATS from the environment
+ * (for tests: a stage of a few floats makes small tensors take many
+ * blocks and rows longer than the stage). */
+static int64_t stage_elems(void)
+{
+    const char *v = getenv("H5STORE_STAGE_FLOATS");
+    const long long x = v ? atoll(v) : 0;
+    return x > 0 ? (int64_t)x : STAGE_ELEMS;
+}
 
 /* One recorded shard: a hyperslab and the CRC-32C of its bytes. */
 typedef struct srec {
@@ -64,7 +81,16 @@ struct h5store {
     h5store_tensor_t *list; /* e[i].t, contiguous, for h5store_list */
     int n, cap;
     crc32c_t crc;
+    float *stage; /* the staging buffer of reads, stage_n floats (grown on demand) */
+    int64_t stage_n;
 };
+
+/* Rows of a [rows, cols] block that fit one stage of `elems` floats (>= 1). */
+static int64_t stage_rows(int64_t elems, int64_t cols)
+{
+    const int64_t r = cols > 0 ? elems / cols : elems;
+    return r > 0 ? r : 1;
+}
 
 /* ------------------------------------------------------------------ */
 /* Errors                                                              */
@@ -602,12 +628,20 @@ done:
     return rc;
 }
 
+/* Staged blocks of a shard: its rows in blocks that fit the stage. */
+static int shard_blocks(const h5store_shard_t *s, int64_t stage_n)
+{
+    const int64_t rows = stage_rows(stage_n, s->count[1]);
+    return (int)((s->count[0] + rows - 1) / rows);
+}
+
 /* Collective: create one dataset and its checksum table, then `rounds`
- * collective H5Dwrite calls; in round k each rank writes its k-th shard of
- * the tensor (mine[k]) or joins with an empty selection. */
+ * collective H5Dwrite calls; in round k each rank writes its k-th block of
+ * rows of its shards of the tensor (mine[0..nmine), in order, copied into
+ * the stage of stage_n floats), or joins with an empty selection. */
 static int write_tensor(hid_t file, hid_t dxpl, const h5store_tensor_t *t, const srec_t *rec,
                         int nrec, const h5store_shard_t *const *mine, int nmine, int rounds,
-                        char *err, size_t errlen)
+                        float *stage, int64_t stage_n, char *err, size_t errlen)
 {
     hsize_t dims[2] = {(hsize_t)t->shape[0], (hsize_t)t->shape[1]};
     hid_t lcpl = H5I_INVALID_HID, dcpl = H5I_INVALID_HID, space = H5I_INVALID_HID;
@@ -635,16 +669,25 @@ static int write_tensor(hid_t file, hid_t dxpl, const h5store_tensor_t *t, const
     }
     if (write_crc_attr(dset, t, rec, nrec, err, errlen))
         goto done;
+    int j = 0;      /* the shard of mine being written ... */
+    int64_t r0 = 0; /* ... from this row on */
     for (int k = 0; k < rounds; k++) {
-        const h5store_shard_t *s = k < nmine ? mine[k] : NULL;
+        const h5store_shard_t *s = j < nmine ? mine[j] : NULL;
         float dummy = 0.0f;
         if ((fs = H5Scopy(space)) < 0) {
             h5err(err, errlen, "tensor %s: H5Scopy", t->name);
             goto done;
         }
         if (s) {
-            hsize_t st[2] = {(hsize_t)s->start[0], t->ndim == 2 ? (hsize_t)s->start[1] : 0};
-            hsize_t ct[2] = {(hsize_t)s->count[0], (hsize_t)s->count[1]};
+            const int64_t left = s->count[0] - r0, rows = stage_rows(stage_n, s->count[1]);
+            const int64_t n = left < rows ? left : rows;
+            hsize_t st[2] = {(hsize_t)(s->start[0] + r0), t->ndim == 2 ? (hsize_t)s->start[1] : 0};
+            hsize_t ct[2] = {(hsize_t)n, (hsize_t)s->count[1]};
+            memcpy(stage, s->buf + r0 * s->count[1], (size_t)(n * s->count[1]) * sizeof *stage);
+            if ((r0 += n) == s->count[0]) {
+                j++;
+                r0 = 0;
+            }
             if (H5Sselect_hyperslab(fs, H5S_SELECT_SET, st, NULL, ct, NULL) < 0 ||
                 (ms = H5Screate_simple(t->ndim, ct, NULL)) < 0) {
                 h5err(err, errlen, "tensor %s: selection", t->name);
@@ -659,7 +702,7 @@ static int write_tensor(hid_t file, hid_t dxpl, const h5store_tensor_t *t, const
                 goto done;
             }
         }
-        if (H5Dwrite(dset, H5T_NATIVE_FLOAT, ms, fs, dxpl, s ? (const void *)s->buf : &dummy) < 0) {
+        if (H5Dwrite(dset, H5T_NATIVE_FLOAT, ms, fs, dxpl, s ? (const void *)stage : &dummy) < 0) {
             h5err(err, errlen, "cannot write tensor %s", t->name);
             goto done;
         }
@@ -843,6 +886,8 @@ int h5store_write(const char *path, MPI_Comm comm, const h5store_tensor_t *t, in
     srec_t *rec = NULL;
     int nrec = 0, *rounds = NULL, *nmine = NULL;
     const h5store_shard_t **mine = NULL;
+    float *stage = NULL;
+    int64_t stage_n = stage_elems();
     crc32c_t *cc = malloc(sizeof *cc);
 
     if ((mrc = MPI_Comm_rank(comm, &rank)) != MPI_SUCCESS || (mrc = MPI_Comm_size(comm, &size)) != MPI_SUCCESS) {
@@ -889,22 +934,27 @@ int h5store_write(const char *path, MPI_Comm comm, const h5store_tensor_t *t, in
     }
 
     /* this rank's non-empty shards grouped by tensor, and the number of
-     * collective write rounds per tensor (the most shards any rank has) */
+     * collective write rounds per tensor (the most staged blocks any rank
+     * has) */
+    for (int i = 0; i < ns; i++)
+        if (s[i].count[0] > 0 && s[i].count[1] > stage_n)
+            stage_n = s[i].count[1]; /* a stage holds at least one row */
     rounds = calloc((size_t)(nt > 0 ? 2 * nt + 1 : 1), sizeof *rounds);
     mine = malloc((size_t)(ns > 0 ? ns : 1) * sizeof *mine);
-    rc = (!rounds || !mine) ? -1 : 0;
+    stage = ns > 0 ? malloc((size_t)stage_n * sizeof *stage) : NULL;
+    rc = (!rounds || !mine || (ns > 0 && !stage)) ? -1 : 0;
     if (rc)
         seterr(msg, sizeof msg, "out of memory");
     if (h5store_agree(comm, rc, msg, sizeof msg))
         goto fail;
     nmine = rounds + nt; /* nmine[i]..nmine[i+1]: offsets into mine */
     for (int i = 0; i < ns; i++)
-        if (s[i].count[0] > 0 && s[i].count[1] > 0)
+        if (s[i].count[0] > 0 && s[i].count[1] > 0) {
             nmine[s[i].tensor + 1]++;
-    for (int i = 0; i < nt; i++) {
-        rounds[i] = nmine[i + 1];
+            rounds[s[i].tensor] += shard_blocks(&s[i], stage_n);
+        }
+    for (int i = 0; i < nt; i++)
         nmine[i + 1] += nmine[i];
-    }
     {
         int *fill = calloc((size_t)(nt > 0 ? nt : 1), sizeof *fill);
         rc = fill ? 0 : -1;
@@ -958,7 +1008,7 @@ int h5store_write(const char *path, MPI_Comm comm, const h5store_tensor_t *t, in
         while (e < nrec && rec[e].tensor == i)
             e++;
         rc = write_tensor(file, dxpl, &t[i], rec + b, e - b, mine + nmine[i], nmine[i + 1] - nmine[i],
-                          rounds[i], msg, sizeof msg);
+                          rounds[i], stage, stage_n, msg, sizeof msg);
         if (h5store_agree(comm, rc, msg, sizeof msg))
             goto fail;
         b = e;
@@ -992,6 +1042,7 @@ int h5store_write(const char *path, MPI_Comm comm, const h5store_tensor_t *t, in
     free(rec);
     free(rounds);
     free(mine);
+    free(stage);
     free(cc);
     quiet_off(&q);
     return 0;
@@ -1020,6 +1071,7 @@ fail:
     free(rec);
     free(rounds);
     free(mine);
+    free(stage);
     free(cc);
     quiet_off(&q);
     return -1;
@@ -1186,6 +1238,7 @@ static void free_handle(h5store_t *h)
         free(h->e[i].rec);
     free(h->e);
     free(h->list);
+    free(h->stage);
     free(h);
 }
 
@@ -1329,6 +1382,23 @@ const h5store_tensor_t *h5store_find(const h5store_t *h, const char *name)
     return e ? &e->t : NULL;
 }
 
+/* h->stage holds at least max(stage_elems(), need) floats. */
+static int ensure_stage(h5store_t *h, int64_t need, char *err, size_t errlen)
+{
+    if (need < stage_elems())
+        need = stage_elems();
+    if (h->stage_n >= need)
+        return 0;
+    free(h->stage);
+    h->stage_n = 0;
+    if (!(h->stage = malloc((size_t)need * sizeof *h->stage))) {
+        seterr(err, errlen, "out of memory for a %" PRId64 "-float read buffer", need);
+        return -1;
+    }
+    h->stage_n = need;
+    return 0;
+}
+
 /* Reads rows [s0, s0+c0) x cols [s1, s1+c1) of an open dataset into buf. */
 static int read_slab(h5store_t *h, hid_t dset, const entry_t *e, const int64_t s[2],
                      const int64_t c[2], float *buf, char *err, size_t errlen)
@@ -1367,7 +1437,7 @@ static void mismatch(char *err, size_t errlen, const h5store_t *h, const entry_t
 int h5store_read(h5store_t *h, const char *name, const int64_t start[2], const int64_t count[2],
                  float *buf, char *err, size_t errlen)
 {
-    const entry_t *e = find_entry(h, name);
+    entry_t *e = find_entry(h, name);
     char sh[48];
     if (!e) {
         seterr(err, errlen, "tensor %s: not in %s", name, h->path);
@@ -1390,31 +1460,62 @@ int h5store_read(h5store_t *h, const char *name, const int64_t start[2], const i
     }
     quiet_t q;
     quiet_on(&q);
-    int rc = -1;
+    int rc = -1, nin = 0;
+    uint32_t *crcs = NULL;
     hid_t dset = H5Dopen2(h->file, name, H5P_DEFAULT);
     if (dset < 0) {
         h5err(err, errlen, "%s: cannot open tensor %s", h->path, name);
         goto done;
     }
-    if (read_slab(h, dset, e, s, c, buf, err, errlen))
-        goto done;
-    /* every recorded shard inside the region read is checked */
-    rc = 0;
-    for (int i = 0; i < e->nrec && rc == 0; i++) {
+    /* every recorded shard inside the region read is checked: its CRC
+     * runs over the stage, block by block, while the block is in cache */
+    for (int i = 0; i < e->nrec; i++) {
         const srec_t *r = &e->rec[i];
+        if (r->s0 >= s[0] && r->s0 + r->c0 <= s[0] + c[0] && r->s1 >= s[1] && r->s1 + r->c1 <= s[1] + c[1])
+            nin++;
+    }
+    if (!(crcs = calloc((size_t)nin + 1, sizeof *crcs))) {
+        seterr(err, errlen, "tensor %s: out of memory", name);
+        goto done;
+    }
+    if (ensure_stage(h, c[1], err, errlen))
+        goto done;
+    const int64_t rows = stage_rows(h->stage_n, c[1]);
+    for (int64_t r0 = 0; r0 < c[0]; r0 += rows) {
+        const int64_t n = c[0] - r0 < rows ? c[0] - r0 : rows, b0 = s[0] + r0;
+        const int64_t bs[2] = {b0, s[1]}, bc[2] = {n, c[1]};
+        if (read_slab(h, dset, e, bs, bc, h->stage, err, errlen))
+            goto done;
+        memcpy(buf + r0 * c[1], h->stage, (size_t)(n * c[1]) * sizeof *buf);
+        for (int i = 0, k = 0; i < e->nrec; i++) {
+            const srec_t *r = &e->rec[i];
+            if (r->s0 < s[0] || r->s0 + r->c0 > s[0] + c[0] || r->s1 < s[1] || r->s1 + r->c1 > s[1] + c[1])
+                continue;
+            /* the record's rows in this block */
+            const int64_t lo = r->s0 > b0 ? r->s0 : b0, hi = r->s0 + r->c0 < b0 + n ? r->s0 + r->c0 : b0 + n;
+            const float *p = h->stage + (lo - b0) * c[1] + (r->s1 - s[1]);
+            if (lo < hi && r->c1 == c[1]) /* full rows: one contiguous piece */
+                crcs[k] = crc32c_update(&h->crc, crcs[k], p, (size_t)((hi - lo) * c[1]) * sizeof(float));
+            else
+                for (int64_t row = lo; row < hi; row++, p += c[1])
+                    crcs[k] = crc32c_update(&h->crc, crcs[k], p, (size_t)r->c1 * sizeof(float));
+            k++;
+        }
+    }
+    rc = 0;
+    for (int i = 0, k = 0; i < e->nrec && rc == 0; i++) {
+        srec_t *r = &e->rec[i];
         if (r->s0 < s[0] || r->s0 + r->c0 > s[0] + c[0] || r->s1 < s[1] || r->s1 + r->c1 > s[1] + c[1])
             continue;
-        uint32_t crc = 0;
-        for (int64_t row = 0; row < r->c0; row++)
-            crc = crc32c_update(&h->crc, crc, buf + (r->s0 - s[0] + row) * c[1] + (r->s1 - s[1]),
-                                (size_t)r->c1 * sizeof(float));
-        if (crc != (uint32_t)r->crc) {
-            mismatch(err, errlen, h, e, r, crc);
+        if (crcs[k] != (uint32_t)r->crc) {
+            mismatch(err, errlen, h, e, r, crcs[k]);
             rc = -1;
         }
-        e->rec[i].checked = rc == 0;
+        r->checked = rc == 0;
+        k++;
     }
 done:
+    free(crcs);
     if (dset >= 0 && H5Dclose(dset) < 0 && rc == 0) {
         h5err(err, errlen, "tensor %s: H5Dclose", name);
         rc = -1;
@@ -1468,9 +1569,8 @@ int h5store_read_shards(h5store_t *h, const h5store_tensor_t *t, int nt, const h
 static int shard_crc(h5store_t *h, hid_t dset, const entry_t *e, const srec_t *r, float *tmp,
                      uint32_t *crc, char *err, size_t errlen)
 {
-    int64_t rows = VERIFY_BLOCK_ELEMS / r->c1;
-    if (rows < 1)
-        rows = 1; /* one row over the block size: the caller sized tmp for it */
+    /* one row over the stage: the caller sized it for the longest row */
+    const int64_t rows = stage_rows(h->stage_n, r->c1);
     *crc = 0;
     for (int64_t r0 = 0; r0 < r->c0; r0 += rows) {
         int64_t n = r->c0 - r0 < rows ? r->c0 - r0 : rows;
@@ -1508,12 +1608,8 @@ static int verify_records(h5store_t *h, const unsigned char *done, int64_t *n_sh
         for (int i = 0; i < h->n; i++)
             if (h->e[i].t.shape[1] > maxrow)
                 maxrow = h->e[i].t.shape[1];
-        size_t n = VERIFY_BLOCK_ELEMS > maxrow ? VERIFY_BLOCK_ELEMS : (size_t)maxrow;
-        tmp = malloc(n * sizeof *tmp);
-        if (!tmp) {
-            seterr(msg, sizeof msg, "out of memory for verification");
-            rc = -1;
-        }
+        if ((rc = ensure_stage(h, maxrow, msg, sizeof msg)) == 0)
+            tmp = h->stage;
     }
     /* the k-th record left to check (counting over all tensors) is
      * checked by rank k % size */
@@ -1548,7 +1644,6 @@ static int verify_records(h5store_t *h, const unsigned char *done, int64_t *n_sh
             rc = -1;
         }
     }
-    free(tmp);
     quiet_off(&q);
     if (stat[2] > 0)
         rc = -1;
