@@ -3,11 +3,12 @@
  *
  * Collective discipline: every HDF5 call that is collective under MPI-IO
  * (file create/open/flush/close, dataset and attribute creation with
- * collective metadata writes, collective H5Dwrite) is entered by every rank
- * in the same order. Inputs are validated and agreed on before the file is
- * created, and ranks agree again after each tensor, so a rank never goes on
- * to the next collective call after another rank failed. Reads are
- * independent transfers with independent metadata reads, so ranks may read
+ * collective metadata writes) is entered by every rank in the same order.
+ * Inputs are validated and agreed on before the file is created, and ranks
+ * agree again after each tensor, so a rank never goes on to the next
+ * collective call after another rank failed. Data moves by independent
+ * transfers both ways (a failed data write leaves no collective state
+ * behind); reads also use independent metadata reads, so ranks may read
  * different tensors in any order. */
 #define _GNU_SOURCE /* O_DIRECTORY, fallocate */
 #include "h5store.h"
@@ -39,13 +40,31 @@
 #define VERSION_ATTR "h5store_version" /* root: int64 */
 #define RESERVED_PREFIX "h5store_"
 #define MSG_LEN 512                   /* agreed messages travel in fixed buffers */
-#define VERIFY_BLOCK_ELEMS (1 << 22)  /* 16 MiB of floats per read while verifying */
+/* Data move between the caller's tensors and the file through a staging
+ * buffer of this many floats (8 MiB; more when one row is longer), a
+ * block of rows at a time: the kernel then copies to and from the same few
+ * pages every time instead of walking gigabytes of the caller's memory.
+ * On the dev VM the kernel's first touch of each user page costs ~6 us (a
+ * 1.5 GB checkpoint: ~2 s per direction); the user-space memcpy into the
+ * stage costs ~0.2 s, and the CRC of a block is taken while it is in cache. */
+#define STAGE_ELEMS ((int64_t)1 << 21)
+
+/* The stage size: STAGE_ELEMS, or H5STORE_STAGE_FLOATS from the environment
+ * (for tests: a stage of a few floats makes small tensors take many
+ * blocks and rows longer than the stage). */
+static int64_t stage_elems(void)
+{
+    const char *v = getenv("H5STORE_STAGE_FLOATS");
+    const long long x = v ? atoll(v) : 0;
+    return x > 0 ? (int64_t)x : STAGE_ELEMS;
+}
 
 /* One recorded shard: a hyperslab and the CRC-32C of its bytes. */
 typedef struct srec {
     int64_t s0, s1, c0, c1;
     int64_t crc;
     int tensor, rank; /* writer: tensor index and owner (not stored) */
+    int checked;      /* reader: a read on this rank matched the CRC (not stored) */
 } srec_t;
 
 typedef struct entry {
@@ -63,7 +82,16 @@ struct h5store {
     h5store_tensor_t *list; /* e[i].t, contiguous, for h5store_list */
     int n, cap;
     crc32c_t crc;
+    float *stage; /* the staging buffer of reads, stage_n floats (grown on demand) */
+    int64_t stage_n;
 };
+
+/* Rows of a [rows, cols] block that fit one stage of `elems` floats (>= 1). */
+static int64_t stage_rows(int64_t elems, int64_t cols)
+{
+    const int64_t r = cols > 0 ? elems / cols : elems;
+    return r > 0 ? r : 1;
+}
 
 /* ------------------------------------------------------------------ */
 /* Errors                                                              */
@@ -601,12 +629,15 @@ done:
     return rc;
 }
 
-/* Collective: create one dataset and its checksum table, then `rounds`
- * collective H5Dwrite calls; in round k each rank writes its k-th shard of
- * the tensor (mine[k]) or joins with an empty selection. */
+/* Collective: create one dataset and its checksum table; then, with
+ * independent transfers, this rank writes its shards of the tensor
+ * (mine[0..nmine)), a block of rows at a time copied into the stage of
+ * stage_n floats. A rank with no shard of the tensor writes nothing: the
+ * ranks do not wait for each other over the data, only the dataset's
+ * creation is collective. */
 static int write_tensor(hid_t file, hid_t dxpl, const h5store_tensor_t *t, const srec_t *rec,
-                        int nrec, const h5store_shard_t *const *mine, int nmine, int rounds,
-                        char *err, size_t errlen)
+                        int nrec, const h5store_shard_t *const *mine, int nmine,
+                        float *stage, int64_t stage_n, char *err, size_t errlen)
 {
     hsize_t dims[2] = {(hsize_t)t->shape[0], (hsize_t)t->shape[1]};
     hid_t lcpl = H5I_INVALID_HID, dcpl = H5I_INVALID_HID, space = H5I_INVALID_HID;
@@ -634,40 +665,30 @@ static int write_tensor(hid_t file, hid_t dxpl, const h5store_tensor_t *t, const
     }
     if (write_crc_attr(dset, t, rec, nrec, err, errlen))
         goto done;
-    for (int k = 0; k < rounds; k++) {
-        const h5store_shard_t *s = k < nmine ? mine[k] : NULL;
-        float dummy = 0.0f;
-        if ((fs = H5Scopy(space)) < 0) {
-            h5err(err, errlen, "tensor %s: H5Scopy", t->name);
-            goto done;
-        }
-        if (s) {
-            hsize_t st[2] = {(hsize_t)s->start[0], t->ndim == 2 ? (hsize_t)s->start[1] : 0};
-            hsize_t ct[2] = {(hsize_t)s->count[0], (hsize_t)s->count[1]};
-            if (H5Sselect_hyperslab(fs, H5S_SELECT_SET, st, NULL, ct, NULL) < 0 ||
+    for (int j = 0; j < nmine; j++) {
+        const h5store_shard_t *sh = mine[j];
+        const int64_t rows = stage_rows(stage_n, sh->count[1]);
+        for (int64_t r0 = 0; r0 < sh->count[0]; r0 += rows) {
+            const int64_t n = sh->count[0] - r0 < rows ? sh->count[0] - r0 : rows;
+            hsize_t st[2] = {(hsize_t)(sh->start[0] + r0), t->ndim == 2 ? (hsize_t)sh->start[1] : 0};
+            hsize_t ct[2] = {(hsize_t)n, (hsize_t)sh->count[1]};
+            memcpy(stage, sh->buf + r0 * sh->count[1], (size_t)(n * sh->count[1]) * sizeof *stage);
+            if ((fs = H5Scopy(space)) < 0 || H5Sselect_hyperslab(fs, H5S_SELECT_SET, st, NULL, ct, NULL) < 0 ||
                 (ms = H5Screate_simple(t->ndim, ct, NULL)) < 0) {
                 h5err(err, errlen, "tensor %s: selection", t->name);
                 goto done;
             }
-        } else {
-            /* nothing here this round, but the write is collective */
-            hsize_t one = 1;
-            if (H5Sselect_none(fs) < 0 || (ms = H5Screate_simple(1, &one, NULL)) < 0 ||
-                H5Sselect_none(ms) < 0) {
-                h5err(err, errlen, "tensor %s: empty selection", t->name);
+            if (H5Dwrite(dset, H5T_NATIVE_FLOAT, ms, fs, dxpl, stage) < 0) {
+                h5err(err, errlen, "cannot write tensor %s", t->name);
                 goto done;
             }
-        }
-        if (H5Dwrite(dset, H5T_NATIVE_FLOAT, ms, fs, dxpl, s ? (const void *)s->buf : &dummy) < 0) {
-            h5err(err, errlen, "cannot write tensor %s", t->name);
-            goto done;
-        }
-        if (H5Sclose(fs) < 0 || H5Sclose(ms) < 0) {
+            if (H5Sclose(fs) < 0 || H5Sclose(ms) < 0) {
+                fs = ms = H5I_INVALID_HID;
+                h5err(err, errlen, "tensor %s: H5Sclose", t->name);
+                goto done;
+            }
             fs = ms = H5I_INVALID_HID;
-            h5err(err, errlen, "tensor %s: H5Sclose", t->name);
-            goto done;
         }
-        fs = ms = H5I_INVALID_HID;
     }
     rc = 0;
 done:
@@ -840,8 +861,10 @@ int h5store_write(const char *path, MPI_Comm comm, const h5store_tensor_t *t, in
     quiet_t q;
     hid_t fapl = H5I_INVALID_HID, file = H5I_INVALID_HID, dxpl = H5I_INVALID_HID;
     srec_t *rec = NULL;
-    int nrec = 0, *rounds = NULL, *nmine = NULL;
+    int nrec = 0, *nmine = NULL;
     const h5store_shard_t **mine = NULL;
+    float *stage = NULL;
+    int64_t stage_n = stage_elems();
     crc32c_t *cc = malloc(sizeof *cc);
 
     if ((mrc = MPI_Comm_rank(comm, &rank)) != MPI_SUCCESS || (mrc = MPI_Comm_size(comm, &size)) != MPI_SUCCESS) {
@@ -887,23 +910,23 @@ int h5store_write(const char *path, MPI_Comm comm, const h5store_tensor_t *t, in
         b = e;
     }
 
-    /* this rank's non-empty shards grouped by tensor, and the number of
-     * collective write rounds per tensor (the most shards any rank has) */
-    rounds = calloc((size_t)(nt > 0 ? 2 * nt + 1 : 1), sizeof *rounds);
+    /* this rank's non-empty shards grouped by tensor */
+    for (int i = 0; i < ns; i++)
+        if (s[i].count[0] > 0 && s[i].count[1] > stage_n)
+            stage_n = s[i].count[1]; /* a stage holds at least one row */
+    nmine = calloc((size_t)nt + 1, sizeof *nmine); /* nmine[i]..nmine[i+1]: offsets into mine */
     mine = malloc((size_t)(ns > 0 ? ns : 1) * sizeof *mine);
-    rc = (!rounds || !mine) ? -1 : 0;
+    stage = ns > 0 ? malloc((size_t)stage_n * sizeof *stage) : NULL;
+    rc = (!nmine || !mine || (ns > 0 && !stage)) ? -1 : 0;
     if (rc)
         seterr(msg, sizeof msg, "out of memory");
     if (h5store_agree(comm, rc, msg, sizeof msg))
         goto fail;
-    nmine = rounds + nt; /* nmine[i]..nmine[i+1]: offsets into mine */
     for (int i = 0; i < ns; i++)
         if (s[i].count[0] > 0 && s[i].count[1] > 0)
             nmine[s[i].tensor + 1]++;
-    for (int i = 0; i < nt; i++) {
-        rounds[i] = nmine[i + 1];
+    for (int i = 0; i < nt; i++)
         nmine[i + 1] += nmine[i];
-    }
     {
         int *fill = calloc((size_t)(nt > 0 ? nt : 1), sizeof *fill);
         rc = fill ? 0 : -1;
@@ -918,10 +941,6 @@ int h5store_write(const char *path, MPI_Comm comm, const h5store_tensor_t *t, in
     }
     if (h5store_agree(comm, rc, msg, sizeof msg))
         goto fail;
-    if (nt > 0 && (mrc = MPI_Allreduce(MPI_IN_PLACE, rounds, nt, MPI_INT, MPI_MAX, comm)) != MPI_SUCCESS) {
-        mpierr(msg, sizeof msg, mrc, "MPI_Allreduce (write rounds)");
-        goto fail;
-    }
 
     /* the file: every rank creates it and every object in it */
     fapl = mpio_fapl(comm, 1, msg, sizeof msg);
@@ -939,9 +958,13 @@ int h5store_write(const char *path, MPI_Comm comm, const h5store_tensor_t *t, in
     rc = rank == 0 ? reserve_space(tmp, reserved, msg, sizeof msg) : 0;
     if (h5store_agree(comm, rc, msg, sizeof msg))
         goto fail;
+    /* independent data transfers: each rank writes its own blocks when it
+     * gets there (collective ones made every rank wait for every other at
+     * every block, and funnelled the data through MPI-IO's aggregators: at
+     * 4 ranks on 2 cores the write took twice as long) */
     if (rc == 0 && ((dxpl = H5Pcreate(H5P_DATASET_XFER)) < 0 ||
-                    H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE) < 0)) {
-        h5err(msg, sizeof msg, "cannot set up collective transfers");
+                    H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_INDEPENDENT) < 0)) {
+        h5err(msg, sizeof msg, "cannot set up the data transfers");
         rc = -1;
     }
     if (rc == 0) {
@@ -956,8 +979,8 @@ int h5store_write(const char *path, MPI_Comm comm, const h5store_tensor_t *t, in
         int e = b;
         while (e < nrec && rec[e].tensor == i)
             e++;
-        rc = write_tensor(file, dxpl, &t[i], rec + b, e - b, mine + nmine[i], nmine[i + 1] - nmine[i],
-                          rounds[i], msg, sizeof msg);
+        rc = write_tensor(file, dxpl, &t[i], rec + b, e - b, mine + nmine[i], nmine[i + 1] - nmine[i], stage,
+                          stage_n, msg, sizeof msg);
         if (h5store_agree(comm, rc, msg, sizeof msg))
             goto fail;
         b = e;
@@ -989,8 +1012,9 @@ int h5store_write(const char *path, MPI_Comm comm, const h5store_tensor_t *t, in
         goto fail;
 
     free(rec);
-    free(rounds);
+    free(nmine);
     free(mine);
+    free(stage);
     free(cc);
     quiet_off(&q);
     return 0;
@@ -1017,8 +1041,9 @@ fail:
     }
     seterr(err, errlen, "%s", msg);
     free(rec);
-    free(rounds);
+    free(nmine);
     free(mine);
+    free(stage);
     free(cc);
     quiet_off(&q);
     return -1;
@@ -1185,6 +1210,7 @@ static void free_handle(h5store_t *h)
         free(h->e[i].rec);
     free(h->e);
     free(h->list);
+    free(h->stage);
     free(h);
 }
 
@@ -1328,6 +1354,23 @@ const h5store_tensor_t *h5store_find(const h5store_t *h, const char *name)
     return e ? &e->t : NULL;
 }
 
+/* h->stage holds at least max(stage_elems(), need) floats. */
+static int ensure_stage(h5store_t *h, int64_t need, char *err, size_t errlen)
+{
+    if (need < stage_elems())
+        need = stage_elems();
+    if (h->stage_n >= need)
+        return 0;
+    free(h->stage);
+    h->stage_n = 0;
+    if (!(h->stage = malloc((size_t)need * sizeof *h->stage))) {
+        seterr(err, errlen, "out of memory for a %" PRId64 "-float read buffer", need);
+        return -1;
+    }
+    h->stage_n = need;
+    return 0;
+}
+
 /* Reads rows [s0, s0+c0) x cols [s1, s1+c1) of an open dataset into buf. */
 static int read_slab(h5store_t *h, hid_t dset, const entry_t *e, const int64_t s[2],
                      const int64_t c[2], float *buf, char *err, size_t errlen)
@@ -1366,7 +1409,7 @@ static void mismatch(char *err, size_t errlen, const h5store_t *h, const entry_t
 int h5store_read(h5store_t *h, const char *name, const int64_t start[2], const int64_t count[2],
                  float *buf, char *err, size_t errlen)
 {
-    const entry_t *e = find_entry(h, name);
+    entry_t *e = find_entry(h, name);
     char sh[48];
     if (!e) {
         seterr(err, errlen, "tensor %s: not in %s", name, h->path);
@@ -1389,30 +1432,62 @@ int h5store_read(h5store_t *h, const char *name, const int64_t start[2], const i
     }
     quiet_t q;
     quiet_on(&q);
-    int rc = -1;
+    int rc = -1, nin = 0;
+    uint32_t *crcs = NULL;
     hid_t dset = H5Dopen2(h->file, name, H5P_DEFAULT);
     if (dset < 0) {
         h5err(err, errlen, "%s: cannot open tensor %s", h->path, name);
         goto done;
     }
-    if (read_slab(h, dset, e, s, c, buf, err, errlen))
-        goto done;
-    /* every recorded shard inside the region read is checked */
-    rc = 0;
-    for (int i = 0; i < e->nrec && rc == 0; i++) {
+    /* every recorded shard inside the region read is checked: its CRC
+     * runs over the stage, block by block, while the block is in cache */
+    for (int i = 0; i < e->nrec; i++) {
         const srec_t *r = &e->rec[i];
-        if (r->s0 < s[0] || r->s0 + r->c0 > s[0] + c[0] || r->s1 < s[1] || r->s1 + r->c1 > s[1] + c[1])
-            continue;
-        uint32_t crc = 0;
-        for (int64_t row = 0; row < r->c0; row++)
-            crc = crc32c_update(&h->crc, crc, buf + (r->s0 - s[0] + row) * c[1] + (r->s1 - s[1]),
-                                (size_t)r->c1 * sizeof(float));
-        if (crc != (uint32_t)r->crc) {
-            mismatch(err, errlen, h, e, r, crc);
-            rc = -1;
+        if (r->s0 >= s[0] && r->s0 + r->c0 <= s[0] + c[0] && r->s1 >= s[1] && r->s1 + r->c1 <= s[1] + c[1])
+            nin++;
+    }
+    if (!(crcs = calloc((size_t)nin + 1, sizeof *crcs))) {
+        seterr(err, errlen, "tensor %s: out of memory", name);
+        goto done;
+    }
+    if (ensure_stage(h, c[1], err, errlen))
+        goto done;
+    const int64_t rows = stage_rows(h->stage_n, c[1]);
+    for (int64_t r0 = 0; r0 < c[0]; r0 += rows) {
+        const int64_t n = c[0] - r0 < rows ? c[0] - r0 : rows, b0 = s[0] + r0;
+        const int64_t bs[2] = {b0, s[1]}, bc[2] = {n, c[1]};
+        if (read_slab(h, dset, e, bs, bc, h->stage, err, errlen))
+            goto done;
+        memcpy(buf + r0 * c[1], h->stage, (size_t)(n * c[1]) * sizeof *buf);
+        for (int i = 0, k = 0; i < e->nrec; i++) {
+            const srec_t *r = &e->rec[i];
+            if (r->s0 < s[0] || r->s0 + r->c0 > s[0] + c[0] || r->s1 < s[1] || r->s1 + r->c1 > s[1] + c[1])
+                continue;
+            /* the record's rows in this block */
+            const int64_t lo = r->s0 > b0 ? r->s0 : b0, hi = r->s0 + r->c0 < b0 + n ? r->s0 + r->c0 : b0 + n;
+            const float *p = h->stage + (lo - b0) * c[1] + (r->s1 - s[1]);
+            if (lo < hi && r->c1 == c[1]) /* full rows: one contiguous piece */
+                crcs[k] = crc32c_update(&h->crc, crcs[k], p, (size_t)((hi - lo) * c[1]) * sizeof(float));
+            else
+                for (int64_t row = lo; row < hi; row++, p += c[1])
+                    crcs[k] = crc32c_update(&h->crc, crcs[k], p, (size_t)r->c1 * sizeof(float));
+            k++;
         }
     }
+    rc = 0;
+    for (int i = 0, k = 0; i < e->nrec && rc == 0; i++) {
+        srec_t *r = &e->rec[i];
+        if (r->s0 < s[0] || r->s0 + r->c0 > s[0] + c[0] || r->s1 < s[1] || r->s1 + r->c1 > s[1] + c[1])
+            continue;
+        if (crcs[k] != (uint32_t)r->crc) {
+            mismatch(err, errlen, h, e, r, crcs[k]);
+            rc = -1;
+        }
+        r->checked = rc == 0;
+        k++;
+    }
 done:
+    free(crcs);
     if (dset >= 0 && H5Dclose(dset) < 0 && rc == 0) {
         h5err(err, errlen, "tensor %s: H5Dclose", name);
         rc = -1;
@@ -1421,31 +1496,41 @@ done:
     return rc;
 }
 
-int h5store_read_shards(h5store_t *h, const h5store_tensor_t *t, int nt, const h5store_shard_t *s,
-                        int ns, char *err, size_t errlen)
+/* This rank's part of h5store_read_shards: the shape checks and the reads,
+ * without agreeing on the result. */
+static int read_shards_local(h5store_t *h, const h5store_tensor_t *t, int nt, const h5store_shard_t *s, int ns,
+                             char *msg, size_t msglen)
 {
-    char msg[MSG_LEN] = "", a[48], b[48];
+    char a[48], b[48];
     int rc = 0;
     for (int i = 0; i < nt && rc == 0; i++) {
         const entry_t *e = find_entry(h, t[i].name);
         if (!e) {
-            seterr(msg, sizeof msg, "tensor %s: not in %s", t[i].name, h->path);
+            seterr(msg, msglen, "tensor %s: not in %s", t[i].name, h->path);
             rc = -1;
         } else if (e->t.ndim != t[i].ndim || e->t.shape[0] != t[i].shape[0] ||
                    (t[i].ndim == 2 && e->t.shape[1] != t[i].shape[1])) {
-            seterr(msg, sizeof msg, "tensor %s: shape %s in file, expected %s", t[i].name,
+            seterr(msg, msglen, "tensor %s: shape %s in file, expected %s", t[i].name,
                    shape_str(a, sizeof a, e->t.ndim, e->t.shape), shape_str(b, sizeof b, t[i].ndim, t[i].shape));
             rc = -1;
         }
     }
     for (int i = 0; i < ns && rc == 0; i++) {
         if (s[i].tensor < 0 || s[i].tensor >= nt) {
-            seterr(msg, sizeof msg, "rank %d: shard %d names tensor %d of %d", h->rank, i, s[i].tensor, nt);
+            seterr(msg, msglen, "rank %d: shard %d names tensor %d of %d", h->rank, i, s[i].tensor, nt);
             rc = -1;
         } else {
-            rc = h5store_read(h, t[s[i].tensor].name, s[i].start, s[i].count, s[i].buf, msg, sizeof msg);
+            rc = h5store_read(h, t[s[i].tensor].name, s[i].start, s[i].count, s[i].buf, msg, msglen);
         }
     }
+    return rc;
+}
+
+int h5store_read_shards(h5store_t *h, const h5store_tensor_t *t, int nt, const h5store_shard_t *s,
+                        int ns, char *err, size_t errlen)
+{
+    char msg[MSG_LEN] = "";
+    int rc = read_shards_local(h, t, nt, s, ns, msg, sizeof msg);
     rc = h5store_agree(h->comm, rc, msg, sizeof msg);
     if (rc)
         seterr(err, errlen, "%s", msg);
@@ -1456,9 +1541,8 @@ int h5store_read_shards(h5store_t *h, const h5store_tensor_t *t, int nt, const h
 static int shard_crc(h5store_t *h, hid_t dset, const entry_t *e, const srec_t *r, float *tmp,
                      uint32_t *crc, char *err, size_t errlen)
 {
-    int64_t rows = VERIFY_BLOCK_ELEMS / r->c1;
-    if (rows < 1)
-        rows = 1; /* one row over the block size: the caller sized tmp for it */
+    /* one row over the stage: the caller sized it for the longest row */
+    const int64_t rows = stage_rows(h->stage_n, r->c1);
     *crc = 0;
     for (int64_t r0 = 0; r0 < r->c0; r0 += rows) {
         int64_t n = r->c0 - r0 < rows ? r->c0 - r0 : rows;
@@ -1470,7 +1554,11 @@ static int shard_crc(h5store_t *h, hid_t dset, const entry_t *e, const srec_t *r
     return 0;
 }
 
-int h5store_verify(h5store_t *h, int64_t *n_shards, int64_t *n_bytes, char *err, size_t errlen)
+/* Collective: h5store_verify over the records not marked in `done` (all
+ * when done is NULL; indexed by record, counting over all tensors in
+ * catalog order), the ranks taking turns over those left. */
+static int verify_records(h5store_t *h, const unsigned char *done, int64_t *n_shards, int64_t *n_bytes, char *err,
+                          size_t errlen)
 {
     char msg[MSG_LEN] = "";
     int rc = 0, mrc;
@@ -1492,20 +1580,19 @@ int h5store_verify(h5store_t *h, int64_t *n_shards, int64_t *n_bytes, char *err,
         for (int i = 0; i < h->n; i++)
             if (h->e[i].t.shape[1] > maxrow)
                 maxrow = h->e[i].t.shape[1];
-        size_t n = VERIFY_BLOCK_ELEMS > maxrow ? VERIFY_BLOCK_ELEMS : (size_t)maxrow;
-        tmp = malloc(n * sizeof *tmp);
-        if (!tmp) {
-            seterr(msg, sizeof msg, "out of memory for verification");
-            rc = -1;
-        }
+        if ((rc = ensure_stage(h, maxrow, msg, sizeof msg)) == 0)
+            tmp = h->stage;
     }
-    /* record k (counting over all tensors) is checked by rank k % size */
-    int64_t k = 0;
+    /* the k-th record left to check (counting over all tensors) is
+     * checked by rank k % size */
+    int64_t k = 0, idx = 0;
     for (int i = 0; i < h->n && rc == 0; i++) {
         entry_t *e = &h->e[i];
         hid_t dset = H5I_INVALID_HID;
-        for (int j = 0; j < e->nrec && rc == 0; j++, k++) {
-            if (k % h->size != h->rank)
+        for (int j = 0; j < e->nrec && rc == 0; j++, idx++) {
+            if (done && done[idx])
+                continue;
+            if (k++ % h->size != h->rank)
                 continue;
             if (dset < 0 && (dset = H5Dopen2(h->file, e->t.name, H5P_DEFAULT)) < 0) {
                 h5err(msg, sizeof msg, "%s: cannot open tensor %s", h->path, e->t.name);
@@ -1529,7 +1616,6 @@ int h5store_verify(h5store_t *h, int64_t *n_shards, int64_t *n_bytes, char *err,
             rc = -1;
         }
     }
-    free(tmp);
     quiet_off(&q);
     if (stat[2] > 0)
         rc = -1;
@@ -1550,6 +1636,53 @@ int h5store_verify(h5store_t *h, int64_t *n_shards, int64_t *n_bytes, char *err,
     if (n_bytes)
         *n_bytes = stat[1];
     return 0;
+}
+
+int h5store_verify(h5store_t *h, int64_t *n_shards, int64_t *n_bytes, char *err, size_t errlen)
+{
+    return verify_records(h, NULL, n_shards, n_bytes, err, errlen);
+}
+
+int h5store_read_verify(h5store_t *h, const h5store_tensor_t *t, int nt, const h5store_shard_t *s, int ns,
+                        char *err, size_t errlen)
+{
+    char msg[MSG_LEN] = "";
+    int64_t total = 0;
+    for (int i = 0; i < h->n; i++) {
+        for (int j = 0; j < h->e[i].nrec; j++)
+            h->e[i].rec[j].checked = 0;
+        total += h->e[i].nrec;
+    }
+    int rc = read_shards_local(h, t, nt, s, ns, msg, sizeof msg), mrc;
+    unsigned char *done = calloc((size_t)total + 1, 1);
+    if (!done && rc == 0) {
+        seterr(msg, sizeof msg, "out of memory for verification");
+        rc = -1;
+    }
+    /* a bad read anywhere is the answer: no need to look further */
+    if (h5store_agree(h->comm, rc, msg, sizeof msg)) {
+        free(done);
+        seterr(err, errlen, "%s", msg);
+        return -1;
+    }
+    int64_t idx = 0;
+    for (int i = 0; i < h->n; i++)
+        for (int j = 0; j < h->e[i].nrec; j++)
+            done[idx++] = (unsigned char)h->e[i].rec[j].checked;
+    /* the records some rank's reads checked; the rest are read for their CRC */
+    if (total > INT_MAX) {
+        seterr(err, errlen, "%s: too many checksum records (%" PRId64 ")", h->path, total);
+        rc = -1;
+    } else if (total > 0 &&
+               (mrc = MPI_Allreduce(MPI_IN_PLACE, done, (int)total, MPI_UNSIGNED_CHAR, MPI_MAX, h->comm)) !=
+                   MPI_SUCCESS) {
+        mpierr(err, errlen, mrc, "MPI_Allreduce (records checked)");
+        rc = -1;
+    }
+    if (rc == 0)
+        rc = verify_records(h, done, NULL, NULL, err, errlen);
+    free(done);
+    return rc;
 }
 
 /* ------------------------------------------------------------------ */

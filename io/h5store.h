@@ -12,6 +12,7 @@
  *           h5store_read_shards                  collective, layout B
  *           h5store_read                         one hyperslab, independent
  *           h5store_verify                       every checksum, collective
+ *           h5store_read_verify                  both, reading the file once
  *           h5store_close(h)
  *
  * Integrity: every shard written gets a CRC-32C of its bytes (row-major
@@ -117,6 +118,15 @@ int h5store_read(h5store_t *h, const char *name, const int64_t start[2], const i
  * shape [3,4] in file, expected [4,4]"), then reads this rank's shards
  * (layout B need not be the writer's layout A). Same status on all ranks. */
 int h5store_read_shards(h5store_t *h, const h5store_tensor_t *tensors, int n_tensors,
+                        const h5store_shard_t *shards, int n_shards, char *err, size_t errlen);
+
+/* Collective: h5store_read_shards and h5store_verify in one pass over the
+ * file. The records this rank's reads lie over are checked as they are
+ * read (as h5store_read does); the ranks then pool which records some read
+ * checked, and only the others are read again for their CRC, the ranks
+ * taking turns. Same checks and messages as the two calls, but a loader
+ * whose ranks together read the whole file reads it once, not twice. */
+int h5store_read_verify(h5store_t *h, const h5store_tensor_t *tensors, int n_tensors,
                         const h5store_shard_t *shards, int n_shards, char *err, size_t errlen);
 
 /* Collective: recomputes the checksum of every recorded shard (the ranks

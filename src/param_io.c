@@ -229,11 +229,13 @@ int param_io_read(h5store_t *h, const model_config_t *cfg, const param_table_t *
         rc = param_io_tensors(cfg, groups, n_groups, 1, &tensors, &nt, err, errlen);
     if (rc == 0)
         rc = table_shards(t, groups, n_groups, tensors, nt, 1, 0, shards, &ns, err, errlen);
-    /* h5store_read_shards checks every listed tensor's shape: the chunk
-     * field is not compared, so the reader's layout is free */
+    /* h5store_read_verify checks every listed tensor's shape (the chunk
+     * field is not compared, so the reader's layout is free) and every
+     * checksum in the file, reading the file once where the ranks' reads
+     * cover it */
     rc = h5store_agree(MPI_COMM_WORLD, rc, err, errlen);
     if (rc == 0)
-        rc = h5store_read_shards(h, tensors, nt, shards, ns, err, errlen);
+        rc = h5store_read_verify(h, tensors, nt, shards, ns, err, errlen);
     free(tensors);
     free(shards);
     return rc;

@@ -55,8 +55,9 @@ int param_io_write(const char *path, const model_config_t *cfg, const param_tabl
                    const h5store_attr_t *attrs, int n_attrs, char *err, size_t errlen);
 
 /* Collective over the store's communicator: reads every tensor of this
- * rank's table, for each group, from the open file (any layout wrote it).
- * A missing tensor or a shape mismatch is an error naming it. */
+ * rank's table, for each group, from the open file (any layout wrote it),
+ * and verifies every checksum in the file (h5store_read_verify). A missing
+ * tensor, a shape mismatch or a checksum mismatch is an error naming it. */
 int param_io_read(h5store_t *h, const model_config_t *cfg, const param_table_t *t,
                   const param_io_group_t *groups, int n_groups, char *err, size_t errlen);
 

@@ -202,22 +202,33 @@ static int prepare_ckpt_dir(trainer_t *tr, char *err, size_t errlen)
     return h5store_agree(MPI_COMM_WORLD, rc, err, errlen);
 }
 
-/* Host copies of parameters and moments for checkpoint I/O (the CPU
- * backend's memory is host memory, but the ops table does not promise it). */
-static int host_state(trainer_t *tr, float **p, float **m, float **v)
+static void free_state(trainer_t *tr)
 {
-    const size_t bytes = tr->model.table.numel * sizeof(float) + 1;
-    *p = malloc(bytes);
-    *m = malloc(bytes);
-    *v = malloc(bytes);
-    return *p && *m && *v ? 0 : -1;
+    free(tr->host_p);
+    free(tr->host_m);
+    free(tr->host_v);
+    tr->host_p = tr->host_m = tr->host_v = NULL;
 }
 
-static void free_state(float *p, float *m, float *v)
+/* Host copies of parameters and moments for checkpoint I/O (the CPU
+ * backend's memory is host memory, but the ops table does not promise it).
+ * Made once and kept for the run: allocating and faulting in three fresh
+ * buffers at every save cost more than writing the file (gpt2-124m on the
+ * dev VM: ~6 s a save against ~4 s for the file). */
+static int host_state(trainer_t *tr, float **p, float **m, float **v)
 {
-    free(p);
-    free(m);
-    free(v);
+    if (!tr->host_p) {
+        const size_t bytes = tr->model.table.numel * sizeof(float) + 1;
+        tr->host_p = malloc(bytes);
+        tr->host_m = malloc(bytes);
+        tr->host_v = malloc(bytes);
+        if (!tr->host_p || !tr->host_m || !tr->host_v)
+            free_state(tr);
+    }
+    *p = tr->host_p;
+    *m = tr->host_m;
+    *v = tr->host_v;
+    return tr->host_p ? 0 : -1;
 }
 
 /* The moments as full flat host buffers [table.numel] (what a checkpoint
@@ -287,13 +298,17 @@ static int trainer_resume(trainer_t *tr, char *err, size_t errlen)
         snprintf(err, errlen, "out of memory for loading %s", path);
     rc = h5store_agree(MPI_COMM_WORLD, rc, err, errlen);
     ckpt_meta_t meta;
+    double load_s = 0.0;
     if (rc == 0) {
         /* padding rows are not in the file: start them from the buffers' zeros */
         const size_t bytes = m->table.numel * sizeof(float);
         memset(hp, 0, bytes);
         memset(hm, 0, bytes);
         memset(hv, 0, bytes);
+        /* ckpt_load ends in a collective close: rank 0's time is the job's */
+        const double t0 = now_s();
         rc = ckpt_load(path, &tr->cfg, &m->table, hp, hm, hv, &meta, err, errlen);
+        load_s = now_s() - t0;
     }
     if (rc == 0) {
         if (params_from_host(tr, hp) != 0 || moments_from_host(tr, hm, hv) != 0) {
@@ -307,7 +322,8 @@ static int trainer_resume(trainer_t *tr, char *err, size_t errlen)
         tr->start_step = meta.step;
         tr->steps_done = meta.step;
         if (tr->env->world_rank == 0) {
-            printf("resume: %s, step %d, %lld tokens, written at %s\n", path, meta.step, meta.tokens, meta.layout);
+            printf("resume: %s, step %d, %lld tokens, written at %s; read and verified in %.2f s\n", path, meta.step,
+                   meta.tokens, meta.layout, load_s);
             const int gb = o->global_batch ? o->global_batch : o->micro_batch * tr->grid->dp_size;
             if (meta.seed != o->seed || meta.global_batch != gb || meta.seq_len != o->seq_len)
                 printf("resume: note: the checkpoint's run had seed %lld, global batch %d, seq len %d; this run "
@@ -315,7 +331,6 @@ static int trainer_resume(trainer_t *tr, char *err, size_t errlen)
                        meta.seed, meta.global_batch, meta.seq_len, (long long)o->seed, gb, o->seq_len);
         }
     }
-    free_state(hp, hm, hv);
     return rc;
 }
 
@@ -357,7 +372,6 @@ static int trainer_save(trainer_t *tr, int step, char *err, size_t errlen)
         if (rc == 0 && tr->env->world_rank == 0)
             printf("checkpoint: %s (step %d) in %.2f s\n", path, step, now_s() - t0);
     }
-    free_state(hp, hm, hv);
     return rc;
 }
 
@@ -1125,6 +1139,7 @@ void trainer_teardown(trainer_t *tr)
         fprintf(stderr, "dtrain: warning: closing --metrics %s failed\n", tr->opt->metrics);
     free(tr->tok);
     free(tr->tgt);
+    free_state(tr);
     ddp_destroy(&tr->ddp);
     free(tr->tensor_start);
     adamw_destroy(&tr->optim);

@@ -52,6 +52,10 @@ typedef struct trainer {
     FILE *metrics;
     trace_t *trace;     /* --trace: this rank's spans */
     int32_t *tok, *tgt; /* host batch [B*T] */
+    /* host copies of parameters and AdamW moments for checkpoint I/O,
+     * [table.numel] each: made at the first save or load and kept, since
+     * fresh memory costs more to fault in than the file costs to write */
+    float *host_p, *host_m, *host_v;
 } trainer_t;
 
 /* Everything a run needs; on failure err holds one line. Local to this

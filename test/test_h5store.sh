@@ -1,8 +1,10 @@
 #!/bin/sh
 # io/h5store (test_h5store.c): tensors written at one np and split are read
 # back at another, element by element; h5py reads every tensor bit-exactly
-# and recomputes every stored CRC-32C; a flipped byte, a truncated file and
-# failed writes give one clear line and leave no file behind.
+# and recomputes every stored CRC-32C; reading and verifying in one pass
+# checks every checksum, also those no rank's reads cover; a flipped byte, a
+# truncated file and failed writes give one clear line and leave no file
+# behind.
 . "$top_srcdir/test/common.sh"
 
 PROG="$top_builddir/test/test_h5store"
@@ -58,10 +60,22 @@ expect_ok "np 3 mixed -> np 1 rows" 1 read "$TMP/w4.h5" rows
 expect_ok "np 3 mixed -> np 2 uneven" 2 read "$TMP/w4.h5" uneven
 expect_ok "np 1 rows -> np 2 mixed" 2 read "$TMP/w1.h5" mixed
 expect_ok "2000 shards of one tensor at np 2" 2 many "$TMP/many.h5"
+# a staging buffer of 7 floats: every shard moves in many blocks of rows,
+# and rows of 17 and 24 floats are longer than the stage (one row a block)
+export H5STORE_STAGE_FLOATS=7
+expect_ok "7-float stage: write np 3 inter" 3 write "$TMP/s3.h5" inter
+expect_ok "7-float stage: write np 2 mixed" 2 write "$TMP/s4.h5" mixed
+expect_ok "7-float stage: np 3 inter -> np 2 cols" 2 read "$TMP/s3.h5" cols
+expect_ok "7-float stage: np 2 mixed -> np 3 uneven" 3 read "$TMP/s4.h5" uneven
+expect_ok "7-float stage: read_verify np 2 mixed -> np 3 rows" 3 readverify "$TMP/s4.h5" rows all
+unset H5STORE_STAGE_FLOATS
+# reading and verifying in one pass (what checkpoint loading uses)
+expect_ok "read_verify np 3 inter -> np 2 rows" 2 readverify "$TMP/w3.h5" rows all
+expect_ok "read_verify np 3 mixed -> np 3 inter, optim/m/big unread" 3 readverify "$TMP/w4.h5" inter nobig
 
 # h5py: every tensor bit-exact, the attributes, every checksum recomputed
 if $PY -c 'import h5py, numpy' 2>/dev/null; then
-    for f in w1 w2 w3 w4; do
+    for f in w1 w2 w3 w4 s3 s4; do
         if out=$($PY - "$TMP/$f.h5" <<'EOF' 2>&1
 import sys, h5py, numpy as np
 T = {"params/wte": (37, 24), "params/h.0.attn.wq": (24, 24), "params/h.0.ln.b": (24,),
@@ -132,6 +146,10 @@ EOF
     expect_err "flipped byte, verify np 3" "checksum mismatch in optim/m/big $rows (stored" 3 verify "$TMP/bad.h5"
     expect_err "flipped byte, verify np 2" "checksum mismatch in optim/m/big $rows (stored" 2 verify "$TMP/bad.h5"
     expect_err "flipped byte, read at the writer's layout" "checksum mismatch in optim/m/big $rows" 3 read "$TMP/bad.h5" inter
+    expect_err "flipped byte, read_verify reading it" "checksum mismatch in optim/m/big $rows" 2 readverify \
+        "$TMP/bad.h5" rows all
+    expect_err "flipped byte, read_verify with no rank reading it" "checksum mismatch in optim/m/big $rows (stored" 3 \
+        readverify "$TMP/bad.h5" cols nobig
     expect_ok "unflipped file still verifies" 3 verify "$TMP/w3.h5"
 else
     fail "cannot locate optim/m/big in the file: $where"

@@ -16,8 +16,23 @@ Prints one line per check and exits 0 when all pass, 1 otherwise
 (2 on unusable input).
 
     /usr/bin/python3 test/ref/torch_ref.py OUTDIR
+
+Second mode: the validation loss of a dtrain checkpoint or --save-params
+file (read with h5py), on exactly the batches dtrain's validation reads
+(microbatch i of --val-batches N holds samples i*B .. i*B+B-1 of the
+validation shards in file order; the loss is the mean of the N
+microbatch means). Computed in float64 from the file's float32 tensors.
+Prints the value of each FILE; with --expect (dtrain's val_loss of each
+FILE, in the same order) also checks |X - torch| / |torch| <= 1e-5 and
+exits 1 when any is not.
+
+    /usr/bin/python3 test/ref/torch_ref.py --val-loss FILE... --val-data PATTERN
+        --micro-batch B --seq-len T --val-batches N [--data-format llmc|raw-u16]
+        [--expect X...]
 """
 
+import argparse
+import glob
 import json
 import math
 import os
@@ -243,7 +258,124 @@ def adamw_check(chk, cfg, table, flat, grads, afters):
                 t.copy_(torch.from_numpy(got_all[name].astype(np.float64)))
 
 
+TOKENS_HEADER_INTS = 256
+TOKENS_FORMATS = {(20240520, 1): "<u2", (20240801, 7): "<u4"}
+MODEL_ATTRS = ("arch", "vocab_size", "n_layer", "n_head", "n_kv_head", "d_model", "d_ff", "max_seq",
+               "norm_eps", "rope_theta")
+
+
+def read_token_shards(pattern, fmt):
+    """The shards of io/tokens.c: glob(3) matches sorted bytewise, each read
+    whole (llmc: a 256-int32 header [magic, version, count], then count
+    uint16 or uint32 tokens; raw-u16: the whole file is uint16 tokens)."""
+    paths = sorted(glob.glob(pattern), key=os.fsencode) or ([pattern] if os.path.isfile(pattern) else [])
+    if not paths:
+        raise ValueError("--val-data %s matches no file" % pattern)
+    shards = []
+    for path in paths:
+        if fmt == "raw-u16":
+            shards.append(np.fromfile(path, dtype="<u2").astype(np.int64))
+            continue
+        head = np.fromfile(path, dtype="<i4", count=TOKENS_HEADER_INTS)
+        if head.size != TOKENS_HEADER_INTS or (int(head[0]), int(head[1])) not in TOKENS_FORMATS:
+            raise ValueError("%s: not an llmc token shard" % path)
+        dt = TOKENS_FORMATS[(int(head[0]), int(head[1]))]
+        tok = np.fromfile(path, dtype=dt, offset=4 * TOKENS_HEADER_INTS)
+        if tok.size != int(head[2]):
+            raise ValueError("%s: header says %d tokens, file holds %d" % (path, int(head[2]), tok.size))
+        shards.append(tok.astype(np.int64))
+    return shards
+
+
+def val_batch(shards, T, first, B):
+    """dtrain's data_sample for samples first .. first+B-1 of an unshuffled
+    loader (src/data.c): sample k is tokens [k*T, k*T+T] of its shard
+    (shard s holds (n_s - 1) // T samples), global index modulo the count."""
+    counts = [(len(s) - 1) // T if len(s) > 0 else 0 for s in shards]
+    total = sum(counts)
+    if total == 0:
+        raise ValueError("the validation shards hold no sample of %d + 1 tokens" % T)
+    tok = np.empty((B, T), dtype=np.int64)
+    tgt = np.empty((B, T), dtype=np.int64)
+    for b in range(B):
+        k = (first + b) % total
+        s = 0
+        while k >= counts[s]:
+            k -= counts[s]
+            s += 1
+        w = shards[s][k * T:k * T + T + 1]
+        tok[b], tgt[b] = w[:-1], w[1:]
+    return tok.reshape(-1), tgt.reshape(-1)
+
+
+def val_loss_of(path, a):
+    """(attributes, loss) of one file: the mean of the microbatch means."""
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        attrs = dict(f.attrs)
+        cfg = {k: attrs[k] for k in MODEL_ATTRS}
+        cfg["arch"] = str(cfg["arch"])
+        for k in MODEL_ATTRS[1:8]:
+            cfg[k] = int(cfg[k])
+        cfg["norm_eps"] = float(np.float32(cfg["norm_eps"]))  # dtrain keeps them as float
+        cfg["rope_theta"] = float(np.float32(cfg["rope_theta"]))
+        cfg["B"], cfg["T"] = a.micro_batch, a.seq_len
+        if a.seq_len > cfg["max_seq"]:
+            raise ValueError("--seq-len %d exceeds the model's max_seq %d" % (a.seq_len, cfg["max_seq"]))
+        P = {}
+        f["params"].visititems(lambda n, o: P.__setitem__(n, torch.from_numpy(o[()].astype(np.float64)))
+                               if isinstance(o, h5py.Dataset) else None)
+    shards = read_token_shards(a.val_data, a.data_format)
+    means = []
+    with torch.no_grad():
+        for i in range(a.val_batches):
+            tok, tgt = val_batch(shards, a.seq_len, i * a.micro_batch, a.micro_batch)
+            loss, _ = forward(cfg, P, tok, tgt)
+            means.append(float(loss))
+    return attrs, cfg, sum(means) / len(means)
+
+
+def val_loss_main(argv):
+    ap = argparse.ArgumentParser(prog="torch_ref.py --val-loss",
+                                 description="validation loss of dtrain checkpoints in PyTorch (float64)")
+    ap.add_argument("--val-loss", required=True, nargs="+", metavar="FILE",
+                    help="checkpoints or --save-params files")
+    ap.add_argument("--val-data", required=True, metavar="PATTERN")
+    ap.add_argument("--micro-batch", type=int, required=True)
+    ap.add_argument("--seq-len", type=int, required=True)
+    ap.add_argument("--val-batches", type=int, required=True)
+    ap.add_argument("--data-format", default="llmc", choices=("llmc", "raw-u16"))
+    ap.add_argument("--expect", type=float, nargs="+", metavar="X",
+                    help="dtrain's validation loss of each FILE: check it within 1e-5 relative")
+    a = ap.parse_args(argv)
+    if a.expect is not None and len(a.expect) != len(a.val_loss):
+        print("torch_ref: %d files but %d --expect values" % (len(a.val_loss), len(a.expect)), file=sys.stderr)
+        return 2
+    failures = 0
+    for n, path in enumerate(a.val_loss):
+        try:
+            attrs, cfg, ref = val_loss_of(path, a)
+        except (OSError, KeyError, ValueError) as e:
+            print("torch_ref: %s: %s" % (path, e), file=sys.stderr)
+            return 2
+        print("torch_ref: %s: %s (%s) step %d, written at %s: val loss %.9g over %d microbatches of %d x %d "
+              "(float64, torch %s)" % (path, attrs.get("content", "?"), cfg["arch"], int(attrs.get("step", -1)),
+                                       attrs.get("layout", "?"), ref, a.val_batches, a.micro_batch, a.seq_len,
+                                       torch.__version__))
+        if a.expect is None:
+            continue
+        rel = abs(a.expect[n] - ref) / abs(ref)
+        ok = rel <= TOL_LOSS
+        failures += not ok
+        print("%-4s %s: val loss: dtrain %.9g, torch %.9g, |diff|/|ref| %.3e (tol %.0e)"
+              % ("ok" if ok else "FAIL", os.path.basename(path), a.expect[n], ref, rel, TOL_LOSS))
+    return 1 if failures else 0
+
+
 def main():
+    if len(sys.argv) > 1 and sys.argv[1].startswith("--val-loss"):
+        return val_loss_main(sys.argv[1:])
     if len(sys.argv) != 2:
         print(__doc__, file=sys.stderr)
         return 2
