@@ -376,7 +376,8 @@ static comm_t **slot(nccl_grid_t *ng, const char *name)
     if (strcmp(name, "dp") == 0) return &ng->dp;
     if (strcmp(name, "pp") == 0) return &ng->pp;
     if (strcmp(name, "embed") == 0) return &ng->embed;
-    return &ng->shard;
+    if (strcmp(name, "shard") == 0) return &ng->shard;
+    return &ng->replica;
 }
 
 /* 1 on every rank if any rank passed failed != 0 (MPI failure counts). */
@@ -466,7 +467,7 @@ int nccl_grid_create(const grid_t *g, nccl_grid_t *ng, double timeout_s, char *e
 
 void nccl_grid_destroy(nccl_grid_t *ng)
 {
-    comm_t **all[] = {&ng->shard, &ng->embed, &ng->pp, &ng->dp, &ng->tp, &ng->world};
+    comm_t **all[] = {&ng->replica, &ng->shard, &ng->embed, &ng->pp, &ng->dp, &ng->tp, &ng->world};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
         if (*all[i])
             (*all[i])->ops->destroy(*all[i]);

@@ -13,7 +13,7 @@
 
 typedef struct nccl_grid {
     /* the NCCL twin of each grid communicator (NULL where g has none) */
-    comm_t *world, *tp, *dp, *pp, *embed, *shard;
+    comm_t *world, *tp, *dp, *pp, *embed, *shard, *replica;
     void *stream; /* the rank's communication stream (cudaStream_t), shared by all groups */
 } nccl_grid_t;
 

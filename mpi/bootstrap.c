@@ -45,16 +45,7 @@ int bootstrap_group_id(comm_t *c, void *id, size_t len, bootstrap_make_id_fn mak
 
 int bootstrap_grid_groups(const grid_t *g, comm_t **list, const char **names)
 {
-    comm_t *const all[BOOTSTRAP_MAX_GROUPS] = {g->world, g->tp, g->dp, g->pp, g->embed, g->shard};
-    static const char *const kind[BOOTSTRAP_MAX_GROUPS] = {"world", "tp", "dp", "pp", "embed", "shard"};
-    int n = 0;
-    for (int i = 0; i < BOOTSTRAP_MAX_GROUPS; i++)
-        if (all[i]) {
-            list[n] = all[i];
-            names[n] = kind[i];
-            n++;
-        }
-    return n;
+    return grid_groups(g, list, names);
 }
 
 int bootstrap_grid_ids(const grid_t *g, size_t len, bootstrap_make_id_fn make, void *ctx,

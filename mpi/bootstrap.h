@@ -12,7 +12,7 @@
 #include "comm.h"
 #include "grid.h"
 
-#define BOOTSTRAP_MAX_GROUPS 6 /* world, tp, dp, pp, embed, shard */
+#define BOOTSTRAP_MAX_GROUPS GRID_MAX_GROUPS
 #define BOOTSTRAP_MAX_ID 512   /* bytes; ncclUniqueId is 128 */
 
 /* Makes a new id of `len` bytes into id. Returns 0, or -1 with one line in
@@ -27,7 +27,8 @@ int bootstrap_group_id(comm_t *c, void *id, size_t len, bootstrap_make_id_fn mak
                        size_t errlen);
 
 /* The groups of g this rank belongs to, in the fixed kind order world, tp,
- * dp, pp, embed, shard (absent ones skipped): list[i] and names[i].
+ * dp, pp, embed, shard, replica (absent ones skipped): list[i] and names[i]
+ * (grid_groups).
  * Every rank walks the kinds in the same order and groups of one kind are
  * disjoint, so collectives over them one after another cannot deadlock. */
 int bootstrap_grid_groups(const grid_t *g, comm_t **list, const char **names);

@@ -13,6 +13,7 @@
 #include <stddef.h>
 
 #include "trace.h"
+#include "watchdog.h"
 
 typedef enum { COMM_SUM = 0, COMM_MAX } comm_op_t;
 
@@ -56,6 +57,10 @@ struct comm {
      * the posting call to the test() that reports done or wait()'s return.
      * NULL (the default) costs one branch per call. */
     trace_t *trace;
+    /* Optional: when set, every blocking call and every wait() is marked
+     * on this watchdog (--comm-timeout), which ends the job if one of them
+     * blocks longer than its timeout. NULL: one branch per call. */
+    watchdog_t *watch;
     char name[16]; /* group label for spans: "world", "tp", "dp", "pp", "embed" */
     char err[512];
 };

@@ -146,6 +146,20 @@ static long long fbytes(size_t n)
     return (long long)(n * sizeof(float));
 }
 
+/* A blocking call starts: the watchdog's mark and the span's start. */
+static double block_begin(comm_t *c, const char *op, long long bytes, int peer)
+{
+    watchdog_enter(c->watch, op, c->name, c->size, bytes, peer);
+    return span_t0(c);
+}
+
+/* ... and returned rc. */
+static int block_end(comm_t *c, int rc, const char *op, double t0, long long bytes, int peer)
+{
+    watchdog_leave(c->watch);
+    return span_end(c, rc, op, t0, bytes, peer);
+}
+
 /* Allocates the MPI requests of a nonblocking operation into req; op,
  * bytes and peer (-1: none) name its trace span. */
 static mpi_req_t *req_start(comm_t *c, comm_req_t *req, const char *what, size_t n, size_t nreq, const char *op,
@@ -273,9 +287,9 @@ static int mpi_ireduce_scatter(comm_t *c, const float *send, float *recv, size_t
         req->comm = c;
         req->impl = NULL;
         req->active = 0;
-        double t0 = span_t0(c);
-        return span_end(c, reduce_scatter_chunked(c, send, recv, n_each, NULL), "ireduce_scatter", t0,
-                        fbytes(n_each * (size_t)c->size), -1);
+        double t0 = block_begin(c, "ireduce_scatter", fbytes(n_each * (size_t)c->size), -1);
+        return block_end(c, reduce_scatter_chunked(c, send, recv, n_each, NULL), "ireduce_scatter", t0,
+                         fbytes(n_each * (size_t)c->size), -1);
     }
     size_t nreq = n_each > maxc(c) ? n_chunks(n_each, maxc(c)) * (size_t)c->size : 1;
     mpi_req_t *r = req_start(c, req, n_each > maxc(c) ? "MPI_Ireduce" : "MPI_Ireduce_scatter_block", n_each, nreq,
@@ -493,7 +507,9 @@ static int mpi_wait(comm_req_t *req)
     if (!req->active)
         return 0;
     mpi_req_t *r = req->impl;
+    watchdog_enter(req->comm->watch, r->op, req->comm->name, req->comm->size, r->bytes, r->peer);
     int rc = r->nreq ? MPI_Waitall(r->nreq, r->r, MPI_STATUSES_IGNORE) : MPI_SUCCESS;
+    watchdog_leave(req->comm->watch);
     if (rc != MPI_SUCCESS) {
         char what[64];
         snprintf(what, sizeof what, "MPI_Waitall(%s)", r->what);
@@ -523,50 +539,51 @@ static void mpi_destroy(comm_t *c)
     free(m);
 }
 
-/* Blocking calls: the operation, timed when traced. */
+/* Blocking calls: the operation, timed when traced, watched when
+ * comm->watch is set. */
 
 static int mpi_allreduce(comm_t *c, float *buf, size_t n, comm_op_t op)
 {
-    double t0 = span_t0(c);
-    return span_end(c, allreduce_run(c, buf, n, op), "allreduce", t0, fbytes(n), -1);
+    double t0 = block_begin(c, "allreduce", fbytes(n), -1);
+    return block_end(c, allreduce_run(c, buf, n, op), "allreduce", t0, fbytes(n), -1);
 }
 
 static int mpi_reduce_scatter(comm_t *c, const float *send, float *recv, size_t n_each)
 {
-    double t0 = span_t0(c);
-    return span_end(c, reduce_scatter_run(c, send, recv, n_each), "reduce_scatter", t0,
+    double t0 = block_begin(c, "reduce_scatter", fbytes(n_each * (size_t)c->size), -1);
+    return block_end(c, reduce_scatter_run(c, send, recv, n_each), "reduce_scatter", t0,
                     fbytes(n_each * (size_t)c->size), -1);
 }
 
 static int mpi_allgather(comm_t *c, const float *send, float *recv, size_t n_each)
 {
-    double t0 = span_t0(c);
-    return span_end(c, allgather_run(c, send, recv, n_each), "allgather", t0, fbytes(n_each * (size_t)c->size),
+    double t0 = block_begin(c, "allgather", fbytes(n_each * (size_t)c->size), -1);
+    return block_end(c, allgather_run(c, send, recv, n_each), "allgather", t0, fbytes(n_each * (size_t)c->size),
                     -1);
 }
 
 static int mpi_broadcast(comm_t *c, float *buf, size_t n, int root)
 {
-    double t0 = span_t0(c);
-    return span_end(c, broadcast_run(c, buf, n, root), "bcast", t0, fbytes(n), root);
+    double t0 = block_begin(c, "bcast", fbytes(n), root);
+    return block_end(c, broadcast_run(c, buf, n, root), "bcast", t0, fbytes(n), root);
 }
 
 static int mpi_send(comm_t *c, const float *buf, size_t n, int peer, int tag)
 {
-    double t0 = span_t0(c);
-    return span_end(c, send_run(c, buf, n, peer, tag), "send", t0, fbytes(n), peer);
+    double t0 = block_begin(c, "send", fbytes(n), peer);
+    return block_end(c, send_run(c, buf, n, peer, tag), "send", t0, fbytes(n), peer);
 }
 
 static int mpi_recv(comm_t *c, float *buf, size_t n, int peer, int tag)
 {
-    double t0 = span_t0(c);
-    return span_end(c, recv_run(c, buf, n, peer, tag), "recv", t0, fbytes(n), peer);
+    double t0 = block_begin(c, "recv", fbytes(n), peer);
+    return block_end(c, recv_run(c, buf, n, peer, tag), "recv", t0, fbytes(n), peer);
 }
 
 static int mpi_barrier(comm_t *c)
 {
-    double t0 = span_t0(c);
-    return span_end(c, barrier_run(c), "barrier", t0, 0, -1);
+    double t0 = block_begin(c, "barrier", 0, -1);
+    return block_end(c, barrier_run(c), "barrier", t0, 0, -1);
 }
 
 static const comm_ops_t mpi_ops = {

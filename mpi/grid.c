@@ -297,6 +297,21 @@ int grid_create_shard_group(grid_t *g, int H)
     return 0;
 }
 
+int grid_groups(const grid_t *g, comm_t **list, const char **names)
+{
+    comm_t *const all[GRID_MAX_GROUPS] = {g->world, g->tp, g->dp, g->pp, g->embed, g->shard, g->replica};
+    static const char *const kind[GRID_MAX_GROUPS] = {"world", "tp", "dp", "pp", "embed", "shard", "replica"};
+    int n = 0;
+    for (int i = 0; i < GRID_MAX_GROUPS; i++)
+        if (all[i]) {
+            list[n] = all[i];
+            if (names)
+                names[n] = kind[i];
+            n++;
+        }
+    return n;
+}
+
 /* ---- grid_print ---- */
 
 typedef struct {

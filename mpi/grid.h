@@ -34,6 +34,15 @@ void grid_destroy(grid_t *g);
  * or -1 with one line in g->err. */
 int grid_create_shard_group(grid_t *g, int H);
 
+#define GRID_MAX_GROUPS 7 /* world, tp, dp, pp, embed, shard, replica */
+
+/* The groups of g this rank belongs to, in the fixed kind order world, tp,
+ * dp, pp, embed, shard, replica (absent ones skipped): list[i], and
+ * names[i] ("dp") when names is not NULL. Returns how many. Every rank
+ * walks the kinds in the same order and groups of one kind are disjoint,
+ * so collectives over them one after another cannot deadlock. */
+int grid_groups(const grid_t *g, comm_t **list, const char **names);
+
 /* Prints, on the calling rank, every group of each kind with its world
  * ranks and hosts: "tp group 0: ranks 0,1 (hostA)". Collective (gathers
  * host names); only world rank 0 writes to out. */

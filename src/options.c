@@ -65,6 +65,7 @@ static const opt_def_t opt_defs[] = {
     {"bucket-mb", OPT_REAL, F(bucket_mb), 0, "25", 0.001, 1e6, NULL, "gradient bucket size in MiB for --ddp-mode bucketed"},
     {"recompute", OPT_STR, F(recompute), S(recompute), "none", 0, 0, recompute_choices, "activation recomputation: none | selective (attention probabilities and MLP activation redone in backward) | full (keep each block's input, redo the block); bit-identical results"},
     {"check-replicas", OPT_INT, F(check_replicas), 0, "0", 0, INT_MAX, NULL, "check data-parallel replicas hold identical parameters every N steps (0 = only at start)"},
+    {"comm-timeout", OPT_REAL, F(comm_timeout), 0, "600", 0, 1e9, NULL, "end the job, naming the operation, when one communication call has blocked this long in seconds: a peer rank is stuck or dead (0 = wait forever)"},
     {"steps", OPT_INT, F(steps), 0, "1000", 1, INT_MAX, NULL, "total optimizer steps of the run"},
     {"micro-batch", OPT_INT, F(micro_batch), 0, "16", 1, 1 << 20, NULL, "sequences per microbatch (per rank)"},
     {"global-batch", OPT_INT, F(global_batch), 0, "0", 0, 1 << 30, NULL, "sequences per optimizer step over all ranks; a multiple of micro batch x dp (0 = micro batch x dp)"},

@@ -27,6 +27,7 @@ typedef struct run_options {
     int hybrid_shard;  /* shard group size (0 = the whole DP group) */
     double bucket_mb;
     int check_replicas;
+    double comm_timeout; /* seconds one communication call may block before the job is ended (0 = never) */
     char recompute[16]; /* activation recomputation: none | selective | full */
     /* schedule and batch */
     int steps, micro_batch, global_batch, seq_len;

@@ -568,11 +568,23 @@ int trainer_setup(trainer_t *tr, const run_options_t *o, const launch_env_t *env
             snprintf(err, errlen, "out of memory for --trace");
             return -1;
         }
-        comm_t *groups[] = {grid->world, grid->tp, grid->dp, grid->pp, grid->embed};
-        for (size_t i = 0; i < sizeof groups / sizeof groups[0]; i++)
-            if (groups[i])
-                groups[i]->trace = tr->trace;
+        comm_t *groups[GRID_MAX_GROUPS];
+        for (int i = 0, ng = grid_groups(grid, groups, NULL); i < ng; i++)
+            groups[i]->trace = tr->trace;
         tr->model.trace = tr->trace;
+    }
+    if (o->comm_timeout > 0 && grid->world_size > 1) {
+        char who[160], host[64] = "?";
+        if (gethostname(host, sizeof host) != 0)
+            snprintf(host, sizeof host, "?");
+        host[sizeof host - 1] = '\0';
+        snprintf(who, sizeof who, "rank %d (tp %d pp %d dp %d, host %s)", grid->world_rank, grid->tp_rank,
+                 grid->pp_rank, grid->dp_rank, host);
+        if (!(tr->watch = watchdog_start(o->comm_timeout, who, err, errlen)))
+            return -1;
+        comm_t *groups[GRID_MAX_GROUPS];
+        for (int i = 0, ng = grid_groups(grid, groups, NULL); i < ng; i++)
+            groups[i]->watch = tr->watch;
     }
     if (o->metrics[0] && env->world_rank == 0) {
         tr->metrics = fopen(o->metrics, "w");
@@ -965,10 +977,14 @@ static int stop_requested(trainer_t *tr, int step, char *err, size_t errlen)
 {
     const run_options_t *o = tr->opt;
     int sig = launch_stop_signal();
-    if (tr->grid->world_size > 1 && MPI_Allreduce(MPI_IN_PLACE, &sig, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD) !=
-                                        MPI_SUCCESS) {
-        snprintf(err, errlen, "step %d: the all-reduce of the stop signal failed", step);
-        return -1;
+    if (tr->grid->world_size > 1) {
+        watchdog_enter(tr->watch, "allreduce (stop signal)", "world", tr->grid->world_size, (long long)sizeof sig, -1);
+        int rc = MPI_Allreduce(MPI_IN_PLACE, &sig, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+        watchdog_leave(tr->watch);
+        if (rc != MPI_SUCCESS) {
+            snprintf(err, errlen, "step %d: the all-reduce of the stop signal failed", step);
+            return -1;
+        }
     }
     if (sig == 0)
         return 0;
@@ -1072,9 +1088,12 @@ int trainer_run(trainer_t *tr, char *err, size_t errlen)
         for (int k = 0; k < MEM_N_CATEGORIES; k++)
             r.mem_peak[k] = (long long)mem_peak_bytes((mem_category_t)k);
         r.mem_peak[MEM_N_CATEGORIES] = (long long)mem_total_peak_bytes();
+        watchdog_enter(tr->watch, "allreduce (memory peaks)", "world", g->world_size, (long long)sizeof r.mem_peak,
+                       -1);
         launch_mpi_check(MPI_Allreduce(MPI_IN_PLACE, r.mem_peak, MEM_N_CATEGORIES + 1, MPI_LONG_LONG, MPI_MAX,
                                        MPI_COMM_WORLD),
                          "MPI_Allreduce (memory peaks)");
+        watchdog_leave(tr->watch);
         r.compute_ms_max = 1e3 * tmax[0];
         r.comm_ms = 1e3 * tmax[1];
         r.bubble_max = tmax[2];
@@ -1127,14 +1146,13 @@ int trainer_run(trainer_t *tr, char *err, size_t errlen)
 
 void trainer_teardown(trainer_t *tr)
 {
-    if (tr->trace) {
-        grid_t *g = tr->grid;
-        comm_t *groups[] = {g->world, g->tp, g->dp, g->pp, g->embed};
-        for (size_t i = 0; i < sizeof groups / sizeof groups[0]; i++)
-            if (groups[i])
-                groups[i]->trace = NULL;
-        trace_destroy(tr->trace);
+    comm_t *groups[GRID_MAX_GROUPS];
+    for (int i = 0, n = grid_groups(tr->grid, groups, NULL); i < n; i++) {
+        groups[i]->trace = NULL;
+        groups[i]->watch = NULL;
     }
+    trace_destroy(tr->trace);
+    watchdog_stop(tr->watch);
     if (tr->metrics && fclose(tr->metrics) != 0)
         fprintf(stderr, "dtrain: warning: closing --metrics %s failed\n", tr->opt->metrics);
     free(tr->tok);

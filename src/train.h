@@ -51,6 +51,7 @@ typedef struct trainer {
     double peak_gflops; /* per rank */
     FILE *metrics;
     trace_t *trace;     /* --trace: this rank's spans */
+    watchdog_t *watch;  /* --comm-timeout: marks every blocking call of the grid's groups */
     int32_t *tok, *tgt; /* host batch [B*T] */
     /* host copies of parameters and AdamW moments for checkpoint I/O,
      * [table.numel] each: made at the first save or load and kept, since

@@ -1,0 +1,178 @@
+/* Communication watchdog: see watchdog.h. */
+#include "watchdog.h"
+
+#include <errno.h>
+#include <mpi.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+struct watchdog {
+    double timeout_s;
+    char who[160];
+    pthread_t thread;
+    pthread_mutex_t lock; /* guards everything below */
+    pthread_cond_t wake;  /* signalled by watchdog_stop */
+    int stop;
+    /* the blocking call in progress; op == NULL: none */
+    const char *op, *group;
+    int size, peer;
+    long long bytes;
+    struct timespec since; /* CLOCK_MONOTONIC at watchdog_enter */
+};
+
+static double seconds_since(const struct timespec *t0)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)(t.tv_sec - t0->tv_sec) + 1e-9 * (double)(t.tv_nsec - t0->tv_nsec);
+}
+
+/* "4 KiB", "1.5 MiB": bytes as a person reads them. */
+static void human_bytes(char *buf, size_t len, long long b)
+{
+    static const char *const unit[] = {"bytes", "KiB", "MiB", "GiB", "TiB"};
+    double v = (double)b;
+    int u = 0;
+    while (v >= 1024.0 && u < 4) {
+        v /= 1024.0;
+        u++;
+    }
+    if (u == 0)
+        snprintf(buf, len, "%lld bytes", b);
+    else
+        snprintf(buf, len, "%.*f %s", v < 10 ? 1 : 0, v, unit[u]);
+}
+
+/* Called with w->lock held and a call in progress for longer than the
+ * timeout: prints the line and ends the job. Does not return. */
+static void fire(watchdog_t *w, double waited_s)
+{
+    char what[96] = "";
+    if (w->bytes >= 0)
+        human_bytes(what, sizeof what, w->bytes);
+    char peer[48] = "";
+    if (w->peer >= 0)
+        snprintf(peer, sizeof peer, ", peer %s rank %d", w->group, w->peer);
+    fprintf(stderr,
+            "dtrain: %s: %s on group %s (%d ranks%s%s%s) has not finished after %.0f s (--comm-timeout %g): "
+            "a peer rank is stuck or dead; aborting the job\n",
+            w->who, w->op, w->group, w->size, what[0] ? ", " : "", what, peer, waited_s, w->timeout_s);
+    fflush(stderr);
+    alarm(30); /* should MPI_Abort block, SIGALRM's default action ends the process */
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    _exit(1);
+}
+
+static void *watch_loop(void *arg)
+{
+    watchdog_t *w = arg;
+    /* wake often enough that the job ends within ~1/8 of the timeout after
+     * it, and at most once a second */
+    double period = w->timeout_s / 8 < 1.0 ? w->timeout_s / 8 : 1.0;
+    if (period < 0.01)
+        period = 0.01;
+    pthread_mutex_lock(&w->lock);
+    while (!w->stop) {
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until); /* pthread_cond_timedwait's default clock */
+        long long ns = (long long)until.tv_nsec + (long long)(period * 1e9);
+        until.tv_sec += (time_t)(ns / 1000000000LL);
+        until.tv_nsec = (long)(ns % 1000000000LL);
+        int rc = pthread_cond_timedwait(&w->wake, &w->lock, &until);
+        if (rc != 0 && rc != ETIMEDOUT && rc != EINTR)
+            break;
+        if (!w->stop && w->op) {
+            double waited = seconds_since(&w->since);
+            if (waited > w->timeout_s)
+                fire(w, waited);
+        }
+    }
+    pthread_mutex_unlock(&w->lock);
+    return NULL;
+}
+
+watchdog_t *watchdog_start(double timeout_s, const char *who, char *err, size_t errlen)
+{
+    if (!(timeout_s > 0)) {
+        snprintf(err, errlen, "watchdog: the timeout must be positive (got %g)", timeout_s);
+        return NULL;
+    }
+    watchdog_t *w = calloc(1, sizeof *w);
+    if (!w) {
+        snprintf(err, errlen, "out of memory for the communication watchdog");
+        return NULL;
+    }
+    w->timeout_s = timeout_s;
+    snprintf(w->who, sizeof w->who, "%s", who);
+    if (pthread_mutex_init(&w->lock, NULL) != 0) {
+        snprintf(err, errlen, "watchdog: pthread_mutex_init failed");
+        free(w);
+        return NULL;
+    }
+    if (pthread_cond_init(&w->wake, NULL) != 0) {
+        snprintf(err, errlen, "watchdog: pthread_cond_init failed");
+        pthread_mutex_destroy(&w->lock);
+        free(w);
+        return NULL;
+    }
+    /* The thread inherits the signal mask: block everything in it, so that
+     * SIGUSR1/SIGTERM (stop requests) and SIGINT keep reaching the main
+     * thread as before. */
+    sigset_t all, old;
+    sigfillset(&all);
+    int rc = pthread_sigmask(SIG_SETMASK, &all, &old);
+    if (rc == 0) {
+        rc = pthread_create(&w->thread, NULL, watch_loop, w);
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+    }
+    if (rc != 0) {
+        snprintf(err, errlen, "watchdog: cannot start its thread: %s", strerror(rc));
+        pthread_cond_destroy(&w->wake);
+        pthread_mutex_destroy(&w->lock);
+        free(w);
+        return NULL;
+    }
+    return w;
+}
+
+void watchdog_stop(watchdog_t *w)
+{
+    if (!w)
+        return;
+    pthread_mutex_lock(&w->lock);
+    w->stop = 1;
+    pthread_cond_signal(&w->wake);
+    pthread_mutex_unlock(&w->lock);
+    pthread_join(w->thread, NULL);
+    pthread_cond_destroy(&w->wake);
+    pthread_mutex_destroy(&w->lock);
+    free(w);
+}
+
+void watchdog_enter(watchdog_t *w, const char *op, const char *group, int size, long long bytes, int peer)
+{
+    if (!w)
+        return;
+    pthread_mutex_lock(&w->lock);
+    w->op = op;
+    w->group = group;
+    w->size = size;
+    w->bytes = bytes;
+    w->peer = peer;
+    clock_gettime(CLOCK_MONOTONIC, &w->since);
+    pthread_mutex_unlock(&w->lock);
+}
+
+void watchdog_leave(watchdog_t *w)
+{
+    if (!w)
+        return;
+    pthread_mutex_lock(&w->lock);
+    w->op = NULL;
+    pthread_mutex_unlock(&w->lock);
+}

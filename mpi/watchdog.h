@@ -1,0 +1,52 @@
+/* Communication watchdog (--comm-timeout): ends the job, with one line
+ * naming the stuck operation, when this rank has been blocked in one
+ * communication call for longer than the timeout.
+ *
+ * A rank whose peer died or stopped waits forever inside MPI: a blocking
+ * collective, a wait() on a nonblocking one, a receive. MPI offers no
+ * timeout, and a job that hangs silently burns its allocation. So a
+ * helper thread wakes about once a second (or sooner for short timeouts)
+ * and looks at what the main thread is blocked in: the communicator
+ * (comm_mpi.c, nccl_comm.c) and the trainer's few direct MPI calls mark
+ * each blocking call with watchdog_enter/watchdog_leave. When one call has
+ * lasted longer than the timeout, the thread prints
+ *
+ *   dtrain: rank 3 (tp 1 pp 1 dp 0, host n07): allreduce on group dp (2 ranks, 4 KiB) has not finished after 600 s
+ *   (--comm-timeout 600): a peer rank is stuck or dead; aborting the job
+ *
+ * and calls MPI_Abort, which ends every rank under mpirun and srun alike.
+ * The process runs MPI_THREAD_FUNNELED, under which MPI_Abort from a
+ * second thread is outside the standard's promise; the job is already
+ * lost, and an alarm(30) set just before makes the process end anyway
+ * should MPI_Abort itself block.
+ *
+ * Only blocking is timed: a nonblocking operation in flight while the
+ * rank computes is progress, not a hang; its wait() is timed.
+ *
+ * Cost: a mutex lock/unlock pair per blocking call, nothing else on the
+ * main thread. A NULL watchdog_t * makes enter/leave no-ops. */
+#ifndef DTRAIN_WATCHDOG_H
+#define DTRAIN_WATCHDOG_H
+
+#include <stddef.h>
+
+typedef struct watchdog watchdog_t;
+
+/* Starts the thread. timeout_s > 0; who names this rank in the message
+ * ("rank 3 (tp 1 pp 1 dp 0, host n07)"). NULL with err set on failure. */
+watchdog_t *watchdog_start(double timeout_s, const char *who, char *err, size_t errlen);
+
+/* Stops and joins the thread, frees w. NULL is fine. */
+void watchdog_stop(watchdog_t *w);
+
+/* The calling (main) thread is about to block in `op` ("allreduce",
+ * "recv", "wait iallreduce") on group `group` ("dp") of `size` ranks,
+ * moving `bytes` bytes (-1: not known), with `peer` (rank in the group)
+ * for point to point, else -1. op and group must outlive the call. Calls
+ * do not nest: a second enter replaces the first. */
+void watchdog_enter(watchdog_t *w, const char *op, const char *group, int size, long long bytes, int peer);
+
+/* The blocking call returned. */
+void watchdog_leave(watchdog_t *w);
+
+#endif
