@@ -7,7 +7,9 @@
  * CPU backend calls, so the CPU tests exercise these formulas.
  *
  * First slice, by design (doc/design.md, "CUDA backend"):
- *  - fp32 only. bf16 (--dtype bf16) is a later slice.
+ *  - fp32 only. bf16 (--dtype bf16) is a later slice; the two bf16 casts
+ *    are here (same bits as the CPU's, from ops_math.h) but training does
+ *    not call them yet.
  *  - Memory is cudaMallocManaged and every op synchronises its stream
  *    before returning. The orchestration code (train.c, model.c, the
  *    pipeline executor, the MPI communicators) may still touch backend
@@ -30,6 +32,7 @@
  * an op ends the job through cuda_fatal() with the op and the CUDA error
  * string. ops_cuda_init returns its errors in err. */
 #include <cublasLt.h>
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
@@ -952,6 +955,48 @@ static double sumsq(const float *x, size_t n)
     return tot;
 }
 
+/* ---- bf16 casts ---------------------------------------------------------------------------------- */
+
+__global__ void k_cast_f32_to_bf16(uint16_t *out, const float *in, size_t n)
+{
+    GRID_STRIDE(i, n) out[i] = dt_f32_to_bf16(in[i]);
+}
+
+__global__ void k_cast_bf16_to_f32(float *out, const uint16_t *in, size_t n)
+{
+    GRID_STRIDE(i, n) out[i] = dt_bf16_to_f32(in[i]);
+}
+
+/* CUDA's own conversion, for the self-test only (not in the table). */
+__global__ void k_cast_f32_to_bf16_cuda(uint16_t *out, const float *in, size_t n)
+{
+    GRID_STRIDE(i, n) out[i] = __bfloat16_as_ushort(__float2bfloat16_rn(in[i]));
+}
+
+static void cast_f32_to_bf16(uint16_t *out, const float *in, size_t n)
+{
+    if (!n)
+        return;
+    k_cast_f32_to_bf16<<<grid_for(n, THREADS), THREADS, 0, g.stream>>>(out, in, n);
+    finish("cast_f32_to_bf16");
+}
+
+static void cast_bf16_to_f32(float *out, const uint16_t *in, size_t n)
+{
+    if (!n)
+        return;
+    k_cast_bf16_to_f32<<<grid_for(n, THREADS), THREADS, 0, g.stream>>>(out, in, n);
+    finish("cast_bf16_to_f32");
+}
+
+extern "C" void ops_cuda_f32_to_bf16_cuda(uint16_t *out, const float *in, size_t n)
+{
+    if (!n)
+        return;
+    k_cast_f32_to_bf16_cuda<<<grid_for(n, THREADS), THREADS, 0, g.stream>>>(out, in, n);
+    finish("f32_to_bf16_cuda");
+}
+
 /* ---- the table ------------------------------------------------------------------------------------ */
 
 static ops_t cuda_ops;
@@ -1012,6 +1057,8 @@ extern "C" int ops_cuda_init(int dev, char *err, size_t errlen)
     cuda_ops.adamw = adamw;
     cuda_ops.sumsq = sumsq;
     cuda_ops.scale = scale;
+    cuda_ops.cast_f32_to_bf16 = cast_f32_to_bf16;
+    cuda_ops.cast_bf16_to_f32 = cast_bf16_to_f32;
     g.ready = 1;
     return 0;
 }

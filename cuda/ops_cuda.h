@@ -4,6 +4,7 @@
 #define DTRAIN_OPS_CUDA_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "ops.h"
 
@@ -19,6 +20,11 @@ int ops_cuda_init(int dev, char *err, size_t errlen);
 void ops_cuda_shutdown(void);
 /* The table; NULL before ops_cuda_init succeeded. */
 const ops_t *ops_cuda(void);
+/* For the self-test only: out[n] = the bits of CUDA's own
+ * __float2bfloat16_rn(in[n]) (cuda_bf16.h), device pointers, synchronous
+ * like the ops. Lets cuda/selftest.c check cast_f32_to_bf16 against
+ * NVIDIA's conversion as well as against the CPU. */
+void ops_cuda_f32_to_bf16_cuda(uint16_t *out, const float *in, size_t n);
 
 #ifdef __cplusplus
 }

@@ -18,8 +18,17 @@
  *                                              float partials lose ~1e-7)
  *   add, scale, embedding fwd/bwd,
  *   memory round trips ................ 0     (same arithmetic, same order)
+ *
+ * The bf16 casts are compared as bit patterns, bound 0 ulp: both backends
+ * call the same integer arithmetic (dt_f32_to_bf16 / dt_bf16_to_f32 in
+ * ops_math.h), so any differing bit is a bug. cast_f32_to_bf16 is also
+ * compared with CUDA's own __float2bfloat16_rn, bit for bit except that a
+ * NaN only has to stay a NaN (CUDA returns a canonical NaN, we keep the
+ * payload's top bits).
  */
 #include "selftest.h"
+#include "ops_cuda.h"
+#include "ops_math.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -433,6 +442,81 @@ out:
     tp_free(s, &logits2);
 }
 
+/* A bit-exact comparison: bad of n elements differ, bound 0 ulp. */
+static void check_bits(st_t *s, const char *what, size_t bad, size_t n)
+{
+    s->run++;
+    if (bad)
+        s->failed++;
+    fprintf(s->out, "%s %-60s %zu of %zu differ (bound 0 ulp)\n", bad ? "FAIL" : "ok  ", what, bad, n);
+}
+
+/* bf16 casts. Inputs are raw fp32 bit patterns, not values from frand: every
+ * upper half (all signs, exponents, kept mantissas, NaNs and infinities)
+ * with the low half 0, 0x7fff, 0x8000 (the ties), 0x8001 and 0xffff, then
+ * n_random xorshift patterns. cast_bf16_to_f32 runs over all 65536 bf16
+ * patterns. Every output is compared bit for bit. */
+static void t_bf16(st_t *s, size_t n_random)
+{
+    static const uint32_t lows[] = {0x0000u, 0x7fffu, 0x8000u, 0x8001u, 0xffffu};
+    const size_t nl = sizeof lows / sizeof lows[0], n = nl * 65536 + n_random, nh = 65536;
+    float *in = malloc(n * sizeof *in), *fref = malloc(nh * sizeof *fref), *fgot = malloc(nh * sizeof *fgot);
+    uint16_t *ref = malloc(n * sizeof *ref), *got = malloc(n * sizeof *got), *hb = malloc(nh * sizeof *hb);
+    float *d_in = s->gpu->alloc(n * sizeof(float)), *d_f = s->gpu->alloc(nh * sizeof(float));
+    uint16_t *d_out = s->gpu->alloc(n * sizeof(uint16_t)), *d_h = s->gpu->alloc(nh * sizeof(uint16_t));
+    if (!in || !ref || !got || !hb || !fref || !fgot || !d_in || !d_f || !d_out || !d_h) {
+        s->oom = 1;
+        goto out;
+    }
+    for (size_t k = 0; k < nl; k++)
+        for (uint32_t hi = 0; hi < 65536; hi++)
+            in[k * 65536 + hi] = dt_bits_f32(hi << 16 | lows[k]);
+    for (size_t i = nl * 65536; i < n; i++) {
+        s->rng ^= s->rng >> 12;
+        s->rng ^= s->rng << 25;
+        s->rng ^= s->rng >> 27;
+        in[i] = dt_bits_f32((uint32_t)((s->rng * 2685821657736338717ull) >> 32));
+    }
+    s->cpu->cast_f32_to_bf16(ref, in, n);
+    s->gpu->from_host(d_in, in, n * sizeof(float));
+    s->gpu->cast_f32_to_bf16(d_out, d_in, n);
+    s->gpu->to_host(got, d_out, n * sizeof(uint16_t));
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++)
+        bad += ref[i] != got[i];
+    check_bits(s, "cast_f32_to_bf16 (cuda vs cpu)", bad, n);
+
+    ops_cuda_f32_to_bf16_cuda(d_out, d_in, n);
+    s->gpu->to_host(got, d_out, n * sizeof(uint16_t));
+    bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        int nan_ref = (ref[i] & 0x7fffu) > 0x7f80u, nan_got = (got[i] & 0x7fffu) > 0x7f80u;
+        bad += nan_ref ? !nan_got : ref[i] != got[i];
+    }
+    check_bits(s, "cast_f32_to_bf16 vs __float2bfloat16_rn (NaN: any NaN)", bad, n);
+
+    for (uint32_t h = 0; h < nh; h++)
+        hb[h] = (uint16_t)h;
+    s->cpu->cast_bf16_to_f32(fref, hb, nh);
+    s->gpu->from_host(d_h, hb, nh * sizeof(uint16_t));
+    s->gpu->cast_bf16_to_f32(d_f, d_h, nh);
+    s->gpu->to_host(fgot, d_f, nh * sizeof(float));
+    bad = 0;
+    for (size_t i = 0; i < nh; i++)
+        bad += dt_f32_bits(fref[i]) != dt_f32_bits(fgot[i]);
+    check_bits(s, "cast_bf16_to_f32, all bf16 patterns (cuda vs cpu)", bad, nh);
+out:
+    free(in), free(ref), free(got), free(hb), free(fref), free(fgot);
+    if (d_in)
+        s->gpu->free(d_in);
+    if (d_f)
+        s->gpu->free(d_f);
+    if (d_out)
+        s->gpu->free(d_out);
+    if (d_h)
+        s->gpu->free(d_h);
+}
+
 int cuda_selftest(const ops_t *gpu, FILE *out, char *err, size_t errlen)
 {
     st_t s = {.cpu = ops_cpu(), .gpu = gpu, .out = out, .rng = 0x9E3779B97F4A7C15ull};
@@ -461,6 +545,8 @@ int cuda_selftest(const ops_t *gpu, FILE *out, char *err, size_t errlen)
         t_xent(&s, 23, 50, 50, 0, 50);
     if (!s.oom)
         t_xent(&s, 64, 1000, 1008, 500, 2000);
+    if (!s.oom)
+        t_bf16(&s, (size_t)1 << 22);
     if (s.oom) {
         snprintf(err, errlen, "selftest: out of memory (host or device)");
         return -1;

@@ -4,7 +4,8 @@
  * elements itself.
  *
  * Conventions
- *  - All tensors are fp32, row-major, in the backend's memory.
+ *  - All tensors are fp32, row-major, in the backend's memory, except the
+ *    bf16 side of the casts (uint16_t bit patterns, see ops_math.h).
  *  - N = B*T rows (tokens). C = model width. Weights are stored [out, in]
  *    (as nn.Linear), so every matmul is a GEMM with no transposed copy.
  *  - "accum" flags: 0 = overwrite the output, 1 = add into it. Parameter
@@ -135,6 +136,16 @@ typedef struct ops {
     double (*sumsq)(const float *x, size_t n);
     /* x[i] *= s */
     void (*scale)(float *x, float s, size_t n);
+
+    /* bf16 casts, elementwise over n elements; bf16 is stored as its 16-bit
+     * pattern (uint16_t, 2 bytes per element), fp32 as float (4 bytes).
+     * f32 -> bf16 rounds to nearest even (overflow to +-Inf, NaN stays a
+     * quiet NaN); bf16 -> f32 is exact. Same bits on every backend: both use
+     * dt_f32_to_bf16 / dt_bf16_to_f32 from ops_math.h. Building blocks of
+     * mixed precision (issue 7); training does not call them yet. out must
+     * not overlap in. */
+    void (*cast_f32_to_bf16)(uint16_t *out, const float *in, size_t n);
+    void (*cast_bf16_to_f32)(float *out, const uint16_t *in, size_t n);
 } ops_t;
 
 /* The CPU backend (src/ops_cpu.c). */

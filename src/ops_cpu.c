@@ -728,6 +728,22 @@ static void scale(float *x, float s, size_t n)
         x[i] *= s;
 }
 
+/* ---- bf16 casts ------------------------------------------------------------------------ */
+
+static void cast_f32_to_bf16(uint16_t *out, const float *in, size_t n)
+{
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; i++)
+        out[i] = dt_f32_to_bf16(in[i]);
+}
+
+static void cast_bf16_to_f32(float *out, const uint16_t *in, size_t n)
+{
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; i++)
+        out[i] = dt_bf16_to_f32(in[i]);
+}
+
 /* ---- the table ------------------------------------------------------------------------- */
 
 static const ops_t cpu_ops = {
@@ -761,6 +777,8 @@ static const ops_t cpu_ops = {
     .adamw = adamw,
     .sumsq = sumsq,
     .scale = scale,
+    .cast_f32_to_bf16 = cast_f32_to_bf16,
+    .cast_bf16_to_f32 = cast_bf16_to_f32,
 };
 
 const ops_t *ops_cpu(void) { return &cpu_ops; }
