@@ -12,6 +12,9 @@
 #    parameters are bit-identical to the reference's;
 #  - a job with an invalid layout (--tp 3 on 2 ranks) FAILs at once with
 #    exit code 2, the one-line error in its log, and no requeue;
+#  - a frozen rank (SIGSTOP on rank 1 of a srun job at step 3) makes rank
+#    0's --comm-timeout watchdog end the step with MPI_Abort: the job FAILs
+#    with exit code 1, the watchdog's line in its log, and no requeue;
 #  - slurm/train_70b.sbatch: every #SBATCH line parses (`sbatch --test-only`
 #    with the node and GPU counts overridden to fit the one-node cluster; a
 #    bad directive is caught), and dtrain accepts its model arguments.
@@ -209,6 +212,37 @@ check_preempted() {
 check_preempted srun "$srun_j" "$st_srun" "launch: srun, 2 ranks on 1 node, local ranks agree with SLURM_LOCALID"
 check_preempted mpirun "$mpi_j" "$st_mpi" \
     "launch: mpirun, 2 ranks on 1 node, local ranks agree with OMPI_COMM_WORLD_LOCAL_RANK"
+
+# ---- a frozen rank: --comm-timeout ends the step and the job, no requeue ----
+# rank 1 is stopped with SIGSTOP at step 3; rank 0's watchdog names the
+# collective and MPI_Abort ends the step under srun; the batch script's
+# non-zero exit fails the job (a hang is not a preemption: no requeue)
+t1=$(date +%s)
+hung=$(submit hung train_small.sbatch "$@" --steps 100000 --comm-timeout 3) || fail "sbatch hung"
+end=$(($(date +%s) + 120))
+until grep -Eq "^step +3/" "$TMP/hung.out" 2>/dev/null || [ "$(date +%s)" -ge "$end" ]; do sleep 0.2; done
+victim=""
+for p in $(pgrep -x dtrain); do
+    env=$(tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null) || continue
+    if printf '%s\n' "$env" | grep -qx "SLURM_JOB_ID=$hung" && printf '%s\n' "$env" | grep -qx "SLURM_PROCID=1"; then
+        victim=$p
+    fi
+done
+if [ -n "$victim" ] && kill -STOP "$victim"; then
+    t2=$(date +%s)
+    st=$(wait_job "$hung" 0 60)
+    line=$(grep -E "^dtrain: rank 0 \(.*\): .* on group [a-z]+ .* has not finished after [0-9]+ s \(--comm-timeout 3\)" "$TMP/hung.out")
+    if [ "$st" = FAILED ] && [ "$(job_field "$hung" ExitCode)" = 1:0 ] && [ "$(job_field "$hung" Restarts)" = 0 ] &&
+        [ -n "$line" ]; then
+        pass "frozen rank under srun: job $st $(($(date +%s) - t2)) s after the freeze, exit code 1, not requeued: $line"
+    else
+        fail "frozen rank under srun: state $st, exit code $(job_field "$hung" ExitCode), restarts $(job_field "$hung" Restarts): $(grep -v '^step' "$TMP/hung.out" | tail -n 4)"
+    fi
+    kill -KILL "$victim" 2>/dev/null
+else
+    fail "frozen rank under srun: no rank 1 process of job $hung at step 3 (after $(($(date +%s) - t1)) s): $(tail -n 3 "$TMP/hung.out")"
+    scancel "$hung"
+fi
 
 # ---- train_70b.sbatch parses; dtrain accepts its arguments ----
 # --test-only reads every #SBATCH line and asks the controller whether the
