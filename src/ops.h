@@ -5,7 +5,8 @@
  *
  * Conventions
  *  - All tensors are fp32, row-major, in the backend's memory, except the
- *    bf16 side of the casts (uint16_t bit patterns, see ops_math.h).
+ *    bf16 side of the casts and the bf16 GEMMs' operands (uint16_t bit
+ *    patterns, see ops_math.h).
  *  - N = B*T rows (tokens). C = model width. Weights are stored [out, in]
  *    (as nn.Linear), so every matmul is a GEMM with no transposed copy.
  *  - "accum" flags: 0 = overwrite the output, 1 = add into it. Parameter
@@ -45,6 +46,19 @@ typedef struct ops {
     void (*matmul_bwd)(float *din, float *dw, float *db, const float *dout,
                        const float *in, const float *w, int N, int IC, int OC,
                        int accum_din, int accum_dw);
+
+    /* The same GEMMs with bf16 operands (--dtype bf16): in, w and dout16 are
+     * bf16 bit patterns (uint16_t); products are exact in fp32 and summed in
+     * fp32; out, din, dw, db and the bias b are fp32. db is the row sum of
+     * the fp32 dout (the bf16 copy dout16 feeds only the two GEMMs). The
+     * backends agree up to fp32 summation order: the CPU widens the bf16
+     * operands to fp32 (exact) and calls cblas_sgemm; CUDA runs cuBLASLt
+     * with bf16 A/B, fp32 C/D and CUBLAS_COMPUTE_32F. */
+    void (*matmul_fwd_bf16)(float *out, const uint16_t *in, const uint16_t *w, const float *b,
+                            int N, int IC, int OC);
+    void (*matmul_bwd_bf16)(float *din, float *dw, float *db, const uint16_t *dout16,
+                            const float *dout, const uint16_t *in, const uint16_t *w,
+                            int N, int IC, int OC, int accum_din, int accum_dw);
 
     /* LayerNorm over the last dim: out = (x - mean) * rstd * w + b.
      * mean[N], rstd[N] are saved for backward. */
@@ -141,9 +155,8 @@ typedef struct ops {
      * pattern (uint16_t, 2 bytes per element), fp32 as float (4 bytes).
      * f32 -> bf16 rounds to nearest even (overflow to +-Inf, NaN stays a
      * quiet NaN); bf16 -> f32 is exact. Same bits on every backend: both use
-     * dt_f32_to_bf16 / dt_bf16_to_f32 from ops_math.h. Building blocks of
-     * mixed precision (issue 7); training does not call them yet. out must
-     * not overlap in. */
+     * dt_f32_to_bf16 / dt_bf16_to_f32 from ops_math.h. --dtype bf16 casts
+     * the GEMM operands with cast_f32_to_bf16. out must not overlap in. */
     void (*cast_f32_to_bf16)(uint16_t *out, const float *in, size_t n);
     void (*cast_bf16_to_f32)(float *out, const uint16_t *in, size_t n);
 } ops_t;

@@ -728,6 +728,147 @@ static void scale(float *x, float s, size_t n)
         x[i] *= s;
 }
 
+/* ---- bf16 GEMMs ------------------------------------------------------------------------ */
+
+/* OpenBLAS as Debian ships it has no bf16 GEMM (cblas_sbgemm is declared but
+ * not built), so the bf16 operands are widened to fp32, which is exact, in
+ * panels of at most BF16_PANEL floats, and each panel pair goes to
+ * cblas_sgemm: the same exact products and fp32 sums as a bf16 tensor-core
+ * GEMM, in a different order. Widening costs 6 B per operand element against
+ * 2*K flops per element; the CPU's bf16 path is for checking the GPU's, not
+ * for speed. */
+#define BF16_PANEL ((size_t)4 << 20)
+
+/* dst[r1-r0, c1-c0] = fp32 of src[r0:r1, c0:c1] (src row stride ld) */
+static void widen_block(float *dst, const uint16_t *src, size_t ld, int r0, int r1, int c0, int c1)
+{
+    int nc = c1 - c0;
+#pragma omp parallel for schedule(static)
+    for (int r = r0; r < r1; r++) {
+        const uint16_t *s = src + (size_t)r * ld + c0;
+        float *d = dst + (size_t)(r - r0) * nc;
+#pragma omp simd
+        for (int c = 0; c < nc; c++)
+            d[c] = dt_bf16_to_f32(s[c]);
+    }
+}
+
+/* Rows per panel of a matrix with `cols` columns. */
+static int panel_rows(int cols, int rows)
+{
+    size_t r = BF16_PANEL / (size_t)(cols > 0 ? cols : 1);
+    return r < 1 ? 1 : r > (size_t)rows ? rows : (int)r;
+}
+
+/* Without memory for the panels (BF16_PANEL floats each): one fp32 sum per
+ * output element, slow but the same arithmetic. C[M,N] (=|+= by beta)
+ * A[M,K] . B[K,N] with element (i,k) of A at a[i*as0 + k*as1], likewise b. */
+static void gemm_bf16_naive(float *c, int ldc, const uint16_t *a, size_t as0, size_t as1, const uint16_t *b,
+                            size_t bs0, size_t bs1, int M, int N, int K, int beta)
+{
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            float acc = 0.0f;
+            for (int k = 0; k < K; k++)
+                acc += dt_bf16_to_f32(a[i * as0 + k * as1]) * dt_bf16_to_f32(b[k * bs0 + j * bs1]);
+            c[(size_t)i * ldc + j] = beta ? c[(size_t)i * ldc + j] + acc : acc;
+        }
+}
+
+/* out[N,OC] = in[N,IC] . w[OC,IC]^T (+ b): panels of out's rows (in) and
+ * columns (w); in is widened once when it fits one panel. */
+static void matmul_fwd_bf16(float *out, const uint16_t *in, const uint16_t *w, const float *b, int N, int IC,
+                            int OC)
+{
+    if (N <= 0 || OC <= 0)
+        return;
+    if (b) {
+#pragma omp parallel for schedule(static)
+        for (int n = 0; n < N; n++)
+            memcpy(out + (size_t)n * OC, b, (size_t)OC * sizeof(float));
+    }
+    if (IC <= 0) {
+        if (!b)
+            memset(out, 0, (size_t)N * OC * sizeof(float));
+        return;
+    }
+    float *pa = malloc(BF16_PANEL * sizeof(float)), *pb = malloc(BF16_PANEL * sizeof(float));
+    if (!pa || !pb) {
+        gemm_bf16_naive(out, OC, in, IC, 1, w, 1, IC, N, OC, IC, b != NULL);
+        free(pa);
+        free(pb);
+        return;
+    }
+    const int nr = panel_rows(IC, N), orows = panel_rows(IC, OC);
+    for (int n0 = 0; n0 < N; n0 += nr) {
+        int n1 = imin(N, n0 + nr);
+        widen_block(pa, in, IC, n0, n1, 0, IC);
+        for (int o0 = 0; o0 < OC; o0 += orows) {
+            int o1 = imin(OC, o0 + orows);
+            widen_block(pb, w, IC, o0, o1, 0, IC);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n1 - n0, o1 - o0, IC, 1.0f, pa, IC, pb, IC,
+                        b ? 1.0f : 0.0f, out + (size_t)n0 * OC + o0, OC);
+        }
+    }
+    free(pa);
+    free(pb);
+}
+
+/* din[N,IC] = dout[N,OC] . w[OC,IC]: panels over the summed OC, each a
+ * column block of dout and a row block of w, added in order.
+ * dw[OC,IC] = dout^T . in[N,IC]: panels over the summed N, each a row block
+ * of dout and of in. db: column sums of the fp32 dout. */
+static void matmul_bwd_bf16(float *din, float *dw, float *db, const uint16_t *dout16, const float *dout,
+                            const uint16_t *in, const uint16_t *w, int N, int IC, int OC, int accum_din,
+                            int accum_dw)
+{
+    if (OC <= 0)
+        return;
+    float *pa = NULL, *pb = NULL;
+    int panels = 0;
+    if ((din && N > 0 && IC > 0) || (dw && IC > 0 && N > 0)) {
+        pa = malloc(BF16_PANEL * sizeof(float));
+        pb = malloc(BF16_PANEL * sizeof(float));
+        panels = pa && pb;
+    }
+    if (din && N > 0 && IC > 0) {
+        if (!panels) {
+            gemm_bf16_naive(din, IC, dout16, OC, 1, w, IC, 1, N, IC, OC, accum_din);
+        } else {
+            const int kb = imin(panel_rows(N, OC), panel_rows(IC, OC));
+            for (int k0 = 0; k0 < OC; k0 += kb) {
+                int k1 = imin(OC, k0 + kb);
+                widen_block(pa, dout16, OC, 0, N, k0, k1);
+                widen_block(pb, w, IC, k0, k1, 0, IC);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, IC, k1 - k0, 1.0f, pa, k1 - k0, pb, IC,
+                            (accum_din || k0 > 0) ? 1.0f : 0.0f, din, IC);
+            }
+        }
+    }
+    if (dw && IC > 0) {
+        if (N <= 0) {
+            if (!accum_dw)
+                memset(dw, 0, (size_t)OC * IC * sizeof(float));
+        } else if (!panels) {
+            gemm_bf16_naive(dw, IC, dout16, 1, OC, in, IC, 1, OC, IC, N, accum_dw);
+        } else {
+            const int kb = imin(panel_rows(OC, N), panel_rows(IC, N));
+            for (int k0 = 0; k0 < N; k0 += kb) {
+                int k1 = imin(N, k0 + kb);
+                widen_block(pa, dout16, OC, k0, k1, 0, OC);
+                widen_block(pb, in, IC, k0, k1, 0, IC);
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, k1 - k0, 1.0f, pa, OC, pb, IC,
+                            (accum_dw || k0 > 0) ? 1.0f : 0.0f, dw, IC);
+            }
+        }
+    }
+    free(pa);
+    free(pb);
+    if (db)
+        colsum(db, dout, N, OC, accum_dw);
+}
+
 /* ---- bf16 casts ------------------------------------------------------------------------ */
 
 static void cast_f32_to_bf16(uint16_t *out, const float *in, size_t n)
@@ -756,6 +897,8 @@ static const ops_t cpu_ops = {
     .zero = cpu_zero,
     .matmul_fwd = matmul_fwd,
     .matmul_bwd = matmul_bwd,
+    .matmul_fwd_bf16 = matmul_fwd_bf16,
+    .matmul_bwd_bf16 = matmul_bwd_bf16,
     .layernorm_fwd = layernorm_fwd,
     .layernorm_bwd = layernorm_bwd,
     .rmsnorm_fwd = rmsnorm_fwd,
