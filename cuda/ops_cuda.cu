@@ -8,8 +8,9 @@
  *
  * First slice, by design (doc/design.md, "CUDA backend"):
  *  - fp32 only. bf16 (--dtype bf16) is a later slice; the two bf16 casts
- *    are here (same bits as the CPU's, from ops_math.h) but training does
- *    not call them yet.
+ *    are here (same bits as the CPU's, from ops_math.h) and so are the
+ *    bf16 GEMMs (bf16 A/B, fp32 C/D and bias, CUBLAS_COMPUTE_32F), but
+ *    training does not call them yet.
  *  - Memory is cudaMallocManaged and every op synchronises its stream
  *    before returning. The orchestration code (train.c, model.c, the
  *    pipeline executor, the MPI communicators) may still touch backend
@@ -289,12 +290,36 @@ static uint32_t align_of(const void *p)
     return al;
 }
 
-/* Column-major C[m, n] = alpha op(A) op(B) + beta C (+ bias[m] per column
- * when bias != NULL, with beta == 0). Row-major callers pass transposes. */
-static int lt_gemm(const char *what, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
-                    float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc,
-                    const float *bias)
+/* The alignment every column of a column-major matrix has: the largest
+ * power of two (at most 256) dividing both its address and its leading
+ * dimension in bytes (ld elements of esize bytes). cuBLASLt's alignment
+ * requirements cover the pointer and the leading dimension alike, so an
+ * fp32 matrix with an odd ld is only 4-byte aligned after its first
+ * column and a bf16 one only 2-byte aligned. */
+static uint32_t mat_align(const void *p, int ld, size_t esize)
 {
+    uint32_t al = align_of(p);
+    size_t row = (size_t)ld * esize;
+    while (al > 1 && (row & (al - 1)))
+        al >>= 1;
+    return al;
+}
+
+/* Column-major C[m, n] = alpha op(A) op(B) + beta C (+ bias[m] per column
+ * when bias != NULL, with beta == 0). Row-major callers pass transposes.
+ * A and B are of type ab: CUDA_R_32F (the fp32 GEMMs) or CUDA_R_16BF (the
+ * bf16 GEMMs, uint16_t bit patterns). C (= D), alpha, beta and the bias
+ * are fp32 and the compute type is CUBLAS_COMPUTE_32F either way: a bf16
+ * product is exact in fp32, so the bf16 GEMM is the fp32 GEMM of the
+ * widened operands up to summation order, like the CPU backend's.
+ * Returns -1 when cuBLASLt has no algorithm for a bias GEMM (the caller
+ * then writes the bias rows and adds a plain GEMM onto them); a plain
+ * GEMM without an algorithm ends the job. */
+static int lt_gemm(const char *what, cudaDataType_t ab, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
+                   int k, float alpha, const void *A, int lda, const void *B, int ldb, float beta, float *C, int ldc,
+                   const float *bias)
+{
+    const size_t esize = ab == CUDA_R_16BF ? sizeof(uint16_t) : sizeof(float);
     cublasLtMatmulDesc_t op = NULL;
     cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
     cublasLtMatmulPreference_t pref = NULL;
@@ -303,19 +328,25 @@ static int lt_gemm(const char *what, cublasOperation_t ta, cublasOperation_t tb,
     ckb(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), what);
     if (bias) {
         cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+        /* The bias is fp32. That is cuBLASLt's default (the type of D),
+         * stated anyway so that bf16 A/B never suggest a bf16 bias. */
+        int32_t bias_type = CUDA_R_32F;
         ckb(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi), what);
         ckb(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias), what);
+        ckb(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type),
+            what);
     }
-    ckb(cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, ta == CUBLAS_OP_N ? m : k, ta == CUBLAS_OP_N ? k : m, lda), what);
-    ckb(cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, tb == CUBLAS_OP_N ? k : n, tb == CUBLAS_OP_N ? n : k, ldb), what);
+    ckb(cublasLtMatrixLayoutCreate(&la, ab, ta == CUBLAS_OP_N ? m : k, ta == CUBLAS_OP_N ? k : m, lda), what);
+    ckb(cublasLtMatrixLayoutCreate(&lb, ab, tb == CUBLAS_OP_N ? k : n, tb == CUBLAS_OP_N ? n : k, ldb), what);
     ckb(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, m, n, ldc), what);
     ckb(cublasLtMatmulPreferenceCreate(&pref), what);
     size_t ws = WORKSPACE_BYTES;
     ckb(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws), what);
     /* The heuristic assumes 256-byte aligned matrices unless told: the
      * model passes pointers into its arenas (a head's slice of qkv, a
-     * layer's weight), so state each pointer's real alignment. */
-    uint32_t al_a = align_of(A), al_b = align_of(B), al_c = align_of(C);
+     * layer's weight), so state each matrix's real alignment (address and
+     * leading dimension, in bytes of its own element type). */
+    uint32_t al_a = mat_align(A, lda, esize), al_b = mat_align(B, ldb, esize), al_c = mat_align(C, ldc, sizeof(float));
     ckb(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a),
         what);
     ckb(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b),
@@ -327,7 +358,17 @@ static int lt_gemm(const char *what, cublasOperation_t ta, cublasOperation_t tb,
     cublasLtMatmulHeuristicResult_t res;
     int nres = 0;
     memset(&res, 0, sizeof res);
-    ckb(cublasLtMatmulAlgoGetHeuristic(g.lt, op, la, lb, lc, lc, pref, 1, &res, &nres), what);
+    /* CUBLAS_STATUS_NOT_SUPPORTED is how the heuristic says it has no kernel
+     * for this combination (types, epilogue, alignment): treated as zero
+     * results, so a bias GEMM takes the caller's fallback instead of
+     * ending the job. Any other error is fatal. */
+    cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(g.lt, op, la, lb, lc, lc, pref, 1, &res, &nres);
+    if (hs == CUBLAS_STATUS_NOT_SUPPORTED)
+        nres = 0;
+    else
+        ckb(hs, what);
+    if (nres > 0 && res.state != CUBLAS_STATUS_SUCCESS)
+        nres = 0;
     if (nres > 0)
         ckb(cublasLtMatmul(g.lt, op, &alpha, A, la, B, lb, &beta, C, lc, C, lc, &res.algo, g.ws, WORKSPACE_BYTES,
                            g.stream), what);
@@ -337,7 +378,8 @@ static int lt_gemm(const char *what, cublasOperation_t ta, cublasOperation_t tb,
     ckb(cublasLtMatrixLayoutDestroy(la), what);
     ckb(cublasLtMatmulDescDestroy(op), what);
     if (nres == 0 && !bias)
-        cuda_fatal(what, "cuBLASLt found no algorithm for this fp32 GEMM");
+        cuda_fatal(what, ab == CUDA_R_16BF ? "cuBLASLt found no algorithm for this bf16 GEMM (bf16 A/B, fp32 C/D)"
+                                           : "cuBLASLt found no algorithm for this fp32 GEMM");
     return nres > 0 ? 0 : -1;
 }
 
@@ -348,12 +390,12 @@ static void matmul_fwd(float *out, const float *in, const float *w, const float 
         return;
     /* the bias epilogue where cuBLASLt offers it; otherwise (or for IC 0)
      * bias rows first and a GEMM adding onto them, as the CPU backend does */
-    if (IC <= 0 || lt_gemm("matmul_fwd: cublasLtMatmul", CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, 1.0f, w, IC, in, IC,
-                           0.0f, out, OC, b) != 0) {
+    if (IC <= 0 || lt_gemm("matmul_fwd: cublasLtMatmul", CUDA_R_32F, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, 1.0f, w,
+                           IC, in, IC, 0.0f, out, OC, b) != 0) {
         k_fill_rows<<<grid_for((size_t)N * OC, THREADS), THREADS, 0, g.stream>>>(out, b, N, OC);
         if (IC > 0)
-            lt_gemm("matmul_fwd: cublasLtMatmul", CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, 1.0f, w, IC, in, IC, 1.0f,
-                    out, OC, NULL);
+            lt_gemm("matmul_fwd: cublasLtMatmul", CUDA_R_32F, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, 1.0f, w, IC, in,
+                    IC, 1.0f, out, OC, NULL);
     }
     finish("matmul_fwd");
 }
@@ -365,19 +407,69 @@ static void matmul_bwd(float *din, float *dw, float *db, const float *dout, cons
         return;
     /* din^T[IC,N] = w^T[IC,OC] . dout^T[OC,N] (column-major views) */
     if (din && N > 0 && IC > 0)
-        lt_gemm("matmul_bwd(din): cublasLtMatmul", CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, 1.0f, w, IC, dout, OC,
-                accum_din ? 1.0f : 0.0f, din, IC, NULL);
+        lt_gemm("matmul_bwd(din): cublasLtMatmul", CUDA_R_32F, CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, 1.0f, w, IC, dout,
+                OC, accum_din ? 1.0f : 0.0f, din, IC, NULL);
     /* dw^T[IC,OC] = in^T[IC,N] . dout[N,OC] */
     if (dw && IC > 0) {
         if (N > 0)
-            lt_gemm("matmul_bwd(dw): cublasLtMatmul", CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, N, 1.0f, in, IC, dout, OC,
-                    accum_dw ? 1.0f : 0.0f, dw, IC, NULL);
+            lt_gemm("matmul_bwd(dw): cublasLtMatmul", CUDA_R_32F, CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, N, 1.0f, in, IC,
+                    dout, OC, accum_dw ? 1.0f : 0.0f, dw, IC, NULL);
         else if (!accum_dw)
             ck(cudaMemsetAsync(dw, 0, (size_t)OC * IC * sizeof(float), g.stream), "matmul_bwd: cudaMemsetAsync");
     }
     if (db)
         k_colsum<<<(OC + THREADS - 1) / THREADS, THREADS, 0, g.stream>>>(db, dout, N, OC, accum_dw);
     finish("matmul_bwd");
+}
+
+/* ---- bf16 matmul (cuBLASLt, bf16 A/B, fp32 C/D) ---------------------------------------
+ * The fp32 matmuls above with in, w and dout16 as bf16 bit patterns: the
+ * same column-major views, edge cases, accumulate flags and bias handling;
+ * every output, the bias and db stay fp32 (src/ops.h). */
+
+/* out[N,OC] = in[N,IC] . w[OC,IC]^T (+ b), in and w bf16: column-major
+ * out^T[OC,N] = (w^T[IC,OC])^T . in^T[IC,N]. */
+static void matmul_fwd_bf16(float *out, const uint16_t *in, const uint16_t *w, const float *b, int N, int IC,
+                            int OC)
+{
+    if (N <= 0 || OC <= 0)
+        return;
+    /* the bias epilogue where cuBLASLt offers it for bf16 A/B; otherwise
+     * (or for IC 0) bias rows first and a GEMM adding onto them */
+    if (IC <= 0 || lt_gemm("matmul_fwd_bf16: cublasLtMatmul", CUDA_R_16BF, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, 1.0f,
+                           w, IC, in, IC, 0.0f, out, OC, b) != 0) {
+        k_fill_rows<<<grid_for((size_t)N * OC, THREADS), THREADS, 0, g.stream>>>(out, b, N, OC);
+        if (IC > 0)
+            lt_gemm("matmul_fwd_bf16: cublasLtMatmul", CUDA_R_16BF, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, 1.0f, w, IC,
+                    in, IC, 1.0f, out, OC, NULL);
+    }
+    finish("matmul_fwd_bf16");
+}
+
+/* din[N,IC] and dw[OC,IC] from the bf16 dout16[N,OC], in and w; db[OC]
+ * from the fp32 dout (the bf16 copy feeds only the two GEMMs). */
+static void matmul_bwd_bf16(float *din, float *dw, float *db, const uint16_t *dout16, const float *dout,
+                            const uint16_t *in, const uint16_t *w, int N, int IC, int OC, int accum_din, int accum_dw)
+{
+    if (OC <= 0)
+        return;
+    /* din^T[IC,N] = w^T[IC,OC] . dout16^T[OC,N] (column-major views) */
+    if (din && N > 0 && IC > 0)
+        lt_gemm("matmul_bwd_bf16(din): cublasLtMatmul", CUDA_R_16BF, CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, 1.0f, w, IC,
+                dout16, OC, accum_din ? 1.0f : 0.0f, din, IC, NULL);
+    /* dw^T[IC,OC] = in^T[IC,N] . dout16[N,OC] */
+    if (dw && IC > 0) {
+        if (N > 0)
+            lt_gemm("matmul_bwd_bf16(dw): cublasLtMatmul", CUDA_R_16BF, CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, N, 1.0f, in,
+                    IC, dout16, OC, accum_dw ? 1.0f : 0.0f, dw, IC, NULL);
+        else if (!accum_dw)
+            ck(cudaMemsetAsync(dw, 0, (size_t)OC * IC * sizeof(float), g.stream),
+               "matmul_bwd_bf16: cudaMemsetAsync");
+    }
+    /* db: column sums of the fp32 dout, rows in order (the CPU's order) */
+    if (db)
+        k_colsum<<<(OC + THREADS - 1) / THREADS, THREADS, 0, g.stream>>>(db, dout, N, OC, accum_dw);
+    finish("matmul_bwd_bf16");
 }
 
 /* ---- LayerNorm / RMSNorm: one block per row ------------------------------------------- */
@@ -1036,6 +1128,8 @@ extern "C" int ops_cuda_init(int dev, char *err, size_t errlen)
     cuda_ops.zero = cu_zero;
     cuda_ops.matmul_fwd = matmul_fwd;
     cuda_ops.matmul_bwd = matmul_bwd;
+    cuda_ops.matmul_fwd_bf16 = matmul_fwd_bf16;
+    cuda_ops.matmul_bwd_bf16 = matmul_bwd_bf16;
     cuda_ops.layernorm_fwd = layernorm_fwd;
     cuda_ops.layernorm_bwd = layernorm_bwd;
     cuda_ops.rmsnorm_fwd = rmsnorm_fwd;

@@ -1,5 +1,6 @@
 /* The CUDA ops table (cuda/ops_cuda.cu): every entry of src/ops.h on the
- * GPU, fp32. Built only with --with-cuda. */
+ * GPU, fp32 (the bf16 casts and GEMMs take bf16 bit patterns). Built only
+ * with --with-cuda. */
 #ifndef DTRAIN_OPS_CUDA_H
 #define DTRAIN_OPS_CUDA_H
 

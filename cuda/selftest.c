@@ -19,6 +19,30 @@
  *   add, scale, embedding fwd/bwd,
  *   memory round trips ................ 0     (same arithmetic, same order)
  *
+ * The bf16 GEMMs (matmul_fwd_bf16, matmul_bwd_bf16) get a bound per
+ * element instead, because how close two fp32 sums can be depends on the
+ * magnitudes summed. Both backends form the same products of bf16 values,
+ * each exact in fp32 (8-bit significands, so 16-bit products), and sum them
+ * in fp32; only the order differs (cuBLASLt's tiles, split-K and tensor-core
+ * blocks; OpenBLAS's kernels and the CPU's panels). Summing K' terms in any
+ * order in fp32 is within K' u S of the exact sum, u = 2^-24 and S the sum
+ * of the terms' magnitudes (to first order; K' u <= 3e-4 here). Tensor
+ * cores are reported to truncate instead of round when they add inside a
+ * block (Fasi et al., "Numerical behavior of NVIDIA tensor cores", 2021),
+ * which at most doubles that. So, per element i,
+ *   |gpu_i - cpu_i| <= 4 K'_i 2^-24 S_i      (CPU 1 + GPU 2, plus 1 spare)
+ * where S_i is summed in double on the host from the same bf16 values and
+ * the terms are the K products plus, when present, the old value
+ * (accumulate) or the bias (K' = K + 1); db sums the fp32 dout, K = N. The
+ * line shows err = max_i |gpu_i - cpu_i| / (K'_i S_i), bound 4 * 2^-24 =
+ * 2.38e-07. It is a worst case, linear in K where random rounding errors
+ * grow like sqrt(K). Tried on the CPU with stand-ins for the GPU op: sums
+ * in reverse order reach 3.2e-09, reverse and rounded toward zero 4.1e-09
+ * (60x below); w read transposed 2e-04 to 9e-03 (1000x above and more).
+ * An output rounded to bf16 (2^-9 relative) fails it up to K = 1024 (by 2x
+ * there) but fits under it at K = 2304 and 4500: the bound checks layout
+ * and summation; that outputs stay fp32 rests on lt_gemm's fp32 C/D.
+ *
  * The bf16 casts are compared as bit patterns, bound 0 ulp: both backends
  * call the same integer arithmetic (dt_f32_to_bf16 / dt_bf16_to_f32 in
  * ops_math.h), so any differing bit is a bug. cast_f32_to_bf16 is also
@@ -39,6 +63,7 @@
 #define B_ROW 1e-5
 #define B_ELEM 2e-6
 #define B_EXACT 0.0
+#define B_GEMM16 (4.0 / 16777216.0) /* 4 * 2^-24 per term, see the header */
 
 typedef struct st {
     const ops_t *cpu, *gpu;
@@ -186,6 +211,209 @@ static void t_matmul(st_t *s, int N, int IC, int OC)
 out:
     tp_free(s, &in), tp_free(s, &w), tp_free(s, &b), tp_free(s, &out);
     tp_free(s, &dout), tp_free(s, &din), tp_free(s, &dw), tp_free(s, &db);
+}
+
+/* ---- bf16 GEMMs ---------------------------------------------------------------------- */
+
+/* A bf16 tensor on both sides: h (bit patterns) is the CPU's, d the GPU's. */
+typedef struct tb {
+    uint16_t *h, *d;
+    size_t n;
+} tb_t;
+
+/* n bf16 values on both sides: src rounded (dt_f32_to_bf16) when given,
+ * else fp32 randoms in [lo, hi) rounded. */
+static int tb_new(st_t *s, tb_t *t, size_t n, const float *src, float lo, float hi)
+{
+    t->n = n;
+    t->h = malloc((n ? n : 1) * sizeof(uint16_t));
+    t->d = s->gpu->alloc(n * sizeof(uint16_t));
+    if (!t->h || !t->d) {
+        s->oom = 1;
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++)
+        t->h[i] = dt_f32_to_bf16(src ? src[i] : frand(s, lo, hi));
+    s->gpu->from_host(t->d, t->h, n * sizeof(uint16_t));
+    return 0;
+}
+
+static void tb_free(st_t *s, tb_t *t)
+{
+    free(t->h);
+    if (t->d)
+        s->gpu->free(t->d);
+    memset(t, 0, sizeof *t);
+}
+
+/* |x| of the bf16 x[R, C] (row-major) as fp32, exact, into out[R, C], or
+ * transposed into out[C, R] when tr. NULL when out of memory. */
+static float *abs_bf16(const uint16_t *x, int R, int C, int tr)
+{
+    size_t n = (size_t)R * C;
+    float *out = malloc((n ? n : 1) * sizeof(float));
+    if (!out)
+        return NULL;
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++)
+            out[tr ? (size_t)c * R + r : (size_t)r * C + c] = fabsf(dt_bf16_to_f32(x[(size_t)r * C + c]));
+    return out;
+}
+
+/* S[i, j] = sum_k a[i, k] b[j, k] in double (a[M,K], b[N,K], row-major,
+ * nonnegative): the sum of |products| behind element (i, j) of a GEMM.
+ * NULL when out of memory. */
+static double *abs_sums(const float *a, const float *b, int M, int N, int K)
+{
+    size_t n = (size_t)M * N;
+    double *S = malloc((n ? n : 1) * sizeof(double));
+    if (!S)
+        return NULL;
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            const float *ar = a + (size_t)i * K, *br = b + (size_t)j * K;
+            double acc = 0.0;
+            for (int k = 0; k < K; k++)
+                acc += (double)ar[k] * br[k];
+            S[(size_t)i * N + j] = acc;
+        }
+    return S;
+}
+
+/* The per-element bf16 GEMM bound (see the header): element i has the K
+ * terms summed in S[i], plus |old[i]| when old != NULL (accumulate) and
+ * |bias[i % ncol]| when bias != NULL. Inputs are finite, so a NaN or Inf
+ * on either side fails. */
+static void check_gemm16(st_t *s, const char *what, const tp_t *t, const double *S, int K, const float *old,
+                         const float *bias, int ncol)
+{
+    float *g = malloc((t->n ? t->n : 1) * sizeof(float));
+    if (!g) {
+        s->oom = 1;
+        return;
+    }
+    s->gpu->to_host(g, t->d, t->n * sizeof(float));
+    double err = 0.0;
+    int bad = 0;
+    for (size_t i = 0; i < t->n; i++) {
+        double a = t->h[i], b = g[i];
+        if (!isfinite(a) || !isfinite(b)) {
+            bad = 1;
+            continue;
+        }
+        double sum = S[i];
+        int terms = K;
+        if (old)
+            sum += fabs(old[i]), terms++;
+        if (bias)
+            sum += fabs(bias[i % (size_t)ncol]), terms++;
+        double d = fabs(a - b);
+        double e = d == 0.0 ? 0.0 : sum > 0.0 ? d / ((double)terms * sum) : INFINITY;
+        if (e > err)
+            err = e;
+    }
+    free(g);
+    int ok = !bad && err <= B_GEMM16;
+    s->run++;
+    if (!ok)
+        s->failed++;
+    fprintf(s->out, "%s %-60s err %.2e (bound %.2e per term)%s\n", ok ? "ok  " : "FAIL", what, err, B_GEMM16,
+            bad ? " nan/inf" : "");
+}
+
+/* matmul_fwd_bf16 and matmul_bwd_bf16 against the CPU on the same bf16
+ * in, w and dout16 (dout16 = bf16 of the fp32 dout that db sums), with and
+ * without bias, each accumulate flag, and NULL din/dw/db as the model
+ * passes them (first layer: no din; no bias: no db). */
+static void t_matmul_bf16(st_t *s, int N, int IC, int OC)
+{
+    static const struct {
+        int din, dw, db, acc_din, acc_dw;
+    } bw[] = {{1, 1, 1, 0, 0}, {1, 1, 1, 1, 1}, {1, 1, 1, 1, 0}, {1, 1, 1, 0, 1}, {0, 1, 1, 0, 0},
+              {0, 1, 1, 1, 1}, {1, 0, 0, 0, 0}, {1, 0, 0, 1, 1}, {1, 1, 0, 0, 0}, {1, 1, 0, 1, 1}};
+    char what[192], dims[64];
+    snprintf(dims, sizeof dims, "N=%d IC=%d OC=%d", N, IC, OC);
+    const size_t nin = (size_t)N * IC, nw = (size_t)OC * IC, nout = (size_t)N * OC;
+    tb_t in, w, dout16;
+    tp_t b, out, dout, din, dw, db;
+    float *a_in = NULL, *a_inT = NULL, *a_w = NULL, *a_wT = NULL, *a_dout = NULL, *a_doutT = NULL;
+    float *o_din = NULL, *o_dw = NULL, *o_db = NULL;
+    double *S_out = NULL, *S_din = NULL, *S_dw = NULL, *S_db = NULL;
+    memset(&in, 0, sizeof in), w = dout16 = in;
+    memset(&b, 0, sizeof b), out = dout = din = dw = db = b;
+    if (tb_new(s, &in, nin, NULL, -1, 1) || tb_new(s, &w, nw, NULL, -1, 1) || tp_new(s, &dout, nout, -1, 1) ||
+        tb_new(s, &dout16, nout, dout.h, 0, 0) || tp_new(s, &b, (size_t)OC, -1, 1) ||
+        tp_new(s, &out, nout, -1, 1) || tp_new(s, &din, nin, -1, 1) || tp_new(s, &dw, nw, -1, 1) ||
+        tp_new(s, &db, (size_t)OC, -1, 1))
+        goto out;
+    /* sums of |products|: out[n,o] over i of in[n,i] w[o,i]; din[n,i] over
+     * o of dout[n,o] w[o,i]; dw[o,i] over n of dout[n,o] in[n,i]; db[o]
+     * over n of the fp32 |dout[n,o]| */
+    a_in = abs_bf16(in.h, N, IC, 0), a_inT = abs_bf16(in.h, N, IC, 1);
+    a_w = abs_bf16(w.h, OC, IC, 0), a_wT = abs_bf16(w.h, OC, IC, 1);
+    a_dout = abs_bf16(dout16.h, N, OC, 0), a_doutT = abs_bf16(dout16.h, N, OC, 1);
+    o_din = malloc((nin ? nin : 1) * sizeof(float));
+    o_dw = malloc((nw ? nw : 1) * sizeof(float));
+    o_db = malloc((OC > 0 ? (size_t)OC : 1) * sizeof(float));
+    S_db = calloc(OC > 0 ? (size_t)OC : 1, sizeof(double));
+    if (!a_in || !a_inT || !a_w || !a_wT || !a_dout || !a_doutT || !o_din || !o_dw || !o_db || !S_db) {
+        s->oom = 1;
+        goto out;
+    }
+    S_out = abs_sums(a_in, a_w, N, OC, IC);
+    S_din = abs_sums(a_dout, a_wT, N, IC, OC);
+    S_dw = abs_sums(a_doutT, a_inT, OC, IC, N);
+    if (!S_out || !S_din || !S_dw) {
+        s->oom = 1;
+        goto out;
+    }
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++)
+            S_db[o] += fabs(dout.h[(size_t)n * OC + o]);
+
+    for (int bias = 0; bias < 2; bias++) {
+        s->cpu->matmul_fwd_bf16(out.h, in.h, w.h, bias ? b.h : NULL, N, IC, OC);
+        s->gpu->matmul_fwd_bf16(out.d, in.d, w.d, bias ? b.d : NULL, N, IC, OC);
+        snprintf(what, sizeof what, "matmul_fwd_bf16 %s%s", dims, bias ? " +bias" : "");
+        check_gemm16(s, what, &out, S_out, IC, NULL, bias ? b.h : NULL, OC);
+    }
+    for (size_t v = 0; v < sizeof bw / sizeof bw[0]; v++) {
+        char tag[128];
+        snprintf(tag, sizeof tag, "%s acc %d,%d%s%s", dims, bw[v].acc_din, bw[v].acc_dw, bw[v].din ? "" : " din=NULL",
+                 bw[v].dw ? bw[v].db ? "" : " db=NULL" : " dw=db=NULL");
+        /* both sides start from the CPU's outputs of the previous case (so
+         * its rounding differences do not carry into an accumulate), and
+         * these are the old values the bound counts */
+        memcpy(o_din, din.h, nin * sizeof(float));
+        memcpy(o_dw, dw.h, nw * sizeof(float));
+        memcpy(o_db, db.h, (size_t)OC * sizeof(float));
+        s->gpu->from_host(din.d, din.h, nin * sizeof(float));
+        s->gpu->from_host(dw.d, dw.h, nw * sizeof(float));
+        s->gpu->from_host(db.d, db.h, (size_t)OC * sizeof(float));
+        s->cpu->matmul_bwd_bf16(bw[v].din ? din.h : NULL, bw[v].dw ? dw.h : NULL, bw[v].db ? db.h : NULL, dout16.h,
+                                dout.h, in.h, w.h, N, IC, OC, bw[v].acc_din, bw[v].acc_dw);
+        s->gpu->matmul_bwd_bf16(bw[v].din ? din.d : NULL, bw[v].dw ? dw.d : NULL, bw[v].db ? db.d : NULL, dout16.d,
+                                dout.d, in.d, w.d, N, IC, OC, bw[v].acc_din, bw[v].acc_dw);
+        if (bw[v].din) {
+            snprintf(what, sizeof what, "matmul_bwd_bf16 din %s", tag);
+            check_gemm16(s, what, &din, S_din, OC, bw[v].acc_din ? o_din : NULL, NULL, 1);
+        }
+        if (bw[v].dw) {
+            snprintf(what, sizeof what, "matmul_bwd_bf16 dw %s", tag);
+            check_gemm16(s, what, &dw, S_dw, N, bw[v].acc_dw ? o_dw : NULL, NULL, 1);
+        }
+        if (bw[v].db) {
+            snprintf(what, sizeof what, "matmul_bwd_bf16 db %s", tag);
+            check_gemm16(s, what, &db, S_db, N, bw[v].acc_dw ? o_db : NULL, NULL, 1);
+        }
+    }
+out:
+    free(a_in), free(a_inT), free(a_w), free(a_wT), free(a_dout), free(a_doutT);
+    free(o_din), free(o_dw), free(o_db);
+    free(S_out), free(S_din), free(S_dw), free(S_db);
+    tb_free(s, &in), tb_free(s, &w), tb_free(s, &dout16);
+    tp_free(s, &b), tp_free(s, &out), tp_free(s, &dout), tp_free(s, &din), tp_free(s, &dw), tp_free(s, &db);
 }
 
 static void t_norms(st_t *s, int N, int C)
@@ -524,9 +752,15 @@ int cuda_selftest(const ops_t *gpu, FILE *out, char *err, size_t errlen)
     static const int nc[][2] = {{1, 1}, {5, 7}, {64, 768}, {3, 1030}};
     static const int at[][5] = {{1, 1, 1, 1, 4}, {2, 17, 4, 2, 8}, {1, 64, 4, 4, 16}, {2, 33, 6, 2, 32},
                                 {1, 200, 2, 1, 64}};
+    /* bf16 GEMMs: tiny, odd (unaligned leading dimensions), GPT-2's qkv
+     * projection, one whose w (OC*IC > 4M floats) the CPU widens in two
+     * panels, and the empty edges */
+    static const int mb[][3] = {{1, 1, 1}, {37, 61, 29}, {128, 768, 2304}, {64, 1024, 4500}, {0, 5, 3}, {5, 0, 3}};
     t_memory(&s);
     for (size_t i = 0; i < sizeof mm / sizeof mm[0] && !s.oom; i++)
         t_matmul(&s, mm[i][0], mm[i][1], mm[i][2]);
+    for (size_t i = 0; i < sizeof mb / sizeof mb[0] && !s.oom; i++)
+        t_matmul_bf16(&s, mb[i][0], mb[i][1], mb[i][2]);
     for (size_t i = 0; i < sizeof nc / sizeof nc[0] && !s.oom; i++)
         t_norms(&s, nc[i][0], nc[i][1]);
     for (size_t i = 0; i < sizeof at / sizeof at[0] && !s.oom; i++)
