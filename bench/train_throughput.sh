@@ -1,7 +1,8 @@
 #!/bin/sh
 # Training throughput on this machine: ms/step, tokens/s and MFU for
 # GPT-2 124M (micro batch 4, seq 64, fwd+bwd+AdamW) at 1 and 2 threads, and
-# for the tiny model. Speed does not depend on token values, so the bundled
+# for the tiny model; then the same at 2 threads with --dtype bf16 (bf16
+# matmul operands, which the CPU widens back to fp32: the cost of the casts). Speed does not depend on token values, so the bundled
 # byte-level corpus serves GPT-2's 50257-token vocabulary too.
 #
 #   bench/train_throughput.sh [STEPS]      (run from the build directory)
@@ -34,3 +35,6 @@ run "gpt2-124m B=4 T=64" 1 --model gpt2-124m --micro-batch 4 --seq-len 64
 run "gpt2-124m B=4 T=64" 2 --model gpt2-124m --micro-batch 4 --seq-len 64
 run "tiny B=16 T=128" 2 --model tiny --micro-batch 16 --seq-len 128
 run "tiny-llama B=16 T=128" 2 --model tiny-llama --micro-batch 16 --seq-len 128
+run "gpt2-124m B=4 T=64 bf16" 2 --model gpt2-124m --micro-batch 4 --seq-len 64 --dtype bf16
+run "tiny B=16 T=128 bf16" 2 --model tiny --micro-batch 16 --seq-len 128 --dtype bf16
+run "tiny-llama B=16 T=128 bf16" 2 --model tiny-llama --micro-batch 16 --seq-len 128 --dtype bf16

@@ -43,7 +43,7 @@ static int open_cuda(backend_t *b, int local_rank, char *err, size_t errlen)
     b->ops = ops_cuda();
     b->cuda = 1;
     b->device = dev;
-    snprintf(b->desc, sizeof b->desc, "cuda (device %d of local rank %d: %s; fp32)", dev, local_rank, name);
+    snprintf(b->desc, sizeof b->desc, "cuda (device %d of local rank %d: %s)", dev, local_rank, name);
     return 0;
 }
 #endif

@@ -225,6 +225,11 @@ static void carve_block(const model_t *m, char *base, size_t *cursor, block_acts
  *   activations = n_slots * slot
  *   workspace   = 3 r(NR*C) + 3 r(N*C) + 2 r(N*big) + r(ATT)
  *                 + 0 (none) | att (selective) | core + att (full)
+ *                 + h(N*IC) + h(WMAX) + h(N*OC)      (--dtype bf16 only)
+ * where h(n) = r(ceil(n/2)) holds n bf16 values, IC = max(C, QD, F), OC =
+ * max(C, big, Vl on the last stage) and WMAX = max(QKV*C, FW*C, Vl*C on the
+ * last stage): the bf16 copies of one GEMM's input, weight and output
+ * gradient.
  * (dres, dlnr and lnr are the r(NR*C) terms; dfull, dln and tmp the
  * r(N*C) ones; datt the r(ATT).) The recomputed fc_act needs no bytes of its
  * own: it lives in dbig2. So selective saves Ls*n_slots*(att + act) - att,
@@ -274,6 +279,26 @@ static void layout_acts(model_t *m, char *acts, size_t *acts_bytes, char *work, 
     m->tmp = carve(work, &w, N * C);
     m->lnr = carve(work, &w, NR * C);
     carve_block(m, work, &w, &m->racts, rc == MODEL_RECOMPUTE_FULL, rc != MODEL_RECOMPUTE_NONE, 0);
+    if (m->lay.bf16) {
+        /* bf16 GEMM operands: the widest input, weight and output gradient
+         * of any matmul on this stage (2 B each, carved as half as many floats) */
+        size_t ic = C, oc = C, wmax = QKV * C;
+        if (QD > ic)
+            ic = QD;
+        if ((size_t)ffn(m) > ic)
+            ic = (size_t)ffn(m);
+        if (big > oc)
+            oc = big;
+        if (FW * C > wmax)
+            wmax = FW * C;
+        if (m->lay.part.has_head && Vl > oc)
+            oc = Vl;
+        if (m->lay.part.has_head && Vl * C > wmax)
+            wmax = Vl * C;
+        m->a16 = (uint16_t *)carve(work, &w, (N * ic + 1) / 2);
+        m->w16 = (uint16_t *)carve(work, &w, (wmax + 1) / 2);
+        m->d16 = (uint16_t *)carve(work, &w, (N * oc + 1) / 2);
+    }
     *acts_bytes = a;
     *work_bytes = w;
 }
@@ -492,6 +517,41 @@ static int lend_params(model_t *m, int i, int next)
     return 0;
 }
 
+/* out[N,OC] = in[N,IC] . w[OC,IC]^T (+ b) in the model's GEMM precision:
+ * fp32, or (--dtype bf16) in and w rounded to bf16, fp32 sums. The bf16
+ * copies are made per call: the fp32 parameters stay the only weights. */
+static void mm_fwd(model_t *m, float *out, const float *in, const float *w, const float *b, int N, int IC, int OC)
+{
+    const ops_t *o = m->ops;
+    if (!m->lay.bf16) {
+        o->matmul_fwd(out, in, w, b, N, IC, OC);
+        return;
+    }
+    o->cast_f32_to_bf16(m->a16, in, (size_t)N * IC);
+    o->cast_f32_to_bf16(m->w16, w, (size_t)OC * IC);
+    o->matmul_fwd_bf16(out, m->a16, m->w16, b, N, IC, OC);
+}
+
+/* matmul_bwd in the model's GEMM precision: with bf16, dout, in and w are
+ * rounded to bf16 for the two GEMMs (mixed precision's usual backward);
+ * the bias gradient sums the fp32 dout. */
+static void mm_bwd(model_t *m, float *din, float *dw, float *db, const float *dout, const float *in,
+                   const float *w, int N, int IC, int OC, int accum_din, int accum_dw)
+{
+    const ops_t *o = m->ops;
+    if (!m->lay.bf16) {
+        o->matmul_bwd(din, dw, db, dout, in, w, N, IC, OC, accum_din, accum_dw);
+        return;
+    }
+    if (din || dw)
+        o->cast_f32_to_bf16(m->d16, dout, (size_t)N * OC);
+    if (dw)
+        o->cast_f32_to_bf16(m->a16, in, (size_t)N * IC);
+    if (din)
+        o->cast_f32_to_bf16(m->w16, w, (size_t)OC * IC);
+    o->matmul_bwd_bf16(din, dw, db, m->d16, dout, m->a16, m->w16, N, IC, OC, accum_din, accum_dw);
+}
+
 /* Norm of this rank's NR rows of x, then all N rows of the result in
  * out[N,C] (gathered under sequence parallelism). */
 static void norm_fwd_gather(model_t *m, float *out, float *mean, float *rstd, const float *x, const float *w,
@@ -518,10 +578,10 @@ static void row_parallel_fwd(model_t *m, float *out, const float *res, const flo
     const int C = m->cfg.d_model;
     const float *bias = m->lay.part.tp_rank == 0 ? b : NULL;
     if (m->lay.sequence_parallel) {
-        m->ops->matmul_fwd(m->tmp, in, w, bias, N, IC, C);
+        mm_fwd(m, m->tmp, in, w, bias, N, IC, C);
         tp_reduce_scatter(m, out, m->tmp, (size_t)NR * C);
     } else {
-        m->ops->matmul_fwd(out, in, w, bias, N, IC, C);
+        mm_fwd(m, out, in, w, bias, N, IC, C);
         tp_allreduce(m, out, (size_t)N * C, COMM_SUM);
     }
     m->ops->add(out, out, res, (size_t)NR * C);
@@ -556,14 +616,14 @@ static void block_fwd(model_t *m, const block_acts_t *a, const float *x, float *
     const block_tensors_t *w = &m->p.h[i];
     /* attention sub-block: res2 = x + wo . attn(norm1(x)) */
     norm_fwd_gather(m, a->ln1, a->ln1_mean, a->ln1_rstd, x, w->ln1w, w->ln1b, N, NR);
-    o->matmul_fwd(a->qkv, a->ln1, w->wqkv, w->bqkv, N, C, qkv_width(m));
+    mm_fwd(m, a->qkv, a->ln1, w->wqkv, w->bqkv, N, C, qkv_width(m));
     if (c->arch == ARCH_LLAMA)
         o->rope_fwd(a->qkv, b, t, NH, NKV, HS, c->rope_theta);
     o->attention_fwd(a->atty, a->att, a->qkv, b, t, NH, NKV, HS);
     row_parallel_fwd(m, a->res2, x, a->atty, w->wo, w->bo, N, NR, QD);
     /* MLP sub-block: xout = res2 + wproj . act(fc(norm2(res2))) */
     norm_fwd_gather(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2w, w->ln2b, N, NR);
-    o->matmul_fwd(a->fc, a->ln2, w->wfc, w->bfc, N, C, fc_width(m));
+    mm_fwd(m, a->fc, a->ln2, w->wfc, w->bfc, N, C, fc_width(m));
     if (c->arch == ARCH_GPT2)
         o->gelu_fwd(a->fc_act, a->fc, (size_t)N * F);
     else
@@ -594,7 +654,7 @@ static float head_fwd(model_t *m, model_slot_t *sl, const int32_t *targets, int 
     const int N = b * t, NR = res_rows(m, N), C = m->cfg.d_model, Vl = m->v_rows;
     const float *xL = sl->x + (size_t)m->n_local * NR * C;
     norm_fwd_gather(m, sl->lnf, sl->lnf_mean, sl->lnf_rstd, xL, m->p.lnfw, m->p.lnfb, N, NR);
-    o->matmul_fwd(sl->logits, sl->lnf, m->p.head, NULL, N, C, Vl);
+    mm_fwd(m, sl->logits, sl->lnf, m->p.head, NULL, N, C, Vl);
     if (!targets)
         return 0.0f;
     /* The loss is the mean over the targets that count (>= 0); the
@@ -721,15 +781,15 @@ static void block_bwd(model_t *m, model_slot_t *sl, int i, int accum, int last)
     else if (rc == MODEL_RECOMPUTE_SELECTIVE)
         o->swiglu_fwd(a->fc_act, a->fc, N, F);
     /* MLP: dres = dL/dxout on entry, dL/dres2 after the norm backward */
-    o->matmul_bwd(m->dbig, g->wproj, g->bproj, dres_all_rows(m, N, NR), a->fc_act, w->wproj, N, F, C, 0, accum);
+    mm_bwd(m, m->dbig, g->wproj, g->bproj, dres_all_rows(m, N, NR), a->fc_act, w->wproj, N, F, C, 0, accum);
     if (gpt)
         o->gelu_bwd(m->dbig2, a->fc, m->dbig, (size_t)N * F);
     else
         o->swiglu_bwd(m->dbig2, a->fc, m->dbig, N, F);
-    o->matmul_bwd(m->dln, g->wfc, g->bfc, m->dbig2, a->ln2, w->wfc, N, C, fc_width(m), 0, accum);
+    mm_bwd(m, m->dln, g->wfc, g->bfc, m->dbig2, a->ln2, w->wfc, N, C, fc_width(m), 0, accum);
     norm_bwd_reduce(m, g->ln2w, g->ln2b, a->res2, w->ln2w, a->ln2_mean, a->ln2_rstd, N, NR, accum);
     /* attention: dres becomes dL/dx */
-    o->matmul_bwd(m->dbig, g->wo, g->bo, dres_all_rows(m, N, NR), a->atty, w->wo, N, QD, C, 0, accum);
+    mm_bwd(m, m->dbig, g->wo, g->bo, dres_all_rows(m, N, NR), a->atty, w->wo, N, QD, C, 0, accum);
     /* selective: the probabilities again; the output (= atty) goes to
      * dbig2, free until attention_bwd writes dqkv there */
     if (rc == MODEL_RECOMPUTE_SELECTIVE)
@@ -737,7 +797,7 @@ static void block_bwd(model_t *m, model_slot_t *sl, int i, int accum, int last)
     o->attention_bwd(m->dbig2, m->datt, m->dbig, a->qkv, a->att, b, t, NH, NKV, HS);
     if (!gpt)
         o->rope_bwd(m->dbig2, b, t, NH, NKV, HS, c->rope_theta);
-    o->matmul_bwd(m->dln, g->wqkv, g->bqkv, m->dbig2, a->ln1, w->wqkv, N, C, qkv_width(m), 0, accum);
+    mm_bwd(m, m->dln, g->wqkv, g->bqkv, m->dbig2, a->ln1, w->wqkv, N, C, qkv_width(m), 0, accum);
     norm_bwd_reduce(m, g->ln1w, g->ln1b, x, w->ln1w, a->ln1_mean, a->ln1_rstd, N, NR, accum);
     norm_grads_reduce(m, g->ln1w, g->ln1b, last);
     norm_grads_reduce(m, g->ln2w, g->ln2b, last);
@@ -757,7 +817,7 @@ int model_backward(model_t *m, int slot, int accum, int last)
             return -1;
         }
         /* output head and final norm; dres accumulates dL/dx from here down */
-        o->matmul_bwd(m->dln, m->g.head, NULL, sl->logits, sl->lnf, m->p.head, N, C, m->v_rows, 0, accum);
+        mm_bwd(m, m->dln, m->g.head, NULL, sl->logits, sl->lnf, m->p.head, N, C, m->v_rows, 0, accum);
         o->zero(m->dres, (size_t)NR * C * sizeof(float));
         const float *xL = sl->x + (size_t)m->n_local * NR * C;
         norm_bwd_reduce(m, m->g.lnfw, m->g.lnfb, xL, m->p.lnfw, sl->lnf_mean, sl->lnf_rstd, N, NR, accum);

@@ -101,6 +101,10 @@ typedef struct model_layout {
      * gathered parameters. */
     int lent_block_params;
     model_recompute_t recompute; /* what the slots keep of each block */
+    /* --dtype bf16: every matmul (the blocks' four and the head) rounds its
+     * operands to bf16 and sums in fp32 (ops matmul_*_bf16); parameters,
+     * gradients, optimizer state, activations and every other op stay fp32. */
+    int bf16;
 } model_layout_t;
 
 typedef struct model {
@@ -132,6 +136,9 @@ typedef struct model {
      * here: it goes to dbig2, free from the activation function's backward
      * until the attention's. NULL fields: kept in the slot instead. */
     block_acts_t racts;
+    /* --dtype bf16: one GEMM's operands rounded to bf16 (workspace):
+     * input [N*IC], weight [OC*IC], output gradient [N*OC] at the widest */
+    uint16_t *a16, *w16, *d16;
     size_t act_bytes, work_bytes;
     /* layer_start[i]: flat offset of local block i's first tensor; [Ls]: the
      * final norm's (the head and final norm lie above it, embeddings below [0]) */
@@ -173,7 +180,7 @@ void model_destroy(model_t *m);
 /* Bytes of the activation arena (MEM_ACTS) and the workspace arena
  * (MEM_WORKSPACE) model_create allocates for this layout and batch
  * capacity, computed by the same layout code without allocating: what the
- * planner (src/plan.c) reports for the fp32 backend. */
+ * planner (src/plan.c) reports for --plan-dtype fp32 (lay->bf16 = 0). */
 void model_arena_bytes(const model_config_t *cfg, const model_layout_t *lay, int B, int T, size_t *acts,
                        size_t *work);
 

@@ -793,14 +793,14 @@ static void matmul_fwd_bf16(float *out, const uint16_t *in, const uint16_t *w, c
             memset(out, 0, (size_t)N * OC * sizeof(float));
         return;
     }
-    float *pa = malloc(BF16_PANEL * sizeof(float)), *pb = malloc(BF16_PANEL * sizeof(float));
+    const int nr = panel_rows(IC, N), orows = panel_rows(IC, OC);
+    float *pa = malloc((size_t)nr * IC * sizeof(float)), *pb = malloc((size_t)orows * IC * sizeof(float));
     if (!pa || !pb) {
         gemm_bf16_naive(out, OC, in, IC, 1, w, 1, IC, N, OC, IC, b != NULL);
         free(pa);
         free(pb);
         return;
     }
-    const int nr = panel_rows(IC, N), orows = panel_rows(IC, OC);
     for (int n0 = 0; n0 < N; n0 += nr) {
         int n1 = imin(N, n0 + nr);
         widen_block(pa, in, IC, n0, n1, 0, IC);
@@ -825,18 +825,25 @@ static void matmul_bwd_bf16(float *din, float *dw, float *db, const uint16_t *do
 {
     if (OC <= 0)
         return;
-    float *pa = NULL, *pb = NULL;
-    int panels = 0;
-    if ((din && N > 0 && IC > 0) || (dw && IC > 0 && N > 0)) {
-        pa = malloc(BF16_PANEL * sizeof(float));
-        pb = malloc(BF16_PANEL * sizeof(float));
-        panels = pa && pb;
+    /* panels: din sums over OC in kd columns of dout ([N,kd]) and rows of
+     * w ([kd,IC]); dw sums over N in kw rows of dout ([kw,OC]) and in ([kw,IC]) */
+    const int kd = imin(panel_rows(N, OC), panel_rows(IC, OC)), kw = imin(panel_rows(OC, N), panel_rows(IC, N));
+    size_t na = 0, nb = 0;
+    if (din && N > 0 && IC > 0) {
+        na = (size_t)N * kd;
+        nb = (size_t)kd * IC;
     }
+    if (dw && IC > 0 && N > 0) {
+        na = na > (size_t)kw * OC ? na : (size_t)kw * OC;
+        nb = nb > (size_t)kw * IC ? nb : (size_t)kw * IC;
+    }
+    float *pa = na ? malloc(na * sizeof(float)) : NULL, *pb = nb ? malloc(nb * sizeof(float)) : NULL;
+    const int panels = pa && pb;
     if (din && N > 0 && IC > 0) {
         if (!panels) {
             gemm_bf16_naive(din, IC, dout16, OC, 1, w, IC, 1, N, IC, OC, accum_din);
         } else {
-            const int kb = imin(panel_rows(N, OC), panel_rows(IC, OC));
+            const int kb = kd;
             for (int k0 = 0; k0 < OC; k0 += kb) {
                 int k1 = imin(OC, k0 + kb);
                 widen_block(pa, dout16, OC, 0, N, k0, k1);
@@ -853,7 +860,7 @@ static void matmul_bwd_bf16(float *din, float *dw, float *db, const uint16_t *do
         } else if (!panels) {
             gemm_bf16_naive(dw, IC, dout16, 1, OC, in, IC, 1, OC, IC, N, accum_dw);
         } else {
-            const int kb = imin(panel_rows(OC, N), panel_rows(IC, N));
+            const int kb = kw;
             for (int k0 = 0; k0 < N; k0 += kb) {
                 int k1 = imin(N, k0 + kb);
                 widen_block(pa, dout16, OC, k0, k1, 0, OC);

@@ -58,6 +58,7 @@ typedef struct run_options {
     double gpu_mem;          /* device memory in GiB (0 = the profile's) */
     /* backend */
     char device[8];    /* "auto" | "cpu" | "cuda" (see backend.h) */
+    char dtype[8];     /* "auto" (bf16 on cuda, fp32 on cpu) | "fp32" | "bf16": GEMM precision */
     int selftest;      /* --selftest: compare every CUDA op with the CPU op, exit */
 } run_options_t;
 

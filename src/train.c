@@ -512,6 +512,11 @@ int trainer_setup(trainer_t *tr, const run_options_t *o, const launch_env_t *env
     }
     if (backend_open(&tr->backend, o->device, env->local_rank, err, errlen) != 0)
         return -1;
+    lay.bf16 = strcmp(o->dtype, "bf16") == 0 || (strcmp(o->dtype, "auto") == 0 && tr->backend.cuda);
+    if (lay.bf16 && (!tr->backend.ops->matmul_fwd_bf16 || !tr->backend.ops->matmul_bwd_bf16)) {
+        snprintf(err, errlen, "--dtype bf16: the %s backend has no bf16 GEMM; use --dtype fp32", tr->backend.ops->name);
+        return -1;
+    }
     if (model_create(&tr->model, &tr->cfg, tr->backend.ops, &lay, o->micro_batch, o->seq_len, err, errlen) != 0)
         return -1;
     if (tr->zero_stage > 0 && setup_zero(tr, err, errlen) != 0)
@@ -650,6 +655,11 @@ void trainer_banner(const trainer_t *tr, FILE *out)
             tr->flops_token * o->micro_batch * o->seq_len * tr->accum * tr->grid->dp_size * 1e-9, tr->peak_gflops,
             o->peak_gflops > 0 ? "--peak-gflops" : "sgemm probe");
     fprintf(out, "backend: %s\n", tr->backend.desc);
+    if (tr->model.lay.bf16)
+        fprintf(out, "precision: bf16 matmuls (operands rounded to bf16, fp32 sums); fp32 parameters, gradients, "
+                "AdamW state and activations\n");
+    else
+        fprintf(out, "precision: fp32\n");
     fprintf(out, "configuration:\n");
     options_print(o, out);
     fflush(out);

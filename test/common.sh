@@ -11,7 +11,7 @@ DATA_VAL="$top_builddir/data/gutenberg_val_*.bin"
 
 # A scratch directory under the build tree, removed on exit.
 TMP=$(mktemp -d "$top_builddir/test/tmp.XXXXXX") || exit 99
-trap 'rm -rf "$TMP"' EXIT
+trap '[ -n "${KEEP_TMP:-}" ] || rm -rf "$TMP"' EXIT
 
 fails=0
 pass() { echo "ok   $*"; }

@@ -7,7 +7,12 @@
  *    fields with ldexp) and survives dt_bf16_to_f32 -> dt_f32_to_bf16;
  *  - named vectors: ties, overflow, subnormals, signed zero, NaNs;
  *  - ops_cpu()'s cast_f32_to_bf16 / cast_bf16_to_f32 equal the scalar
- *    helpers on buffers of several lengths.
+ *    helpers on buffers of several lengths;
+ *  - ops_cpu()'s bf16 GEMMs against a double-precision reference on the same
+ *    bf16 values, for shapes from 1x1x1 to ones the CPU splits into several
+ *    panels: every element within 8 K 2^-24 sum_k |a_k b_k| (fp32 sums of
+ *    exact products, any order), with and without bias, overwrite and
+ *    accumulate, and NULL outputs.
  * The CUDA kernels use the same helpers; cuda/selftest.c compares them with
  * these CPU casts bit for bit. */
 #include <float.h>
@@ -255,6 +260,148 @@ static void check_ops_casts(void)
     ops->free(h), ops->free(y);
 }
 
+/* ---- bf16 GEMMs ------------------------------------------------------------------------ */
+
+/* A counter-based uniform in [-1, 1): the same values on every run. */
+static float rand_pm1(uint64_t *s)
+{
+    *s = *s * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (float)((double)(*s >> 40) / (double)(1ULL << 24) * 2.0 - 1.0);
+}
+
+static void fill_bf16(uint16_t *h, size_t n, uint64_t seed)
+{
+    for (size_t i = 0; i < n; i++)
+        h[i] = dt_f32_to_bf16(rand_pm1(&seed));
+}
+
+/* Worst |got - ref| / bound over a matrix, bound = 8 K 2^-24 sum|terms| +
+ * 2^-24 |ref| (the final rounding); ref and mag in double. */
+static double worst_ratio(const float *got, const double *ref, const double *mag, size_t n, int K)
+{
+    double w = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double bound = 8.0 * K * ldexp(mag[i], -24) + ldexp(fabs(ref[i]), -24) + 1e-30;
+        double r = fabs((double)got[i] - ref[i]) / bound;
+        if (!(r <= w)) /* NaN too */
+            w = isnan(r) ? INFINITY : r;
+    }
+    return w;
+}
+
+static void check_gemm_shape(const ops_t *ops, int N, int IC, int OC, int with_bias)
+{
+    size_t nin = (size_t)N * IC, nw = (size_t)OC * IC, nout = (size_t)N * OC;
+    uint16_t *in = malloc(nin * 2 + 2), *w = malloc(nw * 2 + 2), *d16 = malloc(nout * 2 + 2);
+    float *b = malloc((size_t)OC * 4), *dout = malloc(nout * 4), *out = malloc(nout * 4);
+    float *din = malloc(nin * 4), *dw = malloc(nw * 4), *db = malloc((size_t)OC * 4);
+    size_t nmax = nin > nw ? nin : nw;
+    nmax = nmax > nout ? nmax : nout;
+    double *ref = malloc(nmax * sizeof(double)), *mag = malloc(nmax * sizeof(double));
+    if (!in || !w || !d16 || !b || !dout || !out || !din || !dw || !db || !ref || !mag) {
+        check(0, "bf16 GEMM: out of memory");
+        goto done;
+    }
+    fill_bf16(in, nin, 11 + (uint64_t)N);
+    fill_bf16(w, nw, 23 + (uint64_t)OC);
+    uint64_t seed = 37;
+    for (size_t i = 0; i < nout; i++) {
+        dout[i] = rand_pm1(&seed);
+        d16[i] = dt_f32_to_bf16(dout[i]);
+    }
+    for (int o = 0; o < OC; o++)
+        b[o] = rand_pm1(&seed);
+    char what[200];
+
+    /* forward: out = in . w^T + b */
+    ops->matmul_fwd_bf16(out, in, w, with_bias ? b : NULL, N, IC, OC);
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) {
+            double acc = with_bias ? b[o] : 0.0, m = with_bias ? fabs(b[o]) : 0.0;
+            for (int k = 0; k < IC; k++) {
+                double t = (double)dt_bf16_to_f32(in[(size_t)n * IC + k]) * dt_bf16_to_f32(w[(size_t)o * IC + k]);
+                acc += t;
+                m += fabs(t);
+            }
+            ref[(size_t)n * OC + o] = acc;
+            mag[(size_t)n * OC + o] = m;
+        }
+    double r = worst_ratio(out, ref, mag, nout, IC + 1);
+    snprintf(what, sizeof what, "matmul_fwd_bf16 %dx%dx%d%s: worst error %.3f of the bound", N, IC, OC,
+             with_bias ? " +bias" : "", r);
+    check(r <= 1.0, what);
+
+    /* backward, twice: overwrite, then accumulate onto the first result */
+    for (int pass = 0; pass < 2; pass++) {
+        ops->matmul_bwd_bf16(din, dw, db, d16, dout, in, w, N, IC, OC, pass, pass);
+        for (int n = 0; n < N; n++)
+            for (int k = 0; k < IC; k++) {
+                double acc = 0.0, m = 0.0;
+                for (int o = 0; o < OC; o++) {
+                    double t = (double)dt_bf16_to_f32(d16[(size_t)n * OC + o]) * dt_bf16_to_f32(w[(size_t)o * IC + k]);
+                    acc += t;
+                    m += fabs(t);
+                }
+                ref[(size_t)n * IC + k] = (pass + 1) * acc;
+                mag[(size_t)n * IC + k] = (pass + 1) * m;
+            }
+        r = worst_ratio(din, ref, mag, nin, OC + 1);
+        snprintf(what, sizeof what, "matmul_bwd_bf16 din %dx%dx%d %s: worst error %.3f of the bound", N, IC, OC,
+                 pass ? "accumulated" : "written", r);
+        check(r <= 1.0, what);
+        for (int o = 0; o < OC; o++)
+            for (int k = 0; k < IC; k++) {
+                double acc = 0.0, m = 0.0;
+                for (int n = 0; n < N; n++) {
+                    double t = (double)dt_bf16_to_f32(d16[(size_t)n * OC + o]) * dt_bf16_to_f32(in[(size_t)n * IC + k]);
+                    acc += t;
+                    m += fabs(t);
+                }
+                ref[(size_t)o * IC + k] = (pass + 1) * acc;
+                mag[(size_t)o * IC + k] = (pass + 1) * m;
+            }
+        r = worst_ratio(dw, ref, mag, nw, N + 1);
+        snprintf(what, sizeof what, "matmul_bwd_bf16 dw %dx%dx%d %s: worst error %.3f of the bound", N, IC, OC,
+                 pass ? "accumulated" : "written", r);
+        check(r <= 1.0, what);
+        for (int o = 0; o < OC; o++) { /* db sums the fp32 dout */
+            double acc = 0.0, m = 0.0;
+            for (int n = 0; n < N; n++) {
+                acc += dout[(size_t)n * OC + o];
+                m += fabs(dout[(size_t)n * OC + o]);
+            }
+            ref[o] = (pass + 1) * acc;
+            mag[o] = (pass + 1) * m;
+        }
+        r = worst_ratio(db, ref, mag, (size_t)OC, N + 1);
+        snprintf(what, sizeof what, "matmul_bwd_bf16 db %dx%dx%d %s (fp32 dout): worst error %.3f of the bound", N,
+                 IC, OC, pass ? "accumulated" : "written", r);
+        check(r <= 1.0, what);
+    }
+
+    /* NULL outputs are left alone: din only must not touch dw */
+    dw[0] = 12345.0f;
+    ops->matmul_bwd_bf16(din, NULL, NULL, d16, dout, in, w, N, IC, OC, 0, 0);
+    ops->matmul_bwd_bf16(NULL, dw + 1, NULL, d16, dout, in, w, N, IC, OC > 1 ? 1 : OC, 0, 0);
+    snprintf(what, sizeof what, "matmul_bwd_bf16 %dx%dx%d: NULL outputs untouched", N, IC, OC);
+    check(dw[0] == 12345.0f, what);
+done:
+    free(in), free(w), free(d16), free(b), free(dout), free(out), free(din), free(dw), free(db), free(ref), free(mag);
+}
+
+static void check_gemm(void)
+{
+    const ops_t *ops = ops_cpu();
+    check_gemm_shape(ops, 1, 1, 1, 1);
+    check_gemm_shape(ops, 37, 61, 29, 0);
+    check_gemm_shape(ops, 37, 61, 29, 1);
+    check_gemm_shape(ops, 64, 256, 384, 1);
+    /* 4500 x 1024 > the CPU's 4M-float panel: several weight panels in the
+     * forward and OC panels in din; 2100 x 2048 rows > one N panel for dw */
+    check_gemm_shape(ops, 8, 1024, 4500, 1);
+    check_gemm_shape(ops, 2100, 2048, 3, 0);
+}
+
 int main(void)
 {
     double *tab = malloc(TAB_N * sizeof *tab);
@@ -266,6 +413,7 @@ int main(void)
     check_vectors();
     check_roundtrip(tab);
     check_ops_casts();
+    check_gemm();
     check_exhaustive(tab);
     free(tab);
     printf("%s: %d failure(s)\n", failures ? "FAIL" : "ok  ", failures);
