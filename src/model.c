@@ -180,20 +180,21 @@ static float *carve(char *base, size_t *cursor, size_t n)
     return p;
 }
 
-/* Carves one block's tensors: `core` (everything but att and fc_act, dropped
- * only by full recompute), `att` (the [B,NH,T,T] probabilities) and `act`
- * (the activation function's output). Tensors not carved stay NULL. */
-static void carve_block(const model_t *m, char *base, size_t *cursor, block_acts_t *s, int core, int att, int act)
+/* Carves one block's tensors: `core` (everything but fc_act, dropped only
+ * by full recompute) and `act` (the activation function's output). Tensors
+ * not carved stay NULL. */
+static void carve_block(const model_t *m, char *base, size_t *cursor, block_acts_t *s, int core, int act)
 {
     const size_t N = (size_t)m->B * (size_t)m->T, NR = (size_t)res_rows(m, (int)N), C = (size_t)m->cfg.d_model;
     const size_t QD = (size_t)heads(m) * (size_t)model_head_size(&m->cfg);
-    const size_t ATT = (size_t)m->B * (size_t)heads(m) * (size_t)m->T * (size_t)m->T;
+    const size_t LSE = (size_t)m->B * (size_t)heads(m) * (size_t)m->T;
     memset(s, 0, sizeof *s);
     if (core) {
         s->ln1 = carve(base, cursor, N * C);
         s->ln1_mean = carve(base, cursor, NR);
         s->ln1_rstd = carve(base, cursor, NR);
         s->qkv = carve(base, cursor, N * (size_t)qkv_width(m));
+        s->lse = carve(base, cursor, LSE);
         s->atty = carve(base, cursor, N * QD);
         s->res2 = carve(base, cursor, NR * C);
         s->ln2 = carve(base, cursor, N * C);
@@ -201,8 +202,6 @@ static void carve_block(const model_t *m, char *base, size_t *cursor, block_acts
         s->ln2_rstd = carve(base, cursor, NR);
         s->fc = carve(base, cursor, N * (size_t)fc_width(m));
     }
-    if (att)
-        s->att = carve(base, cursor, ATT);
     if (act)
         s->fc_act = carve(base, cursor, N * (size_t)ffn(m));
 }
@@ -213,34 +212,34 @@ static void carve_block(const model_t *m, char *base, size_t *cursor, block_acts
  * Bytes (what a planner must reproduce). Every piece is 64-byte aligned:
  * r(n) = 64 * ceil(4n / 64) for n floats. N = B*T (micro batch x seq len),
  * NR = N (N/P with sequence parallelism), Ls blocks on this stage, widths
- * as in model.h, FW = F (GPT-2) or 2F (Llama), ATT = B*NH*T*T, big =
- * max(QKV, FW, QD).
- *   core  = 2 r(N*C) + 4 r(NR) + r(N*QKV) + r(N*QD) + r(NR*C) + r(N*FW)
- *   att   = r(ATT)            act = r(N*F)
- *   block = core + att + act  (--recompute none)
- *           core              (selective)
- *           0                 (full)
+ * as in model.h, FW = F (GPT-2) or 2F (Llama), big = max(QKV, FW, QD).
+ *   core  = 2 r(N*C) + 4 r(NR) + r(N*QKV) + r(B*NH*T) + r(N*QD) + r(NR*C)
+ *           + r(N*FW)
+ *   act   = r(N*F)
+ *   block = core + act  (--recompute none)
+ *           core        (selective)
+ *           0           (full)
  *   head  = r(N*C) + 2 r(NR) + r(N*Vl) + 2 r(N) + r(2N)  (last stage only)
  *   slot  = r((Ls+1)*NR*C) + Ls*block + head + 2 r(N)
  *   activations = n_slots * slot
- *   workspace   = 3 r(NR*C) + 3 r(N*C) + 2 r(N*big) + r(ATT)
- *                 + 0 (none) | att (selective) | core + att (full)
+ *   workspace   = 3 r(NR*C) + 3 r(N*C) + 2 r(N*big)
+ *                 + 0 (none, selective) | core (full)
  *                 + h(N*IC) + h(WMAX) + h(N*OC)      (--dtype bf16 only)
  * where h(n) = r(ceil(n/2)) holds n bf16 values, IC = max(C, QD, F), OC =
  * max(C, big, Vl on the last stage) and WMAX = max(QKV*C, FW*C, Vl*C on the
  * last stage): the bf16 copies of one GEMM's input, weight and output
  * gradient.
  * (dres, dlnr and lnr are the r(NR*C) terms; dfull, dln and tmp the
- * r(N*C) ones; datt the r(ATT).) The recomputed fc_act needs no bytes of its
- * own: it lives in dbig2. So selective saves Ls*n_slots*(att + act) - att,
- * full Ls*n_slots*(core + att + act) - core - att. */
+ * r(N*C) ones; r(B*NH*T) is attention's log-sum-exp: flash-style attention
+ * keeps nothing T x T.) The recomputed fc_act needs no bytes of its own: it
+ * lives in dbig2. So selective saves Ls*n_slots*act, full
+ * Ls*n_slots*(core + act) - core. */
 static void layout_acts(model_t *m, char *acts, size_t *acts_bytes, char *work, size_t *work_bytes)
 {
     const size_t N = (size_t)m->B * (size_t)m->T, NR = (size_t)res_rows(m, (int)N);
     const size_t C = (size_t)m->cfg.d_model, Ls = (size_t)m->n_local, Vl = (size_t)m->v_rows;
     const size_t QKV = (size_t)qkv_width(m), QD = (size_t)heads(m) * (size_t)model_head_size(&m->cfg);
     const size_t FW = (size_t)fc_width(m);
-    const size_t ATT = (size_t)m->B * (size_t)heads(m) * (size_t)m->T * (size_t)m->T;
     const model_recompute_t rc = m->lay.recompute;
     size_t a = 0, w = 0;
     /* sizing without a model (model_arena_bytes): the pointers land here */
@@ -251,7 +250,7 @@ static void layout_acts(model_t *m, char *acts, size_t *acts_bytes, char *work, 
         sl->x = carve(acts, &a, (Ls + 1) * NR * C);
         for (size_t l = 0; l < Ls; l++)
             carve_block(m, acts, &a, m->slots ? &sl->acts[l] : &scratch_acts, rc != MODEL_RECOMPUTE_FULL,
-                        rc == MODEL_RECOMPUTE_NONE, rc == MODEL_RECOMPUTE_NONE);
+                        rc == MODEL_RECOMPUTE_NONE);
         if (m->lay.part.has_head) {
             sl->lnf = carve(acts, &a, N * C);
             sl->lnf_mean = carve(acts, &a, NR);
@@ -275,10 +274,9 @@ static void layout_acts(model_t *m, char *acts, size_t *acts_bytes, char *work, 
     m->dlnr = carve(work, &w, NR * C);
     m->dbig = carve(work, &w, N * big);
     m->dbig2 = carve(work, &w, N * big);
-    m->datt = carve(work, &w, ATT);
     m->tmp = carve(work, &w, N * C);
     m->lnr = carve(work, &w, NR * C);
-    carve_block(m, work, &w, &m->racts, rc == MODEL_RECOMPUTE_FULL, rc != MODEL_RECOMPUTE_NONE, 0);
+    carve_block(m, work, &w, &m->racts, rc == MODEL_RECOMPUTE_FULL, 0);
     if (m->lay.bf16) {
         /* bf16 GEMM operands: the widest input, weight and output gradient
          * of any matmul on this stage (2 B each, carved as half as many floats) */
@@ -598,7 +596,6 @@ static block_acts_t block_view(const model_t *m, const model_slot_t *sl, int i)
         return a;
     if (m->lay.recompute == MODEL_RECOMPUTE_FULL)
         a = *r;
-    a.att = r->att;
     a.fc_act = m->dbig2;
     return a;
 }
@@ -619,7 +616,7 @@ static void block_fwd(model_t *m, const block_acts_t *a, const float *x, float *
     mm_fwd(m, a->qkv, a->ln1, w->wqkv, w->bqkv, N, C, qkv_width(m));
     if (c->arch == ARCH_LLAMA)
         o->rope_fwd(a->qkv, b, t, NH, NKV, HS, c->rope_theta);
-    o->attention_fwd(a->atty, a->att, a->qkv, b, t, NH, NKV, HS);
+    o->attention_fwd(a->atty, a->lse, a->qkv, b, t, NH, NKV, HS);
     row_parallel_fwd(m, a->res2, x, a->atty, w->wo, w->bo, N, NR, QD);
     /* MLP sub-block: xout = res2 + wproj . act(fc(norm2(res2))) */
     norm_fwd_gather(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2w, w->ln2b, N, NR);
@@ -790,11 +787,7 @@ static void block_bwd(model_t *m, model_slot_t *sl, int i, int accum, int last)
     norm_bwd_reduce(m, g->ln2w, g->ln2b, a->res2, w->ln2w, a->ln2_mean, a->ln2_rstd, N, NR, accum);
     /* attention: dres becomes dL/dx */
     mm_bwd(m, m->dbig, g->wo, g->bo, dres_all_rows(m, N, NR), a->atty, w->wo, N, QD, C, 0, accum);
-    /* selective: the probabilities again; the output (= atty) goes to
-     * dbig2, free until attention_bwd writes dqkv there */
-    if (rc == MODEL_RECOMPUTE_SELECTIVE)
-        o->attention_fwd(m->dbig2, a->att, a->qkv, b, t, NH, NKV, HS);
-    o->attention_bwd(m->dbig2, m->datt, m->dbig, a->qkv, a->att, b, t, NH, NKV, HS);
+    o->attention_bwd(m->dbig2, m->dbig, a->qkv, a->atty, a->lse, b, t, NH, NKV, HS);
     if (!gpt)
         o->rope_bwd(m->dbig2, b, t, NH, NKV, HS, c->rope_theta);
     mm_bwd(m, m->dln, g->wqkv, g->bqkv, m->dbig2, a->ln1, w->wqkv, N, C, qkv_width(m), 0, accum);

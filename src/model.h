@@ -46,9 +46,10 @@ typedef struct model_tensors {
 
 /* What a slot keeps of each block for its backward (--recompute):
  *  NONE       every tensor of block_acts_t;
- *  SELECTIVE  all but att and fc_act: the backward re-runs the attention
- *             (from qkv) and the activation function (from fc) into shared
- *             workspace;
+ *  SELECTIVE  all but fc_act: the backward re-runs the activation function
+ *             (from fc) into shared workspace. (Attention keeps no T x T
+ *             probabilities in any mode: its backward always recomputes
+ *             them blockwise from qkv and lse, flash-attention style.)
  *  FULL       nothing but the block's input x[i]: the backward re-runs the
  *             block's forward (its TP collectives included) into a one-block
  *             workspace shared by all slots.
@@ -61,7 +62,7 @@ typedef enum { MODEL_RECOMPUTE_NONE = 0, MODEL_RECOMPUTE_SELECTIVE, MODEL_RECOMP
 typedef struct block_acts {
     float *ln1, *ln1_mean, *ln1_rstd; /* [N,C] (all rows), [NR], [NR] (mean unused by RMSNorm) */
     float *qkv;                       /* [N,QKV] (Llama: after RoPE) */
-    float *att;                       /* [B,NH,T,T] softmax probabilities */
+    float *lse;                       /* [B,NH,T] attention's log-sum-exp per query row */
     float *atty;                      /* [N,QD] attention output before wo */
     float *res2;                      /* [NR,C] residual after attention */
     float *ln2, *ln2_mean, *ln2_rstd; /* [N,C], [NR], [NR] */
@@ -128,11 +129,11 @@ typedef struct model {
     float *dfull;  /* [N,C] all rows of dres (sequence parallel) */
     float *dln;    /* [N,C] */
     float *dlnr;   /* [NR,C] this rank's rows of dln after reduce-scatter */
-    float *dbig, *dbig2, *datt;
+    float *dbig, *dbig2;
     float *tmp;    /* [N,C] row-parallel partial sums before reduce-scatter */
     float *lnr;    /* [NR,C] a norm's output rows before all-gather */
     /* --recompute: where the dropped tensors of the block being computed
-     * live (SELECTIVE: att; FULL: all of block_acts_t). fc_act is never
+     * live (FULL: all of block_acts_t; SELECTIVE: none). fc_act is never
      * here: it goes to dbig2, free from the activation function's backward
      * until the attention's. NULL fields: kept in the slot instead. */
     block_acts_t racts;

@@ -360,110 +360,149 @@ static void rope_bwd(float *dqkv, int B, int T, int NH, int NKV, int HS, float t
 
 /* ---- attention ---------------------------------------------------------------- */
 
-/* In-place causal softmax of rows r0..r1-1 of S[T, T] (already scaled);
- * columns above the diagonal become 0. */
-static void causal_softmax_rows(float *S, int T, int r0, int r1)
+/* Flash-attention style on the CPU: per (b, head), query rows in blocks of
+ * ATT_ROW_BLOCK; a block's scores against keys 0..(its last row) go to a
+ * per-task tile [ATT_ROW_BLOCK, T], are turned into probabilities there and
+ * used at once, so nothing T x T outlives the block. What backward keeps is
+ * lse (one float per query row); it recomputes P = exp(s - lse), which in
+ * the forward is also how P is formed, so both passes use the same P bits.
+ * Tiles are allocated per task (ATT_ROW_BLOCK x T floats, 256 KiB at T =
+ * 1024); without memory for one the outputs become NaN, which the training
+ * loop's non-finite loss check turns into an error. */
+
+/* Rows r0..r1-1 of a tile (row t at P + (t - r0) * T) hold scaled scores
+ * of keys 0..t: P = exp(s - lse) with lse[t] = max + log(sum exp(s - max));
+ * columns t+1..r1-1 become 0 (the block's GEMMs read up to r1). */
+static void causal_probs_rows(float *P, float *lse, int T, int r0, int r1)
 {
     for (int t = r0; t < r1; t++) {
-        float *row = S + (size_t)t * T;
+        float *row = P + (size_t)(t - r0) * T;
         float mx = row_max(row, t + 1);
         float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-        for (int j = 0; j <= t; j++) {
-            row[j] = dt_expf(row[j] - mx);
-            sum += row[j];
-        }
-        float inv = 1.0f / sum;
+        for (int j = 0; j <= t; j++)
+            sum += dt_expf(row[j] - mx);
+        float l = mx + logf(sum);
+        lse[t] = l;
 #pragma omp simd
         for (int j = 0; j <= t; j++)
-            row[j] *= inv;
-        for (int j = t + 1; j < T; j++)
+            row[j] = dt_expf(row[j] - l);
+        for (int j = t + 1; j < r1; j++)
             row[j] = 0.0f;
     }
 }
 
-/* out[B*T, NH*HS]; att[B, NH, T, T]; qkv[B*T, (NH+2NKV)*HS].
- * Per (b, h): P = softmax(Q K^T / sqrt(HS)) causal, O = P V, with Q, K, V
- * strided views of qkv (row stride R). Rows are taken in blocks so a block
- * multiplies only the keys at or before its last row. */
-static void attention_fwd(float *out, float *att, const float *qkv,
+static void fill_nan(float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] = NAN;
+}
+
+/* out[B*T, NH*HS]; lse[B, NH, T]; qkv[B*T, (NH+2NKV)*HS].
+ * Per (b, h), per query block: S = Q K^T / sqrt(HS) over keys up to the
+ * block's last row, P = exp(S - lse), O = P V; Q, K, V are strided views of
+ * qkv (row stride R). */
+static void attention_fwd(float *out, float *lse, const float *qkv,
                           int B, int T, int NH, int NKV, int HS)
 {
     const int R = (NH + 2 * NKV) * HS, OC = NH * HS, grp = NH / NKV;
     const float scale = 1.0f / sqrtf((float)HS);
-#pragma omp parallel for schedule(static) if (B * NH >= max_threads())
+    int failed = 0;
+#pragma omp parallel for schedule(static) if (B * NH >= max_threads()) reduction(| : failed)
     for (int bh = 0; bh < B * NH; bh++) {
         int b = bh / NH, h = bh % NH, kh = h / grp;
         const float *base = qkv + (size_t)b * T * R;
         const float *q = base + h * HS, *k = base + (NH + kh) * HS,
                     *v = base + (NH + NKV + kh) * HS;
-        float *P = att + (size_t)bh * T * T;
-        float *o = out + (size_t)b * T * OC + h * HS;
+        float *o = out + (size_t)b * T * OC + h * HS, *l = lse + (size_t)bh * T;
+        float *P = malloc((size_t)imin(T, ATT_ROW_BLOCK) * T * sizeof(float));
+        if (!P) {
+            failed = 1;
+            continue;
+        }
         for (int r0 = 0; r0 < T; r0 += ATT_ROW_BLOCK) {
             int r1 = imin(T, r0 + ATT_ROW_BLOCK), M = r1 - r0;
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, r1, HS,
-                        scale, q + (size_t)r0 * R, R, k, R, 0.0f, P + (size_t)r0 * T, T);
-            causal_softmax_rows(P, T, r0, r1);
+                        scale, q + (size_t)r0 * R, R, k, R, 0.0f, P, T);
+            causal_probs_rows(P, l, T, r0, r1);
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, HS, r1,
-                        1.0f, P + (size_t)r0 * T, T, v, R, 0.0f, o + (size_t)r0 * OC, OC);
+                        1.0f, P, T, v, R, 0.0f, o + (size_t)r0 * OC, OC);
         }
+        free(P);
+    }
+    if (failed) {
+        fill_nan(out, (size_t)B * T * OC);
+        fill_nan(lse, (size_t)B * NH * T);
     }
 }
 
-/* dqkv[B*T, R] written; scratch[B, NH, T, T] holds dP then dS per head.
- * Parallel over (b, kv head): the query heads sharing a KV head run on one
- * thread, so dK and dV are accumulated race-free.
- *   dP = dO V^T;  dS = P o (dP - rowsum(dP o P));  dQ = dS K * scale;
- *   dK += dS^T Q * scale;  dV += P^T dO. */
-static void attention_bwd(float *dqkv, float *scratch, const float *dout,
-                          const float *qkv, const float *att,
+/* dqkv[B*T, R] written. Parallel over (b, kv head): the query heads sharing
+ * a KV head run on one task, so dK and dV are accumulated race-free. Per
+ * query block, in two tiles [ATT_ROW_BLOCK, T]:
+ *   P = exp(Q K^T scale - lse);  dP = dO V^T;  D = rowsum(dO o O);
+ *   dS = P o (dP - D);  dQ = dS K scale;  dK += dS^T Q scale;  dV += P^T dO. */
+static void attention_bwd(float *dqkv, const float *dout, const float *qkv,
+                          const float *out, const float *lse,
                           int B, int T, int NH, int NKV, int HS)
 {
     const int R = (NH + 2 * NKV) * HS, OC = NH * HS, grp = NH / NKV;
     const float scale = 1.0f / sqrtf((float)HS);
-#pragma omp parallel for schedule(static) if (B * NKV >= max_threads())
+    int failed = 0;
+#pragma omp parallel for schedule(static) if (B * NKV >= max_threads()) reduction(| : failed)
     for (int bk = 0; bk < B * NKV; bk++) {
         int b = bk / NKV, kh = bk % NKV;
         const float *base = qkv + (size_t)b * T * R;
         const float *k = base + (NH + kh) * HS, *v = base + (NH + NKV + kh) * HS;
         float *dbase = dqkv + (size_t)b * T * R;
         float *dk = dbase + (NH + kh) * HS, *dv = dbase + (NH + NKV + kh) * HS;
+        const size_t tile = (size_t)imin(T, ATT_ROW_BLOCK) * T;
+        float *P = malloc(2 * tile * sizeof(float)), *dS = P + tile;
+        if (!P) {
+            failed = 1;
+            continue;
+        }
         for (int t = 0; t < T; t++) {
             memset(dk + (size_t)t * R, 0, (size_t)HS * sizeof(float));
             memset(dv + (size_t)t * R, 0, (size_t)HS * sizeof(float));
         }
         for (int h = kh * grp; h < (kh + 1) * grp; h++) {
-            const float *q = base + h * HS;
-            const float *P = att + ((size_t)b * NH + h) * T * T;
-            const float *dO = dout + (size_t)b * T * OC + h * HS;
-            float *dS = scratch + ((size_t)b * NH + h) * T * T;
+            const float *q = base + h * HS, *l = lse + ((size_t)b * NH + h) * T;
+            const float *dO = dout + (size_t)b * T * OC + h * HS, *O = out + (size_t)b * T * OC + h * HS;
             float *dq = dbase + h * HS;
             for (int r0 = 0; r0 < T; r0 += ATT_ROW_BLOCK) {
                 int r1 = imin(T, r0 + ATT_ROW_BLOCK), M = r1 - r0;
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, r1, HS,
-                            1.0f, dO + (size_t)r0 * OC, OC, v, R, 0.0f, dS + (size_t)r0 * T, T);
+                            scale, q + (size_t)r0 * R, R, k, R, 0.0f, P, T);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, r1, HS,
+                            1.0f, dO + (size_t)r0 * OC, OC, v, R, 0.0f, dS, T);
                 for (int t = r0; t < r1; t++) {
-                    const float *p = P + (size_t)t * T;
-                    float *d = dS + (size_t)t * T;
-                    float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-                    for (int j = 0; j <= t; j++)
-                        dot += d[j] * p[j];
+                    float *p = P + (size_t)(t - r0) * T, *d = dS + (size_t)(t - r0) * T;
+                    const float *dot_o = O + (size_t)t * OC, *dot_d = dO + (size_t)t * OC;
+                    const float lt = l[t];
+                    float D = 0.0f;
+#pragma omp simd reduction(+ : D)
+                    for (int e = 0; e < HS; e++)
+                        D += dot_d[e] * dot_o[e];
 #pragma omp simd
-                    for (int j = 0; j <= t; j++)
-                        d[j] = dt_softmax_grad(p[j], d[j], dot);
+                    for (int j = 0; j <= t; j++) {
+                        p[j] = dt_expf(p[j] - lt);
+                        d[j] = dt_softmax_grad(p[j], d[j], D);
+                    }
                     for (int j = t + 1; j < r1; j++)
-                        d[j] = 0.0f;
+                        p[j] = d[j] = 0.0f;
                 }
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, HS, r1,
-                            scale, dS + (size_t)r0 * T, T, k, R, 0.0f, dq + (size_t)r0 * R, R);
+                            scale, dS, T, k, R, 0.0f, dq + (size_t)r0 * R, R);
                 cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1, HS, M,
-                            scale, dS + (size_t)r0 * T, T, q + (size_t)r0 * R, R, 1.0f, dk, R);
+                            scale, dS, T, q + (size_t)r0 * R, R, 1.0f, dk, R);
                 cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1, HS, M,
-                            1.0f, P + (size_t)r0 * T, T, dO + (size_t)r0 * OC, OC, 1.0f, dv, R);
+                            1.0f, P, T, dO + (size_t)r0 * OC, OC, 1.0f, dv, R);
             }
         }
+        free(P);
     }
+    if (failed)
+        fill_nan(dqkv, (size_t)B * T * R);
 }
 
 /* ---- activations ------------------------------------------------------------------ */

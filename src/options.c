@@ -64,7 +64,7 @@ static const opt_def_t opt_defs[] = {
     {"fsdp", OPT_STR, F(fsdp), S(fsdp), "", 0, 0, fsdp_choices, "PyTorch FSDP names for --zero: no_shard (0) | shard_grad_op (2) | full_shard (3)"},
     {"hybrid-shard", OPT_INT, F(hybrid_shard), 0, "0", 0, 1 << 20, NULL, "shard the ZeRO state within groups of N consecutive data-parallel ranks and replicate it across groups (HSDP; 0 = the whole data-parallel group)"},
     {"bucket-mb", OPT_REAL, F(bucket_mb), 0, "25", 0.001, 1e6, NULL, "gradient bucket size in MiB for --ddp-mode bucketed"},
-    {"recompute", OPT_STR, F(recompute), S(recompute), "none", 0, 0, recompute_choices, "activation recomputation: none | selective (attention probabilities and MLP activation redone in backward) | full (keep each block's input, redo the block); bit-identical results"},
+    {"recompute", OPT_STR, F(recompute), S(recompute), "none", 0, 0, recompute_choices, "activation recomputation: none | selective (MLP activation redone in backward; attention keeps no T x T probabilities in any mode) | full (keep each block's input, redo the block); bit-identical results"},
     {"check-replicas", OPT_INT, F(check_replicas), 0, "0", 0, INT_MAX, NULL, "check data-parallel replicas hold identical parameters every N steps (0 = only at start)"},
     {"comm-timeout", OPT_REAL, F(comm_timeout), 0, "600", 0, 1e9, NULL, "end the job, naming the operation, when one communication call has blocked this long in seconds: a peer rank is stuck or dead (0 = wait forever)"},
     {"steps", OPT_INT, F(steps), 0, "1000", 1, INT_MAX, NULL, "total optimizer steps of the run"},

@@ -219,7 +219,10 @@ static void plan_stage_time(const plan_in_t *in, int s, stage_plan_t *sp, double
     const double att = 4.0 * QD * T, fwd = 2.0 * P_l + att;
     const double tok = (double)in->mb * T;
     const int last = s == in->pp - 1;
-    double per_tok = sp->layers * (3.0 * fwd + (in->rc == RC_SELECTIVE ? att : in->rc == RC_FULL ? fwd : 0.0));
+    /* flash-style attention recomputes Q K^T in every backward (half of
+     * att); selective recompute adds only the activation function's
+     * elementwise work, full the whole block forward */
+    double per_tok = sp->layers * (3.0 * fwd + 0.5 * att + (in->rc == RC_FULL ? fwd : 0.0));
     if (last)
         per_tok += 6.0 * V * C;
     sp->flops_mb = tok * per_tok / t;

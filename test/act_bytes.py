@@ -32,17 +32,17 @@ def stage_bytes(model, B, T, P, sp, Ls, slots, has_head, mode):
     nh, nkv, Fl = NH // P, NKV // P, F // P
     QKV, QD = (nh + 2 * nkv) * HS, nh * HS
     FW = 2 * Fl if arch == "llama" else Fl
-    ATT = B * nh * T * T
     q = 128 * P
     Vl = (V + q - 1) // q * q // P
     big = max(QKV, FW, QD)
-    core = 2 * r(N * C) + 4 * r(NR) + r(N * QKV) + r(N * QD) + r(NR * C) + r(N * FW)
-    att, act = r(ATT), r(N * Fl)
-    block = {"none": core + att + act, "selective": core, "full": 0}[mode]
+    # attention keeps its log-sum-exp (B*nh*T), nothing T x T
+    core = 2 * r(N * C) + 4 * r(NR) + r(N * QKV) + r(B * nh * T) + r(N * QD) + r(NR * C) + r(N * FW)
+    act = r(N * Fl)
+    block = {"none": core + act, "selective": core, "full": 0}[mode]
     head = r(N * C) + 2 * r(NR) + r(N * Vl) + 2 * r(N) + r(2 * N) if has_head else 0
     slot = r((Ls + 1) * NR * C) + Ls * block + head + 2 * r(N)
-    work = 3 * r(NR * C) + 3 * r(N * C) + 2 * r(N * big) + r(ATT)
-    work += {"none": 0, "selective": att, "full": core + att}[mode]
+    work = 3 * r(NR * C) + 3 * r(N * C) + 2 * r(N * big)
+    work += {"none": 0, "selective": 0, "full": core}[mode]
     return slots * slot, work
 
 

@@ -1,6 +1,6 @@
 #!/bin/sh
 # Activation recomputation trains the identical model: --recompute
-# selective (attention probabilities and the MLP activation redone in
+# selective (the MLP activation redone in
 # backward) and full (each block's forward redone from its input, TP
 # collectives included) give losses, gradient norms, the final validation
 # loss and the final parameters bit-identical to --recompute none, at
