@@ -84,15 +84,19 @@ typedef struct ops {
     void (*rope_fwd)(float *qkv, int B, int T, int NH, int NKV, int HS, float theta);
     void (*rope_bwd)(float *dqkv, int B, int T, int NH, int NKV, int HS, float theta);
 
-    /* Causal self-attention, scale 1/sqrt(HS).
-     * out[N, NH*HS]; att[B,NH,T,T] receives the softmax probabilities
-     * (entries above the diagonal are 0) and is kept for backward. */
-    void (*attention_fwd)(float *out, float *att, const float *qkv,
+    /* Causal self-attention, scale 1/sqrt(HS), flash-attention style: the
+     * T x T probabilities are never stored. out[N, NH*HS]; lse[B,NH,T]
+     * receives each query row's log-sum-exp of its scaled scores (natural
+     * log; row t of head h of batch row b at lse[(b*NH + h)*T + t]), the
+     * one thing backward keeps besides qkv. */
+    void (*attention_fwd)(float *out, float *lse, const float *qkv,
                           int B, int T, int NH, int NKV, int HS);
-    /* dqkv[N,(NH+2NKV)*HS] is written (not accumulated). scratch is
-     * [B,NH,T,T] floats of workspace. */
-    void (*attention_bwd)(float *dqkv, float *scratch, const float *dout,
-                          const float *qkv, const float *att,
+    /* dqkv[N,(NH+2NKV)*HS] is written (not accumulated). The probabilities
+     * are recomputed blockwise from qkv and lse: P = exp(scale q.k - lse).
+     * out is the forward's output, for D = rowsum(dout o out) (which equals
+     * rowsum(dP o P)). */
+    void (*attention_bwd)(float *dqkv, const float *dout, const float *qkv,
+                          const float *out, const float *lse,
                           int B, int T, int NH, int NKV, int HS);
 
     /* GELU, tanh approximation (GPT-2). out/din are written. */
