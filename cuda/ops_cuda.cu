@@ -18,11 +18,12 @@
  *    synchronised stream that is always correct. Overlap (one compute and
  *    one communication stream ordered with events) comes with the NCCL
  *    communicators being wired into the training loop.
- *  - Attention is a simple, correct kernel set, not flash attention: the
- *    forward writes the [B, NH, T, T] probabilities (the ops contract keeps
- *    them for backward) with one block per (query row, head, batch); each
- *    thread computes whole HS-long dot products. O(T^2 HS) work and T^2
- *    memory per head, like the CPU backend.
+ *  - Attention is a tiled flash-attention kernel set in plain fp32 (no
+ *    tensor cores yet): the forward keeps only lse[B, NH, T], the backward
+ *    recomputes the probabilities tile by tile (FlashAttention-2: dK/dV per
+ *    key tile, dQ in a second kernel, no atomics), so memory is O(T) per
+ *    head and results are bit-identical run to run. Details at the
+ *    attention section. Not yet run on a GPU.
  *  - Reductions over rows (bias, norm-weight and embedding gradients) use
  *    one thread per column summing rows in index order: deterministic, no
  *    atomics, and the embedding gradients are summed in the same order as
@@ -46,7 +47,7 @@
 #include "ops_math.h"
 
 #define THREADS 256                      /* threads of row and elementwise kernels */
-#define ATT_THREADS 128                  /* threads of the attention kernels */
+#define ATT_THREADS 128                  /* threads of the attention kernels: 4 per tile row */
 #define SUMSQ_BLOCKS 128                 /* fixed partial count: same bits every run */
 #define MAX_GRID 65535u                  /* cap of grid-stride elementwise grids */
 #define WORKSPACE_BYTES (32u << 20)      /* cuBLASLt workspace */
@@ -660,117 +661,454 @@ static void rope_bwd(float *dqkv, int B, int T, int NH, int NKV, int HS, float t
     rope_run("rope_bwd", dqkv, B, T, NH, NKV, HS, theta, -1.0f);
 }
 
-/* ---- attention (simple kernels; see the header comment) --------------------------------
- * Grid (T, NH, B) for per-query-row kernels, (T, NKV, B) for per-key-row
- * ones. q, k, v are strided views of qkv rows of R floats. */
+/* ---- attention: tiled flash attention in fp32 -------------------------------------------
+ * A straightforward fp32 FlashAttention-2 kernel set on the CUDA cores (no tensor cores
+ * yet; bf16 q/k/v with mma instructions is a later step). The T x T scores and
+ * probabilities never exist in global memory: the forward keeps lse[B,NH,T] (the ops
+ * contract) and the backward recomputes P tile by tile from it.
+ *
+ * Tiling. Query tiles of ATT_BR = 32 rows, key tiles of ATT_BC = 32 rows, and the head
+ * dimension in chunks of ATT_DK = 64 columns. A block has ATT_THREADS = 128 threads: tile
+ * row r = tid / 4 belongs to the 4 consecutive lanes of a quad (q = tid % 4), which hold
+ * that row's 32 scores as columns q, q + 4, ..., q + 28 and its accumulated output columns
+ * q, q + 4, ..., q + 60 of each 64-column chunk. Row reductions (max, sums, D) are two
+ * xor shuffles inside the quad. Accumulators (O, dQ, dK and dV) live in registers, NC
+ * chunks of them: NC = 1, 2 or 4 for HS up to 64, 128 or 256. Beyond 256 the grid splits
+ * the head dimension into groups of 256 accumulated columns; every group's block still
+ * computes the scores over all of HS (the softmax needs all of them), so any HS works and
+ * only HS > 256 pays for recomputation.
+ *
+ * Shared memory, static and under the 48 KiB that needs no opt-in (rows padded to 65 and
+ * 33 floats so that the rows a warp reads at once fall on different banks):
+ *   forward   Q chunk, K-then-V chunk [32][65]; P [32][33]                 20,864 B
+ *   dQ        Q, dO, K, V chunks [32][65]; dS [32][33]                     37,504 B
+ *   dK/dV     K, V, Q, dO chunks [32][65]; P^T, dS^T [32][33]; lse, D [32]  41,984 B
+ * With HS <= 64 there is one chunk, and the tiles a block keeps (Q in the forward, Q and
+ * dO in dQ, K and V in dK/dV) are loaded once; otherwise chunks are loaded again where
+ * they are used (from L2). Partial tiles (T not a multiple of 32, HS not of 64)
+ * are zero-filled and masked scores give P = 0, so padding adds nothing.
+ *
+ * Forward, grid (query tiles x column groups, NH, B). Over key tiles 0 .. the causal
+ * limit, for each query row t with scores s_j = scale q_t.k_j (keys j <= t):
+ *   m' = max(m, max_j s_j),  a = e^(m - m'),  l = a l + sum_j e^(s_j - m'),
+ *   O = a O + sum_j e^(s_j - m') v_j,  m = m'
+ * from m = -inf, l = 0, O = 0; then out_t = O / l and lse_t = m + log(l).
+ *
+ * Backward, the FlashAttention-2 scheme: P_tj = e^(s_tj - lse_t) recomputed, dP_tj =
+ * dO_t.v_j, D_t = rowsum(dO_t o out_t) (equal to rowsum(dP_t o P_t)), dS = P o (dP - D).
+ *  - dK/dV, grid (key tiles x column groups, NKV, B): a block owns one key tile of one KV
+ *    head and loops over the query heads of its GQA group and their query tiles at or
+ *    after the key tile: dV_j += sum_t P_tj dO_t, dK_j += scale sum_t dS_tj q_t. D is
+ *    computed per query tile on the fly (HS-long dot products from out and dout): the
+ *    ops table gives no workspace and ops do not allocate.
+ *  - dQ, grid (query tiles x column groups, NH, B): a block owns one query tile of one
+ *    query head and loops over key tiles up to the causal limit: dQ_t += scale sum_j
+ *    dS_tj k_j.
+ *  Every element of dqkv (q, k and v columns of every row) is written by exactly one
+ *  block, so nothing is accumulated into it and there are no atomics.
+ *
+ * Determinism: every sum runs in a fixed order (head-dimension columns in order, then
+ * tiles in order, fixed shuffle pairs), with no atomics, so results are bit-identical
+ * run to run. They differ from the CPU's by rounding: the online softmax rescales where
+ * the CPU's two-pass softmax does not, and the sums run in other orders (see the
+ * self-test bounds). Causal work is uneven across query tiles, so the forward and dQ
+ * grids start with the last (longest) tiles; dK/dV's longest tiles come first anyway.
+ *
+ * q, k, v are strided views of qkv rows of R = (NH + 2 NKV) HS floats, token n = b T + t;
+ * query head h reads KV head h / (NH / NKV). */
 
-/* P[t, :] = causal softmax(scale q_t . k_j), zeros above the diagonal. */
-__global__ void k_att_softmax(float *att, const float *qkv, int T, int NH, int NKV, int HS, float scale)
-{
-    const int t = blockIdx.x, h = blockIdx.y, b = blockIdx.z, R = (NH + 2 * NKV) * HS, kh = h / (NH / NKV);
-    const float *base = qkv + (size_t)b * T * R;
-    const float *q = base + (size_t)t * R + h * HS;
-    float *P = att + (((size_t)b * NH + h) * T + t) * T;
-    float mx = -INFINITY;
-    for (int j = threadIdx.x; j <= t; j += blockDim.x) {
-        const float *k = base + (size_t)j * R + (NH + kh) * HS;
-        float dot = 0.0f;
-        for (int d = 0; d < HS; d++)
-            dot += q[d] * k[d];
-        float s = scale * dot;
-        P[j] = s;
-        mx = s > mx ? s : mx;
-    }
-    mx = block_max(mx);
-    float sum = 0.0f;
-    for (int j = threadIdx.x; j <= t; j += blockDim.x) {
-        float e = dt_expf(P[j] - mx);
-        P[j] = e;
-        sum += e;
-    }
-    float inv = 1.0f / block_sum(sum);
-    for (int j = threadIdx.x; j < T; j += blockDim.x)
-        P[j] = j <= t ? P[j] * inv : 0.0f;
-}
+#define ATT_BR 32 /* query rows per tile */
+#define ATT_BC 32 /* key rows per tile */
+#define ATT_DK 64 /* head-dimension columns per shared-memory chunk */
+#define ATT_CW (ATT_DK / 4)  /* accumulated columns per thread per chunk */
+#define ATT_SW (ATT_BC / 4)  /* scores per thread per tile (and query rows per thread in dK/dV) */
+#define ATT_GROUP 4          /* most chunks of accumulated columns per block (256 columns) */
 
-/* out[t, h, :] = sum_{j <= t} P[t, j] v_j */
-__global__ void k_att_out(float *out, const float *att, const float *qkv, int T, int NH, int NKV, int HS)
-{
-    const int t = blockIdx.x, h = blockIdx.y, b = blockIdx.z, R = (NH + 2 * NKV) * HS, kh = h / (NH / NKV);
-    const float *base = qkv + (size_t)b * T * R;
-    const float *P = att + (((size_t)b * NH + h) * T + t) * T;
-    float *o = out + ((size_t)b * T + t) * NH * HS + (size_t)h * HS;
-    for (int d = threadIdx.x; d < HS; d += blockDim.x) {
-        float a = 0.0f;
-        for (int j = 0; j <= t; j++)
-            a += P[j] * base[(size_t)j * R + (NH + NKV + kh) * HS + d];
-        o[d] = a;
-    }
-}
+static_assert(ATT_THREADS == 4 * ATT_BR && ATT_THREADS == 4 * ATT_BC,
+              "attention kernels: one quad of threads per tile row");
+static_assert(ATT_BR == ATT_BC, "attention kernels: att_load and dK/dV assume square tiles");
+static_assert(ATT_DK % 4 == 0, "attention kernels: a chunk's columns are split over a quad");
 
-/* dS[t, :] = P o (dP - rowsum(dP o P)), dP[t, j] = dO_t . v_j; zeros above
- * the diagonal. */
-__global__ void k_att_dscores(float *dS, const float *att, const float *dout, const float *qkv, int T, int NH,
-                              int NKV, int HS)
-{
-    const int t = blockIdx.x, h = blockIdx.y, b = blockIdx.z, R = (NH + 2 * NKV) * HS, kh = h / (NH / NKV);
-    const float *base = qkv + (size_t)b * T * R;
-    const size_t row = (((size_t)b * NH + h) * T + t) * T;
-    const float *P = att + row;
-    float *d = dS + row;
-    const float *dO = dout + ((size_t)b * T + t) * NH * HS + (size_t)h * HS;
-    float part = 0.0f;
-    for (int j = threadIdx.x; j <= t; j += blockDim.x) {
-        const float *v = base + (size_t)j * R + (NH + NKV + kh) * HS;
-        float dp = 0.0f;
-        for (int e = 0; e < HS; e++)
-            dp += dO[e] * v[e];
-        d[j] = dp;
-        part += dp * P[j];
-    }
-    float dot = block_sum(part);
-    for (int j = threadIdx.x; j < T; j += blockDim.x)
-        d[j] = j <= t ? dt_softmax_grad(P[j], d[j], dot) : 0.0f;
-}
+/* A [32][ATT_DK] chunk, rows padded by one float. */
+typedef float att_chunk_t[ATT_DK + 1];
 
-/* dq[t, h, :] = scale sum_{j <= t} dS[t, j] k_j */
-__global__ void k_att_dq(float *dqkv, const float *dS, const float *qkv, int T, int NH, int NKV, int HS,
-                         float scale)
+/* dst[r][c] = src[(row0 + r) ld + c] for the tile's 32 rows and ATT_DK columns; zero
+ * where row0 + r >= T or c >= ncol (partial tiles). src points at the chunk's first
+ * column in token row 0 of the batch row. Consecutive threads read consecutive
+ * columns (coalesced). Every thread of the block calls it; the caller synchronises. */
+static __device__ void att_load(att_chunk_t *dst, const float *src, size_t ld, int row0, int T, int ncol)
 {
-    const int t = blockIdx.x, h = blockIdx.y, b = blockIdx.z, R = (NH + 2 * NKV) * HS, kh = h / (NH / NKV);
-    const float *base = qkv + (size_t)b * T * R;
-    const float *d = dS + (((size_t)b * NH + h) * T + t) * T;
-    float *dq = dqkv + ((size_t)b * T + t) * R + (size_t)h * HS;
-    for (int e = threadIdx.x; e < HS; e += blockDim.x) {
-        float a = 0.0f;
-        for (int j = 0; j <= t; j++)
-            a += d[j] * base[(size_t)j * R + (NH + kh) * HS + e];
-        dq[e] = scale * a;
+    for (int i = threadIdx.x; i < ATT_BR * ATT_DK; i += ATT_THREADS) {
+        const int r = i / ATT_DK, c = i % ATT_DK;
+        dst[r][c] = row0 + r < T && c < ncol ? src[(size_t)(row0 + r) * ld + c] : 0.0f;
     }
 }
 
-/* For key row j of KV head kh, over the query heads of its group and the
- * query rows t >= j: dk_j = scale sum dS[t, j] q_t, dv_j = sum P[t, j] dO_t.
- * Written, not accumulated. */
-__global__ void k_att_dkv(float *dqkv, const float *dS, const float *att, const float *dout, const float *qkv,
-                          int T, int NH, int NKV, int HS, float scale)
+/* Sum / max over the 4 lanes of a quad (xor 1, then xor 2). Every lane gets the same
+ * bits: float addition and fmaxf are commutative, and each lane adds the same pairs.
+ * All 32 lanes of the warp must call them. */
+static __device__ float quad_sum(float v)
 {
-    const int j = blockIdx.x, kh = blockIdx.y, b = blockIdx.z, R = (NH + 2 * NKV) * HS, grp = NH / NKV;
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    v += __shfl_xor_sync(0xffffffffu, v, 2);
+    return v;
+}
+
+static __device__ float quad_max(float v)
+{
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+    return v;
+}
+
+/* D = rowsum(a o b) over n columns by a quad: lane q sums columns q, q + 4, ... in order,
+ * then quad_sum. n = 0 (a row past T) gives 0. dQ and dK/dV both compute D with this, so
+ * the two kernels use the same bits. All 32 lanes must call it. */
+static __device__ float att_quad_dot(const float *a, const float *b, int n, int q)
+{
+    float s = 0.0f;
+    for (int d = q; d < n; d += 4)
+        s += a[d] * b[d];
+    return quad_sum(s);
+}
+
+/* Forward: one block per (query tile, column group) x head x batch row. NC chunks of
+ * accumulated columns; the block's group starts at column g0 = group * NC * ATT_DK.
+ * Writes out[b T + t, h HS + columns of the group] and (group 0) lse[b, h, t]. */
+template <int NC>
+__global__ void __launch_bounds__(ATT_THREADS)
+    k_att_fwd(float *out, float *lse, const float *qkv, int T, int NH, int NKV, int HS, float scale)
+{
+    __shared__ att_chunk_t sQ[ATT_BR];  /* Q chunk of the query tile */
+    __shared__ att_chunk_t sKV[ATT_BC]; /* K chunk of the key tile, then its V chunk */
+    __shared__ float sP[ATT_BR][ATT_BC + 1];
+    const int nqt = (T + ATT_BR - 1) / ATT_BR;
+    const int qt = nqt - 1 - (int)(blockIdx.x % (unsigned)nqt); /* longest tiles first */
+    const int g0 = (int)(blockIdx.x / (unsigned)nqt) * NC * ATT_DK;
+    const int h = blockIdx.y, b = blockIdx.z, kh = h / (NH / NKV);
+    const int R = (NH + 2 * NKV) * HS, OC = NH * HS, nd = (HS + ATT_DK - 1) / ATT_DK;
+    const int r = threadIdx.x >> 2, q = threadIdx.x & 3;
+    const int t0 = qt * ATT_BR, t = t0 + r; /* this quad's query row */
     const float *base = qkv + (size_t)b * T * R;
-    float *dk = dqkv + ((size_t)b * T + j) * R + (size_t)(NH + kh) * HS;
-    float *dv = dqkv + ((size_t)b * T + j) * R + (size_t)(NH + NKV + kh) * HS;
-    for (int e = threadIdx.x; e < HS; e += blockDim.x) {
-        float ak = 0.0f, av = 0.0f;
-        for (int h = kh * grp; h < (kh + 1) * grp; h++) {
-            const size_t head = ((size_t)b * NH + h) * T;
-            for (int t = j; t < T; t++) {
-                size_t at = (head + t) * T + j;
-                ak += dS[at] * base[(size_t)t * R + (size_t)h * HS + e];
-                av += att[at] * dout[((size_t)b * T + t) * NH * HS + (size_t)h * HS + e];
+    const float *qs = base + (size_t)h * HS, *ks = base + (size_t)(NH + kh) * HS,
+                *vs = base + (size_t)(NH + NKV + kh) * HS;
+    /* the last key tile holding a key <= the tile's last row */
+    const int last = min((T - 1) / ATT_BC, (t0 + ATT_BR - 1) / ATT_BC);
+
+    float m = -INFINITY, l = 0.0f, acc[NC][ATT_CW];
+#pragma unroll
+    for (int c = 0; c < NC; c++)
+#pragma unroll
+        for (int i = 0; i < ATT_CW; i++)
+            acc[c][i] = 0.0f;
+    if (nd == 1)
+        att_load(sQ, qs, R, t0, T, HS);
+
+    for (int kt = 0; kt <= last; kt++) {
+        const int j0 = kt * ATT_BC;
+        /* s[i] = q_t . k_(j0 + q + 4i), over the head dimension chunk by chunk */
+        float s[ATT_SW];
+#pragma unroll
+        for (int i = 0; i < ATT_SW; i++)
+            s[i] = 0.0f;
+        for (int dc = 0; dc < nd; dc++) {
+            const int d0 = dc * ATT_DK, dn = min(ATT_DK, HS - d0);
+            if (nd > 1)
+                att_load(sQ, qs + d0, R, t0, T, dn);
+            att_load(sKV, ks + d0, R, j0, T, dn);
+            __syncthreads();
+            for (int d = 0; d < dn; d++) {
+                const float qv = sQ[r][d];
+#pragma unroll
+                for (int i = 0; i < ATT_SW; i++)
+                    s[i] += qv * sKV[q + 4 * i][d];
+            }
+            __syncthreads(); /* sQ and sKV are free again */
+        }
+        /* online softmax update of row t (masked: key after t or past T) */
+        float mx = -INFINITY;
+#pragma unroll
+        for (int i = 0; i < ATT_SW; i++) {
+            const int j = j0 + q + 4 * i;
+            s[i] = j <= t && j < T ? scale * s[i] : -INFINITY;
+            mx = fmaxf(mx, s[i]);
+        }
+        const float mnew = fmaxf(m, quad_max(mx));
+        /* mnew is finite for every row (each tile up to the limit has a key <= t);
+         * the guards only keep -inf - -inf (NaN) out of a row without keys */
+        const float alpha = mnew == -INFINITY ? 1.0f : dt_expf(m - mnew);
+        float ps = 0.0f;
+#pragma unroll
+        for (int i = 0; i < ATT_SW; i++) {
+            const float p = s[i] == -INFINITY ? 0.0f : dt_expf(s[i] - mnew);
+            sP[r][q + 4 * i] = p;
+            ps += p;
+        }
+        l = l * alpha + quad_sum(ps);
+        m = mnew;
+        /* O = alpha O + P V, V chunk by chunk (the sync after the load also
+         * publishes sP) */
+#pragma unroll
+        for (int c = 0; c < NC; c++) {
+            const int c0 = g0 + c * ATT_DK;
+            if (c0 >= HS)
+                break;
+            att_load(sKV, vs + c0, R, j0, T, min(ATT_DK, HS - c0));
+            __syncthreads();
+#pragma unroll
+            for (int i = 0; i < ATT_CW; i++)
+                acc[c][i] *= alpha;
+            for (int j = 0; j < ATT_BC; j++) {
+                const float p = sP[r][j];
+#pragma unroll
+                for (int i = 0; i < ATT_CW; i++)
+                    acc[c][i] += p * sKV[j][q + 4 * i];
+            }
+            __syncthreads(); /* sKV and sP are free again */
+        }
+    }
+    if (t < T) {
+        const float inv = 1.0f / l;
+        float *o = out + ((size_t)b * T + t) * OC + (size_t)h * HS;
+#pragma unroll
+        for (int c = 0; c < NC; c++)
+#pragma unroll
+            for (int i = 0; i < ATT_CW; i++) {
+                const int col = g0 + c * ATT_DK + q + 4 * i;
+                if (col < HS)
+                    o[col] = acc[c][i] * inv;
+            }
+        if (g0 == 0 && q == 0)
+            lse[((size_t)b * NH + h) * T + t] = m + logf(l);
+    }
+}
+
+/* dQ: one block per (query tile, column group) x head x batch row. Writes the q columns
+ * of the group: dqkv[b T + t, h HS + columns]. */
+template <int NC>
+__global__ void __launch_bounds__(ATT_THREADS)
+    k_att_bwd_dq(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse, int T,
+                 int NH, int NKV, int HS, float scale)
+{
+    __shared__ att_chunk_t sQ[ATT_BR], sdO[ATT_BR]; /* the query tile's chunks */
+    __shared__ att_chunk_t sK[ATT_BC], sV[ATT_BC];  /* the key tile's chunks */
+    __shared__ float sdS[ATT_BR][ATT_BC + 1];
+    const int nqt = (T + ATT_BR - 1) / ATT_BR;
+    const int qt = nqt - 1 - (int)(blockIdx.x % (unsigned)nqt); /* longest tiles first */
+    const int g0 = (int)(blockIdx.x / (unsigned)nqt) * NC * ATT_DK;
+    const int h = blockIdx.y, b = blockIdx.z, kh = h / (NH / NKV);
+    const int R = (NH + 2 * NKV) * HS, OC = NH * HS, nd = (HS + ATT_DK - 1) / ATT_DK;
+    const int r = threadIdx.x >> 2, q = threadIdx.x & 3;
+    const int t0 = qt * ATT_BR, t = t0 + r;
+    const float *base = qkv + (size_t)b * T * R;
+    const float *qs = base + (size_t)h * HS, *ks = base + (size_t)(NH + kh) * HS,
+                *vs = base + (size_t)(NH + NKV + kh) * HS;
+    const float *dos = dout + (size_t)b * T * OC + (size_t)h * HS, *os = out + (size_t)b * T * OC + (size_t)h * HS;
+    const int last = min((T - 1) / ATT_BC, (t0 + ATT_BR - 1) / ATT_BC);
+    /* row t's lse and D (rows past T: 0, never used) */
+    const float L = t < T ? lse[((size_t)b * NH + h) * T + t] : 0.0f;
+    const size_t orow = (size_t)(t < T ? t : 0) * OC;
+    const float D = att_quad_dot(dos + orow, os + orow, t < T ? HS : 0, q);
+
+    float acc[NC][ATT_CW];
+#pragma unroll
+    for (int c = 0; c < NC; c++)
+#pragma unroll
+        for (int i = 0; i < ATT_CW; i++)
+            acc[c][i] = 0.0f;
+    if (nd == 1) {
+        att_load(sQ, qs, R, t0, T, HS);
+        att_load(sdO, dos, OC, t0, T, HS);
+    }
+
+    for (int kt = 0; kt <= last; kt++) {
+        const int j0 = kt * ATT_BC;
+        /* s[i] = q_t . k_j, dp[i] = dO_t . v_j for j = j0 + q + 4i */
+        float s[ATT_SW], dp[ATT_SW];
+#pragma unroll
+        for (int i = 0; i < ATT_SW; i++)
+            s[i] = dp[i] = 0.0f;
+        for (int dc = 0; dc < nd; dc++) {
+            const int d0 = dc * ATT_DK, dn = min(ATT_DK, HS - d0);
+            if (nd > 1) {
+                att_load(sQ, qs + d0, R, t0, T, dn);
+                att_load(sdO, dos + d0, OC, t0, T, dn);
+            }
+            att_load(sK, ks + d0, R, j0, T, dn);
+            att_load(sV, vs + d0, R, j0, T, dn);
+            __syncthreads();
+            for (int d = 0; d < dn; d++) {
+                const float qv = sQ[r][d], gv = sdO[r][d];
+#pragma unroll
+                for (int i = 0; i < ATT_SW; i++) {
+                    s[i] += qv * sK[q + 4 * i][d];
+                    dp[i] += gv * sV[q + 4 * i][d];
+                }
+            }
+            __syncthreads();
+        }
+        /* dS = P o (dP - D), P = e^(s - lse); 0 where masked */
+#pragma unroll
+        for (int i = 0; i < ATT_SW; i++) {
+            const int j = j0 + q + 4 * i;
+            const float p = j <= t && j < T ? dt_expf(scale * s[i] - L) : 0.0f;
+            sdS[r][q + 4 * i] = j <= t && j < T ? dt_softmax_grad(p, dp[i], D) : 0.0f;
+        }
+        /* dQ += dS K, K chunk by chunk: with one chunk sK still holds it (the
+         * sync after the reload, or this one, publishes sdS) */
+#pragma unroll
+        for (int c = 0; c < NC; c++) {
+            const int c0 = g0 + c * ATT_DK;
+            if (c0 >= HS)
+                break;
+            if (nd > 1)
+                att_load(sK, ks + c0, R, j0, T, min(ATT_DK, HS - c0));
+            __syncthreads();
+            for (int j = 0; j < ATT_BC; j++) {
+                const float ds = sdS[r][j];
+#pragma unroll
+                for (int i = 0; i < ATT_CW; i++)
+                    acc[c][i] += ds * sK[j][q + 4 * i];
+            }
+            __syncthreads();
+        }
+    }
+    if (t < T) {
+        float *dq = dqkv + ((size_t)b * T + t) * R + (size_t)h * HS;
+#pragma unroll
+        for (int c = 0; c < NC; c++)
+#pragma unroll
+            for (int i = 0; i < ATT_CW; i++) {
+                const int col = g0 + c * ATT_DK + q + 4 * i;
+                if (col < HS)
+                    dq[col] = scale * acc[c][i];
+            }
+    }
+}
+
+/* dK, dV: one block per (key tile, column group) x KV head x batch row, over the query
+ * heads h of the group and their query tiles from the one holding the tile's first key.
+ * Here the quad of tile row r owns key row j = j0 + r, and its score lanes are the query
+ * rows t0 + q + 4i. Writes the k and v columns of the group for the tile's keys. */
+template <int NC>
+__global__ void __launch_bounds__(ATT_THREADS)
+    k_att_bwd_dkv(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse, int T,
+                  int NH, int NKV, int HS, float scale)
+{
+    __shared__ att_chunk_t sK[ATT_BC], sV[ATT_BC];  /* the key tile's chunks */
+    __shared__ att_chunk_t sQ[ATT_BR], sdO[ATT_BR]; /* the query tile's chunks */
+    __shared__ float sPt[ATT_BC][ATT_BR + 1];        /* P^T: [key row][query row] */
+    __shared__ float sdSt[ATT_BC][ATT_BR + 1];       /* dS^T */
+    __shared__ float sL[ATT_BR], sD[ATT_BR];         /* the query tile's lse and D */
+    const int nkt = (T + ATT_BC - 1) / ATT_BC, nqt = (T + ATT_BR - 1) / ATT_BR;
+    const int kt = (int)(blockIdx.x % (unsigned)nkt);
+    const int g0 = (int)(blockIdx.x / (unsigned)nkt) * NC * ATT_DK;
+    const int kh = blockIdx.y, b = blockIdx.z, grp = NH / NKV;
+    const int R = (NH + 2 * NKV) * HS, OC = NH * HS, nd = (HS + ATT_DK - 1) / ATT_DK;
+    const int r = threadIdx.x >> 2, q = threadIdx.x & 3;
+    const int j0 = kt * ATT_BC, j = j0 + r; /* this quad's key row */
+    const float *base = qkv + (size_t)b * T * R;
+    const float *ks = base + (size_t)(NH + kh) * HS, *vs = base + (size_t)(NH + NKV + kh) * HS;
+
+    float dk[NC][ATT_CW], dv[NC][ATT_CW];
+#pragma unroll
+    for (int c = 0; c < NC; c++)
+#pragma unroll
+        for (int i = 0; i < ATT_CW; i++)
+            dk[c][i] = dv[c][i] = 0.0f;
+    if (nd == 1) {
+        att_load(sK, ks, R, j0, T, HS);
+        att_load(sV, vs, R, j0, T, HS);
+    }
+
+    for (int h = kh * grp; h < (kh + 1) * grp; h++) {
+        const float *qs = base + (size_t)h * HS;
+        const float *dos = dout + (size_t)b * T * OC + (size_t)h * HS,
+                    *os = out + (size_t)b * T * OC + (size_t)h * HS;
+        const float *lrow = lse + ((size_t)b * NH + h) * T;
+        for (int qt = j0 / ATT_BR; qt < nqt; qt++) {
+            const int t0 = qt * ATT_BR;
+            { /* lse and D of query row t0 + r, by the same quad layout as dQ's */
+                const int tr = t0 + r;
+                const size_t orow = (size_t)(tr < T ? tr : 0) * OC;
+                const float D = att_quad_dot(dos + orow, os + orow, tr < T ? HS : 0, q);
+                if (q == 0) {
+                    sD[r] = D;
+                    sL[r] = tr < T ? lrow[tr] : 0.0f;
+                }
+            }
+            /* s[i] = k_j . q_t, dp[i] = v_j . dO_t for t = t0 + q + 4i: the same
+             * products in the same order as in the forward and dQ */
+            float s[ATT_SW], dp[ATT_SW];
+#pragma unroll
+            for (int i = 0; i < ATT_SW; i++)
+                s[i] = dp[i] = 0.0f;
+            for (int dc = 0; dc < nd; dc++) {
+                const int d0 = dc * ATT_DK, dn = min(ATT_DK, HS - d0);
+                if (nd > 1) {
+                    att_load(sK, ks + d0, R, j0, T, dn);
+                    att_load(sV, vs + d0, R, j0, T, dn);
+                }
+                att_load(sQ, qs + d0, R, t0, T, dn);
+                att_load(sdO, dos + d0, OC, t0, T, dn);
+                __syncthreads(); /* also publishes sL, sD */
+                for (int d = 0; d < dn; d++) {
+                    const float kv = sK[r][d], vv = sV[r][d];
+#pragma unroll
+                    for (int i = 0; i < ATT_SW; i++) {
+                        s[i] += sQ[q + 4 * i][d] * kv;
+                        dp[i] += sdO[q + 4 * i][d] * vv;
+                    }
+                }
+                __syncthreads();
+            }
+            /* P^T and dS^T of key row j; 0 where masked (query before j, or
+             * either row past T) */
+#pragma unroll
+            for (int i = 0; i < ATT_SW; i++) {
+                const int ti = q + 4 * i, tt = t0 + ti;
+                const int ok = tt >= j && tt < T && j < T;
+                const float p = ok ? dt_expf(scale * s[i] - sL[ti]) : 0.0f;
+                sPt[r][ti] = p;
+                sdSt[r][ti] = ok ? dt_softmax_grad(p, dp[i], sD[ti]) : 0.0f;
+            }
+            /* dV += P^T dO, dK += dS^T Q, chunk by chunk: with one chunk sQ and sdO
+             * still hold it (the sync after the reload, or this one, publishes sPt
+             * and sdSt) */
+#pragma unroll
+            for (int c = 0; c < NC; c++) {
+                const int c0 = g0 + c * ATT_DK;
+                if (c0 >= HS)
+                    break;
+                if (nd > 1) {
+                    att_load(sQ, qs + c0, R, t0, T, min(ATT_DK, HS - c0));
+                    att_load(sdO, dos + c0, OC, t0, T, min(ATT_DK, HS - c0));
+                }
+                __syncthreads();
+                for (int ti = 0; ti < ATT_BR; ti++) {
+                    const float p = sPt[r][ti], ds = sdSt[r][ti];
+#pragma unroll
+                    for (int i = 0; i < ATT_CW; i++) {
+                        dv[c][i] += p * sdO[ti][q + 4 * i];
+                        dk[c][i] += ds * sQ[ti][q + 4 * i];
+                    }
+                }
+                __syncthreads(); /* sQ, sdO, sPt, sdSt, sL, sD are free again */
             }
         }
-        dk[e] = scale * ak;
-        dv[e] = av;
+    }
+    if (j < T) {
+        float *row = dqkv + ((size_t)b * T + j) * R;
+#pragma unroll
+        for (int c = 0; c < NC; c++)
+#pragma unroll
+            for (int i = 0; i < ATT_CW; i++) {
+                const int col = g0 + c * ATT_DK + q + 4 * i;
+                if (col < HS) {
+                    row[(size_t)(NH + kh) * HS + col] = scale * dk[c][i];
+                    row[(size_t)(NH + NKV + kh) * HS + col] = dv[c][i];
+                }
+            }
     }
 }
 
@@ -779,27 +1117,60 @@ static int att_dims_ok(int B, int T, int NH, int NKV, int HS)
     return B > 0 && T > 0 && NH > 0 && NKV > 0 && HS > 0 && B <= 65535 && NH <= 65535;
 }
 
-static void attention_fwd(float *out, float *att, const float *qkv, int B, int T, int NH, int NKV, int HS)
+/* Chunks of accumulated columns per block (the kernels' NC) for head size HS. */
+static int att_nc(int HS)
+{
+    return HS <= ATT_DK ? 1 : HS <= 2 * ATT_DK ? 2 : ATT_GROUP;
+}
+
+/* Grid x of a kernel with `tiles` row tiles and nc chunks per block: tiles x column
+ * groups. Ends the job if it does not fit the grid (T or HS beyond any real model). */
+static unsigned att_grid_x(const char *op, int tiles, int nc, int HS)
+{
+    const long long groups = (HS + (long long)nc * ATT_DK - 1) / ((long long)nc * ATT_DK);
+    const long long x = (long long)tiles * groups;
+    if (x > 0x7fffffffLL)
+        cuda_fatal(op, "too many tiles for one grid (T x head size too large)");
+    return (unsigned)x;
+}
+
+static void attention_fwd(float *out, float *lse, const float *qkv, int B, int T, int NH, int NKV, int HS)
 {
     if (!att_dims_ok(B, T, NH, NKV, HS))
         return;
     const float scale = 1.0f / sqrtf((float)HS);
-    dim3 grid((unsigned)T, (unsigned)NH, (unsigned)B);
-    k_att_softmax<<<grid, ATT_THREADS, 0, g.stream>>>(att, qkv, T, NH, NKV, HS, scale);
-    k_att_out<<<grid, ATT_THREADS, 0, g.stream>>>(out, att, qkv, T, NH, NKV, HS);
+    const int nc = att_nc(HS);
+    dim3 grid(att_grid_x("attention_fwd", (T + ATT_BR - 1) / ATT_BR, nc, HS), (unsigned)NH, (unsigned)B);
+    if (nc == 1)
+        k_att_fwd<1><<<grid, ATT_THREADS, 0, g.stream>>>(out, lse, qkv, T, NH, NKV, HS, scale);
+    else if (nc == 2)
+        k_att_fwd<2><<<grid, ATT_THREADS, 0, g.stream>>>(out, lse, qkv, T, NH, NKV, HS, scale);
+    else
+        k_att_fwd<ATT_GROUP><<<grid, ATT_THREADS, 0, g.stream>>>(out, lse, qkv, T, NH, NKV, HS, scale);
     finish("attention_fwd");
 }
 
-static void attention_bwd(float *dqkv, float *scratch, const float *dout, const float *qkv, const float *att,
+static void attention_bwd(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
                           int B, int T, int NH, int NKV, int HS)
 {
     if (!att_dims_ok(B, T, NH, NKV, HS))
         return;
     const float scale = 1.0f / sqrtf((float)HS);
-    dim3 gq((unsigned)T, (unsigned)NH, (unsigned)B), gk((unsigned)T, (unsigned)NKV, (unsigned)B);
-    k_att_dscores<<<gq, ATT_THREADS, 0, g.stream>>>(scratch, att, dout, qkv, T, NH, NKV, HS);
-    k_att_dq<<<gq, ATT_THREADS, 0, g.stream>>>(dqkv, scratch, qkv, T, NH, NKV, HS, scale);
-    k_att_dkv<<<gk, ATT_THREADS, 0, g.stream>>>(dqkv, scratch, att, dout, qkv, T, NH, NKV, HS, scale);
+    const int nc = att_nc(HS);
+    dim3 gq(att_grid_x("attention_bwd", (T + ATT_BR - 1) / ATT_BR, nc, HS), (unsigned)NH, (unsigned)B);
+    dim3 gk(att_grid_x("attention_bwd", (T + ATT_BC - 1) / ATT_BC, nc, HS), (unsigned)NKV, (unsigned)B);
+    /* two kernels writing disjoint columns of dqkv (q, then k and v) */
+    if (nc == 1) {
+        k_att_bwd_dq<1><<<gq, ATT_THREADS, 0, g.stream>>>(dqkv, dout, qkv, out, lse, T, NH, NKV, HS, scale);
+        k_att_bwd_dkv<1><<<gk, ATT_THREADS, 0, g.stream>>>(dqkv, dout, qkv, out, lse, T, NH, NKV, HS, scale);
+    } else if (nc == 2) {
+        k_att_bwd_dq<2><<<gq, ATT_THREADS, 0, g.stream>>>(dqkv, dout, qkv, out, lse, T, NH, NKV, HS, scale);
+        k_att_bwd_dkv<2><<<gk, ATT_THREADS, 0, g.stream>>>(dqkv, dout, qkv, out, lse, T, NH, NKV, HS, scale);
+    } else {
+        k_att_bwd_dq<ATT_GROUP><<<gq, ATT_THREADS, 0, g.stream>>>(dqkv, dout, qkv, out, lse, T, NH, NKV, HS, scale);
+        k_att_bwd_dkv<ATT_GROUP><<<gk, ATT_THREADS, 0, g.stream>>>(dqkv, dout, qkv, out, lse, T, NH, NKV, HS,
+                                                                   scale);
+    }
     finish("attention_bwd");
 }
 
