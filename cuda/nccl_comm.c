@@ -20,6 +20,11 @@
  * or network error aborts the communicator (ncclCommAbort) and fails the
  * call instead of hanging; so does the timeout given at creation.
  *
+ * bf16. The *_bf16 sums pass the bf16 bit patterns as ncclBfloat16 with
+ * ncclSum: NCCL adds each pair in fp32 and rounds back to bf16, which is
+ * the reduction comm_mpi.c's user op reproduces on the host. Host buffers
+ * are staged like fp32 ones (the staging buffer is sized in bytes).
+ *
  * Point to point. ncclSend/ncclRecv have no tags: messages between two
  * ranks match in the order they are posted, so the tag argument is only
  * checked by the caller's own ordering (the pipeline executor posts in a
@@ -43,8 +48,8 @@ typedef struct nccl_comm {
     ncclComm_t nc;
     cudaStream_t stream; /* shared with the grid's other groups */
     double timeout_s;
-    float *stage;        /* device staging for host buffers */
-    size_t stage_n;
+    void *stage;         /* device staging for host buffers */
+    size_t stage_bytes;
     int aborted;
 } nccl_comm_t;
 
@@ -57,6 +62,9 @@ typedef struct nccl_req {
 
 typedef enum { K_ALLREDUCE, K_REDUCE_SCATTER, K_ALLGATHER, K_BCAST, K_SEND, K_RECV } kind_t;
 static const char *const kind_name[] = {"allreduce", "reduce_scatter", "allgather", "broadcast", "send", "recv"};
+
+/* An operation's element type: fp32, or bf16 bits (the *_bf16 sums). */
+typedef enum { T_F32, T_BF16 } elem_t;
 
 static double now_s(void)
 {
@@ -141,27 +149,32 @@ static int wait_event(comm_t *c, cudaEvent_t ev, const char *what, size_t n, dou
     }
 }
 
-static ncclResult_t enqueue(nccl_comm_t *m, kind_t k, const float *s, float *r, size_t n, comm_op_t op, int peer)
+static ncclResult_t enqueue(nccl_comm_t *m, kind_t k, const void *s, void *r, size_t n, ncclDataType_t dt,
+                            comm_op_t op, int peer)
 {
     ncclRedOp_t rop = op == COMM_MAX ? ncclMax : ncclSum;
     switch (k) {
-    case K_ALLREDUCE: return ncclAllReduce(s, r, n, ncclFloat, rop, m->nc, m->stream);
-    case K_REDUCE_SCATTER: return ncclReduceScatter(s, r, n, ncclFloat, ncclSum, m->nc, m->stream);
-    case K_ALLGATHER: return ncclAllGather(s, r, n, ncclFloat, m->nc, m->stream);
-    case K_BCAST: return ncclBroadcast(s, r, n, ncclFloat, peer, m->nc, m->stream);
-    case K_SEND: return ncclSend(s, n, ncclFloat, peer, m->nc, m->stream);
-    default: return ncclRecv(r, n, ncclFloat, peer, m->nc, m->stream);
+    case K_ALLREDUCE: return ncclAllReduce(s, r, n, dt, rop, m->nc, m->stream);
+    case K_REDUCE_SCATTER: return ncclReduceScatter(s, r, n, dt, ncclSum, m->nc, m->stream);
+    case K_ALLGATHER: return ncclAllGather(s, r, n, dt, m->nc, m->stream);
+    case K_BCAST: return ncclBroadcast(s, r, n, dt, peer, m->nc, m->stream);
+    case K_SEND: return ncclSend(s, n, dt, peer, m->nc, m->stream);
+    default: return ncclRecv(r, n, dt, peer, m->nc, m->stream);
     }
 }
 
 /* Every operation. send/recv counts by kind (n = the interface's count):
  * allreduce, broadcast: in place, n; reduce_scatter: size*n -> n;
- * allgather: n -> size*n; send: n out; recv: n in. req == NULL: blocking. */
-static int run(comm_t *c, kind_t k, const float *send, float *recv, size_t n, comm_op_t op, int peer,
+ * allgather: n -> size*n; send: n out; recv: n in. req == NULL: blocking.
+ * et: the elements' type (fp32 for all but the *_bf16 sums). */
+static int run(comm_t *c, kind_t k, elem_t et, const void *send, void *recv, size_t n, comm_op_t op, int peer,
                comm_req_t *req)
 {
     nccl_comm_t *m = nm(c);
-    const char *what = kind_name[k];
+    /* the bf16 element type exists for the two sums only */
+    const char *what = et == T_F32 ? kind_name[k] : k == K_ALLREDUCE ? "allreduce_bf16" : "reduce_scatter_bf16";
+    const ncclDataType_t dt = et == T_BF16 ? ncclBfloat16 : ncclFloat;
+    const size_t es = et == T_BF16 ? sizeof(uint16_t) : sizeof(float);
     if (req)
         memset(req, 0, sizeof *req);
     if (m->aborted) {
@@ -177,33 +190,33 @@ static int run(comm_t *c, kind_t k, const float *send, float *recv, size_t n, co
     default: rn = n; break;
     }
     int host = (sn && !is_device_ptr(send)) || (rn && !is_device_ptr(recv));
-    const float *s = send;
-    float *r = recv;
+    const void *s = send;
+    void *r = recv;
     cudaError_t ce;
     if (host) {
         /* stage both sides through device memory; in-place stays in place */
-        int inplace = (const float *)recv == send;
-        size_t need = inplace ? (sn > rn ? sn : rn) : sn + rn;
-        if (need > m->stage_n) {
+        int inplace = (const void *)recv == send;
+        size_t need = (inplace ? (sn > rn ? sn : rn) : sn + rn) * es;
+        if (need > m->stage_bytes) {
             if (m->stage)
                 (void)cudaFree(m->stage);
             m->stage = NULL;
-            m->stage_n = 0;
-            if ((ce = cudaMalloc((void **)&m->stage, need * sizeof(float))) != cudaSuccess)
+            m->stage_bytes = 0;
+            if ((ce = cudaMalloc(&m->stage, need)) != cudaSuccess)
                 return cuda_fail(c, ce, what, n);
-            m->stage_n = need;
+            m->stage_bytes = need;
         }
-        float *ds = m->stage, *dr = inplace ? m->stage : m->stage + sn;
-        if (sn && (ce = cudaMemcpyAsync(ds, send, sn * sizeof(float), cudaMemcpyDefault, m->stream)) != cudaSuccess)
+        void *ds = m->stage, *dr = inplace ? m->stage : (char *)m->stage + sn * es;
+        if (sn && (ce = cudaMemcpyAsync(ds, send, sn * es, cudaMemcpyDefault, m->stream)) != cudaSuccess)
             return cuda_fail(c, ce, what, n);
         s = ds;
         r = dr;
     }
     double t0 = now_s();
-    ncclResult_t rc = enqueue(m, k, s, r, n, op, peer);
+    ncclResult_t rc = enqueue(m, k, s, r, n, dt, op, peer);
     if (rc != ncclSuccess)
         return nccl_fail(c, rc, what, n);
-    if (host && rn && (ce = cudaMemcpyAsync(recv, r, rn * sizeof(float), cudaMemcpyDefault, m->stream)) != cudaSuccess)
+    if (host && rn && (ce = cudaMemcpyAsync(recv, r, rn * es, cudaMemcpyDefault, m->stream)) != cudaSuccess)
         return cuda_fail(c, ce, what, n);
     cudaEvent_t ev;
     if ((ce = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming)) != cudaSuccess)
@@ -271,58 +284,74 @@ static int n_wait(comm_req_t *req)
 
 static int n_allreduce(comm_t *c, float *buf, size_t n, comm_op_t op)
 {
-    return run(c, K_ALLREDUCE, buf, buf, n, op, 0, NULL);
+    return run(c, K_ALLREDUCE, T_F32, buf, buf, n, op, 0, NULL);
 }
 static int n_iallreduce(comm_t *c, float *buf, size_t n, comm_op_t op, comm_req_t *req)
 {
-    return run(c, K_ALLREDUCE, buf, buf, n, op, 0, req);
+    return run(c, K_ALLREDUCE, T_F32, buf, buf, n, op, 0, req);
 }
 static int n_reduce_scatter(comm_t *c, const float *send, float *recv, size_t n_each)
 {
-    return run(c, K_REDUCE_SCATTER, send, recv, n_each, COMM_SUM, 0, NULL);
+    return run(c, K_REDUCE_SCATTER, T_F32, send, recv, n_each, COMM_SUM, 0, NULL);
 }
 static int n_ireduce_scatter(comm_t *c, const float *send, float *recv, size_t n_each, comm_req_t *req)
 {
-    return run(c, K_REDUCE_SCATTER, send, recv, n_each, COMM_SUM, 0, req);
+    return run(c, K_REDUCE_SCATTER, T_F32, send, recv, n_each, COMM_SUM, 0, req);
+}
+static int n_allreduce_bf16(comm_t *c, uint16_t *buf, size_t n)
+{
+    return run(c, K_ALLREDUCE, T_BF16, buf, buf, n, COMM_SUM, 0, NULL);
+}
+static int n_iallreduce_bf16(comm_t *c, uint16_t *buf, size_t n, comm_req_t *req)
+{
+    return run(c, K_ALLREDUCE, T_BF16, buf, buf, n, COMM_SUM, 0, req);
+}
+static int n_reduce_scatter_bf16(comm_t *c, const uint16_t *send, uint16_t *recv, size_t n_each)
+{
+    return run(c, K_REDUCE_SCATTER, T_BF16, send, recv, n_each, COMM_SUM, 0, NULL);
+}
+static int n_ireduce_scatter_bf16(comm_t *c, const uint16_t *send, uint16_t *recv, size_t n_each, comm_req_t *req)
+{
+    return run(c, K_REDUCE_SCATTER, T_BF16, send, recv, n_each, COMM_SUM, 0, req);
 }
 static int n_allgather(comm_t *c, const float *send, float *recv, size_t n_each)
 {
-    return run(c, K_ALLGATHER, send, recv, n_each, COMM_SUM, 0, NULL);
+    return run(c, K_ALLGATHER, T_F32, send, recv, n_each, COMM_SUM, 0, NULL);
 }
 static int n_iallgather(comm_t *c, const float *send, float *recv, size_t n_each, comm_req_t *req)
 {
-    return run(c, K_ALLGATHER, send, recv, n_each, COMM_SUM, 0, req);
+    return run(c, K_ALLGATHER, T_F32, send, recv, n_each, COMM_SUM, 0, req);
 }
 static int n_broadcast(comm_t *c, float *buf, size_t n, int root)
 {
-    return run(c, K_BCAST, buf, buf, n, COMM_SUM, root, NULL);
+    return run(c, K_BCAST, T_F32, buf, buf, n, COMM_SUM, root, NULL);
 }
 static int n_send(comm_t *c, const float *buf, size_t n, int peer, int tag)
 {
     (void)tag;
-    return run(c, K_SEND, buf, NULL, n, COMM_SUM, peer, NULL);
+    return run(c, K_SEND, T_F32, buf, NULL, n, COMM_SUM, peer, NULL);
 }
 static int n_recv(comm_t *c, float *buf, size_t n, int peer, int tag)
 {
     (void)tag;
-    return run(c, K_RECV, NULL, buf, n, COMM_SUM, peer, NULL);
+    return run(c, K_RECV, T_F32, NULL, buf, n, COMM_SUM, peer, NULL);
 }
 static int n_isend(comm_t *c, const float *buf, size_t n, int peer, int tag, comm_req_t *req)
 {
     (void)tag;
-    return run(c, K_SEND, buf, NULL, n, COMM_SUM, peer, req);
+    return run(c, K_SEND, T_F32, buf, NULL, n, COMM_SUM, peer, req);
 }
 static int n_irecv(comm_t *c, float *buf, size_t n, int peer, int tag, comm_req_t *req)
 {
     (void)tag;
-    return run(c, K_RECV, NULL, buf, n, COMM_SUM, peer, req);
+    return run(c, K_RECV, T_F32, NULL, buf, n, COMM_SUM, peer, req);
 }
 
 /* NCCL has no barrier: a one-float allreduce on the staging path. */
 static int n_barrier(comm_t *c)
 {
     float one = 1.0f;
-    return run(c, K_ALLREDUCE, &one, &one, 1, COMM_SUM, 0, NULL);
+    return run(c, K_ALLREDUCE, T_F32, &one, &one, 1, COMM_SUM, 0, NULL);
 }
 
 static void n_destroy(comm_t *c)
@@ -343,6 +372,10 @@ static const comm_ops_t nccl_ops = {
     .ireduce_scatter = n_ireduce_scatter,
     .allgather = n_allgather,
     .iallgather = n_iallgather,
+    .allreduce_bf16 = n_allreduce_bf16,
+    .iallreduce_bf16 = n_iallreduce_bf16,
+    .reduce_scatter_bf16 = n_reduce_scatter_bf16,
+    .ireduce_scatter_bf16 = n_ireduce_scatter_bf16,
     .broadcast = n_broadcast,
     .send = n_send,
     .recv = n_recv,

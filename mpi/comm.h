@@ -1,8 +1,10 @@
 /* The communicator interface: collectives and point-to-point on one group
  * of ranks, blocking and nonblocking. mpi/comm_mpi.c implements it over an
  * MPI communicator with host buffers; the CUDA backend implements the same
- * table over NCCL. Element type is fp32 throughout (the CPU backend's only
- * type); counts are in elements.
+ * table over NCCL. Element type is fp32 (the CPU backend's only type),
+ * except the *_bf16 sums, which take bf16 bit patterns (uint16_t, as
+ * dt_f32_to_bf16 makes them) for --grad-reduce-dtype bf16; counts are in
+ * elements.
  *
  * Every member of a group enters every collective in the same order.
  * Functions return 0 or -1 with a one-line message in comm->err (the MPI
@@ -11,6 +13,7 @@
 #define DTRAIN_COMM_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "trace.h"
 #include "watchdog.h"
@@ -35,6 +38,17 @@ typedef struct comm_ops {
     /* send n_each floats; recv holds size*n_each in rank order */
     int (*allgather)(comm_t *c, const float *send, float *recv, size_t n_each);
     int (*iallgather)(comm_t *c, const float *send, float *recv, size_t n_each, comm_req_t *req);
+    /* bf16 sums, same semantics as allreduce (COMM_SUM, in place) and
+     * reduce_scatter. Every pairwise addition of the reduction widens both
+     * operands to fp32, adds, and rounds the sum back to bf16 (round to
+     * nearest even), as NCCL's bf16 sum does: a sum of p values carries up
+     * to p-1 bf16 roundings, in the library's order. Trace spans and the
+     * watchdog name them like the fp32 calls ("allreduce_bf16"), with the
+     * bytes actually sent (2 per element). */
+    int (*allreduce_bf16)(comm_t *c, uint16_t *buf, size_t n);
+    int (*iallreduce_bf16)(comm_t *c, uint16_t *buf, size_t n, comm_req_t *req);
+    int (*reduce_scatter_bf16)(comm_t *c, const uint16_t *send, uint16_t *recv, size_t n_each);
+    int (*ireduce_scatter_bf16)(comm_t *c, const uint16_t *send, uint16_t *recv, size_t n_each, comm_req_t *req);
     int (*broadcast)(comm_t *c, float *buf, size_t n, int root);
     int (*send)(comm_t *c, const float *buf, size_t n, int peer, int tag);
     int (*recv)(comm_t *c, float *buf, size_t n, int peer, int tag);
@@ -64,6 +78,20 @@ struct comm {
     char name[16]; /* group label for spans: "world", "tp", "dp", "pp", "embed" */
     char err[512];
 };
+
+/* What the data-parallel gradient reductions (mpi/ddp.c, mpi/zero.c) send:
+ * fp32, or bf16 (--grad-reduce-dtype): gradients stay fp32 in memory, are
+ * rounded to bf16 into a staging buffer before each reduction, summed with
+ * the *_bf16 calls, and widened back to fp32 before the 1/dp scaling. */
+typedef enum { COMM_FP32 = 0, COMM_BF16 } comm_dtype_t;
+
+/* "fp32" / "bf16" -> dtype; -1 otherwise. */
+int comm_dtype_parse(const char *s, comm_dtype_t *dtype);
+
+/* y[i] = dt_f32_to_bf16(x[i]) (round to nearest even) and its inverse
+ * y[i] = dt_bf16_to_f32(x[i]) (exact): host loops, OpenMP on large n. */
+void comm_f32_to_bf16(const float *x, uint16_t *y, size_t n);
+void comm_bf16_to_f32(const uint16_t *x, float *y, size_t n);
 
 /* A communicator over a duplicate of the MPI communicator `mpi_comm`
  * (an MPI_Comm passed as a pointer so this header needs no mpi.h).

@@ -1,5 +1,5 @@
 /* The communicator interface (comm.h) over an MPI communicator, host
- * buffers, fp32.
+ * buffers, fp32 (and bf16 bit patterns for the *_bf16 sums).
  *
  * comm_mpi_create duplicates the caller's MPI_Comm, so the collectives of
  * this communicator never match traffic on the original, and sets
@@ -29,6 +29,15 @@
  * send == recv and allgather with send == recv + rank*n_each use
  * MPI_IN_PLACE too.
  *
+ * bf16: MPI has no bf16 type. The *_bf16 calls send MPI_UINT16_T with a
+ * commutative user-defined MPI_Op (made once per communicator by
+ * MPI_Op_create, freed by destroy) that widens each pair to fp32, adds, and
+ * rounds back with dt_f32_to_bf16: what NCCL's bf16 sum does per step. They
+ * take the same paths as the fp32 calls (chunking, in place, nonblocking
+ * requests); the chunked reduce-scatter's MPI_Reduce per destination takes
+ * the user op as it takes MPI_SUM. Error messages add ", bf16" after the
+ * count.
+ *
  * Tracing (comm->trace set): each call records one span on TRACE_COMM
  * named "<op> <group>" (op without the MPI_ prefix, lower case, as in
  * "allreduce dp", "isend pp"), args bytes and, for point to point, peer
@@ -38,6 +47,8 @@
  * to return; nonblocking ones span the posting call's entry to the test()
  * that finds them done or wait()'s return, so the span covers everything
  * the caller could overlap. Failed calls record nothing (the job ends).
+ * The bf16 calls are named "allreduce_bf16", "ireduce_scatter_bf16", ...,
+ * with 2 bytes per element.
  *
  * OpenMPI has no asynchronous progress thread: a nonblocking operation
  * advances only inside MPI calls, so callers must call test() between
@@ -51,13 +62,25 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ops_math.h"
+
 #define MAX_COUNT_DEFAULT ((size_t)1 << 28)
 
 typedef struct mpi_comm {
     comm_t pub; /* first: a comm_t * is a mpi_comm_t * */
     MPI_Comm comm;
     size_t max_count; /* largest element count of one MPI call */
+    MPI_Op bf16_sum;  /* the *_bf16 calls' reduction (MPI_UINT16_T) */
 } mpi_comm_t;
+
+/* The element type of a reduction: fp32 with a predefined op, or bf16 bits
+ * with the communicator's bf16_sum. extra: added to error messages. */
+typedef struct red {
+    MPI_Datatype type;
+    MPI_Op op;
+    size_t size; /* bytes per element */
+    const char *extra;
+} red_t;
 
 /* A nonblocking operation: one request per chunk. */
 typedef struct mpi_req {
@@ -109,6 +132,29 @@ static int fail_msg(comm_t *c, const char *what, size_t n, const char *msg)
     return -1;
 }
 
+/* The user-defined MPI_Op of bf16 sums: inout[i] = bf16(in[i] + inout[i]),
+ * the addition in fp32, the result rounded to nearest even. fp32 addition
+ * is commutative, so the op is. */
+static void bf16_sum(void *in, void *inout, int *len, MPI_Datatype *type)
+{
+    (void)type;
+    const uint16_t *a = in;
+    uint16_t *b = inout;
+    for (int i = 0; i < *len; i++)
+        b[i] = dt_f32_to_bf16(dt_bf16_to_f32(a[i]) + dt_bf16_to_f32(b[i]));
+}
+
+static red_t red_f32(MPI_Op op)
+{
+    return (red_t){.type = MPI_FLOAT, .op = op, .size = sizeof(float), .extra = NULL};
+}
+
+static red_t red_bf16(const comm_t *c)
+{
+    return (red_t){.type = MPI_UINT16_T, .op = ((const mpi_comm_t *)c)->bf16_sum, .size = sizeof(uint16_t),
+                   .extra = ", bf16"};
+}
+
 static int to_mpi_op(comm_op_t op, MPI_Op *out)
 {
     switch (op) {
@@ -144,6 +190,11 @@ static int span_end(comm_t *c, int rc, const char *op, double t0, long long byte
 static long long fbytes(size_t n)
 {
     return (long long)(n * sizeof(float));
+}
+
+static long long hbytes(size_t n)
+{
+    return (long long)(n * sizeof(uint16_t));
 }
 
 /* A blocking call starts: the watchdog's mark and the span's start. */
@@ -206,16 +257,41 @@ static int req_abandon(comm_req_t *req)
 
 /* ------------------------------------------------------------ collectives */
 
-static int allreduce_run(comm_t *c, float *buf, size_t n, comm_op_t op)
+static int allreduce_run(comm_t *c, void *buf, size_t n, red_t t)
+{
+    const size_t max = maxc(c);
+    for (size_t off = 0; off < n; off += max) {
+        int rc = MPI_Allreduce(MPI_IN_PLACE, (char *)buf + off * t.size, chunk_len(n, off, max), t.type, t.op,
+                               mcomm(c));
+        if (rc != MPI_SUCCESS)
+            return fail(c, rc, "MPI_Allreduce", n, t.extra);
+    }
+    return 0;
+}
+
+static int allreduce_f32(comm_t *c, float *buf, size_t n, comm_op_t op)
 {
     MPI_Op mop;
     if (to_mpi_op(op, &mop) != 0)
         return fail_msg(c, "MPI_Allreduce", n, "unknown reduction op");
+    return allreduce_run(c, buf, n, red_f32(mop));
+}
+
+/* op, bytes: the trace span's name and size */
+static int iallreduce_post(comm_t *c, void *buf, size_t n, red_t t, const char *op, long long bytes, comm_req_t *req)
+{
     const size_t max = maxc(c);
+    mpi_req_t *r = req_start(c, req, "MPI_Iallreduce", n, n_chunks(n, max), op, bytes, -1);
+    if (!r)
+        return -1;
     for (size_t off = 0; off < n; off += max) {
-        int rc = MPI_Allreduce(MPI_IN_PLACE, buf + off, chunk_len(n, off, max), MPI_FLOAT, mop, mcomm(c));
-        if (rc != MPI_SUCCESS)
-            return fail(c, rc, "MPI_Allreduce", n, NULL);
+        int rc = MPI_Iallreduce(MPI_IN_PLACE, (char *)buf + off * t.size, chunk_len(n, off, max), t.type, t.op,
+                                mcomm(c), &r->r[r->nreq]);
+        if (rc != MPI_SUCCESS) {
+            fail(c, rc, "MPI_Iallreduce", n, t.extra);
+            return req_abandon(req);
+        }
+        r->nreq++;
     }
     return 0;
 }
@@ -225,41 +301,35 @@ static int mpi_iallreduce(comm_t *c, float *buf, size_t n, comm_op_t op, comm_re
     MPI_Op mop;
     if (to_mpi_op(op, &mop) != 0)
         return fail_msg(c, "MPI_Iallreduce", n, "unknown reduction op");
-    const size_t max = maxc(c);
-    mpi_req_t *r = req_start(c, req, "MPI_Iallreduce", n, n_chunks(n, max), "iallreduce", fbytes(n), -1);
-    if (!r)
-        return -1;
-    for (size_t off = 0; off < n; off += max) {
-        int rc = MPI_Iallreduce(MPI_IN_PLACE, buf + off, chunk_len(n, off, max), MPI_FLOAT, mop, mcomm(c),
-                                &r->r[r->nreq]);
-        if (rc != MPI_SUCCESS) {
-            fail(c, rc, "MPI_Iallreduce", n, NULL);
-            return req_abandon(req);
-        }
-        r->nreq++;
-    }
-    return 0;
+    return iallreduce_post(c, buf, n, red_f32(mop), "iallreduce", fbytes(n), req);
+}
+
+static int mpi_iallreduce_bf16(comm_t *c, uint16_t *buf, size_t n, comm_req_t *req)
+{
+    return iallreduce_post(c, buf, n, red_bf16(c), "iallreduce_bf16", hbytes(n), req);
 }
 
 /* Chunked reduce-scatter: recv[off..] of rank d = sum over ranks of
  * send[d*n_each + off ..], one MPI_Reduce (or Ireduce) rooted at d per
  * chunk. In place the blocks are reduced in rank order per chunk, so block
  * 0's chunk (where the result lands) is read before it is overwritten. */
-static int reduce_scatter_chunked(comm_t *c, const float *send, float *recv, size_t n_each, mpi_req_t *r)
+static int reduce_scatter_chunked(comm_t *c, const void *send, void *recv, size_t n_each, red_t t, mpi_req_t *r)
 {
     const size_t max = maxc(c);
     const int inplace = send == recv;
+    char extra[64];
+    snprintf(extra, sizeof extra, " per rank%s, chunked reduce-scatter", t.extra ? t.extra : "");
     for (size_t off = 0; off < n_each; off += max) {
         int len = chunk_len(n_each, off, max);
+        void *dst = (char *)recv + off * t.size;
         for (int d = 0; d < c->size; d++) {
-            const float *src = (inplace ? recv : send) + (size_t)d * n_each + off;
-            const void *sbuf = src;
+            const void *sbuf = (const char *)(inplace ? recv : send) + ((size_t)d * n_each + off) * t.size;
             if (inplace && d == c->rank && d == 0)
                 sbuf = MPI_IN_PLACE; /* input and result are both recv[off..] */
-            int rc = r ? MPI_Ireduce(sbuf, recv + off, len, MPI_FLOAT, MPI_SUM, d, mcomm(c), &r->r[r->nreq])
-                       : MPI_Reduce(sbuf, recv + off, len, MPI_FLOAT, MPI_SUM, d, mcomm(c));
+            int rc = r ? MPI_Ireduce(sbuf, dst, len, t.type, t.op, d, mcomm(c), &r->r[r->nreq])
+                       : MPI_Reduce(sbuf, dst, len, t.type, t.op, d, mcomm(c));
             if (rc != MPI_SUCCESS)
-                return fail(c, rc, r ? "MPI_Ireduce" : "MPI_Reduce", n_each, " per rank, chunked reduce-scatter");
+                return fail(c, rc, r ? "MPI_Ireduce" : "MPI_Reduce", n_each, extra);
             if (r)
                 r->nreq++;
         }
@@ -267,19 +337,25 @@ static int reduce_scatter_chunked(comm_t *c, const float *send, float *recv, siz
     return 0;
 }
 
-static int reduce_scatter_run(comm_t *c, const float *send, float *recv, size_t n_each)
+static int reduce_scatter_run(comm_t *c, const void *send, void *recv, size_t n_each, red_t t)
 {
     if (n_each > maxc(c))
-        return reduce_scatter_chunked(c, send, recv, n_each, NULL);
-    int rc = MPI_Reduce_scatter_block(send == recv ? MPI_IN_PLACE : send, recv, (int)n_each, MPI_FLOAT, MPI_SUM,
+        return reduce_scatter_chunked(c, send, recv, n_each, t, NULL);
+    int rc = MPI_Reduce_scatter_block(send == recv ? MPI_IN_PLACE : send, recv, (int)n_each, t.type, t.op,
                                       mcomm(c));
-    if (rc != MPI_SUCCESS)
-        return fail(c, rc, "MPI_Reduce_scatter_block", n_each, " per rank");
+    if (rc != MPI_SUCCESS) {
+        char extra[32];
+        snprintf(extra, sizeof extra, " per rank%s", t.extra ? t.extra : "");
+        return fail(c, rc, "MPI_Reduce_scatter_block", n_each, extra);
+    }
     return 0;
 }
 
-static int mpi_ireduce_scatter(comm_t *c, const float *send, float *recv, size_t n_each, comm_req_t *req)
+/* op: the trace span's name; bytes: the whole send buffer's */
+static int ireduce_scatter_post(comm_t *c, const void *send, void *recv, size_t n_each, red_t t, const char *op,
+                                comm_req_t *req)
 {
+    const long long bytes = (long long)(n_each * (size_t)c->size * t.size);
     if (n_each > maxc(c) && send == recv) {
         /* ordered in-place reductions: run them now, hand back a finished request */
         if (req->active)
@@ -287,25 +363,37 @@ static int mpi_ireduce_scatter(comm_t *c, const float *send, float *recv, size_t
         req->comm = c;
         req->impl = NULL;
         req->active = 0;
-        double t0 = block_begin(c, "ireduce_scatter", fbytes(n_each * (size_t)c->size), -1);
-        return block_end(c, reduce_scatter_chunked(c, send, recv, n_each, NULL), "ireduce_scatter", t0,
-                         fbytes(n_each * (size_t)c->size), -1);
+        double t0 = block_begin(c, op, bytes, -1);
+        return block_end(c, reduce_scatter_chunked(c, send, recv, n_each, t, NULL), op, t0, bytes, -1);
     }
     size_t nreq = n_each > maxc(c) ? n_chunks(n_each, maxc(c)) * (size_t)c->size : 1;
     mpi_req_t *r = req_start(c, req, n_each > maxc(c) ? "MPI_Ireduce" : "MPI_Ireduce_scatter_block", n_each, nreq,
-                             "ireduce_scatter", fbytes(n_each * (size_t)c->size), -1);
+                             op, bytes, -1);
     if (!r)
         return -1;
     if (n_each > maxc(c))
-        return reduce_scatter_chunked(c, send, recv, n_each, r) == 0 ? 0 : req_abandon(req);
-    int rc = MPI_Ireduce_scatter_block(send == recv ? MPI_IN_PLACE : send, recv, (int)n_each, MPI_FLOAT, MPI_SUM,
+        return reduce_scatter_chunked(c, send, recv, n_each, t, r) == 0 ? 0 : req_abandon(req);
+    int rc = MPI_Ireduce_scatter_block(send == recv ? MPI_IN_PLACE : send, recv, (int)n_each, t.type, t.op,
                                        mcomm(c), &r->r[0]);
     if (rc != MPI_SUCCESS) {
-        fail(c, rc, "MPI_Ireduce_scatter_block", n_each, " per rank");
+        char extra[32];
+        snprintf(extra, sizeof extra, " per rank%s", t.extra ? t.extra : "");
+        fail(c, rc, "MPI_Ireduce_scatter_block", n_each, extra);
         return req_abandon(req);
     }
     r->nreq = 1;
     return 0;
+}
+
+static int mpi_ireduce_scatter(comm_t *c, const float *send, float *recv, size_t n_each, comm_req_t *req)
+{
+    return ireduce_scatter_post(c, send, recv, n_each, red_f32(MPI_SUM), "ireduce_scatter", req);
+}
+
+static int mpi_ireduce_scatter_bf16(comm_t *c, const uint16_t *send, uint16_t *recv, size_t n_each,
+                                    comm_req_t *req)
+{
+    return ireduce_scatter_post(c, send, recv, n_each, red_bf16(c), "ireduce_scatter_bf16", req);
 }
 
 /* One allgather per chunk: this rank's [off, off+len) into every block's
@@ -534,8 +622,12 @@ static void mpi_destroy(comm_t *c)
         return;
     mpi_comm_t *m = (mpi_comm_t *)c;
     int finalized = 1;
-    if (MPI_Finalized(&finalized) == MPI_SUCCESS && !finalized && m->comm != MPI_COMM_NULL)
-        MPI_Comm_free(&m->comm);
+    if (MPI_Finalized(&finalized) == MPI_SUCCESS && !finalized) {
+        if (m->bf16_sum != MPI_OP_NULL)
+            MPI_Op_free(&m->bf16_sum);
+        if (m->comm != MPI_COMM_NULL)
+            MPI_Comm_free(&m->comm);
+    }
     free(m);
 }
 
@@ -545,14 +637,27 @@ static void mpi_destroy(comm_t *c)
 static int mpi_allreduce(comm_t *c, float *buf, size_t n, comm_op_t op)
 {
     double t0 = block_begin(c, "allreduce", fbytes(n), -1);
-    return block_end(c, allreduce_run(c, buf, n, op), "allreduce", t0, fbytes(n), -1);
+    return block_end(c, allreduce_f32(c, buf, n, op), "allreduce", t0, fbytes(n), -1);
+}
+
+static int mpi_allreduce_bf16(comm_t *c, uint16_t *buf, size_t n)
+{
+    double t0 = block_begin(c, "allreduce_bf16", hbytes(n), -1);
+    return block_end(c, allreduce_run(c, buf, n, red_bf16(c)), "allreduce_bf16", t0, hbytes(n), -1);
 }
 
 static int mpi_reduce_scatter(comm_t *c, const float *send, float *recv, size_t n_each)
 {
     double t0 = block_begin(c, "reduce_scatter", fbytes(n_each * (size_t)c->size), -1);
-    return block_end(c, reduce_scatter_run(c, send, recv, n_each), "reduce_scatter", t0,
+    return block_end(c, reduce_scatter_run(c, send, recv, n_each, red_f32(MPI_SUM)), "reduce_scatter", t0,
                     fbytes(n_each * (size_t)c->size), -1);
+}
+
+static int mpi_reduce_scatter_bf16(comm_t *c, const uint16_t *send, uint16_t *recv, size_t n_each)
+{
+    double t0 = block_begin(c, "reduce_scatter_bf16", hbytes(n_each * (size_t)c->size), -1);
+    return block_end(c, reduce_scatter_run(c, send, recv, n_each, red_bf16(c)), "reduce_scatter_bf16", t0,
+                    hbytes(n_each * (size_t)c->size), -1);
 }
 
 static int mpi_allgather(comm_t *c, const float *send, float *recv, size_t n_each)
@@ -594,6 +699,10 @@ static const comm_ops_t mpi_ops = {
     .ireduce_scatter = mpi_ireduce_scatter,
     .allgather = mpi_allgather,
     .iallgather = mpi_iallgather,
+    .allreduce_bf16 = mpi_allreduce_bf16,
+    .iallreduce_bf16 = mpi_iallreduce_bf16,
+    .reduce_scatter_bf16 = mpi_reduce_scatter_bf16,
+    .ireduce_scatter_bf16 = mpi_ireduce_scatter_bf16,
     .broadcast = mpi_broadcast,
     .send = mpi_send,
     .recv = mpi_recv,
@@ -613,10 +722,14 @@ comm_t *comm_mpi_create(const void *mpi_comm)
     if (!m)
         return NULL;
     m->comm = MPI_COMM_NULL;
+    m->bf16_sum = MPI_OP_NULL;
     if (MPI_Comm_dup(*(const MPI_Comm *)mpi_comm, &m->comm) != MPI_SUCCESS ||
         MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN) != MPI_SUCCESS ||
         MPI_Comm_rank(m->comm, &m->pub.rank) != MPI_SUCCESS ||
-        MPI_Comm_size(m->comm, &m->pub.size) != MPI_SUCCESS) {
+        MPI_Comm_size(m->comm, &m->pub.size) != MPI_SUCCESS ||
+        MPI_Op_create(bf16_sum, 1, &m->bf16_sum) != MPI_SUCCESS) {
+        if (m->bf16_sum != MPI_OP_NULL)
+            MPI_Op_free(&m->bf16_sum);
         if (m->comm != MPI_COMM_NULL)
             MPI_Comm_free(&m->comm);
         free(m);

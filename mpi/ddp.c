@@ -19,6 +19,13 @@
  * (posting the last buckets and waiting; for naive/flat, all of it), not
  * the scaling.
  *
+ * bf16 (ddp.h): a range is cast into half[start..] just before its
+ * all-reduce is posted and widened back in the same pass that finds it
+ * finished, right before its scaling; every bucket has its own part of
+ * half, so buckets in flight together never share staging. comm_wait_s
+ * counts the rounding to bf16 as part of posting (where ddp_finish posts)
+ * and the widening back as part of the scaling (not at all).
+ *
  * A bucket's `launched` is 0 before its allreduce starts, 1 while it is in
  * flight and 2 once it is reduced and scaled (in ddp_grads_ready when a
  * test finds it done, else in ddp_finish). */
@@ -31,6 +38,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include "mem.h"
 
 /* bucket->launched: 0 not yet, 1 in flight, BUCKET_DONE reduced and scaled */
 enum { BUCKET_IN_FLIGHT = 1, BUCKET_DONE = 2 };
@@ -52,6 +61,29 @@ static void scale(float *x, size_t n, float s)
 static float inv_dp(const ddp_t *d)
 {
     return 1.0f / (float)d->dp->size;
+}
+
+/* The all-reduce of [start, start+n) of the gradients: blocking (req NULL)
+ * or posted. bf16: rounded into the staging buffer first, reduced there. */
+static int reduce_range(ddp_t *d, size_t start, size_t n, comm_req_t *req)
+{
+    comm_t *c = d->dp;
+    if (d->dtype == COMM_BF16) {
+        comm_f32_to_bf16(d->grads + start, d->half + start, n);
+        return req ? c->ops->iallreduce_bf16(c, d->half + start, n, req)
+                   : c->ops->allreduce_bf16(c, d->half + start, n);
+    }
+    return req ? c->ops->iallreduce(c, d->grads + start, n, COMM_SUM, req)
+               : c->ops->allreduce(c, d->grads + start, n, COMM_SUM);
+}
+
+/* [start, start+n) is reduced: widened back from bf16 (bf16 mode), then
+ * the average's 1/dp in fp32. */
+static void range_done(ddp_t *d, size_t start, size_t n, float s)
+{
+    if (d->dtype == COMM_BF16)
+        comm_bf16_to_f32(d->half + start, d->grads + start, n);
+    scale(d->grads + start, n, s);
 }
 
 static int set_err(ddp_t *d, const char *msg)
@@ -105,17 +137,20 @@ static int make_buckets(const ddp_t *d, size_t cap_floats, ddp_bucket_t *out)
 }
 
 int ddp_create(ddp_t *d, ddp_mode_t mode, comm_t *dp, float *grads, size_t n, const size_t *tensor_start,
-               int n_tensors, size_t bucket_bytes)
+               int n_tensors, size_t bucket_bytes, comm_dtype_t dtype)
 {
     memset(d, 0, sizeof *d);
     d->mode = mode;
     d->dp = dp;
     d->grads = grads;
     d->n = n;
+    d->dtype = dtype;
     if (!dp)
         return -1;
     if (mode != DDP_NAIVE && mode != DDP_FLAT && mode != DDP_BUCKETED)
         return set_err(d, "unknown mode");
+    if (dtype != COMM_FP32 && dtype != COMM_BF16)
+        return set_err(d, "unknown reduction dtype");
     if (n_tensors < 0 || (n_tensors > 0 && !tensor_start) || (n > 0 && !grads))
         return set_err(d, "invalid arguments");
     d->tensor_start = malloc(((size_t)n_tensors + 1) * sizeof *d->tensor_start);
@@ -151,6 +186,10 @@ int ddp_create(ddp_t *d, ddp_mode_t mode, comm_t *dp, float *grads, size_t n, co
         }
         d->n_buckets = nb;
     }
+    if (dtype == COMM_BF16 && dp->size > 1 && n > 0 && !(d->half = mem_alloc(MEM_COMM, n * sizeof *d->half))) {
+        ddp_destroy(d);
+        return set_err(d, "out of memory for the bf16 staging buffer");
+    }
     return 0;
 }
 
@@ -160,6 +199,9 @@ void ddp_destroy(ddp_t *d)
      * and its request is left to MPI. */
     free(d->buckets);
     free(d->tensor_start);
+    if (d->half)
+        mem_free(MEM_COMM, d->half, d->n * sizeof *d->half);
+    d->half = NULL;
     d->buckets = NULL;
     d->tensor_start = NULL;
     d->n_buckets = 0;
@@ -188,7 +230,7 @@ static int progress(ddp_t *d)
             return -1;
         if (!done)
             break;
-        scale(d->grads + k->start, k->n, inv_dp(d));
+        range_done(d, k->start, k->n, inv_dp(d));
         k->launched = BUCKET_DONE;
     }
     return 0;
@@ -198,7 +240,7 @@ static int launch_ready(ddp_t *d, size_t ready_from)
 {
     while (d->next_bucket < d->n_buckets && d->buckets[d->next_bucket].start >= ready_from) {
         ddp_bucket_t *k = &d->buckets[d->next_bucket];
-        if (d->dp->ops->iallreduce(d->dp, d->grads + k->start, k->n, COMM_SUM, &k->req) != 0)
+        if (reduce_range(d, k->start, k->n, &k->req) != 0)
             return -1;
         k->launched = BUCKET_IN_FLIGHT;
         d->next_bucket++;
@@ -229,18 +271,18 @@ int ddp_finish(ddp_t *d)
             if (tn == 0)
                 continue;
             double t1 = now_s();
-            rc = d->dp->ops->allreduce(d->dp, d->grads + ts, tn, COMM_SUM);
+            rc = reduce_range(d, ts, tn, NULL);
             blocked += now_s() - t1;
             if (rc == 0)
-                scale(d->grads + ts, tn, s);
+                range_done(d, ts, tn, s);
         }
         break;
     case DDP_FLAT:
         if (d->n > 0) {
-            rc = d->dp->ops->allreduce(d->dp, d->grads, d->n, COMM_SUM);
+            rc = reduce_range(d, 0, d->n, NULL);
             blocked = now_s() - t0;
             if (rc == 0)
-                scale(d->grads, d->n, s);
+                range_done(d, 0, d->n, s);
         }
         break;
     case DDP_BUCKETED:
@@ -254,7 +296,7 @@ int ddp_finish(ddp_t *d)
             rc = d->dp->ops->wait(&k->req);
             blocked += now_s() - t1;
             if (rc == 0) {
-                scale(d->grads + k->start, k->n, s);
+                range_done(d, k->start, k->n, s);
                 k->launched = BUCKET_DONE;
             }
         }

@@ -10,11 +10,22 @@
  *             nonblocking allreduce as soon as the backward has finished
  *             every gradient in it, progressed (MPI_Test) whenever the loop
  *             reports progress, and waited for in ddp_finish.
- * In every mode ddp_finish leaves the DP average (sum / dp size) in place. */
+ * In every mode ddp_finish leaves the DP average (sum / dp size) in place.
+ *
+ * dtype COMM_BF16 (--grad-reduce-dtype bf16): the gradients stay fp32; each
+ * communicated range (tensor, buffer or bucket) is rounded to bf16 into its
+ * own part of a staging buffer just before its all-reduce is posted, summed
+ * in bf16 (comm.h's *_bf16 calls), and widened back to fp32 when it
+ * completes, before the 1/dp scaling. The staging buffer (2 bytes per
+ * gradient, MEM_COMM) is allocated by ddp_create, and only when the group
+ * has more than one rank: a group of one reduces nothing, so bf16 changes
+ * nothing there. The casts are host loops over the gradient buffer: valid
+ * with CUDA too, where training runs MPI over managed memory. */
 #ifndef DTRAIN_DDP_H
 #define DTRAIN_DDP_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "comm.h"
 
@@ -37,13 +48,16 @@ typedef struct ddp {
     int n_buckets;
     int next_bucket;       /* first not launched */
     double comm_wait_s;    /* time blocked in ddp_finish this step */
+    comm_dtype_t dtype;    /* what the all-reduces send */
+    uint16_t *half;        /* bf16 and dp > 1 only: [n] staging; gradients [a, b) use half[a, b) */
 } ddp_t;
 
 /* tensor_start: ascending offsets of the tensors, n_tensors of them,
  * covering [0, n). Bucket boundaries fall on tensor boundaries (a tensor
- * larger than the bucket size is a bucket of its own). Returns 0 or -1. */
+ * larger than the bucket size is a bucket of its own). dtype: fp32 or bf16
+ * reductions (see above). Returns 0 or -1. */
 int ddp_create(ddp_t *d, ddp_mode_t mode, comm_t *dp, float *grads, size_t n,
-               const size_t *tensor_start, int n_tensors, size_t bucket_bytes);
+               const size_t *tensor_start, int n_tensors, size_t bucket_bytes, comm_dtype_t dtype);
 void ddp_destroy(ddp_t *d);
 
 /* Start of a step's communicating backward (the last microbatch). */

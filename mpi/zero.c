@@ -7,12 +7,21 @@
 
 #include "mem.h"
 
+/* Whether reductions over c send bf16: asked for, and c has more than one
+ * rank (a group of one reduces nothing and keeps fp32). */
+static int bf16_on(const zero_t *z, const comm_t *c)
+{
+    return z->dtype == COMM_BF16 && c && c->size > 1;
+}
+
 int zero_create(zero_t *z, int stage, comm_t *group, size_t n, const size_t *unit_start, int n_units,
-                size_t window_units)
+                size_t window_units, comm_t *replica, comm_dtype_t dtype)
 {
     memset(z, 0, sizeof *z);
     z->stage = stage;
     z->group = group;
+    z->replica = replica;
+    z->dtype = dtype;
     z->n = n;
     z->n_units = n_units;
     z->unit_start = malloc(((size_t)n_units + 1) * sizeof *z->unit_start);
@@ -54,6 +63,21 @@ int zero_create(zero_t *z, int stage, comm_t *group, size_t n, const size_t *uni
             zero_destroy(z);
             return -1;
         }
+        if (bf16_on(z, group)) {
+            z->hstage = mem_alloc(MEM_COMM, (z->stage_n + 1) * sizeof(uint16_t));
+            for (int k = 0; k < 2; k++) {
+                z->hwin[k] = mem_alloc(MEM_COMM, (z->window_n + 1) * sizeof(uint16_t));
+                z->hrecv[k] = mem_alloc(MEM_COMM, (c + 1) * sizeof(uint16_t));
+            }
+            if (!z->hstage || !z->hwin[0] || !z->hwin[1] || !z->hrecv[0] || !z->hrecv[1]) {
+                zero_destroy(z);
+                return -1;
+            }
+        }
+        if (bf16_on(z, replica) && !(z->hshard = mem_alloc(MEM_COMM, (z->shard_n + 1) * sizeof(uint16_t)))) {
+            zero_destroy(z);
+            return -1;
+        }
     }
     z->pwin_unit[0] = z->pwin_unit[1] = -1;
     if (stage >= 3) {
@@ -80,7 +104,15 @@ void zero_destroy(zero_t *z)
             mem_free(MEM_GRADS, z->window[k], (z->window_n + 1) * sizeof(float));
         if (z->recv[k])
             mem_free(MEM_COMM, z->recv[k], (c + 1) * sizeof(float));
+        if (z->hwin[k])
+            mem_free(MEM_COMM, z->hwin[k], (z->window_n + 1) * sizeof(uint16_t));
+        if (z->hrecv[k])
+            mem_free(MEM_COMM, z->hrecv[k], (c + 1) * sizeof(uint16_t));
     }
+    if (z->hstage)
+        mem_free(MEM_COMM, z->hstage, (z->stage_n + 1) * sizeof(uint16_t));
+    if (z->hshard)
+        mem_free(MEM_COMM, z->hshard, (z->shard_n + 1) * sizeof(uint16_t));
     if (z->param_shard)
         mem_free(MEM_PARAMS, z->param_shard, (z->shard_n + 1) * sizeof(float));
     for (int k = 0; k < 2; k++)
@@ -173,6 +205,17 @@ static void add_piece(zero_t *z, int u, const float *piece)
         dst[j] += piece[j];
 }
 
+/* Window k's reduce-scatter finished: its piece (widened from bf16 when
+ * reduced in bf16) added to the shard; the window is free. */
+static void window_done(zero_t *z, int k)
+{
+    const int u = z->window_unit[k];
+    if (bf16_on(z, z->group))
+        comm_bf16_to_f32(z->hrecv[k], z->recv[k], z->chunk[u]);
+    add_piece(z, u, z->recv[k]);
+    z->window_unit[k] = -1;
+}
+
 static int window_drain(zero_t *z, int k)
 {
     if (z->window_unit[k] < 0)
@@ -182,8 +225,7 @@ static int window_drain(zero_t *z, int k)
     z->wait_s += MPI_Wtime() - t0;
     if (rc != 0)
         return -1;
-    add_piece(z, z->window_unit[k], z->recv[k]);
-    z->window_unit[k] = -1;
+    window_done(z, k);
     return 0;
 }
 
@@ -195,10 +237,8 @@ int zero_grads_progress(zero_t *z)
         int done = 0;
         if (z->group->ops->test(&z->req[k], &done) != 0)
             return -1;
-        if (done) {
-            add_piece(z, z->window_unit[k], z->recv[k]);
-            z->window_unit[k] = -1;
-        }
+        if (done)
+            window_done(z, k);
     }
     return 0;
 }
@@ -213,7 +253,15 @@ int zero_grads_reduce_window(zero_t *z, int u)
 {
     const int k = u & 1;
     comm_t *c = z->group;
-    if (c->ops->ireduce_scatter(c, z->window[k], z->recv[k], z->chunk[u], &z->req[k]) != 0)
+    int rc;
+    if (bf16_on(z, c)) {
+        /* the whole send, padding included (zero in both types) */
+        comm_f32_to_bf16(z->window[k], z->hwin[k], (size_t)c->size * z->chunk[u]);
+        rc = c->ops->ireduce_scatter_bf16(c, z->hwin[k], z->hrecv[k], z->chunk[u], &z->req[k]);
+    } else {
+        rc = c->ops->ireduce_scatter(c, z->window[k], z->recv[k], z->chunk[u], &z->req[k]);
+    }
+    if (rc != 0)
         return -1;
     z->window_unit[k] = u;
     return 0;
@@ -225,15 +273,24 @@ int zero_grads_reduce(zero_t *z, int u, const float *src)
     const size_t cu = z->chunk[u], len = z->unit_start[u + 1] - z->unit_start[u];
     if (cu == 0)
         return 0;
-    /* stage_buf [S*c]: the send, padded; in place, the rank's piece lands
-     * at its start */
-    memcpy(z->stage_buf, src, len * sizeof(float));
-    memset(z->stage_buf + len, 0, ((size_t)c->size * cu - len) * sizeof(float));
+    /* stage_buf [S*c] (hstage in bf16): the send, padded; in place, the
+     * rank's piece lands at its start */
+    const int bf16 = bf16_on(z, c);
+    if (bf16) {
+        comm_f32_to_bf16(src, z->hstage, len);
+        memset(z->hstage + len, 0, ((size_t)c->size * cu - len) * sizeof(uint16_t));
+    } else {
+        memcpy(z->stage_buf, src, len * sizeof(float));
+        memset(z->stage_buf + len, 0, ((size_t)c->size * cu - len) * sizeof(float));
+    }
     double t0 = MPI_Wtime();
-    int rc = c->ops->reduce_scatter(c, z->stage_buf, z->stage_buf, cu);
+    int rc = bf16 ? c->ops->reduce_scatter_bf16(c, z->hstage, z->hstage, cu)
+                  : c->ops->reduce_scatter(c, z->stage_buf, z->stage_buf, cu);
     z->wait_s += MPI_Wtime() - t0;
     if (rc != 0)
         return -1;
+    if (bf16)
+        comm_bf16_to_f32(z->hstage, z->stage_buf, cu);
     add_piece(z, u, z->stage_buf);
     return 0;
 }
@@ -244,6 +301,20 @@ int zero_grads_finish(zero_t *z, float scale)
         return -1;
     for (size_t j = 0; j < z->shard_n; j++)
         z->grad_shard[j] *= scale;
+    return 0;
+}
+
+int zero_grads_replicas(zero_t *z)
+{
+    comm_t *r = z->replica;
+    if (!r || z->stage < 2)
+        return 0;
+    if (!bf16_on(z, r))
+        return r->ops->allreduce(r, z->grad_shard, z->shard_n, COMM_SUM);
+    comm_f32_to_bf16(z->grad_shard, z->hshard, z->shard_n);
+    if (r->ops->allreduce_bf16(r, z->hshard, z->shard_n) != 0)
+        return -1;
+    comm_bf16_to_f32(z->hshard, z->grad_shard, z->shard_n);
     return 0;
 }
 

@@ -36,11 +36,25 @@
  *
  * The update is elementwise, so a ZeRO-1 step is bit-identical to an
  * unsharded one on the same gradients; ZeRO-2 sums gradients in another
- * order (per microbatch, then over ranks), equal to fp32 rounding. */
+ * order (per microbatch, then over ranks), equal to fp32 rounding.
+ *
+ * Reduction dtype (--grad-reduce-dtype; ZeRO-1 reduces through mpi/ddp.c,
+ * which has its own): with COMM_BF16, stages 2 and 3 round each window (or
+ * padded non-block unit) to bf16 in a staging buffer before its
+ * reduce-scatter, sum in bf16 (comm.h's *_bf16 calls), and widen the
+ * received piece back to fp32 before adding it to the fp32 gradient shard;
+ * the 1/dp scaling stays in fp32 (zero_grads_finish). With --hybrid-shard,
+ * zero_grads_replicas sums the scaled shard across the replica group the
+ * same way. A group of one rank reduces nothing, so it keeps fp32 and
+ * bf16 changes nothing there. The staging buffers (MEM_COMM: a window, a
+ * piece and a padded unit per window, and a shard for HSDP, 2 bytes per
+ * element) are allocated by zero_create. The casts are host loops: valid
+ * with CUDA too, where training runs MPI over managed memory. */
 #ifndef DTRAIN_ZERO_H
 #define DTRAIN_ZERO_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "comm.h"
 
@@ -64,6 +78,12 @@ typedef struct zero {
     int window_unit[2];  /* unit whose reduce-scatter is in flight, or -1 */
     comm_req_t req[2];
     double wait_s;       /* seconds blocked on reduce-scatters this step */
+    comm_t *replica;     /* HSDP: the ranks holding the same pieces in the other shard groups, or NULL */
+    comm_dtype_t dtype;  /* what the gradient reductions send */
+    uint16_t *hwin[2];   /* bf16, group > 1: [window_n] a window rounded to bf16 */
+    uint16_t *hrecv[2];  /* ... [window_n / S] its reduced piece */
+    uint16_t *hstage;    /* ... [stage_n] a non-block unit, padded */
+    uint16_t *hshard;    /* bf16, replica > 1: [shard_n] the shard, for the sum across replicas */
     /* stage 3 */
     float *param_shard;  /* [shard_n] this rank's pieces of every unit */
     float *pwin[2];      /* [window_n] a block's gathered parameters */
@@ -74,12 +94,13 @@ typedef struct zero {
     long long gathers;   /* block all-gathers started (a cache hit starts none) */
 } zero_t;
 
-/* unit_start: n_units+1 ascending offsets covering [0, n]. Returns 0 or -1
- * (out of memory). */
-/* window_units: the largest unit stage 2 reduces through windows (a
- * block's length; 0 below stage 2). */
+/* unit_start: n_units+1 ascending offsets covering [0, n]. window_units:
+ * the largest unit stage 2 reduces through windows (a block's length; 0
+ * below stage 2). replica: HSDP's replica group (stage 2 and up; NULL
+ * without --hybrid-shard). dtype: the gradient reductions' (see above).
+ * Returns 0 or -1 (out of memory). */
 int zero_create(zero_t *z, int stage, comm_t *group, size_t n, const size_t *unit_start, int n_units,
-                size_t window_units);
+                size_t window_units, comm_t *replica, comm_dtype_t dtype);
 void zero_destroy(zero_t *z);
 
 /* This rank's piece of unit u, in flat offsets: [*lo, *hi). */
@@ -119,6 +140,12 @@ int zero_grads_reduce(zero_t *z, int u, const float *src);
 /* Completes every reduce-scatter in flight, then multiplies the shard by
  * scale (1/dp: the average). Returns 0 or -1. */
 int zero_grads_finish(zero_t *z, float scale);
+
+/* HSDP, after zero_grads_finish: each shard group reduced its own ranks'
+ * gradients; the groups' pieces of the same elements are summed over the
+ * replica group (in the reduction dtype). Nothing without a replica
+ * group. Returns 0 or -1 with the message in replica->err. */
+int zero_grads_replicas(zero_t *z);
 
 /* Stage 3. Block unit u's parameters, gathered (flat layout of the unit
  * from its start); then starts gathering unit `next` (-1: none; must be a

@@ -57,8 +57,9 @@ static inline DT_HD float dt_expf(float x)
 /* ---- bf16 <-> fp32 ------------------------------------------------------------
  * bf16 is the top half of an fp32: sign, the same 8 exponent bits, 7 of the
  * 23 mantissa bits. Building blocks of issue 7's mixed precision; training
- * does not use them yet. Bit casts go through memcpy on the host (no union
- * type punning, valid C and C++) and __float_as_uint on the device. */
+ * uses them only for --grad-reduce-dtype bf16 (mpi/comm.c, mpi/comm_mpi.c).
+ * Bit casts go through memcpy on the host (no union type punning, valid C
+ * and C++) and __float_as_uint on the device. */
 static inline DT_HD uint32_t dt_f32_bits(float x)
 {
 #ifdef __CUDA_ARCH__

@@ -32,6 +32,7 @@ typedef struct opt_def {
 static const char *const arch_choices[] = {"gpt2", "llama", NULL};
 static const char *const format_choices[] = {"llmc", "raw-u16", NULL};
 static const char *const ddp_choices[] = {"naive", "flat", "bucketed", NULL};
+static const char *const grad_reduce_dtype_choices[] = {"fp32", "bf16", NULL};
 static const char *const fsdp_choices[] = {"", "no_shard", "shard_grad_op", "full_shard", NULL};
 static const char *const pp_schedule_choices[] = {"1f1b", "gpipe", NULL};
 static const char *const recompute_choices[] = {"none", "selective", "full", NULL};
@@ -63,6 +64,7 @@ static const opt_def_t opt_defs[] = {
     {"zero", OPT_INT, F(zero), 0, "0", 0, 3, NULL, "ZeRO stage over the data-parallel group: 0 (replicated) | 1 (AdamW moments sharded) | 2 (gradients too) | 3 (block parameters too: FSDP)"},
     {"fsdp", OPT_STR, F(fsdp), S(fsdp), "", 0, 0, fsdp_choices, "PyTorch FSDP names for --zero: no_shard (0) | shard_grad_op (2) | full_shard (3)"},
     {"hybrid-shard", OPT_INT, F(hybrid_shard), 0, "0", 0, 1 << 20, NULL, "shard the ZeRO state within groups of N consecutive data-parallel ranks and replicate it across groups (HSDP; 0 = the whole data-parallel group)"},
+    {"grad-reduce-dtype", OPT_STR, F(grad_reduce_dtype), S(grad_reduce_dtype), "fp32", 0, 0, grad_reduce_dtype_choices, "what the data-parallel gradient reductions (all-reduce, ZeRO reduce-scatter, HSDP) send and sum in: fp32 | bf16 (gradients stay fp32 in memory, are rounded to bf16 for the reduction and scaled by 1/dp in fp32 after it; with dp 1 nothing is reduced, so bf16 changes nothing)"},
     {"bucket-mb", OPT_REAL, F(bucket_mb), 0, "25", 0.001, 1e6, NULL, "gradient bucket size in MiB for --ddp-mode bucketed"},
     {"recompute", OPT_STR, F(recompute), S(recompute), "none", 0, 0, recompute_choices, "activation recomputation: none | selective (MLP activation redone in backward; attention keeps no T x T probabilities in any mode) | full (keep each block's input, redo the block); bit-identical results"},
     {"check-replicas", OPT_INT, F(check_replicas), 0, "0", 0, INT_MAX, NULL, "check data-parallel replicas hold identical parameters every N steps (0 = only at start)"},

@@ -26,6 +26,7 @@ typedef struct run_options {
     char fsdp[16];     /* "" or an FSDP sharding strategy name */
     int hybrid_shard;  /* shard group size (0 = the whole DP group) */
     double bucket_mb;
+    char grad_reduce_dtype[8]; /* fp32 | bf16: what the data-parallel gradient reductions send */
     int check_replicas;
     double comm_timeout; /* seconds one communication call may block before the job is ended (0 = never) */
     char recompute[16]; /* activation recomputation: none | selective | full */

@@ -415,8 +415,8 @@ static int trainer_save_params(trainer_t *tr, char *err, size_t errlen)
 
 /* ZeRO's units: each transformer block's tensors together, every other
  * tensor (embeddings, final norm, head) alone; sharded over the DP group
- * or, with --hybrid-shard, over the shard group. */
-static int setup_zero(trainer_t *tr, char *err, size_t errlen)
+ * or, with --hybrid-shard, over the shard group. gdt: --grad-reduce-dtype. */
+static int setup_zero(trainer_t *tr, comm_dtype_t gdt, char *err, size_t errlen)
 {
     const param_table_t *t = &tr->model.table;
     grid_t *g = tr->grid;
@@ -446,7 +446,7 @@ static int setup_zero(trainer_t *tr, char *err, size_t errlen)
         if (start[u + 1] - start[u] > window)
             window = start[u + 1] - start[u];
     int rc = zero_create(&tr->zero, tr->zero_stage, g->shard ? g->shard : g->dp, t->numel, start, n,
-                         tr->zero_stage >= 2 ? window : 0);
+                         tr->zero_stage >= 2 ? window : 0, g->replica, gdt);
     free(start);
     if (rc != 0)
         snprintf(err, errlen, "out of memory for the ZeRO buffers");
@@ -519,7 +519,12 @@ int trainer_setup(trainer_t *tr, const run_options_t *o, const launch_env_t *env
     }
     if (model_create(&tr->model, &tr->cfg, tr->backend.ops, &lay, o->micro_batch, o->seq_len, err, errlen) != 0)
         return -1;
-    if (tr->zero_stage > 0 && setup_zero(tr, err, errlen) != 0)
+    comm_dtype_t gdt;
+    if (comm_dtype_parse(o->grad_reduce_dtype, &gdt) != 0) {
+        snprintf(err, errlen, "--grad-reduce-dtype '%s': allowed values are fp32|bf16", o->grad_reduce_dtype);
+        return -1;
+    }
+    if (tr->zero_stage > 0 && setup_zero(tr, gdt, err, errlen) != 0)
         return -1;
     tr->model.block_params = on_block_params;
     tr->model.block_params_ctx = tr;
@@ -552,7 +557,7 @@ int trainer_setup(trainer_t *tr, const run_options_t *o, const launch_env_t *env
     ddp_mode_t mode;
     if (tr->zero_stage < 2 && (ddp_mode_parse(o->ddp_mode, &mode) != 0 ||
         ddp_create(&tr->ddp, mode, grid->dp, tr->model.grads, t->numel, tr->tensor_start, t->n,
-                   (size_t)(o->bucket_mb * 1048576.0)) != 0)) {
+                   (size_t)(o->bucket_mb * 1048576.0), gdt) != 0)) {
         snprintf(err, errlen, "cannot set up --ddp-mode %s with --bucket-mb %g", o->ddp_mode, o->bucket_mb);
         return -1;
     }
@@ -635,8 +640,9 @@ void trainer_banner(const trainer_t *tr, FILE *out)
         }
     }
     if (g->dp_size > 1)
-        fprintf(out, "data parallel: %s all-reduce of %zu gradients over %d ranks, %d bucket%s\n", o->ddp_mode,
-                tr->model.table.numel, g->dp_size, tr->ddp.n_buckets, tr->ddp.n_buckets == 1 ? "" : "s");
+        fprintf(out, "data parallel: %s all-reduce of %zu gradients over %d ranks, %d bucket%s, reduced in %s\n",
+                o->ddp_mode, tr->model.table.numel, g->dp_size, tr->ddp.n_buckets, tr->ddp.n_buckets == 1 ? "" : "s",
+                o->grad_reduce_dtype);
     fprintf(out, "model %s (%s): L=%d C=%d heads=%d kv_heads=%d ffn=%d vocab=%d | %zu parameters\n", o->model,
             model_arch_name(c->arch), c->n_layer, c->d_model, c->n_head, c->n_kv_head, c->d_ff,
             c->vocab_size, model_params_total(c));
@@ -939,7 +945,7 @@ static int step_gradients(trainer_t *tr, int step, double *bubble_s, char *err, 
         }
         /* HSDP: each shard group reduced its own ranks' gradients; the
          * groups' pieces of the same elements are summed across them */
-        if (g->replica && g->replica->ops->allreduce(g->replica, tr->zero.grad_shard, tr->zero.shard_n, COMM_SUM) != 0) {
+        if (g->replica && zero_grads_replicas(&tr->zero) != 0) {
             snprintf(err, errlen, "step %d: gradient all-reduce across shard groups failed: %s", step + 1,
                      g->replica->err);
             return -1;

@@ -77,6 +77,8 @@ def main():
                 ("reduce_scatter world", W * 10 * 4, None), ("allgather world", W * 3 * 4, None),
                 ("bcast world", 50 * 4, W - 1),
                 ("ireduce_scatter world", W * 10 * 4, None), ("iallgather world", W * 3 * 4, None),
+                ("allreduce_bf16 world", 300 * 2, None), ("iallreduce_bf16 world", 200 * 2, None),
+                ("reduce_scatter_bf16 world", W * 10 * 2, None), ("ireduce_scatter_bf16 world", W * 10 * 2, None),
                 ("irecv world", (100 + prv) * 4, prv), ("isend world", (100 + r) * 4, nxt)]
         sr = [("send world", (20 + r) * 4, nxt), ("recv world", (20 + prv) * 4, prv)]
         want += sr if r % 2 == 0 else sr[::-1]
@@ -157,8 +159,8 @@ def main():
     slack = max(round(x["rtt_us"] * 1000) // 2 + 1 for x in ranks)
     check(before <= after + slack, "barrier order holds on the merged clock",
           "last entry %.3f us, first exit %.3f us, slack %.3f us" % (before / 1e3, after / 1e3, slack / 1e3))
-    check([x["rank"] for x in ranks] == list(range(W)) and all(x["spans"] == 28 and x["dropped"] == 0 for x in ranks),
-          "otherData: 28 spans, 0 dropped per rank")
+    check([x["rank"] for x in ranks] == list(range(W)) and all(x["spans"] == 32 and x["dropped"] == 0 for x in ranks),
+          "otherData: 32 spans, 0 dropped per rank")
     if pingpong:
         # one node: the true offset is 0, so the estimate must be within rtt/2
         ok = ranks[0]["clock"] == "same node" and all(x["clock"] == "ping-pong" for x in ranks[1:])

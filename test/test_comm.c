@@ -4,13 +4,16 @@
  *
  * Values are integers small enough that every partial sum is exact in
  * fp32, so the expected results are exact whatever order MPI sums in, and
- * the checks compare with ==. Each check is agreed over all ranks (an
+ * the checks compare with ==. The bf16 collectives and DDP with bf16
+ * reductions are checked the same way on integers exact in bf16, and on
+ * random values against the bound of per-step rounding (see "bf16"). Each check is agreed over all ranks (an
  * MPI_Allreduce), rank 0 prints one line with the lowest failing rank's
  * detail, and every rank exits with the same status. */
 #define _POSIX_C_SOURCE 200809L /* setenv, unsetenv */
 
 #include "comm.h"
 #include "ddp.h"
+#include "ops_math.h"
 
 #include <math.h>
 #include <mpi.h>
@@ -333,10 +336,11 @@ static void check_errors(comm_t *c)
     float g[10] = {0};
     size_t bad1[] = {0, 6, 4}, bad2[] = {0, 4, 11}, bad3[] = {2, 4};
     ddp_t dd;
-    ok = ddp_create(&dd, DDP_BUCKETED, c, g, 10, bad1, 3, 16) == -1 && strstr(c->err, "ddp: tensor 2 starts at 4");
+    ok = ddp_create(&dd, DDP_BUCKETED, c, g, 10, bad1, 3, 16, COMM_FP32) == -1 &&
+         strstr(c->err, "ddp: tensor 2 starts at 4");
     snprintf(d, sizeof d, "err '%.400s'", c->err);
-    ok = ok && ddp_create(&dd, DDP_BUCKETED, c, g, 10, bad2, 3, 16) == -1 &&
-         ddp_create(&dd, DDP_FLAT, c, g, 10, bad3, 2, 16) == -1;
+    ok = ok && ddp_create(&dd, DDP_BUCKETED, c, g, 10, bad2, 3, 16, COMM_FP32) == -1 &&
+         ddp_create(&dd, DDP_FLAT, c, g, 10, bad3, 2, 16, COMM_FP32) == -1;
     check(ok, d, "ddp_create rejects descending, out-of-range and non-zero first offsets: %.400s", c->err);
 }
 
@@ -365,15 +369,23 @@ static size_t tensor_size(int t)
 }
 
 /* Rank q of p holds avg + (2q - (p-1)) * h: the deviations sum to zero, so
- * the DP average is avg exactly, and every partial sum is a small integer. */
-static float avg_value(size_t i, int step)
+ * the DP average is avg exactly, and every partial sum is a small integer.
+ * For bf16 reductions smaller ones, h = 1: with up to 8 ranks at most 23
+ * in magnitude, so every partial sum is an integer below 256, exact in
+ * bf16's 8 significant bits. */
+static float avg_value(size_t i, int step, comm_dtype_t dt)
 {
-    return (float)((int)(i % 509) - 200 + step);
+    return dt == COMM_BF16 ? (float)((int)(i % 31) - 15 + step) : (float)((int)(i % 509) - 200 + step);
 }
 
-static float grad_value(size_t i, int step, int q, int p)
+static float grad_value(size_t i, int step, int q, int p, comm_dtype_t dt)
 {
-    return avg_value(i, step) + (float)(2 * q - (p - 1)) * (float)(i % 7 + 1);
+    return avg_value(i, step, dt) + (float)(2 * q - (p - 1)) * (float)(dt == COMM_BF16 ? 1 : i % 7 + 1);
+}
+
+static const char *dtype_name(comm_dtype_t dt)
+{
+    return dt == COMM_BF16 ? "bf16" : "fp32";
 }
 
 /* Buckets cover [0, n) from the top down, contiguous, start on tensor
@@ -447,8 +459,10 @@ static size_t layout(size_t *starts)
     return n;
 }
 
-/* Exact averages; buckets launched as the simulated backward reaches them. */
-static void ddp_exact(comm_t *c, const char *label)
+/* Exact averages; buckets launched as the simulated backward reaches them.
+ * dt: the reductions' dtype (bf16 has its staging buffer exactly when the
+ * group has more than one rank). */
+static void ddp_exact(comm_t *c, const char *label, comm_dtype_t dt)
 {
     const int p = c->size, q = c->rank;
     size_t starts[N_TENSORS];
@@ -459,31 +473,34 @@ static void ddp_exact(comm_t *c, const char *label)
         const ddp_cfg_t *cf = &ddp_cfgs[k];
         const size_t cap = cf->bytes / sizeof(float);
         ddp_t dd;
-        int ok = ddp_create(&dd, cf->mode, c, g, n, starts, N_TENSORS, cf->bytes) == 0;
+        int ok = ddp_create(&dd, cf->mode, c, g, n, starts, N_TENSORS, cf->bytes, dt) == 0;
         if (!ok)
             snprintf(d, sizeof d, "ddp_create: %.400s", c->err);
-        else if (cf->mode == DDP_BUCKETED)
+        else if ((dd.half != NULL) != (dt == COMM_BF16 && p > 1)) {
+            snprintf(d, sizeof d, "bf16 staging buffer %s", dd.half ? "allocated" : "missing");
+            ok = 0;
+        } else if (cf->mode == DDP_BUCKETED)
             ok = buckets_ok(&dd, starts, n, cap, d, sizeof d);
         else if (dd.n_buckets != 0) {
             snprintf(d, sizeof d, "%d buckets in mode %s", dd.n_buckets, mode_name(cf->mode));
             ok = 0;
         }
-        if (!check(ok, d, "%s ddp %s %zu B: %d buckets of whole tensors, top down, greedy", label,
-                   mode_name(cf->mode), cf->bytes, ok ? dd.n_buckets : -1)) {
+        if (!check(ok, d, "%s ddp %s %s %zu B: %d buckets of whole tensors, top down, greedy", label,
+                   dtype_name(dt), mode_name(cf->mode), cf->bytes, ok ? dd.n_buckets : -1)) {
             ddp_destroy(&dd); /* safe after a failed create too */
             continue;
         }
         for (int step = 0; step < 2; step++) {
             for (size_t i = 0; i < n; i++) {
                 g[i] = 1e30f * (float)(q + 1); /* not yet computed */
-                want[i] = avg_value(i, step);
+                want[i] = avg_value(i, step, dt);
             }
             ddp_begin(&dd);
             ok = 1;
             /* backward: the last tensor is finished first */
             for (int t = N_TENSORS - 1; t >= 0 && ok; t--) {
                 for (size_t i = starts[t]; i < starts[t] + tensor_size(t); i++)
-                    g[i] = grad_value(i, step, q, p);
+                    g[i] = grad_value(i, step, q, p, dt);
                 if (ddp_grads_ready(&dd, starts[t]) != 0) {
                     snprintf(d, sizeof d, "ddp_grads_ready: %.400s", c->err);
                     ok = 0;
@@ -517,8 +534,8 @@ static void ddp_exact(comm_t *c, const char *label)
                 snprintf(d, sizeof d, "%d buckets launched during backward, want %d", before, want_before);
                 ok = 0;
             }
-            check(ok, d, "%s ddp %s %zu B step %d: exact average of %zu floats; %d/%d buckets launched before finish",
-                  label, mode_name(cf->mode), cf->bytes, step + 1, n, before, dd.n_buckets);
+            check(ok, d, "%s ddp %s %s %zu B step %d: exact average of %zu floats; %d/%d buckets launched before finish",
+                  label, dtype_name(dt), mode_name(cf->mode), cf->bytes, step + 1, n, before, dd.n_buckets);
         }
         ddp_destroy(&dd);
     }
@@ -560,7 +577,7 @@ static void ddp_random(comm_t *c, const char *label)
         /* k = -1: flat, the reference */
         const ddp_cfg_t cf = k < 0 ? (ddp_cfg_t){DDP_FLAT, 0} : ddp_cfgs[k];
         ddp_t dd;
-        int ok = ddp_create(&dd, cf.mode, c, g, n, starts, N_TENSORS, cf.bytes) == 0;
+        int ok = ddp_create(&dd, cf.mode, c, g, n, starts, N_TENSORS, cf.bytes, COMM_FP32) == 0;
         for (int run = 0; run < 2 && ok; run++) {
             for (size_t i = 0; i < n; i++)
                 g[i] = random_grad(q, i);
@@ -609,6 +626,308 @@ static void ddp_random(comm_t *c, const char *label)
     free(first);
     free(r0);
     free(scale);
+}
+
+/* ------------------------------------------------------------------ bf16 */
+
+/* The *_bf16 collectives. Each addition widens to fp32 and rounds the sum
+ * to bf16 (round to nearest even, unit roundoff u = 2^-8), so a sum of p
+ * values in any order (any reduction tree has at most p-1 additions on a
+ * path) is within gamma(p-1) * sum |x_i| of the exact sum, where
+ * gamma(k) = k u / (1 - k u) (Higham, Accuracy and Stability, 4.2; a
+ * first-order (p-1) 2^-8 sum |x_i| plus the second-order term). The bf16
+ * inputs' exact sum is computed in double, which holds it exactly. */
+
+static const double BF16_U = 1.0 / 256.0;
+
+static double gamma_k(int k)
+{
+    return (double)k * BF16_U / (1.0 - (double)k * BF16_U);
+}
+
+static uint16_t *halloc(size_t n)
+{
+    uint16_t *p = malloc((n ? n : 1) * sizeof *p);
+    if (!p)
+        die("out of memory");
+    return p;
+}
+
+/* 1 when got[i] == want[i] as bits for all i; else the first difference. */
+static int same16(const uint16_t *got, const uint16_t *want, size_t n, char *detail, size_t len)
+{
+    for (size_t i = 0; i < n; i++)
+        if (got[i] != want[i]) {
+            snprintf(detail, len, "element %zu of %zu is 0x%04x (%.9g), want 0x%04x (%.9g)", i, n, got[i],
+                     (double)dt_bf16_to_f32(got[i]), want[i], (double)dt_bf16_to_f32(want[i]));
+            return 0;
+        }
+    return 1;
+}
+
+/* Integers in [-20, 20 + r]: with up to 8 ranks every partial sum is an
+ * integer below 256 in magnitude, exact in bf16, so the result is exact
+ * whatever order the library sums in. */
+static float small_int(size_t i, int r)
+{
+    return (float)((int)(i % 41) - 20 + r);
+}
+
+static void fill_small(uint16_t *x, size_t n, size_t base, int r)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] = dt_f32_to_bf16(small_int(base + i, r));
+}
+
+static void want_small(uint16_t *want, size_t n, size_t base, int p)
+{
+    for (size_t i = 0; i < n; i++) {
+        float sum = 0.0f;
+        for (int q = 0; q < p; q++)
+            sum += small_int(base + i, q);
+        want[i] = dt_f32_to_bf16(sum);
+    }
+}
+
+static void bf16_exact(comm_t *c, const char *label)
+{
+    const int p = c->size, r = c->rank;
+    const size_t counts[] = {0, 1, 7, 2500, 65537};
+    char d[512];
+    for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++) {
+        const size_t n = counts[k];
+        uint16_t *buf = halloc(n), *buf2 = halloc(n), *want = halloc(n), *want2 = halloc(n);
+        int ok;
+
+        fill_small(buf, n, 0, r);
+        want_small(want, n, 0, p);
+        ok = call_ok(c, c->ops->allreduce_bf16(c, buf, n), d, sizeof d) && same16(buf, want, n, d, sizeof d);
+        check(ok, d, "%s allreduce_bf16 n=%zu: small integers exact", label, n);
+
+        /* two in flight together, driven by test; then one by wait */
+        comm_req_t ra = {0}, rb = {0};
+        long calls = 0;
+        fill_small(buf, n, 0, r);
+        fill_small(buf2, n, 17, r);
+        want_small(want2, n, 17, p);
+        ok = call_ok(c, c->ops->iallreduce_bf16(c, buf, n, &ra), d, sizeof d) &&
+             call_ok(c, c->ops->iallreduce_bf16(c, buf2, n, &rb), d, sizeof d) &&
+             call_ok(c, test_loop(c, &rb, &calls), d, sizeof d) && call_ok(c, test_loop(c, &ra, &calls), d, sizeof d);
+        if (ok && (ra.active || rb.active || ra.impl || rb.impl)) {
+            snprintf(d, sizeof d, "finished requests not released (active %d %d)", ra.active, rb.active);
+            ok = 0;
+        }
+        ok = ok && same16(buf, want, n, d, sizeof d) && same16(buf2, want2, n, d, sizeof d);
+        check(ok, d, "%s iallreduce_bf16 x2 in flight together, test loop, n=%zu: exact", label, n);
+        fill_small(buf, n, 0, r);
+        ok = call_ok(c, c->ops->iallreduce_bf16(c, buf, n, &ra), d, sizeof d) &&
+             call_ok(c, c->ops->wait(&ra), d, sizeof d) && same16(buf, want, n, d, sizeof d);
+        check(ok, d, "%s iallreduce_bf16 + wait n=%zu: exact", label, n);
+
+        /* reduce-scatter: rank r gets block r of the sums, out of place and
+         * in place, blocking and not */
+        const size_t pn = (size_t)p * n;
+        uint16_t *send = halloc(pn), *full = halloc(pn), *piece = halloc(n);
+        fill_small(send, pn, 0, r);
+        want_small(piece, n, (size_t)r * n, p);
+        ok = call_ok(c, c->ops->reduce_scatter_bf16(c, send, buf, n), d, sizeof d) &&
+             same16(buf, piece, n, d, sizeof d);
+        check(ok, d, "%s reduce_scatter_bf16 n_each=%zu: exact", label, n);
+        memcpy(full, send, pn * sizeof *full);
+        ok = call_ok(c, c->ops->reduce_scatter_bf16(c, full, full, n), d, sizeof d) &&
+             same16(full, piece, n, d, sizeof d);
+        check(ok, d, "%s reduce_scatter_bf16 in place n_each=%zu: exact", label, n);
+        for (int inplace = 0; inplace < 2; inplace++) {
+            comm_req_t rq = {0};
+            memcpy(full, send, pn * sizeof *full);
+            uint16_t *dst = inplace ? full : buf;
+            ok = call_ok(c, c->ops->ireduce_scatter_bf16(c, inplace ? full : send, dst, n, &rq), d, sizeof d) &&
+                 call_ok(c, inplace ? test_loop(c, &rq, &calls) : c->ops->wait(&rq), d, sizeof d) &&
+                 same16(dst, piece, n, d, sizeof d);
+            check(ok, d, "%s ireduce_scatter_bf16%s n_each=%zu: exact", label,
+                  inplace ? " in place + test loop" : " + wait", n);
+        }
+        free(send);
+        free(full);
+        free(piece);
+        free(buf);
+        free(buf2);
+        free(want);
+        free(want2);
+    }
+}
+
+/* Rank q's random value i, rounded to bf16: full 8-bit significands over
+ * magnitudes 2^-8 .. 2^8 and both signs, so sums round at every step. */
+static uint16_t random_bf16(int q, size_t i)
+{
+    return dt_f32_to_bf16(random_grad(q, i));
+}
+
+/* got (n sums of element base+i over the group) against the exact sums:
+ * within gamma(p-1) sum |x|; with 2 ranks, exactly bf16(x0 + x1), the op's
+ * one addition. *worst: the largest |error| / bound; *rounded: how many
+ * differ from the exact sum rounded once (what per-step rounding costs). */
+static int bf16_within(const uint16_t *got, size_t n, size_t base, int p, double *worst, size_t *rounded,
+                       char *d, size_t len)
+{
+    const double g = gamma_k(p - 1);
+    for (size_t i = 0; i < n; i++) {
+        double exact = 0.0, abs = 0.0;
+        for (int q = 0; q < p; q++) {
+            double x = (double)dt_bf16_to_f32(random_bf16(q, base + i));
+            exact += x;
+            abs += fabs(x);
+        }
+        const double v = (double)dt_bf16_to_f32(got[i]), err = fabs(v - exact), bound = g * abs;
+        if (err > bound) {
+            snprintf(d, len, "element %zu: %.9g, exact %.9g, error %.3g > bound %.3g", base + i, v, exact, err,
+                     bound);
+            return 0;
+        }
+        if (p == 2) {
+            uint16_t one = dt_f32_to_bf16(dt_bf16_to_f32(random_bf16(0, base + i)) +
+                                          dt_bf16_to_f32(random_bf16(1, base + i)));
+            if (got[i] != one) {
+                snprintf(d, len, "element %zu: 0x%04x, want bf16(x0 + x1) = 0x%04x", base + i, got[i], one);
+                return 0;
+            }
+        }
+        if (bound > 0.0 && err / bound > *worst)
+            *worst = err / bound;
+        *rounded += got[i] != dt_f32_to_bf16((float)exact);
+    }
+    return 1;
+}
+
+/* Every rank holds the same bits as group rank 0 (MPI_Bcast of them). */
+static int same_on_every_rank(comm_t *c, const uint16_t *x, size_t n, char *d, size_t len)
+{
+    uint16_t *r0 = halloc(n);
+    memcpy(r0, x, n * sizeof *r0);
+    MPI_Comm mc;
+    if (comm_mpi_handle(c, &mc) != 0 || MPI_Bcast(r0, (int)n, MPI_UINT16_T, 0, mc) != MPI_SUCCESS)
+        die("MPI_Bcast(bf16 result)");
+    int ok = same16(x, r0, n, d, len);
+    free(r0);
+    return ok;
+}
+
+static void bf16_random(comm_t *c, const char *label)
+{
+    const int p = c->size, r = c->rank;
+    const size_t n = 65537, n_each = 20000, pn = (size_t)p * n_each;
+    uint16_t *buf = halloc(n), *first = halloc(n), *send = halloc(pn), *piece = halloc(n_each);
+    char d[512] = "";
+    for (int nonblocking = 0; nonblocking < 2; nonblocking++) {
+        const char *how = nonblocking ? "iallreduce_bf16 + test loop" : "allreduce_bf16";
+        int ok = 1;
+        for (int run = 0; run < 2 && ok; run++) {
+            for (size_t i = 0; i < n; i++)
+                buf[i] = random_bf16(r, i);
+            comm_req_t rq = {0};
+            long calls = 0;
+            ok = nonblocking ? call_ok(c, c->ops->iallreduce_bf16(c, buf, n, &rq), d, sizeof d) &&
+                                   call_ok(c, test_loop(c, &rq, &calls), d, sizeof d)
+                             : call_ok(c, c->ops->allreduce_bf16(c, buf, n), d, sizeof d);
+            if (ok && run == 0)
+                memcpy(first, buf, n * sizeof *buf);
+        }
+        double worst = 0.0;
+        size_t rounded = 0;
+        ok = ok && bf16_within(buf, n, 0, p, &worst, &rounded, d, sizeof d) && same16(buf, first, n, d, sizeof d) &&
+             same_on_every_rank(c, buf, n, d, sizeof d);
+        check(ok, d, "%s %s random n=%zu: within gamma(p-1) sum|x| (worst %.3f of the bound)%s, twice and on every "
+              "rank bit-identical", label, how, n, worst, p == 2 ? ", = bf16(x0 + x1)" : "");
+        info("%s %s random: %zu of %zu sums differ from the exact sum rounded once", label, how, rounded, n);
+    }
+    for (int nonblocking = 0; nonblocking < 2; nonblocking++) {
+        const char *how = nonblocking ? "ireduce_scatter_bf16 + wait" : "reduce_scatter_bf16";
+        int ok = 1;
+        for (int run = 0; run < 2 && ok; run++) {
+            for (size_t j = 0; j < pn; j++)
+                send[j] = random_bf16(r, j);
+            comm_req_t rq = {0};
+            ok = nonblocking ? call_ok(c, c->ops->ireduce_scatter_bf16(c, send, piece, n_each, &rq), d, sizeof d) &&
+                                   call_ok(c, c->ops->wait(&rq), d, sizeof d)
+                             : call_ok(c, c->ops->reduce_scatter_bf16(c, send, piece, n_each), d, sizeof d);
+            if (ok && run == 0)
+                memcpy(first, piece, n_each * sizeof *piece);
+        }
+        double worst = 0.0;
+        size_t rounded = 0;
+        ok = ok && bf16_within(piece, n_each, (size_t)r * n_each, p, &worst, &rounded, d, sizeof d) &&
+             same16(piece, first, n_each, d, sizeof d);
+        double w = worst;
+        if (MPI_Allreduce(&w, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD) != MPI_SUCCESS)
+            die("MPI_Allreduce(worst)");
+        check(ok, d, "%s %s random n_each=%zu: within gamma(p-1) sum|x| (worst %.3f of the bound)%s, twice "
+              "bit-identical", label, how, n_each, worst, p == 2 ? ", = bf16(x0 + x1)" : "");
+    }
+    free(buf);
+    free(first);
+    free(send);
+    free(piece);
+}
+
+/* DDP with bf16 reductions on random fp32 gradients: every mode is within
+ * gamma(p) sum |x_i| / p of the exact average (one rounding of each input to
+ * bf16, then the sum's p-1; the fp32 scaling adds 2^-24 relative, inside
+ * the 1e-3 margin), twice bit-identical, the same bits on every replica;
+ * with one rank the gradients are untouched. */
+static void ddp_bf16_random(comm_t *c, const char *label)
+{
+    const int p = c->size, q = c->rank;
+    size_t starts[N_TENSORS];
+    const size_t n = layout(starts);
+    float *g = falloc(n), *first = falloc(n), *r0 = falloc(n);
+    char d[512] = "";
+    const double bound_rel = gamma_k(p) * 1.001;
+    for (int k = 0; k < N_CFGS; k++) {
+        const ddp_cfg_t cf = ddp_cfgs[k];
+        ddp_t dd;
+        int ok = ddp_create(&dd, cf.mode, c, g, n, starts, N_TENSORS, cf.bytes, COMM_BF16) == 0;
+        for (int run = 0; run < 2 && ok; run++) {
+            for (size_t i = 0; i < n; i++)
+                g[i] = random_grad(q, i);
+            ddp_begin(&dd);
+            for (int t = N_TENSORS - 1; t >= 0 && ok; t--)
+                ok = ddp_grads_ready(&dd, starts[t]) == 0;
+            ok = ok && ddp_finish(&dd) == 0;
+            if (run == 0)
+                memcpy(first, g, n * sizeof *g);
+        }
+        if (!ok)
+            snprintf(d, sizeof d, "%.400s", c->err);
+        ddp_destroy(&dd);
+        double worst = 0.0;
+        for (size_t i = 0; ok && i < n; i++) {
+            double exact = 0.0, abs = 0.0;
+            for (int r = 0; r < p; r++) {
+                exact += (double)random_grad(r, i);
+                abs += fabs((double)random_grad(r, i));
+            }
+            const double err = fabs((double)g[i] - exact / p), bound = p > 1 ? bound_rel * abs / p : 0.0;
+            if (err > bound) {
+                snprintf(d, sizeof d, "element %zu: %.9g, exact average %.9g, error %.3g > bound %.3g", i,
+                         (double)g[i], exact / p, err, bound);
+                ok = 0;
+            } else if (bound > 0.0 && err / bound > worst) {
+                worst = err / bound;
+            }
+        }
+        ok = ok && same(g, first, n, d, sizeof d);
+        memcpy(r0, g, n * sizeof *g);
+        if (MPI_Bcast(r0, (int)n, MPI_FLOAT, 0, *(MPI_Comm *)c->impl) != MPI_SUCCESS)
+            die("MPI_Bcast");
+        ok = ok && same(g, r0, n, d, sizeof d);
+        check(ok, d, "%s ddp bf16 %s %zu B random: within gamma(p) sum|x|/p of the exact average (worst %.3f of "
+              "the bound)%s, twice bit-identical, replicas agree", label, mode_name(cf.mode), cf.bytes, worst,
+              p == 1 ? ", untouched at one rank" : "");
+    }
+    free(g);
+    free(first);
+    free(r0);
 }
 
 int main(int argc, char **argv)
@@ -665,10 +984,20 @@ int main(int argc, char **argv)
     check_chunked_send(chunked, 1000);
     run_collectives(chunked, "chunked");
 
-    ddp_exact(world, "world");
-    ddp_exact(sub, "split");
-    ddp_exact(chunked, "chunked");
+    ddp_exact(world, "world", COMM_FP32);
+    ddp_exact(sub, "split", COMM_FP32);
+    ddp_exact(chunked, "chunked", COMM_FP32);
     ddp_random(world, "world");
+
+    bf16_exact(world, "world");
+    bf16_exact(sub, "split");
+    bf16_exact(chunked, "chunked");
+    bf16_random(world, "world");
+    bf16_random(chunked, "chunked");
+    ddp_exact(world, "world", COMM_BF16);
+    ddp_exact(sub, "split", COMM_BF16);
+    ddp_exact(chunked, "chunked", COMM_BF16);
+    ddp_bf16_random(world, "world");
 
     chunked->ops->destroy(chunked);
     sub->ops->destroy(sub);

@@ -33,6 +33,7 @@ expect_error "--trace $TMP/nodir/t.json: cannot write into directory $TMP/nodir"
 expect_error "--sequence-parallel 'yes': a flag takes 0 or 1" --sequence-parallel=yes $D
 
 expect_error "--device 'gpu': allowed values are auto|cpu|cuda" --device gpu $D
+expect_error "--grad-reduce-dtype 'fp16': allowed values are fp32|bf16" --grad-reduce-dtype fp16 $D
 
 # --device cuda and --selftest: on a CPU-only build, one line naming the fix
 # (exit 2 on every rank, so also under mpiexec -np 2); on a CUDA build

@@ -16,7 +16,9 @@
  *   (777 floats, completed by test() in a loop), iallreduce A (64) and B
  *   (96) overlapping partly (wait A, spin 2 ms, wait B), reduce_scatter
  *   (10 per rank), allgather (3 per rank), bcast (50 floats, root size-1),
- *   isend/irecv ring (100 + rank floats to rank+1), send/recv ring (20 +
+ *   ireduce_scatter and iallgather (the same sizes), the bf16 sums
+ *   (allreduce_bf16 of 300, iallreduce_bf16 of 200, reduce_scatter_bf16
+ *   and ireduce_scatter_bf16 of 10 per rank), isend/irecv ring (100 + rank floats to rank+1), send/recv ring (20 +
  *   rank floats to rank+1; even ranks send first), barrier.
  * Then it writes OUT, SMALL (a trace capped at 4 spans that recorded 7),
  * and checks here that writing to BADPATH (in a missing directory) and to
@@ -201,6 +203,17 @@ int main(int argc, char **argv)
     need(c, c->ops->wait(&q));
     need(c, c->ops->iallgather(c, rs + (size_t)r * 3, rs, 3, &q));
     need(c, c->ops->wait(&q));
+    /* the bf16 sums: same spans, "_bf16" names, 2 bytes per element */
+    uint16_t *h = calloc((size_t)W * 300, sizeof *h);
+    if (!h)
+        die("calloc", "");
+    need(c, c->ops->allreduce_bf16(c, h, 300));
+    need(c, c->ops->iallreduce_bf16(c, h, 200, &q));
+    need(c, c->ops->wait(&q));
+    need(c, c->ops->reduce_scatter_bf16(c, h, h + (size_t)W * 10, 10));
+    need(c, c->ops->ireduce_scatter_bf16(c, h, h, 10, &q));
+    need(c, c->ops->wait(&q));
+    free(h);
 
     comm_req_t qs = { 0 }, qr = { 0 };
     need(c, c->ops->irecv(c, rs, (size_t)(100 + prev), prev, 5, &qr));
@@ -224,7 +237,8 @@ int main(int argc, char **argv)
     size_t starts[4] = { 0, 4096, 8192, 12288 };
     float *grads = calloc(4 * 4096, sizeof *grads);
     ddp_t d;
-    if (!grads || ddp_create(&d, DDP_BUCKETED, c, grads, 4 * 4096, starts, 4, 4096 * sizeof(float)) != 0)
+    if (!grads ||
+        ddp_create(&d, DDP_BUCKETED, c, grads, 4 * 4096, starts, 4, 4096 * sizeof(float), COMM_FP32) != 0)
         die("ddp_create", c->err);
     ddp_begin(&d);
     for (int l = 3; l >= 0; l--) {
@@ -240,11 +254,11 @@ int main(int argc, char **argv)
 
     size_t n_spans = trace_count(tr);
     /* 6 + 4 compute spans (spin, before_barrier, after_barrier,
-     * window_allreduce, window_post, window_test, 4 bwd) and 14 + 4 comm
-     * spans */
+     * window_allreduce, window_post, window_test, 4 bwd) and 14 + 4 bf16
+     * + 4 comm spans */
     char detail[128];
     snprintf(detail, sizeof detail, "%zu spans recorded, %d test() calls", n_spans, tests);
-    check(n_spans == 10 + 18 && trace_dropped(tr) == 0, "span count 28", detail);
+    check(n_spans == 10 + 22 && trace_dropped(tr) == 0, "span count 32", detail);
 
     char err[512] = "";
     int rc = trace_write_merged(tr, &(MPI_Comm){ MPI_COMM_WORLD }, out, err, sizeof err);

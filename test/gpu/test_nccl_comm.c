@@ -3,7 +3,10 @@
  * both groups, with exact expected values (small integers, exact in fp32):
  * allreduce SUM and MAX, iallreduce + wait and + test polling,
  * reduce_scatter, allgather, broadcast, a host (stack) buffer through the
- * staging path, a send/recv ring, barrier. SKIP (77) with the CUDA error
+ * staging path, a send/recv ring, barrier; the bf16 sums (ncclBfloat16:
+ * allreduce_bf16, iallreduce_bf16 + wait, reduce_scatter_bf16,
+ * ireduce_scatter_bf16 + test, a host buffer) on integers whose partial
+ * sums are exact in bf16 (up to 8 ranks). SKIP (77) with the CUDA error
  * string when any rank sees no GPU. */
 #include <cuda_runtime.h>
 #include <mpi.h>
@@ -14,6 +17,7 @@
 #include "grid.h"
 #include "launch.h"
 #include "nccl_comm.h"
+#include "ops_math.h"
 
 static int nfail;
 static void check(int ok, const char *group, const char *what, int rank)
@@ -24,7 +28,50 @@ static void check(int ok, const char *group, const char *what, int rank)
     }
 }
 
-static int group_checks(comm_t *c, float *buf, float *buf2)
+/* hb: [(size + 1) * 1000] managed bf16 */
+static void bf16_checks(comm_t *c, uint16_t *hb)
+{
+    const int r = c->rank, W = c->size;
+    const size_t n = 1000;
+    int ok;
+    /* allreduce: sum_q (q + 1 + i % 7) = W(W+1)/2 + W (i % 7) <= 92 */
+    for (size_t i = 0; i < n; i++)
+        hb[i] = dt_f32_to_bf16((float)(r + 1 + (int)(i % 7)));
+    ok = c->ops->allreduce_bf16(c, hb, n) == 0;
+    for (size_t i = 0; ok && i < n; i++)
+        ok &= hb[i] == dt_f32_to_bf16((float)(W * (W + 1) / 2 + W * (int)(i % 7)));
+    check(ok, c->name, "allreduce_bf16", r);
+    comm_req_t q;
+    for (size_t i = 0; i < n; i++)
+        hb[i] = dt_f32_to_bf16(1.0f);
+    ok = c->ops->iallreduce_bf16(c, hb, n, &q) == 0 && c->ops->wait(&q) == 0;
+    for (size_t i = 0; ok && i < n; i++)
+        ok &= hb[i] == dt_f32_to_bf16((float)W);
+    check(ok, c->name, "iallreduce_bf16 + wait", r);
+    /* reduce_scatter: send[j*n + i] = r + j; rank r gets W(W-1)/2 + W r */
+    uint16_t *recv = hb + (size_t)W * n;
+    for (int j = 0; j < W; j++)
+        for (size_t i = 0; i < n; i++)
+            hb[(size_t)j * n + i] = dt_f32_to_bf16((float)(r + j));
+    const uint16_t want = dt_f32_to_bf16((float)(W * (W - 1) / 2 + W * r));
+    ok = c->ops->reduce_scatter_bf16(c, hb, recv, n) == 0;
+    for (size_t i = 0; ok && i < n; i++)
+        ok &= recv[i] == want;
+    check(ok, c->name, "reduce_scatter_bf16", r);
+    ok = c->ops->ireduce_scatter_bf16(c, hb, recv, n, &q) == 0;
+    int done = 0;
+    while (ok && !done)
+        ok = c->ops->test(&q, &done) == 0;
+    for (size_t i = 0; ok && i < n; i++)
+        ok &= recv[i] == want;
+    check(ok, c->name, "ireduce_scatter_bf16 + test", r);
+    uint16_t host[3] = {dt_f32_to_bf16(1.0f), dt_f32_to_bf16((float)r), dt_f32_to_bf16(-2.0f)};
+    ok = c->ops->allreduce_bf16(c, host, 3) == 0 && host[0] == dt_f32_to_bf16((float)W) &&
+         host[1] == dt_f32_to_bf16((float)(W * (W - 1) / 2)) && host[2] == dt_f32_to_bf16(-2.0f * (float)W);
+    check(ok, c->name, "allreduce_bf16 of a host (stack) buffer", r);
+}
+
+static int group_checks(comm_t *c, float *buf, float *buf2, uint16_t *hb)
 {
     const int r = c->rank, W = c->size;
     const size_t n = 1000;
@@ -100,6 +147,7 @@ static int group_checks(comm_t *c, float *buf, float *buf2)
         check(ok, c->name, "isend/irecv ring", r);
     }
     check(c->ops->barrier(c) == 0, c->name, "barrier", r);
+    bf16_checks(c, hb);
     return nfail > bad0 ? -1 : 0;
 }
 
@@ -126,9 +174,12 @@ int main(int argc, char **argv)
         launch_exit(&env, 1);
     }
     float *buf = NULL, *buf2 = NULL;
+    uint16_t *hb = NULL;
     size_t bytes = (size_t)env.world_size * 1000 * sizeof(float);
     if (cudaMallocManaged((void **)&buf, bytes, cudaMemAttachGlobal) != cudaSuccess ||
-        cudaMallocManaged((void **)&buf2, bytes, cudaMemAttachGlobal) != cudaSuccess) {
+        cudaMallocManaged((void **)&buf2, bytes, cudaMemAttachGlobal) != cudaSuccess ||
+        cudaMallocManaged((void **)&hb, (size_t)(env.world_size + 1) * 1000 * sizeof *hb, cudaMemAttachGlobal) !=
+            cudaSuccess) {
         fprintf(stderr, "test_nccl_comm: cudaMallocManaged failed\n");
         launch_exit(&env, 99);
     }
@@ -137,12 +188,13 @@ int main(int argc, char **argv)
         if (!groups[i]) {
             nfail++;
             fprintf(stderr, "test_nccl_comm: rank %d: group %d missing\n", env.world_rank, i);
-        } else if (group_checks(groups[i], buf, buf2) != 0 && groups[i]->err[0]) {
+        } else if (group_checks(groups[i], buf, buf2, hb) != 0 && groups[i]->err[0]) {
             fprintf(stderr, "test_nccl_comm: rank %d: %s\n", env.world_rank, groups[i]->err);
         }
     }
     cudaFree(buf);
     cudaFree(buf2);
+    cudaFree(hb);
     nccl_grid_destroy(&ng);
     grid_destroy(&g);
     int total = 0;
