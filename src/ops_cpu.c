@@ -123,6 +123,14 @@ static void colsum(float *out, const float *x, int N, int C, int accum)
 
 /* ---- matmul ------------------------------------------------------------------- */
 
+/* out[n, :] = b for every row n: the bias the GEMMs then add onto (beta = 1) */
+static void bias_rows(float *out, const float *b, int N, int OC)
+{
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++)
+        memcpy(out + (size_t)n * OC, b, (size_t)OC * sizeof(float));
+}
+
 /* out[N,OC] = in[N,IC] . w[OC,IC]^T (+ b[OC]).
  * The bias is written first and the GEMM adds onto it (beta = 1): one write
  * sweep instead of a read-modify-write sweep after the GEMM (the two measure
@@ -134,9 +142,7 @@ static void matmul_fwd(float *out, const float *in, const float *w, const float 
         return;
     float beta = 0.0f;
     if (b) {
-#pragma omp parallel for schedule(static)
-        for (int n = 0; n < N; n++)
-            memcpy(out + (size_t)n * OC, b, (size_t)OC * sizeof(float));
+        bias_rows(out, b, N, OC);
         beta = 1.0f;
     }
     if (IC <= 0) {
@@ -822,11 +828,8 @@ static void matmul_fwd_bf16(float *out, const uint16_t *in, const uint16_t *w, c
 {
     if (N <= 0 || OC <= 0)
         return;
-    if (b) {
-#pragma omp parallel for schedule(static)
-        for (int n = 0; n < N; n++)
-            memcpy(out + (size_t)n * OC, b, (size_t)OC * sizeof(float));
-    }
+    if (b)
+        bias_rows(out, b, N, OC);
     if (IC <= 0) {
         if (!b)
             memset(out, 0, (size_t)N * OC * sizeof(float));
