@@ -559,6 +559,25 @@ static float random_grad(int q, size_t i)
     return ldexpf((float)(h >> 40) * (1.0f / 16777216.0f) - 0.5f, (int)(h & 15) - 7);
 }
 
+/* Two steps of random gradients through dd, each reported ready tensor by
+ * tensor from the top as a backward would; g holds the second step's result
+ * and first the first's. Returns 1 when every call succeeded. */
+static int ddp_two_random_steps(ddp_t *dd, float *g, float *first, size_t n, const size_t *starts, int q)
+{
+    int ok = 1;
+    for (int run = 0; run < 2 && ok; run++) {
+        for (size_t i = 0; i < n; i++)
+            g[i] = random_grad(q, i);
+        ddp_begin(dd);
+        for (int t = N_TENSORS - 1; t >= 0 && ok; t--)
+            ok = ddp_grads_ready(dd, starts[t]) == 0;
+        ok = ok && ddp_finish(dd) == 0;
+        if (run == 0)
+            memcpy(first, g, n * sizeof *g);
+    }
+    return ok;
+}
+
 /* Random gradients: all modes agree to 1e-5 of the largest contribution
  * to each element, the same mode twice is bit-identical, and every replica
  * holds the same bits. */
@@ -577,17 +596,8 @@ static void ddp_random(comm_t *c, const char *label)
         /* k = -1: flat, the reference */
         const ddp_cfg_t cf = k < 0 ? (ddp_cfg_t){DDP_FLAT, 0} : ddp_cfgs[k];
         ddp_t dd;
-        int ok = ddp_create(&dd, cf.mode, c, g, n, starts, N_TENSORS, cf.bytes, COMM_FP32) == 0;
-        for (int run = 0; run < 2 && ok; run++) {
-            for (size_t i = 0; i < n; i++)
-                g[i] = random_grad(q, i);
-            ddp_begin(&dd);
-            for (int t = N_TENSORS - 1; t >= 0 && ok; t--)
-                ok = ddp_grads_ready(&dd, starts[t]) == 0;
-            ok = ok && ddp_finish(&dd) == 0;
-            if (run == 0)
-                memcpy(first, g, n * sizeof *g);
-        }
+        int ok = ddp_create(&dd, cf.mode, c, g, n, starts, N_TENSORS, cf.bytes, COMM_FP32) == 0 &&
+                 ddp_two_random_steps(&dd, g, first, n, starts, q);
         if (!ok)
             snprintf(d, sizeof d, "%.400s", c->err);
         ddp_destroy(&dd);
@@ -886,17 +896,8 @@ static void ddp_bf16_random(comm_t *c, const char *label)
     for (int k = 0; k < N_CFGS; k++) {
         const ddp_cfg_t cf = ddp_cfgs[k];
         ddp_t dd;
-        int ok = ddp_create(&dd, cf.mode, c, g, n, starts, N_TENSORS, cf.bytes, COMM_BF16) == 0;
-        for (int run = 0; run < 2 && ok; run++) {
-            for (size_t i = 0; i < n; i++)
-                g[i] = random_grad(q, i);
-            ddp_begin(&dd);
-            for (int t = N_TENSORS - 1; t >= 0 && ok; t--)
-                ok = ddp_grads_ready(&dd, starts[t]) == 0;
-            ok = ok && ddp_finish(&dd) == 0;
-            if (run == 0)
-                memcpy(first, g, n * sizeof *g);
-        }
+        int ok = ddp_create(&dd, cf.mode, c, g, n, starts, N_TENSORS, cf.bytes, COMM_BF16) == 0 &&
+                 ddp_two_random_steps(&dd, g, first, n, starts, q);
         if (!ok)
             snprintf(d, sizeof d, "%.400s", c->err);
         ddp_destroy(&dd);
