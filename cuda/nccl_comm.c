@@ -7,13 +7,27 @@
  * of the communicator; such an operation runs to completion even when
  * called as nonblocking, and its request is returned finished.
  *
- * Streams. Every group enqueues on the rank's one communication stream;
- * a nonblocking operation records an event after its NCCL call, and
- * test()/wait() query that event. Ordering against computation: in this
- * slice every CUDA op synchronises its own stream before returning (see
- * cuda/ops_cuda.cu), so data handed to a collective is always complete.
- * When ops become asynchronous, a collective must first make the
- * communication stream wait on an event recorded on the compute stream.
+ * Streams. Each group has its own communication stream, as PyTorch's
+ * ProcessGroupNCCL has one per communicator: a nonblocking operation in
+ * flight on one group (a DDP bucket's all-reduce on dp) must not hold back
+ * a blocking one on another (a tensor-parallel all-reduce), or the groups
+ * would gain an ordering MPI does not impose, and ranks of different
+ * pipeline replicas could wait on each other in a cycle. A nonblocking
+ * operation records an event after its NCCL call, and test()/wait() query
+ * that event. Ordering against computation: every CUDA op synchronises its
+ * own stream before returning (see cuda/ops_cuda.cu), so data handed to a
+ * collective is always complete. When ops become asynchronous, a
+ * collective must first make its stream wait on an event recorded on the
+ * compute stream.
+ *
+ * Trace and watchdog. Like comm_mpi.c: with comm->trace set, every call
+ * records a span ("iallreduce dp", bytes as comm_mpi.c counts them) from
+ * its posting to the test() that sees it done or wait()'s return; with
+ * comm->watch set, every blocking wait is marked on the watchdog, which
+ * ends the job when one lasts longer than --comm-timeout. The timeout
+ * given at creation acts first where both are set to the same value
+ * (it is checked on every poll): the communicator is aborted and the call
+ * fails with a message naming it.
  *
  * Failure. Every CUDA and NCCL call is checked and turned into one line in
  * comm->err. While waiting, ncclCommGetAsyncError is polled: a failed peer
@@ -42,11 +56,13 @@
 #include <time.h>
 
 #include "bootstrap.h"
+#include "trace.h"
+#include "watchdog.h"
 
 typedef struct nccl_comm {
     comm_t pub; /* first: a comm_t * is a nccl_comm_t * */
     ncclComm_t nc;
-    cudaStream_t stream; /* shared with the grid's other groups */
+    cudaStream_t stream; /* this group's own */
     double timeout_s;
     void *stage;         /* device staging for host buffers */
     size_t stage_bytes;
@@ -55,13 +71,18 @@ typedef struct nccl_comm {
 
 typedef struct nccl_req {
     cudaEvent_t ev;
-    const char *what;
+    const char *what; /* trace and watchdog name: "iallreduce" */
     size_t n;
-    double t0;
+    double t0;        /* for the timeout (now_s) */
+    double span_t0;   /* for the trace span (trace_now) */
+    long long bytes;
+    int peer;
 } nccl_req_t;
 
 typedef enum { K_ALLREDUCE, K_REDUCE_SCATTER, K_ALLGATHER, K_BCAST, K_SEND, K_RECV } kind_t;
-static const char *const kind_name[] = {"allreduce", "reduce_scatter", "allgather", "broadcast", "send", "recv"};
+/* operation names as comm_mpi.c gives them to spans and the watchdog */
+static const char *const block_name[] = {"allreduce", "reduce_scatter", "allgather", "bcast", "send", "recv"};
+static const char *const nonblock_name[] = {"iallreduce", "ireduce_scatter", "iallgather", "ibcast", "isend", "irecv"};
 
 /* An operation's element type: fp32, or bf16 bits (the *_bf16 sums). */
 typedef enum { T_F32, T_BF16 } elem_t;
@@ -139,14 +160,25 @@ static int poll_event(comm_t *c, cudaEvent_t ev, const char *what, size_t n, dou
     return 0;
 }
 
-static int wait_event(comm_t *c, cudaEvent_t ev, const char *what, size_t n, double t0)
+/* Blocks until the event; marked on the watchdog as `what` moving bytes. */
+static int wait_event(comm_t *c, cudaEvent_t ev, const char *what, size_t n, double t0, long long bytes, int peer)
 {
-    for (;;) {
-        int st = poll_event(c, ev, what, n, t0);
-        if (st != 0)
-            return st < 0 ? -1 : 0;
+    watchdog_enter(c->watch, what, c->name, c->size, bytes, peer);
+    int st;
+    while ((st = poll_event(c, ev, what, n, t0)) == 0)
         sched_yield();
-    }
+    watchdog_leave(c->watch);
+    return st < 0 ? -1 : 0;
+}
+
+static void span_record(comm_t *c, const char *what, double t0, long long bytes, int peer)
+{
+    if (!c->trace)
+        return;
+    char name[TRACE_NAME_MAX + 1];
+    snprintf(name, sizeof name, "%s%s%s", what, c->name[0] ? " " : "", c->name);
+    trace_span(c->trace, TRACE_COMM, name, t0, trace_now(),
+               &(trace_args_t){ .bytes = bytes, .microbatch = -1, .layer = -1, .peer = peer });
 }
 
 static ncclResult_t enqueue(nccl_comm_t *m, kind_t k, const void *s, void *r, size_t n, ncclDataType_t dt,
@@ -167,12 +199,15 @@ static ncclResult_t enqueue(nccl_comm_t *m, kind_t k, const void *s, void *r, si
  * allreduce, broadcast: in place, n; reduce_scatter: size*n -> n;
  * allgather: n -> size*n; send: n out; recv: n in. req == NULL: blocking.
  * et: the elements' type (fp32 for all but the *_bf16 sums). */
-static int run(comm_t *c, kind_t k, elem_t et, const void *send, void *recv, size_t n, comm_op_t op, int peer,
+static int run(comm_t *c, kind_t k, elem_t et, const void *send, void *recv, size_t n, comm_op_t op, int peer_or_root,
                comm_req_t *req)
 {
     nccl_comm_t *m = nm(c);
     /* the bf16 element type exists for the two sums only */
-    const char *what = et == T_F32 ? kind_name[k] : k == K_ALLREDUCE ? "allreduce_bf16" : "reduce_scatter_bf16";
+    const char *what = et == T_F32 ? (req ? nonblock_name : block_name)[k]
+                       : k == K_ALLREDUCE ? (req ? "iallreduce_bf16" : "allreduce_bf16")
+                       : (req ? "ireduce_scatter_bf16" : "reduce_scatter_bf16");
+    const double span_t0 = c->trace ? trace_now() : 0.0;
     const ncclDataType_t dt = et == T_BF16 ? ncclBfloat16 : ncclFloat;
     const size_t es = et == T_BF16 ? sizeof(uint16_t) : sizeof(float);
     if (req)
@@ -189,6 +224,9 @@ static int run(comm_t *c, kind_t k, elem_t et, const void *send, void *recv, siz
     case K_SEND: sn = n; break;
     default: rn = n; break;
     }
+    /* bytes as comm_mpi.c counts them: the whole buffer of a collective */
+    const long long bytes = (long long)((k == K_REDUCE_SCATTER ? sn : k == K_ALLGATHER ? rn : n) * es);
+    const int peer = k == K_SEND || k == K_RECV || k == K_BCAST ? peer_or_root : -1;
     int host = (sn && !is_device_ptr(send)) || (rn && !is_device_ptr(recv));
     const void *s = send;
     void *r = recv;
@@ -213,7 +251,7 @@ static int run(comm_t *c, kind_t k, elem_t et, const void *send, void *recv, siz
         r = dr;
     }
     double t0 = now_s();
-    ncclResult_t rc = enqueue(m, k, s, r, n, dt, op, peer);
+    ncclResult_t rc = enqueue(m, k, s, r, n, dt, op, peer_or_root);
     if (rc != ncclSuccess)
         return nccl_fail(c, rc, what, n);
     if (host && rn && (ce = cudaMemcpyAsync(recv, r, rn * es, cudaMemcpyDefault, m->stream)) != cudaSuccess)
@@ -225,21 +263,21 @@ static int run(comm_t *c, kind_t k, elem_t et, const void *send, void *recv, siz
         (void)cudaEventDestroy(ev);
         return cuda_fail(c, ce, what, n);
     }
-    if (!req || host) { /* blocking, or a staged host buffer: finish now */
-        int st = wait_event(c, ev, what, n, t0);
+    nccl_req_t *q = !req || host ? NULL : malloc(sizeof *q);
+    if (!q) { /* blocking, a staged host buffer, or untrackable: finish now */
+        int st = wait_event(c, ev, what, n, t0, bytes, peer);
         (void)cudaEventDestroy(ev);
-        return st;
-    }
-    nccl_req_t *q = malloc(sizeof *q);
-    if (!q) {
-        int st = wait_event(c, ev, what, n, t0); /* cannot track it: finish it */
-        (void)cudaEventDestroy(ev);
+        if (st == 0)
+            span_record(c, what, span_t0, bytes, peer);
         return st;
     }
     q->ev = ev;
     q->what = what;
     q->n = n;
     q->t0 = t0;
+    q->span_t0 = span_t0;
+    q->bytes = bytes;
+    q->peer = peer;
     req->comm = c;
     req->impl = q;
     req->active = 1;
@@ -268,6 +306,8 @@ static int n_test(comm_req_t *req, int *done)
         *done = 0;
         return 0;
     }
+    if (st > 0)
+        span_record(req->comm, q->what, q->span_t0, q->bytes, q->peer);
     release(req);
     return st < 0 ? -1 : 0;
 }
@@ -277,7 +317,9 @@ static int n_wait(comm_req_t *req)
     if (!req->active)
         return 0;
     nccl_req_t *q = req->impl;
-    int st = wait_event(req->comm, q->ev, q->what, q->n, q->t0);
+    int st = wait_event(req->comm, q->ev, q->what, q->n, q->t0, q->bytes, q->peer);
+    if (st == 0)
+        span_record(req->comm, q->what, q->span_t0, q->bytes, q->peer);
     release(req);
     return st;
 }
@@ -361,6 +403,8 @@ static void n_destroy(comm_t *c)
         (void)ncclCommDestroy(m->nc);
     if (m->stage)
         (void)cudaFree(m->stage);
+    if (m->stream)
+        (void)cudaStreamDestroy(m->stream);
     free(m);
 }
 
@@ -435,19 +479,7 @@ int nccl_grid_create(const grid_t *g, nccl_grid_t *ng, double timeout_s, char *e
             snprintf(err, errlen, "NCCL bootstrap failed on another rank");
         return -1;
     }
-    cudaStream_t stream = NULL;
-    cudaError_t ce = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
-    int failed = ce != cudaSuccess;
-    if (failed)
-        snprintf(err, errlen, "NCCL setup: cudaStreamCreate: %s (%s)", cudaGetErrorString(ce), cudaGetErrorName(ce));
-    if (any_failed(failed)) {
-        if (stream)
-            (void)cudaStreamDestroy(stream);
-        if (!failed)
-            snprintf(err, errlen, "NCCL setup failed on another rank");
-        return -1;
-    }
-    ng->stream = stream;
+    int failed = 0;
     ncclComm_t nc[BOOTSTRAP_MAX_GROUPS];
     memset(nc, 0, sizeof nc);
     ncclResult_t rc = ncclGroupStart(), first = ncclSuccess;
@@ -482,9 +514,15 @@ int nccl_grid_create(const grid_t *g, nccl_grid_t *ng, double timeout_s, char *e
         snprintf(m->pub.name, sizeof m->pub.name, "%s", names[i]);
         m->nc = nc[i];
         nc[i] = NULL;
-        m->stream = stream;
         m->timeout_s = timeout_s;
         *slot(ng, names[i]) = &m->pub;
+        cudaError_t ce = cudaStreamCreateWithFlags(&m->stream, cudaStreamNonBlocking);
+        if (ce != cudaSuccess) {
+            m->stream = NULL;
+            snprintf(err, errlen, "NCCL setup: cudaStreamCreate for group %s: %s (%s)", names[i],
+                     cudaGetErrorString(ce), cudaGetErrorName(ce));
+            failed = 1;
+        }
     }
     if (any_failed(failed)) {
         for (int i = 0; i < n; i++)
@@ -506,7 +544,4 @@ void nccl_grid_destroy(nccl_grid_t *ng)
             (*all[i])->ops->destroy(*all[i]);
         *all[i] = NULL;
     }
-    if (ng->stream)
-        (void)cudaStreamDestroy((cudaStream_t)ng->stream);
-    ng->stream = NULL;
 }

@@ -2,7 +2,8 @@
  * --with-cuda). One NCCL communicator per grid group, each bootstrapped
  * from that group's MPI communicator by mpi/bootstrap.c: group rank 0
  * calls ncclGetUniqueId, MPI_Bcast shares it, every member calls
- * ncclCommInitRank, all groups inside one ncclGroupStart/End. */
+ * ncclCommInitRank, all groups inside one ncclGroupStart/End. Each group
+ * enqueues on its own CUDA stream (see nccl_comm.c for why). */
 #ifndef DTRAIN_NCCL_COMM_H
 #define DTRAIN_NCCL_COMM_H
 
@@ -14,7 +15,6 @@
 typedef struct nccl_grid {
     /* the NCCL twin of each grid communicator (NULL where g has none) */
     comm_t *world, *tp, *dp, *pp, *embed, *shard, *replica;
-    void *stream; /* the rank's communication stream (cudaStream_t), shared by all groups */
 } nccl_grid_t;
 
 /* Collective over MPI_COMM_WORLD; the CUDA device must already be selected

@@ -1,6 +1,8 @@
 /* The compute backend of a run (see backend.h). */
 #include "backend.h"
 
+#include <mpi.h>
+#include <stdlib.h>
 #include <string.h>
 
 #ifdef HAVE_CONFIG_H
@@ -8,6 +10,7 @@
 #endif
 #ifdef HAVE_CUDA
 #include "device.h"
+#include "nccl_comm.h"
 #include "ops_cuda.h"
 #include "selftest.h"
 #endif
@@ -78,9 +81,69 @@ int backend_open(backend_t *b, const char *device, int local_rank, char *err, si
 #endif
 }
 
+int backend_comm_open(backend_t *b, const char *comm, const grid_t *g, grid_t *net, double timeout_s,
+                      char *err, size_t errlen)
+{
+    *net = *g;
+    snprintf(b->comm_desc, sizeof b->comm_desc, "mpi (every group)");
+    const int nccl = strcmp(comm, "nccl") == 0;
+    const int want = nccl || (strcmp(comm, "auto") == 0 && b->cuda && g->world_size > 1);
+    const int bad = nccl && !b->cuda;
+#ifdef HAVE_CUDA
+    /* allocated before agreeing, so a failure here cannot leave peers in NCCL's bootstrap */
+    nccl_grid_t *ng = want && !bad ? calloc(1, sizeof *ng) : NULL;
+    const int oom = want && !bad && !ng;
+#else
+    const int oom = 0;
+#endif
+    int mine = want && !bad && !oom, all = 0;
+    int rc = MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (rc != MPI_SUCCESS) {
+        snprintf(err, errlen, "--comm %s: MPI_Allreduce (agreeing on the library) failed", comm);
+        return -1;
+    }
+    if (bad || oom) {
+        if (bad)
+            snprintf(err, errlen, "--comm nccl: this rank runs on the CPU (%s): NCCL needs --device cuda", b->desc);
+        else
+            snprintf(err, errlen, "--comm %s: out of memory", comm);
+        return -1; /* the others continue on MPI; the caller's agreement ends the job */
+    }
+    if (!all) {
+#ifdef HAVE_CUDA
+        free(ng);
+#endif
+        if (want)
+            snprintf(b->comm_desc, sizeof b->comm_desc, "mpi (every group: not every rank runs on cuda)");
+        return 0;
+    }
+#ifdef HAVE_CUDA
+    grid_t view = *g;
+    view.pp = NULL; /* see backend.h: the pipeline stays on MPI */
+    if (nccl_grid_create(&view, ng, timeout_s, err, errlen) != 0) {
+        free(ng);
+        return -1;
+    }
+    b->nccl = ng;
+    net->world = ng->world;
+    net->tp = ng->tp;
+    net->dp = ng->dp;
+    net->embed = ng->embed;
+    net->shard = ng->shard;
+    net->replica = ng->replica;
+    snprintf(b->comm_desc, sizeof b->comm_desc,
+             "nccl (world, tp, dp, embed%s; a stream per group), mpi (pp)", g->shard ? ", shard, replica" : "");
+#endif
+    return 0; /* without CUDA every rank has all == 0 and returned above */
+}
+
 void backend_close(backend_t *b)
 {
 #ifdef HAVE_CUDA
+    if (b->nccl) {
+        nccl_grid_destroy(b->nccl);
+        free(b->nccl);
+    }
     if (b->cuda)
         ops_cuda_shutdown();
 #endif

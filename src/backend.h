@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdio.h>
 
+#include "grid.h"
 #include "ops.h"
 
 typedef struct backend {
@@ -14,6 +15,8 @@ typedef struct backend {
     int cuda;        /* 1 when the CUDA backend is in use */
     int device;      /* CUDA device id, -1 on the CPU */
     char desc[320];  /* one line for the banner */
+    void *nccl;      /* the NCCL communicators (nccl_grid_t *) under --comm nccl, else NULL */
+    char comm_desc[200]; /* one line for the banner: which library each group uses */
 } backend_t;
 
 /* 1 when this dtrain was built with the CUDA backend. */
@@ -24,8 +27,24 @@ int backend_have_cuda(void);
  * else cpu. Returns 0, or -1 with one line in err (--device cuda without a
  * CUDA build, or without a usable GPU: the CUDA error string). Local. */
 int backend_open(backend_t *b, const char *device, int local_rank, char *err, size_t errlen);
-/* Releases the backend's resources (safe on a zeroed or failed one). */
+/* Releases the backend's resources, the communicators of
+ * backend_comm_open included (safe on a zeroed or failed one). */
 void backend_close(backend_t *b);
+
+/* --comm auto|mpi|nccl: the communicators the step loop uses. *net
+ * becomes a copy of *g; under NCCL its world, tp, dp, embed, shard and
+ * replica groups are replaced by NCCL twins bootstrapped from g's MPI
+ * groups, each on its own CUDA stream, with timeout_s as their timeout
+ * (0 = none; see nccl_comm.h). pp stays MPI: the pipeline executor posts
+ * receives ahead of sends in an order NCCL's one-queue-per-communicator
+ * point to point does not tolerate (see doc/cuda.md). auto = nccl when
+ * every rank opened CUDA and there is more than one rank; the ranks agree
+ * on it, so a mixed job falls back to MPI everywhere instead of hanging.
+ * nccl on a rank without CUDA fails there (the others continue on MPI and
+ * the caller's agreement ends the job). Collective over MPI_COMM_WORLD.
+ * The twins belong to b: backend_close frees them, g keeps its own. */
+int backend_comm_open(backend_t *b, const char *comm, const grid_t *g, grid_t *net, double timeout_s,
+                      char *err, size_t errlen);
 
 /* --selftest: every CUDA op against the CPU op on this rank's GPU,
  * results on out. Returns the number of failed comparisons, or -1 with one

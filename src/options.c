@@ -39,6 +39,7 @@ static const char *const recompute_choices[] = {"none", "selective", "full", NUL
 static const char *const plan_dtype_choices[] = {"", "fp32", "bf16", NULL};
 static const char *const device_choices[] = {"auto", "cpu", "cuda", NULL};
 static const char *const dtype_choices[] = {"auto", "fp32", "bf16", NULL};
+static const char *const comm_choices[] = {"auto", "mpi", "nccl", NULL};
 
 #define F(field) offsetof(run_options_t, field)
 #define S(field) sizeof(((run_options_t *)0)->field)
@@ -109,6 +110,7 @@ static const opt_def_t opt_defs[] = {
     {"gpu-mem", OPT_REAL, F(gpu_mem), 0, "0", 0, 1e9, NULL, "with --plan: device memory per rank in GiB (0 = the hardware profile's)"},
     {"device", OPT_STR, F(device), S(device), "auto", 0, 0, device_choices, "compute backend: cpu | cuda (one GPU per rank, chosen by local rank) | auto (cuda when built with it and a GPU is visible, else cpu)"},
     {"dtype", OPT_STR, F(dtype), S(dtype), "auto", 0, 0, dtype_choices, "matmul precision: bf16 (operands rounded to bf16, fp32 sums; parameters, gradients, AdamW state and activations stay fp32) | fp32 | auto (bf16 on cuda, fp32 on cpu)"},
+    {"comm", OPT_STR, F(comm), S(comm), "auto", 0, 0, comm_choices, "communication library of the tp, dp, embedding, ZeRO and world collectives: nccl (GPU to GPU, needs --device cuda) | mpi | auto (nccl when every rank runs on cuda and there is more than one rank, else mpi); the pipeline's point-to-point messages always use MPI"},
     {"selftest", OPT_FLAG, F(selftest), 0, "0", 0, 1, NULL, "compare every CUDA op with the CPU op on random inputs (stated error bounds), print the results and exit (0 = all agree)"},
 };
 #define N_OPTS ((int)(sizeof opt_defs / sizeof opt_defs[0]))
@@ -397,12 +399,16 @@ options_status_t options_parse(run_options_t *o, int argc, char **argv, int prin
         }
     }
 #ifndef HAVE_CUDA
-    if (strcmp(o->device, "cuda") == 0 || o->selftest) {
+    if (strcmp(o->device, "cuda") == 0 || strcmp(o->comm, "nccl") == 0 || o->selftest) {
         snprintf(err, errlen, "%s: this dtrain is built without the CUDA backend: rebuild with ./configure --with-cuda",
-                 o->selftest ? "--selftest" : "--device cuda");
+                 o->selftest ? "--selftest" : strcmp(o->comm, "nccl") == 0 ? "--comm nccl" : "--device cuda");
         return OPTIONS_ERROR;
     }
 #endif
+    if (strcmp(o->comm, "nccl") == 0 && strcmp(o->device, "cpu") == 0) {
+        snprintf(err, errlen, "--comm nccl runs between GPUs: use it with --device cuda (or auto), or --comm mpi");
+        return OPTIONS_ERROR;
+    }
     if (check_consistency(o, err, errlen) != 0)
         return OPTIONS_ERROR;
     return OPTIONS_OK;

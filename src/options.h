@@ -60,6 +60,7 @@ typedef struct run_options {
     /* backend */
     char device[8];    /* "auto" | "cpu" | "cuda" (see backend.h) */
     char dtype[8];     /* "auto" (bf16 on cuda, fp32 on cpu) | "fp32" | "bf16": GEMM precision */
+    char comm[8];      /* "auto" | "mpi" | "nccl": the collectives' library (see backend.h) */
     int selftest;      /* --selftest: compare every CUDA op with the CPU op, exit */
 } run_options_t;
 

@@ -419,12 +419,7 @@ static int trainer_save_params(trainer_t *tr, char *err, size_t errlen)
 static int setup_zero(trainer_t *tr, comm_dtype_t gdt, char *err, size_t errlen)
 {
     const param_table_t *t = &tr->model.table;
-    grid_t *g = tr->grid;
-    const int H = tr->opt->hybrid_shard;
-    if (H > 0 && H < g->dp_size && grid_create_shard_group(g, H) != 0) {
-        snprintf(err, errlen, "%s", g->err);
-        return -1;
-    }
+    const grid_t *g = tr->grid;
     size_t *start = malloc(((size_t)t->n + 1) * sizeof *start);
     if (!start) {
         snprintf(err, errlen, "out of memory");
@@ -500,7 +495,6 @@ int trainer_setup(trainer_t *tr, const run_options_t *o, const launch_env_t *env
     lay.part.layer_end = lay.part.layer_begin + layers[grid->pp_rank];
     lay.part.has_embed = grid->pp_rank == 0;
     lay.part.has_head = grid->pp_rank == grid->pp_size - 1;
-    lay.tp = grid->tp;
     lay.sequence_parallel = o->sequence_parallel;
     lay.n_slots = pipe_slots(tr->pp_kind, grid->pp_size, grid->pp_rank, tr->accum);
     tr->zero_stage = options_zero_stage(o);
@@ -510,8 +504,23 @@ int trainer_setup(trainer_t *tr, const run_options_t *o, const launch_env_t *env
         snprintf(err, errlen, "--recompute '%s': allowed none|selective|full", o->recompute);
         return -1;
     }
-    if (backend_open(&tr->backend, o->device, env->local_rank, err, errlen) != 0)
+    /* what follows is collective (shard groups, NCCL bootstrap): no rank
+     * may enter it while another has already failed */
+    if (h5store_agree(MPI_COMM_WORLD, backend_open(&tr->backend, o->device, env->local_rank, err, errlen), err,
+                      errlen) != 0)
         return -1;
+    const int H = o->hybrid_shard;
+    if (H > 0 && H < grid->dp_size && options_zero_stage(o) > 0 && grid_create_shard_group(grid, H) != 0) {
+        snprintf(err, errlen, "%s", grid->err);
+        return -1;
+    }
+    if (h5store_agree(MPI_COMM_WORLD,
+                      backend_comm_open(&tr->backend, o->comm, grid, &tr->net, o->comm_timeout, err, errlen), err,
+                      errlen) != 0)
+        return -1;
+    /* from here on the step loop's groups: NCCL twins under --comm nccl */
+    grid = tr->grid = &tr->net;
+    lay.tp = grid->tp;
     lay.bf16 = strcmp(o->dtype, "bf16") == 0 || (strcmp(o->dtype, "auto") == 0 && tr->backend.cuda);
     if (lay.bf16 && (!tr->backend.ops->matmul_fwd_bf16 || !tr->backend.ops->matmul_bwd_bf16)) {
         snprintf(err, errlen, "--dtype bf16: the %s backend has no bf16 GEMM; use --dtype fp32", tr->backend.ops->name);
@@ -661,6 +670,7 @@ void trainer_banner(const trainer_t *tr, FILE *out)
             tr->flops_token * o->micro_batch * o->seq_len * tr->accum * tr->grid->dp_size * 1e-9, tr->peak_gflops,
             o->peak_gflops > 0 ? "--peak-gflops" : "sgemm probe");
     fprintf(out, "backend: %s\n", tr->backend.desc);
+    fprintf(out, "communication: %s\n", tr->backend.comm_desc);
     if (tr->model.lay.bf16)
         fprintf(out, "precision: bf16 matmuls (operands rounded to bf16, fp32 sums); fp32 parameters, gradients, "
                 "AdamW state and activations\n");

@@ -18,7 +18,8 @@
 typedef struct trainer {
     const run_options_t *opt;
     const launch_env_t *env;
-    grid_t *grid;
+    grid_t *grid;       /* the step loop's groups: &net once setup has opened them */
+    grid_t net;         /* the caller's grid, with NCCL twins under --comm nccl (backend_comm_open) */
     ddp_t ddp;
     size_t *tensor_start; /* [n_tensors+1] flat offsets of the parameter table */
     int ddp_failed;

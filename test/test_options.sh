@@ -34,6 +34,7 @@ expect_error "--sequence-parallel 'yes': a flag takes 0 or 1" --sequence-paralle
 
 expect_error "--device 'gpu': allowed values are auto|cpu|cuda" --device gpu $D
 expect_error "--grad-reduce-dtype 'fp16': allowed values are fp32|bf16" --grad-reduce-dtype fp16 $D
+expect_error "--comm 'gloo': allowed values are auto|mpi|nccl" --comm gloo $D
 
 # --device cuda and --selftest: on a CPU-only build, one line naming the fix
 # (exit 2 on every rank, so also under mpiexec -np 2); on a CUDA build
@@ -50,8 +51,16 @@ if grep -q "^#define HAVE_CUDA 1" "$top_builddir/config.h"; then
             grep -q "^backend: cpu (--device auto: no GPU usable: $why)" "$TMP/auto.out" &&
             pass "--device auto falls back to cpu and says why" ||
             fail "--device auto without a GPU: $(grep -i backend "$TMP/auto.out") $(tail -n 2 "$TMP/auto.out")"
+        # --comm nccl where --device auto fell back to the CPU: every rank
+        # fails before NCCL's bootstrap, none hangs in it
+        expect_exit2 "--comm nccl: this rank runs on the CPU" "$MPIEXEC" --quiet -np 2 "$DTRAIN" --comm nccl \
+            --steps 1 --threads 1 $D
     fi
+    expect_error "--comm nccl runs between GPUs: use it with --device cuda (or auto), or --comm mpi" \
+        --comm nccl --device cpu $D
 else
+    expect_error "--comm nccl: this dtrain is built without the CUDA backend: rebuild with ./configure --with-cuda" \
+        --comm nccl $D
     expect_error "--device cuda: this dtrain is built without the CUDA backend: rebuild with ./configure --with-cuda" \
         --device cuda $D
     expect_exit2 "--device cuda: this dtrain is built without the CUDA backend: rebuild with ./configure --with-cuda" \

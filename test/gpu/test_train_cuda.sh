@@ -10,6 +10,8 @@
 #    fp32 sums), so the difference is again summation order, made coarser
 #    where an fp32 last-bit difference crosses a bf16 rounding boundary:
 #    the bounds of test_dtype.sh's bf16 layouts, 1e-4 losses, 1e-3 norms.
+# Then NCCL in the training loop: --comm nccl on one rank bit-identical to
+# --comm mpi, and with two GPUs dp2, tp2 and ZeRO-3 on NCCL against the CPU.
 # SKIP (77) with the CUDA error string when no GPU is visible.
 . "$top_srcdir/test/common.sh"
 
@@ -40,6 +42,42 @@ for model in tiny tiny-llama; do
     grep -q "^precision: bf16" "$TMP/$model.bf16.cuda.log" && pass "$model: --dtype bf16 ran bf16 matmuls on CUDA" ||
         fail "$model: no 'precision: bf16' line in the CUDA bf16 run's banner"
 done
+
+# NCCL in the training loop. One rank: --comm nccl bootstraps, uses and
+# frees NCCL communicators of one rank (the step loop skips most
+# reductions over groups of one, so this checks the plumbing); nothing is
+# summed across ranks, so the run is bit-identical to --comm mpi.
+ngpu=$(sed -n 's/^test_ops_cuda: \([0-9]*\) GPU.*/\1/p' "$TMP/probe")
+for comm in mpi nccl; do
+    "$DTRAIN" $(tiny_args) --device cuda --dtype fp32 --comm $comm --threads 2 --steps 10 --warmup 2 --micro-batch 2 \
+        --seq-len 64 --val-every 10 --val-batches 2 --sample-tokens 0 --metrics "$TMP/comm.$comm.jsonl" \
+        >"$TMP/comm.$comm.log" 2>&1 || fail "--comm $comm: exit status $? $(tail -n 3 "$TMP/comm.$comm.log")"
+done
+grep -q "^communication: nccl" "$TMP/comm.nccl.log" && pass "--comm nccl: banner says NCCL" ||
+    fail "--comm nccl: $(grep '^communication' "$TMP/comm.nccl.log")"
+strip_timing "$TMP/comm.mpi.jsonl" >"$TMP/comm.a" && strip_timing "$TMP/comm.nccl.jsonl" >"$TMP/comm.b" &&
+    cmp -s "$TMP/comm.a" "$TMP/comm.b" && pass "1 rank: --comm nccl bit-identical to --comm mpi" ||
+    fail "1 rank: --comm nccl differs from --comm mpi"
+# Two GPUs: dp2 (bucketed all-reduce), tp2 and dp2 ZeRO-3 on NCCL against
+# the same layout on the CPU over MPI (fp32: the 1e-4 / 1e-3 bounds above).
+if [ "${ngpu:-1}" -ge 2 ]; then
+    for lay in "--dp 2 --bucket-mb 0.05" "--tp 2" "--dp 2 --zero 3"; do
+        tag=$(echo "$lay" | tr -d ' -')
+        for dev in cpu cuda; do
+            "$MPIEXEC" --quiet -np 2 "$DTRAIN" $(tiny_args) $lay --device $dev --dtype fp32 --threads 2 --steps 10 \
+                --warmup 2 --micro-batch 2 --global-batch 4 --seq-len 64 --val-every 10 --val-batches 2 \
+                --sample-tokens 0 --metrics "$TMP/np2.$tag.$dev.jsonl" >"$TMP/np2.$tag.$dev.log" 2>&1 ||
+                fail "np 2 $lay --device $dev: exit status $? $(tail -n 3 "$TMP/np2.$tag.$dev.log")"
+        done
+        grep -q "^communication: nccl" "$TMP/np2.$tag.cuda.log" || fail "np 2 $lay: NCCL not chosen by --comm auto"
+        for step in 1 10; do
+            expect_close "np 2 $lay step $step loss" "$(json_field "$TMP/np2.$tag.cpu.jsonl" $step loss)" \
+                "$(json_field "$TMP/np2.$tag.cuda.jsonl" $step loss)" 1e-4
+            expect_close "np 2 $lay step $step grad_norm" "$(json_field "$TMP/np2.$tag.cpu.jsonl" $step grad_norm)" \
+                "$(json_field "$TMP/np2.$tag.cuda.jsonl" $step grad_norm)" 1e-3
+        done
+    done
+fi
 
 # dtrain --selftest runs the op comparisons and exits 0
 "$DTRAIN" --selftest >"$TMP/selftest" 2>&1 && grep -q "^selftest: .* 0 failed" "$TMP/selftest" &&
