@@ -250,9 +250,13 @@ __global__ void k_scale(float *x, float s, size_t n)
     GRID_STRIDE(i, n) x[i] *= s;
 }
 
-__global__ void k_adamw(float *p, const float *gr, float *m, float *v, size_t n, dt_adamw_coef_t k)
+__global__ void k_adamw(float *p, uint16_t *p16, const float *gr, float *m, float *v, size_t n, dt_adamw_coef_t k)
 {
-    GRID_STRIDE(i, n) dt_adamw_update(&p[i], &m[i], &v[i], gr[i], &k);
+    GRID_STRIDE(i, n) {
+        dt_adamw_update(&p[i], &m[i], &v[i], gr[i], &k);
+        if (p16)
+            p16[i] = dt_f32_to_bf16(p[i]);
+    }
 }
 
 /* Each thread sums squares of a grid-stride subset in double; the block
@@ -1393,13 +1397,13 @@ static void xent_finish(float *losses, float *dlogits, const float *rowmax, cons
 
 /* ---- optimizer and reductions ---------------------------------------------------------------- */
 
-static void adamw(float *p, const float *gr, float *m, float *v, size_t n, float lr, float beta1, float beta2,
-                  float eps, float wd, float grad_scale, int t)
+static void adamw(float *p, uint16_t *p16, const float *gr, float *m, float *v, size_t n, float lr, float beta1,
+                  float beta2, float eps, float wd, float grad_scale, int t)
 {
     if (!n)
         return;
     const dt_adamw_coef_t k = dt_adamw_coef(lr, beta1, beta2, eps, wd, grad_scale, t);
-    k_adamw<<<grid_for(n, THREADS), THREADS, 0, g.stream>>>(p, gr, m, v, n, k);
+    k_adamw<<<grid_for(n, THREADS), THREADS, 0, g.stream>>>(p, p16, gr, m, v, n, k);
     finish("adamw");
 }
 

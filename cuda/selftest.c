@@ -670,26 +670,53 @@ out:
     tp_free(s, &dgu), tp_free(s, &o2);
 }
 
+/* Step 1 without and step 10 with the fused bf16 copy p16, which must be
+ * each backend's own p rounded to bf16, bit for bit (the CPU's and the
+ * GPU's p differ within B_ELEM, so their p16 may differ at a rounding
+ * boundary: each is checked against its own p). */
 static void t_adamw(st_t *s, size_t n)
 {
     char what[128];
     tp_t p, gr, m, v;
+    tb_t q;
     memset(&p, 0, sizeof p), gr = m = v = p;
+    memset(&q, 0, sizeof q);
+    float *gp = malloc((n ? n : 1) * sizeof *gp);
+    uint16_t *gq = malloc((n ? n : 1) * sizeof *gq);
+    if (!gp || !gq) {
+        s->oom = 1;
+        goto out;
+    }
     if (tp_new(s, &p, n, -1, 1) || tp_new(s, &gr, n, -1, 1) || tp_new(s, &m, n, -0.1f, 0.1f) ||
-        tp_new(s, &v, n, 0, 0.01f))
+        tp_new(s, &v, n, 0, 0.01f) || tb_new(s, &q, n, NULL, 0, 1))
         goto out;
     for (int t = 1; t <= 10; t += 9) {
-        s->cpu->adamw(p.h, gr.h, m.h, v.h, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, t);
-        s->gpu->adamw(p.d, gr.d, m.d, v.d, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, t);
-        snprintf(what, sizeof what, "adamw p n=%zu t=%d", n, t);
+        const int fused = t > 1;
+        s->cpu->adamw(p.h, fused ? q.h : NULL, gr.h, m.h, v.h, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, t);
+        s->gpu->adamw(p.d, fused ? q.d : NULL, gr.d, m.d, v.d, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, t);
+        snprintf(what, sizeof what, "adamw p n=%zu t=%d%s", n, t, fused ? " (with p16)" : "");
         check(s, what, &p, B_ELEM);
         snprintf(what, sizeof what, "adamw m n=%zu t=%d", n, t);
         check(s, what, &m, B_ELEM);
         snprintf(what, sizeof what, "adamw v n=%zu t=%d", n, t);
         check(s, what, &v, B_ELEM);
     }
+    s->gpu->to_host(gp, p.d, n * sizeof(float));
+    s->gpu->to_host(gq, q.d, n * sizeof(uint16_t));
+    size_t bad_cpu = 0, bad_gpu = 0;
+    for (size_t i = 0; i < n; i++) {
+        bad_cpu += q.h[i] != dt_f32_to_bf16(p.h[i]);
+        bad_gpu += gq[i] != dt_f32_to_bf16(gp[i]);
+    }
+    snprintf(what, sizeof what, "adamw p16 = bf16(p) n=%zu (cpu)", n);
+    check_bits(s, what, bad_cpu, n);
+    snprintf(what, sizeof what, "adamw p16 = bf16(p) n=%zu (cuda)", n);
+    check_bits(s, what, bad_gpu, n);
 out:
+    free(gp);
+    free(gq);
     tp_free(s, &p), tp_free(s, &gr), tp_free(s, &m), tp_free(s, &v);
+    tb_free(s, &q);
 }
 
 /* Tokens of a vocabulary of V split at v0 (this rank holds [v0, v0+Vl)),

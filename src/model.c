@@ -224,11 +224,13 @@ static void carve_block(const model_t *m, char *base, size_t *cursor, block_acts
  *   activations = n_slots * slot
  *   workspace   = 3 r(NR*C) + 3 r(N*C) + 2 r(N*big)
  *                 + 0 (none, selective) | core (full)
- *                 + h(N*IC) + h(WMAX) + h(N*OC)      (--dtype bf16 only)
+ *                 + h(N*IC) + h(N*OC)                (--dtype bf16 only)
+ *                 + h(WMAX)        (--dtype bf16 with lent block params only)
  * where h(n) = r(ceil(n/2)) holds n bf16 values, IC = max(C, QD, F), OC =
- * max(C, big, Vl on the last stage) and WMAX = max(QKV*C, FW*C, Vl*C on the
- * last stage): the bf16 copies of one GEMM's input, weight and output
- * gradient.
+ * max(C, big, Vl on the last stage) and WMAX = max(QKV*C, FW*C): the bf16
+ * copies of one GEMM's input and output gradient, and of a ZeRO-3 block's
+ * weight (every other weight's bf16 copy is params16, counted as
+ * parameters).
  * (dres, dlnr and lnr are the r(NR*C) terms; dfull, dln and tmp the
  * r(N*C) ones; r(B*NH*T) is attention's log-sum-exp: flash-style attention
  * keeps nothing T x T.) The recomputed fc_act needs no bytes of its own: it
@@ -278,8 +280,8 @@ static void layout_acts(model_t *m, char *acts, size_t *acts_bytes, char *work, 
     m->lnr = carve(work, &w, NR * C);
     carve_block(m, work, &w, &m->racts, rc == MODEL_RECOMPUTE_FULL, 0);
     if (m->lay.bf16) {
-        /* bf16 GEMM operands: the widest input, weight and output gradient
-         * of any matmul on this stage (2 B each, carved as half as many floats) */
+        /* bf16 GEMM operands: the widest input and output gradient of any
+         * matmul on this stage (2 B each, carved as half as many floats) */
         size_t ic = C, oc = C, wmax = QKV * C;
         if (QD > ic)
             ic = QD;
@@ -291,10 +293,11 @@ static void layout_acts(model_t *m, char *acts, size_t *acts_bytes, char *work, 
             wmax = FW * C;
         if (m->lay.part.has_head && Vl > oc)
             oc = Vl;
-        if (m->lay.part.has_head && Vl * C > wmax)
-            wmax = Vl * C;
         m->a16 = (uint16_t *)carve(work, &w, (N * ic + 1) / 2);
-        m->w16 = (uint16_t *)carve(work, &w, (wmax + 1) / 2);
+        /* weights come from params16, except lent (ZeRO-3) block weights:
+         * those are rounded per call, so only blocks need room here */
+        if (m->lay.lent_block_params)
+            m->w16 = (uint16_t *)carve(work, &w, (wmax + 1) / 2);
         m->d16 = (uint16_t *)carve(work, &w, (N * oc + 1) / 2);
     }
     *acts_bytes = a;
@@ -414,6 +417,10 @@ int model_create(model_t *m, const model_config_t *cfg, const ops_t *ops, const 
     m->params = backend_alloc(ops, MEM_PARAMS, m->params_n * sizeof(float));
     m->grads_n = m->layer_start && lay->lent_block_grads ? outside_blocks(m) : m->table.numel;
     m->grads = backend_alloc(ops, MEM_GRADS, m->grads_n * sizeof(float));
+    if (lay->bf16) {
+        m->params16 = backend_alloc(ops, MEM_PARAMS, m->params_n * sizeof(uint16_t));
+        m->params16_stale = 1;
+    }
     char *acts = NULL, *work = NULL;
     if (slots_ok) {
         layout_acts(m, NULL, &m->act_bytes, NULL, &m->work_bytes);
@@ -421,7 +428,7 @@ int model_create(model_t *m, const model_config_t *cfg, const ops_t *ops, const 
         work = backend_alloc(ops, MEM_WORKSPACE, m->work_bytes);
     }
     if (!m->p.h || !m->g.h || !slots_ok || !m->layer_start || (pbytes && (!m->params || !m->grads)) ||
-        !acts || !work) {
+        (lay->bf16 && m->params_n && !m->params16) || !acts || !work) {
         snprintf(err, errlen, "out of memory: the model needs %.1f MiB of parameters+gradients and "
                  "%.1f MiB of activations at micro batch %d x seq %d; lower --micro-batch or --seq-len",
                  2.0 * (double)pbytes / 1048576.0, (double)(m->act_bytes + m->work_bytes) / 1048576.0, B, T);
@@ -445,6 +452,7 @@ void model_destroy(model_t *m)
 {
     const ops_t *ops = m->ops;
     backend_free(ops, MEM_PARAMS, m->params, m->params_n * sizeof(float));
+    backend_free(ops, MEM_PARAMS, m->params16, m->params_n * sizeof(uint16_t));
     backend_free(ops, MEM_GRADS, m->grads, m->grads_n * sizeof(float));
     if (m->slots && m->slots[0].x)
         backend_free(ops, MEM_ACTS, m->slots[0].x, m->act_bytes); /* the arena's first piece */
@@ -476,6 +484,7 @@ int model_init_params(model_t *m, uint64_t seed)
  * blocks' range [layer_start[0], layer_start[Ls]). */
 void model_params_from_host(model_t *m, const float *host)
 {
+    m->params16_stale = 1;
     if (!m->lay.lent_block_params) {
         m->ops->from_host(m->params, host, m->table.numel * sizeof(float));
         return;
@@ -515,9 +524,31 @@ static int lend_params(model_t *m, int i, int next)
     return 0;
 }
 
+void model_params_written(model_t *m)
+{
+    m->params16_stale = 1;
+}
+
+/* The bf16 weights of w[OC*IC] (--dtype bf16): its place in params16,
+ * brought up to date first if params were written since (one cast of
+ * the whole buffer), or for a lent ZeRO-3 block weight, which lies outside
+ * params, a copy rounded into the w16 workspace. */
+static const uint16_t *weight16(model_t *m, const float *w, size_t n)
+{
+    if (w >= m->params && w < m->params + m->params_n) {
+        if (m->params16_stale) {
+            m->ops->cast_f32_to_bf16(m->params16, m->params, m->params_n);
+            m->params16_stale = 0;
+        }
+        return m->params16 + (w - m->params);
+    }
+    m->ops->cast_f32_to_bf16(m->w16, w, n);
+    return m->w16;
+}
+
 /* out[N,OC] = in[N,IC] . w[OC,IC]^T (+ b) in the model's GEMM precision:
- * fp32, or (--dtype bf16) in and w rounded to bf16, fp32 sums. The bf16
- * copies are made per call: the fp32 parameters stay the only weights. */
+ * fp32, or (--dtype bf16) in and w rounded to bf16, fp32 sums. The
+ * activation's bf16 copy is made per call; the weight's is params16. */
 static void mm_fwd(model_t *m, float *out, const float *in, const float *w, const float *b, int N, int IC, int OC)
 {
     const ops_t *o = m->ops;
@@ -525,9 +556,9 @@ static void mm_fwd(model_t *m, float *out, const float *in, const float *w, cons
         o->matmul_fwd(out, in, w, b, N, IC, OC);
         return;
     }
+    const uint16_t *w16 = weight16(m, w, (size_t)OC * IC);
     o->cast_f32_to_bf16(m->a16, in, (size_t)N * IC);
-    o->cast_f32_to_bf16(m->w16, w, (size_t)OC * IC);
-    o->matmul_fwd_bf16(out, m->a16, m->w16, b, N, IC, OC);
+    o->matmul_fwd_bf16(out, m->a16, w16, b, N, IC, OC);
 }
 
 /* matmul_bwd in the model's GEMM precision: with bf16, dout, in and w are
@@ -541,13 +572,12 @@ static void mm_bwd(model_t *m, float *din, float *dw, float *db, const float *do
         o->matmul_bwd(din, dw, db, dout, in, w, N, IC, OC, accum_din, accum_dw);
         return;
     }
+    const uint16_t *w16 = din ? weight16(m, w, (size_t)OC * IC) : NULL;
     if (din || dw)
         o->cast_f32_to_bf16(m->d16, dout, (size_t)N * OC);
     if (dw)
         o->cast_f32_to_bf16(m->a16, in, (size_t)N * IC);
-    if (din)
-        o->cast_f32_to_bf16(m->w16, w, (size_t)OC * IC);
-    o->matmul_bwd_bf16(din, dw, db, m->d16, dout, m->a16, m->w16, N, IC, OC, accum_din, accum_dw);
+    o->matmul_bwd_bf16(din, dw, db, m->d16, dout, m->a16, w16, N, IC, OC, accum_din, accum_dw);
 }
 
 /* Norm of this rank's NR rows of x, then all N rows of the result in

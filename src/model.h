@@ -138,8 +138,16 @@ typedef struct model {
      * until the attention's. NULL fields: kept in the slot instead. */
     block_acts_t racts;
     /* --dtype bf16: one GEMM's operands rounded to bf16 (workspace):
-     * input [N*IC], weight [OC*IC], output gradient [N*OC] at the widest */
+     * input [N*IC], output gradient [N*OC] at the widest, and a lent
+     * (ZeRO-3) block weight [OC*IC] (NULL without lent block params) */
     uint16_t *a16, *w16, *d16;
+    /* --dtype bf16: params rounded to bf16 ([params_n], MEM_PARAMS), the
+     * weights every matmul reads. Stale after model_params_from_host or
+     * model_params_written, and then recast whole at the next matmul. An
+     * optimizer that updates every element of params keeps a current copy
+     * current by writing it in the same pass (ops adamw's p16). */
+    uint16_t *params16;
+    int params16_stale;
     size_t act_bytes, work_bytes;
     /* layer_start[i]: flat offset of local block i's first tensor; [Ls]: the
      * final norm's (the head and final norm lie above it, embeddings below [0]) */
@@ -193,6 +201,9 @@ int model_init_params(model_t *m, uint64_t seed);
  * blocks (the block range of host is neither read nor written). */
 void model_params_from_host(model_t *m, const float *host);
 void model_params_to_host(const model_t *m, float *host);
+/* The caller wrote params other than through the fused AdamW (a ZeRO
+ * all-gather): params16 is recast before the next bf16 matmul. */
+void model_params_written(model_t *m);
 
 /* Forward of one microbatch of b x t tokens into activation slot `slot`.
  * tokens (host, [b*t]) are read by the first stage; other stages read their

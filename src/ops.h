@@ -144,8 +144,11 @@ typedef struct ops {
 
     /* AdamW on n contiguous parameters. g is multiplied by grad_scale first
      * (clipping and averaging). Bias-corrected with step t >= 1; decoupled
-     * weight decay: p -= lr * wd * p. */
-    void (*adamw)(float *p, const float *g, float *m, float *v, size_t n,
+     * weight decay: p -= lr * wd * p. p is the fp32 master copy; when p16
+     * is not NULL the same pass also writes p16[i] = dt_f32_to_bf16(p[i])
+     * of the updated value (the bf16 weights of --dtype bf16), bit for bit
+     * what cast_f32_to_bf16 of p would give. */
+    void (*adamw)(float *p, uint16_t *p16, const float *g, float *m, float *v, size_t n,
                   float lr, float beta1, float beta2, float eps, float wd,
                   float grad_scale, int t);
 

@@ -98,12 +98,13 @@ double adamw_clip_scale(const adamw_t *a, double grad_norm)
     return 1.0;
 }
 
-void adamw_step(adamw_t *a, float *params, const float *grads, double lr, double grad_scale)
+void adamw_step(adamw_t *a, float *params, uint16_t *params16, const float *grads, double lr, double grad_scale)
 {
     a->t++;
     for (int i = 0; i < a->n_ranges; i++) {
         const optim_range_t *r = &a->ranges[i];
-        a->ops->adamw(params + r->offset, grads + r->goff, a->m + r->soff, a->v + r->soff, r->n,
+        a->ops->adamw(params + r->offset, params16 ? params16 + r->offset : NULL, grads + r->goff, a->m + r->soff,
+                      a->v + r->soff, r->n,
                       (float)lr, (float)a->beta1, (float)a->beta2, (float)a->eps,
                       r->decay ? (float)a->weight_decay : 0.0f, (float)grad_scale, a->t);
     }

@@ -49,7 +49,10 @@ void adamw_destroy(adamw_t *a);
 /* Gradient-norm clipping factor for a global norm: min(1, clip / norm). */
 double adamw_clip_scale(const adamw_t *a, double grad_norm);
 
-/* One step over params/grads; grads are multiplied by grad_scale first. */
-void adamw_step(adamw_t *a, float *params, const float *grads, double lr, double grad_scale);
+/* One step over params/grads; grads are multiplied by grad_scale first.
+ * params16 (NULL: none) is a bf16 copy indexed like params, written in the
+ * same pass (ops adamw's p16): pass it only when the ranges cover every
+ * parameter (no ZeRO), or parts of it would go stale. */
+void adamw_step(adamw_t *a, float *params, uint16_t *params16, const float *grads, double lr, double grad_scale);
 
 #endif

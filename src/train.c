@@ -149,6 +149,7 @@ static int gather_updated_params(trainer_t *tr)
 {
     zero_t *z = &tr->zero;
     model_t *m = &tr->model;
+    model_params_written(m);
     if (tr->zero_stage < 3)
         return zero_allgather(z, m->params);
     if (zero_params_invalidate(z) != 0)
@@ -1077,8 +1078,11 @@ int trainer_run(trainer_t *tr, char *err, size_t errlen)
             return -1;
         }
         double t_opt = tr->trace ? trace_now() : 0.0;
+        /* without ZeRO the update covers every parameter and keeps the bf16
+         * weights current in the same pass; with it the gather below
+         * writes params, and the bf16 weights are recast once per step */
         adamw_step(&tr->optim, tr->zero_stage >= 3 ? tr->zero.param_shard : m->params,
-                   tr->zero_stage >= 2 ? tr->zero.grad_shard : m->grads, lr,
+                   tr->zero_stage == 0 ? m->params16 : NULL, tr->zero_stage >= 2 ? tr->zero.grad_shard : m->grads, lr,
                    adamw_clip_scale(&tr->optim, norm));
         trace_span(tr->trace, TRACE_COMPUTE, "optimizer", t_opt, tr->trace ? trace_now() : 0.0, NULL);
         double zero_s = 0.0;

@@ -283,7 +283,7 @@ int main(int argc, char **argv)
     ops->zero(var, P * sizeof *var);
     for (int k = 0; k < tab->n; k++) {
         const param_desc_t *d = &tab->p[k];
-        ops->adamw(m.params + d->offset, m.grads + d->offset, mom + d->offset, var + d->offset,
+        ops->adamw(m.params + d->offset, NULL, m.grads + d->offset, mom + d->offset, var + d->offset,
                    d->numel, ADAM_LR, ADAM_BETA1, ADAM_BETA2, ADAM_EPS,
                    d->decay ? ADAM_WD : 0.0f, 1.0f, 1);
     }
@@ -295,7 +295,7 @@ int main(int argc, char **argv)
      * the gradient scaling that clipping and averaging use. */
     for (int k = 0; k < tab->n; k++) {
         const param_desc_t *d = &tab->p[k];
-        ops->adamw(m.params + d->offset, m.grads + d->offset, mom + d->offset, var + d->offset,
+        ops->adamw(m.params + d->offset, NULL, m.grads + d->offset, mom + d->offset, var + d->offset,
                    d->numel, ADAM_LR, ADAM_BETA1, ADAM_BETA2, ADAM_EPS,
                    d->decay ? ADAM_WD : 0.0f, ADAM_STEP2_SCALE, 2);
     }

@@ -6,6 +6,8 @@
 #    step-1 loss not bit-equal to fp32's (the bf16 GEMMs really ran);
 #  - layout equivalence under bf16: tp2, pp2, dp2 and tp2 x pp2 x dp2 with
 #    ZeRO-3 against one process over 10 steps (bounds and why below);
+#  - ZeRO-1 (bf16 weights recast after the all-gather) bit-identical to
+#    ZeRO-0 (bf16 weights written by the fused AdamW);
 #  - resume from a step-10 checkpoint bit-identical to the straight run;
 #  - the banner says which precision ran; a bad --dtype exits 2.
 . "$top_srcdir/test/common.sh"
@@ -80,6 +82,13 @@ if bf16_layout "$TMP/l1" 1; then
         fi
     done
 fi
+
+# The weights' bf16 copy: without ZeRO the fused AdamW pass writes it;
+# under ZeRO-1 the all-gather after each step marks it stale and the next
+# matmul recasts it. The same rounding of the same values, so the runs are
+# bit-identical (as ZeRO-1 and ZeRO-0 are in fp32).
+[ -f "$TMP/l.dp2" ] && bf16_layout "$TMP/l.dp2zero1" 2 --dp 2 --zero 1 &&
+    layout_twice "$TMP/l.dp2" "$TMP/l.dp2zero1" "bf16 dp2: ZeRO-1 (recast bf16 weights) vs ZeRO-0 (fused AdamW)"
 
 # resume: 20 steps straight vs 10 (--stop-at-step) + --resume auto
 short --dtype bf16 --metrics "$TMP/straight.jsonl" >"$TMP/straight.log" 2>&1 &&

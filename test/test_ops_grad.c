@@ -849,6 +849,12 @@ static void test_adamw(void)
     float *p = frandv(n, -1, 1), *m = xmalloc(n * 4), *v = xmalloc(n * 4);
     memset(m, 0, n * 4);
     memset(v, 0, n * 4);
+    /* the same steps with the fused bf16 copy (--dtype bf16's weights) */
+    float *p2 = xmalloc(n * 4), *m2 = xmalloc(n * 4), *v2 = xmalloc(n * 4);
+    uint16_t *p16 = xmalloc(n * sizeof *p16);
+    memcpy(p2, p, n * 4);
+    memset(m2, 0, n * 4);
+    memset(v2, 0, n * 4);
     double *rp = todouble(p, n), *rm = xmalloc(n * 8), *rv = xmalloc(n * 8);
     memset(rm, 0, n * 8);
     memset(rv, 0, n * 8);
@@ -856,7 +862,8 @@ static void test_adamw(void)
     for (int t = 1; t <= 3; t++) {
         float *g = frandv(n, -2, 2);
         g[0] = 0.0f; /* zero gradient: denominator is eps only on step 1 */
-        ops->adamw(p, g, m, v, n, lr, b1, b2, eps, wd, gs, t);
+        ops->adamw(p, NULL, g, m, v, n, lr, b1, b2, eps, wd, gs, t);
+        ops->adamw(p2, p16, g, m2, v2, n, lr, b1, b2, eps, wd, gs, t);
         double bc1 = 1.0 - pow(b1, t), bc2 = 1.0 - pow(b2, t);
         for (size_t i = 0; i < n; i++) {
             double gi = (double)g[i] * gs;
@@ -877,6 +884,14 @@ static void test_adamw(void)
     }
     /* limited by rounding p (|p| <= 1) to float each step: ~3 ulp / max|p - p0| ~ 6e-6 */
     check("adamw 3 steps: total update p - p0", rel_err_d(dp, rdp, n), 3e-5);
+    size_t differ = 0, bad16 = 0;
+    for (size_t i = 0; i < n; i++) {
+        differ += memcmp(&p[i], &p2[i], 4) != 0 || memcmp(&m[i], &m2[i], 4) != 0 || memcmp(&v[i], &v2[i], 4) != 0;
+        bad16 += p16[i] != dt_f32_to_bf16(p2[i]);
+    }
+    check_true("adamw with p16: p, m, v bit-identical to without", differ == 0);
+    check_true("adamw with p16: p16 = bf16(p) bit for bit", bad16 == 0);
+    free(p2); free(m2); free(v2); free(p16);
     free(p); free(m); free(v); free(rp); free(rm); free(rv); free(p0); free(dp); free(rdp);
 }
 
