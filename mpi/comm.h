@@ -88,11 +88,6 @@ typedef enum { COMM_FP32 = 0, COMM_BF16 } comm_dtype_t;
 /* "fp32" / "bf16" -> dtype; -1 otherwise. */
 int comm_dtype_parse(const char *s, comm_dtype_t *dtype);
 
-/* y[i] = dt_f32_to_bf16(x[i]) (round to nearest even) and its inverse
- * y[i] = dt_bf16_to_f32(x[i]) (exact): host loops, OpenMP on large n. */
-void comm_f32_to_bf16(const float *x, uint16_t *y, size_t n);
-void comm_bf16_to_f32(const uint16_t *x, float *y, size_t n);
-
 /* A communicator over a duplicate of the MPI communicator `mpi_comm`
  * (an MPI_Comm passed as a pointer so this header needs no mpi.h).
  * Returns NULL on failure. */

@@ -19,6 +19,9 @@
  * (posting the last buckets and waiting; for naive/flat, all of it), not
  * the scaling.
  *
+ * Every cast and scaling is an op of d->ops: the gradients and the staging
+ * are backend memory (ddp.h).
+ *
  * bf16 (ddp.h): a range is cast into half[start..] just before its
  * all-reduce is posted and widened back in the same pass that finds it
  * finished, right before its scaling; every bucket has its own part of
@@ -51,13 +54,6 @@ static double now_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static void scale(float *x, size_t n, float s)
-{
-#pragma omp parallel for simd schedule(static) if (n >= ((size_t)1 << 16))
-    for (size_t i = 0; i < n; i++)
-        x[i] *= s;
-}
-
 static float inv_dp(const ddp_t *d)
 {
     return 1.0f / (float)d->dp->size;
@@ -69,7 +65,7 @@ static int reduce_range(ddp_t *d, size_t start, size_t n, comm_req_t *req)
 {
     comm_t *c = d->dp;
     if (d->dtype == COMM_BF16) {
-        comm_f32_to_bf16(d->grads + start, d->half + start, n);
+        d->ops->cast_f32_to_bf16(d->half + start, d->grads + start, n);
         return req ? c->ops->iallreduce_bf16(c, d->half + start, n, req)
                    : c->ops->allreduce_bf16(c, d->half + start, n);
     }
@@ -82,8 +78,8 @@ static int reduce_range(ddp_t *d, size_t start, size_t n, comm_req_t *req)
 static void range_done(ddp_t *d, size_t start, size_t n, float s)
 {
     if (d->dtype == COMM_BF16)
-        comm_bf16_to_f32(d->half + start, d->grads + start, n);
-    scale(d->grads + start, n, s);
+        d->ops->cast_bf16_to_f32(d->grads + start, d->half + start, n);
+    d->ops->scale(d->grads + start, s, n);
 }
 
 static int set_err(ddp_t *d, const char *msg)
@@ -136,10 +132,11 @@ static int make_buckets(const ddp_t *d, size_t cap_floats, ddp_bucket_t *out)
     return nb;
 }
 
-int ddp_create(ddp_t *d, ddp_mode_t mode, comm_t *dp, float *grads, size_t n, const size_t *tensor_start,
-               int n_tensors, size_t bucket_bytes, comm_dtype_t dtype)
+int ddp_create(ddp_t *d, const ops_t *ops, ddp_mode_t mode, comm_t *dp, float *grads, size_t n,
+               const size_t *tensor_start, int n_tensors, size_t bucket_bytes, comm_dtype_t dtype)
 {
     memset(d, 0, sizeof *d);
+    d->ops = ops;
     d->mode = mode;
     d->dp = dp;
     d->grads = grads;
@@ -151,7 +148,7 @@ int ddp_create(ddp_t *d, ddp_mode_t mode, comm_t *dp, float *grads, size_t n, co
         return set_err(d, "unknown mode");
     if (dtype != COMM_FP32 && dtype != COMM_BF16)
         return set_err(d, "unknown reduction dtype");
-    if (n_tensors < 0 || (n_tensors > 0 && !tensor_start) || (n > 0 && !grads))
+    if (!ops || n_tensors < 0 || (n_tensors > 0 && !tensor_start) || (n > 0 && !grads))
         return set_err(d, "invalid arguments");
     d->tensor_start = malloc(((size_t)n_tensors + 1) * sizeof *d->tensor_start);
     if (!d->tensor_start)
@@ -186,9 +183,13 @@ int ddp_create(ddp_t *d, ddp_mode_t mode, comm_t *dp, float *grads, size_t n, co
         }
         d->n_buckets = nb;
     }
-    if (dtype == COMM_BF16 && dp->size > 1 && n > 0 && !(d->half = mem_alloc(MEM_COMM, n * sizeof *d->half))) {
-        ddp_destroy(d);
-        return set_err(d, "out of memory for the bf16 staging buffer");
+    if (dtype == COMM_BF16 && dp->size > 1 && n > 0) {
+        /* no fill needed: a range is cast into it before it is sent */
+        if (!(d->half = ops->alloc(n * sizeof *d->half))) {
+            ddp_destroy(d);
+            return set_err(d, "out of memory for the bf16 staging buffer");
+        }
+        mem_track(MEM_COMM, (long long)(n * sizeof *d->half));
     }
     return 0;
 }
@@ -199,8 +200,10 @@ void ddp_destroy(ddp_t *d)
      * and its request is left to MPI. */
     free(d->buckets);
     free(d->tensor_start);
-    if (d->half)
-        mem_free(MEM_COMM, d->half, d->n * sizeof *d->half);
+    if (d->half) {
+        d->ops->free(d->half);
+        mem_track(MEM_COMM, -(long long)(d->n * sizeof *d->half));
+    }
     d->half = NULL;
     d->buckets = NULL;
     d->tensor_start = NULL;

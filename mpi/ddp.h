@@ -1,5 +1,6 @@
 /* Data-parallel gradient synchronisation over the DP group, on one flat
- * gradient buffer. Knows nothing of models: the training loop says which
+ * gradient buffer in the backend's memory (the model's gradients). Knows
+ * nothing of models: the training loop says which
  * tensors exist (offsets into the flat buffer) and, during the backward of
  * the last microbatch, how far down the gradients are final.
  *
@@ -19,8 +20,12 @@
  * completes, before the 1/dp scaling. The staging buffer (2 bytes per
  * gradient, MEM_COMM) is allocated by ddp_create, and only when the group
  * has more than one rank: a group of one reduces nothing, so bf16 changes
- * nothing there. The casts are host loops over the gradient buffer: valid
- * with CUDA too, where training runs MPI over managed memory. */
+ * nothing there.
+ *
+ * Memory: the gradients are the backend's and so is the staging buffer
+ * (ops->alloc, counted in MEM_COMM with mem_track); the casts and the 1/dp
+ * scaling are the backend's ops (ops->cast_*, ops->scale), so with CUDA
+ * they run as kernels on the GPU's buffers, not as host loops. */
 #ifndef DTRAIN_DDP_H
 #define DTRAIN_DDP_H
 
@@ -28,6 +33,7 @@
 #include <stdint.h>
 
 #include "comm.h"
+#include "ops.h"
 
 typedef enum { DDP_NAIVE = 0, DDP_FLAT, DDP_BUCKETED } ddp_mode_t;
 
@@ -38,6 +44,7 @@ typedef struct ddp_bucket {
 } ddp_bucket_t;
 
 typedef struct ddp {
+    const ops_t *ops;      /* the backend owning grads and half */
     ddp_mode_t mode;
     comm_t *dp;
     float *grads;
@@ -52,11 +59,12 @@ typedef struct ddp {
     uint16_t *half;        /* bf16 and dp > 1 only: [n] staging; gradients [a, b) use half[a, b) */
 } ddp_t;
 
-/* tensor_start: ascending offsets of the tensors, n_tensors of them,
+/* ops: the backend grads belong to. grads: [n] floats of its memory.
+ * tensor_start: ascending offsets of the tensors, n_tensors of them,
  * covering [0, n). Bucket boundaries fall on tensor boundaries (a tensor
  * larger than the bucket size is a bucket of its own). dtype: fp32 or bf16
  * reductions (see above). Returns 0 or -1. */
-int ddp_create(ddp_t *d, ddp_mode_t mode, comm_t *dp, float *grads, size_t n,
+int ddp_create(ddp_t *d, const ops_t *ops, ddp_mode_t mode, comm_t *dp, float *grads, size_t n,
                const size_t *tensor_start, int n_tensors, size_t bucket_bytes, comm_dtype_t dtype);
 void ddp_destroy(ddp_t *d);
 

@@ -238,7 +238,9 @@ static int run_backward(pipe_exec_t *ex, const pipe_action_t *a)
         float *buf = ex->ring + (size_t)r * n;
         if (wait_timed(ex, &ex->grad_send[r]) != 0)
             return fail_at(ex, "gradient send", a->micro - ex->R);
-        if (n)
+        if (n && ops->mem)
+            ops->mem->to_host(buf, ops->grad(ex->ctx), n * sizeof *buf);
+        else if (n)
             memcpy(buf, ops->grad(ex->ctx), n * sizeof *buf);
         if (ex->pp->ops->isend(ex->pp, buf, n, ex->s - 1, TAG_GRAD, &ex->grad_send[r]) != 0)
             return fail_at(ex, "gradient send", a->micro);

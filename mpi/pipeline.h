@@ -30,6 +30,7 @@
 #include <stddef.h>
 
 #include "comm.h"
+#include "ops.h"
 
 typedef enum { PIPE_1F1B = 0, PIPE_GPIPE } pipe_kind_t;
 typedef enum { PIPE_FWD = 0, PIPE_BWD } pipe_op_t;
@@ -72,6 +73,10 @@ typedef struct pipe_stage_ops {
     float *(*output)(void *ctx, int slot); /* [n]: a forward's output, sent downstream (non-last stages) */
     float *(*grad)(void *ctx);             /* [n]: the shared gradient buffer */
     size_t n;                              /* floats per message, both directions */
+    /* The backend whose memory grad() is in: the executor copies each
+     * gradient out into its host send buffers with mem->to_host. NULL:
+     * grad() is host memory. */
+    const ops_t *mem;
 } pipe_stage_ops_t;
 
 typedef struct pipe_stats {
@@ -85,8 +90,8 @@ typedef struct pipe_stats {
  * stage, size = stages). Collective over pp: every stage calls it with the
  * same kind, n_micro and n. Sends and receives are nonblocking, posted as
  * early as their buffers allow, and all complete before a successful
- * return. Allocates min(slots, 2) * n floats of send buffers per call (none
- * on stage 0) and frees them before returning. st may be NULL.
+ * return. Allocates min(slots, 2) * n floats of host send buffers per call
+ * (none on stage 0) and frees them before returning. st may be NULL.
  *
  * Returns 0, or -1 with one line in pp->err (a failing callback's own
  * message is the caller's; pp->err then names the action). After a

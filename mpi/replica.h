@@ -9,7 +9,9 @@
 
 #include "comm.h"
 
-/* tensor_start: [n_tensors+1] ascending offsets into buf. Returns 0 when
+/* buf: host memory (the hashes are host loops; a backend's buffer is
+ * copied out first). tensor_start: [n_tensors+1] ascending offsets into
+ * buf. Returns 0 when
  * all replicas agree, 1 when they differ (*first_bad = the lowest tensor
  * index that differs, the same on every rank), -1 on a communication error
  * (message in c->err). Collective over c. */

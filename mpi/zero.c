@@ -1,3 +1,5 @@
+/* ZeRO sharding (see zero.h). Every buffer holding tensor data is the
+ * backend's and is touched only through z->ops (zero.h, "Memory"). */
 #include "zero.h"
 
 #include <stdlib.h>
@@ -14,10 +16,31 @@ static int bf16_on(const zero_t *z, const comm_t *c)
     return z->dtype == COMM_BF16 && c && c->size > 1;
 }
 
-int zero_create(zero_t *z, int stage, comm_t *group, size_t n, const size_t *unit_start, int n_units,
-                size_t window_units, comm_t *replica, comm_dtype_t dtype)
+/* Backend memory, zero-filled (the shards' and windows' padding must read
+ * as zero, and not every backend's alloc fills), counted in cat. */
+static void *buf_alloc(const zero_t *z, mem_category_t cat, size_t bytes)
+{
+    void *p = z->ops->alloc(bytes);
+    if (p) {
+        z->ops->zero(p, bytes);
+        mem_track(cat, (long long)bytes);
+    }
+    return p;
+}
+
+static void buf_free(const zero_t *z, mem_category_t cat, void *p, size_t bytes)
+{
+    if (p) {
+        z->ops->free(p);
+        mem_track(cat, -(long long)bytes);
+    }
+}
+
+int zero_create(zero_t *z, const ops_t *ops, int stage, comm_t *group, size_t n, const size_t *unit_start,
+                int n_units, size_t window_units, comm_t *replica, comm_dtype_t dtype)
 {
     memset(z, 0, sizeof *z);
+    z->ops = ops;
     z->stage = stage;
     z->group = group;
     z->replica = replica;
@@ -45,7 +68,7 @@ int zero_create(zero_t *z, int stage, comm_t *group, size_t n, const size_t *uni
     z->unit_start[n_units] = n;
     z->shard_n = z->shard_start[n_units];
     z->stage_n = S * max_c;
-    z->stage_buf = mem_alloc(MEM_COMM, (z->stage_n ? z->stage_n : 1) * sizeof(float));
+    z->stage_buf = buf_alloc(z, MEM_COMM, (z->stage_n ? z->stage_n : 1) * sizeof(float));
     if (!z->stage_buf) {
         zero_destroy(z);
         return -1;
@@ -54,36 +77,36 @@ int zero_create(zero_t *z, int stage, comm_t *group, size_t n, const size_t *uni
     if (stage >= 2) {
         const size_t c = (window_units + S - 1) / S;
         z->window_n = S * c;
-        z->grad_shard = mem_alloc(MEM_GRADS, (z->shard_n + 1) * sizeof(float));
+        z->grad_shard = buf_alloc(z, MEM_GRADS, (z->shard_n + 1) * sizeof(float));
         for (int k = 0; k < 2; k++) {
-            z->window[k] = mem_alloc(MEM_GRADS, (z->window_n + 1) * sizeof(float));
-            z->recv[k] = mem_alloc(MEM_COMM, (c + 1) * sizeof(float));
+            z->window[k] = buf_alloc(z, MEM_GRADS, (z->window_n + 1) * sizeof(float));
+            z->recv[k] = buf_alloc(z, MEM_COMM, (c + 1) * sizeof(float));
         }
         if (!z->grad_shard || !z->window[0] || !z->window[1] || !z->recv[0] || !z->recv[1]) {
             zero_destroy(z);
             return -1;
         }
         if (bf16_on(z, group)) {
-            z->hstage = mem_alloc(MEM_COMM, (z->stage_n + 1) * sizeof(uint16_t));
+            z->hstage = buf_alloc(z, MEM_COMM, (z->stage_n + 1) * sizeof(uint16_t));
             for (int k = 0; k < 2; k++) {
-                z->hwin[k] = mem_alloc(MEM_COMM, (z->window_n + 1) * sizeof(uint16_t));
-                z->hrecv[k] = mem_alloc(MEM_COMM, (c + 1) * sizeof(uint16_t));
+                z->hwin[k] = buf_alloc(z, MEM_COMM, (z->window_n + 1) * sizeof(uint16_t));
+                z->hrecv[k] = buf_alloc(z, MEM_COMM, (c + 1) * sizeof(uint16_t));
             }
             if (!z->hstage || !z->hwin[0] || !z->hwin[1] || !z->hrecv[0] || !z->hrecv[1]) {
                 zero_destroy(z);
                 return -1;
             }
         }
-        if (bf16_on(z, replica) && !(z->hshard = mem_alloc(MEM_COMM, (z->shard_n + 1) * sizeof(uint16_t)))) {
+        if (bf16_on(z, replica) && !(z->hshard = buf_alloc(z, MEM_COMM, (z->shard_n + 1) * sizeof(uint16_t)))) {
             zero_destroy(z);
             return -1;
         }
     }
     z->pwin_unit[0] = z->pwin_unit[1] = -1;
     if (stage >= 3) {
-        z->param_shard = mem_alloc(MEM_PARAMS, (z->shard_n + 1) * sizeof(float));
+        z->param_shard = buf_alloc(z, MEM_PARAMS, (z->shard_n + 1) * sizeof(float));
         for (int k = 0; k < 2; k++)
-            z->pwin[k] = mem_alloc(MEM_PARAMS, (z->window_n + 1) * sizeof(float));
+            z->pwin[k] = buf_alloc(z, MEM_PARAMS, (z->window_n + 1) * sizeof(float));
         if (!z->param_shard || !z->pwin[0] || !z->pwin[1]) {
             zero_destroy(z);
             return -1;
@@ -94,30 +117,20 @@ int zero_create(zero_t *z, int stage, comm_t *group, size_t n, const size_t *uni
 
 void zero_destroy(zero_t *z)
 {
-    if (z->stage_buf)
-        mem_free(MEM_COMM, z->stage_buf, (z->stage_n ? z->stage_n : 1) * sizeof(float));
+    buf_free(z, MEM_COMM, z->stage_buf, (z->stage_n ? z->stage_n : 1) * sizeof(float));
     const size_t c = z->group && z->window_n ? z->window_n / (size_t)z->group->size : 0;
-    if (z->grad_shard)
-        mem_free(MEM_GRADS, z->grad_shard, (z->shard_n + 1) * sizeof(float));
+    buf_free(z, MEM_GRADS, z->grad_shard, (z->shard_n + 1) * sizeof(float));
     for (int k = 0; k < 2; k++) {
-        if (z->window[k])
-            mem_free(MEM_GRADS, z->window[k], (z->window_n + 1) * sizeof(float));
-        if (z->recv[k])
-            mem_free(MEM_COMM, z->recv[k], (c + 1) * sizeof(float));
-        if (z->hwin[k])
-            mem_free(MEM_COMM, z->hwin[k], (z->window_n + 1) * sizeof(uint16_t));
-        if (z->hrecv[k])
-            mem_free(MEM_COMM, z->hrecv[k], (c + 1) * sizeof(uint16_t));
+        buf_free(z, MEM_GRADS, z->window[k], (z->window_n + 1) * sizeof(float));
+        buf_free(z, MEM_COMM, z->recv[k], (c + 1) * sizeof(float));
+        buf_free(z, MEM_COMM, z->hwin[k], (z->window_n + 1) * sizeof(uint16_t));
+        buf_free(z, MEM_COMM, z->hrecv[k], (c + 1) * sizeof(uint16_t));
     }
-    if (z->hstage)
-        mem_free(MEM_COMM, z->hstage, (z->stage_n + 1) * sizeof(uint16_t));
-    if (z->hshard)
-        mem_free(MEM_COMM, z->hshard, (z->shard_n + 1) * sizeof(uint16_t));
-    if (z->param_shard)
-        mem_free(MEM_PARAMS, z->param_shard, (z->shard_n + 1) * sizeof(float));
+    buf_free(z, MEM_COMM, z->hstage, (z->stage_n + 1) * sizeof(uint16_t));
+    buf_free(z, MEM_COMM, z->hshard, (z->shard_n + 1) * sizeof(uint16_t));
+    buf_free(z, MEM_PARAMS, z->param_shard, (z->shard_n + 1) * sizeof(float));
     for (int k = 0; k < 2; k++)
-        if (z->pwin[k])
-            mem_free(MEM_PARAMS, z->pwin[k], (z->window_n + 1) * sizeof(float));
+        buf_free(z, MEM_PARAMS, z->pwin[k], (z->window_n + 1) * sizeof(float));
     free(z->unit_start);
     free(z->chunk);
     free(z->shard_start);
@@ -136,8 +149,12 @@ void zero_piece(const zero_t *z, int u, size_t *lo, size_t *hi)
     *hi = z->unit_start[u] + b;
 }
 
-int zero_allgather(zero_t *z, float *buf)
+/* zero_allgather (buf in backend memory) and zero_allgather_host (buf in
+ * host memory): the same gathers through stage_buf, which is the
+ * backend's, with the copies in and out chosen by where buf lives. */
+static int allgather_units(zero_t *z, float *buf, int host)
 {
+    const ops_t *o = z->ops;
     comm_t *c = z->group;
     for (int u = 0; u < z->n_units; u++) {
         const size_t cu = z->chunk[u], len = z->unit_start[u + 1] - z->unit_start[u];
@@ -147,33 +164,43 @@ int zero_allgather(zero_t *z, float *buf)
         zero_piece(z, u, &lo, &hi);
         /* the send piece is padded to c with zeros so every rank sends c */
         float *mine = z->stage_buf + (size_t)c->rank * cu;
-        memcpy(mine, buf + lo, (hi - lo) * sizeof(float));
-        memset(mine + (hi - lo), 0, (cu - (hi - lo)) * sizeof(float));
+        if (host)
+            o->from_host(mine, buf + lo, (hi - lo) * sizeof(float));
+        else
+            o->copy(mine, buf + lo, (hi - lo) * sizeof(float));
+        o->zero(mine + (hi - lo), (cu - (hi - lo)) * sizeof(float));
         /* send == recv + rank*c: the communicator's in-place form */
         if (c->ops->allgather(c, mine, z->stage_buf, cu) != 0)
             return -1;
-        memcpy(buf + z->unit_start[u], z->stage_buf, len * sizeof(float));
+        if (host)
+            o->to_host(buf + z->unit_start[u], z->stage_buf, len * sizeof(float));
+        else
+            o->copy(buf + z->unit_start[u], z->stage_buf, len * sizeof(float));
     }
     return 0;
 }
 
-void zero_flat_to_shard(const zero_t *z, const float *flat, float *shard)
+int zero_allgather(zero_t *z, float *buf) { return allgather_units(z, buf, 0); }
+
+int zero_allgather_host(zero_t *z, float *host) { return allgather_units(z, host, 1); }
+
+void zero_shard_from_host(const zero_t *z, const float *host, float *shard)
 {
     for (int u = 0; u < z->n_units; u++) {
         size_t lo, hi;
         zero_piece(z, u, &lo, &hi);
         float *dst = shard + z->shard_start[u];
-        memcpy(dst, flat + lo, (hi - lo) * sizeof(float));
-        memset(dst + (hi - lo), 0, (z->chunk[u] - (hi - lo)) * sizeof(float));
+        z->ops->from_host(dst, host + lo, (hi - lo) * sizeof(float));
+        z->ops->zero(dst + (hi - lo), (z->chunk[u] - (hi - lo)) * sizeof(float));
     }
 }
 
-void zero_shard_to_flat(const zero_t *z, const float *shard, float *flat)
+void zero_shard_to_host(const zero_t *z, const float *shard, float *host)
 {
     for (int u = 0; u < z->n_units; u++) {
         size_t lo, hi;
         zero_piece(z, u, &lo, &hi);
-        memcpy(flat + lo, shard + z->shard_start[u], (hi - lo) * sizeof(float));
+        z->ops->to_host(host + lo, shard + z->shard_start[u], (hi - lo) * sizeof(float));
     }
 }
 
@@ -192,7 +219,7 @@ int zero_unit_of(const zero_t *z, size_t off)
 
 void zero_grads_begin(zero_t *z)
 {
-    memset(z->grad_shard, 0, z->shard_n * sizeof(float));
+    z->ops->zero(z->grad_shard, z->shard_n * sizeof(float));
     z->wait_s = 0.0;
     z->gather_s = 0.0;
 }
@@ -201,8 +228,7 @@ void zero_grads_begin(zero_t *z)
 static void add_piece(zero_t *z, int u, const float *piece)
 {
     float *dst = z->grad_shard + z->shard_start[u];
-    for (size_t j = 0; j < z->chunk[u]; j++)
-        dst[j] += piece[j];
+    z->ops->add(dst, dst, piece, z->chunk[u]);
 }
 
 /* Window k's reduce-scatter finished: its piece (widened from bf16 when
@@ -211,7 +237,7 @@ static void window_done(zero_t *z, int k)
 {
     const int u = z->window_unit[k];
     if (bf16_on(z, z->group))
-        comm_bf16_to_f32(z->hrecv[k], z->recv[k], z->chunk[u]);
+        z->ops->cast_bf16_to_f32(z->recv[k], z->hrecv[k], z->chunk[u]);
     add_piece(z, u, z->recv[k]);
     z->window_unit[k] = -1;
 }
@@ -256,7 +282,7 @@ int zero_grads_reduce_window(zero_t *z, int u)
     int rc;
     if (bf16_on(z, c)) {
         /* the whole send, padding included (zero in both types) */
-        comm_f32_to_bf16(z->window[k], z->hwin[k], (size_t)c->size * z->chunk[u]);
+        z->ops->cast_f32_to_bf16(z->hwin[k], z->window[k], (size_t)c->size * z->chunk[u]);
         rc = c->ops->ireduce_scatter_bf16(c, z->hwin[k], z->hrecv[k], z->chunk[u], &z->req[k]);
     } else {
         rc = c->ops->ireduce_scatter(c, z->window[k], z->recv[k], z->chunk[u], &z->req[k]);
@@ -276,12 +302,13 @@ int zero_grads_reduce(zero_t *z, int u, const float *src)
     /* stage_buf [S*c] (hstage in bf16): the send, padded; in place, the
      * rank's piece lands at its start */
     const int bf16 = bf16_on(z, c);
+    const ops_t *o = z->ops;
     if (bf16) {
-        comm_f32_to_bf16(src, z->hstage, len);
-        memset(z->hstage + len, 0, ((size_t)c->size * cu - len) * sizeof(uint16_t));
+        o->cast_f32_to_bf16(z->hstage, src, len);
+        o->zero(z->hstage + len, ((size_t)c->size * cu - len) * sizeof(uint16_t));
     } else {
-        memcpy(z->stage_buf, src, len * sizeof(float));
-        memset(z->stage_buf + len, 0, ((size_t)c->size * cu - len) * sizeof(float));
+        o->copy(z->stage_buf, src, len * sizeof(float));
+        o->zero(z->stage_buf + len, ((size_t)c->size * cu - len) * sizeof(float));
     }
     double t0 = MPI_Wtime();
     int rc = bf16 ? c->ops->reduce_scatter_bf16(c, z->hstage, z->hstage, cu)
@@ -290,7 +317,7 @@ int zero_grads_reduce(zero_t *z, int u, const float *src)
     if (rc != 0)
         return -1;
     if (bf16)
-        comm_bf16_to_f32(z->hstage, z->stage_buf, cu);
+        o->cast_bf16_to_f32(z->stage_buf, z->hstage, cu);
     add_piece(z, u, z->stage_buf);
     return 0;
 }
@@ -299,8 +326,7 @@ int zero_grads_finish(zero_t *z, float scale)
 {
     if (window_drain(z, 0) != 0 || window_drain(z, 1) != 0)
         return -1;
-    for (size_t j = 0; j < z->shard_n; j++)
-        z->grad_shard[j] *= scale;
+    z->ops->scale(z->grad_shard, scale, z->shard_n);
     return 0;
 }
 
@@ -311,10 +337,10 @@ int zero_grads_replicas(zero_t *z)
         return 0;
     if (!bf16_on(z, r))
         return r->ops->allreduce(r, z->grad_shard, z->shard_n, COMM_SUM);
-    comm_f32_to_bf16(z->grad_shard, z->hshard, z->shard_n);
+    z->ops->cast_f32_to_bf16(z->hshard, z->grad_shard, z->shard_n);
     if (r->ops->allreduce_bf16(r, z->hshard, z->shard_n) != 0)
         return -1;
-    comm_bf16_to_f32(z->hshard, z->grad_shard, z->shard_n);
+    z->ops->cast_bf16_to_f32(z->grad_shard, z->hshard, z->shard_n);
     return 0;
 }
 
@@ -402,7 +428,7 @@ int zero_params_gather_unit(zero_t *z, int u, float *dst)
         return 0;
     if (c->ops->allgather(c, z->param_shard + z->shard_start[u], z->stage_buf, cu) != 0)
         return -1;
-    memcpy(dst, z->stage_buf, len * sizeof(float));
+    z->ops->copy(dst, z->stage_buf, len * sizeof(float));
     return 0;
 }
 

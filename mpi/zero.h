@@ -48,8 +48,17 @@
  * same way. A group of one rank reduces nothing, so it keeps fp32 and
  * bf16 changes nothing there. The staging buffers (MEM_COMM: a window, a
  * piece and a padded unit per window, and a shard for HSDP, 2 bytes per
- * element) are allocated by zero_create. The casts are host loops: valid
- * with CUDA too, where training runs MPI over managed memory. */
+ * element) are allocated by zero_create.
+ *
+ * Memory: every buffer below that holds tensor data (shards, windows,
+ * staging) is the backend's (ops->alloc, counted with mem_track in the
+ * category named), because the model's kernels read and write them: the
+ * gradient windows are lent to the model as block gradients, the parameter
+ * windows as block parameters, and AdamW runs on the shards. Every copy,
+ * fill, cast, sum and scaling on them goes through the ops table, never a
+ * host loop. Buffers the caller passes are backend memory too, except
+ * where a function says "host" (checkpoint and initialisation copies),
+ * which it reads or writes with ops->to_host / ops->from_host. */
 #ifndef DTRAIN_ZERO_H
 #define DTRAIN_ZERO_H
 
@@ -57,8 +66,10 @@
 #include <stdint.h>
 
 #include "comm.h"
+#include "ops.h"
 
 typedef struct zero {
+    const ops_t *ops;    /* the backend owning the buffers */
     int stage;
     comm_t *group;       /* sharded over this group (size S, rank r) */
     size_t n;            /* floats in the flat buffer */
@@ -94,27 +105,32 @@ typedef struct zero {
     long long gathers;   /* block all-gathers started (a cache hit starts none) */
 } zero_t;
 
-/* unit_start: n_units+1 ascending offsets covering [0, n]. window_units:
+/* ops: the model's backend (the buffers' memory and the arithmetic on
+ * them). unit_start: n_units+1 ascending offsets covering [0, n]. window_units:
  * the largest unit stage 2 reduces through windows (a block's length; 0
  * below stage 2). replica: HSDP's replica group (stage 2 and up; NULL
  * without --hybrid-shard). dtype: the gradient reductions' (see above).
  * Returns 0 or -1 (out of memory). */
-int zero_create(zero_t *z, int stage, comm_t *group, size_t n, const size_t *unit_start, int n_units,
-                size_t window_units, comm_t *replica, comm_dtype_t dtype);
+int zero_create(zero_t *z, const ops_t *ops, int stage, comm_t *group, size_t n, const size_t *unit_start,
+                int n_units, size_t window_units, comm_t *replica, comm_dtype_t dtype);
 void zero_destroy(zero_t *z);
 
 /* This rank's piece of unit u, in flat offsets: [*lo, *hi). */
 void zero_piece(const zero_t *z, int u, size_t *lo, size_t *hi);
 
-/* Every rank's pieces of buf ([n] floats; this rank's pieces are current)
- * are gathered into every rank's buf. Collective over the group. Returns 0
- * or -1 with the message in group->err. */
+/* Every rank's pieces of buf ([n] floats of backend memory; this rank's
+ * pieces are current) are gathered into every rank's buf. Collective over
+ * the group. Returns 0 or -1 with the message in group->err. */
 int zero_allgather(zero_t *z, float *buf);
+/* The same on a host buffer (a checkpoint's flat copy), staged through the
+ * backend's all-gather buffer with to_host / from_host. */
+int zero_allgather_host(zero_t *z, float *host);
 
-/* Copies between a flat buffer [n] and a shard [shard_n]: this rank's
- * pieces, padding left zero. */
-void zero_flat_to_shard(const zero_t *z, const float *flat, float *shard);
-void zero_shard_to_flat(const zero_t *z, const float *shard, float *flat);
+/* Copies between a flat host buffer [n] and a shard [shard_n] of backend
+ * memory (z's ops): this rank's pieces. shard_from_host zeroes the shard's
+ * padding; shard_to_host leaves the rest of host alone. */
+void zero_shard_from_host(const zero_t *z, const float *host, float *shard);
+void zero_shard_to_host(const zero_t *z, const float *shard, float *host);
 
 /* Stage 2. The step starts: the gradient shard is cleared. */
 void zero_grads_begin(zero_t *z);
@@ -133,8 +149,9 @@ int zero_grads_reduce_window(zero_t *z, int u);
  * Cheap; call it between kernels. Returns 0 or -1. */
 int zero_grads_progress(zero_t *z);
 
-/* Unit u's gradients are complete in src ([len] floats, not a window):
- * reduce-scatters them now and adds this rank's piece. Returns 0 or -1. */
+/* Unit u's gradients are complete in src ([len] floats of backend memory,
+ * not a window): reduce-scatters them now and adds this rank's piece.
+ * Returns 0 or -1. */
 int zero_grads_reduce(zero_t *z, int u, const float *src);
 
 /* Completes every reduce-scatter in flight, then multiplies the shard by
@@ -160,8 +177,8 @@ int zero_params_progress(zero_t *z);
  * flight and forgets what the windows hold. Returns 0 or -1. */
 int zero_params_invalidate(zero_t *z);
 
-/* Unit u gathered from the parameter shard into dst ([unit length]).
- * Blocking. Returns 0 or -1. */
+/* Unit u gathered from the parameter shard into dst ([unit length] of
+ * backend memory). Blocking. Returns 0 or -1. */
 int zero_params_gather_unit(zero_t *z, int u, float *dst);
 
 /* The unit holding flat offset off. */

@@ -112,7 +112,7 @@ static int params_from_host(trainer_t *tr, const float *host)
     model_params_from_host(&tr->model, host);
     if (tr->zero_stage < 3)
         return 0;
-    zero_flat_to_shard(&tr->zero, host, tr->zero.param_shard);
+    zero_shard_from_host(&tr->zero, host, tr->zero.param_shard);
     return zero_params_invalidate(&tr->zero);
 }
 
@@ -123,8 +123,8 @@ static int params_to_host(trainer_t *tr, float *host)
     model_params_to_host(&tr->model, host);
     if (tr->zero_stage < 3)
         return 0;
-    zero_shard_to_flat(&tr->zero, tr->zero.param_shard, host);
-    return zero_allgather(&tr->zero, host);
+    zero_shard_to_host(&tr->zero, tr->zero.param_shard, host);
+    return zero_allgather_host(&tr->zero, host);
 }
 
 /* Parameters from the counter-based initializer: every layout and stage
@@ -234,8 +234,9 @@ static int host_state(trainer_t *tr, float **p, float **m, float **v)
 
 /* The moments as full flat host buffers [table.numel] (what a checkpoint
  * holds) from the optimizer's: the same buffers without ZeRO; under ZeRO
- * each rank's pieces, gathered over the shard group so that the writer
- * (DP rank 0) holds every element. Collective over the shard group. */
+ * each rank's pieces (the optimizer's shards, backend memory), gathered
+ * over the shard group so that the writer (DP rank 0) holds every element.
+ * Collective over the shard group. */
 static int moments_to_host(trainer_t *tr, float *hm, float *hv)
 {
     model_t *m = &tr->model;
@@ -244,18 +245,13 @@ static int moments_to_host(trainer_t *tr, float *hm, float *hv)
         m->ops->to_host(hv, tr->optim.v, m->table.numel * sizeof(float));
         return 0;
     }
-    float *shard = malloc(tr->zero.shard_n * sizeof *shard + 1);
-    if (!shard)
-        return -1;
     float *const dst[2] = {hm, hv}, *const src[2] = {tr->optim.m, tr->optim.v};
     int rc = 0;
     for (int k = 0; k < 2 && rc == 0; k++) {
-        m->ops->to_host(shard, src[k], tr->zero.shard_n * sizeof *shard);
         memset(dst[k], 0, m->table.numel * sizeof(float));
-        zero_shard_to_flat(&tr->zero, shard, dst[k]);
-        rc = zero_allgather(&tr->zero, dst[k]);
+        zero_shard_to_host(&tr->zero, src[k], dst[k]);
+        rc = zero_allgather_host(&tr->zero, dst[k]);
     }
-    free(shard);
     return rc;
 }
 
@@ -268,14 +264,8 @@ static int moments_from_host(trainer_t *tr, const float *hm, const float *hv)
         m->ops->from_host(tr->optim.v, hv, m->table.numel * sizeof(float));
         return 0;
     }
-    float *shard = malloc(tr->zero.shard_n * sizeof *shard + 1);
-    if (!shard)
-        return -1;
-    zero_flat_to_shard(&tr->zero, hm, shard);
-    m->ops->from_host(tr->optim.m, shard, tr->zero.shard_n * sizeof *shard);
-    zero_flat_to_shard(&tr->zero, hv, shard);
-    m->ops->from_host(tr->optim.v, shard, tr->zero.shard_n * sizeof *shard);
-    free(shard);
+    zero_shard_from_host(&tr->zero, hm, tr->optim.m);
+    zero_shard_from_host(&tr->zero, hv, tr->optim.v);
     return 0;
 }
 
@@ -441,7 +431,7 @@ static int setup_zero(trainer_t *tr, comm_dtype_t gdt, char *err, size_t errlen)
     for (int u = tr->zero_unit0; u >= 0 && u < tr->zero_unit0 + tr->model.n_local; u++)
         if (start[u + 1] - start[u] > window)
             window = start[u + 1] - start[u];
-    int rc = zero_create(&tr->zero, tr->zero_stage, g->shard ? g->shard : g->dp, t->numel, start, n,
+    int rc = zero_create(&tr->zero, tr->model.ops, tr->zero_stage, g->shard ? g->shard : g->dp, t->numel, start, n,
                          tr->zero_stage >= 2 ? window : 0, g->replica, gdt);
     free(start);
     if (rc != 0)
@@ -566,7 +556,7 @@ int trainer_setup(trainer_t *tr, const run_options_t *o, const launch_env_t *env
         return -1;
     ddp_mode_t mode;
     if (tr->zero_stage < 2 && (ddp_mode_parse(o->ddp_mode, &mode) != 0 ||
-        ddp_create(&tr->ddp, mode, grid->dp, tr->model.grads, t->numel, tr->tensor_start, t->n,
+        ddp_create(&tr->ddp, tr->model.ops, mode, grid->dp, tr->model.grads, t->numel, tr->tensor_start, t->n,
                    (size_t)(o->bucket_mb * 1048576.0), gdt) != 0)) {
         snprintf(err, errlen, "cannot set up --ddp-mode %s with --bucket-mb %g", o->ddp_mode, o->bucket_mb);
         return -1;
@@ -781,17 +771,17 @@ double trainer_grad_norm(trainer_t *tr)
 int trainer_check_replicas(trainer_t *tr, int step, char *err, size_t errlen)
 {
     int bad = -1;
-    /* ZeRO-3 holds block parameters as pieces: compare the gathered whole */
-    float *host = NULL;
-    if (tr->zero_stage >= 3) {
-        host = malloc(tr->model.table.numel * sizeof *host + 1);
-        if (!host || params_to_host(tr, host) != 0) {
-            snprintf(err, errlen, "replica check: %s", host ? tr->zero.group->err : "out of memory");
-            free(host);
-            return -1;
-        }
+    /* the hashes are host loops, so on a host copy (the backend's memory
+     * need not be host-readable); under ZeRO-3 that copy is the gathered
+     * whole, as the blocks are held as pieces */
+    float *host = malloc(tr->model.table.numel * sizeof *host + 1);
+    if (!host || params_to_host(tr, host) != 0) {
+        snprintf(err, errlen, "replica check: %s",
+                 host && tr->zero.group ? tr->zero.group->err : "out of memory");
+        free(host);
+        return -1;
     }
-    int rc = replica_check(tr->grid->dp, host ? host : tr->model.params, tr->tensor_start, tr->model.table.n, &bad);
+    int rc = replica_check(tr->grid->dp, host, tr->tensor_start, tr->model.table.n, &bad);
     free(host);
     if (rc < 0) {
         snprintf(err, errlen, "replica check: %s", tr->grid->dp->err);
@@ -941,7 +931,8 @@ static int step_gradients(trainer_t *tr, int step, double *bubble_s, char *err, 
     } else {
         const pipe_stage_ops_t ops = {.forward = stage_forward, .backward = stage_backward, .input = stage_input,
                                       .output = stage_output, .grad = stage_grad,
-                                      .n = model_stage_floats(m, tr->opt->micro_batch, tr->opt->seq_len)};
+                                      .n = model_stage_floats(m, tr->opt->micro_batch, tr->opt->seq_len),
+                                      .mem = m->ops};
         pipe_stats_t st = {0};
         if (pipe_run(g->pp, tr->pp_kind, tr->accum, &ops, tr, &st) != 0) {
             snprintf(err, errlen, "step %d: pipeline: %s", step + 1, tr->step_err[0] ? tr->step_err : g->pp->err);

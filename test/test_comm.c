@@ -336,12 +336,15 @@ static void check_errors(comm_t *c)
     float g[10] = {0};
     size_t bad1[] = {0, 6, 4}, bad2[] = {0, 4, 11}, bad3[] = {2, 4};
     ddp_t dd;
-    ok = ddp_create(&dd, DDP_BUCKETED, c, g, 10, bad1, 3, 16, COMM_FP32) == -1 &&
+    ok = ddp_create(&dd, ops_cpu(), DDP_BUCKETED, c, g, 10, bad1, 3, 16, COMM_FP32) == -1 &&
          strstr(c->err, "ddp: tensor 2 starts at 4");
     snprintf(d, sizeof d, "err '%.400s'", c->err);
-    ok = ok && ddp_create(&dd, DDP_BUCKETED, c, g, 10, bad2, 3, 16, COMM_FP32) == -1 &&
-         ddp_create(&dd, DDP_FLAT, c, g, 10, bad3, 2, 16, COMM_FP32) == -1;
+    ok = ok && ddp_create(&dd, ops_cpu(), DDP_BUCKETED, c, g, 10, bad2, 3, 16, COMM_FP32) == -1 &&
+         ddp_create(&dd, ops_cpu(), DDP_FLAT, c, g, 10, bad3, 2, 16, COMM_FP32) == -1;
     check(ok, d, "ddp_create rejects descending, out-of-range and non-zero first offsets: %.400s", c->err);
+    size_t one[] = {0};
+    ok = ddp_create(&dd, NULL, DDP_FLAT, c, g, 10, one, 1, 16, COMM_FP32) == -1 && strstr(c->err, "invalid arguments");
+    check(ok, "", "ddp_create without an ops table fails: %.400s", c->err);
 }
 
 static void check_subcomm(comm_t *world)
@@ -473,7 +476,7 @@ static void ddp_exact(comm_t *c, const char *label, comm_dtype_t dt)
         const ddp_cfg_t *cf = &ddp_cfgs[k];
         const size_t cap = cf->bytes / sizeof(float);
         ddp_t dd;
-        int ok = ddp_create(&dd, cf->mode, c, g, n, starts, N_TENSORS, cf->bytes, dt) == 0;
+        int ok = ddp_create(&dd, ops_cpu(), cf->mode, c, g, n, starts, N_TENSORS, cf->bytes, dt) == 0;
         if (!ok)
             snprintf(d, sizeof d, "ddp_create: %.400s", c->err);
         else if ((dd.half != NULL) != (dt == COMM_BF16 && p > 1)) {
@@ -596,7 +599,7 @@ static void ddp_random(comm_t *c, const char *label)
         /* k = -1: flat, the reference */
         const ddp_cfg_t cf = k < 0 ? (ddp_cfg_t){DDP_FLAT, 0} : ddp_cfgs[k];
         ddp_t dd;
-        int ok = ddp_create(&dd, cf.mode, c, g, n, starts, N_TENSORS, cf.bytes, COMM_FP32) == 0 &&
+        int ok = ddp_create(&dd, ops_cpu(), cf.mode, c, g, n, starts, N_TENSORS, cf.bytes, COMM_FP32) == 0 &&
                  ddp_two_random_steps(&dd, g, first, n, starts, q);
         if (!ok)
             snprintf(d, sizeof d, "%.400s", c->err);
@@ -896,7 +899,7 @@ static void ddp_bf16_random(comm_t *c, const char *label)
     for (int k = 0; k < N_CFGS; k++) {
         const ddp_cfg_t cf = ddp_cfgs[k];
         ddp_t dd;
-        int ok = ddp_create(&dd, cf.mode, c, g, n, starts, N_TENSORS, cf.bytes, COMM_BF16) == 0 &&
+        int ok = ddp_create(&dd, ops_cpu(), cf.mode, c, g, n, starts, N_TENSORS, cf.bytes, COMM_BF16) == 0 &&
                  ddp_two_random_steps(&dd, g, first, n, starts, q);
         if (!ok)
             snprintf(d, sizeof d, "%.400s", c->err);

@@ -238,7 +238,7 @@ int main(int argc, char **argv)
     float *grads = calloc(4 * 4096, sizeof *grads);
     ddp_t d;
     if (!grads ||
-        ddp_create(&d, DDP_BUCKETED, c, grads, 4 * 4096, starts, 4, 4096 * sizeof(float), COMM_FP32) != 0)
+        ddp_create(&d, ops_cpu(), DDP_BUCKETED, c, grads, 4 * 4096, starts, 4, 4096 * sizeof(float), COMM_FP32) != 0)
         die("ddp_create", c->err);
     ddp_begin(&d);
     for (int l = 3; l >= 0; l--) {
