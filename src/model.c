@@ -180,29 +180,45 @@ static float *carve(char *base, size_t *cursor, size_t n)
     return p;
 }
 
+/* Carves n bf16 values: h(n) = r(ceil(n/2)) bytes. */
+static uint16_t *carve16(char *base, size_t *cursor, size_t n)
+{
+    return (uint16_t *)carve(base, cursor, (n + 1) / 2);
+}
+
 /* Carves one block's tensors: `core` (everything but fc_act, dropped only
  * by full recompute) and `act` (the activation function's output). Tensors
- * not carved stay NULL. */
+ * not carved stay NULL. Under --dtype bf16 the matmul-only inputs ln1,
+ * ln2 and fc_act are carved as bf16. */
 static void carve_block(const model_t *m, char *base, size_t *cursor, block_acts_t *s, int core, int act)
 {
+    const int bf16 = m->lay.bf16;
     const size_t N = (size_t)m->B * (size_t)m->T, NR = (size_t)res_rows(m, (int)N), C = (size_t)m->cfg.d_model;
     const size_t QD = (size_t)heads(m) * (size_t)model_head_size(&m->cfg);
     const size_t LSE = (size_t)m->B * (size_t)heads(m) * (size_t)m->T;
     memset(s, 0, sizeof *s);
     if (core) {
-        s->ln1 = carve(base, cursor, N * C);
+        if (bf16)
+            s->ln1_16 = carve16(base, cursor, N * C);
+        else
+            s->ln1 = carve(base, cursor, N * C);
         s->ln1_mean = carve(base, cursor, NR);
         s->ln1_rstd = carve(base, cursor, NR);
         s->qkv = carve(base, cursor, N * (size_t)qkv_width(m));
         s->lse = carve(base, cursor, LSE);
         s->atty = carve(base, cursor, N * QD);
         s->res2 = carve(base, cursor, NR * C);
-        s->ln2 = carve(base, cursor, N * C);
+        if (bf16)
+            s->ln2_16 = carve16(base, cursor, N * C);
+        else
+            s->ln2 = carve(base, cursor, N * C);
         s->ln2_mean = carve(base, cursor, NR);
         s->ln2_rstd = carve(base, cursor, NR);
         s->fc = carve(base, cursor, N * (size_t)fc_width(m));
     }
-    if (act)
+    if (act && bf16)
+        s->fc_act16 = carve16(base, cursor, N * (size_t)ffn(m));
+    else if (act)
         s->fc_act = carve(base, cursor, N * (size_t)ffn(m));
 }
 
@@ -216,6 +232,8 @@ static void carve_block(const model_t *m, char *base, size_t *cursor, block_acts
  *   core  = 2 r(N*C) + 4 r(NR) + r(N*QKV) + r(B*NH*T) + r(N*QD) + r(NR*C)
  *           + r(N*FW)
  *   act   = r(N*F)
+ *   (--dtype bf16: 2 h(N*C) for ln1 and ln2 in core, act = h(N*F), with
+ *   h() below: the matmul-only inputs are kept in bf16)
  *   block = core + act  (--recompute none)
  *           core        (selective)
  *           0           (full)
@@ -293,12 +311,12 @@ static void layout_acts(model_t *m, char *acts, size_t *acts_bytes, char *work, 
             wmax = FW * C;
         if (m->lay.part.has_head && Vl > oc)
             oc = Vl;
-        m->a16 = (uint16_t *)carve(work, &w, (N * ic + 1) / 2);
+        m->a16 = carve16(work, &w, N * ic);
         /* weights come from params16, except lent (ZeRO-3) block weights:
          * those are rounded per call, so only blocks need room here */
         if (m->lay.lent_block_params)
-            m->w16 = (uint16_t *)carve(work, &w, (wmax + 1) / 2);
-        m->d16 = (uint16_t *)carve(work, &w, (N * oc + 1) / 2);
+            m->w16 = carve16(work, &w, wmax);
+        m->d16 = carve16(work, &w, N * oc);
     }
     *acts_bytes = a;
     *work_bytes = w;
@@ -548,8 +566,11 @@ static const uint16_t *weight16(model_t *m, const float *w, size_t n)
 
 /* out[N,OC] = in[N,IC] . w[OC,IC]^T (+ b) in the model's GEMM precision:
  * fp32, or (--dtype bf16) in and w rounded to bf16, fp32 sums. The
- * activation's bf16 copy is made per call; the weight's is params16. */
-static void mm_fwd(model_t *m, float *out, const float *in, const float *w, const float *b, int N, int IC, int OC)
+ * weight's bf16 copy is params16's; the input is rounded into keep16, an
+ * activation the backward reads again, or with keep16 NULL into the a16
+ * workspace. */
+static void mm_fwd(model_t *m, float *out, const float *in, uint16_t *keep16, const float *w, const float *b, int N,
+                   int IC, int OC)
 {
     const ops_t *o = m->ops;
     if (!m->lay.bf16) {
@@ -557,15 +578,17 @@ static void mm_fwd(model_t *m, float *out, const float *in, const float *w, cons
         return;
     }
     const uint16_t *w16 = weight16(m, w, (size_t)OC * IC);
-    o->cast_f32_to_bf16(m->a16, in, (size_t)N * IC);
-    o->matmul_fwd_bf16(out, m->a16, w16, b, N, IC, OC);
+    uint16_t *in16 = keep16 ? keep16 : m->a16;
+    o->cast_f32_to_bf16(in16, in, (size_t)N * IC);
+    o->matmul_fwd_bf16(out, in16, w16, b, N, IC, OC);
 }
 
 /* matmul_bwd in the model's GEMM precision: with bf16, dout, in and w are
  * rounded to bf16 for the two GEMMs (mixed precision's usual backward);
- * the bias gradient sums the fp32 dout. */
+ * the bias gradient sums the fp32 dout. The input's bf16 copy is in16
+ * when the forward kept it (in is then not read), else in is rounded. */
 static void mm_bwd(model_t *m, float *din, float *dw, float *db, const float *dout, const float *in,
-                   const float *w, int N, int IC, int OC, int accum_din, int accum_dw)
+                   const uint16_t *in16, const float *w, int N, int IC, int OC, int accum_din, int accum_dw)
 {
     const ops_t *o = m->ops;
     if (!m->lay.bf16) {
@@ -575,9 +598,11 @@ static void mm_bwd(model_t *m, float *din, float *dw, float *db, const float *do
     const uint16_t *w16 = din ? weight16(m, w, (size_t)OC * IC) : NULL;
     if (din || dw)
         o->cast_f32_to_bf16(m->d16, dout, (size_t)N * OC);
-    if (dw)
+    if (dw && !in16) {
         o->cast_f32_to_bf16(m->a16, in, (size_t)N * IC);
-    o->matmul_bwd_bf16(din, dw, db, m->d16, dout, m->a16, w16, N, IC, OC, accum_din, accum_dw);
+        in16 = m->a16;
+    }
+    o->matmul_bwd_bf16(din, dw, db, m->d16, dout, in16, w16, N, IC, OC, accum_din, accum_dw);
 }
 
 /* Norm of this rank's NR rows of x, then all N rows of the result in
@@ -600,16 +625,16 @@ static void norm_fwd_gather(model_t *m, float *out, float *mean, float *rstd, co
 /* out[NR,C] = res[NR,C] + (in[N,IC] . w^T + b) summed over TP ranks: the
  * row-parallel matmul (bias added once, by TP rank 0), then the
  * all-reduce, or the reduce-scatter to this rank's rows. */
-static void row_parallel_fwd(model_t *m, float *out, const float *res, const float *in, const float *w,
-                             const float *b, int N, int NR, int IC)
+static void row_parallel_fwd(model_t *m, float *out, const float *res, const float *in, uint16_t *keep16,
+                             const float *w, const float *b, int N, int NR, int IC)
 {
     const int C = m->cfg.d_model;
     const float *bias = m->lay.part.tp_rank == 0 ? b : NULL;
     if (m->lay.sequence_parallel) {
-        mm_fwd(m, m->tmp, in, w, bias, N, IC, C);
+        mm_fwd(m, m->tmp, in, keep16, w, bias, N, IC, C);
         tp_reduce_scatter(m, out, m->tmp, (size_t)NR * C);
     } else {
-        mm_fwd(m, out, in, w, bias, N, IC, C);
+        mm_fwd(m, out, in, keep16, w, bias, N, IC, C);
         tp_allreduce(m, out, (size_t)N * C, COMM_SUM);
     }
     m->ops->add(out, out, res, (size_t)NR * C);
@@ -641,22 +666,29 @@ static void block_fwd(model_t *m, const block_acts_t *a, const float *x, float *
     const int N = b * t, NR = res_rows(m, N), C = c->d_model, HS = model_head_size(c);
     const int NH = heads(m), NKV = kv_heads(m), QD = NH * HS, F = ffn(m);
     const block_tensors_t *w = &m->p.h[i];
+    /* --dtype bf16 keeps ln1, ln2 and fc_act only as their bf16 copies
+     * (a->*16, made by the matmuls that read them): their fp32 values go
+     * to backward-only workspace, dln [N,C] and dbig [N,big] */
+    float *ln1 = a->ln1_16 ? m->dln : a->ln1, *ln2 = a->ln2_16 ? m->dln : a->ln2;
+    float *act = a->fc_act16 ? m->dbig : a->fc_act;
     /* attention sub-block: res2 = x + wo . attn(norm1(x)) */
-    norm_fwd_gather(m, a->ln1, a->ln1_mean, a->ln1_rstd, x, w->ln1w, w->ln1b, N, NR);
-    mm_fwd(m, a->qkv, a->ln1, w->wqkv, w->bqkv, N, C, qkv_width(m));
+    norm_fwd_gather(m, ln1, a->ln1_mean, a->ln1_rstd, x, w->ln1w, w->ln1b, N, NR);
+    mm_fwd(m, a->qkv, ln1, a->ln1_16, w->wqkv, w->bqkv, N, C, qkv_width(m));
     if (c->arch == ARCH_LLAMA)
         o->rope_fwd(a->qkv, b, t, NH, NKV, HS, c->rope_theta);
     o->attention_fwd(a->atty, a->lse, a->qkv, b, t, NH, NKV, HS);
-    row_parallel_fwd(m, a->res2, x, a->atty, w->wo, w->bo, N, NR, QD);
+    row_parallel_fwd(m, a->res2, x, a->atty, NULL, w->wo, w->bo, N, NR, QD);
     /* MLP sub-block: xout = res2 + wproj . act(fc(norm2(res2))) */
-    norm_fwd_gather(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2w, w->ln2b, N, NR);
-    mm_fwd(m, a->fc, a->ln2, w->wfc, w->bfc, N, C, fc_width(m));
+    norm_fwd_gather(m, ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2w, w->ln2b, N, NR);
+    mm_fwd(m, a->fc, ln2, a->ln2_16, w->wfc, w->bfc, N, C, fc_width(m));
     if (c->arch == ARCH_GPT2)
-        o->gelu_fwd(a->fc_act, a->fc, (size_t)N * F);
+        o->gelu_fwd(act, a->fc, (size_t)N * F);
     else
-        o->swiglu_fwd(a->fc_act, a->fc, N, F);
+        o->swiglu_fwd(act, a->fc, N, F);
+    /* xout is NULL only under full recompute, whose view keeps fc_act in
+     * fp32 (dbig2), so fc_act16 never misses its copy */
     if (xout)
-        row_parallel_fwd(m, xout, a->res2, a->fc_act, w->wproj, w->bproj, N, NR, F);
+        row_parallel_fwd(m, xout, a->res2, act, a->fc_act16, w->wproj, w->bproj, N, NR, F);
 }
 
 /* x0[NR,C] = embeddings of the tokens: each TP rank looks up the tokens of
@@ -681,7 +713,7 @@ static float head_fwd(model_t *m, model_slot_t *sl, const int32_t *targets, int 
     const int N = b * t, NR = res_rows(m, N), C = m->cfg.d_model, Vl = m->v_rows;
     const float *xL = sl->x + (size_t)m->n_local * NR * C;
     norm_fwd_gather(m, sl->lnf, sl->lnf_mean, sl->lnf_rstd, xL, m->p.lnfw, m->p.lnfb, N, NR);
-    mm_fwd(m, sl->logits, sl->lnf, m->p.head, NULL, N, C, Vl);
+    mm_fwd(m, sl->logits, sl->lnf, NULL, m->p.head, NULL, N, C, Vl);
     if (!targets)
         return 0.0f;
     /* The loss is the mean over the targets that count (>= 0); the
@@ -808,19 +840,20 @@ static void block_bwd(model_t *m, model_slot_t *sl, int i, int accum, int last)
     else if (rc == MODEL_RECOMPUTE_SELECTIVE)
         o->swiglu_fwd(a->fc_act, a->fc, N, F);
     /* MLP: dres = dL/dxout on entry, dL/dres2 after the norm backward */
-    mm_bwd(m, m->dbig, g->wproj, g->bproj, dres_all_rows(m, N, NR), a->fc_act, w->wproj, N, F, C, 0, accum);
+    mm_bwd(m, m->dbig, g->wproj, g->bproj, dres_all_rows(m, N, NR), a->fc_act, a->fc_act16, w->wproj, N, F, C, 0,
+           accum);
     if (gpt)
         o->gelu_bwd(m->dbig2, a->fc, m->dbig, (size_t)N * F);
     else
         o->swiglu_bwd(m->dbig2, a->fc, m->dbig, N, F);
-    mm_bwd(m, m->dln, g->wfc, g->bfc, m->dbig2, a->ln2, w->wfc, N, C, fc_width(m), 0, accum);
+    mm_bwd(m, m->dln, g->wfc, g->bfc, m->dbig2, a->ln2, a->ln2_16, w->wfc, N, C, fc_width(m), 0, accum);
     norm_bwd_reduce(m, g->ln2w, g->ln2b, a->res2, w->ln2w, a->ln2_mean, a->ln2_rstd, N, NR, accum);
     /* attention: dres becomes dL/dx */
-    mm_bwd(m, m->dbig, g->wo, g->bo, dres_all_rows(m, N, NR), a->atty, w->wo, N, QD, C, 0, accum);
+    mm_bwd(m, m->dbig, g->wo, g->bo, dres_all_rows(m, N, NR), a->atty, NULL, w->wo, N, QD, C, 0, accum);
     o->attention_bwd(m->dbig2, m->dbig, a->qkv, a->atty, a->lse, b, t, NH, NKV, HS);
     if (!gpt)
         o->rope_bwd(m->dbig2, b, t, NH, NKV, HS, c->rope_theta);
-    mm_bwd(m, m->dln, g->wqkv, g->bqkv, m->dbig2, a->ln1, w->wqkv, N, C, qkv_width(m), 0, accum);
+    mm_bwd(m, m->dln, g->wqkv, g->bqkv, m->dbig2, a->ln1, a->ln1_16, w->wqkv, N, C, qkv_width(m), 0, accum);
     norm_bwd_reduce(m, g->ln1w, g->ln1b, x, w->ln1w, a->ln1_mean, a->ln1_rstd, N, NR, accum);
     norm_grads_reduce(m, g->ln1w, g->ln1b, last);
     norm_grads_reduce(m, g->ln2w, g->ln2b, last);
@@ -840,7 +873,7 @@ int model_backward(model_t *m, int slot, int accum, int last)
             return -1;
         }
         /* output head and final norm; dres accumulates dL/dx from here down */
-        mm_bwd(m, m->dln, m->g.head, NULL, sl->logits, sl->lnf, m->p.head, N, C, m->v_rows, 0, accum);
+        mm_bwd(m, m->dln, m->g.head, NULL, sl->logits, sl->lnf, NULL, m->p.head, N, C, m->v_rows, 0, accum);
         o->zero(m->dres, (size_t)NR * C * sizeof(float));
         const float *xL = sl->x + (size_t)m->n_local * NR * C;
         norm_bwd_reduce(m, m->g.lnfw, m->g.lnfb, xL, m->p.lnfw, sl->lnf_mean, sl->lnf_rstd, N, NR, accum);

@@ -68,6 +68,11 @@ typedef struct block_acts {
     float *ln2, *ln2_mean, *ln2_rstd; /* [N,C], [NR], [NR] */
     float *fc;                        /* [N,F] GPT-2 pre-GELU, [N,2F] Llama gate|up */
     float *fc_act;                    /* [N,F] after GELU / SwiGLU */
+    /* --dtype bf16: ln1, ln2 and fc_act are only matmul inputs, so they
+     * are kept as the bf16 copies the matmuls read ([N,C], [N,C], [N,F];
+     * the fp32 pointers are then NULL), at half the bytes; NULL in fp32,
+     * and fc_act16 also wherever --recompute drops fc_act */
+    uint16_t *ln1_16, *ln2_16, *fc_act16;
 } block_acts_t;
 
 /* Everything one microbatch's forward leaves for its backward. A pipeline
@@ -104,7 +109,9 @@ typedef struct model_layout {
     model_recompute_t recompute; /* what the slots keep of each block */
     /* --dtype bf16: every matmul (the blocks' four and the head) rounds its
      * operands to bf16 and sums in fp32 (ops matmul_*_bf16); parameters,
-     * gradients, optimizer state, activations and every other op stay fp32. */
+     * gradients, optimizer state, activations and every other op stay fp32,
+     * except the matmul-only activations (block_acts_t's *16) and the
+     * weights' copy params16, which are kept as bf16. */
     int bf16;
 } model_layout_t;
 

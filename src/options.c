@@ -109,7 +109,7 @@ static const opt_def_t opt_defs[] = {
     {"plan-dtype", OPT_STR, F(plan_dtype), S(plan_dtype), "", 0, 0, plan_dtype_choices, "with --plan: fp32 (dtrain's own buffers, exactly) | bf16 (bf16 weights, fp32 gradients, master weights and AdamW moments; Korthikanti activations) (empty = bf16 on GPU profiles, fp32 on cpu)"},
     {"gpu-mem", OPT_REAL, F(gpu_mem), 0, "0", 0, 1e9, NULL, "with --plan: device memory per rank in GiB (0 = the hardware profile's)"},
     {"device", OPT_STR, F(device), S(device), "auto", 0, 0, device_choices, "compute backend: cpu | cuda (one GPU per rank, chosen by local rank) | auto (cuda when built with it and a GPU is visible, else cpu)"},
-    {"dtype", OPT_STR, F(dtype), S(dtype), "auto", 0, 0, dtype_choices, "matmul precision: bf16 (operands rounded to bf16, fp32 sums; parameters, gradients, AdamW state and activations stay fp32) | fp32 | auto (bf16 on cuda, fp32 on cpu)"},
+    {"dtype", OPT_STR, F(dtype), S(dtype), "auto", 0, 0, dtype_choices, "matmul precision: bf16 (operands rounded to bf16, fp32 sums; a bf16 weight copy and the matmul-only activations kept in bf16; master weights, gradients, AdamW state and other activations fp32) | fp32 | auto (bf16 on cuda, fp32 on cpu)"},
     {"comm", OPT_STR, F(comm), S(comm), "auto", 0, 0, comm_choices, "communication library of the tp, dp, embedding, ZeRO and world collectives: nccl (GPU to GPU, needs --device cuda) | mpi | auto (nccl when every rank runs on cuda and there is more than one rank, else mpi); the pipeline's point-to-point messages always use MPI"},
     {"selftest", OPT_FLAG, F(selftest), 0, "0", 0, 1, NULL, "compare every CUDA op with the CPU op on random inputs (stated error bounds), print the results and exit (0 = all agree)"},
 };

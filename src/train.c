@@ -663,8 +663,8 @@ void trainer_banner(const trainer_t *tr, FILE *out)
     fprintf(out, "backend: %s\n", tr->backend.desc);
     fprintf(out, "communication: %s\n", tr->backend.comm_desc);
     if (tr->model.lay.bf16)
-        fprintf(out, "precision: bf16 matmuls (operands rounded to bf16, fp32 sums); fp32 parameters, gradients, "
-                "AdamW state and activations\n");
+        fprintf(out, "precision: bf16 matmuls (operands rounded to bf16, fp32 sums; bf16 weight copy and matmul-only "
+                "activations); fp32 master weights, gradients, AdamW state and other activations\n");
     else
         fprintf(out, "precision: fp32\n");
     fprintf(out, "configuration:\n");

@@ -3,9 +3,11 @@ the comment above layout_acts() (what a planner must reproduce), for the
 rank that holds the most (what --metrics' mem_peak reports: the maximum over
 ranks). Standard library only; run with /usr/bin/python3.
 
-    act_bytes.py MODEL B T TP SP PP ACCUM SCHEDULE RECOMPUTE
+    act_bytes.py MODEL B T TP SP PP ACCUM SCHEDULE RECOMPUTE [DTYPE]
 
-prints "ACTIVATIONS WORKSPACE". MODEL is a preset name known below; SP is
+prints "ACTIVATIONS WORKSPACE". DTYPE is fp32 (the default) or bf16
+(--dtype bf16: ln1, ln2 and fc_act kept in bf16, and the bf16 GEMM
+operand workspace). MODEL is a preset name known below; SP is
 0 or 1; PP stages get balanced layer counts, the remainder to the first."""
 import sys
 
@@ -24,7 +26,12 @@ def r(n):
     return 64 * ((4 * n + 63) // 64)
 
 
-def stage_bytes(model, B, T, P, sp, Ls, slots, has_head, mode):
+def h(n):
+    """n bf16 values as one 64-byte aligned piece"""
+    return r((n + 1) // 2)
+
+
+def stage_bytes(model, B, T, P, sp, Ls, slots, has_head, mode, bf16):
     arch, V, L, NH, NKV, C, F = PRESETS[model]
     N = B * T
     NR = N // P if sp else N
@@ -36,25 +43,30 @@ def stage_bytes(model, B, T, P, sp, Ls, slots, has_head, mode):
     Vl = (V + q - 1) // q * q // P
     big = max(QKV, FW, QD)
     # attention keeps its log-sum-exp (B*nh*T), nothing T x T
-    core = 2 * r(N * C) + 4 * r(NR) + r(N * QKV) + r(B * nh * T) + r(N * QD) + r(NR * C) + r(N * FW)
-    act = r(N * Fl)
+    ln = h(N * C) if bf16 else r(N * C)
+    core = 2 * ln + 4 * r(NR) + r(N * QKV) + r(B * nh * T) + r(N * QD) + r(NR * C) + r(N * FW)
+    act = h(N * Fl) if bf16 else r(N * Fl)
     block = {"none": core + act, "selective": core, "full": 0}[mode]
     head = r(N * C) + 2 * r(NR) + r(N * Vl) + 2 * r(N) + r(2 * N) if has_head else 0
     slot = r((Ls + 1) * NR * C) + Ls * block + head + 2 * r(N)
     work = 3 * r(NR * C) + 3 * r(N * C) + 2 * r(N * big)
     work += {"none": 0, "selective": 0, "full": core}[mode]
+    if bf16:  # one GEMM's input and output gradient (no ZeRO-3 weight here)
+        oc = max(C, big, Vl) if has_head else max(C, big)
+        work += h(N * max(C, QD, Fl)) + h(N * oc)
     return slots * slot, work
 
 
 def main():
     model, B, T, P, sp, pp, accum, sched, mode = sys.argv[1:10]
+    bf16 = len(sys.argv) > 10 and sys.argv[10] == "bf16"
     B, T, P, sp, pp, accum = int(B), int(T), int(P), int(sp), int(pp), int(accum)
     L = PRESETS[model][2]
     acts = work = 0
     for s in range(pp):
         Ls = L // pp + (s < L % pp)
         slots = accum if sched == "gpipe" else min(pp - s, accum)
-        a, w = stage_bytes(model, B, T, P, sp, Ls, slots, s == pp - 1, mode)
+        a, w = stage_bytes(model, B, T, P, sp, Ls, slots, s == pp - 1, mode, bf16)
         acts, work = max(acts, a), max(work, w)
     print(acts, work)
 

@@ -5,7 +5,9 @@
 # collectives included) give losses, gradient norms, the final validation
 # loss and the final parameters bit-identical to --recompute none, at
 # 1 rank (tiny and tiny-llama), tp2, pp2 1F1B (2 microbatches in flight on
-# stage 0) and tp2 with sequence parallelism. The activation and workspace
+# stage 0) and tp2 with sequence parallelism, and under --dtype bf16 (where
+# ln1, ln2 and fc_act are kept in bf16) at 1 rank and tp2 with sequence
+# parallelism. The activation and workspace
 # bytes (--metrics' mem_peak, the maximum over ranks) equal the formula of
 # model.c's layout_acts (test/act_bytes.py) exactly, and each mode keeps
 # fewer activation bytes than the one before.
@@ -24,12 +26,13 @@ same() { # REF OUT LABEL
     fi
 }
 
-# NP MODEL TP SP PP [ARGS...]; layout_run: micro batch 2 x seq 64, 4 microbatches per step
-for layout in "1 tiny 1 0 1" "1 tiny-llama 1 0 1" "2 tiny 2 0 1 --tp 2" "2 tiny-llama 1 0 2 --pp 2" \
-    "2 tiny 2 1 1 --tp 2 --sequence-parallel"; do
+# NP MODEL TP SP PP DTYPE [ARGS...]; layout_run: micro batch 2 x seq 64, 4 microbatches per step
+for layout in "1 tiny 1 0 1 fp32" "1 tiny-llama 1 0 1 fp32" "2 tiny 2 0 1 fp32 --tp 2" \
+    "2 tiny-llama 1 0 2 fp32 --pp 2" "2 tiny 2 1 1 fp32 --tp 2 --sequence-parallel" \
+    "1 tiny-llama 1 0 1 bf16 --dtype bf16" "2 tiny 2 1 1 bf16 --tp 2 --sequence-parallel --dtype bf16"; do
     set -- $layout
-    np=$1 model=$2 tp=$3 sp=$4 pp=$5
-    shift 5
+    np=$1 model=$2 tp=$3 sp=$4 pp=$5 dtype=$6
+    shift 6
     label="$model np $np${*:+ $*}"
     tag=$(echo "$np $model $*" | tr -c 'a-z0-9\n' '_')
     prev=
@@ -37,7 +40,7 @@ for layout in "1 tiny 1 0 1" "1 tiny-llama 1 0 1" "2 tiny 2 0 1 --tp 2" "2 tiny-
         run="$TMP/$mode.$tag.json"
         layout_run "$run" "$np" --model "$model" --recompute $mode "$@" || continue 2
         [ "$mode" = none ] || same "$TMP/none.$tag.json" "$run" "$label --recompute $mode"
-        want=$("$PY" "$top_srcdir/test/act_bytes.py" "$model" 2 64 "$tp" "$sp" "$pp" 4 1f1b $mode)
+        want=$("$PY" "$top_srcdir/test/act_bytes.py" "$model" 2 64 "$tp" "$sp" "$pp" 4 1f1b $mode $dtype)
         got="$(mem "$run" activations) $(mem "$run" workspace)"
         acts=${got% *}
         if [ "$got" = "$want" ] && { [ -z "$prev" ] || [ "$acts" -lt "$prev" ]; }; then
