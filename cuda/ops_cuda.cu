@@ -408,8 +408,12 @@ static void matmul_fwd(float *out, const float *in, const float *w, const float 
 static void matmul_bwd(float *din, float *dw, float *db, const float *dout, const float *in, const float *w,
                        int N, int IC, int OC, int accum_din, int accum_dw)
 {
-    if (OC <= 0)
+    if (OC <= 0) { /* an empty sum: din = 0, or unchanged when accumulating */
+        if (din && !accum_din && N > 0 && IC > 0)
+            ck(cudaMemsetAsync(din, 0, (size_t)N * IC * sizeof(float), g.stream), "matmul_bwd: cudaMemsetAsync");
+        finish("matmul_bwd");
         return;
+    }
     /* din^T[IC,N] = w^T[IC,OC] . dout^T[OC,N] (column-major views) */
     if (din && N > 0 && IC > 0)
         lt_gemm("matmul_bwd(din): cublasLtMatmul", CUDA_R_32F, CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, 1.0f, w, IC, dout,
@@ -456,8 +460,12 @@ static void matmul_fwd_bf16(float *out, const uint16_t *in, const uint16_t *w, c
 static void matmul_bwd_bf16(float *din, float *dw, float *db, const uint16_t *dout16, const float *dout,
                             const uint16_t *in, const uint16_t *w, int N, int IC, int OC, int accum_din, int accum_dw)
 {
-    if (OC <= 0)
+    if (OC <= 0) { /* an empty sum, as matmul_bwd */
+        if (din && !accum_din && N > 0 && IC > 0)
+            ck(cudaMemsetAsync(din, 0, (size_t)N * IC * sizeof(float), g.stream), "matmul_bwd_bf16: cudaMemsetAsync");
+        finish("matmul_bwd_bf16");
         return;
+    }
     /* din^T[IC,N] = w^T[IC,OC] . dout16^T[OC,N] (column-major views) */
     if (din && N > 0 && IC > 0)
         lt_gemm("matmul_bwd_bf16(din): cublasLtMatmul", CUDA_R_16BF, CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, 1.0f, w, IC,

@@ -42,7 +42,8 @@ typedef struct ops {
     /* din[N,IC]  (=|+= by accum_din) dout[N,OC] . w[OC,IC]
      * dw[OC,IC]  (=|+= by accum_dw)  dout^T . in
      * db[OC]     (=|+= by accum_dw)  sum over rows of dout
-     * Any of din, dw, db may be NULL (not wanted). */
+     * Any of din, dw, db may be NULL (not wanted). With OC = 0 din is an
+     * empty sum: zeros, or unchanged when accumulating. */
     void (*matmul_bwd)(float *din, float *dw, float *db, const float *dout,
                        const float *in, const float *w, int N, int IC, int OC,
                        int accum_din, int accum_dw);

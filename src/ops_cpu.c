@@ -160,8 +160,11 @@ static void matmul_bwd(float *din, float *dw, float *db, const float *dout,
                        const float *in, const float *w, int N, int IC, int OC,
                        int accum_din, int accum_dw)
 {
-    if (OC <= 0)
+    if (OC <= 0) { /* an empty sum: din = 0, or unchanged when accumulating */
+        if (din && !accum_din && N > 0 && IC > 0)
+            memset(din, 0, (size_t)N * IC * sizeof(float));
         return;
+    }
     if (din && N > 0 && IC > 0)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, IC, OC,
                     1.0f, dout, OC, w, IC, accum_din ? 1.0f : 0.0f, din, IC);
@@ -878,8 +881,11 @@ static void matmul_bwd_bf16(float *din, float *dw, float *db, const uint16_t *do
                             const uint16_t *in, const uint16_t *w, int N, int IC, int OC, int accum_din,
                             int accum_dw)
 {
-    if (OC <= 0)
+    if (OC <= 0) { /* an empty sum, as matmul_bwd */
+        if (din && !accum_din && N > 0 && IC > 0)
+            memset(din, 0, (size_t)N * IC * sizeof(float));
         return;
+    }
     /* panels: din sums over OC in kd columns of dout ([N,kd]) and rows of
      * w ([kd,IC]); dw sums over N in kw rows of dout ([kw,OC]) and in ([kw,IC]) */
     const int kd = imin(panel_rows(N, OC), panel_rows(IC, OC)), kw = imin(panel_rows(OC, N), panel_rows(IC, N));

@@ -639,10 +639,22 @@ void trainer_banner(const trainer_t *tr, FILE *out)
             fprintf(out, "\n");
         }
     }
-    if (g->dp_size > 1)
+    if (g->dp_size > 1 && tr->zero_stage < 2)
         fprintf(out, "data parallel: %s all-reduce of %zu gradients over %d ranks, %d bucket%s, reduced in %s\n",
                 o->ddp_mode, tr->model.table.numel, g->dp_size, tr->ddp.n_buckets, tr->ddp.n_buckets == 1 ? "" : "s",
                 o->grad_reduce_dtype);
+    else if (g->dp_size > 1)
+        fprintf(out, "data parallel: reduce-scatter of each block's gradients as its backward ends (every "
+                "microbatch), the other tensors' after backward, over %d ranks, reduced in %s\n",
+                tr->zero.group->size, o->grad_reduce_dtype);
+    if (tr->zero_stage > 0) {
+        static const char *const what[] = {"", "AdamW moments", "AdamW moments and gradients",
+                                           "AdamW moments, gradients and block parameters"};
+        fprintf(out, "ZeRO-%d: %s sharded over %d ranks", tr->zero_stage, what[tr->zero_stage], tr->zero.group->size);
+        if (g->replica)
+            fprintf(out, ", replicated over %d shard groups (--hybrid-shard)", g->replica->size);
+        fprintf(out, "\n");
+    }
     fprintf(out, "model %s (%s): L=%d C=%d heads=%d kv_heads=%d ffn=%d vocab=%d | %zu parameters\n", o->model,
             model_arch_name(c->arch), c->n_layer, c->d_model, c->n_head, c->n_kv_head, c->d_ff,
             c->vocab_size, model_params_total(c));

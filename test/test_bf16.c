@@ -400,6 +400,27 @@ static void check_gemm(void)
      * forward and OC panels in din; 2100 x 2048 rows > one N panel for dw */
     check_gemm_shape(ops, 8, 1024, 4500, 1);
     check_gemm_shape(ops, 2100, 2048, 3, 0);
+
+    /* OC = 0: din is an empty sum, so 0 when written and unchanged when
+     * accumulated, in both precisions */
+    float din[6];
+    const float one = 1.0f;
+    const uint16_t one16 = dt_f32_to_bf16(one);
+    for (int acc = 0; acc <= 1; acc++) {
+        for (int k = 0; k < 6; k++)
+            din[k] = 7.0f;
+        ops->matmul_bwd(din, NULL, NULL, &one, &one, &one, 2, 3, 0, acc, 0);
+        int ok = 1;
+        for (int k = 0; k < 6; k++)
+            ok &= din[k] == (acc ? 7.0f : 0.0f);
+        for (int k = 0; k < 6; k++)
+            din[k] = 7.0f;
+        ops->matmul_bwd_bf16(din, NULL, NULL, &one16, &one, &one16, &one16, 2, 3, 0, acc, 0);
+        for (int k = 0; k < 6; k++)
+            ok &= din[k] == (acc ? 7.0f : 0.0f);
+        check(ok, acc ? "matmul_bwd(_bf16) with OC 0, accumulating: din unchanged"
+                      : "matmul_bwd(_bf16) with OC 0: din written as zeros");
+    }
 }
 
 int main(void)

@@ -113,6 +113,11 @@ if layout_run "$TMP/b0.json" 2 $B --bucket-mb 0.05; then
     layout_run "$TMP/b1.json" 2 --zero 1 $B && same "$TMP/b0.json" "$TMP/b1.json" "np 2 --zero 1 $B"
 fi
 layout_run "$TMP/b2.json" 2 --zero 2 $B && bf16_compare "$TMP/z2.2_.json" "$TMP/b2.json" "np 2 --zero 2 $B vs fp32"
+# the banner names what ZeRO-2 reduces and shards (no DDP bucket count)
+grep -q "^data parallel: reduce-scatter of each block's gradients .* over 2 ranks, reduced in bf16$" "$TMP/b2.json.log" &&
+    grep -q "^ZeRO-2: AdamW moments and gradients sharded over 2 ranks$" "$TMP/b2.json.log" &&
+    pass "banner: $(grep '^ZeRO-2' "$TMP/b2.json.log")" ||
+    fail "ZeRO-2 banner: '$(grep -E '^(data parallel|ZeRO)' "$TMP/b2.json.log")'"
 if layout_run "$TMP/b3.json" 2 --zero 3 $B; then
     bf16_compare "$TMP/z3.2_.json" "$TMP/b3.json" "np 2 --zero 3 $B vs fp32"
     layout_run "$TMP/b3.again.json" 2 --zero 3 $B && layout_twice "$TMP/b3.json" "$TMP/b3.again.json" "np 2 --zero 3 $B"
