@@ -37,7 +37,7 @@ void backend_close(backend_t *b);
  * groups, each on its own CUDA stream, with timeout_s as their timeout
  * (0 = none; see nccl_comm.h). pp stays MPI: the pipeline executor posts
  * receives ahead of sends in an order NCCL's one-queue-per-communicator
- * point to point does not tolerate (see doc/cuda.md). auto = nccl when
+ * point to point does not tolerate (doc/design.md, "NCCL in training"). auto = nccl when
  * every rank opened CUDA and there is more than one rank; the ranks agree
  * on it, so a mixed job falls back to MPI everywhere instead of hanging.
  * nccl on a rank without CUDA fails there (the others continue on MPI and
