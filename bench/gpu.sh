@@ -86,6 +86,6 @@ dtrain --selftest: $selftest.
 |---|---:|---|
 | bf16 GEMM, fastest row (\`dtrain-bench-gemm\`, $gemm_check) | $bf16_best TFLOP/s ($bf16_shape) | cuBLAS bf16: about 790 TFLOP/s |
 | fp32 GEMM, no TF32, fastest row | $fp32_best TFLOP/s ($fp32_shape) | (datasheet fp32 peak 67 TFLOP/s) |
-| gpt2-124m, 1 GPU, bf16, $train_args | $ms ms/step, $tps tokens/s | llm.c: about 1.75M tokens/s on 8 A100s (about 219K per GPU) |
+| gpt2-124m, 1 GPU, bf16, $train_args | $ms ms/step, $tps tokens/s | llm.c: about 1.75M tokens/s on 8 A100s (about 218K per GPU) |
 | MFU of that run vs $peak TFLOP/s | $mfu % | Megatron-LM: about 42 % on 70B-class models |
 EOF

@@ -388,7 +388,7 @@ static void check_samples(const ops_t *ops, const bufs_t *m, const shape_t *s, i
         const double ratio = fabs((double)got - ref) / bound;
         if (!(ratio <= 1.0)) /* NaN counts as wrong */
             row->wrong++;
-        if (!(ratio <= row->worst))
+        if (!isnan(row->worst) && !(ratio <= row->worst)) /* a NaN, once seen, stays */
             row->worst = ratio;
     }
 }
