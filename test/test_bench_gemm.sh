@@ -1,0 +1,89 @@
+#!/bin/sh
+# dtrain-bench-gemm on the CPU: small shapes (one of them odd-sized) in
+# both dtypes exit 0 with a row per shape and dtype, each with 0 wrong
+# sampled elements and a positive, finite TFLOP/s (no speed threshold: the
+# machine may be loaded); bad input exits 2 with one line. On a CUDA build
+# the same shapes on the GPU where one is visible, else the one-line
+# refusal of --device cuda.
+. "$top_srcdir/test/common.sh"
+BENCH=${DTRAIN_BENCH_GEMM:-$top_builddir/src/dtrain-bench-gemm}
+
+# check_rows LABEL FILE WANT_ROWS DTYPES: FILE holds WANT_ROWS data rows,
+# each of a dtype in DTYPES (e.g. "bf16 fp32"), 0 wrong, TFLOP/s > 0 and finite
+check_rows() {
+    if awk -v want="$3" -v dtypes=" $4 " '
+        /^#/ || NF == 0 { next }
+        { rows++
+          if (NF != 8 || index(dtypes, " " $1 " ") == 0) bad = bad " malformed:" $0
+          t = $6; if (t !~ /^[0-9.e+-]+$/ || !(t + 0 > 0)) bad = bad " tflops:" $0
+          if ($7 != "0") bad = bad " wrong:" $0 }
+        END { if (rows != want) bad = bad " rows:" rows; if (bad != "") { print bad; exit 1 } }' "$2" >"$TMP/why"; then
+        pass "$1: $3 rows, 0 wrong, TFLOP/s > 0"
+    else
+        fail "$1: $(cat "$TMP/why")"
+    fi
+}
+
+# run_ok LABEL OUT ARGS...: exit 0 and the OK footer
+run_ok() {
+    label=$1
+    out=$2
+    shift 2
+    "$BENCH" "$@" >"$out" 2>"$out.err"
+    rc=$?
+    if [ "$rc" -eq 0 ] && grep -q "^# Wrong values : 0 OK" "$out" && [ ! -s "$out.err" ]; then
+        pass "$label: exit 0, OK"
+    else
+        fail "$label: exit $rc $(tail -n 3 "$out") $(head -c 300 "$out.err")"
+    fi
+}
+
+SMALL="--shapes 64x96x80,37x61x29 --iters 2 --warmup 1"
+run_ok "cpu both" "$TMP/both" --device cpu --dtype both $SMALL --threads 2
+check_rows "cpu both" "$TMP/both" 4 "bf16 fp32"
+grep -q "^# dtrain-bench-gemm: cpu, 2 threads;" "$TMP/both" && pass "header names the device and threads" ||
+    fail "header: $(head -n 1 "$TMP/both")"
+for s in "bf16 64 96 80" "fp32 64 96 80" "bf16 37 61 29" "fp32 37 61 29"; do
+    set -- $s
+    awk -v d="$1" -v n="$2" -v i="$3" -v o="$4" '$1 == d && $2 == n && $3 == i && $4 == o { f = 1 } END { exit !f }' \
+        "$TMP/both" && pass "row $s" || fail "no row $s"
+done
+run_ok "cpu bf16" "$TMP/bf16" --device cpu --dtype bf16 $SMALL --threads 1
+check_rows "cpu bf16" "$TMP/bf16" 2 "bf16"
+run_ok "cpu fp32 1x1x1" "$TMP/one" --device=cpu --dtype=fp32 --shapes=1x1x1 --iters=1 --warmup=0
+check_rows "cpu fp32 1x1x1" "$TMP/one" 1 "fp32"
+
+"$BENCH" --help >"$TMP/help" 2>&1 && pass "--help exits 0" || fail "--help: exit $?"
+for opt in --device --dtype --shapes --iters --warmup --threads --help --version; do
+    grep -q -- "$opt" "$TMP/help" || fail "--help does not list $opt"
+done
+"$BENCH" --version | grep -q "^dtrain-bench-gemm " && pass "--version" || fail "--version"
+
+expect_exit2 "unknown option '--bogus'" "$BENCH" --bogus
+expect_exit2 "--shapes '64x96': each shape is NxICxOC" "$BENCH" --device cpu --shapes 64x96
+expect_exit2 "--shapes '0x1x1': each shape is NxICxOC" "$BENCH" --device cpu --shapes 8x8x8,0x1x1
+expect_exit2 "--shapes '8x8x8y': each shape is NxICxOC" "$BENCH" --device cpu --shapes 8x8x8y
+expect_exit2 "--shapes '2000000x1x1': each shape is NxICxOC, three integers from 1 to 1048576" \
+    "$BENCH" --device cpu --shapes 2000000x1x1
+expect_exit2 "--dtype 'fp16': allowed values are bf16|fp32|both" "$BENCH" --dtype fp16
+expect_exit2 "--device 'gpu': allowed values are auto|cpu|cuda" "$BENCH" --device gpu
+expect_exit2 "--iters 0: out of range (1 to 1000000000)" "$BENCH" --iters 0
+expect_exit2 "--warmup 'x': not an integer" "$BENCH" --warmup x
+expect_exit2 "--threads needs a value" "$BENCH" --threads
+
+if grep -q "^#define HAVE_CUDA 1" "$top_builddir/config.h"; then
+    if "$top_builddir/test/gpu/test_ops_cuda" --probe >"$TMP/probe" 2>&1; then
+        run_ok "cuda both" "$TMP/cuda" --device cuda --dtype both $SMALL
+        check_rows "cuda both" "$TMP/cuda" 4 "bf16 fp32"
+        expect_exit2 "--threads sets the CPU backend's threads, but the GEMMs run on cuda" \
+            "$BENCH" --device cuda --threads 2 $SMALL
+    else
+        why=$(sed -n 's/^SKIP: no GPU visible: //p' "$TMP/probe")
+        expect_exit2 "--device cuda: no usable GPU: $why (--device cpu times the CPU instead)" \
+            "$BENCH" --device cuda $SMALL
+    fi
+else
+    expect_exit2 "--device cuda: this dtrain is built without the CUDA backend: rebuild with ./configure --with-cuda" \
+        "$BENCH" --device cuda $SMALL
+fi
+finish
