@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "comm.h"
+#include "options.h"
 #include "launch.h"
 
 #ifdef HAVE_CONFIG_H
@@ -126,27 +127,11 @@ static int parse_args(int argc, char **argv, bench_opts_t *o, char *err, size_t 
         }
         static const char *const names[] = {"--op", "--min-bytes", "--max-bytes", "--step-factor", "--iters",
                                             "--warmup"};
-        int k = -1;
         const char *val = NULL;
-        for (int j = 0; j < (int)(sizeof names / sizeof names[0]); j++) {
-            size_t len = strlen(names[j]);
-            if (strncmp(a, names[j], len) == 0 && (a[len] == '\0' || a[len] == '=')) {
-                k = j;
-                val = a[len] == '=' ? a + len + 1 : NULL;
-                break;
-            }
-        }
-        if (k < 0) {
-            snprintf(err, errlen, "unknown option '%s' (" PROG " --help lists them)", a);
+        const int k = options_tool_arg(argc, argv, &i, names, (int)(sizeof names / sizeof names[0]), PROG, &val, err,
+                                       errlen);
+        if (k < 0)
             return 2;
-        }
-        if (!val) {
-            if (i + 1 >= argc) {
-                snprintf(err, errlen, "%s needs a value", names[k]);
-                return 2;
-            }
-            val = argv[++i];
-        }
         switch (k) {
         case 0: {
             int found = 0;

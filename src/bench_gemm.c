@@ -35,10 +35,6 @@
 #include <string.h>
 #include <time.h>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-#include <cblas.h>
 
 #ifdef HAVE_CONFIG_H
 #include "config.h"
@@ -46,6 +42,7 @@
 #include "backend.h"
 #include "ops.h"
 #include "ops_math.h"
+#include "options.h"
 #include "rng.h"
 
 #ifndef PACKAGE_VERSION
@@ -176,27 +173,11 @@ static int parse_args(int argc, char **argv, bench_opts_t *o, char *err, size_t 
             return 1;
         }
         static const char *const names[] = {"--device", "--dtype", "--shapes", "--iters", "--warmup", "--threads"};
-        int k = -1;
         const char *val = NULL;
-        for (int j = 0; j < (int)(sizeof names / sizeof names[0]); j++) {
-            size_t len = strlen(names[j]);
-            if (strncmp(a, names[j], len) == 0 && (a[len] == '\0' || a[len] == '=')) {
-                k = j;
-                val = a[len] == '=' ? a + len + 1 : NULL;
-                break;
-            }
-        }
-        if (k < 0) {
-            snprintf(err, errlen, "unknown option '%s' (" PROG " --help lists them)", a);
+        const int k = options_tool_arg(argc, argv, &i, names, (int)(sizeof names / sizeof names[0]), PROG, &val, err,
+                                       errlen);
+        if (k < 0)
             return 2;
-        }
-        if (!val) {
-            if (i + 1 >= argc) {
-                snprintf(err, errlen, "%s needs a value", names[k]);
-                return 2;
-            }
-            val = argv[++i];
-        }
         switch (k) {
         case 0:
             if (strcmp(val, "auto") != 0 && strcmp(val, "cpu") != 0 && strcmp(val, "cuda") != 0) {
@@ -239,24 +220,6 @@ static int parse_args(int argc, char **argv, bench_opts_t *o, char *err, size_t 
         }
     }
     return 0;
-}
-
-/* One thread pool for dtrain's kernels and OpenBLAS (as src/train.c sets
- * it up): requested > 0 sets it, 0 keeps OMP_NUM_THREADS or all cores.
- * Returns the threads in use. */
-static int setup_threads(long requested)
-{
-    int n = 1;
-#ifdef _OPENMP
-    if (requested > 0)
-        omp_set_num_threads((int)requested);
-    n = omp_get_max_threads();
-#endif
-#ifdef HAVE_OPENBLAS_SET_NUM_THREADS
-    openblas_set_num_threads(n);
-#endif
-    (void)requested;
-    return n;
 }
 
 static double now_s(void)
@@ -470,7 +433,7 @@ int main(int argc, char **argv)
     if (b.cuda)
         snprintf(where, sizeof where, "%s", b.desc);
     else {
-        const int threads = setup_threads(o.threads < 0 ? 0 : o.threads);
+        const int threads = ops_cpu_threads(o.threads < 0 ? 0 : (int)o.threads);
         snprintf(where, sizeof where, "%s, %d thread%s", b.desc, threads, threads == 1 ? "" : "s");
     }
     printf("# %s: %s; out[N,OC] = in[N,IC] . w[OC,IC]^T, fp32 sums and out; %ld timed call%s after %ld warm-up, "

@@ -171,5 +171,9 @@ typedef struct ops {
 
 /* The CPU backend (src/ops_cpu.c). */
 const ops_t *ops_cpu(void);
+/* Sets the CPU backend's threads (its OpenMP kernels and OpenBLAS share
+ * one pool): requested > 0, or 0 to keep OMP_NUM_THREADS or all the cores
+ * this process may use. Returns the threads in use. */
+int ops_cpu_threads(int requested);
 
 #endif

@@ -10,6 +10,9 @@
  * gradients, sumsq) is split by columns or into fixed-size blocks that do not
  * depend on the thread count, and each partial is summed in index order, so
  * results are bit-identical for any OMP_NUM_THREADS. */
+#ifdef HAVE_CONFIG_H
+#include "config.h"
+#endif
 #include "ops.h"
 #include "ops_math.h"
 
@@ -993,3 +996,20 @@ static const ops_t cpu_ops = {
 };
 
 const ops_t *ops_cpu(void) { return &cpu_ops; }
+
+/* One threading layer: OpenMP's pool, which the OpenMP build of OpenBLAS
+ * shares. */
+int ops_cpu_threads(int requested)
+{
+    int n = 1;
+#ifdef _OPENMP
+    if (requested > 0)
+        omp_set_num_threads(requested);
+    n = omp_get_max_threads();
+#endif
+#ifdef HAVE_OPENBLAS_SET_NUM_THREADS
+    openblas_set_num_threads(n);
+#endif
+    (void)requested;
+    return n;
+}

@@ -414,6 +414,29 @@ options_status_t options_parse(run_options_t *o, int argc, char **argv, int prin
     return OPTIONS_OK;
 }
 
+int options_tool_arg(int argc, char **argv, int *i, const char *const *names, int n, const char *prog,
+                     const char **val, char *err, size_t errlen)
+{
+    const char *a = argv[*i];
+    for (int k = 0; k < n; k++) {
+        size_t len = strlen(names[k]);
+        if (strncmp(a, names[k], len) != 0 || (a[len] != '\0' && a[len] != '='))
+            continue;
+        if (a[len] == '=') {
+            *val = a + len + 1;
+            return k;
+        }
+        if (*i + 1 >= argc) {
+            snprintf(err, errlen, "%s needs a value", names[k]);
+            return -1;
+        }
+        *val = argv[++*i];
+        return k;
+    }
+    snprintf(err, errlen, "unknown option '%s' (%s --help lists them)", a, prog);
+    return -1;
+}
+
 int options_zero_stage(const run_options_t *o)
 {
     if (strcmp(o->fsdp, "full_shard") == 0)

@@ -101,4 +101,12 @@ int options_accum_steps(const run_options_t *o, int dp);
 /* Writes every option as `key = value` lines (the banner and metrics). */
 void options_print(const run_options_t *o, void *file);
 
+/* The small tools' long options (dtrain-bench-comm, dtrain-bench-gemm):
+ * which of names[0..n-1] argv[*i] is, as "--iters 5" or "--iters=5", with
+ * its value in *val (a following argument is consumed: *i advances).
+ * Returns the index, or -1 with one line in err for an unknown option
+ * (naming `prog --help`) or a missing value. */
+int options_tool_arg(int argc, char **argv, int *i, const char *const *names, int n, const char *prog,
+                     const char **val, char *err, size_t errlen);
+
 #endif

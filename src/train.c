@@ -9,10 +9,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-#include <cblas.h>
 #include <mpi.h>
 
 #ifdef HAVE_CONFIG_H
@@ -33,23 +29,6 @@ static double now_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* One threading layer: OpenMP's pool, which the OpenMP build of OpenBLAS
- * shares. --threads 0 keeps OMP_NUM_THREADS or the cores we may use. */
-static int setup_threads(int requested)
-{
-    int n = 1;
-#ifdef _OPENMP
-    if (requested > 0)
-        omp_set_num_threads(requested);
-    n = omp_get_max_threads();
-#endif
-#ifdef HAVE_OPENBLAS_SET_NUM_THREADS
-    openblas_set_num_threads(n);
-#endif
-    (void)requested;
-    return n;
 }
 
 /* The training loop's hook into model_backward: hands finished gradient
@@ -447,7 +426,7 @@ int trainer_setup(trainer_t *tr, const run_options_t *o, const launch_env_t *env
     tr->env = env;
     tr->grid = grid;
     tr->last_ckpt_step = -1;
-    tr->threads = setup_threads(o->threads);
+    tr->threads = ops_cpu_threads(o->threads);
     if (options_model_config(o, &tr->cfg, err, errlen) != 0 ||
         options_check_layout(o, &tr->cfg, grid->tp_size, grid->pp_size, grid->dp_size, err, errlen) != 0)
         return -1;
