@@ -14,11 +14,12 @@
  * would gain an ordering MPI does not impose, and ranks of different
  * pipeline replicas could wait on each other in a cycle. A nonblocking
  * operation records an event after its NCCL call, and test()/wait() query
- * that event. Ordering against computation: every CUDA op synchronises its
- * own stream before returning (see cuda/ops_cuda.cu), so data handed to a
- * collective is always complete. When ops become asynchronous, a
- * collective must first make its stream wait on an event recorded on the
- * compute stream.
+ * that event. Ordering against computation: the CUDA ops are asynchronous
+ * on one compute stream (cuda/ops_cuda.cu), so every operation first makes
+ * its group's stream wait on an event recorded on the compute stream: it
+ * sees what every op issued before it wrote, and no op issued before it
+ * still reads what it overwrites. Ops issued after it are the caller's to
+ * hold back until test() or wait() reports it done (as on MPI).
  *
  * Trace and watchdog. Like comm_mpi.c: with comm->trace set, every call
  * records a span ("iallreduce dp", bytes as comm_mpi.c counts them) from
@@ -63,6 +64,8 @@ typedef struct nccl_comm {
     comm_t pub; /* first: a comm_t * is a nccl_comm_t * */
     ncclComm_t nc;
     cudaStream_t stream; /* this group's own */
+    cudaStream_t after;  /* the compute stream this group's operations follow (NULL: none) */
+    cudaEvent_t ready;   /* recorded on `after` by each operation, waited on by `stream` */
     double timeout_s;
     void *stage;         /* device staging for host buffers */
     size_t stage_bytes;
@@ -231,6 +234,11 @@ static int run(comm_t *c, kind_t k, elem_t et, const void *send, void *recv, siz
     const void *s = send;
     void *r = recv;
     cudaError_t ce;
+    /* after every op issued so far (staging copies included: a device side
+     * of a staged operation may be the compute stream's output) */
+    if (m->after && ((ce = cudaEventRecord(m->ready, m->after)) != cudaSuccess ||
+                     (ce = cudaStreamWaitEvent(m->stream, m->ready, 0)) != cudaSuccess))
+        return cuda_fail(c, ce, what, n);
     if (host) {
         /* stage both sides through device memory; in-place stays in place */
         int inplace = (const void *)recv == send;
@@ -403,6 +411,8 @@ static void n_destroy(comm_t *c)
         (void)ncclCommDestroy(m->nc);
     if (m->stage)
         (void)cudaFree(m->stage);
+    if (m->ready)
+        (void)cudaEventDestroy(m->ready);
     if (m->stream)
         (void)cudaStreamDestroy(m->stream);
     free(m);
@@ -466,7 +476,8 @@ static int any_failed(int failed)
     return any;
 }
 
-int nccl_grid_create(const grid_t *g, nccl_grid_t *ng, double timeout_s, char *err, size_t errlen)
+int nccl_grid_create(const grid_t *g, nccl_grid_t *ng, void *after_stream, double timeout_s, char *err,
+                     size_t errlen)
 {
     memset(ng, 0, sizeof *ng);
     unsigned char ids[BOOTSTRAP_MAX_GROUPS * sizeof(ncclUniqueId)];
@@ -522,6 +533,16 @@ int nccl_grid_create(const grid_t *g, nccl_grid_t *ng, double timeout_s, char *e
             snprintf(err, errlen, "NCCL setup: cudaStreamCreate for group %s: %s (%s)", names[i],
                      cudaGetErrorString(ce), cudaGetErrorName(ce));
             failed = 1;
+        } else if (after_stream) {
+            m->after = (cudaStream_t)after_stream;
+            ce = cudaEventCreateWithFlags(&m->ready, cudaEventDisableTiming);
+            if (ce != cudaSuccess) {
+                m->ready = NULL;
+                m->after = NULL;
+                snprintf(err, errlen, "NCCL setup: cudaEventCreate for group %s: %s (%s)", names[i],
+                         cudaGetErrorString(ce), cudaGetErrorName(ce));
+                failed = 1;
+            }
         }
     }
     if (any_failed(failed)) {

@@ -18,14 +18,17 @@ typedef struct nccl_grid {
 } nccl_grid_t;
 
 /* Collective over MPI_COMM_WORLD; the CUDA device must already be selected
- * (backend_open). timeout_s > 0: a wait or test that sees an operation
+ * (backend_open). after_stream (a cudaStream_t, or NULL): every operation
+ * first waits, on the device, for the work enqueued on that stream so far
+ * (the compute stream of the CUDA ops). timeout_s > 0: a wait or test that sees an operation
  * unfinished after that many seconds aborts the communicator and fails
  * with a message naming the collective, its group and size (0 = wait
  * forever; ncclCommGetAsyncError is polled either way, so a failed peer
  * is an error, not a hang). Returns 0 on every rank, or -1 on every rank
  * with one line in err (the lowest failing rank's is not gathered: each
  * rank has its own). */
-int nccl_grid_create(const grid_t *g, nccl_grid_t *ng, double timeout_s, char *err, size_t errlen);
+int nccl_grid_create(const grid_t *g, nccl_grid_t *ng, void *after_stream, double timeout_s, char *err,
+                     size_t errlen);
 void nccl_grid_destroy(nccl_grid_t *ng);
 
 #endif

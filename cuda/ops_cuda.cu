@@ -1,23 +1,24 @@
-/* The CUDA ops table: every entry of src/ops.h on one GPU, fp32.
+/* The CUDA ops table: every entry of src/ops.h on one GPU.
  *
- * Matmuls go through cuBLASLt with CUBLAS_COMPUTE_32F (true fp32: no TF32,
- * so results stay within fp32 rounding of the CPU backend) and the BIAS
- * epilogue for the forward bias. Everything else is a kernel here; the
+ * Matmuls go through cuBLASLt with CUBLAS_COMPUTE_32F (fp32 operands: true
+ * fp32, no TF32, so results stay within fp32 rounding of the CPU backend;
+ * bf16 operands for --dtype bf16: bf16 A/B, fp32 C/D and bias) and the
+ * BIAS epilogue for the forward bias. Everything else is a kernel here; the
  * per-element arithmetic comes from src/ops_math.h, the same functions the
  * CPU backend calls, so the CPU tests exercise these formulas.
  *
- * First slice, by design (doc/design.md, "CUDA backend"):
- *  - fp32 only. bf16 (--dtype bf16) is a later slice; the two bf16 casts
- *    are here (same bits as the CPU's, from ops_math.h) and so are the
- *    bf16 GEMMs (bf16 A/B, fp32 C/D and bias, CUBLAS_COMPUTE_32F), but
- *    training does not call them yet.
- *  - Memory is cudaMallocManaged and every op synchronises its stream
- *    before returning. The orchestration code (train.c, model.c, the
- *    pipeline executor, the MPI communicators) may still touch backend
- *    memory from the host between ops, and with managed memory plus a
- *    synchronised stream that is always correct. Overlap (one compute and
- *    one communication stream ordered with events) comes with the NCCL
- *    communicators being wired into the training loop.
+ * Design (doc/design.md, "CUDA backend"):
+ *  - Memory is cudaMallocManaged. Ops are asynchronous: each enqueues its
+ *    kernels on the compute stream and returns after checking the launch.
+ *    The host waits in ops->sync, to_host, from_host, sumsq, alloc and
+ *    free; MPI communicators call ops->sync before touching backend memory
+ *    (comm->device_sync) and NCCL ones order their streams after the
+ *    compute stream with an event (cuda/nccl_comm.c). The CPU tests check
+ *    those waits with the deferred CPU table (src/ops_defer.c).
+ *    DTRAIN_CUDA_SYNC_OPS=1 makes every op wait for its kernels (to tell
+ *    an asynchrony bug from a kernel bug), and a device without
+ *    concurrentManagedAccess (the host may not touch managed memory while
+ *    any kernel runs) gets that mode by itself.
  *  - Attention is a tiled flash-attention kernel set in plain fp32 (no
  *    tensor cores yet): the forward keeps only lse[B, NH, T], the backward
  *    recomputes the probabilities tile by tile (FlashAttention-2: dK/dV per
@@ -37,6 +38,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <math.h>
+#include <stdlib.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -55,6 +57,7 @@
 static struct {
     int ready;
     int dev;
+    int sync_ops;      /* every op waits for its kernels (see the header comment) */
     cudaStream_t stream;
     cublasLtHandle_t lt;
     void *ws;
@@ -78,9 +81,17 @@ static void ckb(cublasStatus_t rc, const char *what)
         cuda_fatal(what, cublasGetStatusString(rc));
 }
 
-/* After an op's launches: the launch status, then the stream (see the
- * header comment: every op is synchronous in this slice). */
+/* After an op's launches: the launch status (and, in the synchronous
+ * mode, the kernels' own). */
 static void finish(const char *op)
+{
+    ck(cudaGetLastError(), op);
+    if (g.sync_ops)
+        ck(cudaStreamSynchronize(g.stream), op);
+}
+
+/* The host is about to see backend memory: everything enqueued is done. */
+static void wait_all(const char *op)
 {
     ck(cudaGetLastError(), op);
     ck(cudaStreamSynchronize(g.stream), op);
@@ -167,7 +178,7 @@ static void *cu_alloc(size_t bytes)
         return NULL;
     }
     ck(cudaMemsetAsync(p, 0, sz, g.stream), "alloc: cudaMemsetAsync");
-    finish("alloc");
+    wait_all("alloc"); /* the host (an MPI receive) may write it next */
     return p;
 }
 
@@ -179,12 +190,35 @@ static void cu_free(void *p)
     }
 }
 
+static void cu_sync(void)
+{
+    wait_all("sync");
+}
+
 static void cu_copy(void *dst, const void *src, size_t bytes)
 {
     if (!bytes)
         return;
     ck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, g.stream), "copy: cudaMemcpyAsync");
     finish("copy");
+}
+
+/* Both directions wait: to_host for its result; from_host so the caller
+ * may reuse its (pageable) source at once whatever the driver stages. */
+static void cu_to_host(void *host_dst, const void *src, size_t bytes)
+{
+    if (!bytes)
+        return;
+    ck(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDefault, g.stream), "to_host: cudaMemcpyAsync");
+    wait_all("to_host");
+}
+
+static void cu_from_host(void *dst, const void *host_src, size_t bytes)
+{
+    if (!bytes)
+        return;
+    ck(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyDefault, g.stream), "from_host: cudaMemcpyAsync");
+    wait_all("from_host");
 }
 
 static void cu_zero(void *dst, size_t bytes)
@@ -1423,7 +1457,7 @@ static double sumsq(const float *x, size_t n)
     k_sumsq<<<SUMSQ_BLOCKS, THREADS, 0, g.stream>>>(g.part, x, n);
     ck(cudaGetLastError(), "sumsq");
     ck(cudaMemcpyAsync(part, g.part, sizeof part, cudaMemcpyDeviceToHost, g.stream), "sumsq: cudaMemcpyAsync");
-    finish("sumsq");
+    wait_all("sumsq");
     double tot = 0.0;
     for (int b = 0; b < SUMSQ_BLOCKS; b++)
         tot += part[b];
@@ -1469,7 +1503,7 @@ extern "C" void ops_cuda_f32_to_bf16_cuda(uint16_t *out, const float *in, size_t
     if (!n)
         return;
     k_cast_f32_to_bf16_cuda<<<grid_for(n, THREADS), THREADS, 0, g.stream>>>(out, in, n);
-    finish("f32_to_bf16_cuda");
+    wait_all("f32_to_bf16_cuda");
 }
 
 /* ---- the table ------------------------------------------------------------------------------------ */
@@ -1500,14 +1534,25 @@ extern "C" int ops_cuda_init(int dev, char *err, size_t errlen)
         ops_cuda_shutdown();
         return -1;
     }
+    int concurrent = 0;
+    rc = cudaDeviceGetAttribute(&concurrent, cudaDevAttrConcurrentManagedAccess, dev);
+    if (rc != cudaSuccess) {
+        snprintf(err, errlen, "CUDA backend on device %d: cudaDeviceGetAttribute: %s (%s)", dev,
+                 cudaGetErrorString(rc), cudaGetErrorName(rc));
+        ops_cuda_shutdown();
+        return -1;
+    }
+    const char *s = getenv("DTRAIN_CUDA_SYNC_OPS");
+    g.sync_ops = !concurrent || (s && strcmp(s, "1") == 0);
     g.dev = dev;
     memset(&cuda_ops, 0, sizeof cuda_ops);
     cuda_ops.name = "cuda";
+    cuda_ops.sync = cu_sync;
     cuda_ops.alloc = cu_alloc;
     cuda_ops.free = cu_free;
     cuda_ops.copy = cu_copy;
-    cuda_ops.to_host = cu_copy;
-    cuda_ops.from_host = cu_copy;
+    cuda_ops.to_host = cu_to_host;
+    cuda_ops.from_host = cu_from_host;
     cuda_ops.zero = cu_zero;
     cuda_ops.matmul_fwd = matmul_fwd;
     cuda_ops.matmul_bwd = matmul_bwd;
@@ -1558,4 +1603,14 @@ extern "C" void ops_cuda_shutdown(void)
 extern "C" const ops_t *ops_cuda(void)
 {
     return g.ready ? &cuda_ops : NULL;
+}
+
+extern "C" void *ops_cuda_stream(void)
+{
+    return g.ready ? (void *)g.stream : NULL;
+}
+
+extern "C" int ops_cuda_synchronous(void)
+{
+    return g.ready && g.sync_ops;
 }

@@ -1,6 +1,6 @@
 /* The CUDA ops table (cuda/ops_cuda.cu): every entry of src/ops.h on the
- * GPU, fp32 (the bf16 casts and GEMMs take bf16 bit patterns). Built only
- * with --with-cuda. */
+ * GPU, asynchronous on one compute stream (ops.h, sync). Built only with
+ * --with-cuda. */
 #ifndef DTRAIN_OPS_CUDA_H
 #define DTRAIN_OPS_CUDA_H
 
@@ -21,9 +21,15 @@ int ops_cuda_init(int dev, char *err, size_t errlen);
 void ops_cuda_shutdown(void);
 /* The table; NULL before ops_cuda_init succeeded. */
 const ops_t *ops_cuda(void);
+/* The compute stream (a cudaStream_t) the ops enqueue on, for the NCCL
+ * communicators to order after; NULL before ops_cuda_init. */
+void *ops_cuda_stream(void);
+/* 1 when every op waits for its kernels (DTRAIN_CUDA_SYNC_OPS=1, or a
+ * device without concurrent managed access), for the banner. */
+int ops_cuda_synchronous(void);
 /* For the self-test only: out[n] = the bits of CUDA's own
- * __float2bfloat16_rn(in[n]) (cuda_bf16.h), device pointers, synchronous
- * like the ops. Lets cuda/selftest.c check cast_f32_to_bf16 against
+ * __float2bfloat16_rn(in[n]) (cuda_bf16.h), device pointers; returns
+ * when out is written. Lets cuda/selftest.c check cast_f32_to_bf16 against
  * NVIDIA's conversion as well as against the CPU. */
 void ops_cuda_f32_to_bf16_cuda(uint16_t *out, const float *in, size_t n);
 

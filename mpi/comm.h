@@ -75,6 +75,14 @@ struct comm {
      * on this watchdog (--comm-timeout), which ends the job if one of them
      * blocks longer than its timeout. NULL: one branch per call. */
     watchdog_t *watch;
+    /* Optional: the compute backend's ops->sync, set (backend_comm_open)
+     * where the backend's ops may still be running when they return (CUDA,
+     * or the CPU with DTRAIN_DEFER_OPS) and this communicator touches
+     * their memory from the host (MPI). Every blocking call and every
+     * posting of a nonblocking one calls it first, so what is sent is
+     * complete and nothing pending still reads what a receive overwrites.
+     * NULL: one branch per call. */
+    void (*device_sync)(void);
     char name[16]; /* group label for spans: "world", "tp", "dp", "pp", "embed" */
     char err[512];
 };

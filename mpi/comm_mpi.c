@@ -200,6 +200,8 @@ static long long hbytes(size_t n)
 /* A blocking call starts: the watchdog's mark and the span's start. */
 static double block_begin(comm_t *c, const char *op, long long bytes, int peer)
 {
+    if (c->device_sync)
+        c->device_sync();
     watchdog_enter(c->watch, op, c->name, c->size, bytes, peer);
     return span_t0(c);
 }
@@ -216,6 +218,8 @@ static int block_end(comm_t *c, int rc, const char *op, double t0, long long byt
 static mpi_req_t *req_start(comm_t *c, comm_req_t *req, const char *what, size_t n, size_t nreq, const char *op,
                             long long bytes, int peer)
 {
+    if (c->device_sync)
+        c->device_sync();
     double t0 = span_t0(c);
     if (req->active) {
         fail_msg(c, what, n, "the request is still in flight (test or wait for it first)");

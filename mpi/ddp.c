@@ -265,6 +265,7 @@ int ddp_finish(ddp_t *d)
     if (d->dp->size == 1)
         return 0;
     const float s = inv_dp(d);
+    d->ops->sync(); /* backward's last kernels are compute, not communication wait */
     double t0 = now_s(), blocked = 0.0;
     int rc = 0;
     switch (d->mode) {

@@ -155,6 +155,8 @@ static int wait_timed(pipe_exec_t *ex, comm_req_t *req)
 {
     if (!req->active)
         return 0;
+    if (ex->ops->mem)
+        ex->ops->mem->sync(); /* running kernels are compute, not bubble */
     double t0 = trace_now();
     int rc = ex->pp->ops->wait(req);
     ex->wait_s += trace_now() - t0;

@@ -246,6 +246,7 @@ static int window_drain(zero_t *z, int k)
 {
     if (z->window_unit[k] < 0)
         return 0;
+    z->ops->sync(); /* running kernels are compute, not communication wait */
     double t0 = MPI_Wtime();
     int rc = z->group->ops->wait(&z->req[k]);
     z->wait_s += MPI_Wtime() - t0;
@@ -310,6 +311,7 @@ int zero_grads_reduce(zero_t *z, int u, const float *src)
         o->copy(z->stage_buf, src, len * sizeof(float));
         o->zero(z->stage_buf + len, ((size_t)c->size * cu - len) * sizeof(float));
     }
+    z->ops->sync(); /* running kernels are compute, not communication wait */
     double t0 = MPI_Wtime();
     int rc = bf16 ? c->ops->reduce_scatter_bf16(c, z->hstage, z->hstage, cu)
                   : c->ops->reduce_scatter(c, z->stage_buf, z->stage_buf, cu);
@@ -350,6 +352,7 @@ static int pwin_wait(zero_t *z, int k)
 {
     if (!z->pwin_busy[k])
         return 0;
+    z->ops->sync(); /* running kernels are compute, not communication wait */
     double t0 = MPI_Wtime();
     int rc = z->group->ops->wait(&z->preq[k]);
     z->gather_s += MPI_Wtime() - t0;

@@ -26,10 +26,25 @@ int backend_have_cuda(void)
 
 static void use_cpu(backend_t *b, const char *why)
 {
-    b->ops = ops_cpu();
+    const char *d = getenv("DTRAIN_DEFER_OPS");
+    b->deferred = d && strcmp(d, "1") == 0;
+    b->ops = b->deferred ? ops_defer(ops_cpu()) : ops_cpu();
     b->cuda = 0;
     b->device = -1;
-    snprintf(b->desc, sizeof b->desc, "cpu%s%s", why[0] ? " " : "", why);
+    snprintf(b->desc, sizeof b->desc, "cpu%s%s%s", why[0] ? " " : "", why,
+             b->deferred ? " (ops deferred until the host waits: DTRAIN_DEFER_OPS=1)" : "");
+}
+
+/* MPI communicators read and write backend memory from the host: under
+ * asynchronous ops they first wait for the ops issued so far. */
+static void comm_order_after_ops(const backend_t *b, const grid_t *g)
+{
+    if (!b->cuda && !b->deferred)
+        return;
+    comm_t *const groups[] = { g->world, g->tp, g->dp, g->pp, g->embed, g->shard, g->replica };
+    for (size_t i = 0; i < sizeof groups / sizeof groups[0]; i++)
+        if (groups[i])
+            groups[i]->device_sync = b->ops->sync;
 }
 
 #ifdef HAVE_CUDA
@@ -46,7 +61,9 @@ static int open_cuda(backend_t *b, int local_rank, char *err, size_t errlen)
     b->ops = ops_cuda();
     b->cuda = 1;
     b->device = dev;
-    snprintf(b->desc, sizeof b->desc, "cuda (device %d of local rank %d: %s)", dev, local_rank, name);
+    snprintf(b->desc, sizeof b->desc, "cuda (device %d of local rank %d: %s)%s", dev, local_rank, name,
+             ops_cuda_synchronous() ? "; every op waits for its kernels (DTRAIN_CUDA_SYNC_OPS=1 or no concurrent "
+                                      "managed access)" : "");
     return 0;
 }
 #endif
@@ -85,6 +102,7 @@ int backend_comm_open(backend_t *b, const char *comm, const grid_t *g, grid_t *n
                       char *err, size_t errlen)
 {
     *net = *g;
+    comm_order_after_ops(b, g);
     snprintf(b->comm_desc, sizeof b->comm_desc, "mpi (every group)");
     const int nccl = strcmp(comm, "nccl") == 0;
     const int want = nccl || (strcmp(comm, "auto") == 0 && b->cuda && g->world_size > 1);
@@ -120,7 +138,7 @@ int backend_comm_open(backend_t *b, const char *comm, const grid_t *g, grid_t *n
 #ifdef HAVE_CUDA
     grid_t view = *g;
     view.pp = NULL; /* see backend.h: the pipeline stays on MPI */
-    if (nccl_grid_create(&view, ng, timeout_s, err, errlen) != 0) {
+    if (nccl_grid_create(&view, ng, ops_cuda_stream(), timeout_s, err, errlen) != 0) {
         free(ng);
         return -1;
     }
@@ -147,6 +165,8 @@ void backend_close(backend_t *b)
     if (b->cuda)
         ops_cuda_shutdown();
 #endif
+    if (b->deferred)
+        ops_defer_release();
     memset(b, 0, sizeof *b);
     b->device = -1;
 }

@@ -13,6 +13,7 @@
 typedef struct backend {
     const ops_t *ops;
     int cuda;        /* 1 when the CUDA backend is in use */
+    int deferred;    /* 1 under DTRAIN_DEFER_OPS=1 (the CPU table of ops_defer) */
     int device;      /* CUDA device id, -1 on the CPU */
     char desc[320];  /* one line for the banner */
     void *nccl;      /* the NCCL communicators (nccl_grid_t *) under --comm nccl, else NULL */
@@ -24,7 +25,8 @@ int backend_have_cuda(void);
 
 /* Resolves `device` ("auto", "cpu", "cuda") for the rank with this local
  * rank. auto = cuda when built with it and cudaGetDeviceCount finds a GPU,
- * else cpu. Returns 0, or -1 with one line in err (--device cuda without a
+ * else cpu. On the CPU, DTRAIN_DEFER_OPS=1 in the environment wraps the
+ * table in ops_defer (ops.h): a test of the trainer's waits. Returns 0, or -1 with one line in err (--device cuda without a
  * CUDA build, or without a usable GPU: the CUDA error string). Local. */
 int backend_open(backend_t *b, const char *device, int local_rank, char *err, size_t errlen);
 /* Releases the backend's resources, the communicators of
@@ -32,7 +34,9 @@ int backend_open(backend_t *b, const char *device, int local_rank, char *err, si
 void backend_close(backend_t *b);
 
 /* --comm auto|mpi|nccl: the communicators the step loop uses. *net
- * becomes a copy of *g; under NCCL its world, tp, dp, embed, shard and
+ * becomes a copy of *g; where the backend's ops are asynchronous (CUDA,
+ * deferred) every MPI communicator of g gets device_sync = ops->sync, and
+ * NCCL twins order their streams after the compute stream with an event; under NCCL its world, tp, dp, embed, shard and
  * replica groups are replaced by NCCL twins bootstrapped from g's MPI
  * groups, each on its own CUDA stream, with timeout_s as their timeout
  * (0 = none; see nccl_comm.h). pp stays MPI: the pipeline executor posts

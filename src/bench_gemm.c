@@ -9,11 +9,11 @@
  * cast_f32_to_bf16, fp32 sums and out) or matmul_fwd (fp32). --warmup
  * untimed calls, then --iters calls between two readings of a monotonic
  * host clock; time is the mean per call and TFLOP/s = 2 N IC OC / time.
- * The host clock is valid on both backends: the CPU ops are synchronous,
- * and every CUDA op synchronises its stream before returning
- * (cuda/ops_cuda.cu), so the interval covers the GPU's work, together with
- * the cuBLASLt descriptor set-up and heuristic query each call makes (as
- * training pays them).
+ * The host clock is valid on both backends: ops->sync before each reading
+ * waits for everything issued (CUDA ops run ahead of the host on their
+ * stream), so the interval covers the GPU's work, back to back as in
+ * training, together with the cuBLASLt descriptor set-up and heuristic
+ * query each call makes (as training pays them).
  *
  * After the timed calls, 64 output elements (two corners, 62 random) are
  * read back with the input and weight rows that made them, straight from
@@ -384,9 +384,11 @@ static int bench_shape(const ops_t *ops, const shape_t *s, const bench_opts_t *o
         ops->zero(m.out, (size_t)s->n * (size_t)s->oc * sizeof(float));
         for (long it = 0; it < o->warmup; it++)
             gemm(ops, &m, s, bf16);
+        ops->sync();
         const double t0 = now_s();
         for (long it = 0; it < o->iters; it++)
             gemm(ops, &m, s, bf16);
+        ops->sync();
         const double t = (now_s() - t0) / (double)o->iters;
         row_t row = {.us = t * 1e6, .tflops = 2.0 * s->n * (double)s->ic * (double)s->oc / t / 1e12};
         check_samples(ops, &m, s, bf16, host, host + s->ic, tmp16, &row);

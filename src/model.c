@@ -29,13 +29,16 @@ static void tp_fail(model_t *m)
     snprintf(m->err, sizeof m->err, "tensor-parallel collective failed: %.400s", m->lay.tp->err);
 }
 
-/* Each blocks until the group is done: exposed communication, timed. */
+/* Each blocks until the group is done: exposed communication, timed. The
+ * timer starts after ops->sync, so on an asynchronous backend (CUDA) the
+ * kernels still running count as compute, not as communication. */
 
 /* Sum of the partial results of a row-parallel matmul, in place. */
 static void tp_allreduce(model_t *m, float *buf, size_t n, comm_op_t op)
 {
     if (!tp_active(m))
         return;
+    m->ops->sync();
     double t0 = trace_now();
     if (m->lay.tp->ops->allreduce(m->lay.tp, buf, n, op) != 0)
         tp_fail(m);
@@ -47,6 +50,7 @@ static void tp_allgather(model_t *m, float *all, const float *mine, size_t n_eac
 {
     if (!tp_active(m))
         return;
+    m->ops->sync();
     double t0 = trace_now();
     if (m->lay.tp->ops->allgather(m->lay.tp, mine, all, n_each) != 0)
         tp_fail(m);
@@ -58,6 +62,7 @@ static void tp_reduce_scatter(model_t *m, float *mine, const float *all, size_t 
 {
     if (!tp_active(m))
         return;
+    m->ops->sync();
     double t0 = trace_now();
     if (m->lay.tp->ops->reduce_scatter(m->lay.tp, all, mine, n_each) != 0)
         tp_fail(m);
@@ -65,11 +70,14 @@ static void tp_reduce_scatter(model_t *m, float *mine, const float *all, size_t 
 }
 
 /* A compute span from t0 to now on the trace (no-op without --trace):
- * "fwd h.3", "bwd head". layer -1 = not a block. */
+ * "fwd h.3", "bwd head". layer -1 = not a block. On an asynchronous
+ * backend it waits for the span's kernels, so a traced run measures them
+ * (and loses the host running ahead of the GPU). */
 static void span_end(const model_t *m, const char *what, int layer, double t0)
 {
     if (!m->trace)
         return;
+    m->ops->sync();
     char name[TRACE_NAME_MAX + 1];
     if (layer >= 0)
         snprintf(name, sizeof name, "%s h.%d", what, layer);

@@ -27,8 +27,16 @@
 typedef struct ops {
     const char *name; /* "cpu", "cuda" */
 
+    /* Ops may run asynchronously (CUDA enqueues them on a stream): sync
+     * returns once every op issued so far has finished. Host code that
+     * reads or writes backend memory other than through this table (an MPI
+     * communicator on a device buffer) calls it first; to_host, sumsq and
+     * free wait on their own, and from_host may reuse its source at once. */
+    void (*sync)(void);
+
     /* Memory in the backend's address space. alloc returns 64-byte aligned
-     * memory or NULL. to_host/from_host copy between host and backend. */
+     * memory, zeroed, or NULL. to_host/from_host copy between host and
+     * backend. */
     void *(*alloc)(size_t bytes);
     void (*free)(void *p);
     void (*copy)(void *dst, const void *src, size_t bytes);
@@ -175,5 +183,13 @@ const ops_t *ops_cpu(void);
  * one pool): requested > 0, or 0 to keep OMP_NUM_THREADS or all the cores
  * this process may use. Returns the threads in use. */
 int ops_cpu_threads(int requested);
+
+/* The deferred table over `base` (src/ops_defer.c, DTRAIN_DEFER_OPS=1):
+ * every op is queued and runs only when the host waits (sync, to_host,
+ * sumsq, free), the most asynchronous a GPU can be, so the CPU tests catch
+ * a missing wait as wrong numbers. ops_defer_release runs what is queued
+ * and frees the queue. */
+const ops_t *ops_defer(const ops_t *base);
+void ops_defer_release(void);
 
 #endif

@@ -90,6 +90,9 @@ static void *cpu_alloc(size_t bytes)
 
 static void cpu_free(void *p) { free(p); }
 
+/* every op has finished when it returns */
+static void cpu_sync(void) {}
+
 static void cpu_copy(void *dst, const void *src, size_t bytes)
 {
     if (bytes)
@@ -960,6 +963,7 @@ static void cast_bf16_to_f32(float *out, const uint16_t *in, size_t n)
 
 static const ops_t cpu_ops = {
     .name = "cpu",
+    .sync = cpu_sync,
     .alloc = cpu_alloc,
     .free = cpu_free,
     .copy = cpu_copy,

@@ -954,6 +954,7 @@ static int step_gradients(trainer_t *tr, int step, double *bubble_s, char *err, 
         const int u = tr->zero_stage >= 2 ? zero_unit_of(&tr->zero, d->offset) : -1;
         float *buf = u >= 0 ? tr->zero.grad_shard + tr->zero.shard_start[u] : m->grads + d->offset;
         const size_t n = u >= 0 ? tr->zero.chunk[u] : d->numel;
+        m->ops->sync(); /* running kernels are compute, not communication */
         double t0 = now_s();
         if (g->embed->ops->allreduce(g->embed, buf, n, COMM_SUM) != 0) {
             snprintf(err, errlen, "step %d: tied embedding all-reduce failed: %s", step + 1, g->embed->err);
@@ -1066,6 +1067,8 @@ int trainer_run(trainer_t *tr, char *err, size_t errlen)
         adamw_step(&tr->optim, tr->zero_stage >= 3 ? tr->zero.param_shard : m->params,
                    tr->zero_stage == 0 ? m->params16 : NULL, tr->zero_stage >= 2 ? tr->zero.grad_shard : m->grads, lr,
                    adamw_clip_scale(&tr->optim, norm));
+        if (tr->trace)
+            m->ops->sync(); /* the span measures the kernels (see model.c span_end) */
         trace_span(tr->trace, TRACE_COMPUTE, "optimizer", t_opt, tr->trace ? trace_now() : 0.0, NULL);
         double zero_s = 0.0;
         if (tr->zero_stage > 0) {
@@ -1078,6 +1081,7 @@ int trainer_run(trainer_t *tr, char *err, size_t errlen)
             }
             zero_s = now_s() - tz;
         }
+        m->ops->sync(); /* the step's time covers its kernels (the optimizer's run ahead of the host) */
         double dt = now_s() - t0;
         tr->steps_done = step + 1;
 

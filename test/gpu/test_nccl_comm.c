@@ -169,7 +169,7 @@ int main(int argc, char **argv)
         launch_exit(&env, 99);
     }
     nccl_grid_t ng;
-    if (nccl_grid_create(&g, &ng, 60.0, err, sizeof err) != 0) {
+    if (nccl_grid_create(&g, &ng, NULL, 60.0, err, sizeof err) != 0) {
         fprintf(stderr, "test_nccl_comm: rank %d: %s\n", env.world_rank, err);
         launch_exit(&env, 1);
     }

@@ -11,7 +11,8 @@
 #    where an fp32 last-bit difference crosses a bf16 rounding boundary:
 #    the bounds of test_dtype.sh's bf16 layouts, 1e-4 losses, 1e-3 norms.
 # Then NCCL in the training loop: --comm nccl on one rank bit-identical to
-# --comm mpi, and with two GPUs dp2, tp2 and ZeRO-3 on NCCL against the CPU.
+# --comm mpi, and with two GPUs dp2, tp2 and ZeRO-3 on NCCL against the CPU;
+# asynchronous ops bit-identical to DTRAIN_CUDA_SYNC_OPS=1.
 # SKIP (77) with the CUDA error string when no GPU is visible.
 . "$top_srcdir/test/common.sh"
 
@@ -77,6 +78,38 @@ if [ "${ngpu:-1}" -ge 2 ]; then
                 "$(json_field "$TMP/np2.$tag.cuda.jsonl" $step grad_norm)" 1e-3
         done
     done
+fi
+
+# Asynchronous ops: the ops run ahead of the host on the compute stream and
+# the host waits only where test_defer.sh proves it must. The same runs with
+# DTRAIN_CUDA_SYNC_OPS=1 (a wait after every op) are bit-identical: the
+# kernels and their order are the same, so any difference is a missing
+# wait. One rank (tiny-llama bf16, the MPI communicators' device_sync path)
+# and, with two GPUs, dp2 ZeRO-2 (NCCL events ordering the dp stream) and
+# pp2 (MPI point to point on managed memory).
+async_pair() { # TAG NP ARGS...
+    tag=$1
+    np=$2
+    shift 2
+    for mode in async sync; do
+        if [ $mode = sync ]; then DTRAIN_CUDA_SYNC_OPS=1; else DTRAIN_CUDA_SYNC_OPS=0; fi
+        export DTRAIN_CUDA_SYNC_OPS
+        "$MPIEXEC" --quiet -np "$np" "$DTRAIN" $(tiny_args) --device cuda --threads 2 --steps 10 --warmup 2 \
+            --micro-batch 2 --seq-len 64 --val-every 10 --val-batches 2 --sample-tokens 0 \
+            --metrics "$TMP/async.$tag.$mode.jsonl" --save-params "$TMP/async.$tag.$mode.h5" "$@" \
+            >"$TMP/async.$tag.$mode.log" 2>&1 ||
+            fail "$tag $mode: exit status $? $(tail -n 3 "$TMP/async.$tag.$mode.log")"
+    done
+    unset DTRAIN_CUDA_SYNC_OPS
+    grep -q "every op waits for its kernels" "$TMP/async.$tag.sync.log" &&
+        ! grep -q "every op waits for its kernels" "$TMP/async.$tag.async.log" ||
+        fail "$tag: the banner does not tell the synchronous mode from the asynchronous one"
+    layout_twice "$TMP/async.$tag.async.jsonl" "$TMP/async.$tag.sync.jsonl" "$tag asynchronous vs DTRAIN_CUDA_SYNC_OPS=1"
+}
+async_pair llama-bf16 1 --model tiny-llama --dtype bf16 --global-batch 4
+if [ "${ngpu:-1}" -ge 2 ]; then
+    async_pair dp2-zero2 2 --dp 2 --zero 2 --dtype bf16 --global-batch 4
+    async_pair pp2 2 --pp 2 --dtype bf16 --global-batch 4
 fi
 
 # dtrain --selftest runs the op comparisons and exits 0
