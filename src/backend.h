@@ -15,7 +15,7 @@ typedef struct backend {
     int cuda;        /* 1 when the CUDA backend is in use */
     int deferred;    /* 1 under DTRAIN_DEFER_OPS=1 (the CPU table of ops_defer) */
     int device;      /* CUDA device id, -1 on the CPU */
-    char desc[320];  /* one line for the banner */
+    char desc[448];  /* one line for the banner */
     void *nccl;      /* the NCCL communicators (nccl_grid_t *) under --comm nccl, else NULL */
     char comm_desc[200]; /* one line for the banner: which library each group uses */
 } backend_t;
