@@ -431,7 +431,7 @@ int main(int argc, char **argv)
         o.n_shapes = (int)((b.cuda ? sizeof cuda_shapes : sizeof cpu_shapes) / sizeof(shape_t));
         memcpy(o.shapes, d, (size_t)o.n_shapes * sizeof(shape_t));
     }
-    char where[400];
+    char where[sizeof ((backend_t *)0)->desc + 32];
     if (b.cuda)
         snprintf(where, sizeof where, "%s", b.desc);
     else {
