@@ -344,6 +344,137 @@ static uint32_t mat_align(const void *p, int ld, size_t esize)
     return al;
 }
 
+/* ---- cuBLASLt plans ----------------------------------------------------------------------
+ * A GEMM's descriptors and the heuristic's algorithm depend only on its
+ * shape, types, transposes, epilogue and alignments, and a training step
+ * repeats the same few dozen GEMMs every microbatch. Creating the
+ * descriptors and querying the heuristic on every call cost tens of
+ * microseconds of host time per GEMM (dtrain-bench-gemm's small shapes
+ * showed it), which asynchronous ops turn into the host falling behind the
+ * GPU. So each distinct GEMM is planned once and kept: LT_PLANS entries,
+ * looked up by exact key, the oldest replaced when full. The heuristic
+ * answers the same for the same key, so a kept plan runs the algorithm a
+ * fresh query would pick: results are unchanged, bit for bit. */
+
+#define LT_PLANS 64
+
+typedef struct lt_key {
+    int ab, ta, tb;        /* cudaDataType_t of A/B, cublasOperation_t of each */
+    int m, n, k, lda, ldb, ldc;
+    int bias;              /* the BIAS epilogue (its pointer is set per call) */
+    uint32_t al_a, al_b, al_c; /* alignments in bytes (mat_align) */
+} lt_key_t;
+
+typedef struct lt_plan {
+    lt_key_t key;
+    int used;
+    int found;             /* the heuristic returned an algorithm */
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t la, lb, lc;
+    cublasLtMatmulAlgo_t algo;
+} lt_plan_t;
+
+static struct {
+    lt_plan_t plan[LT_PLANS];
+    int next;              /* the slot replaced when every slot is used */
+    long made, reused;     /* ops_cuda_gemm_plans */
+} lt_cache;
+
+static void lt_plan_release(lt_plan_t *p)
+{
+    /* teardown of descriptors the library made: nothing to report */
+    if (p->lc) (void)cublasLtMatrixLayoutDestroy(p->lc);
+    if (p->lb) (void)cublasLtMatrixLayoutDestroy(p->lb);
+    if (p->la) (void)cublasLtMatrixLayoutDestroy(p->la);
+    if (p->op) (void)cublasLtMatmulDescDestroy(p->op);
+    memset(p, 0, sizeof *p);
+}
+
+static void lt_cache_release(void)
+{
+    for (int i = 0; i < LT_PLANS; i++)
+        if (lt_cache.plan[i].used)
+            lt_plan_release(&lt_cache.plan[i]);
+    memset(&lt_cache, 0, sizeof lt_cache);
+}
+
+/* Descriptors and the heuristic's algorithm for one key (see above). */
+static void lt_plan_make(lt_plan_t *p, const lt_key_t *key, const char *what)
+{
+    memset(p, 0, sizeof *p);
+    p->key = *key;
+    p->used = 1;
+    const cublasOperation_t ta = (cublasOperation_t)key->ta, tb = (cublasOperation_t)key->tb;
+    const cudaDataType_t ab = (cudaDataType_t)key->ab;
+    const int m = key->m, n = key->n, k = key->k;
+    ckb(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), what);
+    ckb(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), what);
+    ckb(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), what);
+    if (key->bias) {
+        cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+        /* The bias is fp32. That is cuBLASLt's default (the type of D),
+         * stated anyway so that bf16 A/B never suggest a bf16 bias. */
+        int32_t bias_type = CUDA_R_32F;
+        ckb(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi), what);
+        ckb(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type),
+            what);
+    }
+    ckb(cublasLtMatrixLayoutCreate(&p->la, ab, ta == CUBLAS_OP_N ? m : k, ta == CUBLAS_OP_N ? k : m, key->lda), what);
+    ckb(cublasLtMatrixLayoutCreate(&p->lb, ab, tb == CUBLAS_OP_N ? k : n, tb == CUBLAS_OP_N ? n : k, key->ldb), what);
+    ckb(cublasLtMatrixLayoutCreate(&p->lc, CUDA_R_32F, m, n, key->ldc), what);
+    cublasLtMatmulPreference_t pref = NULL;
+    ckb(cublasLtMatmulPreferenceCreate(&pref), what);
+    size_t ws = WORKSPACE_BYTES;
+    ckb(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws), what);
+    /* The heuristic assumes 256-byte aligned matrices unless told: the
+     * model passes pointers into its arenas (a head's slice of qkv, a
+     * layer's weight), so state each matrix's real alignment (address and
+     * leading dimension, in bytes of its own element type). */
+    ckb(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &key->al_a,
+                                             sizeof key->al_a), what);
+    ckb(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &key->al_b,
+                                             sizeof key->al_b), what);
+    ckb(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &key->al_c,
+                                             sizeof key->al_c), what);
+    ckb(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key->al_c,
+                                             sizeof key->al_c), what);
+    cublasLtMatmulHeuristicResult_t res;
+    int nres = 0;
+    memset(&res, 0, sizeof res);
+    /* CUBLAS_STATUS_NOT_SUPPORTED is how the heuristic says it has no kernel
+     * for this combination (types, epilogue, alignment): treated as zero
+     * results, so a bias GEMM takes the caller's fallback instead of
+     * ending the job. Any other error is fatal. */
+    cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(g.lt, p->op, p->la, p->lb, p->lc, p->lc, pref, 1, &res, &nres);
+    if (hs == CUBLAS_STATUS_NOT_SUPPORTED)
+        nres = 0;
+    else
+        ckb(hs, what);
+    ckb(cublasLtMatmulPreferenceDestroy(pref), what);
+    p->found = nres > 0 && res.state == CUBLAS_STATUS_SUCCESS;
+    if (p->found)
+        p->algo = res.algo;
+}
+
+/* The plan for key: the kept one, or a new one in a free (else the oldest) slot. */
+static const lt_plan_t *lt_plan(const lt_key_t *key, const char *what)
+{
+    for (int i = 0; i < LT_PLANS; i++) {
+        lt_plan_t *p = &lt_cache.plan[i];
+        if (p->used && memcmp(&p->key, key, sizeof *key) == 0) {
+            lt_cache.reused++;
+            return p;
+        }
+    }
+    lt_plan_t *p = &lt_cache.plan[lt_cache.next];
+    lt_cache.next = (lt_cache.next + 1) % LT_PLANS;
+    if (p->used)
+        lt_plan_release(p);
+    lt_plan_make(p, key, what);
+    lt_cache.made++;
+    return p;
+}
+
 /* Column-major C[m, n] = alpha op(A) op(B) + beta C (+ bias[m] per column
  * when bias != NULL, with beta == 0). Row-major callers pass transposes.
  * A and B are of type ab: CUDA_R_32F (the fp32 GEMMs) or CUDA_R_16BF (the
@@ -359,67 +490,34 @@ static int lt_gemm(const char *what, cudaDataType_t ab, cublasOperation_t ta, cu
                    const float *bias)
 {
     const size_t esize = ab == CUDA_R_16BF ? sizeof(uint16_t) : sizeof(float);
-    cublasLtMatmulDesc_t op = NULL;
-    cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
-    cublasLtMatmulPreference_t pref = NULL;
-    ckb(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), what);
-    ckb(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), what);
-    ckb(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), what);
-    if (bias) {
-        cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-        /* The bias is fp32. That is cuBLASLt's default (the type of D),
-         * stated anyway so that bf16 A/B never suggest a bf16 bias. */
-        int32_t bias_type = CUDA_R_32F;
-        ckb(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi), what);
-        ckb(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias), what);
-        ckb(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type),
-            what);
+    lt_key_t key;
+    memset(&key, 0, sizeof key); /* padding too: keys compare with memcmp */
+    key.ab = ab;
+    key.ta = ta;
+    key.tb = tb;
+    key.m = m;
+    key.n = n;
+    key.k = k;
+    key.lda = lda;
+    key.ldb = ldb;
+    key.ldc = ldc;
+    key.bias = bias != NULL;
+    key.al_a = mat_align(A, lda, esize);
+    key.al_b = mat_align(B, ldb, esize);
+    key.al_c = mat_align(C, ldc, sizeof(float));
+    const lt_plan_t *p = lt_plan(&key, what);
+    if (p->found) {
+        /* the one per-call attribute: cublasLtMatmul reads it when called */
+        if (bias)
+            ckb(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias), what);
+        ckb(cublasLtMatmul(g.lt, p->op, &alpha, A, p->la, B, p->lb, &beta, C, p->lc, C, p->lc, &p->algo, g.ws,
+                           WORKSPACE_BYTES, g.stream), what);
+        return 0;
     }
-    ckb(cublasLtMatrixLayoutCreate(&la, ab, ta == CUBLAS_OP_N ? m : k, ta == CUBLAS_OP_N ? k : m, lda), what);
-    ckb(cublasLtMatrixLayoutCreate(&lb, ab, tb == CUBLAS_OP_N ? k : n, tb == CUBLAS_OP_N ? n : k, ldb), what);
-    ckb(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, m, n, ldc), what);
-    ckb(cublasLtMatmulPreferenceCreate(&pref), what);
-    size_t ws = WORKSPACE_BYTES;
-    ckb(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws), what);
-    /* The heuristic assumes 256-byte aligned matrices unless told: the
-     * model passes pointers into its arenas (a head's slice of qkv, a
-     * layer's weight), so state each matrix's real alignment (address and
-     * leading dimension, in bytes of its own element type). */
-    uint32_t al_a = mat_align(A, lda, esize), al_b = mat_align(B, ldb, esize), al_c = mat_align(C, ldc, sizeof(float));
-    ckb(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a),
-        what);
-    ckb(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b),
-        what);
-    ckb(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c),
-        what);
-    ckb(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c),
-        what);
-    cublasLtMatmulHeuristicResult_t res;
-    int nres = 0;
-    memset(&res, 0, sizeof res);
-    /* CUBLAS_STATUS_NOT_SUPPORTED is how the heuristic says it has no kernel
-     * for this combination (types, epilogue, alignment): treated as zero
-     * results, so a bias GEMM takes the caller's fallback instead of
-     * ending the job. Any other error is fatal. */
-    cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(g.lt, op, la, lb, lc, lc, pref, 1, &res, &nres);
-    if (hs == CUBLAS_STATUS_NOT_SUPPORTED)
-        nres = 0;
-    else
-        ckb(hs, what);
-    if (nres > 0 && res.state != CUBLAS_STATUS_SUCCESS)
-        nres = 0;
-    if (nres > 0)
-        ckb(cublasLtMatmul(g.lt, op, &alpha, A, la, B, lb, &beta, C, lc, C, lc, &res.algo, g.ws, WORKSPACE_BYTES,
-                           g.stream), what);
-    ckb(cublasLtMatmulPreferenceDestroy(pref), what);
-    ckb(cublasLtMatrixLayoutDestroy(lc), what);
-    ckb(cublasLtMatrixLayoutDestroy(lb), what);
-    ckb(cublasLtMatrixLayoutDestroy(la), what);
-    ckb(cublasLtMatmulDescDestroy(op), what);
-    if (nres == 0 && !bias)
+    if (!bias)
         cuda_fatal(what, ab == CUDA_R_16BF ? "cuBLASLt found no algorithm for this bf16 GEMM (bf16 A/B, fp32 C/D)"
                                            : "cuBLASLt found no algorithm for this fp32 GEMM");
-    return nres > 0 ? 0 : -1;
+    return -1;
 }
 
 /* out[N,OC] = in[N,IC] . w[OC,IC]^T (+ b): column-major out^T = w^T^T in^T. */
@@ -1588,6 +1686,7 @@ extern "C" int ops_cuda_init(int dev, char *err, size_t errlen)
 extern "C" void ops_cuda_shutdown(void)
 {
     /* teardown: report nothing, release what exists */
+    lt_cache_release();
     if (g.lt)
         (void)cublasLtDestroy(g.lt);
     if (g.part)
@@ -1608,6 +1707,12 @@ extern "C" const ops_t *ops_cuda(void)
 extern "C" void *ops_cuda_stream(void)
 {
     return g.ready ? (void *)g.stream : NULL;
+}
+
+extern "C" void ops_cuda_gemm_plans(long *made, long *reused)
+{
+    *made = lt_cache.made;
+    *reused = lt_cache.reused;
 }
 
 extern "C" int ops_cuda_synchronous(void)

@@ -24,6 +24,9 @@ const ops_t *ops_cuda(void);
 /* The compute stream (a cudaStream_t) the ops enqueue on, for the NCCL
  * communicators to order after; NULL before ops_cuda_init. */
 void *ops_cuda_stream(void);
+/* How many cuBLASLt plans (descriptors and algorithm of one GEMM shape)
+ * were made and how many GEMMs reused a kept one, since ops_cuda_init. */
+void ops_cuda_gemm_plans(long *made, long *reused);
 /* 1 when every op waits for its kernels (DTRAIN_CUDA_SYNC_OPS=1, or a
  * device without concurrent managed access), for the banner. */
 int ops_cuda_synchronous(void);

@@ -65,6 +65,9 @@
  * compared with CUDA's own __float2bfloat16_rn, bit for bit except that a
  * NaN only has to stay a NaN (CUDA returns a canonical NaN, we keep the
  * payload's top bits).
+ *
+ * Kept cuBLASLt plans: a GEMM repeated after another shape must reuse its
+ * plan (the counters say so) and give the first call's bits exactly.
  */
 #include "selftest.h"
 #include "ops_cuda.h"
@@ -306,6 +309,33 @@ static void t_matmul(st_t *s, int N, int IC, int OC)
 out:
     tp_free(s, &in), tp_free(s, &w), tp_free(s, &b), tp_free(s, &out);
     tp_free(s, &dout), tp_free(s, &din), tp_free(s, &dw), tp_free(s, &db);
+}
+
+/* Kept cuBLASLt plans (cuda/ops_cuda.cu): a GEMM, another shape, the
+ * first again. The third call must reuse the first's plan and give its
+ * bits exactly; the plans made and reused counters must say so. */
+static void t_gemm_plans(st_t *s)
+{
+    const int N = 48, IC = 80, OC = 112;
+    tp_t in, w, b, out1, out2, other;
+    memset(&in, 0, sizeof in), w = b = out1 = out2 = other = in;
+    if (tp_new(s, &in, (size_t)N * IC, -1, 1) || tp_new(s, &w, (size_t)OC * IC, -1, 1) ||
+        tp_new(s, &b, (size_t)OC, -1, 1) || tp_new(s, &out1, (size_t)N * OC, -1, 1) ||
+        tp_new(s, &out2, (size_t)N * OC, 5, 6) || tp_new(s, &other, (size_t)(N + 1) * OC, -1, 1))
+        goto out;
+    long made0, reused0, made1, reused1;
+    ops_cuda_gemm_plans(&made0, &reused0);
+    s->gpu->matmul_fwd(out1.d, in.d, w.d, b.d, N, IC, OC);
+    s->gpu->matmul_fwd(other.d, in.d, w.d, b.d, N - 1, IC, OC);
+    s->gpu->matmul_fwd(out2.d, in.d, w.d, b.d, N, IC, OC);
+    ops_cuda_gemm_plans(&made1, &reused1);
+    check_same(s, "matmul_fwd +bias: kept cuBLASLt plan, same bits as its first use", &out1, &out2);
+    char what[160];
+    snprintf(what, sizeof what, "cuBLASLt plans: the repeated GEMM reused one (%ld made, %ld reused)", made1 - made0,
+             reused1 - reused0);
+    check_val(s, what, 1.0, reused1 - reused0 >= 1 ? 1.0 : 0.0, 0.0);
+out:
+    tp_free(s, &in), tp_free(s, &w), tp_free(s, &b), tp_free(s, &out1), tp_free(s, &out2), tp_free(s, &other);
 }
 
 /* ---- bf16 GEMMs ---------------------------------------------------------------------- */
@@ -901,6 +931,8 @@ int cuda_selftest(const ops_t *gpu, FILE *out, char *err, size_t errlen)
     t_memory(&s);
     for (size_t i = 0; i < sizeof mm / sizeof mm[0] && !s.oom; i++)
         t_matmul(&s, mm[i][0], mm[i][1], mm[i][2]);
+    if (!s.oom)
+        t_gemm_plans(&s);
     for (size_t i = 0; i < sizeof mb / sizeof mb[0] && !s.oom; i++)
         t_matmul_bf16(&s, mb[i][0], mb[i][1], mb[i][2]);
     for (size_t i = 0; i < sizeof nc / sizeof nc[0] && !s.oom; i++)
