@@ -37,6 +37,7 @@
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <stdint.h>
@@ -61,7 +62,12 @@ static struct {
     cudaStream_t stream;
     cublasLtHandle_t lt;
     void *ws;
-    double *part;      /* [SUMSQ_BLOCKS] device partial sums */
+    /* sumsq: room for `sum_cap` vectors of partial sums (device and host)
+     * and their pointers and lengths (device) */
+    int sum_cap;
+    double *part, *hpart;
+    const float **xs;
+    size_t *ns;
 } g;
 
 /* ---- error checks ------------------------------------------------------------ */
@@ -293,16 +299,20 @@ __global__ void k_adamw(float *p, uint16_t *p16, const float *gr, float *m, floa
     }
 }
 
-/* Each thread sums squares of a grid-stride subset in double; the block
- * sums go to part[blockIdx.x]; the host adds the fixed SUMSQ_BLOCKS
- * partials in order. */
-__global__ void k_sumsq(double *part, const float *x, size_t n)
+/* Vector blockIdx.y of xs/ns: each thread sums squares of a grid-stride
+ * subset in double over the SUMSQ_BLOCKS blocks of x; the block sums go
+ * to part[y][blockIdx.x]; the host adds each vector's fixed SUMSQ_BLOCKS
+ * partials in order. A vector's sum is the same whatever else is summed
+ * beside it. */
+__global__ void k_sumsq(double *part, const float *const *xs, const size_t *ns)
 {
+    const float *x = xs[blockIdx.y];
+    const size_t n = ns[blockIdx.y];
     double s = 0.0;
     GRID_STRIDE(i, n) s += (double)x[i] * (double)x[i];
     s = block_sum(s);
     if (threadIdx.x == 0)
-        part[blockIdx.x] = s;
+        part[(size_t)blockIdx.y * SUMSQ_BLOCKS + blockIdx.x] = s;
 }
 
 /* out[c] (=|+= by accum) sum over rows n (in order) of x[n, c]. */
@@ -1547,19 +1557,59 @@ static void adamw(float *p, uint16_t *p16, const float *gr, float *m, float *v, 
     finish("adamw");
 }
 
-static double sumsq(const float *x, size_t n)
+/* Grows sumsq's buffers to hold count vectors. cudaFree waits for the
+ * device, so no pending kernel still uses the old ones. */
+static void sumsq_room(int count)
 {
-    if (!n)
-        return 0.0;
-    double part[SUMSQ_BLOCKS];
-    k_sumsq<<<SUMSQ_BLOCKS, THREADS, 0, g.stream>>>(g.part, x, n);
-    ck(cudaGetLastError(), "sumsq");
-    ck(cudaMemcpyAsync(part, g.part, sizeof part, cudaMemcpyDeviceToHost, g.stream), "sumsq: cudaMemcpyAsync");
+    if (count <= g.sum_cap)
+        return;
+    int cap = g.sum_cap ? g.sum_cap : 256;
+    while (cap < count)
+        cap = cap > INT_MAX / 2 ? count : 2 * cap;
+    if (g.part)
+        ck(cudaFree(g.part), "sumsq: cudaFree");
+    if (g.xs)
+        ck(cudaFree(g.xs), "sumsq: cudaFree");
+    if (g.ns)
+        ck(cudaFree(g.ns), "sumsq: cudaFree");
+    free(g.hpart);
+    g.part = NULL, g.xs = NULL, g.ns = NULL, g.sum_cap = 0;
+    g.hpart = (double *)malloc((size_t)cap * SUMSQ_BLOCKS * sizeof(double));
+    if (!g.hpart)
+        cuda_fatal("sumsq", "out of host memory for the partial sums");
+    ck(cudaMalloc((void **)&g.part, (size_t)cap * SUMSQ_BLOCKS * sizeof(double)), "sumsq: cudaMalloc");
+    ck(cudaMalloc((void **)&g.xs, (size_t)cap * sizeof *g.xs), "sumsq: cudaMalloc");
+    ck(cudaMalloc((void **)&g.ns, (size_t)cap * sizeof *g.ns), "sumsq: cudaMalloc");
+    g.sum_cap = cap;
+}
+
+/* One launch for every vector (65535 per launch: gridDim.y's limit), one
+ * copy of the partials back, one wait. */
+static void sumsq(double *out, const float *const *x, const size_t *n, int count)
+{
+    if (count <= 0)
+        return;
+    sumsq_room(count);
+    /* pageable sources: staged before the calls return, so x and n may change after */
+    ck(cudaMemcpyAsync(g.xs, x, (size_t)count * sizeof *g.xs, cudaMemcpyHostToDevice, g.stream),
+       "sumsq: cudaMemcpyAsync");
+    ck(cudaMemcpyAsync(g.ns, n, (size_t)count * sizeof *g.ns, cudaMemcpyHostToDevice, g.stream),
+       "sumsq: cudaMemcpyAsync");
+    for (int first = 0; first < count; first += 65535) {
+        const int c = count - first < 65535 ? count - first : 65535;
+        k_sumsq<<<dim3(SUMSQ_BLOCKS, (unsigned)c), THREADS, 0, g.stream>>>(g.part + (size_t)first * SUMSQ_BLOCKS,
+                                                                            g.xs + first, g.ns + first);
+        ck(cudaGetLastError(), "sumsq");
+    }
+    ck(cudaMemcpyAsync(g.hpart, g.part, (size_t)count * SUMSQ_BLOCKS * sizeof(double), cudaMemcpyDeviceToHost,
+                       g.stream), "sumsq: cudaMemcpyAsync");
     wait_all("sumsq");
-    double tot = 0.0;
-    for (int b = 0; b < SUMSQ_BLOCKS; b++)
-        tot += part[b];
-    return tot;
+    for (int v = 0; v < count; v++) {
+        double tot = 0.0;
+        for (int b = 0; b < SUMSQ_BLOCKS; b++)
+            tot += g.hpart[(size_t)v * SUMSQ_BLOCKS + b];
+        out[v] = tot;
+    }
 }
 
 /* ---- bf16 casts ---------------------------------------------------------------------------------- */
@@ -1617,8 +1667,6 @@ extern "C" int ops_cuda_init(int dev, char *err, size_t errlen)
         rc = cudaStreamCreateWithFlags(&g.stream, cudaStreamNonBlocking);
     if (rc == cudaSuccess)
         rc = cudaMalloc(&g.ws, WORKSPACE_BYTES);
-    if (rc == cudaSuccess)
-        rc = cudaMalloc((void **)&g.part, SUMSQ_BLOCKS * sizeof(double));
     if (rc != cudaSuccess) {
         snprintf(err, errlen, "CUDA backend on device %d: %s (%s)", dev, cudaGetErrorString(rc),
                  cudaGetErrorName(rc));
@@ -1691,6 +1739,11 @@ extern "C" void ops_cuda_shutdown(void)
         (void)cublasLtDestroy(g.lt);
     if (g.part)
         (void)cudaFree(g.part);
+    if (g.xs)
+        (void)cudaFree(g.xs);
+    if (g.ns)
+        (void)cudaFree(g.ns);
+    free(g.hpart);
     if (g.ws)
         (void)cudaFree(g.ws);
     if (g.stream)

@@ -692,9 +692,24 @@ static void t_elementwise(st_t *s, size_t n, int F)
     s->gpu->scale(y.d, -0.37f, n);
     snprintf(what, sizeof what, "scale n=%zu", n);
     check(s, what, &y, B_EXACT);
-    double a = s->cpu->sumsq(x.h, n), b = s->gpu->sumsq(x.d, n);
-    snprintf(what, sizeof what, "sumsq n=%zu", n);
-    check_val(s, what, a, b, B_ELEM);
+    {
+        /* three vectors at once (one empty) against the CPU, and each the
+         * bits the GPU gives it alone */
+        const float *xh[3] = {x.h, y.h + 1, x.h}, *xd[3] = {x.d, y.d + 1, x.d};
+        const size_t ns[3] = {n, n - 1, 0};
+        double a[3], b[3], one;
+        s->cpu->sumsq(a, xh, ns, 3);
+        s->gpu->sumsq(b, xd, ns, 3);
+        size_t bad = 0;
+        for (int v = 0; v < 3; v++) {
+            snprintf(what, sizeof what, "sumsq n=%zu (vector %d of 3)", ns[v], v);
+            check_val(s, what, a[v], b[v], B_ELEM);
+            s->gpu->sumsq(&one, &xd[v], &ns[v], 1);
+            bad += memcmp(&one, &b[v], sizeof one) != 0;
+        }
+        snprintf(what, sizeof what, "sumsq: 3 vectors at once, each the bits of its own call");
+        check_bits(s, what, bad, 3);
+    }
 out:
     tp_free(s, &x), tp_free(s, &y), tp_free(s, &dout), tp_free(s, &out), tp_free(s, &gu);
     tp_free(s, &dgu), tp_free(s, &o2);

@@ -161,9 +161,14 @@ typedef struct ops {
                   float lr, float beta1, float beta2, float eps, float wd,
                   float grad_scale, int t);
 
-    /* sum of squares: float over runs of 32, folded into double (relative
-     * error ~1e-7); the same bits for any thread count */
-    double (*sumsq)(const float *x, size_t n);
+    /* Sums of squares of count vectors: out[i] = sum over x[i][0..n[i]) of
+     * squares, float over runs of 32 folded into double (relative error
+     * ~1e-7), the same bits for any thread count and whether a vector is
+     * asked for alone or among others. x and n are host arrays (of backend
+     * pointers and lengths), out is host memory: one wait for all of them,
+     * where the gradient norm's ~200 tensors would otherwise wait ~200
+     * times a step. */
+    void (*sumsq)(double *out, const float *const *x, const size_t *n, int count);
     /* x[i] *= s */
     void (*scale)(float *x, float s, size_t n);
 
@@ -191,5 +196,7 @@ int ops_cpu_threads(int requested);
  * and frees the queue. */
 const ops_t *ops_defer(const ops_t *base);
 void ops_defer_release(void);
+/* Ops run and host waits (sync, to_host, sumsq, free) so far. */
+void ops_defer_counts(long *ops, long *waits);
 
 #endif

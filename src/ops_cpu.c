@@ -751,7 +751,7 @@ static void adamw(float *p, uint16_t *p16, const float *g, float *m, float *v, s
 
 /* Sum of squares in double over SUMSQ_BLOCKS fixed blocks, block sums added
  * in order: the same bits for any thread count. */
-static double sumsq(const float *x, size_t n)
+static double sumsq_one(const float *x, size_t n)
 {
     double part[SUMSQ_BLOCKS];
     size_t bs = (n + SUMSQ_BLOCKS - 1) / SUMSQ_BLOCKS;
@@ -786,6 +786,12 @@ static double sumsq(const float *x, size_t n)
     for (int blk = 0; blk < SUMSQ_BLOCKS; blk++)
         tot += part[blk];
     return tot;
+}
+
+static void sumsq(double *out, const float *const *x, const size_t *n, int count)
+{
+    for (int i = 0; i < count; i++)
+        out[i] = sumsq_one(x[i], n[i]);
 }
 
 static void scale(float *x, float s, size_t n)

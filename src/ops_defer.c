@@ -41,15 +41,19 @@ static struct {
     const ops_t *base;
     unsigned char *buf;
     size_t len, cap;
+    long ops, waits; /* ops_defer_counts */
 } q;
 
+/* Runs the queue: the host waits here. */
 static void drain(void)
 {
+    q.waits++;
     /* a record's run never enqueues (it calls the base table), so buf is stable */
     for (size_t off = 0; off < q.len;) {
         const record_t *r = (const record_t *)(q.buf + off);
         r->run(q.buf + off + ARGS_OFF);
         off += r->size;
+        q.ops++;
     }
     q.len = 0;
 }
@@ -87,6 +91,7 @@ static void defer(run_fn run, const void *args, size_t args_bytes)
     }
     drain();
     run(args);
+    q.ops++;
 }
 
 /* ---- memory ------------------------------------------------------------------ */
@@ -137,6 +142,7 @@ static void d_from_host(void *dst, const void *host_src, size_t bytes)
     if (!rec) {
         drain();
         q.base->from_host(dst, host_src, bytes);
+        q.ops++;
         return;
     }
     memcpy(rec, &(from_host_args_t){ dst, bytes }, sizeof(from_host_args_t));
@@ -479,10 +485,10 @@ static void d_adamw(float *p, uint16_t *p16, const float *g, float *m, float *v,
           sizeof(adamw_args_t));
 }
 
-static double d_sumsq(const float *x, size_t n)
+static void d_sumsq(double *out, const float *const *x, const size_t *n, int count)
 {
     drain();
-    return q.base->sumsq(x, n);
+    q.base->sumsq(out, x, n, count);
 }
 
 typedef struct { float *x; float s; size_t n; } scale_args_t;
@@ -560,6 +566,12 @@ const ops_t *ops_defer(const ops_t *base)
 {
     q.base = base;
     return &defer_ops;
+}
+
+void ops_defer_counts(long *ops, long *waits)
+{
+    *ops = q.ops;
+    *waits = q.waits;
 }
 
 void ops_defer_release(void)

@@ -515,7 +515,10 @@ int trainer_setup(trainer_t *tr, const run_options_t *o, const launch_env_t *env
     }
     const param_table_t *t = &tr->model.table;
     tr->tensor_start = malloc(((size_t)t->n + 1) * sizeof *tr->tensor_start);
-    if (!tr->tensor_start) {
+    tr->norm_x = malloc(((size_t)t->n + 1) * sizeof *tr->norm_x);
+    tr->norm_n = malloc(((size_t)t->n + 1) * sizeof *tr->norm_n);
+    tr->norm_ss = malloc(((size_t)t->n + 1) * sizeof *tr->norm_ss);
+    if (!tr->tensor_start || !tr->norm_x || !tr->norm_n || !tr->norm_ss) {
         snprintf(err, errlen, "out of memory");
         return -1;
     }
@@ -726,15 +729,17 @@ double trainer_grad_norm(trainer_t *tr)
      * TP-split tensor's slices on every rank, a replicated one (norms,
      * row-parallel biases, wpe) on TP rank 0 only, GPT-2's tied head copy on
      * the last stage never. The fixed-order sum in
-     * double gives the same value on every rank. */
-    double local = 0.0;
+     * double gives the same value on every rank. One sumsq call for all
+     * tensors: one wait for the backend, not one per tensor. */
     const zero_t *z = &tr->zero;
+    int nv = 0;
     for (int i = 0; i < m->table.n; i++) {
         const param_desc_t *d = &m->table.p[i];
         if (d->tied_copy || (d->tp_split == TP_SPLIT_NONE && g->tp_rank != 0))
             continue;
         if (tr->zero_stage < 2) {
-            local += m->ops->sumsq(m->grads + d->offset, d->numel);
+            tr->norm_x[nv] = m->grads + d->offset;
+            tr->norm_n[nv++] = d->numel;
             continue;
         }
         /* ZeRO-2: this rank's piece of the tensor; the DP sum below adds
@@ -743,9 +748,15 @@ double trainer_grad_norm(trainer_t *tr)
         size_t lo, hi;
         zero_piece(z, u, &lo, &hi);
         const size_t a = d->offset > lo ? d->offset : lo, e = d->offset + d->numel, b = e < hi ? e : hi;
-        if (a < b)
-            local += m->ops->sumsq(z->grad_shard + z->shard_start[u] + (a - lo), b - a);
+        if (a < b) {
+            tr->norm_x[nv] = z->grad_shard + z->shard_start[u] + (a - lo);
+            tr->norm_n[nv++] = b - a;
+        }
     }
+    m->ops->sumsq(tr->norm_ss, tr->norm_x, tr->norm_n, nv);
+    double local = 0.0;
+    for (int i = 0; i < nv; i++)
+        local += tr->norm_ss[i];
     const int over_dp = tr->zero_stage >= 2 && z->group->size > 1;
     if (g->tp_size > 1 || g->pp_size > 1 || over_dp) {
         /* the communicator carries fp32: ~1e-7 relative, ample for clipping */
@@ -1022,6 +1033,7 @@ int trainer_run(trainer_t *tr, char *err, size_t errlen)
     const grid_t *g = tr->grid;
     const double tokens_step = (double)B * T * tr->accum * g->dp_size;
     double t_run = now_s(), loss = NAN;
+    long defer_ops0 = 0, defer_waits0 = 0; /* DTRAIN_DEFER_OPS counts after the first step */
     if (tr->has_val && tr->start_step == 0) {
         /* the untrained model's validation loss: the baseline the run improves on */
         double v = trainer_val_loss(tr);
@@ -1132,6 +1144,8 @@ int trainer_run(trainer_t *tr, char *err, size_t errlen)
         if (o->ckpt_dir[0] && ((o->ckpt_every > 0 && (step + 1) % o->ckpt_every == 0) || step + 1 == end) &&
             trainer_save(tr, step + 1, err, errlen) != 0)
             return -1;
+        if (tr->backend.deferred && step == tr->start_step)
+            ops_defer_counts(&defer_ops0, &defer_waits0);
         if (step + 1 < end && stop_requested(tr, step + 1, err, errlen) != 0)
             return -1;
         if (tr->stopped_by)
@@ -1148,6 +1162,13 @@ int trainer_run(trainer_t *tr, char *err, size_t errlen)
         const int ran = end > tr->start_step ? end - tr->start_step : 0;
         printf("done: %d steps in %.1f s, final loss %.6f, %.0f tok/s average\n", ran, total, loss,
                ran > 0 ? tokens_step * ran / total : 0.0);
+        if (tr->backend.deferred && ran >= 2) {
+            /* what a GPU's host would wait on: the cost the asynchronous ops avoid */
+            long ops = 0, waits = 0;
+            ops_defer_counts(&ops, &waits);
+            printf("deferred ops (rank 0, steps %d-%d): %.1f ops and %.1f host waits per step\n", tr->start_step + 2,
+                   end, (double)(ops - defer_ops0) / (ran - 1), (double)(waits - defer_waits0) / (ran - 1));
+        }
     }
     if (o->save_params[0] && trainer_save_params(tr, err, errlen) != 0)
         return -1;
@@ -1176,6 +1197,9 @@ void trainer_teardown(trainer_t *tr)
     free_state(tr);
     ddp_destroy(&tr->ddp);
     free(tr->tensor_start);
+    free(tr->norm_x);
+    free(tr->norm_n);
+    free(tr->norm_ss);
     adamw_destroy(&tr->optim);
     if (tr->zero_stage > 0)
         zero_destroy(&tr->zero);

@@ -22,6 +22,10 @@ typedef struct trainer {
     grid_t net;         /* the caller's grid, with NCCL twins under --comm nccl (backend_comm_open) */
     ddp_t ddp;
     size_t *tensor_start; /* [n_tensors+1] flat offsets of the parameter table */
+    /* trainer_grad_norm's one sumsq call: a vector per tensor [n_tensors] */
+    const float **norm_x;
+    size_t *norm_n;
+    double *norm_ss;
     int ddp_failed;
     backend_t backend;  /* --device: the ops table (rank 0's choice is in the banner) */
     model_config_t cfg;

@@ -41,6 +41,18 @@ pair dp1-sample 1 --sample-tokens 24 &&
     else
         fail "dp1: sampled text differs (or is missing)"
     fi
+# How often the host waits: a GPU host waits there, so a wait per op or per
+# tensor would cost a round trip each. 1 rank, 4 microbatches a step: the
+# loss of each, the gradient norm (all tensors in one sumsq), the step's
+# end, and validation every 3rd step: 7.8 measured; a wait per tensor
+# would add 68 (tiny has 68 tensors).
+waits=$(sed -n 's/^deferred ops (rank 0, steps 2-6): \([0-9.]*\) ops and \([0-9.]*\) host waits per step$/\2/p' \
+    "$TMP/dp1-sample.defer.json.log")
+if [ -n "$waits" ] && awk -v w="$waits" 'BEGIN { exit !(w <= 10) }'; then
+    pass "1 rank: $waits host waits per step (at most 10)"
+else
+    fail "1 rank: host waits per step '$waits' (wanted at most 10): $(grep '^deferred ops' "$TMP/dp1-sample.defer.json.log")"
+fi
 pair dp2-bucketed-bf16 2 --ddp-mode bucketed --bucket-mb 0.05 --dtype bf16 --grad-reduce-dtype bf16
 pair tp2-sp-llama 2 --model tiny-llama --tp 2 --sequence-parallel --recompute selective
 pair pp2-dp2-1f1b 4 --pp 2 --dp 2 --recompute full --zero 1

@@ -904,10 +904,25 @@ static void test_misc(void)
     double ref = 0.0;
     for (size_t i = 0; i < n; i++)
         ref += (double)x[i] * x[i];
-    double got = ops->sumsq(x, n);
+    double got;
+    const float *xp = x;
+    ops->sumsq(&got, &xp, &n, 1);
     /* float partials over 32 squares each, folded into double */
     check("sumsq vs double", fabs(got - ref) / ref, 1e-7);
-    check_true("sumsq of 0 elements == 0", ops->sumsq(x, 0) == 0.0);
+    {
+        /* several vectors at once: each exactly as when asked alone */
+        const float *xs[4] = {x, y, x + 17, x};
+        const size_t ns[4] = {n, n - 5, 1000, 0};
+        double many[4], one;
+        ops->sumsq(many, xs, ns, 4);
+        int same = 1;
+        for (int i = 0; i < 4; i++) {
+            ops->sumsq(&one, &xs[i], &ns[i], 1);
+            same &= memcmp(&one, &many[i], sizeof one) == 0;
+        }
+        check_true("sumsq of 4 vectors at once: each the bits of its own call", same);
+        check_true("sumsq of 0 elements == 0", many[3] == 0.0);
+    }
 
     ops->add(z, x, y, n);
     int ok = 1;
@@ -1008,7 +1023,8 @@ static void test_determinism(void)
         ops->rmsnorm_bwd(din, r + 2 * C, dout, x, w, rrstd, N, C, 0);
         ops->matmul_bwd(NULL, NULL, r + 3 * C, dout, x, w, N, C, OC, 0, 0);
         ops->embedding_bwd(r + 3 * C + OC, r + 3 * C + OC + (size_t)V * C, dout, tok, N, T, C, 0, V, 0);
-        ss[k] = ops->sumsq(dout, nx);
+        const float *dp = dout;
+        ops->sumsq(&ss[k], &dp, &nx, 1);
         float l[2];
         memcpy(l, &ss[k], sizeof l);
         memcpy(r + nres - 2, l, sizeof l);
