@@ -8,7 +8,8 @@
 #
 # 1. dtrain --selftest: every CUDA op against the CPU op;
 # 2. dtrain-bench-gemm --device cuda --dtype both: the default large shapes
-#    (4096^3, 8192^3, GPT-2 124M's MLP at 16 x 1024 tokens);
+#    (4096^3, 8192^3, GPT-2 124M's MLP at 16 x 1024 tokens), and --op gelu:
+#    GPT-2's fc with its GELU fused into the GEMM vs as a separate kernel;
 # 3. GPT-2 124M on one GPU, --dtype bf16, micro batch 16 x seq 1024 (16,384
 #    tokens a step), STEPS steps (default 20): median ms/step, tokens/s and
 #    MFU over steps 2..STEPS (step 1 pays for first touch of memory), MFU
@@ -18,9 +19,10 @@
 # gpu-bench.XXXXXX/ under the current directory.
 #
 # DEVICE=cpu runs steps 2 and 3 on the CPU (no self-test) to try the script
-# without a GPU; GEMM_ARGS and TRAIN_ARGS replace the shapes and the
-# batch, e.g.
-#   DEVICE=cpu GEMM_ARGS="--shapes 256x256x256 --iters 3" TRAIN_ARGS="--micro-batch 2 --seq-len 64" ./bench/gpu.sh 3
+# without a GPU; GEMM_ARGS, GELU_ARGS and TRAIN_ARGS replace the shapes and
+# the batch, e.g.
+#   DEVICE=cpu GEMM_ARGS="--shapes 256x256x256 --iters 3" GELU_ARGS="--shapes 256x64x256 --iters 3" \
+#     TRAIN_ARGS="--micro-batch 2 --seq-len 64" ./bench/gpu.sh 3
 set -eu
 steps=${1:-20}
 device=${DEVICE:-cuda}
@@ -57,12 +59,29 @@ cat "$out/gemm.txt"
 [ "$gemm_rc" -le 1 ] || { echo "dtrain-bench-gemm failed (exit $gemm_rc)"; exit 1; }
 where=$(sed -n 's/^# dtrain-bench-gemm: \([^;]*\);.*/\1/p' "$out/gemm.txt")
 best() { # dtype: "TFLOP/s NxICxOC" of its fastest row
-    awk -v d="$1" '!/^#/ && $1 == d && $6 + 0 > b { b = $6 + 0; s = $2 "x" $3 "x" $4 } END { if (b) printf "%.4g %s\n", b, s; else print "- -" }' "$out/gemm.txt"
+    awk -v d="$1" '!/^#/ && $1 == d && $2 == "gemm" && $7 + 0 > b { b = $7 + 0; s = $3 "x" $4 "x" $5 } END { if (b) printf "%.4g %s\n", b, s; else print "- -" }' "$out/gemm.txt"
 }
 # shellcheck disable=SC2046 # two words each
 set -- $(best bf16) $(best fp32)
 bf16_best=$1 bf16_shape=$2 fp32_best=$3 fp32_shape=$4
 gemm_check=$([ "$gemm_rc" -eq 0 ] && echo "0 wrong" || echo "WRONG VALUES (exit 1)")
+
+# 2b. GPT-2's fc with its GELU: one GEMM with cuBLASLt's GELU epilogue vs
+# the GEMM and the elementwise kernel (bf16, the MLP shape of step 3)
+gelu_args=${GELU_ARGS:---shapes 16384x768x3072}
+echo "== $bench --device $device --dtype bf16 --op gelu $gelu_args"
+gelu_rc=0
+# shellcheck disable=SC2086 # gelu_args is a list of options
+"$bench" --device "$device" --dtype bf16 --op gelu $gelu_args >"$out/gelu.txt" 2>&1 || gelu_rc=$?
+cat "$out/gelu.txt"
+[ "$gelu_rc" -le 1 ] || { echo "dtrain-bench-gemm --op gelu failed (exit $gelu_rc)"; exit 1; }
+us() { # op: "microseconds NxICxOC" of its first row
+    awk -v o="$1" '!/^#/ && $2 == o { printf "%.1f %s\n", $6, $3 "x" $4 "x" $5; f = 1; exit } END { if (!f) print "- -" }' "$out/gelu.txt"
+}
+# shellcheck disable=SC2046 # two words each
+set -- $(us gemm+gelu) $(us gemm,gelu)
+gelu_fused=$1 gelu_shape=$2 gelu_separate=$3
+gelu_check=$([ "$gelu_rc" -eq 0 ] && echo "0 wrong" || echo "WRONG VALUES (exit 1)")
 
 # 3. training throughput
 echo "== gpt2-124m, --device $device --dtype bf16 $train_args, $steps steps"
@@ -86,6 +105,7 @@ dtrain --selftest: $selftest.
 |---|---:|---|
 | bf16 GEMM, fastest row (\`dtrain-bench-gemm\`, $gemm_check) | $bf16_best TFLOP/s ($bf16_shape) | cuBLAS bf16: about 790 TFLOP/s |
 | fp32 GEMM, no TF32, fastest row | $fp32_best TFLOP/s ($fp32_shape) | (datasheet fp32 peak 67 TFLOP/s) |
+| GPT-2 fc + bias + GELU, bf16, $gelu_shape ($gelu_check): GELU epilogue vs GEMM then GELU kernel | $gelu_fused us vs $gelu_separate us | |
 | gpt2-124m, 1 GPU, bf16, $train_args | $ms ms/step, $tps tokens/s | llm.c: about 1.75M tokens/s on 8 A100s (about 218K per GPU) |
 | MFU of that run vs $peak TFLOP/s | $mfu % | Megatron-LM: about 42 % on 70B-class models |
 EOF

@@ -2,10 +2,14 @@
  *
  * Matmuls go through cuBLASLt with CUBLAS_COMPUTE_32F (fp32 operands: true
  * fp32, no TF32, so results stay within fp32 rounding of the CPU backend;
- * bf16 operands for --dtype bf16: bf16 A/B, fp32 C/D and bias) and the
- * BIAS epilogue for the forward bias. Everything else is a kernel here; the
- * per-element arithmetic comes from src/ops_math.h, the same functions the
- * CPU backend calls, so the CPU tests exercise these formulas.
+ * bf16 operands for --dtype bf16: bf16 A/B, fp32 C/D and bias), the
+ * BIAS epilogue for the forward bias and the GELU_AUX_BIAS / DGELU
+ * epilogues for GPT-2's MLP (GELU evaluated by cuBLASLt, not by the
+ * shared formula: the one place results may differ from the CPU's by more
+ * than summation order, within the GELU's rounding). Everything else is a
+ * kernel here; the per-element arithmetic comes from src/ops_math.h, the
+ * same functions the CPU backend calls, so the CPU tests exercise these
+ * formulas.
  *
  * Design (doc/design.md, "CUDA backend"):
  *  - Memory is cudaMallocManaged. Ops are asynchronous: each enqueues its
@@ -371,8 +375,9 @@ static uint32_t mat_align(const void *p, int ld, size_t esize)
 typedef struct lt_key {
     int ab, ta, tb;        /* cudaDataType_t of A/B, cublasOperation_t of each */
     int m, n, k, lda, ldb, ldc;
-    int bias;              /* the BIAS epilogue (its pointer is set per call) */
+    int epi;               /* cublasLtEpilogue_t (bias and aux pointers are set per call) */
     uint32_t al_a, al_b, al_c; /* alignments in bytes (mat_align) */
+    uint32_t al_bias, al_aux;  /* of the bias vector and the GELU aux matrix; 0 without */
 } lt_key_t;
 
 typedef struct lt_plan {
@@ -388,6 +393,7 @@ static struct {
     lt_plan_t plan[LT_PLANS];
     int next;              /* the slot replaced when every slot is used */
     long made, reused;     /* ops_cuda_gemm_plans */
+    long gelu_fused, gelu_separate; /* ops_cuda_gelu_epilogues */
 } lt_cache;
 
 static void lt_plan_release(lt_plan_t *p)
@@ -408,8 +414,34 @@ static void lt_cache_release(void)
     memset(&lt_cache, 0, sizeof lt_cache);
 }
 
-/* Descriptors and the heuristic's algorithm for one key (see above). */
-static void lt_plan_make(lt_plan_t *p, const lt_key_t *key, const char *what)
+static int epi_has_bias(int epi)
+{
+    return epi == CUBLASLT_EPILOGUE_BIAS || epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+}
+
+static int epi_has_aux(int epi)
+{
+    return epi == CUBLASLT_EPILOGUE_GELU_AUX || epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS ||
+           epi == CUBLASLT_EPILOGUE_DGELU;
+}
+
+/* The per-call attributes: the bias vector and the GELU aux matrix (the
+ * GELU input, written by GELU_AUX*, read by DGELU; fp32, the type of D,
+ * cuBLASLt's default for it, and with D's leading dimension). The
+ * heuristic reads the pointers too (for their alignment), so a plan is
+ * made with its first call's pointers set. */
+static void lt_set_pointers(const lt_plan_t *p, const float *bias, const float *aux, const char *what)
+{
+    if (epi_has_bias(p->key.epi))
+        ckb(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias), what);
+    if (epi_has_aux(p->key.epi))
+        ckb(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux),
+            what);
+}
+
+/* Descriptors and the heuristic's algorithm for one key (see above), with
+ * the pointers of the call that made it. */
+static void lt_plan_make(lt_plan_t *p, const lt_key_t *key, const float *bias, const float *aux, const char *what)
 {
     memset(p, 0, sizeof *p);
     p->key = *key;
@@ -420,15 +452,23 @@ static void lt_plan_make(lt_plan_t *p, const lt_key_t *key, const char *what)
     ckb(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), what);
     ckb(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), what);
     ckb(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), what);
-    if (key->bias) {
-        cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+    if (key->epi != CUBLASLT_EPILOGUE_DEFAULT) {
+        cublasLtEpilogue_t epi = (cublasLtEpilogue_t)key->epi;
+        ckb(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi), what);
+    }
+    if (epi_has_bias(key->epi)) {
         /* The bias is fp32. That is cuBLASLt's default (the type of D),
          * stated anyway so that bf16 A/B never suggest a bf16 bias. */
         int32_t bias_type = CUDA_R_32F;
-        ckb(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi), what);
         ckb(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type),
             what);
     }
+    if (epi_has_aux(key->epi)) {
+        int64_t ld_aux = key->ldc;
+        ckb(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld_aux, sizeof ld_aux),
+            what);
+    }
+    lt_set_pointers(p, bias, aux, what);
     ckb(cublasLtMatrixLayoutCreate(&p->la, ab, ta == CUBLAS_OP_N ? m : k, ta == CUBLAS_OP_N ? k : m, key->lda), what);
     ckb(cublasLtMatrixLayoutCreate(&p->lb, ab, tb == CUBLAS_OP_N ? k : n, tb == CUBLAS_OP_N ? n : k, key->ldb), what);
     ckb(cublasLtMatrixLayoutCreate(&p->lc, CUDA_R_32F, m, n, key->ldc), what);
@@ -453,8 +493,8 @@ static void lt_plan_make(lt_plan_t *p, const lt_key_t *key, const char *what)
     memset(&res, 0, sizeof res);
     /* CUBLAS_STATUS_NOT_SUPPORTED is how the heuristic says it has no kernel
      * for this combination (types, epilogue, alignment): treated as zero
-     * results, so a bias GEMM takes the caller's fallback instead of
-     * ending the job. Any other error is fatal. */
+     * results, so a GEMM with an epilogue takes the caller's fallback
+     * instead of ending the job. Any other error is fatal. */
     cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(g.lt, p->op, p->la, p->lb, p->lc, p->lc, pref, 1, &res, &nres);
     if (hs == CUBLAS_STATUS_NOT_SUPPORTED)
         nres = 0;
@@ -466,8 +506,9 @@ static void lt_plan_make(lt_plan_t *p, const lt_key_t *key, const char *what)
         p->algo = res.algo;
 }
 
-/* The plan for key: the kept one, or a new one in a free (else the oldest) slot. */
-static const lt_plan_t *lt_plan(const lt_key_t *key, const char *what)
+/* The plan for key: the kept one, or a new one in a free (else the oldest)
+ * slot, made with the given pointers. */
+static const lt_plan_t *lt_plan(const lt_key_t *key, const float *bias, const float *aux, const char *what)
 {
     for (int i = 0; i < LT_PLANS; i++) {
         lt_plan_t *p = &lt_cache.plan[i];
@@ -480,24 +521,28 @@ static const lt_plan_t *lt_plan(const lt_key_t *key, const char *what)
     lt_cache.next = (lt_cache.next + 1) % LT_PLANS;
     if (p->used)
         lt_plan_release(p);
-    lt_plan_make(p, key, what);
+    lt_plan_make(p, key, bias, aux, what);
     lt_cache.made++;
     return p;
 }
 
-/* Column-major C[m, n] = alpha op(A) op(B) + beta C (+ bias[m] per column
- * when bias != NULL, with beta == 0). Row-major callers pass transposes.
- * A and B are of type ab: CUDA_R_32F (the fp32 GEMMs) or CUDA_R_16BF (the
- * bf16 GEMMs, uint16_t bit patterns). C (= D), alpha, beta and the bias
- * are fp32 and the compute type is CUBLAS_COMPUTE_32F either way: a bf16
- * product is exact in fp32, so the bf16 GEMM is the fp32 GEMM of the
- * widened operands up to summation order, like the CPU backend's.
- * Returns -1 when cuBLASLt has no algorithm for a bias GEMM (the caller
- * then writes the bias rows and adds a plain GEMM onto them); a plain
- * GEMM without an algorithm ends the job. */
+/* Column-major C[m, n] = alpha op(A) op(B) + beta C, then the epilogue:
+ *   CUBLASLT_EPILOGUE_DEFAULT        nothing (bias and aux NULL)
+ *   CUBLASLT_EPILOGUE_BIAS           + bias[m] per column (beta 0)
+ *   CUBLASLT_EPILOGUE_GELU_AUX(_BIAS) aux = the sum (+ bias), C = gelu(aux)
+ *   CUBLASLT_EPILOGUE_DGELU          C = the product o gelu'(aux) (beta 0)
+ * with aux[m, n] fp32 and leading dimension ldc. Row-major callers pass
+ * transposes. A and B are of type ab: CUDA_R_32F (the fp32 GEMMs) or
+ * CUDA_R_16BF (the bf16 GEMMs, uint16_t bit patterns). C (= D), alpha,
+ * beta and the bias are fp32 and the compute type is CUBLAS_COMPUTE_32F
+ * either way: a bf16 product is exact in fp32, so the bf16 GEMM is the
+ * fp32 GEMM of the widened operands up to summation order, like the CPU
+ * backend's. Returns -1 when cuBLASLt has no algorithm for a GEMM with an
+ * epilogue (the caller then runs the plain GEMM and its own kernels); a
+ * plain GEMM without an algorithm ends the job. */
 static int lt_gemm(const char *what, cudaDataType_t ab, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
                    int k, float alpha, const void *A, int lda, const void *B, int ldb, float beta, float *C, int ldc,
-                   const float *bias)
+                   cublasLtEpilogue_t epi, const float *bias, const float *aux)
 {
     const size_t esize = ab == CUDA_R_16BF ? sizeof(uint16_t) : sizeof(float);
     lt_key_t key;
@@ -511,120 +556,165 @@ static int lt_gemm(const char *what, cudaDataType_t ab, cublasOperation_t ta, cu
     key.lda = lda;
     key.ldb = ldb;
     key.ldc = ldc;
-    key.bias = bias != NULL;
+    key.epi = epi;
     key.al_a = mat_align(A, lda, esize);
     key.al_b = mat_align(B, ldb, esize);
     key.al_c = mat_align(C, ldc, sizeof(float));
-    const lt_plan_t *p = lt_plan(&key, what);
+    key.al_bias = epi_has_bias(epi) ? align_of(bias) : 0;
+    key.al_aux = epi_has_aux(epi) ? mat_align(aux, ldc, sizeof(float)) : 0;
+    const lt_plan_t *p = lt_plan(&key, bias, aux, what);
     if (p->found) {
-        /* the one per-call attribute: cublasLtMatmul reads it when called */
-        if (bias)
-            ckb(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias), what);
+        lt_set_pointers(p, bias, aux, what); /* cublasLtMatmul reads them when called */
         ckb(cublasLtMatmul(g.lt, p->op, &alpha, A, p->la, B, p->lb, &beta, C, p->lc, C, p->lc, &p->algo, g.ws,
                            WORKSPACE_BYTES, g.stream), what);
         return 0;
     }
-    if (!bias)
+    if (epi == CUBLASLT_EPILOGUE_DEFAULT)
         cuda_fatal(what, ab == CUDA_R_16BF ? "cuBLASLt found no algorithm for this bf16 GEMM (bf16 A/B, fp32 C/D)"
                                            : "cuBLASLt found no algorithm for this fp32 GEMM");
     return -1;
 }
 
-/* out[N,OC] = in[N,IC] . w[OC,IC]^T (+ b): column-major out^T = w^T^T in^T. */
-static void matmul_fwd(float *out, const float *in, const float *w, const float *b, int N, int IC, int OC)
+/* ---- matmuls (cuBLASLt; fp32, or bf16 A/B with fp32 C/D) ------------------------------
+ * One forward and one backward for both GEMM precisions: ab is the type of
+ * in, w and the GEMM's copy of dout (fp32, or bf16 bit patterns); every
+ * output, the bias and db are fp32 (src/ops.h). With pre != NULL they are
+ * the GELU-fused ops: cuBLASLt's GELU_AUX(_BIAS) epilogue in the forward
+ * and DGELU in the backward, where the aux matrix's leading dimension is a
+ * multiple of 8 (cuBLASLt's rule) and the heuristic offers a kernel, else
+ * the plain GEMM and the elementwise GELU kernel. */
+
+/* out[N,OC] = in[N,IC] . w[OC,IC]^T (+ b): column-major
+ * out^T[OC,N] = (w^T[IC,OC])^T . in^T[IC,N]. With pre: pre = that sum,
+ * out = gelu(pre). */
+static void gemm_fwd(const char *what, cudaDataType_t ab, float *out, float *pre, const void *in, const void *w,
+                     const float *b, int N, int IC, int OC)
 {
     if (N <= 0 || OC <= 0)
         return;
+    if (pre) {
+        if (IC > 0 && OC % 8 == 0 &&
+            lt_gemm(what, ab, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, 1.0f, w, IC, in, IC, 0.0f, out, OC,
+                    b ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX, b, pre) == 0) {
+            lt_cache.gelu_fused++;
+            return;
+        }
+        lt_cache.gelu_separate++;
+        gemm_fwd(what, ab, pre, NULL, in, w, b, N, IC, OC);
+        k_gelu_fwd<<<grid_for((size_t)N * OC, THREADS), THREADS, 0, g.stream>>>(out, pre, (size_t)N * OC);
+        return;
+    }
     /* the bias epilogue where cuBLASLt offers it; otherwise (or for IC 0)
      * bias rows first and a GEMM adding onto them, as the CPU backend does */
-    if (IC <= 0 || lt_gemm("matmul_fwd: cublasLtMatmul", CUDA_R_32F, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, 1.0f, w,
-                           IC, in, IC, 0.0f, out, OC, b) != 0) {
-        k_fill_rows<<<grid_for((size_t)N * OC, THREADS), THREADS, 0, g.stream>>>(out, b, N, OC);
-        if (IC > 0)
-            lt_gemm("matmul_fwd: cublasLtMatmul", CUDA_R_32F, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, 1.0f, w, IC, in,
-                    IC, 1.0f, out, OC, NULL);
+    if (IC > 0 && lt_gemm(what, ab, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, 1.0f, w, IC, in, IC, 0.0f, out, OC,
+                          b ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT, b, NULL) == 0)
+        return;
+    k_fill_rows<<<grid_for((size_t)N * OC, THREADS), THREADS, 0, g.stream>>>(out, b, N, OC);
+    if (IC > 0)
+        lt_gemm(what, ab, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, 1.0f, w, IC, in, IC, 1.0f, out, OC,
+                CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL);
+}
+
+/* din[N,IC] (=|+= by accum_din) dout[N,OC] . w[OC,IC], dw[OC,IC] (=|+= by
+ * accum_dw) dout^T . in[N,IC], from dout_g (dout in the GEMM type ab);
+ * db[OC] the column sums of the fp32 dout, rows in order (the CPU's
+ * order). With pre (accum_din 0): din = gelu'(pre) o (dout . w). */
+static void gemm_bwd(const char *what, cudaDataType_t ab, float *din, float *dw, float *db, const void *dout_g,
+                     const float *dout, const void *in, const void *w, const float *pre, int N, int IC, int OC,
+                     int accum_din, int accum_dw)
+{
+    if (OC <= 0) { /* an empty sum: din = 0, or unchanged when accumulating */
+        if (din && !accum_din && N > 0 && IC > 0) {
+            ck(cudaMemsetAsync(din, 0, (size_t)N * IC * sizeof(float), g.stream), what);
+            if (pre) /* 0 * gelu'(pre), as the CPU's composition */
+                k_gelu_bwd<<<grid_for((size_t)N * IC, THREADS), THREADS, 0, g.stream>>>(din, pre, din,
+                                                                                          (size_t)N * IC);
+        }
+        return;
     }
+    /* din^T[IC,N] = w^T[IC,OC] . dout^T[OC,N] (column-major views) */
+    if (din && N > 0 && IC > 0) {
+        if (pre && IC % 8 == 0 &&
+            lt_gemm(what, ab, CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, 1.0f, w, IC, dout_g, OC, 0.0f, din, IC,
+                    CUBLASLT_EPILOGUE_DGELU, NULL, pre) == 0) {
+            lt_cache.gelu_fused++;
+        } else {
+            lt_gemm(what, ab, CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, 1.0f, w, IC, dout_g, OC, accum_din ? 1.0f : 0.0f,
+                    din, IC, CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL);
+            if (pre) {
+                lt_cache.gelu_separate++;
+                k_gelu_bwd<<<grid_for((size_t)N * IC, THREADS), THREADS, 0, g.stream>>>(din, pre, din,
+                                                                                          (size_t)N * IC);
+            }
+        }
+    }
+    /* dw^T[IC,OC] = in^T[IC,N] . dout[N,OC] */
+    if (dw && IC > 0) {
+        if (N > 0)
+            lt_gemm(what, ab, CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, N, 1.0f, in, IC, dout_g, OC, accum_dw ? 1.0f : 0.0f,
+                    dw, IC, CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL);
+        else if (!accum_dw)
+            ck(cudaMemsetAsync(dw, 0, (size_t)OC * IC * sizeof(float), g.stream), what);
+    }
+    if (db)
+        k_colsum<<<(OC + THREADS - 1) / THREADS, THREADS, 0, g.stream>>>(db, dout, N, OC, accum_dw);
+}
+
+static void matmul_fwd(float *out, const float *in, const float *w, const float *b, int N, int IC, int OC)
+{
+    gemm_fwd("matmul_fwd", CUDA_R_32F, out, NULL, in, w, b, N, IC, OC);
     finish("matmul_fwd");
 }
 
 static void matmul_bwd(float *din, float *dw, float *db, const float *dout, const float *in, const float *w,
                        int N, int IC, int OC, int accum_din, int accum_dw)
 {
-    if (OC <= 0) { /* an empty sum: din = 0, or unchanged when accumulating */
-        if (din && !accum_din && N > 0 && IC > 0)
-            ck(cudaMemsetAsync(din, 0, (size_t)N * IC * sizeof(float), g.stream), "matmul_bwd: cudaMemsetAsync");
-        finish("matmul_bwd");
-        return;
-    }
-    /* din^T[IC,N] = w^T[IC,OC] . dout^T[OC,N] (column-major views) */
-    if (din && N > 0 && IC > 0)
-        lt_gemm("matmul_bwd(din): cublasLtMatmul", CUDA_R_32F, CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, 1.0f, w, IC, dout,
-                OC, accum_din ? 1.0f : 0.0f, din, IC, NULL);
-    /* dw^T[IC,OC] = in^T[IC,N] . dout[N,OC] */
-    if (dw && IC > 0) {
-        if (N > 0)
-            lt_gemm("matmul_bwd(dw): cublasLtMatmul", CUDA_R_32F, CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, N, 1.0f, in, IC,
-                    dout, OC, accum_dw ? 1.0f : 0.0f, dw, IC, NULL);
-        else if (!accum_dw)
-            ck(cudaMemsetAsync(dw, 0, (size_t)OC * IC * sizeof(float), g.stream), "matmul_bwd: cudaMemsetAsync");
-    }
-    if (db)
-        k_colsum<<<(OC + THREADS - 1) / THREADS, THREADS, 0, g.stream>>>(db, dout, N, OC, accum_dw);
+    gemm_bwd("matmul_bwd", CUDA_R_32F, din, dw, db, dout, dout, in, w, NULL, N, IC, OC, accum_din, accum_dw);
     finish("matmul_bwd");
 }
 
-/* ---- bf16 matmul (cuBLASLt, bf16 A/B, fp32 C/D) ---------------------------------------
- * The fp32 matmuls above with in, w and dout16 as bf16 bit patterns: the
- * same column-major views, edge cases, accumulate flags and bias handling;
- * every output, the bias and db stay fp32 (src/ops.h). */
-
-/* out[N,OC] = in[N,IC] . w[OC,IC]^T (+ b), in and w bf16: column-major
- * out^T[OC,N] = (w^T[IC,OC])^T . in^T[IC,N]. */
 static void matmul_fwd_bf16(float *out, const uint16_t *in, const uint16_t *w, const float *b, int N, int IC,
                             int OC)
 {
-    if (N <= 0 || OC <= 0)
-        return;
-    /* the bias epilogue where cuBLASLt offers it for bf16 A/B; otherwise
-     * (or for IC 0) bias rows first and a GEMM adding onto them */
-    if (IC <= 0 || lt_gemm("matmul_fwd_bf16: cublasLtMatmul", CUDA_R_16BF, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, 1.0f,
-                           w, IC, in, IC, 0.0f, out, OC, b) != 0) {
-        k_fill_rows<<<grid_for((size_t)N * OC, THREADS), THREADS, 0, g.stream>>>(out, b, N, OC);
-        if (IC > 0)
-            lt_gemm("matmul_fwd_bf16: cublasLtMatmul", CUDA_R_16BF, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, 1.0f, w, IC,
-                    in, IC, 1.0f, out, OC, NULL);
-    }
+    gemm_fwd("matmul_fwd_bf16", CUDA_R_16BF, out, NULL, in, w, b, N, IC, OC);
     finish("matmul_fwd_bf16");
 }
 
-/* din[N,IC] and dw[OC,IC] from the bf16 dout16[N,OC], in and w; db[OC]
- * from the fp32 dout (the bf16 copy feeds only the two GEMMs). */
 static void matmul_bwd_bf16(float *din, float *dw, float *db, const uint16_t *dout16, const float *dout,
                             const uint16_t *in, const uint16_t *w, int N, int IC, int OC, int accum_din, int accum_dw)
 {
-    if (OC <= 0) { /* an empty sum, as matmul_bwd */
-        if (din && !accum_din && N > 0 && IC > 0)
-            ck(cudaMemsetAsync(din, 0, (size_t)N * IC * sizeof(float), g.stream), "matmul_bwd_bf16: cudaMemsetAsync");
-        finish("matmul_bwd_bf16");
-        return;
-    }
-    /* din^T[IC,N] = w^T[IC,OC] . dout16^T[OC,N] (column-major views) */
-    if (din && N > 0 && IC > 0)
-        lt_gemm("matmul_bwd_bf16(din): cublasLtMatmul", CUDA_R_16BF, CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, 1.0f, w, IC,
-                dout16, OC, accum_din ? 1.0f : 0.0f, din, IC, NULL);
-    /* dw^T[IC,OC] = in^T[IC,N] . dout16[N,OC] */
-    if (dw && IC > 0) {
-        if (N > 0)
-            lt_gemm("matmul_bwd_bf16(dw): cublasLtMatmul", CUDA_R_16BF, CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, N, 1.0f, in,
-                    IC, dout16, OC, accum_dw ? 1.0f : 0.0f, dw, IC, NULL);
-        else if (!accum_dw)
-            ck(cudaMemsetAsync(dw, 0, (size_t)OC * IC * sizeof(float), g.stream),
-               "matmul_bwd_bf16: cudaMemsetAsync");
-    }
-    /* db: column sums of the fp32 dout, rows in order (the CPU's order) */
-    if (db)
-        k_colsum<<<(OC + THREADS - 1) / THREADS, THREADS, 0, g.stream>>>(db, dout, N, OC, accum_dw);
+    gemm_bwd("matmul_bwd_bf16", CUDA_R_16BF, din, dw, db, dout16, dout, in, w, NULL, N, IC, OC, accum_din,
+             accum_dw);
     finish("matmul_bwd_bf16");
+}
+
+static void matmul_gelu_fwd(float *out, float *pre, const float *in, const float *w, const float *b, int N, int IC,
+                            int OC)
+{
+    gemm_fwd("matmul_gelu_fwd", CUDA_R_32F, out, pre, in, w, b, N, IC, OC);
+    finish("matmul_gelu_fwd");
+}
+
+static void matmul_gelu_fwd_bf16(float *out, float *pre, const uint16_t *in, const uint16_t *w, const float *b,
+                                 int N, int IC, int OC)
+{
+    gemm_fwd("matmul_gelu_fwd_bf16", CUDA_R_16BF, out, pre, in, w, b, N, IC, OC);
+    finish("matmul_gelu_fwd_bf16");
+}
+
+static void matmul_dgelu_bwd(float *din, float *dw, float *db, const float *dout, const float *in, const float *pre,
+                             const float *w, int N, int IC, int OC, int accum_dw)
+{
+    gemm_bwd("matmul_dgelu_bwd", CUDA_R_32F, din, dw, db, dout, dout, in, w, pre, N, IC, OC, 0, accum_dw);
+    finish("matmul_dgelu_bwd");
+}
+
+static void matmul_dgelu_bwd_bf16(float *din, float *dw, float *db, const uint16_t *dout16, const float *dout,
+                                  const uint16_t *in, const float *pre, const uint16_t *w, int N, int IC, int OC,
+                                  int accum_dw)
+{
+    gemm_bwd("matmul_dgelu_bwd_bf16", CUDA_R_16BF, din, dw, db, dout16, dout, in, w, pre, N, IC, OC, 0, accum_dw);
+    finish("matmul_dgelu_bwd_bf16");
 }
 
 /* ---- LayerNorm / RMSNorm: one block per row ------------------------------------------- */
@@ -1704,6 +1794,10 @@ extern "C" int ops_cuda_init(int dev, char *err, size_t errlen)
     cuda_ops.matmul_bwd = matmul_bwd;
     cuda_ops.matmul_fwd_bf16 = matmul_fwd_bf16;
     cuda_ops.matmul_bwd_bf16 = matmul_bwd_bf16;
+    cuda_ops.matmul_gelu_fwd = matmul_gelu_fwd;
+    cuda_ops.matmul_gelu_fwd_bf16 = matmul_gelu_fwd_bf16;
+    cuda_ops.matmul_dgelu_bwd = matmul_dgelu_bwd;
+    cuda_ops.matmul_dgelu_bwd_bf16 = matmul_dgelu_bwd_bf16;
     cuda_ops.layernorm_fwd = layernorm_fwd;
     cuda_ops.layernorm_bwd = layernorm_bwd;
     cuda_ops.rmsnorm_fwd = rmsnorm_fwd;
@@ -1766,6 +1860,12 @@ extern "C" void ops_cuda_gemm_plans(long *made, long *reused)
 {
     *made = lt_cache.made;
     *reused = lt_cache.reused;
+}
+
+extern "C" void ops_cuda_gelu_epilogues(long *fused, long *separate)
+{
+    *fused = lt_cache.gelu_fused;
+    *separate = lt_cache.gelu_separate;
 }
 
 extern "C" int ops_cuda_synchronous(void)

@@ -27,6 +27,10 @@ void *ops_cuda_stream(void);
 /* How many cuBLASLt plans (descriptors and algorithm of one GEMM shape)
  * were made and how many GEMMs reused a kept one, since ops_cuda_init. */
 void ops_cuda_gemm_plans(long *made, long *reused);
+/* How many GEMMs of the GELU-fused ops (matmul_gelu_fwd*, matmul_dgelu_bwd*)
+ * ran with cuBLASLt's GELU epilogue and how many as a plain GEMM and the
+ * GELU kernel (no epilogue kernel for that shape), since ops_cuda_init. */
+void ops_cuda_gelu_epilogues(long *fused, long *separate);
 /* 1 when every op waits for its kernels (DTRAIN_CUDA_SYNC_OPS=1, or a
  * device without concurrent managed access), for the banner. */
 int ops_cuda_synchronous(void);

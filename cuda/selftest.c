@@ -68,6 +68,9 @@
  *
  * Kept cuBLASLt plans: a GEMM repeated after another shape must reuse its
  * plan (the counters say so) and give the first call's bits exactly.
+ *
+ * GELU-fused GEMMs: the GEMM part at 5e-5; the GELU cuBLASLt's epilogue
+ * computes at 1e-3 of the largest value (t_matmul_gelu says why).
  */
 #include "selftest.h"
 #include "ops_cuda.h"
@@ -83,6 +86,7 @@
 #define B_ELEM 2e-6
 #define B_EXACT 0.0
 #define B_GEMM16 (4.0 / 16777216.0) /* 4 * 2^-24 per term, see the header */
+#define B_EPI 1e-3 /* cuBLASLt's GELU epilogue, see t_matmul_gelu */
 
 typedef struct st {
     const ops_t *cpu, *gpu;
@@ -541,6 +545,80 @@ out:
     tp_free(s, &b), tp_free(s, &out), tp_free(s, &dout), tp_free(s, &din), tp_free(s, &dw), tp_free(s, &db);
 }
 
+/* The GELU-fused GEMMs (matmul_gelu_fwd*, matmul_dgelu_bwd*) against the
+ * CPU's, which are the separate ops. pre (the GEMM and bias) and dw, db
+ * are plain GEMM results: B_MATMUL. out = gelu(pre) and din = gelu'(pre)
+ * o (dout . w) come from cuBLASLt's GELU epilogue where it runs, its own
+ * GELU implementation rather than dt_gelu: held to B_EPI of the largest
+ * value, which a wrong epilogue, aux layout or missing bias misses by
+ * orders of magnitude, without betting on cuBLASLt's last bits. F % 8 != 0
+ * takes the separate kernels; the info line says how many GEMMs fused.
+ * Forward: in[N,IC] -> pre, out [N,F]; backward of out . w2^T, w2[IC,F]. */
+static void t_matmul_gelu(st_t *s, int N, int IC, int F, int bf16)
+{
+    char what[160], dims[96];
+    snprintf(dims, sizeof dims, "%s N=%d IC=%d F=%d", bf16 ? "bf16" : "fp32", N, IC, F);
+    const size_t nin = (size_t)N * IC, nw = (size_t)F * IC, nf = (size_t)N * F;
+    tp_t in, w, b, pre, out, w2, dy, din, dw, db;
+    tb_t in16, w16, out16, w216, dy16;
+    memset(&in, 0, sizeof in), w = b = pre = out = w2 = dy = din = dw = db = in;
+    memset(&in16, 0, sizeof in16), w16 = out16 = w216 = dy16 = in16;
+    long f0, s0, f1, s1;
+    ops_cuda_gelu_epilogues(&f0, &s0);
+    if (tp_new(s, &in, nin, -1, 1) || tp_new(s, &w, nw, -1, 1) || tp_new(s, &b, (size_t)F, -1, 1) ||
+        tp_new(s, &pre, nf, 0, 0) || tp_new(s, &out, nf, 0, 0) || tp_new(s, &w2, nw, -1, 1) ||
+        tp_new(s, &dy, nin, -1, 1) || tp_new(s, &din, nf, 0, 0) || tp_new(s, &dw, nw, -1, 1) ||
+        tp_new(s, &db, (size_t)IC, -1, 1))
+        goto out;
+    if (bf16 && (tb_new(s, &in16, nin, in.h, 0, 0) || tb_new(s, &w16, nw, w.h, 0, 0) ||
+                 tb_new(s, &w216, nw, w2.h, 0, 0) || tb_new(s, &dy16, nin, dy.h, 0, 0)))
+        goto out;
+    poison(s, &pre), poison(s, &out), poison(s, &din);
+    if (bf16) {
+        s->cpu->matmul_gelu_fwd_bf16(out.h, pre.h, in16.h, w16.h, b.h, N, IC, F);
+        s->gpu->matmul_gelu_fwd_bf16(out.d, pre.d, in16.d, w16.d, b.d, N, IC, F);
+    } else {
+        s->cpu->matmul_gelu_fwd(out.h, pre.h, in.h, w.h, b.h, N, IC, F);
+        s->gpu->matmul_gelu_fwd(out.d, pre.d, in.d, w.d, b.d, N, IC, F);
+    }
+    snprintf(what, sizeof what, "matmul_gelu_fwd pre %s", dims);
+    check(s, what, &pre, B_MATMUL);
+    snprintf(what, sizeof what, "matmul_gelu_fwd out %s", dims);
+    check(s, what, &out, B_EPI);
+    /* the backward reads the CPU's pre and out on both sides, so only
+     * the backward's own differences show */
+    s->gpu->from_host(pre.d, pre.h, nf * sizeof(float));
+    s->gpu->from_host(out.d, out.h, nf * sizeof(float));
+    if (bf16 && tb_new(s, &out16, nf, out.h, 0, 0))
+        goto out;
+    for (int accum = 0; accum < 2; accum++) {
+        poison(s, &din);
+        if (bf16) {
+            s->cpu->matmul_dgelu_bwd_bf16(din.h, dw.h, db.h, dy16.h, dy.h, out16.h, pre.h, w216.h, N, F, IC, accum);
+            s->gpu->matmul_dgelu_bwd_bf16(din.d, dw.d, db.d, dy16.d, dy.d, out16.d, pre.d, w216.d, N, F, IC, accum);
+        } else {
+            s->cpu->matmul_dgelu_bwd(din.h, dw.h, db.h, dy.h, out.h, pre.h, w2.h, N, F, IC, accum);
+            s->gpu->matmul_dgelu_bwd(din.d, dw.d, db.d, dy.d, out.d, pre.d, w2.d, N, F, IC, accum);
+        }
+        snprintf(what, sizeof what, "matmul_dgelu_bwd din %s accum=%d", dims, accum);
+        check(s, what, &din, B_EPI);
+        snprintf(what, sizeof what, "matmul_dgelu_bwd dw %s accum=%d", dims, accum);
+        check(s, what, &dw, B_MATMUL);
+        snprintf(what, sizeof what, "matmul_dgelu_bwd db %s accum=%d", dims, accum);
+        check(s, what, &db, B_MATMUL);
+        /* the next round accumulates onto the CPU's values on both sides */
+        s->gpu->from_host(dw.d, dw.h, nw * sizeof(float));
+        s->gpu->from_host(db.d, db.h, (size_t)IC * sizeof(float));
+    }
+    ops_cuda_gelu_epilogues(&f1, &s1);
+    fprintf(s->out, "info %-60s %ld of %ld GEMMs with cuBLASLt's GELU epilogue\n", dims, f1 - f0,
+            (f1 - f0) + (s1 - s0));
+out:
+    tp_free(s, &in), tp_free(s, &w), tp_free(s, &b), tp_free(s, &pre), tp_free(s, &out);
+    tp_free(s, &w2), tp_free(s, &dy), tp_free(s, &din), tp_free(s, &dw), tp_free(s, &db);
+    tb_free(s, &in16), tb_free(s, &w16), tb_free(s, &out16), tb_free(s, &w216), tb_free(s, &dy16);
+}
+
 static void t_norms(st_t *s, int N, int C)
 {
     char what[128];
@@ -950,6 +1028,12 @@ int cuda_selftest(const ops_t *gpu, FILE *out, char *err, size_t errlen)
         t_gemm_plans(&s);
     for (size_t i = 0; i < sizeof mb / sizeof mb[0] && !s.oom; i++)
         t_matmul_bf16(&s, mb[i][0], mb[i][1], mb[i][2]);
+    /* GELU-fused GEMMs {N, IC, F}: F a multiple of 8 (the epilogue), one
+     * that is not (the separate kernels), and GPT-2's fc width */
+    static const int mg[][3] = {{64, 96, 160}, {37, 61, 29}, {128, 256, 3072}};
+    for (size_t i = 0; i < sizeof mg / sizeof mg[0] && !s.oom; i++)
+        for (int bf16 = 0; bf16 < 2 && !s.oom; bf16++)
+            t_matmul_gelu(&s, mg[i][0], mg[i][1], mg[i][2], bf16);
     for (size_t i = 0; i < sizeof nc / sizeof nc[0] && !s.oom; i++)
         t_norms(&s, nc[i][0], nc[i][1]);
     for (size_t i = 0; i < sizeof at / sizeof at[0] && !s.oom; i++)

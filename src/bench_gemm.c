@@ -2,11 +2,17 @@
  * device, in the layout of dtrain-bench-comm.
  *
  *   dtrain-bench-gemm [--device auto|cpu|cuda] [--dtype bf16|fp32|both]
- *       [--shapes NxICxOC[,NxICxOC...]] [--iters 20] [--warmup 5] [--threads N]
+ *       [--op gemm|gelu|all] [--shapes NxICxOC[,NxICxOC...]] [--iters 20]
+ *       [--warmup 5] [--threads N]
  *
  * Each row times out[N,OC] = in[N,IC] . w[OC,IC]^T (a linear layer's
  * forward on N tokens, no bias): matmul_fwd_bf16 (bf16 in and w from
- * cast_f32_to_bf16, fp32 sums and out) or matmul_fwd (fp32). --warmup
+ * cast_f32_to_bf16, fp32 sums and out) or matmul_fwd (fp32); that is op
+ * "gemm". --op gelu times GPT-2's fc instead, with bias and GELU, in two
+ * rows: "gemm+gelu" is the one fused op (matmul_gelu_fwd*, one cuBLASLt
+ * GEMM with the GELU_AUX_BIAS epilogue on CUDA) and "gemm,gelu" the
+ * separate matmul_fwd* and gelu_fwd (a GEMM with the bias epilogue, then
+ * the elementwise kernel); TFLOP/s counts the GEMM's flops only. --warmup
  * untimed calls, then --iters calls between two readings of a monotonic
  * host clock; time is the mean per call and TFLOP/s = 2 N IC OC / time.
  * The host clock is valid on both backends: ops->sync before each reading
@@ -23,6 +29,9 @@
  * 2^-24 |ref| (fp32 sums in any order of products that are exact for bf16
  * operands and within 2^-24 relative for fp32 ones; test/test_bf16.c uses
  * the same bound). err/bound is the worst sample's |out - ref| / bound.
+ * The gelu rows check the GEMM output pre (bias included in ref and in
+ * the magnitudes) that way, and out against dt_gelu(pre) within 1e-3 of
+ * max(1, |out|): cuBLASLt evaluates the epilogue's GELU itself.
  *
  * Single process, no MPI: backend_open needs none. Exit status 0 when every
  * row has 0 wrong, 1 otherwise, 2 for bad input, no usable device or a
@@ -57,6 +66,11 @@
 #define SEED 20261123ull
 
 enum { DT_BF16 = 1, DT_FP32 = 2, DT_BOTH = 3 };
+enum { OP_GEMM = 1, OP_GELU = 2, OP_ALL = 3 };
+/* what one row times: the plain GEMM, the GELU-fused op, or the GEMM
+ * and the GELU as separate ops */
+typedef enum { ROW_GEMM, ROW_FUSED, ROW_SEPARATE } row_kind_t;
+static const char *const row_names[] = {"gemm", "gemm+gelu", "gemm,gelu"};
 
 typedef struct shape {
     int n, ic, oc;
@@ -65,6 +79,7 @@ typedef struct shape {
 typedef struct bench_opts {
     const char *device;
     int dtype;
+    int op;
     shape_t shapes[MAX_SHAPES];
     int n_shapes; /* 0: the device's defaults */
     long iters, warmup;
@@ -85,6 +100,8 @@ static void usage(FILE *f)
             "\n"
             "  --device NAME      auto|cpu|cuda (default auto: cuda when built with it and a GPU is visible)\n"
             "  --dtype NAME       bf16|fp32|both (default both): bf16 operands with fp32 sums, or fp32\n"
+            "  --op NAME          gemm|gelu|all (default gemm): the plain GEMM, or GPT-2's fc with bias\n"
+            "                     and GELU as one fused op (gemm+gelu) and as two ops (gemm,gelu)\n"
             "  --shapes LIST      NxICxOC[,NxICxOC...], each from 1 to 1048576 (default on cpu\n"
             "                     512x512x512,1024x1024x1024,1024x768x3072,1024x3072x768; on cuda\n"
             "                     4096x4096x4096,8192x8192x8192,16384x768x3072,16384x3072x768)\n"
@@ -160,6 +177,7 @@ static int parse_args(int argc, char **argv, bench_opts_t *o, char *err, size_t 
     memset(o, 0, sizeof *o);
     o->device = "auto";
     o->dtype = DT_BOTH;
+    o->op = OP_GEMM;
     o->iters = 20;
     o->warmup = 5;
     o->threads = -1;
@@ -173,7 +191,8 @@ static int parse_args(int argc, char **argv, bench_opts_t *o, char *err, size_t 
             printf(PROG " " PACKAGE_VERSION "\n");
             return 1;
         }
-        static const char *const names[] = {"--device", "--dtype", "--shapes", "--iters", "--warmup", "--threads"};
+        static const char *const names[] = {"--device", "--dtype", "--shapes", "--iters", "--warmup", "--threads",
+                                            "--op"};
         const char *val = NULL;
         const int k = options_tool_arg(argc, argv, &i, names, (int)(sizeof names / sizeof names[0]), PROG, &val, err,
                                        errlen);
@@ -202,6 +221,18 @@ static int parse_args(int argc, char **argv, bench_opts_t *o, char *err, size_t 
         case 2:
             if (parse_shapes(val, o, err, errlen) != 0)
                 return 2;
+            break;
+        case 6:
+            if (strcmp(val, "gemm") == 0)
+                o->op = OP_GEMM;
+            else if (strcmp(val, "gelu") == 0)
+                o->op = OP_GELU;
+            else if (strcmp(val, "all") == 0)
+                o->op = OP_ALL;
+            else {
+                snprintf(err, errlen, "--op '%s': allowed values are gemm|gelu|all", val);
+                return 2;
+            }
             break;
         default: {
             /* --iters 1.., --warmup 0.., --threads 0..4096 (0 = the default pool) */
@@ -234,9 +265,10 @@ static double now_s(void)
 
 /* The device buffers of one shape: fp32 in[N,IC] and w[OC,IC] (the
  * operands of the fp32 GEMM and the sources of the casts), their bf16
- * copies when a bf16 row runs, and out[N,OC]. */
+ * copies when a bf16 row runs, and out[N,OC]; for the gelu rows also the
+ * bias b[OC] and the GEMM output pre[N,OC] (out is then gelu(pre)). */
 typedef struct bufs {
-    float *in, *w, *out;
+    float *in, *w, *out, *b, *pre;
     uint16_t *in16, *w16;
 } bufs_t;
 
@@ -250,6 +282,8 @@ static void free_bufs(const ops_t *ops, bufs_t *m)
     ops->free(m->in);
     ops->free(m->w);
     ops->free(m->out);
+    ops->free(m->b);
+    ops->free(m->pre);
     ops->free(m->in16);
     ops->free(m->w16);
     memset(m, 0, sizeof *m);
@@ -266,7 +300,7 @@ static void fill_uniform(float *x, size_t n, uint64_t stream)
 
 /* Allocates and fills the buffers for shape s; stage is a host buffer of
  * max(N, OC) * IC floats. 0, or -1 with one line in err (out of memory). */
-static int setup_bufs(const ops_t *ops, const shape_t *s, int bf16, float *stage, bufs_t *m, char *err,
+static int setup_bufs(const ops_t *ops, const shape_t *s, int bf16, int gelu, float *stage, bufs_t *m, char *err,
                       size_t errlen)
 {
     const size_t n_in = (size_t)s->n * (size_t)s->ic, n_w = (size_t)s->oc * (size_t)s->ic,
@@ -279,8 +313,13 @@ static int setup_bufs(const ops_t *ops, const shape_t *s, int bf16, float *stage
         m->in16 = ops->alloc(n_in * sizeof(uint16_t));
         m->w16 = ops->alloc(n_w * sizeof(uint16_t));
     }
-    if (!m->in || !m->w || !m->out || (bf16 && (!m->in16 || !m->w16))) {
-        const size_t bytes = (n_in + n_w) * (sizeof(float) + (bf16 ? sizeof(uint16_t) : 0)) + n_out * sizeof(float);
+    if (gelu) {
+        m->b = ops->alloc((size_t)s->oc * sizeof(float));
+        m->pre = ops->alloc(n_out * sizeof(float));
+    }
+    if (!m->in || !m->w || !m->out || (bf16 && (!m->in16 || !m->w16)) || (gelu && (!m->b || !m->pre))) {
+        const size_t bytes = (n_in + n_w) * (sizeof(float) + (bf16 ? sizeof(uint16_t) : 0)) +
+                             n_out * sizeof(float) * (gelu ? 2 : 1) + (gelu ? (size_t)s->oc * sizeof(float) : 0);
         snprintf(err, errlen, "%dx%dx%d: out of %s memory for %.2f GiB of operands (pass smaller --shapes)", s->n,
                  s->ic, s->oc, ops->name, (double)bytes / 1073741824.0);
         free_bufs(ops, m);
@@ -290,6 +329,10 @@ static int setup_bufs(const ops_t *ops, const shape_t *s, int bf16, float *stage
     ops->from_host(m->in, stage, n_in * sizeof(float));
     fill_uniform(stage, n_w, 2);
     ops->from_host(m->w, stage, n_w * sizeof(float));
+    if (gelu) {
+        fill_uniform(stage, (size_t)s->oc, 4);
+        ops->from_host(m->b, stage, (size_t)s->oc * sizeof(float));
+    }
     if (bf16) {
         ops->cast_f32_to_bf16(m->in16, m->in, n_in);
         ops->cast_f32_to_bf16(m->w16, m->w, n_w);
@@ -297,12 +340,30 @@ static int setup_bufs(const ops_t *ops, const shape_t *s, int bf16, float *stage
     return 0;
 }
 
-static void gemm(const ops_t *ops, const bufs_t *m, const shape_t *s, int bf16)
+static void gemm(const ops_t *ops, const bufs_t *m, const shape_t *s, int bf16, row_kind_t kind)
 {
-    if (bf16)
-        ops->matmul_fwd_bf16(m->out, m->in16, m->w16, NULL, s->n, s->ic, s->oc);
-    else
-        ops->matmul_fwd(m->out, m->in, m->w, NULL, s->n, s->ic, s->oc);
+    const size_t n_out = (size_t)s->n * (size_t)s->oc;
+    switch (kind) {
+    case ROW_GEMM:
+        if (bf16)
+            ops->matmul_fwd_bf16(m->out, m->in16, m->w16, NULL, s->n, s->ic, s->oc);
+        else
+            ops->matmul_fwd(m->out, m->in, m->w, NULL, s->n, s->ic, s->oc);
+        break;
+    case ROW_FUSED:
+        if (bf16)
+            ops->matmul_gelu_fwd_bf16(m->out, m->pre, m->in16, m->w16, m->b, s->n, s->ic, s->oc);
+        else
+            ops->matmul_gelu_fwd(m->out, m->pre, m->in, m->w, m->b, s->n, s->ic, s->oc);
+        break;
+    case ROW_SEPARATE:
+        if (bf16)
+            ops->matmul_fwd_bf16(m->pre, m->in16, m->w16, m->b, s->n, s->ic, s->oc);
+        else
+            ops->matmul_fwd(m->pre, m->in, m->w, m->b, s->n, s->ic, s->oc);
+        ops->gelu_fwd(m->out, m->pre, n_out);
+        break;
+    }
 }
 
 /* Row r of a [rows, ic] operand on the device as fp32 on the host: the
@@ -322,8 +383,8 @@ static void fetch_row(const ops_t *ops, float *dst, uint16_t *tmp16, const float
 
 /* Checks N_SAMPLES elements of out against double sums over the operands
  * the GEMM read; host holds 2 * IC floats and IC uint16_t. */
-static void check_samples(const ops_t *ops, const bufs_t *m, const shape_t *s, int bf16, float *a, float *b,
-                          uint16_t *tmp16, row_t *row)
+static void check_samples(const ops_t *ops, const bufs_t *m, const shape_t *s, int bf16, row_kind_t kind, float *a,
+                          float *b, uint16_t *tmp16, row_t *row)
 {
     const double eps = ldexp(1.0, -24);
     row->wrong = 0;
@@ -340,16 +401,28 @@ static void check_samples(const ops_t *ops, const bufs_t *m, const shape_t *s, i
         }
         fetch_row(ops, a, tmp16, m->in, bf16 ? m->in16 : NULL, r, s->ic);
         fetch_row(ops, b, tmp16, m->w, bf16 ? m->w16 : NULL, c, s->ic);
-        float got = 0.0f;
-        ops->to_host(&got, m->out + (size_t)r * (size_t)s->oc + (size_t)c, sizeof got);
+        const size_t at = (size_t)r * (size_t)s->oc + (size_t)c;
+        float got = 0.0f, act = 0.0f, bias = 0.0f;
+        ops->to_host(&got, (kind == ROW_GEMM ? m->out : m->pre) + at, sizeof got);
         double ref = 0.0, mag = 0.0;
         for (int k = 0; k < s->ic; k++) {
             const double t = (double)a[k] * (double)b[k];
             ref += t;
             mag += fabs(t);
         }
+        if (kind != ROW_GEMM) {
+            ops->to_host(&bias, m->b + c, sizeof bias);
+            ops->to_host(&act, m->out + at, sizeof act);
+            ref += bias;
+            mag += fabs(bias);
+        }
         const double bound = 8.0 * s->ic * eps * mag + eps * fabs(ref) + 1e-30;
-        const double ratio = fabs((double)got - ref) / bound;
+        double ratio = fabs((double)got - ref) / bound;
+        if (kind != ROW_GEMM) { /* out = gelu(pre), see the header */
+            const double g = dt_gelu(got), r_act = fabs((double)act - g) / (1e-3 * (fabs(g) > 1.0 ? fabs(g) : 1.0));
+            if (!(r_act <= ratio)) /* NaN stays */
+                ratio = r_act;
+        }
         if (!(ratio <= 1.0)) /* NaN counts as wrong */
             row->wrong++;
         if (!isnan(row->worst) && !(ratio <= row->worst)) /* a NaN, once seen, stays */
@@ -376,27 +449,34 @@ static int bench_shape(const ops_t *ops, const shape_t *s, const bench_opts_t *o
         return -1;
     }
     bufs_t m;
-    int rc = setup_bufs(ops, s, want_bf16, stage, &m, err, errlen);
+    int rc = setup_bufs(ops, s, want_bf16, (o->op & OP_GELU) != 0, stage, &m, err, errlen);
     free(stage);
     for (int bf16 = 1; rc == 0 && bf16 >= 0; bf16--) {
         if (!(o->dtype & (bf16 ? DT_BF16 : DT_FP32)))
             continue;
-        /* a stale result of the other dtype must not pass the check */
-        ops->zero(m.out, (size_t)s->n * (size_t)s->oc * sizeof(float));
-        for (long it = 0; it < o->warmup; it++)
-            gemm(ops, &m, s, bf16);
-        ops->sync();
-        const double t0 = now_s();
-        for (long it = 0; it < o->iters; it++)
-            gemm(ops, &m, s, bf16);
-        ops->sync();
-        const double t = (now_s() - t0) / (double)o->iters;
-        row_t row = {.us = t * 1e6, .tflops = 2.0 * s->n * (double)s->ic * (double)s->oc / t / 1e12};
-        check_samples(ops, &m, s, bf16, host, host + s->ic, tmp16, &row);
-        printf("  %5s %7d %7d %7d %12.2f %9.4g %7ld %9.1e\n", bf16 ? "bf16" : "fp32", s->n, s->ic, s->oc, row.us,
-               row.tflops, row.wrong, row.worst);
-        fflush(stdout);
-        *wrong += row.wrong;
+        for (int k = ROW_GEMM; k <= ROW_SEPARATE; k++) {
+            const row_kind_t kind = (row_kind_t)k;
+            if (!(o->op & (kind == ROW_GEMM ? OP_GEMM : OP_GELU)))
+                continue;
+            /* a stale result of another row must not pass the check */
+            ops->zero(m.out, (size_t)s->n * (size_t)s->oc * sizeof(float));
+            if (m.pre)
+                ops->zero(m.pre, (size_t)s->n * (size_t)s->oc * sizeof(float));
+            for (long it = 0; it < o->warmup; it++)
+                gemm(ops, &m, s, bf16, kind);
+            ops->sync();
+            const double t0 = now_s();
+            for (long it = 0; it < o->iters; it++)
+                gemm(ops, &m, s, bf16, kind);
+            ops->sync();
+            const double t = (now_s() - t0) / (double)o->iters;
+            row_t row = {.us = t * 1e6, .tflops = 2.0 * s->n * (double)s->ic * (double)s->oc / t / 1e12};
+            check_samples(ops, &m, s, bf16, kind, host, host + s->ic, tmp16, &row);
+            printf("  %5s %-9s %7d %7d %7d %12.2f %9.4g %7ld %9.1e\n", bf16 ? "bf16" : "fp32", row_names[kind], s->n,
+                   s->ic, s->oc, row.us, row.tflops, row.wrong, row.worst);
+            fflush(stdout);
+            *wrong += row.wrong;
+        }
     }
     if (rc == 0)
         free_bufs(ops, &m);
@@ -442,9 +522,9 @@ int main(int argc, char **argv)
     printf("# %s: %s; out[N,OC] = in[N,IC] . w[OC,IC]^T, fp32 sums and out; %ld timed call%s after %ld warm-up, "
            "time = mean per call\n",
            PROG, where, o.iters, o.iters == 1 ? "" : "s", o.warmup);
-    printf("#\n# %5s %7s %7s %7s %12s %9s %7s %9s\n", "dtype", "N", "IC", "OC", "time", "TFLOP/s", "#wrong",
-           "err/bound");
-    printf("# %5s %7s %7s %7s %12s %9s %7s %9s\n", "", "", "", "", "(us)", "", "", "");
+    printf("#\n# %5s %-9s %7s %7s %7s %12s %9s %7s %9s\n", "dtype", "op", "N", "IC", "OC", "time", "TFLOP/s",
+           "#wrong", "err/bound");
+    printf("# %5s %-9s %7s %7s %7s %12s %9s %7s %9s\n", "", "", "", "", "", "(us)", "", "", "");
     fflush(stdout);
     long wrong = 0;
     for (int i = 0; i < o.n_shapes; i++)
@@ -453,8 +533,9 @@ int main(int argc, char **argv)
             backend_close(&b);
             return 2;
         }
-    printf("# Wrong values : %ld %s (%d sampled elements per row, bound 8 K 2^-24 sum|a b| + 2^-24 |ref|)\n#\n",
-           wrong, wrong ? "FAILED" : "OK", N_SAMPLES);
+    printf("# Wrong values : %ld %s (%d sampled elements per row, bound 8 K 2^-24 sum|a b| + 2^-24 |ref|%s)\n#\n",
+           wrong, wrong ? "FAILED" : "OK", N_SAMPLES,
+           (o.op & OP_GELU) ? "; gelu rows: out within 1e-3 max(1, |out|) of dt_gelu(pre)" : "");
     fflush(stdout);
     backend_close(&b);
     return wrong ? 1 : 0;

@@ -591,10 +591,41 @@ static void mm_fwd(model_t *m, float *out, const float *in, uint16_t *keep16, co
     o->matmul_fwd_bf16(out, in16, w16, b, N, IC, OC);
 }
 
+/* mm_fwd into pre[N,OC] with out[N,OC] = gelu(pre): GPT-2's fc and its
+ * GELU as one op, which CUDA runs as one GEMM with a GELU epilogue. */
+static void mm_gelu_fwd(model_t *m, float *out, float *pre, const float *in, uint16_t *keep16, const float *w,
+                        const float *b, int N, int IC, int OC)
+{
+    const ops_t *o = m->ops;
+    if (!m->lay.bf16) {
+        o->matmul_gelu_fwd(out, pre, in, w, b, N, IC, OC);
+        return;
+    }
+    const uint16_t *w16 = weight16(m, w, (size_t)OC * IC);
+    uint16_t *in16 = keep16 ? keep16 : m->a16;
+    o->cast_f32_to_bf16(in16, in, (size_t)N * IC);
+    o->matmul_gelu_fwd_bf16(out, pre, in16, w16, b, N, IC, OC);
+}
+
+/* The bf16 operands of a matmul backward (--dtype bf16): dout rounded into
+ * the d16 workspace when a GEMM reads it, and the input's bf16 copy when
+ * dw is wanted: in16 when the forward kept it (in is then not read), else
+ * in rounded into the a16 workspace. */
+static const uint16_t *mm_bwd_operands16(model_t *m, const float *dout, const float *in, const uint16_t *in16,
+                                         int want_din, int want_dw, int N, int IC, int OC)
+{
+    if (want_din || want_dw)
+        m->ops->cast_f32_to_bf16(m->d16, dout, (size_t)N * OC);
+    if (want_dw && !in16) {
+        m->ops->cast_f32_to_bf16(m->a16, in, (size_t)N * IC);
+        in16 = m->a16;
+    }
+    return in16;
+}
+
 /* matmul_bwd in the model's GEMM precision: with bf16, dout, in and w are
  * rounded to bf16 for the two GEMMs (mixed precision's usual backward);
- * the bias gradient sums the fp32 dout. The input's bf16 copy is in16
- * when the forward kept it (in is then not read), else in is rounded. */
+ * the bias gradient sums the fp32 dout. */
 static void mm_bwd(model_t *m, float *din, float *dw, float *db, const float *dout, const float *in,
                    const uint16_t *in16, const float *w, int N, int IC, int OC, int accum_din, int accum_dw)
 {
@@ -604,13 +635,24 @@ static void mm_bwd(model_t *m, float *din, float *dw, float *db, const float *do
         return;
     }
     const uint16_t *w16 = din ? weight16(m, w, (size_t)OC * IC) : NULL;
-    if (din || dw)
-        o->cast_f32_to_bf16(m->d16, dout, (size_t)N * OC);
-    if (dw && !in16) {
-        o->cast_f32_to_bf16(m->a16, in, (size_t)N * IC);
-        in16 = m->a16;
-    }
+    in16 = mm_bwd_operands16(m, dout, in, in16, din != NULL, dw != NULL, N, IC, OC);
     o->matmul_bwd_bf16(din, dw, db, m->d16, dout, in16, w16, N, IC, OC, accum_din, accum_dw);
+}
+
+/* mm_bwd of a matmul whose input was gelu(pre), with din[N,IC] the
+ * gradient at the GELU's input (written): GPT-2's proj backward and the
+ * GELU's as one op (a GEMM with a DGELU epilogue on CUDA). */
+static void mm_dgelu_bwd(model_t *m, float *din, float *dw, float *db, const float *dout, const float *in,
+                         const uint16_t *in16, const float *pre, const float *w, int N, int IC, int OC, int accum_dw)
+{
+    const ops_t *o = m->ops;
+    if (!m->lay.bf16) {
+        o->matmul_dgelu_bwd(din, dw, db, dout, in, pre, w, N, IC, OC, accum_dw);
+        return;
+    }
+    const uint16_t *w16 = weight16(m, w, (size_t)OC * IC);
+    in16 = mm_bwd_operands16(m, dout, in, in16, 1, dw != NULL, N, IC, OC);
+    o->matmul_dgelu_bwd_bf16(din, dw, db, m->d16, dout, in16, pre, w16, N, IC, OC, accum_dw);
 }
 
 /* Norm of this rank's NR rows of x, then all N rows of the result in
@@ -688,11 +730,18 @@ static void block_fwd(model_t *m, const block_acts_t *a, const float *x, float *
     row_parallel_fwd(m, a->res2, x, a->atty, NULL, w->wo, w->bo, N, NR, QD);
     /* MLP sub-block: xout = res2 + wproj . act(fc(norm2(res2))) */
     norm_fwd_gather(m, ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2w, w->ln2b, N, NR);
-    mm_fwd(m, a->fc, ln2, a->ln2_16, w->wfc, w->bfc, N, C, fc_width(m));
-    if (c->arch == ARCH_GPT2)
-        o->gelu_fwd(act, a->fc, (size_t)N * F);
-    else
-        o->swiglu_fwd(act, a->fc, N, F);
+    /* GPT-2's GELU rides on the fc GEMM, except under selective recompute,
+     * whose backward recomputes it with gelu_fwd: the forward uses the same
+     * op, so that both give the same bits on every backend */
+    if (c->arch == ARCH_GPT2 && m->lay.recompute != MODEL_RECOMPUTE_SELECTIVE) {
+        mm_gelu_fwd(m, act, a->fc, ln2, a->ln2_16, w->wfc, w->bfc, N, C, F);
+    } else {
+        mm_fwd(m, a->fc, ln2, a->ln2_16, w->wfc, w->bfc, N, C, fc_width(m));
+        if (c->arch == ARCH_GPT2)
+            o->gelu_fwd(act, a->fc, (size_t)N * F);
+        else
+            o->swiglu_fwd(act, a->fc, N, F);
+    }
     /* xout is NULL only under full recompute, whose view keeps fc_act in
      * fp32 (dbig2), so fc_act16 never misses its copy */
     if (xout)
@@ -848,13 +897,19 @@ static void block_bwd(model_t *m, model_slot_t *sl, int i, int accum, int last)
     else if (rc == MODEL_RECOMPUTE_SELECTIVE)
         o->swiglu_fwd(a->fc_act, a->fc, N, F);
     /* MLP: dres = dL/dxout on entry, dL/dres2 after the norm backward */
-    mm_bwd(m, m->dbig, g->wproj, g->bproj, dres_all_rows(m, N, NR), a->fc_act, a->fc_act16, w->wproj, N, F, C, 0,
-           accum);
-    if (gpt)
-        o->gelu_bwd(m->dbig2, a->fc, m->dbig, (size_t)N * F);
-    else
-        o->swiglu_bwd(m->dbig2, a->fc, m->dbig, N, F);
-    mm_bwd(m, m->dln, g->wfc, g->bfc, m->dbig2, a->ln2, a->ln2_16, w->wfc, N, C, fc_width(m), 0, accum);
+    /* dfc[N, fc_width]: the gradient at the activation's input; GPT-2's
+     * comes out of the proj GEMM's DGELU epilogue (dbig, which fc_act
+     * never is), SwiGLU's from its own kernel */
+    float *dfc = gpt ? m->dbig : m->dbig2;
+    if (gpt) {
+        mm_dgelu_bwd(m, dfc, g->wproj, g->bproj, dres_all_rows(m, N, NR), a->fc_act, a->fc_act16, a->fc, w->wproj,
+                     N, F, C, accum);
+    } else {
+        mm_bwd(m, m->dbig, g->wproj, g->bproj, dres_all_rows(m, N, NR), a->fc_act, a->fc_act16, w->wproj, N, F, C,
+               0, accum);
+        o->swiglu_bwd(dfc, a->fc, m->dbig, N, F);
+    }
+    mm_bwd(m, m->dln, g->wfc, g->bfc, dfc, a->ln2, a->ln2_16, w->wfc, N, C, fc_width(m), 0, accum);
     norm_bwd_reduce(m, g->ln2w, g->ln2b, a->res2, w->ln2w, a->ln2_mean, a->ln2_rstd, N, NR, accum);
     /* attention: dres becomes dL/dx */
     mm_bwd(m, m->dbig, g->wo, g->bo, dres_all_rows(m, N, NR), a->atty, NULL, w->wo, N, QD, C, 0, accum);

@@ -69,6 +69,32 @@ typedef struct ops {
                             const float *dout, const uint16_t *in, const uint16_t *w,
                             int N, int IC, int OC, int accum_din, int accum_dw);
 
+    /* GPT-2's MLP GEMMs fused with the GELU next to them, so that CUDA can
+     * run each as one cuBLASLt GEMM with a GELU epilogue instead of a GEMM
+     * and a pass over the [N, 4C] activations. The CPU backend composes
+     * the ops above, so its results are those of the separate calls, bit
+     * for bit. CUDA's epilogue evaluates the same tanh GELU with its own
+     * rounding (within 2e-6 of dt_gelu per element), and falls back to the
+     * separate kernels where cuBLASLt has no such kernel (OC or IC not a
+     * multiple of 8, or the heuristic declines).
+     *
+     * matmul_gelu_fwd: pre[N,OC] = in[N,IC] . w[OC,IC]^T (+ b), the GELU
+     * input backward keeps, and out[N,OC] = gelu(pre): matmul_fwd then
+     * gelu_fwd. */
+    void (*matmul_gelu_fwd)(float *out, float *pre, const float *in, const float *w, const float *b,
+                            int N, int IC, int OC);
+    void (*matmul_gelu_fwd_bf16)(float *out, float *pre, const uint16_t *in, const uint16_t *w,
+                                 const float *b, int N, int IC, int OC);
+    /* The backward of a matmul whose input was gelu(pre): matmul_bwd with
+     * din[N,IC] = gelu'(pre[N,IC]) o (dout . w), the gradient at the GELU's
+     * input (written, never accumulated), then dw and db as matmul_bwd.
+     * din must not overlap dout, in or pre. */
+    void (*matmul_dgelu_bwd)(float *din, float *dw, float *db, const float *dout, const float *in,
+                             const float *pre, const float *w, int N, int IC, int OC, int accum_dw);
+    void (*matmul_dgelu_bwd_bf16)(float *din, float *dw, float *db, const uint16_t *dout16, const float *dout,
+                                  const uint16_t *in, const float *pre, const uint16_t *w, int N, int IC,
+                                  int OC, int accum_dw);
+
     /* LayerNorm over the last dim: out = (x - mean) * rstd * w + b.
      * mean[N], rstd[N] are saved for backward. */
     void (*layernorm_fwd)(float *out, float *mean, float *rstd, const float *x,

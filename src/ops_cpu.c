@@ -949,6 +949,40 @@ static void matmul_bwd_bf16(float *din, float *dw, float *db, const uint16_t *do
         colsum(db, dout, N, OC, accum_dw);
 }
 
+/* ---- GEMMs with their GELU ---------------------------------------------------------------
+ * The composition the ops table defines (src/ops.h): the separate calls,
+ * so the CPU's fused ops are its unfused ones bit for bit. The GELU
+ * backward runs in place on din (an elementwise map). */
+
+static void matmul_gelu_fwd(float *out, float *pre, const float *in, const float *w, const float *b, int N, int IC,
+                            int OC)
+{
+    matmul_fwd(pre, in, w, b, N, IC, OC);
+    gelu_fwd(out, pre, (size_t)N * OC);
+}
+
+static void matmul_gelu_fwd_bf16(float *out, float *pre, const uint16_t *in, const uint16_t *w, const float *b,
+                                 int N, int IC, int OC)
+{
+    matmul_fwd_bf16(pre, in, w, b, N, IC, OC);
+    gelu_fwd(out, pre, (size_t)N * OC);
+}
+
+static void matmul_dgelu_bwd(float *din, float *dw, float *db, const float *dout, const float *in, const float *pre,
+                             const float *w, int N, int IC, int OC, int accum_dw)
+{
+    matmul_bwd(din, dw, db, dout, in, w, N, IC, OC, 0, accum_dw);
+    gelu_bwd(din, pre, din, (size_t)N * IC);
+}
+
+static void matmul_dgelu_bwd_bf16(float *din, float *dw, float *db, const uint16_t *dout16, const float *dout,
+                                  const uint16_t *in, const float *pre, const uint16_t *w, int N, int IC, int OC,
+                                  int accum_dw)
+{
+    matmul_bwd_bf16(din, dw, db, dout16, dout, in, w, N, IC, OC, 0, accum_dw);
+    gelu_bwd(din, pre, din, (size_t)N * IC);
+}
+
 /* ---- bf16 casts ------------------------------------------------------------------------ */
 
 static void cast_f32_to_bf16(uint16_t *out, const float *in, size_t n)
@@ -980,6 +1014,10 @@ static const ops_t cpu_ops = {
     .matmul_bwd = matmul_bwd,
     .matmul_fwd_bf16 = matmul_fwd_bf16,
     .matmul_bwd_bf16 = matmul_bwd_bf16,
+    .matmul_gelu_fwd = matmul_gelu_fwd,
+    .matmul_gelu_fwd_bf16 = matmul_gelu_fwd_bf16,
+    .matmul_dgelu_bwd = matmul_dgelu_bwd,
+    .matmul_dgelu_bwd_bf16 = matmul_dgelu_bwd_bf16,
     .layernorm_fwd = layernorm_fwd,
     .layernorm_bwd = layernorm_bwd,
     .rmsnorm_fwd = rmsnorm_fwd,

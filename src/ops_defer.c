@@ -202,6 +202,72 @@ static void d_matmul_fwd_bf16(float *out, const uint16_t *in, const uint16_t *w,
     defer(r_matmul_fwd_bf16, &(mm_fwd16_args_t){ out, in, w, b, N, IC, OC }, sizeof(mm_fwd16_args_t));
 }
 
+typedef struct { float *out, *pre; const float *in, *w, *b; int N, IC, OC; } mm_gelu_fwd_args_t;
+static void r_matmul_gelu_fwd(const void *a_)
+{
+    const mm_gelu_fwd_args_t *a = a_;
+    q.base->matmul_gelu_fwd(a->out, a->pre, a->in, a->w, a->b, a->N, a->IC, a->OC);
+}
+static void d_matmul_gelu_fwd(float *out, float *pre, const float *in, const float *w, const float *b, int N, int IC,
+                              int OC)
+{
+    defer(r_matmul_gelu_fwd, &(mm_gelu_fwd_args_t){ out, pre, in, w, b, N, IC, OC }, sizeof(mm_gelu_fwd_args_t));
+}
+
+typedef struct { float *out, *pre; const uint16_t *in, *w; const float *b; int N, IC, OC; } mm_gelu_fwd16_args_t;
+static void r_matmul_gelu_fwd_bf16(const void *a_)
+{
+    const mm_gelu_fwd16_args_t *a = a_;
+    q.base->matmul_gelu_fwd_bf16(a->out, a->pre, a->in, a->w, a->b, a->N, a->IC, a->OC);
+}
+static void d_matmul_gelu_fwd_bf16(float *out, float *pre, const uint16_t *in, const uint16_t *w, const float *b,
+                                   int N, int IC, int OC)
+{
+    defer(r_matmul_gelu_fwd_bf16, &(mm_gelu_fwd16_args_t){ out, pre, in, w, b, N, IC, OC },
+          sizeof(mm_gelu_fwd16_args_t));
+}
+
+typedef struct {
+    float *din, *dw, *db;
+    const float *dout, *in, *pre, *w;
+    int N, IC, OC, accum_dw;
+} mm_dgelu_bwd_args_t;
+static void r_matmul_dgelu_bwd(const void *a_)
+{
+    const mm_dgelu_bwd_args_t *a = a_;
+    q.base->matmul_dgelu_bwd(a->din, a->dw, a->db, a->dout, a->in, a->pre, a->w, a->N, a->IC, a->OC, a->accum_dw);
+}
+static void d_matmul_dgelu_bwd(float *din, float *dw, float *db, const float *dout, const float *in,
+                               const float *pre, const float *w, int N, int IC, int OC, int accum_dw)
+{
+    defer(r_matmul_dgelu_bwd, &(mm_dgelu_bwd_args_t){ din, dw, db, dout, in, pre, w, N, IC, OC, accum_dw },
+          sizeof(mm_dgelu_bwd_args_t));
+}
+
+typedef struct {
+    float *din, *dw, *db;
+    const uint16_t *dout16;
+    const float *dout;
+    const uint16_t *in;
+    const float *pre;
+    const uint16_t *w;
+    int N, IC, OC, accum_dw;
+} mm_dgelu_bwd16_args_t;
+static void r_matmul_dgelu_bwd_bf16(const void *a_)
+{
+    const mm_dgelu_bwd16_args_t *a = a_;
+    q.base->matmul_dgelu_bwd_bf16(a->din, a->dw, a->db, a->dout16, a->dout, a->in, a->pre, a->w, a->N, a->IC, a->OC,
+                                  a->accum_dw);
+}
+static void d_matmul_dgelu_bwd_bf16(float *din, float *dw, float *db, const uint16_t *dout16, const float *dout,
+                                    const uint16_t *in, const float *pre, const uint16_t *w, int N, int IC, int OC,
+                                    int accum_dw)
+{
+    defer(r_matmul_dgelu_bwd_bf16,
+          &(mm_dgelu_bwd16_args_t){ din, dw, db, dout16, dout, in, pre, w, N, IC, OC, accum_dw },
+          sizeof(mm_dgelu_bwd16_args_t));
+}
+
 typedef struct {
     float *din, *dw, *db;
     const uint16_t *dout16;
@@ -537,6 +603,10 @@ static const ops_t defer_ops = {
     .matmul_bwd = d_matmul_bwd,
     .matmul_fwd_bf16 = d_matmul_fwd_bf16,
     .matmul_bwd_bf16 = d_matmul_bwd_bf16,
+    .matmul_gelu_fwd = d_matmul_gelu_fwd,
+    .matmul_gelu_fwd_bf16 = d_matmul_gelu_fwd_bf16,
+    .matmul_dgelu_bwd = d_matmul_dgelu_bwd,
+    .matmul_dgelu_bwd_bf16 = d_matmul_dgelu_bwd_bf16,
     .layernorm_fwd = d_layernorm_fwd,
     .layernorm_bwd = d_layernorm_bwd,
     .rmsnorm_fwd = d_rmsnorm_fwd,

@@ -8,15 +8,16 @@
 . "$top_srcdir/test/common.sh"
 BENCH=${DTRAIN_BENCH_GEMM:-$top_builddir/src/dtrain-bench-gemm}
 
-# check_rows LABEL FILE WANT_ROWS DTYPES: FILE holds WANT_ROWS data rows,
-# each of a dtype in DTYPES (e.g. "bf16 fp32"), 0 wrong, TFLOP/s > 0 and finite
+# check_rows LABEL FILE WANT_ROWS DTYPES [OPS]: FILE holds WANT_ROWS data
+# rows, each of a dtype in DTYPES (e.g. "bf16 fp32") and an op in OPS
+# (default "gemm"), 0 wrong, TFLOP/s > 0 and finite
 check_rows() {
-    if awk -v want="$3" -v dtypes=" $4 " '
+    if awk -v want="$3" -v dtypes=" $4 " -v ops=" ${5:-gemm} " '
         /^#/ || NF == 0 { next }
         { rows++
-          if (NF != 8 || index(dtypes, " " $1 " ") == 0) bad = bad " malformed:" $0
-          t = $6; if (t !~ /^[0-9.e+-]+$/ || !(t + 0 > 0)) bad = bad " tflops:" $0
-          if ($7 != "0") bad = bad " wrong:" $0 }
+          if (NF != 9 || index(dtypes, " " $1 " ") == 0 || index(ops, " " $2 " ") == 0) bad = bad " malformed:" $0
+          t = $7; if (t !~ /^[0-9.e+-]+$/ || !(t + 0 > 0)) bad = bad " tflops:" $0
+          if ($8 != "0") bad = bad " wrong:" $0 }
         END { if (rows != want) bad = bad " rows:" rows; if (bad != "") { print bad; exit 1 } }' "$2" >"$TMP/why"; then
         pass "$1: $3 rows, 0 wrong, TFLOP/s > 0"
     else
@@ -45,16 +46,23 @@ grep -q "^# dtrain-bench-gemm: cpu, 2 threads;" "$TMP/both" && pass "header name
     fail "header: $(head -n 1 "$TMP/both")"
 for s in "bf16 64 96 80" "fp32 64 96 80" "bf16 37 61 29" "fp32 37 61 29"; do
     set -- $s
-    awk -v d="$1" -v n="$2" -v i="$3" -v o="$4" '$1 == d && $2 == n && $3 == i && $4 == o { f = 1 } END { exit !f }' \
+    awk -v d="$1" -v n="$2" -v i="$3" -v o="$4" '$1 == d && $3 == n && $4 == i && $5 == o { f = 1 } END { exit !f }' \
         "$TMP/both" && pass "row $s" || fail "no row $s"
 done
 run_ok "cpu bf16" "$TMP/bf16" --device cpu --dtype bf16 $SMALL --threads 1
 check_rows "cpu bf16" "$TMP/bf16" 2 "bf16"
 run_ok "cpu fp32 1x1x1" "$TMP/one" --device=cpu --dtype=fp32 --shapes=1x1x1 --iters=1 --warmup=0
 check_rows "cpu fp32 1x1x1" "$TMP/one" 1 "fp32"
+# GPT-2's fc with bias and GELU, fused and separate, besides the plain GEMM
+run_ok "cpu --op all" "$TMP/all" --device cpu --op all $SMALL --threads 2
+check_rows "cpu --op all" "$TMP/all" 12 "bf16 fp32" "gemm gemm+gelu gemm,gelu"
+run_ok "cpu --op gelu" "$TMP/gelu" --device cpu --op=gelu --dtype fp32 $SMALL --threads 1
+check_rows "cpu --op gelu" "$TMP/gelu" 4 "fp32" "gemm+gelu gemm,gelu"
+grep -q "gelu rows: out within 1e-3" "$TMP/gelu" && pass "footer states the gelu rows' bound" ||
+    fail "footer: $(tail -n 2 "$TMP/gelu")"
 
 "$BENCH" --help >"$TMP/help" 2>&1 && pass "--help exits 0" || fail "--help: exit $?"
-for opt in --device --dtype --shapes --iters --warmup --threads --help --version; do
+for opt in --device --dtype --op --shapes --iters --warmup --threads --help --version; do
     grep -q -- "$opt" "$TMP/help" || fail "--help does not list $opt"
 done
 "$BENCH" --version | grep -q "^dtrain-bench-gemm " && pass "--version" || fail "--version"
@@ -67,6 +75,7 @@ expect_exit2 "--shapes '2000000x1x1': each shape is NxICxOC, three integers from
     "$BENCH" --device cpu --shapes 2000000x1x1
 expect_exit2 "--dtype 'fp16': allowed values are bf16|fp32|both" "$BENCH" --dtype fp16
 expect_exit2 "--device 'gpu': allowed values are auto|cpu|cuda" "$BENCH" --device gpu
+expect_exit2 "--op 'relu': allowed values are gemm|gelu|all" "$BENCH" --op relu
 expect_exit2 "--iters 0: out of range (1 to 1000000000)" "$BENCH" --iters 0
 expect_exit2 "--warmup 'x': not an integer" "$BENCH" --warmup x
 expect_exit2 "--threads needs a value" "$BENCH" --threads
@@ -75,6 +84,8 @@ if grep -q "^#define HAVE_CUDA 1" "$top_builddir/config.h"; then
     if "$top_builddir/test/gpu/test_ops_cuda" --probe >"$TMP/probe" 2>&1; then
         run_ok "cuda both" "$TMP/cuda" --device cuda --dtype both $SMALL
         check_rows "cuda both" "$TMP/cuda" 4 "bf16 fp32"
+        run_ok "cuda --op all" "$TMP/cuda_all" --device cuda --op all $SMALL
+        check_rows "cuda --op all" "$TMP/cuda_all" 12 "bf16 fp32" "gemm gemm+gelu gemm,gelu"
         expect_exit2 "--threads sets the CPU backend's threads, but the GEMMs run on cuda" \
             "$BENCH" --device cuda --threads 2 $SMALL
     else

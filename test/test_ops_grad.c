@@ -607,6 +607,65 @@ static void test_gelu(void)
     free(x); free(R); free(out); free(dx); free(g); free(d2); free(c.x); free(c.R); free(c.out);
 }
 
+/* The fused GEMM + GELU ops are, on the CPU, the separate ops bit for bit
+ * (src/ops.h), in fp32 and bf16 and for the backward's dw and db too; the
+ * separate ops are checked against formulas and FD above. */
+static void test_matmul_gelu(int N, int IC, int OC)
+{
+    float *in = frandv((size_t)N * IC, -2, 2), *w = frandv((size_t)OC * IC, -1, 1), *b = frandv(OC, -1, 1);
+    float *dout = frandv((size_t)N * OC, -1, 1);
+    float *pre = fnan((size_t)N * OC), *out = fnan((size_t)N * OC);
+    float *pre2 = fnan((size_t)N * OC), *out2 = fnan((size_t)N * OC);
+    char what[96];
+    /* forward: pre = in . w^T + b, out = gelu(pre) */
+    ops->matmul_gelu_fwd(out, pre, in, w, b, N, IC, OC);
+    ops->matmul_fwd(pre2, in, w, b, N, IC, OC);
+    ops->gelu_fwd(out2, pre2, (size_t)N * OC);
+    snprintf(what, sizeof what, "matmul_gelu_fwd %dx%dx%d = matmul_fwd, gelu_fwd (bits)", N, IC, OC);
+    check_true(what, !memcmp(pre, pre2, (size_t)N * OC * 4) && !memcmp(out, out2, (size_t)N * OC * 4));
+    /* backward of a matmul [N,OC] -> [N,OC2] whose input was gelu(pre) */
+    const int OC2 = IC;
+    float *w2 = frandv((size_t)OC2 * OC, -1, 1), *d2 = frandv((size_t)N * OC2, -1, 1);
+    float *din = fnan((size_t)N * OC), *dw = frandv((size_t)OC2 * OC, -1, 1), *db = frandv(OC2, -1, 1);
+    float *din2 = fnan((size_t)N * OC), *dw2 = fdup(dw, (size_t)OC2 * OC), *db2 = fdup(db, OC2);
+    float *tmp = fnan((size_t)N * OC);
+    for (int accum = 0; accum <= 1; accum++) {
+        ops->matmul_dgelu_bwd(din, dw, db, d2, out, pre, w2, N, OC, OC2, accum);
+        ops->matmul_bwd(tmp, dw2, db2, d2, out, w2, N, OC, OC2, 0, accum);
+        ops->gelu_bwd(din2, pre, tmp, (size_t)N * OC);
+        snprintf(what, sizeof what, "matmul_dgelu_bwd %dx%dx%d accum %d = matmul_bwd, gelu_bwd (bits)", N, OC, OC2,
+                 accum);
+        check_true(what, !memcmp(din, din2, (size_t)N * OC * 4) && !memcmp(dw, dw2, (size_t)OC2 * OC * 4) &&
+                             !memcmp(db, db2, (size_t)OC2 * 4));
+    }
+    /* bf16 operands */
+    uint16_t *in16 = xmalloc((size_t)N * IC * 2), *w16 = xmalloc((size_t)OC * IC * 2);
+    uint16_t *out16 = xmalloc((size_t)N * OC * 2), *w216 = xmalloc((size_t)OC2 * OC * 2);
+    uint16_t *d216 = xmalloc((size_t)N * OC2 * 2);
+    ops->cast_f32_to_bf16(in16, in, (size_t)N * IC);
+    ops->cast_f32_to_bf16(w16, w, (size_t)OC * IC);
+    ops->matmul_gelu_fwd_bf16(out, pre, in16, w16, b, N, IC, OC);
+    ops->matmul_fwd_bf16(pre2, in16, w16, b, N, IC, OC);
+    ops->gelu_fwd(out2, pre2, (size_t)N * OC);
+    snprintf(what, sizeof what, "matmul_gelu_fwd_bf16 %dx%dx%d = matmul_fwd_bf16, gelu_fwd (bits)", N, IC, OC);
+    check_true(what, !memcmp(pre, pre2, (size_t)N * OC * 4) && !memcmp(out, out2, (size_t)N * OC * 4));
+    ops->cast_f32_to_bf16(out16, out, (size_t)N * OC);
+    ops->cast_f32_to_bf16(w216, w2, (size_t)OC2 * OC);
+    ops->cast_f32_to_bf16(d216, d2, (size_t)N * OC2);
+    for (int accum = 0; accum <= 1; accum++) {
+        ops->matmul_dgelu_bwd_bf16(din, dw, db, d216, d2, out16, pre, w216, N, OC, OC2, accum);
+        ops->matmul_bwd_bf16(tmp, dw2, db2, d216, d2, out16, w216, N, OC, OC2, 0, accum);
+        ops->gelu_bwd(din2, pre, tmp, (size_t)N * OC);
+        snprintf(what, sizeof what, "matmul_dgelu_bwd_bf16 %dx%dx%d accum %d = matmul_bwd_bf16, gelu_bwd (bits)",
+                 N, OC, OC2, accum);
+        check_true(what, !memcmp(din, din2, (size_t)N * OC * 4) && !memcmp(dw, dw2, (size_t)OC2 * OC * 4) &&
+                             !memcmp(db, db2, (size_t)OC2 * 4));
+    }
+    free(in); free(w); free(b); free(dout); free(pre); free(out); free(pre2); free(out2);
+    free(w2); free(d2); free(din); free(dw); free(db); free(din2); free(dw2); free(db2); free(tmp);
+    free(in16); free(w16); free(out16); free(w216); free(d216);
+}
+
 static void test_swiglu(void)
 {
     const int N = 4, F = 19;
@@ -1056,6 +1115,8 @@ int main(void)
     test_attention(2, 7, 4, 2, 8, 1, 0);  /* RoPE then GQA attention */
     test_attention(1, 70, 2, 1, 4, 0, 1); /* T > row block; fewer tasks than threads */
     test_gelu();
+    test_matmul_gelu(5, 7, 12);
+    test_matmul_gelu(33, 24, 40);
     test_swiglu();
     test_embedding();
     const int32_t tgt_small[6] = {4, 0, -1, 12, 7, 4};
