@@ -5,7 +5,21 @@
  * to NCCL. A host buffer (a scalar on the stack, a host array: train.c
  * reduces loss sums and norms that way) is staged through a device buffer
  * of the communicator; such an operation runs to completion even when
- * called as nonblocking, and its request is returned finished.
+ * called as nonblocking, and its request is returned finished. The copy
+ * back to the host is made only once polling has seen the collective
+ * finish (a copy into pageable memory blocks the host until the stream
+ * reaches it, where neither the timeout nor ncclCommGetAsyncError would
+ * be looked at), and the whole staged operation, copies included, is
+ * marked on the watchdog. The device staging buffer grows stream-ordered
+ * (cudaFreeAsync/cudaMallocAsync): cudaFree would wait for the whole
+ * device, NCCL kernels of other groups still waiting on peers included.
+ *
+ * In place. The interface's in-place reduce_scatter (send == recv: MPI's
+ * MPI_IN_PLACE, the rank's piece lands at the buffer's start) is not
+ * NCCL's (recv = send + rank * n); overlapping buffers in any other
+ * arrangement are undefined in NCCL. So it runs in NCCL's form and the
+ * piece is then copied to the start on the group's stream (the two ranges
+ * are disjoint for rank >= 1; rank 0's is already NCCL's form).
  *
  * Streams. Each group has its own communication stream, as PyTorch's
  * ProcessGroupNCCL has one per communicator: a nonblocking operation in
@@ -33,7 +47,20 @@
  * Failure. Every CUDA and NCCL call is checked and turned into one line in
  * comm->err. While waiting, ncclCommGetAsyncError is polled: a failed peer
  * or network error aborts the communicator (ncclCommAbort) and fails the
- * call instead of hanging; so does the timeout given at creation.
+ * call instead of hanging; so does the timeout given at creation. An
+ * aborted communicator is gone (its handle is dropped): every later call
+ * or poll of a request still in flight on it fails with that message,
+ * never touches the freed handle, and never reports a request done.
+ * nccl_grid_abort aborts every group at once, for a run that failed:
+ * tearing down (cudaFree, ncclCommDestroy) with NCCL kernels still waiting
+ * on peers that have left would hang.
+ *
+ * MPI progress. The pipeline's transfers stay on MPI (backend.h), and
+ * OpenMPI moves a large message only while some MPI call runs on both
+ * sides. A rank spinning here on a tensor-parallel NCCL wait would leave
+ * its pipeline sends unmoved, and a peer stage waiting for one of them
+ * could be the very rank this wait depends on: a cycle. So every poll also
+ * calls MPI_Iprobe (a no-op that drives MPI's progress engine).
  *
  * bf16. The *_bf16 sums pass the bf16 bit patterns as ncclBfloat16 with
  * ncclSum: NCCL adds each pair in fp32 and rounds back to bf16, which is
@@ -135,11 +162,28 @@ static int is_device_ptr(const void *p)
     return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
 }
 
+/* ncclCommAbort frees the communicator: the handle is dropped with it. */
+static void comm_abort(nccl_comm_t *m)
+{
+    if (m->nc)
+        (void)ncclCommAbort(m->nc); /* already failing: its own status adds nothing */
+    m->nc = NULL;
+    m->aborted = 1;
+}
+
+static int aborted_fail(comm_t *c, const char *what)
+{
+    set_err(c, "NCCL %s on group %s: the communicator was aborted by an earlier failure", what, c->name);
+    return -1;
+}
+
 /* One poll of an operation's event: 1 done, 0 not yet, -1 failed (the
  * communicator is aborted on an asynchronous NCCL error or the timeout). */
 static int poll_event(comm_t *c, cudaEvent_t ev, const char *what, size_t n, double t0)
 {
     nccl_comm_t *m = nm(c);
+    if (m->aborted) /* its kernels were killed: the event says nothing of the data */
+        return aborted_fail(c, what);
     cudaError_t q = cudaEventQuery(ev);
     if (q == cudaSuccess)
         return 1;
@@ -149,29 +193,38 @@ static int poll_event(comm_t *c, cudaEvent_t ev, const char *what, size_t n, dou
     ncclResult_t rc = ncclCommGetAsyncError(m->nc, &ae);
     if (rc != ncclSuccess || (ae != ncclSuccess && ae != ncclInProgress)) {
         nccl_fail(c, rc != ncclSuccess ? rc : ae, what, n);
-        (void)ncclCommAbort(m->nc);
-        m->aborted = 1;
+        comm_abort(m);
         return -1;
     }
     if (m->timeout_s > 0 && now_s() - t0 > m->timeout_s) {
         set_err(c, "NCCL %s on group %s (n=%zu, %d ranks) did not finish in %.0f s: a peer is stuck or gone; "
                 "communicator aborted", what, c->name, n, c->size, m->timeout_s);
-        (void)ncclCommAbort(m->nc);
-        m->aborted = 1;
+        comm_abort(m);
         return -1;
     }
     return 0;
+}
+
+/* Polls until the event is done (0) or the operation failed (-1),
+ * driving MPI's progress meanwhile (see the top). */
+static int spin_event(comm_t *c, cudaEvent_t ev, const char *what, size_t n, double t0)
+{
+    int st, flag;
+    while ((st = poll_event(c, ev, what, n, t0)) == 0) {
+        /* progress only: a failure here would be MPI's to report at its next real call */
+        (void)MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_COMM_WORLD, &flag, MPI_STATUS_IGNORE);
+        sched_yield();
+    }
+    return st < 0 ? -1 : 0;
 }
 
 /* Blocks until the event; marked on the watchdog as `what` moving bytes. */
 static int wait_event(comm_t *c, cudaEvent_t ev, const char *what, size_t n, double t0, long long bytes, int peer)
 {
     watchdog_enter(c->watch, what, c->name, c->size, bytes, peer);
-    int st;
-    while ((st = poll_event(c, ev, what, n, t0)) == 0)
-        sched_yield();
+    int st = spin_event(c, ev, what, n, t0);
     watchdog_leave(c->watch);
-    return st < 0 ? -1 : 0;
+    return st;
 }
 
 static void span_record(comm_t *c, const char *what, double t0, long long bytes, int peer)
@@ -198,6 +251,26 @@ static ncclResult_t enqueue(nccl_comm_t *m, kind_t k, const void *s, void *r, si
     }
 }
 
+/* The device staging buffer holds at least `need` bytes (see the top for
+ * why it grows stream-ordered). */
+static int stage_room(comm_t *c, size_t need, const char *what, size_t n)
+{
+    nccl_comm_t *m = nm(c);
+    if (need <= m->stage_bytes)
+        return 0;
+    cudaError_t ce;
+    if (m->stage && (ce = cudaFreeAsync(m->stage, m->stream)) != cudaSuccess)
+        return cuda_fail(c, ce, what, n);
+    m->stage = NULL;
+    m->stage_bytes = 0;
+    if ((ce = cudaMallocAsync(&m->stage, need, m->stream)) != cudaSuccess) {
+        m->stage = NULL;
+        return cuda_fail(c, ce, what, n);
+    }
+    m->stage_bytes = need;
+    return 0;
+}
+
 /* Every operation. send/recv counts by kind (n = the interface's count):
  * allreduce, broadcast: in place, n; reduce_scatter: size*n -> n;
  * allgather: n -> size*n; send: n out; recv: n in. req == NULL: blocking.
@@ -215,10 +288,8 @@ static int run(comm_t *c, kind_t k, elem_t et, const void *send, void *recv, siz
     const size_t es = et == T_BF16 ? sizeof(uint16_t) : sizeof(float);
     if (req)
         memset(req, 0, sizeof *req);
-    if (m->aborted) {
-        set_err(c, "NCCL %s on group %s: the communicator was aborted by an earlier failure", what, c->name);
-        return -1;
-    }
+    if (m->aborted)
+        return aborted_fail(c, what);
     size_t sn = 0, rn = 0;
     switch (k) {
     case K_ALLREDUCE: case K_BCAST: sn = rn = n; break;
@@ -230,54 +301,67 @@ static int run(comm_t *c, kind_t k, elem_t et, const void *send, void *recv, siz
     /* bytes as comm_mpi.c counts them: the whole buffer of a collective */
     const long long bytes = (long long)((k == K_REDUCE_SCATTER ? sn : k == K_ALLGATHER ? rn : n) * es);
     const int peer = k == K_SEND || k == K_RECV || k == K_BCAST ? peer_or_root : -1;
-    int host = (sn && !is_device_ptr(send)) || (rn && !is_device_ptr(recv));
+    const int host = (sn && !is_device_ptr(send)) || (rn && !is_device_ptr(recv));
     const void *s = send;
     void *r = recv;
     cudaError_t ce;
+    int st = -1;
+    /* a staged operation blocks from its first copy to its last */
+    if (host)
+        watchdog_enter(c->watch, what, c->name, c->size, bytes, peer);
     /* after every op issued so far (staging copies included: a device side
      * of a staged operation may be the compute stream's output) */
     if (m->after && ((ce = cudaEventRecord(m->ready, m->after)) != cudaSuccess ||
-                     (ce = cudaStreamWaitEvent(m->stream, m->ready, 0)) != cudaSuccess))
-        return cuda_fail(c, ce, what, n);
+                     (ce = cudaStreamWaitEvent(m->stream, m->ready, 0)) != cudaSuccess)) {
+        cuda_fail(c, ce, what, n);
+        goto out;
+    }
     if (host) {
         /* stage both sides through device memory; in-place stays in place */
-        int inplace = (const void *)recv == send;
-        size_t need = (inplace ? (sn > rn ? sn : rn) : sn + rn) * es;
-        if (need > m->stage_bytes) {
-            if (m->stage)
-                (void)cudaFree(m->stage);
-            m->stage = NULL;
-            m->stage_bytes = 0;
-            if ((ce = cudaMalloc(&m->stage, need)) != cudaSuccess)
-                return cuda_fail(c, ce, what, n);
-            m->stage_bytes = need;
+        const int inplace = (const void *)recv == send;
+        if (stage_room(c, (inplace ? (sn > rn ? sn : rn) : sn + rn) * es, what, n) != 0)
+            goto out;
+        s = m->stage;
+        r = inplace ? m->stage : (char *)m->stage + sn * es;
+        if (sn && (ce = cudaMemcpyAsync(m->stage, send, sn * es, cudaMemcpyDefault, m->stream)) != cudaSuccess) {
+            cuda_fail(c, ce, what, n);
+            goto out;
         }
-        void *ds = m->stage, *dr = inplace ? m->stage : (char *)m->stage + sn * es;
-        if (sn && (ce = cudaMemcpyAsync(ds, send, sn * es, cudaMemcpyDefault, m->stream)) != cudaSuccess)
-            return cuda_fail(c, ce, what, n);
-        s = ds;
-        r = dr;
     }
+    /* where NCCL writes: an in-place reduce_scatter's piece in NCCL's form */
+    void *nr = k == K_REDUCE_SCATTER && r == s && c->rank > 0 ? (char *)r + (size_t)c->rank * n * es : r;
     double t0 = now_s();
-    ncclResult_t rc = enqueue(m, k, s, r, n, dt, op, peer_or_root);
-    if (rc != ncclSuccess)
-        return nccl_fail(c, rc, what, n);
-    if (host && rn && (ce = cudaMemcpyAsync(recv, r, rn * es, cudaMemcpyDefault, m->stream)) != cudaSuccess)
-        return cuda_fail(c, ce, what, n);
+    ncclResult_t rc = enqueue(m, k, s, nr, n, dt, op, peer_or_root);
+    if (rc != ncclSuccess) {
+        nccl_fail(c, rc, what, n);
+        goto out;
+    }
+    if (nr != r && (ce = cudaMemcpyAsync(r, nr, n * es, cudaMemcpyDefault, m->stream)) != cudaSuccess) {
+        cuda_fail(c, ce, what, n);
+        goto out;
+    }
     cudaEvent_t ev;
-    if ((ce = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming)) != cudaSuccess)
-        return cuda_fail(c, ce, what, n);
+    if ((ce = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming)) != cudaSuccess) {
+        cuda_fail(c, ce, what, n);
+        goto out;
+    }
     if ((ce = cudaEventRecord(ev, m->stream)) != cudaSuccess) {
         (void)cudaEventDestroy(ev);
-        return cuda_fail(c, ce, what, n);
+        cuda_fail(c, ce, what, n);
+        goto out;
     }
     nccl_req_t *q = !req || host ? NULL : malloc(sizeof *q);
     if (!q) { /* blocking, a staged host buffer, or untrackable: finish now */
-        int st = wait_event(c, ev, what, n, t0, bytes, peer);
+        st = host ? spin_event(c, ev, what, n, t0) : wait_event(c, ev, what, n, t0, bytes, peer);
         (void)cudaEventDestroy(ev);
+        /* the collective is done: the copy back waits for nothing else */
+        if (st == 0 && host && rn &&
+            ((ce = cudaMemcpyAsync(recv, r, rn * es, cudaMemcpyDefault, m->stream)) != cudaSuccess ||
+             (ce = cudaStreamSynchronize(m->stream)) != cudaSuccess))
+            st = cuda_fail(c, ce, what, n);
         if (st == 0)
             span_record(c, what, span_t0, bytes, peer);
-        return st;
+        goto out;
     }
     q->ev = ev;
     q->what = what;
@@ -289,7 +373,11 @@ static int run(comm_t *c, kind_t k, elem_t et, const void *send, void *recv, siz
     req->comm = c;
     req->impl = q;
     req->active = 1;
-    return 0;
+    st = 0;
+out:
+    if (host)
+        watchdog_leave(c->watch);
+    return st;
 }
 
 static void release(comm_req_t *req)
@@ -407,10 +495,10 @@ static int n_barrier(comm_t *c)
 static void n_destroy(comm_t *c)
 {
     nccl_comm_t *m = nm(c);
-    if (m->nc && !m->aborted)
-        (void)ncclCommDestroy(m->nc);
+    if (m->nc)
+        (void)ncclCommDestroy(m->nc); /* teardown: nothing to report to */
     if (m->stage)
-        (void)cudaFree(m->stage);
+        (void)cudaFreeAsync(m->stage, m->stream);
     if (m->ready)
         (void)cudaEventDestroy(m->ready);
     if (m->stream)
@@ -555,6 +643,14 @@ int nccl_grid_create(const grid_t *g, nccl_grid_t *ng, void *after_stream, doubl
         return -1;
     }
     return 0;
+}
+
+void nccl_grid_abort(nccl_grid_t *ng)
+{
+    comm_t *all[] = {ng->replica, ng->shard, ng->embed, ng->pp, ng->dp, ng->tp, ng->world};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        if (all[i])
+            comm_abort(nm(all[i]));
 }
 
 void nccl_grid_destroy(nccl_grid_t *ng)

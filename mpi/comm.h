@@ -32,7 +32,8 @@ typedef struct comm_ops {
     const char *name; /* "mpi", "nccl" */
     int (*allreduce)(comm_t *c, float *buf, size_t n, comm_op_t op);      /* in place */
     int (*iallreduce)(comm_t *c, float *buf, size_t n, comm_op_t op, comm_req_t *req);
-    /* send holds size*n_each floats; recv gets this rank's n_each (sum) */
+    /* send holds size*n_each floats; recv gets this rank's n_each (sum);
+     * send == recv is in place (MPI_IN_PLACE): the piece lands at the start */
     int (*reduce_scatter)(comm_t *c, const float *send, float *recv, size_t n_each);
     int (*ireduce_scatter)(comm_t *c, const float *send, float *recv, size_t n_each, comm_req_t *req);
     /* send n_each floats; recv holds size*n_each in rank order */
@@ -52,6 +53,11 @@ typedef struct comm_ops {
     int (*broadcast)(comm_t *c, float *buf, size_t n, int root);
     int (*send)(comm_t *c, const float *buf, size_t n, int peer, int tag);
     int (*recv)(comm_t *c, float *buf, size_t n, int peer, int tag);
+    /* Point to point. MPI matches by tag and progresses requests in any
+     * order; NCCL has no tags and runs a rank's calls in posting order on
+     * the group's stream, each waiting for its peer, so two ranks that
+     * both post their receive first deadlock there. Portable callers post
+     * in an order that pairs up (one side sends first). */
     int (*isend)(comm_t *c, const float *buf, size_t n, int peer, int tag, comm_req_t *req);
     int (*irecv)(comm_t *c, float *buf, size_t n, int peer, int tag, comm_req_t *req);
     /* *done = 1 when finished (the request is then released); drives progress */

@@ -49,11 +49,13 @@ static void comm_order_after_ops(const backend_t *b, const grid_t *g)
 
 #ifdef HAVE_CUDA
 /* Takes the GPU of this local rank and sets up the CUDA ops table. */
-static int open_cuda(backend_t *b, int local_rank, char *err, size_t errlen)
+static int open_cuda(backend_t *b, int local_rank, int local_size, char *err, size_t errlen)
 {
     int dev = cuda_select_device(local_rank, err, errlen);
     if (dev < 0)
         return -1;
+    char why[256];
+    const int gpus = cuda_device_count(why, sizeof why); /* > 0: the selection just counted them */
     if (ops_cuda_init(dev, err, errlen) != 0)
         return -1;
     char name[200];
@@ -61,14 +63,16 @@ static int open_cuda(backend_t *b, int local_rank, char *err, size_t errlen)
     b->ops = ops_cuda();
     b->cuda = 1;
     b->device = dev;
-    snprintf(b->desc, sizeof b->desc, "cuda (device %d of local rank %d: %s)%s", dev, local_rank, name,
+    b->shared_gpu = local_size > gpus;
+    snprintf(b->desc, sizeof b->desc, "cuda (device %d of local rank %d: %s%s)%s", dev, local_rank, name,
+             b->shared_gpu ? ", shared: more ranks on this node than GPUs" : "",
              ops_cuda_synchronous() ? "; every op waits for its kernels (DTRAIN_CUDA_SYNC_OPS=1 or no concurrent "
                                       "managed access)" : "");
     return 0;
 }
 #endif
 
-int backend_open(backend_t *b, const char *device, int local_rank, char *err, size_t errlen)
+int backend_open(backend_t *b, const char *device, int local_rank, int local_size, char *err, size_t errlen)
 {
     memset(b, 0, sizeof *b);
     b->device = -1;
@@ -78,12 +82,12 @@ int backend_open(backend_t *b, const char *device, int local_rank, char *err, si
     }
 #ifdef HAVE_CUDA
     if (strcmp(device, "cuda") == 0)
-        return open_cuda(b, local_rank, err, errlen);
+        return open_cuda(b, local_rank, local_size, err, errlen);
     /* auto */
     char why[256] = "";
     int n = cuda_device_count(why, sizeof why);
     if (n > 0)
-        return open_cuda(b, local_rank, err, errlen);
+        return open_cuda(b, local_rank, local_size, err, errlen);
     char line[300];
     snprintf(line, sizeof line, "(--device auto: no GPU usable: %s)", n == 0 ? "0 devices visible" : why);
     use_cpu(b, line);
@@ -106,7 +110,7 @@ int backend_comm_open(backend_t *b, const char *comm, const grid_t *g, grid_t *n
     snprintf(b->comm_desc, sizeof b->comm_desc, "mpi (every group)");
     const int nccl = strcmp(comm, "nccl") == 0;
     const int want = nccl || (strcmp(comm, "auto") == 0 && b->cuda && g->world_size > 1);
-    const int bad = nccl && !b->cuda;
+    const int bad = nccl && (!b->cuda || b->shared_gpu);
 #ifdef HAVE_CUDA
     /* allocated before agreeing, so a failure here cannot leave peers in NCCL's bootstrap */
     nccl_grid_t *ng = want && !bad ? calloc(1, sizeof *ng) : NULL;
@@ -114,15 +118,18 @@ int backend_comm_open(backend_t *b, const char *comm, const grid_t *g, grid_t *n
 #else
     const int oom = 0;
 #endif
-    int mine = want && !bad && !oom, all = 0;
+    int mine = want && !bad && !oom && !b->shared_gpu, all = 0;
     int rc = MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     if (rc != MPI_SUCCESS) {
         snprintf(err, errlen, "--comm %s: MPI_Allreduce (agreeing on the library) failed", comm);
         return -1;
     }
     if (bad || oom) {
-        if (bad)
+        if (bad && !b->cuda)
             snprintf(err, errlen, "--comm nccl: this rank runs on the CPU (%s): NCCL needs --device cuda", b->desc);
+        else if (bad)
+            snprintf(err, errlen, "--comm nccl: this node runs more ranks than it has GPUs, and NCCL needs a GPU "
+                                  "per rank: start at most one rank per GPU, or use --comm mpi");
         else
             snprintf(err, errlen, "--comm %s: out of memory", comm);
         return -1; /* the others continue on MPI; the caller's agreement ends the job */
@@ -132,7 +139,8 @@ int backend_comm_open(backend_t *b, const char *comm, const grid_t *g, grid_t *n
         free(ng);
 #endif
         if (want)
-            snprintf(b->comm_desc, sizeof b->comm_desc, "mpi (every group: not every rank runs on cuda)");
+            snprintf(b->comm_desc, sizeof b->comm_desc, "mpi (every group: %s)",
+                     b->shared_gpu ? "a node runs more ranks than it has GPUs" : "not every rank has its own GPU");
         return 0;
     }
 #ifdef HAVE_CUDA
@@ -155,6 +163,16 @@ int backend_comm_open(backend_t *b, const char *comm, const grid_t *g, grid_t *n
     return 0; /* without CUDA every rank has all == 0 and returned above */
 }
 
+void backend_comm_abort(backend_t *b)
+{
+#ifdef HAVE_CUDA
+    if (b->nccl)
+        nccl_grid_abort(b->nccl);
+#else
+    (void)b;
+#endif
+}
+
 void backend_close(backend_t *b)
 {
 #ifdef HAVE_CUDA
@@ -175,7 +193,7 @@ int backend_selftest(int local_rank, FILE *out, char *err, size_t errlen)
 {
 #ifdef HAVE_CUDA
     backend_t b;
-    if (backend_open(&b, "cuda", local_rank, err, errlen) != 0)
+    if (backend_open(&b, "cuda", local_rank, 0, err, errlen) != 0)
         return -1;
     fprintf(out, "selftest on %s\n", b.desc);
     int rc = cuda_selftest(b.ops, out, err, errlen);

@@ -15,6 +15,7 @@ typedef struct backend {
     int cuda;        /* 1 when the CUDA backend is in use */
     int deferred;    /* 1 under DTRAIN_DEFER_OPS=1 (the CPU table of ops_defer) */
     int device;      /* CUDA device id, -1 on the CPU */
+    int shared_gpu;  /* CUDA: this node runs more ranks than it has GPUs, so GPUs are shared (NCCL cannot be used) */
     char desc[448];  /* one line for the banner */
     void *nccl;      /* the NCCL communicators (nccl_grid_t *) under --comm nccl, else NULL */
     char comm_desc[200]; /* one line for the banner: which library each group uses */
@@ -24,11 +25,11 @@ typedef struct backend {
 int backend_have_cuda(void);
 
 /* Resolves `device` ("auto", "cpu", "cuda") for the rank with this local
- * rank. auto = cuda when built with it and cudaGetDeviceCount finds a GPU,
+ * rank, one of local_size ranks on its node (0 when unknown). auto = cuda when built with it and cudaGetDeviceCount finds a GPU,
  * else cpu. On the CPU, DTRAIN_DEFER_OPS=1 in the environment wraps the
  * table in ops_defer (ops.h): a test of the trainer's waits. Returns 0, or -1 with one line in err (--device cuda without a
  * CUDA build, or without a usable GPU: the CUDA error string). Local. */
-int backend_open(backend_t *b, const char *device, int local_rank, char *err, size_t errlen);
+int backend_open(backend_t *b, const char *device, int local_rank, int local_size, char *err, size_t errlen);
 /* Releases the backend's resources, the communicators of
  * backend_comm_open included (safe on a zeroed or failed one). */
 void backend_close(backend_t *b);
@@ -42,13 +43,20 @@ void backend_close(backend_t *b);
  * (0 = none; see nccl_comm.h). pp stays MPI: the pipeline executor posts
  * receives ahead of sends in an order NCCL's one-queue-per-communicator
  * point to point does not tolerate (doc/design.md, "NCCL in training"). auto = nccl when
- * every rank opened CUDA and there is more than one rank; the ranks agree
+ * every rank opened CUDA, no node runs more ranks than it has GPUs (NCCL
+ * refuses two ranks of a communicator on one GPU), and there is more than
+ * one rank; the ranks agree
  * on it, so a mixed job falls back to MPI everywhere instead of hanging.
- * nccl on a rank without CUDA fails there (the others continue on MPI and
+ * nccl on a rank without CUDA or on a shared GPU fails there (the others continue on MPI and
  * the caller's agreement ends the job). Collective over MPI_COMM_WORLD.
  * The twins belong to b: backend_close frees them, g keeps its own. */
 int backend_comm_open(backend_t *b, const char *comm, const grid_t *g, grid_t *net, double timeout_s,
                       char *err, size_t errlen);
+
+/* The run failed (every rank agreed): abort the NCCL communicators, so
+ * that freeing memory and backend_close do not wait on collectives whose
+ * peers have given up. Nothing to do under MPI. Local. */
+void backend_comm_abort(backend_t *b);
 
 /* --selftest: every CUDA op against the CPU op on this rank's GPU,
  * results on out. Returns the number of failed comparisons, or -1 with one

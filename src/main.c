@@ -61,6 +61,7 @@ int main(int argc, char **argv)
     trainer_t tr;
     failed = trainer_setup(&tr, &opt, &env, &grid, err, sizeof err) != 0;
     if (launch_any_failed(&env, "dtrain", failed, err)) {
+        backend_comm_abort(&tr.backend);
         trainer_teardown(&tr);
         grid_destroy(&grid);
         launch_exit(&env, 2);
@@ -68,11 +69,14 @@ int main(int argc, char **argv)
     trainer_banner(&tr, stdout);
     /* every replica starts from the identical model (init is a pure
      * function of the seed); verify it before spending compute */
-    failed = trainer_check_replicas(&tr, 0, err, sizeof err) != 0;
-    if (!launch_any_failed(&env, "dtrain", failed, err)) {
+    failed = launch_any_failed(&env, "dtrain", trainer_check_replicas(&tr, 0, err, sizeof err) != 0, err);
+    if (!failed) {
         failed = trainer_run(&tr, err, sizeof err) != 0;
         failed = launch_any_failed(&env, "dtrain", failed, err);
     }
+    /* a failed step may have left collectives in flight on peers that gave up */
+    if (failed)
+        backend_comm_abort(&tr.backend);
     trainer_teardown(&tr);
     grid_destroy(&grid);
     launch_exit(&env, failed ? 1 : 0);

@@ -476,7 +476,8 @@ int trainer_setup(trainer_t *tr, const run_options_t *o, const launch_env_t *env
     }
     /* what follows is collective (shard groups, NCCL bootstrap): no rank
      * may enter it while another has already failed */
-    if (h5store_agree(MPI_COMM_WORLD, backend_open(&tr->backend, o->device, env->local_rank, err, errlen), err,
+    if (h5store_agree(MPI_COMM_WORLD,
+                      backend_open(&tr->backend, o->device, env->local_rank, env->local_size, err, errlen), err,
                       errlen) != 0)
         return -1;
     const int H = o->hybrid_shard;

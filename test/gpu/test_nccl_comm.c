@@ -2,10 +2,12 @@
  * nccl_grid_create over a tp N grid (world and tp groups of N), then on
  * both groups, with exact expected values (small integers, exact in fp32):
  * allreduce SUM and MAX, iallreduce + wait and + test polling,
- * reduce_scatter, allgather, broadcast, a host (stack) buffer through the
- * staging path, a send/recv ring, barrier; the bf16 sums (ncclBfloat16:
- * allreduce_bf16, iallreduce_bf16 + wait, reduce_scatter_bf16,
- * ireduce_scatter_bf16 + test, a host buffer) on integers whose partial
+ * reduce_scatter (out of place, and in place as ZeRO calls it: send ==
+ * recv, the piece at the start), allgather, broadcast, a host (stack)
+ * buffer through the staging path, a send/recv ring, barrier; the bf16
+ * sums (ncclBfloat16: allreduce_bf16, iallreduce_bf16 + wait,
+ * reduce_scatter_bf16 out of place and in place, ireduce_scatter_bf16 +
+ * test, a host buffer) on integers whose partial
  * sums are exact in bf16 (up to 8 ranks). SKIP (77) with the CUDA error
  * string when any rank sees no GPU. */
 #include <cuda_runtime.h>
@@ -65,6 +67,14 @@ static void bf16_checks(comm_t *c, uint16_t *hb)
     for (size_t i = 0; ok && i < n; i++)
         ok &= recv[i] == want;
     check(ok, c->name, "ireduce_scatter_bf16 + test", r);
+    /* in place (ZeRO's call): this rank's piece lands at the start */
+    for (int j = 0; j < W; j++)
+        for (size_t i = 0; i < n; i++)
+            hb[(size_t)j * n + i] = dt_f32_to_bf16((float)(r + j));
+    ok = c->ops->reduce_scatter_bf16(c, hb, hb, n) == 0;
+    for (size_t i = 0; ok && i < n; i++)
+        ok &= hb[i] == want;
+    check(ok, c->name, "reduce_scatter_bf16 in place", r);
     uint16_t host[3] = {dt_f32_to_bf16(1.0f), dt_f32_to_bf16((float)r), dt_f32_to_bf16(-2.0f)};
     ok = c->ops->allreduce_bf16(c, host, 3) == 0 && host[0] == dt_f32_to_bf16((float)W) &&
          host[1] == dt_f32_to_bf16((float)(W * (W - 1) / 2)) && host[2] == dt_f32_to_bf16(-2.0f * (float)W);
@@ -115,6 +125,23 @@ static int group_checks(comm_t *c, float *buf, float *buf2, uint16_t *hb)
     for (size_t i = 0; ok && i < n; i++)
         ok &= buf2[i] == (float)(W * (W - 1) / 2 + W * r);
     check(ok, c->name, "reduce_scatter", r);
+    /* in place (ZeRO's call): this rank's piece lands at the start */
+    for (int j = 0; j < W; j++)
+        for (size_t i = 0; i < n; i++)
+            buf[(size_t)j * n + i] = (float)(r + j);
+    ok = c->ops->reduce_scatter(c, buf, buf, n) == 0;
+    for (size_t i = 0; ok && i < n; i++)
+        ok &= buf[i] == (float)(W * (W - 1) / 2 + W * r);
+    check(ok, c->name, "reduce_scatter in place", r);
+    /* in place through the host staging path */
+    float hrs[8 * 2];
+    for (int j = 0; j < W && W <= 8; j++)
+        for (int i = 0; i < 2; i++)
+            hrs[j * 2 + i] = (float)(r + j + i);
+    ok = W > 8 || c->ops->reduce_scatter(c, hrs, hrs, 2) == 0;
+    for (int i = 0; ok && W <= 8 && i < 2; i++)
+        ok &= hrs[i] == (float)(W * (W - 1) / 2 + W * (r + i));
+    check(ok, c->name, "reduce_scatter in place, host buffer", r);
     /* allgather: rank q's block holds q */
     for (size_t i = 0; i < n; i++)
         buf2[i] = (float)r;
@@ -135,13 +162,21 @@ static int group_checks(comm_t *c, float *buf, float *buf2, uint16_t *hb)
     ok = c->ops->allreduce(c, host, 3, COMM_SUM) == 0 && host[0] == (float)W &&
          host[1] == (float)(W * (W - 1) / 2) && host[2] == -2.0f * (float)W;
     check(ok, c->name, "allreduce of a host (stack) buffer", r);
-    /* ring: send to r+1, receive from r-1 (nonblocking both, then wait) */
+    /* ring: send to r+1, receive from r-1 (nonblocking both, then wait).
+     * NCCL runs a rank's point-to-point calls in posting order on the
+     * group's stream, each waiting for its peer: if every rank posted its
+     * receive first, every receive would wait on a send queued behind its
+     * peer's own receive. Even ranks send first, odd ranks receive first. */
     if (W > 1) {
         comm_req_t s, rq;
         for (size_t i = 0; i < n; i++)
             buf[i] = (float)(r * 1000) + (float)i;
-        ok = c->ops->irecv(c, buf2, n, (r + W - 1) % W, 7, &rq) == 0 &&
-             c->ops->isend(c, buf, n, (r + 1) % W, 7, &s) == 0 && c->ops->wait(&rq) == 0 && c->ops->wait(&s) == 0;
+        const int to = (r + 1) % W, from = (r + W - 1) % W;
+        if (r % 2 == 0)
+            ok = c->ops->isend(c, buf, n, to, 7, &s) == 0 && c->ops->irecv(c, buf2, n, from, 7, &rq) == 0;
+        else
+            ok = c->ops->irecv(c, buf2, n, from, 7, &rq) == 0 && c->ops->isend(c, buf, n, to, 7, &s) == 0;
+        ok = ok && c->ops->wait(&rq) == 0 && c->ops->wait(&s) == 0;
         for (size_t i = 0; ok && i < n; i++)
             ok &= buf2[i] == (float)(((r + W - 1) % W) * 1000) + (float)i;
         check(ok, c->name, "isend/irecv ring", r);
