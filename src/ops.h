@@ -15,6 +15,8 @@
  *  - Attention inputs are a fused qkv row per token:
  *      qkv[N, (NH + 2*NKV) * HS] = [ q heads (NH*HS) | k heads (NKV*HS) | v heads (NKV*HS) ]
  *    Query head h uses KV head h / (NH / NKV) (grouped-query attention).
+ *  - Ops are called from one host thread (a backend keeps workspace and
+ *    streams between calls); they may use threads of their own inside.
  *  - Preconditions the ops do not check (the model and loader guarantee
  *    them): NH % NKV == 0; token ids < V; targets < V or < 0 (ignored).
  */

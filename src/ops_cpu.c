@@ -826,6 +826,34 @@ static void widen_block(float *dst, const uint16_t *src, size_t ld, int r0, int 
     }
 }
 
+/* The two widening panels, kept across calls and grown when a call needs
+ * more (at most BF16_PANEL floats each). Allocating them per call made bf16
+ * GEMMs of 512^3-1024^3 cost 2.6-4x fp32's: glibc returned the blocks to
+ * the kernel on free, and every call page-faulted them in again
+ * (bench/README.md). Ops are called from one host thread (ops.h), so one
+ * pair serves every call; they live until the process ends. */
+static struct {
+    float *a, *b;
+    size_t na, nb; /* floats */
+} panels;
+
+/* 0 with panels.a and panels.b holding at least na and nb floats, or -1
+ * when memory is short (the caller then takes the naive loop). */
+static int panels_reserve(size_t na, size_t nb)
+{
+    if (na > panels.na) {
+        free(panels.a);
+        panels.a = malloc(na * sizeof(float));
+        panels.na = panels.a ? na : 0;
+    }
+    if (nb > panels.nb) {
+        free(panels.b);
+        panels.b = malloc(nb * sizeof(float));
+        panels.nb = panels.b ? nb : 0;
+    }
+    return panels.na >= na && panels.nb >= nb ? 0 : -1;
+}
+
 /* Rows per panel of a matrix with `cols` columns. */
 static int panel_rows(int cols, int rows)
 {
@@ -864,13 +892,11 @@ static void matmul_fwd_bf16(float *out, const uint16_t *in, const uint16_t *w, c
         return;
     }
     const int nr = panel_rows(IC, N), orows = panel_rows(IC, OC);
-    float *pa = malloc((size_t)nr * IC * sizeof(float)), *pb = malloc((size_t)orows * IC * sizeof(float));
-    if (!pa || !pb) {
+    if (panels_reserve((size_t)nr * IC, (size_t)orows * IC) != 0) {
         gemm_bf16_naive(out, OC, in, IC, 1, w, 1, IC, N, OC, IC, b != NULL);
-        free(pa);
-        free(pb);
         return;
     }
+    float *pa = panels.a, *pb = panels.b;
     for (int n0 = 0; n0 < N; n0 += nr) {
         int n1 = imin(N, n0 + nr);
         widen_block(pa, in, IC, n0, n1, 0, IC);
@@ -881,8 +907,6 @@ static void matmul_fwd_bf16(float *out, const uint16_t *in, const uint16_t *w, c
                         b ? 1.0f : 0.0f, out + (size_t)n0 * OC + o0, OC);
         }
     }
-    free(pa);
-    free(pb);
 }
 
 /* din[N,IC] = dout[N,OC] . w[OC,IC]: panels over the summed OC, each a
@@ -910,10 +934,10 @@ static void matmul_bwd_bf16(float *din, float *dw, float *db, const uint16_t *do
         na = na > (size_t)kw * OC ? na : (size_t)kw * OC;
         nb = nb > (size_t)kw * IC ? nb : (size_t)kw * IC;
     }
-    float *pa = na ? malloc(na * sizeof(float)) : NULL, *pb = nb ? malloc(nb * sizeof(float)) : NULL;
-    const int panels = pa && pb;
+    const int have_panels = panels_reserve(na, nb) == 0;
+    float *pa = panels.a, *pb = panels.b;
     if (din && N > 0 && IC > 0) {
-        if (!panels) {
+        if (!have_panels) {
             gemm_bf16_naive(din, IC, dout16, OC, 1, w, IC, 1, N, IC, OC, accum_din);
         } else {
             const int kb = kd;
@@ -930,7 +954,7 @@ static void matmul_bwd_bf16(float *din, float *dw, float *db, const uint16_t *do
         if (N <= 0) {
             if (!accum_dw)
                 memset(dw, 0, (size_t)OC * IC * sizeof(float));
-        } else if (!panels) {
+        } else if (!have_panels) {
             gemm_bf16_naive(dw, IC, dout16, 1, OC, in, IC, 1, OC, IC, N, accum_dw);
         } else {
             const int kb = kw;
@@ -943,8 +967,6 @@ static void matmul_bwd_bf16(float *din, float *dw, float *db, const uint16_t *do
             }
         }
     }
-    free(pa);
-    free(pb);
     if (db)
         colsum(db, dout, N, OC, accum_dw);
 }
