@@ -29,18 +29,24 @@
  *    key tile, dQ in a second kernel, no atomics), so memory is O(T) per
  *    head and results are bit-identical run to run. Details at the
  *    attention section. Not yet run on a GPU.
- *  - Reductions over rows (bias, norm-weight and embedding gradients) use
- *    one thread per column summing rows in index order: deterministic, no
- *    atomics, and the embedding gradients are summed in the same order as
- *    the CPU backend.
+ *  - Reductions over rows (bias and norm-weight gradients) sum fixed
+ *    128-row chunks, then the chunks in order; the embedding gradient
+ *    groups tokens by row (a stable sort) and adds each row's tokens in
+ *    token order. Deterministic, no atomics, and the embedding gradients
+ *    are the CPU backend's bits. Details at the column reductions and at
+ *    embedding_bwd.
  *
  * Errors: every CUDA and cuBLAS call is checked. The ops table has no error
  * returns, and a failed kernel leaves the context unusable, so a failure in
  * an op ends the job through cuda_fatal() with the op and the CUDA error
  * string. ops_cuda_init returns its errors in err. */
 #include <cublasLt.h>
+#include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include <cub/device/device_radix_sort.cuh>
+#include <cub/device/device_run_length_encode.cuh>
+#include <cub/device/device_scan.cuh>
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
@@ -65,6 +71,7 @@ static struct {
     int sync_ops;      /* every op waits for its kernels (see the header comment) */
     cudaStream_t stream;
     cublasLtHandle_t lt;
+    cublasHandle_t blas; /* made on the first GEMM cuBLASLt has no algorithm for (lt_gemm) */
     void *ws;
     /* sumsq: room for `sum_cap` vectors of partial sums (device and host)
      * and their pointers and lengths (device) */
@@ -72,6 +79,10 @@ static struct {
     double *part, *hpart;
     const float **xs;
     size_t *ns;
+    float *col_part;   /* the column reductions' partial sums (col_part_room) */
+    size_t col_cap;    /* floats */
+    void *emb;         /* embedding_bwd's grouping buffers (emb_room) */
+    size_t emb_cap, emb_scratch_cap; /* tokens, bytes */
 } g;
 
 /* ---- error checks ------------------------------------------------------------ */
@@ -105,6 +116,22 @@ static void wait_all(const char *op)
 {
     ck(cudaGetLastError(), op);
     ck(cudaStreamSynchronize(g.stream), op);
+}
+
+/* The column reductions' partial sums: at least n floats, on the compute
+ * stream. Grown stream-ordered (cudaFreeAsync/cudaMallocAsync), as cudaFree
+ * would wait for the whole device, NCCL kernels of other streams included. */
+static float *col_part_room(size_t n, const char *what)
+{
+    if (n > g.col_cap) {
+        if (g.col_part)
+            ck(cudaFreeAsync(g.col_part, g.stream), what);
+        g.col_part = NULL;
+        g.col_cap = 0;
+        ck(cudaMallocAsync((void **)&g.col_part, n * sizeof(float), g.stream), what);
+        g.col_cap = n;
+    }
+    return g.col_part;
 }
 
 static unsigned grid_for(size_t n, unsigned threads)
@@ -319,15 +346,55 @@ __global__ void k_sumsq(double *part, const float *const *xs, const size_t *ns)
         part[(size_t)blockIdx.y * SUMSQ_BLOCKS + blockIdx.x] = s;
 }
 
-/* out[c] (=|+= by accum) sum over rows n (in order) of x[n, c]. */
-__global__ void k_colsum(float *out, const float *x, int N, int C, int accum)
+/* ---- column reductions ------------------------------------------------------------
+ * Sums over the N rows of an [N, C] matrix per column (bias gradients, the
+ * norms' weight and bias gradients). A thread per column alone would give
+ * C/256 blocks (3 for C = 768 on a 132-SM GPU), each thread reading N rows
+ * one after another: latency-bound at ~1 ms per call for N = 16K. So the
+ * rows are cut into chunks of col_rows(N): k_*_part writes each chunk's
+ * sum per column (rows in order) into part[chunk, C], a block row per
+ * chunk, and k_colsum_fold adds the chunks in order. The shape depends on
+ * N only, so the bits are the same every run; they equal the CPU's (rows
+ * summed in order) when N fits one chunk, and differ from it by summation
+ * order beyond. */
+
+#define COL_ROWS 128 /* rows per chunk of the column reductions */
+
+/* Rows per chunk for N rows: COL_ROWS, or more where the chunks would
+ * overflow gridDim.y. */
+static int col_rows(int N)
 {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    const int min_rows = (int)(((long long)N + 65534) / 65535);
+    return min_rows > COL_ROWS ? min_rows : COL_ROWS;
+}
+
+static int col_chunks(int N)
+{
+    return N > 0 ? (N + col_rows(N) - 1) / col_rows(N) : 0;
+}
+
+/* part[k, c] = sum over rows n of chunk k (in order) of x[n, c] */
+__global__ void k_colsum_part(float *part, const float *x, int N, int C, int rows)
+{
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C)
+        return;
+    const int n0 = blockIdx.y * rows, n1 = min(N, n0 + rows);
+    float a = 0.0f;
+    for (int n = n0; n < n1; n++)
+        a += x[(size_t)n * C + c];
+    part[(size_t)blockIdx.y * C + c] = a;
+}
+
+/* out[c] (=|+= by accum) sum over chunks k (in order) of part[k, c] */
+__global__ void k_colsum_fold(float *out, const float *part, int nk, int C, int accum)
+{
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C)
         return;
     float a = 0.0f;
-    for (int n = 0; n < N; n++)
-        a += x[(size_t)n * C + c];
+    for (int k = 0; k < nk; k++)
+        a += part[(size_t)k * C + c];
     out[c] = accum ? out[c] + a : a;
 }
 
@@ -393,6 +460,7 @@ static struct {
     lt_plan_t plan[LT_PLANS];
     int next;              /* the slot replaced when every slot is used */
     long made, reused;     /* ops_cuda_gemm_plans */
+    long blas;             /* plain GEMMs run by cublasGemmEx instead (ops_cuda_gemm_plans) */
     long gelu_fused, gelu_separate; /* ops_cuda_gelu_epilogues */
 } lt_cache;
 
@@ -539,7 +607,7 @@ static const lt_plan_t *lt_plan(const lt_key_t *key, const float *bias, const fl
  * fp32 GEMM of the widened operands up to summation order, like the CPU
  * backend's. Returns -1 when cuBLASLt has no algorithm for a GEMM with an
  * epilogue (the caller then runs the plain GEMM and its own kernels); a
- * plain GEMM without an algorithm ends the job. */
+ * plain GEMM without one runs through cublasGemmEx. */
 static int lt_gemm(const char *what, cudaDataType_t ab, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
                    int k, float alpha, const void *A, int lda, const void *B, int ldb, float beta, float *C, int ldc,
                    cublasLtEpilogue_t epi, const float *bias, const float *aux)
@@ -569,10 +637,36 @@ static int lt_gemm(const char *what, cudaDataType_t ab, cublasOperation_t ta, cu
                            WORKSPACE_BYTES, g.stream), what);
         return 0;
     }
-    if (epi == CUBLASLT_EPILOGUE_DEFAULT)
-        cuda_fatal(what, ab == CUDA_R_16BF ? "cuBLASLt found no algorithm for this bf16 GEMM (bf16 A/B, fp32 C/D)"
-                                           : "cuBLASLt found no algorithm for this fp32 GEMM");
-    return -1;
+    if (epi != CUBLASLT_EPILOGUE_DEFAULT)
+        return -1;
+    /* No cuBLASLt kernel for a plain GEMM (odd leading dimensions of bf16
+     * operands can leave the heuristic empty): the same GEMM through
+     * cublasGemmEx, which takes any alignment, with the same types and
+     * CUBLAS_COMPUTE_32F, on the compute stream with the same workspace. */
+    if (!g.blas) {
+        ckb(cublasCreate(&g.blas), what);
+        ckb(cublasSetStream(g.blas, g.stream), what);
+        ckb(cublasSetWorkspace(g.blas, g.ws, WORKSPACE_BYTES), what);
+    }
+    ckb(cublasGemmEx(g.blas, ta, tb, m, n, k, &alpha, A, ab, lda, B, ab, ldb, &beta, C, CUDA_R_32F, ldc,
+                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT), what);
+    lt_cache.blas++;
+    return 0;
+}
+
+/* out[C] (=|+= by accum) the column sums of x[N, C] (see the column
+ * reductions above). */
+static void colsum(float *out, const float *x, int N, int C, int accum, const char *what)
+{
+    if (C <= 0)
+        return;
+    const int nk = col_chunks(N), cb = (C + THREADS - 1) / THREADS;
+    float *part = NULL;
+    if (nk > 0) {
+        part = col_part_room((size_t)nk * C, what);
+        k_colsum_part<<<dim3((unsigned)cb, (unsigned)nk), THREADS, 0, g.stream>>>(part, x, N, C, col_rows(N));
+    }
+    k_colsum_fold<<<cb, THREADS, 0, g.stream>>>(out, part, nk, C, accum);
 }
 
 /* ---- matmuls (cuBLASLt; fp32, or bf16 A/B with fp32 C/D) ------------------------------
@@ -617,8 +711,7 @@ static void gemm_fwd(const char *what, cudaDataType_t ab, float *out, float *pre
 
 /* din[N,IC] (=|+= by accum_din) dout[N,OC] . w[OC,IC], dw[OC,IC] (=|+= by
  * accum_dw) dout^T . in[N,IC], from dout_g (dout in the GEMM type ab);
- * db[OC] the column sums of the fp32 dout, rows in order (the CPU's
- * order). With pre (accum_din 0): din = gelu'(pre) o (dout . w). */
+ * db[OC] the column sums of the fp32 dout (colsum). With pre (accum_din 0): din = gelu'(pre) o (dout . w). */
 static void gemm_bwd(const char *what, cudaDataType_t ab, float *din, float *dw, float *db, const void *dout_g,
                      const float *dout, const void *in, const void *w, const float *pre, int N, int IC, int OC,
                      int accum_din, int accum_dw)
@@ -657,7 +750,7 @@ static void gemm_bwd(const char *what, cudaDataType_t ab, float *din, float *dw,
             ck(cudaMemsetAsync(dw, 0, (size_t)OC * IC * sizeof(float), g.stream), what);
     }
     if (db)
-        k_colsum<<<(OC + THREADS - 1) / THREADS, THREADS, 0, g.stream>>>(db, dout, N, OC, accum_dw);
+        colsum(db, dout, N, OC, accum_dw, what);
 }
 
 static void matmul_fwd(float *out, const float *in, const float *w, const float *b, int N, int IC, int OC)
@@ -763,24 +856,24 @@ __global__ void k_layernorm_bwd_dx(float *din, const float *dout, const float *x
     }
 }
 
-/* dw[c] (=|+=) sum_n dout * xhat, db[c] (=|+=) sum_n dout: one thread per
- * column, rows in order. */
-__global__ void k_layernorm_bwd_dw(float *dw, float *db, const float *dout, const float *x, const float *mean,
-                                   const float *rstd, int N, int C, int accum)
+/* The partial sums of dw[c] = sum_n dout * xhat and db[c] = sum_n dout
+ * over chunk blockIdx.y of `rows` rows (see the column reductions):
+ * pw[k, c] and pb[k, c]. */
+__global__ void k_layernorm_bwd_dw_part(float *pw, float *pb, const float *dout, const float *x, const float *mean,
+                                        const float *rstd, int N, int C, int rows)
 {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C)
         return;
+    const int n0 = blockIdx.y * rows, n1 = min(N, n0 + rows);
     float aw = 0.0f, ab = 0.0f;
-    for (int n = 0; n < N; n++) {
+    for (int n = n0; n < n1; n++) {
         size_t i = (size_t)n * C + c;
         aw += dout[i] * (x[i] - mean[n]) * rstd[n];
         ab += dout[i];
     }
-    if (dw)
-        dw[c] = accum ? dw[c] + aw : aw;
-    if (db)
-        db[c] = accum ? db[c] + ab : ab;
+    pw[(size_t)blockIdx.y * C + c] = aw;
+    pb[(size_t)blockIdx.y * C + c] = ab;
 }
 
 static void layernorm_fwd(float *out, float *mean, float *rstd, const float *x, const float *w, const float *b,
@@ -799,9 +892,20 @@ static void layernorm_bwd(float *din, float *dw, float *db, const float *dout, c
         return;
     if (din && N > 0)
         k_layernorm_bwd_dx<<<N, THREADS, 0, g.stream>>>(din, dout, x, w, mean, rstd, C);
-    if (dw || db)
-        k_layernorm_bwd_dw<<<(C + THREADS - 1) / THREADS, THREADS, 0, g.stream>>>(dw, db, dout, x, mean, rstd, N,
-                                                                                  C, accum_dw);
+    if (dw || db) {
+        const int nk = col_chunks(N), cb = (C + THREADS - 1) / THREADS;
+        float *pw = NULL, *pb = NULL;
+        if (nk > 0) {
+            pw = col_part_room(2 * (size_t)nk * C, "layernorm_bwd");
+            pb = pw + (size_t)nk * C;
+            k_layernorm_bwd_dw_part<<<dim3((unsigned)cb, (unsigned)nk), THREADS, 0, g.stream>>>(
+                pw, pb, dout, x, mean, rstd, N, C, col_rows(N));
+        }
+        if (dw)
+            k_colsum_fold<<<cb, THREADS, 0, g.stream>>>(dw, pw, nk, C, accum_dw);
+        if (db)
+            k_colsum_fold<<<cb, THREADS, 0, g.stream>>>(db, pb, nk, C, accum_dw);
+    }
     finish("layernorm_bwd");
 }
 
@@ -834,18 +938,21 @@ __global__ void k_rmsnorm_bwd_dx(float *din, const float *dout, const float *x, 
         d[c] += dt_rmsnorm_dx(r, w[c], gr[c], xr[c], k);
 }
 
-__global__ void k_rmsnorm_bwd_dw(float *dw, const float *dout, const float *x, const float *rstd, int N, int C,
-                                 int accum)
+/* The partial sums of dw[c] = sum_n dout * x * rstd over chunk blockIdx.y
+ * of `rows` rows (see the column reductions): pw[k, c]. */
+__global__ void k_rmsnorm_bwd_dw_part(float *pw, const float *dout, const float *x, const float *rstd, int N, int C,
+                                      int rows)
 {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C)
         return;
+    const int n0 = blockIdx.y * rows, n1 = min(N, n0 + rows);
     float aw = 0.0f;
-    for (int n = 0; n < N; n++) {
+    for (int n = n0; n < n1; n++) {
         size_t i = (size_t)n * C + c;
         aw += dout[i] * x[i] * rstd[n];
     }
-    dw[c] = accum ? dw[c] + aw : aw;
+    pw[(size_t)blockIdx.y * C + c] = aw;
 }
 
 static void rmsnorm_fwd(float *out, float *rstd, const float *x, const float *w, int N, int C, float eps)
@@ -863,8 +970,16 @@ static void rmsnorm_bwd(float *din, float *dw, const float *dout, const float *x
         return;
     if (din && N > 0)
         k_rmsnorm_bwd_dx<<<N, THREADS, 0, g.stream>>>(din, dout, x, w, rstd, C);
-    if (dw)
-        k_rmsnorm_bwd_dw<<<(C + THREADS - 1) / THREADS, THREADS, 0, g.stream>>>(dw, dout, x, rstd, N, C, accum_dw);
+    if (dw) {
+        const int nk = col_chunks(N), cb = (C + THREADS - 1) / THREADS;
+        float *pw = NULL;
+        if (nk > 0) {
+            pw = col_part_room((size_t)nk * C, "rmsnorm_bwd");
+            k_rmsnorm_bwd_dw_part<<<dim3((unsigned)cb, (unsigned)nk), THREADS, 0, g.stream>>>(pw, dout, x, rstd, N,
+                                                                                              C, col_rows(N));
+        }
+        k_colsum_fold<<<cb, THREADS, 0, g.stream>>>(dw, pw, nk, C, accum_dw);
+    }
     finish("rmsnorm_bwd");
 }
 
@@ -1356,9 +1471,16 @@ __global__ void __launch_bounds__(ATT_THREADS)
     }
 }
 
-static int att_dims_ok(int B, int T, int NH, int NKV, int HS)
+/* 0 for an empty call (nothing to write), 1 to run; ends the job where the
+ * grid cannot hold the shape (B or NH over 65535: grid y and z), rather
+ * than leave out, lse or dqkv unwritten. */
+static int att_dims_ok(const char *op, int B, int T, int NH, int NKV, int HS)
 {
-    return B > 0 && T > 0 && NH > 0 && NKV > 0 && HS > 0 && B <= 65535 && NH <= 65535;
+    if (B <= 0 || T <= 0 || NH <= 0 || NKV <= 0 || HS <= 0)
+        return 0;
+    if (B > 65535 || NH > 65535)
+        cuda_fatal(op, "batch rows or heads over the grid's 65535 limit: use a smaller --micro-batch");
+    return 1;
 }
 
 /* Chunks of accumulated columns per block (the kernels' NC) for head size HS. */
@@ -1380,7 +1502,7 @@ static unsigned att_grid_x(const char *op, int tiles, int nc, int HS)
 
 static void attention_fwd(float *out, float *lse, const float *qkv, int B, int T, int NH, int NKV, int HS)
 {
-    if (!att_dims_ok(B, T, NH, NKV, HS))
+    if (!att_dims_ok("attention_fwd", B, T, NH, NKV, HS))
         return;
     const float scale = 1.0f / sqrtf((float)HS);
     const int nc = att_nc(HS);
@@ -1397,7 +1519,7 @@ static void attention_fwd(float *out, float *lse, const float *qkv, int B, int T
 static void attention_bwd(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
                           int B, int T, int NH, int NKV, int HS)
 {
-    if (!att_dims_ok(B, T, NH, NKV, HS))
+    if (!att_dims_ok("attention_bwd", B, T, NH, NKV, HS))
         return;
     const float scale = 1.0f / sqrtf((float)HS);
     const int nc = att_nc(HS);
@@ -1488,17 +1610,42 @@ __global__ void k_embedding_fwd(float *out, const int32_t *tok, const float *wte
     }
 }
 
-/* dwte: one thread per column walks the tokens in order (the CPU order). */
-__global__ void k_embedding_bwd_wte(float *dwte, const float *dout, const int32_t *tok, int N, int C, int v0,
-                                    int Vl)
+/* dwte. The CPU adds each token's dout row into its embedding row in token
+ * order; a thread per column doing the same would run N dependent
+ * read-modify-writes one after another on C/256 blocks (about 10 ms for N
+ * = 16K tokens). So the tokens are grouped by row first: a stable radix
+ * sort of (row, n) pairs (cub), keys out of this rank's range sorted last
+ * as the sentinel Vl, keeps each row's tokens in increasing n; run-length
+ * encoding gives each distinct row and its token count, an exclusive scan
+ * their offsets; then one block per distinct row adds its tokens' rows in
+ * n order onto the embedding row. Every element gets the CPU's additions
+ * in the CPU's order: the same bits, with no atomics. */
+
+/* key[n] = this rank's row of token n, or Vl when not held; val[n] = n */
+__global__ void k_emb_keys(int *key, int *val, const int32_t *tok, int N, int v0, int Vl)
 {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C)
+    GRID_STRIDE(n, (size_t)N) {
+        const int r = tok[n] - v0;
+        key[n] = r >= 0 && r < Vl ? r : Vl;
+        val[n] = (int)n;
+    }
+}
+
+/* Block b < *nruns: row[b] (unless the sentinel) += dout rows tok_n[off[b]
+ * .. off[b] + cnt[b]) in that order. */
+__global__ void k_emb_rows(float *dwte, const float *dout, const int *row, const int *off, const int *cnt,
+                           const int *tok_n, const int *nruns, int C, int Vl)
+{
+    const int b = blockIdx.x;
+    if (b >= *nruns || row[b] >= Vl)
         return;
-    for (int n = 0; n < N; n++) {
-        int r = tok[n] - v0;
-        if (r >= 0 && r < Vl)
-            dwte[(size_t)r * C + c] += dout[(size_t)n * C + c];
+    float *e = dwte + (size_t)row[b] * C;
+    const int j0 = off[b], j1 = off[b] + cnt[b];
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float a = e[c];
+        for (int j = j0; j < j1; j++)
+            a += dout[(size_t)tok_n[j] * C + c];
+        e[c] = a;
     }
 }
 
@@ -1525,6 +1672,53 @@ static void embedding_fwd(float *out, const int32_t *tok, const float *wte, cons
     finish("embedding_fwd");
 }
 
+/* The grouping's buffers for N tokens (stream-ordered growth, as
+ * col_part_room): seven int arrays of N and cub's scratch. */
+static void emb_room(int N, size_t scratch)
+{
+    const char *what = "embedding_bwd";
+    if ((size_t)N > g.emb_cap || scratch > g.emb_scratch_cap) {
+        const size_t n = (size_t)N > g.emb_cap ? (size_t)N : g.emb_cap;
+        const size_t sb = scratch > g.emb_scratch_cap ? scratch : g.emb_scratch_cap;
+        if (g.emb)
+            ck(cudaFreeAsync(g.emb, g.stream), what);
+        g.emb = NULL;
+        g.emb_cap = g.emb_scratch_cap = 0;
+        ck(cudaMallocAsync(&g.emb, (7 * n + 1) * sizeof(int) + sb, g.stream), what);
+        g.emb_cap = n;
+        g.emb_scratch_cap = sb;
+    }
+}
+
+/* dwte[row of tok[n]] += dout[n] for the tokens held, grouped by row (see
+ * k_emb_keys). */
+static void embedding_bwd_rows(float *dwte, const float *dout, const int32_t *tok, int N, int C, int v0, int Vl)
+{
+    const char *what = "embedding_bwd";
+    int end_bit = 1; /* keys go up to the sentinel Vl */
+    while (end_bit < 31 && (Vl >> end_bit) != 0)
+        end_bit++;
+    size_t s_sort = 0, s_rle = 0, s_scan = 0;
+    int *nul = NULL;
+    ck(cub::DeviceRadixSort::SortPairs(NULL, s_sort, nul, nul, nul, nul, N, 0, end_bit, g.stream), what);
+    ck(cub::DeviceRunLengthEncode::Encode(NULL, s_rle, nul, nul, nul, nul, N, g.stream), what);
+    ck(cub::DeviceScan::ExclusiveSum(NULL, s_scan, nul, nul, N, g.stream), what);
+    size_t scratch = s_sort > s_rle ? s_sort : s_rle;
+    scratch = (scratch > s_scan ? scratch : s_scan) + 256; /* + room to align it */
+    emb_room(N, scratch);
+    const size_t n = g.emb_cap;
+    int *key = (int *)g.emb, *val = key + n, *key_s = val + n, *val_s = key_s + n, *row = val_s + n;
+    int *cnt = row + n, *off = cnt + n, *nruns = off + n;
+    void *tmp = (void *)(((uintptr_t)(nruns + 1) + 255) & ~(uintptr_t)255);
+    k_emb_keys<<<grid_for((size_t)N, THREADS), THREADS, 0, g.stream>>>(key, val, tok, N, v0, Vl);
+    ck(cub::DeviceRadixSort::SortPairs(tmp, s_sort, key, key_s, val, val_s, N, 0, end_bit, g.stream), what);
+    /* counts past the runs are never written: zero them for the scan */
+    ck(cudaMemsetAsync(cnt, 0, (size_t)N * sizeof(int), g.stream), what);
+    ck(cub::DeviceRunLengthEncode::Encode(tmp, s_rle, key_s, row, cnt, nruns, N, g.stream), what);
+    ck(cub::DeviceScan::ExclusiveSum(tmp, s_scan, cnt, off, N, g.stream), what);
+    k_emb_rows<<<(unsigned)N, THREADS, 0, g.stream>>>(dwte, dout, row, off, cnt, val_s, nruns, C, Vl);
+}
+
 static void embedding_bwd(float *dwte, float *dwpe, const float *dout, const int32_t *tok, int N, int T, int C,
                           int v0, int Vl, int accum)
 {
@@ -1537,7 +1731,7 @@ static void embedding_bwd(float *dwte, float *dwpe, const float *dout, const int
             ck(cudaMemsetAsync(dwpe, 0, (size_t)T * C * sizeof(float), g.stream), "embedding_bwd: cudaMemsetAsync");
     }
     if (N > 0 && Vl > 0)
-        k_embedding_bwd_wte<<<(C + THREADS - 1) / THREADS, THREADS, 0, g.stream>>>(dwte, dout, tok, N, C, v0, Vl);
+        embedding_bwd_rows(dwte, dout, tok, N, C, v0, Vl);
     if (N > 0 && dwpe && T > 0)
         k_embedding_bwd_wpe<<<grid_for((size_t)T * C, THREADS), THREADS, 0, g.stream>>>(dwpe, dout, N, T, C);
     finish("embedding_bwd");
@@ -1829,8 +2023,14 @@ extern "C" void ops_cuda_shutdown(void)
 {
     /* teardown: report nothing, release what exists */
     lt_cache_release();
+    if (g.blas)
+        (void)cublasDestroy(g.blas);
     if (g.lt)
         (void)cublasLtDestroy(g.lt);
+    if (g.col_part)
+        (void)cudaFreeAsync(g.col_part, g.stream);
+    if (g.emb)
+        (void)cudaFreeAsync(g.emb, g.stream);
     if (g.part)
         (void)cudaFree(g.part);
     if (g.xs)
@@ -1856,10 +2056,11 @@ extern "C" void *ops_cuda_stream(void)
     return g.ready ? (void *)g.stream : NULL;
 }
 
-extern "C" void ops_cuda_gemm_plans(long *made, long *reused)
+extern "C" void ops_cuda_gemm_plans(long *made, long *reused, long *blas)
 {
     *made = lt_cache.made;
     *reused = lt_cache.reused;
+    *blas = lt_cache.blas;
 }
 
 extern "C" void ops_cuda_gelu_epilogues(long *fused, long *separate)

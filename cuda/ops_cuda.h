@@ -25,8 +25,9 @@ const ops_t *ops_cuda(void);
  * communicators to order after; NULL before ops_cuda_init. */
 void *ops_cuda_stream(void);
 /* How many cuBLASLt plans (descriptors and algorithm of one GEMM shape)
- * were made and how many GEMMs reused a kept one, since ops_cuda_init. */
-void ops_cuda_gemm_plans(long *made, long *reused);
+ * were made, how many GEMMs reused a kept one, and how many plain GEMMs
+ * cuBLASLt had no algorithm for and cublasGemmEx ran, since ops_cuda_init. */
+void ops_cuda_gemm_plans(long *made, long *reused, long *blas);
 /* How many GEMMs of the GELU-fused ops (matmul_gelu_fwd*, matmul_dgelu_bwd*)
  * ran with cuBLASLt's GELU epilogue and how many as a plain GEMM and the
  * GELU kernel (no epilogue kernel for that shape), since ops_cuda_init. */

@@ -327,12 +327,12 @@ static void t_gemm_plans(st_t *s)
         tp_new(s, &b, (size_t)OC, -1, 1) || tp_new(s, &out1, (size_t)N * OC, -1, 1) ||
         tp_new(s, &out2, (size_t)N * OC, 5, 6) || tp_new(s, &other, (size_t)(N + 1) * OC, -1, 1))
         goto out;
-    long made0, reused0, made1, reused1;
-    ops_cuda_gemm_plans(&made0, &reused0);
+    long made0, reused0, made1, reused1, blas;
+    ops_cuda_gemm_plans(&made0, &reused0, &blas);
     s->gpu->matmul_fwd(out1.d, in.d, w.d, b.d, N, IC, OC);
     s->gpu->matmul_fwd(other.d, in.d, w.d, b.d, N - 1, IC, OC);
     s->gpu->matmul_fwd(out2.d, in.d, w.d, b.d, N, IC, OC);
-    ops_cuda_gemm_plans(&made1, &reused1);
+    ops_cuda_gemm_plans(&made1, &reused1, &blas);
     check_same(s, "matmul_fwd +bias: kept cuBLASLt plan, same bits as its first use", &out1, &out2);
     char what[160];
     snprintf(what, sizeof what, "cuBLASLt plans: the repeated GEMM reused one (%ld made, %ld reused)", made1 - made0,
@@ -1005,8 +1005,11 @@ out:
 int cuda_selftest(const ops_t *gpu, FILE *out, char *err, size_t errlen)
 {
     st_t s = {.cpu = ops_cpu(), .gpu = gpu, .out = out, .rng = 0x9E3779B97F4A7C15ull};
-    static const int mm[][3] = {{1, 1, 1}, {7, 13, 5}, {64, 96, 160}, {33, 257, 129}, {128, 768, 64}, {0, 5, 3}};
-    static const int nc[][2] = {{1, 1}, {5, 7}, {64, 768}, {3, 1030}};
+    /* N = 300, 1000: bias and norm-weight gradients summed in several
+     * 128-row chunks (the GPU's column reductions) */
+    static const int mm[][3] = {{1, 1, 1},     {7, 13, 5},     {64, 96, 160}, {33, 257, 129},
+                                {128, 768, 64}, {300, 64, 96}, {0, 5, 3}};
+    static const int nc[][2] = {{1, 1}, {5, 7}, {64, 768}, {3, 1030}, {1000, 257}};
     /* attention {B, T, NH, NKV, HS}: T = 1, 17, 33, 37, 45, 70, 200 are not multiples
      * of the GPU's 32-row tiles (64 is); GQA 4:2, 6:2 and MQA 2:1; HS 16, 64, 128
      * (one, one and two 64-column chunks), odd 5, 96 (a partial chunk), 256 (the
@@ -1048,6 +1051,9 @@ int cuda_selftest(const ops_t *gpu, FILE *out, char *err, size_t errlen)
         t_embedding(&s, 37, 8, 48, 50, 0, 50);
     if (!s.oom)
         t_embedding(&s, 256, 64, 129, 100, 40, 30);
+    /* many tokens per row (the GPU groups them by row), a vocabulary over 2^10 */
+    if (!s.oom)
+        t_embedding(&s, 4096, 512, 96, 3000, 1000, 1500);
     if (!s.oom)
         t_xent(&s, 23, 50, 50, 0, 50);
     if (!s.oom)
@@ -1058,6 +1064,10 @@ int cuda_selftest(const ops_t *gpu, FILE *out, char *err, size_t errlen)
         snprintf(err, errlen, "selftest: out of memory (host or device)");
         return -1;
     }
+    long made, reused, blas;
+    ops_cuda_gemm_plans(&made, &reused, &blas);
+    fprintf(out, "info cuBLASLt: %ld GEMM plans made, %ld reused; %ld plain GEMMs had no cuBLASLt algorithm and ran "
+            "through cublasGemmEx\n", made, reused, blas);
     fprintf(out, "selftest: %d comparisons of the %s ops against the cpu ops, %d failed\n", s.run, gpu->name,
             s.failed);
     return s.failed;
