@@ -36,7 +36,7 @@ static const char *const grad_reduce_dtype_choices[] = {"fp32", "bf16", NULL};
 static const char *const fsdp_choices[] = {"", "no_shard", "shard_grad_op", "full_shard", NULL};
 static const char *const pp_schedule_choices[] = {"1f1b", "gpipe", NULL};
 static const char *const recompute_choices[] = {"none", "selective", "full", NULL};
-static const char *const plan_dtype_choices[] = {"", "fp32", "bf16", NULL};
+static const char *const plan_dtype_choices[] = {"", "fp32", "bf16", "megatron", NULL};
 static const char *const device_choices[] = {"auto", "cpu", "cuda", NULL};
 static const char *const dtype_choices[] = {"auto", "fp32", "bf16", NULL};
 static const char *const comm_choices[] = {"auto", "mpi", "nccl", NULL};
@@ -106,11 +106,11 @@ static const opt_def_t opt_defs[] = {
     {"search", OPT_FLAG, F(search), 0, "0", 0, 1, NULL, "with --plan and --gpus: list the layouts (tp, pp, dp, zero, recompute, micro batch) that fit, best predicted tokens/s first"},
     {"gpus", OPT_INT, F(gpus), 0, "0", 0, 1 << 24, NULL, "with --plan: devices in all; dp = N / (tp x pp) (0 = --dp, or the world size)"},
     {"hw", OPT_STR, F(hw), S(hw), "", 0, 0, NULL, "with --plan: hardware profile h100-sxm | a100-80g | cpu, or a FILE of key = value lines (empty = h100-sxm)"},
-    {"plan-dtype", OPT_STR, F(plan_dtype), S(plan_dtype), "", 0, 0, plan_dtype_choices, "with --plan: fp32 (dtrain's own buffers, exactly) | bf16 (bf16 weights, fp32 gradients, master weights and AdamW moments; Korthikanti activations) (empty = bf16 on GPU profiles, fp32 on cpu)"},
+    {"plan-dtype", OPT_STR, F(plan_dtype), S(plan_dtype), "", 0, 0, plan_dtype_choices, "with --plan: fp32 | bf16 (dtrain's own buffers under --dtype fp32 or bf16, exactly) | megatron (Megatron-LM's bf16 layout for comparison: bf16 weights, fp32 gradients, master weights and AdamW moments; Korthikanti activations) (empty = bf16 on GPU profiles, fp32 on cpu)"},
     {"gpu-mem", OPT_REAL, F(gpu_mem), 0, "0", 0, 1e9, NULL, "with --plan: device memory per rank in GiB (0 = the hardware profile's)"},
     {"device", OPT_STR, F(device), S(device), "auto", 0, 0, device_choices, "compute backend: cpu | cuda (one GPU per rank, chosen by local rank) | auto (cuda when built with it and a GPU is visible, else cpu)"},
     {"dtype", OPT_STR, F(dtype), S(dtype), "auto", 0, 0, dtype_choices, "matmul precision: bf16 (operands rounded to bf16, fp32 sums; a bf16 weight copy and the matmul-only activations kept in bf16; master weights, gradients, AdamW state and other activations fp32) | fp32 | auto (bf16 on cuda, fp32 on cpu)"},
-    {"comm", OPT_STR, F(comm), S(comm), "auto", 0, 0, comm_choices, "communication library of the tp, dp, embedding, ZeRO and world collectives: nccl (GPU to GPU, needs --device cuda) | mpi | auto (nccl when every rank runs on cuda and there is more than one rank, else mpi); the pipeline's point-to-point messages always use MPI"},
+    {"comm", OPT_STR, F(comm), S(comm), "auto", 0, 0, comm_choices, "communication library of the tp, dp, embedding, ZeRO and world collectives: nccl (GPU to GPU, needs --device cuda) | mpi | auto (nccl when every rank runs on cuda on a GPU of its own and there is more than one rank, else mpi); the pipeline's point-to-point messages always use MPI"},
     {"selftest", OPT_FLAG, F(selftest), 0, "0", 0, 1, NULL, "compare every CUDA op with the CPU op on random inputs (stated error bounds), print the results and exit (0 = all agree)"},
 };
 #define N_OPTS ((int)(sizeof opt_defs / sizeof opt_defs[0]))

@@ -55,7 +55,7 @@ typedef struct run_options {
     int plan, search;
     int gpus;                /* total devices (0 = --dp or the world size) */
     char hw[OPT_PATH_MAX];   /* profile name or key = value file ("" = h100-sxm) */
-    char plan_dtype[8];      /* "" (bf16 on a GPU profile, fp32 on cpu) | fp32 | bf16 */
+    char plan_dtype[16];     /* "" (bf16 on a GPU profile, fp32 on cpu) | fp32 | bf16 | megatron */
     double gpu_mem;          /* device memory in GiB (0 = the profile's) */
     /* backend */
     char device[8];    /* "auto" | "cpu" | "cuda" (see backend.h) */

@@ -25,7 +25,9 @@ static const char *const rc_names[] = {"none", "selective", "full"};
 typedef struct plan_in {
     const model_config_t *c;
     const hw_profile_t *hw;
-    int tp, pp, dp, zero, shard, sp, mb, gb, seq, m, bf16, hybrid;
+    int tp, pp, dp, zero, shard, sp, mb, gb, seq, m, hybrid;
+    int bf16;     /* bf16 matmuls: dtrain's --dtype bf16, or Megatron's layout */
+    int megatron; /* Megatron's bf16 layout (Korthikanti's activations) instead of dtrain's own buffers */
     recompute_t rc;
     pipe_kind_t kind;
     const int *layers; /* [pp] blocks per stage */
@@ -133,11 +135,16 @@ static int plan_stage(const plan_in_t *in, int s, int layer_begin, stage_plan_t 
     double *mem = sp->mem;
     const int z = in->zero;
     const double opt_n = z >= 1 ? shard_n : n;
-    if (!in->bf16) {
-        /* dtrain's fp32 buffers, byte for byte (model.c, optim.c, zero.c) */
+    if (!in->megatron) {
+        /* dtrain's buffers, byte for byte (model.c, optim.c, zero.c); --dtype
+         * bf16 adds the model's bf16 weight copy (params16: every local
+         * parameter, under ZeRO-3 the tensors outside the blocks, whose
+         * gathered windows are rounded per matmul in the workspace) */
         /* ZeRO-3: the tensors outside the blocks whole, the shard, and two
          * gathered block windows (the block computing and the next one) */
         mem[MEM_PARAMS] = z >= 3 ? 4.0 * (outside + shard_n + 1) + 2.0 * 4.0 * (window_n + 1) : 4.0 * n;
+        if (in->bf16)
+            mem[MEM_PARAMS] += 2.0 * (z >= 3 ? outside : n);
         mem[MEM_GRADS] = z >= 2 ? 4.0 * (outside + shard_n + 1) + 2.0 * 4.0 * (window_n + 1) : 4.0 * n;
         mem[MEM_OPTIM] = 2.0 * 4.0 * (opt_n > 0 ? opt_n : 1);
         if (z >= 1)
@@ -158,6 +165,7 @@ static int plan_stage(const plan_in_t *in, int s, int layer_begin, stage_plan_t 
 
     /* activations and workspace */
     model_layout_t lay = {.part = part, .tp = NULL, .sequence_parallel = in->sp, .n_slots = sp->slots,
+                          .bf16 = in->bf16 && !in->megatron,
                           .lent_block_grads = z >= 2, .lent_block_params = z >= 3,
                           .recompute = in->rc == RC_FULL        ? MODEL_RECOMPUTE_FULL
                                        : in->rc == RC_SELECTIVE ? MODEL_RECOMPUTE_SELECTIVE
@@ -165,7 +173,7 @@ static int plan_stage(const plan_in_t *in, int s, int layer_begin, stage_plan_t 
     size_t arena = 0, work = 0;
     model_arena_bytes(c, &lay, in->mb, in->seq, &arena, &work);
     const double N = (double)in->mb * in->seq, NR = in->sp ? N / in->tp : N;
-    if (!in->bf16) {
+    if (!in->megatron) {
         /* the arena dtrain allocates, recomputation included (model.c
          * layout_acts); per layer: a 2-layer stage less a 1-layer one,
          * less the residual stream's extra row block */
@@ -208,7 +216,7 @@ static int plan_stage(const plan_in_t *in, int s, int layer_begin, stage_plan_t 
 }
 
 /* FLOPs, bytes sent and time of stage s (after plan_stage). */
-static void plan_stage_time(const plan_in_t *in, int s, stage_plan_t *sp, double peak)
+static void plan_stage_time(const plan_in_t *in, int s, stage_plan_t *sp)
 {
     const model_config_t *c = in->c;
     const hw_profile_t *hw = in->hw;
@@ -216,24 +224,33 @@ static void plan_stage_time(const plan_in_t *in, int s, stage_plan_t *sp, double
     const double F = c->d_ff, V = c->vocab_size, T = in->seq, t = in->tp;
     const double mlp = c->arch == ARCH_LLAMA ? 3.0 * C * F : 2.0 * C * F;
     const double P_l = C * (QD + 2.0 * KVD) + QD * C + mlp;
-    const double att = 4.0 * QD * T, fwd = 2.0 * P_l + att;
+    const double att = 4.0 * QD * T;
     const double tok = (double)in->mb * T;
     const int last = s == in->pp - 1;
     /* flash-style attention recomputes Q K^T in every backward (half of
      * att); selective recompute adds only the activation function's
      * elementwise work, full the whole block forward */
-    double per_tok = sp->layers * (3.0 * fwd + 0.5 * att + (in->rc == RC_FULL ? fwd : 0.0));
+    const int full = in->rc == RC_FULL;
+    double mm_tok = sp->layers * (6.0 * P_l + (full ? 2.0 * P_l : 0.0));
+    const double att_tok = sp->layers * (3.5 * att + (full ? att : 0.0));
     if (last)
-        per_tok += 6.0 * V * C;
-    sp->flops_mb = tok * per_tok / t;
-    sp->t_comp_mb = sp->flops_mb / (peak * hw->efficiency);
+        mm_tok += 6.0 * V * C;
+    sp->flops_mb = tok * (mm_tok + att_tok) / t;
+    /* matmuls at the precision's peak; dtrain's attention kernels are fp32
+     * under --dtype bf16 too (CUDA cores: the fp32 peak, where the profile
+     * has one), Megatron's flash attention bf16 */
+    const double peak_mm = in->bf16 ? hw->peak_bf16 : hw->peak_fp32;
+    const double peak_att = in->megatron ? hw->peak_bf16 : hw->peak_fp32 > 0 ? hw->peak_fp32 : hw->peak_bf16;
+    sp->t_comp_mb = tok / t * (mm_tok / peak_mm + att_tok / peak_att) / hw->efficiency;
 
     /* tensor parallel: per layer two all-reduces forward and two backward
      * of the [s*b, h] activations (with sequence parallelism an all-gather
      * and a reduce-scatter each, the same bytes), two more forward under
      * full recomputation; the vocabulary-parallel embedding's forward
      * all-reduce, the head's backward one and cross-entropy's statistics */
-    const double abytes = in->bf16 ? 2.0 : 4.0;
+    /* dtrain sends fp32 activations under --dtype bf16 too (the residual
+     * stream is fp32); Megatron bf16 */
+    const double abytes = in->megatron ? 2.0 : 4.0;
     if (in->tp > 1) {
         const double ring = 2.0 * (t - 1.0) / t, act = tok * C * abytes;
         int colls = sp->layers * (in->rc == RC_FULL ? 6 : 4);
@@ -264,7 +281,9 @@ static void plan_stage_time(const plan_in_t *in, int s, stage_plan_t *sp, double
      * block's parameters before its forward and its backward, overlapped
      * with the previous block's compute. --hybrid-shard: shard inside
      * groups of S, all-reduce the shard across the d/S groups. */
-    const double d = in->dp, S = in->shard, gbytes = 4.0, pbytes = in->bf16 ? 2.0 : 4.0;
+    /* parameters gathered: dtrain's fp32 master weights (recast to bf16
+     * after the gather), Megatron's bf16 weights */
+    const double d = in->dp, S = in->shard, gbytes = 4.0, pbytes = in->megatron ? 2.0 : 4.0;
     const double n = (double)sp->n, t_bwd = sp->t_comp_mb * 2.0 / 3.0;
     const double bw_dp = link_bw(hw, (long)in->tp * in->dp), bw_sh = link_bw(hw, (long)in->tp * in->shard);
     double overlap_win = 0.0, exposed_only = 0.0, overlapped = 0.0;
@@ -320,14 +339,14 @@ static int plan_compute(const plan_in_t *in, plan_t *p, char *err, size_t errlen
         return -1;
     }
     const hw_profile_t *hw = in->hw;
-    const double peak = in->bf16 ? hw->peak_bf16 : hw->peak_fp32;
+    const double peak = in->bf16 ? hw->peak_bf16 : hw->peak_fp32; /* MFU's, as Megatron reports it */
     int l0 = 0;
     double t_mb = 0.0, extra = 0.0;
     for (int s = 0; s < in->pp; l0 += in->layers[s], s++) {
         stage_plan_t *sp = &p->st[s];
         if (plan_stage(in, s, l0, sp, err, errlen) != 0)
             return -1;
-        plan_stage_time(in, s, sp, peak);
+        plan_stage_time(in, s, sp);
         p->params_total += sp->logical;
         for (int k = 0; k < MEM_N_CATEGORIES; k++)
             p->mem_max[k] = sp->mem[k] > p->mem_max[k] ? sp->mem[k] : p->mem_max[k];
@@ -360,7 +379,7 @@ static int plan_compute(const plan_in_t *in, plan_t *p, char *err, size_t errlen
     /* pipeline messages overlap the steady state; the fill and the drain
      * wait for them: p-1 hops each way */
     const double msg = (in->sp ? (double)in->mb * in->seq / in->tp : (double)in->mb * in->seq) * in->c->d_model *
-                       (in->bf16 ? 2.0 : 4.0);
+                       (in->megatron ? 2.0 : 4.0);
     p->t_pp_msg = hw->latency + msg / link_bw(hw, (long)in->tp * in->dp * in->pp);
     p->t_pp = in->pp > 1 ? 2.0 * (in->pp - 1) * p->t_pp_msg : 0.0;
     p->t_step = (in->m + in->pp - 1) * t_mb + p->t_pp + extra;
@@ -405,7 +424,8 @@ static int plan_setup(const run_options_t *o, const model_config_t *c, const hw_
     in->m = options_accum_steps(o, dp);
     in->gb = in->m * o->micro_batch * dp;
     in->seq = o->seq_len;
-    in->bf16 = strcmp(o->plan_dtype, "bf16") == 0 || (!o->plan_dtype[0] && strcmp(hw->name, "cpu") != 0);
+    in->megatron = strcmp(o->plan_dtype, "megatron") == 0;
+    in->bf16 = in->megatron || strcmp(o->plan_dtype, "bf16") == 0 || (!o->plan_dtype[0] && strcmp(hw->name, "cpu") != 0);
     in->rc = strcmp(o->recompute, "full") == 0 ? RC_FULL : strcmp(o->recompute, "selective") == 0 ? RC_SELECTIVE : RC_NONE;
     in->layers = layers;
     if (pipe_kind_parse(o->pp_schedule, &in->kind) != 0) {
@@ -414,7 +434,7 @@ static int plan_setup(const run_options_t *o, const model_config_t *c, const hw_
     }
     if ((in->bf16 ? hw->peak_bf16 : hw->peak_fp32) <= 0) {
         snprintf(err, errlen, "--hw %s: the profile has no peak_%s for --plan-dtype %s", hw->name,
-                 in->bf16 ? "bf16" : "fp32", in->bf16 ? "bf16" : "fp32");
+                 in->bf16 ? "bf16" : "fp32", in->megatron ? "megatron" : in->bf16 ? "bf16" : "fp32");
         return -1;
     }
     return 0;
@@ -523,9 +543,14 @@ static void print_plan_header(const plan_t *p, const run_options_t *o, FILE *out
             pipe_kind_name(in->kind));
     fprintf(out, "batch: micro %d x seq %d, %d microbatch%s per step x dp %d = %d sequences, %lld tokens per step\n",
             in->mb, in->seq, in->m, in->m == 1 ? "" : "es", in->dp, in->gb, (long long)in->gb * in->seq);
-    if (in->bf16)
-        fprintf(out, "precision: bf16: bf16 weights, fp32 gradients, fp32 master weights and AdamW moments "
-                "(2 + 4 + 12 B per parameter before sharding); activations by Korthikanti et al. 2022\n");
+    if (in->megatron)
+        fprintf(out, "precision: megatron: Megatron-LM's bf16 layout, for comparison: bf16 weights, fp32 gradients, "
+                "fp32 master weights and AdamW moments (2 + 4 + 12 B per parameter before sharding); activations by "
+                "Korthikanti et al. 2022; bf16 activations and weights on the wire\n");
+    else if (in->bf16)
+        fprintf(out, "precision: bf16: dtrain's --dtype bf16 as built (fp32 master weights and their bf16 copy, "
+                "fp32 gradients, 8 B of AdamW moments per parameter, the trainer's own activation arena with the "
+                "matmul-only activations in bf16; bf16 matmuls, fp32 attention)\n");
     else
         fprintf(out, "precision: fp32: dtrain's CPU backend as built (4 B weights and gradients, 8 B of AdamW "
                 "moments per parameter, the trainer's own activation arena)\n");
@@ -552,10 +577,12 @@ static void print_memory(const plan_t *p, FILE *out)
         switch (k) {
         case MEM_PARAMS:
             if (in->zero >= 3)
-                fprintf(out, "%s: a shard of %zu, the tensors outside the blocks, two gathered blocks",
-                        in->bf16 ? "bf16" : "fp32", w->shard_n);
+                fprintf(out, "%s: a shard of %zu, the tensors outside the blocks%s, two gathered blocks",
+                        in->megatron ? "bf16" : "fp32", w->shard_n,
+                        in->bf16 && !in->megatron ? " (and their bf16 copy)" : "");
             else
-                fprintf(out, "%zu local parameters x %d B (%s)", w->n, in->bf16 ? 2 : 4, in->bf16 ? "bf16" : "fp32");
+                fprintf(out, "%zu local parameters x %d B (%s)", w->n, in->megatron ? 2 : in->bf16 ? 6 : 4,
+                        in->megatron ? "bf16" : in->bf16 ? "fp32 and a bf16 copy" : "fp32");
             break;
         case MEM_GRADS:
             if (in->zero >= 2)
@@ -564,15 +591,15 @@ static void print_memory(const plan_t *p, FILE *out)
                 fprintf(out, "fp32, one per local parameter");
             break;
         case MEM_OPTIM:
-            fprintf(out, "%.0f elements x %d B (%s)%s", opt_n, in->bf16 ? 12 : 8,
-                    in->bf16 ? "fp32 master weights, m, v" : "fp32 m, v", in->zero >= 1 ? ", the ZeRO shard" : "");
+            fprintf(out, "%.0f elements x %d B (%s)%s", opt_n, in->megatron ? 12 : 8,
+                    in->megatron ? "fp32 master weights, m, v" : "fp32 m, v", in->zero >= 1 ? ", the ZeRO shard" : "");
             break;
         case MEM_ACTS:
             fprintf(out, "%s per layer and microbatch x %d x %d", fmt_bytes(b2, sizeof b2, w->act_layer), w->layers,
                     w->slots);
             if (w->act_extra > 0)
                 fprintf(out, " + %s", fmt_bytes(b3, sizeof b3, w->act_extra));
-            if (in->bf16)
+            if (in->megatron)
                 fprintf(out, " (Korthikanti et al.: %s%s)", act_formula(in),
                         in->rc != RC_NONE ? "; + one layer recomputed" : "");
             else
@@ -582,7 +609,7 @@ static void print_memory(const plan_t *p, FILE *out)
             fprintf(out, "%s", in->zero > 0 ? "ZeRO gather / reduce-scatter staging" : "none outside the buffers above");
             break;
         case MEM_WORKSPACE:
-            fprintf(out, "backward scratch shared by the microbatches%s", in->bf16 ? " (dtrain's, at 16 bits)" : "");
+            fprintf(out, "backward scratch shared by the microbatches%s", in->megatron ? " (dtrain's, at 16 bits)" : "");
             break;
         }
         fprintf(out, "\n");
@@ -677,7 +704,8 @@ static int write_json(const plan_t *p, const run_options_t *o, const char *path,
             "\"hw\": \"%s\", \"micro_batch\": %d, \"global_batch\": %d, \"seq_len\": %d, \"microbatches\": %d, "
             "\"worst_stage\": %d, \"in_flight\": %d, \"local_params\": %zu, \"mem_worst\": {",
             o->model, p->params_total, in->tp, in->pp, in->dp, in->zero, in->shard, in->sp, rc_names[in->rc],
-            in->bf16 ? "bf16" : "fp32", in->hw->name, in->mb, in->gb, in->seq, in->m, p->worst, w->slots, w->n);
+            in->megatron ? "megatron" : in->bf16 ? "bf16" : "fp32", in->hw->name, in->mb, in->gb, in->seq, in->m,
+            p->worst, w->slots, w->n);
     for (int k = 0; k < MEM_N_CATEGORIES; k++)
         fprintf(f, "\"%s\": %.0f, ", mem_category_name((mem_category_t)k), w->mem[k]);
     fprintf(f, "\"total\": %.0f}, \"mem_peak\": {", w->total);
@@ -798,8 +826,8 @@ static int plan_search(const run_options_t *o, const model_config_t *c, const hw
     if (print) {
         char b1[32], b2[32];
         fprintf(out, "search: %s on %d x %s, global batch %d x seq %d, %s: %zu layouts planned, %zu fit in %s usable\n",
-                o->model, G, hw->name, gb, o->seq_len, strcmp(o->plan_dtype, "fp32") == 0 ||
-                (!o->plan_dtype[0] && strcmp(hw->name, "cpu") == 0) ? "fp32" : "bf16",
+                o->model, G, hw->name, gb, o->seq_len, o->plan_dtype[0] ? o->plan_dtype
+                                                       : strcmp(hw->name, "cpu") == 0 ? "fp32" : "bf16",
                 tried, n, fmt_bytes(b1, sizeof b1, hw->memory - hw->reserve));
         if (n > 0)
             fprintf(out, "  %4s %4s %4s %4s %3s %-9s %5s %12s %7s %10s %10s %7s\n", "tp", "pp", "dp", "zero", "sp",

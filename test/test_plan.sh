@@ -1,7 +1,8 @@
 #!/bin/sh
 # dtrain --plan: (a) the planner's parameter count is dtrain's; (b) in fp32
-# its bytes per rank and category equal a real run's accounting allocator
-# (--metrics "mem_peak", the maximum over ranks), at several layouts; (c)
+# and bf16 (dtrain's --dtype) its bytes per rank and category equal a real
+# run's accounting allocator (--metrics "mem_peak", the maximum over
+# ranks), at several layouts; (c)
 # llama-70b on 64 H100s at tp 8 pp 8 fits with ZeRO-1 and recomputation
 # and does not without; (d) slurm/train_70b.sbatch's own arguments fit;
 # (e) bad input is one line and exit 2; --search lists layouts that fit.
@@ -55,16 +56,19 @@ for layout in "--tp 1 --pp 1" "--tp 8 --pp 8"; do
         fail "llama-70b $layout: $got parameters, expected 68976648192"
 done
 
-# ---- (b) fp32 plan = the accounting allocator of a real run, byte for byte ----------------
-# Every category is modelled exactly (dtrain's fp32 buffers and arenas),
-# so the tolerance is zero, activations included.
+# ---- (b) fp32 and bf16 plans = the accounting allocator of a real run, byte for byte ------
+# Every category is modelled exactly (dtrain's buffers and arenas: under
+# --dtype bf16 the weights' bf16 copy and the bf16 matmul-only
+# activations), so the tolerance is zero, activations included.
 RUN="--threads 1 --steps 2 --val-every 0 --sample-tokens 0 --micro-batch 2 --global-batch 8 --seq-len 64"
-mem_check() {
+mem_check() { # [--dtype bf16] NP ARGS...
+    dt=fp32
+    [ "$1" = --dtype ] && { dt=$2; shift 2; }
     np=$1
     shift
-    "$MPIEXEC" --quiet -np "$np" "$DTRAIN" $(tiny_args) $RUN "$@" --metrics "$TMP/run.json" >"$TMP/run.log" 2>&1 ||
-        { fail "np $np $*: training failed: $(tail -n 2 "$TMP/run.log")"; return; }
-    plan_json "$TMP/plan.json" $(tiny_args) $RUN "$@" --hw cpu --plan-dtype fp32 --gpus "$np" || return
+    "$MPIEXEC" --quiet -np "$np" "$DTRAIN" $(tiny_args) $RUN "$@" --dtype $dt --metrics "$TMP/run.json" \
+        >"$TMP/run.log" 2>&1 || { fail "$dt np $np $*: training failed: $(tail -n 2 "$TMP/run.log")"; return; }
+    plan_json "$TMP/plan.json" $(tiny_args) $RUN "$@" --hw cpu --plan-dtype $dt --gpus "$np" || return
     diffs=""
     for k in parameters gradients optimizer activations communication workspace total; do
         a=$(jget "$TMP/run.json" "mem_peak.$k")
@@ -72,9 +76,9 @@ mem_check() {
         [ "$a" = "$b" ] || diffs="$diffs $k: run $a, plan $b;"
     done
     if [ -z "$diffs" ]; then
-        pass "np $np $*: planned bytes = measured peak in every category (total $(jget "$TMP/plan.json" mem_peak.total) B)"
+        pass "$dt np $np $*: planned bytes = measured peak in every category (total $(jget "$TMP/plan.json" mem_peak.total) B)"
     else
-        fail "np $np $*:$diffs"
+        fail "$dt np $np $*:$diffs"
     fi
 }
 mem_check 1
@@ -89,13 +93,24 @@ mem_check 4 --tp 2 --zero 3
 mem_check 4 --pp 2 --zero 3 --recompute full
 mem_check 2 --recompute selective
 mem_check 4 --zero 2 --hybrid-shard 2
+mem_check --dtype bf16 1
+mem_check --dtype bf16 1 --model tiny-llama --recompute selective
+mem_check --dtype bf16 4 --tp 2 --pp 2
+mem_check --dtype bf16 4 --tp 2 --sequence-parallel --zero 1
+mem_check --dtype bf16 4 --model tiny-llama --zero 2 --pp 2
+mem_check --dtype bf16 4 --tp 2 --zero 3
+mem_check --dtype bf16 4 --pp 2 --zero 3 --recompute full
 # the worst rank of the plan is the first stage under 1F1B (most in flight)
 plan_json "$TMP/w.json" $(tiny_args) $RUN --pp 4 --global-batch 16 --hw cpu --plan-dtype fp32 &&
     [ "$(jget "$TMP/w.json" worst_stage)" = 0 ] && [ "$(jget "$TMP/w.json" in_flight)" = 4 ] &&
     pass "pp 4, 1f1b: worst rank is stage 0 with 4 microbatches in flight" || fail "pp 4 worst stage: $(cat "$TMP/w.json")"
 
-# ---- (c) llama-70b on 64 x H100 80 GB, tp 8 pp 8, micro batch 1, seq 4096, bf16 ----------------
-L70="--config $top_srcdir/examples/llama-70b.conf --gpus 64 --hw h100-sxm --tp 8 --pp 8 --micro-batch 1 --seq-len 4096 --global-batch 128 --plan-dtype bf16"
+# ---- (c) llama-70b on 64 x H100 80 GB, tp 8 pp 8, micro batch 1, seq 4096 ----------------------
+# Megatron-LM's bf16 layout (--plan-dtype megatron) against the published
+# formulas; then dtrain's own --dtype bf16 (--plan-dtype bf16, what the job
+# would allocate).
+L70BASE="--config $top_srcdir/examples/llama-70b.conf --gpus 64 --hw h100-sxm --tp 8 --pp 8 --micro-batch 1 --seq-len 4096 --global-batch 128"
+L70="$L70BASE --plan-dtype megatron"
 for v in "--zero 1 --recompute selective" "--zero 1 --recompute full" "--zero 1 --recompute selective --sequence-parallel"; do
     plan_json "$TMP/c.json" $L70 $v || continue
     if [ "$(jget "$TMP/c.json" fits)" = 1 ] && grep -q "^FITS: margin" "$TMP/c.json.txt"; then
@@ -134,6 +149,24 @@ plan_json "$TMP/c.json" $L70 --zero 1 --recompute selective && {
     [ "$a" = "$want" ] && pass "llama-70b selective activations: $a B = 80 x sbh(10 + 24/t) + 5as^2b/t" ||
         fail "llama-70b selective activations: $a B, expected $want"
 }
+# dtrain's own bf16: fp32 master weights and their bf16 copy (6 B), fp32
+# gradients (4 B) and AdamW moments (8 B) per local parameter; flash
+# attention keeps no s x s scores, so even without recomputation it fits
+# where Megatron's layout above does not
+for v in "--zero 1 --recompute selective" "--zero 0 --recompute none" "--zero 1 --recompute full --sequence-parallel"; do
+    plan_json "$TMP/c.json" $L70BASE --plan-dtype bf16 $v || continue
+    [ "$(jget "$TMP/c.json" fits)" = 1 ] && grep -q "^precision: bf16: dtrain's --dtype bf16" "$TMP/c.json.txt" &&
+        pass "llama-70b dtrain bf16 $v: $(grep '^  total' "$TMP/c.json.txt" | sed 's/  */ /g'), $(grep '^FITS' "$TMP/c.json.txt")" ||
+        fail "llama-70b dtrain bf16 $v: $(grep -E '^(precision|  total|FITS|DOES)' "$TMP/c.json.txt")"
+done
+plan_json "$TMP/c.json" $L70BASE --plan-dtype bf16 --zero 1 --recompute selective && {
+    n=$(jget "$TMP/c.json" local_params)
+    p=$(jget "$TMP/c.json" mem_worst.parameters)
+    g=$(jget "$TMP/c.json" mem_worst.gradients)
+    o=$(jget "$TMP/c.json" mem_worst.optimizer)
+    [ "$p" = $((6 * n)) ] && [ "$g" = $((4 * n)) ] && [ "$o" = $((8 * n)) ] &&
+        pass "llama-70b dtrain bf16: 6 + 4 + 8 B per parameter ($p, $g, $o)" || fail "llama-70b dtrain bf16 bytes $p $g $o for $n"
+}
 
 # ---- (d) slurm/train_70b.sbatch's arguments ------------------------------------------------
 SB="$top_srcdir/slurm/train_70b.sbatch"
@@ -160,6 +193,14 @@ plan_json "$TMP/f.json" $L70 --zero 1 --recompute selective && {
     mfu=$(jget "$TMP/f.json" mfu)
     awk -v m="$mfu" 'BEGIN { exit !(m > 0.2 && m < 0.6) }' && pass "llama-70b predicted MFU $mfu (published anchors: 0.38-0.47)" ||
         fail "llama-70b predicted MFU $mfu outside 0.2-0.6"
+    # dtrain's attention runs at the fp32 peak (CUDA cores), so the same
+    # layout under its own bf16 predicts a lower MFU, by a known amount
+    plan_json "$TMP/fd.json" $L70BASE --plan-dtype bf16 --zero 1 --recompute selective && {
+        mfud=$(jget "$TMP/fd.json" mfu)
+        awk -v a="$mfud" -v b="$mfu" 'BEGIN { exit !(a > 0 && a < b) }' &&
+            pass "llama-70b dtrain bf16 predicted MFU $mfud below Megatron's $mfu (fp32 attention at s = 4096)" ||
+            fail "llama-70b dtrain bf16 MFU $mfud vs Megatron $mfu"
+    }
 }
 # ZeRO stages shrink the data-parallel rank's state: optimizer 1/dp at zero 1
 plan_json "$TMP/z0.json" --model gpt2-124m --gpus 8 --micro-batch 1 --global-batch 8 --seq-len 64 --zero 0 &&
@@ -169,14 +210,17 @@ plan_json "$TMP/z0.json" --model gpt2-124m --gpus 8 --micro-batch 1 --global-bat
         'BEGIN { r = b / a; exit !(r > 0.124 && r < 0.127) }' && pass "zero 1 at dp 8: optimizer state 1/8" ||
         fail "zero 1 optimizer $(jget "$TMP/z1.json" mem_worst.optimizer) vs $(jget "$TMP/z0.json" mem_worst.optimizer)"
     # ZeRO-3 keeps parameters as ZeRO-2/3 keep gradients: the shard, the
-    # tensors outside the blocks whole and two block windows, in bf16
-    # against fp32 gradients: exactly half the gradient bytes
-    p3=$(jget "$TMP/z3.json" mem_worst.parameters)
-    g3=$(jget "$TMP/z3.json" mem_worst.gradients)
-    p0=$(jget "$TMP/z0.json" mem_worst.parameters)
-    [ $((2 * p3)) -eq "$g3" ] && [ "$p3" -lt "$p0" ] &&
-        pass "zero 3 at dp 8: parameters $p3 B = shard + outside-block tensors + 2 block windows (half the fp32 gradients' $g3 B; zero 0: $p0 B)" ||
-        fail "zero 3 parameters $p3 vs gradients $g3, zero 0 $p0"
+    # tensors outside the blocks whole and two block windows; in fp32
+    # exactly the gradient bytes
+    plan_json "$TMP/z3f.json" --model gpt2-124m --gpus 8 --micro-batch 1 --global-batch 8 --seq-len 64 --zero 3 \
+        --plan-dtype fp32 && {
+        p3=$(jget "$TMP/z3f.json" mem_worst.parameters)
+        g3=$(jget "$TMP/z3f.json" mem_worst.gradients)
+        p0=$(jget "$TMP/z0.json" mem_worst.parameters)
+        [ "$p3" -eq "$g3" ] && [ "$p3" -lt "$p0" ] &&
+            pass "zero 3 at dp 8: parameters $p3 B = shard + outside-block tensors + 2 block windows (the fp32 gradients' bytes; zero 0 bf16: $p0 B)" ||
+            fail "zero 3 parameters $p3 vs gradients $g3, zero 0 $p0"
+    }
 }
 
 # ---- --search ----------------------------------------------------------------------------------
@@ -204,7 +248,7 @@ expect_exit2 "--search is an option of the planner" "$DTRAIN" --search --gpus 8
 expect_exit2 "--plan-dtype is an option of the planner" "$DTRAIN" --plan-dtype bf16
 expect_exit2 "--gpu-mem is an option of the planner" "$DTRAIN" --gpu-mem 80
 expect_exit2 "--hw 'h200': not a built-in profile (h100-sxm|a100-80g|cpu)" "$DTRAIN" --plan --hw h200
-expect_exit2 "--plan-dtype 'fp16': allowed values are fp32|bf16" "$DTRAIN" --plan --plan-dtype fp16
+expect_exit2 "--plan-dtype 'fp16': allowed values are fp32|bf16|megatron" "$DTRAIN" --plan --plan-dtype fp16
 expect_exit2 "--recompute 'some': allowed values are none|selective|full" "$DTRAIN" --plan --recompute some
 expect_exit2 "--gpus 60 is not a multiple of --tp 8 x --pp 8 = 64" "$DTRAIN" --plan --model llama-70b --tp 8 --pp 8 --gpus 60
 expect_exit2 "--dp 2 disagrees with --gpus 64" "$DTRAIN" --plan --model llama-70b --tp 8 --pp 8 --gpus 64 --dp 2
