@@ -697,19 +697,31 @@ double trainer_val_loss(trainer_t *tr)
     /* microbatch i is evaluated by DP rank i % dp; the per-microbatch means
      * (from the last stage; 0 on the others) are summed over PP, gathered
      * over DP and added in microbatch order, so the value does not depend
-     * on the layout beyond fp32 noise */
-    int nb = tr->opt->val_batches, bad = 0;
+     * on the layout beyond fp32 noise. Under ZeRO-3 every forward gathers
+     * the blocks' parameters over the data-parallel group, so every DP rank
+     * runs the same number of forwards: where val_batches is not a
+     * multiple of dp, the ranks past the last microbatch evaluate
+     * microbatch 0 again and drop the result (skipping it left the others
+     * in that all-gather: a hang). A NaN (a failed forward) is kept and
+     * reduced like any value, so every rank enters the same collectives
+     * and the sum comes out NaN everywhere. */
+    const int nb = tr->opt->val_batches;
+    const int rounds = (nb + g->dp_size - 1) / g->dp_size;
     float *means = calloc((size_t)nb, sizeof *means);
     if (!means)
         return NAN;
-    for (int i = g->dp_rank; i < nb; i += g->dp_size) {
+    for (int r = 0; r < rounds; r++) {
+        const int i = r * g->dp_size + g->dp_rank;
+        if (i >= nb && tr->zero_stage < 3)
+            break;
+        const uint64_t src = i < nb ? (uint64_t)i : 0;
         for (int b = 0; b < B; b++)
-            data_sample(&tr->val, (uint64_t)i * B + b, tr->tok + (size_t)b * T, tr->tgt + (size_t)b * T);
+            data_sample(&tr->val, src * B + b, tr->tok + (size_t)b * T, tr->tgt + (size_t)b * T);
         float v = pipeline_eval(tr, tr->tok, tr->tgt, B, T);
-        bad |= isnan(v);
-        means[i] = bad ? 0.0f : v;
+        if (i < nb)
+            means[i] = v;
     }
-    if (bad || (g->pp_size > 1 && g->pp->ops->allreduce(g->pp, means, (size_t)nb, COMM_SUM) != 0) ||
+    if ((g->pp_size > 1 && g->pp->ops->allreduce(g->pp, means, (size_t)nb, COMM_SUM) != 0) ||
         (g->dp_size > 1 && g->dp->ops->allreduce(g->dp, means, (size_t)nb, COMM_SUM) != 0)) {
         free(means);
         return NAN;

@@ -20,6 +20,9 @@
 # dp1 is bit-identical to fp32.
 # Checkpoints written under ZeRO-1/2/3 resume bit-identically and load at
 # another layout and stage; bad combinations are refused in one line.
+# Validation with --val-batches not a multiple of dp under ZeRO-3 (every
+# forward gathers parameters over dp, so the ranks must run as many) gives
+# the --zero 0 losses.
 . "$top_srcdir/test/common.sh"
 
 PY=/usr/bin/python3
@@ -76,6 +79,17 @@ for layout in "2" "4" "4 --tp 2" "4 --tp 2 --sequence-parallel" "4 --pp 2" "4 --
     layout_run "$TMP/z3.$(echo "$np $*" | tr -c 'a-z0-9\n' '_').json" "$np" --zero 3 "$@" &&
         layout_compare "$TMP/z0.$tag.json" "$TMP/z3.$(echo "$np $*" | tr -c 'a-z0-9\n' '_').json" \
             "np $np $* --zero 3 vs --zero 0"
+done
+# validation over 3 microbatches at dp 2 (and 5 at dp 4 with 2 stages):
+# rank 1 has one microbatch fewer, and still joins every parameter gather
+for layout in "2" "4 --pp 2 --val-batches 5"; do
+    set -- $layout
+    np=$1
+    shift
+    tag=val$np
+    layout_run "$TMP/$tag.z0.json" "$np" --val-batches 3 "$@" &&
+        layout_run "$TMP/$tag.z3.json" "$np" --val-batches 3 --zero 3 "$@" &&
+        layout_compare "$TMP/$tag.z0.json" "$TMP/$tag.z3.json" "np $np $* --zero 3, val batches not a multiple of dp"
 done
 layout_run "$TMP/z3.again.json" 4 --fsdp full_shard --pp 2 &&
     layout_twice "$TMP/z3.$(echo "4 --pp 2" | tr -c 'a-z0-9\n' '_').json" "$TMP/z3.again.json" \
