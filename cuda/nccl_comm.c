@@ -286,6 +286,10 @@ static int run(comm_t *c, kind_t k, elem_t et, const void *send, void *recv, siz
     const double span_t0 = c->trace ? trace_now() : 0.0;
     const ncclDataType_t dt = et == T_BF16 ? ncclBfloat16 : ncclFloat;
     const size_t es = et == T_BF16 ? sizeof(uint16_t) : sizeof(float);
+    if (req && req->active) { /* as comm_mpi.c: never drop a request in flight */
+        set_err(c, "NCCL %s on group %s: the request is still in flight (test or wait for it first)", what, c->name);
+        return -1;
+    }
     if (req)
         memset(req, 0, sizeof *req);
     if (m->aborted)

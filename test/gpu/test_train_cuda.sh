@@ -11,8 +11,11 @@
 #    where an fp32 last-bit difference crosses a bf16 rounding boundary:
 #    the bounds of test_dtype.sh's bf16 layouts, 1e-4 losses, 1e-3 norms.
 # Then NCCL in the training loop: --comm nccl on one rank bit-identical to
-# --comm mpi, and with two GPUs dp2, tp2 and ZeRO-3 on NCCL against the CPU;
-# asynchronous ops bit-identical to DTRAIN_CUDA_SYNC_OPS=1.
+# --comm mpi; two ranks (dp2, tp2, ZeRO-3) against the CPU, on NCCL with
+# two GPUs, and with one GPU shared by both ranks (the machines lent to
+# this project have one) on MPI, which --comm auto picks there, while
+# --comm nccl refuses with its one line; asynchronous ops bit-identical to
+# DTRAIN_CUDA_SYNC_OPS=1, on one rank and on two.
 # SKIP (77) with the CUDA error string when no GPU is visible.
 . "$top_srcdir/test/common.sh"
 
@@ -59,34 +62,47 @@ grep -q "^communication: nccl" "$TMP/comm.nccl.log" && pass "--comm nccl: banner
 strip_timing "$TMP/comm.mpi.jsonl" >"$TMP/comm.a" && strip_timing "$TMP/comm.nccl.jsonl" >"$TMP/comm.b" &&
     cmp -s "$TMP/comm.a" "$TMP/comm.b" && pass "1 rank: --comm nccl bit-identical to --comm mpi" ||
     fail "1 rank: --comm nccl differs from --comm mpi"
-# Two GPUs: dp2 (bucketed all-reduce), tp2 and dp2 ZeRO-3 on NCCL against
-# the same layout on the CPU over MPI (fp32: the 1e-4 / 1e-3 bounds above).
-if [ "${ngpu:-1}" -ge 2 ]; then
-    for lay in "--dp 2 --bucket-mb 0.05" "--tp 2" "--dp 2 --zero 3"; do
-        tag=$(echo "$lay" | tr -d ' -')
-        for dev in cpu cuda; do
-            "$MPIEXEC" --quiet -np 2 "$DTRAIN" $(tiny_args) $lay --device $dev --dtype fp32 --threads 2 --steps 10 \
-                --warmup 2 --micro-batch 2 --global-batch 4 --seq-len 64 --val-every 10 --val-batches 2 \
-                --sample-tokens 0 --metrics "$TMP/np2.$tag.$dev.jsonl" >"$TMP/np2.$tag.$dev.log" 2>&1 ||
-                fail "np 2 $lay --device $dev: exit status $? $(tail -n 3 "$TMP/np2.$tag.$dev.log")"
-        done
-        grep -q "^communication: nccl" "$TMP/np2.$tag.cuda.log" || fail "np 2 $lay: NCCL not chosen by --comm auto"
-        for step in 1 10; do
-            expect_close "np 2 $lay step $step loss" "$(json_field "$TMP/np2.$tag.cpu.jsonl" $step loss)" \
-                "$(json_field "$TMP/np2.$tag.cuda.jsonl" $step loss)" 1e-4
-            expect_close "np 2 $lay step $step grad_norm" "$(json_field "$TMP/np2.$tag.cpu.jsonl" $step grad_norm)" \
-                "$(json_field "$TMP/np2.$tag.cuda.jsonl" $step grad_norm)" 1e-3
-        done
-    done
+# Two ranks: dp2 (bucketed all-reduce), tp2 and dp2 ZeRO-3 against the
+# same layout on the CPU over MPI (fp32: the 1e-4 / 1e-3 bounds above). On
+# NCCL with two GPUs; with one, both ranks share it and --comm auto keeps
+# MPI (NCCL needs a GPU per rank), which still runs the CUDA ops under the
+# MPI communicators' waits on managed memory.
+if [ "${ngpu:-1}" -ge 2 ]; then np2_comm=nccl; else np2_comm=mpi; fi
+"$MPIEXEC" --quiet -np 2 "$DTRAIN" $(tiny_args) --dp 2 --device cuda --comm nccl --steps 1 --global-batch 4 \
+    --micro-batch 2 --seq-len 64 --val-every 0 --sample-tokens 0 >"$TMP/np2.nccl.log" 2>&1
+rc=$?
+if [ "$np2_comm" = mpi ]; then
+    [ $rc -ne 0 ] && [ "$(grep -c 'NCCL needs a GPU per rank' "$TMP/np2.nccl.log")" = 1 ] &&
+        pass "one GPU, two ranks: --comm nccl refuses with one line, exit $rc" ||
+        fail "one GPU, two ranks, --comm nccl: exit $rc: $(tail -n 3 "$TMP/np2.nccl.log")"
+else
+    [ $rc -eq 0 ] && pass "two GPUs: --comm nccl runs dp2" || fail "--comm nccl dp2: exit $rc: $(tail -n 3 "$TMP/np2.nccl.log")"
 fi
+for lay in "--dp 2 --bucket-mb 0.05" "--tp 2" "--dp 2 --zero 3"; do
+    tag=$(echo "$lay" | tr -d ' -')
+    for dev in cpu cuda; do
+        "$MPIEXEC" --quiet -np 2 "$DTRAIN" $(tiny_args) $lay --device $dev --dtype fp32 --threads 2 --steps 10 \
+            --warmup 2 --micro-batch 2 --global-batch 4 --seq-len 64 --val-every 10 --val-batches 2 \
+            --sample-tokens 0 --metrics "$TMP/np2.$tag.$dev.jsonl" >"$TMP/np2.$tag.$dev.log" 2>&1 ||
+            fail "np 2 $lay --device $dev: exit status $? $(tail -n 3 "$TMP/np2.$tag.$dev.log")"
+    done
+    grep -q "^communication: $np2_comm" "$TMP/np2.$tag.cuda.log" ||
+        fail "np 2 $lay: --comm auto did not choose $np2_comm: $(grep '^communication' "$TMP/np2.$tag.cuda.log")"
+    for step in 1 10; do
+        expect_close "np 2 $lay step $step loss" "$(json_field "$TMP/np2.$tag.cpu.jsonl" $step loss)" \
+            "$(json_field "$TMP/np2.$tag.cuda.jsonl" $step loss)" 1e-4
+        expect_close "np 2 $lay step $step grad_norm" "$(json_field "$TMP/np2.$tag.cpu.jsonl" $step grad_norm)" \
+            "$(json_field "$TMP/np2.$tag.cuda.jsonl" $step grad_norm)" 1e-3
+    done
+done
 
 # Asynchronous ops: the ops run ahead of the host on the compute stream and
 # the host waits only where test_defer.sh proves it must. The same runs with
 # DTRAIN_CUDA_SYNC_OPS=1 (a wait after every op) are bit-identical: the
 # kernels and their order are the same, so any difference is a missing
-# wait. One rank (tiny-llama bf16, the MPI communicators' device_sync path)
-# and, with two GPUs, dp2 ZeRO-2 (NCCL events ordering the dp stream) and
-# pp2 (MPI point to point on managed memory).
+# wait. One rank (tiny-llama bf16, the MPI communicators' device_sync path),
+# dp2 ZeRO-2 (with two GPUs NCCL events ordering the dp stream, with one
+# the MPI waits) and pp2 (MPI point to point on managed memory).
 async_pair() { # TAG NP ARGS...
     tag=$1
     np=$2
@@ -107,10 +123,8 @@ async_pair() { # TAG NP ARGS...
     layout_twice "$TMP/async.$tag.async.jsonl" "$TMP/async.$tag.sync.jsonl" "$tag asynchronous vs DTRAIN_CUDA_SYNC_OPS=1"
 }
 async_pair llama-bf16 1 --model tiny-llama --dtype bf16 --global-batch 4
-if [ "${ngpu:-1}" -ge 2 ]; then
-    async_pair dp2-zero2 2 --dp 2 --zero 2 --dtype bf16 --global-batch 4
-    async_pair pp2 2 --pp 2 --dtype bf16 --global-batch 4
-fi
+async_pair dp2-zero2 2 --dp 2 --zero 2 --dtype bf16 --global-batch 4
+async_pair pp2 2 --pp 2 --dtype bf16 --global-batch 4
 
 # dtrain --selftest runs the op comparisons and exits 0
 "$DTRAIN" --selftest >"$TMP/selftest" 2>&1 && grep -q "^selftest: .* 0 failed" "$TMP/selftest" &&
