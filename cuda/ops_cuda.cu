@@ -12,7 +12,8 @@
  * formulas.
  *
  * Design (doc/design.md, "CUDA backend"):
- *  - Memory is cudaMallocManaged. Ops are asynchronous: each enqueues its
+ *  - Memory is cudaMallocManaged, never more than the device has free
+ *    (cu_alloc: no oversubscription). Ops are asynchronous: each enqueues its
  *    kernels on the compute stream and returns after checking the launch.
  *    The host waits in ops->sync, to_host, from_host, sumsq, alloc and
  *    free; MPI communicators call ops->sync before touching backend memory
@@ -204,11 +205,26 @@ __device__ float block_max(float v)
 
 /* ---- memory ------------------------------------------------------------------------ */
 
+/* Managed memory can be oversubscribed: an allocation beyond what the GPU
+ * has free succeeds, and its pages then migrate back and forth between
+ * host and device on every touch (at worst the GPU hangs). A run that does
+ * not fit must stop with an out-of-memory error instead, as on any GPU
+ * framework, so an allocation has to fit in what the device has free, less
+ * DEVICE_RESERVE for the memory cuBLASLt, NCCL and the CUDA context take
+ * on their own later. Every allocation is touched at once (the zeroing
+ * below), so what was given out is resident and counted by
+ * cudaMemGetInfo. */
+#define DEVICE_RESERVE ((size_t)256 << 20)
+
 static void *cu_alloc(size_t bytes)
 {
     if (bytes > SIZE_MAX - 63)
         return NULL;
     size_t sz = bytes ? (bytes + 63) & ~(size_t)63 : 64;
+    size_t free_b = 0, total_b = 0;
+    ck(cudaMemGetInfo(&free_b, &total_b), "alloc: cudaMemGetInfo");
+    if (sz > free_b || free_b - sz < DEVICE_RESERVE)
+        return NULL; /* the caller reports out of memory */
     void *p = NULL;
     if (cudaMallocManaged(&p, sz, cudaMemAttachGlobal) != cudaSuccess) {
         (void)cudaGetLastError(); /* out of memory is reported as NULL, not sticky */
