@@ -70,6 +70,7 @@ static struct {
     int ready;
     int dev;
     int sync_ops;      /* every op waits for its kernels (see the header comment) */
+    int concurrent;    /* cudaDevAttrConcurrentManagedAccess: the host may touch managed memory while kernels run */
     cudaStream_t stream;
     cublasLtHandle_t lt;
     cublasHandle_t blas; /* made on the first GEMM cuBLASLt has no algorithm for (lt_gemm) */
@@ -1990,6 +1991,7 @@ extern "C" int ops_cuda_init(int dev, char *err, size_t errlen)
     }
     const char *s = getenv("DTRAIN_CUDA_SYNC_OPS");
     g.sync_ops = !concurrent || (s && strcmp(s, "1") == 0);
+    g.concurrent = concurrent;
     g.dev = dev;
     memset(&cuda_ops, 0, sizeof cuda_ops);
     cuda_ops.name = "cuda";
@@ -2083,6 +2085,11 @@ extern "C" void ops_cuda_gelu_epilogues(long *fused, long *separate)
 {
     *fused = lt_cache.gelu_fused;
     *separate = lt_cache.gelu_separate;
+}
+
+extern "C" int ops_cuda_concurrent_managed(void)
+{
+    return g.concurrent;
 }
 
 extern "C" int ops_cuda_synchronous(void)

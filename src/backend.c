@@ -64,6 +64,7 @@ static int open_cuda(backend_t *b, int local_rank, int local_size, char *err, si
     b->cuda = 1;
     b->device = dev;
     b->shared_gpu = local_size > gpus;
+    b->no_concurrent_managed = !ops_cuda_concurrent_managed();
     snprintf(b->desc, sizeof b->desc, "cuda (device %d of local rank %d: %s%s)%s", dev, local_rank, name,
              b->shared_gpu ? ", shared: more ranks on this node than GPUs" : "",
              ops_cuda_synchronous() ? "; every op waits for its kernels (DTRAIN_CUDA_SYNC_OPS=1 or no concurrent "
@@ -110,7 +111,11 @@ int backend_comm_open(backend_t *b, const char *comm, const grid_t *g, grid_t *n
     snprintf(b->comm_desc, sizeof b->comm_desc, "mpi (every group)");
     const int nccl = strcmp(comm, "nccl") == 0;
     const int want = nccl || (strcmp(comm, "auto") == 0 && b->cuda && g->world_size > 1);
-    const int bad = nccl && (!b->cuda || b->shared_gpu);
+    /* without concurrent managed access the host may not touch managed
+     * memory while any kernel runs, NCCL's on their own streams included,
+     * and the pipeline's MPI transfers do exactly that */
+    const int host_touch = b->no_concurrent_managed && g->pp_size > 1;
+    const int bad = nccl && (!b->cuda || b->shared_gpu || host_touch);
 #ifdef HAVE_CUDA
     /* allocated before agreeing, so a failure here cannot leave peers in NCCL's bootstrap */
     nccl_grid_t *ng = want && !bad ? calloc(1, sizeof *ng) : NULL;
@@ -118,7 +123,7 @@ int backend_comm_open(backend_t *b, const char *comm, const grid_t *g, grid_t *n
 #else
     const int oom = 0;
 #endif
-    int mine = want && !bad && !oom && !b->shared_gpu, all = 0;
+    int mine = want && !bad && !oom && !b->shared_gpu && !host_touch, all = 0;
     int rc = MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     if (rc != MPI_SUCCESS) {
         snprintf(err, errlen, "--comm %s: MPI_Allreduce (agreeing on the library) failed", comm);
@@ -127,9 +132,12 @@ int backend_comm_open(backend_t *b, const char *comm, const grid_t *g, grid_t *n
     if (bad || oom) {
         if (bad && !b->cuda)
             snprintf(err, errlen, "--comm nccl: this rank runs on the CPU (%s): NCCL needs --device cuda", b->desc);
-        else if (bad)
+        else if (bad && b->shared_gpu)
             snprintf(err, errlen, "--comm nccl: this node runs more ranks than it has GPUs, and NCCL needs a GPU "
                                   "per rank: start at most one rank per GPU, or use --comm mpi");
+        else if (bad)
+            snprintf(err, errlen, "--comm nccl with --pp > 1: this GPU has no concurrent managed memory access, so "
+                                  "the pipeline's MPI transfers may not run beside NCCL's kernels: use --comm mpi");
         else
             snprintf(err, errlen, "--comm %s: out of memory", comm);
         return -1; /* the others continue on MPI; the caller's agreement ends the job */
@@ -140,7 +148,9 @@ int backend_comm_open(backend_t *b, const char *comm, const grid_t *g, grid_t *n
 #endif
         if (want)
             snprintf(b->comm_desc, sizeof b->comm_desc, "mpi (every group: %s)",
-                     b->shared_gpu ? "a node runs more ranks than it has GPUs" : "not every rank has its own GPU");
+                     b->shared_gpu  ? "a node runs more ranks than it has GPUs"
+                     : host_touch   ? "no concurrent managed memory access beside the pipeline's MPI transfers"
+                                    : "not every rank can use NCCL");
         return 0;
     }
 #ifdef HAVE_CUDA

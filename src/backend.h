@@ -16,6 +16,7 @@ typedef struct backend {
     int deferred;    /* 1 under DTRAIN_DEFER_OPS=1 (the CPU table of ops_defer) */
     int device;      /* CUDA device id, -1 on the CPU */
     int shared_gpu;  /* CUDA: this node runs more ranks than it has GPUs, so GPUs are shared (NCCL cannot be used) */
+    int no_concurrent_managed; /* CUDA: the host may not touch managed memory while kernels run */
     char desc[448];  /* one line for the banner */
     void *nccl;      /* the NCCL communicators (nccl_grid_t *) under --comm nccl, else NULL */
     char comm_desc[200]; /* one line for the banner: which library each group uses */
@@ -44,8 +45,9 @@ void backend_close(backend_t *b);
  * receives ahead of sends in an order NCCL's one-queue-per-communicator
  * point to point does not tolerate (doc/design.md, "NCCL in training"). auto = nccl when
  * every rank opened CUDA, no node runs more ranks than it has GPUs (NCCL
- * refuses two ranks of a communicator on one GPU), and there is more than
- * one rank; the ranks agree
+ * refuses two ranks of a communicator on one GPU), the pipeline's MPI
+ * transfers may run beside NCCL's kernels (concurrent managed access, or
+ * no pipeline), and there is more than one rank; the ranks agree
  * on it, so a mixed job falls back to MPI everywhere instead of hanging.
  * nccl on a rank without CUDA or on a shared GPU fails there (the others continue on MPI and
  * the caller's agreement ends the job). Collective over MPI_COMM_WORLD.
