@@ -5,6 +5,7 @@
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 int cuda_device_count(char *err, size_t errlen)
 {
@@ -38,6 +39,18 @@ int cuda_select_device(int local_rank, char *err, size_t errlen)
         return -1;
     }
     return dev;
+}
+
+int cuda_device_uuid(int dev, unsigned char uuid[16], char *err, size_t errlen)
+{
+    struct cudaDeviceProp p;
+    cudaError_t rc = cudaGetDeviceProperties(&p, dev);
+    if (rc != cudaSuccess) {
+        snprintf(err, errlen, "cudaGetDeviceProperties(%d): %s (%s)", dev, cudaGetErrorString(rc), cudaGetErrorName(rc));
+        return -1;
+    }
+    memcpy(uuid, p.uuid.bytes, 16);
+    return 0;
 }
 
 void cuda_device_describe(int dev, char *buf, size_t len)

@@ -19,6 +19,10 @@ int cuda_device_count(char *err, size_t errlen);
  * line in err (no device visible, or cudaSetDevice failed). */
 int cuda_select_device(int local_rank, char *err, size_t errlen);
 
+/* The device's 16-byte UUID (cudaDeviceProp.uuid: the physical GPU,
+ * whatever CUDA_VISIBLE_DEVICES numbers it). 0, or -1 with err. */
+int cuda_device_uuid(int dev, unsigned char uuid[16], char *err, size_t errlen);
+
 /* "NVIDIA H100 80GB HBM3, sm_90, 79.1 GiB" for device dev, into buf. */
 void cuda_device_describe(int dev, char *buf, size_t len);
 

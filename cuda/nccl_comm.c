@@ -41,19 +41,23 @@
  * comm->watch set, every blocking wait is marked on the watchdog, which
  * ends the job when one lasts longer than --comm-timeout. The timeout
  * given at creation acts first where both are set to the same value
- * (it is checked on every poll): the communicator is aborted and the call
+ * (it is checked on every poll): the group is marked failed and the call
  * fails with a message naming it.
  *
  * Failure. Every CUDA and NCCL call is checked and turned into one line in
  * comm->err. While waiting, ncclCommGetAsyncError is polled: a failed peer
- * or network error aborts the communicator (ncclCommAbort) and fails the
- * call instead of hanging; so does the timeout given at creation. An
- * aborted communicator is gone (its handle is dropped): every later call
- * or poll of a request still in flight on it fails with that message,
- * never touches the freed handle, and never reports a request done.
- * nccl_grid_abort aborts every group at once, for a run that failed:
- * tearing down (cudaFree, ncclCommDestroy) with NCCL kernels still waiting
- * on peers that have left would hang.
+ * or network error fails the call instead of hanging; so does the timeout
+ * given at creation. The group is then marked failed: every later call,
+ * and every poll of a request still in flight on it, fails with that
+ * message and never reports a request done. The communicator is not
+ * aborted there: ncclCommAbort may wait for the device, and so for NCCL
+ * kernels of other groups still waiting on peers, and since NCCL 2.16 for
+ * the other ranks of the node to abort too, so one rank aborting alone
+ * could hang before it ever reports. The error goes up the stack instead,
+ * the ranks agree that the run failed, and nccl_grid_abort then aborts
+ * every group of every rank, all in one ncclGroupStart/End (NCCL's grouped
+ * abort): tearing down (cudaFree, ncclCommDestroy) with NCCL kernels still
+ * waiting on peers that have left would hang.
  *
  * MPI progress. The pipeline's transfers stay on MPI (backend.h), and
  * OpenMPI moves a large message only while some MPI call runs on both
@@ -96,7 +100,7 @@ typedef struct nccl_comm {
     double timeout_s;
     void *stage;         /* device staging for host buffers */
     size_t stage_bytes;
-    int aborted;
+    int failed;          /* an operation failed or timed out: see the top */
 } nccl_comm_t;
 
 typedef struct nccl_req {
@@ -162,28 +166,19 @@ static int is_device_ptr(const void *p)
     return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
 }
 
-/* ncclCommAbort frees the communicator: the handle is dropped with it. */
-static void comm_abort(nccl_comm_t *m)
+static int failed_before(comm_t *c, const char *what)
 {
-    if (m->nc)
-        (void)ncclCommAbort(m->nc); /* already failing: its own status adds nothing */
-    m->nc = NULL;
-    m->aborted = 1;
-}
-
-static int aborted_fail(comm_t *c, const char *what)
-{
-    set_err(c, "NCCL %s on group %s: the communicator was aborted by an earlier failure", what, c->name);
+    set_err(c, "NCCL %s on group %s: the group failed earlier (see the first error)", what, c->name);
     return -1;
 }
 
-/* One poll of an operation's event: 1 done, 0 not yet, -1 failed (the
- * communicator is aborted on an asynchronous NCCL error or the timeout). */
+/* One poll of an operation's event: 1 done, 0 not yet, -1 failed (on an
+ * asynchronous NCCL error or the timeout the group is marked failed). */
 static int poll_event(comm_t *c, cudaEvent_t ev, const char *what, size_t n, double t0)
 {
     nccl_comm_t *m = nm(c);
-    if (m->aborted) /* its kernels were killed: the event says nothing of the data */
-        return aborted_fail(c, what);
+    if (m->failed) /* its operations may never finish: the event says nothing of the data */
+        return failed_before(c, what);
     cudaError_t q = cudaEventQuery(ev);
     if (q == cudaSuccess)
         return 1;
@@ -193,13 +188,13 @@ static int poll_event(comm_t *c, cudaEvent_t ev, const char *what, size_t n, dou
     ncclResult_t rc = ncclCommGetAsyncError(m->nc, &ae);
     if (rc != ncclSuccess || (ae != ncclSuccess && ae != ncclInProgress)) {
         nccl_fail(c, rc != ncclSuccess ? rc : ae, what, n);
-        comm_abort(m);
+        m->failed = 1;
         return -1;
     }
     if (m->timeout_s > 0 && now_s() - t0 > m->timeout_s) {
         set_err(c, "NCCL %s on group %s (n=%zu, %d ranks) did not finish in %.0f s: a peer is stuck or gone; "
-                "communicator aborted", what, c->name, n, c->size, m->timeout_s);
-        comm_abort(m);
+                "the run stops", what, c->name, n, c->size, m->timeout_s);
+        m->failed = 1;
         return -1;
     }
     return 0;
@@ -292,8 +287,8 @@ static int run(comm_t *c, kind_t k, elem_t et, const void *send, void *recv, siz
     }
     if (req)
         memset(req, 0, sizeof *req);
-    if (m->aborted)
-        return aborted_fail(c, what);
+    if (m->failed)
+        return failed_before(c, what);
     size_t sn = 0, rn = 0;
     switch (k) {
     case K_ALLREDUCE: case K_BCAST: sn = rn = n; break;
@@ -321,6 +316,20 @@ static int run(comm_t *c, kind_t k, elem_t et, const void *send, void *recv, siz
         goto out;
     }
     if (host) {
+        /* A copy from pageable memory may wait inside the CUDA call for the
+         * stream's earlier work (the compute event above, this group's
+         * earlier operations), where neither the timeout nor the peers'
+         * errors are looked at: wait for that work by polling first. */
+        cudaEvent_t pre;
+        if ((ce = cudaEventCreateWithFlags(&pre, cudaEventDisableTiming)) != cudaSuccess) {
+            cuda_fail(c, ce, what, n);
+            goto out;
+        }
+        ce = cudaEventRecord(pre, m->stream);
+        const int ready = ce == cudaSuccess ? spin_event(c, pre, what, n, now_s()) : cuda_fail(c, ce, what, n);
+        (void)cudaEventDestroy(pre);
+        if (ready != 0)
+            goto out;
         /* stage both sides through device memory; in-place stays in place */
         const int inplace = (const void *)recv == send;
         if (stage_room(c, (inplace ? (sn > rn ? sn : rn) : sn + rn) * es, what, n) != 0)
@@ -652,14 +661,30 @@ int nccl_grid_create(const grid_t *g, nccl_grid_t *ng, void *after_stream, doubl
 void nccl_grid_abort(nccl_grid_t *ng)
 {
     comm_t *all[] = {ng->replica, ng->shard, ng->embed, ng->pp, ng->dp, ng->tp, ng->world};
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-        if (all[i])
-            comm_abort(nm(all[i]));
+    const size_t k = sizeof all / sizeof all[0];
+    /* the run is already failing: the statuses of the abort add nothing */
+    (void)ncclGroupStart();
+    for (size_t i = 0; i < k; i++)
+        if (all[i] && nm(all[i])->nc)
+            (void)ncclCommAbort(nm(all[i])->nc);
+    (void)ncclGroupEnd();
+    for (size_t i = 0; i < k; i++)
+        if (all[i]) {
+            nm(all[i])->nc = NULL; /* freed by the abort */
+            nm(all[i])->failed = 1;
+        }
 }
 
 void nccl_grid_destroy(nccl_grid_t *ng)
 {
     comm_t **all[] = {&ng->replica, &ng->shard, &ng->embed, &ng->pp, &ng->dp, &ng->tp, &ng->world};
+    /* a group that failed cannot be destroyed (its peers may never finish):
+     * abort them all together first */
+    int failed = 0;
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        failed |= *all[i] && nm(*all[i])->failed && nm(*all[i])->nc;
+    if (failed)
+        nccl_grid_abort(ng);
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
         if (*all[i])
             (*all[i])->ops->destroy(*all[i]);

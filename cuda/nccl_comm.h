@@ -29,11 +29,14 @@ typedef struct nccl_grid {
  * rank has its own). */
 int nccl_grid_create(const grid_t *g, nccl_grid_t *ng, void *after_stream, double timeout_s, char *err,
                      size_t errlen);
-/* A run that failed: every group's communicator is aborted (ncclCommAbort
- * ends its kernels still waiting on peers, which a later cudaFree or
- * ncclCommDestroy would otherwise wait for without end). Every rank of
- * the job calls it, having agreed that the run failed; later calls on the
- * groups fail, and nccl_grid_destroy then only frees. Local. */
+/* A run that failed: every group's communicator is aborted, all in one
+ * ncclGroupStart/End (ncclCommAbort ends kernels still waiting on peers,
+ * which a later cudaFree or ncclCommDestroy would otherwise wait for
+ * without end; aborted one by one, each abort could wait for the others'
+ * kernels). Every rank of the job calls it, having agreed that the run
+ * failed; later calls on the groups fail, and nccl_grid_destroy then only
+ * frees. nccl_grid_destroy calls it itself when a group has failed.
+ * Local. */
 void nccl_grid_abort(nccl_grid_t *ng);
 void nccl_grid_destroy(nccl_grid_t *ng);
 

@@ -73,7 +73,7 @@ static struct {
     int concurrent;    /* cudaDevAttrConcurrentManagedAccess: the host may touch managed memory while kernels run */
     cudaStream_t stream;
     cublasLtHandle_t lt;
-    cublasHandle_t blas; /* made on the first GEMM cuBLASLt has no algorithm for (lt_gemm) */
+    cublasHandle_t blas; /* for the GEMMs cuBLASLt has no algorithm for (lt_gemm) */
     void *ws;
     /* sumsq: room for `sum_cap` vectors of partial sums (device and host)
      * and their pointers and lengths (device) */
@@ -660,11 +660,6 @@ static int lt_gemm(const char *what, cudaDataType_t ab, cublasOperation_t ta, cu
      * operands can leave the heuristic empty): the same GEMM through
      * cublasGemmEx, which takes any alignment, with the same types and
      * CUBLAS_COMPUTE_32F, on the compute stream with the same workspace. */
-    if (!g.blas) {
-        ckb(cublasCreate(&g.blas), what);
-        ckb(cublasSetStream(g.blas, g.stream), what);
-        ckb(cublasSetWorkspace(g.blas, g.ws, WORKSPACE_BYTES), what);
-    }
     ckb(cublasGemmEx(g.blas, ta, tb, m, n, k, &alpha, A, ab, lda, B, ab, ldb, &beta, C, CUDA_R_32F, ldc,
                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT), what);
     lt_cache.blas++;
@@ -1978,6 +1973,19 @@ extern "C" int ops_cuda_init(int dev, char *err, size_t errlen)
     if (bs != CUBLAS_STATUS_SUCCESS) {
         snprintf(err, errlen, "CUDA backend on device %d: cublasLtCreate: %s", dev, cublasGetStatusString(bs));
         g.lt = NULL;
+        ops_cuda_shutdown();
+        return -1;
+    }
+    /* the fallback's handle, made now rather than mid-run (its setup may
+     * allocate, and cudaFree waits for the whole device, NCCL kernels
+     * included); SetStream before SetWorkspace, which SetStream resets */
+    bs = cublasCreate(&g.blas);
+    if (bs == CUBLAS_STATUS_SUCCESS)
+        bs = cublasSetStream(g.blas, g.stream);
+    if (bs == CUBLAS_STATUS_SUCCESS)
+        bs = cublasSetWorkspace(g.blas, g.ws, WORKSPACE_BYTES);
+    if (bs != CUBLAS_STATUS_SUCCESS) {
+        snprintf(err, errlen, "CUDA backend on device %d: cuBLAS handle: %s", dev, cublasGetStatusString(bs));
         ops_cuda_shutdown();
         return -1;
     }

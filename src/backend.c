@@ -49,13 +49,11 @@ static void comm_order_after_ops(const backend_t *b, const grid_t *g)
 
 #ifdef HAVE_CUDA
 /* Takes the GPU of this local rank and sets up the CUDA ops table. */
-static int open_cuda(backend_t *b, int local_rank, int local_size, char *err, size_t errlen)
+static int open_cuda(backend_t *b, int local_rank, char *err, size_t errlen)
 {
     int dev = cuda_select_device(local_rank, err, errlen);
     if (dev < 0)
         return -1;
-    char why[256];
-    const int gpus = cuda_device_count(why, sizeof why); /* > 0: the selection just counted them */
     if (ops_cuda_init(dev, err, errlen) != 0)
         return -1;
     char name[200];
@@ -63,17 +61,15 @@ static int open_cuda(backend_t *b, int local_rank, int local_size, char *err, si
     b->ops = ops_cuda();
     b->cuda = 1;
     b->device = dev;
-    b->shared_gpu = local_size > gpus;
     b->no_concurrent_managed = !ops_cuda_concurrent_managed();
-    snprintf(b->desc, sizeof b->desc, "cuda (device %d of local rank %d: %s%s)%s", dev, local_rank, name,
-             b->shared_gpu ? ", shared: more ranks on this node than GPUs" : "",
+    snprintf(b->desc, sizeof b->desc, "cuda (device %d of local rank %d: %s)%s", dev, local_rank, name,
              ops_cuda_synchronous() ? "; every op waits for its kernels (DTRAIN_CUDA_SYNC_OPS=1 or no concurrent "
                                       "managed access)" : "");
     return 0;
 }
 #endif
 
-int backend_open(backend_t *b, const char *device, int local_rank, int local_size, char *err, size_t errlen)
+int backend_open(backend_t *b, const char *device, int local_rank, char *err, size_t errlen)
 {
     memset(b, 0, sizeof *b);
     b->device = -1;
@@ -83,12 +79,12 @@ int backend_open(backend_t *b, const char *device, int local_rank, int local_siz
     }
 #ifdef HAVE_CUDA
     if (strcmp(device, "cuda") == 0)
-        return open_cuda(b, local_rank, local_size, err, errlen);
+        return open_cuda(b, local_rank, err, errlen);
     /* auto */
     char why[256] = "";
     int n = cuda_device_count(why, sizeof why);
     if (n > 0)
-        return open_cuda(b, local_rank, local_size, err, errlen);
+        return open_cuda(b, local_rank, err, errlen);
     char line[300];
     snprintf(line, sizeof line, "(--device auto: no GPU usable: %s)", n == 0 ? "0 devices visible" : why);
     use_cpu(b, line);
@@ -103,10 +99,53 @@ int backend_open(backend_t *b, const char *device, int local_rank, int local_siz
 #endif
 }
 
+#ifdef HAVE_CUDA
+#define MAX_NODE_RANKS 1024 /* ranks per node compared (beyond: not checked, NCCL then says it) */
+
+/* b->shared_gpu: another rank of this node runs on the same physical GPU.
+ * Compared by UUID, not by counting devices: under --gpu-bind or a
+ * per-rank CUDA_VISIBLE_DEVICES every rank sees one GPU, device 0, each a
+ * different one. Collective over MPI_COMM_WORLD (CPU ranks take part with
+ * a zero UUID, which matches nothing). */
+static int find_shared_gpu(backend_t *b, char *err, size_t errlen)
+{
+    unsigned char mine[16] = {0};
+    int failed = b->cuda && cuda_device_uuid(b->device, mine, err, errlen) != 0;
+    MPI_Comm node = MPI_COMM_NULL;
+    int n = 0, me = 0;
+    if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) != MPI_SUCCESS ||
+        MPI_Comm_size(node, &n) != MPI_SUCCESS || MPI_Comm_rank(node, &me) != MPI_SUCCESS) {
+        snprintf(err, errlen, "--comm: MPI_Comm_split_type (the ranks of this node) failed");
+        return -1;
+    }
+    /* every rank of the node enters the gather, whatever failed above */
+    unsigned char all[MAX_NODE_RANKS][16];
+    int rc = n <= MAX_NODE_RANKS ? MPI_Allgather(mine, 16, MPI_BYTE, all, 16, MPI_BYTE, node) : MPI_SUCCESS;
+    (void)MPI_Comm_free(&node);
+    if (rc != MPI_SUCCESS) {
+        snprintf(err, errlen, "--comm: MPI_Allgather of the GPU UUIDs failed");
+        return -1;
+    }
+    static const unsigned char zero[16];
+    b->shared_gpu = 0;
+    for (int r = 0; r < n && n <= MAX_NODE_RANKS && !failed; r++)
+        if (r != me && memcmp(mine, zero, 16) != 0 && memcmp(all[r], mine, 16) == 0)
+            b->shared_gpu = 1;
+    return failed ? -1 : 0;
+}
+#endif
+
 int backend_comm_open(backend_t *b, const char *comm, const grid_t *g, grid_t *net, double timeout_s,
                       char *err, size_t errlen)
 {
     *net = *g;
+#ifdef HAVE_CUDA
+    /* before agreeing below: a rank that failed here agrees on MPI (its
+     * error is its caller's to report) */
+    const int uuid_failed = find_shared_gpu(b, err, errlen) != 0;
+#else
+    const int uuid_failed = 0;
+#endif
     comm_order_after_ops(b, g);
     snprintf(b->comm_desc, sizeof b->comm_desc, "mpi (every group)");
     const int nccl = strcmp(comm, "nccl") == 0;
@@ -118,22 +157,24 @@ int backend_comm_open(backend_t *b, const char *comm, const grid_t *g, grid_t *n
     const int bad = nccl && (!b->cuda || b->shared_gpu || host_touch);
 #ifdef HAVE_CUDA
     /* allocated before agreeing, so a failure here cannot leave peers in NCCL's bootstrap */
-    nccl_grid_t *ng = want && !bad ? calloc(1, sizeof *ng) : NULL;
-    const int oom = want && !bad && !ng;
+    nccl_grid_t *ng = want && !bad && !uuid_failed ? calloc(1, sizeof *ng) : NULL;
+    const int oom = want && !bad && !uuid_failed && !ng;
 #else
     const int oom = 0;
 #endif
-    int mine = want && !bad && !oom && !b->shared_gpu && !host_touch, all = 0;
+    int mine = want && !bad && !oom && !b->shared_gpu && !host_touch && !uuid_failed, all = 0;
     int rc = MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     if (rc != MPI_SUCCESS) {
         snprintf(err, errlen, "--comm %s: MPI_Allreduce (agreeing on the library) failed", comm);
         return -1;
     }
+    if (uuid_failed)
+        return -1; /* err says why; the others continue on MPI and the caller's agreement ends the job */
     if (bad || oom) {
         if (bad && !b->cuda)
             snprintf(err, errlen, "--comm nccl: this rank runs on the CPU (%s): NCCL needs --device cuda", b->desc);
         else if (bad && b->shared_gpu)
-            snprintf(err, errlen, "--comm nccl: this node runs more ranks than it has GPUs, and NCCL needs a GPU "
+            snprintf(err, errlen, "--comm nccl: another rank of this node uses the same GPU, and NCCL needs a GPU "
                                   "per rank: start at most one rank per GPU, or use --comm mpi");
         else if (bad)
             snprintf(err, errlen, "--comm nccl with --pp > 1: this GPU has no concurrent managed memory access, so "
@@ -148,7 +189,7 @@ int backend_comm_open(backend_t *b, const char *comm, const grid_t *g, grid_t *n
 #endif
         if (want)
             snprintf(b->comm_desc, sizeof b->comm_desc, "mpi (every group: %s)",
-                     b->shared_gpu  ? "a node runs more ranks than it has GPUs"
+                     b->shared_gpu  ? "ranks of a node share a GPU"
                      : host_touch   ? "no concurrent managed memory access beside the pipeline's MPI transfers"
                                     : "not every rank can use NCCL");
         return 0;
@@ -203,7 +244,7 @@ int backend_selftest(int local_rank, FILE *out, char *err, size_t errlen)
 {
 #ifdef HAVE_CUDA
     backend_t b;
-    if (backend_open(&b, "cuda", local_rank, 0, err, errlen) != 0)
+    if (backend_open(&b, "cuda", local_rank, err, errlen) != 0)
         return -1;
     fprintf(out, "selftest on %s\n", b.desc);
     int rc = cuda_selftest(b.ops, out, err, errlen);

@@ -15,7 +15,7 @@ typedef struct backend {
     int cuda;        /* 1 when the CUDA backend is in use */
     int deferred;    /* 1 under DTRAIN_DEFER_OPS=1 (the CPU table of ops_defer) */
     int device;      /* CUDA device id, -1 on the CPU */
-    int shared_gpu;  /* CUDA: this node runs more ranks than it has GPUs, so GPUs are shared (NCCL cannot be used) */
+    int shared_gpu;  /* CUDA: another rank of this node uses the same GPU (NCCL cannot; set by backend_comm_open) */
     int no_concurrent_managed; /* CUDA: the host may not touch managed memory while kernels run */
     char desc[448];  /* one line for the banner */
     void *nccl;      /* the NCCL communicators (nccl_grid_t *) under --comm nccl, else NULL */
@@ -26,11 +26,11 @@ typedef struct backend {
 int backend_have_cuda(void);
 
 /* Resolves `device` ("auto", "cpu", "cuda") for the rank with this local
- * rank, one of local_size ranks on its node (0 when unknown). auto = cuda when built with it and cudaGetDeviceCount finds a GPU,
+ * rank. auto = cuda when built with it and cudaGetDeviceCount finds a GPU,
  * else cpu. On the CPU, DTRAIN_DEFER_OPS=1 in the environment wraps the
  * table in ops_defer (ops.h): a test of the trainer's waits. Returns 0, or -1 with one line in err (--device cuda without a
  * CUDA build, or without a usable GPU: the CUDA error string). Local. */
-int backend_open(backend_t *b, const char *device, int local_rank, int local_size, char *err, size_t errlen);
+int backend_open(backend_t *b, const char *device, int local_rank, char *err, size_t errlen);
 /* Releases the backend's resources, the communicators of
  * backend_comm_open included (safe on a zeroed or failed one). */
 void backend_close(backend_t *b);
@@ -44,8 +44,9 @@ void backend_close(backend_t *b);
  * (0 = none; see nccl_comm.h). pp stays MPI: the pipeline executor posts
  * receives ahead of sends in an order NCCL's one-queue-per-communicator
  * point to point does not tolerate (doc/design.md, "NCCL in training"). auto = nccl when
- * every rank opened CUDA, no node runs more ranks than it has GPUs (NCCL
- * refuses two ranks of a communicator on one GPU), the pipeline's MPI
+ * every rank opened CUDA, no two ranks of a node use the same physical GPU
+ * (compared by UUID; NCCL refuses two ranks of a communicator on one GPU,
+ * and CUDA_VISIBLE_DEVICES or --gpu-bind may number each rank's GPU 0), the pipeline's MPI
  * transfers may run beside NCCL's kernels (concurrent managed access, or
  * no pipeline), and there is more than one rank; the ranks agree
  * on it, so a mixed job falls back to MPI everywhere instead of hanging.

@@ -91,7 +91,8 @@ typedef struct ops {
     /* The backward of a matmul whose input was gelu(pre): matmul_bwd with
      * din[N,IC] = gelu'(pre[N,IC]) o (dout . w), the gradient at the GELU's
      * input (written, never accumulated), then dw and db as matmul_bwd.
-     * din must not overlap dout, in or pre. */
+     * din must not overlap dout, in or pre; din, dw and db may each be
+     * NULL (not wanted), as in matmul_bwd. */
     void (*matmul_dgelu_bwd)(float *din, float *dw, float *db, const float *dout, const float *in,
                              const float *pre, const float *w, int N, int IC, int OC, int accum_dw);
     void (*matmul_dgelu_bwd_bf16)(float *din, float *dw, float *db, const uint16_t *dout16, const float *dout,

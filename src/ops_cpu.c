@@ -994,7 +994,8 @@ static void matmul_dgelu_bwd(float *din, float *dw, float *db, const float *dout
                              const float *w, int N, int IC, int OC, int accum_dw)
 {
     matmul_bwd(din, dw, db, dout, in, w, N, IC, OC, 0, accum_dw);
-    gelu_bwd(din, pre, din, (size_t)N * IC);
+    if (din)
+        gelu_bwd(din, pre, din, (size_t)N * IC);
 }
 
 static void matmul_dgelu_bwd_bf16(float *din, float *dw, float *db, const uint16_t *dout16, const float *dout,
@@ -1002,7 +1003,8 @@ static void matmul_dgelu_bwd_bf16(float *din, float *dw, float *db, const uint16
                                   int accum_dw)
 {
     matmul_bwd_bf16(din, dw, db, dout16, dout, in, w, N, IC, OC, 0, accum_dw);
-    gelu_bwd(din, pre, din, (size_t)N * IC);
+    if (din)
+        gelu_bwd(din, pre, din, (size_t)N * IC);
 }
 
 /* ---- bf16 casts ------------------------------------------------------------------------ */

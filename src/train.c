@@ -477,7 +477,7 @@ int trainer_setup(trainer_t *tr, const run_options_t *o, const launch_env_t *env
     /* what follows is collective (shard groups, NCCL bootstrap): no rank
      * may enter it while another has already failed */
     if (h5store_agree(MPI_COMM_WORLD,
-                      backend_open(&tr->backend, o->device, env->local_rank, env->local_size, err, errlen), err,
+                      backend_open(&tr->backend, o->device, env->local_rank, err, errlen), err,
                       errlen) != 0)
         return -1;
     const int H = o->hybrid_shard;
@@ -702,26 +702,37 @@ double trainer_val_loss(trainer_t *tr)
      * runs the same number of forwards: where val_batches is not a
      * multiple of dp, the ranks past the last microbatch evaluate
      * microbatch 0 again and drop the result (skipping it left the others
-     * in that all-gather: a hang). A NaN (a failed forward) is kept and
-     * reduced like any value, so every rank enters the same collectives
-     * and the sum comes out NaN everywhere. */
+     * in that all-gather: a hang). After each round the ranks agree
+     * whether any forward failed (NaN: a failed collective or a non-finite
+     * loss); if one did they all stop together, since a rank whose
+     * communicator failed skips the collectives its peers would wait in. */
     const int nb = tr->opt->val_batches;
     const int rounds = (nb + g->dp_size - 1) / g->dp_size;
     float *means = calloc((size_t)nb, sizeof *means);
     if (!means)
-        return NAN;
-    for (int r = 0; r < rounds; r++) {
+        return NAN; /* every rank allocates the same few bytes: out of memory here is out of memory everywhere */
+    int failed = 0;
+    for (int r = 0; r < rounds && !failed; r++) {
         const int i = r * g->dp_size + g->dp_rank;
-        if (i >= nb && tr->zero_stage < 3)
-            break;
-        const uint64_t src = i < nb ? (uint64_t)i : 0;
-        for (int b = 0; b < B; b++)
-            data_sample(&tr->val, src * B + b, tr->tok + (size_t)b * T, tr->tgt + (size_t)b * T);
-        float v = pipeline_eval(tr, tr->tok, tr->tgt, B, T);
-        if (i < nb)
-            means[i] = v;
+        if (i < nb || tr->zero_stage >= 3) {
+            const uint64_t src = i < nb ? (uint64_t)i : 0;
+            for (int b = 0; b < B; b++)
+                data_sample(&tr->val, src * B + b, tr->tok + (size_t)b * T, tr->tgt + (size_t)b * T);
+            float v = pipeline_eval(tr, tr->tok, tr->tgt, B, T);
+            failed = isnan(v);
+            if (i < nb)
+                means[i] = v;
+        }
+        if (g->world_size > 1) {
+            watchdog_enter(tr->watch, "allreduce (validation failed?)", "world", g->world_size, (long long)sizeof failed,
+                           -1);
+            int rc = MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+            watchdog_leave(tr->watch);
+            if (rc != MPI_SUCCESS)
+                failed = 1;
+        }
     }
-    if ((g->pp_size > 1 && g->pp->ops->allreduce(g->pp, means, (size_t)nb, COMM_SUM) != 0) ||
+    if (failed || (g->pp_size > 1 && g->pp->ops->allreduce(g->pp, means, (size_t)nb, COMM_SUM) != 0) ||
         (g->dp_size > 1 && g->dp->ops->allreduce(g->dp, means, (size_t)nb, COMM_SUM) != 0)) {
         free(means);
         return NAN;

@@ -638,6 +638,11 @@ static void test_matmul_gelu(int N, int IC, int OC)
         check_true(what, !memcmp(din, din2, (size_t)N * OC * 4) && !memcmp(dw, dw2, (size_t)OC2 * OC * 4) &&
                              !memcmp(db, db2, (size_t)OC2 * 4));
     }
+    /* din not wanted (NULL): dw and db as before, nothing else touched */
+    ops->matmul_dgelu_bwd(NULL, dw, db, d2, out, pre, w2, N, OC, OC2, 0);
+    ops->matmul_bwd(NULL, dw2, db2, d2, out, w2, N, OC, OC2, 0, 0);
+    snprintf(what, sizeof what, "matmul_dgelu_bwd %dx%dx%d with din NULL: dw, db as matmul_bwd (bits)", N, OC, OC2);
+    check_true(what, !memcmp(dw, dw2, (size_t)OC2 * OC * 4) && !memcmp(db, db2, (size_t)OC2 * 4));
     /* bf16 operands */
     uint16_t *in16 = xmalloc((size_t)N * IC * 2), *w16 = xmalloc((size_t)OC * IC * 2);
     uint16_t *out16 = xmalloc((size_t)N * OC * 2), *w216 = xmalloc((size_t)OC2 * OC * 2);
