@@ -1,0 +1,434 @@
+/* ops_cuda.cu's row, reduction, attention, embedding and cross-entropy
+ * kernels run on the host against the CPU ops table.
+ *
+ * The kernels are cuda/ops_cuda.cu's own, copied verbatim at build time by
+ * extract_kernels.py (ops_cuda_kernels.inc). They run under a thread-block
+ * emulation: every CUDA thread of a block is a std::thread, __syncthreads
+ * a barrier over the block, __shfl_xor_sync an exchange through a per-warp
+ * buffer between two per-warp barriers; blocks run one after another
+ * (__shared__ is static). Kernels that never synchronise run their threads
+ * one after another on the calling thread (a __syncthreads there aborts).
+ * The launches mirror the host wrappers' grids (attention_fwd/bwd, the
+ * norms' chunked column reductions, embedding_bwd with std::stable_sort,
+ * run-length encoding and a scan in place of cub, sumsq's partial fold).
+ *
+ * Results are compared with src/ops_cpu.c's: attention, norms and the
+ * cross-entropy to 1e-5 of the largest magnitude (summation order
+ * differs), the embedding bit for bit, sumsq to 1e-6 relative. The shapes
+ * cover partial tiles, GQA, head sizes over 64 and not a multiple of 4,
+ * padding columns (ld > Vl), tokens and targets outside this rank's range,
+ * and N > COL_ROWS rows (chunked column reductions).
+ *
+ * Output: one line per failed check, a summary. Exit 0 when all pass. */
+extern "C" {
+#include "ops.h"
+#include "ops_math.h"
+}
+
+#include <algorithm>
+#include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits.h>
+#include <math.h>
+#include <mutex>
+#include <random>
+#include <stdint.h>
+#include <thread>
+#include <vector>
+
+/* ---- the CUDA dialect on the host ---- */
+#define __global__
+#define __device__
+#define __host__
+#define __launch_bounds__(x)
+#define __shared__ static
+
+struct dim3 {
+    unsigned x, y, z;
+    dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+static thread_local dim3 threadIdx, blockIdx;
+static dim3 gridDim, blockDim;
+using std::max;
+using std::min;
+
+struct Barrier {
+    std::mutex m;
+    std::condition_variable cv;
+    unsigned n, count = 0, gen = 0;
+    explicit Barrier(unsigned n_) : n(n_) {}
+    void wait()
+    {
+        std::unique_lock<std::mutex> l(m);
+        unsigned g0 = gen;
+        if (++count == n) {
+            count = 0;
+            gen++;
+            cv.notify_all();
+        } else {
+            cv.wait(l, [&] { return gen != g0; });
+        }
+    }
+};
+static Barrier *block_bar;
+static Barrier *warp_bar[32];
+alignas(8) static unsigned char shfl_buf[1024][8];
+
+static void __syncthreads()
+{
+    if (!block_bar) {
+        fprintf(stderr, "test_kernels_emu: __syncthreads in a kernel launched without barriers\n");
+        abort();
+    }
+    block_bar->wait();
+}
+
+template <typename T> static T __shfl_xor_sync(unsigned, T v, int o)
+{
+    static_assert(sizeof(T) <= 8, "shuffle of a type over 8 bytes");
+    const unsigned t = threadIdx.x;
+    if (!warp_bar[t >> 5]) {
+        fprintf(stderr, "test_kernels_emu: __shfl_xor_sync in a kernel launched without barriers\n");
+        abort();
+    }
+    memcpy(shfl_buf[t], &v, sizeof v);
+    warp_bar[t >> 5]->wait();
+    T r;
+    memcpy(&r, shfl_buf[t ^ (unsigned)o], sizeof r);
+    warp_bar[t >> 5]->wait();
+    return r;
+}
+
+static void cuda_fatal(const char *what, const char *msg)
+{
+    fprintf(stderr, "test_kernels_emu: %s: %s\n", what, msg);
+    exit(2);
+}
+
+#include "ops_cuda_kernels.inc"
+
+/* f() run by every thread of every block of grid; with sync, each block's
+ * threads run concurrently (std::thread) with barriers for __syncthreads
+ * and the warp shuffles. */
+template <class F> static void launch(dim3 grid, unsigned threads, bool sync, F f)
+{
+    gridDim = grid;
+    blockDim = dim3(threads);
+    for (unsigned z = 0; z < grid.z; z++)
+        for (unsigned y = 0; y < grid.y; y++)
+            for (unsigned x = 0; x < grid.x && !sync; x++) {
+                {
+                    for (unsigned t = 0; t < threads; t++) {
+                        threadIdx = dim3(t);
+                        blockIdx = dim3(x, y, z);
+                        f();
+                    }
+                }
+            }
+    if (!sync)
+        return;
+    /* one std::thread per CUDA thread for the whole launch, running the
+     * blocks in turn (a barrier between blocks: __shared__ is reused) */
+    Barrier b(threads);
+    std::vector<Barrier *> wb;
+    for (unsigned w = 0; w < (threads + 31) / 32; w++)
+        wb.push_back(warp_bar[w] = new Barrier(threads - 32 * w < 32 ? threads - 32 * w : 32));
+    block_bar = &b;
+    std::vector<std::thread> th;
+    for (unsigned t = 0; t < threads; t++)
+        th.emplace_back([=, &b] {
+            threadIdx = dim3(t);
+            for (unsigned z = 0; z < grid.z; z++)
+                for (unsigned y = 0; y < grid.y; y++)
+                    for (unsigned x = 0; x < grid.x; x++) {
+                        blockIdx = dim3(x, y, z);
+                        f();
+                        b.wait();
+                    }
+        });
+    for (auto &t : th)
+        t.join();
+    block_bar = nullptr;
+    for (unsigned w = 0; w < wb.size(); w++) {
+        delete wb[w];
+        warp_bar[w] = nullptr;
+    }
+}
+
+/* ---- checks ---- */
+static const ops_t *cpu;
+static int checks, failed;
+
+/* emu against cpu: |emu - cpu| <= tol * max |cpu| (tol < 0: same bits) */
+static void check(const char *what, const char *shape, const float *emu, const float *ref, size_t n, double tol)
+{
+    checks++;
+    double big = 0.0;
+    for (size_t i = 0; i < n; i++)
+        big = std::max(big, (double)fabsf(ref[i]));
+    for (size_t i = 0; i < n; i++) {
+        bool ok = tol < 0 ? memcmp(&emu[i], &ref[i], sizeof(float)) == 0
+                          : fabs((double)emu[i] - (double)ref[i]) <= tol * big;
+        if (!ok) {
+            printf("FAIL %s %s: element %zu: %.9g, cpu %.9g (largest %.6g)\n", what, shape, i, emu[i], ref[i], big);
+            failed++;
+            return;
+        }
+    }
+}
+
+static std::mt19937 rng(12345);
+static float urand(float lo, float hi) { return std::uniform_real_distribution<float>(lo, hi)(rng); }
+static std::vector<float> rvec(size_t n, float lo, float hi)
+{
+    std::vector<float> v(n);
+    for (auto &x : v)
+        x = urand(lo, hi);
+    return v;
+}
+
+static const double TOL = 1e-5;
+
+/* ---- attention: the launches of attention_fwd/attention_bwd ---- */
+template <int NC>
+static void att_run(float *out, float *lse, float *dqkv, const float *dout, const float *qkv, int B, int T, int NH,
+                    int NKV, int HS)
+{
+    const float scale = 1.0f / sqrtf((float)HS);
+    dim3 gq(att_grid_x("attention", (T + ATT_BR - 1) / ATT_BR, NC, HS), (unsigned)NH, (unsigned)B);
+    dim3 gk(att_grid_x("attention", (T + ATT_BC - 1) / ATT_BC, NC, HS), (unsigned)NKV, (unsigned)B);
+    launch(gq, ATT_THREADS, true, [=] { k_att_fwd<NC>(out, lse, qkv, T, NH, NKV, HS, scale); });
+    launch(gq, ATT_THREADS, true, [=] { k_att_bwd_dq<NC>(dqkv, dout, qkv, out, lse, T, NH, NKV, HS, scale); });
+    launch(gk, ATT_THREADS, true, [=] { k_att_bwd_dkv<NC>(dqkv, dout, qkv, out, lse, T, NH, NKV, HS, scale); });
+}
+
+static void test_attention(int B, int T, int NH, int NKV, int HS)
+{
+    char shape[96];
+    snprintf(shape, sizeof shape, "B=%d T=%d NH=%d NKV=%d HS=%d", B, T, NH, NKV, HS);
+    const size_t N = (size_t)B * T, R = (size_t)(NH + 2 * NKV) * HS, OC = (size_t)NH * HS;
+    std::vector<float> qkv = rvec(N * R, -2.0f, 2.0f), dout = rvec(N * OC, -1.0f, 1.0f);
+    std::vector<float> out(N * OC), lse((size_t)B * NH * T), dqkv(N * R, 0.0f);
+    std::vector<float> rout(N * OC), rlse(lse.size()), rdqkv(N * R, 0.0f);
+    cpu->attention_fwd(rout.data(), rlse.data(), qkv.data(), B, T, NH, NKV, HS);
+    cpu->attention_bwd(rdqkv.data(), dout.data(), qkv.data(), rout.data(), rlse.data(), B, T, NH, NKV, HS);
+    /* the backward from the CPU's forward, so only the backward is compared there */
+    const int nc = att_nc(HS);
+    if (nc == 1)
+        att_run<1>(out.data(), lse.data(), dqkv.data(), dout.data(), qkv.data(), B, T, NH, NKV, HS);
+    else if (nc == 2)
+        att_run<2>(out.data(), lse.data(), dqkv.data(), dout.data(), qkv.data(), B, T, NH, NKV, HS);
+    else
+        att_run<ATT_GROUP>(out.data(), lse.data(), dqkv.data(), dout.data(), qkv.data(), B, T, NH, NKV, HS);
+    check("attention_fwd out", shape, out.data(), rout.data(), out.size(), TOL);
+    check("attention_fwd lse", shape, lse.data(), rlse.data(), lse.size(), TOL);
+    check("attention_bwd dqkv", shape, dqkv.data(), rdqkv.data(), dqkv.size(), TOL);
+}
+
+/* ---- layernorm, rmsnorm: the launches of the wrappers ---- */
+static void test_norms(int N, int C)
+{
+    char shape[64];
+    snprintf(shape, sizeof shape, "N=%d C=%d", N, C);
+    const float eps = 1e-5f;
+    const size_t n = (size_t)N * C;
+    std::vector<float> x = rvec(n, -2.0f, 2.0f), w = rvec(C, 0.5f, 1.5f), b = rvec(C, -0.5f, 0.5f);
+    std::vector<float> dout = rvec(n, -1.0f, 1.0f), din0 = rvec(n, -0.5f, 0.5f), dw0 = rvec(C, -1, 1),
+                       db0 = rvec(C, -1, 1);
+    const int nk = col_chunks(N), cb = (C + THREADS - 1) / THREADS, rows = col_rows(N);
+    const float *px = x.data(), *pw = w.data(), *pb = b.data(), *pg = dout.data();
+    for (int accum = 0; accum < 2; accum++) {
+        /* layernorm */
+        std::vector<float> out(n), mean(N), rstd(N), rout(n), rmean(N), rrstd(N);
+        cpu->layernorm_fwd(rout.data(), rmean.data(), rrstd.data(), px, pw, pb, N, C, eps);
+        float *po = out.data(), *pm = mean.data(), *pr = rstd.data();
+        launch(dim3(N), THREADS, true, [=] { k_layernorm_fwd(po, pm, pr, px, pw, pb, C, eps); });
+        if (!accum) {
+            check("layernorm_fwd out", shape, out.data(), rout.data(), n, TOL);
+            check("layernorm_fwd mean", shape, mean.data(), rmean.data(), N, TOL);
+            check("layernorm_fwd rstd", shape, rstd.data(), rrstd.data(), N, TOL);
+        }
+        std::vector<float> din = din0, dw = dw0, db = db0, rdin = din0, rdw = dw0, rdb = db0;
+        cpu->layernorm_bwd(rdin.data(), rdw.data(), rdb.data(), pg, px, pw, rmean.data(), rrstd.data(), N, C, accum);
+        const float *cm = rmean.data(), *cr = rrstd.data();
+        float *pdin = din.data(), *pdw = dw.data(), *pdb = db.data();
+        launch(dim3(N), THREADS, true, [=] { k_layernorm_bwd_dx(pdin, pg, px, pw, cm, cr, C); });
+        std::vector<float> part(2 * (size_t)nk * C + 1);
+        float *pp = part.data(), *pq = pp + (size_t)nk * C;
+        launch(dim3(cb, nk), THREADS, false, [=] { k_layernorm_bwd_dw_part(pp, pq, pg, px, cm, cr, N, C, rows); });
+        launch(dim3(cb), THREADS, false, [=] { k_colsum_fold(pdw, pp, nk, C, accum); });
+        launch(dim3(cb), THREADS, false, [=] { k_colsum_fold(pdb, pq, nk, C, accum); });
+        const char *a = accum ? " (accum)" : "";
+        char what[64];
+        snprintf(what, sizeof what, "layernorm_bwd din%s", a);
+        check(what, shape, din.data(), rdin.data(), n, TOL);
+        snprintf(what, sizeof what, "layernorm_bwd dw%s", a);
+        check(what, shape, dw.data(), rdw.data(), C, TOL);
+        snprintf(what, sizeof what, "layernorm_bwd db%s", a);
+        check(what, shape, db.data(), rdb.data(), C, TOL);
+
+        /* rmsnorm */
+        cpu->rmsnorm_fwd(rout.data(), rrstd.data(), px, pw, N, C, eps);
+        launch(dim3(N), THREADS, true, [=] { k_rmsnorm_fwd(po, pr, px, pw, C, eps); });
+        if (!accum) {
+            check("rmsnorm_fwd out", shape, out.data(), rout.data(), n, TOL);
+            check("rmsnorm_fwd rstd", shape, rstd.data(), rrstd.data(), N, TOL);
+        }
+        din = din0, dw = dw0, rdin = din0, rdw = dw0;
+        pdin = din.data(), pdw = dw.data();
+        cpu->rmsnorm_bwd(rdin.data(), rdw.data(), pg, px, pw, rrstd.data(), N, C, accum);
+        launch(dim3(N), THREADS, true, [=] { k_rmsnorm_bwd_dx(pdin, pg, px, pw, cr, C); });
+        launch(dim3(cb, nk), THREADS, false, [=] { k_rmsnorm_bwd_dw_part(pp, pg, px, cr, N, C, rows); });
+        launch(dim3(cb), THREADS, false, [=] { k_colsum_fold(pdw, pp, nk, C, accum); });
+        snprintf(what, sizeof what, "rmsnorm_bwd din%s", a);
+        check(what, shape, din.data(), rdin.data(), n, TOL);
+        snprintf(what, sizeof what, "rmsnorm_bwd dw%s", a);
+        check(what, shape, dw.data(), rdw.data(), C, TOL);
+    }
+}
+
+/* ---- cross-entropy: xent_max, xent_sumexp, xent_finish ---- */
+static void test_xent(int N, int Vl, int ld, int v0, bool alias)
+{
+    char shape[96];
+    snprintf(shape, sizeof shape, "N=%d Vl=%d ld=%d v0=%d%s", N, Vl, ld, v0, alias ? " expbuf=logits" : "");
+    std::vector<float> logits = rvec((size_t)N * ld, -4.0f, 4.0f);
+    std::vector<int32_t> tgt(N);
+    for (int n = 0; n < N; n++) /* some ignored (-1), some on other ranks */
+        tgt[n] = n % 5 == 4 ? -1 : (int32_t)(rng() % (unsigned)(v0 + Vl + 3));
+    const float dloss = 1.0f / N;
+    std::vector<float> mx(N), st(2 * (size_t)N), loss(N), rmx(N), rst(2 * (size_t)N), rloss(N);
+    std::vector<float> e = alias ? logits : std::vector<float>((size_t)N * ld, 7.0f), re = e;
+    cpu->xent_max(rmx.data(), logits.data(), N, Vl, ld);
+    cpu->xent_sumexp(rst.data(), re.data(), alias ? re.data() : logits.data(), rmx.data(), tgt.data(), v0, N, Vl, ld);
+    cpu->xent_finish(rloss.data(), re.data(), rmx.data(), rst.data(), tgt.data(), v0, N, Vl, ld, dloss);
+    float *pm = mx.data(), *ps = st.data(), *pl = loss.data(), *pe = e.data();
+    const float *px = alias ? e.data() : logits.data();
+    const int32_t *pt = tgt.data();
+    launch(dim3(N), THREADS, true, [=] { k_xent_max(pm, px, Vl, ld); });
+    check("xent_max", shape, mx.data(), rmx.data(), N, TOL);
+    launch(dim3(N), THREADS, true, [=] { k_xent_sumexp(ps, pe, px, pm, pt, v0, Vl, ld); });
+    check("xent_sumexp stats", shape, st.data(), rst.data(), st.size(), TOL);
+    launch(dim3(N), THREADS, true, [=] { k_xent_finish(pl, pe, pm, ps, pt, v0, Vl, ld, dloss); });
+    check("xent_finish losses", shape, loss.data(), rloss.data(), N, TOL);
+    check("xent_finish dlogits", shape, e.data(), re.data(), e.size(), TOL);
+    /* losses only */
+    std::fill(loss.begin(), loss.end(), 9.0f);
+    cpu->xent_finish(rloss.data(), NULL, rmx.data(), rst.data(), pt, v0, N, Vl, ld, dloss);
+    launch(dim3(N), THREADS, true, [=] { k_xent_finish(pl, NULL, pm, ps, pt, v0, Vl, ld, dloss); });
+    check("xent_finish losses (no dlogits)", shape, loss.data(), rloss.data(), N, TOL);
+}
+
+/* ---- embedding: embedding_fwd, embedding_bwd (cub emulated) ---- */
+static void test_embedding(int B, int T, int C, int v0, int Vl, bool wpe_on)
+{
+    char shape[96];
+    snprintf(shape, sizeof shape, "N=%d T=%d C=%d v0=%d Vl=%d%s", B * T, T, C, v0, Vl, wpe_on ? "" : " no wpe");
+    const int N = B * T;
+    std::vector<int32_t> tok(N);
+    for (auto &t : tok)
+        t = (int32_t)(rng() % (unsigned)(v0 + Vl + 7));
+    std::vector<float> wte = rvec((size_t)Vl * C, -1, 1), wpe = rvec((size_t)T * C, -1, 1);
+    std::vector<float> out((size_t)N * C), rout(out.size());
+    const float *pwpe = wpe_on ? wpe.data() : NULL, *pwte = wte.data();
+    const int32_t *pt = tok.data();
+    cpu->embedding_fwd(rout.data(), pt, pwte, pwpe, N, T, C, v0, Vl);
+    float *po = out.data();
+    launch(dim3(grid_for((size_t)N * C, THREADS)), THREADS, false,
+           [=] { k_embedding_fwd(po, pt, pwte, pwpe, N, T, C, v0, Vl); });
+    check("embedding_fwd", shape, out.data(), rout.data(), out.size(), -1);
+
+    std::vector<float> dout = rvec((size_t)N * C, -1, 1);
+    const float *pg = dout.data();
+    for (int accum = 0; accum < 2; accum++) {
+        std::vector<float> dwte = rvec((size_t)Vl * C, -1, 1), dwpe = rvec((size_t)T * C, -1, 1);
+        std::vector<float> rdwte = dwte, rdwpe = dwpe;
+        cpu->embedding_bwd(rdwte.data(), wpe_on ? rdwpe.data() : NULL, pg, pt, N, T, C, v0, Vl, accum);
+        if (!accum) {
+            std::fill(dwte.begin(), dwte.end(), 0.0f);
+            std::fill(dwpe.begin(), dwpe.end(), 0.0f);
+        }
+        /* embedding_bwd_rows with cub's sort, run-length encoding and scan on the host */
+        std::vector<int> key(N), val(N), idx(N), key_s(N), val_s(N), row(N), cnt(N, 0), off(N);
+        int *pk = key.data(), *pv = val.data();
+        launch(dim3(grid_for((size_t)N, THREADS)), THREADS, false, [=] { k_emb_keys(pk, pv, pt, N, v0, Vl); });
+        for (int i = 0; i < N; i++)
+            idx[i] = i;
+        std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) { return key[a] < key[b]; });
+        for (int i = 0; i < N; i++)
+            key_s[i] = key[idx[i]], val_s[i] = val[idx[i]];
+        int nruns = 0;
+        for (int i = 0; i < N; i++) {
+            if (i == 0 || key_s[i] != key_s[i - 1])
+                row[nruns++] = key_s[i];
+            cnt[nruns - 1]++;
+        }
+        for (int i = 0, s = 0; i < N; i++)
+            off[i] = s, s += cnt[i];
+        float *pdw = dwte.data(), *pdp = dwpe.data();
+        const int *pr = row.data(), *pof = off.data(), *pc = cnt.data(), *pvs = val_s.data(), *pn = &nruns;
+        launch(dim3(N), THREADS, false, [=] { k_emb_rows(pdw, pg, pr, pof, pc, pvs, pn, C, Vl); });
+        if (wpe_on)
+            launch(dim3(grid_for((size_t)T * C, THREADS)), THREADS, false,
+                   [=] { k_embedding_bwd_wpe(pdp, pg, N, T, C); });
+        check(accum ? "embedding_bwd dwte (accum)" : "embedding_bwd dwte", shape, dwte.data(), rdwte.data(),
+              dwte.size(), -1);
+        if (wpe_on)
+            check(accum ? "embedding_bwd dwpe (accum)" : "embedding_bwd dwpe", shape, dwpe.data(), rdwpe.data(),
+                  dwpe.size(), -1);
+    }
+}
+
+/* ---- sumsq: k_sumsq and the wrapper's fold of the partials ---- */
+static void test_sumsq()
+{
+    const size_t ns[] = {1000, 3, 70000};
+    const int count = 3;
+    std::vector<std::vector<float>> v;
+    std::vector<const float *> xs;
+    for (size_t n : ns) {
+        v.push_back(rvec(n, -3, 3));
+        xs.push_back(v.back().data());
+    }
+    double ref[count], got[count];
+    cpu->sumsq(ref, xs.data(), ns, count);
+    std::vector<double> part((size_t)count * SUMSQ_BLOCKS);
+    double *pp = part.data();
+    const float *const *px = xs.data();
+    const size_t *pn = ns;
+    launch(dim3(SUMSQ_BLOCKS, count), THREADS, true, [=] { k_sumsq(pp, px, pn); });
+    for (int i = 0; i < count; i++) {
+        got[i] = 0.0;
+        for (int b = 0; b < SUMSQ_BLOCKS; b++)
+            got[i] += part[(size_t)i * SUMSQ_BLOCKS + b];
+        checks++;
+        if (!(fabs(got[i] - ref[i]) <= 1e-6 * fabs(ref[i]))) {
+            printf("FAIL sumsq n=%zu: %.17g, cpu %.17g\n", ns[i], got[i], ref[i]);
+            failed++;
+        }
+    }
+}
+
+int main(void)
+{
+    cpu = ops_cpu();
+    ops_cpu_threads(1);
+    /* partial tiles and GQA (HS <= 64); HS > 64 not a multiple of 4 (two
+     * chunks); HS > 128 (ATT_GROUP chunks, a partial one); tiny HS */
+    test_attention(2, 37, 4, 2, 16);
+    test_attention(1, 33, 3, 1, 70);
+    test_attention(1, 20, 2, 1, 130);
+    test_attention(1, 65, 2, 2, 6);
+    test_norms(5, 300);  /* C over THREADS: two column blocks */
+    test_norms(130, 24); /* two row chunks */
+    test_xent(6, 300, 304, 0, false);
+    test_xent(5, 37, 40, 20, true);
+    test_embedding(3, 50, 20, 0, 40, true);   /* N > 128 */
+    test_embedding(2, 7, 257, 10, 9, false); /* another rank's slice, C over THREADS */
+    test_sumsq();
+    printf("%s: %d of %d checks failed\n", failed ? "FAIL" : "PASS", failed, checks);
+    return failed ? 1 : 0;
+}
