@@ -1,111 +1,285 @@
-#!/bin/sh
-# The one command for a lent GPU machine: the numbers bench/README.md
-# records beside the published H100 anchors (cuBLAS bf16 GEMM about 790
-# TFLOP/s; Megatron-LM about 42 % MFU on 70B-class models; llm.c GPT-2 124M
-# about 1.75M tokens/s on 8 A100s).
+#!/usr/bin/env bash
+# The whole GPU checklist in one command, for a GPU machine lent for a few
+# minutes (doc/gpu.md): from an unpacked bundle (scripts/bundle.sh --cuda)
 #
-#   ./configure --with-cuda && make && ./bench/gpu.sh [STEPS]   (from the build directory)
+#   dtrain-bundle-cuda/bench/gpu.sh [--out DIR] [STEPS]
 #
-# 1. dtrain --selftest: every CUDA op against the CPU op;
-# 2. dtrain-bench-gemm --device cuda --dtype both: the default large shapes
-#    (4096^3, 8192^3, GPT-2 124M's MLP at 16 x 1024 tokens), and --op gelu:
-#    GPT-2's fc with its GELU fused into the GEMM vs as a separate kernel;
-# 3. GPT-2 124M on one GPU, --dtype bf16, micro batch 16 x seq 1024 (16,384
-#    tokens a step), STEPS steps (default 20): median ms/step, tokens/s and
-#    MFU over steps 2..STEPS (step 1 pays for first touch of memory), MFU
-#    against PEAK_TFLOPS (default 989.4: the H100 SXM's dense bf16 peak, as
-#    src/hw.c has it; 312 for an A100);
-# then a block of lines to paste into bench/README.md. Logs are kept in
-# gpu-bench.XXXXXX/ under the current directory.
+# or from a CUDA build directory (./bench/gpu.sh). In order, each step's
+# failure recorded and the next step still run:
+#  1. dtrain --selftest: every CUDA op against the CPU op;
+#  2. the test/gpu suite: test_ops_cuda, test_train_cuda.sh, test_nccl.sh;
+#  3. dtrain-bench-gemm --device cuda --dtype both: 4096^3, 8192^3 and GPT-2
+#     124M's MLP at 16 x 1024 tokens, fastest bf16 row = the measured cuBLAS
+#     bf16 peak; and --op gelu: GPT-2's fc with its GELU in the GEMM's
+#     epilogue vs a separate kernel;
+#  4. training throughput on one GPU, fp32 and bf16: GPT-2 124M (micro batch
+#     16 x 1024) and tiny (micro batch 32 x 256), STEPS steps (default 20):
+#     median ms/step and tokens/s over steps 2..STEPS, MFU against
+#     PEAK_TFLOPS (default 989.4, the H100 SXM dense bf16 peak; also the
+#     H200's) and against the measured bf16 GEMM peak of step 3;
+#  5. Hugging Face: when python3 has transformers and dtrain can export
+#     (dreshard --to-hf, issue 19), test/gpu/hf_logits.sh compares the
+#     logits; until then "skipped: no export yet".
+# It writes DIR/results.md (default gpu-bench.XXXXXX/ under the current
+# directory), markdown rows for bench/README.md beside the published anchors,
+# and DIR/logs.tar.gz with every log. Exit status 0 when every step passed,
+# 1 otherwise; without a GPU it says so in one line and exits 1.
 #
-# DEVICE=cpu runs steps 2 and 3 on the CPU (no self-test) to try the script
-# without a GPU; GEMM_ARGS, GELU_ARGS and TRAIN_ARGS replace the shapes and
-# the batch, e.g.
+# DEVICE=cpu runs steps 3 and 4 on the CPU to try the script without a GPU
+# (no self-test, no GPU tests); GEMM_ARGS, GELU_ARGS, TRAIN_ARGS (GPT-2
+# 124M) and TINY_ARGS replace the shapes and batches, MODELS the models
+# (default "gpt2-124m tiny"), e.g.
 #   DEVICE=cpu GEMM_ARGS="--shapes 256x256x256 --iters 3" GELU_ARGS="--shapes 256x64x256 --iters 3" \
-#     TRAIN_ARGS="--micro-batch 2 --seq-len 64" ./bench/gpu.sh 3
-set -eu
-steps=${1:-20}
+#     TRAIN_ARGS="--micro-batch 2 --seq-len 64" TINY_ARGS="--micro-batch 2 --seq-len 64" ./bench/gpu.sh 3
+set -euo pipefail
+me=gpu.sh
+die() { echo "$me: $*" >&2; exit 1; }
+
+outdir=
+steps=20
+while [ $# -gt 0 ]; do
+    case $1 in
+        --out) [ $# -ge 2 ] || die "--out needs a directory"; outdir=$2; shift ;;
+        --out=*) outdir=${1#--out=} ;;
+        -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        [0-9]*) steps=$1 ;;
+        *) die "unknown argument $1 (try --help)" ;;
+    esac
+    shift
+done
+[ "$steps" -ge 2 ] 2>/dev/null || die "STEPS must be a number >= 2"
 device=${DEVICE:-cuda}
 peak=${PEAK_TFLOPS:-989.4}
 gemm_args=${GEMM_ARGS:-}
+gelu_args=${GELU_ARGS:---shapes 16384x768x3072}
 train_args=${TRAIN_ARGS:---micro-batch 16 --seq-len 1024}
-dtrain=${DTRAIN:-./src/dtrain}
-bench=${DTRAIN_BENCH_GEMM:-./src/dtrain-bench-gemm}
-data=${DATA:-data/gutenberg_train_*.bin}
-srcdir=$(cd "$(dirname "$0")/.." && pwd)
-out=$(mktemp -d gpu-bench.XXXXXX)
-echo "logs in $out/"
+tiny_args=${TINY_ARGS:---micro-batch 32 --seq-len 256}
 
-median() { # json key: over steps 2..
-    sed -n "s/.*\"$2\": \([0-9.e+-]*\).*/\1/p" "$1" | tail -n +2 | sort -g |
-        awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
-}
+# ---- where the programs are: a bundle (env.sh beside bench/) or a build ----
+root=$(cd "$(dirname "$0")/.." && pwd)
+if [ -f "$root/env.sh" ]; then
+    # shellcheck disable=SC1091
+    . "$root/env.sh" || die "sourcing $root/env.sh failed"
+    top_srcdir=$root
+    top_builddir=$root
+    mpiexec=$root/usr/bin/mpirun
+    commit=$(sed -n 's/^commit: //p' "$root/MANIFEST.txt" 2>/dev/null | head -n 1)
+    where_from="bundle $root"
+else
+    top_srcdir=$root
+    top_builddir=$(pwd)
+    [ -x "$top_builddir/src/dtrain" ] || die "run it from a build directory (./bench/gpu.sh) or from an unpacked bundle"
+    mpiexec=$(command -v mpiexec || command -v mpirun || echo mpiexec)
+    commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)
+    where_from="build $top_builddir"
+fi
+dtrain=${DTRAIN:-$top_builddir/src/dtrain}
+bench=${DTRAIN_BENCH_GEMM:-$top_builddir/src/dtrain-bench-gemm}
+probe=$top_builddir/test/gpu/test_ops_cuda
+data=${DATA:-$top_builddir/data/gutenberg_train_*.bin}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
+    OMPI_MCA_mpi_yield_when_idle=1 OMPI_MCA_coll_libnbc_iallreduce_algorithm=1
 
-# 1. the self-test (its failure is recorded, and the benchmarks still run)
+# ---- a GPU, or one line and exit 1 ----
 if [ "$device" = cuda ]; then
-    echo "== $dtrain --selftest"
-    if "$dtrain" --selftest >"$out/selftest.txt" 2>&1; then selftest="pass"; else selftest="FAIL (exit $?)"; fi
-    tail -n 3 "$out/selftest.txt"
+    [ -x "$probe" ] || die "no GPU checks here: $probe missing (not a CUDA build: ./configure --with-cuda, or scripts/bundle.sh --cuda)"
+    if ! probe_out=$("$probe" --probe 2>&1); then
+        die "no GPU: $(echo "$probe_out" | grep -m1 . || echo "test_ops_cuda --probe failed")"
+    fi
+fi
+
+# --out DIR gets results.md and logs.tar.gz only (a machine may send back
+# few files); without it gpu-bench.XXXXXX/ keeps the logs/ folder as well
+if [ -n "$outdir" ]; then
+    mkdir -p "$outdir" || die "cannot create $outdir"
+    out=$(cd "$outdir" && pwd)
+    work=$(mktemp -d "${TMPDIR:-/tmp}/gpu-bench.XXXXXX")
+    trap 'rm -rf "$work"' EXIT
+else
+    out=$(mktemp -d "$(pwd)/gpu-bench.XXXXXX")
+    work=$out
+fi
+logs=$work/logs
+mkdir -p "$logs"
+echo "$me: logs in $logs/, results in $out/results.md"
+failed=0
+t_all=$(date +%s)
+declare -A took=()
+stamp() { took[$1]=$(($(date +%s) - $2))s; }
+
+# Python for the tests' h5py checks and the Hugging Face step, run without
+# the bundle's libraries (PyTorch brings its own)
+plain() { LD_LIBRARY_PATH=${DTRAIN_BUNDLE_SAVED_LD_LIBRARY_PATH-${LD_LIBRARY_PATH:-}} "$@"; }
+python=
+for p in python3 /usr/bin/python3 /opt/torch/.venv/bin/python3; do
+    if command -v "$p" >/dev/null && plain "$p" -c 'import h5py, numpy' 2>/dev/null; then python=$(command -v "$p"); break; fi
+done
+if [ -n "$python" ]; then
+    printf '#!/bin/sh\nLD_LIBRARY_PATH="%s" exec "%s" "$@"\n' "${DTRAIN_BUNDLE_SAVED_LD_LIBRARY_PATH-${LD_LIBRARY_PATH:-}}" \
+        "$python" >"$work/python3"
+    chmod +x "$work/python3"
+    export DTRAIN_PYTHON=$work/python3
+fi
+
+card="CPU ($(nproc) cores)"
+if [ "$device" = cuda ]; then
+    card=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -n 1 ||
+        echo "$probe_out")
+    nvidia-smi >"$logs/nvidia-smi.txt" 2>&1 || true
+    echo "== $card"
+fi
+
+# ---- 1. self-test ----
+if [ "$device" = cuda ]; then
+    echo "== dtrain --selftest"
+    t=$(date +%s)
+    if "$dtrain" --selftest >"$logs/selftest.txt" 2>&1; then selftest="pass: $(tail -n 1 "$logs/selftest.txt")"
+    else selftest="FAIL (exit $?): $(grep -m1 -E '^FAIL|error|selftest' "$logs/selftest.txt" || tail -n 1 "$logs/selftest.txt")"; failed=1; fi
+    stamp selftest "$t"
+    echo "   $selftest"
 else
     selftest="not run (DEVICE=$device)"
 fi
 
-# 2. the GEMMs
-echo "== $bench --device $device --dtype both $gemm_args"
+# ---- 2. the test/gpu suite ----
+suite=()
+if [ "$device" = cuda ]; then
+    t=$(date +%s)
+    export top_srcdir top_builddir MPIEXEC=$mpiexec DTRAIN=$dtrain DTRAIN_BENCH_GEMM=$bench \
+        DTRAIN_PREPARE=$top_builddir/src/dtrain-prepare DRESHARD=$top_builddir/src/dreshard
+    for t1 in test/gpu/test_ops_cuda test/gpu/test_train_cuda.sh test/gpu/test_nccl.sh; do
+        name=$(basename "$t1")
+        echo "== $t1"
+        case $t1 in *.sh) cmd=(bash "$top_srcdir/$t1") ;; *) cmd=("$top_builddir/$t1") ;; esac
+        rc=0
+        "${cmd[@]}" >"$logs/$name.log" 2>&1 || rc=$?
+        case $rc in
+            0) verdict=PASS ;;
+            77) verdict="SKIP ($(grep -m1 SKIP "$logs/$name.log" || echo 77))" ;;
+            *) verdict="FAIL (exit $rc; $(grep -c '^FAIL' "$logs/$name.log" || true) failed checks: $(grep -m1 '^FAIL' "$logs/$name.log" | cut -c1-160))"; failed=1 ;;
+        esac
+        oks=$(grep -c '^ok ' "$logs/$name.log" || true)
+        suite+=("$name: $verdict${oks:+, $oks ok}")
+        echo "   ${suite[-1]}"
+    done
+    stamp suite "$t"
+fi
+
+# ---- 3. the GEMMs ----
+t=$(date +%s)
+echo "== dtrain-bench-gemm --device $device --dtype both $gemm_args"
 gemm_rc=0
 # shellcheck disable=SC2086 # gemm_args is a list of options
-"$bench" --device "$device" --dtype both $gemm_args >"$out/gemm.txt" 2>&1 || gemm_rc=$?
-cat "$out/gemm.txt"
-[ "$gemm_rc" -le 1 ] || { echo "dtrain-bench-gemm failed (exit $gemm_rc)"; exit 1; }
-where=$(sed -n 's/^# dtrain-bench-gemm: \([^;]*\);.*/\1/p' "$out/gemm.txt")
+"$bench" --device "$device" --dtype both $gemm_args >"$logs/gemm.txt" 2>&1 || gemm_rc=$?
+cat "$logs/gemm.txt"
 best() { # dtype: "TFLOP/s NxICxOC" of its fastest row
-    awk -v d="$1" '!/^#/ && $1 == d && $2 == "gemm" && $7 + 0 > b { b = $7 + 0; s = $3 "x" $4 "x" $5 } END { if (b) printf "%.4g %s\n", b, s; else print "- -" }' "$out/gemm.txt"
+    awk -v d="$1" '!/^#/ && $1 == d && $2 == "gemm" && $7 + 0 > b { b = $7 + 0; s = $3 "x" $4 "x" $5 } END { if (b) printf "%.4g %s\n", b, s; else print "- -" }' "$logs/gemm.txt"
 }
-# shellcheck disable=SC2046 # two words each
-set -- $(best bf16) $(best fp32)
-bf16_best=$1 bf16_shape=$2 fp32_best=$3 fp32_shape=$4
-gemm_check=$([ "$gemm_rc" -eq 0 ] && echo "0 wrong" || echo "WRONG VALUES (exit 1)")
+read -r bf16_best bf16_shape < <(best bf16)
+read -r fp32_best fp32_shape < <(best fp32)
+case $gemm_rc in
+    0) gemm_check="0 wrong" ;;
+    1) gemm_check="WRONG VALUES (exit 1)"; failed=1 ;;
+    *) gemm_check="FAILED (exit $gemm_rc)"; failed=1 ;;
+esac
+where=$(sed -n 's/^# dtrain-bench-gemm: \([^;]*\);.*/\1/p' "$logs/gemm.txt" | head -n 1)
 
-# 2b. GPT-2's fc with its GELU: one GEMM with cuBLASLt's GELU epilogue vs
-# the GEMM and the elementwise kernel (bf16, the MLP shape of step 3)
-gelu_args=${GELU_ARGS:---shapes 16384x768x3072}
-echo "== $bench --device $device --dtype bf16 --op gelu $gelu_args"
+echo "== dtrain-bench-gemm --device $device --dtype bf16 --op gelu $gelu_args"
 gelu_rc=0
 # shellcheck disable=SC2086 # gelu_args is a list of options
-"$bench" --device "$device" --dtype bf16 --op gelu $gelu_args >"$out/gelu.txt" 2>&1 || gelu_rc=$?
-cat "$out/gelu.txt"
-[ "$gelu_rc" -le 1 ] || { echo "dtrain-bench-gemm --op gelu failed (exit $gelu_rc)"; exit 1; }
+"$bench" --device "$device" --dtype bf16 --op gelu $gelu_args >"$logs/gelu.txt" 2>&1 || gelu_rc=$?
+cat "$logs/gelu.txt"
 us() { # op: "microseconds NxICxOC" of its first row
-    awk -v o="$1" '!/^#/ && $2 == o { printf "%.1f %s\n", $6, $3 "x" $4 "x" $5; f = 1; exit } END { if (!f) print "- -" }' "$out/gelu.txt"
+    awk -v o="$1" '!/^#/ && $2 == o { printf "%.1f %s\n", $6, $3 "x" $4 "x" $5; f = 1; exit } END { if (!f) print "- -" }' "$logs/gelu.txt"
 }
-# shellcheck disable=SC2046 # two words each
-set -- $(us gemm+gelu) $(us gemm,gelu)
-gelu_fused=$1 gelu_shape=$2 gelu_separate=$3
-gelu_check=$([ "$gelu_rc" -eq 0 ] && echo "0 wrong" || echo "WRONG VALUES (exit 1)")
+read -r gelu_fused gelu_shape < <(us gemm+gelu)
+read -r gelu_separate _ < <(us gemm,gelu)
+case $gelu_rc in
+    0) gelu_check="0 wrong" ;;
+    1) gelu_check="WRONG VALUES (exit 1)"; failed=1 ;;
+    *) gelu_check="FAILED (exit $gelu_rc)"; failed=1 ;;
+esac
+stamp gemm "$t"
 
-# 3. training throughput
-echo "== gpt2-124m, --device $device --dtype bf16 $train_args, $steps steps"
-# shellcheck disable=SC2086 # train_args is a list of options
-"$dtrain" --device "$device" --dtype bf16 --model gpt2-124m $train_args --data "$data" --steps "$steps" \
-    --warmup 1 --val-every 0 --sample-tokens 0 --peak-gflops "$(awk -v p="$peak" 'BEGIN { print p * 1000 }')" \
-    --metrics "$out/train.json" >"$out/train.txt" 2>&1 || { tail -n 20 "$out/train.txt"; exit 1; }
-grep -E "^(backend|compute):" "$out/train.txt" || true
-ms=$(awk -v m="$(median "$out/train.json" ms)" 'BEGIN { printf "%.1f", m }')
-tps=$(awk -v t="$(median "$out/train.json" tokens_per_s)" 'BEGIN { printf "%.0f", t }')
-mfu=$(awk -v m="$(median "$out/train.json" mfu)" 'BEGIN { printf "%.1f", 100 * m }')
+# ---- 4. training throughput ----
+median() { # json key: over steps 2..
+    sed -n "s/.*\"$2\": \([0-9.e+-]*\).*/\1/p" "$1" | tail -n +2 | sort -g |
+        awk '{ v[NR] = $1 } END { if (NR == 0) print "nan"; else if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
+train_rows=()
+if [ "$device" = cuda ]; then on="1 GPU"; else on=CPU; fi
+t=$(date +%s)
+for model in ${MODELS:-gpt2-124m tiny}; do
+    if [ "$model" = tiny ]; then margs=$tiny_args; else margs=$train_args; fi
+    for dt in bf16 fp32; do
+        tag=$model.$dt
+        echo "== $model, --device $device --dtype $dt $margs, $steps steps"
+        rc=0
+        # shellcheck disable=SC2086 # margs is a list of options
+        "$dtrain" --device "$device" --dtype "$dt" --model "$model" $margs --data "$data" --steps "$steps" \
+            --warmup 1 --val-every 0 --sample-tokens 0 --peak-gflops "$(awk -v p="$peak" 'BEGIN { print p * 1000 }')" \
+            --metrics "$logs/$tag.json" >"$logs/$tag.txt" 2>&1 || rc=$?
+        if [ "$rc" -ne 0 ]; then
+            failed=1
+            train_rows+=("| $model, $on, $dt, \`$margs\` | FAILED (exit $rc): $(grep -m1 -iE 'error|dtrain:' "$logs/$tag.txt" | cut -c1-160) | | |")
+            tail -n 5 "$logs/$tag.txt"
+            continue
+        fi
+        grep -E "^(backend|precision|compute):" "$logs/$tag.txt" || true
+        ms=$(awk -v m="$(median "$logs/$tag.json" ms)" 'BEGIN { printf "%.1f", m }')
+        tps=$(awk -v v="$(median "$logs/$tag.json" tokens_per_s)" 'BEGIN { printf "%.0f", v }')
+        mfu=$(median "$logs/$tag.json" mfu)
+        mfu_peak=$(awk -v m="$mfu" 'BEGIN { printf "%.1f", 100 * m }')
+        mfu_meas=$(awk -v m="$mfu" -v p="$peak" -v g="$bf16_best" 'BEGIN { if (g + 0 > 0) printf "%.1f %%", 100 * m * p / g; else print "-" }')
+        if [ "$model" = gpt2-124m ]; then anchor="llm.c: about 1.75M tokens/s on 8 A100s (about 218K per GPU); Megatron-LM about 42 % MFU at 70B"
+        else anchor=""; fi
+        train_rows+=("| $model, $on, $dt, \`$margs\` | $ms ms/step, $tps tokens/s | $mfu_peak % | $mfu_meas | $anchor |")
+        echo "   $ms ms/step, $tps tokens/s, MFU $mfu_peak % of $peak TFLOP/s, $mfu_meas of the measured bf16 GEMM peak"
+    done
+done
+stamp train "$t"
 
-commit=$(git -C "$srcdir" rev-parse --short HEAD 2>/dev/null || echo unknown)
-cat <<EOF
+# ---- 5. Hugging Face transformers on a dtrain export ----
+t=$(date +%s)
+if ! "$top_builddir/src/dreshard" --help 2>&1 | grep -q -- '--to-hf'; then
+    hf="skipped: no export yet (dreshard --to-hf, issue 19)"
+elif [ "$device" != cuda ]; then
+    hf="skipped (DEVICE=$device)"
+elif ! plain python3 -c 'import torch, transformers' 2>/dev/null; then
+    hf="skipped: python3 has no torch/transformers"
+elif [ ! -f "$top_srcdir/test/gpu/hf_logits.sh" ]; then
+    hf="skipped: dreshard --to-hf exists but test/gpu/hf_logits.sh (the logits comparison) does not yet"
+else
+    echo "== test/gpu/hf_logits.sh"
+    rc=0
+    HF_PYTHON=python3 bash "$top_srcdir/test/gpu/hf_logits.sh" >"$logs/hf_logits.log" 2>&1 || rc=$?
+    if [ "$rc" -eq 0 ]; then hf="pass: $(tail -n 1 "$logs/hf_logits.log")"
+    else hf="FAIL (exit $rc): $(grep -m1 '^FAIL' "$logs/hf_logits.log" || tail -n 1 "$logs/hf_logits.log")"; failed=1; fi
+fi
+stamp hf "$t"
+echo "== Hugging Face logits: $hf"
 
----- for bench/README.md, "GPU runs" ----
-Measured $(date -u +%Y-%m-%d) on $where, commit $commit, \`bench/gpu.sh $steps\`:
-dtrain --selftest: $selftest.
-
-| what | dtrain | published anchor (H100) |
-|---|---:|---|
-| bf16 GEMM, fastest row (\`dtrain-bench-gemm\`, $gemm_check) | $bf16_best TFLOP/s ($bf16_shape) | cuBLAS bf16: about 790 TFLOP/s |
-| fp32 GEMM, no TF32, fastest row | $fp32_best TFLOP/s ($fp32_shape) | (datasheet fp32 peak 67 TFLOP/s) |
-| GPT-2 fc + bias + GELU, bf16, $gelu_shape ($gelu_check): GELU epilogue vs GEMM then GELU kernel | $gelu_fused us vs $gelu_separate us | |
-| gpt2-124m, 1 GPU, bf16, $train_args | $ms ms/step, $tps tokens/s | llm.c: about 1.75M tokens/s on 8 A100s (about 218K per GPU) |
-| MFU of that run vs $peak TFLOP/s | $mfu % | Megatron-LM: about 42 % on 70B-class models |
-EOF
+# ---- results ----
+total=$(($(date +%s) - t_all))
+{
+    echo "### GPU checklist: $card"
+    echo
+    echo "Measured $(date -u +%Y-%m-%d) on $card (${where:-$device}), commit ${commit:-unknown}, from the $where_from:"
+    echo "\`bench/gpu.sh $steps\` in ${total} s (self-test ${took[selftest]:--}, test/gpu ${took[suite]:--}, GEMMs ${took[gemm]:--}, training ${took[train]:--})."
+    echo
+    echo "- dtrain --selftest: $selftest"
+    for s in "${suite[@]}"; do echo "- $s"; done
+    echo "- Hugging Face logits: $hf"
+    echo
+    echo "| what | dtrain | MFU vs $peak TFLOP/s | MFU vs measured bf16 GEMM peak | published anchor (H100) |"
+    echo "|---|---:|---:|---:|---|"
+    echo "| bf16 GEMM, fastest row (\`dtrain-bench-gemm\`, $gemm_check) | $bf16_best TFLOP/s ($bf16_shape) | | | cuBLAS bf16: about 790 TFLOP/s |"
+    echo "| fp32 GEMM, no TF32, fastest row | $fp32_best TFLOP/s ($fp32_shape) | | | (datasheet fp32 peak 67 TFLOP/s) |"
+    echo "| GPT-2 fc + bias + GELU, bf16, $gelu_shape ($gelu_check): GELU epilogue vs GEMM then GELU kernel | $gelu_fused us vs $gelu_separate us | | | |"
+    printf '%s\n' "${train_rows[@]}"
+} >"$out/results.md"
+tar -C "$work" -czf "$out/logs.tar.gz" logs 2>/dev/null || echo "$me: warning: could not pack the logs" >&2
+echo
+echo "---- $out/results.md (for bench/README.md) ----"
+cat "$out/results.md"
+[ "$failed" -eq 0 ] || { echo "$me: some checks FAILED (see above and $logs/)"; exit 1; }

@@ -91,7 +91,7 @@ static int read_full(int fd, void *buf, size_t len, const char *path,
 
 /* A headerless file is plausible when its size is a whole number of
  * uint16 tokens; only then is suggesting --data-format raw-u16 useful. */
-static const char *raw_hint(off_t size)
+static const char *raw_hint(uint64_t size)
 {
     return (size > 0 && size % 2 == 0)
                ? "; if it is a headerless nanoGPT uint16 file, pass "
@@ -99,11 +99,30 @@ static const char *raw_hint(off_t size)
                : "";
 }
 
-/* Check the llm.c header against the file size; on success *width and
- * *count describe the body that follows the header. */
-static int check_header(const int32_t *hdr, off_t size, const char *path,
-                        int *width, size_t *count, char *err, size_t errlen)
+/* A file too short to hold the header (checked before reading it). */
+static int check_header_room(uint64_t size, const char *path, char *err,
+                             size_t errlen)
 {
+    if (size >= (uint64_t)HEADER_BYTES)
+        return 0;
+    seterr(err, errlen,
+           "token file '%s' is truncated: %llu bytes is shorter than "
+           "the %lld-byte llm.c header%s; otherwise re-create it "
+           "with dtrain-prepare",
+           path, (unsigned long long)size, (long long)HEADER_BYTES,
+           raw_hint(size));
+    return -1;
+}
+
+int tokens_check_header(const void *hdr_bytes, uint64_t size,
+                        const char *path, int *width, size_t *count,
+                        char *err, size_t errlen)
+{
+    if (check_header_room(size, path, err, errlen) != 0)
+        return -1;
+    /* memcpy: the caller's bytes need not be int32-aligned. */
+    int32_t hdr[3];
+    memcpy(hdr, hdr_bytes, sizeof hdr);
     int32_t magic = hdr[0], version = hdr[1], n = hdr[2];
     int32_t want_version;
 
@@ -143,14 +162,15 @@ static int check_header(const int32_t *hdr, off_t size, const char *path,
                path);
         return -1;
     }
-    off_t want = HEADER_BYTES + (off_t)n * (off_t)*width;
+    uint64_t want = (uint64_t)HEADER_BYTES + (uint64_t)n * (uint64_t)*width;
     if (size != want) {
         seterr(err, errlen,
                "token file '%s' is %s: the header says %d tokens of %d bytes "
-               "= %lld bytes with the header, but the file is %lld bytes: "
+               "= %llu bytes with the header, but the file is %llu bytes: "
                "copy it again or re-create it with dtrain-prepare",
                path, size < want ? "truncated" : "overlong (trailing bytes)",
-               (int)n, *width, (long long)want, (long long)size);
+               (int)n, *width, (unsigned long long)want,
+               (unsigned long long)size);
         return -1;
     }
     *count = (size_t)n;
@@ -221,19 +241,13 @@ static int read_shard(token_shard_t *sh, tokens_format_t fmt, int vocab_size,
         width = 2;
         count = (size_t)(size / 2);
     } else {
-        if (size < HEADER_BYTES) {
-            seterr(err, errlen,
-                   "token file '%s' is truncated: %lld bytes is shorter than "
-                   "the %lld-byte llm.c header%s; otherwise re-create it "
-                   "with dtrain-prepare",
-                   path, (long long)size, (long long)HEADER_BYTES,
-                   raw_hint(size));
+        if (check_header_room((uint64_t)size, path, err, errlen) != 0)
             goto out;
-        }
         int32_t hdr[TOKENS_HEADER_INTS];
         if (read_full(fd, hdr, sizeof hdr, path, err, errlen) != 0)
             goto out;
-        if (check_header(hdr, size, path, &width, &count, err, errlen) != 0)
+        if (tokens_check_header(hdr, (uint64_t)size, path, &width, &count,
+                                err, errlen) != 0)
             goto out;
     }
 

@@ -49,6 +49,15 @@ int tokens_open(token_set_t *set, const char *pattern, tokens_format_t fmt,
                 int vocab_size, char *err, size_t errlen);
 void tokens_close(token_set_t *set);
 
+/* Check an llm.c shard header (TOKENS_HEADER_INTS int32, any alignment)
+ * against the size of its file: magic, version, count > 0 and size ==
+ * header + count * width. On success *width (2 or 4) and *count describe
+ * the body. Pure (no I/O): tokens_open uses it, and so does the fuzzer;
+ * path only names the file in err. */
+int tokens_check_header(const void *hdr, uint64_t file_size,
+                        const char *path, int *width, size_t *count,
+                        char *err, size_t errlen);
+
 /* Write one shard in the native format. width 2 (uint16) or 4 (uint32);
  * tokens must fit the width. Written to path.tmp then renamed. */
 int tokens_write(const char *path, const int32_t *tok, size_t n, int width,

@@ -53,3 +53,22 @@ if [ ! -f "$dir/node/node_modules/js-tiktoken/package.json" ] ||
     npm install --silent --no-audit --no-fund --prefix "$dir/node" js-tiktoken@1.0.21 >/dev/null
     echo "fetch-tokenizers: $dir/node (js-tiktoken@1.0.21, the tests' reference encoder)"
 fi
+
+# tiktoken rank files, written from js-tiktoken's tables; each must come out
+# byte-identical to OpenAI's file (the sha256 tiktoken pins in
+# tiktoken_ext/openai_public.py).
+mkdir -p "$dir/tiktoken"
+for f in r50k_base:306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930 \
+    cl100k_base:223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7 \
+    o200k_base:446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d; do
+    name=${f%%:*} sha=${f#*:}
+    out=$dir/tiktoken/$name.tiktoken
+    have "$out" "$sha" && continue
+    node "$here/tiktoken-ranks.mjs" "$dir/node" "$name" "$scratch/$name.tiktoken"
+    if ! have "$scratch/$name.tiktoken" "$sha"; then
+        echo "fetch-tokenizers: $name.tiktoken written from js-tiktoken@1.0.21 does not have tiktoken's sha256 $sha" >&2
+        exit 1
+    fi
+    mv "$scratch/$name.tiktoken" "$out"
+    echo "fetch-tokenizers: $out (sha256 checked)"
+done

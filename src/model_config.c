@@ -4,7 +4,9 @@
 #include <string.h>
 
 /* Shapes follow the published models; the small ones are sized to train in
- * minutes on two cores with the byte tokenizer. */
+ * minutes on two cores: tiny and tiny-llama with the byte tokenizer,
+ * tiny-gpt2 with GPT-2's BPE (its 50257-row embedding, tied to the head,
+ * is most of its parameters and of its compute). */
 static const model_preset_t presets[] = {
     {"tiny", "GPT-2 style, byte vocabulary, 4 layers, d_model 128 (trains in minutes on 2 cores)",
      {.arch = ARCH_GPT2, .vocab_size = 256, .n_layer = 4, .n_head = 4, .n_kv_head = 4,
@@ -12,6 +14,9 @@ static const model_preset_t presets[] = {
     {"tiny-llama", "Llama style (RMSNorm, SwiGLU, RoPE, GQA 4:2), byte vocabulary, 4 layers, d_model 128",
      {.arch = ARCH_LLAMA, .vocab_size = 256, .n_layer = 4, .n_head = 4, .n_kv_head = 2,
       .d_model = 128, .d_ff = 352, .max_seq = 256, .norm_eps = 1e-5f, .rope_theta = 10000.0f}},
+    {"tiny-gpt2", "GPT-2 style, GPT-2 BPE vocabulary 50257, 4 layers, d_model 128 (learns in minutes on 2 cores)",
+     {.arch = ARCH_GPT2, .vocab_size = 50257, .n_layer = 4, .n_head = 4, .n_kv_head = 4,
+      .d_model = 128, .d_ff = 512, .max_seq = 256, .norm_eps = 1e-5f, .rope_theta = 0}},
     {"gpt2-124m", "GPT-2 small: 12 layers, d_model 768, 12 heads, vocab 50257",
      {.arch = ARCH_GPT2, .vocab_size = 50257, .n_layer = 12, .n_head = 12, .n_kv_head = 12,
       .d_model = 768, .d_ff = 3072, .max_seq = 1024, .norm_eps = 1e-5f, .rope_theta = 0}},

@@ -97,7 +97,8 @@ static const opt_def_t opt_defs[] = {
     {"save-params", OPT_STR, F(save_params), S(save_params), "", 0, 0, NULL, "at the end, write the trained parameters as logical tensors to FILE (HDF5, any layout reads it)"},
     {"trace", OPT_STR, F(trace), S(trace), "", 0, 0, NULL, "write a Chrome/Perfetto trace of every rank (layer and communication spans) to FILE"},
     {"sample-tokens", OPT_INT, F(sample_tokens), 0, "256", 0, 1 << 20, NULL, "tokens to generate at the end (0 = no sample)"},
-    {"prompt", OPT_STR, F(prompt), S(prompt), "ALICE.", 0, 0, NULL, "prompt for the sample (byte vocabulary)"},
+    {"prompt", OPT_STR, F(prompt), S(prompt), "ALICE.", 0, 0, NULL, "text the sample continues, encoded with --tokenizer after its document start token (without a tokenizer the sample starts from token 0)"},
+    {"tokenizer", OPT_STR, F(tokenizer), S(tokenizer), "auto", 0, 0, NULL, "tokenizer of the sample and --prompt: auto (the one the data's sidecar PREFIX.tokenizer.json names, else byte for a 256-token vocabulary, else none) | none (the sample prints token ids) | byte | gpt2[:DIR] | tiktoken:FILE[:ENCODING] | spm:MODEL"},
     {"temperature", OPT_REAL, F(temperature), 0, "0.8", 0, 100, NULL, "sampling temperature (0 = greedy)"},
     {"top-k", OPT_INT, F(top_k), 0, "40", 0, 1 << 24, NULL, "sample from the k most likely tokens (0 = all)"},
     {"threads", OPT_INT, F(threads), 0, "0", 0, 4096, NULL, "OpenMP/OpenBLAS threads per rank (0 = OMP_NUM_THREADS or all cores)"},
@@ -264,7 +265,7 @@ static const char *metavar(const opt_def_t *d)
         for (const char *const *f = files; *f; f++)
             if (strcmp(d->name, *f) == 0)
                 return "FILE";
-        return strcmp(d->name, "ckpt-dir") == 0 ? "DIR" : "STR";
+        return strcmp(d->name, "ckpt-dir") == 0 ? "DIR" : strcmp(d->name, "tokenizer") == 0 ? "SPEC" : "STR";
     }
 }
 

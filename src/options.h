@@ -48,6 +48,7 @@ typedef struct run_options {
     int sample_tokens, top_k;
     double temperature;
     char prompt[512];
+    char tokenizer[OPT_PATH_MAX]; /* the sample's: auto | none | a tokenizer spec (io/tokenizer.h) */
     int threads;
     double peak_gflops;
     /* --plan: print the memory, compute and communication plan and exit

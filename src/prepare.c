@@ -1,20 +1,18 @@
-/* dtrain-prepare: turn text files into llm.c token shards.
+/* dtrain-prepare: text corpora -> token files (llm.c shards or a Megatron
+ * indexed dataset) with a tokenizer sidecar, on any number of MPI ranks.
+ * See prepare.h for the layout of the work and doc/data.md for the files.
  *
- * A serial tool, deliberately free of MPI so it runs on a login node or in
- * a build step without a launcher. Each input file is tokenized on its own
- * and its last --val-fraction of tokens goes to the validation split, so
- * validation samples every book instead of only the last one given. */
+ * Runs as a singleton without a launcher (a build step, a login node) or
+ * under mpirun/srun; the output is byte-identical at any rank count. */
 #ifdef HAVE_CONFIG_H
 #include "config.h"
 #endif
-#include "tokens.h"
+#include "prepare.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <getopt.h>
 #include <math.h>
 #include <stdarg.h>
-#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,73 +23,72 @@
 #define PACKAGE_VERSION "0.1.0"
 #endif
 
-#define PROG "dtrain-prepare"
-#define EXIT_USAGE 2
 #define DEFAULT_VAL_FRACTION 0.1
 #define DEFAULT_SHARD_TOKENS 100000000UL
-/* %06d names sort correctly only up to this index. */
-#define MAX_SHARD_INDEX 999999
-#define BYTE_VOCAB 256
-#define ERRLEN 1024
-
-typedef struct prepare_opts {
-    const char *out;         /* output prefix */
-    double val_fraction;     /* 0 <= f < 1 */
-    size_t shard_tokens;     /* max tokens per output shard */
-    char *const *inputs;     /* text files, in the order given */
-    int n_inputs;
-} prepare_opts_t;
-
-/* Tokens of one split on their way to disk: filled from every input file,
- * written out each time a shard's worth has accumulated, so memory stays
- * bounded by one shard however large the corpus. */
-typedef struct shard_out {
-    const char *prefix;
-    const char *split; /* "train" or "val" */
-    int32_t *buf;
-    size_t fill, cap, limit;
-    int index;    /* next shard number */
-    size_t total; /* tokens written or buffered so far */
-} shard_out_t;
+#define DEFAULT_ROUND_DOCS 4096UL
 
 static void usage(FILE *f)
 {
     fprintf(f,
-            "Usage: " PROG " --out PREFIX [--tokenizer byte] "
-            "[--val-fraction F]\n"
-            "                      [--shard-tokens N] FILE...\n"
-            "Tokenize text FILEs into llm.c uint16 token shards\n"
-            "PREFIX_train_NNNNNN.bin and PREFIX_val_NNNNNN.bin.\n"
+            "Usage: " PREP_PROG " --out PREFIX [options] FILE...\n"
+            "       mpirun -np N " PREP_PROG " --out PREFIX [options] FILE...\n"
+            "Tokenize text FILEs into token files for dtrain, llm.c and Megatron-LM.\n"
             "\n"
-            "  --out PREFIX        output path prefix (its directory must "
-            "exist)\n"
-            "  --tokenizer NAME    only 'byte' (token = byte value, vocab "
-            "256)\n"
-            "  --val-fraction F    last fraction of each file kept for "
-            "validation,\n"
-            "                      0 <= F < 1 (default %.1f; 0 writes no val "
-            "shard)\n"
-            "  --shard-tokens N    at most N tokens per shard (default %lu)\n"
-            "  -h, --help          show this help and exit\n"
-            "  --version           show the version and exit\n"
+            "  --out PREFIX          output path prefix (missing directories are made)\n"
+            "  --tokenizer SPEC      byte (default) | gpt2[:DIR] | tiktoken:FILE[:ENCODING]\n"
+            "                        | spm:MODEL  (ENCODING: r50k_base, cl100k_base,\n"
+            "                        o200k_base, llama3; default: FILE's base name)\n"
+            "  --eos                 spm: an EOS token after each document too\n"
+            "  --input-format FMT    auto (default: jsonl for *.jsonl[.gz|.zst], else\n"
+            "                        text) | text | jsonl\n"
+            "  --jsonl-field NAME    JSONL: the string field holding the text (default text)\n"
+            "  --doc-separator STR   text: split files into documents at STR (C escapes,\n"
+            "                        e.g. '\\n\\n\\n'); default: one document per file\n"
+            "  --format FMT          llmc (default): PREFIX_train_NNNNNN.bin, PREFIX_val_...\n"
+            "                        megatron: PREFIX_train.bin/.idx, PREFIX_val.bin/.idx\n"
+            "  --val-fraction F      fraction of documents for validation, 0 <= F < 1\n"
+            "                        (default %.1f; every document where floor(d F) steps up)\n"
+            "  --shard-tokens N      llmc: at most N tokens per shard, shards balanced\n"
+            "                        (default %lu)\n"
+            "  --round-docs N        documents dealt to the ranks per round (default %lu;\n"
+            "                        bounds memory)\n"
+            "  -h, --help            show this help and exit\n"
+            "  --version             show the version and exit\n"
             "\n"
+            "Inputs may be gzip- or zstd-compressed (recognised by content). Beside the\n"
+            "outputs, PREFIX.tokenizer.json names the tokenizer for dtrain.\n"
             "See dtrain-prepare(1) and doc/data.md.\n",
-            DEFAULT_VAL_FRACTION, DEFAULT_SHARD_TOKENS);
+            DEFAULT_VAL_FRACTION, DEFAULT_SHARD_TOKENS, DEFAULT_ROUND_DOCS);
 }
 
-/* Usage errors are one line on stderr and exit 2, the getopt convention. */
+/* Usage errors: one line on stderr from rank 0, exit 2 on every rank
+ * (every rank parses the same arguments, so all of them get here). */
 #if defined(__GNUC__)
-__attribute__((format(printf, 1, 2), noreturn))
+__attribute__((format(printf, 2, 3), noreturn))
 #endif
-static void die_usage(const char *fmt, ...)
+static void die_usage(int rank, const char *fmt, ...)
 {
-    va_list ap;
-    va_start(ap, fmt);
-    fputs(PROG ": ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputs(" (see " PROG " --help)\n", stderr);
-    va_end(ap);
-    exit(EXIT_USAGE);
+    if (rank == 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        fputs(PREP_PROG ": ", stderr);
+        vfprintf(stderr, fmt, ap);
+        fputs(" (see " PREP_PROG " --help)\n", stderr);
+        va_end(ap);
+    }
+    MPI_Finalize();
+    exit(PREP_EXIT_USAGE);
+}
+
+#if defined(__GNUC__)
+__attribute__((noreturn))
+#endif
+static void finish_exit(int status)
+{
+    fflush(stdout);
+    fflush(stderr);
+    MPI_Finalize();
+    exit(status);
 }
 
 static int parse_fraction(const char *s, double *out)
@@ -120,27 +117,73 @@ static int parse_count(const char *s, size_t *out)
     return 0;
 }
 
-static void parse_args(int argc, char **argv, prepare_opts_t *o)
+/* jsonl when every input's name says so, text when none does. */
+static void resolve_input_format(int rank, const char *arg, prep_opts_t *o)
 {
-    enum { OPT_OUT = 256, OPT_TOKENIZER, OPT_VAL, OPT_SHARD, OPT_VERSION };
+    if (strcmp(arg, "text") == 0 || strcmp(arg, "jsonl") == 0) {
+        o->corpus.format = strcmp(arg, "jsonl") == 0 ? CORPUS_JSONL : CORPUS_TEXT;
+        return;
+    }
+    static const char *const jsonl_ext[] = {".jsonl", ".jsonl.gz", ".jsonl.zst", ".jsonl.zstd"};
+    int n_jsonl = 0;
+    for (int i = 0; i < o->n_inputs; i++) {
+        size_t len = strlen(o->inputs[i]);
+        for (size_t k = 0; k < sizeof jsonl_ext / sizeof *jsonl_ext; k++) {
+            size_t el = strlen(jsonl_ext[k]);
+            if (len >= el && strcmp(o->inputs[i] + len - el, jsonl_ext[k]) == 0) {
+                n_jsonl++;
+                break;
+            }
+        }
+    }
+    if (n_jsonl != 0 && n_jsonl != o->n_inputs)
+        die_usage(rank, "%d of the %d inputs are named *.jsonl: give --input-format text or jsonl for all of them",
+                  n_jsonl, o->n_inputs);
+    o->corpus.format = n_jsonl ? CORPUS_JSONL : CORPUS_TEXT;
+}
+
+static void set_separator(int rank, const char *arg, prep_opts_t *o)
+{
+    char err[PREP_ERRLEN];
+    size_t len = 0;
+    if (corpus_unescape(arg, o->separator, sizeof o->separator, &len, err, sizeof err) != 0)
+        die_usage(rank, "--doc-separator '%s': %s", arg, err);
+    if (len == 0)
+        die_usage(rank, "--doc-separator needs at least one byte (e.g. '\\n\\n\\n')");
+    o->corpus.separator = o->separator;
+    o->corpus.separator_len = len;
+}
+
+static void parse_args(int rank, int argc, char **argv, prep_opts_t *o)
+{
+    enum { OPT_OUT = 256, OPT_TOKENIZER, OPT_EOS, OPT_INPUT, OPT_FIELD, OPT_SEP, OPT_FORMAT, OPT_VAL, OPT_SHARD,
+           OPT_ROUND, OPT_VERSION };
     static const struct option longopts[] = {
         {"out", required_argument, NULL, OPT_OUT},
         {"tokenizer", required_argument, NULL, OPT_TOKENIZER},
+        {"eos", no_argument, NULL, OPT_EOS},
+        {"input-format", required_argument, NULL, OPT_INPUT},
+        {"jsonl-field", required_argument, NULL, OPT_FIELD},
+        {"doc-separator", required_argument, NULL, OPT_SEP},
+        {"format", required_argument, NULL, OPT_FORMAT},
         {"val-fraction", required_argument, NULL, OPT_VAL},
         {"shard-tokens", required_argument, NULL, OPT_SHARD},
+        {"round-docs", required_argument, NULL, OPT_ROUND},
         {"help", no_argument, NULL, 'h'},
         {"version", no_argument, NULL, OPT_VERSION},
         {NULL, 0, NULL, 0},
     };
-    static const char allowed[] = "--out, --tokenizer, --val-fraction, "
-                                  "--shard-tokens, --help, --version";
-
-    o->out = NULL;
+    static const char allowed[] = "--out, --tokenizer, --eos, --input-format, --jsonl-field, --doc-separator, "
+                                  "--format, --val-fraction, --shard-tokens, --round-docs, --help, --version";
+    const char *input_format = "auto", *sep = NULL;
+    memset(o, 0, sizeof *o);
+    o->tokenizer = "byte";
+    o->corpus.jsonl_field = "text";
     o->val_fraction = DEFAULT_VAL_FRACTION;
     o->shard_tokens = DEFAULT_SHARD_TOKENS;
+    o->round_docs = DEFAULT_ROUND_DOCS;
 
-    /* We print our own one-line messages instead of getopt's. */
-    opterr = 0;
+    opterr = 0; /* our own one-line messages instead of getopt's */
     for (;;) {
         int c = getopt_long(argc, argv, ":h", longopts, NULL);
         if (c == -1)
@@ -148,320 +191,218 @@ static void parse_args(int argc, char **argv, prepare_opts_t *o)
         switch (c) {
         case OPT_OUT:
             if (optarg[0] == '\0')
-                die_usage("--out needs a non-empty PREFIX");
+                die_usage(rank, "--out needs a non-empty PREFIX");
             o->out = optarg;
             break;
         case OPT_TOKENIZER:
-            if (strcmp(optarg, "byte") != 0)
-                die_usage("--tokenizer '%s' is not supported: only 'byte' is "
-                          "allowed (GPT-2 BPE is not implemented yet)",
-                          optarg);
+            o->tokenizer = optarg;
+            break;
+        case OPT_EOS:
+            o->add_eos = 1;
+            break;
+        case OPT_INPUT:
+            if (strcmp(optarg, "auto") != 0 && strcmp(optarg, "text") != 0 && strcmp(optarg, "jsonl") != 0)
+                die_usage(rank, "--input-format '%s' is not allowed: auto, text or jsonl", optarg);
+            input_format = optarg;
+            break;
+        case OPT_FIELD:
+            if (optarg[0] == '\0')
+                die_usage(rank, "--jsonl-field needs a field name");
+            o->corpus.jsonl_field = optarg;
+            break;
+        case OPT_SEP:
+            sep = optarg;
+            break;
+        case OPT_FORMAT:
+            if (strcmp(optarg, "llmc") != 0 && strcmp(optarg, "megatron") != 0)
+                die_usage(rank, "--format '%s' is not allowed: llmc or megatron", optarg);
+            o->format = strcmp(optarg, "megatron") == 0 ? PREP_FORMAT_MEGATRON : PREP_FORMAT_LLMC;
             break;
         case OPT_VAL:
             if (parse_fraction(optarg, &o->val_fraction) != 0)
-                die_usage("--val-fraction '%s' is not allowed: give a number "
-                          "F with 0 <= F < 1",
-                          optarg);
+                die_usage(rank, "--val-fraction '%s' is not allowed: give a number F with 0 <= F < 1", optarg);
             break;
         case OPT_SHARD:
             if (parse_count(optarg, &o->shard_tokens) != 0)
-                die_usage("--shard-tokens '%s' is not allowed: give an "
-                          "integer from 1 to %d",
-                          optarg, (int)INT32_MAX);
+                die_usage(rank, "--shard-tokens '%s' is not allowed: give an integer from 1 to %d", optarg,
+                          (int)INT32_MAX);
+            break;
+        case OPT_ROUND:
+            if (parse_count(optarg, &o->round_docs) != 0)
+                die_usage(rank, "--round-docs '%s' is not allowed: give an integer from 1 to %d", optarg,
+                          (int)INT32_MAX);
             break;
         case 'h':
-            usage(stdout);
-            exit(0);
+            if (rank == 0)
+                usage(stdout);
+            finish_exit(0);
         case OPT_VERSION:
-            printf(PROG " (dtrain) %s\n", PACKAGE_VERSION);
-            exit(0);
+            if (rank == 0)
+                printf(PREP_PROG " (dtrain) %s\n", PACKAGE_VERSION);
+            finish_exit(0);
         case ':':
-            die_usage("option '%s' needs a value", argv[optind - 1]);
+            die_usage(rank, "option '%s' needs a value", argv[optind - 1]);
         default:
-            die_usage("unknown option '%s': allowed are %s",
-                      argv[optind - 1], allowed);
+            die_usage(rank, "unknown option '%s': allowed are %s", argv[optind - 1], allowed);
         }
     }
     if (o->out == NULL)
-        die_usage("--out PREFIX is required");
+        die_usage(rank, "--out PREFIX is required");
     if (optind >= argc)
-        die_usage("no input FILE given: name one or more text files");
+        die_usage(rank, "no input FILE given: name one or more text or JSONL files");
     o->inputs = argv + optind;
     o->n_inputs = argc - optind;
+    resolve_input_format(rank, input_format, o);
+    if (sep && o->corpus.format == CORPUS_JSONL)
+        die_usage(rank, "--doc-separator is for text inputs: in JSONL every line is a document");
+    if (sep)
+        set_separator(rank, sep, o);
 }
 
 /* Check every input before writing anything, so a typo in the last file
- * name does not leave a half-written set of shards behind. */
-static int check_inputs(const prepare_opts_t *o)
+ * name does not leave work half done. */
+static int check_inputs(const prep_opts_t *o, char *err, size_t errlen)
 {
     for (int i = 0; i < o->n_inputs; i++) {
         const char *p = o->inputs[i];
         struct stat st;
-        if (stat(p, &st) != 0) {
-            fprintf(stderr,
-                    PROG ": cannot read input '%s': %s: check the file "
-                    "name\n",
-                    p, strerror(errno));
+        if (stat(p, &st) != 0 || access(p, R_OK) != 0) {
+            prep_err(err, errlen, "cannot read input '%s': %s: check the file name", p, strerror(errno));
             return -1;
         }
         if (S_ISDIR(st.st_mode)) {
-            fprintf(stderr,
-                    PROG ": input '%s' is a directory: name the text files "
-                    "in it\n",
-                    p);
-            return -1;
-        }
-        if (S_ISREG(st.st_mode) && st.st_size == 0) {
-            fprintf(stderr,
-                    PROG ": input '%s' is empty: remove it from the command "
-                    "line\n",
-                    p);
-            return -1;
-        }
-        if (access(p, R_OK) != 0) {
-            fprintf(stderr, PROG ": cannot read input '%s': %s\n", p,
-                    strerror(errno));
+            prep_err(err, errlen, "input '%s' is a directory: name the files in it", p);
             return -1;
         }
     }
     return 0;
 }
 
-/* Read a whole file, growing the buffer as it goes so pipes and other
- * files without a size work too. Two spare bytes are left for the
- * separator the caller may append. */
-static int read_text(const char *path, unsigned char **data, size_t *len)
+/* mkdir -p of the directory part of --out (rank 0, before any file). */
+static int make_out_dir(const char *prefix, char *err, size_t errlen)
 {
-    *data = NULL;
-    *len = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        fprintf(stderr, PROG ": cannot open input '%s': %s\n", path,
-                strerror(errno));
-        return -1;
-    }
-    int rc = -1;
-    size_t cap = 1 << 16, n = 0;
-    unsigned char *buf = NULL;
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        fprintf(stderr, PROG ": cannot stat input '%s': %s\n", path,
-                strerror(errno));
-        goto out;
-    }
-    if (S_ISREG(st.st_mode) && (size_t)st.st_size + 3 > cap)
-        cap = (size_t)st.st_size + 3;
-    buf = malloc(cap);
-    if (buf == NULL) {
-        fprintf(stderr, PROG ": out of memory reading '%s'\n", path);
-        goto out;
-    }
-    for (;;) {
-        if (cap - n < 3) {
-            unsigned char *nb = realloc(buf, cap * 2);
-            if (nb == NULL) {
-                fprintf(stderr, PROG ": out of memory reading '%s'\n", path);
-                goto out;
-            }
-            buf = nb;
-            cap *= 2;
-        }
-        ssize_t got = read(fd, buf + n, cap - n - 2);
-        if (got < 0) {
-            if (errno == EINTR)
-                continue;
-            fprintf(stderr, PROG ": cannot read input '%s': %s\n", path,
-                    strerror(errno));
-            goto out;
-        }
-        if (got == 0)
-            break;
-        n += (size_t)got;
-    }
-    rc = 0;
-out:
-    /* On a read-only descriptor close can only report an earlier error,
-     * but report it all the same rather than hand back suspect text. */
-    if (close(fd) != 0 && rc == 0) {
-        fprintf(stderr, PROG ": cannot close input '%s': %s\n", path,
-                strerror(errno));
-        rc = -1;
-    }
-    if (rc != 0) {
-        free(buf);
-        return -1;
-    }
-    *data = buf;
-    *len = n;
-    return 0;
-}
-
-static int shard_path(const shard_out_t *s, int index, char *path,
-                      size_t pathlen)
-{
-    int w = snprintf(path, pathlen, "%s_%s_%06d.bin", s->prefix, s->split,
-                     index);
-    if (w < 0 || (size_t)w >= pathlen) {
-        fprintf(stderr, PROG ": --out prefix '%s' is too long\n", s->prefix);
-        return -1;
-    }
-    return 0;
-}
-
-static int shard_flush(shard_out_t *s)
-{
-    if (s->fill == 0)
+    char dir[PREP_PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", prefix);
+    char *slash = strrchr(dir, '/');
+    if (slash == NULL || slash == dir)
         return 0;
-    if (s->index > MAX_SHARD_INDEX) {
-        fprintf(stderr,
-                PROG ": more than %d %s shards: raise --shard-tokens\n",
-                MAX_SHARD_INDEX + 1, s->split);
-        return -1;
-    }
-    char path[4096], err[ERRLEN];
-    if (shard_path(s, s->index, path, sizeof path) != 0)
-        return -1;
-    if (tokens_write(path, s->buf, s->fill, 2, err, sizeof err) != 0) {
-        fprintf(stderr, PROG ": %s\n", err);
-        return -1;
-    }
-    printf("%s: %zu tokens\n", path, s->fill);
-    s->index++;
-    s->fill = 0;
-    return 0;
-}
-
-/* Byte tokenizer: token id = byte value. */
-static int shard_append_bytes(shard_out_t *s, const unsigned char *b, size_t n)
-{
-    while (n > 0) {
-        if (s->fill == s->cap) {
-            size_t ncap = s->cap ? s->cap * 2 : 65536;
-            if (ncap > s->limit)
-                ncap = s->limit;
-            int32_t *nb = realloc(s->buf, ncap * sizeof *nb);
-            if (nb == NULL) {
-                fprintf(stderr,
-                        PROG ": out of memory buffering %zu tokens: lower "
-                        "--shard-tokens\n",
-                        ncap);
+    *slash = '\0';
+    for (char *p = dir + 1; ; p++) {
+        int last = *p == '\0';
+        if (*p == '/' || last) {
+            *p = '\0';
+            if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
+                prep_err(err, errlen, "--out '%s': cannot create directory '%s': %s", prefix, dir, strerror(errno));
                 return -1;
             }
-            s->buf = nb;
-            s->cap = ncap;
+            if (last)
+                break;
+            *p = '/';
         }
-        size_t m = s->cap - s->fill;
-        if (m > n)
-            m = n;
-        for (size_t i = 0; i < m; i++)
-            s->buf[s->fill + i] = (int32_t)b[i];
-        s->fill += m;
-        s->total += m;
-        b += m;
-        n -= m;
-        if (s->fill == s->limit && shard_flush(s) != 0)
-            return -1;
     }
     return 0;
 }
 
-/* Remove shards left by an earlier run that made more of them: readers
- * glob PREFIX_train_*.bin and would otherwise mix old data with new. */
-static int remove_stale(const shard_out_t *s)
+void prep_err(char *err, size_t errlen, const char *fmt, ...)
 {
-    char path[4096];
-    for (int i = s->index; i <= MAX_SHARD_INDEX; i++) {
-        if (shard_path(s, i, path, sizeof path) != 0)
-            return -1;
-        if (unlink(path) != 0) {
-            if (errno == ENOENT)
-                return 0;
-            fprintf(stderr,
-                    PROG ": cannot remove stale shard '%s': %s: remove it "
-                    "by hand\n",
-                    path, strerror(errno));
-            return -1;
-        }
-        printf("%s: removed (stale, from an earlier run)\n", path);
-    }
-    return 0;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
 }
 
-static int prepare(const prepare_opts_t *o)
+void prep_mpi_check(int rc, const char *what)
 {
-    shard_out_t train = {.prefix = o->out, .split = "train",
-                         .limit = o->shard_tokens};
-    shard_out_t val = {.prefix = o->out, .split = "val",
-                       .limit = o->shard_tokens};
-    int rc = -1;
+    if (rc == MPI_SUCCESS)
+        return;
+    char s[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(rc, s, &len);
+    fprintf(stderr, PREP_PROG ": %s failed: %s\n", what, s);
+    MPI_Abort(MPI_COMM_WORLD, PREP_EXIT_IO);
+}
 
-    for (int f = 0; f < o->n_inputs; f++) {
-        unsigned char *text;
-        size_t n;
-        if (read_text(o->inputs[f], &text, &n) != 0)
-            goto out;
-        if (n == 0) {
-            fprintf(stderr,
-                    PROG ": input '%s' is empty: remove it from the command "
-                    "line\n",
-                    o->inputs[f]);
-            free(text);
-            goto out;
-        }
-        /* Keep books apart: one that stops mid-line would otherwise run
-         * straight into the next one's first line. */
-        if (text[n - 1] != '\n') {
-            text[n++] = '\n';
-            text[n++] = '\n';
-        }
-        /* floor(n * F) in double, the same arithmetic as Python's
-         * int(n * F), so tests can predict the split exactly. Every file
-         * keeps at least one training token. */
-        size_t n_val = (size_t)((double)n * o->val_fraction);
-        if (n_val >= n)
-            n_val = n - 1;
-        size_t n_train = n - n_val;
-        int bad = shard_append_bytes(&train, text, n_train) != 0 ||
-                  shard_append_bytes(&val, text + n_train, n_val) != 0;
-        free(text);
-        if (bad)
-            goto out;
+int prep_agree(const prep_run_t *r, int failed, uint64_t key, const char *msg)
+{
+    uint64_t mine = failed ? key : UINT64_MAX, first = UINT64_MAX;
+    prep_mpi_check(MPI_Allreduce(&mine, &first, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD), "MPI_Allreduce(error)");
+    int any = 0;
+    prep_mpi_check(MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_LOR, MPI_COMM_WORLD), "MPI_Allreduce(error)");
+    if (!any)
+        return 0;
+    /* the lowest rank holding the first key says why */
+    int who = failed && mine == first ? r->rank : r->nranks, speaker = 0;
+    prep_mpi_check(MPI_Allreduce(&who, &speaker, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD), "MPI_Allreduce(error)");
+    if (r->rank == speaker) {
+        fprintf(stderr, PREP_PROG ": %s\n", msg && *msg ? msg : "unknown error");
+        fflush(stderr);
     }
-    if (o->val_fraction > 0.0 && val.total == 0) {
-        /* The smallest file size whose split gives one validation token. */
-        size_t need = (size_t)(1.0 / o->val_fraction);
-        while ((size_t)((double)need * o->val_fraction) < 1)
-            need++;
-        fprintf(stderr,
-                PROG ": the validation split is empty: the inputs are too "
-                "small for --val-fraction %g (a file needs at least %zu "
-                "bytes to give one validation token)\n",
-                o->val_fraction, need);
-        goto out;
-    }
-    if (shard_flush(&train) != 0 || shard_flush(&val) != 0)
-        goto out;
-    if (remove_stale(&train) != 0 || remove_stale(&val) != 0)
-        goto out;
-    rc = 0;
-out:
-    free(train.buf);
-    free(val.buf);
-    return rc;
+    return 1;
+}
+
+static double now_s(void) { return MPI_Wtime(); }
+
+/* Input bytes and wall time: the figure bench/tokenize.sh reports. */
+static void print_summary(const prep_run_t *r)
+{
+    uint64_t bytes = 0;
+    prep_mpi_check(MPI_Reduce(&r->text_bytes, &bytes, 1, MPI_UINT64_T, MPI_SUM, 0, MPI_COMM_WORLD),
+                   "MPI_Reduce(bytes)");
+    if (r->rank != 0)
+        return;
+    double s = now_s() - r->t_start;
+    const prep_stream_t *t = &r->stream[PREP_TRAIN], *v = &r->stream[PREP_VAL];
+    printf("%llu documents (train %llu, val %llu), %llu + %llu tokens, %.1f MB of text in %.2f s: %.2f MB/s, "
+           "%.2f MB/s per rank (%d)\n",
+           (unsigned long long)r->n_docs, (unsigned long long)t->n_docs, (unsigned long long)v->n_docs,
+           (unsigned long long)t->n_tokens, (unsigned long long)v->n_tokens, (double)bytes / 1e6, s,
+           (double)bytes / 1e6 / s, (double)bytes / 1e6 / s / r->nranks, r->nranks);
+}
+
+static int run(prep_run_t *r)
+{
+    char err[PREP_ERRLEN] = "";
+    int failed = check_inputs(r->o, err, sizeof err) != 0;
+    if (prep_agree(r, failed, 0, err))
+        return PREP_EXIT_USAGE;
+    failed = tokenizer_open(&r->tk, r->o->tokenizer, r->o->add_eos, err, sizeof err) != 0;
+    if (prep_agree(r, failed, 0, err))
+        return PREP_EXIT_USAGE;
+    failed = r->rank == 0 && make_out_dir(r->o->out, err, sizeof err) != 0;
+    if (prep_agree(r, failed, 0, err))
+        return PREP_EXIT_IO;
+    failed = prep_streams_open(r, err, sizeof err) != 0;
+    int status = prep_agree(r, failed, (uint64_t)r->rank, err) ? PREP_EXIT_IO : 0;
+    if (status == 0)
+        status = prep_documents(r);
+    if (status == 0)
+        status = prep_streams_finish(r);
+    if (status != 0)
+        prep_streams_abandon(r);
+    else
+        print_summary(r);
+    return status;
 }
 
 int main(int argc, char **argv)
 {
-    prepare_opts_t o;
-    parse_args(argc, argv, &o);
-    if (check_inputs(&o) != 0)
-        return 1;
-    if (prepare(&o) != 0)
-        return 1;
-    if (fflush(stdout) != 0) {
-        fprintf(stderr, PROG ": cannot write to standard output: %s\n",
-                strerror(errno));
-        return 1;
+    int provided, rank = 0, nranks = 1;
+    if (MPI_Init_thread(&argc, &argv, MPI_THREAD_SINGLE, &provided) != MPI_SUCCESS) {
+        fprintf(stderr, PREP_PROG ": MPI_Init failed: cannot start (check the MPI installation)\n");
+        return PREP_EXIT_IO;
     }
-    return 0;
+    prep_mpi_check(MPI_Comm_rank(MPI_COMM_WORLD, &rank), "MPI_Comm_rank");
+    prep_mpi_check(MPI_Comm_size(MPI_COMM_WORLD, &nranks), "MPI_Comm_size");
+    prep_opts_t o;
+    parse_args(rank, argc, argv, &o);
+    prep_run_t r = {.o = &o, .rank = rank, .nranks = nranks, .t_start = now_s()};
+    int status = run(&r);
+    for (int s = 0; s < PREP_N_SPLITS; s++)
+        free(r.stream[s].doc_len);
+    tokenizer_close(r.tk);
+    if (fflush(stdout) != 0 && status == 0) {
+        fprintf(stderr, PREP_PROG ": cannot write to standard output: %s\n", strerror(errno));
+        status = PREP_EXIT_IO;
+    }
+    finish_exit(status);
 }

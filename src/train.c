@@ -23,6 +23,7 @@
 #include "metrics.h"
 #include "replica.h"
 #include "sample.h"
+#include "tok_sidecar.h"
 
 static double now_s(void)
 {
@@ -418,6 +419,124 @@ static int setup_zero(trainer_t *tr, comm_dtype_t gdt, char *err, size_t errlen)
     return rc;
 }
 
+/* ---- the data's tokenizer: vocabulary check, prompt, sample text ------------------------ */
+
+/* "a, b, c": the presets whose vocabulary holds n tokens (the fix the
+ * vocabulary errors name). */
+static void presets_with_vocab(int n, char *out, size_t outlen)
+{
+    out[0] = '\0';
+    for (const model_preset_t *p = model_presets(); p->name; p++)
+        if (p->cfg.vocab_size >= n)
+            snprintf(out + strlen(out), outlen - strlen(out), "%s%s", out[0] ? ", " : "", p->name);
+    if (!out[0])
+        snprintf(out, outlen, "none has");
+}
+
+/* The sidecar dtrain-prepare wrote beside the files pattern matches: 1
+ * with it in s and its path in path, 0 when there is none, -1 on error.
+ * The data's vocabulary must fit the model's (the token check of
+ * tokens_open would catch it too, but could not say why). */
+static int check_data_sidecar(const char *pattern, int vocab, tok_sidecar_t *s, char *path, size_t pathlen,
+                              char *err, size_t errlen)
+{
+    int rc = tok_sidecar_find_glob(pattern, path, pathlen);
+    if (rc == 1)
+        return 0;
+    if (rc < 0) {
+        snprintf(err, errlen, "data %s: the path of its tokenizer sidecar is too long", pattern);
+        return -1;
+    }
+    if (tok_sidecar_read(path, s, err, errlen) != 0)
+        return -1;
+    if (s->vocab_size > vocab) {
+        char names[256];
+        presets_with_vocab(s->vocab_size, names, sizeof names);
+        snprintf(err, errlen, "data %s was made with tokenizer %s (vocabulary %d) but the model's vocabulary is "
+                 "%d: use --vocab-size >= %d or a model preset with one that large (%s)", pattern, s->kind,
+                 s->vocab_size, vocab, s->vocab_size, names);
+        return -1;
+    }
+    return 1;
+}
+
+/* --tokenizer: an explicit spec; auto: the training data's sidecar, else
+ * byte for a 256-token model; none (or auto otherwise): no tokenizer.
+ * auto opens nothing when no sample is asked for, so a run on data whose
+ * vocabulary file is elsewhere needs it only to print text. */
+static int open_tokenizer(trainer_t *tr, const tok_sidecar_t *sc, const char *sc_path, char *err, size_t errlen)
+{
+    const run_options_t *o = tr->opt;
+    char why[768];
+    if (strcmp(o->tokenizer, "none") == 0 || (strcmp(o->tokenizer, "auto") == 0 && o->sample_tokens == 0))
+        return 0;
+    if (strcmp(o->tokenizer, "auto") != 0) {
+        if (tokenizer_open(&tr->tokenizer, o->tokenizer, 0, why, sizeof why) != 0) {
+            snprintf(err, errlen, "--tokenizer %s: %s", o->tokenizer, why);
+            return -1;
+        }
+        snprintf(tr->tokenizer_from, sizeof tr->tokenizer_from, "--tokenizer");
+    } else if (sc) {
+        if (tok_sidecar_open_tokenizer(sc, sc_path, &tr->tokenizer, err, errlen) != 0)
+            return -1;
+        snprintf(tr->tokenizer_from, sizeof tr->tokenizer_from, "the data's sidecar %s", sc_path);
+    } else if (tr->cfg.vocab_size == 256) {
+        if (tokenizer_open(&tr->tokenizer, "byte", 0, err, errlen) != 0)
+            return -1;
+        snprintf(tr->tokenizer_from, sizeof tr->tokenizer_from, "a 256-token vocabulary; no data sidecar");
+    }
+    return 0;
+}
+
+/* The sample's first tokens: the tokenizer's document start (a sample
+ * begins a document), then the encoded --prompt; without a tokenizer, or
+ * when both are empty, token 0. */
+static int encode_prompt(trainer_t *tr, char *err, size_t errlen)
+{
+    tokenizer_t *tk = tr->tokenizer;
+    tok_ids_t *ids = &tr->prompt_ids;
+    const char *p = tr->opt->prompt;
+    char why[512];
+    if (tk && tk->doc_start != TOK_NO_ID && tok_ids_push(ids, tk->doc_start) != 0) {
+        snprintf(err, errlen, "out of memory encoding --prompt");
+        return -1;
+    }
+    if (tk && tokenizer_encode(tk, p, strlen(p), ids, why, sizeof why) != 0) {
+        snprintf(err, errlen, "--prompt '%.64s': %s", p, why);
+        return -1;
+    }
+    if (ids->n == 0 && tok_ids_push(ids, 0) != 0) {
+        snprintf(err, errlen, "out of memory encoding --prompt");
+        return -1;
+    }
+    return 0;
+}
+
+/* Before any data is read: the data's sidecars (training and validation)
+ * against the model's vocabulary, the sample's tokenizer and prompt. The
+ * same files and options on every rank give the same outcome on each. */
+static int setup_tokenizer(trainer_t *tr, char *err, size_t errlen)
+{
+    const run_options_t *o = tr->opt;
+    const int vocab = tr->cfg.vocab_size;
+    tok_sidecar_t sc, vsc;
+    char path[OPT_PATH_MAX + 64], vpath[OPT_PATH_MAX + 64];
+    int has = check_data_sidecar(o->data, vocab, &sc, path, sizeof path, err, errlen);
+    if (has < 0 ||
+        (o->val_every > 0 && check_data_sidecar(o->val_data, vocab, &vsc, vpath, sizeof vpath, err, errlen) < 0) ||
+        open_tokenizer(tr, has ? &sc : NULL, path, err, errlen) != 0)
+        return -1;
+    if (tr->tokenizer && tr->tokenizer->vocab_size > vocab) {
+        char names[256];
+        presets_with_vocab(tr->tokenizer->vocab_size, names, sizeof names);
+        snprintf(err, errlen, "--tokenizer %s has vocabulary %d but the model's vocabulary is %d: use --vocab-size "
+                 ">= %d, a model preset with one that large (%s), or another --tokenizer", o->tokenizer,
+                 tr->tokenizer->vocab_size, vocab, tr->tokenizer->vocab_size, names);
+        return -1;
+    }
+    return encode_prompt(tr, err, errlen);
+}
+
 int trainer_setup(trainer_t *tr, const run_options_t *o, const launch_env_t *env, grid_t *grid,
                   char *err, size_t errlen)
 {
@@ -434,6 +553,8 @@ int trainer_setup(trainer_t *tr, const run_options_t *o, const launch_env_t *env
         snprintf(err, errlen, "--top-k %d exceeds the vocabulary (%d)", o->top_k, tr->cfg.vocab_size);
         return -1;
     }
+    if (setup_tokenizer(tr, err, errlen) != 0)
+        return -1;
     tr->accum = options_accum_steps(o, grid->dp_size);
     tr->sched = (lr_schedule_t){.lr = o->lr, .min_lr = o->min_lr, .warmup = o->warmup, .steps = o->steps};
     tokens_format_t fmt;
@@ -647,7 +768,10 @@ void trainer_banner(const trainer_t *tr, FILE *out)
     fprintf(out, "data: %zu train tokens (%zu samples)", tr->train.set.n_tokens, tr->train.n_samples);
     if (tr->has_val)
         fprintf(out, ", %zu val tokens", tr->val.set.n_tokens);
-    fprintf(out, "\nmemory per rank:");
+    fprintf(out, "\n");
+    if (tr->tokenizer)
+        fprintf(out, "tokenizer: %s (from %s)\n", tr->tokenizer->spec, tr->tokenizer_from);
+    fprintf(out, "memory per rank:");
     for (int k = 0; k < MEM_N_CATEGORIES; k++) {
         metrics_format_bytes(buf, sizeof buf, (double)mem_bytes((mem_category_t)k));
         fprintf(out, " %s %s%s", mem_category_name((mem_category_t)k), buf, k + 1 < MEM_N_CATEGORIES ? "," : "\n");
@@ -839,41 +963,66 @@ static int sample_logits(void *ctx, const int32_t *window, int t, int row, float
     return 0;
 }
 
+/* ids as text: runs of the tokenizer's ids decoded together (a character
+ * may span tokens), an id beyond its vocabulary (a model's padded rows)
+ * as "[token N]". */
+static int print_decoded(tokenizer_t *tk, const int32_t *ids, int n, FILE *out)
+{
+    tok_bytes_t text = {0};
+    char why[256], mark[32];
+    int rc = 0;
+    for (int i = 0; i < n && rc == 0;) {
+        int j = i;
+        while (j < n && ids[j] >= 0 && ids[j] < tk->vocab_size)
+            j++;
+        if (j > i)
+            rc = tokenizer_decode(tk, ids + i, (size_t)(j - i), &text, why, sizeof why);
+        if (j < n && rc == 0) {
+            int k = snprintf(mark, sizeof mark, "[token %d]", (int)ids[j++]);
+            rc = tok_bytes_append(&text, mark, (size_t)k);
+        }
+        i = j;
+    }
+    if (rc == 0 && text.n > 0)
+        fwrite(text.data, 1, text.n, out);
+    free(text.data);
+    return rc;
+}
+
 /* Collective over the whole grid: every rank generates (TP and PP ranks
- * together, DP replicas redundantly), world rank 0 prints. */
+ * together, DP replicas redundantly) from the same prompt ids, world rank
+ * 0 prints. */
 static int print_sample(trainer_t *tr, FILE *out)
 {
     const run_options_t *o = tr->opt;
-    const int byte_vocab = tr->cfg.vocab_size == 256;
-    int n_prompt = byte_vocab ? (int)strlen(o->prompt) : 1;
-    if (n_prompt == 0)
-        n_prompt = 1;
-    int32_t *seq = malloc((size_t)(n_prompt + o->sample_tokens) * sizeof *seq);
+    const tok_ids_t *p = &tr->prompt_ids;
+    tokenizer_t *tk = tr->tokenizer;
+    int32_t *seq = malloc((p->n + (size_t)o->sample_tokens) * sizeof *seq);
     if (!seq)
         return -1;
-    for (int i = 0; i < n_prompt; i++)
-        seq[i] = byte_vocab && o->prompt[0] ? (unsigned char)o->prompt[i] : 0;
     const int quantum = o->sequence_parallel ? tr->grid->tp_size : 1;
-    int n = sample_generate(sample_logits, tr, tr->cfg.vocab_size, o->seq_len, quantum, seq, n_prompt,
+    int n = sample_generate(sample_logits, tr, tr->cfg.vocab_size, o->seq_len, quantum, p->id, (int)p->n,
                             o->sample_tokens, o->temperature, o->top_k, (uint64_t)o->seed, seq);
     if (n < 0 || tr->env->world_rank != 0) {
         free(seq);
         return n < 0 ? -1 : 0;
     }
-    if (byte_vocab) {
+    int rc = 0;
+    if (tk) {
         fprintf(out, "sample (temperature %g, top-k %d):\n", o->temperature, o->top_k);
-        for (int i = 0; i < n; i++)
-            fputc(seq[i], out);
+        /* the document start the sample began with is not its text */
+        const int skip = tk->doc_start != TOK_NO_ID && seq[0] == tk->doc_start;
+        rc = print_decoded(tk, seq + skip, n - skip, out);
         fputc('\n', out);
     } else {
-        fprintf(out, "sample token ids (no detokenizer for vocabulary %d; started from token 0):\n",
+        fprintf(out, "sample token ids (no tokenizer for vocabulary %d, see --tokenizer; started from token 0):\n",
                 tr->cfg.vocab_size);
         for (int i = 0; i < n; i++)
             fprintf(out, "%d%c", seq[i], i + 1 < n ? ' ' : '\n');
     }
     fflush(out);
     free(seq);
-    return 0;
+    return rc;
 }
 
 /* ---- one step over the pipeline schedule ---------------------------------------------- */
@@ -1230,6 +1379,8 @@ void trainer_teardown(trainer_t *tr)
     if (tr->model.ops)
         model_destroy(&tr->model);
     backend_close(&tr->backend);
+    tokenizer_close(tr->tokenizer);
+    free(tr->prompt_ids.id);
     data_close(&tr->train);
     if (tr->has_val)
         data_close(&tr->val);

@@ -13,6 +13,7 @@
 #include "optim.h"
 #include "options.h"
 #include "pipeline.h"
+#include "tokenizer.h"
 #include "zero.h"
 
 typedef struct trainer {
@@ -58,6 +59,12 @@ typedef struct trainer {
     trace_t *trace;     /* --trace: this rank's spans */
     watchdog_t *watch;  /* --comm-timeout: marks every blocking call of the grid's groups */
     int32_t *tok, *tgt; /* host batch [B*T] */
+    /* the sample's tokenizer (--tokenizer; NULL: ids are printed), where
+     * it came from (for the banner), and the sample's first tokens: the
+     * tokenizer's document start, then the encoded --prompt */
+    tokenizer_t *tokenizer;
+    char tokenizer_from[OPT_PATH_MAX + 128];
+    tok_ids_t prompt_ids;
     /* host copies of parameters and AdamW moments for checkpoint I/O,
      * [table.numel] each: made at the first save or load and kept, since
      * fresh memory costs more to fault in than the file costs to write */

@@ -1,197 +1,245 @@
 #!/bin/sh
-# dtrain-prepare end to end: the shards it writes hold exactly the bytes of
-# the inputs, split per file at floor(n * F), in llm.c uint16 format, cut
-# at --shard-tokens, with stale shards of earlier runs removed; bad usage
-# exits 2 and a missing input exits 1, each with one line on stderr.
+# dtrain-prepare end to end, against a reference written here in Python
+# from doc/data.md (not from the C code):
+#  - documents: one per text file, or the non-empty pieces between
+#    --doc-separator occurrences, or one per JSONL line; gzip and zstd inputs
+#  - the byte tokenizer's stream: each document, then "\n\n" when it does not
+#    end with a newline; document d is validation iff floor((d+1)F) > floor(dF)
+#  - llm.c shards: ceil(N/L) balanced shards, exact headers; stale shards go
+#  - Megatron .bin/.idx: read back by test/megatron_reader.py (numpy, written
+#    from the format) with the same documents
+#  - the sidecar names the tokenizer; GPT-2 documents start with <|endoftext|>
+#  - 1, 2 and 3 ranks write byte-identical files (several rounds, shards)
+#  - bad usage and bad input: exit 2, exactly one line on stderr, on every
+#    rank, and no output file appears
 # Automake protocol: exit 0 pass, 1 fail, 77 skip.
 set -u
+. "$top_srcdir/test/common.sh"
 
-if [ -z "${DTRAIN_PREPARE:-}" ]; then
-    echo "FAIL: DTRAIN_PREPARE is not set (make check sets it to src/dtrain-prepare)" >&2
-    exit 1
-fi
-if [ ! -x "$DTRAIN_PREPARE" ]; then
-    echo "FAIL: DTRAIN_PREPARE=$DTRAIN_PREPARE is not an executable" >&2
-    exit 1
-fi
+P=$TMP/out
+PY=${PYTHON_REF:-/usr/bin/python3}
+MPI="$MPIEXEC --quiet"
+PREP=$DTRAIN_PREPARE
 
-# Any python3 will do (only the standard library is used); prefer
-# Debian's, which the rest of the suite uses too.
-PY=
-for p in "${PYTHON_REF:-}" /usr/bin/python3 python3; do
-    if [ -n "$p" ] && command -v "$p" >/dev/null 2>&1; then
-        PY=$p
-        break
-    fi
-done
-if [ -z "$PY" ]; then
-    echo "SKIP: no python3 to check the shard contents" >&2
-    exit 77
-fi
-
-mkdir -p test || exit 1
-tmp=$(mktemp -d test/tmp.prepare.XXXXXX) || exit 1
-trap 'rm -rf "$tmp"' EXIT
-trap 'exit 1' HUP INT TERM
-
-fail() {
-    echo "FAIL: $*" >&2
-    exit 1
-}
-
-# Two inputs: a text that ends with a newline, and one holding every byte
-# value 0..255 that does not (so it gets the "\n\n" separator).
-"$PY" - "$tmp" <<'EOF' || fail "cannot create the input files"
-import sys
+# Inputs: paragraphs with a "\n\n" separator (one piece starting with "\n"
+# from a "\n\n\n"), every byte value with no final newline, JSONL with
+# escapes, blank lines and CR LF, and compressed copies.
+"$PY" - "$TMP" <<'EOF' || exit 1
+import gzip, json, sys
 d = sys.argv[1]
-line = b"It is a truth universally acknowledged, that a single man.\n"
-a = (line * 30)[:1233] + b"\n"
-b = bytes(i % 256 for i in range(567))
-assert len(a) == 1234 and a.endswith(b"\n")
-assert len(b) == 567 and not b.endswith(b"\n")
-open(d + "/a.txt", "wb").write(a)
-open(d + "/b.txt", "wb").write(b)
+paras = [("Paragraph %d of the story, with some words.\n" % i) * (1 + i % 3) for i in range(40)]
+text = "\n\n".join(p.rstrip("\n") for p in paras).replace("Paragraph 7", "\nParagraph 7", 1)
+open(d + "/a.txt", "w").write(text + "\n")
+open(d + "/b.txt", "wb").write(bytes(i % 256 for i in range(567)))
+rows = [{"text": "doc %d \u00e9\u65e5 \"q\" \\ tab\t" % i * (1 + i % 4), "id": i} for i in range(30)]
+with open(d + "/c.jsonl", "w", newline="") as f:
+    for i, r in enumerate(rows):
+        f.write(json.dumps(r) + ("\r\n" if i % 5 == 0 else "\n"))
+        if i % 7 == 0:
+            f.write("\n   \n")
+with gzip.open(d + "/c.jsonl.gz", "wb") as f:
+    f.write(open(d + "/c.jsonl", "rb").read())
 EOF
+zstd -q -19 -o "$TMP/a.txt.zst" "$TMP/a.txt" || exit 1
 
-# check.py PREFIX F SHARD_TOKENS FILE... : recompute the expected train/val
-# token streams from the inputs and compare them with every shard on disk.
-cat >"$tmp/check.py" <<'EOF'
-import glob, os, struct, sys
+# ref.py PREFIX FORMAT F LIMIT SEP FILE...: the expected streams, checked
+# against the files on disk. SEP is "" for one document per file.
+cat >"$TMP/ref.py" <<'EOF'
+import glob, gzip, json, os, struct, subprocess, sys
+prefix, fmt, frac, limit, sep = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+inputs = sys.argv[6:]
+sep = sep.encode().decode("unicode_escape").encode("latin-1")
 
-prefix, frac, limit = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
-inputs = sys.argv[4:]
-want = {"train": b"", "val": b""}
-for path in inputs:
+def raw(path):
     data = open(path, "rb").read()
-    if not data.endswith(b"\n"):
-        data += b"\n\n"
-    n = len(data)
-    n_val = int(n * frac)          # floor(n * F), as dtrain-prepare does
-    n_val = min(n_val, n - 1)
-    want["train"] += data[: n - n_val]
-    want["val"] += data[n - n_val :]
+    if data[:2] == b"\x1f\x8b":
+        return gzip.decompress(data)
+    if data[:4] == b"\x28\xb5\x2f\xfd":
+        return subprocess.run(["zstd", "-dc", path], check=True, capture_output=True).stdout
+    return data
+
+docs = []
+for path in inputs:
+    data = raw(path)
+    if ".jsonl" in path:
+        for line in data.split(b"\n"):
+            if line.strip():
+                docs.append(json.loads(line)["text"].encode("utf-8"))
+    elif sep:
+        docs += [p for p in data.split(sep) if p]
+    else:
+        docs.append(data)
+
+splits = {"train": [], "val": []}
+for d, doc in enumerate(docs):
+    toks = doc if doc.endswith(b"\n") else doc + b"\n\n"
+    val = int((d + 1) * frac) > int(d * frac)
+    splits["val" if val else "train"].append(list(toks))
 
 bad = []
-for split in ("train", "val"):
-    stream = want[split]
-    files = sorted(glob.glob("%s_%s_*.bin" % (prefix, split)))
-    n_shards = (len(stream) + limit - 1) // limit
-    names = ["%s_%s_%06d.bin" % (prefix, split, i) for i in range(n_shards)]
-    if files != names:
-        bad.append("%s shards are %s, want %s" % (split, files, names))
-        continue
-    for i, name in enumerate(names):
-        chunk = stream[i * limit : (i + 1) * limit]
-        raw = open(name, "rb").read()
-        hdr = struct.unpack("<256i", raw[:1024])
-        if hdr[0] != 20240520 or hdr[1] != 1 or hdr[2] != len(chunk):
-            bad.append("%s header %d %d %d, want 20240520 1 %d"
-                       % (name, hdr[0], hdr[1], hdr[2], len(chunk)))
-        if any(hdr[3:]):
-            bad.append("%s header words 3..255 are not zero" % name)
-        if len(raw) != 1024 + 2 * len(chunk):
-            bad.append("%s is %d bytes, want %d"
-                       % (name, len(raw), 1024 + 2 * len(chunk)))
+for name, split_docs in splits.items():
+    stream = [t for doc in split_docs for t in doc]
+    if fmt == "megatron":
+        got = subprocess.run([sys.executable, os.environ["READER"], "--json", "%s_%s" % (prefix, name)],
+                             capture_output=True, text=True)
+        if not split_docs:
             continue
-        tok = struct.unpack("<%dH" % len(chunk), raw[1024:])
-        if list(tok) != list(chunk):
-            first = next(j for j in range(len(chunk)) if tok[j] != chunk[j])
-            bad.append("%s token %d is %d, want byte %d"
-                       % (name, first, tok[first], chunk[first]))
-    print("%s: %d tokens in %d shard(s)" % (split, len(stream), n_shards))
-if bad:
-    for b in bad:
-        print("FAIL: " + b, file=sys.stderr)
-    sys.exit(1)
+        if got.returncode != 0:
+            bad.append("megatron_reader %s_%s: %s" % (prefix, name, got.stderr.strip()))
+            continue
+        read = [json.loads(l) for l in got.stdout.splitlines()]
+        if read != split_docs:
+            bad.append("%s: the reader's %d documents differ from the %d expected" % (name, len(read), len(split_docs)))
+        print("%s: %d documents, %d tokens" % (name, len(read), len(stream)))
+        continue
+    files = sorted(glob.glob("%s_%s_*.bin" % (prefix, name)))
+    if not stream:
+        if files:
+            bad.append("%s: no tokens expected but found %s" % (name, files))
+        continue
+    n = (len(stream) + limit - 1) // limit
+    names = ["%s_%s_%06d.bin" % (prefix, name, i) for i in range(n)]
+    if files != names:
+        bad.append("%s shards are %s, want %s" % (name, files, names))
+        continue
+    q, rem = divmod(len(stream), n)
+    at = 0
+    for i, f in enumerate(names):
+        cnt = q + (i < rem)
+        chunk = stream[at:at + cnt]
+        at += cnt
+        body = open(f, "rb").read()
+        hdr = struct.unpack("<256i", body[:1024])
+        if hdr[:3] != (20240520, 1, cnt) or any(hdr[3:]):
+            bad.append("%s header %s, want 20240520 1 %d" % (f, hdr[:3], cnt))
+        if list(struct.unpack("<%dH" % ((len(body) - 1024) // 2), body[1024:])) != chunk:
+            bad.append("%s tokens differ from the reference" % f)
+    print("%s: %d tokens in %d balanced shard(s) %s" % (name, len(stream), n, [q + (i < rem) for i in range(n)]))
+for b in bad:
+    print("FAIL: " + b, file=sys.stderr)
+sys.exit(1 if bad else 0)
+EOF
+export READER="$top_srcdir/test/megatron_reader.py"
+
+# prep LABEL ARGS...: run dtrain-prepare, which must succeed quietly on stderr.
+prep() {
+    label=$1
+    shift
+    if "$@" >"$TMP/out.log" 2>"$TMP/err.log" && [ ! -s "$TMP/err.log" ]; then
+        pass "$label"
+    else
+        fail "$label: exit $?, stderr: $(head -c 400 "$TMP/err.log")"
+    fi
+}
+check() { # LABEL ref.py args
+    label=$1
+    shift
+    if "$PY" "$TMP/ref.py" "$@" >"$TMP/ref.log" 2>&1; then
+        pass "$label: $(tr '\n' ' ' <"$TMP/ref.log")"
+    else
+        fail "$label: $(cat "$TMP/ref.log")"
+    fi
+}
+
+A=$TMP/a.txt B=$TMP/b.txt C=$TMP/c.jsonl
+
+# 1. One document per file, defaults (F 0.1). Two documents: d=1 is not
+#    validation (floor(0.2) = 0) so F=0.5 is needed for a val split.
+prep "two files, F 0.5" $PREP --out "$P" --val-fraction 0.5 "$A" "$B"
+check "two files, F 0.5" "$P" llmc 0.5 100000000 "" "$A" "$B"
+
+# 2. Paragraph documents, small balanced shards, then back to one shard:
+#    the stale shards of the first run are removed.
+prep "paragraphs, 300-token shards" $PREP --out "$P" --doc-separator '\n\n' --val-fraction 0.25 --shard-tokens 300 "$A" "$B"
+check "paragraphs, 300-token shards" "$P" llmc 0.25 300 '\n\n' "$A" "$B"
+prep "paragraphs, one shard" $PREP --out "$P" --doc-separator '\n\n' --val-fraction 0.25 "$A" "$B"
+grep -q "removed (stale" "$TMP/out.log" && pass "stale shards reported removed" || fail "no stale removal: $(cat "$TMP/out.log")"
+check "paragraphs, one shard" "$P" llmc 0.25 100000000 '\n\n' "$A" "$B"
+
+# 3. F = 0: no validation files, the old ones removed.
+prep "F 0" $PREP --out "$P" --val-fraction 0 --doc-separator '\n\n' "$A"
+[ -e "$P"_val_000000.bin ] && fail "F 0 left a val shard" || pass "F 0 removed the val shard"
+check "F 0" "$P" llmc 0 100000000 '\n\n' "$A"
+
+# 4. JSONL (plain, gzip) and zstd text; the Megatron format.
+prep "jsonl + gz + zst" $PREP --out "$P" --input-format jsonl "$C" "$C.gz"
+check "jsonl + gz" "$P" llmc 0.1 100000000 "" "$C" "$C.gz"
+prep "zstd text" $PREP --out "$P" --doc-separator '\n\n' "$A.zst"
+check "zstd text" "$P" llmc 0.1 100000000 '\n\n' "$A.zst"
+prep "megatron" $PREP --out "$TMP/m" --format megatron --doc-separator '\n\n' --val-fraction 0.2 "$A" "$B"
+check "megatron (numpy reader)" "$TMP/m" megatron 0.2 0 '\n\n' "$A" "$B"
+
+# 5. The sidecar.
+S="$P.tokenizer.json"
+prep "sidecar run" $PREP --out "$P" --doc-separator '\n\n' "$A"
+"$PY" - "$S" <<'EOF' && pass "byte sidecar: kind byte, vocabulary 256" || fail "byte sidecar: $(cat "$S")"
+import json, sys
+s = json.load(open(sys.argv[1]))
+assert s["kind"] == "byte" and s["vocab_size"] == 256, s
 EOF
 
-A=$tmp/a.txt
-B=$tmp/b.txt
-P=$tmp/d
+# 6. 1, 2 and 3 ranks: the same bytes (rounds of 5 documents, 200-token
+#    shards, both formats, JSONL too).
+for fmt in llmc megatron; do
+    for np in 1 2 3; do
+        prep "$fmt np $np" $MPI -np $np $PREP --out "$TMP/np$np/$fmt" --format $fmt --round-docs 5 \
+            --shard-tokens 200 --doc-separator '\n\n' --val-fraction 0.3 "$A" "$B"
+        prep "jsonl np $np" $MPI -np $np $PREP --out "$TMP/np$np/j$fmt" --format $fmt --round-docs 3 "$C" "$C.gz"
+    done
+done
+for np in 2 3; do
+    if diff -r "$TMP/np1" "$TMP/np$np" >/dev/null; then
+        pass "np $np output is byte-identical to np 1 ($(ls "$TMP/np1" | wc -l) files)"
+    else
+        fail "np $np output differs from np 1: $(diff -rq "$TMP/np1" "$TMP/np$np" | head -3)"
+    fi
+done
+check "np 3 llmc" "$TMP/np3/llmc" llmc 0.3 200 '\n\n' "$A" "$B"
 
-# 1. Defaults: F = 0.1, one shard per split.
-#    a: 1234 bytes -> val 123, train 1111
-#    b:  567 bytes + "\n\n" = 569 -> val 56, train 513
-"$DTRAIN_PREPARE" --out "$P" "$A" "$B" >"$tmp/out" 2>"$tmp/err" ||
-    fail "default run exited $?: $(cat "$tmp/err")"
-[ -s "$tmp/err" ] && fail "default run wrote to stderr: $(cat "$tmp/err")"
-printf '%s\n' "$P""_train_000000.bin: 1624 tokens" "$P""_val_000000.bin: 179 tokens" >"$tmp/want"
-cmp -s "$tmp/out" "$tmp/want" || fail "default run printed:
-$(cat "$tmp/out")
-want:
-$(cat "$tmp/want")"
-"$PY" "$tmp/check.py" "$P" 0.1 100000000 "$A" "$B" || fail "default run shards"
+# 7. GPT-2 BPE (when the vocabulary is there): each document starts with
+#    <|endoftext|> 50256 and the rest is the tokenizer's encoding of it.
+if "$top_builddir/test/tok_tool" info gpt2 >/dev/null 2>&1; then
+    prep "gpt2" $PREP --out "$TMP/g" --tokenizer gpt2 --val-fraction 0 --doc-separator '\n\n' "$A"
+    "$PY" - "$TMP/g_train_000000.bin" "$TMP/g.tokenizer.json" <<'EOF' && pass "gpt2: 50256 starts every document; sidecar gpt2/50257" || fail "gpt2 shard or sidecar"
+import json, struct, sys
+body = open(sys.argv[1], "rb").read()
+hdr = struct.unpack("<256i", body[:1024])
+tok = struct.unpack("<%dH" % hdr[2], body[1024:])
+assert hdr[0] == 20240520 and tok[0] == 50256 and tok.count(50256) == 40, (hdr[:3], tok[:3], tok.count(50256))
+s = json.load(open(sys.argv[2]))
+assert s["kind"] == "gpt2" and s["vocab_size"] == 50257 and s["doc_start"] == 50256, s
+EOF
+else
+    echo "note: gpt2 tokenizer not available: GPT-2 checks skipped"
+fi
 
-# 2. Inputs reversed, F = 0.25, 500-token shards:
-#    b: 569 -> val 142, train 427;  a: 1234 -> val 308, train 926
-#    train 1353 = 500 + 500 + 353;  val 450
-"$DTRAIN_PREPARE" --out "$P" --val-fraction 0.25 --shard-tokens 500 "$B" "$A" \
-    >"$tmp/out" 2>"$tmp/err" || fail "sharded run exited $?: $(cat "$tmp/err")"
-printf '%s\n' "$P""_train_000000.bin: 500 tokens" "$P""_train_000001.bin: 500 tokens" \
-    "$P""_train_000002.bin: 353 tokens" "$P""_val_000000.bin: 450 tokens" >"$tmp/want"
-cmp -s "$tmp/out" "$tmp/want" || fail "sharded run printed:
-$(cat "$tmp/out")"
-"$PY" "$tmp/check.py" "$P" 0.25 500 "$B" "$A" || fail "sharded run shards"
-
-# 3. Back to one shard: the run must remove train shards 1 and 2, or a
-#    reader's glob would mix them with the new data.
-"$DTRAIN_PREPARE" --out "$P" --tokenizer byte "$A" "$B" >"$tmp/out" 2>"$tmp/err" ||
-    fail "re-run exited $?: $(cat "$tmp/err")"
-[ "$(grep -c 'removed' "$tmp/out")" -eq 2 ] || fail "re-run did not report 2 removed shards:
-$(cat "$tmp/out")"
-"$PY" "$tmp/check.py" "$P" 0.1 100000000 "$A" "$B" || fail "re-run shards"
-
-# 4. F = 0: everything is training data and the old val shard goes.
-"$DTRAIN_PREPARE" --out "$P" --val-fraction 0 "$A" "$B" >"$tmp/out" 2>"$tmp/err" ||
-    fail "F=0 run exited $?: $(cat "$tmp/err")"
-grep -q "_train_000000.bin: 1803 tokens" "$tmp/out" || fail "F=0 printed: $(cat "$tmp/out")"
-[ -e "$P""_val_000000.bin" ] && fail "F=0 left a val shard"
-"$PY" "$tmp/check.py" "$P" 0 100000000 "$A" "$B" || fail "F=0 shards"
-
-# Usage errors: exit 2, exactly one line on stderr naming the problem.
-# expect_fail CODE KEYWORD ARGS...
-expect_fail() {
-    code=$1
-    key=$2
-    shift 2
-    "$DTRAIN_PREPARE" "$@" >"$tmp/out" 2>"$tmp/err"
-    rc=$?
-    [ "$rc" -eq "$code" ] || fail "'$*' exited $rc, want $code"
-    lines=$(wc -l <"$tmp/err")
-    [ "$lines" -eq 1 ] || fail "'$*' wrote $lines lines to stderr, want 1: $(cat "$tmp/err")"
-    grep -q -e "$key" "$tmp/err" || fail "'$*' error lacks '$key': $(cat "$tmp/err")"
-    [ -s "$tmp/out" ] && fail "'$*' wrote to stdout: $(cat "$tmp/out")"
-    echo "exit $rc as expected: $(cat "$tmp/err")"
-}
-Q=$tmp/q
-expect_fail 2 "unknown option '--bogus'" --bogus --out "$Q" "$A"
-expect_fail 2 "unknown option '-x'" -x --out "$Q" "$A"
-expect_fail 2 "'--out' needs a value" "$A" --out
-expect_fail 2 "--out PREFIX is required" "$A"
-expect_fail 2 "no input FILE" --out "$Q"
-expect_fail 2 "--val-fraction '1.5'" --out "$Q" --val-fraction 1.5 "$A"
-expect_fail 2 "--val-fraction 'abc'" --out "$Q" --val-fraction abc "$A"
-expect_fail 2 "--val-fraction '-0.1'" --out "$Q" --val-fraction=-0.1 "$A"
-expect_fail 2 "--shard-tokens '0'" --out "$Q" --shard-tokens 0 "$A"
-expect_fail 2 "--shard-tokens '12x'" --out "$Q" --shard-tokens 12x "$A"
-expect_fail 2 "--shard-tokens '2147483648'" --out "$Q" --shard-tokens 2147483648 "$A"
-expect_fail 2 "GPT-2 BPE is not implemented" --out "$Q" --tokenizer gpt2 "$A"
-
-# Input errors: exit 1, one line, nothing written even for the good file
-# named before the bad one.
-expect_fail 1 "$tmp/missing.txt" --out "$Q" "$A" "$tmp/missing.txt"
-: >"$tmp/empty.txt"
-expect_fail 1 "empty.txt' is empty" --out "$Q" "$A" "$tmp/empty.txt"
-expect_fail 1 "is a directory" --out "$Q" "$A" "$tmp"
-expect_fail 1 "validation split is empty" --out "$Q" --val-fraction 0.001 "$B"
-ls "$Q"_* >/dev/null 2>&1 && fail "a failed run left files: $(ls "$Q"_*)"
-expect_fail 1 "no/such/dir/x_train_000000.bin.tmp" --out "$tmp/no/such/dir/x" "$A"
+# 8. Bad usage and bad input: exit 2, one line, no outputs.
+Q=$TMP/q
+expect_exit2 "unknown option '--bogus'" $PREP --bogus --out "$Q" "$A"
+expect_exit2 "'--out' needs a value" $PREP "$A" --out
+expect_exit2 "--out PREFIX is required" $PREP "$A"
+expect_exit2 "no input FILE" $PREP --out "$Q"
+expect_exit2 "--val-fraction '1.5'" $PREP --out "$Q" --val-fraction 1.5 "$A"
+expect_exit2 "--shard-tokens '0'" $PREP --out "$Q" --shard-tokens 0 "$A"
+expect_exit2 "--shard-tokens '2147483648'" $PREP --out "$Q" --shard-tokens 2147483648 "$A"
+expect_exit2 "--format 'parquet'" $PREP --out "$Q" --format parquet "$A"
+expect_exit2 "unknown tokenizer 'bpe'" $PREP --out "$Q" --tokenizer bpe "$A"
+expect_exit2 "--doc-separator is for text inputs" $PREP --out "$Q" --doc-separator x "$C"
+expect_exit2 "inputs are named" $PREP --out "$Q" "$A" "$C"
+expect_exit2 "missing.txt" $PREP --out "$Q" "$A" "$TMP/missing.txt"
+expect_exit2 "is a directory" $PREP --out "$Q" "$A" "$TMP"
+expect_exit2 "validation split is empty" $PREP --out "$Q" --val-fraction 0.3 "$A" "$B"
+printf '{"text": "ok"}\n{"text": "broken"\n' >"$TMP/bad.jsonl"
+expect_exit2 "bad.jsonl:2" $MPI -np 2 $PREP --out "$Q" "$TMP/bad.jsonl"
+printf '{"text": "ok"}\n{"body": "x"}\n' >"$TMP/nofield.jsonl"
+expect_exit2 "nofield.jsonl:2" $MPI -np 3 $PREP --out "$Q" "$TMP/nofield.jsonl"
+expect_exit2 "no \"body\" field" $PREP --out "$Q" --jsonl-field body "$C"
+head -c 300 "$C.gz" >"$TMP/cut.jsonl.gz"
+expect_exit2 "cut.jsonl.gz" $MPI -np 2 $PREP --out "$Q" "$TMP/cut.jsonl.gz"
+if ls "$Q"* >/dev/null 2>&1; then fail "failed runs left files: $(ls "$Q"*)"; else pass "no files left by failed runs"; fi
 
 # --help and --version go to stdout and succeed.
-"$DTRAIN_PREPARE" --help >"$tmp/out" 2>&1 || fail "--help exited $?"
-grep -q '^Usage: dtrain-prepare --out PREFIX' "$tmp/out" || fail "--help printed: $(cat "$tmp/out")"
-"$DTRAIN_PREPARE" --version >"$tmp/out" 2>&1 || fail "--version exited $?"
-grep -q '^dtrain-prepare (dtrain) [0-9][0-9.]*' "$tmp/out" || fail "--version printed: $(cat "$tmp/out")"
+$PREP --help >"$TMP/h" 2>&1 && grep -q '^Usage: dtrain-prepare --out PREFIX' "$TMP/h" && pass "--help" || fail "--help: $(head -3 "$TMP/h")"
+$PREP --version >"$TMP/h" 2>&1 && grep -q '^dtrain-prepare (dtrain) [0-9]' "$TMP/h" && pass "--version" || fail "--version"
 
-echo "test_prepare: all checks passed"
-exit 0
+finish

@@ -1,0 +1,124 @@
+/* libFuzzer harness for io/corpus.c, the reader of untrusted corpora.
+ *
+ * Links: io/corpus.c (and its header io/corpus.h, hence -Iio).
+ * Libraries (pkg-config): jansson zlib libzstd.
+ * Build and run (clang):
+ *   clang -g -O1 -fsanitize=fuzzer,address,undefined -Iio \
+ *     fuzz/fuzz_jsonl.c io/corpus.c $(pkg-config --cflags --libs jansson zlib libzstd) \
+ *     -o fuzz_jsonl
+ *   ./fuzz_jsonl -runs=1000000 SEED_DIR
+ * Seeds worth giving (any file works): a few JSONL lines, and the same
+ * gzip- and zstd-compressed (gzip -c, zstd -c), each prefixed by one mode
+ * byte (see below).
+ *
+ * Each input is one mode byte and then the bytes of a file. The file goes
+ * through two paths:
+ *  1. corpus_jsonl_field() on the whole of it as one line, field "text";
+ *  2. the full reader: the bytes in a memfd, walked by corpus_open() and
+ *     corpus_next() (magic detection, gzip / zstd decoding, line or
+ *     separator splitting, JSON parsing), in the format, separator, read
+ *     size and want_text pattern that the mode byte picks.
+ * Besides the sanitizers, it checks the contracts: an error is one
+ * non-empty line, indices count up from 0, a text is as long as it says. */
+#define _GNU_SOURCE /* memfd_create */
+#include "corpus.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+static void check_err(const char *err)
+{
+    if (err[0] == '\0' || strchr(err, '\n') != NULL)
+        abort(); /* the contract: exactly one line */
+}
+
+static void fuzz_line(const uint8_t *data, size_t size)
+{
+    char *text = NULL, err[512] = "";
+    size_t tlen = 0;
+    if (corpus_jsonl_field((const char *)data, size, "text", &text, &tlen,
+                           err, sizeof err) == 0) {
+        if (text == NULL || text[tlen] != '\0')
+            abort();
+        free(text);
+    } else {
+        check_err(err);
+    }
+}
+
+/* The file in memory, under a path corpus_open can open. */
+static int memfile(const uint8_t *data, size_t size, char *path, size_t plen)
+{
+    int fd = memfd_create("fuzz_jsonl", MFD_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    size_t off = 0;
+    while (off < size) {
+        ssize_t w = write(fd, data + off, size - off);
+        if (w <= 0) {
+            close(fd);
+            return -1;
+        }
+        off += (size_t)w;
+    }
+    snprintf(path, plen, "/proc/self/fd/%d", fd);
+    return fd;
+}
+
+/* mode bits: 0 JSONL (else text), 1-2 separator (none, "\n\n", "ab",
+ * "\0"), 3-5 read size (1 << that: 1 .. 128 bytes), 6 want_text on every
+ * document (else every other one), 7 read the file twice. */
+static void fuzz_reader(uint8_t mode, const uint8_t *data, size_t size)
+{
+    static const char *const seps[] = {NULL, "\n\n", "ab", "\0"};
+    static const size_t sep_lens[] = {0, 2, 2, 1};
+    char path[64], err[1024];
+    int fd = memfile(data, size, path, sizeof path);
+    if (fd < 0)
+        return;
+    char *paths[2] = {path, path};
+    corpus_opts_t o = {0};
+    o.format = (mode & 1) ? CORPUS_JSONL : CORPUS_TEXT;
+    o.separator = seps[(mode >> 1) & 3];
+    o.separator_len = sep_lens[(mode >> 1) & 3];
+    o.buf_size = (size_t)1 << ((mode >> 3) & 7);
+    corpus_t *c;
+    if (corpus_open(&c, paths, (mode & 128) ? 2 : 1, &o, err, sizeof err)) {
+        check_err(err);
+        close(fd);
+        return;
+    }
+    corpus_doc_t d;
+    uint64_t n = 0;
+    int r;
+    for (;;) {
+        int want = (mode & 64) || n % 2 == 0;
+        r = corpus_next(c, want, &d, err, sizeof err);
+        if (r <= 0)
+            break;
+        if (d.index != n++ || (want && d.len > 0 && d.text == NULL))
+            abort();
+        if (want && d.len > 0) /* touch every byte: ASan checks the range */
+            if (memchr(d.text, 0x7f, d.len) == d.text + d.len)
+                abort();
+    }
+    if (r < 0)
+        check_err(err);
+    corpus_close(c);
+    close(fd);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (size < 1)
+        return 0;
+    fuzz_line(data + 1, size - 1);
+    fuzz_reader(data[0], data + 1, size - 1);
+    return 0;
+}

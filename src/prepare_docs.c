@@ -1,0 +1,233 @@
+/* The document loop of dtrain-prepare.
+ *
+ * Every rank walks the same document stream (reading is cheap next to
+ * tokenizing); document d belongs to rank d mod P, which alone tokenizes it
+ * (and, for JSONL, alone parses its line). Documents are dealt in rounds of
+ * round_docs: after each round the ranks sum the token counts of the round's
+ * documents, so every rank knows where each document lands in its split's
+ * stream, and each writes its own documents there. Memory per rank is
+ * bounded by one round's share of tokens. */
+#include "prepare.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Document d's split: validation for every d where floor(d F) steps up,
+ * so the validation documents are spread evenly through the corpus and
+ * exactly floor(N F) of N are chosen, whatever the number of ranks. */
+static prep_split_t split_of(uint64_t d, double f)
+{
+    return (uint64_t)((double)(d + 1) * f) > (uint64_t)((double)d * f) ? PREP_VAL : PREP_TRAIN;
+}
+
+/* One round's documents owned by this rank: their ids back to back. */
+typedef struct round_buf {
+    tok_ids_t ids;
+    uint64_t *doc;     /* global document index of each owned document */
+    size_t *first;     /* its first id in ids */
+    size_t n, cap;
+} round_buf_t;
+
+static int round_push(round_buf_t *b, uint64_t d)
+{
+    if (b->n == b->cap) {
+        size_t cap = b->cap ? 2 * b->cap : 64;
+        uint64_t *doc = realloc(b->doc, cap * sizeof *doc);
+        if (doc)
+            b->doc = doc;
+        size_t *first = realloc(b->first, cap * sizeof *first);
+        if (first)
+            b->first = first;
+        if (!doc || !first)
+            return -1;
+        b->cap = cap;
+    }
+    b->doc[b->n] = d;
+    b->first[b->n] = b->ids.n;
+    b->n++;
+    return 0;
+}
+
+/* The tokens of one document: the tokenizer's start token, the text, and
+ * its end token, or for the byte kind the text and "\n\n" when the text
+ * does not end a line (so documents never run together). */
+static int tokenize_doc(prep_run_t *r, const corpus_doc_t *doc, tok_ids_t *out, char *err, size_t errlen)
+{
+    tokenizer_t *tk = r->tk;
+    if (tk->doc_start != TOK_NO_ID && tok_ids_push(out, tk->doc_start) != 0)
+        goto oom;
+    if (tokenizer_encode(tk, doc->text, doc->len, out, err, errlen) != 0)
+        return -1;
+    if (tk->doc_sep && (doc->len == 0 || doc->text[doc->len - 1] != '\n') &&
+        tokenizer_encode(tk, tk->doc_sep, strlen(tk->doc_sep), out, err, errlen) != 0)
+        return -1;
+    if (tk->doc_end != TOK_NO_ID && tok_ids_push(out, tk->doc_end) != 0)
+        goto oom;
+    r->text_bytes += doc->len;
+    return 0;
+oom:
+    prep_err(err, errlen, "out of memory tokenizing document %llu", (unsigned long long)doc->index);
+    return -1;
+}
+
+/* Prefix an error with where the document came from. */
+static void doc_error(const prep_run_t *r, const corpus_doc_t *doc, const char *why, char *msg, size_t len)
+{
+    prep_err(msg, len, "%s, document %llu (line %llu): %s", r->o->inputs[doc->file],
+             (unsigned long long)doc->index, (unsigned long long)doc->line, why);
+}
+
+/* Keep and tokenize a document this rank owns. */
+static int own_doc(prep_run_t *r, round_buf_t *b, const corpus_doc_t *doc, char *err, size_t errlen)
+{
+    if (round_push(b, doc->index) != 0) {
+        prep_err(err, errlen, "out of memory holding a round of documents: lower --round-docs");
+        return -1;
+    }
+    return tokenize_doc(r, doc, &b->ids, err, errlen);
+}
+
+/* Read up to round_docs documents, tokenizing this rank's. Returns the
+ * number of documents read (all ranks read the same), or -1 with *err_key
+ * the document index where it failed (UINT64_MAX when the failure is not
+ * tied to a document). */
+static int64_t read_round(prep_run_t *r, corpus_t *c, round_buf_t *b, int *at_end, uint64_t *err_key, char *msg,
+                          size_t msglen)
+{
+    int64_t got = 0;
+    char err[PREP_ERRLEN];
+    while ((size_t)got < r->o->round_docs) {
+        corpus_doc_t doc;
+        uint64_t next = r->n_docs + (uint64_t)got;
+        int mine = (int)(next % (uint64_t)r->nranks) == r->rank;
+        int rc = corpus_next(c, mine, &doc, err, sizeof err);
+        if (rc == 0) {
+            *at_end = 1;
+            break;
+        }
+        if (rc < 0) {
+            *err_key = next;
+            prep_err(msg, msglen, "%s", err);
+            return -1;
+        }
+        if (mine && own_doc(r, b, &doc, err, sizeof err) != 0) {
+            *err_key = doc.index;
+            doc_error(r, &doc, err, msg, msglen);
+            return -1;
+        }
+        got++;
+    }
+    return got;
+}
+
+/* Sum the round's per-document token counts over the ranks: counts[i] of
+ * document n_docs + i, from its owner. */
+static void round_counts(const prep_run_t *r, const round_buf_t *b, int64_t n, int64_t *counts)
+{
+    memset(counts, 0, (size_t)n * sizeof *counts);
+    for (size_t k = 0; k < b->n; k++) {
+        size_t end = k + 1 < b->n ? b->first[k + 1] : b->ids.n;
+        counts[b->doc[k] - r->n_docs] = (int64_t)(end - b->first[k]);
+    }
+    prep_mpi_check(MPI_Allreduce(MPI_IN_PLACE, counts, (int)n, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD),
+                   "MPI_Allreduce(document token counts)");
+}
+
+/* Rank 0 keeps every document's length for the Megatron index. */
+static int record_doc_len(prep_stream_t *st, int64_t len)
+{
+    if (st->n_docs == st->doc_cap) {
+        size_t cap = st->doc_cap ? 2 * st->doc_cap : 4096;
+        int32_t *p = realloc(st->doc_len, cap * sizeof *p);
+        if (!p)
+            return -1;
+        st->doc_len = p;
+        st->doc_cap = cap;
+    }
+    st->doc_len[st->n_docs] = (int32_t)len;
+    return 0;
+}
+
+/* Place the round's documents: global offsets from the counts, this rank's
+ * documents written there. 0 or -1 with msg. */
+static int place_round(prep_run_t *r, const round_buf_t *b, int64_t n, const int64_t *counts, void *stage,
+                       char *msg, size_t msglen)
+{
+    uint64_t at[PREP_N_SPLITS] = {r->stream[PREP_TRAIN].n_tokens, r->stream[PREP_VAL].n_tokens};
+    size_t k = 0;
+    int keep_lens = r->rank == 0 && r->o->format == PREP_FORMAT_MEGATRON;
+    for (int64_t i = 0; i < n; i++) {
+        uint64_t d = r->n_docs + (uint64_t)i;
+        prep_stream_t *st = &r->stream[split_of(d, r->o->val_fraction)];
+        if (counts[i] > INT32_MAX) {
+            prep_err(msg, msglen, "document %llu has %lld tokens, more than a token file's int32 length field holds",
+                     (unsigned long long)d, (long long)counts[i]);
+            return -1;
+        }
+        if (k < b->n && b->doc[k] == d) {
+            size_t end = k + 1 < b->n ? b->first[k + 1] : b->ids.n;
+            if (prep_stream_write(st, at[st->split], b->ids.id + b->first[k], end - b->first[k], stage, msg,
+                                  msglen) != 0)
+                return -1;
+            k++;
+        }
+        if (keep_lens && counts[i] > 0 && record_doc_len(st, counts[i]) != 0) {
+            prep_err(msg, msglen, "out of memory recording document lengths");
+            return -1;
+        }
+        at[st->split] += (uint64_t)counts[i];
+        st->n_docs += counts[i] > 0;
+        st->n_tokens = at[st->split];
+    }
+    return 0;
+}
+
+static void round_free(round_buf_t *b)
+{
+    free(b->ids.id);
+    free(b->doc);
+    free(b->first);
+}
+
+int prep_documents(prep_run_t *r)
+{
+    const prep_opts_t *o = r->o;
+    char msg[PREP_ERRLEN] = "";
+    corpus_t *c = NULL;
+    int failed = corpus_open(&c, o->inputs, o->n_inputs, &o->corpus, msg, sizeof msg) != 0;
+    if (prep_agree(r, failed, 0, msg))
+        return PREP_EXIT_USAGE;
+    int64_t *counts = malloc(o->round_docs * sizeof *counts);
+    void *stage = malloc(1 << 20);
+    round_buf_t b = {0};
+    int status = 0, at_end = 0;
+    failed = counts == NULL || stage == NULL;
+    if (prep_agree(r, failed, 0, "out of memory for the document round buffers")) {
+        status = PREP_EXIT_IO;
+        goto out;
+    }
+    while (!at_end) {
+        uint64_t key = UINT64_MAX;
+        b.n = 0;
+        b.ids.n = 0;
+        int64_t n = read_round(r, c, &b, &at_end, &key, msg, sizeof msg);
+        if (prep_agree(r, n < 0, key, msg)) {
+            status = PREP_EXIT_USAGE;
+            break;
+        }
+        round_counts(r, &b, n, counts);
+        failed = place_round(r, &b, n, counts, stage, msg, sizeof msg) != 0;
+        if (prep_agree(r, failed, r->rank, msg)) {
+            status = PREP_EXIT_IO;
+            break;
+        }
+        r->n_docs += (uint64_t)n;
+    }
+out:
+    round_free(&b);
+    free(counts);
+    free(stage);
+    corpus_close(c);
+    return status;
+}
