@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include "ckpt.h"
+#include "fsutil.h"
 #include "h5store.h"
 #include "launch.h"
 #include "options.h"
@@ -213,7 +214,8 @@ static void dir_of(const char *path, char *dir, size_t n)
 
 /* Rank 0's checks of the two paths, before any file is opened: the input
  * is a readable file; the output is not the input, does not exist (unless
- * --force) and its directory takes new files. */
+ * --force) and its directory, made as mkdir -p does when missing, takes
+ * new files. */
 static int check_paths(const reshard_opts_t *o, char *err, size_t errlen)
 {
     struct stat in_st, out_st;
@@ -245,6 +247,10 @@ static int check_paths(const reshard_opts_t *o, char *err, size_t errlen)
         return -1;
     }
     char dir[PATH_MAX];
+    if (fs_mkdir_parent(o->out, dir, sizeof dir) != 0) { /* mkdir -p of the missing directories */
+        snprintf(err, errlen, "--out %s: cannot create directory %.512s: %s", o->out, dir, strerror(errno));
+        return -1;
+    }
     dir_of(o->out, dir, sizeof dir);
     if (access(dir, W_OK | X_OK) != 0) {
         snprintf(err, errlen, "--out %s: cannot write into directory %.512s: %s", o->out, dir,

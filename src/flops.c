@@ -1,8 +1,13 @@
 #include "flops.h"
 
 #include <cblas.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 double flops_per_token(const model_config_t *c, int T)
 {
@@ -21,32 +26,85 @@ static double now_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-double flops_measure_peak_gflops(void)
+/* One probe size: N x N x N, in . w^T as the ops table's forward matmuls
+ * call it. */
+static double time_one(int n, const float *a, const float *b, float *c)
 {
-    const int n = 1024;
-    float *a = malloc((size_t)n * n * sizeof *a), *b = malloc((size_t)n * n * sizeof *b);
-    float *c = malloc((size_t)n * n * sizeof *c);
+    double t0 = now_s();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+    return now_s() - t0;
+}
+
+int flops_probe(flops_probe_t *p, double budget_s)
+{
+    static const int sizes[] = {512, 1024, 1536};
+    const int n_sizes = (int)(sizeof sizes / sizeof sizes[0]), nmax = sizes[n_sizes - 1];
+    memset(p, 0, sizeof *p);
+    p->threads = 1;
+#ifdef _OPENMP
+    p->threads = omp_get_max_threads();
+#endif
+    double t_start = now_s();
+    size_t nn = (size_t)nmax * nmax;
+    float *a = malloc(nn * sizeof *a), *b = malloc(nn * sizeof *b), *c = malloc(nn * sizeof *c);
     if (!a || !b || !c) {
         free(a);
         free(b);
         free(c);
-        return 0.0;
+        return -1;
     }
-    for (size_t i = 0; i < (size_t)n * n; i++) {
+    for (size_t i = 0; i < nn; i++) {
         a[i] = (float)(i % 7) * 0.1f;
         b[i] = (float)(i % 5) * 0.1f;
+        c[i] = 0.0f;
     }
-    double best = 0.0;
-    for (int rep = 0; rep < 6; rep++) {
-        double t0 = now_s();
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
-        double dt = now_s() - t0;
-        double gf = 2.0 * n * n * (double)n / dt * 1e-9;
-        if (rep > 0 && gf > best) /* the first call pays for thread start-up */
-            best = gf;
+    /* warm-up, untimed: wakes the BLAS threads, faults the pages in and
+     * lets the cores reach their clock (a cold first 100 ms ran at half
+     * speed on a 2-vCPU Zen 3 VM) */
+    double warm_s = 0.25 * budget_s;
+    while (now_s() - t_start < warm_s)
+        time_one(1024, a, b, c);
+    /* each size for its share of what is left, at least 2 calls; the
+     * best single call of any size is the peak */
+    for (int k = 0; k < n_sizes; k++) {
+        const int n = sizes[k];
+        const double gflop = 2.0 * n * n * (double)n * 1e-9;
+        double left = budget_s - (now_s() - t_start);
+        /* a size two calls of which would not fit (a slow or busy machine)
+         * is skipped */
+        if (p->gflops > 0 && 2.0 * gflop / p->gflops > left)
+            continue;
+        double share = left / (n_sizes - k), t_size = now_s();
+        for (int calls = 0; calls < 2 || now_s() - t_size < share; calls++) {
+            double gf = gflop / time_one(n, a, b, c);
+            p->calls++;
+            if (gf > p->gflops) {
+                p->gflops = gf;
+                p->best_n = n;
+            }
+        }
+        p->sizes[p->n_sizes++] = n;
     }
     free(a);
     free(b);
     free(c);
-    return best;
+    p->seconds = now_s() - t_start;
+    return p->gflops > 0 ? 0 : -1;
+}
+
+double flops_measure_peak_gflops(void)
+{
+    flops_probe_t p;
+    return flops_probe(&p, FLOPS_PROBE_BUDGET_S) == 0 ? p.gflops : 0.0;
+}
+
+int flops_probe_describe(const flops_probe_t *p, char *buf, size_t len)
+{
+    int off = snprintf(buf, len, "sgemm probe: best of");
+    for (int k = 0; k < p->n_sizes && off >= 0 && (size_t)off < len; k++)
+        off += snprintf(buf + off, len - (size_t)off, "%s %d^3", k ? "," : "", p->sizes[k]);
+    if (off >= 0 && (size_t)off < len)
+        off += snprintf(buf + off, len - (size_t)off, " (%d calls, best at %d^3) on %d thread%s after a warm-up, %.2f s",
+                        p->calls, p->best_n, p->threads, p->threads == 1 ? "" : "s", p->seconds);
+    return off;
 }

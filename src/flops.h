@@ -2,6 +2,8 @@
 #ifndef DTRAIN_FLOPS_H
 #define DTRAIN_FLOPS_H
 
+#include <stddef.h>
+
 #include "model_config.h"
 
 /* Training FLOPs per token: 6 x (parameters in matmuls, output head
@@ -9,8 +11,27 @@
  * and backward (the llm.c / PaLM convention; padding is not counted). */
 double flops_per_token(const model_config_t *c, int T);
 
-/* sgemm GFLOP/s of this process on its current threads: the best of a few
- * 1024^3 multiplies (about 50 ms). */
+/* The sgemm peak of this process on its current threads (the OpenMP
+ * threads a rank trains with): after an untimed warm-up of a quarter of
+ * budget_s, calls of 512^3, 1024^3 and 1536^3 (in . w^T, as the forward
+ * matmuls) share the rest; the fastest single call is the peak. A size two
+ * calls of which would overrun the budget is skipped. */
+#define FLOPS_PROBE_BUDGET_S 0.4
+typedef struct {
+    double gflops;  /* the peak: the best call */
+    int best_n;     /* its size */
+    int sizes[4], n_sizes; /* the sizes timed */
+    int calls;      /* timed calls */
+    int threads;
+    double seconds; /* the whole probe, warm-up included */
+} flops_probe_t;
+int flops_probe(flops_probe_t *p, double budget_s);
+
+/* flops_probe's peak with the default budget (0 on failure). */
 double flops_measure_peak_gflops(void);
+
+/* "sgemm probe: best of 512^3, 1024^3, 1536^3 (N calls, best at 1024^3) on
+ * 2 threads after a warm-up, 0.40 s"; snprintf's return. */
+int flops_probe_describe(const flops_probe_t *p, char *buf, size_t len);
 
 #endif

@@ -11,6 +11,7 @@
 #ifdef HAVE_CONFIG_H
 #include "config.h"
 #endif
+#include "hf_import.h"
 #ifndef PACKAGE_VERSION
 #define PACKAGE_VERSION "0.1.0"
 #endif
@@ -94,6 +95,7 @@ static const opt_def_t opt_defs[] = {
     {"keep", OPT_INT, F(keep), 0, "0", 0, INT_MAX, NULL, "keep the newest N checkpoints in --ckpt-dir, removing older ones once a new one is complete (0 = all)"},
     {"stop-at-step", OPT_INT, F(stop_at_step), 0, "0", 0, INT_MAX, NULL, "end this job after step N (checkpointed with --ckpt-dir) and leave the rest of --steps to a resumed run (0 = run to --steps)"},
     {"resume", OPT_STR, F(resume), S(resume), "", 0, 0, NULL, "continue from a checkpoint: auto (the newest complete one in --ckpt-dir, or a fresh start) or FILE"},
+    {"init-from", OPT_STR, F(init_from), S(init_from), "", 0, 0, NULL, "start from the weights of a Hugging Face model directory (config.json + model.safetensors or sharded with model.safetensors.index.json: GPT2LMHeadModel, LlamaForCausalLM, Llama-shaped MistralForCausalLM; f32, f16 or bf16) or an llm.c GPT-2 model file (gpt2_124M.bin, fp32 or bf16): the model comes from the file (a disagreeing --model, --n-layer, ... is an error), every rank reads only its slices, training starts at step 0 with fresh AdamW state; a checkpoint that --resume finds wins over it"},
     {"save-params", OPT_STR, F(save_params), S(save_params), "", 0, 0, NULL, "at the end, write the trained parameters as logical tensors to FILE (HDF5, any layout reads it)"},
     {"trace", OPT_STR, F(trace), S(trace), "", 0, 0, NULL, "write a Chrome/Perfetto trace of every rank (layer and communication spans) to FILE"},
     {"sample-tokens", OPT_INT, F(sample_tokens), 0, "256", 0, 1 << 20, NULL, "tokens to generate at the end (0 = no sample)"},
@@ -192,6 +194,8 @@ static int opt_set(run_options_t *o, const opt_def_t *d, const char *value, cons
             return -1;
         }
         memcpy(field, value, strlen(value) + 1);
+        if (d->offset == F(model) && strcmp(where, "default ") != 0)
+            o->model_set = 1;
         return 0;
     }
 }
@@ -265,6 +269,8 @@ static const char *metavar(const opt_def_t *d)
         for (const char *const *f = files; *f; f++)
             if (strcmp(d->name, *f) == 0)
                 return "FILE";
+        if (strcmp(d->name, "init-from") == 0)
+            return "PATH";
         return strcmp(d->name, "ckpt-dir") == 0 ? "DIR" : strcmp(d->name, "tokenizer") == 0 ? "SPEC" : "STR";
     }
 }
@@ -449,6 +455,8 @@ int options_zero_stage(const run_options_t *o)
 
 int options_model_config(const run_options_t *o, model_config_t *c, char *err, size_t errlen)
 {
+    if (o->init_from[0])
+        return init_from_model_config(o, c, err, errlen);
     const model_preset_t *p = model_preset_find(o->model);
     if (!p) {
         snprintf(err, errlen, "--model '%s': unknown preset", o->model);

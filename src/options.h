@@ -44,6 +44,8 @@ typedef struct run_options {
     char trace[OPT_PATH_MAX];
     char save_params[OPT_PATH_MAX];
     char ckpt_dir[OPT_PATH_MAX], resume[OPT_PATH_MAX];
+    char init_from[OPT_PATH_MAX]; /* --init-from: a Hugging Face directory or an llm.c file (src/hf_import.h) */
+    int model_set;                /* --model was given (command line or config file), not defaulted */
     int ckpt_every, keep, stop_at_step;
     int sample_tokens, top_k;
     double temperature;
@@ -76,7 +78,9 @@ typedef enum {
 options_status_t options_parse(run_options_t *o, int argc, char **argv, int print,
                                char *err, size_t errlen);
 
-/* Resolves --model plus the shape overrides into a model config. */
+/* Resolves --model plus the shape overrides into a model config; under
+ * --init-from, the file's model (an explicit option that disagrees with
+ * it is an error). */
 /* The ZeRO stage --zero or --fsdp asks for (0..3). */
 int options_zero_stage(const run_options_t *o);
 int options_model_config(const run_options_t *o, model_config_t *c, char *err, size_t errlen);

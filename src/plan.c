@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "flops.h"
+#include "fsutil.h"
 #include "hw.h"
 #include "mem.h"
 #include "metrics.h"
@@ -692,6 +693,11 @@ static void print_perf(const plan_t *p, FILE *out)
  * the per-category maximum over ranks, as training's --metrics reports it. */
 static int write_json(const plan_t *p, const run_options_t *o, const char *path, char *err, size_t errlen)
 {
+    char failed[1024];
+    if (fs_mkdir_parent(path, failed, sizeof failed) != 0) {
+        snprintf(err, errlen, "--metrics %s: cannot create directory %s: %s", path, failed, strerror(errno));
+        return -1;
+    }
     FILE *f = fopen(path, "w");
     if (!f) {
         snprintf(err, errlen, "--metrics %s: cannot create: %s", path, strerror(errno));

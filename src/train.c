@@ -16,9 +16,11 @@
 #endif
 #include "backend.h"
 #include "flops.h"
+#include "fsutil.h"
 #include "mem.h"
 #include "ckpt.h"
 #include "h5store.h"
+#include "hf_import.h"
 #include "param_io.h"
 #include "metrics.h"
 #include "replica.h"
@@ -107,16 +109,62 @@ static int params_to_host(trainer_t *tr, float *host)
     return zero_allgather_host(&tr->zero, host);
 }
 
-/* Parameters from the counter-based initializer: every layout and stage
- * starts from the same logical values. */
-static int init_params(trainer_t *tr, uint64_t seed)
+/* --init-from: this rank's slices of the file's tensors into host (see
+ * src/hf_import.h); rank 0 reports what the ranks read and held. */
+static int import_params(trainer_t *tr, float *host, char *err, size_t errlen)
+{
+    init_from_report_t rep = {0};
+    int rc = host ? init_from_load(tr->opt->init_from, &tr->cfg, &tr->model.table, host, &rep, err, errlen) : -1;
+    /* [0] MiB read, [1] resident growth MiB, [2] local MiB, [3] largest tensor MiB, [4] staging MiB */
+    double mine[5] = {rep.bytes_read / 1048576.0, rep.rss_growth_kb / 1024.0, rep.local_bytes / 1048576.0,
+                      rep.largest_tensor / 1048576.0, rep.staging_peak / 1048576.0}, most[5];
+    MPI_Reduce(mine, most, 5, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+    if (tr->env->world_rank == 0 && rc == 0)
+        printf("init-from: %s (%s, %d file(s), %s) in %.2f s; per rank at most: %.2f MiB read (its slices), "
+               "resident memory grew %.2f MiB for %.2f MiB of local tensors (largest %.2f MiB), staging %.3f MiB\n",
+               tr->opt->init_from, rep.kind == INIT_FROM_LLMC ? "llm.c" : "Hugging Face", rep.n_files, rep.dtypes,
+               rep.seconds, most[0], most[1], most[2], most[3], most[4]);
+    return rc;
+}
+
+/* --resume wins over --init-from when it finds a checkpoint: a requeued
+ * fine-tuning job continues from its last checkpoint instead of starting
+ * again from the imported weights. Collective. */
+static int resume_will_load(trainer_t *tr)
+{
+    char path[OPT_PATH_MAX + 64], e[256];
+    const run_options_t *o = tr->opt;
+    if (!o->resume[0])
+        return 0;
+    /* an error here is reported by trainer_resume: do not import then either */
+    if (ckpt_resolve(o->resume, o->ckpt_dir, path, sizeof path, e, sizeof e) != 0)
+        return 1;
+    if (path[0] && tr->env->world_rank == 0)
+        printf("init-from: --resume found %s: continuing from it, not from %s\n", path, o->init_from);
+    return path[0] != '\0';
+}
+
+/* Parameters from --init-from, or from the counter-based initializer
+ * (every layout and stage starts from the same logical values). Collective:
+ * every rank fails alike, with one line in err. */
+static int init_params(trainer_t *tr, uint64_t seed, char *err, size_t errlen)
 {
     const model_t *m = &tr->model;
     float *host = malloc(m->table.numel * sizeof *host + 1);
+    int rc = host ? 0 : -1;
     if (!host)
-        return -1;
-    param_table_init(&m->table, host, seed);
-    int rc = params_from_host(tr, host);
+        snprintf(err, errlen, "out of memory for the parameters (%zu floats)", m->table.numel);
+    if (tr->opt->init_from[0] && !resume_will_load(tr)) {
+        if (import_params(tr, host, err, errlen) != 0)
+            rc = -1;
+    } else if (host) {
+        param_table_init(&m->table, host, seed);
+    }
+    rc = h5store_agree(MPI_COMM_WORLD, rc, err, errlen);
+    if (rc == 0 && params_from_host(tr, host) != 0) {
+        snprintf(err, errlen, "out of memory for the parameters");
+        rc = -1;
+    }
     free(host);
     return rc;
 }
@@ -160,27 +208,66 @@ static int check_writable_dir(const char *opt, const char *path, char *err, size
     return 0;
 }
 
-/* --ckpt-dir is made by rank 0 if missing (one level, like mkdir) and
- * must be writable: checked before the run, not at its first checkpoint.
- * Collective. */
-static int prepare_ckpt_dir(trainer_t *tr, char *err, size_t errlen)
+/* Rank 0's part: the missing directories of an output path, as mkdir -p
+ * makes them (is_dir: PATH is itself a directory, else its parent). */
+static int make_out_dirs(const char *opt, const char *path, int is_dir, char *err, size_t errlen)
 {
-    const char *dir = tr->opt->ckpt_dir;
-    if (!dir[0])
+    char failed[OPT_PATH_MAX];
+    if (!path[0] || (is_dir ? fs_mkdir_p(path, failed, sizeof failed) : fs_mkdir_parent(path, failed, sizeof failed)) == 0)
         return 0;
-    int rc = 0;
-    if (tr->env->world_rank == 0) {
-        if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
-            snprintf(err, errlen, "--ckpt-dir %s: cannot create: %s", dir, strerror(errno));
-            rc = -1;
-        } else if (access(dir, W_OK | X_OK) != 0) {
-            snprintf(err, errlen, "--ckpt-dir %s: not a writable directory: %s", dir, strerror(errno));
-            rc = -1;
-        } else {
-            ckpt_remove_stale(dir);
-        }
+    snprintf(err, errlen, "%s %s: cannot create directory %s: %s", opt, path, failed, strerror(errno));
+    return -1;
+}
+
+/* The output paths (--ckpt-dir, --metrics, --trace, --save-params): rank 0
+ * makes their missing directories as mkdir -p does (a shared file system
+ * shows them to every rank), then every rank checks it can write where it
+ * will; --ckpt-dir must be a writable directory (checked before the run,
+ * not at its first checkpoint). One verdict on every rank. Collective. */
+static int prepare_out_paths(trainer_t *tr, char *err, size_t errlen)
+{
+    const run_options_t *o = tr->opt;
+    const char *dir = o->ckpt_dir;
+    int rank0 = tr->env->world_rank == 0, rc = 0;
+    if (rank0)
+        rc = make_out_dirs("--ckpt-dir", dir, 1, err, errlen) || make_out_dirs("--metrics", o->metrics, 0, err, errlen) ||
+             make_out_dirs("--trace", o->trace, 0, err, errlen) ||
+             make_out_dirs("--save-params", o->save_params, 0, err, errlen) ? -1 : 0;
+    if (h5store_agree(MPI_COMM_WORLD, rc, err, errlen) != 0)
+        return -1;
+    rc = check_writable_dir("--trace", o->trace, err, errlen) != 0 ||
+         check_writable_dir("--save-params", o->save_params, err, errlen) != 0 ? -1 : 0;
+    if (rc == 0 && rank0 && dir[0] && access(dir, W_OK | X_OK) != 0) {
+        snprintf(err, errlen, "--ckpt-dir %s: not a writable directory: %s", dir, strerror(errno));
+        rc = -1;
     }
-    return h5store_agree(MPI_COMM_WORLD, rc, err, errlen);
+    if (h5store_agree(MPI_COMM_WORLD, rc, err, errlen) != 0)
+        return -1;
+    if (rank0 && dir[0])
+        ckpt_remove_stale(dir);
+    return 0;
+}
+
+/* The MFU peak: every rank probes sgemm at the same time, on the threads it
+ * trains with (ranks sharing cores slow each other as in training), and
+ * the peak per rank is the mean of theirs. Collective. */
+static void probe_peak(trainer_t *tr)
+{
+    const grid_t *g = tr->grid;
+    flops_probe_t p;
+    if (g->world_size > 1)
+        launch_mpi_check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier (sgemm probe)");
+    double v[2] = {flops_probe(&p, FLOPS_PROBE_BUDGET_S) == 0 ? p.gflops : 0.0, 0.0};
+    v[1] = v[0] > 0 ? 0.0 : 1.0;
+    if (g->world_size > 1)
+        launch_mpi_check(MPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD),
+                         "MPI_Allreduce (sgemm probe)");
+    /* a failed probe (out of memory) leaves MFU at 0 */
+    tr->peak_gflops = v[1] > 0 ? 0.0 : v[0] / g->world_size;
+    int off = flops_probe_describe(&p, tr->peak_how, sizeof tr->peak_how);
+    if (g->world_size > 1 && off > 0 && (size_t)off < sizeof tr->peak_how)
+        snprintf(tr->peak_how + off, sizeof tr->peak_how - (size_t)off, "; mean of %d ranks probing at once",
+                 g->world_size);
 }
 
 static void free_state(trainer_t *tr)
@@ -629,8 +716,9 @@ int trainer_setup(trainer_t *tr, const run_options_t *o, const launch_env_t *env
         return -1;
     tr->model.block_params = on_block_params;
     tr->model.block_params_ctx = tr;
-    if (init_params(tr, (uint64_t)o->seed) != 0 ||
-        adamw_create(&tr->optim, tr->model.ops, &tr->model.table, tr->zero_stage ? &tr->zero : NULL, o->beta1,
+    if (init_params(tr, (uint64_t)o->seed, err, errlen) != 0)
+        return -1;
+    if (adamw_create(&tr->optim, tr->model.ops, &tr->model.table, tr->zero_stage ? &tr->zero : NULL, o->beta1,
                      o->beta2, o->adam_eps, o->weight_decay, o->grad_clip) != 0) {
         snprintf(err, errlen, "out of memory for the optimizer state (%zu parameters)", tr->model.table.numel);
         return -1;
@@ -653,8 +741,7 @@ int trainer_setup(trainer_t *tr, const run_options_t *o, const launch_env_t *env
     tr->tied = -1;
     if (tr->cfg.arch == ARCH_GPT2 && grid->pp_size > 1 && grid->embed)
         tr->tied = param_table_find(t, "wte");
-    if (check_writable_dir("--trace", o->trace, err, errlen) != 0 ||
-        check_writable_dir("--save-params", o->save_params, err, errlen) != 0 || prepare_ckpt_dir(tr, err, errlen) != 0)
+    if (prepare_out_paths(tr, err, errlen) != 0)
         return -1;
     if (o->resume[0] && trainer_resume(tr, err, errlen) != 0)
         return -1;
@@ -673,7 +760,12 @@ int trainer_setup(trainer_t *tr, const run_options_t *o, const launch_env_t *env
         return -1;
     }
     tr->flops_token = flops_per_token(&tr->cfg, o->seq_len);
-    tr->peak_gflops = o->peak_gflops > 0 ? o->peak_gflops : flops_measure_peak_gflops();
+    if (o->peak_gflops > 0) {
+        tr->peak_gflops = o->peak_gflops;
+        snprintf(tr->peak_how, sizeof tr->peak_how, "--peak-gflops");
+    } else {
+        probe_peak(tr);
+    }
     if (o->trace[0]) {
         char label[96];
         snprintf(label, sizeof label, "rank %d (tp %d pp %d dp %d)", grid->world_rank, grid->tp_rank,
@@ -778,7 +870,7 @@ void trainer_banner(const trainer_t *tr, FILE *out)
     }
     fprintf(out, "compute: %.1f GFLOP per step, peak %.1f GFLOP/s per rank (%s)\n",
             tr->flops_token * o->micro_batch * o->seq_len * tr->accum * tr->grid->dp_size * 1e-9, tr->peak_gflops,
-            o->peak_gflops > 0 ? "--peak-gflops" : "sgemm probe");
+            tr->peak_how);
     fprintf(out, "backend: %s\n", tr->backend.desc);
     fprintf(out, "communication: %s\n", tr->backend.comm_desc);
     if (tr->model.lay.bf16)
@@ -1301,7 +1393,19 @@ int trainer_run(trainer_t *tr, char *err, size_t errlen)
         r.compute_ms_mean = 1e3 * t[3] / g->world_size;
         r.comm_ms_mean = 1e3 * t[4] / g->world_size;
         r.bubble_mean = t[5] / g->world_size;
-        r.mfu = tr->peak_gflops > 0 ? tr->flops_token * r.tokens_per_s * 1e-9 / (tr->peak_gflops * g->world_size) : 0.0;
+        /* MFU never exceeds 100 %: a step faster than the peak shows the peak
+         * was wrong (a probe disturbed by a neighbour, a --peak-gflops too
+         * low), and the peak becomes that step's rate from then on */
+        double rate = tr->flops_token * r.tokens_per_s * 1e-9 / g->world_size;
+        if (tr->peak_gflops > 0 && rate > tr->peak_gflops) {
+            if (rank0 && !tr->peak_rebased)
+                printf("mfu: step %d ran at %.1f GFLOP/s per rank, above the peak of %.1f (%s): that peak is too "
+                       "low; MFU is against the fastest step's rate from here on\n", step + 1, rate,
+                       tr->peak_gflops, o->peak_gflops > 0 ? "--peak-gflops" : "sgemm probe");
+            tr->peak_rebased = 1;
+            tr->peak_gflops = rate;
+        }
+        r.mfu = tr->peak_gflops > 0 ? rate / tr->peak_gflops : 0.0;
         if (o->check_replicas > 0 && (step + 1) % o->check_replicas == 0 &&
             trainer_check_replicas(tr, step + 1, err, errlen) != 0)
             return -1;

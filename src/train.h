@@ -54,7 +54,9 @@ typedef struct trainer {
     char step_err[512];
     int threads;
     double flops_token; /* model FLOPs per token */
-    double peak_gflops; /* per rank */
+    double peak_gflops; /* per rank; raised to a step's rate when a step beats it */
+    char peak_how[256]; /* how the peak was found, for the banner */
+    int peak_rebased;   /* a step beat the peak (said once) */
     FILE *metrics;
     trace_t *trace;     /* --trace: this rank's spans */
     watchdog_t *watch;  /* --comm-timeout: marks every blocking call of the grid's groups */

@@ -187,7 +187,8 @@ expect_exit2 "--out $TMP/b1.h5 exists: remove it, choose another path, or pass -
     dreshard 2 --in "$A" --out "$TMP/b1.h5"
 ln -s "$A" "$TMP/alias.h5"
 expect_exit2 "is the input file" dreshard 2 --in "$A" --out "$TMP/alias.h5" --force
-expect_exit2 "cannot write into directory $TMP/nodir" dreshard 2 --in "$A" --out "$TMP/nodir/x.h5"
+: >"$TMP/afile"
+expect_exit2 "--out $TMP/afile/x.h5: Not a directory" dreshard 2 --in "$A" --out "$TMP/afile/x.h5"
 cp "$A" "$TMP/flip.h5"
 "$PY" -c "
 import h5py

@@ -29,7 +29,8 @@ expect_error "--d-model 128 must be a positive multiple of --n-head 3" --n-head 
 expect_error "--n-kv-head 3 must divide --n-head 4" --model tiny-llama --n-kv-head 3 $D
 expect_error "no token files match" --data "$TMP/nothing_*.bin" --val-every 0
 expect_error "--config $TMP/missing.conf: cannot open" --config "$TMP/missing.conf"
-expect_error "--trace $TMP/nodir/t.json: cannot write into directory $TMP/nodir" --trace "$TMP/nodir/t.json" $D
+: >"$TMP/afile"
+expect_error "--trace $TMP/afile/t.json: cannot create directory $TMP/afile: Not a directory" --trace "$TMP/afile/t.json" $D
 expect_error "--sequence-parallel 'yes': a flag takes 0 or 1" --sequence-parallel=yes $D
 
 expect_error "--device 'gpu': allowed values are auto|cpu|cuda" --device gpu $D

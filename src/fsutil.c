@@ -1,0 +1,77 @@
+#include "fsutil.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+/* One component: made, or already a directory. */
+static int make_one(const char *dir)
+{
+    if (mkdir(dir, 0777) == 0)
+        return 0;
+    int e = errno;
+    struct stat st;
+    if (e == EEXIST) {
+        if (stat(dir, &st) == 0 && S_ISDIR(st.st_mode))
+            return 0;
+        e = ENOTDIR;
+    }
+    errno = e;
+    return -1;
+}
+
+int fs_mkdir_p(const char *dir, char *failed, size_t failed_len)
+{
+    size_t n = strlen(dir);
+    if (n == 0) {
+        errno = ENOENT;
+        snprintf(failed, failed_len, "%s", dir);
+        return -1;
+    }
+    char *p = malloc(n + 1);
+    if (!p) {
+        snprintf(failed, failed_len, "%s", dir);
+        return -1;
+    }
+    memcpy(p, dir, n + 1);
+    int rc = 0;
+    /* every prefix that ends before a '/', then the whole path */
+    for (size_t i = 1; i <= n && rc == 0; i++) {
+        if (i < n && (p[i] != '/' || p[i - 1] == '/'))
+            continue;
+        char c = p[i];
+        p[i] = '\0';
+        if (make_one(p) != 0) {
+            int e = errno;
+            snprintf(failed, failed_len, "%s", p);
+            errno = e;
+            rc = -1;
+        }
+        p[i] = c;
+    }
+    int e = errno;
+    free(p);
+    errno = e;
+    return rc;
+}
+
+int fs_mkdir_parent(const char *path, char *failed, size_t failed_len)
+{
+    const char *slash = strrchr(path, '/');
+    if (!slash || slash == path)
+        return 0;
+    size_t n = (size_t)(slash - path);
+    char *dir = malloc(n + 1);
+    if (!dir) {
+        snprintf(failed, failed_len, "%s", path);
+        return -1;
+    }
+    memcpy(dir, path, n);
+    dir[n] = '\0';
+    int rc = fs_mkdir_p(dir, failed, failed_len), e = errno;
+    free(dir);
+    errno = e;
+    return rc;
+}

@@ -1,0 +1,573 @@
+#include "hf_import.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "hf_map.h"
+#include "llmc_model.h"
+#include "safetensors.h"
+
+/* ---- config.json -> model_config_t --------------------------------------- */
+
+typedef struct cfg_reader {
+    json_t *root;
+    const char *path; /* for messages: DIR/config.json */
+    char *err;
+    size_t errlen;
+    int failed;
+} cfg_reader_t;
+
+static void cfg_fail(cfg_reader_t *r, const char *field, const char *what)
+{
+    if (!r->failed)
+        snprintf(r->err, r->errlen, "%s: %s: %s", r->path, field, what);
+    r->failed = 1;
+}
+
+/* A positive integer field (def < 0: required). */
+static int cfg_int(cfg_reader_t *r, const char *key, int def)
+{
+    json_t *v = json_object_get(r->root, key);
+    if (!v || json_is_null(v)) {
+        if (def < 0)
+            cfg_fail(r, key, "missing");
+        return def < 0 ? 1 : def;
+    }
+    if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > (1 << 30)) {
+        cfg_fail(r, key, "not a positive integer below 2^30");
+        return 1;
+    }
+    return (int)json_integer_value(v);
+}
+
+static float cfg_real(cfg_reader_t *r, const char *key, double def)
+{
+    json_t *v = json_object_get(r->root, key);
+    if (!v || json_is_null(v))
+        return (float)def;
+    if (!json_is_number(v) || !(json_number_value(v) > 0) || !isfinite(json_number_value(v))) {
+        cfg_fail(r, key, "not a positive number");
+        return (float)def;
+    }
+    return (float)json_number_value(v);
+}
+
+/* -1 absent/null, else 0/1; anything else fails */
+static int cfg_bool(cfg_reader_t *r, const char *key)
+{
+    json_t *v = json_object_get(r->root, key);
+    if (!v || json_is_null(v))
+        return -1;
+    if (!json_is_boolean(v)) {
+        cfg_fail(r, key, "not true or false");
+        return -1;
+    }
+    return json_is_true(v);
+}
+
+static const char *cfg_str(cfg_reader_t *r, const char *key, const char *def)
+{
+    json_t *v = json_object_get(r->root, key);
+    if (!v || json_is_null(v))
+        return def;
+    if (!json_is_string(v)) {
+        cfg_fail(r, key, "not a string");
+        return def;
+    }
+    return json_string_value(v);
+}
+
+static void cfg_gpt2(cfg_reader_t *r, model_config_t *c)
+{
+    c->arch = ARCH_GPT2;
+    c->d_model = cfg_int(r, "n_embd", -1);
+    c->n_layer = cfg_int(r, "n_layer", -1);
+    c->n_head = c->n_kv_head = cfg_int(r, "n_head", -1);
+    c->vocab_size = cfg_int(r, "vocab_size", -1);
+    c->max_seq = cfg_int(r, "n_positions", json_object_get(r->root, "n_ctx") ? cfg_int(r, "n_ctx", -1) : -1);
+    c->d_ff = cfg_int(r, "n_inner", 4 * c->d_model);
+    c->norm_eps = cfg_real(r, "layer_norm_epsilon", 1e-5);
+    c->rope_theta = 0;
+    const char *act = cfg_str(r, "activation_function", "gelu_new");
+    if (strcmp(act, "gelu_new") != 0 && strcmp(act, "gelu_pytorch_tanh") != 0)
+        cfg_fail(r, "activation_function", "dtrain's GPT-2 has the tanh GELU only (gelu_new, gelu_pytorch_tanh)");
+    if (cfg_bool(r, "tie_word_embeddings") == 0)
+        cfg_fail(r, "tie_word_embeddings", "false: dtrain's GPT-2 ties the head to wte");
+    if (cfg_bool(r, "scale_attn_weights") == 0)
+        cfg_fail(r, "scale_attn_weights", "false: dtrain scales attention by 1/sqrt(head size)");
+    if (cfg_bool(r, "scale_attn_by_inverse_layer_idx") == 1)
+        cfg_fail(r, "scale_attn_by_inverse_layer_idx", "true: not implemented in dtrain");
+    if (cfg_bool(r, "add_cross_attention") == 1)
+        cfg_fail(r, "add_cross_attention", "true: dtrain has no cross-attention");
+}
+
+static void cfg_llama(cfg_reader_t *r, model_config_t *c, const char *arch)
+{
+    c->arch = ARCH_LLAMA;
+    c->d_model = cfg_int(r, "hidden_size", -1);
+    c->d_ff = cfg_int(r, "intermediate_size", -1);
+    c->n_layer = cfg_int(r, "num_hidden_layers", -1);
+    c->n_head = cfg_int(r, "num_attention_heads", -1);
+    c->n_kv_head = cfg_int(r, "num_key_value_heads", c->n_head);
+    c->vocab_size = cfg_int(r, "vocab_size", -1);
+    c->max_seq = cfg_int(r, "max_position_embeddings", 2048);
+    c->norm_eps = cfg_real(r, "rms_norm_eps", 1e-6);
+    c->rope_theta = cfg_real(r, "rope_theta", 10000.0);
+    if (strcmp(cfg_str(r, "hidden_act", "silu"), "silu") != 0)
+        cfg_fail(r, "hidden_act", "dtrain's Llama MLP is SwiGLU with silu only");
+    json_t *rs = json_object_get(r->root, "rope_scaling");
+    if (rs && !json_is_null(rs))
+        cfg_fail(r, "rope_scaling", "dtrain implements plain RoPE only (rope_scaling must be null)");
+    if (cfg_bool(r, "tie_word_embeddings") == 1)
+        cfg_fail(r, "tie_word_embeddings", "true: dtrain's Llama has an untied lm_head");
+    if (cfg_bool(r, "attention_bias") == 1)
+        cfg_fail(r, "attention_bias", "true: dtrain's Llama attention has no biases");
+    if (cfg_bool(r, "mlp_bias") == 1)
+        cfg_fail(r, "mlp_bias", "true: dtrain's Llama MLP has no biases");
+    json_t *hd = json_object_get(r->root, "head_dim");
+    if (hd && !json_is_null(hd) && c->n_head > 0 &&
+        (!json_is_integer(hd) || json_integer_value(hd) * c->n_head != c->d_model))
+        cfg_fail(r, "head_dim", "differs from hidden_size / num_attention_heads, which dtrain requires");
+    json_t *sw = json_object_get(r->root, "sliding_window");
+    if (sw && !json_is_null(sw) && (!json_is_integer(sw) || json_integer_value(sw) < c->max_seq))
+        cfg_fail(r, "sliding_window", "a window shorter than max_position_embeddings: dtrain attends to the "
+                                      "whole sequence");
+    if (strcmp(arch, "Qwen2ForCausalLM") == 0)
+        cfg_fail(r, "architectures", "Qwen2ForCausalLM has q/k/v projection biases, which dtrain's Llama lacks");
+}
+
+/* The model of a Hugging Face config.json. */
+static int hf_read_config(const char *dir, model_config_t *c, char *err, size_t errlen)
+{
+    char path[OPT_PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    json_error_t je;
+    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    if (!root) {
+        snprintf(err, errlen, "%s: %s (line %d)", path, je.text, je.line);
+        return -1;
+    }
+    cfg_reader_t r = {.root = root, .path = path, .err = err, .errlen = errlen};
+    memset(c, 0, sizeof *c);
+    if (!json_is_object(root))
+        cfg_fail(&r, "(top level)", "not a JSON object");
+    json_t *archs = json_object_get(root, "architectures");
+    const char *arch = json_is_array(archs) && json_array_size(archs) == 1 ? json_string_value(json_array_get(archs, 0))
+                                                                             : NULL;
+    if (!r.failed && !arch)
+        cfg_fail(&r, "architectures", "missing, or not a list of one name");
+    if (r.failed) {
+    } else if (strcmp(arch, "GPT2LMHeadModel") == 0 || strcmp(arch, "GPT2Model") == 0) {
+        cfg_gpt2(&r, c);
+    } else if (strcmp(arch, "LlamaForCausalLM") == 0 || strcmp(arch, "MistralForCausalLM") == 0 ||
+               strcmp(arch, "Qwen2ForCausalLM") == 0) {
+        cfg_llama(&r, c, arch);
+    } else {
+        char what[160];
+        snprintf(what, sizeof what, "'%s': dtrain imports GPT2LMHeadModel, LlamaForCausalLM and MistralForCausalLM",
+                 arch);
+        cfg_fail(&r, "architectures", what);
+    }
+    char why[512];
+    if (!r.failed && model_config_check(c, why, sizeof why) != 0)
+        cfg_fail(&r, "(model)", why);
+    json_decref(root);
+    return r.failed ? -1 : 0;
+}
+
+/* ---- recognising PATH ------------------------------------------------------ */
+
+static int ends_with(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+static int llmc_config(const char *path, model_config_t *c, char *err, size_t errlen)
+{
+    llmc_model_t m;
+    if (llmc_model_open(&m, path, err, errlen) != 0)
+        return -1;
+    memset(c, 0, sizeof *c);
+    *c = (model_config_t){.arch = ARCH_GPT2, .vocab_size = m.vocab, .n_layer = m.n_layer, .n_head = m.n_head,
+                          .n_kv_head = m.n_head, .d_model = m.d_model, .d_ff = 4 * m.d_model,
+                          .max_seq = m.max_seq, .norm_eps = 1e-5f, .rope_theta = 0};
+    llmc_model_close(&m);
+    char why[512];
+    if (model_config_check(c, why, sizeof why) != 0) {
+        snprintf(err, errlen, "%s: %s", path, why);
+        return -1;
+    }
+    return 0;
+}
+
+int init_from_probe(const char *path, init_from_kind_t *kind, char *dir, size_t dirlen, model_config_t *c,
+                    char *err, size_t errlen)
+{
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        snprintf(err, errlen, "--init-from %s: %s", path, strerror(errno));
+        return -1;
+    }
+    if (S_ISDIR(st.st_mode)) {
+        *kind = INIT_FROM_HF;
+        snprintf(dir, dirlen, "%s", path);
+        return hf_read_config(dir, c, err, errlen);
+    }
+    unsigned char magic[4] = {0};
+    int fd = open(path, O_RDONLY);
+    ssize_t got = fd >= 0 ? read(fd, magic, sizeof magic) : -1;
+    if (fd >= 0)
+        close(fd);
+    const uint32_t m = (uint32_t)magic[0] | (uint32_t)magic[1] << 8 | (uint32_t)magic[2] << 16 |
+                       (uint32_t)magic[3] << 24;
+    if (got == 4 && m == LLMC_MODEL_MAGIC) {
+        *kind = INIT_FROM_LLMC;
+        return llmc_config(path, c, err, errlen);
+    }
+    if (ends_with(path, "config.json") || ends_with(path, ".safetensors") || ends_with(path, ".index.json")) {
+        *kind = INIT_FROM_HF;
+        const char *slash = strrchr(path, '/');
+        snprintf(dir, dirlen, "%.*s", slash ? (int)(slash - path) : 1, slash ? path : ".");
+        return hf_read_config(dir, c, err, errlen);
+    }
+    snprintf(err, errlen, "--init-from %s: neither a Hugging Face model directory (config.json and "
+             "model.safetensors) nor an llm.c model file (magic %d)", path, LLMC_MODEL_MAGIC);
+    return -1;
+}
+
+/* ---- the file's model against the explicit options ------------------------ */
+
+static int conflict(char *err, size_t errlen, const char *opt, long long given, long long file, const char *path)
+{
+    snprintf(err, errlen, "--%s %lld conflicts with --init-from %s, whose model has %lld: drop the option "
+             "(the model comes from the file)", opt, given, path, file);
+    return -1;
+}
+
+int init_from_model_config(const run_options_t *o, model_config_t *c, char *err, size_t errlen)
+{
+    init_from_kind_t kind;
+    char dir[OPT_PATH_MAX];
+    if (init_from_probe(o->init_from, &kind, dir, sizeof dir, c, err, errlen) != 0)
+        return -1;
+    const model_preset_t *p = model_preset_find(o->model);
+    if (o->model_set && p &&
+        (p->cfg.arch != c->arch || p->cfg.vocab_size != c->vocab_size || p->cfg.n_layer != c->n_layer ||
+         p->cfg.n_head != c->n_head || p->cfg.n_kv_head != c->n_kv_head || p->cfg.d_model != c->d_model ||
+         p->cfg.d_ff != c->d_ff)) {
+        snprintf(err, errlen, "--model %s conflicts with --init-from %s, which holds a %s model of %d layers, "
+                 "d_model %d, vocabulary %d: drop --model (the model comes from the file)", o->model, o->init_from,
+                 model_arch_name(c->arch), c->n_layer, c->d_model, c->vocab_size);
+        return -1;
+    }
+    if (o->arch[0] && strcmp(o->arch, model_arch_name(c->arch)) != 0) {
+        snprintf(err, errlen, "--arch %s conflicts with --init-from %s, which holds a %s model: drop --arch",
+                 o->arch, o->init_from, model_arch_name(c->arch));
+        return -1;
+    }
+    const struct { const char *opt; int given, file; } f[] = {
+        {"n-layer", o->n_layer, c->n_layer},      {"n-head", o->n_head, c->n_head},
+        {"n-kv-head", o->n_kv_head, c->n_kv_head}, {"d-model", o->d_model, c->d_model},
+        {"d-ff", o->d_ff, c->d_ff},                {"vocab-size", o->vocab_size, c->vocab_size},
+        {"max-seq-len", o->max_seq_len, c->max_seq},
+    };
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+        if (f[i].given && f[i].given != f[i].file)
+            return conflict(err, errlen, f[i].opt, f[i].given, f[i].file, o->init_from);
+    if (c->arch == ARCH_LLAMA && o->seq_len > c->max_seq)
+        c->max_seq = o->seq_len; /* RoPE has no table of positions to outgrow */
+    return model_config_check(c, err, errlen);
+}
+
+/* ---- reading the slices ----------------------------------------------------- */
+
+/* Resident set now, or its peak since the last reset (kB; -1 unknown). */
+static long proc_status_kb(const char *key)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f)
+        return -1;
+    char line[256];
+    long v = -1;
+    size_t k = strlen(key);
+    while (fgets(line, sizeof line, f))
+        if (strncmp(line, key, k) == 0 && line[k] == ':')
+            v = strtol(line + k + 1, NULL, 10);
+    fclose(f);
+    return v;
+}
+
+/* Linux: writing 5 to clear_refs resets VmHWM to the current RSS. */
+static int reset_peak_rss(void)
+{
+    int fd = open("/proc/self/clear_refs", O_WRONLY);
+    if (fd < 0)
+        return -1;
+    int ok = write(fd, "5", 1) == 1;
+    close(fd);
+    return ok ? 0 : -1;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* One source of tensors: a Hugging Face directory or an llm.c file. */
+typedef struct source {
+    init_from_kind_t kind;
+    const char *path; /* for messages */
+    st_model_t st;
+    llmc_model_t llmc;
+    hf_map_t *map;
+    int n_map;
+    unsigned dtypes; /* bit per st_dtype_t seen */
+    init_from_report_t *rep;
+    float *tmp; /* staging, tmp_floats */
+    size_t tmp_floats;
+} source_t;
+
+static int src_tmp(source_t *s, size_t floats, char *err, size_t errlen)
+{
+    if (floats <= s->tmp_floats)
+        return 0;
+    float *t = realloc(s->tmp, floats * sizeof *t);
+    if (!t) {
+        snprintf(err, errlen, "%s: out of memory for %zu staging floats", s->path, floats);
+        return -1;
+    }
+    s->tmp = t;
+    s->tmp_floats = floats;
+    if (floats * sizeof *t > s->rep->staging_peak)
+        s->rep->staging_peak = floats * sizeof *t;
+    return 0;
+}
+
+/* The HF file's tensor for e, checked against the map: dtype and shape. */
+static int hf_tensor_of(source_t *s, const hf_map_t *e, const st_file_t **f, const st_tensor_t **t, char *err,
+                        size_t errlen)
+{
+    if (st_model_find(&s->st, e->src, f, t) != 0) {
+        snprintf(err, errlen, "%s: tensor %s (dtrain's %s) is missing", s->path, e->src, e->name);
+        return -1;
+    }
+    const st_tensor_t *x = *t;
+    if (x->dtype != ST_F32 && x->dtype != ST_F16 && x->dtype != ST_BF16) {
+        snprintf(err, errlen, "%s: tensor %s has dtype %s: dtrain imports F32, F16 and BF16", s->path, e->src,
+                 x->dtype_name);
+        return -1;
+    }
+    if (x->ndim != e->src_ndim || x->shape[0] != e->src_shape[0] || (x->ndim == 2 && x->shape[1] != e->src_shape[1])) {
+        char want[64], got[96] = "";
+        if (e->src_ndim == 1)
+            snprintf(want, sizeof want, "[%lld]", (long long)e->src_shape[0]);
+        else
+            snprintf(want, sizeof want, "[%lld, %lld]", (long long)e->src_shape[0], (long long)e->src_shape[1]);
+        for (int d = 0; d < x->ndim; d++)
+            snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", d ? ", " : "", (long long)x->shape[d]);
+        snprintf(err, errlen, "%s: tensor %s has shape [%s], the config's model needs %s", s->path, e->src, got, want);
+        return -1;
+    }
+    s->dtypes |= 1u << x->dtype;
+    return 0;
+}
+
+/* Every tensor of the directory is one the map reads, a known buffer, or
+ * GPT-2's lm_head (checked against wte later). */
+static int hf_check_extra(source_t *s, const model_config_t *c, char *err, size_t errlen)
+{
+    for (int i = 0; i < s->st.n_index; i++) {
+        const char *name = s->st.index[i].name;
+        int used = hf_map_ignorable(name) || (c->arch == ARCH_GPT2 && strcmp(name, "lm_head.weight") == 0);
+        for (int k = 0; k < s->n_map && !used; k++)
+            used = strcmp(s->map[k].src, name) == 0;
+        if (!used) {
+            snprintf(err, errlen, "%s: tensor %s is not part of dtrain's %s model (an extra tensor: a different "
+                     "architecture or configuration?)", s->path, name, model_arch_name(c->arch));
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Source block of e (dtrain rows r0.., cols c0..) into dst[nr][nc]. */
+static int src_read(source_t *s, const hf_map_t *e, int64_t r0, int64_t nr, int64_t c0, int64_t nc, float *dst,
+                    char *err, size_t errlen)
+{
+    int64_t sr0, snr, sc0, snc;
+    int tr;
+    hf_map_src_block(e, r0, nr, c0, nc, &sr0, &snr, &sc0, &snc, &tr);
+    if (s->kind == INIT_FROM_LLMC) {
+        s->rep->bytes_read += (uint64_t)(snr * snc) * s->llmc.itemsize;
+        return llmc_model_read_f32(&s->llmc, (llmc_tensor_t)e->llmc_id, e->layer, sr0, snr, sc0, snc, dst, err,
+                                   errlen);
+    }
+    const st_file_t *f;
+    const st_tensor_t *t;
+    if (hf_tensor_of(s, e, &f, &t, err, errlen) != 0)
+        return -1;
+    s->rep->bytes_read += (uint64_t)(snr * snc) * st_dtype_size(t->dtype);
+    return st_read_f32(f, t, sr0, snr, sc0, snc, tr, dst, err, errlen);
+}
+
+/* Drops the mapped file pages read so far from this process's resident
+ * set (they stay in the page cache): the import then holds at most one
+ * tensor's source pages at a time. */
+static void src_drop_pages(const source_t *s)
+{
+    if (s->kind == INIT_FROM_LLMC) {
+        if (s->llmc.mapped && s->llmc.map)
+            madvise(s->llmc.map, s->llmc.size, MADV_DONTNEED);
+        return;
+    }
+    for (int i = 0; i < s->st.n_files; i++)
+        if (s->st.files[i].mapped && s->st.files[i].map)
+            madvise(s->st.files[i].map, s->st.files[i].size, MADV_DONTNEED);
+}
+
+/* This rank's slice of table tensor d into host. */
+static int load_tensor(source_t *s, const param_desc_t *d, float *host, char *err, size_t errlen)
+{
+    const hf_map_t *e = hf_map_find(s->map, s->n_map, d->name);
+    if (!e) {
+        snprintf(err, errlen, "%s: no source for dtrain tensor %s (internal: the map and the table disagree)",
+                 s->path, d->name);
+        return -1;
+    }
+    float *dst = host + d->offset;
+    const int64_t rows = d->count[0], cols = d->count[1];
+    /* vocabulary padding rows: memory only, zero */
+    memset(dst + rows * cols, 0, (size_t)(d->local_rows - rows) * (size_t)cols * sizeof *dst);
+    if (rows == 0)
+        return 0;
+    if (src_read(s, e, d->start[0], rows, d->start[1], cols, dst, err, errlen) != 0)
+        return -1;
+    if (e->flags & HF_MAP_ROPE) {
+        if (src_tmp(s, (size_t)e->head_size * (size_t)cols, err, errlen) != 0)
+            return -1;
+        hf_rope_to_dtrain(dst, rows, cols, e->head_size, s->tmp);
+    }
+    return 0;
+}
+
+/* GPT-2 ties the head to wte: a stored lm_head.weight must equal it. */
+static int check_gpt2_head(source_t *s, const param_table_t *t, const float *host, char *err, size_t errlen)
+{
+    const int k = param_table_find(t, "wte");
+    if (k < 0 || s->kind != INIT_FROM_HF || st_model_find(&s->st, "lm_head.weight", NULL, NULL) != 0)
+        return 0;
+    const param_desc_t *d = &t->p[k];
+    hf_map_t head = *hf_map_find(s->map, s->n_map, "wte");
+    snprintf(head.src, sizeof head.src, "lm_head.weight");
+    const size_t n = (size_t)d->count[0] * (size_t)d->count[1];
+    if (src_tmp(s, n, err, errlen) != 0 || src_read(s, &head, d->start[0], d->count[0], 0, d->count[1], s->tmp, err,
+                                                    errlen) != 0)
+        return -1;
+    if (memcmp(s->tmp, host + d->offset, n * sizeof *host) != 0) {
+        snprintf(err, errlen, "%s: tensor lm_head.weight differs from wte.weight: dtrain's GPT-2 ties the head to "
+                 "the embedding", s->path);
+        return -1;
+    }
+    return 0;
+}
+
+static void report_dtypes(const source_t *s, init_from_report_t *rep)
+{
+    rep->dtypes[0] = '\0';
+    if (s->kind == INIT_FROM_LLMC) {
+        snprintf(rep->dtypes, sizeof rep->dtypes, "%s", s->llmc.itemsize == 2 ? "bf16" : "f32");
+        return;
+    }
+    static const struct { st_dtype_t d; const char *n; } names[] = {{ST_F32, "f32"}, {ST_F16, "f16"},
+                                                                    {ST_BF16, "bf16"}};
+    for (int i = 0; i < 3; i++)
+        if (s->dtypes & (1u << names[i].d))
+            snprintf(rep->dtypes + strlen(rep->dtypes), sizeof rep->dtypes - strlen(rep->dtypes), "%s%s",
+                     rep->dtypes[0] ? "+" : "", names[i].n);
+}
+
+static int open_source(source_t *s, const char *path, const model_config_t *c, char *err, size_t errlen)
+{
+    char dir[OPT_PATH_MAX];
+    model_config_t fc;
+    if (init_from_probe(path, &s->kind, dir, sizeof dir, &fc, err, errlen) != 0)
+        return -1;
+    if (s->kind == INIT_FROM_LLMC) {
+        if (llmc_model_open(&s->llmc, path, err, errlen) != 0)
+            return -1;
+        s->rep->n_files = 1;
+        return hf_map_build(c, HF_FMT_LLMC, NULL, &s->map, &s->n_map, err, errlen);
+    }
+    if (st_model_open(&s->st, dir, err, errlen) != 0)
+        return -1;
+    s->rep->n_files = s->st.n_files;
+    const char *prefix = st_model_find(&s->st, "transformer.wte.weight", NULL, NULL) == 0 ? "transformer." : "";
+    if (hf_map_build(c, HF_FMT_HF, prefix, &s->map, &s->n_map, err, errlen) != 0)
+        return -1;
+    /* validate every tensor's name, dtype and shape (the headers alone)
+     * on every rank, so a bad file fails the same way everywhere */
+    for (int i = 0; i < s->n_map; i++) {
+        const st_file_t *f;
+        const st_tensor_t *t;
+        if (hf_tensor_of(s, &s->map[i], &f, &t, err, errlen) != 0)
+            return -1;
+    }
+    if (c->arch == ARCH_GPT2) {
+        hf_map_t head = *hf_map_find(s->map, s->n_map, "wte");
+        snprintf(head.src, sizeof head.src, "lm_head.weight");
+        const st_file_t *f;
+        const st_tensor_t *t;
+        if (st_model_find(&s->st, "lm_head.weight", NULL, NULL) == 0 && hf_tensor_of(s, &head, &f, &t, err, errlen) != 0)
+            return -1;
+    }
+    return hf_check_extra(s, c, err, errlen);
+}
+
+static void close_source(source_t *s)
+{
+    if (s->kind == INIT_FROM_LLMC && s->llmc.path)
+        llmc_model_close(&s->llmc);
+    if (s->kind == INIT_FROM_HF && s->st.files)
+        st_model_close(&s->st);
+    free(s->map);
+    free(s->tmp);
+}
+
+int init_from_load(const char *path, const model_config_t *c, const param_table_t *t, float *host,
+                   init_from_report_t *rep, char *err, size_t errlen)
+{
+    memset(rep, 0, sizeof *rep);
+    const double t0 = now_s();
+    const long rss0 = reset_peak_rss() == 0 ? proc_status_kb("VmRSS") : -1;
+    source_t s = {.path = path, .rep = rep};
+    int rc = open_source(&s, path, c, err, errlen);
+    for (int k = 0; rc == 0 && k < t->n; k++) {
+        rc = load_tensor(&s, &t->p[k], host, err, errlen);
+        src_drop_pages(&s);
+        const uint64_t b = (uint64_t)t->p[k].numel * sizeof(float);
+        rep->largest_tensor = b > rep->largest_tensor ? b : rep->largest_tensor;
+    }
+    if (rc == 0 && c->arch == ARCH_GPT2)
+        rc = check_gpt2_head(&s, t, host, err, errlen);
+    rep->kind = s.kind;
+    report_dtypes(&s, rep);
+    close_source(&s);
+    const long hwm = proc_status_kb("VmHWM");
+    rep->rss_growth_kb = rss0 >= 0 && hwm >= 0 ? hwm - rss0 : -1;
+    rep->local_bytes = (uint64_t)t->numel * sizeof(float);
+    rep->seconds = now_s() - t0;
+    return rc;
+}

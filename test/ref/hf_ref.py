@@ -1,0 +1,442 @@
+#!/usr/bin/python3
+"""Hugging Face and llm.c model files for dtrain --init-from, and the loss
+a PyTorch model written to Hugging Face's modelling conventions computes
+on them. Independent of dtrain's code and of the transformers and
+safetensors packages: the files are written from the formats' specs.
+
+    hf_ref.py write --arch gpt2|llama --out DIR [--dtype f32|bf16|f16]
+                    [--shards N] [--mutate transpose|rope] [--llmc FILE
+                    --llmc-version 3|5] [--tokens FILE] [--seed S]
+                    [--B 2 --T 16 --batches 4] [--big]
+
+writes DIR/config.json and DIR/model.safetensors (or N shards with
+model.safetensors.index.json) holding random weights under Hugging Face's
+names, with --llmc also llm.c's gpt2 model file of the same weights, and
+with --tokens an llm.c token shard of --batches x --B sequences of --T + 1
+random tokens. DIR/ref.json gets the loss of each microbatch and their
+mean ("loss"), which is how dtrain's val_loss averages, in float64 from
+the weights as stored (bf16/fp16 rounded). Prints the mean.
+
+--mutate writes the file as a converter with a bug would read it, while
+ref.json keeps the correct model's loss: "transpose" stores each attention
+c_proj.weight (square, so the shape still fits) untransposed, "rope"
+stores q_proj/k_proj rows in dtrain's interleaved order instead of
+rotate-half order. dtrain's loss on such a file must differ from ref.json.
+
+    hf_ref.py check DIR LOSS [--tol 1e-5]
+
+prints and checks |LOSS - ref| / |ref| <= tol (exit 1 when not).
+
+    hf_ref.py bad KIND --out DIR
+
+writes a small GPT-2 or Llama directory with one defect (KIND: arch,
+rope_scaling, missing, extra, shape, dtype, header).
+"""
+
+import argparse
+import json
+import math
+import os
+import struct
+import sys
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+DT = torch.float64
+
+SHAPES = {
+    # small shapes with GQA, a vocabulary that is not a multiple of 128
+    # (dtrain pads it in memory) and dimensions tp 2 divides
+    "gpt2": dict(vocab=300, C=64, NH=4, L=2, Fm=256, S=64, eps=1e-5),
+    "llama": dict(vocab=300, C=64, NH=4, NKV=2, L=2, Fm=160, S=64, eps=1e-5, theta=50000.0),
+}
+BIG = {"gpt2": dict(vocab=50257, C=256, NH=4, L=2, Fm=1024, S=64, eps=1e-5)}
+
+
+# ---- safetensors, from the format's specification ---------------------------
+# 8 bytes little-endian header length N, N bytes of JSON
+# {name: {dtype, shape, data_offsets: [begin, end]}, "__metadata__": {...}},
+# then the raw little-endian row-major data.
+
+def bf16_bits(a32):
+    """float32 -> bf16 bits, round to nearest even."""
+    u = a32.astype("<f4").view("<u4").astype(np.uint64)
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype("<u2")
+    return r
+
+
+def bf16_to_f32(bits):
+    return (bits.astype(np.uint32) << 16).view("<f4")
+
+
+def stored(a32, dtype):
+    """(raw bytes, the float32 values the file holds)."""
+    if dtype == "F32":
+        a = a32.astype("<f4")
+        return a.tobytes(), a
+    if dtype == "F16":
+        a = a32.astype("<f2")
+        return a.tobytes(), a.astype("<f4")
+    b = bf16_bits(a32)
+    return b.tobytes(), bf16_to_f32(b)
+
+
+def write_safetensors(path, tensors):
+    """tensors: list of (name, dtype, shape, raw bytes)."""
+    header, off = {"__metadata__": {"format": "pt"}}, 0
+    for name, dtype, shape, raw in tensors:
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [off, off + len(raw)]}
+        off += len(raw)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        for _, _, _, raw in tensors:
+            f.write(raw)
+
+
+def write_model_dir(out, tensors, shards):
+    if shards <= 1:
+        write_safetensors(os.path.join(out, "model.safetensors"), tensors)
+        return
+    per = (len(tensors) + shards - 1) // shards
+    weight_map, total = {}, 0
+    for s in range(shards):
+        name = "model-%05d-of-%05d.safetensors" % (s + 1, shards)
+        part = tensors[s * per:(s + 1) * per]
+        write_safetensors(os.path.join(out, name), part)
+        for t in part:
+            weight_map[t[0]] = name
+            total += len(t[3])
+    with open(os.path.join(out, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+
+
+# ---- random weights under Hugging Face's names --------------------------------
+
+def gpt2_weights(s, rng):
+    """HF GPT2LMHeadModel: Conv1D weights stored [in, out], fused c_attn."""
+    C, Fm, V, S = s["C"], s["Fm"], s["vocab"], s["S"]
+    w = lambda *shape: (0.3 * rng.standard_normal(shape)).astype(np.float32)
+    vec = lambda n, base: (base + 0.1 * (2 * rng.random(n) - 1)).astype(np.float32)
+    W = {"transformer.wte.weight": w(V, C), "transformer.wpe.weight": w(S, C)}
+    for l in range(s["L"]):
+        p = "transformer.h.%d." % l
+        W[p + "ln_1.weight"], W[p + "ln_1.bias"] = vec(C, 1.0), vec(C, 0.0)
+        W[p + "attn.c_attn.weight"], W[p + "attn.c_attn.bias"] = w(C, 3 * C), vec(3 * C, 0.0)
+        W[p + "attn.c_proj.weight"], W[p + "attn.c_proj.bias"] = w(C, C) / 2, vec(C, 0.0)
+        W[p + "ln_2.weight"], W[p + "ln_2.bias"] = vec(C, 1.0), vec(C, 0.0)
+        W[p + "mlp.c_fc.weight"], W[p + "mlp.c_fc.bias"] = w(C, Fm), vec(Fm, 0.0)
+        W[p + "mlp.c_proj.weight"], W[p + "mlp.c_proj.bias"] = w(Fm, C) / 2, vec(C, 0.0)
+    W["transformer.ln_f.weight"], W["transformer.ln_f.bias"] = vec(C, 1.0), vec(C, 0.0)
+    return W
+
+
+def llama_weights(s, rng):
+    """HF LlamaForCausalLM: nn.Linear [out, in], q/k rows in rotate-half order."""
+    C, Fm, V, HS = s["C"], s["Fm"], s["vocab"], s["C"] // s["NH"]
+    w = lambda *shape: (0.3 * rng.standard_normal(shape)).astype(np.float32)
+    vec = lambda n: (1.0 + 0.1 * (2 * rng.random(n) - 1)).astype(np.float32)
+    W = {"model.embed_tokens.weight": w(V, C)}
+    for l in range(s["L"]):
+        p = "model.layers.%d." % l
+        W[p + "input_layernorm.weight"] = vec(C)
+        W[p + "self_attn.q_proj.weight"] = w(s["NH"] * HS, C)
+        W[p + "self_attn.k_proj.weight"] = w(s["NKV"] * HS, C)
+        W[p + "self_attn.v_proj.weight"] = w(s["NKV"] * HS, C)
+        W[p + "self_attn.o_proj.weight"] = w(C, s["NH"] * HS) / 2
+        W[p + "post_attention_layernorm.weight"] = vec(C)
+        W[p + "mlp.gate_proj.weight"] = w(Fm, C)
+        W[p + "mlp.up_proj.weight"] = w(Fm, C)
+        W[p + "mlp.down_proj.weight"] = w(C, Fm) / 2
+    W["model.norm.weight"] = vec(C)
+    W["lm_head.weight"] = w(V, C)
+    return W
+
+
+def gpt2_config(s):
+    return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": s["vocab"],
+            "n_positions": s["S"], "n_embd": s["C"], "n_layer": s["L"], "n_head": s["NH"],
+            "n_inner": s["Fm"], "activation_function": "gelu_new", "layer_norm_epsilon": s["eps"],
+            "tie_word_embeddings": True, "torch_dtype": "float32"}
+
+
+def llama_config(s):
+    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": s["vocab"],
+            "hidden_size": s["C"], "intermediate_size": s["Fm"], "num_hidden_layers": s["L"],
+            "num_attention_heads": s["NH"], "num_key_value_heads": s["NKV"], "hidden_act": "silu",
+            "max_position_embeddings": s["S"], "rms_norm_eps": s["eps"], "rope_theta": s["theta"],
+            "rope_scaling": None, "tie_word_embeddings": False, "attention_bias": False,
+            "torch_dtype": "float32"}
+
+
+# ---- the models, to Hugging Face's modelling conventions (float64) -----------
+
+def gelu_new(x):
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x.pow(3))))
+
+
+def causal_attention(q, k, v):
+    T, HS = q.shape[-2], q.shape[-1]
+    att = (q @ k.transpose(-2, -1)) / math.sqrt(HS)
+    att = att.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+    return torch.softmax(att, dim=-1) @ v
+
+
+def gpt2_forward(s, W, tok):
+    """modeling_gpt2: Conv1D is x @ W + b (W [in, out]); pre-LN blocks; tied head."""
+    B, T = tok.shape
+    C, NH = s["C"], s["NH"]
+    HS = C // NH
+    g = lambda n: W["transformer." + n]
+    conv1d = lambda x, n: x @ g(n + ".weight") + g(n + ".bias")
+    ln = lambda x, n: F.layer_norm(x, (C,), g(n + ".weight"), g(n + ".bias"), s["eps"])
+    h = g("wte.weight")[tok] + g("wpe.weight")[torch.arange(T)][None]
+    for l in range(s["L"]):
+        p = "h.%d." % l
+        q, k, v = conv1d(ln(h, p + "ln_1"), p + "attn.c_attn").split(C, dim=2)
+        split = lambda x: x.view(B, T, NH, HS).transpose(1, 2)
+        y = causal_attention(split(q), split(k), split(v)).transpose(1, 2).reshape(B, T, C)
+        h = h + conv1d(y, p + "attn.c_proj")
+        h = h + conv1d(gelu_new(conv1d(ln(h, p + "ln_2"), p + "mlp.c_fc")), p + "mlp.c_proj")
+    return ln(h, "ln_f") @ g("wte.weight").T
+
+
+def rotate_half(x):
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def llama_forward(s, W, tok):
+    """modeling_llama: RMSNorm, rotate-half RoPE (cos/sin of cat(freqs, freqs)),
+    repeat_kv for GQA, SwiGLU MLP, untied lm_head."""
+    B, T = tok.shape
+    C, NH, NKV = s["C"], s["NH"], s["NKV"]
+    HS = C // NH
+    g = lambda n: W["model." + n]
+    lin = lambda x, n: x @ g(n + ".weight").T
+    rms = lambda x, n: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + s["eps"]) * g(n + ".weight")
+    inv_freq = 1.0 / (s["theta"] ** (torch.arange(0, HS, 2, dtype=DT) / HS))
+    freqs = torch.arange(T, dtype=DT)[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos(), emb.sin()
+    h = g("embed_tokens.weight")[tok]
+    for l in range(s["L"]):
+        p = "layers.%d." % l
+        a = rms(h, p + "input_layernorm")
+        q = lin(a, p + "self_attn.q_proj").view(B, T, NH, HS).transpose(1, 2)
+        k = lin(a, p + "self_attn.k_proj").view(B, T, NKV, HS).transpose(1, 2)
+        v = lin(a, p + "self_attn.v_proj").view(B, T, NKV, HS).transpose(1, 2)
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        rep = NH // NKV
+        k = k[:, :, None].expand(B, NKV, rep, T, HS).reshape(B, NH, T, HS)
+        v = v[:, :, None].expand(B, NKV, rep, T, HS).reshape(B, NH, T, HS)
+        y = causal_attention(q, k, v).transpose(1, 2).reshape(B, T, NH * HS)
+        h = h + lin(y, p + "self_attn.o_proj")
+        m = rms(h, p + "post_attention_layernorm")
+        h = h + lin(F.silu(lin(m, p + "mlp.gate_proj")) * lin(m, p + "mlp.up_proj"), p + "mlp.down_proj")
+    return rms(h, "norm") @ W["lm_head.weight"].T
+
+
+def losses(arch, s, W32, tokens, B, T, n):
+    """The loss of each microbatch i (sequences i*B .. i*B+B-1, sequence k =
+    tokens[k*T : k*T+T+1]) and its logits."""
+    W = {k: torch.from_numpy(v.astype(np.float64)) for k, v in W32.items()}
+    fwd = gpt2_forward if arch == "gpt2" else llama_forward
+    out, logits = [], []
+    with torch.no_grad():
+        for i in range(n):
+            seq = np.stack([tokens[k * T:k * T + T + 1] for k in range(i * B, i * B + B)]).astype(np.int64)
+            x, y = torch.from_numpy(seq[:, :-1]), torch.from_numpy(seq[:, 1:])
+            lg = fwd(s, W, x)
+            out.append(float(F.cross_entropy(lg.reshape(B * T, -1), y.reshape(-1))))
+            logits.append(lg)
+    return out, logits
+
+
+# ---- llm.c's files -------------------------------------------------------------
+
+def write_llmc_model(path, s, W, version):
+    """llm.c gpt2 .bin: 256 int32 header [20240326, version, maxT, V, L, NH, C, Vp],
+    then wte[Vp,C] wpe ln1w ln1b qkvw[L,3C,C] qkvb attprojw attprojb ln2w ln2b
+    fcw fcb fcprojw fcprojb lnfw lnfb, weights [out, in] (the transpose of
+    HF's Conv1D), fp32 (3) or bf16 (5)."""
+    C, V, L = s["C"], s["vocab"], s["L"]
+    Vp = (V + 127) // 128 * 128
+    g = lambda n: W["transformer." + n]
+    wte = np.zeros((Vp, C), np.float32)
+    wte[:V] = g("wte.weight")
+    per = lambda n, tr=False: np.stack([g("h.%d.%s" % (l, n)).T if tr else g("h.%d.%s" % (l, n)) for l in range(L)])
+    parts = [wte, g("wpe.weight"), per("ln_1.weight"), per("ln_1.bias"), per("attn.c_attn.weight", True),
+             per("attn.c_attn.bias"), per("attn.c_proj.weight", True), per("attn.c_proj.bias"),
+             per("ln_2.weight"), per("ln_2.bias"), per("mlp.c_fc.weight", True), per("mlp.c_fc.bias"),
+             per("mlp.c_proj.weight", True), per("mlp.c_proj.bias"), g("ln_f.weight"), g("ln_f.bias")]
+    header = np.zeros(256, "<i4")
+    header[:8] = [20240326, version, s["S"], V, L, s["NH"], C, Vp]
+    with open(path, "wb") as f:
+        f.write(header.tobytes())
+        for a in parts:
+            a = np.ascontiguousarray(a, dtype=np.float32)
+            f.write(a.astype("<f4").tobytes() if version == 3 else bf16_bits(a).tobytes())
+
+
+def write_tokens(path, tokens):
+    """llm.c token shard: 256 int32 [20240520, 1, count], uint16 tokens."""
+    header = np.zeros(256, "<i4")
+    header[:3] = [20240520, 1, len(tokens)]
+    with open(path, "wb") as f:
+        f.write(header.tobytes())
+        f.write(tokens.astype("<u2").tobytes())
+
+
+# ---- commands --------------------------------------------------------------------
+
+def rope_to_interleaved(w, HS):
+    """q/k rows in dtrain's interleaved order: row h*HS + 2i + j <- h*HS + j*HS/2 + i."""
+    out = np.empty_like(w)
+    for h in range(w.shape[0] // HS):
+        for i in range(HS // 2):
+            for j in range(2):
+                out[h * HS + 2 * i + j] = w[h * HS + j * HS // 2 + i]
+    return out
+
+
+def cmd_write(a):
+    s = dict((BIG if a.big else SHAPES)[a.arch])
+    rng = np.random.default_rng(a.seed)
+    W = gpt2_weights(s, rng) if a.arch == "gpt2" else llama_weights(s, rng)
+    os.makedirs(a.out, exist_ok=True)
+    dtype = {"f32": "F32", "bf16": "BF16", "f16": "F16"}[a.dtype]
+    tensors, held = [], {}
+    for name, val in W.items():
+        raw, back = stored(val, dtype)
+        held[name] = back.reshape(val.shape)
+        file_val = held[name]
+        if a.mutate == "transpose" and name.endswith("attn.c_proj.weight"):
+            file_val = file_val.T.copy()
+        if a.mutate == "rope" and (name.endswith("q_proj.weight") or name.endswith("k_proj.weight")):
+            file_val = rope_to_interleaved(file_val, s["C"] // s["NH"])
+        if file_val is not held[name]:
+            raw = stored(file_val, dtype)[0]
+        plain = a.gpt2_plain_names and name.startswith("transformer.")
+        tensors.append((name[len("transformer."):] if plain else name, dtype, val.shape, raw))
+    if a.tied_head and a.arch == "gpt2":
+        tensors.append(("lm_head.weight", dtype, W["transformer.wte.weight"].shape,
+                        stored(W["transformer.wte.weight"], dtype)[0]))
+    write_model_dir(a.out, tensors, a.shards)
+    with open(os.path.join(a.out, "config.json"), "w") as f:
+        json.dump(gpt2_config(s) if a.arch == "gpt2" else llama_config(s), f, indent=2)
+    if a.llmc:
+        write_llmc_model(a.llmc, s, held, a.llmc_version)
+    if not a.tokens:
+        return 0
+    rng_t = np.random.default_rng(a.seed + 1)
+    tokens = rng_t.integers(0, s["vocab"], a.batches * a.B * a.T + 1)
+    write_tokens(a.tokens, tokens)
+    if a.llmc and a.llmc_version == 5:  # the reference of what the llm.c file holds
+        held = {k: bf16_to_f32(bf16_bits(v)).reshape(v.shape) for k, v in held.items()}
+    ls, logits = losses(a.arch, s, held, tokens, a.B, a.T, a.batches)
+    ref = {"arch": a.arch, "dtype": a.dtype, "losses": ls, "loss": sum(ls) / len(ls),
+           "B": a.B, "T": a.T, "batches": a.batches, "torch": torch.__version__}
+    with open(os.path.join(a.out, "ref.json"), "w") as f:
+        json.dump(ref, f, indent=1)
+    np.save(os.path.join(a.out, "ref_logits.npy"), torch.cat(logits).numpy())
+    print("%.9g" % ref["loss"])
+    return 0
+
+
+def cmd_check(a):
+    with open(os.path.join(a.dir, "ref.json")) as f:
+        ref = json.load(f)["loss"]
+    rel = abs(a.loss - ref) / abs(ref)
+    ok = rel <= a.tol
+    print("%s %s: dtrain %.9g, torch (HF conventions) %.9g, |diff|/|ref| %.3e (tol %.0e)"
+          % ("ok  " if ok else "FAIL", a.label or a.dir, a.loss, ref, rel, a.tol))
+    return 0 if ok else 1
+
+
+def cmd_bad(a):
+    """One defect per directory; the rest is a valid small model."""
+    arch = "llama" if a.kind in ("rope_scaling", "tied_llama", "bias") else "gpt2"
+    s = SHAPES[arch]
+    rng = np.random.default_rng(7)
+    W = gpt2_weights(s, rng) if arch == "gpt2" else llama_weights(s, rng)
+    cfg = gpt2_config(s) if arch == "gpt2" else llama_config(s)
+    dtype = "F32"
+    if a.kind == "arch":
+        cfg["architectures"] = ["FalconForCausalLM"]
+    elif a.kind == "rope_scaling":
+        cfg["rope_scaling"] = {"type": "linear", "factor": 2.0}
+    elif a.kind == "tied_llama":
+        cfg["tie_word_embeddings"] = True
+    elif a.kind == "bias":
+        cfg["attention_bias"] = True
+    elif a.kind == "missing":
+        del W["transformer.h.1.mlp.c_fc.bias"]
+    elif a.kind == "extra":
+        W["transformer.h.1.attn.rotary.weight"] = np.zeros(4, np.float32)
+    elif a.kind == "shape":
+        W["transformer.h.0.attn.c_attn.weight"] = W["transformer.h.0.attn.c_attn.weight"].T.copy()
+    elif a.kind == "dtype":
+        dtype = "F64"
+    os.makedirs(a.out, exist_ok=True)
+    tensors = []
+    for name, val in W.items():
+        if dtype == "F64" and name.endswith("ln_f.bias"):
+            tensors.append((name, "F64", val.shape, val.astype("<f8").tobytes()))
+        else:
+            tensors.append((name, "F32", val.shape, val.astype("<f4").tobytes()))
+    write_model_dir(a.out, tensors, 1)
+    if a.kind == "header":  # data_offsets past the end of the file
+        path = os.path.join(a.out, "model.safetensors")
+        with open(path, "rb") as f:
+            data = f.read()
+        n = struct.unpack("<Q", data[:8])[0]
+        h = json.loads(data[8:8 + n])
+        h["transformer.ln_f.bias"]["data_offsets"][1] += 4096
+        hb = json.dumps(h).encode()
+        hb += b" " * (-len(hb) % 8)
+        with open(path, "wb") as f:
+            f.write(struct.pack("<Q", len(hb)) + hb + data[8 + n:])
+    with open(os.path.join(a.out, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    return 0
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    w = sub.add_parser("write")
+    w.add_argument("--arch", choices=("gpt2", "llama"), required=True)
+    w.add_argument("--out", required=True)
+    w.add_argument("--dtype", choices=("f32", "bf16", "f16"), default="f32")
+    w.add_argument("--shards", type=int, default=1)
+    w.add_argument("--mutate", choices=("transpose", "rope"))
+    w.add_argument("--llmc")
+    w.add_argument("--llmc-version", type=int, choices=(3, 5), default=3)
+    w.add_argument("--tokens")
+    w.add_argument("--seed", type=int, default=1234)
+    w.add_argument("--B", type=int, default=2)
+    w.add_argument("--T", type=int, default=16)
+    w.add_argument("--batches", type=int, default=4)
+    w.add_argument("--big", action="store_true", help="GPT-2 with a 50257-row embedding (memory test)")
+    w.add_argument("--tied-head", action="store_true", help="GPT-2: also store lm_head.weight (= wte)")
+    w.add_argument("--gpt2-plain-names", action="store_true", help="GPT-2 names without 'transformer.'")
+    c = sub.add_parser("check")
+    c.add_argument("dir")
+    c.add_argument("loss", type=float)
+    c.add_argument("--tol", type=float, default=1e-5)
+    c.add_argument("--label")
+    b = sub.add_parser("bad")
+    b.add_argument("kind", choices=("arch", "rope_scaling", "tied_llama", "bias", "missing", "extra", "shape",
+                                    "dtype", "header"))
+    b.add_argument("--out", required=True)
+    a = ap.parse_args()
+    return {"write": cmd_write, "check": cmd_check, "bad": cmd_bad}[a.cmd](a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
