@@ -2,7 +2,7 @@
  * fp32, model directories (single file or sharded with an index), and the
  * parallel writer's plan. See safetensors.h for the layout. No MPI here:
  * the fuzzer links this file alone, with Jansson. */
-#define _GNU_SOURCE /* O_DIRECTORY */
+#define _GNU_SOURCE /* O_DIRECTORY, qsort_r */
 #include "safetensors.h"
 
 #include "ops_math.h" /* dt_f32_to_bf16, dt_bf16_to_f32 */
@@ -307,11 +307,11 @@ static int cmp_begin(const void *a, const void *b)
     return strcmp(x->name, y->name);
 }
 
-/* For sorting by_name: the tensors being sorted against. */
-static const st_tensor_t *sort_base;
-static int cmp_name_idx(const void *a, const void *b)
+/* by_name order; base: the tensors (qsort_r, so threads may parse). */
+static int cmp_name_idx(const void *a, const void *b, void *base)
 {
-    return strcmp(sort_base[*(const int *)a].name, sort_base[*(const int *)b].name);
+    const st_tensor_t *t = base;
+    return strcmp(t[*(const int *)a].name, t[*(const int *)b].name);
 }
 
 /* Sort by offset, refuse overlaps, build the by-name index. */
@@ -334,8 +334,7 @@ static int check_layout(const char *label, st_file_t *f, char *err, size_t errle
     }
     for (int i = 0; i < f->n; i++)
         f->by_name[i] = i;
-    sort_base = f->t;
-    qsort(f->by_name, (size_t)f->n, sizeof *f->by_name, cmp_name_idx);
+    qsort_r(f->by_name, (size_t)f->n, sizeof *f->by_name, cmp_name_idx, f->t);
     return 0;
 }
 

@@ -2,7 +2,9 @@
 # Install every Debian 12 / Ubuntu package that dtrain's build, tests and
 # benchmarks need. Idempotent: packages already present are left alone and
 # the package index is refreshed only when something is missing.
-# Works as root or through sudo.
+# Works as root or through sudo. scripts/check-deps.sh (run by make check as
+# test/test_deps.sh) checks that every command the build, tests, scripts and
+# benchmarks call is present and comes from a package listed here.
 set -euo pipefail
 
 packages=(
@@ -24,8 +26,11 @@ packages=(
   # the throw-away SLURM test cluster (slurm/test-cluster.sh, test_slurm.sh):
   # controller, node daemon, client commands and the munge authentication daemon
   slurm-wlm slurmctld slurmd slurm-client munge
-  # debugging aids used by the sanitizer and fault tests; pgrep/pkill
+  # debugging aids used by the sanitizer and fault tests; pgrep/pkill/ps
+  # (test_comm_timeout.sh, test_slurm.sh, test_ckpt.sh)
   valgrind procps
+  # the commit id in bench/gpu.sh's and scripts/bundle.sh's reports
+  git
   # scripts/rehearse-bundle.sh: the minimal Debian root the bundle is tried in
   debootstrap
 )

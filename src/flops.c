@@ -59,23 +59,25 @@ int flops_probe(flops_probe_t *p, double budget_s)
         c[i] = 0.0f;
     }
     /* warm-up, untimed: wakes the BLAS threads, faults the pages in and
-     * lets the cores reach their clock (a cold first 100 ms ran at half
-     * speed on a 2-vCPU Zen 3 VM) */
+     * lets the cores reach their clock before anything is timed */
     double warm_s = 0.25 * budget_s;
     while (now_s() - t_start < warm_s)
         time_one(1024, a, b, c);
-    /* each size for its share of what is left, at least 2 calls; the
-     * best single call of any size is the peak */
+    /* each size for its share of what is left, 2 calls at least while
+     * the budget lasts; the best single call of any size is the peak */
     for (int k = 0; k < n_sizes; k++) {
         const int n = sizes[k];
         const double gflop = 2.0 * n * n * (double)n * 1e-9;
         double left = budget_s - (now_s() - t_start);
-        /* a size two calls of which would not fit (a slow or busy machine)
-         * is skipped */
-        if (p->gflops > 0 && 2.0 * gflop / p->gflops > left)
+        /* a size one call of which would not fit at the best rate so far
+         * (a slow machine) is skipped */
+        if (k > 0 && (left <= 0 || gflop / p->gflops > left))
             continue;
         double share = left / (n_sizes - k), t_size = now_s();
-        for (int calls = 0; calls < 2 || now_s() - t_size < share; calls++) {
+        for (int calls = 0;; calls++) {
+            double t = now_s();
+            if (calls > 0 && (t - t_start >= budget_s || (calls >= 2 && t - t_size >= share)))
+                break;
             double gf = gflop / time_one(n, a, b, c);
             p->calls++;
             if (gf > p->gflops) {

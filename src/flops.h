@@ -14,8 +14,9 @@ double flops_per_token(const model_config_t *c, int T);
 /* The sgemm peak of this process on its current threads (the OpenMP
  * threads a rank trains with): after an untimed warm-up of a quarter of
  * budget_s, calls of 512^3, 1024^3 and 1536^3 (in . w^T, as the forward
- * matmuls) share the rest; the fastest single call is the peak. A size two
- * calls of which would overrun the budget is skipped. */
+ * matmuls) share the rest; the fastest single call is the peak. A size one
+ * call of which would overrun the budget at the best rate so far is
+ * skipped; the probe ends within budget_s plus one call. */
 #define FLOPS_PROBE_BUDGET_S 0.4
 typedef struct {
     double gflops;  /* the peak: the best call */

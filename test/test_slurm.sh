@@ -1,9 +1,12 @@
 #!/bin/sh
 # SLURM integration, on a throw-away one-node cluster on 127.0.0.1
-# (slurm/test-cluster.sh). Four jobs run side by side (2 tasks each, 8 CPU
+# (slurm/test-cluster.sh). Five jobs run side by side (2 tasks each, 8 CPU
 # slots), then the checks:
 #  - slurm/train_small.sbatch (srun) runs 60 steps of the tiny model to
 #    COMPLETED, and its log shows the loss falling; it is the reference;
+#  - the README's `mkdir -p logs && sbatch slurm/train_small.sbatch`, as
+#    written, in a fresh copy of the build directory without ckpt/:
+#    COMPLETED, its checkpoint in ckpt/dtrain-small;
 #  - preemption under srun and under mpirun: once the job's log shows step
 #    3, `scancel --batch --signal=USR1` (what --signal=B:USR1@N does at the
 #    time limit); dtrain checkpoints at its next step boundary and exits 0,
@@ -137,6 +140,19 @@ ref=$(submit ref train_small.sbatch "$@" --save-params "$TMP/ref.h5") || fail "s
 srun_j=$(submit srun train_small.sbatch "$@" --save-params "$TMP/srun.h5") || fail "sbatch srun"
 mpi_j=$(submit mpirun train_small_mpirun.sbatch "$@" --save-params "$TMP/mpirun.h5") || fail "sbatch mpirun"
 bad=$(submit bad train_small.sbatch "$@" --tp 3) || fail "sbatch bad"
+# the README's command as written, in a fresh copy of the build directory
+# (the program, the config, the data and the script; no logs/, no ckpt/)
+# with the script's own defaults (no DTRAIN* in its environment): the
+# checkpoints go to ckpt/dtrain-small, whose parent ckpt/ dtrain makes
+# (issue 22: the job FAILed with "--ckpt-dir ckpt/dtrain-small: cannot
+# create"). --steps 8 only shortens tiny.conf's 1200 steps.
+F="$TMP/fresh"
+mkdir -p "$F/src" "$F/examples" "$F/slurm" && ln -s "$DTRAIN" "$F/src/dtrain" && ln -s "$top_builddir/data" "$F/data" &&
+    cp "$top_srcdir/examples/tiny.conf" "$F/examples/" && cp "$S/train_small.sbatch" "$F/slurm/" || fail "fresh build directory"
+readme=$(cd "$F" && env -u DTRAIN -u DTRAIN_CONFIG -u DTRAIN_LOG_ROOT -u DTRAIN_CKPT_DIR \
+    sh -c 'mkdir -p logs && sbatch slurm/train_small.sbatch --steps 8' 2>&1)
+fresh=$(echo "$readme" | sed -n 's/^Submitted batch job \([0-9]*\)$/\1/p')
+[ -n "$fresh" ] || fail "README's 'mkdir -p logs && sbatch slurm/train_small.sbatch': $readme"
 [ "$fails" -eq 0 ] || finish
 echo "jobs: ref $ref, srun $srun_j, mpirun $mpi_j, bad $bad"
 
@@ -158,7 +174,18 @@ signal_at_step "$mpi_j" mpirun 3
 st_ref=$(wait_job "$ref" 0 240)
 st_srun=$(wait_job "$srun_j" 1 240)
 st_mpi=$(wait_job "$mpi_j" 1 240)
+st_fresh=$(wait_job "${fresh:-0}" 0 240)
 echo "all jobs done after $(($(date +%s) - t0)) s"
+
+# ---- the README's command in a fresh build directory: completes ----
+fout="$F/logs/dtrain-small-$fresh.out"
+if [ "$st_fresh" = COMPLETED ] && [ "$(job_field "$fresh" ExitCode)" = 0:0 ] && [ "$(job_field "$fresh" Restarts)" = 0 ] &&
+    [ -f "$F/ckpt/dtrain-small/step_00000008.h5" ] && grep -q "^done: 8 steps" "$fout" &&
+    grep -q "^checkpoint: ckpt/dtrain-small/step_00000008.h5 (step 8)" "$fout" && ! grep -q "^dtrain: error" "$fout"; then
+    pass "README: mkdir -p logs && sbatch slurm/train_small.sbatch in a fresh directory: $st_fresh, exit code 0, ckpt/dtrain-small made: $(grep '^checkpoint:' "$fout")"
+else
+    fail "README: mkdir -p logs && sbatch slurm/train_small.sbatch in a fresh directory: state $st_fresh, exit code $(job_field "$fresh" ExitCode): $(grep -E 'error|^done|^checkpoint' "$fout" 2>/dev/null | head -n 3 | tr '\n' '|')"
+fi
 
 # ---- the uninterrupted job: completes, loss falls ----
 metrics="$TMP/logs/ref-$ref/metrics.restart0.json"

@@ -396,7 +396,7 @@ def cmd_bad(a):
             data = f.read()
         n = struct.unpack("<Q", data[:8])[0]
         h = json.loads(data[8:8 + n])
-        h["transformer.ln_f.bias"]["data_offsets"][1] += 4096
+        h["transformer.ln_f.bias"]["data_offsets"] = [o + 4096 for o in h["transformer.ln_f.bias"]["data_offsets"]]
         hb = json.dumps(h).encode()
         hb += b" " * (-len(hb) % 8)
         with open(path, "wb") as f:

@@ -1,0 +1,196 @@
+#!/bin/sh
+# dtrain --init-from against PyTorch: test/ref/hf_ref.py writes random
+# weights under Hugging Face's names (config.json + safetensors written from
+# the format's spec, one file or shards with the index; f32, bf16, f16) for
+# a small GPT-2 (Conv1D [in, out], fused c_attn, vocabulary 300: padded in
+# memory) and a small Llama (rotate-half RoPE, GQA 4:2, untied head), and
+# llm.c model files (fp32 version 3, bf16 version 5) of the same GPT-2, and
+# computes the loss of a fixed batch with models written to Hugging Face's
+# modelling conventions. dtrain's validation loss at step 0 after
+# --init-from must agree within 1e-5 relative, at 1 rank, tp2, pp2 and
+# tp2 x pp2 x dp2 with ZeRO-3, and its parameters must be bit-identical at
+# every layout. A file as a converter that skips the Conv1D transpose or
+# the RoPE permutation would read it must fail that check. Then: 20
+# fine-tuning steps at tp2 x pp2 equal one rank's within the layout
+# tolerances; --resume wins over --init-from; the resident memory an import
+# adds stays within the rank's tensors plus one tensor, and a tp2 rank reads
+# half of what one rank reads; bad inputs are one line and exit 2 on every
+# rank.
+. "$top_srcdir/test/common.sh"
+PYTHON_REF=${PYTHON_REF:-/usr/bin/python3}
+REF="$top_srcdir/test/ref/hf_ref.py"
+if ! "$PYTHON_REF" -c 'import torch, numpy' >/dev/null 2>&1; then
+    echo "SKIP: $PYTHON_REF cannot import torch and numpy (Debian's python3-torch)"
+    exit 77
+fi
+
+# write NAME ARGS...: a model directory $TMP/NAME (and token file $TMP/NAME.tok)
+write() {
+    name=$1
+    shift
+    "$PYTHON_REF" "$REF" write --out "$TMP/$name" --tokens "$TMP/$name.tok" "$@" >/dev/null ||
+        { fail "hf_ref.py write $name $*"; return 1; }
+}
+
+# val0 SOURCE TOKENS NP ARGS...: dtrain's validation loss at step 0 (the
+# 4 microbatches of 2 x 16 tokens the reference computes), with --save-params
+# of the unchanged weights (lr 0) in $TMP/last.h5
+val0() {
+    src=$1
+    tok=$2
+    np=$3
+    shift 3
+    rm -f "$TMP/last.json"
+    "$MPIEXEC" --quiet -np "$np" "$DTRAIN" --init-from "$src" --data "$tok" --val-data "$tok" --steps 1 --lr 0 \
+        --min-lr 0 --warmup 0 --micro-batch 2 --seq-len 16 --val-every 1 --val-batches 4 --sample-tokens 0 \
+        --peak-gflops 100 --threads 1 --metrics "$TMP/last.json" --save-params "$TMP/last.h5" "$@" \
+        >"$TMP/last.log" 2>&1 || { echo "dtrain failed: $(tail -n 2 "$TMP/last.log")" >&2; return 1; }
+    json_field "$TMP/last.json" 0 val_loss
+}
+
+# agree LABEL DIR SOURCE TOKENS NP ARGS...: val0 within 1e-5 of DIR's reference
+agree() {
+    label=$1
+    dir=$2
+    shift 2
+    if loss=$(val0 "$@") && out=$("$PYTHON_REF" "$REF" check "$dir" "$loss" --label "$label"); then
+        pass "$(echo "$out" | sed "s/^ok *//")"
+    else
+        fail "$label: ${out:-dtrain failed}"
+    fi
+}
+
+# same_params LABEL A.h5 B.h5: bit-identical logical tensors
+same_params() {
+    if out=$("$PYTHON_REF" "$top_srcdir/test/compare_params.py" "$2" "$3" 0 2>&1); then
+        pass "$1: parameters bit-identical to 1 rank's ($out)"
+    else
+        fail "$1: parameters differ from 1 rank's: $out"
+    fi
+}
+
+write g --arch gpt2 --llmc "$TMP/g3.bin" --llmc-version 3 || finish
+write gb --arch gpt2 --dtype bf16 --shards 2 --llmc "$TMP/g5.bin" --llmc-version 5
+write gh --arch gpt2 --dtype f16 --gpt2-plain-names --tied-head
+write l --arch llama || finish
+write lb --arch llama --dtype bf16 --shards 3
+write lh --arch llama --dtype f16
+write gt --arch gpt2 --mutate transpose
+write lr --arch llama --mutate rope
+
+# ---- numerics at every layout ----
+for m in g l; do
+    agree "$m 1 rank" "$TMP/$m" "$TMP/$m" "$TMP/$m.tok" 1 && cp "$TMP/last.h5" "$TMP/$m.1.h5"
+    agree "$m tp2" "$TMP/$m" "$TMP/$m" "$TMP/$m.tok" 2 --tp 2 && same_params "$m tp2" "$TMP/$m.1.h5" "$TMP/last.h5"
+    agree "$m pp2" "$TMP/$m" "$TMP/$m" "$TMP/$m.tok" 2 --pp 2 --global-batch 4 &&
+        same_params "$m pp2" "$TMP/$m.1.h5" "$TMP/last.h5"
+    agree "$m tp2 x pp2 x dp2 zero3" "$TMP/$m" "$TMP/$m" "$TMP/$m.tok" 8 --tp 2 --pp 2 --zero 3 --global-batch 8 &&
+        same_params "$m tp2 x pp2 x dp2 zero3" "$TMP/$m.1.h5" "$TMP/last.h5"
+done
+agree "gpt2 bf16, 2 shards" "$TMP/gb" "$TMP/gb" "$TMP/gb.tok" 1
+agree "gpt2 bf16, 2 shards, tp2" "$TMP/gb" "$TMP/gb" "$TMP/gb.tok" 2 --tp 2
+agree "gpt2 f16, names without 'transformer.', lm_head stored" "$TMP/gh" "$TMP/gh" "$TMP/gh.tok" 1
+agree "llama bf16, 3 shards" "$TMP/lb" "$TMP/lb" "$TMP/lb.tok" 1
+agree "llama bf16, 3 shards, tp2 x pp2" "$TMP/lb" "$TMP/lb" "$TMP/lb.tok" 4 --tp 2 --pp 2 --global-batch 4
+agree "llama f16" "$TMP/lh" "$TMP/lh" "$TMP/lh.tok" 1
+
+# ---- llm.c files: the same loss as the Hugging Face directory ----
+hf=$(val0 "$TMP/g" "$TMP/g.tok" 1)
+agree "llm.c fp32 (version 3)" "$TMP/g" "$TMP/g3.bin" "$TMP/g.tok" 1 && expect_close "llm.c v3 = HF f32" "$hf" "$loss" 1e-7
+same_params "llm.c v3" "$TMP/g.1.h5" "$TMP/last.h5"
+hf=$(val0 "$TMP/gb" "$TMP/gb.tok" 1)
+agree "llm.c bf16 (version 5)" "$TMP/gb" "$TMP/g5.bin" "$TMP/gb.tok" 1 && expect_close "llm.c v5 = HF bf16" "$hf" "$loss" 1e-7
+agree "llm.c bf16 (version 5), tp2 x pp2" "$TMP/gb" "$TMP/g5.bin" "$TMP/gb.tok" 4 --tp 2 --pp 2 --global-batch 4
+
+# ---- a converter's bugs would show: the mutated files must fail the check ----
+for m in gt:transpose lr:rope; do
+    d=${m%%:*}
+    loss=$(val0 "$TMP/$d" "$TMP/$d.tok" 1)
+    if out=$("$PYTHON_REF" "$REF" check "$TMP/$d" "$loss" --tol 1e-3 --label "skipped ${m#*:}"); then
+        fail "a skipped ${m#*:} went unnoticed: $out"
+    else
+        pass "a skipped ${m#*:} is caught: $out"
+    fi
+done
+
+# ---- fine-tuning: 20 steps at tp2 x pp2 equal one rank's ----
+ft_run() {
+    out=$1
+    np=$2
+    src=$3
+    shift 3
+    "$MPIEXEC" --quiet -np "$np" "$DTRAIN" --init-from "$src" --data "$DATA_TRAIN" --val-data "$DATA_VAL" \
+        --peak-gflops 100 --threads 1 --steps 20 --warmup 5 --lr 3e-4 --min-lr 3e-5 --micro-batch 2 --global-batch 8 \
+        --seq-len 64 --val-every 20 --val-batches 4 --sample-tokens 0 --check-replicas 5 --metrics "$out" \
+        --save-params "$out.h5" "$@" >"$out.log" 2>&1 ||
+        { fail "fine-tune np $np $*: exit status $? $(tail -n 3 "$out.log")"; return 1; }
+}
+for m in g l; do
+    ft_run "$TMP/ft.$m.1.json" 1 "$TMP/$m" &&
+        ft_run "$TMP/ft.$m.tp2pp2.json" 4 "$TMP/$m" --tp 2 --pp 2 &&
+        layout_compare "$TMP/ft.$m.1.json" "$TMP/ft.$m.tp2pp2.json" "fine-tune $m tp2 x pp2 vs 1 rank"
+done
+
+# ---- --resume wins over --init-from when it finds a checkpoint ----
+ft_run "$TMP/rs.a.json" 2 "$TMP/g" --tp 2 --ckpt-dir "$TMP/ck" --stop-at-step 10 &&
+    ft_run "$TMP/rs.b.json" 2 "$TMP/g" --tp 2 --ckpt-dir "$TMP/ck" --resume auto && {
+    if grep -q "init-from: --resume found .*step_00000010" "$TMP/rs.b.json.log" &&
+        ! grep -q '"step": [1-9],' "$TMP/rs.b.json" && grep -q '"step": 11,' "$TMP/rs.b.json"; then
+        pass "--resume auto found the checkpoint of step 10 and continued from step 11, not from --init-from"
+    else
+        fail "--resume did not win over --init-from: $(grep -E 'resume|init-from' "$TMP/rs.b.json.log" | head -3)"
+    fi
+    expect_close "requeued fine-tune (stopped at 10, resumed) vs uninterrupted: final val loss" \
+        "$(json_field "$TMP/ft.g.1.json" 20 val_loss)" "$(json_field "$TMP/rs.b.json" 20 val_loss)" 1e-5
+}
+
+# ---- memory: a GPT-2 with a 50257-row embedding (49 MiB in fp32), bf16 ----
+"$PYTHON_REF" "$REF" write --arch gpt2 --big --dtype bf16 --out "$TMP/big" >/dev/null || fail "write big"
+# mem NP ARGS...: "read grew local largest" (MiB, the maximum over the ranks)
+mem() {
+    np=$1
+    shift
+    "$MPIEXEC" --quiet -np "$np" "$DTRAIN" --init-from "$TMP/big" --data "$DATA_TRAIN" --val-data "$DATA_VAL" \
+        --steps 1 --seq-len 16 --micro-batch 2 --val-every 0 --sample-tokens 0 --peak-gflops 100 --threads 1 "$@" \
+        2>&1 | sed -n 's/.*at most: \([0-9.]*\) MiB read.*grew \([0-9.]*\) MiB for \([0-9.]*\) MiB.*largest \([0-9.]*\) MiB.*/\1 \2 \3 \4/p'
+}
+for lay in "1" "2 --tp 2" "2 --pp 2 --global-batch 4"; do
+    # shellcheck disable=SC2086
+    set -- $(mem $lay)
+    [ "${lay%% *}" = 1 ] && read1=${1:-0}
+    if [ $# -eq 4 ] && awk -v g="$2" -v l="$3" -v t="$4" 'BEGIN { exit !(g <= l + t + 2) }'; then
+        pass "memory np $lay: resident growth $2 MiB <= local tensors $3 + largest tensor $4 + 2 MiB"
+    else
+        fail "memory np $lay: '$*' (read grew local largest, MiB)"
+    fi
+    case $lay in
+    *tp*) if awk -v r="$1" -v r1="$read1" 'BEGIN { exit !(r <= 0.55 * r1) }'; then
+              pass "tp2 rank read $1 MiB of the file, one rank $read1 MiB: each rank reads its slices only"
+          else
+              fail "tp2 rank read $1 MiB, one rank $read1 MiB"
+          fi ;;
+    esac
+done
+
+# ---- bad inputs: one line, exit 2, every rank ----
+bad() {
+    "$PYTHON_REF" "$REF" bad "$1" --out "$TMP/bad_$1" || fail "hf_ref.py bad $1"
+    expect_exit2 "$2" "$MPIEXEC" --quiet -np 2 "$DTRAIN" --init-from "$TMP/bad_$1" --data "$TMP/g.tok" \
+        --val-every 0 --seq-len 16 --steps 1 --sample-tokens 0 --peak-gflops 100 --threads 1
+}
+bad arch "architectures: 'FalconForCausalLM'"
+bad rope_scaling "config.json: rope_scaling: dtrain implements plain RoPE only"
+bad tied_llama "config.json: tie_word_embeddings: true"
+bad bias "config.json: attention_bias: true"
+bad missing "tensor transformer.h.1.mlp.c_fc.bias (dtrain's h.1.mlp.bfc) is missing"
+bad extra "tensor transformer.h.1.attn.rotary.weight is not part of dtrain's gpt2 model"
+bad shape "tensor transformer.h.0.attn.c_attn.weight has shape \[192, 64\], the config's model needs \[64, 192\]"
+bad dtype "tensor transformer.ln_f.bias has dtype F64"
+bad header "model.safetensors: tensor 'transformer.ln_f.bias'"
+run2() { "$MPIEXEC" --quiet -np 2 "$DTRAIN" --init-from "$TMP/g" --data "$TMP/g.tok" --val-every 0 --seq-len 16 \
+    --steps 1 --sample-tokens 0 --threads 1 "$@"; }
+expect_exit2 "--model tiny conflicts with --init-from" run2 --model tiny
+expect_exit2 "--n-layer 3 conflicts with --init-from" run2 --n-layer 3
+expect_exit2 "--arch llama conflicts with --init-from" run2 --arch llama
+expect_exit2 "neither a Hugging Face model directory" run2 --init-from "$TMP/g.tok"
+finish
