@@ -4,12 +4,14 @@
 # the references measured in the same run: js-tiktoken (node) and
 # spm_encode. Run from a build directory after make (and
 # scripts/fetch-tokenizers.sh):
-#   bench/tokenize.sh [REPEAT]     (REPEAT copies of the corpus, default 8)
+#   bench/tokenize.sh [REPEAT]     (REPEAT copies of the corpus, default 32: large
+#   enough that loading the vocabulary (a fraction of a second per rank) does
+#   not dominate)
 # Prints a markdown table for bench/README.md.
 set -euo pipefail
 src=$(cd "$(dirname "$0")/.." && pwd)
 build=${BUILD:-$PWD}
-repeat=${1:-8}
+repeat=${1:-32}
 prep=$build/src/dtrain-prepare
 tok=${DTRAIN_TOKENIZERS:-$src/tokenizers}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
