@@ -186,7 +186,7 @@ bad missing "tensor transformer.h.1.mlp.c_fc.bias (dtrain's h.1.mlp.bfc) is miss
 bad extra "tensor transformer.h.1.attn.rotary.weight is not part of dtrain's gpt2 model"
 bad shape "tensor transformer.h.0.attn.c_attn.weight has shape \[192, 64\], the config's model needs \[64, 192\]"
 bad dtype "tensor transformer.ln_f.bias has dtype F64"
-bad header "model.safetensors: tensor 'transformer.ln_f.bias'"
+bad header "model.safetensors': tensor 'transformer.ln_f.bias'"
 run2() { "$MPIEXEC" --quiet -np 2 "$DTRAIN" --init-from "$TMP/g" --data "$TMP/g.tok" --val-every 0 --seq-len 16 \
     --steps 1 --sample-tokens 0 --threads 1 "$@"; }
 expect_exit2 "--model tiny conflicts with --init-from" run2 --model tiny
