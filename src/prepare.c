@@ -9,6 +9,8 @@
 #endif
 #include "prepare.h"
 
+#include "fsutil.h"
+
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
@@ -281,26 +283,11 @@ static int check_inputs(const prep_opts_t *o, char *err, size_t errlen)
 /* mkdir -p of the directory part of --out (rank 0, before any file). */
 static int make_out_dir(const char *prefix, char *err, size_t errlen)
 {
-    char dir[PREP_PATH_MAX];
-    snprintf(dir, sizeof dir, "%s", prefix);
-    char *slash = strrchr(dir, '/');
-    if (slash == NULL || slash == dir)
+    char failed[PREP_PATH_MAX];
+    if (fs_mkdir_parent(prefix, failed, sizeof failed) == 0)
         return 0;
-    *slash = '\0';
-    for (char *p = dir + 1; ; p++) {
-        int last = *p == '\0';
-        if (*p == '/' || last) {
-            *p = '\0';
-            if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
-                prep_err(err, errlen, "--out '%s': cannot create directory '%s': %s", prefix, dir, strerror(errno));
-                return -1;
-            }
-            if (last)
-                break;
-            *p = '/';
-        }
-    }
-    return 0;
+    prep_err(err, errlen, "--out '%s': cannot create directory '%s': %s", prefix, failed, strerror(errno));
+    return -1;
 }
 
 void prep_err(char *err, size_t errlen, const char *fmt, ...)
