@@ -1,7 +1,10 @@
 /* dreshard: rewrite a dtrain checkpoint or parameter file with the chunking
- * another parallel layout writes, or show what a file holds.
+ * another parallel layout writes, export it as another framework's model,
+ * or show what a file holds.
  *
  *   mpirun -np M dreshard --in A.h5 --out B.h5 --tp T --pp P --dp D [--params-only] [--force]
+ *   mpirun -np M dreshard --in A.h5 --to-hf DIR [--dtype fp32|bf16|fp16] [--tokenizer auto|none|SPEC]
+ *   mpirun -np M dreshard --in A.h5 --to-llmc FILE [--dtype fp32|bf16]
  *   mpirun -np M dreshard --info FILE
  *
  * The file holds logical tensors (doc/format.md), so resharding moves no
@@ -10,7 +13,8 @@
  * writes at that layout. Any number of ranks M works: the target's slices
  * are dealt out to the ranks by size, each rank reads its slices from the
  * input (any layout wrote it) and writes them into the output through the
- * same collective, atomic h5store_write that dtrain's checkpoints use.
+ * same collective, atomic h5store_write that dtrain's checkpoints use. The
+ * exports (src/export.h) deal out the target's tensors the same way.
  *
  * Exit status: 0; 2 when the command line or the input is wrong (unknown
  * option, missing, unreadable or damaged input, a target layout that does
@@ -33,11 +37,14 @@
 #include <unistd.h>
 
 #include "ckpt.h"
+#include "export.h"
+#include "safetensors.h"
 #include "fsutil.h"
 #include "h5store.h"
 #include "launch.h"
 #include "options.h"
 #include "param_io.h"
+#include "tokenizer.h"
 
 #ifndef PACKAGE_VERSION
 #define PACKAGE_VERSION "0.1.0"
@@ -53,6 +60,11 @@ typedef struct reshard_opts {
     const char *in, *out, *info;
     int tp, pp, dp, zero;
     int params_only, force;
+    const char *to_hf, *to_llmc; /* an export instead of --out */
+    export_dtype_t dtype;
+    const char *tokenizer;       /* --to-hf: auto | none | SPEC */
+    uint64_t max_shard_bytes;
+    int export_given;            /* --dtype, --tokenizer or --max-shard-size seen */
 } reshard_opts_t;
 
 typedef enum { PARSE_OK = 0, PARSE_EXIT_OK, PARSE_ERROR } parse_status_t;
@@ -70,10 +82,14 @@ static void usage(FILE *f)
     fprintf(f,
             "Usage: mpirun -np M " PROG " --in FILE --out FILE [--tp T] [--pp P] [--dp D] [--zero S]\n"
             "       [--params-only] [--force]\n"
+            "       mpirun -np M " PROG " --in FILE --to-hf DIR [--dtype fp32|bf16|fp16] [--tokenizer auto|none|SPEC]\n"
+            "       [--max-shard-size SIZE] [--force]\n"
+            "       mpirun -np M " PROG " --in FILE --to-llmc FILE [--dtype fp32|bf16] [--force]\n"
             "       mpirun -np M " PROG " --info FILE\n"
             "Rewrites a dtrain checkpoint or --save-params file with the chunking the target layout\n"
             "(tensor x pipeline x data parallel) writes, verifying every checksum of the input and\n"
-            "writing fresh ones; the tensors are copied bit for bit. Any number of ranks M.\n"
+            "writing fresh ones; the tensors are copied bit for bit. Or exports its parameters as a\n"
+            "Hugging Face model or an llm.c model file. Any number of ranks M.\n"
             "\n"
             "  --in FILE       the file to read (checkpoint or parameter file)\n"
             "  --out FILE      the file to write (atomically); must not exist, and never the input\n"
@@ -83,7 +99,16 @@ static void usage(FILE *f)
             "  --zero S        target ZeRO stage 0-3 (default 0); recorded in the layout attribute: the\n"
             "                  moments are logical tensors, so every stage reads the same file\n"
             "  --params-only   write only params/* as a parameter file (content = params)\n"
-            "  --force         replace --out if it exists (the old file stays until the new one is complete)\n"
+            "  --force         replace the output if it exists (the old one stays until the new one is complete)\n"
+            "  --to-hf DIR     export the parameters as a Hugging Face model directory (safetensors shards,\n"
+            "                  config.json, generation_config.json, tokenizer files), atomically\n"
+            "  --to-llmc FILE  export a GPT-2 model as llm.c's model file (version 3 fp32, 5 bf16)\n"
+            "  --dtype D       exported tensors' type: fp32 (default, exact), bf16 or fp16 (--to-hf only);\n"
+            "                  rounded to nearest even\n"
+            "  --tokenizer T   --to-hf: auto (default: the data tokenizer the input records), none, or a\n"
+            "                  dtrain --tokenizer spec (gpt2[:DIR], spm:MODEL get Hugging Face files)\n"
+            "  --max-shard-size SIZE  --to-hf: safetensors shard size, bytes with an optional KB, MB, GB,\n"
+            "                  KiB, MiB or GiB (default 5GB, as Hugging Face's)\n"
             "  --info FILE     print the attributes, every tensor with its shape and chunks, and verify\n"
             "                  every checksum\n"
             "  -h, --help      show this help and exit\n"
@@ -123,13 +148,86 @@ static int parse_size(const char *name, const char *v, int max, int *out, char *
     return 0;
 }
 
+/* SIZE: bytes, optionally with a decimal (KB, MB, GB) or binary (KiB,
+ * MiB, GiB) suffix, as Hugging Face's max_shard_size takes it. */
+static int parse_bytes(const char *v, uint64_t *out, char *err, size_t errlen)
+{
+    static const struct { const char *s; uint64_t m; } units[] = {
+        {"", 1}, {"B", 1}, {"KB", 1000}, {"MB", 1000000}, {"GB", 1000000000},
+        {"KiB", 1024}, {"MiB", 1048576}, {"GiB", 1073741824}};
+    char *end;
+    errno = 0;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (!errno && end != v && v[0] != '-')
+        for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
+            if (strcmp(end, units[i].s) == 0 && x >= 1 && x <= UINT64_MAX / units[i].m) {
+                *out = x * units[i].m;
+                return 0;
+            }
+    snprintf(err, errlen, "--max-shard-size '%s': a positive number of bytes, optionally with KB, MB, GB, KiB, "
+             "MiB or GiB (e.g. 5GB)", v);
+    return -1;
+}
+
+static int parse_dtype(const char *v, export_dtype_t *d, char *err, size_t errlen)
+{
+    if (strcmp(v, "fp32") == 0 || strcmp(v, "bf16") == 0 || strcmp(v, "fp16") == 0) {
+        *d = v[0] == 'b' ? EXPORT_BF16 : v[2] == '1' ? EXPORT_F16 : EXPORT_F32;
+        return 0;
+    }
+    snprintf(err, errlen, "--dtype '%s': allowed fp32, bf16, fp16", v);
+    return -1;
+}
+
+/* The combinations: --info alone; --to-hf or --to-llmc with --in and the
+ * export options; else --in and --out with the layout options. */
+static int check_combination(const reshard_opts_t *o, int layout_given, char *err, size_t errlen)
+{
+    const int exporting = o->to_hf || o->to_llmc;
+    if (o->info) {
+        if (o->in || o->out || exporting || layout_given || o->params_only || o->force || o->export_given) {
+            snprintf(err, errlen, "--info FILE only prints a file: give it alone, without --in, --out, --tp, "
+                     "--pp, --dp, --zero, --params-only or --force");
+            return -1;
+        }
+        return 0;
+    }
+    if (o->to_hf && o->to_llmc) {
+        snprintf(err, errlen, "--to-hf and --to-llmc: give one export per command");
+        return -1;
+    }
+    if (exporting && (o->out || layout_given || o->params_only)) {
+        snprintf(err, errlen, "%s exports the parameters alone, at no layout: leave out --out, --tp, --pp, --dp, "
+                 "--zero and --params-only", o->to_hf ? "--to-hf" : "--to-llmc");
+        return -1;
+    }
+    if (!exporting && o->export_given) {
+        snprintf(err, errlen, "--dtype, --tokenizer and --max-shard-size belong to --to-hf / --to-llmc");
+        return -1;
+    }
+    if (o->to_llmc && (strcmp(o->tokenizer, "auto") != 0 || o->max_shard_bytes != ST_DEFAULT_SHARD_BYTES)) {
+        snprintf(err, errlen, "--to-llmc: llm.c model files hold one tensor file and no tokenizer: leave out "
+                 "--tokenizer and --max-shard-size");
+        return -1;
+    }
+    if (!o->in || (!exporting && !o->out)) {
+        snprintf(err, errlen, "%s: give --in FILE and --out FILE, --to-hf DIR or --to-llmc FILE (or --info FILE; "
+                 "see " PROG " --help)", !o->in && !o->out && !exporting ? "nothing to do" : !o->in ? "no --in FILE"
+                 : "no --out FILE");
+        return -1;
+    }
+    return 0;
+}
+
 /* Every rank parses the same arguments, so all reach the same verdict. */
 static parse_status_t parse_args(int argc, char **argv, reshard_opts_t *o, int print, char *err, size_t errlen)
 {
-    static const char *const allowed = "--in, --out, --tp, --pp, --dp, --zero, --params-only, --force, --info, --help, "
-                                       "--version";
+    static const char *const allowed = "--in, --out, --tp, --pp, --dp, --zero, --params-only, --force, --to-hf, "
+                                       "--to-llmc, --dtype, --tokenizer, --max-shard-size, --info, --help, --version";
     memset(o, 0, sizeof *o);
     o->tp = o->pp = o->dp = 1;
+    o->tokenizer = "auto";
+    o->max_shard_bytes = ST_DEFAULT_SHARD_BYTES;
     int layout_given = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -148,19 +246,31 @@ static parse_status_t parse_args(int argc, char **argv, reshard_opts_t *o, int p
             o->params_only = 1;
         } else if (strcmp(a, "--force") == 0) {
             o->force = 1;
-        } else if (IS("--in") || IS("--out") || IS("--info")) {
+        } else if (IS("--in") || IS("--out") || IS("--info") || IS("--to-hf") || IS("--to-llmc")) {
             if (!(v = opt_value(argc, argv, &i, a, n, err, errlen)))
                 return PARSE_ERROR;
             if (!*v) {
-                snprintf(err, errlen, "option '%.*s' needs a non-empty FILE", (int)n, a);
+                snprintf(err, errlen, "option '%.*s' needs a non-empty %s", (int)n, a, IS("--to-hf") ? "DIR" : "FILE");
                 return PARSE_ERROR;
             }
-            if (IS("--in"))
-                o->in = v;
-            else if (IS("--out"))
-                o->out = v;
-            else
-                o->info = v;
+            const char **field = IS("--in") ? &o->in : IS("--out") ? &o->out : IS("--info") ? &o->info
+                                 : IS("--to-hf") ? &o->to_hf : &o->to_llmc;
+            *field = v;
+        } else if (IS("--dtype") || IS("--tokenizer") || IS("--max-shard-size")) {
+            if (!(v = opt_value(argc, argv, &i, a, n, err, errlen)))
+                return PARSE_ERROR;
+            o->export_given = 1;
+            if (IS("--dtype") && parse_dtype(v, &o->dtype, err, errlen) != 0)
+                return PARSE_ERROR;
+            if (IS("--max-shard-size") && parse_bytes(v, &o->max_shard_bytes, err, errlen) != 0)
+                return PARSE_ERROR;
+            if (IS("--tokenizer")) {
+                if (!*v) {
+                    snprintf(err, errlen, "--tokenizer needs auto, none or a tokenizer spec");
+                    return PARSE_ERROR;
+                }
+                o->tokenizer = v;
+            }
         } else if (IS("--tp") || IS("--pp") || IS("--dp")) {
             if (!(v = opt_value(argc, argv, &i, a, n, err, errlen)))
                 return PARSE_ERROR;
@@ -185,20 +295,11 @@ static parse_status_t parse_args(int argc, char **argv, reshard_opts_t *o, int p
         }
 #undef IS
     }
-    if (o->info) {
-        if (o->in || o->out || layout_given || o->params_only || o->force) {
-            snprintf(err, errlen, "--info FILE only prints a file: give it alone, without --in, --out, --tp, "
-                     "--pp, --dp, --zero, --params-only or --force");
-            return PARSE_ERROR;
-        }
-        return PARSE_OK;
-    }
-    if (!o->in || !o->out) {
-        snprintf(err, errlen, "%s: give --in FILE and --out FILE (or --info FILE; see " PROG " --help)",
-                 !o->in && !o->out ? "nothing to do" : !o->in ? "no --in FILE" : "no --out FILE");
+    if (o->to_llmc && o->dtype == EXPORT_F16) {
+        snprintf(err, errlen, "--dtype fp16: llm.c model files are fp32 (version 3) or bf16 (version 5)");
         return PARSE_ERROR;
     }
-    return PARSE_OK;
+    return check_combination(o, layout_given, err, errlen) == 0 ? PARSE_OK : PARSE_ERROR;
 }
 
 /* The directory part of path ("." when it has none). */
@@ -216,17 +317,24 @@ static void dir_of(const char *path, char *dir, size_t n)
  * is a readable file; the output is not the input, does not exist (unless
  * --force) and its directory, made as mkdir -p does when missing, takes
  * new files. */
+static int check_input(const char *in, struct stat *in_st, char *err, size_t errlen)
+{
+    if (stat(in, in_st) != 0 || access(in, R_OK) != 0) {
+        snprintf(err, errlen, "--in %s: %s", in, strerror(errno));
+        return -1;
+    }
+    if (!S_ISREG(in_st->st_mode)) {
+        snprintf(err, errlen, "--in %s: not a regular file", in);
+        return -1;
+    }
+    return 0;
+}
+
 static int check_paths(const reshard_opts_t *o, char *err, size_t errlen)
 {
     struct stat in_st, out_st;
-    if (stat(o->in, &in_st) != 0 || access(o->in, R_OK) != 0) {
-        snprintf(err, errlen, "--in %s: %s", o->in, strerror(errno));
+    if (check_input(o->in, &in_st, err, errlen) != 0)
         return -1;
-    }
-    if (!S_ISREG(in_st.st_mode)) {
-        snprintf(err, errlen, "--in %s: not a regular file", o->in);
-        return -1;
-    }
     if (stat(o->out, &out_st) == 0) {
         if (out_st.st_dev == in_st.st_dev && out_st.st_ino == in_st.st_ino) {
             snprintf(err, errlen, "--out %s is the input file: write to another path (" PROG " never rewrites "
@@ -551,6 +659,73 @@ static int reshard(const reshard_opts_t *o, int rank, int nranks, int *status, c
     return rc;
 }
 
+/* A string attribute, or "" when the file has none. */
+static int optional_str(h5store_t *h, const char *key, char *out, size_t len, char *err, size_t errlen)
+{
+    out[0] = '\0';
+    return h5store_has_attr(h, key) ? h5store_get_str(h, key, out, len, err, errlen) : 0;
+}
+
+/* --to-hf / --to-llmc: the input checked as for resharding, then
+ * export_run. */
+static int export_cmd(const reshard_opts_t *o, int rank, int nranks, int *status, char *err, size_t errlen)
+{
+    char content[64] = "", tok[TOK_PATH_MAX], tok_sha[80];
+    model_config_t cfg;
+    param_io_group_t groups[3];
+    int n_groups = 0, n_all = 0, n_params = 0;
+    h5store_tensor_t *t_all = NULL, *t_params = NULL;
+    struct stat st;
+    *status = 2;
+    int rc = rank == 0 ? check_input(o->in, &st, err, errlen) : 0;
+    if (bcast_status(rc, err, errlen) != 0)
+        return -1;
+    h5store_t *h = h5store_open(o->in, MPI_COMM_WORLD, err, errlen);
+    if (!h)
+        return -1;
+    rc = content_groups(h, o->in, groups, &n_groups, content, sizeof content, err, errlen);
+    if (rc == 0)
+        rc = param_io_read_model(h, &cfg, o->in, err, errlen);
+    if (rc == 0)
+        rc = param_io_tensors(&cfg, groups, n_groups, 1, &t_all, &n_all, err, errlen);
+    if (rc == 0)
+        rc = check_catalog(h, o->in, t_all, n_all, content, err, errlen);
+    if (rc == 0)
+        rc = param_io_tensors(&cfg, groups, 1, 1, &t_params, &n_params, err, errlen);
+    if (rc == 0)
+        rc = optional_str(h, "tokenizer", tok, sizeof tok, err, errlen);
+    if (rc == 0)
+        rc = optional_str(h, "tokenizer_sha256", tok_sha, sizeof tok_sha, err, errlen);
+    rc = h5store_agree(MPI_COMM_WORLD, rc, err, errlen);
+    export_report_t rep;
+    const export_target_t *tg = o->to_hf ? &export_target_hf : &export_target_llmc;
+    const export_opts_t eo = {.dest = o->to_hf ? o->to_hf : o->to_llmc, .dtype = o->dtype, .force = o->force,
+                              .tokenizer = o->tokenizer, .tok_recorded = tok, .tok_sha256 = tok_sha,
+                              .max_shard_bytes = o->max_shard_bytes};
+    if (rc == 0)
+        rc = export_run(tg, &eo, h, &cfg, t_params, n_params, &rep, status, err, errlen);
+    char cerr[ERRLEN];
+    if (h5store_close(h, cerr, sizeof cerr) != 0 && rc == 0) {
+        snprintf(err, errlen, "%s", cerr);
+        rc = -1;
+    }
+    if (rc == 0 && rank == 0) {
+        int64_t elems = 0;
+        for (int i = 0; i < n_params; i++)
+            elems += t_params[i].shape[0] * t_params[i].shape[1];
+        printf(PROG ": %s (%s, %s, %d tensors, %.1f MiB fp32, checksums verified) -> %s (%s, %s, %d tensors in %d "
+               "tiles) on %d rank%s: read %.2f s, write %.2f s, total %.2f s\n", o->in, content,
+               model_arch_name(cfg.arch), n_params, mib(elems * (int64_t)sizeof(float)), eo.dest, tg->name,
+               export_dtype_name(o->dtype), rep.n_out, rep.n_tiles, nranks, nranks == 1 ? "" : "s", rep.t_read,
+               rep.t_write, rep.t_total);
+        if (rep.note[0])
+            printf(PROG ": %s\n", rep.note);
+    }
+    free(t_all);
+    free(t_params);
+    return rc;
+}
+
 /* --info: the attributes, the tensors and the checksum verdict. */
 static int info(const char *path, int rank, char *err, size_t errlen)
 {
@@ -633,6 +808,8 @@ int main(int argc, char **argv)
     int status = 2, failed;
     if (o.info)
         failed = info(o.info, env.world_rank, err, sizeof err) != 0;
+    else if (o.to_hf || o.to_llmc)
+        failed = export_cmd(&o, env.world_rank, env.world_size, &status, err, sizeof err) != 0;
     else
         failed = reshard(&o, env.world_rank, env.world_size, &status, err, sizeof err) != 0;
     failed = launch_any_failed(&env, PROG, failed, err);

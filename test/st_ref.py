@@ -15,7 +15,9 @@ llm.c (train_gpt2.py write_model): 256 int32 [20240326, version (3 fp32 /
 per-layer tensors stacked over L, then lnfw[C] lnfb[C].
 
 Subcommands (see test_safetensors.sh): gen, verify, write, compare, mutate,
-llmc-gen, llmc-verify, llmc-write, llmc-mutate.
+llmc-gen, llmc-verify, llmc-write, llmc-mutate; same-tensors (see
+test_init_from.sh: two model directories hold the same tensors, byte for
+byte, whatever their sharding).
 """
 import json
 import os
@@ -455,6 +457,46 @@ def cmd_llmc_write(path, version):
     print(f"{len(reqs)} blocks")
 
 
+def dir_tensors(d):
+    """name -> (dtype, shape, raw bytes) of a model directory (one file or
+    shards with model.safetensors.index.json, which must name exactly the
+    tensors the shards hold)."""
+    index = os.path.join(d, "model.safetensors.index.json")
+    if os.path.exists(index):
+        wm = json.load(open(index))["weight_map"]
+        files = sorted(set(wm.values()))
+    else:
+        wm, files = None, ["model.safetensors"]
+    out = {}
+    for fname in files:
+        hdr, data, _, _ = read_header(os.path.join(d, fname))
+        for name, e in hdr.items():
+            if name == "__metadata__":
+                continue
+            if name in out or (wm is not None and wm.get(name) != fname):
+                die(f"{d}: tensor {name} in {fname} is not where the index says or is there twice")
+            b0, e0 = e["data_offsets"]
+            out[name] = (e["dtype"], tuple(e["shape"]), data[b0:e0])
+    if wm is not None and set(wm) != set(out):
+        die(f"{d}: the index names {len(wm)} tensors, the shards hold {len(out)}")
+    return out
+
+
+def cmd_same_tensors(a, b):
+    x, y = dir_tensors(a), dir_tensors(b)
+    if set(x) != set(y):
+        die(f"tensor names differ: only in {a}: {sorted(set(x) - set(y))[:3]}, only in {b}: {sorted(set(y) - set(x))[:3]}")
+    nbytes = 0
+    for name in sorted(x):
+        if x[name][:2] != y[name][:2]:
+            die(f"{name}: {x[name][0]} {list(x[name][1])} vs {y[name][0]} {list(y[name][1])}")
+        if x[name][2] != y[name][2]:
+            i = next(k for k in range(len(x[name][2])) if x[name][2][k] != y[name][2][k])
+            die(f"{name}: bytes differ from byte {i} of {len(x[name][2])}")
+        nbytes += len(x[name][2])
+    print(f"{len(x)} tensors, {nbytes} bytes identical")
+
+
 def cmd_llmc_mutate(src, dst, kind):
     b = bytearray(open(src, "rb").read())
     def put(i, v): struct.pack_into("<i", b, 4 * i, v)
@@ -482,4 +524,5 @@ if __name__ == "__main__":
      "llmc-gen": lambda: cmd_llmc_gen(*args),
      "llmc-verify": lambda: cmd_llmc_verify(*args),
      "llmc-write": lambda: cmd_llmc_write(*args),
-     "llmc-mutate": lambda: cmd_llmc_mutate(*args)}[cmd]()
+     "llmc-mutate": lambda: cmd_llmc_mutate(*args),
+     "same-tensors": lambda: cmd_same_tensors(*args)}[cmd]()

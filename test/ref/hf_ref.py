@@ -27,6 +27,15 @@ rotate-half order. dtrain's loss on such a file must differ from ref.json.
 
 prints and checks |LOSS - ref| / |ref| <= tol (exit 1 when not).
 
+    hf_ref.py exported DIR REFDIR TOKENS [--tol 1e-6]
+
+reads a model directory dtrain exported (dreshard --to-hf) with the reader
+below, written from the safetensors spec: its config.json gives the shapes
+(checked against REFDIR's), its tensors (any dtype; one file or shards
+with the index) the weights, and the loss of TOKENS must equal REFDIR's
+reference loss within --tol relative (exit 1 when not). lm_head.weight of
+a GPT-2 is absent (tied), as transformers' save_pretrained leaves it out.
+
     hf_ref.py bad KIND --out DIR
 
 writes a small GPT-2 or Llama directory with one defect (KIND: arch,
@@ -292,6 +301,82 @@ def write_tokens(path, tokens):
         f.write(tokens.astype("<u2").tobytes())
 
 
+# ---- reading an exported directory, from the specs --------------------------------
+
+ST_NP = {"F32": "<f4", "F16": "<f2", "F64": "<f8"}
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack_from("<Q", data, 0)
+    header = json.loads(data[8:8 + n])
+    out = {}
+    for name, e in header.items():
+        if name == "__metadata__":
+            continue
+        b0, b1 = e["data_offsets"]
+        raw = data[8 + n + b0:8 + n + b1]
+        if e["dtype"] == "BF16":
+            a = bf16_to_f32(np.frombuffer(raw, "<u2"))
+        else:
+            a = np.frombuffer(raw, ST_NP[e["dtype"]]).astype(np.float32)
+        out[name] = a.reshape(e["shape"])
+    return out
+
+
+def read_model_dir(d):
+    index = os.path.join(d, "model.safetensors.index.json")
+    if not os.path.exists(index):
+        return read_safetensors(os.path.join(d, "model.safetensors"))
+    with open(index) as f:
+        weight_map = json.load(f)["weight_map"]
+    W = {}
+    for shard in sorted(set(weight_map.values())):
+        part = read_safetensors(os.path.join(d, shard))
+        W.update(part)
+    if set(W) != set(weight_map):
+        raise SystemExit("%s: the index and the shards name different tensors" % d)
+    return W
+
+
+def shapes_of_config(cfg):
+    if cfg["architectures"] == ["GPT2LMHeadModel"]:
+        return "gpt2", dict(vocab=cfg["vocab_size"], C=cfg["n_embd"], NH=cfg["n_head"], L=cfg["n_layer"],
+                            Fm=cfg["n_inner"], S=cfg["n_positions"], eps=cfg["layer_norm_epsilon"])
+    return "llama", dict(vocab=cfg["vocab_size"], C=cfg["hidden_size"], NH=cfg["num_attention_heads"],
+                         NKV=cfg["num_key_value_heads"], L=cfg["num_hidden_layers"], Fm=cfg["intermediate_size"],
+                         S=cfg["max_position_embeddings"], eps=cfg["rms_norm_eps"], theta=cfg["rope_theta"])
+
+
+def read_tokens(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    header = np.frombuffer(data[:1024], "<i4")
+    return np.frombuffer(data[1024:], "<u2")[:header[2]].astype(np.int64)
+
+
+def cmd_exported(a):
+    with open(os.path.join(a.dir, "config.json")) as f:
+        arch, s = shapes_of_config(json.load(f))
+    with open(os.path.join(a.refdir, "config.json")) as f:
+        ref_arch, ref_s = shapes_of_config(json.load(f))
+    for k in ref_s:  # eps and theta pass through float32 in dtrain
+        if arch != ref_arch or not math.isclose(s[k], ref_s[k], rel_tol=1e-6):
+            print("FAIL %s: config.json %s %s = %r, the original's %s %r" % (a.dir, arch, k, s.get(k), ref_arch, ref_s[k]))
+            return 1
+    W = read_model_dir(a.dir)
+    with open(os.path.join(a.refdir, "ref.json")) as f:
+        ref = json.load(f)
+    ls, _ = losses(arch, ref_s, W, read_tokens(a.tokens), ref["B"], ref["T"], ref["batches"])
+    loss = sum(ls) / len(ls)
+    rel = abs(loss - ref["loss"]) / abs(ref["loss"])
+    ok = rel <= a.tol
+    print("%s %s: %d tensors read from the spec, loss %.9g, the original's %.9g, |diff|/|ref| %.3e (tol %.0e)"
+          % ("ok  " if ok else "FAIL", a.label or a.dir, len(W), loss, ref["loss"], rel, a.tol))
+    return 0 if ok else 1
+
+
 # ---- commands --------------------------------------------------------------------
 
 def rope_to_interleaved(w, HS):
@@ -430,12 +515,18 @@ def main():
     c.add_argument("loss", type=float)
     c.add_argument("--tol", type=float, default=1e-5)
     c.add_argument("--label")
+    e = sub.add_parser("exported")
+    e.add_argument("dir")
+    e.add_argument("refdir")
+    e.add_argument("tokens")
+    e.add_argument("--tol", type=float, default=1e-6)
+    e.add_argument("--label")
     b = sub.add_parser("bad")
     b.add_argument("kind", choices=("arch", "rope_scaling", "tied_llama", "bias", "missing", "extra", "shape",
                                     "dtype", "header"))
     b.add_argument("--out", required=True)
     a = ap.parse_args()
-    return {"write": cmd_write, "check": cmd_check, "bad": cmd_bad}[a.cmd](a)
+    return {"write": cmd_write, "check": cmd_check, "exported": cmd_exported, "bad": cmd_bad}[a.cmd](a)
 
 
 if __name__ == "__main__":

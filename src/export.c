@@ -1,0 +1,518 @@
+/* The export driver: outputs, tiles, the collective read, the tile
+ * transforms and the agreed steps around a target (src/export.h). */
+#define _GNU_SOURCE /* renameat2 */
+#include "export.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <dirent.h>
+
+#include "fsutil.h"
+
+const char *export_dtype_name(export_dtype_t d)
+{
+    return d == EXPORT_BF16 ? "bf16" : d == EXPORT_F16 ? "fp16" : "fp32";
+}
+
+/* ---- outputs and tiles ---------------------------------------------------- */
+
+static int same_output(const hf_map_t *a, const hf_map_t *b)
+{
+    return strcmp(a->src, b->src) == 0 && a->layer == b->layer;
+}
+
+/* The output of entries map[first .. first+count): its stored shape, the
+ * rows dtrain fills and the tile alignment. */
+static void describe_output(const hf_map_t *map, int first, int count, export_out_t *o)
+{
+    const hf_map_t *e0 = &map[first];
+    memset(o, 0, sizeof *o);
+    snprintf(o->name, sizeof o->name, "%s", e0->src);
+    o->llmc_id = e0->llmc_id;
+    o->layer = e0->layer;
+    o->ndim = e0->src_ndim;
+    o->rows = e0->src_ndim == 1 ? 1 : e0->src_shape[0];
+    o->cols = e0->src_ndim == 1 ? e0->src_shape[0] : e0->src_shape[1];
+    o->align = 1;
+    o->first = first;
+    o->count = count;
+    for (int k = first; k < first + count; k++) {
+        const hf_map_t *e = &map[k];
+        int64_t end = e->ndim == 1 ? 1 : (e->flags & HF_MAP_TRANSPOSE) ? o->rows : e->off + e->shape[0];
+        if (end > o->covered)
+            o->covered = end;
+        if ((e->flags & HF_MAP_ROPE) && e->head_size > o->align)
+            o->align = e->head_size;
+    }
+}
+
+int export_outputs(const export_target_t *tg, const model_config_t *c, hf_map_t **map, int *n_map,
+                   export_out_t **out, int *n_out, char *err, size_t errlen)
+{
+    *out = NULL;
+    *n_out = 0;
+    if (hf_map_build(c, tg->map_format, tg->map_prefix, map, n_map, err, errlen) != 0)
+        return -1;
+    export_out_t *o = calloc((size_t)*n_map + 1, sizeof *o);
+    if (!o) {
+        snprintf(err, errlen, "out of memory for the export plan");
+        return -1;
+    }
+    int n = 0;
+    for (int k = 0; k < *n_map;) {
+        int count = 1;
+        while (k + count < *n_map && same_output(&(*map)[k], &(*map)[k + count]))
+            count++;
+        describe_output(*map, k, count, &o[n++]);
+        k += count;
+    }
+    /* the map lists each output's entries together: a name seen twice
+     * would be written twice */
+    for (int i = 0; i < n; i++)
+        for (int j = i + 1; j < n; j++)
+            if (strcmp(o[i].name, o[j].name) == 0 && o[i].layer == o[j].layer) {
+                snprintf(err, errlen, "internal: the %s map lists %s twice apart", tg->name, o[i].name);
+                free(o);
+                return -1;
+            }
+    *out = o;
+    *n_out = n;
+    return 0;
+}
+
+typedef struct tile {
+    int out;
+    int64_t r0, nr;
+    int64_t bytes; /* fp32 bytes of the tile */
+    int owner;
+    int first_shard, n_shards; /* this rank's read blocks for it (owner only) */
+} tile_t;
+
+static int64_t tile_rows(const export_out_t *o)
+{
+    int64_t per = (int64_t)EXPORT_TILE_BYTES / (o->cols * (int64_t)sizeof(float));
+    per = per / o->align * o->align;
+    return per < o->align ? o->align : per;
+}
+
+static int cmp_tile_bytes(const void *a, const void *b)
+{
+    const tile_t *x = *(const tile_t *const *)a, *y = *(const tile_t *const *)b;
+    if (x->bytes != y->bytes)
+        return x->bytes > y->bytes ? -1 : 1;
+    return x < y ? -1 : x > y; /* list order: the same deal on every rank */
+}
+
+/* Every output's covered rows cut into tiles, dealt largest first to the
+ * least loaded rank. Pure: the same on every rank. */
+static int plan_tiles(const export_out_t *o, int n_out, int nranks, tile_t **out, int *n_tiles, char *err,
+                      size_t errlen)
+{
+    int n = 0;
+    for (int i = 0; i < n_out; i++) {
+        const int64_t per = tile_rows(&o[i]);
+        n += (int)((o[i].covered + per - 1) / per);
+    }
+    tile_t *t = calloc((size_t)n + 1, sizeof *t);
+    tile_t **order = malloc(((size_t)n + 1) * sizeof *order);
+    int64_t *load = calloc((size_t)nranks, sizeof *load);
+    if (!t || !order || !load) {
+        free(t);
+        free(order);
+        free(load);
+        snprintf(err, errlen, "out of memory for the export plan");
+        return -1;
+    }
+    int k = 0;
+    for (int i = 0; i < n_out; i++) {
+        const int64_t per = tile_rows(&o[i]);
+        for (int64_t r = 0; r < o[i].covered; r += per) {
+            const int64_t nr = o[i].covered - r < per ? o[i].covered - r : per;
+            t[k] = (tile_t){.out = i, .r0 = r, .nr = nr, .bytes = nr * o[i].cols * (int64_t)sizeof(float)};
+            order[k] = &t[k];
+            k++;
+        }
+    }
+    qsort(order, (size_t)n, sizeof *order, cmp_tile_bytes);
+    for (int i = 0; i < n; i++) {
+        int best = 0;
+        for (int r = 1; r < nranks; r++)
+            if (load[r] < load[best])
+                best = r;
+        order[i]->owner = best;
+        load[best] += order[i]->bytes;
+    }
+    free(order);
+    free(load);
+    *out = t;
+    *n_tiles = n;
+    return 0;
+}
+
+/* ---- the dtrain blocks of a tile ------------------------------------------ */
+
+/* The block of dtrain tensor e that tile rows [r0, r0+nr) of its output
+ * take: start/count in dtrain's logical coordinates. 0 when the tile takes
+ * nothing of e. */
+static int entry_block(const hf_map_t *e, int64_t r0, int64_t nr, int64_t start[2], int64_t count[2])
+{
+    if (e->ndim == 1) { /* the whole vector, into the output's one row */
+        start[0] = start[1] = 0;
+        count[0] = e->shape[0];
+        count[1] = 1;
+        return 1;
+    }
+    if (e->flags & HF_MAP_TRANSPOSE) { /* output row j is dtrain column j */
+        start[0] = 0;
+        start[1] = r0;
+        count[0] = e->shape[0];
+        count[1] = nr;
+        return 1;
+    }
+    const int64_t lo = r0 > e->off ? r0 : e->off;
+    const int64_t hi = r0 + nr < e->off + e->shape[0] ? r0 + nr : e->off + e->shape[0];
+    if (lo >= hi)
+        return 0;
+    start[0] = lo - e->off;
+    start[1] = 0;
+    count[0] = hi - lo;
+    count[1] = e->shape[1];
+    return 1;
+}
+
+static int find_param(const h5store_tensor_t *list, int n, const char *name)
+{
+    char full[H5STORE_NAME_MAX];
+    snprintf(full, sizeof full, "params/%s", name);
+    for (int i = 0; i < n; i++)
+        if (strcmp(list[i].name, full) == 0)
+            return i;
+    return -1;
+}
+
+typedef struct reads {
+    h5store_shard_t *shard;
+    int n;
+    float *buf;
+    int64_t bytes;
+} reads_t;
+
+/* This rank's read list: every block of every tile it owns, in tile order,
+ * in one buffer. */
+static int plan_reads(const hf_map_t *map, const export_out_t *o, tile_t *t, int n_tiles, int rank,
+                      const h5store_tensor_t *plist, int n_params, reads_t *r, char *err, size_t errlen)
+{
+    int ns = 0;
+    int64_t floats = 0, start[2], count[2];
+    for (int pass = 0; pass < 2; pass++) {
+        float *p = r->buf;
+        ns = 0;
+        for (int i = 0; i < n_tiles; i++) {
+            if (t[i].owner != rank)
+                continue;
+            const export_out_t *out = &o[t[i].out];
+            t[i].first_shard = ns;
+            for (int k = out->first; k < out->first + out->count; k++) {
+                if (!entry_block(&map[k], t[i].r0, t[i].nr, start, count))
+                    continue;
+                const int pi = find_param(plist, n_params, map[k].name);
+                if (pi < 0) {
+                    snprintf(err, errlen, "tensor params/%s: not in the input", map[k].name);
+                    return -1;
+                }
+                if (pass == 0) {
+                    floats += count[0] * count[1];
+                } else {
+                    r->shard[ns] = (h5store_shard_t){.tensor = pi, .start = {start[0], start[1]},
+                                                     .count = {count[0], count[1]}, .buf = p};
+                    p += count[0] * count[1];
+                }
+                ns++;
+            }
+            t[i].n_shards = ns - t[i].first_shard;
+        }
+        if (pass == 0) {
+            r->bytes = floats * (int64_t)sizeof(float);
+            r->shard = calloc((size_t)ns + 1, sizeof *r->shard);
+            r->buf = malloc((size_t)r->bytes + 1);
+            if (!r->shard || !r->buf) {
+                snprintf(err, errlen, "rank %d: out of memory for its %.1f MiB of the model (run on more ranks)",
+                         rank, (double)r->bytes / 1048576.0);
+                return -1;
+            }
+        }
+    }
+    r->n = ns;
+    return 0;
+}
+
+/* Tile rows [r0, r0+nr) of output o, [nr][o->cols], from the blocks read
+ * for it (in entry order, as plan_reads made them). head: one RoPE head's
+ * scratch, align * cols floats. */
+static void assemble_tile(const hf_map_t *map, const export_out_t *o, const tile_t *t, const h5store_shard_t *sh,
+                          float *rows, float *head)
+{
+    const int64_t cols = o->cols;
+    int s = t->first_shard;
+    memset(rows, 0, (size_t)(t->nr * cols) * sizeof *rows);
+    for (int k = o->first; k < o->first + o->count; k++) {
+        const hf_map_t *e = &map[k];
+        int64_t start[2], count[2];
+        if (!entry_block(e, t->r0, t->nr, start, count))
+            continue;
+        float *blk = sh[s++].buf;
+        if (e->ndim == 1) { /* [R] -> row 0, columns [off, off+R) */
+            memcpy(rows + e->off, blk, (size_t)count[0] * sizeof *rows);
+        } else if (e->flags & HF_MAP_TRANSPOSE) { /* blk [R][nr] -> rows[j][off + i] */
+            for (int64_t i = 0; i < count[0]; i++)
+                for (int64_t j = 0; j < count[1]; j++)
+                    rows[j * cols + e->off + i] = blk[i * count[1] + j];
+        } else { /* blk [n][cols] -> rows [e->off + start - r0, ...) */
+            if (e->flags & HF_MAP_ROPE)
+                hf_rope_to_hf(blk, count[0], count[1], e->head_size, head);
+            memcpy(rows + (e->off + start[0] - t->r0) * cols, blk, (size_t)(count[0] * cols) * sizeof *rows);
+        }
+    }
+}
+
+/* ---- the agreed steps -------------------------------------------------------- */
+
+static double now_s(void)
+{
+    return MPI_Wtime();
+}
+
+/* Rank 0's checks of dest: absent (or --force over the same kind of
+ * thing), its parent made as mkdir -p does and writable; a temporary left
+ * by a killed export removed. */
+static int check_dest(const export_target_t *tg, export_ctx_t *x, char *err, size_t errlen)
+{
+    const char *dest = x->opt->dest;
+    const int want_dir = tg == &export_target_hf;
+    struct stat st;
+    if (stat(dest, &st) == 0) {
+        if (!x->opt->force) {
+            snprintf(err, errlen, "%s exists: remove it, choose another path, or pass --force to replace it", dest);
+            return -1;
+        }
+        if (want_dir != !!S_ISDIR(st.st_mode)) {
+            snprintf(err, errlen, "%s exists and is %s: --force replaces a %s only", dest,
+                     S_ISDIR(st.st_mode) ? "a directory" : "not a directory", want_dir ? "directory" : "file");
+            return -1;
+        }
+    } else if (errno != ENOENT) {
+        snprintf(err, errlen, "%s: %s", dest, strerror(errno));
+        return -1;
+    }
+    char failed[PATH_MAX];
+    if (fs_mkdir_parent(dest, failed, sizeof failed) != 0) {
+        snprintf(err, errlen, "%s: cannot create directory %.512s: %s", dest, failed, strerror(errno));
+        return -1;
+    }
+    if (export_tmp_name(dest, x->tmp, sizeof x->tmp, err, errlen) != 0)
+        return -1;
+    export_remove(x->tmp);
+    return 0;
+}
+
+static int agree(int rc, char *err, size_t errlen)
+{
+    return h5store_agree(MPI_COMM_WORLD, rc, err, errlen);
+}
+
+/* Rank 0's string to every rank. */
+static int bcast_str(char *s, size_t len, char *err, size_t errlen)
+{
+    if (MPI_Bcast(s, (int)len, MPI_CHAR, 0, MPI_COMM_WORLD) != MPI_SUCCESS) {
+        snprintf(err, errlen, "MPI_Bcast of the export's temporary name failed");
+        return -1;
+    }
+    return 0;
+}
+
+/* Read, transform and write this rank's tiles. */
+static int write_tiles(const export_target_t *tg, export_ctx_t *x, const hf_map_t *map, const tile_t *t,
+                       int n_tiles, const reads_t *r, char *err, size_t errlen)
+{
+    int64_t most = 0, head = 1;
+    for (int i = 0; i < n_tiles; i++)
+        if (t[i].owner == x->rank) {
+            if (t[i].bytes > most)
+                most = t[i].bytes;
+            if (x->out[t[i].out].align * x->out[t[i].out].cols > head)
+                head = x->out[t[i].out].align * x->out[t[i].out].cols;
+        }
+    float *rows = malloc((size_t)most + 1), *scratch = malloc((size_t)head * sizeof(float));
+    int rc = rows && scratch ? 0 : -1;
+    if (rc != 0)
+        snprintf(err, errlen, "rank %d: out of memory for a %.1f MiB tile", x->rank, (double)most / 1048576.0);
+    for (int i = 0; i < n_tiles && rc == 0; i++) {
+        if (t[i].owner != x->rank)
+            continue;
+        const export_out_t *o = &x->out[t[i].out];
+        assemble_tile(map, o, &t[i], r->shard, rows, scratch);
+        rc = tg->write_rows(x, t[i].out, t[i].r0, t[i].nr, rows, err, errlen);
+    }
+    free(rows);
+    free(scratch);
+    return rc;
+}
+
+int export_run(const export_target_t *tg, const export_opts_t *o, h5store_t *h, const model_config_t *cfg,
+               const h5store_tensor_t *params_list, int n_params, export_report_t *rep, int *status, char *err,
+               size_t errlen)
+{
+    int rank = 0, nranks = 1, n_map = 0, n_tiles = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &nranks);
+    export_ctx_t x = {.opt = o, .cfg = cfg, .rank = rank};
+    hf_map_t *map = NULL;
+    export_out_t *outs = NULL;
+    tile_t *tiles = NULL;
+    reads_t r = {0};
+    const double t0 = now_s();
+    memset(rep, 0, sizeof *rep);
+    *status = 2;
+
+    int rc = rank == 0 ? check_dest(tg, &x, err, errlen) : 0;
+    rc = agree(rc, err, errlen);
+    if (rc == 0)
+        rc = bcast_str(x.tmp, sizeof x.tmp, err, errlen);
+    if (rc == 0)
+        rc = export_outputs(tg, cfg, &map, &n_map, &outs, &x.n_out, err, errlen);
+    x.out = outs;
+    if (rc == 0)
+        rc = tg->prepare(&x, err, errlen);
+    if (rc == 0)
+        rc = plan_tiles(outs, x.n_out, nranks, &tiles, &n_tiles, err, errlen);
+    if (rc == 0)
+        rc = plan_reads(map, outs, tiles, n_tiles, rank, params_list, n_params, &r, err, errlen);
+    rc = agree(rc, err, errlen);
+    double t1 = now_s();
+    if (rc == 0) /* every checksum of the input is verified on the way */
+        rc = h5store_read_verify(h, params_list, n_params, r.shard, r.n, err, errlen);
+    rep->t_read = now_s() - t1;
+    if (rc == 0) { /* from here on a failure is the machine's, not the input's */
+        *status = 1;
+        t1 = now_s();
+        rc = agree(rank == 0 ? tg->create(&x, err, errlen) : 0, err, errlen);
+        if (rc == 0)
+            rc = write_tiles(tg, &x, map, tiles, n_tiles, &r, err, errlen);
+        if (rc == 0)
+            rc = tg->sync(&x, err, errlen);
+        rc = agree(rc, err, errlen);
+        if (rc == 0)
+            rc = agree(rank == 0 ? tg->publish(&x, err, errlen) : 0, err, errlen);
+        rep->t_write = now_s() - t1;
+        if (rc != 0 && rank == 0)
+            tg->discard(&x);
+    }
+    rep->n_out = x.n_out;
+    rep->n_tiles = n_tiles;
+    rep->in_bytes = r.bytes;
+    snprintf(rep->note, sizeof rep->note, "%s", x.note);
+    if (tg->destroy)
+        tg->destroy(&x);
+    free(r.buf);
+    free(r.shard);
+    free(tiles);
+    free(outs);
+    free(map);
+    rep->t_total = now_s() - t0;
+    return rc;
+}
+
+/* ---- files ---------------------------------------------------------------------- */
+
+int export_tmp_name(const char *dest, char *tmp, size_t len, char *err, size_t errlen)
+{
+    char d[PATH_MAX];
+    int n = snprintf(d, sizeof d, "%s", dest);
+    while (n > 1 && d[n - 1] == '/') /* "out/" names the directory out */
+        d[--n] = '\0';
+    const char *slash = strrchr(d, '/');
+    const char *base = slash ? slash + 1 : d;
+    int w = slash ? snprintf(tmp, len, "%.*s/.%s.tmp", (int)(slash - d), d, base) : snprintf(tmp, len, ".%s.tmp", base);
+    if (n >= (int)sizeof d || w < 0 || (size_t)w >= len || !*base) {
+        snprintf(err, errlen, "%s: not a usable path for an export (too long, or no name)", dest);
+        return -1;
+    }
+    return 0;
+}
+
+int export_sync_dir(const char *dir, char *err, size_t errlen)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) {
+        snprintf(err, errlen, "cannot open directory %s to sync it: %s", dir, strerror(errno));
+        return -1;
+    }
+    int rc = fsync(fd) != 0 && errno != EINVAL && errno != ENOTSUP ? -1 : 0;
+    if (rc != 0)
+        snprintf(err, errlen, "cannot sync directory %s: %s", dir, strerror(errno));
+    close(fd);
+    return rc;
+}
+
+static void parent_of(const char *path, char *dir, size_t len)
+{
+    snprintf(dir, len, "%s", path);
+    size_t n = strlen(dir);
+    while (n > 1 && dir[n - 1] == '/')
+        dir[--n] = '\0';
+    char *slash = strrchr(dir, '/');
+    if (!slash)
+        snprintf(dir, len, ".");
+    else
+        *(slash == dir ? slash + 1 : slash) = '\0';
+}
+
+int export_commit(const char *tmp, const char *dest, char *err, size_t errlen)
+{
+    struct stat st;
+    if (stat(dest, &st) == 0) {
+        /* --force: swap in one step, so dest is always a complete export */
+        if (renameat2(AT_FDCWD, tmp, AT_FDCWD, dest, RENAME_EXCHANGE) != 0) {
+            snprintf(err, errlen, "cannot exchange %s with the existing %s: %s", tmp, dest, strerror(errno));
+            return -1;
+        }
+        export_remove(tmp); /* now the old export */
+    } else if (rename(tmp, dest) != 0) {
+        snprintf(err, errlen, "cannot rename %s to %s: %s", tmp, dest, strerror(errno));
+        return -1;
+    }
+    char dir[PATH_MAX];
+    parent_of(dest, dir, sizeof dir);
+    return export_sync_dir(dir, err, errlen);
+}
+
+void export_remove(const char *path)
+{
+    struct stat st;
+    if (lstat(path, &st) != 0)
+        return;
+    if (!S_ISDIR(st.st_mode)) {
+        unlink(path);
+        return;
+    }
+    DIR *d = opendir(path);
+    if (d) {
+        struct dirent *e;
+        char p[PATH_MAX];
+        while ((e = readdir(d)) != NULL) {
+            if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+                continue;
+            if (snprintf(p, sizeof p, "%s/%s", path, e->d_name) < (int)sizeof p)
+                unlink(p); /* an export directory holds files only */
+        }
+        closedir(d);
+    }
+    rmdir(path);
+}

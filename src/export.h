@@ -1,0 +1,131 @@
+/* Export: a dtrain checkpoint or parameter file written as another
+ * framework's model, by dreshard --to-hf DIR and --to-llmc FILE.
+ *
+ * The driver (src/export.c) is format-blind. src/hf_map.h says where each of
+ * dtrain's logical tensors goes in the target format; the driver groups
+ * those entries into the target's tensors ("outputs": Hugging Face's
+ * transformer.h.0.attn.c_attn.weight holds wq, wk and wv; llm.c's qkvw
+ * holds them for one layer), cuts each output into row tiles of about
+ * EXPORT_TILE_BYTES, deals the tiles to the ranks (largest first, to the
+ * least loaded), reads the dtrain blocks a rank's tiles need in one
+ * collective pass that also verifies every checksum of the input, turns
+ * each tile into the target's orientation (Conv1D transpose, rotate-half
+ * row order, fused offsets) and hands it to the target. Each target is a
+ * table of the functions below in its own file (IOR's aiori.h is the
+ * model): src/export_hf.c and src/export_llmc.c.
+ *
+ * Atomic: the target writes under a temporary name beside the destination
+ * and renames it only when every rank's tiles are written and synced, so
+ * the destination is the complete export or is untouched. */
+#ifndef DTRAIN_EXPORT_H
+#define DTRAIN_EXPORT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "h5store.h"
+#include "hf_map.h"
+#include "model_config.h"
+
+/* Row tiles of about this many fp32 bytes: small enough to balance four
+ * ranks on a gpt2-124m (50257 x 768 embedding = 147 MiB), large enough that
+ * a 70B model is a few thousand tiles. */
+#define EXPORT_TILE_BYTES (16u << 20)
+
+typedef enum { EXPORT_F32 = 0, EXPORT_BF16, EXPORT_F16 } export_dtype_t;
+
+/* One tensor of the target: the hf_map entries with this src and layer. */
+typedef struct export_out {
+    char name[HF_SRC_NAME_MAX]; /* the target's tensor name */
+    int llmc_id, layer;         /* llm.c: which tensor and layer (-1, 0 for HF) */
+    int ndim;                   /* as stored: 1 (one row of cols) or 2 */
+    int64_t rows, cols;         /* as stored (a vector: rows 1) */
+    int64_t covered;            /* rows [0, covered) come from dtrain; the rest stay zero (llm.c's wte padding) */
+    int64_t align;              /* tile row counts are multiples of this (a RoPE head's rows) */
+    int first, count;           /* its entries: map[first .. first+count) */
+} export_out_t;
+
+typedef struct export_opts {
+    const char *dest;         /* the directory (hf) or file (llmc) to create */
+    export_dtype_t dtype;
+    int force;                /* replace dest if it exists */
+    const char *tokenizer;    /* hf: "auto" (the file's record), "none", or a --tokenizer spec */
+    const char *tok_recorded; /* the input's "tokenizer" attribute ("" when absent) */
+    const char *tok_sha256;   /* and its "tokenizer_sha256" ("" when absent) */
+    uint64_t max_shard_bytes; /* hf: safetensors shard size (Hugging Face's default 5 GB) */
+} export_opts_t;
+
+typedef struct export_ctx {
+    const export_opts_t *opt;
+    const model_config_t *cfg;
+    const export_out_t *out;
+    int n_out;
+    int rank;
+    char tmp[4096];  /* the temporary name dest is renamed from */
+    char note[512];  /* rank 0: one line for the summary (the tokenizer files), or "" */
+    void *impl;      /* the target's own state */
+} export_ctx_t;
+
+/* A target. Every function returns 0, or -1 with one line in err; the
+ * driver agrees on every status over all ranks. */
+typedef struct export_target {
+    const char *name;           /* "hf", "llmc" */
+    hf_format_t map_format;     /* which hf_map names the outputs */
+    const char *map_prefix;     /* hf_map_build's prefix */
+    /* Every rank: check the options against the model (a dtype the format
+     * lacks, a tokenizer that is not there) and plan; the same on each. */
+    int (*prepare)(export_ctx_t *x, char *err, size_t errlen);
+    /* Rank 0: the temporary destination, every file at its full size. */
+    int (*create)(export_ctx_t *x, char *err, size_t errlen);
+    /* Any rank: rows [r0, r0+nr) of output i, rows[nr][cols] fp32. */
+    int (*write_rows)(export_ctx_t *x, int i, int64_t r0, int64_t nr, const float *rows, char *err, size_t errlen);
+    /* Every rank that wrote: its writes are durable. */
+    int (*sync)(export_ctx_t *x, char *err, size_t errlen);
+    /* Rank 0, after every rank synced: the remaining files (index, config,
+     * tokenizer), a check of what was written, then the rename. */
+    int (*publish)(export_ctx_t *x, char *err, size_t errlen);
+    /* Rank 0, on failure: remove the temporary destination. */
+    void (*discard)(export_ctx_t *x);
+    void (*destroy)(export_ctx_t *x); /* every rank: free impl */
+} export_target_t;
+
+extern const export_target_t export_target_hf;
+extern const export_target_t export_target_llmc;
+
+const char *export_dtype_name(export_dtype_t d); /* "fp32", "bf16", "fp16" */
+
+/* The target's map of model c and its outputs, in the map's order (both
+ * malloc'd). */
+int export_outputs(const export_target_t *tg, const model_config_t *c, hf_map_t **map, int *n_map,
+                   export_out_t **out, int *n_out, char *err, size_t errlen);
+
+typedef struct export_report {
+    int n_out, n_tiles;
+    int64_t in_bytes;  /* fp32 bytes read from the input (this rank) */
+    int64_t checked_shards, checked_bytes; /* the whole input's checksums verified */
+    double t_read, t_write, t_total;
+    char note[512];
+} export_report_t;
+
+/* Collective over MPI_COMM_WORLD: writes the parameters of the open file h
+ * (model cfg; params_list: its "params/<name>" tensors as param_io_tensors
+ * gives them) as target tg. *status is the exit status on failure: 2 when
+ * the input or the options are wrong, 1 when writing fails. The same
+ * status and message on every rank. */
+int export_run(const export_target_t *tg, const export_opts_t *o, h5store_t *h, const model_config_t *cfg,
+               const h5store_tensor_t *params_list, int n_params, export_report_t *rep, int *status, char *err,
+               size_t errlen);
+
+/* Shared by the targets (src/export.c). */
+/* dest's temporary sibling: "<dir>/.<base>.tmp". */
+int export_tmp_name(const char *dest, char *tmp, size_t len, char *err, size_t errlen);
+/* fsync of a directory (file systems that cannot sync one are fine). */
+int export_sync_dir(const char *dir, char *err, size_t errlen);
+/* rename(tmp, dest), or with --force over an existing dest, an atomic
+ * exchange (renameat2 RENAME_EXCHANGE) and removal of the old one; then the
+ * parent directory is synced. */
+int export_commit(const char *tmp, const char *dest, char *err, size_t errlen);
+/* rm -r of path (a file or a directory of files); errors ignored. */
+void export_remove(const char *path);
+
+#endif

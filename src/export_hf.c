@@ -1,0 +1,448 @@
+/* Export target: a Hugging Face model directory, as transformers'
+ * save_pretrained writes one and AutoModelForCausalLM.from_pretrained reads
+ * it:
+ *   model.safetensors, or model-0000i-of-0000n.safetensors with
+ *     model.safetensors.index.json (io/safetensors.h's plan: shards of
+ *     --max-shard-size, 5 GB by default)
+ *   config.json             GPT2LMHeadModel or LlamaForCausalLM
+ *   generation_config.json  the tokenizer's BOS/EOS ids when known
+ *   tokenizer files         gpt2: vocab.json + merges.txt (GPT2Tokenizer);
+ *                           spm: tokenizer.model (LlamaTokenizer); with
+ *                           tokenizer_config.json and special_tokens_map.json
+ * GPT-2's head is tied to wte, so lm_head.weight is not written (as
+ * save_pretrained leaves tied weights out). Dropout is written as 0: dtrain
+ * trains without it. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "export.h"
+#include "safetensors.h"
+#include "tokenizer.h"
+
+typedef struct hf_state {
+    st_plan_t *plan;
+    tokenizer_t *tok; /* NULL: no tokenizer files */
+    int32_t bos, eos, unk; /* TOK_NO_ID when unknown */
+} hf_state_t;
+
+static st_dtype_t st_dtype(export_dtype_t d)
+{
+    return d == EXPORT_BF16 ? ST_BF16 : d == EXPORT_F16 ? ST_F16 : ST_F32;
+}
+
+static const char *torch_dtype(export_dtype_t d)
+{
+    return d == EXPORT_BF16 ? "bfloat16" : d == EXPORT_F16 ? "float16" : "float32";
+}
+
+/* ---- the tokenizer ------------------------------------------------------------ */
+
+/* The special ids by role. gpt2/tiktoken: <|endoftext|> is BOS, EOS and
+ * UNK (as GPT-2's tokenizer_config says); spm: list_specials gives <unk>,
+ * <s>, </s> in that order, each only when the model has it. */
+static void special_roles(hf_state_t *s, const tokenizer_t *tk)
+{
+    s->bos = tk->doc_start;
+    s->eos = s->unk = TOK_NO_ID;
+    if (strcmp(tk->ops->kind, "spm") != 0) {
+        s->eos = s->unk = tk->doc_start;
+        return;
+    }
+    for (int i = 0; i < tk->n_special; i++) {
+        const int32_t id = tk->special_id[i];
+        if (i == 0)
+            s->unk = id; /* SentencePiece models always define <unk> */
+        else if (id != s->bos)
+            s->eos = id;
+    }
+}
+
+static const char *special_name(const tokenizer_t *tk, int32_t id)
+{
+    for (int i = 0; i < tk->n_special; i++)
+        if (tk->special_id[i] == id)
+            return tk->special_name[i];
+    return NULL;
+}
+
+/* --tokenizer auto|none|SPEC against what the input records. */
+static int open_tokenizer(export_ctx_t *x, hf_state_t *s, char *err, size_t errlen)
+{
+    const export_opts_t *o = x->opt;
+    const int is_auto = strcmp(o->tokenizer, "auto") == 0;
+    const char *spec = is_auto ? o->tok_recorded : strcmp(o->tokenizer, "none") == 0 ? "" : o->tokenizer;
+    s->bos = s->eos = s->unk = TOK_NO_ID;
+    if (!*spec) {
+        snprintf(x->note, sizeof x->note, "no tokenizer files (%s)",
+                 is_auto ? "the input does not record its data's tokenizer: pass --tokenizer SPEC to add them"
+                         : "--tokenizer none");
+        return 0;
+    }
+    char why[1024];
+    if (tokenizer_open(&s->tok, spec, 0, why, sizeof why) != 0) {
+        snprintf(err, errlen, "tokenizer %s%s: %s", spec, is_auto ? " (recorded in the input)" : "", why);
+        return -1;
+    }
+    if (is_auto && *o->tok_sha256 && strcmp(o->tok_sha256, s->tok->vocab_sha256) != 0) {
+        snprintf(err, errlen, "the input was trained with tokenizer %s whose vocabulary file had sha256 %.12s..., "
+                 "but %s now has %.12s...: pass --tokenizer SPEC naming the original files, or --tokenizer none",
+                 spec, o->tok_sha256, s->tok->vocab_path, s->tok->vocab_sha256);
+        return -1;
+    }
+    if (s->tok->vocab_size > x->cfg->vocab_size) {
+        snprintf(err, errlen, "tokenizer %s has %d tokens, more than the model's vocabulary of %d", spec,
+                 s->tok->vocab_size, x->cfg->vocab_size);
+        return -1;
+    }
+    const char *kind = s->tok->ops->kind;
+    if (strcmp(kind, "gpt2") != 0 && strcmp(kind, "spm") != 0) {
+        snprintf(x->note, sizeof x->note, "no tokenizer files: dreshard writes Hugging Face tokenizer files for "
+                 "gpt2 and spm tokenizers, not for %s (%s)", kind, spec);
+        tokenizer_close(s->tok);
+        s->tok = NULL;
+        return 0;
+    }
+    special_roles(s, s->tok);
+    return 0;
+}
+
+/* ---- files ------------------------------------------------------------------------ */
+
+static int write_file(const char *dir, const char *name, const void *data, size_t len, char *err, size_t errlen)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        snprintf(err, errlen, "cannot create %s: %s", path, strerror(errno));
+        return -1;
+    }
+    const char *p = data;
+    int rc = 0;
+    while (len > 0 && rc == 0) {
+        ssize_t w = write(fd, p, len);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0) {
+            snprintf(err, errlen, "cannot write %s: %s", path, w < 0 ? strerror(errno) : "no progress");
+            rc = -1;
+        } else {
+            p += w;
+            len -= (size_t)w;
+        }
+    }
+    if (rc == 0 && fsync(fd) != 0) {
+        snprintf(err, errlen, "cannot sync %s: %s: check free space", path, strerror(errno));
+        rc = -1;
+    }
+    if (close(fd) != 0 && rc == 0) {
+        snprintf(err, errlen, "cannot close %s: %s", path, strerror(errno));
+        rc = -1;
+    }
+    return rc;
+}
+
+/* j (reference taken) as indented JSON with a final newline. */
+static int write_json(const char *dir, const char *name, json_t *j, char *err, size_t errlen)
+{
+    char *text = j ? json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
+    json_decref(j);
+    if (!text) {
+        snprintf(err, errlen, "out of memory writing %s", name);
+        return -1;
+    }
+    size_t n = strlen(text);
+    char *line = realloc(text, n + 2);
+    if (!line) {
+        free(text);
+        snprintf(err, errlen, "out of memory writing %s", name);
+        return -1;
+    }
+    line[n] = '\n';
+    line[n + 1] = '\0';
+    int rc = write_file(dir, name, line, n + 1, err, errlen);
+    free(line);
+    return rc;
+}
+
+static int copy_file(const char *src, const char *dir, const char *name, char *err, size_t errlen)
+{
+    FILE *f = fopen(src, "rb");
+    if (!f) {
+        snprintf(err, errlen, "cannot open %s: %s", src, strerror(errno));
+        return -1;
+    }
+    char *data = NULL;
+    size_t n = 0, cap = 0;
+    int rc = 0;
+    for (;;) {
+        if (n == cap) {
+            cap = cap ? 2 * cap : 1 << 20;
+            char *p = realloc(data, cap);
+            if (!p) {
+                snprintf(err, errlen, "out of memory copying %s", src);
+                rc = -1;
+                break;
+            }
+            data = p;
+        }
+        size_t got = fread(data + n, 1, cap - n, f);
+        n += got;
+        if (got == 0)
+            break;
+    }
+    if (rc == 0 && ferror(f)) {
+        snprintf(err, errlen, "cannot read %s", src);
+        rc = -1;
+    }
+    fclose(f);
+    if (rc == 0)
+        rc = write_file(dir, name, data, n, err, errlen);
+    free(data);
+    return rc;
+}
+
+/* A float32 configuration value as the decimal it was given as (1e-05,
+ * not 9.9999997473787516e-06): the shortest that reads back to the same
+ * float. */
+static json_t *json_float(float v)
+{
+    char buf[32];
+    for (int digits = 6; digits <= 9; digits++) {
+        snprintf(buf, sizeof buf, "%.*g", digits, (double)v);
+        if (strtof(buf, NULL) == v)
+            break;
+    }
+    return json_real(strtod(buf, NULL));
+}
+
+/* id as a JSON integer, or null when unknown */
+static json_t *id_or_null(int32_t id)
+{
+    return id == TOK_NO_ID ? json_null() : json_integer(id);
+}
+
+static json_t *gpt2_config(const model_config_t *c, const hf_state_t *s, export_dtype_t d)
+{
+    json_t *j = json_object();
+    json_object_set_new(j, "architectures", json_pack("[s]", "GPT2LMHeadModel"));
+    json_object_set_new(j, "model_type", json_string("gpt2"));
+    json_object_set_new(j, "vocab_size", json_integer(c->vocab_size));
+    json_object_set_new(j, "n_positions", json_integer(c->max_seq));
+    json_object_set_new(j, "n_ctx", json_integer(c->max_seq));
+    json_object_set_new(j, "n_embd", json_integer(c->d_model));
+    json_object_set_new(j, "n_layer", json_integer(c->n_layer));
+    json_object_set_new(j, "n_head", json_integer(c->n_head));
+    json_object_set_new(j, "n_inner", json_integer(c->d_ff));
+    json_object_set_new(j, "activation_function", json_string("gelu_new"));
+    json_object_set_new(j, "layer_norm_epsilon", json_float(c->norm_eps));
+    json_object_set_new(j, "resid_pdrop", json_real(0.0));
+    json_object_set_new(j, "embd_pdrop", json_real(0.0));
+    json_object_set_new(j, "attn_pdrop", json_real(0.0));
+    json_object_set_new(j, "initializer_range", json_real(0.02));
+    json_object_set_new(j, "scale_attn_weights", json_true());
+    json_object_set_new(j, "tie_word_embeddings", json_true());
+    json_object_set_new(j, "bos_token_id", id_or_null(s->bos));
+    json_object_set_new(j, "eos_token_id", id_or_null(s->eos));
+    json_object_set_new(j, "torch_dtype", json_string(torch_dtype(d)));
+    json_object_set_new(j, "use_cache", json_true());
+    return j;
+}
+
+static json_t *llama_config(const model_config_t *c, const hf_state_t *s, export_dtype_t d)
+{
+    json_t *j = json_object();
+    json_object_set_new(j, "architectures", json_pack("[s]", "LlamaForCausalLM"));
+    json_object_set_new(j, "model_type", json_string("llama"));
+    json_object_set_new(j, "vocab_size", json_integer(c->vocab_size));
+    json_object_set_new(j, "hidden_size", json_integer(c->d_model));
+    json_object_set_new(j, "intermediate_size", json_integer(c->d_ff));
+    json_object_set_new(j, "num_hidden_layers", json_integer(c->n_layer));
+    json_object_set_new(j, "num_attention_heads", json_integer(c->n_head));
+    json_object_set_new(j, "num_key_value_heads", json_integer(c->n_kv_head));
+    json_object_set_new(j, "head_dim", json_integer(c->d_model / c->n_head));
+    json_object_set_new(j, "max_position_embeddings", json_integer(c->max_seq));
+    json_object_set_new(j, "rms_norm_eps", json_float(c->norm_eps));
+    json_object_set_new(j, "rope_theta", json_float(c->rope_theta));
+    json_object_set_new(j, "rope_scaling", json_null());
+    json_object_set_new(j, "hidden_act", json_string("silu"));
+    json_object_set_new(j, "attention_bias", json_false());
+    json_object_set_new(j, "mlp_bias", json_false());
+    json_object_set_new(j, "attention_dropout", json_real(0.0));
+    json_object_set_new(j, "initializer_range", json_real(0.02));
+    json_object_set_new(j, "pretraining_tp", json_integer(1));
+    json_object_set_new(j, "tie_word_embeddings", json_false());
+    json_object_set_new(j, "bos_token_id", id_or_null(s->bos));
+    json_object_set_new(j, "eos_token_id", id_or_null(s->eos));
+    json_object_set_new(j, "torch_dtype", json_string(torch_dtype(d)));
+    json_object_set_new(j, "use_cache", json_true());
+    return j;
+}
+
+static json_t *generation_config(const hf_state_t *s)
+{
+    json_t *j = json_object();
+    json_object_set_new(j, "_from_model_config", json_true());
+    if (s->bos != TOK_NO_ID)
+        json_object_set_new(j, "bos_token_id", json_integer(s->bos));
+    if (s->eos != TOK_NO_ID)
+        json_object_set_new(j, "eos_token_id", json_integer(s->eos));
+    return j;
+}
+
+/* role -> token text, for tokenizer_config.json and special_tokens_map.json */
+static void set_special(json_t *j, const char *key, const tokenizer_t *tk, int32_t id)
+{
+    const char *name = id == TOK_NO_ID ? NULL : special_name(tk, id);
+    if (name)
+        json_object_set_new(j, key, json_string(name));
+}
+
+static int write_tokenizer(const char *dir, const model_config_t *c, const hf_state_t *s, char *err, size_t errlen)
+{
+    const tokenizer_t *tk = s->tok;
+    const int spm = strcmp(tk->ops->kind, "spm") == 0;
+    int rc;
+    if (spm) {
+        rc = copy_file(tk->vocab_path, dir, "tokenizer.model", err, errlen);
+    } else { /* gpt2: encoder.json and vocab.bpe side by side (tok_gpt2.c) */
+        char merges[TOK_PATH_MAX + 16];
+        snprintf(merges, sizeof merges, "%s", tk->vocab_path);
+        char *slash = strrchr(merges, '/');
+        snprintf(slash ? slash + 1 : merges, sizeof merges - (size_t)(slash ? slash + 1 - merges : 0), "vocab.bpe");
+        rc = copy_file(tk->vocab_path, dir, "vocab.json", err, errlen);
+        if (rc == 0)
+            rc = copy_file(merges, dir, "merges.txt", err, errlen);
+    }
+    json_t *map = json_object(), *cfg = json_object();
+    set_special(map, "bos_token", tk, s->bos);
+    set_special(map, "eos_token", tk, s->eos);
+    set_special(map, "unk_token", tk, s->unk);
+    json_object_set_new(cfg, "tokenizer_class", json_string(spm ? "LlamaTokenizer" : "GPT2Tokenizer"));
+    json_object_update(cfg, map);
+    json_object_set_new(cfg, "model_max_length", json_integer(c->max_seq));
+    if (spm) {
+        json_object_set_new(cfg, "add_bos_token", json_boolean(tk->doc_start != TOK_NO_ID));
+        json_object_set_new(cfg, "add_eos_token", json_false());
+        json_object_set_new(cfg, "legacy", json_true()); /* plain SentencePiece encoding, as dtrain-prepare's */
+    } else {
+        json_object_set_new(cfg, "add_prefix_space", json_false());
+    }
+    if (rc == 0)
+        rc = write_json(dir, "special_tokens_map.json", map, err, errlen);
+    else
+        json_decref(map);
+    if (rc == 0)
+        rc = write_json(dir, "tokenizer_config.json", cfg, err, errlen);
+    else
+        json_decref(cfg);
+    return rc;
+}
+
+/* ---- the target ----------------------------------------------------------------- */
+
+static int hf_prepare(export_ctx_t *x, char *err, size_t errlen)
+{
+    hf_state_t *s = calloc(1, sizeof *s);
+    st_out_tensor_t *t = calloc((size_t)x->n_out + 1, sizeof *t);
+    x->impl = s;
+    if (!s || !t) {
+        free(t);
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    for (int i = 0; i < x->n_out; i++) {
+        const export_out_t *o = &x->out[i];
+        t[i] = (st_out_tensor_t){.name = o->name, .dtype = st_dtype(x->opt->dtype), .ndim = o->ndim,
+                                 .shape = {o->ndim == 1 ? o->cols : o->rows, o->ndim == 1 ? 0 : o->cols}};
+    }
+    int rc = st_plan_make(t, x->n_out, x->opt->max_shard_bytes, NULL, &s->plan, err, errlen);
+    free(t);
+    return rc == 0 ? open_tokenizer(x, s, err, errlen) : -1;
+}
+
+static int hf_create(export_ctx_t *x, char *err, size_t errlen)
+{
+    if (mkdir(x->tmp, 0755) != 0) {
+        snprintf(err, errlen, "cannot create directory %s: %s", x->tmp, strerror(errno));
+        return -1;
+    }
+    return st_plan_create_files(((hf_state_t *)x->impl)->plan, x->tmp, err, errlen);
+}
+
+static int hf_write_rows(export_ctx_t *x, int i, int64_t r0, int64_t nr, const float *rows, char *err,
+                         size_t errlen)
+{
+    return st_plan_write_f32(((hf_state_t *)x->impl)->plan, x->tmp, i, r0, nr, rows, err, errlen);
+}
+
+static int hf_sync(export_ctx_t *x, char *err, size_t errlen)
+{
+    return st_plan_sync(((hf_state_t *)x->impl)->plan, x->tmp, err, errlen);
+}
+
+/* The index, the configs and the tokenizer; then the directory as
+ * --init-from would open it (every shard's header parsed and checked
+ * against the file's size, the index against the shards) before it takes
+ * the final name. */
+static int hf_publish(export_ctx_t *x, char *err, size_t errlen)
+{
+    const hf_state_t *s = x->impl;
+    const model_config_t *c = x->cfg;
+    int rc = st_plan_write_index(s->plan, x->tmp, err, errlen);
+    if (rc == 0)
+        rc = write_json(x->tmp, "config.json",
+                        c->arch == ARCH_GPT2 ? gpt2_config(c, s, x->opt->dtype) : llama_config(c, s, x->opt->dtype),
+                        err, errlen);
+    if (rc == 0)
+        rc = write_json(x->tmp, "generation_config.json", generation_config(s), err, errlen);
+    if (rc == 0 && s->tok) {
+        rc = write_tokenizer(x->tmp, c, s, err, errlen);
+        if (rc == 0)
+            snprintf(x->note, sizeof x->note, "tokenizer files of %.400s (%s)", s->tok->spec,
+                     strcmp(s->tok->ops->kind, "spm") == 0 ? "tokenizer.model" : "vocab.json, merges.txt");
+    }
+    st_model_t back;
+    if (rc == 0 && (rc = st_model_open(&back, x->tmp, err, errlen)) == 0)
+        st_model_close(&back);
+    if (rc == 0)
+        rc = export_sync_dir(x->tmp, err, errlen);
+    return rc == 0 ? export_commit(x->tmp, x->opt->dest, err, errlen) : -1;
+}
+
+static void hf_discard(export_ctx_t *x)
+{
+    export_remove(x->tmp);
+}
+
+static void hf_destroy(export_ctx_t *x)
+{
+    hf_state_t *s = x->impl;
+    if (s) {
+        st_plan_free(s->plan);
+        if (s->tok)
+            tokenizer_close(s->tok);
+        free(s);
+    }
+    x->impl = NULL;
+}
+
+const export_target_t export_target_hf = {
+    .name = "Hugging Face",
+    .map_format = HF_FMT_HF,
+    .map_prefix = "transformer.", /* GPT2LMHeadModel's names */
+    .prepare = hf_prepare,
+    .create = hf_create,
+    .write_rows = hf_write_rows,
+    .sync = hf_sync,
+    .publish = hf_publish,
+    .discard = hf_discard,
+    .destroy = hf_destroy,
+};
