@@ -134,7 +134,7 @@ int ckpt_save(const char *dir, int keep, const model_config_t *cfg, const param_
     char name[32];
     snprintf(name, sizeof name, "step_%08d.h5", meta->step);
     snprintf(path_out, path_len, "%s/%s", dir, name);
-    h5store_attr_t attrs[PARAM_IO_MODEL_ATTRS + 16];
+    h5store_attr_t attrs[PARAM_IO_MODEL_ATTRS + 18];
     int na = param_io_model_attrs(cfg, attrs);
     attrs[na++] = (h5store_attr_t){.key = "content", .type = H5STORE_STR, .s = "checkpoint"};
     attrs[na++] = (h5store_attr_t){.key = "format_version", .type = H5STORE_INT, .i = CKPT_FORMAT_VERSION};
@@ -150,6 +150,7 @@ int ckpt_save(const char *dir, int keep, const model_config_t *cfg, const param_
     attrs[na++] = (h5store_attr_t){.key = "min_lr", .type = H5STORE_DOUBLE, .d = meta->min_lr};
     attrs[na++] = (h5store_attr_t){.key = "warmup", .type = H5STORE_INT, .i = meta->warmup};
     attrs[na++] = (h5store_attr_t){.key = "steps", .type = H5STORE_INT, .i = meta->steps};
+    na += param_io_tokenizer_attrs(meta->tokenizer, meta->tokenizer_sha256, attrs + na);
     const param_io_group_t groups[3] = {{"params", params}, {"optim/m", m}, {"optim/v", v}};
     if (param_io_write(path_out, cfg, t, groups, 3, writer, tp_size, tp_rank, attrs, na, err, errlen) != 0)
         return -1;

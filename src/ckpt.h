@@ -32,6 +32,7 @@ typedef struct ckpt_meta {
     double lr, min_lr;  /* the LR schedule ... */
     int warmup, steps;  /* ... and its length */
     char layout[64];    /* "tp 2 pp 2 dp 2" of the writer (information) */
+    const char *tokenizer, *tokenizer_sha256; /* the data's tokenizer, "" or NULL when unknown */
 } ckpt_meta_t;
 
 /* Collective over MPI_COMM_WORLD. Writes DIR/step_<step>.h5 from every

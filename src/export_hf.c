@@ -152,7 +152,7 @@ static int write_file(const char *dir, const char *name, const void *data, size_
 /* j (reference taken) as indented JSON with a final newline. */
 static int write_json(const char *dir, const char *name, json_t *j, char *err, size_t errlen)
 {
-    char *text = j ? json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
+    char *text = j ? json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9)) : NULL;
     json_decref(j);
     if (!text) {
         snprintf(err, errlen, "out of memory writing %s", name);

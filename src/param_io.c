@@ -7,6 +7,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+int param_io_tokenizer_attrs(const char *spec, const char *sha256, h5store_attr_t *out)
+{
+    if (!spec || !*spec)
+        return 0;
+    out[0] = (h5store_attr_t){.key = "tokenizer", .type = H5STORE_STR, .s = spec};
+    out[1] = (h5store_attr_t){.key = "tokenizer_sha256", .type = H5STORE_STR, .s = sha256 ? sha256 : ""};
+    return 2;
+}
+
 int param_io_model_attrs(const model_config_t *cfg, h5store_attr_t *out)
 {
     int n = 0;

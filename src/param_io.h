@@ -29,6 +29,12 @@ typedef struct param_io_group {
 #define PARAM_IO_MODEL_ATTRS 10
 int param_io_model_attrs(const model_config_t *cfg, h5store_attr_t *out);
 
+/* The data's tokenizer as the attributes "tokenizer" (its spec) and
+ * "tokenizer_sha256" (its vocabulary file's), which dreshard --to-hf reads
+ * to add the tokenizer's files: fills out[0..1] and returns 2, or 0 when
+ * spec is NULL or "". */
+int param_io_tokenizer_attrs(const char *spec, const char *sha256, h5store_attr_t *out);
+
 /* 0 when the file's model-shape attributes equal cfg's, else -1 with one
  * line naming the first difference ("checkpoint is of d_model 256, this
  * run's model has 128"). Independent. */

@@ -415,7 +415,8 @@ static int trainer_save(trainer_t *tr, int step, char *err, size_t errlen)
     if (rc == 0) {
         ckpt_meta_t meta = {.step = step, .adam_t = tr->optim.t, .seed = o->seed, .seq_len = o->seq_len,
                             .global_batch = o->micro_batch * tr->accum * g->dp_size, .lr = o->lr,
-                            .min_lr = o->min_lr, .warmup = o->warmup, .steps = o->steps};
+                            .min_lr = o->min_lr, .warmup = o->warmup, .steps = o->steps,
+                            .tokenizer = tr->data_tokenizer, .tokenizer_sha256 = tr->data_tokenizer_sha256};
         meta.tokens = (long long)step * meta.global_batch * o->seq_len;
         snprintf(meta.layout, sizeof meta.layout, "tp %d pp %d dp %d zero %d", g->tp_size, g->pp_size, g->dp_size,
                  tr->zero_stage);
@@ -455,12 +456,13 @@ static int trainer_save_params(trainer_t *tr, char *err, size_t errlen)
         char layout[64];
         snprintf(layout, sizeof layout, "tp %d pp %d dp %d zero %d", g->tp_size, g->pp_size, g->dp_size,
                  tr->zero_stage);
-        h5store_attr_t attrs[PARAM_IO_MODEL_ATTRS + 4];
+        h5store_attr_t attrs[PARAM_IO_MODEL_ATTRS + 6];
         int na = param_io_model_attrs(&tr->cfg, attrs);
         attrs[na++] = (h5store_attr_t){.key = "content", .type = H5STORE_STR, .s = "params"};
         attrs[na++] = (h5store_attr_t){.key = "dtrain_version", .type = H5STORE_STR, .s = PACKAGE_VERSION};
         attrs[na++] = (h5store_attr_t){.key = "layout", .type = H5STORE_STR, .s = layout};
         attrs[na++] = (h5store_attr_t){.key = "step", .type = H5STORE_INT, .i = tr->steps_done};
+        na += param_io_tokenizer_attrs(tr->data_tokenizer, tr->data_tokenizer_sha256, attrs + na);
         const param_io_group_t group = {"params", host};
         rc = param_io_write(o->save_params, &tr->cfg, &m->table, &group, 1, g->dp_rank == 0, g->tp_size, g->tp_rank,
                             attrs, na, err, errlen);
@@ -613,6 +615,11 @@ static int setup_tokenizer(trainer_t *tr, char *err, size_t errlen)
         (o->val_every > 0 && check_data_sidecar(o->val_data, vocab, &vsc, vpath, sizeof vpath, err, errlen) < 0) ||
         open_tokenizer(tr, has ? &sc : NULL, path, err, errlen) != 0)
         return -1;
+    if (tr->tokenizer || has) {
+        snprintf(tr->data_tokenizer, sizeof tr->data_tokenizer, "%s", tr->tokenizer ? tr->tokenizer->spec : sc.spec);
+        snprintf(tr->data_tokenizer_sha256, sizeof tr->data_tokenizer_sha256, "%s",
+                 tr->tokenizer ? tr->tokenizer->vocab_sha256 : sc.vocab_sha256);
+    }
     if (tr->tokenizer && tr->tokenizer->vocab_size > vocab) {
         char names[256];
         presets_with_vocab(tr->tokenizer->vocab_size, names, sizeof names);

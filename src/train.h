@@ -66,6 +66,10 @@ typedef struct trainer {
      * tokenizer's document start, then the encoded --prompt */
     tokenizer_t *tokenizer;
     char tokenizer_from[OPT_PATH_MAX + 128];
+    /* the data's tokenizer (its spec and vocabulary sha256, from --tokenizer
+     * or the data's sidecar; "" when unknown), recorded in checkpoints and
+     * --save-params files so that dreshard --to-hf can add its files */
+    char data_tokenizer[TOK_PATH_MAX], data_tokenizer_sha256[65];
     tok_ids_t prompt_ids;
     /* host copies of parameters and AdamW moments for checkpoint I/O,
      * [table.numel] each: made at the first save or load and kept, since
