@@ -16,6 +16,15 @@
 # adds stays within the rank's tensors plus one tensor, and a tp2 rank reads
 # half of what one rank reads; bad inputs are one line and exit 2 on every
 # rank.
+# Export (dreshard --to-hf / --to-llmc): the weights each layout loaded,
+# written back out on 1 to 4 ranks, equal the original directory in every
+# tensor byte for byte (fp32, bf16, fp16; one file or shards) and the
+# original llm.c files byte for byte; the PyTorch model reads the export
+# (reader written from the spec, shapes from the exported config.json) and
+# gets the original's loss; the data's GPT-2 tokenizer and a given
+# SentencePiece model travel with the export; a refused or failed export
+# (existing output, wrong architecture, damaged input, changed vocabulary
+# file, full disk) is one line and leaves nothing behind.
 . "$top_srcdir/test/common.sh"
 PYTHON_REF=${PYTHON_REF:-/usr/bin/python3}
 REF="$top_srcdir/test/ref/hf_ref.py"
@@ -78,29 +87,84 @@ write lh --arch llama --dtype f16
 write gt --arch gpt2 --mutate transpose
 write lr --arch llama --mutate rope
 
-# ---- numerics at every layout ----
-for m in g l; do
-    agree "$m 1 rank" "$TMP/$m" "$TMP/$m" "$TMP/$m.tok" 1 && cp "$TMP/last.h5" "$TMP/$m.1.h5"
-    agree "$m tp2" "$TMP/$m" "$TMP/$m" "$TMP/$m.tok" 2 --tp 2 && same_params "$m tp2" "$TMP/$m.1.h5" "$TMP/last.h5"
-    agree "$m pp2" "$TMP/$m" "$TMP/$m" "$TMP/$m.tok" 2 --pp 2 --global-batch 4 &&
-        same_params "$m pp2" "$TMP/$m.1.h5" "$TMP/last.h5"
-    agree "$m tp2 x pp2 x dp2 zero3" "$TMP/$m" "$TMP/$m" "$TMP/$m.tok" 8 --tp 2 --pp 2 --zero 3 --global-batch 8 &&
-        same_params "$m tp2 x pp2 x dp2 zero3" "$TMP/$m.1.h5" "$TMP/last.h5"
-done
-agree "gpt2 bf16, 2 shards" "$TMP/gb" "$TMP/gb" "$TMP/gb.tok" 1
-agree "gpt2 bf16, 2 shards, tp2" "$TMP/gb" "$TMP/gb" "$TMP/gb.tok" 2 --tp 2
-agree "gpt2 f16, names without 'transformer.', lm_head stored" "$TMP/gh" "$TMP/gh" "$TMP/gh.tok" 1
-agree "llama bf16, 3 shards" "$TMP/lb" "$TMP/lb" "$TMP/lb.tok" 1
-agree "llama bf16, 3 shards, tp2 x pp2" "$TMP/lb" "$TMP/lb" "$TMP/lb.tok" 4 --tp 2 --pp 2 --global-batch 4
-agree "llama f16" "$TMP/lh" "$TMP/lh" "$TMP/lh.tok" 1
+# to_hf LABEL ORIG NP ARGS...: dreshard on NP ranks exports $TMP/last.h5 (the
+# weights dtrain loaded, unchanged) to $TMP/rt; its tensors must equal the
+# original directory's byte for byte (names, dtypes, shapes, data; read by
+# st_ref.py, written from the safetensors spec), whatever the sharding
+to_hf() {
+    label=$1
+    orig=$2
+    np=$3
+    shift 3
+    if ! "$MPIEXEC" --quiet -np "$np" "$DRESHARD" --in "$TMP/last.h5" --to-hf "$TMP/rt" --force "$@" \
+        >"$TMP/rt.log" 2>&1; then
+        fail "$label: dreshard --to-hf on $np ranks: $(tail -n 1 "$TMP/rt.log")"
+    elif out=$("$PYTHON_REF" "$top_srcdir/test/st_ref.py" same-tensors "$orig" "$TMP/rt" 2>&1); then
+        pass "$label -> dreshard --to-hf ($np ranks $*): $out"
+    else
+        fail "$label -> dreshard --to-hf ($np ranks $*): $out"
+    fi
+}
 
-# ---- llm.c files: the same loss as the Hugging Face directory ----
+# to_llmc LABEL ORIG NP ARGS...: the same for an llm.c file, the whole file
+to_llmc() {
+    label=$1
+    orig=$2
+    np=$3
+    shift 3
+    if ! "$MPIEXEC" --quiet -np "$np" "$DRESHARD" --in "$TMP/last.h5" --to-llmc "$TMP/rt.bin" --force "$@" \
+        >"$TMP/rt.log" 2>&1; then
+        fail "$label: dreshard --to-llmc on $np ranks: $(tail -n 1 "$TMP/rt.log")"
+    elif cmp -s "$orig" "$TMP/rt.bin"; then
+        pass "$label -> dreshard --to-llmc ($np ranks $*): the file is byte-identical ($(wc -c <"$orig") bytes)"
+    else
+        fail "$label -> dreshard --to-llmc ($np ranks $*): $(cmp "$orig" "$TMP/rt.bin")"
+    fi
+}
+
+# exported LABEL DIR REF TOKENS: the PyTorch model's loss on an export
+exported() {
+    if out=$("$PYTHON_REF" "$REF" exported "$2" "$3" "$4" --label "$1" 2>&1); then
+        pass "$(echo "$out" | sed "s/^ok *//")"
+    else
+        fail "$out"
+    fi
+}
+
+# ---- numerics at every layout, and the round trip back out ----
+for m in g l; do
+    agree "$m 1 rank" "$TMP/$m" "$TMP/$m" "$TMP/$m.tok" 1 && cp "$TMP/last.h5" "$TMP/$m.1.h5" &&
+        to_hf "$m 1 rank" "$TMP/$m" 1
+    agree "$m tp2" "$TMP/$m" "$TMP/$m" "$TMP/$m.tok" 2 --tp 2 && same_params "$m tp2" "$TMP/$m.1.h5" "$TMP/last.h5" &&
+        to_hf "$m tp2" "$TMP/$m" 2
+    agree "$m pp2" "$TMP/$m" "$TMP/$m" "$TMP/$m.tok" 2 --pp 2 --global-batch 4 &&
+        same_params "$m pp2" "$TMP/$m.1.h5" "$TMP/last.h5" && to_hf "$m pp2" "$TMP/$m" 3
+    agree "$m tp2 x pp2 x dp2 zero3" "$TMP/$m" "$TMP/$m" "$TMP/$m.tok" 8 --tp 2 --pp 2 --zero 3 --global-batch 8 &&
+        same_params "$m tp2 x pp2 x dp2 zero3" "$TMP/$m.1.h5" "$TMP/last.h5" &&
+        to_hf "$m tp2 x pp2 x dp2 zero3" "$TMP/$m" 4 --max-shard-size 40KB
+    # the export read back by the PyTorch model of Hugging Face's conventions
+    exported "$m exported" "$TMP/rt" "$TMP/$m" "$TMP/$m.tok"
+done
+agree "gpt2 bf16, 2 shards" "$TMP/gb" "$TMP/gb" "$TMP/gb.tok" 1 && to_hf "gpt2 bf16" "$TMP/gb" 2 --dtype bf16
+agree "gpt2 bf16, 2 shards, tp2" "$TMP/gb" "$TMP/gb" "$TMP/gb.tok" 2 --tp 2 &&
+    to_hf "gpt2 bf16 tp2" "$TMP/gb" 1 --dtype bf16 --max-shard-size 100KB
+agree "gpt2 f16, names without 'transformer.', lm_head stored" "$TMP/gh" "$TMP/gh" "$TMP/gh.tok" 1
+agree "llama bf16, 3 shards" "$TMP/lb" "$TMP/lb" "$TMP/lb.tok" 1 && to_hf "llama bf16" "$TMP/lb" 3 --dtype bf16
+agree "llama bf16, 3 shards, tp2 x pp2" "$TMP/lb" "$TMP/lb" "$TMP/lb.tok" 4 --tp 2 --pp 2 --global-batch 4 &&
+    to_hf "llama bf16 tp2 x pp2" "$TMP/lb" 2 --dtype bf16
+agree "llama f16" "$TMP/lh" "$TMP/lh" "$TMP/lh.tok" 1 && to_hf "llama f16" "$TMP/lh" 2 --dtype fp16
+exported "llama f16 exported" "$TMP/rt" "$TMP/lh" "$TMP/lh.tok"
+
+# ---- llm.c files: the same loss as the Hugging Face directory, and back ----
 hf=$(val0 "$TMP/g" "$TMP/g.tok" 1)
 agree "llm.c fp32 (version 3)" "$TMP/g" "$TMP/g3.bin" "$TMP/g.tok" 1 && expect_close "llm.c v3 = HF f32" "$hf" "$loss" 1e-7
 same_params "llm.c v3" "$TMP/g.1.h5" "$TMP/last.h5"
+to_llmc "llm.c v3" "$TMP/g3.bin" 1
+to_llmc "llm.c v3" "$TMP/g3.bin" 3
 hf=$(val0 "$TMP/gb" "$TMP/gb.tok" 1)
 agree "llm.c bf16 (version 5)" "$TMP/gb" "$TMP/g5.bin" "$TMP/gb.tok" 1 && expect_close "llm.c v5 = HF bf16" "$hf" "$loss" 1e-7
-agree "llm.c bf16 (version 5), tp2 x pp2" "$TMP/gb" "$TMP/g5.bin" "$TMP/gb.tok" 4 --tp 2 --pp 2 --global-batch 4
+agree "llm.c bf16 (version 5), tp2 x pp2" "$TMP/gb" "$TMP/g5.bin" "$TMP/gb.tok" 4 --tp 2 --pp 2 --global-batch 4 &&
+    to_llmc "llm.c v5 tp2 x pp2" "$TMP/g5.bin" 2 --dtype bf16
 
 # ---- a converter's bugs would show: the mutated files must fail the check ----
 for m in gt:transpose lr:rope; do
@@ -171,6 +235,81 @@ for lay in "1" "2 --tp 2" "2 --pp 2 --global-batch 4"; do
           fi ;;
     esac
 done
+
+# ---- export: the tokenizer's files ----
+# A GPT-2 vocabulary model trained a step (lr 0) on the GPT-2 shards `make`
+# writes: the parameter file records the data's tokenizer, and the export
+# carries GPT-2's files byte for byte.
+GPT2_DATA="$top_builddir/data/gutenberg-gpt2_train_*.bin"
+"$MPIEXEC" --quiet -np 2 "$DTRAIN" --init-from "$TMP/big" --data "$GPT2_DATA" --val-every 0 --steps 1 --lr 0 --min-lr 0 --warmup 0 \
+    --seq-len 16 --micro-batch 2 --sample-tokens 0 --peak-gflops 100 --threads 1 --save-params "$TMP/last.h5" \
+    >"$TMP/big.log" 2>&1 || fail "dtrain --init-from big on GPT-2 shards: $(tail -n 2 "$TMP/big.log")"
+to_hf "gpt2 vocabulary 50257, bf16" "$TMP/big" 2 --dtype bf16
+tokdir=$(sed -n 's/.*"spec": "gpt2:\(.*\)",/\1/p' "$top_builddir/data/gutenberg-gpt2.tokenizer.json")
+if cmp -s "$TMP/rt/vocab.json" "$tokdir/encoder.json" && cmp -s "$TMP/rt/merges.txt" "$tokdir/vocab.bpe" &&
+    grep -q '"tokenizer_class": "GPT2Tokenizer"' "$TMP/rt/tokenizer_config.json" &&
+    grep -q '"eos_token_id": 50256' "$TMP/rt/config.json" && grep -q '"eos_token_id": 50256' "$TMP/rt/generation_config.json"; then
+    pass "the export carries the data's GPT-2 tokenizer (vocab.json = encoder.json, merges.txt = vocab.bpe, eos 50256) without being told"
+else
+    fail "the GPT-2 tokenizer files of the export: $(ls "$TMP/rt" | tr '\n' ' ')"
+fi
+# SentencePiece: a 300-piece model of the corpus for the small Llama
+if spm_train --input="$top_srcdir/examples/data/carroll-alice.txt" --model_prefix="$TMP/sp" --vocab_size=300 \
+    --model_type=bpe --minloglevel=2 >/dev/null 2>&1; then
+    cp "$TMP/l.1.h5" "$TMP/last.h5"
+    to_hf "llama with --tokenizer spm" "$TMP/l" 2 --tokenizer "spm:$TMP/sp.model"
+    if cmp -s "$TMP/rt/tokenizer.model" "$TMP/sp.model" && grep -q '"tokenizer_class": "LlamaTokenizer"' \
+        "$TMP/rt/tokenizer_config.json" && grep -q '"bos_token": "<s>"' "$TMP/rt/special_tokens_map.json" &&
+        grep -q '"bos_token_id": 1' "$TMP/rt/config.json" && grep -q '"eos_token_id": 2' "$TMP/rt/config.json"; then
+        pass "--tokenizer spm:MODEL: tokenizer.model is the model, LlamaTokenizer, <s> = 1, </s> = 2"
+    else
+        fail "the spm tokenizer files of the export: $(cat "$TMP/rt/tokenizer_config.json")"
+    fi
+else
+    fail "spm_train of a 300-piece model"
+fi
+
+# ---- export: bad input and failed writes ----
+ex() { np=$1; shift; "$MPIEXEC" --quiet -np "$np" "$DRESHARD" "$@"; }
+mkdir -p "$TMP/exists"
+expect_exit2 "exists: remove it, choose another path, or pass --force" ex 2 --in "$TMP/g.1.h5" --to-hf "$TMP/exists"
+expect_exit2 "llm.c model files hold GPT-2 models" ex 2 --in "$TMP/l.1.h5" --to-llmc "$TMP/l.bin"
+expect_exit2 "--dtype fp16: llm.c model files are fp32" ex 1 --in "$TMP/g.1.h5" --to-llmc "$TMP/g.bin" --dtype fp16
+expect_exit2 "has 50257 tokens, more than the model's vocabulary of 300" ex 2 --in "$TMP/g.1.h5" --to-hf "$TMP/x" \
+    --tokenizer gpt2
+expect_exit2 "leave out --out, --tp" ex 1 --in "$TMP/g.1.h5" --to-hf "$TMP/x" --tp 2
+expect_exit2 "--max-shard-size '5XB'" ex 1 --in "$TMP/g.1.h5" --to-hf "$TMP/x" --max-shard-size 5XB
+cp "$TMP/g.1.h5" "$TMP/flip.h5"
+"$PYTHON_REF" - "$TMP/flip.h5" <<'PYEOF'
+import sys, h5py
+with h5py.File(sys.argv[1], "r") as f:
+    d = f["params/h.1.mlp.wfc"].id
+    off = d.get_chunk_info(0).byte_offset if d.get_create_plist().get_layout() == h5py.h5d.CHUNKED else d.get_offset()
+with open(sys.argv[1], "r+b") as b:
+    b.seek(off + 100); c = b.read(1); b.seek(off + 100); b.write(bytes([c[0] ^ 0x10]))
+PYEOF
+expect_exit2 "checksum mismatch in params/h.1.mlp.wfc" ex 2 --in "$TMP/flip.h5" --to-hf "$TMP/x"
+# a vocabulary file changed since training: the recorded sha256 no longer matches
+cp "$TMP/last.h5" "$TMP/sha.h5"
+"$PYTHON_REF" -c "import h5py, sys; f = h5py.File(sys.argv[1], 'r+'); f.attrs['tokenizer'] = 'gpt2'; \
+f.attrs['tokenizer_sha256'] = '0' * 64; f.close()" "$TMP/sha.h5"
+expect_exit2 "vocabulary file had sha256 000000000000" ex 2 --in "$TMP/sha.h5" --to-hf "$TMP/x"
+if [ -e "$TMP/x" ] || [ -e "$TMP/.x.tmp" ]; then fail "a refused export left $TMP/x or its temporary"; fi
+# a full disk: exit 1, one line, no directory and no temporary left
+mkdir -p "$TMP/small"
+if mount -t tmpfs -o size=64k tmpfs "$TMP/small" 2>/dev/null; then
+    ex 2 --in "$TMP/g.1.h5" --to-hf "$TMP/small/out" >"$TMP/out" 2>"$TMP/err"
+    rc=$?
+    left=$(ls -A "$TMP/small")
+    if [ "$rc" -eq 1 ] && [ "$(wc -l <"$TMP/err")" -eq 1 ] && [ -z "$left" ]; then
+        pass "disk full: exit 1, '$(cat "$TMP/err")', nothing left behind"
+    else
+        fail "disk full: exit $rc, left '$left': $(head -c 400 "$TMP/err")"
+    fi
+    umount "$TMP/small"
+else
+    echo "note: cannot mount a tmpfs here: the full-disk export case is not run"
+fi
 
 # ---- bad inputs: one line, exit 2, every rank ----
 bad() {
