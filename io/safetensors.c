@@ -507,6 +507,15 @@ static int in_range(int64_t from, int64_t n, int64_t size)
     return from >= 0 && n >= 0 && from <= size && n <= size - from;
 }
 
+/* Asks the kernel to read [p, p+n) of f's mapping ahead (whole pages). */
+static void will_need(const st_file_t *f, const unsigned char *p, size_t n)
+{
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    const uintptr_t lo = (uintptr_t)p & ~(page - 1), hi = (uintptr_t)p + n;
+    if (n > 0 && lo >= (uintptr_t)f->map)
+        madvise((void *)lo, hi - lo, MADV_WILLNEED); /* advice: its failure changes nothing */
+}
+
 int st_read_f32(const st_file_t *f, const st_tensor_t *t, int64_t r0,
                 int64_t nr, int64_t c0, int64_t nc, int transpose,
                 float *dst, char *err, size_t errlen)
@@ -536,13 +545,25 @@ int st_read_f32(const st_file_t *f, const st_tensor_t *t, int64_t r0,
     }
     const unsigned char *base = (const unsigned char *)f->map + 8 + f->header_len + t->begin;
     size_t isz = st_dtype_size(t->dtype);
+    if (f->mapped) /* the source rows the block spans, read ahead in large requests */
+        will_need(f, base + (size_t)(transpose ? c0 : r0) * (size_t)cols * isz,
+                  (size_t)(transpose ? nc : nr) * (size_t)cols * isz);
     if (!transpose) { /* dst row i = source row r0 + i, cols c0.. */
         for (int64_t i = 0; i < nr; i++)
             to_f32(base + ((size_t)(r0 + i) * (size_t)cols + (size_t)c0) * isz, t->dtype, nc, dst + i * nc, 1);
-    } else { /* dst column j = source row c0 + j, its cols r0.. */
-        for (int64_t j = 0; j < nc; j++)
-            to_f32(base + ((size_t)(c0 + j) * (size_t)cols + (size_t)r0) * isz, t->dtype, nr, dst + j, nc);
+        return 0;
     }
+    /* dst column j = source row c0 + j, its cols r0..; in blocks of 32 x 32
+     * so that the strided writes stay in cache (one source row a column of
+     * dst at a time ran at a fraction of the disk's speed) */
+    enum { BS = 32 };
+    for (int64_t j0 = 0; j0 < nc; j0 += BS)
+        for (int64_t i0 = 0; i0 < nr; i0 += BS) {
+            const int64_t nj = nc - j0 < BS ? nc - j0 : BS, ni = nr - i0 < BS ? nr - i0 : BS;
+            for (int64_t j = j0; j < j0 + nj; j++)
+                to_f32(base + ((size_t)(c0 + j) * (size_t)cols + (size_t)(r0 + i0)) * isz, t->dtype, ni,
+                       dst + i0 * nc + j, nc);
+        }
     return 0;
 }
 

@@ -95,6 +95,42 @@ typedef struct tile {
     int first_shard, n_shards; /* this rank's read blocks for it (owner only) */
 } tile_t;
 
+static int64_t gcd64(int64_t a, int64_t b)
+{
+    while (b) {
+        const int64_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+/* Tiles that cover whole checksum records of the input (a record is one
+ * HDF5 chunk: the writer's TP slice), since a record a read covers only in
+ * part is read a second time to verify it. A non-transposed entry takes
+ * whole chunks of rows; a transposed one reads a column block of every
+ * row, which never covers a record, so its output is one tile (GPT-2's
+ * Conv1D weights: tens of MB at most). */
+static void align_to_records(const hf_map_t *map, export_out_t *o, h5store_t *h)
+{
+    for (int k = o->first; k < o->first + o->count; k++) {
+        const hf_map_t *e = &map[k];
+        char full[H5STORE_NAME_MAX];
+        snprintf(full, sizeof full, "params/%s", e->name);
+        const h5store_tensor_t *t = h5store_find(h, full);
+        if (e->ndim == 1 || !t)
+            continue;
+        if (e->flags & HF_MAP_TRANSPOSE) {
+            o->align = o->covered;
+            return;
+        }
+        const int64_t rows = t->chunk[0] > 0 && t->chunk[0] < e->shape[0] ? t->chunk[0] : e->shape[0];
+        o->align = o->align / gcd64(o->align, rows) * rows;
+    }
+    if (o->align > o->covered)
+        o->align = o->covered;
+}
+
 static int64_t tile_rows(const export_out_t *o)
 {
     int64_t per = (int64_t)EXPORT_TILE_BYTES / (o->cols * (int64_t)sizeof(float));
@@ -253,6 +289,21 @@ static int plan_reads(const hf_map_t *map, const export_out_t *o, tile_t *t, int
     return 0;
 }
 
+/* dst[j * ld + i] = src[i * n + j] for src [m][n], in 32 x 32 blocks so
+ * that both sides stay in cache (a plain double loop strides through dst
+ * a row per element and ran at a third of the disk's speed). */
+static void transpose_into(const float *src, int64_t m, int64_t n, float *dst, int64_t ld)
+{
+    enum { BS = 32 };
+    for (int64_t i0 = 0; i0 < m; i0 += BS)
+        for (int64_t j0 = 0; j0 < n; j0 += BS) {
+            const int64_t i1 = i0 + BS < m ? i0 + BS : m, j1 = j0 + BS < n ? j0 + BS : n;
+            for (int64_t j = j0; j < j1; j++)
+                for (int64_t i = i0; i < i1; i++)
+                    dst[j * ld + i] = src[i * n + j];
+        }
+}
+
 /* Tile rows [r0, r0+nr) of output o, [nr][o->cols], from the blocks read
  * for it (in entry order, as plan_reads made them). head: one RoPE head's
  * scratch, align * cols floats. */
@@ -271,9 +322,7 @@ static void assemble_tile(const hf_map_t *map, const export_out_t *o, const tile
         if (e->ndim == 1) { /* [R] -> row 0, columns [off, off+R) */
             memcpy(rows + e->off, blk, (size_t)count[0] * sizeof *rows);
         } else if (e->flags & HF_MAP_TRANSPOSE) { /* blk [R][nr] -> rows[j][off + i] */
-            for (int64_t i = 0; i < count[0]; i++)
-                for (int64_t j = 0; j < count[1]; j++)
-                    rows[j * cols + e->off + i] = blk[i * count[1] + j];
+            transpose_into(blk, count[0], count[1], rows + e->off, cols);
         } else { /* blk [n][cols] -> rows [e->off + start - r0, ...) */
             if (e->flags & HF_MAP_ROPE)
                 hf_rope_to_hf(blk, count[0], count[1], e->head_size, head);
@@ -388,6 +437,8 @@ int export_run(const export_target_t *tg, const export_opts_t *o, h5store_t *h, 
     if (rc == 0)
         rc = export_outputs(tg, cfg, &map, &n_map, &outs, &x.n_out, err, errlen);
     x.out = outs;
+    for (int i = 0; rc == 0 && i < x.n_out; i++)
+        align_to_records(map, &outs[i], h);
     if (rc == 0)
         rc = tg->prepare(&x, err, errlen);
     if (rc == 0)

@@ -115,15 +115,19 @@ static int import_params(trainer_t *tr, float *host, char *err, size_t errlen)
 {
     init_from_report_t rep = {0};
     int rc = host ? init_from_load(tr->opt->init_from, &tr->cfg, &tr->model.table, host, &rep, err, errlen) : -1;
-    /* [0] MiB read, [1] resident growth MiB, [2] local MiB, [3] largest tensor MiB, [4] staging MiB */
-    double mine[5] = {rep.bytes_read / 1048576.0, rep.rss_growth_kb / 1024.0, rep.local_bytes / 1048576.0,
-                      rep.largest_tensor / 1048576.0, rep.staging_peak / 1048576.0}, most[5];
-    MPI_Reduce(mine, most, 5, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+    /* [0] MiB read, [1] resident growth MiB, [2] local MiB, [3] largest tensor MiB, [4] staging MiB,
+     * [5] seconds (the slowest rank's: the import is done when it is) */
+    double mine[6] = {rep.bytes_read / 1048576.0, rep.rss_growth_kb / 1024.0, rep.local_bytes / 1048576.0,
+                      rep.largest_tensor / 1048576.0, rep.staging_peak / 1048576.0, rep.seconds}, most[6];
+    if (MPI_Reduce(mine, most, 6, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD) != MPI_SUCCESS && rc == 0) {
+        snprintf(err, errlen, "--init-from: MPI_Reduce of the import report failed");
+        rc = -1;
+    }
     if (tr->env->world_rank == 0 && rc == 0)
         printf("init-from: %s (%s, %d file(s), %s) in %.2f s; per rank at most: %.2f MiB read (its slices), "
                "resident memory grew %.2f MiB for %.2f MiB of local tensors (largest %.2f MiB), staging %.3f MiB\n",
                tr->opt->init_from, rep.kind == INIT_FROM_LLMC ? "llm.c" : "Hugging Face", rep.n_files, rep.dtypes,
-               rep.seconds, most[0], most[1], most[2], most[3], most[4]);
+               most[5], most[0], most[1], most[2], most[3], most[4]);
     return rc;
 }
 
