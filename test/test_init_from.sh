@@ -208,6 +208,15 @@ ft_run "$TMP/rs.a.json" 2 "$TMP/g" --tp 2 --ckpt-dir "$TMP/ck" --stop-at-step 10
         "$(json_field "$TMP/ft.g.1.json" 20 val_loss)" "$(json_field "$TMP/rs.b.json" 20 val_loss)" 1e-5
 }
 
+# ---- a trained checkpoint (tp2, with AdamW state) out to Hugging Face and back in: bit for bit ----
+if "$MPIEXEC" --quiet -np 3 "$DRESHARD" --in "$TMP/ck/step_00000010.h5" --to-hf "$TMP/ckhf" >"$TMP/ckhf.log" 2>&1 &&
+    val0 "$TMP/ckhf" "$TMP/g.tok" 2 --pp 2 --global-batch 4 >/dev/null; then
+    same_params "checkpoint (step 10, tp2) -> --to-hf on 3 ranks -> --init-from at pp2" "$TMP/ck/step_00000010.h5" \
+        "$TMP/last.h5"
+else
+    fail "checkpoint -> --to-hf -> --init-from: $(tail -n 1 "$TMP/ckhf.log") $(tail -n 1 "$TMP/last.log")"
+fi
+
 # ---- memory: a GPT-2 with a 50257-row embedding (49 MiB in fp32), bf16 ----
 "$PYTHON_REF" "$REF" write --arch gpt2 --big --dtype bf16 --out "$TMP/big" >/dev/null || fail "write big"
 # mem NP ARGS...: "read grew local largest" (MiB, the maximum over the ranks)
