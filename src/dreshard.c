@@ -699,7 +699,11 @@ static int export_cmd(const reshard_opts_t *o, int rank, int nranks, int *status
     rc = h5store_agree(MPI_COMM_WORLD, rc, err, errlen);
     export_report_t rep;
     const export_target_t *tg = o->to_hf ? &export_target_hf : &export_target_llmc;
-    const export_opts_t eo = {.dest = o->to_hf ? o->to_hf : o->to_llmc, .dtype = o->dtype, .force = o->force,
+    char dest[PATH_MAX]; /* "out/" names out: no directory is made for a trailing slash */
+    size_t n = (size_t)snprintf(dest, sizeof dest, "%s", o->to_hf ? o->to_hf : o->to_llmc);
+    while (n > 1 && n < sizeof dest && dest[n - 1] == '/')
+        dest[--n] = '\0';
+    const export_opts_t eo = {.dest = dest, .dtype = o->dtype, .force = o->force,
                               .tokenizer = o->tokenizer, .tok_recorded = tok, .tok_sha256 = tok_sha,
                               .max_shard_bytes = o->max_shard_bytes};
     if (rc == 0)
