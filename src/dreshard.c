@@ -37,6 +37,7 @@
 #include <unistd.h>
 
 #include "ckpt.h"
+#include "deal.h"
 #include "export.h"
 #include "safetensors.h"
 #include "fsutil.h"
@@ -446,13 +447,20 @@ static int check_catalog(h5store_t *h, const char *path, const h5store_tensor_t 
     return 0;
 }
 
-static int cmp_tile_size(const void *a, const void *b)
+/* What the open input holds: its content and groups, its model, and its
+ * tensors (every group's, as param_io_tensors lists them), checked to be
+ * exactly the model's. The attributes and catalog are the same on every
+ * rank, so every rank reaches the same verdict (the caller agrees anyway,
+ * for the message). */
+static int read_input(h5store_t *h, const char *path, model_config_t *cfg, param_io_group_t *groups,
+                      int *n_groups, char *content, size_t content_len, h5store_tensor_t **t, int *nt, char *err,
+                      size_t errlen)
 {
-    const tile_t *x = *(const tile_t *const *)a, *y = *(const tile_t *const *)b;
-    if (x->bytes != y->bytes)
-        return x->bytes > y->bytes ? -1 : 1;
-    /* equal sizes keep list order: the same plan on every rank */
-    return x < y ? -1 : x > y;
+    if (content_groups(h, path, groups, n_groups, content, content_len, err, errlen) != 0 ||
+        param_io_read_model(h, cfg, path, err, errlen) != 0 ||
+        param_io_tensors(cfg, groups, *n_groups, 1, t, nt, err, errlen) != 0)
+        return -1;
+    return check_catalog(h, path, *t, *nt, content, err, errlen);
 }
 
 /* The target's slices of every tensor (chunk-shaped tiles, the last one
@@ -487,28 +495,20 @@ static int plan_tiles(const h5store_tensor_t *t, int nt, int nranks, tile_t **ou
                 x->bytes = x->count[0] * x->count[1] * (int64_t)sizeof(float);
             }
     }
-    tile_t **order = malloc((size_t)(n > 0 ? n : 1) * sizeof *order);
-    int64_t *load = calloc((size_t)nranks, sizeof *load);
-    if (!order || !load) {
-        free(order);
-        free(load);
+    int64_t *bytes = malloc((size_t)(n > 0 ? n : 1) * sizeof *bytes);
+    int *owner = malloc((size_t)(n > 0 ? n : 1) * sizeof *owner);
+    for (int i = 0; bytes && i < n; i++)
+        bytes[i] = tiles[i].bytes;
+    const int rc = bytes && owner ? deal_by_size(bytes, n, nranks, owner) : -1;
+    for (int i = 0; rc == 0 && i < n; i++)
+        tiles[i].owner = owner[i];
+    free(bytes);
+    free(owner);
+    if (rc != 0) {
         free(tiles);
         snprintf(err, errlen, "out of memory for the plan");
         return -1;
     }
-    for (int i = 0; i < n; i++)
-        order[i] = &tiles[i];
-    qsort(order, (size_t)n, sizeof *order, cmp_tile_size);
-    for (int i = 0; i < n; i++) {
-        int best = 0;
-        for (int r = 1; r < nranks; r++)
-            if (load[r] < load[best])
-                best = r;
-        order[i]->owner = best;
-        load[best] += order[i]->bytes;
-    }
-    free(order);
-    free(load);
     *out = tiles;
     *n_out = n;
     return 0;
@@ -547,17 +547,9 @@ static int reshard(const reshard_opts_t *o, int rank, int nranks, int *status, c
     h5store_t *h = h5store_open(o->in, MPI_COMM_WORLD, err, errlen);
     if (!h)
         return -1;
-    /* the attributes and catalog are the same on every rank, so every rank
-     * reaches the same verdict; agreed on anyway, for the message */
-    rc = content_groups(h, o->in, groups, &n_groups, content, sizeof content, err, errlen);
-    if (rc == 0)
-        rc = param_io_read_model(h, &cfg, o->in, err, errlen);
+    rc = read_input(h, o->in, &cfg, groups, &n_groups, content, sizeof content, &t_in, &nt_in, err, errlen);
     if (rc == 0)
         rc = options_check_grid(&cfg, o->tp, o->pp, err, errlen);
-    if (rc == 0)
-        rc = param_io_tensors(&cfg, groups, n_groups, 1, &t_in, &nt_in, err, errlen);
-    if (rc == 0)
-        rc = check_catalog(h, o->in, t_in, nt_in, content, err, errlen);
     if (rc == 0)
         rc = h5store_get_attrs(h, &attrs, &na, err, errlen);
     rc = h5store_agree(MPI_COMM_WORLD, rc, err, errlen);
@@ -683,13 +675,7 @@ static int export_cmd(const reshard_opts_t *o, int rank, int nranks, int *status
     h5store_t *h = h5store_open(o->in, MPI_COMM_WORLD, err, errlen);
     if (!h)
         return -1;
-    rc = content_groups(h, o->in, groups, &n_groups, content, sizeof content, err, errlen);
-    if (rc == 0)
-        rc = param_io_read_model(h, &cfg, o->in, err, errlen);
-    if (rc == 0)
-        rc = param_io_tensors(&cfg, groups, n_groups, 1, &t_all, &n_all, err, errlen);
-    if (rc == 0)
-        rc = check_catalog(h, o->in, t_all, n_all, content, err, errlen);
+    rc = read_input(h, o->in, &cfg, groups, &n_groups, content, sizeof content, &t_all, &n_all, err, errlen);
     if (rc == 0)
         rc = param_io_tensors(&cfg, groups, 1, 1, &t_params, &n_params, err, errlen);
     if (rc == 0)

@@ -14,6 +14,7 @@
 #include <unistd.h>
 #include <dirent.h>
 
+#include "deal.h"
 #include "fsutil.h"
 
 const char *export_dtype_name(export_dtype_t d)
@@ -138,14 +139,6 @@ static int64_t tile_rows(const export_out_t *o)
     return per < o->align ? o->align : per;
 }
 
-static int cmp_tile_bytes(const void *a, const void *b)
-{
-    const tile_t *x = *(const tile_t *const *)a, *y = *(const tile_t *const *)b;
-    if (x->bytes != y->bytes)
-        return x->bytes > y->bytes ? -1 : 1;
-    return x < y ? -1 : x > y; /* list order: the same deal on every rank */
-}
-
 /* Every output's covered rows cut into tiles, dealt largest first to the
  * least loaded rank. Pure: the same on every rank. */
 static int plan_tiles(const export_out_t *o, int n_out, int nranks, tile_t **out, int *n_tiles, char *err,
@@ -157,36 +150,27 @@ static int plan_tiles(const export_out_t *o, int n_out, int nranks, tile_t **out
         n += (int)((o[i].covered + per - 1) / per);
     }
     tile_t *t = calloc((size_t)n + 1, sizeof *t);
-    tile_t **order = malloc(((size_t)n + 1) * sizeof *order);
-    int64_t *load = calloc((size_t)nranks, sizeof *load);
-    if (!t || !order || !load) {
+    int64_t *bytes = malloc(((size_t)n + 1) * sizeof *bytes);
+    int *owner = malloc(((size_t)n + 1) * sizeof *owner);
+    int k = 0;
+    for (int i = 0; t && bytes && owner && i < n_out; i++) {
+        const int64_t per = tile_rows(&o[i]);
+        for (int64_t r = 0; r < o[i].covered; r += per, k++) {
+            const int64_t nr = o[i].covered - r < per ? o[i].covered - r : per;
+            t[k] = (tile_t){.out = i, .r0 = r, .nr = nr, .bytes = nr * o[i].cols * (int64_t)sizeof(float)};
+            bytes[k] = t[k].bytes;
+        }
+    }
+    const int rc = t && bytes && owner ? deal_by_size(bytes, n, nranks, owner) : -1;
+    for (int i = 0; rc == 0 && i < n; i++)
+        t[i].owner = owner[i];
+    free(bytes);
+    free(owner);
+    if (rc != 0) {
         free(t);
-        free(order);
-        free(load);
         snprintf(err, errlen, "out of memory for the export plan");
         return -1;
     }
-    int k = 0;
-    for (int i = 0; i < n_out; i++) {
-        const int64_t per = tile_rows(&o[i]);
-        for (int64_t r = 0; r < o[i].covered; r += per) {
-            const int64_t nr = o[i].covered - r < per ? o[i].covered - r : per;
-            t[k] = (tile_t){.out = i, .r0 = r, .nr = nr, .bytes = nr * o[i].cols * (int64_t)sizeof(float)};
-            order[k] = &t[k];
-            k++;
-        }
-    }
-    qsort(order, (size_t)n, sizeof *order, cmp_tile_bytes);
-    for (int i = 0; i < n; i++) {
-        int best = 0;
-        for (int r = 1; r < nranks; r++)
-            if (load[r] < load[best])
-                best = r;
-        order[i]->owner = best;
-        load[best] += order[i]->bytes;
-    }
-    free(order);
-    free(load);
     *out = t;
     *n_tiles = n;
     return 0;
