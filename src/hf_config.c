@@ -16,12 +16,24 @@ typedef struct cfg_reader {
     int failed;
 } cfg_reader_t;
 
+/* Errors are one line: what they quote from the file (an architecture
+ * name may hold "\n", Jansson's excerpt near a syntax error any control
+ * byte) or the path must not break it. */
+static void one_line(char *err)
+{
+    for (; *err; err++)
+        if ((unsigned char)*err < 0x20 || *err == 0x7f)
+            *err = '?';
+}
+
 /* The first failure is the one reported: later fields may only be odd
  * because of it. */
 static void cfg_fail(cfg_reader_t *r, const char *field, const char *what)
 {
-    if (!r->failed)
+    if (!r->failed) {
         snprintf(r->err, r->errlen, "%s: %s: %s", r->path, field, what);
+        one_line(r->err);
+    }
     r->failed = 1;
 }
 
@@ -171,6 +183,7 @@ static int config_of_json(json_t *root, const char *path, model_config_t *c, cha
 static int not_json(const json_error_t *je, const char *path, char *err, size_t errlen)
 {
     snprintf(err, errlen, "%s: %s (line %d)", path, je->text, je->line);
+    one_line(err);
     return -1;
 }
 
