@@ -1,5 +1,6 @@
 #include "hf_config.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -53,16 +54,24 @@ static int cfg_int(cfg_reader_t *r, const char *key, int def)
     return (int)json_integer_value(v);
 }
 
+/* A positive number, kept as a float: one that would round to 0 (an
+ * epsilon of 1e-50 would then divide by zero on a zero row) or to inf is
+ * refused rather than changed. */
 static float cfg_real(cfg_reader_t *r, const char *key, double def)
 {
     json_t *v = json_object_get(r->root, key);
     if (!v || json_is_null(v))
         return (float)def;
-    if (!json_is_number(v) || !(json_number_value(v) > 0) || !isfinite(json_number_value(v))) {
+    double x = json_number_value(v);
+    if (!json_is_number(v) || !(x > 0) || !isfinite(x)) {
         cfg_fail(r, key, "not a positive number");
         return (float)def;
     }
-    return (float)json_number_value(v);
+    if (x < FLT_MIN || x > FLT_MAX) {
+        cfg_fail(r, key, "outside a float's range (dtrain keeps it as a float)");
+        return (float)def;
+    }
+    return (float)x;
 }
 
 /* -1 absent/null, else 0/1; anything else fails */
