@@ -99,6 +99,19 @@ static const char *cfg_str(cfg_reader_t *r, const char *key, const char *def)
     return json_string_value(v);
 }
 
+/* Hugging Face's default n_inner, 4 * n_embd, obeys the same bound as a
+ * given one: above n_embd 2^28 it would not fit an int (and came out as
+ * the negative that cfg_int takes for "required"). */
+static int gpt2_default_inner(cfg_reader_t *r, int d_model)
+{
+    if (d_model <= (1 << 28))
+        return 4 * d_model;
+    json_t *v = json_object_get(r->root, "n_inner");
+    if (!v || json_is_null(v))
+        cfg_fail(r, "n_inner", "missing, and its default 4 * n_embd is not below 2^30");
+    return 1;
+}
+
 static void cfg_gpt2(cfg_reader_t *r, model_config_t *c)
 {
     c->arch = ARCH_GPT2;
@@ -107,7 +120,7 @@ static void cfg_gpt2(cfg_reader_t *r, model_config_t *c)
     c->n_head = c->n_kv_head = cfg_int(r, "n_head", -1);
     c->vocab_size = cfg_int(r, "vocab_size", -1);
     c->max_seq = cfg_int(r, "n_positions", json_object_get(r->root, "n_ctx") ? cfg_int(r, "n_ctx", -1) : -1);
-    c->d_ff = cfg_int(r, "n_inner", 4 * c->d_model);
+    c->d_ff = cfg_int(r, "n_inner", gpt2_default_inner(r, c->d_model));
     c->norm_eps = cfg_real(r, "layer_norm_epsilon", 1e-5);
     c->rope_theta = 0;
     const char *act = cfg_str(r, "activation_function", "gelu_new");
@@ -146,9 +159,11 @@ static void cfg_llama(cfg_reader_t *r, model_config_t *c, const char *arch)
         cfg_fail(r, "attention_bias", "true: dtrain's Llama attention has no biases");
     if (cfg_bool(r, "mlp_bias") == 1)
         cfg_fail(r, "mlp_bias", "true: dtrain's Llama MLP has no biases");
+    /* head_dim * n_head == d_model, without the product (a huge head_dim
+     * would overflow it) */
     json_t *hd = json_object_get(r->root, "head_dim");
     if (hd && !json_is_null(hd) && c->n_head > 0 &&
-        (!json_is_integer(hd) || json_integer_value(hd) * c->n_head != c->d_model))
+        (!json_is_integer(hd) || c->d_model % c->n_head != 0 || json_integer_value(hd) != c->d_model / c->n_head))
         cfg_fail(r, "head_dim", "differs from hidden_size / num_attention_heads, which dtrain requires");
     json_t *sw = json_object_get(r->root, "sliding_window");
     if (sw && !json_is_null(sw) && (!json_is_integer(sw) || json_integer_value(sw) < c->max_seq))
