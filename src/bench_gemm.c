@@ -43,13 +43,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 
 #ifdef HAVE_CONFIG_H
 #include "config.h"
 #endif
 #include "backend.h"
+#include "clock.h"
 #include "ops.h"
 #include "ops_math.h"
 #include "options.h"
@@ -252,13 +252,6 @@ static int parse_args(int argc, char **argv, bench_opts_t *o, char *err, size_t 
         }
     }
     return 0;
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 /* ------------------------------------------------------------ one shape */
