@@ -1,14 +1,14 @@
 /* llm.c's GPT-2 model file: layout from the header, validation, reading
  * slices as fp32, parallel writing. See llmc_model.h for the layout. No
- * MPI here: the fuzzer links this file alone. */
+ * MPI here: the fuzzer links this file with errmsg.c alone. */
 #define _GNU_SOURCE /* O_DIRECTORY */
 #include "llmc_model.h"
 
+#include "errmsg.h"
 #include "ops_math.h" /* dt_f32_to_bf16, dt_bf16_to_f32 */
 
 #include <errno.h>
 #include <fcntl.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,19 +32,6 @@ static const char *const names[LLMC_N_TENSORS] = {
 const char *llmc_tensor_name(llmc_tensor_t id)
 {
     return id >= 0 && id < LLMC_N_TENSORS ? names[id] : "?";
-}
-
-#if defined(__GNUC__)
-__attribute__((format(printf, 3, 4)))
-#endif
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err == NULL || errlen == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
 }
 
 static const char *label(const llmc_model_t *m)

@@ -1,12 +1,13 @@
 /* Megatron-LM indexed datasets: write the .idx, validate and map it for
  * reading. See megatron.h for the layout. No MPI here: the fuzzer links
- * this file alone. */
+ * this file with errmsg.c alone. */
 #define _GNU_SOURCE /* O_DIRECTORY */
 #include "megatron.h"
 
+#include "errmsg.h"
+
 #include <errno.h>
 #include <fcntl.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,19 +35,6 @@ static const megatron_dtype_t dtypes[] = {
     {MEGATRON_FLOAT32, "float32", 4, 1, 1},
     {MEGATRON_UINT16, "uint16", 2, 0, 0},
 };
-
-#if defined(__GNUC__)
-__attribute__((format(printf, 3, 4)))
-#endif
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err == NULL || errlen == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 const megatron_dtype_t *megatron_dtype(int code)
 {

@@ -1,16 +1,16 @@
 /* Hugging Face safetensors: validation, mapped reading with conversion to
  * fp32, model directories (single file or sharded with an index), and the
  * parallel writer's plan. See safetensors.h for the layout. No MPI here:
- * the fuzzer links this file alone, with Jansson. */
+ * the fuzzer links this file with errmsg.c alone, with Jansson. */
 #define _GNU_SOURCE /* O_DIRECTORY, qsort_r */
 #include "safetensors.h"
 
+#include "errmsg.h"
 #include "ops_math.h" /* dt_f32_to_bf16, dt_bf16_to_f32 */
 
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,19 +29,6 @@
 #define SINGLE_NAME "model.safetensors"
 /* Elements converted per pwrite while writing (fp32 in, <= 4 bytes out). */
 #define WRITE_CHUNK (1 << 16)
-
-#if defined(__GNUC__)
-__attribute__((format(printf, 3, 4)))
-#endif
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err == NULL || errlen == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 /* A name from a hostile file, fit for a one-line message: at most 120
  * bytes, control characters as '?'. */

@@ -3,11 +3,12 @@
 #define _GNU_SOURCE /* glob(3) error codes, O_DIRECTORY */
 #include "tokens.h"
 
+#include "errmsg.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <glob.h>
 #include <limits.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,19 +30,6 @@
 /* Tokens converted per write(2) call: large enough to amortise the syscall,
  * small enough to stay in cache. */
 #define WRITE_CHUNK 65536
-
-#if defined(__GNUC__)
-__attribute__((format(printf, 3, 4)))
-#endif
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err == NULL || errlen == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 int tokens_format_parse(const char *s, tokens_format_t *fmt)
 {
