@@ -54,6 +54,7 @@
 #include "ops_math.h"
 #include "options.h"
 #include "rng.h"
+#include "strparse.h"
 
 #ifndef PACKAGE_VERSION
 #define PACKAGE_VERSION "0.1.0"
@@ -111,17 +112,6 @@ static void usage(FILE *f)
             "                     or all cores); not with the cuda device\n"
             "  --help             print this help and exit\n"
             "  --version          print the version and exit\n");
-}
-
-static int parse_long(const char *s, long lo, long hi, long *out)
-{
-    errno = 0;
-    char *end = NULL;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end != '\0' || v < lo || v > hi)
-        return -1;
-    *out = v;
-    return 0;
 }
 
 /* One dimension of a shape: digits only, 1 to MAX_DIM; *s moves past it. */
