@@ -85,9 +85,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "bootstrap.h"
+#include "clock.h"
 #include "trace.h"
 #include "watchdog.h"
 
@@ -120,13 +120,6 @@ static const char *const nonblock_name[] = {"iallreduce", "ireduce_scatter", "ia
 
 /* An operation's element type: fp32, or bf16 bits (the *_bf16 sums). */
 typedef enum { T_F32, T_BF16 } elem_t;
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static nccl_comm_t *nm(comm_t *c)
 {

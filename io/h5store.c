@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "crc32c.h"
+#include "errmsg.h"
 
 /* The checksums cover the bytes as stored (IEEE fp32 little-endian) and are
  * computed on host memory, which is the same bytes only on little-endian. */
@@ -96,19 +97,6 @@ static int64_t stage_rows(int64_t elems, int64_t cols)
 /* ------------------------------------------------------------------ */
 /* Errors                                                              */
 /* ------------------------------------------------------------------ */
-
-#if defined(__GNUC__)
-__attribute__((format(printf, 3, 4)))
-#endif
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err == NULL || errlen == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 typedef struct ewalk {
     char *buf;

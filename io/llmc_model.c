@@ -1,14 +1,15 @@
 /* llm.c's GPT-2 model file: layout from the header, validation, reading
  * slices as fp32, parallel writing. See llmc_model.h for the layout. No
- * MPI here: the fuzzer links this file alone. */
-#define _GNU_SOURCE /* O_DIRECTORY */
+ * MPI here: the fuzzer links this file with errmsg.c and publish.c. */
+#define _GNU_SOURCE /* pwrite, ftruncate, strdup */
 #include "llmc_model.h"
 
+#include "errmsg.h"
+#include "publish.h"
 #include "ops_math.h" /* dt_f32_to_bf16, dt_bf16_to_f32 */
 
 #include <errno.h>
 #include <fcntl.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,19 +33,6 @@ static const char *const names[LLMC_N_TENSORS] = {
 const char *llmc_tensor_name(llmc_tensor_t id)
 {
     return id >= 0 && id < LLMC_N_TENSORS ? names[id] : "?";
-}
-
-#if defined(__GNUC__)
-__attribute__((format(printf, 3, 4)))
-#endif
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err == NULL || errlen == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
 }
 
 static const char *label(const llmc_model_t *m)
@@ -249,24 +237,6 @@ int llmc_model_read_f32(const llmc_model_t *m, llmc_tensor_t id, int layer,
     return 0;
 }
 
-static int pwrite_full(int fd, const void *buf, size_t len, uint64_t off,
-                       const char *path, char *err, size_t errlen)
-{
-    const char *q = buf;
-    while (len > 0) {
-        ssize_t w = pwrite(fd, q, len, (off_t)off);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0) {
-            seterr(err, errlen, "cannot write '%s': %s: check free space and permissions", path,
-                   w < 0 ? strerror(errno) : "no progress");
-            return -1;
-        }
-        q += w, off += (uint64_t)w, len -= (size_t)w;
-    }
-    return 0;
-}
-
 int llmc_model_create(const char *path, const llmc_model_t *shape_fields,
                       char *err, size_t errlen)
 {
@@ -328,47 +298,12 @@ int llmc_model_write_f32(const char *path, const llmc_model_t *layout,
     return rc;
 }
 
-static int fsync_path(const char *path, int flags, char *err, size_t errlen)
-{
-    int fd = open(path, flags | O_CLOEXEC);
-    if (fd < 0) {
-        seterr(err, errlen, "cannot open '%s' to sync it: %s", path, strerror(errno));
-        return -1;
-    }
-    /* Directories on some file systems cannot be synced (EINVAL): normal. */
-    int rc = fsync(fd) != 0 && errno != EINVAL && errno != ENOTSUP ? -1 : 0;
-    if (rc != 0)
-        seterr(err, errlen, "cannot sync '%s': %s: check free space", path, strerror(errno));
-    close(fd);
-    return rc;
-}
-
 int llmc_model_sync(const char *path, char *err, size_t errlen)
 {
-    return fsync_path(path, O_RDONLY, err, errlen);
+    return publish_fsync_path(path, err, errlen);
 }
 
 int llmc_model_commit(const char *tmp, const char *path, char *err, size_t errlen)
 {
-    if (fsync_path(tmp, O_RDONLY, err, errlen) != 0)
-        return -1;
-    if (rename(tmp, path) != 0) {
-        seterr(err, errlen, "cannot rename '%s' to '%s': %s", tmp, path, strerror(errno));
-        return -1;
-    }
-    char *dir = strdup(path);
-    if (dir == NULL) {
-        seterr(err, errlen, "out of memory");
-        return -1;
-    }
-    char *slash = strrchr(dir, '/');
-    if (slash == NULL)
-        strcpy(dir, ".");
-    else if (slash == dir)
-        slash[1] = '\0';
-    else
-        *slash = '\0';
-    int rc = fsync_path(dir, O_RDONLY | O_DIRECTORY, err, errlen);
-    free(dir);
-    return rc;
+    return publish_rename(tmp, path, err, errlen);
 }

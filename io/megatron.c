@@ -1,12 +1,14 @@
 /* Megatron-LM indexed datasets: write the .idx, validate and map it for
  * reading. See megatron.h for the layout. No MPI here: the fuzzer links
- * this file alone. */
-#define _GNU_SOURCE /* O_DIRECTORY */
+ * this file with errmsg.c and publish.c. */
+#define _GNU_SOURCE /* mmap, fstat */
 #include "megatron.h"
+
+#include "errmsg.h"
+#include "publish.h"
 
 #include <errno.h>
 #include <fcntl.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,19 +36,6 @@ static const megatron_dtype_t dtypes[] = {
     {MEGATRON_FLOAT32, "float32", 4, 1, 1},
     {MEGATRON_UINT16, "uint16", 2, 0, 0},
 };
-
-#if defined(__GNUC__)
-__attribute__((format(printf, 3, 4)))
-#endif
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err == NULL || errlen == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 const megatron_dtype_t *megatron_dtype(int code)
 {
@@ -490,30 +479,9 @@ static int check_write_args(const char *path, const megatron_dtype_t *dt,
     return 0;
 }
 
-static int write_full(int fd, const void *buf, size_t len, const char *path,
-                      char *err, size_t errlen)
-{
-    const char *p = buf;
-    while (len > 0) {
-        ssize_t put = write(fd, p, len);
-        if (put < 0) {
-            if (errno == EINTR)
-                continue;
-            seterr(err, errlen,
-                   "cannot write '%s': %s: check free space, quota and "
-                   "permissions",
-                   path, strerror(errno));
-            return -1;
-        }
-        p += put;
-        len -= (size_t)put;
-    }
-    return 0;
-}
-
 /* Header, lengths, pointers (running sum, computed chunk by chunk so a
  * billion sequences need no 8 GB array), document indices. */
-static int write_body(int fd, const char *tmp, const megatron_dtype_t *dt,
+static int write_body(publish_t *pub, const megatron_dtype_t *dt,
                       const int32_t *len, size_t n, const int64_t *doc,
                       size_t m, char *err, size_t errlen)
 {
@@ -524,8 +492,8 @@ static int write_body(int fd, const char *tmp, const megatron_dtype_t *dt,
     hdr[17] = (unsigned char)dt->code;
     memcpy(hdr + 18, &n64, 8);
     memcpy(hdr + 26, &m64, 8);
-    if (write_full(fd, hdr, sizeof hdr, tmp, err, errlen) != 0 ||
-        write_full(fd, len, n * sizeof *len, tmp, err, errlen) != 0)
+    if (publish_write(pub, hdr, sizeof hdr, err, errlen) != 0 ||
+        publish_write(pub, len, n * sizeof *len, err, errlen) != 0)
         return -1;
     int64_t ptr[PTR_CHUNK], pos = 0;
     for (size_t off = 0; off < n; off += PTR_CHUNK) {
@@ -534,55 +502,20 @@ static int write_body(int fd, const char *tmp, const megatron_dtype_t *dt,
             ptr[i] = pos;
             pos += (int64_t)len[off + i] * dt->itemsize;
         }
-        if (write_full(fd, ptr, k * sizeof *ptr, tmp, err, errlen) != 0)
+        if (publish_write(pub, ptr, k * sizeof *ptr, err, errlen) != 0)
             return -1;
     }
     if (doc != NULL)
-        return write_full(fd, doc, m * sizeof *doc, tmp, err, errlen);
+        return publish_write(pub, doc, m * sizeof *doc, err, errlen);
     /* doc == NULL: one sequence per document, indices 0..n */
     for (size_t off = 0; off <= n; off += PTR_CHUNK) {
         size_t k = (n + 1 - off < PTR_CHUNK) ? n + 1 - off : PTR_CHUNK;
         for (size_t i = 0; i < k; i++)
             ptr[i] = (int64_t)(off + i);
-        if (write_full(fd, ptr, k * sizeof *ptr, tmp, err, errlen) != 0)
+        if (publish_write(pub, ptr, k * sizeof *ptr, err, errlen) != 0)
             return -1;
     }
     return 0;
-}
-
-/* Make the rename durable: without syncing the directory a crash can
- * leave neither name. EINVAL/ENOTSUP: file systems that cannot sync a
- * directory, their normal behaviour. */
-static int sync_parent_dir(const char *path, char *err, size_t errlen)
-{
-    char *dir = strdup(path);
-    if (dir == NULL) {
-        seterr(err, errlen, "out of memory writing '%s'", path);
-        return -1;
-    }
-    char *slash = strrchr(dir, '/');
-    if (slash == NULL)
-        strcpy(dir, ".");
-    else if (slash == dir)
-        slash[1] = '\0';
-    else
-        *slash = '\0';
-    int rc = 0;
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) {
-        seterr(err, errlen, "cannot open directory '%s' of '%s' to sync it: %s",
-               dir, path, strerror(errno));
-        rc = -1;
-    } else {
-        if (fsync(fd) != 0 && errno != EINVAL && errno != ENOTSUP) {
-            seterr(err, errlen, "cannot sync directory '%s' of '%s': %s", dir,
-                   path, strerror(errno));
-            rc = -1;
-        }
-        close(fd);
-    }
-    free(dir);
-    return rc;
 }
 
 int megatron_idx_write(const char *idx_path, int dtype_code,
@@ -602,51 +535,13 @@ int megatron_idx_write(const char *idx_path, int dtype_code,
                          n_doc_idx, err, errlen) != 0)
         return -1;
 
-    size_t plen = strlen(idx_path);
-    char *tmp = malloc(plen + 5);
-    if (tmp == NULL) {
-        seterr(err, errlen, "out of memory writing '%s'", idx_path);
+    publish_t pub;
+    if (publish_open(&pub, idx_path, 0644, err, errlen) != 0)
+        return -1;
+    if (write_body(&pub, dt, seq_len, n_seq, doc_idx, n_doc_idx, err,
+                   errlen) != 0) {
+        publish_abort(&pub, err, errlen); /* the first error is the one to report */
         return -1;
     }
-    memcpy(tmp, idx_path, plen);
-    memcpy(tmp + plen, ".tmp", 5);
-
-    int rc = -1;
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        seterr(err, errlen,
-               "cannot create '%s': %s: check that the directory exists and "
-               "is writable",
-               tmp, strerror(errno));
-        free(tmp);
-        return -1;
-    }
-    if (write_body(fd, tmp, dt, seq_len, n_seq, doc_idx, n_doc_idx, err,
-                   errlen) != 0)
-        goto out_close;
-    /* Sync before the rename, so the final name never points at a file
-     * whose data a crash could lose. */
-    if (fsync(fd) != 0) {
-        seterr(err, errlen, "cannot sync '%s': %s: check free space", tmp,
-               strerror(errno));
-        goto out_close;
-    }
-    rc = 0;
-out_close:
-    if (close(fd) != 0 && rc == 0) {
-        seterr(err, errlen, "cannot close '%s': %s: check free space", tmp,
-               strerror(errno));
-        rc = -1;
-    }
-    if (rc == 0 && rename(tmp, idx_path) != 0) {
-        seterr(err, errlen, "cannot rename '%s' to '%s': %s", tmp, idx_path,
-               strerror(errno));
-        rc = -1;
-    }
-    if (rc == 0)
-        rc = sync_parent_dir(idx_path, err, errlen);
-    else
-        unlink(tmp); /* the first error is the one to report */
-    free(tmp);
-    return rc;
+    return publish_commit(&pub, err, errlen);
 }

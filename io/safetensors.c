@@ -1,16 +1,17 @@
 /* Hugging Face safetensors: validation, mapped reading with conversion to
  * fp32, model directories (single file or sharded with an index), and the
  * parallel writer's plan. See safetensors.h for the layout. No MPI here:
- * the fuzzer links this file alone, with Jansson. */
-#define _GNU_SOURCE /* O_DIRECTORY, qsort_r */
+ * the fuzzer links this file with errmsg.c and publish.c, with Jansson. */
+#define _GNU_SOURCE /* qsort_r */
 #include "safetensors.h"
 
+#include "errmsg.h"
+#include "publish.h"
 #include "ops_math.h" /* dt_f32_to_bf16, dt_bf16_to_f32 */
 
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,19 +30,6 @@
 #define SINGLE_NAME "model.safetensors"
 /* Elements converted per pwrite while writing (fp32 in, <= 4 bytes out). */
 #define WRITE_CHUNK (1 << 16)
-
-#if defined(__GNUC__)
-__attribute__((format(printf, 3, 4)))
-#endif
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err == NULL || errlen == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 /* A name from a hostile file, fit for a one-line message: at most 120
  * bytes, control characters as '?'. */
@@ -992,24 +980,6 @@ int st_plan_tensor_shard(const st_plan_t *p, int i) { return p->t[i].shard; }
 uint64_t st_plan_tensor_offset(const st_plan_t *p, int i) { return p->t[i].offset; }
 uint64_t st_plan_total_size(const st_plan_t *p) { return p->total; }
 
-static int pwrite_full(int fd, const void *buf, size_t len, uint64_t off,
-                       const char *path, char *err, size_t errlen)
-{
-    const char *q = buf;
-    while (len > 0) {
-        ssize_t w = pwrite(fd, q, len, (off_t)off);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0) {
-            seterr(err, errlen, "cannot write '%s': %s: check free space and permissions", path,
-                   w < 0 ? strerror(errno) : "no progress");
-            return -1;
-        }
-        q += w, off += (uint64_t)w, len -= (size_t)w;
-    }
-    return 0;
-}
-
 int st_plan_create_files(const st_plan_t *p, const char *dir, char *err, size_t errlen)
 {
     for (int s = 0; s < p->n_shards; s++) {
@@ -1080,26 +1050,11 @@ int st_plan_write_f32(const st_plan_t *p, const char *dir, int i, int64_t r0,
     return rc;
 }
 
-static int fsync_path(const char *path, int flags, char *err, size_t errlen)
-{
-    int fd = open(path, flags | O_CLOEXEC);
-    if (fd < 0) {
-        seterr(err, errlen, "cannot open '%s' to sync it: %s", path, strerror(errno));
-        return -1;
-    }
-    /* Directories on some file systems cannot be synced (EINVAL): normal. */
-    int rc = fsync(fd) != 0 && errno != EINVAL && errno != ENOTSUP ? -1 : 0;
-    if (rc != 0)
-        seterr(err, errlen, "cannot sync '%s': %s: check free space", path, strerror(errno));
-    close(fd);
-    return rc;
-}
-
 int st_plan_sync(const st_plan_t *p, const char *dir, char *err, size_t errlen)
 {
     for (int s = 0; s < p->n_shards; s++) {
         char *path = join(dir, p->s[s].name);
-        int rc = path == NULL ? -1 : fsync_path(path, O_RDONLY, err, errlen);
+        int rc = path == NULL ? -1 : publish_fsync_path(path, err, errlen);
         if (path == NULL)
             seterr(err, errlen, "out of memory");
         free(path);
@@ -1130,38 +1085,22 @@ int st_plan_write_index(const st_plan_t *p, const char *dir, char *err, size_t e
 {
     if (p->n_shards <= 1)
         return 0;
-    char *js = index_json(p), *path = join(dir, INDEX_NAME), *tmp = join(dir, INDEX_NAME ".tmp");
-    int rc = js == NULL || path == NULL || tmp == NULL ? -1 : 0;
+    char *js = index_json(p), *path = join(dir, INDEX_NAME);
+    int rc = js == NULL || path == NULL ? -1 : 0;
     if (rc != 0)
         seterr(err, errlen, "out of memory writing %s", INDEX_NAME);
-    int fd = rc == 0 ? open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644) : -1;
-    if (rc == 0 && fd < 0) {
-        seterr(err, errlen, "cannot create '%s': %s", tmp, strerror(errno));
-        rc = -1;
-    }
+    publish_t pub;
     if (rc == 0)
-        rc = pwrite_full(fd, js, strlen(js), 0, tmp, err, errlen);
-    if (rc == 0)
-        rc = pwrite_full(fd, "\n", 1, strlen(js), tmp, err, errlen);
-    /* A rename of unsynced data can survive a crash as an empty file. */
-    if (rc == 0 && fsync(fd) != 0) {
-        seterr(err, errlen, "cannot sync '%s': %s: check free space", tmp, strerror(errno));
-        rc = -1;
+        rc = publish_open(&pub, path, 0644, err, errlen);
+    if (rc == 0) {
+        if (publish_write(&pub, js, strlen(js), err, errlen) != 0 || publish_write(&pub, "\n", 1, err, errlen) != 0) {
+            publish_abort(&pub, err, errlen);
+            rc = -1;
+        } else {
+            rc = publish_commit(&pub, err, errlen);
+        }
     }
-    if (fd >= 0 && close(fd) != 0 && rc == 0) {
-        seterr(err, errlen, "cannot close '%s': %s", tmp, strerror(errno));
-        rc = -1;
-    }
-    if (rc == 0 && rename(tmp, path) != 0) {
-        seterr(err, errlen, "cannot rename '%s' to '%s': %s", tmp, path, strerror(errno));
-        rc = -1;
-    }
-    if (rc == 0)
-        rc = fsync_path(dir, O_RDONLY | O_DIRECTORY, err, errlen);
-    else if (tmp != NULL)
-        unlink(tmp);
     free(js);
     free(path);
-    free(tmp);
     return rc;
 }

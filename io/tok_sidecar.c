@@ -1,13 +1,14 @@
 /* The tokenizer sidecar (PREFIX.tokenizer.json): written by dtrain-prepare,
  * read by dtrain. JSON through Jansson; the layout is in tok_sidecar.h. */
-#define _GNU_SOURCE /* O_DIRECTORY */
+#define _GNU_SOURCE /* glob, stat, access */
 #ifdef HAVE_CONFIG_H
 #include "config.h"
 #endif
 #include "tok_sidecar.h"
 
+#include "publish.h"
+
 #include <errno.h>
-#include <fcntl.h>
 #include <glob.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -108,20 +109,6 @@ char *tok_sidecar_format(const tok_sidecar_t *s, const tokenizer_t *tk, char *er
     return text;
 }
 
-static int write_all(int fd, const char *buf, size_t len)
-{
-    while (len > 0) {
-        ssize_t w = write(fd, buf, len);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            return -1;
-        buf += w;
-        len -= (size_t)w;
-    }
-    return 0;
-}
-
 /* The directory part of path ("." when none) into out. */
 static int dir_of(const char *path, char *out, size_t outlen)
 {
@@ -132,64 +119,28 @@ static int dir_of(const char *path, char *out, size_t outlen)
     return n < 0 || (size_t)n >= outlen ? -1 : 0;
 }
 
-/* The rename is durable only once the directory entry is on disk. */
-static int sync_dir_of(const char *path, char *err, size_t errlen)
-{
-    char dir[TOK_PATH_MAX];
-    if (dir_of(path, dir, sizeof dir) != 0) {
-        snprintf(err, errlen, "path too long: '%.200s'", path);
-        return -1;
-    }
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) {
-        snprintf(err, errlen, "cannot open directory '%s' to sync '%s': %s", dir, path, strerror(errno));
-        return -1;
-    }
-    int rc = 0;
-    if (fsync(fd) != 0 && errno != EINVAL && errno != ENOTSUP) {
-        snprintf(err, errlen, "cannot sync directory '%s' of '%s': %s", dir, path, strerror(errno));
-        rc = -1;
-    }
-    close(fd);
-    return rc;
-}
-
 int tok_sidecar_write(const char *path, const tok_sidecar_t *s, const tokenizer_t *tk, char *err, size_t errlen)
 {
     char *text = tok_sidecar_format(s, tk, err, errlen);
     if (text == NULL)
         return -1;
-    char tmp[TOK_PATH_MAX + 8];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) {
+    if (strlen(path) + 4 >= TOK_PATH_MAX + 8) { /* PATH.tmp as long as it always could be */
         snprintf(err, errlen, "sidecar path too long: '%.200s'", path);
-        free(text);
-        return -1;
-    }
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
-    if (fd < 0) {
-        snprintf(err, errlen, "cannot create '%s': %s", tmp, strerror(errno));
         free(text);
         return -1;
     }
     size_t len = strlen(text);
     text[len] = '\n'; /* a text file ends with a newline; the NUL is not written */
-    int rc = write_all(fd, text, len + 1) != 0 || fsync(fd) != 0 ? -1 : 0;
-    if (rc != 0)
-        snprintf(err, errlen, "cannot write '%s': %s", tmp, strerror(errno));
-    if (close(fd) != 0 && rc == 0) {
-        snprintf(err, errlen, "cannot close '%s': %s", tmp, strerror(errno));
+    publish_t pub;
+    int rc = publish_open(&pub, path, 0666, err, errlen);
+    if (rc == 0 && publish_write(&pub, text, len + 1, err, errlen) != 0) {
+        publish_abort(&pub, err, errlen); /* nothing half-written stays behind */
         rc = -1;
+    } else if (rc == 0) {
+        rc = publish_commit(&pub, err, errlen);
     }
     free(text);
-    if (rc == 0 && rename(tmp, path) != 0) {
-        snprintf(err, errlen, "cannot rename '%s' to '%s': %s", tmp, path, strerror(errno));
-        rc = -1;
-    }
-    if (rc != 0) {
-        unlink(tmp); /* nothing half-written stays behind */
-        return -1;
-    }
-    return sync_dir_of(path, err, errlen);
+    return rc;
 }
 
 /* Errors are one line: a value quoted from the file (a JSON string may

@@ -1,13 +1,15 @@
 /* Token shard files: read (llm.c headered shards, nanoGPT raw uint16) and
  * write (llm.c shards). See tokens.h for the format. */
-#define _GNU_SOURCE /* glob(3) error codes, O_DIRECTORY */
+#define _GNU_SOURCE /* glob(3) error codes */
 #include "tokens.h"
+
+#include "errmsg.h"
+#include "publish.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <glob.h>
 #include <limits.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,19 +31,6 @@
 /* Tokens converted per write(2) call: large enough to amortise the syscall,
  * small enough to stay in cache. */
 #define WRITE_CHUNK 65536
-
-#if defined(__GNUC__)
-__attribute__((format(printf, 3, 4)))
-#endif
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err == NULL || errlen == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 int tokens_format_parse(const char *s, tokens_format_t *fmt)
 {
@@ -429,66 +418,6 @@ int tokens_open(token_set_t *set, const char *pattern, tokens_format_t fmt,
 /* Writing                                                              */
 /* ------------------------------------------------------------------ */
 
-static int write_full(int fd, const void *buf, size_t len, const char *path,
-                      char *err, size_t errlen)
-{
-    const char *p = buf;
-    while (len > 0) {
-        ssize_t put = write(fd, p, len);
-        if (put < 0) {
-            if (errno == EINTR)
-                continue;
-            seterr(err, errlen,
-                   "cannot write '%s': %s: check free space and permissions",
-                   path, strerror(errno));
-            return -1;
-        }
-        p += put;
-        len -= (size_t)put;
-    }
-    return 0;
-}
-
-/* Make the rename itself durable: without syncing the directory a crash
- * can leave neither the old nor the new name. File systems that cannot
- * sync a directory say EINVAL; that is their normal behaviour, not an
- * error. */
-static int sync_parent_dir(const char *path, char *err, size_t errlen)
-{
-    char *dir = strdup(path);
-    if (dir == NULL) {
-        seterr(err, errlen, "out of memory writing '%s'", path);
-        return -1;
-    }
-    char *slash = strrchr(dir, '/');
-    if (slash == NULL)
-        strcpy(dir, ".");
-    else if (slash == dir)
-        slash[1] = '\0';
-    else
-        *slash = '\0';
-    int rc = 0;
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) {
-        seterr(err, errlen, "cannot open directory '%s' of '%s' to sync it: %s",
-               dir, path, strerror(errno));
-        rc = -1;
-    } else {
-        if (fsync(fd) != 0 && errno != EINVAL && errno != ENOTSUP) {
-            seterr(err, errlen, "cannot sync directory '%s' of '%s': %s", dir,
-                   path, strerror(errno));
-            rc = -1;
-        }
-        if (close(fd) != 0 && rc == 0) {
-            seterr(err, errlen, "cannot close directory '%s': %s", dir,
-                   strerror(errno));
-            rc = -1;
-        }
-    }
-    free(dir);
-    return rc;
-}
-
 int tokens_write(const char *path, const int32_t *tok, size_t n, int width,
                  char *err, size_t errlen)
 {
@@ -530,30 +459,15 @@ int tokens_write(const char *path, const int32_t *tok, size_t n, int width,
         }
     }
 
-    size_t plen = strlen(path);
-    char *tmp = malloc(plen + 5);
-    if (tmp == NULL) {
-        seterr(err, errlen, "out of memory writing '%s'", path);
-        return -1;
-    }
-    memcpy(tmp, path, plen);
-    memcpy(tmp + plen, ".tmp", 5);
-
     unsigned char *buf = malloc((size_t)WRITE_CHUNK * (size_t)width);
     if (buf == NULL) {
         seterr(err, errlen, "out of memory writing '%s'", path);
-        free(tmp);
         return -1;
     }
-
-    int rc = -1;
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        seterr(err, errlen,
-               "cannot create '%s': %s: check that the directory exists and "
-               "is writable",
-               tmp, strerror(errno));
-        goto out;
+    publish_t pub;
+    if (publish_open(&pub, path, 0644, err, errlen) != 0) {
+        free(buf);
+        return -1;
     }
 
     int32_t hdr[TOKENS_HEADER_INTS];
@@ -561,10 +475,9 @@ int tokens_write(const char *path, const int32_t *tok, size_t n, int width,
     hdr[0] = (width == 2) ? TOKENS_MAGIC_U16 : TOKENS_MAGIC_U32;
     hdr[1] = (width == 2) ? TOKENS_VERSION_U16 : TOKENS_VERSION_U32;
     hdr[2] = (int32_t)n;
-    if (write_full(fd, hdr, sizeof hdr, tmp, err, errlen) != 0)
-        goto out_close;
+    int rc = publish_write(&pub, hdr, sizeof hdr, err, errlen);
 
-    for (size_t off = 0; off < n; off += WRITE_CHUNK) {
+    for (size_t off = 0; rc == 0 && off < n; off += WRITE_CHUNK) {
         size_t m = (n - off < WRITE_CHUNK) ? n - off : WRITE_CHUNK;
         if (width == 2) {
             for (size_t i = 0; i < m; i++) {
@@ -574,42 +487,12 @@ int tokens_write(const char *path, const int32_t *tok, size_t n, int width,
         } else {
             memcpy(buf, tok + off, m * sizeof(int32_t));
         }
-        if (write_full(fd, buf, m * (size_t)width, tmp, err, errlen) != 0)
-            goto out_close;
+        rc = publish_write(&pub, buf, m * (size_t)width, err, errlen);
     }
-    /* A rename of unsynced data can survive a crash as a file of zeros;
-     * sync first so the final name only ever points at a whole shard. */
-    if (fsync(fd) != 0) {
-        seterr(err, errlen, "cannot sync '%s': %s: check free space", tmp,
-               strerror(errno));
-        goto out_close;
-    }
-    rc = 0;
-out_close:
-    if (close(fd) != 0 && rc == 0) {
-        seterr(err, errlen, "cannot close '%s': %s: check free space", tmp,
-               strerror(errno));
-        rc = -1;
-    }
-    if (rc == 0 && rename(tmp, path) != 0) {
-        seterr(err, errlen, "cannot rename '%s' to '%s': %s", tmp, path,
-               strerror(errno));
-        rc = -1;
-    }
-    if (rc == 0)
-        rc = sync_parent_dir(path, err, errlen);
-    else if (unlink(tmp) != 0 && errno != ENOENT) {
-        /* The first error is the one the user must fix; a leftover .tmp
-         * file is only worth a mention. */
-        if (err != NULL && errlen > 0) {
-            size_t used = strnlen(err, errlen);
-            if (used + 1 < errlen)
-                snprintf(err + used, errlen - used,
-                         " (and '%s' was left behind)", tmp);
-        }
-    }
-out:
     free(buf);
-    free(tmp);
-    return rc;
+    if (rc != 0) {
+        publish_abort(&pub, err, errlen);
+        return -1;
+    }
+    return publish_commit(&pub, err, errlen);
 }

@@ -32,27 +32,18 @@
  * A bucket's `launched` is 0 before its allreduce starts, 1 while it is in
  * flight and 2 once it is reduced and scaled (in ddp_grads_ready when a
  * test finds it done, else in ddp_finish). */
-#define _POSIX_C_SOURCE 200809L /* clock_gettime */
-
 #include "ddp.h"
 
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "clock.h"
 #include "mem.h"
 
 /* bucket->launched: 0 not yet, 1 in flight, BUCKET_DONE reduced and scaled */
 enum { BUCKET_IN_FLIGHT = 1, BUCKET_DONE = 2 };
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static float inv_dp(const ddp_t *d)
 {

@@ -59,7 +59,7 @@ typedef struct trace_args {
 trace_t *trace_create(int world_rank, const char *label, size_t max_events);
 void trace_destroy(trace_t *t);
 
-/* CLOCK_MONOTONIC in seconds. */
+/* CLOCK_MONOTONIC in seconds: now_s() of clock.h, the clock spans are in. */
 double trace_now(void);
 
 /* Records the span [t0, t1] (trace_now() seconds) on `lane` (0 ..

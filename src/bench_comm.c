@@ -24,6 +24,7 @@
 #include "comm.h"
 #include "options.h"
 #include "launch.h"
+#include "strparse.h"
 
 #ifdef HAVE_CONFIG_H
 #include "config.h"
@@ -92,17 +93,6 @@ static int parse_size(const char *s, size_t *out)
     if (*end != '\0' || v > (unsigned long long)SIZE_MAX / mul)
         return -1;
     *out = (size_t)(v * mul);
-    return 0;
-}
-
-static int parse_long(const char *s, long lo, long hi, long *out)
-{
-    errno = 0;
-    char *end = NULL;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end != '\0' || v < lo || v > hi)
-        return -1;
-    *out = v;
     return 0;
 }
 

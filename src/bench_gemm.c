@@ -43,17 +43,18 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 
 #ifdef HAVE_CONFIG_H
 #include "config.h"
 #endif
 #include "backend.h"
+#include "clock.h"
 #include "ops.h"
 #include "ops_math.h"
 #include "options.h"
 #include "rng.h"
+#include "strparse.h"
 
 #ifndef PACKAGE_VERSION
 #define PACKAGE_VERSION "0.1.0"
@@ -111,17 +112,6 @@ static void usage(FILE *f)
             "                     or all cores); not with the cuda device\n"
             "  --help             print this help and exit\n"
             "  --version          print the version and exit\n");
-}
-
-static int parse_long(const char *s, long lo, long hi, long *out)
-{
-    errno = 0;
-    char *end = NULL;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end != '\0' || v < lo || v > hi)
-        return -1;
-    *out = v;
-    return 0;
 }
 
 /* One dimension of a shape: digits only, 1 to MAX_DIM; *s moves past it. */
@@ -252,13 +242,6 @@ static int parse_args(int argc, char **argv, bench_opts_t *o, char *err, size_t 
         }
     }
     return 0;
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 /* ------------------------------------------------------------ one shape */

@@ -37,6 +37,7 @@
 #include <unistd.h>
 
 #include "ckpt.h"
+#include "clock.h"
 #include "deal.h"
 #include "export.h"
 #include "safetensors.h"
@@ -512,11 +513,6 @@ static int plan_tiles(const h5store_tensor_t *t, int nt, int nranks, tile_t **ou
     *out = tiles;
     *n_out = n;
     return 0;
-}
-
-static double now_s(void)
-{
-    return MPI_Wtime();
 }
 
 static double mib(int64_t bytes)

@@ -14,6 +14,7 @@
 #include <unistd.h>
 #include <dirent.h>
 
+#include "clock.h"
 #include "deal.h"
 #include "fsutil.h"
 
@@ -316,11 +317,6 @@ static void assemble_tile(const hf_map_t *map, const export_out_t *o, const tile
 }
 
 /* ---- the agreed steps -------------------------------------------------------- */
-
-static double now_s(void)
-{
-    return MPI_Wtime();
-}
 
 /* Rank 0's checks of dest: absent (or --force over the same kind of
  * thing), its parent made as mkdir -p does and writable; a temporary left

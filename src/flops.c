@@ -1,10 +1,10 @@
 #include "flops.h"
+#include "clock.h"
 
 #include <cblas.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -17,13 +17,6 @@ double flops_per_token(const model_config_t *c, int T)
     const double per_layer = C * (QD + 2.0 * KVD) + QD * C + mlp;
     const double n_matmul = L * per_layer + V * C;
     return 6.0 * n_matmul + 12.0 * L * QD * (double)T;
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 /* One probe size: N x N x N, in . w^T as the ops table's forward matmuls

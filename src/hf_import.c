@@ -7,9 +7,9 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "hf_config.h"
 #include "hf_map.h"
 #include "llmc_model.h"
@@ -147,13 +147,6 @@ static int reset_peak_rss(void)
     int ok = write(fd, "5", 1) == 1;
     close(fd);
     return ok ? 0 : -1;
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 /* One source of tensors: a Hugging Face directory or an llm.c file. */

@@ -16,6 +16,7 @@
 #include "config.h"
 #endif
 #include "flops.h"
+#include "strparse.h"
 
 #define GIB 1073741824.0
 
@@ -94,16 +95,6 @@ static int parse_quantity(const char *s, double *out)
             return 0;
         }
     return -1;
-}
-
-static char *trim(char *s)
-{
-    while (*s == ' ' || *s == '\t')
-        s++;
-    char *e = s + strlen(s);
-    while (e > s && (e[-1] == ' ' || e[-1] == '\t' || e[-1] == '\n' || e[-1] == '\r'))
-        *--e = '\0';
-    return s;
 }
 
 static int load_file(hw_profile_t *p, const char *path, char *err, size_t errlen)

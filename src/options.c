@@ -12,6 +12,7 @@
 #include "config.h"
 #endif
 #include "hf_import.h"
+#include "strparse.h"
 #ifndef PACKAGE_VERSION
 #define PACKAGE_VERSION "0.1.0"
 #endif
@@ -198,16 +199,6 @@ static int opt_set(run_options_t *o, const opt_def_t *d, const char *value, cons
             o->model_set = 1;
         return 0;
     }
-}
-
-static char *trim(char *s)
-{
-    while (*s == ' ' || *s == '\t')
-        s++;
-    char *e = s + strlen(s);
-    while (e > s && (e[-1] == ' ' || e[-1] == '\t' || e[-1] == '\n' || e[-1] == '\r'))
-        *--e = '\0';
-    return s;
 }
 
 static int load_config_file(run_options_t *o, const char *path, char *err, size_t errlen)

@@ -9,6 +9,7 @@
 #endif
 #include "prepare.h"
 
+#include "clock.h"
 #include "fsutil.h"
 
 #include <errno.h>
@@ -326,8 +327,6 @@ int prep_agree(const prep_run_t *r, int failed, uint64_t key, const char *msg)
     }
     return 1;
 }
-
-static double now_s(void) { return MPI_Wtime(); }
 
 /* Input bytes and wall time: the figure bench/tokenize.sh reports. */
 static void print_summary(const prep_run_t *r)

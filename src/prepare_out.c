@@ -19,7 +19,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +26,7 @@
 #include <unistd.h>
 
 #include "megatron.h"
+#include "publish.h"
 #include "tok_sidecar.h"
 #include "tokens.h"
 
@@ -149,22 +149,6 @@ static int stream_close(prep_stream_t *st, char *err, size_t errlen)
         mpi_err(rc != MPI_SUCCESS ? rc : rc2, "cannot sync and close", st->tmp_path, err, errlen);
         return -1;
     }
-    return 0;
-}
-
-static int sync_dir_of(const char *path, char *err, size_t errlen)
-{
-    char tmp[PREP_PATH_MAX];
-    snprintf(tmp, sizeof tmp, "%s", path);
-    const char *dir = dirname(tmp);
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0 || fsync(fd) != 0) {
-        prep_err(err, errlen, "cannot sync directory '%s': %s", dir, strerror(errno));
-        if (fd >= 0)
-            close(fd);
-        return -1;
-    }
-    close(fd);
     return 0;
 }
 
@@ -367,7 +351,7 @@ static int finish_llmc(prep_run_t *r, prep_stream_t *st)
     if (r->rank == 0)
         failed = publish_llmc(r, st, n_sh, err, sizeof err) != 0 ||
                  remove_stale_shards(r, st->split, n_sh, err, sizeof err) != 0 ||
-                 sync_dir_of(r->o->out, err, sizeof err) != 0 || verify_llmc(r, st, n_sh, err, sizeof err) != 0;
+                 publish_sync_dir_of(r->o->out, err, sizeof err) != 0 || verify_llmc(r, st, n_sh, err, sizeof err) != 0;
     return prep_agree(r, failed, 0, err) ? PREP_EXIT_IO : 0;
 }
 
@@ -395,7 +379,7 @@ static int publish_megatron(const prep_run_t *r, const prep_stream_t *st, char *
         prep_err(err, errlen, "cannot rename '%s' to '%s': %s", st->tmp_path, bin, strerror(errno));
         return -1;
     }
-    if (sync_dir_of(bin, err, errlen) != 0)
+    if (publish_sync_dir_of(bin, err, errlen) != 0)
         return -1;
     megatron_idx_t check;
     if (megatron_idx_open(&check, prefix, err, errlen) != 0)

@@ -5,7 +5,6 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -15,6 +14,7 @@
 #include "config.h"
 #endif
 #include "backend.h"
+#include "clock.h"
 #include "flops.h"
 #include "fsutil.h"
 #include "mem.h"
@@ -26,13 +26,6 @@
 #include "replica.h"
 #include "sample.h"
 #include "tok_sidecar.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* The training loop's hook into model_backward: hands finished gradient
  * ranges to the data-parallel reducer while backward continues. */
