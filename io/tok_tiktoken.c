@@ -13,6 +13,7 @@
 #include "config.h"
 #endif
 #include "tok_bpe.h"
+#include "tok_hf.h"
 
 #include <limits.h>
 #include <stdio.h>
@@ -62,6 +63,7 @@ typedef struct special {
 typedef struct encoding {
     const char *name;
     const char *pattern;
+    const char *hf_pattern;   /* the same in tiktoken's own (Oniguruma-compatible) spelling, for tokenizer.json */
     int32_t n_ranks;          /* mergeable tokens the rank file must hold */
     const special_t *special; /* the first is doc_start */
     int n_special;
@@ -90,11 +92,23 @@ static const special_t llama3_special[] = {
 
 #define N_OF(a) ((int)(sizeof a / sizeof a[0]))
 
+/* tiktoken's patterns as tiktoken (openai_public.py) and the Hugging Face
+ * tokenizer.json files of these vocabularies write them. */
+#define HF_CONTRACTIONS "(?i:'s|'t|'re|'ve|'m|'ll|'d)"
+#define HF_PAT_R50K "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
+#define HF_PAT_CL100K                                                                                         \
+    HF_CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|"  \
+    "\\s+(?!\\S)|\\s+"
+#define HF_PAT_O200K                                                                                          \
+    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+"               \
+    HF_CONTRACTIONS "?|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*" \
+    HF_CONTRACTIONS "?|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+
 static const encoding_t encodings[] = {
-    {"r50k_base", TOK_PAT_GPT2, 50256, r50k_special, N_OF(r50k_special), 0, 0},
-    {"cl100k_base", PAT_CL100K, 100256, cl100k_special, N_OF(cl100k_special), 0, 0},
-    {"o200k_base", PAT_O200K, 199998, o200k_special, N_OF(o200k_special), 0, 0},
-    {"llama3", PAT_LLAMA3, 128000, llama3_special, N_OF(llama3_special), 128010, 128256},
+    {"r50k_base", TOK_PAT_GPT2, HF_PAT_R50K, 50256, r50k_special, N_OF(r50k_special), 0, 0},
+    {"cl100k_base", PAT_CL100K, HF_PAT_CL100K, 100256, cl100k_special, N_OF(cl100k_special), 0, 0},
+    {"o200k_base", PAT_O200K, HF_PAT_O200K, 199998, o200k_special, N_OF(o200k_special), 0, 0},
+    {"llama3", PAT_LLAMA3, HF_PAT_CL100K, 128000, llama3_special, N_OF(llama3_special), 128010, 128256},
 };
 
 static const encoding_t *find_encoding(const char *name)
@@ -103,6 +117,17 @@ static const encoding_t *find_encoding(const char *name)
         if (strcmp(encodings[i].name, name) == 0)
             return &encodings[i];
     return NULL;
+}
+
+const char *tok_hf_pattern(const tokenizer_t *tk)
+{
+    if (strcmp(tk->ops->kind, "gpt2") == 0) /* GPT-2's pattern is r50k_base's */
+        return HF_PAT_R50K;
+    if (strcmp(tk->ops->kind, "tiktoken") != 0)
+        return NULL;
+    const char *colon = strrchr(tk->spec, ':'); /* the spec ends ":ENCODING" */
+    const encoding_t *enc = colon ? find_encoding(colon + 1) : NULL;
+    return enc ? enc->hf_pattern : NULL;
 }
 
 /* ---- the rank file ---- */

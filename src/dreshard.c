@@ -108,7 +108,7 @@ static void usage(FILE *f)
             "  --dtype D       exported tensors' type: fp32 (default, exact), bf16 or fp16 (--to-hf only);\n"
             "                  rounded to nearest even\n"
             "  --tokenizer T   --to-hf: auto (default: the data tokenizer the input records), none, or a\n"
-            "                  dtrain --tokenizer spec (gpt2[:DIR], spm:MODEL get Hugging Face files)\n"
+            "                  dtrain --tokenizer spec (gpt2, tiktoken and spm get Hugging Face files)\n"
             "  --max-shard-size SIZE  --to-hf: safetensors shard size, bytes with an optional KB, MB, GB,\n"
             "                  KiB, MiB or GiB (default 5GB, as Hugging Face's)\n"
             "  --info FILE     print the attributes, every tensor with its shape and chunks, and verify\n"

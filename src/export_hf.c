@@ -6,8 +6,10 @@
  *     --max-shard-size, 5 GB by default)
  *   config.json             GPT2LMHeadModel or LlamaForCausalLM
  *   generation_config.json  the tokenizer's BOS/EOS ids when known
- *   tokenizer files         gpt2: vocab.json + merges.txt (GPT2Tokenizer);
- *                           spm: tokenizer.model (LlamaTokenizer); with
+ *   tokenizer files         gpt2: vocab.json + merges.txt (GPT2Tokenizer) and
+ *                           tokenizer.json; tiktoken: tokenizer.json
+ *                           (PreTrainedTokenizerFast, io/tok_hf.h); spm:
+ *                           tokenizer.model (LlamaTokenizer); each with
  *                           tokenizer_config.json and special_tokens_map.json
  * GPT-2's head is tied to wte, so lm_head.weight is not written (as
  * save_pretrained leaves tied weights out). Dropout is written as 0: dtrain
@@ -24,6 +26,7 @@
 
 #include "export.h"
 #include "safetensors.h"
+#include "tok_hf.h"
 #include "tokenizer.h"
 
 typedef struct hf_state {
@@ -45,14 +48,23 @@ static const char *torch_dtype(export_dtype_t d)
 /* ---- the tokenizer ------------------------------------------------------------ */
 
 /* The special ids by role. gpt2/tiktoken: <|endoftext|> is BOS, EOS and
- * UNK (as GPT-2's tokenizer_config says); spm: list_specials gives <unk>,
- * <s>, </s> in that order, each only when the model has it. */
+ * UNK (as GPT-2's tokenizer_config says), tiktoken's first special token
+ * (Llama 3's <|begin_of_text|>) is BOS and EOS unless there is an
+ * <|end_of_text|>; spm: list_specials gives <unk>, <s>, </s> in that
+ * order, each only when the model has it. */
 static void special_roles(hf_state_t *s, const tokenizer_t *tk)
 {
     s->bos = tk->doc_start;
     s->eos = s->unk = TOK_NO_ID;
-    if (strcmp(tk->ops->kind, "spm") != 0) {
+    if (strcmp(tk->ops->kind, "gpt2") == 0) {
         s->eos = s->unk = tk->doc_start;
+        return;
+    }
+    if (strcmp(tk->ops->kind, "tiktoken") == 0) { /* Llama 3 ends text with its own token; no UNK */
+        s->eos = tk->doc_start;
+        for (int i = 0; i < tk->n_special; i++)
+            if (strcmp(tk->special_name[i], "<|end_of_text|>") == 0)
+                s->eos = tk->special_id[i];
         return;
     }
     for (int i = 0; i < tk->n_special; i++) {
@@ -102,9 +114,9 @@ static int open_tokenizer(export_ctx_t *x, hf_state_t *s, char *err, size_t errl
         return -1;
     }
     const char *kind = s->tok->ops->kind;
-    if (strcmp(kind, "gpt2") != 0 && strcmp(kind, "spm") != 0) {
+    if (strcmp(kind, "spm") != 0 && !tok_hf_pattern(s->tok)) {
         snprintf(x->note, sizeof x->note, "no tokenizer files: dreshard writes Hugging Face tokenizer files for "
-                 "gpt2 and spm tokenizers, not for %s (%s)", kind, spec);
+                 "gpt2, tiktoken and spm tokenizers, not for %s (%s)", kind, spec);
         tokenizer_close(s->tok);
         s->tok = NULL;
         return 0;
@@ -305,27 +317,55 @@ static void set_special(json_t *j, const char *key, const tokenizer_t *tk, int32
         json_object_set_new(j, key, json_string(name));
 }
 
-static int write_tokenizer(const char *dir, const model_config_t *c, const hf_state_t *s, char *err, size_t errlen)
+/* tokenizer.json of a byte-level BPE tokenizer (io/tok_hf.h) */
+static int write_tokenizer_json(const char *dir, const tokenizer_t *tk, char *err, size_t errlen)
 {
-    const tokenizer_t *tk = s->tok;
-    const int spm = strcmp(tk->ops->kind, "spm") == 0;
-    int rc;
-    if (spm) {
-        rc = copy_file(tk->vocab_path, dir, "tokenizer.model", err, errlen);
-    } else { /* gpt2: encoder.json and vocab.bpe side by side (tok_gpt2.c) */
+    char *json, why[512];
+    if (tok_hf_tokenizer_json(tk, tok_hf_pattern(tk), &json, why, sizeof why) != 0) {
+        snprintf(err, errlen, "tokenizer.json of %.300s: %s", tk->spec, why);
+        return -1;
+    }
+    int rc = write_file(dir, "tokenizer.json", json, strlen(json), err, errlen);
+    free(json);
+    return rc;
+}
+
+/* The tokenizer's own files: spm's model; GPT-2's encoder.json and
+ * vocab.bpe (side by side, tok_gpt2.c) as vocab.json and merges.txt, and
+ * tokenizer.json for the fast tokenizer; tiktoken's as tokenizer.json. */
+static int write_vocabulary(const char *dir, const tokenizer_t *tk, char *err, size_t errlen)
+{
+    if (strcmp(tk->ops->kind, "spm") == 0)
+        return copy_file(tk->vocab_path, dir, "tokenizer.model", err, errlen);
+    if (strcmp(tk->ops->kind, "gpt2") == 0) {
         char merges[TOK_PATH_MAX + 16];
         snprintf(merges, sizeof merges, "%s", tk->vocab_path);
         char *slash = strrchr(merges, '/');
         snprintf(slash ? slash + 1 : merges, sizeof merges - (size_t)(slash ? slash + 1 - merges : 0), "vocab.bpe");
-        rc = copy_file(tk->vocab_path, dir, "vocab.json", err, errlen);
-        if (rc == 0)
-            rc = copy_file(merges, dir, "merges.txt", err, errlen);
+        if (copy_file(tk->vocab_path, dir, "vocab.json", err, errlen) != 0 ||
+            copy_file(merges, dir, "merges.txt", err, errlen) != 0)
+            return -1;
     }
+    return write_tokenizer_json(dir, tk, err, errlen);
+}
+
+static const char *tokenizer_class(const tokenizer_t *tk)
+{
+    return strcmp(tk->ops->kind, "spm") == 0    ? "LlamaTokenizer"
+           : strcmp(tk->ops->kind, "gpt2") == 0 ? "GPT2Tokenizer"
+                                                : "PreTrainedTokenizerFast";
+}
+
+static int write_tokenizer(const char *dir, const model_config_t *c, const hf_state_t *s, char *err, size_t errlen)
+{
+    const tokenizer_t *tk = s->tok;
+    const int spm = strcmp(tk->ops->kind, "spm") == 0;
+    int rc = write_vocabulary(dir, tk, err, errlen);
     json_t *map = json_object(), *cfg = json_object();
     set_special(map, "bos_token", tk, s->bos);
     set_special(map, "eos_token", tk, s->eos);
     set_special(map, "unk_token", tk, s->unk);
-    json_object_set_new(cfg, "tokenizer_class", json_string(spm ? "LlamaTokenizer" : "GPT2Tokenizer"));
+    json_object_set_new(cfg, "tokenizer_class", json_string(tokenizer_class(tk)));
     json_object_update(cfg, map);
     json_object_set_new(cfg, "model_max_length", json_integer(c->max_seq));
     if (spm) {
@@ -334,6 +374,7 @@ static int write_tokenizer(const char *dir, const model_config_t *c, const hf_st
         json_object_set_new(cfg, "legacy", json_true()); /* plain SentencePiece encoding, as dtrain-prepare's */
     } else {
         json_object_set_new(cfg, "add_prefix_space", json_false());
+        json_object_set_new(cfg, "clean_up_tokenization_spaces", json_false()); /* decode gives the bytes back */
     }
     if (rc == 0)
         rc = write_json(dir, "special_tokens_map.json", map, err, errlen);
@@ -407,7 +448,9 @@ static int hf_publish(export_ctx_t *x, char *err, size_t errlen)
         rc = write_tokenizer(x->tmp, c, s, err, errlen);
         if (rc == 0)
             snprintf(x->note, sizeof x->note, "tokenizer files of %.400s (%s)", s->tok->spec,
-                     strcmp(s->tok->ops->kind, "spm") == 0 ? "tokenizer.model" : "vocab.json, merges.txt");
+                     strcmp(s->tok->ops->kind, "spm") == 0    ? "tokenizer.model"
+                     : strcmp(s->tok->ops->kind, "gpt2") == 0 ? "vocab.json, merges.txt, tokenizer.json"
+                                                              : "tokenizer.json");
     }
     st_model_t back;
     if (rc == 0 && (rc = st_model_open(&back, x->tmp, err, errlen)) == 0)

@@ -255,12 +255,26 @@ GPT2_DATA="$top_builddir/data/gutenberg-gpt2_train_*.bin"
     >"$TMP/big.log" 2>&1 || fail "dtrain --init-from big on GPT-2 shards: $(tail -n 2 "$TMP/big.log")"
 to_hf "gpt2 vocabulary 50257, bf16" "$TMP/big" 2 --dtype bf16
 tokdir=$(sed -n 's/.*"spec": "gpt2:\(.*\)",/\1/p' "$top_builddir/data/gutenberg-gpt2.tokenizer.json")
+TOK="$top_builddir/test/tok_tool"
+"$TOK" hfjson "gpt2:$tokdir" >"$TMP/gpt2.tokenizer.json" || fail "tok_tool hfjson gpt2"
 if cmp -s "$TMP/rt/vocab.json" "$tokdir/encoder.json" && cmp -s "$TMP/rt/merges.txt" "$tokdir/vocab.bpe" &&
+    cmp -s "$TMP/rt/tokenizer.json" "$TMP/gpt2.tokenizer.json" &&
     grep -q '"tokenizer_class": "GPT2Tokenizer"' "$TMP/rt/tokenizer_config.json" &&
     grep -q '"eos_token_id": 50256' "$TMP/rt/config.json" && grep -q '"eos_token_id": 50256' "$TMP/rt/generation_config.json"; then
-    pass "the export carries the data's GPT-2 tokenizer (vocab.json = encoder.json, merges.txt = vocab.bpe, eos 50256) without being told"
+    pass "the export carries the data's GPT-2 tokenizer (vocab.json = encoder.json, merges.txt = vocab.bpe, tokenizer.json as test_tokenizer.sh checks it, eos 50256) without being told"
 else
     fail "the GPT-2 tokenizer files of the export: $(ls "$TMP/rt" | tr '\n' ' ')"
+fi
+# a tiktoken rank file (GPT-2's ranks as r50k_base) becomes tokenizer.json
+r50k="$(dirname "$tokdir")/tiktoken/r50k_base.tiktoken"
+to_hf "gpt2 vocabulary, --tokenizer tiktoken:r50k_base" "$TMP/big" 1 --dtype bf16 --tokenizer "tiktoken:$r50k"
+"$TOK" hfjson "tiktoken:$r50k" >"$TMP/r50k.tokenizer.json" || fail "tok_tool hfjson r50k_base"
+if cmp -s "$TMP/rt/tokenizer.json" "$TMP/r50k.tokenizer.json" && [ ! -e "$TMP/rt/vocab.json" ] &&
+    grep -q '"tokenizer_class": "PreTrainedTokenizerFast"' "$TMP/rt/tokenizer_config.json" &&
+    grep -q '"eos_token": "<|endoftext|>"' "$TMP/rt/special_tokens_map.json"; then
+    pass "--tokenizer tiktoken:r50k_base: tokenizer.json (as test_tokenizer.sh checks it), PreTrainedTokenizerFast"
+else
+    fail "the tiktoken tokenizer files of the export: $(ls "$TMP/rt" | tr '\n' ' ')"
 fi
 # SentencePiece: a 300-piece model of the corpus for the small Llama
 if spm_train --input="$top_srcdir/examples/data/carroll-alice.txt" --model_prefix="$TMP/sp" --vocab_size=300 \

@@ -5,6 +5,9 @@
 #   2. 0 id mismatches against js-tiktoken@1.0.21 (node, ordinary encoding)
 #      on every bundled book and on a Unicode stress text written here, for
 #      gpt2, cl100k_base and o200k_base (rank files of fetch-tokenizers.sh);
+#   2b. the same three as Hugging Face tokenizer.json files (what dreshard
+#      --to-hf exports), encoded and decoded by @huggingface/tokenizers@0.2.0
+#      (Hugging Face's JavaScript implementation of the format): 0 differences;
 #   3. decode(encode(x)) == x for thousands of random byte strings (invalid
 #      UTF-8, NUL, CR LF heavy) and a 100,000-letter word;
 #   4. each broken vocabulary or rank file: exit 1, one line naming the file.
@@ -148,6 +151,30 @@ else
             "$TOK" encode "$spec" "$f" >"$TMP/$enc.$b.out" || { fail "$enc $b: tok_tool encode failed"; continue; }
             compare_ids "$enc vs js-tiktoken, $b" "$TMP/$enc.$b.ref" "$TMP/$enc.$b.out"
         done
+    done
+fi
+
+# ---- 2b. the same vocabularies as Hugging Face's tokenizer.json ----
+# tok_tool hfjson writes what dreshard --to-hf exports (io/tok_hf.h); Hugging
+# Face's JavaScript implementation of the format must encode as js-tiktoken
+# does and decode back (test/hf_tokenizer_ref.mjs says which two documented
+# differences it takes out of the text first).
+HFREF="$top_srcdir/test/hf_tokenizer_ref.mjs"
+if ! command -v node >/dev/null 2>&1 || [ ! -f "$DIR/node/node_modules/@huggingface/tokenizers/package.json" ]; then
+    echo "SKIP part: no node or no @huggingface/tokenizers in $DIR/node (scripts/fetch-tokenizers.sh): tokenizer.json not checked"
+else
+    for enc in gpt2 cl100k_base o200k_base; do
+        case $enc in
+        gpt2) spec=$GPT2 ;;
+        *) spec="tiktoken:$DIR/tiktoken/$enc.tiktoken" ;;
+        esac
+        if ! "$TOK" hfjson "$spec" >"$TMP/tokenizer.json" 2>"$TMP/err"; then
+            fail "$enc: tok_tool hfjson: $(cat "$TMP/err")"
+        elif out=$(node "$HFREF" "$DIR/node" "$TMP/tokenizer.json" "$enc" $BOOKS "$TMP/stress.txt" 2>&1); then
+            pass "$enc as tokenizer.json, through @huggingface/tokenizers vs js-tiktoken, books and stress text: $out"
+        else
+            fail "$enc as tokenizer.json: $out"
+        fi
     done
 fi
 

@@ -7,8 +7,11 @@
  *                                    bytes on stdout
  *   tok_tool roundtrip SPEC FILE     decode(encode(file)) == file, else exit 1
  *   tok_tool info SPEC               kind, vocabulary size, special ids
+ *   tok_tool hfjson SPEC             the tokenizer as Hugging Face's
+ *                                    tokenizer.json (io/tok_hf.h), on stdout
  *
  * Exit 0 on success, 1 on a mismatch or error (one line on stderr). */
+#include "tok_hf.h"
 #include "tokenizer.h"
 
 #include <errno.h>
@@ -149,14 +152,31 @@ static int cmd_info(const tokenizer_t *tk)
     return 0;
 }
 
+static int cmd_hfjson(const tokenizer_t *tk)
+{
+    char *json, err[1024];
+    const char *pattern = tok_hf_pattern(tk);
+    if (!pattern) {
+        fprintf(stderr, "tok_tool: %s: no Hugging Face pre-tokenizer pattern for this kind\n", tk->spec);
+        return 1;
+    }
+    if (tok_hf_tokenizer_json(tk, pattern, &json, err, sizeof err) != 0) {
+        fprintf(stderr, "tok_tool: %s\n", err);
+        return 1;
+    }
+    int rc = fputs(json, stdout) < 0 ? 1 : 0;
+    free(json);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 3) {
-        fprintf(stderr, "usage: tok_tool encode|encode-lines|decode|roundtrip|info SPEC [FILE]\n");
+        fprintf(stderr, "usage: tok_tool encode|encode-lines|decode|roundtrip|info|hfjson SPEC [FILE]\n");
         return 2;
     }
     const char *cmd = argv[1];
-    int needs_file = strcmp(cmd, "decode") != 0 && strcmp(cmd, "info") != 0;
+    int needs_file = strcmp(cmd, "decode") != 0 && strcmp(cmd, "info") != 0 && strcmp(cmd, "hfjson") != 0;
     if (needs_file && argc < 4) {
         fprintf(stderr, "tok_tool: %s needs a FILE\n", cmd);
         return 2;
@@ -178,6 +198,8 @@ int main(int argc, char **argv)
         rc = cmd_roundtrip(tk, argv[3]);
     else if (strcmp(cmd, "info") == 0)
         rc = cmd_info(tk);
+    else if (strcmp(cmd, "hfjson") == 0)
+        rc = cmd_hfjson(tk);
     else {
         fprintf(stderr, "tok_tool: unknown command '%s'\n", cmd);
         rc = 2;
