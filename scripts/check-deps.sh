@@ -44,7 +44,7 @@ spm_train    sentencepiece         test/test_spm.sh, bench/tokenize.sh
 spm_encode   sentencepiece         test/test_spm.sh, bench/tokenize.sh
 spm_decode   sentencepiece         test/test_spm.sh
 clang        clang                 make fuzz
-python3      python3               tests (/usr/bin/python3), test/emu extraction
+python3      python3               tests (/usr/bin/python3)
 gnuplot      gnuplot-nox           plots
 sbatch       slurm-wlm             test/test_slurm.sh
 srun         slurm-wlm             slurm/*.sbatch
@@ -157,10 +157,10 @@ while read -r w where; do
 done <<<"$words"
 # Python modules imported by the tests and scripts, outside the standard library
 if [ -x /usr/bin/python3 ]; then
-    mods=$(grep -hE '^[[:space:]]*(import|from) [A-Za-z_]' test/*.py test/ref/*.py test/emu/*.py $files 2>/dev/null |
+    mods=$(grep -hE '^[[:space:]]*(import|from) [A-Za-z_]' test/*.py test/ref/*.py $files 2>/dev/null |
         sed -E 's/^[[:space:]]*(import|from)[[:space:]]+//; s/[[:space:]]+import .*//; s/ as [A-Za-z_]+//g' | tr ',' '\n' |
         sed -E 's/[[:space:]]//g; s/\..*//' | grep -E '^[A-Za-z_][A-Za-z0-9_]*$' | sort -u)
-    known=" $(for m in $pymods; do printf '%s ' "${m%%:*}"; done) $pyoptional ops_cuda_source "
+    known=" $(for m in $pymods; do printf '%s ' "${m%%:*}"; done) $pyoptional "
     for m in $(/usr/bin/python3 -c 'import sys; print(" ".join(m for m in sys.argv[1:] if m not in sys.stdlib_module_names))' $mods); do
         case "$known" in *" $m "*) ;; *) problem "Python module $m is imported but not in scripts/check-deps.sh's pymods (and its Debian package in install-deps.sh)" ;; esac
     done

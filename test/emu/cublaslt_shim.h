@@ -1,6 +1,6 @@
 /* Host emulation of the part of the CUDA runtime, cuBLAS and cuBLASLt that
  * ops_cuda.cu's GEMM path calls, so that test_gemm_emu.cpp can run that code
- * (extracted verbatim by extract_gemm.py) on a machine with no GPU. The
+ * (cuda/ops_cuda_gemm.cuh, included as it is) on a machine with no GPU. The
  * real headers (-isystem, the toolkit's include/) give the types, enum
  * values and prototypes; this file defines the functions, with the
  * semantics the cuBLAS/cuBLASLt documentation gives them:
@@ -26,7 +26,8 @@
  *    problem.
  *  - what the heuristic finds is chosen by emu_policy (see Policy): each
  *    policy forces one of ops_cuda.cu's fallback paths.
- * Kernels: EMU_LAUNCH(grid, block, smem, stream)(kernel, args...) checks the
+ * Kernels: CU_LAUNCH(kernel, grid, block, smem, stream)(args...), the
+ * form ops_cuda_gemm.cuh writes its launches in, checks the
  * launch configuration as CUDA does (cudaErrorInvalidConfiguration) and
  * runs the kernel body for every (block, thread) in turn; the GEMM path's
  * kernels use neither shared memory nor __syncthreads, so one thread after
@@ -46,9 +47,10 @@
 
 #include "ops_math.h"
 
-/* kernels become host functions */
+/* kernels become host functions (inline: the headers hold kernels this
+ * test does not launch) */
 #undef __global__
-#define __global__ static
+#define __global__ static inline
 
 /* ---- kernel launch emulation ---- */
 static uint3 blockIdx, threadIdx;
@@ -70,6 +72,11 @@ struct Launch {
              b.x >= 1 && b.y >= 1 && b.z >= 1 && (size_t)b.x * b.y * b.z <= 1024 && b.z <= 64 && smem <= 48 * 1024;
         if (s != emu_stream)
             emu_bad_stream++;
+    }
+    /* the launch of kernel: a callable taking the kernel's arguments */
+    template <typename F> auto of(F kernel) const
+    {
+        return [l = *this, kernel](auto... args) mutable { l(kernel, args...); };
     }
     template <typename F, typename... A> void operator()(F kernel, A... args)
     {
@@ -95,7 +102,7 @@ struct Launch {
     }
 };
 } // namespace emu
-#define EMU_LAUNCH(...) emu::Launch(__VA_ARGS__)
+#define CU_LAUNCH(kernel, ...) emu::Launch(__VA_ARGS__).of(kernel)
 
 /* ---- CUDA runtime ---- */
 cudaError_t cudaGetLastError(void)

@@ -1,9 +1,10 @@
 /* ops_cuda.cu's GEMM path run on the host against the CPU ops table.
  *
- * The code under test is cuda/ops_cuda.cu's own, copied verbatim at build
- * time by extract_gemm.py (ops_cuda_gemm.inc): the cuBLASLt plan cache,
- * lt_gemm, gemm_fwd/gemm_bwd, the column-sum kernels, the bias/GELU
- * kernels and the matmul ops (fp32 and bf16, plain and GELU-fused). It runs
+ * The code under test is the CUDA backend's own, included as ops_cuda.cu
+ * includes it (cuda/ops_cuda_gemm.cuh and what it includes): the cuBLASLt
+ * plan cache, lt_gemm, gemm_fwd/gemm_bwd, the column-sum kernels, the
+ * bias/GELU kernels and the matmul ops (fp32 and bf16, plain and
+ * GELU-fused), and ops_cuda_init's cuBLAS handle setup (blas_init). It runs
  * against cublaslt_shim.h, a host emulation of cuBLASLt, cuBLAS and the
  * runtime with the documented semantics, and its results are compared with
  * src/ops_cpu.c's (OpenBLAS). No GPU is needed: this checks how the CUDA
@@ -31,7 +32,7 @@ extern "C" {
 }
 #include "device.h"
 
-#include "ops_cuda_gemm.inc"
+#include "ops_cuda_gemm.cuh"
 
 #include <cmath>
 #include <random>
@@ -325,7 +326,7 @@ int main(int argc, char **argv)
     if (cublasLtCreate(&g.lt) != CUBLAS_STATUS_SUCCESS)
         return 1;
     g.ws = malloc(WORKSPACE_BYTES);
-    if (emu_init_blas() != CUBLAS_STATUS_SUCCESS) {
+    if (blas_init() != CUBLAS_STATUS_SUCCESS) {
         printf("FAIL: ops_cuda_init's cuBLAS handle setup\n");
         return 1;
     }

@@ -1,8 +1,9 @@
 /* ops_cuda.cu's row, reduction, attention, embedding and cross-entropy
  * kernels run on the host against the CPU ops table.
  *
- * The kernels are cuda/ops_cuda.cu's own, copied verbatim at build time by
- * extract_kernels.py (ops_cuda_kernels.inc). They run under a thread-block
+ * The kernels are the CUDA backend's own: this file includes their headers
+ * (cuda/kernels/), as cuda/ops_cuda.cu does, after defining the CUDA
+ * dialect they are written in. They run under a thread-block
  * emulation: every CUDA thread of a block is a std::thread, __syncthreads
  * a barrier over the block, __shfl_xor_sync an exchange through a per-warp
  * buffer between two per-warp barriers; blocks run one after another
@@ -108,7 +109,12 @@ static void cuda_fatal(const char *what, const char *msg)
     exit(2);
 }
 
-#include "ops_cuda_kernels.inc"
+#include "kernels/reduce.cuh"
+#include "kernels/colsum.cuh"
+#include "kernels/norm.cuh"
+#include "kernels/attention.cuh"
+#include "kernels/embedding.cuh"
+#include "kernels/crossentropy.cuh"
 
 /* f() run by every thread of every block of grid; with sync, each block's
  * threads run concurrently (std::thread) with barriers for __syncthreads

@@ -1,0 +1,128 @@
+/* LayerNorm and RMSNorm.
+ *
+ * Forward and input gradient: one block per row (grid N, THREADS threads),
+ * the row's sums by block_sum. The forward writes out and the per-row
+ * rstd (and LayerNorm's mean), which the backward reads; k_*_bwd_dx adds
+ * into din (+=, as src/ops.h has it: the residual stream's gradient is
+ * already there). The weight (and LayerNorm bias) gradients are column
+ * reductions (kernels/colsum.cuh): k_*_bwd_dw_part writes each chunk's
+ * partial sums, grid (ceil(C / THREADS), col_chunks(N)), a thread per
+ * column; k_colsum_fold then writes or adds them (accum_dw). The formulas
+ * per element are src/ops_math.h's. */
+#ifndef DTRAIN_CUDA_KERNELS_NORM_CUH
+#define DTRAIN_CUDA_KERNELS_NORM_CUH
+
+#include "reduce.cuh"
+#include "colsum.cuh"
+
+__global__ void k_layernorm_fwd(float *out, float *mean, float *rstd, const float *x, const float *w,
+                                const float *b, int C, float eps)
+{
+    const float *xr = x + (size_t)blockIdx.x * C;
+    float *o = out + (size_t)blockIdx.x * C;
+    float s = 0.0f;
+    for (int c = threadIdx.x; c < C; c += blockDim.x)
+        s += xr[c];
+    float mu = block_sum(s) / (float)C;
+    float ss = 0.0f;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float d = xr[c] - mu;
+        ss += d * d;
+    }
+    float r = dt_norm_rstd(block_sum(ss), C, eps);
+    for (int c = threadIdx.x; c < C; c += blockDim.x)
+        o[c] = dt_layernorm_out(xr[c], mu, r, w[c], b[c]);
+    if (threadIdx.x == 0) {
+        mean[blockIdx.x] = mu;
+        rstd[blockIdx.x] = r;
+    }
+}
+
+__global__ void k_layernorm_bwd_dx(float *din, const float *dout, const float *x, const float *w,
+                                   const float *mean, const float *rstd, int C)
+{
+    size_t off = (size_t)blockIdx.x * C;
+    const float *xr = x + off, *gr = dout + off;
+    float *d = din + off;
+    float mu = mean[blockIdx.x], r = rstd[blockIdx.x];
+    float sg = 0.0f, sgx = 0.0f;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float gw = gr[c] * w[c];
+        sg += gw;
+        sgx += gw * (xr[c] - mu) * r;
+    }
+    sg = block_sum(sg) / (float)C;
+    sgx = block_sum(sgx) / (float)C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float xhat = (xr[c] - mu) * r;
+        d[c] += dt_layernorm_dx(gr[c], w[c], xhat, sg, sgx, r);
+    }
+}
+
+/* The partial sums of dw[c] = sum_n dout * xhat and db[c] = sum_n dout
+ * over chunk blockIdx.y of `rows` rows (see the column reductions):
+ * pw[k, c] and pb[k, c]. */
+__global__ void k_layernorm_bwd_dw_part(float *pw, float *pb, const float *dout, const float *x, const float *mean,
+                                        const float *rstd, int N, int C, int rows)
+{
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C)
+        return;
+    const int n0 = blockIdx.y * rows, n1 = min(N, n0 + rows);
+    float aw = 0.0f, ab = 0.0f;
+    for (int n = n0; n < n1; n++) {
+        size_t i = (size_t)n * C + c;
+        aw += dout[i] * (x[i] - mean[n]) * rstd[n];
+        ab += dout[i];
+    }
+    pw[(size_t)blockIdx.y * C + c] = aw;
+    pb[(size_t)blockIdx.y * C + c] = ab;
+}
+
+__global__ void k_rmsnorm_fwd(float *out, float *rstd, const float *x, const float *w, int C, float eps)
+{
+    const float *xr = x + (size_t)blockIdx.x * C;
+    float *o = out + (size_t)blockIdx.x * C;
+    float ss = 0.0f;
+    for (int c = threadIdx.x; c < C; c += blockDim.x)
+        ss += xr[c] * xr[c];
+    float r = dt_norm_rstd(block_sum(ss), C, eps);
+    for (int c = threadIdx.x; c < C; c += blockDim.x)
+        o[c] = xr[c] * r * w[c];
+    if (threadIdx.x == 0)
+        rstd[blockIdx.x] = r;
+}
+
+__global__ void k_rmsnorm_bwd_dx(float *din, const float *dout, const float *x, const float *w, const float *rstd,
+                                 int C)
+{
+    size_t off = (size_t)blockIdx.x * C;
+    const float *xr = x + off, *gr = dout + off;
+    float *d = din + off;
+    float r = rstd[blockIdx.x];
+    float s = 0.0f;
+    for (int c = threadIdx.x; c < C; c += blockDim.x)
+        s += w[c] * gr[c] * xr[c];
+    float k = dt_rmsnorm_k(r, block_sum(s), C);
+    for (int c = threadIdx.x; c < C; c += blockDim.x)
+        d[c] += dt_rmsnorm_dx(r, w[c], gr[c], xr[c], k);
+}
+
+/* The partial sums of dw[c] = sum_n dout * x * rstd over chunk blockIdx.y
+ * of `rows` rows (see the column reductions): pw[k, c]. */
+__global__ void k_rmsnorm_bwd_dw_part(float *pw, const float *dout, const float *x, const float *rstd, int N, int C,
+                                      int rows)
+{
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C)
+        return;
+    const int n0 = blockIdx.y * rows, n1 = min(N, n0 + rows);
+    float aw = 0.0f;
+    for (int n = n0; n < n1; n++) {
+        size_t i = (size_t)n * C + c;
+        aw += dout[i] * x[i] * rstd[n];
+    }
+    pw[(size_t)blockIdx.y * C + c] = aw;
+}
+
+#endif

@@ -1,0 +1,450 @@
+/* The CUDA backend's matmuls: the ops table's matmul entries on cuBLASLt
+ * (planned once per distinct GEMM, the BIAS, GELU_AUX_BIAS and DGELU
+ * epilogues), cublasGemmEx where cuBLASLt has no algorithm, the bias-row
+ * and separate GELU kernels where no epilogue serves, and the column sums
+ * of the bias gradient.
+ *
+ * Host code, included by cuda/ops_cuda.cu after ops_cuda_state.cuh and the
+ * kernel families it launches, and compiled by test/emu/test_gemm_emu.cpp
+ * against an emulated cuBLASLt, cuBLAS and runtime
+ * (test/emu/cublaslt_shim.h). Hence the launches are written
+ * CU_LAUNCH(kernel, grid, block, smem, stream)(args): g++ cannot parse
+ * <<<...>>>, and the emulation defines CU_LAUNCH to run the kernel on the
+ * host. */
+#ifndef DTRAIN_CUDA_OPS_CUDA_GEMM_CUH
+#define DTRAIN_CUDA_OPS_CUDA_GEMM_CUH
+
+#include "ops_cuda_state.cuh"
+#include "kernels/elementwise.cuh"
+#include "kernels/colsum.cuh"
+
+#ifndef CU_LAUNCH
+#define CU_LAUNCH(kernel, ...) kernel<<<__VA_ARGS__>>>
+#endif
+
+#define WORKSPACE_BYTES (32u << 20)      /* cuBLASLt workspace */
+
+/* ---- matmul (cuBLASLt) --------------------------------------------------------------- */
+
+/* Largest power of two (at most 256) dividing the address. */
+static uint32_t align_of(const void *p)
+{
+    uintptr_t a = (uintptr_t)p;
+    uint32_t al = 256;
+    while (al > 1 && (a & (al - 1)))
+        al >>= 1;
+    return al;
+}
+
+/* The alignment every column of a column-major matrix has: the largest
+ * power of two (at most 256) dividing both its address and its leading
+ * dimension in bytes (ld elements of esize bytes). cuBLASLt's alignment
+ * requirements cover the pointer and the leading dimension alike, so an
+ * fp32 matrix with an odd ld is only 4-byte aligned after its first
+ * column and a bf16 one only 2-byte aligned. */
+static uint32_t mat_align(const void *p, int ld, size_t esize)
+{
+    uint32_t al = align_of(p);
+    size_t row = (size_t)ld * esize;
+    while (al > 1 && (row & (al - 1)))
+        al >>= 1;
+    return al;
+}
+
+/* ---- cuBLASLt plans ----------------------------------------------------------------------
+ * A GEMM's descriptors and the heuristic's algorithm depend only on its
+ * shape, types, transposes, epilogue and alignments, and a training step
+ * repeats the same few dozen GEMMs every microbatch. Creating the
+ * descriptors and querying the heuristic on every call cost tens of
+ * microseconds of host time per GEMM (dtrain-bench-gemm's small shapes
+ * showed it), which asynchronous ops turn into the host falling behind the
+ * GPU. So each distinct GEMM is planned once and kept: LT_PLANS entries,
+ * looked up by exact key, the oldest replaced when full. The heuristic
+ * answers the same for the same key, so a kept plan runs the algorithm a
+ * fresh query would pick: results are unchanged, bit for bit. */
+
+#define LT_PLANS 64
+
+typedef struct lt_key {
+    int ab, ta, tb;        /* cudaDataType_t of A/B, cublasOperation_t of each */
+    int m, n, k, lda, ldb, ldc;
+    int epi;               /* cublasLtEpilogue_t (bias and aux pointers are set per call) */
+    uint32_t al_a, al_b, al_c; /* alignments in bytes (mat_align) */
+    uint32_t al_bias, al_aux;  /* of the bias vector and the GELU aux matrix; 0 without */
+} lt_key_t;
+
+typedef struct lt_plan {
+    lt_key_t key;
+    int used;
+    int found;             /* the heuristic returned an algorithm */
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t la, lb, lc;
+    cublasLtMatmulAlgo_t algo;
+} lt_plan_t;
+
+static struct {
+    lt_plan_t plan[LT_PLANS];
+    int next;              /* the slot replaced when every slot is used */
+    long made, reused;     /* ops_cuda_gemm_plans */
+    long blas;             /* plain GEMMs run by cublasGemmEx instead (ops_cuda_gemm_plans) */
+    long gelu_fused, gelu_separate; /* ops_cuda_gelu_epilogues */
+} lt_cache;
+
+static void lt_plan_release(lt_plan_t *p)
+{
+    /* teardown of descriptors the library made: nothing to report */
+    if (p->lc) (void)cublasLtMatrixLayoutDestroy(p->lc);
+    if (p->lb) (void)cublasLtMatrixLayoutDestroy(p->lb);
+    if (p->la) (void)cublasLtMatrixLayoutDestroy(p->la);
+    if (p->op) (void)cublasLtMatmulDescDestroy(p->op);
+    memset(p, 0, sizeof *p);
+}
+
+static void lt_cache_release(void)
+{
+    for (int i = 0; i < LT_PLANS; i++)
+        if (lt_cache.plan[i].used)
+            lt_plan_release(&lt_cache.plan[i]);
+    memset(&lt_cache, 0, sizeof lt_cache);
+}
+
+static int epi_has_bias(int epi)
+{
+    return epi == CUBLASLT_EPILOGUE_BIAS || epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+}
+
+static int epi_has_aux(int epi)
+{
+    return epi == CUBLASLT_EPILOGUE_GELU_AUX || epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS ||
+           epi == CUBLASLT_EPILOGUE_DGELU;
+}
+
+/* The per-call attributes: the bias vector and the GELU aux matrix (the
+ * GELU input, written by GELU_AUX*, read by DGELU; fp32, the type of D,
+ * cuBLASLt's default for it, and with D's leading dimension). The
+ * heuristic reads the pointers too (for their alignment), so a plan is
+ * made with its first call's pointers set. */
+static void lt_set_pointers(const lt_plan_t *p, const float *bias, const float *aux, const char *what)
+{
+    if (epi_has_bias(p->key.epi))
+        ckb(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias), what);
+    if (epi_has_aux(p->key.epi))
+        ckb(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux),
+            what);
+}
+
+/* Descriptors and the heuristic's algorithm for one key (see above), with
+ * the pointers of the call that made it. */
+static void lt_plan_make(lt_plan_t *p, const lt_key_t *key, const float *bias, const float *aux, const char *what)
+{
+    memset(p, 0, sizeof *p);
+    p->key = *key;
+    p->used = 1;
+    const cublasOperation_t ta = (cublasOperation_t)key->ta, tb = (cublasOperation_t)key->tb;
+    const cudaDataType_t ab = (cudaDataType_t)key->ab;
+    const int m = key->m, n = key->n, k = key->k;
+    ckb(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), what);
+    ckb(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), what);
+    ckb(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), what);
+    if (key->epi != CUBLASLT_EPILOGUE_DEFAULT) {
+        cublasLtEpilogue_t epi = (cublasLtEpilogue_t)key->epi;
+        ckb(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi), what);
+    }
+    if (epi_has_bias(key->epi)) {
+        /* The bias is fp32. That is cuBLASLt's default (the type of D),
+         * stated anyway so that bf16 A/B never suggest a bf16 bias. */
+        int32_t bias_type = CUDA_R_32F;
+        ckb(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type),
+            what);
+    }
+    if (epi_has_aux(key->epi)) {
+        int64_t ld_aux = key->ldc;
+        ckb(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld_aux, sizeof ld_aux),
+            what);
+    }
+    lt_set_pointers(p, bias, aux, what);
+    ckb(cublasLtMatrixLayoutCreate(&p->la, ab, ta == CUBLAS_OP_N ? m : k, ta == CUBLAS_OP_N ? k : m, key->lda), what);
+    ckb(cublasLtMatrixLayoutCreate(&p->lb, ab, tb == CUBLAS_OP_N ? k : n, tb == CUBLAS_OP_N ? n : k, key->ldb), what);
+    ckb(cublasLtMatrixLayoutCreate(&p->lc, CUDA_R_32F, m, n, key->ldc), what);
+    cublasLtMatmulPreference_t pref = NULL;
+    ckb(cublasLtMatmulPreferenceCreate(&pref), what);
+    size_t ws = WORKSPACE_BYTES;
+    ckb(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws), what);
+    /* The heuristic assumes 256-byte aligned matrices unless told: the
+     * model passes pointers into its arenas (a head's slice of qkv, a
+     * layer's weight), so state each matrix's real alignment (address and
+     * leading dimension, in bytes of its own element type). */
+    ckb(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &key->al_a,
+                                             sizeof key->al_a), what);
+    ckb(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &key->al_b,
+                                             sizeof key->al_b), what);
+    ckb(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &key->al_c,
+                                             sizeof key->al_c), what);
+    ckb(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key->al_c,
+                                             sizeof key->al_c), what);
+    cublasLtMatmulHeuristicResult_t res;
+    int nres = 0;
+    memset(&res, 0, sizeof res);
+    /* CUBLAS_STATUS_NOT_SUPPORTED is how the heuristic says it has no kernel
+     * for this combination (types, epilogue, alignment): treated as zero
+     * results, so a GEMM with an epilogue takes the caller's fallback
+     * instead of ending the job. Any other error is fatal. */
+    cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(g.lt, p->op, p->la, p->lb, p->lc, p->lc, pref, 1, &res, &nres);
+    if (hs == CUBLAS_STATUS_NOT_SUPPORTED)
+        nres = 0;
+    else
+        ckb(hs, what);
+    ckb(cublasLtMatmulPreferenceDestroy(pref), what);
+    p->found = nres > 0 && res.state == CUBLAS_STATUS_SUCCESS;
+    if (p->found)
+        p->algo = res.algo;
+}
+
+/* The plan for key: the kept one, or a new one in a free (else the oldest)
+ * slot, made with the given pointers. */
+static const lt_plan_t *lt_plan(const lt_key_t *key, const float *bias, const float *aux, const char *what)
+{
+    for (int i = 0; i < LT_PLANS; i++) {
+        lt_plan_t *p = &lt_cache.plan[i];
+        if (p->used && memcmp(&p->key, key, sizeof *key) == 0) {
+            lt_cache.reused++;
+            return p;
+        }
+    }
+    lt_plan_t *p = &lt_cache.plan[lt_cache.next];
+    lt_cache.next = (lt_cache.next + 1) % LT_PLANS;
+    if (p->used)
+        lt_plan_release(p);
+    lt_plan_make(p, key, bias, aux, what);
+    lt_cache.made++;
+    return p;
+}
+
+/* Column-major C[m, n] = alpha op(A) op(B) + beta C, then the epilogue:
+ *   CUBLASLT_EPILOGUE_DEFAULT        nothing (bias and aux NULL)
+ *   CUBLASLT_EPILOGUE_BIAS           + bias[m] per column (beta 0)
+ *   CUBLASLT_EPILOGUE_GELU_AUX(_BIAS) aux = the sum (+ bias), C = gelu(aux)
+ *   CUBLASLT_EPILOGUE_DGELU          C = the product o gelu'(aux) (beta 0)
+ * with aux[m, n] fp32 and leading dimension ldc. Row-major callers pass
+ * transposes. A and B are of type ab: CUDA_R_32F (the fp32 GEMMs) or
+ * CUDA_R_16BF (the bf16 GEMMs, uint16_t bit patterns). C (= D), alpha,
+ * beta and the bias are fp32 and the compute type is CUBLAS_COMPUTE_32F
+ * either way: a bf16 product is exact in fp32, so the bf16 GEMM is the
+ * fp32 GEMM of the widened operands up to summation order, like the CPU
+ * backend's. Returns -1 when cuBLASLt has no algorithm for a GEMM with an
+ * epilogue (the caller then runs the plain GEMM and its own kernels); a
+ * plain GEMM without one runs through cublasGemmEx. */
+static int lt_gemm(const char *what, cudaDataType_t ab, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
+                   int k, float alpha, const void *A, int lda, const void *B, int ldb, float beta, float *C, int ldc,
+                   cublasLtEpilogue_t epi, const float *bias, const float *aux)
+{
+    const size_t esize = ab == CUDA_R_16BF ? sizeof(uint16_t) : sizeof(float);
+    lt_key_t key;
+    memset(&key, 0, sizeof key); /* padding too: keys compare with memcmp */
+    key.ab = ab;
+    key.ta = ta;
+    key.tb = tb;
+    key.m = m;
+    key.n = n;
+    key.k = k;
+    key.lda = lda;
+    key.ldb = ldb;
+    key.ldc = ldc;
+    key.epi = epi;
+    key.al_a = mat_align(A, lda, esize);
+    key.al_b = mat_align(B, ldb, esize);
+    key.al_c = mat_align(C, ldc, sizeof(float));
+    key.al_bias = epi_has_bias(epi) ? align_of(bias) : 0;
+    key.al_aux = epi_has_aux(epi) ? mat_align(aux, ldc, sizeof(float)) : 0;
+    const lt_plan_t *p = lt_plan(&key, bias, aux, what);
+    if (p->found) {
+        lt_set_pointers(p, bias, aux, what); /* cublasLtMatmul reads them when called */
+        ckb(cublasLtMatmul(g.lt, p->op, &alpha, A, p->la, B, p->lb, &beta, C, p->lc, C, p->lc, &p->algo, g.ws,
+                           WORKSPACE_BYTES, g.stream), what);
+        return 0;
+    }
+    if (epi != CUBLASLT_EPILOGUE_DEFAULT)
+        return -1;
+    /* No cuBLASLt kernel for a plain GEMM (odd leading dimensions of bf16
+     * operands can leave the heuristic empty): the same GEMM through
+     * cublasGemmEx, which takes any alignment, with the same types and
+     * CUBLAS_COMPUTE_32F, on the compute stream with the same workspace. */
+    ckb(cublasGemmEx(g.blas, ta, tb, m, n, k, &alpha, A, ab, lda, B, ab, ldb, &beta, C, CUDA_R_32F, ldc,
+                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT), what);
+    lt_cache.blas++;
+    return 0;
+}
+
+/* out[C] (=|+= by accum) the column sums of x[N, C] (see the column
+ * reductions above). */
+static void colsum(float *out, const float *x, int N, int C, int accum, const char *what)
+{
+    if (C <= 0)
+        return;
+    const int nk = col_chunks(N), cb = (C + THREADS - 1) / THREADS;
+    float *part = NULL;
+    if (nk > 0) {
+        part = col_part_room((size_t)nk * C, what);
+        CU_LAUNCH(k_colsum_part, dim3((unsigned)cb, (unsigned)nk), THREADS, 0, g.stream)(part, x, N, C,
+                                                                                      col_rows(N));
+    }
+    CU_LAUNCH(k_colsum_fold, cb, THREADS, 0, g.stream)(out, part, nk, C, accum);
+}
+
+/* ---- matmuls (cuBLASLt; fp32, or bf16 A/B with fp32 C/D) ------------------------------
+ * One forward and one backward for both GEMM precisions: ab is the type of
+ * in, w and the GEMM's copy of dout (fp32, or bf16 bit patterns); every
+ * output, the bias and db are fp32 (src/ops.h). With pre != NULL they are
+ * the GELU-fused ops: cuBLASLt's GELU_AUX(_BIAS) epilogue in the forward
+ * and DGELU in the backward, where the aux matrix's leading dimension is a
+ * multiple of 8 (cuBLASLt's rule) and the heuristic offers a kernel, else
+ * the plain GEMM and the elementwise GELU kernel. */
+
+/* out[N,OC] = in[N,IC] . w[OC,IC]^T (+ b): column-major
+ * out^T[OC,N] = (w^T[IC,OC])^T . in^T[IC,N]. With pre: pre = that sum,
+ * out = gelu(pre). */
+static void gemm_fwd(const char *what, cudaDataType_t ab, float *out, float *pre, const void *in, const void *w,
+                     const float *b, int N, int IC, int OC)
+{
+    if (N <= 0 || OC <= 0)
+        return;
+    if (pre) {
+        if (IC > 0 && OC % 8 == 0 &&
+            lt_gemm(what, ab, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, 1.0f, w, IC, in, IC, 0.0f, out, OC,
+                    b ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX, b, pre) == 0) {
+            lt_cache.gelu_fused++;
+            return;
+        }
+        lt_cache.gelu_separate++;
+        gemm_fwd(what, ab, pre, NULL, in, w, b, N, IC, OC);
+        CU_LAUNCH(k_gelu_fwd, grid_for((size_t)N * OC, THREADS), THREADS, 0, g.stream)(out, pre, (size_t)N * OC);
+        return;
+    }
+    /* the bias epilogue where cuBLASLt offers it; otherwise (or for IC 0)
+     * bias rows first and a GEMM adding onto them, as the CPU backend does */
+    if (IC > 0 && lt_gemm(what, ab, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, 1.0f, w, IC, in, IC, 0.0f, out, OC,
+                          b ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT, b, NULL) == 0)
+        return;
+    CU_LAUNCH(k_fill_rows, grid_for((size_t)N * OC, THREADS), THREADS, 0, g.stream)(out, b, N, OC);
+    if (IC > 0)
+        lt_gemm(what, ab, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, 1.0f, w, IC, in, IC, 1.0f, out, OC,
+                CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL);
+}
+
+/* din[N,IC] (=|+= by accum_din) dout[N,OC] . w[OC,IC], dw[OC,IC] (=|+= by
+ * accum_dw) dout^T . in[N,IC], from dout_g (dout in the GEMM type ab);
+ * db[OC] the column sums of the fp32 dout (colsum). With pre (accum_din 0): din = gelu'(pre) o (dout . w). */
+static void gemm_bwd(const char *what, cudaDataType_t ab, float *din, float *dw, float *db, const void *dout_g,
+                     const float *dout, const void *in, const void *w, const float *pre, int N, int IC, int OC,
+                     int accum_din, int accum_dw)
+{
+    if (OC <= 0) { /* an empty sum: din = 0, or unchanged when accumulating */
+        if (din && !accum_din && N > 0 && IC > 0) {
+            ck(cudaMemsetAsync(din, 0, (size_t)N * IC * sizeof(float), g.stream), what);
+            if (pre) /* 0 * gelu'(pre), as the CPU's composition */
+                CU_LAUNCH(k_gelu_bwd, grid_for((size_t)N * IC, THREADS), THREADS, 0, g.stream)(din, pre, din,
+                                                                                              (size_t)N * IC);
+        }
+        return;
+    }
+    /* din^T[IC,N] = w^T[IC,OC] . dout^T[OC,N] (column-major views) */
+    if (din && N > 0 && IC > 0) {
+        if (pre && IC % 8 == 0 &&
+            lt_gemm(what, ab, CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, 1.0f, w, IC, dout_g, OC, 0.0f, din, IC,
+                    CUBLASLT_EPILOGUE_DGELU, NULL, pre) == 0) {
+            lt_cache.gelu_fused++;
+        } else {
+            lt_gemm(what, ab, CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, 1.0f, w, IC, dout_g, OC, accum_din ? 1.0f : 0.0f,
+                    din, IC, CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL);
+            if (pre) {
+                lt_cache.gelu_separate++;
+                CU_LAUNCH(k_gelu_bwd, grid_for((size_t)N * IC, THREADS), THREADS, 0, g.stream)(din, pre, din,
+                                                                                              (size_t)N * IC);
+            }
+        }
+    }
+    /* dw^T[IC,OC] = in^T[IC,N] . dout[N,OC] */
+    if (dw && IC > 0) {
+        if (N > 0)
+            lt_gemm(what, ab, CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, N, 1.0f, in, IC, dout_g, OC, accum_dw ? 1.0f : 0.0f,
+                    dw, IC, CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL);
+        else if (!accum_dw)
+            ck(cudaMemsetAsync(dw, 0, (size_t)OC * IC * sizeof(float), g.stream), what);
+    }
+    if (db)
+        colsum(db, dout, N, OC, accum_dw, what);
+}
+
+static void matmul_fwd(float *out, const float *in, const float *w, const float *b, int N, int IC, int OC)
+{
+    gemm_fwd("matmul_fwd", CUDA_R_32F, out, NULL, in, w, b, N, IC, OC);
+    finish("matmul_fwd");
+}
+
+static void matmul_bwd(float *din, float *dw, float *db, const float *dout, const float *in, const float *w,
+                       int N, int IC, int OC, int accum_din, int accum_dw)
+{
+    gemm_bwd("matmul_bwd", CUDA_R_32F, din, dw, db, dout, dout, in, w, NULL, N, IC, OC, accum_din, accum_dw);
+    finish("matmul_bwd");
+}
+
+static void matmul_fwd_bf16(float *out, const uint16_t *in, const uint16_t *w, const float *b, int N, int IC,
+                            int OC)
+{
+    gemm_fwd("matmul_fwd_bf16", CUDA_R_16BF, out, NULL, in, w, b, N, IC, OC);
+    finish("matmul_fwd_bf16");
+}
+
+static void matmul_bwd_bf16(float *din, float *dw, float *db, const uint16_t *dout16, const float *dout,
+                            const uint16_t *in, const uint16_t *w, int N, int IC, int OC, int accum_din, int accum_dw)
+{
+    gemm_bwd("matmul_bwd_bf16", CUDA_R_16BF, din, dw, db, dout16, dout, in, w, NULL, N, IC, OC, accum_din,
+             accum_dw);
+    finish("matmul_bwd_bf16");
+}
+
+static void matmul_gelu_fwd(float *out, float *pre, const float *in, const float *w, const float *b, int N, int IC,
+                            int OC)
+{
+    gemm_fwd("matmul_gelu_fwd", CUDA_R_32F, out, pre, in, w, b, N, IC, OC);
+    finish("matmul_gelu_fwd");
+}
+
+static void matmul_gelu_fwd_bf16(float *out, float *pre, const uint16_t *in, const uint16_t *w, const float *b,
+                                 int N, int IC, int OC)
+{
+    gemm_fwd("matmul_gelu_fwd_bf16", CUDA_R_16BF, out, pre, in, w, b, N, IC, OC);
+    finish("matmul_gelu_fwd_bf16");
+}
+
+static void matmul_dgelu_bwd(float *din, float *dw, float *db, const float *dout, const float *in, const float *pre,
+                             const float *w, int N, int IC, int OC, int accum_dw)
+{
+    gemm_bwd("matmul_dgelu_bwd", CUDA_R_32F, din, dw, db, dout, dout, in, w, pre, N, IC, OC, 0, accum_dw);
+    finish("matmul_dgelu_bwd");
+}
+
+static void matmul_dgelu_bwd_bf16(float *din, float *dw, float *db, const uint16_t *dout16, const float *dout,
+                                  const uint16_t *in, const float *pre, const uint16_t *w, int N, int IC, int OC,
+                                  int accum_dw)
+{
+    gemm_bwd("matmul_dgelu_bwd_bf16", CUDA_R_16BF, din, dw, db, dout16, dout, in, w, pre, N, IC, OC, 0, accum_dw);
+    finish("matmul_dgelu_bwd_bf16");
+}
+
+/* cublasGemmEx's handle (lt_gemm's fallback), made by ops_cuda_init. */
+static cublasStatus_t blas_init(void)
+{
+    cublasStatus_t bs;
+    /* the fallback's handle, made now rather than mid-run (its setup may
+     * allocate, and cudaFree waits for the whole device, NCCL kernels
+     * included); SetStream before SetWorkspace, which SetStream resets */
+    bs = cublasCreate(&g.blas);
+    if (bs == CUBLAS_STATUS_SUCCESS)
+        bs = cublasSetStream(g.blas, g.stream);
+    if (bs == CUBLAS_STATUS_SUCCESS)
+        bs = cublasSetWorkspace(g.blas, g.ws, WORKSPACE_BYTES);
+    return bs;
+}
+
+#endif

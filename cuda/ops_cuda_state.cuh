@@ -1,0 +1,86 @@
+/* The CUDA backend's state and error checks: one process-wide `g` (the
+ * device, the compute stream, the cuBLASLt and cuBLAS handles, the
+ * buffers ops grow), set up by ops_cuda_init and released by
+ * ops_cuda_shutdown (cuda/ops_cuda.cu). Every CUDA and cuBLAS status goes
+ * through ck or ckb, which end the job through cuda_fatal with the op's
+ * name (the ops table has no error returns); an op ends with finish(op),
+ * and waits with wait_all(op) before the host reads backend memory.
+ *
+ * Host code, included by cuda/ops_cuda.cu and, through the GEMM path
+ * (cuda/ops_cuda_gemm.cuh), compiled by test/emu/test_gemm_emu.cpp against
+ * an emulated runtime (test/emu/cublaslt_shim.h). The includer provides
+ * cuda_runtime.h, cublasLt.h, cublas_v2.h and cuda/device.h. */
+#ifndef DTRAIN_CUDA_OPS_CUDA_STATE_CUH
+#define DTRAIN_CUDA_OPS_CUDA_STATE_CUH
+
+static struct {
+    int ready;
+    int dev;
+    int sync_ops;      /* every op waits for its kernels (see the header comment) */
+    int concurrent;    /* cudaDevAttrConcurrentManagedAccess: the host may touch managed memory while kernels run */
+    cudaStream_t stream;
+    cublasLtHandle_t lt;
+    cublasHandle_t blas; /* for the GEMMs cuBLASLt has no algorithm for (lt_gemm) */
+    void *ws;
+    /* sumsq: room for `sum_cap` vectors of partial sums (device and host)
+     * and their pointers and lengths (device) */
+    int sum_cap;
+    double *part, *hpart;
+    const float **xs;
+    size_t *ns;
+    float *col_part;   /* the column reductions' partial sums (col_part_room) */
+    size_t col_cap;    /* floats */
+    void *emb;         /* embedding_bwd's grouping buffers (emb_room) */
+    size_t emb_cap, emb_scratch_cap; /* tokens, bytes */
+} g;
+
+/* ---- error checks ------------------------------------------------------------ */
+
+static void ck(cudaError_t rc, const char *what)
+{
+    if (rc != cudaSuccess) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "%s (%s)", cudaGetErrorString(rc), cudaGetErrorName(rc));
+        cuda_fatal(what, msg);
+    }
+}
+
+static void ckb(cublasStatus_t rc, const char *what)
+{
+    if (rc != CUBLAS_STATUS_SUCCESS)
+        cuda_fatal(what, cublasGetStatusString(rc));
+}
+
+/* After an op's launches: the launch status (and, in the synchronous
+ * mode, the kernels' own). */
+static void finish(const char *op)
+{
+    ck(cudaGetLastError(), op);
+    if (g.sync_ops)
+        ck(cudaStreamSynchronize(g.stream), op);
+}
+
+/* The host is about to see backend memory: everything enqueued is done. */
+static void wait_all(const char *op)
+{
+    ck(cudaGetLastError(), op);
+    ck(cudaStreamSynchronize(g.stream), op);
+}
+
+/* The column reductions' partial sums: at least n floats, on the compute
+ * stream. Grown stream-ordered (cudaFreeAsync/cudaMallocAsync), as cudaFree
+ * would wait for the whole device, NCCL kernels of other streams included. */
+static float *col_part_room(size_t n, const char *what)
+{
+    if (n > g.col_cap) {
+        if (g.col_part)
+            ck(cudaFreeAsync(g.col_part, g.stream), what);
+        g.col_part = NULL;
+        g.col_cap = 0;
+        ck(cudaMallocAsync((void **)&g.col_part, n * sizeof(float), g.stream), what);
+        g.col_cap = n;
+    }
+    return g.col_part;
+}
+
+#endif
