@@ -70,7 +70,7 @@ EOF
 # debootstrap --variant=minbase included): coreutils, util-linux, findutils,
 # diffutils, grep, sed, mawk, tar, gzip, bash, dpkg, apt, libc-bin, mount,
 # hostname, debianutils
-base="awk basename bash cat chmod cmp cp cut date dd diff dirname dpkg dpkg-query apt-get du echo env expr
+base="awk basename bash cat chmod cmp cp cut date dd df diff dirname dpkg dpkg-query apt-get du echo env expr
 find getent grep gzip head hostname id kill ldd ln ls mkdir mktemp mount mv nproc od paste printf pwd
 readlink rm rmdir sed seq setsid sh sha1sum sha256sum sleep sort stat sync tail tar tee timeout touch tr
 true false umount uname uniq wc xargs zcat which nice unshare chroot"

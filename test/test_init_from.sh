@@ -265,7 +265,7 @@ if cmp -s "$TMP/rt/vocab.json" "$tokdir/encoder.json" && cmp -s "$TMP/rt/merges.
 else
     fail "the GPT-2 tokenizer files of the export: $(ls "$TMP/rt" | tr '\n' ' ')"
 fi
-# a tiktoken rank file (GPT-2's ranks as r50k_base) becomes tokenizer.json
+# a tiktoken rank file, r50k_base (GPT-2's ranks), becomes tokenizer.json
 r50k="$(dirname "$tokdir")/tiktoken/r50k_base.tiktoken"
 to_hf "gpt2 vocabulary, --tokenizer tiktoken:r50k_base" "$TMP/big" 1 --dtype bf16 --tokenizer "tiktoken:$r50k"
 "$TOK" hfjson "tiktoken:$r50k" >"$TMP/r50k.tokenizer.json" || fail "tok_tool hfjson r50k_base"
