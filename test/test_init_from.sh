@@ -261,7 +261,7 @@ if cmp -s "$TMP/rt/vocab.json" "$tokdir/encoder.json" && cmp -s "$TMP/rt/merges.
     cmp -s "$TMP/rt/tokenizer.json" "$TMP/gpt2.tokenizer.json" &&
     grep -q '"tokenizer_class": "GPT2Tokenizer"' "$TMP/rt/tokenizer_config.json" &&
     grep -q '"eos_token_id": 50256' "$TMP/rt/config.json" && grep -q '"eos_token_id": 50256' "$TMP/rt/generation_config.json"; then
-    pass "the export carries the data's GPT-2 tokenizer (vocab.json = encoder.json, merges.txt = vocab.bpe, tokenizer.json as test_tokenizer.sh checks it, eos 50256) without being told"
+    pass "the export carries the data's GPT-2 tokenizer (vocab.json = encoder.json, merges.txt = vocab.bpe, tokenizer.json = the file test_tokenizer.sh checks, eos 50256) without being told"
 else
     fail "the GPT-2 tokenizer files of the export: $(ls "$TMP/rt" | tr '\n' ' ')"
 fi
@@ -272,7 +272,7 @@ to_hf "gpt2 vocabulary, --tokenizer tiktoken:r50k_base" "$TMP/big" 1 --dtype bf1
 if cmp -s "$TMP/rt/tokenizer.json" "$TMP/r50k.tokenizer.json" && [ ! -e "$TMP/rt/vocab.json" ] &&
     grep -q '"tokenizer_class": "PreTrainedTokenizerFast"' "$TMP/rt/tokenizer_config.json" &&
     grep -q '"eos_token": "<|endoftext|>"' "$TMP/rt/special_tokens_map.json"; then
-    pass "--tokenizer tiktoken:r50k_base: tokenizer.json (as test_tokenizer.sh checks it), PreTrainedTokenizerFast"
+    pass "--tokenizer tiktoken:r50k_base: tokenizer.json, the file test_tokenizer.sh checks; PreTrainedTokenizerFast"
 else
     fail "the tiktoken tokenizer files of the export: $(ls "$TMP/rt" | tr '\n' ' ')"
 fi
