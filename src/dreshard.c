@@ -699,7 +699,7 @@ static int export_cmd(const reshard_opts_t *o, int rank, int nranks, int *status
         int64_t elems = 0;
         for (int i = 0; i < n_params; i++)
             elems += t_params[i].shape[0] * t_params[i].shape[1];
-        printf(PROG ": %s (%s, %s, %d tensors, %.1f MiB fp32, checksums verified) -> %s (%s, %s, %d tensors in %d "
+        printf(PROG ": %s (%s, %s, %d tensors, %.1f MiB fp32, every parameter checksum verified) -> %s (%s, %s, %d tensors in %d "
                "tiles) on %d rank%s: read %.2f s, write %.2f s, total %.2f s\n", o->in, content,
                model_arch_name(cfg.arch), n_params, mib(elems * (int64_t)sizeof(float)), eo.dest, tg->name,
                export_dtype_name(o->dtype), rep.n_out, rep.n_tiles, nranks, nranks == 1 ? "" : "s", rep.t_read,

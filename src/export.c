@@ -218,59 +218,32 @@ static int find_param(const h5store_tensor_t *list, int n, const char *name)
     return -1;
 }
 
-typedef struct reads {
-    h5store_shard_t *shard;
-    int n;
-    float *buf;
-    int64_t bytes;
-} reads_t;
-
-/* This rank's read list: every block of every tile it owns, in tile order,
- * in one buffer. */
-static int plan_reads(const hf_map_t *map, const export_out_t *o, tile_t *t, int n_tiles, int rank,
-                      const h5store_tensor_t *plist, int n_params, reads_t *r, char *err, size_t errlen)
+/* Tile t's dtrain blocks, in entry order, read into buf (each record of
+ * the input that a block covers whole is verified on the way; tiles cover
+ * whole records: align_to_records), described in sh[]. Independent. */
+static int read_tile(h5store_t *h, const hf_map_t *map, const export_out_t *o, tile_t *t,
+                     const h5store_tensor_t *plist, int n_params, float *buf, h5store_shard_t *sh, char *err,
+                     size_t errlen)
 {
+    int64_t start[2], count[2];
     int ns = 0;
-    int64_t floats = 0, start[2], count[2];
-    for (int pass = 0; pass < 2; pass++) {
-        float *p = r->buf;
-        ns = 0;
-        for (int i = 0; i < n_tiles; i++) {
-            if (t[i].owner != rank)
-                continue;
-            const export_out_t *out = &o[t[i].out];
-            t[i].first_shard = ns;
-            for (int k = out->first; k < out->first + out->count; k++) {
-                if (!entry_block(&map[k], t[i].r0, t[i].nr, start, count))
-                    continue;
-                const int pi = find_param(plist, n_params, map[k].name);
-                if (pi < 0) {
-                    snprintf(err, errlen, "tensor params/%s: not in the input", map[k].name);
-                    return -1;
-                }
-                if (pass == 0) {
-                    floats += count[0] * count[1];
-                } else {
-                    r->shard[ns] = (h5store_shard_t){.tensor = pi, .start = {start[0], start[1]},
-                                                     .count = {count[0], count[1]}, .buf = p};
-                    p += count[0] * count[1];
-                }
-                ns++;
-            }
-            t[i].n_shards = ns - t[i].first_shard;
+    t->first_shard = 0;
+    for (int k = o->first; k < o->first + o->count; k++) {
+        if (!entry_block(&map[k], t->r0, t->nr, start, count))
+            continue;
+        const int pi = find_param(plist, n_params, map[k].name);
+        if (pi < 0) {
+            snprintf(err, errlen, "tensor params/%s: not in the input", map[k].name);
+            return -1;
         }
-        if (pass == 0) {
-            r->bytes = floats * (int64_t)sizeof(float);
-            r->shard = calloc((size_t)ns + 1, sizeof *r->shard);
-            r->buf = malloc((size_t)r->bytes + 1);
-            if (!r->shard || !r->buf) {
-                snprintf(err, errlen, "rank %d: out of memory for its %.1f MiB of the model (run on more ranks)",
-                         rank, (double)r->bytes / 1048576.0);
-                return -1;
-            }
-        }
+        sh[ns] = (h5store_shard_t){.tensor = pi, .start = {start[0], start[1]}, .count = {count[0], count[1]},
+                                   .buf = buf};
+        if (h5store_read(h, plist[pi].name, start, count, buf, err, errlen) != 0)
+            return -1;
+        buf += count[0] * count[1];
+        ns++;
     }
-    r->n = ns;
+    t->n_shards = ns;
     return 0;
 }
 
@@ -290,7 +263,7 @@ static void transpose_into(const float *src, int64_t m, int64_t n, float *dst, i
 }
 
 /* Tile rows [r0, r0+nr) of output o, [nr][o->cols], from the blocks read
- * for it (in entry order, as plan_reads made them). head: one RoPE head's
+ * for it (in entry order, as read_tile made them). head: one RoPE head's
  * scratch, align * cols floats. */
 static void assemble_tile(const hf_map_t *map, const export_out_t *o, const tile_t *t, const h5store_shard_t *sh,
                           float *rows, float *head)
@@ -366,31 +339,47 @@ static int bcast_str(char *s, size_t len, char *err, size_t errlen)
     return 0;
 }
 
-/* Read, transform and write this rank's tiles. */
-static int write_tiles(const export_target_t *tg, export_ctx_t *x, const hf_map_t *map, const tile_t *t,
-                       int n_tiles, const reads_t *r, char *err, size_t errlen)
+/* Read, transform and write this rank's tiles, one at a time: a rank
+ * holds one tile, not its share of the model, and its writes start while
+ * it still reads. *read_failed: the input was at fault (exit 2). */
+static int write_tiles(const export_target_t *tg, export_ctx_t *x, h5store_t *h, const hf_map_t *map, tile_t *t,
+                       int n_tiles, const h5store_tensor_t *plist, int n_params, export_report_t *rep,
+                       int *read_failed, char *err, size_t errlen)
 {
     int64_t most = 0, head = 1;
+    int most_entries = 1;
     for (int i = 0; i < n_tiles; i++)
         if (t[i].owner == x->rank) {
-            if (t[i].bytes > most)
-                most = t[i].bytes;
-            if (x->out[t[i].out].align * x->out[t[i].out].cols > head)
-                head = x->out[t[i].out].align * x->out[t[i].out].cols;
+            const export_out_t *o = &x->out[t[i].out];
+            most = t[i].bytes > most ? t[i].bytes : most;
+            head = o->align * o->cols > head ? o->align * o->cols : head;
+            most_entries = o->count > most_entries ? o->count : most_entries;
         }
-    float *rows = malloc((size_t)most + 1), *scratch = malloc((size_t)head * sizeof(float));
-    int rc = rows && scratch ? 0 : -1;
+    float *rows = malloc((size_t)most + 1), *blocks = malloc((size_t)most + 1);
+    float *scratch = malloc((size_t)head * sizeof(float));
+    h5store_shard_t *sh = calloc((size_t)most_entries, sizeof *sh);
+    int rc = rows && blocks && scratch && sh ? 0 : -1;
     if (rc != 0)
         snprintf(err, errlen, "rank %d: out of memory for a %.1f MiB tile", x->rank, (double)most / 1048576.0);
     for (int i = 0; i < n_tiles && rc == 0; i++) {
         if (t[i].owner != x->rank)
             continue;
         const export_out_t *o = &x->out[t[i].out];
-        assemble_tile(map, o, &t[i], r->shard, rows, scratch);
+        double t0 = now_s();
+        rc = read_tile(h, map, o, &t[i], plist, n_params, blocks, sh, err, errlen);
+        rep->t_read += now_s() - t0;
+        rep->in_bytes += t[i].bytes;
+        if (rc != 0) {
+            *read_failed = 1;
+            break;
+        }
+        assemble_tile(map, o, &t[i], sh, rows, scratch);
         rc = tg->write_rows(x, t[i].out, t[i].r0, t[i].nr, rows, err, errlen);
     }
     free(rows);
+    free(blocks);
     free(scratch);
+    free(sh);
     return rc;
 }
 
@@ -398,14 +387,13 @@ int export_run(const export_target_t *tg, const export_opts_t *o, h5store_t *h, 
                const h5store_tensor_t *params_list, int n_params, export_report_t *rep, int *status, char *err,
                size_t errlen)
 {
-    int rank = 0, nranks = 1, n_map = 0, n_tiles = 0;
+    int rank = 0, nranks = 1, n_map = 0, n_tiles = 0, read_failed = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &nranks);
     export_ctx_t x = {.opt = o, .cfg = cfg, .rank = rank};
     hf_map_t *map = NULL;
     export_out_t *outs = NULL;
     tile_t *tiles = NULL;
-    reads_t r = {0};
     const double t0 = now_s();
     memset(rep, 0, sizeof *rep);
     *status = 2;
@@ -423,40 +411,37 @@ int export_run(const export_target_t *tg, const export_opts_t *o, h5store_t *h, 
         rc = tg->prepare(&x, err, errlen);
     if (rc == 0)
         rc = plan_tiles(outs, x.n_out, nranks, &tiles, &n_tiles, err, errlen);
-    if (rc == 0)
-        rc = plan_reads(map, outs, tiles, n_tiles, rank, params_list, n_params, &r, err, errlen);
     rc = agree(rc, err, errlen);
-    double t1 = now_s();
-    if (rc == 0) /* every checksum of the input is verified on the way */
-        rc = h5store_read_verify(h, params_list, n_params, r.shard, r.n, err, errlen);
-    rep->t_read = now_s() - t1;
-    if (rc == 0) { /* from here on a failure is the machine's, not the input's */
-        *status = 1;
-        t1 = now_s();
+    if (rc == 0) {
         rc = agree(rank == 0 ? tg->create(&x, err, errlen) : 0, err, errlen);
         if (rc == 0)
-            rc = write_tiles(tg, &x, map, tiles, n_tiles, &r, err, errlen);
+            rc = write_tiles(tg, &x, h, map, tiles, n_tiles, params_list, n_params, rep, &read_failed, err, errlen);
         if (rc == 0)
             rc = tg->sync(&x, err, errlen);
+        /* a damaged input is the input's fault (2), anything else the machine's (1) */
+        int any_read_failed = read_failed;
+        if (MPI_Allreduce(&read_failed, &any_read_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD) != MPI_SUCCESS &&
+            rc == 0) {
+            snprintf(err, errlen, "MPI_Allreduce of the export's read status failed");
+            rc = -1;
+        }
         rc = agree(rc, err, errlen);
         if (rc == 0)
             rc = agree(rank == 0 ? tg->publish(&x, err, errlen) : 0, err, errlen);
-        rep->t_write = now_s() - t1;
+        *status = rc != 0 && any_read_failed ? 2 : 1;
         if (rc != 0 && rank == 0)
             tg->discard(&x);
     }
     rep->n_out = x.n_out;
     rep->n_tiles = n_tiles;
-    rep->in_bytes = r.bytes;
     snprintf(rep->note, sizeof rep->note, "%s", x.note);
     if (tg->destroy)
         tg->destroy(&x);
-    free(r.buf);
-    free(r.shard);
     free(tiles);
     free(outs);
     free(map);
     rep->t_total = now_s() - t0;
+    rep->t_write = rep->t_total - rep->t_read;
     return rc;
 }
 

@@ -6,11 +6,12 @@
  * those entries into the target's tensors ("outputs": Hugging Face's
  * transformer.h.0.attn.c_attn.weight holds wq, wk and wv; llm.c's qkvw
  * holds them for one layer), cuts each output into row tiles of about
- * EXPORT_TILE_BYTES, deals the tiles to the ranks (largest first, to the
- * least loaded), reads the dtrain blocks a rank's tiles need in one
- * collective pass that also verifies every checksum of the input, turns
- * each tile into the target's orientation (Conv1D transpose, rotate-half
- * row order, fused offsets) and hands it to the target. Each target is a
+ * EXPORT_TILE_BYTES that cover whole checksum records of the input, deals
+ * the tiles to the ranks (largest first, to the least loaded), and on each
+ * rank, a tile at a time, reads the dtrain blocks the tile needs (verifying
+ * every record they cover, so every checksum of the parameters is
+ * verified), turns them into the target's orientation (Conv1D transpose,
+ * rotate-half row order, fused offsets) and hands the tile to the target. Each target is a
  * table of the functions below in its own file (IOR's aiori.h is the
  * model): src/export_hf.c and src/export_llmc.c.
  *
@@ -102,12 +103,13 @@ int export_outputs(const export_target_t *tg, const model_config_t *c, hf_map_t 
 typedef struct export_report {
     int n_out, n_tiles;
     int64_t in_bytes;  /* fp32 bytes read from the input (this rank) */
-    int64_t checked_shards, checked_bytes; /* the whole input's checksums verified */
-    double t_read, t_write, t_total;
+    double t_read, t_write, t_total; /* this rank: reading, the rest, all (seconds) */
     char note[512];
 } export_report_t;
 
 /* Collective over MPI_COMM_WORLD: writes the parameters of the open file h
+ * (their checksum records verified as they are read: the optimizer state
+ * of a checkpoint is not read, so not verified)
  * (model cfg; params_list: its "params/<name>" tensors as param_io_tensors
  * gives them) as target tg. *status is the exit status on failure: 2 when
  * the input or the options are wrong, 1 when writing fails. The same
