@@ -384,8 +384,7 @@ int main(int argc, char **argv)
     parse_args(rank, argc, argv, &o);
     prep_run_t r = {.o = &o, .rank = rank, .nranks = nranks, .t_start = now_s()};
     int status = run(&r);
-    for (int s = 0; s < PREP_N_SPLITS; s++)
-        free(r.stream[s].doc_len);
+    prep_streams_free(&r);
     tokenizer_close(r.tk);
     if (fflush(stdout) != 0 && status == 0) {
         fprintf(stderr, PREP_PROG ": cannot write to standard output: %s\n", strerror(errno));

@@ -151,8 +151,8 @@ static int record_doc_len(prep_stream_t *st, int64_t len)
 
 /* Place the round's documents: global offsets from the counts, this rank's
  * documents written there. 0 or -1 with msg. */
-static int place_round(prep_run_t *r, const round_buf_t *b, int64_t n, const int64_t *counts, void *stage,
-                       char *msg, size_t msglen)
+static int place_round(prep_run_t *r, const round_buf_t *b, int64_t n, const int64_t *counts, char *msg,
+                       size_t msglen)
 {
     uint64_t at[PREP_N_SPLITS] = {r->stream[PREP_TRAIN].n_tokens, r->stream[PREP_VAL].n_tokens};
     size_t k = 0;
@@ -167,8 +167,7 @@ static int place_round(prep_run_t *r, const round_buf_t *b, int64_t n, const int
         }
         if (k < b->n && b->doc[k] == d) {
             size_t end = k + 1 < b->n ? b->first[k + 1] : b->ids.n;
-            if (prep_stream_write(st, at[st->split], b->ids.id + b->first[k], end - b->first[k], stage, msg,
-                                  msglen) != 0)
+            if (prep_stream_write(st, at[st->split], b->ids.id + b->first[k], end - b->first[k], msg, msglen) != 0)
                 return -1;
             k++;
         }
@@ -180,6 +179,10 @@ static int place_round(prep_run_t *r, const round_buf_t *b, int64_t n, const int
         st->n_docs += counts[i] > 0;
         st->n_tokens = at[st->split];
     }
+    /* the round's tokens are all on their way before its errors are agreed */
+    for (int s = 0; s < PREP_N_SPLITS; s++)
+        if (prep_stream_flush(&r->stream[s], msg, msglen) != 0)
+            return -1;
     return 0;
 }
 
@@ -199,10 +202,9 @@ int prep_documents(prep_run_t *r)
     if (prep_agree(r, failed, 0, msg))
         return PREP_EXIT_USAGE;
     int64_t *counts = malloc(o->round_docs * sizeof *counts);
-    void *stage = malloc(1 << 20);
     round_buf_t b = {0};
     int status = 0, at_end = 0;
-    failed = counts == NULL || stage == NULL;
+    failed = counts == NULL;
     if (prep_agree(r, failed, 0, "out of memory for the document round buffers")) {
         status = PREP_EXIT_IO;
         goto out;
@@ -217,7 +219,7 @@ int prep_documents(prep_run_t *r)
             break;
         }
         round_counts(r, &b, n, counts);
-        failed = place_round(r, &b, n, counts, stage, msg, sizeof msg) != 0;
+        failed = place_round(r, &b, n, counts, msg, sizeof msg) != 0;
         if (prep_agree(r, failed, r->rank, msg)) {
             status = PREP_EXIT_IO;
             break;
@@ -227,7 +229,6 @@ int prep_documents(prep_run_t *r)
 out:
     round_free(&b);
     free(counts);
-    free(stage);
     corpus_close(c);
     return status;
 }
