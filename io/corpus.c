@@ -620,6 +620,7 @@ static int next_jsonl(corpus_t *c, int want_text, corpus_doc_t *doc,
     doc->line = line;
     doc->text = NULL;
     doc->len = 0;
+    doc->span = len;
     if (!want_text) /* the rank that owns the document parses it */
         return 1;
     char msg[512];
@@ -666,6 +667,7 @@ static int next_piece(corpus_t *c, int want_text, corpus_doc_t *doc,
         doc->line = line;
         doc->text = want_text ? p : NULL;
         doc->len = want_text ? len : 0;
+        doc->span = len;
         return 1;
     }
 }
@@ -688,6 +690,7 @@ static int next_whole(corpus_t *c, int want_text, corpus_doc_t *doc,
     doc->line = 1;
     doc->text = want_text ? c->buf + c->start : NULL;
     doc->len = want_text ? c->end - c->start : 0;
+    doc->span = c->end - c->start;
     c->start = c->scan = c->end;
     return 1;
 }
