@@ -1,12 +1,12 @@
 /* The document loop of dtrain-prepare.
  *
  * Every rank walks the same document stream (reading is cheap next to
- * tokenizing); document d belongs to rank d mod P, which alone tokenizes it
- * (and, for JSONL, alone parses its line). Documents are dealt in rounds of
- * round_docs: after each round the ranks sum the token counts of the round's
- * documents, so every rank knows where each document lands in its split's
- * stream, and each writes its own documents there. Memory per rank is
- * bounded by one round's share of tokens. */
+ * tokenizing); each document belongs to one rank (see deal_t), which alone
+ * tokenizes it (and, for JSONL, alone parses its line). Documents are dealt
+ * in rounds of round_docs: after each round the ranks sum the token counts
+ * of the round's documents, so every rank knows where each document lands
+ * in its split's stream, and each writes its own documents there. Memory
+ * per rank is bounded by one round's share of tokens. */
 #include "prepare.h"
 
 #include <stdio.h>
@@ -19,6 +19,44 @@
 static prep_split_t split_of(uint64_t d, double f)
 {
     return (uint64_t)((double)(d + 1) * f) > (uint64_t)((double)d * f) ? PREP_VAL : PREP_TRAIN;
+}
+
+/* Who tokenizes which document. Consecutive documents go to one rank in
+ * runs of about `quantum` bytes of input, the runs round the ranks in
+ * turn: a rank's documents are then mostly neighbours in the outputs and
+ * go out in one write per run and split (one per document costs more
+ * than the tokenizing on a fast tokenizer). The quantum follows the
+ * previous round's size, for about DEAL_RUNS runs per rank a round: the
+ * round ends part way round the ranks, and the ranks that got one run
+ * more make the others wait at the round's end, so runs stay small next
+ * to a round. The first round, and any document longer than the quantum
+ * (whole files), is dealt one document at a time. Every rank sees the
+ * same sizes and so makes the same deal; the outputs do not depend on
+ * it. */
+#define DEAL_RUNS 64
+
+typedef struct deal {
+    int owner;         /* rank of the current run */
+    uint64_t run;      /* input bytes in the current run */
+    uint64_t quantum;  /* a run ends once it holds this many bytes */
+    uint64_t round;    /* input bytes dealt in this round */
+} deal_t;
+
+/* The owner's run takes a document of `span` input bytes. */
+static void deal_advance(deal_t *d, int nranks, size_t span)
+{
+    d->run += span;
+    d->round += span;
+    if (d->run >= d->quantum) {
+        d->owner = (d->owner + 1) % nranks;
+        d->run = 0;
+    }
+}
+
+static void deal_end_round(deal_t *d, int nranks)
+{
+    d->quantum = d->round / ((uint64_t)nranks * DEAL_RUNS);
+    d->round = 0;
 }
 
 /* One round's documents owned by this rank: their ids back to back. */
@@ -92,15 +130,15 @@ static int own_doc(prep_run_t *r, round_buf_t *b, const corpus_doc_t *doc, char 
  * number of documents read (all ranks read the same), or -1 with *err_key
  * the document index where it failed (UINT64_MAX when the failure is not
  * tied to a document). */
-static int64_t read_round(prep_run_t *r, corpus_t *c, round_buf_t *b, int *at_end, uint64_t *err_key, char *msg,
-                          size_t msglen)
+static int64_t read_round(prep_run_t *r, corpus_t *c, deal_t *deal, round_buf_t *b, int *at_end,
+                          uint64_t *err_key, char *msg, size_t msglen)
 {
     int64_t got = 0;
     char err[PREP_ERRLEN];
     while ((size_t)got < r->o->round_docs) {
         corpus_doc_t doc;
         uint64_t next = r->n_docs + (uint64_t)got;
-        int mine = (int)(next % (uint64_t)r->nranks) == r->rank;
+        int mine = deal->owner == r->rank;
         int rc = corpus_next(c, mine, &doc, err, sizeof err);
         if (rc == 0) {
             *at_end = 1;
@@ -116,8 +154,10 @@ static int64_t read_round(prep_run_t *r, corpus_t *c, round_buf_t *b, int *at_en
             doc_error(r, &doc, err, msg, msglen);
             return -1;
         }
+        deal_advance(deal, r->nranks, doc.span);
         got++;
     }
+    deal_end_round(deal, r->nranks);
     return got;
 }
 
@@ -203,6 +243,7 @@ int prep_documents(prep_run_t *r)
         return PREP_EXIT_USAGE;
     int64_t *counts = malloc(o->round_docs * sizeof *counts);
     round_buf_t b = {0};
+    deal_t deal = {0};
     int status = 0, at_end = 0;
     failed = counts == NULL;
     if (prep_agree(r, failed, 0, "out of memory for the document round buffers")) {
@@ -213,7 +254,7 @@ int prep_documents(prep_run_t *r)
         uint64_t key = UINT64_MAX;
         b.n = 0;
         b.ids.n = 0;
-        int64_t n = read_round(r, c, &b, &at_end, &key, msg, sizeof msg);
+        int64_t n = read_round(r, c, &deal, &b, &at_end, &key, msg, sizeof msg);
         if (prep_agree(r, n < 0, key, msg)) {
             status = PREP_EXIT_USAGE;
             break;
