@@ -22,25 +22,32 @@ static prep_split_t split_of(uint64_t d, double f)
 }
 
 /* Who tokenizes which document. Consecutive documents go to one rank in
- * runs of about `quantum` bytes of input, the runs round the ranks in
+ * runs of at least `quantum` bytes of input, the runs round the ranks in
  * turn: a rank's documents are then mostly neighbours in the outputs and
- * go out in one write per run and split (one per document costs more
- * than the tokenizing on a fast tokenizer). The quantum follows the
- * previous round's size, for about DEAL_RUNS runs per rank a round: the
- * round ends part way round the ranks, and the ranks that got one run
- * more make the others wait at the round's end, so runs stay small next
- * to a round. The first round, and any document longer than the quantum
- * (whole files), is dealt one document at a time. Every rank sees the
- * same sizes and so makes the same deal; the outputs do not depend on
- * it. */
-#define DEAL_RUNS 64
+ * go out in one write per run and split (one write per document cost
+ * more than a fifth of the tokenizing time on GPT-2). A round ends after
+ * DEAL_CYCLES full turns, when every rank has had as many runs (the ranks
+ * wait for each other at the end of a round, so the turns must not stop
+ * part way), or at round_docs documents. The quantum comes from the
+ * previous round's bytes per document, sized so that the turns end a
+ * round a little before round_docs does. The first round has no quantum:
+ * every document is a run, dealt one at a time, as are documents longer
+ * than the quantum (whole files), which keeps a few large documents
+ * spread over the ranks. Every rank sees the same sizes and makes the
+ * same deal; the outputs do not depend on it. */
+#define DEAL_CYCLES 16
+#define DEAL_FILL 0.875 /* of round_docs that the turns are sized for */
 
 typedef struct deal {
     int owner;         /* rank of the current run */
     uint64_t run;      /* input bytes in the current run */
     uint64_t quantum;  /* a run ends once it holds this many bytes */
+    uint64_t runs;     /* runs completed in this round */
     uint64_t round;    /* input bytes dealt in this round */
 } deal_t;
+
+/* The round's turns are complete: every rank had DEAL_CYCLES runs. */
+static int deal_round_done(const deal_t *d, int nranks) { return d->runs == (uint64_t)nranks * DEAL_CYCLES; }
 
 /* The owner's run takes a document of `span` input bytes. */
 static void deal_advance(deal_t *d, int nranks, size_t span)
@@ -50,12 +57,17 @@ static void deal_advance(deal_t *d, int nranks, size_t span)
     if (d->run >= d->quantum) {
         d->owner = (d->owner + 1) % nranks;
         d->run = 0;
+        d->runs++;
     }
 }
 
-static void deal_end_round(deal_t *d, int nranks)
+/* The next quantum from this round's n_docs documents. */
+static void deal_end_round(deal_t *d, int nranks, int64_t n_docs, size_t round_docs)
 {
-    d->quantum = d->round / ((uint64_t)nranks * DEAL_RUNS);
+    if (n_docs > 0)
+        d->quantum = (uint64_t)(DEAL_FILL * (double)d->round / (double)n_docs * (double)round_docs /
+                                ((double)nranks * DEAL_CYCLES));
+    d->runs = 0;
     d->round = 0;
 }
 
@@ -126,7 +138,7 @@ static int own_doc(prep_run_t *r, round_buf_t *b, const corpus_doc_t *doc, char 
     return tokenize_doc(r, doc, &b->ids, err, errlen);
 }
 
-/* Read up to round_docs documents, tokenizing this rank's. Returns the
+/* Read a round of documents (see deal_t), tokenizing this rank's. Returns the
  * number of documents read (all ranks read the same), or -1 with *err_key
  * the document index where it failed (UINT64_MAX when the failure is not
  * tied to a document). */
@@ -135,7 +147,7 @@ static int64_t read_round(prep_run_t *r, corpus_t *c, deal_t *deal, round_buf_t 
 {
     int64_t got = 0;
     char err[PREP_ERRLEN];
-    while ((size_t)got < r->o->round_docs) {
+    while ((size_t)got < r->o->round_docs && !deal_round_done(deal, r->nranks)) {
         corpus_doc_t doc;
         uint64_t next = r->n_docs + (uint64_t)got;
         int mine = deal->owner == r->rank;
@@ -157,7 +169,7 @@ static int64_t read_round(prep_run_t *r, corpus_t *c, deal_t *deal, round_buf_t 
         deal_advance(deal, r->nranks, doc.span);
         got++;
     }
-    deal_end_round(deal, r->nranks);
+    deal_end_round(deal, r->nranks, got, r->o->round_docs);
     return got;
 }
 
