@@ -41,7 +41,7 @@ typedef struct prep_opts {
     prep_format_t format;     /* llmc | megatron */
     double val_fraction;      /* 0 <= F < 1, of documents */
     size_t shard_tokens;      /* llmc: at most this many tokens per shard */
-    size_t round_docs;        /* documents dealt out per round (bounds memory) */
+    size_t round_docs;        /* at most this many documents a round (bounds memory) */
     char *const *inputs;
     int n_inputs;
 } prep_opts_t;
