@@ -73,6 +73,9 @@ typedef struct corpus_doc {
     const char *text; /* valid until the next corpus_next or corpus_close;
                        * NULL when want_text was 0 */
     size_t len;       /* bytes of text; 0 when want_text was 0 */
+    size_t span;      /* bytes of input it came from, set even when
+                       * want_text was 0 (TEXT: len; JSONL: its line), so
+                       * ranks can deal documents out by size unread */
     uint64_t index;   /* 0-based over all inputs, in input order */
     int file;         /* index into paths */
     uint64_t line;    /* JSONL: 1-based line; TEXT: 1-based line where the

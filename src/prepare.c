@@ -53,8 +53,8 @@ static void usage(FILE *f)
             "                        (default %.1f; every document where floor(d F) steps up)\n"
             "  --shard-tokens N      llmc: at most N tokens per shard, shards balanced\n"
             "                        (default %lu)\n"
-            "  --round-docs N        documents dealt to the ranks per round (default %lu;\n"
-            "                        bounds memory)\n"
+            "  --round-docs N        at most N documents dealt to the ranks per round\n"
+            "                        (default %lu; bounds memory)\n"
             "  -h, --help            show this help and exit\n"
             "  --version             show the version and exit\n"
             "\n"
@@ -383,8 +383,7 @@ int main(int argc, char **argv)
     parse_args(rank, argc, argv, &o);
     prep_run_t r = {.o = &o, .rank = rank, .nranks = nranks, .t_start = now_s()};
     int status = run(&r);
-    for (int s = 0; s < PREP_N_SPLITS; s++)
-        free(r.stream[s].doc_len);
+    prep_streams_free(&r);
     tokenizer_close(r.tk);
     if (fflush(stdout) != 0 && status == 0) {
         fprintf(stderr, PREP_PROG ": cannot write to standard output: %s\n", strerror(errno));

@@ -26,6 +26,7 @@
 #define PREP_EXIT_IO 1    /* the outputs could not be written */
 #define PREP_ERRLEN 1024
 #define PREP_PATH_MAX 4096
+#define PREP_STAGE_BYTES ((size_t)1 << 20) /* per split: the largest write */
 
 typedef enum { PREP_FORMAT_LLMC = 0, PREP_FORMAT_MEGATRON = 1 } prep_format_t;
 typedef enum { PREP_TRAIN = 0, PREP_VAL = 1, PREP_N_SPLITS = 2 } prep_split_t;
@@ -40,7 +41,7 @@ typedef struct prep_opts {
     prep_format_t format;     /* llmc | megatron */
     double val_fraction;      /* 0 <= F < 1, of documents */
     size_t shard_tokens;      /* llmc: at most this many tokens per shard */
-    size_t round_docs;        /* documents dealt out per round (bounds memory) */
+    size_t round_docs;        /* at most this many documents a round (bounds memory) */
     char *const *inputs;
     int n_inputs;
 } prep_opts_t;
@@ -58,6 +59,11 @@ typedef struct prep_stream {
     int32_t *doc_len;   /* rank 0, megatron: tokens of each document (n_docs) */
     size_t doc_cap;
     int32_t max_id;     /* largest id the format's dtype holds */
+    /* Write combining: this rank's documents that follow one another in
+     * the stream go out as one MPI_File_write_at, not one each. */
+    void *stage;        /* PREP_STAGE_BYTES: narrowed tokens not yet written */
+    size_t staged;      /* tokens in stage */
+    uint64_t stage_at;  /* token offset of stage's first token */
 } prep_stream_t;
 
 /* Everything a run holds: no globals. */
@@ -78,9 +84,12 @@ int prep_documents(prep_run_t *r);
 /* prepare_out.c */
 const char *prep_split_name(prep_split_t s);
 int prep_streams_open(prep_run_t *r, char *err, size_t errlen);          /* collective */
-/* This rank's document (ids[0..n)) at global token offset `at` of split s. */
-int prep_stream_write(prep_stream_t *st, uint64_t at, const int32_t *ids, size_t n, void *stage, char *err,
-                      size_t errlen);
+/* This rank's document (ids[0..n)) at global token offset `at` of split
+ * s: staged, and written once the stage is full or the next document is
+ * not adjacent. prep_stream_flush writes what is staged (end of a round). */
+int prep_stream_write(prep_stream_t *st, uint64_t at, const int32_t *ids, size_t n, char *err, size_t errlen);
+int prep_stream_flush(prep_stream_t *st, char *err, size_t errlen);
+void prep_streams_free(prep_run_t *r);
 int prep_streams_finish(prep_run_t *r);                                    /* collective; 0 or exit status */
 void prep_streams_abandon(prep_run_t *r);                                  /* collective: remove temporaries */
 

@@ -1,12 +1,12 @@
 /* The document loop of dtrain-prepare.
  *
  * Every rank walks the same document stream (reading is cheap next to
- * tokenizing); document d belongs to rank d mod P, which alone tokenizes it
- * (and, for JSONL, alone parses its line). Documents are dealt in rounds of
- * round_docs: after each round the ranks sum the token counts of the round's
- * documents, so every rank knows where each document lands in its split's
- * stream, and each writes its own documents there. Memory per rank is
- * bounded by one round's share of tokens. */
+ * tokenizing); each document belongs to one rank (see deal_t), which alone
+ * tokenizes it (and, for JSONL, alone parses its line). Documents are dealt
+ * in rounds of round_docs: after each round the ranks sum the token counts
+ * of the round's documents, so every rank knows where each document lands
+ * in its split's stream, and each writes its own documents there. Memory
+ * per rank is bounded by one round's share of tokens. */
 #include "prepare.h"
 
 #include <stdio.h>
@@ -19,6 +19,56 @@
 static prep_split_t split_of(uint64_t d, double f)
 {
     return (uint64_t)((double)(d + 1) * f) > (uint64_t)((double)d * f) ? PREP_VAL : PREP_TRAIN;
+}
+
+/* Who tokenizes which document. Consecutive documents go to one rank in
+ * runs of at least `quantum` bytes of input, the runs round the ranks in
+ * turn: a rank's documents are then mostly neighbours in the outputs and
+ * go out in one write per run and split (one write per document cost
+ * more than a fifth of the tokenizing time on GPT-2). A round ends after
+ * DEAL_CYCLES full turns, when every rank has had as many runs (the ranks
+ * wait for each other at the end of a round, so the turns must not stop
+ * part way), or at round_docs documents. The quantum comes from the
+ * previous round's bytes per document, sized so that the turns end a
+ * round a little before round_docs does. The first round has no quantum:
+ * every document is a run, dealt one at a time, as are documents longer
+ * than the quantum (whole files), which keeps a few large documents
+ * spread over the ranks. Every rank sees the same sizes and makes the
+ * same deal; the outputs do not depend on it. */
+#define DEAL_CYCLES 16
+#define DEAL_FILL 0.875 /* of round_docs that the turns are sized for */
+
+typedef struct deal {
+    int owner;         /* rank of the current run */
+    uint64_t run;      /* input bytes in the current run */
+    uint64_t quantum;  /* a run ends once it holds this many bytes */
+    uint64_t runs;     /* runs completed in this round */
+    uint64_t round;    /* input bytes dealt in this round */
+} deal_t;
+
+/* The round's turns are complete: every rank had DEAL_CYCLES runs. */
+static int deal_round_done(const deal_t *d, int nranks) { return d->runs == (uint64_t)nranks * DEAL_CYCLES; }
+
+/* The owner's run takes a document of `span` input bytes. */
+static void deal_advance(deal_t *d, int nranks, size_t span)
+{
+    d->run += span;
+    d->round += span;
+    if (d->run >= d->quantum) {
+        d->owner = (d->owner + 1) % nranks;
+        d->run = 0;
+        d->runs++;
+    }
+}
+
+/* The next quantum from this round's n_docs documents. */
+static void deal_end_round(deal_t *d, int nranks, int64_t n_docs, size_t round_docs)
+{
+    if (n_docs > 0)
+        d->quantum = (uint64_t)(DEAL_FILL * (double)d->round / (double)n_docs * (double)round_docs /
+                                ((double)nranks * DEAL_CYCLES));
+    d->runs = 0;
+    d->round = 0;
 }
 
 /* One round's documents owned by this rank: their ids back to back. */
@@ -88,19 +138,19 @@ static int own_doc(prep_run_t *r, round_buf_t *b, const corpus_doc_t *doc, char 
     return tokenize_doc(r, doc, &b->ids, err, errlen);
 }
 
-/* Read up to round_docs documents, tokenizing this rank's. Returns the
+/* Read a round of documents (see deal_t), tokenizing this rank's. Returns the
  * number of documents read (all ranks read the same), or -1 with *err_key
  * the document index where it failed (UINT64_MAX when the failure is not
  * tied to a document). */
-static int64_t read_round(prep_run_t *r, corpus_t *c, round_buf_t *b, int *at_end, uint64_t *err_key, char *msg,
-                          size_t msglen)
+static int64_t read_round(prep_run_t *r, corpus_t *c, deal_t *deal, round_buf_t *b, int *at_end,
+                          uint64_t *err_key, char *msg, size_t msglen)
 {
     int64_t got = 0;
     char err[PREP_ERRLEN];
-    while ((size_t)got < r->o->round_docs) {
+    while ((size_t)got < r->o->round_docs && !deal_round_done(deal, r->nranks)) {
         corpus_doc_t doc;
         uint64_t next = r->n_docs + (uint64_t)got;
-        int mine = (int)(next % (uint64_t)r->nranks) == r->rank;
+        int mine = deal->owner == r->rank;
         int rc = corpus_next(c, mine, &doc, err, sizeof err);
         if (rc == 0) {
             *at_end = 1;
@@ -116,8 +166,10 @@ static int64_t read_round(prep_run_t *r, corpus_t *c, round_buf_t *b, int *at_en
             doc_error(r, &doc, err, msg, msglen);
             return -1;
         }
+        deal_advance(deal, r->nranks, doc.span);
         got++;
     }
+    deal_end_round(deal, r->nranks, got, r->o->round_docs);
     return got;
 }
 
@@ -151,8 +203,8 @@ static int record_doc_len(prep_stream_t *st, int64_t len)
 
 /* Place the round's documents: global offsets from the counts, this rank's
  * documents written there. 0 or -1 with msg. */
-static int place_round(prep_run_t *r, const round_buf_t *b, int64_t n, const int64_t *counts, void *stage,
-                       char *msg, size_t msglen)
+static int place_round(prep_run_t *r, const round_buf_t *b, int64_t n, const int64_t *counts, char *msg,
+                       size_t msglen)
 {
     uint64_t at[PREP_N_SPLITS] = {r->stream[PREP_TRAIN].n_tokens, r->stream[PREP_VAL].n_tokens};
     size_t k = 0;
@@ -167,8 +219,7 @@ static int place_round(prep_run_t *r, const round_buf_t *b, int64_t n, const int
         }
         if (k < b->n && b->doc[k] == d) {
             size_t end = k + 1 < b->n ? b->first[k + 1] : b->ids.n;
-            if (prep_stream_write(st, at[st->split], b->ids.id + b->first[k], end - b->first[k], stage, msg,
-                                  msglen) != 0)
+            if (prep_stream_write(st, at[st->split], b->ids.id + b->first[k], end - b->first[k], msg, msglen) != 0)
                 return -1;
             k++;
         }
@@ -180,6 +231,10 @@ static int place_round(prep_run_t *r, const round_buf_t *b, int64_t n, const int
         st->n_docs += counts[i] > 0;
         st->n_tokens = at[st->split];
     }
+    /* the round's tokens are all on their way before its errors are agreed */
+    for (int s = 0; s < PREP_N_SPLITS; s++)
+        if (prep_stream_flush(&r->stream[s], msg, msglen) != 0)
+            return -1;
     return 0;
 }
 
@@ -199,10 +254,10 @@ int prep_documents(prep_run_t *r)
     if (prep_agree(r, failed, 0, msg))
         return PREP_EXIT_USAGE;
     int64_t *counts = malloc(o->round_docs * sizeof *counts);
-    void *stage = malloc(1 << 20);
     round_buf_t b = {0};
+    deal_t deal = {0};
     int status = 0, at_end = 0;
-    failed = counts == NULL || stage == NULL;
+    failed = counts == NULL;
     if (prep_agree(r, failed, 0, "out of memory for the document round buffers")) {
         status = PREP_EXIT_IO;
         goto out;
@@ -211,13 +266,13 @@ int prep_documents(prep_run_t *r)
         uint64_t key = UINT64_MAX;
         b.n = 0;
         b.ids.n = 0;
-        int64_t n = read_round(r, c, &b, &at_end, &key, msg, sizeof msg);
+        int64_t n = read_round(r, c, &deal, &b, &at_end, &key, msg, sizeof msg);
         if (prep_agree(r, n < 0, key, msg)) {
             status = PREP_EXIT_USAGE;
             break;
         }
         round_counts(r, &b, n, counts);
-        failed = place_round(r, &b, n, counts, stage, msg, sizeof msg) != 0;
+        failed = place_round(r, &b, n, counts, msg, sizeof msg) != 0;
         if (prep_agree(r, failed, r->rank, msg)) {
             status = PREP_EXIT_IO;
             break;
@@ -227,7 +282,6 @@ int prep_documents(prep_run_t *r)
 out:
     round_free(&b);
     free(counts);
-    free(stage);
     corpus_close(c);
     return status;
 }

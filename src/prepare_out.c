@@ -70,6 +70,11 @@ static int stream_open(const prep_run_t *r, prep_stream_t *st, char *err, size_t
         prep_err(err, errlen, "--out prefix '%s' is too long", r->o->out);
         return -1;
     }
+    st->stage = malloc(PREP_STAGE_BYTES);
+    if (st->stage == NULL) {
+        prep_err(err, errlen, "out of memory for the write buffer of '%s'", st->tmp_path);
+        return -1;
+    }
     int rc = MPI_File_open(MPI_COMM_WORLD, st->tmp_path, MPI_MODE_CREATE | MPI_MODE_WRONLY, MPI_INFO_NULL, &st->fh);
     if (rc != MPI_SUCCESS) {
         mpi_err(rc, "cannot create", st->tmp_path, err, errlen);
@@ -98,14 +103,44 @@ int prep_streams_open(prep_run_t *r, char *err, size_t errlen)
     return 0;
 }
 
-/* Narrow ids to the on-disk width in `stage` (1 MiB) and write them at
- * token offset `at`, a stage at a time. */
-int prep_stream_write(prep_stream_t *st, uint64_t at, const int32_t *ids, size_t n, void *stage, char *err,
-                      size_t errlen)
+/* Write the staged tokens at their offset: one MPI_File_write_at. */
+int prep_stream_flush(prep_stream_t *st, char *err, size_t errlen)
 {
-    const size_t per = (1u << 20) / (size_t)st->width;
+    if (st->staged == 0)
+        return 0;
+    MPI_Offset off = st->base + (MPI_Offset)(st->stage_at * (uint64_t)st->width);
+    MPI_Status status;
+    int bytes = (int)(st->staged * (size_t)st->width), wrote = 0; /* <= PREP_STAGE_BYTES */
+    int rc = MPI_File_write_at(st->fh, off, st->stage, bytes, MPI_BYTE, &status);
+    if (rc == MPI_SUCCESS)
+        rc = MPI_Get_count(&status, MPI_BYTE, &wrote);
+    if (rc != MPI_SUCCESS) {
+        mpi_err(rc, "cannot write", st->tmp_path, err, errlen);
+        return -1;
+    }
+    if (wrote != bytes) {
+        prep_err(err, errlen, "short write to '%s' (%d of %d bytes): is the disk full?", st->tmp_path, wrote, bytes);
+        return -1;
+    }
+    st->stage_at += st->staged;
+    st->staged = 0;
+    return 0;
+}
+
+/* Narrow ids to the on-disk width into the stage, which is written out
+ * when it is full or when this document does not follow the staged ones
+ * (another rank's documents lie between). */
+int prep_stream_write(prep_stream_t *st, uint64_t at, const int32_t *ids, size_t n, char *err, size_t errlen)
+{
+    const size_t per = PREP_STAGE_BYTES / (size_t)st->width;
+    if (st->staged > 0 && at != st->stage_at + st->staged && prep_stream_flush(st, err, errlen) != 0)
+        return -1;
+    if (st->staged == 0)
+        st->stage_at = at;
     for (size_t done = 0; done < n;) {
-        size_t m = n - done < per ? n - done : per;
+        if (st->staged == per && prep_stream_flush(st, err, errlen) != 0)
+            return -1;
+        size_t m = n - done < per - st->staged ? n - done : per - st->staged;
         for (size_t i = 0; i < m; i++) {
             int32_t id = ids[done + i];
             if (id < 0 || id > st->max_id) {
@@ -113,28 +148,24 @@ int prep_stream_write(prep_stream_t *st, uint64_t at, const int32_t *ids, size_t
                 return -1;
             }
             if (st->width == 2)
-                ((uint16_t *)stage)[i] = (uint16_t)id;
+                ((uint16_t *)st->stage)[st->staged + i] = (uint16_t)id;
             else
-                ((int32_t *)stage)[i] = id;
+                ((int32_t *)st->stage)[st->staged + i] = id;
         }
-        MPI_Offset off = st->base + (MPI_Offset)((at + done) * (uint64_t)st->width);
-        MPI_Status status;
-        int bytes = (int)(m * (size_t)st->width), wrote = 0;
-        int rc = MPI_File_write_at(st->fh, off, stage, bytes, MPI_BYTE, &status);
-        if (rc == MPI_SUCCESS)
-            rc = MPI_Get_count(&status, MPI_BYTE, &wrote);
-        if (rc != MPI_SUCCESS) {
-            mpi_err(rc, "cannot write", st->tmp_path, err, errlen);
-            return -1;
-        }
-        if (wrote != bytes) {
-            prep_err(err, errlen, "short write to '%s' (%d of %d bytes): is the disk full?", st->tmp_path, wrote,
-                     bytes);
-            return -1;
-        }
+        st->staged += m;
         done += m;
     }
     return 0;
+}
+
+void prep_streams_free(prep_run_t *r)
+{
+    for (int s = 0; s < PREP_N_SPLITS; s++) {
+        free(r->stream[s].doc_len);
+        free(r->stream[s].stage);
+        r->stream[s].doc_len = NULL;
+        r->stream[s].stage = NULL;
+    }
 }
 
 /* Sync and close a stream (collective). */

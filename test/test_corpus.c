@@ -63,6 +63,16 @@ static int dump(char *const *paths, int n, const corpus_opts_t *o, int rank,
             r = -1;
             break;
         }
+        /* span: the text's bytes for plain text, its line's (never
+         * fewer) for JSONL */
+        if (want && (o->format == CORPUS_TEXT ? d.span != d.len
+                                              : d.span < d.len)) {
+            snprintf(err, sizeof err,
+                     "document %llu: span %zu for a text of %zu bytes",
+                     (unsigned long long)d.index, d.span, d.len);
+            r = -1;
+            break;
+        }
         put_doc(&d, want);
         count++;
     }

@@ -196,6 +196,29 @@ for np in 2 3; do
 done
 check "np 3 llmc" "$TMP/np3/llmc" llmc 0.3 200 '\n\n' "$A" "$B"
 
+# 6b. The same with many documents: after the first round of 700, each
+#     rank takes runs of neighbouring paragraphs and writes them together,
+#     and a rank's writes fill the 1 MiB write buffer (1.3 MB of text).
+"$PY" - "$TMP/many.txt" <<'EOF' || exit 1
+import sys
+paras = [("Paragraph %d: " % i) + "lorem ipsum dolor " * (5 + i % 40) for i in range(3000)]
+open(sys.argv[1], "w").write("\n\n".join(paras))
+EOF
+for fmt in llmc megatron; do
+    for np in 1 2 3; do
+        prep "many $fmt np $np" $MPI -np $np $PREP --out "$TMP/many$np/$fmt" --format $fmt --round-docs 700 \
+            --shard-tokens 500000 --doc-separator '\n\n' --val-fraction 0.1 "$TMP/many.txt"
+    done
+done
+for np in 2 3; do
+    if diff -r "$TMP/many1" "$TMP/many$np" >/dev/null; then
+        pass "many documents: np $np output is byte-identical to np 1"
+    else
+        fail "many documents: np $np output differs from np 1: $(diff -rq "$TMP/many1" "$TMP/many$np" | head -3)"
+    fi
+done
+check "many documents np 2 llmc" "$TMP/many2/llmc" llmc 0.1 500000 '\n\n' "$TMP/many.txt"
+
 # 7. GPT-2 BPE (when the vocabulary is there): each document starts with
 #    <|endoftext|> 50256 and the rest is the tokenizer's encoding of it.
 if "$top_builddir/test/tok_tool" info gpt2 >/dev/null 2>&1; then
