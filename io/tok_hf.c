@@ -125,29 +125,54 @@ static json_t *added_tokens(const tokenizer_t *tk)
     return a;
 }
 
+/* The byte kind: id b is byte b, 256 single-symbol tokens, no merges. */
+static int byte_vocab(json_t *vocab)
+{
+    unsigned cp[256];
+    byte_alphabet(cp);
+    char s[4];
+    for (unsigned b = 0; b < 256; b++) {
+        const unsigned char byte = (unsigned char)b;
+        to_alphabet(cp, &byte, 1, s);
+        if (json_object_set_new(vocab, s, json_integer(b)) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* Split by the pattern, then the bytes as the alphabet's symbols; the byte
+ * kind has no pattern (every byte is a token). */
+static json_t *pre_tokenizer(const char *pattern)
+{
+    json_t *byte_level = json_pack("{s:s, s:b, s:b, s:b}", "type", "ByteLevel", "add_prefix_space", 0,
+                                   "trim_offsets", 1, "use_regex", 0);
+    if (!pattern)
+        return json_pack("{s:s, s:[o]}", "type", "Sequence", "pretokenizers", byte_level);
+    return json_pack("{s:s, s:[{s:s, s:{s:s}, s:s, s:b}, o]}", "type", "Sequence", "pretokenizers", "type", "Split",
+                     "pattern", "Regex", pattern, "behavior", "Isolated", "invert", 0, byte_level);
+}
+
 int tok_hf_tokenizer_json(const tokenizer_t *tk, const char *pattern, char **json, char *err, size_t errlen)
 {
     *json = NULL;
-    if (strcmp(tk->ops->kind, "gpt2") != 0 && strcmp(tk->ops->kind, "tiktoken") != 0) {
+    const int byte = strcmp(tk->ops->kind, "byte") == 0;
+    if (!byte && strcmp(tk->ops->kind, "gpt2") != 0 && strcmp(tk->ops->kind, "tiktoken") != 0) {
         snprintf(err, errlen, "a %s tokenizer is not byte-level BPE: no tokenizer.json", tk->ops->kind);
         return -1;
     }
     json_t *vocab = json_object(), *merges = json_array();
-    if (!vocab || !merges || vocab_and_merges(tk->impl, vocab, merges, err, errlen) != 0) {
+    if (!vocab || !merges || (byte ? byte_vocab(vocab) : vocab_and_merges(tk->impl, vocab, merges, err, errlen)) != 0) {
         if (!vocab || !merges)
             snprintf(err, errlen, "out of memory writing tokenizer.json");
         json_decref(vocab);
         json_decref(merges);
         return -1;
     }
-    json_t *byte_level = json_pack("{s:s, s:b, s:b, s:b}", "type", "ByteLevel", "add_prefix_space", 0,
-                                   "trim_offsets", 1, "use_regex", 0);
     json_t *root = json_pack(
-        "{s:s, s:n, s:n, s:o, s:n, s:{s:s, s:[{s:s, s:{s:s}, s:s, s:b}, o]}, s:n, s:{s:s, s:b, s:b, s:b},"
+        "{s:s, s:n, s:n, s:o, s:n, s:o, s:n, s:{s:s, s:b, s:b, s:b},"
         " s:{s:s, s:n, s:n, s:n, s:n, s:b, s:b, s:b, s:o, s:o}}",
         "version", "1.0", "truncation", "padding", "added_tokens", added_tokens(tk), "normalizer",
-        "pre_tokenizer", "type", "Sequence", "pretokenizers", "type", "Split", "pattern", "Regex", pattern,
-        "behavior", "Isolated", "invert", 0, byte_level, "post_processor",
+        "pre_tokenizer", pre_tokenizer(byte ? NULL : pattern), "post_processor",
         "decoder", "type", "ByteLevel", "add_prefix_space", 1, "trim_offsets", 1, "use_regex", 1,
         "model", "type", "BPE", "dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix",
         "fuse_unk", 0, "byte_fallback", 0, "ignore_merges", 1, "vocab", vocab, "merges", merges);

@@ -1,5 +1,6 @@
-/* A byte-level BPE tokenizer (the gpt2 and tiktoken kinds) as Hugging
- * Face's tokenizer.json, the serialisation of the `tokenizers` library
+/* A byte-level BPE tokenizer (the gpt2 and tiktoken kinds, and the byte
+ * kind: 256 tokens, no merges, no split pattern) as Hugging Face's
+ * tokenizer.json, the serialisation of the `tokenizers` library
  * that PreTrainedTokenizerFast, tokenizers.js and vLLM load:
  *
  *   added_tokens    the special tokens (special, not normalized)
@@ -10,6 +11,10 @@
  *                   merges derived from the ranks
  *   decoder         ByteLevel
  *
+ * Needs the tokenizers library 0.19 or later (transformers 4.40): older
+ * ones do not know ignore_merges or ByteLevel's use_regex and would
+ * tokenize differently without an error. No post-processor: no BOS is
+ * added by the tokenizer (dtrain-prepare put doc_start before documents).
  * Tokens are written in GPT-2's byte-to-unicode alphabet (byte b is one
  * printable code point). A tiktoken rank file holds no merges: the merge
  * that makes token t is what BPE over t's bytes reaches with ranks below

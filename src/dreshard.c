@@ -67,6 +67,7 @@ typedef struct reshard_opts {
     const char *tokenizer;       /* --to-hf: auto | none | SPEC */
     uint64_t max_shard_bytes;
     int export_given;            /* --dtype, --tokenizer or --max-shard-size seen */
+    int hf_only_given;           /* --tokenizer or --max-shard-size seen */
 } reshard_opts_t;
 
 typedef enum { PARSE_OK = 0, PARSE_EXIT_OK, PARSE_ERROR } parse_status_t;
@@ -207,7 +208,7 @@ static int check_combination(const reshard_opts_t *o, int layout_given, char *er
         snprintf(err, errlen, "--dtype, --tokenizer and --max-shard-size belong to --to-hf / --to-llmc");
         return -1;
     }
-    if (o->to_llmc && (strcmp(o->tokenizer, "auto") != 0 || o->max_shard_bytes != ST_DEFAULT_SHARD_BYTES)) {
+    if (o->to_llmc && o->hf_only_given) {
         snprintf(err, errlen, "--to-llmc: llm.c model files hold one tensor file and no tokenizer: leave out "
                  "--tokenizer and --max-shard-size");
         return -1;
@@ -262,6 +263,7 @@ static parse_status_t parse_args(int argc, char **argv, reshard_opts_t *o, int p
             if (!(v = opt_value(argc, argv, &i, a, n, err, errlen)))
                 return PARSE_ERROR;
             o->export_given = 1;
+            o->hf_only_given |= !IS("--dtype");
             if (IS("--dtype") && parse_dtype(v, &o->dtype, err, errlen) != 0)
                 return PARSE_ERROR;
             if (IS("--max-shard-size") && parse_bytes(v, &o->max_shard_bytes, err, errlen) != 0)
@@ -685,7 +687,12 @@ static int export_cmd(const reshard_opts_t *o, int rank, int nranks, int *status
     size_t n = (size_t)snprintf(dest, sizeof dest, "%s", o->to_hf ? o->to_hf : o->to_llmc);
     while (n > 1 && n < sizeof dest && dest[n - 1] == '/')
         dest[--n] = '\0';
-    const export_opts_t eo = {.dest = dest, .dtype = o->dtype, .force = o->force,
+    if (n >= sizeof dest && rc == 0) {
+        snprintf(err, errlen, "%s: the path is longer than PATH_MAX (%d)", o->to_hf ? "--to-hf" : "--to-llmc",
+                 PATH_MAX);
+        rc = -1;
+    }
+    const export_opts_t eo = {.input = o->in, .dest = dest, .dtype = o->dtype, .force = o->force,
                               .tokenizer = o->tokenizer, .tok_recorded = tok, .tok_sha256 = tok_sha,
                               .max_shard_bytes = o->max_shard_bytes};
     if (rc == 0)

@@ -291,9 +291,66 @@ static void assemble_tile(const hf_map_t *map, const export_out_t *o, const tile
 
 /* ---- the agreed steps -------------------------------------------------------- */
 
-/* Rank 0's checks of dest: absent (or --force over the same kind of
- * thing), its parent made as mkdir -p does and writable; a temporary left
- * by a killed export removed. */
+/* 0 when dir looks like an export --force may replace: regular files only
+ * (an export has no subdirectories) and a config.json (Hugging Face's), so
+ * a mistyped --to-hf of a home or run directory is refused, not emptied. */
+static int replaceable_dir(const char *dir, char *err, size_t errlen)
+{
+    DIR *d = opendir(dir);
+    if (!d) {
+        snprintf(err, errlen, "%s: %s", dir, strerror(errno));
+        return -1;
+    }
+    int has_config = 0, rc = 0;
+    struct dirent *e;
+    char p[PATH_MAX];
+    struct stat st;
+    while (rc == 0 && (e = readdir(d)) != NULL) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+            continue;
+        has_config |= strcmp(e->d_name, "config.json") == 0;
+        if (snprintf(p, sizeof p, "%s/%s", dir, e->d_name) >= (int)sizeof p || lstat(p, &st) != 0 ||
+            !S_ISREG(st.st_mode)) {
+            snprintf(err, errlen, "%s holds %.200s, which is not a regular file: --force replaces only a model "
+                     "directory an export wrote; choose another path", dir, e->d_name);
+            rc = -1;
+        }
+    }
+    closedir(d);
+    if (rc == 0 && !has_config) {
+        snprintf(err, errlen, "%s has no config.json, so it is not a model directory an export wrote: --force "
+                 "will not replace it; choose another path", dir);
+        rc = -1;
+    }
+    return rc;
+}
+
+/* 0 unless the input is dest itself or lies below it (replacing dest
+ * would delete the file being exported). */
+static int input_outside(const char *input, const char *dest, const struct stat *dest_st, char *err,
+                         size_t errlen)
+{
+    char path[PATH_MAX];
+    struct stat st;
+    if (!realpath(input, path))
+        return 0; /* the input's own checks report it */
+    for (;;) {
+        if (stat(path, &st) == 0 && st.st_dev == dest_st->st_dev && st.st_ino == dest_st->st_ino) {
+            snprintf(err, errlen, "%s %s the input %s: write the export somewhere else", dest,
+                     S_ISDIR(dest_st->st_mode) ? "holds" : "is", input);
+            return -1;
+        }
+        char *slash = strrchr(path, '/');
+        if (!slash || slash == path)
+            return 0;
+        *slash = '\0';
+    }
+}
+
+/* Rank 0's checks of dest: absent, or with --force the same kind of thing,
+ * neither the input nor holding it, and (a directory) one an export wrote;
+ * its parent made as mkdir -p does; a temporary left by a killed export
+ * removed. */
 static int check_dest(const export_target_t *tg, export_ctx_t *x, char *err, size_t errlen)
 {
     const char *dest = x->opt->dest;
@@ -309,6 +366,9 @@ static int check_dest(const export_target_t *tg, export_ctx_t *x, char *err, siz
                      S_ISDIR(st.st_mode) ? "a directory" : "not a directory", want_dir ? "directory" : "file");
             return -1;
         }
+        if (input_outside(x->opt->input, dest, &st, err, errlen) != 0 ||
+            (want_dir && replaceable_dir(dest, err, errlen) != 0))
+            return -1;
     } else if (errno != ENOENT) {
         snprintf(err, errlen, "%s: %s", dest, strerror(errno));
         return -1;
@@ -321,6 +381,10 @@ static int check_dest(const export_target_t *tg, export_ctx_t *x, char *err, siz
     if (export_tmp_name(dest, x->tmp, sizeof x->tmp, err, errlen) != 0)
         return -1;
     export_remove(x->tmp);
+    if (lstat(x->tmp, &st) == 0) {
+        snprintf(err, errlen, "%s, left by an earlier export, cannot be removed: remove it by hand", x->tmp);
+        return -1;
+    }
     return 0;
 }
 
@@ -352,7 +416,9 @@ static int write_tiles(const export_target_t *tg, export_ctx_t *x, h5store_t *h,
         if (t[i].owner == x->rank) {
             const export_out_t *o = &x->out[t[i].out];
             most = t[i].bytes > most ? t[i].bytes : most;
-            head = o->align * o->cols > head ? o->align * o->cols : head;
+            for (int k = o->first; k < o->first + o->count; k++) /* one RoPE head of rows */
+                if ((map[k].flags & HF_MAP_ROPE) && map[k].head_size * o->cols > head)
+                    head = map[k].head_size * o->cols;
             most_entries = o->count > most_entries ? o->count : most_entries;
         }
     float *rows = malloc((size_t)most + 1), *blocks = malloc((size_t)most + 1);
@@ -388,8 +454,11 @@ int export_run(const export_target_t *tg, const export_opts_t *o, h5store_t *h, 
                size_t errlen)
 {
     int rank = 0, nranks = 1, n_map = 0, n_tiles = 0, read_failed = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &nranks);
+    if (MPI_Comm_rank(MPI_COMM_WORLD, &rank) != MPI_SUCCESS || MPI_Comm_size(MPI_COMM_WORLD, &nranks) != MPI_SUCCESS) {
+        snprintf(err, errlen, "MPI_Comm_rank/MPI_Comm_size of MPI_COMM_WORLD failed");
+        *status = 1;
+        return -1;
+    }
     export_ctx_t x = {.opt = o, .cfg = cfg, .rank = rank};
     hf_map_t *map = NULL;
     export_out_t *outs = NULL;
@@ -490,17 +559,45 @@ static void parent_of(const char *path, char *dir, size_t len)
         *(slash == dir ? slash + 1 : slash) = '\0';
 }
 
+/* --force over a directory where the file system has no RENAME_EXCHANGE
+ * (NFS, some parallel file systems): the old export aside, the new one in,
+ * the old one removed. dest is missing only between the two renames. */
+static int replace_dir(const char *tmp, const char *dest, char *err, size_t errlen)
+{
+    char old[PATH_MAX];
+    if (snprintf(old, sizeof old, "%s.old", tmp) >= (int)sizeof old) {
+        snprintf(err, errlen, "%s: path too long", tmp);
+        return -1;
+    }
+    export_remove(old);
+    if (rename(dest, old) != 0) {
+        snprintf(err, errlen, "cannot move the existing %s aside to %s: %s", dest, old, strerror(errno));
+        return -1;
+    }
+    if (rename(tmp, dest) != 0) {
+        const int e = errno, restored = rename(old, dest) == 0;
+        snprintf(err, errlen, "cannot rename %s to %s: %s (the previous export is %s %s)", tmp, dest, strerror(e),
+                 restored ? "back in" : "in", restored ? dest : old);
+        return -1;
+    }
+    export_remove(old);
+    return 0;
+}
+
 int export_commit(const char *tmp, const char *dest, char *err, size_t errlen)
 {
     struct stat st;
-    if (stat(dest, &st) == 0) {
-        /* --force: swap in one step, so dest is always a complete export */
-        if (renameat2(AT_FDCWD, tmp, AT_FDCWD, dest, RENAME_EXCHANGE) != 0) {
+    if (stat(dest, &st) == 0 && S_ISDIR(st.st_mode)) {
+        /* --force: swap in one step where the file system can, so dest is
+         * always a complete export */
+        if (renameat2(AT_FDCWD, tmp, AT_FDCWD, dest, RENAME_EXCHANGE) == 0)
+            export_remove(tmp); /* now the old export */
+        else if (errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP) {
             snprintf(err, errlen, "cannot exchange %s with the existing %s: %s", tmp, dest, strerror(errno));
             return -1;
-        }
-        export_remove(tmp); /* now the old export */
-    } else if (rename(tmp, dest) != 0) {
+        } else if (replace_dir(tmp, dest, err, errlen) != 0)
+            return -1;
+    } else if (rename(tmp, dest) != 0) { /* a file replaces a file atomically */
         snprintf(err, errlen, "cannot rename %s to %s: %s", tmp, dest, strerror(errno));
         return -1;
     }

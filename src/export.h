@@ -47,6 +47,7 @@ typedef struct export_out {
 } export_out_t;
 
 typedef struct export_opts {
+    const char *input;        /* the file exported (never replaced or deleted by --force) */
     const char *dest;         /* the directory (hf) or file (llmc) to create */
     export_dtype_t dtype;
     int force;                /* replace dest if it exists */
@@ -123,9 +124,10 @@ int export_run(const export_target_t *tg, const export_opts_t *o, h5store_t *h, 
 int export_tmp_name(const char *dest, char *tmp, size_t len, char *err, size_t errlen);
 /* fsync of a directory (file systems that cannot sync one are fine). */
 int export_sync_dir(const char *dir, char *err, size_t errlen);
-/* rename(tmp, dest), or with --force over an existing dest, an atomic
- * exchange (renameat2 RENAME_EXCHANGE) and removal of the old one; then the
- * parent directory is synced. */
+/* rename(tmp, dest) (a file replaces a file atomically); over an existing
+ * directory (--force) an atomic exchange (renameat2 RENAME_EXCHANGE), or
+ * where the file system lacks it the old one moved aside first, and the
+ * old one removed; then the parent directory is synced. */
 int export_commit(const char *tmp, const char *dest, char *err, size_t errlen);
 /* rm -r of path (a file or a directory of files); errors ignored. */
 void export_remove(const char *path);

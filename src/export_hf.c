@@ -54,7 +54,7 @@ static const char *torch_dtype(export_dtype_t d)
  * order, each only when the model has it. */
 static void special_roles(hf_state_t *s, const tokenizer_t *tk)
 {
-    s->bos = tk->doc_start;
+    s->bos = tk->doc_start; /* TOK_NO_ID for byte, which has no special tokens */
     s->eos = s->unk = TOK_NO_ID;
     if (strcmp(tk->ops->kind, "gpt2") == 0) {
         s->eos = s->unk = tk->doc_start;
@@ -114,9 +114,9 @@ static int open_tokenizer(export_ctx_t *x, hf_state_t *s, char *err, size_t errl
         return -1;
     }
     const char *kind = s->tok->ops->kind;
-    if (strcmp(kind, "spm") != 0 && !tok_hf_pattern(s->tok)) {
+    if (strcmp(kind, "spm") != 0 && strcmp(kind, "byte") != 0 && !tok_hf_pattern(s->tok)) {
         snprintf(x->note, sizeof x->note, "no tokenizer files: dreshard writes Hugging Face tokenizer files for "
-                 "gpt2, tiktoken and spm tokenizers, not for %s (%s)", kind, spec);
+                 "byte, gpt2, tiktoken and spm tokenizers, not for %s (%s)", kind, spec);
         tokenizer_close(s->tok);
         s->tok = NULL;
         return 0;

@@ -5,7 +5,8 @@
 // Oniguruma's semantics translated to JavaScript).
 // Usage: node test/hf_tokenizer_ref.mjs NODE_PREFIX TOKENIZER_JSON ENCODING FILE...
 //   NODE_PREFIX  the npm --prefix holding node_modules/{js-tiktoken,@huggingface/tokenizers}
-//   ENCODING     js-tiktoken's name: gpt2 | cl100k_base | o200k_base
+//   ENCODING     js-tiktoken's name: gpt2 | cl100k_base | o200k_base; or
+//                bytes: the reference ids are the line's UTF-8 bytes (dtrain's byte kind)
 // For each FILE (UTF-8), line by line: the ids of tokenizers.js equal
 // js-tiktoken's ordinary encoding, and tokenizers.js decodes them back to
 // the line. Two documented differences are taken out of the text first:
@@ -31,7 +32,7 @@ const hfPkg = JSON.parse(readFileSync(join(hfDir, "package.json"), "utf8"));
 const { Tokenizer } = await import(pathToFileURL(join(hfDir, hfPkg.module)).href);
 const tj = JSON.parse(readFileSync(tjPath, "utf8"));
 const hf = new Tokenizer(tj, {});
-const enc = getEncoding(encoding);
+const enc = encoding === "bytes" ? { encode: (s) => [...Buffer.from(s, "utf8")] } : getEncoding(encoding);
 const specials = tj.added_tokens.map((t) => t.content);
 
 let ids = 0, lines = 0, diffs = 0;

@@ -213,6 +213,14 @@ if "$MPIEXEC" --quiet -np 3 "$DRESHARD" --in "$TMP/ck/step_00000010.h5" --to-hf 
     val0 "$TMP/ckhf" "$TMP/g.tok" 2 --pp 2 --global-batch 4 >/dev/null; then
     same_params "checkpoint (step 10, tp2) -> --to-hf on 3 ranks -> --init-from at pp2" "$TMP/ck/step_00000010.h5" \
         "$TMP/last.h5"
+    # the run trained on byte shards: the checkpoint records it, the export carries its tokenizer.json
+    "$top_builddir/test/tok_tool" hfjson byte >"$TMP/byte.tokenizer.json"
+    if cmp -s "$TMP/ckhf/tokenizer.json" "$TMP/byte.tokenizer.json" &&
+        grep -q '"tokenizer_class": "PreTrainedTokenizerFast"' "$TMP/ckhf/tokenizer_config.json"; then
+        pass "the byte-vocabulary checkpoint's export carries the byte tokenizer.json test_tokenizer.sh checks"
+    else
+        fail "byte tokenizer files of the checkpoint's export: $(ls "$TMP/ckhf" | tr '\n' ' ')"
+    fi
 else
     fail "checkpoint -> --to-hf -> --init-from: $(tail -n 1 "$TMP/ckhf.log") $(tail -n 1 "$TMP/last.log")"
 fi
@@ -312,6 +320,15 @@ with open(sys.argv[1], "r+b") as b:
     b.seek(off + 100); c = b.read(1); b.seek(off + 100); b.write(bytes([c[0] ^ 0x10]))
 PYEOF
 expect_exit2 "checksum mismatch in params/h.1.mlp.wfc" ex 2 --in "$TMP/flip.h5" --to-hf "$TMP/x"
+# --force never replaces the input, a directory holding it, or a directory an export did not write
+mkdir -p "$TMP/run/sub"
+cp "$TMP/g.1.h5" "$TMP/run/g.h5"
+expect_exit2 "holds the input" ex 2 --in "$TMP/run/g.h5" --to-hf "$TMP/run" --force
+expect_exit2 "is the input" ex 1 --in "$TMP/run/g.h5" --to-llmc "$TMP/run/g.h5" --force
+rm "$TMP/run/g.h5"
+expect_exit2 "which is not a regular file: --force replaces only a model directory" ex 1 --in "$TMP/g.1.h5" \
+    --to-hf "$TMP/run" --force
+if [ -d "$TMP/run/sub" ]; then pass "the refused --force left the directory as it was"; else fail "--force emptied $TMP/run"; fi
 # a vocabulary file changed since training: the recorded sha256 no longer matches
 cp "$TMP/last.h5" "$TMP/sha.h5"
 "$PYTHON_REF" -c "import h5py, sys; f = h5py.File(sys.argv[1], 'r+'); f.attrs['tokenizer'] = 'gpt2'; \

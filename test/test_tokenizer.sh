@@ -5,7 +5,7 @@
 #   2. 0 id mismatches against js-tiktoken@1.0.21 (node, ordinary encoding)
 #      on every bundled book and on a Unicode stress text written here, for
 #      gpt2, cl100k_base and o200k_base (rank files of fetch-tokenizers.sh);
-#   2b. the same three as Hugging Face tokenizer.json files (what dreshard
+#   2b. the same three and the byte kind as Hugging Face tokenizer.json files (what dreshard
 #      --to-hf exports), encoded and decoded by @huggingface/tokenizers@0.2.0
 #      (Hugging Face's JavaScript implementation of the format): 0 differences;
 #   3. decode(encode(x)) == x for thousands of random byte strings (invalid
@@ -163,8 +163,9 @@ HFREF="$top_srcdir/test/hf_tokenizer_ref.mjs"
 if ! command -v node >/dev/null 2>&1 || [ ! -f "$DIR/node/node_modules/@huggingface/tokenizers/package.json" ]; then
     echo "SKIP part: no node or no @huggingface/tokenizers in $DIR/node (scripts/fetch-tokenizers.sh): tokenizer.json not checked"
 else
-    for enc in gpt2 cl100k_base o200k_base; do
+    for enc in bytes gpt2 cl100k_base o200k_base; do
         case $enc in
+        bytes) spec=byte ;;
         gpt2) spec=$GPT2 ;;
         *) spec="tiktoken:$DIR/tiktoken/$enc.tiktoken" ;;
         esac

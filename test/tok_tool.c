@@ -156,7 +156,7 @@ static int cmd_hfjson(const tokenizer_t *tk)
 {
     char *json, err[1024];
     const char *pattern = tok_hf_pattern(tk);
-    if (!pattern) {
+    if (!pattern && strcmp(tk->ops->kind, "byte") != 0) {
         fprintf(stderr, "tok_tool: %s: no Hugging Face pre-tokenizer pattern for this kind\n", tk->spec);
         return 1;
     }
