@@ -692,7 +692,10 @@ static int export_cmd(const reshard_opts_t *o, int rank, int nranks, int *status
                  PATH_MAX);
         rc = -1;
     }
+    /* a test-only knob (test_init_from.sh): small models cut into many tiles */
+    const char *tile_env = getenv("DTRAIN_TEST_EXPORT_TILE_BYTES");
     const export_opts_t eo = {.input = o->in, .dest = dest, .dtype = o->dtype, .force = o->force,
+                              .tile_bytes = tile_env ? strtoll(tile_env, NULL, 10) : 0,
                               .tokenizer = o->tokenizer, .tok_recorded = tok, .tok_sha256 = tok_sha,
                               .max_shard_bytes = o->max_shard_bytes};
     if (rc == 0)

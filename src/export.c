@@ -133,21 +133,21 @@ static void align_to_records(const hf_map_t *map, export_out_t *o, h5store_t *h)
         o->align = o->covered;
 }
 
-static int64_t tile_rows(const export_out_t *o)
+static int64_t tile_rows(const export_out_t *o, int64_t tile_bytes)
 {
-    int64_t per = (int64_t)EXPORT_TILE_BYTES / (o->cols * (int64_t)sizeof(float));
+    int64_t per = tile_bytes / (o->cols * (int64_t)sizeof(float));
     per = per / o->align * o->align;
     return per < o->align ? o->align : per;
 }
 
 /* Every output's covered rows cut into tiles, dealt largest first to the
  * least loaded rank. Pure: the same on every rank. */
-static int plan_tiles(const export_out_t *o, int n_out, int nranks, tile_t **out, int *n_tiles, char *err,
-                      size_t errlen)
+static int plan_tiles(const export_out_t *o, int n_out, int nranks, int64_t tile_bytes, tile_t **out, int *n_tiles,
+                      char *err, size_t errlen)
 {
     int n = 0;
     for (int i = 0; i < n_out; i++) {
-        const int64_t per = tile_rows(&o[i]);
+        const int64_t per = tile_rows(&o[i], tile_bytes);
         n += (int)((o[i].covered + per - 1) / per);
     }
     tile_t *t = calloc((size_t)n + 1, sizeof *t);
@@ -155,7 +155,7 @@ static int plan_tiles(const export_out_t *o, int n_out, int nranks, tile_t **out
     int *owner = malloc(((size_t)n + 1) * sizeof *owner);
     int k = 0;
     for (int i = 0; t && bytes && owner && i < n_out; i++) {
-        const int64_t per = tile_rows(&o[i]);
+        const int64_t per = tile_rows(&o[i], tile_bytes);
         for (int64_t r = 0; r < o[i].covered; r += per, k++) {
             const int64_t nr = o[i].covered - r < per ? o[i].covered - r : per;
             t[k] = (tile_t){.out = i, .r0 = r, .nr = nr, .bytes = nr * o[i].cols * (int64_t)sizeof(float)};
@@ -349,8 +349,7 @@ static int input_outside(const char *input, const char *dest, const struct stat 
 
 /* Rank 0's checks of dest: absent, or with --force the same kind of thing,
  * neither the input nor holding it, and (a directory) one an export wrote;
- * its parent made as mkdir -p does; a temporary left by a killed export
- * removed. */
+ * x->tmp, the temporary name beside it. */
 static int check_dest(const export_target_t *tg, export_ctx_t *x, char *err, size_t errlen)
 {
     const char *dest = x->opt->dest;
@@ -373,13 +372,20 @@ static int check_dest(const export_target_t *tg, export_ctx_t *x, char *err, siz
         snprintf(err, errlen, "%s: %s", dest, strerror(errno));
         return -1;
     }
+    return export_tmp_name(dest, x->tmp, sizeof x->tmp, err, errlen);
+}
+
+/* Rank 0, once the export is known to go ahead (so a refused one makes no
+ * directories): dest's parent made as mkdir -p does, and a temporary left
+ * by a killed export removed. */
+static int make_room(export_ctx_t *x, char *err, size_t errlen)
+{
     char failed[PATH_MAX];
-    if (fs_mkdir_parent(dest, failed, sizeof failed) != 0) {
-        snprintf(err, errlen, "%s: cannot create directory %.512s: %s", dest, failed, strerror(errno));
+    struct stat st;
+    if (fs_mkdir_parent(x->opt->dest, failed, sizeof failed) != 0) {
+        snprintf(err, errlen, "%s: cannot create directory %.512s: %s", x->opt->dest, failed, strerror(errno));
         return -1;
     }
-    if (export_tmp_name(dest, x->tmp, sizeof x->tmp, err, errlen) != 0)
-        return -1;
     export_remove(x->tmp);
     if (lstat(x->tmp, &st) == 0) {
         snprintf(err, errlen, "%s, left by an earlier export, cannot be removed: remove it by hand", x->tmp);
@@ -403,6 +409,15 @@ static int bcast_str(char *s, size_t len, char *err, size_t errlen)
     return 0;
 }
 
+/* An output that is one untransposed dtrain tensor at offset 0 (Llama's
+ * every weight, GPT-2's embeddings): its tiles are read straight into the
+ * rows written, with no assembly buffer. */
+static int direct_output(const hf_map_t *map, const export_out_t *o)
+{
+    const hf_map_t *e = &map[o->first];
+    return o->count == 1 && e->ndim == 2 && !(e->flags & HF_MAP_TRANSPOSE) && e->off == 0 && e->shape[1] == o->cols;
+}
+
 /* Read, transform and write this rank's tiles, one at a time: a rank
  * holds one tile, not its share of the model, and its writes start while
  * it still reads. *read_failed: the input was at fault (exit 2). */
@@ -410,18 +425,20 @@ static int write_tiles(const export_target_t *tg, export_ctx_t *x, h5store_t *h,
                        int n_tiles, const h5store_tensor_t *plist, int n_params, export_report_t *rep,
                        int *read_failed, char *err, size_t errlen)
 {
-    int64_t most = 0, head = 1;
+    int64_t most = 0, most_assembled = 0, head = 1;
     int most_entries = 1;
     for (int i = 0; i < n_tiles; i++)
         if (t[i].owner == x->rank) {
             const export_out_t *o = &x->out[t[i].out];
             most = t[i].bytes > most ? t[i].bytes : most;
+            if (!direct_output(map, o) && t[i].bytes > most_assembled)
+                most_assembled = t[i].bytes;
             for (int k = o->first; k < o->first + o->count; k++) /* one RoPE head of rows */
                 if ((map[k].flags & HF_MAP_ROPE) && map[k].head_size * o->cols > head)
                     head = map[k].head_size * o->cols;
             most_entries = o->count > most_entries ? o->count : most_entries;
         }
-    float *rows = malloc((size_t)most + 1), *blocks = malloc((size_t)most + 1);
+    float *rows = malloc((size_t)most + 1), *blocks = malloc((size_t)most_assembled + 1);
     float *scratch = malloc((size_t)head * sizeof(float));
     h5store_shard_t *sh = calloc((size_t)most_entries, sizeof *sh);
     int rc = rows && blocks && scratch && sh ? 0 : -1;
@@ -431,15 +448,20 @@ static int write_tiles(const export_target_t *tg, export_ctx_t *x, h5store_t *h,
         if (t[i].owner != x->rank)
             continue;
         const export_out_t *o = &x->out[t[i].out];
+        const hf_map_t *e = &map[o->first];
+        const int direct = direct_output(map, o);
         double t0 = now_s();
-        rc = read_tile(h, map, o, &t[i], plist, n_params, blocks, sh, err, errlen);
+        rc = read_tile(h, map, o, &t[i], plist, n_params, direct ? rows : blocks, sh, err, errlen);
         rep->t_read += now_s() - t0;
         rep->in_bytes += t[i].bytes;
         if (rc != 0) {
             *read_failed = 1;
             break;
         }
-        assemble_tile(map, o, &t[i], sh, rows, scratch);
+        if (!direct)
+            assemble_tile(map, o, &t[i], sh, rows, scratch);
+        else if (e->flags & HF_MAP_ROPE)
+            hf_rope_to_hf(rows, t[i].nr, o->cols, e->head_size, scratch);
         rc = tg->write_rows(x, t[i].out, t[i].r0, t[i].nr, rows, err, errlen);
     }
     free(rows);
@@ -479,10 +501,13 @@ int export_run(const export_target_t *tg, const export_opts_t *o, h5store_t *h, 
     if (rc == 0)
         rc = tg->prepare(&x, err, errlen);
     if (rc == 0)
-        rc = plan_tiles(outs, x.n_out, nranks, &tiles, &n_tiles, err, errlen);
+        rc = plan_tiles(outs, x.n_out, nranks, o->tile_bytes > 0 ? o->tile_bytes : (int64_t)EXPORT_TILE_BYTES, &tiles,
+                        &n_tiles, err, errlen);
     rc = agree(rc, err, errlen);
     if (rc == 0) {
-        rc = agree(rank == 0 ? tg->create(&x, err, errlen) : 0, err, errlen);
+        rc = agree(rank == 0 && make_room(&x, err, errlen) != 0 ? -1 : 0, err, errlen);
+        if (rc == 0)
+            rc = agree(rank == 0 ? tg->create(&x, err, errlen) : 0, err, errlen);
         if (rc == 0)
             rc = write_tiles(tg, &x, h, map, tiles, n_tiles, params_list, n_params, rep, &read_failed, err, errlen);
         if (rc == 0)

@@ -55,6 +55,8 @@ typedef struct export_opts {
     const char *tok_recorded; /* the input's "tokenizer" attribute ("" when absent) */
     const char *tok_sha256;   /* and its "tokenizer_sha256" ("" when absent) */
     uint64_t max_shard_bytes; /* hf: safetensors shard size (Hugging Face's default 5 GB) */
+    int64_t tile_bytes;       /* 0: EXPORT_TILE_BYTES; tests set DTRAIN_TEST_EXPORT_TILE_BYTES to cut
+                               * small models into many tiles */
 } export_opts_t;
 
 typedef struct export_ctx {

@@ -137,6 +137,14 @@ for m in g l; do
         to_hf "$m 1 rank" "$TMP/$m" 1
     agree "$m tp2" "$TMP/$m" "$TMP/$m" "$TMP/$m.tok" 2 --tp 2 && same_params "$m tp2" "$TMP/$m.1.h5" "$TMP/last.h5" &&
         to_hf "$m tp2" "$TMP/$m" 2
+    # the same file cut into 4 KiB tiles (DTRAIN_TEST_EXPORT_TILE_BYTES, a test-only knob): many tiles per
+    # tensor, aligned to the tp2 chunks and to RoPE heads, fused outputs across tiles, dealt to 3 ranks
+    cp "$TMP/last.h5" "$TMP/$m.tp2.h5"
+    DTRAIN_TEST_EXPORT_TILE_BYTES=4096
+    export DTRAIN_TEST_EXPORT_TILE_BYTES
+    to_hf "$m tp2, 4 KiB tiles" "$TMP/$m" 3
+    [ "$m" = g ] && to_llmc "llm.c v3 from g tp2, 4 KiB tiles" "$TMP/g3.bin" 3
+    unset DTRAIN_TEST_EXPORT_TILE_BYTES
     agree "$m pp2" "$TMP/$m" "$TMP/$m" "$TMP/$m.tok" 2 --pp 2 --global-batch 4 &&
         same_params "$m pp2" "$TMP/$m.1.h5" "$TMP/last.h5" && to_hf "$m pp2" "$TMP/$m" 3
     agree "$m tp2 x pp2 x dp2 zero3" "$TMP/$m" "$TMP/$m" "$TMP/$m.tok" 8 --tp 2 --pp 2 --zero 3 --global-batch 8 &&
@@ -320,6 +328,20 @@ with open(sys.argv[1], "r+b") as b:
     b.seek(off + 100); c = b.read(1); b.seek(off + 100); b.write(bytes([c[0] ^ 0x10]))
 PYEOF
 expect_exit2 "checksum mismatch in params/h.1.mlp.wfc" ex 2 --in "$TMP/flip.h5" --to-hf "$TMP/x"
+# a flip in the second tp2 chunk of a Llama weight, cut into 4 KiB tiles on 3 ranks: a rank other
+# than 0 finds it mid-write; every rank exits 2 and nothing is left
+cp "$TMP/l.tp2.h5" "$TMP/flip2.h5"
+"$PYTHON_REF" - "$TMP/flip2.h5" <<'PYEOF'
+import sys, h5py
+with h5py.File(sys.argv[1], "r") as f:
+    off = f["params/h.1.attn.wq"].id.get_chunk_info(1).byte_offset
+with open(sys.argv[1], "r+b") as b:
+    b.seek(off + 8); c = b.read(1); b.seek(off + 8); b.write(bytes([c[0] ^ 0x01]))
+PYEOF
+DTRAIN_TEST_EXPORT_TILE_BYTES=4096
+export DTRAIN_TEST_EXPORT_TILE_BYTES
+expect_exit2 "checksum mismatch in params/h.1.attn.wq rows 32..63" ex 3 --in "$TMP/flip2.h5" --to-hf "$TMP/x"
+unset DTRAIN_TEST_EXPORT_TILE_BYTES
 # --force never replaces the input, a directory holding it, or a directory an export did not write
 mkdir -p "$TMP/run/sub"
 cp "$TMP/g.1.h5" "$TMP/run/g.h5"
