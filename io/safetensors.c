@@ -10,7 +10,6 @@
 #include "ops_math.h" /* dt_f32_to_bf16, dt_bf16_to_f32 */
 
 #include <errno.h>
-#include <math.h>
 #include <fcntl.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -1036,13 +1035,6 @@ int st_plan_write_f32(const st_plan_t *p, const char *dir, int i, int64_t r0,
                path != NULL ? path : dir, strerror(errno));
     size_t isz = st_dtype_size(t->dtype), n = (size_t)nr * (size_t)t->cols;
     uint64_t off = t->offset + (uint64_t)r0 * (uint64_t)t->cols * isz;
-    /* fp16 tops out at 65504: a larger finite weight would become inf */
-    for (size_t k = 0; t->dtype == ST_F16 && k < n && rc == 0; k++)
-        if (isfinite(rows[k]) && fabsf(rows[k]) >= 65520.0f) {
-            seterr(err, errlen, "tensor '%s': element %lld is %g, beyond fp16's range (65504): export as bf16 or "
-                   "fp32", show(t->name).s, (long long)((int64_t)k + r0 * t->cols), (double)rows[k]);
-            rc = -1;
-        }
     for (size_t done = 0; done < n && rc == 0;) {
         size_t m = n - done < WRITE_CHUNK ? n - done : WRITE_CHUNK;
         from_f32(rows + done, t->dtype, m, buf);

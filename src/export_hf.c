@@ -16,6 +16,7 @@
  * trains without it. */
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -421,6 +422,14 @@ static int hf_create(export_ctx_t *x, char *err, size_t errlen)
 static int hf_write_rows(export_ctx_t *x, int i, int64_t r0, int64_t nr, const float *rows, char *err,
                          size_t errlen)
 {
+    /* fp16 tops out at 65504: a larger finite weight would be written as inf */
+    const int64_t n = nr * x->out[i].cols;
+    for (int64_t k = 0; x->opt->dtype == EXPORT_F16 && k < n; k++)
+        if (isfinite(rows[k]) && fabsf(rows[k]) >= 65520.0f) {
+            snprintf(err, errlen, "tensor %s: element %lld is %g, beyond fp16's range (65504): export as bf16 or "
+                     "fp32", x->out[i].name, (long long)(k + r0 * x->out[i].cols), (double)rows[k]);
+            return -1;
+        }
     return st_plan_write_f32(((hf_state_t *)x->impl)->plan, x->tmp, i, r0, nr, rows, err, errlen);
 }
 
