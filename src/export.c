@@ -17,6 +17,7 @@
 #include "clock.h"
 #include "deal.h"
 #include "fsutil.h"
+#include "publish.h"
 
 const char *export_dtype_name(export_dtype_t d)
 {
@@ -557,33 +558,6 @@ int export_tmp_name(const char *dest, char *tmp, size_t len, char *err, size_t e
     return 0;
 }
 
-int export_sync_dir(const char *dir, char *err, size_t errlen)
-{
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) {
-        snprintf(err, errlen, "cannot open directory %s to sync it: %s", dir, strerror(errno));
-        return -1;
-    }
-    int rc = fsync(fd) != 0 && errno != EINVAL && errno != ENOTSUP ? -1 : 0;
-    if (rc != 0)
-        snprintf(err, errlen, "cannot sync directory %s: %s", dir, strerror(errno));
-    close(fd);
-    return rc;
-}
-
-static void parent_of(const char *path, char *dir, size_t len)
-{
-    snprintf(dir, len, "%s", path);
-    size_t n = strlen(dir);
-    while (n > 1 && dir[n - 1] == '/')
-        dir[--n] = '\0';
-    char *slash = strrchr(dir, '/');
-    if (!slash)
-        snprintf(dir, len, ".");
-    else
-        *(slash == dir ? slash + 1 : slash) = '\0';
-}
-
 /* --force over a directory where the file system has no RENAME_EXCHANGE
  * (NFS, some parallel file systems): the old export aside, the new one in,
  * the old one removed. dest is missing only between the two renames. */
@@ -626,9 +600,7 @@ int export_commit(const char *tmp, const char *dest, char *err, size_t errlen)
         snprintf(err, errlen, "cannot rename %s to %s: %s", tmp, dest, strerror(errno));
         return -1;
     }
-    char dir[PATH_MAX];
-    parent_of(dest, dir, sizeof dir);
-    return export_sync_dir(dir, err, errlen);
+    return publish_sync_dir_of(dest, err, errlen);
 }
 
 void export_remove(const char *path)

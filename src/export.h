@@ -124,12 +124,10 @@ int export_run(const export_target_t *tg, const export_opts_t *o, h5store_t *h, 
 /* Shared by the targets (src/export.c). */
 /* dest's temporary sibling: "<dir>/.<base>.tmp". */
 int export_tmp_name(const char *dest, char *tmp, size_t len, char *err, size_t errlen);
-/* fsync of a directory (file systems that cannot sync one are fine). */
-int export_sync_dir(const char *dir, char *err, size_t errlen);
 /* rename(tmp, dest) (a file replaces a file atomically); over an existing
  * directory (--force) an atomic exchange (renameat2 RENAME_EXCHANGE), or
  * where the file system lacks it the old one moved aside first, and the
- * old one removed; then the parent directory is synced. */
+ * old one removed; then the parent directory is synced (io/publish.h). */
 int export_commit(const char *tmp, const char *dest, char *err, size_t errlen);
 /* rm -r of path (a file or a directory of files); errors ignored. */
 void export_remove(const char *path);

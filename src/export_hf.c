@@ -15,17 +15,16 @@
  * save_pretrained leaves tied weights out). Dropout is written as 0: dtrain
  * trains without it. */
 #include <errno.h>
-#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <jansson.h>
 
 #include "export.h"
+#include "publish.h"
 #include "safetensors.h"
 #include "tok_hf.h"
 #include "tokenizer.h"
@@ -128,38 +127,20 @@ static int open_tokenizer(export_ctx_t *x, hf_state_t *s, char *err, size_t errl
 
 /* ---- files ------------------------------------------------------------------------ */
 
+/* dir/name, written whole through io/publish.h (synced, then renamed into
+ * place inside the temporary export directory). */
 static int write_file(const char *dir, const char *name, const void *data, size_t len, char *err, size_t errlen)
 {
     char path[4200];
     snprintf(path, sizeof path, "%s/%s", dir, name);
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        snprintf(err, errlen, "cannot create %s: %s", path, strerror(errno));
+    publish_t p;
+    if (publish_open(&p, path, 0644, err, errlen) != 0)
+        return -1;
+    if (publish_write(&p, data, len, err, errlen) != 0) {
+        publish_abort(&p, err, errlen);
         return -1;
     }
-    const char *p = data;
-    int rc = 0;
-    while (len > 0 && rc == 0) {
-        ssize_t w = write(fd, p, len);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0) {
-            snprintf(err, errlen, "cannot write %s: %s", path, w < 0 ? strerror(errno) : "no progress");
-            rc = -1;
-        } else {
-            p += w;
-            len -= (size_t)w;
-        }
-    }
-    if (rc == 0 && fsync(fd) != 0) {
-        snprintf(err, errlen, "cannot sync %s: %s: check free space", path, strerror(errno));
-        rc = -1;
-    }
-    if (close(fd) != 0 && rc == 0) {
-        snprintf(err, errlen, "cannot close %s: %s", path, strerror(errno));
-        rc = -1;
-    }
-    return rc;
+    return publish_commit(&p, err, errlen);
 }
 
 /* j (reference taken) as indented JSON with a final newline. */
@@ -280,7 +261,7 @@ static json_t *llama_config(const model_config_t *c, const hf_state_t *s, export
     json_object_set_new(j, "num_hidden_layers", json_integer(c->n_layer));
     json_object_set_new(j, "num_attention_heads", json_integer(c->n_head));
     json_object_set_new(j, "num_key_value_heads", json_integer(c->n_kv_head));
-    json_object_set_new(j, "head_dim", json_integer(c->d_model / c->n_head));
+    json_object_set_new(j, "head_dim", json_integer(model_head_size(c)));
     json_object_set_new(j, "max_position_embeddings", json_integer(c->max_seq));
     json_object_set_new(j, "rms_norm_eps", json_float(c->norm_eps));
     json_object_set_new(j, "rope_theta", json_float(c->rope_theta));
@@ -464,8 +445,10 @@ static int hf_publish(export_ctx_t *x, char *err, size_t errlen)
     st_model_t back;
     if (rc == 0 && (rc = st_model_open(&back, x->tmp, err, errlen)) == 0)
         st_model_close(&back);
+    char config[4200]; /* the directory holding config.json is the export's own */
+    snprintf(config, sizeof config, "%s/config.json", x->tmp);
     if (rc == 0)
-        rc = export_sync_dir(x->tmp, err, errlen);
+        rc = publish_sync_dir_of(config, err, errlen);
     return rc == 0 ? export_commit(x->tmp, x->opt->dest, err, errlen) : -1;
 }
 
