@@ -41,13 +41,7 @@ mkdir -p "$dir"
 log="$dir/log"
 : >"$log"
 
-cold=yes
-drop() { sync; echo 3 >/proc/sys/vm/drop_caches 2>/dev/null || cold=no; }
-median() { sort -g | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
-now() { date +%s.%N; }
-since() { awk -v a="$1" -v b="$(now)" 'BEGIN { print b - a }'; }
-gbps() { awk -v b="$1" -v s="$2" 'BEGIN { printf "%.3f", b / s / 1e9 }'; }
-pct() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.0f %%", 100 * a / b }'; }
+. "$(dirname "$0")/io_common.sh" # drop, median, now, since, gbps, pct
 layout() { case $1 in 1) echo "" ;; 2) echo "--tp 2" ;; *) echo "--tp 2 --pp 2 --global-batch 2" ;; esac; }
 
 p="$dir/params.h5"
