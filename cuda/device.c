@@ -1,5 +1,5 @@
 /* CUDA device discovery and selection (see device.h). */
-#include "device.h"
+#include "cuda/device.h"
 
 #include <cuda_runtime.h>
 #include <mpi.h>

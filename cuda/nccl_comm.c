@@ -75,7 +75,7 @@
  * ranks match in the order they are posted, so the tag argument is only
  * checked by the caller's own ordering (the pipeline executor posts in a
  * fixed schedule order on both sides). */
-#include "nccl_comm.h"
+#include "cuda/nccl_comm.h"
 
 #include <cuda_runtime.h>
 #include <mpi.h>
@@ -86,10 +86,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "bootstrap.h"
-#include "clock.h"
-#include "trace.h"
-#include "watchdog.h"
+#include "mpi/bootstrap.h"
+#include "mpi/clock.h"
+#include "mpi/trace.h"
+#include "mpi/watchdog.h"
 
 typedef struct nccl_comm {
     comm_t pub; /* first: a comm_t * is a nccl_comm_t * */

@@ -9,8 +9,8 @@
 
 #include <stddef.h>
 
-#include "comm.h"
-#include "grid.h"
+#include "mpi/comm.h"
+#include "mpi/grid.h"
 
 typedef struct nccl_grid {
     /* the NCCL twin of each grid communicator (NULL where g has none) */

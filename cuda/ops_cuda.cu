@@ -55,26 +55,26 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "device.h"
-#include "ops.h"
-#include "ops_cuda.h"
-#include "ops_math.h"
+#include "cuda/device.h"
+#include "src/ops.h"
+#include "cuda/ops_cuda.h"
+#include "src/ops_math.h"
 
 /* The kernels, one family a file (kernels/common.cuh says what they
  * follow), and the host code the emulation tests compile too: the state
  * and error checks, the GEMM path. */
-#include "kernels/common.cuh"
-#include "ops_cuda_state.cuh"
-#include "kernels/reduce.cuh"
-#include "kernels/elementwise.cuh"
-#include "kernels/colsum.cuh"
-#include "kernels/norm.cuh"
-#include "kernels/rope.cuh"
-#include "kernels/attention.cuh"
-#include "kernels/embedding.cuh"
-#include "kernels/crossentropy.cuh"
-#include "kernels/cast.cuh"
-#include "ops_cuda_gemm.cuh"
+#include "cuda/kernels/common.cuh"
+#include "cuda/ops_cuda_state.cuh"
+#include "cuda/kernels/reduce.cuh"
+#include "cuda/kernels/elementwise.cuh"
+#include "cuda/kernels/colsum.cuh"
+#include "cuda/kernels/norm.cuh"
+#include "cuda/kernels/rope.cuh"
+#include "cuda/kernels/attention.cuh"
+#include "cuda/kernels/embedding.cuh"
+#include "cuda/kernels/crossentropy.cuh"
+#include "cuda/kernels/cast.cuh"
+#include "cuda/ops_cuda_gemm.cuh"
 
 /* ---- memory ------------------------------------------------------------------------ */
 

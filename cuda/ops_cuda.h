@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "ops.h"
+#include "src/ops.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -72,9 +72,9 @@
  * GELU-fused GEMMs: the GEMM part at 5e-5; the GELU cuBLASLt's epilogue
  * computes at 1e-3 of the largest value (t_matmul_gelu says why).
  */
-#include "selftest.h"
-#include "ops_cuda.h"
-#include "ops_math.h"
+#include "cuda/selftest.h"
+#include "cuda/ops_cuda.h"
+#include "src/ops_math.h"
 
 #include <math.h>
 #include <stdint.h>

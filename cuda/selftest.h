@@ -7,7 +7,7 @@
 
 #include <stdio.h>
 
-#include "ops.h"
+#include "src/ops.h"
 
 /* Runs every comparison, one line each on out ("ok   ..." / "FAIL ..."),
  * then a summary line. Returns the number of failed comparisons (0 = the

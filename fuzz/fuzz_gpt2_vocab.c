@@ -11,7 +11,7 @@
  * with one non-empty line of error, or give a tokenizer whose vocabulary
  * is 257 + merges, with <|endoftext|> last (= doc_start), that round-trips
  * the whole input as text and refuses the id vocab_size. */
-#include "tok_bpe.h"
+#include "io/tok_bpe.h"
 
 #include <stdint.h>
 #include <stdio.h>

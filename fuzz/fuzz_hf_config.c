@@ -15,7 +15,7 @@
  * size is in the parser's range, the heads divide as attention needs, the
  * floats are positive and finite. A refusal is exactly one non-empty line
  * that begins with the file's name. */
-#include "hf_config.h"
+#include "src/hf_config.h"
 
 #include <math.h>
 #include <stdint.h>

@@ -21,7 +21,7 @@
  * Besides the sanitizers, it checks the contracts: an error is one
  * non-empty line, indices count up from 0, a text is as long as it says. */
 #define _GNU_SOURCE /* memfd_create */
-#include "corpus.h"
+#include "io/corpus.h"
 
 #include <stdint.h>
 #include <stdio.h>

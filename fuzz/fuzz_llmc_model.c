@@ -9,7 +9,7 @@
  * accepted layout must have its tensors back to back inside file_size,
  * and an accepted parse must equal its input's length and read its last
  * and first elements in range. Refusals: exactly one non-empty line. */
-#include "llmc_model.h"
+#include "io/llmc_model.h"
 
 #include <stdint.h>
 #include <stdlib.h>

@@ -8,7 +8,7 @@
  * size its own lengths imply (summed here, independently), so inputs get
  * past the .bin size check to the document indices. A parse that
  * succeeds must describe a consistent dataset; anything else aborts. */
-#include "megatron.h"
+#include "io/megatron.h"
 
 #include <stdint.h>
 #include <stdlib.h>

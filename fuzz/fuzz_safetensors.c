@@ -9,7 +9,7 @@
  * F64 tensor of at most 2 dimensions is read whole, straight and
  * transposed, and the two must agree (ASan catches any read outside the
  * input). A refused one must come with exactly one non-empty line. */
-#include "safetensors.h"
+#include "io/safetensors.h"
 
 #include <math.h>
 #include <stdint.h>

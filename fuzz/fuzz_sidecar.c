@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tok_sidecar.h"
+#include "io/tok_sidecar.h"
 
 /* fuzz-only stubs: the parser never opens a tokenizer */
 int tokenizer_open(tokenizer_t **tk, const char *spec, int spm_add_eos, char *err, size_t errlen)

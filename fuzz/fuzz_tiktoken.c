@@ -14,7 +14,7 @@
  *   - tok_tiktoken_open_mem under each named encoding (rejects any file
  *     whose rank count differs; one line of error, or a working
  *     tokenizer whose special ids decode to their names). */
-#include "tok_bpe.h"
+#include "io/tok_bpe.h"
 
 #include <stdint.h>
 #include <stdio.h>

@@ -12,7 +12,7 @@
  *     widening, vocabulary check), as llm.c shards or (bit 1) headerless
  *     raw uint16, with a vocabulary size from the flag's high bits. */
 #define _GNU_SOURCE /* memfd_create */
-#include "tokens.h"
+#include "io/tokens.h"
 
 #include <stdint.h>
 #include <stdio.h>

@@ -3,7 +3,7 @@
  * SentencePiece). The harnesses are C built with clang's libFuzzer and
  * fuzz the GPT-2/tiktoken/JSONL parsers, not SentencePiece's own model
  * parser, so they link this instead of the C++ library. */
-#include "tokenizer.h"
+#include "io/tokenizer.h"
 
 #include <stdio.h>
 

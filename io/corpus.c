@@ -5,7 +5,7 @@
  * (c->in); a decoder (raw, gzip, zstd) that writes decompressed bytes into
  * the document buffer (c->buf); and the splitters (JSONL lines, separator
  * pieces, whole files) that find the next document in c->buf. */
-#include "corpus.h"
+#include "io/corpus.h"
 
 #include <errno.h>
 #include <fcntl.h>

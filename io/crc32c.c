@@ -1,6 +1,6 @@
 /* CRC-32C: slicing-by-8 tables, plus the SSE4.2 crc32 instruction on
  * x86-64 when the CPU has it. See crc32c.h. */
-#include "crc32c.h"
+#include "io/crc32c.h"
 
 #include <string.h>
 

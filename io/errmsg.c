@@ -1,5 +1,5 @@
 /* seterr (see errmsg.h). */
-#include "errmsg.h"
+#include "io/errmsg.h"
 
 #include <stdarg.h>
 #include <stdio.h>

@@ -11,7 +11,7 @@
  * behind); reads also use independent metadata reads, so ranks may read
  * different tensors in any order. */
 #define _GNU_SOURCE /* O_DIRECTORY, fallocate */
-#include "h5store.h"
+#include "io/h5store.h"
 
 #include <hdf5.h>
 
@@ -27,8 +27,8 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
-#include "crc32c.h"
-#include "errmsg.h"
+#include "io/crc32c.h"
+#include "io/errmsg.h"
 
 /* The checksums cover the bytes as stored (IEEE fp32 little-endian) and are
  * computed on host memory, which is the same bytes only on little-endian. */

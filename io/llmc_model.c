@@ -2,11 +2,11 @@
  * slices as fp32, parallel writing. See llmc_model.h for the layout. No
  * MPI here: the fuzzer links this file with errmsg.c and publish.c. */
 #define _GNU_SOURCE /* pwrite, ftruncate, strdup */
-#include "llmc_model.h"
+#include "io/llmc_model.h"
 
-#include "errmsg.h"
-#include "publish.h"
-#include "ops_math.h" /* dt_f32_to_bf16, dt_bf16_to_f32 */
+#include "io/errmsg.h"
+#include "io/publish.h"
+#include "src/ops_math.h" /* dt_f32_to_bf16, dt_bf16_to_f32 */
 
 #include <errno.h>
 #include <fcntl.h>

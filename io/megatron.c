@@ -2,10 +2,10 @@
  * reading. See megatron.h for the layout. No MPI here: the fuzzer links
  * this file with errmsg.c and publish.c. */
 #define _GNU_SOURCE /* mmap, fstat */
-#include "megatron.h"
+#include "io/megatron.h"
 
-#include "errmsg.h"
-#include "publish.h"
+#include "io/errmsg.h"
+#include "io/publish.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,6 +1,6 @@
 /* Atomic publishing of a file (see publish.h). */
 #define _GNU_SOURCE /* O_DIRECTORY */
-#include "publish.h"
+#include "io/publish.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -9,7 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "errmsg.h"
+#include "io/errmsg.h"
 
 int pwrite_full(int fd, const void *buf, size_t len, uint64_t off, const char *path, char *err, size_t errlen)
 {

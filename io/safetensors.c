@@ -3,11 +3,11 @@
  * parallel writer's plan. See safetensors.h for the layout. No MPI here:
  * the fuzzer links this file with errmsg.c and publish.c, with Jansson. */
 #define _GNU_SOURCE /* qsort_r */
-#include "safetensors.h"
+#include "io/safetensors.h"
 
-#include "errmsg.h"
-#include "publish.h"
-#include "ops_math.h" /* dt_f32_to_bf16, dt_bf16_to_f32 */
+#include "io/errmsg.h"
+#include "io/publish.h"
+#include "src/ops_math.h" /* dt_f32_to_bf16, dt_bf16_to_f32 */
 
 #include <errno.h>
 #include <fcntl.h>

@@ -3,7 +3,7 @@
 #ifdef HAVE_CONFIG_H
 #include "config.h"
 #endif
-#include "tok_bpe.h"
+#include "io/tok_bpe.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -17,7 +17,7 @@
 #ifndef DTRAIN_TOK_BPE_H
 #define DTRAIN_TOK_BPE_H
 
-#include "tokenizer.h"
+#include "io/tokenizer.h"
 
 /* ECMAScript's \s, which js-tiktoken (the reference encoder) runs the
  * OpenAI patterns with: TAB LF VT FF CR, Unicode Zs, U+2028, U+2029 and

@@ -1,7 +1,7 @@
 /* The byte tokenizer: id = byte value, vocabulary 256, no special tokens.
  * Documents are kept apart by text: "\n\n" after a document that does not
  * end with a newline (doc_sep). */
-#include "tokenizer.h"
+#include "io/tokenizer.h"
 
 #include <stdio.h>
 

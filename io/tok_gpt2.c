@@ -13,7 +13,7 @@
 #ifdef HAVE_CONFIG_H
 #include "config.h"
 #endif
-#include "tok_bpe.h"
+#include "io/tok_bpe.h"
 
 #include <limits.h>
 #include <stdio.h>

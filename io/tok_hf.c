@@ -1,4 +1,4 @@
-#include "tok_hf.h"
+#include "io/tok_hf.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -6,7 +6,7 @@
 
 #include <jansson.h>
 
-#include "tok_bpe.h"
+#include "io/tok_bpe.h"
 
 /* GPT-2's bytes_to_unicode: printable Latin-1 bytes stand for themselves,
  * the other 68 map to U+0100.. in byte order. */

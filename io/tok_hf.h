@@ -26,7 +26,7 @@
 #ifndef DTRAIN_TOK_HF_H
 #define DTRAIN_TOK_HF_H
 
-#include "tokenizer.h"
+#include "io/tokenizer.h"
 
 int tok_hf_tokenizer_json(const tokenizer_t *tk, const char *pattern, char **json, char *err, size_t errlen);
 

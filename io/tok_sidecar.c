@@ -4,9 +4,9 @@
 #ifdef HAVE_CONFIG_H
 #include "config.h"
 #endif
-#include "tok_sidecar.h"
+#include "io/tok_sidecar.h"
 
-#include "publish.h"
+#include "io/publish.h"
 
 #include <errno.h>
 #include <glob.h>

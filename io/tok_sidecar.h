@@ -28,7 +28,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "tokenizer.h"
+#include "io/tokenizer.h"
 
 #define TOK_SIDECAR_SUFFIX ".tokenizer.json"
 #define TOK_SIDECAR_VERSION 1

@@ -34,7 +34,7 @@
 #include <vector>
 
 extern "C" {
-#include "tokenizer.h"
+#include "io/tokenizer.h"
 }
 
 namespace {

@@ -12,8 +12,8 @@
 #ifdef HAVE_CONFIG_H
 #include "config.h"
 #endif
-#include "tok_bpe.h"
-#include "tok_hf.h"
+#include "io/tok_bpe.h"
+#include "io/tok_hf.h"
 
 #include <limits.h>
 #include <stdio.h>

@@ -3,7 +3,7 @@
 #ifdef HAVE_CONFIG_H
 #include "config.h"
 #endif
-#include "tokenizer.h"
+#include "io/tokenizer.h"
 
 #include <errno.h>
 #include <stdio.h>

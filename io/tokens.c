@@ -1,10 +1,10 @@
 /* Token shard files: read (llm.c headered shards, nanoGPT raw uint16) and
  * write (llm.c shards). See tokens.h for the format. */
 #define _GNU_SOURCE /* glob(3) error codes */
-#include "tokens.h"
+#include "io/tokens.h"
 
-#include "errmsg.h"
-#include "publish.h"
+#include "io/errmsg.h"
+#include "io/publish.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,5 +1,5 @@
 /* Id-broadcast bootstrap over the grid's MPI groups (see bootstrap.h). */
-#include "bootstrap.h"
+#include "mpi/bootstrap.h"
 
 #include <mpi.h>
 #include <stdio.h>

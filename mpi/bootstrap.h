@@ -9,8 +9,8 @@
 
 #include <stddef.h>
 
-#include "comm.h"
-#include "grid.h"
+#include "mpi/comm.h"
+#include "mpi/grid.h"
 
 #define BOOTSTRAP_MAX_GROUPS GRID_MAX_GROUPS
 #define BOOTSTRAP_MAX_ID 512   /* bytes; ncclUniqueId is 128 */

@@ -1,6 +1,6 @@
 /* now_s (see clock.h). */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
-#include "clock.h"
+#include "mpi/clock.h"
 
 #include <time.h>
 

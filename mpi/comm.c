@@ -2,7 +2,7 @@
  * reduction dtype. The fp32 <-> bf16 staging casts around the *_bf16
  * collectives are the ops table's (ops->cast_*), since the buffers are the
  * backend's. */
-#include "comm.h"
+#include "mpi/comm.h"
 
 #include <string.h>
 

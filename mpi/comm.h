@@ -15,8 +15,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "trace.h"
-#include "watchdog.h"
+#include "mpi/trace.h"
+#include "mpi/watchdog.h"
 
 typedef enum { COMM_SUM = 0, COMM_MAX } comm_op_t;
 

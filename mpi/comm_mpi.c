@@ -53,7 +53,7 @@
  * OpenMPI has no asynchronous progress thread: a nonblocking operation
  * advances only inside MPI calls, so callers must call test() between
  * kernels (ddp.c does). */
-#include "comm.h"
+#include "mpi/comm.h"
 
 #include <limits.h>
 #include <mpi.h>
@@ -62,7 +62,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ops_math.h"
+#include "src/ops_math.h"
 
 #define MAX_COUNT_DEFAULT ((size_t)1 << 28)
 

@@ -32,15 +32,15 @@
  * A bucket's `launched` is 0 before its allreduce starts, 1 while it is in
  * flight and 2 once it is reduced and scaled (in ddp_grads_ready when a
  * test finds it done, else in ddp_finish). */
-#include "ddp.h"
+#include "mpi/ddp.h"
 
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "clock.h"
-#include "mem.h"
+#include "mpi/clock.h"
+#include "src/mem.h"
 
 /* bucket->launched: 0 not yet, 1 in flight, BUCKET_DONE reduced and scaled */
 enum { BUCKET_IN_FLIGHT = 1, BUCKET_DONE = 2 };

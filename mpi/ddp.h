@@ -32,8 +32,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "comm.h"
-#include "ops.h"
+#include "mpi/comm.h"
+#include "src/ops.h"
 
 typedef enum { DDP_NAIVE = 0, DDP_FLAT, DDP_BUCKETED } ddp_mode_t;
 

@@ -12,7 +12,7 @@
  * same message. Failures of MPI itself are agreed over the world before
  * grid_create returns, so every rank returns -1 together and with the
  * message of the lowest failing rank. */
-#include "grid.h"
+#include "mpi/grid.h"
 
 #include <limits.h>
 #include <mpi.h>

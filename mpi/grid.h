@@ -6,7 +6,7 @@
 
 #include <stdio.h>
 
-#include "comm.h"
+#include "mpi/comm.h"
 
 typedef struct grid {
     int world_rank, world_size;

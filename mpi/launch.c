@@ -1,4 +1,4 @@
-#include "launch.h"
+#include "mpi/launch.h"
 
 #include <limits.h>
 #include <mpi.h>

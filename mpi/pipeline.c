@@ -54,13 +54,13 @@
  * Memory: the ring (R*n floats, none on stage 0) and 2*S + R + 1 request
  * handles, allocated per call and freed before return, so no state lives
  * between steps. */
-#include "pipeline.h"
+#include "mpi/pipeline.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "trace.h"
+#include "mpi/trace.h"
 
 #define TAG_ACT 0x501  /* activations, stage s -> s+1 */
 #define TAG_GRAD 0x502 /* gradients, stage s+1 -> s */

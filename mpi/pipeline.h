@@ -29,8 +29,8 @@
 
 #include <stddef.h>
 
-#include "comm.h"
-#include "ops.h"
+#include "mpi/comm.h"
+#include "src/ops.h"
 
 typedef enum { PIPE_1F1B = 0, PIPE_GPIPE } pipe_kind_t;
 typedef enum { PIPE_FWD = 0, PIPE_BWD } pipe_op_t;

@@ -1,4 +1,4 @@
-#include "replica.h"
+#include "mpi/replica.h"
 
 #include <stdint.h>
 #include <stdlib.h>

@@ -7,7 +7,7 @@
 
 #include <stddef.h>
 
-#include "comm.h"
+#include "mpi/comm.h"
 
 /* buf: host memory (the hashes are host loops; a backend's buffer is
  * copied out first). tensor_start: [n_tensors+1] ascending offsets into

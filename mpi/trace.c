@@ -29,7 +29,7 @@
  * same architecture. */
 #define _POSIX_C_SOURCE 200809L /* open flags */
 
-#include "trace.h"
+#include "mpi/trace.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -43,7 +43,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "clock.h"
+#include "mpi/clock.h"
 
 #define LABEL_LEN 96
 #define MAX_ROWS 32     /* rows per lane; past that spans share the last row */

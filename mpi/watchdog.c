@@ -1,5 +1,5 @@
 /* Communication watchdog: see watchdog.h. */
-#include "watchdog.h"
+#include "mpi/watchdog.h"
 
 #include <errno.h>
 #include <mpi.h>

@@ -1,13 +1,13 @@
 /* ZeRO sharding (see zero.h). Every buffer holding tensor data is the
  * backend's and is touched only through z->ops (zero.h, "Memory"). */
-#include "zero.h"
+#include "mpi/zero.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 #include <mpi.h>
 
-#include "mem.h"
+#include "src/mem.h"
 
 /* Whether reductions over c send bf16: asked for, and c has more than one
  * rank (a group of one reduces nothing and keeps fp32). */

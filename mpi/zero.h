@@ -65,8 +65,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "comm.h"
-#include "ops.h"
+#include "mpi/comm.h"
+#include "src/ops.h"
 
 typedef struct zero {
     const ops_t *ops;    /* the backend owning the buffers */

@@ -1,5 +1,5 @@
 /* The compute backend of a run (see backend.h). */
-#include "backend.h"
+#include "src/backend.h"
 
 #include <mpi.h>
 #include <stdlib.h>
@@ -9,10 +9,10 @@
 #include "config.h"
 #endif
 #ifdef HAVE_CUDA
-#include "device.h"
-#include "nccl_comm.h"
-#include "ops_cuda.h"
-#include "selftest.h"
+#include "cuda/device.h"
+#include "cuda/nccl_comm.h"
+#include "cuda/ops_cuda.h"
+#include "cuda/selftest.h"
 #endif
 
 int backend_have_cuda(void)

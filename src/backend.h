@@ -7,8 +7,8 @@
 #include <stddef.h>
 #include <stdio.h>
 
-#include "grid.h"
-#include "ops.h"
+#include "mpi/grid.h"
+#include "src/ops.h"
 
 typedef struct backend {
     const ops_t *ops;

@@ -21,10 +21,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm.h"
-#include "options.h"
-#include "launch.h"
-#include "strparse.h"
+#include "mpi/comm.h"
+#include "src/options.h"
+#include "mpi/launch.h"
+#include "src/strparse.h"
 
 #ifdef HAVE_CONFIG_H
 #include "config.h"

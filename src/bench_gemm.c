@@ -48,13 +48,13 @@
 #ifdef HAVE_CONFIG_H
 #include "config.h"
 #endif
-#include "backend.h"
-#include "clock.h"
-#include "ops.h"
-#include "ops_math.h"
-#include "options.h"
-#include "rng.h"
-#include "strparse.h"
+#include "src/backend.h"
+#include "mpi/clock.h"
+#include "src/ops.h"
+#include "src/ops_math.h"
+#include "src/options.h"
+#include "src/rng.h"
+#include "src/strparse.h"
 
 #ifndef PACKAGE_VERSION
 #define PACKAGE_VERSION "0.1.0"

@@ -1,4 +1,4 @@
-#include "ckpt.h"
+#include "src/ckpt.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -10,8 +10,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "h5store.h"
-#include "param_io.h"
+#include "io/h5store.h"
+#include "src/param_io.h"
 
 #ifdef HAVE_CONFIG_H
 #include "config.h"

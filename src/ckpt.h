@@ -15,8 +15,8 @@
 
 #include <stddef.h>
 
-#include "model_config.h"
-#include "params.h"
+#include "src/model_config.h"
+#include "src/params.h"
 
 #define CKPT_FORMAT_VERSION 1
 

@@ -1,10 +1,10 @@
-#include "data.h"
+#include "src/data.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "rng.h"
+#include "src/rng.h"
 
 /* Separates the permutation streams from the initialisation streams
  * (which are keyed by tensor-name hashes). */

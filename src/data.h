@@ -14,7 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "tokens.h"
+#include "io/tokens.h"
 
 typedef struct data_loader {
     token_set_t set;

@@ -1,4 +1,4 @@
-#include "deal.h"
+#include "src/deal.h"
 
 #include <stdlib.h>
 

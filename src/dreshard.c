@@ -36,17 +36,17 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "ckpt.h"
-#include "clock.h"
-#include "deal.h"
-#include "export.h"
-#include "safetensors.h"
-#include "fsutil.h"
-#include "h5store.h"
-#include "launch.h"
-#include "options.h"
-#include "param_io.h"
-#include "tokenizer.h"
+#include "src/ckpt.h"
+#include "mpi/clock.h"
+#include "src/deal.h"
+#include "src/export.h"
+#include "io/safetensors.h"
+#include "src/fsutil.h"
+#include "io/h5store.h"
+#include "mpi/launch.h"
+#include "src/options.h"
+#include "src/param_io.h"
+#include "io/tokenizer.h"
 
 #ifndef PACKAGE_VERSION
 #define PACKAGE_VERSION "0.1.0"

@@ -1,7 +1,7 @@
 /* The export driver: outputs, tiles, the collective read, the tile
  * transforms and the agreed steps around a target (src/export.h). */
 #define _GNU_SOURCE /* renameat2 */
-#include "export.h"
+#include "src/export.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -14,10 +14,10 @@
 #include <unistd.h>
 #include <dirent.h>
 
-#include "clock.h"
-#include "deal.h"
-#include "fsutil.h"
-#include "publish.h"
+#include "mpi/clock.h"
+#include "src/deal.h"
+#include "src/fsutil.h"
+#include "io/publish.h"
 
 const char *export_dtype_name(export_dtype_t d)
 {

@@ -24,9 +24,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "h5store.h"
-#include "hf_map.h"
-#include "model_config.h"
+#include "io/h5store.h"
+#include "src/hf_map.h"
+#include "src/model_config.h"
 
 /* Row tiles of about this many fp32 bytes: small enough to balance four
  * ranks on a gpt2-124m (50257 x 768 embedding = 147 MiB), large enough that

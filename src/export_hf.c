@@ -23,11 +23,11 @@
 
 #include <jansson.h>
 
-#include "export.h"
-#include "publish.h"
-#include "safetensors.h"
-#include "tok_hf.h"
-#include "tokenizer.h"
+#include "src/export.h"
+#include "io/publish.h"
+#include "io/safetensors.h"
+#include "io/tok_hf.h"
+#include "io/tokenizer.h"
 
 typedef struct hf_state {
     st_plan_t *plan;

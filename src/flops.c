@@ -1,5 +1,5 @@
-#include "flops.h"
-#include "clock.h"
+#include "src/flops.h"
+#include "mpi/clock.h"
 
 #include <cblas.h>
 #include <stdio.h>

@@ -4,7 +4,7 @@
 
 #include <stddef.h>
 
-#include "model_config.h"
+#include "src/model_config.h"
 
 /* Training FLOPs per token: 6 x (parameters in matmuls, output head
  * included) + 12 x L x (NH*HS) x T for attention scores and values, forward

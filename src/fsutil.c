@@ -1,4 +1,4 @@
-#include "fsutil.h"
+#include "src/fsutil.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -1,4 +1,4 @@
-#include "hf_config.h"
+#include "src/hf_config.h"
 
 #include <float.h>
 #include <math.h>
@@ -7,7 +7,7 @@
 
 #include <jansson.h>
 
-#include "options.h"
+#include "src/options.h"
 
 typedef struct cfg_reader {
     json_t *root;

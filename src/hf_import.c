@@ -1,4 +1,4 @@
-#include "hf_import.h"
+#include "src/hf_import.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -9,11 +9,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "clock.h"
-#include "hf_config.h"
-#include "hf_map.h"
-#include "llmc_model.h"
-#include "safetensors.h"
+#include "mpi/clock.h"
+#include "src/hf_config.h"
+#include "src/hf_map.h"
+#include "io/llmc_model.h"
+#include "io/safetensors.h"
 
 /* ---- recognising PATH ------------------------------------------------------ */
 

@@ -20,9 +20,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model_config.h"
-#include "options.h"
-#include "params.h"
+#include "src/model_config.h"
+#include "src/options.h"
+#include "src/params.h"
 
 typedef enum { INIT_FROM_HF = 0, INIT_FROM_LLMC = 1 } init_from_kind_t;
 

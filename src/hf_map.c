@@ -1,10 +1,10 @@
-#include "hf_map.h"
+#include "src/hf_map.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "llmc_model.h"
+#include "io/llmc_model.h"
 
 typedef struct map_builder {
     hf_map_t *m;

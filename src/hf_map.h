@@ -64,8 +64,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model_config.h"
-#include "params.h"
+#include "src/model_config.h"
+#include "src/params.h"
 
 #define HF_SRC_NAME_MAX 96
 

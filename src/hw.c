@@ -1,4 +1,4 @@
-#include "hw.h"
+#include "src/hw.h"
 
 #include <errno.h>
 #include <math.h>
@@ -15,8 +15,8 @@
 #ifdef HAVE_CONFIG_H
 #include "config.h"
 #endif
-#include "flops.h"
-#include "strparse.h"
+#include "src/flops.h"
+#include "src/strparse.h"
 
 #define GIB 1073741824.0
 

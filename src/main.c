@@ -1,12 +1,12 @@
 /* dtrain: train GPT-2 and Llama style transformers. */
 #include <stdio.h>
 
-#include "backend.h"
-#include "grid.h"
-#include "launch.h"
-#include "options.h"
-#include "plan.h"
-#include "train.h"
+#include "src/backend.h"
+#include "mpi/grid.h"
+#include "mpi/launch.h"
+#include "src/options.h"
+#include "src/plan.h"
+#include "src/train.h"
 
 int main(int argc, char **argv)
 {

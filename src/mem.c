@@ -1,4 +1,4 @@
-#include "mem.h"
+#include "src/mem.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -1,4 +1,4 @@
-#include "metrics.h"
+#include "src/metrics.h"
 
 #include <math.h>
 

@@ -5,7 +5,7 @@
 
 #include <stdio.h>
 
-#include "mem.h"
+#include "src/mem.h"
 
 typedef struct step_record {
     int step, steps;   /* 1-based step just finished, total */

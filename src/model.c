@@ -1,11 +1,11 @@
-#include "model.h"
+#include "src/model.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "mem.h"
+#include "src/mem.h"
 
 /* ---- local widths ------------------------------------------------------------------ */
 

@@ -22,11 +22,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "comm.h"
-#include "model_config.h"
-#include "ops.h"
-#include "params.h"
-#include "trace.h"
+#include "mpi/comm.h"
+#include "src/model_config.h"
+#include "src/ops.h"
+#include "src/params.h"
+#include "mpi/trace.h"
 
 /* Pointers into a flat buffer (parameters or their gradients) for one block.
  * wqkv is wq with wk, wv following it; wfc is GPT-2's fc weight or Llama's

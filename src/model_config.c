@@ -1,4 +1,4 @@
-#include "model_config.h"
+#include "src/model_config.h"
 
 #include <stdio.h>
 #include <string.h>

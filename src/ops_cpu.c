@@ -13,8 +13,8 @@
 #ifdef HAVE_CONFIG_H
 #include "config.h"
 #endif
-#include "ops.h"
-#include "ops_math.h"
+#include "src/ops.h"
+#include "src/ops_math.h"
 
 #include <cblas.h>
 #include <math.h>

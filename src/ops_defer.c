@@ -25,7 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ops.h"
+#include "src/ops.h"
 
 typedef void (*run_fn)(const void *args);
 

@@ -1,10 +1,10 @@
-#include "optim.h"
+#include "src/optim.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "mem.h"
+#include "src/mem.h"
 
 double lr_at(const lr_schedule_t *s, int step)
 {

@@ -4,9 +4,9 @@
 
 #include <stddef.h>
 
-#include "ops.h"
-#include "params.h"
-#include "zero.h"
+#include "src/ops.h"
+#include "src/params.h"
+#include "mpi/zero.h"
 
 typedef struct lr_schedule {
     double lr, min_lr;

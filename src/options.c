@@ -1,4 +1,4 @@
-#include "options.h"
+#include "src/options.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -11,8 +11,8 @@
 #ifdef HAVE_CONFIG_H
 #include "config.h"
 #endif
-#include "hf_import.h"
-#include "strparse.h"
+#include "src/hf_import.h"
+#include "src/strparse.h"
 #ifndef PACKAGE_VERSION
 #define PACKAGE_VERSION "0.1.0"
 #endif

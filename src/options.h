@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model_config.h"
+#include "src/model_config.h"
 
 #define OPT_PATH_MAX 1024
 

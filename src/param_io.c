@@ -1,4 +1,4 @@
-#include "param_io.h"
+#include "src/param_io.h"
 
 #include <math.h>
 #include <mpi.h>

@@ -14,9 +14,9 @@
 
 #include <stddef.h>
 
-#include "h5store.h"
-#include "model_config.h"
-#include "params.h"
+#include "io/h5store.h"
+#include "src/model_config.h"
+#include "src/params.h"
 
 typedef struct param_io_group {
     const char *prefix; /* "params", "optim/m", "optim/v" */

@@ -1,11 +1,11 @@
-#include "params.h"
+#include "src/params.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "rng.h"
+#include "src/rng.h"
 
 typedef struct table_builder {
     param_table_t *t;

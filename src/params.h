@@ -10,7 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model_config.h"
+#include "src/model_config.h"
 
 #define PARAM_NAME_MAX 48
 

@@ -1,18 +1,18 @@
-#include "plan.h"
+#include "src/plan.h"
 
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "flops.h"
-#include "fsutil.h"
-#include "hw.h"
-#include "mem.h"
-#include "metrics.h"
-#include "model.h"
-#include "params.h"
-#include "pipeline.h"
+#include "src/flops.h"
+#include "src/fsutil.h"
+#include "src/hw.h"
+#include "src/mem.h"
+#include "src/metrics.h"
+#include "src/model.h"
+#include "src/params.h"
+#include "mpi/pipeline.h"
 
 /* Notation as in Korthikanti et al. 2022: s sequence length, b micro
  * batch, h d_model, a attention heads, t tensor-parallel size, p pipeline

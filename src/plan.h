@@ -18,7 +18,7 @@
 
 #include <stdio.h>
 
-#include "options.h"
+#include "src/options.h"
 
 /* Runs --plan (and --search) for the parsed options. world_size: the MPI
  * world this process is in (dp defaults to world_size / (tp x pp), or 1

@@ -7,10 +7,10 @@
 #ifdef HAVE_CONFIG_H
 #include "config.h"
 #endif
-#include "prepare.h"
+#include "src/prepare.h"
 
-#include "clock.h"
-#include "fsutil.h"
+#include "mpi/clock.h"
+#include "src/fsutil.h"
 
 #include <errno.h>
 #include <getopt.h>

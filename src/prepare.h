@@ -18,8 +18,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "corpus.h"
-#include "tokenizer.h"
+#include "io/corpus.h"
+#include "io/tokenizer.h"
 
 #define PREP_PROG "dtrain-prepare"
 #define PREP_EXIT_USAGE 2 /* bad options or bad input data */

@@ -15,7 +15,7 @@
  * after; the tokenizer sidecar is written last, so a complete sidecar
  * means a complete set of files. */
 #define _GNU_SOURCE /* copy_file_range */
-#include "prepare.h"
+#include "src/prepare.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -25,10 +25,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "megatron.h"
-#include "publish.h"
-#include "tok_sidecar.h"
-#include "tokens.h"
+#include "io/megatron.h"
+#include "io/publish.h"
+#include "io/tok_sidecar.h"
+#include "io/tokens.h"
 
 #define LLMC_HEADER_BYTES ((MPI_Offset)TOKENS_HEADER_INTS * 4)
 /* %06d names sort correctly up to this index. */

@@ -1,10 +1,10 @@
-#include "sample.h"
+#include "src/sample.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "rng.h"
+#include "src/rng.h"
 
 #define SAMPLE_STREAM 0x73616d706c65ull /* "sample" */
 

@@ -1,4 +1,4 @@
-#include "train.h"
+#include "src/train.h"
 
 #include <errno.h>
 #include <math.h>
@@ -13,19 +13,19 @@
 #ifdef HAVE_CONFIG_H
 #include "config.h"
 #endif
-#include "backend.h"
-#include "clock.h"
-#include "flops.h"
-#include "fsutil.h"
-#include "mem.h"
-#include "ckpt.h"
-#include "h5store.h"
-#include "hf_import.h"
-#include "param_io.h"
-#include "metrics.h"
-#include "replica.h"
-#include "sample.h"
-#include "tok_sidecar.h"
+#include "src/backend.h"
+#include "mpi/clock.h"
+#include "src/flops.h"
+#include "src/fsutil.h"
+#include "src/mem.h"
+#include "src/ckpt.h"
+#include "io/h5store.h"
+#include "src/hf_import.h"
+#include "src/param_io.h"
+#include "src/metrics.h"
+#include "mpi/replica.h"
+#include "src/sample.h"
+#include "io/tok_sidecar.h"
 
 /* The training loop's hook into model_backward: hands finished gradient
  * ranges to the data-parallel reducer while backward continues. */

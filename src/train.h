@@ -4,17 +4,17 @@
 
 #include <stdio.h>
 
-#include "backend.h"
-#include "data.h"
-#include "ddp.h"
-#include "grid.h"
-#include "launch.h"
-#include "model.h"
-#include "optim.h"
-#include "options.h"
-#include "pipeline.h"
-#include "tokenizer.h"
-#include "zero.h"
+#include "src/backend.h"
+#include "src/data.h"
+#include "mpi/ddp.h"
+#include "mpi/grid.h"
+#include "mpi/launch.h"
+#include "src/model.h"
+#include "src/optim.h"
+#include "src/options.h"
+#include "mpi/pipeline.h"
+#include "io/tokenizer.h"
+#include "mpi/zero.h"
 
 typedef struct trainer {
     const run_options_t *opt;

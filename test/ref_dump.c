@@ -30,11 +30,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model.h"
-#include "model_config.h"
-#include "ops.h"
-#include "params.h"
-#include "rng.h"
+#include "src/model.h"
+#include "src/model_config.h"
+#include "src/ops.h"
+#include "src/params.h"
+#include "src/rng.h"
 
 enum { REF_B = 2, REF_T = 16 };
 static const uint64_t REF_SEED = 1234;

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tok_sidecar.h"
+#include "io/tok_sidecar.h"
 
 static int die(const char *err)
 {

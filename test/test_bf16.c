@@ -22,8 +22,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ops.h"
-#include "ops_math.h"
+#include "src/ops.h"
+#include "src/ops_math.h"
 
 static int failures;
 

@@ -19,8 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "bootstrap.h"
-#include "grid.h"
+#include "mpi/bootstrap.h"
+#include "mpi/grid.h"
 
 #define ID_LEN 128
 

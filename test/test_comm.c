@@ -11,9 +11,9 @@
  * detail, and every rank exits with the same status. */
 #define _POSIX_C_SOURCE 200809L /* setenv, unsetenv */
 
-#include "comm.h"
-#include "ddp.h"
-#include "ops_math.h"
+#include "mpi/comm.h"
+#include "mpi/ddp.h"
+#include "src/ops_math.h"
 
 #include <math.h>
 #include <mpi.h>

@@ -12,7 +12,7 @@
  * dtrain-prepare; the others are written as "doc INDEX FILE LINE -\n".
  * --unescape writes the bytes of ESCAPED. An error: its one line on
  * stderr, exit 2 (the documents before it are on stdout). */
-#include "corpus.h"
+#include "io/corpus.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -14,8 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "grid.h"
-#include "launch.h"
+#include "mpi/grid.h"
+#include "mpi/launch.h"
 
 static launch_env_t env;
 static int n_checks, n_fail;

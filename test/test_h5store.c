@@ -26,9 +26,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "crc32c.h"
-#include "h5store.h"
-#include "launch.h"
+#include "io/crc32c.h"
+#include "io/h5store.h"
+#include "mpi/launch.h"
 
 #define NT 7
 static const h5store_tensor_t TENSORS[NT] = {

@@ -12,8 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model_config.h"
-#include "params.h"
+#include "src/model_config.h"
+#include "src/params.h"
 
 static int failures;
 

@@ -11,7 +11,7 @@
  *                             and exit 0, or the error line and exit 1.
  *
  * Exit 0 pass, 1 fail. */
-#include "megatron.h"
+#include "io/megatron.h"
 
 #include <errno.h>
 #include <inttypes.h>

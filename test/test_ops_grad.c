@@ -10,8 +10,8 @@
  *   - AdamW against PyTorch 1.13's AdamW formula in double for 3 steps;
  *   - bit-identical reductions for 1..4 threads.
  * Prints one line per check; exits 1 if any check fails. */
-#include "ops.h"
-#include "ops_math.h"
+#include "src/ops.h"
+#include "src/ops_math.h"
 
 #include <math.h>
 #include <stdint.h>

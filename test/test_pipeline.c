@@ -32,8 +32,8 @@
  * and every rank exits with the same status. */
 #define _POSIX_C_SOURCE 200809L /* nanosleep, setenv */
 
-#include "comm.h"
-#include "pipeline.h"
+#include "mpi/comm.h"
+#include "mpi/pipeline.h"
 
 #include <math.h>
 #include <mpi.h>

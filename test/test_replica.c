@@ -4,9 +4,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "comm.h"
-#include "launch.h"
-#include "replica.h"
+#include "mpi/comm.h"
+#include "mpi/launch.h"
+#include "mpi/replica.h"
 
 #define NT 10
 

@@ -25,9 +25,9 @@
  *   test_safetensors llmc-check FILE      as check, for llm.c files
  *
  * Exit 0 pass, 1 fail. */
-#include "llmc_model.h"
-#include "ops_math.h"
-#include "safetensors.h"
+#include "io/llmc_model.h"
+#include "src/ops_math.h"
+#include "io/safetensors.h"
 
 #include <errno.h>
 #include <jansson.h>

@@ -3,7 +3,7 @@
  * and one-line errors, naming the file and the problem, for every kind of
  * bad input. Automake protocol: exit 0 pass, 1 fail. */
 #define _GNU_SOURCE /* nftw */
-#include "tokens.h"
+#include "io/tokens.h"
 
 #include <errno.h>
 #include <ftw.h>

@@ -27,9 +27,9 @@
  * every rank. */
 #define _POSIX_C_SOURCE 200809L
 
-#include "comm.h"
-#include "ddp.h"
-#include "trace.h"
+#include "mpi/comm.h"
+#include "mpi/ddp.h"
+#include "mpi/trace.h"
 
 #include <dirent.h>
 #include <mpi.h>

@@ -8,7 +8,7 @@
  * spaces and digits, contractions, and valid multi-byte characters beside
  * them. Prints "SPEC: COUNT strings, B bytes, I ids, D differences"; exit 0
  * when D is 0, 1 otherwise (the first difference on stderr). */
-#include "tokenizer.h"
+#include "io/tokenizer.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -11,8 +11,8 @@
  *                                    tokenizer.json (io/tok_hf.h), on stdout
  *
  * Exit 0 on success, 1 on a mismatch or error (one line on stderr). */
-#include "tok_hf.h"
-#include "tokenizer.h"
+#include "io/tok_hf.h"
+#include "io/tokenizer.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -9,7 +9,7 @@
 #ifndef DTRAIN_CUDA_KERNELS_ATTENTION_CUH
 #define DTRAIN_CUDA_KERNELS_ATTENTION_CUH
 
-#include "common.cuh"
+#include "cuda/kernels/common.cuh"
 
 /* ---- attention: tiled flash attention in fp32 -------------------------------------------
  * A straightforward fp32 FlashAttention-2 kernel set on the CUDA cores (no tensor cores

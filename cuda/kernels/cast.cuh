@@ -7,7 +7,7 @@
 #ifndef DTRAIN_CUDA_KERNELS_CAST_CUH
 #define DTRAIN_CUDA_KERNELS_CAST_CUH
 
-#include "common.cuh"
+#include "cuda/kernels/common.cuh"
 
 __global__ void k_cast_f32_to_bf16(uint16_t *out, const float *in, size_t n)
 {

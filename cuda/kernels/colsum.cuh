@@ -9,7 +9,7 @@
 #ifndef DTRAIN_CUDA_KERNELS_COLSUM_CUH
 #define DTRAIN_CUDA_KERNELS_COLSUM_CUH
 
-#include "common.cuh"
+#include "cuda/kernels/common.cuh"
 
 /* ---- column reductions ------------------------------------------------------------
  * Sums over the N rows of an [N, C] matrix per column (bias gradients, the

@@ -9,7 +9,7 @@
 #ifndef DTRAIN_CUDA_KERNELS_CROSSENTROPY_CUH
 #define DTRAIN_CUDA_KERNELS_CROSSENTROPY_CUH
 
-#include "reduce.cuh"
+#include "cuda/kernels/reduce.cuh"
 
 __global__ void k_xent_max(float *rowmax, const float *logits, int Vl, int ld)
 {

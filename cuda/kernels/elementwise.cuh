@@ -8,7 +8,7 @@
 #ifndef DTRAIN_CUDA_KERNELS_ELEMENTWISE_CUH
 #define DTRAIN_CUDA_KERNELS_ELEMENTWISE_CUH
 
-#include "common.cuh"
+#include "cuda/kernels/common.cuh"
 
 /* ---- elementwise kernels ------------------------------------------------------------ */
 

@@ -11,7 +11,7 @@
 #ifndef DTRAIN_CUDA_KERNELS_EMBEDDING_CUH
 #define DTRAIN_CUDA_KERNELS_EMBEDDING_CUH
 
-#include "common.cuh"
+#include "cuda/kernels/common.cuh"
 
 __global__ void k_embedding_fwd(float *out, const int32_t *tok, const float *wte, const float *wpe, int N, int T,
                                 int C, int v0, int Vl)

@@ -9,7 +9,7 @@
 #ifndef DTRAIN_CUDA_KERNELS_REDUCE_CUH
 #define DTRAIN_CUDA_KERNELS_REDUCE_CUH
 
-#include "common.cuh"
+#include "cuda/kernels/common.cuh"
 
 #define SUMSQ_BLOCKS 128                 /* fixed partial count: same bits every run */
 

@@ -7,7 +7,7 @@
 #ifndef DTRAIN_CUDA_KERNELS_ROPE_CUH
 #define DTRAIN_CUDA_KERNELS_ROPE_CUH
 
-#include "common.cuh"
+#include "cuda/kernels/common.cuh"
 
 __global__ void k_rope(float *qkv, int N, int T, int NH, int NKV, int HS, float theta, float dir)
 {

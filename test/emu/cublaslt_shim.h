@@ -45,7 +45,7 @@
 #include <set>
 #include <vector>
 
-#include "ops_math.h"
+#include "src/ops_math.h"
 
 /* kernels become host functions (inline: the headers hold kernels this
  * test does not launch) */

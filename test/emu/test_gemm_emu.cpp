@@ -28,11 +28,11 @@
  * Exit 0 when all pass, 1 otherwise. `test_gemm_emu POLICY` runs one policy. */
 #include "cublaslt_shim.h"
 extern "C" {
-#include "ops.h"
+#include "src/ops.h"
 }
-#include "device.h"
+#include "cuda/device.h"
 
-#include "ops_cuda_gemm.cuh"
+#include "cuda/ops_cuda_gemm.cuh"
 
 #include <cmath>
 #include <random>

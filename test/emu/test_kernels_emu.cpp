@@ -22,8 +22,8 @@
  *
  * Output: one line per failed check, a summary. Exit 0 when all pass. */
 extern "C" {
-#include "ops.h"
-#include "ops_math.h"
+#include "src/ops.h"
+#include "src/ops_math.h"
 }
 
 #include <algorithm>
@@ -109,12 +109,12 @@ static void cuda_fatal(const char *what, const char *msg)
     exit(2);
 }
 
-#include "kernels/reduce.cuh"
-#include "kernels/colsum.cuh"
-#include "kernels/norm.cuh"
-#include "kernels/attention.cuh"
-#include "kernels/embedding.cuh"
-#include "kernels/crossentropy.cuh"
+#include "cuda/kernels/reduce.cuh"
+#include "cuda/kernels/colsum.cuh"
+#include "cuda/kernels/norm.cuh"
+#include "cuda/kernels/attention.cuh"
+#include "cuda/kernels/embedding.cuh"
+#include "cuda/kernels/crossentropy.cuh"
 
 /* f() run by every thread of every block of grid; with sync, each block's
  * threads run concurrently (std::thread) with barriers for __syncthreads

@@ -15,11 +15,11 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "device.h"
-#include "grid.h"
-#include "launch.h"
-#include "nccl_comm.h"
-#include "ops_math.h"
+#include "cuda/device.h"
+#include "mpi/grid.h"
+#include "mpi/launch.h"
+#include "cuda/nccl_comm.h"
+#include "src/ops_math.h"
 
 static int nfail;
 static void check(int ok, const char *group, const char *what, int rank)
