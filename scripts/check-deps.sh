@@ -46,6 +46,7 @@ spm_decode   sentencepiece         test/test_spm.sh
 clang        clang                 make fuzz
 python3      python3               tests (/usr/bin/python3)
 gnuplot      gnuplot-nox           plots
+protoc       protobuf-compiler     test/test_tfevents.sh
 sbatch       slurm-wlm             test/test_slurm.sh
 srun         slurm-wlm             slurm/*.sbatch
 scontrol     slurm-wlm             slurm/*.sbatch, test/test_slurm.sh
@@ -81,7 +82,7 @@ optional="nvcc nvidia-smi sudo"
 # awk variables, shell functions of the same name as a program)
 ignore="w write size groups install file test [ exec command gfortran"
 # Python modules /usr/bin/python3 must import (Debian package); optional ones warn
-pymods="numpy:python3-numpy h5py:python3-h5py torch:python3-torch"
+pymods="numpy:python3-numpy h5py:python3-h5py torch:python3-torch crc32c:python3-crc32c google:python3-protobuf"
 pyoptional="transformers safetensors"
 
 problems=0

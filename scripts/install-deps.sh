@@ -23,6 +23,9 @@ packages=(
   clang
   # PyTorch reference, checkpoint interop, plots
   python3 python3-torch python3-numpy python3-h5py gnuplot-nox
+  # test_tfevents.sh: TensorBoard event files read back by protoc --decode_raw
+  # and by Python's protobuf and CRC-32C, independently of io/tfevents.c
+  protobuf-compiler python3-protobuf python3-crc32c
   # the throw-away SLURM test cluster (slurm/test-cluster.sh, test_slurm.sh):
   # controller, node daemon, client commands and the munge authentication daemon
   slurm-wlm slurmctld slurmd slurm-client munge
