@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include "io/crc32c.h"
 #include "io/errmsg.h"
@@ -294,6 +295,13 @@ int tfevents_scalars(tfevents_t *w, int64_t step, double wall_time, const tfeven
             return -1;
         }
     return write_event(w, wall_time, step, NULL, v, n, err, errlen);
+}
+
+double tfevents_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 const char *tfevents_path(const tfevents_t *w)

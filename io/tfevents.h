@@ -16,10 +16,13 @@
  * from one rank.
  *
  *     tfevents_t *w;
- *     if (tfevents_open(dir, host, getpid(), wall_now(), &w, err, errlen) != 0) ...
+ *     if (tfevents_open(dir, host, getpid(), tfevents_now(), &w, err, errlen) != 0) ...
  *     tfevents_scalar_t v[] = {{"train/loss", loss}, {"train/lr", lr}};
- *     if (tfevents_scalars(w, step, wall_now(), v, 2, err, errlen) != 0) ...
+ *     if (tfevents_scalars(w, step, tfevents_now(), v, 2, err, errlen) != 0) ...
  *     if (tfevents_close(w, err, errlen) != 0) ...
+ *
+ * (metrics_write_tfevents, src/metrics.h, turns a step's record into its
+ * scalars.)
  */
 #ifndef DTRAIN_TFEVENTS_H
 #define DTRAIN_TFEVENTS_H
@@ -46,6 +49,10 @@ int tfevents_open(const char *dir, const char *host, long pid, double wall_time,
  * the n scalars of v, in that order; then flushed. n >= 1. */
 int tfevents_scalars(tfevents_t *w, int64_t step, double wall_time, const tfevents_scalar_t *v, int n, char *err,
                      size_t errlen);
+
+/* Now, in seconds since the Unix epoch (CLOCK_REALTIME): the wall_time
+ * TensorBoard's "relative" and "wall" axes use. */
+double tfevents_now(void);
 
 /* The file's path (valid until tfevents_close). */
 const char *tfevents_path(const tfevents_t *w);

@@ -30,6 +30,29 @@ void metrics_print_step(FILE *out, const step_record_t *r)
     fflush(out);
 }
 
+int metrics_write_tfevents(tfevents_t *w, const step_record_t *r, double wall_time, char *err, size_t errlen)
+{
+    enum { NMEM = MEM_N_CATEGORIES + 1 };
+    char mem_tags[NMEM][64];
+    tfevents_scalar_t v[8 + NMEM];
+    int n = 0;
+    v[n++] = (tfevents_scalar_t){"train/loss", r->loss};
+    if (!isnan(r->val_loss))
+        v[n++] = (tfevents_scalar_t){"val/loss", r->val_loss};
+    v[n++] = (tfevents_scalar_t){"train/lr", r->lr};
+    v[n++] = (tfevents_scalar_t){"train/grad_norm", r->grad_norm};
+    v[n++] = (tfevents_scalar_t){"perf/tokens_per_s", r->tokens_per_s};
+    v[n++] = (tfevents_scalar_t){"perf/mfu", r->mfu};
+    v[n++] = (tfevents_scalar_t){"perf/step_ms", r->ms};
+    v[n++] = (tfevents_scalar_t){"comm/exposed_ms", r->comm_ms};
+    for (int k = 0; k < NMEM; k++) {
+        snprintf(mem_tags[k], sizeof mem_tags[k], "mem/peak_%s_bytes",
+                 k < MEM_N_CATEGORIES ? mem_category_name((mem_category_t)k) : "total");
+        v[n++] = (tfevents_scalar_t){mem_tags[k], (double)r->mem_peak[k]};
+    }
+    return tfevents_scalars(w, r->step, wall_time, v, n, err, errlen);
+}
+
 int metrics_write_json(FILE *f, const step_record_t *r)
 {
     int rc = fprintf(f, "{\"step\": %d, \"loss\": %.9g", r->step, r->loss);

@@ -5,6 +5,7 @@
 
 #include <stdio.h>
 
+#include "io/tfevents.h"
 #include "src/mem.h"
 
 typedef struct step_record {
@@ -29,6 +30,13 @@ typedef struct step_record {
 void metrics_print_step(FILE *out, const step_record_t *r);
 /* Returns 0, or -1 if the write failed. */
 int metrics_write_json(FILE *f, const step_record_t *r);
+/* The record as one TensorBoard Event at r->step, stamped wall_time
+ * (tfevents_now()): train/loss, val/loss (when computed), train/lr,
+ * train/grad_norm, perf/tokens_per_s, perf/mfu (a fraction), perf/step_ms,
+ * comm/exposed_ms (max over ranks), mem/peak_<category>_bytes (the
+ * --metrics names: parameters, gradients, ...) and
+ * mem/peak_total_bytes. Returns 0, or -1 with one line in err. */
+int metrics_write_tfevents(tfevents_t *w, const step_record_t *r, double wall_time, char *err, size_t errlen);
 /* "1.23 GiB" style */
 void metrics_format_bytes(char *buf, size_t len, double bytes);
 

@@ -10,6 +10,9 @@
  *                 UTF-8 tag, 2-byte summary lengths, steps 0, 2^40, -5);
  *                 prints the file's path; DIR/expected.txt lists every
  *                 field as "step<TAB>wall_time<TAB>tag<TAB>value"
+ *   metrics DIR   two step records through metrics_write_tfevents (one
+ *                 with a validation loss), expected.txt with the tags the
+ *                 trainer promises spelt out here; prints the path
  *   fsize DIR     writes until a 4 KiB file size limit stops it: the error
  *                 on stderr, exit 1
  *   open DIR      open only; the error on stderr, exit 1
@@ -21,9 +24,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <time.h>
 
 #include "io/crc32c.h"
 #include "io/tfevents.h"
+#include "src/metrics.h"
 
 #define ERRLEN 1024
 #define WALL0 1700000000.0
@@ -71,6 +76,9 @@ static int golden(const char *dir)
     crc32c_t c;
     crc32c_init(&c, 1);
     check(crc32c_update(&c, 0, "123456789", 9) == 0xE3069283u, "crc32c(\"123456789\") = 0xE3069283");
+
+    double now = tfevents_now(), t = (double)time(NULL);
+    check(now > t - 2 && now < t + 2, "tfevents_now() is the time of day");
 
     char err[ERRLEN], sub[2048], want[4096];
     snprintf(sub, sizeof sub, "%s/a/b//c", dir); /* missing parents, a doubled '/' */
@@ -162,6 +170,47 @@ static int write_run(const char *dir)
     return 0;
 }
 
+/* metrics_write_tfevents's tags, spelt out (the trainer's contract) */
+static int metrics(const char *dir)
+{
+    static const char *const tags[] = {"train/loss", "val/loss", "train/lr", "train/grad_norm",
+                                       "perf/tokens_per_s", "perf/mfu", "perf/step_ms", "comm/exposed_ms",
+                                       "mem/peak_parameters_bytes", "mem/peak_gradients_bytes",
+                                       "mem/peak_optimizer_bytes", "mem/peak_activations_bytes",
+                                       "mem/peak_communication_bytes", "mem/peak_workspace_bytes",
+                                       "mem/peak_total_bytes"};
+    step_record_t r = {.step = 42, .steps = 100, .loss = 3.25, .val_loss = 3.5, .lr = 3e-4, .grad_norm = 0.75,
+                       .ms = 120.5, .tokens_per_s = 8192, .mfu = 0.4, .comm_ms = 12.25,
+                       .mem_peak = {1 << 20, 1 << 21, 1 << 22, 3 << 20, 5 << 10, 7 << 10, (15 << 20) + (12 << 10)}};
+    char err[ERRLEN], path[4096];
+    tfevents_t *w;
+    snprintf(path, sizeof path, "%s/expected.txt", dir);
+    FILE *exp = NULL;
+    if (tfevents_open(dir, "metrics", 1, WALL0, &w, err, sizeof err) != 0 || !(exp = fopen(path, "w"))) {
+        check(0, exp ? err : "cannot create expected.txt");
+        return 1;
+    }
+    fprintf(exp, "0\t%.17g\tfile_version\tbrain.Event:2\n", WALL0);
+    for (int pass = 0; pass < 2; pass++) {
+        double vals[] = {r.loss, r.val_loss, r.lr, r.grad_norm, r.tokens_per_s, r.mfu, r.ms, r.comm_ms};
+        double wall = WALL0 + r.step;
+        if (metrics_write_tfevents(w, &r, wall, err, sizeof err) != 0)
+            check(0, err);
+        for (int i = 0; i < (int)(sizeof tags / sizeof *tags); i++)
+            if (i != 1 || !isnan(r.val_loss))
+                fprintf(exp, "%d\t%.17g\t%s\t%.17g\n", r.step, wall, tags[i],
+                        i < 8 ? vals[i] : (double)r.mem_peak[i - 8]);
+        r.step = 43;
+        r.val_loss = NAN; /* no validation this step: no val/loss */
+        r.loss = 3.125;
+    }
+    printf("%s\n", tfevents_path(w));
+    int rc = tfevents_close(w, err, sizeof err);
+    check(rc == 0, rc == 0 ? "closed" : err);
+    check(fclose(exp) == 0, "expected.txt written");
+    return 0;
+}
+
 /* A 4 KiB file size limit: writes fail with EFBIG (SIGXFSZ ignored). */
 static int fsize(const char *dir)
 {
@@ -205,12 +254,13 @@ static int open_only(const char *dir)
 int main(int argc, char **argv)
 {
     if (argc != 3) {
-        fprintf(stderr, "usage: %s golden|write|fsize|open DIR\n", argv[0]);
+        fprintf(stderr, "usage: %s golden|write|metrics|fsize|open DIR\n", argv[0]);
         return 2;
     }
     const char *mode = argv[1], *dir = argv[2];
     int rc = strcmp(mode, "golden") == 0  ? golden(dir)
              : strcmp(mode, "write") == 0 ? write_run(dir)
+             : strcmp(mode, "metrics") == 0 ? metrics(dir)
              : strcmp(mode, "fsize") == 0 ? fsize(dir)
              : strcmp(mode, "open") == 0  ? open_only(dir)
                                           : 2;

@@ -5,8 +5,10 @@
 # (no .proto needed) on every payload, protoc --decode with test/tbmin.proto,
 # and /usr/bin/python3 walking the TFRecord framing, recomputing both masked
 # CRC-32Cs of each record with python3-crc32c and parsing each payload with
-# python3-protobuf classes generated from test/tbmin.proto; missing parent
-# directories made; write and create failures give one line naming the file.
+# python3-protobuf classes generated from test/tbmin.proto; the trainer's
+# step record (metrics_write_tfevents) with every tag it promises; missing
+# parent directories made; write and create failures give one line naming
+# the file.
 . "$top_srcdir/test/common.sh"
 
 PROG="$top_builddir/test/test_tfevents"
@@ -99,6 +101,18 @@ elif out=$($PY "$top_srcdir/test/tfevents_reader.py" "$events" "$TMP/run/expecte
     fi
 else
     fail "python3 reader: $out"
+fi
+
+# the trainer's step record (src/metrics.c): every promised tag, read by python
+mkdir -p "$TMP/m" "$TMP/mpay"
+"$PROG" metrics "$TMP/m" >"$TMP/out" 2>"$TMP/err"
+rc=$?
+events=$(head -n 1 "$TMP/out")
+if [ "$rc" -eq 0 ] && [ ! -s "$TMP/err" ] && [ -f "$events" ] && ! grep -q '^FAIL' "$TMP/out" &&
+    out=$($PY "$top_srcdir/test/tfevents_reader.py" "$events" "$TMP/m/expected.txt" "$TMP/pb2" "$TMP/mpay" 2>&1); then
+    pass "step record as TensorBoard scalars: $out"
+else
+    fail "step record as TensorBoard scalars: exit $rc: $(cat "$TMP/out" "$TMP/err" | tr '\n' ' ') ${out:-}"
 fi
 
 # failures: one line naming the file
