@@ -21,6 +21,7 @@
  * data | uint32 LE masked CRC of the data, where masked(c) = ((c >> 15) |
  * (c << 17)) + 0xA282EAD8 mod 2^32 (TFRecord's mask, so a CRC stored
  * inside CRC'd data does not cancel out). */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include "io/tfevents.h"
 
 #include <errno.h>

@@ -18,6 +18,7 @@
  *   open DIR      open only; the error on stderr, exit 1
  *
  * Prints "ok ..." / "FAIL ..." lines and "N failure(s)"; exit 0 when none. */
+#define _POSIX_C_SOURCE 200809L /* setrlimit */
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
