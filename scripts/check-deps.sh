@@ -45,7 +45,7 @@ spm_encode   sentencepiece         test/test_spm.sh, bench/tokenize.sh
 spm_decode   sentencepiece         test/test_spm.sh
 clang        clang                 make fuzz
 python3      python3               tests (/usr/bin/python3)
-gnuplot      gnuplot-nox           plots
+gnuplot      gnuplot-nox           src/dtrain-plot, test/test_plot.sh
 protoc       protobuf-compiler     test/test_tfevents.sh
 sbatch       slurm-wlm             test/test_slurm.sh
 srun         slurm-wlm             slurm/*.sbatch
