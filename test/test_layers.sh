@@ -30,8 +30,8 @@ for layer in base mpi io cuda src; do
         awk -v layer="$layer" -v ok=" $ok " '{
             inc = $0; sub(/^[^"]*"/, "", inc); sub(/".*$/, "", inc)
             if (inc == "config.h") next                  # autoconf, the build directory
-            n = index(inc, "/"); top = n ? substr(inc, 1, n - 1) : ""
-            if (top == "" || index(ok, " " top " ") == 0) {
+            n = index(inc, "/"); inc_layer = n ? substr(inc, 1, n - 1) : ""
+            if (inc_layer == "" || index(ok, " " inc_layer " ") == 0) {
                 split($0, w, ":"); printf "%s:%s: %s includes \"%s\"\n", w[1], w[2], layer, inc
             } }')
     if [ -n "$out" ]; then
