@@ -9,7 +9,7 @@
  *                      from each dataset's crc32c attribute
  *   h5store_check.c    validation of h5store_write's inputs on every rank
  *   h5store_publish.c  the temporary file, its space reservation and its
- *                      durable rename into place
+ *                      durable rename into place (through io/publish.c)
  *   h5store_write.c    h5store_write: the collective write
  *   h5store_open.c     h5store_open/_close: the file and its catalog
  *   h5store_read.c     reading hyperslabs and verifying checksums
@@ -154,14 +154,14 @@ int h5s_check_same_inputs(MPI_Comm comm, const crc32c_t *cc, const h5store_tenso
 
 /* ---- h5store_publish.c -------------------------------------------- */
 
-/* "<dir>/.<base>.tmp" beside path (n bytes each) and the directory. */
-int h5s_temp_paths(const char *path, char *tmp, char *dir, size_t n, char *err, size_t errlen);
+/* "<dir>/.<base>.tmp" beside path, in tmp of n bytes. */
+int h5s_temp_path(const char *path, char *tmp, size_t n, char *err, size_t errlen);
 /* Bytes a file of these tensors and nrec records can take. */
 off_t h5s_file_bytes_bound(const h5store_tensor_t *t, int nt, int nrec);
 /* Rank 0: reserve `bytes` for the new temporary file (or check they are free). */
 int h5s_reserve_space(const char *tmp, off_t bytes, char *err, size_t errlen);
 /* Rank 0: the closed temporary file, durable under its final name. */
-int h5s_publish(const char *tmp, const char *path, const char *dir, off_t reserved, char *err, size_t errlen);
+int h5s_publish(const char *tmp, const char *path, off_t reserved, char *err, size_t errlen);
 
 /* ---- h5store_open.c ----------------------------------------------- */
 

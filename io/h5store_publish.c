@@ -3,7 +3,7 @@
  * rename is atomic), its space reserved before any data is written, and,
  * once every rank has flushed and closed it, made durable under the final
  * name by rank 0. */
-#define _GNU_SOURCE /* O_DIRECTORY, fallocate */
+#define _GNU_SOURCE /* fallocate */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -14,10 +14,11 @@
 
 #include "io/errmsg.h"
 #include "io/h5store_internal.h"
+#include "io/publish.h"
 
 /* "<dir>/.<base>.tmp" beside the final file (same file system: rename is
- * atomic) and the directory, for its fsync. */
-int h5s_temp_paths(const char *path, char *tmp, char *dir, size_t n, char *err, size_t errlen)
+ * atomic; hidden, and ckpt.c knows the name of a killed job's leftovers). */
+int h5s_temp_path(const char *path, char *tmp, size_t n, char *err, size_t errlen)
 {
     const char *slash = strrchr(path, '/');
     const char *base = slash ? slash + 1 : path;
@@ -26,10 +27,8 @@ int h5s_temp_paths(const char *path, char *tmp, char *dir, size_t n, char *err, 
         return -1;
     }
     int dl = slash ? (int)(slash - path) : 0;
-    /* "out.h5" lives in ".", "/out.h5" in "/" */
-    int a = !slash ? snprintf(dir, n, ".") : dl == 0 ? snprintf(dir, n, "/") : snprintf(dir, n, "%.*s", dl, path);
     int b = slash ? snprintf(tmp, n, "%.*s/.%s.tmp", dl, path, base) : snprintf(tmp, n, ".%s.tmp", base);
-    if (a < 0 || b < 0 || (size_t)a >= n || (size_t)b >= n) {
+    if (b < 0 || (size_t)b >= n) {
         seterr(err, errlen, "path too long: %s", path);
         return -1;
     }
@@ -90,50 +89,41 @@ int h5s_reserve_space(const char *tmp, off_t bytes, char *err, size_t errlen)
     return 0;
 }
 
-/* Rank 0 only: make the closed temporary file durable under its final
- * name. Release the part of the reservation past the file's end, fsync
- * the data, rename, fsync the directory entry. */
-int h5s_publish(const char *tmp, const char *path, const char *dir, off_t reserved, char *err, size_t errlen)
+/* Rank 0: the part of the reservation past the end of the closed file
+ * is given back (where the file system can punch holes). */
+static int release_unused(const char *tmp, off_t reserved, char *err, size_t errlen)
 {
-    int fd = open(tmp, O_RDWR);
 #ifdef FALLOC_FL_PUNCH_HOLE
+    int fd = open(tmp, O_RDWR);
+    if (fd < 0) {
+        seterr(err, errlen, "cannot open %s: %s", tmp, strerror(errno));
+        return -1;
+    }
     struct stat st;
-    if (fd >= 0 && fstat(fd, &st) == 0 && st.st_size < reserved &&
+    int rc = 0;
+    if (fstat(fd, &st) == 0 && st.st_size < reserved &&
         fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, st.st_size, reserved - st.st_size) != 0 &&
         errno != EOPNOTSUPP && errno != ENOSYS) {
         seterr(err, errlen, "cannot release unused space of %s: %s", tmp, strerror(errno));
-        close(fd);
-        return -1;
+        rc = -1;
     }
-#else
-    (void)reserved;
-#endif
-    if (fd < 0 || fsync(fd) != 0) {
-        seterr(err, errlen, "cannot fsync %s: %s", tmp, strerror(errno));
-        if (fd >= 0)
-            close(fd);
-        return -1;
-    }
-    if (close(fd) != 0) {
+    if (close(fd) != 0 && rc == 0) {
         seterr(err, errlen, "cannot close %s: %s", tmp, strerror(errno));
-        return -1;
+        rc = -1;
     }
-    if (rename(tmp, path) != 0) {
-        seterr(err, errlen, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
-        return -1;
-    }
-    fd = open(dir, O_RDONLY | O_DIRECTORY);
-    if (fd < 0 || fsync(fd) != 0) {
-        /* the file is complete and renamed; only the rename's durability
-         * is in doubt, and the caller should know */
-        seterr(err, errlen, "wrote %s but cannot fsync directory %s: %s", path, dir, strerror(errno));
-        if (fd >= 0)
-            close(fd);
-        return -1;
-    }
-    if (close(fd) != 0) {
-        seterr(err, errlen, "cannot close directory %s: %s", dir, strerror(errno));
-        return -1;
-    }
+    return rc;
+#else
+    (void)tmp, (void)reserved, (void)err, (void)errlen;
     return 0;
+#endif
+}
+
+/* Rank 0 only: make the closed temporary file durable under its final
+ * name: the unused reservation released, then io/publish.c's sync of the
+ * data, rename and sync of the directory entry. */
+int h5s_publish(const char *tmp, const char *path, off_t reserved, char *err, size_t errlen)
+{
+    if (release_unused(tmp, reserved, err, errlen))
+        return -1;
+    return publish_rename(tmp, path, err, errlen);
 }

@@ -22,7 +22,7 @@ typedef struct wjob {
     MPI_Comm comm;
     int rank, size;
     const char *path;
-    char tmp[PATH_MAX], dir[PATH_MAX]; /* "<dir>/.<name>.tmp", and <dir> */
+    char tmp[PATH_MAX]; /* "<dir>/.<name>.tmp" */
     char msg[MSG_LEN];                 /* the failure, the same on every rank */
     crc32c_t *cc;
     srec_t *rec; /* every rank's shard records, sorted by (tensor, start) */
@@ -151,7 +151,7 @@ static int step_inputs(wjob_t *w, const h5store_tensor_t *t, int nt, const h5sto
         crc32c_init(w->cc, 1);
         rc = h5s_check_inputs(t, nt, s, ns, a, na, w->rank, w->msg, sizeof w->msg);
         if (rc == 0)
-            rc = h5s_temp_paths(w->path, w->tmp, w->dir, sizeof w->tmp, w->msg, sizeof w->msg);
+            rc = h5s_temp_path(w->path, w->tmp, sizeof w->tmp, w->msg, sizeof w->msg);
     }
     if (h5store_agree(w->comm, rc, w->msg, sizeof w->msg))
         return -1;
@@ -271,7 +271,7 @@ static int step_finish(wjob_t *w)
     w->file = H5I_INVALID_HID;
     if (h5store_agree(w->comm, rc, w->msg, sizeof w->msg))
         return -1;
-    rc = w->rank == 0 ? h5s_publish(w->tmp, w->path, w->dir, w->reserved, w->msg, sizeof w->msg) : 0;
+    rc = w->rank == 0 ? h5s_publish(w->tmp, w->path, w->reserved, w->msg, sizeof w->msg) : 0;
     return h5store_agree(w->comm, rc, w->msg, sizeof w->msg);
 }
 
