@@ -209,17 +209,13 @@ int h5s_write_crc_attr(hid_t dset, const h5store_tensor_t *t, const srec_t *r, i
     hsize_t dims[2] = {(hsize_t)n, 5};
     int rc = -1;
     hid_t attr = H5I_INVALID_HID, space = H5Screate_simple(2, dims, NULL);
-    if (space < 0) {
+    if (space < 0)
         h5s_err(err, errlen, "tensor %s: checksum table space", t->name);
-        goto done;
-    }
-    attr = H5Acreate2(dset, CRC_ATTR, H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT);
-    if (attr < 0 || H5Awrite(attr, H5T_NATIVE_INT64, v) < 0) {
+    else if ((attr = H5Acreate2(dset, CRC_ATTR, H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT)) < 0 ||
+             H5Awrite(attr, H5T_NATIVE_INT64, v) < 0)
         h5s_err(err, errlen, "tensor %s: cannot write the checksum table", t->name);
-        goto done;
-    }
-    rc = 0;
-done:
+    else
+        rc = 0;
     rc = h5s_close_msg(attr, H5Aclose, rc, err, errlen, "tensor %s: H5Aclose", t->name);
     rc = h5s_close_msg(space, H5Sclose, rc, err, errlen, "tensor %s: H5Sclose", t->name);
     free(v);
