@@ -101,10 +101,11 @@ uint64_t megatron_idx_n_docs(const megatron_idx_t *idx)
 
 #define FIX_IDX "re-create it (dtrain-prepare --format megatron or Megatron's preprocess_data.py)"
 
-/* Magic, version, dtype and the two counts against the file length. On
- * success the array views of *out are set. */
-static int parse_header(const unsigned char *b, size_t len, const char *idx,
-                        megatron_idx_t *out, char *err, size_t errlen)
+/* The fixed header: long enough, the magic, the version and a known dtype
+ * (into *dtype). */
+static int check_preamble(const unsigned char *b, size_t len, const char *idx,
+                          const megatron_dtype_t **dtype, char *err,
+                          size_t errlen)
 {
     if (len < MEGATRON_HEADER_BYTES) {
         seterr(err, errlen,
@@ -131,8 +132,8 @@ static int parse_header(const unsigned char *b, size_t len, const char *idx,
                idx, (unsigned long long)version, MEGATRON_VERSION);
         return -1;
     }
-    out->dtype = megatron_dtype(b[17]);
-    if (out->dtype == NULL) {
+    *dtype = megatron_dtype(b[17]);
+    if (*dtype == NULL) {
         seterr(err, errlen,
                "megatron index '%s' has unknown dtype code %u (known: 1..8, "
                "uint8 int8 int16 int32 int64 float64 float32 uint16): the "
@@ -140,8 +141,15 @@ static int parse_header(const unsigned char *b, size_t len, const char *idx,
                idx, (unsigned)b[17]);
         return -1;
     }
-    uint64_t n = rd_u64(b + 18), m = rd_u64(b + 26);
-    size_t avail = len - MEGATRON_HEADER_BYTES;
+    return 0;
+}
+
+/* The avail bytes after the header hold n sequences (int32 length, int64
+ * pointer), m document indices (int64) and then nothing, or a modes array
+ * of n bytes: *trailing gets its size. */
+static int check_counts(uint64_t n, uint64_t m, size_t avail, const char *idx,
+                        size_t *trailing, char *err, size_t errlen)
+{
     /* Divide rather than multiply: a hostile count must not wrap. */
     if (n > avail / 12) {
         seterr(err, errlen,
@@ -167,15 +175,30 @@ static int parse_header(const unsigned char *b, size_t len, const char *idx,
                idx, (unsigned long long)m, rest, (unsigned long long)n);
         return -1;
     }
-    size_t trailing = rest - (size_t)m * 8;
-    if (trailing != 0 && trailing != n) {
+    *trailing = rest - (size_t)m * 8;
+    if (*trailing != 0 && *trailing != n) {
         seterr(err, errlen,
                "megatron index '%s' has %zu trailing bytes after the document "
                "indices (only a multimodal modes array of exactly %llu bytes "
                "may follow): the file is corrupt or was appended to, " FIX_IDX,
-               idx, trailing, (unsigned long long)n);
+               idx, *trailing, (unsigned long long)n);
         return -1;
     }
+    return 0;
+}
+
+/* Magic, version, dtype and the two counts against the file length. On
+ * success the array views of *out are set. */
+static int parse_header(const unsigned char *b, size_t len, const char *idx,
+                        megatron_idx_t *out, char *err, size_t errlen)
+{
+    if (check_preamble(b, len, idx, &out->dtype, err, errlen) != 0)
+        return -1;
+    uint64_t n = rd_u64(b + 18), m = rd_u64(b + 26);
+    size_t trailing;
+    if (check_counts(n, m, len - MEGATRON_HEADER_BYTES, idx, &trailing, err,
+                     errlen) != 0)
+        return -1;
     out->base = b;
     out->len = len;
     out->n_seq = n;

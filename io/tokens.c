@@ -180,14 +180,10 @@ static void widen_u16(int32_t *tok, size_t n)
     }
 }
 
-/* Read one shard into sh (path already set). The file is checked fully
- * before the caller sees any of it, so training never starts on a file
- * that fails halfway through. */
-static int read_shard(token_shard_t *sh, tokens_format_t fmt, int vocab_size,
-                      char *err, size_t errlen)
+/* Opens a shard that must be a regular file; its size into *size. */
+static int open_shard(const char *path, int *fd_out, off_t *size, char *err,
+                      size_t errlen)
 {
-    const char *path = sh->path;
-    int rc = -1;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         seterr(err, errlen, "cannot open token file '%s': %s", path,
@@ -198,48 +194,112 @@ static int read_shard(token_shard_t *sh, tokens_format_t fmt, int vocab_size,
     if (fstat(fd, &st) != 0) {
         seterr(err, errlen, "cannot stat token file '%s': %s", path,
                strerror(errno));
-        goto out;
+        close(fd);
+        return -1;
     }
     if (!S_ISREG(st.st_mode)) {
         seterr(err, errlen,
                "token file '%s' is not a regular file: make --data match "
                "only shard files",
                path);
-        goto out;
+        close(fd);
+        return -1;
     }
-    off_t size = st.st_size;
-    int width;
-    size_t count;
+    *fd_out = fd;
+    *size = st.st_size;
+    return 0;
+}
 
-    if (fmt == TOKENS_FORMAT_RAW_U16) {
-        if (size == 0) {
-            seterr(err, errlen,
-                   "token file '%s' is an empty shard (0 bytes): remove it "
-                   "or re-create it",
-                   path);
-            goto out;
-        }
-        if (size % 2 != 0) {
-            seterr(err, errlen,
-                   "token file '%s' has an odd size (%lld bytes), so it is "
-                   "not a raw uint16 token file: check --data and "
-                   "--data-format",
-                   path, (long long)size);
-            goto out;
-        }
-        width = 2;
-        count = (size_t)(size / 2);
-    } else {
+/* Token width and count of a shard of `size` bytes: from its llm.c header
+ * (read from fd, which is left after it) or, raw-u16, from its size. */
+static int shard_layout(int fd, off_t size, tokens_format_t fmt,
+                        const char *path, int *width, size_t *count,
+                        char *err, size_t errlen)
+{
+    if (fmt != TOKENS_FORMAT_RAW_U16) {
         if (check_header_room((uint64_t)size, path, err, errlen) != 0)
-            goto out;
+            return -1;
         int32_t hdr[TOKENS_HEADER_INTS];
         if (read_full(fd, hdr, sizeof hdr, path, err, errlen) != 0)
-            goto out;
-        if (tokens_check_header(hdr, (uint64_t)size, path, &width, &count,
-                                err, errlen) != 0)
-            goto out;
+            return -1;
+        return tokens_check_header(hdr, (uint64_t)size, path, width, count,
+                                   err, errlen);
     }
+    if (size == 0) {
+        seterr(err, errlen,
+               "token file '%s' is an empty shard (0 bytes): remove it "
+               "or re-create it",
+               path);
+        return -1;
+    }
+    if (size % 2 != 0) {
+        seterr(err, errlen,
+               "token file '%s' has an odd size (%lld bytes), so it is "
+               "not a raw uint16 token file: check --data and "
+               "--data-format",
+               path, (long long)size);
+        return -1;
+    }
+    *width = 2;
+    *count = (size_t)(size / 2);
+    return 0;
+}
 
+/* A raw read of an llm.c shard would train on its header as if it were
+ * text; an exact magic + version + size match is no accident. tok: the
+ * first bytes of the count uint16 tokens, not yet widened. */
+static int check_not_llmc(const int32_t *tok, size_t count, const char *path,
+                          char *err, size_t errlen)
+{
+    if (count * 2 < (size_t)HEADER_BYTES)
+        return 0;
+    int32_t hdr[3];
+    memcpy(hdr, tok, sizeof hdr);
+    if (hdr[0] == TOKENS_MAGIC_U16 && hdr[1] == TOKENS_VERSION_U16 &&
+        hdr[2] > 0 && (off_t)count * 2 == HEADER_BYTES + (off_t)hdr[2] * 2) {
+        seterr(err, errlen,
+               "token file '%s' is an llm.c shard (magic %d), not a "
+               "headerless file: drop --data-format raw-u16",
+               path, TOKENS_MAGIC_U16);
+        return -1;
+    }
+    return 0;
+}
+
+/* Every token below vocab_size. Compare as unsigned so that uint32 values
+ * above INT32_MAX, which would turn negative when widened, are caught by
+ * the same test. */
+static int check_vocab(const int32_t *tok, size_t count, int vocab_size,
+                       const char *path, char *err, size_t errlen)
+{
+    for (size_t i = 0; i < count; i++) {
+        uint32_t v = (uint32_t)tok[i];
+        if (v >= (uint32_t)vocab_size) {
+            seterr(err, errlen,
+                   "token file '%s': token at index %zu has value %u, which "
+                   "is >= vocab size %d: the file was made with a different "
+                   "tokenizer (check the tokenizer and --vocab-size)",
+                   path, i, (unsigned)v, vocab_size);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Read one shard into sh (path already set). The file is checked fully
+ * before the caller sees any of it, so training never starts on a file
+ * that fails halfway through. */
+static int read_shard(token_shard_t *sh, tokens_format_t fmt, int vocab_size,
+                      char *err, size_t errlen)
+{
+    const char *path = sh->path;
+    int rc = -1, fd, width;
+    off_t size;
+    size_t count;
+    if (open_shard(path, &fd, &size, err, errlen) != 0)
+        return -1;
+    if (shard_layout(fd, size, fmt, path, &width, &count, err, errlen) != 0)
+        goto out;
     if (count > SIZE_MAX / sizeof(int32_t)) {
         seterr(err, errlen, "token file '%s' is too large for this host",
                path);
@@ -255,38 +315,13 @@ static int read_shard(token_shard_t *sh, tokens_format_t fmt, int vocab_size,
     }
     if (read_full(fd, sh->tok, count * (size_t)width, path, err, errlen) != 0)
         goto out;
-
-    if (fmt == TOKENS_FORMAT_RAW_U16 && count * 2 >= (size_t)HEADER_BYTES) {
-        /* A raw read of an llm.c shard would train on its header as if it
-         * were text; an exact magic + version + size match is no accident. */
-        int32_t hdr[3];
-        memcpy(hdr, sh->tok, sizeof hdr);
-        if (hdr[0] == TOKENS_MAGIC_U16 && hdr[1] == TOKENS_VERSION_U16 &&
-            hdr[2] > 0 &&
-            (off_t)count * 2 == HEADER_BYTES + (off_t)hdr[2] * 2) {
-            seterr(err, errlen,
-                   "token file '%s' is an llm.c shard (magic %d), not a "
-                   "headerless file: drop --data-format raw-u16",
-                   path, TOKENS_MAGIC_U16);
-            goto out;
-        }
-    }
-
-    /* Compare as unsigned so that uint32 values above INT32_MAX, which
-     * would turn negative when widened, are caught by the same test. */
+    if (fmt == TOKENS_FORMAT_RAW_U16 &&
+        check_not_llmc(sh->tok, count, path, err, errlen) != 0)
+        goto out;
     if (width == 2)
         widen_u16(sh->tok, count);
-    for (size_t i = 0; i < count; i++) {
-        uint32_t v = (uint32_t)sh->tok[i];
-        if (v >= (uint32_t)vocab_size) {
-            seterr(err, errlen,
-                   "token file '%s': token at index %zu has value %u, which "
-                   "is >= vocab size %d: the file was made with a different "
-                   "tokenizer (check the tokenizer and --vocab-size)",
-                   path, i, (unsigned)v, vocab_size);
-            goto out;
-        }
-    }
+    if (check_vocab(sh->tok, count, vocab_size, path, err, errlen) != 0)
+        goto out;
     sh->n = count;
     rc = 0;
 out:
@@ -319,6 +354,74 @@ void tokens_close(token_set_t *set)
     memset(set, 0, sizeof *set);
 }
 
+/* The files pattern names into *g (sorted by glob; gl_pathc 0 when
+ * pattern is itself a file's name). */
+static int expand_pattern(const char *pattern, glob_t *g, char *err,
+                          size_t errlen)
+{
+    memset(g, 0, sizeof *g);
+    errno = 0;
+    int grc = glob(pattern, GLOB_ERR, NULL, g);
+    if (grc == GLOB_NOMATCH) {
+        /* A file name containing glob metacharacters ("run[1].bin") does
+         * not match itself as a pattern; accept it as a plain path. */
+        struct stat st;
+        globfree(g);
+        memset(g, 0, sizeof *g);
+        if (stat(pattern, &st) == 0)
+            return 0;
+        seterr(err, errlen,
+               "no token files match '%s': run dtrain-prepare or check "
+               "--data",
+               pattern);
+        return -1;
+    } else if (grc != 0) {
+        int e = errno;
+        globfree(g);
+        seterr(err, errlen,
+               "cannot expand token file pattern '%s': %s: check that the "
+               "directories in --data exist and are readable",
+               pattern,
+               grc == GLOB_NOSPACE ? "out of memory"
+               : e != 0            ? strerror(e)
+                                   : "a directory could not be read");
+        return -1;
+    }
+    return 0;
+}
+
+/* set's shards named (paths copied) and sorted, none read yet. */
+static int list_shards(token_set_t *set, const glob_t *g, const char *pattern,
+                       char *err, size_t errlen)
+{
+    size_t n = (g->gl_pathc > 0) ? g->gl_pathc : 1;
+    if (n > INT_MAX) {
+        seterr(err, errlen, "pattern '%s' matches too many files", pattern);
+        return -1;
+    }
+    set->shard = calloc(n, sizeof *set->shard);
+    if (set->shard == NULL) {
+        seterr(err, errlen, "out of memory listing token files '%s'",
+               pattern);
+        return -1;
+    }
+    set->n_shards = (int)n;
+    for (size_t i = 0; i < n; i++) {
+        const char *p = (g->gl_pathc > 0) ? g->gl_pathv[i] : pattern;
+        set->shard[i].path = strdup(p);
+        if (set->shard[i].path == NULL) {
+            tokens_close(set);
+            seterr(err, errlen, "out of memory listing token files '%s'",
+                   pattern);
+            return -1;
+        }
+    }
+    /* glob sorts by the locale's collation; sort again bytewise so every
+     * rank sees the same shard order whatever its environment says. */
+    qsort(set->shard, n, sizeof *set->shard, cmp_path);
+    return 0;
+}
+
 int tokens_open(token_set_t *set, const char *pattern, tokens_format_t fmt,
                 int vocab_size, char *err, size_t errlen)
 {
@@ -339,72 +442,14 @@ int tokens_open(token_set_t *set, const char *pattern, tokens_format_t fmt,
                pattern, vocab_size);
         return -1;
     }
-
     glob_t g;
-    memset(&g, 0, sizeof g);
-    errno = 0;
-    int grc = glob(pattern, GLOB_ERR, NULL, &g);
-    if (grc == GLOB_NOMATCH) {
-        /* A file name containing glob metacharacters ("run[1].bin") does
-         * not match itself as a pattern; accept it as a plain path. */
-        struct stat st;
-        if (stat(pattern, &st) == 0) {
-            globfree(&g);
-            memset(&g, 0, sizeof g);
-            grc = 0;
-        } else {
-            globfree(&g);
-            seterr(err, errlen,
-                   "no token files match '%s': run dtrain-prepare or check "
-                   "--data",
-                   pattern);
-            return -1;
-        }
-    } else if (grc != 0) {
-        int e = errno;
-        globfree(&g);
-        seterr(err, errlen,
-               "cannot expand token file pattern '%s': %s: check that the "
-               "directories in --data exist and are readable",
-               pattern,
-               grc == GLOB_NOSPACE ? "out of memory"
-               : e != 0            ? strerror(e)
-                                   : "a directory could not be read");
+    if (expand_pattern(pattern, &g, err, errlen) != 0)
         return -1;
-    }
-
-    size_t n = (g.gl_pathc > 0) ? g.gl_pathc : 1;
-    if (n > INT_MAX) {
-        globfree(&g);
-        seterr(err, errlen, "pattern '%s' matches too many files", pattern);
-        return -1;
-    }
-    set->shard = calloc(n, sizeof *set->shard);
-    if (set->shard == NULL) {
-        globfree(&g);
-        seterr(err, errlen, "out of memory listing token files '%s'",
-               pattern);
-        return -1;
-    }
-    set->n_shards = (int)n;
-    for (size_t i = 0; i < n; i++) {
-        const char *p = (g.gl_pathc > 0) ? g.gl_pathv[i] : pattern;
-        set->shard[i].path = strdup(p);
-        if (set->shard[i].path == NULL) {
-            globfree(&g);
-            tokens_close(set);
-            seterr(err, errlen, "out of memory listing token files '%s'",
-                   pattern);
-            return -1;
-        }
-    }
+    int rc = list_shards(set, &g, pattern, err, errlen);
     globfree(&g);
-
-    /* glob sorts by the locale's collation; sort again bytewise so every
-     * rank sees the same shard order whatever its environment says. */
-    qsort(set->shard, n, sizeof *set->shard, cmp_path);
-
-    for (size_t i = 0; i < n; i++) {
+    if (rc != 0)
+        return -1;
+    for (int i = 0; i < set->n_shards; i++) {
         if (read_shard(&set->shard[i], fmt, vocab_size, err, errlen) != 0) {
             tokens_close(set);
             return -1;

@@ -6,7 +6,7 @@
  *   DIR/latest             the name of the newest complete checkpoint
  *
  * A checkpoint is complete and verified or it does not exist: the file is
- * written under a temporary name, fsynced and renamed (io/h5store.c), and
+ * written under a temporary name, fsynced and renamed (io/h5store_publish.c), and
  * only then is `latest` replaced (temporary file, fsync, rename, fsync of
  * the directory) and older checkpoints beyond --keep removed. A crash at
  * any point leaves `latest` naming a complete file. */
