@@ -725,8 +725,8 @@ static void block_fwd(model_t *m, const block_acts_t *a, const float *x, float *
     norm_fwd_gather(m, ln1, a->ln1_mean, a->ln1_rstd, x, w->ln1w, w->ln1b, N, NR);
     mm_fwd(m, a->qkv, ln1, a->ln1_16, w->wqkv, w->bqkv, N, C, qkv_width(m));
     if (c->arch == ARCH_LLAMA)
-        o->rope_fwd(a->qkv, b, t, NH, NKV, HS, c->rope_theta);
-    o->attention_fwd(a->atty, a->lse, a->qkv, b, t, NH, NKV, HS);
+        o->rope_fwd(a->qkv, NULL, b, t, NH, NKV, HS, c->rope_theta);
+    o->attention_fwd(a->atty, a->lse, a->qkv, NULL, b, t, NH, NKV, HS);
     row_parallel_fwd(m, a->res2, x, a->atty, NULL, w->wo, w->bo, N, NR, QD);
     /* MLP sub-block: xout = res2 + wproj . act(fc(norm2(res2))) */
     norm_fwd_gather(m, ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2w, w->ln2b, N, NR);
@@ -755,10 +755,10 @@ static void embed_fwd(model_t *m, model_slot_t *sl, int b, int t)
     const int N = b * t, NR = res_rows(m, N), C = m->cfg.d_model;
     const float *wpe = m->lay.part.tp_rank == 0 ? m->p.wpe : NULL; /* added once */
     if (m->lay.sequence_parallel) {
-        m->ops->embedding_fwd(m->tmp, sl->tokens, m->p.wte, wpe, N, t, C, m->v0, m->v_held);
+        m->ops->embedding_fwd(m->tmp, sl->tokens, NULL, m->p.wte, wpe, N, t, C, m->v0, m->v_held);
         tp_reduce_scatter(m, sl->x, m->tmp, (size_t)NR * C);
     } else {
-        m->ops->embedding_fwd(sl->x, sl->tokens, m->p.wte, wpe, N, t, C, m->v0, m->v_held);
+        m->ops->embedding_fwd(sl->x, sl->tokens, NULL, m->p.wte, wpe, N, t, C, m->v0, m->v_held);
         tp_allreduce(m, sl->x, (size_t)N * C, COMM_SUM);
     }
 }
@@ -913,9 +913,9 @@ static void block_bwd(model_t *m, model_slot_t *sl, int i, int accum, int last)
     norm_bwd_reduce(m, g->ln2w, g->ln2b, a->res2, w->ln2w, a->ln2_mean, a->ln2_rstd, N, NR, accum);
     /* attention: dres becomes dL/dx */
     mm_bwd(m, m->dbig, g->wo, g->bo, dres_all_rows(m, N, NR), a->atty, NULL, w->wo, N, QD, C, 0, accum);
-    o->attention_bwd(m->dbig2, m->dbig, a->qkv, a->atty, a->lse, b, t, NH, NKV, HS);
+    o->attention_bwd(m->dbig2, m->dbig, a->qkv, a->atty, a->lse, NULL, b, t, NH, NKV, HS);
     if (!gpt)
-        o->rope_bwd(m->dbig2, b, t, NH, NKV, HS, c->rope_theta);
+        o->rope_bwd(m->dbig2, NULL, b, t, NH, NKV, HS, c->rope_theta);
     mm_bwd(m, m->dln, g->wqkv, g->bqkv, m->dbig2, a->ln1, a->ln1_16, w->wqkv, N, C, qkv_width(m), 0, accum);
     norm_bwd_reduce(m, g->ln1w, g->ln1b, x, w->ln1w, a->ln1_mean, a->ln1_rstd, N, NR, accum);
     norm_grads_reduce(m, g->ln1w, g->ln1b, last);
@@ -974,7 +974,7 @@ int model_backward(model_t *m, int slot, int accum, int last)
         t0 = span_start(m);
         if (gpt && !accum)
             o->zero(m->g.wpe, (size_t)c->max_seq * C * sizeof(float));
-        o->embedding_bwd(m->g.wte, m->g.wpe, dres_all_rows(m, N, NR), sl->tokens, N, t, C, m->v0, m->v_held,
+        o->embedding_bwd(m->g.wte, m->g.wpe, dres_all_rows(m, N, NR), sl->tokens, NULL, N, t, C, m->v0, m->v_held,
                          wte_has_head ? 1 : accum);
         span_end(m, "bwd embed", -1, t0);
         if (m->grads_ready && !m->failed)
