@@ -889,8 +889,8 @@ static void t_embedding(st_t *s, int N, int T, int C, int V, int v0, int Vl)
     for (int n = 0; n < N; n++)
         tok[n] = (int32_t)(frand(s, 0, 1) * (float)V) % V;
     doc_positions(dp, (size_t)N, T);
-    if (!(dtok = ints_dev(s, tok, (size_t)N)) || !(dpos = ints_dev(s, dp, (size_t)N)) || tp_new(s, &wte, (size_t)Vl * C, -1, 1) ||
-        tp_new(s, &wpe, (size_t)T * C, -1, 1) || tp_new(s, &out, (size_t)N * C, 0, 0) ||
+    if (!(dtok = ints_dev(s, tok, (size_t)N)) || !(dpos = ints_dev(s, dp, (size_t)N)) ||
+        tp_new(s, &wte, (size_t)Vl * C, -1, 1) || tp_new(s, &wpe, (size_t)T * C, -1, 1) || tp_new(s, &out, (size_t)N * C, 0, 0) ||
         tp_new(s, &dout, (size_t)N * C, -1, 1) || tp_new(s, &dwte, (size_t)Vl * C, -1, 1) ||
         tp_new(s, &dwpe, (size_t)T * C, -1, 1))
         goto out;
