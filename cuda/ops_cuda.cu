@@ -220,23 +220,24 @@ static void rmsnorm_bwd(float *din, float *dw, const float *dout, const float *x
 
 /* ---- RoPE: one thread per (row, q/k head, pair) --------------------------------------- */
 
-static void rope_run(const char *op, float *qkv, int B, int T, int NH, int NKV, int HS, float theta, float dir)
+static void rope_run(const char *op, float *qkv, const int32_t *pos, int B, int T, int NH, int NKV, int HS,
+                     float theta, float dir)
 {
     size_t total = (size_t)B * T * (NH + NKV) * (HS / 2);
     if (total == 0)
         return;
-    k_rope<<<grid_for(total, THREADS), THREADS, 0, g.stream>>>(qkv, B * T, T, NH, NKV, HS, theta, dir);
+    k_rope<<<grid_for(total, THREADS), THREADS, 0, g.stream>>>(qkv, pos, B * T, T, NH, NKV, HS, theta, dir);
     finish(op);
 }
 
-static void rope_fwd(float *qkv, int B, int T, int NH, int NKV, int HS, float theta)
+static void rope_fwd(float *qkv, const int32_t *pos, int B, int T, int NH, int NKV, int HS, float theta)
 {
-    rope_run("rope_fwd", qkv, B, T, NH, NKV, HS, theta, 1.0f);
+    rope_run("rope_fwd", qkv, pos, B, T, NH, NKV, HS, theta, 1.0f);
 }
 
-static void rope_bwd(float *dqkv, int B, int T, int NH, int NKV, int HS, float theta)
+static void rope_bwd(float *dqkv, const int32_t *pos, int B, int T, int NH, int NKV, int HS, float theta)
 {
-    rope_run("rope_bwd", dqkv, B, T, NH, NKV, HS, theta, -1.0f);
+    rope_run("rope_bwd", dqkv, pos, B, T, NH, NKV, HS, theta, -1.0f);
 }
 
 /* ---- attention (kernels/attention.cuh) ---------------------------------------------------- */
@@ -253,7 +254,8 @@ static int att_dims_ok(const char *op, int B, int T, int NH, int NKV, int HS)
     return 1;
 }
 
-static void attention_fwd(float *out, float *lse, const float *qkv, int B, int T, int NH, int NKV, int HS)
+static void attention_fwd(float *out, float *lse, const float *qkv, const int32_t *pos, int B, int T, int NH,
+                          int NKV, int HS)
 {
     if (!att_dims_ok("attention_fwd", B, T, NH, NKV, HS))
         return;
@@ -261,16 +263,16 @@ static void attention_fwd(float *out, float *lse, const float *qkv, int B, int T
     const int nc = att_nc(HS);
     dim3 grid(att_grid_x("attention_fwd", (T + ATT_BR - 1) / ATT_BR, nc, HS), (unsigned)NH, (unsigned)B);
     if (nc == 1)
-        k_att_fwd<1><<<grid, ATT_THREADS, 0, g.stream>>>(out, lse, qkv, T, NH, NKV, HS, scale);
+        k_att_fwd<1><<<grid, ATT_THREADS, 0, g.stream>>>(out, lse, qkv, pos, T, NH, NKV, HS, scale);
     else if (nc == 2)
-        k_att_fwd<2><<<grid, ATT_THREADS, 0, g.stream>>>(out, lse, qkv, T, NH, NKV, HS, scale);
+        k_att_fwd<2><<<grid, ATT_THREADS, 0, g.stream>>>(out, lse, qkv, pos, T, NH, NKV, HS, scale);
     else
-        k_att_fwd<ATT_GROUP><<<grid, ATT_THREADS, 0, g.stream>>>(out, lse, qkv, T, NH, NKV, HS, scale);
+        k_att_fwd<ATT_GROUP><<<grid, ATT_THREADS, 0, g.stream>>>(out, lse, qkv, pos, T, NH, NKV, HS, scale);
     finish("attention_fwd");
 }
 
 static void attention_bwd(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
-                          int B, int T, int NH, int NKV, int HS)
+                          const int32_t *pos, int B, int T, int NH, int NKV, int HS)
 {
     if (!att_dims_ok("attention_bwd", B, T, NH, NKV, HS))
         return;
@@ -280,14 +282,15 @@ static void attention_bwd(float *dqkv, const float *dout, const float *qkv, cons
     dim3 gk(att_grid_x("attention_bwd", (T + ATT_BC - 1) / ATT_BC, nc, HS), (unsigned)NKV, (unsigned)B);
     /* two kernels writing disjoint columns of dqkv (q, then k and v) */
     if (nc == 1) {
-        k_att_bwd_dq<1><<<gq, ATT_THREADS, 0, g.stream>>>(dqkv, dout, qkv, out, lse, T, NH, NKV, HS, scale);
-        k_att_bwd_dkv<1><<<gk, ATT_THREADS, 0, g.stream>>>(dqkv, dout, qkv, out, lse, T, NH, NKV, HS, scale);
+        k_att_bwd_dq<1><<<gq, ATT_THREADS, 0, g.stream>>>(dqkv, dout, qkv, out, lse, pos, T, NH, NKV, HS, scale);
+        k_att_bwd_dkv<1><<<gk, ATT_THREADS, 0, g.stream>>>(dqkv, dout, qkv, out, lse, pos, T, NH, NKV, HS, scale);
     } else if (nc == 2) {
-        k_att_bwd_dq<2><<<gq, ATT_THREADS, 0, g.stream>>>(dqkv, dout, qkv, out, lse, T, NH, NKV, HS, scale);
-        k_att_bwd_dkv<2><<<gk, ATT_THREADS, 0, g.stream>>>(dqkv, dout, qkv, out, lse, T, NH, NKV, HS, scale);
+        k_att_bwd_dq<2><<<gq, ATT_THREADS, 0, g.stream>>>(dqkv, dout, qkv, out, lse, pos, T, NH, NKV, HS, scale);
+        k_att_bwd_dkv<2><<<gk, ATT_THREADS, 0, g.stream>>>(dqkv, dout, qkv, out, lse, pos, T, NH, NKV, HS, scale);
     } else {
-        k_att_bwd_dq<ATT_GROUP><<<gq, ATT_THREADS, 0, g.stream>>>(dqkv, dout, qkv, out, lse, T, NH, NKV, HS, scale);
-        k_att_bwd_dkv<ATT_GROUP><<<gk, ATT_THREADS, 0, g.stream>>>(dqkv, dout, qkv, out, lse, T, NH, NKV, HS,
+        k_att_bwd_dq<ATT_GROUP><<<gq, ATT_THREADS, 0, g.stream>>>(dqkv, dout, qkv, out, lse, pos, T, NH, NKV, HS,
+                                                                  scale);
+        k_att_bwd_dkv<ATT_GROUP><<<gk, ATT_THREADS, 0, g.stream>>>(dqkv, dout, qkv, out, lse, pos, T, NH, NKV, HS,
                                                                    scale);
     }
     finish("attention_bwd");
@@ -345,13 +348,13 @@ static void scale(float *x, float s, size_t n)
 
 /* ---- embedding ---------------------------------------------------------------------------- */
 
-static void embedding_fwd(float *out, const int32_t *tok, const float *wte, const float *wpe, int N, int T, int C,
-                          int v0, int Vl)
+static void embedding_fwd(float *out, const int32_t *tok, const int32_t *pos, const float *wte, const float *wpe,
+                          int N, int T, int C, int v0, int Vl)
 {
     if (N <= 0 || C <= 0)
         return;
-    k_embedding_fwd<<<grid_for((size_t)N * C, THREADS), THREADS, 0, g.stream>>>(out, tok, wte, wpe, N, T, C, v0,
-                                                                                 Vl);
+    k_embedding_fwd<<<grid_for((size_t)N * C, THREADS), THREADS, 0, g.stream>>>(out, tok, pos, wte, wpe, N, T, C,
+                                                                                 v0, Vl);
     finish("embedding_fwd");
 }
 
@@ -402,8 +405,8 @@ static void embedding_bwd_rows(float *dwte, const float *dout, const int32_t *to
     k_emb_rows<<<(unsigned)N, THREADS, 0, g.stream>>>(dwte, dout, row, off, cnt, val_s, nruns, C, Vl);
 }
 
-static void embedding_bwd(float *dwte, float *dwpe, const float *dout, const int32_t *tok, int N, int T, int C,
-                          int v0, int Vl, int accum)
+static void embedding_bwd(float *dwte, float *dwpe, const float *dout, const int32_t *tok, const int32_t *pos,
+                          int N, int T, int C, int v0, int Vl, int accum)
 {
     if (C <= 0)
         return;
@@ -415,7 +418,10 @@ static void embedding_bwd(float *dwte, float *dwpe, const float *dout, const int
     }
     if (N > 0 && Vl > 0)
         embedding_bwd_rows(dwte, dout, tok, N, C, v0, Vl);
-    if (N > 0 && dwpe && T > 0)
+    /* document positions repeat within a row like tokens do: grouped the same way */
+    if (N > 0 && dwpe && T > 0 && pos)
+        embedding_bwd_rows(dwpe, dout, pos, N, C, 0, T);
+    else if (N > 0 && dwpe && T > 0)
         k_embedding_bwd_wpe<<<grid_for((size_t)T * C, THREADS), THREADS, 0, g.stream>>>(dwpe, dout, N, T, C);
     finish("embedding_bwd");
 }

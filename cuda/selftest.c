@@ -672,34 +672,59 @@ out:
     tp_free(s, &rstd), tp_free(s, &dout), tp_free(s, &din), tp_free(s, &dw), tp_free(s, &db);
 }
 
+/* Document positions (src/ops.h) of n tokens in rows of T: documents of
+ * 1, 37, 5, 70, 1, 37, ... tokens, restarting each row, so that they cross
+ * tile edges, fill whole tiles and leave single-token documents. */
+static void doc_positions(int32_t *pos, size_t n, int T)
+{
+    static const int len[] = {1, 37, 5, 70};
+    int d = 0, p = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (i % (size_t)T == 0 || p == len[d % 4]) {
+            d = i % (size_t)T == 0 ? 0 : d + 1;
+            p = 0;
+        }
+        pos[i] = p++;
+    }
+}
+
 /* Flash-style attention (src/ops.h): the forward's out and lse, then the
  * backward's dqkv from the CPU's out and lse on both sides. The GPU outputs
  * start as NaN, so an element the GPU does not write fails (dqkv must be
  * written whole, zeros included); each GPU op runs a second time into
  * NaN-filled copies that must match the first bit for bit (no atomics, fixed
- * summation order). RoPE is checked on the way in and out, as before. */
-static void t_attention(st_t *s, int B, int T, int NH, int NKV, int HS)
+ * summation order). RoPE is checked on the way in and out, as before. docs:
+ * rows packed with documents (doc_positions), masked and positioned by them. */
+static void t_attention(st_t *s, int B, int T, int NH, int NKV, int HS, int docs)
 {
-    char what[128], dims[64];
-    snprintf(dims, sizeof dims, "B=%d T=%d NH=%d NKV=%d HS=%d", B, T, NH, NKV, HS);
+    char what[128], dims[80];
+    snprintf(dims, sizeof dims, "B=%d T=%d NH=%d NKV=%d HS=%d%s", B, T, NH, NKV, HS, docs ? " docs" : "");
     const size_t R = (size_t)(NH + 2 * NKV) * HS, N = (size_t)B * T, NO = N * NH * HS, NL = (size_t)B * NH * T;
     tp_t qkv, out, lse, dout, dqkv, out2, lse2, dqkv2;
+    int32_t *pos = NULL, *dpos = NULL;
     memset(&qkv, 0, sizeof qkv), out = lse = dout = dqkv = out2 = lse2 = dqkv2 = qkv;
-    if (tp_new(s, &qkv, N * R, -1, 1) || tp_new(s, &out, NO, 0, 0) || tp_new(s, &lse, NL, 0, 0) ||
-        tp_new(s, &dout, NO, -1, 1) || tp_new(s, &dqkv, N * R, 0, 0) || tp_new(s, &out2, NO, 0, 0) ||
-        tp_new(s, &lse2, NL, 0, 0) || tp_new(s, &dqkv2, N * R, 0, 0))
+    if (docs) {
+        if (!(pos = malloc(N * sizeof *pos))) {
+            s->oom = 1;
+            return;
+        }
+        doc_positions(pos, N, T);
+    }
+    if ((docs && !(dpos = ints_dev(s, pos, N))) || tp_new(s, &qkv, N * R, -1, 1) || tp_new(s, &out, NO, 0, 0) ||
+        tp_new(s, &lse, NL, 0, 0) || tp_new(s, &dout, NO, -1, 1) || tp_new(s, &dqkv, N * R, 0, 0) ||
+        tp_new(s, &out2, NO, 0, 0) || tp_new(s, &lse2, NL, 0, 0) || tp_new(s, &dqkv2, N * R, 0, 0))
         goto out;
     const float theta = 10000.0f;
-    s->cpu->rope_fwd(qkv.h, B, T, NH, NKV, HS, theta);
-    s->gpu->rope_fwd(qkv.d, B, T, NH, NKV, HS, theta);
+    s->cpu->rope_fwd(qkv.h, pos, B, T, NH, NKV, HS, theta);
+    s->gpu->rope_fwd(qkv.d, dpos, B, T, NH, NKV, HS, theta);
     snprintf(what, sizeof what, "rope_fwd %s", dims);
     check(s, what, &qkv, B_ROW);
     s->gpu->from_host(qkv.d, qkv.h, N * R * sizeof(float));
 
     poison(s, &out), poison(s, &lse), poison(s, &out2), poison(s, &lse2);
-    s->cpu->attention_fwd(out.h, lse.h, qkv.h, B, T, NH, NKV, HS);
-    s->gpu->attention_fwd(out.d, lse.d, qkv.d, B, T, NH, NKV, HS);
-    s->gpu->attention_fwd(out2.d, lse2.d, qkv.d, B, T, NH, NKV, HS);
+    s->cpu->attention_fwd(out.h, lse.h, qkv.h, pos, B, T, NH, NKV, HS);
+    s->gpu->attention_fwd(out.d, lse.d, qkv.d, dpos, B, T, NH, NKV, HS);
+    s->gpu->attention_fwd(out2.d, lse2.d, qkv.d, dpos, B, T, NH, NKV, HS);
     snprintf(what, sizeof what, "attention_fwd out %s", dims);
     check(s, what, &out, B_ROW);
     snprintf(what, sizeof what, "attention_fwd lse %s", dims);
@@ -713,9 +738,9 @@ static void t_attention(st_t *s, int B, int T, int NH, int NKV, int HS)
     s->gpu->from_host(out.d, out.h, NO * sizeof(float));
     s->gpu->from_host(lse.d, lse.h, NL * sizeof(float));
     poison(s, &dqkv), poison(s, &dqkv2);
-    s->cpu->attention_bwd(dqkv.h, dout.h, qkv.h, out.h, lse.h, B, T, NH, NKV, HS);
-    s->gpu->attention_bwd(dqkv.d, dout.d, qkv.d, out.d, lse.d, B, T, NH, NKV, HS);
-    s->gpu->attention_bwd(dqkv2.d, dout.d, qkv.d, out.d, lse.d, B, T, NH, NKV, HS);
+    s->cpu->attention_bwd(dqkv.h, dout.h, qkv.h, out.h, lse.h, pos, B, T, NH, NKV, HS);
+    s->gpu->attention_bwd(dqkv.d, dout.d, qkv.d, out.d, lse.d, dpos, B, T, NH, NKV, HS);
+    s->gpu->attention_bwd(dqkv2.d, dout.d, qkv.d, out.d, lse.d, dpos, B, T, NH, NKV, HS);
     snprintf(what, sizeof what, "attention_bwd dqkv %s", dims);
     check(s, what, &dqkv, B_ROW);
     snprintf(what, sizeof what, "attention_bwd dqkv run to run %s", dims);
@@ -723,11 +748,14 @@ static void t_attention(st_t *s, int B, int T, int NH, int NKV, int HS)
 
     /* rope_bwd from an identical start: the CPU's attention gradient */
     s->gpu->from_host(dqkv.d, dqkv.h, N * R * sizeof(float));
-    s->cpu->rope_bwd(dqkv.h, B, T, NH, NKV, HS, theta);
-    s->gpu->rope_bwd(dqkv.d, B, T, NH, NKV, HS, theta);
+    s->cpu->rope_bwd(dqkv.h, pos, B, T, NH, NKV, HS, theta);
+    s->gpu->rope_bwd(dqkv.d, dpos, B, T, NH, NKV, HS, theta);
     snprintf(what, sizeof what, "rope_bwd %s", dims);
     check(s, what, &dqkv, B_ROW);
 out:
+    free(pos);
+    if (dpos)
+        s->gpu->free(dpos);
     tp_free(s, &qkv), tp_free(s, &out), tp_free(s, &lse), tp_free(s, &dout), tp_free(s, &dqkv);
     tp_free(s, &out2), tp_free(s, &lse2), tp_free(s, &dqkv2);
 }
@@ -848,36 +876,46 @@ static void t_embedding(st_t *s, int N, int T, int C, int V, int v0, int Vl)
 {
     char what[128], dims[80];
     snprintf(dims, sizeof dims, "N=%d T=%d C=%d V=%d rows [%d,%d)", N, T, C, V, v0, v0 + Vl);
-    int32_t *tok = malloc((size_t)N * sizeof *tok), *dtok = NULL;
+    int32_t *tok = malloc((size_t)N * sizeof *tok), *dtok = NULL, *dpos = NULL;
+    int32_t *dp = malloc((size_t)N * sizeof *dp);
     tp_t wte, wpe, out, dout, dwte, dwpe;
     memset(&wte, 0, sizeof wte), wpe = out = dout = dwte = dwpe = wte;
-    if (!tok) {
+    if (!tok || !dp) {
+        free(tok);
+        free(dp);
         s->oom = 1;
         return;
     }
     for (int n = 0; n < N; n++)
         tok[n] = (int32_t)(frand(s, 0, 1) * (float)V) % V;
-    if (!(dtok = ints_dev(s, tok, (size_t)N)) || tp_new(s, &wte, (size_t)Vl * C, -1, 1) ||
-        tp_new(s, &wpe, (size_t)T * C, -1, 1) || tp_new(s, &out, (size_t)N * C, 0, 0) ||
+    doc_positions(dp, (size_t)N, T);
+    if (!(dtok = ints_dev(s, tok, (size_t)N)) || !(dpos = ints_dev(s, dp, (size_t)N)) ||
+        tp_new(s, &wte, (size_t)Vl * C, -1, 1) || tp_new(s, &wpe, (size_t)T * C, -1, 1) || tp_new(s, &out, (size_t)N * C, 0, 0) ||
         tp_new(s, &dout, (size_t)N * C, -1, 1) || tp_new(s, &dwte, (size_t)Vl * C, -1, 1) ||
         tp_new(s, &dwpe, (size_t)T * C, -1, 1))
         goto out;
-    for (int pos = 0; pos < 2; pos++) {
-        s->cpu->embedding_fwd(out.h, tok, wte.h, pos ? wpe.h : NULL, N, T, C, v0, Vl);
-        s->gpu->embedding_fwd(out.d, dtok, wte.d, pos ? wpe.d : NULL, N, T, C, v0, Vl);
-        snprintf(what, sizeof what, "embedding_fwd%s %s", pos ? " +wpe" : "", dims);
+    /* pos: 0 none, 1 wpe by n % T, 2 wpe by document position */
+    for (int pos = 0; pos < 3; pos++) {
+        const int32_t *hp = pos == 2 ? dp : NULL, *gp = pos == 2 ? dpos : NULL;
+        s->cpu->embedding_fwd(out.h, tok, hp, wte.h, pos ? wpe.h : NULL, N, T, C, v0, Vl);
+        s->gpu->embedding_fwd(out.d, dtok, gp, wte.d, pos ? wpe.d : NULL, N, T, C, v0, Vl);
+        snprintf(what, sizeof what, "embedding_fwd%s %s", pos == 2 ? " +wpe docs" : pos ? " +wpe" : "", dims);
         check(s, what, &out, B_EXACT);
     }
-    for (int accum = 0; accum < 2; accum++) {
-        s->cpu->embedding_bwd(dwte.h, dwpe.h, dout.h, tok, N, T, C, v0, Vl, accum);
-        s->gpu->embedding_bwd(dwte.d, dwpe.d, dout.d, dtok, N, T, C, v0, Vl, accum);
-        snprintf(what, sizeof what, "embedding_bwd dwte accum=%d %s", accum, dims);
+    for (int k = 0; k < 4; k++) {
+        const int accum = k & 1, docs = k >> 1;
+        s->cpu->embedding_bwd(dwte.h, dwpe.h, dout.h, tok, docs ? dp : NULL, N, T, C, v0, Vl, accum);
+        s->gpu->embedding_bwd(dwte.d, dwpe.d, dout.d, dtok, docs ? dpos : NULL, N, T, C, v0, Vl, accum);
+        snprintf(what, sizeof what, "embedding_bwd dwte accum=%d%s %s", accum, docs ? " docs" : "", dims);
         check(s, what, &dwte, B_EXACT);
-        snprintf(what, sizeof what, "embedding_bwd dwpe accum=%d %s", accum, dims);
+        snprintf(what, sizeof what, "embedding_bwd dwpe accum=%d%s %s", accum, docs ? " docs" : "", dims);
         check(s, what, &dwpe, B_EXACT);
     }
 out:
     free(tok);
+    free(dp);
+    if (dpos)
+        s->gpu->free(dpos);
     if (dtok)
         s->gpu->free(dtok);
     tp_free(s, &wte), tp_free(s, &wpe), tp_free(s, &out), tp_free(s, &dout), tp_free(s, &dwte);
@@ -1040,7 +1078,8 @@ int cuda_selftest(const ops_t *gpu, FILE *out, char *err, size_t errlen)
     for (size_t i = 0; i < sizeof nc / sizeof nc[0] && !s.oom; i++)
         t_norms(&s, nc[i][0], nc[i][1]);
     for (size_t i = 0; i < sizeof at / sizeof at[0] && !s.oom; i++)
-        t_attention(&s, at[i][0], at[i][1], at[i][2], at[i][3], at[i][4]);
+        for (int docs = 0; docs < 2 && !s.oom; docs++)
+            t_attention(&s, at[i][0], at[i][1], at[i][2], at[i][3], at[i][4], docs);
     if (!s.oom)
         t_elementwise(&s, 7, 7);
     if (!s.oom)

@@ -9,14 +9,14 @@
 #include <omp.h>
 #endif
 
-double flops_per_token(const model_config_t *c, int T)
+double flops_per_token(const model_config_t *c, double T)
 {
     const double C = c->d_model, HS = model_head_size(c), L = c->n_layer;
     const double QD = c->n_head * HS, KVD = c->n_kv_head * HS, F = c->d_ff, V = c->vocab_size;
     const double mlp = c->arch == ARCH_LLAMA ? 3.0 * C * F : 2.0 * C * F;
     const double per_layer = C * (QD + 2.0 * KVD) + QD * C + mlp;
     const double n_matmul = L * per_layer + V * C;
-    return 6.0 * n_matmul + 12.0 * L * QD * (double)T;
+    return 6.0 * n_matmul + 12.0 * L * QD * T;
 }
 
 /* One probe size: N x N x N, in . w^T as the ops table's forward matmuls

@@ -246,7 +246,7 @@ static void carve_block(const model_t *m, char *base, size_t *cursor, block_acts
  *           core        (selective)
  *           0           (full)
  *   head  = r(N*C) + 2 r(NR) + r(N*Vl) + 2 r(N) + r(2N)  (last stage only)
- *   slot  = r((Ls+1)*NR*C) + Ls*block + head + 2 r(N)
+ *   slot  = r((Ls+1)*NR*C) + Ls*block + head + 2 r(N)  (+ r(N) with doc_mask)
  *   activations = n_slots * slot
  *   workspace   = 3 r(NR*C) + 3 r(N*C) + 2 r(N*big)
  *                 + 0 (none, selective) | core (full)
@@ -290,6 +290,7 @@ static void layout_acts(model_t *m, char *acts, size_t *acts_bytes, char *work, 
         }
         sl->tokens = (int32_t *)carve(acts, &a, N);
         sl->targets = (int32_t *)carve(acts, &a, N);
+        sl->pos = m->lay.doc_mask ? (int32_t *)carve(acts, &a, N) : NULL;
     }
     size_t big = QKV;
     if (FW > big)
@@ -705,11 +706,16 @@ static block_acts_t block_view(const model_t *m, const model_slot_t *sl, int i)
     return a;
 }
 
+/* The document positions of the forward held in sl (backend), or NULL. */
+static const int32_t *slot_pos(const model_slot_t *sl) { return sl->has_pos ? sl->pos : NULL; }
+
 /* Block i's forward from x[NR,C] into the tensors of a, then xout[NR,C].
  * xout == NULL (full recompute in backward) stops after the activation
  * function: what backward needs, without the MLP's output projection and
- * its collective (which every TP rank then skips alike). */
-static void block_fwd(model_t *m, const block_acts_t *a, const float *x, float *xout, int i, int b, int t)
+ * its collective (which every TP rank then skips alike). pos: the slot's
+ * document positions, or NULL. */
+static void block_fwd(model_t *m, const block_acts_t *a, const int32_t *pos, const float *x, float *xout, int i,
+                      int b, int t)
 {
     const ops_t *o = m->ops;
     const model_config_t *c = &m->cfg;
@@ -725,8 +731,8 @@ static void block_fwd(model_t *m, const block_acts_t *a, const float *x, float *
     norm_fwd_gather(m, ln1, a->ln1_mean, a->ln1_rstd, x, w->ln1w, w->ln1b, N, NR);
     mm_fwd(m, a->qkv, ln1, a->ln1_16, w->wqkv, w->bqkv, N, C, qkv_width(m));
     if (c->arch == ARCH_LLAMA)
-        o->rope_fwd(a->qkv, b, t, NH, NKV, HS, c->rope_theta);
-    o->attention_fwd(a->atty, a->lse, a->qkv, b, t, NH, NKV, HS);
+        o->rope_fwd(a->qkv, pos, b, t, NH, NKV, HS, c->rope_theta);
+    o->attention_fwd(a->atty, a->lse, a->qkv, pos, b, t, NH, NKV, HS);
     row_parallel_fwd(m, a->res2, x, a->atty, NULL, w->wo, w->bo, N, NR, QD);
     /* MLP sub-block: xout = res2 + wproj . act(fc(norm2(res2))) */
     norm_fwd_gather(m, ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2w, w->ln2b, N, NR);
@@ -755,10 +761,10 @@ static void embed_fwd(model_t *m, model_slot_t *sl, int b, int t)
     const int N = b * t, NR = res_rows(m, N), C = m->cfg.d_model;
     const float *wpe = m->lay.part.tp_rank == 0 ? m->p.wpe : NULL; /* added once */
     if (m->lay.sequence_parallel) {
-        m->ops->embedding_fwd(m->tmp, sl->tokens, m->p.wte, wpe, N, t, C, m->v0, m->v_held);
+        m->ops->embedding_fwd(m->tmp, sl->tokens, slot_pos(sl), m->p.wte, wpe, N, t, C, m->v0, m->v_held);
         tp_reduce_scatter(m, sl->x, m->tmp, (size_t)NR * C);
     } else {
-        m->ops->embedding_fwd(sl->x, sl->tokens, m->p.wte, wpe, N, t, C, m->v0, m->v_held);
+        m->ops->embedding_fwd(sl->x, sl->tokens, slot_pos(sl), m->p.wte, wpe, N, t, C, m->v0, m->v_held);
         tp_allreduce(m, sl->x, (size_t)N * C, COMM_SUM);
     }
 }
@@ -800,14 +806,22 @@ static float head_fwd(model_t *m, model_slot_t *sl, const int32_t *targets, int 
     return counted ? (float)(sum / counted) : 0.0f;
 }
 
-float model_forward(model_t *m, int slot, const int32_t *tokens, const int32_t *targets, int b, int t,
-                    float dloss)
+float model_forward(model_t *m, int slot, const int32_t *tokens, const int32_t *pos, const int32_t *targets, int b,
+                    int t, float dloss)
 {
     model_slot_t *sl = &m->slots[slot];
     const int N = b * t;
     sl->b = b;
     sl->t = t;
     sl->has_dlogits = 0;
+    sl->has_pos = pos != NULL;
+    if (pos && !sl->pos) {
+        snprintf(m->err, sizeof m->err, "internal error: document positions without a --doc-mask layout");
+        m->failed = 1;
+        return NAN;
+    }
+    if (pos)
+        m->ops->from_host(sl->pos, pos, (size_t)N * sizeof(int32_t));
     double t0 = span_start(m);
     if (m->lay.part.has_embed) {
         m->ops->from_host(sl->tokens, tokens, (size_t)N * sizeof(int32_t));
@@ -820,7 +834,7 @@ float model_forward(model_t *m, int slot, const int32_t *tokens, const int32_t *
             return NAN;
         t0 = span_start(m);
         const block_acts_t a = block_view(m, sl, i);
-        block_fwd(m, &a, sl->x + (size_t)i * nrc, sl->x + (size_t)(i + 1) * nrc, i, b, t);
+        block_fwd(m, &a, slot_pos(sl), sl->x + (size_t)i * nrc, sl->x + (size_t)(i + 1) * nrc, i, b, t);
         span_end(m, "fwd", m->lay.part.layer_begin + i, t0);
     }
     float loss = 0.0f;
@@ -891,7 +905,7 @@ static void block_bwd(model_t *m, model_slot_t *sl, int i, int accum, int last)
     /* recompute what the slot dropped, with the forward's kernels on the
      * forward's inputs: the same bits */
     if (rc == MODEL_RECOMPUTE_FULL)
-        block_fwd(m, a, x, NULL, i, b, t);
+        block_fwd(m, a, slot_pos(sl), x, NULL, i, b, t);
     else if (rc == MODEL_RECOMPUTE_SELECTIVE && gpt)
         o->gelu_fwd(a->fc_act, a->fc, (size_t)N * F);
     else if (rc == MODEL_RECOMPUTE_SELECTIVE)
@@ -913,9 +927,9 @@ static void block_bwd(model_t *m, model_slot_t *sl, int i, int accum, int last)
     norm_bwd_reduce(m, g->ln2w, g->ln2b, a->res2, w->ln2w, a->ln2_mean, a->ln2_rstd, N, NR, accum);
     /* attention: dres becomes dL/dx */
     mm_bwd(m, m->dbig, g->wo, g->bo, dres_all_rows(m, N, NR), a->atty, NULL, w->wo, N, QD, C, 0, accum);
-    o->attention_bwd(m->dbig2, m->dbig, a->qkv, a->atty, a->lse, b, t, NH, NKV, HS);
+    o->attention_bwd(m->dbig2, m->dbig, a->qkv, a->atty, a->lse, slot_pos(sl), b, t, NH, NKV, HS);
     if (!gpt)
-        o->rope_bwd(m->dbig2, b, t, NH, NKV, HS, c->rope_theta);
+        o->rope_bwd(m->dbig2, slot_pos(sl), b, t, NH, NKV, HS, c->rope_theta);
     mm_bwd(m, m->dln, g->wqkv, g->bqkv, m->dbig2, a->ln1, a->ln1_16, w->wqkv, N, C, qkv_width(m), 0, accum);
     norm_bwd_reduce(m, g->ln1w, g->ln1b, x, w->ln1w, a->ln1_mean, a->ln1_rstd, N, NR, accum);
     norm_grads_reduce(m, g->ln1w, g->ln1b, last);
@@ -974,8 +988,8 @@ int model_backward(model_t *m, int slot, int accum, int last)
         t0 = span_start(m);
         if (gpt && !accum)
             o->zero(m->g.wpe, (size_t)c->max_seq * C * sizeof(float));
-        o->embedding_bwd(m->g.wte, m->g.wpe, dres_all_rows(m, N, NR), sl->tokens, N, t, C, m->v0, m->v_held,
-                         wte_has_head ? 1 : accum);
+        o->embedding_bwd(m->g.wte, m->g.wpe, dres_all_rows(m, N, NR), sl->tokens, slot_pos(sl), N, t, C, m->v0,
+                         m->v_held, wte_has_head ? 1 : accum);
         span_end(m, "bwd embed", -1, t0);
         if (m->grads_ready && !m->failed)
             m->grads_ready(m->grads_ready_ctx, 0);

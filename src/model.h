@@ -87,6 +87,8 @@ typedef struct model_slot {
     float *losses;      /* [N] */
     float *xmax, *xstats; /* [N], [N,2]: cross-entropy max and {sumexp, target logit} */
     int32_t *tokens, *targets; /* [N] backend copies of the batch */
+    int32_t *pos;       /* [N] document positions (lay.doc_mask; else NULL) */
+    int has_pos;        /* the forward held here was given positions: its backward uses them too */
 } model_slot_t;
 
 /* Where this rank sits: its TP group and its pipeline stage. */
@@ -107,6 +109,9 @@ typedef struct model_layout {
      * gathered parameters. */
     int lent_block_params;
     model_recompute_t recompute; /* what the slots keep of each block */
+    /* --doc-mask: forwards may be given document positions (src/docmask.h),
+     * kept per slot for the backward and for recomputation */
+    int doc_mask;
     /* --dtype bf16: every matmul (the blocks' four and the head) rounds its
      * operands to bf16 and sums in fp32 (ops matmul_*_bf16); parameters,
      * gradients, optimizer state, activations and every other op stay fp32,
@@ -214,15 +219,18 @@ void model_params_written(model_t *m);
 
 /* Forward of one microbatch of b x t tokens into activation slot `slot`.
  * tokens (host, [b*t]) are read by the first stage; other stages read their
- * input from model_stage_input(). On the last stage with targets != NULL
+ * input from model_stage_input(). pos (host, [b*t]): the tokens' document
+ * positions (src/docmask.h), which every stage needs (attention masks,
+ * RoPE and learned positions restart at each document); NULL: one document
+ * per row, as without --doc-mask. Positions need lay.doc_mask. On the last stage with targets != NULL
  * it returns the mean loss over the counted targets (>= 0), and with
  * dloss > 0 leaves the gradient of dloss * mean loss w.r.t. the logits for
  * model_backward. Elsewhere it returns 0 (and the output is in
  * model_stage_output()). Collective over the TP group; NAN with m->failed
  * set if a collective failed. With sequence parallelism b*t must be a
  * multiple of the TP size. */
-float model_forward(model_t *m, int slot, const int32_t *tokens, const int32_t *targets, int b, int t,
-                    float dloss);
+float model_forward(model_t *m, int slot, const int32_t *tokens, const int32_t *pos, const int32_t *targets, int b,
+                    int t, float dloss);
 
 /* Backward of the forward held in `slot`. Last stage: from its dlogits;
  * other stages: from dL/d(output) the caller put in model_stage_grad().

@@ -19,6 +19,14 @@
  *    streams between calls); they may use threads of their own inside.
  *  - Preconditions the ops do not check (the model and loader guarantee
  *    them): NH % NKV == 0; token ids < V; targets < V or < 0 (ignored).
+ *  - Document positions (--doc-mask, src/docmask.h): pos[B*T] int32 in
+ *    the backend's memory gives each token's position within its
+ *    document, which starts at pos = 0 and counts up by one to the next
+ *    document's start: pos[bT] = 0 and pos[bT+t] is 0 or pos[bT+t-1] + 1.
+ *    Token t's document thus starts at t - pos[bT+t]. RoPE, the position
+ *    embedding and attention's mask read it; NULL means one document per
+ *    row (pos = n % T), and then the ops give exactly the bits they gave
+ *    before documents existed.
  */
 #ifndef DTRAIN_OPS_H
 #define DTRAIN_OPS_H
@@ -117,25 +125,29 @@ typedef struct ops {
 
     /* Rotary position embedding, in place on the q and k parts of qkv
      * (v untouched). Pairs are (2i, 2i+1) within a head (the interleaved
-     * "GPT-J / Meta Llama" convention); position of row n is n % T;
-     * angle = pos * theta^(-2i/HS). rope_bwd applies the inverse rotation
-     * to the gradient, in place. */
-    void (*rope_fwd)(float *qkv, int B, int T, int NH, int NKV, int HS, float theta);
-    void (*rope_bwd)(float *dqkv, int B, int T, int NH, int NKV, int HS, float theta);
+     * "GPT-J / Meta Llama" convention); position of row n is pos[n], or
+     * n % T when pos is NULL (see "Document positions" below);
+     * angle = position * theta^(-2i/HS). rope_bwd applies the inverse
+     * rotation to the gradient, in place. */
+    void (*rope_fwd)(float *qkv, const int32_t *pos, int B, int T, int NH, int NKV, int HS, float theta);
+    void (*rope_bwd)(float *dqkv, const int32_t *pos, int B, int T, int NH, int NKV, int HS, float theta);
 
     /* Causal self-attention, scale 1/sqrt(HS), flash-attention style: the
      * T x T probabilities are never stored. out[N, NH*HS]; lse[B,NH,T]
      * receives each query row's log-sum-exp of its scaled scores (natural
      * log; row t of head h of batch row b at lse[(b*NH + h)*T + t]), the
-     * one thing backward keeps besides qkv. */
-    void (*attention_fwd)(float *out, float *lse, const float *qkv,
+     * one thing backward keeps besides qkv. pos NULL: query t sees keys
+     * 0..t of its row. pos[B*T] (document masking): query t sees keys
+     * t - pos[bT+t] .. t, those of its own document; tiles with no such
+     * pair are skipped, not computed and masked. */
+    void (*attention_fwd)(float *out, float *lse, const float *qkv, const int32_t *pos,
                           int B, int T, int NH, int NKV, int HS);
     /* dqkv[N,(NH+2NKV)*HS] is written (not accumulated). The probabilities
      * are recomputed blockwise from qkv and lse: P = exp(scale q.k - lse).
      * out is the forward's output, for D = rowsum(dout o out) (which equals
-     * rowsum(dP o P)). */
+     * rowsum(dP o P)); pos as in the forward. */
     void (*attention_bwd)(float *dqkv, const float *dout, const float *qkv,
-                          const float *out, const float *lse,
+                          const float *out, const float *lse, const int32_t *pos,
                           int B, int T, int NH, int NKV, int HS);
 
     /* GELU, tanh approximation (GPT-2). out/din are written. */
@@ -152,15 +164,16 @@ typedef struct ops {
     /* Vocabulary-parallel embedding: this rank holds rows [v0, v0+Vl) of the
      * token embedding in wte[Vl, C].
      * out[N,C] = wte[tok[n] - v0, :] for tokens held, else 0
-     *            (+ wpe[n % T, :] when wpe != NULL) */
-    void (*embedding_fwd)(float *out, const int32_t *tok, const float *wte,
+     *            (+ wpe[p(n), :] when wpe != NULL)
+     * where p(n) = pos[n], or n % T when pos is NULL. */
+    void (*embedding_fwd)(float *out, const int32_t *tok, const int32_t *pos, const float *wte,
                           const float *wpe, int N, int T, int C, int v0, int Vl);
-    /* dwte[tok[n] - v0, :] += dout[n, :] for tokens held; dwpe[n % T, :] +=
+    /* dwte[tok[n] - v0, :] += dout[n, :] for tokens held; dwpe[p(n), :] +=
      * dout[n, :]. With accum = 0 all Vl rows of dwte and the first T rows of
      * dwpe are first set to zero (rows of dwpe beyond T are the caller's).
      * dwpe may be NULL. Deterministic: no atomics, no order dependence. */
-    void (*embedding_bwd)(float *dwte, float *dwpe, const float *dout,
-                          const int32_t *tok, int N, int T, int C, int v0, int Vl, int accum);
+    void (*embedding_bwd)(float *dwte, float *dwpe, const float *dout, const int32_t *tok,
+                          const int32_t *pos, int N, int T, int C, int v0, int Vl, int accum);
 
     /* Softmax cross-entropy over a vocabulary split across a group: this
      * rank holds logical columns [v0, v0+Vl) as the first Vl columns of

@@ -341,12 +341,29 @@ static void rmsnorm_bwd(float *din, float *dw, const float *dout, const float *x
 /* Rotates pair i of every q and k head of each row of qkv[B*T, (NH+2NKV)*HS]
  * by +angle (dir = 1, forward) or -angle (dir = -1, gradient). The q and k
  * heads are contiguous at the start of the row, so they are one run of
- * NH+NKV heads. Parallel over positions: one cos/sin per (position, pair),
- * shared by the B rows and all heads at that position. */
-static void rope_apply(float *qkv, int B, int T, int NH, int NKV, int HS, float theta,
+ * NH+NKV heads. Without pos parallel over positions: one cos/sin per
+ * (position, pair), shared by the B rows and all heads at that position;
+ * with pos (document positions) parallel over rows, one cos/sin per (row,
+ * pair): the same angles for the same positions, so the same bits. */
+static void rope_apply(float *qkv, const int32_t *pos, int B, int T, int NH, int NKV, int HS, float theta,
                        float dir)
 {
     const int R = (NH + 2 * NKV) * HS, nqk = NH + NKV;
+    if (pos) {
+#pragma omp parallel for schedule(static)
+        for (int n = 0; n < B * T; n++) {
+            float *row = qkv + (size_t)n * R;
+            for (int i = 0; i < HS / 2; i++) {
+                float a = dt_rope_angle(pos[n], i, HS, theta);
+                float c = cosf(a), s = dir * sinf(a);
+                for (int h = 0; h < nqk; h++) {
+                    float *p = row + h * HS + 2 * i;
+                    dt_rope_rotate(p, p + 1, c, s);
+                }
+            }
+        }
+        return;
+    }
 #pragma omp parallel for schedule(static)
     for (int t = 0; t < T; t++) {
         for (int i = 0; i < HS / 2; i++) {
@@ -363,14 +380,14 @@ static void rope_apply(float *qkv, int B, int T, int NH, int NKV, int HS, float 
     }
 }
 
-static void rope_fwd(float *qkv, int B, int T, int NH, int NKV, int HS, float theta)
+static void rope_fwd(float *qkv, const int32_t *pos, int B, int T, int NH, int NKV, int HS, float theta)
 {
-    rope_apply(qkv, B, T, NH, NKV, HS, theta, 1.0f);
+    rope_apply(qkv, pos, B, T, NH, NKV, HS, theta, 1.0f);
 }
 
-static void rope_bwd(float *dqkv, int B, int T, int NH, int NKV, int HS, float theta)
+static void rope_bwd(float *dqkv, const int32_t *pos, int B, int T, int NH, int NKV, int HS, float theta)
 {
-    rope_apply(dqkv, B, T, NH, NKV, HS, theta, -1.0f);
+    rope_apply(dqkv, pos, B, T, NH, NKV, HS, theta, -1.0f);
 }
 
 /* ---- attention ---------------------------------------------------------------- */
@@ -383,26 +400,49 @@ static void rope_bwd(float *dqkv, int B, int T, int NH, int NKV, int HS, float t
  * the forward is also how P is formed, so both passes use the same P bits.
  * Tiles are allocated per task (ATT_ROW_BLOCK x T floats, 256 KiB at T =
  * 1024); without memory for one the outputs become NaN, which the training
- * loop's non-finite loss check turns into an error. */
+ * loop's non-finite loss check turns into an error.
+ *
+ * Documents (pos != NULL): a block's keys start at k0, the first key of
+ * the document of its first row (document starts never decrease along a
+ * row), instead of 0: the GEMMs skip every key before it, which is where
+ * masking saves time (the keys of earlier documents). Row t's keys are
+ * then columns t - pos[t] - k0 .. t - k0 of the tile; the others become
+ * 0. Without pos, k0 = 0 and row t's keys are 0..t: the causal case. */
+
+/* First key of query block r0's tile: 0, or the start of row r0's document. */
+static int att_k0(const int32_t *pos, int r0) { return pos ? r0 - pos[r0] : 0; }
+
+/* Tile columns lo..hi of query row t (keys k0 + lo .. k0 + hi). */
+static void att_cols(const int32_t *pos, int t, int k0, int *lo, int *hi)
+{
+    *lo = pos ? t - pos[t] - k0 : 0;
+    *hi = t - k0;
+}
 
 /* Rows r0..r1-1 of a tile (row t at P + (t - r0) * T) hold scaled scores
- * of keys 0..t: P = exp(s - lse) with lse[t] = max + log(sum exp(s - max));
- * columns t+1..r1-1 become 0 (the block's GEMMs read up to r1). */
-static void causal_probs_rows(float *P, float *lse, int T, int r0, int r1)
+ * of keys k0..r1-1; row t's own keys are its columns lo..hi (att_cols):
+ * P = exp(s - lse) with lse[t] = max + log(sum exp(s - max)) over them;
+ * the row's other columns up to r1 - k0 become 0 (the block's GEMMs read
+ * them). */
+static void causal_probs_rows(float *P, float *lse, const int32_t *pos, int T, int r0, int r1, int k0)
 {
     for (int t = r0; t < r1; t++) {
         float *row = P + (size_t)(t - r0) * T;
-        float mx = row_max(row, t + 1);
+        int lo, hi;
+        att_cols(pos, t, k0, &lo, &hi);
+        for (int j = 0; j < lo; j++)
+            row[j] = 0.0f;
+        float mx = row_max(row + lo, hi + 1 - lo);
         float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-        for (int j = 0; j <= t; j++)
+        for (int j = lo; j <= hi; j++)
             sum += dt_expf(row[j] - mx);
         float l = mx + logf(sum);
         lse[t] = l;
 #pragma omp simd
-        for (int j = 0; j <= t; j++)
+        for (int j = lo; j <= hi; j++)
             row[j] = dt_expf(row[j] - l);
-        for (int j = t + 1; j < r1; j++)
+        for (int j = hi + 1; j < r1 - k0; j++)
             row[j] = 0.0f;
     }
 }
@@ -413,11 +453,11 @@ static void fill_nan(float *x, size_t n)
         x[i] = NAN;
 }
 
-/* out[B*T, NH*HS]; lse[B, NH, T]; qkv[B*T, (NH+2NKV)*HS].
- * Per (b, h), per query block: S = Q K^T / sqrt(HS) over keys up to the
+/* out[B*T, NH*HS]; lse[B, NH, T]; qkv[B*T, (NH+2NKV)*HS]; pos[B*T] or NULL.
+ * Per (b, h), per query block: S = Q K^T / sqrt(HS) over keys k0 up to the
  * block's last row, P = exp(S - lse), O = P V; Q, K, V are strided views of
  * qkv (row stride R). */
-static void attention_fwd(float *out, float *lse, const float *qkv,
+static void attention_fwd(float *out, float *lse, const float *qkv, const int32_t *pos,
                           int B, int T, int NH, int NKV, int HS)
 {
     const int R = (NH + 2 * NKV) * HS, OC = NH * HS, grp = NH / NKV;
@@ -430,18 +470,19 @@ static void attention_fwd(float *out, float *lse, const float *qkv,
         const float *q = base + h * HS, *k = base + (NH + kh) * HS,
                     *v = base + (NH + NKV + kh) * HS;
         float *o = out + (size_t)b * T * OC + h * HS, *l = lse + (size_t)bh * T;
+        const int32_t *ps = pos ? pos + (size_t)b * T : NULL;
         float *P = malloc((size_t)imin(T, ATT_ROW_BLOCK) * T * sizeof(float));
         if (!P) {
             failed = 1;
             continue;
         }
         for (int r0 = 0; r0 < T; r0 += ATT_ROW_BLOCK) {
-            int r1 = imin(T, r0 + ATT_ROW_BLOCK), M = r1 - r0;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, r1, HS,
-                        scale, q + (size_t)r0 * R, R, k, R, 0.0f, P, T);
-            causal_probs_rows(P, l, T, r0, r1);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, HS, r1,
-                        1.0f, P, T, v, R, 0.0f, o + (size_t)r0 * OC, OC);
+            int r1 = imin(T, r0 + ATT_ROW_BLOCK), M = r1 - r0, k0 = att_k0(ps, r0), nk = r1 - k0;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, nk, HS,
+                        scale, q + (size_t)r0 * R, R, k + (size_t)k0 * R, R, 0.0f, P, T);
+            causal_probs_rows(P, l, ps, T, r0, r1, k0);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, HS, nk,
+                        1.0f, P, T, v + (size_t)k0 * R, R, 0.0f, o + (size_t)r0 * OC, OC);
         }
         free(P);
     }
@@ -451,13 +492,37 @@ static void attention_fwd(float *out, float *lse, const float *qkv,
     }
 }
 
+/* One query row t of the backward's tiles: p holds its scaled scores, d
+ * its dP = dO V^T, over the tile's nk columns (keys k0..): P = exp(s -
+ * lse_t) and dS = P o (dP - D) on its own keys (att_cols), 0 elsewhere. */
+static void att_grad_row(float *p, float *d, const float *o, const float *dout, float lt, const int32_t *pos, int t,
+                         int k0, int nk, int HS)
+{
+    int lo, hi;
+    att_cols(pos, t, k0, &lo, &hi);
+    float D = 0.0f;
+#pragma omp simd reduction(+ : D)
+    for (int e = 0; e < HS; e++)
+        D += dout[e] * o[e];
+    for (int j = 0; j < lo; j++)
+        p[j] = d[j] = 0.0f;
+#pragma omp simd
+    for (int j = lo; j <= hi; j++) {
+        p[j] = dt_expf(p[j] - lt);
+        d[j] = dt_softmax_grad(p[j], d[j], D);
+    }
+    for (int j = hi + 1; j < nk; j++)
+        p[j] = d[j] = 0.0f;
+}
+
 /* dqkv[B*T, R] written. Parallel over (b, kv head): the query heads sharing
  * a KV head run on one task, so dK and dV are accumulated race-free. Per
  * query block, in two tiles [ATT_ROW_BLOCK, T]:
  *   P = exp(Q K^T scale - lse);  dP = dO V^T;  D = rowsum(dO o O);
- *   dS = P o (dP - D);  dQ = dS K scale;  dK += dS^T Q scale;  dV += P^T dO. */
+ *   dS = P o (dP - D);  dQ = dS K scale;  dK += dS^T Q scale;  dV += P^T dO.
+ * over the block's keys k0..r1-1, as in the forward. */
 static void attention_bwd(float *dqkv, const float *dout, const float *qkv,
-                          const float *out, const float *lse,
+                          const float *out, const float *lse, const int32_t *pos,
                           int B, int T, int NH, int NKV, int HS)
 {
     const int R = (NH + 2 * NKV) * HS, OC = NH * HS, grp = NH / NKV;
@@ -470,6 +535,7 @@ static void attention_bwd(float *dqkv, const float *dout, const float *qkv,
         const float *k = base + (NH + kh) * HS, *v = base + (NH + NKV + kh) * HS;
         float *dbase = dqkv + (size_t)b * T * R;
         float *dk = dbase + (NH + kh) * HS, *dv = dbase + (NH + NKV + kh) * HS;
+        const int32_t *ps = pos ? pos + (size_t)b * T : NULL;
         const size_t tile = (size_t)imin(T, ATT_ROW_BLOCK) * T;
         float *P = malloc(2 * tile * sizeof(float)), *dS = P + tile;
         if (!P) {
@@ -485,33 +551,21 @@ static void attention_bwd(float *dqkv, const float *dout, const float *qkv,
             const float *dO = dout + (size_t)b * T * OC + h * HS, *O = out + (size_t)b * T * OC + h * HS;
             float *dq = dbase + h * HS;
             for (int r0 = 0; r0 < T; r0 += ATT_ROW_BLOCK) {
-                int r1 = imin(T, r0 + ATT_ROW_BLOCK), M = r1 - r0;
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, r1, HS,
-                            scale, q + (size_t)r0 * R, R, k, R, 0.0f, P, T);
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, r1, HS,
-                            1.0f, dO + (size_t)r0 * OC, OC, v, R, 0.0f, dS, T);
-                for (int t = r0; t < r1; t++) {
-                    float *p = P + (size_t)(t - r0) * T, *d = dS + (size_t)(t - r0) * T;
-                    const float *dot_o = O + (size_t)t * OC, *dot_d = dO + (size_t)t * OC;
-                    const float lt = l[t];
-                    float D = 0.0f;
-#pragma omp simd reduction(+ : D)
-                    for (int e = 0; e < HS; e++)
-                        D += dot_d[e] * dot_o[e];
-#pragma omp simd
-                    for (int j = 0; j <= t; j++) {
-                        p[j] = dt_expf(p[j] - lt);
-                        d[j] = dt_softmax_grad(p[j], d[j], D);
-                    }
-                    for (int j = t + 1; j < r1; j++)
-                        p[j] = d[j] = 0.0f;
-                }
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, HS, r1,
-                            scale, dS, T, k, R, 0.0f, dq + (size_t)r0 * R, R);
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1, HS, M,
-                            scale, dS, T, q + (size_t)r0 * R, R, 1.0f, dk, R);
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1, HS, M,
-                            1.0f, P, T, dO + (size_t)r0 * OC, OC, 1.0f, dv, R);
+                int r1 = imin(T, r0 + ATT_ROW_BLOCK), M = r1 - r0, k0 = att_k0(ps, r0), nk = r1 - k0;
+                const float *kb = k + (size_t)k0 * R, *vb = v + (size_t)k0 * R;
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, nk, HS,
+                            scale, q + (size_t)r0 * R, R, kb, R, 0.0f, P, T);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, nk, HS,
+                            1.0f, dO + (size_t)r0 * OC, OC, vb, R, 0.0f, dS, T);
+                for (int t = r0; t < r1; t++)
+                    att_grad_row(P + (size_t)(t - r0) * T, dS + (size_t)(t - r0) * T, O + (size_t)t * OC,
+                                 dO + (size_t)t * OC, l[t], ps, t, k0, nk, HS);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, HS, nk,
+                            scale, dS, T, kb, R, 0.0f, dq + (size_t)r0 * R, R);
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, HS, M,
+                            scale, dS, T, q + (size_t)r0 * R, R, 1.0f, dk + (size_t)k0 * R, R);
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, HS, M,
+                            1.0f, P, T, dO + (size_t)r0 * OC, OC, 1.0f, dv + (size_t)k0 * R, R);
             }
         }
         free(P);
@@ -570,16 +624,19 @@ static void add(float *out, const float *a, const float *b, size_t n)
 
 /* ---- embedding --------------------------------------------------------------------- */
 
+/* The position row of token n: its document position, or n % T. */
+static int emb_pos(const int32_t *pos, int n, int T) { return pos ? pos[n] : n % T; }
+
 /* out[N,C] = wte[tok[n] - v0] for tokens this rank holds ([v0, v0+Vl)), else
- * 0; + wpe[n % T] when wpe != NULL. */
-static void embedding_fwd(float *out, const int32_t *tok, const float *wte,
+ * 0; + wpe[emb_pos(n)] when wpe != NULL. */
+static void embedding_fwd(float *out, const int32_t *tok, const int32_t *pos, const float *wte,
                           const float *wpe, int N, int T, int C, int v0, int Vl)
 {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         float *o = out + (size_t)n * C;
         int r = tok[n] - v0;
-        const float *p = wpe ? wpe + (size_t)(n % T) * C : NULL;
+        const float *p = wpe ? wpe + (size_t)emb_pos(pos, n, T) * C : NULL;
         if (r >= 0 && r < Vl) {
             const float *e = wte + (size_t)r * C;
             if (p)
@@ -599,8 +656,8 @@ static void embedding_fwd(float *out, const int32_t *tok, const float *wte,
  * blocks and walks the tokens in order, so repeated tokens are summed in a
  * fixed order without atomics. With accum = 0 all Vl (and T) rows are
  * cleared first. */
-static void embedding_bwd(float *dwte, float *dwpe, const float *dout,
-                          const int32_t *tok, int N, int T, int C, int v0, int Vl, int accum)
+static void embedding_bwd(float *dwte, float *dwpe, const float *dout, const int32_t *tok,
+                          const int32_t *pos, int N, int T, int C, int v0, int Vl, int accum)
 {
     int nblk = (C + COL_BLOCK - 1) / COL_BLOCK;
 #pragma omp parallel
@@ -628,7 +685,7 @@ static void embedding_bwd(float *dwte, float *dwpe, const float *dout,
                         e[c] += d[c];
                 }
                 if (dwpe) {
-                    float *p = dwpe + (size_t)(n % T) * C + c0;
+                    float *p = dwpe + (size_t)emb_pos(pos, n, T) * C + c0;
                     for (int c = 0; c < nc; c++)
                         p[c] += d[c];
                 }

@@ -345,47 +345,53 @@ static void d_rmsnorm_bwd(float *din, float *dw, const float *dout, const float 
 
 /* ---- rope and attention -------------------------------------------------------- */
 
-typedef struct { float *qkv; int B, T, NH, NKV, HS; float theta; } rope_args_t;
+typedef struct { float *qkv; const int32_t *pos; int B, T, NH, NKV, HS; float theta; } rope_args_t;
 static void r_rope_fwd(const void *a_)
 {
     const rope_args_t *a = a_;
-    q.base->rope_fwd(a->qkv, a->B, a->T, a->NH, a->NKV, a->HS, a->theta);
+    q.base->rope_fwd(a->qkv, a->pos, a->B, a->T, a->NH, a->NKV, a->HS, a->theta);
 }
-static void d_rope_fwd(float *qkv, int B, int T, int NH, int NKV, int HS, float theta)
+static void d_rope_fwd(float *qkv, const int32_t *pos, int B, int T, int NH, int NKV, int HS, float theta)
 {
-    defer(r_rope_fwd, &(rope_args_t){ qkv, B, T, NH, NKV, HS, theta }, sizeof(rope_args_t));
+    defer(r_rope_fwd, &(rope_args_t){ qkv, pos, B, T, NH, NKV, HS, theta }, sizeof(rope_args_t));
 }
 static void r_rope_bwd(const void *a_)
 {
     const rope_args_t *a = a_;
-    q.base->rope_bwd(a->qkv, a->B, a->T, a->NH, a->NKV, a->HS, a->theta);
+    q.base->rope_bwd(a->qkv, a->pos, a->B, a->T, a->NH, a->NKV, a->HS, a->theta);
 }
-static void d_rope_bwd(float *dqkv, int B, int T, int NH, int NKV, int HS, float theta)
+static void d_rope_bwd(float *dqkv, const int32_t *pos, int B, int T, int NH, int NKV, int HS, float theta)
 {
-    defer(r_rope_bwd, &(rope_args_t){ dqkv, B, T, NH, NKV, HS, theta }, sizeof(rope_args_t));
+    defer(r_rope_bwd, &(rope_args_t){ dqkv, pos, B, T, NH, NKV, HS, theta }, sizeof(rope_args_t));
 }
 
-typedef struct { float *out, *lse; const float *qkv; int B, T, NH, NKV, HS; } att_fwd_args_t;
+typedef struct { float *out, *lse; const float *qkv; const int32_t *pos; int B, T, NH, NKV, HS; } att_fwd_args_t;
 static void r_attention_fwd(const void *a_)
 {
     const att_fwd_args_t *a = a_;
-    q.base->attention_fwd(a->out, a->lse, a->qkv, a->B, a->T, a->NH, a->NKV, a->HS);
+    q.base->attention_fwd(a->out, a->lse, a->qkv, a->pos, a->B, a->T, a->NH, a->NKV, a->HS);
 }
-static void d_attention_fwd(float *out, float *lse, const float *qkv, int B, int T, int NH, int NKV, int HS)
+static void d_attention_fwd(float *out, float *lse, const float *qkv, const int32_t *pos, int B, int T, int NH,
+                            int NKV, int HS)
 {
-    defer(r_attention_fwd, &(att_fwd_args_t){ out, lse, qkv, B, T, NH, NKV, HS }, sizeof(att_fwd_args_t));
+    defer(r_attention_fwd, &(att_fwd_args_t){ out, lse, qkv, pos, B, T, NH, NKV, HS }, sizeof(att_fwd_args_t));
 }
 
-typedef struct { float *dqkv; const float *dout, *qkv, *out, *lse; int B, T, NH, NKV, HS; } att_bwd_args_t;
+typedef struct {
+    float *dqkv;
+    const float *dout, *qkv, *out, *lse;
+    const int32_t *pos;
+    int B, T, NH, NKV, HS;
+} att_bwd_args_t;
 static void r_attention_bwd(const void *a_)
 {
     const att_bwd_args_t *a = a_;
-    q.base->attention_bwd(a->dqkv, a->dout, a->qkv, a->out, a->lse, a->B, a->T, a->NH, a->NKV, a->HS);
+    q.base->attention_bwd(a->dqkv, a->dout, a->qkv, a->out, a->lse, a->pos, a->B, a->T, a->NH, a->NKV, a->HS);
 }
 static void d_attention_bwd(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
-                            int B, int T, int NH, int NKV, int HS)
+                            const int32_t *pos, int B, int T, int NH, int NKV, int HS)
 {
-    defer(r_attention_bwd, &(att_bwd_args_t){ dqkv, dout, qkv, out, lse, B, T, NH, NKV, HS },
+    defer(r_attention_bwd, &(att_bwd_args_t){ dqkv, dout, qkv, out, lse, pos, B, T, NH, NKV, HS },
           sizeof(att_bwd_args_t));
 }
 
@@ -448,33 +454,38 @@ static void d_add(float *out, const float *a, const float *b, size_t n)
 
 /* ---- embedding and cross-entropy ------------------------------------------------ */
 
-typedef struct { float *out; const int32_t *tok; const float *wte, *wpe; int N, T, C, v0, Vl; } emb_fwd_args_t;
+typedef struct {
+    float *out;
+    const int32_t *tok, *pos;
+    const float *wte, *wpe;
+    int N, T, C, v0, Vl;
+} emb_fwd_args_t;
 static void r_embedding_fwd(const void *a_)
 {
     const emb_fwd_args_t *a = a_;
-    q.base->embedding_fwd(a->out, a->tok, a->wte, a->wpe, a->N, a->T, a->C, a->v0, a->Vl);
+    q.base->embedding_fwd(a->out, a->tok, a->pos, a->wte, a->wpe, a->N, a->T, a->C, a->v0, a->Vl);
 }
-static void d_embedding_fwd(float *out, const int32_t *tok, const float *wte, const float *wpe, int N, int T, int C,
-                            int v0, int Vl)
+static void d_embedding_fwd(float *out, const int32_t *tok, const int32_t *pos, const float *wte, const float *wpe,
+                            int N, int T, int C, int v0, int Vl)
 {
-    defer(r_embedding_fwd, &(emb_fwd_args_t){ out, tok, wte, wpe, N, T, C, v0, Vl }, sizeof(emb_fwd_args_t));
+    defer(r_embedding_fwd, &(emb_fwd_args_t){ out, tok, pos, wte, wpe, N, T, C, v0, Vl }, sizeof(emb_fwd_args_t));
 }
 
 typedef struct {
     float *dwte, *dwpe;
     const float *dout;
-    const int32_t *tok;
+    const int32_t *tok, *pos;
     int N, T, C, v0, Vl, accum;
 } emb_bwd_args_t;
 static void r_embedding_bwd(const void *a_)
 {
     const emb_bwd_args_t *a = a_;
-    q.base->embedding_bwd(a->dwte, a->dwpe, a->dout, a->tok, a->N, a->T, a->C, a->v0, a->Vl, a->accum);
+    q.base->embedding_bwd(a->dwte, a->dwpe, a->dout, a->tok, a->pos, a->N, a->T, a->C, a->v0, a->Vl, a->accum);
 }
-static void d_embedding_bwd(float *dwte, float *dwpe, const float *dout, const int32_t *tok, int N, int T, int C,
-                            int v0, int Vl, int accum)
+static void d_embedding_bwd(float *dwte, float *dwpe, const float *dout, const int32_t *tok, const int32_t *pos,
+                            int N, int T, int C, int v0, int Vl, int accum)
 {
-    defer(r_embedding_bwd, &(emb_bwd_args_t){ dwte, dwpe, dout, tok, N, T, C, v0, Vl, accum },
+    defer(r_embedding_bwd, &(emb_bwd_args_t){ dwte, dwpe, dout, tok, pos, N, T, C, v0, Vl, accum },
           sizeof(emb_bwd_args_t));
 }
 

@@ -90,6 +90,7 @@ static const opt_def_t opt_defs[] = {
     {"data-format", OPT_STR, F(data_format), S(data_format), "llmc", 0, 0, format_choices, "token file format: llmc (headered shards) | raw-u16 (nanoGPT .bin)"},
     {"val-every", OPT_INT, F(val_every), 0, "100", 0, INT_MAX, NULL, "validate every N steps and at the end (0 = never)"},
     {"val-batches", OPT_INT, F(val_batches), 0, "16", 1, INT_MAX, NULL, "microbatches of validation data per evaluation"},
+    {"doc-mask", OPT_FLAG, F(doc_mask), 0, "0", 0, 1, NULL, "document masking: attention never crosses a document boundary and positions (learned or RoPE) restart at each document; the boundaries are the doc_start / doc_end tokens the data's tokenizer sidecar names (data without them is an error)"},
     {"metrics", OPT_STR, F(metrics), S(metrics), "", 0, 0, NULL, "write one JSON object per step to FILE"},
     {"ckpt-dir", OPT_STR, F(ckpt_dir), S(ckpt_dir), "", 0, 0, NULL, "write checkpoints (HDF5, any layout loads them) into DIR, created with its parents if missing"},
     {"ckpt-every", OPT_INT, F(ckpt_every), 0, "0", 0, INT_MAX, NULL, "checkpoint every N steps (0 = only at the end); needs --ckpt-dir"},

@@ -39,6 +39,7 @@ typedef struct run_options {
     /* data */
     char data[OPT_PATH_MAX], val_data[OPT_PATH_MAX], data_format[16];
     int val_every, val_batches;
+    int doc_mask;      /* --doc-mask: attention within documents (src/docmask.h) */
     /* output */
     char metrics[OPT_PATH_MAX];
     char trace[OPT_PATH_MAX];

@@ -15,6 +15,7 @@
 #endif
 #include "src/backend.h"
 #include "mpi/clock.h"
+#include "src/docmask.h"
 #include "src/flops.h"
 #include "src/fsutil.h"
 #include "src/mem.h"
@@ -598,6 +599,25 @@ static int encode_prompt(trainer_t *tr, char *err, size_t errlen)
     return 0;
 }
 
+/* --doc-mask: the document boundary tokens the training data's sidecar
+ * names (validation data is split by the same tokens). Data that records
+ * none cannot be masked: an error rather than a mask that does nothing. */
+static int setup_doc_mask(trainer_t *tr, const tok_sidecar_t *sc, char *err, size_t errlen)
+{
+    tr->doc_start = tr->doc_end = -1;
+    if (!tr->opt->doc_mask)
+        return 0;
+    if (!sc || (sc->doc_start == TOK_NO_ID && sc->doc_end == TOK_NO_ID)) {
+        snprintf(err, errlen, "--doc-mask: data %s records no document boundary (%s): prepare it with a tokenizer "
+                 "that has a document start or end token, or drop --doc-mask", tr->opt->data,
+                 sc ? "its tokenizer sidecar names no doc_start or doc_end token" : "it has no tokenizer sidecar");
+        return -1;
+    }
+    tr->doc_start = sc->doc_start == TOK_NO_ID ? -1 : sc->doc_start;
+    tr->doc_end = sc->doc_end == TOK_NO_ID ? -1 : sc->doc_end;
+    return 0;
+}
+
 /* Before any data is read: the data's sidecars (training and validation)
  * against the model's vocabulary, the sample's tokenizer and prompt. The
  * same files and options on every rank give the same outcome on each. */
@@ -610,7 +630,8 @@ static int setup_tokenizer(trainer_t *tr, char *err, size_t errlen)
     int has = check_data_sidecar(o->data, vocab, &sc, path, sizeof path, err, errlen);
     if (has < 0 ||
         (o->val_every > 0 && check_data_sidecar(o->val_data, vocab, &vsc, vpath, sizeof vpath, err, errlen) < 0) ||
-        open_tokenizer(tr, has ? &sc : NULL, path, err, errlen) != 0)
+        open_tokenizer(tr, has ? &sc : NULL, path, err, errlen) != 0 ||
+        setup_doc_mask(tr, has ? &sc : NULL, err, errlen) != 0)
         return -1;
     if (tr->tokenizer || has) {
         snprintf(tr->data_tokenizer, sizeof tr->data_tokenizer, "%s", tr->tokenizer ? tr->tokenizer->spec : sc.spec);
@@ -678,6 +699,7 @@ int trainer_setup(trainer_t *tr, const run_options_t *o, const launch_env_t *env
     lay.part.has_embed = grid->pp_rank == 0;
     lay.part.has_head = grid->pp_rank == grid->pp_size - 1;
     lay.sequence_parallel = o->sequence_parallel;
+    lay.doc_mask = o->doc_mask;
     lay.n_slots = pipe_slots(tr->pp_kind, grid->pp_size, grid->pp_rank, tr->accum);
     tr->zero_stage = options_zero_stage(o);
     lay.lent_block_grads = tr->zero_stage >= 2;
@@ -759,7 +781,8 @@ int trainer_setup(trainer_t *tr, const run_options_t *o, const launch_env_t *env
     size_t n = (size_t)o->micro_batch * (size_t)o->seq_len;
     tr->tok = malloc(n * sizeof *tr->tok);
     tr->tgt = malloc(n * sizeof *tr->tgt);
-    if (!tr->tok || !tr->tgt) {
+    tr->pos = o->doc_mask ? malloc(n * sizeof *tr->pos) : NULL;
+    if (!tr->tok || !tr->tgt || (o->doc_mask && !tr->pos)) {
         snprintf(err, errlen, "out of memory for the batch");
         return -1;
     }
@@ -891,6 +914,17 @@ void trainer_banner(const trainer_t *tr, FILE *out)
  * training schedule's messages are pipe_run's own. */
 #define TAG_EVAL 7001
 
+/* --doc-mask: the document positions of a b x t batch of tokens (in
+ * tr->pos), which every stage computes from the tokens it draws; NULL
+ * without --doc-mask. */
+static const int32_t *batch_positions(trainer_t *tr, const int32_t *tok, int b, int t)
+{
+    if (!tr->opt->doc_mask)
+        return NULL;
+    docmask_positions(tok, b, t, tr->doc_start, tr->doc_end, tr->pos);
+    return tr->pos;
+}
+
 /* Forward-only pass of one microbatch through the pipeline, in slot 0:
  * stage s receives from s-1, computes, sends to s+1. Returns the loss on
  * the last stage (0 elsewhere); NAN on failure. Collective over PP (and TP). */
@@ -901,7 +935,7 @@ static float pipeline_eval(trainer_t *tr, const int32_t *tok, const int32_t *tgt
     const size_t n = model_stage_floats(m, b, t);
     if (g->pp_rank > 0 && g->pp->ops->recv(g->pp, model_stage_input(m, 0), n, g->pp_rank - 1, TAG_EVAL) != 0)
         return NAN;
-    float loss = model_forward(m, 0, tok, tgt, b, t, 0.0f);
+    float loss = model_forward(m, 0, tok, batch_positions(tr, tok, b, t), tgt, b, t, 0.0f);
     if (m->failed)
         return NAN;
     if (g->pp_rank < g->pp_size - 1 &&
@@ -1133,7 +1167,12 @@ static int stage_forward(void *ctx, int micro, int slot)
      * a pure function of (step, micro, dp rank), so each stage draws it */
     data_batch(&tr->train, tr->cur_step, micro, tr->accum, g->dp_rank, g->dp_size, o->micro_batch, tr->tok, tr->tgt);
     m->trace_micro = micro;
-    float loss = model_forward(m, slot, tr->tok, tr->tgt, o->micro_batch, o->seq_len, 1.0f / (float)tr->accum);
+    const int32_t *pos = batch_positions(tr, tr->tok, o->micro_batch, o->seq_len);
+    if (pos) { /* the attention this step computes, for its MFU */
+        tr->doc_sq += docmask_square_sum(pos, (size_t)o->micro_batch * o->seq_len);
+        tr->doc_tok += (double)o->micro_batch * o->seq_len;
+    }
+    float loss = model_forward(m, slot, tr->tok, pos, tr->tgt, o->micro_batch, o->seq_len, 1.0f / (float)tr->accum);
     if (m->failed) {
         snprintf(tr->step_err, sizeof tr->step_err, "%s", m->err);
         return -1;
@@ -1294,6 +1333,19 @@ static int stop_requested(trainer_t *tr, int step, char *err, size_t errlen)
     return 0;
 }
 
+/* Model FLOPs per token of the step just run: with --doc-mask the
+ * attention its documents needed (this rank's microbatches: the other
+ * data-parallel ranks' documents differ but not their expected lengths),
+ * else the configuration's. */
+static double step_flops_token(trainer_t *tr)
+{
+    if (!tr->opt->doc_mask || tr->doc_tok <= 0)
+        return tr->flops_token;
+    double f = flops_per_token(&tr->cfg, tr->doc_sq / tr->doc_tok);
+    tr->doc_sq = tr->doc_tok = 0.0;
+    return f;
+}
+
 int trainer_run(trainer_t *tr, char *err, size_t errlen)
 {
     const run_options_t *o = tr->opt;
@@ -1400,7 +1452,7 @@ int trainer_run(trainer_t *tr, char *err, size_t errlen)
         /* MFU never exceeds 100 %: a step faster than the peak shows the peak
          * was wrong (a probe disturbed by a neighbour, a --peak-gflops too
          * low), and the peak becomes that step's rate from then on */
-        double rate = tr->flops_token * r.tokens_per_s * 1e-9 / g->world_size;
+        double rate = step_flops_token(tr) * r.tokens_per_s * 1e-9 / g->world_size;
         if (tr->peak_gflops > 0 && rate > tr->peak_gflops) {
             if (rank0 && !tr->peak_rebased)
                 printf("mfu: step %d ran at %.1f GFLOP/s per rank, above the peak of %.1f (%s): that peak is too "
@@ -1475,6 +1527,7 @@ void trainer_teardown(trainer_t *tr)
         fprintf(stderr, "dtrain: warning: closing --metrics %s failed\n", tr->opt->metrics);
     free(tr->tok);
     free(tr->tgt);
+    free(tr->pos);
     free_state(tr);
     ddp_destroy(&tr->ddp);
     free(tr->tensor_start);

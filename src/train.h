@@ -61,6 +61,11 @@ typedef struct trainer {
     trace_t *trace;     /* --trace: this rank's spans */
     watchdog_t *watch;  /* --comm-timeout: marks every blocking call of the grid's groups */
     int32_t *tok, *tgt; /* host batch [B*T] */
+    /* --doc-mask: the batch's document positions [B*T] (src/docmask.h), the
+     * boundary tokens they come from (-1: none), and this step's sum of
+     * squared document lengths over its tokens, for the MFU */
+    int32_t *pos, doc_start, doc_end;
+    double doc_sq, doc_tok;
     /* the sample's tokenizer (--tokenizer; NULL: ids are printed), where
      * it came from (for the banner), and the sample's first tokens: the
      * tokenizer's document start, then the encoded --prompt */

@@ -253,7 +253,7 @@ int main(int argc, char **argv)
     write_bin(outdir, "targets.bin", targets, sizeof *targets, (size_t)N);
 
     /* Evaluation forward: logits stay logits. */
-    float loss = model_forward(&m, 0, tokens, targets, B, T, 0.0f);
+    float loss = model_forward(&m, 0, tokens, NULL, targets, B, T, 0.0f);
     float *logits = xmalloc((size_t)N * (size_t)V * sizeof *logits);
     for (int n = 0; n < N; n++)
         if (model_logits_row(&m, 0, n, logits + (size_t)n * (size_t)V) != 0)
@@ -261,7 +261,7 @@ int main(int argc, char **argv)
     write_bin(outdir, "logits.bin", logits, sizeof *logits, (size_t)N * (size_t)V);
 
     /* Training forward and backward: gradients of the mean loss. */
-    float loss_train = model_forward(&m, 0, tokens, targets, B, T, 1.0f);
+    float loss_train = model_forward(&m, 0, tokens, NULL, targets, B, T, 1.0f);
     if (!isfinite(loss) || !isfinite(loss_train))
         die("non-finite loss (%g, %g)", (double)loss, (double)loss_train);
     if (loss_train != loss)

@@ -403,16 +403,26 @@ typedef struct {
     int B, T, NH, NKV, HS, rope, attn;
     double theta;
     double *qkv, *R, *tmp, *out, *att;
+    const int32_t *pos; /* document positions [B*T], or NULL (one document per row) */
 } at_ctx;
 
-/* pair i of each q and k head turns by pos * theta^(-2i/HS), pos = n % T */
-static void ref_rope(double *qkv, int B, int T, int NH, int NKV, int HS, double theta)
+/* Position of token n: pos[n], or n % T. */
+static int ref_pos(const int32_t *pos, int n, int T) { return pos ? pos[n] : n % T; }
+
+/* Whether query t of row b may see key j: j <= t, in the same document. */
+static int ref_sees(const int32_t *pos, int b, int T, int t, int j)
+{
+    return j <= t && (!pos || j >= t - pos[(size_t)b * T + t]);
+}
+
+/* pair i of each q and k head turns by pos * theta^(-2i/HS), pos = ref_pos */
+static void ref_rope(double *qkv, const int32_t *pos, int B, int T, int NH, int NKV, int HS, double theta)
 {
     int R = (NH + 2 * NKV) * HS;
     for (int n = 0; n < B * T; n++)
         for (int h = 0; h < NH + NKV; h++)
             for (int i = 0; i < HS / 2; i++) {
-                double a = (n % T) * pow(theta, -2.0 * i / HS);
+                double a = ref_pos(pos, n, T) * pow(theta, -2.0 * i / HS);
                 double *p = qkv + (size_t)n * R + h * HS + 2 * i;
                 double x0 = p[0], x1 = p[1];
                 p[0] = x0 * cos(a) - x1 * sin(a);
@@ -420,7 +430,7 @@ static void ref_rope(double *qkv, int B, int T, int NH, int NKV, int HS, double 
             }
 }
 
-static void ref_attention(double *out, double *att, const double *qkv,
+static void ref_attention(double *out, double *att, const double *qkv, const int32_t *pos,
                           int B, int T, int NH, int NKV, int HS)
 {
     int R = (NH + 2 * NKV) * HS;
@@ -434,7 +444,7 @@ static void ref_attention(double *out, double *att, const double *qkv,
                 double mx = -INFINITY;
                 for (int j = 0; j < T; j++) {
                     double s = 0.0;
-                    if (j <= t) {
+                    if (ref_sees(pos, b, T, t, j)) {
                         const double *k = qkv + ((size_t)b * T + j) * R + (NH + kh) * HS;
                         for (int d = 0; d < HS; d++)
                             s += q[d] * k[d];
@@ -445,9 +455,10 @@ static void ref_attention(double *out, double *att, const double *qkv,
                 }
                 double sum = 0.0;
                 for (int j = 0; j <= t; j++)
-                    sum += (P[(size_t)t * T + j] = exp(P[(size_t)t * T + j] - mx));
+                    if (ref_sees(pos, b, T, t, j))
+                        sum += (P[(size_t)t * T + j] = exp(P[(size_t)t * T + j] - mx));
                 for (int j = 0; j < T; j++)
-                    P[(size_t)t * T + j] = j <= t ? P[(size_t)t * T + j] / sum : 0.0;
+                    P[(size_t)t * T + j] = ref_sees(pos, b, T, t, j) ? P[(size_t)t * T + j] / sum : 0.0;
                 double *o = out + ((size_t)b * T + t) * NH * HS + h * HS;
                 for (int d = 0; d < HS; d++) {
                     double s = 0.0;
@@ -467,45 +478,52 @@ static double loss_at(void *p)
     size_t nqkv = (size_t)c->B * c->T * (c->NH + 2 * c->NKV) * c->HS;
     memcpy(c->tmp, c->qkv, nqkv * sizeof(double));
     if (c->rope)
-        ref_rope(c->tmp, c->B, c->T, c->NH, c->NKV, c->HS, c->theta);
+        ref_rope(c->tmp, c->pos, c->B, c->T, c->NH, c->NKV, c->HS, c->theta);
     if (!c->attn)
         return dot(c->tmp, c->R, nqkv);
-    ref_attention(c->out, c->att, c->tmp, c->B, c->T, c->NH, c->NKV, c->HS);
+    ref_attention(c->out, c->att, c->tmp, c->pos, c->B, c->T, c->NH, c->NKV, c->HS);
     return dot(c->out, c->R, (size_t)c->B * c->T * c->NH * c->HS);
 }
 
-static void test_rope(void)
+/* pos: document positions of the B = 2, T = 5 rows, or NULL */
+static void test_rope(const int32_t *pos)
 {
     const int B = 2, T = 5, NH = 4, NKV = 2, HS = 8;
     const float theta = 10000.0f;
+    const char *tag = pos ? " (documents)" : "";
+    char name[96];
     size_t nqkv = (size_t)B * T * (NH + 2 * NKV) * HS;
     float *qkv = frandv(nqkv, -1, 1), *R = frandv(nqkv, -1, 1);
     at_ctx c = {B, T, NH, NKV, HS, 1, 0, theta, todouble(qkv, nqkv), todouble(R, nqkv),
-                xmalloc(nqkv * sizeof(double)), NULL, NULL};
+                xmalloc(nqkv * sizeof(double)), NULL, NULL, pos};
     float *y = fdup(qkv, nqkv);
-    ops->rope_fwd(y, B, T, NH, NKV, HS, theta);
+    ops->rope_fwd(y, pos, B, T, NH, NKV, HS, theta);
     loss_at(&c);
-    check("rope_fwd (q, k rotated; v untouched)", rel_err(y, c.tmp, nqkv), FWD_TOL);
+    snprintf(name, sizeof name, "rope_fwd (q, k rotated; v untouched)%s", tag);
+    check(name, rel_err(y, c.tmp, nqkv), FWD_TOL);
     float *dy = fdup(R, nqkv);
-    ops->rope_bwd(dy, B, T, NH, NKV, HS, theta);
+    ops->rope_bwd(dy, pos, B, T, NH, NKV, HS, theta);
     double *g = xmalloc(nqkv * sizeof(double));
     fd_grad(g, c.qkv, nqkv, loss_at, &c);
-    check("rope_bwd vs FD", rel_err(dy, g, nqkv), BWD_TOL);
+    snprintf(name, sizeof name, "rope_bwd vs FD%s", tag);
+    check(name, rel_err(dy, g, nqkv), BWD_TOL);
     /* the backward is the inverse: rope_bwd(rope_fwd(x)) = x */
-    ops->rope_bwd(y, B, T, NH, NKV, HS, theta);
-    check("rope_bwd(rope_fwd(x)) = x", rel_err(y, c.qkv, nqkv), FWD_TOL);
+    ops->rope_bwd(y, pos, B, T, NH, NKV, HS, theta);
+    snprintf(name, sizeof name, "rope_bwd(rope_fwd(x)) = x%s", tag);
+    check(name, rel_err(y, c.qkv, nqkv), FWD_TOL);
     free(qkv); free(R); free(y); free(dy); free(g); free(c.qkv); free(c.R); free(c.tmp);
 }
 
-static void test_attention(int B, int T, int NH, int NKV, int HS, int rope, int threads)
+/* pos: document positions [B*T] (--doc-mask), or NULL for plain causal */
+static void test_attention(int B, int T, int NH, int NKV, int HS, int rope, int threads, const int32_t *pos)
 {
     const float theta = 10000.0f;
     const int R = (NH + 2 * NKV) * HS;
     size_t nqkv = (size_t)B * T * R, nout = (size_t)B * T * NH * HS,
            natt = (size_t)B * NH * T * T, nlse = (size_t)B * NH * T;
     char tag[96], name[160];
-    snprintf(tag, sizeof tag, "B%d T%d NH%d NKV%d HS%d%s%s", B, T, NH, NKV, HS,
-             rope ? " +rope" : "", threads ? " 4thr" : "");
+    snprintf(tag, sizeof tag, "B%d T%d NH%d NKV%d HS%d%s%s%s", B, T, NH, NKV, HS,
+             rope ? " +rope" : "", threads ? " 4thr" : "", pos ? " docs" : "");
     int saved = get_threads();
     if (threads)
         set_threads(4);
@@ -513,13 +531,13 @@ static void test_attention(int B, int T, int NH, int NKV, int HS, int rope, int 
     float *qkv = frandv(nqkv, -1.5f, 1.5f), *dout = frandv(nout, -1, 1);
     at_ctx c = {B, T, NH, NKV, HS, rope, 1, theta, todouble(qkv, nqkv), todouble(dout, nout),
                 xmalloc(nqkv * sizeof(double)), xmalloc(nout * sizeof(double)),
-                xmalloc(natt * sizeof(double))};
+                xmalloc(natt * sizeof(double)), pos};
     loss_at(&c);
 
     float *x = fdup(qkv, nqkv), *out = fnan(nout), *lse = fnan(nlse);
     if (rope)
-        ops->rope_fwd(x, B, T, NH, NKV, HS, theta);
-    ops->attention_fwd(out, lse, x, B, T, NH, NKV, HS);
+        ops->rope_fwd(x, pos, B, T, NH, NKV, HS, theta);
+    ops->attention_fwd(out, lse, x, pos, B, T, NH, NKV, HS);
     snprintf(name, sizeof name, "attention_fwd out  %s", tag);
     check(name, rel_err(out, c.out, nout), FWD_TOL);
     /* lse = log sum_{j<=t} exp(q_t . k_j / sqrt(HS)), in double from the
@@ -531,6 +549,9 @@ static void test_attention(int B, int T, int NH, int NKV, int HS, int rope, int 
                 const double *q = c.tmp + ((size_t)b * T + t) * R + h * HS;
                 double mx = -INFINITY, sc[T];
                 for (int j = 0; j <= t; j++) {
+                    sc[j] = -INFINITY;
+                    if (!ref_sees(pos, b, T, t, j))
+                        continue;
                     const double *k = c.tmp + ((size_t)b * T + j) * R + (NH + h / (NH / NKV)) * HS;
                     double d = 0.0;
                     for (int e = 0; e < HS; e++)
@@ -547,9 +568,9 @@ static void test_attention(int B, int T, int NH, int NKV, int HS, int rope, int 
     check(name, rel_err(lse, lse_ref, nlse), FWD_TOL);
 
     float *dqkv = fnan(nqkv);
-    ops->attention_bwd(dqkv, dout, x, out, lse, B, T, NH, NKV, HS);
+    ops->attention_bwd(dqkv, dout, x, out, lse, pos, B, T, NH, NKV, HS);
     if (rope)
-        ops->rope_bwd(dqkv, B, T, NH, NKV, HS, theta);
+        ops->rope_bwd(dqkv, pos, B, T, NH, NKV, HS, theta);
     double *g = xmalloc(nqkv * sizeof(double));
     fd_grad(g, c.qkv, nqkv, loss_at, &c);
     snprintf(name, sizeof name, "attention_bwd dqkv vs FD  %s", tag);
@@ -692,7 +713,7 @@ static void test_swiglu(void)
 
 typedef struct {
     int N, T, C, V;
-    const int32_t *tok;
+    const int32_t *tok, *pos;
     double *wte, *wpe, *R, *out;
 } emb_ctx;
 
@@ -702,7 +723,7 @@ static double loss_emb(void *p)
     for (int n = 0; n < c->N; n++)
         for (int i = 0; i < c->C; i++)
             c->out[(size_t)n * c->C + i] = c->wte[(size_t)c->tok[n] * c->C + i] +
-                                           (c->wpe ? c->wpe[(size_t)(n % c->T) * c->C + i] : 0.0);
+                                           (c->wpe ? c->wpe[(size_t)ref_pos(c->pos, n, c->T) * c->C + i] : 0.0);
     return dot(c->out, c->R, (size_t)c->N * c->C);
 }
 
@@ -713,21 +734,21 @@ static void test_embedding(void)
     size_t nwte = (size_t)V * C, nwpe = (size_t)T * C, nout = (size_t)N * C;
     float *wte = frandv(nwte, -1, 1), *wpe = frandv(nwpe, -1, 1), *R = frandv(nout, -1, 1);
     float *out = fnan(nout);
-    emb_ctx c = {N, T, C, V, tok, todouble(wte, nwte), todouble(wpe, nwpe), todouble(R, nout),
+    emb_ctx c = {N, T, C, V, tok, NULL, todouble(wte, nwte), todouble(wpe, nwpe), todouble(R, nout),
                  xmalloc(nout * sizeof(double))};
     loss_emb(&c);
-    ops->embedding_fwd(out, tok, wte, wpe, N, T, C, 0, V);
+    ops->embedding_fwd(out, tok, NULL, wte, wpe, N, T, C, 0, V);
     check("embedding_fwd (wte + wpe)", rel_err(out, c.out, nout), FWD_TOL);
 
     float *dwte = fnan(nwte), *dwpe = fnan(nwpe);
-    ops->embedding_bwd(dwte, dwpe, R, tok, N, T, C, 0, V, 0);
+    ops->embedding_bwd(dwte, dwpe, R, tok, NULL, N, T, C, 0, V, 0);
     double *g = xmalloc(nwte * sizeof(double));
     fd_grad(g, c.wte, nwte, loss_emb, &c);
     check("embedding_bwd dwte (accum=0 over NaN) vs FD", rel_err(dwte, g, nwte), BWD_TOL);
     fd_grad(g, c.wpe, nwpe, loss_emb, &c);
     check("embedding_bwd dwpe (accum=0 over NaN) vs FD", rel_err(dwpe, g, nwpe), BWD_TOL);
     float *dwte2 = fdup(dwte, nwte), *dwpe2 = fdup(dwpe, nwpe);
-    ops->embedding_bwd(dwte2, dwpe2, R, tok, N, T, C, 0, V, 1);
+    ops->embedding_bwd(dwte2, dwpe2, R, tok, NULL, N, T, C, 0, V, 1);
     check("embedding_bwd accum=1 doubles dwte", doubling_err(dwte, dwte2, nwte), ACC_TOL);
     check("embedding_bwd accum=1 doubles dwpe", doubling_err(dwpe, dwpe2, nwpe), ACC_TOL);
 
@@ -736,9 +757,9 @@ static void test_embedding(void)
     c.wpe = NULL;
     loss_emb(&c);
     float *out2 = fnan(nout), *dwte3 = fnan(nwte);
-    ops->embedding_fwd(out2, tok, wte, NULL, N, T, C, 0, V);
+    ops->embedding_fwd(out2, tok, NULL, wte, NULL, N, T, C, 0, V);
     check("embedding_fwd (wte only)", rel_err(out2, c.out, nout), FWD_TOL);
-    ops->embedding_bwd(dwte3, NULL, R, tok, N, T, C, 0, V, 0);
+    ops->embedding_bwd(dwte3, NULL, R, tok, NULL, N, T, C, 0, V, 0);
     check_true("embedding_bwd dwpe=NULL: dwte same bits", memcmp(dwte3, dwte, nwte * 4) == 0);
 
     /* vocabulary split over two ranks, rows [0,6) and [6,11); wpe on the
@@ -746,17 +767,31 @@ static void test_embedding(void)
      * dwte is its rows of the whole gradient, bit for bit */
     const int V0 = 6, V1 = V - V0;
     float *o0 = fnan(nout), *o1 = fnan(nout), *d0 = fnan((size_t)V0 * C), *d1 = fnan((size_t)V1 * C);
-    ops->embedding_fwd(o0, tok, wte, wpe, N, T, C, 0, V0);
-    ops->embedding_fwd(o1, tok, wte + (size_t)V0 * C, NULL, N, T, C, V0, V1);
+    ops->embedding_fwd(o0, tok, NULL, wte, wpe, N, T, C, 0, V0);
+    ops->embedding_fwd(o1, tok, NULL, wte + (size_t)V0 * C, NULL, N, T, C, V0, V1);
     ops->add(o0, o0, o1, nout);
     check_true("embedding_fwd vocab split in 2 (wpe on one): sum == whole, same bits",
                memcmp(o0, out, nout * 4) == 0);
-    ops->embedding_bwd(d0, NULL, R, tok, N, T, C, 0, V0, 0);
-    ops->embedding_bwd(d1, NULL, R, tok, N, T, C, V0, V1, 0);
+    ops->embedding_bwd(d0, NULL, R, tok, NULL, N, T, C, 0, V0, 0);
+    ops->embedding_bwd(d1, NULL, R, tok, NULL, N, T, C, V0, V1, 0);
     check_true("embedding_bwd vocab split in 2: rows == whole's, same bits",
                memcmp(d0, dwte, (size_t)V0 * C * 4) == 0 &&
                memcmp(d1, dwte + (size_t)V0 * C, (size_t)V1 * C * 4) == 0);
     free(o0); free(o1); free(d0); free(d1);
+
+    /* document positions: wpe rows by position within the document */
+    static const int32_t pos[10] = {0, 1, 2, 0, 1, 0, 0, 1, 2, 3};
+    c.wpe = todouble(wpe, nwpe);
+    c.pos = pos;
+    loss_emb(&c);
+    float *o3 = fnan(nout), *dw3 = fnan(nwte), *dp3 = fnan(nwpe);
+    ops->embedding_fwd(o3, tok, pos, wte, wpe, N, T, C, 0, V);
+    check("embedding_fwd (wte + wpe by document position)", rel_err(o3, c.out, nout), FWD_TOL);
+    ops->embedding_bwd(dw3, dp3, R, tok, pos, N, T, C, 0, V, 0);
+    fd_grad(g, c.wpe, nwpe, loss_emb, &c);
+    check("embedding_bwd dwpe by document position vs FD", rel_err(dp3, g, nwpe), BWD_TOL);
+    check_true("embedding_bwd with positions: dwte same bits", memcmp(dw3, dwte, nwte * 4) == 0);
+    free(o3); free(dw3); free(dp3); free(c.wpe);
     free(wte); free(wpe); free(R); free(out); free(out2); free(dwte); free(dwpe); free(dwte2);
     free(dwpe2); free(dwte3); free(g); free(c.wte); free(c.R); free(c.out);
 }
@@ -1086,7 +1121,7 @@ static void test_determinism(void)
         ops->layernorm_bwd(din, r, r + C, dout, x, w, mean, rstd, N, C, 0);
         ops->rmsnorm_bwd(din, r + 2 * C, dout, x, w, rrstd, N, C, 0);
         ops->matmul_bwd(NULL, NULL, r + 3 * C, dout, x, w, N, C, OC, 0, 0);
-        ops->embedding_bwd(r + 3 * C + OC, r + 3 * C + OC + (size_t)V * C, dout, tok, N, T, C, 0, V, 0);
+        ops->embedding_bwd(r + 3 * C + OC, r + 3 * C + OC + (size_t)V * C, dout, tok, NULL, N, T, C, 0, V, 0);
         const float *dp = dout;
         ops->sumsq(&ss[k], &dp, &nx, 1);
         float l[2];
@@ -1105,6 +1140,46 @@ static void test_determinism(void)
 #endif
 }
 
+/* --doc-mask: RoPE, attention (with and without RoPE, GQA) and positions
+ * over rows packed with several documents, against the references masked
+ * by document; with one document per row, pos = n % T gives the unmasked
+ * ops' bits. The long rows put documents across the CPU's 64-row query
+ * blocks, blocks wholly inside one document (keys skipped) and a
+ * document of one token. */
+static void test_doc_mask(void)
+{
+    static const int32_t pos_short[14] = {0, 1, 2, 0, 1, 2, 3, /* row 2: */ 0, 0, 1, 2, 3, 4, 0};
+    test_rope(pos_short);
+    test_attention(2, 7, 4, 2, 8, 0, 0, pos_short);
+    test_attention(2, 7, 4, 2, 8, 1, 0, pos_short);
+    const int T = 150, starts[] = {0, 40, 41, 100, 140}; /* documents of 40, 1, 59, 40, 10 tokens */
+    int32_t pos_long[150], pos_one[2 * 7];
+    for (int t = 0, d = 0; t < T; t++) {
+        if (d + 1 < 5 && t == starts[d + 1])
+            d++;
+        pos_long[t] = t - starts[d];
+    }
+    test_attention(1, T, 2, 1, 4, 0, 1, pos_long);
+    /* one document per row: the same bits as without positions */
+    for (int n = 0; n < 14; n++)
+        pos_one[n] = n % 7;
+    const int B = 2, t7 = 7, NH = 4, NKV = 2, HS = 8, R = (NH + 2 * NKV) * HS;
+    size_t nqkv = (size_t)B * t7 * R, nout = (size_t)B * t7 * NH * HS, nlse = (size_t)B * NH * t7;
+    float *qkv = frandv(nqkv, -1.5f, 1.5f), *dout = frandv(nout, -1, 1);
+    float *x1 = fdup(qkv, nqkv), *x2 = fdup(qkv, nqkv);
+    float *o1 = fnan(nout), *o2 = fnan(nout), *l1 = fnan(nlse), *l2 = fnan(nlse), *d1 = fnan(nqkv), *d2 = fnan(nqkv);
+    ops->rope_fwd(x1, NULL, B, t7, NH, NKV, HS, 10000.0f);
+    ops->rope_fwd(x2, pos_one, B, t7, NH, NKV, HS, 10000.0f);
+    ops->attention_fwd(o1, l1, x1, NULL, B, t7, NH, NKV, HS);
+    ops->attention_fwd(o2, l2, x2, pos_one, B, t7, NH, NKV, HS);
+    ops->attention_bwd(d1, dout, x1, o1, l1, NULL, B, t7, NH, NKV, HS);
+    ops->attention_bwd(d2, dout, x2, o2, l2, pos_one, B, t7, NH, NKV, HS);
+    check_true("rope, attention with one document per row: the bits of pos = NULL",
+               memcmp(x1, x2, nqkv * 4) == 0 && memcmp(o1, o2, nout * 4) == 0 && memcmp(l1, l2, nlse * 4) == 0 &&
+                   memcmp(d1, d2, nqkv * 4) == 0);
+    free(qkv); free(dout); free(x1); free(x2); free(o1); free(o2); free(l1); free(l2); free(d1); free(d2);
+}
+
 int main(void)
 {
     ops = ops_cpu();
@@ -1113,12 +1188,13 @@ int main(void)
     test_matmul_medium();
     test_norm(0);
     test_norm(1);
-    test_rope();
-    test_attention(2, 7, 4, 4, 8, 0, 0);  /* MHA */
-    test_attention(2, 7, 4, 2, 8, 0, 0);  /* GQA, 2 query heads per KV head */
-    test_attention(2, 7, 4, 1, 8, 0, 0);  /* MQA */
-    test_attention(2, 7, 4, 2, 8, 1, 0);  /* RoPE then GQA attention */
-    test_attention(1, 70, 2, 1, 4, 0, 1); /* T > row block; fewer tasks than threads */
+    test_rope(NULL);
+    test_attention(2, 7, 4, 4, 8, 0, 0, NULL);  /* MHA */
+    test_attention(2, 7, 4, 2, 8, 0, 0, NULL);  /* GQA, 2 query heads per KV head */
+    test_attention(2, 7, 4, 1, 8, 0, 0, NULL);  /* MQA */
+    test_attention(2, 7, 4, 2, 8, 1, 0, NULL);  /* RoPE then GQA attention */
+    test_attention(1, 70, 2, 1, 4, 0, 1, NULL); /* T > row block; fewer tasks than threads */
+    test_doc_mask();
     test_gelu();
     test_matmul_gelu(5, 7, 12);
     test_matmul_gelu(33, 24, 40);

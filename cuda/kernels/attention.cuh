@@ -64,6 +64,14 @@
  * self-test bounds). Causal work is uneven across query tiles, so the forward and dQ
  * grids start with the last (longest) tiles; dK/dV's longest tiles come first anyway.
  *
+ * Documents (pos != NULL, src/ops.h): query t sees keys lo_t = t - pos[bT + t] .. t, its
+ * own document's. Document starts never decrease along a row, so a query tile's keys
+ * start at its first row's lo: the forward and dQ begin at that key tile, and dK/dV
+ * stops at the first query tile whose first row's document starts after the key tile's
+ * last key. Tiles wholly outside every document are thus never loaded; inside the
+ * tiles that remain, pairs across a boundary are masked like pairs after the diagonal.
+ * pos NULL gives lo_t = 0, the plain causal case, with the same arithmetic.
+ *
  * q, k, v are strided views of qkv rows of R = (NH + 2 NKV) HS floats, token n = b T + t;
  * query head h reads KV head h / (NH / NKV). */
 
@@ -112,6 +120,13 @@ static __device__ float quad_max(float v)
     return v;
 }
 
+/* First key query row t of a row sees: the start of its document (ps: the row's
+ * positions, or NULL: 0). Rows past T (partial tiles) get 0. */
+static __device__ int att_lo(const int32_t *ps, int t, int T)
+{
+    return ps && t < T ? t - ps[t] : 0;
+}
+
 /* D = rowsum(a o b) over n columns by a quad: lane q sums columns q, q + 4, ... in order,
  * then quad_sum. n = 0 (a row past T) gives 0. dQ and dK/dV both compute D with this, so
  * the two kernels use the same bits. All 32 lanes must call it. */
@@ -128,7 +143,8 @@ static __device__ float att_quad_dot(const float *a, const float *b, int n, int 
  * Writes out[b T + t, h HS + columns of the group] and (group 0) lse[b, h, t]. */
 template <int NC>
 __global__ void __launch_bounds__(ATT_THREADS)
-    k_att_fwd(float *out, float *lse, const float *qkv, int T, int NH, int NKV, int HS, float scale)
+    k_att_fwd(float *out, float *lse, const float *qkv, const int32_t *pos, int T, int NH, int NKV, int HS,
+              float scale)
 {
     __shared__ att_chunk_t sQ[ATT_BR];  /* Q chunk of the query tile */
     __shared__ att_chunk_t sKV[ATT_BC]; /* K chunk of the key tile, then its V chunk */
@@ -143,8 +159,11 @@ __global__ void __launch_bounds__(ATT_THREADS)
     const float *base = qkv + (size_t)b * T * R;
     const float *qs = base + (size_t)h * HS, *ks = base + (size_t)(NH + kh) * HS,
                 *vs = base + (size_t)(NH + NKV + kh) * HS;
-    /* the last key tile holding a key <= the tile's last row */
+    /* the last key tile holding a key <= the tile's last row; the first holding its
+     * first row's document start */
     const int last = min((T - 1) / ATT_BC, (t0 + ATT_BR - 1) / ATT_BC);
+    const int32_t *ps = pos ? pos + (size_t)b * T : NULL;
+    const int first = att_lo(ps, t0, T) / ATT_BC, lo = att_lo(ps, t, T);
 
     float m = -INFINITY, l = 0.0f, acc[NC][ATT_CW];
 #pragma unroll
@@ -155,7 +174,7 @@ __global__ void __launch_bounds__(ATT_THREADS)
     if (nd == 1)
         att_load(sQ, qs, R, t0, T, HS);
 
-    for (int kt = 0; kt <= last; kt++) {
+    for (int kt = first; kt <= last; kt++) {
         const int j0 = kt * ATT_BC;
         /* s[i] = q_t . k_(j0 + q + 4i), over the head dimension chunk by chunk */
         float s[ATT_SW];
@@ -176,17 +195,19 @@ __global__ void __launch_bounds__(ATT_THREADS)
             }
             __syncthreads(); /* sQ and sKV are free again */
         }
-        /* online softmax update of row t (masked: key after t or past T) */
+        /* online softmax update of row t (masked: key after t, past T or before
+         * t's document) */
         float mx = -INFINITY;
 #pragma unroll
         for (int i = 0; i < ATT_SW; i++) {
             const int j = j0 + q + 4 * i;
-            s[i] = j <= t && j < T ? scale * s[i] : -INFINITY;
+            s[i] = j <= t && j < T && j >= lo ? scale * s[i] : -INFINITY;
             mx = fmaxf(mx, s[i]);
         }
         const float mnew = fmaxf(m, quad_max(mx));
-        /* mnew is finite for every row (each tile up to the limit has a key <= t);
-         * the guards only keep -inf - -inf (NaN) out of a row without keys */
+        /* mnew is finite once a tile held one of row t's keys; before that (a
+         * later document's row, or a row past T) the guards keep -inf - -inf
+         * (NaN) out */
         const float alpha = mnew == -INFINITY ? 1.0f : dt_expf(m - mnew);
         float ps = 0.0f;
 #pragma unroll
@@ -238,8 +259,8 @@ __global__ void __launch_bounds__(ATT_THREADS)
  * of the group: dqkv[b T + t, h HS + columns]. */
 template <int NC>
 __global__ void __launch_bounds__(ATT_THREADS)
-    k_att_bwd_dq(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse, int T,
-                 int NH, int NKV, int HS, float scale)
+    k_att_bwd_dq(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
+                 const int32_t *pos, int T, int NH, int NKV, int HS, float scale)
 {
     __shared__ att_chunk_t sQ[ATT_BR], sdO[ATT_BR]; /* the query tile's chunks */
     __shared__ att_chunk_t sK[ATT_BC], sV[ATT_BC];  /* the key tile's chunks */
@@ -256,6 +277,8 @@ __global__ void __launch_bounds__(ATT_THREADS)
                 *vs = base + (size_t)(NH + NKV + kh) * HS;
     const float *dos = dout + (size_t)b * T * OC + (size_t)h * HS, *os = out + (size_t)b * T * OC + (size_t)h * HS;
     const int last = min((T - 1) / ATT_BC, (t0 + ATT_BR - 1) / ATT_BC);
+    const int32_t *ps = pos ? pos + (size_t)b * T : NULL;
+    const int first = att_lo(ps, t0, T) / ATT_BC, lo = att_lo(ps, t, T);
     /* row t's lse and D (rows past T: 0, never used) */
     const float L = t < T ? lse[((size_t)b * NH + h) * T + t] : 0.0f;
     const size_t orow = (size_t)(t < T ? t : 0) * OC;
@@ -272,7 +295,7 @@ __global__ void __launch_bounds__(ATT_THREADS)
         att_load(sdO, dos, OC, t0, T, HS);
     }
 
-    for (int kt = 0; kt <= last; kt++) {
+    for (int kt = first; kt <= last; kt++) {
         const int j0 = kt * ATT_BC;
         /* s[i] = q_t . k_j, dp[i] = dO_t . v_j for j = j0 + q + 4i */
         float s[ATT_SW], dp[ATT_SW];
@@ -302,8 +325,9 @@ __global__ void __launch_bounds__(ATT_THREADS)
 #pragma unroll
         for (int i = 0; i < ATT_SW; i++) {
             const int j = j0 + q + 4 * i;
-            const float p = j <= t && j < T ? dt_expf(scale * s[i] - L) : 0.0f;
-            sdS[r][q + 4 * i] = j <= t && j < T ? dt_softmax_grad(p, dp[i], D) : 0.0f;
+            const int ok = j <= t && j < T && j >= lo;
+            const float p = ok ? dt_expf(scale * s[i] - L) : 0.0f;
+            sdS[r][q + 4 * i] = ok ? dt_softmax_grad(p, dp[i], D) : 0.0f;
         }
         /* dQ += dS K, K chunk by chunk: with one chunk sK still holds it (the
          * sync after the reload, or this one, publishes sdS) */
@@ -343,14 +367,15 @@ __global__ void __launch_bounds__(ATT_THREADS)
  * rows t0 + q + 4i. Writes the k and v columns of the group for the tile's keys. */
 template <int NC>
 __global__ void __launch_bounds__(ATT_THREADS)
-    k_att_bwd_dkv(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse, int T,
-                  int NH, int NKV, int HS, float scale)
+    k_att_bwd_dkv(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
+                  const int32_t *pos, int T, int NH, int NKV, int HS, float scale)
 {
     __shared__ att_chunk_t sK[ATT_BC], sV[ATT_BC];  /* the key tile's chunks */
     __shared__ att_chunk_t sQ[ATT_BR], sdO[ATT_BR]; /* the query tile's chunks */
     __shared__ float sPt[ATT_BC][ATT_BR + 1];        /* P^T: [key row][query row] */
     __shared__ float sdSt[ATT_BC][ATT_BR + 1];       /* dS^T */
     __shared__ float sL[ATT_BR], sD[ATT_BR];         /* the query tile's lse and D */
+    __shared__ int sLo[ATT_BR];                      /* and its rows' first keys (att_lo) */
     const int nkt = (T + ATT_BC - 1) / ATT_BC, nqt = (T + ATT_BR - 1) / ATT_BR;
     const int kt = (int)(blockIdx.x % (unsigned)nkt);
     const int g0 = (int)(blockIdx.x / (unsigned)nkt) * NC * ATT_DK;
@@ -360,6 +385,10 @@ __global__ void __launch_bounds__(ATT_THREADS)
     const int j0 = kt * ATT_BC, j = j0 + r; /* this quad's key row */
     const float *base = qkv + (size_t)b * T * R;
     const float *ks = base + (size_t)(NH + kh) * HS, *vs = base + (size_t)(NH + NKV + kh) * HS;
+    const int32_t *ps = pos ? pos + (size_t)b * T : NULL;
+    /* the tile's last key: query tiles whose first row's document starts after it
+     * (and all later ones) see none of the tile's keys */
+    const int jlast = min(j0 + ATT_BC, T) - 1;
 
     float dk[NC][ATT_CW], dv[NC][ATT_CW];
 #pragma unroll
@@ -377,15 +406,16 @@ __global__ void __launch_bounds__(ATT_THREADS)
         const float *dos = dout + (size_t)b * T * OC + (size_t)h * HS,
                     *os = out + (size_t)b * T * OC + (size_t)h * HS;
         const float *lrow = lse + ((size_t)b * NH + h) * T;
-        for (int qt = j0 / ATT_BR; qt < nqt; qt++) {
+        for (int qt = j0 / ATT_BR; qt < nqt && att_lo(ps, qt * ATT_BR, T) <= jlast; qt++) {
             const int t0 = qt * ATT_BR;
-            { /* lse and D of query row t0 + r, by the same quad layout as dQ's */
+            { /* lse, D and first key of query row t0 + r, by the same quad layout as dQ's */
                 const int tr = t0 + r;
                 const size_t orow = (size_t)(tr < T ? tr : 0) * OC;
                 const float D = att_quad_dot(dos + orow, os + orow, tr < T ? HS : 0, q);
                 if (q == 0) {
                     sD[r] = D;
                     sL[r] = tr < T ? lrow[tr] : 0.0f;
+                    sLo[r] = att_lo(ps, tr, T);
                 }
             }
             /* s[i] = k_j . q_t, dp[i] = v_j . dO_t for t = t0 + q + 4i: the same
@@ -413,12 +443,12 @@ __global__ void __launch_bounds__(ATT_THREADS)
                 }
                 __syncthreads();
             }
-            /* P^T and dS^T of key row j; 0 where masked (query before j, or
-             * either row past T) */
+            /* P^T and dS^T of key row j; 0 where masked (query before j, either
+             * row past T, or j before the query's document) */
 #pragma unroll
             for (int i = 0; i < ATT_SW; i++) {
                 const int ti = q + 4 * i, tt = t0 + ti;
-                const int ok = tt >= j && tt < T && j < T;
+                const int ok = tt >= j && tt < T && j < T && j >= sLo[ti];
                 const float p = ok ? dt_expf(scale * s[i] - sL[ti]) : 0.0f;
                 sPt[r][ti] = p;
                 sdSt[r][ti] = ok ? dt_softmax_grad(p, dp[i], sD[ti]) : 0.0f;
@@ -444,7 +474,7 @@ __global__ void __launch_bounds__(ATT_THREADS)
                         dk[c][i] += ds * sQ[ti][q + 4 * i];
                     }
                 }
-                __syncthreads(); /* sQ, sdO, sPt, sdSt, sL, sD are free again */
+                __syncthreads(); /* sQ, sdO, sPt, sdSt, sL, sD, sLo are free again */
             }
         }
     }

@@ -1,20 +1,22 @@
 /* Token and position embeddings, on this rank's rows v0 .. v0 + Vl - 1 of
  * the token table (vocabulary-parallel): tokens outside them add nothing
- * here. k_embedding_fwd writes out = wte row (+ wpe row), a thread per
+ * here. k_embedding_fwd writes out = wte row (+ wpe row, of the token's
+ * document position pos[n], or of n % T without pos), a thread per
  * element in a grid-stride loop (grid_for(N C, THREADS) blocks of THREADS
  * threads). The backward adds into dwte and dwpe (+=; ops_cuda.cu's
  * embedding_bwd zeroes them first unless accumulating): k_embedding_bwd_wpe
  * a thread per element of dwpe, grid-stride; dwte by the grouping below,
  * k_emb_keys grid-stride over the tokens, then cub's sort, run-length
  * encoding and scan (ops_cuda.cu's embedding_bwd_rows), then k_emb_rows one
- * block per distinct row (grid N, THREADS threads). */
+ * block per distinct row (grid N, THREADS threads). With document
+ * positions dwpe is grouped the same way, by position instead of token. */
 #ifndef DTRAIN_CUDA_KERNELS_EMBEDDING_CUH
 #define DTRAIN_CUDA_KERNELS_EMBEDDING_CUH
 
 #include "cuda/kernels/common.cuh"
 
-__global__ void k_embedding_fwd(float *out, const int32_t *tok, const float *wte, const float *wpe, int N, int T,
-                                int C, int v0, int Vl)
+__global__ void k_embedding_fwd(float *out, const int32_t *tok, const int32_t *pos, const float *wte,
+                                const float *wpe, int N, int T, int C, int v0, int Vl)
 {
     size_t total = (size_t)N * C;
     GRID_STRIDE(i, total) {
@@ -23,7 +25,7 @@ __global__ void k_embedding_fwd(float *out, const int32_t *tok, const float *wte
         int held = r >= 0 && r < Vl;
         float e = held ? wte[(size_t)r * C + c] : 0.0f;
         if (wpe) {
-            float p = wpe[(n % (size_t)T) * C + c];
+            float p = wpe[(pos ? (size_t)pos[n] : n % (size_t)T) * C + c];
             out[i] = held ? e + p : p;
         } else {
             out[i] = e;

@@ -113,6 +113,7 @@ static void cuda_fatal(const char *what, const char *msg)
 #include "cuda/kernels/colsum.cuh"
 #include "cuda/kernels/norm.cuh"
 #include "cuda/kernels/attention.cuh"
+#include "cuda/kernels/rope.cuh"
 #include "cuda/kernels/embedding.cuh"
 #include "cuda/kernels/crossentropy.cuh"
 
@@ -200,35 +201,64 @@ static const double TOL = 1e-5;
 
 /* ---- attention: the launches of attention_fwd/attention_bwd ---- */
 template <int NC>
-static void att_run(float *out, float *lse, float *dqkv, const float *dout, const float *qkv, int B, int T, int NH,
-                    int NKV, int HS)
+static void att_run(float *out, float *lse, float *dqkv, const float *dout, const float *qkv, const int32_t *pos,
+                    int B, int T, int NH, int NKV, int HS)
 {
     const float scale = 1.0f / sqrtf((float)HS);
     dim3 gq(att_grid_x("attention", (T + ATT_BR - 1) / ATT_BR, NC, HS), (unsigned)NH, (unsigned)B);
     dim3 gk(att_grid_x("attention", (T + ATT_BC - 1) / ATT_BC, NC, HS), (unsigned)NKV, (unsigned)B);
-    launch(gq, ATT_THREADS, true, [=] { k_att_fwd<NC>(out, lse, qkv, T, NH, NKV, HS, scale); });
-    launch(gq, ATT_THREADS, true, [=] { k_att_bwd_dq<NC>(dqkv, dout, qkv, out, lse, T, NH, NKV, HS, scale); });
-    launch(gk, ATT_THREADS, true, [=] { k_att_bwd_dkv<NC>(dqkv, dout, qkv, out, lse, T, NH, NKV, HS, scale); });
+    launch(gq, ATT_THREADS, true, [=] { k_att_fwd<NC>(out, lse, qkv, pos, T, NH, NKV, HS, scale); });
+    launch(gq, ATT_THREADS, true,
+           [=] { k_att_bwd_dq<NC>(dqkv, dout, qkv, out, lse, pos, T, NH, NKV, HS, scale); });
+    launch(gk, ATT_THREADS, true,
+           [=] { k_att_bwd_dkv<NC>(dqkv, dout, qkv, out, lse, pos, T, NH, NKV, HS, scale); });
 }
 
-static void test_attention(int B, int T, int NH, int NKV, int HS)
+/* Document positions (src/ops.h) for rows of T tokens: documents of the
+ * lengths len[0..], cycling, restarting at each row. */
+static std::vector<int32_t> doc_positions(int B, int T, std::vector<int> len)
+{
+    std::vector<int32_t> pos((size_t)B * T);
+    for (int b = 0; b < B; b++)
+        for (int t = 0, d = 0, p = 0; t < T; t++, p++) {
+            if (p == len[d % len.size()] && t > 0)
+                d++, p = 0;
+            pos[(size_t)b * T + t] = p;
+        }
+    return pos;
+}
+
+/* docs: rows packed with documents of the lengths given (none: plain causal);
+ * RoPE by document position on the way in, as the model runs it */
+static void test_attention(int B, int T, int NH, int NKV, int HS, std::vector<int> docs = {})
 {
     char shape[96];
-    snprintf(shape, sizeof shape, "B=%d T=%d NH=%d NKV=%d HS=%d", B, T, NH, NKV, HS);
+    snprintf(shape, sizeof shape, "B=%d T=%d NH=%d NKV=%d HS=%d%s", B, T, NH, NKV, HS, docs.empty() ? "" : " docs");
     const size_t N = (size_t)B * T, R = (size_t)(NH + 2 * NKV) * HS, OC = (size_t)NH * HS;
+    std::vector<int32_t> posv = docs.empty() ? std::vector<int32_t>() : doc_positions(B, T, docs);
+    const int32_t *pos = docs.empty() ? NULL : posv.data();
     std::vector<float> qkv = rvec(N * R, -2.0f, 2.0f), dout = rvec(N * OC, -1.0f, 1.0f);
+    if (pos) {
+        std::vector<float> rq = qkv;
+        float *pq = qkv.data();
+        cpu->rope_fwd(rq.data(), pos, B, T, NH, NKV, HS, 10000.0f);
+        launch(dim3(grid_for(N * (size_t)(NH + NKV) * (size_t)(HS / 2), THREADS)), THREADS, false,
+               [=] { k_rope(pq, pos, (int)N, T, NH, NKV, HS, 10000.0f, 1.0f); });
+        check("rope_fwd", shape, qkv.data(), rq.data(), qkv.size(), TOL);
+        qkv = rq;
+    }
     std::vector<float> out(N * OC), lse((size_t)B * NH * T), dqkv(N * R, 0.0f);
     std::vector<float> rout(N * OC), rlse(lse.size()), rdqkv(N * R, 0.0f);
-    cpu->attention_fwd(rout.data(), rlse.data(), qkv.data(), B, T, NH, NKV, HS);
-    cpu->attention_bwd(rdqkv.data(), dout.data(), qkv.data(), rout.data(), rlse.data(), B, T, NH, NKV, HS);
+    cpu->attention_fwd(rout.data(), rlse.data(), qkv.data(), pos, B, T, NH, NKV, HS);
+    cpu->attention_bwd(rdqkv.data(), dout.data(), qkv.data(), rout.data(), rlse.data(), pos, B, T, NH, NKV, HS);
     /* the backward from the CPU's forward, so only the backward is compared there */
     const int nc = att_nc(HS);
     if (nc == 1)
-        att_run<1>(out.data(), lse.data(), dqkv.data(), dout.data(), qkv.data(), B, T, NH, NKV, HS);
+        att_run<1>(out.data(), lse.data(), dqkv.data(), dout.data(), qkv.data(), pos, B, T, NH, NKV, HS);
     else if (nc == 2)
-        att_run<2>(out.data(), lse.data(), dqkv.data(), dout.data(), qkv.data(), B, T, NH, NKV, HS);
+        att_run<2>(out.data(), lse.data(), dqkv.data(), dout.data(), qkv.data(), pos, B, T, NH, NKV, HS);
     else
-        att_run<ATT_GROUP>(out.data(), lse.data(), dqkv.data(), dout.data(), qkv.data(), B, T, NH, NKV, HS);
+        att_run<ATT_GROUP>(out.data(), lse.data(), dqkv.data(), dout.data(), qkv.data(), pos, B, T, NH, NKV, HS);
     check("attention_fwd out", shape, out.data(), rout.data(), out.size(), TOL);
     check("attention_fwd lse", shape, lse.data(), rlse.data(), lse.size(), TOL);
     check("attention_bwd dqkv", shape, dqkv.data(), rdqkv.data(), dqkv.size(), TOL);
@@ -329,22 +359,50 @@ static void test_xent(int N, int Vl, int ld, int v0, bool alias)
 }
 
 /* ---- embedding: embedding_fwd, embedding_bwd (cub emulated) ---- */
-static void test_embedding(int B, int T, int C, int v0, int Vl, bool wpe_on)
+/* embedding_bwd_rows with cub's sort, run-length encoding and scan on the
+ * host: dw[key row of n] += dout[n] grouped by row (tokens, or document
+ * positions with v0 = 0, Vl = T) */
+static void emb_rows_host(float *dw, const float *pg, const int32_t *pt, int N, int C, int v0, int Vl)
+{
+    std::vector<int> key(N), val(N), idx(N), key_s(N), val_s(N), row(N), cnt(N, 0), off(N);
+    int *pk = key.data(), *pv = val.data();
+    launch(dim3(grid_for((size_t)N, THREADS)), THREADS, false, [=] { k_emb_keys(pk, pv, pt, N, v0, Vl); });
+    for (int i = 0; i < N; i++)
+        idx[i] = i;
+    std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) { return key[a] < key[b]; });
+    for (int i = 0; i < N; i++)
+        key_s[i] = key[idx[i]], val_s[i] = val[idx[i]];
+    int nruns = 0;
+    for (int i = 0; i < N; i++) {
+        if (i == 0 || key_s[i] != key_s[i - 1])
+            row[nruns++] = key_s[i];
+        cnt[nruns - 1]++;
+    }
+    for (int i = 0, s = 0; i < N; i++)
+        off[i] = s, s += cnt[i];
+    const int *pr = row.data(), *pof = off.data(), *pc = cnt.data(), *pvs = val_s.data(), *pn = &nruns;
+    launch(dim3(N), THREADS, false, [=] { k_emb_rows(dw, pg, pr, pof, pc, pvs, pn, C, Vl); });
+}
+
+/* docs: wpe rows by document position (documents of 3, 1, 11, ... tokens) */
+static void test_embedding(int B, int T, int C, int v0, int Vl, bool wpe_on, bool docs = false)
 {
     char shape[96];
-    snprintf(shape, sizeof shape, "N=%d T=%d C=%d v0=%d Vl=%d%s", B * T, T, C, v0, Vl, wpe_on ? "" : " no wpe");
+    snprintf(shape, sizeof shape, "N=%d T=%d C=%d v0=%d Vl=%d%s%s", B * T, T, C, v0, Vl, wpe_on ? "" : " no wpe",
+             docs ? " docs" : "");
     const int N = B * T;
-    std::vector<int32_t> tok(N);
+    std::vector<int32_t> tok(N), posv = doc_positions(B, T, {3, 1, 11});
+    const int32_t *pos = docs ? posv.data() : NULL;
     for (auto &t : tok)
         t = (int32_t)(rng() % (unsigned)(v0 + Vl + 7));
     std::vector<float> wte = rvec((size_t)Vl * C, -1, 1), wpe = rvec((size_t)T * C, -1, 1);
     std::vector<float> out((size_t)N * C), rout(out.size());
     const float *pwpe = wpe_on ? wpe.data() : NULL, *pwte = wte.data();
     const int32_t *pt = tok.data();
-    cpu->embedding_fwd(rout.data(), pt, pwte, pwpe, N, T, C, v0, Vl);
+    cpu->embedding_fwd(rout.data(), pt, pos, pwte, pwpe, N, T, C, v0, Vl);
     float *po = out.data();
     launch(dim3(grid_for((size_t)N * C, THREADS)), THREADS, false,
-           [=] { k_embedding_fwd(po, pt, pwte, pwpe, N, T, C, v0, Vl); });
+           [=] { k_embedding_fwd(po, pt, pos, pwte, pwpe, N, T, C, v0, Vl); });
     check("embedding_fwd", shape, out.data(), rout.data(), out.size(), -1);
 
     std::vector<float> dout = rvec((size_t)N * C, -1, 1);
@@ -352,32 +410,17 @@ static void test_embedding(int B, int T, int C, int v0, int Vl, bool wpe_on)
     for (int accum = 0; accum < 2; accum++) {
         std::vector<float> dwte = rvec((size_t)Vl * C, -1, 1), dwpe = rvec((size_t)T * C, -1, 1);
         std::vector<float> rdwte = dwte, rdwpe = dwpe;
-        cpu->embedding_bwd(rdwte.data(), wpe_on ? rdwpe.data() : NULL, pg, pt, N, T, C, v0, Vl, accum);
+        cpu->embedding_bwd(rdwte.data(), wpe_on ? rdwpe.data() : NULL, pg, pt, pos, N, T, C, v0, Vl, accum);
         if (!accum) {
             std::fill(dwte.begin(), dwte.end(), 0.0f);
             std::fill(dwpe.begin(), dwpe.end(), 0.0f);
         }
-        /* embedding_bwd_rows with cub's sort, run-length encoding and scan on the host */
-        std::vector<int> key(N), val(N), idx(N), key_s(N), val_s(N), row(N), cnt(N, 0), off(N);
-        int *pk = key.data(), *pv = val.data();
-        launch(dim3(grid_for((size_t)N, THREADS)), THREADS, false, [=] { k_emb_keys(pk, pv, pt, N, v0, Vl); });
-        for (int i = 0; i < N; i++)
-            idx[i] = i;
-        std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) { return key[a] < key[b]; });
-        for (int i = 0; i < N; i++)
-            key_s[i] = key[idx[i]], val_s[i] = val[idx[i]];
-        int nruns = 0;
-        for (int i = 0; i < N; i++) {
-            if (i == 0 || key_s[i] != key_s[i - 1])
-                row[nruns++] = key_s[i];
-            cnt[nruns - 1]++;
-        }
-        for (int i = 0, s = 0; i < N; i++)
-            off[i] = s, s += cnt[i];
-        float *pdw = dwte.data(), *pdp = dwpe.data();
-        const int *pr = row.data(), *pof = off.data(), *pc = cnt.data(), *pvs = val_s.data(), *pn = &nruns;
-        launch(dim3(N), THREADS, false, [=] { k_emb_rows(pdw, pg, pr, pof, pc, pvs, pn, C, Vl); });
-        if (wpe_on)
+        float *pdp = dwpe.data();
+        emb_rows_host(dwte.data(), pg, pt, N, C, v0, Vl);
+        /* ops_cuda.cu's embedding_bwd: positions grouped like tokens */
+        if (wpe_on && pos)
+            emb_rows_host(pdp, pg, pos, N, C, 0, T);
+        else if (wpe_on)
             launch(dim3(grid_for((size_t)T * C, THREADS)), THREADS, false,
                    [=] { k_embedding_bwd_wpe(pdp, pg, N, T, C); });
         check(accum ? "embedding_bwd dwte (accum)" : "embedding_bwd dwte", shape, dwte.data(), rdwte.data(),
@@ -428,12 +471,18 @@ int main(void)
     test_attention(1, 33, 3, 1, 70);
     test_attention(1, 20, 2, 1, 130);
     test_attention(1, 65, 2, 2, 6);
+    /* documents: within a tile, across tile edges, whole tiles skipped,
+     * single tokens; GQA, two chunks, partial tiles */
+    test_attention(2, 100, 4, 2, 16, {1, 37, 5, 70});
+    test_attention(1, 97, 2, 1, 70, {40, 1, 30});
+    test_attention(1, 70, 2, 2, 6, {3});
     test_norms(5, 300);  /* C over THREADS: two column blocks */
     test_norms(130, 24); /* two row chunks */
     test_xent(6, 300, 304, 0, false);
     test_xent(5, 37, 40, 20, true);
     test_embedding(3, 50, 20, 0, 40, true);   /* N > 128 */
     test_embedding(2, 7, 257, 10, 9, false); /* another rank's slice, C over THREADS */
+    test_embedding(3, 50, 20, 0, 40, true, true); /* wpe by document position */
     test_sumsq();
     printf("%s: %d of %d checks failed\n", failed ? "FAIL" : "PASS", failed, checks);
     return failed ? 1 : 0;
