@@ -542,7 +542,7 @@ static int lend_params(model_t *m, int i, int next)
         return 0;
     if (m->failed)
         return -1;
-    float *base = m->block_params ? m->block_params(m->block_params_ctx, i, next) : NULL;
+    float *base = m->hook.block_params ? m->hook.block_params(m->hook.ctx, i, next) : NULL;
     if (!base || map_block(m, base, m->layer_start[i], i, &m->p.h[i]) != 0) {
         snprintf(m->err, sizeof m->err, "no parameters for block %d (all-gather failed)", i);
         m->failed = 1;
@@ -959,12 +959,12 @@ int model_backward(model_t *m, int slot, int accum, int last)
         span_end(m, "bwd head", -1, t0);
     }
     /* GPT-2's head is wte, which is not final until the embedding's part */
-    if (m->grads_ready && !m->failed)
-        m->grads_ready(m->grads_ready_ctx, m->layer_start[m->n_local]);
+    if (m->hook.grads_ready && !m->failed)
+        m->hook.grads_ready(m->hook.ctx, m->layer_start[m->n_local]);
 
     for (int i = m->n_local - 1; i >= 0; i--) {
         if (m->lay.lent_block_grads) {
-            float *base = m->block_grads ? m->block_grads(m->block_grads_ctx, i) : NULL;
+            float *base = m->hook.block_grads ? m->hook.block_grads(m->hook.ctx, i) : NULL;
             if (!base || map_block(m, base, m->layer_start[i], i, &m->g.h[i]) != 0) {
                 if (!m->failed)
                     snprintf(m->err, sizeof m->err, "no gradient buffer for block %d", i);
@@ -977,8 +977,8 @@ int model_backward(model_t *m, int slot, int accum, int last)
         t0 = span_start(m);
         block_bwd(m, sl, i, accum, last);
         span_end(m, "bwd", m->lay.part.layer_begin + i, t0);
-        if (m->grads_ready && !m->failed)
-            m->grads_ready(m->grads_ready_ctx, m->layer_start[i]);
+        if (m->hook.grads_ready && !m->failed)
+            m->hook.grads_ready(m->hook.ctx, m->layer_start[i]);
     }
     if (m->lay.part.has_embed) {
         /* GPT-2's wte gradient already holds the output head's part when
@@ -991,8 +991,8 @@ int model_backward(model_t *m, int slot, int accum, int last)
         o->embedding_bwd(m->g.wte, m->g.wpe, dres_all_rows(m, N, NR), sl->tokens, slot_pos(sl), N, t, C, m->v0,
                          m->v_held, wte_has_head ? 1 : accum);
         span_end(m, "bwd embed", -1, t0);
-        if (m->grads_ready && !m->failed)
-            m->grads_ready(m->grads_ready_ctx, 0);
+        if (m->hook.grads_ready && !m->failed)
+            m->hook.grads_ready(m->hook.ctx, 0);
     }
     return m->failed ? -1 : 0;
 }

@@ -23,6 +23,7 @@
 #include <stdint.h>
 
 #include "mpi/comm.h"
+#include "mpi/dpsync.h"
 #include "src/model_config.h"
 #include "src/ops.h"
 #include "src/params.h"
@@ -97,16 +98,17 @@ typedef struct model_layout {
     comm_t *tp;            /* the TP group; may be NULL when part.tp_size == 1 */
     int sequence_parallel;
     int n_slots;           /* microbatches in flight on this stage */
-    /* ZeRO-2: block gradients are not kept. m->grads holds only the tensors
-     * outside the blocks (embeddings, then final norm and head), and each
-     * block's gradients go to the buffer block_grads lends for that block's
-     * backward ([layer_start[i+1] - layer_start[i]] floats, the flat layout
-     * of the block's range). */
+    /* Block gradients are not kept (ZeRO-2 and 3: the strategy's
+     * lends_block_grads). m->grads holds only the tensors outside the
+     * blocks (embeddings, then final norm and head), and each block's
+     * gradients go to the buffer the hook's block_grads lends for that
+     * block's backward ([layer_start[i+1] - layer_start[i]] floats, the
+     * flat layout of the block's range). */
     int lent_block_grads;
-    /* ZeRO-3: block parameters are not kept either. m->params holds the
+    /* Block parameters are not kept either (ZeRO-3). m->params holds the
      * tensors outside the blocks in the same compact layout, and each
-     * block's forward or backward first asks block_params for the block's
-     * gathered parameters. */
+     * block's forward or backward first asks the hook's block_params for
+     * the block's gathered parameters. */
     int lent_block_params;
     model_recompute_t recompute; /* what the slots keep of each block */
     /* --doc-mask: forwards may be given document positions (src/docmask.h),
@@ -164,21 +166,16 @@ typedef struct model {
     /* layer_start[i]: flat offset of local block i's first tensor; [Ls]: the
      * final norm's (the head and final norm lie above it, embeddings below [0]) */
     size_t *layer_start;
-    /* When set, model_backward reports progress: every gradient at flat
-     * offset >= ready_from is final. Data parallelism starts reducing
-     * gradient buckets from here while backward continues. */
-    void (*grads_ready)(void *ctx, size_t ready_from);
-    void *grads_ready_ctx;
-    /* lent_block_grads: asked for block i's gradient buffer just before its
-     * backward; NULL fails the backward (the caller's err says why) */
-    float *(*block_grads)(void *ctx, int block);
-    void *block_grads_ctx;
-    /* lent_block_params: block i's parameters ([layer_start[i+1] -
-     * layer_start[i]] floats, flat layout), asked for before each block's
-     * forward and backward; `next` is the block expected after it (-1 when
-     * none), which the lender may start fetching. NULL: failure. */
-    float *(*block_params)(void *ctx, int block, int next);
-    void *block_params_ctx;
+    /* The data-parallel strategy's hook (mpi/dpsync.h), set once: backward
+     * reports progress through grads_ready (every gradient at flat offset
+     * >= ready_from is final, so reductions may start while backward
+     * continues); with lent_block_grads each block's backward asks
+     * block_grads for its gradient buffer, and with lent_block_params each
+     * block's forward and backward ask block_params for its parameters
+     * ([layer_start[i+1] - layer_start[i]] floats, flat layout; `next` is
+     * the block expected after it, -1 when none). NULL from a lender fails
+     * the pass (the strategy's err says why). */
+    dpsync_hook_t hook;
     double tp_comm_s; /* seconds in TP collectives since the caller zeroed it */
     trace_t *trace;   /* NULL, or where per-layer spans go (--trace) */
     int trace_micro;  /* microbatch index the spans are labelled with */

@@ -34,12 +34,12 @@ static void add_range(adamw_t *a, size_t offset, size_t goff, size_t soff, size_
                                                    .decay = decay};
 }
 
-int adamw_create(adamw_t *a, const ops_t *ops, const param_table_t *t, const zero_t *z, double beta1,
-                 double beta2, double eps, double weight_decay, double grad_clip)
+int adamw_create(adamw_t *a, const ops_t *ops, const param_table_t *t, const dpsync_optim_view_t *v,
+                 double beta1, double beta2, double eps, double weight_decay, double grad_clip)
 {
     memset(a, 0, sizeof *a);
     a->ops = ops;
-    a->n = z ? z->shard_n : t->numel;
+    a->n = v->n;
     a->beta1 = beta1;
     a->beta2 = beta2;
     a->eps = eps;
@@ -48,8 +48,8 @@ int adamw_create(adamw_t *a, const ops_t *ops, const param_table_t *t, const zer
     size_t bytes = (a->n ? a->n : 1) * sizeof(float);
     a->m = ops->alloc(bytes);
     a->v = ops->alloc(bytes);
-    /* at most one run per (tensor, unit) overlap: tensors + units */
-    a->ranges = calloc((size_t)t->n + (z ? (size_t)z->n_units : 0) + 1, sizeof *a->ranges);
+    /* at most one run per (tensor, piece) overlap: tensors + pieces */
+    a->ranges = calloc((size_t)t->n + (size_t)v->n_pieces + 1, sizeof *a->ranges);
     if (!a->m || !a->v || !a->ranges) {
         adamw_destroy(a);
         return -1;
@@ -57,23 +57,17 @@ int adamw_create(adamw_t *a, const ops_t *ops, const param_table_t *t, const zer
     ops->zero(a->m, bytes);
     ops->zero(a->v, bytes);
     mem_track(MEM_OPTIM, 2 * (long long)bytes);
-    if (!z) {
-        for (int i = 0; i < t->n; i++)
-            add_range(a, t->p[i].offset, t->p[i].offset, t->p[i].offset, t->p[i].numel, t->p[i].decay);
-        return 0;
-    }
-    /* this rank's piece of each unit, cut at tensor boundaries (decay) */
+    /* each piece, cut at tensor boundaries (decay) */
     int i = 0;
-    for (int u = 0; u < z->n_units; u++) {
-        size_t lo, hi;
-        zero_piece(z, u, &lo, &hi);
+    for (int u = 0; u < v->n_pieces; u++) {
+        const dpsync_piece_t *pc = &v->pieces[u];
+        const size_t lo = pc->lo, hi = pc->lo + pc->n;
         while (i < t->n && t->p[i].offset + t->p[i].numel <= lo)
             i++;
         for (int k = i; k < t->n && t->p[k].offset < hi; k++) {
             const size_t a0 = t->p[k].offset > lo ? t->p[k].offset : lo;
             const size_t e = t->p[k].offset + t->p[k].numel, a1 = e < hi ? e : hi;
-            const size_t soff = z->shard_start[u] + (a0 - lo);
-            add_range(a, z->stage >= 3 ? soff : a0, z->stage >= 2 ? soff : a0, soff, a1 - a0, t->p[k].decay);
+            add_range(a, pc->param + (a0 - lo), pc->grad + (a0 - lo), pc->state + (a0 - lo), a1 - a0, t->p[k].decay);
         }
     }
     return 0;

@@ -6,7 +6,7 @@
 
 #include "src/ops.h"
 #include "src/params.h"
-#include "mpi/zero.h"
+#include "mpi/dpsync.h"
 
 typedef struct lr_schedule {
     double lr, min_lr;
@@ -38,12 +38,13 @@ typedef struct adamw {
     int t; /* steps taken */
 } adamw_t;
 
-/* Moments for every parameter of the table (z NULL), or for this rank's
- * ZeRO pieces only (z: moments [z->shard_n]; gradients indexed like the
- * moments when z->stage >= 2, like the parameters otherwise; parameters
- * like the moments when z->stage >= 3, the parameter shard). */
-int adamw_create(adamw_t *a, const ops_t *ops, const param_table_t *t, const zero_t *z, double beta1,
-                 double beta2, double eps, double weight_decay, double grad_clip);
+/* Moments [v->n] for the pieces of the data-parallel strategy's view
+ * (mpi/dpsync.h): every parameter when replicated, this rank's ZeRO pieces
+ * otherwise; each piece is cut at the table's tensor boundaries (weight
+ * decay differs between tensors). adamw_step's params and grads are
+ * indexed as the view's (its params and grads). */
+int adamw_create(adamw_t *a, const ops_t *ops, const param_table_t *t, const dpsync_optim_view_t *v,
+                 double beta1, double beta2, double eps, double weight_decay, double grad_clip);
 void adamw_destroy(adamw_t *a);
 
 /* Gradient-norm clipping factor for a global norm: min(1, clip / norm). */
@@ -52,7 +53,7 @@ double adamw_clip_scale(const adamw_t *a, double grad_norm);
 /* One step over params/grads; grads are multiplied by grad_scale first.
  * params16 (NULL: none) is a bf16 copy indexed like params, written in the
  * same pass (ops adamw's p16): pass it only when the ranges cover every
- * parameter (no ZeRO), or parts of it would go stale. */
+ * parameter (the view's whole), or parts of it would go stale. */
 void adamw_step(adamw_t *a, float *params, uint16_t *params16, const float *grads, double lr, double grad_scale);
 
 #endif

@@ -103,7 +103,7 @@ static int plan_stage(const plan_in_t *in, int s, int layer_begin, stage_plan_t 
     param_table_t t;
     if (param_table_build(&t, c, &part, err, errlen) != 0)
         return -1;
-    /* ZeRO's units, as the trainer cuts them (train.c setup_zero): each
+    /* ZeRO's units, as the strategy cuts them (mpi/dpsync_shard.c): each
      * block's tensors together, every other tensor alone */
     const double S = in->shard;
     double shard_n = 0, max_c = 0, block_n = 0, window = 0, blk_chunk = 0;

@@ -28,68 +28,13 @@
 #include "src/sample.h"
 #include "io/tok_sidecar.h"
 
-/* The training loop's hook into model_backward: hands finished gradient
- * ranges to the data-parallel reducer while backward continues. */
-/* ZeRO-2/3: where non-block unit u is in a buffer of the tensors outside
- * the blocks (the compact layout of model.h): the model's gradients, or
- * under ZeRO-3 its parameters. */
-static float *outside_at(const trainer_t *tr, float *compact, int u)
-{
-    const model_t *m = &tr->model;
-    const size_t off = tr->zero.unit_start[u], lo = m->layer_start[0], hi = m->layer_start[m->n_local];
-    return compact + (off >= hi ? off - (hi - lo) : off);
-}
-
-static int is_block_unit(const trainer_t *tr, int u)
-{
-    return u >= tr->zero_unit0 && u < tr->zero_unit0 + tr->model.n_local;
-}
-
-static void on_grads_ready(void *ctx, size_t ready_from)
-{
-    trainer_t *tr = ctx;
-    if (tr->zero_stage < 2) {
-        if (ddp_grads_ready(&tr->ddp, ready_from) != 0)
-            tr->ddp_failed = 1;
-        return;
-    }
-    if (zero_grads_progress(&tr->zero) != 0 || (tr->zero_stage >= 3 && zero_params_progress(&tr->zero) != 0))
-        tr->ddp_failed = 1;
-    /* units finish from the top down: reduce every one now complete */
-    while (!tr->ddp_failed && tr->zero_next >= 0 && tr->zero.unit_start[tr->zero_next] >= ready_from) {
-        const int u = tr->zero_next--;
-        if ((is_block_unit(tr, u) ? zero_grads_reduce_window(&tr->zero, u)
-                                  : zero_grads_reduce(&tr->zero, u, outside_at(tr, tr->model.grads, u))) != 0)
-            tr->ddp_failed = 1;
-    }
-}
-
-/* ZeRO-2: the window block i's backward writes its gradients into. */
-static float *on_block_grads(void *ctx, int block)
-{
-    trainer_t *tr = ctx;
-    float *w = zero_grads_window(&tr->zero, tr->zero_unit0 + block);
-    if (!w)
-        tr->ddp_failed = 1;
-    return w;
-}
-
-/* ZeRO-3: block i's gathered parameters; starts gathering block `next`. */
-static float *on_block_params(void *ctx, int block, int next)
-{
-    trainer_t *tr = ctx;
-    return zero_params_window(&tr->zero, tr->zero_unit0 + block, next >= 0 ? tr->zero_unit0 + next : -1);
-}
-
 /* The parameters from a full flat host copy [table.numel]: the model's
- * buffer, and under ZeRO-3 this rank's pieces of the blocks. */
+ * buffer, and what the strategy holds beside it (ZeRO-3: this rank's
+ * pieces of the blocks). */
 static int params_from_host(trainer_t *tr, const float *host)
 {
     model_params_from_host(&tr->model, host);
-    if (tr->zero_stage < 3)
-        return 0;
-    zero_shard_from_host(&tr->zero, host, tr->zero.param_shard);
-    return zero_params_invalidate(&tr->zero);
+    return tr->sync.ops->params_from_host(&tr->sync, host);
 }
 
 /* The reverse: a full flat host copy. Under ZeRO-3 the blocks are gathered
@@ -97,10 +42,7 @@ static int params_from_host(trainer_t *tr, const float *host)
 static int params_to_host(trainer_t *tr, float *host)
 {
     model_params_to_host(&tr->model, host);
-    if (tr->zero_stage < 3)
-        return 0;
-    zero_shard_to_host(&tr->zero, tr->zero.param_shard, host);
-    return zero_allgather_host(&tr->zero, host);
+    return tr->sync.ops->params_to_host(&tr->sync, host);
 }
 
 /* --init-from: this rank's slices of the file's tensors into host (see
@@ -165,25 +107,6 @@ static int init_params(trainer_t *tr, uint64_t seed, char *err, size_t errlen)
     }
     free(host);
     return rc;
-}
-
-/* After the optimizer updated this rank's pieces: every rank's copy of the
- * tensors outside the blocks, and under ZeRO-1/2 of the blocks too, is
- * gathered; ZeRO-3 blocks stay as pieces until a window gathers them.
- * Collective over the shard group. */
-static int gather_updated_params(trainer_t *tr)
-{
-    zero_t *z = &tr->zero;
-    model_t *m = &tr->model;
-    model_params_written(m);
-    if (tr->zero_stage < 3)
-        return zero_allgather(z, m->params);
-    if (zero_params_invalidate(z) != 0)
-        return -1;
-    for (int u = 0; u < z->n_units; u++)
-        if (!is_block_unit(tr, u) && zero_params_gather_unit(z, u, outside_at(tr, m->params, u)) != 0)
-            return -1;
-    return 0;
 }
 
 /* Output files are written at the end of the run: refuse at start a path
@@ -298,40 +221,21 @@ static int host_state(trainer_t *tr, float **p, float **m, float **v)
 }
 
 /* The moments as full flat host buffers [table.numel] (what a checkpoint
- * holds) from the optimizer's: the same buffers without ZeRO; under ZeRO
- * each rank's pieces (the optimizer's shards, backend memory), gathered
- * over the shard group so that the writer (DP rank 0) holds every element.
- * Collective over the shard group. */
+ * holds) from the optimizer's, which are indexed as the strategy's view:
+ * under ZeRO each rank's pieces, gathered over the shard group so that
+ * the writer (DP rank 0) holds every element. Collective over the shard
+ * group. */
 static int moments_to_host(trainer_t *tr, float *hm, float *hv)
 {
-    model_t *m = &tr->model;
-    if (tr->zero_stage == 0) {
-        m->ops->to_host(hm, tr->optim.m, m->table.numel * sizeof(float));
-        m->ops->to_host(hv, tr->optim.v, m->table.numel * sizeof(float));
-        return 0;
-    }
-    float *const dst[2] = {hm, hv}, *const src[2] = {tr->optim.m, tr->optim.v};
-    int rc = 0;
-    for (int k = 0; k < 2 && rc == 0; k++) {
-        memset(dst[k], 0, m->table.numel * sizeof(float));
-        zero_shard_to_host(&tr->zero, src[k], dst[k]);
-        rc = zero_allgather_host(&tr->zero, dst[k]);
-    }
-    return rc;
+    dpsync_t *s = &tr->sync;
+    return s->ops->state_to_host(s, tr->optim.m, hm) != 0 || s->ops->state_to_host(s, tr->optim.v, hv) != 0 ? -1 : 0;
 }
 
 /* The reverse, after a checkpoint was read: each rank keeps its pieces. */
-static int moments_from_host(trainer_t *tr, const float *hm, const float *hv)
+static void moments_from_host(trainer_t *tr, const float *hm, const float *hv)
 {
-    model_t *m = &tr->model;
-    if (tr->zero_stage == 0) {
-        m->ops->from_host(tr->optim.m, hm, m->table.numel * sizeof(float));
-        m->ops->from_host(tr->optim.v, hv, m->table.numel * sizeof(float));
-        return 0;
-    }
-    zero_shard_from_host(&tr->zero, hm, tr->optim.m);
-    zero_shard_from_host(&tr->zero, hv, tr->optim.v);
-    return 0;
+    tr->sync.ops->state_from_host(&tr->sync, hm, tr->optim.m);
+    tr->sync.ops->state_from_host(&tr->sync, hv, tr->optim.v);
 }
 
 /* --resume: loads the checkpoint it names into the model and optimizer and
@@ -367,10 +271,11 @@ static int trainer_resume(trainer_t *tr, char *err, size_t errlen)
         load_s = now_s() - t0;
     }
     if (rc == 0) {
-        if (params_from_host(tr, hp) != 0 || moments_from_host(tr, hm, hv) != 0) {
+        if (params_from_host(tr, hp) != 0) {
             snprintf(err, errlen, "out of memory for loading %s", path);
             rc = -1;
         }
+        moments_from_host(tr, hm, hv);
     }
     rc = h5store_agree(MPI_COMM_WORLD, rc, err, errlen);
     if (rc == 0) {
@@ -405,7 +310,7 @@ static int trainer_save(trainer_t *tr, int step, char *err, size_t errlen)
         /* collective over the shard group: every rank reaches it */
         if (params_to_host(tr, hp) != 0 || moments_to_host(tr, hm, hv) != 0) {
             snprintf(err, errlen, "checkpoint: gathering the sharded parameters or AdamW moments failed: %s",
-                     tr->zero.group && tr->zero.group->err[0] ? tr->zero.group->err : "out of memory");
+                     tr->sync.err[0] ? tr->sync.err : "out of memory");
             rc = -1;
         }
     }
@@ -417,7 +322,7 @@ static int trainer_save(trainer_t *tr, int step, char *err, size_t errlen)
                             .tokenizer = tr->data_tokenizer, .tokenizer_sha256 = tr->data_tokenizer_sha256};
         meta.tokens = (long long)step * meta.global_batch * o->seq_len;
         snprintf(meta.layout, sizeof meta.layout, "tp %d pp %d dp %d zero %d", g->tp_size, g->pp_size, g->dp_size,
-                 tr->zero_stage);
+                 tr->sync.ops->zero);
         char path[OPT_PATH_MAX + 64];
         double t0 = now_s();
         rc = ckpt_save(o->ckpt_dir, o->keep, &tr->cfg, &m->table, hp, hm, hv, g->dp_rank == 0, g->tp_size,
@@ -445,7 +350,7 @@ static int trainer_save_params(trainer_t *tr, char *err, size_t errlen)
     rc = h5store_agree(MPI_COMM_WORLD, rc, err, errlen);
     if (rc == 0) {
         if (params_to_host(tr, host) != 0) {
-            snprintf(err, errlen, "--save-params: gathering the sharded parameters failed: %s", tr->zero.group->err);
+            snprintf(err, errlen, "--save-params: gathering the sharded parameters failed: %s", tr->sync.err);
             rc = -1;
         }
     }
@@ -453,7 +358,7 @@ static int trainer_save_params(trainer_t *tr, char *err, size_t errlen)
     if (rc == 0) {
         char layout[64];
         snprintf(layout, sizeof layout, "tp %d pp %d dp %d zero %d", g->tp_size, g->pp_size, g->dp_size,
-                 tr->zero_stage);
+                 tr->sync.ops->zero);
         h5store_attr_t attrs[PARAM_IO_MODEL_ATTRS + 6];
         int na = param_io_model_attrs(&tr->cfg, attrs);
         attrs[na++] = (h5store_attr_t){.key = "content", .type = H5STORE_STR, .s = "params"};
@@ -471,38 +376,47 @@ static int trainer_save_params(trainer_t *tr, char *err, size_t errlen)
     return rc;
 }
 
-/* ZeRO's units: each transformer block's tensors together, every other
- * tensor (embeddings, final norm, head) alone; sharded over the DP group
- * or, with --hybrid-shard, over the shard group. gdt: --grad-reduce-dtype. */
-static int setup_zero(trainer_t *tr, comm_dtype_t gdt, char *err, size_t errlen)
+/* The data-parallel strategy over the model's buffers: the tensors'
+ * offsets, the stage's block each belongs to (ZeRO's units) and whether
+ * it counts in the gradient norm here (each logical parameter once: a
+ * TP-split tensor's slices on every TP rank, a replicated one on TP rank 0
+ * only, GPT-2's tied head copy never). gdt: --grad-reduce-dtype. */
+static int setup_sync(trainer_t *tr, const dpsync_ops_t *kind, comm_dtype_t gdt, char *err, size_t errlen)
 {
-    const param_table_t *t = &tr->model.table;
+    const run_options_t *o = tr->opt;
+    const model_t *m = &tr->model;
+    const param_table_t *t = &m->table;
     const grid_t *g = tr->grid;
-    size_t *start = malloc(((size_t)t->n + 1) * sizeof *start);
-    if (!start) {
-        snprintf(err, errlen, "out of memory");
+    ddp_mode_t mode;
+    if (ddp_mode_parse(o->ddp_mode, &mode) != 0) {
+        snprintf(err, errlen, "cannot set up --ddp-mode %s with --bucket-mb %g", o->ddp_mode, o->bucket_mb);
         return -1;
     }
-    int n = 0;
-    size_t window = 0;
-    tr->zero_unit0 = -1;
-    for (int i = 0; i < t->n; i++) {
-        const int block = t->p[i].layer >= 0 && t->p[i].layer < tr->cfg.n_layer;
-        if (i == 0 || !block || t->p[i - 1].layer != t->p[i].layer) {
-            if (block && tr->zero_unit0 < 0)
-                tr->zero_unit0 = n;
-            start[n++] = t->p[i].offset;
-        }
+    size_t *start = malloc(((size_t)t->n + 1) * sizeof *start);
+    int *block = malloc(((size_t)t->n + 1) * sizeof *block);
+    unsigned char *norm = malloc((size_t)t->n + 1);
+    int rc = start && block && norm ? 0 : -1;
+    for (int i = 0; rc == 0 && i < t->n; i++) {
+        const param_desc_t *d = &t->p[i];
+        start[i] = d->offset;
+        block[i] = d->layer >= 0 && d->layer < tr->cfg.n_layer ? d->layer - m->lay.part.layer_begin : -1;
+        norm[i] = !(d->tied_copy || (d->tp_split == TP_SPLIT_NONE && g->tp_rank != 0));
     }
-    start[n] = t->numel;
-    for (int u = tr->zero_unit0; u >= 0 && u < tr->zero_unit0 + tr->model.n_local; u++)
-        if (start[u + 1] - start[u] > window)
-            window = start[u + 1] - start[u];
-    int rc = zero_create(&tr->zero, tr->model.ops, tr->zero_stage, g->shard ? g->shard : g->dp, t->numel, start, n,
-                         tr->zero_stage >= 2 ? window : 0, g->replica, gdt);
+    if (rc == 0) {
+        start[t->n] = t->numel;
+        const dpsync_config_t c = {.ops = m->ops, .dp = g->dp, .shard = g->shard, .replica = g->replica,
+                                   .params = m->params, .grads = m->grads, .n = t->numel, .n_tensors = t->n,
+                                   .tensor_start = start, .tensor_block = block, .tensor_norm = norm, .mode = mode,
+                                   .bucket_bytes = (size_t)(o->bucket_mb * 1048576.0), .dtype = gdt};
+        if ((rc = dpsync_create(&tr->sync, kind, &c)) != 0)
+            snprintf(err, errlen, "%s", tr->sync.err);
+    } else {
+        snprintf(err, errlen, "out of memory");
+    }
     free(start);
-    if (rc != 0)
-        snprintf(err, errlen, "out of memory for the ZeRO buffers");
+    free(block);
+    free(norm);
+    tr->model.hook = tr->sync.hook;
     return rc;
 }
 
@@ -701,9 +615,15 @@ int trainer_setup(trainer_t *tr, const run_options_t *o, const launch_env_t *env
     lay.sequence_parallel = o->sequence_parallel;
     lay.doc_mask = o->doc_mask;
     lay.n_slots = pipe_slots(tr->pp_kind, grid->pp_size, grid->pp_rank, tr->accum);
-    tr->zero_stage = options_zero_stage(o);
-    lay.lent_block_grads = tr->zero_stage >= 2;
-    lay.lent_block_params = tr->zero_stage >= 3;
+    /* the strategy's kind decides what the model keeps of the blocks */
+    const int stage = options_zero_stage(o);
+    const dpsync_ops_t *kind = dpsync_pick(stage);
+    if (!kind) {
+        snprintf(err, errlen, "internal error: no data-parallel strategy for ZeRO stage %d", stage);
+        return -1;
+    }
+    lay.lent_block_grads = kind->lends_block_grads;
+    lay.lent_block_params = kind->lends_block_params;
     if (model_recompute_parse(o->recompute, &lay.recompute) != 0) {
         snprintf(err, errlen, "--recompute '%s': allowed none|selective|full", o->recompute);
         return -1;
@@ -715,7 +635,7 @@ int trainer_setup(trainer_t *tr, const run_options_t *o, const launch_env_t *env
                       errlen) != 0)
         return -1;
     const int H = o->hybrid_shard;
-    if (H > 0 && H < grid->dp_size && options_zero_stage(o) > 0 && grid_create_shard_group(grid, H) != 0) {
+    if (H > 0 && H < grid->dp_size && kind->shards && grid_create_shard_group(grid, H) != 0) {
         snprintf(err, errlen, "%s", grid->err);
         return -1;
     }
@@ -738,29 +658,16 @@ int trainer_setup(trainer_t *tr, const run_options_t *o, const launch_env_t *env
         snprintf(err, errlen, "--grad-reduce-dtype '%s': allowed values are fp32|bf16", o->grad_reduce_dtype);
         return -1;
     }
-    if (tr->zero_stage > 0 && setup_zero(tr, gdt, err, errlen) != 0)
+    if (setup_sync(tr, kind, gdt, err, errlen) != 0)
         return -1;
-    tr->model.block_params = on_block_params;
-    tr->model.block_params_ctx = tr;
     if (init_params(tr, (uint64_t)o->seed, err, errlen) != 0)
         return -1;
-    if (adamw_create(&tr->optim, tr->model.ops, &tr->model.table, tr->zero_stage ? &tr->zero : NULL, o->beta1,
-                     o->beta2, o->adam_eps, o->weight_decay, o->grad_clip) != 0) {
+    if (adamw_create(&tr->optim, tr->model.ops, &tr->model.table, &tr->sync.view, o->beta1, o->beta2, o->adam_eps,
+                     o->weight_decay, o->grad_clip) != 0) {
         snprintf(err, errlen, "out of memory for the optimizer state (%zu parameters)", tr->model.table.numel);
         return -1;
     }
     const param_table_t *t = &tr->model.table;
-    tr->tensor_start = malloc(((size_t)t->n + 1) * sizeof *tr->tensor_start);
-    tr->norm_x = malloc(((size_t)t->n + 1) * sizeof *tr->norm_x);
-    tr->norm_n = malloc(((size_t)t->n + 1) * sizeof *tr->norm_n);
-    tr->norm_ss = malloc(((size_t)t->n + 1) * sizeof *tr->norm_ss);
-    if (!tr->tensor_start || !tr->norm_x || !tr->norm_n || !tr->norm_ss) {
-        snprintf(err, errlen, "out of memory");
-        return -1;
-    }
-    for (int i = 0; i < t->n; i++)
-        tr->tensor_start[i] = t->p[i].offset;
-    tr->tensor_start[t->n] = t->numel;
     /* GPT-2's tied embedding, when the first and last stage differ: the
      * first stage's wte and the last stage's copy, summed over the
      * embedding group */
@@ -771,13 +678,6 @@ int trainer_setup(trainer_t *tr, const run_options_t *o, const launch_env_t *env
         return -1;
     if (o->resume[0] && trainer_resume(tr, err, errlen) != 0)
         return -1;
-    ddp_mode_t mode;
-    if (tr->zero_stage < 2 && (ddp_mode_parse(o->ddp_mode, &mode) != 0 ||
-        ddp_create(&tr->ddp, tr->model.ops, mode, grid->dp, tr->model.grads, t->numel, tr->tensor_start, t->n,
-                   (size_t)(o->bucket_mb * 1048576.0), gdt) != 0)) {
-        snprintf(err, errlen, "cannot set up --ddp-mode %s with --bucket-mb %g", o->ddp_mode, o->bucket_mb);
-        return -1;
-    }
     size_t n = (size_t)o->micro_batch * (size_t)o->seq_len;
     tr->tok = malloc(n * sizeof *tr->tok);
     tr->tgt = malloc(n * sizeof *tr->tgt);
@@ -862,22 +762,7 @@ void trainer_banner(const trainer_t *tr, FILE *out)
             fprintf(out, "\n");
         }
     }
-    if (g->dp_size > 1 && tr->zero_stage < 2)
-        fprintf(out, "data parallel: %s all-reduce of %zu gradients over %d ranks, %d bucket%s, reduced in %s\n",
-                o->ddp_mode, tr->model.table.numel, g->dp_size, tr->ddp.n_buckets, tr->ddp.n_buckets == 1 ? "" : "s",
-                o->grad_reduce_dtype);
-    else if (g->dp_size > 1)
-        fprintf(out, "data parallel: reduce-scatter of each block's gradients as its backward ends (every "
-                "microbatch), the other tensors' after backward, over %d ranks, reduced in %s\n",
-                tr->zero.group->size, o->grad_reduce_dtype);
-    if (tr->zero_stage > 0) {
-        static const char *const what[] = {"", "AdamW moments", "AdamW moments and gradients",
-                                           "AdamW moments, gradients and block parameters"};
-        fprintf(out, "ZeRO-%d: %s sharded over %d ranks", tr->zero_stage, what[tr->zero_stage], tr->zero.group->size);
-        if (g->replica)
-            fprintf(out, ", replicated over %d shard groups (--hybrid-shard)", g->replica->size);
-        fprintf(out, "\n");
-    }
+    tr->sync.ops->banner(&tr->sync, out, o->ddp_mode, o->grad_reduce_dtype);
     fprintf(out, "model %s (%s): L=%d C=%d heads=%d kv_heads=%d ffn=%d vocab=%d | %zu parameters\n", o->model,
             model_arch_name(c->arch), c->n_layer, c->d_model, c->n_head, c->n_kv_head, c->d_ff,
             c->vocab_size, model_params_total(c));
@@ -968,7 +853,7 @@ double trainer_val_loss(trainer_t *tr)
     int failed = 0;
     for (int r = 0; r < rounds && !failed; r++) {
         const int i = r * g->dp_size + g->dp_rank;
-        if (i < nb || tr->zero_stage >= 3) {
+        if (i < nb || tr->sync.ops->collective_forward) {
             const uint64_t src = i < nb ? (uint64_t)i : 0;
             for (int b = 0; b < B; b++)
                 data_sample(&tr->val, src * B + b, tr->tok + (size_t)b * T, tr->tgt + (size_t)b * T);
@@ -1000,48 +885,22 @@ double trainer_val_loss(trainer_t *tr)
 
 double trainer_grad_norm(trainer_t *tr)
 {
-    const model_t *m = &tr->model;
     const grid_t *g = tr->grid;
-    /* Gradients are DP-averaged, so identical on every replica: the sum
-     * runs over the TP and PP groups only. Each logical parameter counts once: a
-     * TP-split tensor's slices on every rank, a replicated one (norms,
-     * row-parallel biases, wpe) on TP rank 0 only, GPT-2's tied head copy on
-     * the last stage never. The fixed-order sum in
-     * double gives the same value on every rank. One sumsq call for all
-     * tensors: one wait for the backend, not one per tensor. */
-    const zero_t *z = &tr->zero;
-    int nv = 0;
-    for (int i = 0; i < m->table.n; i++) {
-        const param_desc_t *d = &m->table.p[i];
-        if (d->tied_copy || (d->tp_split == TP_SPLIT_NONE && g->tp_rank != 0))
-            continue;
-        if (tr->zero_stage < 2) {
-            tr->norm_x[nv] = m->grads + d->offset;
-            tr->norm_n[nv++] = d->numel;
-            continue;
-        }
-        /* ZeRO-2: this rank's piece of the tensor; the DP sum below adds
-         * the other pieces */
-        const int u = zero_unit_of(z, d->offset);
-        size_t lo, hi;
-        zero_piece(z, u, &lo, &hi);
-        const size_t a = d->offset > lo ? d->offset : lo, e = d->offset + d->numel, b = e < hi ? e : hi;
-        if (a < b) {
-            tr->norm_x[nv] = z->grad_shard + z->shard_start[u] + (a - lo);
-            tr->norm_n[nv++] = b - a;
-        }
-    }
-    m->ops->sumsq(tr->norm_ss, tr->norm_x, tr->norm_n, nv);
-    double local = 0.0;
-    for (int i = 0; i < nv; i++)
-        local += tr->norm_ss[i];
-    const int over_dp = tr->zero_stage >= 2 && z->group->size > 1;
+    /* Each logical parameter counts once (setup_sync's norm flags); the
+     * strategy knows which of its gradients this rank's sum of squares
+     * covers: whole tensors where gradients are DP-averaged, so identical
+     * on every replica; ZeRO-2/3's pieces, which its norm group adds up.
+     * The fixed-order sum in double gives the same value on every rank;
+     * one sumsq call for all tensors: one wait for the backend, not one
+     * per tensor. */
+    double local = dpsync_grad_sumsq(&tr->sync);
+    comm_t *over_dp = tr->sync.norm_group;
     if (g->tp_size > 1 || g->pp_size > 1 || over_dp) {
         /* the communicator carries fp32: ~1e-7 relative, ample for clipping */
         float part = (float)local;
         if ((g->tp_size > 1 && g->tp->ops->allreduce(g->tp, &part, 1, COMM_SUM) != 0) ||
             (g->pp_size > 1 && g->pp->ops->allreduce(g->pp, &part, 1, COMM_SUM) != 0) ||
-            (over_dp && z->group->ops->allreduce(z->group, &part, 1, COMM_SUM) != 0))
+            (over_dp && over_dp->ops->allreduce(over_dp, &part, 1, COMM_SUM) != 0))
             return NAN;
         local = part;
     }
@@ -1054,15 +913,21 @@ int trainer_check_replicas(trainer_t *tr, int step, char *err, size_t errlen)
     /* the hashes are host loops, so on a host copy (the backend's memory
      * need not be host-readable); under ZeRO-3 that copy is the gathered
      * whole, as the blocks are held as pieces */
-    float *host = malloc(tr->model.table.numel * sizeof *host + 1);
-    if (!host || params_to_host(tr, host) != 0) {
-        snprintf(err, errlen, "replica check: %s",
-                 host && tr->zero.group ? tr->zero.group->err : "out of memory");
+    const param_table_t *t = &tr->model.table;
+    float *host = malloc(t->numel * sizeof *host + 1);
+    size_t *start = malloc(((size_t)t->n + 1) * sizeof *start);
+    if (!host || !start || params_to_host(tr, host) != 0) {
+        snprintf(err, errlen, "replica check: %s", host && start ? tr->sync.err : "out of memory");
         free(host);
+        free(start);
         return -1;
     }
-    int rc = replica_check(tr->grid->dp, host, tr->tensor_start, tr->model.table.n, &bad);
+    for (int i = 0; i < t->n; i++)
+        start[i] = t->p[i].offset;
+    start[t->n] = t->numel;
+    int rc = replica_check(tr->grid->dp, host, start, t->n, &bad);
     free(host);
+    free(start);
     if (rc < 0) {
         snprintf(err, errlen, "replica check: %s", tr->grid->dp->err);
         return -1;
@@ -1181,32 +1046,21 @@ static int stage_forward(void *ctx, int micro, int slot)
     return 0;
 }
 
+/* The strategy says whether this backward adds to the gradients and is
+ * the step's last (model_backward's flags), and communicates through the
+ * model's hook during it where it needs to. */
 static int stage_backward(void *ctx, int micro, int slot)
 {
     trainer_t *tr = ctx;
     model_t *m = &tr->model;
-    int first = tr->bwd_done == 0, last = tr->bwd_done == tr->accum - 1;
-    if (tr->zero_stage >= 2) {
-        /* every microbatch's gradients are fresh and reduce-scattered into
-         * the shard, where they add up */
-        first = last = 1;
-        tr->zero_next = tr->zero.n_units - 1;
-        m->grads_ready = on_grads_ready;
-        m->grads_ready_ctx = tr;
-        m->block_grads = on_block_grads;
-        m->block_grads_ctx = tr;
-    } else if (last) {
-        /* only the step's last backward communicates gradients */
-        ddp_begin(&tr->ddp);
-        m->grads_ready = on_grads_ready;
-        m->grads_ready_ctx = tr;
-    }
+    dpsync_t *s = &tr->sync;
+    int accum, last;
+    s->ops->backward_begin(s, tr->bwd_done, tr->accum, &accum, &last);
     m->trace_micro = micro;
-    int rc = model_backward(m, slot, !first, last);
-    m->grads_ready = NULL;
+    int rc = model_backward(m, slot, accum, last);
     tr->bwd_done++;
-    if (tr->ddp_failed) {
-        snprintf(tr->step_err, sizeof tr->step_err, "gradient reduce-scatter failed: %.400s", tr->zero.group->err);
+    if (dpsync_backward_end(s) != 0) {
+        snprintf(tr->step_err, sizeof tr->step_err, "%s", s->err);
         return -1;
     }
     if (rc != 0)
@@ -1227,8 +1081,7 @@ static int step_gradients(trainer_t *tr, int step, double *bubble_s, char *err, 
     const grid_t *g = tr->grid;
     tr->cur_step = step;
     tr->bwd_done = 0;
-    if (tr->zero_stage >= 2)
-        zero_grads_begin(&tr->zero);
+    tr->sync.ops->step_begin(&tr->sync);
     tr->loss_sum = 0.0;
     tr->step_err[0] = '\0';
     *bubble_s = 0.0;
@@ -1250,29 +1103,16 @@ static int step_gradients(trainer_t *tr, int step, double *bubble_s, char *err, 
         }
         *bubble_s = st.wait_s;
     }
-    if (tr->zero_stage >= 2) {
-        if (tr->ddp_failed || zero_grads_finish(&tr->zero, 1.0f / (float)g->dp_size) != 0) {
-            snprintf(err, errlen, "step %d: gradient reduce-scatter failed: %s", step + 1, tr->zero.group->err);
-            return -1;
-        }
-        /* HSDP: each shard group reduced its own ranks' gradients; the
-         * groups' pieces of the same elements are summed across them */
-        if (g->replica && zero_grads_replicas(&tr->zero) != 0) {
-            snprintf(err, errlen, "step %d: gradient all-reduce across shard groups failed: %s", step + 1,
-                     g->replica->err);
-            return -1;
-        }
-    } else if (tr->ddp_failed || ddp_finish(&tr->ddp) != 0) {
-        snprintf(err, errlen, "step %d: gradient all-reduce failed: %s", step + 1, g->dp->err);
+    if (tr->sync.ops->grads_finish(&tr->sync) != 0) {
+        snprintf(err, errlen, "step %d: %s", step + 1, tr->sync.err);
         return -1;
     }
     if (tr->tied >= 0) {
+        /* wte and its copy, as this rank holds their gradients (the same
+         * elements of both: ZeRO-2/3's pieces of one-tensor units coincide) */
         const param_desc_t *d = &m->table.p[tr->tied];
-        /* ZeRO-2: wte and its copy are one-tensor units of the same length,
-         * so this rank's pieces of both cover the same elements */
-        const int u = tr->zero_stage >= 2 ? zero_unit_of(&tr->zero, d->offset) : -1;
-        float *buf = u >= 0 ? tr->zero.grad_shard + tr->zero.shard_start[u] : m->grads + d->offset;
-        const size_t n = u >= 0 ? tr->zero.chunk[u] : d->numel;
+        size_t n;
+        float *buf = tr->sync.ops->tensor_grads(&tr->sync, d->offset, d->numel, &n);
         m->ops->sync(); /* running kernels are compute, not communication */
         double t0 = now_s();
         if (g->embed->ops->allreduce(g->embed, buf, n, COMM_SUM) != 0) {
@@ -1346,153 +1186,180 @@ static double step_flops_token(trainer_t *tr)
     return f;
 }
 
-int trainer_run(trainer_t *tr, char *err, size_t errlen)
+/* The untrained model's validation loss: the baseline the run improves on. */
+static int baseline_val(trainer_t *tr, char *err, size_t errlen)
 {
     const run_options_t *o = tr->opt;
-    const int B = o->micro_batch, T = o->seq_len, rank0 = tr->env->world_rank == 0;
-    model_t *m = &tr->model;
-    const grid_t *g = tr->grid;
-    const double tokens_step = (double)B * T * tr->accum * g->dp_size;
-    double t_run = now_s(), loss = NAN;
-    long defer_ops0 = 0, defer_waits0 = 0; /* DTRAIN_DEFER_OPS counts after the first step */
-    if (tr->has_val && tr->start_step == 0) {
-        /* the untrained model's validation loss: the baseline the run improves on */
-        double v = trainer_val_loss(tr);
-        if (rank0) {
-            printf("step %*d/%d | val %.6f\n", o->steps >= 10000 ? 6 : 4, 0, o->steps, v);
-            if (tr->metrics && fprintf(tr->metrics, "{\"step\": 0, \"val_loss\": %.9g}\n", v) < 0) {
-                snprintf(err, errlen, "--metrics %s: write failed: %s", o->metrics, strerror(errno));
-                return -1;
-            }
-        }
-    }
-    if (tr->start_step >= o->steps && rank0)
-        printf("resume: the checkpoint is at step %d and --steps is %d: nothing left to train\n", tr->start_step,
-               o->steps);
-    /* --stop-at-step ends this job early; the schedule is still --steps' */
-    const int end = o->stop_at_step > 0 && o->stop_at_step < o->steps ? o->stop_at_step : o->steps;
-    for (int step = tr->start_step; step < end; step++) {
-        double t0 = now_s();
-        double lr = lr_at(&tr->sched, step), bubble = 0.0;
-        m->tp_comm_s = 0.0;
-        tr->embed_comm_s = 0.0;
-        if (step_gradients(tr, step, &bubble, err, errlen) != 0)
-            return -1;
-        /* the step's loss is the mean over the global batch: the last
-         * stage's microbatch means, summed over PP (others add 0) and DP */
-        float lf = g->pp_rank == g->pp_size - 1 ? (float)(tr->loss_sum / tr->accum) : 0.0f;
-        if ((g->pp_size > 1 && g->pp->ops->allreduce(g->pp, &lf, 1, COMM_SUM) != 0) ||
-            (g->dp_size > 1 && g->dp->ops->allreduce(g->dp, &lf, 1, COMM_SUM) != 0)) {
-            snprintf(err, errlen, "step %d: loss all-reduce failed", step + 1);
-            return -1;
-        }
-        loss = (double)lf / g->dp_size;
-        double norm = trainer_grad_norm(tr);
-        if (!isfinite(loss) || !isfinite(norm)) {
-            snprintf(err, errlen, "step %d: loss %g, gradient norm %g: training diverged; lower --lr or raise --warmup",
-                     step + 1, loss, norm);
-            return -1;
-        }
-        double t_opt = tr->trace ? trace_now() : 0.0;
-        /* without ZeRO the update covers every parameter and keeps the bf16
-         * weights current in the same pass; with it the gather below
-         * writes params, and the bf16 weights are recast once per step */
-        adamw_step(&tr->optim, tr->zero_stage >= 3 ? tr->zero.param_shard : m->params,
-                   tr->zero_stage == 0 ? m->params16 : NULL, tr->zero_stage >= 2 ? tr->zero.grad_shard : m->grads, lr,
-                   adamw_clip_scale(&tr->optim, norm));
-        if (tr->trace)
-            m->ops->sync(); /* the span measures the kernels (see model.c span_end) */
-        trace_span(tr->trace, TRACE_COMPUTE, "optimizer", t_opt, tr->trace ? trace_now() : 0.0, NULL);
-        double zero_s = 0.0;
-        if (tr->zero_stage > 0) {
-            /* each rank updated its pieces: gather the rest */
-            double tz = now_s();
-            if (gather_updated_params(tr) != 0) {
-                snprintf(err, errlen, "step %d: ZeRO parameter all-gather failed: %s", step + 1,
-                         tr->zero.group->err);
-                return -1;
-            }
-            zero_s = now_s() - tz;
-        }
-        m->ops->sync(); /* the step's time covers its kernels (the optimizer's run ahead of the host) */
-        double dt = now_s() - t0;
-        tr->steps_done = step + 1;
-
-        step_record_t r = {.step = step + 1, .steps = o->steps, .loss = loss, .val_loss = NAN, .lr = lr,
-                           .grad_norm = norm, .ms = 1e3 * dt, .tokens_per_s = tokens_step / dt};
-        /* compute, exposed communication (blocked in the DP wait, TP
-         * collectives, the tied-embedding sum) and the pipeline bubble
-         * (blocked waiting for a neighbour stage), max and mean over ranks:
-         * a straggler or a slow link shows as max well above mean */
-        double comm = (tr->zero_stage >= 2 ? tr->zero.wait_s + tr->zero.gather_s : tr->ddp.comm_wait_s) + m->tp_comm_s +
-                      tr->embed_comm_s + zero_s;
-        float t[6] = {(float)(dt - comm - bubble), (float)comm, (float)(bubble / dt)}, tmax[3];
-        memcpy(tmax, t, sizeof tmax);
-        memcpy(t + 3, t, sizeof tmax);
-        if (g->world_size > 1 && (g->world->ops->allreduce(g->world, tmax, 3, COMM_MAX) != 0 ||
-                                  g->world->ops->allreduce(g->world, t + 3, 3, COMM_SUM) != 0)) {
-            snprintf(err, errlen, "step %d: timing all-reduce failed: %s", step + 1, g->world->err);
-            return -1;
-        }
-        for (int k = 0; k < MEM_N_CATEGORIES; k++)
-            r.mem_peak[k] = (long long)mem_peak_bytes((mem_category_t)k);
-        r.mem_peak[MEM_N_CATEGORIES] = (long long)mem_total_peak_bytes();
-        watchdog_enter(tr->watch, "allreduce (memory peaks)", "world", g->world_size, (long long)sizeof r.mem_peak,
-                       -1);
-        launch_mpi_check(MPI_Allreduce(MPI_IN_PLACE, r.mem_peak, MEM_N_CATEGORIES + 1, MPI_LONG_LONG, MPI_MAX,
-                                       MPI_COMM_WORLD),
-                         "MPI_Allreduce (memory peaks)");
-        watchdog_leave(tr->watch);
-        r.compute_ms_max = 1e3 * tmax[0];
-        r.comm_ms = 1e3 * tmax[1];
-        r.bubble_max = tmax[2];
-        r.compute_ms_mean = 1e3 * t[3] / g->world_size;
-        r.comm_ms_mean = 1e3 * t[4] / g->world_size;
-        r.bubble_mean = t[5] / g->world_size;
-        /* MFU never exceeds 100 %: a step faster than the peak shows the peak
-         * was wrong (a probe disturbed by a neighbour, a --peak-gflops too
-         * low), and the peak becomes that step's rate from then on */
-        double rate = step_flops_token(tr) * r.tokens_per_s * 1e-9 / g->world_size;
-        if (tr->peak_gflops > 0 && rate > tr->peak_gflops) {
-            if (rank0 && !tr->peak_rebased)
-                printf("mfu: step %d ran at %.1f GFLOP/s per rank, above the peak of %.1f (%s): that peak is too "
-                       "low; MFU is against the fastest step's rate from here on\n", step + 1, rate,
-                       tr->peak_gflops, o->peak_gflops > 0 ? "--peak-gflops" : "sgemm probe");
-            tr->peak_rebased = 1;
-            tr->peak_gflops = rate;
-        }
-        r.mfu = tr->peak_gflops > 0 ? rate / tr->peak_gflops : 0.0;
-        if (o->check_replicas > 0 && (step + 1) % o->check_replicas == 0 &&
-            trainer_check_replicas(tr, step + 1, err, errlen) != 0)
-            return -1;
-        if (tr->has_val && ((step + 1) % o->val_every == 0 || step + 1 == end))
-            r.val_loss = trainer_val_loss(tr);
-        if (rank0) {
-            metrics_print_step(stdout, &r);
-            if (tr->metrics && metrics_write_json(tr->metrics, &r) != 0) {
-                snprintf(err, errlen, "--metrics %s: write failed: %s", o->metrics, strerror(errno));
-                return -1;
-            }
-        }
-        if (o->ckpt_dir[0] && ((o->ckpt_every > 0 && (step + 1) % o->ckpt_every == 0) || step + 1 == end) &&
-            trainer_save(tr, step + 1, err, errlen) != 0)
-            return -1;
-        if (tr->backend.deferred && step == tr->start_step)
-            ops_defer_counts(&defer_ops0, &defer_waits0);
-        if (step + 1 < end && stop_requested(tr, step + 1, err, errlen) != 0)
-            return -1;
-        if (tr->stopped_by)
-            break;
-    }
-    if (tr->stopped_by) {
-        /* the run continues in a later job: no final parameters, no sample */
-        if (tr->trace && write_trace(tr, err, errlen) != 0)
-            return -1;
+    double v = trainer_val_loss(tr);
+    if (tr->env->world_rank != 0)
         return 0;
+    printf("step %*d/%d | val %.6f\n", o->steps >= 10000 ? 6 : 4, 0, o->steps, v);
+    if (tr->metrics && fprintf(tr->metrics, "{\"step\": 0, \"val_loss\": %.9g}\n", v) < 0) {
+        snprintf(err, errlen, "--metrics %s: write failed: %s", o->metrics, strerror(errno));
+        return -1;
     }
-    if (rank0) {
+    return 0;
+}
+
+/* The step's loss, the mean over the global batch: the last stage's
+ * microbatch means, summed over PP (others add 0) and DP. 0 or -1. */
+static int step_loss(trainer_t *tr, double *loss)
+{
+    const grid_t *g = tr->grid;
+    float lf = g->pp_rank == g->pp_size - 1 ? (float)(tr->loss_sum / tr->accum) : 0.0f;
+    if ((g->pp_size > 1 && g->pp->ops->allreduce(g->pp, &lf, 1, COMM_SUM) != 0) ||
+        (g->dp_size > 1 && g->dp->ops->allreduce(g->dp, &lf, 1, COMM_SUM) != 0))
+        return -1;
+    *loss = (double)lf / g->dp_size;
+    return 0;
+}
+
+/* The optimizer step on the strategy's view of this rank's state, then
+ * the strategy gathers what the update changed elsewhere. */
+static int update_params(trainer_t *tr, int step, double lr, double norm, char *err, size_t errlen)
+{
+    model_t *m = &tr->model;
+    const dpsync_optim_view_t *v = &tr->sync.view;
+    double t_opt = tr->trace ? trace_now() : 0.0;
+    /* a view of every parameter keeps the bf16 weights current in the
+     * same pass; otherwise the gather writes params, and the bf16 weights
+     * are recast once per step */
+    adamw_step(&tr->optim, v->params, v->whole ? m->params16 : NULL, v->grads, lr, adamw_clip_scale(&tr->optim, norm));
+    if (tr->trace)
+        m->ops->sync(); /* the span measures the kernels (see model.c span_end) */
+    trace_span(tr->trace, TRACE_COMPUTE, "optimizer", t_opt, tr->trace ? trace_now() : 0.0, NULL);
+    if (!v->whole)
+        model_params_written(m);
+    if (tr->sync.ops->after_update(&tr->sync) != 0) {
+        snprintf(err, errlen, "step %d: %s", step + 1, tr->sync.err);
+        return -1;
+    }
+    return 0;
+}
+
+/* A step's seconds on this rank: the whole step, its exposed
+ * communication (blocked in the DP strategy's waits, TP collectives, the
+ * tied-embedding sum) and the pipeline bubble (blocked waiting for a
+ * neighbour stage). */
+typedef struct step_times {
+    double dt, comm, bubble;
+} step_times_t;
+
+/* One optimizer step: gradients, loss, norm, update. Fills r's step,
+ * loss, lr, norm and rate, and *t. */
+static int train_step(trainer_t *tr, int step, step_record_t *r, step_times_t *t, char *err, size_t errlen)
+{
+    const run_options_t *o = tr->opt;
+    model_t *m = &tr->model;
+    double t0 = now_s();
+    double lr = lr_at(&tr->sched, step);
+    m->tp_comm_s = 0.0;
+    tr->embed_comm_s = 0.0;
+    if (step_gradients(tr, step, &t->bubble, err, errlen) != 0)
+        return -1;
+    double loss;
+    if (step_loss(tr, &loss) != 0) {
+        snprintf(err, errlen, "step %d: loss all-reduce failed", step + 1);
+        return -1;
+    }
+    double norm = trainer_grad_norm(tr);
+    if (!isfinite(loss) || !isfinite(norm)) {
+        snprintf(err, errlen, "step %d: loss %g, gradient norm %g: training diverged; lower --lr or raise --warmup",
+                 step + 1, loss, norm);
+        return -1;
+    }
+    if (update_params(tr, step, lr, norm, err, errlen) != 0)
+        return -1;
+    m->ops->sync(); /* the step's time covers its kernels (the optimizer's run ahead of the host) */
+    const double dt = now_s() - t0, tokens_step = (double)o->micro_batch * o->seq_len * tr->accum * tr->grid->dp_size;
+    tr->steps_done = step + 1;
+    *r = (step_record_t){.step = step + 1, .steps = o->steps, .loss = loss, .val_loss = NAN, .lr = lr,
+                         .grad_norm = norm, .ms = 1e3 * dt, .tokens_per_s = tokens_step / dt};
+    t->dt = dt;
+    t->comm = tr->sync.ops->comm_s(&tr->sync) + m->tp_comm_s + tr->embed_comm_s;
+    return 0;
+}
+
+/* The step's compute, exposed communication and bubble, max and mean over
+ * ranks (a straggler or a slow link shows as max well above mean), the
+ * allocator's peaks (max over ranks) and the MFU. Collective. */
+static int step_stats(trainer_t *tr, step_record_t *r, const step_times_t *st, char *err, size_t errlen)
+{
+    const grid_t *g = tr->grid;
+    const double dt = st->dt;
+    float t[6] = {(float)(dt - st->comm - st->bubble), (float)st->comm, (float)(st->bubble / dt)}, tmax[3];
+    memcpy(tmax, t, sizeof tmax);
+    memcpy(t + 3, t, sizeof tmax);
+    if (g->world_size > 1 && (g->world->ops->allreduce(g->world, tmax, 3, COMM_MAX) != 0 ||
+                              g->world->ops->allreduce(g->world, t + 3, 3, COMM_SUM) != 0)) {
+        snprintf(err, errlen, "step %d: timing all-reduce failed: %s", r->step, g->world->err);
+        return -1;
+    }
+    for (int k = 0; k < MEM_N_CATEGORIES; k++)
+        r->mem_peak[k] = (long long)mem_peak_bytes((mem_category_t)k);
+    r->mem_peak[MEM_N_CATEGORIES] = (long long)mem_total_peak_bytes();
+    watchdog_enter(tr->watch, "allreduce (memory peaks)", "world", g->world_size, (long long)sizeof r->mem_peak, -1);
+    launch_mpi_check(MPI_Allreduce(MPI_IN_PLACE, r->mem_peak, MEM_N_CATEGORIES + 1, MPI_LONG_LONG, MPI_MAX,
+                                   MPI_COMM_WORLD),
+                     "MPI_Allreduce (memory peaks)");
+    watchdog_leave(tr->watch);
+    r->compute_ms_max = 1e3 * tmax[0];
+    r->comm_ms = 1e3 * tmax[1];
+    r->bubble_max = tmax[2];
+    r->compute_ms_mean = 1e3 * t[3] / g->world_size;
+    r->comm_ms_mean = 1e3 * t[4] / g->world_size;
+    r->bubble_mean = t[5] / g->world_size;
+    /* MFU never exceeds 100 %: a step faster than the peak shows the peak
+     * was wrong (a probe disturbed by a neighbour, a --peak-gflops too
+     * low), and the peak becomes that step's rate from then on */
+    double rate = step_flops_token(tr) * r->tokens_per_s * 1e-9 / g->world_size;
+    if (tr->peak_gflops > 0 && rate > tr->peak_gflops) {
+        if (tr->env->world_rank == 0 && !tr->peak_rebased)
+            printf("mfu: step %d ran at %.1f GFLOP/s per rank, above the peak of %.1f (%s): that peak is too "
+                   "low; MFU is against the fastest step's rate from here on\n", r->step, rate,
+                   tr->peak_gflops, tr->opt->peak_gflops > 0 ? "--peak-gflops" : "sgemm probe");
+        tr->peak_rebased = 1;
+        tr->peak_gflops = rate;
+    }
+    r->mfu = tr->peak_gflops > 0 ? rate / tr->peak_gflops : 0.0;
+    return 0;
+}
+
+/* After step r->step (of this job's `end`): the replica check and the
+ * validation when due, the record printed and written, the checkpoint
+ * when due. Collective. */
+static int report_step(trainer_t *tr, step_record_t *r, int end, char *err, size_t errlen)
+{
+    const run_options_t *o = tr->opt;
+    const int done = r->step;
+    if (o->check_replicas > 0 && done % o->check_replicas == 0 && trainer_check_replicas(tr, done, err, errlen) != 0)
+        return -1;
+    if (tr->has_val && (done % o->val_every == 0 || done == end))
+        r->val_loss = trainer_val_loss(tr);
+    if (tr->env->world_rank == 0) {
+        metrics_print_step(stdout, r);
+        if (tr->metrics && metrics_write_json(tr->metrics, r) != 0) {
+            snprintf(err, errlen, "--metrics %s: write failed: %s", o->metrics, strerror(errno));
+            return -1;
+        }
+    }
+    if (o->ckpt_dir[0] && ((o->ckpt_every > 0 && done % o->ckpt_every == 0) || done == end) &&
+        trainer_save(tr, done, err, errlen) != 0)
+        return -1;
+    return 0;
+}
+
+/* After the last step of a run that was not stopped: the summary, the
+ * final parameters, the sample and the trace. defer0: the deferred ops'
+ * counts after the first step. */
+static int finish_run(trainer_t *tr, int end, double t_run, double loss, const long defer0[2], char *err,
+                      size_t errlen)
+{
+    const run_options_t *o = tr->opt;
+    if (tr->env->world_rank == 0) {
         double total = now_s() - t_run;
         const int ran = end > tr->start_step ? end - tr->start_step : 0;
+        const double tokens_step = (double)o->micro_batch * o->seq_len * tr->accum * tr->grid->dp_size;
         printf("done: %d steps in %.1f s, final loss %.6f, %.0f tok/s average\n", ran, total, loss,
                ran > 0 ? tokens_step * ran / total : 0.0);
         if (tr->backend.deferred && ran >= 2) {
@@ -1500,13 +1367,13 @@ int trainer_run(trainer_t *tr, char *err, size_t errlen)
             long ops = 0, waits = 0;
             ops_defer_counts(&ops, &waits);
             printf("deferred ops (rank 0, steps %d-%d): %.1f ops and %.1f host waits per step\n", tr->start_step + 2,
-                   end, (double)(ops - defer_ops0) / (ran - 1), (double)(waits - defer_waits0) / (ran - 1));
+                   end, (double)(ops - defer0[0]) / (ran - 1), (double)(waits - defer0[1]) / (ran - 1));
         }
     }
     if (o->save_params[0] && trainer_save_params(tr, err, errlen) != 0)
         return -1;
     if (o->sample_tokens > 0 && print_sample(tr, stdout) != 0) {
-        snprintf(err, errlen, "sampling failed: %s", m->failed ? m->err : "out of memory");
+        snprintf(err, errlen, "sampling failed: %s", tr->model.failed ? tr->model.err : "out of memory");
         return -1;
     }
     if (tr->trace && write_trace(tr, err, errlen) != 0)
@@ -1514,6 +1381,38 @@ int trainer_run(trainer_t *tr, char *err, size_t errlen)
     return 0;
 }
 
+int trainer_run(trainer_t *tr, char *err, size_t errlen)
+{
+    const run_options_t *o = tr->opt;
+    double t_run = now_s(), loss = NAN;
+    long defer0[2] = {0, 0}; /* DTRAIN_DEFER_OPS counts after the first step */
+    if (tr->has_val && tr->start_step == 0 && baseline_val(tr, err, errlen) != 0)
+        return -1;
+    if (tr->start_step >= o->steps && tr->env->world_rank == 0)
+        printf("resume: the checkpoint is at step %d and --steps is %d: nothing left to train\n", tr->start_step,
+               o->steps);
+    /* --stop-at-step ends this job early; the schedule is still --steps' */
+    const int end = o->stop_at_step > 0 && o->stop_at_step < o->steps ? o->stop_at_step : o->steps;
+    for (int step = tr->start_step; step < end; step++) {
+        step_record_t r;
+        step_times_t t;
+        if (train_step(tr, step, &r, &t, err, errlen) != 0 || step_stats(tr, &r, &t, err, errlen) != 0 ||
+            report_step(tr, &r, end, err, errlen) != 0)
+            return -1;
+        loss = r.loss;
+        if (tr->backend.deferred && step == tr->start_step)
+            ops_defer_counts(&defer0[0], &defer0[1]);
+        if (step + 1 < end && stop_requested(tr, step + 1, err, errlen) != 0)
+            return -1;
+        if (tr->stopped_by)
+            break;
+    }
+    if (tr->stopped_by) {
+        /* the run continues in a later job: no final parameters, no sample */
+        return tr->trace ? write_trace(tr, err, errlen) : 0;
+    }
+    return finish_run(tr, end, t_run, loss, defer0, err, errlen);
+}
 void trainer_teardown(trainer_t *tr)
 {
     comm_t *groups[GRID_MAX_GROUPS];
@@ -1529,14 +1428,8 @@ void trainer_teardown(trainer_t *tr)
     free(tr->tgt);
     free(tr->pos);
     free_state(tr);
-    ddp_destroy(&tr->ddp);
-    free(tr->tensor_start);
-    free(tr->norm_x);
-    free(tr->norm_n);
-    free(tr->norm_ss);
+    dpsync_destroy(&tr->sync);
     adamw_destroy(&tr->optim);
-    if (tr->zero_stage > 0)
-        zero_destroy(&tr->zero);
     if (tr->model.ops)
         model_destroy(&tr->model);
     backend_close(&tr->backend);

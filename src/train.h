@@ -6,7 +6,7 @@
 
 #include "src/backend.h"
 #include "src/data.h"
-#include "mpi/ddp.h"
+#include "mpi/dpsync.h"
 #include "mpi/grid.h"
 #include "mpi/launch.h"
 #include "src/model.h"
@@ -14,28 +14,17 @@
 #include "src/options.h"
 #include "mpi/pipeline.h"
 #include "io/tokenizer.h"
-#include "mpi/zero.h"
 
 typedef struct trainer {
     const run_options_t *opt;
     const launch_env_t *env;
     grid_t *grid;       /* the step loop's groups: &net once setup has opened them */
     grid_t net;         /* the caller's grid, with NCCL twins under --comm nccl (backend_comm_open) */
-    ddp_t ddp;
-    size_t *tensor_start; /* [n_tensors+1] flat offsets of the parameter table */
-    /* trainer_grad_norm's one sumsq call: a vector per tensor [n_tensors] */
-    const float **norm_x;
-    size_t *norm_n;
-    double *norm_ss;
-    int ddp_failed;
     backend_t backend;  /* --device: the ops table (rank 0's choice is in the banner) */
     model_config_t cfg;
     model_t model;
     adamw_t optim;
-    int zero_stage;     /* 0: replicated state; 1: AdamW moments sharded; 2: gradients too */
-    zero_t zero;        /* the sharding, when zero_stage > 0 */
-    int zero_unit0;     /* ZeRO unit of this stage's first block */
-    int zero_next;      /* ZeRO-2: highest unit not yet reduced in this backward */
+    dpsync_t sync;      /* the data-parallel strategy (--zero, --hybrid-shard, --ddp-mode) */
     lr_schedule_t sched;
     data_loader_t train, val;
     int has_val;

@@ -1,0 +1,123 @@
+/* What the ZeRO strategies (dpsync_zero1.c, 2, 3) share: the units the
+ * shards are cut by, the optimizer's pieces, the moments to and from the
+ * host, the parameters' gather after an update, the banner line. The shard
+ * engine itself is mpi/zero.c. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "mpi/clock.h"
+#include "mpi/dpsync_impl.h"
+
+/* -1 with the shard group's message as it is (the caller names the act). */
+int shard_fail(dpsync_t *s)
+{
+    snprintf(s->err, sizeof s->err, "%s", s->zero.group ? s->zero.group->err : "");
+    return -1;
+}
+
+/* The units: each block's tensors together, every other tensor alone;
+ * their start offsets into start [n_tensors+1]. Returns the count and the
+ * longest block unit in *window. */
+static int cut_units(dpsync_t *s, const dpsync_config_t *c, size_t *start, size_t *window)
+{
+    int n = 0;
+    s->unit0 = -1;
+    s->n_blocks = 0;
+    for (int i = 0; i < c->n_tensors; i++) {
+        const int blk = c->tensor_block[i];
+        if (i == 0 || blk < 0 || c->tensor_block[i - 1] != blk) {
+            if (blk >= 0 && s->unit0 < 0)
+                s->unit0 = n;
+            s->n_blocks += blk >= 0;
+            start[n++] = c->tensor_start[i];
+        }
+    }
+    start[n] = c->n;
+    *window = 0;
+    for (int u = s->unit0; u >= 0 && u < s->unit0 + s->n_blocks; u++)
+        if (start[u + 1] - start[u] > *window)
+            *window = start[u + 1] - start[u];
+    if (s->unit0 >= 0) {
+        s->block_lo = start[s->unit0];
+        s->block_hi = start[s->unit0 + s->n_blocks];
+    }
+    return n;
+}
+
+/* This rank's piece of every unit, as AdamW sees it: moments in the
+ * shard; gradients in the shard from stage 2 (else the model's flat
+ * buffer), parameters from stage 3. */
+static int make_view(dpsync_t *s, const dpsync_config_t *c, int stage)
+{
+    const zero_t *z = &s->zero;
+    if (!(s->pieces = malloc(((size_t)z->n_units + 1) * sizeof *s->pieces)))
+        return -1;
+    for (int u = 0; u < z->n_units; u++) {
+        size_t lo, hi;
+        zero_piece(z, u, &lo, &hi);
+        const size_t soff = z->shard_start[u];
+        s->pieces[u] = (dpsync_piece_t){.lo = lo, .n = hi - lo, .param = stage >= 3 ? soff : lo,
+                                        .grad = stage >= 2 ? soff : lo, .state = soff};
+    }
+    s->view = (dpsync_optim_view_t){.params = stage >= 3 ? z->param_shard : c->params,
+                                    .grads = stage >= 2 ? z->grad_shard : c->grads, .n = z->shard_n,
+                                    .pieces = s->pieces, .n_pieces = z->n_units, .whole = 0};
+    return 0;
+}
+
+int shard_create(dpsync_t *s, const dpsync_config_t *c, int stage)
+{
+    size_t *start = malloc(((size_t)c->n_tensors + 1) * sizeof *start), window = 0;
+    if (!start) {
+        snprintf(s->err, sizeof s->err, "out of memory");
+        return -1;
+    }
+    const int n = cut_units(s, c, start, &window);
+    int rc = zero_create(&s->zero, c->ops, stage, c->shard ? c->shard : c->dp, c->n, start, n,
+                         stage >= 2 ? window : 0, c->replica, c->dtype);
+    free(start);
+    if (rc != 0 || make_view(s, c, stage) != 0) {
+        snprintf(s->err, sizeof s->err, "out of memory for the ZeRO buffers");
+        return -1;
+    }
+    return 0;
+}
+
+int shard_is_block(const dpsync_t *s, int u)
+{
+    return u >= s->unit0 && u < s->unit0 + s->n_blocks;
+}
+
+float *shard_outside_at(const dpsync_t *s, float *compact, int u)
+{
+    const size_t off = s->zero.unit_start[u];
+    return compact + (off >= s->block_hi ? off - (s->block_hi - s->block_lo) : off);
+}
+
+int shard_state_to_host(dpsync_t *s, const float *state, float *host)
+{
+    memset(host, 0, s->n * sizeof(float));
+    zero_shard_to_host(&s->zero, state, host);
+    return zero_allgather_host(&s->zero, host) == 0 ? 0 : shard_fail(s);
+}
+
+void shard_state_from_host(dpsync_t *s, const float *host, float *state)
+{
+    zero_shard_from_host(&s->zero, host, state);
+}
+
+int shard_gather_all(dpsync_t *s)
+{
+    const double t0 = now_s();
+    int rc = zero_allgather(&s->zero, s->params);
+    s->update_s = now_s() - t0;
+    return rc == 0 ? 0 : dpsync_fail(s, "ZeRO parameter all-gather failed", s->zero.group);
+}
+
+void shard_banner(const dpsync_t *s, FILE *out, const char *what)
+{
+    fprintf(out, "ZeRO-%d: %s sharded over %d ranks", s->zero.stage, what, s->zero.group->size);
+    if (s->zero.replica)
+        fprintf(out, ", replicated over %d shard groups (--hybrid-shard)", s->zero.replica->size);
+    fprintf(out, "\n");
+}

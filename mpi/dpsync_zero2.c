@@ -1,0 +1,143 @@
+/* ZeRO-2: gradients sharded too. The model keeps gradients only for the
+ * tensors outside the blocks (a compact buffer); each block's backward
+ * writes into one of two lent windows, reduce-scattered (nonblocking) as
+ * soon as the block is done, and the other units are reduce-scattered
+ * from the compact buffer as the backward passes them. Every microbatch
+ * is reduced so (accum 0, last 1 each time): the shard accumulates. The
+ * zero2_* functions are ZeRO-3's gradient path too (dpsync_zero3.c). */
+#include "mpi/dpsync_impl.h"
+
+static void reduce_failed(dpsync_t *s)
+{
+    s->failed = 1;
+    dpsync_fail(s, "gradient reduce-scatter failed", s->zero.group);
+}
+
+void zero2_reduce_ready(dpsync_t *s, size_t ready_from, int params)
+{
+    zero_t *z = &s->zero;
+    if (!s->active || s->failed)
+        return;
+    /* MPI progresses nonblocking collectives only when they are tested */
+    if (zero_grads_progress(z) != 0 || (params && zero_params_progress(z) != 0))
+        reduce_failed(s);
+    /* units finish from the top down: reduce every one now complete */
+    while (!s->failed && s->next >= 0 && z->unit_start[s->next] >= ready_from) {
+        const int u = s->next--;
+        if ((shard_is_block(s, u) ? zero_grads_reduce_window(z, u)
+                                  : zero_grads_reduce(z, u, shard_outside_at(s, s->grads, u))) != 0)
+            reduce_failed(s);
+    }
+}
+
+static void grads_ready_hook(void *ctx, size_t ready_from) { zero2_reduce_ready(ctx, ready_from, 0); }
+
+/* The window block i's backward writes its gradients into. */
+static float *block_grads_hook(void *ctx, int block)
+{
+    dpsync_t *s = ctx;
+    float *w = zero_grads_window(&s->zero, s->unit0 + block);
+    if (!w)
+        reduce_failed(s);
+    return w;
+}
+
+int zero2_create(dpsync_t *s, const dpsync_config_t *c, int stage)
+{
+    if (shard_create(s, c, stage) != 0)
+        return -1;
+    s->hook.grads_ready = grads_ready_hook;
+    s->hook.block_grads = block_grads_hook;
+    /* each rank's sum of squares covers its pieces: summed over the group */
+    s->norm_group = s->zero.group->size > 1 ? s->zero.group : NULL;
+    return 0;
+}
+
+static int create(dpsync_t *s, const dpsync_config_t *c) { return zero2_create(s, c, 2); }
+
+void zero2_step_begin(dpsync_t *s) { zero_grads_begin(&s->zero); }
+
+void zero2_backward_begin(dpsync_t *s, int k, int n, int *accum, int *last)
+{
+    (void)k;
+    (void)n;
+    *accum = 0;
+    *last = 1;
+    s->next = s->zero.n_units - 1;
+    s->active = 1;
+}
+
+int zero2_finish(dpsync_t *s)
+{
+    zero_t *z = &s->zero;
+    if (s->failed || zero_grads_finish(z, 1.0f / (float)s->dp->size) != 0)
+        return dpsync_fail(s, "gradient reduce-scatter failed", z->group);
+    /* HSDP: each shard group reduced its own ranks' gradients; the groups'
+     * pieces of the same elements are summed across them */
+    if (zero_grads_replicas(z) != 0)
+        return dpsync_fail(s, "gradient all-reduce across shard groups failed", z->replica);
+    return 0;
+}
+
+/* wte and its tied copy are one-tensor units of the same length, so this
+ * rank's pieces of both cover the same elements */
+float *zero2_tensor_grads(dpsync_t *s, size_t off, size_t numel, size_t *n)
+{
+    const zero_t *z = &s->zero;
+    const int u = zero_unit_of(z, off);
+    (void)numel;
+    *n = z->chunk[u];
+    return z->grad_shard + z->shard_start[u];
+}
+
+/* This rank's piece of the tensor; the norm group's sum adds the others. */
+int zero2_norm_piece(const dpsync_t *s, size_t off, size_t numel, const float **x, size_t *n)
+{
+    const zero_t *z = &s->zero;
+    const int u = zero_unit_of(z, off);
+    size_t lo, hi;
+    zero_piece(z, u, &lo, &hi);
+    const size_t a = off > lo ? off : lo, e = off + numel, b = e < hi ? e : hi;
+    if (a >= b)
+        return 0;
+    *x = z->grad_shard + z->shard_start[u] + (a - lo);
+    *n = b - a;
+    return 1;
+}
+
+double zero2_comm_s(const dpsync_t *s) { return s->zero.wait_s + s->zero.gather_s + s->update_s; }
+
+void zero2_banner(const dpsync_t *s, FILE *out, const char *dtype, const char *what)
+{
+    if (s->dp->size > 1)
+        fprintf(out, "data parallel: reduce-scatter of each block's gradients as its backward ends (every "
+                "microbatch), the other tensors' after backward, over %d ranks, reduced in %s\n",
+                s->zero.group->size, dtype);
+    shard_banner(s, out, what);
+}
+
+static void banner(const dpsync_t *s, FILE *out, const char *mode, const char *dtype)
+{
+    (void)mode;
+    zero2_banner(s, out, dtype, "AdamW moments and gradients");
+}
+
+const dpsync_ops_t dpsync_zero2 = {
+    .name = "zero2",
+    .zero = 2,
+    .lends_block_grads = 1,
+    .shards = 1,
+    .create = create,
+    .step_begin = zero2_step_begin,
+    .backward_begin = zero2_backward_begin,
+    .grads_finish = zero2_finish,
+    .tensor_grads = zero2_tensor_grads,
+    .norm_piece = zero2_norm_piece,
+    .after_update = shard_gather_all,
+    .params_from_host = dpsync_params_from_host_none,
+    .params_to_host = dpsync_params_to_host_none,
+    .state_to_host = shard_state_to_host,
+    .state_from_host = shard_state_from_host,
+    .comm_s = zero2_comm_s,
+    .banner = banner,
+};
