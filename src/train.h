@@ -21,6 +21,9 @@ typedef struct trainer {
     const launch_env_t *env;
     grid_t *grid;       /* the step loop's groups: &net once setup has opened them */
     grid_t net;         /* the caller's grid, with NCCL twins under --comm nccl (backend_comm_open) */
+    /* the caller's MPI world (its grid's; MPI also under --comm nccl): where
+     * the ranks agree (mpi/agree.h) and the world statistics are reduced */
+    comm_t *world;
     ddp_t ddp;
     size_t *tensor_start; /* [n_tensors+1] flat offsets of the parameter table */
     /* trainer_grad_norm's one sumsq call: a vector per tensor [n_tensors] */
