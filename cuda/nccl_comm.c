@@ -66,10 +66,12 @@
  * could be the very rank this wait depends on: a cycle. So every poll also
  * calls MPI_Iprobe (a no-op that drives MPI's progress engine).
  *
- * bf16. The *_bf16 sums pass the bf16 bit patterns as ncclBfloat16 with
- * ncclSum: NCCL adds each pair in fp32 and rounds back to bf16, which is
- * the reduction comm_mpi.c's user op reproduces on the host. Host buffers
- * are staged like fp32 ones (the staging buffer is sized in bytes).
+ * Types. comm_dtype_t maps to ncclFloat, ncclBfloat16, ncclInt32,
+ * ncclInt64, ncclFloat64 and ncclUint8. bf16 sums pass the bit patterns as
+ * ncclBfloat16 with ncclSum: NCCL adds each pair in fp32 and rounds back
+ * to bf16, which is the reduction comm_mpi.c's user op reproduces on the
+ * host (and, as there, bf16 takes no other op). Host buffers of every type
+ * are staged alike (the staging buffer is sized in bytes).
  *
  * Point to point. ncclSend/ncclRecv have no tags: messages between two
  * ranks match in the order they are posted, so the tag argument is only
@@ -86,6 +88,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "mpi/agree.h"
 #include "mpi/bootstrap.h"
 #include "mpi/clock.h"
 #include "mpi/trace.h"
@@ -113,13 +116,28 @@ typedef struct nccl_req {
     int peer;
 } nccl_req_t;
 
-typedef enum { K_ALLREDUCE, K_REDUCE_SCATTER, K_ALLGATHER, K_BCAST, K_SEND, K_RECV } kind_t;
-/* operation names as comm_mpi.c gives them to spans and the watchdog */
-static const char *const block_name[] = {"allreduce", "reduce_scatter", "allgather", "bcast", "send", "recv"};
-static const char *const nonblock_name[] = {"iallreduce", "ireduce_scatter", "iallgather", "ibcast", "isend", "irecv"};
-
-/* An operation's element type: fp32, or bf16 bits (the *_bf16 sums). */
-typedef enum { T_F32, T_BF16 } elem_t;
+/* One operation on its way through run(): the call's arguments, then
+ * what follows from them. send/recv counts by kind (n = the interface's
+ * count): allreduce, broadcast: in place, n; reduce_scatter: size*n -> n;
+ * allgather: n -> size*n; send: n out; recv: n in. */
+typedef struct nccl_op {
+    comm_kind_t k;
+    comm_dtype_t dt;
+    const void *send;
+    void *recv;
+    size_t n;
+    comm_op_t op;
+    int peer_or_root;
+    comm_req_t *req;   /* NULL: blocking */
+    const char *what;  /* comm_op_name: spans, the watchdog, messages */
+    double span_t0;    /* trace_now() at entry, when traced */
+    size_t es, sn, rn; /* element size, elements sent and received */
+    long long bytes;   /* as comm_mpi.c counts them: the whole buffer of a collective */
+    int peer;          /* the span's and watchdog's peer (send, recv, broadcast root), else -1 */
+    int host;          /* a buffer is in host memory: staged through m->stage */
+    const void *s;     /* what NCCL reads and writes: the buffers or the staging */
+    void *r;
+} nccl_op_t;
 
 static nccl_comm_t *nm(comm_t *c)
 {
@@ -225,16 +243,33 @@ static void span_record(comm_t *c, const char *what, double t0, long long bytes,
                &(trace_args_t){ .bytes = bytes, .microbatch = -1, .layer = -1, .peer = peer });
 }
 
-static ncclResult_t enqueue(nccl_comm_t *m, kind_t k, const void *s, void *r, size_t n, ncclDataType_t dt,
-                            comm_op_t op, int peer)
+/* NCCL's type and reduction for o: 0, or -1 with the message in c->err. */
+static int nccl_types(comm_t *c, const nccl_op_t *o, ncclDataType_t *dt, ncclRedOp_t *rop)
 {
-    ncclRedOp_t rop = op == COMM_MAX ? ncclMax : ncclSum;
-    switch (k) {
-    case K_ALLREDUCE: return ncclAllReduce(s, r, n, dt, rop, m->nc, m->stream);
-    case K_REDUCE_SCATTER: return ncclReduceScatter(s, r, n, dt, ncclSum, m->nc, m->stream);
-    case K_ALLGATHER: return ncclAllGather(s, r, n, dt, m->nc, m->stream);
-    case K_BCAST: return ncclBroadcast(s, r, n, dt, peer, m->nc, m->stream);
-    case K_SEND: return ncclSend(s, n, dt, peer, m->nc, m->stream);
+    static const ncclDataType_t types[COMM_N_DTYPES] = {ncclFloat, ncclBfloat16, ncclInt32, ncclInt64, ncclFloat64,
+                                                        ncclUint8};
+    if ((unsigned)o->dt >= COMM_N_DTYPES || (o->dt == COMM_BF16 && o->op != COMM_SUM) ||
+        (o->op != COMM_SUM && o->op != COMM_MAX && o->op != COMM_MIN)) {
+        set_err(c, "NCCL %s on group %s (n=%zu): %s", o->what, c->name, o->n,
+                o->dt == COMM_BF16 ? "bf16 reduces with the sum only" : "unknown element type or reduction op");
+        return -1;
+    }
+    *dt = types[o->dt];
+    *rop = o->op == COMM_MAX ? ncclMax : o->op == COMM_MIN ? ncclMin : ncclSum;
+    return 0;
+}
+
+static ncclResult_t enqueue(nccl_comm_t *m, const nccl_op_t *o, void *r, ncclDataType_t dt, ncclRedOp_t rop)
+{
+    const void *s = o->s;
+    const size_t n = o->n;
+    const int peer = o->peer_or_root;
+    switch (o->k) {
+    case COMM_K_ALLREDUCE: return ncclAllReduce(s, r, n, dt, rop, m->nc, m->stream);
+    case COMM_K_REDUCE_SCATTER: return ncclReduceScatter(s, r, n, dt, ncclSum, m->nc, m->stream);
+    case COMM_K_ALLGATHER: return ncclAllGather(s, r, n, dt, m->nc, m->stream);
+    case COMM_K_BCAST: return ncclBroadcast(s, r, n, dt, peer, m->nc, m->stream);
+    case COMM_K_SEND: return ncclSend(s, n, dt, peer, m->nc, m->stream);
     default: return ncclRecv(r, n, dt, peer, m->nc, m->stream);
     }
 }
@@ -259,129 +294,139 @@ static int stage_room(comm_t *c, size_t need, const char *what, size_t n)
     return 0;
 }
 
-/* Every operation. send/recv counts by kind (n = the interface's count):
- * allreduce, broadcast: in place, n; reduce_scatter: size*n -> n;
- * allgather: n -> size*n; send: n out; recv: n in. req == NULL: blocking.
- * et: the elements' type (fp32 for all but the *_bf16 sums). */
-static int run(comm_t *c, kind_t k, elem_t et, const void *send, void *recv, size_t n, comm_op_t op, int peer_or_root,
-               comm_req_t *req)
+/* The derived fields of o (names, counts, bytes, host or device); refuses
+ * a request still in flight and a group that failed earlier. */
+static int op_prepare(comm_t *c, nccl_op_t *o)
 {
-    nccl_comm_t *m = nm(c);
-    /* the bf16 element type exists for the two sums only */
-    const char *what = et == T_F32 ? (req ? nonblock_name : block_name)[k]
-                       : k == K_ALLREDUCE ? (req ? "iallreduce_bf16" : "allreduce_bf16")
-                       : (req ? "ireduce_scatter_bf16" : "reduce_scatter_bf16");
-    const double span_t0 = c->trace ? trace_now() : 0.0;
-    const ncclDataType_t dt = et == T_BF16 ? ncclBfloat16 : ncclFloat;
-    const size_t es = et == T_BF16 ? sizeof(uint16_t) : sizeof(float);
-    if (req && req->active) { /* as comm_mpi.c: never drop a request in flight */
-        set_err(c, "NCCL %s on group %s: the request is still in flight (test or wait for it first)", what, c->name);
+    o->what = comm_op_name(o->k, o->req != NULL, o->dt);
+    o->span_t0 = c->trace ? trace_now() : 0.0;
+    o->es = comm_dtype_size(o->dt);
+    if (o->req && o->req->active) { /* as comm_mpi.c: never drop a request in flight */
+        set_err(c, "NCCL %s on group %s: the request is still in flight (test or wait for it first)", o->what,
+                c->name);
         return -1;
     }
-    if (req)
-        memset(req, 0, sizeof *req);
-    if (m->failed)
-        return failed_before(c, what);
-    size_t sn = 0, rn = 0;
-    switch (k) {
-    case K_ALLREDUCE: case K_BCAST: sn = rn = n; break;
-    case K_REDUCE_SCATTER: sn = (size_t)c->size * n; rn = n; break;
-    case K_ALLGATHER: sn = n; rn = (size_t)c->size * n; break;
-    case K_SEND: sn = n; break;
-    default: rn = n; break;
+    if (o->req)
+        memset(o->req, 0, sizeof *o->req);
+    if (nm(c)->failed)
+        return failed_before(c, o->what);
+    const size_t n = o->n, all = (size_t)c->size * n;
+    switch (o->k) {
+    case COMM_K_ALLREDUCE: case COMM_K_BCAST: o->sn = o->rn = n; break;
+    case COMM_K_REDUCE_SCATTER: o->sn = all; o->rn = n; break;
+    case COMM_K_ALLGATHER: o->sn = n; o->rn = all; break;
+    case COMM_K_SEND: o->sn = n; o->rn = 0; break;
+    default: o->sn = 0; o->rn = n; break;
     }
-    /* bytes as comm_mpi.c counts them: the whole buffer of a collective */
-    const long long bytes = (long long)((k == K_REDUCE_SCATTER ? sn : k == K_ALLGATHER ? rn : n) * es);
-    const int peer = k == K_SEND || k == K_RECV || k == K_BCAST ? peer_or_root : -1;
-    const int host = (sn && !is_device_ptr(send)) || (rn && !is_device_ptr(recv));
-    const void *s = send;
-    void *r = recv;
+    o->bytes = (long long)((o->k == COMM_K_REDUCE_SCATTER || o->k == COMM_K_ALLGATHER ? all : n) * o->es);
+    o->peer = o->k == COMM_K_SEND || o->k == COMM_K_RECV || o->k == COMM_K_BCAST ? o->peer_or_root : -1;
+    o->host = (o->sn && !is_device_ptr(o->send)) || (o->rn && !is_device_ptr(o->recv));
+    o->s = o->send;
+    o->r = o->recv;
+    return 0;
+}
+
+/* A host buffer's way in: its data copied into the staging buffer, which
+ * o->s and o->r then point into (in place stays in place). */
+static int stage_in(comm_t *c, nccl_op_t *o)
+{
+    nccl_comm_t *m = nm(c);
     cudaError_t ce;
-    int st = -1;
-    /* a staged operation blocks from its first copy to its last */
-    if (host)
-        watchdog_enter(c->watch, what, c->name, c->size, bytes, peer);
+    /* A copy from pageable memory may wait inside the CUDA call for the
+     * stream's earlier work (the compute event, this group's earlier
+     * operations), where neither the timeout nor the peers' errors are
+     * looked at: wait for that work by polling first. */
+    cudaEvent_t pre;
+    if ((ce = cudaEventCreateWithFlags(&pre, cudaEventDisableTiming)) != cudaSuccess)
+        return cuda_fail(c, ce, o->what, o->n);
+    ce = cudaEventRecord(pre, m->stream);
+    const int ready = ce == cudaSuccess ? spin_event(c, pre, o->what, o->n, now_s()) : cuda_fail(c, ce, o->what, o->n);
+    (void)cudaEventDestroy(pre);
+    if (ready != 0)
+        return -1;
+    const int inplace = (const void *)o->recv == o->send;
+    if (stage_room(c, (inplace ? (o->sn > o->rn ? o->sn : o->rn) : o->sn + o->rn) * o->es, o->what, o->n) != 0)
+        return -1;
+    o->s = m->stage;
+    o->r = inplace ? m->stage : (char *)m->stage + o->sn * o->es;
+    if (o->sn && (ce = cudaMemcpyAsync(m->stage, o->send, o->sn * o->es, cudaMemcpyDefault, m->stream)) != cudaSuccess)
+        return cuda_fail(c, ce, o->what, o->n);
+    return 0;
+}
+
+/* The NCCL call on the group's stream, after the compute stream's work,
+ * and an event recorded after it into *ev. t0: when it was posted. */
+static int post(comm_t *c, nccl_op_t *o, cudaEvent_t *ev, double *t0)
+{
+    nccl_comm_t *m = nm(c);
+    ncclDataType_t dt;
+    ncclRedOp_t rop;
+    cudaError_t ce;
+    if (nccl_types(c, o, &dt, &rop) != 0)
+        return -1;
     /* after every op issued so far (staging copies included: a device side
      * of a staged operation may be the compute stream's output) */
     if (m->after && ((ce = cudaEventRecord(m->ready, m->after)) != cudaSuccess ||
-                     (ce = cudaStreamWaitEvent(m->stream, m->ready, 0)) != cudaSuccess)) {
-        cuda_fail(c, ce, what, n);
-        goto out;
-    }
-    if (host) {
-        /* A copy from pageable memory may wait inside the CUDA call for the
-         * stream's earlier work (the compute event above, this group's
-         * earlier operations), where neither the timeout nor the peers'
-         * errors are looked at: wait for that work by polling first. */
-        cudaEvent_t pre;
-        if ((ce = cudaEventCreateWithFlags(&pre, cudaEventDisableTiming)) != cudaSuccess) {
-            cuda_fail(c, ce, what, n);
-            goto out;
-        }
-        ce = cudaEventRecord(pre, m->stream);
-        const int ready = ce == cudaSuccess ? spin_event(c, pre, what, n, now_s()) : cuda_fail(c, ce, what, n);
-        (void)cudaEventDestroy(pre);
-        if (ready != 0)
-            goto out;
-        /* stage both sides through device memory; in-place stays in place */
-        const int inplace = (const void *)recv == send;
-        if (stage_room(c, (inplace ? (sn > rn ? sn : rn) : sn + rn) * es, what, n) != 0)
-            goto out;
-        s = m->stage;
-        r = inplace ? m->stage : (char *)m->stage + sn * es;
-        if (sn && (ce = cudaMemcpyAsync(m->stage, send, sn * es, cudaMemcpyDefault, m->stream)) != cudaSuccess) {
-            cuda_fail(c, ce, what, n);
-            goto out;
-        }
-    }
+                     (ce = cudaStreamWaitEvent(m->stream, m->ready, 0)) != cudaSuccess))
+        return cuda_fail(c, ce, o->what, o->n);
+    if (o->host && stage_in(c, o) != 0)
+        return -1;
     /* where NCCL writes: an in-place reduce_scatter's piece in NCCL's form */
-    void *nr = k == K_REDUCE_SCATTER && r == s && c->rank > 0 ? (char *)r + (size_t)c->rank * n * es : r;
-    double t0 = now_s();
-    ncclResult_t rc = enqueue(m, k, s, nr, n, dt, op, peer_or_root);
-    if (rc != ncclSuccess) {
-        nccl_fail(c, rc, what, n);
-        goto out;
+    void *nr = o->k == COMM_K_REDUCE_SCATTER && o->r == o->s && c->rank > 0
+                   ? (char *)o->r + (size_t)c->rank * o->n * o->es : o->r;
+    *t0 = now_s();
+    ncclResult_t rc = enqueue(m, o, nr, dt, rop);
+    if (rc != ncclSuccess)
+        return nccl_fail(c, rc, o->what, o->n);
+    if (nr != o->r && (ce = cudaMemcpyAsync(o->r, nr, o->n * o->es, cudaMemcpyDefault, m->stream)) != cudaSuccess)
+        return cuda_fail(c, ce, o->what, o->n);
+    if ((ce = cudaEventCreateWithFlags(ev, cudaEventDisableTiming)) != cudaSuccess)
+        return cuda_fail(c, ce, o->what, o->n);
+    if ((ce = cudaEventRecord(*ev, m->stream)) != cudaSuccess) {
+        (void)cudaEventDestroy(*ev);
+        return cuda_fail(c, ce, o->what, o->n);
     }
-    if (nr != r && (ce = cudaMemcpyAsync(r, nr, n * es, cudaMemcpyDefault, m->stream)) != cudaSuccess) {
-        cuda_fail(c, ce, what, n);
-        goto out;
-    }
+    return 0;
+}
+
+/* Blocking, a staged host buffer, or untrackable: waits for the posted
+ * operation (its event) and copies a staged result back. */
+static int finish_now(comm_t *c, const nccl_op_t *o, cudaEvent_t ev, double t0)
+{
+    nccl_comm_t *m = nm(c);
+    cudaError_t ce;
+    int st = o->host ? spin_event(c, ev, o->what, o->n, t0) : wait_event(c, ev, o->what, o->n, t0, o->bytes, o->peer);
+    (void)cudaEventDestroy(ev);
+    /* the collective is done: the copy back waits for nothing else */
+    if (st == 0 && o->host && o->rn &&
+        ((ce = cudaMemcpyAsync(o->recv, o->r, o->rn * o->es, cudaMemcpyDefault, m->stream)) != cudaSuccess ||
+         (ce = cudaStreamSynchronize(m->stream)) != cudaSuccess))
+        st = cuda_fail(c, ce, o->what, o->n);
+    if (st == 0)
+        span_record(c, o->what, o->span_t0, o->bytes, o->peer);
+    return st;
+}
+
+/* Every operation (req == NULL: blocking). A staged one blocks from its
+ * first copy to its last and is marked on the watchdog all that time. */
+static int run(comm_t *c, nccl_op_t o)
+{
+    if (op_prepare(c, &o) != 0)
+        return -1;
+    if (o.host)
+        watchdog_enter(c->watch, o.what, c->name, c->size, o.bytes, o.peer);
     cudaEvent_t ev;
-    if ((ce = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming)) != cudaSuccess) {
-        cuda_fail(c, ce, what, n);
-        goto out;
+    double t0 = 0.0;
+    int st = post(c, &o, &ev, &t0);
+    nccl_req_t *q = st != 0 || !o.req || o.host ? NULL : malloc(sizeof *q);
+    if (st == 0 && !q) {
+        st = finish_now(c, &o, ev, t0);
+    } else if (q) {
+        *q = (nccl_req_t){.ev = ev, .what = o.what, .n = o.n, .t0 = t0, .span_t0 = o.span_t0, .bytes = o.bytes,
+                          .peer = o.peer};
+        *o.req = (comm_req_t){.comm = c, .impl = q, .active = 1};
     }
-    if ((ce = cudaEventRecord(ev, m->stream)) != cudaSuccess) {
-        (void)cudaEventDestroy(ev);
-        cuda_fail(c, ce, what, n);
-        goto out;
-    }
-    nccl_req_t *q = !req || host ? NULL : malloc(sizeof *q);
-    if (!q) { /* blocking, a staged host buffer, or untrackable: finish now */
-        st = host ? spin_event(c, ev, what, n, t0) : wait_event(c, ev, what, n, t0, bytes, peer);
-        (void)cudaEventDestroy(ev);
-        /* the collective is done: the copy back waits for nothing else */
-        if (st == 0 && host && rn &&
-            ((ce = cudaMemcpyAsync(recv, r, rn * es, cudaMemcpyDefault, m->stream)) != cudaSuccess ||
-             (ce = cudaStreamSynchronize(m->stream)) != cudaSuccess))
-            st = cuda_fail(c, ce, what, n);
-        if (st == 0)
-            span_record(c, what, span_t0, bytes, peer);
-        goto out;
-    }
-    q->ev = ev;
-    q->what = what;
-    q->n = n;
-    q->t0 = t0;
-    q->span_t0 = span_t0;
-    q->bytes = bytes;
-    q->peer = peer;
-    req->comm = c;
-    req->impl = q;
-    req->active = 1;
-    st = 0;
-out:
-    if (host)
+    if (o.host)
         watchdog_leave(c->watch);
     return st;
 }
@@ -426,76 +471,65 @@ static int n_wait(comm_req_t *req)
     return st;
 }
 
-static int n_allreduce(comm_t *c, float *buf, size_t n, comm_op_t op)
+/* the interface's calls: one nccl_op_t each */
+#define OP(...) ((nccl_op_t){__VA_ARGS__})
+
+static int n_allreduce(comm_t *c, void *buf, size_t n, comm_dtype_t dt, comm_op_t op)
 {
-    return run(c, K_ALLREDUCE, T_F32, buf, buf, n, op, 0, NULL);
+    return run(c, OP(.k = COMM_K_ALLREDUCE, .dt = dt, .send = buf, .recv = buf, .n = n, .op = op));
 }
-static int n_iallreduce(comm_t *c, float *buf, size_t n, comm_op_t op, comm_req_t *req)
+static int n_iallreduce(comm_t *c, void *buf, size_t n, comm_dtype_t dt, comm_op_t op, comm_req_t *req)
 {
-    return run(c, K_ALLREDUCE, T_F32, buf, buf, n, op, 0, req);
+    return run(c, OP(.k = COMM_K_ALLREDUCE, .dt = dt, .send = buf, .recv = buf, .n = n, .op = op, .req = req));
 }
-static int n_reduce_scatter(comm_t *c, const float *send, float *recv, size_t n_each)
+static int n_reduce_scatter(comm_t *c, const void *send, void *recv, size_t n_each, comm_dtype_t dt)
 {
-    return run(c, K_REDUCE_SCATTER, T_F32, send, recv, n_each, COMM_SUM, 0, NULL);
+    return run(c, OP(.k = COMM_K_REDUCE_SCATTER, .dt = dt, .send = send, .recv = recv, .n = n_each));
 }
-static int n_ireduce_scatter(comm_t *c, const float *send, float *recv, size_t n_each, comm_req_t *req)
+static int n_ireduce_scatter(comm_t *c, const void *send, void *recv, size_t n_each, comm_dtype_t dt,
+                             comm_req_t *req)
 {
-    return run(c, K_REDUCE_SCATTER, T_F32, send, recv, n_each, COMM_SUM, 0, req);
+    return run(c, OP(.k = COMM_K_REDUCE_SCATTER, .dt = dt, .send = send, .recv = recv, .n = n_each, .req = req));
 }
-static int n_allreduce_bf16(comm_t *c, uint16_t *buf, size_t n)
+static int n_allgather(comm_t *c, const void *send, void *recv, size_t n_each, comm_dtype_t dt)
 {
-    return run(c, K_ALLREDUCE, T_BF16, buf, buf, n, COMM_SUM, 0, NULL);
+    return run(c, OP(.k = COMM_K_ALLGATHER, .dt = dt, .send = send, .recv = recv, .n = n_each));
 }
-static int n_iallreduce_bf16(comm_t *c, uint16_t *buf, size_t n, comm_req_t *req)
+static int n_iallgather(comm_t *c, const void *send, void *recv, size_t n_each, comm_dtype_t dt, comm_req_t *req)
 {
-    return run(c, K_ALLREDUCE, T_BF16, buf, buf, n, COMM_SUM, 0, req);
+    return run(c, OP(.k = COMM_K_ALLGATHER, .dt = dt, .send = send, .recv = recv, .n = n_each, .req = req));
 }
-static int n_reduce_scatter_bf16(comm_t *c, const uint16_t *send, uint16_t *recv, size_t n_each)
+static int n_broadcast(comm_t *c, void *buf, size_t n, comm_dtype_t dt, int root)
 {
-    return run(c, K_REDUCE_SCATTER, T_BF16, send, recv, n_each, COMM_SUM, 0, NULL);
+    return run(c, OP(.k = COMM_K_BCAST, .dt = dt, .send = buf, .recv = buf, .n = n, .peer_or_root = root));
 }
-static int n_ireduce_scatter_bf16(comm_t *c, const uint16_t *send, uint16_t *recv, size_t n_each, comm_req_t *req)
-{
-    return run(c, K_REDUCE_SCATTER, T_BF16, send, recv, n_each, COMM_SUM, 0, req);
-}
-static int n_allgather(comm_t *c, const float *send, float *recv, size_t n_each)
-{
-    return run(c, K_ALLGATHER, T_F32, send, recv, n_each, COMM_SUM, 0, NULL);
-}
-static int n_iallgather(comm_t *c, const float *send, float *recv, size_t n_each, comm_req_t *req)
-{
-    return run(c, K_ALLGATHER, T_F32, send, recv, n_each, COMM_SUM, 0, req);
-}
-static int n_broadcast(comm_t *c, float *buf, size_t n, int root)
-{
-    return run(c, K_BCAST, T_F32, buf, buf, n, COMM_SUM, root, NULL);
-}
-static int n_send(comm_t *c, const float *buf, size_t n, int peer, int tag)
+/* tags: see the top */
+static int n_send(comm_t *c, const void *buf, size_t n, comm_dtype_t dt, int peer, int tag)
 {
     (void)tag;
-    return run(c, K_SEND, T_F32, buf, NULL, n, COMM_SUM, peer, NULL);
+    return run(c, OP(.k = COMM_K_SEND, .dt = dt, .send = buf, .n = n, .peer_or_root = peer));
 }
-static int n_recv(comm_t *c, float *buf, size_t n, int peer, int tag)
+static int n_recv(comm_t *c, void *buf, size_t n, comm_dtype_t dt, int peer, int tag)
 {
     (void)tag;
-    return run(c, K_RECV, T_F32, NULL, buf, n, COMM_SUM, peer, NULL);
+    return run(c, OP(.k = COMM_K_RECV, .dt = dt, .recv = buf, .n = n, .peer_or_root = peer));
 }
-static int n_isend(comm_t *c, const float *buf, size_t n, int peer, int tag, comm_req_t *req)
+static int n_isend(comm_t *c, const void *buf, size_t n, comm_dtype_t dt, int peer, int tag, comm_req_t *req)
 {
     (void)tag;
-    return run(c, K_SEND, T_F32, buf, NULL, n, COMM_SUM, peer, req);
+    return run(c, OP(.k = COMM_K_SEND, .dt = dt, .send = buf, .n = n, .peer_or_root = peer, .req = req));
 }
-static int n_irecv(comm_t *c, float *buf, size_t n, int peer, int tag, comm_req_t *req)
+static int n_irecv(comm_t *c, void *buf, size_t n, comm_dtype_t dt, int peer, int tag, comm_req_t *req)
 {
     (void)tag;
-    return run(c, K_RECV, T_F32, NULL, buf, n, COMM_SUM, peer, req);
+    return run(c, OP(.k = COMM_K_RECV, .dt = dt, .recv = buf, .n = n, .peer_or_root = peer, .req = req));
 }
 
 /* NCCL has no barrier: a one-float allreduce on the staging path. */
 static int n_barrier(comm_t *c)
 {
     float one = 1.0f;
-    return run(c, K_ALLREDUCE, T_F32, &one, &one, 1, COMM_SUM, 0, NULL);
+    return run(c, OP(.k = COMM_K_ALLREDUCE, .dt = COMM_FP32, .send = &one, .recv = &one, .n = 1, .op = COMM_SUM));
 }
 
 static void n_destroy(comm_t *c)
@@ -520,10 +554,6 @@ static const comm_ops_t nccl_ops = {
     .ireduce_scatter = n_ireduce_scatter,
     .allgather = n_allgather,
     .iallgather = n_iallgather,
-    .allreduce_bf16 = n_allreduce_bf16,
-    .iallreduce_bf16 = n_iallreduce_bf16,
-    .reduce_scatter_bf16 = n_reduce_scatter_bf16,
-    .ireduce_scatter_bf16 = n_ireduce_scatter_bf16,
     .broadcast = n_broadcast,
     .send = n_send,
     .recv = n_recv,
@@ -561,15 +591,6 @@ static comm_t **slot(nccl_grid_t *ng, const char *name)
     return &ng->replica;
 }
 
-/* 1 on every rank if any rank passed failed != 0 (MPI failure counts). */
-static int any_failed(int failed)
-{
-    int any = 1;
-    if (MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD) != MPI_SUCCESS)
-        return 1;
-    return any;
-}
-
 int nccl_grid_create(const grid_t *g, nccl_grid_t *ng, void *after_stream, double timeout_s, char *err,
                      size_t errlen)
 {
@@ -578,12 +599,10 @@ int nccl_grid_create(const grid_t *g, nccl_grid_t *ng, void *after_stream, doubl
     comm_t *list[BOOTSTRAP_MAX_GROUPS];
     const char *names[BOOTSTRAP_MAX_GROUPS];
     int n = bootstrap_grid_ids(g, sizeof(ncclUniqueId), make_nccl_id, NULL, ids, list, names, err, errlen);
-    /* nobody may enter ncclCommInitRank while a peer will not */
-    if (any_failed(n < 0)) {
-        if (n >= 0)
-            snprintf(err, errlen, "NCCL bootstrap failed on another rank");
+    /* nobody may enter ncclCommInitRank while a peer will not (the others
+     * learn the failing rank's message) */
+    if (agree(g->world, n < 0 ? STATUS_FAIL : STATUS_OK, err, errlen) != STATUS_OK)
         return -1;
-    }
     int failed = 0;
     ncclComm_t nc[BOOTSTRAP_MAX_GROUPS];
     memset(nc, 0, sizeof nc);
@@ -639,12 +658,10 @@ int nccl_grid_create(const grid_t *g, nccl_grid_t *ng, void *after_stream, doubl
             }
         }
     }
-    if (any_failed(failed)) {
+    if (agree(g->world, failed ? STATUS_FAIL : STATUS_OK, err, errlen) != STATUS_OK) {
         for (int i = 0; i < n; i++)
             if (nc[i])
                 (void)ncclCommDestroy(nc[i]);
-        if (!failed)
-            snprintf(err, errlen, "NCCL setup failed on another rank");
         nccl_grid_destroy(ng);
         return -1;
     }

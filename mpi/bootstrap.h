@@ -38,7 +38,7 @@ int bootstrap_grid_groups(const grid_t *g, comm_t **list, const char **names);
  * with one line in err (naming the first failing group) on the members of
  * a failing group. The walk always enters every group's broadcast, so a
  * failure never leaves another rank waiting; callers agree over the world
- * before going on (launch_any_failed). */
+ * before going on (agree, mpi/agree.h). */
 int bootstrap_grid_ids(const grid_t *g, size_t len, bootstrap_make_id_fn make, void *ctx,
                        unsigned char *ids, comm_t **list, const char **names, char *err, size_t errlen);
 

@@ -1,10 +1,12 @@
 /* The communicator interface: collectives and point-to-point on one group
  * of ranks, blocking and nonblocking. mpi/comm_mpi.c implements it over an
  * MPI communicator with host buffers; the CUDA backend implements the same
- * table over NCCL. Element type is fp32 (the CPU backend's only type),
- * except the *_bf16 sums, which take bf16 bit patterns (uint16_t, as
- * dt_f32_to_bf16 makes them) for --grad-reduce-dtype bf16; counts are in
- * elements.
+ * table over NCCL. Every operation takes the element type (comm_dtype_t):
+ * fp32 (the CPU backend's only compute type), bf16 bit patterns (uint16_t,
+ * as dt_f32_to_bf16 makes them) for --grad-reduce-dtype bf16, and int32,
+ * int64, fp64 and bytes for the trainer's agreements and statistics, so
+ * that every reduction of a run goes through a comm_t (its trace spans and
+ * watchdog). Counts are in elements.
  *
  * Every member of a group enters every collective in the same order.
  * Functions return 0 or -1 with a one-line message in comm->err (the MPI
@@ -18,7 +20,27 @@
 #include "mpi/trace.h"
 #include "mpi/watchdog.h"
 
-typedef enum { COMM_SUM = 0, COMM_MAX } comm_op_t;
+typedef enum { COMM_SUM = 0, COMM_MAX, COMM_MIN } comm_op_t;
+
+/* Element types. bf16 reduces with COMM_SUM only: every pairwise addition
+ * widens both operands to fp32, adds, and rounds the sum back to bf16
+ * (round to nearest even), as NCCL's bf16 sum does, so a sum of p values
+ * carries up to p-1 bf16 roundings, in the library's order. COMM_BYTE
+ * (uint8_t) is for moving text and raw bytes; it reduces as unsigned. */
+typedef enum { COMM_FP32 = 0, COMM_BF16, COMM_INT32, COMM_INT64, COMM_FP64, COMM_BYTE, COMM_N_DTYPES } comm_dtype_t;
+
+/* Bytes per element of dt (0 for an unknown one). */
+size_t comm_dtype_size(comm_dtype_t dt);
+
+/* The kinds of operation, for names. */
+typedef enum { COMM_K_ALLREDUCE, COMM_K_REDUCE_SCATTER, COMM_K_ALLGATHER, COMM_K_BCAST, COMM_K_SEND, COMM_K_RECV,
+               COMM_N_KINDS } comm_kind_t;
+
+/* The name trace spans and the watchdog give an operation: "allreduce",
+ * "iallreduce" (nonblocking), with the type as a suffix except for fp32:
+ * "allreduce_bf16", "ireduce_scatter_bf16", "allreduce_i32", "bcast_u8".
+ * A static string. */
+const char *comm_op_name(comm_kind_t k, int nonblocking, comm_dtype_t dt);
 
 typedef struct comm comm_t;
 /* A nonblocking operation in flight. */
@@ -30,36 +52,27 @@ typedef struct comm_req {
 
 typedef struct comm_ops {
     const char *name; /* "mpi", "nccl" */
-    int (*allreduce)(comm_t *c, float *buf, size_t n, comm_op_t op);      /* in place */
-    int (*iallreduce)(comm_t *c, float *buf, size_t n, comm_op_t op, comm_req_t *req);
-    /* send holds size*n_each floats; recv gets this rank's n_each (sum);
+    /* in place; bf16 with COMM_SUM only */
+    int (*allreduce)(comm_t *c, void *buf, size_t n, comm_dtype_t dt, comm_op_t op);
+    int (*iallreduce)(comm_t *c, void *buf, size_t n, comm_dtype_t dt, comm_op_t op, comm_req_t *req);
+    /* sum: send holds size*n_each elements; recv gets this rank's n_each;
      * send == recv is in place (MPI_IN_PLACE): the piece lands at the start */
-    int (*reduce_scatter)(comm_t *c, const float *send, float *recv, size_t n_each);
-    int (*ireduce_scatter)(comm_t *c, const float *send, float *recv, size_t n_each, comm_req_t *req);
-    /* send n_each floats; recv holds size*n_each in rank order */
-    int (*allgather)(comm_t *c, const float *send, float *recv, size_t n_each);
-    int (*iallgather)(comm_t *c, const float *send, float *recv, size_t n_each, comm_req_t *req);
-    /* bf16 sums, same semantics as allreduce (COMM_SUM, in place) and
-     * reduce_scatter. Every pairwise addition of the reduction widens both
-     * operands to fp32, adds, and rounds the sum back to bf16 (round to
-     * nearest even), as NCCL's bf16 sum does: a sum of p values carries up
-     * to p-1 bf16 roundings, in the library's order. Trace spans and the
-     * watchdog name them like the fp32 calls ("allreduce_bf16"), with the
-     * bytes actually sent (2 per element). */
-    int (*allreduce_bf16)(comm_t *c, uint16_t *buf, size_t n);
-    int (*iallreduce_bf16)(comm_t *c, uint16_t *buf, size_t n, comm_req_t *req);
-    int (*reduce_scatter_bf16)(comm_t *c, const uint16_t *send, uint16_t *recv, size_t n_each);
-    int (*ireduce_scatter_bf16)(comm_t *c, const uint16_t *send, uint16_t *recv, size_t n_each, comm_req_t *req);
-    int (*broadcast)(comm_t *c, float *buf, size_t n, int root);
-    int (*send)(comm_t *c, const float *buf, size_t n, int peer, int tag);
-    int (*recv)(comm_t *c, float *buf, size_t n, int peer, int tag);
+    int (*reduce_scatter)(comm_t *c, const void *send, void *recv, size_t n_each, comm_dtype_t dt);
+    int (*ireduce_scatter)(comm_t *c, const void *send, void *recv, size_t n_each, comm_dtype_t dt,
+                           comm_req_t *req);
+    /* send n_each elements; recv holds size*n_each in rank order */
+    int (*allgather)(comm_t *c, const void *send, void *recv, size_t n_each, comm_dtype_t dt);
+    int (*iallgather)(comm_t *c, const void *send, void *recv, size_t n_each, comm_dtype_t dt, comm_req_t *req);
+    int (*broadcast)(comm_t *c, void *buf, size_t n, comm_dtype_t dt, int root);
+    int (*send)(comm_t *c, const void *buf, size_t n, comm_dtype_t dt, int peer, int tag);
+    int (*recv)(comm_t *c, void *buf, size_t n, comm_dtype_t dt, int peer, int tag);
     /* Point to point. MPI matches by tag and progresses requests in any
      * order; NCCL has no tags and runs a rank's calls in posting order on
      * the group's stream, each waiting for its peer, so two ranks that
      * both post their receive first deadlock there. Portable callers post
      * in an order that pairs up (one side sends first). */
-    int (*isend)(comm_t *c, const float *buf, size_t n, int peer, int tag, comm_req_t *req);
-    int (*irecv)(comm_t *c, float *buf, size_t n, int peer, int tag, comm_req_t *req);
+    int (*isend)(comm_t *c, const void *buf, size_t n, comm_dtype_t dt, int peer, int tag, comm_req_t *req);
+    int (*irecv)(comm_t *c, void *buf, size_t n, comm_dtype_t dt, int peer, int tag, comm_req_t *req);
     /* *done = 1 when finished (the request is then released); drives progress */
     int (*test)(comm_req_t *req, int *done);
     int (*wait)(comm_req_t *req);
@@ -93,13 +106,12 @@ struct comm {
     char err[512];
 };
 
-/* What the data-parallel gradient reductions (mpi/ddp.c, mpi/zero.c) send:
- * fp32, or bf16 (--grad-reduce-dtype): gradients stay fp32 in memory, are
- * rounded to bf16 into a staging buffer before each reduction, summed with
- * the *_bf16 calls, and widened back to fp32 before the 1/dp scaling. */
-typedef enum { COMM_FP32 = 0, COMM_BF16 } comm_dtype_t;
-
-/* "fp32" / "bf16" -> dtype; -1 otherwise. */
+/* What the data-parallel gradient reductions (mpi/ddp.c, mpi/zero.c) send,
+ * --grad-reduce-dtype: fp32, or bf16 (gradients stay fp32 in memory, are
+ * rounded to bf16 into a staging buffer before each reduction, summed as
+ * COMM_BF16, and widened back to fp32 before the 1/dp scaling).
+ * "fp32" / "bf16" -> dtype; -1 otherwise (the other types are not
+ * gradient reduction types). */
 int comm_dtype_parse(const char *s, comm_dtype_t *dtype);
 
 /* A communicator over a duplicate of the MPI communicator `mpi_comm`

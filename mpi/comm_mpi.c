@@ -1,5 +1,5 @@
 /* The communicator interface (comm.h) over an MPI communicator, host
- * buffers, fp32 (and bf16 bit patterns for the *_bf16 sums).
+ * buffers, every comm_dtype_t (bf16 as bit patterns).
  *
  * comm_mpi_create duplicates the caller's MPI_Comm, so the collectives of
  * this communicator never match traffic on the original, and sets
@@ -8,8 +8,8 @@
  * failed: <MPI_Error_string>").
  *
  * Counts are size_t; MPI's are int. A count above the per-call limit
- * (2^28 floats = 1 GiB, so that no byte count inside MPI passes INT_MAX
- * either) is split into chunks of at most that many elements, each its own
+ * (2^28 elements = 2 GiB of fp64, so that no count of 4-byte units inside
+ * MPI passes INT_MAX either) is split into chunks of at most that many elements, each its own
  * MPI call; a nonblocking operation then holds one MPI_Request per chunk
  * and test/wait complete them together:
  *   allreduce, broadcast, send/recv: consecutive ranges of the buffer
@@ -29,26 +29,27 @@
  * send == recv and allgather with send == recv + rank*n_each use
  * MPI_IN_PLACE too.
  *
- * bf16: MPI has no bf16 type. The *_bf16 calls send MPI_UINT16_T with a
- * commutative user-defined MPI_Op (made once per communicator by
- * MPI_Op_create, freed by destroy) that widens each pair to fp32, adds, and
- * rounds back with dt_f32_to_bf16: what NCCL's bf16 sum does per step. They
- * take the same paths as the fp32 calls (chunking, in place, nonblocking
- * requests); the chunked reduce-scatter's MPI_Reduce per destination takes
- * the user op as it takes MPI_SUM. Error messages add ", bf16" after the
- * count.
+ * Types: fp32 MPI_FLOAT, int32 MPI_INT32_T, int64 MPI_INT64_T, fp64
+ * MPI_DOUBLE, bytes MPI_UINT8_T. MPI has no bf16 type: bf16 sums send
+ * MPI_UINT16_T with a commutative user-defined MPI_Op (made once per
+ * communicator by MPI_Op_create, freed by destroy) that widens each pair to
+ * fp32, adds, and rounds back with dt_f32_to_bf16: what NCCL's bf16 sum
+ * does per step. Every type takes the same paths (chunking, in place,
+ * nonblocking requests); the chunked reduce-scatter's MPI_Reduce per
+ * destination takes the user op as it takes MPI_SUM. Error messages add the
+ * type after the count (", bf16") except for fp32.
  *
  * Tracing (comm->trace set): each call records one span on TRACE_COMM
  * named "<op> <group>" (op without the MPI_ prefix, lower case, as in
  * "allreduce dp", "isend pp"), args bytes and, for point to point, peer
  * (rank in the group; a broadcast's root). Bytes are the whole buffer, as
- * nccl-tests counts them: n*4 for allreduce, broadcast and point to point,
- * size*n_each*4 for reduce_scatter and allgather. Blocking calls span entry
+ * nccl-tests counts them: n*es for allreduce, broadcast and point to point,
+ * size*n_each*es for reduce_scatter and allgather (es: the element size). Blocking calls span entry
  * to return; nonblocking ones span the posting call's entry to the test()
  * that finds them done or wait()'s return, so the span covers everything
  * the caller could overlap. Failed calls record nothing (the job ends).
- * The bf16 calls are named "allreduce_bf16", "ireduce_scatter_bf16", ...,
- * with 2 bytes per element.
+ * Other types than fp32 add theirs to the name (comm_op_name:
+ * "allreduce_bf16", "ireduce_scatter_bf16", "allreduce_i32").
  *
  * OpenMPI has no asynchronous progress thread: a nonblocking operation
  * advances only inside MPI calls, so callers must call test() between
@@ -66,15 +67,17 @@
 
 #define MAX_COUNT_DEFAULT ((size_t)1 << 28)
 
+
 typedef struct mpi_comm {
     comm_t pub; /* first: a comm_t * is a mpi_comm_t * */
     MPI_Comm comm;
     size_t max_count; /* largest element count of one MPI call */
-    MPI_Op bf16_sum;  /* the *_bf16 calls' reduction (MPI_UINT16_T) */
+    MPI_Op bf16_sum;  /* the bf16 sums' reduction (MPI_UINT16_T) */
 } mpi_comm_t;
 
-/* The element type of a reduction: fp32 with a predefined op, or bf16 bits
- * with the communicator's bf16_sum. extra: added to error messages. */
+/* The element type of an operation and, for reductions, its op: a
+ * predefined one, or bf16 bits with the communicator's bf16_sum. extra:
+ * added to error messages (NULL for fp32). */
 typedef struct red {
     MPI_Datatype type;
     MPI_Op op;
@@ -144,28 +147,33 @@ static void bf16_sum(void *in, void *inout, int *len, MPI_Datatype *type)
         b[i] = dt_f32_to_bf16(dt_bf16_to_f32(a[i]) + dt_bf16_to_f32(b[i]));
 }
 
-static red_t red_f32(MPI_Op op)
-{
-    return (red_t){.type = MPI_FLOAT, .op = op, .size = sizeof(float), .extra = NULL};
-}
-
-static red_t red_bf16(const comm_t *c)
-{
-    return (red_t){.type = MPI_UINT16_T, .op = ((const mpi_comm_t *)c)->bf16_sum, .size = sizeof(uint16_t),
-                   .extra = ", bf16"};
-}
-
 static int to_mpi_op(comm_op_t op, MPI_Op *out)
 {
     switch (op) {
-    case COMM_SUM:
-        *out = MPI_SUM;
-        return 0;
-    case COMM_MAX:
-        *out = MPI_MAX;
-        return 0;
+    case COMM_SUM: *out = MPI_SUM; return 0;
+    case COMM_MAX: *out = MPI_MAX; return 0;
+    case COMM_MIN: *out = MPI_MIN; return 0;
     }
     return -1;
+}
+
+/* The MPI view of dt and op: 0, or -1 with the message in c->err (an
+ * unknown type or op, or bf16 with another op than the sum). */
+static int red_of(comm_t *c, comm_dtype_t dt, comm_op_t op, const char *what, size_t n, red_t *t)
+{
+    static const char *const extra[COMM_N_DTYPES] = {NULL, ", bf16", ", int32", ", int64", ", fp64", ", bytes"};
+    if ((unsigned)dt >= COMM_N_DTYPES)
+        return fail_msg(c, what, n, "unknown element type");
+    const MPI_Datatype type[COMM_N_DTYPES] = {MPI_FLOAT, MPI_UINT16_T, MPI_INT32_T, MPI_INT64_T, MPI_DOUBLE,
+                                              MPI_UINT8_T};
+    *t = (red_t){.type = type[dt], .op = MPI_OP_NULL, .size = comm_dtype_size(dt), .extra = extra[dt]};
+    if (dt == COMM_BF16) {
+        if (op != COMM_SUM)
+            return fail_msg(c, what, n, "bf16 reduces with the sum only");
+        t->op = ((const mpi_comm_t *)c)->bf16_sum;
+        return 0;
+    }
+    return to_mpi_op(op, &t->op) == 0 ? 0 : fail_msg(c, what, n, "unknown reduction op");
 }
 
 /* ------------------------------------------------------------------ trace */
@@ -187,14 +195,9 @@ static int span_end(comm_t *c, int rc, const char *op, double t0, long long byte
     return rc;
 }
 
-static long long fbytes(size_t n)
+static long long nbytes(size_t n, comm_dtype_t dt)
 {
-    return (long long)(n * sizeof(float));
-}
-
-static long long hbytes(size_t n)
-{
-    return (long long)(n * sizeof(uint16_t));
+    return (long long)(n * comm_dtype_size(dt));
 }
 
 /* A blocking call starts: the watchdog's mark and the span's start. */
@@ -273,14 +276,6 @@ static int allreduce_run(comm_t *c, void *buf, size_t n, red_t t)
     return 0;
 }
 
-static int allreduce_f32(comm_t *c, float *buf, size_t n, comm_op_t op)
-{
-    MPI_Op mop;
-    if (to_mpi_op(op, &mop) != 0)
-        return fail_msg(c, "MPI_Allreduce", n, "unknown reduction op");
-    return allreduce_run(c, buf, n, red_f32(mop));
-}
-
 /* op, bytes: the trace span's name and size */
 static int iallreduce_post(comm_t *c, void *buf, size_t n, red_t t, const char *op, long long bytes, comm_req_t *req)
 {
@@ -300,17 +295,12 @@ static int iallreduce_post(comm_t *c, void *buf, size_t n, red_t t, const char *
     return 0;
 }
 
-static int mpi_iallreduce(comm_t *c, float *buf, size_t n, comm_op_t op, comm_req_t *req)
+static int mpi_iallreduce(comm_t *c, void *buf, size_t n, comm_dtype_t dt, comm_op_t op, comm_req_t *req)
 {
-    MPI_Op mop;
-    if (to_mpi_op(op, &mop) != 0)
-        return fail_msg(c, "MPI_Iallreduce", n, "unknown reduction op");
-    return iallreduce_post(c, buf, n, red_f32(mop), "iallreduce", fbytes(n), req);
-}
-
-static int mpi_iallreduce_bf16(comm_t *c, uint16_t *buf, size_t n, comm_req_t *req)
-{
-    return iallreduce_post(c, buf, n, red_bf16(c), "iallreduce_bf16", hbytes(n), req);
+    red_t t;
+    if (red_of(c, dt, op, "MPI_Iallreduce", n, &t) != 0)
+        return -1;
+    return iallreduce_post(c, buf, n, t, comm_op_name(COMM_K_ALLREDUCE, 1, dt), nbytes(n, dt), req);
 }
 
 /* Chunked reduce-scatter: recv[off..] of rank d = sum over ranks of
@@ -389,82 +379,90 @@ static int ireduce_scatter_post(comm_t *c, const void *send, void *recv, size_t 
     return 0;
 }
 
-static int mpi_ireduce_scatter(comm_t *c, const float *send, float *recv, size_t n_each, comm_req_t *req)
+static int mpi_ireduce_scatter(comm_t *c, const void *send, void *recv, size_t n_each, comm_dtype_t dt,
+                               comm_req_t *req)
 {
-    return ireduce_scatter_post(c, send, recv, n_each, red_f32(MPI_SUM), "ireduce_scatter", req);
+    red_t t;
+    if (red_of(c, dt, COMM_SUM, "MPI_Ireduce_scatter_block", n_each, &t) != 0)
+        return -1;
+    return ireduce_scatter_post(c, send, recv, n_each, t, comm_op_name(COMM_K_REDUCE_SCATTER, 1, dt), req);
 }
 
-static int mpi_ireduce_scatter_bf16(comm_t *c, const uint16_t *send, uint16_t *recv, size_t n_each,
-                                    comm_req_t *req)
+/* The block type of one chunk of a chunked allgather: len elements whose
+ * extent is the block stride (n_each elements), in *strided. */
+static int strided_type(comm_t *c, red_t t, int len, size_t n_each, MPI_Datatype *strided)
 {
-    return ireduce_scatter_post(c, send, recv, n_each, red_bf16(c), "ireduce_scatter_bf16", req);
+    MPI_Datatype block = MPI_DATATYPE_NULL;
+    *strided = MPI_DATATYPE_NULL;
+    int rc = MPI_Type_contiguous(len, t.type, &block);
+    if (rc == MPI_SUCCESS)
+        rc = MPI_Type_create_resized(block, 0, (MPI_Aint)(n_each * t.size), strided);
+    if (rc == MPI_SUCCESS)
+        rc = MPI_Type_commit(strided);
+    if (block != MPI_DATATYPE_NULL)
+        MPI_Type_free(&block);
+    if (rc == MPI_SUCCESS)
+        return 0;
+    if (*strided != MPI_DATATYPE_NULL)
+        MPI_Type_free(strided);
+    return fail(c, rc, "MPI_Type_create_resized", n_each, " per rank, chunked allgather");
 }
 
 /* One allgather per chunk: this rank's [off, off+len) into every block's
- * [off, off+len), through a type of len floats whose extent is the block
+ * [off, off+len), through a type of len elements whose extent is the block
  * stride. In place the contribution is already at recv + rank*n_each + off. */
-static int allgather_chunks(comm_t *c, const float *send, float *recv, size_t n_each, mpi_req_t *r)
+static int allgather_chunks(comm_t *c, const void *send, void *recv, size_t n_each, red_t t, mpi_req_t *r)
 {
     const size_t max = maxc(c);
-    const int inplace = send == recv + (size_t)c->rank * n_each;
+    const int inplace = send == (const char *)recv + (size_t)c->rank * n_each * t.size;
     const char *what = r ? "MPI_Iallgather" : "MPI_Allgather";
     for (size_t off = 0; off < n_each; off += max) {
         int len = chunk_len(n_each, off, max);
-        MPI_Datatype block = MPI_DATATYPE_NULL, strided = MPI_DATATYPE_NULL;
-        int rc = MPI_SUCCESS;
-        int rtype_own = n_each > max;
-        if (rtype_own) {
-            rc = MPI_Type_contiguous(len, MPI_FLOAT, &block);
-            if (rc == MPI_SUCCESS)
-                rc = MPI_Type_create_resized(block, 0, (MPI_Aint)(n_each * sizeof(float)), &strided);
-            if (rc == MPI_SUCCESS)
-                rc = MPI_Type_commit(&strided);
-            if (block != MPI_DATATYPE_NULL)
-                MPI_Type_free(&block);
-            if (rc != MPI_SUCCESS) {
-                if (strided != MPI_DATATYPE_NULL)
-                    MPI_Type_free(&strided);
-                return fail(c, rc, "MPI_Type_create_resized", n_each, " per rank, chunked allgather");
-            }
-        }
-        const void *sbuf = inplace ? MPI_IN_PLACE : (const void *)(send + off);
+        MPI_Datatype strided = MPI_DATATYPE_NULL;
+        const int rtype_own = n_each > max;
+        if (rtype_own && strided_type(c, t, len, n_each, &strided) != 0)
+            return -1;
+        const void *sbuf = inplace ? MPI_IN_PLACE : (const void *)((const char *)send + off * t.size);
+        void *rbuf = (char *)recv + off * t.size;
         int rcount = rtype_own ? 1 : len;
-        MPI_Datatype rtype = rtype_own ? strided : MPI_FLOAT;
-        rc = r ? MPI_Iallgather(sbuf, len, MPI_FLOAT, recv + off, rcount, rtype, mcomm(c), &r->r[r->nreq])
-               : MPI_Allgather(sbuf, len, MPI_FLOAT, recv + off, rcount, rtype, mcomm(c));
+        MPI_Datatype rtype = rtype_own ? strided : t.type;
+        int rc = r ? MPI_Iallgather(sbuf, len, t.type, rbuf, rcount, rtype, mcomm(c), &r->r[r->nreq])
+                   : MPI_Allgather(sbuf, len, t.type, rbuf, rcount, rtype, mcomm(c));
         /* a datatype freed while an operation uses it stays valid for it */
         if (rtype_own)
             MPI_Type_free(&strided);
-        if (rc != MPI_SUCCESS)
-            return fail(c, rc, what, n_each, " per rank");
+        if (rc != MPI_SUCCESS) {
+            char extra[32];
+            snprintf(extra, sizeof extra, " per rank%s", t.extra ? t.extra : "");
+            return fail(c, rc, what, n_each, extra);
+        }
         if (r)
             r->nreq++;
     }
     return 0;
 }
 
-static int allgather_run(comm_t *c, const float *send, float *recv, size_t n_each)
+static int mpi_iallgather(comm_t *c, const void *send, void *recv, size_t n_each, comm_dtype_t dt,
+                          comm_req_t *req)
 {
-    return allgather_chunks(c, send, recv, n_each, NULL);
-}
-
-static int mpi_iallgather(comm_t *c, const float *send, float *recv, size_t n_each, comm_req_t *req)
-{
-    mpi_req_t *r = req_start(c, req, "MPI_Iallgather", n_each, n_chunks(n_each, maxc(c)), "iallgather",
-                             fbytes(n_each * (size_t)c->size), -1);
+    red_t t;
+    if (red_of(c, dt, COMM_SUM, "MPI_Iallgather", n_each, &t) != 0)
+        return -1;
+    mpi_req_t *r = req_start(c, req, "MPI_Iallgather", n_each, n_chunks(n_each, maxc(c)),
+                             comm_op_name(COMM_K_ALLGATHER, 1, dt), nbytes(n_each * (size_t)c->size, dt), -1);
     if (!r)
         return -1;
-    return allgather_chunks(c, send, recv, n_each, r) == 0 ? 0 : req_abandon(req);
+    return allgather_chunks(c, send, recv, n_each, t, r) == 0 ? 0 : req_abandon(req);
 }
 
-static int broadcast_run(comm_t *c, float *buf, size_t n, int root)
+static int broadcast_run(comm_t *c, void *buf, size_t n, red_t t, int root)
 {
     const size_t max = maxc(c);
     for (size_t off = 0; off < n; off += max) {
-        int rc = MPI_Bcast(buf + off, chunk_len(n, off, max), MPI_FLOAT, root, mcomm(c));
+        int rc = MPI_Bcast((char *)buf + off * t.size, chunk_len(n, off, max), t.type, root, mcomm(c));
         if (rc != MPI_SUCCESS) {
-            char extra[32];
-            snprintf(extra, sizeof extra, ", root %d", root);
+            char extra[48];
+            snprintf(extra, sizeof extra, "%s, root %d", t.extra ? t.extra : "", root);
             return fail(c, rc, "MPI_Bcast", n, extra);
         }
     }
@@ -473,41 +471,43 @@ static int broadcast_run(comm_t *c, float *buf, size_t n, int root)
 
 /* --------------------------------------------------------- point to point */
 
-static int p2p_fail(comm_t *c, int rc, const char *what, size_t n, int peer, int tag)
+static int p2p_fail(comm_t *c, int rc, const char *what, size_t n, red_t t, int peer, int tag)
 {
     char extra[64];
-    snprintf(extra, sizeof extra, ", peer %d, tag %d", peer, tag);
+    snprintf(extra, sizeof extra, "%s, peer %d, tag %d", t.extra ? t.extra : "", peer, tag);
     return fail(c, rc, what, n, extra);
 }
 
-static int send_run(comm_t *c, const float *buf, size_t n, int peer, int tag)
+static int send_run(comm_t *c, const void *buf, size_t n, red_t t, int peer, int tag)
 {
     const size_t max = maxc(c);
     size_t off = 0;
     do { /* n = 0 still sends one empty message, which recv matches */
-        int rc = MPI_Send(buf + off, n ? chunk_len(n, off, max) : 0, MPI_FLOAT, peer, tag, mcomm(c));
+        int rc = MPI_Send((const char *)buf + off * t.size, n ? chunk_len(n, off, max) : 0, t.type, peer, tag,
+                          mcomm(c));
         if (rc != MPI_SUCCESS)
-            return p2p_fail(c, rc, "MPI_Send", n, peer, tag);
+            return p2p_fail(c, rc, "MPI_Send", n, t, peer, tag);
         off += max;
     } while (off < n);
     return 0;
 }
 
-static int recv_run(comm_t *c, float *buf, size_t n, int peer, int tag)
+static int recv_run(comm_t *c, void *buf, size_t n, red_t t, int peer, int tag)
 {
     const size_t max = maxc(c);
     size_t off = 0;
     do {
         MPI_Status st;
         int want = n ? chunk_len(n, off, max) : 0, got = 0;
-        int rc = MPI_Recv(buf + off, want, MPI_FLOAT, peer, tag, mcomm(c), &st);
+        int rc = MPI_Recv((char *)buf + off * t.size, want, t.type, peer, tag, mcomm(c), &st);
         if (rc == MPI_SUCCESS)
-            rc = MPI_Get_count(&st, MPI_FLOAT, &got);
+            rc = MPI_Get_count(&st, t.type, &got);
         if (rc != MPI_SUCCESS)
-            return p2p_fail(c, rc, "MPI_Recv", n, peer, tag);
+            return p2p_fail(c, rc, "MPI_Recv", n, t, peer, tag);
         if (got != want) {
             char msg[96];
-            snprintf(msg, sizeof msg, "peer %d sent %d floats where %d were expected", peer, got, want);
+            snprintf(msg, sizeof msg, "peer %d sent %d %s where %d were expected", peer, got,
+                     t.extra ? "elements" : "floats", want);
             return fail_msg(c, "MPI_Recv", n, msg);
         }
         off += max;
@@ -515,18 +515,26 @@ static int recv_run(comm_t *c, float *buf, size_t n, int peer, int tag)
     return 0;
 }
 
-static int mpi_isend(comm_t *c, const float *buf, size_t n, int peer, int tag, comm_req_t *req)
+/* isend (send != NULL) or irecv: one request per chunk */
+static int p2p_post(comm_t *c, const void *send, void *recv, size_t n, comm_dtype_t dt, int peer, int tag,
+                    comm_req_t *req)
 {
+    const char *what = send ? "MPI_Isend" : "MPI_Irecv";
+    red_t t;
+    if (red_of(c, dt, COMM_SUM, what, n, &t) != 0)
+        return -1;
     const size_t max = maxc(c);
-    mpi_req_t *r = req_start(c, req, "MPI_Isend", n, n ? n_chunks(n, max) : 1, "isend", fbytes(n), peer);
+    mpi_req_t *r = req_start(c, req, what, n, n ? n_chunks(n, max) : 1,
+                             comm_op_name(send ? COMM_K_SEND : COMM_K_RECV, 1, dt), nbytes(n, dt), peer);
     if (!r)
         return -1;
     size_t off = 0;
     do {
-        int rc = MPI_Isend(buf + off, n ? chunk_len(n, off, max) : 0, MPI_FLOAT, peer, tag, mcomm(c),
-                           &r->r[r->nreq]);
+        const int len = n ? chunk_len(n, off, max) : 0;
+        int rc = send ? MPI_Isend((const char *)send + off * t.size, len, t.type, peer, tag, mcomm(c), &r->r[r->nreq])
+                      : MPI_Irecv((char *)recv + off * t.size, len, t.type, peer, tag, mcomm(c), &r->r[r->nreq]);
         if (rc != MPI_SUCCESS) {
-            p2p_fail(c, rc, "MPI_Isend", n, peer, tag);
+            p2p_fail(c, rc, what, n, t, peer, tag);
             return req_abandon(req);
         }
         r->nreq++;
@@ -535,24 +543,14 @@ static int mpi_isend(comm_t *c, const float *buf, size_t n, int peer, int tag, c
     return 0;
 }
 
-static int mpi_irecv(comm_t *c, float *buf, size_t n, int peer, int tag, comm_req_t *req)
+static int mpi_isend(comm_t *c, const void *buf, size_t n, comm_dtype_t dt, int peer, int tag, comm_req_t *req)
 {
-    const size_t max = maxc(c);
-    mpi_req_t *r = req_start(c, req, "MPI_Irecv", n, n ? n_chunks(n, max) : 1, "irecv", fbytes(n), peer);
-    if (!r)
-        return -1;
-    size_t off = 0;
-    do {
-        int rc = MPI_Irecv(buf + off, n ? chunk_len(n, off, max) : 0, MPI_FLOAT, peer, tag, mcomm(c),
-                           &r->r[r->nreq]);
-        if (rc != MPI_SUCCESS) {
-            p2p_fail(c, rc, "MPI_Irecv", n, peer, tag);
-            return req_abandon(req);
-        }
-        r->nreq++;
-        off += max;
-    } while (off < n);
-    return 0;
+    return p2p_post(c, buf, NULL, n, dt, peer, tag, req);
+}
+
+static int mpi_irecv(comm_t *c, void *buf, size_t n, comm_dtype_t dt, int peer, int tag, comm_req_t *req)
+{
+    return p2p_post(c, NULL, buf, n, dt, peer, tag, req);
 }
 
 /* ------------------------------------------------------------- completion */
@@ -636,57 +634,70 @@ static void mpi_destroy(comm_t *c)
 }
 
 /* Blocking calls: the operation, timed when traced, watched when
- * comm->watch is set. */
+ * comm->watch is set. A wrong type or op fails before the watchdog's mark. */
 
-static int mpi_allreduce(comm_t *c, float *buf, size_t n, comm_op_t op)
+static int mpi_allreduce(comm_t *c, void *buf, size_t n, comm_dtype_t dt, comm_op_t op)
 {
-    double t0 = block_begin(c, "allreduce", fbytes(n), -1);
-    return block_end(c, allreduce_f32(c, buf, n, op), "allreduce", t0, fbytes(n), -1);
+    red_t t;
+    if (red_of(c, dt, op, "MPI_Allreduce", n, &t) != 0)
+        return -1;
+    const char *name = comm_op_name(COMM_K_ALLREDUCE, 0, dt);
+    double t0 = block_begin(c, name, nbytes(n, dt), -1);
+    return block_end(c, allreduce_run(c, buf, n, t), name, t0, nbytes(n, dt), -1);
 }
 
-static int mpi_allreduce_bf16(comm_t *c, uint16_t *buf, size_t n)
+static int mpi_reduce_scatter(comm_t *c, const void *send, void *recv, size_t n_each, comm_dtype_t dt)
 {
-    double t0 = block_begin(c, "allreduce_bf16", hbytes(n), -1);
-    return block_end(c, allreduce_run(c, buf, n, red_bf16(c)), "allreduce_bf16", t0, hbytes(n), -1);
+    red_t t;
+    if (red_of(c, dt, COMM_SUM, "MPI_Reduce_scatter_block", n_each, &t) != 0)
+        return -1;
+    const char *name = comm_op_name(COMM_K_REDUCE_SCATTER, 0, dt);
+    const long long bytes = nbytes(n_each * (size_t)c->size, dt);
+    double t0 = block_begin(c, name, bytes, -1);
+    return block_end(c, reduce_scatter_run(c, send, recv, n_each, t), name, t0, bytes, -1);
 }
 
-static int mpi_reduce_scatter(comm_t *c, const float *send, float *recv, size_t n_each)
+static int mpi_allgather(comm_t *c, const void *send, void *recv, size_t n_each, comm_dtype_t dt)
 {
-    double t0 = block_begin(c, "reduce_scatter", fbytes(n_each * (size_t)c->size), -1);
-    return block_end(c, reduce_scatter_run(c, send, recv, n_each, red_f32(MPI_SUM)), "reduce_scatter", t0,
-                    fbytes(n_each * (size_t)c->size), -1);
+    red_t t;
+    if (red_of(c, dt, COMM_SUM, "MPI_Allgather", n_each, &t) != 0)
+        return -1;
+    const char *name = comm_op_name(COMM_K_ALLGATHER, 0, dt);
+    const long long bytes = nbytes(n_each * (size_t)c->size, dt);
+    double t0 = block_begin(c, name, bytes, -1);
+    return block_end(c, allgather_chunks(c, send, recv, n_each, t, NULL), name, t0, bytes, -1);
 }
 
-static int mpi_reduce_scatter_bf16(comm_t *c, const uint16_t *send, uint16_t *recv, size_t n_each)
+static int mpi_broadcast(comm_t *c, void *buf, size_t n, comm_dtype_t dt, int root)
 {
-    double t0 = block_begin(c, "reduce_scatter_bf16", hbytes(n_each * (size_t)c->size), -1);
-    return block_end(c, reduce_scatter_run(c, send, recv, n_each, red_bf16(c)), "reduce_scatter_bf16", t0,
-                    hbytes(n_each * (size_t)c->size), -1);
+    red_t t;
+    if (red_of(c, dt, COMM_SUM, "MPI_Bcast", n, &t) != 0)
+        return -1;
+    const char *name = comm_op_name(COMM_K_BCAST, 0, dt);
+    double t0 = block_begin(c, name, nbytes(n, dt), root);
+    return block_end(c, broadcast_run(c, buf, n, t, root), name, t0, nbytes(n, dt), root);
 }
 
-static int mpi_allgather(comm_t *c, const float *send, float *recv, size_t n_each)
+/* blocking point to point: send != NULL sends, else receives into recv */
+static int p2p_block(comm_t *c, const void *send, void *recv, size_t n, comm_dtype_t dt, int peer, int tag)
 {
-    double t0 = block_begin(c, "allgather", fbytes(n_each * (size_t)c->size), -1);
-    return block_end(c, allgather_run(c, send, recv, n_each), "allgather", t0, fbytes(n_each * (size_t)c->size),
-                    -1);
+    red_t t;
+    if (red_of(c, dt, COMM_SUM, send ? "MPI_Send" : "MPI_Recv", n, &t) != 0)
+        return -1;
+    const char *name = comm_op_name(send ? COMM_K_SEND : COMM_K_RECV, 0, dt);
+    double t0 = block_begin(c, name, nbytes(n, dt), peer);
+    int rc = send ? send_run(c, send, n, t, peer, tag) : recv_run(c, recv, n, t, peer, tag);
+    return block_end(c, rc, name, t0, nbytes(n, dt), peer);
 }
 
-static int mpi_broadcast(comm_t *c, float *buf, size_t n, int root)
+static int mpi_send(comm_t *c, const void *buf, size_t n, comm_dtype_t dt, int peer, int tag)
 {
-    double t0 = block_begin(c, "bcast", fbytes(n), root);
-    return block_end(c, broadcast_run(c, buf, n, root), "bcast", t0, fbytes(n), root);
+    return p2p_block(c, buf, NULL, n, dt, peer, tag);
 }
 
-static int mpi_send(comm_t *c, const float *buf, size_t n, int peer, int tag)
+static int mpi_recv(comm_t *c, void *buf, size_t n, comm_dtype_t dt, int peer, int tag)
 {
-    double t0 = block_begin(c, "send", fbytes(n), peer);
-    return block_end(c, send_run(c, buf, n, peer, tag), "send", t0, fbytes(n), peer);
-}
-
-static int mpi_recv(comm_t *c, float *buf, size_t n, int peer, int tag)
-{
-    double t0 = block_begin(c, "recv", fbytes(n), peer);
-    return block_end(c, recv_run(c, buf, n, peer, tag), "recv", t0, fbytes(n), peer);
+    return p2p_block(c, NULL, buf, n, dt, peer, tag);
 }
 
 static int mpi_barrier(comm_t *c)
@@ -703,10 +714,6 @@ static const comm_ops_t mpi_ops = {
     .ireduce_scatter = mpi_ireduce_scatter,
     .allgather = mpi_allgather,
     .iallgather = mpi_iallgather,
-    .allreduce_bf16 = mpi_allreduce_bf16,
-    .iallreduce_bf16 = mpi_iallreduce_bf16,
-    .reduce_scatter_bf16 = mpi_reduce_scatter_bf16,
-    .ireduce_scatter_bf16 = mpi_ireduce_scatter_bf16,
     .broadcast = mpi_broadcast,
     .send = mpi_send,
     .recv = mpi_recv,

@@ -57,11 +57,11 @@ static int reduce_range(ddp_t *d, size_t start, size_t n, comm_req_t *req)
     comm_t *c = d->dp;
     if (d->dtype == COMM_BF16) {
         d->ops->cast_f32_to_bf16(d->half + start, d->grads + start, n);
-        return req ? c->ops->iallreduce_bf16(c, d->half + start, n, req)
-                   : c->ops->allreduce_bf16(c, d->half + start, n);
+        return req ? c->ops->iallreduce(c, d->half + start, n, COMM_BF16, COMM_SUM, req)
+                   : c->ops->allreduce(c, d->half + start, n, COMM_BF16, COMM_SUM);
     }
-    return req ? c->ops->iallreduce(c, d->grads + start, n, COMM_SUM, req)
-               : c->ops->allreduce(c, d->grads + start, n, COMM_SUM);
+    return req ? c->ops->iallreduce(c, d->grads + start, n, COMM_FP32, COMM_SUM, req)
+               : c->ops->allreduce(c, d->grads + start, n, COMM_FP32, COMM_SUM);
 }
 
 /* [start, start+n) is reduced: widened back from bf16 (bf16 mode), then

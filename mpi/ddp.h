@@ -16,7 +16,7 @@
  * dtype COMM_BF16 (--grad-reduce-dtype bf16): the gradients stay fp32; each
  * communicated range (tensor, buffer or bucket) is rounded to bf16 into its
  * own part of a staging buffer just before its all-reduce is posted, summed
- * in bf16 (comm.h's *_bf16 calls), and widened back to fp32 when it
+ * in bf16 (comm.h's COMM_BF16 sums), and widened back to fp32 when it
  * completes, before the 1/dp scaling. The staging buffer (2 bytes per
  * gradient, MEM_COMM) is allocated by ddp_create, and only when the group
  * has more than one rank: a group of one reduces nothing, so bf16 changes

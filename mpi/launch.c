@@ -1,8 +1,10 @@
 #include "mpi/launch.h"
 
-#include <limits.h>
+#include "mpi/agree.h"
+
 #include <mpi.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,19 +80,28 @@ static void detect_launcher(launch_env_t *env)
     }
 }
 
+/* A failed collective of the launch: MPI errors are not recoverable. */
+static void comm_check(comm_t *c, int rc)
+{
+    if (rc == 0)
+        return;
+    fprintf(stderr, "dtrain: MPI error at launch: %s\n", c->err);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
 /* Cross-checks MPI's local rank with the launcher's: a disagreement means
  * ranks were placed differently from what the launcher thinks (and device
  * binding by local rank would pick the wrong GPU). Collective. */
 static void check_local_rank(launch_env_t *env)
 {
     int var = env->local_var ? (int)env_ll(env->local_var, -1) : env->local_rank;
-    int mine = var != env->local_rank ? env->world_rank : INT_MAX, first = INT_MAX;
-    launch_mpi_check(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD), "MPI_Allreduce(local rank)");
-    env->mismatch_rank = first == INT_MAX ? -1 : first;
-    if (first == INT_MAX)
+    int32_t first = var != env->local_rank ? env->world_rank : INT32_MAX;
+    comm_check(env->world, env->world->ops->allreduce(env->world, &first, 1, COMM_INT32, COMM_MIN));
+    env->mismatch_rank = first == INT32_MAX ? -1 : (int)first;
+    if (first == INT32_MAX)
         return;
-    int pair[2] = {env->local_rank, var};
-    launch_mpi_check(MPI_Bcast(pair, 2, MPI_INT, first, MPI_COMM_WORLD), "MPI_Bcast(local rank)");
+    int32_t pair[2] = {env->local_rank, var};
+    comm_check(env->world, env->world->ops->broadcast(env->world, pair, 2, COMM_INT32, (int)first));
     env->mismatch_mpi = pair[0];
     env->mismatch_var = pair[1];
 }
@@ -143,9 +154,14 @@ void launch_init(launch_env_t *env, int *argc, char ***argv)
     char name[MPI_MAX_PROCESSOR_NAME] = "";
     launch_mpi_check(MPI_Get_processor_name(name, &len), "MPI_Get_processor_name");
     snprintf(env->host, sizeof env->host, "%s", name);
-    int first = env->local_rank == 0;
-    launch_mpi_check(MPI_Allreduce(&first, &env->n_nodes, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD),
-                     "MPI_Allreduce(nodes)");
+    MPI_Comm world = MPI_COMM_WORLD;
+    if (!(env->world = comm_mpi_create(&world))) {
+        fprintf(stderr, "dtrain: cannot make the world communicator (MPI_Comm_dup of MPI_COMM_WORLD)\n");
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    int32_t nodes = env->local_rank == 0;
+    comm_check(env->world, env->world->ops->allreduce(env->world, &nodes, 1, COMM_INT32, COMM_SUM));
+    env->n_nodes = (int)nodes;
     detect_launcher(env);
     check_local_rank(env);
     read_slurm_job(env);
@@ -195,17 +211,18 @@ void launch_describe(const launch_env_t *env, FILE *out)
 
 int launch_any_failed(const launch_env_t *env, const char *prog, int failed, const char *msg)
 {
-    int mine = failed ? env->world_rank : INT_MAX, first = INT_MAX;
-    launch_mpi_check(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD), "MPI_Allreduce(error)");
-    if (first == INT_MAX)
-        return 0;
-    char buf[1024] = "";
-    if (env->world_rank == first)
+    char buf[AGREE_MSG_MAX] = "";
+    if (failed)
         snprintf(buf, sizeof buf, "%s", msg ? msg : "unknown error");
-    if (first != 0)
-        launch_mpi_check(MPI_Bcast(buf, sizeof buf, MPI_CHAR, first, MPI_COMM_WORLD), "MPI_Bcast(error)");
+    int first = -1;
+    if (agree_rank(env->world, failed, buf, sizeof buf, &first) == STATUS_OK)
+        return 0;
+    if (first < 0) { /* the agreement itself failed: MPI errors are not recoverable */
+        fprintf(stderr, "%s: error: %s\n", prog, buf);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
     if (env->world_rank == 0) {
-        if (env->world_size > 1 && first != 0)
+        if (env->world_size > 1 && first > 0)
             fprintf(stderr, "%s: error: rank %d: %s\n", prog, first, buf);
         else
             fprintf(stderr, "%s: error: %s\n", prog, buf);
@@ -218,6 +235,8 @@ void launch_exit(const launch_env_t *env, int status)
 {
     fflush(stdout);
     fflush(stderr);
+    if (env->world)
+        env->world->ops->destroy(env->world);
     MPI_Finalize();
     exit(status);
 }

@@ -9,6 +9,8 @@
 #include <stddef.h>
 #include <stdio.h>
 
+#include "mpi/comm.h"
+
 typedef enum {
     LAUNCH_SINGLETON, /* ./dtrain with no launcher: one rank */
     LAUNCH_SRUN,      /* srun --mpi=pmix: SLURM started every rank */
@@ -33,6 +35,9 @@ typedef struct launch_env {
     int n_job_nodes;     /* SLURM_JOB_NUM_NODES */
     char nodelist[256];  /* SLURM_JOB_NODELIST (compressed, e.g. gpu[01-08]) */
     long long end_time;  /* SLURM_JOB_END_TIME: Unix seconds the time limit ends, 0 unknown */
+    /* a communicator over (a duplicate of) MPI_COMM_WORLD, for the
+     * program's agreements (mpi/agree.h); launch_exit frees it */
+    comm_t *world;
 } launch_env_t;
 
 /* MPI_Init_thread (FUNNELED), the rank/size queries, the launcher and SLURM
@@ -54,12 +59,12 @@ int launch_catch_stop_signals(void);
  * point where stopping is safe (the training loop's step boundary). */
 int launch_stop_signal(void);
 
-/* Collective over the world: returns 1 if any rank passed failed != 0.
- * Then the lowest failing rank's msg is printed by rank 0 as
- * "<prog>: error: [rank R: ]msg". */
+/* Collective over the world, agree() on env->world: returns 1 if any rank
+ * passed failed != 0. Then the lowest failing rank's msg is printed by rank
+ * 0 as "<prog>: error: [rank R: ]msg". */
 int launch_any_failed(const launch_env_t *env, const char *prog, int failed, const char *msg);
 
-/* MPI_Finalize, then exit(status) on every rank. */
+/* Frees env->world, MPI_Finalize, then exit(status) on every rank. */
 void launch_exit(const launch_env_t *env, int status);
 
 /* Checks an MPI return code: on failure prints the MPI error string with

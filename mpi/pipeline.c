@@ -166,7 +166,7 @@ static int wait_timed(pipe_exec_t *ex, comm_req_t *req)
 static int post_act_recv(pipe_exec_t *ex, int m)
 {
     const int slot = m % ex->S;
-    if (ex->pp->ops->irecv(ex->pp, ex->ops->input(ex->ctx, slot), ex->ops->n, ex->s - 1, TAG_ACT,
+    if (ex->pp->ops->irecv(ex->pp, ex->ops->input(ex->ctx, slot), ex->ops->n, COMM_FP32, ex->s - 1, TAG_ACT,
                            &ex->act_recv[slot]) != 0)
         return fail_at(ex, "activation receive", m);
     return 0;
@@ -174,7 +174,8 @@ static int post_act_recv(pipe_exec_t *ex, int m)
 
 static int post_grad_recv(pipe_exec_t *ex, int m)
 {
-    if (ex->pp->ops->irecv(ex->pp, ex->ops->grad(ex->ctx), ex->ops->n, ex->s + 1, TAG_GRAD, &ex->grad_recv) != 0)
+    if (ex->pp->ops->irecv(ex->pp, ex->ops->grad(ex->ctx), ex->ops->n, COMM_FP32, ex->s + 1, TAG_GRAD,
+                           &ex->grad_recv) != 0)
         return fail_at(ex, "gradient receive", m);
     return 0;
 }
@@ -211,7 +212,7 @@ static int run_forward(pipe_exec_t *ex, const pipe_action_t *a)
                  ex->P, a->micro);
         return -1;
     }
-    if (!ex->last && ex->pp->ops->isend(ex->pp, ops->output(ex->ctx, a->slot), ops->n, ex->s + 1, TAG_ACT,
+    if (!ex->last && ex->pp->ops->isend(ex->pp, ops->output(ex->ctx, a->slot), ops->n, COMM_FP32, ex->s + 1, TAG_ACT,
                                         &ex->act_send[a->slot]) != 0)
         return fail_at(ex, "activation send", a->micro);
     return 0;
@@ -244,7 +245,7 @@ static int run_backward(pipe_exec_t *ex, const pipe_action_t *a)
             ops->mem->to_host(buf, ops->grad(ex->ctx), n * sizeof *buf);
         else if (n)
             memcpy(buf, ops->grad(ex->ctx), n * sizeof *buf);
-        if (ex->pp->ops->isend(ex->pp, buf, n, ex->s - 1, TAG_GRAD, &ex->grad_send[r]) != 0)
+        if (ex->pp->ops->isend(ex->pp, buf, n, COMM_FP32, ex->s - 1, TAG_GRAD, &ex->grad_send[r]) != 0)
             return fail_at(ex, "gradient send", a->micro);
     }
     /* grad() is free again: receive the next backward's gradient into it */

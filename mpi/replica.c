@@ -37,7 +37,7 @@ int replica_check(comm_t *c, const float *buf, const size_t *tensor_start, int n
             lo[4 * t + k] = -hi[4 * t + k];
         }
     }
-    int rc = c->ops->allreduce(c, hi, 2 * n, COMM_MAX);
+    int rc = c->ops->allreduce(c, hi, 2 * n, COMM_FP32, COMM_MAX);
     if (rc == 0) {
         for (int t = 0; t < n_tensors && *first_bad < 0; t++)
             for (int k = 0; k < 4; k++)

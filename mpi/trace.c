@@ -43,6 +43,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "mpi/agree.h"
 #include "mpi/clock.h"
 
 #define LABEL_LEN 96
@@ -307,7 +308,8 @@ static void write_rank(writer_t *w, int pid, const rank_hdr_t *h, const span_t *
 /* ------------------------------------------------------------- collective */
 
 typedef struct ctx {
-    MPI_Comm comm;
+    comm_t *c;     /* a duplicate of the caller's communicator, for agree() */
+    MPI_Comm comm; /* c's MPI communicator */
     int rank, size;
     char msg[512]; /* this rank's first error */
 } ctx_t;
@@ -332,24 +334,10 @@ static void mpi_msg(ctx_t *x, int rc, const char *what)
 }
 
 /* 0 when no rank has an error; else -1 and the lowest failing rank's
- * message in x->msg on every rank. */
-static int agree(ctx_t *x)
+ * message in x->msg on every rank (mpi/agree.h). */
+static int ctx_agree(ctx_t *x)
 {
-    int mine = x->msg[0] ? x->rank : INT_MAX, first = INT_MAX;
-    int rc = MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, x->comm);
-    if (rc != MPI_SUCCESS) {
-        mpi_msg(x, rc, "MPI_Allreduce(agree)");
-        return -1;
-    }
-    if (first == INT_MAX)
-        return 0;
-    rc = MPI_Bcast(x->msg, (int)sizeof x->msg, MPI_CHAR, first, x->comm);
-    if (rc != MPI_SUCCESS) {
-        x->msg[0] = '\0';
-        mpi_msg(x, rc, "MPI_Bcast(agree)");
-    }
-    x->msg[sizeof x->msg - 1] = '\0';
-    return -1;
+    return agree(x->c, x->msg[0] ? STATUS_FAIL : STATUS_OK, x->msg, sizeof x->msg) == STATUS_OK ? 0 : -1;
 }
 
 /* 1 when this rank shares a node (and so CLOCK_MONOTONIC) with rank 0. */
@@ -432,6 +420,100 @@ static void write_tail(FILE *f, const rank_hdr_t *h, const double *off, const do
     fputs("\n]}}\n", f);
 }
 
+/* The output's temporary file (rank 0): tmp, opened as *f, and the tables
+ * of every rank's header, clock offset and round trip. */
+static void open_output(ctx_t *x, const char *path, char *tmp, size_t tmp_len, FILE **f, rank_hdr_t **hdr,
+                        double **off, double **rtt)
+{
+    *hdr = calloc((size_t)x->size, sizeof **hdr);
+    *off = calloc((size_t)x->size, sizeof **off);
+    *rtt = calloc((size_t)x->size, sizeof **rtt);
+    if (!*hdr || !*off || !*rtt) {
+        set_msg(x, "trace: out of memory for %d ranks' headers", x->size);
+        return;
+    }
+    if (snprintf(tmp, tmp_len, "%s.tmp.%ld", path, (long)getpid()) >= (int)tmp_len) {
+        tmp[0] = '\0';
+        set_msg(x, "trace: output path too long: %.200s...", path);
+        return;
+    }
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL, 0666);
+    if (fd < 0 || !(*f = fdopen(fd, "w"))) {
+        set_msg(x, "trace: cannot write %s: %s", path, strerror(errno));
+        if (fd >= 0) {
+            close(fd);
+            unlink(tmp);
+        }
+        tmp[0] = '\0';
+    }
+}
+
+/* This rank's header into *mine, every rank's into hdr on rank 0, and there
+ * the receive buffer for the largest other rank's spans. */
+static void gather_headers(ctx_t *x, const trace_t *t, rank_hdr_t *mine, rank_hdr_t *hdr, span_t **buf)
+{
+    if (t) {
+        mine->n = (long long)t->n;
+        mine->dropped = (long long)t->dropped;
+        mine->t_min = t->n ? t->ev[0].t0 : 0;
+        for (size_t i = 0; i < t->n; i++)
+            if (t->ev[i].t0 < mine->t_min)
+                mine->t_min = t->ev[i].t0;
+        snprintf(mine->label, sizeof mine->label, "%s", t->label);
+    } else {
+        snprintf(mine->label, sizeof mine->label, "rank %d", x->rank);
+    }
+    if (ctx_agree(x) != 0)
+        return;
+    int rc = MPI_Gather(mine, (int)sizeof *mine, MPI_BYTE, hdr, (int)sizeof *mine, MPI_BYTE, 0, x->comm);
+    if (rc != MPI_SUCCESS) {
+        mpi_msg(x, rc, "MPI_Gather(headers)");
+        return;
+    }
+    if (x->rank != 0)
+        return;
+    long long most = 0;
+    for (int r = 1; r < x->size; r++)
+        most = hdr[r].n > most ? hdr[r].n : most;
+    if (most > 0 && !(*buf = malloc((size_t)most * sizeof **buf)))
+        set_msg(x, "trace: out of memory for %lld spans of one rank", most);
+}
+
+/* Rank 0: every rank's spans into f, in rank order, on one time axis; then
+ * closes f and renames tmp to path (tmp[0] = '\0' once renamed). */
+static void write_all(ctx_t *x, const trace_t *t, const rank_hdr_t *hdr, const double *off, const double *rtt,
+                      span_t *buf, FILE *f, char *tmp, const char *path)
+{
+    double origin = INFINITY;
+    for (int r = 0; r < x->size; r++)
+        if (hdr[r].n > 0 && hdr[r].t_min - off[r] < origin)
+            origin = hdr[r].t_min - off[r];
+    if (!isfinite(origin))
+        origin = 0;
+    writer_t w = { .f = f, .first = 1 };
+    errno = 0;
+    fputs("{\"traceEvents\": [", f);
+    write_rank(&w, 0, &hdr[0], t ? t->ev : NULL, t ? t->n : 0, origin + off[0]);
+    for (int r = 1; r < x->size; r++) {
+        /* keep receiving after a failure: rank r is already sending */
+        int rc = MPI_Recv(buf, (int)((size_t)hdr[r].n * sizeof *buf), MPI_BYTE, r, 2, x->comm, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS) {
+            mpi_msg(x, rc, "MPI_Recv(spans)");
+            continue;
+        }
+        write_rank(&w, r, &hdr[r], buf, (size_t)hdr[r].n, origin + off[r]);
+    }
+    write_tail(f, hdr, off, rtt, x->size);
+    int werr = ferror(f);
+    int cerr = fclose(f);
+    if (werr || cerr != 0)
+        set_msg(x, "trace: cannot write %s: %s", path, strerror(errno ? errno : EIO));
+    else if (!x->msg[0] && rename(tmp, path) != 0)
+        set_msg(x, "trace: cannot rename %s to %s: %s", tmp, path, strerror(errno));
+    else if (!x->msg[0])
+        tmp[0] = '\0'; /* renamed: nothing to remove */
+}
+
 int trace_write_merged(trace_t *t, const void *mpi_comm, const char *path, char *err, size_t errlen)
 {
     if (err && errlen)
@@ -442,22 +524,15 @@ int trace_write_merged(trace_t *t, const void *mpi_comm, const char *path, char 
         return -1;
     }
     ctx_t x = { .comm = MPI_COMM_NULL };
-    int rc = MPI_Comm_dup(*(const MPI_Comm *)mpi_comm, &x.comm);
-    if (rc == MPI_SUCCESS)
-        rc = MPI_Comm_set_errhandler(x.comm, MPI_ERRORS_RETURN);
-    if (rc == MPI_SUCCESS)
-        rc = MPI_Comm_rank(x.comm, &x.rank);
-    if (rc == MPI_SUCCESS)
-        rc = MPI_Comm_size(x.comm, &x.size);
-    if (rc != MPI_SUCCESS) {
-        mpi_msg(&x, rc, "MPI_Comm_dup");
-        if (x.comm != MPI_COMM_NULL)
-            MPI_Comm_free(&x.comm);
+    if (!(x.c = comm_mpi_create(mpi_comm)) || comm_mpi_handle(x.c, &x.comm) != 0) {
+        if (x.c)
+            x.c->ops->destroy(x.c);
         if (err && errlen)
-            snprintf(err, errlen, "%s", x.msg);
+            snprintf(err, errlen, "trace: MPI_Comm_dup failed");
         return -1;
     }
-
+    x.rank = x.c->rank;
+    x.size = x.c->size;
     rank_hdr_t *hdr = NULL, mine = { 0 };
     double *off = NULL, *rtt = NULL;
     span_t *buf = NULL;
@@ -465,104 +540,28 @@ int trace_write_merged(trace_t *t, const void *mpi_comm, const char *path, char 
     char tmp[4096] = "";
     int status = -1;
 
-    /* 1: rows */
-    if (t)
+    if (t) /* 1: rows */
         assign_rows(t->ev, t->n);
-
-    /* 2: rank 0 opens the temporary file and its tables */
-    if (x.rank == 0) {
-        hdr = calloc((size_t)x.size, sizeof *hdr);
-        off = calloc((size_t)x.size, sizeof *off);
-        rtt = calloc((size_t)x.size, sizeof *rtt);
-        if (!hdr || !off || !rtt)
-            set_msg(&x, "trace: out of memory for %d ranks' headers", x.size);
-        else if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof tmp)
-            set_msg(&x, "trace: output path too long: %.200s...", path);
-        else {
-            int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL, 0666);
-            if (fd < 0 || !(f = fdopen(fd, "w"))) {
-                set_msg(&x, "trace: cannot write %s: %s", path, strerror(errno));
-                if (fd >= 0) {
-                    close(fd);
-                    unlink(tmp);
-                }
-                tmp[0] = '\0';
-            }
-        }
-    }
-    if (agree(&x) != 0)
+    if (x.rank == 0) /* 2: rank 0 opens the temporary file and its tables */
+        open_output(&x, path, tmp, sizeof tmp, &f, &hdr, &off, &rtt);
+    if (ctx_agree(&x) != 0)
         goto out;
-
-    /* 3: headers */
-    mine.same_node = on_root_node(&x);
-    if (t) {
-        mine.n = (long long)t->n;
-        mine.dropped = (long long)t->dropped;
-        mine.t_min = t->n ? t->ev[0].t0 : 0;
-        for (size_t i = 0; i < t->n; i++)
-            if (t->ev[i].t0 < mine.t_min)
-                mine.t_min = t->ev[i].t0;
-        snprintf(mine.label, sizeof mine.label, "%s", t->label);
-    } else {
-        snprintf(mine.label, sizeof mine.label, "rank %d", x.rank);
-    }
-    if (agree(&x) != 0)
+    mine.same_node = on_root_node(&x); /* 3: headers */
+    gather_headers(&x, t, &mine, hdr, &buf);
+    if (ctx_agree(&x) != 0)
         goto out;
-    rc = MPI_Gather(&mine, (int)sizeof mine, MPI_BYTE, hdr, (int)sizeof mine, MPI_BYTE, 0, x.comm);
-    if (rc != MPI_SUCCESS)
-        mpi_msg(&x, rc, "MPI_Gather(headers)");
-    else if (x.rank == 0) {
-        long long most = 0;
-        for (int r = 1; r < x.size; r++)
-            most = hdr[r].n > most ? hdr[r].n : most;
-        if (most > 0 && !(buf = malloc((size_t)most * sizeof *buf)))
-            set_msg(&x, "trace: out of memory for %lld spans of one rank", most);
-    }
-    if (agree(&x) != 0)
+    clock_offsets(&x, hdr, mine.same_node, off, rtt); /* 4: clocks */
+    if (ctx_agree(&x) != 0)
         goto out;
-
-    /* 4: clocks */
-    clock_offsets(&x, hdr, mine.same_node, off, rtt);
-    if (agree(&x) != 0)
-        goto out;
-
-    /* 5: spans, rank by rank */
-    if (x.rank == 0) {
-        double origin = INFINITY;
-        for (int r = 0; r < x.size; r++)
-            if (hdr[r].n > 0 && hdr[r].t_min - off[r] < origin)
-                origin = hdr[r].t_min - off[r];
-        if (!isfinite(origin))
-            origin = 0;
-        writer_t w = { .f = f, .first = 1 };
-        errno = 0;
-        fputs("{\"traceEvents\": [", f);
-        write_rank(&w, 0, &hdr[0], t ? t->ev : NULL, t ? t->n : 0, origin + off[0]);
-        for (int r = 1; r < x.size; r++) {
-            /* keep receiving after a failure: rank r is already sending */
-            rc = MPI_Recv(buf, (int)((size_t)hdr[r].n * sizeof *buf), MPI_BYTE, r, 2, x.comm, MPI_STATUS_IGNORE);
-            if (rc != MPI_SUCCESS) {
-                mpi_msg(&x, rc, "MPI_Recv(spans)");
-                continue;
-            }
-            write_rank(&w, r, &hdr[r], buf, (size_t)hdr[r].n, origin + off[r]);
-        }
-        write_tail(f, hdr, off, rtt, x.size);
-        int werr = ferror(f);
-        int cerr = fclose(f);
+    if (x.rank == 0) { /* 5: spans, rank by rank */
+        write_all(&x, t, hdr, off, rtt, buf, f, tmp, path);
         f = NULL;
-        if (werr || cerr != 0)
-            set_msg(&x, "trace: cannot write %s: %s", path, strerror(errno ? errno : EIO));
-        else if (!x.msg[0] && rename(tmp, path) != 0)
-            set_msg(&x, "trace: cannot rename %s to %s: %s", tmp, path, strerror(errno));
-        else if (!x.msg[0])
-            tmp[0] = '\0'; /* renamed: nothing to remove */
     } else {
-        rc = MPI_Send(t ? t->ev : NULL, (int)(mine.n * (long long)sizeof(span_t)), MPI_BYTE, 0, 2, x.comm);
+        int rc = MPI_Send(t ? t->ev : NULL, (int)(mine.n * (long long)sizeof(span_t)), MPI_BYTE, 0, 2, x.comm);
         if (rc != MPI_SUCCESS)
             mpi_msg(&x, rc, "MPI_Send(spans)");
     }
-    status = agree(&x);
+    status = ctx_agree(&x);
 
 out:
     if (f)
@@ -573,7 +572,7 @@ out:
     free(hdr);
     free(off);
     free(rtt);
-    MPI_Comm_free(&x.comm);
+    x.c->ops->destroy(x.c);
     if (status != 0 && err && errlen)
         snprintf(err, errlen, "%s", x.msg[0] ? x.msg : "trace: failed");
     return status;

@@ -7,9 +7,9 @@
  * timeout, and a job that hangs silently burns its allocation. So a
  * helper thread wakes about once a second (or sooner for short timeouts)
  * and looks at what the main thread is blocked in: the communicator
- * (comm_mpi.c, nccl_comm.c) and the trainer's few direct MPI calls mark
- * each blocking call with watchdog_enter/watchdog_leave. When one call has
- * lasted longer than the timeout, the thread prints
+ * (comm_mpi.c, nccl_comm.c) marks each blocking call with
+ * watchdog_enter/watchdog_leave. When one call has lasted longer than the
+ * timeout, the thread prints
  *
  *   dtrain: rank 3 (tp 1 pp 1 dp 0, host n07): allreduce on group dp (2 ranks, 4 KiB) has not finished after 600 s
  *   (--comm-timeout 600): a peer rank is stuck or dead; aborting the job

@@ -170,7 +170,7 @@ static int allgather_units(zero_t *z, float *buf, int host)
             o->copy(mine, buf + lo, (hi - lo) * sizeof(float));
         o->zero(mine + (hi - lo), (cu - (hi - lo)) * sizeof(float));
         /* send == recv + rank*c: the communicator's in-place form */
-        if (c->ops->allgather(c, mine, z->stage_buf, cu) != 0)
+        if (c->ops->allgather(c, mine, z->stage_buf, cu, COMM_FP32) != 0)
             return -1;
         if (host)
             o->to_host(buf + z->unit_start[u], z->stage_buf, len * sizeof(float));
@@ -284,9 +284,9 @@ int zero_grads_reduce_window(zero_t *z, int u)
     if (bf16_on(z, c)) {
         /* the whole send, padding included (zero in both types) */
         z->ops->cast_f32_to_bf16(z->hwin[k], z->window[k], (size_t)c->size * z->chunk[u]);
-        rc = c->ops->ireduce_scatter_bf16(c, z->hwin[k], z->hrecv[k], z->chunk[u], &z->req[k]);
+        rc = c->ops->ireduce_scatter(c, z->hwin[k], z->hrecv[k], z->chunk[u], COMM_BF16, &z->req[k]);
     } else {
-        rc = c->ops->ireduce_scatter(c, z->window[k], z->recv[k], z->chunk[u], &z->req[k]);
+        rc = c->ops->ireduce_scatter(c, z->window[k], z->recv[k], z->chunk[u], COMM_FP32, &z->req[k]);
     }
     if (rc != 0)
         return -1;
@@ -313,8 +313,8 @@ int zero_grads_reduce(zero_t *z, int u, const float *src)
     }
     z->ops->sync(); /* running kernels are compute, not communication wait */
     double t0 = MPI_Wtime();
-    int rc = bf16 ? c->ops->reduce_scatter_bf16(c, z->hstage, z->hstage, cu)
-                  : c->ops->reduce_scatter(c, z->stage_buf, z->stage_buf, cu);
+    int rc = bf16 ? c->ops->reduce_scatter(c, z->hstage, z->hstage, cu, COMM_BF16)
+                  : c->ops->reduce_scatter(c, z->stage_buf, z->stage_buf, cu, COMM_FP32);
     z->wait_s += MPI_Wtime() - t0;
     if (rc != 0)
         return -1;
@@ -338,9 +338,9 @@ int zero_grads_replicas(zero_t *z)
     if (!r || z->stage < 2)
         return 0;
     if (!bf16_on(z, r))
-        return r->ops->allreduce(r, z->grad_shard, z->shard_n, COMM_SUM);
+        return r->ops->allreduce(r, z->grad_shard, z->shard_n, COMM_FP32, COMM_SUM);
     z->ops->cast_f32_to_bf16(z->hshard, z->grad_shard, z->shard_n);
-    if (r->ops->allreduce_bf16(r, z->hshard, z->shard_n) != 0)
+    if (r->ops->allreduce(r, z->hshard, z->shard_n, COMM_BF16, COMM_SUM) != 0)
         return -1;
     z->ops->cast_bf16_to_f32(z->grad_shard, z->hshard, z->shard_n);
     return 0;
@@ -370,7 +370,8 @@ static int pwin_start(zero_t *z, int k, int u)
     comm_t *c = z->group;
     z->pwin_unit[k] = u;
     z->gathers++;
-    if (c->ops->iallgather(c, z->param_shard + z->shard_start[u], z->pwin[k], z->chunk[u], &z->preq[k]) != 0) {
+    if (c->ops->iallgather(c, z->param_shard + z->shard_start[u], z->pwin[k], z->chunk[u], COMM_FP32,
+                           &z->preq[k]) != 0) {
         z->pwin_unit[k] = -1;
         return -1;
     }
@@ -429,7 +430,7 @@ int zero_params_gather_unit(zero_t *z, int u, float *dst)
     const size_t cu = z->chunk[u], len = z->unit_start[u + 1] - z->unit_start[u];
     if (cu == 0)
         return 0;
-    if (c->ops->allgather(c, z->param_shard + z->shard_start[u], z->stage_buf, cu) != 0)
+    if (c->ops->allgather(c, z->param_shard + z->shard_start[u], z->stage_buf, cu, COMM_FP32) != 0)
         return -1;
     z->ops->copy(dst, z->stage_buf, len * sizeof(float));
     return 0;

@@ -41,7 +41,7 @@
  * Reduction dtype (--grad-reduce-dtype; ZeRO-1 reduces through mpi/ddp.c,
  * which has its own): with COMM_BF16, stages 2 and 3 round each window (or
  * padded non-block unit) to bf16 in a staging buffer before its
- * reduce-scatter, sum in bf16 (comm.h's *_bf16 calls), and widen the
+ * reduce-scatter, sum in bf16 (comm.h's COMM_BF16 sums), and widen the
  * received piece back to fp32 before adding it to the fp32 gradient shard;
  * the 1/dp scaling stays in fp32 (zero_grads_finish). With --hybrid-shard,
  * zero_grads_replicas sums the scaled shard across the replica group the

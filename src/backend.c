@@ -162,10 +162,9 @@ int backend_comm_open(backend_t *b, const char *comm, const grid_t *g, grid_t *n
 #else
     const int oom = 0;
 #endif
-    int mine = want && !bad && !oom && !b->shared_gpu && !host_touch && !uuid_failed, all = 0;
-    int rc = MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    if (rc != MPI_SUCCESS) {
-        snprintf(err, errlen, "--comm %s: MPI_Allreduce (agreeing on the library) failed", comm);
+    int32_t all = want && !bad && !oom && !b->shared_gpu && !host_touch && !uuid_failed;
+    if (g->world->ops->allreduce(g->world, &all, 1, COMM_INT32, COMM_MIN) != 0) {
+        snprintf(err, errlen, "--comm %s: the all-reduce agreeing on the library failed: %s", comm, g->world->err);
         return -1;
     }
     if (uuid_failed)

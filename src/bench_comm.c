@@ -282,15 +282,15 @@ static int run_once(const bench_t *bt, size_t count)
     const int p = c->size;
     switch (bt->op) {
     case OP_ALLREDUCE:
-        return c->ops->allreduce(c, bt->a, count, COMM_SUM);
+        return c->ops->allreduce(c, bt->a, count, COMM_FP32, COMM_SUM);
     case OP_REDUCE_SCATTER:
-        return c->ops->reduce_scatter(c, bt->a, bt->b, count / (size_t)p);
+        return c->ops->reduce_scatter(c, bt->a, bt->b, count / (size_t)p, COMM_FP32);
     case OP_ALLGATHER:
-        return c->ops->allgather(c, bt->a, bt->b, count / (size_t)p);
+        return c->ops->allgather(c, bt->a, bt->b, count / (size_t)p, COMM_FP32);
     default: {
         comm_req_t rs = {0}, rr = {0};
-        if (c->ops->irecv(c, bt->b, count, (c->rank + p - 1) % p, 0, &rr) != 0 ||
-            c->ops->isend(c, bt->a, count, (c->rank + 1) % p, 0, &rs) != 0)
+        if (c->ops->irecv(c, bt->b, count, COMM_FP32, (c->rank + p - 1) % p, 0, &rr) != 0 ||
+            c->ops->isend(c, bt->a, count, COMM_FP32, (c->rank + 1) % p, 0, &rs) != 0)
             return -1;
         return c->ops->wait(&rs) == 0 && c->ops->wait(&rr) == 0 ? 0 : -1;
     }

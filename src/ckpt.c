@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "io/h5store.h"
+#include "mpi/agree.h"
 #include "src/param_io.h"
 
 #ifdef HAVE_CONFIG_H
@@ -18,26 +19,6 @@
 #endif
 
 #define LATEST "latest"
-
-static int world_rank(void)
-{
-    int r = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &r);
-    return r;
-}
-
-/* Rank 0's status and message to every rank. */
-static int bcast_status(int rc, char *err, size_t errlen)
-{
-    int v = rc;
-    if (MPI_Bcast(&v, 1, MPI_INT, 0, MPI_COMM_WORLD) != MPI_SUCCESS) {
-        snprintf(err, errlen, "MPI_Bcast of a checkpoint status failed");
-        return -1;
-    }
-    if (v != 0 && MPI_Bcast(err, (int)errlen, MPI_CHAR, 0, MPI_COMM_WORLD) != MPI_SUCCESS)
-        snprintf(err, errlen, "MPI_Bcast of a checkpoint error failed");
-    return v ? -1 : 0;
-}
 
 static int fsync_path(const char *path, int flags)
 {
@@ -127,9 +108,9 @@ void ckpt_remove_stale(const char *dir)
     closedir(d);
 }
 
-int ckpt_save(const char *dir, int keep, const model_config_t *cfg, const param_table_t *t, float *params,
-              float *m, float *v, int writer, int tp_size, int tp_rank, const ckpt_meta_t *meta, char *path_out,
-              size_t path_len, char *err, size_t errlen)
+int ckpt_save(comm_t *world, const char *dir, int keep, const model_config_t *cfg, const param_table_t *t,
+              float *params, float *m, float *v, int writer, int tp_size, int tp_rank, const ckpt_meta_t *meta,
+              char *path_out, size_t path_len, char *err, size_t errlen)
 {
     char name[32];
     snprintf(name, sizeof name, "step_%08d.h5", meta->step);
@@ -152,19 +133,21 @@ int ckpt_save(const char *dir, int keep, const model_config_t *cfg, const param_
     attrs[na++] = (h5store_attr_t){.key = "steps", .type = H5STORE_INT, .i = meta->steps};
     na += param_io_tokenizer_attrs(meta->tokenizer, meta->tokenizer_sha256, attrs + na);
     const param_io_group_t groups[3] = {{"params", params}, {"optim/m", m}, {"optim/v", v}};
-    if (param_io_write(path_out, cfg, t, groups, 3, writer, tp_size, tp_rank, attrs, na, err, errlen) != 0)
+    if (param_io_write(world, path_out, cfg, t, groups, 3, writer, tp_size, tp_rank, attrs, na, err, errlen) != 0)
         return -1;
     /* the file is complete and durable: only now does `latest` move */
     int rc = 0;
-    if (world_rank() == 0) {
+    if (world->rank == 0) {
         rc = write_latest(dir, name, err, errlen);
         if (rc == 0 && keep > 0)
             prune(dir, keep, meta->step);
     }
-    return bcast_status(rc, err, errlen);
+    /* only rank 0 wrote `latest`: its verdict is everyone's */
+    return agree(world, rc, err, errlen);
 }
 
-int ckpt_resolve(const char *resume, const char *dir, char *path, size_t path_len, char *err, size_t errlen)
+int ckpt_resolve(comm_t *world, const char *resume, const char *dir, char *path, size_t path_len, char *err,
+                 size_t errlen)
 {
     path[0] = '\0';
     if (strcmp(resume, "auto") != 0) {
@@ -172,7 +155,7 @@ int ckpt_resolve(const char *resume, const char *dir, char *path, size_t path_le
         return 0;
     }
     int rc = 0;
-    if (world_rank() == 0) {
+    if (world->rank == 0) {
         char latest[4096], name[256] = "";
         snprintf(latest, sizeof latest, "%s/%s", dir, LATEST);
         FILE *f = fopen(latest, "r");
@@ -196,10 +179,10 @@ int ckpt_resolve(const char *resume, const char *dir, char *path, size_t path_le
             rc = -1;
         }
     }
-    if (bcast_status(rc, err, errlen) != 0)
+    if (agree(world, rc, err, errlen) != 0)
         return -1;
-    if (MPI_Bcast(path, (int)path_len, MPI_CHAR, 0, MPI_COMM_WORLD) != MPI_SUCCESS) {
-        snprintf(err, errlen, "MPI_Bcast of the checkpoint path failed");
+    if (world->ops->broadcast(world, path, path_len, COMM_BYTE, 0) != 0) {
+        snprintf(err, errlen, "broadcasting the checkpoint path failed: %s", world->err);
         return -1;
     }
     return 0;
@@ -215,8 +198,8 @@ static int get_int(h5store_t *h, const char *key, int *v, char *err, size_t errl
     return 0;
 }
 
-int ckpt_load(const char *path, const model_config_t *cfg, const param_table_t *t, float *params, float *m,
-              float *v, ckpt_meta_t *meta, char *err, size_t errlen)
+int ckpt_load(comm_t *world, const char *path, const model_config_t *cfg, const param_table_t *t, float *params,
+              float *m, float *v, ckpt_meta_t *meta, char *err, size_t errlen)
 {
     h5store_t *h = h5store_open(path, MPI_COMM_WORLD, err, errlen);
     if (!h)
@@ -251,13 +234,13 @@ int ckpt_load(const char *path, const model_config_t *cfg, const param_table_t *
         rc = -1;
     meta->tokens = tokens;
     meta->seed = seed;
-    rc = h5store_agree(MPI_COMM_WORLD, rc, err, errlen);
+    rc = agree(world, rc, err, errlen);
     /* each rank reads its own slices, checking the checksums they cover;
      * whatever no rank's slices covered is then checked too, so every byte
      * of the file is verified, and read once when the slices cover it */
     const param_io_group_t groups[3] = {{"params", params}, {"optim/m", m}, {"optim/v", v}};
     if (rc == 0)
-        rc = param_io_read(h, cfg, t, groups, 3, err, errlen);
+        rc = param_io_read(world, h, cfg, t, groups, 3, err, errlen);
     char cerr[256];
     if (h5store_close(h, cerr, sizeof cerr) != 0 && rc == 0) {
         snprintf(err, errlen, "%s", cerr);

@@ -15,6 +15,7 @@
 
 #include <stddef.h>
 
+#include "mpi/comm.h"
 #include "src/model_config.h"
 #include "src/params.h"
 
@@ -35,30 +36,31 @@ typedef struct ckpt_meta {
     const char *tokenizer, *tokenizer_sha256; /* the data's tokenizer, "" or NULL when unknown */
 } ckpt_meta_t;
 
-/* Collective over MPI_COMM_WORLD. Writes DIR/step_<step>.h5 from every
- * rank's host buffers (params, m, v: [table.numel]), then points `latest`
- * at it and removes all but the newest `keep` checkpoints (keep 0 = all).
+/* Collective over world (a communicator over MPI_COMM_WORLD). Writes
+ * DIR/step_<step>.h5 from every rank's host buffers (params, m, v:
+ * [table.numel]), then points `latest` at it and removes all but the newest `keep` checkpoints (keep 0 = all).
  * writer/tp_size/tp_rank as in param_io_write. The path written goes to
  * path_out. Returns 0, or -1 with one line in err on every rank (the
  * previous `latest` then still stands). */
-int ckpt_save(const char *dir, int keep, const model_config_t *cfg, const param_table_t *t, float *params,
-              float *m, float *v, int writer, int tp_size, int tp_rank, const ckpt_meta_t *meta, char *path_out,
-              size_t path_len, char *err, size_t errlen);
+int ckpt_save(comm_t *world, const char *dir, int keep, const model_config_t *cfg, const param_table_t *t,
+              float *params, float *m, float *v, int writer, int tp_size, int tp_rank, const ckpt_meta_t *meta,
+              char *path_out, size_t path_len, char *err, size_t errlen);
 
 /* Removes the temporaries of checkpoints whose writing was interrupted
  * (a killed job). Rank 0, at start, before any new checkpoint is written:
  * one job per checkpoint directory. */
 void ckpt_remove_stale(const char *dir);
 
-/* Collective: the checkpoint --resume names. "auto": the file DIR/latest
+/* Collective over world: the checkpoint --resume names. "auto": the file DIR/latest
  * names, or "" (a fresh start) when DIR has no `latest`; anything else is
  * the path itself. Returns 0, or -1 (e.g. `latest` names a missing file). */
-int ckpt_resolve(const char *resume, const char *dir, char *path, size_t path_len, char *err, size_t errlen);
+int ckpt_resolve(comm_t *world, const char *resume, const char *dir, char *path, size_t path_len, char *err,
+                 size_t errlen);
 
-/* Collective: opens path, checks it is a checkpoint of this format and of
+/* Collective over world: opens path, checks it is a checkpoint of this format and of
  * cfg's model, verifies every checksum, and reads this rank's slices of the
  * parameters and moments (any layout may have written it) and the run state. */
-int ckpt_load(const char *path, const model_config_t *cfg, const param_table_t *t, float *params, float *m,
-              float *v, ckpt_meta_t *meta, char *err, size_t errlen);
+int ckpt_load(comm_t *world, const char *path, const model_config_t *cfg, const param_table_t *t, float *params,
+              float *m, float *v, ckpt_meta_t *meta, char *err, size_t errlen);
 
 #endif

@@ -43,6 +43,7 @@
 #include "io/safetensors.h"
 #include "src/fsutil.h"
 #include "io/h5store.h"
+#include "mpi/agree.h"
 #include "mpi/launch.h"
 #include "src/options.h"
 #include "src/param_io.h"
@@ -372,19 +373,6 @@ static int check_paths(const reshard_opts_t *o, char *err, size_t errlen)
     return 0;
 }
 
-/* Rank 0's status and message to every rank (checks only rank 0 makes). */
-static int bcast_status(int rc, char *err, size_t errlen)
-{
-    int v = rc;
-    if (MPI_Bcast(&v, 1, MPI_INT, 0, MPI_COMM_WORLD) != MPI_SUCCESS) {
-        snprintf(err, errlen, "MPI_Bcast of a status failed");
-        return -1;
-    }
-    if (v != 0 && MPI_Bcast(err, (int)errlen, MPI_CHAR, 0, MPI_COMM_WORLD) != MPI_SUCCESS)
-        snprintf(err, errlen, "MPI_Bcast of an error message failed");
-    return v ? -1 : 0;
-}
-
 /* The tensor groups a file of this content holds. */
 static int content_groups(h5store_t *h, const char *path, param_io_group_t *groups, int *n_groups,
                           char *content, size_t content_len, char *err, size_t errlen)
@@ -524,8 +512,9 @@ static double mib(int64_t bytes)
 
 /* The resharding: every step agreed on by all ranks. *status is the exit
  * status on failure (2 for the input and the command line, 1 for writing). */
-static int reshard(const reshard_opts_t *o, int rank, int nranks, int *status, char *err, size_t errlen)
+static int reshard(const reshard_opts_t *o, comm_t *world, int *status, char *err, size_t errlen)
 {
+    const int rank = world->rank, nranks = world->size;
     char content[64] = "", layout[64];
     model_config_t cfg;
     param_io_group_t groups[3];
@@ -540,7 +529,7 @@ static int reshard(const reshard_opts_t *o, int rank, int nranks, int *status, c
     *status = 2;
 
     int rc = rank == 0 ? check_paths(o, err, errlen) : 0;
-    if (bcast_status(rc, err, errlen) != 0)
+    if (agree(world, rc, err, errlen) != 0)
         return -1;
     h5store_t *h = h5store_open(o->in, MPI_COMM_WORLD, err, errlen);
     if (!h)
@@ -550,7 +539,7 @@ static int reshard(const reshard_opts_t *o, int rank, int nranks, int *status, c
         rc = options_check_grid(&cfg, o->tp, o->pp, err, errlen);
     if (rc == 0)
         rc = h5store_get_attrs(h, &attrs, &na, err, errlen);
-    rc = h5store_agree(MPI_COMM_WORLD, rc, err, errlen);
+    rc = agree(world, rc, err, errlen);
     double t1 = now_s();
     if (rc == 0)
         rc = h5store_verify(h, &in_shards, &in_bytes, err, errlen);
@@ -610,7 +599,7 @@ static int reshard(const reshard_opts_t *o, int rank, int nranks, int *status, c
                 p += tiles[i].count[0] * tiles[i].count[1];
             }
         }
-        rc = h5store_agree(MPI_COMM_WORLD, rc, err, errlen);
+        rc = agree(world, rc, err, errlen);
         if (rc == 0) {
             /* a read error here is the input's again */
             t1 = now_s();
@@ -658,8 +647,9 @@ static int optional_str(h5store_t *h, const char *key, char *out, size_t len, ch
 
 /* --to-hf / --to-llmc: the input checked as for resharding, then
  * export_run. */
-static int export_cmd(const reshard_opts_t *o, int rank, int nranks, int *status, char *err, size_t errlen)
+static int export_cmd(const reshard_opts_t *o, comm_t *world, int *status, char *err, size_t errlen)
 {
+    const int rank = world->rank, nranks = world->size;
     char content[64] = "", tok[TOK_PATH_MAX], tok_sha[80];
     model_config_t cfg;
     param_io_group_t groups[3];
@@ -668,7 +658,7 @@ static int export_cmd(const reshard_opts_t *o, int rank, int nranks, int *status
     struct stat st;
     *status = 2;
     int rc = rank == 0 ? check_input(o->in, &st, err, errlen) : 0;
-    if (bcast_status(rc, err, errlen) != 0)
+    if (agree(world, rc, err, errlen) != 0)
         return -1;
     h5store_t *h = h5store_open(o->in, MPI_COMM_WORLD, err, errlen);
     if (!h)
@@ -680,7 +670,7 @@ static int export_cmd(const reshard_opts_t *o, int rank, int nranks, int *status
         rc = optional_str(h, "tokenizer", tok, sizeof tok, err, errlen);
     if (rc == 0)
         rc = optional_str(h, "tokenizer_sha256", tok_sha, sizeof tok_sha, err, errlen);
-    rc = h5store_agree(MPI_COMM_WORLD, rc, err, errlen);
+    rc = agree(world, rc, err, errlen);
     export_report_t rep;
     const export_target_t *tg = o->to_hf ? &export_target_hf : &export_target_llmc;
     char dest[PATH_MAX]; /* "out/" names out: no directory is made for a trailing slash */
@@ -699,7 +689,7 @@ static int export_cmd(const reshard_opts_t *o, int rank, int nranks, int *status
                               .tokenizer = o->tokenizer, .tok_recorded = tok, .tok_sha256 = tok_sha,
                               .max_shard_bytes = o->max_shard_bytes};
     if (rc == 0)
-        rc = export_run(tg, &eo, h, &cfg, t_params, n_params, &rep, status, err, errlen);
+        rc = export_run(world, tg, &eo, h, &cfg, t_params, n_params, &rep, status, err, errlen);
     char cerr[ERRLEN];
     if (h5store_close(h, cerr, sizeof cerr) != 0 && rc == 0) {
         snprintf(err, errlen, "%s", cerr);
@@ -723,22 +713,23 @@ static int export_cmd(const reshard_opts_t *o, int rank, int nranks, int *status
 }
 
 /* --info: the attributes, the tensors and the checksum verdict. */
-static int info(const char *path, int rank, char *err, size_t errlen)
+static int info(const char *path, comm_t *world, char *err, size_t errlen)
 {
+    const int rank = world->rank;
     struct stat st;
     int rc = 0;
     if (rank == 0 && stat(path, &st) != 0) {
         snprintf(err, errlen, "--info %s: %s", path, strerror(errno));
         rc = -1;
     }
-    if (bcast_status(rc, err, errlen) != 0)
+    if (agree(world, rc, err, errlen) != 0)
         return -1;
     h5store_t *h = h5store_open(path, MPI_COMM_WORLD, err, errlen);
     if (!h)
         return -1;
     h5store_attr_t *attrs = NULL;
     int na = 0;
-    rc = h5store_agree(MPI_COMM_WORLD, h5store_get_attrs(h, &attrs, &na, err, errlen), err, errlen);
+    rc = agree(world, h5store_get_attrs(h, &attrs, &na, err, errlen), err, errlen);
     if (rc == 0 && rank == 0) {
         const h5store_tensor_t *t;
         int nt = h5store_list(h, &t);
@@ -803,11 +794,11 @@ int main(int argc, char **argv)
     }
     int status = 2, failed;
     if (o.info)
-        failed = info(o.info, env.world_rank, err, sizeof err) != 0;
+        failed = info(o.info, env.world, err, sizeof err) != 0;
     else if (o.to_hf || o.to_llmc)
-        failed = export_cmd(&o, env.world_rank, env.world_size, &status, err, sizeof err) != 0;
+        failed = export_cmd(&o, env.world, &status, err, sizeof err) != 0;
     else
-        failed = reshard(&o, env.world_rank, env.world_size, &status, err, sizeof err) != 0;
+        failed = reshard(&o, env.world, &status, err, sizeof err) != 0;
     failed = launch_any_failed(&env, PROG, failed, err);
     launch_exit(&env, failed ? status : 0);
     return failed ? status : 0;

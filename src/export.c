@@ -6,7 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <mpi.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +14,7 @@
 #include <unistd.h>
 #include <dirent.h>
 
+#include "mpi/agree.h"
 #include "mpi/clock.h"
 #include "src/deal.h"
 #include "src/fsutil.h"
@@ -395,16 +396,11 @@ static int make_room(export_ctx_t *x, char *err, size_t errlen)
     return 0;
 }
 
-static int agree(int rc, char *err, size_t errlen)
-{
-    return h5store_agree(MPI_COMM_WORLD, rc, err, errlen);
-}
-
 /* Rank 0's string to every rank. */
-static int bcast_str(char *s, size_t len, char *err, size_t errlen)
+static int bcast_str(comm_t *world, char *s, size_t len, char *err, size_t errlen)
 {
-    if (MPI_Bcast(s, (int)len, MPI_CHAR, 0, MPI_COMM_WORLD) != MPI_SUCCESS) {
-        snprintf(err, errlen, "MPI_Bcast of the export's temporary name failed");
+    if (world->ops->broadcast(world, s, len, COMM_BYTE, 0) != 0) {
+        snprintf(err, errlen, "broadcasting the export's temporary name failed: %s", world->err);
         return -1;
     }
     return 0;
@@ -472,16 +468,12 @@ static int write_tiles(const export_target_t *tg, export_ctx_t *x, h5store_t *h,
     return rc;
 }
 
-int export_run(const export_target_t *tg, const export_opts_t *o, h5store_t *h, const model_config_t *cfg,
-               const h5store_tensor_t *params_list, int n_params, export_report_t *rep, int *status, char *err,
-               size_t errlen)
+int export_run(comm_t *world, const export_target_t *tg, const export_opts_t *o, h5store_t *h,
+               const model_config_t *cfg, const h5store_tensor_t *params_list, int n_params, export_report_t *rep,
+               int *status, char *err, size_t errlen)
 {
-    int rank = 0, nranks = 1, n_map = 0, n_tiles = 0, read_failed = 0;
-    if (MPI_Comm_rank(MPI_COMM_WORLD, &rank) != MPI_SUCCESS || MPI_Comm_size(MPI_COMM_WORLD, &nranks) != MPI_SUCCESS) {
-        snprintf(err, errlen, "MPI_Comm_rank/MPI_Comm_size of MPI_COMM_WORLD failed");
-        *status = 1;
-        return -1;
-    }
+    const int rank = world->rank, nranks = world->size;
+    int n_map = 0, n_tiles = 0, read_failed = 0;
     export_ctx_t x = {.opt = o, .cfg = cfg, .rank = rank};
     hf_map_t *map = NULL;
     export_out_t *outs = NULL;
@@ -491,9 +483,9 @@ int export_run(const export_target_t *tg, const export_opts_t *o, h5store_t *h, 
     *status = 2;
 
     int rc = rank == 0 ? check_dest(tg, &x, err, errlen) : 0;
-    rc = agree(rc, err, errlen);
+    rc = agree(world, rc, err, errlen);
     if (rc == 0)
-        rc = bcast_str(x.tmp, sizeof x.tmp, err, errlen);
+        rc = bcast_str(world, x.tmp, sizeof x.tmp, err, errlen);
     if (rc == 0)
         rc = export_outputs(tg, cfg, &map, &n_map, &outs, &x.n_out, err, errlen);
     x.out = outs;
@@ -504,25 +496,24 @@ int export_run(const export_target_t *tg, const export_opts_t *o, h5store_t *h, 
     if (rc == 0)
         rc = plan_tiles(outs, x.n_out, nranks, o->tile_bytes > 0 ? o->tile_bytes : (int64_t)EXPORT_TILE_BYTES, &tiles,
                         &n_tiles, err, errlen);
-    rc = agree(rc, err, errlen);
+    rc = agree(world, rc, err, errlen);
     if (rc == 0) {
-        rc = agree(rank == 0 && make_room(&x, err, errlen) != 0 ? -1 : 0, err, errlen);
+        rc = agree(world, rank == 0 && make_room(&x, err, errlen) != 0 ? -1 : 0, err, errlen);
         if (rc == 0)
-            rc = agree(rank == 0 ? tg->create(&x, err, errlen) : 0, err, errlen);
+            rc = agree(world, rank == 0 ? tg->create(&x, err, errlen) : 0, err, errlen);
         if (rc == 0)
             rc = write_tiles(tg, &x, h, map, tiles, n_tiles, params_list, n_params, rep, &read_failed, err, errlen);
         if (rc == 0)
             rc = tg->sync(&x, err, errlen);
         /* a damaged input is the input's fault (2), anything else the machine's (1) */
-        int any_read_failed = read_failed;
-        if (MPI_Allreduce(&read_failed, &any_read_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD) != MPI_SUCCESS &&
-            rc == 0) {
-            snprintf(err, errlen, "MPI_Allreduce of the export's read status failed");
+        int32_t any_read_failed = read_failed;
+        if (world->ops->allreduce(world, &any_read_failed, 1, COMM_INT32, COMM_MAX) != 0 && rc == 0) {
+            snprintf(err, errlen, "the all-reduce of the export's read status failed: %s", world->err);
             rc = -1;
         }
-        rc = agree(rc, err, errlen);
+        rc = agree(world, rc, err, errlen);
         if (rc == 0)
-            rc = agree(rank == 0 ? tg->publish(&x, err, errlen) : 0, err, errlen);
+            rc = agree(world, rank == 0 ? tg->publish(&x, err, errlen) : 0, err, errlen);
         *status = rc != 0 && any_read_failed ? 2 : 1;
         if (rc != 0 && rank == 0)
             tg->discard(&x);

@@ -25,6 +25,7 @@
 #include <stdint.h>
 
 #include "io/h5store.h"
+#include "mpi/comm.h"
 #include "src/hf_map.h"
 #include "src/model_config.h"
 
@@ -110,16 +111,16 @@ typedef struct export_report {
     char note[512];
 } export_report_t;
 
-/* Collective over MPI_COMM_WORLD: writes the parameters of the open file h
+/* Collective over world (an MPI communicator): writes the parameters of the open file h
  * (their checksum records verified as they are read: the optimizer state
  * of a checkpoint is not read, so not verified)
  * (model cfg; params_list: its "params/<name>" tensors as param_io_tensors
  * gives them) as target tg. *status is the exit status on failure: 2 when
  * the input or the options are wrong, 1 when writing fails. The same
  * status and message on every rank. */
-int export_run(const export_target_t *tg, const export_opts_t *o, h5store_t *h, const model_config_t *cfg,
-               const h5store_tensor_t *params_list, int n_params, export_report_t *rep, int *status, char *err,
-               size_t errlen);
+int export_run(comm_t *world, const export_target_t *tg, const export_opts_t *o, h5store_t *h,
+               const model_config_t *cfg, const h5store_tensor_t *params_list, int n_params, export_report_t *rep,
+               int *status, char *err, size_t errlen);
 
 /* Shared by the targets (src/export.c). */
 /* dest's temporary sibling: "<dir>/.<base>.tmp". */

@@ -40,7 +40,7 @@ static void tp_allreduce(model_t *m, float *buf, size_t n, comm_op_t op)
         return;
     m->ops->sync();
     double t0 = trace_now();
-    if (m->lay.tp->ops->allreduce(m->lay.tp, buf, n, op) != 0)
+    if (m->lay.tp->ops->allreduce(m->lay.tp, buf, n, COMM_FP32, op) != 0)
         tp_fail(m);
     m->tp_comm_s += trace_now() - t0;
 }
@@ -52,7 +52,7 @@ static void tp_allgather(model_t *m, float *all, const float *mine, size_t n_eac
         return;
     m->ops->sync();
     double t0 = trace_now();
-    if (m->lay.tp->ops->allgather(m->lay.tp, mine, all, n_each) != 0)
+    if (m->lay.tp->ops->allgather(m->lay.tp, mine, all, n_each, COMM_FP32) != 0)
         tp_fail(m);
     m->tp_comm_s += trace_now() - t0;
 }
@@ -64,7 +64,7 @@ static void tp_reduce_scatter(model_t *m, float *mine, const float *all, size_t 
         return;
     m->ops->sync();
     double t0 = trace_now();
-    if (m->lay.tp->ops->reduce_scatter(m->lay.tp, all, mine, n_each) != 0)
+    if (m->lay.tp->ops->reduce_scatter(m->lay.tp, all, mine, n_each, COMM_FP32) != 0)
         tp_fail(m);
     m->tp_comm_s += trace_now() - t0;
 }

@@ -1,7 +1,8 @@
 #include "src/param_io.h"
 
+#include "mpi/agree.h"
+
 #include <math.h>
-#include <mpi.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -200,7 +201,7 @@ static int table_shards(const param_table_t *t, const param_io_group_t *groups, 
     return 0;
 }
 
-int param_io_write(const char *path, const model_config_t *cfg, const param_table_t *t,
+int param_io_write(comm_t *world, const char *path, const model_config_t *cfg, const param_table_t *t,
                    const param_io_group_t *groups, int n_groups, int writer, int tp_size, int tp_rank,
                    const h5store_attr_t *attrs, int n_attrs, char *err, size_t errlen)
 {
@@ -216,7 +217,7 @@ int param_io_write(const char *path, const model_config_t *cfg, const param_tabl
     if (rc == 0 && writer)
         rc = table_shards(t, groups, n_groups, tensors, nt, 0, tp_rank, shards, &ns, err, errlen);
     /* a failure above is agreed on, so every rank skips the write together */
-    rc = h5store_agree(MPI_COMM_WORLD, rc, err, errlen);
+    rc = agree(world, rc, err, errlen);
     if (rc == 0)
         rc = h5store_write(path, MPI_COMM_WORLD, tensors, nt, shards, ns, attrs, n_attrs, err, errlen);
     free(tensors);
@@ -224,7 +225,7 @@ int param_io_write(const char *path, const model_config_t *cfg, const param_tabl
     return rc;
 }
 
-int param_io_read(h5store_t *h, const model_config_t *cfg, const param_table_t *t,
+int param_io_read(comm_t *world, h5store_t *h, const model_config_t *cfg, const param_table_t *t,
                   const param_io_group_t *groups, int n_groups, char *err, size_t errlen)
 {
     h5store_tensor_t *tensors = NULL;
@@ -242,7 +243,7 @@ int param_io_read(h5store_t *h, const model_config_t *cfg, const param_table_t *
      * field is not compared, so the reader's layout is free) and every
      * checksum in the file, reading the file once where the ranks' reads
      * cover it */
-    rc = h5store_agree(MPI_COMM_WORLD, rc, err, errlen);
+    rc = agree(world, rc, err, errlen);
     if (rc == 0)
         rc = h5store_read_verify(h, tensors, nt, shards, ns, err, errlen);
     free(tensors);

@@ -15,6 +15,7 @@
 #include <stddef.h>
 
 #include "io/h5store.h"
+#include "mpi/comm.h"
 #include "src/model_config.h"
 #include "src/params.h"
 
@@ -51,20 +52,21 @@ int param_io_read_model(h5store_t *h, model_config_t *cfg, const char *path, cha
 int param_io_tensors(const model_config_t *cfg, const param_io_group_t *groups, int n_groups, int tp_size,
                      h5store_tensor_t **out, int *n_out, char *err, size_t errlen);
 
-/* Collective over MPI_COMM_WORLD: writes the groups of every rank into one
+/* Collective over world (a communicator over MPI_COMM_WORLD, which the
+ * file is written with): writes the groups of every rank into one
  * new file (atomically, see h5store_write) with the given root attributes.
  * writer = 0 on ranks whose copy another rank writes (DP ranks above 0).
  * tp_size/tp_rank: this rank's TP place (the chunking and who writes
  * replicated tensors). Returns 0, or -1 with one line in err on every rank. */
-int param_io_write(const char *path, const model_config_t *cfg, const param_table_t *t,
+int param_io_write(comm_t *world, const char *path, const model_config_t *cfg, const param_table_t *t,
                    const param_io_group_t *groups, int n_groups, int writer, int tp_size, int tp_rank,
                    const h5store_attr_t *attrs, int n_attrs, char *err, size_t errlen);
 
-/* Collective over the store's communicator: reads every tensor of this
+/* Collective over world, the store's communicator's group: reads every tensor of this
  * rank's table, for each group, from the open file (any layout wrote it),
  * and verifies every checksum in the file (h5store_read_verify). A missing
  * tensor, a shape mismatch or a checksum mismatch is an error naming it. */
-int param_io_read(h5store_t *h, const model_config_t *cfg, const param_table_t *t,
+int param_io_read(comm_t *world, h5store_t *h, const model_config_t *cfg, const param_table_t *t,
                   const param_io_group_t *groups, int n_groups, char *err, size_t errlen);
 
 #endif

@@ -20,6 +20,7 @@
 #include "src/fsutil.h"
 #include "src/mem.h"
 #include "src/ckpt.h"
+#include "mpi/agree.h"
 #include "io/h5store.h"
 #include "src/hf_import.h"
 #include "src/param_io.h"
@@ -53,10 +54,10 @@ static int import_params(trainer_t *tr, float *host, char *err, size_t errlen)
     int rc = host ? init_from_load(tr->opt->init_from, &tr->cfg, &tr->model.table, host, &rep, err, errlen) : -1;
     /* [0] MiB read, [1] resident growth MiB, [2] local MiB, [3] largest tensor MiB, [4] staging MiB,
      * [5] seconds (the slowest rank's: the import is done when it is) */
-    double mine[6] = {rep.bytes_read / 1048576.0, rep.rss_growth_kb / 1024.0, rep.local_bytes / 1048576.0,
-                      rep.largest_tensor / 1048576.0, rep.staging_peak / 1048576.0, rep.seconds}, most[6];
-    if (MPI_Reduce(mine, most, 6, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD) != MPI_SUCCESS && rc == 0) {
-        snprintf(err, errlen, "--init-from: MPI_Reduce of the import report failed");
+    double most[6] = {rep.bytes_read / 1048576.0, rep.rss_growth_kb / 1024.0, rep.local_bytes / 1048576.0,
+                      rep.largest_tensor / 1048576.0, rep.staging_peak / 1048576.0, rep.seconds};
+    if (tr->world->ops->allreduce(tr->world, most, 6, COMM_FP64, COMM_MAX) != 0 && rc == 0) {
+        snprintf(err, errlen, "--init-from: the all-reduce of the import report failed: %s", tr->world->err);
         rc = -1;
     }
     if (tr->env->world_rank == 0 && rc == 0)
@@ -77,7 +78,7 @@ static int resume_will_load(trainer_t *tr)
     if (!o->resume[0])
         return 0;
     /* an error here is reported by trainer_resume: do not import then either */
-    if (ckpt_resolve(o->resume, o->ckpt_dir, path, sizeof path, e, sizeof e) != 0)
+    if (ckpt_resolve(tr->world, o->resume, o->ckpt_dir, path, sizeof path, e, sizeof e) != 0)
         return 1;
     if (path[0] && tr->env->world_rank == 0)
         printf("init-from: --resume found %s: continuing from it, not from %s\n", path, o->init_from);
@@ -100,7 +101,7 @@ static int init_params(trainer_t *tr, uint64_t seed, char *err, size_t errlen)
     } else if (host) {
         param_table_init(&m->table, host, seed);
     }
-    rc = h5store_agree(MPI_COMM_WORLD, rc, err, errlen);
+    rc = agree(tr->world, rc, err, errlen);
     if (rc == 0 && params_from_host(tr, host) != 0) {
         snprintf(err, errlen, "out of memory for the parameters");
         rc = -1;
@@ -154,7 +155,7 @@ static int prepare_out_paths(trainer_t *tr, char *err, size_t errlen)
         rc = make_out_dirs("--ckpt-dir", dir, 1, err, errlen) || make_out_dirs("--metrics", o->metrics, 0, err, errlen) ||
              make_out_dirs("--trace", o->trace, 0, err, errlen) ||
              make_out_dirs("--save-params", o->save_params, 0, err, errlen) ? -1 : 0;
-    if (h5store_agree(MPI_COMM_WORLD, rc, err, errlen) != 0)
+    if (agree(tr->world, rc, err, errlen) != 0)
         return -1;
     rc = check_writable_dir("--trace", o->trace, err, errlen) != 0 ||
          check_writable_dir("--save-params", o->save_params, err, errlen) != 0 ? -1 : 0;
@@ -162,7 +163,7 @@ static int prepare_out_paths(trainer_t *tr, char *err, size_t errlen)
         snprintf(err, errlen, "--ckpt-dir %s: not a writable directory: %s", dir, strerror(errno));
         rc = -1;
     }
-    if (h5store_agree(MPI_COMM_WORLD, rc, err, errlen) != 0)
+    if (agree(tr->world, rc, err, errlen) != 0)
         return -1;
     if (rank0 && dir[0])
         ckpt_remove_stale(dir);
@@ -172,23 +173,24 @@ static int prepare_out_paths(trainer_t *tr, char *err, size_t errlen)
 /* The MFU peak: every rank probes sgemm at the same time, on the threads it
  * trains with (ranks sharing cores slow each other as in training), and
  * the peak per rank is the mean of theirs. Collective. */
-static void probe_peak(trainer_t *tr)
+static int probe_peak(trainer_t *tr, char *err, size_t errlen)
 {
     const grid_t *g = tr->grid;
+    comm_t *w = tr->world;
     flops_probe_t p;
-    if (g->world_size > 1)
-        launch_mpi_check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier (sgemm probe)");
+    if (g->world_size > 1 && w->ops->barrier(w) != 0)
+        return status_set(STATUS_FAIL, err, errlen, "the barrier before the sgemm probe failed: %s", w->err);
     double v[2] = {flops_probe(&p, FLOPS_PROBE_BUDGET_S) == 0 ? p.gflops : 0.0, 0.0};
     v[1] = v[0] > 0 ? 0.0 : 1.0;
-    if (g->world_size > 1)
-        launch_mpi_check(MPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD),
-                         "MPI_Allreduce (sgemm probe)");
+    if (g->world_size > 1 && w->ops->allreduce(w, v, 2, COMM_FP64, COMM_SUM) != 0)
+        return status_set(STATUS_FAIL, err, errlen, "the all-reduce of the sgemm probe failed: %s", w->err);
     /* a failed probe (out of memory) leaves MFU at 0 */
     tr->peak_gflops = v[1] > 0 ? 0.0 : v[0] / g->world_size;
     int off = flops_probe_describe(&p, tr->peak_how, sizeof tr->peak_how);
     if (g->world_size > 1 && off > 0 && (size_t)off < sizeof tr->peak_how)
         snprintf(tr->peak_how + off, sizeof tr->peak_how - (size_t)off, "; mean of %d ranks probing at once",
                  g->world_size);
+    return 0;
 }
 
 static void free_state(trainer_t *tr)
@@ -245,7 +247,7 @@ static int trainer_resume(trainer_t *tr, char *err, size_t errlen)
     const run_options_t *o = tr->opt;
     model_t *m = &tr->model;
     char path[OPT_PATH_MAX + 64];
-    if (ckpt_resolve(o->resume, o->ckpt_dir, path, sizeof path, err, errlen) != 0)
+    if (ckpt_resolve(tr->world, o->resume, o->ckpt_dir, path, sizeof path, err, errlen) != 0)
         return -1;
     if (!path[0]) {
         if (tr->env->world_rank == 0)
@@ -256,7 +258,7 @@ static int trainer_resume(trainer_t *tr, char *err, size_t errlen)
     int rc = host_state(tr, &hp, &hm, &hv);
     if (rc != 0)
         snprintf(err, errlen, "out of memory for loading %s", path);
-    rc = h5store_agree(MPI_COMM_WORLD, rc, err, errlen);
+    rc = agree(tr->world, rc, err, errlen);
     ckpt_meta_t meta;
     double load_s = 0.0;
     if (rc == 0) {
@@ -267,7 +269,7 @@ static int trainer_resume(trainer_t *tr, char *err, size_t errlen)
         memset(hv, 0, bytes);
         /* ckpt_load ends in a collective close: rank 0's time is the job's */
         const double t0 = now_s();
-        rc = ckpt_load(path, &tr->cfg, &m->table, hp, hm, hv, &meta, err, errlen);
+        rc = ckpt_load(tr->world, path, &tr->cfg, &m->table, hp, hm, hv, &meta, err, errlen);
         load_s = now_s() - t0;
     }
     if (rc == 0) {
@@ -277,7 +279,7 @@ static int trainer_resume(trainer_t *tr, char *err, size_t errlen)
         }
         moments_from_host(tr, hm, hv);
     }
-    rc = h5store_agree(MPI_COMM_WORLD, rc, err, errlen);
+    rc = agree(tr->world, rc, err, errlen);
     if (rc == 0) {
         tr->optim.t = meta.adam_t;
         tr->start_step = meta.step;
@@ -305,7 +307,7 @@ static int trainer_save(trainer_t *tr, int step, char *err, size_t errlen)
     int rc = host_state(tr, &hp, &hm, &hv);
     if (rc != 0)
         snprintf(err, errlen, "out of memory for a checkpoint");
-    rc = h5store_agree(MPI_COMM_WORLD, rc, err, errlen);
+    rc = agree(tr->world, rc, err, errlen);
     if (rc == 0) {
         /* collective over the shard group: every rank reaches it */
         if (params_to_host(tr, hp) != 0 || moments_to_host(tr, hm, hv) != 0) {
@@ -314,7 +316,7 @@ static int trainer_save(trainer_t *tr, int step, char *err, size_t errlen)
             rc = -1;
         }
     }
-    rc = h5store_agree(MPI_COMM_WORLD, rc, err, errlen);
+    rc = agree(tr->world, rc, err, errlen);
     if (rc == 0) {
         ckpt_meta_t meta = {.step = step, .adam_t = tr->optim.t, .seed = o->seed, .seq_len = o->seq_len,
                             .global_batch = o->micro_batch * tr->accum * g->dp_size, .lr = o->lr,
@@ -325,7 +327,7 @@ static int trainer_save(trainer_t *tr, int step, char *err, size_t errlen)
                  tr->sync.ops->zero);
         char path[OPT_PATH_MAX + 64];
         double t0 = now_s();
-        rc = ckpt_save(o->ckpt_dir, o->keep, &tr->cfg, &m->table, hp, hm, hv, g->dp_rank == 0, g->tp_size,
+        rc = ckpt_save(tr->world, o->ckpt_dir, o->keep, &tr->cfg, &m->table, hp, hm, hv, g->dp_rank == 0, g->tp_size,
                        g->tp_rank, &meta, path, sizeof path, err, errlen);
         if (rc == 0) {
             snprintf(tr->last_ckpt, sizeof tr->last_ckpt, "%s", path);
@@ -347,14 +349,14 @@ static int trainer_save_params(trainer_t *tr, char *err, size_t errlen)
     int rc = host ? 0 : -1;
     if (!host)
         snprintf(err, errlen, "--save-params: out of memory");
-    rc = h5store_agree(MPI_COMM_WORLD, rc, err, errlen);
+    rc = agree(tr->world, rc, err, errlen);
     if (rc == 0) {
         if (params_to_host(tr, host) != 0) {
             snprintf(err, errlen, "--save-params: gathering the sharded parameters failed: %s", tr->sync.err);
             rc = -1;
         }
     }
-    rc = h5store_agree(MPI_COMM_WORLD, rc, err, errlen);
+    rc = agree(tr->world, rc, err, errlen);
     if (rc == 0) {
         char layout[64];
         snprintf(layout, sizeof layout, "tp %d pp %d dp %d zero %d", g->tp_size, g->pp_size, g->dp_size,
@@ -367,8 +369,8 @@ static int trainer_save_params(trainer_t *tr, char *err, size_t errlen)
         attrs[na++] = (h5store_attr_t){.key = "step", .type = H5STORE_INT, .i = tr->steps_done};
         na += param_io_tokenizer_attrs(tr->data_tokenizer, tr->data_tokenizer_sha256, attrs + na);
         const param_io_group_t group = {"params", host};
-        rc = param_io_write(o->save_params, &tr->cfg, &m->table, &group, 1, g->dp_rank == 0, g->tp_size, g->tp_rank,
-                            attrs, na, err, errlen);
+        rc = param_io_write(tr->world, o->save_params, &tr->cfg, &m->table, &group, 1, g->dp_rank == 0, g->tp_size,
+                            g->tp_rank, attrs, na, err, errlen);
     }
     free(host);
     if (rc == 0 && tr->env->world_rank == 0)
@@ -570,6 +572,7 @@ int trainer_setup(trainer_t *tr, const run_options_t *o, const launch_env_t *env
     tr->opt = o;
     tr->env = env;
     tr->grid = grid;
+    tr->world = grid->world;
     tr->last_ckpt_step = -1;
     tr->threads = ops_cpu_threads(o->threads);
     if (options_model_config(o, &tr->cfg, err, errlen) != 0 ||
@@ -630,19 +633,14 @@ int trainer_setup(trainer_t *tr, const run_options_t *o, const launch_env_t *env
     }
     /* what follows is collective (shard groups, NCCL bootstrap): no rank
      * may enter it while another has already failed */
-    if (h5store_agree(MPI_COMM_WORLD,
-                      backend_open(&tr->backend, o->device, env->local_rank, err, errlen), err,
-                      errlen) != 0)
-        return -1;
+    CHECK(agree(tr->world, backend_open(&tr->backend, o->device, env->local_rank, err, errlen), err, errlen));
     const int H = o->hybrid_shard;
     if (H > 0 && H < grid->dp_size && kind->shards && grid_create_shard_group(grid, H) != 0) {
         snprintf(err, errlen, "%s", grid->err);
         return -1;
     }
-    if (h5store_agree(MPI_COMM_WORLD,
-                      backend_comm_open(&tr->backend, o->comm, grid, &tr->net, o->comm_timeout, err, errlen), err,
-                      errlen) != 0)
-        return -1;
+    CHECK(agree(tr->world, backend_comm_open(&tr->backend, o->comm, grid, &tr->net, o->comm_timeout, err, errlen),
+                err, errlen));
     /* from here on the step loop's groups: NCCL twins under --comm nccl */
     grid = tr->grid = &tr->net;
     lay.tp = grid->tp;
@@ -690,8 +688,8 @@ int trainer_setup(trainer_t *tr, const run_options_t *o, const launch_env_t *env
     if (o->peak_gflops > 0) {
         tr->peak_gflops = o->peak_gflops;
         snprintf(tr->peak_how, sizeof tr->peak_how, "--peak-gflops");
-    } else {
-        probe_peak(tr);
+    } else if (probe_peak(tr, err, errlen) != 0) {
+        return -1;
     }
     if (o->trace[0]) {
         char label[96];
@@ -718,6 +716,7 @@ int trainer_setup(trainer_t *tr, const run_options_t *o, const launch_env_t *env
         comm_t *groups[GRID_MAX_GROUPS];
         for (int i = 0, ng = grid_groups(grid, groups, NULL); i < ng; i++)
             groups[i]->watch = tr->watch;
+        tr->world->watch = tr->watch; /* the agreements' world (MPI also under --comm nccl) */
     }
     if (o->metrics[0] && env->world_rank == 0) {
         tr->metrics = fopen(o->metrics, "w");
@@ -818,13 +817,13 @@ static float pipeline_eval(trainer_t *tr, const int32_t *tok, const int32_t *tgt
     model_t *m = &tr->model;
     const grid_t *g = tr->grid;
     const size_t n = model_stage_floats(m, b, t);
-    if (g->pp_rank > 0 && g->pp->ops->recv(g->pp, model_stage_input(m, 0), n, g->pp_rank - 1, TAG_EVAL) != 0)
+    if (g->pp_rank > 0 && g->pp->ops->recv(g->pp, model_stage_input(m, 0), n, COMM_FP32, g->pp_rank - 1, TAG_EVAL) != 0)
         return NAN;
     float loss = model_forward(m, 0, tok, batch_positions(tr, tok, b, t), tgt, b, t, 0.0f);
     if (m->failed)
         return NAN;
     if (g->pp_rank < g->pp_size - 1 &&
-        g->pp->ops->send(g->pp, model_stage_output(m, 0), n, g->pp_rank + 1, TAG_EVAL) != 0)
+        g->pp->ops->send(g->pp, model_stage_output(m, 0), n, COMM_FP32, g->pp_rank + 1, TAG_EVAL) != 0)
         return NAN;
     return loss;
 }
@@ -862,17 +861,11 @@ double trainer_val_loss(trainer_t *tr)
             if (i < nb)
                 means[i] = v;
         }
-        if (g->world_size > 1) {
-            watchdog_enter(tr->watch, "allreduce (validation failed?)", "world", g->world_size, (long long)sizeof failed,
-                           -1);
-            int rc = MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-            watchdog_leave(tr->watch);
-            if (rc != MPI_SUCCESS)
-                failed = 1;
-        }
+        if (g->world_size > 1 && tr->world->ops->allreduce(tr->world, &failed, 1, COMM_INT32, COMM_MAX) != 0)
+            failed = 1;
     }
-    if (failed || (g->pp_size > 1 && g->pp->ops->allreduce(g->pp, means, (size_t)nb, COMM_SUM) != 0) ||
-        (g->dp_size > 1 && g->dp->ops->allreduce(g->dp, means, (size_t)nb, COMM_SUM) != 0)) {
+    if (failed || (g->pp_size > 1 && g->pp->ops->allreduce(g->pp, means, (size_t)nb, COMM_FP32, COMM_SUM) != 0) ||
+        (g->dp_size > 1 && g->dp->ops->allreduce(g->dp, means, (size_t)nb, COMM_FP32, COMM_SUM) != 0)) {
         free(means);
         return NAN;
     }
@@ -898,9 +891,9 @@ double trainer_grad_norm(trainer_t *tr)
     if (g->tp_size > 1 || g->pp_size > 1 || over_dp) {
         /* the communicator carries fp32: ~1e-7 relative, ample for clipping */
         float part = (float)local;
-        if ((g->tp_size > 1 && g->tp->ops->allreduce(g->tp, &part, 1, COMM_SUM) != 0) ||
-            (g->pp_size > 1 && g->pp->ops->allreduce(g->pp, &part, 1, COMM_SUM) != 0) ||
-            (over_dp && over_dp->ops->allreduce(over_dp, &part, 1, COMM_SUM) != 0))
+        if ((g->tp_size > 1 && g->tp->ops->allreduce(g->tp, &part, 1, COMM_FP32, COMM_SUM) != 0) ||
+            (g->pp_size > 1 && g->pp->ops->allreduce(g->pp, &part, 1, COMM_FP32, COMM_SUM) != 0) ||
+            (over_dp && over_dp->ops->allreduce(over_dp, &part, 1, COMM_FP32, COMM_SUM) != 0))
             return NAN;
         local = part;
     }
@@ -953,7 +946,7 @@ static int sample_logits(void *ctx, const int32_t *window, int t, int row, float
     if (g->pp_rank == g->pp_size - 1 && model_logits_row(m, 0, row, logits) != 0)
         return -1;
     if (g->pp_size > 1 &&
-        g->pp->ops->broadcast(g->pp, logits, (size_t)tr->cfg.vocab_size, g->pp_size - 1) != 0)
+        g->pp->ops->broadcast(g->pp, logits, (size_t)tr->cfg.vocab_size, COMM_FP32, g->pp_size - 1) != 0)
         return -1;
     return 0;
 }
@@ -1115,7 +1108,7 @@ static int step_gradients(trainer_t *tr, int step, double *bubble_s, char *err, 
         float *buf = tr->sync.ops->tensor_grads(&tr->sync, d->offset, d->numel, &n);
         m->ops->sync(); /* running kernels are compute, not communication */
         double t0 = now_s();
-        if (g->embed->ops->allreduce(g->embed, buf, n, COMM_SUM) != 0) {
+        if (g->embed->ops->allreduce(g->embed, buf, n, COMM_FP32, COMM_SUM) != 0) {
             snprintf(err, errlen, "step %d: tied embedding all-reduce failed: %s", step + 1, g->embed->err);
             return -1;
         }
@@ -1145,15 +1138,10 @@ static int write_trace(trainer_t *tr, char *err, size_t errlen)
 static int stop_requested(trainer_t *tr, int step, char *err, size_t errlen)
 {
     const run_options_t *o = tr->opt;
-    int sig = launch_stop_signal();
-    if (tr->grid->world_size > 1) {
-        watchdog_enter(tr->watch, "allreduce (stop signal)", "world", tr->grid->world_size, (long long)sizeof sig, -1);
-        int rc = MPI_Allreduce(MPI_IN_PLACE, &sig, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-        watchdog_leave(tr->watch);
-        if (rc != MPI_SUCCESS) {
-            snprintf(err, errlen, "step %d: the all-reduce of the stop signal failed", step);
-            return -1;
-        }
+    int32_t sig = launch_stop_signal();
+    if (tr->grid->world_size > 1 && tr->world->ops->allreduce(tr->world, &sig, 1, COMM_INT32, COMM_MAX) != 0) {
+        snprintf(err, errlen, "step %d: the all-reduce of the stop signal failed: %s", step, tr->world->err);
+        return -1;
     }
     if (sig == 0)
         return 0;
@@ -1207,8 +1195,8 @@ static int step_loss(trainer_t *tr, double *loss)
 {
     const grid_t *g = tr->grid;
     float lf = g->pp_rank == g->pp_size - 1 ? (float)(tr->loss_sum / tr->accum) : 0.0f;
-    if ((g->pp_size > 1 && g->pp->ops->allreduce(g->pp, &lf, 1, COMM_SUM) != 0) ||
-        (g->dp_size > 1 && g->dp->ops->allreduce(g->dp, &lf, 1, COMM_SUM) != 0))
+    if ((g->pp_size > 1 && g->pp->ops->allreduce(g->pp, &lf, 1, COMM_FP32, COMM_SUM) != 0) ||
+        (g->dp_size > 1 && g->dp->ops->allreduce(g->dp, &lf, 1, COMM_FP32, COMM_SUM) != 0))
         return -1;
     *loss = (double)lf / g->dp_size;
     return 0;
@@ -1290,19 +1278,18 @@ static int step_stats(trainer_t *tr, step_record_t *r, const step_times_t *st, c
     float t[6] = {(float)(dt - st->comm - st->bubble), (float)st->comm, (float)(st->bubble / dt)}, tmax[3];
     memcpy(tmax, t, sizeof tmax);
     memcpy(t + 3, t, sizeof tmax);
-    if (g->world_size > 1 && (g->world->ops->allreduce(g->world, tmax, 3, COMM_MAX) != 0 ||
-                              g->world->ops->allreduce(g->world, t + 3, 3, COMM_SUM) != 0)) {
+    if (g->world_size > 1 && (g->world->ops->allreduce(g->world, tmax, 3, COMM_FP32, COMM_MAX) != 0 ||
+                              g->world->ops->allreduce(g->world, t + 3, 3, COMM_FP32, COMM_SUM) != 0)) {
         snprintf(err, errlen, "step %d: timing all-reduce failed: %s", r->step, g->world->err);
         return -1;
     }
     for (int k = 0; k < MEM_N_CATEGORIES; k++)
         r->mem_peak[k] = (long long)mem_peak_bytes((mem_category_t)k);
     r->mem_peak[MEM_N_CATEGORIES] = (long long)mem_total_peak_bytes();
-    watchdog_enter(tr->watch, "allreduce (memory peaks)", "world", g->world_size, (long long)sizeof r->mem_peak, -1);
-    launch_mpi_check(MPI_Allreduce(MPI_IN_PLACE, r->mem_peak, MEM_N_CATEGORIES + 1, MPI_LONG_LONG, MPI_MAX,
-                                   MPI_COMM_WORLD),
-                     "MPI_Allreduce (memory peaks)");
-    watchdog_leave(tr->watch);
+    if (tr->world->ops->allreduce(tr->world, r->mem_peak, MEM_N_CATEGORIES + 1, COMM_INT64, COMM_MAX) != 0) {
+        snprintf(err, errlen, "step %d: the all-reduce of the memory peaks failed: %s", r->step, tr->world->err);
+        return -1;
+    }
     r->compute_ms_max = 1e3 * tmax[0];
     r->comm_ms = 1e3 * tmax[1];
     r->bubble_max = tmax[2];
@@ -1420,6 +1407,8 @@ void trainer_teardown(trainer_t *tr)
         groups[i]->trace = NULL;
         groups[i]->watch = NULL;
     }
+    if (tr->world)
+        tr->world->watch = NULL;
     trace_destroy(tr->trace);
     watchdog_stop(tr->watch);
     if (tr->metrics && fclose(tr->metrics) != 0)

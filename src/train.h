@@ -20,6 +20,9 @@ typedef struct trainer {
     const launch_env_t *env;
     grid_t *grid;       /* the step loop's groups: &net once setup has opened them */
     grid_t net;         /* the caller's grid, with NCCL twins under --comm nccl (backend_comm_open) */
+    /* the caller's MPI world (its grid's; MPI also under --comm nccl): where
+     * the ranks agree (mpi/agree.h) and the world statistics are reduced */
+    comm_t *world;
     backend_t backend;  /* --device: the ops table (rank 0's choice is in the banner) */
     model_config_t cfg;
     model_t model;

@@ -114,6 +114,68 @@ static int test_loop(comm_t *c, comm_req_t *req, long *calls)
     return 0;
 }
 
+/* ------------------------------------------------------- the other types */
+
+/* int32 min, int64 max, fp64 sum (exact: integers), bytes broadcast,
+ * allgather and a ring of sends; n = 2500 crosses the chunked limit. bf16
+ * takes the sum only. */
+static void run_typed(comm_t *c, const char *label)
+{
+    const int p = c->size, r = c->rank;
+    const size_t n = 2500;
+    int32_t *i32 = malloc(n * sizeof *i32);
+    int64_t *i64 = malloc(n * sizeof *i64);
+    double *f64 = malloc(n * sizeof *f64);
+    uint8_t *u8 = malloc(n * (size_t)(p + 1));
+    if (!i32 || !i64 || !f64 || !u8)
+        die("out of memory");
+    char d[512] = "";
+    for (size_t i = 0; i < n; i++) {
+        i32[i] = (int32_t)(i % 97) - 40 * r;
+        i64[i] = ((int64_t)1 << 40) * r + (int64_t)i;
+        f64[i] = (double)i + 0.5 * r;
+    }
+    int ok = call_ok(c, c->ops->allreduce(c, i32, n, COMM_INT32, COMM_MIN), d, sizeof d) &&
+             call_ok(c, c->ops->allreduce(c, i64, n, COMM_INT64, COMM_MAX), d, sizeof d) &&
+             call_ok(c, c->ops->allreduce(c, f64, n, COMM_FP64, COMM_SUM), d, sizeof d);
+    for (size_t i = 0; ok && i < n; i++)
+        ok = i32[i] == (int32_t)(i % 97) - 40 * (p - 1) && i64[i] == ((int64_t)1 << 40) * (p - 1) + (int64_t)i &&
+             f64[i] == (double)p * (double)i + 0.25 * p * (p - 1);
+    check(ok, d, "%s allreduce int32 min, int64 max, fp64 sum n=%zu", label, n);
+    for (size_t i = 0; i < n; i++)
+        u8[i] = (uint8_t)(r == p - 1 ? i * 3 : 0);
+    ok = call_ok(c, c->ops->broadcast(c, u8, n, COMM_BYTE, p - 1), d, sizeof d);
+    for (size_t i = 0; ok && i < n; i++)
+        ok = u8[i] == (uint8_t)(i * 3);
+    for (size_t i = 0; i < n; i++)
+        u8[i] = (uint8_t)(r + i);
+    ok = ok && call_ok(c, c->ops->allgather(c, u8, u8 + n, n, COMM_BYTE), d, sizeof d);
+    for (size_t i = 0; ok && i < n * (size_t)p; i++)
+        ok = u8[n + i] == (uint8_t)(i / n + i % n);
+    check(ok, d, "%s broadcast and allgather of bytes n=%zu", label, n);
+    /* fp64 ring: send to the next rank, receive from the previous one */
+    double *back = malloc(n * sizeof *back);
+    if (!back)
+        die("out of memory");
+    for (size_t i = 0; i < n; i++)
+        f64[i] = r * 1e6 + (double)i;
+    comm_req_t rq = {0};
+    ok = call_ok(c, c->ops->isend(c, f64, n, COMM_FP64, (r + 1) % p, 9, &rq), d, sizeof d) &&
+         call_ok(c, c->ops->recv(c, back, n, COMM_FP64, (r + p - 1) % p, 9), d, sizeof d) &&
+         call_ok(c, c->ops->wait(&rq), d, sizeof d);
+    for (size_t i = 0; ok && i < n; i++)
+        ok = back[i] == ((r + p - 1) % p) * 1e6 + (double)i;
+    check(ok, d, "%s fp64 isend/recv ring n=%zu", label, n);
+    free(back);
+    uint16_t h = 0x3f80;
+    ok = c->ops->allreduce(c, &h, 1, COMM_BF16, COMM_MAX) == -1 && strstr(c->err, "bf16 reduces with the sum only");
+    check(ok, c->err, "%s bf16 max refused before any communication", label);
+    free(i32);
+    free(i64);
+    free(f64);
+    free(u8);
+}
+
 /* ------------------------------------------------------------ collectives */
 
 static void run_collectives(comm_t *c, const char *label)
@@ -131,7 +193,8 @@ static void run_collectives(comm_t *c, const char *label)
             buf[i] = (float)(i % 1000) + 3.0f * (float)r;
             want[i] = (float)p * (float)(i % 1000) + 3.0f * (float)(p * (p - 1) / 2);
         }
-        ok = call_ok(c, c->ops->allreduce(c, buf, n, COMM_SUM), d, sizeof d) && same(buf, want, n, d, sizeof d);
+        ok = call_ok(c, c->ops->allreduce(c, buf, n, COMM_FP32, COMM_SUM), d, sizeof d) &&
+             same(buf, want, n, d, sizeof d);
         check(ok, d, "%s allreduce sum n=%zu", label, n);
 
         /* allreduce max */
@@ -144,7 +207,8 @@ static void run_collectives(comm_t *c, const char *label)
             }
             want[i] = m;
         }
-        ok = call_ok(c, c->ops->allreduce(c, buf, n, COMM_MAX), d, sizeof d) && same(buf, want, n, d, sizeof d);
+        ok = call_ok(c, c->ops->allreduce(c, buf, n, COMM_FP32, COMM_MAX), d, sizeof d) &&
+             same(buf, want, n, d, sizeof d);
         check(ok, d, "%s allreduce max n=%zu", label, n);
 
         /* two nonblocking allreduces in flight at once, driven by test */
@@ -163,8 +227,8 @@ static void run_collectives(comm_t *c, const char *label)
             want2[i] = m;
         }
         long calls_a = 0, calls_b = 0;
-        ok = call_ok(c, c->ops->iallreduce(c, buf, n, COMM_SUM, &ra), d, sizeof d) &&
-             call_ok(c, c->ops->iallreduce(c, buf2, n, COMM_MAX, &rb), d, sizeof d) &&
+        ok = call_ok(c, c->ops->iallreduce(c, buf, n, COMM_FP32, COMM_SUM, &ra), d, sizeof d) &&
+             call_ok(c, c->ops->iallreduce(c, buf2, n, COMM_FP32, COMM_MAX, &rb), d, sizeof d) &&
              call_ok(c, test_loop(c, &rb, &calls_b), d, sizeof d) &&
              call_ok(c, test_loop(c, &ra, &calls_a), d, sizeof d);
         if (ok && (ra.active || rb.active || ra.impl || rb.impl)) {
@@ -182,21 +246,22 @@ static void run_collectives(comm_t *c, const char *label)
             send[j] = (float)(j % 977) + (float)r;
             fwant[j] = (float)p * (float)(j % 977) + (float)(p * (p - 1) / 2);
         }
-        ok = call_ok(c, c->ops->reduce_scatter(c, send, buf, n), d, sizeof d) &&
+        ok = call_ok(c, c->ops->reduce_scatter(c, send, buf, n, COMM_FP32), d, sizeof d) &&
              same(buf, fwant + (size_t)r * n, n, d, sizeof d);
         check(ok, d, "%s reduce_scatter n_each=%zu", label, n);
-        ok = call_ok(c, c->ops->allgather(c, buf, full, n), d, sizeof d) && same(full, fwant, (size_t)p * n, d, sizeof d);
+        ok = call_ok(c, c->ops->allgather(c, buf, full, n, COMM_FP32), d, sizeof d) &&
+             same(full, fwant, (size_t)p * n, d, sizeof d);
         check(ok, d, "%s allgather of the scattered sums n_each=%zu", label, n);
 
         /* in place: reduce_scatter(send == recv), allgather(send == recv + rank*n) */
         memcpy(full, send, (size_t)p * n * sizeof *full);
-        ok = call_ok(c, c->ops->reduce_scatter(c, full, full, n), d, sizeof d) &&
+        ok = call_ok(c, c->ops->reduce_scatter(c, full, full, n, COMM_FP32), d, sizeof d) &&
              same(full, fwant + (size_t)r * n, n, d, sizeof d);
         check(ok, d, "%s reduce_scatter in place n_each=%zu", label, n);
         for (size_t j = 0; j < (size_t)p * n; j++)
             full[j] = -7.0f;
         memcpy(full + (size_t)r * n, fwant + (size_t)r * n, n * sizeof *full);
-        ok = call_ok(c, c->ops->allgather(c, full + (size_t)r * n, full, n), d, sizeof d) &&
+        ok = call_ok(c, c->ops->allgather(c, full + (size_t)r * n, full, n, COMM_FP32), d, sizeof d) &&
              same(full, fwant, (size_t)p * n, d, sizeof d);
         check(ok, d, "%s allgather in place n_each=%zu", label, n);
 
@@ -206,7 +271,7 @@ static void run_collectives(comm_t *c, const char *label)
             long calls = 0;
             float *dst = inplace ? full : buf;
             memcpy(full, send, (size_t)p * n * sizeof *full);
-            ok = call_ok(c, c->ops->ireduce_scatter(c, inplace ? full : send, dst, n, &rq), d, sizeof d) &&
+            ok = call_ok(c, c->ops->ireduce_scatter(c, inplace ? full : send, dst, n, COMM_FP32, &rq), d, sizeof d) &&
                  call_ok(c, c->ops->wait(&rq), d, sizeof d) && same(dst, fwant + (size_t)r * n, n, d, sizeof d);
             check(ok, d, "%s ireduce_scatter%s + wait n_each=%zu", label, inplace ? " in place" : "", n);
             float *out = inplace ? full : falloc((size_t)p * n);
@@ -215,7 +280,7 @@ static void run_collectives(comm_t *c, const char *label)
             if (inplace)
                 memcpy(full + (size_t)r * n, fwant + (size_t)r * n, n * sizeof *full);
             const float *src = inplace ? full + (size_t)r * n : buf;
-            ok = call_ok(c, c->ops->iallgather(c, src, out, n, &rq), d, sizeof d) &&
+            ok = call_ok(c, c->ops->iallgather(c, src, out, n, COMM_FP32, &rq), d, sizeof d) &&
                  call_ok(c, test_loop(c, &rq, &calls), d, sizeof d) && same(out, fwant, (size_t)p * n, d, sizeof d);
             check(ok, d, "%s iallgather%s + test loop n_each=%zu", label, inplace ? " in place" : "", n);
             if (!inplace)
@@ -236,7 +301,8 @@ static void run_collectives(comm_t *c, const char *label)
                 want[i] = (float)(root * 100000) + (float)(i % 1000);
                 buf[i] = r == root ? want[i] : -1.0f;
             }
-            ok = call_ok(c, c->ops->broadcast(c, buf, n, root), d, sizeof d) && same(buf, want, n, d, sizeof d);
+            ok = call_ok(c, c->ops->broadcast(c, buf, n, COMM_FP32, root), d, sizeof d) &&
+                 same(buf, want, n, d, sizeof d);
             check(ok, d, "%s broadcast root %d n=%zu", label, root, n);
         }
 
@@ -252,11 +318,11 @@ static void run_collectives(comm_t *c, const char *label)
             check(1, "", "%s send/recv ring n=%zu: group of one, nothing to do", label, n);
         } else { /* blocking: even ranks send first, odd ranks receive first */
             if (r % 2 == 0)
-                ok = call_ok(c, c->ops->send(c, out, n, right, 5), d, sizeof d) &&
-                     call_ok(c, c->ops->recv(c, buf, n, left, 5), d, sizeof d);
+                ok = call_ok(c, c->ops->send(c, out, n, COMM_FP32, right, 5), d, sizeof d) &&
+                     call_ok(c, c->ops->recv(c, buf, n, COMM_FP32, left, 5), d, sizeof d);
             else
-                ok = call_ok(c, c->ops->recv(c, buf, n, left, 5), d, sizeof d) &&
-                     call_ok(c, c->ops->send(c, out, n, right, 5), d, sizeof d);
+                ok = call_ok(c, c->ops->recv(c, buf, n, COMM_FP32, left, 5), d, sizeof d) &&
+                     call_ok(c, c->ops->send(c, out, n, COMM_FP32, right, 5), d, sizeof d);
             ok = ok && same(buf, want, n, d, sizeof d);
             check(ok, d, "%s send/recv ring n=%zu", label, n);
             for (size_t i = 0; i < n; i++)
@@ -264,8 +330,8 @@ static void run_collectives(comm_t *c, const char *label)
         }
         comm_req_t rs = {0}, rr = {0};
         long calls = 0;
-        ok = call_ok(c, c->ops->irecv(c, buf, n, left, 9, &rr), d, sizeof d) &&
-             call_ok(c, c->ops->isend(c, out, n, right, 9, &rs), d, sizeof d) &&
+        ok = call_ok(c, c->ops->irecv(c, buf, n, COMM_FP32, left, 9, &rr), d, sizeof d) &&
+             call_ok(c, c->ops->isend(c, out, n, COMM_FP32, right, 9, &rs), d, sizeof d) &&
              call_ok(c, test_loop(c, &rr, &calls), d, sizeof d) && call_ok(c, c->ops->wait(&rs), d, sizeof d) &&
              same(buf, want, n, d, sizeof d);
         check(ok, d, "%s isend/irecv ring n=%zu", label, n);
@@ -292,7 +358,7 @@ static void check_chunked_send(comm_t *c, size_t max)
     }
     char d[512] = "";
     comm_req_t rs = {0};
-    int ok = call_ok(c, c->ops->isend(c, out, n, (r + 1) % p, 3, &rs), d, sizeof d);
+    int ok = call_ok(c, c->ops->isend(c, out, n, COMM_FP32, (r + 1) % p, 3, &rs), d, sizeof d);
     MPI_Status st;
     int got = -1;
     if (MPI_Probe((r + p - 1) % p, 3, *(MPI_Comm *)c->impl, &st) != MPI_SUCCESS ||
@@ -302,7 +368,7 @@ static void check_chunked_send(comm_t *c, size_t max)
         snprintf(d, sizeof d, "first message holds %d floats, want %zu", got, max);
         ok = 0;
     }
-    ok = call_ok(c, c->ops->recv(c, in, n, (r + p - 1) % p, 3), d, sizeof d) && ok;
+    ok = call_ok(c, c->ops->recv(c, in, n, COMM_FP32, (r + p - 1) % p, 3), d, sizeof d) && ok;
     ok = call_ok(c, c->ops->wait(&rs), d, sizeof d) && ok && same(in, want, n, d, sizeof d);
     check(ok, d, "chunked: 2500 floats sent as messages of at most %zu (probed), received whole", max);
     free(out);
@@ -314,12 +380,12 @@ static void check_errors(comm_t *c)
 {
     char d[512] = "";
     float x = 1.0f;
-    int rc = c->ops->send(c, &x, 1, c->size + 5, 0);
+    int rc = c->ops->send(c, &x, 1, COMM_FP32, c->size + 5, 0);
     int ok = rc == -1 && strncmp(c->err, "MPI_Send(n=1, peer ", 19) == 0 && strstr(c->err, "comm size") &&
              strstr(c->err, ") failed: MPI_ERR_RANK") && !strchr(c->err, '\n');
     snprintf(d, sizeof d, "rc %d, err '%.400s'", rc, c->err);
     check(ok, d, "send to rank size+5 fails with one line: %.400s", c->err);
-    rc = c->ops->allreduce(c, &x, 1, (comm_op_t)99);
+    rc = c->ops->allreduce(c, &x, 1, COMM_FP32, (comm_op_t)99);
     ok = rc == -1 && strstr(c->err, "MPI_Allreduce(n=1, comm size") && strstr(c->err, "unknown reduction op");
     snprintf(d, sizeof d, "rc %d, err '%.400s'", rc, c->err);
     check(ok, d, "allreduce with an unknown op fails: %.400s", c->err);
@@ -593,7 +659,7 @@ static void ddp_random(comm_t *c, const char *label)
     char d[512] = "";
     for (size_t i = 0; i < n; i++) /* the largest |contribution| over the group */
         scale[i] = fabsf(random_grad(q, i));
-    if (c->ops->allreduce(c, scale, n, COMM_MAX) != 0)
+    if (c->ops->allreduce(c, scale, n, COMM_FP32, COMM_MAX) != 0)
         die("allreduce(max)");
     for (int k = -1; k < N_CFGS; k++) {
         /* k = -1: flat, the reference */
@@ -714,7 +780,8 @@ static void bf16_exact(comm_t *c, const char *label)
 
         fill_small(buf, n, 0, r);
         want_small(want, n, 0, p);
-        ok = call_ok(c, c->ops->allreduce_bf16(c, buf, n), d, sizeof d) && same16(buf, want, n, d, sizeof d);
+        ok = call_ok(c, c->ops->allreduce(c, buf, n, COMM_BF16, COMM_SUM), d, sizeof d) &&
+             same16(buf, want, n, d, sizeof d);
         check(ok, d, "%s allreduce_bf16 n=%zu: small integers exact", label, n);
 
         /* two in flight together, driven by test; then one by wait */
@@ -723,8 +790,8 @@ static void bf16_exact(comm_t *c, const char *label)
         fill_small(buf, n, 0, r);
         fill_small(buf2, n, 17, r);
         want_small(want2, n, 17, p);
-        ok = call_ok(c, c->ops->iallreduce_bf16(c, buf, n, &ra), d, sizeof d) &&
-             call_ok(c, c->ops->iallreduce_bf16(c, buf2, n, &rb), d, sizeof d) &&
+        ok = call_ok(c, c->ops->iallreduce(c, buf, n, COMM_BF16, COMM_SUM, &ra), d, sizeof d) &&
+             call_ok(c, c->ops->iallreduce(c, buf2, n, COMM_BF16, COMM_SUM, &rb), d, sizeof d) &&
              call_ok(c, test_loop(c, &rb, &calls), d, sizeof d) && call_ok(c, test_loop(c, &ra, &calls), d, sizeof d);
         if (ok && (ra.active || rb.active || ra.impl || rb.impl)) {
             snprintf(d, sizeof d, "finished requests not released (active %d %d)", ra.active, rb.active);
@@ -733,7 +800,7 @@ static void bf16_exact(comm_t *c, const char *label)
         ok = ok && same16(buf, want, n, d, sizeof d) && same16(buf2, want2, n, d, sizeof d);
         check(ok, d, "%s iallreduce_bf16 x2 in flight together, test loop, n=%zu: exact", label, n);
         fill_small(buf, n, 0, r);
-        ok = call_ok(c, c->ops->iallreduce_bf16(c, buf, n, &ra), d, sizeof d) &&
+        ok = call_ok(c, c->ops->iallreduce(c, buf, n, COMM_BF16, COMM_SUM, &ra), d, sizeof d) &&
              call_ok(c, c->ops->wait(&ra), d, sizeof d) && same16(buf, want, n, d, sizeof d);
         check(ok, d, "%s iallreduce_bf16 + wait n=%zu: exact", label, n);
 
@@ -743,18 +810,18 @@ static void bf16_exact(comm_t *c, const char *label)
         uint16_t *send = halloc(pn), *full = halloc(pn), *piece = halloc(n);
         fill_small(send, pn, 0, r);
         want_small(piece, n, (size_t)r * n, p);
-        ok = call_ok(c, c->ops->reduce_scatter_bf16(c, send, buf, n), d, sizeof d) &&
+        ok = call_ok(c, c->ops->reduce_scatter(c, send, buf, n, COMM_BF16), d, sizeof d) &&
              same16(buf, piece, n, d, sizeof d);
         check(ok, d, "%s reduce_scatter_bf16 n_each=%zu: exact", label, n);
         memcpy(full, send, pn * sizeof *full);
-        ok = call_ok(c, c->ops->reduce_scatter_bf16(c, full, full, n), d, sizeof d) &&
+        ok = call_ok(c, c->ops->reduce_scatter(c, full, full, n, COMM_BF16), d, sizeof d) &&
              same16(full, piece, n, d, sizeof d);
         check(ok, d, "%s reduce_scatter_bf16 in place n_each=%zu: exact", label, n);
         for (int inplace = 0; inplace < 2; inplace++) {
             comm_req_t rq = {0};
             memcpy(full, send, pn * sizeof *full);
             uint16_t *dst = inplace ? full : buf;
-            ok = call_ok(c, c->ops->ireduce_scatter_bf16(c, inplace ? full : send, dst, n, &rq), d, sizeof d) &&
+            ok = call_ok(c, c->ops->ireduce_scatter(c, inplace ? full : send, dst, n, COMM_BF16, &rq), d, sizeof d) &&
                  call_ok(c, inplace ? test_loop(c, &rq, &calls) : c->ops->wait(&rq), d, sizeof d) &&
                  same16(dst, piece, n, d, sizeof d);
             check(ok, d, "%s ireduce_scatter_bf16%s n_each=%zu: exact", label,
@@ -840,9 +907,9 @@ static void bf16_random(comm_t *c, const char *label)
                 buf[i] = random_bf16(r, i);
             comm_req_t rq = {0};
             long calls = 0;
-            ok = nonblocking ? call_ok(c, c->ops->iallreduce_bf16(c, buf, n, &rq), d, sizeof d) &&
+            ok = nonblocking ? call_ok(c, c->ops->iallreduce(c, buf, n, COMM_BF16, COMM_SUM, &rq), d, sizeof d) &&
                                    call_ok(c, test_loop(c, &rq, &calls), d, sizeof d)
-                             : call_ok(c, c->ops->allreduce_bf16(c, buf, n), d, sizeof d);
+                             : call_ok(c, c->ops->allreduce(c, buf, n, COMM_BF16, COMM_SUM), d, sizeof d);
             if (ok && run == 0)
                 memcpy(first, buf, n * sizeof *buf);
         }
@@ -861,9 +928,10 @@ static void bf16_random(comm_t *c, const char *label)
             for (size_t j = 0; j < pn; j++)
                 send[j] = random_bf16(r, j);
             comm_req_t rq = {0};
-            ok = nonblocking ? call_ok(c, c->ops->ireduce_scatter_bf16(c, send, piece, n_each, &rq), d, sizeof d) &&
+            ok = nonblocking ? call_ok(c, c->ops->ireduce_scatter(c, send, piece, n_each, COMM_BF16, &rq), d,
+                                       sizeof d) &&
                                    call_ok(c, c->ops->wait(&rq), d, sizeof d)
-                             : call_ok(c, c->ops->reduce_scatter_bf16(c, send, piece, n_each), d, sizeof d);
+                             : call_ok(c, c->ops->reduce_scatter(c, send, piece, n_each, COMM_BF16), d, sizeof d);
             if (ok && run == 0)
                 memcpy(first, piece, n_each * sizeof *piece);
         }
@@ -952,6 +1020,7 @@ int main(int argc, char **argv)
         die("comm_mpi_create(MPI_COMM_WORLD) failed");
     check_subcomm(world);
     run_collectives(world, "world");
+    run_typed(world, "world");
     check_errors(world);
 
     /* a group per parity of the world rank, ordered by descending world rank */
@@ -973,7 +1042,7 @@ int main(int argc, char **argv)
     char d[512] = "";
     int ok = sub->size == want_size && sub->rank == want_rank;
     snprintf(d, sizeof d, "rank %d size %d, want %d %d", sub->rank, sub->size, want_rank, want_size);
-    ok = ok && call_ok(sub, sub->ops->allreduce(sub, &x, 1, COMM_SUM), d, sizeof d) && x == want_sum;
+    ok = ok && call_ok(sub, sub->ops->allreduce(sub, &x, 1, COMM_FP32, COMM_SUM), d, sizeof d) && x == want_sum;
     if (ok == 0 && d[0] == '\0')
         snprintf(d, sizeof d, "sum %g, want %g", (double)x, (double)want_sum);
     check(ok, d, "MPI_Comm_split by parity: rank/size in group, allreduce of world ranks");
@@ -987,6 +1056,7 @@ int main(int argc, char **argv)
         die("comm_mpi_create(chunked) failed");
     check_chunked_send(chunked, 1000);
     run_collectives(chunked, "chunked");
+    run_typed(chunked, "chunked");
 
     ddp_exact(world, "world", COMM_FP32);
     ddp_exact(sub, "split", COMM_FP32);

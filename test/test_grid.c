@@ -63,7 +63,7 @@ static void check_group(int phase, const char *kind, comm_t *c, const int *membe
     for (int i = 0; i < n; i++)
         want += members[i];
     float x = (float)env.world_rank; /* exact: ranks and sums < 2^24 */
-    int rc = c->ops->allreduce(c, &x, 1, COMM_SUM);
+    int rc = c->ops->allreduce(c, &x, 1, COMM_FP32, COMM_SUM);
     check(rc == 0, "%s: allreduce failed: %s", kind, c->err);
     check(rc == 0 && (long long)x == want && x == (float)want, "%s: SUM of world ranks %.1f, expected %lld", kind,
           (double)x, want);
@@ -73,7 +73,7 @@ static void check_group(int phase, const char *kind, comm_t *c, const int *membe
         check(0, "%s: out of memory", kind);
         return;
     }
-    rc = c->ops->allgather(c, &me, all, 1);
+    rc = c->ops->allgather(c, &me, all, 1, COMM_FP32);
     check(rc == 0, "%s: allgather failed: %s", kind, c->err);
     for (int i = 0; rc == 0 && i < n; i++)
         check(all[i] == (float)members[i], "%s: group rank %d is world rank %.0f, expected %d", kind, i,

@@ -143,7 +143,7 @@ int main(int argc, char **argv)
 
     /* an untraced call records nothing */
     float one = 1;
-    need(c, c->ops->allreduce(c, &one, 1, COMM_SUM));
+    need(c, c->ops->allreduce(c, &one, 1, COMM_FP32, COMM_SUM));
     check(trace_count(tr) == 0, "untraced comm records no span", NULL);
     c->trace = tr;
 
@@ -170,14 +170,14 @@ int main(int argc, char **argv)
         rs[i] = 0;
 
     t0 = trace_now();
-    need(c, c->ops->allreduce(c, big, nbig, COMM_SUM));
+    need(c, c->ops->allreduce(c, big, nbig, COMM_FP32, COMM_SUM));
     window(tr, "window_allreduce", t0);
 
     /* iallreduce completed by test(): window_post brackets the posting call,
      * window_test the test() call that returned done */
     comm_req_t q = { 0 };
     t0 = trace_now();
-    need(c, c->ops->iallreduce(c, big, 777, COMM_SUM, &q));
+    need(c, c->ops->iallreduce(c, big, 777, COMM_FP32, COMM_SUM, &q));
     window(tr, "window_post", t0);
     int done = 0, tests = 0;
     while (!done) {
@@ -190,43 +190,43 @@ int main(int argc, char **argv)
 
     /* A and B overlap partly: A [a0, a1], B [b0, b1], a0 < b0 < a1 < b1 */
     comm_req_t qa = { 0 }, qb = { 0 };
-    need(c, c->ops->iallreduce(c, big, 64, COMM_SUM, &qa));
-    need(c, c->ops->iallreduce(c, big + 64, 96, COMM_SUM, &qb));
+    need(c, c->ops->iallreduce(c, big, 64, COMM_FP32, COMM_SUM, &qa));
+    need(c, c->ops->iallreduce(c, big + 64, 96, COMM_FP32, COMM_SUM, &qb));
     need(c, c->ops->wait(&qa));
     spin(0.002);
     need(c, c->ops->wait(&qb));
 
-    need(c, c->ops->reduce_scatter(c, rs, rs, 10));
-    need(c, c->ops->allgather(c, rs + (size_t)r * 3, rs, 3));
-    need(c, c->ops->broadcast(c, big, 50, W - 1));
-    need(c, c->ops->ireduce_scatter(c, rs, rs, 10, &q));
+    need(c, c->ops->reduce_scatter(c, rs, rs, 10, COMM_FP32));
+    need(c, c->ops->allgather(c, rs + (size_t)r * 3, rs, 3, COMM_FP32));
+    need(c, c->ops->broadcast(c, big, 50, COMM_FP32, W - 1));
+    need(c, c->ops->ireduce_scatter(c, rs, rs, 10, COMM_FP32, &q));
     need(c, c->ops->wait(&q));
-    need(c, c->ops->iallgather(c, rs + (size_t)r * 3, rs, 3, &q));
+    need(c, c->ops->iallgather(c, rs + (size_t)r * 3, rs, 3, COMM_FP32, &q));
     need(c, c->ops->wait(&q));
     /* the bf16 sums: same spans, "_bf16" names, 2 bytes per element */
     uint16_t *h = calloc((size_t)W * 300, sizeof *h);
     if (!h)
         die("calloc", "");
-    need(c, c->ops->allreduce_bf16(c, h, 300));
-    need(c, c->ops->iallreduce_bf16(c, h, 200, &q));
+    need(c, c->ops->allreduce(c, h, 300, COMM_BF16, COMM_SUM));
+    need(c, c->ops->iallreduce(c, h, 200, COMM_BF16, COMM_SUM, &q));
     need(c, c->ops->wait(&q));
-    need(c, c->ops->reduce_scatter_bf16(c, h, h + (size_t)W * 10, 10));
-    need(c, c->ops->ireduce_scatter_bf16(c, h, h, 10, &q));
+    need(c, c->ops->reduce_scatter(c, h, h + (size_t)W * 10, 10, COMM_BF16));
+    need(c, c->ops->ireduce_scatter(c, h, h, 10, COMM_BF16, &q));
     need(c, c->ops->wait(&q));
     free(h);
 
     comm_req_t qs = { 0 }, qr = { 0 };
-    need(c, c->ops->irecv(c, rs, (size_t)(100 + prev), prev, 5, &qr));
-    need(c, c->ops->isend(c, big, (size_t)(100 + r), next, 5, &qs));
+    need(c, c->ops->irecv(c, rs, (size_t)(100 + prev), COMM_FP32, prev, 5, &qr));
+    need(c, c->ops->isend(c, big, (size_t)(100 + r), COMM_FP32, next, 5, &qs));
     need(c, c->ops->wait(&qs));
     need(c, c->ops->wait(&qr));
 
     if (r % 2 == 0) {
-        need(c, c->ops->send(c, big, (size_t)(20 + r), next, 6));
-        need(c, c->ops->recv(c, rs, (size_t)(20 + prev), prev, 6));
+        need(c, c->ops->send(c, big, (size_t)(20 + r), COMM_FP32, next, 6));
+        need(c, c->ops->recv(c, rs, (size_t)(20 + prev), COMM_FP32, prev, 6));
     } else {
-        need(c, c->ops->recv(c, rs, (size_t)(20 + prev), prev, 6));
-        need(c, c->ops->send(c, big, (size_t)(20 + r), next, 6));
+        need(c, c->ops->recv(c, rs, (size_t)(20 + prev), COMM_FP32, prev, 6));
+        need(c, c->ops->send(c, big, (size_t)(20 + r), COMM_FP32, next, 6));
     }
     need(c, c->ops->barrier(c));
 

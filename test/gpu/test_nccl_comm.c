@@ -39,14 +39,14 @@ static void bf16_checks(comm_t *c, uint16_t *hb)
     /* allreduce: sum_q (q + 1 + i % 7) = W(W+1)/2 + W (i % 7) <= 92 */
     for (size_t i = 0; i < n; i++)
         hb[i] = dt_f32_to_bf16((float)(r + 1 + (int)(i % 7)));
-    ok = c->ops->allreduce_bf16(c, hb, n) == 0;
+    ok = c->ops->allreduce(c, hb, n, COMM_BF16, COMM_SUM) == 0;
     for (size_t i = 0; ok && i < n; i++)
         ok &= hb[i] == dt_f32_to_bf16((float)(W * (W + 1) / 2 + W * (int)(i % 7)));
     check(ok, c->name, "allreduce_bf16", r);
     comm_req_t q;
     for (size_t i = 0; i < n; i++)
         hb[i] = dt_f32_to_bf16(1.0f);
-    ok = c->ops->iallreduce_bf16(c, hb, n, &q) == 0 && c->ops->wait(&q) == 0;
+    ok = c->ops->iallreduce(c, hb, n, COMM_BF16, COMM_SUM, &q) == 0 && c->ops->wait(&q) == 0;
     for (size_t i = 0; ok && i < n; i++)
         ok &= hb[i] == dt_f32_to_bf16((float)W);
     check(ok, c->name, "iallreduce_bf16 + wait", r);
@@ -56,11 +56,11 @@ static void bf16_checks(comm_t *c, uint16_t *hb)
         for (size_t i = 0; i < n; i++)
             hb[(size_t)j * n + i] = dt_f32_to_bf16((float)(r + j));
     const uint16_t want = dt_f32_to_bf16((float)(W * (W - 1) / 2 + W * r));
-    ok = c->ops->reduce_scatter_bf16(c, hb, recv, n) == 0;
+    ok = c->ops->reduce_scatter(c, hb, recv, n, COMM_BF16) == 0;
     for (size_t i = 0; ok && i < n; i++)
         ok &= recv[i] == want;
     check(ok, c->name, "reduce_scatter_bf16", r);
-    ok = c->ops->ireduce_scatter_bf16(c, hb, recv, n, &q) == 0;
+    ok = c->ops->ireduce_scatter(c, hb, recv, n, COMM_BF16, &q) == 0;
     int done = 0;
     while (ok && !done)
         ok = c->ops->test(&q, &done) == 0;
@@ -71,12 +71,12 @@ static void bf16_checks(comm_t *c, uint16_t *hb)
     for (int j = 0; j < W; j++)
         for (size_t i = 0; i < n; i++)
             hb[(size_t)j * n + i] = dt_f32_to_bf16((float)(r + j));
-    ok = c->ops->reduce_scatter_bf16(c, hb, hb, n) == 0;
+    ok = c->ops->reduce_scatter(c, hb, hb, n, COMM_BF16) == 0;
     for (size_t i = 0; ok && i < n; i++)
         ok &= hb[i] == want;
     check(ok, c->name, "reduce_scatter_bf16 in place", r);
     uint16_t host[3] = {dt_f32_to_bf16(1.0f), dt_f32_to_bf16((float)r), dt_f32_to_bf16(-2.0f)};
-    ok = c->ops->allreduce_bf16(c, host, 3) == 0 && host[0] == dt_f32_to_bf16((float)W) &&
+    ok = c->ops->allreduce(c, host, 3, COMM_BF16, COMM_SUM) == 0 && host[0] == dt_f32_to_bf16((float)W) &&
          host[1] == dt_f32_to_bf16((float)(W * (W - 1) / 2)) && host[2] == dt_f32_to_bf16(-2.0f * (float)W);
     check(ok, c->name, "allreduce_bf16 of a host (stack) buffer", r);
 }
@@ -90,7 +90,7 @@ static int group_checks(comm_t *c, float *buf, float *buf2, uint16_t *hb)
     /* allreduce SUM: sum_r (r + 1 + i) = W(W+1)/2 + W i */
     for (size_t i = 0; i < n; i++)
         buf[i] = (float)(r + 1) + (float)i;
-    if (c->ops->allreduce(c, buf, n, COMM_SUM) != 0)
+    if (c->ops->allreduce(c, buf, n, COMM_FP32, COMM_SUM) != 0)
         return snprintf(e, sizeof e, "%s", c->err), fprintf(stderr, "%s\n", e), -1;
     int ok = 1;
     for (size_t i = 0; i < n; i++)
@@ -98,7 +98,7 @@ static int group_checks(comm_t *c, float *buf, float *buf2, uint16_t *hb)
     check(ok, c->name, "allreduce sum", r);
     for (size_t i = 0; i < n; i++)
         buf[i] = (float)((r * 7 + (int)i) % W);
-    ok = c->ops->allreduce(c, buf, n, COMM_MAX) == 0;
+    ok = c->ops->allreduce(c, buf, n, COMM_FP32, COMM_MAX) == 0;
     for (size_t i = 0; ok && i < n; i++)
         ok &= buf[i] == (float)(W - 1);
     check(ok, c->name, "allreduce max", r);
@@ -106,11 +106,11 @@ static int group_checks(comm_t *c, float *buf, float *buf2, uint16_t *hb)
     comm_req_t q;
     for (size_t i = 0; i < n; i++)
         buf[i] = 1.0f;
-    ok = c->ops->iallreduce(c, buf, n, COMM_SUM, &q) == 0 && c->ops->wait(&q) == 0;
+    ok = c->ops->iallreduce(c, buf, n, COMM_FP32, COMM_SUM, &q) == 0 && c->ops->wait(&q) == 0;
     for (size_t i = 0; ok && i < n; i++)
         ok &= buf[i] == (float)W;
     check(ok, c->name, "iallreduce + wait", r);
-    ok = c->ops->iallreduce(c, buf, n, COMM_SUM, &q) == 0;
+    ok = c->ops->iallreduce(c, buf, n, COMM_FP32, COMM_SUM, &q) == 0;
     int done = 0;
     while (ok && !done)
         ok = c->ops->test(&q, &done) == 0;
@@ -121,7 +121,7 @@ static int group_checks(comm_t *c, float *buf, float *buf2, uint16_t *hb)
     for (int j = 0; j < W; j++)
         for (size_t i = 0; i < n; i++)
             buf[(size_t)j * n + i] = (float)(r + j);
-    ok = c->ops->reduce_scatter(c, buf, buf2, n) == 0;
+    ok = c->ops->reduce_scatter(c, buf, buf2, n, COMM_FP32) == 0;
     for (size_t i = 0; ok && i < n; i++)
         ok &= buf2[i] == (float)(W * (W - 1) / 2 + W * r);
     check(ok, c->name, "reduce_scatter", r);
@@ -129,7 +129,7 @@ static int group_checks(comm_t *c, float *buf, float *buf2, uint16_t *hb)
     for (int j = 0; j < W; j++)
         for (size_t i = 0; i < n; i++)
             buf[(size_t)j * n + i] = (float)(r + j);
-    ok = c->ops->reduce_scatter(c, buf, buf, n) == 0;
+    ok = c->ops->reduce_scatter(c, buf, buf, n, COMM_FP32) == 0;
     for (size_t i = 0; ok && i < n; i++)
         ok &= buf[i] == (float)(W * (W - 1) / 2 + W * r);
     check(ok, c->name, "reduce_scatter in place", r);
@@ -138,14 +138,14 @@ static int group_checks(comm_t *c, float *buf, float *buf2, uint16_t *hb)
     for (int j = 0; j < W && W <= 8; j++)
         for (int i = 0; i < 2; i++)
             hrs[j * 2 + i] = (float)(r + j + i);
-    ok = W > 8 || c->ops->reduce_scatter(c, hrs, hrs, 2) == 0;
+    ok = W > 8 || c->ops->reduce_scatter(c, hrs, hrs, 2, COMM_FP32) == 0;
     for (int i = 0; ok && W <= 8 && i < 2; i++)
         ok &= hrs[i] == (float)(W * (W - 1) / 2 + W * (r + i));
     check(ok, c->name, "reduce_scatter in place, host buffer", r);
     /* allgather: rank q's block holds q */
     for (size_t i = 0; i < n; i++)
         buf2[i] = (float)r;
-    ok = c->ops->allgather(c, buf2, buf, n) == 0;
+    ok = c->ops->allgather(c, buf2, buf, n, COMM_FP32) == 0;
     for (int j = 0; ok && j < W; j++)
         for (size_t i = 0; i < n; i++)
             ok &= buf[(size_t)j * n + i] == (float)j;
@@ -153,13 +153,13 @@ static int group_checks(comm_t *c, float *buf, float *buf2, uint16_t *hb)
     /* broadcast from the last rank */
     for (size_t i = 0; i < n; i++)
         buf[i] = r == W - 1 ? 42.0f + (float)i : -1.0f;
-    ok = c->ops->broadcast(c, buf, n, W - 1) == 0;
+    ok = c->ops->broadcast(c, buf, n, COMM_FP32, W - 1) == 0;
     for (size_t i = 0; ok && i < n; i++)
         ok &= buf[i] == 42.0f + (float)i;
     check(ok, c->name, "broadcast", r);
     /* host buffer: staged */
     float host[3] = {1.0f, (float)r, -2.0f};
-    ok = c->ops->allreduce(c, host, 3, COMM_SUM) == 0 && host[0] == (float)W &&
+    ok = c->ops->allreduce(c, host, 3, COMM_FP32, COMM_SUM) == 0 && host[0] == (float)W &&
          host[1] == (float)(W * (W - 1) / 2) && host[2] == -2.0f * (float)W;
     check(ok, c->name, "allreduce of a host (stack) buffer", r);
     /* ring: send to r+1, receive from r-1 (nonblocking both, then wait).
@@ -173,9 +173,11 @@ static int group_checks(comm_t *c, float *buf, float *buf2, uint16_t *hb)
             buf[i] = (float)(r * 1000) + (float)i;
         const int to = (r + 1) % W, from = (r + W - 1) % W;
         if (r % 2 == 0)
-            ok = c->ops->isend(c, buf, n, to, 7, &s) == 0 && c->ops->irecv(c, buf2, n, from, 7, &rq) == 0;
+            ok = c->ops->isend(c, buf, n, COMM_FP32, to, 7, &s) == 0 &&
+                 c->ops->irecv(c, buf2, n, COMM_FP32, from, 7, &rq) == 0;
         else
-            ok = c->ops->irecv(c, buf2, n, from, 7, &rq) == 0 && c->ops->isend(c, buf, n, to, 7, &s) == 0;
+            ok = c->ops->irecv(c, buf2, n, COMM_FP32, from, 7, &rq) == 0 &&
+                 c->ops->isend(c, buf, n, COMM_FP32, to, 7, &s) == 0;
         ok = ok && c->ops->wait(&rq) == 0 && c->ops->wait(&s) == 0;
         for (size_t i = 0; ok && i < n; i++)
             ok &= buf2[i] == (float)(((r + W - 1) % W) * 1000) + (float)i;
