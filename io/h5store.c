@@ -149,35 +149,8 @@ int h5s_close_msg(hid_t id, h5s_close_fn close_fn, int rc, char *err, size_t err
 }
 
 /* ------------------------------------------------------------------ */
-/* Agreement and file access                                           */
+/* File access                                                        */
 /* ------------------------------------------------------------------ */
-
-int h5store_agree(MPI_Comm comm, int rc, char *err, size_t errlen)
-{
-    int rank = 0, mine, low;
-    if (MPI_Comm_rank(comm, &rank) != MPI_SUCCESS) {
-        seterr(err, errlen, "MPI_Comm_rank failed in h5store");
-        return -1;
-    }
-    mine = rc != 0 ? rank : INT_MAX;
-    int mrc = MPI_Allreduce(&mine, &low, 1, MPI_INT, MPI_MIN, comm);
-    if (mrc != MPI_SUCCESS) {
-        h5s_mpierr(err, errlen, mrc, "MPI_Allreduce (h5store agreement)");
-        return -1;
-    }
-    if (low == INT_MAX)
-        return 0;
-    char msg[MSG_LEN] = "error";
-    if (rank == low && err != NULL && errlen > 0)
-        snprintf(msg, sizeof msg, "%s", err);
-    mrc = MPI_Bcast(msg, sizeof msg, MPI_CHAR, low, comm);
-    if (mrc != MPI_SUCCESS) {
-        h5s_mpierr(err, errlen, mrc, "MPI_Bcast (h5store agreement)");
-        return -1;
-    }
-    seterr(err, errlen, "%s", msg);
-    return -1;
-}
 
 hid_t h5s_mpio_fapl(MPI_Comm comm, int collective_metadata, char *err, size_t errlen)
 {

@@ -135,8 +135,4 @@ int h5store_read_verify(h5store_t *h, const h5store_tensor_t *tensors, int n_ten
  * Error: "ckpt.h5: checksum mismatch in params/foo rows 0..127 (+2 more)". */
 int h5store_verify(h5store_t *h, int64_t *n_shards, int64_t *n_bytes, char *err, size_t errlen);
 
-/* Collective agreement: 0 when rc == 0 on every rank; otherwise -1 on every
- * rank, with err replaced by the lowest failing rank's message. */
-int h5store_agree(MPI_Comm comm, int rc, char *err, size_t errlen);
-
 #endif

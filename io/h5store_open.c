@@ -8,6 +8,7 @@
 
 #include "io/errmsg.h"
 #include "io/h5store_internal.h"
+#include "mpi/agree.h"
 
 typedef struct visit {
     h5store_t *h;
@@ -219,9 +220,9 @@ h5store_t *h5store_open(const char *path, MPI_Comm comm, char *err, size_t errle
     h5s_quiet_t q;
     h5s_quiet_on(&q);
     /* each step agreed on before the next: every rank fails at the same one */
-    if (h5store_agree(comm, handle_new(path, comm, &h, msg, sizeof msg), msg, sizeof msg) ||
-        h5store_agree(comm, open_file(h, msg, sizeof msg), msg, sizeof msg) ||
-        h5store_agree(comm, read_catalog(h, msg, sizeof msg), msg, sizeof msg)) {
+    if (agree_mpi(comm, handle_new(path, comm, &h, msg, sizeof msg), msg, sizeof msg) ||
+        agree_mpi(comm, open_file(h, msg, sizeof msg), msg, sizeof msg) ||
+        agree_mpi(comm, read_catalog(h, msg, sizeof msg), msg, sizeof msg)) {
         if (h) {
             /* already failing */
             (void)h5s_close(h->dxpl, H5Pclose, -1);
@@ -256,7 +257,7 @@ int h5store_close(h5store_t *h, char *err, size_t errlen)
     MPI_Comm comm = h->comm;
     free_handle(h);
     h5s_quiet_off(&q);
-    rc = h5store_agree(comm, rc, msg, sizeof msg);
+    rc = agree_mpi(comm, rc, msg, sizeof msg);
     if (rc)
         seterr(err, errlen, "%s", msg);
     return rc;

@@ -9,6 +9,7 @@
 
 #include "io/errmsg.h"
 #include "io/h5store_internal.h"
+#include "mpi/agree.h"
 
 /* h->stage holds at least max(h5s_stage_elems(), need) floats. */
 static int ensure_stage(h5store_t *h, int64_t need, char *err, size_t errlen)
@@ -206,7 +207,7 @@ int h5store_read_shards(h5store_t *h, const h5store_tensor_t *t, int nt, const h
 {
     char msg[MSG_LEN] = "";
     int rc = read_shards_local(h, t, nt, s, ns, msg, sizeof msg);
-    rc = h5store_agree(h->comm, rc, msg, sizeof msg);
+    rc = agree_mpi(h->comm, rc, msg, sizeof msg);
     if (rc)
         seterr(err, errlen, "%s", msg);
     return rc;
@@ -301,7 +302,7 @@ static int verify_records(h5store_t *h, const unsigned char *done, int64_t *n_sh
         size_t l = strlen(msg);
         snprintf(msg + l, sizeof msg - l, " (+%" PRId64 " more)", stat[2] - 1);
     }
-    if (h5store_agree(h->comm, rc, msg, sizeof msg)) {
+    if (agree_mpi(h->comm, rc, msg, sizeof msg)) {
         seterr(err, errlen, "%s", msg);
         return -1;
     }
@@ -334,7 +335,7 @@ int h5store_read_verify(h5store_t *h, const h5store_tensor_t *t, int nt, const h
         rc = -1;
     }
     /* a bad read anywhere is the answer: no need to look further */
-    if (h5store_agree(h->comm, rc, msg, sizeof msg)) {
+    if (agree_mpi(h->comm, rc, msg, sizeof msg)) {
         free(done);
         seterr(err, errlen, "%s", msg);
         return -1;

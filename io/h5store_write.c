@@ -15,6 +15,7 @@
 
 #include "io/errmsg.h"
 #include "io/h5store_internal.h"
+#include "mpi/agree.h"
 
 /* One h5store_write call: what its steps share and its failure path
  * releases. */
@@ -153,7 +154,7 @@ static int step_inputs(wjob_t *w, const h5store_tensor_t *t, int nt, const h5sto
         if (rc == 0)
             rc = h5s_temp_path(w->path, w->tmp, sizeof w->tmp, w->msg, sizeof w->msg);
     }
-    if (h5store_agree(w->comm, rc, w->msg, sizeof w->msg))
+    if (agree_mpi(w->comm, rc, w->msg, sizeof w->msg))
         return -1;
     return h5s_check_same_inputs(w->comm, w->cc, t, nt, a, na, w->msg, sizeof w->msg);
 }
@@ -163,7 +164,7 @@ static int step_records(wjob_t *w, const h5store_tensor_t *t, int nt, const h5st
 {
     int rc = h5s_gather_records(w->comm, w->rank, w->size, w->cc, t, s, ns, &w->rec, &w->nrec, w->msg,
                                 sizeof w->msg);
-    if (h5store_agree(w->comm, rc, w->msg, sizeof w->msg))
+    if (agree_mpi(w->comm, rc, w->msg, sizeof w->msg))
         return -1;
     for (int i = 0, b = 0; i < nt; i++) {
         const int e = rec_end(w, i, b);
@@ -198,7 +199,7 @@ static int step_group(wjob_t *w, int nt, const h5store_shard_t *s, int ns)
                 w->mine[w->nmine[s[i].tensor] + fill[s[i].tensor]++] = &s[i];
     }
     free(fill);
-    return h5store_agree(w->comm, rc, w->msg, sizeof w->msg);
+    return agree_mpi(w->comm, rc, w->msg, sizeof w->msg);
 }
 
 /* The temporary file, every rank creating it; its space; the transfer
@@ -211,11 +212,11 @@ static int step_create(wjob_t *w, const h5store_tensor_t *t, int nt, const h5sto
         h5s_err(w->msg, sizeof w->msg, "cannot create %s", w->tmp);
         rc = -1;
     }
-    if (h5store_agree(w->comm, rc, w->msg, sizeof w->msg))
+    if (agree_mpi(w->comm, rc, w->msg, sizeof w->msg))
         return -1;
     w->reserved = h5s_file_bytes_bound(t, nt, w->nrec);
     rc = w->rank == 0 ? h5s_reserve_space(w->tmp, w->reserved, w->msg, sizeof w->msg) : 0;
-    if (h5store_agree(w->comm, rc, w->msg, sizeof w->msg))
+    if (agree_mpi(w->comm, rc, w->msg, sizeof w->msg))
         return -1;
     /* independent data transfers: each rank writes its own blocks when it
      * gets there (collective ones made every rank wait for every other at
@@ -231,7 +232,7 @@ static int step_create(wjob_t *w, const h5store_tensor_t *t, int nt, const h5sto
         for (int i = 0; i < na && rc == 0; i++)
             rc = h5s_write_attr(w->file, &a[i], w->msg, sizeof w->msg);
     }
-    return h5store_agree(w->comm, rc, w->msg, sizeof w->msg);
+    return agree_mpi(w->comm, rc, w->msg, sizeof w->msg);
 }
 
 static int step_tensors(wjob_t *w, const h5store_tensor_t *t, int nt)
@@ -240,7 +241,7 @@ static int step_tensors(wjob_t *w, const h5store_tensor_t *t, int nt)
         const int e = rec_end(w, i, b);
         const int rc = write_tensor(w, &t[i], w->rec + b, e - b, w->mine + w->nmine[i],
                                     w->nmine[i + 1] - w->nmine[i], w->msg, sizeof w->msg);
-        if (h5store_agree(w->comm, rc, w->msg, sizeof w->msg))
+        if (agree_mpi(w->comm, rc, w->msg, sizeof w->msg))
             return -1;
         b = e;
     }
@@ -257,7 +258,7 @@ static int step_finish(wjob_t *w)
         h5s_err(w->msg, sizeof w->msg, "cannot flush %s", w->tmp);
         rc = -1;
     }
-    if (h5store_agree(w->comm, rc, w->msg, sizeof w->msg))
+    if (agree_mpi(w->comm, rc, w->msg, sizeof w->msg))
         return -1;
     if (H5Pclose(w->dxpl) < 0 || H5Pclose(w->fapl) < 0) {
         h5s_err(w->msg, sizeof w->msg, "H5Pclose");
@@ -269,10 +270,10 @@ static int step_finish(wjob_t *w)
         rc = -1;
     }
     w->file = H5I_INVALID_HID;
-    if (h5store_agree(w->comm, rc, w->msg, sizeof w->msg))
+    if (agree_mpi(w->comm, rc, w->msg, sizeof w->msg))
         return -1;
     rc = w->rank == 0 ? h5s_publish(w->tmp, w->path, w->reserved, w->msg, sizeof w->msg) : 0;
-    return h5store_agree(w->comm, rc, w->msg, sizeof w->msg);
+    return agree_mpi(w->comm, rc, w->msg, sizeof w->msg);
 }
 
 /* Every rank is here (each step was agreed on): the temporary file goes;

@@ -4,6 +4,7 @@
 #include "mpi/agree.h"
 
 #include <limits.h>
+#include <mpi.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -37,4 +38,29 @@ status_t agree_rank(comm_t *c, int status, char *msg, size_t len, int *rank)
 status_t agree(comm_t *c, int status, char *msg, size_t len)
 {
     return agree_rank(c, status, msg, len, NULL);
+}
+
+/* The same verdict over a bare MPI communicator, for the layers that hold
+ * one rather than a comm_t (the HDF5 store opens files on an MPI_Comm):
+ * one MPI_Allreduce of the lowest failing rank, one MPI_Bcast of its
+ * verdict. No watchdog: a stuck peer is found by the caller's. */
+status_t agree_mpi(MPI_Comm comm, int status, char *msg, size_t len)
+{
+    int rank = 0, rc;
+    if ((rc = MPI_Comm_rank(comm, &rank)) != MPI_SUCCESS)
+        return status_set(STATUS_FAIL, msg, len, "agreeing on the ranks' status: MPI_Comm_rank failed (MPI error %d)",
+                          rc);
+    int32_t mine = status != 0 ? (int32_t)rank : INT32_MAX, low;
+    if ((rc = MPI_Allreduce(&mine, &low, 1, MPI_INT32_T, MPI_MIN, comm)) != MPI_SUCCESS)
+        return status_set(STATUS_FAIL, msg, len, "agreeing on the ranks' status failed (MPI_Allreduce error %d)", rc);
+    if (low == INT32_MAX)
+        return STATUS_OK;
+    verdict_t v = {.status = status_of(status), .msg = "error"};
+    if (rank == low && msg && len > 0 && msg[0])
+        snprintf(v.msg, sizeof v.msg, "%.*s", (int)(len < sizeof v.msg ? len : sizeof v.msg) - 1, msg);
+    if ((rc = MPI_Bcast(&v, (int)sizeof v, MPI_BYTE, (int)low, comm)) != MPI_SUCCESS)
+        return status_set(STATUS_FAIL, msg, len, "agreeing on rank %d's error failed (MPI_Bcast error %d)", (int)low,
+                          rc);
+    v.msg[sizeof v.msg - 1] = '\0';
+    return status_set(status_of(v.status), msg, len, "%s", v.msg);
 }

@@ -10,6 +10,7 @@
 #ifndef DTRAIN_AGREE_H
 #define DTRAIN_AGREE_H
 
+#include <mpi.h>
 #include <stddef.h>
 
 #include "mpi/comm.h"
@@ -30,5 +31,9 @@ status_t agree_rank(comm_t *c, int status, char *msg, size_t len, int *rank);
 
 /* agree_rank without the rank. */
 status_t agree(comm_t *c, int status, char *msg, size_t len);
+
+/* agree over a bare MPI communicator (no watchdog, no trace span), for
+ * code that holds an MPI_Comm rather than a comm_t: the HDF5 store. */
+status_t agree_mpi(MPI_Comm comm, int status, char *msg, size_t len);
 
 #endif

@@ -134,7 +134,7 @@ static void run_stage(comm_t *world, int stage, int rank)
     double part = dpsync_grad_sumsq(&s), ref = 0.0;
     if (s.norm_group) {
         float f = (float)part;
-        s.norm_group->ops->allreduce(s.norm_group, &f, 1, COMM_SUM);
+        s.norm_group->ops->allreduce(s.norm_group, &f, 1, COMM_FP32, COMM_SUM);
         part = f;
     }
     for (int t = 0; t < NT; t++)
