@@ -98,6 +98,8 @@ struct comm {
  * rounded to bf16 into a staging buffer before each reduction, summed with
  * the *_bf16 calls, and widened back to fp32 before the 1/dp scaling. */
 typedef enum { COMM_FP32 = 0, COMM_BF16 } comm_dtype_t;
+/* The names of comm_dtype_t, indexed by it, NULL-terminated (--grad-reduce-dtype). */
+extern const char *const comm_dtype_names[];
 
 /* "fp32" / "bf16" -> dtype; -1 otherwise. */
 int comm_dtype_parse(const char *s, comm_dtype_t *dtype);
