@@ -32,18 +32,17 @@
  * small enough to stay in cache. */
 #define WRITE_CHUNK 65536
 
+const char *const tokens_format_names[] = {[TOKENS_FORMAT_LLMC] = "llmc", [TOKENS_FORMAT_RAW_U16] = "raw-u16", NULL};
+
 int tokens_format_parse(const char *s, tokens_format_t *fmt)
 {
     if (s == NULL || fmt == NULL)
         return -1;
-    if (strcmp(s, "llmc") == 0) {
-        *fmt = TOKENS_FORMAT_LLMC;
-        return 0;
-    }
-    if (strcmp(s, "raw-u16") == 0) {
-        *fmt = TOKENS_FORMAT_RAW_U16;
-        return 0;
-    }
+    for (int i = 0; tokens_format_names[i]; i++)
+        if (strcmp(s, tokens_format_names[i]) == 0) {
+            *fmt = (tokens_format_t)i;
+            return 0;
+        }
     return -1;
 }
 

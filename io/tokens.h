@@ -27,6 +27,8 @@ typedef enum {
     TOKENS_FORMAT_LLMC = 0, /* headered shards (default) */
     TOKENS_FORMAT_RAW_U16 = 1 /* nanoGPT: headerless uint16 */
 } tokens_format_t;
+/* The names of tokens_format_t, indexed by it, NULL-terminated (--data-format). */
+extern const char *const tokens_format_names[];
 
 /* One shard, fully read into memory and widened to int32. */
 typedef struct token_shard {

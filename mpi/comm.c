@@ -27,15 +27,14 @@ const char *comm_op_name(comm_kind_t k, int nonblocking, comm_dtype_t dt)
     return names[k][nonblocking != 0][dt];
 }
 
+const char *const comm_dtype_names[] = {[COMM_FP32] = "fp32", [COMM_BF16] = "bf16", NULL};
+
 int comm_dtype_parse(const char *s, comm_dtype_t *dtype)
 {
-    if (s && strcmp(s, "fp32") == 0) {
-        *dtype = COMM_FP32;
-        return 0;
-    }
-    if (s && strcmp(s, "bf16") == 0) {
-        *dtype = COMM_BF16;
-        return 0;
-    }
+    for (int i = 0; s && comm_dtype_names[i]; i++)
+        if (strcmp(s, comm_dtype_names[i]) == 0) {
+            *dtype = (comm_dtype_t)i;
+            return 0;
+        }
     return -1;
 }

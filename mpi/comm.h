@@ -112,6 +112,10 @@ struct comm {
  * COMM_BF16, and widened back to fp32 before the 1/dp scaling).
  * "fp32" / "bf16" -> dtype; -1 otherwise (the other types are not
  * gradient reduction types). */
+/* The names of the gradient-reduction dtypes, indexed by comm_dtype_t and
+ * NULL-terminated after the two (COMM_FP32 = 0, COMM_BF16 = 1) that
+ * --grad-reduce-dtype accepts. */
+extern const char *const comm_dtype_names[];
 int comm_dtype_parse(const char *s, comm_dtype_t *dtype);
 
 /* A communicator over a duplicate of the MPI communicator `mpi_comm`

@@ -80,11 +80,13 @@ static int set_err(ddp_t *d, const char *msg)
     return -1;
 }
 
+const char *const ddp_mode_names[] = {[DDP_NAIVE] = "naive", [DDP_FLAT] = "flat", [DDP_BUCKETED] = "bucketed",
+                                     NULL};
+
 int ddp_mode_parse(const char *s, ddp_mode_t *mode)
 {
-    static const char *const names[] = {[DDP_NAIVE] = "naive", [DDP_FLAT] = "flat", [DDP_BUCKETED] = "bucketed"};
-    for (int i = 0; i < (int)(sizeof names / sizeof names[0]); i++)
-        if (s && strcmp(s, names[i]) == 0) {
+    for (int i = 0; ddp_mode_names[i]; i++)
+        if (s && strcmp(s, ddp_mode_names[i]) == 0) {
             *mode = (ddp_mode_t)i;
             return 0;
         }

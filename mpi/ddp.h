@@ -36,6 +36,8 @@
 #include "src/ops.h"
 
 typedef enum { DDP_NAIVE = 0, DDP_FLAT, DDP_BUCKETED } ddp_mode_t;
+/* The names of ddp_mode_t, indexed by it, NULL-terminated (--ddp-mode). */
+extern const char *const ddp_mode_names[];
 
 typedef struct ddp_bucket {
     size_t start, n; /* floats: [start, start+n) of the flat buffer */

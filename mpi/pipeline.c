@@ -65,22 +65,21 @@
 #define TAG_ACT 0x501  /* activations, stage s -> s+1 */
 #define TAG_GRAD 0x502 /* gradients, stage s+1 -> s */
 
+const char *const pipe_kind_names[] = {[PIPE_1F1B] = "1f1b", [PIPE_GPIPE] = "gpipe", NULL};
+
 int pipe_kind_parse(const char *s, pipe_kind_t *k)
 {
-    if (!s)
-        return -1;
-    if (strcmp(s, "1f1b") == 0)
-        *k = PIPE_1F1B;
-    else if (strcmp(s, "gpipe") == 0)
-        *k = PIPE_GPIPE;
-    else
-        return -1;
-    return 0;
+    for (int i = 0; s && pipe_kind_names[i]; i++)
+        if (strcmp(s, pipe_kind_names[i]) == 0) {
+            *k = (pipe_kind_t)i;
+            return 0;
+        }
+    return -1;
 }
 
 const char *pipe_kind_name(pipe_kind_t k)
 {
-    return k == PIPE_GPIPE ? "gpipe" : "1f1b";
+    return pipe_kind_names[k == PIPE_GPIPE ? PIPE_GPIPE : PIPE_1F1B];
 }
 
 int pipe_slots(pipe_kind_t k, int n_stages, int stage, int n_micro)

@@ -33,6 +33,8 @@
 #include "src/ops.h"
 
 typedef enum { PIPE_1F1B = 0, PIPE_GPIPE } pipe_kind_t;
+/* The names of pipe_kind_t, indexed by it, NULL-terminated (--pp-schedule). */
+extern const char *const pipe_kind_names[];
 typedef enum { PIPE_FWD = 0, PIPE_BWD } pipe_op_t;
 
 typedef struct pipe_action {

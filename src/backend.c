@@ -69,16 +69,28 @@ static int open_cuda(backend_t *b, int local_rank, char *err, size_t errlen)
 }
 #endif
 
-int backend_open(backend_t *b, const char *device, int local_rank, char *err, size_t errlen)
+const char *const backend_device_names[] = {[BACKEND_AUTO] = "auto", [BACKEND_CPU] = "cpu", [BACKEND_CUDA] = "cuda",
+                                            NULL};
+const char *const backend_comm_names[] = {[BACKEND_COMM_AUTO] = "auto", [BACKEND_COMM_MPI] = "mpi",
+                                          [BACKEND_COMM_NCCL] = "nccl", NULL};
+const char *const backend_dtype_names[] = {[BACKEND_DTYPE_AUTO] = "auto", [BACKEND_DTYPE_FP32] = "fp32",
+                                           [BACKEND_DTYPE_BF16] = "bf16", NULL};
+
+int backend_bf16(const backend_t *b, backend_dtype_t dtype)
+{
+    return dtype == BACKEND_DTYPE_BF16 || (dtype == BACKEND_DTYPE_AUTO && b->cuda);
+}
+
+int backend_open(backend_t *b, backend_device_t device, int local_rank, char *err, size_t errlen)
 {
     memset(b, 0, sizeof *b);
     b->device = -1;
-    if (strcmp(device, "cpu") == 0) {
+    if (device == BACKEND_CPU) {
         use_cpu(b, "");
         return 0;
     }
 #ifdef HAVE_CUDA
-    if (strcmp(device, "cuda") == 0)
+    if (device == BACKEND_CUDA)
         return open_cuda(b, local_rank, err, errlen);
     /* auto */
     char why[256] = "";
@@ -90,7 +102,7 @@ int backend_open(backend_t *b, const char *device, int local_rank, char *err, si
     use_cpu(b, line);
     return 0;
 #else
-    if (strcmp(device, "cuda") == 0) {
+    if (device == BACKEND_CUDA) {
         snprintf(err, errlen, "--device cuda: this dtrain is built without the CUDA backend: rebuild with ./configure --with-cuda");
         return -1;
     }
@@ -135,7 +147,7 @@ static int find_shared_gpu(backend_t *b, char *err, size_t errlen)
 }
 #endif
 
-int backend_comm_open(backend_t *b, const char *comm, const grid_t *g, grid_t *net, double timeout_s,
+int backend_comm_open(backend_t *b, backend_comm_t comm, const grid_t *g, grid_t *net, double timeout_s,
                       char *err, size_t errlen)
 {
     *net = *g;
@@ -148,8 +160,8 @@ int backend_comm_open(backend_t *b, const char *comm, const grid_t *g, grid_t *n
 #endif
     comm_order_after_ops(b, g);
     snprintf(b->comm_desc, sizeof b->comm_desc, "mpi (every group)");
-    const int nccl = strcmp(comm, "nccl") == 0;
-    const int want = nccl || (strcmp(comm, "auto") == 0 && b->cuda && g->world_size > 1);
+    const int nccl = comm == BACKEND_COMM_NCCL;
+    const int want = nccl || (comm == BACKEND_COMM_AUTO && b->cuda && g->world_size > 1);
     /* without concurrent managed access the host may not touch managed
      * memory while any kernel runs, NCCL's on their own streams included,
      * and the pipeline's MPI transfers do exactly that */
@@ -164,7 +176,8 @@ int backend_comm_open(backend_t *b, const char *comm, const grid_t *g, grid_t *n
 #endif
     int32_t all = want && !bad && !oom && !b->shared_gpu && !host_touch && !uuid_failed;
     if (g->world->ops->allreduce(g->world, &all, 1, COMM_INT32, COMM_MIN) != 0) {
-        snprintf(err, errlen, "--comm %s: the all-reduce agreeing on the library failed: %s", comm, g->world->err);
+        snprintf(err, errlen, "--comm %s: the all-reduce agreeing on the library failed: %s", backend_comm_names[comm],
+                 g->world->err);
         return -1;
     }
     if (uuid_failed)
@@ -179,7 +192,7 @@ int backend_comm_open(backend_t *b, const char *comm, const grid_t *g, grid_t *n
             snprintf(err, errlen, "--comm nccl with --pp > 1: this GPU has no concurrent managed memory access, so "
                                   "the pipeline's MPI transfers may not run beside NCCL's kernels: use --comm mpi");
         else
-            snprintf(err, errlen, "--comm %s: out of memory", comm);
+            snprintf(err, errlen, "--comm %s: out of memory", backend_comm_names[comm]);
         return -1; /* the others continue on MPI; the caller's agreement ends the job */
     }
     if (!all) {

@@ -10,6 +10,20 @@
 #include "mpi/grid.h"
 #include "src/ops.h"
 
+/* --device: which ops table (auto = cuda when built with it and a GPU is
+ * visible, else cpu). */
+typedef enum { BACKEND_AUTO = 0, BACKEND_CPU, BACKEND_CUDA } backend_device_t;
+extern const char *const backend_device_names[]; /* indexed by backend_device_t, NULL-terminated */
+
+/* --comm: the collectives' library (see backend_comm_open). */
+typedef enum { BACKEND_COMM_AUTO = 0, BACKEND_COMM_MPI, BACKEND_COMM_NCCL } backend_comm_t;
+extern const char *const backend_comm_names[]; /* indexed by backend_comm_t, NULL-terminated */
+
+/* --dtype: the GEMM precision (auto = bf16 on cuda, fp32 on cpu; see
+ * backend_bf16). */
+typedef enum { BACKEND_DTYPE_AUTO = 0, BACKEND_DTYPE_FP32, BACKEND_DTYPE_BF16 } backend_dtype_t;
+extern const char *const backend_dtype_names[]; /* indexed by backend_dtype_t, NULL-terminated */
+
 typedef struct backend {
     const ops_t *ops;
     int cuda;        /* 1 when the CUDA backend is in use */
@@ -25,12 +39,15 @@ typedef struct backend {
 /* 1 when this dtrain was built with the CUDA backend. */
 int backend_have_cuda(void);
 
-/* Resolves `device` ("auto", "cpu", "cuda") for the rank with this local
+/* Resolves `device` for the rank with this local
  * rank. auto = cuda when built with it and cudaGetDeviceCount finds a GPU,
  * else cpu. On the CPU, DTRAIN_DEFER_OPS=1 in the environment wraps the
  * table in ops_defer (ops.h): a test of the trainer's waits. Returns 0, or -1 with one line in err (--device cuda without a
  * CUDA build, or without a usable GPU: the CUDA error string). Local. */
-int backend_open(backend_t *b, const char *device, int local_rank, char *err, size_t errlen);
+int backend_open(backend_t *b, backend_device_t device, int local_rank, char *err, size_t errlen);
+
+/* 1 when --dtype asks for bf16 GEMMs on this opened backend. */
+int backend_bf16(const backend_t *b, backend_dtype_t dtype);
 /* Releases the backend's resources, the communicators of
  * backend_comm_open included (safe on a zeroed or failed one). */
 void backend_close(backend_t *b);
@@ -53,7 +70,7 @@ void backend_close(backend_t *b);
  * nccl on a rank without CUDA or on a shared GPU fails there (the others continue on MPI and
  * the caller's agreement ends the job). Collective over MPI_COMM_WORLD.
  * The twins belong to b: backend_close frees them, g keeps its own. */
-int backend_comm_open(backend_t *b, const char *comm, const grid_t *g, grid_t *net, double timeout_s,
+int backend_comm_open(backend_t *b, backend_comm_t comm, const grid_t *g, grid_t *net, double timeout_s,
                       char *err, size_t errlen);
 
 /* The run failed (every rank agreed): abort the NCCL communicators, so

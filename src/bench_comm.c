@@ -22,7 +22,7 @@
 #include <string.h>
 
 #include "mpi/comm.h"
-#include "src/options.h"
+#include "src/optable.h"
 #include "mpi/launch.h"
 #include "src/strparse.h"
 
@@ -36,30 +36,15 @@
 #define PROG "dtrain-bench-comm"
 
 typedef enum { OP_ALLREDUCE = 0, OP_REDUCE_SCATTER, OP_ALLGATHER, OP_SENDRECV, N_OPS, OP_ALL = N_OPS } op_t;
-static const char *const op_names[] = {"allreduce", "reduce_scatter", "allgather", "sendrecv", "all"};
+static const char *const op_names[] = {"allreduce", "reduce_scatter", "allgather", "sendrecv", "all", NULL};
 
 typedef struct bench_opts {
     op_t op;
     size_t min_bytes, max_bytes;
+    const char *min_text, *max_text; /* as given, for the error naming both */
     double factor;
     long iters, warmup;
 } bench_opts_t;
-
-static void usage(FILE *f)
-{
-    fprintf(f,
-            "Usage: mpirun -np N " PROG " [OPTION]...\n"
-            "Measure the communicator's collectives (nccl-tests style): time, algbw, busbw, #wrong.\n"
-            "\n"
-            "  --op NAME          allreduce|reduce_scatter|allgather|sendrecv|all (default allreduce)\n"
-            "  --min-bytes SIZE   smallest size (default 1K); suffixes K, M, G are powers of 1024\n"
-            "  --max-bytes SIZE   largest size (default 1G)\n"
-            "  --step-factor F    multiply the size by F from one row to the next (default 2)\n"
-            "  --iters N          timed calls per size (default 20)\n"
-            "  --warmup N         untimed calls per size before timing (default 5)\n"
-            "  --help             print this help and exit\n"
-            "  --version          print the version and exit\n");
-}
 
 /* Bytes: digits with an optional K, M or G (powers of 1024). */
 static int parse_size(const char *s, size_t *out)
@@ -96,96 +81,93 @@ static int parse_size(const char *s, size_t *out)
     return 0;
 }
 
+/* --min-bytes / --max-bytes: a size from 4 bytes to 1024G. */
+static int set_bytes(const char *name, const char *val, size_t *out, const char **text, char *err, size_t errlen)
+{
+    size_t v = 0;
+    if (parse_size(val, &v) != 0) {
+        snprintf(err, errlen, "%s '%s': not a size (an integer with an optional K, M or G suffix)", name, val);
+        return -1;
+    }
+    if (v < sizeof(float) || v > ((size_t)1 << 40)) {
+        snprintf(err, errlen, "%s %s: out of range (4 bytes to 1024G)", name, val);
+        return -1;
+    }
+    *out = v;
+    *text = val;
+    return 0;
+}
+
+static int min_bytes_arg(const char *val, void *dst, void *field, char *err, size_t errlen)
+{
+    return set_bytes("--min-bytes", val, field, &((bench_opts_t *)dst)->min_text, err, errlen);
+}
+
+static int max_bytes_arg(const char *val, void *dst, void *field, char *err, size_t errlen)
+{
+    return set_bytes("--max-bytes", val, field, &((bench_opts_t *)dst)->max_text, err, errlen);
+}
+
+/* --step-factor: above 1 (the sizes must grow), at most 1024. */
+static int factor_arg(const char *val, void *dst, void *field, char *err, size_t errlen)
+{
+    char *end = NULL;
+    (void)dst;
+    errno = 0;
+    double f = strtod(val, &end);
+    if (errno || end == val || *end != '\0') {
+        snprintf(err, errlen, "--step-factor '%s': not a number", val);
+        return -1;
+    }
+    if (!(f > 1.0 && f <= 1024.0)) {
+        snprintf(err, errlen, "--step-factor %s: out of range (above 1, at most 1024)", val);
+        return -1;
+    }
+    *(double *)field = f;
+    return 0;
+}
+
+#define F(field) offsetof(bench_opts_t, field)
+static const opt_def_t opt_defs[] = {
+    {"op", OPT_ENUM, F(op), 0, "allreduce", 0, 0, op_names,
+     "allreduce|reduce_scatter|allgather|sendrecv|all (default allreduce)", "NAME", NULL, 0},
+    {"min-bytes", OPT_ARG, F(min_bytes), 0, "1K", 0, 0, NULL,
+     "smallest size (default 1K); suffixes K, M, G are powers of 1024", "SIZE", min_bytes_arg, 0},
+    {"max-bytes", OPT_ARG, F(max_bytes), 0, "1G", 0, 0, NULL, "largest size (default 1G)", "SIZE", max_bytes_arg, 0},
+    {"step-factor", OPT_ARG, F(factor), 0, "2", 0, 0, NULL,
+     "multiply the size by F from one row to the next (default 2)", "F", factor_arg, 0},
+    {"iters", OPT_LONG, F(iters), 0, "20", 1, 1000000000, NULL, "timed calls per size (default 20)", "N", NULL, 0},
+    {"warmup", OPT_LONG, F(warmup), 0, "5", 0, 1000000000, NULL, "untimed calls per size before timing (default 5)",
+     "N", NULL, 0},
+};
+#undef F
+static const opt_table_t opt_table = {.prog = PROG, .defs = opt_defs, .n = sizeof opt_defs / sizeof opt_defs[0]};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "Usage: mpirun -np N " PROG " [OPTION]...\n"
+               "Measure the communicator's collectives (nccl-tests style): time, algbw, busbw, #wrong.\n"
+               "\n");
+    opt_print_help(&opt_table, f, 18, 0);
+    fprintf(f, "  %-18s print this help and exit\n  %-18s print the version and exit\n", "--help", "--version");
+}
+
 /* Returns 0 to run, 1 for --help/--version (done), 2 with one line in err. */
 static int parse_args(int argc, char **argv, bench_opts_t *o, char *err, size_t errlen, int print)
 {
-    *o = (bench_opts_t){.op = OP_ALLREDUCE, .min_bytes = 1024, .max_bytes = (size_t)1 << 30, .factor = 2.0,
-                        .iters = 20, .warmup = 5};
-    const size_t max_size = (size_t)1 << 40;
-    const char *min_s = "1K", *max_s = "1G";
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            if (print)
-                usage(stdout);
-            return 1;
-        }
-        if (strcmp(a, "--version") == 0) {
-            if (print)
-                printf(PROG " " PACKAGE_VERSION "\n");
-            return 1;
-        }
-        static const char *const names[] = {"--op", "--min-bytes", "--max-bytes", "--step-factor", "--iters",
-                                            "--warmup"};
-        const char *val = NULL;
-        const int k = options_tool_arg(argc, argv, &i, names, (int)(sizeof names / sizeof names[0]), PROG, &val, err,
-                                       errlen);
-        if (k < 0)
-            return 2;
-        switch (k) {
-        case 0: {
-            int found = 0;
-            for (int j = 0; j <= OP_ALL; j++)
-                if (strcmp(val, op_names[j]) == 0) {
-                    o->op = (op_t)j;
-                    found = 1;
-                }
-            if (!found) {
-                snprintf(err, errlen, "--op '%s': allowed values are allreduce|reduce_scatter|allgather|sendrecv|all",
-                         val);
-                return 2;
-            }
-            break;
-        }
-        case 1:
-        case 2: {
-            size_t v = 0;
-            if (parse_size(val, &v) != 0) {
-                snprintf(err, errlen, "%s '%s': not a size (an integer with an optional K, M or G suffix)", names[k],
-                         val);
-                return 2;
-            }
-            if (v < sizeof(float) || v > max_size) {
-                snprintf(err, errlen, "%s %s: out of range (4 bytes to 1024G)", names[k], val);
-                return 2;
-            }
-            *(k == 1 ? &o->min_bytes : &o->max_bytes) = v;
-            *(k == 1 ? &min_s : &max_s) = val;
-            break;
-        }
-        case 3: {
-            char *end = NULL;
-            errno = 0;
-            double f = strtod(val, &end);
-            if (errno || end == val || *end != '\0') {
-                snprintf(err, errlen, "--step-factor '%s': not a number", val);
-                return 2;
-            }
-            if (!(f > 1.0 && f <= 1024.0)) {
-                snprintf(err, errlen, "--step-factor %s: out of range (above 1, at most 1024)", val);
-                return 2;
-            }
-            o->factor = f;
-            break;
-        }
-        case 4:
-        case 5: {
-            long v = 0;
-            if (parse_long(val, LONG_MIN, LONG_MAX, &v) != 0) {
-                snprintf(err, errlen, "%s '%s': not an integer", names[k], val);
-                return 2;
-            }
-            if (v < (k == 4 ? 1 : 0) || v > 1000000000L) {
-                snprintf(err, errlen, "%s %s: out of range (%d to 1000000000)", names[k], val, k == 4 ? 1 : 0);
-                return 2;
-            }
-            *(k == 4 ? &o->iters : &o->warmup) = v;
-            break;
-        }
-        }
-    }
+    memset(o, 0, sizeof *o);
+    const int help = opt_wants_help(argc, argv);
+    if (help == 1 && print)
+        usage(stdout);
+    if (help == 2 && print)
+        printf(PROG " " PACKAGE_VERSION "\n");
+    if (help)
+        return 1;
+    if (opt_defaults(&opt_table, o, err, errlen) != 0 ||
+        opt_parse_argv(&opt_table, argc, argv, o, NULL, NULL, NULL, err, errlen) != 0)
+        return 2;
     if (o->min_bytes > o->max_bytes) {
-        snprintf(err, errlen, "--min-bytes %s exceeds --max-bytes %s", min_s, max_s);
+        snprintf(err, errlen, "--min-bytes %s exceeds --max-bytes %s", o->min_text, o->max_text);
         return 2;
     }
     return 0;

@@ -52,7 +52,7 @@
 #include "mpi/clock.h"
 #include "src/ops.h"
 #include "src/ops_math.h"
-#include "src/options.h"
+#include "src/optable.h"
 #include "src/rng.h"
 #include "src/strparse.h"
 
@@ -66,8 +66,11 @@
 #define N_SAMPLES 64    /* output elements checked per row */
 #define SEED 20261123ull
 
+/* masks; --dtype and --op give a name's index, the mask is index + 1 */
 enum { DT_BF16 = 1, DT_FP32 = 2, DT_BOTH = 3 };
 enum { OP_GEMM = 1, OP_GELU = 2, OP_ALL = 3 };
+static const char *const dtype_names[] = {"bf16", "fp32", "both", NULL};
+static const char *const op_names[] = {"gemm", "gelu", "all", NULL};
 /* what one row times: the plain GEMM, the GELU-fused op, or the GEMM
  * and the GELU as separate ops */
 typedef enum { ROW_GEMM, ROW_FUSED, ROW_SEPARATE } row_kind_t;
@@ -78,7 +81,7 @@ typedef struct shape {
 } shape_t;
 
 typedef struct bench_opts {
-    const char *device;
+    backend_device_t device;
     int dtype;
     int op;
     shape_t shapes[MAX_SHAPES];
@@ -92,27 +95,6 @@ typedef struct bench_opts {
 static const shape_t cpu_shapes[] = {{512, 512, 512}, {1024, 1024, 1024}, {1024, 768, 3072}, {1024, 3072, 768}};
 static const shape_t cuda_shapes[] = {
     {4096, 4096, 4096}, {8192, 8192, 8192}, {16384, 768, 3072}, {16384, 3072, 768}};
-
-static void usage(FILE *f)
-{
-    fprintf(f,
-            "Usage: " PROG " [OPTION]...\n"
-            "Time the ops table's GEMMs out[N,OC] = in[N,IC] . w[OC,IC]^T on one device: time, TFLOP/s, #wrong.\n"
-            "\n"
-            "  --device NAME      auto|cpu|cuda (default auto: cuda when built with it and a GPU is visible)\n"
-            "  --dtype NAME       bf16|fp32|both (default both): bf16 operands with fp32 sums, or fp32\n"
-            "  --op NAME          gemm|gelu|all (default gemm): the plain GEMM, or GPT-2's fc with bias\n"
-            "                     and GELU as one fused op (gemm+gelu) and as two ops (gemm,gelu)\n"
-            "  --shapes LIST      NxICxOC[,NxICxOC...], each from 1 to 1048576 (default on cpu\n"
-            "                     512x512x512,1024x1024x1024,1024x768x3072,1024x3072x768; on cuda\n"
-            "                     4096x4096x4096,8192x8192x8192,16384x768x3072,16384x3072x768)\n"
-            "  --iters N          timed calls per row (default 20)\n"
-            "  --warmup N         untimed calls per row before timing (default 5)\n"
-            "  --threads N        OpenMP/OpenBLAS threads of the CPU backend (default 0 = OMP_NUM_THREADS\n"
-            "                     or all cores); not with the cuda device\n"
-            "  --help             print this help and exit\n"
-            "  --version          print the version and exit\n");
-}
 
 /* One dimension of a shape: digits only, 1 to MAX_DIM; *s moves past it. */
 static int parse_dim(const char **s, int *out)
@@ -134,8 +116,10 @@ static int parse_dim(const char **s, int *out)
 }
 
 /* "NxICxOC[,NxICxOC...]" into o->shapes. 0, or -1 with one line in err. */
-static int parse_shapes(const char *val, bench_opts_t *o, char *err, size_t errlen)
+static int parse_shapes(const char *val, void *dst, void *field, char *err, size_t errlen)
 {
+    bench_opts_t *o = dst;
+    (void)field;
     const char *p = val;
     o->n_shapes = 0;
     for (;;) {
@@ -161,86 +145,56 @@ static int parse_shapes(const char *val, bench_opts_t *o, char *err, size_t errl
     }
 }
 
+#define F(field) offsetof(bench_opts_t, field)
+static const opt_def_t opt_defs[] = {
+    {"device", OPT_ENUM, F(device), 0, "auto", 0, 0, backend_device_names,
+     "auto|cpu|cuda (default auto: cuda when built with it and a GPU is visible)", "NAME", NULL, 0},
+    {"dtype", OPT_ENUM, F(dtype), 0, "both", 0, 0, dtype_names,
+     "bf16|fp32|both (default both): bf16 operands with fp32 sums, or fp32", "NAME", NULL, 0},
+    {"op", OPT_ENUM, F(op), 0, "gemm", 0, 0, op_names,
+     "gemm|gelu|all (default gemm): the plain GEMM, or GPT-2's fc with bias\n"
+     "and GELU as one fused op (gemm+gelu) and as two ops (gemm,gelu)", "NAME", NULL, 0},
+    {"shapes", OPT_ARG, F(shapes), 0, NULL, 0, 0, NULL,
+     "NxICxOC[,NxICxOC...], each from 1 to 1048576 (default on cpu\n"
+     "512x512x512,1024x1024x1024,1024x768x3072,1024x3072x768; on cuda\n"
+     "4096x4096x4096,8192x8192x8192,16384x768x3072,16384x3072x768)", "LIST", parse_shapes, 0},
+    {"iters", OPT_LONG, F(iters), 0, "20", 1, 1000000000, NULL, "timed calls per row (default 20)", "N", NULL, 0},
+    {"warmup", OPT_LONG, F(warmup), 0, "5", 0, 1000000000, NULL, "untimed calls per row before timing (default 5)",
+     "N", NULL, 0},
+    /* no default: -1 says it was not given (refused with the cuda device) */
+    {"threads", OPT_LONG, F(threads), 0, NULL, 0, 4096, NULL,
+     "OpenMP/OpenBLAS threads of the CPU backend (default 0 = OMP_NUM_THREADS\n"
+     "or all cores); not with the cuda device", "N", NULL, 0},
+};
+#undef F
+static const opt_table_t opt_table = {.prog = PROG, .defs = opt_defs, .n = sizeof opt_defs / sizeof opt_defs[0]};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "Usage: " PROG " [OPTION]...\n"
+               "Time the ops table's GEMMs out[N,OC] = in[N,IC] . w[OC,IC]^T on one device: time, TFLOP/s, #wrong.\n"
+               "\n");
+    opt_print_help(&opt_table, f, 18, 0);
+    fprintf(f, "  %-18s print this help and exit\n  %-18s print the version and exit\n", "--help", "--version");
+}
+
 /* Returns 0 to run, 1 for --help/--version (done), 2 with one line in err. */
 static int parse_args(int argc, char **argv, bench_opts_t *o, char *err, size_t errlen)
 {
     memset(o, 0, sizeof *o);
-    o->device = "auto";
-    o->dtype = DT_BOTH;
-    o->op = OP_GEMM;
-    o->iters = 20;
-    o->warmup = 5;
     o->threads = -1;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            usage(stdout);
-            return 1;
-        }
-        if (strcmp(a, "--version") == 0) {
-            printf(PROG " " PACKAGE_VERSION "\n");
-            return 1;
-        }
-        static const char *const names[] = {"--device", "--dtype", "--shapes", "--iters", "--warmup", "--threads",
-                                            "--op"};
-        const char *val = NULL;
-        const int k = options_tool_arg(argc, argv, &i, names, (int)(sizeof names / sizeof names[0]), PROG, &val, err,
-                                       errlen);
-        if (k < 0)
-            return 2;
-        switch (k) {
-        case 0:
-            if (strcmp(val, "auto") != 0 && strcmp(val, "cpu") != 0 && strcmp(val, "cuda") != 0) {
-                snprintf(err, errlen, "--device '%s': allowed values are auto|cpu|cuda", val);
-                return 2;
-            }
-            o->device = val;
-            break;
-        case 1:
-            if (strcmp(val, "bf16") == 0)
-                o->dtype = DT_BF16;
-            else if (strcmp(val, "fp32") == 0)
-                o->dtype = DT_FP32;
-            else if (strcmp(val, "both") == 0)
-                o->dtype = DT_BOTH;
-            else {
-                snprintf(err, errlen, "--dtype '%s': allowed values are bf16|fp32|both", val);
-                return 2;
-            }
-            break;
-        case 2:
-            if (parse_shapes(val, o, err, errlen) != 0)
-                return 2;
-            break;
-        case 6:
-            if (strcmp(val, "gemm") == 0)
-                o->op = OP_GEMM;
-            else if (strcmp(val, "gelu") == 0)
-                o->op = OP_GELU;
-            else if (strcmp(val, "all") == 0)
-                o->op = OP_ALL;
-            else {
-                snprintf(err, errlen, "--op '%s': allowed values are gemm|gelu|all", val);
-                return 2;
-            }
-            break;
-        default: {
-            /* --iters 1.., --warmup 0.., --threads 0..4096 (0 = the default pool) */
-            const long lo = k == 3 ? 1 : 0, hi = k == 5 ? 4096 : 1000000000L;
-            long v = 0;
-            if (parse_long(val, LONG_MIN, LONG_MAX, &v) != 0) {
-                snprintf(err, errlen, "%s '%s': not an integer", names[k], val);
-                return 2;
-            }
-            if (v < lo || v > hi) {
-                snprintf(err, errlen, "%s %s: out of range (%ld to %ld)", names[k], val, lo, hi);
-                return 2;
-            }
-            *(k == 3 ? &o->iters : k == 4 ? &o->warmup : &o->threads) = v;
-            break;
-        }
-        }
-    }
+    const int help = opt_wants_help(argc, argv);
+    if (help == 1)
+        usage(stdout);
+    if (help == 2)
+        printf(PROG " " PACKAGE_VERSION "\n");
+    if (help)
+        return 1;
+    if (opt_defaults(&opt_table, o, err, errlen) != 0 ||
+        opt_parse_argv(&opt_table, argc, argv, o, NULL, NULL, NULL, err, errlen) != 0)
+        return 2;
+    o->dtype += 1; /* the names' index to the mask */
+    o->op += 1;
     return 0;
 }
 

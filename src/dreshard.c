@@ -45,6 +45,7 @@
 #include "io/h5store.h"
 #include "mpi/agree.h"
 #include "mpi/launch.h"
+#include "src/optable.h"
 #include "src/options.h"
 #include "src/param_io.h"
 #include "io/tokenizer.h"
@@ -69,6 +70,8 @@ typedef struct reshard_opts {
     uint64_t max_shard_bytes;
     int export_given;            /* --dtype, --tokenizer or --max-shard-size seen */
     int hf_only_given;           /* --tokenizer or --max-shard-size seen */
+    int layout_given;            /* --tp, --pp, --dp or --zero seen */
+    int dtype_given;
 } reshard_opts_t;
 
 typedef enum { PARSE_OK = 0, PARSE_EXIT_OK, PARSE_ERROR } parse_status_t;
@@ -81,81 +84,12 @@ typedef struct tile {
     int owner; /* rank */
 } tile_t;
 
-static void usage(FILE *f)
-{
-    fprintf(f,
-            "Usage: mpirun -np M " PROG " --in FILE --out FILE [--tp T] [--pp P] [--dp D] [--zero S]\n"
-            "       [--params-only] [--force]\n"
-            "       mpirun -np M " PROG " --in FILE --to-hf DIR [--dtype fp32|bf16|fp16] [--tokenizer auto|none|SPEC]\n"
-            "       [--max-shard-size SIZE] [--force]\n"
-            "       mpirun -np M " PROG " --in FILE --to-llmc FILE [--dtype fp32|bf16] [--force]\n"
-            "       mpirun -np M " PROG " --info FILE\n"
-            "Rewrites a dtrain checkpoint or --save-params file with the chunking the target layout\n"
-            "(tensor x pipeline x data parallel) writes, verifying every checksum of the input and\n"
-            "writing fresh ones; the tensors are copied bit for bit. Or exports its parameters as a\n"
-            "Hugging Face model or an llm.c model file. Any number of ranks M.\n"
-            "\n"
-            "  --in FILE       the file to read (checkpoint or parameter file)\n"
-            "  --out FILE      the file to write (atomically); must not exist, and never the input\n"
-            "  --tp T          target tensor-parallel size (default 1): must divide the heads, KV heads, FFN\n"
-            "  --pp P          target pipeline-parallel size (default 1): at most the layers\n"
-            "  --dp D          target data-parallel size (default 1)\n"
-            "  --zero S        target ZeRO stage 0-3 (default 0); recorded in the layout attribute: the\n"
-            "                  moments are logical tensors, so every stage reads the same file\n"
-            "  --params-only   write only params/* as a parameter file (content = params)\n"
-            "  --force         replace the output if it exists (the old one stays until the new one is complete)\n"
-            "  --to-hf DIR     export the parameters as a Hugging Face model directory (safetensors shards,\n"
-            "                  config.json, generation_config.json, tokenizer files), atomically\n"
-            "  --to-llmc FILE  export a GPT-2 model as llm.c's model file (version 3 fp32, 5 bf16)\n"
-            "  --dtype D       exported tensors' type: fp32 (default, exact), bf16 or fp16 (--to-hf only);\n"
-            "                  rounded to nearest even\n"
-            "  --tokenizer T   --to-hf: auto (default: the data tokenizer the input records), none, or a\n"
-            "                  dtrain --tokenizer spec (gpt2, tiktoken and spm get Hugging Face files)\n"
-            "  --max-shard-size SIZE  --to-hf: safetensors shard size, bytes with an optional KB, MB, GB,\n"
-            "                  KiB, MiB or GiB (default 5GB, as Hugging Face's)\n"
-            "  --info FILE     print the attributes, every tensor with its shape and chunks, and verify\n"
-            "                  every checksum\n"
-            "  -h, --help      show this help and exit\n"
-            "  --version       show the version and exit\n"
-            "\n"
-            "Exit status: 0; 2 for a bad command line or input (including a damaged input file);\n"
-            "1 when writing the output fails. See dreshard(1).\n");
-}
-
-/* The value of --name: the rest of "--name=value" or the next argument. */
-static const char *opt_value(int argc, char **argv, int *i, const char *arg, size_t namelen, char *err,
-                             size_t errlen)
-{
-    if (arg[namelen] == '=')
-        return arg + namelen + 1;
-    if (*i + 1 >= argc) {
-        snprintf(err, errlen, "option '%.*s' needs a value (see " PROG " --help)", (int)namelen, arg);
-        return NULL;
-    }
-    return argv[++*i];
-}
-
-static int parse_size(const char *name, const char *v, int max, int *out, char *err, size_t errlen)
-{
-    char *end;
-    errno = 0;
-    long long x = strtoll(v, &end, 10);
-    if (errno || end == v || *end != '\0') {
-        snprintf(err, errlen, "--%s '%s': not an integer", name, v);
-        return -1;
-    }
-    if (x < 1 || x > max) {
-        snprintf(err, errlen, "--%s %lld: out of range, allowed 1..%d", name, x, max);
-        return -1;
-    }
-    *out = (int)x;
-    return 0;
-}
-
 /* SIZE: bytes, optionally with a decimal (KB, MB, GB) or binary (KiB,
  * MiB, GiB) suffix, as Hugging Face's max_shard_size takes it. */
-static int parse_bytes(const char *v, uint64_t *out, char *err, size_t errlen)
+static int parse_bytes(const char *v, void *dst, void *field, char *err, size_t errlen)
 {
+    uint64_t *out = field;
+    (void)dst;
     static const struct { const char *s; uint64_t m; } units[] = {
         {"", 1}, {"B", 1}, {"KB", 1000}, {"MB", 1000000}, {"GB", 1000000000},
         {"KiB", 1024}, {"MiB", 1048576}, {"GiB", 1073741824}};
@@ -173,14 +107,118 @@ static int parse_bytes(const char *v, uint64_t *out, char *err, size_t errlen)
     return -1;
 }
 
-static int parse_dtype(const char *v, export_dtype_t *d, char *err, size_t errlen)
+/* The paths: never empty. */
+static int path_arg(const char *name, const char *what, const char *v, void *field, char *err, size_t errlen)
 {
-    if (strcmp(v, "fp32") == 0 || strcmp(v, "bf16") == 0 || strcmp(v, "fp16") == 0) {
-        *d = v[0] == 'b' ? EXPORT_BF16 : v[2] == '1' ? EXPORT_F16 : EXPORT_F32;
-        return 0;
+    if (!*v) {
+        snprintf(err, errlen, "option '--%s' needs a non-empty %s", name, what);
+        return -1;
     }
-    snprintf(err, errlen, "--dtype '%s': allowed fp32, bf16, fp16", v);
-    return -1;
+    *(const char **)field = v;
+    return 0;
+}
+#define PATH_ARG(fn, name, what)                                                                        \
+    static int fn(const char *v, void *dst, void *field, char *err, size_t errlen)                    \
+    {                                                                                                 \
+        (void)dst;                                                                                    \
+        return path_arg(name, what, v, field, err, errlen);                                           \
+    }
+PATH_ARG(in_arg, "in", "FILE")
+PATH_ARG(out_arg, "out", "FILE")
+PATH_ARG(info_arg, "info", "FILE")
+PATH_ARG(to_hf_arg, "to-hf", "DIR")
+PATH_ARG(to_llmc_arg, "to-llmc", "FILE")
+
+static int zero_arg(const char *v, void *dst, void *field, char *err, size_t errlen)
+{
+    if (strlen(v) != 1 || v[0] < '0' || v[0] > '3') {
+        snprintf(err, errlen, "--zero '%s': the ZeRO stage is 0, 1, 2 or 3", v);
+        return -1;
+    }
+    *(int *)field = v[0] - '0';
+    ((reshard_opts_t *)dst)->layout_given = 1;
+    return 0;
+}
+
+static int tokenizer_arg(const char *v, void *dst, void *field, char *err, size_t errlen)
+{
+    reshard_opts_t *o = dst;
+    if (!*v) {
+        snprintf(err, errlen, "--tokenizer needs auto, none or a tokenizer spec");
+        return -1;
+    }
+    *(const char **)field = v;
+    o->export_given = o->hf_only_given = 1;
+    return 0;
+}
+
+static int shard_size_arg(const char *v, void *dst, void *field, char *err, size_t errlen)
+{
+    reshard_opts_t *o = dst;
+    if (parse_bytes(v, dst, field, err, errlen) != 0)
+        return -1;
+    o->export_given = o->hf_only_given = 1;
+    return 0;
+}
+
+#define F(field) offsetof(reshard_opts_t, field)
+#define LAYOUT (F(layout_given) + 1)
+static const opt_def_t opt_defs[] = {
+    {"in", OPT_ARG, F(in), 0, NULL, 0, 0, NULL, "the file to read (checkpoint or parameter file)", "FILE", in_arg, 0},
+    {"out", OPT_ARG, F(out), 0, NULL, 0, 0, NULL, "the file to write (atomically); must not exist, and never the input",
+     "FILE", out_arg, 0},
+    {"tp", OPT_INT, F(tp), 0, "1", 1, MAX_TP, NULL,
+     "target tensor-parallel size (default 1): must divide the heads, KV heads, FFN", "T", NULL, LAYOUT},
+    {"pp", OPT_INT, F(pp), 0, "1", 1, MAX_PP, NULL, "target pipeline-parallel size (default 1): at most the layers",
+     "P", NULL, LAYOUT},
+    {"dp", OPT_INT, F(dp), 0, "1", 1, MAX_DP, NULL, "target data-parallel size (default 1)", "D", NULL, LAYOUT},
+    {"zero", OPT_ARG, F(zero), 0, NULL, 0, 0, NULL,
+     "target ZeRO stage 0-3 (default 0); recorded in the layout attribute: the\n"
+     "moments are logical tensors, so every stage reads the same file", "S", zero_arg, 0},
+    {"params-only", OPT_FLAG, F(params_only), 0, "0", 0, 1, NULL, "write only params/* as a parameter file (content = params)",
+     NULL, NULL, 0},
+    {"force", OPT_FLAG, F(force), 0, "0", 0, 1, NULL,
+     "replace the output if it exists (the old one stays until the new one is complete)", NULL, NULL, 0},
+    {"to-hf", OPT_ARG, F(to_hf), 0, NULL, 0, 0, NULL,
+     "export the parameters as a Hugging Face model directory (safetensors shards,\n"
+     "config.json, generation_config.json, tokenizer files), atomically", "DIR", to_hf_arg, 0},
+    {"to-llmc", OPT_ARG, F(to_llmc), 0, NULL, 0, 0, NULL,
+     "export a GPT-2 model as llm.c's model file (version 3 fp32, 5 bf16)", "FILE", to_llmc_arg, 0},
+    {"dtype", OPT_ENUM, F(dtype), 0, "fp32", 0, 0, export_dtype_names,
+     "exported tensors' type: fp32 (default, exact), bf16 or fp16 (--to-hf only);\nrounded to nearest even", "D",
+     NULL, F(dtype_given) + 1},
+    {"tokenizer", OPT_ARG, F(tokenizer), 0, NULL, 0, 0, NULL,
+     "--to-hf: auto (default: the data tokenizer the input records), none, or a\n"
+     "dtrain --tokenizer spec (gpt2, tiktoken and spm get Hugging Face files)", "T", tokenizer_arg, 0},
+    {"max-shard-size", OPT_ARG, F(max_shard_bytes), 0, NULL, 0, 0, NULL,
+     "--to-hf: safetensors shard size, bytes with an optional KB, MB, GB,\n"
+     "KiB, MiB or GiB (default 5GB, as Hugging Face's)", "SIZE", shard_size_arg, 0},
+    {"info", OPT_ARG, F(info), 0, NULL, 0, 0, NULL,
+     "print the attributes, every tensor with its shape and chunks, and verify\nevery checksum", "FILE", info_arg, 0},
+};
+#undef LAYOUT
+#undef F
+static const opt_table_t opt_table = {.prog = PROG, .defs = opt_defs, .n = sizeof opt_defs / sizeof opt_defs[0]};
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "Usage: mpirun -np M " PROG " --in FILE --out FILE [--tp T] [--pp P] [--dp D] [--zero S]\n"
+            "       [--params-only] [--force]\n"
+            "       mpirun -np M " PROG " --in FILE --to-hf DIR [--dtype fp32|bf16|fp16] [--tokenizer auto|none|SPEC]\n"
+            "       [--max-shard-size SIZE] [--force]\n"
+            "       mpirun -np M " PROG " --in FILE --to-llmc FILE [--dtype fp32|bf16] [--force]\n"
+            "       mpirun -np M " PROG " --info FILE\n"
+            "Rewrites a dtrain checkpoint or --save-params file with the chunking the target layout\n"
+            "(tensor x pipeline x data parallel) writes, verifying every checksum of the input and\n"
+            "writing fresh ones; the tensors are copied bit for bit. Or exports its parameters as a\n"
+            "Hugging Face model or an llm.c model file. Any number of ranks M.\n"
+            "\n");
+    opt_print_help(&opt_table, f, 15, 0);
+    fprintf(f, "  %-15s show this help and exit\n  %-15s show the version and exit\n"
+               "\n"
+               "Exit status: 0; 2 for a bad command line or input (including a damaged input file);\n"
+               "1 when writing the output fails. See dreshard(1).\n", "-h, --help", "--version");
 }
 
 /* The combinations: --info alone; --to-hf or --to-llmc with --in and the
@@ -226,85 +264,25 @@ static int check_combination(const reshard_opts_t *o, int layout_given, char *er
 /* Every rank parses the same arguments, so all reach the same verdict. */
 static parse_status_t parse_args(int argc, char **argv, reshard_opts_t *o, int print, char *err, size_t errlen)
 {
-    static const char *const allowed = "--in, --out, --tp, --pp, --dp, --zero, --params-only, --force, --to-hf, "
-                                       "--to-llmc, --dtype, --tokenizer, --max-shard-size, --info, --help, --version";
     memset(o, 0, sizeof *o);
-    o->tp = o->pp = o->dp = 1;
     o->tokenizer = "auto";
     o->max_shard_bytes = ST_DEFAULT_SHARD_BYTES;
-    int layout_given = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        size_t n = strcspn(a, "=");
-        const char *v;
-#define IS(name) (n == strlen(name) && strncmp(a, name, n) == 0)
-        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
-            if (print)
-                usage(stdout);
-            return PARSE_EXIT_OK;
-        } else if (strcmp(a, "--version") == 0) {
-            if (print)
-                printf(PROG " (dtrain) %s\n", PACKAGE_VERSION);
-            return PARSE_EXIT_OK;
-        } else if (strcmp(a, "--params-only") == 0) {
-            o->params_only = 1;
-        } else if (strcmp(a, "--force") == 0) {
-            o->force = 1;
-        } else if (IS("--in") || IS("--out") || IS("--info") || IS("--to-hf") || IS("--to-llmc")) {
-            if (!(v = opt_value(argc, argv, &i, a, n, err, errlen)))
-                return PARSE_ERROR;
-            if (!*v) {
-                snprintf(err, errlen, "option '%.*s' needs a non-empty %s", (int)n, a, IS("--to-hf") ? "DIR" : "FILE");
-                return PARSE_ERROR;
-            }
-            const char **field = IS("--in") ? &o->in : IS("--out") ? &o->out : IS("--info") ? &o->info
-                                 : IS("--to-hf") ? &o->to_hf : &o->to_llmc;
-            *field = v;
-        } else if (IS("--dtype") || IS("--tokenizer") || IS("--max-shard-size")) {
-            if (!(v = opt_value(argc, argv, &i, a, n, err, errlen)))
-                return PARSE_ERROR;
-            o->export_given = 1;
-            o->hf_only_given |= !IS("--dtype");
-            if (IS("--dtype") && parse_dtype(v, &o->dtype, err, errlen) != 0)
-                return PARSE_ERROR;
-            if (IS("--max-shard-size") && parse_bytes(v, &o->max_shard_bytes, err, errlen) != 0)
-                return PARSE_ERROR;
-            if (IS("--tokenizer")) {
-                if (!*v) {
-                    snprintf(err, errlen, "--tokenizer needs auto, none or a tokenizer spec");
-                    return PARSE_ERROR;
-                }
-                o->tokenizer = v;
-            }
-        } else if (IS("--tp") || IS("--pp") || IS("--dp")) {
-            if (!(v = opt_value(argc, argv, &i, a, n, err, errlen)))
-                return PARSE_ERROR;
-            const char *name = IS("--tp") ? "tp" : IS("--pp") ? "pp" : "dp";
-            int *field = IS("--tp") ? &o->tp : IS("--pp") ? &o->pp : &o->dp;
-            int max = IS("--tp") ? MAX_TP : IS("--pp") ? MAX_PP : MAX_DP;
-            if (parse_size(name, v, max, field, err, errlen) != 0)
-                return PARSE_ERROR;
-            layout_given = 1;
-        } else if (IS("--zero")) {
-            if (!(v = opt_value(argc, argv, &i, a, n, err, errlen)))
-                return PARSE_ERROR;
-            if (strlen(v) != 1 || v[0] < '0' || v[0] > '3') {
-                snprintf(err, errlen, "--zero '%s': the ZeRO stage is 0, 1, 2 or 3", v);
-                return PARSE_ERROR;
-            }
-            o->zero = v[0] - '0';
-            layout_given = 1;
-        } else {
-            snprintf(err, errlen, "unknown option '%s': allowed are %s", a, allowed);
-            return PARSE_ERROR;
-        }
-#undef IS
-    }
+    const int help = opt_wants_help(argc, argv);
+    if (help == 1 && print)
+        usage(stdout);
+    if (help == 2 && print)
+        printf(PROG " (dtrain) %s\n", PACKAGE_VERSION);
+    if (help)
+        return PARSE_EXIT_OK;
+    if (opt_defaults(&opt_table, o, err, errlen) != 0 ||
+        opt_parse_argv(&opt_table, argc, argv, o, NULL, NULL, NULL, err, errlen) != 0)
+        return PARSE_ERROR;
+    o->export_given |= o->dtype_given;
     if (o->to_llmc && o->dtype == EXPORT_F16) {
         snprintf(err, errlen, "--dtype fp16: llm.c model files are fp32 (version 3) or bf16 (version 5)");
         return PARSE_ERROR;
     }
-    return check_combination(o, layout_given, err, errlen) == 0 ? PARSE_OK : PARSE_ERROR;
+    return check_combination(o, o->layout_given, err, errlen) == 0 ? PARSE_OK : PARSE_ERROR;
 }
 
 /* The directory part of path ("." when it has none). */

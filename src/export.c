@@ -20,9 +20,11 @@
 #include "src/fsutil.h"
 #include "io/publish.h"
 
+const char *const export_dtype_names[] = {[EXPORT_F32] = "fp32", [EXPORT_BF16] = "bf16", [EXPORT_F16] = "fp16", NULL};
+
 const char *export_dtype_name(export_dtype_t d)
 {
-    return d == EXPORT_BF16 ? "bf16" : d == EXPORT_F16 ? "fp16" : "fp32";
+    return export_dtype_names[d == EXPORT_BF16 || d == EXPORT_F16 ? d : EXPORT_F32];
 }
 
 /* ---- outputs and tiles ---------------------------------------------------- */

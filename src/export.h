@@ -35,6 +35,7 @@
 #define EXPORT_TILE_BYTES (16u << 20)
 
 typedef enum { EXPORT_F32 = 0, EXPORT_BF16, EXPORT_F16 } export_dtype_t;
+extern const char *const export_dtype_names[]; /* indexed by export_dtype_t, NULL-terminated (dreshard --dtype) */
 
 /* One tensor of the target: the hf_map entries with this src and layer. */
 typedef struct export_out {

@@ -97,6 +97,18 @@ static int parse_quantity(const char *s, double *out)
     return -1;
 }
 
+/* The values of a profile file make sense together. 0, or -1 (err). */
+static int check_profile(const hw_profile_t *p, const char *path, char *err, size_t errlen)
+{
+    if (p->memory <= 0 || p->intra_bw <= 0 || p->inter_bw <= 0 || (p->peak_fp32 <= 0 && p->peak_bf16 <= 0) ||
+        p->efficiency <= 0 || p->efficiency > 1 || p->reserve >= p->memory) {
+        snprintf(err, errlen, "%s: memory, a peak (peak_fp32 or peak_bf16) and both bandwidths must be positive, "
+                 "efficiency in (0, 1] and reserve below memory", path);
+        return -1;
+    }
+    return 0;
+}
+
 static int load_file(hw_profile_t *p, const char *path, char *err, size_t errlen)
 {
     FILE *f = fopen(path, "r");
@@ -171,13 +183,7 @@ static int load_file(hw_profile_t *p, const char *path, char *err, size_t errlen
         snprintf(err, errlen, "%s: the key 'gpus_per_node' is missing", path);
         rc = -1;
     }
-    if (rc == 0 && (p->memory <= 0 || p->intra_bw <= 0 || p->inter_bw <= 0 || (p->peak_fp32 <= 0 && p->peak_bf16 <= 0) ||
-                    p->efficiency <= 0 || p->efficiency > 1 || p->reserve >= p->memory)) {
-        snprintf(err, errlen, "%s: memory, a peak (peak_fp32 or peak_bf16) and both bandwidths must be positive, "
-                 "efficiency in (0, 1] and reserve below memory", path);
-        rc = -1;
-    }
-    return rc;
+    return rc == 0 ? check_profile(p, path, err, errlen) : rc;
 }
 
 int hw_profile_load(hw_profile_t *p, const char *name_or_file, double peak_gflops, double mem_gib, char *err,

@@ -8,6 +8,23 @@
 #include "src/plan.h"
 #include "src/train.h"
 
+/* --selftest: every rank tests its own GPU; rank 0 prints its
+ * comparisons. Ends the process. */
+static void selftest(const launch_env_t *env, char *err, size_t errlen)
+{
+    FILE *out = env->world_rank == 0 ? stdout : fopen("/dev/null", "w");
+    int rc = out ? backend_selftest(env->local_rank, out, err, errlen) : -1;
+    if (!out)
+        snprintf(err, errlen, "--selftest: cannot open /dev/null");
+    if (out && out != stdout)
+        fclose(out);
+    fflush(stdout);
+    if (launch_any_failed(env, "dtrain", rc < 0, err))
+        launch_exit(env, 2);
+    snprintf(err, errlen, "--selftest: %d comparison(s) outside their bounds", rc);
+    launch_exit(env, launch_any_failed(env, "dtrain", rc > 0, err) ? 1 : 0);
+}
+
 int main(int argc, char **argv)
 {
     launch_env_t env;
@@ -32,20 +49,8 @@ int main(int argc, char **argv)
         launch_exit(&env, launch_any_failed(&env, "dtrain", failed, err) ? 2 : 0);
     }
 
-    if (opt.selftest) {
-        /* every rank tests its own GPU; rank 0 prints its comparisons */
-        FILE *out = env.world_rank == 0 ? stdout : fopen("/dev/null", "w");
-        int rc = out ? backend_selftest(env.local_rank, out, err, sizeof err) : -1;
-        if (!out)
-            snprintf(err, sizeof err, "--selftest: cannot open /dev/null");
-        if (out && out != stdout)
-            fclose(out);
-        fflush(stdout);
-        if (launch_any_failed(&env, "dtrain", rc < 0, err))
-            launch_exit(&env, 2);
-        snprintf(err, sizeof err, "--selftest: %d comparison(s) outside their bounds", rc);
-        launch_exit(&env, launch_any_failed(&env, "dtrain", rc > 0, err) ? 1 : 0);
-    }
+    if (opt.selftest)
+        selftest(&env, err, sizeof err);
 
     /* from here on SIGUSR1/SIGTERM stop the run at a step boundary, with a
      * checkpoint, instead of killing it */
@@ -58,8 +63,16 @@ int main(int argc, char **argv)
     if (launch_any_failed(&env, "dtrain", failed, grid.err))
         launch_exit(&env, 2);
 
+    /* the run, resolved once for this grid: every component takes its
+     * part of it; the same options give the same verdict on every rank */
+    static run_config_t run; /* static: the stage split makes it 16 KiB */
+    failed = options_resolve(&opt, grid.tp_size, grid.pp_size, grid.dp_size, &run, err, sizeof err) != 0;
+    if (launch_any_failed(&env, "dtrain", failed, err)) {
+        grid_destroy(&grid);
+        launch_exit(&env, 2);
+    }
     trainer_t tr;
-    failed = trainer_setup(&tr, &opt, &env, &grid, err, sizeof err) != 0;
+    failed = trainer_setup(&tr, &run, &env, &grid, err, sizeof err) != 0;
     if (launch_any_failed(&env, "dtrain", failed, err)) {
         backend_comm_abort(&tr.backend);
         trainer_teardown(&tr);

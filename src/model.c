@@ -349,16 +349,9 @@ static void backend_free(const ops_t *ops, mem_category_t cat, void *p, size_t b
     }
 }
 
-int model_recompute_parse(const char *name, model_recompute_t *out)
-{
-    static const char *const names[] = {"none", "selective", "full"};
-    for (int k = 0; k < 3; k++)
-        if (strcmp(name, names[k]) == 0) {
-            *out = (model_recompute_t)k;
-            return 0;
-        }
-    return -1;
-}
+const char *const model_recompute_names[] = {[MODEL_RECOMPUTE_NONE] = "none",
+                                            [MODEL_RECOMPUTE_SELECTIVE] = "selective",
+                                            [MODEL_RECOMPUTE_FULL] = "full", NULL};
 
 void model_arena_bytes(const model_config_t *cfg, const model_layout_t *lay, int B, int T, size_t *acts,
                        size_t *work)

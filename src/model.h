@@ -57,6 +57,8 @@ typedef struct model_tensors {
  * Every mode runs the same kernels on the same inputs, so losses, gradients
  * and parameters are bit-identical to NONE. */
 typedef enum { MODEL_RECOMPUTE_NONE = 0, MODEL_RECOMPUTE_SELECTIVE, MODEL_RECOMPUTE_FULL } model_recompute_t;
+/* The names of model_recompute_t, indexed by it, NULL-terminated (--recompute). */
+extern const char *const model_recompute_names[];
 
 /* Saved activations of one block, all in backend memory. In a slot the
  * tensors its --recompute mode drops are NULL. */
@@ -183,8 +185,6 @@ typedef struct model {
     char err[512];
 } model_t;
 
-/* --recompute's name -> mode; -1 for an unknown name. */
-int model_recompute_parse(const char *name, model_recompute_t *out);
 
 /* The layout of a single process: the whole model, no TP, one slot. */
 model_layout_t model_layout_single(const model_config_t *c);

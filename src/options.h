@@ -7,10 +7,23 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "io/tokens.h"
+#include "mpi/comm.h"
+#include "mpi/ddp.h"
+#include "mpi/pipeline.h"
+#include "src/backend.h"
+#include "src/model.h"
 #include "src/model_config.h"
+#include "src/plan.h"
 
 #define OPT_PATH_MAX 1024
 
+/* --fsdp: PyTorch FSDP's names for ZeRO stages (options_fsdp_stage). */
+typedef enum { FSDP_UNSET = 0, FSDP_NO_SHARD, FSDP_SHARD_GRAD_OP, FSDP_FULL_SHARD } options_fsdp_t;
+extern const char *const options_fsdp_names[]; /* indexed by options_fsdp_t, NULL-terminated; "" = unset */
+
+/* The parsed options, each as given (the enums by the name tables of
+ * their owners' headers); options_resolve derives the run from them. */
 typedef struct run_options {
     char config[OPT_PATH_MAX];
     char model[64];
@@ -20,16 +33,17 @@ typedef struct run_options {
     /* parallel layout */
     int tp, pp, dp;
     int sequence_parallel;
-    char pp_layers[256], pp_schedule[16];
-    char ddp_mode[16];
+    char pp_layers[256];
+    pipe_kind_t pp_schedule;
+    ddp_mode_t ddp_mode;
     int zero;          /* ZeRO stage; see options_zero_stage */
-    char fsdp[16];     /* "" or an FSDP sharding strategy name */
+    options_fsdp_t fsdp;
     int hybrid_shard;  /* shard group size (0 = the whole DP group) */
     double bucket_mb;
-    char grad_reduce_dtype[8]; /* fp32 | bf16: what the data-parallel gradient reductions send */
+    comm_dtype_t grad_reduce_dtype; /* what the data-parallel gradient reductions send */
     int check_replicas;
     double comm_timeout; /* seconds one communication call may block before the job is ended (0 = never) */
-    char recompute[16]; /* activation recomputation: none | selective | full */
+    model_recompute_t recompute; /* activation recomputation */
     /* schedule and batch */
     int steps, micro_batch, global_batch, seq_len;
     double lr, min_lr;
@@ -37,7 +51,8 @@ typedef struct run_options {
     double weight_decay, grad_clip, beta1, beta2, adam_eps;
     long long seed;
     /* data */
-    char data[OPT_PATH_MAX], val_data[OPT_PATH_MAX], data_format[16];
+    char data[OPT_PATH_MAX], val_data[OPT_PATH_MAX];
+    tokens_format_t data_format;
     int val_every, val_batches;
     int doc_mask;      /* --doc-mask: attention within documents (src/docmask.h) */
     /* output */
@@ -59,12 +74,12 @@ typedef struct run_options {
     int plan, search;
     int gpus;                /* total devices (0 = --dp or the world size) */
     char hw[OPT_PATH_MAX];   /* profile name or key = value file ("" = h100-sxm) */
-    char plan_dtype[16];     /* "" (bf16 on a GPU profile, fp32 on cpu) | fp32 | bf16 | megatron */
+    plan_dtype_t plan_dtype;
     double gpu_mem;          /* device memory in GiB (0 = the profile's) */
     /* backend */
-    char device[8];    /* "auto" | "cpu" | "cuda" (see backend.h) */
-    char dtype[8];     /* "auto" (bf16 on cuda, fp32 on cpu) | "fp32" | "bf16": GEMM precision */
-    char comm[8];      /* "auto" | "mpi" | "nccl": the collectives' library (see backend.h) */
+    backend_device_t device;
+    backend_dtype_t dtype;  /* GEMM precision */
+    backend_comm_t comm;    /* the collectives' library */
     int selftest;      /* --selftest: compare every CUDA op with the CPU op, exit */
 } run_options_t;
 
@@ -79,40 +94,62 @@ typedef enum {
 options_status_t options_parse(run_options_t *o, int argc, char **argv, int print,
                                char *err, size_t errlen);
 
+/* The ZeRO stage --zero or --fsdp asks for (0..3). */
+int options_zero_stage(const run_options_t *o);
+
 /* Resolves --model plus the shape overrides into a model config; under
  * --init-from, the file's model (an explicit option that disagrees with
  * it is an error). */
-/* The ZeRO stage --zero or --fsdp asks for (0..3). */
-int options_zero_stage(const run_options_t *o);
 int options_model_config(const run_options_t *o, model_config_t *c, char *err, size_t errlen);
 
 /* The layout checks that depend on the model alone (not on the run's
  * batch or options): --tp divides the heads, KV heads and FFN width, --pp
  * at most the layers. One line in err on failure. Part of
- * options_check_layout; dreshard checks a target layout with it. */
+ * options_resolve; dreshard checks a target layout with it. */
 int options_check_grid(const model_config_t *c, int tp, int pp, char *err, size_t errlen);
 
-/* Layout checks that need the model and the grid: one line in err on
- * failure, the same on every rank. */
-int options_check_layout(const run_options_t *o, const model_config_t *c, int tp, int pp, int dp,
-                         char *err, size_t errlen);
+/* The run as the components need it, resolved once from the options
+ * before training's first collective and not changed after: the layout,
+ * the batch, the per-stage layer split and every choice as its owner's
+ * enum. Each component takes its part (trainer_setup all of it, the
+ * planner one per layout it plans). */
+#define RUN_MAX_STAGES 4096
+typedef struct run_config {
+    const run_options_t *opt; /* what is used as given: paths, schedule, sampling, output */
+    model_config_t model;
+    /* layout */
+    int tp, pp, dp;
+    int sequence_parallel;
+    int zero_stage;   /* --zero or --fsdp */
+    int hybrid_shard; /* the ZeRO shard group's size when below dp (HSDP), else 0 */
+    int shard;        /* the ZeRO state's shard group: hybrid_shard, or dp */
+    /* batch: global_batch = accum x micro_batch x dp sequences per step */
+    int micro_batch, seq_len, accum, global_batch;
+    int stage_layers[RUN_MAX_STAGES]; /* [pp] blocks of pipeline stage s */
+    /* the components' choices */
+    pipe_kind_t pp_kind;
+    model_recompute_t recompute;
+    ddp_mode_t ddp_mode;
+    comm_dtype_t grad_dtype;
+    backend_device_t device;
+    backend_dtype_t dtype;
+    backend_comm_t comm;
+    tokens_format_t data_format;
+} run_config_t;
 
-/* layers[s] = blocks of pipeline stage s (pp of them): --pp-layers, or
- * balanced. Returns 0, or -1 with one line in err. */
-int options_stage_layers(const run_options_t *o, int n_layer, int pp, int *layers, char *err, size_t errlen);
+/* The run of o on a tp x pp x dp grid. Returns 0, or -1 with one line in
+ * err (the same on every rank: a model that does not fit the layout, a
+ * batch that does not divide, a bad --pp-layers ...). */
+int options_resolve(const run_options_t *o, int tp, int pp, int dp, run_config_t *rc, char *err, size_t errlen);
 
-/* Number of microbatches per optimizer step for data-parallel size dp. */
-int options_accum_steps(const run_options_t *o, int dp);
+/* The same for a model already resolved (the planner's layouts). */
+int options_resolve_layout(const run_options_t *o, const model_config_t *c, int tp, int pp, int dp, run_config_t *rc,
+                           char *err, size_t errlen);
+
+/* The first block of pipeline stage s. */
+int run_config_stage_begin(const run_config_t *rc, int s);
 
 /* Writes every option as `key = value` lines (the banner and metrics). */
 void options_print(const run_options_t *o, void *file);
-
-/* The small tools' long options (dtrain-bench-comm, dtrain-bench-gemm):
- * which of names[0..n-1] argv[*i] is, as "--iters 5" or "--iters=5", with
- * its value in *val (a following argument is consumed: *i advances).
- * Returns the index, or -1 with one line in err for an unknown option
- * (naming `prog --help`) or a missing value. */
-int options_tool_arg(int argc, char **argv, int *i, const char *const *names, int n, const char *prog,
-                     const char **val, char *err, size_t errlen);
 
 #endif

@@ -11,6 +11,7 @@
 #include "src/mem.h"
 #include "src/metrics.h"
 #include "src/model.h"
+#include "src/options.h"
 #include "src/params.h"
 #include "mpi/pipeline.h"
 
@@ -19,19 +20,13 @@
  * stages, m microbatches per step, d data-parallel size, S the ZeRO shard
  * group's size (d, or --hybrid-shard). */
 
-typedef enum { RC_NONE = 0, RC_SELECTIVE, RC_FULL } recompute_t;
-static const char *const rc_names[] = {"none", "selective", "full"};
-
-/* One layout to plan. */
+/* One layout to plan: the run as the trainer would resolve it. */
 typedef struct plan_in {
     const model_config_t *c;
     const hw_profile_t *hw;
-    int tp, pp, dp, zero, shard, sp, mb, gb, seq, m, hybrid;
+    run_config_t run;
     int bf16;     /* bf16 matmuls: dtrain's --dtype bf16, or Megatron's layout */
     int megatron; /* Megatron's bf16 layout (Korthikanti's activations) instead of dtrain's own buffers */
-    recompute_t rc;
-    pipe_kind_t kind;
-    const int *layers; /* [pp] blocks per stage */
 } plan_in_t;
 
 /* One pipeline stage (every TP and DP rank of a stage holds the same). */
@@ -63,6 +58,9 @@ typedef struct plan {
     double tokens_s, mfu, hfu, bubble_frac;
 } plan_t;
 
+const char *const plan_dtype_names[] = {[PLAN_DTYPE_AUTO] = "", [PLAN_DTYPE_FP32] = "fp32",
+                                        [PLAN_DTYPE_BF16] = "bf16", [PLAN_DTYPE_MEGATRON] = "megatron", NULL};
+
 static double div_up(double a, double b) { return ceil(a / b); }
 static double round64(double bytes) { return ceil(bytes / 64.0) * 64.0; }
 
@@ -74,39 +72,44 @@ static const char *link_name(const hw_profile_t *hw, long span) { return span <=
 /* Korthikanti et al. 2022, Table 2: activation bytes of one transformer
  * layer and one microbatch at 16 bits, with tensor (and sequence)
  * parallelism over t ranks. */
-static double korthikanti_layer(const plan_in_t *in, recompute_t rc)
+static double korthikanti_layer(const plan_in_t *in, model_recompute_t rc)
 {
-    const double s = in->seq, b = in->mb, h = in->c->d_model, a = in->c->n_head, t = in->tp;
+    const double s = in->run.seq_len, b = in->run.micro_batch, h = in->c->d_model, a = in->c->n_head, t = in->run.tp;
     const double sbh = s * b * h, as_h = a * s / h;
     switch (rc) {
-    case RC_FULL:
-        return in->sp ? 2.0 * sbh / t : 2.0 * sbh;
-    case RC_SELECTIVE:
-        return in->sp ? 34.0 * sbh / t : sbh * (10.0 + 24.0 / t);
-    case RC_NONE:
+    case MODEL_RECOMPUTE_FULL:
+        return in->run.sequence_parallel ? 2.0 * sbh / t : 2.0 * sbh;
+    case MODEL_RECOMPUTE_SELECTIVE:
+        return in->run.sequence_parallel ? 34.0 * sbh / t : sbh * (10.0 + 24.0 / t);
+    case MODEL_RECOMPUTE_NONE:
     default:
-        return in->sp ? sbh / t * (34.0 + 5.0 * as_h) : sbh * (10.0 + 24.0 / t + 5.0 * as_h / t);
+        return in->run.sequence_parallel ? sbh / t * (34.0 + 5.0 * as_h) : sbh * (10.0 + 24.0 / t + 5.0 * as_h / t);
     }
 }
 
-/* Parameters, gradients, optimizer state, communication buffers and
- * activations of stage s. Returns 0 or -1 (err). */
-static int plan_stage(const plan_in_t *in, int s, int layer_begin, stage_plan_t *sp, char *err, size_t errlen)
+/* A stage's parameters cut into ZeRO's units as the trainer cuts them
+ * (each block's tensors together, every other tensor alone), sharded
+ * over S ranks: pieces of ceil(L/S) floats. */
+typedef struct stage_units {
+    double n;         /* local parameters */
+    double shard_n;   /* the rank's pieces of every unit */
+    double max_c;     /* the largest piece */
+    double outside;   /* parameters outside the blocks */
+    double window_n;  /* S x the largest block's piece: a gathered block window */
+    double blk_chunk; /* the largest block's piece */
+} stage_units_t;
+
+static int plan_units(const plan_in_t *in, const param_layout_t *part, stage_plan_t *sp, stage_units_t *u, char *err,
+                      size_t errlen)
 {
     const model_config_t *c = in->c;
-    memset(sp, 0, sizeof *sp);
-    sp->layers = in->layers[s];
-    sp->slots = pipe_slots(in->kind, in->pp, s, in->m);
-    const param_layout_t part = {.tp_size = in->tp, .tp_rank = 0, .layer_begin = layer_begin,
-                                 .layer_end = layer_begin + sp->layers, .has_embed = s == 0,
-                                 .has_head = s == in->pp - 1};
     param_table_t t;
-    if (param_table_build(&t, c, &part, err, errlen) != 0)
+    if (param_table_build(&t, c, part, err, errlen) != 0)
         return -1;
     /* ZeRO's units, as the strategy cuts them (mpi/dpsync_shard.c): each
      * block's tensors together, every other tensor alone */
-    const double S = in->shard;
-    double shard_n = 0, max_c = 0, block_n = 0, window = 0, blk_chunk = 0;
+    const double S = in->run.shard;
+    double shard_n = 0, max_c = 0, block_n = 0, window = 0;
     size_t unit_lo = 0;
     for (int i = 0; i <= t.n; i++) {
         const int block = i < t.n && t.p[i].layer >= 0 && t.p[i].layer < c->n_layer;
@@ -127,14 +130,20 @@ static int plan_stage(const plan_in_t *in, int s, int layer_begin, stage_plan_t 
         if (i < t.n && !t.p[i].tied_copy)
             sp->logical += (size_t)t.p[i].shape[0] * (size_t)t.p[i].shape[1];
     }
-    blk_chunk = div_up(window, S);
-    const double n = (double)t.numel, outside = n - block_n, window_n = S * blk_chunk;
+    *u = (stage_units_t){.n = (double)t.numel, .shard_n = shard_n, .max_c = max_c,
+                         .outside = (double)t.numel - block_n, .blk_chunk = div_up(window, S)};
+    u->window_n = S * u->blk_chunk;
     sp->n = t.numel;
     sp->shard_n = (size_t)shard_n;
     param_table_free(&t);
+    return 0;
+}
 
-    double *mem = sp->mem;
-    const int z = in->zero;
+/* Parameters, gradients, optimizer state and ZeRO's staging buffers. */
+static void plan_state_bytes(const plan_in_t *in, const stage_units_t *u, double *mem)
+{
+    const int z = in->run.zero_stage;
+    const double n = u->n, shard_n = u->shard_n, outside = u->outside, window_n = u->window_n, S = in->run.shard;
     const double opt_n = z >= 1 ? shard_n : n;
     if (!in->megatron) {
         /* dtrain's buffers, byte for byte (model.c, optim.c, zero.c); --dtype
@@ -149,9 +158,9 @@ static int plan_stage(const plan_in_t *in, int s, int layer_begin, stage_plan_t 
         mem[MEM_GRADS] = z >= 2 ? 4.0 * (outside + shard_n + 1) + 2.0 * 4.0 * (window_n + 1) : 4.0 * n;
         mem[MEM_OPTIM] = 2.0 * 4.0 * (opt_n > 0 ? opt_n : 1);
         if (z >= 1)
-            mem[MEM_COMM] = 4.0 * (S * max_c > 0 ? S * max_c : 1);
+            mem[MEM_COMM] = 4.0 * (S * u->max_c > 0 ? S * u->max_c : 1);
         if (z >= 2)
-            mem[MEM_COMM] += 2.0 * 4.0 * (blk_chunk + 1);
+            mem[MEM_COMM] += 2.0 * 4.0 * (u->blk_chunk + 1);
     } else {
         /* bf16 weights, fp32 gradients (Megatron's main_grad), fp32 master
          * weights and AdamW moments: 2 + 4 + 12 bytes per parameter */
@@ -159,79 +168,113 @@ static int plan_stage(const plan_in_t *in, int s, int layer_begin, stage_plan_t 
         mem[MEM_GRADS] = z >= 2 ? 4.0 * (outside + shard_n + 2.0 * window_n) : 4.0 * n;
         mem[MEM_OPTIM] = 12.0 * opt_n;
         if (z >= 1)
-            mem[MEM_COMM] = 2.0 * S * max_c;
+            mem[MEM_COMM] = 2.0 * S * u->max_c;
         if (z >= 2)
-            mem[MEM_COMM] += 2.0 * 4.0 * blk_chunk;
+            mem[MEM_COMM] += 2.0 * 4.0 * u->blk_chunk;
     }
+}
 
-    /* activations and workspace */
-    model_layout_t lay = {.part = part, .tp = NULL, .sequence_parallel = in->sp, .n_slots = sp->slots,
-                          .bf16 = in->bf16 && !in->megatron,
-                          .lent_block_grads = z >= 2, .lent_block_params = z >= 3,
-                          .recompute = in->rc == RC_FULL        ? MODEL_RECOMPUTE_FULL
-                                       : in->rc == RC_SELECTIVE ? MODEL_RECOMPUTE_SELECTIVE
-                                                                : MODEL_RECOMPUTE_NONE};
+/* dtrain's activation arena and workspace for lay, recomputation
+ * included (model.c layout_acts); per layer: a 2-layer stage less a
+ * 1-layer one, less the residual stream's extra row block. */
+static void plan_arena(const plan_in_t *in, const model_layout_t *lay, stage_plan_t *sp)
+{
+    const model_config_t *c = in->c;
+    size_t arena = 0, work = 0, a1 = 0, a2 = 0, w_ = 0;
+    model_arena_bytes(c, lay, in->run.micro_batch, in->run.seq_len, &arena, &work);
+    const double N = (double)in->run.micro_batch * in->run.seq_len;
+    const double NR = in->run.sequence_parallel ? N / in->run.tp : N;
+    model_layout_t one = *lay;
+    one.part.has_embed = one.part.has_head = 0;
+    one.n_slots = 1;
+    one.part.layer_begin = 0;
+    one.part.layer_end = 1;
+    model_arena_bytes(c, &one, in->run.micro_batch, in->run.seq_len, &a1, &w_);
+    one.part.layer_end = 2;
+    model_arena_bytes(c, &one, in->run.micro_batch, in->run.seq_len, &a2, &w_);
+    const double C = c->d_model;
+    const double per_layer = (double)(a2 - a1) - (round64(4.0 * 3 * NR * C) - round64(4.0 * 2 * NR * C));
+    const double lx = (double)sp->layers * sp->slots;
+    sp->act_layer = per_layer;
+    sp->act_extra = (double)arena - lx * per_layer;
+    sp->mem[MEM_ACTS] = (double)arena;
+    sp->mem[MEM_WORKSPACE] = (double)work;
+}
+
+/* Megatron's activations (Korthikanti et al.) and dtrain's workspace at
+ * 16 bits. */
+static void plan_korthikanti(const plan_in_t *in, const model_layout_t *lay, int s, stage_plan_t *sp)
+{
+    const model_config_t *c = in->c;
+    const model_recompute_t rc = in->run.recompute;
     size_t arena = 0, work = 0;
-    model_arena_bytes(c, &lay, in->mb, in->seq, &arena, &work);
-    const double N = (double)in->mb * in->seq, NR = in->sp ? N / in->tp : N;
-    if (!in->megatron) {
-        /* the arena dtrain allocates, recomputation included (model.c
-         * layout_acts); per layer: a 2-layer stage less a 1-layer one,
-         * less the residual stream's extra row block */
-        size_t a1 = 0, a2 = 0, w_ = 0;
-        model_layout_t one = lay;
-        one.part.has_embed = one.part.has_head = 0;
-        one.n_slots = 1;
-        one.part.layer_begin = 0;
-        one.part.layer_end = 1;
-        model_arena_bytes(c, &one, in->mb, in->seq, &a1, &w_);
-        one.part.layer_end = 2;
-        model_arena_bytes(c, &one, in->mb, in->seq, &a2, &w_);
-        const double C = c->d_model;
-        const double per_layer = (double)(a2 - a1) - (round64(4.0 * 3 * NR * C) - round64(4.0 * 2 * NR * C));
-        const double lx = (double)sp->layers * sp->slots;
-        sp->act_layer = per_layer;
-        sp->act_extra = (double)arena - lx * per_layer;
-        mem[MEM_ACTS] = (double)arena;
-        mem[MEM_WORKSPACE] = (double)work;
-    } else {
-        sp->act_layer = korthikanti_layer(in, in->rc);
-        /* recomputation's working set: one layer of one microbatch
-         * recomputed at a time (Korthikanti leave it out) */
-        double extra = in->rc == RC_FULL ? korthikanti_layer(in, RC_NONE)
-                     : in->rc == RC_SELECTIVE ? korthikanti_layer(in, RC_NONE) - korthikanti_layer(in, RC_SELECTIVE)
-                                              : 0.0;
-        /* last stage: the final norm's input and fp32 logits (their
-         * gradient overwrites them), per microbatch in flight */
-        if (s == in->pp - 1) {
-            const double Vl = (double)param_padded_vocab(c->vocab_size, in->tp) / in->tp;
-            extra += sp->slots * (2.0 * NR * c->d_model + 4.0 * N * Vl);
-        }
-        sp->act_extra = extra;
-        mem[MEM_ACTS] = (double)sp->layers * sp->slots * sp->act_layer + extra;
-        mem[MEM_WORKSPACE] = 0.5 * (double)work; /* the backward's scratch at 16 bits */
+    model_arena_bytes(c, lay, in->run.micro_batch, in->run.seq_len, &arena, &work);
+    const double N = (double)in->run.micro_batch * in->run.seq_len;
+    const double NR = in->run.sequence_parallel ? N / in->run.tp : N;
+    sp->act_layer = korthikanti_layer(in, rc);
+    /* recomputation's working set: one layer of one microbatch
+     * recomputed at a time (Korthikanti leave it out) */
+    double extra = rc == MODEL_RECOMPUTE_FULL ? korthikanti_layer(in, MODEL_RECOMPUTE_NONE)
+                 : rc == MODEL_RECOMPUTE_SELECTIVE
+                     ? korthikanti_layer(in, MODEL_RECOMPUTE_NONE) - korthikanti_layer(in, MODEL_RECOMPUTE_SELECTIVE)
+                     : 0.0;
+    /* last stage: the final norm's input and fp32 logits (their
+     * gradient overwrites them), per microbatch in flight */
+    if (s == in->run.pp - 1) {
+        const double Vl = (double)param_padded_vocab(c->vocab_size, in->run.tp) / in->run.tp;
+        extra += sp->slots * (2.0 * NR * c->d_model + 4.0 * N * Vl);
     }
+    sp->act_extra = extra;
+    sp->mem[MEM_ACTS] = (double)sp->layers * sp->slots * sp->act_layer + extra;
+    sp->mem[MEM_WORKSPACE] = 0.5 * (double)work; /* the backward's scratch at 16 bits */
+}
+
+/* Parameters, gradients, optimizer state, communication buffers and
+ * activations of stage s: the layout the trainer gives the model
+ * (stage_layout in train.c) with the same parameter table and arena
+ * code. Returns 0 or -1 (err). */
+static int plan_stage(const plan_in_t *in, int s, int layer_begin, stage_plan_t *sp, char *err, size_t errlen)
+{
+    const run_config_t *run = &in->run;
+    memset(sp, 0, sizeof *sp);
+    sp->layers = run->stage_layers[s];
+    sp->slots = pipe_slots(run->pp_kind, run->pp, s, run->accum);
+    const param_layout_t part = {.tp_size = run->tp, .tp_rank = 0, .layer_begin = layer_begin,
+                                 .layer_end = layer_begin + sp->layers, .has_embed = s == 0,
+                                 .has_head = s == run->pp - 1};
+    stage_units_t u;
+    if (plan_units(in, &part, sp, &u, err, errlen) != 0)
+        return -1;
+    plan_state_bytes(in, &u, sp->mem);
+    const model_layout_t lay = {.part = part, .tp = NULL, .sequence_parallel = run->sequence_parallel,
+                                .n_slots = sp->slots, .bf16 = in->bf16 && !in->megatron,
+                                .lent_block_grads = run->zero_stage >= 2, .lent_block_params = run->zero_stage >= 3,
+                                .recompute = run->recompute};
+    if (!in->megatron)
+        plan_arena(in, &lay, sp);
+    else
+        plan_korthikanti(in, &lay, s, sp);
     for (int k = 0; k < MEM_N_CATEGORIES; k++)
-        sp->total += mem[k];
+        sp->total += sp->mem[k];
     return 0;
 }
 
-/* FLOPs, bytes sent and time of stage s (after plan_stage). */
-static void plan_stage_time(const plan_in_t *in, int s, stage_plan_t *sp)
+/* FLOPs and compute time of one microbatch on stage s. */
+static void stage_compute(const plan_in_t *in, int s, stage_plan_t *sp)
 {
     const model_config_t *c = in->c;
     const hw_profile_t *hw = in->hw;
     const double C = c->d_model, HS = model_head_size(c), QD = c->n_head * HS, KVD = c->n_kv_head * HS;
-    const double F = c->d_ff, V = c->vocab_size, T = in->seq, t = in->tp;
+    const double F = c->d_ff, V = c->vocab_size, T = in->run.seq_len, t = in->run.tp;
     const double mlp = c->arch == ARCH_LLAMA ? 3.0 * C * F : 2.0 * C * F;
     const double P_l = C * (QD + 2.0 * KVD) + QD * C + mlp;
     const double att = 4.0 * QD * T;
-    const double tok = (double)in->mb * T;
-    const int last = s == in->pp - 1;
+    const double tok = (double)in->run.micro_batch * T;
+    const int last = s == in->run.pp - 1;
     /* flash-style attention recomputes Q K^T in every backward (half of
      * att); selective recompute adds only the activation function's
      * elementwise work, full the whole block forward */
-    const int full = in->rc == RC_FULL;
+    const int full = in->run.recompute == MODEL_RECOMPUTE_FULL;
     double mm_tok = sp->layers * (6.0 * P_l + (full ? 2.0 * P_l : 0.0));
     const double att_tok = sp->layers * (3.5 * att + (full ? att : 0.0));
     if (last)
@@ -243,7 +286,16 @@ static void plan_stage_time(const plan_in_t *in, int s, stage_plan_t *sp)
     const double peak_mm = in->bf16 ? hw->peak_bf16 : hw->peak_fp32;
     const double peak_att = in->megatron ? hw->peak_bf16 : hw->peak_fp32 > 0 ? hw->peak_fp32 : hw->peak_bf16;
     sp->t_comp_mb = tok / t * (mm_tok / peak_mm + att_tok / peak_att) / hw->efficiency;
+}
 
+/* Tensor and pipeline parallel bytes and time of stage s. */
+static void stage_tp_pp(const plan_in_t *in, int s, stage_plan_t *sp)
+{
+    const model_config_t *c = in->c;
+    const hw_profile_t *hw = in->hw;
+    const double C = c->d_model, T = in->run.seq_len, t = in->run.tp;
+    const double tok = (double)in->run.micro_batch * T;
+    const int last = s == in->run.pp - 1;
     /* tensor parallel: per layer two all-reduces forward and two backward
      * of the [s*b, h] activations (with sequence parallelism an all-gather
      * and a reduce-scatter each, the same bytes), two more forward under
@@ -252,9 +304,9 @@ static void plan_stage_time(const plan_in_t *in, int s, stage_plan_t *sp)
     /* dtrain sends fp32 activations under --dtype bf16 too (the residual
      * stream is fp32); Megatron bf16 */
     const double abytes = in->megatron ? 2.0 : 4.0;
-    if (in->tp > 1) {
+    if (in->run.tp > 1) {
         const double ring = 2.0 * (t - 1.0) / t, act = tok * C * abytes;
-        int colls = sp->layers * (in->rc == RC_FULL ? 6 : 4);
+        int colls = sp->layers * (in->run.recompute == MODEL_RECOMPUTE_FULL ? 6 : 4);
         double bytes = colls * ring * act;
         if (s == 0) {
             colls++;
@@ -265,16 +317,25 @@ static void plan_stage_time(const plan_in_t *in, int s, stage_plan_t *sp)
             bytes += ring * act + 3.0 * ring * tok * 4.0;
         }
         sp->tp_colls = colls;
-        sp->t_tp_mb = colls * hw->latency + bytes / link_bw(hw, in->tp);
-        sp->tp_bytes = bytes * in->m;
+        sp->t_tp_mb = colls * hw->latency + bytes / link_bw(hw, in->run.tp);
+        sp->tp_bytes = bytes * in->run.accum;
     }
 
     /* pipeline: each microbatch's [rows, h] activation to the next stage
      * and its gradient back; every TP rank sends its rows (all of them
      * without sequence parallelism) */
-    const double msg = (in->sp ? tok / t : tok) * C * abytes;
-    sp->pp_bytes = in->m * msg * ((s < in->pp - 1) + (s > 0));
+    const double msg = (in->run.sequence_parallel ? tok / t : tok) * C * abytes;
+    sp->pp_bytes = in->run.accum * msg * ((s < in->run.pp - 1) + (s > 0));
+}
 
+/* Data-parallel, tied-embedding and optimizer bytes and time of stage
+ * s. */
+static void stage_dp(const plan_in_t *in, int s, stage_plan_t *sp)
+{
+    const model_config_t *c = in->c;
+    const hw_profile_t *hw = in->hw;
+    const double C = c->d_model;
+    const int last = s == in->run.pp - 1;
     /* data parallel, dtrain's algorithms: ZeRO 0/1 all-reduce the
      * gradients in buckets during the step's last backward; 1 then
      * all-gathers the updated parameters; 2 reduce-scatters every
@@ -284,30 +345,31 @@ static void plan_stage_time(const plan_in_t *in, int s, stage_plan_t *sp)
      * groups of S, all-reduce the shard across the d/S groups. */
     /* parameters gathered: dtrain's fp32 master weights (recast to bf16
      * after the gather), Megatron's bf16 weights */
-    const double d = in->dp, S = in->shard, gbytes = 4.0, pbytes = in->megatron ? 2.0 : 4.0;
+    const double d = in->run.dp, S = in->run.shard, gbytes = 4.0, pbytes = in->megatron ? 2.0 : 4.0;
     const double n = (double)sp->n, t_bwd = sp->t_comp_mb * 2.0 / 3.0;
-    const double bw_dp = link_bw(hw, (long)in->tp * in->dp), bw_sh = link_bw(hw, (long)in->tp * in->shard);
+    const double bw_dp = link_bw(hw, (long)in->run.tp * in->run.dp);
+    const double bw_sh = link_bw(hw, (long)in->run.tp * in->run.shard);
     double overlap_win = 0.0, exposed_only = 0.0, overlapped = 0.0;
-    if (in->dp > 1) {
-        if (in->zero <= 1) {
+    if (in->run.dp > 1) {
+        if (in->run.zero_stage <= 1) {
             const double ar = 2.0 * (d - 1.0) / d * n * gbytes;
             sp->dp_bytes += ar;
             overlapped += ar / bw_dp + div_up(n * gbytes, 25.0 * 1048576.0) * hw->latency;
             overlap_win = t_bwd;
         } else {
-            const double rs = in->m * (S - 1.0) / S * n * gbytes;
-            const double ag = in->zero >= 3 ? in->m * 2.0 * (S - 1.0) / S * n * pbytes : 0.0;
+            const double rs = in->run.accum * (S - 1.0) / S * n * gbytes;
+            const double ag = in->run.zero_stage >= 3 ? in->run.accum * 2.0 * (S - 1.0) / S * n * pbytes : 0.0;
             sp->dp_bytes += rs + ag;
-            overlapped += rs / bw_sh + ag / bw_sh + in->m * (sp->layers + 2) * hw->latency;
-            overlap_win = in->zero >= 3 ? in->m * sp->t_comp_mb : in->m * t_bwd;
+            overlapped += rs / bw_sh + ag / bw_sh + in->run.accum * (sp->layers + 2) * hw->latency;
+            overlap_win = in->run.zero_stage >= 3 ? in->run.accum * sp->t_comp_mb : in->run.accum * t_bwd;
         }
-        if (in->zero >= 2 && S < d) {
+        if (in->run.zero_stage >= 2 && S < d) {
             const double g = d / S, ar = 2.0 * (g - 1.0) / g * (double)sp->shard_n * gbytes;
             sp->dp_bytes += ar;
             exposed_only += ar / bw_dp;
         }
     }
-    if (in->zero >= 1 && in->zero <= 2 && S > 1) {
+    if (in->run.zero_stage >= 1 && in->run.zero_stage <= 2 && S > 1) {
         const double ag = (S - 1.0) / S * n * pbytes;
         sp->dp_bytes += ag;
         exposed_only += ag / bw_sh + (sp->layers + 3) * hw->latency;
@@ -316,17 +378,25 @@ static void plan_stage_time(const plan_in_t *in, int s, stage_plan_t *sp)
     sp->t_dp_exposed = (overlapped > overlap_win ? overlapped - overlap_win : 0.0) + exposed_only;
 
     /* GPT-2's tied embedding: the first and last stage sum wte's gradient */
-    if (c->arch == ARCH_GPT2 && in->pp > 1 && (s == 0 || last)) {
-        const double Vl = (double)param_padded_vocab(c->vocab_size, in->tp) / in->tp;
-        const double len = in->zero >= 2 ? div_up(Vl * C, S) : Vl * C;
+    if (c->arch == ARCH_GPT2 && in->run.pp > 1 && (s == 0 || last)) {
+        const double Vl = (double)param_padded_vocab(c->vocab_size, in->run.tp) / in->run.tp;
+        const double len = in->run.zero_stage >= 2 ? div_up(Vl * C, S) : Vl * C;
         sp->embed_bytes = len * gbytes;
-        sp->t_embed = hw->latency + sp->embed_bytes / link_bw(hw, (long)in->tp * in->dp * in->pp);
+        sp->t_embed = hw->latency + sp->embed_bytes / link_bw(hw, (long)in->run.tp * in->run.dp * in->run.pp);
     }
 
     /* AdamW streams its state once: fp32 p, m, v read and written and g
      * read (28 B per element); bf16 adds the bf16 weight written (30 B) */
-    const double opt_n = in->zero >= 1 ? (double)sp->shard_n : n;
+    const double opt_n = in->run.zero_stage >= 1 ? (double)sp->shard_n : n;
     sp->t_opt = hw->mem_bw > 0 ? opt_n * (in->bf16 ? 30.0 : 28.0) / hw->mem_bw : 0.0;
+}
+
+/* FLOPs, bytes sent and time of stage s (after plan_stage). */
+static void plan_stage_time(const plan_in_t *in, int s, stage_plan_t *sp)
+{
+    stage_compute(in, s, sp);
+    stage_tp_pp(in, s, sp);
+    stage_dp(in, s, sp);
 }
 
 /* The whole plan of one layout. Returns 0 or -1 (err). */
@@ -334,7 +404,7 @@ static int plan_compute(const plan_in_t *in, plan_t *p, char *err, size_t errlen
 {
     memset(p, 0, sizeof *p);
     p->in = *in;
-    p->st = calloc((size_t)in->pp, sizeof *p->st);
+    p->st = calloc((size_t)in->run.pp, sizeof *p->st);
     if (!p->st) {
         snprintf(err, errlen, "out of memory");
         return -1;
@@ -343,7 +413,7 @@ static int plan_compute(const plan_in_t *in, plan_t *p, char *err, size_t errlen
     const double peak = in->bf16 ? hw->peak_bf16 : hw->peak_fp32; /* MFU's, as Megatron reports it */
     int l0 = 0;
     double t_mb = 0.0, extra = 0.0;
-    for (int s = 0; s < in->pp; l0 += in->layers[s], s++) {
+    for (int s = 0; s < in->run.pp; l0 += in->run.stage_layers[s], s++) {
         stage_plan_t *sp = &p->st[s];
         if (plan_stage(in, s, l0, sp, err, errlen) != 0)
             return -1;
@@ -354,11 +424,11 @@ static int plan_compute(const plan_in_t *in, plan_t *p, char *err, size_t errlen
         p->mem_max[MEM_N_CATEGORIES] = sp->total > p->mem_max[MEM_N_CATEGORIES] ? sp->total : p->mem_max[MEM_N_CATEGORIES];
         if (sp->total > p->st[p->worst].total)
             p->worst = s;
-        p->hw_flops_step += sp->flops_mb * in->m * in->tp * in->dp;
+        p->hw_flops_step += sp->flops_mb * in->run.accum * in->run.tp * in->run.dp;
         if (sp->t_comp_mb + sp->t_tp_mb > t_mb) {
             t_mb = sp->t_comp_mb + sp->t_tp_mb;
-            p->t_compute = in->m * sp->t_comp_mb;
-            p->t_tp = in->m * sp->t_tp_mb;
+            p->t_compute = in->run.accum * sp->t_comp_mb;
+            p->t_tp = in->run.accum * sp->t_tp_mb;
         }
         const double e = sp->t_dp_exposed + sp->t_embed + sp->t_opt;
         if (e > extra) {
@@ -372,20 +442,21 @@ static int plan_compute(const plan_in_t *in, plan_t *p, char *err, size_t errlen
     p->usable = hw->memory - hw->reserve;
     p->margin = p->usable - p->st[p->worst].total;
     p->fits = p->margin >= 0;
-    const double tokens = (double)in->gb * in->seq;
-    p->flops_step = flops_per_token(in->c, in->seq) * tokens;
+    const double tokens = (double)in->run.global_batch * in->run.seq_len;
+    p->flops_step = flops_per_token(in->c, in->run.seq_len) * tokens;
     p->t_mb = t_mb;
-    p->bubble_frac = (double)(in->pp - 1) / (in->m + in->pp - 1);
-    p->t_bubble = (in->pp - 1) * t_mb;
+    p->bubble_frac = (double)(in->run.pp - 1) / (in->run.accum + in->run.pp - 1);
+    p->t_bubble = (in->run.pp - 1) * t_mb;
     /* pipeline messages overlap the steady state; the fill and the drain
      * wait for them: p-1 hops each way */
-    const double msg = (in->sp ? (double)in->mb * in->seq / in->tp : (double)in->mb * in->seq) * in->c->d_model *
+    const double tok = (double)in->run.micro_batch * in->run.seq_len;
+    const double msg = (in->run.sequence_parallel ? tok / in->run.tp : tok) * in->c->d_model *
                        (in->megatron ? 2.0 : 4.0);
-    p->t_pp_msg = hw->latency + msg / link_bw(hw, (long)in->tp * in->dp * in->pp);
-    p->t_pp = in->pp > 1 ? 2.0 * (in->pp - 1) * p->t_pp_msg : 0.0;
-    p->t_step = (in->m + in->pp - 1) * t_mb + p->t_pp + extra;
+    p->t_pp_msg = hw->latency + msg / link_bw(hw, (long)in->run.tp * in->run.dp * in->run.pp);
+    p->t_pp = in->run.pp > 1 ? 2.0 * (in->run.pp - 1) * p->t_pp_msg : 0.0;
+    p->t_step = (in->run.accum + in->run.pp - 1) * t_mb + p->t_pp + extra;
     p->tokens_s = tokens / p->t_step;
-    const double world = (double)in->tp * in->pp * in->dp;
+    const double world = (double)in->run.tp * in->run.pp * in->run.dp;
     p->mfu = p->flops_step / (p->t_step * world * peak);
     p->hfu = p->hw_flops_step / (p->t_step * world * peak);
     return 0;
@@ -399,40 +470,24 @@ static void plan_free(plan_t *p)
 
 /* ---- inputs ------------------------------------------------------------------------------ */
 
-/* Checks the layout as training would and fills in. Returns 0 or -1. */
+/* Resolves the layout as training would (options_resolve_layout) and
+ * fills in. Returns 0 or -1. */
 static int plan_setup(const run_options_t *o, const model_config_t *c, const hw_profile_t *hw, int tp, int pp,
-                      int dp, int *layers, plan_in_t *in, char *err, size_t errlen)
+                      int dp, plan_in_t *in, char *err, size_t errlen)
 {
-    if (options_check_layout(o, c, tp, pp, dp, err, errlen) != 0 ||
-        options_stage_layers(o, c->n_layer, pp, layers, err, errlen) != 0)
+    memset(in, 0, offsetof(plan_in_t, run));
+    if (options_resolve_layout(o, c, tp, pp, dp, &in->run, err, errlen) != 0)
         return -1;
     if (c->arch == ARCH_GPT2 && o->seq_len > c->max_seq) {
         snprintf(err, errlen, "--seq-len %d exceeds the model's %d learned positions (--max-seq-len)", o->seq_len,
                  c->max_seq);
         return -1;
     }
-    memset(in, 0, sizeof *in);
     in->c = c;
     in->hw = hw;
-    in->tp = tp;
-    in->pp = pp;
-    in->dp = dp;
-    in->zero = options_zero_stage(o);
-    in->hybrid = o->hybrid_shard;
-    in->shard = o->hybrid_shard > 0 && o->hybrid_shard < dp ? o->hybrid_shard : dp;
-    in->sp = o->sequence_parallel;
-    in->mb = o->micro_batch;
-    in->m = options_accum_steps(o, dp);
-    in->gb = in->m * o->micro_batch * dp;
-    in->seq = o->seq_len;
-    in->megatron = strcmp(o->plan_dtype, "megatron") == 0;
-    in->bf16 = in->megatron || strcmp(o->plan_dtype, "bf16") == 0 || (!o->plan_dtype[0] && strcmp(hw->name, "cpu") != 0);
-    in->rc = strcmp(o->recompute, "full") == 0 ? RC_FULL : strcmp(o->recompute, "selective") == 0 ? RC_SELECTIVE : RC_NONE;
-    in->layers = layers;
-    if (pipe_kind_parse(o->pp_schedule, &in->kind) != 0) {
-        snprintf(err, errlen, "--pp-schedule '%s': allowed 1f1b|gpipe", o->pp_schedule);
-        return -1;
-    }
+    in->megatron = o->plan_dtype == PLAN_DTYPE_MEGATRON;
+    in->bf16 = in->megatron || o->plan_dtype == PLAN_DTYPE_BF16 ||
+               (o->plan_dtype == PLAN_DTYPE_AUTO && strcmp(hw->name, "cpu") != 0);
     if ((in->bf16 ? hw->peak_bf16 : hw->peak_fp32) <= 0) {
         snprintf(err, errlen, "--hw %s: the profile has no peak_%s for --plan-dtype %s", hw->name,
                  in->bf16 ? "bf16" : "fp32", in->megatron ? "megatron" : in->bf16 ? "bf16" : "fp32");
@@ -514,14 +569,14 @@ static const char *fmt_signed_bytes(char *buf, size_t len, double bytes)
 
 static const char *act_formula(const plan_in_t *in)
 {
-    switch (in->rc) {
-    case RC_FULL:
-        return in->sp ? "2sbh/t: each layer's input only" : "2sbh: each layer's input only";
-    case RC_SELECTIVE:
-        return in->sp ? "34sbh/t" : "sbh(10 + 24/t)";
-    case RC_NONE:
+    switch (in->run.recompute) {
+    case MODEL_RECOMPUTE_FULL:
+        return in->run.sequence_parallel ? "2sbh/t: each layer's input only" : "2sbh: each layer's input only";
+    case MODEL_RECOMPUTE_SELECTIVE:
+        return in->run.sequence_parallel ? "34sbh/t" : "sbh(10 + 24/t)";
+    case MODEL_RECOMPUTE_NONE:
     default:
-        return in->sp ? "sbh/t(34 + 5as/h)" : "sbh(10 + 24/t + 5as/(ht))";
+        return in->run.sequence_parallel ? "sbh/t(34 + 5as/h)" : "sbh(10 + 24/t + 5as/(ht))";
     }
 }
 
@@ -535,15 +590,15 @@ static void print_plan_header(const plan_t *p, const run_options_t *o, FILE *out
     fprintf(out, "dtrain plan: model %s (%s): L=%d C=%d heads=%d kv_heads=%d ffn=%d vocab=%d | %zu parameters\n",
             o->model, model_arch_name(c->arch), c->n_layer, c->d_model, c->n_head, c->n_kv_head, c->d_ff,
             c->vocab_size, p->params_total);
-    fprintf(out, "layout: tp %d x pp %d x dp %d = %d ranks | zero %d", in->tp, in->pp, in->dp,
-            in->tp * in->pp * in->dp, in->zero);
-    if (in->zero > 0)
-        fprintf(out, " (sharded over %d rank%s%s)", in->shard, in->shard == 1 ? "" : "s",
-                in->shard < in->dp ? ", replicated across the hybrid groups" : "");
-    fprintf(out, " | recompute %s | sequence parallel %s | %s schedule\n", rc_names[in->rc], in->sp ? "on" : "off",
-            pipe_kind_name(in->kind));
+    fprintf(out, "layout: tp %d x pp %d x dp %d = %d ranks | zero %d", in->run.tp, in->run.pp, in->run.dp,
+            in->run.tp * in->run.pp * in->run.dp, in->run.zero_stage);
+    if (in->run.zero_stage > 0)
+        fprintf(out, " (sharded over %d rank%s%s)", in->run.shard, in->run.shard == 1 ? "" : "s",
+                in->run.shard < in->run.dp ? ", replicated across the hybrid groups" : "");
+    fprintf(out, " | recompute %s | sequence parallel %s | %s schedule\n", model_recompute_names[in->run.recompute], in->run.sequence_parallel ? "on" : "off",
+            pipe_kind_name(in->run.pp_kind));
     fprintf(out, "batch: micro %d x seq %d, %d microbatch%s per step x dp %d = %d sequences, %lld tokens per step\n",
-            in->mb, in->seq, in->m, in->m == 1 ? "" : "es", in->dp, in->gb, (long long)in->gb * in->seq);
+            in->run.micro_batch, in->run.seq_len, in->run.accum, in->run.accum == 1 ? "" : "es", in->run.dp, in->run.global_batch, (long long)in->run.global_batch * in->run.seq_len);
     if (in->megatron)
         fprintf(out, "precision: megatron: Megatron-LM's bf16 layout, for comparison: bf16 weights, fp32 gradients, "
                 "fp32 master weights and AdamW moments (2 + 4 + 12 B per parameter before sharding); activations by "
@@ -569,15 +624,15 @@ static void print_memory(const plan_t *p, FILE *out)
     const stage_plan_t *w = &p->st[p->worst];
     char b1[32], b2[32], b3[32];
     fprintf(out, "\nmemory per rank, worst rank: pipeline stage %d of %d (%d layer%s%s%s, %d microbatch%s in flight "
-            "under %s)\n", p->worst, in->pp, w->layers, w->layers == 1 ? "" : "s", p->worst == 0 ? " + embedding" : "",
-            p->worst == in->pp - 1 ? " + head" : "", w->slots, w->slots == 1 ? "" : "es", pipe_kind_name(in->kind));
-    const double opt_n = in->zero >= 1 ? (double)w->shard_n : (double)w->n;
+            "under %s)\n", p->worst, in->run.pp, w->layers, w->layers == 1 ? "" : "s", p->worst == 0 ? " + embedding" : "",
+            p->worst == in->run.pp - 1 ? " + head" : "", w->slots, w->slots == 1 ? "" : "es", pipe_kind_name(in->run.pp_kind));
+    const double opt_n = in->run.zero_stage >= 1 ? (double)w->shard_n : (double)w->n;
     for (int k = 0; k < MEM_N_CATEGORIES; k++) {
         fprintf(out, "  %-14s %11s  %14.0f B  ", mem_category_name((mem_category_t)k),
                 fmt_bytes(b1, sizeof b1, w->mem[k]), w->mem[k]);
         switch (k) {
         case MEM_PARAMS:
-            if (in->zero >= 3)
+            if (in->run.zero_stage >= 3)
                 fprintf(out, "%s: a shard of %zu, the tensors outside the blocks%s, two gathered blocks",
                         in->megatron ? "bf16" : "fp32", w->shard_n,
                         in->bf16 && !in->megatron ? " (and their bf16 copy)" : "");
@@ -586,14 +641,14 @@ static void print_memory(const plan_t *p, FILE *out)
                         in->megatron ? "bf16" : in->bf16 ? "fp32 and a bf16 copy" : "fp32");
             break;
         case MEM_GRADS:
-            if (in->zero >= 2)
+            if (in->run.zero_stage >= 2)
                 fprintf(out, "fp32: a shard of %zu, the tensors outside the blocks, two blocks' windows", w->shard_n);
             else
                 fprintf(out, "fp32, one per local parameter");
             break;
         case MEM_OPTIM:
             fprintf(out, "%.0f elements x %d B (%s)%s", opt_n, in->megatron ? 12 : 8,
-                    in->megatron ? "fp32 master weights, m, v" : "fp32 m, v", in->zero >= 1 ? ", the ZeRO shard" : "");
+                    in->megatron ? "fp32 master weights, m, v" : "fp32 m, v", in->run.zero_stage >= 1 ? ", the ZeRO shard" : "");
             break;
         case MEM_ACTS:
             fprintf(out, "%s per layer and microbatch x %d x %d", fmt_bytes(b2, sizeof b2, w->act_layer), w->layers,
@@ -602,12 +657,12 @@ static void print_memory(const plan_t *p, FILE *out)
                 fprintf(out, " + %s", fmt_bytes(b3, sizeof b3, w->act_extra));
             if (in->megatron)
                 fprintf(out, " (Korthikanti et al.: %s%s)", act_formula(in),
-                        in->rc != RC_NONE ? "; + one layer recomputed" : "");
+                        in->run.recompute != MODEL_RECOMPUTE_NONE ? "; + one layer recomputed" : "");
             else
                 fprintf(out, " (dtrain's arena)");
             break;
         case MEM_COMM:
-            fprintf(out, "%s", in->zero > 0 ? "ZeRO gather / reduce-scatter staging" : "none outside the buffers above");
+            fprintf(out, "%s", in->run.zero_stage > 0 ? "ZeRO gather / reduce-scatter staging" : "none outside the buffers above");
             break;
         case MEM_WORKSPACE:
             fprintf(out, "backward scratch shared by the microbatches%s", in->megatron ? " (dtrain's, at 16 bits)" : "");
@@ -621,12 +676,12 @@ static void print_memory(const plan_t *p, FILE *out)
             fmt_bytes(b3, sizeof b3, hw->memory), fmt_bytes(b4, sizeof b4, hw->reserve));
     fprintf(out, "%s: margin %s (%.1f%% of usable)\n", p->fits ? "FITS" : "DOES NOT FIT",
             fmt_signed_bytes(b1, sizeof b1, p->margin), 100.0 * p->margin / p->usable);
-    if (in->pp > 1) {
+    if (in->run.pp > 1) {
         fprintf(out, "other stages:");
-        for (int s = 0; s < in->pp; s++)
+        for (int s = 0; s < in->run.pp; s++)
             if (s != p->worst)
                 fprintf(out, " %d: %s%s", s, fmt_bytes(b1, sizeof b1, p->st[s].total),
-                        s + 1 < in->pp && !(s + 1 == p->worst && s + 2 == in->pp) ? "," : "\n");
+                        s + 1 < in->run.pp && !(s + 1 == p->worst && s + 2 == in->run.pp) ? "," : "\n");
     }
 }
 
@@ -636,46 +691,46 @@ static void print_perf(const plan_t *p, FILE *out)
     const hw_profile_t *hw = in->hw;
     const stage_plan_t *w = &p->st[p->worst];
     char b1[32], b2[32], b3[32];
-    const double tokens = (double)in->gb * in->seq;
+    const double tokens = (double)in->run.global_batch * in->run.seq_len;
     fprintf(out, "\ncompute: %s per step (%s per token: 6 x matmul parameters + 12 x L x h x s, src/flops.c), "
             "%s with recomputation\n", fmt_flops(b1, sizeof b1, p->flops_step),
             fmt_flops(b2, sizeof b2, p->flops_step / tokens), fmt_flops(b3, sizeof b3, p->hw_flops_step));
     fprintf(out, "bytes sent per step by one rank of stage %d:\n", p->worst);
-    const long tp = in->tp, dp = in->dp, pp = in->pp;
-    if (in->tp > 1)
+    const long tp = in->run.tp, dp = in->run.dp, pp = in->run.pp;
+    if (in->run.tp > 1)
         fprintf(out, "  tp  %11s  %d ranks, %s: %d all-reduce%s (or all-gather + reduce-scatter) per microbatch\n",
-                fmt_bytes(b1, sizeof b1, w->tp_bytes), in->tp, link_name(hw, tp), w->tp_colls,
-                in->sp ? " pairs" : "s");
-    if (in->pp > 1)
+                fmt_bytes(b1, sizeof b1, w->tp_bytes), in->run.tp, link_name(hw, tp), w->tp_colls,
+                in->run.sequence_parallel ? " pairs" : "s");
+    if (in->run.pp > 1)
         fprintf(out, "  pp  %11s  %d stages, %s: activations forward, their gradients back, %d microbatches\n",
-                fmt_bytes(b1, sizeof b1, w->pp_bytes), in->pp, link_name(hw, tp * dp * pp), in->m);
-    if (in->dp > 1 || (in->zero >= 1 && in->shard > 1)) {
+                fmt_bytes(b1, sizeof b1, w->pp_bytes), in->run.pp, link_name(hw, tp * dp * pp), in->run.accum);
+    if (in->run.dp > 1 || (in->run.zero_stage >= 1 && in->run.shard > 1)) {
         static const char *const how[] = {
             "gradient all-reduce (bucketed, during the last backward)",
             "gradient all-reduce, then the updated parameters all-gathered",
             "gradients reduce-scattered every microbatch, parameters all-gathered after the update",
             "parameters all-gathered for forward and backward, gradients reduce-scattered, every microbatch"};
-        fprintf(out, "  dp  %11s  %d ranks, %s: %s%s\n", fmt_bytes(b1, sizeof b1, w->dp_bytes), in->dp,
-                link_name(hw, tp * dp), how[in->zero],
-                in->zero >= 2 && in->shard < in->dp ? "; the shard all-reduced across the hybrid groups" : "");
+        fprintf(out, "  dp  %11s  %d ranks, %s: %s%s\n", fmt_bytes(b1, sizeof b1, w->dp_bytes), in->run.dp,
+                link_name(hw, tp * dp), how[in->run.zero_stage],
+                in->run.zero_stage >= 2 && in->run.shard < in->run.dp ? "; the shard all-reduced across the hybrid groups" : "");
     }
     if (w->embed_bytes > 0)
         fprintf(out, "  embedding  %s  tied wte gradient summed over the first and last stage\n",
                 fmt_bytes(b1, sizeof b1, w->embed_bytes));
-    if (in->tp == 1 && in->pp == 1 && in->dp == 1)
+    if (in->run.tp == 1 && in->run.pp == 1 && in->run.dp == 1)
         fprintf(out, "  none: one rank\n");
 
     fprintf(out, "\npredicted step on %s (%.0f%% of peak in the kernels; doc/design.md has the calibration):\n",
             hw->name, 100.0 * hw->efficiency);
     fprintf(out, "  compute          %12s  %d microbatch%s x %s on the slowest stage\n",
-            fmt_time(b1, sizeof b1, p->t_compute), in->m, in->m == 1 ? "" : "es",
-            fmt_time(b2, sizeof b2, p->t_compute / in->m));
+            fmt_time(b1, sizeof b1, p->t_compute), in->run.accum, in->run.accum == 1 ? "" : "es",
+            fmt_time(b2, sizeof b2, p->t_compute / in->run.accum));
     fprintf(out, "  tp communication %12s  blocking collectives inside each microbatch (exposed)\n",
             fmt_time(b1, sizeof b1, p->t_tp));
     fprintf(out, "  pipeline bubble  %12s  (p-1)/(m+p-1) = %.1f%% of the pipeline's time\n",
             fmt_time(b1, sizeof b1, p->t_bubble), 100.0 * p->bubble_frac);
     fprintf(out, "  pp communication %12s  exposed: fill and drain, %d hops each way (steady state overlapped)\n",
-            fmt_time(b1, sizeof b1, p->t_pp), in->pp - 1);
+            fmt_time(b1, sizeof b1, p->t_pp), in->run.pp - 1);
     fprintf(out, "  dp communication %12s  exposed, of %s in all (the rest overlapped with backward)\n",
             fmt_time(b1, sizeof b1, p->t_dp), fmt_time(b2, sizeof b2, p->t_dp_total));
     if (p->t_embed > 0)
@@ -683,7 +738,7 @@ static void print_perf(const plan_t *p, FILE *out)
     fprintf(out, "  optimizer        %12s  AdamW streaming its state at %.0f GB/s\n", fmt_time(b1, sizeof b1, p->t_opt),
             hw->mem_bw * 1e-9);
     fprintf(out, "  step             %12s  | %.0f tokens/s | %.1f tokens/s per rank | MFU %.1f%% (HFU %.1f%%)\n",
-            fmt_time(b1, sizeof b1, p->t_step), p->tokens_s, p->tokens_s / ((double)in->tp * in->pp * in->dp),
+            fmt_time(b1, sizeof b1, p->t_step), p->tokens_s, p->tokens_s / ((double)in->run.tp * in->run.pp * in->run.dp),
             100.0 * p->mfu, 100.0 * p->hfu);
     fprintf(out, "  exposed communication %s, bubble %s\n",
             fmt_time(b1, sizeof b1, p->t_tp + p->t_pp + p->t_dp + p->t_embed), fmt_time(b2, sizeof b2, p->t_bubble));
@@ -709,8 +764,8 @@ static int write_json(const plan_t *p, const run_options_t *o, const char *path,
             "\"zero\": %d, \"shard\": %d, \"sequence_parallel\": %d, \"recompute\": \"%s\", \"dtype\": \"%s\", "
             "\"hw\": \"%s\", \"micro_batch\": %d, \"global_batch\": %d, \"seq_len\": %d, \"microbatches\": %d, "
             "\"worst_stage\": %d, \"in_flight\": %d, \"local_params\": %zu, \"mem_worst\": {",
-            o->model, p->params_total, in->tp, in->pp, in->dp, in->zero, in->shard, in->sp, rc_names[in->rc],
-            in->megatron ? "megatron" : in->bf16 ? "bf16" : "fp32", in->hw->name, in->mb, in->gb, in->seq, in->m,
+            o->model, p->params_total, in->run.tp, in->run.pp, in->run.dp, in->run.zero_stage, in->run.shard, in->run.sequence_parallel, model_recompute_names[in->run.recompute],
+            in->megatron ? "megatron" : in->bf16 ? "bf16" : "fp32", in->hw->name, in->run.micro_batch, in->run.global_batch, in->run.seq_len, in->run.accum,
             p->worst, w->slots, w->n);
     for (int k = 0; k < MEM_N_CATEGORIES; k++)
         fprintf(f, "\"%s\": %.0f, ", mem_category_name((mem_category_t)k), w->mem[k]);
@@ -737,7 +792,7 @@ static int write_json(const plan_t *p, const run_options_t *o, const char *path,
 
 typedef struct candidate {
     int tp, pp, dp, zero, sp, mb;
-    recompute_t rc;
+    model_recompute_t rc;
     double tokens_s, mfu, mem, margin, bubble;
 } candidate_t;
 
@@ -751,6 +806,82 @@ static int by_throughput(const void *a, const void *b)
 
 #define SEARCH_SHOW 12
 
+typedef struct search {
+    candidate_t *cand;
+    size_t n, cap, tried;
+} search_t;
+
+/* Plans layout t on tp x pp x dp; keeps it when it fits. */
+static void search_try(search_t *sr, const run_options_t *t, const model_config_t *c, const hw_profile_t *hw)
+{
+    char e[512];
+    plan_in_t in;
+    plan_t p;
+    if (t->global_batch % (t->micro_batch * t->dp) || plan_setup(t, c, hw, t->tp, t->pp, t->dp, &in, e, sizeof e) != 0)
+        return;
+    sr->tried++;
+    if (plan_compute(&in, &p, e, sizeof e) == 0 && p.fits) {
+        if (sr->n == sr->cap) {
+            candidate_t *nc = realloc(sr->cand, 2 * sr->cap * sizeof *nc);
+            if (!nc) {
+                plan_free(&p);
+                return;
+            }
+            sr->cand = nc;
+            sr->cap *= 2;
+        }
+        sr->cand[sr->n++] = (candidate_t){.tp = t->tp, .pp = t->pp, .dp = t->dp, .zero = t->zero,
+                                          .sp = t->sequence_parallel, .mb = t->micro_batch, .rc = t->recompute,
+                                          .tokens_s = p.tokens_s, .mfu = p.mfu, .mem = p.st[p.worst].total,
+                                          .margin = p.margin, .bubble = p.bubble_frac};
+    }
+    plan_free(&p);
+}
+
+/* Every micro batch, sequence parallelism, ZeRO stage and recomputation
+ * policy of one tp x pp x dp layout. */
+static void search_layout(search_t *sr, const run_options_t *o, run_options_t *t, const model_config_t *c,
+                          const hw_profile_t *hw)
+{
+    for (int mb = 1; mb <= 16; mb *= 2)
+        for (int sp = 0; sp <= (t->tp > 1); sp++)
+            for (int z = 0; z <= 3; z++)
+                for (int rc = MODEL_RECOMPUTE_NONE; rc <= MODEL_RECOMPUTE_FULL; rc++) {
+                    t->micro_batch = mb;
+                    t->sequence_parallel = sp;
+                    t->zero = z;
+                    t->hybrid_shard = z > 0 && o->hybrid_shard > 0 && t->dp % o->hybrid_shard == 0 ? o->hybrid_shard
+                                                                                                    : 0;
+                    t->recompute = (model_recompute_t)rc;
+                    search_try(sr, t, c, hw);
+                }
+}
+
+static void print_search(const search_t *sr, const run_options_t *o, const hw_profile_t *hw, FILE *out)
+{
+    char b1[32], b2[32];
+    const candidate_t *cand = sr->cand;
+    const size_t n = sr->n;
+    fprintf(out, "search: %s on %d x %s, global batch %d x seq %d, %s: %zu layouts planned, %zu fit in %s usable\n",
+            o->model, o->gpus, hw->name, o->global_batch, o->seq_len,
+            o->plan_dtype != PLAN_DTYPE_AUTO ? plan_dtype_names[o->plan_dtype]
+            : strcmp(hw->name, "cpu") == 0  ? "fp32"
+                                            : "bf16",
+            sr->tried, n, fmt_bytes(b1, sizeof b1, hw->memory - hw->reserve));
+    if (n > 0)
+        fprintf(out, "  %4s %4s %4s %4s %3s %-9s %5s %12s %7s %10s %10s %7s\n", "tp", "pp", "dp", "zero", "sp",
+                "recompute", "micro", "tokens/s", "MFU", "memory", "margin", "bubble");
+    for (size_t i = 0; i < n && i < SEARCH_SHOW; i++)
+        fprintf(out, "  %4d %4d %4d %4d %3s %-9s %5d %12.0f %6.1f%% %10s %10s %6.1f%%\n", cand[i].tp, cand[i].pp,
+                cand[i].dp, cand[i].zero, cand[i].sp ? "on" : "off", model_recompute_names[cand[i].rc], cand[i].mb,
+                cand[i].tokens_s, 100.0 * cand[i].mfu, fmt_bytes(b1, sizeof b1, cand[i].mem),
+                fmt_bytes(b2, sizeof b2, cand[i].margin), 100.0 * cand[i].bubble);
+    if (n > SEARCH_SHOW)
+        fprintf(out, "  ... and %zu more that fit\n", n - SEARCH_SHOW);
+    if (n == 0)
+        fprintf(out, "no layout fits: more devices, a smaller micro batch or sequence, or more memory per device\n");
+}
+
 /* Every layout of --gpus devices: tp within a node and dividing the
  * heads, pp up to the layers, zero 0-3, each recomputation policy,
  * sequence parallelism on and off, micro batches 1-16 that divide the
@@ -759,23 +890,18 @@ static int plan_search(const run_options_t *o, const model_config_t *c, const hw
                        char *err, size_t errlen)
 {
     const int G = o->gpus;
-    const int gb = o->global_batch;
-    if (gb == 0) {
+    if (o->global_batch == 0) {
         snprintf(err, errlen, "--search needs --global-batch: the batch every layout must train");
         return -1;
     }
-    size_t cap = 4096, n = 0, tried = 0;
-    candidate_t *cand = malloc(cap * sizeof *cand);
-    int *layers = malloc((size_t)(c->n_layer + 1) * sizeof *layers);
-    if (!cand || !layers) {
-        free(cand);
-        free(layers);
+    search_t sr = {.cap = 4096};
+    if (!(sr.cand = malloc(sr.cap * sizeof *sr.cand))) {
         snprintf(err, errlen, "out of memory");
         return -1;
     }
     run_options_t t = *o;
     t.pp_layers[0] = '\0';
-    t.fsdp[0] = '\0';
+    t.fsdp = FSDP_UNSET;
     char e[512];
     for (int tp = 1; tp <= G && tp <= hw->gpus_per_node; tp++) {
         if (G % tp || options_check_grid(c, tp, 1, e, sizeof e) != 0)
@@ -783,72 +909,16 @@ static int plan_search(const run_options_t *o, const model_config_t *c, const hw
         for (int pp = 1; pp <= G / tp && pp <= c->n_layer; pp++) {
             if ((G / tp) % pp)
                 continue;
-            const int dp = G / (tp * pp);
-            for (int mb = 1; mb <= 16; mb *= 2)
-                for (int sp = 0; sp <= (tp > 1); sp++)
-                    for (int z = 0; z <= 3; z++)
-                        for (int rc = RC_NONE; rc <= RC_FULL; rc++) {
-                            t.tp = tp;
-                            t.pp = pp;
-                            t.dp = dp;
-                            t.micro_batch = mb;
-                            t.global_batch = gb;
-                            t.sequence_parallel = sp;
-                            t.zero = z;
-                            t.hybrid_shard = o->hybrid_shard > 0 && dp % o->hybrid_shard == 0 ? o->hybrid_shard : 0;
-                            if (z == 0)
-                                t.hybrid_shard = 0;
-                            snprintf(t.recompute, sizeof t.recompute, "%s", rc_names[rc]);
-                            plan_in_t in;
-                            if (gb % (mb * dp) || plan_setup(&t, c, hw, tp, pp, dp, layers, &in, e, sizeof e) != 0)
-                                continue;
-                            plan_t p;
-                            tried++;
-                            if (plan_compute(&in, &p, e, sizeof e) != 0) {
-                                plan_free(&p);
-                                continue;
-                            }
-                            if (p.fits) {
-                                if (n == cap) {
-                                    candidate_t *nc = realloc(cand, 2 * cap * sizeof *cand);
-                                    if (!nc) {
-                                        plan_free(&p);
-                                        break;
-                                    }
-                                    cand = nc;
-                                    cap *= 2;
-                                }
-                                cand[n++] = (candidate_t){.tp = tp, .pp = pp, .dp = dp, .zero = z, .sp = sp, .mb = mb,
-                                                          .rc = (recompute_t)rc, .tokens_s = p.tokens_s, .mfu = p.mfu,
-                                                          .mem = p.st[p.worst].total, .margin = p.margin,
-                                                          .bubble = p.bubble_frac};
-                            }
-                            plan_free(&p);
-                        }
+            t.tp = tp;
+            t.pp = pp;
+            t.dp = G / (tp * pp);
+            search_layout(&sr, o, &t, c, hw);
         }
     }
-    free(layers);
-    qsort(cand, n, sizeof *cand, by_throughput);
-    if (print) {
-        char b1[32], b2[32];
-        fprintf(out, "search: %s on %d x %s, global batch %d x seq %d, %s: %zu layouts planned, %zu fit in %s usable\n",
-                o->model, G, hw->name, gb, o->seq_len, o->plan_dtype[0] ? o->plan_dtype
-                                                       : strcmp(hw->name, "cpu") == 0 ? "fp32" : "bf16",
-                tried, n, fmt_bytes(b1, sizeof b1, hw->memory - hw->reserve));
-        if (n > 0)
-            fprintf(out, "  %4s %4s %4s %4s %3s %-9s %5s %12s %7s %10s %10s %7s\n", "tp", "pp", "dp", "zero", "sp",
-                    "recompute", "micro", "tokens/s", "MFU", "memory", "margin", "bubble");
-        for (size_t i = 0; i < n && i < SEARCH_SHOW; i++)
-            fprintf(out, "  %4d %4d %4d %4d %3s %-9s %5d %12.0f %6.1f%% %10s %10s %6.1f%%\n", cand[i].tp, cand[i].pp,
-                    cand[i].dp, cand[i].zero, cand[i].sp ? "on" : "off", rc_names[cand[i].rc], cand[i].mb,
-                    cand[i].tokens_s, 100.0 * cand[i].mfu, fmt_bytes(b1, sizeof b1, cand[i].mem),
-                    fmt_bytes(b2, sizeof b2, cand[i].margin), 100.0 * cand[i].bubble);
-        if (n > SEARCH_SHOW)
-            fprintf(out, "  ... and %zu more that fit\n", n - SEARCH_SHOW);
-        if (n == 0)
-            fprintf(out, "no layout fits: more devices, a smaller micro batch or sequence, or more memory per device\n");
-    }
-    free(cand);
+    qsort(sr.cand, sr.n, sizeof *sr.cand, by_throughput);
+    if (print)
+        print_search(&sr, o, hw, out);
+    free(sr.cand);
     return 0;
 }
 
@@ -866,15 +936,10 @@ int plan_run(const run_options_t *o, int world_size, int print, FILE *out, char 
     int dp;
     if (plan_dp(o, world_size, &dp, err, errlen) != 0)
         return -1;
-    int *layers = malloc((size_t)(o->pp + 1) * sizeof *layers);
-    if (!layers) {
-        snprintf(err, errlen, "out of memory");
-        return -1;
-    }
-    plan_in_t in;
+    static plan_in_t in; /* static: the run's stage split makes it 16 KiB */
     plan_t p;
     memset(&p, 0, sizeof p);
-    int rc = plan_setup(o, &c, &hw, o->tp, o->pp, dp, layers, &in, err, errlen);
+    int rc = plan_setup(o, &c, &hw, o->tp, o->pp, dp, &in, err, errlen);
     if (rc == 0)
         rc = plan_compute(&in, &p, err, errlen);
     if (rc == 0 && print) {
@@ -886,6 +951,5 @@ int plan_run(const run_options_t *o, int world_size, int print, FILE *out, char 
             rc = write_json(&p, o, o->metrics, err, errlen);
     }
     plan_free(&p);
-    free(layers);
     return rc;
 }

@@ -11,9 +11,9 @@
 
 #include "mpi/clock.h"
 #include "src/fsutil.h"
+#include "src/optable.h"
 
 #include <errno.h>
-#include <getopt.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -26,43 +26,6 @@
 #define PACKAGE_VERSION "0.1.0"
 #endif
 
-#define DEFAULT_VAL_FRACTION 0.1
-#define DEFAULT_SHARD_TOKENS 100000000UL
-#define DEFAULT_ROUND_DOCS 4096UL
-
-static void usage(FILE *f)
-{
-    fprintf(f,
-            "Usage: " PREP_PROG " --out PREFIX [options] FILE...\n"
-            "       mpirun -np N " PREP_PROG " --out PREFIX [options] FILE...\n"
-            "Tokenize text FILEs into token files for dtrain, llm.c and Megatron-LM.\n"
-            "\n"
-            "  --out PREFIX          output path prefix (missing directories are made)\n"
-            "  --tokenizer SPEC      byte (default) | gpt2[:DIR] | tiktoken:FILE[:ENCODING]\n"
-            "                        | spm:MODEL  (ENCODING: r50k_base, cl100k_base,\n"
-            "                        o200k_base, llama3; default: FILE's base name)\n"
-            "  --eos                 spm: an EOS token after each document too\n"
-            "  --input-format FMT    auto (default: jsonl for *.jsonl[.gz|.zst], else\n"
-            "                        text) | text | jsonl\n"
-            "  --jsonl-field NAME    JSONL: the string field holding the text (default text)\n"
-            "  --doc-separator STR   text: split files into documents at STR (C escapes,\n"
-            "                        e.g. '\\n\\n\\n'); default: one document per file\n"
-            "  --format FMT          llmc (default): PREFIX_train_NNNNNN.bin, PREFIX_val_...\n"
-            "                        megatron: PREFIX_train.bin/.idx, PREFIX_val.bin/.idx\n"
-            "  --val-fraction F      fraction of documents for validation, 0 <= F < 1\n"
-            "                        (default %.1f; every document where floor(d F) steps up)\n"
-            "  --shard-tokens N      llmc: at most N tokens per shard, shards balanced\n"
-            "                        (default %lu)\n"
-            "  --round-docs N        at most N documents dealt to the ranks per round\n"
-            "                        (default %lu; bounds memory)\n"
-            "  -h, --help            show this help and exit\n"
-            "  --version             show the version and exit\n"
-            "\n"
-            "Inputs may be gzip- or zstd-compressed (recognised by content). Beside the\n"
-            "outputs, PREFIX.tokenizer.json names the tokenizer for dtrain.\n"
-            "See dtrain-prepare(1) and doc/data.md.\n",
-            DEFAULT_VAL_FRACTION, DEFAULT_SHARD_TOKENS, DEFAULT_ROUND_DOCS);
-}
 
 /* Usage errors: one line on stderr from rank 0, exit 2 on every rank
  * (every rank parses the same arguments, so all of them get here). */
@@ -72,12 +35,13 @@ __attribute__((format(printf, 2, 3), noreturn))
 static void die_usage(int rank, const char *fmt, ...)
 {
     if (rank == 0) {
+        char msg[PREP_ERRLEN + 256];
         va_list ap;
         va_start(ap, fmt);
-        fputs(PREP_PROG ": ", stderr);
-        vfprintf(stderr, fmt, ap);
-        fputs(" (see " PREP_PROG " --help)\n", stderr);
+        vsnprintf(msg, sizeof msg, fmt, ap);
         va_end(ap);
+        /* the option table's errors name --help already */
+        fprintf(stderr, PREP_PROG ": %s%s\n", msg, strstr(msg, "--help") ? "" : " (see " PREP_PROG " --help)");
     }
     MPI_Finalize();
     exit(PREP_EXIT_USAGE);
@@ -94,30 +58,121 @@ static void finish_exit(int status)
     exit(status);
 }
 
-static int parse_fraction(const char *s, double *out)
+const char *const prep_format_names[] = {[PREP_FORMAT_LLMC] = "llmc", [PREP_FORMAT_MEGATRON] = "megatron", NULL};
+
+/* What the table fills: the options, and the two that are resolved once
+ * the inputs are known. */
+typedef struct prep_args {
+    prep_opts_t o;
+    const char *input_format, *sep;
+} prep_args_t;
+
+static int fraction_arg(const char *s, void *dst, void *field, char *err, size_t errlen)
 {
     char *end;
+    (void)dst;
     errno = 0;
     double v = strtod(s, &end);
-    if (errno != 0 || end == s || *end != '\0' || !isfinite(v) || v < 0.0 ||
-        v >= 1.0)
+    if (errno != 0 || end == s || *end != '\0' || !isfinite(v) || v < 0.0 || v >= 1.0) {
+        snprintf(err, errlen, "--val-fraction '%s' is not allowed: give a number F with 0 <= F < 1", s);
         return -1;
-    *out = v;
+    }
+    *(double *)field = v;
     return 0;
 }
 
-static int parse_count(const char *s, size_t *out)
+/* A count from 1 to INT32_MAX (the llm.c header stores it as an int32). */
+static int count_arg(const char *name, const char *s, size_t *out, char *err, size_t errlen)
 {
     char *end;
-    if (*s == '-' || *s == '+' || *s == '\0')
-        return -1;
     errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    /* The llm.c header stores the count as an int32. */
-    if (errno != 0 || *end != '\0' || v == 0 || v > (unsigned long long)INT32_MAX)
+    unsigned long long v = *s == '-' || *s == '+' || *s == '\0' ? 0 : strtoull(s, &end, 10);
+    if (v == 0 || errno != 0 || *end != '\0' || v > (unsigned long long)INT32_MAX) {
+        snprintf(err, errlen, "--%s '%s' is not allowed: give an integer from 1 to %d", name, s, (int)INT32_MAX);
         return -1;
+    }
     *out = (size_t)v;
     return 0;
+}
+
+static int shard_arg(const char *s, void *dst, void *field, char *err, size_t errlen)
+{
+    (void)dst;
+    return count_arg("shard-tokens", s, field, err, errlen);
+}
+
+static int round_arg(const char *s, void *dst, void *field, char *err, size_t errlen)
+{
+    (void)dst;
+    return count_arg("round-docs", s, field, err, errlen);
+}
+
+static int out_arg(const char *s, void *dst, void *field, char *err, size_t errlen)
+{
+    (void)dst;
+    if (!*s) {
+        snprintf(err, errlen, "--out needs a non-empty PREFIX");
+        return -1;
+    }
+    *(const char **)field = s;
+    return 0;
+}
+
+static int field_arg(const char *s, void *dst, void *field, char *err, size_t errlen)
+{
+    (void)dst;
+    if (!*s) {
+        snprintf(err, errlen, "--jsonl-field needs a field name");
+        return -1;
+    }
+    *(const char **)field = s;
+    return 0;
+}
+
+static const char *const input_format_names[] = {"auto", "text", "jsonl", NULL};
+
+#define F(field) offsetof(prep_args_t, field)
+static const opt_def_t opt_defs[] = {
+    {"out", OPT_ARG, F(o.out), 0, NULL, 0, 0, NULL, "output path prefix (missing directories are made)", "PREFIX",
+     out_arg, 0},
+    {"tokenizer", OPT_STR, F(o.tokenizer), 0, "byte", 0, 0, NULL,
+     "byte (default) | gpt2[:DIR] | tiktoken:FILE[:ENCODING]\n| spm:MODEL  (ENCODING: r50k_base, cl100k_base,\n"
+     "o200k_base, llama3; default: FILE's base name)", "SPEC", NULL, 0},
+    {"eos", OPT_FLAG, F(o.add_eos), 0, "0", 0, 1, NULL, "spm: an EOS token after each document too", NULL, NULL, 0},
+    {"input-format", OPT_STR, F(input_format), 0, "auto", 0, 0, input_format_names,
+     "auto (default: jsonl for *.jsonl[.gz|.zst], else\ntext) | text | jsonl", "FMT", NULL, 0},
+    {"jsonl-field", OPT_ARG, F(o.corpus.jsonl_field), 0, "text", 0, 0, NULL,
+     "JSONL: the string field holding the text (default text)", "NAME", field_arg, 0},
+    {"doc-separator", OPT_STR, F(sep), 0, NULL, 0, 0, NULL,
+     "text: split files into documents at STR (C escapes,\ne.g. '\\n\\n\\n'); default: one document per file", "STR",
+     NULL, 0},
+    {"format", OPT_ENUM, F(o.format), 0, "llmc", 0, 0, prep_format_names,
+     "llmc (default): PREFIX_train_NNNNNN.bin, PREFIX_val_...\nmegatron: PREFIX_train.bin/.idx, PREFIX_val.bin/.idx",
+     "FMT", NULL, 0},
+    {"val-fraction", OPT_ARG, F(o.val_fraction), 0, "0.1", 0, 0, NULL,
+     "fraction of documents for validation, 0 <= F < 1\n(default 0.1; every document where floor(d F) steps up)", "F",
+     fraction_arg, 0},
+    {"shard-tokens", OPT_ARG, F(o.shard_tokens), 0, "100000000", 0, 0, NULL,
+     "llmc: at most N tokens per shard, shards balanced\n(default 100000000)", "N", shard_arg, 0},
+    {"round-docs", OPT_ARG, F(o.round_docs), 0, "4096", 0, 0, NULL,
+     "at most N documents dealt to the ranks per round\n(default 4096; bounds memory)", "N", round_arg, 0},
+};
+#undef F
+static const opt_table_t opt_table = {.prog = PREP_PROG, .defs = opt_defs, .n = sizeof opt_defs / sizeof opt_defs[0],
+                                      .positional = 1};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "Usage: " PREP_PROG " --out PREFIX [options] FILE...\n"
+               "       mpirun -np N " PREP_PROG " --out PREFIX [options] FILE...\n"
+               "Tokenize text FILEs into token files for dtrain, llm.c and Megatron-LM.\n"
+               "\n");
+    opt_print_help(&opt_table, f, 21, 0);
+    fprintf(f, "  %-21s show this help and exit\n  %-21s show the version and exit\n"
+               "\n"
+               "Inputs may be gzip- or zstd-compressed (recognised by content). Beside the\n"
+               "outputs, PREFIX.tokenizer.json names the tokenizer for dtrain.\n"
+               "See dtrain-prepare(1) and doc/data.md.\n", "-h, --help", "--version");
 }
 
 /* jsonl when every input's name says so, text when none does. */
@@ -159,107 +214,32 @@ static void set_separator(int rank, const char *arg, prep_opts_t *o)
 
 static void parse_args(int rank, int argc, char **argv, prep_opts_t *o)
 {
-    enum { OPT_OUT = 256, OPT_TOKENIZER, OPT_EOS, OPT_INPUT, OPT_FIELD, OPT_SEP, OPT_FORMAT, OPT_VAL, OPT_SHARD,
-           OPT_ROUND, OPT_VERSION };
-    static const struct option longopts[] = {
-        {"out", required_argument, NULL, OPT_OUT},
-        {"tokenizer", required_argument, NULL, OPT_TOKENIZER},
-        {"eos", no_argument, NULL, OPT_EOS},
-        {"input-format", required_argument, NULL, OPT_INPUT},
-        {"jsonl-field", required_argument, NULL, OPT_FIELD},
-        {"doc-separator", required_argument, NULL, OPT_SEP},
-        {"format", required_argument, NULL, OPT_FORMAT},
-        {"val-fraction", required_argument, NULL, OPT_VAL},
-        {"shard-tokens", required_argument, NULL, OPT_SHARD},
-        {"round-docs", required_argument, NULL, OPT_ROUND},
-        {"help", no_argument, NULL, 'h'},
-        {"version", no_argument, NULL, OPT_VERSION},
-        {NULL, 0, NULL, 0},
-    };
-    static const char allowed[] = "--out, --tokenizer, --eos, --input-format, --jsonl-field, --doc-separator, "
-                                  "--format, --val-fraction, --shard-tokens, --round-docs, --help, --version";
-    const char *input_format = "auto", *sep = NULL;
-    memset(o, 0, sizeof *o);
-    o->tokenizer = "byte";
-    o->corpus.jsonl_field = "text";
-    o->val_fraction = DEFAULT_VAL_FRACTION;
-    o->shard_tokens = DEFAULT_SHARD_TOKENS;
-    o->round_docs = DEFAULT_ROUND_DOCS;
-
-    opterr = 0; /* our own one-line messages instead of getopt's */
-    for (;;) {
-        int c = getopt_long(argc, argv, ":h", longopts, NULL);
-        if (c == -1)
-            break;
-        switch (c) {
-        case OPT_OUT:
-            if (optarg[0] == '\0')
-                die_usage(rank, "--out needs a non-empty PREFIX");
-            o->out = optarg;
-            break;
-        case OPT_TOKENIZER:
-            o->tokenizer = optarg;
-            break;
-        case OPT_EOS:
-            o->add_eos = 1;
-            break;
-        case OPT_INPUT:
-            if (strcmp(optarg, "auto") != 0 && strcmp(optarg, "text") != 0 && strcmp(optarg, "jsonl") != 0)
-                die_usage(rank, "--input-format '%s' is not allowed: auto, text or jsonl", optarg);
-            input_format = optarg;
-            break;
-        case OPT_FIELD:
-            if (optarg[0] == '\0')
-                die_usage(rank, "--jsonl-field needs a field name");
-            o->corpus.jsonl_field = optarg;
-            break;
-        case OPT_SEP:
-            sep = optarg;
-            break;
-        case OPT_FORMAT:
-            if (strcmp(optarg, "llmc") != 0 && strcmp(optarg, "megatron") != 0)
-                die_usage(rank, "--format '%s' is not allowed: llmc or megatron", optarg);
-            o->format = strcmp(optarg, "megatron") == 0 ? PREP_FORMAT_MEGATRON : PREP_FORMAT_LLMC;
-            break;
-        case OPT_VAL:
-            if (parse_fraction(optarg, &o->val_fraction) != 0)
-                die_usage(rank, "--val-fraction '%s' is not allowed: give a number F with 0 <= F < 1", optarg);
-            break;
-        case OPT_SHARD:
-            if (parse_count(optarg, &o->shard_tokens) != 0)
-                die_usage(rank, "--shard-tokens '%s' is not allowed: give an integer from 1 to %d", optarg,
-                          (int)INT32_MAX);
-            break;
-        case OPT_ROUND:
-            if (parse_count(optarg, &o->round_docs) != 0)
-                die_usage(rank, "--round-docs '%s' is not allowed: give an integer from 1 to %d", optarg,
-                          (int)INT32_MAX);
-            break;
-        case 'h':
-            if (rank == 0)
-                usage(stdout);
-            finish_exit(0);
-        case OPT_VERSION:
-            if (rank == 0)
-                printf(PREP_PROG " (dtrain) %s\n", PACKAGE_VERSION);
-            finish_exit(0);
-        case ':':
-            die_usage(rank, "option '%s' needs a value", argv[optind - 1]);
-        default:
-            die_usage(rank, "unknown option '%s': allowed are %s", argv[optind - 1], allowed);
-        }
-    }
+    prep_args_t a;
+    char err[PREP_ERRLEN];
+    int first = argc;
+    memset(&a, 0, sizeof a);
+    const int help = opt_wants_help(argc, argv);
+    if (help == 1 && rank == 0)
+        usage(stdout);
+    if (help == 2 && rank == 0)
+        printf(PREP_PROG " (dtrain) %s\n", PACKAGE_VERSION);
+    if (help)
+        finish_exit(0);
+    if (opt_defaults(&opt_table, &a, err, sizeof err) != 0 ||
+        opt_parse_argv(&opt_table, argc, argv, &a, NULL, NULL, &first, err, sizeof err) != 0)
+        die_usage(rank, "%s", err);
+    *o = a.o;
     if (o->out == NULL)
         die_usage(rank, "--out PREFIX is required");
-    if (optind >= argc)
+    if (first >= argc)
         die_usage(rank, "no input FILE given: name one or more text or JSONL files");
-    o->inputs = argv + optind;
-    o->n_inputs = argc - optind;
-    resolve_input_format(rank, input_format, o);
-    if (sep && o->corpus.format == CORPUS_JSONL)
+    o->inputs = argv + first;
+    o->n_inputs = argc - first;
+    resolve_input_format(rank, a.input_format, o);
+    if (a.sep && o->corpus.format == CORPUS_JSONL)
         die_usage(rank, "--doc-separator is for text inputs: in JSONL every line is a document");
-    if (sep)
-        set_separator(rank, sep, o);
+    if (a.sep)
+        set_separator(rank, a.sep, o);
 }
 
 /* Check every input before writing anything, so a typo in the last file

@@ -29,6 +29,7 @@
 #define PREP_STAGE_BYTES ((size_t)1 << 20) /* per split: the largest write */
 
 typedef enum { PREP_FORMAT_LLMC = 0, PREP_FORMAT_MEGATRON = 1 } prep_format_t;
+extern const char *const prep_format_names[]; /* indexed by prep_format_t, NULL-terminated (--format) */
 typedef enum { PREP_TRAIN = 0, PREP_VAL = 1, PREP_N_SPLITS = 2 } prep_split_t;
 
 /* The resolved command line: typed, checked, identical on every rank. */

@@ -389,11 +389,7 @@ static int setup_sync(trainer_t *tr, const dpsync_ops_t *kind, comm_dtype_t gdt,
     const model_t *m = &tr->model;
     const param_table_t *t = &m->table;
     const grid_t *g = tr->grid;
-    ddp_mode_t mode;
-    if (ddp_mode_parse(o->ddp_mode, &mode) != 0) {
-        snprintf(err, errlen, "cannot set up --ddp-mode %s with --bucket-mb %g", o->ddp_mode, o->bucket_mb);
-        return -1;
-    }
+    const ddp_mode_t mode = tr->run->ddp_mode;
     size_t *start = malloc(((size_t)t->n + 1) * sizeof *start);
     int *block = malloc(((size_t)t->n + 1) * sizeof *block);
     unsigned char *norm = malloc((size_t)t->n + 1);
@@ -565,98 +561,87 @@ static int setup_tokenizer(trainer_t *tr, char *err, size_t errlen)
     return encode_prompt(tr, err, errlen);
 }
 
-int trainer_setup(trainer_t *tr, const run_options_t *o, const launch_env_t *env, grid_t *grid,
-                  char *err, size_t errlen)
+/* The run's data: the vocabulary checks, the sample's tokenizer and the
+ * training and validation loaders. */
+static int setup_data(trainer_t *tr, char *err, size_t errlen)
 {
-    memset(tr, 0, sizeof *tr);
-    tr->opt = o;
-    tr->env = env;
-    tr->grid = grid;
-    tr->world = grid->world;
-    tr->last_ckpt_step = -1;
-    tr->threads = ops_cpu_threads(o->threads);
-    if (options_model_config(o, &tr->cfg, err, errlen) != 0 ||
-        options_check_layout(o, &tr->cfg, grid->tp_size, grid->pp_size, grid->dp_size, err, errlen) != 0)
-        return -1;
+    const run_options_t *o = tr->opt;
+    const run_config_t *run = tr->run;
     if (o->top_k > tr->cfg.vocab_size) {
         snprintf(err, errlen, "--top-k %d exceeds the vocabulary (%d)", o->top_k, tr->cfg.vocab_size);
         return -1;
     }
     if (setup_tokenizer(tr, err, errlen) != 0)
         return -1;
-    tr->accum = options_accum_steps(o, grid->dp_size);
-    tr->sched = (lr_schedule_t){.lr = o->lr, .min_lr = o->min_lr, .warmup = o->warmup, .steps = o->steps};
-    tokens_format_t fmt;
-    if (tokens_format_parse(o->data_format, &fmt) != 0) {
-        snprintf(err, errlen, "--data-format '%s': allowed llmc|raw-u16", o->data_format);
-        return -1;
-    }
-    if (data_open(&tr->train, o->data, fmt, tr->cfg.vocab_size, o->seq_len, 1, (uint64_t)o->seed, err,
-                  errlen) != 0)
+    if (data_open(&tr->train, o->data, run->data_format, tr->cfg.vocab_size, run->seq_len, 1, (uint64_t)o->seed,
+                  err, errlen) != 0)
         return -1;
     if (o->val_every > 0) {
-        if (data_open(&tr->val, o->val_data, fmt, tr->cfg.vocab_size, o->seq_len, 0, 0, err, errlen) != 0)
+        if (data_open(&tr->val, o->val_data, run->data_format, tr->cfg.vocab_size, run->seq_len, 0, 0, err,
+                      errlen) != 0)
             return -1;
         tr->has_val = 1;
     }
-    if (pipe_kind_parse(o->pp_schedule, &tr->pp_kind) != 0) {
-        snprintf(err, errlen, "--pp-schedule '%s': allowed 1f1b|gpipe", o->pp_schedule);
-        return -1;
-    }
-    int layers[4096];
-    if (options_stage_layers(o, tr->cfg.n_layer, grid->pp_size, layers, err, errlen) != 0)
-        return -1;
+    return 0;
+}
+
+/* This rank's part of the model: its stage's layers (the resolved split),
+ * its tensor-parallel slice, the slots its schedule keeps in flight. */
+static model_layout_t stage_layout(const trainer_t *tr, const grid_t *grid, const dpsync_ops_t *kind)
+{
+    const run_config_t *run = tr->run;
     model_layout_t lay = model_layout_single(&tr->cfg);
     lay.part.tp_size = grid->tp_size;
     lay.part.tp_rank = grid->tp_rank;
-    lay.part.layer_begin = 0;
-    for (int s = 0; s < grid->pp_rank; s++)
-        lay.part.layer_begin += layers[s];
-    lay.part.layer_end = lay.part.layer_begin + layers[grid->pp_rank];
+    lay.part.layer_begin = run_config_stage_begin(run, grid->pp_rank);
+    lay.part.layer_end = lay.part.layer_begin + run->stage_layers[grid->pp_rank];
     lay.part.has_embed = grid->pp_rank == 0;
     lay.part.has_head = grid->pp_rank == grid->pp_size - 1;
-    lay.sequence_parallel = o->sequence_parallel;
-    lay.doc_mask = o->doc_mask;
-    lay.n_slots = pipe_slots(tr->pp_kind, grid->pp_size, grid->pp_rank, tr->accum);
+    lay.sequence_parallel = run->sequence_parallel;
+    lay.doc_mask = tr->opt->doc_mask;
+    lay.n_slots = pipe_slots(run->pp_kind, grid->pp_size, grid->pp_rank, run->accum);
     /* the strategy's kind decides what the model keeps of the blocks */
-    const int stage = options_zero_stage(o);
-    const dpsync_ops_t *kind = dpsync_pick(stage);
-    if (!kind) {
-        snprintf(err, errlen, "internal error: no data-parallel strategy for ZeRO stage %d", stage);
-        return -1;
-    }
     lay.lent_block_grads = kind->lends_block_grads;
     lay.lent_block_params = kind->lends_block_params;
-    if (model_recompute_parse(o->recompute, &lay.recompute) != 0) {
-        snprintf(err, errlen, "--recompute '%s': allowed none|selective|full", o->recompute);
-        return -1;
-    }
-    /* what follows is collective (shard groups, NCCL bootstrap): no rank
-     * may enter it while another has already failed */
-    CHECK(agree(tr->world, backend_open(&tr->backend, o->device, env->local_rank, err, errlen), err, errlen));
-    const int H = o->hybrid_shard;
-    if (H > 0 && H < grid->dp_size && kind->shards && grid_create_shard_group(grid, H) != 0) {
+    lay.recompute = run->recompute;
+    return lay;
+}
+
+/* The backend and the communicators: collective (shard groups, NCCL
+ * bootstrap), so every rank enters it only when none has failed. */
+static int setup_backend(trainer_t *tr, const dpsync_ops_t *kind, char *err, size_t errlen)
+{
+    const run_config_t *run = tr->run;
+    grid_t *grid = tr->grid;
+    CHECK(agree(tr->world, backend_open(&tr->backend, run->device, tr->env->local_rank, err, errlen), err, errlen));
+    if (run->hybrid_shard && kind->shards && grid_create_shard_group(grid, run->hybrid_shard) != 0) {
         snprintf(err, errlen, "%s", grid->err);
         return -1;
     }
-    CHECK(agree(tr->world, backend_comm_open(&tr->backend, o->comm, grid, &tr->net, o->comm_timeout, err, errlen),
+    CHECK(agree(tr->world, backend_comm_open(&tr->backend, run->comm, grid, &tr->net, tr->opt->comm_timeout, err, errlen),
                 err, errlen));
     /* from here on the step loop's groups: NCCL twins under --comm nccl */
-    grid = tr->grid = &tr->net;
+    tr->grid = &tr->net;
+    return 0;
+}
+
+/* The model, its ZeRO sharding, its initial (or imported) parameters and
+ * the optimizer, plus the per-tensor tables of the norm and the tied
+ * embedding. */
+static int setup_model(trainer_t *tr, model_layout_t lay, const dpsync_ops_t *kind, char *err, size_t errlen)
+{
+    const run_options_t *o = tr->opt;
+    const run_config_t *run = tr->run;
+    const grid_t *grid = tr->grid;
     lay.tp = grid->tp;
-    lay.bf16 = strcmp(o->dtype, "bf16") == 0 || (strcmp(o->dtype, "auto") == 0 && tr->backend.cuda);
+    lay.bf16 = backend_bf16(&tr->backend, run->dtype);
     if (lay.bf16 && (!tr->backend.ops->matmul_fwd_bf16 || !tr->backend.ops->matmul_bwd_bf16)) {
         snprintf(err, errlen, "--dtype bf16: the %s backend has no bf16 GEMM; use --dtype fp32", tr->backend.ops->name);
         return -1;
     }
-    if (model_create(&tr->model, &tr->cfg, tr->backend.ops, &lay, o->micro_batch, o->seq_len, err, errlen) != 0)
+    if (model_create(&tr->model, &tr->cfg, tr->backend.ops, &lay, run->micro_batch, run->seq_len, err, errlen) != 0)
         return -1;
-    comm_dtype_t gdt;
-    if (comm_dtype_parse(o->grad_reduce_dtype, &gdt) != 0) {
-        snprintf(err, errlen, "--grad-reduce-dtype '%s': allowed values are fp32|bf16", o->grad_reduce_dtype);
-        return -1;
-    }
-    if (setup_sync(tr, kind, gdt, err, errlen) != 0)
+    if (setup_sync(tr, kind, run->grad_dtype, err, errlen) != 0)
         return -1;
     if (init_params(tr, (uint64_t)o->seed, err, errlen) != 0)
         return -1;
@@ -672,25 +657,16 @@ int trainer_setup(trainer_t *tr, const run_options_t *o, const launch_env_t *env
     tr->tied = -1;
     if (tr->cfg.arch == ARCH_GPT2 && grid->pp_size > 1 && grid->embed)
         tr->tied = param_table_find(t, "wte");
-    if (prepare_out_paths(tr, err, errlen) != 0)
-        return -1;
-    if (o->resume[0] && trainer_resume(tr, err, errlen) != 0)
-        return -1;
-    size_t n = (size_t)o->micro_batch * (size_t)o->seq_len;
-    tr->tok = malloc(n * sizeof *tr->tok);
-    tr->tgt = malloc(n * sizeof *tr->tgt);
-    tr->pos = o->doc_mask ? malloc(n * sizeof *tr->pos) : NULL;
-    if (!tr->tok || !tr->tgt || (o->doc_mask && !tr->pos)) {
-        snprintf(err, errlen, "out of memory for the batch");
-        return -1;
-    }
-    tr->flops_token = flops_per_token(&tr->cfg, o->seq_len);
-    if (o->peak_gflops > 0) {
-        tr->peak_gflops = o->peak_gflops;
-        snprintf(tr->peak_how, sizeof tr->peak_how, "--peak-gflops");
-    } else if (probe_peak(tr, err, errlen) != 0) {
-        return -1;
-    }
+    return 0;
+}
+
+/* --trace and --comm-timeout: every group of the grid reports its calls. */
+static int setup_watch(trainer_t *tr, char *err, size_t errlen)
+{
+    const run_options_t *o = tr->opt;
+    const grid_t *grid = tr->grid;
+    comm_t *groups[GRID_MAX_GROUPS];
+    const int ng = grid_groups(grid, groups, NULL);
     if (o->trace[0]) {
         char label[96];
         snprintf(label, sizeof label, "rank %d (tp %d pp %d dp %d)", grid->world_rank, grid->tp_rank,
@@ -699,8 +675,7 @@ int trainer_setup(trainer_t *tr, const run_options_t *o, const launch_env_t *env
             snprintf(err, errlen, "out of memory for --trace");
             return -1;
         }
-        comm_t *groups[GRID_MAX_GROUPS];
-        for (int i = 0, ng = grid_groups(grid, groups, NULL); i < ng; i++)
+        for (int i = 0; i < ng; i++)
             groups[i]->trace = tr->trace;
         tr->model.trace = tr->trace;
     }
@@ -713,12 +688,37 @@ int trainer_setup(trainer_t *tr, const run_options_t *o, const launch_env_t *env
                  grid->pp_rank, grid->dp_rank, host);
         if (!(tr->watch = watchdog_start(o->comm_timeout, who, err, errlen)))
             return -1;
-        comm_t *groups[GRID_MAX_GROUPS];
-        for (int i = 0, ng = grid_groups(grid, groups, NULL); i < ng; i++)
+        for (int i = 0; i < ng; i++)
             groups[i]->watch = tr->watch;
         tr->world->watch = tr->watch; /* the agreements' world (MPI also under --comm nccl) */
     }
-    if (o->metrics[0] && env->world_rank == 0) {
+    return 0;
+}
+
+/* What the step loop needs beyond the model: the host batch, the FLOPs
+ * and peak of MFU, the trace, the watchdog and the metrics file. */
+static int setup_step(trainer_t *tr, char *err, size_t errlen)
+{
+    const run_options_t *o = tr->opt;
+    const run_config_t *run = tr->run;
+    size_t n = (size_t)run->micro_batch * (size_t)run->seq_len;
+    tr->tok = malloc(n * sizeof *tr->tok);
+    tr->tgt = malloc(n * sizeof *tr->tgt);
+    tr->pos = o->doc_mask ? malloc(n * sizeof *tr->pos) : NULL;
+    if (!tr->tok || !tr->tgt || (o->doc_mask && !tr->pos)) {
+        snprintf(err, errlen, "out of memory for the batch");
+        return -1;
+    }
+    tr->flops_token = flops_per_token(&tr->cfg, run->seq_len);
+    if (o->peak_gflops > 0) {
+        tr->peak_gflops = o->peak_gflops;
+        snprintf(tr->peak_how, sizeof tr->peak_how, "--peak-gflops");
+    } else if (probe_peak(tr, err, errlen) != 0) {
+        return -1;
+    }
+    if (setup_watch(tr, err, errlen) != 0)
+        return -1;
+    if (o->metrics[0] && tr->env->world_rank == 0) {
         tr->metrics = fopen(o->metrics, "w");
         if (!tr->metrics) {
             snprintf(err, errlen, "--metrics %s: cannot create: %s", o->metrics, strerror(errno));
@@ -726,6 +726,38 @@ int trainer_setup(trainer_t *tr, const run_options_t *o, const launch_env_t *env
         }
     }
     return 0;
+}
+
+int trainer_setup(trainer_t *tr, const run_config_t *run, const launch_env_t *env, grid_t *grid,
+                  char *err, size_t errlen)
+{
+    memset(tr, 0, sizeof *tr);
+    tr->run = run;
+    tr->opt = run->opt;
+    tr->env = env;
+    tr->grid = grid;
+    tr->world = grid->world;
+    tr->last_ckpt_step = -1;
+    tr->threads = ops_cpu_threads(run->opt->threads);
+    tr->cfg = run->model;
+    tr->accum = run->accum;
+    tr->pp_kind = run->pp_kind;
+    tr->sched = (lr_schedule_t){.lr = tr->opt->lr, .min_lr = tr->opt->min_lr, .warmup = tr->opt->warmup,
+                                .steps = tr->opt->steps};
+    const dpsync_ops_t *kind = dpsync_pick(run->zero_stage);
+    if (!kind) {
+        snprintf(err, errlen, "internal error: no data-parallel strategy for ZeRO stage %d", run->zero_stage);
+        return -1;
+    }
+    if (setup_data(tr, err, errlen) != 0)
+        return -1;
+    const model_layout_t lay = stage_layout(tr, grid, kind);
+    if (setup_backend(tr, kind, err, errlen) != 0 || setup_model(tr, lay, kind, err, errlen) != 0 ||
+        prepare_out_paths(tr, err, errlen) != 0)
+        return -1;
+    if (tr->opt->resume[0] && trainer_resume(tr, err, errlen) != 0)
+        return -1;
+    return setup_step(tr, err, errlen);
 }
 
 void trainer_banner(const trainer_t *tr, FILE *out)
@@ -739,7 +771,7 @@ void trainer_banner(const trainer_t *tr, FILE *out)
     if (rank0)
         fprintf(out, "dtrain %s | %d rank%s: tp %d x pp %d x dp %d | %d thread%s per rank | ddp %s\n",
                 PACKAGE_VERSION, g->world_size, g->world_size == 1 ? "" : "s", g->tp_size, g->pp_size,
-                g->dp_size, tr->threads, tr->threads == 1 ? "" : "s", o->ddp_mode);
+                g->dp_size, tr->threads, tr->threads == 1 ? "" : "s", ddp_mode_names[tr->run->ddp_mode]);
     launch_describe(tr->env, out);
     if (grid_print(g, out) != 0 && rank0)
         fprintf(out, "grid: %s\n", g->err);
@@ -751,17 +783,14 @@ void trainer_banner(const trainer_t *tr, FILE *out)
                 c->d_ff / g->tp_size, tr->model.v_rows, (long long)param_padded_vocab(c->vocab_size, g->tp_size),
                 o->sequence_parallel ? ", sequence parallel" : "");
     if (g->pp_size > 1) {
-        int layers[4096], l0 = 0;
-        char e[8];
-        if (options_stage_layers(o, c->n_layer, g->pp_size, layers, e, sizeof e) == 0) {
-            fprintf(out, "pipeline: %d stages, %s schedule over %d microbatches, layers", g->pp_size, o->pp_schedule,
-                    tr->accum);
-            for (int s = 0; s < g->pp_size; l0 += layers[s], s++)
-                fprintf(out, "%s %d-%d", s ? " |" : "", l0, l0 + layers[s] - 1);
-            fprintf(out, "\n");
-        }
+        const int *layers = tr->run->stage_layers;
+        fprintf(out, "pipeline: %d stages, %s schedule over %d microbatches, layers", g->pp_size,
+                pipe_kind_name(tr->pp_kind), tr->accum);
+        for (int s = 0, l0 = 0; s < g->pp_size; l0 += layers[s], s++)
+            fprintf(out, "%s %d-%d", s ? " |" : "", l0, l0 + layers[s] - 1);
+        fprintf(out, "\n");
     }
-    tr->sync.ops->banner(&tr->sync, out, o->ddp_mode, o->grad_reduce_dtype);
+    tr->sync.ops->banner(&tr->sync, out, ddp_mode_names[tr->run->ddp_mode], comm_dtype_names[tr->run->grad_dtype]);
     fprintf(out, "model %s (%s): L=%d C=%d heads=%d kv_heads=%d ffn=%d vocab=%d | %zu parameters\n", o->model,
             model_arch_name(c->arch), c->n_layer, c->d_model, c->n_head, c->n_kv_head, c->d_ff,
             c->vocab_size, model_params_total(c));

@@ -16,7 +16,8 @@
 #include "io/tokenizer.h"
 
 typedef struct trainer {
-    const run_options_t *opt;
+    const run_config_t *run; /* the resolved run (options_resolve) */
+    const run_options_t *opt; /* run->opt: what is used as given */
     const launch_env_t *env;
     grid_t *grid;       /* the step loop's groups: &net once setup has opened them */
     grid_t net;         /* the caller's grid, with NCCL twins under --comm nccl (backend_comm_open) */
@@ -74,9 +75,10 @@ typedef struct trainer {
     float *host_p, *host_m, *host_v;
 } trainer_t;
 
-/* Everything a run needs; on failure err holds one line. Local to this
- * rank: the caller agrees on failure across ranks. */
-int trainer_setup(trainer_t *tr, const run_options_t *o, const launch_env_t *env, grid_t *grid,
+/* Everything the run needs, on the grid run was resolved for; on failure
+ * err holds one line. Local to this rank: the caller agrees on failure
+ * across ranks. */
+int trainer_setup(trainer_t *tr, const run_config_t *run, const launch_env_t *env, grid_t *grid,
                   char *err, size_t errlen);
 /* Collective (prints the grid); rank 0 writes. */
 void trainer_banner(const trainer_t *tr, FILE *out);

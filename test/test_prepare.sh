@@ -239,7 +239,7 @@ fi
 # 8. Bad usage and bad input: exit 2, one line, no outputs.
 Q=$TMP/q
 expect_exit2 "unknown option '--bogus'" $PREP --bogus --out "$Q" "$A"
-expect_exit2 "'--out' needs a value" $PREP "$A" --out
+expect_exit2 "--out needs a value" $PREP "$A" --out
 expect_exit2 "--out PREFIX is required" $PREP "$A"
 expect_exit2 "no input FILE" $PREP --out "$Q"
 expect_exit2 "--val-fraction '1.5'" $PREP --out "$Q" --val-fraction 1.5 "$A"
