@@ -12,6 +12,7 @@
 #include "config.h"
 #endif
 #include "src/hf_import.h"
+#include "src/optim.h"
 #include "src/strparse.h"
 #ifndef PACKAGE_VERSION
 #define PACKAGE_VERSION "0.1.0"
@@ -42,6 +43,7 @@ static const char *const plan_dtype_choices[] = {"", "fp32", "bf16", "megatron",
 static const char *const device_choices[] = {"auto", "cpu", "cuda", NULL};
 static const char *const dtype_choices[] = {"auto", "fp32", "bf16", NULL};
 static const char *const comm_choices[] = {"auto", "mpi", "nccl", NULL};
+static const char *const decay_shape_choices[] = {"", "linear", "cosine", "1-sqrt", NULL};
 
 #define F(field) offsetof(run_options_t, field)
 #define S(field) sizeof(((run_options_t *)0)->field)
@@ -79,6 +81,9 @@ static const opt_def_t opt_defs[] = {
     {"lr", OPT_REAL, F(lr), 0, "1e-3", 0, 10, NULL, "peak learning rate"},
     {"min-lr", OPT_REAL, F(min_lr), 0, "1e-4", 0, 10, NULL, "learning rate at the end of the cosine decay"},
     {"warmup", OPT_INT, F(warmup), 0, "50", 0, INT_MAX, NULL, "linear warmup steps"},
+    {"lr-schedule", OPT_STR, F(lr_schedule), S(lr_schedule), "cosine", 0, 0, lr_kind_names, "after the warmup: cosine (to --min-lr at the last step) | linear (likewise) | constant | wsd (warmup-stable-decay: --lr until the last --decay-steps, then a --decay-shape decay towards --min-lr, as Megatron-LM and llm.c)"},
+    {"decay-steps", OPT_INT, F(decay_steps), 0, "0", 0, INT_MAX, NULL, "with --lr-schedule wsd: the last N steps decay (0 = the last 20 % of --steps, as llm.c)"},
+    {"decay-shape", OPT_STR, F(decay_shape), S(decay_shape), "", 0, 0, decay_shape_choices, "with --lr-schedule wsd: linear | cosine | 1-sqrt (empty = 1-sqrt)"},
     {"weight-decay", OPT_REAL, F(weight_decay), 0, "0.1", 0, 10, NULL, "AdamW decoupled weight decay (2-D tensors only)"},
     {"grad-clip", OPT_REAL, F(grad_clip), 0, "1.0", 0, 1e30, NULL, "clip the global gradient norm to this (0 = off)"},
     {"beta1", OPT_REAL, F(beta1), 0, "0.9", 0, 0.999999, NULL, "AdamW beta1"},
@@ -286,8 +291,20 @@ static void print_help(FILE *out)
         fprintf(out, "  %-12s %s\n", p->name, p->about);
 }
 
+/* --lr-schedule and its decay (lr_schedule_make's checks). */
+static int check_schedule_spike(const run_options_t *o, char *err, size_t errlen)
+{
+    lr_schedule_t s;
+    if (lr_schedule_make(&s, o->lr_schedule, o->decay_shape, o->lr, o->min_lr, o->warmup, o->steps, o->decay_steps,
+                         err, errlen) != 0)
+        return -1;
+    return 0;
+}
+
 static int check_consistency(const run_options_t *o, char *err, size_t errlen)
 {
+    if (check_schedule_spike(o, err, errlen) != 0)
+        return -1;
     if (!model_preset_find(o->model)) {
         char names[256] = "";
         for (const model_preset_t *p = model_presets(); p->name; p++)

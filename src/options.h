@@ -36,6 +36,10 @@ typedef struct run_options {
     int warmup;
     double weight_decay, grad_clip, beta1, beta2, adam_eps;
     long long seed;
+    /* the LR schedule's kind and decay (src/optim.h): see
+     * check_schedule_spike in options.c */
+    char lr_schedule[16], decay_shape[16];
+    int decay_steps;
     /* data */
     char data[OPT_PATH_MAX], val_data[OPT_PATH_MAX], data_format[16];
     int val_every, val_batches;

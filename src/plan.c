@@ -11,6 +11,7 @@
 #include "src/mem.h"
 #include "src/metrics.h"
 #include "src/model.h"
+#include "src/optim.h"
 #include "src/params.h"
 #include "mpi/pipeline.h"
 
@@ -544,6 +545,12 @@ static void print_plan_header(const plan_t *p, const run_options_t *o, FILE *out
             pipe_kind_name(in->kind));
     fprintf(out, "batch: micro %d x seq %d, %d microbatch%s per step x dp %d = %d sequences, %lld tokens per step\n",
             in->mb, in->seq, in->m, in->m == 1 ? "" : "es", in->dp, in->gb, (long long)in->gb * in->seq);
+    lr_schedule_t sched;
+    char sd[160] = "";
+    if (lr_schedule_make(&sched, o->lr_schedule, o->decay_shape, o->lr, o->min_lr, o->warmup, o->steps,
+                         o->decay_steps, sd, sizeof sd) == 0) /* options_parse checked it */
+        lr_schedule_describe(&sched, sd, sizeof sd);
+    fprintf(out, "lr schedule: %s\n", sd);
     if (in->megatron)
         fprintf(out, "precision: megatron: Megatron-LM's bf16 layout, for comparison: bf16 weights, fp32 gradients, "
                 "fp32 master weights and AdamW moments (2 + 4 + 12 B per parameter before sharding); activations by "

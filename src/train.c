@@ -323,6 +323,8 @@ static int trainer_save(trainer_t *tr, int step, char *err, size_t errlen)
                             .min_lr = o->min_lr, .warmup = o->warmup, .steps = o->steps,
                             .tokenizer = tr->data_tokenizer, .tokenizer_sha256 = tr->data_tokenizer_sha256};
         meta.tokens = (long long)step * meta.global_batch * o->seq_len;
+        lr_schedule_record(&tr->sched, meta.lr_schedule, sizeof meta.lr_schedule, &meta.decay_steps,
+                           meta.decay_shape, sizeof meta.decay_shape);
         snprintf(meta.layout, sizeof meta.layout, "tp %d pp %d dp %d zero %d", g->tp_size, g->pp_size, g->dp_size,
                  tr->sync.ops->zero);
         char path[OPT_PATH_MAX + 64];
@@ -585,7 +587,9 @@ int trainer_setup(trainer_t *tr, const run_options_t *o, const launch_env_t *env
     if (setup_tokenizer(tr, err, errlen) != 0)
         return -1;
     tr->accum = options_accum_steps(o, grid->dp_size);
-    tr->sched = (lr_schedule_t){.lr = o->lr, .min_lr = o->min_lr, .warmup = o->warmup, .steps = o->steps};
+    if (lr_schedule_make(&tr->sched, o->lr_schedule, o->decay_shape, o->lr, o->min_lr, o->warmup, o->steps,
+                         o->decay_steps, err, errlen) != 0)
+        return -1;
     tokens_format_t fmt;
     if (tokens_format_parse(o->data_format, &fmt) != 0) {
         snprintf(err, errlen, "--data-format '%s': allowed llmc|raw-u16", o->data_format);
@@ -782,6 +786,9 @@ void trainer_banner(const trainer_t *tr, FILE *out)
     fprintf(out, "compute: %.1f GFLOP per step, peak %.1f GFLOP/s per rank (%s)\n",
             tr->flops_token * o->micro_batch * o->seq_len * tr->accum * tr->grid->dp_size * 1e-9, tr->peak_gflops,
             tr->peak_how);
+    char sched[160];
+    lr_schedule_describe(&tr->sched, sched, sizeof sched);
+    fprintf(out, "lr schedule: %s\n", sched);
     fprintf(out, "backend: %s\n", tr->backend.desc);
     fprintf(out, "communication: %s\n", tr->backend.comm_desc);
     if (tr->model.lay.bf16)
