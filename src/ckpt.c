@@ -115,7 +115,7 @@ int ckpt_save(comm_t *world, const char *dir, int keep, const model_config_t *cf
     char name[32];
     snprintf(name, sizeof name, "step_%08d.h5", meta->step);
     snprintf(path_out, path_len, "%s/%s", dir, name);
-    h5store_attr_t attrs[PARAM_IO_MODEL_ATTRS + 21];
+    h5store_attr_t attrs[PARAM_IO_MODEL_ATTRS + 22];
     int na = param_io_model_attrs(cfg, attrs);
     attrs[na++] = (h5store_attr_t){.key = "content", .type = H5STORE_STR, .s = "checkpoint"};
     attrs[na++] = (h5store_attr_t){.key = "format_version", .type = H5STORE_INT, .i = CKPT_FORMAT_VERSION};
@@ -134,6 +134,7 @@ int ckpt_save(comm_t *world, const char *dir, int keep, const model_config_t *cf
     attrs[na++] = (h5store_attr_t){.key = "lr_schedule", .type = H5STORE_STR, .s = meta->lr_schedule};
     attrs[na++] = (h5store_attr_t){.key = "decay_steps", .type = H5STORE_INT, .i = meta->decay_steps};
     attrs[na++] = (h5store_attr_t){.key = "decay_shape", .type = H5STORE_STR, .s = meta->decay_shape};
+    attrs[na++] = (h5store_attr_t){.key = "data_skip", .type = H5STORE_INT, .i = meta->data_skip};
     na += param_io_tokenizer_attrs(meta->tokenizer, meta->tokenizer_sha256, attrs + na);
     const param_io_group_t groups[3] = {{"params", params}, {"optim/m", m}, {"optim/v", v}};
     if (param_io_write(world, path_out, cfg, t, groups, 3, writer, tp_size, tp_rank, attrs, na, err, errlen) != 0)
@@ -253,6 +254,10 @@ int ckpt_load(comm_t *world, const char *path, const model_config_t *cfg, const 
     meta->seed = seed;
     if (rc == 0 && (rc = optional_schedule(h, meta, err, errlen)) != 0)
         rc = -1;
+    int64_t data_skip = 0;
+    if (rc == 0 && h5store_has_attr(h, "data_skip") && h5store_get_int(h, "data_skip", &data_skip, err, errlen) != 0)
+        rc = -1;
+    meta->data_skip = data_skip;
     rc = agree(world, rc, err, errlen);
     /* each rank reads its own slices, checking the checksums they cover;
      * whatever no rank's slices covered is then checked too, so every byte

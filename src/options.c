@@ -84,6 +84,9 @@ static const opt_def_t opt_defs[] = {
     {"lr-schedule", OPT_STR, F(lr_schedule), S(lr_schedule), "cosine", 0, 0, lr_kind_names, "after the warmup: cosine (to --min-lr at the last step) | linear (likewise) | constant | wsd (warmup-stable-decay: --lr until the last --decay-steps, then a --decay-shape decay towards --min-lr, as Megatron-LM and llm.c)"},
     {"decay-steps", OPT_INT, F(decay_steps), 0, "0", 0, INT_MAX, NULL, "with --lr-schedule wsd: the last N steps decay (0 = the last 20 % of --steps, as llm.c)"},
     {"decay-shape", OPT_STR, F(decay_shape), S(decay_shape), "", 0, 0, decay_shape_choices, "with --lr-schedule wsd: linear | cosine | 1-sqrt (empty = 1-sqrt)"},
+    {"spike-z", OPT_REAL, F(spike_z), 0, "6", 0, 1e9, NULL, "skip a step whose loss is more than Z standard deviations above the mean of the last --spike-window steps' losses (0 = no such test; a non-finite loss or gradient norm is always skipped)"},
+    {"spike-window", OPT_INT, F(spike_window), 0, "50", 0, 1 << 20, NULL, "losses in the window of --spike-z; it judges once it holds 10 of them (or all N when N < 10) (0 = no z test)"},
+    {"spike-max", OPT_INT, F(spike_max), 0, "5", 0, INT_MAX, NULL, "after N consecutive skipped steps go back to the last checkpoint (--ckpt-dir) and continue on the data after the skipped batches, or stop when there is none (0 = skip nothing, no z test: a non-finite loss or norm ends the run)"},
     {"weight-decay", OPT_REAL, F(weight_decay), 0, "0.1", 0, 10, NULL, "AdamW decoupled weight decay (2-D tensors only)"},
     {"grad-clip", OPT_REAL, F(grad_clip), 0, "1.0", 0, 1e30, NULL, "clip the global gradient norm to this (0 = off)"},
     {"beta1", OPT_REAL, F(beta1), 0, "0.9", 0, 0.999999, NULL, "AdamW beta1"},
@@ -291,7 +294,9 @@ static void print_help(FILE *out)
         fprintf(out, "  %-12s %s\n", p->name, p->about);
 }
 
-/* --lr-schedule and its decay (lr_schedule_make's checks). */
+/* --lr-schedule and its decay (lr_schedule_make's checks); the spike
+ * guard's options need no check beyond their ranges (--spike-max 0 turns
+ * the whole guard off, the z test included). */
 static int check_schedule_spike(const run_options_t *o, char *err, size_t errlen)
 {
     lr_schedule_t s;

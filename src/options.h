@@ -36,10 +36,12 @@ typedef struct run_options {
     int warmup;
     double weight_decay, grad_clip, beta1, beta2, adam_eps;
     long long seed;
-    /* the LR schedule's kind and decay (src/optim.h): see
-     * check_schedule_spike in options.c */
+    /* the LR schedule's kind and decay (src/optim.h) and the loss-spike
+     * guard (src/spike.h): see check_schedule_spike in options.c */
     char lr_schedule[16], decay_shape[16];
     int decay_steps;
+    double spike_z;
+    int spike_window, spike_max;
     /* data */
     char data[OPT_PATH_MAX], val_data[OPT_PATH_MAX], data_format[16];
     int val_every, val_batches;
