@@ -115,7 +115,7 @@ int ckpt_save(comm_t *world, const char *dir, int keep, const model_config_t *cf
     char name[32];
     snprintf(name, sizeof name, "step_%08d.h5", meta->step);
     snprintf(path_out, path_len, "%s/%s", dir, name);
-    h5store_attr_t attrs[PARAM_IO_MODEL_ATTRS + 18];
+    h5store_attr_t attrs[PARAM_IO_MODEL_ATTRS + 22];
     int na = param_io_model_attrs(cfg, attrs);
     attrs[na++] = (h5store_attr_t){.key = "content", .type = H5STORE_STR, .s = "checkpoint"};
     attrs[na++] = (h5store_attr_t){.key = "format_version", .type = H5STORE_INT, .i = CKPT_FORMAT_VERSION};
@@ -131,6 +131,10 @@ int ckpt_save(comm_t *world, const char *dir, int keep, const model_config_t *cf
     attrs[na++] = (h5store_attr_t){.key = "min_lr", .type = H5STORE_DOUBLE, .d = meta->min_lr};
     attrs[na++] = (h5store_attr_t){.key = "warmup", .type = H5STORE_INT, .i = meta->warmup};
     attrs[na++] = (h5store_attr_t){.key = "steps", .type = H5STORE_INT, .i = meta->steps};
+    attrs[na++] = (h5store_attr_t){.key = "lr_schedule", .type = H5STORE_STR, .s = meta->lr_schedule};
+    attrs[na++] = (h5store_attr_t){.key = "decay_steps", .type = H5STORE_INT, .i = meta->decay_steps};
+    attrs[na++] = (h5store_attr_t){.key = "decay_shape", .type = H5STORE_STR, .s = meta->decay_shape};
+    attrs[na++] = (h5store_attr_t){.key = "data_skip", .type = H5STORE_INT, .i = meta->data_skip};
     na += param_io_tokenizer_attrs(meta->tokenizer, meta->tokenizer_sha256, attrs + na);
     const param_io_group_t groups[3] = {{"params", params}, {"optim/m", m}, {"optim/v", v}};
     if (param_io_write(world, path_out, cfg, t, groups, 3, writer, tp_size, tp_rank, attrs, na, err, errlen) != 0)
@@ -198,6 +202,20 @@ static int get_int(h5store_t *h, const char *key, int *v, char *err, size_t errl
     return 0;
 }
 
+/* The schedule's kind and decay, written since they exist: older
+ * checkpoints ran today's only schedule, cosine. */
+static int optional_schedule(h5store_t *h, ckpt_meta_t *meta, char *err, size_t errlen)
+{
+    snprintf(meta->lr_schedule, sizeof meta->lr_schedule, "cosine");
+    if (!h5store_has_attr(h, "lr_schedule"))
+        return 0;
+    return h5store_get_str(h, "lr_schedule", meta->lr_schedule, sizeof meta->lr_schedule, err, errlen) ||
+                   get_int(h, "decay_steps", &meta->decay_steps, err, errlen) ||
+                   h5store_get_str(h, "decay_shape", meta->decay_shape, sizeof meta->decay_shape, err, errlen)
+               ? -1
+               : 0;
+}
+
 int ckpt_load(comm_t *world, const char *path, const model_config_t *cfg, const param_table_t *t, float *params,
               float *m, float *v, ckpt_meta_t *meta, char *err, size_t errlen)
 {
@@ -234,6 +252,12 @@ int ckpt_load(comm_t *world, const char *path, const model_config_t *cfg, const 
         rc = -1;
     meta->tokens = tokens;
     meta->seed = seed;
+    if (rc == 0 && (rc = optional_schedule(h, meta, err, errlen)) != 0)
+        rc = -1;
+    int64_t data_skip = 0;
+    if (rc == 0 && h5store_has_attr(h, "data_skip") && h5store_get_int(h, "data_skip", &data_skip, err, errlen) != 0)
+        rc = -1;
+    meta->data_skip = data_skip;
     rc = agree(world, rc, err, errlen);
     /* each rank reads its own slices, checking the checksums they cover;
      * whatever no rank's slices covered is then checked too, so every byte

@@ -32,6 +32,13 @@ typedef struct ckpt_meta {
     int global_batch, seq_len; /* sequences per step and their length: the data order */
     double lr, min_lr;  /* the LR schedule ... */
     int warmup, steps;  /* ... and its length */
+    /* ... its kind and decay ("cosine" in checkpoints older than the
+     * attribute; like lr, recorded: a resume follows the command line) */
+    char lr_schedule[16], decay_shape[16];
+    int decay_steps;
+    /* batches passed over by loss-spike rollbacks: step s reads batch
+     * s + data_skip (src/spike.h; 0 in older checkpoints) */
+    long long data_skip;
     char layout[64];    /* "tp 2 pp 2 dp 2" of the writer (information) */
     const char *tokenizer, *tokenizer_sha256; /* the data's tokenizer, "" or NULL when unknown */
 } ckpt_meta_t;

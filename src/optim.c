@@ -1,21 +1,121 @@
 #include "src/optim.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "src/mem.h"
 
+const char *const lr_kind_names[LR_N_KINDS + 1] = {"cosine", "linear", "wsd", "constant", NULL};
+const char *const decay_shape_names[DECAY_N_SHAPES] = {"1-sqrt", "linear", "cosine"};
+
+static int name_index(const char *const *names, int n, const char *name)
+{
+    for (int i = 0; i < n; i++)
+        if (strcmp(names[i], name) == 0)
+            return i;
+    return -1;
+}
+
+int lr_schedule_make(lr_schedule_t *s, const char *kind, const char *shape, double lr, double min_lr, int warmup,
+                     int steps, int decay_steps, char *err, size_t errlen)
+{
+    const int k = name_index(lr_kind_names, LR_N_KINDS, kind);
+    const int sh = shape[0] ? name_index(decay_shape_names, DECAY_N_SHAPES, shape) : DECAY_1_SQRT;
+    *s = (lr_schedule_t){.lr = lr, .min_lr = min_lr, .warmup = warmup, .steps = steps, .kind = LR_COSINE};
+    if (k < 0 || sh < 0) {
+        snprintf(err, errlen, k < 0 ? "--lr-schedule '%s': allowed cosine|linear|wsd|constant"
+                                    : "--decay-shape '%s': allowed linear|cosine|1-sqrt", k < 0 ? kind : shape);
+        return -1;
+    }
+    s->kind = (lr_kind_t)k;
+    s->shape = (decay_shape_t)sh;
+    if (s->kind != LR_WSD) {
+        if (decay_steps > 0 || shape[0]) {
+            snprintf(err, errlen, "--%s shapes the decay of --lr-schedule wsd; this run's schedule is %s",
+                     decay_steps > 0 ? "decay-steps" : "decay-shape", kind);
+            return -1;
+        }
+        return 0;
+    }
+    /* 0: llm.c's decay point, (int)(0.8f * steps): the last 20 % decay */
+    s->decay_steps = decay_steps > 0 ? decay_steps : steps - (int)(0.8f * (float)steps);
+    if (s->decay_steps < 1 || warmup + s->decay_steps > steps) {
+        snprintf(err, errlen, "--lr-schedule wsd: --warmup %d plus %d decay steps exceed --steps %d; lower "
+                 "--decay-steps or --warmup", warmup, s->decay_steps, steps);
+        return -1;
+    }
+    return 0;
+}
+
+void lr_schedule_describe(const lr_schedule_t *s, char *out, size_t outlen)
+{
+    if (s->kind == LR_WSD)
+        snprintf(out, outlen, "wsd: warmup %d, stable at %g, %s decay over the last %d of %d steps towards %g",
+                 s->warmup, s->lr, decay_shape_names[s->shape], s->decay_steps, s->steps, s->min_lr);
+    else if (s->kind == LR_CONSTANT)
+        snprintf(out, outlen, "constant: warmup %d, then %g", s->warmup, s->lr);
+    else
+        snprintf(out, outlen, "%s: warmup %d, then %g -> %g at step %d", lr_kind_names[s->kind], s->warmup, s->lr,
+                 s->min_lr, s->steps);
+}
+
+void lr_schedule_record(const lr_schedule_t *s, char *kind, size_t kind_len, int *decay_steps, char *shape,
+                        size_t shape_len)
+{
+    snprintf(kind, kind_len, "%s", lr_kind_names[s->kind]);
+    *decay_steps = s->kind == LR_WSD ? s->decay_steps : 0;
+    snprintf(shape, shape_len, "%s", s->kind == LR_WSD ? decay_shape_names[s->shape] : "none");
+}
+
+/* Warmup-stable-decay, as Megatron-LM (megatron/core/optimizer_param_scheduler.py,
+ * get_lr's WSD branch with lr_wsd_decay_style linear | cosine | minus_sqrt)
+ * and llm.c (llmc/schedulers.h, get_learning_rate_wsd: 1 - sqrt) define
+ * it: the decay starts at anneal = steps - decay_steps, and step s (0-based,
+ * Megatron's num_steps, llm.c's step) has ratio (s - anneal) / decay_steps,
+ * 0 up to anneal; so the last step is at (N-1)/N of the decay, not at min_lr. */
+static double wsd_at(const lr_schedule_t *s, int step)
+{
+    const int anneal = s->steps - s->decay_steps;
+    if (step <= anneal)
+        return s->lr;
+    double ratio = (double)(step - anneal) / (double)s->decay_steps, coeff;
+    if (ratio > 1.0)
+        ratio = 1.0;
+    switch (s->shape) {
+    case DECAY_LINEAR:
+        coeff = 1.0 - ratio;
+        break;
+    case DECAY_COSINE:
+        coeff = 0.5 * (cos(M_PI * ratio) + 1.0);
+        break;
+    case DECAY_1_SQRT:
+    default:
+        coeff = 1.0 - sqrt(ratio);
+        break;
+    }
+    return s->min_lr + coeff * (s->lr - s->min_lr);
+}
+
 double lr_at(const lr_schedule_t *s, int step)
 {
+    /* warmup as llm.c's schedulers: lr * (step + 1) / warmup */
     if (step < s->warmup)
         return s->lr * (double)(step + 1) / (double)s->warmup;
+    if (s->kind == LR_CONSTANT)
+        return s->lr;
+    if (s->kind == LR_WSD)
+        return wsd_at(s, step);
     int decay_steps = s->steps - s->warmup;
     if (decay_steps <= 1)
         return s->lr;
+    /* cosine and linear reach min_lr at the last step (progress 1 there) */
     double progress = (double)(step - s->warmup) / (double)(decay_steps - 1);
     if (progress > 1.0)
         progress = 1.0;
+    if (s->kind == LR_LINEAR) /* Megatron-LM's linear coefficient, 1 - ratio */
+        return s->min_lr + (1.0 - progress) * (s->lr - s->min_lr);
     return s->min_lr + 0.5 * (s->lr - s->min_lr) * (1.0 + cos(M_PI * progress));
 }
 

@@ -1,4 +1,5 @@
-/* AdamW with global-norm clipping and the warmup + cosine LR schedule. */
+/* AdamW with global-norm clipping and the LR schedules (warmup, then cosine,
+ * linear, constant or warmup-stable-decay). */
 #ifndef DTRAIN_OPTIM_H
 #define DTRAIN_OPTIM_H
 
@@ -8,14 +9,42 @@
 #include "src/params.h"
 #include "mpi/dpsync.h"
 
+/* --lr-schedule: what follows the warmup. */
+typedef enum { LR_COSINE, LR_LINEAR, LR_WSD, LR_CONSTANT, LR_N_KINDS } lr_kind_t;
+extern const char *const lr_kind_names[LR_N_KINDS + 1]; /* "cosine", "linear", "wsd", "constant", NULL */
+
+/* --decay-shape: the curve of warmup-stable-decay's decay phase. */
+typedef enum { DECAY_1_SQRT, DECAY_LINEAR, DECAY_COSINE, DECAY_N_SHAPES } decay_shape_t;
+extern const char *const decay_shape_names[DECAY_N_SHAPES]; /* "1-sqrt", "linear", "cosine" */
+
 typedef struct lr_schedule {
     double lr, min_lr;
     int warmup, steps;
+    lr_kind_t kind;
+    int decay_steps;     /* LR_WSD: the last decay_steps steps decay */
+    decay_shape_t shape; /* LR_WSD: how */
 } lr_schedule_t;
 
+/* Fills s from the option values: kind and shape by name ("" shape =
+ * 1-sqrt), decay_steps 0 = the last 20 % of steps (llm.c's decay point).
+ * Returns 0, or -1 with one line in err (an unknown name, a decay that
+ * overlaps the warmup, a decay option without wsd). */
+int lr_schedule_make(lr_schedule_t *s, const char *kind, const char *shape, double lr, double min_lr, int warmup,
+                     int steps, int decay_steps, char *err, size_t errlen);
+
+/* One line for the banner and --plan, e.g. "wsd: warmup 50, stable at
+ * 0.001, 1-sqrt decay over the last 200 of 1000 steps towards 0.0001". */
+void lr_schedule_describe(const lr_schedule_t *s, char *out, size_t outlen);
+
+/* What a checkpoint records of s: the kind's name, the decay steps and
+ * the shape's name (0 and "none" outside wsd). */
+void lr_schedule_record(const lr_schedule_t *s, char *kind, size_t kind_len, int *decay_steps, char *shape,
+                        size_t shape_len);
+
 /* Learning rate of optimizer step `step` (0-based): linear warmup from
- * lr/warmup to lr over the first `warmup` steps, then cosine decay to min_lr
- * at the last step. */
+ * lr/warmup to lr over the first `warmup` steps, then by kind: cosine or
+ * linear decay to min_lr at the last step, lr (constant), or lr until the
+ * last decay_steps steps and then the shape's decay towards min_lr (wsd). */
 double lr_at(const lr_schedule_t *s, int step);
 
 /* A run of consecutive elements sharing one weight-decay setting: the

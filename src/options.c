@@ -13,6 +13,7 @@
 #endif
 #include "src/hf_import.h"
 #include "src/optable.h"
+#include "src/optim.h"
 #include "src/strparse.h"
 #ifndef PACKAGE_VERSION
 #define PACKAGE_VERSION "0.1.0"
@@ -25,6 +26,7 @@ const char *const options_fsdp_names[] = {[FSDP_UNSET] = "", [FSDP_NO_SHARD] = "
 
 /* --config FILE: read now (the command line's other options come after) */
 static int load_config(const char *path, void *dst, void *field, char *err, size_t errlen);
+static const char *const decay_shape_choices[] = {"", "linear", "cosine", "1-sqrt", NULL};
 
 #define F(field) offsetof(run_options_t, field)
 #define S(field) sizeof(((run_options_t *)0)->field)
@@ -62,8 +64,14 @@ static const opt_def_t opt_defs[] = {
     {"lr", OPT_REAL, F(lr), 0, "1e-3", 0, 10, NULL, "peak learning rate", NULL, NULL, 0},
     {"min-lr", OPT_REAL, F(min_lr), 0, "1e-4", 0, 10, NULL, "learning rate at the end of the cosine decay", NULL, NULL, 0},
     {"warmup", OPT_INT, F(warmup), 0, "50", 0, INT_MAX, NULL, "linear warmup steps", NULL, NULL, 0},
+    {"lr-schedule", OPT_STR, F(lr_schedule), S(lr_schedule), "cosine", 0, 0, lr_kind_names, "after the warmup: cosine (to --min-lr at the last step) | linear (likewise) | constant | wsd (warmup-stable-decay: --lr until the last --decay-steps, then a --decay-shape decay towards --min-lr, as Megatron-LM and llm.c)", NULL, NULL, 0},
+    {"decay-steps", OPT_INT, F(decay_steps), 0, "0", 0, INT_MAX, NULL, "with --lr-schedule wsd: the last N steps decay (0 = the last 20 % of --steps, as llm.c)", NULL, NULL, 0},
+    {"decay-shape", OPT_STR, F(decay_shape), S(decay_shape), "", 0, 0, decay_shape_choices, "with --lr-schedule wsd: linear | cosine | 1-sqrt (empty = 1-sqrt)", NULL, NULL, 0},
     {"weight-decay", OPT_REAL, F(weight_decay), 0, "0.1", 0, 10, NULL, "AdamW decoupled weight decay (2-D tensors only)", NULL, NULL, 0},
     {"grad-clip", OPT_REAL, F(grad_clip), 0, "1.0", 0, 1e30, NULL, "clip the global gradient norm to this (0 = off)", NULL, NULL, 0},
+    {"spike-z", OPT_REAL, F(spike_z), 0, "6", 0, 1e9, NULL, "skip a step whose loss is more than Z standard deviations above the mean of the last --spike-window steps' losses (0 = no such test; a non-finite loss or gradient norm is always skipped)", NULL, NULL, 0},
+    {"spike-window", OPT_INT, F(spike_window), 0, "50", 0, 1 << 20, NULL, "losses in the window of --spike-z; it judges once it holds 10 of them (or all N when N < 10) (0 = no z test)", NULL, NULL, 0},
+    {"spike-max", OPT_INT, F(spike_max), 0, "5", 0, INT_MAX, NULL, "after N consecutive skipped steps go back to the last checkpoint (--ckpt-dir) and continue on the data after the skipped batches, or stop when there is none (0 = skip nothing, no z test: a non-finite loss or norm ends the run)", NULL, NULL, 0},
     {"beta1", OPT_REAL, F(beta1), 0, "0.9", 0, 0.999999, NULL, "AdamW beta1", NULL, NULL, 0},
     {"beta2", OPT_REAL, F(beta2), 0, "0.95", 0, 0.999999999, NULL, "AdamW beta2", NULL, NULL, 0},
     {"adam-eps", OPT_REAL, F(adam_eps), 0, "1e-8", 0, 1, NULL, "AdamW epsilon", NULL, NULL, 0},
@@ -167,8 +175,22 @@ static void print_help(FILE *out)
         fprintf(out, "  %-12s %s\n", p->name, p->about);
 }
 
+/* --lr-schedule and its decay (lr_schedule_make's checks); the spike
+ * guard's options need no check beyond their ranges (--spike-max 0 turns
+ * the whole guard off, the z test included). */
+static int check_schedule_spike(const run_options_t *o, char *err, size_t errlen)
+{
+    lr_schedule_t s;
+    if (lr_schedule_make(&s, o->lr_schedule, o->decay_shape, o->lr, o->min_lr, o->warmup, o->steps, o->decay_steps,
+                         err, errlen) != 0)
+        return -1;
+    return 0;
+}
+
 static int check_consistency(const run_options_t *o, char *err, size_t errlen)
 {
+    if (check_schedule_spike(o, err, errlen) != 0)
+        return -1;
     if (!model_preset_find(o->model)) {
         char names[256] = "";
         for (const model_preset_t *p = model_presets(); p->name; p++)
@@ -427,7 +449,8 @@ int options_resolve_layout(const run_options_t *o, const model_config_t *c, int 
     rc->dtype = o->dtype;
     rc->comm = o->comm;
     rc->data_format = o->data_format;
-    return 0;
+    return lr_schedule_make(&rc->sched, o->lr_schedule, o->decay_shape, o->lr, o->min_lr, o->warmup, o->steps,
+                            o->decay_steps, err, errlen);
 }
 
 int options_resolve(const run_options_t *o, int tp, int pp, int dp, run_config_t *rc, char *err, size_t errlen)

@@ -14,6 +14,7 @@
 #include "src/backend.h"
 #include "src/model.h"
 #include "src/model_config.h"
+#include "src/optim.h"
 #include "src/plan.h"
 
 #define OPT_PATH_MAX 1024
@@ -50,6 +51,12 @@ typedef struct run_options {
     int warmup;
     double weight_decay, grad_clip, beta1, beta2, adam_eps;
     long long seed;
+    /* the LR schedule's kind and decay (src/optim.h) and the loss-spike
+     * guard (src/spike.h): see check_schedule_spike in options.c */
+    char lr_schedule[16], decay_shape[16];
+    int decay_steps;
+    double spike_z;
+    int spike_window, spike_max;
     /* data */
     char data[OPT_PATH_MAX], val_data[OPT_PATH_MAX];
     tokens_format_t data_format;
@@ -135,6 +142,7 @@ typedef struct run_config {
     backend_dtype_t dtype;
     backend_comm_t comm;
     tokens_format_t data_format;
+    lr_schedule_t sched; /* --lr-schedule, --decay-steps, --decay-shape over --lr, --min-lr, --warmup, --steps */
 } run_config_t;
 
 /* The run of o on a tp x pp x dp grid. Returns 0, or -1 with one line in

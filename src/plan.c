@@ -12,6 +12,7 @@
 #include "src/metrics.h"
 #include "src/model.h"
 #include "src/options.h"
+#include "src/optim.h"
 #include "src/params.h"
 #include "mpi/pipeline.h"
 
@@ -599,6 +600,9 @@ static void print_plan_header(const plan_t *p, const run_options_t *o, FILE *out
             pipe_kind_name(in->run.pp_kind));
     fprintf(out, "batch: micro %d x seq %d, %d microbatch%s per step x dp %d = %d sequences, %lld tokens per step\n",
             in->run.micro_batch, in->run.seq_len, in->run.accum, in->run.accum == 1 ? "" : "es", in->run.dp, in->run.global_batch, (long long)in->run.global_batch * in->run.seq_len);
+    char sd[160];
+    lr_schedule_describe(&in->run.sched, sd, sizeof sd);
+    fprintf(out, "lr schedule: %s\n", sd);
     if (in->megatron)
         fprintf(out, "precision: megatron: Megatron-LM's bf16 layout, for comparison: bf16 weights, fp32 gradients, "
                 "fp32 master weights and AdamW moments (2 + 4 + 12 B per parameter before sharding); activations by "

@@ -240,27 +240,17 @@ static void moments_from_host(trainer_t *tr, const float *hm, const float *hv)
     tr->sync.ops->state_from_host(&tr->sync, hv, tr->optim.v);
 }
 
-/* --resume: loads the checkpoint it names into the model and optimizer and
- * sets the step to continue from. Collective. */
-static int trainer_resume(trainer_t *tr, char *err, size_t errlen)
+/* Reads the checkpoint at path into the model and the optimizer's moments
+ * (its run state into *meta, rank 0's read time into *load_s): --resume
+ * and a rollback after loss spikes. Collective. */
+static int load_state(trainer_t *tr, const char *path, ckpt_meta_t *meta, double *load_s, char *err, size_t errlen)
 {
-    const run_options_t *o = tr->opt;
     model_t *m = &tr->model;
-    char path[OPT_PATH_MAX + 64];
-    if (ckpt_resolve(tr->world, o->resume, o->ckpt_dir, path, sizeof path, err, errlen) != 0)
-        return -1;
-    if (!path[0]) {
-        if (tr->env->world_rank == 0)
-            printf("resume: no checkpoint in %s yet, starting from step 0\n", o->ckpt_dir);
-        return 0;
-    }
     float *hp, *hm, *hv;
     int rc = host_state(tr, &hp, &hm, &hv);
     if (rc != 0)
         snprintf(err, errlen, "out of memory for loading %s", path);
     rc = agree(tr->world, rc, err, errlen);
-    ckpt_meta_t meta;
-    double load_s = 0.0;
     if (rc == 0) {
         /* padding rows are not in the file: start them from the buffers' zeros */
         const size_t bytes = m->table.numel * sizeof(float);
@@ -269,8 +259,8 @@ static int trainer_resume(trainer_t *tr, char *err, size_t errlen)
         memset(hv, 0, bytes);
         /* ckpt_load ends in a collective close: rank 0's time is the job's */
         const double t0 = now_s();
-        rc = ckpt_load(tr->world, path, &tr->cfg, &m->table, hp, hm, hv, &meta, err, errlen);
-        load_s = now_s() - t0;
+        rc = ckpt_load(tr->world, path, &tr->cfg, &m->table, hp, hm, hv, meta, err, errlen);
+        *load_s = now_s() - t0;
     }
     if (rc == 0) {
         if (params_from_host(tr, hp) != 0) {
@@ -279,11 +269,30 @@ static int trainer_resume(trainer_t *tr, char *err, size_t errlen)
         }
         moments_from_host(tr, hm, hv);
     }
-    rc = agree(tr->world, rc, err, errlen);
+    return agree(tr->world, rc, err, errlen);
+}
+
+/* --resume: loads the checkpoint it names into the model and optimizer and
+ * sets the step to continue from. Collective. */
+static int trainer_resume(trainer_t *tr, char *err, size_t errlen)
+{
+    const run_options_t *o = tr->opt;
+    char path[OPT_PATH_MAX + 64];
+    if (ckpt_resolve(tr->world, o->resume, o->ckpt_dir, path, sizeof path, err, errlen) != 0)
+        return -1;
+    if (!path[0]) {
+        if (tr->env->world_rank == 0)
+            printf("resume: no checkpoint in %s yet, starting from step 0\n", o->ckpt_dir);
+        return 0;
+    }
+    ckpt_meta_t meta;
+    double load_s = 0.0;
+    int rc = load_state(tr, path, &meta, &load_s, err, errlen);
     if (rc == 0) {
         tr->optim.t = meta.adam_t;
         tr->start_step = meta.step;
         tr->steps_done = meta.step;
+        tr->spike.data_skip = meta.data_skip;
         if (tr->env->world_rank == 0) {
             printf("resume: %s, step %d, %lld tokens, written at %s; read and verified in %.2f s\n", path, meta.step,
                    meta.tokens, meta.layout, load_s);
@@ -323,6 +332,9 @@ static int trainer_save(trainer_t *tr, int step, char *err, size_t errlen)
                             .min_lr = o->min_lr, .warmup = o->warmup, .steps = o->steps,
                             .tokenizer = tr->data_tokenizer, .tokenizer_sha256 = tr->data_tokenizer_sha256};
         meta.tokens = (long long)step * meta.global_batch * o->seq_len;
+        meta.data_skip = tr->spike.data_skip;
+        lr_schedule_record(&tr->sched, meta.lr_schedule, sizeof meta.lr_schedule, &meta.decay_steps,
+                           meta.decay_shape, sizeof meta.decay_shape);
         snprintf(meta.layout, sizeof meta.layout, "tp %d pp %d dp %d zero %d", g->tp_size, g->pp_size, g->dp_size,
                  tr->sync.ops->zero);
         char path[OPT_PATH_MAX + 64];
@@ -742,8 +754,9 @@ int trainer_setup(trainer_t *tr, const run_config_t *run, const launch_env_t *en
     tr->cfg = run->model;
     tr->accum = run->accum;
     tr->pp_kind = run->pp_kind;
-    tr->sched = (lr_schedule_t){.lr = tr->opt->lr, .min_lr = tr->opt->min_lr, .warmup = tr->opt->warmup,
-                                .steps = tr->opt->steps};
+    tr->sched = run->sched;
+    if (spike_init(&tr->spike, run->opt->spike_z, run->opt->spike_window, run->opt->spike_max, err, errlen) != 0)
+        return -1;
     const dpsync_ops_t *kind = dpsync_pick(run->zero_stage);
     if (!kind) {
         snprintf(err, errlen, "internal error: no data-parallel strategy for ZeRO stage %d", run->zero_stage);
@@ -811,6 +824,9 @@ void trainer_banner(const trainer_t *tr, FILE *out)
     fprintf(out, "compute: %.1f GFLOP per step, peak %.1f GFLOP/s per rank (%s)\n",
             tr->flops_token * o->micro_batch * o->seq_len * tr->accum * tr->grid->dp_size * 1e-9, tr->peak_gflops,
             tr->peak_how);
+    char sched[160];
+    lr_schedule_describe(&tr->sched, sched, sizeof sched);
+    fprintf(out, "lr schedule: %s\n", sched);
     fprintf(out, "backend: %s\n", tr->backend.desc);
     fprintf(out, "communication: %s\n", tr->backend.comm_desc);
     if (tr->model.lay.bf16)
@@ -1052,19 +1068,21 @@ static int stage_forward(void *ctx, int micro, int slot)
     model_t *m = &tr->model;
     /* the first stage needs the tokens, the last the targets: the batch is
      * a pure function of (step, micro, dp rank), so each stage draws it */
-    data_batch(&tr->train, tr->cur_step, micro, tr->accum, g->dp_rank, g->dp_size, o->micro_batch, tr->tok, tr->tgt);
+    const int64_t batch = tr->cur_step + tr->spike.data_skip; /* past the batches a rollback skipped */
+    data_batch(&tr->train, batch, micro, tr->accum, g->dp_rank, g->dp_size, o->micro_batch, tr->tok, tr->tgt);
     m->trace_micro = micro;
     const int32_t *pos = batch_positions(tr, tr->tok, o->micro_batch, o->seq_len);
     if (pos) { /* the attention this step computes, for its MFU */
         tr->doc_sq += docmask_square_sum(pos, (size_t)o->micro_batch * o->seq_len);
         tr->doc_tok += (double)o->micro_batch * o->seq_len;
     }
-    float loss = model_forward(m, slot, tr->tok, pos, tr->tgt, o->micro_batch, o->seq_len, 1.0f / (float)tr->accum);
+    float loss = model_forward(m, slot, tr->tok, pos, tr->tgt, o->micro_batch, o->seq_len,
+                               spike_test_dloss(&tr->spike, batch, micro, g->dp_rank, 1.0f / (float)tr->accum));
     if (m->failed) {
         snprintf(tr->step_err, sizeof tr->step_err, "%s", m->err);
         return -1;
     }
-    tr->loss_sum += loss;
+    tr->loss_sum += spike_test_loss(&tr->spike, batch, micro, g->dp_rank, loss);
     return 0;
 }
 
@@ -1254,6 +1272,63 @@ static int update_params(trainer_t *tr, int step, double lr, double norm, char *
     return 0;
 }
 
+/* --spike-max skipped steps in a row, the last 0-based `step`: back to the
+ * last checkpoint (this job's, else the one it resumed from), reading on
+ * from the batch after the skipped ones. Collective. */
+static int spike_rollback(trainer_t *tr, int step, char *err, size_t errlen)
+{
+    const run_options_t *o = tr->opt;
+    spike_t *sp = &tr->spike;
+    char path[OPT_PATH_MAX + 64] = "";
+    if (tr->last_ckpt_step >= 0)
+        snprintf(path, sizeof path, "%s", tr->last_ckpt);
+    else if (tr->start_step > 0 && ckpt_resolve(tr->world, o->resume, o->ckpt_dir, path, sizeof path, err, errlen))
+        return -1;
+    if (!path[0]) {
+        snprintf(err, errlen, "spike: %d steps skipped in a row (steps %d-%d) and no checkpoint to go back to: "
+                 "stopping (--ckpt-dir DIR --ckpt-every N keep one)", sp->in_row, sp->first_skipped, step + 1);
+        return -1;
+    }
+    const long long next = step + sp->data_skip + 1; /* the first batch after the skipped ones */
+    ckpt_meta_t meta;
+    double load_s;
+    if (load_state(tr, path, &meta, &load_s, err, errlen) != 0)
+        return -1;
+    if (tr->env->world_rank == 0) {
+        printf("spike: %d steps skipped in a row (steps %d-%d): back to %s (step %d), continuing on the data after "
+               "the skipped batches (step %d reads batch %lld)\n", sp->in_row, sp->first_skipped, step + 1, path,
+               meta.step, meta.step + 1, next + 1);
+        fflush(stdout);
+    }
+    tr->optim.t = meta.adam_t;
+    tr->steps_done = meta.step;
+    sp->data_skip = next - meta.step;
+    spike_reset(sp);
+    sp->rolled_back = 1;
+    return 0;
+}
+
+/* The spike guard's verdict on the step (src/spike.h): go on, or skip the
+ * update (the strategy's gather still runs, of unchanged parameters, so
+ * every strategy ends the step as after an update), or roll back. */
+static int guard_step(trainer_t *tr, int step, double loss, double norm, spike_action_t *act, char *err,
+                      size_t errlen)
+{
+    const grid_t *g = tr->grid;
+    const spike_ctx_t c = {.world = tr->world, .world_rank = g->world_rank, .tp_rank = g->tp_rank,
+                           .pp_rank = g->pp_rank, .dp_rank = g->dp_rank, .sync = &tr->sync,
+                           .table = &tr->model.table};
+    if (spike_check(&tr->spike, &c, step + 1, tr->opt->steps, loss, norm, act, err, errlen) != 0)
+        return -1;
+    if (*act == SPIKE_ROLLBACK)
+        return spike_rollback(tr, step, err, errlen);
+    if (*act == SPIKE_SKIP && tr->sync.ops->after_update(&tr->sync) != 0) {
+        snprintf(err, errlen, "step %d: %s", step + 1, tr->sync.err);
+        return -1;
+    }
+    return 0;
+}
+
 /* A step's seconds on this rank: the whole step, its exposed
  * communication (blocked in the DP strategy's waits, TP collectives, the
  * tied-embedding sum) and the pipeline bubble (blocked waiting for a
@@ -1280,12 +1355,14 @@ static int train_step(trainer_t *tr, int step, step_record_t *r, step_times_t *t
         return -1;
     }
     double norm = trainer_grad_norm(tr);
-    if (!isfinite(loss) || !isfinite(norm)) {
-        snprintf(err, errlen, "step %d: loss %g, gradient norm %g: training diverged; lower --lr or raise --warmup",
-                 step + 1, loss, norm);
+    spike_action_t act;
+    if (guard_step(tr, step, loss, norm, &act, err, errlen) != 0)
         return -1;
+    if (act == SPIKE_ROLLBACK) { /* the loop goes on from the checkpoint (tr->spike.rolled_back) */
+        *t = (step_times_t){0};
+        return 0;
     }
-    if (update_params(tr, step, lr, norm, err, errlen) != 0)
+    if (act == SPIKE_GO && update_params(tr, step, lr, norm, err, errlen) != 0)
         return -1;
     m->ops->sync(); /* the step's time covers its kernels (the optimizer's run ahead of the host) */
     const double dt = now_s() - t0, tokens_step = (double)o->micro_batch * o->seq_len * tr->accum * tr->grid->dp_size;
@@ -1352,7 +1429,7 @@ static int report_step(trainer_t *tr, step_record_t *r, int end, char *err, size
         return -1;
     if (tr->has_val && (done % o->val_every == 0 || done == end))
         r->val_loss = trainer_val_loss(tr);
-    if (tr->env->world_rank == 0) {
+    if (tr->env->world_rank == 0 && tr->spike.in_row == 0) { /* a skipped step has its spike line instead */
         metrics_print_step(stdout, r);
         if (tr->metrics && metrics_write_json(tr->metrics, r) != 0) {
             snprintf(err, errlen, "--metrics %s: write failed: %s", o->metrics, strerror(errno));
@@ -1412,8 +1489,14 @@ int trainer_run(trainer_t *tr, char *err, size_t errlen)
     for (int step = tr->start_step; step < end; step++) {
         step_record_t r;
         step_times_t t;
-        if (train_step(tr, step, &r, &t, err, errlen) != 0 || step_stats(tr, &r, &t, err, errlen) != 0 ||
-            report_step(tr, &r, end, err, errlen) != 0)
+        if (train_step(tr, step, &r, &t, err, errlen) != 0)
+            return -1;
+        if (tr->spike.rolled_back) { /* on from the checkpoint's step */
+            tr->spike.rolled_back = 0;
+            step = tr->steps_done - 1;
+            continue;
+        }
+        if (step_stats(tr, &r, &t, err, errlen) != 0 || report_step(tr, &r, end, err, errlen) != 0)
             return -1;
         loss = r.loss;
         if (tr->backend.deferred && step == tr->start_step)
@@ -1453,6 +1536,7 @@ void trainer_teardown(trainer_t *tr)
     backend_close(&tr->backend);
     tokenizer_close(tr->tokenizer);
     free(tr->prompt_ids.id);
+    spike_free(&tr->spike);
     data_close(&tr->train);
     if (tr->has_val)
         data_close(&tr->val);

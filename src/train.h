@@ -12,6 +12,7 @@
 #include "src/model.h"
 #include "src/optim.h"
 #include "src/options.h"
+#include "src/spike.h"
 #include "mpi/pipeline.h"
 #include "io/tokenizer.h"
 
@@ -30,6 +31,7 @@ typedef struct trainer {
     adamw_t optim;
     dpsync_t sync;      /* the data-parallel strategy (--zero, --hybrid-shard, --ddp-mode) */
     lr_schedule_t sched;
+    spike_t spike;      /* --spike-*: skipped steps, rollbacks and the data position after them */
     data_loader_t train, val;
     int has_val;
     int accum;          /* microbatches per optimizer step */
