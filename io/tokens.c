@@ -44,6 +44,10 @@ int tokens_format_parse(const char *s, tokens_format_t *fmt)
         *fmt = TOKENS_FORMAT_RAW_U16;
         return 0;
     }
+    if (strcmp(s, "megatron") == 0) {
+        *fmt = TOKENS_FORMAT_MEGATRON;
+        return 0;
+    }
     return -1;
 }
 

@@ -32,7 +32,7 @@ typedef struct opt_def {
 } opt_def_t;
 
 static const char *const arch_choices[] = {"gpt2", "llama", NULL};
-static const char *const format_choices[] = {"llmc", "raw-u16", NULL};
+static const char *const format_choices[] = {"llmc", "raw-u16", "megatron", NULL};
 static const char *const ddp_choices[] = {"naive", "flat", "bucketed", NULL};
 static const char *const grad_reduce_dtype_choices[] = {"fp32", "bf16", NULL};
 static const char *const fsdp_choices[] = {"", "no_shard", "shard_grad_op", "full_shard", NULL};
@@ -85,12 +85,12 @@ static const opt_def_t opt_defs[] = {
     {"beta2", OPT_REAL, F(beta2), 0, "0.95", 0, 0.999999999, NULL, "AdamW beta2"},
     {"adam-eps", OPT_REAL, F(adam_eps), 0, "1e-8", 0, 1, NULL, "AdamW epsilon"},
     {"seed", OPT_LLONG, F(seed), 0, "1337", 0, 9.0e18, NULL, "seed of initialisation, data order and sampling"},
-    {"data", OPT_STR, F(data), S(data), "data/gutenberg_train_*.bin", 0, 0, NULL, "training token shards (glob)"},
-    {"val-data", OPT_STR, F(val_data), S(val_data), "data/gutenberg_val_*.bin", 0, 0, NULL, "validation token shards (glob)"},
-    {"data-format", OPT_STR, F(data_format), S(data_format), "llmc", 0, 0, format_choices, "token file format: llmc (headered shards) | raw-u16 (nanoGPT .bin)"},
+    {"data", OPT_STR, F(data), S(data), "data/gutenberg_train_*.bin", 0, 0, NULL, "training data: a glob of token shards, a Megatron prefix, or a blend \"W1 PATH1 W2 PATH2 ...\" (doc/data.md)"},
+    {"val-data", OPT_STR, F(val_data), S(val_data), "data/gutenberg_val_*.bin", 0, 0, NULL, "validation data, as --data (a blend too)"},
+    {"data-format", OPT_STR, F(data_format), S(data_format), "llmc", 0, 0, format_choices, "token file format: llmc (headered shards) | raw-u16 (nanoGPT .bin) | megatron (Megatron-LM/GPT-NeoX PREFIX.bin + PREFIX.idx); a path in --data may override it with a llmc:, raw-u16: or megatron: prefix"},
     {"val-every", OPT_INT, F(val_every), 0, "100", 0, INT_MAX, NULL, "validate every N steps and at the end (0 = never)"},
     {"val-batches", OPT_INT, F(val_batches), 0, "16", 1, INT_MAX, NULL, "microbatches of validation data per evaluation"},
-    {"doc-mask", OPT_FLAG, F(doc_mask), 0, "0", 0, 1, NULL, "document masking: attention never crosses a document boundary and positions (learned or RoPE) restart at each document; the boundaries are the doc_start / doc_end tokens the data's tokenizer sidecar names (data without them is an error)"},
+    {"doc-mask", OPT_FLAG, F(doc_mask), 0, "0", 0, 1, NULL, "document masking: attention never crosses a document boundary and positions (learned or RoPE) restart at each document; the boundaries are a Megatron index's documents, or the doc_start / doc_end tokens the data's tokenizer sidecar names (other data without them is an error)"},
     {"metrics", OPT_STR, F(metrics), S(metrics), "", 0, 0, NULL, "write one JSON object per step to FILE"},
     {"ckpt-dir", OPT_STR, F(ckpt_dir), S(ckpt_dir), "", 0, 0, NULL, "write checkpoints (HDF5, any layout loads them) into DIR, created with its parents if missing"},
     {"ckpt-every", OPT_INT, F(ckpt_every), 0, "0", 0, INT_MAX, NULL, "checkpoint every N steps (0 = only at the end); needs --ckpt-dir"},
