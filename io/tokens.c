@@ -32,7 +32,8 @@
  * small enough to stay in cache. */
 #define WRITE_CHUNK 65536
 
-const char *const tokens_format_names[] = {[TOKENS_FORMAT_LLMC] = "llmc", [TOKENS_FORMAT_RAW_U16] = "raw-u16", NULL};
+const char *const tokens_format_names[] = {[TOKENS_FORMAT_LLMC] = "llmc", [TOKENS_FORMAT_RAW_U16] = "raw-u16",
+                                          [TOKENS_FORMAT_MEGATRON] = "megatron", NULL};
 
 int tokens_format_parse(const char *s, tokens_format_t *fmt)
 {

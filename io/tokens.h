@@ -25,7 +25,8 @@
 
 typedef enum {
     TOKENS_FORMAT_LLMC = 0, /* headered shards (default) */
-    TOKENS_FORMAT_RAW_U16 = 1 /* nanoGPT: headerless uint16 */
+    TOKENS_FORMAT_RAW_U16 = 1, /* nanoGPT: headerless uint16 */
+    TOKENS_FORMAT_MEGATRON = 2 /* PREFIX.bin + PREFIX.idx: read by io/megatron_data.h, not tokens_open */
 } tokens_format_t;
 /* The names of tokens_format_t, indexed by it, NULL-terminated (--data-format). */
 extern const char *const tokens_format_names[];
@@ -65,7 +66,7 @@ int tokens_check_header(const void *hdr, uint64_t file_size,
 int tokens_write(const char *path, const int32_t *tok, size_t n, int width,
                  char *err, size_t errlen);
 
-/* "llmc" / "raw-u16" -> format; returns -1 for anything else. */
+/* "llmc" / "raw-u16" / "megatron" -> format; returns -1 for anything else. */
 int tokens_format_parse(const char *s, tokens_format_t *fmt);
 
 #endif

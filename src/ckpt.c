@@ -108,6 +108,52 @@ void ckpt_remove_stale(const char *dir)
     closedir(d);
 }
 
+/* attrs[*na] plus data_datasets and data_drawn_<i> (each dataset's samples
+ * drawn, src/data.h) in new memory; *na updated. The keys live in a block
+ * after the array, freed with it. */
+static h5store_attr_t *data_attrs(const h5store_attr_t *attrs, int *na, const ckpt_meta_t *meta)
+{
+    const int n = meta->n_data, base = *na;
+    const size_t key = 24;
+    h5store_attr_t *all = malloc((size_t)(base + 1 + n) * sizeof *all + (size_t)n * key);
+    if (!all)
+        return NULL;
+    char *keys = (char *)(all + base + 1 + n);
+    memcpy(all, attrs, (size_t)base * sizeof *all);
+    all[base] = (h5store_attr_t){.key = "data_datasets", .type = H5STORE_INT, .i = n};
+    for (int i = 0; i < n; i++) {
+        snprintf(keys + (size_t)i * key, key, "data_drawn_%d", i);
+        all[base + 1 + i] = (h5store_attr_t){.key = keys + (size_t)i * key, .type = H5STORE_INT, .i = meta->data_drawn[i]};
+    }
+    *na = base + 1 + n;
+    return all;
+}
+
+/* The data positions data_attrs wrote; none in a checkpoint of an older
+ * dtrain (n_data 0). */
+static int read_data_attrs(h5store_t *h, ckpt_meta_t *meta, char *err, size_t errlen)
+{
+    int64_t n = 0, v;
+    if (!h5store_has_attr(h, "data_datasets"))
+        return 0;
+    if (h5store_get_int(h, "data_datasets", &n, err, errlen) != 0)
+        return -1;
+    if (n < 0 || n > CKPT_DATA_MAX) {
+        snprintf(err, errlen, "checkpoint attribute data_datasets = %lld is out of range 0 .. %d", (long long)n,
+                 CKPT_DATA_MAX);
+        return -1;
+    }
+    for (int i = 0; i < (int)n; i++) {
+        char key[24];
+        snprintf(key, sizeof key, "data_drawn_%d", i);
+        if (h5store_get_int(h, key, &v, err, errlen) != 0)
+            return -1;
+        meta->data_drawn[i] = v;
+    }
+    meta->n_data = (int)n;
+    return 0;
+}
+
 int ckpt_save(comm_t *world, const char *dir, int keep, const model_config_t *cfg, const param_table_t *t,
               float *params, float *m, float *v, int writer, int tp_size, int tp_rank, const ckpt_meta_t *meta,
               char *path_out, size_t path_len, char *err, size_t errlen)
@@ -136,8 +182,15 @@ int ckpt_save(comm_t *world, const char *dir, int keep, const model_config_t *cf
     attrs[na++] = (h5store_attr_t){.key = "decay_shape", .type = H5STORE_STR, .s = meta->decay_shape};
     attrs[na++] = (h5store_attr_t){.key = "data_skip", .type = H5STORE_INT, .i = meta->data_skip};
     na += param_io_tokenizer_attrs(meta->tokenizer, meta->tokenizer_sha256, attrs + na);
+    h5store_attr_t *all = data_attrs(attrs, &na, meta);
+    if (!all) {
+        snprintf(err, errlen, "out of memory for the checkpoint's attributes");
+        return -1; /* every rank allocates the same: every rank fails */
+    }
     const param_io_group_t groups[3] = {{"params", params}, {"optim/m", m}, {"optim/v", v}};
-    if (param_io_write(world, path_out, cfg, t, groups, 3, writer, tp_size, tp_rank, attrs, na, err, errlen) != 0)
+    int wrc = param_io_write(world, path_out, cfg, t, groups, 3, writer, tp_size, tp_rank, all, na, err, errlen);
+    free(all);
+    if (wrc != 0)
         return -1;
     /* the file is complete and durable: only now does `latest` move */
     int rc = 0;
@@ -250,6 +303,8 @@ int ckpt_load(comm_t *world, const char *path, const model_config_t *cfg, const 
                     get_int(h, "warmup", &meta->warmup, err, errlen) || get_int(h, "steps", &meta->steps, err, errlen) ||
                     h5store_get_str(h, "layout", meta->layout, sizeof meta->layout, err, errlen)))
         rc = -1;
+    if (rc == 0)
+        rc = read_data_attrs(h, meta, err, errlen);
     meta->tokens = tokens;
     meta->seed = seed;
     if (rc == 0 && (rc = optional_schedule(h, meta, err, errlen)) != 0)

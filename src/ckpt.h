@@ -20,6 +20,7 @@
 #include "src/params.h"
 
 #define CKPT_FORMAT_VERSION 1
+#define CKPT_DATA_MAX 256 /* datasets whose positions a checkpoint records (a blend's limit) */
 
 /* What besides tensors a run needs to continue exactly. The data order and
  * the LR schedule are pure functions of these, so no generator state is
@@ -41,6 +42,8 @@ typedef struct ckpt_meta {
     long long data_skip;
     char layout[64];    /* "tp 2 pp 2 dp 2" of the writer (information) */
     const char *tokenizer, *tokenizer_sha256; /* the data's tokenizer, "" or NULL when unknown */
+    int n_data;                           /* datasets of the training data (0: not recorded) */
+    long long data_drawn[CKPT_DATA_MAX];  /* samples the run drew of each (attributes data_drawn_<i>) */
 } ckpt_meta_t;
 
 /* Collective over world (a communicator over MPI_COMM_WORLD). Writes

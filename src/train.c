@@ -240,6 +240,39 @@ static void moments_from_host(trainer_t *tr, const float *hm, const float *hv)
     tr->sync.ops->state_from_host(&tr->sync, hv, tr->optim.v);
 }
 
+/* Each dataset's position after `step` steps' batches (a rollback's
+ * skipped batches included): the samples of it the blend drew (a checkpoint's record; the order itself is a function of the
+ * global sample index). */
+static void data_meta(trainer_t *tr, int step, ckpt_meta_t *meta)
+{
+    const int gb = tr->opt->micro_batch * tr->accum * tr->grid->dp_size;
+    uint64_t count[CKPT_DATA_MAX];
+    meta->n_data = tr->train.n_parts <= CKPT_DATA_MAX ? tr->train.n_parts : 0;
+    if (meta->n_data == 0)
+        return;
+    data_counts(&tr->train, (uint64_t)step * (uint64_t)gb, count);
+    for (int i = 0; i < meta->n_data; i++)
+        meta->data_drawn[i] = (long long)count[i];
+}
+
+/* --resume: the checkpoint's dataset positions against this run's order
+ * (a different blend, global batch or seed gives another): a note when
+ * they differ; the run continues in its own order. */
+static void data_resume_note(trainer_t *tr, const ckpt_meta_t *meta)
+{
+    ckpt_meta_t mine = {0};
+    if (meta->n_data == 0 || tr->env->world_rank != 0)
+        return;
+    data_meta(tr, meta->step + meta->data_skip, &mine);
+    int same = mine.n_data == meta->n_data;
+    for (int i = 0; same && i < mine.n_data; i++)
+        same = mine.data_drawn[i] == meta->data_drawn[i];
+    if (!same)
+        printf("resume: note: the checkpoint drew %lld samples of its first of %d datasets; this run's data order "
+               "draws %lld of %d: the data (or its blend) differs from the checkpoint's run\n", meta->data_drawn[0],
+               meta->n_data, mine.data_drawn[0], mine.n_data);
+}
+
 /* Reads the checkpoint at path into the model and the optimizer's moments
  * (its run state into *meta, rank 0's read time into *load_s): --resume
  * and a rollback after loss spikes. Collective. */
@@ -291,6 +324,7 @@ static int trainer_resume(trainer_t *tr, char *err, size_t errlen)
     if (rc == 0) {
         tr->optim.t = meta.adam_t;
         tr->start_step = meta.step;
+        data_resume_note(tr, &meta);
         tr->steps_done = meta.step;
         tr->spike.data_skip = meta.data_skip;
         if (tr->env->world_rank == 0) {
@@ -335,6 +369,7 @@ static int trainer_save(trainer_t *tr, int step, char *err, size_t errlen)
         meta.data_skip = tr->spike.data_skip;
         lr_schedule_record(&tr->sched, meta.lr_schedule, sizeof meta.lr_schedule, &meta.decay_steps,
                            meta.decay_shape, sizeof meta.decay_shape);
+        data_meta(tr, step + tr->spike.data_skip, &meta);
         snprintf(meta.layout, sizeof meta.layout, "tp %d pp %d dp %d zero %d", g->tp_size, g->pp_size, g->dp_size,
                  tr->sync.ops->zero);
         char path[OPT_PATH_MAX + 64];
@@ -528,17 +563,22 @@ static int encode_prompt(trainer_t *tr, char *err, size_t errlen)
  * none cannot be masked: an error rather than a mask that does nothing. */
 static int setup_doc_mask(trainer_t *tr, const tok_sidecar_t *sc, char *err, size_t errlen)
 {
+    const run_options_t *o = tr->opt;
+    const tokens_format_t fmt = tr->run->data_format;
     tr->doc_start = tr->doc_end = -1;
-    if (!tr->opt->doc_mask)
+    if (!o->doc_mask)
         return 0;
-    if (!sc || (sc->doc_start == TOK_NO_ID && sc->doc_end == TOK_NO_ID)) {
+    const int indexed = data_spec_indexed(o->data, fmt) && (o->val_every == 0 || data_spec_indexed(o->val_data, fmt));
+    if (!indexed && (!sc || (sc->doc_start == TOK_NO_ID && sc->doc_end == TOK_NO_ID))) {
         snprintf(err, errlen, "--doc-mask: data %s records no document boundary (%s): prepare it with a tokenizer "
                  "that has a document start or end token, or drop --doc-mask", tr->opt->data,
                  sc ? "its tokenizer sidecar names no doc_start or doc_end token" : "it has no tokenizer sidecar");
         return -1;
     }
-    tr->doc_start = sc->doc_start == TOK_NO_ID ? -1 : sc->doc_start;
-    tr->doc_end = sc->doc_end == TOK_NO_ID ? -1 : sc->doc_end;
+    if (sc) {
+        tr->doc_start = sc->doc_start == TOK_NO_ID ? -1 : sc->doc_start;
+        tr->doc_end = sc->doc_end == TOK_NO_ID ? -1 : sc->doc_end;
+    }
     return 0;
 }
 
@@ -550,10 +590,13 @@ static int setup_tokenizer(trainer_t *tr, char *err, size_t errlen)
     const run_options_t *o = tr->opt;
     const int vocab = tr->cfg.vocab_size;
     tok_sidecar_t sc, vsc;
-    char path[OPT_PATH_MAX + 64], vpath[OPT_PATH_MAX + 64];
-    int has = check_data_sidecar(o->data, vocab, &sc, path, sizeof path, err, errlen);
+    char path[OPT_PATH_MAX + 64], vpath[OPT_PATH_MAX + 64], first[OPT_PATH_MAX + 8], vfirst[OPT_PATH_MAX + 8];
+    const tokens_format_t fmt = tr->run->data_format;
+    data_sidecar_path(o->data, fmt, first, sizeof first); /* a blend: its first dataset's */
+    data_sidecar_path(o->val_data, fmt, vfirst, sizeof vfirst);
+    int has = check_data_sidecar(first, vocab, &sc, path, sizeof path, err, errlen);
     if (has < 0 ||
-        (o->val_every > 0 && check_data_sidecar(o->val_data, vocab, &vsc, vpath, sizeof vpath, err, errlen) < 0) ||
+        (o->val_every > 0 && check_data_sidecar(vfirst, vocab, &vsc, vpath, sizeof vpath, err, errlen) < 0) ||
         open_tokenizer(tr, has ? &sc : NULL, path, err, errlen) != 0 ||
         setup_doc_mask(tr, has ? &sc : NULL, err, errlen) != 0)
         return -1;
@@ -573,28 +616,45 @@ static int setup_tokenizer(trainer_t *tr, char *err, size_t errlen)
     return encode_prompt(tr, err, errlen);
 }
 
+/* The training and validation data (src/data.h). Megatron files are
+ * mapped, not read: their tokens are checked against the vocabulary here,
+ * each rank checking its share, and the ranks agree on the verdict. */
+static int open_data(trainer_t *tr, char *err, size_t errlen)
+{
+    const run_options_t *o = tr->opt;
+    const run_config_t *run = tr->run;
+    const int vocab = tr->cfg.vocab_size;
+    const tokens_format_t fmt = run->data_format;
+    int rc = 0;
+    if (data_open(&tr->train, o->data, fmt, vocab, run->seq_len, 1, (uint64_t)o->seed, err, errlen) != 0)
+        rc = -1;
+    else if (o->val_every > 0 && data_open(&tr->val, o->val_data, fmt, vocab, run->seq_len, 0, 0, err, errlen) != 0)
+        rc = -1;
+    tr->has_val = rc == 0 && o->val_every > 0;
+    const int share = tr->grid->world_rank, shares = tr->grid->world_size;
+    if (rc == 0 && (data_check_vocab(&tr->train, vocab, share, shares, err, errlen) != 0 ||
+                    (tr->has_val && data_check_vocab(&tr->val, vocab, share, shares, err, errlen) != 0)))
+        rc = -1;
+    if (agree(tr->world, rc, err, errlen) != 0)
+        return -1;
+    data_set_doc_tokens(&tr->train, tr->doc_start, tr->doc_end);
+    if (tr->has_val)
+        data_set_doc_tokens(&tr->val, tr->doc_start, tr->doc_end);
+    return 0;
+}
+
 /* The run's data: the vocabulary checks, the sample's tokenizer and the
  * training and validation loaders. */
 static int setup_data(trainer_t *tr, char *err, size_t errlen)
 {
     const run_options_t *o = tr->opt;
-    const run_config_t *run = tr->run;
     if (o->top_k > tr->cfg.vocab_size) {
         snprintf(err, errlen, "--top-k %d exceeds the vocabulary (%d)", o->top_k, tr->cfg.vocab_size);
         return -1;
     }
     if (setup_tokenizer(tr, err, errlen) != 0)
         return -1;
-    if (data_open(&tr->train, o->data, run->data_format, tr->cfg.vocab_size, run->seq_len, 1, (uint64_t)o->seed,
-                  err, errlen) != 0)
-        return -1;
-    if (o->val_every > 0) {
-        if (data_open(&tr->val, o->val_data, run->data_format, tr->cfg.vocab_size, run->seq_len, 0, 0, err,
-                      errlen) != 0)
-            return -1;
-        tr->has_val = 1;
-    }
-    return 0;
+    return open_data(tr, err, errlen);
 }
 
 /* This rank's part of the model: its stage's layers (the resolved split),
@@ -810,9 +870,13 @@ void trainer_banner(const trainer_t *tr, FILE *out)
     fprintf(out, "batch: micro %d x seq %d, %d microbatch%s per step x dp %d = %d tokens per step\n",
             o->micro_batch, o->seq_len, tr->accum, tr->accum == 1 ? "" : "es", tr->grid->dp_size,
             o->micro_batch * o->seq_len * tr->accum * tr->grid->dp_size);
-    fprintf(out, "data: %zu train tokens (%zu samples)", tr->train.set.n_tokens, tr->train.n_samples);
-    if (tr->has_val)
-        fprintf(out, ", %zu val tokens", tr->val.set.n_tokens);
+    char dd[2048];
+    data_describe(&tr->train, dd, sizeof dd);
+    fprintf(out, "data: train %s", dd);
+    if (tr->has_val) {
+        data_describe(&tr->val, dd, sizeof dd);
+        fprintf(out, "; val %s", dd);
+    }
     fprintf(out, "\n");
     if (tr->tokenizer)
         fprintf(out, "tokenizer: %s (from %s)\n", tr->tokenizer->spec, tr->tokenizer_from);
@@ -857,14 +921,14 @@ static const int32_t *batch_positions(trainer_t *tr, const int32_t *tok, int b, 
 /* Forward-only pass of one microbatch through the pipeline, in slot 0:
  * stage s receives from s-1, computes, sends to s+1. Returns the loss on
  * the last stage (0 elsewhere); NAN on failure. Collective over PP (and TP). */
-static float pipeline_eval(trainer_t *tr, const int32_t *tok, const int32_t *tgt, int b, int t)
+static float pipeline_eval(trainer_t *tr, const int32_t *tok, const int32_t *pos, const int32_t *tgt, int b, int t)
 {
     model_t *m = &tr->model;
     const grid_t *g = tr->grid;
     const size_t n = model_stage_floats(m, b, t);
     if (g->pp_rank > 0 && g->pp->ops->recv(g->pp, model_stage_input(m, 0), n, COMM_FP32, g->pp_rank - 1, TAG_EVAL) != 0)
         return NAN;
-    float loss = model_forward(m, 0, tok, batch_positions(tr, tok, b, t), tgt, b, t, 0.0f);
+    float loss = model_forward(m, 0, tok, pos, tgt, b, t, 0.0f);
     if (m->failed)
         return NAN;
     if (g->pp_rank < g->pp_size - 1 &&
@@ -899,9 +963,11 @@ double trainer_val_loss(trainer_t *tr)
         const int i = r * g->dp_size + g->dp_rank;
         if (i < nb || tr->sync.ops->collective_forward) {
             const uint64_t src = i < nb ? (uint64_t)i : 0;
+            int32_t *pos = tr->opt->doc_mask ? tr->pos : NULL;
             for (int b = 0; b < B; b++)
-                data_sample(&tr->val, src * B + b, tr->tok + (size_t)b * T, tr->tgt + (size_t)b * T);
-            float v = pipeline_eval(tr, tr->tok, tr->tgt, B, T);
+                data_sample(&tr->val, src * B + b, tr->tok + (size_t)b * T, tr->tgt + (size_t)b * T,
+                            pos ? pos + (size_t)b * T : NULL);
+            float v = pipeline_eval(tr, tr->tok, pos, tr->tgt, B, T);
             failed = isnan(v);
             if (i < nb)
                 means[i] = v;
@@ -986,7 +1052,7 @@ static int sample_logits(void *ctx, const int32_t *window, int t, int row, float
     trainer_t *tr = ctx;
     model_t *m = &tr->model;
     const grid_t *g = tr->grid;
-    if (isnan(pipeline_eval(tr, window, NULL, 1, t)))
+    if (isnan(pipeline_eval(tr, window, batch_positions(tr, window, 1, t), NULL, 1, t)))
         return -1;
     if (g->pp_rank == g->pp_size - 1 && model_logits_row(m, 0, row, logits) != 0)
         return -1;
@@ -1069,9 +1135,11 @@ static int stage_forward(void *ctx, int micro, int slot)
     /* the first stage needs the tokens, the last the targets: the batch is
      * a pure function of (step, micro, dp rank), so each stage draws it */
     const int64_t batch = tr->cur_step + tr->spike.data_skip; /* past the batches a rollback skipped */
-    data_batch(&tr->train, batch, micro, tr->accum, g->dp_rank, g->dp_size, o->micro_batch, tr->tok, tr->tgt);
+    const double t_data = tr->trace ? trace_now() : 0.0;
+    int32_t *pos = o->doc_mask ? tr->pos : NULL; /* from the data: a Megatron index or the boundary tokens */
+    data_batch(&tr->train, batch, micro, tr->accum, g->dp_rank, g->dp_size, o->micro_batch, tr->tok, tr->tgt, pos);
+    trace_span(tr->trace, TRACE_COMPUTE, "data", t_data, tr->trace ? trace_now() : 0.0, NULL);
     m->trace_micro = micro;
-    const int32_t *pos = batch_positions(tr, tr->tok, o->micro_batch, o->seq_len);
     if (pos) { /* the attention this step computes, for its MFU */
         tr->doc_sq += docmask_square_sum(pos, (size_t)o->micro_batch * o->seq_len);
         tr->doc_tok += (double)o->micro_batch * o->seq_len;
