@@ -30,7 +30,7 @@
 #include <stddef.h>
 
 #include "mpi/comm.h"
-#include "src/ops.h"
+#include "base/ops.h"
 
 typedef enum { PIPE_1F1B = 0, PIPE_GPIPE } pipe_kind_t;
 typedef enum { PIPE_FWD = 0, PIPE_BWD } pipe_op_t;
