@@ -117,6 +117,14 @@ def rewrap(s, open_i, close_i):
     return s[:line_start] + "\n".join(lines) + s[tail_end if tail_end >= 0 else len(s):]
 
 
+def in_comment(src, i):
+    """Whether offset i is inside a /* */ or // comment (strings ignored)."""
+    if src.rfind("/*", 0, i) > src.rfind("*/", 0, i):
+        return True
+    line = src[src.rfind("\n", 0, i) + 1:i]
+    return "//" in line
+
+
 def rewrite(src, names, path, dry):
     tail = "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
     meth = "|".join(METHODS)
@@ -128,7 +136,7 @@ def rewrite(src, names, path, dry):
             break
         start = m.start()
         # the chain must not continue a longer expression (a->b.ops ok; xops no)
-        if start > 0 and (src[start - 1].isalnum() or src[start - 1] in "_>."):
+        if start > 0 and (src[start - 1].isalnum() or src[start - 1] in "_>.") or in_comment(src, start):
             pos = m.end()
             continue
         expr, arrow, method = m.group(1), m.group(2), m.group(3)
