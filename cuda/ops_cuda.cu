@@ -1,4 +1,4 @@
-/* The CUDA ops table: every entry of src/ops.h on one GPU.
+/* The CUDA ops table: every entry of base/ops.h on one GPU.
  *
  * Matmuls go through cuBLASLt with CUBLAS_COMPUTE_32F (fp32 operands: true
  * fp32, no TF32, so results stay within fp32 rounding of the CPU backend;
@@ -8,7 +8,7 @@
  * shared formula: the one place results may differ from the CPU's by more
  * than summation order, within the GELU's rounding). Everything else is a
  * kernel, in cuda/kernels/ (one family a file, launched from here); the
- * per-element arithmetic comes from src/ops_math.h, the same functions the
+ * per-element arithmetic comes from base/ops_math.h, the same functions the
  * CPU backend calls, so the CPU tests exercise these formulas.
  *
  * Design (doc/design.md, "CUDA backend"):
@@ -40,7 +40,11 @@
  * Errors: every CUDA and cuBLAS call is checked. The ops table has no error
  * returns, and a failed kernel leaves the context unusable, so a failure in
  * an op ends the job through cuda_fatal() with the op and the CUDA error
- * string. ops_cuda_init returns its errors in err. */
+ * string. ops_cuda_create returns its errors in err.
+ *
+ * State: everything the ops keep (stream, handles, grown buffers, GEMM
+ * plans) lives in the context cu_t (ops_cuda_state.cuh), every method's
+ * ctx; the table is a designated-initializer constant copied into it. */
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -56,9 +60,9 @@
 #include <string.h>
 
 #include "cuda/device.h"
-#include "src/ops.h"
+#include "base/ops.h"
 #include "cuda/ops_cuda.h"
-#include "src/ops_math.h"
+#include "base/ops_math.h"
 
 /* The kernels, one family a file (kernels/common.cuh says what they
  * follow), and the host code the emulation tests compile too: the state
@@ -89,8 +93,9 @@
  * cudaMemGetInfo. */
 #define DEVICE_RESERVE ((size_t)256 << 20)
 
-static void *cu_alloc(size_t bytes)
+static void *cu_alloc(void *ctx, size_t bytes)
 {
+    cu_t *g = (cu_t *)ctx;
     if (bytes > SIZE_MAX - 63)
         return NULL;
     size_t sz = bytes ? (bytes + 63) & ~(size_t)63 : 64;
@@ -103,141 +108,153 @@ static void *cu_alloc(size_t bytes)
         (void)cudaGetLastError(); /* out of memory is reported as NULL, not sticky */
         return NULL;
     }
-    ck(cudaMemsetAsync(p, 0, sz, g.stream), "alloc: cudaMemsetAsync");
-    wait_all("alloc"); /* the host (an MPI receive) may write it next */
+    ck(cudaMemsetAsync(p, 0, sz, g->stream), "alloc: cudaMemsetAsync");
+    wait_all(g, "alloc"); /* the host (an MPI receive) may write it next */
     return p;
 }
 
-static void cu_free(void *p)
+static void cu_free(void *ctx, void *p)
 {
+    cu_t *g = (cu_t *)ctx;
     if (p) {
-        ck(cudaStreamSynchronize(g.stream), "free: cudaStreamSynchronize");
+        ck(cudaStreamSynchronize(g->stream), "free: cudaStreamSynchronize");
         ck(cudaFree(p), "free: cudaFree");
     }
 }
 
-static void cu_sync(void)
+static void cu_sync(void *ctx)
 {
-    wait_all("sync");
+    cu_t *g = (cu_t *)ctx;
+    wait_all(g, "sync");
 }
 
-static void cu_copy(void *dst, const void *src, size_t bytes)
+static void cu_copy(void *ctx, void *dst, const void *src, size_t bytes)
 {
+    cu_t *g = (cu_t *)ctx;
     if (!bytes)
         return;
-    ck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, g.stream), "copy: cudaMemcpyAsync");
-    finish("copy");
+    ck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, g->stream), "copy: cudaMemcpyAsync");
+    finish(g, "copy");
 }
 
 /* Both directions wait: to_host for its result; from_host so the caller
  * may reuse its (pageable) source at once whatever the driver stages. */
-static void cu_to_host(void *host_dst, const void *src, size_t bytes)
+static void cu_to_host(void *ctx, void *host_dst, const void *src, size_t bytes)
 {
+    cu_t *g = (cu_t *)ctx;
     if (!bytes)
         return;
-    ck(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDefault, g.stream), "to_host: cudaMemcpyAsync");
-    wait_all("to_host");
+    ck(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDefault, g->stream), "to_host: cudaMemcpyAsync");
+    wait_all(g, "to_host");
 }
 
-static void cu_from_host(void *dst, const void *host_src, size_t bytes)
+static void cu_from_host(void *ctx, void *dst, const void *host_src, size_t bytes)
 {
+    cu_t *g = (cu_t *)ctx;
     if (!bytes)
         return;
-    ck(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyDefault, g.stream), "from_host: cudaMemcpyAsync");
-    wait_all("from_host");
+    ck(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyDefault, g->stream), "from_host: cudaMemcpyAsync");
+    wait_all(g, "from_host");
 }
 
-static void cu_zero(void *dst, size_t bytes)
+static void cu_zero(void *ctx, void *dst, size_t bytes)
 {
+    cu_t *g = (cu_t *)ctx;
     if (!bytes)
         return;
-    ck(cudaMemsetAsync(dst, 0, bytes, g.stream), "zero: cudaMemsetAsync");
-    finish("zero");
+    ck(cudaMemsetAsync(dst, 0, bytes, g->stream), "zero: cudaMemsetAsync");
+    finish(g, "zero");
 }
 
 /* ---- LayerNorm / RMSNorm: one block per row ------------------------------------------- */
 
-static void layernorm_fwd(float *out, float *mean, float *rstd, const float *x, const float *w, const float *b,
-                          int N, int C, float eps)
+static void layernorm_fwd(void *ctx, float *out, float *mean, float *rstd, const float *x, const float *w,
+                          const float *b, int N, int C, float eps)
 {
+    cu_t *g = (cu_t *)ctx;
     if (N <= 0 || C <= 0)
         return;
-    k_layernorm_fwd<<<N, THREADS, 0, g.stream>>>(out, mean, rstd, x, w, b, C, eps);
-    finish("layernorm_fwd");
+    k_layernorm_fwd<<<N, THREADS, 0, g->stream>>>(out, mean, rstd, x, w, b, C, eps);
+    finish(g, "layernorm_fwd");
 }
 
-static void layernorm_bwd(float *din, float *dw, float *db, const float *dout, const float *x, const float *w,
-                          const float *mean, const float *rstd, int N, int C, int accum_dw)
+static void layernorm_bwd(void *ctx, float *din, float *dw, float *db, const float *dout, const float *x,
+                          const float *w, const float *mean, const float *rstd, int N, int C, int accum_dw)
 {
+    cu_t *g = (cu_t *)ctx;
     if (C <= 0)
         return;
     if (din && N > 0)
-        k_layernorm_bwd_dx<<<N, THREADS, 0, g.stream>>>(din, dout, x, w, mean, rstd, C);
+        k_layernorm_bwd_dx<<<N, THREADS, 0, g->stream>>>(din, dout, x, w, mean, rstd, C);
     if (dw || db) {
         const int nk = col_chunks(N), cb = (C + THREADS - 1) / THREADS;
         float *pw = NULL, *pb = NULL;
         if (nk > 0) {
-            pw = col_part_room(2 * (size_t)nk * C, "layernorm_bwd");
+            pw = col_part_room(g, 2 * (size_t)nk * C, "layernorm_bwd");
             pb = pw + (size_t)nk * C;
-            k_layernorm_bwd_dw_part<<<dim3((unsigned)cb, (unsigned)nk), THREADS, 0, g.stream>>>(
+            k_layernorm_bwd_dw_part<<<dim3((unsigned)cb, (unsigned)nk), THREADS, 0, g->stream>>>(
                 pw, pb, dout, x, mean, rstd, N, C, col_rows(N));
         }
         if (dw)
-            k_colsum_fold<<<cb, THREADS, 0, g.stream>>>(dw, pw, nk, C, accum_dw);
+            k_colsum_fold<<<cb, THREADS, 0, g->stream>>>(dw, pw, nk, C, accum_dw);
         if (db)
-            k_colsum_fold<<<cb, THREADS, 0, g.stream>>>(db, pb, nk, C, accum_dw);
+            k_colsum_fold<<<cb, THREADS, 0, g->stream>>>(db, pb, nk, C, accum_dw);
     }
-    finish("layernorm_bwd");
+    finish(g, "layernorm_bwd");
 }
 
-static void rmsnorm_fwd(float *out, float *rstd, const float *x, const float *w, int N, int C, float eps)
+static void rmsnorm_fwd(void *ctx, float *out, float *rstd, const float *x, const float *w, int N, int C, float eps)
 {
+    cu_t *g = (cu_t *)ctx;
     if (N <= 0 || C <= 0)
         return;
-    k_rmsnorm_fwd<<<N, THREADS, 0, g.stream>>>(out, rstd, x, w, C, eps);
-    finish("rmsnorm_fwd");
+    k_rmsnorm_fwd<<<N, THREADS, 0, g->stream>>>(out, rstd, x, w, C, eps);
+    finish(g, "rmsnorm_fwd");
 }
 
-static void rmsnorm_bwd(float *din, float *dw, const float *dout, const float *x, const float *w,
+static void rmsnorm_bwd(void *ctx, float *din, float *dw, const float *dout, const float *x, const float *w,
                         const float *rstd, int N, int C, int accum_dw)
 {
+    cu_t *g = (cu_t *)ctx;
     if (C <= 0)
         return;
     if (din && N > 0)
-        k_rmsnorm_bwd_dx<<<N, THREADS, 0, g.stream>>>(din, dout, x, w, rstd, C);
+        k_rmsnorm_bwd_dx<<<N, THREADS, 0, g->stream>>>(din, dout, x, w, rstd, C);
     if (dw) {
         const int nk = col_chunks(N), cb = (C + THREADS - 1) / THREADS;
         float *pw = NULL;
         if (nk > 0) {
-            pw = col_part_room((size_t)nk * C, "rmsnorm_bwd");
-            k_rmsnorm_bwd_dw_part<<<dim3((unsigned)cb, (unsigned)nk), THREADS, 0, g.stream>>>(pw, dout, x, rstd, N,
+            pw = col_part_room(g, (size_t)nk * C, "rmsnorm_bwd");
+            k_rmsnorm_bwd_dw_part<<<dim3((unsigned)cb, (unsigned)nk), THREADS, 0, g->stream>>>(pw, dout, x, rstd, N,
                                                                                               C, col_rows(N));
         }
-        k_colsum_fold<<<cb, THREADS, 0, g.stream>>>(dw, pw, nk, C, accum_dw);
+        k_colsum_fold<<<cb, THREADS, 0, g->stream>>>(dw, pw, nk, C, accum_dw);
     }
-    finish("rmsnorm_bwd");
+    finish(g, "rmsnorm_bwd");
 }
 
 /* ---- RoPE: one thread per (row, q/k head, pair) --------------------------------------- */
 
-static void rope_run(const char *op, float *qkv, const int32_t *pos, int B, int T, int NH, int NKV, int HS,
+static void rope_run(cu_t *g, const char *op, float *qkv, const int32_t *pos, int B, int T, int NH, int NKV, int HS,
                      float theta, float dir)
 {
     size_t total = (size_t)B * T * (NH + NKV) * (HS / 2);
     if (total == 0)
         return;
-    k_rope<<<grid_for(total, THREADS), THREADS, 0, g.stream>>>(qkv, pos, B * T, T, NH, NKV, HS, theta, dir);
-    finish(op);
+    k_rope<<<grid_for(total, THREADS), THREADS, 0, g->stream>>>(qkv, pos, B * T, T, NH, NKV, HS, theta, dir);
+    finish(g, op);
 }
 
-static void rope_fwd(float *qkv, const int32_t *pos, int B, int T, int NH, int NKV, int HS, float theta)
+static void rope_fwd(void *ctx, float *qkv, const int32_t *pos, int B, int T, int NH, int NKV, int HS, float theta)
 {
-    rope_run("rope_fwd", qkv, pos, B, T, NH, NKV, HS, theta, 1.0f);
+    cu_t *g = (cu_t *)ctx;
+    rope_run(g, "rope_fwd", qkv, pos, B, T, NH, NKV, HS, theta, 1.0f);
 }
 
-static void rope_bwd(float *dqkv, const int32_t *pos, int B, int T, int NH, int NKV, int HS, float theta)
+static void rope_bwd(void *ctx, float *dqkv, const int32_t *pos, int B, int T, int NH, int NKV, int HS, float theta)
 {
-    rope_run("rope_bwd", dqkv, pos, B, T, NH, NKV, HS, theta, -1.0f);
+    cu_t *g = (cu_t *)ctx;
+    rope_run(g, "rope_bwd", dqkv, pos, B, T, NH, NKV, HS, theta, -1.0f);
 }
 
 /* ---- attention (kernels/attention.cuh) ---------------------------------------------------- */
@@ -254,26 +271,28 @@ static int att_dims_ok(const char *op, int B, int T, int NH, int NKV, int HS)
     return 1;
 }
 
-static void attention_fwd(float *out, float *lse, const float *qkv, const int32_t *pos, int B, int T, int NH,
+static void attention_fwd(void *ctx, float *out, float *lse, const float *qkv, const int32_t *pos, int B, int T, int NH,
                           int NKV, int HS)
 {
+    cu_t *g = (cu_t *)ctx;
     if (!att_dims_ok("attention_fwd", B, T, NH, NKV, HS))
         return;
     const float scale = 1.0f / sqrtf((float)HS);
     const int nc = att_nc(HS);
     dim3 grid(att_grid_x("attention_fwd", (T + ATT_BR - 1) / ATT_BR, nc, HS), (unsigned)NH, (unsigned)B);
     if (nc == 1)
-        k_att_fwd<1><<<grid, ATT_THREADS, 0, g.stream>>>(out, lse, qkv, pos, T, NH, NKV, HS, scale);
+        k_att_fwd<1><<<grid, ATT_THREADS, 0, g->stream>>>(out, lse, qkv, pos, T, NH, NKV, HS, scale);
     else if (nc == 2)
-        k_att_fwd<2><<<grid, ATT_THREADS, 0, g.stream>>>(out, lse, qkv, pos, T, NH, NKV, HS, scale);
+        k_att_fwd<2><<<grid, ATT_THREADS, 0, g->stream>>>(out, lse, qkv, pos, T, NH, NKV, HS, scale);
     else
-        k_att_fwd<ATT_GROUP><<<grid, ATT_THREADS, 0, g.stream>>>(out, lse, qkv, pos, T, NH, NKV, HS, scale);
-    finish("attention_fwd");
+        k_att_fwd<ATT_GROUP><<<grid, ATT_THREADS, 0, g->stream>>>(out, lse, qkv, pos, T, NH, NKV, HS, scale);
+    finish(g, "attention_fwd");
 }
 
-static void attention_bwd(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
-                          const int32_t *pos, int B, int T, int NH, int NKV, int HS)
+static void attention_bwd(void *ctx, float *dqkv, const float *dout, const float *qkv, const float *out,
+                          const float *lse, const int32_t *pos, int B, int T, int NH, int NKV, int HS)
 {
+    cu_t *g = (cu_t *)ctx;
     if (!att_dims_ok("attention_bwd", B, T, NH, NKV, HS))
         return;
     const float scale = 1.0f / sqrtf((float)HS);
@@ -282,103 +301,111 @@ static void attention_bwd(float *dqkv, const float *dout, const float *qkv, cons
     dim3 gk(att_grid_x("attention_bwd", (T + ATT_BC - 1) / ATT_BC, nc, HS), (unsigned)NKV, (unsigned)B);
     /* two kernels writing disjoint columns of dqkv (q, then k and v) */
     if (nc == 1) {
-        k_att_bwd_dq<1><<<gq, ATT_THREADS, 0, g.stream>>>(dqkv, dout, qkv, out, lse, pos, T, NH, NKV, HS, scale);
-        k_att_bwd_dkv<1><<<gk, ATT_THREADS, 0, g.stream>>>(dqkv, dout, qkv, out, lse, pos, T, NH, NKV, HS, scale);
+        k_att_bwd_dq<1><<<gq, ATT_THREADS, 0, g->stream>>>(dqkv, dout, qkv, out, lse, pos, T, NH, NKV, HS, scale);
+        k_att_bwd_dkv<1><<<gk, ATT_THREADS, 0, g->stream>>>(dqkv, dout, qkv, out, lse, pos, T, NH, NKV, HS, scale);
     } else if (nc == 2) {
-        k_att_bwd_dq<2><<<gq, ATT_THREADS, 0, g.stream>>>(dqkv, dout, qkv, out, lse, pos, T, NH, NKV, HS, scale);
-        k_att_bwd_dkv<2><<<gk, ATT_THREADS, 0, g.stream>>>(dqkv, dout, qkv, out, lse, pos, T, NH, NKV, HS, scale);
+        k_att_bwd_dq<2><<<gq, ATT_THREADS, 0, g->stream>>>(dqkv, dout, qkv, out, lse, pos, T, NH, NKV, HS, scale);
+        k_att_bwd_dkv<2><<<gk, ATT_THREADS, 0, g->stream>>>(dqkv, dout, qkv, out, lse, pos, T, NH, NKV, HS, scale);
     } else {
-        k_att_bwd_dq<ATT_GROUP><<<gq, ATT_THREADS, 0, g.stream>>>(dqkv, dout, qkv, out, lse, pos, T, NH, NKV, HS,
+        k_att_bwd_dq<ATT_GROUP><<<gq, ATT_THREADS, 0, g->stream>>>(dqkv, dout, qkv, out, lse, pos, T, NH, NKV, HS,
                                                                   scale);
-        k_att_bwd_dkv<ATT_GROUP><<<gk, ATT_THREADS, 0, g.stream>>>(dqkv, dout, qkv, out, lse, pos, T, NH, NKV, HS,
+        k_att_bwd_dkv<ATT_GROUP><<<gk, ATT_THREADS, 0, g->stream>>>(dqkv, dout, qkv, out, lse, pos, T, NH, NKV, HS,
                                                                    scale);
     }
-    finish("attention_bwd");
+    finish(g, "attention_bwd");
 }
 
 /* ---- activations, add, scale ----------------------------------------------------------- */
 
-static void gelu_fwd(float *out, const float *x, size_t n)
+static void gelu_fwd(void *ctx, float *out, const float *x, size_t n)
 {
+    cu_t *g = (cu_t *)ctx;
     if (!n)
         return;
-    k_gelu_fwd<<<grid_for(n, THREADS), THREADS, 0, g.stream>>>(out, x, n);
-    finish("gelu_fwd");
+    k_gelu_fwd<<<grid_for(n, THREADS), THREADS, 0, g->stream>>>(out, x, n);
+    finish(g, "gelu_fwd");
 }
 
-static void gelu_bwd(float *dx, const float *x, const float *dout, size_t n)
+static void gelu_bwd(void *ctx, float *dx, const float *x, const float *dout, size_t n)
 {
+    cu_t *g = (cu_t *)ctx;
     if (!n)
         return;
-    k_gelu_bwd<<<grid_for(n, THREADS), THREADS, 0, g.stream>>>(dx, x, dout, n);
-    finish("gelu_bwd");
+    k_gelu_bwd<<<grid_for(n, THREADS), THREADS, 0, g->stream>>>(dx, x, dout, n);
+    finish(g, "gelu_bwd");
 }
 
-static void swiglu_fwd(float *out, const float *gu, int N, int F)
+static void swiglu_fwd(void *ctx, float *out, const float *gu, int N, int F)
 {
+    cu_t *g = (cu_t *)ctx;
     if (N <= 0 || F <= 0)
         return;
-    k_swiglu_fwd<<<grid_for((size_t)N * F, THREADS), THREADS, 0, g.stream>>>(out, gu, N, F);
-    finish("swiglu_fwd");
+    k_swiglu_fwd<<<grid_for((size_t)N * F, THREADS), THREADS, 0, g->stream>>>(out, gu, N, F);
+    finish(g, "swiglu_fwd");
 }
 
-static void swiglu_bwd(float *dgu, const float *gu, const float *dout, int N, int F)
+static void swiglu_bwd(void *ctx, float *dgu, const float *gu, const float *dout, int N, int F)
 {
+    cu_t *g = (cu_t *)ctx;
     if (N <= 0 || F <= 0)
         return;
-    k_swiglu_bwd<<<grid_for((size_t)N * F, THREADS), THREADS, 0, g.stream>>>(dgu, gu, dout, N, F);
-    finish("swiglu_bwd");
+    k_swiglu_bwd<<<grid_for((size_t)N * F, THREADS), THREADS, 0, g->stream>>>(dgu, gu, dout, N, F);
+    finish(g, "swiglu_bwd");
 }
 
-static void add(float *out, const float *a, const float *b, size_t n)
+static void add(void *ctx, float *out, const float *a, const float *b, size_t n)
 {
+    cu_t *g = (cu_t *)ctx;
     if (!n)
         return;
-    k_add<<<grid_for(n, THREADS), THREADS, 0, g.stream>>>(out, a, b, n);
-    finish("add");
+    k_add<<<grid_for(n, THREADS), THREADS, 0, g->stream>>>(out, a, b, n);
+    finish(g, "add");
 }
 
-static void scale(float *x, float s, size_t n)
+static void scale(void *ctx, float *x, float s, size_t n)
 {
+    cu_t *g = (cu_t *)ctx;
     if (!n)
         return;
-    k_scale<<<grid_for(n, THREADS), THREADS, 0, g.stream>>>(x, s, n);
-    finish("scale");
+    k_scale<<<grid_for(n, THREADS), THREADS, 0, g->stream>>>(x, s, n);
+    finish(g, "scale");
 }
 
 /* ---- embedding ---------------------------------------------------------------------------- */
 
-static void embedding_fwd(float *out, const int32_t *tok, const int32_t *pos, const float *wte, const float *wpe,
-                          int N, int T, int C, int v0, int Vl)
+static void embedding_fwd(void *ctx, float *out, const int32_t *tok, const int32_t *pos, const float *wte,
+                          const float *wpe, int N, int T, int C, int v0, int Vl)
 {
+    cu_t *g = (cu_t *)ctx;
     if (N <= 0 || C <= 0)
         return;
-    k_embedding_fwd<<<grid_for((size_t)N * C, THREADS), THREADS, 0, g.stream>>>(out, tok, pos, wte, wpe, N, T, C,
+    k_embedding_fwd<<<grid_for((size_t)N * C, THREADS), THREADS, 0, g->stream>>>(out, tok, pos, wte, wpe, N, T, C,
                                                                                  v0, Vl);
-    finish("embedding_fwd");
+    finish(g, "embedding_fwd");
 }
 
 /* The grouping's buffers for N tokens (stream-ordered growth, as
  * col_part_room): seven int arrays of N and cub's scratch. */
-static void emb_room(int N, size_t scratch)
+static void emb_room(cu_t *g, int N, size_t scratch)
 {
     const char *what = "embedding_bwd";
-    if ((size_t)N > g.emb_cap || scratch > g.emb_scratch_cap) {
-        const size_t n = (size_t)N > g.emb_cap ? (size_t)N : g.emb_cap;
-        const size_t sb = scratch > g.emb_scratch_cap ? scratch : g.emb_scratch_cap;
-        if (g.emb)
-            ck(cudaFreeAsync(g.emb, g.stream), what);
-        g.emb = NULL;
-        g.emb_cap = g.emb_scratch_cap = 0;
-        ck(cudaMallocAsync(&g.emb, (7 * n + 1) * sizeof(int) + sb, g.stream), what);
-        g.emb_cap = n;
-        g.emb_scratch_cap = sb;
+    if ((size_t)N > g->emb_cap || scratch > g->emb_scratch_cap) {
+        const size_t n = (size_t)N > g->emb_cap ? (size_t)N : g->emb_cap;
+        const size_t sb = scratch > g->emb_scratch_cap ? scratch : g->emb_scratch_cap;
+        if (g->emb)
+            ck(cudaFreeAsync(g->emb, g->stream), what);
+        g->emb = NULL;
+        g->emb_cap = g->emb_scratch_cap = 0;
+        ck(cudaMallocAsync(&g->emb, (7 * n + 1) * sizeof(int) + sb, g->stream), what);
+        g->emb_cap = n;
+        g->emb_scratch_cap = sb;
     }
 }
 
 /* dwte[row of tok[n]] += dout[n] for the tokens held, grouped by row (see
  * kernels/embedding.cuh). */
-static void embedding_bwd_rows(float *dwte, const float *dout, const int32_t *tok, int N, int C, int v0, int Vl)
+static void embedding_bwd_rows(cu_t *g, float *dwte, const float *dout, const int32_t *tok, int N, int C, int v0,
+                               int Vl)
 {
     const char *what = "embedding_bwd";
     int end_bit = 1; /* keys go up to the sentinel Vl */
@@ -386,197 +413,274 @@ static void embedding_bwd_rows(float *dwte, const float *dout, const int32_t *to
         end_bit++;
     size_t s_sort = 0, s_rle = 0, s_scan = 0;
     int *nul = NULL;
-    ck(cub::DeviceRadixSort::SortPairs(NULL, s_sort, nul, nul, nul, nul, N, 0, end_bit, g.stream), what);
-    ck(cub::DeviceRunLengthEncode::Encode(NULL, s_rle, nul, nul, nul, nul, N, g.stream), what);
-    ck(cub::DeviceScan::ExclusiveSum(NULL, s_scan, nul, nul, N, g.stream), what);
+    ck(cub::DeviceRadixSort::SortPairs(NULL, s_sort, nul, nul, nul, nul, N, 0, end_bit, g->stream), what);
+    ck(cub::DeviceRunLengthEncode::Encode(NULL, s_rle, nul, nul, nul, nul, N, g->stream), what);
+    ck(cub::DeviceScan::ExclusiveSum(NULL, s_scan, nul, nul, N, g->stream), what);
     size_t scratch = s_sort > s_rle ? s_sort : s_rle;
     scratch = (scratch > s_scan ? scratch : s_scan) + 256; /* + room to align it */
-    emb_room(N, scratch);
-    const size_t n = g.emb_cap;
-    int *key = (int *)g.emb, *val = key + n, *key_s = val + n, *val_s = key_s + n, *row = val_s + n;
+    emb_room(g, N, scratch);
+    const size_t n = g->emb_cap;
+    int *key = (int *)g->emb, *val = key + n, *key_s = val + n, *val_s = key_s + n, *row = val_s + n;
     int *cnt = row + n, *off = cnt + n, *nruns = off + n;
     void *tmp = (void *)(((uintptr_t)(nruns + 1) + 255) & ~(uintptr_t)255);
-    k_emb_keys<<<grid_for((size_t)N, THREADS), THREADS, 0, g.stream>>>(key, val, tok, N, v0, Vl);
-    ck(cub::DeviceRadixSort::SortPairs(tmp, s_sort, key, key_s, val, val_s, N, 0, end_bit, g.stream), what);
+    k_emb_keys<<<grid_for((size_t)N, THREADS), THREADS, 0, g->stream>>>(key, val, tok, N, v0, Vl);
+    ck(cub::DeviceRadixSort::SortPairs(tmp, s_sort, key, key_s, val, val_s, N, 0, end_bit, g->stream), what);
     /* counts past the runs are never written: zero them for the scan */
-    ck(cudaMemsetAsync(cnt, 0, (size_t)N * sizeof(int), g.stream), what);
-    ck(cub::DeviceRunLengthEncode::Encode(tmp, s_rle, key_s, row, cnt, nruns, N, g.stream), what);
-    ck(cub::DeviceScan::ExclusiveSum(tmp, s_scan, cnt, off, N, g.stream), what);
-    k_emb_rows<<<(unsigned)N, THREADS, 0, g.stream>>>(dwte, dout, row, off, cnt, val_s, nruns, C, Vl);
+    ck(cudaMemsetAsync(cnt, 0, (size_t)N * sizeof(int), g->stream), what);
+    ck(cub::DeviceRunLengthEncode::Encode(tmp, s_rle, key_s, row, cnt, nruns, N, g->stream), what);
+    ck(cub::DeviceScan::ExclusiveSum(tmp, s_scan, cnt, off, N, g->stream), what);
+    k_emb_rows<<<(unsigned)N, THREADS, 0, g->stream>>>(dwte, dout, row, off, cnt, val_s, nruns, C, Vl);
 }
 
-static void embedding_bwd(float *dwte, float *dwpe, const float *dout, const int32_t *tok, const int32_t *pos,
-                          int N, int T, int C, int v0, int Vl, int accum)
+static void embedding_bwd(void *ctx, float *dwte, float *dwpe, const float *dout, const int32_t *tok,
+                          const int32_t *pos, int N, int T, int C, int v0, int Vl, int accum)
 {
+    cu_t *g = (cu_t *)ctx;
     if (C <= 0)
         return;
     if (!accum) {
         if (Vl > 0)
-            ck(cudaMemsetAsync(dwte, 0, (size_t)Vl * C * sizeof(float), g.stream), "embedding_bwd: cudaMemsetAsync");
+            ck(cudaMemsetAsync(dwte, 0, (size_t)Vl * C * sizeof(float), g->stream), "embedding_bwd: cudaMemsetAsync");
         if (dwpe && T > 0)
-            ck(cudaMemsetAsync(dwpe, 0, (size_t)T * C * sizeof(float), g.stream), "embedding_bwd: cudaMemsetAsync");
+            ck(cudaMemsetAsync(dwpe, 0, (size_t)T * C * sizeof(float), g->stream), "embedding_bwd: cudaMemsetAsync");
     }
     if (N > 0 && Vl > 0)
-        embedding_bwd_rows(dwte, dout, tok, N, C, v0, Vl);
+        embedding_bwd_rows(g, dwte, dout, tok, N, C, v0, Vl);
     /* document positions repeat within a row like tokens do: grouped the same way */
     if (N > 0 && dwpe && T > 0 && pos)
-        embedding_bwd_rows(dwpe, dout, pos, N, C, 0, T);
+        embedding_bwd_rows(g, dwpe, dout, pos, N, C, 0, T);
     else if (N > 0 && dwpe && T > 0)
-        k_embedding_bwd_wpe<<<grid_for((size_t)T * C, THREADS), THREADS, 0, g.stream>>>(dwpe, dout, N, T, C);
-    finish("embedding_bwd");
+        k_embedding_bwd_wpe<<<grid_for((size_t)T * C, THREADS), THREADS, 0, g->stream>>>(dwpe, dout, N, T, C);
+    finish(g, "embedding_bwd");
 }
 
 /* ---- vocabulary-parallel cross-entropy: one block per row --------------------------------- */
 
-static void xent_max(float *rowmax, const float *logits, int N, int Vl, int ld)
+static void xent_max(void *ctx, float *rowmax, const float *logits, int N, int Vl, int ld)
 {
+    cu_t *g = (cu_t *)ctx;
     if (N <= 0)
         return;
-    k_xent_max<<<N, THREADS, 0, g.stream>>>(rowmax, logits, Vl, ld);
-    finish("xent_max");
+    k_xent_max<<<N, THREADS, 0, g->stream>>>(rowmax, logits, Vl, ld);
+    finish(g, "xent_max");
 }
 
-static void xent_sumexp(float *stats, float *expbuf, const float *logits, const float *rowmax,
+static void xent_sumexp(void *ctx, float *stats, float *expbuf, const float *logits, const float *rowmax,
                         const int32_t *targets, int v0, int N, int Vl, int ld)
 {
+    cu_t *g = (cu_t *)ctx;
     if (N <= 0)
         return;
-    k_xent_sumexp<<<N, THREADS, 0, g.stream>>>(stats, expbuf, logits, rowmax, targets, v0, Vl, ld);
-    finish("xent_sumexp");
+    k_xent_sumexp<<<N, THREADS, 0, g->stream>>>(stats, expbuf, logits, rowmax, targets, v0, Vl, ld);
+    finish(g, "xent_sumexp");
 }
 
-static void xent_finish(float *losses, float *dlogits, const float *rowmax, const float *stats,
+static void xent_finish(void *ctx, float *losses, float *dlogits, const float *rowmax, const float *stats,
                         const int32_t *targets, int v0, int N, int Vl, int ld, float dloss)
 {
+    cu_t *g = (cu_t *)ctx;
     if (N <= 0)
         return;
-    k_xent_finish<<<N, THREADS, 0, g.stream>>>(losses, dlogits, rowmax, stats, targets, v0, Vl, ld, dloss);
-    finish("xent_finish");
+    k_xent_finish<<<N, THREADS, 0, g->stream>>>(losses, dlogits, rowmax, stats, targets, v0, Vl, ld, dloss);
+    finish(g, "xent_finish");
 }
 
 /* ---- optimizer and reductions ---------------------------------------------------------------- */
 
-static void adamw(float *p, uint16_t *p16, const float *gr, float *m, float *v, size_t n, float lr, float beta1,
-                  float beta2, float eps, float wd, float grad_scale, int t)
+static void adamw(void *ctx, float *p, uint16_t *p16, const float *gr, float *m, float *v, size_t n, float lr,
+                  float beta1, float beta2, float eps, float wd, float grad_scale, int t)
 {
+    cu_t *g = (cu_t *)ctx;
     if (!n)
         return;
     const dt_adamw_coef_t k = dt_adamw_coef(lr, beta1, beta2, eps, wd, grad_scale, t);
-    k_adamw<<<grid_for(n, THREADS), THREADS, 0, g.stream>>>(p, p16, gr, m, v, n, k);
-    finish("adamw");
+    k_adamw<<<grid_for(n, THREADS), THREADS, 0, g->stream>>>(p, p16, gr, m, v, n, k);
+    finish(g, "adamw");
 }
 
 /* Grows sumsq's buffers to hold count vectors. cudaFree waits for the
  * device, so no pending kernel still uses the old ones. */
-static void sumsq_room(int count)
+static void sumsq_room(cu_t *g, int count)
 {
-    if (count <= g.sum_cap)
+    if (count <= g->sum_cap)
         return;
-    int cap = g.sum_cap ? g.sum_cap : 256;
+    int cap = g->sum_cap ? g->sum_cap : 256;
     while (cap < count)
         cap = cap > INT_MAX / 2 ? count : 2 * cap;
-    if (g.part)
-        ck(cudaFree(g.part), "sumsq: cudaFree");
-    if (g.xs)
-        ck(cudaFree(g.xs), "sumsq: cudaFree");
-    if (g.ns)
-        ck(cudaFree(g.ns), "sumsq: cudaFree");
-    free(g.hpart);
-    g.part = NULL, g.xs = NULL, g.ns = NULL, g.sum_cap = 0;
-    g.hpart = (double *)malloc((size_t)cap * SUMSQ_BLOCKS * sizeof(double));
-    if (!g.hpart)
+    if (g->part)
+        ck(cudaFree(g->part), "sumsq: cudaFree");
+    if (g->xs)
+        ck(cudaFree(g->xs), "sumsq: cudaFree");
+    if (g->ns)
+        ck(cudaFree(g->ns), "sumsq: cudaFree");
+    free(g->hpart);
+    g->part = NULL, g->xs = NULL, g->ns = NULL, g->sum_cap = 0;
+    g->hpart = (double *)malloc((size_t)cap * SUMSQ_BLOCKS * sizeof(double));
+    if (!g->hpart)
         cuda_fatal("sumsq", "out of host memory for the partial sums");
-    ck(cudaMalloc((void **)&g.part, (size_t)cap * SUMSQ_BLOCKS * sizeof(double)), "sumsq: cudaMalloc");
-    ck(cudaMalloc((void **)&g.xs, (size_t)cap * sizeof *g.xs), "sumsq: cudaMalloc");
-    ck(cudaMalloc((void **)&g.ns, (size_t)cap * sizeof *g.ns), "sumsq: cudaMalloc");
-    g.sum_cap = cap;
+    ck(cudaMalloc((void **)&g->part, (size_t)cap * SUMSQ_BLOCKS * sizeof(double)), "sumsq: cudaMalloc");
+    ck(cudaMalloc((void **)&g->xs, (size_t)cap * sizeof *g->xs), "sumsq: cudaMalloc");
+    ck(cudaMalloc((void **)&g->ns, (size_t)cap * sizeof *g->ns), "sumsq: cudaMalloc");
+    g->sum_cap = cap;
 }
 
 /* One launch for every vector (65535 per launch: gridDim.y's limit), one
  * copy of the partials back, one wait. */
-static void sumsq(double *out, const float *const *x, const size_t *n, int count)
+static void sumsq(void *ctx, double *out, const float *const *x, const size_t *n, int count)
 {
+    cu_t *g = (cu_t *)ctx;
     if (count <= 0)
         return;
-    sumsq_room(count);
+    sumsq_room(g, count);
     /* pageable sources: staged before the calls return, so x and n may change after */
-    ck(cudaMemcpyAsync(g.xs, x, (size_t)count * sizeof *g.xs, cudaMemcpyHostToDevice, g.stream),
+    ck(cudaMemcpyAsync(g->xs, x, (size_t)count * sizeof *g->xs, cudaMemcpyHostToDevice, g->stream),
        "sumsq: cudaMemcpyAsync");
-    ck(cudaMemcpyAsync(g.ns, n, (size_t)count * sizeof *g.ns, cudaMemcpyHostToDevice, g.stream),
+    ck(cudaMemcpyAsync(g->ns, n, (size_t)count * sizeof *g->ns, cudaMemcpyHostToDevice, g->stream),
        "sumsq: cudaMemcpyAsync");
     for (int first = 0; first < count; first += 65535) {
         const int c = count - first < 65535 ? count - first : 65535;
-        k_sumsq<<<dim3(SUMSQ_BLOCKS, (unsigned)c), THREADS, 0, g.stream>>>(g.part + (size_t)first * SUMSQ_BLOCKS,
-                                                                            g.xs + first, g.ns + first);
+        k_sumsq<<<dim3(SUMSQ_BLOCKS, (unsigned)c), THREADS, 0, g->stream>>>(g->part + (size_t)first * SUMSQ_BLOCKS,
+                                                                            g->xs + first, g->ns + first);
         ck(cudaGetLastError(), "sumsq");
     }
-    ck(cudaMemcpyAsync(g.hpart, g.part, (size_t)count * SUMSQ_BLOCKS * sizeof(double), cudaMemcpyDeviceToHost,
-                       g.stream), "sumsq: cudaMemcpyAsync");
-    wait_all("sumsq");
+    ck(cudaMemcpyAsync(g->hpart, g->part, (size_t)count * SUMSQ_BLOCKS * sizeof(double), cudaMemcpyDeviceToHost,
+                       g->stream), "sumsq: cudaMemcpyAsync");
+    wait_all(g, "sumsq");
     for (int v = 0; v < count; v++) {
         double tot = 0.0;
         for (int b = 0; b < SUMSQ_BLOCKS; b++)
-            tot += g.hpart[(size_t)v * SUMSQ_BLOCKS + b];
+            tot += g->hpart[(size_t)v * SUMSQ_BLOCKS + b];
         out[v] = tot;
     }
 }
 
 /* ---- bf16 casts ---------------------------------------------------------------------------------- */
 
-static void cast_f32_to_bf16(uint16_t *out, const float *in, size_t n)
+static void cast_f32_to_bf16(void *ctx, uint16_t *out, const float *in, size_t n)
 {
+    cu_t *g = (cu_t *)ctx;
     if (!n)
         return;
-    k_cast_f32_to_bf16<<<grid_for(n, THREADS), THREADS, 0, g.stream>>>(out, in, n);
-    finish("cast_f32_to_bf16");
+    k_cast_f32_to_bf16<<<grid_for(n, THREADS), THREADS, 0, g->stream>>>(out, in, n);
+    finish(g, "cast_f32_to_bf16");
 }
 
-static void cast_bf16_to_f32(float *out, const uint16_t *in, size_t n)
+static void cast_bf16_to_f32(void *ctx, float *out, const uint16_t *in, size_t n)
 {
+    cu_t *g = (cu_t *)ctx;
     if (!n)
         return;
-    k_cast_bf16_to_f32<<<grid_for(n, THREADS), THREADS, 0, g.stream>>>(out, in, n);
-    finish("cast_bf16_to_f32");
+    k_cast_bf16_to_f32<<<grid_for(n, THREADS), THREADS, 0, g->stream>>>(out, in, n);
+    finish(g, "cast_bf16_to_f32");
 }
 
-extern "C" void ops_cuda_f32_to_bf16_cuda(uint16_t *out, const float *in, size_t n)
+extern "C" void ops_cuda_f32_to_bf16_cuda(const ops_t *ops, uint16_t *out, const float *in, size_t n)
 {
+    cu_t *g = (cu_t *)ops->ctx;
     if (!n)
         return;
-    k_cast_f32_to_bf16_cuda<<<grid_for(n, THREADS), THREADS, 0, g.stream>>>(out, in, n);
-    wait_all("f32_to_bf16_cuda");
+    k_cast_f32_to_bf16_cuda<<<grid_for(n, THREADS), THREADS, 0, g->stream>>>(out, in, n);
+    wait_all(g, "f32_to_bf16_cuda");
 }
 
 /* ---- the table ------------------------------------------------------------------------------------ */
 
-static ops_t cuda_ops;
-
-extern "C" int ops_cuda_init(int dev, char *err, size_t errlen)
+/* Releases what ops_cuda_create made, whatever of it exists (teardown:
+ * reports nothing), and the context with the table. */
+static void cu_release(void *ctx)
 {
-    if (g.ready)
-        return 0;
+    cu_t *g = (cu_t *)ctx;
+    lt_cache_release(g);
+    if (g->blas)
+        (void)cublasDestroy(g->blas);
+    if (g->lt)
+        (void)cublasLtDestroy(g->lt);
+    if (g->col_part)
+        (void)cudaFreeAsync(g->col_part, g->stream);
+    if (g->emb)
+        (void)cudaFreeAsync(g->emb, g->stream);
+    if (g->part)
+        (void)cudaFree(g->part);
+    if (g->xs)
+        (void)cudaFree(g->xs);
+    if (g->ns)
+        (void)cudaFree(g->ns);
+    free(g->hpart);
+    if (g->ws)
+        (void)cudaFree(g->ws);
+    if (g->stream)
+        (void)cudaStreamDestroy(g->stream);
+    (void)cudaGetLastError();
+    free(g);
+}
+
+static const ops_t cuda_ops = {
+    .name = "cuda",
+    .ctx = NULL, /* set per context by ops_cuda_create */
+    .release = cu_release,
+    .sync = cu_sync,
+    .alloc = cu_alloc,
+    .free = cu_free,
+    .copy = cu_copy,
+    .to_host = cu_to_host,
+    .from_host = cu_from_host,
+    .zero = cu_zero,
+    .matmul_fwd = matmul_fwd,
+    .matmul_bwd = matmul_bwd,
+    .matmul_fwd_bf16 = matmul_fwd_bf16,
+    .matmul_bwd_bf16 = matmul_bwd_bf16,
+    .matmul_gelu_fwd = matmul_gelu_fwd,
+    .matmul_gelu_fwd_bf16 = matmul_gelu_fwd_bf16,
+    .matmul_dgelu_bwd = matmul_dgelu_bwd,
+    .matmul_dgelu_bwd_bf16 = matmul_dgelu_bwd_bf16,
+    .layernorm_fwd = layernorm_fwd,
+    .layernorm_bwd = layernorm_bwd,
+    .rmsnorm_fwd = rmsnorm_fwd,
+    .rmsnorm_bwd = rmsnorm_bwd,
+    .rope_fwd = rope_fwd,
+    .rope_bwd = rope_bwd,
+    .attention_fwd = attention_fwd,
+    .attention_bwd = attention_bwd,
+    .gelu_fwd = gelu_fwd,
+    .gelu_bwd = gelu_bwd,
+    .swiglu_fwd = swiglu_fwd,
+    .swiglu_bwd = swiglu_bwd,
+    .add = add,
+    .embedding_fwd = embedding_fwd,
+    .embedding_bwd = embedding_bwd,
+    .xent_max = xent_max,
+    .xent_sumexp = xent_sumexp,
+    .xent_finish = xent_finish,
+    .adamw = adamw,
+    .sumsq = sumsq,
+    .scale = scale,
+    .cast_f32_to_bf16 = cast_f32_to_bf16,
+    .cast_bf16_to_f32 = cast_bf16_to_f32,
+};
+
+/* The device, the compute stream, the cuBLASLt workspace and both handles
+ * of g; 0, or -1 with one line in err. */
+static int cu_open(cu_t *g, int dev, char *err, size_t errlen)
+{
     cudaError_t rc = cudaSetDevice(dev);
     if (rc == cudaSuccess)
-        rc = cudaStreamCreateWithFlags(&g.stream, cudaStreamNonBlocking);
+        rc = cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking);
     if (rc == cudaSuccess)
-        rc = cudaMalloc(&g.ws, WORKSPACE_BYTES);
+        rc = cudaMalloc(&g->ws, WORKSPACE_BYTES);
     if (rc != cudaSuccess) {
         snprintf(err, errlen, "CUDA backend on device %d: %s (%s)", dev, cudaGetErrorString(rc),
                  cudaGetErrorName(rc));
-        ops_cuda_shutdown();
         return -1;
     }
-    cublasStatus_t bs = cublasLtCreate(&g.lt);
+    cublasStatus_t bs = cublasLtCreate(&g->lt);
     if (bs != CUBLAS_STATUS_SUCCESS) {
         snprintf(err, errlen, "CUDA backend on device %d: cublasLtCreate: %s", dev, cublasGetStatusString(bs));
-        g.lt = NULL;
-        ops_cuda_shutdown();
+        g->lt = NULL;
         return -1;
     }
-    bs = blas_init(); /* the fallback's handle (ops_cuda_gemm.cuh) */
+    bs = blas_init(g); /* the fallback's handle (ops_cuda_gemm.cuh) */
     if (bs != CUBLAS_STATUS_SUCCESS) {
         snprintf(err, errlen, "CUDA backend on device %d: cuBLAS handle: %s", dev, cublasGetStatusString(bs));
-        ops_cuda_shutdown();
         return -1;
     }
     int concurrent = 0;
@@ -584,113 +688,57 @@ extern "C" int ops_cuda_init(int dev, char *err, size_t errlen)
     if (rc != cudaSuccess) {
         snprintf(err, errlen, "CUDA backend on device %d: cudaDeviceGetAttribute: %s (%s)", dev,
                  cudaGetErrorString(rc), cudaGetErrorName(rc));
-        ops_cuda_shutdown();
         return -1;
     }
     const char *s = getenv("DTRAIN_CUDA_SYNC_OPS");
-    g.sync_ops = !concurrent || (s && strcmp(s, "1") == 0);
-    g.concurrent = concurrent;
-    g.dev = dev;
-    memset(&cuda_ops, 0, sizeof cuda_ops);
-    cuda_ops.name = "cuda";
-    cuda_ops.sync = cu_sync;
-    cuda_ops.alloc = cu_alloc;
-    cuda_ops.free = cu_free;
-    cuda_ops.copy = cu_copy;
-    cuda_ops.to_host = cu_to_host;
-    cuda_ops.from_host = cu_from_host;
-    cuda_ops.zero = cu_zero;
-    cuda_ops.matmul_fwd = matmul_fwd;
-    cuda_ops.matmul_bwd = matmul_bwd;
-    cuda_ops.matmul_fwd_bf16 = matmul_fwd_bf16;
-    cuda_ops.matmul_bwd_bf16 = matmul_bwd_bf16;
-    cuda_ops.matmul_gelu_fwd = matmul_gelu_fwd;
-    cuda_ops.matmul_gelu_fwd_bf16 = matmul_gelu_fwd_bf16;
-    cuda_ops.matmul_dgelu_bwd = matmul_dgelu_bwd;
-    cuda_ops.matmul_dgelu_bwd_bf16 = matmul_dgelu_bwd_bf16;
-    cuda_ops.layernorm_fwd = layernorm_fwd;
-    cuda_ops.layernorm_bwd = layernorm_bwd;
-    cuda_ops.rmsnorm_fwd = rmsnorm_fwd;
-    cuda_ops.rmsnorm_bwd = rmsnorm_bwd;
-    cuda_ops.rope_fwd = rope_fwd;
-    cuda_ops.rope_bwd = rope_bwd;
-    cuda_ops.attention_fwd = attention_fwd;
-    cuda_ops.attention_bwd = attention_bwd;
-    cuda_ops.gelu_fwd = gelu_fwd;
-    cuda_ops.gelu_bwd = gelu_bwd;
-    cuda_ops.swiglu_fwd = swiglu_fwd;
-    cuda_ops.swiglu_bwd = swiglu_bwd;
-    cuda_ops.add = add;
-    cuda_ops.embedding_fwd = embedding_fwd;
-    cuda_ops.embedding_bwd = embedding_bwd;
-    cuda_ops.xent_max = xent_max;
-    cuda_ops.xent_sumexp = xent_sumexp;
-    cuda_ops.xent_finish = xent_finish;
-    cuda_ops.adamw = adamw;
-    cuda_ops.sumsq = sumsq;
-    cuda_ops.scale = scale;
-    cuda_ops.cast_f32_to_bf16 = cast_f32_to_bf16;
-    cuda_ops.cast_bf16_to_f32 = cast_bf16_to_f32;
-    g.ready = 1;
+    g->sync_ops = !concurrent || (s && strcmp(s, "1") == 0);
+    g->concurrent = concurrent;
+    g->dev = dev;
     return 0;
 }
 
-extern "C" void ops_cuda_shutdown(void)
+extern "C" const ops_t *ops_cuda_create(int dev, char *err, size_t errlen)
 {
-    /* teardown: report nothing, release what exists */
-    lt_cache_release();
-    if (g.blas)
-        (void)cublasDestroy(g.blas);
-    if (g.lt)
-        (void)cublasLtDestroy(g.lt);
-    if (g.col_part)
-        (void)cudaFreeAsync(g.col_part, g.stream);
-    if (g.emb)
-        (void)cudaFreeAsync(g.emb, g.stream);
-    if (g.part)
-        (void)cudaFree(g.part);
-    if (g.xs)
-        (void)cudaFree(g.xs);
-    if (g.ns)
-        (void)cudaFree(g.ns);
-    free(g.hpart);
-    if (g.ws)
-        (void)cudaFree(g.ws);
-    if (g.stream)
-        (void)cudaStreamDestroy(g.stream);
-    (void)cudaGetLastError();
-    memset(&g, 0, sizeof g);
+    cu_t *g = (cu_t *)calloc(1, sizeof *g);
+    if (!g) {
+        snprintf(err, errlen, "CUDA backend on device %d: out of host memory", dev);
+        return NULL;
+    }
+    g->ops = cuda_ops;
+    g->ops.ctx = g;
+    if (cu_open(g, dev, err, errlen) != 0) {
+        cu_release(g);
+        return NULL;
+    }
+    return &g->ops;
 }
 
-extern "C" const ops_t *ops_cuda(void)
+extern "C" void *ops_cuda_stream(const ops_t *ops)
 {
-    return g.ready ? &cuda_ops : NULL;
+    return (void *)((const cu_t *)ops->ctx)->stream;
 }
 
-extern "C" void *ops_cuda_stream(void)
+extern "C" void ops_cuda_gemm_plans(const ops_t *ops, long *made, long *reused, long *blas)
 {
-    return g.ready ? (void *)g.stream : NULL;
+    const cu_t *g = (const cu_t *)ops->ctx;
+    *made = g->plans.made;
+    *reused = g->plans.reused;
+    *blas = g->plans.blas;
 }
 
-extern "C" void ops_cuda_gemm_plans(long *made, long *reused, long *blas)
+extern "C" void ops_cuda_gelu_epilogues(const ops_t *ops, long *fused, long *separate)
 {
-    *made = lt_cache.made;
-    *reused = lt_cache.reused;
-    *blas = lt_cache.blas;
+    const cu_t *g = (const cu_t *)ops->ctx;
+    *fused = g->plans.gelu_fused;
+    *separate = g->plans.gelu_separate;
 }
 
-extern "C" void ops_cuda_gelu_epilogues(long *fused, long *separate)
+extern "C" int ops_cuda_concurrent_managed(const ops_t *ops)
 {
-    *fused = lt_cache.gelu_fused;
-    *separate = lt_cache.gelu_separate;
+    return ((const cu_t *)ops->ctx)->concurrent;
 }
 
-extern "C" int ops_cuda_concurrent_managed(void)
+extern "C" int ops_cuda_synchronous(const ops_t *ops)
 {
-    return g.concurrent;
-}
-
-extern "C" int ops_cuda_synchronous(void)
-{
-    return g.ready && g.sync_ops;
+    return ((const cu_t *)ops->ctx)->sync_ops;
 }

@@ -63,32 +63,7 @@ static uint32_t mat_align(const void *p, int ld, size_t esize)
  * answers the same for the same key, so a kept plan runs the algorithm a
  * fresh query would pick: results are unchanged, bit for bit. */
 
-#define LT_PLANS 64
-
-typedef struct lt_key {
-    int ab, ta, tb;        /* cudaDataType_t of A/B, cublasOperation_t of each */
-    int m, n, k, lda, ldb, ldc;
-    int epi;               /* cublasLtEpilogue_t (bias and aux pointers are set per call) */
-    uint32_t al_a, al_b, al_c; /* alignments in bytes (mat_align) */
-    uint32_t al_bias, al_aux;  /* of the bias vector and the GELU aux matrix; 0 without */
-} lt_key_t;
-
-typedef struct lt_plan {
-    lt_key_t key;
-    int used;
-    int found;             /* the heuristic returned an algorithm */
-    cublasLtMatmulDesc_t op;
-    cublasLtMatrixLayout_t la, lb, lc;
-    cublasLtMatmulAlgo_t algo;
-} lt_plan_t;
-
-static struct {
-    lt_plan_t plan[LT_PLANS];
-    int next;              /* the slot replaced when every slot is used */
-    long made, reused;     /* ops_cuda_gemm_plans */
-    long blas;             /* plain GEMMs run by cublasGemmEx instead (ops_cuda_gemm_plans) */
-    long gelu_fused, gelu_separate; /* ops_cuda_gelu_epilogues */
-} lt_cache;
+/* LT_PLANS, lt_key_t, lt_plan_t and the cache (cu_t.plans): ops_cuda_state.cuh. */
 
 static void lt_plan_release(lt_plan_t *p)
 {
@@ -100,12 +75,12 @@ static void lt_plan_release(lt_plan_t *p)
     memset(p, 0, sizeof *p);
 }
 
-static void lt_cache_release(void)
+static void lt_cache_release(cu_t *g)
 {
     for (int i = 0; i < LT_PLANS; i++)
-        if (lt_cache.plan[i].used)
-            lt_plan_release(&lt_cache.plan[i]);
-    memset(&lt_cache, 0, sizeof lt_cache);
+        if (g->plans.plan[i].used)
+            lt_plan_release(&g->plans.plan[i]);
+    memset(&g->plans, 0, sizeof g->plans);
 }
 
 static int epi_has_bias(int epi)
@@ -135,7 +110,8 @@ static void lt_set_pointers(const lt_plan_t *p, const float *bias, const float *
 
 /* Descriptors and the heuristic's algorithm for one key (see above), with
  * the pointers of the call that made it. */
-static void lt_plan_make(lt_plan_t *p, const lt_key_t *key, const float *bias, const float *aux, const char *what)
+static void lt_plan_make(cu_t *g, lt_plan_t *p, const lt_key_t *key, const float *bias, const float *aux,
+                         const char *what)
 {
     memset(p, 0, sizeof *p);
     p->key = *key;
@@ -189,7 +165,7 @@ static void lt_plan_make(lt_plan_t *p, const lt_key_t *key, const float *bias, c
      * for this combination (types, epilogue, alignment): treated as zero
      * results, so a GEMM with an epilogue takes the caller's fallback
      * instead of ending the job. Any other error is fatal. */
-    cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(g.lt, p->op, p->la, p->lb, p->lc, p->lc, pref, 1, &res, &nres);
+    cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(g->lt, p->op, p->la, p->lb, p->lc, p->lc, pref, 1, &res, &nres);
     if (hs == CUBLAS_STATUS_NOT_SUPPORTED)
         nres = 0;
     else
@@ -202,21 +178,21 @@ static void lt_plan_make(lt_plan_t *p, const lt_key_t *key, const float *bias, c
 
 /* The plan for key: the kept one, or a new one in a free (else the oldest)
  * slot, made with the given pointers. */
-static const lt_plan_t *lt_plan(const lt_key_t *key, const float *bias, const float *aux, const char *what)
+static const lt_plan_t *lt_plan(cu_t *g, const lt_key_t *key, const float *bias, const float *aux, const char *what)
 {
     for (int i = 0; i < LT_PLANS; i++) {
-        lt_plan_t *p = &lt_cache.plan[i];
+        lt_plan_t *p = &g->plans.plan[i];
         if (p->used && memcmp(&p->key, key, sizeof *key) == 0) {
-            lt_cache.reused++;
+            g->plans.reused++;
             return p;
         }
     }
-    lt_plan_t *p = &lt_cache.plan[lt_cache.next];
-    lt_cache.next = (lt_cache.next + 1) % LT_PLANS;
+    lt_plan_t *p = &g->plans.plan[g->plans.next];
+    g->plans.next = (g->plans.next + 1) % LT_PLANS;
     if (p->used)
         lt_plan_release(p);
-    lt_plan_make(p, key, bias, aux, what);
-    lt_cache.made++;
+    lt_plan_make(g, p, key, bias, aux, what);
+    g->plans.made++;
     return p;
 }
 
@@ -234,9 +210,9 @@ static const lt_plan_t *lt_plan(const lt_key_t *key, const float *bias, const fl
  * backend's. Returns -1 when cuBLASLt has no algorithm for a GEMM with an
  * epilogue (the caller then runs the plain GEMM and its own kernels); a
  * plain GEMM without one runs through cublasGemmEx. */
-static int lt_gemm(const char *what, cudaDataType_t ab, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
-                   int k, float alpha, const void *A, int lda, const void *B, int ldb, float beta, float *C, int ldc,
-                   cublasLtEpilogue_t epi, const float *bias, const float *aux)
+static int lt_gemm(cu_t *g, const char *what, cudaDataType_t ab, cublasOperation_t ta, cublasOperation_t tb, int m,
+                   int n, int k, float alpha, const void *A, int lda, const void *B, int ldb, float beta, float *C,
+                   int ldc, cublasLtEpilogue_t epi, const float *bias, const float *aux)
 {
     const size_t esize = ab == CUDA_R_16BF ? sizeof(uint16_t) : sizeof(float);
     lt_key_t key;
@@ -256,11 +232,11 @@ static int lt_gemm(const char *what, cudaDataType_t ab, cublasOperation_t ta, cu
     key.al_c = mat_align(C, ldc, sizeof(float));
     key.al_bias = epi_has_bias(epi) ? align_of(bias) : 0;
     key.al_aux = epi_has_aux(epi) ? mat_align(aux, ldc, sizeof(float)) : 0;
-    const lt_plan_t *p = lt_plan(&key, bias, aux, what);
+    const lt_plan_t *p = lt_plan(g, &key, bias, aux, what);
     if (p->found) {
         lt_set_pointers(p, bias, aux, what); /* cublasLtMatmul reads them when called */
-        ckb(cublasLtMatmul(g.lt, p->op, &alpha, A, p->la, B, p->lb, &beta, C, p->lc, C, p->lc, &p->algo, g.ws,
-                           WORKSPACE_BYTES, g.stream), what);
+        ckb(cublasLtMatmul(g->lt, p->op, &alpha, A, p->la, B, p->lb, &beta, C, p->lc, C, p->lc, &p->algo, g->ws,
+                           WORKSPACE_BYTES, g->stream), what);
         return 0;
     }
     if (epi != CUBLASLT_EPILOGUE_DEFAULT)
@@ -269,32 +245,32 @@ static int lt_gemm(const char *what, cudaDataType_t ab, cublasOperation_t ta, cu
      * operands can leave the heuristic empty): the same GEMM through
      * cublasGemmEx, which takes any alignment, with the same types and
      * CUBLAS_COMPUTE_32F, on the compute stream with the same workspace. */
-    ckb(cublasGemmEx(g.blas, ta, tb, m, n, k, &alpha, A, ab, lda, B, ab, ldb, &beta, C, CUDA_R_32F, ldc,
+    ckb(cublasGemmEx(g->blas, ta, tb, m, n, k, &alpha, A, ab, lda, B, ab, ldb, &beta, C, CUDA_R_32F, ldc,
                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT), what);
-    lt_cache.blas++;
+    g->plans.blas++;
     return 0;
 }
 
 /* out[C] (=|+= by accum) the column sums of x[N, C] (see the column
  * reductions above). */
-static void colsum(float *out, const float *x, int N, int C, int accum, const char *what)
+static void colsum(cu_t *g, float *out, const float *x, int N, int C, int accum, const char *what)
 {
     if (C <= 0)
         return;
     const int nk = col_chunks(N), cb = (C + THREADS - 1) / THREADS;
     float *part = NULL;
     if (nk > 0) {
-        part = col_part_room((size_t)nk * C, what);
-        CU_LAUNCH(k_colsum_part, dim3((unsigned)cb, (unsigned)nk), THREADS, 0, g.stream)(part, x, N, C,
+        part = col_part_room(g, (size_t)nk * C, what);
+        CU_LAUNCH(k_colsum_part, dim3((unsigned)cb, (unsigned)nk), THREADS, 0, g->stream)(part, x, N, C,
                                                                                       col_rows(N));
     }
-    CU_LAUNCH(k_colsum_fold, cb, THREADS, 0, g.stream)(out, part, nk, C, accum);
+    CU_LAUNCH(k_colsum_fold, cb, THREADS, 0, g->stream)(out, part, nk, C, accum);
 }
 
 /* ---- matmuls (cuBLASLt; fp32, or bf16 A/B with fp32 C/D) ------------------------------
  * One forward and one backward for both GEMM precisions: ab is the type of
  * in, w and the GEMM's copy of dout (fp32, or bf16 bit patterns); every
- * output, the bias and db are fp32 (src/ops.h). With pre != NULL they are
+ * output, the bias and db are fp32 (base/ops.h). With pre != NULL they are
  * the GELU-fused ops: cuBLASLt's GELU_AUX(_BIAS) epilogue in the forward
  * and DGELU in the backward, where the aux matrix's leading dimension is a
  * multiple of 8 (cuBLASLt's rule) and the heuristic offers a kernel, else
@@ -303,46 +279,46 @@ static void colsum(float *out, const float *x, int N, int C, int accum, const ch
 /* out[N,OC] = in[N,IC] . w[OC,IC]^T (+ b): column-major
  * out^T[OC,N] = (w^T[IC,OC])^T . in^T[IC,N]. With pre: pre = that sum,
  * out = gelu(pre). */
-static void gemm_fwd(const char *what, cudaDataType_t ab, float *out, float *pre, const void *in, const void *w,
-                     const float *b, int N, int IC, int OC)
+static void gemm_fwd(cu_t *g, const char *what, cudaDataType_t ab, float *out, float *pre, const void *in,
+                     const void *w, const float *b, int N, int IC, int OC)
 {
     if (N <= 0 || OC <= 0)
         return;
     if (pre) {
         if (IC > 0 && OC % 8 == 0 &&
-            lt_gemm(what, ab, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, 1.0f, w, IC, in, IC, 0.0f, out, OC,
+            lt_gemm(g, what, ab, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, 1.0f, w, IC, in, IC, 0.0f, out, OC,
                     b ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX, b, pre) == 0) {
-            lt_cache.gelu_fused++;
+            g->plans.gelu_fused++;
             return;
         }
-        lt_cache.gelu_separate++;
-        gemm_fwd(what, ab, pre, NULL, in, w, b, N, IC, OC);
-        CU_LAUNCH(k_gelu_fwd, grid_for((size_t)N * OC, THREADS), THREADS, 0, g.stream)(out, pre, (size_t)N * OC);
+        g->plans.gelu_separate++;
+        gemm_fwd(g, what, ab, pre, NULL, in, w, b, N, IC, OC);
+        CU_LAUNCH(k_gelu_fwd, grid_for((size_t)N * OC, THREADS), THREADS, 0, g->stream)(out, pre, (size_t)N * OC);
         return;
     }
     /* the bias epilogue where cuBLASLt offers it; otherwise (or for IC 0)
      * bias rows first and a GEMM adding onto them, as the CPU backend does */
-    if (IC > 0 && lt_gemm(what, ab, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, 1.0f, w, IC, in, IC, 0.0f, out, OC,
+    if (IC > 0 && lt_gemm(g, what, ab, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, 1.0f, w, IC, in, IC, 0.0f, out, OC,
                           b ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT, b, NULL) == 0)
         return;
-    CU_LAUNCH(k_fill_rows, grid_for((size_t)N * OC, THREADS), THREADS, 0, g.stream)(out, b, N, OC);
+    CU_LAUNCH(k_fill_rows, grid_for((size_t)N * OC, THREADS), THREADS, 0, g->stream)(out, b, N, OC);
     if (IC > 0)
-        lt_gemm(what, ab, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, 1.0f, w, IC, in, IC, 1.0f, out, OC,
+        lt_gemm(g, what, ab, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, 1.0f, w, IC, in, IC, 1.0f, out, OC,
                 CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL);
 }
 
 /* din[N,IC] (=|+= by accum_din) dout[N,OC] . w[OC,IC], dw[OC,IC] (=|+= by
  * accum_dw) dout^T . in[N,IC], from dout_g (dout in the GEMM type ab);
  * db[OC] the column sums of the fp32 dout (colsum). With pre (accum_din 0): din = gelu'(pre) o (dout . w). */
-static void gemm_bwd(const char *what, cudaDataType_t ab, float *din, float *dw, float *db, const void *dout_g,
+static void gemm_bwd(cu_t *g, const char *what, cudaDataType_t ab, float *din, float *dw, float *db, const void *dout_g,
                      const float *dout, const void *in, const void *w, const float *pre, int N, int IC, int OC,
                      int accum_din, int accum_dw)
 {
     if (OC <= 0) { /* an empty sum: din = 0, or unchanged when accumulating */
         if (din && !accum_din && N > 0 && IC > 0) {
-            ck(cudaMemsetAsync(din, 0, (size_t)N * IC * sizeof(float), g.stream), what);
+            ck(cudaMemsetAsync(din, 0, (size_t)N * IC * sizeof(float), g->stream), what);
             if (pre) /* 0 * gelu'(pre), as the CPU's composition */
-                CU_LAUNCH(k_gelu_bwd, grid_for((size_t)N * IC, THREADS), THREADS, 0, g.stream)(din, pre, din,
+                CU_LAUNCH(k_gelu_bwd, grid_for((size_t)N * IC, THREADS), THREADS, 0, g->stream)(din, pre, din,
                                                                                               (size_t)N * IC);
         }
         return;
@@ -350,15 +326,15 @@ static void gemm_bwd(const char *what, cudaDataType_t ab, float *din, float *dw,
     /* din^T[IC,N] = w^T[IC,OC] . dout^T[OC,N] (column-major views) */
     if (din && N > 0 && IC > 0) {
         if (pre && IC % 8 == 0 &&
-            lt_gemm(what, ab, CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, 1.0f, w, IC, dout_g, OC, 0.0f, din, IC,
+            lt_gemm(g, what, ab, CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, 1.0f, w, IC, dout_g, OC, 0.0f, din, IC,
                     CUBLASLT_EPILOGUE_DGELU, NULL, pre) == 0) {
-            lt_cache.gelu_fused++;
+            g->plans.gelu_fused++;
         } else {
-            lt_gemm(what, ab, CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, 1.0f, w, IC, dout_g, OC, accum_din ? 1.0f : 0.0f,
+            lt_gemm(g, what, ab, CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, 1.0f, w, IC, dout_g, OC, accum_din ? 1.0f : 0.0f,
                     din, IC, CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL);
             if (pre) {
-                lt_cache.gelu_separate++;
-                CU_LAUNCH(k_gelu_bwd, grid_for((size_t)N * IC, THREADS), THREADS, 0, g.stream)(din, pre, din,
+                g->plans.gelu_separate++;
+                CU_LAUNCH(k_gelu_bwd, grid_for((size_t)N * IC, THREADS), THREADS, 0, g->stream)(din, pre, din,
                                                                                               (size_t)N * IC);
             }
         }
@@ -366,84 +342,92 @@ static void gemm_bwd(const char *what, cudaDataType_t ab, float *din, float *dw,
     /* dw^T[IC,OC] = in^T[IC,N] . dout[N,OC] */
     if (dw && IC > 0) {
         if (N > 0)
-            lt_gemm(what, ab, CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, N, 1.0f, in, IC, dout_g, OC, accum_dw ? 1.0f : 0.0f,
+            lt_gemm(g, what, ab, CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, N, 1.0f, in, IC, dout_g, OC, accum_dw ? 1.0f : 0.0f,
                     dw, IC, CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL);
         else if (!accum_dw)
-            ck(cudaMemsetAsync(dw, 0, (size_t)OC * IC * sizeof(float), g.stream), what);
+            ck(cudaMemsetAsync(dw, 0, (size_t)OC * IC * sizeof(float), g->stream), what);
     }
     if (db)
-        colsum(db, dout, N, OC, accum_dw, what);
+        colsum(g, db, dout, N, OC, accum_dw, what);
 }
 
-static void matmul_fwd(float *out, const float *in, const float *w, const float *b, int N, int IC, int OC)
+static void matmul_fwd(void *ctx, float *out, const float *in, const float *w, const float *b, int N, int IC, int OC)
 {
-    gemm_fwd("matmul_fwd", CUDA_R_32F, out, NULL, in, w, b, N, IC, OC);
-    finish("matmul_fwd");
+    cu_t *g = (cu_t *)ctx;
+    gemm_fwd(g, "matmul_fwd", CUDA_R_32F, out, NULL, in, w, b, N, IC, OC);
+    finish(g, "matmul_fwd");
 }
 
-static void matmul_bwd(float *din, float *dw, float *db, const float *dout, const float *in, const float *w,
+static void matmul_bwd(void *ctx, float *din, float *dw, float *db, const float *dout, const float *in, const float *w,
                        int N, int IC, int OC, int accum_din, int accum_dw)
 {
-    gemm_bwd("matmul_bwd", CUDA_R_32F, din, dw, db, dout, dout, in, w, NULL, N, IC, OC, accum_din, accum_dw);
-    finish("matmul_bwd");
+    cu_t *g = (cu_t *)ctx;
+    gemm_bwd(g, "matmul_bwd", CUDA_R_32F, din, dw, db, dout, dout, in, w, NULL, N, IC, OC, accum_din, accum_dw);
+    finish(g, "matmul_bwd");
 }
 
-static void matmul_fwd_bf16(float *out, const uint16_t *in, const uint16_t *w, const float *b, int N, int IC,
+static void matmul_fwd_bf16(void *ctx, float *out, const uint16_t *in, const uint16_t *w, const float *b, int N, int IC,
                             int OC)
 {
-    gemm_fwd("matmul_fwd_bf16", CUDA_R_16BF, out, NULL, in, w, b, N, IC, OC);
-    finish("matmul_fwd_bf16");
+    cu_t *g = (cu_t *)ctx;
+    gemm_fwd(g, "matmul_fwd_bf16", CUDA_R_16BF, out, NULL, in, w, b, N, IC, OC);
+    finish(g, "matmul_fwd_bf16");
 }
 
-static void matmul_bwd_bf16(float *din, float *dw, float *db, const uint16_t *dout16, const float *dout,
+static void matmul_bwd_bf16(void *ctx, float *din, float *dw, float *db, const uint16_t *dout16, const float *dout,
                             const uint16_t *in, const uint16_t *w, int N, int IC, int OC, int accum_din, int accum_dw)
 {
-    gemm_bwd("matmul_bwd_bf16", CUDA_R_16BF, din, dw, db, dout16, dout, in, w, NULL, N, IC, OC, accum_din,
+    cu_t *g = (cu_t *)ctx;
+    gemm_bwd(g, "matmul_bwd_bf16", CUDA_R_16BF, din, dw, db, dout16, dout, in, w, NULL, N, IC, OC, accum_din,
              accum_dw);
-    finish("matmul_bwd_bf16");
+    finish(g, "matmul_bwd_bf16");
 }
 
-static void matmul_gelu_fwd(float *out, float *pre, const float *in, const float *w, const float *b, int N, int IC,
-                            int OC)
+static void matmul_gelu_fwd(void *ctx, float *out, float *pre, const float *in, const float *w, const float *b, int N,
+                            int IC, int OC)
 {
-    gemm_fwd("matmul_gelu_fwd", CUDA_R_32F, out, pre, in, w, b, N, IC, OC);
-    finish("matmul_gelu_fwd");
+    cu_t *g = (cu_t *)ctx;
+    gemm_fwd(g, "matmul_gelu_fwd", CUDA_R_32F, out, pre, in, w, b, N, IC, OC);
+    finish(g, "matmul_gelu_fwd");
 }
 
-static void matmul_gelu_fwd_bf16(float *out, float *pre, const uint16_t *in, const uint16_t *w, const float *b,
-                                 int N, int IC, int OC)
+static void matmul_gelu_fwd_bf16(void *ctx, float *out, float *pre, const uint16_t *in, const uint16_t *w,
+                                 const float *b, int N, int IC, int OC)
 {
-    gemm_fwd("matmul_gelu_fwd_bf16", CUDA_R_16BF, out, pre, in, w, b, N, IC, OC);
-    finish("matmul_gelu_fwd_bf16");
+    cu_t *g = (cu_t *)ctx;
+    gemm_fwd(g, "matmul_gelu_fwd_bf16", CUDA_R_16BF, out, pre, in, w, b, N, IC, OC);
+    finish(g, "matmul_gelu_fwd_bf16");
 }
 
-static void matmul_dgelu_bwd(float *din, float *dw, float *db, const float *dout, const float *in, const float *pre,
-                             const float *w, int N, int IC, int OC, int accum_dw)
+static void matmul_dgelu_bwd(void *ctx, float *din, float *dw, float *db, const float *dout, const float *in,
+                             const float *pre, const float *w, int N, int IC, int OC, int accum_dw)
 {
-    gemm_bwd("matmul_dgelu_bwd", CUDA_R_32F, din, dw, db, dout, dout, in, w, pre, N, IC, OC, 0, accum_dw);
-    finish("matmul_dgelu_bwd");
+    cu_t *g = (cu_t *)ctx;
+    gemm_bwd(g, "matmul_dgelu_bwd", CUDA_R_32F, din, dw, db, dout, dout, in, w, pre, N, IC, OC, 0, accum_dw);
+    finish(g, "matmul_dgelu_bwd");
 }
 
-static void matmul_dgelu_bwd_bf16(float *din, float *dw, float *db, const uint16_t *dout16, const float *dout,
-                                  const uint16_t *in, const float *pre, const uint16_t *w, int N, int IC, int OC,
-                                  int accum_dw)
+static void matmul_dgelu_bwd_bf16(void *ctx, float *din, float *dw, float *db, const uint16_t *dout16,
+                                  const float *dout, const uint16_t *in, const float *pre, const uint16_t *w, int N,
+                                  int IC, int OC, int accum_dw)
 {
-    gemm_bwd("matmul_dgelu_bwd_bf16", CUDA_R_16BF, din, dw, db, dout16, dout, in, w, pre, N, IC, OC, 0, accum_dw);
-    finish("matmul_dgelu_bwd_bf16");
+    cu_t *g = (cu_t *)ctx;
+    gemm_bwd(g, "matmul_dgelu_bwd_bf16", CUDA_R_16BF, din, dw, db, dout16, dout, in, w, pre, N, IC, OC, 0, accum_dw);
+    finish(g, "matmul_dgelu_bwd_bf16");
 }
 
-/* cublasGemmEx's handle (lt_gemm's fallback), made by ops_cuda_init. */
-static cublasStatus_t blas_init(void)
+/* cublasGemmEx's handle (lt_gemm's fallback), made by ops_cuda_create. */
+static cublasStatus_t blas_init(cu_t *g)
 {
     cublasStatus_t bs;
     /* the fallback's handle, made now rather than mid-run (its setup may
      * allocate, and cudaFree waits for the whole device, NCCL kernels
      * included); SetStream before SetWorkspace, which SetStream resets */
-    bs = cublasCreate(&g.blas);
+    bs = cublasCreate(&g->blas);
     if (bs == CUBLAS_STATUS_SUCCESS)
-        bs = cublasSetStream(g.blas, g.stream);
+        bs = cublasSetStream(g->blas, g->stream);
     if (bs == CUBLAS_STATUS_SUCCESS)
-        bs = cublasSetWorkspace(g.blas, g.ws, WORKSPACE_BYTES);
+        bs = cublasSetWorkspace(g->blas, g->ws, WORKSPACE_BYTES);
     return bs;
 }
 

@@ -1,20 +1,49 @@
-/* The CUDA backend's state and error checks: one process-wide `g` (the
- * device, the compute stream, the cuBLASLt and cuBLAS handles, the
- * buffers ops grow), set up by ops_cuda_init and released by
- * ops_cuda_shutdown (cuda/ops_cuda.cu). Every CUDA and cuBLAS status goes
+/* The CUDA backend's state and error checks: the context cu_t (the table,
+ * the device, the compute stream, the cuBLASLt and cuBLAS handles, the
+ * buffers ops grow, the kept GEMM plans), every method's ctx and every
+ * helper's `g`, made by ops_cuda_create and freed by ops_release
+ * (cuda/ops_cuda.cu). Every CUDA and cuBLAS status goes
  * through ck or ckb, which end the job through cuda_fatal with the op's
- * name (the ops table has no error returns); an op ends with finish(op),
- * and waits with wait_all(op) before the host reads backend memory.
+ * name (the ops table has no error returns); an op ends with finish(g, op),
+ * and waits with wait_all(g, op) before the host reads backend memory.
  *
  * Host code, included by cuda/ops_cuda.cu and, through the GEMM path
  * (cuda/ops_cuda_gemm.cuh), compiled by test/emu/test_gemm_emu.cpp against
  * an emulated runtime (test/emu/cublaslt_shim.h). The includer provides
- * cuda_runtime.h, cublasLt.h, cublas_v2.h and cuda/device.h. */
+ * cuda_runtime.h, cublasLt.h, cublas_v2.h, cuda/device.h and base/ops.h. */
 #ifndef DTRAIN_CUDA_OPS_CUDA_STATE_CUH
 #define DTRAIN_CUDA_OPS_CUDA_STATE_CUH
 
-static struct {
-    int ready;
+/* The GEMM plans kept per distinct GEMM (why: ops_cuda_gemm.cuh). */
+#define LT_PLANS 64
+
+typedef struct lt_key {
+    int ab, ta, tb;        /* cudaDataType_t of A/B, cublasOperation_t of each */
+    int m, n, k, lda, ldb, ldc;
+    int epi;               /* cublasLtEpilogue_t (bias and aux pointers are set per call) */
+    uint32_t al_a, al_b, al_c; /* alignments in bytes (mat_align) */
+    uint32_t al_bias, al_aux;  /* of the bias vector and the GELU aux matrix; 0 without */
+} lt_key_t;
+
+typedef struct lt_plan {
+    lt_key_t key;
+    int used;
+    int found;             /* the heuristic returned an algorithm */
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t la, lb, lc;
+    cublasLtMatmulAlgo_t algo;
+} lt_plan_t;
+
+typedef struct lt_cache {
+    lt_plan_t plan[LT_PLANS];
+    int next;              /* the slot replaced when every slot is used */
+    long made, reused;     /* ops_cuda_gemm_plans */
+    long blas;             /* plain GEMMs run by cublasGemmEx instead (ops_cuda_gemm_plans) */
+    long gelu_fused, gelu_separate; /* ops_cuda_gelu_epilogues */
+} lt_cache_t;
+
+typedef struct cuda_ctx {
+    ops_t ops;         /* the table; ops.ctx points here, so ops_release frees both */
     int dev;
     int sync_ops;      /* every op waits for its kernels (see the header comment) */
     int concurrent;    /* cudaDevAttrConcurrentManagedAccess: the host may touch managed memory while kernels run */
@@ -32,7 +61,8 @@ static struct {
     size_t col_cap;    /* floats */
     void *emb;         /* embedding_bwd's grouping buffers (emb_room) */
     size_t emb_cap, emb_scratch_cap; /* tokens, bytes */
-} g;
+    lt_cache_t plans;  /* the kept cuBLASLt plans (ops_cuda_gemm.cuh) */
+} cu_t;
 
 /* ---- error checks ------------------------------------------------------------ */
 
@@ -53,34 +83,34 @@ static void ckb(cublasStatus_t rc, const char *what)
 
 /* After an op's launches: the launch status (and, in the synchronous
  * mode, the kernels' own). */
-static void finish(const char *op)
+static void finish(cu_t *g, const char *op)
 {
     ck(cudaGetLastError(), op);
-    if (g.sync_ops)
-        ck(cudaStreamSynchronize(g.stream), op);
+    if (g->sync_ops)
+        ck(cudaStreamSynchronize(g->stream), op);
 }
 
 /* The host is about to see backend memory: everything enqueued is done. */
-static void wait_all(const char *op)
+static void wait_all(cu_t *g, const char *op)
 {
     ck(cudaGetLastError(), op);
-    ck(cudaStreamSynchronize(g.stream), op);
+    ck(cudaStreamSynchronize(g->stream), op);
 }
 
 /* The column reductions' partial sums: at least n floats, on the compute
  * stream. Grown stream-ordered (cudaFreeAsync/cudaMallocAsync), as cudaFree
  * would wait for the whole device, NCCL kernels of other streams included. */
-static float *col_part_room(size_t n, const char *what)
+static float *col_part_room(cu_t *g, size_t n, const char *what)
 {
-    if (n > g.col_cap) {
-        if (g.col_part)
-            ck(cudaFreeAsync(g.col_part, g.stream), what);
-        g.col_part = NULL;
-        g.col_cap = 0;
-        ck(cudaMallocAsync((void **)&g.col_part, n * sizeof(float), g.stream), what);
-        g.col_cap = n;
+    if (n > g->col_cap) {
+        if (g->col_part)
+            ck(cudaFreeAsync(g->col_part, g->stream), what);
+        g->col_part = NULL;
+        g->col_cap = 0;
+        ck(cudaMallocAsync((void **)&g->col_part, n * sizeof(float), g->stream), what);
+        g->col_cap = n;
     }
-    return g.col_part;
+    return g->col_part;
 }
 
 #endif

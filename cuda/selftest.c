@@ -74,7 +74,7 @@
  */
 #include "cuda/selftest.h"
 #include "cuda/ops_cuda.h"
-#include "src/ops_math.h"
+#include "base/ops_math.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -116,14 +116,14 @@ static int tp_new(st_t *s, tp_t *t, size_t n, float lo, float hi)
 {
     t->n = n;
     t->h = calloc(n ? n : 1, sizeof(float));
-    t->d = s->gpu->alloc(n * sizeof(float));
+    t->d = s->gpu->alloc(s->gpu->ctx, n * sizeof(float));
     if (!t->h || !t->d) {
         s->oom = 1;
         return -1;
     }
     for (size_t i = 0; i < n; i++)
         t->h[i] = frand(s, lo, hi);
-    s->gpu->from_host(t->d, t->h, n * sizeof(float));
+    s->gpu->from_host(s->gpu->ctx, t->d, t->h, n * sizeof(float));
     return 0;
 }
 
@@ -131,19 +131,19 @@ static void tp_free(st_t *s, tp_t *t)
 {
     free(t->h);
     if (t->d)
-        s->gpu->free(t->d);
+        s->gpu->free(s->gpu->ctx, t->d);
     memset(t, 0, sizeof *t);
 }
 
 /* int32 buffer on both sides */
 static int32_t *ints_dev(st_t *s, const int32_t *h, size_t n)
 {
-    int32_t *d = s->gpu->alloc(n * sizeof(int32_t));
+    int32_t *d = s->gpu->alloc(s->gpu->ctx, n * sizeof(int32_t));
     if (!d) {
         s->oom = 1;
         return NULL;
     }
-    s->gpu->from_host(d, h, n * sizeof(int32_t));
+    s->gpu->from_host(s->gpu->ctx, d, h, n * sizeof(int32_t));
     return d;
 }
 
@@ -154,7 +154,7 @@ static void check(st_t *s, const char *what, const tp_t *t, double bound)
         s->oom = 1;
         return;
     }
-    s->gpu->to_host(g, t->d, t->n * sizeof(float));
+    s->gpu->to_host(s->gpu->ctx, g, t->d, t->n * sizeof(float));
     double maxref = 0.0, maxdiff = 0.0;
     int bad = 0;
     for (size_t i = 0; i < t->n; i++) {
@@ -207,7 +207,7 @@ static void check_log(st_t *s, const char *what, const tp_t *t, double bound)
         s->oom = 1;
         return;
     }
-    s->gpu->to_host(g, t->d, t->n * sizeof(float));
+    s->gpu->to_host(s->gpu->ctx, g, t->d, t->n * sizeof(float));
     double maxref = 1.0, maxdiff = 0.0;
     int bad = 0;
     for (size_t i = 0; i < t->n; i++) {
@@ -242,7 +242,7 @@ static void poison(st_t *s, const tp_t *t)
     }
     for (size_t i = 0; i < t->n; i++)
         v[i] = NAN;
-    s->gpu->from_host(t->d, v, t->n * sizeof(float));
+    s->gpu->from_host(s->gpu->ctx, t->d, v, t->n * sizeof(float));
     free(v);
 }
 
@@ -256,8 +256,8 @@ static void check_same(st_t *s, const char *what, const tp_t *a, const tp_t *b)
         s->oom = 1;
         return;
     }
-    s->gpu->to_host(x, a->d, a->n * sizeof(float));
-    s->gpu->to_host(y, b->d, a->n * sizeof(float));
+    s->gpu->to_host(s->gpu->ctx, x, a->d, a->n * sizeof(float));
+    s->gpu->to_host(s->gpu->ctx, y, b->d, a->n * sizeof(float));
     size_t bad = 0;
     for (size_t i = 0; i < a->n; i++)
         bad += dt_f32_bits(x[i]) != dt_f32_bits(y[i]);
@@ -273,9 +273,9 @@ static void t_memory(st_t *s)
     memset(&a, 0, sizeof a), b = a;
     if (tp_new(s, &a, 1000, -1, 1) || tp_new(s, &b, 1000, 5, 6))
         goto out;
-    s->gpu->copy(b.d, a.d, 600 * sizeof(float));
+    s->gpu->copy(s->gpu->ctx, b.d, a.d, 600 * sizeof(float));
     memcpy(b.h, a.h, 600 * sizeof(float));
-    s->gpu->zero(a.d + 100, 50 * sizeof(float));
+    s->gpu->zero(s->gpu->ctx, a.d + 100, 50 * sizeof(float));
     memset(a.h + 100, 0, 50 * sizeof(float));
     check(s, "memory: from_host, copy, to_host", &b, B_EXACT);
     check(s, "memory: zero", &a, B_EXACT);
@@ -295,14 +295,14 @@ static void t_matmul(st_t *s, int N, int IC, int OC)
         tp_new(s, &dw, (size_t)OC * IC, -1, 1) || tp_new(s, &db, (size_t)OC, -1, 1))
         goto out;
     for (int bias = 0; bias < 2; bias++) {
-        s->cpu->matmul_fwd(out.h, in.h, w.h, bias ? b.h : NULL, N, IC, OC);
-        s->gpu->matmul_fwd(out.d, in.d, w.d, bias ? b.d : NULL, N, IC, OC);
+        s->cpu->matmul_fwd(s->cpu->ctx, out.h, in.h, w.h, bias ? b.h : NULL, N, IC, OC);
+        s->gpu->matmul_fwd(s->gpu->ctx, out.d, in.d, w.d, bias ? b.d : NULL, N, IC, OC);
         snprintf(what, sizeof what, "matmul_fwd N=%d IC=%d OC=%d%s", N, IC, OC, bias ? " +bias" : "");
         check(s, what, &out, B_MATMUL);
     }
     for (int accum = 0; accum < 2; accum++) {
-        s->cpu->matmul_bwd(din.h, dw.h, db.h, dout.h, in.h, w.h, N, IC, OC, accum, accum);
-        s->gpu->matmul_bwd(din.d, dw.d, db.d, dout.d, in.d, w.d, N, IC, OC, accum, accum);
+        s->cpu->matmul_bwd(s->cpu->ctx, din.h, dw.h, db.h, dout.h, in.h, w.h, N, IC, OC, accum, accum);
+        s->gpu->matmul_bwd(s->gpu->ctx, din.d, dw.d, db.d, dout.d, in.d, w.d, N, IC, OC, accum, accum);
         snprintf(what, sizeof what, "matmul_bwd din N=%d IC=%d OC=%d accum=%d", N, IC, OC, accum);
         check(s, what, &din, B_MATMUL);
         snprintf(what, sizeof what, "matmul_bwd dw N=%d IC=%d OC=%d accum=%d", N, IC, OC, accum);
@@ -328,11 +328,11 @@ static void t_gemm_plans(st_t *s)
         tp_new(s, &out2, (size_t)N * OC, 5, 6) || tp_new(s, &other, (size_t)(N + 1) * OC, -1, 1))
         goto out;
     long made0, reused0, made1, reused1, blas;
-    ops_cuda_gemm_plans(&made0, &reused0, &blas);
-    s->gpu->matmul_fwd(out1.d, in.d, w.d, b.d, N, IC, OC);
-    s->gpu->matmul_fwd(other.d, in.d, w.d, b.d, N - 1, IC, OC);
-    s->gpu->matmul_fwd(out2.d, in.d, w.d, b.d, N, IC, OC);
-    ops_cuda_gemm_plans(&made1, &reused1, &blas);
+    ops_cuda_gemm_plans(s->gpu, &made0, &reused0, &blas);
+    s->gpu->matmul_fwd(s->gpu->ctx, out1.d, in.d, w.d, b.d, N, IC, OC);
+    s->gpu->matmul_fwd(s->gpu->ctx, other.d, in.d, w.d, b.d, N - 1, IC, OC);
+    s->gpu->matmul_fwd(s->gpu->ctx, out2.d, in.d, w.d, b.d, N, IC, OC);
+    ops_cuda_gemm_plans(s->gpu, &made1, &reused1, &blas);
     check_same(s, "matmul_fwd +bias: kept cuBLASLt plan, same bits as its first use", &out1, &out2);
     char what[160];
     snprintf(what, sizeof what, "cuBLASLt plans: the repeated GEMM reused one (%ld made, %ld reused)", made1 - made0,
@@ -356,14 +356,14 @@ static int tb_new(st_t *s, tb_t *t, size_t n, const float *src, float lo, float 
 {
     t->n = n;
     t->h = malloc((n ? n : 1) * sizeof(uint16_t));
-    t->d = s->gpu->alloc(n * sizeof(uint16_t));
+    t->d = s->gpu->alloc(s->gpu->ctx, n * sizeof(uint16_t));
     if (!t->h || !t->d) {
         s->oom = 1;
         return -1;
     }
     for (size_t i = 0; i < n; i++)
         t->h[i] = dt_f32_to_bf16(src ? src[i] : frand(s, lo, hi));
-    s->gpu->from_host(t->d, t->h, n * sizeof(uint16_t));
+    s->gpu->from_host(s->gpu->ctx, t->d, t->h, n * sizeof(uint16_t));
     return 0;
 }
 
@@ -371,7 +371,7 @@ static void tb_free(st_t *s, tb_t *t)
 {
     free(t->h);
     if (t->d)
-        s->gpu->free(t->d);
+        s->gpu->free(s->gpu->ctx, t->d);
     memset(t, 0, sizeof *t);
 }
 
@@ -422,7 +422,7 @@ static void check_gemm16(st_t *s, const char *what, const tp_t *t, const double 
         s->oom = 1;
         return;
     }
-    s->gpu->to_host(g, t->d, t->n * sizeof(float));
+    s->gpu->to_host(s->gpu->ctx, g, t->d, t->n * sizeof(float));
     double err = 0.0;
     int bad = 0;
     for (size_t i = 0; i < t->n; i++) {
@@ -502,8 +502,8 @@ static void t_matmul_bf16(st_t *s, int N, int IC, int OC)
             S_db[o] += fabs(dout.h[(size_t)n * OC + o]);
 
     for (int bias = 0; bias < 2; bias++) {
-        s->cpu->matmul_fwd_bf16(out.h, in.h, w.h, bias ? b.h : NULL, N, IC, OC);
-        s->gpu->matmul_fwd_bf16(out.d, in.d, w.d, bias ? b.d : NULL, N, IC, OC);
+        s->cpu->matmul_fwd_bf16(s->cpu->ctx, out.h, in.h, w.h, bias ? b.h : NULL, N, IC, OC);
+        s->gpu->matmul_fwd_bf16(s->gpu->ctx, out.d, in.d, w.d, bias ? b.d : NULL, N, IC, OC);
         snprintf(what, sizeof what, "matmul_fwd_bf16 %s%s", dims, bias ? " +bias" : "");
         check_gemm16(s, what, &out, S_out, IC, NULL, bias ? b.h : NULL, OC);
     }
@@ -517,13 +517,13 @@ static void t_matmul_bf16(st_t *s, int N, int IC, int OC)
         memcpy(o_din, din.h, nin * sizeof(float));
         memcpy(o_dw, dw.h, nw * sizeof(float));
         memcpy(o_db, db.h, (size_t)OC * sizeof(float));
-        s->gpu->from_host(din.d, din.h, nin * sizeof(float));
-        s->gpu->from_host(dw.d, dw.h, nw * sizeof(float));
-        s->gpu->from_host(db.d, db.h, (size_t)OC * sizeof(float));
-        s->cpu->matmul_bwd_bf16(bw[v].din ? din.h : NULL, bw[v].dw ? dw.h : NULL, bw[v].db ? db.h : NULL, dout16.h,
-                                dout.h, in.h, w.h, N, IC, OC, bw[v].acc_din, bw[v].acc_dw);
-        s->gpu->matmul_bwd_bf16(bw[v].din ? din.d : NULL, bw[v].dw ? dw.d : NULL, bw[v].db ? db.d : NULL, dout16.d,
-                                dout.d, in.d, w.d, N, IC, OC, bw[v].acc_din, bw[v].acc_dw);
+        s->gpu->from_host(s->gpu->ctx, din.d, din.h, nin * sizeof(float));
+        s->gpu->from_host(s->gpu->ctx, dw.d, dw.h, nw * sizeof(float));
+        s->gpu->from_host(s->gpu->ctx, db.d, db.h, (size_t)OC * sizeof(float));
+        s->cpu->matmul_bwd_bf16(s->cpu->ctx, bw[v].din ? din.h : NULL, bw[v].dw ? dw.h : NULL, bw[v].db ? db.h : NULL,
+                                dout16.h, dout.h, in.h, w.h, N, IC, OC, bw[v].acc_din, bw[v].acc_dw);
+        s->gpu->matmul_bwd_bf16(s->gpu->ctx, bw[v].din ? din.d : NULL, bw[v].dw ? dw.d : NULL, bw[v].db ? db.d : NULL,
+                                dout16.d, dout.d, in.d, w.d, N, IC, OC, bw[v].acc_din, bw[v].acc_dw);
         if (bw[v].din) {
             snprintf(what, sizeof what, "matmul_bwd_bf16 din %s", tag);
             check_gemm16(s, what, &din, S_din, OC, bw[v].acc_din ? o_din : NULL, NULL, 1);
@@ -564,7 +564,7 @@ static void t_matmul_gelu(st_t *s, int N, int IC, int F, int bf16)
     memset(&in, 0, sizeof in), w = b = pre = out = w2 = dy = din = dw = db = in;
     memset(&in16, 0, sizeof in16), w16 = out16 = w216 = dy16 = in16;
     long f0, s0, f1, s1;
-    ops_cuda_gelu_epilogues(&f0, &s0);
+    ops_cuda_gelu_epilogues(s->gpu, &f0, &s0);
     if (tp_new(s, &in, nin, -1, 1) || tp_new(s, &w, nw, -1, 1) || tp_new(s, &b, (size_t)F, -1, 1) ||
         tp_new(s, &pre, nf, 0, 0) || tp_new(s, &out, nf, 0, 0) || tp_new(s, &w2, nw, -1, 1) ||
         tp_new(s, &dy, nin, -1, 1) || tp_new(s, &din, nf, 0, 0) || tp_new(s, &dw, nw, -1, 1) ||
@@ -575,11 +575,11 @@ static void t_matmul_gelu(st_t *s, int N, int IC, int F, int bf16)
         goto out;
     poison(s, &pre), poison(s, &out), poison(s, &din);
     if (bf16) {
-        s->cpu->matmul_gelu_fwd_bf16(out.h, pre.h, in16.h, w16.h, b.h, N, IC, F);
-        s->gpu->matmul_gelu_fwd_bf16(out.d, pre.d, in16.d, w16.d, b.d, N, IC, F);
+        s->cpu->matmul_gelu_fwd_bf16(s->cpu->ctx, out.h, pre.h, in16.h, w16.h, b.h, N, IC, F);
+        s->gpu->matmul_gelu_fwd_bf16(s->gpu->ctx, out.d, pre.d, in16.d, w16.d, b.d, N, IC, F);
     } else {
-        s->cpu->matmul_gelu_fwd(out.h, pre.h, in.h, w.h, b.h, N, IC, F);
-        s->gpu->matmul_gelu_fwd(out.d, pre.d, in.d, w.d, b.d, N, IC, F);
+        s->cpu->matmul_gelu_fwd(s->cpu->ctx, out.h, pre.h, in.h, w.h, b.h, N, IC, F);
+        s->gpu->matmul_gelu_fwd(s->gpu->ctx, out.d, pre.d, in.d, w.d, b.d, N, IC, F);
     }
     snprintf(what, sizeof what, "matmul_gelu_fwd pre %s", dims);
     check(s, what, &pre, B_MATMUL);
@@ -587,18 +587,20 @@ static void t_matmul_gelu(st_t *s, int N, int IC, int F, int bf16)
     check(s, what, &out, B_EPI);
     /* the backward reads the CPU's pre and out on both sides, so only
      * the backward's own differences show */
-    s->gpu->from_host(pre.d, pre.h, nf * sizeof(float));
-    s->gpu->from_host(out.d, out.h, nf * sizeof(float));
+    s->gpu->from_host(s->gpu->ctx, pre.d, pre.h, nf * sizeof(float));
+    s->gpu->from_host(s->gpu->ctx, out.d, out.h, nf * sizeof(float));
     if (bf16 && tb_new(s, &out16, nf, out.h, 0, 0))
         goto out;
     for (int accum = 0; accum < 2; accum++) {
         poison(s, &din);
         if (bf16) {
-            s->cpu->matmul_dgelu_bwd_bf16(din.h, dw.h, db.h, dy16.h, dy.h, out16.h, pre.h, w216.h, N, F, IC, accum);
-            s->gpu->matmul_dgelu_bwd_bf16(din.d, dw.d, db.d, dy16.d, dy.d, out16.d, pre.d, w216.d, N, F, IC, accum);
+            s->cpu->matmul_dgelu_bwd_bf16(s->cpu->ctx, din.h, dw.h, db.h, dy16.h, dy.h, out16.h, pre.h, w216.h, N, F,
+                                          IC, accum);
+            s->gpu->matmul_dgelu_bwd_bf16(s->gpu->ctx, din.d, dw.d, db.d, dy16.d, dy.d, out16.d, pre.d, w216.d, N, F,
+                                          IC, accum);
         } else {
-            s->cpu->matmul_dgelu_bwd(din.h, dw.h, db.h, dy.h, out.h, pre.h, w2.h, N, F, IC, accum);
-            s->gpu->matmul_dgelu_bwd(din.d, dw.d, db.d, dy.d, out.d, pre.d, w2.d, N, F, IC, accum);
+            s->cpu->matmul_dgelu_bwd(s->cpu->ctx, din.h, dw.h, db.h, dy.h, out.h, pre.h, w2.h, N, F, IC, accum);
+            s->gpu->matmul_dgelu_bwd(s->gpu->ctx, din.d, dw.d, db.d, dy.d, out.d, pre.d, w2.d, N, F, IC, accum);
         }
         snprintf(what, sizeof what, "matmul_dgelu_bwd din %s accum=%d", dims, accum);
         check(s, what, &din, B_EPI);
@@ -607,10 +609,10 @@ static void t_matmul_gelu(st_t *s, int N, int IC, int F, int bf16)
         snprintf(what, sizeof what, "matmul_dgelu_bwd db %s accum=%d", dims, accum);
         check(s, what, &db, B_MATMUL);
         /* the next round accumulates onto the CPU's values on both sides */
-        s->gpu->from_host(dw.d, dw.h, nw * sizeof(float));
-        s->gpu->from_host(db.d, db.h, (size_t)IC * sizeof(float));
+        s->gpu->from_host(s->gpu->ctx, dw.d, dw.h, nw * sizeof(float));
+        s->gpu->from_host(s->gpu->ctx, db.d, db.h, (size_t)IC * sizeof(float));
     }
-    ops_cuda_gelu_epilogues(&f1, &s1);
+    ops_cuda_gelu_epilogues(s->gpu, &f1, &s1);
     fprintf(s->out, "info %-60s %ld of %ld GEMMs with cuBLASLt's GELU epilogue\n", dims, f1 - f0,
             (f1 - f0) + (s1 - s0));
 out:
@@ -631,8 +633,8 @@ static void t_norms(st_t *s, int N, int C)
         tp_new(s, &dw, (size_t)C, -1, 1) || tp_new(s, &db, (size_t)C, -1, 1))
         goto out;
     const float eps = 1e-5f;
-    s->cpu->layernorm_fwd(out.h, mean.h, rstd.h, x.h, w.h, b.h, N, C, eps);
-    s->gpu->layernorm_fwd(out.d, mean.d, rstd.d, x.d, w.d, b.d, N, C, eps);
+    s->cpu->layernorm_fwd(s->cpu->ctx, out.h, mean.h, rstd.h, x.h, w.h, b.h, N, C, eps);
+    s->gpu->layernorm_fwd(s->gpu->ctx, out.d, mean.d, rstd.d, x.d, w.d, b.d, N, C, eps);
     snprintf(what, sizeof what, "layernorm_fwd out N=%d C=%d", N, C);
     check(s, what, &out, B_ROW);
     snprintf(what, sizeof what, "layernorm_fwd mean N=%d C=%d", N, C);
@@ -640,11 +642,11 @@ static void t_norms(st_t *s, int N, int C)
     snprintf(what, sizeof what, "layernorm_fwd rstd N=%d C=%d", N, C);
     check(s, what, &rstd, B_ROW);
     /* backward from the CPU's saved statistics on both sides */
-    s->gpu->from_host(mean.d, mean.h, (size_t)N * sizeof(float));
-    s->gpu->from_host(rstd.d, rstd.h, (size_t)N * sizeof(float));
+    s->gpu->from_host(s->gpu->ctx, mean.d, mean.h, (size_t)N * sizeof(float));
+    s->gpu->from_host(s->gpu->ctx, rstd.d, rstd.h, (size_t)N * sizeof(float));
     for (int accum = 0; accum < 2; accum++) {
-        s->cpu->layernorm_bwd(din.h, dw.h, db.h, dout.h, x.h, w.h, mean.h, rstd.h, N, C, accum);
-        s->gpu->layernorm_bwd(din.d, dw.d, db.d, dout.d, x.d, w.d, mean.d, rstd.d, N, C, accum);
+        s->cpu->layernorm_bwd(s->cpu->ctx, din.h, dw.h, db.h, dout.h, x.h, w.h, mean.h, rstd.h, N, C, accum);
+        s->gpu->layernorm_bwd(s->gpu->ctx, din.d, dw.d, db.d, dout.d, x.d, w.d, mean.d, rstd.d, N, C, accum);
         snprintf(what, sizeof what, "layernorm_bwd din N=%d C=%d accum_dw=%d", N, C, accum);
         check(s, what, &din, B_ROW);
         snprintf(what, sizeof what, "layernorm_bwd dw N=%d C=%d accum_dw=%d", N, C, accum);
@@ -652,16 +654,16 @@ static void t_norms(st_t *s, int N, int C)
         snprintf(what, sizeof what, "layernorm_bwd db N=%d C=%d accum_dw=%d", N, C, accum);
         check(s, what, &db, B_ROW);
     }
-    s->cpu->rmsnorm_fwd(out.h, rstd.h, x.h, w.h, N, C, eps);
-    s->gpu->rmsnorm_fwd(out.d, rstd.d, x.d, w.d, N, C, eps);
+    s->cpu->rmsnorm_fwd(s->cpu->ctx, out.h, rstd.h, x.h, w.h, N, C, eps);
+    s->gpu->rmsnorm_fwd(s->gpu->ctx, out.d, rstd.d, x.d, w.d, N, C, eps);
     snprintf(what, sizeof what, "rmsnorm_fwd out N=%d C=%d", N, C);
     check(s, what, &out, B_ROW);
     snprintf(what, sizeof what, "rmsnorm_fwd rstd N=%d C=%d", N, C);
     check(s, what, &rstd, B_ROW);
-    s->gpu->from_host(rstd.d, rstd.h, (size_t)N * sizeof(float));
+    s->gpu->from_host(s->gpu->ctx, rstd.d, rstd.h, (size_t)N * sizeof(float));
     for (int accum = 0; accum < 2; accum++) {
-        s->cpu->rmsnorm_bwd(din.h, dw.h, dout.h, x.h, w.h, rstd.h, N, C, accum);
-        s->gpu->rmsnorm_bwd(din.d, dw.d, dout.d, x.d, w.d, rstd.d, N, C, accum);
+        s->cpu->rmsnorm_bwd(s->cpu->ctx, din.h, dw.h, dout.h, x.h, w.h, rstd.h, N, C, accum);
+        s->gpu->rmsnorm_bwd(s->gpu->ctx, din.d, dw.d, dout.d, x.d, w.d, rstd.d, N, C, accum);
         snprintf(what, sizeof what, "rmsnorm_bwd din N=%d C=%d accum_dw=%d", N, C, accum);
         check(s, what, &din, B_ROW);
         snprintf(what, sizeof what, "rmsnorm_bwd dw N=%d C=%d accum_dw=%d", N, C, accum);
@@ -672,7 +674,7 @@ out:
     tp_free(s, &rstd), tp_free(s, &dout), tp_free(s, &din), tp_free(s, &dw), tp_free(s, &db);
 }
 
-/* Document positions (src/ops.h) of n tokens in rows of T: documents of
+/* Document positions (base/ops.h) of n tokens in rows of T: documents of
  * 1, 37, 5, 70, 1, 37, ... tokens, restarting each row, so that they cross
  * tile edges, fill whole tiles and leave single-token documents. */
 static void doc_positions(int32_t *pos, size_t n, int T)
@@ -688,7 +690,7 @@ static void doc_positions(int32_t *pos, size_t n, int T)
     }
 }
 
-/* Flash-style attention (src/ops.h): the forward's out and lse, then the
+/* Flash-style attention (base/ops.h): the forward's out and lse, then the
  * backward's dqkv from the CPU's out and lse on both sides. The GPU outputs
  * start as NaN, so an element the GPU does not write fails (dqkv must be
  * written whole, zeros included); each GPU op runs a second time into
@@ -715,16 +717,16 @@ static void t_attention(st_t *s, int B, int T, int NH, int NKV, int HS, int docs
         tp_new(s, &out2, NO, 0, 0) || tp_new(s, &lse2, NL, 0, 0) || tp_new(s, &dqkv2, N * R, 0, 0))
         goto out;
     const float theta = 10000.0f;
-    s->cpu->rope_fwd(qkv.h, pos, B, T, NH, NKV, HS, theta);
-    s->gpu->rope_fwd(qkv.d, dpos, B, T, NH, NKV, HS, theta);
+    s->cpu->rope_fwd(s->cpu->ctx, qkv.h, pos, B, T, NH, NKV, HS, theta);
+    s->gpu->rope_fwd(s->gpu->ctx, qkv.d, dpos, B, T, NH, NKV, HS, theta);
     snprintf(what, sizeof what, "rope_fwd %s", dims);
     check(s, what, &qkv, B_ROW);
-    s->gpu->from_host(qkv.d, qkv.h, N * R * sizeof(float));
+    s->gpu->from_host(s->gpu->ctx, qkv.d, qkv.h, N * R * sizeof(float));
 
     poison(s, &out), poison(s, &lse), poison(s, &out2), poison(s, &lse2);
-    s->cpu->attention_fwd(out.h, lse.h, qkv.h, pos, B, T, NH, NKV, HS);
-    s->gpu->attention_fwd(out.d, lse.d, qkv.d, dpos, B, T, NH, NKV, HS);
-    s->gpu->attention_fwd(out2.d, lse2.d, qkv.d, dpos, B, T, NH, NKV, HS);
+    s->cpu->attention_fwd(s->cpu->ctx, out.h, lse.h, qkv.h, pos, B, T, NH, NKV, HS);
+    s->gpu->attention_fwd(s->gpu->ctx, out.d, lse.d, qkv.d, dpos, B, T, NH, NKV, HS);
+    s->gpu->attention_fwd(s->gpu->ctx, out2.d, lse2.d, qkv.d, dpos, B, T, NH, NKV, HS);
     snprintf(what, sizeof what, "attention_fwd out %s", dims);
     check(s, what, &out, B_ROW);
     snprintf(what, sizeof what, "attention_fwd lse %s", dims);
@@ -735,27 +737,27 @@ static void t_attention(st_t *s, int B, int T, int NH, int NKV, int HS, int docs
     check_same(s, what, &lse, &lse2);
 
     /* backward from the CPU's forward outputs on both sides */
-    s->gpu->from_host(out.d, out.h, NO * sizeof(float));
-    s->gpu->from_host(lse.d, lse.h, NL * sizeof(float));
+    s->gpu->from_host(s->gpu->ctx, out.d, out.h, NO * sizeof(float));
+    s->gpu->from_host(s->gpu->ctx, lse.d, lse.h, NL * sizeof(float));
     poison(s, &dqkv), poison(s, &dqkv2);
-    s->cpu->attention_bwd(dqkv.h, dout.h, qkv.h, out.h, lse.h, pos, B, T, NH, NKV, HS);
-    s->gpu->attention_bwd(dqkv.d, dout.d, qkv.d, out.d, lse.d, dpos, B, T, NH, NKV, HS);
-    s->gpu->attention_bwd(dqkv2.d, dout.d, qkv.d, out.d, lse.d, dpos, B, T, NH, NKV, HS);
+    s->cpu->attention_bwd(s->cpu->ctx, dqkv.h, dout.h, qkv.h, out.h, lse.h, pos, B, T, NH, NKV, HS);
+    s->gpu->attention_bwd(s->gpu->ctx, dqkv.d, dout.d, qkv.d, out.d, lse.d, dpos, B, T, NH, NKV, HS);
+    s->gpu->attention_bwd(s->gpu->ctx, dqkv2.d, dout.d, qkv.d, out.d, lse.d, dpos, B, T, NH, NKV, HS);
     snprintf(what, sizeof what, "attention_bwd dqkv %s", dims);
     check(s, what, &dqkv, B_ROW);
     snprintf(what, sizeof what, "attention_bwd dqkv run to run %s", dims);
     check_same(s, what, &dqkv, &dqkv2);
 
     /* rope_bwd from an identical start: the CPU's attention gradient */
-    s->gpu->from_host(dqkv.d, dqkv.h, N * R * sizeof(float));
-    s->cpu->rope_bwd(dqkv.h, pos, B, T, NH, NKV, HS, theta);
-    s->gpu->rope_bwd(dqkv.d, dpos, B, T, NH, NKV, HS, theta);
+    s->gpu->from_host(s->gpu->ctx, dqkv.d, dqkv.h, N * R * sizeof(float));
+    s->cpu->rope_bwd(s->cpu->ctx, dqkv.h, pos, B, T, NH, NKV, HS, theta);
+    s->gpu->rope_bwd(s->gpu->ctx, dqkv.d, dpos, B, T, NH, NKV, HS, theta);
     snprintf(what, sizeof what, "rope_bwd %s", dims);
     check(s, what, &dqkv, B_ROW);
 out:
     free(pos);
     if (dpos)
-        s->gpu->free(dpos);
+        s->gpu->free(s->gpu->ctx, dpos);
     tp_free(s, &qkv), tp_free(s, &out), tp_free(s, &lse), tp_free(s, &dout), tp_free(s, &dqkv);
     tp_free(s, &out2), tp_free(s, &lse2), tp_free(s, &dqkv2);
 }
@@ -770,32 +772,32 @@ static void t_elementwise(st_t *s, size_t n, int F)
         tp_new(s, &out, n, 0, 0) || tp_new(s, &gu, 2 * (size_t)N * F, -6, 6) ||
         tp_new(s, &dgu, 2 * (size_t)N * F, 0, 0) || tp_new(s, &o2, (size_t)N * F, 0, 0))
         goto out;
-    s->cpu->gelu_fwd(out.h, x.h, n);
-    s->gpu->gelu_fwd(out.d, x.d, n);
+    s->cpu->gelu_fwd(s->cpu->ctx, out.h, x.h, n);
+    s->gpu->gelu_fwd(s->gpu->ctx, out.d, x.d, n);
     snprintf(what, sizeof what, "gelu_fwd n=%zu", n);
     check(s, what, &out, B_ELEM);
-    s->cpu->gelu_bwd(out.h, x.h, dout.h, n);
-    s->gpu->gelu_bwd(out.d, x.d, dout.d, n);
+    s->cpu->gelu_bwd(s->cpu->ctx, out.h, x.h, dout.h, n);
+    s->gpu->gelu_bwd(s->gpu->ctx, out.d, x.d, dout.d, n);
     snprintf(what, sizeof what, "gelu_bwd n=%zu", n);
     check(s, what, &out, B_ELEM);
-    s->cpu->swiglu_fwd(o2.h, gu.h, N, F);
-    s->gpu->swiglu_fwd(o2.d, gu.d, N, F);
+    s->cpu->swiglu_fwd(s->cpu->ctx, o2.h, gu.h, N, F);
+    s->gpu->swiglu_fwd(s->gpu->ctx, o2.d, gu.d, N, F);
     snprintf(what, sizeof what, "swiglu_fwd N=%d F=%d", N, F);
     check(s, what, &o2, B_ELEM);
-    s->cpu->swiglu_bwd(dgu.h, gu.h, dout.h, N, F);
-    s->gpu->swiglu_bwd(dgu.d, gu.d, dout.d, N, F);
+    s->cpu->swiglu_bwd(s->cpu->ctx, dgu.h, gu.h, dout.h, N, F);
+    s->gpu->swiglu_bwd(s->gpu->ctx, dgu.d, gu.d, dout.d, N, F);
     snprintf(what, sizeof what, "swiglu_bwd N=%d F=%d", N, F);
     check(s, what, &dgu, B_ELEM);
-    s->cpu->add(out.h, x.h, y.h, n);
-    s->gpu->add(out.d, x.d, y.d, n);
+    s->cpu->add(s->cpu->ctx, out.h, x.h, y.h, n);
+    s->gpu->add(s->gpu->ctx, out.d, x.d, y.d, n);
     snprintf(what, sizeof what, "add n=%zu", n);
     check(s, what, &out, B_EXACT);
-    s->cpu->add(x.h, x.h, y.h, n); /* aliased output */
-    s->gpu->add(x.d, x.d, y.d, n);
+    s->cpu->add(s->cpu->ctx, x.h, x.h, y.h, n); /* aliased output */
+    s->gpu->add(s->gpu->ctx, x.d, x.d, y.d, n);
     snprintf(what, sizeof what, "add (out aliases a) n=%zu", n);
     check(s, what, &x, B_EXACT);
-    s->cpu->scale(y.h, -0.37f, n);
-    s->gpu->scale(y.d, -0.37f, n);
+    s->cpu->scale(s->cpu->ctx, y.h, -0.37f, n);
+    s->gpu->scale(s->gpu->ctx, y.d, -0.37f, n);
     snprintf(what, sizeof what, "scale n=%zu", n);
     check(s, what, &y, B_EXACT);
     {
@@ -804,13 +806,13 @@ static void t_elementwise(st_t *s, size_t n, int F)
         const float *xh[3] = {x.h, y.h + 1, x.h}, *xd[3] = {x.d, y.d + 1, x.d};
         const size_t ns[3] = {n, n - 1, 0};
         double a[3], b[3], one;
-        s->cpu->sumsq(a, xh, ns, 3);
-        s->gpu->sumsq(b, xd, ns, 3);
+        s->cpu->sumsq(s->cpu->ctx, a, xh, ns, 3);
+        s->gpu->sumsq(s->gpu->ctx, b, xd, ns, 3);
         size_t bad = 0;
         for (int v = 0; v < 3; v++) {
             snprintf(what, sizeof what, "sumsq n=%zu (vector %d of 3)", ns[v], v);
             check_val(s, what, a[v], b[v], B_ELEM);
-            s->gpu->sumsq(&one, &xd[v], &ns[v], 1);
+            s->gpu->sumsq(s->gpu->ctx, &one, &xd[v], &ns[v], 1);
             bad += memcmp(&one, &b[v], sizeof one) != 0;
         }
         snprintf(what, sizeof what, "sumsq: 3 vectors at once, each the bits of its own call");
@@ -843,8 +845,10 @@ static void t_adamw(st_t *s, size_t n)
         goto out;
     for (int t = 1; t <= 10; t += 9) {
         const int fused = t > 1;
-        s->cpu->adamw(p.h, fused ? q.h : NULL, gr.h, m.h, v.h, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, t);
-        s->gpu->adamw(p.d, fused ? q.d : NULL, gr.d, m.d, v.d, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, t);
+        s->cpu->adamw(s->cpu->ctx, p.h, fused ? q.h : NULL, gr.h, m.h, v.h, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f,
+                      t);
+        s->gpu->adamw(s->gpu->ctx, p.d, fused ? q.d : NULL, gr.d, m.d, v.d, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f,
+                      t);
         snprintf(what, sizeof what, "adamw p n=%zu t=%d%s", n, t, fused ? " (with p16)" : "");
         check(s, what, &p, B_ELEM);
         snprintf(what, sizeof what, "adamw m n=%zu t=%d", n, t);
@@ -852,8 +856,8 @@ static void t_adamw(st_t *s, size_t n)
         snprintf(what, sizeof what, "adamw v n=%zu t=%d", n, t);
         check(s, what, &v, B_ELEM);
     }
-    s->gpu->to_host(gp, p.d, n * sizeof(float));
-    s->gpu->to_host(gq, q.d, n * sizeof(uint16_t));
+    s->gpu->to_host(s->gpu->ctx, gp, p.d, n * sizeof(float));
+    s->gpu->to_host(s->gpu->ctx, gq, q.d, n * sizeof(uint16_t));
     size_t bad_cpu = 0, bad_gpu = 0;
     for (size_t i = 0; i < n; i++) {
         bad_cpu += q.h[i] != dt_f32_to_bf16(p.h[i]);
@@ -897,15 +901,15 @@ static void t_embedding(st_t *s, int N, int T, int C, int V, int v0, int Vl)
     /* pos: 0 none, 1 wpe by n % T, 2 wpe by document position */
     for (int pos = 0; pos < 3; pos++) {
         const int32_t *hp = pos == 2 ? dp : NULL, *gp = pos == 2 ? dpos : NULL;
-        s->cpu->embedding_fwd(out.h, tok, hp, wte.h, pos ? wpe.h : NULL, N, T, C, v0, Vl);
-        s->gpu->embedding_fwd(out.d, dtok, gp, wte.d, pos ? wpe.d : NULL, N, T, C, v0, Vl);
+        s->cpu->embedding_fwd(s->cpu->ctx, out.h, tok, hp, wte.h, pos ? wpe.h : NULL, N, T, C, v0, Vl);
+        s->gpu->embedding_fwd(s->gpu->ctx, out.d, dtok, gp, wte.d, pos ? wpe.d : NULL, N, T, C, v0, Vl);
         snprintf(what, sizeof what, "embedding_fwd%s %s", pos == 2 ? " +wpe docs" : pos ? " +wpe" : "", dims);
         check(s, what, &out, B_EXACT);
     }
     for (int k = 0; k < 4; k++) {
         const int accum = k & 1, docs = k >> 1;
-        s->cpu->embedding_bwd(dwte.h, dwpe.h, dout.h, tok, docs ? dp : NULL, N, T, C, v0, Vl, accum);
-        s->gpu->embedding_bwd(dwte.d, dwpe.d, dout.d, dtok, docs ? dpos : NULL, N, T, C, v0, Vl, accum);
+        s->cpu->embedding_bwd(s->cpu->ctx, dwte.h, dwpe.h, dout.h, tok, docs ? dp : NULL, N, T, C, v0, Vl, accum);
+        s->gpu->embedding_bwd(s->gpu->ctx, dwte.d, dwpe.d, dout.d, dtok, docs ? dpos : NULL, N, T, C, v0, Vl, accum);
         snprintf(what, sizeof what, "embedding_bwd dwte accum=%d%s %s", accum, docs ? " docs" : "", dims);
         check(s, what, &dwte, B_EXACT);
         snprintf(what, sizeof what, "embedding_bwd dwpe accum=%d%s %s", accum, docs ? " docs" : "", dims);
@@ -915,9 +919,9 @@ out:
     free(tok);
     free(dp);
     if (dpos)
-        s->gpu->free(dpos);
+        s->gpu->free(s->gpu->ctx, dpos);
     if (dtok)
-        s->gpu->free(dtok);
+        s->gpu->free(s->gpu->ctx, dtok);
     tp_free(s, &wte), tp_free(s, &wpe), tp_free(s, &out), tp_free(s, &dout), tp_free(s, &dwte);
     tp_free(s, &dwpe);
 }
@@ -942,34 +946,34 @@ static void t_xent(st_t *s, int N, int Vl, int ld, int v0, int V)
         tp_new(s, &losses, (size_t)N, 0, 0) || tp_new(s, &logits2, (size_t)N * ld, 0, 0))
         goto out;
     memcpy(logits2.h, logits.h, logits.n * sizeof(float));
-    s->gpu->from_host(logits2.d, logits2.h, logits.n * sizeof(float));
-    s->cpu->xent_max(rowmax.h, logits.h, N, Vl, ld);
-    s->gpu->xent_max(rowmax.d, logits.d, N, Vl, ld);
+    s->gpu->from_host(s->gpu->ctx, logits2.d, logits2.h, logits.n * sizeof(float));
+    s->cpu->xent_max(s->cpu->ctx, rowmax.h, logits.h, N, Vl, ld);
+    s->gpu->xent_max(s->gpu->ctx, rowmax.d, logits.d, N, Vl, ld);
     snprintf(what, sizeof what, "xent_max %s", dims);
     check(s, what, &rowmax, B_EXACT);
     /* losses only (no expbuf) */
-    s->cpu->xent_sumexp(stats.h, NULL, logits.h, rowmax.h, tgt, v0, N, Vl, ld);
-    s->gpu->xent_sumexp(stats.d, NULL, logits.d, rowmax.d, dtgt, v0, N, Vl, ld);
+    s->cpu->xent_sumexp(s->cpu->ctx, stats.h, NULL, logits.h, rowmax.h, tgt, v0, N, Vl, ld);
+    s->gpu->xent_sumexp(s->gpu->ctx, stats.d, NULL, logits.d, rowmax.d, dtgt, v0, N, Vl, ld);
     snprintf(what, sizeof what, "xent_sumexp stats %s", dims);
     check(s, what, &stats, B_ROW);
-    s->cpu->xent_finish(losses.h, NULL, rowmax.h, stats.h, tgt, v0, N, Vl, ld, 1.0f);
-    s->gpu->xent_finish(losses.d, NULL, rowmax.d, stats.d, dtgt, v0, N, Vl, ld, 1.0f);
+    s->cpu->xent_finish(s->cpu->ctx, losses.h, NULL, rowmax.h, stats.h, tgt, v0, N, Vl, ld, 1.0f);
+    s->gpu->xent_finish(s->gpu->ctx, losses.d, NULL, rowmax.d, stats.d, dtgt, v0, N, Vl, ld, 1.0f);
     snprintf(what, sizeof what, "xent_finish losses %s", dims);
     check(s, what, &losses, B_ROW);
     /* with gradients, exps kept in place (expbuf aliases the logits) */
-    s->cpu->xent_sumexp(stats.h, logits2.h, logits2.h, rowmax.h, tgt, v0, N, Vl, ld);
-    s->gpu->xent_sumexp(stats.d, logits2.d, logits2.d, rowmax.d, dtgt, v0, N, Vl, ld);
+    s->cpu->xent_sumexp(s->cpu->ctx, stats.h, logits2.h, logits2.h, rowmax.h, tgt, v0, N, Vl, ld);
+    s->gpu->xent_sumexp(s->gpu->ctx, stats.d, logits2.d, logits2.d, rowmax.d, dtgt, v0, N, Vl, ld);
     snprintf(what, sizeof what, "xent_sumexp in place exps %s", dims);
     check(s, what, &logits2, B_ROW);
-    s->gpu->from_host(stats.d, stats.h, stats.n * sizeof(float));
-    s->cpu->xent_finish(losses.h, logits2.h, rowmax.h, stats.h, tgt, v0, N, Vl, ld, 0.25f);
-    s->gpu->xent_finish(losses.d, logits2.d, rowmax.d, stats.d, dtgt, v0, N, Vl, ld, 0.25f);
+    s->gpu->from_host(s->gpu->ctx, stats.d, stats.h, stats.n * sizeof(float));
+    s->cpu->xent_finish(s->cpu->ctx, losses.h, logits2.h, rowmax.h, stats.h, tgt, v0, N, Vl, ld, 0.25f);
+    s->gpu->xent_finish(s->gpu->ctx, losses.d, logits2.d, rowmax.d, stats.d, dtgt, v0, N, Vl, ld, 0.25f);
     snprintf(what, sizeof what, "xent_finish dlogits %s", dims);
     check(s, what, &logits2, B_ROW);
 out:
     free(tgt);
     if (dtgt)
-        s->gpu->free(dtgt);
+        s->gpu->free(s->gpu->ctx, dtgt);
     tp_free(s, &logits), tp_free(s, &rowmax), tp_free(s, &stats), tp_free(s, &losses);
     tp_free(s, &logits2);
 }
@@ -985,8 +989,9 @@ static void t_bf16(st_t *s, size_t n_random)
     const size_t nl = sizeof lows / sizeof lows[0], n = nl * 65536 + n_random, nh = 65536;
     float *in = malloc(n * sizeof *in), *fref = malloc(nh * sizeof *fref), *fgot = malloc(nh * sizeof *fgot);
     uint16_t *ref = malloc(n * sizeof *ref), *got = malloc(n * sizeof *got), *hb = malloc(nh * sizeof *hb);
-    float *d_in = s->gpu->alloc(n * sizeof(float)), *d_f = s->gpu->alloc(nh * sizeof(float));
-    uint16_t *d_out = s->gpu->alloc(n * sizeof(uint16_t)), *d_h = s->gpu->alloc(nh * sizeof(uint16_t));
+    float *d_in = s->gpu->alloc(s->gpu->ctx, n * sizeof(float)), *d_f = s->gpu->alloc(s->gpu->ctx, nh * sizeof(float));
+    uint16_t *d_out = s->gpu->alloc(s->gpu->ctx, n * sizeof(uint16_t)), *d_h = s->gpu->alloc(s->gpu->ctx,
+                                                                                             nh * sizeof(uint16_t));
     if (!in || !ref || !got || !hb || !fref || !fgot || !d_in || !d_f || !d_out || !d_h) {
         s->oom = 1;
         goto out;
@@ -1000,17 +1005,17 @@ static void t_bf16(st_t *s, size_t n_random)
         s->rng ^= s->rng >> 27;
         in[i] = dt_bits_f32((uint32_t)((s->rng * 2685821657736338717ull) >> 32));
     }
-    s->cpu->cast_f32_to_bf16(ref, in, n);
-    s->gpu->from_host(d_in, in, n * sizeof(float));
-    s->gpu->cast_f32_to_bf16(d_out, d_in, n);
-    s->gpu->to_host(got, d_out, n * sizeof(uint16_t));
+    s->cpu->cast_f32_to_bf16(s->cpu->ctx, ref, in, n);
+    s->gpu->from_host(s->gpu->ctx, d_in, in, n * sizeof(float));
+    s->gpu->cast_f32_to_bf16(s->gpu->ctx, d_out, d_in, n);
+    s->gpu->to_host(s->gpu->ctx, got, d_out, n * sizeof(uint16_t));
     size_t bad = 0;
     for (size_t i = 0; i < n; i++)
         bad += ref[i] != got[i];
     check_bits(s, "cast_f32_to_bf16 (cuda vs cpu)", bad, n);
 
-    ops_cuda_f32_to_bf16_cuda(d_out, d_in, n);
-    s->gpu->to_host(got, d_out, n * sizeof(uint16_t));
+    ops_cuda_f32_to_bf16_cuda(s->gpu, d_out, d_in, n);
+    s->gpu->to_host(s->gpu->ctx, got, d_out, n * sizeof(uint16_t));
     bad = 0;
     for (size_t i = 0; i < n; i++) {
         int nan_ref = (ref[i] & 0x7fffu) > 0x7f80u, nan_got = (got[i] & 0x7fffu) > 0x7f80u;
@@ -1020,10 +1025,10 @@ static void t_bf16(st_t *s, size_t n_random)
 
     for (uint32_t h = 0; h < nh; h++)
         hb[h] = (uint16_t)h;
-    s->cpu->cast_bf16_to_f32(fref, hb, nh);
-    s->gpu->from_host(d_h, hb, nh * sizeof(uint16_t));
-    s->gpu->cast_bf16_to_f32(d_f, d_h, nh);
-    s->gpu->to_host(fgot, d_f, nh * sizeof(float));
+    s->cpu->cast_bf16_to_f32(s->cpu->ctx, fref, hb, nh);
+    s->gpu->from_host(s->gpu->ctx, d_h, hb, nh * sizeof(uint16_t));
+    s->gpu->cast_bf16_to_f32(s->gpu->ctx, d_f, d_h, nh);
+    s->gpu->to_host(s->gpu->ctx, fgot, d_f, nh * sizeof(float));
     bad = 0;
     for (size_t i = 0; i < nh; i++)
         bad += dt_f32_bits(fref[i]) != dt_f32_bits(fgot[i]);
@@ -1031,18 +1036,18 @@ static void t_bf16(st_t *s, size_t n_random)
 out:
     free(in), free(ref), free(got), free(hb), free(fref), free(fgot);
     if (d_in)
-        s->gpu->free(d_in);
+        s->gpu->free(s->gpu->ctx, d_in);
     if (d_f)
-        s->gpu->free(d_f);
+        s->gpu->free(s->gpu->ctx, d_f);
     if (d_out)
-        s->gpu->free(d_out);
+        s->gpu->free(s->gpu->ctx, d_out);
     if (d_h)
-        s->gpu->free(d_h);
+        s->gpu->free(s->gpu->ctx, d_h);
 }
 
-int cuda_selftest(const ops_t *gpu, FILE *out, char *err, size_t errlen)
+int cuda_selftest(const ops_t *gpu, const ops_t *cpu, FILE *out, char *err, size_t errlen)
 {
-    st_t s = {.cpu = ops_cpu(), .gpu = gpu, .out = out, .rng = 0x9E3779B97F4A7C15ull};
+    st_t s = {.cpu = cpu, .gpu = gpu, .out = out, .rng = 0x9E3779B97F4A7C15ull};
     /* N = 300, 1000: bias and norm-weight gradients summed in several
      * 128-row chunks (the GPU's column reductions) */
     static const int mm[][3] = {{1, 1, 1},     {7, 13, 5},     {64, 96, 160}, {33, 257, 129},
@@ -1104,7 +1109,7 @@ int cuda_selftest(const ops_t *gpu, FILE *out, char *err, size_t errlen)
         return -1;
     }
     long made, reused, blas;
-    ops_cuda_gemm_plans(&made, &reused, &blas);
+    ops_cuda_gemm_plans(gpu, &made, &reused, &blas);
     fprintf(out, "info cuBLASLt: %ld GEMM plans made, %ld reused; %ld plain GEMMs had no cuBLASLt algorithm and ran "
             "through cublasGemmEx\n", made, reused, blas);
     fprintf(out, "selftest: %d comparisons of the %s ops against the cpu ops, %d failed\n", s.run, gpu->name,

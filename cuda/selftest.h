@@ -7,12 +7,14 @@
 
 #include <stdio.h>
 
-#include "src/ops.h"
+#include "base/ops.h"
 
-/* Runs every comparison, one line each on out ("ok   ..." / "FAIL ..."),
+/* Compares every op of the CUDA table gpu with the CPU table cpu (the
+ * caller's: cuda/ does not reach into src/, where the CPU backend lives).
+ * Runs every comparison, one line each on out ("ok   ..." / "FAIL ..."),
  * then a summary line. Returns the number of failed comparisons (0 = the
  * backends agree), or -1 with one line in err when the test itself could
  * not run (out of memory). */
-int cuda_selftest(const ops_t *gpu, FILE *out, char *err, size_t errlen);
+int cuda_selftest(const ops_t *gpu, const ops_t *cpu, FILE *out, char *err, size_t errlen);
 
 #endif

@@ -6,7 +6,7 @@
 
 #include "io/errmsg.h"
 #include "io/publish.h"
-#include "src/ops_math.h" /* dt_f32_to_bf16, dt_bf16_to_f32 */
+#include "base/bf16.h" /* dt_f32_to_bf16, dt_bf16_to_f32 */
 
 #include <errno.h>
 #include <fcntl.h>

@@ -163,7 +163,7 @@ uint64_t st_plan_tensor_offset(const st_plan_t *p, int i); /* in its file */
 uint64_t st_plan_total_size(const st_plan_t *p);           /* tensor bytes */
 
 /* fp16 conversions (IEEE binary16, round to nearest even), exposed for the
- * tests. bf16 uses src/ops_math.h's dt_f32_to_bf16 / dt_bf16_to_f32. */
+ * tests. bf16 uses base/bf16.h's dt_f32_to_bf16 / dt_bf16_to_f32. */
 uint16_t st_f32_to_f16(float x);
 float st_f16_to_f32(uint16_t h);
 

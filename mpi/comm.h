@@ -100,8 +100,10 @@ struct comm {
      * their memory from the host (MPI). Every blocking call and every
      * posting of a nonblocking one calls it first, so what is sent is
      * complete and nothing pending still reads what a receive overwrites.
-     * NULL: one branch per call. */
-    void (*device_sync)(void);
+     * NULL: one branch per call. device_ctx is its argument (the
+     * backend's context, base/ops.h). */
+    void (*device_sync)(void *device_ctx);
+    void *device_ctx;
     char name[16]; /* group label for spans: "world", "tp", "dp", "pp", "embed" */
     char err[512];
 };

@@ -63,7 +63,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "src/ops_math.h"
+#include "base/bf16.h"
 
 #define MAX_COUNT_DEFAULT ((size_t)1 << 28)
 
@@ -204,7 +204,7 @@ static long long nbytes(size_t n, comm_dtype_t dt)
 static double block_begin(comm_t *c, const char *op, long long bytes, int peer)
 {
     if (c->device_sync)
-        c->device_sync();
+        c->device_sync(c->device_ctx);
     watchdog_enter(c->watch, op, c->name, c->size, bytes, peer);
     return span_t0(c);
 }
@@ -222,7 +222,7 @@ static mpi_req_t *req_start(comm_t *c, comm_req_t *req, const char *what, size_t
                             long long bytes, int peer)
 {
     if (c->device_sync)
-        c->device_sync();
+        c->device_sync(c->device_ctx);
     double t0 = span_t0(c);
     if (req->active) {
         fail_msg(c, what, n, "the request is still in flight (test or wait for it first)");

@@ -40,7 +40,6 @@
 #include <string.h>
 
 #include "mpi/clock.h"
-#include "src/mem.h"
 
 /* bucket->launched: 0 not yet, 1 in flight, BUCKET_DONE reduced and scaled */
 enum { BUCKET_IN_FLIGHT = 1, BUCKET_DONE = 2 };
@@ -56,7 +55,7 @@ static int reduce_range(ddp_t *d, size_t start, size_t n, comm_req_t *req)
 {
     comm_t *c = d->dp;
     if (d->dtype == COMM_BF16) {
-        d->ops->cast_f32_to_bf16(d->half + start, d->grads + start, n);
+        d->ops->cast_f32_to_bf16(d->ops->ctx, d->half + start, d->grads + start, n);
         return req ? c->ops->iallreduce(c, d->half + start, n, COMM_BF16, COMM_SUM, req)
                    : c->ops->allreduce(c, d->half + start, n, COMM_BF16, COMM_SUM);
     }
@@ -69,8 +68,8 @@ static int reduce_range(ddp_t *d, size_t start, size_t n, comm_req_t *req)
 static void range_done(ddp_t *d, size_t start, size_t n, float s)
 {
     if (d->dtype == COMM_BF16)
-        d->ops->cast_bf16_to_f32(d->grads + start, d->half + start, n);
-    d->ops->scale(d->grads + start, s, n);
+        d->ops->cast_bf16_to_f32(d->ops->ctx, d->grads + start, d->half + start, n);
+    d->ops->scale(d->ops->ctx, d->grads + start, s, n);
 }
 
 static int set_err(ddp_t *d, const char *msg)
@@ -125,11 +124,13 @@ static int make_buckets(const ddp_t *d, size_t cap_floats, ddp_bucket_t *out)
     return nb;
 }
 
-int ddp_create(ddp_t *d, const ops_t *ops, ddp_mode_t mode, comm_t *dp, float *grads, size_t n,
-               const size_t *tensor_start, int n_tensors, size_t bucket_bytes, comm_dtype_t dtype)
+int ddp_create(ddp_t *d, const ops_t *ops, const mem_tracker_t *mem, ddp_mode_t mode, comm_t *dp, float *grads,
+               size_t n, const size_t *tensor_start, int n_tensors, size_t bucket_bytes, comm_dtype_t dtype)
 {
     memset(d, 0, sizeof *d);
     d->ops = ops;
+    if (mem)
+        d->mem = *mem;
     d->mode = mode;
     d->dp = dp;
     d->grads = grads;
@@ -178,11 +179,11 @@ int ddp_create(ddp_t *d, const ops_t *ops, ddp_mode_t mode, comm_t *dp, float *g
     }
     if (dtype == COMM_BF16 && dp->size > 1 && n > 0) {
         /* no fill needed: a range is cast into it before it is sent */
-        if (!(d->half = ops->alloc(n * sizeof *d->half))) {
+        if (!(d->half = ops->alloc(ops->ctx, n * sizeof *d->half))) {
             ddp_destroy(d);
             return set_err(d, "out of memory for the bf16 staging buffer");
         }
-        mem_track(MEM_COMM, (long long)(n * sizeof *d->half));
+        mem_tracker_count(&d->mem, MEM_COMM, (long long)(n * sizeof *d->half));
     }
     return 0;
 }
@@ -194,8 +195,8 @@ void ddp_destroy(ddp_t *d)
     free(d->buckets);
     free(d->tensor_start);
     if (d->half) {
-        d->ops->free(d->half);
-        mem_track(MEM_COMM, -(long long)(d->n * sizeof *d->half));
+        d->ops->free(d->ops->ctx, d->half);
+        mem_tracker_count(&d->mem, MEM_COMM, -(long long)(d->n * sizeof *d->half));
     }
     d->half = NULL;
     d->buckets = NULL;
@@ -258,7 +259,7 @@ int ddp_finish(ddp_t *d)
     if (d->dp->size == 1)
         return 0;
     const float s = inv_dp(d);
-    d->ops->sync(); /* backward's last kernels are compute, not communication wait */
+    d->ops->sync(d->ops->ctx); /* backward's last kernels are compute, not communication wait */
     double t0 = now_s(), blocked = 0.0;
     int rc = 0;
     switch (d->mode) {

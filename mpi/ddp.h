@@ -23,7 +23,7 @@
  * nothing there.
  *
  * Memory: the gradients are the backend's and so is the staging buffer
- * (ops->alloc, counted in MEM_COMM with mem_track); the casts and the 1/dp
+ * (ops->alloc, counted in MEM_COMM through the creator's mem_tracker_t); the casts and the 1/dp
  * scaling are the backend's ops (ops->cast_*, ops->scale), so with CUDA
  * they run as kernels on the GPU's buffers, not as host loops. */
 #ifndef DTRAIN_DDP_H
@@ -33,7 +33,8 @@
 #include <stdint.h>
 
 #include "mpi/comm.h"
-#include "src/ops.h"
+#include "base/mem.h"
+#include "base/ops.h"
 
 typedef enum { DDP_NAIVE = 0, DDP_FLAT, DDP_BUCKETED } ddp_mode_t;
 /* The names of ddp_mode_t, indexed by it, NULL-terminated (--ddp-mode). */
@@ -47,6 +48,7 @@ typedef struct ddp_bucket {
 
 typedef struct ddp {
     const ops_t *ops;      /* the backend owning grads and half */
+    mem_tracker_t mem;     /* counts half */
     ddp_mode_t mode;
     comm_t *dp;
     float *grads;
@@ -61,13 +63,14 @@ typedef struct ddp {
     uint16_t *half;        /* bf16 and dp > 1 only: [n] staging; gradients [a, b) use half[a, b) */
 } ddp_t;
 
-/* ops: the backend grads belong to. grads: [n] floats of its memory.
+/* ops: the backend grads belong to. mem: counts the bf16 staging buffer
+ * (NULL: not counted). grads: [n] floats of its memory.
  * tensor_start: ascending offsets of the tensors, n_tensors of them,
  * covering [0, n). Bucket boundaries fall on tensor boundaries (a tensor
  * larger than the bucket size is a bucket of its own). dtype: fp32 or bf16
  * reductions (see above). Returns 0 or -1. */
-int ddp_create(ddp_t *d, const ops_t *ops, ddp_mode_t mode, comm_t *dp, float *grads, size_t n,
-               const size_t *tensor_start, int n_tensors, size_t bucket_bytes, comm_dtype_t dtype);
+int ddp_create(ddp_t *d, const ops_t *ops, const mem_tracker_t *mem, ddp_mode_t mode, comm_t *dp, float *grads,
+               size_t n, const size_t *tensor_start, int n_tensors, size_t bucket_bytes, comm_dtype_t dtype);
 void ddp_destroy(ddp_t *d);
 
 /* Start of a step's communicating backward (the last microbatch). */

@@ -85,7 +85,7 @@ int dpsync_backward_end(dpsync_t *s)
 
 double dpsync_grad_sumsq(dpsync_t *s)
 {
-    s->mem->sumsq(s->norm_ss, s->norm_x, s->norm_n, s->n_norm);
+    s->mem->sumsq(s->mem->ctx, s->norm_ss, s->norm_x, s->norm_n, s->n_norm);
     double local = 0.0;
     for (int i = 0; i < s->n_norm; i++)
         local += s->norm_ss[i];

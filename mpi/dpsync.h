@@ -40,7 +40,8 @@
 #include "mpi/comm.h"
 #include "mpi/ddp.h"
 #include "mpi/zero.h"
-#include "src/ops.h"
+#include "base/mem.h"
+#include "base/ops.h"
 
 /* What the model calls during its forward and backward (model.h's one
  * hook). A function is NULL where the strategy lends nothing. */
@@ -83,6 +84,7 @@ typedef struct dpsync_optim_view {
 
 typedef struct dpsync_config {
     const ops_t *ops;        /* the model's backend */
+    mem_tracker_t mem;       /* counts the buffers the strategy allocates */
     comm_t *dp;              /* the data-parallel group */
     comm_t *shard, *replica; /* --hybrid-shard: shard and replica groups, else NULL */
     /* the model's buffers: [n] each, except under lent block gradients

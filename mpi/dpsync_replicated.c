@@ -20,8 +20,8 @@ static void ddp_grads_ready_hook(void *ctx, size_t ready_from)
 int ddp_sync_create(dpsync_t *s, const dpsync_config_t *c)
 {
     s->hook.grads_ready = ddp_grads_ready_hook;
-    if (ddp_create(&s->ddp, c->ops, c->mode, c->dp, c->grads, c->n, c->tensor_start, c->n_tensors, c->bucket_bytes,
-                   c->dtype) != 0)
+    if (ddp_create(&s->ddp, c->ops, &c->mem, c->mode, c->dp, c->grads, c->n, c->tensor_start, c->n_tensors,
+                   c->bucket_bytes, c->dtype) != 0)
         return dpsync_fail(s, "cannot set up the data-parallel all-reduce", c->dp);
     return 0;
 }
@@ -86,13 +86,13 @@ static int after_update(dpsync_t *s)
 
 static int state_to_host(dpsync_t *s, const float *state, float *host)
 {
-    s->mem->to_host(host, state, s->n * sizeof(float));
+    s->mem->to_host(s->mem->ctx, host, state, s->n * sizeof(float));
     return 0;
 }
 
 static void state_from_host(dpsync_t *s, const float *host, float *state)
 {
-    s->mem->from_host(state, host, s->n * sizeof(float));
+    s->mem->from_host(s->mem->ctx, state, host, s->n * sizeof(float));
 }
 
 static double comm_s(const dpsync_t *s) { return s->ddp.comm_wait_s; }

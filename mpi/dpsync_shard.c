@@ -73,7 +73,7 @@ int shard_create(dpsync_t *s, const dpsync_config_t *c, int stage)
         return -1;
     }
     const int n = cut_units(s, c, start, &window);
-    int rc = zero_create(&s->zero, c->ops, stage, c->shard ? c->shard : c->dp, c->n, start, n,
+    int rc = zero_create(&s->zero, c->ops, &c->mem, stage, c->shard ? c->shard : c->dp, c->n, start, n,
                          stage >= 2 ? window : 0, c->replica, c->dtype);
     free(start);
     if (rc != 0 || make_view(s, c, stage) != 0) {

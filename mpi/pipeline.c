@@ -155,7 +155,7 @@ static int wait_timed(pipe_exec_t *ex, comm_req_t *req)
     if (!req->active)
         return 0;
     if (ex->ops->mem)
-        ex->ops->mem->sync(); /* running kernels are compute, not bubble */
+        ex->ops->mem->sync(ex->ops->mem->ctx); /* running kernels are compute, not bubble */
     double t0 = trace_now();
     int rc = ex->pp->ops->wait(req);
     ex->wait_s += trace_now() - t0;
@@ -241,7 +241,7 @@ static int run_backward(pipe_exec_t *ex, const pipe_action_t *a)
         if (wait_timed(ex, &ex->grad_send[r]) != 0)
             return fail_at(ex, "gradient send", a->micro - ex->R);
         if (n && ops->mem)
-            ops->mem->to_host(buf, ops->grad(ex->ctx), n * sizeof *buf);
+            ops->mem->to_host(ops->mem->ctx, buf, ops->grad(ex->ctx), n * sizeof *buf);
         else if (n)
             memcpy(buf, ops->grad(ex->ctx), n * sizeof *buf);
         if (ex->pp->ops->isend(ex->pp, buf, n, COMM_FP32, ex->s - 1, TAG_GRAD, &ex->grad_send[r]) != 0)

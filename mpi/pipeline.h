@@ -30,7 +30,7 @@
 #include <stddef.h>
 
 #include "mpi/comm.h"
-#include "src/ops.h"
+#include "base/ops.h"
 
 typedef enum { PIPE_1F1B = 0, PIPE_GPIPE } pipe_kind_t;
 /* The names of pipe_kind_t, indexed by it, NULL-terminated (--pp-schedule). */

@@ -7,8 +7,6 @@
 
 #include <mpi.h>
 
-#include "src/mem.h"
-
 /* Whether reductions over c send bf16: asked for, and c has more than one
  * rank (a group of one reduces nothing and keeps fp32). */
 static int bf16_on(const zero_t *z, const comm_t *c)
@@ -20,10 +18,10 @@ static int bf16_on(const zero_t *z, const comm_t *c)
  * as zero, and not every backend's alloc fills), counted in cat. */
 static void *buf_alloc(const zero_t *z, mem_category_t cat, size_t bytes)
 {
-    void *p = z->ops->alloc(bytes);
+    void *p = z->ops->alloc(z->ops->ctx, bytes);
     if (p) {
-        z->ops->zero(p, bytes);
-        mem_track(cat, (long long)bytes);
+        z->ops->zero(z->ops->ctx, p, bytes);
+        mem_tracker_count(&z->mem, cat, (long long)bytes);
     }
     return p;
 }
@@ -31,16 +29,18 @@ static void *buf_alloc(const zero_t *z, mem_category_t cat, size_t bytes)
 static void buf_free(const zero_t *z, mem_category_t cat, void *p, size_t bytes)
 {
     if (p) {
-        z->ops->free(p);
-        mem_track(cat, -(long long)bytes);
+        z->ops->free(z->ops->ctx, p);
+        mem_tracker_count(&z->mem, cat, -(long long)bytes);
     }
 }
 
-int zero_create(zero_t *z, const ops_t *ops, int stage, comm_t *group, size_t n, const size_t *unit_start,
-                int n_units, size_t window_units, comm_t *replica, comm_dtype_t dtype)
+int zero_create(zero_t *z, const ops_t *ops, const mem_tracker_t *mem, int stage, comm_t *group, size_t n,
+                const size_t *unit_start, int n_units, size_t window_units, comm_t *replica, comm_dtype_t dtype)
 {
     memset(z, 0, sizeof *z);
     z->ops = ops;
+    if (mem)
+        z->mem = *mem;
     z->stage = stage;
     z->group = group;
     z->replica = replica;
@@ -165,17 +165,17 @@ static int allgather_units(zero_t *z, float *buf, int host)
         /* the send piece is padded to c with zeros so every rank sends c */
         float *mine = z->stage_buf + (size_t)c->rank * cu;
         if (host)
-            o->from_host(mine, buf + lo, (hi - lo) * sizeof(float));
+            o->from_host(o->ctx, mine, buf + lo, (hi - lo) * sizeof(float));
         else
-            o->copy(mine, buf + lo, (hi - lo) * sizeof(float));
-        o->zero(mine + (hi - lo), (cu - (hi - lo)) * sizeof(float));
+            o->copy(o->ctx, mine, buf + lo, (hi - lo) * sizeof(float));
+        o->zero(o->ctx, mine + (hi - lo), (cu - (hi - lo)) * sizeof(float));
         /* send == recv + rank*c: the communicator's in-place form */
         if (c->ops->allgather(c, mine, z->stage_buf, cu, COMM_FP32) != 0)
             return -1;
         if (host)
-            o->to_host(buf + z->unit_start[u], z->stage_buf, len * sizeof(float));
+            o->to_host(o->ctx, buf + z->unit_start[u], z->stage_buf, len * sizeof(float));
         else
-            o->copy(buf + z->unit_start[u], z->stage_buf, len * sizeof(float));
+            o->copy(o->ctx, buf + z->unit_start[u], z->stage_buf, len * sizeof(float));
     }
     return 0;
 }
@@ -190,8 +190,8 @@ void zero_shard_from_host(const zero_t *z, const float *host, float *shard)
         size_t lo, hi;
         zero_piece(z, u, &lo, &hi);
         float *dst = shard + z->shard_start[u];
-        z->ops->from_host(dst, host + lo, (hi - lo) * sizeof(float));
-        z->ops->zero(dst + (hi - lo), (z->chunk[u] - (hi - lo)) * sizeof(float));
+        z->ops->from_host(z->ops->ctx, dst, host + lo, (hi - lo) * sizeof(float));
+        z->ops->zero(z->ops->ctx, dst + (hi - lo), (z->chunk[u] - (hi - lo)) * sizeof(float));
     }
 }
 
@@ -200,7 +200,7 @@ void zero_shard_to_host(const zero_t *z, const float *shard, float *host)
     for (int u = 0; u < z->n_units; u++) {
         size_t lo, hi;
         zero_piece(z, u, &lo, &hi);
-        z->ops->to_host(host + lo, shard + z->shard_start[u], (hi - lo) * sizeof(float));
+        z->ops->to_host(z->ops->ctx, host + lo, shard + z->shard_start[u], (hi - lo) * sizeof(float));
     }
 }
 
@@ -219,7 +219,7 @@ int zero_unit_of(const zero_t *z, size_t off)
 
 void zero_grads_begin(zero_t *z)
 {
-    z->ops->zero(z->grad_shard, z->shard_n * sizeof(float));
+    z->ops->zero(z->ops->ctx, z->grad_shard, z->shard_n * sizeof(float));
     z->wait_s = 0.0;
     z->gather_s = 0.0;
 }
@@ -228,7 +228,7 @@ void zero_grads_begin(zero_t *z)
 static void add_piece(zero_t *z, int u, const float *piece)
 {
     float *dst = z->grad_shard + z->shard_start[u];
-    z->ops->add(dst, dst, piece, z->chunk[u]);
+    z->ops->add(z->ops->ctx, dst, dst, piece, z->chunk[u]);
 }
 
 /* Window k's reduce-scatter finished: its piece (widened from bf16 when
@@ -237,7 +237,7 @@ static void window_done(zero_t *z, int k)
 {
     const int u = z->window_unit[k];
     if (bf16_on(z, z->group))
-        z->ops->cast_bf16_to_f32(z->recv[k], z->hrecv[k], z->chunk[u]);
+        z->ops->cast_bf16_to_f32(z->ops->ctx, z->recv[k], z->hrecv[k], z->chunk[u]);
     add_piece(z, u, z->recv[k]);
     z->window_unit[k] = -1;
 }
@@ -246,7 +246,7 @@ static int window_drain(zero_t *z, int k)
 {
     if (z->window_unit[k] < 0)
         return 0;
-    z->ops->sync(); /* running kernels are compute, not communication wait */
+    z->ops->sync(z->ops->ctx); /* running kernels are compute, not communication wait */
     double t0 = MPI_Wtime();
     int rc = z->group->ops->wait(&z->req[k]);
     z->wait_s += MPI_Wtime() - t0;
@@ -283,7 +283,7 @@ int zero_grads_reduce_window(zero_t *z, int u)
     int rc;
     if (bf16_on(z, c)) {
         /* the whole send, padding included (zero in both types) */
-        z->ops->cast_f32_to_bf16(z->hwin[k], z->window[k], (size_t)c->size * z->chunk[u]);
+        z->ops->cast_f32_to_bf16(z->ops->ctx, z->hwin[k], z->window[k], (size_t)c->size * z->chunk[u]);
         rc = c->ops->ireduce_scatter(c, z->hwin[k], z->hrecv[k], z->chunk[u], COMM_BF16, &z->req[k]);
     } else {
         rc = c->ops->ireduce_scatter(c, z->window[k], z->recv[k], z->chunk[u], COMM_FP32, &z->req[k]);
@@ -305,13 +305,13 @@ int zero_grads_reduce(zero_t *z, int u, const float *src)
     const int bf16 = bf16_on(z, c);
     const ops_t *o = z->ops;
     if (bf16) {
-        o->cast_f32_to_bf16(z->hstage, src, len);
-        o->zero(z->hstage + len, ((size_t)c->size * cu - len) * sizeof(uint16_t));
+        o->cast_f32_to_bf16(o->ctx, z->hstage, src, len);
+        o->zero(o->ctx, z->hstage + len, ((size_t)c->size * cu - len) * sizeof(uint16_t));
     } else {
-        o->copy(z->stage_buf, src, len * sizeof(float));
-        o->zero(z->stage_buf + len, ((size_t)c->size * cu - len) * sizeof(float));
+        o->copy(o->ctx, z->stage_buf, src, len * sizeof(float));
+        o->zero(o->ctx, z->stage_buf + len, ((size_t)c->size * cu - len) * sizeof(float));
     }
-    z->ops->sync(); /* running kernels are compute, not communication wait */
+    z->ops->sync(z->ops->ctx); /* running kernels are compute, not communication wait */
     double t0 = MPI_Wtime();
     int rc = bf16 ? c->ops->reduce_scatter(c, z->hstage, z->hstage, cu, COMM_BF16)
                   : c->ops->reduce_scatter(c, z->stage_buf, z->stage_buf, cu, COMM_FP32);
@@ -319,7 +319,7 @@ int zero_grads_reduce(zero_t *z, int u, const float *src)
     if (rc != 0)
         return -1;
     if (bf16)
-        o->cast_bf16_to_f32(z->stage_buf, z->hstage, cu);
+        o->cast_bf16_to_f32(o->ctx, z->stage_buf, z->hstage, cu);
     add_piece(z, u, z->stage_buf);
     return 0;
 }
@@ -328,7 +328,7 @@ int zero_grads_finish(zero_t *z, float scale)
 {
     if (window_drain(z, 0) != 0 || window_drain(z, 1) != 0)
         return -1;
-    z->ops->scale(z->grad_shard, scale, z->shard_n);
+    z->ops->scale(z->ops->ctx, z->grad_shard, scale, z->shard_n);
     return 0;
 }
 
@@ -339,10 +339,10 @@ int zero_grads_replicas(zero_t *z)
         return 0;
     if (!bf16_on(z, r))
         return r->ops->allreduce(r, z->grad_shard, z->shard_n, COMM_FP32, COMM_SUM);
-    z->ops->cast_f32_to_bf16(z->hshard, z->grad_shard, z->shard_n);
+    z->ops->cast_f32_to_bf16(z->ops->ctx, z->hshard, z->grad_shard, z->shard_n);
     if (r->ops->allreduce(r, z->hshard, z->shard_n, COMM_BF16, COMM_SUM) != 0)
         return -1;
-    z->ops->cast_bf16_to_f32(z->grad_shard, z->hshard, z->shard_n);
+    z->ops->cast_bf16_to_f32(z->ops->ctx, z->grad_shard, z->hshard, z->shard_n);
     return 0;
 }
 
@@ -352,7 +352,7 @@ static int pwin_wait(zero_t *z, int k)
 {
     if (!z->pwin_busy[k])
         return 0;
-    z->ops->sync(); /* running kernels are compute, not communication wait */
+    z->ops->sync(z->ops->ctx); /* running kernels are compute, not communication wait */
     double t0 = MPI_Wtime();
     int rc = z->group->ops->wait(&z->preq[k]);
     z->gather_s += MPI_Wtime() - t0;
@@ -432,7 +432,7 @@ int zero_params_gather_unit(zero_t *z, int u, float *dst)
         return 0;
     if (c->ops->allgather(c, z->param_shard + z->shard_start[u], z->stage_buf, cu, COMM_FP32) != 0)
         return -1;
-    z->ops->copy(dst, z->stage_buf, len * sizeof(float));
+    z->ops->copy(z->ops->ctx, dst, z->stage_buf, len * sizeof(float));
     return 0;
 }
 

@@ -51,7 +51,7 @@
  * element) are allocated by zero_create.
  *
  * Memory: every buffer below that holds tensor data (shards, windows,
- * staging) is the backend's (ops->alloc, counted with mem_track in the
+ * staging) is the backend's (ops->alloc, counted through the creator's mem_tracker_t in the
  * category named), because the model's kernels read and write them: the
  * gradient windows are lent to the model as block gradients, the parameter
  * windows as block parameters, and AdamW runs on the shards. Every copy,
@@ -66,10 +66,12 @@
 #include <stdint.h>
 
 #include "mpi/comm.h"
-#include "src/ops.h"
+#include "base/mem.h"
+#include "base/ops.h"
 
 typedef struct zero {
     const ops_t *ops;    /* the backend owning the buffers */
+    mem_tracker_t mem;   /* counts the buffers zero_create allocates */
     int stage;
     comm_t *group;       /* sharded over this group (size S, rank r) */
     size_t n;            /* floats in the flat buffer */
@@ -106,13 +108,14 @@ typedef struct zero {
 } zero_t;
 
 /* ops: the model's backend (the buffers' memory and the arithmetic on
- * them). unit_start: n_units+1 ascending offsets covering [0, n]. window_units:
+ * them). mem: counts the buffers allocated here (NULL: not counted).
+ * unit_start: n_units+1 ascending offsets covering [0, n]. window_units:
  * the largest unit stage 2 reduces through windows (a block's length; 0
  * below stage 2). replica: HSDP's replica group (stage 2 and up; NULL
  * without --hybrid-shard). dtype: the gradient reductions' (see above).
  * Returns 0 or -1 (out of memory). */
-int zero_create(zero_t *z, const ops_t *ops, int stage, comm_t *group, size_t n, const size_t *unit_start,
-                int n_units, size_t window_units, comm_t *replica, comm_dtype_t dtype);
+int zero_create(zero_t *z, const ops_t *ops, const mem_tracker_t *mem, int stage, comm_t *group, size_t n,
+                const size_t *unit_start, int n_units, size_t window_units, comm_t *replica, comm_dtype_t dtype);
 void zero_destroy(zero_t *z);
 
 /* This rank's piece of unit u, in flat offsets: [*lo, *hi). */

@@ -1,6 +1,8 @@
 /* The compute backend of a run (see backend.h). */
 #include "src/backend.h"
 
+#include "src/ops_cpu.h"
+
 #include <mpi.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,15 +26,22 @@ int backend_have_cuda(void)
 #endif
 }
 
-static void use_cpu(backend_t *b, const char *why)
+static int use_cpu(backend_t *b, const char *why, char *err, size_t errlen)
 {
     const char *d = getenv("DTRAIN_DEFER_OPS");
     b->deferred = d && strcmp(d, "1") == 0;
-    b->ops = b->deferred ? ops_defer(ops_cpu()) : ops_cpu();
+    const ops_t *cpu = ops_cpu_create();
+    b->ops = cpu && b->deferred ? ops_defer_create(cpu) : cpu;
+    if (!b->ops) {
+        ops_release(cpu);
+        snprintf(err, errlen, "out of memory for the CPU backend");
+        return -1;
+    }
     b->cuda = 0;
     b->device = -1;
     snprintf(b->desc, sizeof b->desc, "cpu%s%s%s", why[0] ? " " : "", why,
              b->deferred ? " (ops deferred until the host waits: DTRAIN_DEFER_OPS=1)" : "");
+    return 0;
 }
 
 /* MPI communicators read and write backend memory from the host: under
@@ -43,8 +52,10 @@ static void comm_order_after_ops(const backend_t *b, const grid_t *g)
         return;
     comm_t *const groups[] = { g->world, g->tp, g->dp, g->pp, g->embed, g->shard, g->replica };
     for (size_t i = 0; i < sizeof groups / sizeof groups[0]; i++)
-        if (groups[i])
+        if (groups[i]) {
             groups[i]->device_sync = b->ops->sync;
+            groups[i]->device_ctx = b->ops->ctx;
+        }
 }
 
 #ifdef HAVE_CUDA
@@ -54,16 +65,17 @@ static int open_cuda(backend_t *b, int local_rank, char *err, size_t errlen)
     int dev = cuda_select_device(local_rank, err, errlen);
     if (dev < 0)
         return -1;
-    if (ops_cuda_init(dev, err, errlen) != 0)
+    const ops_t *ops = ops_cuda_create(dev, err, errlen);
+    if (!ops)
         return -1;
     char name[200];
     cuda_device_describe(dev, name, sizeof name);
-    b->ops = ops_cuda();
+    b->ops = ops;
     b->cuda = 1;
     b->device = dev;
-    b->no_concurrent_managed = !ops_cuda_concurrent_managed();
+    b->no_concurrent_managed = !ops_cuda_concurrent_managed(ops);
     snprintf(b->desc, sizeof b->desc, "cuda (device %d of local rank %d: %s)%s", dev, local_rank, name,
-             ops_cuda_synchronous() ? "; every op waits for its kernels (DTRAIN_CUDA_SYNC_OPS=1 or no concurrent "
+             ops_cuda_synchronous(ops) ? "; every op waits for its kernels (DTRAIN_CUDA_SYNC_OPS=1 or no concurrent "
                                       "managed access)" : "");
     return 0;
 }
@@ -86,8 +98,7 @@ int backend_open(backend_t *b, backend_device_t device, int local_rank, char *er
     memset(b, 0, sizeof *b);
     b->device = -1;
     if (device == BACKEND_CPU) {
-        use_cpu(b, "");
-        return 0;
+        return use_cpu(b, "", err, errlen);
     }
 #ifdef HAVE_CUDA
     if (device == BACKEND_CUDA)
@@ -99,15 +110,13 @@ int backend_open(backend_t *b, backend_device_t device, int local_rank, char *er
         return open_cuda(b, local_rank, err, errlen);
     char line[300];
     snprintf(line, sizeof line, "(--device auto: no GPU usable: %s)", n == 0 ? "0 devices visible" : why);
-    use_cpu(b, line);
-    return 0;
+    return use_cpu(b, line, err, errlen);
 #else
     if (device == BACKEND_CUDA) {
         snprintf(err, errlen, "--device cuda: this dtrain is built without the CUDA backend: rebuild with ./configure --with-cuda");
         return -1;
     }
-    use_cpu(b, "");
-    return 0;
+    return use_cpu(b, "", err, errlen);
 #endif
 }
 
@@ -209,7 +218,7 @@ int backend_comm_open(backend_t *b, backend_comm_t comm, const grid_t *g, grid_t
 #ifdef HAVE_CUDA
     grid_t view = *g;
     view.pp = NULL; /* see backend.h: the pipeline stays on MPI */
-    if (nccl_grid_create(&view, ng, ops_cuda_stream(), timeout_s, err, errlen) != 0) {
+    if (nccl_grid_create(&view, ng, ops_cuda_stream(b->ops), timeout_s, err, errlen) != 0) {
         free(ng);
         return -1;
     }
@@ -243,11 +252,8 @@ void backend_close(backend_t *b)
         nccl_grid_destroy(b->nccl);
         free(b->nccl);
     }
-    if (b->cuda)
-        ops_cuda_shutdown();
 #endif
-    if (b->deferred)
-        ops_defer_release();
+    ops_release(b->ops);
     memset(b, 0, sizeof *b);
     b->device = -1;
 }
@@ -258,8 +264,15 @@ int backend_selftest(int local_rank, FILE *out, char *err, size_t errlen)
     backend_t b;
     if (backend_open(&b, "cuda", local_rank, err, errlen) != 0)
         return -1;
+    const ops_t *cpu = ops_cpu_create();
+    if (!cpu) {
+        backend_close(&b);
+        snprintf(err, errlen, "--selftest: out of memory for the CPU backend");
+        return -1;
+    }
     fprintf(out, "selftest on %s\n", b.desc);
-    int rc = cuda_selftest(b.ops, out, err, errlen);
+    int rc = cuda_selftest(b.ops, cpu, out, err, errlen);
+    ops_release(cpu);
     backend_close(&b);
     return rc;
 #else

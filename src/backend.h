@@ -8,7 +8,7 @@
 #include <stdio.h>
 
 #include "mpi/grid.h"
-#include "src/ops.h"
+#include "base/ops.h"
 
 /* --device: which ops table (auto = cuda when built with it and a GPU is
  * visible, else cpu). */
@@ -27,7 +27,7 @@ extern const char *const backend_dtype_names[]; /* indexed by backend_dtype_t, N
 typedef struct backend {
     const ops_t *ops;
     int cuda;        /* 1 when the CUDA backend is in use */
-    int deferred;    /* 1 under DTRAIN_DEFER_OPS=1 (the CPU table of ops_defer) */
+    int deferred;    /* 1 under DTRAIN_DEFER_OPS=1 (the CPU table under ops_defer_create) */
     int device;      /* CUDA device id, -1 on the CPU */
     int shared_gpu;  /* CUDA: another rank of this node uses the same GPU (NCCL cannot; set by backend_comm_open) */
     int no_concurrent_managed; /* CUDA: the host may not touch managed memory while kernels run */
@@ -42,7 +42,7 @@ int backend_have_cuda(void);
 /* Resolves `device` for the rank with this local
  * rank. auto = cuda when built with it and cudaGetDeviceCount finds a GPU,
  * else cpu. On the CPU, DTRAIN_DEFER_OPS=1 in the environment wraps the
- * table in ops_defer (ops.h): a test of the trainer's waits. Returns 0, or -1 with one line in err (--device cuda without a
+ * table in ops_defer_create (src/ops_cpu.h): a test of the trainer's waits. Returns 0, or -1 with one line in err (--device cuda without a
  * CUDA build, or without a usable GPU: the CUDA error string). Local. */
 int backend_open(backend_t *b, backend_device_t device, int local_rank, char *err, size_t errlen);
 
@@ -54,7 +54,8 @@ void backend_close(backend_t *b);
 
 /* --comm auto|mpi|nccl: the communicators the step loop uses. *net
  * becomes a copy of *g; where the backend's ops are asynchronous (CUDA,
- * deferred) every MPI communicator of g gets device_sync = ops->sync, and
+ * deferred) every MPI communicator of g gets device_sync = ops->sync (and
+ * device_ctx = ops->ctx), and
  * NCCL twins order their streams after the compute stream with an event; under NCCL its world, tp, dp, embed, shard and
  * replica groups are replaced by NCCL twins bootstrapped from g's MPI
  * groups, each on its own CUDA stream, with timeout_s as their timeout

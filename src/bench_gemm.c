@@ -1,4 +1,4 @@
-/* dtrain-bench-gemm: throughput of the ops table's GEMMs (src/ops.h) on one
+/* dtrain-bench-gemm: throughput of the ops table's GEMMs (base/ops.h) on one
  * device, in the layout of dtrain-bench-comm.
  *
  *   dtrain-bench-gemm [--device auto|cpu|cuda] [--dtype bf16|fp32|both]
@@ -50,8 +50,8 @@
 #endif
 #include "src/backend.h"
 #include "mpi/clock.h"
-#include "src/ops.h"
-#include "src/ops_math.h"
+#include "base/ops_math.h"
+#include "src/ops_cpu.h"
 #include "src/optable.h"
 #include "src/rng.h"
 #include "src/strparse.h"
@@ -216,13 +216,13 @@ typedef struct row {
 
 static void free_bufs(const ops_t *ops, bufs_t *m)
 {
-    ops->free(m->in);
-    ops->free(m->w);
-    ops->free(m->out);
-    ops->free(m->b);
-    ops->free(m->pre);
-    ops->free(m->in16);
-    ops->free(m->w16);
+    ops->free(ops->ctx, m->in);
+    ops->free(ops->ctx, m->w);
+    ops->free(ops->ctx, m->out);
+    ops->free(ops->ctx, m->b);
+    ops->free(ops->ctx, m->pre);
+    ops->free(ops->ctx, m->in16);
+    ops->free(ops->ctx, m->w16);
     memset(m, 0, sizeof *m);
 }
 
@@ -243,16 +243,16 @@ static int setup_bufs(const ops_t *ops, const shape_t *s, int bf16, int gelu, fl
     const size_t n_in = (size_t)s->n * (size_t)s->ic, n_w = (size_t)s->oc * (size_t)s->ic,
                  n_out = (size_t)s->n * (size_t)s->oc;
     memset(m, 0, sizeof *m);
-    m->in = ops->alloc(n_in * sizeof(float));
-    m->w = ops->alloc(n_w * sizeof(float));
-    m->out = ops->alloc(n_out * sizeof(float));
+    m->in = ops->alloc(ops->ctx, n_in * sizeof(float));
+    m->w = ops->alloc(ops->ctx, n_w * sizeof(float));
+    m->out = ops->alloc(ops->ctx, n_out * sizeof(float));
     if (bf16) {
-        m->in16 = ops->alloc(n_in * sizeof(uint16_t));
-        m->w16 = ops->alloc(n_w * sizeof(uint16_t));
+        m->in16 = ops->alloc(ops->ctx, n_in * sizeof(uint16_t));
+        m->w16 = ops->alloc(ops->ctx, n_w * sizeof(uint16_t));
     }
     if (gelu) {
-        m->b = ops->alloc((size_t)s->oc * sizeof(float));
-        m->pre = ops->alloc(n_out * sizeof(float));
+        m->b = ops->alloc(ops->ctx, (size_t)s->oc * sizeof(float));
+        m->pre = ops->alloc(ops->ctx, n_out * sizeof(float));
     }
     if (!m->in || !m->w || !m->out || (bf16 && (!m->in16 || !m->w16)) || (gelu && (!m->b || !m->pre))) {
         const size_t bytes = (n_in + n_w) * (sizeof(float) + (bf16 ? sizeof(uint16_t) : 0)) +
@@ -263,16 +263,16 @@ static int setup_bufs(const ops_t *ops, const shape_t *s, int bf16, int gelu, fl
         return -1;
     }
     fill_uniform(stage, n_in, 1);
-    ops->from_host(m->in, stage, n_in * sizeof(float));
+    ops->from_host(ops->ctx, m->in, stage, n_in * sizeof(float));
     fill_uniform(stage, n_w, 2);
-    ops->from_host(m->w, stage, n_w * sizeof(float));
+    ops->from_host(ops->ctx, m->w, stage, n_w * sizeof(float));
     if (gelu) {
         fill_uniform(stage, (size_t)s->oc, 4);
-        ops->from_host(m->b, stage, (size_t)s->oc * sizeof(float));
+        ops->from_host(ops->ctx, m->b, stage, (size_t)s->oc * sizeof(float));
     }
     if (bf16) {
-        ops->cast_f32_to_bf16(m->in16, m->in, n_in);
-        ops->cast_f32_to_bf16(m->w16, m->w, n_w);
+        ops->cast_f32_to_bf16(ops->ctx, m->in16, m->in, n_in);
+        ops->cast_f32_to_bf16(ops->ctx, m->w16, m->w, n_w);
     }
     return 0;
 }
@@ -283,22 +283,22 @@ static void gemm(const ops_t *ops, const bufs_t *m, const shape_t *s, int bf16, 
     switch (kind) {
     case ROW_GEMM:
         if (bf16)
-            ops->matmul_fwd_bf16(m->out, m->in16, m->w16, NULL, s->n, s->ic, s->oc);
+            ops->matmul_fwd_bf16(ops->ctx, m->out, m->in16, m->w16, NULL, s->n, s->ic, s->oc);
         else
-            ops->matmul_fwd(m->out, m->in, m->w, NULL, s->n, s->ic, s->oc);
+            ops->matmul_fwd(ops->ctx, m->out, m->in, m->w, NULL, s->n, s->ic, s->oc);
         break;
     case ROW_FUSED:
         if (bf16)
-            ops->matmul_gelu_fwd_bf16(m->out, m->pre, m->in16, m->w16, m->b, s->n, s->ic, s->oc);
+            ops->matmul_gelu_fwd_bf16(ops->ctx, m->out, m->pre, m->in16, m->w16, m->b, s->n, s->ic, s->oc);
         else
-            ops->matmul_gelu_fwd(m->out, m->pre, m->in, m->w, m->b, s->n, s->ic, s->oc);
+            ops->matmul_gelu_fwd(ops->ctx, m->out, m->pre, m->in, m->w, m->b, s->n, s->ic, s->oc);
         break;
     case ROW_SEPARATE:
         if (bf16)
-            ops->matmul_fwd_bf16(m->pre, m->in16, m->w16, m->b, s->n, s->ic, s->oc);
+            ops->matmul_fwd_bf16(ops->ctx, m->pre, m->in16, m->w16, m->b, s->n, s->ic, s->oc);
         else
-            ops->matmul_fwd(m->pre, m->in, m->w, m->b, s->n, s->ic, s->oc);
-        ops->gelu_fwd(m->out, m->pre, n_out);
+            ops->matmul_fwd(ops->ctx, m->pre, m->in, m->w, m->b, s->n, s->ic, s->oc);
+        ops->gelu_fwd(ops->ctx, m->out, m->pre, n_out);
         break;
     }
 }
@@ -310,11 +310,11 @@ static void fetch_row(const ops_t *ops, float *dst, uint16_t *tmp16, const float
 {
     const size_t off = (size_t)r * (size_t)ic;
     if (x16) {
-        ops->to_host(tmp16, x16 + off, (size_t)ic * sizeof(uint16_t));
+        ops->to_host(ops->ctx, tmp16, x16 + off, (size_t)ic * sizeof(uint16_t));
         for (int k = 0; k < ic; k++)
             dst[k] = dt_bf16_to_f32(tmp16[k]);
     } else {
-        ops->to_host(dst, x32 + off, (size_t)ic * sizeof(float));
+        ops->to_host(ops->ctx, dst, x32 + off, (size_t)ic * sizeof(float));
     }
 }
 
@@ -340,7 +340,7 @@ static void check_samples(const ops_t *ops, const bufs_t *m, const shape_t *s, i
         fetch_row(ops, b, tmp16, m->w, bf16 ? m->w16 : NULL, c, s->ic);
         const size_t at = (size_t)r * (size_t)s->oc + (size_t)c;
         float got = 0.0f, act = 0.0f, bias = 0.0f;
-        ops->to_host(&got, (kind == ROW_GEMM ? m->out : m->pre) + at, sizeof got);
+        ops->to_host(ops->ctx, &got, (kind == ROW_GEMM ? m->out : m->pre) + at, sizeof got);
         double ref = 0.0, mag = 0.0;
         for (int k = 0; k < s->ic; k++) {
             const double t = (double)a[k] * (double)b[k];
@@ -348,8 +348,8 @@ static void check_samples(const ops_t *ops, const bufs_t *m, const shape_t *s, i
             mag += fabs(t);
         }
         if (kind != ROW_GEMM) {
-            ops->to_host(&bias, m->b + c, sizeof bias);
-            ops->to_host(&act, m->out + at, sizeof act);
+            ops->to_host(ops->ctx, &bias, m->b + c, sizeof bias);
+            ops->to_host(ops->ctx, &act, m->out + at, sizeof act);
             ref += bias;
             mag += fabs(bias);
         }
@@ -396,16 +396,16 @@ static int bench_shape(const ops_t *ops, const shape_t *s, const bench_opts_t *o
             if (!(o->op & (kind == ROW_GEMM ? OP_GEMM : OP_GELU)))
                 continue;
             /* a stale result of another row must not pass the check */
-            ops->zero(m.out, (size_t)s->n * (size_t)s->oc * sizeof(float));
+            ops->zero(ops->ctx, m.out, (size_t)s->n * (size_t)s->oc * sizeof(float));
             if (m.pre)
-                ops->zero(m.pre, (size_t)s->n * (size_t)s->oc * sizeof(float));
+                ops->zero(ops->ctx, m.pre, (size_t)s->n * (size_t)s->oc * sizeof(float));
             for (long it = 0; it < o->warmup; it++)
                 gemm(ops, &m, s, bf16, kind);
-            ops->sync();
+            ops->sync(ops->ctx);
             const double t0 = now_s();
             for (long it = 0; it < o->iters; it++)
                 gemm(ops, &m, s, bf16, kind);
-            ops->sync();
+            ops->sync(ops->ctx);
             const double t = (now_s() - t0) / (double)o->iters;
             row_t row = {.us = t * 1e6, .tflops = 2.0 * s->n * (double)s->ic * (double)s->oc / t / 1e12};
             check_samples(ops, &m, s, bf16, kind, host, host + s->ic, tmp16, &row);

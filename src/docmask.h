@@ -1,5 +1,5 @@
 /* Document masking (--doc-mask): where the documents of a packed batch lie,
- * in the form the model and the ops take (src/ops.h "Document positions").
+ * in the form the model and the ops take (base/ops.h "Document positions").
  *
  * A batch row of T tokens holds several documents back to back. pos[b*T + t]
  * is the position of token t of row b within its document: 0 at a

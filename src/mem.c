@@ -28,6 +28,14 @@ void mem_track(mem_category_t cat, long long delta)
         mem_peak_total = mem_live_total;
 }
 
+static void track_cb(void *ctx, mem_category_t cat, long long delta)
+{
+    (void)ctx;
+    mem_track(cat, delta);
+}
+
+mem_tracker_t mem_process_tracker(void) { return (mem_tracker_t){.track = track_cb, .ctx = NULL}; }
+
 void *mem_alloc(mem_category_t cat, size_t bytes)
 {
     size_t rounded = (bytes + 63) & ~(size_t)63;

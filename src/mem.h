@@ -5,15 +5,7 @@
 
 #include <stddef.h>
 
-typedef enum {
-    MEM_PARAMS = 0,
-    MEM_GRADS,
-    MEM_OPTIM,
-    MEM_ACTS,
-    MEM_COMM,
-    MEM_WORKSPACE,
-    MEM_N_CATEGORIES
-} mem_category_t;
+#include "base/mem.h" /* mem_category_t, mem_tracker_t */
 
 /* Records bytes allocated (delta > 0) or freed (delta < 0) elsewhere, e.g.
  * by a backend's own allocator. */
@@ -26,5 +18,8 @@ size_t mem_peak_bytes(mem_category_t cat); /* high-water mark */
 size_t mem_total_bytes(void);
 size_t mem_total_peak_bytes(void);
 const char *mem_category_name(mem_category_t cat);
+/* A tracker that counts into these counters, for the layers below that
+ * take one (mpi/zero.h, mpi/ddp.h). */
+mem_tracker_t mem_process_tracker(void);
 
 #endif

@@ -38,7 +38,7 @@ static void tp_allreduce(model_t *m, float *buf, size_t n, comm_op_t op)
 {
     if (!tp_active(m))
         return;
-    m->ops->sync();
+    m->ops->sync(m->ops->ctx);
     double t0 = trace_now();
     if (m->lay.tp->ops->allreduce(m->lay.tp, buf, n, COMM_FP32, op) != 0)
         tp_fail(m);
@@ -50,7 +50,7 @@ static void tp_allgather(model_t *m, float *all, const float *mine, size_t n_eac
 {
     if (!tp_active(m))
         return;
-    m->ops->sync();
+    m->ops->sync(m->ops->ctx);
     double t0 = trace_now();
     if (m->lay.tp->ops->allgather(m->lay.tp, mine, all, n_each, COMM_FP32) != 0)
         tp_fail(m);
@@ -62,7 +62,7 @@ static void tp_reduce_scatter(model_t *m, float *mine, const float *all, size_t 
 {
     if (!tp_active(m))
         return;
-    m->ops->sync();
+    m->ops->sync(m->ops->ctx);
     double t0 = trace_now();
     if (m->lay.tp->ops->reduce_scatter(m->lay.tp, all, mine, n_each, COMM_FP32) != 0)
         tp_fail(m);
@@ -77,7 +77,7 @@ static void span_end(const model_t *m, const char *what, int layer, double t0)
 {
     if (!m->trace)
         return;
-    m->ops->sync();
+    m->ops->sync(m->ops->ctx);
     char name[TRACE_NAME_MAX + 1];
     if (layer >= 0)
         snprintf(name, sizeof name, "%s h.%d", what, layer);
@@ -333,9 +333,9 @@ static void layout_acts(model_t *m, char *acts, size_t *acts_bytes, char *work, 
 
 static void *backend_alloc(const ops_t *ops, mem_category_t cat, size_t bytes)
 {
-    void *p = ops->alloc(bytes);
+    void *p = ops->alloc(ops->ctx, bytes);
     if (p) {
-        ops->zero(p, bytes);
+        ops->zero(ops->ctx, p, bytes);
         mem_track(cat, (long long)bytes);
     }
     return p;
@@ -344,7 +344,7 @@ static void *backend_alloc(const ops_t *ops, mem_category_t cat, size_t bytes)
 static void backend_free(const ops_t *ops, mem_category_t cat, void *p, size_t bytes)
 {
     if (p) {
-        ops->free(p);
+        ops->free(ops->ctx, p);
         mem_track(cat, -(long long)bytes);
     }
 }
@@ -506,23 +506,23 @@ void model_params_from_host(model_t *m, const float *host)
 {
     m->params16_stale = 1;
     if (!m->lay.lent_block_params) {
-        m->ops->from_host(m->params, host, m->table.numel * sizeof(float));
+        m->ops->from_host(m->ops->ctx, m->params, host, m->table.numel * sizeof(float));
         return;
     }
     const size_t lo = m->layer_start[0], hi = m->layer_start[m->n_local];
-    m->ops->from_host(m->params, host, lo * sizeof(float));
-    m->ops->from_host(m->params + lo, host + hi, (m->table.numel - hi) * sizeof(float));
+    m->ops->from_host(m->ops->ctx, m->params, host, lo * sizeof(float));
+    m->ops->from_host(m->ops->ctx, m->params + lo, host + hi, (m->table.numel - hi) * sizeof(float));
 }
 
 void model_params_to_host(const model_t *m, float *host)
 {
     if (!m->lay.lent_block_params) {
-        m->ops->to_host(host, m->params, m->table.numel * sizeof(float));
+        m->ops->to_host(m->ops->ctx, host, m->params, m->table.numel * sizeof(float));
         return;
     }
     const size_t lo = m->layer_start[0], hi = m->layer_start[m->n_local];
-    m->ops->to_host(host, m->params, lo * sizeof(float));
-    m->ops->to_host(host + hi, m->params + lo, (m->table.numel - hi) * sizeof(float));
+    m->ops->to_host(m->ops->ctx, host, m->params, lo * sizeof(float));
+    m->ops->to_host(m->ops->ctx, host + hi, m->params + lo, (m->table.numel - hi) * sizeof(float));
 }
 
 /* ---- forward --------------------------------------------------------------------------- */
@@ -557,12 +557,12 @@ static const uint16_t *weight16(model_t *m, const float *w, size_t n)
 {
     if (w >= m->params && w < m->params + m->params_n) {
         if (m->params16_stale) {
-            m->ops->cast_f32_to_bf16(m->params16, m->params, m->params_n);
+            m->ops->cast_f32_to_bf16(m->ops->ctx, m->params16, m->params, m->params_n);
             m->params16_stale = 0;
         }
         return m->params16 + (w - m->params);
     }
-    m->ops->cast_f32_to_bf16(m->w16, w, n);
+    m->ops->cast_f32_to_bf16(m->ops->ctx, m->w16, w, n);
     return m->w16;
 }
 
@@ -576,13 +576,13 @@ static void mm_fwd(model_t *m, float *out, const float *in, uint16_t *keep16, co
 {
     const ops_t *o = m->ops;
     if (!m->lay.bf16) {
-        o->matmul_fwd(out, in, w, b, N, IC, OC);
+        o->matmul_fwd(o->ctx, out, in, w, b, N, IC, OC);
         return;
     }
     const uint16_t *w16 = weight16(m, w, (size_t)OC * IC);
     uint16_t *in16 = keep16 ? keep16 : m->a16;
-    o->cast_f32_to_bf16(in16, in, (size_t)N * IC);
-    o->matmul_fwd_bf16(out, in16, w16, b, N, IC, OC);
+    o->cast_f32_to_bf16(o->ctx, in16, in, (size_t)N * IC);
+    o->matmul_fwd_bf16(o->ctx, out, in16, w16, b, N, IC, OC);
 }
 
 /* mm_fwd into pre[N,OC] with out[N,OC] = gelu(pre): GPT-2's fc and its
@@ -592,13 +592,13 @@ static void mm_gelu_fwd(model_t *m, float *out, float *pre, const float *in, uin
 {
     const ops_t *o = m->ops;
     if (!m->lay.bf16) {
-        o->matmul_gelu_fwd(out, pre, in, w, b, N, IC, OC);
+        o->matmul_gelu_fwd(o->ctx, out, pre, in, w, b, N, IC, OC);
         return;
     }
     const uint16_t *w16 = weight16(m, w, (size_t)OC * IC);
     uint16_t *in16 = keep16 ? keep16 : m->a16;
-    o->cast_f32_to_bf16(in16, in, (size_t)N * IC);
-    o->matmul_gelu_fwd_bf16(out, pre, in16, w16, b, N, IC, OC);
+    o->cast_f32_to_bf16(o->ctx, in16, in, (size_t)N * IC);
+    o->matmul_gelu_fwd_bf16(o->ctx, out, pre, in16, w16, b, N, IC, OC);
 }
 
 /* The bf16 operands of a matmul backward (--dtype bf16): dout rounded into
@@ -609,9 +609,9 @@ static const uint16_t *mm_bwd_operands16(model_t *m, const float *dout, const fl
                                          int want_din, int want_dw, int N, int IC, int OC)
 {
     if (want_din || want_dw)
-        m->ops->cast_f32_to_bf16(m->d16, dout, (size_t)N * OC);
+        m->ops->cast_f32_to_bf16(m->ops->ctx, m->d16, dout, (size_t)N * OC);
     if (want_dw && !in16) {
-        m->ops->cast_f32_to_bf16(m->a16, in, (size_t)N * IC);
+        m->ops->cast_f32_to_bf16(m->ops->ctx, m->a16, in, (size_t)N * IC);
         in16 = m->a16;
     }
     return in16;
@@ -625,12 +625,12 @@ static void mm_bwd(model_t *m, float *din, float *dw, float *db, const float *do
 {
     const ops_t *o = m->ops;
     if (!m->lay.bf16) {
-        o->matmul_bwd(din, dw, db, dout, in, w, N, IC, OC, accum_din, accum_dw);
+        o->matmul_bwd(o->ctx, din, dw, db, dout, in, w, N, IC, OC, accum_din, accum_dw);
         return;
     }
     const uint16_t *w16 = din ? weight16(m, w, (size_t)OC * IC) : NULL;
     in16 = mm_bwd_operands16(m, dout, in, in16, din != NULL, dw != NULL, N, IC, OC);
-    o->matmul_bwd_bf16(din, dw, db, m->d16, dout, in16, w16, N, IC, OC, accum_din, accum_dw);
+    o->matmul_bwd_bf16(o->ctx, din, dw, db, m->d16, dout, in16, w16, N, IC, OC, accum_din, accum_dw);
 }
 
 /* mm_bwd of a matmul whose input was gelu(pre), with din[N,IC] the
@@ -641,12 +641,12 @@ static void mm_dgelu_bwd(model_t *m, float *din, float *dw, float *db, const flo
 {
     const ops_t *o = m->ops;
     if (!m->lay.bf16) {
-        o->matmul_dgelu_bwd(din, dw, db, dout, in, pre, w, N, IC, OC, accum_dw);
+        o->matmul_dgelu_bwd(o->ctx, din, dw, db, dout, in, pre, w, N, IC, OC, accum_dw);
         return;
     }
     const uint16_t *w16 = weight16(m, w, (size_t)OC * IC);
     in16 = mm_bwd_operands16(m, dout, in, in16, 1, dw != NULL, N, IC, OC);
-    o->matmul_dgelu_bwd_bf16(din, dw, db, m->d16, dout, in16, pre, w16, N, IC, OC, accum_dw);
+    o->matmul_dgelu_bwd_bf16(o->ctx, din, dw, db, m->d16, dout, in16, pre, w16, N, IC, OC, accum_dw);
 }
 
 /* Norm of this rank's NR rows of x, then all N rows of the result in
@@ -658,9 +658,9 @@ static void norm_fwd_gather(model_t *m, float *out, float *mean, float *rstd, co
     const int C = c->d_model;
     float *dst = m->lay.sequence_parallel ? m->lnr : out;
     if (c->arch == ARCH_GPT2)
-        m->ops->layernorm_fwd(dst, mean, rstd, x, w, b, NR, C, c->norm_eps);
+        m->ops->layernorm_fwd(m->ops->ctx, dst, mean, rstd, x, w, b, NR, C, c->norm_eps);
     else
-        m->ops->rmsnorm_fwd(dst, rstd, x, w, NR, C, c->norm_eps);
+        m->ops->rmsnorm_fwd(m->ops->ctx, dst, rstd, x, w, NR, C, c->norm_eps);
     if (m->lay.sequence_parallel)
         tp_allgather(m, out, m->lnr, (size_t)NR * C);
     (void)N;
@@ -681,7 +681,7 @@ static void row_parallel_fwd(model_t *m, float *out, const float *res, const flo
         mm_fwd(m, out, in, keep16, w, bias, N, IC, C);
         tp_allreduce(m, out, (size_t)N * C, COMM_SUM);
     }
-    m->ops->add(out, out, res, (size_t)NR * C);
+    m->ops->add(m->ops->ctx, out, out, res, (size_t)NR * C);
 }
 
 /* The tensors block i of slot sl is computed into and its backward reads:
@@ -724,8 +724,8 @@ static void block_fwd(model_t *m, const block_acts_t *a, const int32_t *pos, con
     norm_fwd_gather(m, ln1, a->ln1_mean, a->ln1_rstd, x, w->ln1w, w->ln1b, N, NR);
     mm_fwd(m, a->qkv, ln1, a->ln1_16, w->wqkv, w->bqkv, N, C, qkv_width(m));
     if (c->arch == ARCH_LLAMA)
-        o->rope_fwd(a->qkv, pos, b, t, NH, NKV, HS, c->rope_theta);
-    o->attention_fwd(a->atty, a->lse, a->qkv, pos, b, t, NH, NKV, HS);
+        o->rope_fwd(o->ctx, a->qkv, pos, b, t, NH, NKV, HS, c->rope_theta);
+    o->attention_fwd(o->ctx, a->atty, a->lse, a->qkv, pos, b, t, NH, NKV, HS);
     row_parallel_fwd(m, a->res2, x, a->atty, NULL, w->wo, w->bo, N, NR, QD);
     /* MLP sub-block: xout = res2 + wproj . act(fc(norm2(res2))) */
     norm_fwd_gather(m, ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2w, w->ln2b, N, NR);
@@ -737,9 +737,9 @@ static void block_fwd(model_t *m, const block_acts_t *a, const int32_t *pos, con
     } else {
         mm_fwd(m, a->fc, ln2, a->ln2_16, w->wfc, w->bfc, N, C, fc_width(m));
         if (c->arch == ARCH_GPT2)
-            o->gelu_fwd(act, a->fc, (size_t)N * F);
+            o->gelu_fwd(o->ctx, act, a->fc, (size_t)N * F);
         else
-            o->swiglu_fwd(act, a->fc, N, F);
+            o->swiglu_fwd(o->ctx, act, a->fc, N, F);
     }
     /* xout is NULL only under full recompute, whose view keeps fc_act in
      * fp32 (dbig2), so fc_act16 never misses its copy */
@@ -754,10 +754,10 @@ static void embed_fwd(model_t *m, model_slot_t *sl, int b, int t)
     const int N = b * t, NR = res_rows(m, N), C = m->cfg.d_model;
     const float *wpe = m->lay.part.tp_rank == 0 ? m->p.wpe : NULL; /* added once */
     if (m->lay.sequence_parallel) {
-        m->ops->embedding_fwd(m->tmp, sl->tokens, slot_pos(sl), m->p.wte, wpe, N, t, C, m->v0, m->v_held);
+        m->ops->embedding_fwd(m->ops->ctx, m->tmp, sl->tokens, slot_pos(sl), m->p.wte, wpe, N, t, C, m->v0, m->v_held);
         tp_reduce_scatter(m, sl->x, m->tmp, (size_t)NR * C);
     } else {
-        m->ops->embedding_fwd(sl->x, sl->tokens, slot_pos(sl), m->p.wte, wpe, N, t, C, m->v0, m->v_held);
+        m->ops->embedding_fwd(m->ops->ctx, sl->x, sl->tokens, slot_pos(sl), m->p.wte, wpe, N, t, C, m->v0, m->v_held);
         tp_allreduce(m, sl->x, (size_t)N * C, COMM_SUM);
     }
 }
@@ -777,20 +777,20 @@ static float head_fwd(model_t *m, model_slot_t *sl, const int32_t *targets, int 
     int counted = 0;
     for (int i = 0; i < N; i++)
         counted += targets[i] >= 0;
-    o->from_host(sl->targets, targets, (size_t)N * sizeof(int32_t));
+    o->from_host(o->ctx, sl->targets, targets, (size_t)N * sizeof(int32_t));
     float *dlogits = dloss > 0 ? sl->logits : NULL;
-    o->xent_max(sl->xmax, sl->logits, N, m->v_held, Vl);
+    o->xent_max(o->ctx, sl->xmax, sl->logits, N, m->v_held, Vl);
     tp_allreduce(m, sl->xmax, (size_t)N, COMM_MAX);
-    o->xent_sumexp(sl->xstats, dlogits, sl->logits, sl->xmax, sl->targets, m->v0, N, m->v_held, Vl);
+    o->xent_sumexp(o->ctx, sl->xstats, dlogits, sl->logits, sl->xmax, sl->targets, m->v0, N, m->v_held, Vl);
     tp_allreduce(m, sl->xstats, 2 * (size_t)N, COMM_SUM);
-    o->xent_finish(sl->losses, dlogits, sl->xmax, sl->xstats, sl->targets, m->v0, N, m->v_held, Vl,
+    o->xent_finish(o->ctx, sl->losses, dlogits, sl->xmax, sl->xstats, sl->targets, m->v0, N, m->v_held, Vl,
                    counted ? dloss / (float)counted : 0.0f);
     sl->has_dlogits = dloss > 0;
     /* reduced on the host in double, in a fixed order */
     float *host = malloc((size_t)N * sizeof(float));
     if (!host)
         return NAN;
-    o->to_host(host, sl->losses, (size_t)N * sizeof(float));
+    o->to_host(o->ctx, host, sl->losses, (size_t)N * sizeof(float));
     double sum = 0.0;
     for (int i = 0; i < N; i++)
         if (targets[i] >= 0)
@@ -814,10 +814,10 @@ float model_forward(model_t *m, int slot, const int32_t *tokens, const int32_t *
         return NAN;
     }
     if (pos)
-        m->ops->from_host(sl->pos, pos, (size_t)N * sizeof(int32_t));
+        m->ops->from_host(m->ops->ctx, sl->pos, pos, (size_t)N * sizeof(int32_t));
     double t0 = span_start(m);
     if (m->lay.part.has_embed) {
-        m->ops->from_host(sl->tokens, tokens, (size_t)N * sizeof(int32_t));
+        m->ops->from_host(m->ops->ctx, sl->tokens, tokens, (size_t)N * sizeof(int32_t));
         embed_fwd(m, sl, b, t);
         span_end(m, "fwd embed", -1, t0);
     }
@@ -867,9 +867,9 @@ static void norm_bwd_reduce(model_t *m, float *dw, float *db, const float *x, co
         tp_allreduce(m, m->dln, (size_t)N * C, COMM_SUM);
     }
     if (m->cfg.arch == ARCH_GPT2)
-        m->ops->layernorm_bwd(m->dres, dw, db, dout, x, w, mean, rstd, NR, C, accum);
+        m->ops->layernorm_bwd(m->ops->ctx, m->dres, dw, db, dout, x, w, mean, rstd, NR, C, accum);
     else
-        m->ops->rmsnorm_bwd(m->dres, dw, dout, x, w, rstd, NR, C, accum);
+        m->ops->rmsnorm_bwd(m->ops->ctx, m->dres, dw, dout, x, w, rstd, NR, C, accum);
 }
 
 /* Under sequence parallelism a norm's weight (and bias) gradient is this
@@ -900,9 +900,9 @@ static void block_bwd(model_t *m, model_slot_t *sl, int i, int accum, int last)
     if (rc == MODEL_RECOMPUTE_FULL)
         block_fwd(m, a, slot_pos(sl), x, NULL, i, b, t);
     else if (rc == MODEL_RECOMPUTE_SELECTIVE && gpt)
-        o->gelu_fwd(a->fc_act, a->fc, (size_t)N * F);
+        o->gelu_fwd(o->ctx, a->fc_act, a->fc, (size_t)N * F);
     else if (rc == MODEL_RECOMPUTE_SELECTIVE)
-        o->swiglu_fwd(a->fc_act, a->fc, N, F);
+        o->swiglu_fwd(o->ctx, a->fc_act, a->fc, N, F);
     /* MLP: dres = dL/dxout on entry, dL/dres2 after the norm backward */
     /* dfc[N, fc_width]: the gradient at the activation's input; GPT-2's
      * comes out of the proj GEMM's DGELU epilogue (dbig, which fc_act
@@ -914,15 +914,15 @@ static void block_bwd(model_t *m, model_slot_t *sl, int i, int accum, int last)
     } else {
         mm_bwd(m, m->dbig, g->wproj, g->bproj, dres_all_rows(m, N, NR), a->fc_act, a->fc_act16, w->wproj, N, F, C,
                0, accum);
-        o->swiglu_bwd(dfc, a->fc, m->dbig, N, F);
+        o->swiglu_bwd(o->ctx, dfc, a->fc, m->dbig, N, F);
     }
     mm_bwd(m, m->dln, g->wfc, g->bfc, dfc, a->ln2, a->ln2_16, w->wfc, N, C, fc_width(m), 0, accum);
     norm_bwd_reduce(m, g->ln2w, g->ln2b, a->res2, w->ln2w, a->ln2_mean, a->ln2_rstd, N, NR, accum);
     /* attention: dres becomes dL/dx */
     mm_bwd(m, m->dbig, g->wo, g->bo, dres_all_rows(m, N, NR), a->atty, NULL, w->wo, N, QD, C, 0, accum);
-    o->attention_bwd(m->dbig2, m->dbig, a->qkv, a->atty, a->lse, slot_pos(sl), b, t, NH, NKV, HS);
+    o->attention_bwd(o->ctx, m->dbig2, m->dbig, a->qkv, a->atty, a->lse, slot_pos(sl), b, t, NH, NKV, HS);
     if (!gpt)
-        o->rope_bwd(m->dbig2, slot_pos(sl), b, t, NH, NKV, HS, c->rope_theta);
+        o->rope_bwd(o->ctx, m->dbig2, slot_pos(sl), b, t, NH, NKV, HS, c->rope_theta);
     mm_bwd(m, m->dln, g->wqkv, g->bqkv, m->dbig2, a->ln1, a->ln1_16, w->wqkv, N, C, qkv_width(m), 0, accum);
     norm_bwd_reduce(m, g->ln1w, g->ln1b, x, w->ln1w, a->ln1_mean, a->ln1_rstd, N, NR, accum);
     norm_grads_reduce(m, g->ln1w, g->ln1b, last);
@@ -944,7 +944,7 @@ int model_backward(model_t *m, int slot, int accum, int last)
         }
         /* output head and final norm; dres accumulates dL/dx from here down */
         mm_bwd(m, m->dln, m->g.head, NULL, sl->logits, sl->lnf, NULL, m->p.head, N, C, m->v_rows, 0, accum);
-        o->zero(m->dres, (size_t)NR * C * sizeof(float));
+        o->zero(o->ctx, m->dres, (size_t)NR * C * sizeof(float));
         const float *xL = sl->x + (size_t)m->n_local * NR * C;
         norm_bwd_reduce(m, m->g.lnfw, m->g.lnfb, xL, m->p.lnfw, sl->lnf_mean, sl->lnf_rstd, N, NR, accum);
         norm_grads_reduce(m, m->g.lnfw, m->g.lnfb, last);
@@ -980,8 +980,8 @@ int model_backward(model_t *m, int slot, int accum, int last)
         const int wte_has_head = gpt && m->lay.part.has_head;
         t0 = span_start(m);
         if (gpt && !accum)
-            o->zero(m->g.wpe, (size_t)c->max_seq * C * sizeof(float));
-        o->embedding_bwd(m->g.wte, m->g.wpe, dres_all_rows(m, N, NR), sl->tokens, slot_pos(sl), N, t, C, m->v0,
+            o->zero(o->ctx, m->g.wpe, (size_t)c->max_seq * C * sizeof(float));
+        o->embedding_bwd(o->ctx, m->g.wte, m->g.wpe, dres_all_rows(m, N, NR), sl->tokens, slot_pos(sl), N, t, C, m->v0,
                          m->v_held, wte_has_head ? 1 : accum);
         span_end(m, "bwd embed", -1, t0);
         if (m->hook.grads_ready && !m->failed)
@@ -1023,13 +1023,13 @@ int model_logits_row(model_t *m, int slot, int n, float *host_out)
     const size_t Vl = (size_t)m->v_rows, P = (size_t)tp_size(m);
     const float *row = m->slots[slot].logits + (size_t)n * Vl;
     if (P == 1) {
-        m->ops->to_host(host_out, row, (size_t)m->cfg.vocab_size * sizeof(float));
+        m->ops->to_host(m->ops->ctx, host_out, row, (size_t)m->cfg.vocab_size * sizeof(float));
         return 0;
     }
     float *all = malloc(P * Vl * sizeof *all), *mine = malloc(Vl * sizeof *mine);
     int rc = -1;
     if (all && mine) {
-        m->ops->to_host(mine, row, Vl * sizeof(float));
+        m->ops->to_host(m->ops->ctx, mine, row, Vl * sizeof(float));
         tp_allgather(m, all, mine, Vl);
         if (!m->failed) {
             /* rank r's slice starts at logical column r*Vl: the padded layout */

@@ -25,7 +25,7 @@
 #include "mpi/comm.h"
 #include "mpi/dpsync.h"
 #include "src/model_config.h"
-#include "src/ops.h"
+#include "base/ops.h"
 #include "src/params.h"
 #include "mpi/trace.h"
 

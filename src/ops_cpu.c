@@ -1,5 +1,7 @@
 /* The CPU ops table: cblas_sgemm (OpenMP build of OpenBLAS) for every matmul,
- * OpenMP loops for everything else, per-element formulas from ops_math.h.
+ * OpenMP loops for everything else, per-element formulas from
+ * base/ops_math.h. The context (cpu_ctx_t) holds what the ops keep between
+ * calls: the bf16 GEMMs' widening panels.
  *
  * Threading. OpenBLAS and the loops here share libgomp's thread pool. A
  * cblas_sgemm called at top level uses all threads; one called inside an
@@ -13,8 +15,9 @@
 #ifdef HAVE_CONFIG_H
 #include "config.h"
 #endif
-#include "src/ops.h"
-#include "src/ops_math.h"
+#include "src/ops_cpu.h"
+
+#include "base/ops_math.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -43,6 +46,22 @@ static int max_threads(void) { return omp_get_max_threads(); }
 #endif
 
 static int imin(int a, int b) { return a < b ? a : b; }
+
+/* The backend's state, every method's ctx; the table is its first member,
+ * so ops_release frees both. */
+typedef struct cpu_ctx {
+    ops_t ops;
+    /* The bf16 GEMMs' two widening panels, kept across calls and grown
+     * when a call needs more (at most BF16_PANEL floats each). Allocating
+     * them per call made bf16 GEMMs of 512^3-1024^3 cost 2.6-4x fp32's:
+     * glibc returned the blocks to the kernel on free, and every call
+     * page-faulted them in again (bench/README.md). Ops are called from
+     * one host thread (ops.h), so one pair serves every call. */
+    struct {
+        float *a, *b;
+        size_t na, nb; /* floats */
+    } panels;
+} cpu_ctx_t;
 
 /* max of x[0..n-1] (-inf for n = 0). Eight running maxima in registers keep
  * the loop free of a serial dependence; GCC's `omp simd reduction(max)`
@@ -77,7 +96,7 @@ static float row_max(const float *x, int n)
 
 /* ---- memory ----------------------------------------------------------------- */
 
-static void *cpu_alloc(size_t bytes)
+static void *cpu_alloc(void *ctx, size_t bytes)
 {
     if (bytes > SIZE_MAX - 63)
         return NULL;
@@ -88,18 +107,18 @@ static void *cpu_alloc(size_t bytes)
     return p;
 }
 
-static void cpu_free(void *p) { free(p); }
+static void cpu_free(void *ctx, void *p) { free(p); }
 
 /* every op has finished when it returns */
-static void cpu_sync(void) {}
+static void cpu_sync(void *ctx) {}
 
-static void cpu_copy(void *dst, const void *src, size_t bytes)
+static void cpu_copy(void *ctx, void *dst, const void *src, size_t bytes)
 {
     if (bytes)
         memmove(dst, src, bytes);
 }
 
-static void cpu_zero(void *dst, size_t bytes)
+static void cpu_zero(void *ctx, void *dst, size_t bytes)
 {
     if (bytes)
         memset(dst, 0, bytes);
@@ -141,7 +160,7 @@ static void bias_rows(float *out, const float *b, int N, int OC)
  * The bias is written first and the GEMM adds onto it (beta = 1): one write
  * sweep instead of a read-modify-write sweep after the GEMM (the two measure
  * the same within noise at GPT-2 shapes; this one is simpler). */
-static void matmul_fwd(float *out, const float *in, const float *w, const float *b,
+static void matmul_fwd(void *ctx, float *out, const float *in, const float *w, const float *b,
                        int N, int IC, int OC)
 {
     if (N <= 0 || OC <= 0)
@@ -162,7 +181,7 @@ static void matmul_fwd(float *out, const float *in, const float *w, const float 
 
 /* din[N,IC] = dout[N,OC] . w[OC,IC];  dw[OC,IC] = dout^T . in[N,IC];
  * db[OC] = column sums of dout. beta = 0 overwrites (NaN-safe in OpenBLAS). */
-static void matmul_bwd(float *din, float *dw, float *db, const float *dout,
+static void matmul_bwd(void *ctx, float *din, float *dw, float *db, const float *dout,
                        const float *in, const float *w, int N, int IC, int OC,
                        int accum_din, int accum_dw)
 {
@@ -188,7 +207,7 @@ static void matmul_bwd(float *din, float *dw, float *db, const float *dout,
 /* ---- LayerNorm ---------------------------------------------------------------- */
 
 /* out[N,C] = (x - mean) * rstd * w + b; mean[N], rstd[N] saved. */
-static void layernorm_fwd(float *out, float *mean, float *rstd, const float *x,
+static void layernorm_fwd(void *ctx, float *out, float *mean, float *rstd, const float *x,
                           const float *w, const float *b, int N, int C, float eps)
 {
 #pragma omp parallel for schedule(static)
@@ -218,7 +237,7 @@ static void layernorm_fwd(float *out, float *mean, float *rstd, const float *x,
 /* din[N,C] += (g - mean(g) - xhat * mean(g * xhat)) * rstd with g = dout * w;
  * dw[C] (=|+=) sum_n dout * xhat; db[C] (=|+=) sum_n dout.
  * Rows for din, then column blocks for dw/db (deterministic). */
-static void layernorm_bwd(float *din, float *dw, float *db, const float *dout,
+static void layernorm_bwd(void *ctx, float *din, float *dw, float *db, const float *dout,
                           const float *x, const float *w, const float *mean,
                           const float *rstd, int N, int C, int accum_dw)
 {
@@ -275,7 +294,7 @@ static void layernorm_bwd(float *din, float *dw, float *db, const float *dout,
 /* ---- RMSNorm ------------------------------------------------------------------- */
 
 /* out[N,C] = x * rstd * w, rstd[N] = 1/sqrt(mean(x^2) + eps). */
-static void rmsnorm_fwd(float *out, float *rstd, const float *x, const float *w,
+static void rmsnorm_fwd(void *ctx, float *out, float *rstd, const float *x, const float *w,
                         int N, int C, float eps)
 {
 #pragma omp parallel for schedule(static)
@@ -295,7 +314,7 @@ static void rmsnorm_fwd(float *out, float *rstd, const float *x, const float *w,
 }
 
 /* din[N,C] += r * w * g - x * r^3 / C * sum_c(w g x);  dw[C] (=|+=) sum_n g x r. */
-static void rmsnorm_bwd(float *din, float *dw, const float *dout, const float *x,
+static void rmsnorm_bwd(void *ctx, float *din, float *dw, const float *dout, const float *x,
                         const float *w, const float *rstd, int N, int C, int accum_dw)
 {
     int nblk = (C + COL_BLOCK - 1) / COL_BLOCK;
@@ -380,12 +399,12 @@ static void rope_apply(float *qkv, const int32_t *pos, int B, int T, int NH, int
     }
 }
 
-static void rope_fwd(float *qkv, const int32_t *pos, int B, int T, int NH, int NKV, int HS, float theta)
+static void rope_fwd(void *ctx, float *qkv, const int32_t *pos, int B, int T, int NH, int NKV, int HS, float theta)
 {
     rope_apply(qkv, pos, B, T, NH, NKV, HS, theta, 1.0f);
 }
 
-static void rope_bwd(float *dqkv, const int32_t *pos, int B, int T, int NH, int NKV, int HS, float theta)
+static void rope_bwd(void *ctx, float *dqkv, const int32_t *pos, int B, int T, int NH, int NKV, int HS, float theta)
 {
     rope_apply(dqkv, pos, B, T, NH, NKV, HS, theta, -1.0f);
 }
@@ -457,7 +476,7 @@ static void fill_nan(float *x, size_t n)
  * Per (b, h), per query block: S = Q K^T / sqrt(HS) over keys k0 up to the
  * block's last row, P = exp(S - lse), O = P V; Q, K, V are strided views of
  * qkv (row stride R). */
-static void attention_fwd(float *out, float *lse, const float *qkv, const int32_t *pos,
+static void attention_fwd(void *ctx, float *out, float *lse, const float *qkv, const int32_t *pos,
                           int B, int T, int NH, int NKV, int HS)
 {
     const int R = (NH + 2 * NKV) * HS, OC = NH * HS, grp = NH / NKV;
@@ -521,7 +540,7 @@ static void att_grad_row(float *p, float *d, const float *o, const float *dout, 
  *   P = exp(Q K^T scale - lse);  dP = dO V^T;  D = rowsum(dO o O);
  *   dS = P o (dP - D);  dQ = dS K scale;  dK += dS^T Q scale;  dV += P^T dO.
  * over the block's keys k0..r1-1, as in the forward. */
-static void attention_bwd(float *dqkv, const float *dout, const float *qkv,
+static void attention_bwd(void *ctx, float *dqkv, const float *dout, const float *qkv,
                           const float *out, const float *lse, const int32_t *pos,
                           int B, int T, int NH, int NKV, int HS)
 {
@@ -576,14 +595,14 @@ static void attention_bwd(float *dqkv, const float *dout, const float *qkv,
 
 /* ---- activations ------------------------------------------------------------------ */
 
-static void gelu_fwd(float *out, const float *x, size_t n)
+static void gelu_fwd(void *ctx, float *out, const float *x, size_t n)
 {
 #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++)
         out[i] = dt_gelu(x[i]);
 }
 
-static void gelu_bwd(float *dx, const float *x, const float *dout, size_t n)
+static void gelu_bwd(void *ctx, float *dx, const float *x, const float *dout, size_t n)
 {
 #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++)
@@ -591,7 +610,7 @@ static void gelu_bwd(float *dx, const float *x, const float *dout, size_t n)
 }
 
 /* gu[N, 2F] = [gate | up]; out[N, F] = silu(gate) * up. */
-static void swiglu_fwd(float *out, const float *gu, int N, int F)
+static void swiglu_fwd(void *ctx, float *out, const float *gu, int N, int F)
 {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
@@ -603,7 +622,7 @@ static void swiglu_fwd(float *out, const float *gu, int N, int F)
     }
 }
 
-static void swiglu_bwd(float *dgu, const float *gu, const float *dout, int N, int F)
+static void swiglu_bwd(void *ctx, float *dgu, const float *gu, const float *dout, int N, int F)
 {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
@@ -615,7 +634,7 @@ static void swiglu_bwd(float *dgu, const float *gu, const float *dout, int N, in
     }
 }
 
-static void add(float *out, const float *a, const float *b, size_t n)
+static void add(void *ctx, float *out, const float *a, const float *b, size_t n)
 {
 #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++)
@@ -629,7 +648,7 @@ static int emb_pos(const int32_t *pos, int n, int T) { return pos ? pos[n] : n %
 
 /* out[N,C] = wte[tok[n] - v0] for tokens this rank holds ([v0, v0+Vl)), else
  * 0; + wpe[emb_pos(n)] when wpe != NULL. */
-static void embedding_fwd(float *out, const int32_t *tok, const int32_t *pos, const float *wte,
+static void embedding_fwd(void *ctx, float *out, const int32_t *tok, const int32_t *pos, const float *wte,
                           const float *wpe, int N, int T, int C, int v0, int Vl)
 {
 #pragma omp parallel for schedule(static)
@@ -656,7 +675,7 @@ static void embedding_fwd(float *out, const int32_t *tok, const int32_t *pos, co
  * blocks and walks the tokens in order, so repeated tokens are summed in a
  * fixed order without atomics. With accum = 0 all Vl (and T) rows are
  * cleared first. */
-static void embedding_bwd(float *dwte, float *dwpe, const float *dout, const int32_t *tok,
+static void embedding_bwd(void *ctx, float *dwte, float *dwpe, const float *dout, const int32_t *tok,
                           const int32_t *pos, int N, int T, int C, int v0, int Vl, int accum)
 {
     int nblk = (C + COL_BLOCK - 1) / COL_BLOCK;
@@ -698,7 +717,7 @@ static void embedding_bwd(float *dwte, float *dwpe, const float *dout, const int
 
 /* Vocabulary-parallel cross-entropy, pass 1: rowmax[n] over this rank's Vl
  * real columns of logits[N, ld]. */
-static void xent_max(float *rowmax, const float *logits, int N, int Vl, int ld)
+static void xent_max(void *ctx, float *rowmax, const float *logits, int N, int Vl, int ld)
 {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++)
@@ -710,7 +729,7 @@ static void xent_max(float *rowmax, const float *logits, int N, int Vl, int ld)
  * of CE_RUN terms (each <= 1) folded in double: it vectorises and keeps
  * ~1e-7 accuracy. With expbuf (may alias logits) the exps are kept for
  * pass 3; the target logit is read before its slot is overwritten. */
-static void xent_sumexp(float *stats, float *expbuf, const float *logits, const float *rowmax,
+static void xent_sumexp(void *ctx, float *stats, float *expbuf, const float *logits, const float *rowmax,
                         const int32_t *targets, int v0, int N, int Vl, int ld)
 {
 #pragma omp parallel for schedule(static)
@@ -746,7 +765,7 @@ static void xent_sumexp(float *stats, float *expbuf, const float *logits, const 
  * (0 for ignored rows, target < 0). With dlogits (holding pass 2's exps):
  * dlogits = dloss * (softmax - onehot) over the Vl real columns; padding
  * columns and ignored rows become 0. */
-static void xent_finish(float *losses, float *dlogits, const float *rowmax, const float *stats,
+static void xent_finish(void *ctx, float *losses, float *dlogits, const float *rowmax, const float *stats,
                         const int32_t *targets, int v0, int N, int Vl, int ld, float dloss)
 {
 #pragma omp parallel for schedule(static)
@@ -776,7 +795,7 @@ static void xent_finish(float *losses, float *dlogits, const float *rowmax, cons
 
 /* ---- optimizer and reductions --------------------------------------------------------- */
 
-static void adamw(float *p, uint16_t *p16, const float *g, float *m, float *v, size_t n,
+static void adamw(void *ctx, float *p, uint16_t *p16, const float *g, float *m, float *v, size_t n,
                   float lr, float beta1, float beta2, float eps, float wd,
                   float grad_scale, int t)
 {
@@ -845,13 +864,13 @@ static double sumsq_one(const float *x, size_t n)
     return tot;
 }
 
-static void sumsq(double *out, const float *const *x, const size_t *n, int count)
+static void sumsq(void *ctx, double *out, const float *const *x, const size_t *n, int count)
 {
     for (int i = 0; i < count; i++)
         out[i] = sumsq_one(x[i], n[i]);
 }
 
-static void scale(float *x, float s, size_t n)
+static void scale(void *ctx, float *x, float s, size_t n)
 {
 #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++)
@@ -883,32 +902,21 @@ static void widen_block(float *dst, const uint16_t *src, size_t ld, int r0, int 
     }
 }
 
-/* The two widening panels, kept across calls and grown when a call needs
- * more (at most BF16_PANEL floats each). Allocating them per call made bf16
- * GEMMs of 512^3-1024^3 cost 2.6-4x fp32's: glibc returned the blocks to
- * the kernel on free, and every call page-faulted them in again
- * (bench/README.md). Ops are called from one host thread (ops.h), so one
- * pair serves every call; they live until the process ends. */
-static struct {
-    float *a, *b;
-    size_t na, nb; /* floats */
-} panels;
-
-/* 0 with panels.a and panels.b holding at least na and nb floats, or -1
+/* 0 with c's panels a and b holding at least na and nb floats, or -1
  * when memory is short (the caller then takes the naive loop). */
-static int panels_reserve(size_t na, size_t nb)
+static int panels_reserve(cpu_ctx_t *c, size_t na, size_t nb)
 {
-    if (na > panels.na) {
-        free(panels.a);
-        panels.a = malloc(na * sizeof(float));
-        panels.na = panels.a ? na : 0;
+    if (na > c->panels.na) {
+        free(c->panels.a);
+        c->panels.a = malloc(na * sizeof(float));
+        c->panels.na = c->panels.a ? na : 0;
     }
-    if (nb > panels.nb) {
-        free(panels.b);
-        panels.b = malloc(nb * sizeof(float));
-        panels.nb = panels.b ? nb : 0;
+    if (nb > c->panels.nb) {
+        free(c->panels.b);
+        c->panels.b = malloc(nb * sizeof(float));
+        c->panels.nb = c->panels.b ? nb : 0;
     }
-    return panels.na >= na && panels.nb >= nb ? 0 : -1;
+    return c->panels.na >= na && c->panels.nb >= nb ? 0 : -1;
 }
 
 /* Rows per panel of a matrix with `cols` columns. */
@@ -936,7 +944,7 @@ static void gemm_bf16_naive(float *c, int ldc, const uint16_t *a, size_t as0, si
 
 /* out[N,OC] = in[N,IC] . w[OC,IC]^T (+ b): panels of out's rows (in) and
  * columns (w); in is widened once when it fits one panel. */
-static void matmul_fwd_bf16(float *out, const uint16_t *in, const uint16_t *w, const float *b, int N, int IC,
+static void matmul_fwd_bf16(void *ctx, float *out, const uint16_t *in, const uint16_t *w, const float *b, int N, int IC,
                             int OC)
 {
     if (N <= 0 || OC <= 0)
@@ -949,11 +957,12 @@ static void matmul_fwd_bf16(float *out, const uint16_t *in, const uint16_t *w, c
         return;
     }
     const int nr = panel_rows(IC, N), orows = panel_rows(IC, OC);
-    if (panels_reserve((size_t)nr * IC, (size_t)orows * IC) != 0) {
+    cpu_ctx_t *c = ctx;
+    if (panels_reserve(c, (size_t)nr * IC, (size_t)orows * IC) != 0) {
         gemm_bf16_naive(out, OC, in, IC, 1, w, 1, IC, N, OC, IC, b != NULL);
         return;
     }
-    float *pa = panels.a, *pb = panels.b;
+    float *pa = c->panels.a, *pb = c->panels.b;
     for (int n0 = 0; n0 < N; n0 += nr) {
         int n1 = imin(N, n0 + nr);
         widen_block(pa, in, IC, n0, n1, 0, IC);
@@ -970,7 +979,7 @@ static void matmul_fwd_bf16(float *out, const uint16_t *in, const uint16_t *w, c
  * column block of dout and a row block of w, added in order.
  * dw[OC,IC] = dout^T . in[N,IC]: panels over the summed N, each a row block
  * of dout and of in. db: column sums of the fp32 dout. */
-static void matmul_bwd_bf16(float *din, float *dw, float *db, const uint16_t *dout16, const float *dout,
+static void matmul_bwd_bf16(void *ctx, float *din, float *dw, float *db, const uint16_t *dout16, const float *dout,
                             const uint16_t *in, const uint16_t *w, int N, int IC, int OC, int accum_din,
                             int accum_dw)
 {
@@ -991,8 +1000,9 @@ static void matmul_bwd_bf16(float *din, float *dw, float *db, const uint16_t *do
         na = na > (size_t)kw * OC ? na : (size_t)kw * OC;
         nb = nb > (size_t)kw * IC ? nb : (size_t)kw * IC;
     }
-    const int have_panels = panels_reserve(na, nb) == 0;
-    float *pa = panels.a, *pb = panels.b;
+    cpu_ctx_t *c = ctx;
+    const int have_panels = panels_reserve(c, na, nb) == 0;
+    float *pa = c->panels.a, *pb = c->panels.b;
     if (din && N > 0 && IC > 0) {
         if (!have_panels) {
             gemm_bf16_naive(din, IC, dout16, OC, 1, w, IC, 1, N, IC, OC, accum_din);
@@ -1029,51 +1039,51 @@ static void matmul_bwd_bf16(float *din, float *dw, float *db, const uint16_t *do
 }
 
 /* ---- GEMMs with their GELU ---------------------------------------------------------------
- * The composition the ops table defines (src/ops.h): the separate calls,
+ * The composition the ops table defines (base/ops.h): the separate calls,
  * so the CPU's fused ops are its unfused ones bit for bit. The GELU
  * backward runs in place on din (an elementwise map). */
 
-static void matmul_gelu_fwd(float *out, float *pre, const float *in, const float *w, const float *b, int N, int IC,
-                            int OC)
+static void matmul_gelu_fwd(void *ctx, float *out, float *pre, const float *in, const float *w, const float *b, int N,
+                            int IC, int OC)
 {
-    matmul_fwd(pre, in, w, b, N, IC, OC);
-    gelu_fwd(out, pre, (size_t)N * OC);
+    matmul_fwd(ctx, pre, in, w, b, N, IC, OC);
+    gelu_fwd(ctx, out, pre, (size_t)N * OC);
 }
 
-static void matmul_gelu_fwd_bf16(float *out, float *pre, const uint16_t *in, const uint16_t *w, const float *b,
-                                 int N, int IC, int OC)
+static void matmul_gelu_fwd_bf16(void *ctx, float *out, float *pre, const uint16_t *in, const uint16_t *w,
+                                 const float *b, int N, int IC, int OC)
 {
-    matmul_fwd_bf16(pre, in, w, b, N, IC, OC);
-    gelu_fwd(out, pre, (size_t)N * OC);
+    matmul_fwd_bf16(ctx, pre, in, w, b, N, IC, OC);
+    gelu_fwd(ctx, out, pre, (size_t)N * OC);
 }
 
-static void matmul_dgelu_bwd(float *din, float *dw, float *db, const float *dout, const float *in, const float *pre,
-                             const float *w, int N, int IC, int OC, int accum_dw)
+static void matmul_dgelu_bwd(void *ctx, float *din, float *dw, float *db, const float *dout, const float *in,
+                             const float *pre, const float *w, int N, int IC, int OC, int accum_dw)
 {
-    matmul_bwd(din, dw, db, dout, in, w, N, IC, OC, 0, accum_dw);
+    matmul_bwd(ctx, din, dw, db, dout, in, w, N, IC, OC, 0, accum_dw);
     if (din)
-        gelu_bwd(din, pre, din, (size_t)N * IC);
+        gelu_bwd(ctx, din, pre, din, (size_t)N * IC);
 }
 
-static void matmul_dgelu_bwd_bf16(float *din, float *dw, float *db, const uint16_t *dout16, const float *dout,
-                                  const uint16_t *in, const float *pre, const uint16_t *w, int N, int IC, int OC,
-                                  int accum_dw)
+static void matmul_dgelu_bwd_bf16(void *ctx, float *din, float *dw, float *db, const uint16_t *dout16,
+                                  const float *dout, const uint16_t *in, const float *pre, const uint16_t *w, int N,
+                                  int IC, int OC, int accum_dw)
 {
-    matmul_bwd_bf16(din, dw, db, dout16, dout, in, w, N, IC, OC, 0, accum_dw);
+    matmul_bwd_bf16(ctx, din, dw, db, dout16, dout, in, w, N, IC, OC, 0, accum_dw);
     if (din)
-        gelu_bwd(din, pre, din, (size_t)N * IC);
+        gelu_bwd(ctx, din, pre, din, (size_t)N * IC);
 }
 
 /* ---- bf16 casts ------------------------------------------------------------------------ */
 
-static void cast_f32_to_bf16(uint16_t *out, const float *in, size_t n)
+static void cast_f32_to_bf16(void *ctx, uint16_t *out, const float *in, size_t n)
 {
 #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++)
         out[i] = dt_f32_to_bf16(in[i]);
 }
 
-static void cast_bf16_to_f32(float *out, const uint16_t *in, size_t n)
+static void cast_bf16_to_f32(void *ctx, float *out, const uint16_t *in, size_t n)
 {
 #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++)
@@ -1082,8 +1092,17 @@ static void cast_bf16_to_f32(float *out, const uint16_t *in, size_t n)
 
 /* ---- the table ------------------------------------------------------------------------- */
 
+static void cpu_release(void *ctx)
+{
+    cpu_ctx_t *c = ctx;
+    free(c->panels.a);
+    free(c->panels.b);
+    free(c);
+}
+
 static const ops_t cpu_ops = {
     .name = "cpu",
+    .release = cpu_release,
     .sync = cpu_sync,
     .alloc = cpu_alloc,
     .free = cpu_free,
@@ -1124,7 +1143,15 @@ static const ops_t cpu_ops = {
     .cast_bf16_to_f32 = cast_bf16_to_f32,
 };
 
-const ops_t *ops_cpu(void) { return &cpu_ops; }
+const ops_t *ops_cpu_create(void)
+{
+    cpu_ctx_t *c = calloc(1, sizeof *c);
+    if (!c)
+        return NULL;
+    c->ops = cpu_ops;
+    c->ops.ctx = c;
+    return &c->ops;
+}
 
 /* One threading layer: OpenMP's pool, which the OpenMP build of OpenBLAS
  * shares. */

@@ -25,9 +25,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "src/ops.h"
+#include "src/ops_cpu.h"
 
-typedef void (*run_fn)(const void *args);
+/* A record's runner: calls the base table's op with the record's arguments. */
+typedef void (*run_fn)(const ops_t *base, const void *args);
 
 typedef struct record {
     run_fn run;
@@ -37,112 +38,119 @@ typedef struct record {
 #define REC_ALIGN 16
 #define ARGS_OFF ((sizeof(record_t) + REC_ALIGN - 1) & ~(size_t)(REC_ALIGN - 1))
 
-static struct {
+/* The deferred table's state, every method's ctx; the table is its first
+ * member, so ops_release frees both. */
+typedef struct defer_ctx {
+    ops_t ops;
     const ops_t *base;
     unsigned char *buf;
     size_t len, cap;
-    long ops, waits; /* ops_defer_counts */
-} q;
+    long ops_run, waits; /* ops_defer_counts */
+} defer_t;
 
 /* Runs the queue: the host waits here. */
-static void drain(void)
+static void drain(defer_t *q)
 {
-    q.waits++;
+    q->waits++;
     /* a record's run never enqueues (it calls the base table), so buf is stable */
-    for (size_t off = 0; off < q.len;) {
-        const record_t *r = (const record_t *)(q.buf + off);
-        r->run(q.buf + off + ARGS_OFF);
+    for (size_t off = 0; off < q->len;) {
+        const record_t *r = (const record_t *)(q->buf + off);
+        r->run(q->base, q->buf + off + ARGS_OFF);
         off += r->size;
-        q.ops++;
+        q->ops_run++;
     }
-    q.len = 0;
+    q->len = 0;
 }
 
 /* Space for a record with args_bytes of arguments, or NULL when the arena
  * cannot grow (the caller then drains and runs the op at once). */
-static void *push(run_fn run, size_t args_bytes)
+static void *push(defer_t *q, run_fn run, size_t args_bytes)
 {
     size_t size = (ARGS_OFF + args_bytes + REC_ALIGN - 1) & ~(size_t)(REC_ALIGN - 1);
-    if (q.len + size > q.cap) {
-        size_t cap = q.cap ? q.cap : (size_t)1 << 16;
-        while (cap < q.len + size)
+    if (q->len + size > q->cap) {
+        size_t cap = q->cap ? q->cap : (size_t)1 << 16;
+        while (cap < q->len + size)
             cap *= 2;
-        unsigned char *nb = realloc(q.buf, cap);
+        unsigned char *nb = realloc(q->buf, cap);
         if (!nb)
             return NULL;
-        q.buf = nb;
-        q.cap = cap;
+        q->buf = nb;
+        q->cap = cap;
     }
-    record_t *r = (record_t *)(q.buf + q.len);
+    record_t *r = (record_t *)(q->buf + q->len);
     r->run = run;
     r->size = size;
-    q.len += size;
+    q->len += size;
     return (unsigned char *)r + ARGS_OFF;
 }
 
 /* Queues the op whose arguments are *args (args_bytes) and whose runner is
  * run; runs it now, after the queue, when the arena cannot grow. */
-static void defer(run_fn run, const void *args, size_t args_bytes)
+static void defer(defer_t *q, run_fn run, const void *args, size_t args_bytes)
 {
-    void *dst = push(run, args_bytes);
+    void *dst = push(q, run, args_bytes);
     if (dst) {
         memcpy(dst, args, args_bytes);
         return;
     }
-    drain();
-    run(args);
-    q.ops++;
+    drain(q);
+    run(q->base, args);
+    q->ops_run++;
 }
 
 /* ---- memory ------------------------------------------------------------------ */
 
-static void d_sync(void)
+static void d_sync(void *ctx)
 {
-    drain();
+    drain(ctx);
 }
 
-static void *d_alloc(size_t bytes)
+static void *d_alloc(void *ctx, size_t bytes)
 {
-    return q.base->alloc(bytes);
+    const defer_t *q = ctx;
+    return q->base->alloc(q->base->ctx, bytes);
 }
 
-static void d_free(void *p)
+static void d_free(void *ctx, void *p)
 {
-    drain();
-    q.base->free(p);
+    defer_t *q = ctx;
+    drain(q);
+    q->base->free(q->base->ctx, p);
 }
 
 typedef struct { void *dst; const void *src; size_t bytes; } copy_args_t;
-static void r_copy(const void *a_)
+static void r_copy(const ops_t *b, const void *a_)
 {
     const copy_args_t *a = a_;
-    q.base->copy(a->dst, a->src, a->bytes);
+    b->copy(b->ctx, a->dst, a->src, a->bytes);
 }
-static void d_copy(void *dst, const void *src, size_t bytes)
+static void d_copy(void *ctx, void *dst, const void *src, size_t bytes)
 {
-    defer(r_copy, &(copy_args_t){ dst, src, bytes }, sizeof(copy_args_t));
+    defer(ctx, r_copy, &(copy_args_t){ dst, src, bytes }, sizeof(copy_args_t));
 }
 
-static void d_to_host(void *host_dst, const void *src, size_t bytes)
+static void d_to_host(void *ctx, void *host_dst, const void *src, size_t bytes)
 {
-    drain();
-    q.base->to_host(host_dst, src, bytes);
+    defer_t *q = ctx;
+    drain(q);
+    q->base->to_host(q->base->ctx, host_dst, src, bytes);
 }
 
 /* from_host: the source bytes travel in the record, after the arguments */
 typedef struct { void *dst; size_t bytes; } from_host_args_t;
-static void r_from_host(const void *a_)
+static void r_from_host(const ops_t *b, const void *a_)
 {
     const from_host_args_t *a = a_;
-    q.base->from_host(a->dst, (const unsigned char *)a_ + sizeof *a, a->bytes);
+    b->from_host(b->ctx, a->dst, (const unsigned char *)a_ + sizeof *a, a->bytes);
 }
-static void d_from_host(void *dst, const void *host_src, size_t bytes)
+static void d_from_host(void *ctx, void *dst, const void *host_src, size_t bytes)
 {
-    unsigned char *rec = push(r_from_host, sizeof(from_host_args_t) + bytes);
+    defer_t *q = ctx;
+    unsigned char *rec = push(q, r_from_host, sizeof(from_host_args_t) + bytes);
     if (!rec) {
-        drain();
-        q.base->from_host(dst, host_src, bytes);
-        q.ops++;
+        drain(q);
+        q->base->from_host(q->base->ctx, dst, host_src, bytes);
+        q->ops_run++;
         return;
     }
     memcpy(rec, &(from_host_args_t){ dst, bytes }, sizeof(from_host_args_t));
@@ -150,27 +158,27 @@ static void d_from_host(void *dst, const void *host_src, size_t bytes)
 }
 
 typedef struct { void *dst; size_t bytes; } zero_args_t;
-static void r_zero(const void *a_)
+static void r_zero(const ops_t *b, const void *a_)
 {
     const zero_args_t *a = a_;
-    q.base->zero(a->dst, a->bytes);
+    b->zero(b->ctx, a->dst, a->bytes);
 }
-static void d_zero(void *dst, size_t bytes)
+static void d_zero(void *ctx, void *dst, size_t bytes)
 {
-    defer(r_zero, &(zero_args_t){ dst, bytes }, sizeof(zero_args_t));
+    defer(ctx, r_zero, &(zero_args_t){ dst, bytes }, sizeof(zero_args_t));
 }
 
 /* ---- matmuls ----------------------------------------------------------------- */
 
 typedef struct { float *out; const float *in, *w, *b; int N, IC, OC; } mm_fwd_args_t;
-static void r_matmul_fwd(const void *a_)
+static void r_matmul_fwd(const ops_t *b, const void *a_)
 {
     const mm_fwd_args_t *a = a_;
-    q.base->matmul_fwd(a->out, a->in, a->w, a->b, a->N, a->IC, a->OC);
+    b->matmul_fwd(b->ctx, a->out, a->in, a->w, a->b, a->N, a->IC, a->OC);
 }
-static void d_matmul_fwd(float *out, const float *in, const float *w, const float *b, int N, int IC, int OC)
+static void d_matmul_fwd(void *ctx, float *out, const float *in, const float *w, const float *b, int N, int IC, int OC)
 {
-    defer(r_matmul_fwd, &(mm_fwd_args_t){ out, in, w, b, N, IC, OC }, sizeof(mm_fwd_args_t));
+    defer(ctx, r_matmul_fwd, &(mm_fwd_args_t){ out, in, w, b, N, IC, OC }, sizeof(mm_fwd_args_t));
 }
 
 typedef struct {
@@ -178,52 +186,52 @@ typedef struct {
     const float *dout, *in, *w;
     int N, IC, OC, accum_din, accum_dw;
 } mm_bwd_args_t;
-static void r_matmul_bwd(const void *a_)
+static void r_matmul_bwd(const ops_t *b, const void *a_)
 {
     const mm_bwd_args_t *a = a_;
-    q.base->matmul_bwd(a->din, a->dw, a->db, a->dout, a->in, a->w, a->N, a->IC, a->OC, a->accum_din, a->accum_dw);
+    b->matmul_bwd(b->ctx, a->din, a->dw, a->db, a->dout, a->in, a->w, a->N, a->IC, a->OC, a->accum_din, a->accum_dw);
 }
-static void d_matmul_bwd(float *din, float *dw, float *db, const float *dout, const float *in, const float *w, int N,
-                         int IC, int OC, int accum_din, int accum_dw)
+static void d_matmul_bwd(void *ctx, float *din, float *dw, float *db, const float *dout, const float *in,
+                         const float *w, int N, int IC, int OC, int accum_din, int accum_dw)
 {
-    defer(r_matmul_bwd, &(mm_bwd_args_t){ din, dw, db, dout, in, w, N, IC, OC, accum_din, accum_dw },
+    defer(ctx, r_matmul_bwd, &(mm_bwd_args_t){ din, dw, db, dout, in, w, N, IC, OC, accum_din, accum_dw },
           sizeof(mm_bwd_args_t));
 }
 
 typedef struct { float *out; const uint16_t *in, *w; const float *b; int N, IC, OC; } mm_fwd16_args_t;
-static void r_matmul_fwd_bf16(const void *a_)
+static void r_matmul_fwd_bf16(const ops_t *b, const void *a_)
 {
     const mm_fwd16_args_t *a = a_;
-    q.base->matmul_fwd_bf16(a->out, a->in, a->w, a->b, a->N, a->IC, a->OC);
+    b->matmul_fwd_bf16(b->ctx, a->out, a->in, a->w, a->b, a->N, a->IC, a->OC);
 }
-static void d_matmul_fwd_bf16(float *out, const uint16_t *in, const uint16_t *w, const float *b, int N, int IC,
-                              int OC)
+static void d_matmul_fwd_bf16(void *ctx, float *out, const uint16_t *in, const uint16_t *w, const float *b, int N,
+                              int IC, int OC)
 {
-    defer(r_matmul_fwd_bf16, &(mm_fwd16_args_t){ out, in, w, b, N, IC, OC }, sizeof(mm_fwd16_args_t));
+    defer(ctx, r_matmul_fwd_bf16, &(mm_fwd16_args_t){ out, in, w, b, N, IC, OC }, sizeof(mm_fwd16_args_t));
 }
 
 typedef struct { float *out, *pre; const float *in, *w, *b; int N, IC, OC; } mm_gelu_fwd_args_t;
-static void r_matmul_gelu_fwd(const void *a_)
+static void r_matmul_gelu_fwd(const ops_t *b, const void *a_)
 {
     const mm_gelu_fwd_args_t *a = a_;
-    q.base->matmul_gelu_fwd(a->out, a->pre, a->in, a->w, a->b, a->N, a->IC, a->OC);
+    b->matmul_gelu_fwd(b->ctx, a->out, a->pre, a->in, a->w, a->b, a->N, a->IC, a->OC);
 }
-static void d_matmul_gelu_fwd(float *out, float *pre, const float *in, const float *w, const float *b, int N, int IC,
-                              int OC)
+static void d_matmul_gelu_fwd(void *ctx, float *out, float *pre, const float *in, const float *w, const float *b, int N,
+                              int IC, int OC)
 {
-    defer(r_matmul_gelu_fwd, &(mm_gelu_fwd_args_t){ out, pre, in, w, b, N, IC, OC }, sizeof(mm_gelu_fwd_args_t));
+    defer(ctx, r_matmul_gelu_fwd, &(mm_gelu_fwd_args_t){ out, pre, in, w, b, N, IC, OC }, sizeof(mm_gelu_fwd_args_t));
 }
 
 typedef struct { float *out, *pre; const uint16_t *in, *w; const float *b; int N, IC, OC; } mm_gelu_fwd16_args_t;
-static void r_matmul_gelu_fwd_bf16(const void *a_)
+static void r_matmul_gelu_fwd_bf16(const ops_t *b, const void *a_)
 {
     const mm_gelu_fwd16_args_t *a = a_;
-    q.base->matmul_gelu_fwd_bf16(a->out, a->pre, a->in, a->w, a->b, a->N, a->IC, a->OC);
+    b->matmul_gelu_fwd_bf16(b->ctx, a->out, a->pre, a->in, a->w, a->b, a->N, a->IC, a->OC);
 }
-static void d_matmul_gelu_fwd_bf16(float *out, float *pre, const uint16_t *in, const uint16_t *w, const float *b,
-                                   int N, int IC, int OC)
+static void d_matmul_gelu_fwd_bf16(void *ctx, float *out, float *pre, const uint16_t *in, const uint16_t *w,
+                                   const float *b, int N, int IC, int OC)
 {
-    defer(r_matmul_gelu_fwd_bf16, &(mm_gelu_fwd16_args_t){ out, pre, in, w, b, N, IC, OC },
+    defer(ctx, r_matmul_gelu_fwd_bf16, &(mm_gelu_fwd16_args_t){ out, pre, in, w, b, N, IC, OC },
           sizeof(mm_gelu_fwd16_args_t));
 }
 
@@ -232,15 +240,15 @@ typedef struct {
     const float *dout, *in, *pre, *w;
     int N, IC, OC, accum_dw;
 } mm_dgelu_bwd_args_t;
-static void r_matmul_dgelu_bwd(const void *a_)
+static void r_matmul_dgelu_bwd(const ops_t *b, const void *a_)
 {
     const mm_dgelu_bwd_args_t *a = a_;
-    q.base->matmul_dgelu_bwd(a->din, a->dw, a->db, a->dout, a->in, a->pre, a->w, a->N, a->IC, a->OC, a->accum_dw);
+    b->matmul_dgelu_bwd(b->ctx, a->din, a->dw, a->db, a->dout, a->in, a->pre, a->w, a->N, a->IC, a->OC, a->accum_dw);
 }
-static void d_matmul_dgelu_bwd(float *din, float *dw, float *db, const float *dout, const float *in,
+static void d_matmul_dgelu_bwd(void *ctx, float *din, float *dw, float *db, const float *dout, const float *in,
                                const float *pre, const float *w, int N, int IC, int OC, int accum_dw)
 {
-    defer(r_matmul_dgelu_bwd, &(mm_dgelu_bwd_args_t){ din, dw, db, dout, in, pre, w, N, IC, OC, accum_dw },
+    defer(ctx, r_matmul_dgelu_bwd, &(mm_dgelu_bwd_args_t){ din, dw, db, dout, in, pre, w, N, IC, OC, accum_dw },
           sizeof(mm_dgelu_bwd_args_t));
 }
 
@@ -253,17 +261,17 @@ typedef struct {
     const uint16_t *w;
     int N, IC, OC, accum_dw;
 } mm_dgelu_bwd16_args_t;
-static void r_matmul_dgelu_bwd_bf16(const void *a_)
+static void r_matmul_dgelu_bwd_bf16(const ops_t *b, const void *a_)
 {
     const mm_dgelu_bwd16_args_t *a = a_;
-    q.base->matmul_dgelu_bwd_bf16(a->din, a->dw, a->db, a->dout16, a->dout, a->in, a->pre, a->w, a->N, a->IC, a->OC,
+    b->matmul_dgelu_bwd_bf16(b->ctx, a->din, a->dw, a->db, a->dout16, a->dout, a->in, a->pre, a->w, a->N, a->IC, a->OC,
                                   a->accum_dw);
 }
-static void d_matmul_dgelu_bwd_bf16(float *din, float *dw, float *db, const uint16_t *dout16, const float *dout,
-                                    const uint16_t *in, const float *pre, const uint16_t *w, int N, int IC, int OC,
-                                    int accum_dw)
+static void d_matmul_dgelu_bwd_bf16(void *ctx, float *din, float *dw, float *db, const uint16_t *dout16,
+                                    const float *dout, const uint16_t *in, const float *pre, const uint16_t *w, int N,
+                                    int IC, int OC, int accum_dw)
 {
-    defer(r_matmul_dgelu_bwd_bf16,
+    defer(ctx, r_matmul_dgelu_bwd_bf16,
           &(mm_dgelu_bwd16_args_t){ din, dw, db, dout16, dout, in, pre, w, N, IC, OC, accum_dw },
           sizeof(mm_dgelu_bwd16_args_t));
 }
@@ -275,32 +283,33 @@ typedef struct {
     const uint16_t *in, *w;
     int N, IC, OC, accum_din, accum_dw;
 } mm_bwd16_args_t;
-static void r_matmul_bwd_bf16(const void *a_)
+static void r_matmul_bwd_bf16(const ops_t *b, const void *a_)
 {
     const mm_bwd16_args_t *a = a_;
-    q.base->matmul_bwd_bf16(a->din, a->dw, a->db, a->dout16, a->dout, a->in, a->w, a->N, a->IC, a->OC, a->accum_din,
+    b->matmul_bwd_bf16(b->ctx, a->din, a->dw, a->db, a->dout16, a->dout, a->in, a->w, a->N, a->IC, a->OC, a->accum_din,
                             a->accum_dw);
 }
-static void d_matmul_bwd_bf16(float *din, float *dw, float *db, const uint16_t *dout16, const float *dout,
+static void d_matmul_bwd_bf16(void *ctx, float *din, float *dw, float *db, const uint16_t *dout16, const float *dout,
                               const uint16_t *in, const uint16_t *w, int N, int IC, int OC, int accum_din,
                               int accum_dw)
 {
-    defer(r_matmul_bwd_bf16, &(mm_bwd16_args_t){ din, dw, db, dout16, dout, in, w, N, IC, OC, accum_din, accum_dw },
+    defer(ctx, r_matmul_bwd_bf16,
+          &(mm_bwd16_args_t){ din, dw, db, dout16, dout, in, w, N, IC, OC, accum_din, accum_dw },
           sizeof(mm_bwd16_args_t));
 }
 
 /* ---- norms ------------------------------------------------------------------- */
 
 typedef struct { float *out, *mean, *rstd; const float *x, *w, *b; int N, C; float eps; } ln_fwd_args_t;
-static void r_layernorm_fwd(const void *a_)
+static void r_layernorm_fwd(const ops_t *b, const void *a_)
 {
     const ln_fwd_args_t *a = a_;
-    q.base->layernorm_fwd(a->out, a->mean, a->rstd, a->x, a->w, a->b, a->N, a->C, a->eps);
+    b->layernorm_fwd(b->ctx, a->out, a->mean, a->rstd, a->x, a->w, a->b, a->N, a->C, a->eps);
 }
-static void d_layernorm_fwd(float *out, float *mean, float *rstd, const float *x, const float *w, const float *b,
-                            int N, int C, float eps)
+static void d_layernorm_fwd(void *ctx, float *out, float *mean, float *rstd, const float *x, const float *w,
+                            const float *b, int N, int C, float eps)
 {
-    defer(r_layernorm_fwd, &(ln_fwd_args_t){ out, mean, rstd, x, w, b, N, C, eps }, sizeof(ln_fwd_args_t));
+    defer(ctx, r_layernorm_fwd, &(ln_fwd_args_t){ out, mean, rstd, x, w, b, N, C, eps }, sizeof(ln_fwd_args_t));
 }
 
 typedef struct {
@@ -308,73 +317,73 @@ typedef struct {
     const float *dout, *x, *w, *mean, *rstd;
     int N, C, accum_dw;
 } ln_bwd_args_t;
-static void r_layernorm_bwd(const void *a_)
+static void r_layernorm_bwd(const ops_t *b, const void *a_)
 {
     const ln_bwd_args_t *a = a_;
-    q.base->layernorm_bwd(a->din, a->dw, a->db, a->dout, a->x, a->w, a->mean, a->rstd, a->N, a->C, a->accum_dw);
+    b->layernorm_bwd(b->ctx, a->din, a->dw, a->db, a->dout, a->x, a->w, a->mean, a->rstd, a->N, a->C, a->accum_dw);
 }
-static void d_layernorm_bwd(float *din, float *dw, float *db, const float *dout, const float *x, const float *w,
-                            const float *mean, const float *rstd, int N, int C, int accum_dw)
+static void d_layernorm_bwd(void *ctx, float *din, float *dw, float *db, const float *dout, const float *x,
+                            const float *w, const float *mean, const float *rstd, int N, int C, int accum_dw)
 {
-    defer(r_layernorm_bwd, &(ln_bwd_args_t){ din, dw, db, dout, x, w, mean, rstd, N, C, accum_dw },
+    defer(ctx, r_layernorm_bwd, &(ln_bwd_args_t){ din, dw, db, dout, x, w, mean, rstd, N, C, accum_dw },
           sizeof(ln_bwd_args_t));
 }
 
 typedef struct { float *out, *rstd; const float *x, *w; int N, C; float eps; } rms_fwd_args_t;
-static void r_rmsnorm_fwd(const void *a_)
+static void r_rmsnorm_fwd(const ops_t *b, const void *a_)
 {
     const rms_fwd_args_t *a = a_;
-    q.base->rmsnorm_fwd(a->out, a->rstd, a->x, a->w, a->N, a->C, a->eps);
+    b->rmsnorm_fwd(b->ctx, a->out, a->rstd, a->x, a->w, a->N, a->C, a->eps);
 }
-static void d_rmsnorm_fwd(float *out, float *rstd, const float *x, const float *w, int N, int C, float eps)
+static void d_rmsnorm_fwd(void *ctx, float *out, float *rstd, const float *x, const float *w, int N, int C, float eps)
 {
-    defer(r_rmsnorm_fwd, &(rms_fwd_args_t){ out, rstd, x, w, N, C, eps }, sizeof(rms_fwd_args_t));
+    defer(ctx, r_rmsnorm_fwd, &(rms_fwd_args_t){ out, rstd, x, w, N, C, eps }, sizeof(rms_fwd_args_t));
 }
 
 typedef struct { float *din, *dw; const float *dout, *x, *w, *rstd; int N, C, accum_dw; } rms_bwd_args_t;
-static void r_rmsnorm_bwd(const void *a_)
+static void r_rmsnorm_bwd(const ops_t *b, const void *a_)
 {
     const rms_bwd_args_t *a = a_;
-    q.base->rmsnorm_bwd(a->din, a->dw, a->dout, a->x, a->w, a->rstd, a->N, a->C, a->accum_dw);
+    b->rmsnorm_bwd(b->ctx, a->din, a->dw, a->dout, a->x, a->w, a->rstd, a->N, a->C, a->accum_dw);
 }
-static void d_rmsnorm_bwd(float *din, float *dw, const float *dout, const float *x, const float *w, const float *rstd,
-                          int N, int C, int accum_dw)
+static void d_rmsnorm_bwd(void *ctx, float *din, float *dw, const float *dout, const float *x, const float *w,
+                          const float *rstd, int N, int C, int accum_dw)
 {
-    defer(r_rmsnorm_bwd, &(rms_bwd_args_t){ din, dw, dout, x, w, rstd, N, C, accum_dw }, sizeof(rms_bwd_args_t));
+    defer(ctx, r_rmsnorm_bwd, &(rms_bwd_args_t){ din, dw, dout, x, w, rstd, N, C, accum_dw }, sizeof(rms_bwd_args_t));
 }
 
 /* ---- rope and attention -------------------------------------------------------- */
 
 typedef struct { float *qkv; const int32_t *pos; int B, T, NH, NKV, HS; float theta; } rope_args_t;
-static void r_rope_fwd(const void *a_)
+static void r_rope_fwd(const ops_t *b, const void *a_)
 {
     const rope_args_t *a = a_;
-    q.base->rope_fwd(a->qkv, a->pos, a->B, a->T, a->NH, a->NKV, a->HS, a->theta);
+    b->rope_fwd(b->ctx, a->qkv, a->pos, a->B, a->T, a->NH, a->NKV, a->HS, a->theta);
 }
-static void d_rope_fwd(float *qkv, const int32_t *pos, int B, int T, int NH, int NKV, int HS, float theta)
+static void d_rope_fwd(void *ctx, float *qkv, const int32_t *pos, int B, int T, int NH, int NKV, int HS, float theta)
 {
-    defer(r_rope_fwd, &(rope_args_t){ qkv, pos, B, T, NH, NKV, HS, theta }, sizeof(rope_args_t));
+    defer(ctx, r_rope_fwd, &(rope_args_t){ qkv, pos, B, T, NH, NKV, HS, theta }, sizeof(rope_args_t));
 }
-static void r_rope_bwd(const void *a_)
+static void r_rope_bwd(const ops_t *b, const void *a_)
 {
     const rope_args_t *a = a_;
-    q.base->rope_bwd(a->qkv, a->pos, a->B, a->T, a->NH, a->NKV, a->HS, a->theta);
+    b->rope_bwd(b->ctx, a->qkv, a->pos, a->B, a->T, a->NH, a->NKV, a->HS, a->theta);
 }
-static void d_rope_bwd(float *dqkv, const int32_t *pos, int B, int T, int NH, int NKV, int HS, float theta)
+static void d_rope_bwd(void *ctx, float *dqkv, const int32_t *pos, int B, int T, int NH, int NKV, int HS, float theta)
 {
-    defer(r_rope_bwd, &(rope_args_t){ dqkv, pos, B, T, NH, NKV, HS, theta }, sizeof(rope_args_t));
+    defer(ctx, r_rope_bwd, &(rope_args_t){ dqkv, pos, B, T, NH, NKV, HS, theta }, sizeof(rope_args_t));
 }
 
 typedef struct { float *out, *lse; const float *qkv; const int32_t *pos; int B, T, NH, NKV, HS; } att_fwd_args_t;
-static void r_attention_fwd(const void *a_)
+static void r_attention_fwd(const ops_t *b, const void *a_)
 {
     const att_fwd_args_t *a = a_;
-    q.base->attention_fwd(a->out, a->lse, a->qkv, a->pos, a->B, a->T, a->NH, a->NKV, a->HS);
+    b->attention_fwd(b->ctx, a->out, a->lse, a->qkv, a->pos, a->B, a->T, a->NH, a->NKV, a->HS);
 }
-static void d_attention_fwd(float *out, float *lse, const float *qkv, const int32_t *pos, int B, int T, int NH,
-                            int NKV, int HS)
+static void d_attention_fwd(void *ctx, float *out, float *lse, const float *qkv, const int32_t *pos, int B, int T,
+                            int NH, int NKV, int HS)
 {
-    defer(r_attention_fwd, &(att_fwd_args_t){ out, lse, qkv, pos, B, T, NH, NKV, HS }, sizeof(att_fwd_args_t));
+    defer(ctx, r_attention_fwd, &(att_fwd_args_t){ out, lse, qkv, pos, B, T, NH, NKV, HS }, sizeof(att_fwd_args_t));
 }
 
 typedef struct {
@@ -383,73 +392,73 @@ typedef struct {
     const int32_t *pos;
     int B, T, NH, NKV, HS;
 } att_bwd_args_t;
-static void r_attention_bwd(const void *a_)
+static void r_attention_bwd(const ops_t *b, const void *a_)
 {
     const att_bwd_args_t *a = a_;
-    q.base->attention_bwd(a->dqkv, a->dout, a->qkv, a->out, a->lse, a->pos, a->B, a->T, a->NH, a->NKV, a->HS);
+    b->attention_bwd(b->ctx, a->dqkv, a->dout, a->qkv, a->out, a->lse, a->pos, a->B, a->T, a->NH, a->NKV, a->HS);
 }
-static void d_attention_bwd(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
-                            const int32_t *pos, int B, int T, int NH, int NKV, int HS)
+static void d_attention_bwd(void *ctx, float *dqkv, const float *dout, const float *qkv, const float *out,
+                            const float *lse, const int32_t *pos, int B, int T, int NH, int NKV, int HS)
 {
-    defer(r_attention_bwd, &(att_bwd_args_t){ dqkv, dout, qkv, out, lse, pos, B, T, NH, NKV, HS },
+    defer(ctx, r_attention_bwd, &(att_bwd_args_t){ dqkv, dout, qkv, out, lse, pos, B, T, NH, NKV, HS },
           sizeof(att_bwd_args_t));
 }
 
 /* ---- pointwise --------------------------------------------------------------- */
 
 typedef struct { float *out; const float *x; size_t n; } gelu_fwd_args_t;
-static void r_gelu_fwd(const void *a_)
+static void r_gelu_fwd(const ops_t *b, const void *a_)
 {
     const gelu_fwd_args_t *a = a_;
-    q.base->gelu_fwd(a->out, a->x, a->n);
+    b->gelu_fwd(b->ctx, a->out, a->x, a->n);
 }
-static void d_gelu_fwd(float *out, const float *x, size_t n)
+static void d_gelu_fwd(void *ctx, float *out, const float *x, size_t n)
 {
-    defer(r_gelu_fwd, &(gelu_fwd_args_t){ out, x, n }, sizeof(gelu_fwd_args_t));
+    defer(ctx, r_gelu_fwd, &(gelu_fwd_args_t){ out, x, n }, sizeof(gelu_fwd_args_t));
 }
 
 typedef struct { float *dx; const float *x, *dout; size_t n; } gelu_bwd_args_t;
-static void r_gelu_bwd(const void *a_)
+static void r_gelu_bwd(const ops_t *b, const void *a_)
 {
     const gelu_bwd_args_t *a = a_;
-    q.base->gelu_bwd(a->dx, a->x, a->dout, a->n);
+    b->gelu_bwd(b->ctx, a->dx, a->x, a->dout, a->n);
 }
-static void d_gelu_bwd(float *dx, const float *x, const float *dout, size_t n)
+static void d_gelu_bwd(void *ctx, float *dx, const float *x, const float *dout, size_t n)
 {
-    defer(r_gelu_bwd, &(gelu_bwd_args_t){ dx, x, dout, n }, sizeof(gelu_bwd_args_t));
+    defer(ctx, r_gelu_bwd, &(gelu_bwd_args_t){ dx, x, dout, n }, sizeof(gelu_bwd_args_t));
 }
 
 typedef struct { float *out; const float *gu; int N, F; } swiglu_fwd_args_t;
-static void r_swiglu_fwd(const void *a_)
+static void r_swiglu_fwd(const ops_t *b, const void *a_)
 {
     const swiglu_fwd_args_t *a = a_;
-    q.base->swiglu_fwd(a->out, a->gu, a->N, a->F);
+    b->swiglu_fwd(b->ctx, a->out, a->gu, a->N, a->F);
 }
-static void d_swiglu_fwd(float *out, const float *gu, int N, int F)
+static void d_swiglu_fwd(void *ctx, float *out, const float *gu, int N, int F)
 {
-    defer(r_swiglu_fwd, &(swiglu_fwd_args_t){ out, gu, N, F }, sizeof(swiglu_fwd_args_t));
+    defer(ctx, r_swiglu_fwd, &(swiglu_fwd_args_t){ out, gu, N, F }, sizeof(swiglu_fwd_args_t));
 }
 
 typedef struct { float *dgu; const float *gu, *dout; int N, F; } swiglu_bwd_args_t;
-static void r_swiglu_bwd(const void *a_)
+static void r_swiglu_bwd(const ops_t *b, const void *a_)
 {
     const swiglu_bwd_args_t *a = a_;
-    q.base->swiglu_bwd(a->dgu, a->gu, a->dout, a->N, a->F);
+    b->swiglu_bwd(b->ctx, a->dgu, a->gu, a->dout, a->N, a->F);
 }
-static void d_swiglu_bwd(float *dgu, const float *gu, const float *dout, int N, int F)
+static void d_swiglu_bwd(void *ctx, float *dgu, const float *gu, const float *dout, int N, int F)
 {
-    defer(r_swiglu_bwd, &(swiglu_bwd_args_t){ dgu, gu, dout, N, F }, sizeof(swiglu_bwd_args_t));
+    defer(ctx, r_swiglu_bwd, &(swiglu_bwd_args_t){ dgu, gu, dout, N, F }, sizeof(swiglu_bwd_args_t));
 }
 
 typedef struct { float *out; const float *a, *b; size_t n; } add_args_t;
-static void r_add(const void *a_)
+static void r_add(const ops_t *b, const void *a_)
 {
     const add_args_t *a = a_;
-    q.base->add(a->out, a->a, a->b, a->n);
+    b->add(b->ctx, a->out, a->a, a->b, a->n);
 }
-static void d_add(float *out, const float *a, const float *b, size_t n)
+static void d_add(void *ctx, float *out, const float *a, const float *b, size_t n)
 {
-    defer(r_add, &(add_args_t){ out, a, b, n }, sizeof(add_args_t));
+    defer(ctx, r_add, &(add_args_t){ out, a, b, n }, sizeof(add_args_t));
 }
 
 /* ---- embedding and cross-entropy ------------------------------------------------ */
@@ -460,15 +469,15 @@ typedef struct {
     const float *wte, *wpe;
     int N, T, C, v0, Vl;
 } emb_fwd_args_t;
-static void r_embedding_fwd(const void *a_)
+static void r_embedding_fwd(const ops_t *b, const void *a_)
 {
     const emb_fwd_args_t *a = a_;
-    q.base->embedding_fwd(a->out, a->tok, a->pos, a->wte, a->wpe, a->N, a->T, a->C, a->v0, a->Vl);
+    b->embedding_fwd(b->ctx, a->out, a->tok, a->pos, a->wte, a->wpe, a->N, a->T, a->C, a->v0, a->Vl);
 }
-static void d_embedding_fwd(float *out, const int32_t *tok, const int32_t *pos, const float *wte, const float *wpe,
-                            int N, int T, int C, int v0, int Vl)
+static void d_embedding_fwd(void *ctx, float *out, const int32_t *tok, const int32_t *pos, const float *wte,
+                            const float *wpe, int N, int T, int C, int v0, int Vl)
 {
-    defer(r_embedding_fwd, &(emb_fwd_args_t){ out, tok, pos, wte, wpe, N, T, C, v0, Vl }, sizeof(emb_fwd_args_t));
+    defer(ctx, r_embedding_fwd, &(emb_fwd_args_t){ out, tok, pos, wte, wpe, N, T, C, v0, Vl }, sizeof(emb_fwd_args_t));
 }
 
 typedef struct {
@@ -477,27 +486,27 @@ typedef struct {
     const int32_t *tok, *pos;
     int N, T, C, v0, Vl, accum;
 } emb_bwd_args_t;
-static void r_embedding_bwd(const void *a_)
+static void r_embedding_bwd(const ops_t *b, const void *a_)
 {
     const emb_bwd_args_t *a = a_;
-    q.base->embedding_bwd(a->dwte, a->dwpe, a->dout, a->tok, a->pos, a->N, a->T, a->C, a->v0, a->Vl, a->accum);
+    b->embedding_bwd(b->ctx, a->dwte, a->dwpe, a->dout, a->tok, a->pos, a->N, a->T, a->C, a->v0, a->Vl, a->accum);
 }
-static void d_embedding_bwd(float *dwte, float *dwpe, const float *dout, const int32_t *tok, const int32_t *pos,
-                            int N, int T, int C, int v0, int Vl, int accum)
+static void d_embedding_bwd(void *ctx, float *dwte, float *dwpe, const float *dout, const int32_t *tok,
+                            const int32_t *pos, int N, int T, int C, int v0, int Vl, int accum)
 {
-    defer(r_embedding_bwd, &(emb_bwd_args_t){ dwte, dwpe, dout, tok, pos, N, T, C, v0, Vl, accum },
+    defer(ctx, r_embedding_bwd, &(emb_bwd_args_t){ dwte, dwpe, dout, tok, pos, N, T, C, v0, Vl, accum },
           sizeof(emb_bwd_args_t));
 }
 
 typedef struct { float *rowmax; const float *logits; int N, Vl, ld; } xmax_args_t;
-static void r_xent_max(const void *a_)
+static void r_xent_max(const ops_t *b, const void *a_)
 {
     const xmax_args_t *a = a_;
-    q.base->xent_max(a->rowmax, a->logits, a->N, a->Vl, a->ld);
+    b->xent_max(b->ctx, a->rowmax, a->logits, a->N, a->Vl, a->ld);
 }
-static void d_xent_max(float *rowmax, const float *logits, int N, int Vl, int ld)
+static void d_xent_max(void *ctx, float *rowmax, const float *logits, int N, int Vl, int ld)
 {
-    defer(r_xent_max, &(xmax_args_t){ rowmax, logits, N, Vl, ld }, sizeof(xmax_args_t));
+    defer(ctx, r_xent_max, &(xmax_args_t){ rowmax, logits, N, Vl, ld }, sizeof(xmax_args_t));
 }
 
 typedef struct {
@@ -506,15 +515,15 @@ typedef struct {
     const int32_t *targets;
     int v0, N, Vl, ld;
 } xsum_args_t;
-static void r_xent_sumexp(const void *a_)
+static void r_xent_sumexp(const ops_t *b, const void *a_)
 {
     const xsum_args_t *a = a_;
-    q.base->xent_sumexp(a->stats, a->expbuf, a->logits, a->rowmax, a->targets, a->v0, a->N, a->Vl, a->ld);
+    b->xent_sumexp(b->ctx, a->stats, a->expbuf, a->logits, a->rowmax, a->targets, a->v0, a->N, a->Vl, a->ld);
 }
-static void d_xent_sumexp(float *stats, float *expbuf, const float *logits, const float *rowmax,
+static void d_xent_sumexp(void *ctx, float *stats, float *expbuf, const float *logits, const float *rowmax,
                           const int32_t *targets, int v0, int N, int Vl, int ld)
 {
-    defer(r_xent_sumexp, &(xsum_args_t){ stats, expbuf, logits, rowmax, targets, v0, N, Vl, ld },
+    defer(ctx, r_xent_sumexp, &(xsum_args_t){ stats, expbuf, logits, rowmax, targets, v0, N, Vl, ld },
           sizeof(xsum_args_t));
 }
 
@@ -525,16 +534,16 @@ typedef struct {
     int v0, N, Vl, ld;
     float dloss;
 } xfin_args_t;
-static void r_xent_finish(const void *a_)
+static void r_xent_finish(const ops_t *b, const void *a_)
 {
     const xfin_args_t *a = a_;
-    q.base->xent_finish(a->losses, a->dlogits, a->rowmax, a->stats, a->targets, a->v0, a->N, a->Vl, a->ld,
+    b->xent_finish(b->ctx, a->losses, a->dlogits, a->rowmax, a->stats, a->targets, a->v0, a->N, a->Vl, a->ld,
                         a->dloss);
 }
-static void d_xent_finish(float *losses, float *dlogits, const float *rowmax, const float *stats,
+static void d_xent_finish(void *ctx, float *losses, float *dlogits, const float *rowmax, const float *stats,
                           const int32_t *targets, int v0, int N, int Vl, int ld, float dloss)
 {
-    defer(r_xent_finish, &(xfin_args_t){ losses, dlogits, rowmax, stats, targets, v0, N, Vl, ld, dloss },
+    defer(ctx, r_xent_finish, &(xfin_args_t){ losses, dlogits, rowmax, stats, targets, v0, N, Vl, ld, dloss },
           sizeof(xfin_args_t));
 }
 
@@ -549,60 +558,72 @@ typedef struct {
     float lr, beta1, beta2, eps, wd, grad_scale;
     int t;
 } adamw_args_t;
-static void r_adamw(const void *a_)
+static void r_adamw(const ops_t *b, const void *a_)
 {
     const adamw_args_t *a = a_;
-    q.base->adamw(a->p, a->p16, a->g, a->m, a->v, a->n, a->lr, a->beta1, a->beta2, a->eps, a->wd, a->grad_scale,
+    b->adamw(b->ctx, a->p, a->p16, a->g, a->m, a->v, a->n, a->lr, a->beta1, a->beta2, a->eps, a->wd, a->grad_scale,
                   a->t);
 }
-static void d_adamw(float *p, uint16_t *p16, const float *g, float *m, float *v, size_t n, float lr, float beta1,
-                    float beta2, float eps, float wd, float grad_scale, int t)
+static void d_adamw(void *ctx, float *p, uint16_t *p16, const float *g, float *m, float *v, size_t n, float lr,
+                    float beta1, float beta2, float eps, float wd, float grad_scale, int t)
 {
-    defer(r_adamw, &(adamw_args_t){ p, p16, g, m, v, n, lr, beta1, beta2, eps, wd, grad_scale, t },
+    defer(ctx, r_adamw, &(adamw_args_t){ p, p16, g, m, v, n, lr, beta1, beta2, eps, wd, grad_scale, t },
           sizeof(adamw_args_t));
 }
 
-static void d_sumsq(double *out, const float *const *x, const size_t *n, int count)
+static void d_sumsq(void *ctx, double *out, const float *const *x, const size_t *n, int count)
 {
-    drain();
-    q.base->sumsq(out, x, n, count);
+    defer_t *q = ctx;
+    drain(q);
+    q->base->sumsq(q->base->ctx, out, x, n, count);
 }
 
 typedef struct { float *x; float s; size_t n; } scale_args_t;
-static void r_scale(const void *a_)
+static void r_scale(const ops_t *b, const void *a_)
 {
     const scale_args_t *a = a_;
-    q.base->scale(a->x, a->s, a->n);
+    b->scale(b->ctx, a->x, a->s, a->n);
 }
-static void d_scale(float *x, float s, size_t n)
+static void d_scale(void *ctx, float *x, float s, size_t n)
 {
-    defer(r_scale, &(scale_args_t){ x, s, n }, sizeof(scale_args_t));
+    defer(ctx, r_scale, &(scale_args_t){ x, s, n }, sizeof(scale_args_t));
 }
 
 typedef struct { uint16_t *out; const float *in; size_t n; } to16_args_t;
-static void r_cast_f32_to_bf16(const void *a_)
+static void r_cast_f32_to_bf16(const ops_t *b, const void *a_)
 {
     const to16_args_t *a = a_;
-    q.base->cast_f32_to_bf16(a->out, a->in, a->n);
+    b->cast_f32_to_bf16(b->ctx, a->out, a->in, a->n);
 }
-static void d_cast_f32_to_bf16(uint16_t *out, const float *in, size_t n)
+static void d_cast_f32_to_bf16(void *ctx, uint16_t *out, const float *in, size_t n)
 {
-    defer(r_cast_f32_to_bf16, &(to16_args_t){ out, in, n }, sizeof(to16_args_t));
+    defer(ctx, r_cast_f32_to_bf16, &(to16_args_t){ out, in, n }, sizeof(to16_args_t));
 }
 
 typedef struct { float *out; const uint16_t *in; size_t n; } to32_args_t;
-static void r_cast_bf16_to_f32(const void *a_)
+static void r_cast_bf16_to_f32(const ops_t *b, const void *a_)
 {
     const to32_args_t *a = a_;
-    q.base->cast_bf16_to_f32(a->out, a->in, a->n);
+    b->cast_bf16_to_f32(b->ctx, a->out, a->in, a->n);
 }
-static void d_cast_bf16_to_f32(float *out, const uint16_t *in, size_t n)
+static void d_cast_bf16_to_f32(void *ctx, float *out, const uint16_t *in, size_t n)
 {
-    defer(r_cast_bf16_to_f32, &(to32_args_t){ out, in, n }, sizeof(to32_args_t));
+    defer(ctx, r_cast_bf16_to_f32, &(to32_args_t){ out, in, n }, sizeof(to32_args_t));
+}
+
+/* Runs what is queued, then ends the base table and this one. */
+static void d_release(void *ctx)
+{
+    defer_t *q = ctx;
+    drain(q);
+    ops_release(q->base);
+    free(q->buf);
+    free(q);
 }
 
 static const ops_t defer_ops = {
     .name = "cpu-deferred",
+    .release = d_release,
     .sync = d_sync,
     .alloc = d_alloc,
     .free = d_free,
@@ -643,22 +664,20 @@ static const ops_t defer_ops = {
     .cast_bf16_to_f32 = d_cast_bf16_to_f32,
 };
 
-const ops_t *ops_defer(const ops_t *base)
+const ops_t *ops_defer_create(const ops_t *base)
 {
-    q.base = base;
-    return &defer_ops;
+    defer_t *q = calloc(1, sizeof *q);
+    if (!q)
+        return NULL;
+    q->ops = defer_ops;
+    q->ops.ctx = q;
+    q->base = base;
+    return &q->ops;
 }
 
-void ops_defer_counts(long *ops, long *waits)
+void ops_defer_counts(const ops_t *d, long *ops, long *waits)
 {
-    *ops = q.ops;
-    *waits = q.waits;
-}
-
-void ops_defer_release(void)
-{
-    if (q.base)
-        drain();
-    free(q.buf);
-    memset(&q, 0, sizeof q);
+    const defer_t *q = d->ctx;
+    *ops = q->ops_run;
+    *waits = q->waits;
 }

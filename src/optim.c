@@ -146,16 +146,16 @@ int adamw_create(adamw_t *a, const ops_t *ops, const param_table_t *t, const dps
     a->weight_decay = weight_decay;
     a->grad_clip = grad_clip;
     size_t bytes = (a->n ? a->n : 1) * sizeof(float);
-    a->m = ops->alloc(bytes);
-    a->v = ops->alloc(bytes);
+    a->m = ops->alloc(ops->ctx, bytes);
+    a->v = ops->alloc(ops->ctx, bytes);
     /* at most one run per (tensor, piece) overlap: tensors + pieces */
     a->ranges = calloc((size_t)t->n + (size_t)v->n_pieces + 1, sizeof *a->ranges);
     if (!a->m || !a->v || !a->ranges) {
         adamw_destroy(a);
         return -1;
     }
-    ops->zero(a->m, bytes);
-    ops->zero(a->v, bytes);
+    ops->zero(ops->ctx, a->m, bytes);
+    ops->zero(ops->ctx, a->v, bytes);
     mem_track(MEM_OPTIM, 2 * (long long)bytes);
     /* each piece, cut at tensor boundaries (decay) */
     int i = 0;
@@ -178,9 +178,9 @@ void adamw_destroy(adamw_t *a)
     if (a->m && a->v)
         mem_track(MEM_OPTIM, -2 * (long long)((a->n ? a->n : 1) * sizeof(float)));
     if (a->m)
-        a->ops->free(a->m);
+        a->ops->free(a->ops->ctx, a->m);
     if (a->v)
-        a->ops->free(a->v);
+        a->ops->free(a->ops->ctx, a->v);
     free(a->ranges);
     memset(a, 0, sizeof *a);
 }
@@ -197,9 +197,8 @@ void adamw_step(adamw_t *a, float *params, uint16_t *params16, const float *grad
     a->t++;
     for (int i = 0; i < a->n_ranges; i++) {
         const optim_range_t *r = &a->ranges[i];
-        a->ops->adamw(params + r->offset, params16 ? params16 + r->offset : NULL, grads + r->goff, a->m + r->soff,
-                      a->v + r->soff, r->n,
-                      (float)lr, (float)a->beta1, (float)a->beta2, (float)a->eps,
+        a->ops->adamw(a->ops->ctx, params + r->offset, params16 ? params16 + r->offset : NULL, grads + r->goff,
+                      a->m + r->soff, a->v + r->soff, r->n, (float)lr, (float)a->beta1, (float)a->beta2, (float)a->eps,
                       r->decay ? (float)a->weight_decay : 0.0f, (float)grad_scale, a->t);
     }
 }

@@ -5,7 +5,7 @@
 
 #include <stddef.h>
 
-#include "src/ops.h"
+#include "base/ops.h"
 #include "src/params.h"
 #include "mpi/dpsync.h"
 

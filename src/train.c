@@ -19,6 +19,7 @@
 #include "src/flops.h"
 #include "src/fsutil.h"
 #include "src/mem.h"
+#include "src/ops_cpu.h"
 #include "src/ckpt.h"
 #include "mpi/agree.h"
 #include "io/h5store.h"
@@ -452,7 +453,8 @@ static int setup_sync(trainer_t *tr, const dpsync_ops_t *kind, comm_dtype_t gdt,
         const dpsync_config_t c = {.ops = m->ops, .dp = g->dp, .shard = g->shard, .replica = g->replica,
                                    .params = m->params, .grads = m->grads, .n = t->numel, .n_tensors = t->n,
                                    .tensor_start = start, .tensor_block = block, .tensor_norm = norm, .mode = mode,
-                                   .bucket_bytes = (size_t)(o->bucket_mb * 1048576.0), .dtype = gdt};
+                                   .bucket_bytes = (size_t)(o->bucket_mb * 1048576.0), .dtype = gdt,
+                                   .mem = mem_process_tracker()};
         if ((rc = dpsync_create(&tr->sync, kind, &c)) != 0)
             snprintf(err, errlen, "%s", tr->sync.err);
     } else {
@@ -1221,7 +1223,7 @@ static int step_gradients(trainer_t *tr, int step, double *bubble_s, char *err, 
         const param_desc_t *d = &m->table.p[tr->tied];
         size_t n;
         float *buf = tr->sync.ops->tensor_grads(&tr->sync, d->offset, d->numel, &n);
-        m->ops->sync(); /* running kernels are compute, not communication */
+        m->ops->sync(m->ops->ctx); /* running kernels are compute, not communication */
         double t0 = now_s();
         if (g->embed->ops->allreduce(g->embed, buf, n, COMM_FP32, COMM_SUM) != 0) {
             snprintf(err, errlen, "step %d: tied embedding all-reduce failed: %s", step + 1, g->embed->err);
@@ -1329,7 +1331,7 @@ static int update_params(trainer_t *tr, int step, double lr, double norm, char *
      * are recast once per step */
     adamw_step(&tr->optim, v->params, v->whole ? m->params16 : NULL, v->grads, lr, adamw_clip_scale(&tr->optim, norm));
     if (tr->trace)
-        m->ops->sync(); /* the span measures the kernels (see model.c span_end) */
+        m->ops->sync(m->ops->ctx); /* the span measures the kernels (see model.c span_end) */
     trace_span(tr->trace, TRACE_COMPUTE, "optimizer", t_opt, tr->trace ? trace_now() : 0.0, NULL);
     if (!v->whole)
         model_params_written(m);
@@ -1432,7 +1434,7 @@ static int train_step(trainer_t *tr, int step, step_record_t *r, step_times_t *t
     }
     if (act == SPIKE_GO && update_params(tr, step, lr, norm, err, errlen) != 0)
         return -1;
-    m->ops->sync(); /* the step's time covers its kernels (the optimizer's run ahead of the host) */
+    m->ops->sync(m->ops->ctx); /* the step's time covers its kernels (the optimizer's run ahead of the host) */
     const double dt = now_s() - t0, tokens_step = (double)o->micro_batch * o->seq_len * tr->accum * tr->grid->dp_size;
     tr->steps_done = step + 1;
     *r = (step_record_t){.step = step + 1, .steps = o->steps, .loss = loss, .val_loss = NAN, .lr = lr,
@@ -1526,7 +1528,7 @@ static int finish_run(trainer_t *tr, int end, double t_run, double loss, const l
         if (tr->backend.deferred && ran >= 2) {
             /* what a GPU's host would wait on: the cost the asynchronous ops avoid */
             long ops = 0, waits = 0;
-            ops_defer_counts(&ops, &waits);
+            ops_defer_counts(tr->backend.ops, &ops, &waits);
             printf("deferred ops (rank 0, steps %d-%d): %.1f ops and %.1f host waits per step\n", tr->start_step + 2,
                    end, (double)(ops - defer0[0]) / (ran - 1), (double)(waits - defer0[1]) / (ran - 1));
         }
@@ -1568,7 +1570,7 @@ int trainer_run(trainer_t *tr, char *err, size_t errlen)
             return -1;
         loss = r.loss;
         if (tr->backend.deferred && step == tr->start_step)
-            ops_defer_counts(&defer0[0], &defer0[1]);
+            ops_defer_counts(tr->backend.ops, &defer0[0], &defer0[1]);
         if (step + 1 < end && stop_requested(tr, step + 1, err, errlen) != 0)
             return -1;
         if (tr->stopped_by)

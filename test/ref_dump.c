@@ -32,7 +32,7 @@
 
 #include "src/model.h"
 #include "src/model_config.h"
-#include "src/ops.h"
+#include "src/ops_cpu.h"
 #include "src/params.h"
 #include "src/rng.h"
 
@@ -214,7 +214,9 @@ int main(int argc, char **argv)
     if (T > cfg->max_seq)
         die("preset %s: max_seq %d is below the reference T %d", model_name, cfg->max_seq, T);
 
-    const ops_t *ops = ops_cpu();
+    const ops_t *ops = ops_cpu_create();
+    if (!ops)
+        die("out of memory for the CPU backend");
     model_t m;
     model_layout_t lay = model_layout_single(cfg);
     if (model_create(&m, cfg, ops, &lay, B, T, err, sizeof err) != 0)
@@ -230,7 +232,7 @@ int main(int argc, char **argv)
     float *host = xmalloc(P * sizeof *host);
 
     /* Perturb biases and norm weights (initialised to 0 and 1). */
-    ops->to_host(host, m.params, P * sizeof *host);
+    ops->to_host(ops->ctx, host, m.params, P * sizeof *host);
     for (int k = 0; k < tab->n; k++) {
         const param_desc_t *d = &tab->p[k];
         if (d->ndim != 1)
@@ -239,7 +241,7 @@ int main(int argc, char **argv)
         for (size_t i = 0; i < d->numel; i++)
             host[d->offset + i] += 0.1f * (float)(2.0 * rng_uniform(REF_SEED, stream, i) - 1.0);
     }
-    ops->from_host(m.params, host, P * sizeof *host);
+    ops->from_host(ops->ctx, m.params, host, P * sizeof *host);
     write_bin(outdir, "params.bin", host, sizeof *host, P);
     write_params_json(outdir, tab);
 
@@ -271,23 +273,23 @@ int main(int argc, char **argv)
     if (model_backward(&m, 0, 0, 1) != 0)
         die("model_backward: %s", m.err);
     float *grads = xmalloc(P * sizeof *grads);
-    ops->to_host(grads, m.grads, P * sizeof *grads);
+    ops->to_host(ops->ctx, grads, m.grads, P * sizeof *grads);
     write_bin(outdir, "grads.bin", grads, sizeof *grads, P);
     write_config(outdir, cfg, model_name, B, T, masked, loss, loss_train);
 
     /* One AdamW step, tensor by tensor, from zero moments. */
-    float *mom = ops->alloc(P * sizeof *mom), *var = ops->alloc(P * sizeof *var);
+    float *mom = ops->alloc(ops->ctx, P * sizeof *mom), *var = ops->alloc(ops->ctx, P * sizeof *var);
     if (!mom || !var)
         die("out of memory for AdamW moments");
-    ops->zero(mom, P * sizeof *mom);
-    ops->zero(var, P * sizeof *var);
+    ops->zero(ops->ctx, mom, P * sizeof *mom);
+    ops->zero(ops->ctx, var, P * sizeof *var);
     for (int k = 0; k < tab->n; k++) {
         const param_desc_t *d = &tab->p[k];
-        ops->adamw(m.params + d->offset, NULL, m.grads + d->offset, mom + d->offset, var + d->offset,
+        ops->adamw(ops->ctx, m.params + d->offset, NULL, m.grads + d->offset, mom + d->offset, var + d->offset,
                    d->numel, ADAM_LR, ADAM_BETA1, ADAM_BETA2, ADAM_EPS,
                    d->decay ? ADAM_WD : 0.0f, 1.0f, 1);
     }
-    ops->to_host(host, m.params, P * sizeof *host);
+    ops->to_host(ops->ctx, host, m.params, P * sizeof *host);
     write_bin(outdir, "params_after.bin", host, sizeof *host, P);
 
     /* A second step (t = 2) on the same gradients with grad_scale 0.5:
@@ -295,24 +297,25 @@ int main(int argc, char **argv)
      * the gradient scaling that clipping and averaging use. */
     for (int k = 0; k < tab->n; k++) {
         const param_desc_t *d = &tab->p[k];
-        ops->adamw(m.params + d->offset, NULL, m.grads + d->offset, mom + d->offset, var + d->offset,
+        ops->adamw(ops->ctx, m.params + d->offset, NULL, m.grads + d->offset, mom + d->offset, var + d->offset,
                    d->numel, ADAM_LR, ADAM_BETA1, ADAM_BETA2, ADAM_EPS,
                    d->decay ? ADAM_WD : 0.0f, ADAM_STEP2_SCALE, 2);
     }
-    ops->to_host(host, m.params, P * sizeof *host);
+    ops->to_host(ops->ctx, host, m.params, P * sizeof *host);
     write_bin(outdir, "params_after2.bin", host, sizeof *host, P);
 
     printf("ref_dump: %s (%s) B=%d T=%d%s params=%zu loss=%.9g -> %s\n", model_name,
            model_arch_name(cfg->arch), B, T, masked ? " masked" : "", P, (double)loss, outdir);
 
-    ops->free(mom);
-    ops->free(var);
+    ops->free(ops->ctx, mom);
+    ops->free(ops->ctx, var);
     free(grads);
     free(logits);
     free(targets);
     free(tokens);
     free(host);
     model_destroy(&m);
+    ops_release(ops);
     MPI_Finalize();
     return 0;
 }

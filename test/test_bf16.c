@@ -1,4 +1,4 @@
-/* bf16 <-> fp32 conversions (src/ops_math.h) and the CPU ops table's casts:
+/* bf16 <-> fp32 conversions (base/ops_math.h) and the CPU ops table's casts:
  *  - dt_f32_to_bf16 on all 2^32 fp32 bit patterns against an independent
  *    reference: the two bf16 neighbours of |x| by truncation, the nearer
  *    one chosen by comparing distances in double, ties to the even pattern;
@@ -6,9 +6,9 @@
  *  - every bf16 pattern decodes exactly (against a table built from the
  *    fields with ldexp) and survives dt_bf16_to_f32 -> dt_f32_to_bf16;
  *  - named vectors: ties, overflow, subnormals, signed zero, NaNs;
- *  - ops_cpu()'s cast_f32_to_bf16 / cast_bf16_to_f32 equal the scalar
+ *  - the CPU table's cast_f32_to_bf16 / cast_bf16_to_f32 equal the scalar
  *    helpers on buffers of several lengths;
- *  - ops_cpu()'s bf16 GEMMs against a double-precision reference on the same
+ *  - the CPU table's bf16 GEMMs against a double-precision reference on the same
  *    bf16 values, for shapes from 1x1x1 to ones the CPU splits into several
  *    panels: every element within 8 K 2^-24 sum_k |a_k b_k| (fp32 sums of
  *    exact products, any order), with and without bias, overwrite and
@@ -22,8 +22,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "src/ops.h"
-#include "src/ops_math.h"
+#include "base/ops_math.h"
+#include "src/ops_cpu.h"
 
 static int failures;
 
@@ -199,22 +199,21 @@ static void check_vectors(void)
     check(isnan(dt_bf16_to_f32(dt_f32_to_bf16(NAN))), "NAN -> NaN -> NaN");
 }
 
-/* A buffer through ops_cpu()'s casts equals the scalar helpers elementwise.
+/* A buffer through the CPU table's casts equals the scalar helpers elementwise.
  * Inputs: the named special patterns, then xorshift bit patterns. */
-static void check_ops_casts(void)
+static void check_ops_casts(const ops_t *ops)
 {
-    const ops_t *ops = ops_cpu();
     static const size_t lens[] = {1, 17, (1u << 20) + 7};
     static const uint32_t special[] = {0x00000000u, 0x80000000u, 0x3f808000u, 0x3f818000u, 0x7f7fffffu,
                                        0x7f800000u, 0xff800000u, 0x7f800001u, 0xffffffffu, 0x00008000u};
     uint64_t rng = 0x2545F4914F6CDD1Dull;
     for (size_t l = 0; l < sizeof lens / sizeof lens[0]; l++) {
         size_t n = lens[l];
-        float *x = ops->alloc(n * sizeof *x), *y = ops->alloc(n * sizeof *y);
-        uint16_t *h = ops->alloc(n * sizeof *h);
+        float *x = ops->alloc(ops->ctx, n * sizeof *x), *y = ops->alloc(ops->ctx, n * sizeof *y);
+        uint16_t *h = ops->alloc(ops->ctx, n * sizeof *h);
         if (!x || !y || !h) {
             check(0, "ops_cpu alloc");
-            ops->free(x), ops->free(y), ops->free(h);
+            ops->free(ops->ctx, x), ops->free(ops->ctx, y), ops->free(ops->ctx, h);
             return;
         }
         for (size_t i = 0; i < n; i++) {
@@ -225,8 +224,8 @@ static void check_ops_casts(void)
                                                                 : (uint32_t)((rng * 2685821657736338717ull) >> 32);
             x[i] = dt_bits_f32(u);
         }
-        ops->cast_f32_to_bf16(h, x, n);
-        ops->cast_bf16_to_f32(y, h, n);
+        ops->cast_f32_to_bf16(ops->ctx, h, x, n);
+        ops->cast_bf16_to_f32(ops->ctx, y, h, n);
         size_t bad_to = 0, bad_from = 0;
         for (size_t i = 0; i < n; i++) {
             bad_to += h[i] != dt_f32_to_bf16(x[i]);
@@ -238,26 +237,26 @@ static void check_ops_casts(void)
         snprintf(what, sizeof what, "ops_cpu cast_bf16_to_f32 n=%zu equals dt_bf16_to_f32: %zu mismatches", n,
                  bad_from);
         check(bad_from == 0, what);
-        ops->free(x), ops->free(y), ops->free(h);
+        ops->free(ops->ctx, x), ops->free(ops->ctx, y), ops->free(ops->ctx, h);
     }
     /* every bf16 pattern through the table */
-    uint16_t *h = ops->alloc(65536 * sizeof *h);
-    float *y = ops->alloc(65536 * sizeof *y);
+    uint16_t *h = ops->alloc(ops->ctx, 65536 * sizeof *h);
+    float *y = ops->alloc(ops->ctx, 65536 * sizeof *y);
     if (!h || !y) {
         check(0, "ops_cpu alloc");
-        ops->free(h), ops->free(y);
+        ops->free(ops->ctx, h), ops->free(ops->ctx, y);
         return;
     }
     for (uint32_t i = 0; i < 65536; i++)
         h[i] = (uint16_t)i;
-    ops->cast_bf16_to_f32(y, h, 65536);
+    ops->cast_bf16_to_f32(ops->ctx, y, h, 65536);
     size_t bad = 0;
     for (uint32_t i = 0; i < 65536; i++)
         bad += dt_f32_bits(y[i]) != (uint32_t)i << 16;
     char what[160];
     snprintf(what, sizeof what, "ops_cpu cast_bf16_to_f32 on all 65536 bf16 patterns: %zu mismatches", bad);
     check(bad == 0, what);
-    ops->free(h), ops->free(y);
+    ops->free(ops->ctx, h), ops->free(ops->ctx, y);
 }
 
 /* ---- bf16 GEMMs ------------------------------------------------------------------------ */
@@ -314,7 +313,7 @@ static void check_gemm_shape(const ops_t *ops, int N, int IC, int OC, int with_b
     char what[200];
 
     /* forward: out = in . w^T + b */
-    ops->matmul_fwd_bf16(out, in, w, with_bias ? b : NULL, N, IC, OC);
+    ops->matmul_fwd_bf16(ops->ctx, out, in, w, with_bias ? b : NULL, N, IC, OC);
     for (int n = 0; n < N; n++)
         for (int o = 0; o < OC; o++) {
             double acc = with_bias ? b[o] : 0.0, m = with_bias ? fabs(b[o]) : 0.0;
@@ -333,7 +332,7 @@ static void check_gemm_shape(const ops_t *ops, int N, int IC, int OC, int with_b
 
     /* backward, twice: overwrite, then accumulate onto the first result */
     for (int pass = 0; pass < 2; pass++) {
-        ops->matmul_bwd_bf16(din, dw, db, d16, dout, in, w, N, IC, OC, pass, pass);
+        ops->matmul_bwd_bf16(ops->ctx, din, dw, db, d16, dout, in, w, N, IC, OC, pass, pass);
         for (int n = 0; n < N; n++)
             for (int k = 0; k < IC; k++) {
                 double acc = 0.0, m = 0.0;
@@ -382,16 +381,15 @@ static void check_gemm_shape(const ops_t *ops, int N, int IC, int OC, int with_b
     /* NULL outputs are left alone: din only must not touch dw or db */
     dw[0] = 12345.0f;
     db[0] = 54321.0f;
-    ops->matmul_bwd_bf16(din, NULL, NULL, d16, dout, in, w, N, IC, OC, 0, 0);
+    ops->matmul_bwd_bf16(ops->ctx, din, NULL, NULL, d16, dout, in, w, N, IC, OC, 0, 0);
     snprintf(what, sizeof what, "matmul_bwd_bf16 %dx%dx%d: NULL outputs untouched", N, IC, OC);
     check(dw[0] == 12345.0f && db[0] == 54321.0f, what);
 done:
     free(in), free(w), free(d16), free(b), free(dout), free(out), free(din), free(dw), free(db), free(ref), free(mag);
 }
 
-static void check_gemm(void)
+static void check_gemm(const ops_t *ops)
 {
-    const ops_t *ops = ops_cpu();
     check_gemm_shape(ops, 1, 1, 1, 1);
     check_gemm_shape(ops, 37, 61, 29, 0);
     check_gemm_shape(ops, 37, 61, 29, 1);
@@ -409,13 +407,13 @@ static void check_gemm(void)
     for (int acc = 0; acc <= 1; acc++) {
         for (int k = 0; k < 6; k++)
             din[k] = 7.0f;
-        ops->matmul_bwd(din, NULL, NULL, &one, &one, &one, 2, 3, 0, acc, 0);
+        ops->matmul_bwd(ops->ctx, din, NULL, NULL, &one, &one, &one, 2, 3, 0, acc, 0);
         int ok = 1;
         for (int k = 0; k < 6; k++)
             ok &= din[k] == (acc ? 7.0f : 0.0f);
         for (int k = 0; k < 6; k++)
             din[k] = 7.0f;
-        ops->matmul_bwd_bf16(din, NULL, NULL, &one16, &one, &one16, &one16, 2, 3, 0, acc, 0);
+        ops->matmul_bwd_bf16(ops->ctx, din, NULL, NULL, &one16, &one, &one16, &one16, 2, 3, 0, acc, 0);
         for (int k = 0; k < 6; k++)
             ok &= din[k] == (acc ? 7.0f : 0.0f);
         check(ok, acc ? "matmul_bwd(_bf16) with OC 0, accumulating: din unchanged"
@@ -426,16 +424,18 @@ static void check_gemm(void)
 int main(void)
 {
     double *tab = malloc(TAB_N * sizeof *tab);
-    if (!tab) {
+    const ops_t *ops = ops_cpu_create();
+    if (!tab || !ops) {
         fprintf(stderr, "test_bf16: out of memory\n");
         return 99;
     }
     build_table(tab);
     check_vectors();
     check_roundtrip(tab);
-    check_ops_casts();
-    check_gemm();
+    check_ops_casts(ops);
+    check_gemm(ops);
     check_exhaustive(tab);
+    ops_release(ops);
     free(tab);
     printf("%s: %d failure(s)\n", failures ? "FAIL" : "ok  ", failures);
     return failures ? 1 : 0;

@@ -13,7 +13,8 @@
 
 #include "mpi/comm.h"
 #include "mpi/ddp.h"
-#include "src/ops_math.h"
+#include "base/ops_math.h"
+#include "src/ops_cpu.h"
 
 #include <math.h>
 #include <mpi.h>
@@ -24,6 +25,7 @@
 #include <string.h>
 
 static int g_rank, g_size, g_checks, g_fails;
+static const ops_t *g_ops; /* the CPU backend the DDP checks run on */
 
 static void die(const char *what)
 {
@@ -402,14 +404,14 @@ static void check_errors(comm_t *c)
     float g[10] = {0};
     size_t bad1[] = {0, 6, 4}, bad2[] = {0, 4, 11}, bad3[] = {2, 4};
     ddp_t dd;
-    ok = ddp_create(&dd, ops_cpu(), DDP_BUCKETED, c, g, 10, bad1, 3, 16, COMM_FP32) == -1 &&
+    ok = ddp_create(&dd, g_ops, NULL, DDP_BUCKETED, c, g, 10, bad1, 3, 16, COMM_FP32) == -1 &&
          strstr(c->err, "ddp: tensor 2 starts at 4");
     snprintf(d, sizeof d, "err '%.400s'", c->err);
-    ok = ok && ddp_create(&dd, ops_cpu(), DDP_BUCKETED, c, g, 10, bad2, 3, 16, COMM_FP32) == -1 &&
-         ddp_create(&dd, ops_cpu(), DDP_FLAT, c, g, 10, bad3, 2, 16, COMM_FP32) == -1;
+    ok = ok && ddp_create(&dd, g_ops, NULL, DDP_BUCKETED, c, g, 10, bad2, 3, 16, COMM_FP32) == -1 &&
+         ddp_create(&dd, g_ops, NULL, DDP_FLAT, c, g, 10, bad3, 2, 16, COMM_FP32) == -1;
     check(ok, d, "ddp_create rejects descending, out-of-range and non-zero first offsets: %.400s", c->err);
     size_t one[] = {0};
-    ok = ddp_create(&dd, NULL, DDP_FLAT, c, g, 10, one, 1, 16, COMM_FP32) == -1 && strstr(c->err, "invalid arguments");
+    ok = ddp_create(&dd, NULL, NULL, DDP_FLAT, c, g, 10, one, 1, 16, COMM_FP32) == -1 && strstr(c->err, "invalid arguments");
     check(ok, "", "ddp_create without an ops table fails: %.400s", c->err);
 }
 
@@ -542,7 +544,7 @@ static void ddp_exact(comm_t *c, const char *label, comm_dtype_t dt)
         const ddp_cfg_t *cf = &ddp_cfgs[k];
         const size_t cap = cf->bytes / sizeof(float);
         ddp_t dd;
-        int ok = ddp_create(&dd, ops_cpu(), cf->mode, c, g, n, starts, N_TENSORS, cf->bytes, dt) == 0;
+        int ok = ddp_create(&dd, g_ops, NULL, cf->mode, c, g, n, starts, N_TENSORS, cf->bytes, dt) == 0;
         if (!ok)
             snprintf(d, sizeof d, "ddp_create: %.400s", c->err);
         else if ((dd.half != NULL) != (dt == COMM_BF16 && p > 1)) {
@@ -665,7 +667,7 @@ static void ddp_random(comm_t *c, const char *label)
         /* k = -1: flat, the reference */
         const ddp_cfg_t cf = k < 0 ? (ddp_cfg_t){DDP_FLAT, 0} : ddp_cfgs[k];
         ddp_t dd;
-        int ok = ddp_create(&dd, ops_cpu(), cf.mode, c, g, n, starts, N_TENSORS, cf.bytes, COMM_FP32) == 0 &&
+        int ok = ddp_create(&dd, g_ops, NULL, cf.mode, c, g, n, starts, N_TENSORS, cf.bytes, COMM_FP32) == 0 &&
                  ddp_two_random_steps(&dd, g, first, n, starts, q);
         if (!ok)
             snprintf(d, sizeof d, "%.400s", c->err);
@@ -967,7 +969,7 @@ static void ddp_bf16_random(comm_t *c, const char *label)
     for (int k = 0; k < N_CFGS; k++) {
         const ddp_cfg_t cf = ddp_cfgs[k];
         ddp_t dd;
-        int ok = ddp_create(&dd, ops_cpu(), cf.mode, c, g, n, starts, N_TENSORS, cf.bytes, COMM_BF16) == 0 &&
+        int ok = ddp_create(&dd, g_ops, NULL, cf.mode, c, g, n, starts, N_TENSORS, cf.bytes, COMM_BF16) == 0 &&
                  ddp_two_random_steps(&dd, g, first, n, starts, q);
         if (!ok)
             snprintf(d, sizeof d, "%.400s", c->err);
@@ -1018,6 +1020,8 @@ int main(int argc, char **argv)
     comm_t *world = comm_mpi_create(&world_mpi);
     if (!world)
         die("comm_mpi_create(MPI_COMM_WORLD) failed");
+    if (!(g_ops = ops_cpu_create()))
+        die("out of memory for the CPU backend");
     check_subcomm(world);
     run_collectives(world, "world");
     run_typed(world, "world");
@@ -1076,6 +1080,7 @@ int main(int argc, char **argv)
     chunked->ops->destroy(chunked);
     sub->ops->destroy(sub);
     world->ops->destroy(world);
+    ops_release(g_ops);
     if (g_rank == 0)
         printf("np=%d: %d checks, %d failure(s)\n", g_size, g_checks, g_fails);
     fflush(stdout);

@@ -35,7 +35,7 @@
 #include "src/docmask.h"
 #include "src/model.h"
 #include "src/model_config.h"
-#include "src/ops.h"
+#include "src/ops_cpu.h"
 
 #define TOL 1e-6
 enum { B = 2, T = 150, N = B * T };
@@ -88,13 +88,13 @@ static void make_batch(int V, int32_t doc, int32_t *tok, int32_t *tgt)
     }
 }
 
-static int create(model_t *m, const model_config_t *c, model_recompute_t rc)
+static int create(model_t *m, const model_config_t *c, const ops_t *ops, model_recompute_t rc)
 {
     char err[256];
     model_layout_t lay = model_layout_single(c);
     lay.doc_mask = 1;
     lay.recompute = rc;
-    if (model_create(m, c, ops_cpu(), &lay, B, T, err, sizeof err) != 0 || model_init_params(m, 7) != 0) {
+    if (model_create(m, c, ops, &lay, B, T, err, sizeof err) != 0 || model_init_params(m, 7) != 0) {
         fprintf(stderr, "test_docmask: model_create: %s\n", err);
         return -1;
     }
@@ -108,7 +108,7 @@ static double packed(model_t *m, const int32_t *tok, const int32_t *pos, const i
     float loss = model_forward(m, 0, tok, pos, tgt, B, T, 1.0f);
     if (model_backward(m, 0, 0, 1) != 0)
         return NAN;
-    m->ops->to_host(grads, m->grads, m->table.numel * sizeof(float));
+    m->ops->to_host(m->ops->ctx, grads, m->grads, m->table.numel * sizeof(float));
     return loss;
 }
 
@@ -129,7 +129,7 @@ static double one_by_one(model_t *m, const int32_t *tok, const int32_t *pos, con
         first = 0;
         n += L;
     }
-    m->ops->to_host(grads, m->grads, m->table.numel * sizeof(float));
+    m->ops->to_host(m->ops->ctx, grads, m->grads, m->table.numel * sizeof(float));
     return loss;
 }
 
@@ -168,8 +168,10 @@ static double worst_tensor(const param_table_t *tab, const float *a, const float
 static void test_model(const char *preset)
 {
     const model_config_t *c = &model_preset_find(preset)->cfg;
+    const ops_t *ops = ops_cpu_create();
     model_t m;
-    if (create(&m, c, MODEL_RECOMPUTE_NONE) != 0) {
+    if (!ops || create(&m, c, ops, MODEL_RECOMPUTE_NONE) != 0) {
+        ops_release(ops);
         n_fail++;
         return;
     }
@@ -198,7 +200,7 @@ static void test_model(const char *preset)
     /* recomputation reuses the slot's positions: the same bits */
     for (int rc = MODEL_RECOMPUTE_SELECTIVE; rc <= MODEL_RECOMPUTE_FULL; rc++) {
         model_t r;
-        if (create(&r, c, (model_recompute_t)rc) != 0) {
+        if (create(&r, c, ops, (model_recompute_t)rc) != 0) {
             n_fail++;
             continue;
         }
@@ -209,18 +211,18 @@ static void test_model(const char *preset)
         model_destroy(&r);
     }
     free(tok), free(tgt), free(pos), free(g1), free(g2), free(g3);
+    ops_release(ops);
 }
 
 /* Best of 5 timed attention_fwd + attention_bwd calls, in ms. */
-static double time_attention(const int32_t *pos, const float *qkv, const float *dout, float *out, float *lse,
-                             float *dqkv, int b, int t, int nh, int hs)
+static double time_attention(const ops_t *o, const int32_t *pos, const float *qkv, const float *dout, float *out,
+                             float *lse, float *dqkv, int b, int t, int nh, int hs)
 {
-    const ops_t *o = ops_cpu();
     double best = 1e30;
     for (int it = 0; it < 6; it++) {
         double t0 = now_s();
-        o->attention_fwd(out, lse, qkv, pos, b, t, nh, nh, hs);
-        o->attention_bwd(dqkv, dout, qkv, out, lse, pos, b, t, nh, nh, hs);
+        o->attention_fwd(o->ctx, out, lse, qkv, pos, b, t, nh, nh, hs);
+        o->attention_bwd(o->ctx, dqkv, dout, qkv, out, lse, pos, b, t, nh, nh, hs);
         double dt = now_s() - t0;
         if (it > 0 && dt < best)
             best = dt;
@@ -256,8 +258,14 @@ static int bench(int argc, char **argv)
             docs += start;
             left--;
         }
-    double full = time_attention(NULL, qkv, dout, out, lse, dqkv, b, t, nh, hs);
-    double masked = time_attention(pos, qkv, dout, out, lse, dqkv, b, t, nh, hs);
+    const ops_t *o = ops_cpu_create();
+    if (!o) {
+        fprintf(stderr, "test_docmask: out of memory for the CPU backend\n");
+        return 1;
+    }
+    double full = time_attention(o, NULL, qkv, dout, out, lse, dqkv, b, t, nh, hs);
+    double masked = time_attention(o, pos, qkv, dout, out, lse, dqkv, b, t, nh, hs);
+    ops_release(o);
     printf("attention fwd+bwd, CPU, %d threads: B %d T %d NH %d HS %d; %zu documents of mean length %.0f\n",
            ops_cpu_threads(0), b, t, nh, hs, docs, (double)n / (double)docs);
     printf("unmasked %.1f ms, --doc-mask %.1f ms: %.2fx faster\n", full, masked, full / masked);

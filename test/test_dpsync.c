@@ -22,7 +22,7 @@
 #include "mpi/comm.h"
 #include "mpi/dpsync.h"
 #include "mpi/launch.h"
-#include "src/ops.h"
+#include "src/ops_cpu.h"
 
 #define NT 10
 static const size_t numel[NT] = {7, 5, 4, 6, 3, 4, 6, 3, 2, 9};
@@ -96,11 +96,12 @@ static void run_stage(comm_t *world, int stage, int rank)
         expect[i] = S > 1 ? sum * (1.0f / (float)S) : sum;
         host[i] = 0.5f * (float)i;
     }
-    const dpsync_config_t c = {.ops = ops_cpu(), .dp = world, .params = params, .grads = grads, .n = n,
+    const ops_t *cpu = ops_cpu_create();
+    const dpsync_config_t c = {.ops = cpu, .dp = world, .params = params, .grads = grads, .n = n,
                                .n_tensors = NT, .tensor_start = start, .tensor_block = block, .tensor_norm = norm,
                                .mode = DDP_BUCKETED, .bucket_bytes = 40, .dtype = COMM_FP32};
     dpsync_t s;
-    int ok = kind && dpsync_create(&s, kind, &c) == 0;
+    int ok = cpu && kind && dpsync_create(&s, kind, &c) == 0;
     check(ok, rank, "dpsync_create", stage);
     if (!ok)
         goto out;
@@ -175,6 +176,7 @@ static void run_stage(comm_t *world, int stage, int rank)
     free(back);
     dpsync_destroy(&s);
 out:
+    ops_release(cpu);
     free(params);
     free(grads);
     free(host);

@@ -1,5 +1,5 @@
 /* Checks every op of the CPU ops table against a double-precision reference
- * written here, independently of src/ops_math.h:
+ * written here, independently of base/ops_math.h:
  *   - forward: fp32 output vs the double reference, max|got - ref| / max|ref|
  *     <= FWD_TOL;
  *   - backward: fp32 analytic gradient of L = sum(out o R) (R fixed random)
@@ -10,8 +10,8 @@
  *   - AdamW against PyTorch 1.13's AdamW formula in double for 3 steps;
  *   - bit-identical reductions for 1..4 threads.
  * Prints one line per check; exits 1 if any check fails. */
-#include "src/ops.h"
-#include "src/ops_math.h"
+#include "base/ops_math.h"
+#include "src/ops_cpu.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -216,17 +216,17 @@ static void test_matmul(void)
     mm_ctx c = {N, IC, OC, todouble(in, nin), todouble(w, nw), todouble(b, OC),
                 todouble(R, nout), xmalloc(nout * sizeof(double))};
 
-    ops->matmul_fwd(out, in, w, b, N, IC, OC);
+    ops->matmul_fwd(ops->ctx, out, in, w, b, N, IC, OC);
     loss_matmul(&c);
     check("matmul_fwd (bias)", rel_err(out, c.out, nout), FWD_TOL);
     float *out_nb = fnan(nout);
     double *ref_nb = xmalloc(nout * sizeof(double));
-    ops->matmul_fwd(out_nb, in, w, NULL, N, IC, OC);
+    ops->matmul_fwd(ops->ctx, out_nb, in, w, NULL, N, IC, OC);
     ref_matmul(ref_nb, c.in, c.w, NULL, N, IC, OC);
     check("matmul_fwd (no bias)", rel_err(out_nb, ref_nb, nout), FWD_TOL);
 
     float *din = fnan(nin), *dw = fnan(nw), *db = fnan(OC);
-    ops->matmul_bwd(din, dw, db, R, in, w, N, IC, OC, 0, 0);
+    ops->matmul_bwd(ops->ctx, din, dw, db, R, in, w, N, IC, OC, 0, 0);
     double *g = xmalloc(nw * sizeof(double));
     fd_grad(g, c.in, nin, loss_matmul, &c);
     check("matmul_bwd din vs FD", rel_err(din, g, nin), BWD_TOL);
@@ -236,14 +236,14 @@ static void test_matmul(void)
     check("matmul_bwd db vs FD", rel_err(db, g, OC), BWD_TOL);
 
     float *din2 = fdup(din, nin), *dw2 = fdup(dw, nw), *db2 = fdup(db, OC);
-    ops->matmul_bwd(din2, dw2, db2, R, in, w, N, IC, OC, 1, 1);
+    ops->matmul_bwd(ops->ctx, din2, dw2, db2, R, in, w, N, IC, OC, 1, 1);
     check("matmul_bwd accum=1 doubles din", doubling_err(din, din2, nin), ACC_TOL);
     check("matmul_bwd accum=1 doubles dw", doubling_err(dw, dw2, nw), ACC_TOL);
     check("matmul_bwd accum=1 doubles db", doubling_err(db, db2, OC), ACC_TOL);
 
     /* NULL outputs are skipped; the others are still right */
     float *dw3 = fnan(nw);
-    ops->matmul_bwd(NULL, dw3, NULL, R, in, w, N, IC, OC, 0, 0);
+    ops->matmul_bwd(ops->ctx, NULL, dw3, NULL, R, in, w, N, IC, OC, 0, 0);
     check_true("matmul_bwd din=db=NULL leaves dw identical", memcmp(dw3, dw, nw * 4) == 0);
 
     free(in); free(w); free(b); free(R); free(out); free(out_nb); free(ref_nb);
@@ -262,11 +262,11 @@ static void test_matmul_medium(void)
     float *din = fnan(nin), *dw = fnan(nw), *db = fnan(OC);
     double *rin = todouble(in, nin), *rw = todouble(w, nw), *rb = todouble(b, OC);
     double *rout = xmalloc(nout * sizeof(double));
-    ops->matmul_fwd(out, in, w, b, N, IC, OC);
+    ops->matmul_fwd(ops->ctx, out, in, w, b, N, IC, OC);
     ref_matmul(rout, rin, rw, rb, N, IC, OC);
     check("matmul_fwd 64x96x80 vs double", rel_err(out, rout, nout), FWD_TOL);
 
-    ops->matmul_bwd(din, dw, db, dout, in, w, N, IC, OC, 0, 0);
+    ops->matmul_bwd(ops->ctx, din, dw, db, dout, in, w, N, IC, OC, 0, 0);
     double *r = xmalloc(nw * sizeof(double));
     for (int n = 0; n < N; n++)
         for (int i = 0; i < IC; i++) {
@@ -345,9 +345,9 @@ static void test_norm(int rms)
                   xmalloc(N * sizeof(double))};
     loss_norm(&c);
     if (rms)
-        ops->rmsnorm_fwd(out, rstd, x, w, N, C, eps);
+        ops->rmsnorm_fwd(ops->ctx, out, rstd, x, w, N, C, eps);
     else
-        ops->layernorm_fwd(out, mean, rstd, x, w, b, N, C, eps);
+        ops->layernorm_fwd(ops->ctx, out, mean, rstd, x, w, b, N, C, eps);
     snprintf(name, sizeof name, "%s_fwd out", op);
     check(name, rel_err(out, c.out, nx), FWD_TOL);
     snprintf(name, sizeof name, "%s_fwd rstd", op);
@@ -358,9 +358,9 @@ static void test_norm(int rms)
     /* din accumulates onto D0; dw/db overwrite NaN garbage with accum = 0 */
     float *D0 = frandv(nx, -1, 1), *din = fdup(D0, nx), *dw = fnan(C), *db = fnan(C);
     if (rms)
-        ops->rmsnorm_bwd(din, dw, R, x, w, rstd, N, C, 0);
+        ops->rmsnorm_bwd(ops->ctx, din, dw, R, x, w, rstd, N, C, 0);
     else
-        ops->layernorm_bwd(din, dw, db, R, x, w, mean, rstd, N, C, 0);
+        ops->layernorm_bwd(ops->ctx, din, dw, db, R, x, w, mean, rstd, N, C, 0);
     double *g = xmalloc(nx * sizeof(double)), *dd = xmalloc(nx * sizeof(double));
     for (size_t i = 0; i < nx; i++)
         dd[i] = (double)din[i] - (double)D0[i];
@@ -377,9 +377,9 @@ static void test_norm(int rms)
 
     float *dw2 = fdup(dw, C), *db2 = fdup(db, C), *din2 = fdup(din, nx);
     if (rms)
-        ops->rmsnorm_bwd(din2, dw2, R, x, w, rstd, N, C, 1);
+        ops->rmsnorm_bwd(ops->ctx, din2, dw2, R, x, w, rstd, N, C, 1);
     else
-        ops->layernorm_bwd(din2, dw2, db2, R, x, w, mean, rstd, N, C, 1);
+        ops->layernorm_bwd(ops->ctx, din2, dw2, db2, R, x, w, mean, rstd, N, C, 1);
     snprintf(name, sizeof name, "%s_bwd accum=1 doubles dw", op);
     check(name, doubling_err(dw, dw2, C), ACC_TOL);
     if (!rms)
@@ -497,18 +497,18 @@ static void test_rope(const int32_t *pos)
     at_ctx c = {B, T, NH, NKV, HS, 1, 0, theta, todouble(qkv, nqkv), todouble(R, nqkv),
                 xmalloc(nqkv * sizeof(double)), NULL, NULL, pos};
     float *y = fdup(qkv, nqkv);
-    ops->rope_fwd(y, pos, B, T, NH, NKV, HS, theta);
+    ops->rope_fwd(ops->ctx, y, pos, B, T, NH, NKV, HS, theta);
     loss_at(&c);
     snprintf(name, sizeof name, "rope_fwd (q, k rotated; v untouched)%s", tag);
     check(name, rel_err(y, c.tmp, nqkv), FWD_TOL);
     float *dy = fdup(R, nqkv);
-    ops->rope_bwd(dy, pos, B, T, NH, NKV, HS, theta);
+    ops->rope_bwd(ops->ctx, dy, pos, B, T, NH, NKV, HS, theta);
     double *g = xmalloc(nqkv * sizeof(double));
     fd_grad(g, c.qkv, nqkv, loss_at, &c);
     snprintf(name, sizeof name, "rope_bwd vs FD%s", tag);
     check(name, rel_err(dy, g, nqkv), BWD_TOL);
     /* the backward is the inverse: rope_bwd(rope_fwd(x)) = x */
-    ops->rope_bwd(y, pos, B, T, NH, NKV, HS, theta);
+    ops->rope_bwd(ops->ctx, y, pos, B, T, NH, NKV, HS, theta);
     snprintf(name, sizeof name, "rope_bwd(rope_fwd(x)) = x%s", tag);
     check(name, rel_err(y, c.qkv, nqkv), FWD_TOL);
     free(qkv); free(R); free(y); free(dy); free(g); free(c.qkv); free(c.R); free(c.tmp);
@@ -536,8 +536,8 @@ static void test_attention(int B, int T, int NH, int NKV, int HS, int rope, int 
 
     float *x = fdup(qkv, nqkv), *out = fnan(nout), *lse = fnan(nlse);
     if (rope)
-        ops->rope_fwd(x, pos, B, T, NH, NKV, HS, theta);
-    ops->attention_fwd(out, lse, x, pos, B, T, NH, NKV, HS);
+        ops->rope_fwd(ops->ctx, x, pos, B, T, NH, NKV, HS, theta);
+    ops->attention_fwd(ops->ctx, out, lse, x, pos, B, T, NH, NKV, HS);
     snprintf(name, sizeof name, "attention_fwd out  %s", tag);
     check(name, rel_err(out, c.out, nout), FWD_TOL);
     /* lse = log sum_{j<=t} exp(q_t . k_j / sqrt(HS)), in double from the
@@ -568,9 +568,9 @@ static void test_attention(int B, int T, int NH, int NKV, int HS, int rope, int 
     check(name, rel_err(lse, lse_ref, nlse), FWD_TOL);
 
     float *dqkv = fnan(nqkv);
-    ops->attention_bwd(dqkv, dout, x, out, lse, pos, B, T, NH, NKV, HS);
+    ops->attention_bwd(ops->ctx, dqkv, dout, x, out, lse, pos, B, T, NH, NKV, HS);
     if (rope)
-        ops->rope_bwd(dqkv, pos, B, T, NH, NKV, HS, theta);
+        ops->rope_bwd(ops->ctx, dqkv, pos, B, T, NH, NKV, HS, theta);
     double *g = xmalloc(nqkv * sizeof(double));
     fd_grad(g, c.qkv, nqkv, loss_at, &c);
     snprintf(name, sizeof name, "attention_bwd dqkv vs FD  %s", tag);
@@ -615,21 +615,21 @@ static void test_gelu(void)
     x[0] = 0.0f; x[1] = -20.0f; x[2] = 20.0f; x[3] = -1e-3f; /* tails and the origin */
     act_ctx c = {n, 0, 0, todouble(x, n), todouble(R, n), xmalloc(n * sizeof(double))};
     loss_act(&c);
-    ops->gelu_fwd(out, x, n);
+    ops->gelu_fwd(ops->ctx, out, x, n);
     check("gelu_fwd vs tanh formula", rel_err(out, c.out, n), FWD_TOL);
-    ops->gelu_bwd(dx, x, R, n);
+    ops->gelu_bwd(ops->ctx, dx, x, R, n);
     double *g = xmalloc(n * sizeof(double));
     fd_grad(g, c.x, n, loss_act, &c);
     check("gelu_bwd vs FD", rel_err(dx, g, n), BWD_TOL);
     /* in place (dx aliasing dout), as a fused caller may do */
     float *d2 = fdup(R, n);
-    ops->gelu_bwd(d2, x, d2, n);
+    ops->gelu_bwd(ops->ctx, d2, x, d2, n);
     check_true("gelu_bwd dx aliasing dout gives same bits", memcmp(d2, dx, n * 4) == 0);
     free(x); free(R); free(out); free(dx); free(g); free(d2); free(c.x); free(c.R); free(c.out);
 }
 
 /* The fused GEMM + GELU ops are, on the CPU, the separate ops bit for bit
- * (src/ops.h), in fp32 and bf16 and for the backward's dw and db too; the
+ * (base/ops.h), in fp32 and bf16 and for the backward's dw and db too; the
  * separate ops are checked against formulas and FD above. */
 static void test_matmul_gelu(int N, int IC, int OC)
 {
@@ -639,9 +639,9 @@ static void test_matmul_gelu(int N, int IC, int OC)
     float *pre2 = fnan((size_t)N * OC), *out2 = fnan((size_t)N * OC);
     char what[96];
     /* forward: pre = in . w^T + b, out = gelu(pre) */
-    ops->matmul_gelu_fwd(out, pre, in, w, b, N, IC, OC);
-    ops->matmul_fwd(pre2, in, w, b, N, IC, OC);
-    ops->gelu_fwd(out2, pre2, (size_t)N * OC);
+    ops->matmul_gelu_fwd(ops->ctx, out, pre, in, w, b, N, IC, OC);
+    ops->matmul_fwd(ops->ctx, pre2, in, w, b, N, IC, OC);
+    ops->gelu_fwd(ops->ctx, out2, pre2, (size_t)N * OC);
     snprintf(what, sizeof what, "matmul_gelu_fwd %dx%dx%d = matmul_fwd, gelu_fwd (bits)", N, IC, OC);
     check_true(what, !memcmp(pre, pre2, (size_t)N * OC * 4) && !memcmp(out, out2, (size_t)N * OC * 4));
     /* backward of a matmul [N,OC] -> [N,OC2] whose input was gelu(pre) */
@@ -651,37 +651,37 @@ static void test_matmul_gelu(int N, int IC, int OC)
     float *din2 = fnan((size_t)N * OC), *dw2 = fdup(dw, (size_t)OC2 * OC), *db2 = fdup(db, OC2);
     float *tmp = fnan((size_t)N * OC);
     for (int accum = 0; accum <= 1; accum++) {
-        ops->matmul_dgelu_bwd(din, dw, db, d2, out, pre, w2, N, OC, OC2, accum);
-        ops->matmul_bwd(tmp, dw2, db2, d2, out, w2, N, OC, OC2, 0, accum);
-        ops->gelu_bwd(din2, pre, tmp, (size_t)N * OC);
+        ops->matmul_dgelu_bwd(ops->ctx, din, dw, db, d2, out, pre, w2, N, OC, OC2, accum);
+        ops->matmul_bwd(ops->ctx, tmp, dw2, db2, d2, out, w2, N, OC, OC2, 0, accum);
+        ops->gelu_bwd(ops->ctx, din2, pre, tmp, (size_t)N * OC);
         snprintf(what, sizeof what, "matmul_dgelu_bwd %dx%dx%d accum %d = matmul_bwd, gelu_bwd (bits)", N, OC, OC2,
                  accum);
         check_true(what, !memcmp(din, din2, (size_t)N * OC * 4) && !memcmp(dw, dw2, (size_t)OC2 * OC * 4) &&
                              !memcmp(db, db2, (size_t)OC2 * 4));
     }
     /* din not wanted (NULL): dw and db as before, nothing else touched */
-    ops->matmul_dgelu_bwd(NULL, dw, db, d2, out, pre, w2, N, OC, OC2, 0);
-    ops->matmul_bwd(NULL, dw2, db2, d2, out, w2, N, OC, OC2, 0, 0);
+    ops->matmul_dgelu_bwd(ops->ctx, NULL, dw, db, d2, out, pre, w2, N, OC, OC2, 0);
+    ops->matmul_bwd(ops->ctx, NULL, dw2, db2, d2, out, w2, N, OC, OC2, 0, 0);
     snprintf(what, sizeof what, "matmul_dgelu_bwd %dx%dx%d with din NULL: dw, db as matmul_bwd (bits)", N, OC, OC2);
     check_true(what, !memcmp(dw, dw2, (size_t)OC2 * OC * 4) && !memcmp(db, db2, (size_t)OC2 * 4));
     /* bf16 operands */
     uint16_t *in16 = xmalloc((size_t)N * IC * 2), *w16 = xmalloc((size_t)OC * IC * 2);
     uint16_t *out16 = xmalloc((size_t)N * OC * 2), *w216 = xmalloc((size_t)OC2 * OC * 2);
     uint16_t *d216 = xmalloc((size_t)N * OC2 * 2);
-    ops->cast_f32_to_bf16(in16, in, (size_t)N * IC);
-    ops->cast_f32_to_bf16(w16, w, (size_t)OC * IC);
-    ops->matmul_gelu_fwd_bf16(out, pre, in16, w16, b, N, IC, OC);
-    ops->matmul_fwd_bf16(pre2, in16, w16, b, N, IC, OC);
-    ops->gelu_fwd(out2, pre2, (size_t)N * OC);
+    ops->cast_f32_to_bf16(ops->ctx, in16, in, (size_t)N * IC);
+    ops->cast_f32_to_bf16(ops->ctx, w16, w, (size_t)OC * IC);
+    ops->matmul_gelu_fwd_bf16(ops->ctx, out, pre, in16, w16, b, N, IC, OC);
+    ops->matmul_fwd_bf16(ops->ctx, pre2, in16, w16, b, N, IC, OC);
+    ops->gelu_fwd(ops->ctx, out2, pre2, (size_t)N * OC);
     snprintf(what, sizeof what, "matmul_gelu_fwd_bf16 %dx%dx%d = matmul_fwd_bf16, gelu_fwd (bits)", N, IC, OC);
     check_true(what, !memcmp(pre, pre2, (size_t)N * OC * 4) && !memcmp(out, out2, (size_t)N * OC * 4));
-    ops->cast_f32_to_bf16(out16, out, (size_t)N * OC);
-    ops->cast_f32_to_bf16(w216, w2, (size_t)OC2 * OC);
-    ops->cast_f32_to_bf16(d216, d2, (size_t)N * OC2);
+    ops->cast_f32_to_bf16(ops->ctx, out16, out, (size_t)N * OC);
+    ops->cast_f32_to_bf16(ops->ctx, w216, w2, (size_t)OC2 * OC);
+    ops->cast_f32_to_bf16(ops->ctx, d216, d2, (size_t)N * OC2);
     for (int accum = 0; accum <= 1; accum++) {
-        ops->matmul_dgelu_bwd_bf16(din, dw, db, d216, d2, out16, pre, w216, N, OC, OC2, accum);
-        ops->matmul_bwd_bf16(tmp, dw2, db2, d216, d2, out16, w216, N, OC, OC2, 0, accum);
-        ops->gelu_bwd(din2, pre, tmp, (size_t)N * OC);
+        ops->matmul_dgelu_bwd_bf16(ops->ctx, din, dw, db, d216, d2, out16, pre, w216, N, OC, OC2, accum);
+        ops->matmul_bwd_bf16(ops->ctx, tmp, dw2, db2, d216, d2, out16, w216, N, OC, OC2, 0, accum);
+        ops->gelu_bwd(ops->ctx, din2, pre, tmp, (size_t)N * OC);
         snprintf(what, sizeof what, "matmul_dgelu_bwd_bf16 %dx%dx%d accum %d = matmul_bwd_bf16, gelu_bwd (bits)",
                  N, OC, OC2, accum);
         check_true(what, !memcmp(din, din2, (size_t)N * OC * 4) && !memcmp(dw, dw2, (size_t)OC2 * OC * 4) &&
@@ -700,9 +700,9 @@ static void test_swiglu(void)
     gu[0] = -30.0f; gu[1] = 30.0f;
     act_ctx c = {N, F, 1, todouble(gu, ngu), todouble(R, nout), xmalloc(nout * sizeof(double))};
     loss_act(&c);
-    ops->swiglu_fwd(out, gu, N, F);
+    ops->swiglu_fwd(ops->ctx, out, gu, N, F);
     check("swiglu_fwd", rel_err(out, c.out, nout), FWD_TOL);
-    ops->swiglu_bwd(dgu, gu, R, N, F);
+    ops->swiglu_bwd(ops->ctx, dgu, gu, R, N, F);
     double *g = xmalloc(ngu * sizeof(double));
     fd_grad(g, c.x, ngu, loss_act, &c);
     check("swiglu_bwd (gate and up) vs FD", rel_err(dgu, g, ngu), BWD_TOL);
@@ -737,18 +737,18 @@ static void test_embedding(void)
     emb_ctx c = {N, T, C, V, tok, NULL, todouble(wte, nwte), todouble(wpe, nwpe), todouble(R, nout),
                  xmalloc(nout * sizeof(double))};
     loss_emb(&c);
-    ops->embedding_fwd(out, tok, NULL, wte, wpe, N, T, C, 0, V);
+    ops->embedding_fwd(ops->ctx, out, tok, NULL, wte, wpe, N, T, C, 0, V);
     check("embedding_fwd (wte + wpe)", rel_err(out, c.out, nout), FWD_TOL);
 
     float *dwte = fnan(nwte), *dwpe = fnan(nwpe);
-    ops->embedding_bwd(dwte, dwpe, R, tok, NULL, N, T, C, 0, V, 0);
+    ops->embedding_bwd(ops->ctx, dwte, dwpe, R, tok, NULL, N, T, C, 0, V, 0);
     double *g = xmalloc(nwte * sizeof(double));
     fd_grad(g, c.wte, nwte, loss_emb, &c);
     check("embedding_bwd dwte (accum=0 over NaN) vs FD", rel_err(dwte, g, nwte), BWD_TOL);
     fd_grad(g, c.wpe, nwpe, loss_emb, &c);
     check("embedding_bwd dwpe (accum=0 over NaN) vs FD", rel_err(dwpe, g, nwpe), BWD_TOL);
     float *dwte2 = fdup(dwte, nwte), *dwpe2 = fdup(dwpe, nwpe);
-    ops->embedding_bwd(dwte2, dwpe2, R, tok, NULL, N, T, C, 0, V, 1);
+    ops->embedding_bwd(ops->ctx, dwte2, dwpe2, R, tok, NULL, N, T, C, 0, V, 1);
     check("embedding_bwd accum=1 doubles dwte", doubling_err(dwte, dwte2, nwte), ACC_TOL);
     check("embedding_bwd accum=1 doubles dwpe", doubling_err(dwpe, dwpe2, nwpe), ACC_TOL);
 
@@ -757,9 +757,9 @@ static void test_embedding(void)
     c.wpe = NULL;
     loss_emb(&c);
     float *out2 = fnan(nout), *dwte3 = fnan(nwte);
-    ops->embedding_fwd(out2, tok, NULL, wte, NULL, N, T, C, 0, V);
+    ops->embedding_fwd(ops->ctx, out2, tok, NULL, wte, NULL, N, T, C, 0, V);
     check("embedding_fwd (wte only)", rel_err(out2, c.out, nout), FWD_TOL);
-    ops->embedding_bwd(dwte3, NULL, R, tok, NULL, N, T, C, 0, V, 0);
+    ops->embedding_bwd(ops->ctx, dwte3, NULL, R, tok, NULL, N, T, C, 0, V, 0);
     check_true("embedding_bwd dwpe=NULL: dwte same bits", memcmp(dwte3, dwte, nwte * 4) == 0);
 
     /* vocabulary split over two ranks, rows [0,6) and [6,11); wpe on the
@@ -767,13 +767,13 @@ static void test_embedding(void)
      * dwte is its rows of the whole gradient, bit for bit */
     const int V0 = 6, V1 = V - V0;
     float *o0 = fnan(nout), *o1 = fnan(nout), *d0 = fnan((size_t)V0 * C), *d1 = fnan((size_t)V1 * C);
-    ops->embedding_fwd(o0, tok, NULL, wte, wpe, N, T, C, 0, V0);
-    ops->embedding_fwd(o1, tok, NULL, wte + (size_t)V0 * C, NULL, N, T, C, V0, V1);
-    ops->add(o0, o0, o1, nout);
+    ops->embedding_fwd(ops->ctx, o0, tok, NULL, wte, wpe, N, T, C, 0, V0);
+    ops->embedding_fwd(ops->ctx, o1, tok, NULL, wte + (size_t)V0 * C, NULL, N, T, C, V0, V1);
+    ops->add(ops->ctx, o0, o0, o1, nout);
     check_true("embedding_fwd vocab split in 2 (wpe on one): sum == whole, same bits",
                memcmp(o0, out, nout * 4) == 0);
-    ops->embedding_bwd(d0, NULL, R, tok, NULL, N, T, C, 0, V0, 0);
-    ops->embedding_bwd(d1, NULL, R, tok, NULL, N, T, C, V0, V1, 0);
+    ops->embedding_bwd(ops->ctx, d0, NULL, R, tok, NULL, N, T, C, 0, V0, 0);
+    ops->embedding_bwd(ops->ctx, d1, NULL, R, tok, NULL, N, T, C, V0, V1, 0);
     check_true("embedding_bwd vocab split in 2: rows == whole's, same bits",
                memcmp(d0, dwte, (size_t)V0 * C * 4) == 0 &&
                memcmp(d1, dwte + (size_t)V0 * C, (size_t)V1 * C * 4) == 0);
@@ -785,9 +785,9 @@ static void test_embedding(void)
     c.pos = pos;
     loss_emb(&c);
     float *o3 = fnan(nout), *dw3 = fnan(nwte), *dp3 = fnan(nwpe);
-    ops->embedding_fwd(o3, tok, pos, wte, wpe, N, T, C, 0, V);
+    ops->embedding_fwd(ops->ctx, o3, tok, pos, wte, wpe, N, T, C, 0, V);
     check("embedding_fwd (wte + wpe by document position)", rel_err(o3, c.out, nout), FWD_TOL);
-    ops->embedding_bwd(dw3, dp3, R, tok, pos, N, T, C, 0, V, 0);
+    ops->embedding_bwd(ops->ctx, dw3, dp3, R, tok, pos, N, T, C, 0, V, 0);
     fd_grad(g, c.wpe, nwpe, loss_emb, &c);
     check("embedding_bwd dwpe by document position vs FD", rel_err(dp3, g, nwpe), BWD_TOL);
     check_true("embedding_bwd with positions: dwte same bits", memcmp(dw3, dwte, nwte * 4) == 0);
@@ -832,9 +832,9 @@ static void xent_whole(float *losses, float *dlogits, const float *logits, const
                        int N, int V, int ld, float dloss)
 {
     float *mx = fnan(N), *st = fnan((size_t)2 * N);
-    ops->xent_max(mx, logits, N, V, ld);
-    ops->xent_sumexp(st, dlogits, logits, mx, tgt, 0, N, V, ld);
-    ops->xent_finish(losses, dlogits, mx, st, tgt, 0, N, V, ld, dloss);
+    ops->xent_max(ops->ctx, mx, logits, N, V, ld);
+    ops->xent_sumexp(ops->ctx, st, dlogits, logits, mx, tgt, 0, N, V, ld);
+    ops->xent_finish(ops->ctx, losses, dlogits, mx, st, tgt, 0, N, V, ld, dloss);
     free(mx);
     free(st);
 }
@@ -899,13 +899,13 @@ static void test_cross_entropy(int N, int V, int ld, const int32_t *tgt)
         rmax[r] = fnan(N);
         st[r] = fnan((size_t)2 * N);
         pl[r] = fnan(N);
-        ops->xent_max(rmax[r], part[r], N, vl, ldr);
+        ops->xent_max(ops->ctx, rmax[r], part[r], N, vl, ldr);
         for (int n = 0; n < N; n++)
             gmax[n] = r == 0 || rmax[r][n] > gmax[n] ? rmax[r][n] : gmax[n];
     }
     for (int r = 0; r < 3; r++) {
         int v0 = r * ldr, vl = V - v0 < 0 ? 0 : V - v0 > ldr ? ldr : V - v0;
-        ops->xent_sumexp(st[r], part[r], part[r], gmax, tgt, v0, N, vl, ldr);
+        ops->xent_sumexp(ops->ctx, st[r], part[r], part[r], gmax, tgt, v0, N, vl, ldr);
         for (int k = 0; k < 2 * N; k++)
             gst[k] += st[r][k];
     }
@@ -913,7 +913,7 @@ static void test_cross_entropy(int N, int V, int ld, const int32_t *tgt)
     int lsame = 1;
     for (int r = 0; r < 3; r++) {
         int v0 = r * ldr, vl = V - v0 < 0 ? 0 : V - v0 > ldr ? ldr : V - v0;
-        ops->xent_finish(pl[r], part[r], gmax, gst, tgt, v0, N, vl, ldr, dloss);
+        ops->xent_finish(ops->ctx, pl[r], part[r], gmax, gst, tgt, v0, N, vl, ldr, dloss);
         for (int n = 0; n < N; n++) {
             lsame &= fabsf(pl[r][n] - losses[n]) <= 1e-6f * (1.0f + fabsf(losses[n]));
             for (int i = 0; i < ldr; i++) {
@@ -961,8 +961,8 @@ static void test_adamw(void)
     for (int t = 1; t <= 3; t++) {
         float *g = frandv(n, -2, 2);
         g[0] = 0.0f; /* zero gradient: denominator is eps only on step 1 */
-        ops->adamw(p, NULL, g, m, v, n, lr, b1, b2, eps, wd, gs, t);
-        ops->adamw(p2, p16, g, m2, v2, n, lr, b1, b2, eps, wd, gs, t);
+        ops->adamw(ops->ctx, p, NULL, g, m, v, n, lr, b1, b2, eps, wd, gs, t);
+        ops->adamw(ops->ctx, p2, p16, g, m2, v2, n, lr, b1, b2, eps, wd, gs, t);
         double bc1 = 1.0 - pow(b1, t), bc2 = 1.0 - pow(b2, t);
         for (size_t i = 0; i < n; i++) {
             double gi = (double)g[i] * gs;
@@ -1005,7 +1005,7 @@ static void test_misc(void)
         ref += (double)x[i] * x[i];
     double got;
     const float *xp = x;
-    ops->sumsq(&got, &xp, &n, 1);
+    ops->sumsq(ops->ctx, &got, &xp, &n, 1);
     /* float partials over 32 squares each, folded into double */
     check("sumsq vs double", fabs(got - ref) / ref, 1e-7);
     {
@@ -1013,48 +1013,48 @@ static void test_misc(void)
         const float *xs[4] = {x, y, x + 17, x};
         const size_t ns[4] = {n, n - 5, 1000, 0};
         double many[4], one;
-        ops->sumsq(many, xs, ns, 4);
+        ops->sumsq(ops->ctx, many, xs, ns, 4);
         int same = 1;
         for (int i = 0; i < 4; i++) {
-            ops->sumsq(&one, &xs[i], &ns[i], 1);
+            ops->sumsq(ops->ctx, &one, &xs[i], &ns[i], 1);
             same &= memcmp(&one, &many[i], sizeof one) == 0;
         }
         check_true("sumsq of 4 vectors at once: each the bits of its own call", same);
         check_true("sumsq of 0 elements == 0", many[3] == 0.0);
     }
 
-    ops->add(z, x, y, n);
+    ops->add(ops->ctx, z, x, y, n);
     int ok = 1;
     for (size_t i = 0; i < n; i++)
         ok &= z[i] == x[i] + y[i];
-    ops->add(x, x, y, n); /* out aliasing a */
+    ops->add(ops->ctx, x, x, y, n); /* out aliasing a */
     ok &= memcmp(x, z, n * 4) == 0;
     check_true("add (and out aliasing a) exact", ok);
 
     memcpy(z, y, n * 4);
-    ops->scale(z, 0.3f, n);
+    ops->scale(ops->ctx, z, 0.3f, n);
     ok = 1;
     for (size_t i = 0; i < n; i++)
         ok &= z[i] == y[i] * 0.3f;
     check_true("scale exact", ok);
 
-    float *a = ops->alloc(n * 4 + 3);
+    float *a = ops->alloc(ops->ctx, n * 4 + 3);
     ok = a != NULL && ((uintptr_t)a % 64) == 0;
     if (a) {
-        ops->from_host(a, y, n * 4);
-        ops->copy(a, a, 0);
-        float *b = ops->alloc(n * 4);
+        ops->from_host(ops->ctx, a, y, n * 4);
+        ops->copy(ops->ctx, a, a, 0);
+        float *b = ops->alloc(ops->ctx, n * 4);
         ok &= b != NULL;
         if (b) {
-            ops->copy(b, a, n * 4);
-            ops->to_host(z, b, n * 4);
+            ops->copy(ops->ctx, b, a, n * 4);
+            ops->to_host(ops->ctx, z, b, n * 4);
             ok &= memcmp(z, y, n * 4) == 0;
-            ops->zero(b, n * 4);
+            ops->zero(ops->ctx, b, n * 4);
             for (size_t i = 0; i < n; i++)
                 ok &= b[i] == 0.0f;
-            ops->free(b);
+            ops->free(ops->ctx, b);
         }
-        ops->free(a);
+        ops->free(ops->ctx, a);
     }
     check_true("alloc 64-byte aligned, copy/to_host/from_host/zero", ok);
     free(x); free(y); free(z);
@@ -1107,8 +1107,8 @@ static void test_determinism(void)
     int32_t *tok = xmalloc(N * sizeof(int32_t));
     for (int n = 0; n < N; n++)
         tok[n] = (int32_t)((n * 7 + n / 13) % V);
-    ops->layernorm_fwd(x, mean, rstd, x, w, w, N, C, 1e-5f); /* reuse x as a normalised input */
-    ops->rmsnorm_fwd(dout, rrstd, dout, w, N, C, 1e-5f);
+    ops->layernorm_fwd(ops->ctx, x, mean, rstd, x, w, w, N, C, 1e-5f); /* reuse x as a normalised input */
+    ops->rmsnorm_fwd(ops->ctx, dout, rrstd, dout, w, N, C, 1e-5f);
     size_t nres = (size_t)2 * C + C + OC + (size_t)V * C + (size_t)T * C + 2;
     float *res[4];
     double ss[4];
@@ -1118,12 +1118,12 @@ static void test_determinism(void)
         float *r = res[k] = xmalloc(nres * 4);
         float *din = xmalloc(nx * 4);
         memset(din, 0, nx * 4);
-        ops->layernorm_bwd(din, r, r + C, dout, x, w, mean, rstd, N, C, 0);
-        ops->rmsnorm_bwd(din, r + 2 * C, dout, x, w, rrstd, N, C, 0);
-        ops->matmul_bwd(NULL, NULL, r + 3 * C, dout, x, w, N, C, OC, 0, 0);
-        ops->embedding_bwd(r + 3 * C + OC, r + 3 * C + OC + (size_t)V * C, dout, tok, NULL, N, T, C, 0, V, 0);
+        ops->layernorm_bwd(ops->ctx, din, r, r + C, dout, x, w, mean, rstd, N, C, 0);
+        ops->rmsnorm_bwd(ops->ctx, din, r + 2 * C, dout, x, w, rrstd, N, C, 0);
+        ops->matmul_bwd(ops->ctx, NULL, NULL, r + 3 * C, dout, x, w, N, C, OC, 0, 0);
+        ops->embedding_bwd(ops->ctx, r + 3 * C + OC, r + 3 * C + OC + (size_t)V * C, dout, tok, NULL, N, T, C, 0, V, 0);
         const float *dp = dout;
-        ops->sumsq(&ss[k], &dp, &nx, 1);
+        ops->sumsq(ops->ctx, &ss[k], &dp, &nx, 1);
         float l[2];
         memcpy(l, &ss[k], sizeof l);
         memcpy(r + nres - 2, l, sizeof l);
@@ -1168,12 +1168,12 @@ static void test_doc_mask(void)
     float *qkv = frandv(nqkv, -1.5f, 1.5f), *dout = frandv(nout, -1, 1);
     float *x1 = fdup(qkv, nqkv), *x2 = fdup(qkv, nqkv);
     float *o1 = fnan(nout), *o2 = fnan(nout), *l1 = fnan(nlse), *l2 = fnan(nlse), *d1 = fnan(nqkv), *d2 = fnan(nqkv);
-    ops->rope_fwd(x1, NULL, B, t7, NH, NKV, HS, 10000.0f);
-    ops->rope_fwd(x2, pos_one, B, t7, NH, NKV, HS, 10000.0f);
-    ops->attention_fwd(o1, l1, x1, NULL, B, t7, NH, NKV, HS);
-    ops->attention_fwd(o2, l2, x2, pos_one, B, t7, NH, NKV, HS);
-    ops->attention_bwd(d1, dout, x1, o1, l1, NULL, B, t7, NH, NKV, HS);
-    ops->attention_bwd(d2, dout, x2, o2, l2, pos_one, B, t7, NH, NKV, HS);
+    ops->rope_fwd(ops->ctx, x1, NULL, B, t7, NH, NKV, HS, 10000.0f);
+    ops->rope_fwd(ops->ctx, x2, pos_one, B, t7, NH, NKV, HS, 10000.0f);
+    ops->attention_fwd(ops->ctx, o1, l1, x1, NULL, B, t7, NH, NKV, HS);
+    ops->attention_fwd(ops->ctx, o2, l2, x2, pos_one, B, t7, NH, NKV, HS);
+    ops->attention_bwd(ops->ctx, d1, dout, x1, o1, l1, NULL, B, t7, NH, NKV, HS);
+    ops->attention_bwd(ops->ctx, d2, dout, x2, o2, l2, pos_one, B, t7, NH, NKV, HS);
     check_true("rope, attention with one document per row: the bits of pos = NULL",
                memcmp(x1, x2, nqkv * 4) == 0 && memcmp(o1, o2, nout * 4) == 0 && memcmp(l1, l2, nlse * 4) == 0 &&
                    memcmp(d1, d2, nqkv * 4) == 0);
@@ -1182,7 +1182,10 @@ static void test_doc_mask(void)
 
 int main(void)
 {
-    ops = ops_cpu();
+    if (!(ops = ops_cpu_create())) {
+        printf("out of memory for the CPU backend\n");
+        return 1;
+    }
     printf("ops backend '%s', %d threads\n", ops->name, get_threads());
     test_matmul();
     test_matmul_medium();
@@ -1212,5 +1215,6 @@ int main(void)
         printf("%d check(s) FAILED\n", n_fail);
     else
         printf("all checks passed\n");
+    ops_release(ops);
     return n_fail ? 1 : 0;
 }

@@ -26,7 +26,7 @@
  *
  * Exit 0 pass, 1 fail. */
 #include "io/llmc_model.h"
-#include "src/ops_math.h"
+#include "base/ops_math.h"
 #include "io/safetensors.h"
 
 #include <errno.h>
@@ -108,7 +108,7 @@ static void unit_f16(void)
     CHECK(st_f32_to_f16(0x1p-25f * 1.0001f) == 1, "just above 2^-25 -> 2^-24");
     CHECK(st_f32_to_f16(0x1p-14f - 0x1p-26f) == 0x0400, "the largest subnormal rounds up to the smallest normal");
     CHECK(st_f32_to_f16(f32(0x7f800001u)) != 0x7c00, "a signalling NaN must not become inf");
-    /* bf16 (src/ops_math.h): ties to even, as the writer relies on. */
+    /* bf16 (base/ops_math.h): ties to even, as the writer relies on. */
     CHECK(dt_f32_to_bf16(f32(0x3f808000u)) == 0x3f80 && dt_f32_to_bf16(f32(0x3f818000u)) == 0x3f82,
           "bf16 ties to even");
 }

@@ -30,6 +30,7 @@
 #include "mpi/comm.h"
 #include "mpi/ddp.h"
 #include "mpi/trace.h"
+#include "src/ops_cpu.h"
 
 #include <dirent.h>
 #include <mpi.h>
@@ -236,9 +237,10 @@ int main(int argc, char **argv)
      * next bwd span: the iallreduce spans must overlap bwd spans. */
     size_t starts[4] = { 0, 4096, 8192, 12288 };
     float *grads = calloc(4 * 4096, sizeof *grads);
+    const ops_t *cpu = ops_cpu_create();
     ddp_t d;
-    if (!grads ||
-        ddp_create(&d, ops_cpu(), DDP_BUCKETED, c, grads, 4 * 4096, starts, 4, 4096 * sizeof(float), COMM_FP32) != 0)
+    if (!grads || !cpu ||
+        ddp_create(&d, cpu, NULL, DDP_BUCKETED, c, grads, 4 * 4096, starts, 4, 4096 * sizeof(float), COMM_FP32) != 0)
         die("ddp_create", c->err);
     ddp_begin(&d);
     for (int l = 3; l >= 0; l--) {
@@ -250,6 +252,7 @@ int main(int argc, char **argv)
     }
     need(c, ddp_finish(&d));
     ddp_destroy(&d);
+    ops_release(cpu);
     free(grads);
 
     size_t n_spans = trace_count(tr);

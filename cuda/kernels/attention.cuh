@@ -64,7 +64,7 @@
  * self-test bounds). Causal work is uneven across query tiles, so the forward and dQ
  * grids start with the last (longest) tiles; dK/dV's longest tiles come first anyway.
  *
- * Documents (pos != NULL, src/ops.h): query t sees keys lo_t = t - pos[bT + t] .. t, its
+ * Documents (pos != NULL, base/ops.h): query t sees keys lo_t = t - pos[bT + t] .. t, its
  * own document's. Document starts never decrease along a row, so a query tile's keys
  * start at its first row's lo: the forward and dQ begin at that key tile, and dK/dV
  * stops at the first query tile whose first row's document starts after the key tile's

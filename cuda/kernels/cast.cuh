@@ -1,5 +1,5 @@
 /* bf16 casts, a thread per element in a grid-stride loop (grid_for(n,
- * THREADS) blocks of THREADS threads): src/ops_math.h's conversions (round
+ * THREADS) blocks of THREADS threads): base/ops_math.h's conversions (round
  * to nearest even, the CPU backend's bits), and CUDA's own
  * __float2bfloat16_rn for the self-test to compare with. Needs
  * cuda_bf16.h, which ops_cuda.cu includes; the emulation tests do not

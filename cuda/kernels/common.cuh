@@ -15,7 +15,7 @@
  * __device__ helpers, their constants and the pure host functions that
  * give their launch shapes; no launches (<<<...>>> is not C++), no runtime
  * calls, no CUDA headers and no state (cuda/ops_cuda_state.cuh). The
- * per-element arithmetic is src/ops_math.h's, the functions the CPU
+ * per-element arithmetic is base/ops_math.h's, the functions the CPU
  * backend calls. A file includes the families it builds on; cuda_fatal
  * (cuda/device.h) is the includer's to declare. */
 #ifndef DTRAIN_CUDA_KERNELS_COMMON_CUH

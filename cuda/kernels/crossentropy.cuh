@@ -1,10 +1,10 @@
-/* Vocabulary-parallel cross-entropy: the three passes of src/ops.h's
+/* Vocabulary-parallel cross-entropy: the three passes of base/ops.h's
  * xent_max, xent_sumexp and xent_finish, one block per row (grid N,
  * THREADS threads). This rank holds columns v0 .. v0 + Vl - 1 of each row
  * of logits (row stride ld, columns Vl .. ld - 1 padding); the caller
  * reduces rowmax (max) and stats (sum) over the ranks between the passes.
  * Row reductions by block_max and block_sum (the sum of exps in double);
- * the formulas are src/ops_math.h's. expbuf may alias logits; passed to
+ * the formulas are base/ops_math.h's. expbuf may alias logits; passed to
  * k_xent_finish as dlogits, it becomes the gradient in place. */
 #ifndef DTRAIN_CUDA_KERNELS_CROSSENTROPY_CUH
 #define DTRAIN_CUDA_KERNELS_CROSSENTROPY_CUH

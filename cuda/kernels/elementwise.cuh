@@ -4,7 +4,7 @@
  * launch grid_for(n, THREADS) blocks of THREADS threads. Outputs are
  * written (=), not accumulated, and may be an input element for element
  * (the matmuls' k_gelu_bwd(din, pre, din, ...)); k_adamw updates p, m and
- * v in place. The arithmetic per element is src/ops_math.h's. */
+ * v in place. The arithmetic per element is base/ops_math.h's. */
 #ifndef DTRAIN_CUDA_KERNELS_ELEMENTWISE_CUH
 #define DTRAIN_CUDA_KERNELS_ELEMENTWISE_CUH
 

@@ -3,12 +3,12 @@
  * Forward and input gradient: one block per row (grid N, THREADS threads),
  * the row's sums by block_sum. The forward writes out and the per-row
  * rstd (and LayerNorm's mean), which the backward reads; k_*_bwd_dx adds
- * into din (+=, as src/ops.h has it: the residual stream's gradient is
+ * into din (+=, as base/ops.h has it: the residual stream's gradient is
  * already there). The weight (and LayerNorm bias) gradients are column
  * reductions (kernels/colsum.cuh): k_*_bwd_dw_part writes each chunk's
  * partial sums, grid (ceil(C / THREADS), col_chunks(N)), a thread per
  * column; k_colsum_fold then writes or adds them (accum_dw). The formulas
- * per element are src/ops_math.h's. */
+ * per element are base/ops_math.h's. */
 #ifndef DTRAIN_CUDA_KERNELS_NORM_CUH
 #define DTRAIN_CUDA_KERNELS_NORM_CUH
 

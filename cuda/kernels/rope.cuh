@@ -4,7 +4,7 @@
  * dir = 1 rotates by the position's angles (rope_fwd), dir = -1 by their
  * negatives (rope_bwd, on the gradient). A row's position is pos[n] (its
  * document position), or n % T without pos. Angle and rotation are
- * src/ops_math.h's. */
+ * base/ops_math.h's. */
 #ifndef DTRAIN_CUDA_KERNELS_ROPE_CUH
 #define DTRAIN_CUDA_KERNELS_ROPE_CUH
 

@@ -13,7 +13,7 @@
  *  - CUDA_R_16BF operands are bf16 bit patterns (uint16_t), widened exactly.
  *  - sums in double, rounded to fp32 before alpha/beta and the epilogue, so
  *    a difference from the CPU ops is the CPU's own fp32 rounding.
- *  - GELU is dt_gelu/dt_gelu_grad (tanh form, src/ops_math.h).
+ *  - GELU is dt_gelu/dt_gelu_grad (tanh form, base/ops_math.h).
  *  - whatever the real library rejects is rejected and counted
  *    (emu_shim_errors, one line each): attribute sizes that do not match
  *    (cublasLtMatmulDescSetAttribute: INVALID_VALUE), AUX_LD not a multiple
@@ -45,7 +45,7 @@
 #include <set>
 #include <vector>
 
-#include "src/ops_math.h"
+#include "base/ops_math.h"
 
 /* kernels become host functions (inline: the headers hold kernels this
  * test does not launch) */
@@ -58,7 +58,7 @@ static dim3 blockDim, gridDim;
 static inline int min(int a, int b) { return a < b ? a : b; } /* CUDA's device min() */
 
 static cudaError_t emu_last_error = cudaSuccess;
-/* g.stream: the only stream the code may use; any other is counted */
+/* g->stream (cu_t, ops_cuda_state.cuh): the only stream the code may use; any other is counted */
 static cudaStream_t emu_stream = (cudaStream_t)0x5eed;
 static long emu_launches, emu_bad_stream;
 

@@ -4,7 +4,7 @@
  * includes it (cuda/ops_cuda_gemm.cuh and what it includes): the cuBLASLt
  * plan cache, lt_gemm, gemm_fwd/gemm_bwd, the column-sum kernels, the
  * bias/GELU kernels and the matmul ops (fp32 and bf16, plain and
- * GELU-fused), and ops_cuda_init's cuBLAS handle setup (blas_init). It runs
+ * GELU-fused), and ops_cuda_create's cuBLAS handle setup (blas_init). It runs
  * against cublaslt_shim.h, a host emulation of cuBLASLt, cuBLAS and the
  * runtime with the documented semantics, and its results are compared with
  * src/ops_cpu.c's (OpenBLAS). No GPU is needed: this checks how the CUDA
@@ -28,7 +28,7 @@
  * Exit 0 when all pass, 1 otherwise. `test_gemm_emu POLICY` runs one policy. */
 #include "cublaslt_shim.h"
 extern "C" {
-#include "src/ops.h"
+#include "src/ops_cpu.h"
 }
 #include "cuda/device.h"
 
@@ -160,6 +160,7 @@ static void same_bits(const char *name, const Buf &a, const Buf &b)
     } while (0)
 
 static const ops_t *cpu;
+static cu_t emu_g; /* the CUDA backend's context, set up in main as ops_cuda_create does */
 
 /* matmul_fwd[_bf16] or matmul_gelu_fwd[_bf16]:
  * out, pre (N, OC) = in (N, IC) w (OC, IC)^T + bias (OC) */
@@ -184,21 +185,21 @@ static void t_fwd(bool bf16, int N, int IC, int OC, bool bias, int off, bool gel
     out_set({&out_c, &out_e, &out_e2}, nout, off, false);
     out_set({&pre_c, &pre_e, &pre_e2}, nout, off, false);
     if (!gelu && !bf16) {
-        cpu->matmul_fwd(out_c.f(), in.f(), w.f(), bp, N, IC, OC);
-        GUARDED(matmul_fwd(out_e.f(), in.f(), w.f(), bp, N, IC, OC));
-        GUARDED(matmul_fwd(out_e2.f(), in.f(), w.f(), bp, N, IC, OC));
+        cpu->matmul_fwd(cpu->ctx, out_c.f(), in.f(), w.f(), bp, N, IC, OC);
+        GUARDED(matmul_fwd(&emu_g, out_e.f(), in.f(), w.f(), bp, N, IC, OC));
+        GUARDED(matmul_fwd(&emu_g, out_e2.f(), in.f(), w.f(), bp, N, IC, OC));
     } else if (!gelu) {
-        cpu->matmul_fwd_bf16(out_c.f(), in.h(), w.h(), bp, N, IC, OC);
-        GUARDED(matmul_fwd_bf16(out_e.f(), in.h(), w.h(), bp, N, IC, OC));
-        GUARDED(matmul_fwd_bf16(out_e2.f(), in.h(), w.h(), bp, N, IC, OC));
+        cpu->matmul_fwd_bf16(cpu->ctx, out_c.f(), in.h(), w.h(), bp, N, IC, OC);
+        GUARDED(matmul_fwd_bf16(&emu_g, out_e.f(), in.h(), w.h(), bp, N, IC, OC));
+        GUARDED(matmul_fwd_bf16(&emu_g, out_e2.f(), in.h(), w.h(), bp, N, IC, OC));
     } else if (!bf16) {
-        cpu->matmul_gelu_fwd(out_c.f(), pre_c.f(), in.f(), w.f(), bp, N, IC, OC);
-        GUARDED(matmul_gelu_fwd(out_e.f(), pre_e.f(), in.f(), w.f(), bp, N, IC, OC));
-        GUARDED(matmul_gelu_fwd(out_e2.f(), pre_e2.f(), in.f(), w.f(), bp, N, IC, OC));
+        cpu->matmul_gelu_fwd(cpu->ctx, out_c.f(), pre_c.f(), in.f(), w.f(), bp, N, IC, OC);
+        GUARDED(matmul_gelu_fwd(&emu_g, out_e.f(), pre_e.f(), in.f(), w.f(), bp, N, IC, OC));
+        GUARDED(matmul_gelu_fwd(&emu_g, out_e2.f(), pre_e2.f(), in.f(), w.f(), bp, N, IC, OC));
     } else {
-        cpu->matmul_gelu_fwd_bf16(out_c.f(), pre_c.f(), in.h(), w.h(), bp, N, IC, OC);
-        GUARDED(matmul_gelu_fwd_bf16(out_e.f(), pre_e.f(), in.h(), w.h(), bp, N, IC, OC));
-        GUARDED(matmul_gelu_fwd_bf16(out_e2.f(), pre_e2.f(), in.h(), w.h(), bp, N, IC, OC));
+        cpu->matmul_gelu_fwd_bf16(cpu->ctx, out_c.f(), pre_c.f(), in.h(), w.h(), bp, N, IC, OC);
+        GUARDED(matmul_gelu_fwd_bf16(&emu_g, out_e.f(), pre_e.f(), in.h(), w.h(), bp, N, IC, OC));
+        GUARDED(matmul_gelu_fwd_bf16(&emu_g, out_e2.f(), pre_e2.f(), in.h(), w.h(), bp, N, IC, OC));
     }
     cmp("out", out_c, out_e, true);
     same_bits("out", out_e, out_e2);
@@ -239,29 +240,33 @@ static void t_bwd(bool bf16, int N, int IC, int OC, int mask, int acc_din, int a
     out_set({&db_c, &db_e, &db_e2}, OC, off, acc_dw);
 #define P(b, bit) ((mask & (bit)) ? (b).f() : NULL)
     if (!gelu && !bf16) {
-        cpu->matmul_bwd(P(din_c, 1), P(dw_c, 2), P(db_c, 4), dout.f(), in.f(), w.f(), N, IC, OC, acc_din, acc_dw);
-        GUARDED(matmul_bwd(P(din_e, 1), P(dw_e, 2), P(db_e, 4), dout.f(), in.f(), w.f(), N, IC, OC, acc_din, acc_dw));
+        cpu->matmul_bwd(cpu->ctx, P(din_c, 1), P(dw_c, 2), P(db_c, 4), dout.f(), in.f(), w.f(), N, IC, OC, acc_din,
+                        acc_dw);
+        GUARDED(matmul_bwd(&emu_g, P(din_e, 1), P(dw_e, 2), P(db_e, 4), dout.f(), in.f(), w.f(), N, IC, OC, acc_din,
+                           acc_dw));
         GUARDED(
-            matmul_bwd(P(din_e2, 1), P(dw_e2, 2), P(db_e2, 4), dout.f(), in.f(), w.f(), N, IC, OC, acc_din, acc_dw));
+            matmul_bwd(&emu_g, P(din_e2, 1), P(dw_e2, 2), P(db_e2, 4), dout.f(), in.f(), w.f(), N, IC, OC, acc_din,
+                       acc_dw));
     } else if (!gelu) {
-        cpu->matmul_bwd_bf16(P(din_c, 1), P(dw_c, 2), P(db_c, 4), dout16.h(), dout.f(), in.h(), w.h(), N, IC, OC,
-                             acc_din, acc_dw);
-        GUARDED(matmul_bwd_bf16(P(din_e, 1), P(dw_e, 2), P(db_e, 4), dout16.h(), dout.f(), in.h(), w.h(), N, IC, OC,
-                                acc_din, acc_dw));
-        GUARDED(matmul_bwd_bf16(P(din_e2, 1), P(dw_e2, 2), P(db_e2, 4), dout16.h(), dout.f(), in.h(), w.h(), N, IC,
+        cpu->matmul_bwd_bf16(cpu->ctx, P(din_c, 1), P(dw_c, 2), P(db_c, 4), dout16.h(), dout.f(), in.h(), w.h(), N, IC,
+                             OC, acc_din, acc_dw);
+        GUARDED(matmul_bwd_bf16(&emu_g, P(din_e, 1), P(dw_e, 2), P(db_e, 4), dout16.h(), dout.f(), in.h(), w.h(), N, IC,
                                 OC, acc_din, acc_dw));
+        GUARDED(matmul_bwd_bf16(&emu_g, P(din_e2, 1), P(dw_e2, 2), P(db_e2, 4), dout16.h(), dout.f(), in.h(), w.h(), N,
+                                IC, OC, acc_din, acc_dw));
     } else if (!bf16) {
-        cpu->matmul_dgelu_bwd(P(din_c, 1), P(dw_c, 2), P(db_c, 4), dout.f(), in.f(), pre.f(), w.f(), N, IC, OC, acc_dw);
-        GUARDED(matmul_dgelu_bwd(P(din_e, 1), P(dw_e, 2), P(db_e, 4), dout.f(), in.f(), pre.f(), w.f(), N, IC, OC,
-                                 acc_dw));
-        GUARDED(matmul_dgelu_bwd(P(din_e2, 1), P(dw_e2, 2), P(db_e2, 4), dout.f(), in.f(), pre.f(), w.f(), N, IC,
+        cpu->matmul_dgelu_bwd(cpu->ctx, P(din_c, 1), P(dw_c, 2), P(db_c, 4), dout.f(), in.f(), pre.f(), w.f(), N, IC,
+                              OC, acc_dw);
+        GUARDED(matmul_dgelu_bwd(&emu_g, P(din_e, 1), P(dw_e, 2), P(db_e, 4), dout.f(), in.f(), pre.f(), w.f(), N, IC,
                                  OC, acc_dw));
+        GUARDED(matmul_dgelu_bwd(&emu_g, P(din_e2, 1), P(dw_e2, 2), P(db_e2, 4), dout.f(), in.f(), pre.f(), w.f(), N,
+                                 IC, OC, acc_dw));
     } else {
-        cpu->matmul_dgelu_bwd_bf16(P(din_c, 1), P(dw_c, 2), P(db_c, 4), dout16.h(), dout.f(), in.h(), pre.f(), w.h(),
-                                   N, IC, OC, acc_dw);
-        GUARDED(matmul_dgelu_bwd_bf16(P(din_e, 1), P(dw_e, 2), P(db_e, 4), dout16.h(), dout.f(), in.h(), pre.f(),
-                                      w.h(), N, IC, OC, acc_dw));
-        GUARDED(matmul_dgelu_bwd_bf16(P(din_e2, 1), P(dw_e2, 2), P(db_e2, 4), dout16.h(), dout.f(), in.h(),
+        cpu->matmul_dgelu_bwd_bf16(cpu->ctx, P(din_c, 1), P(dw_c, 2), P(db_c, 4), dout16.h(), dout.f(), in.h(), pre.f(),
+                                   w.h(), N, IC, OC, acc_dw);
+        GUARDED(matmul_dgelu_bwd_bf16(&emu_g, P(din_e, 1), P(dw_e, 2), P(db_e, 4), dout16.h(), dout.f(), in.h(),
+                                      pre.f(), w.h(), N, IC, OC, acc_dw));
+        GUARDED(matmul_dgelu_bwd_bf16(&emu_g, P(din_e2, 1), P(dw_e2, 2), P(db_e2, 4), dout16.h(), dout.f(), in.h(),
                                       pre.f(), w.h(), N, IC, OC, acc_dw));
     }
 #undef P
@@ -316,27 +321,30 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    cpu = ops_cpu();
+    cpu = ops_cpu_create();
+    if (!cpu)
+        return 1;
     /* one thread: at these sizes OpenMP's threads would only spin waiting
      * for each other (90 % of the run time on 2 cores) */
     ops_cpu_threads(1);
-    /* what ops_cuda_init sets up, on the emulated library */
-    g.stream = emu_stream;
-    g.sync_ops = 1;
-    if (cublasLtCreate(&g.lt) != CUBLAS_STATUS_SUCCESS)
+    /* what ops_cuda_create sets up, on the emulated library */
+    cu_t *g = &emu_g;
+    g->stream = emu_stream;
+    g->sync_ops = 1;
+    if (cublasLtCreate(&g->lt) != CUBLAS_STATUS_SUCCESS)
         return 1;
-    g.ws = malloc(WORKSPACE_BYTES);
-    if (blas_init() != CUBLAS_STATUS_SUCCESS) {
-        printf("FAIL: ops_cuda_init's cuBLAS handle setup\n");
+    g->ws = malloc(WORKSPACE_BYTES);
+    if (blas_init(g) != CUBLAS_STATUS_SUCCESS) {
+        printf("FAIL: ops_cuda_create's cuBLAS handle setup\n");
         return 1;
     }
     for (int pol = 0; pol < P_COUNT; pol++) {
         if (only >= 0 && pol != only)
             continue;
         emu_policy = (Policy)pol;
-        lt_cache_release(); /* plans made under another policy */
+        lt_cache_release(g); /* plans made under another policy */
         long fail0 = n_fail, lt_plain0 = emu_lt_matmul[CUBLASLT_EPILOGUE_DEFAULT], lt_epi0 = lt_epi_count(),
-             gemmex0 = emu_gemmex, fused0 = lt_cache.gelu_fused, separate0 = lt_cache.gelu_separate;
+             gemmex0 = emu_gemmex, fused0 = g->plans.gelu_fused, separate0 = g->plans.gelu_separate;
         cur_case = policy_name[pol];
         for (const Shape &s : shapes)
             for (int bf = 0; bf < 2; bf++)
@@ -363,17 +371,17 @@ int main(int argc, char **argv)
                  lt_epi, gemmex);
         printf("policy %-11s: %ld failed | cuBLASLt plain %ld, with epilogue %ld, cublasGemmEx %ld; GELU fused "
                "%ld, separate %ld\n",
-               policy_name[pol], n_fail - fail0, lt_plain, lt_epi, gemmex, lt_cache.gelu_fused - fused0,
-               lt_cache.gelu_separate - separate0);
+               policy_name[pol], n_fail - fail0, lt_plain, lt_epi, gemmex, g->plans.gelu_fused - fused0,
+               g->plans.gelu_separate - separate0);
         fflush(stdout);
     }
-    lt_cache_release();
-    cublasDestroy(g.blas); /* as ops_cuda_shutdown */
-    free(g.ws);
-    cublasLtDestroy(g.lt);
+    lt_cache_release(g);
+    cublasDestroy(g->blas); /* as ops_release */
+    free(g->ws);
+    cublasLtDestroy(g->lt);
     cur_case = "end";
     if (emu_bad_stream)
-        fail("%ld calls on a stream other than g.stream", emu_bad_stream);
+        fail("%ld calls on a stream other than g->stream", emu_bad_stream);
     if (!emu_live.empty())
         fail("%zu cuBLAS/cuBLASLt objects not destroyed", emu_live.size());
     if (emu_gemmex_default_ws)

@@ -22,8 +22,8 @@
  *
  * Output: one line per failed check, a summary. Exit 0 when all pass. */
 extern "C" {
-#include "src/ops.h"
-#include "src/ops_math.h"
+#include "base/ops_math.h"
+#include "src/ops_cpu.h"
 }
 
 #include <algorithm>
@@ -214,7 +214,7 @@ static void att_run(float *out, float *lse, float *dqkv, const float *dout, cons
            [=] { k_att_bwd_dkv<NC>(dqkv, dout, qkv, out, lse, pos, T, NH, NKV, HS, scale); });
 }
 
-/* Document positions (src/ops.h) for rows of T tokens: documents of the
+/* Document positions (base/ops.h) for rows of T tokens: documents of the
  * lengths len[0..], cycling, restarting at each row. */
 static std::vector<int32_t> doc_positions(int B, int T, std::vector<int> len)
 {
@@ -241,7 +241,7 @@ static void test_attention(int B, int T, int NH, int NKV, int HS, std::vector<in
     if (pos) {
         std::vector<float> rq = qkv;
         float *pq = qkv.data();
-        cpu->rope_fwd(rq.data(), pos, B, T, NH, NKV, HS, 10000.0f);
+        cpu->rope_fwd(cpu->ctx, rq.data(), pos, B, T, NH, NKV, HS, 10000.0f);
         launch(dim3(grid_for(N * (size_t)(NH + NKV) * (size_t)(HS / 2), THREADS)), THREADS, false,
                [=] { k_rope(pq, pos, (int)N, T, NH, NKV, HS, 10000.0f, 1.0f); });
         check("rope_fwd", shape, qkv.data(), rq.data(), qkv.size(), TOL);
@@ -249,8 +249,9 @@ static void test_attention(int B, int T, int NH, int NKV, int HS, std::vector<in
     }
     std::vector<float> out(N * OC), lse((size_t)B * NH * T), dqkv(N * R, 0.0f);
     std::vector<float> rout(N * OC), rlse(lse.size()), rdqkv(N * R, 0.0f);
-    cpu->attention_fwd(rout.data(), rlse.data(), qkv.data(), pos, B, T, NH, NKV, HS);
-    cpu->attention_bwd(rdqkv.data(), dout.data(), qkv.data(), rout.data(), rlse.data(), pos, B, T, NH, NKV, HS);
+    cpu->attention_fwd(cpu->ctx, rout.data(), rlse.data(), qkv.data(), pos, B, T, NH, NKV, HS);
+    cpu->attention_bwd(cpu->ctx, rdqkv.data(), dout.data(), qkv.data(), rout.data(), rlse.data(), pos, B, T, NH, NKV,
+                       HS);
     /* the backward from the CPU's forward, so only the backward is compared there */
     const int nc = att_nc(HS);
     if (nc == 1)
@@ -279,7 +280,7 @@ static void test_norms(int N, int C)
     for (int accum = 0; accum < 2; accum++) {
         /* layernorm */
         std::vector<float> out(n), mean(N), rstd(N), rout(n), rmean(N), rrstd(N);
-        cpu->layernorm_fwd(rout.data(), rmean.data(), rrstd.data(), px, pw, pb, N, C, eps);
+        cpu->layernorm_fwd(cpu->ctx, rout.data(), rmean.data(), rrstd.data(), px, pw, pb, N, C, eps);
         float *po = out.data(), *pm = mean.data(), *pr = rstd.data();
         launch(dim3(N), THREADS, true, [=] { k_layernorm_fwd(po, pm, pr, px, pw, pb, C, eps); });
         if (!accum) {
@@ -288,7 +289,8 @@ static void test_norms(int N, int C)
             check("layernorm_fwd rstd", shape, rstd.data(), rrstd.data(), N, TOL);
         }
         std::vector<float> din = din0, dw = dw0, db = db0, rdin = din0, rdw = dw0, rdb = db0;
-        cpu->layernorm_bwd(rdin.data(), rdw.data(), rdb.data(), pg, px, pw, rmean.data(), rrstd.data(), N, C, accum);
+        cpu->layernorm_bwd(cpu->ctx, rdin.data(), rdw.data(), rdb.data(), pg, px, pw, rmean.data(), rrstd.data(), N, C,
+                           accum);
         const float *cm = rmean.data(), *cr = rrstd.data();
         float *pdin = din.data(), *pdw = dw.data(), *pdb = db.data();
         launch(dim3(N), THREADS, true, [=] { k_layernorm_bwd_dx(pdin, pg, px, pw, cm, cr, C); });
@@ -307,7 +309,7 @@ static void test_norms(int N, int C)
         check(what, shape, db.data(), rdb.data(), C, TOL);
 
         /* rmsnorm */
-        cpu->rmsnorm_fwd(rout.data(), rrstd.data(), px, pw, N, C, eps);
+        cpu->rmsnorm_fwd(cpu->ctx, rout.data(), rrstd.data(), px, pw, N, C, eps);
         launch(dim3(N), THREADS, true, [=] { k_rmsnorm_fwd(po, pr, px, pw, C, eps); });
         if (!accum) {
             check("rmsnorm_fwd out", shape, out.data(), rout.data(), n, TOL);
@@ -315,7 +317,7 @@ static void test_norms(int N, int C)
         }
         din = din0, dw = dw0, rdin = din0, rdw = dw0;
         pdin = din.data(), pdw = dw.data();
-        cpu->rmsnorm_bwd(rdin.data(), rdw.data(), pg, px, pw, rrstd.data(), N, C, accum);
+        cpu->rmsnorm_bwd(cpu->ctx, rdin.data(), rdw.data(), pg, px, pw, rrstd.data(), N, C, accum);
         launch(dim3(N), THREADS, true, [=] { k_rmsnorm_bwd_dx(pdin, pg, px, pw, cr, C); });
         launch(dim3(cb, nk), THREADS, false, [=] { k_rmsnorm_bwd_dw_part(pp, pg, px, cr, N, C, rows); });
         launch(dim3(cb), THREADS, false, [=] { k_colsum_fold(pdw, pp, nk, C, accum); });
@@ -338,9 +340,10 @@ static void test_xent(int N, int Vl, int ld, int v0, bool alias)
     const float dloss = 1.0f / N;
     std::vector<float> mx(N), st(2 * (size_t)N), loss(N), rmx(N), rst(2 * (size_t)N), rloss(N);
     std::vector<float> e = alias ? logits : std::vector<float>((size_t)N * ld, 7.0f), re = e;
-    cpu->xent_max(rmx.data(), logits.data(), N, Vl, ld);
-    cpu->xent_sumexp(rst.data(), re.data(), alias ? re.data() : logits.data(), rmx.data(), tgt.data(), v0, N, Vl, ld);
-    cpu->xent_finish(rloss.data(), re.data(), rmx.data(), rst.data(), tgt.data(), v0, N, Vl, ld, dloss);
+    cpu->xent_max(cpu->ctx, rmx.data(), logits.data(), N, Vl, ld);
+    cpu->xent_sumexp(cpu->ctx, rst.data(), re.data(), alias ? re.data() : logits.data(), rmx.data(), tgt.data(), v0, N,
+                     Vl, ld);
+    cpu->xent_finish(cpu->ctx, rloss.data(), re.data(), rmx.data(), rst.data(), tgt.data(), v0, N, Vl, ld, dloss);
     float *pm = mx.data(), *ps = st.data(), *pl = loss.data(), *pe = e.data();
     const float *px = alias ? e.data() : logits.data();
     const int32_t *pt = tgt.data();
@@ -353,7 +356,7 @@ static void test_xent(int N, int Vl, int ld, int v0, bool alias)
     check("xent_finish dlogits", shape, e.data(), re.data(), e.size(), TOL);
     /* losses only */
     std::fill(loss.begin(), loss.end(), 9.0f);
-    cpu->xent_finish(rloss.data(), NULL, rmx.data(), rst.data(), pt, v0, N, Vl, ld, dloss);
+    cpu->xent_finish(cpu->ctx, rloss.data(), NULL, rmx.data(), rst.data(), pt, v0, N, Vl, ld, dloss);
     launch(dim3(N), THREADS, true, [=] { k_xent_finish(pl, NULL, pm, ps, pt, v0, Vl, ld, dloss); });
     check("xent_finish losses (no dlogits)", shape, loss.data(), rloss.data(), N, TOL);
 }
@@ -399,7 +402,7 @@ static void test_embedding(int B, int T, int C, int v0, int Vl, bool wpe_on, boo
     std::vector<float> out((size_t)N * C), rout(out.size());
     const float *pwpe = wpe_on ? wpe.data() : NULL, *pwte = wte.data();
     const int32_t *pt = tok.data();
-    cpu->embedding_fwd(rout.data(), pt, pos, pwte, pwpe, N, T, C, v0, Vl);
+    cpu->embedding_fwd(cpu->ctx, rout.data(), pt, pos, pwte, pwpe, N, T, C, v0, Vl);
     float *po = out.data();
     launch(dim3(grid_for((size_t)N * C, THREADS)), THREADS, false,
            [=] { k_embedding_fwd(po, pt, pos, pwte, pwpe, N, T, C, v0, Vl); });
@@ -410,7 +413,7 @@ static void test_embedding(int B, int T, int C, int v0, int Vl, bool wpe_on, boo
     for (int accum = 0; accum < 2; accum++) {
         std::vector<float> dwte = rvec((size_t)Vl * C, -1, 1), dwpe = rvec((size_t)T * C, -1, 1);
         std::vector<float> rdwte = dwte, rdwpe = dwpe;
-        cpu->embedding_bwd(rdwte.data(), wpe_on ? rdwpe.data() : NULL, pg, pt, pos, N, T, C, v0, Vl, accum);
+        cpu->embedding_bwd(cpu->ctx, rdwte.data(), wpe_on ? rdwpe.data() : NULL, pg, pt, pos, N, T, C, v0, Vl, accum);
         if (!accum) {
             std::fill(dwte.begin(), dwte.end(), 0.0f);
             std::fill(dwpe.begin(), dwpe.end(), 0.0f);
@@ -443,7 +446,7 @@ static void test_sumsq()
         xs.push_back(v.back().data());
     }
     double ref[count], got[count];
-    cpu->sumsq(ref, xs.data(), ns, count);
+    cpu->sumsq(cpu->ctx, ref, xs.data(), ns, count);
     std::vector<double> part((size_t)count * SUMSQ_BLOCKS);
     double *pp = part.data();
     const float *const *px = xs.data();
@@ -463,7 +466,9 @@ static void test_sumsq()
 
 int main(void)
 {
-    cpu = ops_cpu();
+    cpu = ops_cpu_create();
+    if (!cpu)
+        return 1;
     ops_cpu_threads(1);
     /* partial tiles and GQA (HS <= 64); HS > 64 not a multiple of 4 (two
      * chunks); HS > 128 (ATT_GROUP chunks, a partial one); tiny HS */
@@ -485,5 +490,6 @@ int main(void)
     test_embedding(3, 50, 20, 0, 40, true, true); /* wpe by document position */
     test_sumsq();
     printf("%s: %d of %d checks failed\n", failed ? "FAIL" : "PASS", failed, checks);
+    ops_release(cpu);
     return failed ? 1 : 0;
 }

@@ -19,7 +19,7 @@
 #include "mpi/grid.h"
 #include "mpi/launch.h"
 #include "cuda/nccl_comm.h"
-#include "src/ops_math.h"
+#include "base/ops_math.h"
 
 static int nfail;
 static void check(int ok, const char *group, const char *what, int rank)

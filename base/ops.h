@@ -6,7 +6,7 @@
  * Conventions
  *  - All tensors are fp32, row-major, in the backend's memory, except the
  *    bf16 side of the casts and the bf16 GEMMs' operands (uint16_t bit
- *    patterns, see ops_math.h).
+ *    patterns, see base/bf16.h).
  *  - N = B*T rows (tokens). C = model width. Weights are stored [out, in]
  *    (as nn.Linear), so every matmul is a GEMM with no transposed copy.
  *  - "accum" flags: 0 = overwrite the output, 1 = add into it. Parameter
@@ -36,33 +36,39 @@
 
 typedef struct ops {
     const char *name; /* "cpu", "cuda" */
+    /* The backend's state (its workspace, handles, streams, queue): every
+     * method takes it first, called as ops->f(ops->ctx, ...). */
+    void *ctx;
+    /* Ends the backend: waits for what is pending and frees ctx and the
+     * table with it (ops_release). */
+    void (*release)(void *ctx);
 
     /* Ops may run asynchronously (CUDA enqueues them on a stream): sync
      * returns once every op issued so far has finished. Host code that
      * reads or writes backend memory other than through this table (an MPI
      * communicator on a device buffer) calls it first; to_host, sumsq and
      * free wait on their own, and from_host may reuse its source at once. */
-    void (*sync)(void);
+    void (*sync)(void *ctx);
 
     /* Memory in the backend's address space. alloc returns 64-byte aligned
      * memory, zeroed, or NULL. to_host/from_host copy between host and
      * backend. */
-    void *(*alloc)(size_t bytes);
-    void (*free)(void *p);
-    void (*copy)(void *dst, const void *src, size_t bytes);
-    void (*to_host)(void *host_dst, const void *src, size_t bytes);
-    void (*from_host)(void *dst, const void *host_src, size_t bytes);
-    void (*zero)(void *dst, size_t bytes);
+    void *(*alloc)(void *ctx, size_t bytes);
+    void (*free)(void *ctx, void *p);
+    void (*copy)(void *ctx, void *dst, const void *src, size_t bytes);
+    void (*to_host)(void *ctx, void *host_dst, const void *src, size_t bytes);
+    void (*from_host)(void *ctx, void *dst, const void *host_src, size_t bytes);
+    void (*zero)(void *ctx, void *dst, size_t bytes);
 
     /* out[N,OC] = in[N,IC] . w[OC,IC]^T (+ b[OC] when b != NULL) */
-    void (*matmul_fwd)(float *out, const float *in, const float *w, const float *b,
+    void (*matmul_fwd)(void *ctx, float *out, const float *in, const float *w, const float *b,
                        int N, int IC, int OC);
     /* din[N,IC]  (=|+= by accum_din) dout[N,OC] . w[OC,IC]
      * dw[OC,IC]  (=|+= by accum_dw)  dout^T . in
      * db[OC]     (=|+= by accum_dw)  sum over rows of dout
      * Any of din, dw, db may be NULL (not wanted). With OC = 0 din is an
      * empty sum: zeros, or unchanged when accumulating. */
-    void (*matmul_bwd)(float *din, float *dw, float *db, const float *dout,
+    void (*matmul_bwd)(void *ctx, float *din, float *dw, float *db, const float *dout,
                        const float *in, const float *w, int N, int IC, int OC,
                        int accum_din, int accum_dw);
 
@@ -73,9 +79,9 @@ typedef struct ops {
      * backends agree up to fp32 summation order: the CPU widens the bf16
      * operands to fp32 (exact) and calls cblas_sgemm; CUDA runs cuBLASLt
      * with bf16 A/B, fp32 C/D and CUBLAS_COMPUTE_32F. */
-    void (*matmul_fwd_bf16)(float *out, const uint16_t *in, const uint16_t *w, const float *b,
+    void (*matmul_fwd_bf16)(void *ctx, float *out, const uint16_t *in, const uint16_t *w, const float *b,
                             int N, int IC, int OC);
-    void (*matmul_bwd_bf16)(float *din, float *dw, float *db, const uint16_t *dout16,
+    void (*matmul_bwd_bf16)(void *ctx, float *din, float *dw, float *db, const uint16_t *dout16,
                             const float *dout, const uint16_t *in, const uint16_t *w,
                             int N, int IC, int OC, int accum_din, int accum_dw);
 
@@ -92,35 +98,35 @@ typedef struct ops {
      * matmul_gelu_fwd: pre[N,OC] = in[N,IC] . w[OC,IC]^T (+ b), the GELU
      * input backward keeps, and out[N,OC] = gelu(pre): matmul_fwd then
      * gelu_fwd. */
-    void (*matmul_gelu_fwd)(float *out, float *pre, const float *in, const float *w, const float *b,
+    void (*matmul_gelu_fwd)(void *ctx, float *out, float *pre, const float *in, const float *w, const float *b,
                             int N, int IC, int OC);
-    void (*matmul_gelu_fwd_bf16)(float *out, float *pre, const uint16_t *in, const uint16_t *w,
+    void (*matmul_gelu_fwd_bf16)(void *ctx, float *out, float *pre, const uint16_t *in, const uint16_t *w,
                                  const float *b, int N, int IC, int OC);
     /* The backward of a matmul whose input was gelu(pre): matmul_bwd with
      * din[N,IC] = gelu'(pre[N,IC]) o (dout . w), the gradient at the GELU's
      * input (written, never accumulated), then dw and db as matmul_bwd.
      * din must not overlap dout, in or pre; din, dw and db may each be
      * NULL (not wanted), as in matmul_bwd. */
-    void (*matmul_dgelu_bwd)(float *din, float *dw, float *db, const float *dout, const float *in,
+    void (*matmul_dgelu_bwd)(void *ctx, float *din, float *dw, float *db, const float *dout, const float *in,
                              const float *pre, const float *w, int N, int IC, int OC, int accum_dw);
-    void (*matmul_dgelu_bwd_bf16)(float *din, float *dw, float *db, const uint16_t *dout16, const float *dout,
-                                  const uint16_t *in, const float *pre, const uint16_t *w, int N, int IC,
-                                  int OC, int accum_dw);
+    void (*matmul_dgelu_bwd_bf16)(void *ctx, float *din, float *dw, float *db, const uint16_t *dout16,
+                                  const float *dout, const uint16_t *in, const float *pre, const uint16_t *w, int N,
+                                  int IC, int OC, int accum_dw);
 
     /* LayerNorm over the last dim: out = (x - mean) * rstd * w + b.
      * mean[N], rstd[N] are saved for backward. */
-    void (*layernorm_fwd)(float *out, float *mean, float *rstd, const float *x,
+    void (*layernorm_fwd)(void *ctx, float *out, float *mean, float *rstd, const float *x,
                           const float *w, const float *b, int N, int C, float eps);
     /* din[N,C] += d/dx (always accumulates: it adds into the residual
      * gradient); dw[C], db[C] (=|+= by accum_dw). */
-    void (*layernorm_bwd)(float *din, float *dw, float *db, const float *dout,
+    void (*layernorm_bwd)(void *ctx, float *din, float *dw, float *db, const float *dout,
                           const float *x, const float *w, const float *mean,
                           const float *rstd, int N, int C, int accum_dw);
     /* RMSNorm: out = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps). */
-    void (*rmsnorm_fwd)(float *out, float *rstd, const float *x, const float *w,
+    void (*rmsnorm_fwd)(void *ctx, float *out, float *rstd, const float *x, const float *w,
                         int N, int C, float eps);
     /* din[N,C] += d/dx (always accumulates); dw[C] (=|+= by accum_dw). */
-    void (*rmsnorm_bwd)(float *din, float *dw, const float *dout, const float *x,
+    void (*rmsnorm_bwd)(void *ctx, float *din, float *dw, const float *dout, const float *x,
                         const float *w, const float *rstd, int N, int C, int accum_dw);
 
     /* Rotary position embedding, in place on the q and k parts of qkv
@@ -129,8 +135,8 @@ typedef struct ops {
      * n % T when pos is NULL (see "Document positions" below);
      * angle = position * theta^(-2i/HS). rope_bwd applies the inverse
      * rotation to the gradient, in place. */
-    void (*rope_fwd)(float *qkv, const int32_t *pos, int B, int T, int NH, int NKV, int HS, float theta);
-    void (*rope_bwd)(float *dqkv, const int32_t *pos, int B, int T, int NH, int NKV, int HS, float theta);
+    void (*rope_fwd)(void *ctx, float *qkv, const int32_t *pos, int B, int T, int NH, int NKV, int HS, float theta);
+    void (*rope_bwd)(void *ctx, float *dqkv, const int32_t *pos, int B, int T, int NH, int NKV, int HS, float theta);
 
     /* Causal self-attention, scale 1/sqrt(HS), flash-attention style: the
      * T x T probabilities are never stored. out[N, NH*HS]; lse[B,NH,T]
@@ -140,39 +146,39 @@ typedef struct ops {
      * 0..t of its row. pos[B*T] (document masking): query t sees keys
      * t - pos[bT+t] .. t, those of its own document; tiles with no such
      * pair are skipped, not computed and masked. */
-    void (*attention_fwd)(float *out, float *lse, const float *qkv, const int32_t *pos,
+    void (*attention_fwd)(void *ctx, float *out, float *lse, const float *qkv, const int32_t *pos,
                           int B, int T, int NH, int NKV, int HS);
     /* dqkv[N,(NH+2NKV)*HS] is written (not accumulated). The probabilities
      * are recomputed blockwise from qkv and lse: P = exp(scale q.k - lse).
      * out is the forward's output, for D = rowsum(dout o out) (which equals
      * rowsum(dP o P)); pos as in the forward. */
-    void (*attention_bwd)(float *dqkv, const float *dout, const float *qkv,
+    void (*attention_bwd)(void *ctx, float *dqkv, const float *dout, const float *qkv,
                           const float *out, const float *lse, const int32_t *pos,
                           int B, int T, int NH, int NKV, int HS);
 
     /* GELU, tanh approximation (GPT-2). out/din are written. */
-    void (*gelu_fwd)(float *out, const float *x, size_t n);
-    void (*gelu_bwd)(float *dx, const float *x, const float *dout, size_t n);
+    void (*gelu_fwd)(void *ctx, float *out, const float *x, size_t n);
+    void (*gelu_bwd)(void *ctx, float *dx, const float *x, const float *dout, size_t n);
     /* SwiGLU: gu[N, 2F] = [gate (F) | up (F)] per row; out[N,F] = silu(gate) * up.
      * dgu[N,2F] is written. */
-    void (*swiglu_fwd)(float *out, const float *gu, int N, int F);
-    void (*swiglu_bwd)(float *dgu, const float *gu, const float *dout, int N, int F);
+    void (*swiglu_fwd)(void *ctx, float *out, const float *gu, int N, int F);
+    void (*swiglu_bwd)(void *ctx, float *dgu, const float *gu, const float *dout, int N, int F);
 
     /* out[n] = a[n] + b[n] (out may alias a or b) */
-    void (*add)(float *out, const float *a, const float *b, size_t n);
+    void (*add)(void *ctx, float *out, const float *a, const float *b, size_t n);
 
     /* Vocabulary-parallel embedding: this rank holds rows [v0, v0+Vl) of the
      * token embedding in wte[Vl, C].
      * out[N,C] = wte[tok[n] - v0, :] for tokens held, else 0
      *            (+ wpe[p(n), :] when wpe != NULL)
      * where p(n) = pos[n], or n % T when pos is NULL. */
-    void (*embedding_fwd)(float *out, const int32_t *tok, const int32_t *pos, const float *wte,
+    void (*embedding_fwd)(void *ctx, float *out, const int32_t *tok, const int32_t *pos, const float *wte,
                           const float *wpe, int N, int T, int C, int v0, int Vl);
     /* dwte[tok[n] - v0, :] += dout[n, :] for tokens held; dwpe[p(n), :] +=
      * dout[n, :]. With accum = 0 all Vl rows of dwte and the first T rows of
      * dwpe are first set to zero (rows of dwpe beyond T are the caller's).
      * dwpe may be NULL. Deterministic: no atomics, no order dependence. */
-    void (*embedding_bwd)(float *dwte, float *dwpe, const float *dout, const int32_t *tok,
+    void (*embedding_bwd)(void *ctx, float *dwte, float *dwpe, const float *dout, const int32_t *tok,
                           const int32_t *pos, int N, int T, int C, int v0, int Vl, int accum);
 
     /* Softmax cross-entropy over a vocabulary split across a group: this
@@ -188,10 +194,10 @@ typedef struct ops {
      * NULL (may alias logits) pass 2 keeps the exps there and pass 3 turns
      * them into dlogits = dloss * (softmax - onehot), padding columns 0;
      * pass dlogits == NULL to xent_finish for losses only. */
-    void (*xent_max)(float *rowmax, const float *logits, int N, int Vl, int ld);
-    void (*xent_sumexp)(float *stats, float *expbuf, const float *logits, const float *rowmax,
+    void (*xent_max)(void *ctx, float *rowmax, const float *logits, int N, int Vl, int ld);
+    void (*xent_sumexp)(void *ctx, float *stats, float *expbuf, const float *logits, const float *rowmax,
                         const int32_t *targets, int v0, int N, int Vl, int ld);
-    void (*xent_finish)(float *losses, float *dlogits, const float *rowmax, const float *stats,
+    void (*xent_finish)(void *ctx, float *losses, float *dlogits, const float *rowmax, const float *stats,
                         const int32_t *targets, int v0, int N, int Vl, int ld, float dloss);
 
     /* AdamW on n contiguous parameters. g is multiplied by grad_scale first
@@ -200,7 +206,7 @@ typedef struct ops {
      * is not NULL the same pass also writes p16[i] = dt_f32_to_bf16(p[i])
      * of the updated value (the bf16 weights of --dtype bf16), bit for bit
      * what cast_f32_to_bf16 of p would give. */
-    void (*adamw)(float *p, uint16_t *p16, const float *g, float *m, float *v, size_t n,
+    void (*adamw)(void *ctx, float *p, uint16_t *p16, const float *g, float *m, float *v, size_t n,
                   float lr, float beta1, float beta2, float eps, float wd,
                   float grad_scale, int t);
 
@@ -211,35 +217,26 @@ typedef struct ops {
      * pointers and lengths), out is host memory: one wait for all of them,
      * where the gradient norm's ~200 tensors would otherwise wait ~200
      * times a step. */
-    void (*sumsq)(double *out, const float *const *x, const size_t *n, int count);
+    void (*sumsq)(void *ctx, double *out, const float *const *x, const size_t *n, int count);
     /* x[i] *= s */
-    void (*scale)(float *x, float s, size_t n);
+    void (*scale)(void *ctx, float *x, float s, size_t n);
 
     /* bf16 casts, elementwise over n elements; bf16 is stored as its 16-bit
      * pattern (uint16_t, 2 bytes per element), fp32 as float (4 bytes).
      * f32 -> bf16 rounds to nearest even (overflow to +-Inf, NaN stays a
      * quiet NaN); bf16 -> f32 is exact. Same bits on every backend: both use
-     * dt_f32_to_bf16 / dt_bf16_to_f32 from ops_math.h. --dtype bf16 casts
+     * dt_f32_to_bf16 / dt_bf16_to_f32 from base/bf16.h. --dtype bf16 casts
      * the GEMM operands with cast_f32_to_bf16. out must not overlap in. */
-    void (*cast_f32_to_bf16)(uint16_t *out, const float *in, size_t n);
-    void (*cast_bf16_to_f32)(float *out, const uint16_t *in, size_t n);
+    void (*cast_f32_to_bf16)(void *ctx, uint16_t *out, const float *in, size_t n);
+    void (*cast_bf16_to_f32)(void *ctx, float *out, const uint16_t *in, size_t n);
 } ops_t;
 
-/* The CPU backend (src/ops_cpu.c). */
-const ops_t *ops_cpu(void);
-/* Sets the CPU backend's threads (its OpenMP kernels and OpenBLAS share
- * one pool): requested > 0, or 0 to keep OMP_NUM_THREADS or all the cores
- * this process may use. Returns the threads in use. */
-int ops_cpu_threads(int requested);
-
-/* The deferred table over `base` (src/ops_defer.c, DTRAIN_DEFER_OPS=1):
- * every op is queued and runs only when the host waits (sync, to_host,
- * sumsq, free), the most asynchronous a GPU can be, so the CPU tests catch
- * a missing wait as wrong numbers. ops_defer_release runs what is queued
- * and frees the queue. */
-const ops_t *ops_defer(const ops_t *base);
-void ops_defer_release(void);
-/* Ops run and host waits (sync, to_host, sumsq, free) so far. */
-void ops_defer_counts(long *ops, long *waits);
+/* Ends a backend made by a backend's constructor (src/ops_cpu.h,
+ * cuda/ops_cuda.h); NULL is a no-op. */
+static inline void ops_release(const ops_t *ops)
+{
+    if (ops && ops->release)
+        ops->release(ops->ctx);
+}
 
 #endif
