@@ -129,6 +129,24 @@ static void cu_copy(void *dst, const void *src, size_t bytes)
     finish("copy");
 }
 
+/* Pinned host memory: to_host into it is one DMA, not staged by the
+ * driver. NULL on failure (the caller reports out of memory). */
+static void *cu_host_alloc(size_t bytes)
+{
+    void *p = NULL;
+    if (cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocDefault) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    return p;
+}
+
+static void cu_host_free(void *p)
+{
+    if (p)
+        ck(cudaFreeHost(p), "host_free: cudaFreeHost");
+}
+
 /* Both directions wait: to_host for its result; from_host so the caller
  * may reuse its (pageable) source at once whatever the driver stages. */
 static void cu_to_host(void *host_dst, const void *src, size_t bytes)
@@ -600,6 +618,8 @@ extern "C" int ops_cuda_init(int dev, char *err, size_t errlen)
     cuda_ops.to_host = cu_to_host;
     cuda_ops.from_host = cu_from_host;
     cuda_ops.zero = cu_zero;
+    cuda_ops.host_alloc = cu_host_alloc;
+    cuda_ops.host_free = cu_host_free;
     cuda_ops.matmul_fwd = matmul_fwd;
     cuda_ops.matmul_bwd = matmul_bwd;
     cuda_ops.matmul_fwd_bf16 = matmul_fwd_bf16;

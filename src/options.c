@@ -97,6 +97,7 @@ static const opt_def_t opt_defs[] = {
     {"keep", OPT_INT, F(keep), 0, "0", 0, INT_MAX, NULL, "keep the newest N checkpoints in --ckpt-dir, removing older ones once a new one is complete (0 = all)"},
     {"stop-at-step", OPT_INT, F(stop_at_step), 0, "0", 0, INT_MAX, NULL, "end this job after step N (checkpointed with --ckpt-dir) and leave the rest of --steps to a resumed run (0 = run to --steps)"},
     {"resume", OPT_STR, F(resume), S(resume), "", 0, 0, NULL, "continue from a checkpoint: auto (the newest complete one in --ckpt-dir, or a fresh start) or FILE"},
+    {"ckpt-async", OPT_FLAG, F(ckpt_async), 0, "0", 0, 1, NULL, "asynchronous checkpoints: at the step boundary each rank only copies its state into host memory of its own, and a background thread writes the same file (same atomic protocol and checksums) while training goes on; the next checkpoint, a stop signal and the end of the run wait for it; needs --ckpt-dir"},
     {"init-from", OPT_STR, F(init_from), S(init_from), "", 0, 0, NULL, "start from the weights of a Hugging Face model directory (config.json + model.safetensors or sharded with model.safetensors.index.json: GPT2LMHeadModel, LlamaForCausalLM, Llama-shaped MistralForCausalLM; f32, f16 or bf16) or an llm.c GPT-2 model file (gpt2_124M.bin, fp32 or bf16): the model comes from the file (a disagreeing --model, --n-layer, ... is an error), every rank reads only its slices, training starts at step 0 with fresh AdamW state; a checkpoint that --resume finds wins over it"},
     {"save-params", OPT_STR, F(save_params), S(save_params), "", 0, 0, NULL, "at the end, write the trained parameters as logical tensors to FILE (HDF5, any layout reads it)"},
     {"trace", OPT_STR, F(trace), S(trace), "", 0, 0, NULL, "write a Chrome/Perfetto trace of every rank (layer and communication spans) to FILE"},
@@ -286,6 +287,17 @@ static void print_help(FILE *out)
         fprintf(out, "  %-12s %s\n", p->name, p->about);
 }
 
+/* --ckpt-async changes how --ckpt-dir's checkpoints are written: alone it would be ignored */
+static int check_ckpt_async(const run_options_t *o, char *err, size_t errlen)
+{
+    if (o->ckpt_async && !o->ckpt_dir[0]) {
+        snprintf(err, errlen, "--ckpt-async writes the checkpoints of --ckpt-dir in the background: "
+                 "give --ckpt-dir DIR");
+        return -1;
+    }
+    return 0;
+}
+
 static int check_consistency(const run_options_t *o, char *err, size_t errlen)
 {
     if (!model_preset_find(o->model)) {
@@ -313,6 +325,8 @@ static int check_consistency(const run_options_t *o, char *err, size_t errlen)
         snprintf(err, errlen, "--ckpt-every %d needs --ckpt-dir DIR", o->ckpt_every);
         return -1;
     }
+    if (check_ckpt_async(o, err, errlen) != 0)
+        return -1;
     if (strcmp(o->resume, "auto") == 0 && !o->ckpt_dir[0]) {
         snprintf(err, errlen, "--resume auto looks in --ckpt-dir: give --ckpt-dir DIR (or --resume FILE)");
         return -1;
