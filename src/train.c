@@ -303,8 +303,11 @@ static int trainer_resume(trainer_t *tr, char *err, size_t errlen)
 static int state_to_host(trainer_t *tr, float *hp, float *hm, float *hv, char *err, size_t errlen)
 {
     int rc = 0;
-    /* collective over the shard group: every rank reaches it */
-    if (params_to_host(tr, hp) != 0 || moments_to_host(tr, hm, hv) != 0) {
+    /* a replica that writes nothing and gathers for no one copies nothing:
+     * its copy would only take memory bandwidth from the writer's */
+    const int idle = tr->grid->dp_rank != 0 && !tr->sync.ops->shards;
+    /* else collective over the shard group: every rank reaches it */
+    if (!idle && (params_to_host(tr, hp) != 0 || moments_to_host(tr, hm, hv) != 0)) {
         snprintf(err, errlen, "checkpoint: gathering the sharded parameters or AdamW moments failed: %s",
                  tr->sync.err[0] ? tr->sync.err : "out of memory");
         rc = -1;
