@@ -59,6 +59,11 @@ typedef struct ops {
     void (*to_host)(void *ctx, void *host_dst, const void *src, size_t bytes);
     void (*from_host)(void *ctx, void *dst, const void *host_src, size_t bytes);
     void (*zero)(void *ctx, void *dst, size_t bytes);
+    /* Host memory that to_host fills fastest (CUDA: pinned, so the copy
+     * is one DMA), freed with host_free; 64-byte aligned, or NULL. NULL
+     * members (the CPU): plain host memory serves. Checkpoint copies. */
+    void *(*host_alloc)(void *ctx, size_t bytes);
+    void (*host_free)(void *ctx, void *p);
 
     /* out[N,OC] = in[N,IC] . w[OC,IC]^T (+ b[OC] when b != NULL) */
     void (*matmul_fwd)(void *ctx, float *out, const float *in, const float *w, const float *b,

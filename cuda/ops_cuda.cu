@@ -137,6 +137,26 @@ static void cu_copy(void *ctx, void *dst, const void *src, size_t bytes)
     finish(g, "copy");
 }
 
+/* Pinned host memory: to_host into it is one DMA, not staged by the
+ * driver. NULL on failure (the caller reports out of memory). */
+static void *cu_host_alloc(void *ctx, size_t bytes)
+{
+    (void)ctx; /* pinned memory belongs to the process, not to a stream */
+    void *p = NULL;
+    if (cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocDefault) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    return p;
+}
+
+static void cu_host_free(void *ctx, void *p)
+{
+    (void)ctx;
+    if (p)
+        ck(cudaFreeHost(p), "host_free: cudaFreeHost");
+}
+
 /* Both directions wait: to_host for its result; from_host so the caller
  * may reuse its (pageable) source at once whatever the driver stages. */
 static void cu_to_host(void *ctx, void *host_dst, const void *src, size_t bytes)
@@ -625,6 +645,8 @@ static const ops_t cuda_ops = {
     .to_host = cu_to_host,
     .from_host = cu_from_host,
     .zero = cu_zero,
+    .host_alloc = cu_host_alloc,
+    .host_free = cu_host_free,
     .matmul_fwd = matmul_fwd,
     .matmul_bwd = matmul_bwd,
     .matmul_fwd_bf16 = matmul_fwd_bf16,

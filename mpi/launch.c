@@ -135,11 +135,14 @@ void launch_init(launch_env_t *env, int *argc, char ***argv)
      * call. An MCA parameter has no API, so set it before MPI_Init unless the
      * user chose one. */
     setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "1", 0);
+    /* MULTIPLE where the library has it: --ckpt-async's writer thread makes
+     * MPI-IO calls on its own communicator while the main thread trains */
     int provided = 0;
-    if (MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
+    if (MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS) {
         fprintf(stderr, "dtrain: MPI_Init_thread failed: check the MPI installation and launcher\n");
         exit(1);
     }
+    env->thread_multiple = provided >= MPI_THREAD_MULTIPLE;
     /* errors come back as codes, checked at each call */
     launch_mpi_check(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
     launch_mpi_check(MPI_Comm_rank(MPI_COMM_WORLD, &env->world_rank), "MPI_Comm_rank");

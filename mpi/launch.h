@@ -38,9 +38,12 @@ typedef struct launch_env {
     /* a communicator over (a duplicate of) MPI_COMM_WORLD, for the
      * program's agreements (mpi/agree.h); launch_exit frees it */
     comm_t *world;
+    /* MPI provided MPI_THREAD_MULTIPLE (asked for; FUNNELED is the least
+     * the program needs without a second MPI thread) */
+    int thread_multiple;
 } launch_env_t;
 
-/* MPI_Init_thread (FUNNELED), the rank/size queries, the launcher and SLURM
+/* MPI_Init_thread (MULTIPLE where provided), the rank/size queries, the launcher and SLURM
  * job around it. Collective. On failure prints a
  * line and exits 1 (nothing else can be agreed on without MPI). */
 void launch_init(launch_env_t *env, int *argc, char ***argv);

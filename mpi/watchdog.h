@@ -15,10 +15,10 @@
  *   (--comm-timeout 600): a peer rank is stuck or dead; aborting the job
  *
  * and calls MPI_Abort, which ends every rank under mpirun and srun alike.
- * The process runs MPI_THREAD_FUNNELED, under which MPI_Abort from a
- * second thread is outside the standard's promise; the job is already
- * lost, and an alarm(30) set just before makes the process end anyway
- * should MPI_Abort itself block.
+ * The process asks for MPI_THREAD_MULTIPLE (launch.h); where the library
+ * gives less, MPI_Abort from a second thread is outside the standard's
+ * promise; the job is already lost, and an alarm(30) set just before makes
+ * the process end anyway should MPI_Abort itself block.
  *
  * Only blocking is timed: a nonblocking operation in flight while the
  * rank computes is progress, not a hang; its wait() is timed.

@@ -64,7 +64,10 @@ int metrics_write_json(FILE *f, const step_record_t *r)
                           r->bubble_max, r->bubble_mean, r->tokens_per_s, r->mfu);
     for (int k = 0; k <= MEM_N_CATEGORIES && rc >= 0; k++)
         rc = fprintf(f, "\"%s\": %lld%s", k < MEM_N_CATEGORIES ? mem_category_name((mem_category_t)k) : "total",
-                     r->mem_peak[k], k < MEM_N_CATEGORIES ? ", " : "}}\n");
+                     r->mem_peak[k], k < MEM_N_CATEGORIES ? ", " : "}");
+    if (rc >= 0 && r->ckpt_stall_ms > 0)
+        rc = fprintf(f, ", \"ckpt_stall_ms\": %.3f", r->ckpt_stall_ms);
+    rc = rc < 0 ? rc : fprintf(f, "}\n");
     if (rc < 0 || fflush(f) != 0)
         return -1;
     return 0;

@@ -25,6 +25,10 @@ typedef struct step_record {
     /* high-water marks of the accounting allocator, bytes, max over
      * ranks: one per category (mem.h order), then the total's */
     long long mem_peak[MEM_N_CATEGORIES + 1];
+    /* ms the checkpoints written since the previous record held training
+     * up (the boundary before this step: the whole save, or with
+     * --ckpt-async the copy to host and any wait for a write); 0: none */
+    double ckpt_stall_ms;
 } step_record_t;
 
 void metrics_print_step(FILE *out, const step_record_t *r);

@@ -86,6 +86,7 @@ static const opt_def_t opt_defs[] = {
     {"ckpt-dir", OPT_STR, F(ckpt_dir), S(ckpt_dir), "", 0, 0, NULL, "write checkpoints (HDF5, any layout loads them) into DIR, created with its parents if missing", "DIR", NULL, 0},
     {"ckpt-every", OPT_INT, F(ckpt_every), 0, "0", 0, INT_MAX, NULL, "checkpoint every N steps (0 = only at the end); needs --ckpt-dir", NULL, NULL, 0},
     {"keep", OPT_INT, F(keep), 0, "0", 0, INT_MAX, NULL, "keep the newest N checkpoints in --ckpt-dir, removing older ones once a new one is complete (0 = all)", NULL, NULL, 0},
+    {"ckpt-async", OPT_FLAG, F(ckpt_async), 0, "0", 0, 1, NULL, "asynchronous checkpoints: at the step boundary each rank only copies its state into host memory of its own, and a background thread writes the same file (same atomic protocol and checksums) while training goes on; the next checkpoint, a stop signal and the end of the run wait for it; needs --ckpt-dir", NULL, NULL, 0},
     {"stop-at-step", OPT_INT, F(stop_at_step), 0, "0", 0, INT_MAX, NULL, "end this job after step N (checkpointed with --ckpt-dir) and leave the rest of --steps to a resumed run (0 = run to --steps)", NULL, NULL, 0},
     {"resume", OPT_STR, F(resume), S(resume), "", 0, 0, NULL, "continue from a checkpoint: auto (the newest complete one in --ckpt-dir, or a fresh start) or FILE", "FILE", NULL, 0},
     {"init-from", OPT_STR, F(init_from), S(init_from), "", 0, 0, NULL, "start from the weights of a Hugging Face model directory (config.json + model.safetensors or sharded with model.safetensors.index.json: GPT2LMHeadModel, LlamaForCausalLM, Llama-shaped MistralForCausalLM; f32, f16 or bf16) or an llm.c GPT-2 model file (gpt2_124M.bin, fp32 or bf16): the model comes from the file (a disagreeing --model, --n-layer, ... is an error), every rank reads only its slices, training starts at step 0 with fresh AdamW state; a checkpoint that --resume finds wins over it", "PATH", NULL, 0},
@@ -187,6 +188,17 @@ static int check_schedule_spike(const run_options_t *o, char *err, size_t errlen
     return 0;
 }
 
+/* --ckpt-async changes how --ckpt-dir's checkpoints are written: alone it would be ignored */
+static int check_ckpt_async(const run_options_t *o, char *err, size_t errlen)
+{
+    if (o->ckpt_async && !o->ckpt_dir[0]) {
+        snprintf(err, errlen, "--ckpt-async writes the checkpoints of --ckpt-dir in the background: "
+                 "give --ckpt-dir DIR");
+        return -1;
+    }
+    return 0;
+}
+
 static int check_consistency(const run_options_t *o, char *err, size_t errlen)
 {
     if (check_schedule_spike(o, err, errlen) != 0)
@@ -216,6 +228,8 @@ static int check_consistency(const run_options_t *o, char *err, size_t errlen)
         snprintf(err, errlen, "--ckpt-every %d needs --ckpt-dir DIR", o->ckpt_every);
         return -1;
     }
+    if (check_ckpt_async(o, err, errlen) != 0)
+        return -1;
     if (strcmp(o->resume, "auto") == 0 && !o->ckpt_dir[0]) {
         snprintf(err, errlen, "--resume auto looks in --ckpt-dir: give --ckpt-dir DIR (or --resume FILE)");
         return -1;

@@ -70,6 +70,7 @@ typedef struct run_options {
     char init_from[OPT_PATH_MAX]; /* --init-from: a Hugging Face directory or an llm.c file (src/hf_import.h) */
     int model_set;                /* --model was given (command line or config file), not defaulted */
     int ckpt_every, keep, stop_at_step;
+    int ckpt_async; /* --ckpt-async: checkpoints written by a background thread (src/ckpt_async.h) */
     int sample_tokens, top_k;
     double temperature;
     char prompt[512];

@@ -218,8 +218,13 @@ int param_io_write(comm_t *world, const char *path, const model_config_t *cfg, c
         rc = table_shards(t, groups, n_groups, tensors, nt, 0, tp_rank, shards, &ns, err, errlen);
     /* a failure above is agreed on, so every rank skips the write together */
     rc = agree(world, rc, err, errlen);
+    /* the file is written over world's own MPI communicator (a writer
+     * thread's is not the main thread's) */
+    MPI_Comm mc = MPI_COMM_WORLD;
+    if (rc == 0 && comm_mpi_handle(world, &mc) != 0)
+        mc = MPI_COMM_WORLD;
     if (rc == 0)
-        rc = h5store_write(path, MPI_COMM_WORLD, tensors, nt, shards, ns, attrs, n_attrs, err, errlen);
+        rc = h5store_write(path, mc, tensors, nt, shards, ns, attrs, n_attrs, err, errlen);
     free(tensors);
     free(shards);
     return rc;

@@ -21,6 +21,7 @@
 #include "src/mem.h"
 #include "src/ops_cpu.h"
 #include "src/ckpt.h"
+#include "src/ckpt_async.h"
 #include "mpi/agree.h"
 #include "io/h5store.h"
 #include "src/hf_import.h"
@@ -244,7 +245,7 @@ static void moments_from_host(trainer_t *tr, const float *hm, const float *hv)
 /* Each dataset's position after `step` steps' batches (a rollback's
  * skipped batches included): the samples of it the blend drew (a checkpoint's record; the order itself is a function of the
  * global sample index). */
-static void data_meta(trainer_t *tr, int step, ckpt_meta_t *meta)
+static void data_meta(const trainer_t *tr, int step, ckpt_meta_t *meta)
 {
     const int gb = tr->opt->micro_batch * tr->accum * tr->grid->dp_size;
     uint64_t count[CKPT_DATA_MAX];
@@ -341,8 +342,44 @@ static int trainer_resume(trainer_t *tr, char *err, size_t errlen)
     return rc;
 }
 
+/* The parameters and AdamW moments as full flat host buffers
+ * [table.numel] (on the writer, DP rank 0, every element). Collective. */
+static int state_to_host(trainer_t *tr, float *hp, float *hm, float *hv, char *err, size_t errlen)
+{
+    int rc = 0;
+    /* a replica that writes nothing and gathers for no one copies nothing:
+     * its copy would only take memory bandwidth from the writer's */
+    const int idle = tr->grid->dp_rank != 0 && !tr->sync.ops->shards;
+    /* else collective over the shard group: every rank reaches it */
+    if (!idle && (params_to_host(tr, hp) != 0 || moments_to_host(tr, hm, hv) != 0)) {
+        snprintf(err, errlen, "checkpoint: gathering the sharded parameters or AdamW moments failed: %s",
+                 tr->sync.err[0] ? tr->sync.err : "out of memory");
+        rc = -1;
+    }
+    return agree(tr->world, rc, err, errlen);
+}
+
+/* The run state a checkpoint of `step` completed steps records. */
+static ckpt_meta_t ckpt_meta_at(const trainer_t *tr, int step)
+{
+    const run_options_t *o = tr->opt;
+    const grid_t *g = tr->grid;
+    ckpt_meta_t meta = {.step = step, .adam_t = tr->optim.t, .seed = o->seed, .seq_len = o->seq_len,
+                        .global_batch = o->micro_batch * tr->accum * g->dp_size, .lr = o->lr,
+                        .min_lr = o->min_lr, .warmup = o->warmup, .steps = o->steps,
+                        .tokenizer = tr->data_tokenizer, .tokenizer_sha256 = tr->data_tokenizer_sha256};
+    meta.tokens = (long long)step * meta.global_batch * o->seq_len;
+    meta.data_skip = tr->spike.data_skip;
+    lr_schedule_record(&tr->sched, meta.lr_schedule, sizeof meta.lr_schedule, &meta.decay_steps, meta.decay_shape,
+                       sizeof meta.decay_shape);
+    data_meta(tr, step + tr->spike.data_skip, &meta);
+    snprintf(meta.layout, sizeof meta.layout, "tp %d pp %d dp %d zero %d", g->tp_size, g->pp_size, g->dp_size,
+             tr->sync.ops->zero);
+    return meta;
+}
+
 /* Writes the checkpoint of `step` completed steps. Collective. */
-static int trainer_save(trainer_t *tr, int step, char *err, size_t errlen)
+static int save_sync(trainer_t *tr, int step, char *err, size_t errlen)
 {
     const run_options_t *o = tr->opt;
     const grid_t *g = tr->grid;
@@ -352,27 +389,10 @@ static int trainer_save(trainer_t *tr, int step, char *err, size_t errlen)
     if (rc != 0)
         snprintf(err, errlen, "out of memory for a checkpoint");
     rc = agree(tr->world, rc, err, errlen);
+    if (rc == 0)
+        rc = state_to_host(tr, hp, hm, hv, err, errlen);
     if (rc == 0) {
-        /* collective over the shard group: every rank reaches it */
-        if (params_to_host(tr, hp) != 0 || moments_to_host(tr, hm, hv) != 0) {
-            snprintf(err, errlen, "checkpoint: gathering the sharded parameters or AdamW moments failed: %s",
-                     tr->sync.err[0] ? tr->sync.err : "out of memory");
-            rc = -1;
-        }
-    }
-    rc = agree(tr->world, rc, err, errlen);
-    if (rc == 0) {
-        ckpt_meta_t meta = {.step = step, .adam_t = tr->optim.t, .seed = o->seed, .seq_len = o->seq_len,
-                            .global_batch = o->micro_batch * tr->accum * g->dp_size, .lr = o->lr,
-                            .min_lr = o->min_lr, .warmup = o->warmup, .steps = o->steps,
-                            .tokenizer = tr->data_tokenizer, .tokenizer_sha256 = tr->data_tokenizer_sha256};
-        meta.tokens = (long long)step * meta.global_batch * o->seq_len;
-        meta.data_skip = tr->spike.data_skip;
-        lr_schedule_record(&tr->sched, meta.lr_schedule, sizeof meta.lr_schedule, &meta.decay_steps,
-                           meta.decay_shape, sizeof meta.decay_shape);
-        data_meta(tr, step + tr->spike.data_skip, &meta);
-        snprintf(meta.layout, sizeof meta.layout, "tp %d pp %d dp %d zero %d", g->tp_size, g->pp_size, g->dp_size,
-                 tr->sync.ops->zero);
+        const ckpt_meta_t meta = ckpt_meta_at(tr, step);
         char path[OPT_PATH_MAX + 64];
         double t0 = now_s();
         rc = ckpt_save(tr->world, o->ckpt_dir, o->keep, &tr->cfg, &m->table, hp, hm, hv, g->dp_rank == 0, g->tp_size,
@@ -385,6 +405,69 @@ static int trainer_save(trainer_t *tr, int step, char *err, size_t errlen)
             printf("checkpoint: %s (step %d) in %.2f s\n", path, step, now_s() - t0);
     }
     return rc;
+}
+
+/* --ckpt-async: waits for the previous write, copies the state into the
+ * writer's host buffers and starts the write; the checkpoint counts as
+ * the last one at once (a failed write ends the run). Collective. */
+static int save_async(trainer_t *tr, int step, char *err, size_t errlen)
+{
+    ckpt_async_t *a = tr->ckpt_async;
+    const grid_t *g = tr->grid;
+    const double t0 = now_s();
+    if (ckpt_async_wait(a, err, errlen) != 0 ||
+        state_to_host(tr, ckpt_async_buffer(a, 0), ckpt_async_buffer(a, 1), ckpt_async_buffer(a, 2), err,
+                      errlen) != 0)
+        return -1;
+    const ckpt_async_job_t job = {.dir = tr->opt->ckpt_dir, .keep = tr->opt->keep, .cfg = &tr->cfg,
+                                  .t = &tr->model.table, .writer = g->dp_rank == 0, .tp_size = g->tp_size,
+                                  .tp_rank = g->tp_rank, .meta = ckpt_meta_at(tr, step)};
+    if (agree(tr->world, ckpt_async_start(a, &job, err, errlen), err, errlen) != 0)
+        return -1;
+    snprintf(tr->last_ckpt, sizeof tr->last_ckpt, "%s/step_%08d.h5", tr->opt->ckpt_dir, step);
+    tr->last_ckpt_step = step;
+    if (tr->env->world_rank == 0)
+        printf("checkpoint: step %d copied to host in %.1f ms, writing %s in the background\n", step,
+               1e3 * (now_s() - t0), tr->last_ckpt);
+    return 0;
+}
+
+/* A checkpoint of `step` completed steps, written now or in the
+ * background (--ckpt-async); the time it held training up goes to the
+ * next step record. Collective. */
+static int trainer_save(trainer_t *tr, int step, char *err, size_t errlen)
+{
+    const double t0 = now_s();
+    int rc = tr->ckpt_async ? save_async(tr, step, err, errlen) : save_sync(tr, step, err, errlen);
+    tr->ckpt_stall_s += now_s() - t0;
+    return rc;
+}
+
+/* --ckpt-async: waits for the write in flight (before a stop, the end of
+ * the run, any other HDF5 use); at a step boundary (poll) only collects
+ * one that every rank has finished. Collective; 0 without --ckpt-async. */
+static int ckpt_wait(trainer_t *tr, int poll, char *err, size_t errlen)
+{
+    if (!ckpt_async_busy(tr->ckpt_async))
+        return 0;
+    const double t0 = now_s();
+    int rc = poll ? ckpt_async_poll(tr->ckpt_async, err, errlen) : ckpt_async_wait(tr->ckpt_async, err, errlen);
+    tr->ckpt_stall_s += now_s() - t0;
+    return rc;
+}
+
+/* --ckpt-async's writer, after a resume (whose host copies it replaces).
+ * Collective; agreed. */
+static int setup_ckpt_async(trainer_t *tr, char *err, size_t errlen)
+{
+    int rc = 0;
+    free_state(tr);
+    if (!tr->env->thread_multiple)
+        rc = status_set(STATUS_INPUT, err, errlen, "--ckpt-async: this MPI library does not provide "
+                        "MPI_THREAD_MULTIPLE, which the background writer needs; checkpoint without it");
+    else if (!(tr->ckpt_async = ckpt_async_create(tr->model.ops, tr->world, tr->model.table.numel, err, errlen)))
+        rc = -1;
+    return agree(tr->world, rc, err, errlen);
 }
 
 /* --save-params: the parameters alone, as logical tensors. Collective. */
@@ -832,6 +915,8 @@ int trainer_setup(trainer_t *tr, const run_config_t *run, const launch_env_t *en
         return -1;
     if (tr->opt->resume[0] && trainer_resume(tr, err, errlen) != 0)
         return -1;
+    if (tr->opt->ckpt_async && setup_ckpt_async(tr, err, errlen) != 0)
+        return -1;
     return setup_step(tr, err, errlen);
 }
 
@@ -1263,7 +1348,8 @@ static int stop_requested(trainer_t *tr, int step, char *err, size_t errlen)
     if (sig == 0)
         return 0;
     const char *name = sig == SIGUSR1 ? "SIGUSR1" : sig == SIGTERM ? "SIGTERM" : "a signal";
-    if (o->ckpt_dir[0] && tr->last_ckpt_step != step && trainer_save(tr, step, err, errlen) != 0)
+    if ((o->ckpt_dir[0] && tr->last_ckpt_step != step && trainer_save(tr, step, err, errlen) != 0) ||
+        ckpt_wait(tr, 0, err, errlen) != 0)
         return -1;
     if (tr->env->world_rank == 0) {
         if (o->ckpt_dir[0])
@@ -1362,7 +1448,8 @@ static int spike_rollback(trainer_t *tr, int step, char *err, size_t errlen)
     const long long next = step + sp->data_skip + 1; /* the first batch after the skipped ones */
     ckpt_meta_t meta;
     double load_s;
-    if (load_state(tr, path, &meta, &load_s, err, errlen) != 0)
+    /* the checkpoint may still be in the background writer's hands; HDF5 is one thread's at a time */
+    if (ckpt_wait(tr, 0, err, errlen) != 0 || load_state(tr, path, &meta, &load_s, err, errlen) != 0)
         return -1;
     if (tr->env->world_rank == 0) {
         printf("spike: %d steps skipped in a row (steps %d-%d): back to %s (step %d), continuing on the data after "
@@ -1499,6 +1586,10 @@ static int report_step(trainer_t *tr, step_record_t *r, int end, char *err, size
         return -1;
     if (tr->has_val && (done % o->val_every == 0 || done == end))
         r->val_loss = trainer_val_loss(tr);
+    if (ckpt_wait(tr, 1, err, errlen) != 0)
+        return -1;
+    r->ckpt_stall_ms = 1e3 * tr->ckpt_stall_s;
+    tr->ckpt_stall_s = 0.0;
     if (tr->env->world_rank == 0 && tr->spike.in_row == 0) { /* a skipped step has its spike line instead */
         metrics_print_step(stdout, r);
         if (tr->metrics && metrics_write_json(tr->metrics, r) != 0) {
@@ -1576,6 +1667,8 @@ int trainer_run(trainer_t *tr, char *err, size_t errlen)
         if (tr->stopped_by)
             break;
     }
+    if (ckpt_wait(tr, 0, err, errlen) != 0)
+        return -1;
     if (tr->stopped_by) {
         /* the run continues in a later job: no final parameters, no sample */
         return tr->trace ? write_trace(tr, err, errlen) : 0;
@@ -1599,6 +1692,7 @@ void trainer_teardown(trainer_t *tr)
     free(tr->tgt);
     free(tr->pos);
     free_state(tr);
+    ckpt_async_destroy(tr->ckpt_async);
     dpsync_destroy(&tr->sync);
     adamw_destroy(&tr->optim);
     if (tr->model.ops)

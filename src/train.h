@@ -75,6 +75,11 @@ typedef struct trainer {
      * [table.numel] each: made at the first save or load and kept, since
      * fresh memory costs more to fault in than the file costs to write */
     float *host_p, *host_m, *host_v;
+    /* --ckpt-async: the background writer and its host copies, else NULL */
+    struct ckpt_async *ckpt_async;
+    /* seconds the checkpoints since the last step record held training up
+     * (its ckpt_stall_ms) */
+    double ckpt_stall_s;
 } trainer_t;
 
 /* Everything the run needs, on the grid run was resolved for; on failure

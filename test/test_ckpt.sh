@@ -11,6 +11,9 @@
 #    the previous checkpoint still loadable: flipped byte, truncated file,
 #    missing tensor, another model, unknown format version, an unusable
 #    directory, a full disk (a 16 MiB tmpfs), and a job killed while writing.
+# test_ckpt_async.sh runs all of it again with CKPT_ASYNC=--ckpt-async on
+# every run that writes checkpoints, and then also checks the asynchronous
+# checkpoints and the run resumed from them against synchronous ones.
 . "$top_srcdir/test/common.sh"
 
 PY=/usr/bin/python3
@@ -23,16 +26,18 @@ run() { # out np args...
     "$MPIEXEC" --quiet -np "$np" "$DTRAIN" $ARGS --metrics "$out" "$@" >"$out.log" 2>&1 ||
         { fail "np $np $*: exit status $? $(tail -n 3 "$out.log")"; return 1; }
 }
+ASYNC=${CKPT_ASYNC:-}
+mode=${ASYNC:-sync}
 losses() { sed -n 's/^{"step": \([0-9]*\), "loss": \([^,]*\).*/\1 \2/p' "$1"; }
 
 # ---- exact resume ----
-run "$TMP/full.json" 4 --tp 2 --pp 2 --ckpt-dir "$TMP/full" --save-params "$TMP/full.h5"
-run "$TMP/half1.json" 4 --tp 2 --pp 2 --ckpt-dir "$TMP/half" --stop-at-step 10
-run "$TMP/half2.json" 4 --tp 2 --pp 2 --ckpt-dir "$TMP/half" --resume auto --save-params "$TMP/half.h5"
+run "$TMP/full.json" 4 --tp 2 --pp 2 --ckpt-dir "$TMP/full" $ASYNC --save-params "$TMP/full.h5"
+run "$TMP/half1.json" 4 --tp 2 --pp 2 --ckpt-dir "$TMP/half" $ASYNC --stop-at-step 10
+run "$TMP/half2.json" 4 --tp 2 --pp 2 --ckpt-dir "$TMP/half" $ASYNC --resume auto --save-params "$TMP/half.h5"
 if grep -q "resume: $TMP/half/step_00000010.h5, step 10" "$TMP/half2.json.log" &&
     losses "$TMP/full.json" | tail -n 10 >"$TMP/a" && losses "$TMP/half2.json" >"$TMP/b" &&
     [ "$(wc -l <"$TMP/b")" -eq 10 ] && cmp -s "$TMP/a" "$TMP/b"; then
-    pass "10 + resume + 10 steps at tp2 pp2: the 10 resumed losses bit-identical to the uninterrupted run"
+    pass "$mode: 10 + resume + 10 steps at tp2 pp2: the 10 resumed losses bit-identical to the uninterrupted run"
 else
     fail "resumed losses differ: $(diff "$TMP/a" "$TMP/b" | head -n 4)"
 fi
@@ -41,7 +46,8 @@ if out=$("$PY" "$top_srcdir/test/compare_params.py" "$TMP/full.h5" "$TMP/half.h5
 else
     fail "resumed final parameters: $out"
 fi
-"$PY" - "$TMP/full/step_00000020.h5" "$TMP/half/step_00000020.h5" >"$TMP/same" 2>&1 <<'PYEOF'
+same_ckpt() { # A B: every tensor of checkpoints A and B bit-identical (in $TMP/same)
+"$PY" - "$1" "$2" >"$TMP/same" 2>&1 <<'PYEOF'
 import sys, h5py, numpy as np
 a, b = h5py.File(sys.argv[1], "r"), h5py.File(sys.argv[2], "r")
 names = []
@@ -51,7 +57,27 @@ groups = sorted({n.split("/")[0] + ("/" + n.split("/")[1] if n.startswith("optim
 print("%d datasets (%s), %d differ" % (len(names), ", ".join(groups), len(bad)))
 sys.exit(1 if bad or len(names) < 200 else 0)
 PYEOF
-if [ $? -eq 0 ]; then pass "step-20 checkpoints bit-identical: $(cat "$TMP/same")"; else fail "step-20 checkpoints: $(cat "$TMP/same")"; fi
+}
+same_ckpt "$TMP/full/step_00000020.h5" "$TMP/half/step_00000020.h5"
+if [ $? -eq 0 ]; then pass "$mode: step-20 checkpoints bit-identical: $(cat "$TMP/same")"; else fail "step-20 checkpoints: $(cat "$TMP/same")"; fi
+
+# ---- asynchronous against synchronous: the same files, the same continuation ----
+if [ -n "$ASYNC" ]; then
+    run "$TMP/sync.json" 4 --tp 2 --pp 2 --ckpt-dir "$TMP/sync" --ckpt-every 10
+    for s in 10 20; do
+        if same_ckpt "$TMP/sync/step_000000$s.h5" "$TMP/half/step_000000$s.h5"; then
+            pass "$ASYNC: step-$s checkpoint (the resumed run's at 20) bit-identical to the synchronous one: $(cat "$TMP/same")"
+        else
+            fail "$ASYNC: step-$s checkpoint against the synchronous one: $(cat "$TMP/same")"
+        fi
+    done
+    if losses "$TMP/sync.json" | tail -n 10 >"$TMP/a" && cmp -s "$TMP/a" "$TMP/b" &&
+        grep -q "^checkpoint: $TMP/half/step_00000010.h5 (step 10) written in the background" "$TMP/half1.json.log"; then
+        pass "$ASYNC: the run resumed from the asynchronous step-10 checkpoint has the synchronous run's losses"
+    else
+        fail "$ASYNC: resumed losses against the synchronous run: $(diff "$TMP/a" "$TMP/b" | head -n 4)"
+    fi
+fi
 
 # ---- another layout on load ----
 for layout in "1" "2 --dp 2" "2 --pp 2" "4 --tp 4"; do
@@ -70,11 +96,13 @@ for layout in "1" "2 --dp 2" "2 --pp 2" "4 --tp 4"; do
 done
 
 # ---- keep, auto with nothing yet, h5py ----
-run "$TMP/keep.json" 2 --dp 2 --ckpt-dir "$TMP/keep" --ckpt-every 5 --keep 2 --resume auto
+run "$TMP/keep.json" 2 --dp 2 --ckpt-dir "$TMP/keep" $ASYNC --ckpt-every 5 --keep 2 --resume auto
 files=$(cd "$TMP/keep" && ls -A | tr '\n' ' ')
 if [ "$files" = "latest step_00000015.h5 step_00000020.h5 " ] && [ "$(cat "$TMP/keep/latest")" = step_00000020.h5 ] &&
-    grep -q "no checkpoint in $TMP/keep yet, starting from step 0" "$TMP/keep.json.log"; then
-    pass "--resume auto on an empty directory starts at 0; --ckpt-every 5 --keep 2 leaves: $files"
+    grep -q "no checkpoint in $TMP/keep yet, starting from step 0" "$TMP/keep.json.log" &&
+    [ -n "$(json_field "$TMP/keep.json" 6 ckpt_stall_ms)" ]; then
+    pass "$mode: --resume auto on an empty directory starts at 0; --ckpt-every 5 --keep 2 leaves: $files;" \
+        "step 6's record: ckpt_stall_ms $(json_field "$TMP/keep.json" 6 ckpt_stall_ms)"
 else
     fail "--keep 2: directory holds '$files', latest $(cat "$TMP/keep/latest" 2>/dev/null)"
 fi
@@ -132,7 +160,7 @@ expect_fail_line "holds a model with d_ff 512, this run's model has d_ff 256" re
 expect_fail_line "holds params only, no optimizer state" resume_from "$TMP/full.h5"
 : >"$TMP/notadir"
 expect_fail_line "--ckpt-dir $TMP/notadir/ck: cannot create" \
-    "$MPIEXEC" --quiet -np 2 "$DTRAIN" $ARGS --ckpt-dir "$TMP/notadir/ck"
+    "$MPIEXEC" --quiet -np 2 "$DTRAIN" $ARGS --ckpt-dir "$TMP/notadir/ck" $ASYNC
 if out=$(resume_from "$good" --steps 11 2>&1); then
     pass "after every fault the good checkpoint still loads and trains"
 else
@@ -144,7 +172,7 @@ fi
 mkdir -p "$TMP/small"
 if mount -t tmpfs -o size=16m tmpfs "$TMP/small" 2>/dev/null; then
     expect_fail_line "No space left on device" \
-        "$MPIEXEC" --quiet -np 2 "$DTRAIN" $ARGS --dp 2 --ckpt-dir "$TMP/small" --ckpt-every 5
+        "$MPIEXEC" --quiet -np 2 "$DTRAIN" $ARGS --dp 2 --ckpt-dir "$TMP/small" $ASYNC --ckpt-every 5
     left=$(cd "$TMP/small" && ls -A | tr '\n' ' ')
     if [ "$left" = "latest step_00000005.h5 " ] &&
         resume_from "$TMP/small/step_00000005.h5" --steps 6 >/dev/null 2>&1; then
@@ -160,7 +188,7 @@ fi
 # a job killed while writing: a bigger model so that the write takes a
 # while; kill it once a temporary checkpoint file exists
 BIG="--model tiny --d-model 512 --d-ff 2048 --n-layer 8 --seq-len 32 --ckpt-every 1"
-"$MPIEXEC" --quiet -np 2 "$DTRAIN" $ARGS $BIG --dp 2 --ckpt-dir "$TMP/kill" >"$TMP/kill.log" 2>&1 &
+"$MPIEXEC" --quiet -np 2 "$DTRAIN" $ARGS $BIG --dp 2 --ckpt-dir "$TMP/kill" $ASYNC >"$TMP/kill.log" 2>&1 &
 pid=$!
 i=0
 while [ $i -lt 600 ] && ! ls -A "$TMP/kill" 2>/dev/null | grep -q '^\.step_0000000[2-9].h5.tmp$'; do
@@ -171,7 +199,7 @@ kill -9 $pid 2>/dev/null
 pkill -9 -f "ckpt-dir $TMP/kill" 2>/dev/null
 wait $pid 2>/dev/null
 before=$(cat "$TMP/kill/latest" 2>/dev/null)
-"$MPIEXEC" --quiet -np 2 "$DTRAIN" $ARGS $BIG --dp 2 --ckpt-dir "$TMP/kill" --resume auto --steps 1 \
+"$MPIEXEC" --quiet -np 2 "$DTRAIN" $ARGS $BIG --dp 2 --ckpt-dir "$TMP/kill" $ASYNC --resume auto --steps 1 \
     >"$TMP/kill2.log" 2>&1
 rc=$?
 if [ -n "$before" ] && [ $rc -eq 0 ] && grep -q "resume: $TMP/kill/$before" "$TMP/kill2.log" &&

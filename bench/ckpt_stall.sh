@@ -1,0 +1,76 @@
+#!/bin/sh
+# How long a checkpoint holds training up, synchronous and --ckpt-async,
+# for gpt2-124m (124.4M parameters + AdamW m and v = 1.49 GB) at 1 and 2
+# ranks (dp 2).
+#
+#   bench/ckpt_stall.sh [EVERY]           (from the build directory, after make)
+#
+# One dtrain run per rank count and mode: --steps 3*EVERY+1 --ckpt-every
+# EVERY (micro batch 1, seq 16: cheap steps, the real checkpoint; EVERY
+# (default 10) must leave the background write time to finish before the
+# next checkpoint, or the wait for it is stall too). The stall of the
+# checkpoint at step k is the "ckpt_stall_ms" of --metrics' record k+1:
+# from the call into the checkpoint to the return to training (sync: the
+# host copy and the whole write; async: the host copy, the writer's start,
+# and any wait for the previous write). Per run: the mean of the
+# checkpoints at 2*EVERY and 3*EVERY (not the first: a synchronous run
+# allocates and faults in its host copies there; --ckpt-async made its own
+# at start); "polls": the other ckpt_stall_ms after the first checkpoint
+# (the per-step all-reduce of the writer's progress while a write is in
+# flight) per checkpoint; "write s": the synchronous "checkpoint: ... in X s"
+# or the async "written in the background in X s" lines' median; "step ms
+# while writing" against without, the median step time (the writer thread
+# shares the CPU with training).
+#
+# Environment: DTRAIN (./src/dtrain), DATA (data/gutenberg_train_*.bin),
+# MPIEXEC (mpirun), DIR (bench/out/ckpt-stall: the disk written), THREADS
+# (1: BLAS threads per rank), RANKS ("1 2").
+set -eu
+every=${1:-10}
+dtrain=${DTRAIN:-./src/dtrain}
+data=${DATA:-data/gutenberg_train_*.bin}
+mpiexec=${MPIEXEC:-mpirun}
+dir=${DIR:-bench/out/ckpt-stall}
+threads=${THREADS:-1}
+ranks=${RANKS:-1 2}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
+mkdir -p "$dir"
+. "$(dirname "$0")/io_common.sh" # median
+
+steps=$((3 * every + 1))
+# field FILE KEY: "step value" for every record holding KEY
+field() { sed -n "s/^{\"step\": \([0-9]*\),.*\"$2\": \([0-9.]*\).*/\1 \2/p" "$1"; }
+
+printf '%-6s %-6s | %10s %10s %8s | %12s %12s | %s\n' ranks mode "stall ms" "polls ms" "write s" "step ms" \
+    "while writing" "async stall / sync stall"
+for np in $ranks; do
+    sync_stall=
+    for mode in sync async; do
+        ck="$dir/np$np-$mode"
+        rm -rf "$ck"
+        flag=
+        [ "$mode" = async ] && flag=--ckpt-async
+        "$mpiexec" --oversubscribe --bind-to none -np "$np" "$dtrain" --model gpt2-124m --data "$data" \
+            --threads "$threads" --dp "$np" --micro-batch 1 --seq-len 16 --warmup 0 --val-every 0 --sample-tokens 0 \
+            --peak-gflops 100 --steps "$steps" --ckpt-every "$every" --keep 1 --ckpt-dir "$ck" $flag \
+            --metrics "$dir/np$np-$mode.json" >"$dir/np$np-$mode.log" 2>&1 ||
+            { echo "dtrain -np $np $mode failed:"; tail -n 5 "$dir/np$np-$mode.log"; exit 1; }
+        m="$dir/np$np-$mode.json"
+        stall=$(field "$m" ckpt_stall_ms | awk -v e="$every" '$1 % e == 1 && $1 > e + 1 { print $2 }' | median)
+        polls=$(field "$m" ckpt_stall_ms | awk -v e="$every" '$1 > e + 1 && $1 % e != 1 { s += $2 } END { printf "%.1f", s / 2 }')
+        write=$(sed -n 's/^checkpoint: .* in \([0-9.]*\) s$/\1/p' "$dir/np$np-$mode.log" | median)
+        # steps 2..EVERY run before any write; EVERY+1..EVERY+3 while the first is in flight (async only)
+        plain=$(field "$m" ms | awk -v e="$every" '$1 >= 2 && $1 <= e { print $2 }' | median)
+        busy=-
+        [ "$mode" = async ] && busy=$(field "$m" ms | awk -v e="$every" '$1 > e && $1 <= e + 3 { print $2 }' | median | awk '{ printf "%.1f", $1 }')
+        ratio=
+        if [ "$mode" = sync ]; then
+            sync_stall=$stall
+        else
+            ratio=$(awk -v a="$stall" -v s="$sync_stall" 'BEGIN { printf "%.2f %%", 100 * a / s }')
+        fi
+        printf '%-6s %-6s | %10.1f %10s %8.2f | %12.1f %12s | %s\n' "$np" "$mode" "$stall" "$polls" "$write" \
+            "$plain" "$busy" "$ratio"
+        rm -rf "$ck"
+    done
+done

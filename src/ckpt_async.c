@@ -1,0 +1,178 @@
+#include "src/ckpt_async.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <mpi.h>
+
+#include "mpi/agree.h"
+#include "mpi/clock.h"
+
+struct ckpt_async {
+    const ops_t *ops;
+    comm_t *world;   /* the main thread's: waits and polls agree over it */
+    comm_t *wcomm;   /* the writer's duplicate of world: only the writer uses it */
+    float *buf[3];   /* params, m, v [numel], host */
+    size_t numel;
+    pthread_t thread;
+    int running;     /* a write started and not yet collected (main thread only) */
+    int threaded;    /* ... by the thread (else it ran in start) */
+    atomic_int done; /* the writer's job finished: set by it, read by poll */
+    /* the job and its outcome: written by start before the thread starts,
+     * by the writer before it sets done, read by the main thread after it
+     * joined */
+    ckpt_async_job_t job;
+    char dir[4096];
+    char path[4096 + 64];
+    int rc;
+    char err[AGREE_MSG_MAX];
+    double seconds;
+};
+
+static void *host_alloc(const ops_t *ops, size_t bytes)
+{
+    if (ops && ops->host_alloc)
+        return ops->host_alloc(ops->ctx, bytes);
+    return aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+}
+
+static void host_free(const ops_t *ops, void *p)
+{
+    if (ops && ops->host_free)
+        ops->host_free(ops->ctx, p);
+    else
+        free(p);
+}
+
+ckpt_async_t *ckpt_async_create(const ops_t *ops, comm_t *world, size_t numel, char *err, size_t errlen)
+{
+    ckpt_async_t *a = calloc(1, sizeof *a);
+    MPI_Comm mc;
+    if (!a || comm_mpi_handle(world, &mc) != 0) {
+        snprintf(err, errlen, "--ckpt-async: %s", a ? "the world communicator is not an MPI one" : "out of memory");
+        free(a);
+        return NULL;
+    }
+    a->ops = ops;
+    a->world = world;
+    a->numel = numel;
+    atomic_init(&a->done, 0);
+    /* MPI_Comm_dup: collective over world, so every rank reaches it */
+    a->wcomm = comm_mpi_create(&mc);
+    if (a->wcomm)
+        snprintf(a->wcomm->name, sizeof a->wcomm->name, "ckpt");
+    const size_t bytes = numel * sizeof(float) + 1;
+    for (int i = 0; i < 3; i++) {
+        a->buf[i] = host_alloc(ops, bytes);
+        if (a->buf[i])
+            memset(a->buf[i], 0, bytes); /* the pages, now rather than in the first stall */
+    }
+    if (!a->wcomm || !a->buf[0] || !a->buf[1] || !a->buf[2]) {
+        snprintf(err, errlen, "--ckpt-async: %s", a->wcomm ? "out of host memory for the checkpoint copies"
+                                                           : "cannot duplicate the world communicator");
+        ckpt_async_destroy(a);
+        return NULL;
+    }
+    return a;
+}
+
+float *ckpt_async_buffer(ckpt_async_t *a, int i)
+{
+    return i >= 0 && i < 3 ? a->buf[i] : NULL;
+}
+
+/* The writer: ckpt_save over the duplicate communicator. Its agreements
+ * make rc and err the same on every rank. */
+static void *writer_main(void *arg)
+{
+    ckpt_async_t *a = arg;
+    const ckpt_async_job_t *j = &a->job;
+    const double t0 = now_s();
+    a->rc = ckpt_save(a->wcomm, j->dir, j->keep, j->cfg, j->t, a->buf[0], a->buf[1], a->buf[2], j->writer,
+                      j->tp_size, j->tp_rank, &j->meta, a->path, sizeof a->path, a->err, sizeof a->err);
+    a->seconds = now_s() - t0;
+    atomic_store_explicit(&a->done, 1, memory_order_release);
+    return NULL;
+}
+
+int ckpt_async_start(ckpt_async_t *a, const ckpt_async_job_t *job, char *err, size_t errlen)
+{
+    if (a->running) {
+        snprintf(err, errlen, "checkpoint of step %d: the one of step %d is still being written", job->meta.step,
+                 a->job.meta.step);
+        return -1;
+    }
+    a->job = *job;
+    snprintf(a->dir, sizeof a->dir, "%s", job->dir);
+    a->job.dir = a->dir;
+    a->rc = 0;
+    a->err[0] = '\0';
+    atomic_store_explicit(&a->done, 0, memory_order_relaxed);
+    a->running = 1;
+    /* the writers of all ranks meet in the same collectives: a rank whose
+     * thread cannot start writes in this thread instead, so the others'
+     * are not left waiting for it (a slower stall, the same file) */
+    a->threaded = pthread_create(&a->thread, NULL, writer_main, a) == 0;
+    if (!a->threaded)
+        writer_main(a);
+    return 0;
+}
+
+int ckpt_async_wait(ckpt_async_t *a, char *err, size_t errlen)
+{
+    if (!a || !a->running)
+        return 0;
+    int rc = 0;
+    if (a->threaded && pthread_join(a->thread, NULL) != 0) {
+        snprintf(err, errlen, "checkpoint of step %d: pthread_join of the writer failed", a->job.meta.step);
+        rc = -1;
+    }
+    a->running = 0;
+    if (rc == 0 && a->rc != 0) {
+        snprintf(err, errlen, "%s", a->err);
+        rc = -1;
+    }
+    rc = agree(a->world, rc, err, errlen);
+    if (rc == 0 && a->world->rank == 0) {
+        printf("checkpoint: %s (step %d) written in the background in %.2f s\n", a->path, a->job.meta.step,
+               a->seconds);
+        fflush(stdout);
+    }
+    return rc;
+}
+
+int ckpt_async_poll(ckpt_async_t *a, char *err, size_t errlen)
+{
+    if (!a || !a->running)
+        return 0;
+    int32_t done = atomic_load_explicit(&a->done, memory_order_acquire);
+    if (a->world->size > 1 && a->world->ops->allreduce(a->world, &done, 1, COMM_INT32, COMM_MIN) != 0) {
+        snprintf(err, errlen, "checkpoint of step %d: the all-reduce of the writers' progress failed: %s",
+                 a->job.meta.step, a->world->err);
+        return -1;
+    }
+    return done ? ckpt_async_wait(a, err, errlen) : 0;
+}
+
+int ckpt_async_busy(const ckpt_async_t *a)
+{
+    return a && a->running;
+}
+
+void ckpt_async_destroy(ckpt_async_t *a)
+{
+    if (!a)
+        return;
+    if (a->running && a->threaded)
+        (void)pthread_join(a->thread, NULL);
+    for (int i = 0; i < 3; i++)
+        if (a->buf[i])
+            host_free(a->ops, a->buf[i]);
+    if (a->wcomm)
+        a->wcomm->ops->destroy(a->wcomm);
+    free(a);
+}
