@@ -100,6 +100,8 @@ static const opt_def_t opt_defs[] = {
     {"init-from", OPT_STR, F(init_from), S(init_from), "", 0, 0, NULL, "start from the weights of a Hugging Face model directory (config.json + model.safetensors or sharded with model.safetensors.index.json: GPT2LMHeadModel, LlamaForCausalLM, Llama-shaped MistralForCausalLM; f32, f16 or bf16) or an llm.c GPT-2 model file (gpt2_124M.bin, fp32 or bf16): the model comes from the file (a disagreeing --model, --n-layer, ... is an error), every rank reads only its slices, training starts at step 0 with fresh AdamW state; a checkpoint that --resume finds wins over it"},
     {"save-params", OPT_STR, F(save_params), S(save_params), "", 0, 0, NULL, "at the end, write the trained parameters as logical tensors to FILE (HDF5, any layout reads it)"},
     {"trace", OPT_STR, F(trace), S(trace), "", 0, 0, NULL, "write a Chrome/Perfetto trace of every rank (layer and communication spans) to FILE"},
+    {"tensorboard", OPT_STR, F(tensorboard), S(tensorboard), "", 0, 0, NULL, "write TensorBoard event files into DIR (created with its parents if missing): per step the loss, validation loss, learning rate, gradient norm, tokens/s, MFU, memory peaks and exposed communication"},
+    {"straggler-every", OPT_INT, F(straggler_every), 0, "0", 0, INT_MAX, NULL, "every N steps name the rank and host with the most compute per step over those N steps (time blocked on peers left out) and its ratio to the median rank (0 = never)"},
     {"sample-tokens", OPT_INT, F(sample_tokens), 0, "256", 0, 1 << 20, NULL, "tokens to generate at the end (0 = no sample)"},
     {"prompt", OPT_STR, F(prompt), S(prompt), "ALICE.", 0, 0, NULL, "text the sample continues, encoded with --tokenizer after its document start token (without a tokenizer the sample starts from token 0)"},
     {"tokenizer", OPT_STR, F(tokenizer), S(tokenizer), "auto", 0, 0, NULL, "tokenizer of the sample and --prompt: auto (the one the data's sidecar PREFIX.tokenizer.json names, else byte for a 256-token vocabulary, else none) | none (the sample prints token ids) | byte | gpt2[:DIR] | tiktoken:FILE[:ENCODING] | spm:MODEL"},
@@ -263,7 +265,7 @@ static const char *metavar(const opt_def_t *d)
                 return "FILE";
         if (strcmp(d->name, "init-from") == 0)
             return "PATH";
-        return strcmp(d->name, "ckpt-dir") == 0 ? "DIR" : strcmp(d->name, "tokenizer") == 0 ? "SPEC" : "STR";
+        return strcmp(d->name, "ckpt-dir") == 0 || strcmp(d->name, "tensorboard") == 0 ? "DIR" : strcmp(d->name, "tokenizer") == 0 ? "SPEC" : "STR";
     }
 }
 

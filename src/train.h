@@ -9,6 +9,7 @@
 #include "mpi/dpsync.h"
 #include "mpi/grid.h"
 #include "mpi/launch.h"
+#include "src/metrics.h"
 #include "src/model.h"
 #include "src/optim.h"
 #include "src/options.h"
@@ -72,6 +73,11 @@ typedef struct trainer {
      * [table.numel] each: made at the first save or load and kept, since
      * fresh memory costs more to fault in than the file costs to write */
     float *host_p, *host_m, *host_v;
+    /* seeing a run: --tensorboard (rank 0's writer, else NULL), the recent
+     * step times for the step line's time left, --straggler-every */
+    tfevents_t *tb;
+    step_eta_t eta;
+    straggler_t strag;
 } trainer_t;
 
 /* Everything a run needs; on failure err holds one line. Local to this
