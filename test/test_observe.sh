@@ -60,7 +60,7 @@ DTRAIN_TEST_SLOW_RANK=0:200 "$DTRAIN" $RUN --steps 50 --val-every 0 --tensorboar
     --metrics "$TMP/sig.json" >"$TMP/sig.log" 2>&1 &
 pid=$!
 n=0
-until grep -q '^step    2/50 ' "$TMP/sig.log" || [ $n -ge 300 ]; do sleep 0.1; n=$((n + 1)); done
+until grep -q '^step    2/50 ' "$TMP/sig.log" 2>/dev/null || [ $n -ge 300 ]; do sleep 0.1; n=$((n + 1)); done
 kill -USR1 $pid
 wait $pid
 rc=$?
