@@ -13,6 +13,46 @@ void metrics_format_bytes(char *buf, size_t len, double bytes)
     snprintf(buf, len, u ? "%.2f %s" : "%.0f %s", bytes, unit[u]);
 }
 
+void metrics_format_duration(char *buf, size_t len, double s)
+{
+    const long t = s > 0 ? (long)(s + 0.5) : 0;
+    if (t < 60)
+        snprintf(buf, len, "%lds", t);
+    else if (t < 3600)
+        snprintf(buf, len, "%ldm%02lds", t / 60, t % 60);
+    else if (t < 86400)
+        snprintf(buf, len, "%ldh%02ldm", t / 3600, t % 3600 / 60);
+    else
+        snprintf(buf, len, "%ldd%02ldh", t / 86400, t % 86400 / 3600);
+}
+
+void metrics_eta(step_eta_t *e, step_record_t *r, int ckpt_every, int end)
+{
+    if (!e->seen_first) {
+        e->first_ms = r->ms;
+        e->seen_first = 1;
+    } else {
+        e->ms[e->next] = r->ms;
+        e->next = (e->next + 1) % METRICS_ETA_WINDOW;
+        e->n += e->n < METRICS_ETA_WINDOW;
+    }
+    double mean = e->first_ms;
+    if (e->n > 0) {
+        mean = 0.0;
+        for (int i = 0; i < e->n; i++)
+            mean += e->ms[i];
+        mean /= e->n;
+    }
+    r->left_s = r->steps > r->step ? 1e-3 * mean * (r->steps - r->step) : 0.0;
+    r->ckpt_left_s = 0.0;
+    if (ckpt_every > 0) {
+        int next = (r->step / ckpt_every + 1) * ckpt_every;
+        next = next < end ? next : end;
+        if (next > r->step)
+            r->ckpt_left_s = 1e-3 * mean * (next - r->step);
+    }
+}
+
 void metrics_print_step(FILE *out, const step_record_t *r)
 {
     fprintf(out, "step %*d/%d | loss %.6f", r->steps >= 10000 ? 6 : 4, r->step, r->steps, r->loss);
@@ -26,7 +66,21 @@ void metrics_print_step(FILE *out, const step_record_t *r)
         fprintf(out, ", bubble %.0f%%/%.0f%%", 100.0 * r->bubble_max, 100.0 * r->bubble_mean);
     if (r->comm_ms > 0 || r->bubble_max > 0)
         fprintf(out, " max/mean)");
-    fprintf(out, " | %.0f tok/s | MFU %.1f%%\n", r->tokens_per_s, 100.0 * r->mfu);
+    fprintf(out, " | %.0f tok/s | MFU %.1f%%", r->tokens_per_s, 100.0 * r->mfu);
+    char a[32], b[32];
+    metrics_format_duration(a, sizeof a, r->left_s);
+    metrics_format_duration(b, sizeof b, r->ckpt_left_s);
+    const int left = r->left_s >= 0.5, ckpt = r->ckpt_left_s >= 0.5; /* "0s" says nothing */
+    if (left && ckpt)
+        fprintf(out, " | %s left, ckpt in %s", a, b);
+    else if (left || ckpt)
+        fprintf(out, " | %s %s", left ? a : "ckpt in", left ? "left" : b);
+    fputc('\n', out);
+    if (r->straggler.steps > 0) {
+        char line[256];
+        straggler_format(&r->straggler, line, sizeof line);
+        fprintf(out, "%s\n", line);
+    }
     fflush(out);
 }
 
@@ -67,6 +121,11 @@ int metrics_write_json(FILE *f, const step_record_t *r)
                      r->mem_peak[k], k < MEM_N_CATEGORIES ? ", " : "}");
     if (rc >= 0 && r->ckpt_stall_ms > 0)
         rc = fprintf(f, ", \"ckpt_stall_ms\": %.3f", r->ckpt_stall_ms);
+    const straggler_report_t *g = &r->straggler;
+    if (rc >= 0 && g->steps > 0)
+        rc = fprintf(f, ", \"straggler_rank\": %d, \"straggler_host\": \"%s\", \"straggler_ms\": %.3f, "
+                        "\"straggler_median_ms\": %.3f, \"straggler_first_step\": %d",
+                     g->rank, g->host, g->ms, g->median_ms, g->first);
     rc = rc < 0 ? rc : fprintf(f, "}\n");
     if (rc < 0 || fflush(f) != 0)
         return -1;

@@ -7,6 +7,7 @@
 
 #include "io/tfevents.h"
 #include "src/mem.h"
+#include "src/straggler.h"
 
 typedef struct step_record {
     int step, steps;   /* 1-based step just finished, total */
@@ -29,10 +30,35 @@ typedef struct step_record {
      * up (the boundary before this step: the whole save, or with
      * --ckpt-async the copy to host and any wait for a write); 0: none */
     double ckpt_stall_ms;
+    /* seconds left to --steps and to the next checkpoint at the recent
+     * steps' pace (metrics_eta); 0: not shown */
+    double left_s, ckpt_left_s;
+    straggler_report_t straggler; /* --straggler-every; steps 0: none this step */
 } step_record_t;
 
+/* The recent steps' times, for the time left: the mean of the last
+ * METRICS_ETA_WINDOW steps, leaving out the job's first step (warm-up:
+ * page faults, library start-up) once there are others. */
+#define METRICS_ETA_WINDOW 10
+typedef struct step_eta {
+    double ms[METRICS_ETA_WINDOW], first_ms;
+    int n, next, seen_first;
+} step_eta_t;
+
+/* Adds r's step time to e and sets r->left_s (to r->steps) and, with
+ * ckpt_every > 0 (--ckpt-dir and --ckpt-every), r->ckpt_left_s: to the next
+ * multiple of ckpt_every, or to `end` (this job's last step, which is
+ * checkpointed too) when that comes first. */
+void metrics_eta(step_eta_t *e, step_record_t *r, int ckpt_every, int end);
+/* "45s", "3m10s", "2h05m", "3d04h" */
+void metrics_format_duration(char *buf, size_t len, double s);
+
+/* The step line, ending in "| 3m10s left, ckpt in 1m05s" (each part when
+ * at least a second), and the straggler line when r reports one. */
 void metrics_print_step(FILE *out, const step_record_t *r);
-/* Returns 0, or -1 if the write failed. */
+/* The record as one JSON line; the straggler's fields (straggler_rank,
+ * straggler_host, straggler_ms, straggler_median_ms, straggler_first_step)
+ * when reported. Returns 0, or -1 if the write failed. */
 int metrics_write_json(FILE *f, const step_record_t *r);
 /* The record as one TensorBoard Event at r->step, stamped wall_time
  * (tfevents_now()): train/loss, val/loss (when computed), train/lr,

@@ -65,6 +65,9 @@ typedef struct run_options {
     /* output */
     char metrics[OPT_PATH_MAX];
     char trace[OPT_PATH_MAX];
+    /* seeing a run: TensorBoard event files (io/tfevents.h), the slowest rank (src/straggler.h) */
+    char tensorboard[OPT_PATH_MAX]; /* --tensorboard DIR: rank 0's event file, "" = none */
+    int straggler_every;            /* name the slowest rank every N steps (0 = never) */
     char save_params[OPT_PATH_MAX];
     char ckpt_dir[OPT_PATH_MAX], resume[OPT_PATH_MAX];
     char init_from[OPT_PATH_MAX]; /* --init-from: a Hugging Face directory or an llm.c file (src/hf_import.h) */

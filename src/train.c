@@ -701,6 +701,28 @@ static int setup_tokenizer(trainer_t *tr, char *err, size_t errlen)
     return encode_prompt(tr, err, errlen);
 }
 
+/* --straggler-every's host names and the test-only delay (collective),
+ * and on rank 0 the --tensorboard writer: DIR made with its parents. */
+static int setup_observe(trainer_t *tr, char *err, size_t errlen)
+{
+    const run_options_t *o = tr->opt;
+    if (straggler_setup(&tr->strag, tr->world, o->straggler_every, err, errlen) != 0)
+        return -1;
+    if (!o->tensorboard[0] || tr->env->world_rank != 0)
+        return 0;
+    char host[64] = "", why[512];
+    if (gethostname(host, sizeof host) != 0 || !host[0])
+        snprintf(host, sizeof host, "localhost");
+    host[sizeof host - 1] = '\0';
+    for (char *p = host; *p; p++)
+        *p = *p == '/' ? '_' : *p; /* part of the event file's name */
+    if (tfevents_open(o->tensorboard, host, (long)getpid(), tfevents_now(), &tr->tb, why, sizeof why) != 0) {
+        snprintf(err, errlen, "--tensorboard %s: %s", o->tensorboard, why);
+        return -1;
+    }
+    return 0;
+}
+
 /* The training and validation data (src/data.h). Megatron files are
  * mapped, not read: their tokens are checked against the vocabulary here,
  * each rank checking its share, and the ranks agree on the verdict. */
@@ -873,7 +895,7 @@ static int setup_step(trainer_t *tr, char *err, size_t errlen)
     } else if (probe_peak(tr, err, errlen) != 0) {
         return -1;
     }
-    if (setup_watch(tr, err, errlen) != 0)
+    if (setup_watch(tr, err, errlen) != 0 || setup_observe(tr, err, errlen) != 0)
         return -1;
     if (o->metrics[0] && tr->env->world_rank == 0) {
         tr->metrics = fopen(o->metrics, "w");
@@ -1377,6 +1399,27 @@ static double step_flops_token(trainer_t *tr)
     return f;
 }
 
+/* A --tensorboard write failed with err: the option's name before it. -1. */
+static int tensorboard_failed(trainer_t *tr, char *err, size_t errlen)
+{
+    char why[512];
+    snprintf(why, sizeof why, "%s", err);
+    snprintf(err, errlen, "--tensorboard %s: %s", tr->opt->tensorboard, why);
+    return -1;
+}
+
+/* The run's end (also by a stop signal), after everything collective: the
+ * --tensorboard file closed, its last bytes written. rc: the run's status
+ * so far, returned unless it is 0 and the close fails. */
+static int close_tensorboard(trainer_t *tr, int rc, char *err, size_t errlen)
+{
+    if (rc != 0 || !tr->tb)
+        return rc; /* a failed run's file: trainer_teardown closes it */
+    tfevents_t *w = tr->tb;
+    tr->tb = NULL;
+    return tfevents_close(w, err, errlen) != 0 ? tensorboard_failed(tr, err, errlen) : 0;
+}
+
 /* The untrained model's validation loss: the baseline the run improves on. */
 static int baseline_val(trainer_t *tr, char *err, size_t errlen)
 {
@@ -1389,6 +1432,9 @@ static int baseline_val(trainer_t *tr, char *err, size_t errlen)
         snprintf(err, errlen, "--metrics %s: write failed: %s", o->metrics, strerror(errno));
         return -1;
     }
+    const tfevents_scalar_t v0 = {"val/loss", v};
+    if (tr->tb && tfevents_scalars(tr->tb, 0, tfevents_now(), &v0, 1, err, errlen) != 0)
+        return tensorboard_failed(tr, err, errlen);
     return 0;
 }
 
@@ -1501,6 +1547,7 @@ static int train_step(trainer_t *tr, int step, step_record_t *r, step_times_t *t
     const run_options_t *o = tr->opt;
     model_t *m = &tr->model;
     double t0 = now_s();
+    straggler_test_delay(&tr->strag); /* DTRAIN_TEST_SLOW_RANK: tests only */
     double lr = lr_at(&tr->sched, step);
     m->tp_comm_s = 0.0;
     tr->embed_comm_s = 0.0;
@@ -1572,7 +1619,7 @@ static int step_stats(trainer_t *tr, step_record_t *r, const step_times_t *st, c
         tr->peak_gflops = rate;
     }
     r->mfu = tr->peak_gflops > 0 ? rate / tr->peak_gflops : 0.0;
-    return 0;
+    return straggler_step(&tr->strag, tr->world, r->step, dt - st->comm - st->bubble, &r->straggler, err, errlen);
 }
 
 /* After step r->step (of this job's `end`): the replica check and the
@@ -1591,11 +1638,14 @@ static int report_step(trainer_t *tr, step_record_t *r, int end, char *err, size
     r->ckpt_stall_ms = 1e3 * tr->ckpt_stall_s;
     tr->ckpt_stall_s = 0.0;
     if (tr->env->world_rank == 0 && tr->spike.in_row == 0) { /* a skipped step has its spike line instead */
+        metrics_eta(&tr->eta, r, o->ckpt_dir[0] ? o->ckpt_every : 0, end);
         metrics_print_step(stdout, r);
         if (tr->metrics && metrics_write_json(tr->metrics, r) != 0) {
             snprintf(err, errlen, "--metrics %s: write failed: %s", o->metrics, strerror(errno));
             return -1;
         }
+        if (tr->tb && metrics_write_tfevents(tr->tb, r, tfevents_now(), err, errlen) != 0)
+            return tensorboard_failed(tr, err, errlen);
     }
     if (o->ckpt_dir[0] && ((o->ckpt_every > 0 && done % o->ckpt_every == 0) || done == end) &&
         trainer_save(tr, done, err, errlen) != 0)
@@ -1671,9 +1721,9 @@ int trainer_run(trainer_t *tr, char *err, size_t errlen)
         return -1;
     if (tr->stopped_by) {
         /* the run continues in a later job: no final parameters, no sample */
-        return tr->trace ? write_trace(tr, err, errlen) : 0;
+        return close_tensorboard(tr, tr->trace ? write_trace(tr, err, errlen) : 0, err, errlen);
     }
-    return finish_run(tr, end, t_run, loss, defer0, err, errlen);
+    return close_tensorboard(tr, finish_run(tr, end, t_run, loss, defer0, err, errlen), err, errlen);
 }
 void trainer_teardown(trainer_t *tr)
 {
@@ -1688,6 +1738,9 @@ void trainer_teardown(trainer_t *tr)
     watchdog_stop(tr->watch);
     if (tr->metrics && fclose(tr->metrics) != 0)
         fprintf(stderr, "dtrain: warning: closing --metrics %s failed\n", tr->opt->metrics);
+    char tb_err[256]; /* a failed run's file: its one line is the run's error, not this close's */
+    tfevents_close(tr->tb, tb_err, sizeof tb_err);
+    straggler_free(&tr->strag);
     free(tr->tok);
     free(tr->tgt);
     free(tr->pos);

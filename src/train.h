@@ -9,6 +9,7 @@
 #include "mpi/dpsync.h"
 #include "mpi/grid.h"
 #include "mpi/launch.h"
+#include "src/metrics.h"
 #include "src/model.h"
 #include "src/optim.h"
 #include "src/options.h"
@@ -80,6 +81,11 @@ typedef struct trainer {
     /* seconds the checkpoints since the last step record held training up
      * (its ckpt_stall_ms) */
     double ckpt_stall_s;
+    /* seeing a run: --tensorboard (rank 0's writer, else NULL), the recent
+     * step times for the step line's time left, --straggler-every */
+    tfevents_t *tb;
+    step_eta_t eta;
+    straggler_t strag;
 } trainer_t;
 
 /* Everything the run needs, on the grid run was resolved for; on failure

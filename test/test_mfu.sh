@@ -15,7 +15,7 @@ RUN="--model tiny --data $DATA_TRAIN --steps 4 --micro-batch 4 --seq-len 64 --va
 
 # mfu_check LABEL LOG JSON: every step's MFU at most 100 %, printed and in the JSON
 mfu_check() {
-    printed=$(sed -n 's/^step .* | MFU \([0-9.]*\)%$/\1/p' "$2" | tr '\n' ' ')
+    printed=$(sed -n 's/^step .* | MFU \([0-9.]*\)%\( | .*left.*\)\{0,1\}$/\1/p' "$2" | tr '\n' ' ')
     json=$(sed -n 's/.*"mfu": \([^,]*\),.*/\1/p' "$3" | tr '\n' ' ')
     if [ "$(echo $printed | wc -w)" -eq 4 ] && [ "$(echo $json | wc -w)" -eq 4 ] &&
         echo "$printed" | awk '{ for (i = 1; i <= NF; i++) if ($i > 100.0) exit 1 }' &&
