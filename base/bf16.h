@@ -67,9 +67,6 @@ static inline DT_HD uint16_t dt_f32_to_bf16(float x)
 }
 
 /* bf16 bits -> fp32: exact (the low 16 mantissa bits are zero). */
-static inline DT_HD float dt_bf16_to_f32(uint16_t h)
-{
-    return dt_bits_f32((uint32_t)h << 16);
-}
+static inline DT_HD float dt_bf16_to_f32(uint16_t h) { return dt_bits_f32((uint32_t)h << 16); }
 
 #endif

@@ -66,16 +66,14 @@ typedef struct ops {
     void (*host_free)(void *ctx, void *p);
 
     /* out[N,OC] = in[N,IC] . w[OC,IC]^T (+ b[OC] when b != NULL) */
-    void (*matmul_fwd)(void *ctx, float *out, const float *in, const float *w, const float *b,
-                       int N, int IC, int OC);
+    void (*matmul_fwd)(void *ctx, float *out, const float *in, const float *w, const float *b, int N, int IC, int OC);
     /* din[N,IC]  (=|+= by accum_din) dout[N,OC] . w[OC,IC]
      * dw[OC,IC]  (=|+= by accum_dw)  dout^T . in
      * db[OC]     (=|+= by accum_dw)  sum over rows of dout
      * Any of din, dw, db may be NULL (not wanted). With OC = 0 din is an
      * empty sum: zeros, or unchanged when accumulating. */
-    void (*matmul_bwd)(void *ctx, float *din, float *dw, float *db, const float *dout,
-                       const float *in, const float *w, int N, int IC, int OC,
-                       int accum_din, int accum_dw);
+    void (*matmul_bwd)(void *ctx, float *din, float *dw, float *db, const float *dout, const float *in, const float *w,
+                       int N, int IC, int OC, int accum_din, int accum_dw);
 
     /* The same GEMMs with bf16 operands (--dtype bf16): in, w and dout16 are
      * bf16 bit patterns (uint16_t); products are exact in fp32 and summed in
@@ -84,11 +82,10 @@ typedef struct ops {
      * backends agree up to fp32 summation order: the CPU widens the bf16
      * operands to fp32 (exact) and calls cblas_sgemm; CUDA runs cuBLASLt
      * with bf16 A/B, fp32 C/D and CUBLAS_COMPUTE_32F. */
-    void (*matmul_fwd_bf16)(void *ctx, float *out, const uint16_t *in, const uint16_t *w, const float *b,
-                            int N, int IC, int OC);
-    void (*matmul_bwd_bf16)(void *ctx, float *din, float *dw, float *db, const uint16_t *dout16,
-                            const float *dout, const uint16_t *in, const uint16_t *w,
-                            int N, int IC, int OC, int accum_din, int accum_dw);
+    void (*matmul_fwd_bf16)(void *ctx, float *out, const uint16_t *in, const uint16_t *w, const float *b, int N, int IC,
+                            int OC);
+    void (*matmul_bwd_bf16)(void *ctx, float *din, float *dw, float *db, const uint16_t *dout16, const float *dout,
+                            const uint16_t *in, const uint16_t *w, int N, int IC, int OC, int accum_din, int accum_dw);
 
     /* GPT-2's MLP GEMMs fused with the GELU next to them, so that CUDA can
      * run each as one cuBLASLt GEMM with a GELU epilogue instead of a GEMM
@@ -103,8 +100,8 @@ typedef struct ops {
      * matmul_gelu_fwd: pre[N,OC] = in[N,IC] . w[OC,IC]^T (+ b), the GELU
      * input backward keeps, and out[N,OC] = gelu(pre): matmul_fwd then
      * gelu_fwd. */
-    void (*matmul_gelu_fwd)(void *ctx, float *out, float *pre, const float *in, const float *w, const float *b,
-                            int N, int IC, int OC);
+    void (*matmul_gelu_fwd)(void *ctx, float *out, float *pre, const float *in, const float *w, const float *b, int N,
+                            int IC, int OC);
     void (*matmul_gelu_fwd_bf16)(void *ctx, float *out, float *pre, const uint16_t *in, const uint16_t *w,
                                  const float *b, int N, int IC, int OC);
     /* The backward of a matmul whose input was gelu(pre): matmul_bwd with
@@ -120,19 +117,17 @@ typedef struct ops {
 
     /* LayerNorm over the last dim: out = (x - mean) * rstd * w + b.
      * mean[N], rstd[N] are saved for backward. */
-    void (*layernorm_fwd)(void *ctx, float *out, float *mean, float *rstd, const float *x,
-                          const float *w, const float *b, int N, int C, float eps);
+    void (*layernorm_fwd)(void *ctx, float *out, float *mean, float *rstd, const float *x, const float *w,
+                          const float *b, int N, int C, float eps);
     /* din[N,C] += d/dx (always accumulates: it adds into the residual
      * gradient); dw[C], db[C] (=|+= by accum_dw). */
-    void (*layernorm_bwd)(void *ctx, float *din, float *dw, float *db, const float *dout,
-                          const float *x, const float *w, const float *mean,
-                          const float *rstd, int N, int C, int accum_dw);
+    void (*layernorm_bwd)(void *ctx, float *din, float *dw, float *db, const float *dout, const float *x,
+                          const float *w, const float *mean, const float *rstd, int N, int C, int accum_dw);
     /* RMSNorm: out = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps). */
-    void (*rmsnorm_fwd)(void *ctx, float *out, float *rstd, const float *x, const float *w,
-                        int N, int C, float eps);
+    void (*rmsnorm_fwd)(void *ctx, float *out, float *rstd, const float *x, const float *w, int N, int C, float eps);
     /* din[N,C] += d/dx (always accumulates); dw[C] (=|+= by accum_dw). */
-    void (*rmsnorm_bwd)(void *ctx, float *din, float *dw, const float *dout, const float *x,
-                        const float *w, const float *rstd, int N, int C, int accum_dw);
+    void (*rmsnorm_bwd)(void *ctx, float *din, float *dw, const float *dout, const float *x, const float *w,
+                        const float *rstd, int N, int C, int accum_dw);
 
     /* Rotary position embedding, in place on the q and k parts of qkv
      * (v untouched). Pairs are (2i, 2i+1) within a head (the interleaved
@@ -151,15 +146,14 @@ typedef struct ops {
      * 0..t of its row. pos[B*T] (document masking): query t sees keys
      * t - pos[bT+t] .. t, those of its own document; tiles with no such
      * pair are skipped, not computed and masked. */
-    void (*attention_fwd)(void *ctx, float *out, float *lse, const float *qkv, const int32_t *pos,
-                          int B, int T, int NH, int NKV, int HS);
+    void (*attention_fwd)(void *ctx, float *out, float *lse, const float *qkv, const int32_t *pos, int B, int T, int NH,
+                          int NKV, int HS);
     /* dqkv[N,(NH+2NKV)*HS] is written (not accumulated). The probabilities
      * are recomputed blockwise from qkv and lse: P = exp(scale q.k - lse).
      * out is the forward's output, for D = rowsum(dout o out) (which equals
      * rowsum(dP o P)); pos as in the forward. */
-    void (*attention_bwd)(void *ctx, float *dqkv, const float *dout, const float *qkv,
-                          const float *out, const float *lse, const int32_t *pos,
-                          int B, int T, int NH, int NKV, int HS);
+    void (*attention_bwd)(void *ctx, float *dqkv, const float *dout, const float *qkv, const float *out,
+                          const float *lse, const int32_t *pos, int B, int T, int NH, int NKV, int HS);
 
     /* GELU, tanh approximation (GPT-2). out/din are written. */
     void (*gelu_fwd)(void *ctx, float *out, const float *x, size_t n);
@@ -211,9 +205,8 @@ typedef struct ops {
      * is not NULL the same pass also writes p16[i] = dt_f32_to_bf16(p[i])
      * of the updated value (the bf16 weights of --dtype bf16), bit for bit
      * what cast_f32_to_bf16 of p would give. */
-    void (*adamw)(void *ctx, float *p, uint16_t *p16, const float *g, float *m, float *v, size_t n,
-                  float lr, float beta1, float beta2, float eps, float wd,
-                  float grad_scale, int t);
+    void (*adamw)(void *ctx, float *p, uint16_t *p16, const float *g, float *m, float *v, size_t n, float lr,
+                  float beta1, float beta2, float eps, float wd, float grad_scale, int t);
 
     /* Sums of squares of count vectors: out[i] = sum over x[i][0..n[i]) of
      * squares, float over runs of 32 folded into double (relative error

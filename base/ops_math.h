@@ -27,16 +27,22 @@ static inline DT_HD float dt_expf(float x)
     /* Clamp to [-104, 89] so n stays in [-150, 129]; NaN fails both compares
      * and comes out as NaN. The clamp is a bit select, not a branch: with a
      * branch GCC folds the constant arms and the loop no longer vectorises. */
-    union { float f; uint32_t u; } xb = {x}, lob = {-104.0f}, hib = {89.0f};
+    union {
+        float f;
+        uint32_t u;
+    } xb = {x}, lob = {-104.0f}, hib = {89.0f};
     uint32_t mlo = 0u - (uint32_t)(x < -104.0f), mhi = 0u - (uint32_t)(x > 89.0f);
     xb.u = (xb.u & ~(mlo | mhi)) | (lob.u & mlo) | (hib.u & mhi);
     float xc = xb.f;
     float t = xc * 1.44269504088896341f + magic;
     float n = t - magic;
-    union { float f; uint32_t u; } tb = {t}, mb = {magic};
+    union {
+        float f;
+        uint32_t u;
+    } tb = {t}, mb = {magic};
     int32_t ni = (int32_t)(tb.u - mb.u);
-    float r = xc - n * 0.693359375f;  /* ln2 split in two: the first */
-    r = r - n * -2.12194440e-4f;      /* product is exact */
+    float r = xc - n * 0.693359375f; /* ln2 split in two: the first */
+    r = r - n * -2.12194440e-4f;     /* product is exact */
     float p = 1.9875691500e-4f;
     p = p * r + 1.3981999507e-3f;
     p = p * r + 8.3334519073e-3f;
@@ -45,7 +51,10 @@ static inline DT_HD float dt_expf(float x)
     p = p * r + 5.0000001201e-1f;
     float y = p * r * r + r + 1.0f;
     int32_t n1 = ni / 2, n2 = ni - n1; /* each in [-75, 65]: normal floats */
-    union { uint32_t u; float f; } s1 = {(uint32_t)(n1 + 127) << 23}, s2 = {(uint32_t)(n2 + 127) << 23};
+    union {
+        uint32_t u;
+        float f;
+    } s1 = {(uint32_t)(n1 + 127) << 23}, s2 = {(uint32_t)(n2 + 127) << 23};
     return y * s1.f * s2.f;
 #endif
 }
@@ -136,10 +145,7 @@ static inline DT_HD void dt_lse_push(float *m, float *s, float x)
 
 /* ---- LayerNorm / RMSNorm ---------------------------------------------------
  * rstd from a row's sum of squares (of deviations, for LayerNorm) over C. */
-static inline DT_HD float dt_norm_rstd(float ss, int C, float eps)
-{
-    return 1.0f / sqrtf(ss / (float)C + eps);
-}
+static inline DT_HD float dt_norm_rstd(float ss, int C, float eps) { return 1.0f / sqrtf(ss / (float)C + eps); }
 
 static inline DT_HD float dt_layernorm_out(float x, float mu, float r, float w, float b)
 {
@@ -155,22 +161,13 @@ static inline DT_HD float dt_layernorm_dx(float g, float w, float xhat, float sg
 
 /* RMSNorm backward: k = r^3 * sum_c(w g x) / C per row, then per element
  * d x = r w g - x k. */
-static inline DT_HD float dt_rmsnorm_k(float r, float s, int C)
-{
-    return r * r * r * s / (float)C;
-}
+static inline DT_HD float dt_rmsnorm_k(float r, float s, int C) { return r * r * r * s / (float)C; }
 
-static inline DT_HD float dt_rmsnorm_dx(float r, float w, float g, float x, float k)
-{
-    return r * w * g - x * k;
-}
+static inline DT_HD float dt_rmsnorm_dx(float r, float w, float g, float x, float k) { return r * w * g - x * k; }
 
 /* ---- softmax backward ------------------------------------------------------
  * dS = P o (dP - rowsum(dP o P)) per element, dot = rowsum(dP o P). */
-static inline DT_HD float dt_softmax_grad(float p, float dp, float dot)
-{
-    return p * (dp - dot);
-}
+static inline DT_HD float dt_softmax_grad(float p, float dp, float dot) { return p * (dp - dot); }
 
 /* ---- cross-entropy -----------------------------------------------------------
  * Per row, after the group sums: loss = rowmax + log(sum exp) - x_target in
@@ -180,10 +177,7 @@ static inline DT_HD float dt_xent_loss(float rowmax, double sumexp, float target
     return (float)((double)rowmax + log(sumexp) - (double)target_logit);
 }
 
-static inline DT_HD float dt_xent_gscale(float dloss, double sumexp)
-{
-    return (float)((double)dloss / sumexp);
-}
+static inline DT_HD float dt_xent_gscale(float dloss, double sumexp) { return (float)((double)dloss / sumexp); }
 
 /* ---- AdamW (torch.optim.AdamW, single-tensor path, PyTorch 1.13) ----------
  * Per-step scalars are computed once in double on the host, as PyTorch does
@@ -194,15 +188,15 @@ static inline DT_HD float dt_xent_gscale(float dloss, double sumexp)
 typedef struct dt_adamw_coef {
     float beta1, beta2;
     float one_minus_beta1, one_minus_beta2;
-    float decay;        /* 1 - lr*wd */
-    float step_size;    /* lr / (1 - beta1^t) */
-    float bc2_sqrt;     /* sqrt(1 - beta2^t) */
+    float decay;     /* 1 - lr*wd */
+    float step_size; /* lr / (1 - beta1^t) */
+    float bc2_sqrt;  /* sqrt(1 - beta2^t) */
     float eps;
-    float grad_scale;   /* clipping x averaging factor applied to g first */
+    float grad_scale; /* clipping x averaging factor applied to g first */
 } dt_adamw_coef_t;
 
-static inline dt_adamw_coef_t dt_adamw_coef(float lr, float beta1, float beta2, float eps,
-                                            float wd, float grad_scale, int t)
+static inline dt_adamw_coef_t dt_adamw_coef(float lr, float beta1, float beta2, float eps, float wd, float grad_scale,
+                                            int t)
 {
     dt_adamw_coef_t k;
     k.beta1 = beta1;
@@ -217,8 +211,7 @@ static inline dt_adamw_coef_t dt_adamw_coef(float lr, float beta1, float beta2, 
     return k;
 }
 
-static inline DT_HD void dt_adamw_update(float *p, float *m, float *v, float g,
-                                         const dt_adamw_coef_t *k)
+static inline DT_HD void dt_adamw_update(float *p, float *m, float *v, float g, const dt_adamw_coef_t *k)
 {
     g *= k->grad_scale;
     float mi = *m * k->beta1 + k->one_minus_beta1 * g;

@@ -28,7 +28,8 @@ int cuda_select_device(int local_rank, char *err, size_t errlen)
         return -1;
     }
     if (n == 0) {
-        snprintf(err, errlen, "--device cuda: no GPU visible (cudaGetDeviceCount found 0 devices; check CUDA_VISIBLE_DEVICES)");
+        snprintf(err, errlen,
+                 "--device cuda: no GPU visible (cudaGetDeviceCount found 0 devices; check CUDA_VISIBLE_DEVICES)");
         return -1;
     }
     int dev = (local_rank < 0 ? 0 : local_rank) % n;
@@ -46,7 +47,8 @@ int cuda_device_uuid(int dev, unsigned char uuid[16], char *err, size_t errlen)
     struct cudaDeviceProp p;
     cudaError_t rc = cudaGetDeviceProperties(&p, dev);
     if (rc != cudaSuccess) {
-        snprintf(err, errlen, "cudaGetDeviceProperties(%d): %s (%s)", dev, cudaGetErrorString(rc), cudaGetErrorName(rc));
+        snprintf(err, errlen, "cudaGetDeviceProperties(%d): %s (%s)", dev, cudaGetErrorString(rc),
+                 cudaGetErrorName(rc));
         return -1;
     }
     memcpy(uuid, p.uuid.bytes, 16);

@@ -101,17 +101,17 @@ typedef struct nccl_comm {
     cudaStream_t after;  /* the compute stream this group's operations follow (NULL: none) */
     cudaEvent_t ready;   /* recorded on `after` by each operation, waited on by `stream` */
     double timeout_s;
-    void *stage;         /* device staging for host buffers */
+    void *stage; /* device staging for host buffers */
     size_t stage_bytes;
-    int failed;          /* an operation failed or timed out: see the top */
+    int failed; /* an operation failed or timed out: see the top */
 } nccl_comm_t;
 
 typedef struct nccl_req {
     cudaEvent_t ev;
     const char *what; /* trace and watchdog name: "iallreduce" */
     size_t n;
-    double t0;        /* for the timeout (now_s) */
-    double span_t0;   /* for the trace span (trace_now) */
+    double t0;      /* for the timeout (now_s) */
+    double span_t0; /* for the trace span (trace_now) */
     long long bytes;
     int peer;
 } nccl_req_t;
@@ -139,10 +139,7 @@ typedef struct nccl_op {
     void *r;
 } nccl_op_t;
 
-static nccl_comm_t *nm(comm_t *c)
-{
-    return (nccl_comm_t *)c;
-}
+static nccl_comm_t *nm(comm_t *c) { return (nccl_comm_t *)c; }
 
 static void set_err(comm_t *c, const char *fmt, ...)
 {
@@ -203,8 +200,10 @@ static int poll_event(comm_t *c, cudaEvent_t ev, const char *what, size_t n, dou
         return -1;
     }
     if (m->timeout_s > 0 && now_s() - t0 > m->timeout_s) {
-        set_err(c, "NCCL %s on group %s (n=%zu, %d ranks) did not finish in %.0f s: a peer is stuck or gone; "
-                "the run stops", what, c->name, n, c->size, m->timeout_s);
+        set_err(c,
+                "NCCL %s on group %s (n=%zu, %d ranks) did not finish in %.0f s: a peer is stuck or gone; "
+                "the run stops",
+                what, c->name, n, c->size, m->timeout_s);
         m->failed = 1;
         return -1;
     }
@@ -240,14 +239,14 @@ static void span_record(comm_t *c, const char *what, double t0, long long bytes,
     char name[TRACE_NAME_MAX + 1];
     snprintf(name, sizeof name, "%s%s%s", what, c->name[0] ? " " : "", c->name);
     trace_span(c->trace, TRACE_COMM, name, t0, trace_now(),
-               &(trace_args_t){ .bytes = bytes, .microbatch = -1, .layer = -1, .peer = peer });
+               &(trace_args_t){.bytes = bytes, .microbatch = -1, .layer = -1, .peer = peer});
 }
 
 /* NCCL's type and reduction for o: 0, or -1 with the message in c->err. */
 static int nccl_types(comm_t *c, const nccl_op_t *o, ncclDataType_t *dt, ncclRedOp_t *rop)
 {
-    static const ncclDataType_t types[COMM_N_DTYPES] = {ncclFloat, ncclBfloat16, ncclInt32, ncclInt64, ncclFloat64,
-                                                        ncclUint8};
+    static const ncclDataType_t types[COMM_N_DTYPES] = {ncclFloat, ncclBfloat16, ncclInt32,
+                                                        ncclInt64, ncclFloat64,  ncclUint8};
     if ((unsigned)o->dt >= COMM_N_DTYPES || (o->dt == COMM_BF16 && o->op != COMM_SUM) ||
         (o->op != COMM_SUM && o->op != COMM_MAX && o->op != COMM_MIN)) {
         set_err(c, "NCCL %s on group %s (n=%zu): %s", o->what, c->name, o->n,
@@ -302,8 +301,7 @@ static int op_prepare(comm_t *c, nccl_op_t *o)
     o->span_t0 = c->trace ? trace_now() : 0.0;
     o->es = comm_dtype_size(o->dt);
     if (o->req && o->req->active) { /* as comm_mpi.c: never drop a request in flight */
-        set_err(c, "NCCL %s on group %s: the request is still in flight (test or wait for it first)", o->what,
-                c->name);
+        set_err(c, "NCCL %s on group %s: the request is still in flight (test or wait for it first)", o->what, c->name);
         return -1;
     }
     if (o->req)
@@ -312,11 +310,24 @@ static int op_prepare(comm_t *c, nccl_op_t *o)
         return failed_before(c, o->what);
     const size_t n = o->n, all = (size_t)c->size * n;
     switch (o->k) {
-    case COMM_K_ALLREDUCE: case COMM_K_BCAST: o->sn = o->rn = n; break;
-    case COMM_K_REDUCE_SCATTER: o->sn = all; o->rn = n; break;
-    case COMM_K_ALLGATHER: o->sn = n; o->rn = all; break;
-    case COMM_K_SEND: o->sn = n; o->rn = 0; break;
-    default: o->sn = 0; o->rn = n; break;
+    case COMM_K_ALLREDUCE:
+    case COMM_K_BCAST: o->sn = o->rn = n; break;
+    case COMM_K_REDUCE_SCATTER:
+        o->sn = all;
+        o->rn = n;
+        break;
+    case COMM_K_ALLGATHER:
+        o->sn = n;
+        o->rn = all;
+        break;
+    case COMM_K_SEND:
+        o->sn = n;
+        o->rn = 0;
+        break;
+    default:
+        o->sn = 0;
+        o->rn = n;
+        break;
     }
     o->bytes = (long long)((o->k == COMM_K_REDUCE_SCATTER || o->k == COMM_K_ALLGATHER ? all : n) * o->es);
     o->peer = o->k == COMM_K_SEND || o->k == COMM_K_RECV || o->k == COMM_K_BCAST ? o->peer_or_root : -1;
@@ -373,7 +384,8 @@ static int post(comm_t *c, nccl_op_t *o, cudaEvent_t *ev, double *t0)
         return -1;
     /* where NCCL writes: an in-place reduce_scatter's piece in NCCL's form */
     void *nr = o->k == COMM_K_REDUCE_SCATTER && o->r == o->s && c->rank > 0
-                   ? (char *)o->r + (size_t)c->rank * o->n * o->es : o->r;
+                   ? (char *)o->r + (size_t)c->rank * o->n * o->es
+                   : o->r;
     *t0 = now_s();
     ncclResult_t rc = enqueue(m, o, nr, dt, rop);
     if (rc != ncclSuccess)
@@ -422,8 +434,8 @@ static int run(comm_t *c, nccl_op_t o)
     if (st == 0 && !q) {
         st = finish_now(c, &o, ev, t0);
     } else if (q) {
-        *q = (nccl_req_t){.ev = ev, .what = o.what, .n = o.n, .t0 = t0, .span_t0 = o.span_t0, .bytes = o.bytes,
-                          .peer = o.peer};
+        *q = (nccl_req_t){
+            .ev = ev, .what = o.what, .n = o.n, .t0 = t0, .span_t0 = o.span_t0, .bytes = o.bytes, .peer = o.peer};
         *o.req = (comm_req_t){.comm = c, .impl = q, .active = 1};
     }
     if (o.host)
@@ -486,8 +498,7 @@ static int n_reduce_scatter(comm_t *c, const void *send, void *recv, size_t n_ea
 {
     return run(c, OP(.k = COMM_K_REDUCE_SCATTER, .dt = dt, .send = send, .recv = recv, .n = n_each));
 }
-static int n_ireduce_scatter(comm_t *c, const void *send, void *recv, size_t n_each, comm_dtype_t dt,
-                             comm_req_t *req)
+static int n_ireduce_scatter(comm_t *c, const void *send, void *recv, size_t n_each, comm_dtype_t dt, comm_req_t *req)
 {
     return run(c, OP(.k = COMM_K_REDUCE_SCATTER, .dt = dt, .send = send, .recv = recv, .n = n_each, .req = req));
 }
@@ -582,17 +593,22 @@ static int make_nccl_id(void *id, size_t len, void *ctx, char *err, size_t errle
 
 static comm_t **slot(nccl_grid_t *ng, const char *name)
 {
-    if (strcmp(name, "world") == 0) return &ng->world;
-    if (strcmp(name, "tp") == 0) return &ng->tp;
-    if (strcmp(name, "dp") == 0) return &ng->dp;
-    if (strcmp(name, "pp") == 0) return &ng->pp;
-    if (strcmp(name, "embed") == 0) return &ng->embed;
-    if (strcmp(name, "shard") == 0) return &ng->shard;
+    if (strcmp(name, "world") == 0)
+        return &ng->world;
+    if (strcmp(name, "tp") == 0)
+        return &ng->tp;
+    if (strcmp(name, "dp") == 0)
+        return &ng->dp;
+    if (strcmp(name, "pp") == 0)
+        return &ng->pp;
+    if (strcmp(name, "embed") == 0)
+        return &ng->embed;
+    if (strcmp(name, "shard") == 0)
+        return &ng->shard;
     return &ng->replica;
 }
 
-int nccl_grid_create(const grid_t *g, nccl_grid_t *ng, void *after_stream, double timeout_s, char *err,
-                     size_t errlen)
+int nccl_grid_create(const grid_t *g, nccl_grid_t *ng, void *after_stream, double timeout_s, char *err, size_t errlen)
 {
     memset(ng, 0, sizeof *ng);
     unsigned char ids[BOOTSTRAP_MAX_GROUPS * sizeof(ncclUniqueId)];
@@ -620,8 +636,8 @@ int nccl_grid_create(const grid_t *g, nccl_grid_t *ng, void *after_stream, doubl
     ncclResult_t end = ncclGroupEnd();
     if (rc != ncclSuccess || first != ncclSuccess || end != ncclSuccess) {
         ncclResult_t bad = rc != ncclSuccess ? rc : first != ncclSuccess ? first : end;
-        snprintf(err, errlen, "NCCL setup: ncclCommInitRank%s%s: %s", first_name[0] ? " of group " : "",
-                 first_name, ncclGetErrorString(bad));
+        snprintf(err, errlen, "NCCL setup: ncclCommInitRank%s%s: %s", first_name[0] ? " of group " : "", first_name,
+                 ncclGetErrorString(bad));
         failed = 1;
     }
     for (int i = 0; i < n && !failed; i++) {

@@ -27,8 +27,7 @@ typedef struct nccl_grid {
  * is an error, not a hang). Returns 0 on every rank, or -1 on every rank
  * with one line in err (the lowest failing rank's is not gathered: each
  * rank has its own). */
-int nccl_grid_create(const grid_t *g, nccl_grid_t *ng, void *after_stream, double timeout_s, char *err,
-                     size_t errlen);
+int nccl_grid_create(const grid_t *g, nccl_grid_t *ng, void *after_stream, double timeout_s, char *err, size_t errlen);
 /* A run that failed: every group's communicator is aborted, all in one
  * ncclGroupStart/End (ncclCommAbort ends kernels still waiting on peers,
  * which a later cudaFree or ncclCommDestroy would otherwise wait for

@@ -245,8 +245,8 @@ static void rmsnorm_bwd(void *ctx, float *din, float *dw, const float *dout, con
         float *pw = NULL;
         if (nk > 0) {
             pw = col_part_room(g, (size_t)nk * C, "rmsnorm_bwd");
-            k_rmsnorm_bwd_dw_part<<<dim3((unsigned)cb, (unsigned)nk), THREADS, 0, g->stream>>>(pw, dout, x, rstd, N,
-                                                                                              C, col_rows(N));
+            k_rmsnorm_bwd_dw_part<<<dim3((unsigned)cb, (unsigned)nk), THREADS, 0, g->stream>>>(pw, dout, x, rstd, N, C,
+                                                                                               col_rows(N));
         }
         k_colsum_fold<<<cb, THREADS, 0, g->stream>>>(dw, pw, nk, C, accum_dw);
     }
@@ -327,10 +327,10 @@ static void attention_bwd(void *ctx, float *dqkv, const float *dout, const float
         k_att_bwd_dq<2><<<gq, ATT_THREADS, 0, g->stream>>>(dqkv, dout, qkv, out, lse, pos, T, NH, NKV, HS, scale);
         k_att_bwd_dkv<2><<<gk, ATT_THREADS, 0, g->stream>>>(dqkv, dout, qkv, out, lse, pos, T, NH, NKV, HS, scale);
     } else {
-        k_att_bwd_dq<ATT_GROUP><<<gq, ATT_THREADS, 0, g->stream>>>(dqkv, dout, qkv, out, lse, pos, T, NH, NKV, HS,
-                                                                  scale);
-        k_att_bwd_dkv<ATT_GROUP><<<gk, ATT_THREADS, 0, g->stream>>>(dqkv, dout, qkv, out, lse, pos, T, NH, NKV, HS,
-                                                                   scale);
+        k_att_bwd_dq<ATT_GROUP>
+            <<<gq, ATT_THREADS, 0, g->stream>>>(dqkv, dout, qkv, out, lse, pos, T, NH, NKV, HS, scale);
+        k_att_bwd_dkv<ATT_GROUP>
+            <<<gk, ATT_THREADS, 0, g->stream>>>(dqkv, dout, qkv, out, lse, pos, T, NH, NKV, HS, scale);
     }
     finish(g, "attention_bwd");
 }
@@ -399,8 +399,8 @@ static void embedding_fwd(void *ctx, float *out, const int32_t *tok, const int32
     cu_t *g = (cu_t *)ctx;
     if (N <= 0 || C <= 0)
         return;
-    k_embedding_fwd<<<grid_for((size_t)N * C, THREADS), THREADS, 0, g->stream>>>(out, tok, pos, wte, wpe, N, T, C,
-                                                                                 v0, Vl);
+    k_embedding_fwd<<<grid_for((size_t)N * C, THREADS), THREADS, 0, g->stream>>>(out, tok, pos, wte, wpe, N, T, C, v0,
+                                                                                 Vl);
     finish(g, "embedding_fwd");
 }
 
@@ -564,7 +564,8 @@ static void sumsq(void *ctx, double *out, const float *const *x, const size_t *n
         ck(cudaGetLastError(), "sumsq");
     }
     ck(cudaMemcpyAsync(g->hpart, g->part, (size_t)count * SUMSQ_BLOCKS * sizeof(double), cudaMemcpyDeviceToHost,
-                       g->stream), "sumsq: cudaMemcpyAsync");
+                       g->stream),
+       "sumsq: cudaMemcpyAsync");
     wait_all(g, "sumsq");
     for (int v = 0; v < count; v++) {
         double tot = 0.0;
@@ -690,8 +691,7 @@ static int cu_open(cu_t *g, int dev, char *err, size_t errlen)
     if (rc == cudaSuccess)
         rc = cudaMalloc(&g->ws, WORKSPACE_BYTES);
     if (rc != cudaSuccess) {
-        snprintf(err, errlen, "CUDA backend on device %d: %s (%s)", dev, cudaGetErrorString(rc),
-                 cudaGetErrorName(rc));
+        snprintf(err, errlen, "CUDA backend on device %d: %s (%s)", dev, cudaGetErrorString(rc), cudaGetErrorName(rc));
         return -1;
     }
     cublasStatus_t bs = cublasLtCreate(&g->lt);
@@ -708,8 +708,8 @@ static int cu_open(cu_t *g, int dev, char *err, size_t errlen)
     int concurrent = 0;
     rc = cudaDeviceGetAttribute(&concurrent, cudaDevAttrConcurrentManagedAccess, dev);
     if (rc != cudaSuccess) {
-        snprintf(err, errlen, "CUDA backend on device %d: cudaDeviceGetAttribute: %s (%s)", dev,
-                 cudaGetErrorString(rc), cudaGetErrorName(rc));
+        snprintf(err, errlen, "CUDA backend on device %d: cudaDeviceGetAttribute: %s (%s)", dev, cudaGetErrorString(rc),
+                 cudaGetErrorName(rc));
         return -1;
     }
     const char *s = getenv("DTRAIN_CUDA_SYNC_OPS");
@@ -735,10 +735,7 @@ extern "C" const ops_t *ops_cuda_create(int dev, char *err, size_t errlen)
     return &g->ops;
 }
 
-extern "C" void *ops_cuda_stream(const ops_t *ops)
-{
-    return (void *)((const cu_t *)ops->ctx)->stream;
-}
+extern "C" void *ops_cuda_stream(const ops_t *ops) { return (void *)((const cu_t *)ops->ctx)->stream; }
 
 extern "C" void ops_cuda_gemm_plans(const ops_t *ops, long *made, long *reused, long *blas)
 {
@@ -755,12 +752,6 @@ extern "C" void ops_cuda_gelu_epilogues(const ops_t *ops, long *fused, long *sep
     *separate = g->plans.gelu_separate;
 }
 
-extern "C" int ops_cuda_concurrent_managed(const ops_t *ops)
-{
-    return ((const cu_t *)ops->ctx)->concurrent;
-}
+extern "C" int ops_cuda_concurrent_managed(const ops_t *ops) { return ((const cu_t *)ops->ctx)->concurrent; }
 
-extern "C" int ops_cuda_synchronous(const ops_t *ops)
-{
-    return ((const cu_t *)ops->ctx)->sync_ops;
-}
+extern "C" int ops_cuda_synchronous(const ops_t *ops) { return ((const cu_t *)ops->ctx)->sync_ops; }

@@ -22,7 +22,7 @@
 #define CU_LAUNCH(kernel, ...) kernel<<<__VA_ARGS__>>>
 #endif
 
-#define WORKSPACE_BYTES (32u << 20)      /* cuBLASLt workspace */
+#define WORKSPACE_BYTES (32u << 20) /* cuBLASLt workspace */
 
 /* ---- matmul (cuBLASLt) --------------------------------------------------------------- */
 
@@ -68,10 +68,14 @@ static uint32_t mat_align(const void *p, int ld, size_t esize)
 static void lt_plan_release(lt_plan_t *p)
 {
     /* teardown of descriptors the library made: nothing to report */
-    if (p->lc) (void)cublasLtMatrixLayoutDestroy(p->lc);
-    if (p->lb) (void)cublasLtMatrixLayoutDestroy(p->lb);
-    if (p->la) (void)cublasLtMatrixLayoutDestroy(p->la);
-    if (p->op) (void)cublasLtMatmulDescDestroy(p->op);
+    if (p->lc)
+        (void)cublasLtMatrixLayoutDestroy(p->lc);
+    if (p->lb)
+        (void)cublasLtMatrixLayoutDestroy(p->lb);
+    if (p->la)
+        (void)cublasLtMatrixLayoutDestroy(p->la);
+    if (p->op)
+        (void)cublasLtMatmulDescDestroy(p->op);
     memset(p, 0, sizeof *p);
 }
 
@@ -83,10 +87,7 @@ static void lt_cache_release(cu_t *g)
     memset(&g->plans, 0, sizeof g->plans);
 }
 
-static int epi_has_bias(int epi)
-{
-    return epi == CUBLASLT_EPILOGUE_BIAS || epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
-}
+static int epi_has_bias(int epi) { return epi == CUBLASLT_EPILOGUE_BIAS || epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS; }
 
 static int epi_has_aux(int epi)
 {
@@ -104,8 +105,7 @@ static void lt_set_pointers(const lt_plan_t *p, const float *bias, const float *
     if (epi_has_bias(p->key.epi))
         ckb(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias), what);
     if (epi_has_aux(p->key.epi))
-        ckb(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux),
-            what);
+        ckb(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux), what);
 }
 
 /* Descriptors and the heuristic's algorithm for one key (see above), with
@@ -135,8 +135,7 @@ static void lt_plan_make(cu_t *g, lt_plan_t *p, const lt_key_t *key, const float
     }
     if (epi_has_aux(key->epi)) {
         int64_t ld_aux = key->ldc;
-        ckb(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld_aux, sizeof ld_aux),
-            what);
+        ckb(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld_aux, sizeof ld_aux), what);
     }
     lt_set_pointers(p, bias, aux, what);
     ckb(cublasLtMatrixLayoutCreate(&p->la, ab, ta == CUBLAS_OP_N ? m : k, ta == CUBLAS_OP_N ? k : m, key->lda), what);
@@ -151,13 +150,17 @@ static void lt_plan_make(cu_t *g, lt_plan_t *p, const lt_key_t *key, const float
      * layer's weight), so state each matrix's real alignment (address and
      * leading dimension, in bytes of its own element type). */
     ckb(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &key->al_a,
-                                             sizeof key->al_a), what);
+                                             sizeof key->al_a),
+        what);
     ckb(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &key->al_b,
-                                             sizeof key->al_b), what);
+                                             sizeof key->al_b),
+        what);
     ckb(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &key->al_c,
-                                             sizeof key->al_c), what);
+                                             sizeof key->al_c),
+        what);
     ckb(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key->al_c,
-                                             sizeof key->al_c), what);
+                                             sizeof key->al_c),
+        what);
     cublasLtMatmulHeuristicResult_t res;
     int nres = 0;
     memset(&res, 0, sizeof res);
@@ -236,7 +239,8 @@ static int lt_gemm(cu_t *g, const char *what, cudaDataType_t ab, cublasOperation
     if (p->found) {
         lt_set_pointers(p, bias, aux, what); /* cublasLtMatmul reads them when called */
         ckb(cublasLtMatmul(g->lt, p->op, &alpha, A, p->la, B, p->lb, &beta, C, p->lc, C, p->lc, &p->algo, g->ws,
-                           WORKSPACE_BYTES, g->stream), what);
+                           WORKSPACE_BYTES, g->stream),
+            what);
         return 0;
     }
     if (epi != CUBLASLT_EPILOGUE_DEFAULT)
@@ -246,7 +250,8 @@ static int lt_gemm(cu_t *g, const char *what, cudaDataType_t ab, cublasOperation
      * cublasGemmEx, which takes any alignment, with the same types and
      * CUBLAS_COMPUTE_32F, on the compute stream with the same workspace. */
     ckb(cublasGemmEx(g->blas, ta, tb, m, n, k, &alpha, A, ab, lda, B, ab, ldb, &beta, C, CUDA_R_32F, ldc,
-                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT), what);
+                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+        what);
     g->plans.blas++;
     return 0;
 }
@@ -261,8 +266,7 @@ static void colsum(cu_t *g, float *out, const float *x, int N, int C, int accum,
     float *part = NULL;
     if (nk > 0) {
         part = col_part_room(g, (size_t)nk * C, what);
-        CU_LAUNCH(k_colsum_part, dim3((unsigned)cb, (unsigned)nk), THREADS, 0, g->stream)(part, x, N, C,
-                                                                                      col_rows(N));
+        CU_LAUNCH(k_colsum_part, dim3((unsigned)cb, (unsigned)nk), THREADS, 0, g->stream)(part, x, N, C, col_rows(N));
     }
     CU_LAUNCH(k_colsum_fold, cb, THREADS, 0, g->stream)(out, part, nk, C, accum);
 }
@@ -318,8 +322,8 @@ static void gemm_bwd(cu_t *g, const char *what, cudaDataType_t ab, float *din, f
         if (din && !accum_din && N > 0 && IC > 0) {
             ck(cudaMemsetAsync(din, 0, (size_t)N * IC * sizeof(float), g->stream), what);
             if (pre) /* 0 * gelu'(pre), as the CPU's composition */
-                CU_LAUNCH(k_gelu_bwd, grid_for((size_t)N * IC, THREADS), THREADS, 0, g->stream)(din, pre, din,
-                                                                                              (size_t)N * IC);
+                CU_LAUNCH(k_gelu_bwd, grid_for((size_t)N * IC, THREADS), THREADS, 0, g->stream)
+                (din, pre, din, (size_t)N * IC);
         }
         return;
     }
@@ -334,8 +338,8 @@ static void gemm_bwd(cu_t *g, const char *what, cudaDataType_t ab, float *din, f
                     din, IC, CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL);
             if (pre) {
                 g->plans.gelu_separate++;
-                CU_LAUNCH(k_gelu_bwd, grid_for((size_t)N * IC, THREADS), THREADS, 0, g->stream)(din, pre, din,
-                                                                                              (size_t)N * IC);
+                CU_LAUNCH(k_gelu_bwd, grid_for((size_t)N * IC, THREADS), THREADS, 0, g->stream)
+                (din, pre, din, (size_t)N * IC);
             }
         }
     }
@@ -378,8 +382,7 @@ static void matmul_bwd_bf16(void *ctx, float *din, float *dw, float *db, const u
                             const uint16_t *in, const uint16_t *w, int N, int IC, int OC, int accum_din, int accum_dw)
 {
     cu_t *g = (cu_t *)ctx;
-    gemm_bwd(g, "matmul_bwd_bf16", CUDA_R_16BF, din, dw, db, dout16, dout, in, w, NULL, N, IC, OC, accum_din,
-             accum_dw);
+    gemm_bwd(g, "matmul_bwd_bf16", CUDA_R_16BF, din, dw, db, dout16, dout, in, w, NULL, N, IC, OC, accum_din, accum_dw);
     finish(g, "matmul_bwd_bf16");
 }
 

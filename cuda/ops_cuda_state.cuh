@@ -18,9 +18,9 @@
 #define LT_PLANS 64
 
 typedef struct lt_key {
-    int ab, ta, tb;        /* cudaDataType_t of A/B, cublasOperation_t of each */
+    int ab, ta, tb; /* cudaDataType_t of A/B, cublasOperation_t of each */
     int m, n, k, lda, ldb, ldc;
-    int epi;               /* cublasLtEpilogue_t (bias and aux pointers are set per call) */
+    int epi;                   /* cublasLtEpilogue_t (bias and aux pointers are set per call) */
     uint32_t al_a, al_b, al_c; /* alignments in bytes (mat_align) */
     uint32_t al_bias, al_aux;  /* of the bias vector and the GELU aux matrix; 0 without */
 } lt_key_t;
@@ -28,7 +28,7 @@ typedef struct lt_key {
 typedef struct lt_plan {
     lt_key_t key;
     int used;
-    int found;             /* the heuristic returned an algorithm */
+    int found; /* the heuristic returned an algorithm */
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t la, lb, lc;
     cublasLtMatmulAlgo_t algo;
@@ -36,17 +36,17 @@ typedef struct lt_plan {
 
 typedef struct lt_cache {
     lt_plan_t plan[LT_PLANS];
-    int next;              /* the slot replaced when every slot is used */
-    long made, reused;     /* ops_cuda_gemm_plans */
-    long blas;             /* plain GEMMs run by cublasGemmEx instead (ops_cuda_gemm_plans) */
+    int next;                       /* the slot replaced when every slot is used */
+    long made, reused;              /* ops_cuda_gemm_plans */
+    long blas;                      /* plain GEMMs run by cublasGemmEx instead (ops_cuda_gemm_plans) */
     long gelu_fused, gelu_separate; /* ops_cuda_gelu_epilogues */
 } lt_cache_t;
 
 typedef struct cuda_ctx {
-    ops_t ops;         /* the table; ops.ctx points here, so ops_release frees both */
+    ops_t ops; /* the table; ops.ctx points here, so ops_release frees both */
     int dev;
-    int sync_ops;      /* every op waits for its kernels (see the header comment) */
-    int concurrent;    /* cudaDevAttrConcurrentManagedAccess: the host may touch managed memory while kernels run */
+    int sync_ops;   /* every op waits for its kernels (see the header comment) */
+    int concurrent; /* cudaDevAttrConcurrentManagedAccess: the host may touch managed memory while kernels run */
     cudaStream_t stream;
     cublasLtHandle_t lt;
     cublasHandle_t blas; /* for the GEMMs cuBLASLt has no algorithm for (lt_gemm) */
@@ -57,11 +57,11 @@ typedef struct cuda_ctx {
     double *part, *hpart;
     const float **xs;
     size_t *ns;
-    float *col_part;   /* the column reductions' partial sums (col_part_room) */
-    size_t col_cap;    /* floats */
-    void *emb;         /* embedding_bwd's grouping buffers (emb_room) */
+    float *col_part;                 /* the column reductions' partial sums (col_part_room) */
+    size_t col_cap;                  /* floats */
+    void *emb;                       /* embedding_bwd's grouping buffers (emb_room) */
     size_t emb_cap, emb_scratch_cap; /* tokens, bytes */
-    lt_cache_t plans;  /* the kept cuBLASLt plans (ops_cuda_gemm.cuh) */
+    lt_cache_t plans;                /* the kept cuBLASLt plans (ops_cuda_gemm.cuh) */
 } cu_t;
 
 /* ---- error checks ------------------------------------------------------------ */

@@ -86,7 +86,7 @@
 #define B_ELEM 2e-6
 #define B_EXACT 0.0
 #define B_GEMM16 (4.0 / 16777216.0) /* 4 * 2^-24 per term, see the header */
-#define B_EPI 1e-3 /* cuBLASLt's GELU epilogue, see t_matmul_gelu */
+#define B_EPI 1e-3                  /* cuBLASLt's GELU epilogue, see t_matmul_gelu */
 
 typedef struct st {
     const ops_t *cpu, *gpu;
@@ -472,9 +472,8 @@ static void t_matmul_bf16(st_t *s, int N, int IC, int OC)
     memset(&in, 0, sizeof in), w = dout16 = in;
     memset(&b, 0, sizeof b), out = dout = din = dw = db = b;
     if (tb_new(s, &in, nin, NULL, -1, 1) || tb_new(s, &w, nw, NULL, -1, 1) || tp_new(s, &dout, nout, -1, 1) ||
-        tb_new(s, &dout16, nout, dout.h, 0, 0) || tp_new(s, &b, (size_t)OC, -1, 1) ||
-        tp_new(s, &out, nout, -1, 1) || tp_new(s, &din, nin, -1, 1) || tp_new(s, &dw, nw, -1, 1) ||
-        tp_new(s, &db, (size_t)OC, -1, 1))
+        tb_new(s, &dout16, nout, dout.h, 0, 0) || tp_new(s, &b, (size_t)OC, -1, 1) || tp_new(s, &out, nout, -1, 1) ||
+        tp_new(s, &din, nin, -1, 1) || tp_new(s, &dw, nw, -1, 1) || tp_new(s, &db, (size_t)OC, -1, 1))
         goto out;
     /* sums of |products|: out[n,o] over i of in[n,i] w[o,i]; din[n,i] over
      * o of dout[n,o] w[o,i]; dw[o,i] over n of dout[n,o] in[n,i]; db[o]
@@ -627,10 +626,9 @@ static void t_norms(st_t *s, int N, int C)
     tp_t x, w, b, out, mean, rstd, dout, din, dw, db;
     memset(&x, 0, sizeof x), w = b = out = mean = rstd = dout = din = dw = db = x;
     if (tp_new(s, &x, (size_t)N * C, -2, 2) || tp_new(s, &w, (size_t)C, 0.5f, 1.5f) ||
-        tp_new(s, &b, (size_t)C, -1, 1) || tp_new(s, &out, (size_t)N * C, 0, 0) ||
-        tp_new(s, &mean, (size_t)N, 0, 0) || tp_new(s, &rstd, (size_t)N, 0, 0) ||
-        tp_new(s, &dout, (size_t)N * C, -1, 1) || tp_new(s, &din, (size_t)N * C, -1, 1) ||
-        tp_new(s, &dw, (size_t)C, -1, 1) || tp_new(s, &db, (size_t)C, -1, 1))
+        tp_new(s, &b, (size_t)C, -1, 1) || tp_new(s, &out, (size_t)N * C, 0, 0) || tp_new(s, &mean, (size_t)N, 0, 0) ||
+        tp_new(s, &rstd, (size_t)N, 0, 0) || tp_new(s, &dout, (size_t)N * C, -1, 1) ||
+        tp_new(s, &din, (size_t)N * C, -1, 1) || tp_new(s, &dw, (size_t)C, -1, 1) || tp_new(s, &db, (size_t)C, -1, 1))
         goto out;
     const float eps = 1e-5f;
     s->cpu->layernorm_fwd(s->cpu->ctx, out.h, mean.h, rstd.h, x.h, w.h, b.h, N, C, eps);
@@ -768,9 +766,9 @@ static void t_elementwise(st_t *s, size_t n, int F)
     tp_t x, y, dout, out, gu, dgu, o2;
     memset(&x, 0, sizeof x), y = dout = out = gu = dgu = o2 = x;
     const int N = (int)(n / (size_t)F);
-    if (tp_new(s, &x, n, -6, 6) || tp_new(s, &y, n, -3, 3) || tp_new(s, &dout, n, -1, 1) ||
-        tp_new(s, &out, n, 0, 0) || tp_new(s, &gu, 2 * (size_t)N * F, -6, 6) ||
-        tp_new(s, &dgu, 2 * (size_t)N * F, 0, 0) || tp_new(s, &o2, (size_t)N * F, 0, 0))
+    if (tp_new(s, &x, n, -6, 6) || tp_new(s, &y, n, -3, 3) || tp_new(s, &dout, n, -1, 1) || tp_new(s, &out, n, 0, 0) ||
+        tp_new(s, &gu, 2 * (size_t)N * F, -6, 6) || tp_new(s, &dgu, 2 * (size_t)N * F, 0, 0) ||
+        tp_new(s, &o2, (size_t)N * F, 0, 0))
         goto out;
     s->cpu->gelu_fwd(s->cpu->ctx, out.h, x.h, n);
     s->gpu->gelu_fwd(s->gpu->ctx, out.d, x.d, n);
@@ -894,9 +892,9 @@ static void t_embedding(st_t *s, int N, int T, int C, int V, int v0, int Vl)
         tok[n] = (int32_t)(frand(s, 0, 1) * (float)V) % V;
     doc_positions(dp, (size_t)N, T);
     if (!(dtok = ints_dev(s, tok, (size_t)N)) || !(dpos = ints_dev(s, dp, (size_t)N)) ||
-        tp_new(s, &wte, (size_t)Vl * C, -1, 1) || tp_new(s, &wpe, (size_t)T * C, -1, 1) || tp_new(s, &out, (size_t)N * C, 0, 0) ||
-        tp_new(s, &dout, (size_t)N * C, -1, 1) || tp_new(s, &dwte, (size_t)Vl * C, -1, 1) ||
-        tp_new(s, &dwpe, (size_t)T * C, -1, 1))
+        tp_new(s, &wte, (size_t)Vl * C, -1, 1) || tp_new(s, &wpe, (size_t)T * C, -1, 1) ||
+        tp_new(s, &out, (size_t)N * C, 0, 0) || tp_new(s, &dout, (size_t)N * C, -1, 1) ||
+        tp_new(s, &dwte, (size_t)Vl * C, -1, 1) || tp_new(s, &dwpe, (size_t)T * C, -1, 1))
         goto out;
     /* pos: 0 none, 1 wpe by n % T, 2 wpe by document position */
     for (int pos = 0; pos < 3; pos++) {
@@ -990,8 +988,8 @@ static void t_bf16(st_t *s, size_t n_random)
     float *in = malloc(n * sizeof *in), *fref = malloc(nh * sizeof *fref), *fgot = malloc(nh * sizeof *fgot);
     uint16_t *ref = malloc(n * sizeof *ref), *got = malloc(n * sizeof *got), *hb = malloc(nh * sizeof *hb);
     float *d_in = s->gpu->alloc(s->gpu->ctx, n * sizeof(float)), *d_f = s->gpu->alloc(s->gpu->ctx, nh * sizeof(float));
-    uint16_t *d_out = s->gpu->alloc(s->gpu->ctx, n * sizeof(uint16_t)), *d_h = s->gpu->alloc(s->gpu->ctx,
-                                                                                             nh * sizeof(uint16_t));
+    uint16_t *d_out = s->gpu->alloc(s->gpu->ctx, n * sizeof(uint16_t)),
+             *d_h = s->gpu->alloc(s->gpu->ctx, nh * sizeof(uint16_t));
     if (!in || !ref || !got || !hb || !fref || !fgot || !d_in || !d_f || !d_out || !d_h) {
         s->oom = 1;
         goto out;
@@ -1050,7 +1048,7 @@ int cuda_selftest(const ops_t *gpu, const ops_t *cpu, FILE *out, char *err, size
     st_t s = {.cpu = cpu, .gpu = gpu, .out = out, .rng = 0x9E3779B97F4A7C15ull};
     /* N = 300, 1000: bias and norm-weight gradients summed in several
      * 128-row chunks (the GPU's column reductions) */
-    static const int mm[][3] = {{1, 1, 1},     {7, 13, 5},     {64, 96, 160}, {33, 257, 129},
+    static const int mm[][3] = {{1, 1, 1},      {7, 13, 5},    {64, 96, 160}, {33, 257, 129},
                                 {128, 768, 64}, {300, 64, 96}, {0, 5, 3}};
     static const int nc[][2] = {{1, 1}, {5, 7}, {64, 768}, {3, 1030}, {1000, 257}};
     /* attention {B, T, NH, NKV, HS}: T = 1, 17, 33, 37, 45, 70, 200 are not multiples
@@ -1058,10 +1056,9 @@ int cuda_selftest(const ops_t *gpu, const ops_t *cpu, FILE *out, char *err, size
      * (one, one and two 64-column chunks), odd 5, 96 (a partial chunk), 256 (the
      * widest register accumulators) and 320 (two column groups, each recomputing
      * the scores); B = 2, T = 512 for many tiles per head */
-    static const int at[][5] = {{1, 1, 1, 1, 4},     {2, 17, 4, 2, 8},     {1, 64, 4, 4, 16},
-                                {2, 33, 6, 2, 32},   {1, 200, 2, 1, 64},   {1, 1, 4, 2, 128},
-                                {1, 37, 4, 2, 16},   {2, 37, 4, 2, 64},    {1, 200, 4, 2, 128},
-                                {1, 37, 3, 3, 5},    {1, 70, 2, 2, 96},    {1, 45, 2, 1, 256},
+    static const int at[][5] = {{1, 1, 1, 1, 4},     {2, 17, 4, 2, 8},  {1, 64, 4, 4, 16}, {2, 33, 6, 2, 32},
+                                {1, 200, 2, 1, 64},  {1, 1, 4, 2, 128}, {1, 37, 4, 2, 16}, {2, 37, 4, 2, 64},
+                                {1, 200, 4, 2, 128}, {1, 37, 3, 3, 5},  {1, 70, 2, 2, 96}, {1, 45, 2, 1, 256},
                                 {1, 40, 2, 2, 320},  {2, 512, 4, 2, 64}};
     /* bf16 GEMMs: tiny, odd (unaligned leading dimensions), GPT-2's qkv
      * projection, one whose w (OC*IC > 4M floats) the CPU widens in two
@@ -1110,9 +1107,10 @@ int cuda_selftest(const ops_t *gpu, const ops_t *cpu, FILE *out, char *err, size
     }
     long made, reused, blas;
     ops_cuda_gemm_plans(gpu, &made, &reused, &blas);
-    fprintf(out, "info cuBLASLt: %ld GEMM plans made, %ld reused; %ld plain GEMMs had no cuBLASLt algorithm and ran "
-            "through cublasGemmEx\n", made, reused, blas);
-    fprintf(out, "selftest: %d comparisons of the %s ops against the cpu ops, %d failed\n", s.run, gpu->name,
-            s.failed);
+    fprintf(out,
+            "info cuBLASLt: %ld GEMM plans made, %ld reused; %ld plain GEMMs had no cuBLASLt algorithm and ran "
+            "through cublasGemmEx\n",
+            made, reused, blas);
+    fprintf(out, "selftest: %d comparisons of the %s ops against the cpu ops, %d failed\n", s.run, gpu->name, s.failed);
     return s.failed;
 }

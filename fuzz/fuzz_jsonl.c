@@ -40,8 +40,7 @@ static void fuzz_line(const uint8_t *data, size_t size)
 {
     char *text = NULL, err[512] = "";
     size_t tlen = 0;
-    if (corpus_jsonl_field((const char *)data, size, "text", &text, &tlen,
-                           err, sizeof err) == 0) {
+    if (corpus_jsonl_field((const char *)data, size, "text", &text, &tlen, err, sizeof err) == 0) {
         if (text == NULL || text[tlen] != '\0')
             abort();
         free(text);

@@ -43,8 +43,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     /* 1. the header's sizes through the layout */
     int32_t h[8] = {0};
     memcpy(h, data, size < sizeof h ? size : sizeof h);
-    llmc_model_t m = {.version = h[1], .max_seq = h[2], .vocab = h[3], .n_layer = h[4], .n_head = h[5],
-                      .d_model = h[6], .padded_vocab = h[7]};
+    llmc_model_t m = {.version = h[1],
+                      .max_seq = h[2],
+                      .vocab = h[3],
+                      .n_layer = h[4],
+                      .n_head = h[5],
+                      .d_model = h[6],
+                      .padded_vocab = h[7]};
     err[0] = '\0';
     if (llmc_model_layout(&m, err, sizeof err) == 0)
         check_layout(&m);

@@ -18,8 +18,8 @@
 
 static int readable(const st_tensor_t *t)
 {
-    return (t->dtype == ST_F32 || t->dtype == ST_F16 || t->dtype == ST_BF16 || t->dtype == ST_F64) &&
-           t->ndim <= 2 && st_numel(t) <= 4096;
+    return (t->dtype == ST_F32 || t->dtype == ST_F16 || t->dtype == ST_BF16 || t->dtype == ST_F64) && t->ndim <= 2 &&
+           st_numel(t) <= 4096;
 }
 
 static void check_tensor(const st_file_t *f, const st_tensor_t *t)

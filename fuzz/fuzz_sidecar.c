@@ -44,7 +44,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     /* every parsed string is UTF-8 (Jansson checks), so formatting cannot fail */
     char *text = tok_sidecar_format(&a, NULL, err, sizeof err);
-    if (text == NULL || tok_sidecar_parse(text, strlen(text), &b, err, sizeof err) != 0 || memcmp(&a, &b, sizeof a) != 0) {
+    if (text == NULL || tok_sidecar_parse(text, strlen(text), &b, err, sizeof err) != 0 ||
+        memcmp(&a, &b, sizeof a) != 0) {
         fprintf(stderr, "round trip differs: %s\n%s\n", err, text);
         abort();
     }

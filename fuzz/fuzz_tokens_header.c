@@ -32,8 +32,7 @@ static void check_pure(const uint8_t *data, size_t size, uint64_t file_size)
     size_t count = 0;
     char err[512];
     err[0] = '\0';
-    if (tokens_check_header(hdr, file_size, "fuzz.bin", &width, &count, err,
-                            sizeof err) == 0) {
+    if (tokens_check_header(hdr, file_size, "fuzz.bin", &width, &count, err, sizeof err) == 0) {
         if ((width != 2 && width != 4) || count == 0 ||
             file_size != (uint64_t)HDR_BYTES + (uint64_t)count * (uint64_t)width)
             abort();
@@ -52,8 +51,7 @@ static void check_file(const uint8_t *data, size_t size, uint8_t flag)
         char path[64], err[512];
         err[0] = '\0';
         snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
-        tokens_format_t fmt = (flag & 2) ? TOKENS_FORMAT_RAW_U16
-                                         : TOKENS_FORMAT_LLMC;
+        tokens_format_t fmt = (flag & 2) ? TOKENS_FORMAT_RAW_U16 : TOKENS_FORMAT_LLMC;
         int vocab = (flag >> 2) == 63 ? 0 : 1 + (flag >> 2) * 1000;
         token_set_t set;
         if (tokens_open(&set, path, fmt, vocab, err, sizeof err) == 0) {

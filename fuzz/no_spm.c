@@ -7,12 +7,10 @@
 
 #include <stdio.h>
 
-int tok_spm_open(tokenizer_t *tk, const char *model, int add_eos, char *err,
-                 size_t errlen)
+int tok_spm_open(tokenizer_t *tk, const char *model, int add_eos, char *err, size_t errlen)
 {
     (void)tk;
     (void)add_eos;
-    snprintf(err, errlen, "SentencePiece '%s' is not built into the fuzzers",
-             model);
+    snprintf(err, errlen, "SentencePiece '%s' is not built into the fuzzers", model);
     return -1;
 }

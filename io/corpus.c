@@ -28,8 +28,8 @@ struct corpus {
     char *const *paths;
     int n_paths;
     corpus_format_t format;
-    char *field;    /* JSONL field name (owned copy) */
-    char *sep;      /* TEXT separator (owned copy), NULL: one doc per file */
+    char *field; /* JSONL field name (owned copy) */
+    char *sep;   /* TEXT separator (owned copy), NULL: one doc per file */
     size_t sep_len;
     size_t chunk;   /* bytes per read and per decompression call */
     uint64_t index; /* of the next document */
@@ -43,13 +43,13 @@ struct corpus {
     src_kind_t kind;
     unsigned char *in; /* raw bytes read from fd: [in_pos, in_len) unused */
     size_t in_cap, in_pos, in_len;
-    int in_eof;        /* read(2) returned 0 */
+    int in_eof; /* read(2) returned 0 */
     z_stream zs;
     int zs_init;
-    int member_done;   /* gzip: a member ended; another may follow */
+    int member_done; /* gzip: a member ended; another may follow */
     ZSTD_DStream *zd;
-    int frame_open;    /* zstd: the last frame begun is not complete */
-    int src_eof;       /* the decompressed stream of this file ended */
+    int frame_open; /* zstd: the last frame begun is not complete */
+    int src_eof;    /* the decompressed stream of this file ended */
 
     /* Decompressed bytes: [start, end) not yet consumed; the search for the
      * next line end or separator resumes at scan (bytes before it cannot
@@ -64,7 +64,8 @@ __attribute__((format(printf, 3, 4)))
 #endif
 /* One line into err: control bytes (a newline in a file name, a CR in a
  * JSON error excerpt) become '?' so the message stays one line. */
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
+static void
+seterr(char *err, size_t errlen, const char *fmt, ...)
 {
     if (err == NULL || errlen == 0)
         return;
@@ -115,17 +116,13 @@ static char *find_sep(char *p, size_t n, const char *sep, size_t k)
     return NULL;
 }
 
-static const char *cur_path(const corpus_t *c)
-{
-    return c->paths[c->file];
-}
+static const char *cur_path(const corpus_t *c) { return c->paths[c->file]; }
 
 /* The line the decompressed stream has reached (for errors in the middle
  * of a file): the line at start plus the line ends read beyond it. */
 static unsigned long long line_reached(const corpus_t *c)
 {
-    return (unsigned long long)(c->line +
-                                count_nl(c->buf + c->start, c->end - c->start));
+    return (unsigned long long)(c->line + count_nl(c->buf + c->start, c->end - c->start));
 }
 
 /* ------------------------------------------------------------------ */
@@ -133,8 +130,7 @@ static unsigned long long line_reached(const corpus_t *c)
 /* ------------------------------------------------------------------ */
 
 /* One read(2) of at most n bytes, retried on EINTR: >= 0 bytes, -1 error. */
-static ssize_t read_once(corpus_t *c, void *dst, size_t n, char *err,
-                         size_t errlen)
+static ssize_t read_once(corpus_t *c, void *dst, size_t n, char *err, size_t errlen)
 {
     for (;;) {
         ssize_t got = read(c->fd, dst, n);
@@ -168,8 +164,7 @@ static int fill_in(corpus_t *c, char *err, size_t errlen)
 /* returns their count, 0 at the end of the file, -1 on an error.       */
 /* ------------------------------------------------------------------ */
 
-static ssize_t raw_read(corpus_t *c, char *dst, size_t cap, char *err,
-                        size_t errlen)
+static ssize_t raw_read(corpus_t *c, char *dst, size_t cap, char *err, size_t errlen)
 {
     if (c->in_pos < c->in_len) { /* the bytes read to look for a magic */
         size_t n = c->in_len - c->in_pos < cap ? c->in_len - c->in_pos : cap;
@@ -188,14 +183,12 @@ static ssize_t raw_read(corpus_t *c, char *dst, size_t cap, char *err,
 static int gz_error(corpus_t *c, int ret, char *err, size_t errlen)
 {
     if (ret == Z_MEM_ERROR)
-        seterr(err, errlen, "%s:%llu: out of memory while decompressing gzip",
-               cur_path(c), line_reached(c));
+        seterr(err, errlen, "%s:%llu: out of memory while decompressing gzip", cur_path(c), line_reached(c));
     else
         seterr(err, errlen,
                "%s:%llu: invalid gzip data (%s): the file is damaged; copy "
                "it again or re-compress it",
-               cur_path(c), line_reached(c),
-               c->zs.msg ? c->zs.msg : "zlib error");
+               cur_path(c), line_reached(c), c->zs.msg ? c->zs.msg : "zlib error");
     return -1;
 }
 
@@ -219,8 +212,7 @@ static int gz_next_member(corpus_t *c, char *err, size_t errlen)
     return 1;
 }
 
-static ssize_t gz_read(corpus_t *c, char *dst, size_t cap, char *err,
-                       size_t errlen)
+static ssize_t gz_read(corpus_t *c, char *dst, size_t cap, char *err, size_t errlen)
 {
     if (cap > UINT_MAX)
         cap = UINT_MAX;
@@ -255,8 +247,7 @@ static ssize_t gz_read(corpus_t *c, char *dst, size_t cap, char *err,
     }
 }
 
-static ssize_t zstd_read(corpus_t *c, char *dst, size_t cap, char *err,
-                         size_t errlen)
+static ssize_t zstd_read(corpus_t *c, char *dst, size_t cap, char *err, size_t errlen)
 {
     for (;;) {
         if (c->in_pos == c->in_len && !c->in_eof && fill_in(c, err, errlen))
@@ -283,8 +274,7 @@ static ssize_t zstd_read(corpus_t *c, char *dst, size_t cap, char *err,
         if (progress)
             continue;
         if (c->in_pos < c->in_len) {
-            seterr(err, errlen, "%s:%llu: zstd decoding made no progress",
-                   cur_path(c), line_reached(c));
+            seterr(err, errlen, "%s:%llu: zstd decoding made no progress", cur_path(c), line_reached(c));
             return -1;
         }
         if (!c->frame_open)
@@ -297,16 +287,12 @@ static ssize_t zstd_read(corpus_t *c, char *dst, size_t cap, char *err,
     }
 }
 
-static ssize_t src_read(corpus_t *c, char *dst, size_t cap, char *err,
-                        size_t errlen)
+static ssize_t src_read(corpus_t *c, char *dst, size_t cap, char *err, size_t errlen)
 {
     switch (c->kind) {
-    case SRC_GZIP:
-        return gz_read(c, dst, cap, err, errlen);
-    case SRC_ZSTD:
-        return zstd_read(c, dst, cap, err, errlen);
-    default:
-        return raw_read(c, dst, cap, err, errlen);
+    case SRC_GZIP: return gz_read(c, dst, cap, err, errlen);
+    case SRC_ZSTD: return zstd_read(c, dst, cap, err, errlen);
+    default: return raw_read(c, dst, cap, err, errlen);
     }
 }
 
@@ -338,8 +324,7 @@ static int src_detect(corpus_t *c, char *err, size_t errlen)
             goto nomem;
         c->zs_init = 1;
         c->member_done = 0;
-    } else if (c->in_len >= 4 && m[0] == 0x28 && m[1] == 0xb5 &&
-               m[2] == 0x2f && m[3] == 0xfd) {
+    } else if (c->in_len >= 4 && m[0] == 0x28 && m[1] == 0xb5 && m[2] == 0x2f && m[3] == 0xfd) {
         c->kind = SRC_ZSTD;
         c->frame_open = 1;
         c->zd = ZSTD_createDStream();
@@ -348,8 +333,7 @@ static int src_detect(corpus_t *c, char *err, size_t errlen)
     }
     return 0;
 nomem:
-    seterr(err, errlen, "%s: out of memory for the decompressor",
-           cur_path(c));
+    seterr(err, errlen, "%s: out of memory for the decompressor", cur_path(c));
     return -1;
 }
 
@@ -360,14 +344,11 @@ static int src_open(corpus_t *c, char *err, size_t errlen)
 
     c->fd = open(path, O_RDONLY | O_CLOEXEC);
     if (c->fd < 0) {
-        seterr(err, errlen, "cannot open input '%s': %s: check the path",
-               path, strerror(errno));
+        seterr(err, errlen, "cannot open input '%s': %s: check the path", path, strerror(errno));
         return -1;
     }
     if (fstat(c->fd, &st) == 0 && S_ISDIR(st.st_mode)) {
-        seterr(err, errlen,
-               "input '%s' is a directory: give the files in it instead",
-               path);
+        seterr(err, errlen, "input '%s' is a directory: give the files in it instead", path);
         return -1;
     }
     c->start = c->end = c->scan = 0;
@@ -387,8 +368,7 @@ static int src_open(corpus_t *c, char *err, size_t errlen)
     c->in_pos = c->in_len = 0;
     c->in_eof = 0;
     while (c->in_len < 4 && !c->in_eof) {
-        ssize_t got = read_once(c, c->in + c->in_len, c->in_cap - c->in_len,
-                                err, errlen);
+        ssize_t got = read_once(c, c->in + c->in_len, c->in_cap - c->in_len, err, errlen);
         if (got < 0)
             return -1;
         c->in_eof = got == 0;
@@ -426,12 +406,10 @@ static int buf_room(corpus_t *c, char *err, size_t errlen)
             return 0;
     }
     if (c->end > (SIZE_MAX - c->chunk) / 2) {
-        seterr(err, errlen, "%s:%llu: a document too large to hold in memory",
-               cur_path(c), line_reached(c));
+        seterr(err, errlen, "%s:%llu: a document too large to hold in memory", cur_path(c), line_reached(c));
         return -1;
     }
-    size_t cap = c->cap * 2 > c->end + c->chunk ? c->cap * 2
-                                                 : c->end + c->chunk;
+    size_t cap = c->cap * 2 > c->end + c->chunk ? c->cap * 2 : c->end + c->chunk;
     char *p = realloc(c->buf, cap);
     if (p == NULL) {
         seterr(err, errlen,
@@ -488,7 +466,8 @@ static void list_keys(json_t *obj, char *out, size_t outlen)
     json_t *v;
     size_t n = 0, k = 0;
     out[0] = '\0';
-    json_object_foreach(obj, key, v) {
+    json_object_foreach(obj, key, v)
+    {
         (void)v;
         if (k == 6) {
             snprintf(out + n, outlen - n, ", ...");
@@ -506,8 +485,7 @@ static void list_keys(json_t *obj, char *out, size_t outlen)
 
 /* Parse one line: on success *root owns the object and *text points into
  * it. msg gets the problem and fix without a file or line. */
-static int jsonl_parse(const char *line, size_t len, const char *field,
-                       json_t **root, const char **text, size_t *tlen,
+static int jsonl_parse(const char *line, size_t len, const char *field, json_t **root, const char **text, size_t *tlen,
                        char *msg, size_t msglen)
 {
     json_error_t je;
@@ -515,8 +493,7 @@ static int jsonl_parse(const char *line, size_t len, const char *field,
      * JSON_DECODE_INT_AS_REAL: an id beyond 64 bits in some other field
      * must not reject the line (only the text field is read). The
      * end-of-input check stays on: two objects on a line are an error. */
-    json_t *r = json_loadb(line, len, JSON_ALLOW_NUL | JSON_DECODE_INT_AS_REAL,
-                           &je);
+    json_t *r = json_loadb(line, len, JSON_ALLOW_NUL | JSON_DECODE_INT_AS_REAL, &je);
     if (r == NULL) {
         seterr(msg, msglen,
                "not valid JSON (%s, near byte %d): fix the line, or remove "
@@ -557,8 +534,8 @@ static int jsonl_parse(const char *line, size_t len, const char *field,
     return 0;
 }
 
-int corpus_jsonl_field(const char *line, size_t len, const char *field,
-                       char **text, size_t *tlen, char *err, size_t errlen)
+int corpus_jsonl_field(const char *line, size_t len, const char *field, char **text, size_t *tlen, char *err,
+                       size_t errlen)
 {
     json_t *root;
     const char *s;
@@ -597,8 +574,7 @@ static int is_blank(const char *p, size_t n)
 
 /* The next line of the file: [*p, *p + *len) without its LF, *line its
  * number. 0 at the end of the file. */
-static int next_line(corpus_t *c, const char **p, size_t *len,
-                     uint64_t *line, char *err, size_t errlen)
+static int next_line(corpus_t *c, const char **p, size_t *len, uint64_t *line, char *err, size_t errlen)
 {
     for (;;) {
         char *nl = memchr(c->buf + c->scan, '\n', c->end - c->scan);
@@ -624,8 +600,7 @@ static int next_line(corpus_t *c, const char **p, size_t *len,
     }
 }
 
-static int next_jsonl(corpus_t *c, int want_text, corpus_doc_t *doc,
-                      char *err, size_t errlen)
+static int next_jsonl(corpus_t *c, int want_text, corpus_doc_t *doc, char *err, size_t errlen)
 {
     const char *p;
     size_t len;
@@ -650,10 +625,8 @@ static int next_jsonl(corpus_t *c, int want_text, corpus_doc_t *doc,
     if (!want_text) /* the rank that owns the document parses it */
         return 1;
     char msg[512];
-    if (jsonl_parse(p, len, c->field, &c->root, &doc->text, &doc->len, msg,
-                    sizeof msg) != 0) {
-        seterr(err, errlen, "%s:%llu: %s", cur_path(c),
-               (unsigned long long)line, msg);
+    if (jsonl_parse(p, len, c->field, &c->root, &doc->text, &doc->len, msg, sizeof msg) != 0) {
+        seterr(err, errlen, "%s:%llu: %s", cur_path(c), (unsigned long long)line, msg);
         return -1;
     }
     return 1;
@@ -662,12 +635,10 @@ static int next_jsonl(corpus_t *c, int want_text, corpus_doc_t *doc,
 /* The next non-empty piece between separators. A separator may straddle
  * reads: after a miss the search resumes sep_len - 1 bytes before the end,
  * the earliest place a separator completed by the next read can start. */
-static int next_piece(corpus_t *c, int want_text, corpus_doc_t *doc,
-                      char *err, size_t errlen)
+static int next_piece(corpus_t *c, int want_text, corpus_doc_t *doc, char *err, size_t errlen)
 {
     for (;;) {
-        char *hit = find_sep(c->buf + c->scan, c->end - c->scan, c->sep,
-                             c->sep_len);
+        char *hit = find_sep(c->buf + c->scan, c->end - c->scan, c->sep, c->sep_len);
         size_t len, next;
         if (hit != NULL) {
             len = (size_t)(hit - c->buf) - c->start;
@@ -699,8 +670,7 @@ static int next_piece(corpus_t *c, int want_text, corpus_doc_t *doc,
 }
 
 /* The whole file as one document. */
-static int next_whole(corpus_t *c, int want_text, corpus_doc_t *doc,
-                      char *err, size_t errlen)
+static int next_whole(corpus_t *c, int want_text, corpus_doc_t *doc, char *err, size_t errlen)
 {
     if (c->n_docs > 0)
         return 0;
@@ -708,9 +678,8 @@ static int next_whole(corpus_t *c, int want_text, corpus_doc_t *doc,
         if (buf_fill(c, err, errlen) < 0)
             return -1;
     if (c->end == c->start) {
-        seterr(err, errlen,
-               "%s: empty input (no bytes%s): remove it from the inputs",
-               cur_path(c), c->kind == SRC_RAW ? "" : " after decompression");
+        seterr(err, errlen, "%s: empty input (no bytes%s): remove it from the inputs", cur_path(c),
+               c->kind == SRC_RAW ? "" : " after decompression");
         return -1;
     }
     doc->line = 1;
@@ -732,14 +701,11 @@ static int check_path(const char *path, char *err, size_t errlen)
 {
     struct stat st;
     if (stat(path, &st) != 0 || access(path, R_OK) != 0) {
-        seterr(err, errlen, "cannot read input '%s': %s: check the path",
-               path, strerror(errno));
+        seterr(err, errlen, "cannot read input '%s': %s: check the path", path, strerror(errno));
         return -1;
     }
     if (S_ISDIR(st.st_mode)) {
-        seterr(err, errlen,
-               "input '%s' is a directory: give the files in it instead",
-               path);
+        seterr(err, errlen, "input '%s' is a directory: give the files in it instead", path);
         return -1;
     }
     return 0;
@@ -748,19 +714,16 @@ static int check_path(const char *path, char *err, size_t errlen)
 static int check_opts(const corpus_opts_t *o, char *err, size_t errlen)
 {
     if (o->format != CORPUS_TEXT && o->format != CORPUS_JSONL) {
-        seterr(err, errlen, "corpus_open: unknown input format %d",
-               (int)o->format);
+        seterr(err, errlen, "corpus_open: unknown input format %d", (int)o->format);
         return -1;
     }
-    if (o->format == CORPUS_JSONL && o->jsonl_field != NULL &&
-        o->jsonl_field[0] == '\0') {
+    if (o->format == CORPUS_JSONL && o->jsonl_field != NULL && o->jsonl_field[0] == '\0') {
         seterr(err, errlen,
                "empty JSONL field name: give the name of the field that "
                "holds the text (default \"text\")");
         return -1;
     }
-    if (o->format == CORPUS_TEXT && o->separator != NULL &&
-        o->separator_len == 0) {
+    if (o->format == CORPUS_TEXT && o->separator != NULL && o->separator_len == 0) {
         seterr(err, errlen,
                "empty document separator: give at least one byte, or none "
                "for one document per file");
@@ -769,8 +732,7 @@ static int check_opts(const corpus_opts_t *o, char *err, size_t errlen)
     return 0;
 }
 
-int corpus_open(corpus_t **out, char *const *paths, int n_paths,
-                const corpus_opts_t *o, char *err, size_t errlen)
+int corpus_open(corpus_t **out, char *const *paths, int n_paths, const corpus_opts_t *o, char *err, size_t errlen)
 {
     *out = NULL;
     if (n_paths < 1 || paths == NULL) {
@@ -814,8 +776,7 @@ nomem:
     return -1;
 }
 
-int corpus_next(corpus_t *c, int want_text, corpus_doc_t *doc, char *err,
-                size_t errlen)
+int corpus_next(corpus_t *c, int want_text, corpus_doc_t *doc, char *err, size_t errlen)
 {
     if (c->failed) {
         seterr(err, errlen, "corpus_next: reading stopped at an earlier error");
@@ -876,8 +837,7 @@ static int hexval(char ch)
     return -1;
 }
 
-int corpus_unescape(const char *s, char *out, size_t outcap, size_t *outlen,
-                    char *err, size_t errlen)
+int corpus_unescape(const char *s, char *out, size_t outcap, size_t *outlen, char *err, size_t errlen)
 {
     size_t n = 0;
     for (size_t i = 0; s[i] != '\0'; i++) {
@@ -908,8 +868,7 @@ int corpus_unescape(const char *s, char *out, size_t outcap, size_t *outlen,
                 seterr(err, errlen,
                        "document separator '%s': %s at character %zu: use "
                        "\\n \\r \\t \\\\ \\0 or \\xHH",
-                       s, s[i] ? "unknown escape" : "a lone backslash",
-                       at + 1);
+                       s, s[i] ? "unknown escape" : "a lone backslash", at + 1);
                 return -1;
             }
         }

@@ -87,28 +87,25 @@ typedef struct corpus corpus_t;
 /* Check that every path is a readable regular file (so a typo fails before
  * hours of work) and prepare to read them in order. paths must outlive c;
  * opts is copied. */
-int corpus_open(corpus_t **c, char *const *paths, int n_paths,
-                const corpus_opts_t *opts, char *err, size_t errlen);
+int corpus_open(corpus_t **c, char *const *paths, int n_paths, const corpus_opts_t *opts, char *err, size_t errlen);
 
 /* 1: a document in *doc, 0: end of input, -1: error (err says
  * FILE:LINE: problem; fix). */
-int corpus_next(corpus_t *c, int want_text, corpus_doc_t *doc, char *err,
-                size_t errlen);
+int corpus_next(corpus_t *c, int want_text, corpus_doc_t *doc, char *err, size_t errlen);
 
 void corpus_close(corpus_t *c);
 
 /* C escapes (\n \r \t \\ \0 \xHH) in s to bytes, for --doc-separator: at
  * most outcap bytes to out, their count to *outlen. -1 with err on a bad
  * or unfinished escape or when out is too small. */
-int corpus_unescape(const char *s, char *out, size_t outcap, size_t *outlen,
-                    char *err, size_t errlen);
+int corpus_unescape(const char *s, char *out, size_t outcap, size_t *outlen, char *err, size_t errlen);
 
 /* The JSONL line parser alone (pure: for the fuzzer and the tests): the
  * string value of `field` in the JSON object line[0..len), as UTF-8 in a
  * malloc'd buffer (NUL-terminated, but it may hold NULs: use *tlen) that
  * the caller frees. -1 with err (no file or line in it) when the line is
  * not one JSON object, lacks the field or the field is not a string. */
-int corpus_jsonl_field(const char *line, size_t len, const char *field,
-                       char **text, size_t *tlen, char *err, size_t errlen);
+int corpus_jsonl_field(const char *line, size_t len, const char *field, char **text, size_t *tlen, char *err,
+                       size_t errlen);
 
 #endif

@@ -56,9 +56,8 @@ static uint32_t crc_sw(const crc32c_t *c, uint32_t crc, const unsigned char *p, 
         uint64_t w;
         memcpy(&w, p, 8);
         w ^= crc;
-        crc = c->t[7][w & 0xff] ^ c->t[6][(w >> 8) & 0xff] ^ c->t[5][(w >> 16) & 0xff] ^
-              c->t[4][(w >> 24) & 0xff] ^ c->t[3][(w >> 32) & 0xff] ^ c->t[2][(w >> 40) & 0xff] ^
-              c->t[1][(w >> 48) & 0xff] ^ c->t[0][w >> 56];
+        crc = c->t[7][w & 0xff] ^ c->t[6][(w >> 8) & 0xff] ^ c->t[5][(w >> 16) & 0xff] ^ c->t[4][(w >> 24) & 0xff] ^
+              c->t[3][(w >> 32) & 0xff] ^ c->t[2][(w >> 40) & 0xff] ^ c->t[1][(w >> 48) & 0xff] ^ c->t[0][w >> 56];
         p += 8;
         n -= 8;
     }
@@ -89,8 +88,7 @@ __attribute__((target("sse4.2"))) static uint32_t crc_hw(uint32_t crc, const uns
 
 static uint32_t shift_lane(const crc32c_t *c, uint32_t v)
 {
-    return c->shift[0][v & 0xff] ^ c->shift[1][(v >> 8) & 0xff] ^ c->shift[2][(v >> 16) & 0xff] ^
-           c->shift[3][v >> 24];
+    return c->shift[0][v & 0xff] ^ c->shift[1][(v >> 8) & 0xff] ^ c->shift[2][(v >> 16) & 0xff] ^ c->shift[3][v >> 24];
 }
 
 /* Blocks of three lanes A, B, D: the register is linear in (register,
@@ -98,7 +96,7 @@ static uint32_t shift_lane(const crc32c_t *c, uint32_t v)
  * crc0 starts from 0 and shift appends a lane of zeros. The three crc32
  * chains are independent, so the CPU overlaps them. */
 __attribute__((target("sse4.2"))) static uint32_t crc_hw3(const crc32c_t *c, uint32_t crc, const unsigned char *p,
-                                                         size_t n)
+                                                          size_t n)
 {
     while (n >= 3 * (size_t)CRC32C_LANE) {
         uint64_t a = crc, b = 0, d = 0;

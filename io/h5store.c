@@ -75,8 +75,7 @@ static herr_t ewalk_cb(unsigned n, const H5E_error2_t *e, void *data)
             maj[0] = '\0';
         if (H5Eget_msg(e->min_num, NULL, min, sizeof min) < 0)
             min[0] = '\0';
-        snprintf(w->buf + used, w->len - used, "%s() %s (%s: %s)", e->func_name,
-                 e->desc ? e->desc : "", maj, min);
+        snprintf(w->buf + used, w->len - used, "%s() %s (%s: %s)", e->func_name, e->desc ? e->desc : "", maj, min);
     } else {
         snprintf(w->buf + used, w->len - used, " <- %s() %s", e->func_name, e->desc ? e->desc : "");
     }
@@ -132,10 +131,7 @@ void h5s_quiet_off(const h5s_quiet_t *q)
     }
 }
 
-int h5s_close(hid_t id, h5s_close_fn close_fn, int rc)
-{
-    return id >= 0 && close_fn(id) < 0 && rc == 0 ? -1 : rc;
-}
+int h5s_close(hid_t id, h5s_close_fn close_fn, int rc) { return id >= 0 && close_fn(id) < 0 && rc == 0 ? -1 : rc; }
 
 int h5s_close_msg(hid_t id, h5s_close_fn close_fn, int rc, char *err, size_t errlen, const char *fmt, ...)
 {

@@ -71,11 +71,9 @@ typedef struct h5store_attr {
  * every rank), closed, fsynced by rank 0 and renamed to `path`; then the
  * directory is fsynced. On failure no file is left under `path` (a file
  * already there is untouched) and the temporary file is removed. */
-int h5store_write(const char *path, MPI_Comm comm,
-                  const h5store_tensor_t *tensors, int n_tensors,
-                  const h5store_shard_t *shards, int n_shards,
-                  const h5store_attr_t *attrs, int n_attrs,
-                  char *err, size_t errlen);
+int h5store_write(const char *path, MPI_Comm comm, const h5store_tensor_t *tensors, int n_tensors,
+                  const h5store_shard_t *shards, int n_shards, const h5store_attr_t *attrs, int n_attrs, char *err,
+                  size_t errlen);
 
 typedef struct h5store h5store_t;
 
@@ -110,15 +108,15 @@ void h5store_free_attrs(h5store_attr_t *attrs, int n_attrs);
 /* Independent (any rank, any order): reads the hyperslab start/count of
  * `name` (1-D: start[1] = 0, count[1] = 1) into buf, row-major, and checks
  * the checksum of every recorded shard lying entirely inside it. */
-int h5store_read(h5store_t *h, const char *name, const int64_t start[2], const int64_t count[2],
-                 float *buf, char *err, size_t errlen);
+int h5store_read(h5store_t *h, const char *name, const int64_t start[2], const int64_t count[2], float *buf, char *err,
+                 size_t errlen);
 
 /* Collective: the reader's side of h5store_write. Checks every tensor in
  * the list is in the file with that ndim and shape ("tensor params/foo:
  * shape [3,4] in file, expected [4,4]"), then reads this rank's shards
  * (layout B need not be the writer's layout A). Same status on all ranks. */
-int h5store_read_shards(h5store_t *h, const h5store_tensor_t *tensors, int n_tensors,
-                        const h5store_shard_t *shards, int n_shards, char *err, size_t errlen);
+int h5store_read_shards(h5store_t *h, const h5store_tensor_t *tensors, int n_tensors, const h5store_shard_t *shards,
+                        int n_shards, char *err, size_t errlen);
 
 /* Collective: h5store_read_shards and h5store_verify in one pass over the
  * file. The records this rank's reads lie over are checked as they are
@@ -126,8 +124,8 @@ int h5store_read_shards(h5store_t *h, const h5store_tensor_t *tensors, int n_ten
  * checked, and only the others are read again for their CRC, the ranks
  * taking turns. Same checks and messages as the two calls, but a loader
  * whose ranks together read the whole file reads it once, not twice. */
-int h5store_read_verify(h5store_t *h, const h5store_tensor_t *tensors, int n_tensors,
-                        const h5store_shard_t *shards, int n_shards, char *err, size_t errlen);
+int h5store_read_verify(h5store_t *h, const h5store_tensor_t *tensors, int n_tensors, const h5store_shard_t *shards,
+                        int n_shards, char *err, size_t errlen);
 
 /* Collective: recomputes the checksum of every recorded shard (the ranks
  * take turns) and checks each tensor's records cover it exactly. Counts of

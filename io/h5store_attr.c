@@ -134,8 +134,7 @@ static int get_num(h5store_t *h, const char *key, H5T_class_t want, void *v, cha
     attr = open_attr(h, key, &cls, &type, err, errlen);
     if (attr >= 0) {
         if (cls != want && !(want == H5T_FLOAT && cls == H5T_INTEGER))
-            seterr(err, errlen, "%s: attribute %s is %s, expected %s", h->path, key, class_name(cls),
-                   class_name(want));
+            seterr(err, errlen, "%s: attribute %s is %s, expected %s", h->path, key, class_name(cls), class_name(want));
         else if (H5Aread(attr, want == H5T_INTEGER ? H5T_NATIVE_INT64 : H5T_NATIVE_DOUBLE, v) < 0)
             h5s_err(err, errlen, "%s: cannot read attribute %s", h->path, key);
         else
@@ -177,8 +176,8 @@ static int read_str(h5store_t *h, const char *key, char **out, char *err, size_t
     var = H5Tis_variable_str(type);
     size_t fixed = H5Tget_size(type);
     H5T_cset_t cset = H5Tget_cset(type); /* ASCII <-> UTF-8 has no conversion path */
-    if (var < 0 || cset < 0 || (mt = H5Tcopy(H5T_C_S1)) < 0 ||
-        H5Tset_size(mt, var ? H5T_VARIABLE : fixed + 1) < 0 || H5Tset_cset(mt, cset) < 0) {
+    if (var < 0 || cset < 0 || (mt = H5Tcopy(H5T_C_S1)) < 0 || H5Tset_size(mt, var ? H5T_VARIABLE : fixed + 1) < 0 ||
+        H5Tset_cset(mt, cset) < 0) {
         h5s_err(err, errlen, "%s: attribute %s: string type", h->path, key);
         goto done;
     }
@@ -232,8 +231,7 @@ int h5store_get_str(h5store_t *h, const char *key, char *out, size_t outlen, cha
     size_t n = strlen(s);
     int rc = 0;
     if (n >= outlen) {
-        seterr(err, errlen, "%s: attribute %s is %zu bytes, longer than the %zu-byte buffer", h->path,
-               key, n, outlen);
+        seterr(err, errlen, "%s: attribute %s is %zu bytes, longer than the %zu-byte buffer", h->path, key, n, outlen);
         rc = -1;
     } else {
         memcpy(out, s, n + 1);
@@ -322,8 +320,8 @@ int h5store_get_attrs(h5store_t *h, h5store_attr_t **attrs, int *n_attrs, char *
             rc = read_str(h, a[n].key, &s, err, errlen);
             a[n].s = s;
         } else {
-            seterr(err, errlen, "%s: attribute %s is %s, expected an integer, a float or a string", h->path,
-                   a[n].key, class_name(cls));
+            seterr(err, errlen, "%s: attribute %s is %s, expected an integer, a float or a string", h->path, a[n].key,
+                   class_name(cls));
             rc = -1;
         }
     }

@@ -21,13 +21,15 @@ static int check_name(const char *name, char *err, size_t errlen)
 {
     size_t n = strnlen(name, H5STORE_NAME_MAX);
     if (n == 0 || n == H5STORE_NAME_MAX) {
-        seterr(err, errlen, "tensor name '%.*s' is empty or not shorter than %d bytes",
-               (int)(n > 40 ? 40 : n), name, H5STORE_NAME_MAX);
+        seterr(err, errlen, "tensor name '%.*s' is empty or not shorter than %d bytes", (int)(n > 40 ? 40 : n), name,
+               H5STORE_NAME_MAX);
         return -1;
     }
     if (name[0] == '/' || name[n - 1] == '/' || strstr(name, "//") != NULL || name[0] == '.') {
-        seterr(err, errlen, "tensor name '%s': want a relative path like 'params/wte' "
-               "(no leading '/' or '.', no trailing or double '/')", name);
+        seterr(err, errlen,
+               "tensor name '%s': want a relative path like 'params/wte' "
+               "(no leading '/' or '.', no trailing or double '/')",
+               name);
         return -1;
     }
     return 0;
@@ -39,9 +41,9 @@ static int check_tensor(const h5store_tensor_t *x, char *err, size_t errlen)
     char sh[48];
     if (check_name(x->name, err, errlen))
         return -1;
-    if ((x->ndim != 1 && x->ndim != 2) || x->shape[0] < 1 || x->shape[1] < 1 ||
-        (x->ndim == 1 && x->shape[1] != 1)) {
-        seterr(err, errlen, "tensor %s: bad ndim %d / shape [%" PRId64 ",%" PRId64 "] "
+    if ((x->ndim != 1 && x->ndim != 2) || x->shape[0] < 1 || x->shape[1] < 1 || (x->ndim == 1 && x->shape[1] != 1)) {
+        seterr(err, errlen,
+               "tensor %s: bad ndim %d / shape [%" PRId64 ",%" PRId64 "] "
                "(want 1-D [n] with shape[1] = 1, or 2-D, all dims >= 1)",
                x->name, x->ndim, x->shape[0], x->shape[1]);
         return -1;
@@ -51,9 +53,10 @@ static int check_tensor(const h5store_tensor_t *x, char *err, size_t errlen)
         /* HDF5 limits a chunk to 4 GiB and to the dataset's extent */
         if (x->chunk[0] < 1 || x->chunk[0] > x->shape[0] || c1 < 1 || c1 > x->shape[1] ||
             x->chunk[0] * c1 > (int64_t)(UINT32_MAX / sizeof(float))) {
-            seterr(err, errlen, "tensor %s: chunk [%" PRId64 ",%" PRId64 "] does not fit "
-                   "shape %s (or is over 4 GiB)", x->name, x->chunk[0], x->chunk[1],
-                   h5s_shape_str(sh, sizeof sh, x->ndim, x->shape));
+            seterr(err, errlen,
+                   "tensor %s: chunk [%" PRId64 ",%" PRId64 "] does not fit "
+                   "shape %s (or is over 4 GiB)",
+                   x->name, x->chunk[0], x->chunk[1], h5s_shape_str(sh, sizeof sh, x->ndim, x->shape));
             return -1;
         }
     }
@@ -89,8 +92,8 @@ static int check_attrs(const h5store_attr_t *a, int na, char *err, size_t errlen
         if (!a[i].key || !a[i].key[0] || strncmp(a[i].key, RESERVED_PREFIX, strlen(RESERVED_PREFIX)) == 0 ||
             (a[i].type != H5STORE_INT && a[i].type != H5STORE_DOUBLE && a[i].type != H5STORE_STR) ||
             (a[i].type == H5STORE_STR && !a[i].s)) {
-            seterr(err, errlen, "attribute %d ('%s'): empty or reserved key, bad type, or NULL string",
-                   i, a[i].key ? a[i].key : "(null)");
+            seterr(err, errlen, "attribute %d ('%s'): empty or reserved key, bad type, or NULL string", i,
+                   a[i].key ? a[i].key : "(null)");
             return -1;
         }
         for (int j = 0; j < i; j++)
@@ -118,16 +121,17 @@ static int check_shard(const h5store_tensor_t *t, int nt, const h5store_shard_t 
     int64_t n1 = x->ndim == 1 ? 1 : x->shape[1];
     if (s->start[0] < 0 || s->start[1] < 0 || s->count[0] < 0 || s->count[1] < 0 ||
         s->start[0] + s->count[0] > x->shape[0] || s->start[1] + s->count[1] > n1) {
-        seterr(err, errlen, "rank %d: shard %d of tensor %s (start [%" PRId64 ",%" PRId64
-               "] count [%" PRId64 ",%" PRId64 "]) outside shape %s", rank, i, x->name,
-               s->start[0], s->start[1], s->count[0], s->count[1],
+        seterr(err, errlen,
+               "rank %d: shard %d of tensor %s (start [%" PRId64 ",%" PRId64 "] count [%" PRId64 ",%" PRId64
+               "]) outside shape %s",
+               rank, i, x->name, s->start[0], s->start[1], s->count[0], s->count[1],
                h5s_shape_str(sh, sizeof sh, x->ndim, x->shape));
         return -1;
     }
     if (!s->buf) {
         int64_t c[2] = {s->count[0], s->count[1]};
-        seterr(err, errlen, "rank %d: shard %d of tensor %s (%s) has no buffer", rank, i,
-               x->name, h5s_region_str(rg, sizeof rg, x->ndim, x->shape, s->start, c));
+        seterr(err, errlen, "rank %d: shard %d of tensor %s (%s) has no buffer", rank, i, x->name,
+               h5s_region_str(rg, sizeof rg, x->ndim, x->shape, s->start, c));
         return -1;
     }
     return 0;
@@ -177,8 +181,8 @@ static uint32_t inputs_hash(const crc32c_t *cc, const h5store_tensor_t *t, int n
 }
 
 /* The same tensors and attributes everywhere: min(h) == max(h). */
-int h5s_check_same_inputs(MPI_Comm comm, const crc32c_t *cc, const h5store_tensor_t *t, int nt,
-                          const h5store_attr_t *a, int na, char *err, size_t errlen)
+int h5s_check_same_inputs(MPI_Comm comm, const crc32c_t *cc, const h5store_tensor_t *t, int nt, const h5store_attr_t *a,
+                          int na, char *err, size_t errlen)
 {
     int64_t h = inputs_hash(cc, t, nt, a, na), hh[2] = {h, -h}, hr[2];
     int mrc = MPI_Allreduce(hh, hr, 2, MPI_INT64_T, MPI_MIN, comm);
@@ -187,7 +191,8 @@ int h5s_check_same_inputs(MPI_Comm comm, const crc32c_t *cc, const h5store_tenso
         return -1; /* an MPI failure is not recoverable anyway */
     }
     if (hr[0] != -hr[1]) {
-        seterr(err, errlen, "the tensor list or attributes differ between ranks "
+        seterr(err, errlen,
+               "the tensor list or attributes differ between ranks "
                "(h5store_write needs the same ones on every rank)");
         return -1;
     }

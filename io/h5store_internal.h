@@ -31,8 +31,7 @@
 
 /* The checksums cover the bytes as stored (IEEE fp32 little-endian) and are
  * computed on host memory, which is the same bytes only on little-endian. */
-#if !defined(__BYTE_ORDER__) || !defined(__ORDER_LITTLE_ENDIAN__) || \
-    __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#if !defined(__BYTE_ORDER__) || !defined(__ORDER_LITTLE_ENDIAN__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "io/h5store assumes a little-endian host: add byte swaps before porting"
 #endif
 
@@ -149,8 +148,8 @@ int h5s_check_inputs(const h5store_tensor_t *t, int nt, const h5store_shard_t *s
 
 /* Collective: every rank passed the same tensor list and attributes.
  * -1 on every rank otherwise. */
-int h5s_check_same_inputs(MPI_Comm comm, const crc32c_t *cc, const h5store_tensor_t *t, int nt,
-                          const h5store_attr_t *a, int na, char *err, size_t errlen);
+int h5s_check_same_inputs(MPI_Comm comm, const crc32c_t *cc, const h5store_tensor_t *t, int nt, const h5store_attr_t *a,
+                          int na, char *err, size_t errlen);
 
 /* ---- h5store_publish.c -------------------------------------------- */
 

@@ -181,8 +181,10 @@ static int check_version(h5store_t *h, char *err, size_t errlen)
     if (h5store_get_int(h, VERSION_ATTR, &ver, err, errlen))
         return -1;
     if (ver > H5STORE_VERSION) {
-        seterr(err, errlen, "%s: store format version %" PRId64 " is newer than this "
-               "program's (%d): use a newer dtrain", h->path, ver, H5STORE_VERSION);
+        seterr(err, errlen,
+               "%s: store format version %" PRId64 " is newer than this "
+               "program's (%d): use a newer dtrain",
+               h->path, ver, H5STORE_VERSION);
         return -1;
     }
     return 0;

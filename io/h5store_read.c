@@ -52,8 +52,8 @@ static int read_slab(h5store_t *h, hid_t dset, const entry_t *e, const int64_t s
 static void mismatch(char *err, size_t errlen, const h5store_t *h, const entry_t *e, const srec_t *r, uint32_t got)
 {
     char rg[96];
-    seterr(err, errlen, "%s: checksum mismatch in %s %s (stored %08" PRIx32 ", data %08" PRIx32 ")",
-           h->path, e->t.name, h5s_rec_str(rg, sizeof rg, &e->t, r), (uint32_t)r->crc, got);
+    seterr(err, errlen, "%s: checksum mismatch in %s %s (stored %08" PRIx32 ", data %08" PRIx32 ")", h->path, e->t.name,
+           h5s_rec_str(rg, sizeof rg, &e->t, r), (uint32_t)r->crc, got);
 }
 
 /* ------------------------------------------------------------------ */
@@ -68,11 +68,11 @@ static int read_region(const entry_t *e, const int64_t start[2], const int64_t c
     char sh[48];
     s[0] = start[0], s[1] = e->t.ndim == 2 ? start[1] : 0;
     c[0] = count[0], c[1] = e->t.ndim == 2 ? count[1] : 1;
-    if (s[0] < 0 || s[1] < 0 || c[0] < 0 || c[1] < 0 || s[0] + c[0] > e->t.shape[0] ||
-        s[1] + c[1] > e->t.shape[1] || (e->t.ndim == 1 && (start[1] != 0 || count[1] != 1))) {
-        seterr(err, errlen, "tensor %s: read of start [%" PRId64 ",%" PRId64 "] count [%" PRId64
-               ",%" PRId64 "] outside shape %s", e->t.name, start[0], start[1], count[0], count[1],
-               h5s_shape_str(sh, sizeof sh, e->t.ndim, e->t.shape));
+    if (s[0] < 0 || s[1] < 0 || c[0] < 0 || c[1] < 0 || s[0] + c[0] > e->t.shape[0] || s[1] + c[1] > e->t.shape[1] ||
+        (e->t.ndim == 1 && (start[1] != 0 || count[1] != 1))) {
+        seterr(err, errlen,
+               "tensor %s: read of start [%" PRId64 ",%" PRId64 "] count [%" PRId64 ",%" PRId64 "] outside shape %s",
+               e->t.name, start[0], start[1], count[0], count[1], h5s_shape_str(sh, sizeof sh, e->t.ndim, e->t.shape));
         return -1;
     }
     return 0;
@@ -138,8 +138,8 @@ static int read_checked(h5store_t *h, hid_t dset, entry_t *e, const int64_t s[2]
     return rc;
 }
 
-int h5store_read(h5store_t *h, const char *name, const int64_t start[2], const int64_t count[2], float *buf,
-                 char *err, size_t errlen)
+int h5store_read(h5store_t *h, const char *name, const int64_t start[2], const int64_t count[2], float *buf, char *err,
+                 size_t errlen)
 {
     entry_t *e = h5s_find_entry(h, name);
     int64_t s[2], c[2];
@@ -187,7 +187,8 @@ static int read_shards_local(h5store_t *h, const h5store_tensor_t *t, int nt, co
         } else if (e->t.ndim != t[i].ndim || e->t.shape[0] != t[i].shape[0] ||
                    (t[i].ndim == 2 && e->t.shape[1] != t[i].shape[1])) {
             seterr(msg, msglen, "tensor %s: shape %s in file, expected %s", t[i].name,
-                   h5s_shape_str(a, sizeof a, e->t.ndim, e->t.shape), h5s_shape_str(b, sizeof b, t[i].ndim, t[i].shape));
+                   h5s_shape_str(a, sizeof a, e->t.ndim, e->t.shape),
+                   h5s_shape_str(b, sizeof b, t[i].ndim, t[i].shape));
             rc = -1;
         }
     }
@@ -202,8 +203,8 @@ static int read_shards_local(h5store_t *h, const h5store_tensor_t *t, int nt, co
     return rc;
 }
 
-int h5store_read_shards(h5store_t *h, const h5store_tensor_t *t, int nt, const h5store_shard_t *s,
-                        int ns, char *err, size_t errlen)
+int h5store_read_shards(h5store_t *h, const h5store_tensor_t *t, int nt, const h5store_shard_t *s, int ns, char *err,
+                        size_t errlen)
 {
     char msg[MSG_LEN] = "";
     int rc = read_shards_local(h, t, nt, s, ns, msg, sizeof msg);
@@ -318,8 +319,8 @@ int h5store_verify(h5store_t *h, int64_t *n_shards, int64_t *n_bytes, char *err,
     return verify_records(h, NULL, n_shards, n_bytes, err, errlen);
 }
 
-int h5store_read_verify(h5store_t *h, const h5store_tensor_t *t, int nt, const h5store_shard_t *s, int ns,
-                        char *err, size_t errlen)
+int h5store_read_verify(h5store_t *h, const h5store_tensor_t *t, int nt, const h5store_shard_t *s, int ns, char *err,
+                        size_t errlen)
 {
     char msg[MSG_LEN] = "";
     int64_t total = 0;
@@ -348,9 +349,8 @@ int h5store_read_verify(h5store_t *h, const h5store_tensor_t *t, int nt, const h
     if (total > INT_MAX) {
         seterr(err, errlen, "%s: too many checksum records (%" PRId64 ")", h->path, total);
         rc = -1;
-    } else if (total > 0 &&
-               (mrc = MPI_Allreduce(MPI_IN_PLACE, done, (int)total, MPI_UNSIGNED_CHAR, MPI_MAX, h->comm)) !=
-                   MPI_SUCCESS) {
+    } else if (total > 0 && (mrc = MPI_Allreduce(MPI_IN_PLACE, done, (int)total, MPI_UNSIGNED_CHAR, MPI_MAX,
+                                                 h->comm)) != MPI_SUCCESS) {
         h5s_mpierr(err, errlen, mrc, "MPI_Allreduce (records checked)");
         rc = -1;
     }

@@ -29,8 +29,8 @@ const char *h5s_region_str(char *buf, size_t n, int ndim, const int64_t shape[2]
     else if (s[1] == 0 && c[1] == shape[1])
         snprintf(buf, n, "rows %" PRId64 "..%" PRId64, s[0], s[0] + c[0] - 1);
     else
-        snprintf(buf, n, "rows %" PRId64 "..%" PRId64 " cols %" PRId64 "..%" PRId64, s[0],
-                 s[0] + c[0] - 1, s[1], s[1] + c[1] - 1);
+        snprintf(buf, n, "rows %" PRId64 "..%" PRId64 " cols %" PRId64 "..%" PRId64, s[0], s[0] + c[0] - 1, s[1],
+                 s[1] + c[1] - 1);
     return buf;
 }
 
@@ -63,18 +63,18 @@ int h5s_check_cover(const h5store_tensor_t *t, const srec_t *r, int n, int write
     char a[96], b[96], sh[48];
     int64_t sum = 0;
     for (int i = 0; i < n; i++) {
-        if (r[i].s0 < 0 || r[i].s1 < 0 || r[i].c0 < 1 || r[i].c1 < 1 ||
-            r[i].s0 + r[i].c0 > t->shape[0] || r[i].s1 + r[i].c1 > t->shape[1]) {
-            seterr(err, errlen, "tensor %s: shard %s outside shape %s", t->name,
-                   h5s_rec_str(a, sizeof a, t, &r[i]), h5s_shape_str(sh, sizeof sh, t->ndim, t->shape));
+        if (r[i].s0 < 0 || r[i].s1 < 0 || r[i].c0 < 1 || r[i].c1 < 1 || r[i].s0 + r[i].c0 > t->shape[0] ||
+            r[i].s1 + r[i].c1 > t->shape[1]) {
+            seterr(err, errlen, "tensor %s: shard %s outside shape %s", t->name, h5s_rec_str(a, sizeof a, t, &r[i]),
+                   h5s_shape_str(sh, sizeof sh, t->ndim, t->shape));
             return -1;
         }
         sum += r[i].c0 * r[i].c1;
         for (int j = i + 1; j < n && r[j].s0 < r[i].s0 + r[i].c0; j++) {
             if (r[j].s1 < r[i].s1 + r[i].c1 && r[i].s1 < r[j].s1 + r[j].c1) {
                 if (writer)
-                    seterr(err, errlen, "tensor %s: shards of rank %d (%s) and rank %d (%s) overlap",
-                           t->name, r[i].rank, h5s_rec_str(a, sizeof a, t, &r[i]), r[j].rank,
+                    seterr(err, errlen, "tensor %s: shards of rank %d (%s) and rank %d (%s) overlap", t->name,
+                           r[i].rank, h5s_rec_str(a, sizeof a, t, &r[i]), r[j].rank,
                            h5s_rec_str(b, sizeof b, t, &r[j]));
                 else
                     seterr(err, errlen, "tensor %s: checksummed shards %s and %s overlap", t->name,
@@ -173,8 +173,8 @@ int h5s_gather_records(MPI_Comm comm, int rank, int size, const crc32c_t *cc, co
     }
     for (int i = 0; i < n; i++) {
         const int64_t *m = all + (size_t)i * GATHER_F;
-        r[i] = (srec_t){.tensor = (int)m[0], .s0 = m[1], .s1 = m[2], .c0 = m[3], .c1 = m[4],
-                        .crc = m[5], .rank = (int)m[6]};
+        r[i] = (srec_t){
+            .tensor = (int)m[0], .s0 = m[1], .s1 = m[2], .c0 = m[3], .c1 = m[4], .crc = m[5], .rank = (int)m[6]};
     }
     qsort(r, (size_t)n, sizeof *r, cmp_srec);
     *out = r;
@@ -255,8 +255,8 @@ int h5s_read_crc_attr(hid_t dset, entry_t *e, char *err, size_t errlen)
         h5s_err(err, errlen, "tensor %s: cannot open its checksum table", e->t.name);
         goto done;
     }
-    if (H5Sget_simple_extent_ndims(space) != 2 || H5Sget_simple_extent_dims(space, dims, NULL) < 0 ||
-        dims[1] != 5 || dims[0] > INT_MAX) {
+    if (H5Sget_simple_extent_ndims(space) != 2 || H5Sget_simple_extent_dims(space, dims, NULL) < 0 || dims[1] != 5 ||
+        dims[0] > INT_MAX) {
         seterr(err, errlen, "tensor %s: checksum table is not [n,5]", e->t.name);
         goto done;
     }

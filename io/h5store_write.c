@@ -24,7 +24,7 @@ typedef struct wjob {
     int rank, size;
     const char *path;
     char tmp[PATH_MAX]; /* "<dir>/.<name>.tmp" */
-    char msg[MSG_LEN];                 /* the failure, the same on every rank */
+    char msg[MSG_LEN];  /* the failure, the same on every rank */
     crc32c_t *cc;
     srec_t *rec; /* every rank's shard records, sorted by (tensor, start) */
     int nrec;
@@ -162,8 +162,7 @@ static int step_inputs(wjob_t *w, const h5store_tensor_t *t, int nt, const h5sto
 /* Every shard record everywhere; the shards must tile each tensor. */
 static int step_records(wjob_t *w, const h5store_tensor_t *t, int nt, const h5store_shard_t *s, int ns)
 {
-    int rc = h5s_gather_records(w->comm, w->rank, w->size, w->cc, t, s, ns, &w->rec, &w->nrec, w->msg,
-                                sizeof w->msg);
+    int rc = h5s_gather_records(w->comm, w->rank, w->size, w->cc, t, s, ns, &w->rec, &w->nrec, w->msg, sizeof w->msg);
     if (agree_mpi(w->comm, rc, w->msg, sizeof w->msg))
         return -1;
     for (int i = 0, b = 0; i < nt; i++) {
@@ -239,8 +238,8 @@ static int step_tensors(wjob_t *w, const h5store_tensor_t *t, int nt)
 {
     for (int i = 0, b = 0; i < nt; i++) {
         const int e = rec_end(w, i, b);
-        const int rc = write_tensor(w, &t[i], w->rec + b, e - b, w->mine + w->nmine[i],
-                                    w->nmine[i + 1] - w->nmine[i], w->msg, sizeof w->msg);
+        const int rc = write_tensor(w, &t[i], w->rec + b, e - b, w->mine + w->nmine[i], w->nmine[i + 1] - w->nmine[i],
+                                    w->msg, sizeof w->msg);
         if (agree_mpi(w->comm, rc, w->msg, sizeof w->msg))
             return -1;
         b = e;
@@ -296,11 +295,15 @@ static void write_failed(wjob_t *w)
     }
 }
 
-int h5store_write(const char *path, MPI_Comm comm, const h5store_tensor_t *t, int nt, const h5store_shard_t *s,
-                  int ns, const h5store_attr_t *a, int na, char *err, size_t errlen)
+int h5store_write(const char *path, MPI_Comm comm, const h5store_tensor_t *t, int nt, const h5store_shard_t *s, int ns,
+                  const h5store_attr_t *a, int na, char *err, size_t errlen)
 {
-    wjob_t w = {.comm = comm, .path = path, .stage_n = h5s_stage_elems(), .fapl = H5I_INVALID_HID,
-                .file = H5I_INVALID_HID, .dxpl = H5I_INVALID_HID};
+    wjob_t w = {.comm = comm,
+                .path = path,
+                .stage_n = h5s_stage_elems(),
+                .fapl = H5I_INVALID_HID,
+                .file = H5I_INVALID_HID,
+                .dxpl = H5I_INVALID_HID};
     int mrc;
     if ((mrc = MPI_Comm_rank(comm, &w.rank)) != MPI_SUCCESS || (mrc = MPI_Comm_size(comm, &w.size)) != MPI_SUCCESS) {
         h5s_mpierr(err, errlen, mrc, "MPI_Comm_rank/size");
@@ -310,8 +313,8 @@ int h5store_write(const char *path, MPI_Comm comm, const h5store_tensor_t *t, in
     h5s_quiet_on(&q);
     w.cc = malloc(sizeof *w.cc);
     const int rc = step_inputs(&w, t, nt, s, ns, a, na) || step_records(&w, t, nt, s, ns) ||
-                           step_group(&w, nt, s, ns) || step_create(&w, t, nt, a, na) ||
-                           step_tensors(&w, t, nt) || step_finish(&w)
+                           step_group(&w, nt, s, ns) || step_create(&w, t, nt, a, na) || step_tensors(&w, t, nt) ||
+                           step_finish(&w)
                        ? -1
                        : 0;
     if (rc != 0) {

@@ -18,27 +18,20 @@
 #include <sys/types.h>
 #include <unistd.h>
 
-#if !defined(__BYTE_ORDER__) || !defined(__ORDER_LITTLE_ENDIAN__) || \
-    __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#if !defined(__BYTE_ORDER__) || !defined(__ORDER_LITTLE_ENDIAN__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "io/llmc_model.c assumes a little-endian host: add byte swaps before porting"
 #endif
 
 /* Elements converted per pwrite. */
 #define WRITE_CHUNK (1 << 16)
 
-static const char *const names[LLMC_N_TENSORS] = {
-    "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
-    "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb"};
+static const char *const names[LLMC_N_TENSORS] = {"wte",      "wpe",      "ln1w", "ln1b", "qkvw", "qkvb",
+                                                  "attprojw", "attprojb", "ln2w", "ln2b", "fcw",  "fcb",
+                                                  "fcprojw",  "fcprojb",  "lnfw", "lnfb"};
 
-const char *llmc_tensor_name(llmc_tensor_t id)
-{
-    return id >= 0 && id < LLMC_N_TENSORS ? names[id] : "?";
-}
+const char *llmc_tensor_name(llmc_tensor_t id) { return id >= 0 && id < LLMC_N_TENSORS ? names[id] : "?"; }
 
-static const char *label(const llmc_model_t *m)
-{
-    return m->path != NULL ? m->path : "<memory>";
-}
+static const char *label(const llmc_model_t *m) { return m->path != NULL ? m->path : "<memory>"; }
 
 /* ------------------------------------------------------------------ */
 /* Layout                                                               */
@@ -48,10 +41,9 @@ static const char *label(const llmc_model_t *m)
 static void fill_shapes(llmc_model_t *m)
 {
     int64_t Vp = m->padded_vocab, T = m->max_seq, L = m->n_layer, C = m->d_model;
-    const int64_t s[LLMC_N_TENSORS][3] = {
-        {1, Vp, C}, {1, T, C}, {L, 1, C}, {L, 1, C}, {L, 3 * C, C}, {L, 1, 3 * C},
-        {L, C, C}, {L, 1, C}, {L, 1, C}, {L, 1, C}, {L, 4 * C, C}, {L, 1, 4 * C},
-        {L, C, 4 * C}, {L, 1, C}, {1, 1, C}, {1, 1, C}};
+    const int64_t s[LLMC_N_TENSORS][3] = {{1, Vp, C},    {1, T, C}, {L, 1, C}, {L, 1, C}, {L, 3 * C, C}, {L, 1, 3 * C},
+                                          {L, C, C},     {L, 1, C}, {L, 1, C}, {L, 1, C}, {L, 4 * C, C}, {L, 1, 4 * C},
+                                          {L, C, 4 * C}, {L, 1, C}, {1, 1, C}, {1, 1, C}};
     memcpy(m->shape, s, sizeof s);
 }
 
@@ -95,8 +87,7 @@ int llmc_model_layout(llmc_model_t *m, char *err, size_t errlen)
 }
 
 /* path: NULL, or the file's (owned by m) to name it in errors. */
-static int parse_impl(const void *file_bytes, size_t len, char *path,
-                      llmc_model_t *m, char *err, size_t errlen)
+static int parse_impl(const void *file_bytes, size_t len, char *path, llmc_model_t *m, char *err, size_t errlen)
 {
     memset(m, 0, sizeof *m);
     m->path = path;
@@ -127,8 +118,7 @@ static int parse_impl(const void *file_bytes, size_t len, char *path,
     return 0;
 }
 
-int llmc_model_parse(const void *file_bytes, size_t len, llmc_model_t *m,
-                     char *err, size_t errlen)
+int llmc_model_parse(const void *file_bytes, size_t len, llmc_model_t *m, char *err, size_t errlen)
 {
     return parse_impl(file_bytes, len, NULL, m, err, errlen);
 }
@@ -200,18 +190,19 @@ static int block_offset(const llmc_model_t *m, const char *l, llmc_tensor_t id, 
     }
     const int64_t *s = m->shape[id];
     if (layer < 0 || layer >= s[0] || !in_range(r0, nr, s[1]) || !in_range(c0, nc, s[2])) {
-        seterr(err, errlen, "'%s': tensor %s: layer %d rows [%lld, +%lld) cols [%lld, +%lld) outside its [%lld][%lld][%lld]",
-               l, names[id], layer, (long long)r0, (long long)nr, (long long)c0, (long long)nc, (long long)s[0],
+        seterr(err, errlen,
+               "'%s': tensor %s: layer %d rows [%lld, +%lld) cols [%lld, +%lld) outside its [%lld][%lld][%lld]", l,
+               names[id], layer, (long long)r0, (long long)nr, (long long)c0, (long long)nc, (long long)s[0],
                (long long)s[1], (long long)s[2]);
         return -1;
     }
-    *off = m->offset[id] + (((uint64_t)layer * (uint64_t)s[1] + (uint64_t)r0) * (uint64_t)s[2] + (uint64_t)c0) * m->itemsize;
+    *off = m->offset[id] +
+           (((uint64_t)layer * (uint64_t)s[1] + (uint64_t)r0) * (uint64_t)s[2] + (uint64_t)c0) * m->itemsize;
     return 0;
 }
 
-int llmc_model_read_f32(const llmc_model_t *m, llmc_tensor_t id, int layer,
-                        int64_t r0, int64_t nr, int64_t c0, int64_t nc,
-                        float *dst, char *err, size_t errlen)
+int llmc_model_read_f32(const llmc_model_t *m, llmc_tensor_t id, int layer, int64_t r0, int64_t nr, int64_t c0,
+                        int64_t nc, float *dst, char *err, size_t errlen)
 {
     uint64_t off;
     if (block_offset(m, label(m), id, layer, r0, nr, c0, nc, &off, err, errlen) != 0)
@@ -237,15 +228,14 @@ int llmc_model_read_f32(const llmc_model_t *m, llmc_tensor_t id, int layer,
     return 0;
 }
 
-int llmc_model_create(const char *path, const llmc_model_t *shape_fields,
-                      char *err, size_t errlen)
+int llmc_model_create(const char *path, const llmc_model_t *shape_fields, char *err, size_t errlen)
 {
     llmc_model_t m = *shape_fields;
     m.path = (char *)path, m.map = NULL, m.mapped = 0;
     if (llmc_model_layout(&m, err, errlen) != 0)
         return -1;
     int32_t h[LLMC_MODEL_HEADER_INTS] = {LLMC_MODEL_MAGIC, m.version, m.max_seq, m.vocab,
-                                         m.n_layer, m.n_head, m.d_model, m.padded_vocab};
+                                         m.n_layer,        m.n_head,  m.d_model, m.padded_vocab};
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) {
         seterr(err, errlen, "cannot create '%s': %s", path, strerror(errno));
@@ -264,9 +254,8 @@ int llmc_model_create(const char *path, const llmc_model_t *shape_fields,
     return rc;
 }
 
-int llmc_model_write_f32(const char *path, const llmc_model_t *layout,
-                         llmc_tensor_t id, int layer, int64_t r0, int64_t nr,
-                         const float *rows, char *err, size_t errlen)
+int llmc_model_write_f32(const char *path, const llmc_model_t *layout, llmc_tensor_t id, int layer, int64_t r0,
+                         int64_t nr, const float *rows, char *err, size_t errlen)
 {
     uint64_t off;
     int64_t cols = id >= 0 && id < LLMC_N_TENSORS ? layout->shape[id][2] : 0;
@@ -298,10 +287,7 @@ int llmc_model_write_f32(const char *path, const llmc_model_t *layout,
     return rc;
 }
 
-int llmc_model_sync(const char *path, char *err, size_t errlen)
-{
-    return publish_fsync_path(path, err, errlen);
-}
+int llmc_model_sync(const char *path, char *err, size_t errlen) { return publish_fsync_path(path, err, errlen); }
 
 int llmc_model_commit(const char *tmp, const char *path, char *err, size_t errlen)
 {

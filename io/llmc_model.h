@@ -29,20 +29,34 @@
 #define LLMC_MODEL_HEADER_BYTES (LLMC_MODEL_HEADER_INTS * 4)
 
 typedef enum {
-    LLMC_WTE = 0, LLMC_WPE, LLMC_LN1W, LLMC_LN1B, LLMC_QKVW, LLMC_QKVB,
-    LLMC_ATTPROJW, LLMC_ATTPROJB, LLMC_LN2W, LLMC_LN2B, LLMC_FCW, LLMC_FCB,
-    LLMC_FCPROJW, LLMC_FCPROJB, LLMC_LNFW, LLMC_LNFB, LLMC_N_TENSORS
+    LLMC_WTE = 0,
+    LLMC_WPE,
+    LLMC_LN1W,
+    LLMC_LN1B,
+    LLMC_QKVW,
+    LLMC_QKVB,
+    LLMC_ATTPROJW,
+    LLMC_ATTPROJB,
+    LLMC_LN2W,
+    LLMC_LN2B,
+    LLMC_FCW,
+    LLMC_FCB,
+    LLMC_FCPROJW,
+    LLMC_FCPROJB,
+    LLMC_LNFW,
+    LLMC_LNFB,
+    LLMC_N_TENSORS
 } llmc_tensor_t;
 
 typedef struct llmc_model {
     /* the shape fields (header [1] .. [7]) */
     int version, max_seq, vocab, padded_vocab, n_layer, n_head, d_model;
     /* derived by llmc_model_layout */
-    size_t itemsize;                    /* 4 (version 3) or 2 (version 5) */
-    uint64_t offset[LLMC_N_TENSORS];    /* bytes from the file's start */
-    int64_t shape[LLMC_N_TENSORS][3];   /* [L or 1][rows][cols]; a vector
+    size_t itemsize;                  /* 4 (version 3) or 2 (version 5) */
+    uint64_t offset[LLMC_N_TENSORS];  /* bytes from the file's start */
+    int64_t shape[LLMC_N_TENSORS][3]; /* [L or 1][rows][cols]; a vector
                                          * is one row: ln1w [L][1][C] */
-    uint64_t file_size;                 /* header + every tensor */
+    uint64_t file_size;               /* header + every tensor */
     /* set by open/parse */
     void *map;
     size_t size;
@@ -57,17 +71,15 @@ int llmc_model_layout(llmc_model_t *m, char *err, size_t errlen);
 /* Pure: the whole file in memory (len = its size). Magic, version, the
  * sizes as above, and len == exactly header + all tensors. m->map =
  * file_bytes (not owned). */
-int llmc_model_parse(const void *file_bytes, size_t len, llmc_model_t *m,
-                     char *err, size_t errlen);
+int llmc_model_parse(const void *file_bytes, size_t len, llmc_model_t *m, char *err, size_t errlen);
 int llmc_model_open(llmc_model_t *m, const char *path, char *err, size_t errlen);
 void llmc_model_close(llmc_model_t *m);
 const char *llmc_tensor_name(llmc_tensor_t id); /* "wte", "qkvw", ... */
 
 /* Rows [r0, r0+nr) x cols [c0, c0+nc) of tensor id's layer `layer` (0 for
  * wte, wpe, lnfw, lnfb), as fp32 into dst [nr][nc]. */
-int llmc_model_read_f32(const llmc_model_t *m, llmc_tensor_t id, int layer,
-                        int64_t r0, int64_t nr, int64_t c0, int64_t nc,
-                        float *dst, char *err, size_t errlen);
+int llmc_model_read_f32(const llmc_model_t *m, llmc_tensor_t id, int layer, int64_t r0, int64_t nr, int64_t c0,
+                        int64_t nc, float *dst, char *err, size_t errlen);
 
 /* Writing. One rank: llmc_model_create writes path at its full size, the
  * header from shape_fields' shape fields and zeros after (so wte's padded
@@ -76,14 +88,11 @@ int llmc_model_read_f32(const llmc_model_t *m, llmc_tensor_t id, int layer,
  * bf16 rounded to nearest even for version 5) with pwrite; layout comes
  * from llmc_model_layout. Then each writer llmc_model_sync, and one rank
  * llmc_model_commit to rename a temporary name to the final one. */
-int llmc_model_create(const char *path, const llmc_model_t *shape_fields,
-                      char *err, size_t errlen);
-int llmc_model_write_f32(const char *path, const llmc_model_t *layout,
-                         llmc_tensor_t id, int layer, int64_t r0, int64_t nr,
-                         const float *rows, char *err, size_t errlen);
+int llmc_model_create(const char *path, const llmc_model_t *shape_fields, char *err, size_t errlen);
+int llmc_model_write_f32(const char *path, const llmc_model_t *layout, llmc_tensor_t id, int layer, int64_t r0,
+                         int64_t nr, const float *rows, char *err, size_t errlen);
 int llmc_model_sync(const char *path, char *err, size_t errlen);
 /* fsync tmp, rename it to path, fsync path's directory. */
-int llmc_model_commit(const char *tmp, const char *path, char *err,
-                      size_t errlen);
+int llmc_model_commit(const char *tmp, const char *path, char *err, size_t errlen);
 
 #endif

@@ -18,8 +18,7 @@
 #include <unistd.h>
 
 /* The file is little-endian and moved to and from memory with memcpy. */
-#if !defined(__BYTE_ORDER__) || !defined(__ORDER_LITTLE_ENDIAN__) || \
-    __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#if !defined(__BYTE_ORDER__) || !defined(__ORDER_LITTLE_ENDIAN__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "io/megatron.c assumes a little-endian host: add byte swaps before porting"
 #endif
 
@@ -27,14 +26,10 @@
 #define PTR_CHUNK 8192
 
 static const megatron_dtype_t dtypes[] = {
-    {MEGATRON_UINT8, "uint8", 1, 0, 0},
-    {MEGATRON_INT8, "int8", 1, 0, 1},
-    {MEGATRON_INT16, "int16", 2, 0, 1},
-    {MEGATRON_INT32, "int32", 4, 0, 1},
-    {MEGATRON_INT64, "int64", 8, 0, 1},
-    {MEGATRON_FLOAT64, "float64", 8, 1, 1},
-    {MEGATRON_FLOAT32, "float32", 4, 1, 1},
-    {MEGATRON_UINT16, "uint16", 2, 0, 0},
+    {MEGATRON_UINT8, "uint8", 1, 0, 0},     {MEGATRON_INT8, "int8", 1, 0, 1},
+    {MEGATRON_INT16, "int16", 2, 0, 1},     {MEGATRON_INT32, "int32", 4, 0, 1},
+    {MEGATRON_INT64, "int64", 8, 0, 1},     {MEGATRON_FLOAT64, "float64", 8, 1, 1},
+    {MEGATRON_FLOAT32, "float32", 4, 1, 1}, {MEGATRON_UINT16, "uint16", 2, 0, 0},
 };
 
 const megatron_dtype_t *megatron_dtype(int code)
@@ -45,10 +40,7 @@ const megatron_dtype_t *megatron_dtype(int code)
     return NULL;
 }
 
-int megatron_dtype_for_vocab(int vocab_size)
-{
-    return vocab_size < 65500 ? MEGATRON_UINT16 : MEGATRON_INT32;
-}
+int megatron_dtype_for_vocab(int vocab_size) { return vocab_size < 65500 ? MEGATRON_UINT16 : MEGATRON_INT32; }
 
 /* ------------------------------------------------------------------ */
 /* Element access (unaligned, little-endian)                            */
@@ -75,25 +67,13 @@ static int32_t rd_i32(const unsigned char *p)
     return v;
 }
 
-int32_t megatron_idx_length(const megatron_idx_t *idx, uint64_t i)
-{
-    return rd_i32(idx->lengths + 4 * i);
-}
+int32_t megatron_idx_length(const megatron_idx_t *idx, uint64_t i) { return rd_i32(idx->lengths + 4 * i); }
 
-int64_t megatron_idx_pointer(const megatron_idx_t *idx, uint64_t i)
-{
-    return rd_i64(idx->pointers + 8 * i);
-}
+int64_t megatron_idx_pointer(const megatron_idx_t *idx, uint64_t i) { return rd_i64(idx->pointers + 8 * i); }
 
-int64_t megatron_idx_doc(const megatron_idx_t *idx, uint64_t d)
-{
-    return rd_i64(idx->doc_idx + 8 * d);
-}
+int64_t megatron_idx_doc(const megatron_idx_t *idx, uint64_t d) { return rd_i64(idx->doc_idx + 8 * d); }
 
-uint64_t megatron_idx_n_docs(const megatron_idx_t *idx)
-{
-    return idx->n_doc_idx - 1;
-}
+uint64_t megatron_idx_n_docs(const megatron_idx_t *idx) { return idx->n_doc_idx - 1; }
 
 /* ------------------------------------------------------------------ */
 /* Validation                                                           */
@@ -103,9 +83,8 @@ uint64_t megatron_idx_n_docs(const megatron_idx_t *idx)
 
 /* The fixed header: long enough, the magic, the version and a known dtype
  * (into *dtype). */
-static int check_preamble(const unsigned char *b, size_t len, const char *idx,
-                          const megatron_dtype_t **dtype, char *err,
-                          size_t errlen)
+static int check_preamble(const unsigned char *b, size_t len, const char *idx, const megatron_dtype_t **dtype,
+                          char *err, size_t errlen)
 {
     if (len < MEGATRON_HEADER_BYTES) {
         seterr(err, errlen,
@@ -119,9 +98,10 @@ static int check_preamble(const unsigned char *b, size_t len, const char *idx,
                "megatron index '%s' has a bad magic (not \"MMIDIDX\\0\\0\"%s): "
                "it is not a Megatron-LM indexed dataset index; pass the .idx "
                "of a Megatron dataset or " FIX_IDX,
-               idx, memcmp(b, "TNTIDX", 6) == 0 ? "; \"TNTIDX\" is the older "
-                                                  "fairseq format, unsupported"
-                                                : "");
+               idx,
+               memcmp(b, "TNTIDX", 6) == 0 ? "; \"TNTIDX\" is the older "
+                                             "fairseq format, unsupported"
+                                           : "");
         return -1;
     }
     uint64_t version = rd_u64(b + 9);
@@ -147,8 +127,8 @@ static int check_preamble(const unsigned char *b, size_t len, const char *idx,
 /* The avail bytes after the header hold n sequences (int32 length, int64
  * pointer), m document indices (int64) and then nothing, or a modes array
  * of n bytes: *trailing gets its size. */
-static int check_counts(uint64_t n, uint64_t m, size_t avail, const char *idx,
-                        size_t *trailing, char *err, size_t errlen)
+static int check_counts(uint64_t n, uint64_t m, size_t avail, const char *idx, size_t *trailing, char *err,
+                        size_t errlen)
 {
     /* Divide rather than multiply: a hostile count must not wrap. */
     if (n > avail / 12) {
@@ -189,15 +169,14 @@ static int check_counts(uint64_t n, uint64_t m, size_t avail, const char *idx,
 
 /* Magic, version, dtype and the two counts against the file length. On
  * success the array views of *out are set. */
-static int parse_header(const unsigned char *b, size_t len, const char *idx,
-                        megatron_idx_t *out, char *err, size_t errlen)
+static int parse_header(const unsigned char *b, size_t len, const char *idx, megatron_idx_t *out, char *err,
+                        size_t errlen)
 {
     if (check_preamble(b, len, idx, &out->dtype, err, errlen) != 0)
         return -1;
     uint64_t n = rd_u64(b + 18), m = rd_u64(b + 26);
     size_t trailing;
-    if (check_counts(n, m, len - MEGATRON_HEADER_BYTES, idx, &trailing, err,
-                     errlen) != 0)
+    if (check_counts(n, m, len - MEGATRON_HEADER_BYTES, idx, &trailing, err, errlen) != 0)
         return -1;
     out->base = b;
     out->len = len;
@@ -206,16 +185,13 @@ static int parse_header(const unsigned char *b, size_t len, const char *idx,
     out->lengths = b + MEGATRON_HEADER_BYTES;
     out->pointers = out->lengths + 4 * (size_t)n;
     out->doc_idx = out->pointers + 8 * (size_t)n;
-    out->modes = (trailing == n && n > 0)
-                     ? (const int8_t *)(out->doc_idx + 8 * (size_t)m)
-                     : NULL;
+    out->modes = (trailing == n && n > 0) ? (const int8_t *)(out->doc_idx + 8 * (size_t)m) : NULL;
     return 0;
 }
 
 /* Lengths non-negative, pointers the running sum of length * itemsize,
  * and the sum exactly the .bin's size. */
-static int check_sequences(megatron_idx_t *x, uint64_t bin_bytes,
-                           const char *idx, const char *bin, char *err,
+static int check_sequences(megatron_idx_t *x, uint64_t bin_bytes, const char *idx, const char *bin, char *err,
                            size_t errlen)
 {
     uint64_t pos = 0, item = (uint64_t)x->dtype->itemsize;
@@ -235,8 +211,7 @@ static int check_sequences(megatron_idx_t *x, uint64_t bin_bytes,
                    "the .bin but the lengths before it end at byte %llu "
                    "(pointers must be the running sum of length x %d): the "
                    "file is corrupt, " FIX_IDX,
-                   idx, (unsigned long long)i, (long long)p,
-                   (unsigned long long)pos, x->dtype->itemsize);
+                   idx, (unsigned long long)i, (long long)p, (unsigned long long)pos, x->dtype->itemsize);
             return -1;
         }
         /* pos == p < 2^63 and l * item < 2^34: this cannot wrap. */
@@ -246,8 +221,7 @@ static int check_sequences(megatron_idx_t *x, uint64_t bin_bytes,
                    "megatron data '%s' is truncated: sequence %llu of index "
                    "'%s' ends at byte %llu but the file has %llu bytes: copy "
                    "it again or re-create the dataset",
-                   bin, (unsigned long long)i, idx, (unsigned long long)pos,
-                   (unsigned long long)bin_bytes);
+                   bin, (unsigned long long)i, idx, (unsigned long long)pos, (unsigned long long)bin_bytes);
             return -1;
         }
     }
@@ -256,8 +230,7 @@ static int check_sequences(megatron_idx_t *x, uint64_t bin_bytes,
                "megatron data '%s' is %llu bytes but index '%s' describes "
                "%llu (%llu tokens of %s): the .bin has trailing bytes or "
                "belongs to another index; re-create the dataset",
-               bin, (unsigned long long)bin_bytes, idx,
-               (unsigned long long)pos, (unsigned long long)(pos / item),
+               bin, (unsigned long long)bin_bytes, idx, (unsigned long long)pos, (unsigned long long)(pos / item),
                x->dtype->name);
         return -1;
     }
@@ -267,8 +240,7 @@ static int check_sequences(megatron_idx_t *x, uint64_t bin_bytes,
 }
 
 /* Document indices: [0] = 0, never decreasing, [M-1] = N. */
-static int check_documents(const megatron_idx_t *x, const char *idx,
-                           char *err, size_t errlen)
+static int check_documents(const megatron_idx_t *x, const char *idx, char *err, size_t errlen)
 {
     int64_t prev = 0;
     for (uint64_t d = 0; d < x->n_doc_idx; d++) {
@@ -286,8 +258,7 @@ static int check_documents(const megatron_idx_t *x, const char *idx,
             seterr(err, errlen,
                    "megatron index '%s': document index %llu is %lld, which "
                    "%s (%llu sequences): the file is corrupt, " FIX_IDX,
-                   idx, (unsigned long long)d, (long long)v, what,
-                   (unsigned long long)x->n_seq);
+                   idx, (unsigned long long)d, (long long)v, what, (unsigned long long)x->n_seq);
             return -1;
         }
         prev = v;
@@ -295,9 +266,8 @@ static int check_documents(const megatron_idx_t *x, const char *idx,
     return 0;
 }
 
-static int parse_named(const void *buf, size_t len, uint64_t bin_bytes,
-                       const char *idx, const char *bin, megatron_idx_t *out,
-                       char *err, size_t errlen)
+static int parse_named(const void *buf, size_t len, uint64_t bin_bytes, const char *idx, const char *bin,
+                       megatron_idx_t *out, char *err, size_t errlen)
 {
     megatron_idx_t x;
     memset(&x, 0, sizeof x);
@@ -306,23 +276,20 @@ static int parse_named(const void *buf, size_t len, uint64_t bin_bytes,
         return -1;
     }
     if (parse_header(buf, len, idx, &x, err, errlen) != 0 ||
-        check_sequences(&x, bin_bytes, idx, bin, err, errlen) != 0 ||
-        check_documents(&x, idx, err, errlen) != 0)
+        check_sequences(&x, bin_bytes, idx, bin, err, errlen) != 0 || check_documents(&x, idx, err, errlen) != 0)
         return -1;
     *out = x;
     return 0;
 }
 
-int megatron_idx_parse(const void *buf, size_t len, uint64_t bin_bytes,
-                       megatron_idx_t *out, char *err, size_t errlen)
+int megatron_idx_parse(const void *buf, size_t len, uint64_t bin_bytes, megatron_idx_t *out, char *err, size_t errlen)
 {
     if (out == NULL) {
         seterr(err, errlen, "megatron_idx_parse: no output given");
         return -1;
     }
     memset(out, 0, sizeof *out);
-    return parse_named(buf, len, bin_bytes, "(memory)", "(its .bin)", out,
-                       err, errlen);
+    return parse_named(buf, len, bin_bytes, "(memory)", "(its .bin)", out, err, errlen);
 }
 
 /* ------------------------------------------------------------------ */
@@ -333,8 +300,7 @@ int megatron_idx_parse(const void *buf, size_t len, uint64_t bin_bytes,
 static char *with_suffix(const char *arg, const char *suffix)
 {
     size_t n = strlen(arg);
-    if (n > 4 && (strcmp(arg + n - 4, ".idx") == 0 ||
-                  strcmp(arg + n - 4, ".bin") == 0))
+    if (n > 4 && (strcmp(arg + n - 4, ".idx") == 0 || strcmp(arg + n - 4, ".bin") == 0))
         n -= 4;
     char *s = malloc(n + 5);
     if (s != NULL) {
@@ -345,8 +311,7 @@ static char *with_suffix(const char *arg, const char *suffix)
 }
 
 /* Size of a regular file, or -1 with err set. */
-static int regular_size(const char *path, const char *what, uint64_t *size,
-                        char *err, size_t errlen)
+static int regular_size(const char *path, const char *what, uint64_t *size, char *err, size_t errlen)
 {
     struct stat st;
     if (stat(path, &st) != 0) {
@@ -373,25 +338,21 @@ static int map_idx(megatron_idx_t *x, char *err, size_t errlen)
 {
     int fd = open(x->idx_path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-        seterr(err, errlen, "cannot open megatron index '%s': %s",
-               x->idx_path, strerror(errno));
+        seterr(err, errlen, "cannot open megatron index '%s': %s", x->idx_path, strerror(errno));
         return -1;
     }
     struct stat st;
     int rc = -1;
     if (fstat(fd, &st) != 0) {
-        seterr(err, errlen, "cannot stat megatron index '%s': %s",
-               x->idx_path, strerror(errno));
+        seterr(err, errlen, "cannot stat megatron index '%s': %s", x->idx_path, strerror(errno));
     } else if ((uint64_t)st.st_size > (uint64_t)SIZE_MAX) {
-        seterr(err, errlen, "megatron index '%s' is too large for this host",
-               x->idx_path);
+        seterr(err, errlen, "megatron index '%s' is too large for this host", x->idx_path);
     } else if (st.st_size == 0) {
         rc = 0;
     } else {
         void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
         if (p == MAP_FAILED) {
-            seterr(err, errlen, "cannot map megatron index '%s': %s",
-                   x->idx_path, strerror(errno));
+            seterr(err, errlen, "cannot map megatron index '%s': %s", x->idx_path, strerror(errno));
         } else {
             x->map = p;
             x->map_len = (size_t)st.st_size;
@@ -413,8 +374,7 @@ void megatron_idx_close(megatron_idx_t *idx)
     memset(idx, 0, sizeof *idx);
 }
 
-int megatron_idx_open(megatron_idx_t *idx, const char *prefix_or_path,
-                      char *err, size_t errlen)
+int megatron_idx_open(megatron_idx_t *idx, const char *prefix_or_path, char *err, size_t errlen)
 {
     if (idx == NULL || prefix_or_path == NULL) {
         seterr(err, errlen, "megatron_idx_open: no index or path given");
@@ -427,17 +387,14 @@ int megatron_idx_open(megatron_idx_t *idx, const char *prefix_or_path,
     x.bin_path = with_suffix(prefix_or_path, ".bin");
     uint64_t idx_bytes, bin_bytes;
     if (x.idx_path == NULL || x.bin_path == NULL) {
-        seterr(err, errlen, "out of memory opening megatron dataset '%s'",
-               prefix_or_path);
+        seterr(err, errlen, "out of memory opening megatron dataset '%s'", prefix_or_path);
         goto fail;
     }
     if (regular_size(x.idx_path, "index", &idx_bytes, err, errlen) != 0 ||
-        regular_size(x.bin_path, "data", &bin_bytes, err, errlen) != 0 ||
-        map_idx(&x, err, errlen) != 0)
+        regular_size(x.bin_path, "data", &bin_bytes, err, errlen) != 0 || map_idx(&x, err, errlen) != 0)
         goto fail;
     megatron_idx_t parsed;
-    if (parse_named(x.map, x.map_len, bin_bytes, x.idx_path, x.bin_path,
-                    &parsed, err, errlen) != 0)
+    if (parse_named(x.map, x.map_len, bin_bytes, x.idx_path, x.bin_path, &parsed, err, errlen) != 0)
         goto fail;
     parsed.idx_path = x.idx_path;
     parsed.bin_path = x.bin_path;
@@ -456,20 +413,15 @@ fail:
 
 /* The caller's arrays describe a valid dataset: checked before anything
  * is created, so a bad call leaves no file. */
-static int check_write_args(const char *path, const megatron_dtype_t *dt,
-                            int code, const int32_t *len, size_t n,
-                            const int64_t *doc, size_t m, char *err,
-                            size_t errlen)
+static int check_write_args(const char *path, const megatron_dtype_t *dt, int code, const int32_t *len, size_t n,
+                            const int64_t *doc, size_t m, char *err, size_t errlen)
 {
     if (dt == NULL) {
-        seterr(err, errlen,
-               "megatron_idx_write '%s': unknown dtype code %d (1..8)", path,
-               code);
+        seterr(err, errlen, "megatron_idx_write '%s': unknown dtype code %d (1..8)", path, code);
         return -1;
     }
     /* doc == NULL: 0..n, made by write_body */
-    if (doc != NULL &&
-        (m == 0 || doc[0] != 0 || doc[m - 1] < 0 || (uint64_t)doc[m - 1] != n)) {
+    if (doc != NULL && (m == 0 || doc[0] != 0 || doc[m - 1] < 0 || (uint64_t)doc[m - 1] != n)) {
         seterr(err, errlen,
                "megatron_idx_write '%s': document indices must start at 0 "
                "and end at the sequence count %zu (got %zu of them)",
@@ -488,13 +440,12 @@ static int check_write_args(const char *path, const megatron_dtype_t *dt,
     int64_t sum = 0;
     for (size_t i = 0; i < n; i++) {
         int64_t bytes = (int64_t)len[i] * dt->itemsize; /* < 2^34 */
-        if (len[i] < 0 || sum > INT64_MAX - bytes) { /* negative first */
+        if (len[i] < 0 || sum > INT64_MAX - bytes) {    /* negative first */
             seterr(err, errlen,
                    "megatron_idx_write '%s': sequence %zu has length %d: "
                    "%s",
                    path, i, (int)len[i],
-                   len[i] < 0 ? "lengths must not be negative"
-                              : "the .bin would pass 2^63 bytes");
+                   len[i] < 0 ? "lengths must not be negative" : "the .bin would pass 2^63 bytes");
             return -1;
         }
         sum += bytes;
@@ -504,8 +455,7 @@ static int check_write_args(const char *path, const megatron_dtype_t *dt,
 
 /* Header, lengths, pointers (running sum, computed chunk by chunk so a
  * billion sequences need no 8 GB array), document indices. */
-static int write_body(publish_t *pub, const megatron_dtype_t *dt,
-                      const int32_t *len, size_t n, const int64_t *doc,
+static int write_body(publish_t *pub, const megatron_dtype_t *dt, const int32_t *len, size_t n, const int64_t *doc,
                       size_t m, char *err, size_t errlen)
 {
     unsigned char hdr[MEGATRON_HEADER_BYTES];
@@ -541,28 +491,23 @@ static int write_body(publish_t *pub, const megatron_dtype_t *dt,
     return 0;
 }
 
-int megatron_idx_write(const char *idx_path, int dtype_code,
-                       const int32_t *seq_len, size_t n_seq,
-                       const int64_t *doc_idx, size_t n_doc_idx, char *err,
-                       size_t errlen)
+int megatron_idx_write(const char *idx_path, int dtype_code, const int32_t *seq_len, size_t n_seq,
+                       const int64_t *doc_idx, size_t n_doc_idx, char *err, size_t errlen)
 {
-    if (idx_path == NULL || (seq_len == NULL && n_seq > 0) ||
-        (doc_idx == NULL && n_doc_idx > 0)) {
+    if (idx_path == NULL || (seq_len == NULL && n_seq > 0) || (doc_idx == NULL && n_doc_idx > 0)) {
         seterr(err, errlen, "megatron_idx_write: no path or arrays given");
         return -1;
     }
     if (doc_idx == NULL)
         n_doc_idx = n_seq + 1; /* one sequence per document */
     const megatron_dtype_t *dt = megatron_dtype(dtype_code);
-    if (check_write_args(idx_path, dt, dtype_code, seq_len, n_seq, doc_idx,
-                         n_doc_idx, err, errlen) != 0)
+    if (check_write_args(idx_path, dt, dtype_code, seq_len, n_seq, doc_idx, n_doc_idx, err, errlen) != 0)
         return -1;
 
     publish_t pub;
     if (publish_open(&pub, idx_path, 0644, err, errlen) != 0)
         return -1;
-    if (write_body(&pub, dt, seq_len, n_seq, doc_idx, n_doc_idx, err,
-                   errlen) != 0) {
+    if (write_body(&pub, dt, seq_len, n_seq, doc_idx, n_doc_idx, err, errlen) != 0) {
         publish_abort(&pub, err, errlen); /* the first error is the one to report */
         return -1;
     }

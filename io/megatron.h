@@ -79,10 +79,10 @@ typedef struct megatron_idx {
     const unsigned char *base; /* the whole .idx */
     size_t len;                /* its size in bytes */
     const megatron_dtype_t *dtype;
-    uint64_t n_seq;     /* N */
-    uint64_t n_doc_idx; /* M = documents + 1 */
-    uint64_t n_tokens;  /* sum of lengths */
-    uint64_t bin_bytes; /* size of the .bin = n_tokens * itemsize */
+    uint64_t n_seq;                /* N */
+    uint64_t n_doc_idx;            /* M = documents + 1 */
+    uint64_t n_tokens;             /* sum of lengths */
+    uint64_t bin_bytes;            /* size of the .bin = n_tokens * itemsize */
     const unsigned char *lengths;  /* int32[N], unaligned (offset 34) */
     const unsigned char *pointers; /* int64[N], unaligned */
     const unsigned char *doc_idx;  /* int64[M], unaligned */
@@ -100,16 +100,14 @@ typedef struct megatron_idx {
  * dtype, that the counts fit the buffer, lengths >= 0, pointers are the
  * running sum, sum * itemsize == bin_bytes, document indices start at 0,
  * never decrease and end at N, and no trailing bytes but a modes array. */
-int megatron_idx_parse(const void *buf, size_t len, uint64_t bin_bytes,
-                       megatron_idx_t *out, char *err, size_t errlen);
+int megatron_idx_parse(const void *buf, size_t len, uint64_t bin_bytes, megatron_idx_t *out, char *err, size_t errlen);
 
 /* Open PREFIX.idx (mmap) and stat PREFIX.bin, then parse. The argument is
  * the prefix, or the .idx or .bin path itself (the suffix is stripped).
  * On error nothing stays open. As with any mmap, a file truncated by
  * another process while open faults (SIGBUS) on access: datasets are
  * read-only inputs. */
-int megatron_idx_open(megatron_idx_t *idx, const char *prefix_or_path,
-                      char *err, size_t errlen);
+int megatron_idx_open(megatron_idx_t *idx, const char *prefix_or_path, char *err, size_t errlen);
 void megatron_idx_close(megatron_idx_t *idx);
 
 /* Element i of each array (i < N, or < M for doc_idx; not checked). */
@@ -126,9 +124,7 @@ uint64_t megatron_idx_n_docs(const megatron_idx_t *idx);
  * .bin is the caller's (it must hold exactly sum(seq_len) * itemsize
  * bytes). Written to idx_path.tmp, synced, renamed over idx_path and the
  * directory synced, so idx_path is either absent, the old file or whole. */
-int megatron_idx_write(const char *idx_path, int dtype_code,
-                       const int32_t *seq_len, size_t n_seq,
-                       const int64_t *doc_idx, size_t n_doc_idx, char *err,
-                       size_t errlen);
+int megatron_idx_write(const char *idx_path, int dtype_code, const int32_t *seq_len, size_t n_seq,
+                       const int64_t *doc_idx, size_t n_doc_idx, char *err, size_t errlen);
 
 #endif

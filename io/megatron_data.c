@@ -30,17 +30,22 @@ static int64_t dtype_max(int code)
 static int check_usable(const megatron_idx_t *x, int vocab_size, char *err, size_t errlen)
 {
     if (x->modes) {
-        seterr(err, errlen, "megatron index '%s' is multimodal (it has a sequence modes array): dtrain trains on "
-               "text only; pass a text dataset", x->idx_path);
+        seterr(err, errlen,
+               "megatron index '%s' is multimodal (it has a sequence modes array): dtrain trains on "
+               "text only; pass a text dataset",
+               x->idx_path);
         return -1;
     }
     if (x->dtype->is_float) {
-        seterr(err, errlen, "megatron index '%s' has dtype %s, which holds no token ids: re-create the dataset with "
-               "an integer dtype (uint16 or int32)", x->idx_path, x->dtype->name);
+        seterr(err, errlen,
+               "megatron index '%s' has dtype %s, which holds no token ids: re-create the dataset with "
+               "an integer dtype (uint16 or int32)",
+               x->idx_path, x->dtype->name);
         return -1;
     }
     if (dtype_max(x->dtype->code) < (int64_t)vocab_size - 1) {
-        seterr(err, errlen, "megatron index '%s' has dtype %s (ids up to %lld), which cannot hold the model's "
+        seterr(err, errlen,
+               "megatron index '%s' has dtype %s (ids up to %lld), which cannot hold the model's "
                "vocabulary of %d: the data was made for another vocabulary (check --vocab-size / --model)",
                x->idx_path, x->dtype->name, (long long)dtype_max(x->dtype->code), vocab_size);
         return -1;
@@ -99,11 +104,11 @@ uint64_t megatron_data_n_tokens(const megatron_data_t *m) { return m->idx.n_toke
 
 /* The .bin is page-aligned and a token's offset a multiple of its size,
  * so typed loads are aligned. */
-#define WIDEN(type)                                                  \
-    do {                                                             \
-        const type *s = (const type *)(const void *)m->bin + off;    \
-        for (size_t i = 0; i < n; i++)                               \
-            out[i] = (int32_t)s[i];                                  \
+#define WIDEN(type)                                                                                                    \
+    do {                                                                                                               \
+        const type *s = (const type *)(const void *)m->bin + off;                                                      \
+        for (size_t i = 0; i < n; i++)                                                                                 \
+            out[i] = (int32_t)s[i];                                                                                    \
     } while (0)
 
 void megatron_data_tokens(const megatron_data_t *m, uint64_t off, size_t n, int32_t *out)
@@ -119,14 +124,14 @@ void megatron_data_tokens(const megatron_data_t *m, uint64_t off, size_t n, int3
 }
 
 /* Index of the first token outside 0 .. vocab - 1 in [begin, end), or end. */
-#define FIRST_BAD(type)                                                            \
-    do {                                                                           \
-        const type *s = (const type *)(const void *)m->bin;                        \
-        for (uint64_t i = begin; i < end; i++)                                     \
-            if ((int64_t)s[i] < 0 || (int64_t)s[i] >= (int64_t)vocab) {            \
-                *value = (int64_t)s[i];                                            \
-                return i;                                                          \
-            }                                                                      \
+#define FIRST_BAD(type)                                                                                                \
+    do {                                                                                                               \
+        const type *s = (const type *)(const void *)m->bin;                                                            \
+        for (uint64_t i = begin; i < end; i++)                                                                         \
+            if ((int64_t)s[i] < 0 || (int64_t)s[i] >= (int64_t)vocab) {                                                \
+                *value = (int64_t)s[i];                                                                                \
+                return i;                                                                                              \
+            }                                                                                                          \
     } while (0)
 
 static uint64_t first_bad(const megatron_data_t *m, uint64_t begin, uint64_t end, int vocab, int64_t *value)
@@ -149,7 +154,8 @@ int megatron_data_check_vocab(const megatron_data_t *m, uint64_t begin, uint64_t
     uint64_t i = first_bad(m, begin, end, vocab_size, &v);
     if (i == end)
         return 0;
-    seterr(err, errlen, "megatron data '%s': token at index %llu has value %lld, outside the model's vocabulary "
+    seterr(err, errlen,
+           "megatron data '%s': token at index %llu has value %lld, outside the model's vocabulary "
            "0 .. %d: the data was made with a different tokenizer (check the tokenizer and --vocab-size)",
            m->idx.bin_path, (unsigned long long)i, (long long)v, vocab_size - 1);
     return -1;

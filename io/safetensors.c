@@ -21,8 +21,7 @@
 #include <unistd.h>
 
 /* The format is little-endian; elements move through memcpy. */
-#if !defined(__BYTE_ORDER__) || !defined(__ORDER_LITTLE_ENDIAN__) || \
-    __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#if !defined(__BYTE_ORDER__) || !defined(__ORDER_LITTLE_ENDIAN__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "io/safetensors.c assumes a little-endian host: add byte swaps before porting"
 #endif
 
@@ -33,7 +32,9 @@
 
 /* A name from a hostile file, fit for a one-line message: at most 120
  * bytes, control characters as '?'. */
-typedef struct { char s[128]; } shown_t;
+typedef struct {
+    char s[128];
+} shown_t;
 static shown_t show(const char *name)
 {
     shown_t o;
@@ -50,19 +51,20 @@ static shown_t show(const char *name)
 /* Dtypes                                                               */
 /* ------------------------------------------------------------------ */
 
-typedef struct { const char *name; st_dtype_t dtype; int bits; } dtype_info_t;
+typedef struct {
+    const char *name;
+    st_dtype_t dtype;
+    int bits;
+} dtype_info_t;
 
 /* Every dtype safetensors 0.5 defines. The sub-byte ones (F4, F6_*) must
  * fill whole bytes, as the reference implementation requires. */
 static const dtype_info_t dtypes[] = {
-    {"F32", ST_F32, 32}, {"F16", ST_F16, 16}, {"BF16", ST_BF16, 16},
-    {"F64", ST_F64, 64}, {"I64", ST_I64, 64}, {"I32", ST_I32, 32},
-    {"I16", ST_I16, 16}, {"I8", ST_I8, 8}, {"U8", ST_U8, 8},
-    {"BOOL", ST_BOOL, 8}, {"U16", ST_OTHER, 16}, {"U32", ST_OTHER, 32},
-    {"U64", ST_OTHER, 64}, {"C64", ST_OTHER, 64},
-    {"F8_E4M3", ST_OTHER, 8}, {"F8_E5M2", ST_OTHER, 8},
-    {"F8_E8M0", ST_OTHER, 8}, {"F6_E2M3", ST_OTHER, 6},
-    {"F6_E3M2", ST_OTHER, 6}, {"F4", ST_OTHER, 4},
+    {"F32", ST_F32, 32},      {"F16", ST_F16, 16},      {"BF16", ST_BF16, 16},    {"F64", ST_F64, 64},
+    {"I64", ST_I64, 64},      {"I32", ST_I32, 32},      {"I16", ST_I16, 16},      {"I8", ST_I8, 8},
+    {"U8", ST_U8, 8},         {"BOOL", ST_BOOL, 8},     {"U16", ST_OTHER, 16},    {"U32", ST_OTHER, 32},
+    {"U64", ST_OTHER, 64},    {"C64", ST_OTHER, 64},    {"F8_E4M3", ST_OTHER, 8}, {"F8_E5M2", ST_OTHER, 8},
+    {"F8_E8M0", ST_OTHER, 8}, {"F6_E2M3", ST_OTHER, 6}, {"F6_E3M2", ST_OTHER, 6}, {"F4", ST_OTHER, 4},
 };
 #define N_DTYPES (sizeof dtypes / sizeof dtypes[0])
 
@@ -138,8 +140,7 @@ float st_f16_to_f32(uint16_t h)
 }
 
 /* n elements of dtype d at src (any alignment) -> dst[i * stride]. */
-static void to_f32(const unsigned char *src, st_dtype_t d, int64_t n,
-                   float *dst, int64_t stride)
+static void to_f32(const unsigned char *src, st_dtype_t d, int64_t n, float *dst, int64_t stride)
 {
     for (int64_t i = 0; i < n; i++) {
         if (d == ST_F32) {
@@ -173,10 +174,7 @@ static void from_f32(const float *src, st_dtype_t d, size_t n, unsigned char *ds
 /* Parsing and validation                                               */
 /* ------------------------------------------------------------------ */
 
-static int is_nonneg_int(const json_t *v)
-{
-    return json_is_integer(v) && json_integer_value(v) >= 0;
-}
+static int is_nonneg_int(const json_t *v) { return json_is_integer(v) && json_integer_value(v) >= 0; }
 
 /* bytes = product(shape) * bits / 8, overflow-checked; -1 when it does not
  * fit in 64 bits or is not a whole number of bytes. */
@@ -197,8 +195,8 @@ static int tensor_bytes(const st_tensor_t *t, int bits, uint64_t *bytes)
 
 /* One entry "name": {"dtype", "shape", "data_offsets"} -> *t (name set by
  * the caller). data is the data region's length. */
-static int parse_tensor(const char *label, const char *name, json_t *v,
-                        uint64_t data, st_tensor_t *t, char *err, size_t errlen)
+static int parse_tensor(const char *label, const char *name, json_t *v, uint64_t data, st_tensor_t *t, char *err,
+                        size_t errlen)
 {
     const char *l = label;
     shown_t nm = show(name);
@@ -209,7 +207,8 @@ static int parse_tensor(const char *label, const char *name, json_t *v,
     json_t *dt = json_object_get(v, "dtype"), *sh = json_object_get(v, "shape");
     json_t *off = json_object_get(v, "data_offsets");
     if (!json_is_string(dt) || !json_is_array(sh) || !json_is_array(off)) {
-        seterr(err, errlen, "%s: tensor '%s': needs \"dtype\" (a string), \"shape\" and \"data_offsets\" (arrays)", l, nm.s);
+        seterr(err, errlen, "%s: tensor '%s': needs \"dtype\" (a string), \"shape\" and \"data_offsets\" (arrays)", l,
+               nm.s);
         return -1;
     }
     const dtype_info_t *di = dtype_by_name(json_string_value(dt));
@@ -234,8 +233,7 @@ static int parse_tensor(const char *label, const char *name, json_t *v,
         }
         t->shape[d] = (int64_t)json_integer_value(x);
     }
-    if (json_array_size(off) != 2 || !is_nonneg_int(json_array_get(off, 0)) ||
-        !is_nonneg_int(json_array_get(off, 1))) {
+    if (json_array_size(off) != 2 || !is_nonneg_int(json_array_get(off, 0)) || !is_nonneg_int(json_array_get(off, 1))) {
         seterr(err, errlen, "%s: tensor '%s': data_offsets is not [begin, end] of non-negative integers", l, nm.s);
         return -1;
     }
@@ -243,26 +241,27 @@ static int parse_tensor(const char *label, const char *name, json_t *v,
     t->end = (uint64_t)json_integer_value(json_array_get(off, 1));
     uint64_t want;
     if (tensor_bytes(t, di->bits, &want) != 0) {
-        seterr(err, errlen, "%s: tensor '%s': its shape's size overflows or is not whole bytes of %s", l, nm.s, di->name);
+        seterr(err, errlen, "%s: tensor '%s': its shape's size overflows or is not whole bytes of %s", l, nm.s,
+               di->name);
         return -1;
     }
     if (t->end < t->begin || t->end - t->begin != want) {
-        seterr(err, errlen, "%s: tensor '%s': data_offsets [%llu, %llu] hold %s bytes, but its %s shape needs %llu",
-               l, nm.s, (unsigned long long)t->begin, (unsigned long long)t->end,
+        seterr(err, errlen, "%s: tensor '%s': data_offsets [%llu, %llu] hold %s bytes, but its %s shape needs %llu", l,
+               nm.s, (unsigned long long)t->begin, (unsigned long long)t->end,
                t->end < t->begin ? "negative" : "a different number of", di->name, (unsigned long long)want);
         return -1;
     }
     if (t->end > data) {
-        seterr(err, errlen, "%s: tensor '%s': data_offsets end %llu is past the data region's %llu bytes (file truncated?)",
-               l, nm.s, (unsigned long long)t->end, (unsigned long long)data);
+        seterr(err, errlen,
+               "%s: tensor '%s': data_offsets end %llu is past the data region's %llu bytes (file truncated?)", l, nm.s,
+               (unsigned long long)t->end, (unsigned long long)data);
         return -1;
     }
     return 0;
 }
 
 /* "__metadata__": an object of strings, kept re-serialised. */
-static int parse_metadata(const char *label, json_t *v, st_file_t *out,
-                          char *err, size_t errlen)
+static int parse_metadata(const char *label, json_t *v, st_file_t *out, char *err, size_t errlen)
 {
     const char *k;
     json_t *x;
@@ -270,7 +269,8 @@ static int parse_metadata(const char *label, json_t *v, st_file_t *out,
         seterr(err, errlen, "%s: __metadata__ is not a JSON object", label);
         return -1;
     }
-    json_object_foreach(v, k, x) {
+    json_object_foreach(v, k, x)
+    {
         if (!json_is_string(x)) {
             seterr(err, errlen, "%s: __metadata__ '%s' is not a string (safetensors metadata maps strings to strings)",
                    label, show(k).s);
@@ -309,9 +309,9 @@ static int check_layout(const char *label, st_file_t *f, char *err, size_t errle
     for (int i = 1; i < f->n; i++) {
         const st_tensor_t *p = &f->t[i - 1], *q = &f->t[i];
         if (q->begin < p->end) {
-            seterr(err, errlen, "%s: tensor '%s' (bytes %llu..%llu) overlaps tensor '%s' (bytes %llu..%llu)",
-                   label, show(q->name).s, (unsigned long long)q->begin, (unsigned long long)q->end,
-                   show(p->name).s, (unsigned long long)p->begin, (unsigned long long)p->end);
+            seterr(err, errlen, "%s: tensor '%s' (bytes %llu..%llu) overlaps tensor '%s' (bytes %llu..%llu)", label,
+                   show(q->name).s, (unsigned long long)q->begin, (unsigned long long)q->end, show(p->name).s,
+                   (unsigned long long)p->begin, (unsigned long long)p->end);
             return -1;
         }
     }
@@ -327,8 +327,7 @@ static int check_layout(const char *label, st_file_t *f, char *err, size_t errle
 }
 
 /* Every entry of the header object: tensors into f->t, the metadata. */
-static int parse_entries(const char *label, json_t *root, uint64_t data,
-                         st_file_t *f, char *err, size_t errlen)
+static int parse_entries(const char *label, json_t *root, uint64_t data, st_file_t *f, char *err, size_t errlen)
 {
     size_t n = json_object_size(root);
     f->t = calloc(n + 1, sizeof *f->t);
@@ -338,7 +337,8 @@ static int parse_entries(const char *label, json_t *root, uint64_t data,
     }
     const char *k;
     json_t *v;
-    json_object_foreach(root, k, v) {
+    json_object_foreach(root, k, v)
+    {
         if (strcmp(k, "__metadata__") == 0) {
             if (parse_metadata(label, v, f, err, errlen) != 0)
                 return -1;
@@ -356,24 +356,24 @@ static int parse_entries(const char *label, json_t *root, uint64_t data,
     return 0;
 }
 
-static int parse_impl(const char *label, const void *bytes, size_t len,
-                      st_file_t *f, char *err, size_t errlen)
+static int parse_impl(const char *label, const void *bytes, size_t len, st_file_t *f, char *err, size_t errlen)
 {
     const unsigned char *b = bytes;
     if (len < 8) {
-        seterr(err, errlen, "%s: %zu bytes, shorter than the 8-byte header length (not a safetensors file)", label, len);
+        seterr(err, errlen, "%s: %zu bytes, shorter than the 8-byte header length (not a safetensors file)", label,
+               len);
         return -1;
     }
     uint64_t n;
     memcpy(&n, b, 8);
     if (n > ST_MAX_HEADER_BYTES) {
-        seterr(err, errlen, "%s: header length %llu exceeds the %u-byte limit (not a safetensors file?)",
-               label, (unsigned long long)n, ST_MAX_HEADER_BYTES);
+        seterr(err, errlen, "%s: header length %llu exceeds the %u-byte limit (not a safetensors file?)", label,
+               (unsigned long long)n, ST_MAX_HEADER_BYTES);
         return -1;
     }
     if (n > len - 8) {
-        seterr(err, errlen, "%s: header length %llu runs past the end of the %zu-byte file (truncated?)",
-               label, (unsigned long long)n, len);
+        seterr(err, errlen, "%s: header length %llu runs past the end of the %zu-byte file (truncated?)", label,
+               (unsigned long long)n, len);
         return -1;
     }
     f->header_len = n;
@@ -398,8 +398,7 @@ static int parse_impl(const char *label, const void *bytes, size_t len,
     return rc;
 }
 
-int st_parse_header(const void *file_bytes, size_t len, st_file_t *out,
-                    char *err, size_t errlen)
+int st_parse_header(const void *file_bytes, size_t len, st_file_t *out, char *err, size_t errlen)
 {
     memset(out, 0, sizeof *out);
     out->map = (void *)file_bytes;
@@ -504,27 +503,29 @@ static void will_need(const st_file_t *f, const unsigned char *p, size_t n)
         madvise((void *)lo, hi - lo, MADV_WILLNEED); /* advice: its failure changes nothing */
 }
 
-int st_read_f32(const st_file_t *f, const st_tensor_t *t, int64_t r0,
-                int64_t nr, int64_t c0, int64_t nc, int transpose,
+int st_read_f32(const st_file_t *f, const st_tensor_t *t, int64_t r0, int64_t nr, int64_t c0, int64_t nc, int transpose,
                 float *dst, char *err, size_t errlen)
 {
     const char *l = f->path != NULL ? f->path : "<memory>";
     shown_t nm = show(t->name);
     if (t->dtype != ST_F32 && t->dtype != ST_F16 && t->dtype != ST_BF16 && t->dtype != ST_F64) {
-        seterr(err, errlen, "'%s': tensor '%s': dtype %s cannot be read as fp32 (F32, F16, BF16 or F64 only)", l, nm.s, t->dtype_name);
+        seterr(err, errlen, "'%s': tensor '%s': dtype %s cannot be read as fp32 (F32, F16, BF16 or F64 only)", l, nm.s,
+               t->dtype_name);
         return -1;
     }
     if (t->ndim > 2) {
-        seterr(err, errlen, "'%s': tensor '%s': %d dimensions (only 1-D and 2-D tensors are read by rows)", l, nm.s, t->ndim);
+        seterr(err, errlen, "'%s': tensor '%s': %d dimensions (only 1-D and 2-D tensors are read by rows)", l, nm.s,
+               t->ndim);
         return -1;
     }
     int64_t rows = t->ndim == 2 ? t->shape[0] : 1;
     int64_t cols = t->ndim == 2 ? t->shape[1] : t->ndim == 1 ? t->shape[0] : 1;
     int64_t lr = transpose ? cols : rows, lc = transpose ? rows : cols; /* as read */
     if (!in_range(r0, nr, lr) || !in_range(c0, nc, lc)) {
-        seterr(err, errlen, "'%s': tensor '%s': block rows [%lld, +%lld) x cols [%lld, +%lld) is outside its %s[%lld, %lld]",
-               l, nm.s, (long long)r0, (long long)nr, (long long)c0, (long long)nc,
-               transpose ? "transpose " : "", (long long)lr, (long long)lc);
+        seterr(err, errlen,
+               "'%s': tensor '%s': block rows [%lld, +%lld) x cols [%lld, +%lld) is outside its %s[%lld, %lld]", l,
+               nm.s, (long long)r0, (long long)nr, (long long)c0, (long long)nc, transpose ? "transpose " : "",
+               (long long)lr, (long long)lc);
         return -1;
     }
     if (f->map == NULL || 8 + f->header_len + t->end > f->size) {
@@ -577,8 +578,7 @@ static int cmp_entry(const void *a, const void *b)
 }
 
 /* Open one more file (dir/name) into m->files. */
-static int model_add_file(st_model_t *m, const char *dir, const char *name,
-                          char *err, size_t errlen)
+static int model_add_file(st_model_t *m, const char *dir, const char *name, char *err, size_t errlen)
 {
     char *path = dir != NULL ? join(dir, name) : strdup(name);
     st_file_t *nf = realloc(m->files, ((size_t)m->n_files + 1) * sizeof *nf);
@@ -606,8 +606,7 @@ static int plain_name(const char *s)
 /* The index's weight_map: open each shard once, point each name at its
  * tensor, and refuse a name missing from its shard or a shard tensor the
  * map does not list. */
-static int model_from_index(st_model_t *m, const char *dir, const char *ipath,
-                            char *err, size_t errlen)
+static int model_from_index(st_model_t *m, const char *dir, const char *ipath, char *err, size_t errlen)
 {
     json_error_t je;
     json_t *root = json_load_file(ipath, JSON_REJECT_DUPLICATES, &je);
@@ -630,7 +629,8 @@ static int model_from_index(st_model_t *m, const char *dir, const char *ipath,
     const char *k;
     json_t *v;
     size_t seen = 0; /* tensors of the shards, to find unlisted ones */
-    json_object_foreach(wm, k, v) {
+    json_object_foreach(wm, k, v)
+    {
         const char *fname = json_string_value(v);
         if (fname == NULL || !plain_name(fname)) {
             seterr(err, errlen, "'%s': tensor '%s': shard is not a file name in the directory", ipath, show(k).s);
@@ -646,7 +646,8 @@ static int model_from_index(st_model_t *m, const char *dir, const char *ipath,
         }
         const st_tensor_t *t = st_find(&m->files[fi], k);
         if (t == NULL) {
-            seterr(err, errlen, "'%s': tensor '%s': missing (the index says it is there)", m->files[fi].path, show(k).s);
+            seterr(err, errlen, "'%s': tensor '%s': missing (the index says it is there)", m->files[fi].path,
+                   show(k).s);
             goto out;
         }
         m->index[m->n_index++] = (st_model_entry_t){t->name, fi, (int)(t - m->files[fi].t)};
@@ -705,8 +706,8 @@ int st_model_open(st_model_t *m, const char *dir, char *err, size_t errlen)
     else if (access(spath, F_OK) == 0)
         rc = model_from_file(m, spath, err, errlen);
     else
-        seterr(err, errlen, "'%s': neither %s nor %s is there (not a Hugging Face model directory)", dir,
-               SINGLE_NAME, INDEX_NAME);
+        seterr(err, errlen, "'%s': neither %s nor %s is there (not a Hugging Face model directory)", dir, SINGLE_NAME,
+               INDEX_NAME);
     free(ipath);
     free(spath);
     if (rc == 0)
@@ -716,12 +717,11 @@ int st_model_open(st_model_t *m, const char *dir, char *err, size_t errlen)
     return rc;
 }
 
-int st_model_find(const st_model_t *m, const char *name, const st_file_t **f,
-                  const st_tensor_t **t)
+int st_model_find(const st_model_t *m, const char *name, const st_file_t **f, const st_tensor_t **t)
 {
     st_model_entry_t key = {name, 0, 0};
-    const st_model_entry_t *e = m->n_index > 0
-        ? bsearch(&key, m->index, (size_t)m->n_index, sizeof key, cmp_entry) : NULL;
+    const st_model_entry_t *e =
+        m->n_index > 0 ? bsearch(&key, m->index, (size_t)m->n_index, sizeof key, cmp_entry) : NULL;
     if (e == NULL)
         return -1;
     if (f != NULL)
@@ -769,8 +769,7 @@ struct st_plan {
     uint64_t total;
 };
 
-static int plan_check_tensor(const st_out_tensor_t *o, int i, plan_tensor_t *t,
-                             char *err, size_t errlen)
+static int plan_check_tensor(const st_out_tensor_t *o, int i, plan_tensor_t *t, char *err, size_t errlen)
 {
     shown_t nm = show(o->name);
     if (o->name == NULL || o->name[0] == '\0' || strcmp(o->name, "__metadata__") == 0) {
@@ -805,10 +804,7 @@ static int plan_check_tensor(const st_out_tensor_t *o, int i, plan_tensor_t *t,
     return 0;
 }
 
-static int cmp_str(const void *a, const void *b)
-{
-    return strcmp(*(char *const *)a, *(char *const *)b);
-}
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
 static int plan_check_unique(const st_plan_t *p, char *err, size_t errlen)
 {
@@ -832,8 +828,7 @@ static int plan_check_unique(const st_plan_t *p, char *err, size_t errlen)
 
 /* One shard's header: {"__metadata__": meta, name: {dtype, shape,
  * data_offsets}, ...} for tensors [a, b), compact, padded to 8. */
-static int plan_header(st_plan_t *p, int s, int a, int b, json_t *meta,
-                       char *err, size_t errlen)
+static int plan_header(st_plan_t *p, int s, int a, int b, json_t *meta, char *err, size_t errlen)
 {
     json_t *root = json_object();
     int bad = root == NULL || json_object_set(root, "__metadata__", meta) != 0;
@@ -842,8 +837,8 @@ static int plan_header(st_plan_t *p, int s, int a, int b, json_t *meta,
         plan_tensor_t *t = &p->t[i];
         json_t *shape = t->ndim == 2 ? json_pack("[II]", (json_int_t)t->shape[0], (json_int_t)t->shape[1])
                                      : json_pack("[I]", (json_int_t)t->shape[0]);
-        json_t *e = json_pack("{s:s, s:o, s:[II]}", "dtype", st_dtype_name(t->dtype), "shape", shape,
-                              "data_offsets", (json_int_t)off, (json_int_t)(off + t->bytes));
+        json_t *e = json_pack("{s:s, s:o, s:[II]}", "dtype", st_dtype_name(t->dtype), "shape", shape, "data_offsets",
+                              (json_int_t)off, (json_int_t)(off + t->bytes));
         /* json_string refuses names that are not UTF-8; so does pack. */
         bad = e == NULL || json_object_set_new(root, t->name, e) != 0;
         t->offset = off; /* relative until the header's length is known */
@@ -852,7 +847,8 @@ static int plan_header(st_plan_t *p, int s, int a, int b, json_t *meta,
     char *js = bad ? NULL : json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
     json_decref(root);
     if (js == NULL) {
-        seterr(err, errlen, "st_plan_make: shard %d: cannot encode its header (a tensor name that is not UTF-8?)", s + 1);
+        seterr(err, errlen, "st_plan_make: shard %d: cannot encode its header (a tensor name that is not UTF-8?)",
+               s + 1);
         return -1;
     }
     size_t len = strlen(js), padded = (len + 7) / 8 * 8;
@@ -926,9 +922,8 @@ static int plan_shards(st_plan_t *p, uint64_t max, json_t *meta, char *err, size
     return rc;
 }
 
-int st_plan_make(const st_out_tensor_t *t, int n, uint64_t max_shard_bytes,
-                 const char *metadata_json_or_NULL, st_plan_t **pp, char *err,
-                 size_t errlen)
+int st_plan_make(const st_out_tensor_t *t, int n, uint64_t max_shard_bytes, const char *metadata_json_or_NULL,
+                 st_plan_t **pp, char *err, size_t errlen)
 {
     *pp = NULL;
     if (t == NULL || n <= 0) {
@@ -1013,8 +1008,8 @@ int st_plan_create_files(const st_plan_t *p, const char *dir, char *err, size_t 
     return 0;
 }
 
-int st_plan_write_f32(const st_plan_t *p, const char *dir, int i, int64_t r0,
-                      int64_t nr, const float *rows, char *err, size_t errlen)
+int st_plan_write_f32(const st_plan_t *p, const char *dir, int i, int64_t r0, int64_t nr, const float *rows, char *err,
+                      size_t errlen)
 {
     if (i < 0 || i >= p->n) {
         seterr(err, errlen, "st_plan_write_f32: tensor %d is not in the plan's %d", i, p->n);
@@ -1031,8 +1026,8 @@ int st_plan_write_f32(const st_plan_t *p, const char *dir, int i, int64_t r0,
     int fd = path != NULL ? open(path, O_WRONLY | O_CLOEXEC) : -1;
     int rc = fd < 0 || buf == NULL ? -1 : 0;
     if (rc != 0)
-        seterr(err, errlen, "cannot open '%s' for writing (st_plan_create_files first?): %s",
-               path != NULL ? path : dir, strerror(errno));
+        seterr(err, errlen, "cannot open '%s' for writing (st_plan_create_files first?): %s", path != NULL ? path : dir,
+               strerror(errno));
     size_t isz = st_dtype_size(t->dtype), n = (size_t)nr * (size_t)t->cols;
     uint64_t off = t->offset + (uint64_t)r0 * (uint64_t)t->cols * isz;
     for (size_t done = 0; done < n && rc == 0;) {
@@ -1074,8 +1069,9 @@ static char *index_json(const st_plan_t *p)
             json_decref(wm);
             wm = NULL;
         }
-    json_t *root = wm == NULL ? NULL
-        : json_pack("{s:{s:I}, s:o}", "metadata", "total_size", (json_int_t)p->total, "weight_map", wm);
+    json_t *root = wm == NULL
+                       ? NULL
+                       : json_pack("{s:{s:I}, s:o}", "metadata", "total_size", (json_int_t)p->total, "weight_map", wm);
     char *js = root == NULL ? NULL : json_dumps(root, JSON_INDENT(2) | JSON_SORT_KEYS);
     json_decref(root);
     return js;

@@ -30,8 +30,16 @@
 #define ST_DEFAULT_SHARD_BYTES 5000000000ull
 
 typedef enum {
-    ST_F32 = 0, ST_F16, ST_BF16, ST_F64, ST_I64, ST_I32, ST_I16, ST_I8,
-    ST_U8, ST_BOOL,
+    ST_F32 = 0,
+    ST_F16,
+    ST_BF16,
+    ST_F64,
+    ST_I64,
+    ST_I32,
+    ST_I16,
+    ST_I8,
+    ST_U8,
+    ST_BOOL,
     ST_OTHER /* a known name without a reader here (U16, F8_E4M3, ...):
               * validated by its size, dtype_name says which */
 } st_dtype_t;
@@ -66,8 +74,7 @@ typedef struct st_file {
  * overflow, e inside the data region) and that no two tensors overlap.
  * Gaps between tensors are allowed. out->map = file_bytes (not owned);
  * st_close frees the rest. */
-int st_parse_header(const void *file_bytes, size_t len, st_file_t *out,
-                    char *err, size_t errlen);
+int st_parse_header(const void *file_bytes, size_t len, st_file_t *out, char *err, size_t errlen);
 /* Map and parse one file; errors begin with its path. */
 int st_open(st_file_t *f, const char *path, char *err, size_t errlen);
 void st_close(st_file_t *f);
@@ -85,8 +92,7 @@ int64_t st_numel(const st_tensor_t *t); /* product of the shape (1 for a scalar)
  * [nr][nc]. transpose = 1 reads the same block of the transposed tensor:
  * dst[i][j] = t[c0 + j][r0 + i]. Only the source rows the block covers are
  * touched (a row at a time, the block's columns of it). */
-int st_read_f32(const st_file_t *f, const st_tensor_t *t, int64_t r0,
-                int64_t nr, int64_t c0, int64_t nc, int transpose,
+int st_read_f32(const st_file_t *f, const st_tensor_t *t, int64_t r0, int64_t nr, int64_t c0, int64_t nc, int transpose,
                 float *dst, char *err, size_t errlen);
 
 /* A Hugging Face model directory (or one .safetensors file given as dir):
@@ -108,8 +114,7 @@ typedef struct st_model {
 
 int st_model_open(st_model_t *m, const char *dir, char *err, size_t errlen);
 /* 0 and *f, *t set when found; -1 when absent. f may be NULL. */
-int st_model_find(const st_model_t *m, const char *name, const st_file_t **f,
-                  const st_tensor_t **t);
+int st_model_find(const st_model_t *m, const char *name, const st_file_t **f, const st_tensor_t **t);
 void st_model_close(st_model_t *m);
 
 /* ---- Writing ---------------------------------------------------------
@@ -133,25 +138,22 @@ typedef struct st_plan st_plan_t;
 /* metadata_json: a JSON object of strings, or NULL for {"format":"pt"}
  * (transformers refuses files whose metadata lacks a known format). Names
  * must be unique, non-empty and not "__metadata__". */
-int st_plan_make(const st_out_tensor_t *t, int n, uint64_t max_shard_bytes,
-                 const char *metadata_json_or_NULL, st_plan_t **p, char *err,
-                 size_t errlen);
+int st_plan_make(const st_out_tensor_t *t, int n, uint64_t max_shard_bytes, const char *metadata_json_or_NULL,
+                 st_plan_t **p, char *err, size_t errlen);
 /* One rank: each shard created (truncated) at its full size with its
  * header, 8-byte length + JSON padded with spaces to a multiple of 8. */
-int st_plan_create_files(const st_plan_t *p, const char *dir, char *err,
-                         size_t errlen);
+int st_plan_create_files(const st_plan_t *p, const char *dir, char *err, size_t errlen);
 /* Any rank: rows [r0, r0+nr) of tensor i (a 1-D tensor is one row),
  * rows[nr][cols] in fp32, converted to the tensor's dtype (bf16 and fp16
  * round to nearest even) and written with pwrite at the planned offset. */
-int st_plan_write_f32(const st_plan_t *p, const char *dir, int i, int64_t r0,
-                      int64_t nr, const float *rows, char *err, size_t errlen);
+int st_plan_write_f32(const st_plan_t *p, const char *dir, int i, int64_t r0, int64_t nr, const float *rows, char *err,
+                      size_t errlen);
 /* Each rank that wrote: fsync every shard of the plan. */
 int st_plan_sync(const st_plan_t *p, const char *dir, char *err, size_t errlen);
 /* One rank, when more than one shard: model.safetensors.index.json with
  * metadata.total_size (the sum of the tensors' bytes) and weight_map,
  * written to a .tmp, synced and renamed. A no-op for one shard. */
-int st_plan_write_index(const st_plan_t *p, const char *dir, char *err,
-                        size_t errlen);
+int st_plan_write_index(const st_plan_t *p, const char *dir, char *err, size_t errlen);
 void st_plan_free(st_plan_t *p);
 
 /* Plan queries. */

@@ -44,7 +44,7 @@ struct tfevents {
     char *path;
     uint8_t *buf; /* one record: 12-byte head, payload, 4-byte CRC */
     size_t cap;
-    int broken;   /* a write failed: the file may end inside a record */
+    int broken; /* a write failed: the file may end inside a record */
     crc32c_t crc;
 };
 
@@ -100,16 +100,10 @@ static uint8_t *put_float(uint8_t *p, unsigned field, float x)
 }
 
 /* A length-delimited field of n bytes, key and length included. */
-static size_t len_field(size_t n)
-{
-    return 1 + varint_len(n) + n;
-}
+static size_t len_field(size_t n) { return 1 + varint_len(n) + n; }
 
 /* Value{tag, simple_value} without its own key and length. */
-static size_t value_len(const char *tag)
-{
-    return len_field(strlen(tag)) + 1 + 4;
-}
+static size_t value_len(const char *tag) { return len_field(strlen(tag)) + 1 + 4; }
 
 static size_t summary_len(const tfevents_scalar_t *v, int n)
 {
@@ -214,8 +208,8 @@ static int mkdir_p(const char *dir, char *err, size_t errlen)
         p[i] = '\0';
         struct stat st;
         if (mkdir(p, 0777) != 0 && (errno != EEXIST || stat(p, &st) != 0 || !S_ISDIR(st.st_mode))) {
-            seterr(err, errlen, "cannot create directory '%s': %s", p, errno == EEXIST ? "a file of that name exists"
-                                                                                    : strerror(errno));
+            seterr(err, errlen, "cannot create directory '%s': %s", p,
+                   errno == EEXIST ? "a file of that name exists" : strerror(errno));
             rc = -1;
         }
         p[i] = c;
@@ -305,10 +299,7 @@ double tfevents_now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-const char *tfevents_path(const tfevents_t *w)
-{
-    return w->path;
-}
+const char *tfevents_path(const tfevents_t *w) { return w->path; }
 
 int tfevents_close(tfevents_t *w, char *err, size_t errlen)
 {

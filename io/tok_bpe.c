@@ -38,7 +38,7 @@ typedef struct cache_entry {
 typedef struct slot {
     uint64_t head; /* the first 8 bytes, zero-padded */
     uint32_t len;
-    int32_t rank;  /* -1: empty */
+    int32_t rank; /* -1: empty */
 } slot_t;
 
 typedef struct heap_entry {
@@ -48,11 +48,11 @@ typedef struct heap_entry {
 
 struct tok_bpe {
     int32_t n_ranks;
-    size_t *off;         /* [n_ranks] token bytes at arena + off[r] */
-    uint32_t *len;       /* [n_ranks] 0: unset */
+    size_t *off;   /* [n_ranks] token bytes at arena + off[r] */
+    uint32_t *len; /* [n_ranks] 0: unset */
     unsigned char *arena;
     size_t arena_n, arena_cap;
-    slot_t *table;       /* open addressing, linear probing */
+    slot_t *table; /* open addressing, linear probing */
     size_t mask;
     int32_t byte_rank[256]; /* rank of each single byte (-1 until set) */
 
@@ -151,10 +151,7 @@ void tok_bpe_free(tok_bpe_t *b)
     free(b);
 }
 
-int32_t tok_bpe_n_ranks(const tok_bpe_t *b)
-{
-    return b->n_ranks;
-}
+int32_t tok_bpe_n_ranks(const tok_bpe_t *b) { return b->n_ranks; }
 
 /* The slot holding bytes p[0..n) (rank >= 0), or the empty slot where
  * they would go. */
@@ -172,8 +169,7 @@ static slot_t *find_slot(const tok_bpe_t *b, const unsigned char *p, size_t n, u
         slot_t *s = &b->table[i];
         if (s->rank < 0)
             return s;
-        if (s->head == head && s->len == n &&
-            (n <= 8 || memcmp(b->arena + b->off[s->rank] + 8, p + 8, n - 8) == 0))
+        if (s->head == head && s->len == n && (n <= 8 || memcmp(b->arena + b->off[s->rank] + 8, p + 8, n - 8) == 0))
             return s;
     }
 }
@@ -183,10 +179,7 @@ static inline int32_t rank_of(const tok_bpe_t *b, const unsigned char *p, size_t
     return find_slot(b, p, n, hash_bytes(p, n))->rank;
 }
 
-int32_t tok_bpe_rank(const tok_bpe_t *b, const void *bytes, size_t len)
-{
-    return len ? rank_of(b, bytes, len) : -1;
-}
+int32_t tok_bpe_rank(const tok_bpe_t *b, const void *bytes, size_t len) { return len ? rank_of(b, bytes, len) : -1; }
 
 int tok_bpe_set(tok_bpe_t *b, int32_t rank, const void *bytes, size_t len, int32_t *other)
 {
@@ -274,13 +267,13 @@ int tok_bpe_compile(tok_bpe_t *b, const char *pattern, char *err, size_t errlen)
 {
     int code;
     PCRE2_SIZE at;
-    b->re = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED,
-                          PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &code, &at, NULL);
+    b->re = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF,
+                          &code, &at, NULL);
     if (b->re == NULL) {
         PCRE2_UCHAR msg[256];
         pcre2_get_error_message(code, msg, sizeof msg);
-        snprintf(err, errlen, "pre-tokenizer pattern does not compile at offset %zu: %s: fix the pattern",
-                 (size_t)at, (char *)msg);
+        snprintf(err, errlen, "pre-tokenizer pattern does not compile at offset %zu: %s: fix the pattern", (size_t)at,
+                 (char *)msg);
         return -1;
     }
     /* Without JIT (a platform PCRE2 has none for) the interpreter gives
@@ -472,10 +465,7 @@ static int merge_heap(tok_bpe_t *b, const unsigned char *p, size_t n, int32_t *i
 
 /* ---- encoding ---- */
 
-static cache_entry_t *cache_slot(tok_bpe_t *b, uint64_t h)
-{
-    return &b->cache[(h >> 7) & ((1u << CACHE_BITS) - 1)];
-}
+static cache_entry_t *cache_slot(tok_bpe_t *b, uint64_t h) { return &b->cache[(h >> 7) & ((1u << CACHE_BITS) - 1)]; }
 
 static void cache_put(cache_entry_t *c, const unsigned char *p, size_t n, const int32_t *ids, size_t nids)
 {
@@ -572,8 +562,7 @@ int tok_bpe_encode_bytes(tok_bpe_t *b, const char *text, size_t len, tok_ids_t *
     return rc ? piece_error(rc, gap, len, err, errlen) : 0;
 }
 
-int tok_bpe_decode_ids(const tok_bpe_t *b, const int32_t *ids, size_t n, tok_bytes_t *out, char *err,
-                       size_t errlen)
+int tok_bpe_decode_ids(const tok_bpe_t *b, const int32_t *ids, size_t n, tok_bytes_t *out, char *err, size_t errlen)
 {
     for (size_t i = 0; i < n; i++) {
         size_t len;

@@ -27,8 +27,8 @@
 
 /* GPT-2's pre-tokenizer (= tiktoken's r50k_base), in PCRE2 syntax:
  * 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+ */
-#define TOK_PAT_GPT2                                                                                          \
-    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^" TOK_JS_SPACE "\\p{L}\\p{N}]+|[" TOK_JS_SPACE           \
+#define TOK_PAT_GPT2                                                                                                   \
+    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^" TOK_JS_SPACE "\\p{L}\\p{N}]+|[" TOK_JS_SPACE                    \
     "]+(?![^" TOK_JS_SPACE "])|[" TOK_JS_SPACE "]+"
 
 typedef struct tok_bpe tok_bpe_t;
@@ -65,8 +65,7 @@ int tok_bpe_compile(tok_bpe_t *b, const char *pattern, char *err, size_t errlen)
 
 /* Encode / decode with the table alone (for callers without a tokenizer_t). */
 int tok_bpe_encode_bytes(tok_bpe_t *b, const char *text, size_t len, tok_ids_t *out, char *err, size_t errlen);
-int tok_bpe_decode_ids(const tok_bpe_t *b, const int32_t *ids, size_t n, tok_bytes_t *out, char *err,
-                       size_t errlen);
+int tok_bpe_decode_ids(const tok_bpe_t *b, const int32_t *ids, size_t n, tok_bytes_t *out, char *err, size_t errlen);
 
 /* Hand b to tk (tk->impl; special names and ids; vocab_size = the largest
  * id + 1) with the kind's ops table, whose functions are the three below. */
@@ -83,10 +82,9 @@ int tok_bpe_read_file(const char *path, char **data, size_t *len, char *err, siz
  * file names in errors are `label`s). */
 int tok_gpt2_open_mem(tokenizer_t *tk, const char *encoder_json, size_t encoder_len, const char *vocab_bpe,
                       size_t vocab_len, const char *label, char *err, size_t errlen);
-int tok_tiktoken_open_mem(tokenizer_t *tk, const char *data, size_t len, const char *label,
-                          const char *encoding, char *err, size_t errlen);
+int tok_tiktoken_open_mem(tokenizer_t *tk, const char *data, size_t len, const char *label, const char *encoding,
+                          char *err, size_t errlen);
 /* Parse a tiktoken rank file into a new table (no pattern, no specials). */
-int tok_tiktoken_parse(tok_bpe_t **out, const char *data, size_t len, const char *label, char *err,
-                       size_t errlen);
+int tok_tiktoken_parse(tok_bpe_t **out, const char *data, size_t len, const char *label, char *err, size_t errlen);
 
 #endif

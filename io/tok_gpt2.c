@@ -39,10 +39,7 @@ typedef struct alphabet {
     unsigned char order[256];
 } alphabet_t;
 
-static int printable(int c)
-{
-    return (c >= 0x21 && c <= 0x7e) || (c >= 0xa1 && c <= 0xac) || (c >= 0xae && c <= 0xff);
-}
+static int printable(int c) { return (c >= 0x21 && c <= 0x7e) || (c >= 0xa1 && c <= 0xac) || (c >= 0xae && c <= 0xff); }
 
 static void alphabet_init(alphabet_t *a)
 {
@@ -138,9 +135,9 @@ static long unspell(const char *s, size_t n, unsigned char *out, uint32_t *bad)
 typedef struct merges {
     const char *text; /* vocab.bpe */
     size_t len;
-    size_t first;     /* offset of the first merge line */
-    int32_t n;        /* merge lines */
-    int first_line;   /* 1-based line number of the first merge */
+    size_t first;   /* offset of the first merge line */
+    int32_t n;      /* merge lines */
+    int first_line; /* 1-based line number of the first merge */
 } merges_t;
 
 /* Count the merge lines of vocab.bpe: an optional "#version" line, then
@@ -162,8 +159,8 @@ static int merges_scan(merges_t *m, const char *path, char *err, size_t errlen)
         const char *e = nl ? nl : end;
         const char *sp = memchr(p, ' ', (size_t)(e - p));
         if (sp == NULL || sp == p || sp + 1 == e || memchr(sp + 1, ' ', (size_t)(e - sp - 1)) != NULL) {
-            snprintf(err, errlen, "%s:%d: a merge line is two tokens split by one space (\"A B\"): %s", path,
-                     line, FIX_FETCH);
+            snprintf(err, errlen, "%s:%d: a merge line is two tokens split by one space (\"A B\"): %s", path, line,
+                     FIX_FETCH);
             return -1;
         }
         if (m->n == INT32_MAX - 257) {
@@ -184,7 +181,8 @@ static int load_encoder(tok_bpe_t *b, json_t *obj, const char *path, int32_t *eo
     json_t *val;
     *eot = -1;
     char q[256];
-    json_object_foreach(obj, key, val) {
+    json_object_foreach(obj, key, val)
+    {
         json_int_t id = json_is_integer(val) ? json_integer_value(val) : -1;
         if (id < 0 || id > n_ranks) {
             snprintf(err, errlen, "%s: key \"%s\": the id must be an integer in 0..%d: %s", path,
@@ -208,7 +206,7 @@ static int load_encoder(tok_bpe_t *b, json_t *obj, const char *path, int32_t *eo
         }
         if (n <= 0) {
             snprintf(err, errlen,
-                     n == 0 ? "%s: key \"%s\" is empty: %s"
+                     n == 0              ? "%s: key \"%s\" is empty: %s"
                      : bad == UINT32_MAX ? "%s: key \"%s\" is not valid UTF-8: %s"
                                          : "%s: key \"%s\" has a character outside GPT-2's byte alphabet: %s",
                      path, quoted(key, q, sizeof q), FIX_FETCH);
@@ -221,8 +219,7 @@ static int load_encoder(tok_bpe_t *b, json_t *obj, const char *path, int32_t *eo
         }
     }
     if (*eot != n_ranks) {
-        snprintf(err, errlen, "%s: \"%s\" must be the last id, %d: %s", path, ENDOFTEXT, (int)n_ranks,
-                 FIX_FETCH);
+        snprintf(err, errlen, "%s: \"%s\" must be the last id, %d: %s", path, ENDOFTEXT, (int)n_ranks, FIX_FETCH);
         return -1;
     }
     return 0;
@@ -258,15 +255,15 @@ static int check_merges(const tok_bpe_t *b, const merges_t *m, const char *epath
         long na = la < sizeof buf / 2 ? unspell(p, la, buf, &bad) : -1;
         long nb = lb < sizeof buf / 2 && na > 0 ? unspell(sp + 1, lb, buf + na, &bad) : -1;
         if (na <= 0 || nb <= 0) {
-            snprintf(err, errlen, "%s:%d: a token is not spelled in GPT-2's byte alphabet (or too long): %s",
-                     vpath, line, FIX_FETCH);
+            snprintf(err, errlen, "%s:%d: a token is not spelled in GPT-2's byte alphabet (or too long): %s", vpath,
+                     line, FIX_FETCH);
             return -1;
         }
         int32_t ra = tok_bpe_rank(b, buf, (size_t)na), rb = tok_bpe_rank(b, buf + na, (size_t)nb);
         int32_t rab = tok_bpe_rank(b, buf, (size_t)(na + nb));
         if (ra < 0 || rb < 0 || ra >= 256 + i || rb >= 256 + i) {
-            snprintf(err, errlen, "%s:%d: the merge's two tokens must be in %s with ids below %d: %s", vpath,
-                     line, epath, 256 + (int)i, FIX_FETCH);
+            snprintf(err, errlen, "%s:%d: the merge's two tokens must be in %s with ids below %d: %s", vpath, line,
+                     epath, 256 + (int)i, FIX_FETCH);
             return -1;
         }
         if (rab != 256 + i) {

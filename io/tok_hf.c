@@ -94,8 +94,10 @@ static int vocab_and_merges(const tok_bpe_t *b, json_t *vocab, json_t *merges, c
             rc = -1;
         } else if (len > 1) {
             if (merge_of(b, t, len, r, bound, &split) != 0) {
-                snprintf(err, errlen, "token %d (%zu bytes) is not the merge of two tokens of lower rank: not a "
-                         "BPE vocabulary Hugging Face's BPE model can express", (int)r, len);
+                snprintf(err, errlen,
+                         "token %d (%zu bytes) is not the merge of two tokens of lower rank: not a "
+                         "BPE vocabulary Hugging Face's BPE model can express",
+                         (int)r, len);
                 rc = -1;
                 break;
             }
@@ -144,8 +146,8 @@ static int byte_vocab(json_t *vocab)
  * kind has no pattern (every byte is a token). */
 static json_t *pre_tokenizer(const char *pattern)
 {
-    json_t *byte_level = json_pack("{s:s, s:b, s:b, s:b}", "type", "ByteLevel", "add_prefix_space", 0,
-                                   "trim_offsets", 1, "use_regex", 0);
+    json_t *byte_level = json_pack("{s:s, s:b, s:b, s:b}", "type", "ByteLevel", "add_prefix_space", 0, "trim_offsets",
+                                   1, "use_regex", 0);
     if (!pattern)
         return json_pack("{s:s, s:[o]}", "type", "Sequence", "pretokenizers", byte_level);
     return json_pack("{s:s, s:[{s:s, s:{s:s}, s:s, s:b}, o]}", "type", "Sequence", "pretokenizers", "type", "Split",
@@ -168,14 +170,13 @@ int tok_hf_tokenizer_json(const tokenizer_t *tk, const char *pattern, char **jso
         json_decref(merges);
         return -1;
     }
-    json_t *root = json_pack(
-        "{s:s, s:n, s:n, s:o, s:n, s:o, s:n, s:{s:s, s:b, s:b, s:b},"
-        " s:{s:s, s:n, s:n, s:n, s:n, s:b, s:b, s:b, s:o, s:o}}",
-        "version", "1.0", "truncation", "padding", "added_tokens", added_tokens(tk), "normalizer",
-        "pre_tokenizer", pre_tokenizer(byte ? NULL : pattern), "post_processor",
-        "decoder", "type", "ByteLevel", "add_prefix_space", 1, "trim_offsets", 1, "use_regex", 1,
-        "model", "type", "BPE", "dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix",
-        "fuse_unk", 0, "byte_fallback", 0, "ignore_merges", 1, "vocab", vocab, "merges", merges);
+    json_t *root = json_pack("{s:s, s:n, s:n, s:o, s:n, s:o, s:n, s:{s:s, s:b, s:b, s:b},"
+                             " s:{s:s, s:n, s:n, s:n, s:n, s:b, s:b, s:b, s:o, s:o}}",
+                             "version", "1.0", "truncation", "padding", "added_tokens", added_tokens(tk), "normalizer",
+                             "pre_tokenizer", pre_tokenizer(byte ? NULL : pattern), "post_processor", "decoder", "type",
+                             "ByteLevel", "add_prefix_space", 1, "trim_offsets", 1, "use_regex", 1, "model", "type",
+                             "BPE", "dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix",
+                             "fuse_unk", 0, "byte_fallback", 0, "ignore_merges", 1, "vocab", vocab, "merges", merges);
     *json = root ? json_dumps(root, JSON_PRESERVE_ORDER | JSON_COMPACT) : NULL;
     json_decref(root);
     if (!*json) {

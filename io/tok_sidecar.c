@@ -103,7 +103,8 @@ char *tok_sidecar_format(const tok_sidecar_t *s, const tokenizer_t *tk, char *er
     char *text = bad ? NULL : json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
     json_decref(root);
     if (bad)
-        snprintf(err, errlen, "tokenizer sidecar field '%s': not valid UTF-8 (or out of memory); use a UTF-8 path", bad);
+        snprintf(err, errlen, "tokenizer sidecar field '%s': not valid UTF-8 (or out of memory); use a UTF-8 path",
+                 bad);
     else if (text == NULL)
         snprintf(err, errlen, "out of memory formatting the tokenizer sidecar");
     return text;
@@ -113,7 +114,7 @@ char *tok_sidecar_format(const tok_sidecar_t *s, const tokenizer_t *tk, char *er
 static int dir_of(const char *path, char *out, size_t outlen)
 {
     const char *slash = strrchr(path, '/');
-    int n = !slash ? snprintf(out, outlen, ".")
+    int n = !slash          ? snprintf(out, outlen, ".")
             : slash == path ? snprintf(out, outlen, "/")
                             : snprintf(out, outlen, "%.*s", (int)(slash - path), path);
     return n < 0 || (size_t)n >= outlen ? -1 : 0;
@@ -175,7 +176,9 @@ static int get_str(const json_t *root, const char *key, char *out, size_t outlen
     size_t len = json_string_length(v);
     if (len >= outlen || strlen(json_string_value(v)) != len || (len == 0 && !may_be_empty)) {
         snprintf(err, errlen, "field '%s': %s", key,
-                 len == 0 ? "empty" : len >= outlen ? "too long" : "holds a NUL byte");
+                 len == 0        ? "empty"
+                 : len >= outlen ? "too long"
+                                 : "holds a NUL byte");
         return -1;
     }
     memcpy(out, json_string_value(v), len + 1);
@@ -216,8 +219,8 @@ static int check_sha256(const char *hex, const char *kind, char *err, size_t err
     size_t n = strspn(hex, "0123456789abcdef");
     int is_byte = strcmp(kind, "byte") == 0;
     if (is_byte ? hex[0] != '\0' : n != 64 || hex[64] != '\0') {
-        snprintf(err, errlen, "field 'vocab_sha256': expected %s", is_byte ? "\"\" for kind byte"
-                                                                           : "64 lower-case hex digits");
+        snprintf(err, errlen, "field 'vocab_sha256': expected %s",
+                 is_byte ? "\"\" for kind byte" : "64 lower-case hex digits");
         return -1;
     }
     return 0;
@@ -268,8 +271,7 @@ static int parse_specials(const json_t *root, int vocab, char *err, size_t errle
     return 0;
 }
 
-static int parse_split(const json_t *root, const char *key, uint64_t *docs, uint64_t *tokens, char *err,
-                       size_t errlen)
+static int parse_split(const json_t *root, const char *key, uint64_t *docs, uint64_t *tokens, char *err, size_t errlen)
 {
     const json_t *o = json_object_get(root, key);
     long long d, t;
@@ -305,8 +307,10 @@ static int parse_object(const json_t *root, tok_sidecar_t *s, char *err, size_t 
     if (get_int(root, "version", 1, INT32_MAX, &version, err, errlen) != 0)
         return -1;
     if (version != TOK_SIDECAR_VERSION) {
-        snprintf(err, errlen, "field 'version': %lld, but this dtrain reads version %d (or use the dtrain that "
-                 "prepared the data)", version, TOK_SIDECAR_VERSION);
+        snprintf(err, errlen,
+                 "field 'version': %lld, but this dtrain reads version %d (or use the dtrain that "
+                 "prepared the data)",
+                 version, TOK_SIDECAR_VERSION);
         return -1;
     }
     if (get_str(root, "kind", s->kind, sizeof s->kind, 0, err, errlen) != 0 ||
@@ -376,8 +380,10 @@ int tok_sidecar_read(const char *path, tok_sidecar_t *s, char *err, size_t errle
     if (bad_read)
         snprintf(err, errlen, "cannot read tokenizer sidecar '%s': %s", path, buf ? "read error" : "out of memory");
     else if (n > SIDECAR_MAX_BYTES)
-        snprintf(err, errlen, "tokenizer sidecar '%s': over %d bytes, not a sidecar: re-run dtrain-prepare to "
-                 "rewrite it", path, SIDECAR_MAX_BYTES);
+        snprintf(err, errlen,
+                 "tokenizer sidecar '%s': over %d bytes, not a sidecar: re-run dtrain-prepare to "
+                 "rewrite it",
+                 path, SIDECAR_MAX_BYTES);
     else if (tok_sidecar_parse(buf, n, s, why, sizeof why) != 0)
         snprintf(err, errlen, "tokenizer sidecar '%s': %s: re-run dtrain-prepare to rewrite it", path, why);
     else
@@ -420,8 +426,7 @@ int tok_sidecar_find(const char *data_file, char *out, size_t outlen)
 {
     static const char *const whole[] = {"_train.bin", "_val.bin", "_train.idx", "_val.idx", ".bin", NULL};
     size_t len = strlen(data_file), keep = 0;
-    if ((keep = shard_prefix(data_file, len, "_train_")) == 0 &&
-        (keep = shard_prefix(data_file, len, "_val_")) == 0)
+    if ((keep = shard_prefix(data_file, len, "_train_")) == 0 && (keep = shard_prefix(data_file, len, "_val_")) == 0)
         for (const char *const *t = whole; *t && keep == 0; t++)
             if (ends_with(data_file, len, *t))
                 keep = len - strlen(*t);
@@ -467,9 +472,8 @@ static int relocated_spec(const tok_sidecar_t *s, const char *file, char *out, s
     } else if (strcmp(s->kind, "tiktoken") == 0) {
         /* the canonical spec is tiktoken:VOCAB_PATH:ENCODING */
         size_t k = strlen("tiktoken:"), p = strlen(s->vocab_path);
-        const char *enc = strncmp(s->spec + k, s->vocab_path, p) == 0 && s->spec[k + p] == ':'
-                              ? s->spec + k + p + 1
-                              : NULL;
+        const char *enc =
+            strncmp(s->spec + k, s->vocab_path, p) == 0 && s->spec[k + p] == ':' ? s->spec + k + p + 1 : NULL;
         n = enc ? snprintf(out, outlen, "tiktoken:%s:%s", file, enc) : snprintf(out, outlen, "tiktoken:%s", file);
     } else {
         n = snprintf(out, outlen, "%s:%s", s->kind, file);
@@ -493,24 +497,26 @@ static int choose_spec(const tok_sidecar_t *s, const char *sidecar_path, char *s
         snprintf(beside, sizeof beside, "%s/%s", dir, base) < (int)sizeof beside && readable(beside) &&
         relocated_spec(s, beside, spec, speclen) == 0)
         return 0;
-    snprintf(err, errlen, "data sidecar %s: its vocabulary %s is missing (nor is %s beside the sidecar): restore "
+    snprintf(err, errlen,
+             "data sidecar %s: its vocabulary %s is missing (nor is %s beside the sidecar): restore "
              "it, or give --tokenizer SPEC for the tokenizer that made the data (or --tokenizer none)",
              sidecar_path, s->vocab_path, base);
     return -1;
 }
 
 /* The opened tokenizer must be the one that made the data. */
-static int check_same(const tok_sidecar_t *s, const char *sidecar_path, const tokenizer_t *tk, char *err,
-                      size_t errlen)
+static int check_same(const tok_sidecar_t *s, const char *sidecar_path, const tokenizer_t *tk, char *err, size_t errlen)
 {
     if (strcmp(tk->vocab_sha256, s->vocab_sha256) != 0) {
-        snprintf(err, errlen, "data sidecar %s: vocabulary %s has sha256 %.12s..., but the data was made with "
+        snprintf(err, errlen,
+                 "data sidecar %s: vocabulary %s has sha256 %.12s..., but the data was made with "
                  "sha256 %.12s...: give --tokenizer SPEC naming the original vocabulary, or re-run dtrain-prepare",
                  sidecar_path, tk->vocab_path, tk->vocab_sha256, s->vocab_sha256);
         return -1;
     }
     if (tk->vocab_size != s->vocab_size || tk->doc_start != s->doc_start) {
-        snprintf(err, errlen, "data sidecar %s: tokenizer %s has vocabulary %d and document start %d, but the "
+        snprintf(err, errlen,
+                 "data sidecar %s: tokenizer %s has vocabulary %d and document start %d, but the "
                  "data records %d and %d: give --tokenizer SPEC, or re-run dtrain-prepare",
                  sidecar_path, tk->spec, tk->vocab_size, (int)tk->doc_start, s->vocab_size, (int)s->doc_start);
         return -1;
@@ -531,8 +537,10 @@ int tok_sidecar_open_tokenizer(const tok_sidecar_t *s, const char *sidecar_path,
     int add_eos = strcmp(s->kind, "spm") == 0 && s->doc_end != TOK_NO_ID;
     int rc = 0;
     if (tokenizer_open(tk, spec, add_eos, why, sizeof why) != 0) {
-        snprintf(err, errlen, "data sidecar %s: %s: give --tokenizer SPEC for the tokenizer that made the data "
-                 "(or --tokenizer none)", sidecar_path, why);
+        snprintf(err, errlen,
+                 "data sidecar %s: %s: give --tokenizer SPEC for the tokenizer that made the data "
+                 "(or --tokenizer none)",
+                 sidecar_path, why);
         rc = -1;
     } else if (check_same(s, sidecar_path, *tk, err, errlen) != 0) {
         tokenizer_close(*tk);

@@ -39,10 +39,10 @@ typedef struct tok_sidecar {
     char vocab_path[TOK_PATH_MAX]; /* absolute path at prepare time ("" for byte) */
     char vocab_sha256[65];
     int vocab_size;
-    int32_t doc_start, doc_end;    /* TOK_NO_ID when none */
-    char data_format[16];          /* "llmc" | "megatron" */
-    int token_bytes;               /* 2 or 4 on disk */
-    uint64_t docs[2], tokens[2];   /* [0] train, [1] val */
+    int32_t doc_start, doc_end;  /* TOK_NO_ID when none */
+    char data_format[16];        /* "llmc" | "megatron" */
+    int token_bytes;             /* 2 or 4 on disk */
+    uint64_t docs[2], tokens[2]; /* [0] train, [1] val */
 } tok_sidecar_t;
 
 /* Zeroes s and fills its tokenizer fields from tk (kind, spec, vocabulary

@@ -37,7 +37,8 @@ extern "C" {
 #include "io/tokenizer.h"
 }
 
-namespace {
+namespace
+{
 
 const int SPM_MAX_SPECIAL = 3; /* <unk>, <s>, </s> */
 

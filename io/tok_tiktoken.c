@@ -39,20 +39,20 @@ static const tokenizer_ops_t tiktoken_ops = {
 /* cl100k_base: ('s|'S|...)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
  * ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+ (js-tiktoken's
  * spelling: the case variants written out instead of (?i:...)) */
-#define PAT_CL100K                                                                                            \
-    "(" CONTRACTIONS ")|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?" NOT_SP_L_N "+[\\r\\n]*|" SP             \
-    "*[\\r\\n]+|" SP "+(?!" NOT_SP ")|" SP "+"
+#define PAT_CL100K                                                                                                     \
+    "(" CONTRACTIONS ")|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?" NOT_SP_L_N "+[\\r\\n]*|" SP "*[\\r\\n]+|" SP     \
+    "+(?!" NOT_SP ")|" SP "+"
 
 /* o200k_base: words split at case changes, contractions attached. */
-#define PAT_O200K                                                                                             \
-    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+(" CONTRACTIONS  \
-    ")?|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*(" CONTRACTIONS \
+#define PAT_O200K                                                                                                      \
+    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+(" CONTRACTIONS          \
+    ")?|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*(" CONTRACTIONS       \
     ")?|\\p{N}{1,3}| ?" NOT_SP_L_N "+[\\r\\n/]*|" SP "*[\\r\\n]+|" SP "+(?!" NOT_SP ")|" SP "+"
 
 /* Meta's Llama 3 (tokenizer.py), \s as Unicode White_Space. */
-#define PAT_LLAMA3                                                                                            \
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "                                 \
-    "?[^\\p{White_Space}\\p{L}\\p{N}]+[\\r\\n]*|\\p{White_Space}*[\\r\\n]+|\\p{White_Space}+"                 \
+#define PAT_LLAMA3                                                                                                     \
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "                                         \
+    "?[^\\p{White_Space}\\p{L}\\p{N}]+[\\r\\n]*|\\p{White_Space}*[\\r\\n]+|\\p{White_Space}+"                          \
     "(?!\\P{White_Space})|\\p{White_Space}+"
 
 typedef struct special {
@@ -67,13 +67,13 @@ typedef struct encoding {
     int32_t n_ranks;          /* mergeable tokens the rank file must hold */
     const special_t *special; /* the first is doc_start */
     int n_special;
-    int32_t reserved_from;    /* Llama 3: ids reserved_from..n_reserved_to-1 are */
-    int32_t reserved_to;      /* <|reserved_special_token_K|>, K counting from 5 */
+    int32_t reserved_from; /* Llama 3: ids reserved_from..n_reserved_to-1 are */
+    int32_t reserved_to;   /* <|reserved_special_token_K|>, K counting from 5 */
 } encoding_t;
 
 static const special_t r50k_special[] = {{"<|endoftext|>", 50256}};
 static const special_t cl100k_special[] = {
-    {"<|endoftext|>", 100257}, {"<|fim_prefix|>", 100258}, {"<|fim_middle|>", 100259},
+    {"<|endoftext|>", 100257},  {"<|fim_prefix|>", 100258},  {"<|fim_middle|>", 100259},
     {"<|fim_suffix|>", 100260}, {"<|endofprompt|>", 100276},
 };
 static const special_t o200k_special[] = {{"<|endoftext|>", 199999}, {"<|endofprompt|>", 200018}};
@@ -96,13 +96,13 @@ static const special_t llama3_special[] = {
  * tokenizer.json files of these vocabularies write them. */
 #define HF_CONTRACTIONS "(?i:'s|'t|'re|'ve|'m|'ll|'d)"
 #define HF_PAT_R50K "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
-#define HF_PAT_CL100K                                                                                         \
-    HF_CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|"  \
-    "\\s+(?!\\S)|\\s+"
-#define HF_PAT_O200K                                                                                          \
-    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+"               \
-    HF_CONTRACTIONS "?|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*" \
-    HF_CONTRACTIONS "?|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+#define HF_PAT_CL100K                                                                                                  \
+    HF_CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|"         \
+                    "\\s+(?!\\S)|\\s+"
+#define HF_PAT_O200K                                                                                                   \
+    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+" HF_CONTRACTIONS        \
+    "?|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*" HF_CONTRACTIONS      \
+    "?|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 
 static const encoding_t encodings[] = {
     {"r50k_base", TOK_PAT_GPT2, HF_PAT_R50K, 50256, r50k_special, N_OF(r50k_special), 0, 0},
@@ -184,8 +184,8 @@ static long count_lines(const char *text, size_t len)
 }
 
 /* One line "BASE64 RANK" -> b (a CR before the newline is allowed). */
-static int parse_line(tok_bpe_t *b, const char *p, const char *e, long line, const char *label,
-                      unsigned char *buf, char *err, size_t errlen)
+static int parse_line(tok_bpe_t *b, const char *p, const char *e, long line, const char *label, unsigned char *buf,
+                      char *err, size_t errlen)
 {
     if (e > p && e[-1] == '\r')
         e--;
@@ -212,8 +212,8 @@ static int parse_line(tok_bpe_t *b, const char *p, const char *e, long line, con
     if (rc < 0)
         snprintf(err, errlen, "out of memory reading %s", label);
     else if (rc == TOK_BPE_BAD)
-        snprintf(err, errlen, "%s:%ld: rank %d is not below the number of lines, %d: ranks must be 0..N-1: %s",
-                 label, line, (int)rank, (int)tok_bpe_n_ranks(b), FIX_RANKS);
+        snprintf(err, errlen, "%s:%ld: rank %d is not below the number of lines, %d: ranks must be 0..N-1: %s", label,
+                 line, (int)rank, (int)tok_bpe_n_ranks(b), FIX_RANKS);
     else if (rc == TOK_BPE_DUP_RANK)
         snprintf(err, errlen, "%s:%ld: rank %d is given twice: %s", label, line, (int)rank, FIX_RANKS);
     else
@@ -222,14 +222,13 @@ static int parse_line(tok_bpe_t *b, const char *p, const char *e, long line, con
     return -1;
 }
 
-int tok_tiktoken_parse(tok_bpe_t **out, const char *data, size_t len, const char *label, char *err,
-                       size_t errlen)
+int tok_tiktoken_parse(tok_bpe_t **out, const char *data, size_t len, const char *label, char *err, size_t errlen)
 {
     *out = NULL;
     long n = count_lines(data, len);
     if (n < 256 || n > (1 << 24)) {
-        snprintf(err, errlen, "%s: %ld lines; a rank file has one per token, 256 to %d of them: %s", label, n,
-                 1 << 24, FIX_RANKS);
+        snprintf(err, errlen, "%s: %ld lines; a rank file has one per token, 256 to %d of them: %s", label, n, 1 << 24,
+                 FIX_RANKS);
         return -1;
     }
     tok_bpe_t *b = tok_bpe_new((int32_t)n);
@@ -269,8 +268,8 @@ static int apply_encoding(tokenizer_t *tk, tok_bpe_t *b, const encoding_t *enc, 
 {
     if (tok_bpe_n_ranks(b) != enc->n_ranks) {
         snprintf(err, errlen,
-                 "%s has %d ranks but encoding %s has %d: name the file's encoding (tiktoken:FILE:ENCODING)",
-                 label, (int)tok_bpe_n_ranks(b), enc->name, (int)enc->n_ranks);
+                 "%s has %d ranks but encoding %s has %d: name the file's encoding (tiktoken:FILE:ENCODING)", label,
+                 (int)tok_bpe_n_ranks(b), enc->name, (int)enc->n_ranks);
         return -1;
     }
     for (int i = 0; i < enc->n_special; i++)
@@ -302,8 +301,8 @@ static int unknown_encoding(const char *name, char *err, size_t errlen)
     return -1;
 }
 
-int tok_tiktoken_open_mem(tokenizer_t *tk, const char *data, size_t len, const char *label,
-                          const char *encoding, char *err, size_t errlen)
+int tok_tiktoken_open_mem(tokenizer_t *tk, const char *data, size_t len, const char *label, const char *encoding,
+                          char *err, size_t errlen)
 {
     const encoding_t *enc = find_encoding(encoding);
     if (enc == NULL)

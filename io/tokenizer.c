@@ -152,8 +152,7 @@ static int open_kind(tokenizer_t *tk, const char *spec, int spm_add_eos, char *e
         }
         return tok_spm_open(tk, arg, spm_add_eos, err, errlen);
     }
-    snprintf(err, errlen,
-             "unknown tokenizer '%s': use byte, gpt2[:DIR], tiktoken:FILE[:ENCODING] or spm:MODEL", spec);
+    snprintf(err, errlen, "unknown tokenizer '%s': use byte, gpt2[:DIR], tiktoken:FILE[:ENCODING] or spm:MODEL", spec);
     return -1;
 }
 

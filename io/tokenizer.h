@@ -64,17 +64,17 @@ typedef struct tokenizer_ops {
 
 struct tokenizer {
     const tokenizer_ops_t *ops;
-    int vocab_size;        /* every id is < vocab_size (special tokens included) */
-    int32_t doc_start;     /* id placed before each document (GPT-2 <|endoftext|>, spm BOS) or TOK_NO_ID */
-    int32_t doc_end;       /* id placed after each document (spm EOS when asked for) or TOK_NO_ID */
-    const char *doc_sep;   /* byte kind only: text appended to a document not ending in '\n' ("\n\n") */
+    int vocab_size;                /* every id is < vocab_size (special tokens included) */
+    int32_t doc_start;             /* id placed before each document (GPT-2 <|endoftext|>, spm BOS) or TOK_NO_ID */
+    int32_t doc_end;               /* id placed after each document (spm EOS when asked for) or TOK_NO_ID */
+    const char *doc_sep;           /* byte kind only: text appended to a document not ending in '\n' ("\n\n") */
     char spec[TOK_PATH_MAX];       /* canonical spec, e.g. "tiktoken:/abs/cl100k_base.tiktoken:cl100k_base" */
     char vocab_path[TOK_PATH_MAX]; /* absolute path of the main vocabulary/model file ("" for byte) */
     char vocab_sha256[65];         /* its sha256, lower-case hex ("" for byte) */
     char *const *special_name;     /* names of the special tokens, n_special of them */
     const int32_t *special_id;
     int n_special;
-    void *impl;                    /* the kind's own state */
+    void *impl; /* the kind's own state */
 };
 
 /* Open the tokenizer named by spec. spm_add_eos asks SentencePiece

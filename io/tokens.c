@@ -21,8 +21,7 @@
  * is only the right byte order on a little-endian host (every machine we
  * run on). A big-endian port must add byte swaps here, so refuse to build
  * rather than silently write files nobody else can read. */
-#if !defined(__BYTE_ORDER__) || !defined(__ORDER_LITTLE_ENDIAN__) || \
-    __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#if !defined(__BYTE_ORDER__) || !defined(__ORDER_LITTLE_ENDIAN__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "io/tokens.c assumes a little-endian host: add byte swaps before porting"
 #endif
 
@@ -32,8 +31,8 @@
  * small enough to stay in cache. */
 #define WRITE_CHUNK 65536
 
-const char *const tokens_format_names[] = {[TOKENS_FORMAT_LLMC] = "llmc", [TOKENS_FORMAT_RAW_U16] = "raw-u16",
-                                          [TOKENS_FORMAT_MEGATRON] = "megatron", NULL};
+const char *const tokens_format_names[] = {
+    [TOKENS_FORMAT_LLMC] = "llmc", [TOKENS_FORMAT_RAW_U16] = "raw-u16", [TOKENS_FORMAT_MEGATRON] = "megatron", NULL};
 
 int tokens_format_parse(const char *s, tokens_format_t *fmt)
 {
@@ -53,8 +52,7 @@ int tokens_format_parse(const char *s, tokens_format_t *fmt)
 
 /* read(2) until `len` bytes arrive: reads from network file systems may
  * return short counts or be interrupted by the signals the trainer uses. */
-static int read_full(int fd, void *buf, size_t len, const char *path,
-                     char *err, size_t errlen)
+static int read_full(int fd, void *buf, size_t len, const char *path, char *err, size_t errlen)
 {
     char *p = buf;
     while (len > 0) {
@@ -62,14 +60,14 @@ static int read_full(int fd, void *buf, size_t len, const char *path,
         if (got < 0) {
             if (errno == EINTR)
                 continue;
-            seterr(err, errlen, "cannot read token file '%s': %s", path,
-                   strerror(errno));
+            seterr(err, errlen, "cannot read token file '%s': %s", path, strerror(errno));
             return -1;
         }
         if (got == 0) {
             seterr(err, errlen,
                    "token file '%s' shrank while being read (is another "
-                   "process rewriting it? wait for it and retry)", path);
+                   "process rewriting it? wait for it and retry)",
+                   path);
             return -1;
         }
         p += got;
@@ -82,15 +80,13 @@ static int read_full(int fd, void *buf, size_t len, const char *path,
  * uint16 tokens; only then is suggesting --data-format raw-u16 useful. */
 static const char *raw_hint(uint64_t size)
 {
-    return (size > 0 && size % 2 == 0)
-               ? "; if it is a headerless nanoGPT uint16 file, pass "
-                 "--data-format raw-u16"
-               : "";
+    return (size > 0 && size % 2 == 0) ? "; if it is a headerless nanoGPT uint16 file, pass "
+                                         "--data-format raw-u16"
+                                       : "";
 }
 
 /* A file too short to hold the header (checked before reading it). */
-static int check_header_room(uint64_t size, const char *path, char *err,
-                             size_t errlen)
+static int check_header_room(uint64_t size, const char *path, char *err, size_t errlen)
 {
     if (size >= (uint64_t)HEADER_BYTES)
         return 0;
@@ -98,14 +94,12 @@ static int check_header_room(uint64_t size, const char *path, char *err,
            "token file '%s' is truncated: %llu bytes is shorter than "
            "the %lld-byte llm.c header%s; otherwise re-create it "
            "with dtrain-prepare",
-           path, (unsigned long long)size, (long long)HEADER_BYTES,
-           raw_hint(size));
+           path, (unsigned long long)size, (long long)HEADER_BYTES, raw_hint(size));
     return -1;
 }
 
-int tokens_check_header(const void *hdr_bytes, uint64_t size,
-                        const char *path, int *width, size_t *count,
-                        char *err, size_t errlen)
+int tokens_check_header(const void *hdr_bytes, uint64_t size, const char *path, int *width, size_t *count, char *err,
+                        size_t errlen)
 {
     if (check_header_room(size, path, err, errlen) != 0)
         return -1;
@@ -126,8 +120,7 @@ int tokens_check_header(const void *hdr_bytes, uint64_t size,
                "token file '%s': bad magic %d (accepted: %d = llm.c uint16, "
                "%d = llm.c uint32)%s; otherwise re-create it with "
                "dtrain-prepare",
-               path, (int)magic, TOKENS_MAGIC_U16, TOKENS_MAGIC_U32,
-               raw_hint(size));
+               path, (int)magic, TOKENS_MAGIC_U16, TOKENS_MAGIC_U32, raw_hint(size));
         return -1;
     }
     if (version != want_version) {
@@ -157,8 +150,7 @@ int tokens_check_header(const void *hdr_bytes, uint64_t size,
                "token file '%s' is %s: the header says %d tokens of %d bytes "
                "= %llu bytes with the header, but the file is %llu bytes: "
                "copy it again or re-create it with dtrain-prepare",
-               path, size < want ? "truncated" : "overlong (trailing bytes)",
-               (int)n, *width, (unsigned long long)want,
+               path, size < want ? "truncated" : "overlong (trailing bytes)", (int)n, *width, (unsigned long long)want,
                (unsigned long long)size);
         return -1;
     }
@@ -181,19 +173,16 @@ static void widen_u16(int32_t *tok, size_t n)
 }
 
 /* Opens a shard that must be a regular file; its size into *size. */
-static int open_shard(const char *path, int *fd_out, off_t *size, char *err,
-                      size_t errlen)
+static int open_shard(const char *path, int *fd_out, off_t *size, char *err, size_t errlen)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-        seterr(err, errlen, "cannot open token file '%s': %s", path,
-               strerror(errno));
+        seterr(err, errlen, "cannot open token file '%s': %s", path, strerror(errno));
         return -1;
     }
     struct stat st;
     if (fstat(fd, &st) != 0) {
-        seterr(err, errlen, "cannot stat token file '%s': %s", path,
-               strerror(errno));
+        seterr(err, errlen, "cannot stat token file '%s': %s", path, strerror(errno));
         close(fd);
         return -1;
     }
@@ -212,9 +201,8 @@ static int open_shard(const char *path, int *fd_out, off_t *size, char *err,
 
 /* Token width and count of a shard of `size` bytes: from its llm.c header
  * (read from fd, which is left after it) or, raw-u16, from its size. */
-static int shard_layout(int fd, off_t size, tokens_format_t fmt,
-                        const char *path, int *width, size_t *count,
-                        char *err, size_t errlen)
+static int shard_layout(int fd, off_t size, tokens_format_t fmt, const char *path, int *width, size_t *count, char *err,
+                        size_t errlen)
 {
     if (fmt != TOKENS_FORMAT_RAW_U16) {
         if (check_header_room((uint64_t)size, path, err, errlen) != 0)
@@ -222,8 +210,7 @@ static int shard_layout(int fd, off_t size, tokens_format_t fmt,
         int32_t hdr[TOKENS_HEADER_INTS];
         if (read_full(fd, hdr, sizeof hdr, path, err, errlen) != 0)
             return -1;
-        return tokens_check_header(hdr, (uint64_t)size, path, width, count,
-                                   err, errlen);
+        return tokens_check_header(hdr, (uint64_t)size, path, width, count, err, errlen);
     }
     if (size == 0) {
         seterr(err, errlen,
@@ -248,15 +235,14 @@ static int shard_layout(int fd, off_t size, tokens_format_t fmt,
 /* A raw read of an llm.c shard would train on its header as if it were
  * text; an exact magic + version + size match is no accident. tok: the
  * first bytes of the count uint16 tokens, not yet widened. */
-static int check_not_llmc(const int32_t *tok, size_t count, const char *path,
-                          char *err, size_t errlen)
+static int check_not_llmc(const int32_t *tok, size_t count, const char *path, char *err, size_t errlen)
 {
     if (count * 2 < (size_t)HEADER_BYTES)
         return 0;
     int32_t hdr[3];
     memcpy(hdr, tok, sizeof hdr);
-    if (hdr[0] == TOKENS_MAGIC_U16 && hdr[1] == TOKENS_VERSION_U16 &&
-        hdr[2] > 0 && (off_t)count * 2 == HEADER_BYTES + (off_t)hdr[2] * 2) {
+    if (hdr[0] == TOKENS_MAGIC_U16 && hdr[1] == TOKENS_VERSION_U16 && hdr[2] > 0 &&
+        (off_t)count * 2 == HEADER_BYTES + (off_t)hdr[2] * 2) {
         seterr(err, errlen,
                "token file '%s' is an llm.c shard (magic %d), not a "
                "headerless file: drop --data-format raw-u16",
@@ -269,8 +255,7 @@ static int check_not_llmc(const int32_t *tok, size_t count, const char *path,
 /* Every token below vocab_size. Compare as unsigned so that uint32 values
  * above INT32_MAX, which would turn negative when widened, are caught by
  * the same test. */
-static int check_vocab(const int32_t *tok, size_t count, int vocab_size,
-                       const char *path, char *err, size_t errlen)
+static int check_vocab(const int32_t *tok, size_t count, int vocab_size, const char *path, char *err, size_t errlen)
 {
     for (size_t i = 0; i < count; i++) {
         uint32_t v = (uint32_t)tok[i];
@@ -289,8 +274,7 @@ static int check_vocab(const int32_t *tok, size_t count, int vocab_size,
 /* Read one shard into sh (path already set). The file is checked fully
  * before the caller sees any of it, so training never starts on a file
  * that fails halfway through. */
-static int read_shard(token_shard_t *sh, tokens_format_t fmt, int vocab_size,
-                      char *err, size_t errlen)
+static int read_shard(token_shard_t *sh, tokens_format_t fmt, int vocab_size, char *err, size_t errlen)
 {
     const char *path = sh->path;
     int rc = -1, fd, width;
@@ -301,8 +285,7 @@ static int read_shard(token_shard_t *sh, tokens_format_t fmt, int vocab_size,
     if (shard_layout(fd, size, fmt, path, &width, &count, err, errlen) != 0)
         goto out;
     if (count > SIZE_MAX / sizeof(int32_t)) {
-        seterr(err, errlen, "token file '%s' is too large for this host",
-               path);
+        seterr(err, errlen, "token file '%s' is too large for this host", path);
         goto out;
     }
     sh->tok = malloc(count * sizeof(int32_t));
@@ -315,8 +298,7 @@ static int read_shard(token_shard_t *sh, tokens_format_t fmt, int vocab_size,
     }
     if (read_full(fd, sh->tok, count * (size_t)width, path, err, errlen) != 0)
         goto out;
-    if (fmt == TOKENS_FORMAT_RAW_U16 &&
-        check_not_llmc(sh->tok, count, path, err, errlen) != 0)
+    if (fmt == TOKENS_FORMAT_RAW_U16 && check_not_llmc(sh->tok, count, path, err, errlen) != 0)
         goto out;
     if (width == 2)
         widen_u16(sh->tok, count);
@@ -326,8 +308,7 @@ static int read_shard(token_shard_t *sh, tokens_format_t fmt, int vocab_size,
     rc = 0;
 out:
     if (close(fd) != 0 && rc == 0) {
-        seterr(err, errlen, "cannot close token file '%s': %s", path,
-               strerror(errno));
+        seterr(err, errlen, "cannot close token file '%s': %s", path, strerror(errno));
         rc = -1;
     }
     if (rc != 0) {
@@ -337,10 +318,7 @@ out:
     return rc;
 }
 
-static int cmp_path(const void *a, const void *b)
-{
-    return strcmp(*(char *const *)a, *(char *const *)b);
-}
+static int cmp_path(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
 void tokens_close(token_set_t *set)
 {
@@ -356,8 +334,7 @@ void tokens_close(token_set_t *set)
 
 /* The files pattern names into *g (sorted by glob; gl_pathc 0 when
  * pattern is itself a file's name). */
-static int expand_pattern(const char *pattern, glob_t *g, char *err,
-                          size_t errlen)
+static int expand_pattern(const char *pattern, glob_t *g, char *err, size_t errlen)
 {
     memset(g, 0, sizeof *g);
     errno = 0;
@@ -391,8 +368,7 @@ static int expand_pattern(const char *pattern, glob_t *g, char *err,
 }
 
 /* set's shards named (paths copied) and sorted, none read yet. */
-static int list_shards(token_set_t *set, const glob_t *g, const char *pattern,
-                       char *err, size_t errlen)
+static int list_shards(token_set_t *set, const glob_t *g, const char *pattern, char *err, size_t errlen)
 {
     size_t n = (g->gl_pathc > 0) ? g->gl_pathc : 1;
     if (n > INT_MAX) {
@@ -401,8 +377,7 @@ static int list_shards(token_set_t *set, const glob_t *g, const char *pattern,
     }
     set->shard = calloc(n, sizeof *set->shard);
     if (set->shard == NULL) {
-        seterr(err, errlen, "out of memory listing token files '%s'",
-               pattern);
+        seterr(err, errlen, "out of memory listing token files '%s'", pattern);
         return -1;
     }
     set->n_shards = (int)n;
@@ -411,8 +386,7 @@ static int list_shards(token_set_t *set, const glob_t *g, const char *pattern,
         set->shard[i].path = strdup(p);
         if (set->shard[i].path == NULL) {
             tokens_close(set);
-            seterr(err, errlen, "out of memory listing token files '%s'",
-                   pattern);
+            seterr(err, errlen, "out of memory listing token files '%s'", pattern);
             return -1;
         }
     }
@@ -422,8 +396,7 @@ static int list_shards(token_set_t *set, const glob_t *g, const char *pattern,
     return 0;
 }
 
-int tokens_open(token_set_t *set, const char *pattern, tokens_format_t fmt,
-                int vocab_size, char *err, size_t errlen)
+int tokens_open(token_set_t *set, const char *pattern, tokens_format_t fmt, int vocab_size, char *err, size_t errlen)
 {
     if (set == NULL || pattern == NULL) {
         seterr(err, errlen, "tokens_open: no token set or pattern given");
@@ -431,8 +404,7 @@ int tokens_open(token_set_t *set, const char *pattern, tokens_format_t fmt,
     }
     memset(set, 0, sizeof *set);
     if (fmt != TOKENS_FORMAT_LLMC && fmt != TOKENS_FORMAT_RAW_U16) {
-        seterr(err, errlen, "tokens_open '%s': unknown data format %d",
-               pattern, (int)fmt);
+        seterr(err, errlen, "tokens_open '%s': unknown data format %d", pattern, (int)fmt);
         return -1;
     }
     if (vocab_size <= 0) {
@@ -463,8 +435,7 @@ int tokens_open(token_set_t *set, const char *pattern, tokens_format_t fmt,
 /* Writing                                                              */
 /* ------------------------------------------------------------------ */
 
-int tokens_write(const char *path, const int32_t *tok, size_t n, int width,
-                 char *err, size_t errlen)
+int tokens_write(const char *path, const int32_t *tok, size_t n, int width, char *err, size_t errlen)
 {
     if (path == NULL || (tok == NULL && n > 0)) {
         seterr(err, errlen, "tokens_write: no path or tokens given");

@@ -24,7 +24,7 @@
 #define TOKENS_HEADER_INTS 256
 
 typedef enum {
-    TOKENS_FORMAT_LLMC = 0, /* headered shards (default) */
+    TOKENS_FORMAT_LLMC = 0,    /* headered shards (default) */
     TOKENS_FORMAT_RAW_U16 = 1, /* nanoGPT: headerless uint16 */
     TOKENS_FORMAT_MEGATRON = 2 /* PREFIX.bin + PREFIX.idx: read by io/megatron_data.h, not tokens_open */
 } tokens_format_t;
@@ -48,8 +48,7 @@ typedef struct token_set {
 /* Expand `pattern` (glob(3); a plain path is a pattern matching itself),
  * read every file, check its header (magic, version, size == header + count
  * * width), and check every token is < vocab_size. */
-int tokens_open(token_set_t *set, const char *pattern, tokens_format_t fmt,
-                int vocab_size, char *err, size_t errlen);
+int tokens_open(token_set_t *set, const char *pattern, tokens_format_t fmt, int vocab_size, char *err, size_t errlen);
 void tokens_close(token_set_t *set);
 
 /* Check an llm.c shard header (TOKENS_HEADER_INTS int32, any alignment)
@@ -57,14 +56,12 @@ void tokens_close(token_set_t *set);
  * header + count * width. On success *width (2 or 4) and *count describe
  * the body. Pure (no I/O): tokens_open uses it, and so does the fuzzer;
  * path only names the file in err. */
-int tokens_check_header(const void *hdr, uint64_t file_size,
-                        const char *path, int *width, size_t *count,
-                        char *err, size_t errlen);
+int tokens_check_header(const void *hdr, uint64_t file_size, const char *path, int *width, size_t *count, char *err,
+                        size_t errlen);
 
 /* Write one shard in the native format. width 2 (uint16) or 4 (uint32);
  * tokens must fit the width. Written to path.tmp then renamed. */
-int tokens_write(const char *path, const int32_t *tok, size_t n, int width,
-                 char *err, size_t errlen);
+int tokens_write(const char *path, const int32_t *tok, size_t n, int width, char *err, size_t errlen);
 
 /* "llmc" / "raw-u16" / "megatron" -> format; returns -1 for anything else. */
 int tokens_format_parse(const char *s, tokens_format_t *fmt);

@@ -35,10 +35,7 @@ status_t agree_rank(comm_t *c, int status, char *msg, size_t len, int *rank)
     return status_set(status_of(v.status), msg, len, "%s", v.msg);
 }
 
-status_t agree(comm_t *c, int status, char *msg, size_t len)
-{
-    return agree_rank(c, status, msg, len, NULL);
-}
+status_t agree(comm_t *c, int status, char *msg, size_t len) { return agree_rank(c, status, msg, len, NULL); }
 
 /* The same verdict over a bare MPI communicator, for the layers that hold
  * one rather than a comm_t (the HDF5 store opens files on an MPI_Comm):

@@ -5,8 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
-int bootstrap_group_id(comm_t *c, void *id, size_t len, bootstrap_make_id_fn make, void *ctx, char *err,
-                       size_t errlen)
+int bootstrap_group_id(comm_t *c, void *id, size_t len, bootstrap_make_id_fn make, void *ctx, char *err, size_t errlen)
 {
     MPI_Comm mc;
     if (len == 0 || len > BOOTSTRAP_MAX_ID || !make || comm_mpi_handle(c, &mc) != 0) {
@@ -43,21 +42,17 @@ int bootstrap_group_id(comm_t *c, void *id, size_t len, bootstrap_make_id_fn mak
     return 0;
 }
 
-int bootstrap_grid_groups(const grid_t *g, comm_t **list, const char **names)
-{
-    return grid_groups(g, list, names);
-}
+int bootstrap_grid_groups(const grid_t *g, comm_t **list, const char **names) { return grid_groups(g, list, names); }
 
-int bootstrap_grid_ids(const grid_t *g, size_t len, bootstrap_make_id_fn make, void *ctx,
-                       unsigned char *ids, comm_t **list, const char **names, char *err, size_t errlen)
+int bootstrap_grid_ids(const grid_t *g, size_t len, bootstrap_make_id_fn make, void *ctx, unsigned char *ids,
+                       comm_t **list, const char **names, char *err, size_t errlen)
 {
     int n = bootstrap_grid_groups(g, list, names), failed = 0;
     /* after a failure the walk goes on, so that every group's broadcast is
      * still entered by all its members: the others would wait forever */
     for (int i = 0; i < n; i++) {
         char why[400] = "";
-        if (bootstrap_group_id(list[i], ids + (size_t)i * len, len, make, ctx, why, sizeof why) != 0 &&
-            !failed++)
+        if (bootstrap_group_id(list[i], ids + (size_t)i * len, len, make, ctx, why, sizeof why) != 0 && !failed++)
             snprintf(err, errlen, "%s group: %s", names[i], why);
     }
     return failed ? -1 : n;

@@ -13,7 +13,7 @@
 #include "mpi/grid.h"
 
 #define BOOTSTRAP_MAX_GROUPS GRID_MAX_GROUPS
-#define BOOTSTRAP_MAX_ID 512   /* bytes; ncclUniqueId is 128 */
+#define BOOTSTRAP_MAX_ID 512 /* bytes; ncclUniqueId is 128 */
 
 /* Makes a new id of `len` bytes into id. Returns 0, or -1 with one line in
  * err. Called only on group rank 0. */
@@ -23,8 +23,7 @@ typedef int (*bootstrap_make_id_fn)(void *id, size_t len, void *ctx, char *err, 
  * rank 0 calls make, MPI_Bcast shares the id (and whether making it
  * worked). Returns 0 with the id in `id` on every member, or -1 with one
  * line in err on every member. */
-int bootstrap_group_id(comm_t *c, void *id, size_t len, bootstrap_make_id_fn make, void *ctx, char *err,
-                       size_t errlen);
+int bootstrap_group_id(comm_t *c, void *id, size_t len, bootstrap_make_id_fn make, void *ctx, char *err, size_t errlen);
 
 /* The groups of g this rank belongs to, in the fixed kind order world, tp,
  * dp, pp, embed, shard, replica (absent ones skipped): list[i] and names[i]
@@ -39,7 +38,7 @@ int bootstrap_grid_groups(const grid_t *g, comm_t **list, const char **names);
  * a failing group. The walk always enters every group's broadcast, so a
  * failure never leaves another rank waiting; callers agree over the world
  * before going on (agree, mpi/agree.h). */
-int bootstrap_grid_ids(const grid_t *g, size_t len, bootstrap_make_id_fn make, void *ctx,
-                       unsigned char *ids, comm_t **list, const char **names, char *err, size_t errlen);
+int bootstrap_grid_ids(const grid_t *g, size_t len, bootstrap_make_id_fn make, void *ctx, unsigned char *ids,
+                       comm_t **list, const char **names, char *err, size_t errlen);
 
 #endif

@@ -13,14 +13,17 @@ size_t comm_dtype_size(comm_dtype_t dt)
 }
 
 /* one row per kind: blocking names, then nonblocking ones, one per dtype */
-#define NAMES(base) {base, base "_bf16", base "_i32", base "_i64", base "_f64", base "_u8"}
+#define NAMES(base)                                                                                                    \
+    {                                                                                                                  \
+        base, base "_bf16", base "_i32", base "_i64", base "_f64", base "_u8"                                          \
+    }
 
 const char *comm_op_name(comm_kind_t k, int nonblocking, comm_dtype_t dt)
 {
     static const char *const names[COMM_N_KINDS][2][COMM_N_DTYPES] = {
-        {NAMES("allreduce"), NAMES("iallreduce")},   {NAMES("reduce_scatter"), NAMES("ireduce_scatter")},
-        {NAMES("allgather"), NAMES("iallgather")},   {NAMES("bcast"), NAMES("ibcast")},
-        {NAMES("send"), NAMES("isend")},             {NAMES("recv"), NAMES("irecv")},
+        {NAMES("allreduce"), NAMES("iallreduce")}, {NAMES("reduce_scatter"), NAMES("ireduce_scatter")},
+        {NAMES("allgather"), NAMES("iallgather")}, {NAMES("bcast"), NAMES("ibcast")},
+        {NAMES("send"), NAMES("isend")},           {NAMES("recv"), NAMES("irecv")},
     };
     if ((unsigned)k >= COMM_N_KINDS || (unsigned)dt >= COMM_N_DTYPES)
         return "?";

@@ -33,8 +33,15 @@ typedef enum { COMM_FP32 = 0, COMM_BF16, COMM_INT32, COMM_INT64, COMM_FP64, COMM
 size_t comm_dtype_size(comm_dtype_t dt);
 
 /* The kinds of operation, for names. */
-typedef enum { COMM_K_ALLREDUCE, COMM_K_REDUCE_SCATTER, COMM_K_ALLGATHER, COMM_K_BCAST, COMM_K_SEND, COMM_K_RECV,
-               COMM_N_KINDS } comm_kind_t;
+typedef enum {
+    COMM_K_ALLREDUCE,
+    COMM_K_REDUCE_SCATTER,
+    COMM_K_ALLGATHER,
+    COMM_K_BCAST,
+    COMM_K_SEND,
+    COMM_K_RECV,
+    COMM_N_KINDS
+} comm_kind_t;
 
 /* The name trace spans and the watchdog give an operation: "allreduce",
  * "iallreduce" (nonblocking), with the type as a suffix except for fp32:
@@ -58,8 +65,7 @@ typedef struct comm_ops {
     /* sum: send holds size*n_each elements; recv gets this rank's n_each;
      * send == recv is in place (MPI_IN_PLACE): the piece lands at the start */
     int (*reduce_scatter)(comm_t *c, const void *send, void *recv, size_t n_each, comm_dtype_t dt);
-    int (*ireduce_scatter)(comm_t *c, const void *send, void *recv, size_t n_each, comm_dtype_t dt,
-                           comm_req_t *req);
+    int (*ireduce_scatter)(comm_t *c, const void *send, void *recv, size_t n_each, comm_dtype_t dt, comm_req_t *req);
     /* send n_each elements; recv holds size*n_each in rank order */
     int (*allgather)(comm_t *c, const void *send, void *recv, size_t n_each, comm_dtype_t dt);
     int (*iallgather)(comm_t *c, const void *send, void *recv, size_t n_each, comm_dtype_t dt, comm_req_t *req);

@@ -67,7 +67,6 @@
 
 #define MAX_COUNT_DEFAULT ((size_t)1 << 28)
 
-
 typedef struct mpi_comm {
     comm_t pub; /* first: a comm_t * is a mpi_comm_t * */
     MPI_Comm comm;
@@ -98,25 +97,13 @@ typedef struct mpi_req {
     MPI_Request r[];
 } mpi_req_t;
 
-static MPI_Comm mcomm(const comm_t *c)
-{
-    return ((const mpi_comm_t *)c)->comm;
-}
+static MPI_Comm mcomm(const comm_t *c) { return ((const mpi_comm_t *)c)->comm; }
 
-static size_t maxc(const comm_t *c)
-{
-    return ((const mpi_comm_t *)c)->max_count;
-}
+static size_t maxc(const comm_t *c) { return ((const mpi_comm_t *)c)->max_count; }
 
-static size_t n_chunks(size_t n, size_t max)
-{
-    return n / max + (n % max != 0);
-}
+static size_t n_chunks(size_t n, size_t max) { return n / max + (n % max != 0); }
 
-static int chunk_len(size_t n, size_t off, size_t max)
-{
-    return (int)(n - off < max ? n - off : max);
-}
+static int chunk_len(size_t n, size_t off, size_t max) { return (int)(n - off < max ? n - off : max); }
 
 static int fail(comm_t *c, int rc, const char *what, size_t n, const char *extra)
 {
@@ -124,8 +111,7 @@ static int fail(comm_t *c, int rc, const char *what, size_t n, const char *extra
     int len = 0;
     if (MPI_Error_string(rc, msg, &len) != MPI_SUCCESS)
         snprintf(msg, sizeof msg, "MPI error code %d", rc);
-    snprintf(c->err, sizeof c->err, "%s(n=%zu%s, comm size %d) failed: %s", what, n, extra ? extra : "",
-             c->size, msg);
+    snprintf(c->err, sizeof c->err, "%s(n=%zu%s, comm size %d) failed: %s", what, n, extra ? extra : "", c->size, msg);
     return -1;
 }
 
@@ -164,8 +150,8 @@ static int red_of(comm_t *c, comm_dtype_t dt, comm_op_t op, const char *what, si
     static const char *const extra[COMM_N_DTYPES] = {NULL, ", bf16", ", int32", ", int64", ", fp64", ", bytes"};
     if ((unsigned)dt >= COMM_N_DTYPES)
         return fail_msg(c, what, n, "unknown element type");
-    const MPI_Datatype type[COMM_N_DTYPES] = {MPI_FLOAT, MPI_UINT16_T, MPI_INT32_T, MPI_INT64_T, MPI_DOUBLE,
-                                              MPI_UINT8_T};
+    const MPI_Datatype type[COMM_N_DTYPES] = {MPI_FLOAT,   MPI_UINT16_T, MPI_INT32_T,
+                                              MPI_INT64_T, MPI_DOUBLE,   MPI_UINT8_T};
     *t = (red_t){.type = type[dt], .op = MPI_OP_NULL, .size = comm_dtype_size(dt), .extra = extra[dt]};
     if (dt == COMM_BF16) {
         if (op != COMM_SUM)
@@ -178,10 +164,7 @@ static int red_of(comm_t *c, comm_dtype_t dt, comm_op_t op, const char *what, si
 
 /* ------------------------------------------------------------------ trace */
 
-static double span_t0(const comm_t *c)
-{
-    return c->trace ? trace_now() : 0.0;
-}
+static double span_t0(const comm_t *c) { return c->trace ? trace_now() : 0.0; }
 
 /* Records [t0, now] for a call that returned rc; returns rc. */
 static int span_end(comm_t *c, int rc, const char *op, double t0, long long bytes, int peer)
@@ -191,14 +174,11 @@ static int span_end(comm_t *c, int rc, const char *op, double t0, long long byte
     char name[TRACE_NAME_MAX + 1];
     snprintf(name, sizeof name, "%s%s%s", op, c->name[0] ? " " : "", c->name);
     trace_span(c->trace, TRACE_COMM, name, t0, trace_now(),
-               &(trace_args_t){ .bytes = bytes, .microbatch = -1, .layer = -1, .peer = peer });
+               &(trace_args_t){.bytes = bytes, .microbatch = -1, .layer = -1, .peer = peer});
     return rc;
 }
 
-static long long nbytes(size_t n, comm_dtype_t dt)
-{
-    return (long long)(n * comm_dtype_size(dt));
-}
+static long long nbytes(size_t n, comm_dtype_t dt) { return (long long)(n * comm_dtype_size(dt)); }
 
 /* A blocking call starts: the watchdog's mark and the span's start. */
 static double block_begin(comm_t *c, const char *op, long long bytes, int peer)
@@ -268,8 +248,8 @@ static int allreduce_run(comm_t *c, void *buf, size_t n, red_t t)
 {
     const size_t max = maxc(c);
     for (size_t off = 0; off < n; off += max) {
-        int rc = MPI_Allreduce(MPI_IN_PLACE, (char *)buf + off * t.size, chunk_len(n, off, max), t.type, t.op,
-                               mcomm(c));
+        int rc =
+            MPI_Allreduce(MPI_IN_PLACE, (char *)buf + off * t.size, chunk_len(n, off, max), t.type, t.op, mcomm(c));
         if (rc != MPI_SUCCESS)
             return fail(c, rc, "MPI_Allreduce", n, t.extra);
     }
@@ -335,8 +315,7 @@ static int reduce_scatter_run(comm_t *c, const void *send, void *recv, size_t n_
 {
     if (n_each > maxc(c))
         return reduce_scatter_chunked(c, send, recv, n_each, t, NULL);
-    int rc = MPI_Reduce_scatter_block(send == recv ? MPI_IN_PLACE : send, recv, (int)n_each, t.type, t.op,
-                                      mcomm(c));
+    int rc = MPI_Reduce_scatter_block(send == recv ? MPI_IN_PLACE : send, recv, (int)n_each, t.type, t.op, mcomm(c));
     if (rc != MPI_SUCCESS) {
         char extra[32];
         snprintf(extra, sizeof extra, " per rank%s", t.extra ? t.extra : "");
@@ -361,14 +340,14 @@ static int ireduce_scatter_post(comm_t *c, const void *send, void *recv, size_t 
         return block_end(c, reduce_scatter_chunked(c, send, recv, n_each, t, NULL), op, t0, bytes, -1);
     }
     size_t nreq = n_each > maxc(c) ? n_chunks(n_each, maxc(c)) * (size_t)c->size : 1;
-    mpi_req_t *r = req_start(c, req, n_each > maxc(c) ? "MPI_Ireduce" : "MPI_Ireduce_scatter_block", n_each, nreq,
-                             op, bytes, -1);
+    mpi_req_t *r =
+        req_start(c, req, n_each > maxc(c) ? "MPI_Ireduce" : "MPI_Ireduce_scatter_block", n_each, nreq, op, bytes, -1);
     if (!r)
         return -1;
     if (n_each > maxc(c))
         return reduce_scatter_chunked(c, send, recv, n_each, t, r) == 0 ? 0 : req_abandon(req);
-    int rc = MPI_Ireduce_scatter_block(send == recv ? MPI_IN_PLACE : send, recv, (int)n_each, t.type, t.op,
-                                       mcomm(c), &r->r[0]);
+    int rc = MPI_Ireduce_scatter_block(send == recv ? MPI_IN_PLACE : send, recv, (int)n_each, t.type, t.op, mcomm(c),
+                                       &r->r[0]);
     if (rc != MPI_SUCCESS) {
         char extra[32];
         snprintf(extra, sizeof extra, " per rank%s", t.extra ? t.extra : "");
@@ -379,8 +358,7 @@ static int ireduce_scatter_post(comm_t *c, const void *send, void *recv, size_t 
     return 0;
 }
 
-static int mpi_ireduce_scatter(comm_t *c, const void *send, void *recv, size_t n_each, comm_dtype_t dt,
-                               comm_req_t *req)
+static int mpi_ireduce_scatter(comm_t *c, const void *send, void *recv, size_t n_each, comm_dtype_t dt, comm_req_t *req)
 {
     red_t t;
     if (red_of(c, dt, COMM_SUM, "MPI_Ireduce_scatter_block", n_each, &t) != 0)
@@ -442,8 +420,7 @@ static int allgather_chunks(comm_t *c, const void *send, void *recv, size_t n_ea
     return 0;
 }
 
-static int mpi_iallgather(comm_t *c, const void *send, void *recv, size_t n_each, comm_dtype_t dt,
-                          comm_req_t *req)
+static int mpi_iallgather(comm_t *c, const void *send, void *recv, size_t n_each, comm_dtype_t dt, comm_req_t *req)
 {
     red_t t;
     if (red_of(c, dt, COMM_SUM, "MPI_Iallgather", n_each, &t) != 0)
@@ -483,8 +460,8 @@ static int send_run(comm_t *c, const void *buf, size_t n, red_t t, int peer, int
     const size_t max = maxc(c);
     size_t off = 0;
     do { /* n = 0 still sends one empty message, which recv matches */
-        int rc = MPI_Send((const char *)buf + off * t.size, n ? chunk_len(n, off, max) : 0, t.type, peer, tag,
-                          mcomm(c));
+        int rc =
+            MPI_Send((const char *)buf + off * t.size, n ? chunk_len(n, off, max) : 0, t.type, peer, tag, mcomm(c));
         if (rc != MPI_SUCCESS)
             return p2p_fail(c, rc, "MPI_Send", n, t, peer, tag);
         off += max;
@@ -736,8 +713,7 @@ comm_t *comm_mpi_create(const void *mpi_comm)
     m->bf16_sum = MPI_OP_NULL;
     if (MPI_Comm_dup(*(const MPI_Comm *)mpi_comm, &m->comm) != MPI_SUCCESS ||
         MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN) != MPI_SUCCESS ||
-        MPI_Comm_rank(m->comm, &m->pub.rank) != MPI_SUCCESS ||
-        MPI_Comm_size(m->comm, &m->pub.size) != MPI_SUCCESS ||
+        MPI_Comm_rank(m->comm, &m->pub.rank) != MPI_SUCCESS || MPI_Comm_size(m->comm, &m->pub.size) != MPI_SUCCESS ||
         MPI_Op_create(bf16_sum, 1, &m->bf16_sum) != MPI_SUCCESS) {
         if (m->bf16_sum != MPI_OP_NULL)
             MPI_Op_free(&m->bf16_sum);

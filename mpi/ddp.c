@@ -44,10 +44,7 @@
 /* bucket->launched: 0 not yet, 1 in flight, BUCKET_DONE reduced and scaled */
 enum { BUCKET_IN_FLIGHT = 1, BUCKET_DONE = 2 };
 
-static float inv_dp(const ddp_t *d)
-{
-    return 1.0f / (float)d->dp->size;
-}
+static float inv_dp(const ddp_t *d) { return 1.0f / (float)d->dp->size; }
 
 /* The all-reduce of [start, start+n) of the gradients: blocking (req NULL)
  * or posted. bf16: rounded into the staging buffer first, reduced there. */
@@ -79,8 +76,7 @@ static int set_err(ddp_t *d, const char *msg)
     return -1;
 }
 
-const char *const ddp_mode_names[] = {[DDP_NAIVE] = "naive", [DDP_FLAT] = "flat", [DDP_BUCKETED] = "bucketed",
-                                     NULL};
+const char *const ddp_mode_names[] = {[DDP_NAIVE] = "naive", [DDP_FLAT] = "flat", [DDP_BUCKETED] = "bucketed", NULL};
 
 int ddp_mode_parse(const char *s, ddp_mode_t *mode)
 {

@@ -47,8 +47,8 @@ typedef struct ddp_bucket {
 } ddp_bucket_t;
 
 typedef struct ddp {
-    const ops_t *ops;      /* the backend owning grads and half */
-    mem_tracker_t mem;     /* counts half */
+    const ops_t *ops;  /* the backend owning grads and half */
+    mem_tracker_t mem; /* counts half */
     ddp_mode_t mode;
     comm_t *dp;
     float *grads;
@@ -57,10 +57,10 @@ typedef struct ddp {
     int n_tensors;
     ddp_bucket_t *buckets; /* buckets[0] is the highest offsets (first ready) */
     int n_buckets;
-    int next_bucket;       /* first not launched */
-    double comm_wait_s;    /* time blocked in ddp_finish this step */
-    comm_dtype_t dtype;    /* what the all-reduces send */
-    uint16_t *half;        /* bf16 and dp > 1 only: [n] staging; gradients [a, b) use half[a, b) */
+    int next_bucket;    /* first not launched */
+    double comm_wait_s; /* time blocked in ddp_finish this step */
+    comm_dtype_t dtype; /* what the all-reduces send */
+    uint16_t *half;     /* bf16 and dp > 1 only: [n] staging; gradients [a, b) use half[a, b) */
 } ddp_t;
 
 /* ops: the backend grads belong to. mem: counts the bf16 staging buffer

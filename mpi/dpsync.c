@@ -11,8 +11,7 @@
 
 const dpsync_ops_t *dpsync_pick(int zero_stage)
 {
-    static const dpsync_ops_t *const by_stage[] = {&dpsync_replicated, &dpsync_zero1, &dpsync_zero2,
-                                                   &dpsync_zero3};
+    static const dpsync_ops_t *const by_stage[] = {&dpsync_replicated, &dpsync_zero1, &dpsync_zero2, &dpsync_zero3};
     return zero_stage >= 0 && zero_stage < 4 ? by_stage[zero_stage] : NULL;
 }
 

@@ -90,14 +90,14 @@ typedef struct dpsync_config {
     /* the model's buffers: [n] each, except under lent block gradients
      * (parameters) the tensors outside the blocks, compact (model.h) */
     float *params, *grads;
-    size_t n;                  /* floats in the logical flat buffer */
+    size_t n; /* floats in the logical flat buffer */
     int n_tensors;
     const size_t *tensor_start;       /* [n_tensors+1] ascending offsets, last = n */
     const int *tensor_block;          /* [n_tensors] the stage's block holding it, or -1 */
     const unsigned char *tensor_norm; /* [n_tensors] 1: counts in the global norm on this rank */
-    ddp_mode_t mode;           /* replicated and ZeRO-1's all-reduce */
+    ddp_mode_t mode;                  /* replicated and ZeRO-1's all-reduce */
     size_t bucket_bytes;
-    comm_dtype_t dtype;        /* what gradient reductions send */
+    comm_dtype_t dtype; /* what gradient reductions send */
 } dpsync_config_t;
 
 typedef struct dpsync dpsync_t;
@@ -152,27 +152,27 @@ typedef struct dpsync_ops {
 /* One strategy's state. The engines it does not use stay zeroed. */
 struct dpsync {
     const dpsync_ops_t *ops;
-    const ops_t *mem;         /* the backend owning the buffers */
+    const ops_t *mem; /* the backend owning the buffers */
     comm_t *dp;
-    float *params, *grads;    /* the model's (dpsync_config_t) */
+    float *params, *grads; /* the model's (dpsync_config_t) */
     size_t n;
-    dpsync_hook_t hook;       /* for the model (model.h) */
-    dpsync_optim_view_t view; /* for the optimizer */
-    ddp_t ddp;                /* replicated, ZeRO-1: the gradient all-reduce */
-    zero_t zero;              /* ZeRO: the shards */
-    int unit0, n_blocks;      /* ZeRO: the unit of the stage's first block, the blocks' units */
+    dpsync_hook_t hook;        /* for the model (model.h) */
+    dpsync_optim_view_t view;  /* for the optimizer */
+    ddp_t ddp;                 /* replicated, ZeRO-1: the gradient all-reduce */
+    zero_t zero;               /* ZeRO: the shards */
+    int unit0, n_blocks;       /* ZeRO: the unit of the stage's first block, the blocks' units */
     size_t block_lo, block_hi; /* ZeRO: the blocks' flat range, absent from compact buffers */
-    int next;                 /* ZeRO-2/3: the highest unit not yet reduced in this backward */
-    dpsync_piece_t *pieces;   /* the view's pieces */
-    int active;               /* the backward in progress communicates */
-    int failed;               /* a hook's communication failed in this backward */
-    double update_s;          /* this step's after_update */
+    int next;                  /* ZeRO-2/3: the highest unit not yet reduced in this backward */
+    dpsync_piece_t *pieces;    /* the view's pieces */
+    int active;                /* the backward in progress communicates */
+    int failed;                /* a hook's communication failed in this backward */
+    double update_s;           /* this step's after_update */
     /* the gradient norm's pieces, fixed for the run: [n_norm] */
     const float **norm_x;
     size_t *norm_n;
     double *norm_ss;
     int n_norm;
-    comm_t *norm_group;       /* where the parts are summed besides TP and PP, or NULL */
+    comm_t *norm_group; /* where the parts are summed besides TP and PP, or NULL */
     char err[512];
 };
 

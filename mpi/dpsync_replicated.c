@@ -59,8 +59,8 @@ int ddp_sync_norm_piece(const dpsync_t *s, size_t off, size_t numel, const float
 void ddp_sync_banner(const dpsync_t *s, FILE *out, const char *mode, const char *dtype)
 {
     if (s->dp->size > 1)
-        fprintf(out, "data parallel: %s all-reduce of %zu gradients over %d ranks, %d bucket%s, reduced in %s\n",
-                mode, s->n, s->dp->size, s->ddp.n_buckets, s->ddp.n_buckets == 1 ? "" : "s", dtype);
+        fprintf(out, "data parallel: %s all-reduce of %zu gradients over %d ranks, %d bucket%s, reduced in %s\n", mode,
+                s->n, s->dp->size, s->ddp.n_buckets, s->ddp.n_buckets == 1 ? "" : "s", dtype);
 }
 
 static int create(dpsync_t *s, const dpsync_config_t *c)
@@ -71,8 +71,8 @@ static int create(dpsync_t *s, const dpsync_config_t *c)
         return -1;
     }
     s->pieces[0] = (dpsync_piece_t){.lo = 0, .n = c->n};
-    s->view = (dpsync_optim_view_t){.params = c->params, .grads = c->grads, .n = c->n, .pieces = s->pieces,
-                                    .n_pieces = 1, .whole = 1};
+    s->view = (dpsync_optim_view_t){
+        .params = c->params, .grads = c->grads, .n = c->n, .pieces = s->pieces, .n_pieces = 1, .whole = 1};
     return ddp_sync_create(s, c);
 }
 

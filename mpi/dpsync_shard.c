@@ -56,12 +56,15 @@ static int make_view(dpsync_t *s, const dpsync_config_t *c, int stage)
         size_t lo, hi;
         zero_piece(z, u, &lo, &hi);
         const size_t soff = z->shard_start[u];
-        s->pieces[u] = (dpsync_piece_t){.lo = lo, .n = hi - lo, .param = stage >= 3 ? soff : lo,
-                                        .grad = stage >= 2 ? soff : lo, .state = soff};
+        s->pieces[u] = (dpsync_piece_t){
+            .lo = lo, .n = hi - lo, .param = stage >= 3 ? soff : lo, .grad = stage >= 2 ? soff : lo, .state = soff};
     }
     s->view = (dpsync_optim_view_t){.params = stage >= 3 ? z->param_shard : c->params,
-                                    .grads = stage >= 2 ? z->grad_shard : c->grads, .n = z->shard_n,
-                                    .pieces = s->pieces, .n_pieces = z->n_units, .whole = 0};
+                                    .grads = stage >= 2 ? z->grad_shard : c->grads,
+                                    .n = z->shard_n,
+                                    .pieces = s->pieces,
+                                    .n_pieces = z->n_units,
+                                    .whole = 0};
     return 0;
 }
 
@@ -83,10 +86,7 @@ int shard_create(dpsync_t *s, const dpsync_config_t *c, int stage)
     return 0;
 }
 
-int shard_is_block(const dpsync_t *s, int u)
-{
-    return u >= s->unit0 && u < s->unit0 + s->n_blocks;
-}
+int shard_is_block(const dpsync_t *s, int u) { return u >= s->unit0 && u < s->unit0 + s->n_blocks; }
 
 float *shard_outside_at(const dpsync_t *s, float *compact, int u)
 {

@@ -110,7 +110,8 @@ double zero2_comm_s(const dpsync_t *s) { return s->zero.wait_s + s->zero.gather_
 void zero2_banner(const dpsync_t *s, FILE *out, const char *dtype, const char *what)
 {
     if (s->dp->size > 1)
-        fprintf(out, "data parallel: reduce-scatter of each block's gradients as its backward ends (every "
+        fprintf(out,
+                "data parallel: reduce-scatter of each block's gradients as its backward ends (every "
                 "microbatch), the other tensors' after backward, over %d ranks, reduced in %s\n",
                 s->zero.group->size, dtype);
     shard_banner(s, out, what);

@@ -22,7 +22,7 @@
 #include <string.h>
 
 enum { AXIS_TP, AXIS_DP, AXIS_PP, AXIS_EMBED, N_AXES };
-static const char *const axis_name[N_AXES] = { "tp", "dp", "pp", "embed" };
+static const char *const axis_name[N_AXES] = {"tp", "dp", "pp", "embed"};
 
 static void set_err(grid_t *g, const char *fmt, ...)
 {
@@ -49,9 +49,18 @@ static void mpi_err(grid_t *g, int rc, const char *what)
 static void axis_color_key(int axis, int T, int D, int P, int tp, int dp, int pp, int *color, int *key)
 {
     switch (axis) {
-    case AXIS_TP: *color = dp + D * pp; *key = tp; break;
-    case AXIS_DP: *color = tp + T * pp; *key = dp; break;
-    case AXIS_PP: *color = tp + T * dp; *key = pp; break;
+    case AXIS_TP:
+        *color = dp + D * pp;
+        *key = tp;
+        break;
+    case AXIS_DP:
+        *color = tp + T * pp;
+        *key = dp;
+        break;
+    case AXIS_PP:
+        *color = tp + T * dp;
+        *key = pp;
+        break;
     default: /* AXIS_EMBED: first and last stage; key 0 = first stage */
         *color = (pp == 0 || pp == P - 1) ? tp + T * dp : MPI_UNDEFINED;
         *key = pp;
@@ -82,10 +91,10 @@ static int axis_group_count(int axis, int T, int D, int P)
 static int axis_member(int axis, int T, int D, int P, int color, int i)
 {
     switch (axis) {
-    case AXIS_TP: return i + T * color;                                /* color = dp + D*pp */
-    case AXIS_DP: return color % T + T * (i + D * (color / T));        /* color = tp + T*pp */
-    case AXIS_PP: return color + T * D * i;                            /* color = tp + T*dp */
-    default: return color + T * D * (i == 0 ? 0 : P - 1);              /* embed */
+    case AXIS_TP: return i + T * color;                         /* color = dp + D*pp */
+    case AXIS_DP: return color % T + T * (i + D * (color / T)); /* color = tp + T*pp */
+    case AXIS_PP: return color + T * D * i;                     /* color = tp + T*dp */
+    default: return color + T * D * (i == 0 ? 0 : P - 1);       /* embed */
     }
 }
 
@@ -104,21 +113,22 @@ static int check_layout(grid_t *g, int tp, int pp, int dp)
 {
     int W = g->world_size;
     if (tp < 1 || pp < 1 || dp < 0) {
-        set_err(g, "--tp %d, --pp %d and --dp %d: tp and pp must be >= 1 and dp >= 0 (0 = world size / (tp x pp))",
-                tp, pp, dp);
+        set_err(g, "--tp %d, --pp %d and --dp %d: tp and pp must be >= 1 and dp >= 0 (0 = world size / (tp x pp))", tp,
+                pp, dp);
         return -1;
     }
     long long tpp = (long long)tp * pp;
     if (W % tpp != 0) {
-        set_err(g, "world size %d is not divisible by --tp %d x --pp %d = %lld: launch a multiple of %lld ranks",
-                W, tp, pp, tpp, tpp);
+        set_err(g, "world size %d is not divisible by --tp %d x --pp %d = %lld: launch a multiple of %lld ranks", W, tp,
+                pp, tpp, tpp);
         return -1;
     }
     if (dp == 0)
         dp = (int)(W / tpp);
     long long total = tpp * dp;
     if (total != W) {
-        set_err(g, "--tp %d x --pp %d x --dp %d = %lld ranks, but the world size is %d: launch %lld ranks or drop --dp", tp, pp, dp, total, W, total);
+        set_err(g, "--tp %d x --pp %d x --dp %d = %lld ranks, but the world size is %d: launch %lld ranks or drop --dp",
+                tp, pp, dp, total, W, total);
         return -1;
     }
     g->tp_size = tp;
@@ -137,8 +147,8 @@ static void wrap_split(grid_t *g, int axis, MPI_Comm *mc, int want_rank, int wan
     if (!c)
         set_err(g, "grid: cannot create the %s communicator (comm_mpi_create failed)", axis_name[axis]);
     else if (c->rank != want_rank || c->size != want_size)
-        set_err(g, "grid: %s communicator has rank %d of %d, expected %d of %d", axis_name[axis], c->rank,
-                c->size, want_rank, want_size);
+        set_err(g, "grid: %s communicator has rank %d of %d, expected %d of %d", axis_name[axis], c->rank, c->size,
+                want_rank, want_size);
     if (c)
         snprintf(c->name, sizeof c->name, "%s", axis_name[axis]); /* trace span suffix */
     *axis_slot(g, axis) = c;
@@ -203,8 +213,8 @@ int grid_create(grid_t *g, int tp, int pp, int dp)
     if (!g->world)
         set_err(g, "grid: cannot create the world communicator (comm_mpi_create failed)");
     else if (g->world->rank != r || g->world->size != g->world_size)
-        set_err(g, "grid: world communicator has rank %d of %d, expected %d of %d", g->world->rank,
-                g->world->size, r, g->world_size);
+        set_err(g, "grid: world communicator has rank %d of %d, expected %d of %d", g->world->rank, g->world->size, r,
+                g->world_size);
     if (g->world)
         snprintf(g->world->name, sizeof g->world->name, "world"); /* trace span suffix */
 
@@ -243,7 +253,7 @@ void grid_destroy(grid_t *g)
 {
     if (!g)
         return;
-    comm_t **all[] = { &g->replica, &g->shard, &g->embed, &g->pp, &g->dp, &g->tp, &g->world };
+    comm_t **all[] = {&g->replica, &g->shard, &g->embed, &g->pp, &g->dp, &g->tp, &g->world};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
         if (*all[i])
             (*all[i])->ops->destroy(*all[i]);
@@ -365,14 +375,14 @@ static void print_groups(FILE *out, const grid_t *g, int axis, const char *hosts
     const int T = g->tp_size, D = g->dp_size, P = g->pp_size;
     int n = axis_group_size(axis, T, D, P), ng = axis_group_count(axis, T, D, P);
     if (n == 1) {
-        fprintf(out, "  %-5s %d group%s of 1 rank (no %s communication)\n", axis_name[axis], ng,
-                ng == 1 ? "" : "s", axis_name[axis]);
+        fprintf(out, "  %-5s %d group%s of 1 rank (no %s communication)\n", axis_name[axis], ng, ng == 1 ? "" : "s",
+                axis_name[axis]);
         return;
     }
     int width = snprintf(NULL, 0, "%d", ng - 1);
     int shown = ng <= GRID_PRINT_MAX_GROUPS ? ng : GRID_PRINT_MAX_GROUPS - 1;
     const char **distinct = malloc((size_t)n * sizeof *distinct);
-    strbuf_t b = { 0 };
+    strbuf_t b = {0};
     for (int c = 0; c < ng; c++) {
         if (c == shown && c != ng - 1) {
             fprintf(out, "  %-5s ... %d more groups ...\n", axis_name[axis], ng - shown - 1);

@@ -14,9 +14,9 @@ typedef struct grid {
     int tp_rank, pp_rank, dp_rank;
     /* one communicator per group this rank belongs to */
     comm_t *world, *tp, *dp, *pp;
-    comm_t *embed; /* first and last pipeline stage of this (tp, dp); NULL
+    comm_t *embed;   /* first and last pipeline stage of this (tp, dp); NULL
                       on middle stages; with pp 1 it is a group of one */
-    comm_t *shard; /* --hybrid-shard H: the H consecutive DP ranks of this
+    comm_t *shard;   /* --hybrid-shard H: the H consecutive DP ranks of this
                       rank's shard group (grid_create_shard_group); else NULL */
     comm_t *replica; /* with shard: the dp/H ranks holding the same pieces
                         (one per shard group, same rank within it) */

@@ -15,15 +15,9 @@
  * launch_stop_signal; sig_atomic_t makes both async-signal-safe. */
 static volatile sig_atomic_t stop_signal;
 
-static void on_stop_signal(int sig)
-{
-    stop_signal = sig;
-}
+static void on_stop_signal(int sig) { stop_signal = sig; }
 
-int launch_stop_signal(void)
-{
-    return (int)stop_signal;
-}
+int launch_stop_signal(void) { return (int)stop_signal; }
 
 /* SIGUSR1 (SLURM's warning before the time limit, --signal) and SIGTERM
  * (scancel, preemption, the time limit itself) only set the flag; the
@@ -148,8 +142,8 @@ void launch_init(launch_env_t *env, int *argc, char ***argv)
     launch_mpi_check(MPI_Comm_rank(MPI_COMM_WORLD, &env->world_rank), "MPI_Comm_rank");
     launch_mpi_check(MPI_Comm_size(MPI_COMM_WORLD, &env->world_size), "MPI_Comm_size");
     MPI_Comm node;
-    launch_mpi_check(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, env->world_rank,
-                                         MPI_INFO_NULL, &node), "MPI_Comm_split_type");
+    launch_mpi_check(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, env->world_rank, MPI_INFO_NULL, &node),
+                     "MPI_Comm_split_type");
     launch_mpi_check(MPI_Comm_rank(node, &env->local_rank), "MPI_Comm_rank(node)");
     launch_mpi_check(MPI_Comm_size(node, &env->local_size), "MPI_Comm_size(node)");
     launch_mpi_check(MPI_Comm_free(&node), "MPI_Comm_free");
@@ -187,8 +181,10 @@ void launch_describe(const launch_env_t *env, FILE *out)
     fprintf(out, "launch: %s, %d rank%s on %d node%s", kind_name(env->kind), env->world_size,
             env->world_size == 1 ? "" : "s", env->n_nodes, env->n_nodes == 1 ? "" : "s");
     if (env->mismatch_rank >= 0)
-        fprintf(out, "; warning: rank %d's local rank is %d by MPI but %s=%d: check the launcher's task "
-                "placement\n", env->mismatch_rank, env->mismatch_mpi, env->local_var, env->mismatch_var);
+        fprintf(out,
+                "; warning: rank %d's local rank is %d by MPI but %s=%d: check the launcher's task "
+                "placement\n",
+                env->mismatch_rank, env->mismatch_mpi, env->local_var, env->mismatch_var);
     else if (env->local_var)
         fprintf(out, ", local ranks agree with %s\n", env->local_var);
     else

@@ -19,9 +19,9 @@ typedef enum {
 } launch_kind_t;
 
 typedef struct launch_env {
-    int world_rank, world_size;  /* from MPI: under mpirun in an allocation SLURM_PROCID is 0 everywhere */
-    int local_rank, local_size;  /* among the ranks sharing this node (MPI_Comm_split_type) */
-    int n_nodes;                 /* nodes the job's ranks are on */
+    int world_rank, world_size; /* from MPI: under mpirun in an allocation SLURM_PROCID is 0 everywhere */
+    int local_rank, local_size; /* among the ranks sharing this node (MPI_Comm_split_type) */
+    int n_nodes;                /* nodes the job's ranks are on */
     char host[256];
     launch_kind_t kind;
     /* the launcher's own idea of the local rank, checked against MPI's:
@@ -31,10 +31,10 @@ typedef struct launch_env {
     int mismatch_mpi, mismatch_var;
     /* the SLURM job; job_id is empty outside one */
     char job_id[32];
-    int restart_count;   /* SLURM_RESTART_COUNT: times the job was requeued */
-    int n_job_nodes;     /* SLURM_JOB_NUM_NODES */
-    char nodelist[256];  /* SLURM_JOB_NODELIST (compressed, e.g. gpu[01-08]) */
-    long long end_time;  /* SLURM_JOB_END_TIME: Unix seconds the time limit ends, 0 unknown */
+    int restart_count;  /* SLURM_RESTART_COUNT: times the job was requeued */
+    int n_job_nodes;    /* SLURM_JOB_NUM_NODES */
+    char nodelist[256]; /* SLURM_JOB_NODELIST (compressed, e.g. gpu[01-08]) */
+    long long end_time; /* SLURM_JOB_END_TIME: Unix seconds the time limit ends, 0 unknown */
     /* a communicator over (a duplicate of) MPI_COMM_WORLD, for the
      * program's agreements (mpi/agree.h); launch_exit frees it */
     comm_t *world;

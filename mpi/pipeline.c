@@ -77,10 +77,7 @@ int pipe_kind_parse(const char *s, pipe_kind_t *k)
     return -1;
 }
 
-const char *pipe_kind_name(pipe_kind_t k)
-{
-    return pipe_kind_names[k == PIPE_GPIPE ? PIPE_GPIPE : PIPE_1F1B];
-}
+const char *pipe_kind_name(pipe_kind_t k) { return pipe_kind_names[k == PIPE_GPIPE ? PIPE_GPIPE : PIPE_1F1B]; }
 
 int pipe_slots(pipe_kind_t k, int n_stages, int stage, int n_micro)
 {
@@ -103,19 +100,19 @@ int pipe_schedule(pipe_kind_t k, int n_stages, int stage, int n_micro, pipe_acti
         warm = n_micro;
     int n = 0, fwd = 0, bwd = 0;
     while (fwd < warm) {
-        out[n++] = (pipe_action_t){ PIPE_FWD, fwd, fwd % slots };
+        out[n++] = (pipe_action_t){PIPE_FWD, fwd, fwd % slots};
         fwd++;
     }
     /* steady state: one forward, one backward */
     while (fwd < n_micro) {
-        out[n++] = (pipe_action_t){ PIPE_FWD, fwd, fwd % slots };
+        out[n++] = (pipe_action_t){PIPE_FWD, fwd, fwd % slots};
         fwd++;
-        out[n++] = (pipe_action_t){ PIPE_BWD, bwd, bwd % slots };
+        out[n++] = (pipe_action_t){PIPE_BWD, bwd, bwd % slots};
         bwd++;
     }
     /* cool-down */
     while (bwd < n_micro) {
-        out[n++] = (pipe_action_t){ PIPE_BWD, bwd, bwd % slots };
+        out[n++] = (pipe_action_t){PIPE_BWD, bwd, bwd % slots};
         bwd++;
     }
     return n;
@@ -207,8 +204,8 @@ static int run_forward(pipe_exec_t *ex, const pipe_action_t *a)
     if (!ex->last && wait_timed(ex, &ex->act_send[a->slot]) != 0)
         return fail_at(ex, "activation send", a->micro);
     if (ops->forward(ex->ctx, a->micro, a->slot) != 0) {
-        snprintf(ex->pp->err, sizeof ex->pp->err, "pipeline stage %d/%d: forward of microbatch %d failed", ex->s,
-                 ex->P, a->micro);
+        snprintf(ex->pp->err, sizeof ex->pp->err, "pipeline stage %d/%d: forward of microbatch %d failed", ex->s, ex->P,
+                 a->micro);
         return -1;
     }
     if (!ex->last && ex->pp->ops->isend(ex->pp, ops->output(ex->ctx, a->slot), ops->n, COMM_FP32, ex->s + 1, TAG_ACT,
@@ -300,20 +297,27 @@ int pipe_run(comm_t *pp, pipe_kind_t k, int n_micro, const pipe_stage_ops_t *ops
     if (S < 1 || (k != PIPE_1F1B && k != PIPE_GPIPE) || !ops || !ops->forward || !ops->backward ||
         (s > 0 && !ops->input) || (s < P - 1 && !ops->output) || !ops->grad) {
         snprintf(pp->err, sizeof pp->err,
-                 "pipeline: bad arguments (kind %d, %d microbatches, stage %d of %d, callbacks %s)", (int)k, n_micro,
-                 s, P, ops ? "incomplete" : "missing");
+                 "pipeline: bad arguments (kind %d, %d microbatches, stage %d of %d, callbacks %s)", (int)k, n_micro, s,
+                 P, ops ? "incomplete" : "missing");
         return -1;
     }
-    pipe_exec_t ex = { .pp = pp, .ops = ops, .ctx = ctx, .P = P, .s = s, .M = n_micro, .S = S,
-                       .R = S < 2 ? S : 2, .first = s == 0, .last = s == P - 1 };
+    pipe_exec_t ex = {.pp = pp,
+                      .ops = ops,
+                      .ctx = ctx,
+                      .P = P,
+                      .s = s,
+                      .M = n_micro,
+                      .S = S,
+                      .R = S < 2 ? S : 2,
+                      .first = s == 0,
+                      .last = s == P - 1};
     const size_t n = ops->n;
     pipe_action_t *act = malloc((size_t)2 * (size_t)n_micro * sizeof *act);
     /* one block of handles: act_recv[S], act_send[S], grad_send[R] */
     comm_req_t *reqs = calloc((size_t)(2 * S + ex.R), sizeof *reqs);
     ex.ring = ex.first ? NULL : malloc((size_t)ex.R * n * sizeof(float) + 1);
     if (!act || !reqs || (!ex.first && !ex.ring)) {
-        snprintf(pp->err, sizeof pp->err, "pipeline stage %d/%d: out of memory for %d slots of %zu floats", s, P, S,
-                 n);
+        snprintf(pp->err, sizeof pp->err, "pipeline stage %d/%d: out of memory for %d slots of %zu floats", s, P, S, n);
         free(act);
         free(reqs);
         free(ex.ring);

@@ -14,8 +14,7 @@ static uint64_t hash_bytes(const void *p, size_t n)
     return h;
 }
 
-int replica_check(comm_t *c, const float *buf, const size_t *tensor_start, int n_tensors,
-                  int *first_bad)
+int replica_check(comm_t *c, const float *buf, const size_t *tensor_start, int n_tensors, int *first_bad)
 {
     *first_bad = -1;
     if (c->size == 1)

@@ -15,7 +15,6 @@
  * all replicas agree, 1 when they differ (*first_bad = the lowest tensor
  * index that differs, the same on every rank), -1 on a communication error
  * (message in c->err). Collective over c. */
-int replica_check(comm_t *c, const float *buf, const size_t *tensor_start, int n_tensors,
-                  int *first_bad);
+int replica_check(comm_t *c, const float *buf, const size_t *tensor_start, int n_tensors, int *first_bad);
 
 #endif

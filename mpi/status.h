@@ -30,10 +30,7 @@ typedef enum {
 
 /* The process exit code of a status: 0, 1 (STATUS_FAIL and anything else
  * nonzero) or 2 (STATUS_INPUT). */
-static inline int status_exit_code(status_t st)
-{
-    return st == STATUS_OK ? 0 : st == STATUS_INPUT ? 2 : 1;
-}
+static inline int status_exit_code(status_t st) { return st == STATUS_OK ? 0 : st == STATUS_INPUT ? 2 : 1; }
 
 /* A 0/-1 return value (or a status) as a status_t: 0 stays STATUS_OK, the
  * two failure codes stay, any other nonzero value is STATUS_FAIL. */
@@ -44,17 +41,16 @@ static inline status_t status_of(int rc)
 
 /* Formats the message into err (when err is not NULL and errlen > 0) and
  * returns st: `return status_set(STATUS_INPUT, err, errlen, "--tp %d ...", tp);` */
-status_t status_set(status_t st, char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
+status_t status_set(status_t st, char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 
 /* Returns from the enclosing function (which returns status_t or int) with
  * the status of `call` when it failed; its message is already in the
  * caller's error buffer. */
-#define CHECK(call)                                                                                                  \
-    do {                                                                                                             \
-        const status_t check_st_ = status_of(call);                                                                 \
-        if (check_st_ != STATUS_OK)                                                                                  \
-            return check_st_;                                                                                        \
+#define CHECK(call)                                                                                                    \
+    do {                                                                                                               \
+        const status_t check_st_ = status_of(call);                                                                    \
+        if (check_st_ != STATUS_OK)                                                                                    \
+            return check_st_;                                                                                          \
     } while (0)
 
 #endif

@@ -47,9 +47,9 @@
 #include "mpi/clock.h"
 
 #define LABEL_LEN 96
-#define MAX_ROWS 32     /* rows per lane; past that spans share the last row */
-#define MAX_DEPTH 64    /* nesting depth tracked per row */
-#define PINGPONGS 16    /* round trips per remote rank; the shortest is used */
+#define MAX_ROWS 32  /* rows per lane; past that spans share the last row */
+#define MAX_DEPTH 64 /* nesting depth tracked per row */
+#define PINGPONGS 16 /* round trips per remote rank; the shortest is used */
 
 typedef struct span {
     double t0, t1; /* trace_now() seconds */
@@ -70,15 +70,12 @@ struct trace {
 /* Gathered to rank 0, one per rank. */
 typedef struct rank_hdr {
     long long n, dropped;
-    double t_min;   /* earliest span start, own clock (when n > 0) */
-    int same_node;  /* shares rank 0's CLOCK_MONOTONIC */
+    double t_min;  /* earliest span start, own clock (when n > 0) */
+    int same_node; /* shares rank 0's CLOCK_MONOTONIC */
     char label[LABEL_LEN];
 } rank_hdr_t;
 
-double trace_now(void)
-{
-    return now_s();
-}
+double trace_now(void) { return now_s(); }
 
 trace_t *trace_create(int world_rank, const char *label, size_t max_events)
 {
@@ -103,15 +100,9 @@ void trace_destroy(trace_t *t)
     free(t);
 }
 
-size_t trace_count(const trace_t *t)
-{
-    return t ? t->n : 0;
-}
+size_t trace_count(const trace_t *t) { return t ? t->n : 0; }
 
-size_t trace_dropped(const trace_t *t)
-{
-    return t ? t->dropped : 0;
-}
+size_t trace_dropped(const trace_t *t) { return t ? t->dropped : 0; }
 
 void trace_span(trace_t *t, int lane, const char *name, double t0, double t1, const trace_args_t *args)
 {
@@ -261,7 +252,7 @@ static void write_rank(writer_t *w, int pid, const rank_hdr_t *h, const span_t *
         snprintf(lab, sizeof lab, "%lld spans dropped (cap reached)", h->dropped);
         meta(w, pid, 0, "process_labels", "labels", lab, 0);
     }
-    uint32_t used[TRACE_MAX_LANES] = { 0 }; /* bit row: that row has spans */
+    uint32_t used[TRACE_MAX_LANES] = {0}; /* bit row: that row has spans */
     used[TRACE_COMPUTE] = used[TRACE_COMM] = 1;
     for (size_t i = 0; i < n; i++) {
         const span_t *s = &ev[i];
@@ -277,8 +268,8 @@ static void write_rank(writer_t *w, int pid, const rank_hdr_t *h, const span_t *
         fputs(",\"dur\":", w->f);
         put_us(w->f, e - b);
         /* args: only the fields present */
-        const char *key[4] = { "bytes", "microbatch", "layer", "peer" };
-        long long val[4] = { s->bytes, s->microbatch, s->layer, s->peer };
+        const char *key[4] = {"bytes", "microbatch", "layer", "peer"};
+        long long val[4] = {s->bytes, s->microbatch, s->layer, s->peer};
         int nargs = 0;
         for (int k = 0; k < 4; k++)
             if (val[k] >= 0)
@@ -422,8 +413,8 @@ static void write_tail(FILE *f, const rank_hdr_t *h, const double *off, const do
 
 /* The output's temporary file (rank 0): tmp, opened as *f, and the tables
  * of every rank's header, clock offset and round trip. */
-static void open_output(ctx_t *x, const char *path, char *tmp, size_t tmp_len, FILE **f, rank_hdr_t **hdr,
-                        double **off, double **rtt)
+static void open_output(ctx_t *x, const char *path, char *tmp, size_t tmp_len, FILE **f, rank_hdr_t **hdr, double **off,
+                        double **rtt)
 {
     *hdr = calloc((size_t)x->size, sizeof **hdr);
     *off = calloc((size_t)x->size, sizeof **off);
@@ -490,7 +481,7 @@ static void write_all(ctx_t *x, const trace_t *t, const rank_hdr_t *hdr, const d
             origin = hdr[r].t_min - off[r];
     if (!isfinite(origin))
         origin = 0;
-    writer_t w = { .f = f, .first = 1 };
+    writer_t w = {.f = f, .first = 1};
     errno = 0;
     fputs("{\"traceEvents\": [", f);
     write_rank(&w, 0, &hdr[0], t ? t->ev : NULL, t ? t->n : 0, origin + off[0]);
@@ -523,7 +514,7 @@ int trace_write_merged(trace_t *t, const void *mpi_comm, const char *path, char 
             snprintf(err, errlen, "trace: no communicator or no output path");
         return -1;
     }
-    ctx_t x = { .comm = MPI_COMM_NULL };
+    ctx_t x = {.comm = MPI_COMM_NULL};
     if (!(x.c = comm_mpi_create(mpi_comm)) || comm_mpi_handle(x.c, &x.comm) != 0) {
         if (x.c)
             x.c->ops->destroy(x.c);
@@ -533,7 +524,7 @@ int trace_write_merged(trace_t *t, const void *mpi_comm, const char *path, char 
     }
     x.rank = x.c->rank;
     x.size = x.c->size;
-    rank_hdr_t *hdr = NULL, mine = { 0 };
+    rank_hdr_t *hdr = NULL, mine = {0};
     double *off = NULL, *rtt = NULL;
     span_t *buf = NULL;
     FILE *f = NULL;

@@ -9,10 +9,7 @@
 
 /* Whether reductions over c send bf16: asked for, and c has more than one
  * rank (a group of one reduces nothing and keeps fp32). */
-static int bf16_on(const zero_t *z, const comm_t *c)
-{
-    return z->dtype == COMM_BF16 && c && c->size > 1;
-}
+static int bf16_on(const zero_t *z, const comm_t *c) { return z->dtype == COMM_BF16 && c && c->size > 1; }
 
 /* Backend memory, zero-filled (the shards' and windows' padding must read
  * as zero, and not every backend's alloc fills), counted in cat. */
@@ -370,8 +367,8 @@ static int pwin_start(zero_t *z, int k, int u)
     comm_t *c = z->group;
     z->pwin_unit[k] = u;
     z->gathers++;
-    if (c->ops->iallgather(c, z->param_shard + z->shard_start[u], z->pwin[k], z->chunk[u], COMM_FP32,
-                           &z->preq[k]) != 0) {
+    if (c->ops->iallgather(c, z->param_shard + z->shard_start[u], z->pwin[k], z->chunk[u], COMM_FP32, &z->preq[k]) !=
+        0) {
         z->pwin_unit[k] = -1;
         return -1;
     }

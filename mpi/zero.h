@@ -70,11 +70,11 @@
 #include "base/ops.h"
 
 typedef struct zero {
-    const ops_t *ops;    /* the backend owning the buffers */
-    mem_tracker_t mem;   /* counts the buffers zero_create allocates */
+    const ops_t *ops;  /* the backend owning the buffers */
+    mem_tracker_t mem; /* counts the buffers zero_create allocates */
     int stage;
-    comm_t *group;       /* sharded over this group (size S, rank r) */
-    size_t n;            /* floats in the flat buffer */
+    comm_t *group; /* sharded over this group (size S, rank r) */
+    size_t n;      /* floats in the flat buffer */
     int n_units;
     size_t *unit_start;  /* [n_units+1] ascending, unit_start[n_units] = n */
     size_t *chunk;       /* [n_units] c = ceil(L/S) */
@@ -82,29 +82,29 @@ typedef struct zero {
     size_t shard_n;      /* floats in a shard (pieces padded to c) */
     float *stage_buf;    /* [S * max c] all-gather landing buffer (MEM_COMM) */
     size_t stage_n;
-    double comm_s;       /* seconds in this step's gathers */
+    double comm_s; /* seconds in this step's gathers */
     /* stage 2 */
-    float *grad_shard;   /* [shard_n] the step's summed gradient pieces */
-    float *window[2];    /* [window_n] block gradients, zero padded to S*c */
-    float *recv[2];      /* [window_n / S] a window's reduced piece */
+    float *grad_shard; /* [shard_n] the step's summed gradient pieces */
+    float *window[2];  /* [window_n] block gradients, zero padded to S*c */
+    float *recv[2];    /* [window_n / S] a window's reduced piece */
     size_t window_n;
-    int window_unit[2];  /* unit whose reduce-scatter is in flight, or -1 */
+    int window_unit[2]; /* unit whose reduce-scatter is in flight, or -1 */
     comm_req_t req[2];
-    double wait_s;       /* seconds blocked on reduce-scatters this step */
-    comm_t *replica;     /* HSDP: the ranks holding the same pieces in the other shard groups, or NULL */
-    comm_dtype_t dtype;  /* what the gradient reductions send */
-    uint16_t *hwin[2];   /* bf16, group > 1: [window_n] a window rounded to bf16 */
-    uint16_t *hrecv[2];  /* ... [window_n / S] its reduced piece */
-    uint16_t *hstage;    /* ... [stage_n] a non-block unit, padded */
-    uint16_t *hshard;    /* bf16, replica > 1: [shard_n] the shard, for the sum across replicas */
+    double wait_s;      /* seconds blocked on reduce-scatters this step */
+    comm_t *replica;    /* HSDP: the ranks holding the same pieces in the other shard groups, or NULL */
+    comm_dtype_t dtype; /* what the gradient reductions send */
+    uint16_t *hwin[2];  /* bf16, group > 1: [window_n] a window rounded to bf16 */
+    uint16_t *hrecv[2]; /* ... [window_n / S] its reduced piece */
+    uint16_t *hstage;   /* ... [stage_n] a non-block unit, padded */
+    uint16_t *hshard;   /* bf16, replica > 1: [shard_n] the shard, for the sum across replicas */
     /* stage 3 */
-    float *param_shard;  /* [shard_n] this rank's pieces of every unit */
-    float *pwin[2];      /* [window_n] a block's gathered parameters */
-    int pwin_unit[2];    /* unit a window holds or is gathering, or -1 */
-    int pwin_busy[2];    /* its all-gather is in flight */
+    float *param_shard; /* [shard_n] this rank's pieces of every unit */
+    float *pwin[2];     /* [window_n] a block's gathered parameters */
+    int pwin_unit[2];   /* unit a window holds or is gathering, or -1 */
+    int pwin_busy[2];   /* its all-gather is in flight */
     comm_req_t preq[2];
-    double gather_s;     /* seconds blocked on parameter all-gathers this step */
-    long long gathers;   /* block all-gathers started (a cache hit starts none) */
+    double gather_s;   /* seconds blocked on parameter all-gathers this step */
+    long long gathers; /* block all-gathers started (a cache hit starts none) */
 } zero_t;
 
 /* ops: the model's backend (the buffers' memory and the arithmetic on

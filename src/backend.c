@@ -50,7 +50,7 @@ static void comm_order_after_ops(const backend_t *b, const grid_t *g)
 {
     if (!b->cuda && !b->deferred)
         return;
-    comm_t *const groups[] = { g->world, g->tp, g->dp, g->pp, g->embed, g->shard, g->replica };
+    comm_t *const groups[] = {g->world, g->tp, g->dp, g->pp, g->embed, g->shard, g->replica};
     for (size_t i = 0; i < sizeof groups / sizeof groups[0]; i++)
         if (groups[i]) {
             groups[i]->device_sync = b->ops->sync;
@@ -76,17 +76,18 @@ static int open_cuda(backend_t *b, int local_rank, char *err, size_t errlen)
     b->no_concurrent_managed = !ops_cuda_concurrent_managed(ops);
     snprintf(b->desc, sizeof b->desc, "cuda (device %d of local rank %d: %s)%s", dev, local_rank, name,
              ops_cuda_synchronous(ops) ? "; every op waits for its kernels (DTRAIN_CUDA_SYNC_OPS=1 or no concurrent "
-                                      "managed access)" : "");
+                                         "managed access)"
+                                       : "");
     return 0;
 }
 #endif
 
-const char *const backend_device_names[] = {[BACKEND_AUTO] = "auto", [BACKEND_CPU] = "cpu", [BACKEND_CUDA] = "cuda",
-                                            NULL};
-const char *const backend_comm_names[] = {[BACKEND_COMM_AUTO] = "auto", [BACKEND_COMM_MPI] = "mpi",
-                                          [BACKEND_COMM_NCCL] = "nccl", NULL};
-const char *const backend_dtype_names[] = {[BACKEND_DTYPE_AUTO] = "auto", [BACKEND_DTYPE_FP32] = "fp32",
-                                           [BACKEND_DTYPE_BF16] = "bf16", NULL};
+const char *const backend_device_names[] = {
+    [BACKEND_AUTO] = "auto", [BACKEND_CPU] = "cpu", [BACKEND_CUDA] = "cuda", NULL};
+const char *const backend_comm_names[] = {
+    [BACKEND_COMM_AUTO] = "auto", [BACKEND_COMM_MPI] = "mpi", [BACKEND_COMM_NCCL] = "nccl", NULL};
+const char *const backend_dtype_names[] = {
+    [BACKEND_DTYPE_AUTO] = "auto", [BACKEND_DTYPE_FP32] = "fp32", [BACKEND_DTYPE_BF16] = "bf16", NULL};
 
 int backend_bf16(const backend_t *b, backend_dtype_t dtype)
 {
@@ -113,7 +114,8 @@ int backend_open(backend_t *b, backend_device_t device, int local_rank, char *er
     return use_cpu(b, line, err, errlen);
 #else
     if (device == BACKEND_CUDA) {
-        snprintf(err, errlen, "--device cuda: this dtrain is built without the CUDA backend: rebuild with ./configure --with-cuda");
+        snprintf(err, errlen,
+                 "--device cuda: this dtrain is built without the CUDA backend: rebuild with ./configure --with-cuda");
         return -1;
     }
     return use_cpu(b, "", err, errlen);
@@ -156,8 +158,8 @@ static int find_shared_gpu(backend_t *b, char *err, size_t errlen)
 }
 #endif
 
-int backend_comm_open(backend_t *b, backend_comm_t comm, const grid_t *g, grid_t *net, double timeout_s,
-                      char *err, size_t errlen)
+int backend_comm_open(backend_t *b, backend_comm_t comm, const grid_t *g, grid_t *net, double timeout_s, char *err,
+                      size_t errlen)
 {
     *net = *g;
 #ifdef HAVE_CUDA
@@ -195,11 +197,13 @@ int backend_comm_open(backend_t *b, backend_comm_t comm, const grid_t *g, grid_t
         if (bad && !b->cuda)
             snprintf(err, errlen, "--comm nccl: this rank runs on the CPU (%s): NCCL needs --device cuda", b->desc);
         else if (bad && b->shared_gpu)
-            snprintf(err, errlen, "--comm nccl: another rank of this node uses the same GPU, and NCCL needs a GPU "
-                                  "per rank: start at most one rank per GPU, or use --comm mpi");
+            snprintf(err, errlen,
+                     "--comm nccl: another rank of this node uses the same GPU, and NCCL needs a GPU "
+                     "per rank: start at most one rank per GPU, or use --comm mpi");
         else if (bad)
-            snprintf(err, errlen, "--comm nccl with --pp > 1: this GPU has no concurrent managed memory access, so "
-                                  "the pipeline's MPI transfers may not run beside NCCL's kernels: use --comm mpi");
+            snprintf(err, errlen,
+                     "--comm nccl with --pp > 1: this GPU has no concurrent managed memory access, so "
+                     "the pipeline's MPI transfers may not run beside NCCL's kernels: use --comm mpi");
         else
             snprintf(err, errlen, "--comm %s: out of memory", backend_comm_names[comm]);
         return -1; /* the others continue on MPI; the caller's agreement ends the job */
@@ -210,9 +214,9 @@ int backend_comm_open(backend_t *b, backend_comm_t comm, const grid_t *g, grid_t
 #endif
         if (want)
             snprintf(b->comm_desc, sizeof b->comm_desc, "mpi (every group: %s)",
-                     b->shared_gpu  ? "ranks of a node share a GPU"
-                     : host_touch   ? "no concurrent managed memory access beside the pipeline's MPI transfers"
-                                    : "not every rank can use NCCL");
+                     b->shared_gpu ? "ranks of a node share a GPU"
+                     : host_touch  ? "no concurrent managed memory access beside the pipeline's MPI transfers"
+                                   : "not every rank can use NCCL");
         return 0;
     }
 #ifdef HAVE_CUDA
@@ -229,8 +233,8 @@ int backend_comm_open(backend_t *b, backend_comm_t comm, const grid_t *g, grid_t
     net->embed = ng->embed;
     net->shard = ng->shard;
     net->replica = ng->replica;
-    snprintf(b->comm_desc, sizeof b->comm_desc,
-             "nccl (world, tp, dp, embed%s; a stream per group), mpi (pp)", g->shard ? ", shard, replica" : "");
+    snprintf(b->comm_desc, sizeof b->comm_desc, "nccl (world, tp, dp, embed%s; a stream per group), mpi (pp)",
+             g->shard ? ", shard, replica" : "");
 #endif
     return 0; /* without CUDA every rank has all == 0 and returned above */
 }
@@ -278,7 +282,8 @@ int backend_selftest(int local_rank, FILE *out, char *err, size_t errlen)
 #else
     (void)local_rank;
     (void)out;
-    snprintf(err, errlen, "--selftest: this dtrain is built without the CUDA backend: rebuild with ./configure --with-cuda");
+    snprintf(err, errlen,
+             "--selftest: this dtrain is built without the CUDA backend: rebuild with ./configure --with-cuda");
     return -1;
 #endif
 }

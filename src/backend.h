@@ -26,14 +26,14 @@ extern const char *const backend_dtype_names[]; /* indexed by backend_dtype_t, N
 
 typedef struct backend {
     const ops_t *ops;
-    int cuda;        /* 1 when the CUDA backend is in use */
-    int deferred;    /* 1 under DTRAIN_DEFER_OPS=1 (the CPU table under ops_defer_create) */
-    int device;      /* CUDA device id, -1 on the CPU */
-    int shared_gpu;  /* CUDA: another rank of this node uses the same GPU (NCCL cannot; set by backend_comm_open) */
+    int cuda;       /* 1 when the CUDA backend is in use */
+    int deferred;   /* 1 under DTRAIN_DEFER_OPS=1 (the CPU table under ops_defer_create) */
+    int device;     /* CUDA device id, -1 on the CPU */
+    int shared_gpu; /* CUDA: another rank of this node uses the same GPU (NCCL cannot; set by backend_comm_open) */
     int no_concurrent_managed; /* CUDA: the host may not touch managed memory while kernels run */
-    char desc[448];  /* one line for the banner */
-    void *nccl;      /* the NCCL communicators (nccl_grid_t *) under --comm nccl, else NULL */
-    char comm_desc[200]; /* one line for the banner: which library each group uses */
+    char desc[448];            /* one line for the banner */
+    void *nccl;                /* the NCCL communicators (nccl_grid_t *) under --comm nccl, else NULL */
+    char comm_desc[200];       /* one line for the banner: which library each group uses */
 } backend_t;
 
 /* 1 when this dtrain was built with the CUDA backend. */
@@ -71,8 +71,8 @@ void backend_close(backend_t *b);
  * nccl on a rank without CUDA or on a shared GPU fails there (the others continue on MPI and
  * the caller's agreement ends the job). Collective over MPI_COMM_WORLD.
  * The twins belong to b: backend_close frees them, g keeps its own. */
-int backend_comm_open(backend_t *b, backend_comm_t comm, const grid_t *g, grid_t *net, double timeout_s,
-                      char *err, size_t errlen);
+int backend_comm_open(backend_t *b, backend_comm_t comm, const grid_t *g, grid_t *net, double timeout_s, char *err,
+                      size_t errlen);
 
 /* The run failed (every rank agreed): abort the NCCL communicators, so
  * that freeing memory and backend_close do not wait on collectives whose

@@ -58,22 +58,23 @@ static int parse_size(const char *s, size_t *out)
         return -1;
     unsigned long long mul = 1;
     switch (*end) {
-    case '\0':
-        break;
-    case 'K': case 'k':
+    case '\0': break;
+    case 'K':
+    case 'k':
         mul = 1ull << 10;
         end++;
         break;
-    case 'M': case 'm':
+    case 'M':
+    case 'm':
         mul = 1ull << 20;
         end++;
         break;
-    case 'G': case 'g':
+    case 'G':
+    case 'g':
         mul = 1ull << 30;
         end++;
         break;
-    default:
-        return -1;
+    default: return -1;
     }
     if (*end != '\0' || v > (unsigned long long)SIZE_MAX / mul)
         return -1;
@@ -128,6 +129,7 @@ static int factor_arg(const char *val, void *dst, void *field, char *err, size_t
 }
 
 #define F(field) offsetof(bench_opts_t, field)
+/* clang-format off: one option a line, as --help lists them */
 static const opt_def_t opt_defs[] = {
     {"op", OPT_ENUM, F(op), 0, "allreduce", 0, 0, op_names,
      "allreduce|reduce_scatter|allgather|sendrecv|all (default allreduce)", "NAME", NULL, 0},
@@ -140,6 +142,7 @@ static const opt_def_t opt_defs[] = {
     {"warmup", OPT_LONG, F(warmup), 0, "5", 0, 1000000000, NULL, "untimed calls per size before timing (default 5)",
      "N", NULL, 0},
 };
+/* clang-format on */
 #undef F
 static const opt_table_t opt_table = {.prog = PROG, .defs = opt_defs, .n = sizeof opt_defs / sizeof opt_defs[0]};
 
@@ -193,21 +196,15 @@ static size_t op_count(op_t op, size_t bytes, int p)
 static double bus_factor(op_t op, int p)
 {
     switch (op) {
-    case OP_ALLREDUCE:
-        return 2.0 * (p - 1) / p;
+    case OP_ALLREDUCE: return 2.0 * (p - 1) / p;
     case OP_REDUCE_SCATTER:
-    case OP_ALLGATHER:
-        return (double)(p - 1) / p;
-    default:
-        return 1.0;
+    case OP_ALLGATHER: return (double)(p - 1) / p;
+    default: return 1.0;
     }
 }
 
 /* Exactly representable inputs whose results are known in closed form. */
-static float val(size_t i, int rank)
-{
-    return (float)(i % 61) + (float)(rank * 64);
-}
+static float val(size_t i, int rank) { return (float)(i % 61) + (float)(rank * 64); }
 
 static void fill(const bench_t *bt, size_t count)
 {
@@ -263,12 +260,9 @@ static int run_once(const bench_t *bt, size_t count)
     comm_t *c = bt->c;
     const int p = c->size;
     switch (bt->op) {
-    case OP_ALLREDUCE:
-        return c->ops->allreduce(c, bt->a, count, COMM_FP32, COMM_SUM);
-    case OP_REDUCE_SCATTER:
-        return c->ops->reduce_scatter(c, bt->a, bt->b, count / (size_t)p, COMM_FP32);
-    case OP_ALLGATHER:
-        return c->ops->allgather(c, bt->a, bt->b, count / (size_t)p, COMM_FP32);
+    case OP_ALLREDUCE: return c->ops->allreduce(c, bt->a, count, COMM_FP32, COMM_SUM);
+    case OP_REDUCE_SCATTER: return c->ops->reduce_scatter(c, bt->a, bt->b, count / (size_t)p, COMM_FP32);
+    case OP_ALLGATHER: return c->ops->allgather(c, bt->a, bt->b, count / (size_t)p, COMM_FP32);
     default: {
         comm_req_t rs = {0}, rr = {0};
         if (c->ops->irecv(c, bt->b, count, COMM_FP32, (c->rank + p - 1) % p, 0, &rr) != 0 ||
@@ -308,10 +302,12 @@ static long bench_op(const launch_env_t *env, comm_t *c, op_t op, const bench_op
         printf("# %s: %s, %d rank%s, comm %s, float%s, %ld timed call%s after %ld warm-up, "
                "time = mean per call (max over ranks)\n",
                PROG, op_names[op], p, p == 1 ? "" : "s", c->ops->name,
-               op == OP_ALLREDUCE ? " sum in place" : op == OP_REDUCE_SCATTER ? " sum" : "", o->iters,
-               o->iters == 1 ? "" : "s", o->warmup);
-        printf("#\n# %12s %12s %6s %6s %11s %8s %8s %7s\n", "size", "count", "type", "redop", "time", "algbw",
-               "busbw", "#wrong");
+               op == OP_ALLREDUCE        ? " sum in place"
+               : op == OP_REDUCE_SCATTER ? " sum"
+                                         : "",
+               o->iters, o->iters == 1 ? "" : "s", o->warmup);
+        printf("#\n# %12s %12s %6s %6s %11s %8s %8s %7s\n", "size", "count", "type", "redop", "time", "algbw", "busbw",
+               "#wrong");
         printf("# %12s %12s %6s %6s %11s %8s %8s %7s\n", "(B)", "(elements)", "", "", "(us)", "(GB/s)", "(GB/s)", "");
     }
     long wrong_total = 0;
@@ -338,8 +334,7 @@ static long bench_op(const launch_env_t *env, comm_t *c, op_t op, const bench_op
                 return -1;
             }
             launch_mpi_check(MPI_Allreduce(&t, &tmax, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD), "MPI_Allreduce");
-            launch_mpi_check(MPI_Allreduce(&wrong, &wrong_all, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD),
-                             "MPI_Allreduce");
+            launch_mpi_check(MPI_Allreduce(&wrong, &wrong_all, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce");
             const size_t size = count * sizeof(float);
             const double algbw = (double)size / 1e9 / tmax, busbw = algbw * bus_factor(op, p);
             if (rank0)

@@ -44,7 +44,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-
 #ifdef HAVE_CONFIG_H
 #include "config.h"
 #endif
@@ -93,8 +92,7 @@ typedef struct bench_opts {
 /* Defaults: square GEMMs and GPT-2 124M's (C 768) linear layers at micro
  * batch 1 x 1024 tokens on the CPU, 16 x 1024 on a GPU. */
 static const shape_t cpu_shapes[] = {{512, 512, 512}, {1024, 1024, 1024}, {1024, 768, 3072}, {1024, 3072, 768}};
-static const shape_t cuda_shapes[] = {
-    {4096, 4096, 4096}, {8192, 8192, 8192}, {16384, 768, 3072}, {16384, 3072, 768}};
+static const shape_t cuda_shapes[] = {{4096, 4096, 4096}, {8192, 8192, 8192}, {16384, 768, 3072}, {16384, 3072, 768}};
 
 /* One dimension of a shape: digits only, 1 to MAX_DIM; *s moves past it. */
 static int parse_dim(const char **s, int *out)
@@ -146,6 +144,7 @@ static int parse_shapes(const char *val, void *dst, void *field, char *err, size
 }
 
 #define F(field) offsetof(bench_opts_t, field)
+/* clang-format off: one option a line, as --help lists them */
 static const opt_def_t opt_defs[] = {
     {"device", OPT_ENUM, F(device), 0, "auto", 0, 0, backend_device_names,
      "auto|cpu|cuda (default auto: cuda when built with it and a GPU is visible)", "NAME", NULL, 0},
@@ -153,19 +152,23 @@ static const opt_def_t opt_defs[] = {
      "bf16|fp32|both (default both): bf16 operands with fp32 sums, or fp32", "NAME", NULL, 0},
     {"op", OPT_ENUM, F(op), 0, "gemm", 0, 0, op_names,
      "gemm|gelu|all (default gemm): the plain GEMM, or GPT-2's fc with bias\n"
-     "and GELU as one fused op (gemm+gelu) and as two ops (gemm,gelu)", "NAME", NULL, 0},
+     "and GELU as one fused op (gemm+gelu) and as two ops (gemm,gelu)",
+     "NAME", NULL, 0},
     {"shapes", OPT_ARG, F(shapes), 0, NULL, 0, 0, NULL,
      "NxICxOC[,NxICxOC...], each from 1 to 1048576 (default on cpu\n"
      "512x512x512,1024x1024x1024,1024x768x3072,1024x3072x768; on cuda\n"
-     "4096x4096x4096,8192x8192x8192,16384x768x3072,16384x3072x768)", "LIST", parse_shapes, 0},
+     "4096x4096x4096,8192x8192x8192,16384x768x3072,16384x3072x768)",
+     "LIST", parse_shapes, 0},
     {"iters", OPT_LONG, F(iters), 0, "20", 1, 1000000000, NULL, "timed calls per row (default 20)", "N", NULL, 0},
-    {"warmup", OPT_LONG, F(warmup), 0, "5", 0, 1000000000, NULL, "untimed calls per row before timing (default 5)",
-     "N", NULL, 0},
+    {"warmup", OPT_LONG, F(warmup), 0, "5", 0, 1000000000, NULL, "untimed calls per row before timing (default 5)", "N",
+     NULL, 0},
     /* no default: -1 says it was not given (refused with the cuda device) */
     {"threads", OPT_LONG, F(threads), 0, NULL, 0, 4096, NULL,
      "OpenMP/OpenBLAS threads of the CPU backend (default 0 = OMP_NUM_THREADS\n"
-     "or all cores); not with the cuda device", "N", NULL, 0},
+     "or all cores); not with the cuda device",
+     "N", NULL, 0},
 };
+/* clang-format on */
 #undef F
 static const opt_table_t opt_table = {.prog = PROG, .defs = opt_defs, .n = sizeof opt_defs / sizeof opt_defs[0]};
 
@@ -369,8 +372,7 @@ static void check_samples(const ops_t *ops, const bufs_t *m, const shape_t *s, i
 
 /* Benchmarks shape s in the requested dtypes, printing a row each; adds
  * the wrong samples to *wrong. 0, or -1 with one line in err. */
-static int bench_shape(const ops_t *ops, const shape_t *s, const bench_opts_t *o, long *wrong, char *err,
-                       size_t errlen)
+static int bench_shape(const ops_t *ops, const shape_t *s, const bench_opts_t *o, long *wrong, char *err, size_t errlen)
 {
     const int want_bf16 = (o->dtype & DT_BF16) != 0;
     const size_t rows = (size_t)(s->n > s->oc ? s->n : s->oc);
@@ -439,8 +441,10 @@ int main(int argc, char **argv)
         return 2;
     }
     if (b.cuda && o.threads >= 0) {
-        fprintf(stderr, PROG ": --threads sets the CPU backend's threads, but the GEMMs run on %s: drop --threads, "
-                        "or pass --device cpu\n", b.desc);
+        fprintf(stderr,
+                PROG ": --threads sets the CPU backend's threads, but the GEMMs run on %s: drop --threads, "
+                     "or pass --device cpu\n",
+                b.desc);
         backend_close(&b);
         return 2;
     }
@@ -449,7 +453,7 @@ int main(int argc, char **argv)
         o.n_shapes = (int)((b.cuda ? sizeof cuda_shapes : sizeof cpu_shapes) / sizeof(shape_t));
         memcpy(o.shapes, d, (size_t)o.n_shapes * sizeof(shape_t));
     }
-    char where[sizeof ((backend_t *)0)->desc + 32];
+    char where[sizeof((backend_t *)0)->desc + 32];
     if (b.cuda)
         snprintf(where, sizeof where, "%s", b.desc);
     else {
@@ -459,8 +463,8 @@ int main(int argc, char **argv)
     printf("# %s: %s; out[N,OC] = in[N,IC] . w[OC,IC]^T, fp32 sums and out; %ld timed call%s after %ld warm-up, "
            "time = mean per call\n",
            PROG, where, o.iters, o.iters == 1 ? "" : "s", o.warmup);
-    printf("#\n# %5s %-9s %7s %7s %7s %12s %9s %7s %9s\n", "dtype", "op", "N", "IC", "OC", "time", "TFLOP/s",
-           "#wrong", "err/bound");
+    printf("#\n# %5s %-9s %7s %7s %7s %12s %9s %7s %9s\n", "dtype", "op", "N", "IC", "OC", "time", "TFLOP/s", "#wrong",
+           "err/bound");
     printf("# %5s %-9s %7s %7s %7s %12s %9s %7s %9s\n", "", "", "", "", "", "(us)", "", "", "");
     fflush(stdout);
     long wrong = 0;

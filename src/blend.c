@@ -78,12 +78,16 @@ static int parse_pairs(const char *spec, tokens_format_t fmt, blend_spec_t *b, c
         double v;
         char *path = next_word(&s, &oom);
         if (!is_number(w, &v) || !isfinite(v) || v <= 0.0) {
-            snprintf(err, errlen, "data blend '%s': weight '%s' is not a positive number (the syntax is "
-                     "\"W1 PATH1 W2 PATH2 ...\")", spec, w);
+            snprintf(err, errlen,
+                     "data blend '%s': weight '%s' is not a positive number (the syntax is "
+                     "\"W1 PATH1 W2 PATH2 ...\")",
+                     spec, w);
             rc = -1;
         } else if (!path) {
-            snprintf(err, errlen, "data blend '%s': weight %s has no path after it (the syntax is "
-                     "\"W1 PATH1 W2 PATH2 ...\")", spec, w);
+            snprintf(err, errlen,
+                     "data blend '%s': weight %s has no path after it (the syntax is "
+                     "\"W1 PATH1 W2 PATH2 ...\")",
+                     spec, w);
             rc = -1;
         } else {
             rc = add_part(b, v, path, fmt, err, errlen);

@@ -123,7 +123,8 @@ static h5store_attr_t *data_attrs(const h5store_attr_t *attrs, int *na, const ck
     all[base] = (h5store_attr_t){.key = "data_datasets", .type = H5STORE_INT, .i = n};
     for (int i = 0; i < n; i++) {
         snprintf(keys + (size_t)i * key, key, "data_drawn_%d", i);
-        all[base + 1 + i] = (h5store_attr_t){.key = keys + (size_t)i * key, .type = H5STORE_INT, .i = meta->data_drawn[i]};
+        all[base + 1 + i] =
+            (h5store_attr_t){.key = keys + (size_t)i * key, .type = H5STORE_INT, .i = meta->data_drawn[i]};
     }
     *na = base + 1 + n;
     return all;
@@ -282,8 +283,10 @@ int ckpt_load(comm_t *world, const char *path, const model_config_t *cfg, const 
      * same verdict without talking */
     int rc = h5store_get_str(h, "content", content, sizeof content, err, errlen);
     if (rc == 0 && strcmp(content, "checkpoint") != 0) {
-        snprintf(err, errlen, "%s holds %s only, no optimizer state: --resume needs a checkpoint written with "
-                 "--ckpt-dir", path, content);
+        snprintf(err, errlen,
+                 "%s holds %s only, no optimizer state: --resume needs a checkpoint written with "
+                 "--ckpt-dir",
+                 path, content);
         rc = -1;
     }
     if (rc == 0 && (rc = h5store_get_int(h, "format_version", &version, err, errlen)) == 0 &&
@@ -294,14 +297,14 @@ int ckpt_load(comm_t *world, const char *path, const model_config_t *cfg, const 
     }
     if (rc == 0)
         rc = param_io_check_model(h, cfg, path, err, errlen);
-    if (rc == 0 && (get_int(h, "step", &meta->step, err, errlen) || h5store_get_int(h, "tokens", &tokens, err, errlen) ||
-                    get_int(h, "adam_t", &meta->adam_t, err, errlen) || h5store_get_int(h, "seed", &seed, err, errlen) ||
-                    get_int(h, "global_batch", &meta->global_batch, err, errlen) ||
-                    get_int(h, "seq_len", &meta->seq_len, err, errlen) ||
-                    h5store_get_double(h, "lr", &meta->lr, err, errlen) ||
-                    h5store_get_double(h, "min_lr", &meta->min_lr, err, errlen) ||
-                    get_int(h, "warmup", &meta->warmup, err, errlen) || get_int(h, "steps", &meta->steps, err, errlen) ||
-                    h5store_get_str(h, "layout", meta->layout, sizeof meta->layout, err, errlen)))
+    if (rc == 0 &&
+        (get_int(h, "step", &meta->step, err, errlen) || h5store_get_int(h, "tokens", &tokens, err, errlen) ||
+         get_int(h, "adam_t", &meta->adam_t, err, errlen) || h5store_get_int(h, "seed", &seed, err, errlen) ||
+         get_int(h, "global_batch", &meta->global_batch, err, errlen) ||
+         get_int(h, "seq_len", &meta->seq_len, err, errlen) || h5store_get_double(h, "lr", &meta->lr, err, errlen) ||
+         h5store_get_double(h, "min_lr", &meta->min_lr, err, errlen) ||
+         get_int(h, "warmup", &meta->warmup, err, errlen) || get_int(h, "steps", &meta->steps, err, errlen) ||
+         h5store_get_str(h, "layout", meta->layout, sizeof meta->layout, err, errlen)))
         rc = -1;
     if (rc == 0)
         rc = read_data_attrs(h, meta, err, errlen);

@@ -26,13 +26,13 @@
  * the LR schedule are pure functions of these, so no generator state is
  * stored. */
 typedef struct ckpt_meta {
-    int step;           /* optimizer steps completed */
-    long long tokens;   /* training tokens consumed */
-    int adam_t;         /* AdamW's step counter (bias correction) */
-    long long seed;     /* init, data order and sampling */
+    int step;                  /* optimizer steps completed */
+    long long tokens;          /* training tokens consumed */
+    int adam_t;                /* AdamW's step counter (bias correction) */
+    long long seed;            /* init, data order and sampling */
     int global_batch, seq_len; /* sequences per step and their length: the data order */
-    double lr, min_lr;  /* the LR schedule ... */
-    int warmup, steps;  /* ... and its length */
+    double lr, min_lr;         /* the LR schedule ... */
+    int warmup, steps;         /* ... and its length */
     /* ... its kind and decay ("cosine" in checkpoints older than the
      * attribute; like lr, recorded: a resume follows the command line) */
     char lr_schedule[16], decay_shape[16];
@@ -40,10 +40,10 @@ typedef struct ckpt_meta {
     /* batches passed over by loss-spike rollbacks: step s reads batch
      * s + data_skip (src/spike.h; 0 in older checkpoints) */
     long long data_skip;
-    char layout[64];    /* "tp 2 pp 2 dp 2" of the writer (information) */
+    char layout[64];                          /* "tp 2 pp 2 dp 2" of the writer (information) */
     const char *tokenizer, *tokenizer_sha256; /* the data's tokenizer, "" or NULL when unknown */
-    int n_data;                           /* datasets of the training data (0: not recorded) */
-    long long data_drawn[CKPT_DATA_MAX];  /* samples the run drew of each (attributes data_drawn_<i>) */
+    int n_data;                               /* datasets of the training data (0: not recorded) */
+    long long data_drawn[CKPT_DATA_MAX];      /* samples the run drew of each (attributes data_drawn_<i>) */
 } ckpt_meta_t;
 
 /* Collective over world (a communicator over MPI_COMM_WORLD). Writes

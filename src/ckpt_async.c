@@ -14,9 +14,9 @@
 
 struct ckpt_async {
     const ops_t *ops;
-    comm_t *world;   /* the main thread's: waits and polls agree over it */
-    comm_t *wcomm;   /* the writer's duplicate of world: only the writer uses it */
-    float *buf[3];   /* params, m, v [numel], host */
+    comm_t *world; /* the main thread's: waits and polls agree over it */
+    comm_t *wcomm; /* the writer's duplicate of world: only the writer uses it */
+    float *buf[3]; /* params, m, v [numel], host */
     size_t numel;
     pthread_t thread;
     int running;     /* a write started and not yet collected (main thread only) */
@@ -72,18 +72,15 @@ ckpt_async_t *ckpt_async_create(const ops_t *ops, comm_t *world, size_t numel, c
             memset(a->buf[i], 0, bytes); /* the pages, now rather than in the first stall */
     }
     if (!a->wcomm || !a->buf[0] || !a->buf[1] || !a->buf[2]) {
-        snprintf(err, errlen, "--ckpt-async: %s", a->wcomm ? "out of host memory for the checkpoint copies"
-                                                           : "cannot duplicate the world communicator");
+        snprintf(err, errlen, "--ckpt-async: %s",
+                 a->wcomm ? "out of host memory for the checkpoint copies" : "cannot duplicate the world communicator");
         ckpt_async_destroy(a);
         return NULL;
     }
     return a;
 }
 
-float *ckpt_async_buffer(ckpt_async_t *a, int i)
-{
-    return i >= 0 && i < 3 ? a->buf[i] : NULL;
-}
+float *ckpt_async_buffer(ckpt_async_t *a, int i) { return i >= 0 && i < 3 ? a->buf[i] : NULL; }
 
 /* The writer: ckpt_save over the duplicate communicator. Its agreements
  * make rc and err the same on every rank. */
@@ -92,8 +89,8 @@ static void *writer_main(void *arg)
     ckpt_async_t *a = arg;
     const ckpt_async_job_t *j = &a->job;
     const double t0 = now_s();
-    a->rc = ckpt_save(a->wcomm, j->dir, j->keep, j->cfg, j->t, a->buf[0], a->buf[1], a->buf[2], j->writer,
-                      j->tp_size, j->tp_rank, &j->meta, a->path, sizeof a->path, a->err, sizeof a->err);
+    a->rc = ckpt_save(a->wcomm, j->dir, j->keep, j->cfg, j->t, a->buf[0], a->buf[1], a->buf[2], j->writer, j->tp_size,
+                      j->tp_rank, &j->meta, a->path, sizeof a->path, a->err, sizeof a->err);
     a->seconds = now_s() - t0;
     atomic_store_explicit(&a->done, 1, memory_order_release);
     return NULL;
@@ -138,8 +135,7 @@ int ckpt_async_wait(ckpt_async_t *a, char *err, size_t errlen)
     }
     rc = agree(a->world, rc, err, errlen);
     if (rc == 0 && a->world->rank == 0) {
-        printf("checkpoint: %s (step %d) written in the background in %.2f s\n", a->path, a->job.meta.step,
-               a->seconds);
+        printf("checkpoint: %s (step %d) written in the background in %.2f s\n", a->path, a->job.meta.step, a->seconds);
         fflush(stdout);
     }
     return rc;
@@ -158,10 +154,7 @@ int ckpt_async_poll(ckpt_async_t *a, char *err, size_t errlen)
     return done ? ckpt_async_wait(a, err, errlen) : 0;
 }
 
-int ckpt_async_busy(const ckpt_async_t *a)
-{
-    return a && a->running;
-}
+int ckpt_async_busy(const ckpt_async_t *a) { return a && a->running; }
 
 void ckpt_async_destroy(ckpt_async_t *a)
 {

@@ -252,8 +252,8 @@ static void prefetch(data_loader_t *d, uint64_t g, int B)
     cursor_copy(&d->cur, &d->mark, d->n_parts);
 }
 
-void data_batch(data_loader_t *d, int64_t step, int micro, int accum, int dp_rank, int dp_size, int B,
-                int32_t *tok, int32_t *tgt, int32_t *pos)
+void data_batch(data_loader_t *d, int64_t step, int micro, int accum, int dp_rank, int dp_size, int B, int32_t *tok,
+                int32_t *tgt, int32_t *pos)
 {
     const size_t T = (size_t)d->T;
     uint64_t first = batch_first(step, micro, accum, dp_rank, dp_size, B);

@@ -40,13 +40,13 @@
 typedef struct data_part {
     char *path;
     tokens_format_t fmt;
-    token_set_t set;         /* llmc, raw-u16: the shards, read whole */
-    megatron_data_t *mm;     /* megatron: [n_files] mapped datasets */
+    token_set_t set;     /* llmc, raw-u16: the shards, read whole */
+    megatron_data_t *mm; /* megatron: [n_files] mapped datasets */
     int n_files;
-    size_t *file_first;      /* [n_files+1] first sample index of each file */
+    size_t *file_first; /* [n_files+1] first sample index of each file */
     size_t n_samples, n_tokens;
-    uint64_t *perm;          /* [n_samples] permutation of the current epoch */
-    int64_t perm_epoch;      /* epoch perm holds, -1 = none */
+    uint64_t *perm;     /* [n_samples] permutation of the current epoch */
+    int64_t perm_epoch; /* epoch perm holds, -1 = none */
 } data_part_t;
 
 /* The blend's position: the samples of each dataset among the first g. */
@@ -61,12 +61,12 @@ typedef struct data_loader {
     uint64_t seed;
     int n_parts;
     data_part_t *part;
-    double *weight;         /* [n_parts], sum 1 */
+    double *weight; /* [n_parts], sum 1 */
     data_cursor_t cur, mark;
     size_t n_samples, n_tokens; /* over all datasets */
     int32_t doc_start, doc_end; /* document tokens of non-Megatron data, -1 = none */
-    int mapped;             /* some dataset is Megatron (memory-mapped): read ahead */
-    int dump_fd;            /* DTRAIN_TEST_DUMP_SAMPLES (tests only), -1 = off */
+    int mapped;                 /* some dataset is Megatron (memory-mapped): read ahead */
+    int dump_fd;                /* DTRAIN_TEST_DUMP_SAMPLES (tests only), -1 = off */
 } data_loader_t;
 
 /* Open / close one dataset (src/data_part.c). */
@@ -109,8 +109,8 @@ void data_sample(data_loader_t *d, uint64_t g, int32_t *tok, int32_t *tgt, int32
 
 /* One microbatch ([B*T] tokens, targets, positions when pos != NULL) by
  * the rule above; then the next microbatch of this rank is read ahead. */
-void data_batch(data_loader_t *d, int64_t step, int micro, int accum, int dp_rank, int dp_size, int B,
-                int32_t *tok, int32_t *tgt, int32_t *pos);
+void data_batch(data_loader_t *d, int64_t step, int micro, int accum, int dp_rank, int dp_size, int B, int32_t *tok,
+                int32_t *tgt, int32_t *pos);
 
 /* count[i] = samples of dataset i among the blend's first n ([n_parts]). */
 void data_counts(const data_loader_t *d, uint64_t n, uint64_t *count);

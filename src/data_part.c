@@ -40,8 +40,10 @@ static int megatron_prefixes(const char *path, char ***out, int *n_out, char *er
     }
     if (grc != 0 || g.gl_pathc == 0) {
         globfree(&g);
-        snprintf(err, errlen, "no megatron dataset matches '%s' (neither it nor %s exists): pass PREFIX for "
-                 "PREFIX.bin + PREFIX.idx, or a glob of .idx files", path, alt);
+        snprintf(err, errlen,
+                 "no megatron dataset matches '%s' (neither it nor %s exists): pass PREFIX for "
+                 "PREFIX.bin + PREFIX.idx, or a glob of .idx files",
+                 path, alt);
         return -1;
     }
     char **v = calloc(g.gl_pathc, sizeof *v);
@@ -71,8 +73,10 @@ static int megatron_prefixes(const char *path, char ***out, int *n_out, char *er
             v[m++] = v[i];
     if (m == 0) {
         free(v);
-        snprintf(err, errlen, "'%s' matches no .idx or .bin file: pass PREFIX for PREFIX.bin + PREFIX.idx, or a "
-                 "glob of .idx files", path);
+        snprintf(err, errlen,
+                 "'%s' matches no .idx or .bin file: pass PREFIX for PREFIX.bin + PREFIX.idx, or a "
+                 "glob of .idx files",
+                 path);
         return -1;
     }
     *out = v;
@@ -137,8 +141,10 @@ int data_part_open(data_part_t *p, const char *path, tokens_format_t fmt, int vo
     }
     p->n_samples = p->file_first[p->n_files];
     if (p->n_samples == 0) {
-        snprintf(err, errlen, "%s: %zu tokens hold no sample of --seq-len %d + 1 tokens; use more data or a shorter "
-                 "--seq-len", path, p->n_tokens, T);
+        snprintf(err, errlen,
+                 "%s: %zu tokens hold no sample of --seq-len %d + 1 tokens; use more data or a shorter "
+                 "--seq-len",
+                 path, p->n_tokens, T);
         return -1;
     }
     return 0;

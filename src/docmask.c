@@ -6,8 +6,8 @@ void docmask_positions(const int32_t *tok, int B, int T, int32_t doc_start, int3
         const int32_t *tk = tok + (size_t)b * T;
         int32_t *p = pos + (size_t)b * T;
         for (int t = 0; t < T; t++) {
-            const int starts = t == 0 || (doc_start >= 0 && tk[t] == doc_start) ||
-                               (doc_end >= 0 && tk[t - 1] == doc_end);
+            const int starts =
+                t == 0 || (doc_start >= 0 && tk[t] == doc_start) || (doc_end >= 0 && tk[t - 1] == doc_end);
             p[t] = starts ? 0 : p[t - 1] + 1;
         }
     }

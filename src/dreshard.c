@@ -56,7 +56,7 @@
 
 #define PROG "dreshard"
 #define ERRLEN 1024
-#define MAX_TP 4096      /* the ranges dtrain's --tp, --pp and --dp accept */
+#define MAX_TP 4096 /* the ranges dtrain's --tp, --pp and --dp accept */
 #define MAX_PP 4096
 #define MAX_DP (1 << 20)
 
@@ -66,11 +66,11 @@ typedef struct reshard_opts {
     int params_only, force;
     const char *to_hf, *to_llmc; /* an export instead of --out */
     export_dtype_t dtype;
-    const char *tokenizer;       /* --to-hf: auto | none | SPEC */
+    const char *tokenizer; /* --to-hf: auto | none | SPEC */
     uint64_t max_shard_bytes;
-    int export_given;            /* --dtype, --tokenizer or --max-shard-size seen */
-    int hf_only_given;           /* --tokenizer or --max-shard-size seen */
-    int layout_given;            /* --tp, --pp, --dp or --zero seen */
+    int export_given;  /* --dtype, --tokenizer or --max-shard-size seen */
+    int hf_only_given; /* --tokenizer or --max-shard-size seen */
+    int layout_given;  /* --tp, --pp, --dp or --zero seen */
     int dtype_given;
 } reshard_opts_t;
 
@@ -90,9 +90,11 @@ static int parse_bytes(const char *v, void *dst, void *field, char *err, size_t 
 {
     uint64_t *out = field;
     (void)dst;
-    static const struct { const char *s; uint64_t m; } units[] = {
-        {"", 1}, {"B", 1}, {"KB", 1000}, {"MB", 1000000}, {"GB", 1000000000},
-        {"KiB", 1024}, {"MiB", 1048576}, {"GiB", 1073741824}};
+    static const struct {
+        const char *s;
+        uint64_t m;
+    } units[] = {{"", 1},       {"B", 1},         {"KB", 1000},       {"MB", 1000000}, {"GB", 1000000000},
+                 {"KiB", 1024}, {"MiB", 1048576}, {"GiB", 1073741824}};
     char *end;
     errno = 0;
     unsigned long long x = strtoull(v, &end, 10);
@@ -102,8 +104,10 @@ static int parse_bytes(const char *v, void *dst, void *field, char *err, size_t 
                 *out = x * units[i].m;
                 return 0;
             }
-    snprintf(err, errlen, "--max-shard-size '%s': a positive number of bytes, optionally with KB, MB, GB, KiB, "
-             "MiB or GiB (e.g. 5GB)", v);
+    snprintf(err, errlen,
+             "--max-shard-size '%s': a positive number of bytes, optionally with KB, MB, GB, KiB, "
+             "MiB or GiB (e.g. 5GB)",
+             v);
     return -1;
 }
 
@@ -117,11 +121,11 @@ static int path_arg(const char *name, const char *what, const char *v, void *fie
     *(const char **)field = v;
     return 0;
 }
-#define PATH_ARG(fn, name, what)                                                                        \
-    static int fn(const char *v, void *dst, void *field, char *err, size_t errlen)                    \
-    {                                                                                                 \
-        (void)dst;                                                                                    \
-        return path_arg(name, what, v, field, err, errlen);                                           \
+#define PATH_ARG(fn, name, what)                                                                                       \
+    static int fn(const char *v, void *dst, void *field, char *err, size_t errlen)                                     \
+    {                                                                                                                  \
+        (void)dst;                                                                                                     \
+        return path_arg(name, what, v, field, err, errlen);                                                            \
     }
 PATH_ARG(in_arg, "in", "FILE")
 PATH_ARG(out_arg, "out", "FILE")
@@ -163,6 +167,7 @@ static int shard_size_arg(const char *v, void *dst, void *field, char *err, size
 
 #define F(field) offsetof(reshard_opts_t, field)
 #define LAYOUT (F(layout_given) + 1)
+/* clang-format off: one option a line, as --help lists them */
 static const opt_def_t opt_defs[] = {
     {"in", OPT_ARG, F(in), 0, NULL, 0, 0, NULL, "the file to read (checkpoint or parameter file)", "FILE", in_arg, 0},
     {"out", OPT_ARG, F(out), 0, NULL, 0, 0, NULL, "the file to write (atomically); must not exist, and never the input",
@@ -174,28 +179,33 @@ static const opt_def_t opt_defs[] = {
     {"dp", OPT_INT, F(dp), 0, "1", 1, MAX_DP, NULL, "target data-parallel size (default 1)", "D", NULL, LAYOUT},
     {"zero", OPT_ARG, F(zero), 0, NULL, 0, 0, NULL,
      "target ZeRO stage 0-3 (default 0); recorded in the layout attribute: the\n"
-     "moments are logical tensors, so every stage reads the same file", "S", zero_arg, 0},
-    {"params-only", OPT_FLAG, F(params_only), 0, "0", 0, 1, NULL, "write only params/* as a parameter file (content = params)",
-     NULL, NULL, 0},
+     "moments are logical tensors, so every stage reads the same file",
+     "S", zero_arg, 0},
+    {"params-only", OPT_FLAG, F(params_only), 0, "0", 0, 1, NULL,
+     "write only params/* as a parameter file (content = params)", NULL, NULL, 0},
     {"force", OPT_FLAG, F(force), 0, "0", 0, 1, NULL,
      "replace the output if it exists (the old one stays until the new one is complete)", NULL, NULL, 0},
     {"to-hf", OPT_ARG, F(to_hf), 0, NULL, 0, 0, NULL,
      "export the parameters as a Hugging Face model directory (safetensors shards,\n"
-     "config.json, generation_config.json, tokenizer files), atomically", "DIR", to_hf_arg, 0},
+     "config.json, generation_config.json, tokenizer files), atomically",
+     "DIR", to_hf_arg, 0},
     {"to-llmc", OPT_ARG, F(to_llmc), 0, NULL, 0, 0, NULL,
      "export a GPT-2 model as llm.c's model file (version 3 fp32, 5 bf16)", "FILE", to_llmc_arg, 0},
     {"dtype", OPT_ENUM, F(dtype), 0, "fp32", 0, 0, export_dtype_names,
-     "exported tensors' type: fp32 (default, exact), bf16 or fp16 (--to-hf only);\nrounded to nearest even", "D",
-     NULL, F(dtype_given) + 1},
+     "exported tensors' type: fp32 (default, exact), bf16 or fp16 (--to-hf only);\nrounded to nearest even", "D", NULL,
+     F(dtype_given) + 1},
     {"tokenizer", OPT_ARG, F(tokenizer), 0, NULL, 0, 0, NULL,
      "--to-hf: auto (default: the data tokenizer the input records), none, or a\n"
-     "dtrain --tokenizer spec (gpt2, tiktoken and spm get Hugging Face files)", "T", tokenizer_arg, 0},
+     "dtrain --tokenizer spec (gpt2, tiktoken and spm get Hugging Face files)",
+     "T", tokenizer_arg, 0},
     {"max-shard-size", OPT_ARG, F(max_shard_bytes), 0, NULL, 0, 0, NULL,
      "--to-hf: safetensors shard size, bytes with an optional KB, MB, GB,\n"
-     "KiB, MiB or GiB (default 5GB, as Hugging Face's)", "SIZE", shard_size_arg, 0},
+     "KiB, MiB or GiB (default 5GB, as Hugging Face's)",
+     "SIZE", shard_size_arg, 0},
     {"info", OPT_ARG, F(info), 0, NULL, 0, 0, NULL,
      "print the attributes, every tensor with its shape and chunks, and verify\nevery checksum", "FILE", info_arg, 0},
 };
+/* clang-format on */
 #undef LAYOUT
 #undef F
 static const opt_table_t opt_table = {.prog = PROG, .defs = opt_defs, .n = sizeof opt_defs / sizeof opt_defs[0]};
@@ -215,10 +225,12 @@ static void usage(FILE *f)
             "Hugging Face model or an llm.c model file. Any number of ranks M.\n"
             "\n");
     opt_print_help(&opt_table, f, 15, 0);
-    fprintf(f, "  %-15s show this help and exit\n  %-15s show the version and exit\n"
-               "\n"
-               "Exit status: 0; 2 for a bad command line or input (including a damaged input file);\n"
-               "1 when writing the output fails. See dreshard(1).\n", "-h, --help", "--version");
+    fprintf(f,
+            "  %-15s show this help and exit\n  %-15s show the version and exit\n"
+            "\n"
+            "Exit status: 0; 2 for a bad command line or input (including a damaged input file);\n"
+            "1 when writing the output fails. See dreshard(1).\n",
+            "-h, --help", "--version");
 }
 
 /* The combinations: --info alone; --to-hf or --to-llmc with --in and the
@@ -228,7 +240,8 @@ static int check_combination(const reshard_opts_t *o, int layout_given, char *er
     const int exporting = o->to_hf || o->to_llmc;
     if (o->info) {
         if (o->in || o->out || exporting || layout_given || o->params_only || o->force || o->export_given) {
-            snprintf(err, errlen, "--info FILE only prints a file: give it alone, without --in, --out, --tp, "
+            snprintf(err, errlen,
+                     "--info FILE only prints a file: give it alone, without --in, --out, --tp, "
                      "--pp, --dp, --zero, --params-only or --force");
             return -1;
         }
@@ -239,8 +252,10 @@ static int check_combination(const reshard_opts_t *o, int layout_given, char *er
         return -1;
     }
     if (exporting && (o->out || layout_given || o->params_only)) {
-        snprintf(err, errlen, "%s exports the parameters alone, at no layout: leave out --out, --tp, --pp, --dp, "
-                 "--zero and --params-only", o->to_hf ? "--to-hf" : "--to-llmc");
+        snprintf(err, errlen,
+                 "%s exports the parameters alone, at no layout: leave out --out, --tp, --pp, --dp, "
+                 "--zero and --params-only",
+                 o->to_hf ? "--to-hf" : "--to-llmc");
         return -1;
     }
     if (!exporting && o->export_given) {
@@ -248,14 +263,18 @@ static int check_combination(const reshard_opts_t *o, int layout_given, char *er
         return -1;
     }
     if (o->to_llmc && o->hf_only_given) {
-        snprintf(err, errlen, "--to-llmc: llm.c model files hold one tensor file and no tokenizer: leave out "
+        snprintf(err, errlen,
+                 "--to-llmc: llm.c model files hold one tensor file and no tokenizer: leave out "
                  "--tokenizer and --max-shard-size");
         return -1;
     }
     if (!o->in || (!exporting && !o->out)) {
-        snprintf(err, errlen, "%s: give --in FILE and --out FILE, --to-hf DIR or --to-llmc FILE (or --info FILE; "
-                 "see " PROG " --help)", !o->in && !o->out && !exporting ? "nothing to do" : !o->in ? "no --in FILE"
-                 : "no --out FILE");
+        snprintf(err, errlen,
+                 "%s: give --in FILE and --out FILE, --to-hf DIR or --to-llmc FILE (or --info FILE; "
+                 "see " PROG " --help)",
+                 !o->in && !o->out && !exporting ? "nothing to do"
+                 : !o->in                        ? "no --in FILE"
+                                                 : "no --out FILE");
         return -1;
     }
     return 0;
@@ -320,8 +339,10 @@ static int check_paths(const reshard_opts_t *o, char *err, size_t errlen)
         return -1;
     if (stat(o->out, &out_st) == 0) {
         if (out_st.st_dev == in_st.st_dev && out_st.st_ino == in_st.st_ino) {
-            snprintf(err, errlen, "--out %s is the input file: write to another path (" PROG " never rewrites "
-                     "its input in place)", o->out);
+            snprintf(err, errlen,
+                     "--out %s is the input file: write to another path (" PROG " never rewrites "
+                     "its input in place)",
+                     o->out);
             return -1;
         }
         if (S_ISDIR(out_st.st_mode)) {
@@ -329,8 +350,10 @@ static int check_paths(const reshard_opts_t *o, char *err, size_t errlen)
             return -1;
         }
         if (!o->force) {
-            snprintf(err, errlen, "--out %s exists: remove it, choose another path, or pass --force to replace "
-                     "it", o->out);
+            snprintf(err, errlen,
+                     "--out %s exists: remove it, choose another path, or pass --force to replace "
+                     "it",
+                     o->out);
             return -1;
         }
     } else if (errno != ENOENT) {
@@ -344,16 +367,15 @@ static int check_paths(const reshard_opts_t *o, char *err, size_t errlen)
     }
     dir_of(o->out, dir, sizeof dir);
     if (access(dir, W_OK | X_OK) != 0) {
-        snprintf(err, errlen, "--out %s: cannot write into directory %.512s: %s", o->out, dir,
-                 strerror(errno));
+        snprintf(err, errlen, "--out %s: cannot write into directory %.512s: %s", o->out, dir, strerror(errno));
         return -1;
     }
     return 0;
 }
 
 /* The tensor groups a file of this content holds. */
-static int content_groups(h5store_t *h, const char *path, param_io_group_t *groups, int *n_groups,
-                          char *content, size_t content_len, char *err, size_t errlen)
+static int content_groups(h5store_t *h, const char *path, param_io_group_t *groups, int *n_groups, char *content,
+                          size_t content_len, char *err, size_t errlen)
 {
     if (h5store_get_str(h, "content", content, content_len, err, errlen) != 0)
         return -1;
@@ -365,8 +387,10 @@ static int content_groups(h5store_t *h, const char *path, param_io_group_t *grou
         return 0;
     }
     if (strcmp(content, "checkpoint") != 0) {
-        snprintf(err, errlen, "%s holds content '%s': " PROG " reads dtrain checkpoints and parameter files "
-                 "(content checkpoint or params)", path, content);
+        snprintf(err, errlen,
+                 "%s holds content '%s': " PROG " reads dtrain checkpoints and parameter files "
+                 "(content checkpoint or params)",
+                 path, content);
         return -1;
     }
     int64_t version = 0;
@@ -383,8 +407,8 @@ static int content_groups(h5store_t *h, const char *path, param_io_group_t *grou
 
 /* The file's catalog is exactly the model's tensors, in their shapes:
  * nothing missing, and nothing the output would silently drop. */
-static int check_catalog(h5store_t *h, const char *path, const h5store_tensor_t *want, int n_want,
-                         const char *content, char *err, size_t errlen)
+static int check_catalog(h5store_t *h, const char *path, const h5store_tensor_t *want, int n_want, const char *content,
+                         char *err, size_t errlen)
 {
     for (int i = 0; i < n_want; i++) {
         const h5store_tensor_t *got = h5store_find(h, want[i].name);
@@ -393,9 +417,9 @@ static int check_catalog(h5store_t *h, const char *path, const h5store_tensor_t 
             return -1;
         }
         if (got->ndim != want[i].ndim || got->shape[0] != want[i].shape[0] || got->shape[1] != want[i].shape[1]) {
-            snprintf(err, errlen, "tensor %s: shape [%" PRId64 ",%" PRId64 "] in %s, the model's is [%" PRId64
-                     ",%" PRId64 "]", want[i].name, got->shape[0], got->shape[1], path, want[i].shape[0],
-                     want[i].shape[1]);
+            snprintf(err, errlen,
+                     "tensor %s: shape [%" PRId64 ",%" PRId64 "] in %s, the model's is [%" PRId64 ",%" PRId64 "]",
+                     want[i].name, got->shape[0], got->shape[1], path, want[i].shape[0], want[i].shape[1]);
             return -1;
         }
     }
@@ -407,8 +431,10 @@ static int check_catalog(h5store_t *h, const char *path, const h5store_tensor_t 
             for (int j = 0; j < n_want && !known; j++)
                 known = strcmp(all[i].name, want[j].name) == 0;
             if (!known) {
-                snprintf(err, errlen, "%s: tensor %s is not part of the model's %s file, and " PROG
-                         " would drop it: remove it or copy it separately", path, all[i].name, content);
+                snprintf(err, errlen,
+                         "%s: tensor %s is not part of the model's %s file, and " PROG
+                         " would drop it: remove it or copy it separately",
+                         path, all[i].name, content);
                 return -1;
             }
         }
@@ -421,9 +447,8 @@ static int check_catalog(h5store_t *h, const char *path, const h5store_tensor_t 
  * exactly the model's. The attributes and catalog are the same on every
  * rank, so every rank reaches the same verdict (the caller agrees anyway,
  * for the message). */
-static int read_input(h5store_t *h, const char *path, model_config_t *cfg, param_io_group_t *groups,
-                      int *n_groups, char *content, size_t content_len, h5store_tensor_t **t, int *nt, char *err,
-                      size_t errlen)
+static int read_input(h5store_t *h, const char *path, model_config_t *cfg, param_io_group_t *groups, int *n_groups,
+                      char *content, size_t content_len, h5store_tensor_t **t, int *nt, char *err, size_t errlen)
 {
     if (content_groups(h, path, groups, n_groups, content, content_len, err, errlen) != 0 ||
         param_io_read_model(h, cfg, path, err, errlen) != 0 ||
@@ -435,8 +460,7 @@ static int read_input(h5store_t *h, const char *path, model_config_t *cfg, param
 /* The target's slices of every tensor (chunk-shaped tiles, the last one
  * clipped: what dtrain writes at that layout), dealt out largest first to
  * the least loaded rank. The same plan on every rank. */
-static int plan_tiles(const h5store_tensor_t *t, int nt, int nranks, tile_t **out, int *n_out, char *err,
-                      size_t errlen)
+static int plan_tiles(const h5store_tensor_t *t, int nt, int nranks, tile_t **out, int *n_out, char *err, size_t errlen)
 {
     int n = 0, cap = 0;
     tile_t *tiles = NULL;
@@ -483,10 +507,7 @@ static int plan_tiles(const h5store_tensor_t *t, int nt, int nranks, tile_t **ou
     return 0;
 }
 
-static double mib(int64_t bytes)
-{
-    return (double)bytes / 1048576.0;
-}
+static double mib(int64_t bytes) { return (double)bytes / 1048576.0; }
 
 /* The resharding: every step agreed on by all ranks. *status is the exit
  * status on failure (2 for the input and the command line, 1 for writing). */
@@ -573,7 +594,8 @@ static int reshard(const reshard_opts_t *o, comm_t *world, int *status, char *er
                     continue;
                 shards[k++] = (h5store_shard_t){.tensor = tiles[i].tensor,
                                                 .start = {tiles[i].start[0], tiles[i].start[1]},
-                                                .count = {tiles[i].count[0], tiles[i].count[1]}, .buf = p};
+                                                .count = {tiles[i].count[0], tiles[i].count[1]},
+                                                .buf = p};
                 p += tiles[i].count[0] * tiles[i].count[1];
             }
         }
@@ -602,7 +624,7 @@ static int reshard(const reshard_opts_t *o, comm_t *world, int *status, char *er
         for (int i = 0; i < ntiles; i++)
             out_bytes += tiles[i].bytes;
         printf(PROG ": %s (%s, %d tensors, %" PRId64 " shards, %.1f MiB verified in %.2f s) -> %s (%s, %d "
-               "tensors, %d slices, %.1f MiB) on %d rank%s: read %.2f s, write %.2f s, total %.2f s\n",
+                    "tensors, %d slices, %.1f MiB) on %d rank%s: read %.2f s, write %.2f s, total %.2f s\n",
                o->in, content, nt_in, in_shards, mib(in_bytes), t_verify, o->out, layout, nt_out, ntiles,
                mib(out_bytes), nranks, nranks == 1 ? "" : "s", t_read, t_write, now_s() - t0);
     }
@@ -662,9 +684,14 @@ static int export_cmd(const reshard_opts_t *o, comm_t *world, int *status, char 
     }
     /* a test-only knob (test_init_from.sh): small models cut into many tiles */
     const char *tile_env = getenv("DTRAIN_TEST_EXPORT_TILE_BYTES");
-    const export_opts_t eo = {.input = o->in, .dest = dest, .dtype = o->dtype, .force = o->force,
+    const export_opts_t eo = {.input = o->in,
+                              .dest = dest,
+                              .dtype = o->dtype,
+                              .force = o->force,
                               .tile_bytes = tile_env ? strtoll(tile_env, NULL, 10) : 0,
-                              .tokenizer = o->tokenizer, .tok_recorded = tok, .tok_sha256 = tok_sha,
+                              .tokenizer = o->tokenizer,
+                              .tok_recorded = tok,
+                              .tok_sha256 = tok_sha,
                               .max_shard_bytes = o->max_shard_bytes};
     if (rc == 0)
         rc = export_run(world, tg, &eo, h, &cfg, t_params, n_params, &rep, status, err, errlen);
@@ -677,11 +704,12 @@ static int export_cmd(const reshard_opts_t *o, comm_t *world, int *status, char 
         int64_t elems = 0;
         for (int i = 0; i < n_params; i++)
             elems += t_params[i].shape[0] * t_params[i].shape[1];
-        printf(PROG ": %s (%s, %s, %d tensors, %.1f MiB fp32, every parameter checksum verified) -> %s (%s, %s, %d tensors in %d "
-               "tiles) on %d rank%s: read %.2f s, write %.2f s, total %.2f s\n", o->in, content,
-               model_arch_name(cfg.arch), n_params, mib(elems * (int64_t)sizeof(float)), eo.dest, tg->name,
-               export_dtype_name(o->dtype), rep.n_out, rep.n_tiles, nranks, nranks == 1 ? "" : "s", rep.t_read,
-               rep.t_write, rep.t_total);
+        printf(PROG ": %s (%s, %s, %d tensors, %.1f MiB fp32, every parameter checksum verified) -> %s (%s, %s, %d "
+                    "tensors in %d "
+                    "tiles) on %d rank%s: read %.2f s, write %.2f s, total %.2f s\n",
+               o->in, content, model_arch_name(cfg.arch), n_params, mib(elems * (int64_t)sizeof(float)), eo.dest,
+               tg->name, export_dtype_name(o->dtype), rep.n_out, rep.n_tiles, nranks, nranks == 1 ? "" : "s",
+               rep.t_read, rep.t_write, rep.t_total);
         if (rep.note[0])
             printf(PROG ": %s\n", rep.note);
     }
@@ -733,8 +761,8 @@ static int info(const char *path, comm_t *world, char *err, size_t errlen)
                 snprintf(chunk, sizeof chunk, "contiguous");
             } else {
                 const int64_t c1 = t[i].ndim == 2 ? t[i].chunk[1] : 1;
-                const int64_t n = ((t[i].shape[0] + t[i].chunk[0] - 1) / t[i].chunk[0]) *
-                                  ((t[i].shape[1] + c1 - 1) / c1);
+                const int64_t n =
+                    ((t[i].shape[0] + t[i].chunk[0] - 1) / t[i].chunk[0]) * ((t[i].shape[1] + c1 - 1) / c1);
                 snprintf(chunk, sizeof chunk, "%" PRId64 " chunk%s", n, n == 1 ? "" : "s");
             }
             printf("  %-32s %-14s %s\n", t[i].name, shape, chunk);

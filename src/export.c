@@ -59,8 +59,8 @@ static void describe_output(const hf_map_t *map, int first, int count, export_ou
     }
 }
 
-int export_outputs(const export_target_t *tg, const model_config_t *c, hf_map_t **map, int *n_map,
-                   export_out_t **out, int *n_out, char *err, size_t errlen)
+int export_outputs(const export_target_t *tg, const model_config_t *c, hf_map_t **map, int *n_map, export_out_t **out,
+                   int *n_out, char *err, size_t errlen)
 {
     *out = NULL;
     *n_out = 0;
@@ -225,9 +225,8 @@ static int find_param(const h5store_tensor_t *list, int n, const char *name)
 /* Tile t's dtrain blocks, in entry order, read into buf (each record of
  * the input that a block covers whole is verified on the way; tiles cover
  * whole records: align_to_records), described in sh[]. Independent. */
-static int read_tile(h5store_t *h, const hf_map_t *map, const export_out_t *o, tile_t *t,
-                     const h5store_tensor_t *plist, int n_params, float *buf, h5store_shard_t *sh, char *err,
-                     size_t errlen)
+static int read_tile(h5store_t *h, const hf_map_t *map, const export_out_t *o, tile_t *t, const h5store_tensor_t *plist,
+                     int n_params, float *buf, h5store_shard_t *sh, char *err, size_t errlen)
 {
     int64_t start[2], count[2];
     int ns = 0;
@@ -240,8 +239,8 @@ static int read_tile(h5store_t *h, const hf_map_t *map, const export_out_t *o, t
             snprintf(err, errlen, "tensor params/%s: not in the input", map[k].name);
             return -1;
         }
-        sh[ns] = (h5store_shard_t){.tensor = pi, .start = {start[0], start[1]}, .count = {count[0], count[1]},
-                                   .buf = buf};
+        sh[ns] =
+            (h5store_shard_t){.tensor = pi, .start = {start[0], start[1]}, .count = {count[0], count[1]}, .buf = buf};
         if (h5store_read(h, plist[pi].name, start, count, buf, err, errlen) != 0)
             return -1;
         buf += count[0] * count[1];
@@ -315,15 +314,19 @@ static int replaceable_dir(const char *dir, char *err, size_t errlen)
         has_config |= strcmp(e->d_name, "config.json") == 0;
         if (snprintf(p, sizeof p, "%s/%s", dir, e->d_name) >= (int)sizeof p || lstat(p, &st) != 0 ||
             !S_ISREG(st.st_mode)) {
-            snprintf(err, errlen, "%s holds %.200s, which is not a regular file: --force replaces only a model "
-                     "directory an export wrote; choose another path", dir, e->d_name);
+            snprintf(err, errlen,
+                     "%s holds %.200s, which is not a regular file: --force replaces only a model "
+                     "directory an export wrote; choose another path",
+                     dir, e->d_name);
             rc = -1;
         }
     }
     closedir(d);
     if (rc == 0 && !has_config) {
-        snprintf(err, errlen, "%s has no config.json, so it is not a model directory an export wrote: --force "
-                 "will not replace it; choose another path", dir);
+        snprintf(err, errlen,
+                 "%s has no config.json, so it is not a model directory an export wrote: --force "
+                 "will not replace it; choose another path",
+                 dir);
         rc = -1;
     }
     return rc;
@@ -331,8 +334,7 @@ static int replaceable_dir(const char *dir, char *err, size_t errlen)
 
 /* 0 unless the input is dest itself or lies below it (replacing dest
  * would delete the file being exported). */
-static int input_outside(const char *input, const char *dest, const struct stat *dest_st, char *err,
-                         size_t errlen)
+static int input_outside(const char *input, const char *dest, const struct stat *dest_st, char *err, size_t errlen)
 {
     char path[PATH_MAX];
     struct stat st;
@@ -421,8 +423,8 @@ static int direct_output(const hf_map_t *map, const export_out_t *o)
  * holds one tile, not its share of the model, and its writes start while
  * it still reads. *read_failed: the input was at fault (exit 2). */
 static int write_tiles(const export_target_t *tg, export_ctx_t *x, h5store_t *h, const hf_map_t *map, tile_t *t,
-                       int n_tiles, const h5store_tensor_t *plist, int n_params, export_report_t *rep,
-                       int *read_failed, char *err, size_t errlen)
+                       int n_tiles, const h5store_tensor_t *plist, int n_params, export_report_t *rep, int *read_failed,
+                       char *err, size_t errlen)
 {
     int64_t most = 0, most_assembled = 0, head = 1;
     int most_entries = 1;

@@ -49,8 +49,8 @@ typedef struct export_out {
 } export_out_t;
 
 typedef struct export_opts {
-    const char *input;        /* the file exported (never replaced or deleted by --force) */
-    const char *dest;         /* the directory (hf) or file (llmc) to create */
+    const char *input; /* the file exported (never replaced or deleted by --force) */
+    const char *dest;  /* the directory (hf) or file (llmc) to create */
     export_dtype_t dtype;
     int force;                /* replace dest if it exists */
     const char *tokenizer;    /* hf: "auto" (the file's record), "none", or a --tokenizer spec */
@@ -67,17 +67,17 @@ typedef struct export_ctx {
     const export_out_t *out;
     int n_out;
     int rank;
-    char tmp[4096];  /* the temporary name dest is renamed from */
-    char note[512];  /* rank 0: one line for the summary (the tokenizer files), or "" */
-    void *impl;      /* the target's own state */
+    char tmp[4096]; /* the temporary name dest is renamed from */
+    char note[512]; /* rank 0: one line for the summary (the tokenizer files), or "" */
+    void *impl;     /* the target's own state */
 } export_ctx_t;
 
 /* A target. Every function returns 0, or -1 with one line in err; the
  * driver agrees on every status over all ranks. */
 typedef struct export_target {
-    const char *name;           /* "hf", "llmc" */
-    hf_format_t map_format;     /* which hf_map names the outputs */
-    const char *map_prefix;     /* hf_map_build's prefix */
+    const char *name;       /* "hf", "llmc" */
+    hf_format_t map_format; /* which hf_map names the outputs */
+    const char *map_prefix; /* hf_map_build's prefix */
     /* Every rank: check the options against the model (a dtype the format
      * lacks, a tokenizer that is not there) and plan; the same on each. */
     int (*prepare)(export_ctx_t *x, char *err, size_t errlen);
@@ -102,12 +102,12 @@ const char *export_dtype_name(export_dtype_t d); /* "fp32", "bf16", "fp16" */
 
 /* The target's map of model c and its outputs, in the map's order (both
  * malloc'd). */
-int export_outputs(const export_target_t *tg, const model_config_t *c, hf_map_t **map, int *n_map,
-                   export_out_t **out, int *n_out, char *err, size_t errlen);
+int export_outputs(const export_target_t *tg, const model_config_t *c, hf_map_t **map, int *n_map, export_out_t **out,
+                   int *n_out, char *err, size_t errlen);
 
 typedef struct export_report {
     int n_out, n_tiles;
-    int64_t in_bytes;  /* fp32 bytes read from the input (this rank) */
+    int64_t in_bytes;                /* fp32 bytes read from the input (this rank) */
     double t_read, t_write, t_total; /* this rank: reading, the rest, all (seconds) */
     char note[512];
 } export_report_t;

@@ -31,14 +31,11 @@
 
 typedef struct hf_state {
     st_plan_t *plan;
-    tokenizer_t *tok; /* NULL: no tokenizer files */
+    tokenizer_t *tok;      /* NULL: no tokenizer files */
     int32_t bos, eos, unk; /* TOK_NO_ID when unknown */
 } hf_state_t;
 
-static st_dtype_t st_dtype(export_dtype_t d)
-{
-    return d == EXPORT_BF16 ? ST_BF16 : d == EXPORT_F16 ? ST_F16 : ST_F32;
-}
+static st_dtype_t st_dtype(export_dtype_t d) { return d == EXPORT_BF16 ? ST_BF16 : d == EXPORT_F16 ? ST_F16 : ST_F32; }
 
 static const char *torch_dtype(export_dtype_t d)
 {
@@ -103,7 +100,8 @@ static int open_tokenizer(export_ctx_t *x, hf_state_t *s, char *err, size_t errl
         return -1;
     }
     if (is_auto && *o->tok_sha256 && strcmp(o->tok_sha256, s->tok->vocab_sha256) != 0) {
-        snprintf(err, errlen, "the input was trained with tokenizer %s whose vocabulary file had sha256 %.12s..., "
+        snprintf(err, errlen,
+                 "the input was trained with tokenizer %s whose vocabulary file had sha256 %.12s..., "
                  "but %s now has %.12s...: pass --tokenizer SPEC naming the original files, or --tokenizer none",
                  spec, o->tok_sha256, s->tok->vocab_path, s->tok->vocab_sha256);
         return -1;
@@ -115,8 +113,10 @@ static int open_tokenizer(export_ctx_t *x, hf_state_t *s, char *err, size_t errl
     }
     const char *kind = s->tok->ops->kind;
     if (strcmp(kind, "spm") != 0 && strcmp(kind, "byte") != 0 && !tok_hf_pattern(s->tok)) {
-        snprintf(x->note, sizeof x->note, "no tokenizer files: dreshard writes Hugging Face tokenizer files for "
-                 "byte, gpt2, tiktoken and spm tokenizers, not for %s (%s)", kind, spec);
+        snprintf(x->note, sizeof x->note,
+                 "no tokenizer files: dreshard writes Hugging Face tokenizer files for "
+                 "byte, gpt2, tiktoken and spm tokenizers, not for %s (%s)",
+                 kind, spec);
         tokenizer_close(s->tok);
         s->tok = NULL;
         return 0;
@@ -218,10 +218,7 @@ static json_t *json_float(float v)
 }
 
 /* id as a JSON integer, or null when unknown */
-static json_t *id_or_null(int32_t id)
-{
-    return id == TOK_NO_ID ? json_null() : json_integer(id);
-}
+static json_t *id_or_null(int32_t id) { return id == TOK_NO_ID ? json_null() : json_integer(id); }
 
 static json_t *gpt2_config(const model_config_t *c, const hf_state_t *s, export_dtype_t d)
 {
@@ -383,7 +380,9 @@ static int hf_prepare(export_ctx_t *x, char *err, size_t errlen)
     }
     for (int i = 0; i < x->n_out; i++) {
         const export_out_t *o = &x->out[i];
-        t[i] = (st_out_tensor_t){.name = o->name, .dtype = st_dtype(x->opt->dtype), .ndim = o->ndim,
+        t[i] = (st_out_tensor_t){.name = o->name,
+                                 .dtype = st_dtype(x->opt->dtype),
+                                 .ndim = o->ndim,
                                  .shape = {o->ndim == 1 ? o->cols : o->rows, o->ndim == 1 ? 0 : o->cols}};
     }
     int rc = st_plan_make(t, x->n_out, x->opt->max_shard_bytes, NULL, &s->plan, err, errlen);
@@ -400,15 +399,16 @@ static int hf_create(export_ctx_t *x, char *err, size_t errlen)
     return st_plan_create_files(((hf_state_t *)x->impl)->plan, x->tmp, err, errlen);
 }
 
-static int hf_write_rows(export_ctx_t *x, int i, int64_t r0, int64_t nr, const float *rows, char *err,
-                         size_t errlen)
+static int hf_write_rows(export_ctx_t *x, int i, int64_t r0, int64_t nr, const float *rows, char *err, size_t errlen)
 {
     /* fp16 tops out at 65504: a larger finite weight would be written as inf */
     const int64_t n = nr * x->out[i].cols;
     for (int64_t k = 0; x->opt->dtype == EXPORT_F16 && k < n; k++)
         if (isfinite(rows[k]) && fabsf(rows[k]) >= 65520.0f) {
-            snprintf(err, errlen, "tensor %s: element %lld is %g, beyond fp16's range (65504): export as bf16 or "
-                     "fp32", x->out[i].name, (long long)(k + r0 * x->out[i].cols), (double)rows[k]);
+            snprintf(err, errlen,
+                     "tensor %s: element %lld is %g, beyond fp16's range (65504): export as bf16 or "
+                     "fp32",
+                     x->out[i].name, (long long)(k + r0 * x->out[i].cols), (double)rows[k]);
             return -1;
         }
     return st_plan_write_f32(((hf_state_t *)x->impl)->plan, x->tmp, i, r0, nr, rows, err, errlen);
@@ -452,10 +452,7 @@ static int hf_publish(export_ctx_t *x, char *err, size_t errlen)
     return rc == 0 ? export_commit(x->tmp, x->opt->dest, err, errlen) : -1;
 }
 
-static void hf_discard(export_ctx_t *x)
-{
-    export_remove(x->tmp);
-}
+static void hf_discard(export_ctx_t *x) { export_remove(x->tmp); }
 
 static void hf_destroy(export_ctx_t *x)
 {

@@ -37,17 +37,13 @@ static int llmc_create(export_ctx_t *x, char *err, size_t errlen)
     return llmc_model_create(x->tmp, x->impl, err, errlen);
 }
 
-static int llmc_write_rows(export_ctx_t *x, int i, int64_t r0, int64_t nr, const float *rows, char *err,
-                           size_t errlen)
+static int llmc_write_rows(export_ctx_t *x, int i, int64_t r0, int64_t nr, const float *rows, char *err, size_t errlen)
 {
     const export_out_t *o = &x->out[i];
     return llmc_model_write_f32(x->tmp, x->impl, (llmc_tensor_t)o->llmc_id, o->layer, r0, nr, rows, err, errlen);
 }
 
-static int llmc_sync(export_ctx_t *x, char *err, size_t errlen)
-{
-    return llmc_model_sync(x->tmp, err, errlen);
-}
+static int llmc_sync(export_ctx_t *x, char *err, size_t errlen) { return llmc_model_sync(x->tmp, err, errlen); }
 
 /* The file as llm.c's reader would see it (magic, version, sizes, exact
  * length) before it takes the final name. */
@@ -63,10 +59,7 @@ static int llmc_publish(export_ctx_t *x, char *err, size_t errlen)
     return export_commit(x->tmp, x->opt->dest, err, errlen);
 }
 
-static void llmc_discard(export_ctx_t *x)
-{
-    export_remove(x->tmp);
-}
+static void llmc_discard(export_ctx_t *x) { export_remove(x->tmp); }
 
 static void llmc_destroy(export_ctx_t *x)
 {

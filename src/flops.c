@@ -99,7 +99,8 @@ int flops_probe_describe(const flops_probe_t *p, char *buf, size_t len)
     for (int k = 0; k < p->n_sizes && off >= 0 && (size_t)off < len; k++)
         off += snprintf(buf + off, len - (size_t)off, "%s %d^3", k ? "," : "", p->sizes[k]);
     if (off >= 0 && (size_t)off < len)
-        off += snprintf(buf + off, len - (size_t)off, " (%d calls, best at %d^3) on %d thread%s after a warm-up, %.2f s",
-                        p->calls, p->best_n, p->threads, p->threads == 1 ? "" : "s", p->seconds);
+        off +=
+            snprintf(buf + off, len - (size_t)off, " (%d calls, best at %d^3) on %d thread%s after a warm-up, %.2f s",
+                     p->calls, p->best_n, p->threads, p->threads == 1 ? "" : "s", p->seconds);
     return off;
 }

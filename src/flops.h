@@ -23,10 +23,10 @@ double flops_per_token(const model_config_t *c, double T);
  * skipped; the probe ends within budget_s plus one call. */
 #define FLOPS_PROBE_BUDGET_S 0.4
 typedef struct {
-    double gflops;  /* the peak: the best call */
-    int best_n;     /* its size */
+    double gflops;         /* the peak: the best call */
+    int best_n;            /* its size */
     int sizes[4], n_sizes; /* the sizes timed */
-    int calls;      /* timed calls */
+    int calls;             /* timed calls */
     int threads;
     double seconds; /* the whole probe, warm-up included */
 } flops_probe_t;

@@ -167,8 +167,9 @@ static void cfg_llama(cfg_reader_t *r, model_config_t *c, const char *arch)
         cfg_fail(r, "head_dim", "differs from hidden_size / num_attention_heads, which dtrain requires");
     json_t *sw = json_object_get(r->root, "sliding_window");
     if (sw && !json_is_null(sw) && (!json_is_integer(sw) || json_integer_value(sw) < c->max_seq))
-        cfg_fail(r, "sliding_window", "a window shorter than max_position_embeddings: dtrain attends to the "
-                                      "whole sequence");
+        cfg_fail(r, "sliding_window",
+                 "a window shorter than max_position_embeddings: dtrain attends to the "
+                 "whole sequence");
     if (strcmp(arch, "Qwen2ForCausalLM") == 0)
         cfg_fail(r, "architectures", "Qwen2ForCausalLM has q/k/v projection biases, which dtrain's Llama lacks");
 }
@@ -181,8 +182,8 @@ static int config_of_json(json_t *root, const char *path, model_config_t *c, cha
     if (!json_is_object(root))
         cfg_fail(&r, "(top level)", "not a JSON object");
     json_t *archs = json_object_get(root, "architectures");
-    const char *arch = json_is_array(archs) && json_array_size(archs) == 1 ? json_string_value(json_array_get(archs, 0))
-                                                                             : NULL;
+    const char *arch =
+        json_is_array(archs) && json_array_size(archs) == 1 ? json_string_value(json_array_get(archs, 0)) : NULL;
     if (!r.failed && !arch)
         cfg_fail(&r, "architectures", "missing, or not a list of one name");
     if (r.failed) {
@@ -211,8 +212,7 @@ static int not_json(const json_error_t *je, const char *path, char *err, size_t 
     return -1;
 }
 
-int hf_config_parse(const char *json, size_t len, const char *path, model_config_t *c, char *err,
-                    size_t errlen)
+int hf_config_parse(const char *json, size_t len, const char *path, model_config_t *c, char *err, size_t errlen)
 {
     json_error_t je;
     json_t *root = json_loadb(json, len, JSON_REJECT_DUPLICATES, &je);

@@ -17,8 +17,7 @@
  * named path in messages. Returns 0 with *c filled (and passing
  * model_config_check), or -1 with one line in err naming path and the
  * field. */
-int hf_config_parse(const char *json, size_t len, const char *path, model_config_t *c, char *err,
-                    size_t errlen);
+int hf_config_parse(const char *json, size_t len, const char *path, model_config_t *c, char *err, size_t errlen);
 
 /* The same for the file DIR/config.json. */
 int hf_config_read(const char *dir, model_config_t *c, char *err, size_t errlen);

@@ -29,9 +29,16 @@ static int llmc_config(const char *path, model_config_t *c, char *err, size_t er
     if (llmc_model_open(&m, path, err, errlen) != 0)
         return -1;
     memset(c, 0, sizeof *c);
-    *c = (model_config_t){.arch = ARCH_GPT2, .vocab_size = m.vocab, .n_layer = m.n_layer, .n_head = m.n_head,
-                          .n_kv_head = m.n_head, .d_model = m.d_model, .d_ff = 4 * m.d_model,
-                          .max_seq = m.max_seq, .norm_eps = 1e-5f, .rope_theta = 0};
+    *c = (model_config_t){.arch = ARCH_GPT2,
+                          .vocab_size = m.vocab,
+                          .n_layer = m.n_layer,
+                          .n_head = m.n_head,
+                          .n_kv_head = m.n_head,
+                          .d_model = m.d_model,
+                          .d_ff = 4 * m.d_model,
+                          .max_seq = m.max_seq,
+                          .norm_eps = 1e-5f,
+                          .rope_theta = 0};
     llmc_model_close(&m);
     char why[512];
     if (model_config_check(c, why, sizeof why) != 0) {
@@ -41,8 +48,8 @@ static int llmc_config(const char *path, model_config_t *c, char *err, size_t er
     return 0;
 }
 
-int init_from_probe(const char *path, init_from_kind_t *kind, char *dir, size_t dirlen, model_config_t *c,
-                    char *err, size_t errlen)
+int init_from_probe(const char *path, init_from_kind_t *kind, char *dir, size_t dirlen, model_config_t *c, char *err,
+                    size_t errlen)
 {
     struct stat st;
     if (stat(path, &st) != 0) {
@@ -59,8 +66,8 @@ int init_from_probe(const char *path, init_from_kind_t *kind, char *dir, size_t 
     ssize_t got = fd >= 0 ? read(fd, magic, sizeof magic) : -1;
     if (fd >= 0)
         close(fd);
-    const uint32_t m = (uint32_t)magic[0] | (uint32_t)magic[1] << 8 | (uint32_t)magic[2] << 16 |
-                       (uint32_t)magic[3] << 24;
+    const uint32_t m =
+        (uint32_t)magic[0] | (uint32_t)magic[1] << 8 | (uint32_t)magic[2] << 16 | (uint32_t)magic[3] << 24;
     if (got == 4 && m == LLMC_MODEL_MAGIC) {
         *kind = INIT_FROM_LLMC;
         return llmc_config(path, c, err, errlen);
@@ -71,8 +78,10 @@ int init_from_probe(const char *path, init_from_kind_t *kind, char *dir, size_t 
         snprintf(dir, dirlen, "%.*s", slash ? (int)(slash - path) : 1, slash ? path : ".");
         return hf_config_read(dir, c, err, errlen);
     }
-    snprintf(err, errlen, "--init-from %s: neither a Hugging Face model directory (config.json and "
-             "model.safetensors) nor an llm.c model file (magic %d)", path, LLMC_MODEL_MAGIC);
+    snprintf(err, errlen,
+             "--init-from %s: neither a Hugging Face model directory (config.json and "
+             "model.safetensors) nor an llm.c model file (magic %d)",
+             path, LLMC_MODEL_MAGIC);
     return -1;
 }
 
@@ -80,8 +89,10 @@ int init_from_probe(const char *path, init_from_kind_t *kind, char *dir, size_t 
 
 static int conflict(char *err, size_t errlen, const char *opt, long long given, long long file, const char *path)
 {
-    snprintf(err, errlen, "--%s %lld conflicts with --init-from %s, whose model has %lld: drop the option "
-             "(the model comes from the file)", opt, given, path, file);
+    snprintf(err, errlen,
+             "--%s %lld conflicts with --init-from %s, whose model has %lld: drop the option "
+             "(the model comes from the file)",
+             opt, given, path, file);
     return -1;
 }
 
@@ -96,20 +107,27 @@ int init_from_model_config(const run_options_t *o, model_config_t *c, char *err,
         (p->cfg.arch != c->arch || p->cfg.vocab_size != c->vocab_size || p->cfg.n_layer != c->n_layer ||
          p->cfg.n_head != c->n_head || p->cfg.n_kv_head != c->n_kv_head || p->cfg.d_model != c->d_model ||
          p->cfg.d_ff != c->d_ff)) {
-        snprintf(err, errlen, "--model %s conflicts with --init-from %s, which holds a %s model of %d layers, "
-                 "d_model %d, vocabulary %d: drop --model (the model comes from the file)", o->model, o->init_from,
-                 model_arch_name(c->arch), c->n_layer, c->d_model, c->vocab_size);
+        snprintf(err, errlen,
+                 "--model %s conflicts with --init-from %s, which holds a %s model of %d layers, "
+                 "d_model %d, vocabulary %d: drop --model (the model comes from the file)",
+                 o->model, o->init_from, model_arch_name(c->arch), c->n_layer, c->d_model, c->vocab_size);
         return -1;
     }
     if (o->arch[0] && strcmp(o->arch, model_arch_name(c->arch)) != 0) {
-        snprintf(err, errlen, "--arch %s conflicts with --init-from %s, which holds a %s model: drop --arch",
-                 o->arch, o->init_from, model_arch_name(c->arch));
+        snprintf(err, errlen, "--arch %s conflicts with --init-from %s, which holds a %s model: drop --arch", o->arch,
+                 o->init_from, model_arch_name(c->arch));
         return -1;
     }
-    const struct { const char *opt; int given, file; } f[] = {
-        {"n-layer", o->n_layer, c->n_layer},      {"n-head", o->n_head, c->n_head},
-        {"n-kv-head", o->n_kv_head, c->n_kv_head}, {"d-model", o->d_model, c->d_model},
-        {"d-ff", o->d_ff, c->d_ff},                {"vocab-size", o->vocab_size, c->vocab_size},
+    const struct {
+        const char *opt;
+        int given, file;
+    } f[] = {
+        {"n-layer", o->n_layer, c->n_layer},
+        {"n-head", o->n_head, c->n_head},
+        {"n-kv-head", o->n_kv_head, c->n_kv_head},
+        {"d-model", o->d_model, c->d_model},
+        {"d-ff", o->d_ff, c->d_ff},
+        {"vocab-size", o->vocab_size, c->vocab_size},
         {"max-seq-len", o->max_seq_len, c->max_seq},
     };
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
@@ -218,8 +236,10 @@ static int hf_check_extra(source_t *s, const model_config_t *c, char *err, size_
         for (int k = 0; k < s->n_map && !used; k++)
             used = strcmp(s->map[k].src, name) == 0;
         if (!used) {
-            snprintf(err, errlen, "%s: tensor %s is not part of dtrain's %s model (an extra tensor: a different "
-                     "architecture or configuration?)", s->path, name, model_arch_name(c->arch));
+            snprintf(err, errlen,
+                     "%s: tensor %s is not part of dtrain's %s model (an extra tensor: a different "
+                     "architecture or configuration?)",
+                     s->path, name, model_arch_name(c->arch));
             return -1;
         }
     }
@@ -235,8 +255,7 @@ static int src_read(source_t *s, const hf_map_t *e, int64_t r0, int64_t nr, int6
     hf_map_src_block(e, r0, nr, c0, nc, &sr0, &snr, &sc0, &snc, &tr);
     if (s->kind == INIT_FROM_LLMC) {
         s->rep->bytes_read += (uint64_t)(snr * snc) * s->llmc.itemsize;
-        return llmc_model_read_f32(&s->llmc, (llmc_tensor_t)e->llmc_id, e->layer, sr0, snr, sc0, snc, dst, err,
-                                   errlen);
+        return llmc_model_read_f32(&s->llmc, (llmc_tensor_t)e->llmc_id, e->layer, sr0, snr, sc0, snc, dst, err, errlen);
     }
     const st_file_t *f;
     const st_tensor_t *t;
@@ -266,8 +285,8 @@ static int load_tensor(source_t *s, const param_desc_t *d, float *host, char *er
 {
     const hf_map_t *e = hf_map_find(s->map, s->n_map, d->name);
     if (!e) {
-        snprintf(err, errlen, "%s: no source for dtrain tensor %s (internal: the map and the table disagree)",
-                 s->path, d->name);
+        snprintf(err, errlen, "%s: no source for dtrain tensor %s (internal: the map and the table disagree)", s->path,
+                 d->name);
         return -1;
     }
     float *dst = host + d->offset;
@@ -296,12 +315,14 @@ static int check_gpt2_head(source_t *s, const param_table_t *t, const float *hos
     hf_map_t head = *hf_map_find(s->map, s->n_map, "wte");
     snprintf(head.src, sizeof head.src, "lm_head.weight");
     const size_t n = (size_t)d->count[0] * (size_t)d->count[1];
-    if (src_tmp(s, n, err, errlen) != 0 || src_read(s, &head, d->start[0], d->count[0], 0, d->count[1], s->tmp, err,
-                                                    errlen) != 0)
+    if (src_tmp(s, n, err, errlen) != 0 ||
+        src_read(s, &head, d->start[0], d->count[0], 0, d->count[1], s->tmp, err, errlen) != 0)
         return -1;
     if (memcmp(s->tmp, host + d->offset, n * sizeof *host) != 0) {
-        snprintf(err, errlen, "%s: tensor lm_head.weight differs from wte.weight: dtrain's GPT-2 ties the head to "
-                 "the embedding", s->path);
+        snprintf(err, errlen,
+                 "%s: tensor lm_head.weight differs from wte.weight: dtrain's GPT-2 ties the head to "
+                 "the embedding",
+                 s->path);
         return -1;
     }
     return 0;
@@ -314,8 +335,10 @@ static void report_dtypes(const source_t *s, init_from_report_t *rep)
         snprintf(rep->dtypes, sizeof rep->dtypes, "%s", s->llmc.itemsize == 2 ? "bf16" : "f32");
         return;
     }
-    static const struct { st_dtype_t d; const char *n; } names[] = {{ST_F32, "f32"}, {ST_F16, "f16"},
-                                                                    {ST_BF16, "bf16"}};
+    static const struct {
+        st_dtype_t d;
+        const char *n;
+    } names[] = {{ST_F32, "f32"}, {ST_F16, "f16"}, {ST_BF16, "bf16"}};
     for (int i = 0; i < 3; i++)
         if (s->dtypes & (1u << names[i].d))
             snprintf(rep->dtypes + strlen(rep->dtypes), sizeof rep->dtypes - strlen(rep->dtypes), "%s%s",
@@ -353,7 +376,8 @@ static int open_source(source_t *s, const char *path, const model_config_t *c, c
         snprintf(head.src, sizeof head.src, "lm_head.weight");
         const st_file_t *f;
         const st_tensor_t *t;
-        if (st_model_find(&s->st, "lm_head.weight", NULL, NULL) == 0 && hf_tensor_of(s, &head, &f, &t, err, errlen) != 0)
+        if (st_model_find(&s->st, "lm_head.weight", NULL, NULL) == 0 &&
+            hf_tensor_of(s, &head, &f, &t, err, errlen) != 0)
             return -1;
     }
     return hf_check_extra(s, c, err, errlen);

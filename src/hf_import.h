@@ -28,8 +28,8 @@ typedef enum { INIT_FROM_HF = 0, INIT_FROM_LLMC = 1 } init_from_kind_t;
 
 /* What PATH is (by content) and the model it holds. For Hugging Face, dir
  * receives the model directory. Returns 0, or -1 with one line in err. */
-int init_from_probe(const char *path, init_from_kind_t *kind, char *dir, size_t dirlen, model_config_t *c,
-                    char *err, size_t errlen);
+int init_from_probe(const char *path, init_from_kind_t *kind, char *dir, size_t dirlen, model_config_t *c, char *err,
+                    size_t errlen);
 
 /* options_model_config under --init-from: the file's model, checked
  * against the explicitly given model options (--model, --arch, --n-layer,
@@ -39,13 +39,13 @@ int init_from_model_config(const run_options_t *o, model_config_t *c, char *err,
 
 typedef struct init_from_report {
     init_from_kind_t kind;
-    char dtypes[32];       /* the source dtypes seen, e.g. "bf16" or "f32+bf16" */
-    int n_files;           /* safetensors shards (1 for llm.c) */
-    uint64_t bytes_read;   /* source bytes this rank's slices cover */
-    uint64_t local_bytes;  /* fp32 bytes of this rank's tensors (table.numel * 4) */
-    uint64_t staging_peak; /* largest temporary buffer, bytes */
+    char dtypes[32];         /* the source dtypes seen, e.g. "bf16" or "f32+bf16" */
+    int n_files;             /* safetensors shards (1 for llm.c) */
+    uint64_t bytes_read;     /* source bytes this rank's slices cover */
+    uint64_t local_bytes;    /* fp32 bytes of this rank's tensors (table.numel * 4) */
+    uint64_t staging_peak;   /* largest temporary buffer, bytes */
     uint64_t largest_tensor; /* fp32 bytes of the largest local tensor */
-    long rss_growth_kb;    /* peak resident set during the import minus before it (-1: unknown) */
+    long rss_growth_kb;      /* peak resident set during the import minus before it (-1: unknown) */
     double seconds;
 } init_from_report_t;
 

@@ -93,10 +93,10 @@ static void map_llama_hf(map_builder_t *b, const model_config_t *c)
     add(b, "tok_emb", V, C, SRC("%s", "embed_tokens.weight"), V, C, 0, HF_MAP_VOCAB);
     for (int l = 0; l < c->n_layer; l++) {
         add(b, DST("h.%d.ln1.w", l), C, 0, SRC("layers.%d.input_layernorm.weight", l), C, 0, 0, 0);
-        hf_map_t *q = add(b, DST("h.%d.attn.wq", l), QD, C, SRC("layers.%d.self_attn.q_proj.weight", l), QD, C, 0,
-                          HF_MAP_ROPE);
-        hf_map_t *k = add(b, DST("h.%d.attn.wk", l), KVD, C, SRC("layers.%d.self_attn.k_proj.weight", l), KVD, C,
-                          0, HF_MAP_ROPE);
+        hf_map_t *q =
+            add(b, DST("h.%d.attn.wq", l), QD, C, SRC("layers.%d.self_attn.q_proj.weight", l), QD, C, 0, HF_MAP_ROPE);
+        hf_map_t *k =
+            add(b, DST("h.%d.attn.wk", l), KVD, C, SRC("layers.%d.self_attn.k_proj.weight", l), KVD, C, 0, HF_MAP_ROPE);
         if (q && k)
             q->head_size = k->head_size = (int)HS;
         add(b, DST("h.%d.attn.wv", l), KVD, C, SRC("layers.%d.self_attn.v_proj.weight", l), KVD, C, 0, 0);
@@ -113,8 +113,8 @@ static void map_llama_hf(map_builder_t *b, const model_config_t *c)
 }
 
 /* One llm.c entry: tensor id, layer l of it. */
-static void add_llmc(map_builder_t *b, const char *name, int64_t d0, int64_t d1, int id, int l, int64_t s0,
-                     int64_t s1, int64_t off, unsigned flags)
+static void add_llmc(map_builder_t *b, const char *name, int64_t d0, int64_t d1, int id, int l, int64_t s0, int64_t s1,
+                     int64_t off, unsigned flags)
 {
     hf_map_t *e = add(b, name, d0, d1, llmc_tensor_name((llmc_tensor_t)id), s0, s1, off, flags);
     if (e) {
@@ -157,8 +157,8 @@ static void map_llmc(map_builder_t *b, const model_config_t *c)
     add_llmc(b, "lnf.b", C, 0, LLMC_LNFB, 0, C, 0, 0, 0);
 }
 
-int hf_map_build(const model_config_t *c, hf_format_t fmt, const char *prefix, hf_map_t **out, int *n_out,
-                 char *err, size_t errlen)
+int hf_map_build(const model_config_t *c, hf_format_t fmt, const char *prefix, hf_map_t **out, int *n_out, char *err,
+                 size_t errlen)
 {
     map_builder_t b = {0};
     *out = NULL;
@@ -192,8 +192,8 @@ const hf_map_t *hf_map_find(const hf_map_t *m, int n, const char *name)
     return NULL;
 }
 
-void hf_map_src_block(const hf_map_t *e, int64_t r0, int64_t nr, int64_t c0, int64_t nc, int64_t *sr0,
-                      int64_t *snr, int64_t *sc0, int64_t *snc, int *transpose)
+void hf_map_src_block(const hf_map_t *e, int64_t r0, int64_t nr, int64_t c0, int64_t nc, int64_t *sr0, int64_t *snr,
+                      int64_t *sc0, int64_t *snc, int *transpose)
 {
     if (e->ndim == 1) { /* a row vector: dtrain element i is column off + i */
         *sr0 = 0;

@@ -76,17 +76,17 @@ typedef enum { HF_FMT_HF = 0, HF_FMT_LLMC = 1 } hf_format_t;
 #define HF_MAP_VOCAB 4u     /* V rows in the source; dtrain's padding rows are memory only */
 
 typedef struct hf_map {
-    char name[PARAM_NAME_MAX];  /* dtrain's logical tensor, e.g. "h.3.attn.wq" */
-    char src[HF_SRC_NAME_MAX];  /* HF tensor name; llm.c: its tensor's name ("qkvw") */
-    int llmc_id;                /* llm.c: llmc_tensor_t (io/llmc_model.h); -1 for HF */
-    int layer;                  /* llm.c: the layer of a stacked tensor, else 0 */
-    unsigned flags;             /* HF_MAP_* */
-    int ndim;                   /* dtrain's: 1 or 2 */
-    int64_t shape[2];           /* dtrain's logical shape ([R, 1] for 1-D) */
-    int src_ndim;               /* the source tensor as stored (llm.c: one layer of it; */
-    int64_t src_shape[2];       /* a vector is [n]; src_shape[1] = 1 for 1-D) */
-    int64_t off;                /* first row of dtrain's tensor in the source's output dim */
-    int head_size;              /* HF_MAP_ROPE: HS */
+    char name[PARAM_NAME_MAX]; /* dtrain's logical tensor, e.g. "h.3.attn.wq" */
+    char src[HF_SRC_NAME_MAX]; /* HF tensor name; llm.c: its tensor's name ("qkvw") */
+    int llmc_id;               /* llm.c: llmc_tensor_t (io/llmc_model.h); -1 for HF */
+    int layer;                 /* llm.c: the layer of a stacked tensor, else 0 */
+    unsigned flags;            /* HF_MAP_* */
+    int ndim;                  /* dtrain's: 1 or 2 */
+    int64_t shape[2];          /* dtrain's logical shape ([R, 1] for 1-D) */
+    int src_ndim;              /* the source tensor as stored (llm.c: one layer of it; */
+    int64_t src_shape[2];      /* a vector is [n]; src_shape[1] = 1 for 1-D) */
+    int64_t off;               /* first row of dtrain's tensor in the source's output dim */
+    int head_size;             /* HF_MAP_ROPE: HS */
 } hf_map_t;
 
 /* Every logical tensor of the whole model c (the table of
@@ -95,8 +95,8 @@ typedef struct hf_map {
  * ("transformer." or ""); Llama ignores it. *out is malloc'd. Returns 0, or
  * -1 with one line in err (an architecture the format lacks: llm.c is GPT-2
  * only). */
-int hf_map_build(const model_config_t *c, hf_format_t fmt, const char *prefix, hf_map_t **out, int *n_out,
-                 char *err, size_t errlen);
+int hf_map_build(const model_config_t *c, hf_format_t fmt, const char *prefix, hf_map_t **out, int *n_out, char *err,
+                 size_t errlen);
 /* The entry of dtrain tensor name, or NULL. */
 const hf_map_t *hf_map_find(const hf_map_t *m, int n, const char *name);
 
@@ -106,8 +106,8 @@ const hf_map_t *hf_map_find(const hf_map_t *m, int n, const char *name);
  * and *transpose, so that the result is [nr][nc] in dtrain's orientation.
  * With HF_MAP_ROPE the block's rows must be whole heads and arrive in
  * source order: apply hf_rope_to_dtrain afterwards. */
-void hf_map_src_block(const hf_map_t *e, int64_t r0, int64_t nr, int64_t c0, int64_t nc, int64_t *sr0,
-                      int64_t *snr, int64_t *sc0, int64_t *snc, int *transpose);
+void hf_map_src_block(const hf_map_t *e, int64_t r0, int64_t nr, int64_t c0, int64_t nc, int64_t *sr0, int64_t *snr,
+                      int64_t *sc0, int64_t *snc, int *transpose);
 
 /* dtrain row r of a q/k weight (heads of hs rows) -> its HF row, and back. */
 static inline int64_t hf_rope_src_row(int64_t r, int64_t hs)

@@ -28,11 +28,27 @@
  * H100, 42 % MFU) and the Megatron-LM A100 runs (44-52 % MFU) come out at
  * the published MFU; doc/design.md shows the calibration. */
 static const hw_profile_t builtin[] = {
-    {.name = "h100-sxm", .memory = 80 * GIB, .reserve = 4 * GIB, .peak_fp32 = 66.9e12, .peak_bf16 = 989.4e12,
-     .efficiency = 0.50, .mem_bw = 3.35e12, .intra_bw = 0.8 * 450e9, .inter_bw = 0.8 * 50e9, .latency = 15e-6,
+    {.name = "h100-sxm",
+     .memory = 80 * GIB,
+     .reserve = 4 * GIB,
+     .peak_fp32 = 66.9e12,
+     .peak_bf16 = 989.4e12,
+     .efficiency = 0.50,
+     .mem_bw = 3.35e12,
+     .intra_bw = 0.8 * 450e9,
+     .inter_bw = 0.8 * 50e9,
+     .latency = 15e-6,
      .gpus_per_node = 8},
-    {.name = "a100-80g", .memory = 80 * GIB, .reserve = 4 * GIB, .peak_fp32 = 19.5e12, .peak_bf16 = 312e12,
-     .efficiency = 0.60, .mem_bw = 2.04e12, .intra_bw = 0.8 * 300e9, .inter_bw = 0.8 * 25e9, .latency = 15e-6,
+    {.name = "a100-80g",
+     .memory = 80 * GIB,
+     .reserve = 4 * GIB,
+     .peak_fp32 = 19.5e12,
+     .peak_bf16 = 312e12,
+     .efficiency = 0.60,
+     .mem_bw = 2.04e12,
+     .intra_bw = 0.8 * 300e9,
+     .inter_bw = 0.8 * 25e9,
+     .latency = 15e-6,
      .gpus_per_node = 8},
 };
 #define N_BUILTIN ((int)(sizeof builtin / sizeof builtin[0]))
@@ -85,9 +101,12 @@ static int parse_quantity(const char *s, double *out)
         return -1;
     while (*end == ' ')
         end++;
-    static const struct { const char *unit; double mul; } units[] = {
-        {"", 1}, {"B", 1}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
-        {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", GIB}, {"TiB", GIB * 1024.0},
+    static const struct {
+        const char *unit;
+        double mul;
+    } units[] = {
+        {"", 1},      {"B", 1},        {"KB", 1e3},        {"MB", 1e6},  {"GB", 1e9},
+        {"TB", 1e12}, {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", GIB}, {"TiB", GIB * 1024.0},
     };
     for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
         if (strcmp(end, units[i].unit) == 0) {
@@ -102,8 +121,10 @@ static int check_profile(const hw_profile_t *p, const char *path, char *err, siz
 {
     if (p->memory <= 0 || p->intra_bw <= 0 || p->inter_bw <= 0 || (p->peak_fp32 <= 0 && p->peak_bf16 <= 0) ||
         p->efficiency <= 0 || p->efficiency > 1 || p->reserve >= p->memory) {
-        snprintf(err, errlen, "%s: memory, a peak (peak_fp32 or peak_bf16) and both bandwidths must be positive, "
-                 "efficiency in (0, 1] and reserve below memory", path);
+        snprintf(err, errlen,
+                 "%s: memory, a peak (peak_fp32 or peak_bf16) and both bandwidths must be positive, "
+                 "efficiency in (0, 1] and reserve below memory",
+                 path);
         return -1;
     }
     return 0;
@@ -120,9 +141,13 @@ static int load_file(hw_profile_t *p, const char *path, char *err, size_t errlen
     memset(p, 0, sizeof *p);
     snprintf(p->name, sizeof p->name, "%.63s", path);
     p->efficiency = 0.5;
-    struct { const char *key; double *field; int required; } keys[] = {
-        {"memory", &p->memory, 1},       {"reserve", &p->reserve, 0},       {"peak_fp32", &p->peak_fp32, 0},
-        {"peak_bf16", &p->peak_bf16, 0}, {"efficiency", &p->efficiency, 0}, {"mem_bw", &p->mem_bw, 0},
+    struct {
+        const char *key;
+        double *field;
+        int required;
+    } keys[] = {
+        {"memory", &p->memory, 1},          {"reserve", &p->reserve, 0},        {"peak_fp32", &p->peak_fp32, 0},
+        {"peak_bf16", &p->peak_bf16, 0},    {"efficiency", &p->efficiency, 0},  {"mem_bw", &p->mem_bw, 0},
         {"intra_node_bw", &p->intra_bw, 1}, {"inter_node_bw", &p->inter_bw, 1}, {"latency", &p->latency, 0},
     };
     const int nk = (int)(sizeof keys / sizeof keys[0]);
@@ -162,12 +187,16 @@ static int load_file(hw_profile_t *p, const char *path, char *err, size_t errlen
         while (k < nk && strcmp(keys[k].key, key) != 0)
             k++;
         if (k == nk) {
-            snprintf(err, errlen, "%s:%d: unknown key '%s' (allowed: name, memory, reserve, peak_fp32, peak_bf16, "
-                     "efficiency, mem_bw, intra_node_bw, inter_node_bw, latency, gpus_per_node)", path, lineno, key);
+            snprintf(err, errlen,
+                     "%s:%d: unknown key '%s' (allowed: name, memory, reserve, peak_fp32, peak_bf16, "
+                     "efficiency, mem_bw, intra_node_bw, inter_node_bw, latency, gpus_per_node)",
+                     path, lineno, key);
             rc = -1;
         } else if (parse_quantity(val, keys[k].field) != 0) {
-            snprintf(err, errlen, "%s:%d: %s '%s': expected a non-negative number with an optional unit "
-                     "(B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)", path, lineno, key, val);
+            snprintf(err, errlen,
+                     "%s:%d: %s '%s': expected a non-negative number with an optional unit "
+                     "(B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)",
+                     path, lineno, key, val);
             rc = -1;
         } else {
             seen[k] = 1;

@@ -9,17 +9,17 @@
 
 typedef struct hw_profile {
     char name[64];
-    double memory;        /* bytes of device memory per rank */
-    double reserve;       /* bytes the runtime keeps (CUDA context, NCCL and
+    double memory;     /* bytes of device memory per rank */
+    double reserve;    /* bytes the runtime keeps (CUDA context, NCCL and
                              cuBLAS buffers, allocator fragmentation) */
-    double peak_fp32;     /* dense FLOP/s per device at fp32 */
-    double peak_bf16;     /* dense FLOP/s per device at bf16 (no 2:4 sparsity) */
-    double efficiency;    /* achievable fraction of peak in the model's kernels */
-    double mem_bw;        /* device memory bytes/s (the optimizer's streaming) */
-    double intra_bw;      /* achievable bus bandwidth inside a node, bytes/s per rank */
-    double inter_bw;      /* achievable bus bandwidth between nodes, bytes/s per rank */
-    double latency;       /* seconds per collective or message, added to each */
-    int gpus_per_node;    /* ranks per node */
+    double peak_fp32;  /* dense FLOP/s per device at fp32 */
+    double peak_bf16;  /* dense FLOP/s per device at bf16 (no 2:4 sparsity) */
+    double efficiency; /* achievable fraction of peak in the model's kernels */
+    double mem_bw;     /* device memory bytes/s (the optimizer's streaming) */
+    double intra_bw;   /* achievable bus bandwidth inside a node, bytes/s per rank */
+    double inter_bw;   /* achievable bus bandwidth between nodes, bytes/s per rank */
+    double latency;    /* seconds per collective or message, added to each */
+    int gpus_per_node; /* ranks per node */
 } hw_profile_t;
 
 /* Fills p from a built-in name or a profile file. peak_gflops > 0

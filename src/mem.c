@@ -10,12 +10,8 @@ static size_t mem_peak[MEM_N_CATEGORIES];
 static size_t mem_live_total, mem_peak_total;
 
 static const char *const mem_names[MEM_N_CATEGORIES] = {
-    [MEM_PARAMS] = "parameters",
-    [MEM_GRADS] = "gradients",
-    [MEM_OPTIM] = "optimizer",
-    [MEM_ACTS] = "activations",
-    [MEM_COMM] = "communication",
-    [MEM_WORKSPACE] = "workspace",
+    [MEM_PARAMS] = "parameters", [MEM_GRADS] = "gradients",    [MEM_OPTIM] = "optimizer",
+    [MEM_ACTS] = "activations",  [MEM_COMM] = "communication", [MEM_WORKSPACE] = "workspace",
 };
 
 void mem_track(mem_category_t cat, long long delta)

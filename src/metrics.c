@@ -60,8 +60,8 @@ void metrics_print_step(FILE *out, const step_record_t *r)
         fprintf(out, " | val %.6f", r->val_loss);
     fprintf(out, " | lr %.3e | norm %.4f | %.1f ms", r->lr, r->grad_norm, r->ms);
     if (r->comm_ms > 0 || r->bubble_max > 0)
-        fprintf(out, " (compute %.1f/%.1f, comm wait %.1f/%.1f", r->compute_ms_max, r->compute_ms_mean,
-                r->comm_ms, r->comm_ms_mean);
+        fprintf(out, " (compute %.1f/%.1f, comm wait %.1f/%.1f", r->compute_ms_max, r->compute_ms_mean, r->comm_ms,
+                r->comm_ms_mean);
     if (r->bubble_max > 0)
         fprintf(out, ", bubble %.0f%%/%.0f%%", 100.0 * r->bubble_max, 100.0 * r->bubble_mean);
     if (r->comm_ms > 0 || r->bubble_max > 0)
@@ -113,9 +113,12 @@ int metrics_write_json(FILE *f, const step_record_t *r)
     if (!isnan(r->val_loss))
         rc = rc < 0 ? rc : fprintf(f, ", \"val_loss\": %.9g", r->val_loss);
     rc = rc < 0 ? rc
-                : fprintf(f, ", \"lr\": %.9g, \"grad_norm\": %.9g, \"ms\": %.3f, \"compute_ms_max\": %.3f, \"compute_ms_mean\": %.3f, \"comm_ms\": %.3f, \"comm_ms_mean\": %.3f, \"bubble_max\": %.4f, \"bubble_mean\": %.4f, \"tokens_per_s\": %.3f, \"mfu\": %.6f, \"mem_peak\": {",
-                          r->lr, r->grad_norm, r->ms, r->compute_ms_max, r->compute_ms_mean, r->comm_ms, r->comm_ms_mean,
-                          r->bubble_max, r->bubble_mean, r->tokens_per_s, r->mfu);
+                : fprintf(f,
+                          ", \"lr\": %.9g, \"grad_norm\": %.9g, \"ms\": %.3f, \"compute_ms_max\": %.3f, "
+                          "\"compute_ms_mean\": %.3f, \"comm_ms\": %.3f, \"comm_ms_mean\": %.3f, \"bubble_max\": %.4f, "
+                          "\"bubble_mean\": %.4f, \"tokens_per_s\": %.3f, \"mfu\": %.6f, \"mem_peak\": {",
+                          r->lr, r->grad_norm, r->ms, r->compute_ms_max, r->compute_ms_mean, r->comm_ms,
+                          r->comm_ms_mean, r->bubble_max, r->bubble_mean, r->tokens_per_s, r->mfu);
     for (int k = 0; k <= MEM_N_CATEGORIES && rc >= 0; k++)
         rc = fprintf(f, "\"%s\": %lld%s", k < MEM_N_CATEGORIES ? mem_category_name((mem_category_t)k) : "total",
                      r->mem_peak[k], k < MEM_N_CATEGORIES ? ", " : "}");
@@ -123,8 +126,9 @@ int metrics_write_json(FILE *f, const step_record_t *r)
         rc = fprintf(f, ", \"ckpt_stall_ms\": %.3f", r->ckpt_stall_ms);
     const straggler_report_t *g = &r->straggler;
     if (rc >= 0 && g->steps > 0)
-        rc = fprintf(f, ", \"straggler_rank\": %d, \"straggler_host\": \"%s\", \"straggler_ms\": %.3f, "
-                        "\"straggler_median_ms\": %.3f, \"straggler_first_step\": %d",
+        rc = fprintf(f,
+                     ", \"straggler_rank\": %d, \"straggler_host\": \"%s\", \"straggler_ms\": %.3f, "
+                     "\"straggler_median_ms\": %.3f, \"straggler_first_step\": %d",
                      g->rank, g->host, g->ms, g->median_ms, g->first);
     rc = rc < 0 ? rc : fprintf(f, "}\n");
     if (rc < 0 || fflush(f) != 0)

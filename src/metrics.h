@@ -10,9 +10,9 @@
 #include "src/straggler.h"
 
 typedef struct step_record {
-    int step, steps;   /* 1-based step just finished, total */
-    double loss;       /* mean training loss of the step's global batch */
-    double val_loss;   /* NAN when not computed this step */
+    int step, steps; /* 1-based step just finished, total */
+    double loss;     /* mean training loss of the step's global batch */
+    double val_loss; /* NAN when not computed this step */
     double lr, grad_norm;
     double ms, tokens_per_s, mfu; /* mfu as a fraction */
     /* per rank: compute = step time less exposed communication (time

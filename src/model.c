@@ -189,10 +189,7 @@ static float *carve(char *base, size_t *cursor, size_t n)
 }
 
 /* Carves n bf16 values: h(n) = r(ceil(n/2)) bytes. */
-static uint16_t *carve16(char *base, size_t *cursor, size_t n)
-{
-    return (uint16_t *)carve(base, cursor, (n + 1) / 2);
-}
+static uint16_t *carve16(char *base, size_t *cursor, size_t n) { return (uint16_t *)carve(base, cursor, (n + 1) / 2); }
 
 /* Carves one block's tensors: `core` (everything but fc_act, dropped only
  * by full recompute) and `act` (the activation function's output). Tensors
@@ -349,12 +346,10 @@ static void backend_free(const ops_t *ops, mem_category_t cat, void *p, size_t b
     }
 }
 
-const char *const model_recompute_names[] = {[MODEL_RECOMPUTE_NONE] = "none",
-                                            [MODEL_RECOMPUTE_SELECTIVE] = "selective",
-                                            [MODEL_RECOMPUTE_FULL] = "full", NULL};
+const char *const model_recompute_names[] = {
+    [MODEL_RECOMPUTE_NONE] = "none", [MODEL_RECOMPUTE_SELECTIVE] = "selective", [MODEL_RECOMPUTE_FULL] = "full", NULL};
 
-void model_arena_bytes(const model_config_t *cfg, const model_layout_t *lay, int B, int T, size_t *acts,
-                       size_t *work)
+void model_arena_bytes(const model_config_t *cfg, const model_layout_t *lay, int B, int T, size_t *acts, size_t *work)
 {
     model_t m;
     memset(&m, 0, sizeof m);
@@ -372,8 +367,8 @@ model_layout_t model_layout_single(const model_config_t *c)
     return (model_layout_t){.part = param_layout_whole(c), .tp = NULL, .sequence_parallel = 0, .n_slots = 1};
 }
 
-int model_create(model_t *m, const model_config_t *cfg, const ops_t *ops, const model_layout_t *lay,
-                 int B, int T, char *err, size_t errlen)
+int model_create(model_t *m, const model_config_t *cfg, const ops_t *ops, const model_layout_t *lay, int B, int T,
+                 char *err, size_t errlen)
 {
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
@@ -385,8 +380,7 @@ int model_create(model_t *m, const model_config_t *cfg, const ops_t *ops, const 
     if (model_config_check(cfg, err, errlen) != 0)
         return -1;
     if (cfg->arch == ARCH_GPT2 && T > cfg->max_seq) {
-        snprintf(err, errlen, "--seq-len %d exceeds the model's %d learned positions (--max-seq-len)",
-                 T, cfg->max_seq);
+        snprintf(err, errlen, "--seq-len %d exceeds the model's %d learned positions (--max-seq-len)", T, cfg->max_seq);
         return -1;
     }
     if (P > 1 && !lay->tp) {
@@ -394,19 +388,19 @@ int model_create(model_t *m, const model_config_t *cfg, const ops_t *ops, const 
         return -1;
     }
     if (cfg->n_head % P || cfg->n_kv_head % P || cfg->d_ff % P) {
-        snprintf(err, errlen, "--tp %d must divide the heads (%d), the KV heads (%d) and the FFN width (%d)",
-                 P, cfg->n_head, cfg->n_kv_head, cfg->d_ff);
+        snprintf(err, errlen, "--tp %d must divide the heads (%d), the KV heads (%d) and the FFN width (%d)", P,
+                 cfg->n_head, cfg->n_kv_head, cfg->d_ff);
         return -1;
     }
     if (lay->sequence_parallel && ((size_t)B * (size_t)T) % (size_t)P) {
-        snprintf(err, errlen, "--sequence-parallel: micro batch x seq len (%d x %d) must be a multiple of --tp %d",
-                 B, T, P);
+        snprintf(err, errlen, "--sequence-parallel: micro batch x seq len (%d x %d) must be a multiple of --tp %d", B,
+                 T, P);
         return -1;
     }
     if (lay->n_slots < 1 || lay->part.layer_begin < 0 || lay->part.layer_end > cfg->n_layer ||
         lay->part.layer_begin > lay->part.layer_end) {
-        snprintf(err, errlen, "internal error: bad stage layout (layers %d..%d, %d slots)",
-                 lay->part.layer_begin, lay->part.layer_end, lay->n_slots);
+        snprintf(err, errlen, "internal error: bad stage layout (layers %d..%d, %d slots)", lay->part.layer_begin,
+                 lay->part.layer_end, lay->n_slots);
         return -1;
     }
     if (param_table_build(&m->table, cfg, &lay->part, err, errlen) != 0)
@@ -414,8 +408,9 @@ int model_create(model_t *m, const model_config_t *cfg, const ops_t *ops, const 
     m->n_local = lay->part.layer_end - lay->part.layer_begin;
     m->v_rows = (int)(param_padded_vocab(cfg->vocab_size, P) / P);
     m->v0 = m->v_rows * lay->part.tp_rank;
-    m->v_held = cfg->vocab_size - m->v0 < 0 ? 0 : cfg->vocab_size - m->v0 > m->v_rows ? m->v_rows
-                                                                                   : cfg->vocab_size - m->v0;
+    m->v_held = cfg->vocab_size - m->v0 < 0           ? 0
+                : cfg->vocab_size - m->v0 > m->v_rows ? m->v_rows
+                                                      : cfg->vocab_size - m->v0;
     const size_t Ls = (size_t)m->n_local, pbytes = m->table.numel * sizeof(float);
     m->p.h = calloc(Ls ? Ls : 1, sizeof *m->p.h);
     m->g.h = calloc(Ls ? Ls : 1, sizeof *m->g.h);
@@ -449,7 +444,8 @@ int model_create(model_t *m, const model_config_t *cfg, const ops_t *ops, const 
     }
     if (!m->p.h || !m->g.h || !slots_ok || !m->layer_start || (pbytes && (!m->params || !m->grads)) ||
         (lay->bf16 && m->params_n && !m->params16) || !acts || !work) {
-        snprintf(err, errlen, "out of memory: the model needs %.1f MiB of parameters+gradients and "
+        snprintf(err, errlen,
+                 "out of memory: the model needs %.1f MiB of parameters+gradients and "
                  "%.1f MiB of activations at micro batch %d x seq %d; lower --micro-batch or --seq-len",
                  2.0 * (double)pbytes / 1048576.0, (double)(m->act_bytes + m->work_bytes) / 1048576.0, B, T);
         backend_free(ops, MEM_ACTS, acts, m->act_bytes);
@@ -544,10 +540,7 @@ static int lend_params(model_t *m, int i, int next)
     return 0;
 }
 
-void model_params_written(model_t *m)
-{
-    m->params16_stale = 1;
-}
+void model_params_written(model_t *m) { m->params16_stale = 1; }
 
 /* The bf16 weights of w[OC*IC] (--dtype bf16): its place in params16,
  * brought up to date first if params were written since (one cast of
@@ -707,8 +700,8 @@ static const int32_t *slot_pos(const model_slot_t *sl) { return sl->has_pos ? sl
  * function: what backward needs, without the MLP's output projection and
  * its collective (which every TP rank then skips alike). pos: the slot's
  * document positions, or NULL. */
-static void block_fwd(model_t *m, const block_acts_t *a, const int32_t *pos, const float *x, float *xout, int i,
-                      int b, int t)
+static void block_fwd(model_t *m, const block_acts_t *a, const int32_t *pos, const float *x, float *xout, int i, int b,
+                      int t)
 {
     const ops_t *o = m->ops;
     const model_config_t *c = &m->cfg;
@@ -855,8 +848,8 @@ static const float *dres_all_rows(model_t *m, int N, int NR)
 /* dln[N,C] holds this rank's partial dL/d(norm output) from a
  * column-parallel matmul: sum it over TP ranks and add the norm's backward
  * into dres (this rank's rows). */
-static void norm_bwd_reduce(model_t *m, float *dw, float *db, const float *x, const float *w,
-                            const float *mean, const float *rstd, int N, int NR, int accum)
+static void norm_bwd_reduce(model_t *m, float *dw, float *db, const float *x, const float *w, const float *mean,
+                            const float *rstd, int N, int NR, int accum)
 {
     const int C = m->cfg.d_model;
     const float *dout = m->dln;
@@ -909,11 +902,11 @@ static void block_bwd(model_t *m, model_slot_t *sl, int i, int accum, int last)
      * never is), SwiGLU's from its own kernel */
     float *dfc = gpt ? m->dbig : m->dbig2;
     if (gpt) {
-        mm_dgelu_bwd(m, dfc, g->wproj, g->bproj, dres_all_rows(m, N, NR), a->fc_act, a->fc_act16, a->fc, w->wproj,
-                     N, F, C, accum);
+        mm_dgelu_bwd(m, dfc, g->wproj, g->bproj, dres_all_rows(m, N, NR), a->fc_act, a->fc_act16, a->fc, w->wproj, N, F,
+                     C, accum);
     } else {
-        mm_bwd(m, m->dbig, g->wproj, g->bproj, dres_all_rows(m, N, NR), a->fc_act, a->fc_act16, w->wproj, N, F, C,
-               0, accum);
+        mm_bwd(m, m->dbig, g->wproj, g->bproj, dres_all_rows(m, N, NR), a->fc_act, a->fc_act16, w->wproj, N, F, C, 0,
+               accum);
         o->swiglu_bwd(o->ctx, dfc, a->fc, m->dbig, N, F);
     }
     mm_bwd(m, m->dln, g->wfc, g->bfc, dfc, a->ln2, a->ln2_16, w->wfc, N, C, fc_width(m), 0, accum);

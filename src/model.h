@@ -38,11 +38,11 @@ typedef struct block_tensors {
 } block_tensors_t;
 
 typedef struct model_tensors {
-    float *wte;  /* [Vl,C] token embedding (GPT-2: tied with the output head); first stage */
-    float *wpe;  /* [max_seq,C] GPT-2 only; first stage */
+    float *wte;         /* [Vl,C] token embedding (GPT-2: tied with the output head); first stage */
+    float *wpe;         /* [max_seq,C] GPT-2 only; first stage */
     block_tensors_t *h; /* [Ls] this stage's blocks */
     float *lnfw, *lnfb; /* last stage */
-    float *head; /* [Vl,C] output head (GPT-2: wte, or its tied copy); last stage */
+    float *head;        /* [Vl,C] output head (GPT-2: wte, or its tied copy); last stage */
 } model_tensors_t;
 
 /* What a slot keeps of each block for its backward (--recompute):
@@ -81,25 +81,25 @@ typedef struct block_acts {
 /* Everything one microbatch's forward leaves for its backward. A pipeline
  * stage keeps several in flight (1F1B: up to the number of stages). */
 typedef struct model_slot {
-    int b, t;           /* shape of the forward held here */
+    int b, t; /* shape of the forward held here */
     int has_dlogits;
-    float *x;           /* [Ls+1][NR,C] residual stream: x[0] stage input, x[i+1] block i's output */
-    block_acts_t *acts; /* [Ls] */
+    float *x;                         /* [Ls+1][NR,C] residual stream: x[0] stage input, x[i+1] block i's output */
+    block_acts_t *acts;               /* [Ls] */
     float *lnf, *lnf_mean, *lnf_rstd; /* [N,C], [NR], [NR] (last stage) */
-    float *logits;      /* [N,Vl]; after a training forward it holds dlogits */
-    float *losses;      /* [N] */
-    float *xmax, *xstats; /* [N], [N,2]: cross-entropy max and {sumexp, target logit} */
-    int32_t *tokens, *targets; /* [N] backend copies of the batch */
-    int32_t *pos;       /* [N] document positions (lay.doc_mask; else NULL) */
-    int has_pos;        /* the forward held here was given positions: its backward uses them too */
+    float *logits;                    /* [N,Vl]; after a training forward it holds dlogits */
+    float *losses;                    /* [N] */
+    float *xmax, *xstats;             /* [N], [N,2]: cross-entropy max and {sumexp, target logit} */
+    int32_t *tokens, *targets;        /* [N] backend copies of the batch */
+    int32_t *pos;                     /* [N] document positions (lay.doc_mask; else NULL) */
+    int has_pos;                      /* the forward held here was given positions: its backward uses them too */
 } model_slot_t;
 
 /* Where this rank sits: its TP group and its pipeline stage. */
 typedef struct model_layout {
-    param_layout_t part;   /* tensors held: TP rank, layer range, embed/head */
-    comm_t *tp;            /* the TP group; may be NULL when part.tp_size == 1 */
+    param_layout_t part; /* tensors held: TP rank, layer range, embed/head */
+    comm_t *tp;          /* the TP group; may be NULL when part.tp_size == 1 */
     int sequence_parallel;
-    int n_slots;           /* microbatches in flight on this stage */
+    int n_slots; /* microbatches in flight on this stage */
     /* Block gradients are not kept (ZeRO-2 and 3: the strategy's
      * lends_block_grads). m->grads holds only the tensors outside the
      * blocks (embeddings, then final norm and head), and each block's
@@ -131,23 +131,23 @@ typedef struct model {
     param_table_t table;
     float *params; /* [params_n]: [table.numel], or see lent_block_params */
     size_t params_n;
-    float *grads;  /* [grads_n]: [table.numel], or see lent_block_grads */
+    float *grads; /* [grads_n]: [table.numel], or see lent_block_grads */
     size_t grads_n;
     model_tensors_t p, g;
-    int n_local;   /* Ls: blocks on this stage */
+    int n_local;            /* Ls: blocks on this stage */
     int v0, v_held, v_rows; /* vocab: first logical row held, rows held, rows in memory (Vl) */
 
-    int B, T; /* activation capacity; forward accepts any b <= B, t <= T */
+    int B, T;            /* activation capacity; forward accepts any b <= B, t <= T */
     model_slot_t *slots; /* [n_slots] */
     /* backward and forward workspace, shared by all slots */
-    float *dres;   /* [NR,C] dL/d(residual): holds dL/d(stage output) on entry to a
+    float *dres;  /* [NR,C] dL/d(residual): holds dL/d(stage output) on entry to a
                       middle stage's backward, dL/d(stage input) on exit */
-    float *dfull;  /* [N,C] all rows of dres (sequence parallel) */
-    float *dln;    /* [N,C] */
-    float *dlnr;   /* [NR,C] this rank's rows of dln after reduce-scatter */
+    float *dfull; /* [N,C] all rows of dres (sequence parallel) */
+    float *dln;   /* [N,C] */
+    float *dlnr;  /* [NR,C] this rank's rows of dln after reduce-scatter */
     float *dbig, *dbig2;
-    float *tmp;    /* [N,C] row-parallel partial sums before reduce-scatter */
-    float *lnr;    /* [NR,C] a norm's output rows before all-gather */
+    float *tmp; /* [N,C] row-parallel partial sums before reduce-scatter */
+    float *lnr; /* [NR,C] a norm's output rows before all-gather */
     /* --recompute: where the dropped tensors of the block being computed
      * live (FULL: all of block_acts_t; SELECTIVE: none). fc_act is never
      * here: it goes to dbig2, free from the activation function's backward
@@ -181,26 +181,24 @@ typedef struct model {
     double tp_comm_s; /* seconds in TP collectives since the caller zeroed it */
     trace_t *trace;   /* NULL, or where per-layer spans go (--trace) */
     int trace_micro;  /* microbatch index the spans are labelled with */
-    int failed;    /* a TP collective failed: err says which */
+    int failed;       /* a TP collective failed: err says which */
     char err[512];
 } model_t;
-
 
 /* The layout of a single process: the whole model, no TP, one slot. */
 model_layout_t model_layout_single(const model_config_t *c);
 
 /* Allocates parameters, gradients and activations for batches up to B x T.
  * Returns 0, or -1 with one line in err. */
-int model_create(model_t *m, const model_config_t *cfg, const ops_t *ops, const model_layout_t *lay,
-                 int B, int T, char *err, size_t errlen);
+int model_create(model_t *m, const model_config_t *cfg, const ops_t *ops, const model_layout_t *lay, int B, int T,
+                 char *err, size_t errlen);
 void model_destroy(model_t *m);
 
 /* Bytes of the activation arena (MEM_ACTS) and the workspace arena
  * (MEM_WORKSPACE) model_create allocates for this layout and batch
  * capacity, computed by the same layout code without allocating: what the
  * planner (src/plan.c) reports for --plan-dtype fp32 (lay->bf16 = 0). */
-void model_arena_bytes(const model_config_t *cfg, const model_layout_t *lay, int B, int T, size_t *acts,
-                       size_t *work);
+void model_arena_bytes(const model_config_t *cfg, const model_layout_t *lay, int B, int T, size_t *acts, size_t *work);
 
 /* Fills parameters from the counter-based RNG (layout independent).
  * Returns -1 if the host staging buffer cannot be allocated. */

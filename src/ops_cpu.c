@@ -160,8 +160,7 @@ static void bias_rows(float *out, const float *b, int N, int OC)
  * The bias is written first and the GEMM adds onto it (beta = 1): one write
  * sweep instead of a read-modify-write sweep after the GEMM (the two measure
  * the same within noise at GPT-2 shapes; this one is simpler). */
-static void matmul_fwd(void *ctx, float *out, const float *in, const float *w, const float *b,
-                       int N, int IC, int OC)
+static void matmul_fwd(void *ctx, float *out, const float *in, const float *w, const float *b, int N, int IC, int OC)
 {
     if (N <= 0 || OC <= 0)
         return;
@@ -175,15 +174,13 @@ static void matmul_fwd(void *ctx, float *out, const float *in, const float *w, c
             memset(out, 0, (size_t)N * OC * sizeof(float));
         return;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, IC,
-                1.0f, in, IC, w, IC, beta, out, OC);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, IC, 1.0f, in, IC, w, IC, beta, out, OC);
 }
 
 /* din[N,IC] = dout[N,OC] . w[OC,IC];  dw[OC,IC] = dout^T . in[N,IC];
  * db[OC] = column sums of dout. beta = 0 overwrites (NaN-safe in OpenBLAS). */
-static void matmul_bwd(void *ctx, float *din, float *dw, float *db, const float *dout,
-                       const float *in, const float *w, int N, int IC, int OC,
-                       int accum_din, int accum_dw)
+static void matmul_bwd(void *ctx, float *din, float *dw, float *db, const float *dout, const float *in, const float *w,
+                       int N, int IC, int OC, int accum_din, int accum_dw)
 {
     if (OC <= 0) { /* an empty sum: din = 0, or unchanged when accumulating */
         if (din && !accum_din && N > 0 && IC > 0)
@@ -191,12 +188,12 @@ static void matmul_bwd(void *ctx, float *din, float *dw, float *db, const float 
         return;
     }
     if (din && N > 0 && IC > 0)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, IC, OC,
-                    1.0f, dout, OC, w, IC, accum_din ? 1.0f : 0.0f, din, IC);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dout, OC, w, IC,
+                    accum_din ? 1.0f : 0.0f, din, IC);
     if (dw && IC > 0) {
         if (N > 0)
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, N,
-                        1.0f, dout, OC, in, IC, accum_dw ? 1.0f : 0.0f, dw, IC);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dout, OC, in, IC,
+                        accum_dw ? 1.0f : 0.0f, dw, IC);
         else if (!accum_dw)
             memset(dw, 0, (size_t)OC * IC * sizeof(float));
     }
@@ -207,8 +204,8 @@ static void matmul_bwd(void *ctx, float *din, float *dw, float *db, const float 
 /* ---- LayerNorm ---------------------------------------------------------------- */
 
 /* out[N,C] = (x - mean) * rstd * w + b; mean[N], rstd[N] saved. */
-static void layernorm_fwd(void *ctx, float *out, float *mean, float *rstd, const float *x,
-                          const float *w, const float *b, int N, int C, float eps)
+static void layernorm_fwd(void *ctx, float *out, float *mean, float *rstd, const float *x, const float *w,
+                          const float *b, int N, int C, float eps)
 {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
@@ -237,9 +234,8 @@ static void layernorm_fwd(void *ctx, float *out, float *mean, float *rstd, const
 /* din[N,C] += (g - mean(g) - xhat * mean(g * xhat)) * rstd with g = dout * w;
  * dw[C] (=|+=) sum_n dout * xhat; db[C] (=|+=) sum_n dout.
  * Rows for din, then column blocks for dw/db (deterministic). */
-static void layernorm_bwd(void *ctx, float *din, float *dw, float *db, const float *dout,
-                          const float *x, const float *w, const float *mean,
-                          const float *rstd, int N, int C, int accum_dw)
+static void layernorm_bwd(void *ctx, float *din, float *dw, float *db, const float *dout, const float *x,
+                          const float *w, const float *mean, const float *rstd, int N, int C, int accum_dw)
 {
     int nblk = (C + COL_BLOCK - 1) / COL_BLOCK;
 #pragma omp parallel
@@ -294,8 +290,7 @@ static void layernorm_bwd(void *ctx, float *din, float *dw, float *db, const flo
 /* ---- RMSNorm ------------------------------------------------------------------- */
 
 /* out[N,C] = x * rstd * w, rstd[N] = 1/sqrt(mean(x^2) + eps). */
-static void rmsnorm_fwd(void *ctx, float *out, float *rstd, const float *x, const float *w,
-                        int N, int C, float eps)
+static void rmsnorm_fwd(void *ctx, float *out, float *rstd, const float *x, const float *w, int N, int C, float eps)
 {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
@@ -314,8 +309,8 @@ static void rmsnorm_fwd(void *ctx, float *out, float *rstd, const float *x, cons
 }
 
 /* din[N,C] += r * w * g - x * r^3 / C * sum_c(w g x);  dw[C] (=|+=) sum_n g x r. */
-static void rmsnorm_bwd(void *ctx, float *din, float *dw, const float *dout, const float *x,
-                        const float *w, const float *rstd, int N, int C, int accum_dw)
+static void rmsnorm_bwd(void *ctx, float *din, float *dw, const float *dout, const float *x, const float *w,
+                        const float *rstd, int N, int C, int accum_dw)
 {
     int nblk = (C + COL_BLOCK - 1) / COL_BLOCK;
 #pragma omp parallel
@@ -364,8 +359,7 @@ static void rmsnorm_bwd(void *ctx, float *din, float *dw, const float *dout, con
  * (position, pair), shared by the B rows and all heads at that position;
  * with pos (document positions) parallel over rows, one cos/sin per (row,
  * pair): the same angles for the same positions, so the same bits. */
-static void rope_apply(float *qkv, const int32_t *pos, int B, int T, int NH, int NKV, int HS, float theta,
-                       float dir)
+static void rope_apply(float *qkv, const int32_t *pos, int B, int T, int NH, int NKV, int HS, float theta, float dir)
 {
     const int R = (NH + 2 * NKV) * HS, nqk = NH + NKV;
     if (pos) {
@@ -476,8 +470,8 @@ static void fill_nan(float *x, size_t n)
  * Per (b, h), per query block: S = Q K^T / sqrt(HS) over keys k0 up to the
  * block's last row, P = exp(S - lse), O = P V; Q, K, V are strided views of
  * qkv (row stride R). */
-static void attention_fwd(void *ctx, float *out, float *lse, const float *qkv, const int32_t *pos,
-                          int B, int T, int NH, int NKV, int HS)
+static void attention_fwd(void *ctx, float *out, float *lse, const float *qkv, const int32_t *pos, int B, int T, int NH,
+                          int NKV, int HS)
 {
     const int R = (NH + 2 * NKV) * HS, OC = NH * HS, grp = NH / NKV;
     const float scale = 1.0f / sqrtf((float)HS);
@@ -486,8 +480,7 @@ static void attention_fwd(void *ctx, float *out, float *lse, const float *qkv, c
     for (int bh = 0; bh < B * NH; bh++) {
         int b = bh / NH, h = bh % NH, kh = h / grp;
         const float *base = qkv + (size_t)b * T * R;
-        const float *q = base + h * HS, *k = base + (NH + kh) * HS,
-                    *v = base + (NH + NKV + kh) * HS;
+        const float *q = base + h * HS, *k = base + (NH + kh) * HS, *v = base + (NH + NKV + kh) * HS;
         float *o = out + (size_t)b * T * OC + h * HS, *l = lse + (size_t)bh * T;
         const int32_t *ps = pos ? pos + (size_t)b * T : NULL;
         float *P = malloc((size_t)imin(T, ATT_ROW_BLOCK) * T * sizeof(float));
@@ -497,11 +490,11 @@ static void attention_fwd(void *ctx, float *out, float *lse, const float *qkv, c
         }
         for (int r0 = 0; r0 < T; r0 += ATT_ROW_BLOCK) {
             int r1 = imin(T, r0 + ATT_ROW_BLOCK), M = r1 - r0, k0 = att_k0(ps, r0), nk = r1 - k0;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, nk, HS,
-                        scale, q + (size_t)r0 * R, R, k + (size_t)k0 * R, R, 0.0f, P, T);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, nk, HS, scale, q + (size_t)r0 * R, R,
+                        k + (size_t)k0 * R, R, 0.0f, P, T);
             causal_probs_rows(P, l, ps, T, r0, r1, k0);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, HS, nk,
-                        1.0f, P, T, v + (size_t)k0 * R, R, 0.0f, o + (size_t)r0 * OC, OC);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, HS, nk, 1.0f, P, T, v + (size_t)k0 * R, R, 0.0f,
+                        o + (size_t)r0 * OC, OC);
         }
         free(P);
     }
@@ -540,9 +533,8 @@ static void att_grad_row(float *p, float *d, const float *o, const float *dout, 
  *   P = exp(Q K^T scale - lse);  dP = dO V^T;  D = rowsum(dO o O);
  *   dS = P o (dP - D);  dQ = dS K scale;  dK += dS^T Q scale;  dV += P^T dO.
  * over the block's keys k0..r1-1, as in the forward. */
-static void attention_bwd(void *ctx, float *dqkv, const float *dout, const float *qkv,
-                          const float *out, const float *lse, const int32_t *pos,
-                          int B, int T, int NH, int NKV, int HS)
+static void attention_bwd(void *ctx, float *dqkv, const float *dout, const float *qkv, const float *out,
+                          const float *lse, const int32_t *pos, int B, int T, int NH, int NKV, int HS)
 {
     const int R = (NH + 2 * NKV) * HS, OC = NH * HS, grp = NH / NKV;
     const float scale = 1.0f / sqrtf((float)HS);
@@ -572,19 +564,19 @@ static void attention_bwd(void *ctx, float *dqkv, const float *dout, const float
             for (int r0 = 0; r0 < T; r0 += ATT_ROW_BLOCK) {
                 int r1 = imin(T, r0 + ATT_ROW_BLOCK), M = r1 - r0, k0 = att_k0(ps, r0), nk = r1 - k0;
                 const float *kb = k + (size_t)k0 * R, *vb = v + (size_t)k0 * R;
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, nk, HS,
-                            scale, q + (size_t)r0 * R, R, kb, R, 0.0f, P, T);
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, nk, HS,
-                            1.0f, dO + (size_t)r0 * OC, OC, vb, R, 0.0f, dS, T);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, nk, HS, scale, q + (size_t)r0 * R, R, kb, R,
+                            0.0f, P, T);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, nk, HS, 1.0f, dO + (size_t)r0 * OC, OC, vb, R,
+                            0.0f, dS, T);
                 for (int t = r0; t < r1; t++)
                     att_grad_row(P + (size_t)(t - r0) * T, dS + (size_t)(t - r0) * T, O + (size_t)t * OC,
                                  dO + (size_t)t * OC, l[t], ps, t, k0, nk, HS);
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, HS, nk,
-                            scale, dS, T, kb, R, 0.0f, dq + (size_t)r0 * R, R);
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, HS, M,
-                            scale, dS, T, q + (size_t)r0 * R, R, 1.0f, dk + (size_t)k0 * R, R);
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, HS, M,
-                            1.0f, P, T, dO + (size_t)r0 * OC, OC, 1.0f, dv + (size_t)k0 * R, R);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, HS, nk, scale, dS, T, kb, R, 0.0f,
+                            dq + (size_t)r0 * R, R);
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, HS, M, scale, dS, T, q + (size_t)r0 * R, R,
+                            1.0f, dk + (size_t)k0 * R, R);
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, HS, M, 1.0f, P, T, dO + (size_t)r0 * OC, OC,
+                            1.0f, dv + (size_t)k0 * R, R);
             }
         }
         free(P);
@@ -795,9 +787,8 @@ static void xent_finish(void *ctx, float *losses, float *dlogits, const float *r
 
 /* ---- optimizer and reductions --------------------------------------------------------- */
 
-static void adamw(void *ctx, float *p, uint16_t *p16, const float *g, float *m, float *v, size_t n,
-                  float lr, float beta1, float beta2, float eps, float wd,
-                  float grad_scale, int t)
+static void adamw(void *ctx, float *p, uint16_t *p16, const float *g, float *m, float *v, size_t n, float lr,
+                  float beta1, float beta2, float eps, float wd, float grad_scale, int t)
 {
     const dt_adamw_coef_t k = dt_adamw_coef(lr, beta1, beta2, eps, wd, grad_scale, t);
     /* sqrtf can vectorise only when it need not set errno: with
@@ -929,8 +920,8 @@ static int panel_rows(int cols, int rows)
 /* Without memory for the panels (BF16_PANEL floats each): one fp32 sum per
  * output element, slow but the same arithmetic. C[M,N] (=|+= by beta)
  * A[M,K] . B[K,N] with element (i,k) of A at a[i*as0 + k*as1], likewise b. */
-static void gemm_bf16_naive(float *c, int ldc, const uint16_t *a, size_t as0, size_t as1, const uint16_t *b,
-                            size_t bs0, size_t bs1, int M, int N, int K, int beta)
+static void gemm_bf16_naive(float *c, int ldc, const uint16_t *a, size_t as0, size_t as1, const uint16_t *b, size_t bs0,
+                            size_t bs1, int M, int N, int K, int beta)
 {
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < M; i++)
@@ -980,8 +971,7 @@ static void matmul_fwd_bf16(void *ctx, float *out, const uint16_t *in, const uin
  * dw[OC,IC] = dout^T . in[N,IC]: panels over the summed N, each a row block
  * of dout and of in. db: column sums of the fp32 dout. */
 static void matmul_bwd_bf16(void *ctx, float *din, float *dw, float *db, const uint16_t *dout16, const float *dout,
-                            const uint16_t *in, const uint16_t *w, int N, int IC, int OC, int accum_din,
-                            int accum_dw)
+                            const uint16_t *in, const uint16_t *w, int N, int IC, int OC, int accum_din, int accum_dw)
 {
     if (OC <= 0) { /* an empty sum, as matmul_bwd */
         if (din && !accum_din && N > 0 && IC > 0)

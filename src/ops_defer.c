@@ -100,10 +100,7 @@ static void defer(defer_t *q, run_fn run, const void *args, size_t args_bytes)
 
 /* ---- memory ------------------------------------------------------------------ */
 
-static void d_sync(void *ctx)
-{
-    drain(ctx);
-}
+static void d_sync(void *ctx) { drain(ctx); }
 
 static void *d_alloc(void *ctx, size_t bytes)
 {
@@ -118,7 +115,11 @@ static void d_free(void *ctx, void *p)
     q->base->free(q->base->ctx, p);
 }
 
-typedef struct { void *dst; const void *src; size_t bytes; } copy_args_t;
+typedef struct {
+    void *dst;
+    const void *src;
+    size_t bytes;
+} copy_args_t;
 static void r_copy(const ops_t *b, const void *a_)
 {
     const copy_args_t *a = a_;
@@ -126,7 +127,7 @@ static void r_copy(const ops_t *b, const void *a_)
 }
 static void d_copy(void *ctx, void *dst, const void *src, size_t bytes)
 {
-    defer(ctx, r_copy, &(copy_args_t){ dst, src, bytes }, sizeof(copy_args_t));
+    defer(ctx, r_copy, &(copy_args_t){dst, src, bytes}, sizeof(copy_args_t));
 }
 
 static void d_to_host(void *ctx, void *host_dst, const void *src, size_t bytes)
@@ -137,7 +138,10 @@ static void d_to_host(void *ctx, void *host_dst, const void *src, size_t bytes)
 }
 
 /* from_host: the source bytes travel in the record, after the arguments */
-typedef struct { void *dst; size_t bytes; } from_host_args_t;
+typedef struct {
+    void *dst;
+    size_t bytes;
+} from_host_args_t;
 static void r_from_host(const ops_t *b, const void *a_)
 {
     const from_host_args_t *a = a_;
@@ -153,11 +157,14 @@ static void d_from_host(void *ctx, void *dst, const void *host_src, size_t bytes
         q->ops_run++;
         return;
     }
-    memcpy(rec, &(from_host_args_t){ dst, bytes }, sizeof(from_host_args_t));
+    memcpy(rec, &(from_host_args_t){dst, bytes}, sizeof(from_host_args_t));
     memcpy(rec + sizeof(from_host_args_t), host_src, bytes);
 }
 
-typedef struct { void *dst; size_t bytes; } zero_args_t;
+typedef struct {
+    void *dst;
+    size_t bytes;
+} zero_args_t;
 static void r_zero(const ops_t *b, const void *a_)
 {
     const zero_args_t *a = a_;
@@ -165,12 +172,16 @@ static void r_zero(const ops_t *b, const void *a_)
 }
 static void d_zero(void *ctx, void *dst, size_t bytes)
 {
-    defer(ctx, r_zero, &(zero_args_t){ dst, bytes }, sizeof(zero_args_t));
+    defer(ctx, r_zero, &(zero_args_t){dst, bytes}, sizeof(zero_args_t));
 }
 
 /* ---- matmuls ----------------------------------------------------------------- */
 
-typedef struct { float *out; const float *in, *w, *b; int N, IC, OC; } mm_fwd_args_t;
+typedef struct {
+    float *out;
+    const float *in, *w, *b;
+    int N, IC, OC;
+} mm_fwd_args_t;
 static void r_matmul_fwd(const ops_t *b, const void *a_)
 {
     const mm_fwd_args_t *a = a_;
@@ -178,7 +189,7 @@ static void r_matmul_fwd(const ops_t *b, const void *a_)
 }
 static void d_matmul_fwd(void *ctx, float *out, const float *in, const float *w, const float *b, int N, int IC, int OC)
 {
-    defer(ctx, r_matmul_fwd, &(mm_fwd_args_t){ out, in, w, b, N, IC, OC }, sizeof(mm_fwd_args_t));
+    defer(ctx, r_matmul_fwd, &(mm_fwd_args_t){out, in, w, b, N, IC, OC}, sizeof(mm_fwd_args_t));
 }
 
 typedef struct {
@@ -194,11 +205,16 @@ static void r_matmul_bwd(const ops_t *b, const void *a_)
 static void d_matmul_bwd(void *ctx, float *din, float *dw, float *db, const float *dout, const float *in,
                          const float *w, int N, int IC, int OC, int accum_din, int accum_dw)
 {
-    defer(ctx, r_matmul_bwd, &(mm_bwd_args_t){ din, dw, db, dout, in, w, N, IC, OC, accum_din, accum_dw },
+    defer(ctx, r_matmul_bwd, &(mm_bwd_args_t){din, dw, db, dout, in, w, N, IC, OC, accum_din, accum_dw},
           sizeof(mm_bwd_args_t));
 }
 
-typedef struct { float *out; const uint16_t *in, *w; const float *b; int N, IC, OC; } mm_fwd16_args_t;
+typedef struct {
+    float *out;
+    const uint16_t *in, *w;
+    const float *b;
+    int N, IC, OC;
+} mm_fwd16_args_t;
 static void r_matmul_fwd_bf16(const ops_t *b, const void *a_)
 {
     const mm_fwd16_args_t *a = a_;
@@ -207,10 +223,14 @@ static void r_matmul_fwd_bf16(const ops_t *b, const void *a_)
 static void d_matmul_fwd_bf16(void *ctx, float *out, const uint16_t *in, const uint16_t *w, const float *b, int N,
                               int IC, int OC)
 {
-    defer(ctx, r_matmul_fwd_bf16, &(mm_fwd16_args_t){ out, in, w, b, N, IC, OC }, sizeof(mm_fwd16_args_t));
+    defer(ctx, r_matmul_fwd_bf16, &(mm_fwd16_args_t){out, in, w, b, N, IC, OC}, sizeof(mm_fwd16_args_t));
 }
 
-typedef struct { float *out, *pre; const float *in, *w, *b; int N, IC, OC; } mm_gelu_fwd_args_t;
+typedef struct {
+    float *out, *pre;
+    const float *in, *w, *b;
+    int N, IC, OC;
+} mm_gelu_fwd_args_t;
 static void r_matmul_gelu_fwd(const ops_t *b, const void *a_)
 {
     const mm_gelu_fwd_args_t *a = a_;
@@ -219,10 +239,15 @@ static void r_matmul_gelu_fwd(const ops_t *b, const void *a_)
 static void d_matmul_gelu_fwd(void *ctx, float *out, float *pre, const float *in, const float *w, const float *b, int N,
                               int IC, int OC)
 {
-    defer(ctx, r_matmul_gelu_fwd, &(mm_gelu_fwd_args_t){ out, pre, in, w, b, N, IC, OC }, sizeof(mm_gelu_fwd_args_t));
+    defer(ctx, r_matmul_gelu_fwd, &(mm_gelu_fwd_args_t){out, pre, in, w, b, N, IC, OC}, sizeof(mm_gelu_fwd_args_t));
 }
 
-typedef struct { float *out, *pre; const uint16_t *in, *w; const float *b; int N, IC, OC; } mm_gelu_fwd16_args_t;
+typedef struct {
+    float *out, *pre;
+    const uint16_t *in, *w;
+    const float *b;
+    int N, IC, OC;
+} mm_gelu_fwd16_args_t;
 static void r_matmul_gelu_fwd_bf16(const ops_t *b, const void *a_)
 {
     const mm_gelu_fwd16_args_t *a = a_;
@@ -231,7 +256,7 @@ static void r_matmul_gelu_fwd_bf16(const ops_t *b, const void *a_)
 static void d_matmul_gelu_fwd_bf16(void *ctx, float *out, float *pre, const uint16_t *in, const uint16_t *w,
                                    const float *b, int N, int IC, int OC)
 {
-    defer(ctx, r_matmul_gelu_fwd_bf16, &(mm_gelu_fwd16_args_t){ out, pre, in, w, b, N, IC, OC },
+    defer(ctx, r_matmul_gelu_fwd_bf16, &(mm_gelu_fwd16_args_t){out, pre, in, w, b, N, IC, OC},
           sizeof(mm_gelu_fwd16_args_t));
 }
 
@@ -248,7 +273,7 @@ static void r_matmul_dgelu_bwd(const ops_t *b, const void *a_)
 static void d_matmul_dgelu_bwd(void *ctx, float *din, float *dw, float *db, const float *dout, const float *in,
                                const float *pre, const float *w, int N, int IC, int OC, int accum_dw)
 {
-    defer(ctx, r_matmul_dgelu_bwd, &(mm_dgelu_bwd_args_t){ din, dw, db, dout, in, pre, w, N, IC, OC, accum_dw },
+    defer(ctx, r_matmul_dgelu_bwd, &(mm_dgelu_bwd_args_t){din, dw, db, dout, in, pre, w, N, IC, OC, accum_dw},
           sizeof(mm_dgelu_bwd_args_t));
 }
 
@@ -265,14 +290,14 @@ static void r_matmul_dgelu_bwd_bf16(const ops_t *b, const void *a_)
 {
     const mm_dgelu_bwd16_args_t *a = a_;
     b->matmul_dgelu_bwd_bf16(b->ctx, a->din, a->dw, a->db, a->dout16, a->dout, a->in, a->pre, a->w, a->N, a->IC, a->OC,
-                                  a->accum_dw);
+                             a->accum_dw);
 }
 static void d_matmul_dgelu_bwd_bf16(void *ctx, float *din, float *dw, float *db, const uint16_t *dout16,
                                     const float *dout, const uint16_t *in, const float *pre, const uint16_t *w, int N,
                                     int IC, int OC, int accum_dw)
 {
     defer(ctx, r_matmul_dgelu_bwd_bf16,
-          &(mm_dgelu_bwd16_args_t){ din, dw, db, dout16, dout, in, pre, w, N, IC, OC, accum_dw },
+          &(mm_dgelu_bwd16_args_t){din, dw, db, dout16, dout, in, pre, w, N, IC, OC, accum_dw},
           sizeof(mm_dgelu_bwd16_args_t));
 }
 
@@ -287,20 +312,23 @@ static void r_matmul_bwd_bf16(const ops_t *b, const void *a_)
 {
     const mm_bwd16_args_t *a = a_;
     b->matmul_bwd_bf16(b->ctx, a->din, a->dw, a->db, a->dout16, a->dout, a->in, a->w, a->N, a->IC, a->OC, a->accum_din,
-                            a->accum_dw);
+                       a->accum_dw);
 }
 static void d_matmul_bwd_bf16(void *ctx, float *din, float *dw, float *db, const uint16_t *dout16, const float *dout,
-                              const uint16_t *in, const uint16_t *w, int N, int IC, int OC, int accum_din,
-                              int accum_dw)
+                              const uint16_t *in, const uint16_t *w, int N, int IC, int OC, int accum_din, int accum_dw)
 {
-    defer(ctx, r_matmul_bwd_bf16,
-          &(mm_bwd16_args_t){ din, dw, db, dout16, dout, in, w, N, IC, OC, accum_din, accum_dw },
+    defer(ctx, r_matmul_bwd_bf16, &(mm_bwd16_args_t){din, dw, db, dout16, dout, in, w, N, IC, OC, accum_din, accum_dw},
           sizeof(mm_bwd16_args_t));
 }
 
 /* ---- norms ------------------------------------------------------------------- */
 
-typedef struct { float *out, *mean, *rstd; const float *x, *w, *b; int N, C; float eps; } ln_fwd_args_t;
+typedef struct {
+    float *out, *mean, *rstd;
+    const float *x, *w, *b;
+    int N, C;
+    float eps;
+} ln_fwd_args_t;
 static void r_layernorm_fwd(const ops_t *b, const void *a_)
 {
     const ln_fwd_args_t *a = a_;
@@ -309,7 +337,7 @@ static void r_layernorm_fwd(const ops_t *b, const void *a_)
 static void d_layernorm_fwd(void *ctx, float *out, float *mean, float *rstd, const float *x, const float *w,
                             const float *b, int N, int C, float eps)
 {
-    defer(ctx, r_layernorm_fwd, &(ln_fwd_args_t){ out, mean, rstd, x, w, b, N, C, eps }, sizeof(ln_fwd_args_t));
+    defer(ctx, r_layernorm_fwd, &(ln_fwd_args_t){out, mean, rstd, x, w, b, N, C, eps}, sizeof(ln_fwd_args_t));
 }
 
 typedef struct {
@@ -325,11 +353,16 @@ static void r_layernorm_bwd(const ops_t *b, const void *a_)
 static void d_layernorm_bwd(void *ctx, float *din, float *dw, float *db, const float *dout, const float *x,
                             const float *w, const float *mean, const float *rstd, int N, int C, int accum_dw)
 {
-    defer(ctx, r_layernorm_bwd, &(ln_bwd_args_t){ din, dw, db, dout, x, w, mean, rstd, N, C, accum_dw },
+    defer(ctx, r_layernorm_bwd, &(ln_bwd_args_t){din, dw, db, dout, x, w, mean, rstd, N, C, accum_dw},
           sizeof(ln_bwd_args_t));
 }
 
-typedef struct { float *out, *rstd; const float *x, *w; int N, C; float eps; } rms_fwd_args_t;
+typedef struct {
+    float *out, *rstd;
+    const float *x, *w;
+    int N, C;
+    float eps;
+} rms_fwd_args_t;
 static void r_rmsnorm_fwd(const ops_t *b, const void *a_)
 {
     const rms_fwd_args_t *a = a_;
@@ -337,10 +370,14 @@ static void r_rmsnorm_fwd(const ops_t *b, const void *a_)
 }
 static void d_rmsnorm_fwd(void *ctx, float *out, float *rstd, const float *x, const float *w, int N, int C, float eps)
 {
-    defer(ctx, r_rmsnorm_fwd, &(rms_fwd_args_t){ out, rstd, x, w, N, C, eps }, sizeof(rms_fwd_args_t));
+    defer(ctx, r_rmsnorm_fwd, &(rms_fwd_args_t){out, rstd, x, w, N, C, eps}, sizeof(rms_fwd_args_t));
 }
 
-typedef struct { float *din, *dw; const float *dout, *x, *w, *rstd; int N, C, accum_dw; } rms_bwd_args_t;
+typedef struct {
+    float *din, *dw;
+    const float *dout, *x, *w, *rstd;
+    int N, C, accum_dw;
+} rms_bwd_args_t;
 static void r_rmsnorm_bwd(const ops_t *b, const void *a_)
 {
     const rms_bwd_args_t *a = a_;
@@ -349,12 +386,17 @@ static void r_rmsnorm_bwd(const ops_t *b, const void *a_)
 static void d_rmsnorm_bwd(void *ctx, float *din, float *dw, const float *dout, const float *x, const float *w,
                           const float *rstd, int N, int C, int accum_dw)
 {
-    defer(ctx, r_rmsnorm_bwd, &(rms_bwd_args_t){ din, dw, dout, x, w, rstd, N, C, accum_dw }, sizeof(rms_bwd_args_t));
+    defer(ctx, r_rmsnorm_bwd, &(rms_bwd_args_t){din, dw, dout, x, w, rstd, N, C, accum_dw}, sizeof(rms_bwd_args_t));
 }
 
 /* ---- rope and attention -------------------------------------------------------- */
 
-typedef struct { float *qkv; const int32_t *pos; int B, T, NH, NKV, HS; float theta; } rope_args_t;
+typedef struct {
+    float *qkv;
+    const int32_t *pos;
+    int B, T, NH, NKV, HS;
+    float theta;
+} rope_args_t;
 static void r_rope_fwd(const ops_t *b, const void *a_)
 {
     const rope_args_t *a = a_;
@@ -362,7 +404,7 @@ static void r_rope_fwd(const ops_t *b, const void *a_)
 }
 static void d_rope_fwd(void *ctx, float *qkv, const int32_t *pos, int B, int T, int NH, int NKV, int HS, float theta)
 {
-    defer(ctx, r_rope_fwd, &(rope_args_t){ qkv, pos, B, T, NH, NKV, HS, theta }, sizeof(rope_args_t));
+    defer(ctx, r_rope_fwd, &(rope_args_t){qkv, pos, B, T, NH, NKV, HS, theta}, sizeof(rope_args_t));
 }
 static void r_rope_bwd(const ops_t *b, const void *a_)
 {
@@ -371,10 +413,15 @@ static void r_rope_bwd(const ops_t *b, const void *a_)
 }
 static void d_rope_bwd(void *ctx, float *dqkv, const int32_t *pos, int B, int T, int NH, int NKV, int HS, float theta)
 {
-    defer(ctx, r_rope_bwd, &(rope_args_t){ dqkv, pos, B, T, NH, NKV, HS, theta }, sizeof(rope_args_t));
+    defer(ctx, r_rope_bwd, &(rope_args_t){dqkv, pos, B, T, NH, NKV, HS, theta}, sizeof(rope_args_t));
 }
 
-typedef struct { float *out, *lse; const float *qkv; const int32_t *pos; int B, T, NH, NKV, HS; } att_fwd_args_t;
+typedef struct {
+    float *out, *lse;
+    const float *qkv;
+    const int32_t *pos;
+    int B, T, NH, NKV, HS;
+} att_fwd_args_t;
 static void r_attention_fwd(const ops_t *b, const void *a_)
 {
     const att_fwd_args_t *a = a_;
@@ -383,7 +430,7 @@ static void r_attention_fwd(const ops_t *b, const void *a_)
 static void d_attention_fwd(void *ctx, float *out, float *lse, const float *qkv, const int32_t *pos, int B, int T,
                             int NH, int NKV, int HS)
 {
-    defer(ctx, r_attention_fwd, &(att_fwd_args_t){ out, lse, qkv, pos, B, T, NH, NKV, HS }, sizeof(att_fwd_args_t));
+    defer(ctx, r_attention_fwd, &(att_fwd_args_t){out, lse, qkv, pos, B, T, NH, NKV, HS}, sizeof(att_fwd_args_t));
 }
 
 typedef struct {
@@ -400,13 +447,17 @@ static void r_attention_bwd(const ops_t *b, const void *a_)
 static void d_attention_bwd(void *ctx, float *dqkv, const float *dout, const float *qkv, const float *out,
                             const float *lse, const int32_t *pos, int B, int T, int NH, int NKV, int HS)
 {
-    defer(ctx, r_attention_bwd, &(att_bwd_args_t){ dqkv, dout, qkv, out, lse, pos, B, T, NH, NKV, HS },
+    defer(ctx, r_attention_bwd, &(att_bwd_args_t){dqkv, dout, qkv, out, lse, pos, B, T, NH, NKV, HS},
           sizeof(att_bwd_args_t));
 }
 
 /* ---- pointwise --------------------------------------------------------------- */
 
-typedef struct { float *out; const float *x; size_t n; } gelu_fwd_args_t;
+typedef struct {
+    float *out;
+    const float *x;
+    size_t n;
+} gelu_fwd_args_t;
 static void r_gelu_fwd(const ops_t *b, const void *a_)
 {
     const gelu_fwd_args_t *a = a_;
@@ -414,10 +465,14 @@ static void r_gelu_fwd(const ops_t *b, const void *a_)
 }
 static void d_gelu_fwd(void *ctx, float *out, const float *x, size_t n)
 {
-    defer(ctx, r_gelu_fwd, &(gelu_fwd_args_t){ out, x, n }, sizeof(gelu_fwd_args_t));
+    defer(ctx, r_gelu_fwd, &(gelu_fwd_args_t){out, x, n}, sizeof(gelu_fwd_args_t));
 }
 
-typedef struct { float *dx; const float *x, *dout; size_t n; } gelu_bwd_args_t;
+typedef struct {
+    float *dx;
+    const float *x, *dout;
+    size_t n;
+} gelu_bwd_args_t;
 static void r_gelu_bwd(const ops_t *b, const void *a_)
 {
     const gelu_bwd_args_t *a = a_;
@@ -425,10 +480,14 @@ static void r_gelu_bwd(const ops_t *b, const void *a_)
 }
 static void d_gelu_bwd(void *ctx, float *dx, const float *x, const float *dout, size_t n)
 {
-    defer(ctx, r_gelu_bwd, &(gelu_bwd_args_t){ dx, x, dout, n }, sizeof(gelu_bwd_args_t));
+    defer(ctx, r_gelu_bwd, &(gelu_bwd_args_t){dx, x, dout, n}, sizeof(gelu_bwd_args_t));
 }
 
-typedef struct { float *out; const float *gu; int N, F; } swiglu_fwd_args_t;
+typedef struct {
+    float *out;
+    const float *gu;
+    int N, F;
+} swiglu_fwd_args_t;
 static void r_swiglu_fwd(const ops_t *b, const void *a_)
 {
     const swiglu_fwd_args_t *a = a_;
@@ -436,10 +495,14 @@ static void r_swiglu_fwd(const ops_t *b, const void *a_)
 }
 static void d_swiglu_fwd(void *ctx, float *out, const float *gu, int N, int F)
 {
-    defer(ctx, r_swiglu_fwd, &(swiglu_fwd_args_t){ out, gu, N, F }, sizeof(swiglu_fwd_args_t));
+    defer(ctx, r_swiglu_fwd, &(swiglu_fwd_args_t){out, gu, N, F}, sizeof(swiglu_fwd_args_t));
 }
 
-typedef struct { float *dgu; const float *gu, *dout; int N, F; } swiglu_bwd_args_t;
+typedef struct {
+    float *dgu;
+    const float *gu, *dout;
+    int N, F;
+} swiglu_bwd_args_t;
 static void r_swiglu_bwd(const ops_t *b, const void *a_)
 {
     const swiglu_bwd_args_t *a = a_;
@@ -447,10 +510,14 @@ static void r_swiglu_bwd(const ops_t *b, const void *a_)
 }
 static void d_swiglu_bwd(void *ctx, float *dgu, const float *gu, const float *dout, int N, int F)
 {
-    defer(ctx, r_swiglu_bwd, &(swiglu_bwd_args_t){ dgu, gu, dout, N, F }, sizeof(swiglu_bwd_args_t));
+    defer(ctx, r_swiglu_bwd, &(swiglu_bwd_args_t){dgu, gu, dout, N, F}, sizeof(swiglu_bwd_args_t));
 }
 
-typedef struct { float *out; const float *a, *b; size_t n; } add_args_t;
+typedef struct {
+    float *out;
+    const float *a, *b;
+    size_t n;
+} add_args_t;
 static void r_add(const ops_t *b, const void *a_)
 {
     const add_args_t *a = a_;
@@ -458,7 +525,7 @@ static void r_add(const ops_t *b, const void *a_)
 }
 static void d_add(void *ctx, float *out, const float *a, const float *b, size_t n)
 {
-    defer(ctx, r_add, &(add_args_t){ out, a, b, n }, sizeof(add_args_t));
+    defer(ctx, r_add, &(add_args_t){out, a, b, n}, sizeof(add_args_t));
 }
 
 /* ---- embedding and cross-entropy ------------------------------------------------ */
@@ -477,7 +544,7 @@ static void r_embedding_fwd(const ops_t *b, const void *a_)
 static void d_embedding_fwd(void *ctx, float *out, const int32_t *tok, const int32_t *pos, const float *wte,
                             const float *wpe, int N, int T, int C, int v0, int Vl)
 {
-    defer(ctx, r_embedding_fwd, &(emb_fwd_args_t){ out, tok, pos, wte, wpe, N, T, C, v0, Vl }, sizeof(emb_fwd_args_t));
+    defer(ctx, r_embedding_fwd, &(emb_fwd_args_t){out, tok, pos, wte, wpe, N, T, C, v0, Vl}, sizeof(emb_fwd_args_t));
 }
 
 typedef struct {
@@ -494,11 +561,15 @@ static void r_embedding_bwd(const ops_t *b, const void *a_)
 static void d_embedding_bwd(void *ctx, float *dwte, float *dwpe, const float *dout, const int32_t *tok,
                             const int32_t *pos, int N, int T, int C, int v0, int Vl, int accum)
 {
-    defer(ctx, r_embedding_bwd, &(emb_bwd_args_t){ dwte, dwpe, dout, tok, pos, N, T, C, v0, Vl, accum },
+    defer(ctx, r_embedding_bwd, &(emb_bwd_args_t){dwte, dwpe, dout, tok, pos, N, T, C, v0, Vl, accum},
           sizeof(emb_bwd_args_t));
 }
 
-typedef struct { float *rowmax; const float *logits; int N, Vl, ld; } xmax_args_t;
+typedef struct {
+    float *rowmax;
+    const float *logits;
+    int N, Vl, ld;
+} xmax_args_t;
 static void r_xent_max(const ops_t *b, const void *a_)
 {
     const xmax_args_t *a = a_;
@@ -506,7 +577,7 @@ static void r_xent_max(const ops_t *b, const void *a_)
 }
 static void d_xent_max(void *ctx, float *rowmax, const float *logits, int N, int Vl, int ld)
 {
-    defer(ctx, r_xent_max, &(xmax_args_t){ rowmax, logits, N, Vl, ld }, sizeof(xmax_args_t));
+    defer(ctx, r_xent_max, &(xmax_args_t){rowmax, logits, N, Vl, ld}, sizeof(xmax_args_t));
 }
 
 typedef struct {
@@ -523,7 +594,7 @@ static void r_xent_sumexp(const ops_t *b, const void *a_)
 static void d_xent_sumexp(void *ctx, float *stats, float *expbuf, const float *logits, const float *rowmax,
                           const int32_t *targets, int v0, int N, int Vl, int ld)
 {
-    defer(ctx, r_xent_sumexp, &(xsum_args_t){ stats, expbuf, logits, rowmax, targets, v0, N, Vl, ld },
+    defer(ctx, r_xent_sumexp, &(xsum_args_t){stats, expbuf, logits, rowmax, targets, v0, N, Vl, ld},
           sizeof(xsum_args_t));
 }
 
@@ -537,13 +608,12 @@ typedef struct {
 static void r_xent_finish(const ops_t *b, const void *a_)
 {
     const xfin_args_t *a = a_;
-    b->xent_finish(b->ctx, a->losses, a->dlogits, a->rowmax, a->stats, a->targets, a->v0, a->N, a->Vl, a->ld,
-                        a->dloss);
+    b->xent_finish(b->ctx, a->losses, a->dlogits, a->rowmax, a->stats, a->targets, a->v0, a->N, a->Vl, a->ld, a->dloss);
 }
 static void d_xent_finish(void *ctx, float *losses, float *dlogits, const float *rowmax, const float *stats,
                           const int32_t *targets, int v0, int N, int Vl, int ld, float dloss)
 {
-    defer(ctx, r_xent_finish, &(xfin_args_t){ losses, dlogits, rowmax, stats, targets, v0, N, Vl, ld, dloss },
+    defer(ctx, r_xent_finish, &(xfin_args_t){losses, dlogits, rowmax, stats, targets, v0, N, Vl, ld, dloss},
           sizeof(xfin_args_t));
 }
 
@@ -562,12 +632,12 @@ static void r_adamw(const ops_t *b, const void *a_)
 {
     const adamw_args_t *a = a_;
     b->adamw(b->ctx, a->p, a->p16, a->g, a->m, a->v, a->n, a->lr, a->beta1, a->beta2, a->eps, a->wd, a->grad_scale,
-                  a->t);
+             a->t);
 }
 static void d_adamw(void *ctx, float *p, uint16_t *p16, const float *g, float *m, float *v, size_t n, float lr,
                     float beta1, float beta2, float eps, float wd, float grad_scale, int t)
 {
-    defer(ctx, r_adamw, &(adamw_args_t){ p, p16, g, m, v, n, lr, beta1, beta2, eps, wd, grad_scale, t },
+    defer(ctx, r_adamw, &(adamw_args_t){p, p16, g, m, v, n, lr, beta1, beta2, eps, wd, grad_scale, t},
           sizeof(adamw_args_t));
 }
 
@@ -578,7 +648,11 @@ static void d_sumsq(void *ctx, double *out, const float *const *x, const size_t 
     q->base->sumsq(q->base->ctx, out, x, n, count);
 }
 
-typedef struct { float *x; float s; size_t n; } scale_args_t;
+typedef struct {
+    float *x;
+    float s;
+    size_t n;
+} scale_args_t;
 static void r_scale(const ops_t *b, const void *a_)
 {
     const scale_args_t *a = a_;
@@ -586,10 +660,14 @@ static void r_scale(const ops_t *b, const void *a_)
 }
 static void d_scale(void *ctx, float *x, float s, size_t n)
 {
-    defer(ctx, r_scale, &(scale_args_t){ x, s, n }, sizeof(scale_args_t));
+    defer(ctx, r_scale, &(scale_args_t){x, s, n}, sizeof(scale_args_t));
 }
 
-typedef struct { uint16_t *out; const float *in; size_t n; } to16_args_t;
+typedef struct {
+    uint16_t *out;
+    const float *in;
+    size_t n;
+} to16_args_t;
 static void r_cast_f32_to_bf16(const ops_t *b, const void *a_)
 {
     const to16_args_t *a = a_;
@@ -597,10 +675,14 @@ static void r_cast_f32_to_bf16(const ops_t *b, const void *a_)
 }
 static void d_cast_f32_to_bf16(void *ctx, uint16_t *out, const float *in, size_t n)
 {
-    defer(ctx, r_cast_f32_to_bf16, &(to16_args_t){ out, in, n }, sizeof(to16_args_t));
+    defer(ctx, r_cast_f32_to_bf16, &(to16_args_t){out, in, n}, sizeof(to16_args_t));
 }
 
-typedef struct { float *out; const uint16_t *in; size_t n; } to32_args_t;
+typedef struct {
+    float *out;
+    const uint16_t *in;
+    size_t n;
+} to32_args_t;
 static void r_cast_bf16_to_f32(const ops_t *b, const void *a_)
 {
     const to32_args_t *a = a_;
@@ -608,7 +690,7 @@ static void r_cast_bf16_to_f32(const ops_t *b, const void *a_)
 }
 static void d_cast_bf16_to_f32(void *ctx, float *out, const uint16_t *in, size_t n)
 {
-    defer(ctx, r_cast_bf16_to_f32, &(to32_args_t){ out, in, n }, sizeof(to32_args_t));
+    defer(ctx, r_cast_bf16_to_f32, &(to32_args_t){out, in, n}, sizeof(to32_args_t));
 }
 
 /* Runs what is queued, then ends the base table and this one. */

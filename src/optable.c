@@ -34,8 +34,7 @@ static int find_name(const opt_def_t *d, const char *value, const char *where, c
     return -1;
 }
 
-static int set_integer(const opt_def_t *d, void *field, const char *value, const char *where, char *err,
-                       size_t errlen)
+static int set_integer(const opt_def_t *d, void *field, const char *value, const char *where, char *err, size_t errlen)
 {
     char *end = NULL;
     errno = 0;
@@ -74,8 +73,7 @@ static int set_real(const opt_def_t *d, void *field, const char *value, const ch
     return 0;
 }
 
-static int set_string(const opt_def_t *d, void *field, const char *value, const char *where, char *err,
-                      size_t errlen)
+static int set_string(const opt_def_t *d, void *field, const char *value, const char *where, char *err, size_t errlen)
 {
     if (d->names && *value && find_name(d, value, where, err, errlen) < 0)
         return -1;
@@ -105,12 +103,8 @@ int opt_set(const opt_def_t *d, void *dst, const char *value, const char *where,
         break;
     case OPT_INT:
     case OPT_LONG:
-    case OPT_LLONG:
-        rc = set_integer(d, field, value, where, err, errlen);
-        break;
-    case OPT_REAL:
-        rc = set_real(d, field, value, where, err, errlen);
-        break;
+    case OPT_LLONG: rc = set_integer(d, field, value, where, err, errlen); break;
+    case OPT_REAL: rc = set_real(d, field, value, where, err, errlen); break;
     case OPT_ENUM: {
         const int k = find_name(d, value, where, err, errlen);
         if (k < 0)
@@ -118,13 +112,9 @@ int opt_set(const opt_def_t *d, void *dst, const char *value, const char *where,
         *(int *)field = k;
         break;
     }
-    case OPT_ARG:
-        rc = d->parse(value, dst, field, err, errlen);
-        break;
+    case OPT_ARG: rc = d->parse(value, dst, field, err, errlen); break;
     case OPT_STR:
-    default:
-        rc = set_string(d, field, value, where, err, errlen);
-        break;
+    default: rc = set_string(d, field, value, where, err, errlen); break;
     }
     if (rc == 0 && d->given)
         *(int *)((char *)dst + d->given - 1) = 1;
@@ -157,8 +147,8 @@ int opt_wants_help(int argc, char **argv)
 
 /* argv[*i] as an option of t with its value (consuming the next argument
  * when it is not attached with '='). NULL with one line in err. */
-static const opt_def_t *next_option(const opt_table_t *t, int argc, char **argv, int *i, const char **value,
-                                    char *err, size_t errlen)
+static const opt_def_t *next_option(const opt_table_t *t, int argc, char **argv, int *i, const char **value, char *err,
+                                    size_t errlen)
 {
     const char *a = argv[*i], *name = a + 2, *eq = strchr(name, '=');
     const size_t len = eq ? (size_t)(eq - name) : strlen(name);
@@ -228,16 +218,12 @@ static const char *metavar(const opt_def_t *d)
     if (d->metavar)
         return d->metavar;
     switch (d->kind) {
-    case OPT_FLAG:
-        return "";
-    case OPT_REAL:
-        return "X";
+    case OPT_FLAG: return "";
+    case OPT_REAL: return "X";
     case OPT_INT:
     case OPT_LONG:
-    case OPT_LLONG:
-        return "N";
-    default:
-        return "STR";
+    case OPT_LLONG: return "N";
+    default: return "STR";
     }
 }
 
@@ -270,21 +256,11 @@ void opt_print_values(const opt_table_t *t, const void *src, FILE *f)
         fprintf(f, "  %-14s = ", d->name);
         switch (d->kind) {
         case OPT_INT:
-        case OPT_FLAG:
-            fprintf(f, "%d\n", *(const int *)field);
-            break;
-        case OPT_LONG:
-            fprintf(f, "%ld\n", *(const long *)field);
-            break;
-        case OPT_LLONG:
-            fprintf(f, "%lld\n", *(const long long *)field);
-            break;
-        case OPT_REAL:
-            fprintf(f, "%g\n", *(const double *)field);
-            break;
-        case OPT_ENUM:
-            fprintf(f, "%s\n", d->names[*(const int *)field]);
-            break;
+        case OPT_FLAG: fprintf(f, "%d\n", *(const int *)field); break;
+        case OPT_LONG: fprintf(f, "%ld\n", *(const long *)field); break;
+        case OPT_LLONG: fprintf(f, "%lld\n", *(const long long *)field); break;
+        case OPT_REAL: fprintf(f, "%g\n", *(const double *)field); break;
+        case OPT_ENUM: fprintf(f, "%s\n", d->names[*(const int *)field]); break;
         case OPT_ARG:
         case OPT_STR:
         default:

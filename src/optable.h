@@ -35,12 +35,12 @@ typedef enum {
 typedef int (*opt_parse_fn)(const char *value, void *dst, void *field, char *err, size_t errlen);
 
 typedef struct opt_def {
-    const char *name;    /* long option without "--"; also dtrain's config-file key */
+    const char *name; /* long option without "--"; also dtrain's config-file key */
     opt_kind_t kind;
-    size_t offset;       /* of the destination field in the options struct */
-    size_t size;         /* OPT_STR (and OPT_ARG, for printing): the buffer's size (0: a pointer) */
-    const char *def;     /* default, parsed like user input (NULL: the field is left as it is) */
-    double min, max;     /* numeric range, inclusive */
+    size_t offset;   /* of the destination field in the options struct */
+    size_t size;     /* OPT_STR (and OPT_ARG, for printing): the buffer's size (0: a pointer) */
+    const char *def; /* default, parsed like user input (NULL: the field is left as it is) */
+    double min, max; /* numeric range, inclusive */
     /* OPT_ENUM: the enum's name table, indexed by value, NULL-terminated
      * (it sits beside the enum, in the owner's header); OPT_STR: the
      * allowed values (NULL = any). "" is allowed but never listed. */
@@ -52,10 +52,10 @@ typedef struct opt_def {
 } opt_def_t;
 
 typedef struct opt_table {
-    const char *prog;    /* in "unknown option ... (PROG --help lists them)" */
+    const char *prog; /* in "unknown option ... (PROG --help lists them)" */
     const opt_def_t *defs;
     int n;
-    int positional;      /* arguments without "--" are allowed (returned by opt_parse_argv) */
+    int positional; /* arguments without "--" are allowed (returned by opt_parse_argv) */
 } opt_table_t;
 
 /* The option called name[0..len). NULL when there is none. */

@@ -25,8 +25,10 @@ int lr_schedule_make(lr_schedule_t *s, const char *kind, const char *shape, doub
     const int sh = shape[0] ? name_index(decay_shape_names, DECAY_N_SHAPES, shape) : DECAY_1_SQRT;
     *s = (lr_schedule_t){.lr = lr, .min_lr = min_lr, .warmup = warmup, .steps = steps, .kind = LR_COSINE};
     if (k < 0 || sh < 0) {
-        snprintf(err, errlen, k < 0 ? "--lr-schedule '%s': allowed cosine|linear|wsd|constant"
-                                    : "--decay-shape '%s': allowed linear|cosine|1-sqrt", k < 0 ? kind : shape);
+        snprintf(err, errlen,
+                 k < 0 ? "--lr-schedule '%s': allowed cosine|linear|wsd|constant"
+                       : "--decay-shape '%s': allowed linear|cosine|1-sqrt",
+                 k < 0 ? kind : shape);
         return -1;
     }
     s->kind = (lr_kind_t)k;
@@ -42,8 +44,10 @@ int lr_schedule_make(lr_schedule_t *s, const char *kind, const char *shape, doub
     /* 0: llm.c's decay point, (int)(0.8f * steps): the last 20 % decay */
     s->decay_steps = decay_steps > 0 ? decay_steps : steps - (int)(0.8f * (float)steps);
     if (s->decay_steps < 1 || warmup + s->decay_steps > steps) {
-        snprintf(err, errlen, "--lr-schedule wsd: --warmup %d plus %d decay steps exceed --steps %d; lower "
-                 "--decay-steps or --warmup", warmup, s->decay_steps, steps);
+        snprintf(err, errlen,
+                 "--lr-schedule wsd: --warmup %d plus %d decay steps exceed --steps %d; lower "
+                 "--decay-steps or --warmup",
+                 warmup, s->decay_steps, steps);
         return -1;
     }
     return 0;
@@ -84,16 +88,10 @@ static double wsd_at(const lr_schedule_t *s, int step)
     if (ratio > 1.0)
         ratio = 1.0;
     switch (s->shape) {
-    case DECAY_LINEAR:
-        coeff = 1.0 - ratio;
-        break;
-    case DECAY_COSINE:
-        coeff = 0.5 * (cos(M_PI * ratio) + 1.0);
-        break;
+    case DECAY_LINEAR: coeff = 1.0 - ratio; break;
+    case DECAY_COSINE: coeff = 0.5 * (cos(M_PI * ratio) + 1.0); break;
     case DECAY_1_SQRT:
-    default:
-        coeff = 1.0 - sqrt(ratio);
-        break;
+    default: coeff = 1.0 - sqrt(ratio); break;
     }
     return s->min_lr + coeff * (s->lr - s->min_lr);
 }
@@ -130,12 +128,12 @@ static void add_range(adamw_t *a, size_t offset, size_t goff, size_t soff, size_
         last->soff + last->n == soff)
         last->n += n;
     else
-        a->ranges[a->n_ranges++] = (optim_range_t){.offset = offset, .goff = goff, .soff = soff, .n = n,
-                                                   .decay = decay};
+        a->ranges[a->n_ranges++] =
+            (optim_range_t){.offset = offset, .goff = goff, .soff = soff, .n = n, .decay = decay};
 }
 
-int adamw_create(adamw_t *a, const ops_t *ops, const param_table_t *t, const dpsync_optim_view_t *v,
-                 double beta1, double beta2, double eps, double weight_decay, double grad_clip)
+int adamw_create(adamw_t *a, const ops_t *ops, const param_table_t *t, const dpsync_optim_view_t *v, double beta1,
+                 double beta2, double eps, double weight_decay, double grad_clip)
 {
     memset(a, 0, sizeof *a);
     a->ops = ops;

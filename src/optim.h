@@ -72,8 +72,8 @@ typedef struct adamw {
  * otherwise; each piece is cut at the table's tensor boundaries (weight
  * decay differs between tensors). adamw_step's params and grads are
  * indexed as the view's (its params and grads). */
-int adamw_create(adamw_t *a, const ops_t *ops, const param_table_t *t, const dpsync_optim_view_t *v,
-                 double beta1, double beta2, double eps, double weight_decay, double grad_clip);
+int adamw_create(adamw_t *a, const ops_t *ops, const param_table_t *t, const dpsync_optim_view_t *v, double beta1,
+                 double beta2, double eps, double weight_decay, double grad_clip);
 void adamw_destroy(adamw_t *a);
 
 /* Gradient-norm clipping factor for a global norm: min(1, clip / norm). */

@@ -20,8 +20,10 @@
 #endif
 
 static const char *const arch_choices[] = {"gpt2", "llama", NULL};
-const char *const options_fsdp_names[] = {[FSDP_UNSET] = "", [FSDP_NO_SHARD] = "no_shard",
-                                          [FSDP_SHARD_GRAD_OP] = "shard_grad_op", [FSDP_FULL_SHARD] = "full_shard",
+const char *const options_fsdp_names[] = {[FSDP_UNSET] = "",
+                                          [FSDP_NO_SHARD] = "no_shard",
+                                          [FSDP_SHARD_GRAD_OP] = "shard_grad_op",
+                                          [FSDP_FULL_SHARD] = "full_shard",
                                           NULL};
 
 /* --config FILE: read now (the command line's other options come after) */
@@ -31,87 +33,227 @@ static const char *const decay_shape_choices[] = {"", "linear", "cosine", "1-sqr
 #define F(field) offsetof(run_options_t, field)
 #define S(field) sizeof(((run_options_t *)0)->field)
 
+/* clang-format off: one option a line, as --help lists them */
 static const opt_def_t opt_defs[] = {
-    {"config", OPT_ARG, F(config), S(config), NULL, 0, 0, NULL, "read `key = value` options from FILE (the command line overrides it)", "FILE", load_config, 0},
-    {"model", OPT_STR, F(model), S(model), "tiny", 0, 0, NULL, "model preset (see --help for the list)", NULL, NULL, F(model_set) + 1},
-    {"arch", OPT_STR, F(arch), S(arch), "", 0, 0, arch_choices, "override the preset's architecture: gpt2|llama", NULL, NULL, 0},
-    {"n-layer", OPT_INT, F(n_layer), 0, "0", 0, 1024, NULL, "override the number of blocks (0 = preset)", NULL, NULL, 0},
-    {"n-head", OPT_INT, F(n_head), 0, "0", 0, 4096, NULL, "override the number of attention heads (0 = preset)", NULL, NULL, 0},
-    {"n-kv-head", OPT_INT, F(n_kv_head), 0, "0", 0, 4096, NULL, "override the number of KV heads (0 = preset)", NULL, NULL, 0},
+    {"config", OPT_ARG, F(config), S(config), NULL, 0, 0, NULL,
+     "read `key = value` options from FILE (the command line overrides it)", "FILE", load_config, 0},
+    {"model", OPT_STR, F(model), S(model), "tiny", 0, 0, NULL, "model preset (see --help for the list)", NULL, NULL,
+     F(model_set) + 1},
+    {"arch", OPT_STR, F(arch), S(arch), "", 0, 0, arch_choices, "override the preset's architecture: gpt2|llama", NULL,
+     NULL, 0},
+    {"n-layer", OPT_INT, F(n_layer), 0, "0", 0, 1024, NULL, "override the number of blocks (0 = preset)", NULL, NULL,
+     0},
+    {"n-head", OPT_INT, F(n_head), 0, "0", 0, 4096, NULL, "override the number of attention heads (0 = preset)", NULL,
+     NULL, 0},
+    {"n-kv-head", OPT_INT, F(n_kv_head), 0, "0", 0, 4096, NULL, "override the number of KV heads (0 = preset)", NULL,
+     NULL, 0},
     {"d-model", OPT_INT, F(d_model), 0, "0", 0, 1 << 20, NULL, "override the model width (0 = preset)", NULL, NULL, 0},
     {"d-ff", OPT_INT, F(d_ff), 0, "0", 0, 1 << 22, NULL, "override the MLP width (0 = preset)", NULL, NULL, 0},
-    {"vocab-size", OPT_INT, F(vocab_size), 0, "0", 0, 1 << 24, NULL, "override the vocabulary size (0 = preset)", NULL, NULL, 0},
-    {"max-seq-len", OPT_INT, F(max_seq_len), 0, "0", 0, 1 << 20, NULL, "override the learned positions of GPT-2 (0 = preset)", NULL, NULL, 0},
-    {"tp", OPT_INT, F(tp), 0, "1", 1, 4096, NULL, "tensor-parallel size: heads, MLP width and vocabulary split over N ranks", NULL, NULL, 0},
-    {"sequence-parallel", OPT_FLAG, F(sequence_parallel), 0, "0", 0, 1, NULL, "with --tp: shard norms and residuals along the sequence (all-gather / reduce-scatter)", NULL, NULL, 0},
-    {"pp", OPT_INT, F(pp), 0, "1", 1, 4096, NULL, "pipeline-parallel size: contiguous layer ranges on N stages", NULL, NULL, 0},
-    {"pp-layers", OPT_STR, F(pp_layers), S(pp_layers), "", 0, 0, NULL, "layers per pipeline stage, e.g. 10,10,12 (empty = balanced)", NULL, NULL, 0},
-    {"pp-schedule", OPT_ENUM, F(pp_schedule), 0, "1f1b", 0, 0, pipe_kind_names, "pipeline schedule over a step's microbatches: 1f1b | gpipe", NULL, NULL, 0},
+    {"vocab-size", OPT_INT, F(vocab_size), 0, "0", 0, 1 << 24, NULL, "override the vocabulary size (0 = preset)", NULL,
+     NULL, 0},
+    {"max-seq-len", OPT_INT, F(max_seq_len), 0, "0", 0, 1 << 20, NULL,
+     "override the learned positions of GPT-2 (0 = preset)", NULL, NULL, 0},
+    {"tp", OPT_INT, F(tp), 0, "1", 1, 4096, NULL,
+     "tensor-parallel size: heads, MLP width and vocabulary split over N ranks", NULL, NULL, 0},
+    {"sequence-parallel", OPT_FLAG, F(sequence_parallel), 0, "0", 0, 1, NULL,
+     "with --tp: shard norms and residuals along the sequence (all-gather / reduce-scatter)", NULL, NULL, 0},
+    {"pp", OPT_INT, F(pp), 0, "1", 1, 4096, NULL, "pipeline-parallel size: contiguous layer ranges on N stages", NULL,
+     NULL, 0},
+    {"pp-layers", OPT_STR, F(pp_layers), S(pp_layers), "", 0, 0, NULL,
+     "layers per pipeline stage, e.g. 10,10,12 (empty = balanced)", NULL, NULL, 0},
+    {"pp-schedule", OPT_ENUM, F(pp_schedule), 0, "1f1b", 0, 0, pipe_kind_names,
+     "pipeline schedule over a step's microbatches: 1f1b | gpipe", NULL, NULL, 0},
     {"dp", OPT_INT, F(dp), 0, "0", 0, 1 << 20, NULL, "data-parallel size (0 = world size / (tp x pp))", NULL, NULL, 0},
-    {"ddp-mode", OPT_ENUM, F(ddp_mode), 0, "bucketed", 0, 0, ddp_mode_names, "gradient all-reduce: naive (per tensor) | flat (one buffer) | bucketed (overlapped with backward)", NULL, NULL, 0},
-    {"zero", OPT_INT, F(zero), 0, "0", 0, 3, NULL, "ZeRO stage over the data-parallel group: 0 (replicated) | 1 (AdamW moments sharded) | 2 (gradients too) | 3 (block parameters too: FSDP)", NULL, NULL, 0},
-    {"fsdp", OPT_ENUM, F(fsdp), 0, "", 0, 0, options_fsdp_names, "PyTorch FSDP names for --zero: no_shard (0) | shard_grad_op (2) | full_shard (3)", NULL, NULL, 0},
-    {"hybrid-shard", OPT_INT, F(hybrid_shard), 0, "0", 0, 1 << 20, NULL, "shard the ZeRO state within groups of N consecutive data-parallel ranks and replicate it across groups (HSDP; 0 = the whole data-parallel group)", NULL, NULL, 0},
-    {"grad-reduce-dtype", OPT_ENUM, F(grad_reduce_dtype), 0, "fp32", 0, 0, comm_dtype_names, "what the data-parallel gradient reductions (all-reduce, ZeRO reduce-scatter, HSDP) send and sum in: fp32 | bf16 (gradients stay fp32 in memory, are rounded to bf16 for the reduction and scaled by 1/dp in fp32 after it; with dp 1 nothing is reduced, so bf16 changes nothing)", NULL, NULL, 0},
-    {"bucket-mb", OPT_REAL, F(bucket_mb), 0, "25", 0.001, 1e6, NULL, "gradient bucket size in MiB for --ddp-mode bucketed", NULL, NULL, 0},
-    {"recompute", OPT_ENUM, F(recompute), 0, "none", 0, 0, model_recompute_names, "activation recomputation: none | selective (MLP activation redone in backward; attention keeps no T x T probabilities in any mode) | full (keep each block's input, redo the block); bit-identical results", NULL, NULL, 0},
-    {"check-replicas", OPT_INT, F(check_replicas), 0, "0", 0, INT_MAX, NULL, "check data-parallel replicas hold identical parameters every N steps (0 = only at start)", NULL, NULL, 0},
-    {"comm-timeout", OPT_REAL, F(comm_timeout), 0, "600", 0, 1e9, NULL, "end the job, naming the operation, when one communication call has blocked this long in seconds: a peer rank is stuck or dead (0 = wait forever)", NULL, NULL, 0},
+    {"ddp-mode", OPT_ENUM, F(ddp_mode), 0, "bucketed", 0, 0, ddp_mode_names,
+     "gradient all-reduce: naive (per tensor) | flat (one buffer) | bucketed (overlapped with backward)", NULL, NULL,
+     0},
+    {"zero", OPT_INT, F(zero), 0, "0", 0, 3, NULL,
+     "ZeRO stage over the data-parallel group: 0 (replicated) | 1 (AdamW moments sharded) | 2 (gradients too) | 3 "
+     "(block parameters too: FSDP)",
+     NULL, NULL, 0},
+    {"fsdp", OPT_ENUM, F(fsdp), 0, "", 0, 0, options_fsdp_names,
+     "PyTorch FSDP names for --zero: no_shard (0) | shard_grad_op (2) | full_shard (3)", NULL, NULL, 0},
+    {"hybrid-shard", OPT_INT, F(hybrid_shard), 0, "0", 0, 1 << 20, NULL,
+     "shard the ZeRO state within groups of N consecutive data-parallel ranks and replicate it across groups (HSDP; 0 "
+     "= the whole data-parallel group)",
+     NULL, NULL, 0},
+    {"grad-reduce-dtype", OPT_ENUM, F(grad_reduce_dtype), 0, "fp32", 0, 0, comm_dtype_names,
+     "what the data-parallel gradient reductions (all-reduce, ZeRO reduce-scatter, HSDP) send and sum in: fp32 | bf16 "
+     "(gradients stay fp32 in memory, are rounded to bf16 for the reduction and scaled by 1/dp in fp32 after it; with "
+     "dp 1 nothing is reduced, so bf16 changes nothing)",
+     NULL, NULL, 0},
+    {"bucket-mb", OPT_REAL, F(bucket_mb), 0, "25", 0.001, 1e6, NULL,
+     "gradient bucket size in MiB for --ddp-mode bucketed", NULL, NULL, 0},
+    {"recompute", OPT_ENUM, F(recompute), 0, "none", 0, 0, model_recompute_names,
+     "activation recomputation: none | selective (MLP activation redone in backward; attention keeps no T x T "
+     "probabilities in any mode) | full (keep each block's input, redo the block); bit-identical results",
+     NULL, NULL, 0},
+    {"check-replicas", OPT_INT, F(check_replicas), 0, "0", 0, INT_MAX, NULL,
+     "check data-parallel replicas hold identical parameters every N steps (0 = only at start)", NULL, NULL, 0},
+    {"comm-timeout", OPT_REAL, F(comm_timeout), 0, "600", 0, 1e9, NULL,
+     "end the job, naming the operation, when one communication call has blocked this long in seconds: a peer rank is "
+     "stuck or dead (0 = wait forever)",
+     NULL, NULL, 0},
     {"steps", OPT_INT, F(steps), 0, "1000", 1, INT_MAX, NULL, "total optimizer steps of the run", NULL, NULL, 0},
-    {"micro-batch", OPT_INT, F(micro_batch), 0, "16", 1, 1 << 20, NULL, "sequences per microbatch (per rank)", NULL, NULL, 0},
-    {"global-batch", OPT_INT, F(global_batch), 0, "0", 0, 1 << 30, NULL, "sequences per optimizer step over all ranks; a multiple of micro batch x dp (0 = micro batch x dp)", NULL, NULL, 0},
+    {"micro-batch", OPT_INT, F(micro_batch), 0, "16", 1, 1 << 20, NULL, "sequences per microbatch (per rank)", NULL,
+     NULL, 0},
+    {"global-batch", OPT_INT, F(global_batch), 0, "0", 0, 1 << 30, NULL,
+     "sequences per optimizer step over all ranks; a multiple of micro batch x dp (0 = micro batch x dp)", NULL, NULL,
+     0},
     {"seq-len", OPT_INT, F(seq_len), 0, "128", 1, 1 << 20, NULL, "tokens per sequence", NULL, NULL, 0},
     {"lr", OPT_REAL, F(lr), 0, "1e-3", 0, 10, NULL, "peak learning rate", NULL, NULL, 0},
-    {"min-lr", OPT_REAL, F(min_lr), 0, "1e-4", 0, 10, NULL, "learning rate at the end of the cosine decay", NULL, NULL, 0},
+    {"min-lr", OPT_REAL, F(min_lr), 0, "1e-4", 0, 10, NULL, "learning rate at the end of the cosine decay", NULL, NULL,
+     0},
     {"warmup", OPT_INT, F(warmup), 0, "50", 0, INT_MAX, NULL, "linear warmup steps", NULL, NULL, 0},
-    {"lr-schedule", OPT_STR, F(lr_schedule), S(lr_schedule), "cosine", 0, 0, lr_kind_names, "after the warmup: cosine (to --min-lr at the last step) | linear (likewise) | constant | wsd (warmup-stable-decay: --lr until the last --decay-steps, then a --decay-shape decay towards --min-lr, as Megatron-LM and llm.c)", NULL, NULL, 0},
-    {"decay-steps", OPT_INT, F(decay_steps), 0, "0", 0, INT_MAX, NULL, "with --lr-schedule wsd: the last N steps decay (0 = the last 20 % of --steps, as llm.c)", NULL, NULL, 0},
-    {"decay-shape", OPT_STR, F(decay_shape), S(decay_shape), "", 0, 0, decay_shape_choices, "with --lr-schedule wsd: linear | cosine | 1-sqrt (empty = 1-sqrt)", NULL, NULL, 0},
-    {"weight-decay", OPT_REAL, F(weight_decay), 0, "0.1", 0, 10, NULL, "AdamW decoupled weight decay (2-D tensors only)", NULL, NULL, 0},
-    {"grad-clip", OPT_REAL, F(grad_clip), 0, "1.0", 0, 1e30, NULL, "clip the global gradient norm to this (0 = off)", NULL, NULL, 0},
-    {"spike-z", OPT_REAL, F(spike_z), 0, "6", 0, 1e9, NULL, "skip a step whose loss is more than Z standard deviations above the mean of the last --spike-window steps' losses (0 = no such test; a non-finite loss or gradient norm is always skipped)", NULL, NULL, 0},
-    {"spike-window", OPT_INT, F(spike_window), 0, "50", 0, 1 << 20, NULL, "losses in the window of --spike-z; it judges once it holds 10 of them (or all N when N < 10) (0 = no z test)", NULL, NULL, 0},
-    {"spike-max", OPT_INT, F(spike_max), 0, "5", 0, INT_MAX, NULL, "after N consecutive skipped steps go back to the last checkpoint (--ckpt-dir) and continue on the data after the skipped batches, or stop when there is none (0 = skip nothing, no z test: a non-finite loss or norm ends the run)", NULL, NULL, 0},
+    {"lr-schedule", OPT_STR, F(lr_schedule), S(lr_schedule), "cosine", 0, 0, lr_kind_names,
+     "after the warmup: cosine (to --min-lr at the last step) | linear (likewise) | constant | wsd "
+     "(warmup-stable-decay: --lr until the last --decay-steps, then a --decay-shape decay towards --min-lr, as "
+     "Megatron-LM and llm.c)",
+     NULL, NULL, 0},
+    {"decay-steps", OPT_INT, F(decay_steps), 0, "0", 0, INT_MAX, NULL,
+     "with --lr-schedule wsd: the last N steps decay (0 = the last 20 % of --steps, as llm.c)", NULL, NULL, 0},
+    {"decay-shape", OPT_STR, F(decay_shape), S(decay_shape), "", 0, 0, decay_shape_choices,
+     "with --lr-schedule wsd: linear | cosine | 1-sqrt (empty = 1-sqrt)", NULL, NULL, 0},
+    {"weight-decay", OPT_REAL, F(weight_decay), 0, "0.1", 0, 10, NULL,
+     "AdamW decoupled weight decay (2-D tensors only)", NULL, NULL, 0},
+    {"grad-clip", OPT_REAL, F(grad_clip), 0, "1.0", 0, 1e30, NULL, "clip the global gradient norm to this (0 = off)",
+     NULL, NULL, 0},
+    {"spike-z", OPT_REAL, F(spike_z), 0, "6", 0, 1e9, NULL,
+     "skip a step whose loss is more than Z standard deviations above the mean of the last --spike-window steps' "
+     "losses (0 = no such test; a non-finite loss or gradient norm is always skipped)",
+     NULL, NULL, 0},
+    {"spike-window", OPT_INT, F(spike_window), 0, "50", 0, 1 << 20, NULL,
+     "losses in the window of --spike-z; it judges once it holds 10 of them (or all N when N < 10) (0 = no z test)",
+     NULL, NULL, 0},
+    {"spike-max", OPT_INT, F(spike_max), 0, "5", 0, INT_MAX, NULL,
+     "after N consecutive skipped steps go back to the last checkpoint (--ckpt-dir) and continue on the data after the "
+     "skipped batches, or stop when there is none (0 = skip nothing, no z test: a non-finite loss or norm ends the "
+     "run)",
+     NULL, NULL, 0},
     {"beta1", OPT_REAL, F(beta1), 0, "0.9", 0, 0.999999, NULL, "AdamW beta1", NULL, NULL, 0},
     {"beta2", OPT_REAL, F(beta2), 0, "0.95", 0, 0.999999999, NULL, "AdamW beta2", NULL, NULL, 0},
     {"adam-eps", OPT_REAL, F(adam_eps), 0, "1e-8", 0, 1, NULL, "AdamW epsilon", NULL, NULL, 0},
-    {"seed", OPT_LLONG, F(seed), 0, "1337", 0, 9.0e18, NULL, "seed of initialisation, data order and sampling", NULL, NULL, 0},
-    {"data", OPT_STR, F(data), S(data), "data/gutenberg_train_*.bin", 0, 0, NULL, "training data: a glob of token shards, a Megatron prefix, or a blend \"W1 PATH1 W2 PATH2 ...\" (doc/data.md)", NULL, NULL, 0},
-    {"val-data", OPT_STR, F(val_data), S(val_data), "data/gutenberg_val_*.bin", 0, 0, NULL, "validation data, as --data (a blend too)", NULL, NULL, 0},
-    {"data-format", OPT_ENUM, F(data_format), 0, "llmc", 0, 0, tokens_format_names, "token file format: llmc (headered shards) | raw-u16 (nanoGPT .bin) | megatron (Megatron-LM/GPT-NeoX PREFIX.bin + PREFIX.idx); a path in --data may override it with a llmc:, raw-u16: or megatron: prefix", NULL, NULL, 0},
-    {"val-every", OPT_INT, F(val_every), 0, "100", 0, INT_MAX, NULL, "validate every N steps and at the end (0 = never)", NULL, NULL, 0},
-    {"val-batches", OPT_INT, F(val_batches), 0, "16", 1, INT_MAX, NULL, "microbatches of validation data per evaluation", NULL, NULL, 0},
-    {"doc-mask", OPT_FLAG, F(doc_mask), 0, "0", 0, 1, NULL, "document masking: attention never crosses a document boundary and positions (learned or RoPE) restart at each document; the boundaries are a Megatron index's documents, or the doc_start / doc_end tokens the data's tokenizer sidecar names (other data without them is an error)", NULL, NULL, 0},
-    {"metrics", OPT_STR, F(metrics), S(metrics), "", 0, 0, NULL, "write one JSON object per step to FILE", "FILE", NULL, 0},
-    {"tensorboard", OPT_STR, F(tensorboard), S(tensorboard), "", 0, 0, NULL, "write TensorBoard event files into DIR (created with its parents if missing): per step the loss, validation loss, learning rate, gradient norm, tokens/s, MFU, memory peaks and exposed communication", "DIR", NULL, 0},
-    {"ckpt-dir", OPT_STR, F(ckpt_dir), S(ckpt_dir), "", 0, 0, NULL, "write checkpoints (HDF5, any layout loads them) into DIR, created with its parents if missing", "DIR", NULL, 0},
-    {"ckpt-every", OPT_INT, F(ckpt_every), 0, "0", 0, INT_MAX, NULL, "checkpoint every N steps (0 = only at the end); needs --ckpt-dir", NULL, NULL, 0},
-    {"keep", OPT_INT, F(keep), 0, "0", 0, INT_MAX, NULL, "keep the newest N checkpoints in --ckpt-dir, removing older ones once a new one is complete (0 = all)", NULL, NULL, 0},
-    {"ckpt-async", OPT_FLAG, F(ckpt_async), 0, "0", 0, 1, NULL, "asynchronous checkpoints: at the step boundary each rank only copies its state into host memory of its own, and a background thread writes the same file (same atomic protocol and checksums) while training goes on; the next checkpoint, a stop signal and the end of the run wait for it; needs --ckpt-dir", NULL, NULL, 0},
-    {"stop-at-step", OPT_INT, F(stop_at_step), 0, "0", 0, INT_MAX, NULL, "end this job after step N (checkpointed with --ckpt-dir) and leave the rest of --steps to a resumed run (0 = run to --steps)", NULL, NULL, 0},
-    {"resume", OPT_STR, F(resume), S(resume), "", 0, 0, NULL, "continue from a checkpoint: auto (the newest complete one in --ckpt-dir, or a fresh start) or FILE", "FILE", NULL, 0},
-    {"init-from", OPT_STR, F(init_from), S(init_from), "", 0, 0, NULL, "start from the weights of a Hugging Face model directory (config.json + model.safetensors or sharded with model.safetensors.index.json: GPT2LMHeadModel, LlamaForCausalLM, Llama-shaped MistralForCausalLM; f32, f16 or bf16) or an llm.c GPT-2 model file (gpt2_124M.bin, fp32 or bf16): the model comes from the file (a disagreeing --model, --n-layer, ... is an error), every rank reads only its slices, training starts at step 0 with fresh AdamW state; a checkpoint that --resume finds wins over it", "PATH", NULL, 0},
-    {"save-params", OPT_STR, F(save_params), S(save_params), "", 0, 0, NULL, "at the end, write the trained parameters as logical tensors to FILE (HDF5, any layout reads it)", "FILE", NULL, 0},
-    {"trace", OPT_STR, F(trace), S(trace), "", 0, 0, NULL, "write a Chrome/Perfetto trace of every rank (layer and communication spans) to FILE", "FILE", NULL, 0},
-    {"straggler-every", OPT_INT, F(straggler_every), 0, "0", 0, INT_MAX, NULL, "every N steps name the rank and host with the most compute per step over those N steps (time blocked on peers left out) and its ratio to the median rank (0 = never)", NULL, NULL, 0},
-    {"sample-tokens", OPT_INT, F(sample_tokens), 0, "256", 0, 1 << 20, NULL, "tokens to generate at the end (0 = no sample)", NULL, NULL, 0},
-    {"prompt", OPT_STR, F(prompt), S(prompt), "ALICE.", 0, 0, NULL, "text the sample continues, encoded with --tokenizer after its document start token (without a tokenizer the sample starts from token 0)", NULL, NULL, 0},
-    {"tokenizer", OPT_STR, F(tokenizer), S(tokenizer), "auto", 0, 0, NULL, "tokenizer of the sample and --prompt: auto (the one the data's sidecar PREFIX.tokenizer.json names, else byte for a 256-token vocabulary, else none) | none (the sample prints token ids) | byte | gpt2[:DIR] | tiktoken:FILE[:ENCODING] | spm:MODEL", "SPEC", NULL, 0},
-    {"temperature", OPT_REAL, F(temperature), 0, "0.8", 0, 100, NULL, "sampling temperature (0 = greedy)", NULL, NULL, 0},
-    {"top-k", OPT_INT, F(top_k), 0, "40", 0, 1 << 24, NULL, "sample from the k most likely tokens (0 = all)", NULL, NULL, 0},
-    {"threads", OPT_INT, F(threads), 0, "0", 0, 4096, NULL, "OpenMP/OpenBLAS threads per rank (0 = OMP_NUM_THREADS or all cores)", NULL, NULL, 0},
-    {"peak-gflops", OPT_REAL, F(peak_gflops), 0, "0", 0, 1e12, NULL, "peak GFLOP/s for MFU (0 = measure with a short sgemm probe); with --plan --hw cpu, the profile's peak", NULL, NULL, 0},
-    {"plan", OPT_FLAG, F(plan), 0, "0", 0, 1, NULL, "print the per-rank memory, FLOPs, communication and predicted step time of this configuration and exit without training (one process is enough)", NULL, NULL, 0},
-    {"search", OPT_FLAG, F(search), 0, "0", 0, 1, NULL, "with --plan and --gpus: list the layouts (tp, pp, dp, zero, recompute, micro batch) that fit, best predicted tokens/s first", NULL, NULL, 0},
-    {"gpus", OPT_INT, F(gpus), 0, "0", 0, 1 << 24, NULL, "with --plan: devices in all; dp = N / (tp x pp) (0 = --dp, or the world size)", NULL, NULL, 0},
-    {"hw", OPT_STR, F(hw), S(hw), "", 0, 0, NULL, "with --plan: hardware profile h100-sxm | a100-80g | cpu, or a FILE of key = value lines (empty = h100-sxm)", "FILE", NULL, 0},
-    {"plan-dtype", OPT_ENUM, F(plan_dtype), 0, "", 0, 0, plan_dtype_names, "with --plan: fp32 | bf16 (dtrain's own buffers under --dtype fp32 or bf16, exactly) | megatron (Megatron-LM's bf16 layout for comparison: bf16 weights, fp32 gradients, master weights and AdamW moments; Korthikanti activations) (empty = bf16 on GPU profiles, fp32 on cpu)", NULL, NULL, 0},
-    {"gpu-mem", OPT_REAL, F(gpu_mem), 0, "0", 0, 1e9, NULL, "with --plan: device memory per rank in GiB (0 = the hardware profile's)", NULL, NULL, 0},
-    {"device", OPT_ENUM, F(device), 0, "auto", 0, 0, backend_device_names, "compute backend: cpu | cuda (one GPU per rank, chosen by local rank) | auto (cuda when built with it and a GPU is visible, else cpu)", NULL, NULL, 0},
-    {"dtype", OPT_ENUM, F(dtype), 0, "auto", 0, 0, backend_dtype_names, "matmul precision: bf16 (operands rounded to bf16, fp32 sums; a bf16 weight copy and the matmul-only activations kept in bf16; master weights, gradients, AdamW state and other activations fp32) | fp32 | auto (bf16 on cuda, fp32 on cpu)", NULL, NULL, 0},
-    {"comm", OPT_ENUM, F(comm), 0, "auto", 0, 0, backend_comm_names, "communication library of the tp, dp, embedding, ZeRO and world collectives: nccl (GPU to GPU, needs --device cuda) | mpi | auto (nccl when every rank runs on cuda on a GPU of its own and there is more than one rank, else mpi); the pipeline's point-to-point messages always use MPI", NULL, NULL, 0},
-    {"selftest", OPT_FLAG, F(selftest), 0, "0", 0, 1, NULL, "compare every CUDA op with the CPU op on random inputs (stated error bounds), print the results and exit (0 = all agree)", NULL, NULL, 0},
+    {"seed", OPT_LLONG, F(seed), 0, "1337", 0, 9.0e18, NULL, "seed of initialisation, data order and sampling", NULL,
+     NULL, 0},
+    {"data", OPT_STR, F(data), S(data), "data/gutenberg_train_*.bin", 0, 0, NULL,
+     "training data: a glob of token shards, a Megatron prefix, or a blend \"W1 PATH1 W2 PATH2 ...\" (doc/data.md)",
+     NULL, NULL, 0},
+    {"val-data", OPT_STR, F(val_data), S(val_data), "data/gutenberg_val_*.bin", 0, 0, NULL,
+     "validation data, as --data (a blend too)", NULL, NULL, 0},
+    {"data-format", OPT_ENUM, F(data_format), 0, "llmc", 0, 0, tokens_format_names,
+     "token file format: llmc (headered shards) | raw-u16 (nanoGPT .bin) | megatron (Megatron-LM/GPT-NeoX PREFIX.bin + "
+     "PREFIX.idx); a path in --data may override it with a llmc:, raw-u16: or megatron: prefix",
+     NULL, NULL, 0},
+    {"val-every", OPT_INT, F(val_every), 0, "100", 0, INT_MAX, NULL,
+     "validate every N steps and at the end (0 = never)", NULL, NULL, 0},
+    {"val-batches", OPT_INT, F(val_batches), 0, "16", 1, INT_MAX, NULL,
+     "microbatches of validation data per evaluation", NULL, NULL, 0},
+    {"doc-mask", OPT_FLAG, F(doc_mask), 0, "0", 0, 1, NULL,
+     "document masking: attention never crosses a document boundary and positions (learned or RoPE) restart at each "
+     "document; the boundaries are a Megatron index's documents, or the doc_start / doc_end tokens the data's "
+     "tokenizer sidecar names (other data without them is an error)",
+     NULL, NULL, 0},
+    {"metrics", OPT_STR, F(metrics), S(metrics), "", 0, 0, NULL, "write one JSON object per step to FILE", "FILE", NULL,
+     0},
+    {"tensorboard", OPT_STR, F(tensorboard), S(tensorboard), "", 0, 0, NULL,
+     "write TensorBoard event files into DIR (created with its parents if missing): per step the loss, validation "
+     "loss, learning rate, gradient norm, tokens/s, MFU, memory peaks and exposed communication",
+     "DIR", NULL, 0},
+    {"ckpt-dir", OPT_STR, F(ckpt_dir), S(ckpt_dir), "", 0, 0, NULL,
+     "write checkpoints (HDF5, any layout loads them) into DIR, created with its parents if missing", "DIR", NULL, 0},
+    {"ckpt-every", OPT_INT, F(ckpt_every), 0, "0", 0, INT_MAX, NULL,
+     "checkpoint every N steps (0 = only at the end); needs --ckpt-dir", NULL, NULL, 0},
+    {"keep", OPT_INT, F(keep), 0, "0", 0, INT_MAX, NULL,
+     "keep the newest N checkpoints in --ckpt-dir, removing older ones once a new one is complete (0 = all)", NULL,
+     NULL, 0},
+    {"ckpt-async", OPT_FLAG, F(ckpt_async), 0, "0", 0, 1, NULL,
+     "asynchronous checkpoints: at the step boundary each rank only copies its state into host memory of its own, and "
+     "a background thread writes the same file (same atomic protocol and checksums) while training goes on; the next "
+     "checkpoint, a stop signal and the end of the run wait for it; needs --ckpt-dir",
+     NULL, NULL, 0},
+    {"stop-at-step", OPT_INT, F(stop_at_step), 0, "0", 0, INT_MAX, NULL,
+     "end this job after step N (checkpointed with --ckpt-dir) and leave the rest of --steps to a resumed run (0 = run "
+     "to --steps)",
+     NULL, NULL, 0},
+    {"resume", OPT_STR, F(resume), S(resume), "", 0, 0, NULL,
+     "continue from a checkpoint: auto (the newest complete one in --ckpt-dir, or a fresh start) or FILE", "FILE", NULL,
+     0},
+    {"init-from", OPT_STR, F(init_from), S(init_from), "", 0, 0, NULL,
+     "start from the weights of a Hugging Face model directory (config.json + model.safetensors or sharded with "
+     "model.safetensors.index.json: GPT2LMHeadModel, LlamaForCausalLM, Llama-shaped MistralForCausalLM; f32, f16 or "
+     "bf16) or an llm.c GPT-2 model file (gpt2_124M.bin, fp32 or bf16): the model comes from the file (a disagreeing "
+     "--model, --n-layer, ... is an error), every rank reads only its slices, training starts at step 0 with fresh "
+     "AdamW state; a checkpoint that --resume finds wins over it",
+     "PATH", NULL, 0},
+    {"save-params", OPT_STR, F(save_params), S(save_params), "", 0, 0, NULL,
+     "at the end, write the trained parameters as logical tensors to FILE (HDF5, any layout reads it)", "FILE", NULL,
+     0},
+    {"trace", OPT_STR, F(trace), S(trace), "", 0, 0, NULL,
+     "write a Chrome/Perfetto trace of every rank (layer and communication spans) to FILE", "FILE", NULL, 0},
+    {"straggler-every", OPT_INT, F(straggler_every), 0, "0", 0, INT_MAX, NULL,
+     "every N steps name the rank and host with the most compute per step over those N steps (time blocked on peers "
+     "left out) and its ratio to the median rank (0 = never)",
+     NULL, NULL, 0},
+    {"sample-tokens", OPT_INT, F(sample_tokens), 0, "256", 0, 1 << 20, NULL,
+     "tokens to generate at the end (0 = no sample)", NULL, NULL, 0},
+    {"prompt", OPT_STR, F(prompt), S(prompt), "ALICE.", 0, 0, NULL,
+     "text the sample continues, encoded with --tokenizer after its document start token (without a tokenizer the "
+     "sample starts from token 0)",
+     NULL, NULL, 0},
+    {"tokenizer", OPT_STR, F(tokenizer), S(tokenizer), "auto", 0, 0, NULL,
+     "tokenizer of the sample and --prompt: auto (the one the data's sidecar PREFIX.tokenizer.json names, else byte "
+     "for a 256-token vocabulary, else none) | none (the sample prints token ids) | byte | gpt2[:DIR] | "
+     "tiktoken:FILE[:ENCODING] | spm:MODEL",
+     "SPEC", NULL, 0},
+    {"temperature", OPT_REAL, F(temperature), 0, "0.8", 0, 100, NULL, "sampling temperature (0 = greedy)", NULL, NULL,
+     0},
+    {"top-k", OPT_INT, F(top_k), 0, "40", 0, 1 << 24, NULL, "sample from the k most likely tokens (0 = all)", NULL,
+     NULL, 0},
+    {"threads", OPT_INT, F(threads), 0, "0", 0, 4096, NULL,
+     "OpenMP/OpenBLAS threads per rank (0 = OMP_NUM_THREADS or all cores)", NULL, NULL, 0},
+    {"peak-gflops", OPT_REAL, F(peak_gflops), 0, "0", 0, 1e12, NULL,
+     "peak GFLOP/s for MFU (0 = measure with a short sgemm probe); with --plan --hw cpu, the profile's peak", NULL,
+     NULL, 0},
+    {"plan", OPT_FLAG, F(plan), 0, "0", 0, 1, NULL,
+     "print the per-rank memory, FLOPs, communication and predicted step time of this configuration and exit without "
+     "training (one process is enough)",
+     NULL, NULL, 0},
+    {"search", OPT_FLAG, F(search), 0, "0", 0, 1, NULL,
+     "with --plan and --gpus: list the layouts (tp, pp, dp, zero, recompute, micro batch) that fit, best predicted "
+     "tokens/s first",
+     NULL, NULL, 0},
+    {"gpus", OPT_INT, F(gpus), 0, "0", 0, 1 << 24, NULL,
+     "with --plan: devices in all; dp = N / (tp x pp) (0 = --dp, or the world size)", NULL, NULL, 0},
+    {"hw", OPT_STR, F(hw), S(hw), "", 0, 0, NULL,
+     "with --plan: hardware profile h100-sxm | a100-80g | cpu, or a FILE of key = value lines (empty = h100-sxm)",
+     "FILE", NULL, 0},
+    {"plan-dtype", OPT_ENUM, F(plan_dtype), 0, "", 0, 0, plan_dtype_names,
+     "with --plan: fp32 | bf16 (dtrain's own buffers under --dtype fp32 or bf16, exactly) | megatron (Megatron-LM's "
+     "bf16 layout for comparison: bf16 weights, fp32 gradients, master weights and AdamW moments; Korthikanti "
+     "activations) (empty = bf16 on GPU profiles, fp32 on cpu)",
+     NULL, NULL, 0},
+    {"gpu-mem", OPT_REAL, F(gpu_mem), 0, "0", 0, 1e9, NULL,
+     "with --plan: device memory per rank in GiB (0 = the hardware profile's)", NULL, NULL, 0},
+    {"device", OPT_ENUM, F(device), 0, "auto", 0, 0, backend_device_names,
+     "compute backend: cpu | cuda (one GPU per rank, chosen by local rank) | auto (cuda when built with it and a GPU "
+     "is visible, else cpu)",
+     NULL, NULL, 0},
+    {"dtype", OPT_ENUM, F(dtype), 0, "auto", 0, 0, backend_dtype_names,
+     "matmul precision: bf16 (operands rounded to bf16, fp32 sums; a bf16 weight copy and the matmul-only activations "
+     "kept in bf16; master weights, gradients, AdamW state and other activations fp32) | fp32 | auto (bf16 on cuda, "
+     "fp32 on cpu)",
+     NULL, NULL, 0},
+    {"comm", OPT_ENUM, F(comm), 0, "auto", 0, 0, backend_comm_names,
+     "communication library of the tp, dp, embedding, ZeRO and world collectives: nccl (GPU to GPU, needs --device "
+     "cuda) | mpi | auto (nccl when every rank runs on cuda on a GPU of its own and there is more than one rank, else "
+     "mpi); the pipeline's point-to-point messages always use MPI",
+     NULL, NULL, 0},
+    {"selftest", OPT_FLAG, F(selftest), 0, "0", 0, 1, NULL,
+     "compare every CUDA op with the CPU op on random inputs (stated error bounds), print the results and exit (0 = "
+     "all agree)",
+     NULL, NULL, 0},
 };
+/* clang-format on */
 #define N_OPTS ((int)(sizeof opt_defs / sizeof opt_defs[0]))
 
 static const opt_table_t opt_table = {.prog = "dtrain", .defs = opt_defs, .n = N_OPTS};
@@ -166,10 +308,9 @@ static int load_config(const char *path, void *dst, void *field, char *err, size
 
 static void print_help(FILE *out)
 {
-    fprintf(out,
-            "usage: dtrain [--config FILE] [--option value ...]\n"
-            "Train a GPT-2 or Llama style transformer on token shards.\n\n"
-            "Options (default in brackets; config files use the same names without --):\n");
+    fprintf(out, "usage: dtrain [--config FILE] [--option value ...]\n"
+                 "Train a GPT-2 or Llama style transformer on token shards.\n\n"
+                 "Options (default in brackets; config files use the same names without --):\n");
     opt_print_help(&opt_table, out, 24, 1);
     fprintf(out, "  %-24s %s\n  %-24s %s\n", "--help", "print this help and exit", "--version",
             "print the version and exit");
@@ -184,8 +325,8 @@ static void print_help(FILE *out)
 static int check_schedule_spike(const run_options_t *o, char *err, size_t errlen)
 {
     lr_schedule_t s;
-    if (lr_schedule_make(&s, o->lr_schedule, o->decay_shape, o->lr, o->min_lr, o->warmup, o->steps, o->decay_steps,
-                         err, errlen) != 0)
+    if (lr_schedule_make(&s, o->lr_schedule, o->decay_shape, o->lr, o->min_lr, o->warmup, o->steps, o->decay_steps, err,
+                         errlen) != 0)
         return -1;
     return 0;
 }
@@ -194,7 +335,8 @@ static int check_schedule_spike(const run_options_t *o, char *err, size_t errlen
 static int check_ckpt_async(const run_options_t *o, char *err, size_t errlen)
 {
     if (o->ckpt_async && !o->ckpt_dir[0]) {
-        snprintf(err, errlen, "--ckpt-async writes the checkpoints of --ckpt-dir in the background: "
+        snprintf(err, errlen,
+                 "--ckpt-async writes the checkpoints of --ckpt-dir in the background: "
                  "give --ckpt-dir DIR");
         return -1;
     }
@@ -208,14 +350,14 @@ static int check_consistency(const run_options_t *o, char *err, size_t errlen)
     if (!model_preset_find(o->model)) {
         char names[256] = "";
         for (const model_preset_t *p = model_presets(); p->name; p++)
-            snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s",
-                     p == model_presets() ? "" : "|", p->name);
+            snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", p == model_presets() ? "" : "|",
+                     p->name);
         snprintf(err, errlen, "--model '%s': unknown preset, allowed %s", o->model, names);
         return -1;
     }
     if (o->global_batch != 0 && o->global_batch % o->micro_batch != 0) {
-        snprintf(err, errlen, "--global-batch %d must be a multiple of --micro-batch %d",
-                 o->global_batch, o->micro_batch);
+        snprintf(err, errlen, "--global-batch %d must be a multiple of --micro-batch %d", o->global_batch,
+                 o->micro_batch);
         return -1;
     }
     if (o->min_lr > o->lr) {
@@ -237,8 +379,12 @@ static int check_consistency(const run_options_t *o, char *err, size_t errlen)
         return -1;
     }
     /* options that only the planner reads are refused elsewhere, never ignored */
-    const char *plan_only = o->search ? "search" : o->gpus ? "gpus" : o->hw[0] ? "hw"
-                          : o->plan_dtype != PLAN_DTYPE_AUTO ? "plan-dtype" : o->gpu_mem > 0 ? "gpu-mem" : NULL;
+    const char *plan_only = o->search                          ? "search"
+                            : o->gpus                          ? "gpus"
+                            : o->hw[0]                         ? "hw"
+                            : o->plan_dtype != PLAN_DTYPE_AUTO ? "plan-dtype"
+                            : o->gpu_mem > 0                   ? "gpu-mem"
+                                                               : NULL;
     if (plan_only && !o->plan) {
         snprintf(err, errlen, "--%s is an option of the planner: add --plan (which trains nothing)", plan_only);
         return -1;
@@ -259,8 +405,7 @@ static int check_consistency(const run_options_t *o, char *err, size_t errlen)
     return 0;
 }
 
-options_status_t options_parse(run_options_t *o, int argc, char **argv, int print, char *err,
-                               size_t errlen)
+options_status_t options_parse(run_options_t *o, int argc, char **argv, int print, char *err, size_t errlen)
 {
     memset(o, 0, sizeof *o);
     if (opt_defaults(&opt_table, o, err, errlen) != 0)
@@ -280,7 +425,9 @@ options_status_t options_parse(run_options_t *o, int argc, char **argv, int prin
 #ifndef HAVE_CUDA
     if (o->device == BACKEND_CUDA || o->comm == BACKEND_COMM_NCCL || o->selftest) {
         snprintf(err, errlen, "%s: this dtrain is built without the CUDA backend: rebuild with ./configure --with-cuda",
-                 o->selftest ? "--selftest" : o->comm == BACKEND_COMM_NCCL ? "--comm nccl" : "--device cuda");
+                 o->selftest                    ? "--selftest"
+                 : o->comm == BACKEND_COMM_NCCL ? "--comm nccl"
+                                                : "--device cuda");
         return OPTIONS_ERROR;
     }
 #endif
@@ -339,13 +486,14 @@ int options_model_config(const run_options_t *o, model_config_t *c, char *err, s
 int options_check_grid(const model_config_t *c, int tp, int pp, char *err, size_t errlen)
 {
     if (c->n_head % tp || c->n_kv_head % tp || c->d_ff % tp) {
-        snprintf(err, errlen, "--tp %d must divide the attention heads (%d), the KV heads (%d) and the FFN "
-                 "width (%d); pick a --tp that divides all three", tp, c->n_head, c->n_kv_head, c->d_ff);
+        snprintf(err, errlen,
+                 "--tp %d must divide the attention heads (%d), the KV heads (%d) and the FFN "
+                 "width (%d); pick a --tp that divides all three",
+                 tp, c->n_head, c->n_kv_head, c->d_ff);
         return -1;
     }
     if (pp > c->n_layer) {
-        snprintf(err, errlen, "--pp %d exceeds the model's %d layers: every stage needs at least one", pp,
-                 c->n_layer);
+        snprintf(err, errlen, "--pp %d exceeds the model's %d layers: every stage needs at least one", pp, c->n_layer);
         return -1;
     }
     return 0;
@@ -365,8 +513,8 @@ static int check_layout(const run_options_t *o, const model_config_t *c, int tp,
                         size_t errlen)
 {
     if (o->global_batch != 0 && o->global_batch % (o->micro_batch * dp) != 0) {
-        snprintf(err, errlen, "--global-batch %d must be a multiple of --micro-batch %d x dp %d = %d",
-                 o->global_batch, o->micro_batch, dp, o->micro_batch * dp);
+        snprintf(err, errlen, "--global-batch %d must be a multiple of --micro-batch %d x dp %d = %d", o->global_batch,
+                 o->micro_batch, dp, o->micro_batch * dp);
         return -1;
     }
     if (o->hybrid_shard > 0 && (dp % o->hybrid_shard != 0 || options_zero_stage(o) == 0)) {
@@ -390,10 +538,11 @@ static int check_layout(const run_options_t *o, const model_config_t *c, int tp,
         return -1;
     }
     if (pp > 1 && accum_steps(o, dp) < pp) {
-        snprintf(err, errlen, "--pp %d needs at least %d microbatches per step, got %d (global batch %d / "
+        snprintf(err, errlen,
+                 "--pp %d needs at least %d microbatches per step, got %d (global batch %d / "
                  "(micro batch %d x dp %d)); raise --global-batch or lower --micro-batch",
-                 pp, pp, accum_steps(o, dp), o->global_batch ? o->global_batch : o->micro_batch * dp,
-                 o->micro_batch, dp);
+                 pp, pp, accum_steps(o, dp), o->global_batch ? o->global_batch : o->micro_batch * dp, o->micro_batch,
+                 dp);
         return -1;
     }
     return 0;
@@ -485,7 +634,4 @@ int run_config_stage_begin(const run_config_t *rc, int s)
     return l0;
 }
 
-void options_print(const run_options_t *o, void *file)
-{
-    opt_print_values(&opt_table, o, file);
-}
+void options_print(const run_options_t *o, void *file) { opt_print_values(&opt_table, o, file); }

@@ -37,13 +37,13 @@ typedef struct run_options {
     char pp_layers[256];
     pipe_kind_t pp_schedule;
     ddp_mode_t ddp_mode;
-    int zero;          /* ZeRO stage; see options_zero_stage */
+    int zero; /* ZeRO stage; see options_zero_stage */
     options_fsdp_t fsdp;
-    int hybrid_shard;  /* shard group size (0 = the whole DP group) */
+    int hybrid_shard; /* shard group size (0 = the whole DP group) */
     double bucket_mb;
     comm_dtype_t grad_reduce_dtype; /* what the data-parallel gradient reductions send */
     int check_replicas;
-    double comm_timeout; /* seconds one communication call may block before the job is ended (0 = never) */
+    double comm_timeout;         /* seconds one communication call may block before the job is ended (0 = never) */
     model_recompute_t recompute; /* activation recomputation */
     /* schedule and batch */
     int steps, micro_batch, global_batch, seq_len;
@@ -61,7 +61,7 @@ typedef struct run_options {
     char data[OPT_PATH_MAX], val_data[OPT_PATH_MAX];
     tokens_format_t data_format;
     int val_every, val_batches;
-    int doc_mask;      /* --doc-mask: attention within documents (src/docmask.h) */
+    int doc_mask; /* --doc-mask: attention within documents (src/docmask.h) */
     /* output */
     char metrics[OPT_PATH_MAX];
     char trace[OPT_PATH_MAX];
@@ -83,27 +83,26 @@ typedef struct run_options {
     /* --plan: print the memory, compute and communication plan and exit
      * (src/plan.h); the options below are the planner's alone */
     int plan, search;
-    int gpus;                /* total devices (0 = --dp or the world size) */
-    char hw[OPT_PATH_MAX];   /* profile name or key = value file ("" = h100-sxm) */
+    int gpus;              /* total devices (0 = --dp or the world size) */
+    char hw[OPT_PATH_MAX]; /* profile name or key = value file ("" = h100-sxm) */
     plan_dtype_t plan_dtype;
-    double gpu_mem;          /* device memory in GiB (0 = the profile's) */
+    double gpu_mem; /* device memory in GiB (0 = the profile's) */
     /* backend */
     backend_device_t device;
-    backend_dtype_t dtype;  /* GEMM precision */
-    backend_comm_t comm;    /* the collectives' library */
-    int selftest;      /* --selftest: compare every CUDA op with the CPU op, exit */
+    backend_dtype_t dtype; /* GEMM precision */
+    backend_comm_t comm;   /* the collectives' library */
+    int selftest;          /* --selftest: compare every CUDA op with the CPU op, exit */
 } run_options_t;
 
 typedef enum {
     OPTIONS_OK = 0,
-    OPTIONS_EXIT_OK = 1,  /* --help / --version printed: exit 0 */
-    OPTIONS_ERROR = 2     /* err holds one line: exit 2 */
+    OPTIONS_EXIT_OK = 1, /* --help / --version printed: exit 0 */
+    OPTIONS_ERROR = 2    /* err holds one line: exit 2 */
 } options_status_t;
 
 /* Parses argv (and the --config file it names) into o. Never prints except
  * --help/--version text (to out, only when print is set: rank 0). */
-options_status_t options_parse(run_options_t *o, int argc, char **argv, int print,
-                               char *err, size_t errlen);
+options_status_t options_parse(run_options_t *o, int argc, char **argv, int print, char *err, size_t errlen);
 
 /* The ZeRO stage --zero or --fsdp asks for (0..3). */
 int options_zero_stage(const run_options_t *o);

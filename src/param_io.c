@@ -96,8 +96,10 @@ int param_io_check_model(h5store_t *h, const model_config_t *cfg, const char *pa
             if (h5store_get_str(h, a->key, got, sizeof got, err, errlen) != 0)
                 return -1;
             if (strcmp(got, a->s) != 0) {
-                snprintf(err, errlen, "%s holds a model with %s %s, this run's model has %s %s (same --model "
-                         "and shape options as the run that wrote it?)", path, a->key, got, a->key, a->s);
+                snprintf(err, errlen,
+                         "%s holds a model with %s %s, this run's model has %s %s (same --model "
+                         "and shape options as the run that wrote it?)",
+                         path, a->key, got, a->key, a->s);
                 return -1;
             }
         } else if (a->type == H5STORE_INT) {
@@ -105,9 +107,10 @@ int param_io_check_model(h5store_t *h, const model_config_t *cfg, const char *pa
             if (h5store_get_int(h, a->key, &got, err, errlen) != 0)
                 return -1;
             if (got != a->i) {
-                snprintf(err, errlen, "%s holds a model with %s %lld, this run's model has %s %lld (same --model "
-                         "and shape options as the run that wrote it?)", path, a->key, (long long)got, a->key,
-                         (long long)a->i);
+                snprintf(err, errlen,
+                         "%s holds a model with %s %lld, this run's model has %s %lld (same --model "
+                         "and shape options as the run that wrote it?)",
+                         path, a->key, (long long)got, a->key, (long long)a->i);
                 return -1;
             }
         } else {
@@ -115,8 +118,8 @@ int param_io_check_model(h5store_t *h, const model_config_t *cfg, const char *pa
             if (h5store_get_double(h, a->key, &got, err, errlen) != 0)
                 return -1;
             if ((float)got != (float)a->d) {
-                snprintf(err, errlen, "%s holds a model with %s %g, this run's model has %s %g", path, a->key,
-                         got, a->key, a->d);
+                snprintf(err, errlen, "%s holds a model with %s %g, this run's model has %s %g", path, a->key, got,
+                         a->key, a->d);
                 return -1;
             }
         }
@@ -176,8 +179,8 @@ static int tensor_index(const h5store_tensor_t *t, int n, const char *prefix, co
 /* This rank's shards: all = every tensor of the table (reading), else only
  * those it writes. */
 static int table_shards(const param_table_t *t, const param_io_group_t *groups, int n_groups,
-                        const h5store_tensor_t *tensors, int nt, int all, int tp_rank, h5store_shard_t *shards,
-                        int *ns, char *err, size_t errlen)
+                        const h5store_tensor_t *tensors, int nt, int all, int tp_rank, h5store_shard_t *shards, int *ns,
+                        char *err, size_t errlen)
 {
     int n = 0;
     for (int g = 0; g < n_groups; g++)
@@ -193,7 +196,8 @@ static int table_shards(const param_table_t *t, const param_io_group_t *groups, 
                 return -1;
             }
             /* the real rows come first in the buffer, padding rows after */
-            shards[n++] = (h5store_shard_t){.tensor = k, .start = {d->start[0], d->start[1]},
+            shards[n++] = (h5store_shard_t){.tensor = k,
+                                            .start = {d->start[0], d->start[1]},
                                             .count = {d->count[0], d->count[1]},
                                             .buf = groups[g].buf + d->offset};
         }

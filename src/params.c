@@ -18,8 +18,8 @@ typedef struct table_builder {
     int failed;
 } table_builder_t;
 
-static void add_param(table_builder_t *b, int layer, const char *suffix, int ndim, int64_t d0,
-                      int64_t d1, tp_split_t split, param_init_t init, float std)
+static void add_param(table_builder_t *b, int layer, const char *suffix, int ndim, int64_t d0, int64_t d1,
+                      tp_split_t split, param_init_t init, float std)
 {
     if (b->failed)
         return;
@@ -60,8 +60,8 @@ static void add_param(table_builder_t *b, int layer, const char *suffix, int ndi
         int dim = split == TP_SPLIT_ROWS ? 0 : split == TP_SPLIT_COLS ? 1 : -1;
         if (dim >= 0) {
             if (d->shape[dim] % b->tp_size != 0) {
-                snprintf(b->err, b->errlen, "tensor %s dimension %d (%lld) is not divisible by --tp %d",
-                         d->name, dim, (long long)d->shape[dim], b->tp_size);
+                snprintf(b->err, b->errlen, "tensor %s dimension %d (%lld) is not divisible by --tp %d", d->name, dim,
+                         (long long)d->shape[dim], b->tp_size);
                 b->failed = 1;
                 return;
             }
@@ -79,8 +79,8 @@ static void add_param(table_builder_t *b, int layer, const char *suffix, int ndi
 
 param_layout_t param_layout_whole(const model_config_t *c)
 {
-    return (param_layout_t){.tp_size = 1, .tp_rank = 0, .layer_begin = 0, .layer_end = c->n_layer,
-                            .has_embed = 1, .has_head = 1};
+    return (param_layout_t){
+        .tp_size = 1, .tp_rank = 0, .layer_begin = 0, .layer_end = c->n_layer, .has_embed = 1, .has_head = 1};
 }
 
 int64_t param_padded_vocab(int64_t V, int tp_size)
@@ -89,16 +89,19 @@ int64_t param_padded_vocab(int64_t V, int tp_size)
     return (V + q - 1) / q * q;
 }
 
-int param_table_build(param_table_t *t, const model_config_t *c, const param_layout_t *lay,
-                      char *err, size_t errlen)
+int param_table_build(param_table_t *t, const model_config_t *c, const param_layout_t *lay, char *err, size_t errlen)
 {
     memset(t, 0, sizeof *t);
     param_layout_t whole = param_layout_whole(c);
     if (!lay)
         lay = &whole;
-    table_builder_t b = {.t = t, .tp_size = lay->tp_size, .tp_rank = lay->tp_rank,
+    table_builder_t b = {.t = t,
+                         .tp_size = lay->tp_size,
+                         .tp_rank = lay->tp_rank,
                          .padded_vocab = param_padded_vocab(c->vocab_size, lay->tp_size),
-                         .n_layer = c->n_layer, .err = err, .errlen = errlen};
+                         .n_layer = c->n_layer,
+                         .err = err,
+                         .errlen = errlen};
     const int64_t C = c->d_model, F = c->d_ff, V = c->vocab_size, L = c->n_layer;
     const int64_t HS = model_head_size(c), QD = c->n_head * HS, KVD = c->n_kv_head * HS;
     const float std = 0.02f;
@@ -180,13 +183,10 @@ int param_table_find(const param_table_t *t, const char *name)
 float param_init_value(const param_desc_t *d, uint64_t seed, int64_t i, int64_t j)
 {
     switch (d->init) {
-    case INIT_ZEROS:
-        return 0.0f;
-    case INIT_ONES:
-        return 1.0f;
+    case INIT_ZEROS: return 0.0f;
+    case INIT_ONES: return 1.0f;
     case INIT_NORMAL:
-    default:
-        return d->init_std * rng_normal(seed, rng_stream_of(d->name), (uint64_t)(i * d->shape[1] + j));
+    default: return d->init_std * rng_normal(seed, rng_stream_of(d->name), (uint64_t)(i * d->shape[1] + j));
     }
 }
 

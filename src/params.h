@@ -36,11 +36,11 @@ typedef struct param_desc {
     int ndim;                  /* 1 or 2 */
     int64_t shape[2];          /* logical shape (layout independent) */
     tp_split_t tp_split;
-    int layer;      /* block index; -1 = input embeddings, n_layer = final norm / head */
-    int decay;      /* AdamW weight decay applies (2-D tensors) */
-    int norm;       /* a norm's weight or bias: under sequence parallelism each TP
+    int layer;     /* block index; -1 = input embeddings, n_layer = final norm / head */
+    int decay;     /* AdamW weight decay applies (2-D tensors) */
+    int norm;      /* a norm's weight or bias: under sequence parallelism each TP
                        rank sees some rows only, so its gradient is a partial sum */
-    int tied_copy;  /* GPT-2's output head on a last stage that is not the first:
+    int tied_copy; /* GPT-2's output head on a last stage that is not the first:
                        a copy of "wte" whose gradient is summed with the original's */
     param_init_t init;
     float init_std; /* for INIT_NORMAL */
@@ -48,8 +48,8 @@ typedef struct param_desc {
     int64_t start[2], count[2];
     int64_t local_rows; /* rows in the buffer: count[0], plus zero padding rows
                            for TP_SPLIT_VOCAB (never trained, never saved) */
-    size_t offset; /* in floats, into the rank's flat parameter buffer */
-    size_t numel;  /* local_rows * count[1] */
+    size_t offset;      /* in floats, into the rank's flat parameter buffer */
+    size_t numel;       /* local_rows * count[1] */
 } param_desc_t;
 
 typedef struct param_table {
@@ -64,8 +64,7 @@ typedef struct param_table {
  * layer the q, k, v weights (and biases) are adjacent so one GEMM computes
  * the fused qkv, and likewise gate and up of SwiGLU. lay == NULL: the whole
  * model on one rank. */
-int param_table_build(param_table_t *t, const model_config_t *c, const param_layout_t *lay,
-                      char *err, size_t errlen);
+int param_table_build(param_table_t *t, const model_config_t *c, const param_layout_t *lay, char *err, size_t errlen);
 /* The whole model on one rank. */
 param_layout_t param_layout_whole(const model_config_t *c);
 /* Vocabulary rows in memory: V rounded up to a multiple of 128 * tp_size,

@@ -33,15 +33,15 @@ typedef struct plan_in {
 /* One pipeline stage (every TP and DP rank of a stage holds the same). */
 typedef struct stage_plan {
     int layers, slots;
-    size_t n;        /* local parameters (floats of the flat buffer) */
-    size_t shard_n;  /* this rank's ZeRO shard of them (pieces padded) */
-    size_t logical;  /* logical parameters the stage owns (tied copy not counted) */
+    size_t n;       /* local parameters (floats of the flat buffer) */
+    size_t shard_n; /* this rank's ZeRO shard of them (pieces padded) */
+    size_t logical; /* logical parameters the stage owns (tied copy not counted) */
     double mem[MEM_N_CATEGORIES], total;
-    double act_layer;  /* activation bytes of one layer and one microbatch */
-    double act_extra;  /* activations outside the layers x microbatches product */
-    double flops_mb;   /* FLOPs of one microbatch on one rank, recomputation included */
+    double act_layer; /* activation bytes of one layer and one microbatch */
+    double act_extra; /* activations outside the layers x microbatches product */
+    double flops_mb;  /* FLOPs of one microbatch on one rank, recomputation included */
     double t_comp_mb, t_tp_mb;
-    int tp_colls;      /* TP collectives per microbatch */
+    int tp_colls;                                     /* TP collectives per microbatch */
     double tp_bytes, pp_bytes, dp_bytes, embed_bytes; /* sent per step by one rank */
     double t_dp, t_dp_exposed, t_embed, t_opt;
 } stage_plan_t;
@@ -59,16 +59,25 @@ typedef struct plan {
     double tokens_s, mfu, hfu, bubble_frac;
 } plan_t;
 
-const char *const plan_dtype_names[] = {[PLAN_DTYPE_AUTO] = "", [PLAN_DTYPE_FP32] = "fp32",
-                                        [PLAN_DTYPE_BF16] = "bf16", [PLAN_DTYPE_MEGATRON] = "megatron", NULL};
+const char *const plan_dtype_names[] = {[PLAN_DTYPE_AUTO] = "",
+                                        [PLAN_DTYPE_FP32] = "fp32",
+                                        [PLAN_DTYPE_BF16] = "bf16",
+                                        [PLAN_DTYPE_MEGATRON] = "megatron",
+                                        NULL};
 
 static double div_up(double a, double b) { return ceil(a / b); }
 static double round64(double bytes) { return ceil(bytes / 64.0) * 64.0; }
 
 /* Achievable bandwidth for a group whose ranks span `span` consecutive
  * world ranks (rank = tp + TP*(dp + DP*pp)): inside a node or not. */
-static double link_bw(const hw_profile_t *hw, long span) { return span <= hw->gpus_per_node ? hw->intra_bw : hw->inter_bw; }
-static const char *link_name(const hw_profile_t *hw, long span) { return span <= hw->gpus_per_node ? "intra-node" : "inter-node"; }
+static double link_bw(const hw_profile_t *hw, long span)
+{
+    return span <= hw->gpus_per_node ? hw->intra_bw : hw->inter_bw;
+}
+static const char *link_name(const hw_profile_t *hw, long span)
+{
+    return span <= hw->gpus_per_node ? "intra-node" : "inter-node";
+}
 
 /* Korthikanti et al. 2022, Table 2: activation bytes of one transformer
  * layer and one microbatch at 16 bits, with tensor (and sequence)
@@ -78,10 +87,8 @@ static double korthikanti_layer(const plan_in_t *in, model_recompute_t rc)
     const double s = in->run.seq_len, b = in->run.micro_batch, h = in->c->d_model, a = in->c->n_head, t = in->run.tp;
     const double sbh = s * b * h, as_h = a * s / h;
     switch (rc) {
-    case MODEL_RECOMPUTE_FULL:
-        return in->run.sequence_parallel ? 2.0 * sbh / t : 2.0 * sbh;
-    case MODEL_RECOMPUTE_SELECTIVE:
-        return in->run.sequence_parallel ? 34.0 * sbh / t : sbh * (10.0 + 24.0 / t);
+    case MODEL_RECOMPUTE_FULL: return in->run.sequence_parallel ? 2.0 * sbh / t : 2.0 * sbh;
+    case MODEL_RECOMPUTE_SELECTIVE: return in->run.sequence_parallel ? 34.0 * sbh / t : sbh * (10.0 + 24.0 / t);
     case MODEL_RECOMPUTE_NONE:
     default:
         return in->run.sequence_parallel ? sbh / t * (34.0 + 5.0 * as_h) : sbh * (10.0 + 24.0 / t + 5.0 * as_h / t);
@@ -131,8 +138,11 @@ static int plan_units(const plan_in_t *in, const param_layout_t *part, stage_pla
         if (i < t.n && !t.p[i].tied_copy)
             sp->logical += (size_t)t.p[i].shape[0] * (size_t)t.p[i].shape[1];
     }
-    *u = (stage_units_t){.n = (double)t.numel, .shard_n = shard_n, .max_c = max_c,
-                         .outside = (double)t.numel - block_n, .blk_chunk = div_up(window, S)};
+    *u = (stage_units_t){.n = (double)t.numel,
+                         .shard_n = shard_n,
+                         .max_c = max_c,
+                         .outside = (double)t.numel - block_n,
+                         .blk_chunk = div_up(window, S)};
     u->window_n = S * u->blk_chunk;
     sp->n = t.numel;
     sp->shard_n = (size_t)shard_n;
@@ -216,9 +226,9 @@ static void plan_korthikanti(const plan_in_t *in, const model_layout_t *lay, int
     /* recomputation's working set: one layer of one microbatch
      * recomputed at a time (Korthikanti leave it out) */
     double extra = rc == MODEL_RECOMPUTE_FULL ? korthikanti_layer(in, MODEL_RECOMPUTE_NONE)
-                 : rc == MODEL_RECOMPUTE_SELECTIVE
-                     ? korthikanti_layer(in, MODEL_RECOMPUTE_NONE) - korthikanti_layer(in, MODEL_RECOMPUTE_SELECTIVE)
-                     : 0.0;
+                   : rc == MODEL_RECOMPUTE_SELECTIVE
+                       ? korthikanti_layer(in, MODEL_RECOMPUTE_NONE) - korthikanti_layer(in, MODEL_RECOMPUTE_SELECTIVE)
+                       : 0.0;
     /* last stage: the final norm's input and fp32 logits (their
      * gradient overwrites them), per microbatch in flight */
     if (s == in->run.pp - 1) {
@@ -240,16 +250,23 @@ static int plan_stage(const plan_in_t *in, int s, int layer_begin, stage_plan_t 
     memset(sp, 0, sizeof *sp);
     sp->layers = run->stage_layers[s];
     sp->slots = pipe_slots(run->pp_kind, run->pp, s, run->accum);
-    const param_layout_t part = {.tp_size = run->tp, .tp_rank = 0, .layer_begin = layer_begin,
-                                 .layer_end = layer_begin + sp->layers, .has_embed = s == 0,
+    const param_layout_t part = {.tp_size = run->tp,
+                                 .tp_rank = 0,
+                                 .layer_begin = layer_begin,
+                                 .layer_end = layer_begin + sp->layers,
+                                 .has_embed = s == 0,
                                  .has_head = s == run->pp - 1};
     stage_units_t u;
     if (plan_units(in, &part, sp, &u, err, errlen) != 0)
         return -1;
     plan_state_bytes(in, &u, sp->mem);
-    const model_layout_t lay = {.part = part, .tp = NULL, .sequence_parallel = run->sequence_parallel,
-                                .n_slots = sp->slots, .bf16 = in->bf16 && !in->megatron,
-                                .lent_block_grads = run->zero_stage >= 2, .lent_block_params = run->zero_stage >= 3,
+    const model_layout_t lay = {.part = part,
+                                .tp = NULL,
+                                .sequence_parallel = run->sequence_parallel,
+                                .n_slots = sp->slots,
+                                .bf16 = in->bf16 && !in->megatron,
+                                .lent_block_grads = run->zero_stage >= 2,
+                                .lent_block_params = run->zero_stage >= 3,
                                 .recompute = run->recompute};
     if (!in->megatron)
         plan_arena(in, &lay, sp);
@@ -422,7 +439,8 @@ static int plan_compute(const plan_in_t *in, plan_t *p, char *err, size_t errlen
         p->params_total += sp->logical;
         for (int k = 0; k < MEM_N_CATEGORIES; k++)
             p->mem_max[k] = sp->mem[k] > p->mem_max[k] ? sp->mem[k] : p->mem_max[k];
-        p->mem_max[MEM_N_CATEGORIES] = sp->total > p->mem_max[MEM_N_CATEGORIES] ? sp->total : p->mem_max[MEM_N_CATEGORIES];
+        p->mem_max[MEM_N_CATEGORIES] =
+            sp->total > p->mem_max[MEM_N_CATEGORIES] ? sp->total : p->mem_max[MEM_N_CATEGORIES];
         if (sp->total > p->st[p->worst].total)
             p->worst = s;
         p->hw_flops_step += sp->flops_mb * in->run.accum * in->run.tp * in->run.dp;
@@ -451,8 +469,8 @@ static int plan_compute(const plan_in_t *in, plan_t *p, char *err, size_t errlen
     /* pipeline messages overlap the steady state; the fill and the drain
      * wait for them: p-1 hops each way */
     const double tok = (double)in->run.micro_batch * in->run.seq_len;
-    const double msg = (in->run.sequence_parallel ? tok / in->run.tp : tok) * in->c->d_model *
-                       (in->megatron ? 2.0 : 4.0);
+    const double msg =
+        (in->run.sequence_parallel ? tok / in->run.tp : tok) * in->c->d_model * (in->megatron ? 2.0 : 4.0);
     p->t_pp_msg = hw->latency + msg / link_bw(hw, (long)in->run.tp * in->run.dp * in->run.pp);
     p->t_pp = in->run.pp > 1 ? 2.0 * (in->run.pp - 1) * p->t_pp_msg : 0.0;
     p->t_step = (in->run.accum + in->run.pp - 1) * t_mb + p->t_pp + extra;
@@ -473,8 +491,8 @@ static void plan_free(plan_t *p)
 
 /* Resolves the layout as training would (options_resolve_layout) and
  * fills in. Returns 0 or -1. */
-static int plan_setup(const run_options_t *o, const model_config_t *c, const hw_profile_t *hw, int tp, int pp,
-                      int dp, plan_in_t *in, char *err, size_t errlen)
+static int plan_setup(const run_options_t *o, const model_config_t *c, const hw_profile_t *hw, int tp, int pp, int dp,
+                      plan_in_t *in, char *err, size_t errlen)
 {
     memset(in, 0, offsetof(plan_in_t, run));
     if (options_resolve_layout(o, c, tp, pp, dp, &in->run, err, errlen) != 0)
@@ -491,7 +509,10 @@ static int plan_setup(const run_options_t *o, const model_config_t *c, const hw_
                (o->plan_dtype == PLAN_DTYPE_AUTO && strcmp(hw->name, "cpu") != 0);
     if ((in->bf16 ? hw->peak_bf16 : hw->peak_fp32) <= 0) {
         snprintf(err, errlen, "--hw %s: the profile has no peak_%s for --plan-dtype %s", hw->name,
-                 in->bf16 ? "bf16" : "fp32", in->megatron ? "megatron" : in->bf16 ? "bf16" : "fp32");
+                 in->bf16 ? "bf16" : "fp32",
+                 in->megatron ? "megatron"
+                 : in->bf16   ? "bf16"
+                              : "fp32");
         return -1;
     }
     return 0;
@@ -573,11 +594,9 @@ static const char *act_formula(const plan_in_t *in)
     switch (in->run.recompute) {
     case MODEL_RECOMPUTE_FULL:
         return in->run.sequence_parallel ? "2sbh/t: each layer's input only" : "2sbh: each layer's input only";
-    case MODEL_RECOMPUTE_SELECTIVE:
-        return in->run.sequence_parallel ? "34sbh/t" : "sbh(10 + 24/t)";
+    case MODEL_RECOMPUTE_SELECTIVE: return in->run.sequence_parallel ? "34sbh/t" : "sbh(10 + 24/t)";
     case MODEL_RECOMPUTE_NONE:
-    default:
-        return in->run.sequence_parallel ? "sbh/t(34 + 5as/h)" : "sbh(10 + 24/t + 5as/(ht))";
+    default: return in->run.sequence_parallel ? "sbh/t(34 + 5as/h)" : "sbh(10 + 24/t + 5as/(ht))";
     }
 }
 
@@ -589,32 +608,35 @@ static void print_plan_header(const plan_t *p, const run_options_t *o, FILE *out
     char b1[32], b2[32];
     const double peak = in->bf16 ? hw->peak_bf16 : hw->peak_fp32;
     fprintf(out, "dtrain plan: model %s (%s): L=%d C=%d heads=%d kv_heads=%d ffn=%d vocab=%d | %zu parameters\n",
-            o->model, model_arch_name(c->arch), c->n_layer, c->d_model, c->n_head, c->n_kv_head, c->d_ff,
-            c->vocab_size, p->params_total);
+            o->model, model_arch_name(c->arch), c->n_layer, c->d_model, c->n_head, c->n_kv_head, c->d_ff, c->vocab_size,
+            p->params_total);
     fprintf(out, "layout: tp %d x pp %d x dp %d = %d ranks | zero %d", in->run.tp, in->run.pp, in->run.dp,
             in->run.tp * in->run.pp * in->run.dp, in->run.zero_stage);
     if (in->run.zero_stage > 0)
         fprintf(out, " (sharded over %d rank%s%s)", in->run.shard, in->run.shard == 1 ? "" : "s",
                 in->run.shard < in->run.dp ? ", replicated across the hybrid groups" : "");
-    fprintf(out, " | recompute %s | sequence parallel %s | %s schedule\n", model_recompute_names[in->run.recompute], in->run.sequence_parallel ? "on" : "off",
-            pipe_kind_name(in->run.pp_kind));
+    fprintf(out, " | recompute %s | sequence parallel %s | %s schedule\n", model_recompute_names[in->run.recompute],
+            in->run.sequence_parallel ? "on" : "off", pipe_kind_name(in->run.pp_kind));
     fprintf(out, "batch: micro %d x seq %d, %d microbatch%s per step x dp %d = %d sequences, %lld tokens per step\n",
-            in->run.micro_batch, in->run.seq_len, in->run.accum, in->run.accum == 1 ? "" : "es", in->run.dp, in->run.global_batch, (long long)in->run.global_batch * in->run.seq_len);
+            in->run.micro_batch, in->run.seq_len, in->run.accum, in->run.accum == 1 ? "" : "es", in->run.dp,
+            in->run.global_batch, (long long)in->run.global_batch * in->run.seq_len);
     char sd[160];
     lr_schedule_describe(&in->run.sched, sd, sizeof sd);
     fprintf(out, "lr schedule: %s\n", sd);
     if (in->megatron)
-        fprintf(out, "precision: megatron: Megatron-LM's bf16 layout, for comparison: bf16 weights, fp32 gradients, "
+        fprintf(out,
+                "precision: megatron: Megatron-LM's bf16 layout, for comparison: bf16 weights, fp32 gradients, "
                 "fp32 master weights and AdamW moments (2 + 4 + 12 B per parameter before sharding); activations by "
                 "Korthikanti et al. 2022; bf16 activations and weights on the wire\n");
     else if (in->bf16)
         fprintf(out, "precision: bf16: dtrain's --dtype bf16 as built (fp32 master weights and their bf16 copy, "
-                "fp32 gradients, 8 B of AdamW moments per parameter, the trainer's own activation arena with the "
-                "matmul-only activations in bf16; bf16 matmuls, fp32 attention)\n");
+                     "fp32 gradients, 8 B of AdamW moments per parameter, the trainer's own activation arena with the "
+                     "matmul-only activations in bf16; bf16 matmuls, fp32 attention)\n");
     else
         fprintf(out, "precision: fp32: dtrain's CPU backend as built (4 B weights and gradients, 8 B of AdamW "
-                "moments per parameter, the trainer's own activation arena)\n");
-    fprintf(out, "hardware: %s: %s per rank (%s reserved), %.1f TFLOP/s %s peak, %.0f%% achievable in the kernels, "
+                     "moments per parameter, the trainer's own activation arena)\n");
+    fprintf(out,
+            "hardware: %s: %s per rank (%s reserved), %.1f TFLOP/s %s peak, %.0f%% achievable in the kernels, "
             "%d per node, %.0f GB/s intra-node, %.1f GB/s inter-node\n",
             hw->name, fmt_bytes(b1, sizeof b1, hw->memory), fmt_bytes(b2, sizeof b2, hw->reserve), peak * 1e-12,
             in->bf16 ? "bf16" : "fp32", 100.0 * hw->efficiency, hw->gpus_per_node, hw->intra_bw * 1e-9,
@@ -627,9 +649,12 @@ static void print_memory(const plan_t *p, FILE *out)
     const hw_profile_t *hw = in->hw;
     const stage_plan_t *w = &p->st[p->worst];
     char b1[32], b2[32], b3[32];
-    fprintf(out, "\nmemory per rank, worst rank: pipeline stage %d of %d (%d layer%s%s%s, %d microbatch%s in flight "
-            "under %s)\n", p->worst, in->run.pp, w->layers, w->layers == 1 ? "" : "s", p->worst == 0 ? " + embedding" : "",
-            p->worst == in->run.pp - 1 ? " + head" : "", w->slots, w->slots == 1 ? "" : "es", pipe_kind_name(in->run.pp_kind));
+    fprintf(out,
+            "\nmemory per rank, worst rank: pipeline stage %d of %d (%d layer%s%s%s, %d microbatch%s in flight "
+            "under %s)\n",
+            p->worst, in->run.pp, w->layers, w->layers == 1 ? "" : "s", p->worst == 0 ? " + embedding" : "",
+            p->worst == in->run.pp - 1 ? " + head" : "", w->slots, w->slots == 1 ? "" : "es",
+            pipe_kind_name(in->run.pp_kind));
     const double opt_n = in->run.zero_stage >= 1 ? (double)w->shard_n : (double)w->n;
     for (int k = 0; k < MEM_N_CATEGORIES; k++) {
         fprintf(out, "  %-14s %11s  %14.0f B  ", mem_category_name((mem_category_t)k),
@@ -641,8 +666,13 @@ static void print_memory(const plan_t *p, FILE *out)
                         in->megatron ? "bf16" : "fp32", w->shard_n,
                         in->bf16 && !in->megatron ? " (and their bf16 copy)" : "");
             else
-                fprintf(out, "%zu local parameters x %d B (%s)", w->n, in->megatron ? 2 : in->bf16 ? 6 : 4,
-                        in->megatron ? "bf16" : in->bf16 ? "fp32 and a bf16 copy" : "fp32");
+                fprintf(out, "%zu local parameters x %d B (%s)", w->n,
+                        in->megatron ? 2
+                        : in->bf16   ? 6
+                                     : 4,
+                        in->megatron ? "bf16"
+                        : in->bf16   ? "fp32 and a bf16 copy"
+                                     : "fp32");
             break;
         case MEM_GRADS:
             if (in->run.zero_stage >= 2)
@@ -652,7 +682,8 @@ static void print_memory(const plan_t *p, FILE *out)
             break;
         case MEM_OPTIM:
             fprintf(out, "%.0f elements x %d B (%s)%s", opt_n, in->megatron ? 12 : 8,
-                    in->megatron ? "fp32 master weights, m, v" : "fp32 m, v", in->run.zero_stage >= 1 ? ", the ZeRO shard" : "");
+                    in->megatron ? "fp32 master weights, m, v" : "fp32 m, v",
+                    in->run.zero_stage >= 1 ? ", the ZeRO shard" : "");
             break;
         case MEM_ACTS:
             fprintf(out, "%s per layer and microbatch x %d x %d", fmt_bytes(b2, sizeof b2, w->act_layer), w->layers,
@@ -666,10 +697,12 @@ static void print_memory(const plan_t *p, FILE *out)
                 fprintf(out, " (dtrain's arena)");
             break;
         case MEM_COMM:
-            fprintf(out, "%s", in->run.zero_stage > 0 ? "ZeRO gather / reduce-scatter staging" : "none outside the buffers above");
+            fprintf(out, "%s",
+                    in->run.zero_stage > 0 ? "ZeRO gather / reduce-scatter staging" : "none outside the buffers above");
             break;
         case MEM_WORKSPACE:
-            fprintf(out, "backward scratch shared by the microbatches%s", in->megatron ? " (dtrain's, at 16 bits)" : "");
+            fprintf(out, "backward scratch shared by the microbatches%s",
+                    in->megatron ? " (dtrain's, at 16 bits)" : "");
             break;
         }
         fprintf(out, "\n");
@@ -696,9 +729,11 @@ static void print_perf(const plan_t *p, FILE *out)
     const stage_plan_t *w = &p->st[p->worst];
     char b1[32], b2[32], b3[32];
     const double tokens = (double)in->run.global_batch * in->run.seq_len;
-    fprintf(out, "\ncompute: %s per step (%s per token: 6 x matmul parameters + 12 x L x h x s, src/flops.c), "
-            "%s with recomputation\n", fmt_flops(b1, sizeof b1, p->flops_step),
-            fmt_flops(b2, sizeof b2, p->flops_step / tokens), fmt_flops(b3, sizeof b3, p->hw_flops_step));
+    fprintf(out,
+            "\ncompute: %s per step (%s per token: 6 x matmul parameters + 12 x L x h x s, src/flops.c), "
+            "%s with recomputation\n",
+            fmt_flops(b1, sizeof b1, p->flops_step), fmt_flops(b2, sizeof b2, p->flops_step / tokens),
+            fmt_flops(b3, sizeof b3, p->hw_flops_step));
     fprintf(out, "bytes sent per step by one rank of stage %d:\n", p->worst);
     const long tp = in->run.tp, dp = in->run.dp, pp = in->run.pp;
     if (in->run.tp > 1)
@@ -716,7 +751,9 @@ static void print_perf(const plan_t *p, FILE *out)
             "parameters all-gathered for forward and backward, gradients reduce-scattered, every microbatch"};
         fprintf(out, "  dp  %11s  %d ranks, %s: %s%s\n", fmt_bytes(b1, sizeof b1, w->dp_bytes), in->run.dp,
                 link_name(hw, tp * dp), how[in->run.zero_stage],
-                in->run.zero_stage >= 2 && in->run.shard < in->run.dp ? "; the shard all-reduced across the hybrid groups" : "");
+                in->run.zero_stage >= 2 && in->run.shard < in->run.dp
+                    ? "; the shard all-reduced across the hybrid groups"
+                    : "");
     }
     if (w->embed_bytes > 0)
         fprintf(out, "  embedding  %s  tied wte gradient summed over the first and last stage\n",
@@ -742,8 +779,8 @@ static void print_perf(const plan_t *p, FILE *out)
     fprintf(out, "  optimizer        %12s  AdamW streaming its state at %.0f GB/s\n", fmt_time(b1, sizeof b1, p->t_opt),
             hw->mem_bw * 1e-9);
     fprintf(out, "  step             %12s  | %.0f tokens/s | %.1f tokens/s per rank | MFU %.1f%% (HFU %.1f%%)\n",
-            fmt_time(b1, sizeof b1, p->t_step), p->tokens_s, p->tokens_s / ((double)in->run.tp * in->run.pp * in->run.dp),
-            100.0 * p->mfu, 100.0 * p->hfu);
+            fmt_time(b1, sizeof b1, p->t_step), p->tokens_s,
+            p->tokens_s / ((double)in->run.tp * in->run.pp * in->run.dp), 100.0 * p->mfu, 100.0 * p->hfu);
     fprintf(out, "  exposed communication %s, bubble %s\n",
             fmt_time(b1, sizeof b1, p->t_tp + p->t_pp + p->t_dp + p->t_embed), fmt_time(b2, sizeof b2, p->t_bubble));
 }
@@ -764,20 +801,26 @@ static int write_json(const plan_t *p, const run_options_t *o, const char *path,
     }
     const plan_in_t *in = &p->in;
     const stage_plan_t *w = &p->st[p->worst];
-    fprintf(f, "{\"plan\": 1, \"model\": \"%s\", \"params_total\": %zu, \"tp\": %d, \"pp\": %d, \"dp\": %d, "
+    fprintf(f,
+            "{\"plan\": 1, \"model\": \"%s\", \"params_total\": %zu, \"tp\": %d, \"pp\": %d, \"dp\": %d, "
             "\"zero\": %d, \"shard\": %d, \"sequence_parallel\": %d, \"recompute\": \"%s\", \"dtype\": \"%s\", "
             "\"hw\": \"%s\", \"micro_batch\": %d, \"global_batch\": %d, \"seq_len\": %d, \"microbatches\": %d, "
             "\"worst_stage\": %d, \"in_flight\": %d, \"local_params\": %zu, \"mem_worst\": {",
-            o->model, p->params_total, in->run.tp, in->run.pp, in->run.dp, in->run.zero_stage, in->run.shard, in->run.sequence_parallel, model_recompute_names[in->run.recompute],
-            in->megatron ? "megatron" : in->bf16 ? "bf16" : "fp32", in->hw->name, in->run.micro_batch, in->run.global_batch, in->run.seq_len, in->run.accum,
-            p->worst, w->slots, w->n);
+            o->model, p->params_total, in->run.tp, in->run.pp, in->run.dp, in->run.zero_stage, in->run.shard,
+            in->run.sequence_parallel, model_recompute_names[in->run.recompute],
+            in->megatron ? "megatron"
+            : in->bf16   ? "bf16"
+                         : "fp32",
+            in->hw->name, in->run.micro_batch, in->run.global_batch, in->run.seq_len, in->run.accum, p->worst, w->slots,
+            w->n);
     for (int k = 0; k < MEM_N_CATEGORIES; k++)
         fprintf(f, "\"%s\": %.0f, ", mem_category_name((mem_category_t)k), w->mem[k]);
     fprintf(f, "\"total\": %.0f}, \"mem_peak\": {", w->total);
     for (int k = 0; k <= MEM_N_CATEGORIES; k++)
         fprintf(f, "\"%s\": %.0f%s", k < MEM_N_CATEGORIES ? mem_category_name((mem_category_t)k) : "total",
                 p->mem_max[k], k < MEM_N_CATEGORIES ? ", " : "}");
-    fprintf(f, ", \"device_bytes\": %.0f, \"usable_bytes\": %.0f, \"fits\": %d, \"margin_bytes\": %.0f, "
+    fprintf(f,
+            ", \"device_bytes\": %.0f, \"usable_bytes\": %.0f, \"fits\": %d, \"margin_bytes\": %.0f, "
             "\"flops_per_step\": %.0f, \"hw_flops_per_step\": %.0f, \"bytes_sent\": {\"tp\": %.0f, \"pp\": %.0f, "
             "\"dp\": %.0f, \"embed\": %.0f}, \"step_s\": %.6g, \"compute_s\": %.6g, \"tp_comm_s\": %.6g, "
             "\"bubble_s\": %.6g, \"bubble_fraction\": %.6g, \"pp_comm_s\": %.6g, \"dp_comm_exposed_s\": %.6g, "
@@ -834,10 +877,18 @@ static void search_try(search_t *sr, const run_options_t *t, const model_config_
             sr->cand = nc;
             sr->cap *= 2;
         }
-        sr->cand[sr->n++] = (candidate_t){.tp = t->tp, .pp = t->pp, .dp = t->dp, .zero = t->zero,
-                                          .sp = t->sequence_parallel, .mb = t->micro_batch, .rc = t->recompute,
-                                          .tokens_s = p.tokens_s, .mfu = p.mfu, .mem = p.st[p.worst].total,
-                                          .margin = p.margin, .bubble = p.bubble_frac};
+        sr->cand[sr->n++] = (candidate_t){.tp = t->tp,
+                                          .pp = t->pp,
+                                          .dp = t->dp,
+                                          .zero = t->zero,
+                                          .sp = t->sequence_parallel,
+                                          .mb = t->micro_batch,
+                                          .rc = t->recompute,
+                                          .tokens_s = p.tokens_s,
+                                          .mfu = p.mfu,
+                                          .mem = p.st[p.worst].total,
+                                          .margin = p.margin,
+                                          .bubble = p.bubble_frac};
     }
     plan_free(&p);
 }
@@ -854,8 +905,8 @@ static void search_layout(search_t *sr, const run_options_t *o, run_options_t *t
                     t->micro_batch = mb;
                     t->sequence_parallel = sp;
                     t->zero = z;
-                    t->hybrid_shard = z > 0 && o->hybrid_shard > 0 && t->dp % o->hybrid_shard == 0 ? o->hybrid_shard
-                                                                                                    : 0;
+                    t->hybrid_shard =
+                        z > 0 && o->hybrid_shard > 0 && t->dp % o->hybrid_shard == 0 ? o->hybrid_shard : 0;
                     t->recompute = (model_recompute_t)rc;
                     search_try(sr, t, c, hw);
                 }
@@ -869,8 +920,8 @@ static void print_search(const search_t *sr, const run_options_t *o, const hw_pr
     fprintf(out, "search: %s on %d x %s, global batch %d x seq %d, %s: %zu layouts planned, %zu fit in %s usable\n",
             o->model, o->gpus, hw->name, o->global_batch, o->seq_len,
             o->plan_dtype != PLAN_DTYPE_AUTO ? plan_dtype_names[o->plan_dtype]
-            : strcmp(hw->name, "cpu") == 0  ? "fp32"
-                                            : "bf16",
+            : strcmp(hw->name, "cpu") == 0   ? "fp32"
+                                             : "bf16",
             sr->tried, n, fmt_bytes(b1, sizeof b1, hw->memory - hw->reserve));
     if (n > 0)
         fprintf(out, "  %4s %4s %4s %4s %3s %-9s %5s %12s %7s %10s %10s %7s\n", "tp", "pp", "dp", "zero", "sp",

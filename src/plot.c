@@ -92,21 +92,20 @@ typedef enum { PARSE_OK = 0, PARSE_EXIT_OK, PARSE_ERROR } parse_status_t;
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "Usage: " PROG " METRICS.jsonl... -o FILE [--size WxH] [--title STR]\n"
-            "Draws the curves of one or several dtrain runs from their --metrics files with gnuplot:\n"
-            "training loss with validation loss (points), learning rate, tokens/s and gradient norm\n"
-            "against the step, on a 2x2 page; one colour per file, labelled by the file name.\n"
-            "\n"
-            "  -o, --output FILE  the image to write (atomically): FILE.png (PNG, cairo) or FILE.svg\n"
-            "  --size WxH         image size in pixels (default 1200x800)\n"
-            "  --title STR        a title above the four plots\n"
-            "  -h, --help         show this help and exit\n"
-            "  --version          show the version and exit\n"
-            "\n"
-            "Exit status: 0; 2 for a bad command line or input (a missing file, a file without\n"
-            "records, a line that is not a metrics record); 1 when gnuplot fails or reports\n"
-            "anything. See dtrain-plot(1).\n");
+    fprintf(f, "Usage: " PROG " METRICS.jsonl... -o FILE [--size WxH] [--title STR]\n"
+               "Draws the curves of one or several dtrain runs from their --metrics files with gnuplot:\n"
+               "training loss with validation loss (points), learning rate, tokens/s and gradient norm\n"
+               "against the step, on a 2x2 page; one colour per file, labelled by the file name.\n"
+               "\n"
+               "  -o, --output FILE  the image to write (atomically): FILE.png (PNG, cairo) or FILE.svg\n"
+               "  --size WxH         image size in pixels (default 1200x800)\n"
+               "  --title STR        a title above the four plots\n"
+               "  -h, --help         show this help and exit\n"
+               "  --version          show the version and exit\n"
+               "\n"
+               "Exit status: 0; 2 for a bad command line or input (a missing file, a file without\n"
+               "records, a line that is not a metrics record); 1 when gnuplot fails or reports\n"
+               "anything. See dtrain-plot(1).\n");
 }
 
 /* ---- command line ---- */
@@ -123,8 +122,7 @@ static int parse_size(const char *v, plot_opts_t *o, char *err, size_t errlen)
         ok = *end == '\0' && errno == 0 && w >= 16 && h >= 16 && w <= MAX_PIXELS && h <= MAX_PIXELS;
     }
     if (!ok) {
-        seterr(err, errlen, "--size '%s': give WIDTHxHEIGHT in pixels, each 16 to %d (e.g. 1200x800)", v,
-               MAX_PIXELS);
+        seterr(err, errlen, "--size '%s': give WIDTHxHEIGHT in pixels, each 16 to %d (e.g. 1200x800)", v, MAX_PIXELS);
         return -1;
     }
     o->width = (int)w;
@@ -177,8 +175,7 @@ static parse_status_t parse_args(int argc, char **argv, plot_opts_t *o, char *er
             if (IS("-o") || IS("--output"))
                 o->out = v;
         } else if (a[0] == '-' && a[1]) {
-            seterr(err, errlen, "unknown option '%s': allowed are -o, --output, --size, --title, --help, --version",
-                   a);
+            seterr(err, errlen, "unknown option '%s': allowed are -o, --output, --size, --title, --help, --version", a);
             return PARSE_ERROR;
         } else {
             o->files[o->nfiles++] = argv[i];
@@ -186,8 +183,10 @@ static parse_status_t parse_args(int argc, char **argv, plot_opts_t *o, char *er
 #undef IS
     }
     if (o->nfiles == 0 || !o->out) {
-        seterr(err, errlen, "%s: " PROG " METRICS.jsonl... -o curves.png (the files dtrain --metrics wrote; "
-               "see --help)", o->nfiles == 0 ? "no metrics file given" : "no output image given (-o FILE)");
+        seterr(err, errlen,
+               "%s: " PROG " METRICS.jsonl... -o curves.png (the files dtrain --metrics wrote; "
+               "see --help)",
+               o->nfiles == 0 ? "no metrics file given" : "no output image given (-o FILE)");
         return PARSE_ERROR;
     }
     return check_output(o, err, errlen) == 0 ? PARSE_OK : PARSE_ERROR;
@@ -244,11 +243,13 @@ static int parse_record(run_t *r, long lineno, const char *text, FILE *dat, char
     json_t *obj = json_loads(text, JSON_REJECT_DUPLICATES, &je);
     json_t *step = obj ? json_object_get(obj, "step") : NULL;
     if (!obj || !json_is_object(obj) || !json_is_integer(step) || json_integer_value(step) < 0) {
-        const char *why = !obj                    ? "not JSON: "
+        const char *why = !obj                   ? "not JSON: "
                           : !json_is_object(obj) ? "not a JSON object"
                                                  : "no non-negative integer \"step\"";
-        seterr(err, errlen, "%s:%ld: %s%s: " PROG " reads the files dtrain --metrics writes, one JSON object "
-               "with a \"step\" a line", r->path, lineno, why, !obj ? je.text : "");
+        seterr(err, errlen,
+               "%s:%ld: %s%s: " PROG " reads the files dtrain --metrics writes, one JSON object "
+               "with a \"step\" a line",
+               r->path, lineno, why, !obj ? je.text : "");
         json_decref(obj);
         return BAD_INPUT;
     }
@@ -315,8 +316,7 @@ static int read_run(run_t *r, char *err, size_t errlen)
         rc = BAD_INPUT;
     }
     if (rc == 0 && r->records == 0) {
-        seterr(err, errlen, "'%s' has no records: give a --metrics file of a run that did at least one step",
-               r->path);
+        seterr(err, errlen, "'%s' has no records: give a --metrics file of a run that did at least one step", r->path);
         rc = BAD_INPUT;
     }
     free(line);
@@ -348,10 +348,7 @@ static void put_str2(FILE *f, const char *s, const char *suffix)
     fputc('\'', f);
 }
 
-static void put_str(FILE *f, const char *s)
-{
-    put_str2(f, s, "");
-}
+static void put_str(FILE *f, const char *s) { put_str2(f, s, ""); }
 
 /* Explicit ranges where autoscaling would be empty (one step, a constant
  * value): gnuplot warns about those, and any warning fails the plot. */
@@ -418,8 +415,7 @@ static int write_script(const plot_t *p, char *err, size_t errlen)
 {
     FILE *gp = fopen(p->script, "w");
     if (!gp) {
-        seterr(err, errlen, "cannot create '%s': %s: set TMPDIR to a writable directory", p->script,
-               strerror(errno));
+        seterr(err, errlen, "cannot create '%s': %s: set TMPDIR to a writable directory", p->script, strerror(errno));
         return FAILED;
     }
     fprintf(gp, "set terminal %s size %d,%d noenhanced background rgb 'white'\nset output ",
@@ -498,7 +494,9 @@ static int run_gnuplot(const plot_t *p, char *err, size_t errlen)
     if (WIFEXITED(status) && WEXITSTATUS(status) == 0 && quiet)
         return 0;
     seterr(err, errlen, "gnuplot %s%s%s: no image written (gnuplot 5.4 from gnuplot-nox draws these plots)",
-           !WIFEXITED(status) ? "was killed" : WEXITSTATUS(status) ? "failed" : "printed a warning",
+           !WIFEXITED(status)    ? "was killed"
+           : WEXITSTATUS(status) ? "failed"
+                                 : "printed a warning",
            said[0] ? ": " : "", said);
     return FAILED;
 }

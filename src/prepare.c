@@ -26,13 +26,13 @@
 #define PACKAGE_VERSION "0.1.0"
 #endif
 
-
 /* Usage errors: one line on stderr from rank 0, exit 2 on every rank
  * (every rank parses the same arguments, so all of them get here). */
 #if defined(__GNUC__)
 __attribute__((format(printf, 2, 3), noreturn))
 #endif
-static void die_usage(int rank, const char *fmt, ...)
+static void
+die_usage(int rank, const char *fmt, ...)
 {
     if (rank == 0) {
         char msg[PREP_ERRLEN + 256];
@@ -50,7 +50,8 @@ static void die_usage(int rank, const char *fmt, ...)
 #if defined(__GNUC__)
 __attribute__((noreturn))
 #endif
-static void finish_exit(int status)
+static void
+finish_exit(int status)
 {
     fflush(stdout);
     fflush(stderr);
@@ -132,12 +133,14 @@ static int field_arg(const char *s, void *dst, void *field, char *err, size_t er
 static const char *const input_format_names[] = {"auto", "text", "jsonl", NULL};
 
 #define F(field) offsetof(prep_args_t, field)
+/* clang-format off: one option a line, as --help lists them */
 static const opt_def_t opt_defs[] = {
     {"out", OPT_ARG, F(o.out), 0, NULL, 0, 0, NULL, "output path prefix (missing directories are made)", "PREFIX",
      out_arg, 0},
     {"tokenizer", OPT_STR, F(o.tokenizer), 0, "byte", 0, 0, NULL,
      "byte (default) | gpt2[:DIR] | tiktoken:FILE[:ENCODING]\n| spm:MODEL  (ENCODING: r50k_base, cl100k_base,\n"
-     "o200k_base, llama3; default: FILE's base name)", "SPEC", NULL, 0},
+     "o200k_base, llama3; default: FILE's base name)",
+     "SPEC", NULL, 0},
     {"eos", OPT_FLAG, F(o.add_eos), 0, "0", 0, 1, NULL, "spm: an EOS token after each document too", NULL, NULL, 0},
     {"input-format", OPT_STR, F(input_format), 0, "auto", 0, 0, input_format_names,
      "auto (default: jsonl for *.jsonl[.gz|.zst], else\ntext) | text | jsonl", "FMT", NULL, 0},
@@ -157,9 +160,10 @@ static const opt_def_t opt_defs[] = {
     {"round-docs", OPT_ARG, F(o.round_docs), 0, "4096", 0, 0, NULL,
      "at most N documents dealt to the ranks per round\n(default 4096; bounds memory)", "N", round_arg, 0},
 };
+/* clang-format on */
 #undef F
-static const opt_table_t opt_table = {.prog = PREP_PROG, .defs = opt_defs, .n = sizeof opt_defs / sizeof opt_defs[0],
-                                      .positional = 1};
+static const opt_table_t opt_table = {
+    .prog = PREP_PROG, .defs = opt_defs, .n = sizeof opt_defs / sizeof opt_defs[0], .positional = 1};
 
 static void usage(FILE *f)
 {
@@ -168,11 +172,13 @@ static void usage(FILE *f)
                "Tokenize text FILEs into token files for dtrain, llm.c and Megatron-LM.\n"
                "\n");
     opt_print_help(&opt_table, f, 21, 0);
-    fprintf(f, "  %-21s show this help and exit\n  %-21s show the version and exit\n"
-               "\n"
-               "Inputs may be gzip- or zstd-compressed (recognised by content). Beside the\n"
-               "outputs, PREFIX.tokenizer.json names the tokenizer for dtrain.\n"
-               "See dtrain-prepare(1) and doc/data.md.\n", "-h, --help", "--version");
+    fprintf(f,
+            "  %-21s show this help and exit\n  %-21s show the version and exit\n"
+            "\n"
+            "Inputs may be gzip- or zstd-compressed (recognised by content). Beside the\n"
+            "outputs, PREFIX.tokenizer.json names the tokenizer for dtrain.\n"
+            "See dtrain-prepare(1) and doc/data.md.\n",
+            "-h, --help", "--version");
 }
 
 /* jsonl when every input's name says so, text when none does. */

@@ -34,15 +34,15 @@ typedef enum { PREP_TRAIN = 0, PREP_VAL = 1, PREP_N_SPLITS = 2 } prep_split_t;
 
 /* The resolved command line: typed, checked, identical on every rank. */
 typedef struct prep_opts {
-    const char *out;          /* output path prefix */
-    const char *tokenizer;    /* tokenizer spec (io/tokenizer.h) */
-    int add_eos;              /* spm: EOS after each document */
-    corpus_opts_t corpus;     /* input format, JSONL field, separator */
-    char separator[256];      /* bytes of --doc-separator (corpus.separator points here) */
-    prep_format_t format;     /* llmc | megatron */
-    double val_fraction;      /* 0 <= F < 1, of documents */
-    size_t shard_tokens;      /* llmc: at most this many tokens per shard */
-    size_t round_docs;        /* at most this many documents a round (bounds memory) */
+    const char *out;       /* output path prefix */
+    const char *tokenizer; /* tokenizer spec (io/tokenizer.h) */
+    int add_eos;           /* spm: EOS after each document */
+    corpus_opts_t corpus;  /* input format, JSONL field, separator */
+    char separator[256];   /* bytes of --doc-separator (corpus.separator points here) */
+    prep_format_t format;  /* llmc | megatron */
+    double val_fraction;   /* 0 <= F < 1, of documents */
+    size_t shard_tokens;   /* llmc: at most this many tokens per shard */
+    size_t round_docs;     /* at most this many documents a round (bounds memory) */
     char *const *inputs;
     int n_inputs;
 } prep_opts_t;
@@ -53,18 +53,18 @@ typedef struct prep_stream {
     char tmp_path[PREP_PATH_MAX]; /* the token stream, renamed into place at the end */
     MPI_File fh;
     int open;
-    int width;          /* bytes per token on disk: 2 or 4 */
-    MPI_Offset base;    /* bytes before the first token: 1024 (llm.c header) or 0 */
-    uint64_t n_tokens;  /* global, so far */
+    int width;         /* bytes per token on disk: 2 or 4 */
+    MPI_Offset base;   /* bytes before the first token: 1024 (llm.c header) or 0 */
+    uint64_t n_tokens; /* global, so far */
     uint64_t n_docs;
-    int32_t *doc_len;   /* rank 0, megatron: tokens of each document (n_docs) */
+    int32_t *doc_len; /* rank 0, megatron: tokens of each document (n_docs) */
     size_t doc_cap;
-    int32_t max_id;     /* largest id the format's dtype holds */
+    int32_t max_id; /* largest id the format's dtype holds */
     /* Write combining: this rank's documents that follow one another in
      * the stream go out as one MPI_File_write_at, not one each. */
-    void *stage;        /* PREP_STAGE_BYTES: narrowed tokens not yet written */
-    size_t staged;      /* tokens in stage */
-    uint64_t stage_at;  /* token offset of stage's first token */
+    void *stage;       /* PREP_STAGE_BYTES: narrowed tokens not yet written */
+    size_t staged;     /* tokens in stage */
+    uint64_t stage_at; /* token offset of stage's first token */
 } prep_stream_t;
 
 /* Everything a run holds: no globals. */
@@ -73,8 +73,8 @@ typedef struct prep_run {
     int rank, nranks;
     tokenizer_t *tk;
     prep_stream_t stream[PREP_N_SPLITS];
-    uint64_t n_docs;       /* documents seen, all splits */
-    uint64_t text_bytes;   /* bytes of text this rank tokenized */
+    uint64_t n_docs;     /* documents seen, all splits */
+    uint64_t text_bytes; /* bytes of text this rank tokenized */
     double t_start;
 } prep_run_t;
 
@@ -84,15 +84,15 @@ int prep_documents(prep_run_t *r);
 
 /* prepare_out.c */
 const char *prep_split_name(prep_split_t s);
-int prep_streams_open(prep_run_t *r, char *err, size_t errlen);          /* collective */
+int prep_streams_open(prep_run_t *r, char *err, size_t errlen); /* collective */
 /* This rank's document (ids[0..n)) at global token offset `at` of split
  * s: staged, and written once the stage is full or the next document is
  * not adjacent. prep_stream_flush writes what is staged (end of a round). */
 int prep_stream_write(prep_stream_t *st, uint64_t at, const int32_t *ids, size_t n, char *err, size_t errlen);
 int prep_stream_flush(prep_stream_t *st, char *err, size_t errlen);
 void prep_streams_free(prep_run_t *r);
-int prep_streams_finish(prep_run_t *r);                                    /* collective; 0 or exit status */
-void prep_streams_abandon(prep_run_t *r);                                  /* collective: remove temporaries */
+int prep_streams_finish(prep_run_t *r);   /* collective; 0 or exit status */
+void prep_streams_abandon(prep_run_t *r); /* collective: remove temporaries */
 
 /* Collective over the world: the first failing key (smallest; a document
  * index, or the rank) wins, and its rank's message is printed once by rank

@@ -39,11 +39,11 @@ static prep_split_t split_of(uint64_t d, double f)
 #define DEAL_FILL 0.875 /* of round_docs that the turns are sized for */
 
 typedef struct deal {
-    int owner;         /* rank of the current run */
-    uint64_t run;      /* input bytes in the current run */
-    uint64_t quantum;  /* a run ends once it holds this many bytes */
-    uint64_t runs;     /* runs completed in this round */
-    uint64_t round;    /* input bytes dealt in this round */
+    int owner;        /* rank of the current run */
+    uint64_t run;     /* input bytes in the current run */
+    uint64_t quantum; /* a run ends once it holds this many bytes */
+    uint64_t runs;    /* runs completed in this round */
+    uint64_t round;   /* input bytes dealt in this round */
 } deal_t;
 
 /* The round's turns are complete: every rank had DEAL_CYCLES runs. */
@@ -74,8 +74,8 @@ static void deal_end_round(deal_t *d, int nranks, int64_t n_docs, size_t round_d
 /* One round's documents owned by this rank: their ids back to back. */
 typedef struct round_buf {
     tok_ids_t ids;
-    uint64_t *doc;     /* global document index of each owned document */
-    size_t *first;     /* its first id in ids */
+    uint64_t *doc; /* global document index of each owned document */
+    size_t *first; /* its first id in ids */
     size_t n, cap;
 } round_buf_t;
 
@@ -124,8 +124,8 @@ oom:
 /* Prefix an error with where the document came from. */
 static void doc_error(const prep_run_t *r, const corpus_doc_t *doc, const char *why, char *msg, size_t len)
 {
-    prep_err(msg, len, "%s, document %llu (line %llu): %s", r->o->inputs[doc->file],
-             (unsigned long long)doc->index, (unsigned long long)doc->line, why);
+    prep_err(msg, len, "%s, document %llu (line %llu): %s", r->o->inputs[doc->file], (unsigned long long)doc->index,
+             (unsigned long long)doc->line, why);
 }
 
 /* Keep and tokenize a document this rank owns. */
@@ -142,8 +142,8 @@ static int own_doc(prep_run_t *r, round_buf_t *b, const corpus_doc_t *doc, char 
  * number of documents read (all ranks read the same), or -1 with *err_key
  * the document index where it failed (UINT64_MAX when the failure is not
  * tied to a document). */
-static int64_t read_round(prep_run_t *r, corpus_t *c, deal_t *deal, round_buf_t *b, int *at_end,
-                          uint64_t *err_key, char *msg, size_t msglen)
+static int64_t read_round(prep_run_t *r, corpus_t *c, deal_t *deal, round_buf_t *b, int *at_end, uint64_t *err_key,
+                          char *msg, size_t msglen)
 {
     int64_t got = 0;
     char err[PREP_ERRLEN];
@@ -203,8 +203,7 @@ static int record_doc_len(prep_stream_t *st, int64_t len)
 
 /* Place the round's documents: global offsets from the counts, this rank's
  * documents written there. 0 or -1 with msg. */
-static int place_round(prep_run_t *r, const round_buf_t *b, int64_t n, const int64_t *counts, char *msg,
-                       size_t msglen)
+static int place_round(prep_run_t *r, const round_buf_t *b, int64_t n, const int64_t *counts, char *msg, size_t msglen)
 {
     uint64_t at[PREP_N_SPLITS] = {r->stream[PREP_TRAIN].n_tokens, r->stream[PREP_VAL].n_tokens};
     size_t k = 0;

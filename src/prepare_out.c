@@ -260,8 +260,7 @@ static int copy_range(int in, int out, off_t from, off_t to, size_t len, const c
 }
 
 /* Shard i >= 1 of a split, as PATH.tmp: header + its slice of the stream. */
-static int copy_shard(const prep_run_t *r, const prep_stream_t *st, uint64_t n_sh, uint64_t i, char *err,
-                      size_t errlen)
+static int copy_shard(const prep_run_t *r, const prep_stream_t *st, uint64_t n_sh, uint64_t i, char *err, size_t errlen)
 {
     char path[PREP_PATH_MAX];
     if (shard_name(r, st->split, i, ".tmp", path, sizeof path, err, errlen) != 0)
@@ -319,8 +318,7 @@ static int publish_llmc(const prep_run_t *r, const prep_stream_t *st, uint64_t n
             (i > 0 && shard_name(r, st->split, i, ".tmp", from, sizeof from, err, errlen) != 0))
             return -1;
         if (rename(i == 0 ? st->tmp_path : from, to) != 0) {
-            prep_err(err, errlen, "cannot rename '%s' to '%s': %s", i == 0 ? st->tmp_path : from, to,
-                     strerror(errno));
+            prep_err(err, errlen, "cannot rename '%s' to '%s': %s", i == 0 ? st->tmp_path : from, to, strerror(errno));
             return -1;
         }
     }
@@ -358,8 +356,7 @@ static int verify_llmc(const prep_run_t *r, const prep_stream_t *st, uint64_t n_
             return -1;
         off_t want = (off_t)LLMC_HEADER_BYTES + (off_t)(len * (uint64_t)st->width);
         if (stat(path, &sb) != 0 || sb.st_size != want) {
-            prep_err(err, errlen, "'%s' is not the %lld bytes written: check the file system", path,
-                     (long long)want);
+            prep_err(err, errlen, "'%s' is not the %lld bytes written: check the file system", path, (long long)want);
             return -1;
         }
         printf("%s: %llu tokens\n", path, (unsigned long long)len);

@@ -71,9 +71,8 @@ int sample_pick(float *logits, int V, double temperature, int top_k, double u)
     return best;
 }
 
-int sample_generate(sample_logits_fn logits_of, void *ctx, int V, int max_ctx, int quantum,
-                    const int32_t *prompt, int n_prompt, int n_new, double temperature, int top_k,
-                    uint64_t seed, int32_t *out)
+int sample_generate(sample_logits_fn logits_of, void *ctx, int V, int max_ctx, int quantum, const int32_t *prompt,
+                    int n_prompt, int n_new, double temperature, int top_k, uint64_t seed, int32_t *out)
 {
     float *logits = malloc((size_t)V * sizeof *logits);
     int32_t *window = malloc((size_t)max_ctx * sizeof *window);

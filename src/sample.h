@@ -4,7 +4,6 @@
 
 #include <stdint.h>
 
-
 /* Logits [V] of row `row` of the forward of window[t] (host memory, on
  * every rank that calls it). Returns 0 or -1. */
 typedef int (*sample_logits_fn)(void *ctx, const int32_t *window, int t, int row, float *logits);
@@ -15,9 +14,8 @@ typedef int (*sample_logits_fn)(void *ctx, const int32_t *window, int t, int row
  * temperature 0 = greedy; top_k 0 = the whole vocabulary. Deterministic
  * for a given seed, so every rank that runs it picks the same tokens.
  * Returns the number of tokens in out, or -1 on failure. */
-int sample_generate(sample_logits_fn logits_of, void *ctx, int V, int max_ctx, int quantum,
-                    const int32_t *prompt, int n_prompt, int n_new, double temperature, int top_k,
-                    uint64_t seed, int32_t *out);
+int sample_generate(sample_logits_fn logits_of, void *ctx, int V, int max_ctx, int quantum, const int32_t *prompt,
+                    int n_prompt, int n_new, double temperature, int top_k, uint64_t seed, int32_t *out);
 
 /* Pick a token from logits[V] (modified in place). u is uniform in [0,1). */
 int sample_pick(float *logits, int V, double temperature, int top_k, double u);

@@ -154,17 +154,18 @@ static void log_skip(const spike_t *s, int step, int steps, spike_verdict_t v, d
         double mean, sd;
         window_stats(s, &mean, &sd);
         printf("spike: step %d/%d skipped: loss %.6f is %.1f standard deviations above the mean %.6f of the last %d "
-               "steps (--spike-z %g); no update (%d of --spike-max %d in a row)\n", step, steps, loss, z, mean, s->n,
-               s->z, s->in_row, s->max);
+               "steps (--spike-z %g); no update (%d of --spike-max %d in a row)\n",
+               step, steps, loss, z, mean, s->n, s->z, s->in_row, s->max);
     } else {
         printf("spike: step %d/%d skipped: loss %g, gradient norm %g; first non-finite gradient: %s; no update (%d "
-               "of --spike-max %d in a row)\n", step, steps, loss, norm, where, s->in_row, s->max);
+               "of --spike-max %d in a row)\n",
+               step, steps, loss, norm, where, s->in_row, s->max);
     }
     fflush(stdout);
 }
 
-int spike_check(spike_t *s, const spike_ctx_t *c, int step, int steps, double loss, double norm,
-                spike_action_t *act, char *err, size_t errlen)
+int spike_check(spike_t *s, const spike_ctx_t *c, int step, int steps, double loss, double norm, spike_action_t *act,
+                char *err, size_t errlen)
 {
     double z;
     int32_t v = (int32_t)judge(s, loss, norm, &z);

@@ -43,15 +43,15 @@ typedef enum { SPIKE_UPDATE = 0, SPIKE_HIGH = 1, SPIKE_NONFINITE = 2 } spike_ver
 typedef enum { SPIKE_GO = 0, SPIKE_SKIP, SPIKE_ROLLBACK } spike_action_t;
 
 typedef struct spike {
-    double z;           /* 0: no z test */
-    int window, max;    /* window 0: no z test; max 0: the guard is off */
-    double *loss;       /* [window] ring of accepted losses */
-    int n, head;        /* losses held, next slot */
-    int in_row;         /* consecutive skipped steps */
-    int first_skipped;  /* 1-based step of the first of them */
+    double z;            /* 0: no z test */
+    int window, max;     /* window 0: no z test; max 0: the guard is off */
+    double *loss;        /* [window] ring of accepted losses */
+    int n, head;         /* losses held, next slot */
+    int in_row;          /* consecutive skipped steps */
+    int first_skipped;   /* 1-based step of the first of them */
     long long data_skip; /* batches passed over by rollbacks: step s reads batch s + data_skip */
-    long long skipped;  /* steps skipped in this job */
-    int rolled_back;    /* set by the trainer's rollback, for its step loop */
+    long long skipped;   /* steps skipped in this job */
+    int rolled_back;     /* set by the trainer's rollback, for its step loop */
     /* test-only injection (see above): 1-based batches */
     long long nan_batch[SPIKE_MAX_INJECT], spike_batch[SPIKE_MAX_INJECT];
     double spike_factor[SPIKE_MAX_INJECT];
@@ -71,7 +71,7 @@ void spike_reset(spike_t *s);
 typedef struct spike_ctx {
     comm_t *world;
     int world_rank, tp_rank, pp_rank, dp_rank;
-    const dpsync_t *sync;     /* norm_ss of this step's trainer_grad_norm */
+    const dpsync_t *sync; /* norm_ss of this step's trainer_grad_norm */
     const param_table_t *table;
 } spike_ctx_t;
 
@@ -79,8 +79,8 @@ typedef struct spike_ctx {
  * skip on rank 0 and returns the action in *act. With max 0 a non-finite
  * step is an error (the old "training diverged" line). Returns 0, or -1
  * with one line in err. */
-int spike_check(spike_t *s, const spike_ctx_t *c, int step, int steps, double loss, double norm,
-                spike_action_t *act, char *err, size_t errlen);
+int spike_check(spike_t *s, const spike_ctx_t *c, int step, int steps, double loss, double norm, spike_action_t *act,
+                char *err, size_t errlen);
 
 /* Test-only injection for 0-based batch `batch`, microbatch `micro` on
  * data-parallel rank dp_rank: the loss scale of the backward (inf when

@@ -70,7 +70,8 @@ void straggler_test_delay(const straggler_t *s)
 {
     if (s->slow_s <= 0)
         return;
-    struct timespec ts = {.tv_sec = (time_t)s->slow_s, .tv_nsec = (long)((s->slow_s - (double)(time_t)s->slow_s) * 1e9)};
+    struct timespec ts = {.tv_sec = (time_t)s->slow_s,
+                          .tv_nsec = (long)((s->slow_s - (double)(time_t)s->slow_s) * 1e9)};
     while (nanosleep(&ts, &ts) != 0) /* resumed after a signal (SIGUSR1 asks the run to stop, not to hurry) */
         ;
 }

@@ -19,20 +19,20 @@
 #define STRAGGLER_HOST_MAX 64
 
 typedef struct straggler {
-    int every;        /* N; 0: never reported (nothing gathered) */
-    int rank, size;   /* in the world */
-    char *hosts;      /* [size][STRAGGLER_HOST_MAX]: every rank's host, gathered at setup (every > 0) */
-    double *means;    /* [2 * size]: the all-gather's receive buffer (ms per step), then a sorted copy */
-    double sum_s;     /* this rank's compute seconds since the last report */
-    int n, first;     /* steps summed, and the first of them (1-based) */
-    double slow_s;    /* DTRAIN_TEST_SLOW_RANK: this rank's delay per step, seconds (0: none) */
+    int every;      /* N; 0: never reported (nothing gathered) */
+    int rank, size; /* in the world */
+    char *hosts;    /* [size][STRAGGLER_HOST_MAX]: every rank's host, gathered at setup (every > 0) */
+    double *means;  /* [2 * size]: the all-gather's receive buffer (ms per step), then a sorted copy */
+    double sum_s;   /* this rank's compute seconds since the last report */
+    int n, first;   /* steps summed, and the first of them (1-based) */
+    double slow_s;  /* DTRAIN_TEST_SLOW_RANK: this rank's delay per step, seconds (0: none) */
 } straggler_t;
 
 /* What rank 0 reports after a window of steps. */
 typedef struct straggler_report {
-    int steps;            /* steps in the window; 0: no report this step */
-    int first, last;      /* the window, 1-based steps */
-    int rank;             /* the slowest world rank */
+    int steps;       /* steps in the window; 0: no report this step */
+    int first, last; /* the window, 1-based steps */
+    int rank;        /* the slowest world rank */
     char host[STRAGGLER_HOST_MAX];
     double ms, median_ms; /* its compute per step, and the median over ranks */
 } straggler_report_t;

@@ -56,7 +56,7 @@ static int import_params(trainer_t *tr, float *host, char *err, size_t errlen)
     int rc = host ? init_from_load(tr->opt->init_from, &tr->cfg, &tr->model.table, host, &rep, err, errlen) : -1;
     /* [0] MiB read, [1] resident growth MiB, [2] local MiB, [3] largest tensor MiB, [4] staging MiB,
      * [5] seconds (the slowest rank's: the import is done when it is) */
-    double most[6] = {rep.bytes_read / 1048576.0, rep.rss_growth_kb / 1024.0, rep.local_bytes / 1048576.0,
+    double most[6] = {rep.bytes_read / 1048576.0,     rep.rss_growth_kb / 1024.0,   rep.local_bytes / 1048576.0,
                       rep.largest_tensor / 1048576.0, rep.staging_peak / 1048576.0, rep.seconds};
     if (tr->world->ops->allreduce(tr->world, most, 6, COMM_FP64, COMM_MAX) != 0 && rc == 0) {
         snprintf(err, errlen, "--init-from: the all-reduce of the import report failed: %s", tr->world->err);
@@ -137,7 +137,8 @@ static int check_writable_dir(const char *opt, const char *path, char *err, size
 static int make_out_dirs(const char *opt, const char *path, int is_dir, char *err, size_t errlen)
 {
     char failed[OPT_PATH_MAX];
-    if (!path[0] || (is_dir ? fs_mkdir_p(path, failed, sizeof failed) : fs_mkdir_parent(path, failed, sizeof failed)) == 0)
+    if (!path[0] ||
+        (is_dir ? fs_mkdir_p(path, failed, sizeof failed) : fs_mkdir_parent(path, failed, sizeof failed)) == 0)
         return 0;
     snprintf(err, errlen, "%s %s: cannot create directory %s: %s", opt, path, failed, strerror(errno));
     return -1;
@@ -154,13 +155,18 @@ static int prepare_out_paths(trainer_t *tr, char *err, size_t errlen)
     const char *dir = o->ckpt_dir;
     int rank0 = tr->env->world_rank == 0, rc = 0;
     if (rank0)
-        rc = make_out_dirs("--ckpt-dir", dir, 1, err, errlen) || make_out_dirs("--metrics", o->metrics, 0, err, errlen) ||
-             make_out_dirs("--trace", o->trace, 0, err, errlen) ||
-             make_out_dirs("--save-params", o->save_params, 0, err, errlen) ? -1 : 0;
+        rc = make_out_dirs("--ckpt-dir", dir, 1, err, errlen) ||
+                     make_out_dirs("--metrics", o->metrics, 0, err, errlen) ||
+                     make_out_dirs("--trace", o->trace, 0, err, errlen) ||
+                     make_out_dirs("--save-params", o->save_params, 0, err, errlen)
+                 ? -1
+                 : 0;
     if (agree(tr->world, rc, err, errlen) != 0)
         return -1;
     rc = check_writable_dir("--trace", o->trace, err, errlen) != 0 ||
-         check_writable_dir("--save-params", o->save_params, err, errlen) != 0 ? -1 : 0;
+                 check_writable_dir("--save-params", o->save_params, err, errlen) != 0
+             ? -1
+             : 0;
     if (rc == 0 && rank0 && dir[0] && access(dir, W_OK | X_OK) != 0) {
         snprintf(err, errlen, "--ckpt-dir %s: not a writable directory: %s", dir, strerror(errno));
         rc = -1;
@@ -271,8 +277,8 @@ static void data_resume_note(trainer_t *tr, const ckpt_meta_t *meta)
         same = mine.data_drawn[i] == meta->data_drawn[i];
     if (!same)
         printf("resume: note: the checkpoint drew %lld samples of its first of %d datasets; this run's data order "
-               "draws %lld of %d: the data (or its blend) differs from the checkpoint's run\n", meta->data_drawn[0],
-               meta->n_data, mine.data_drawn[0], mine.n_data);
+               "draws %lld of %d: the data (or its blend) differs from the checkpoint's run\n",
+               meta->data_drawn[0], meta->n_data, mine.data_drawn[0], mine.n_data);
 }
 
 /* Reads the checkpoint at path into the model and the optimizer's moments
@@ -364,10 +370,17 @@ static ckpt_meta_t ckpt_meta_at(const trainer_t *tr, int step)
 {
     const run_options_t *o = tr->opt;
     const grid_t *g = tr->grid;
-    ckpt_meta_t meta = {.step = step, .adam_t = tr->optim.t, .seed = o->seed, .seq_len = o->seq_len,
-                        .global_batch = o->micro_batch * tr->accum * g->dp_size, .lr = o->lr,
-                        .min_lr = o->min_lr, .warmup = o->warmup, .steps = o->steps,
-                        .tokenizer = tr->data_tokenizer, .tokenizer_sha256 = tr->data_tokenizer_sha256};
+    ckpt_meta_t meta = {.step = step,
+                        .adam_t = tr->optim.t,
+                        .seed = o->seed,
+                        .seq_len = o->seq_len,
+                        .global_batch = o->micro_batch * tr->accum * g->dp_size,
+                        .lr = o->lr,
+                        .min_lr = o->min_lr,
+                        .warmup = o->warmup,
+                        .steps = o->steps,
+                        .tokenizer = tr->data_tokenizer,
+                        .tokenizer_sha256 = tr->data_tokenizer_sha256};
     meta.tokens = (long long)step * meta.global_batch * o->seq_len;
     meta.data_skip = tr->spike.data_skip;
     lr_schedule_record(&tr->sched, meta.lr_schedule, sizeof meta.lr_schedule, &meta.decay_steps, meta.decay_shape,
@@ -416,12 +429,16 @@ static int save_async(trainer_t *tr, int step, char *err, size_t errlen)
     const grid_t *g = tr->grid;
     const double t0 = now_s();
     if (ckpt_async_wait(a, err, errlen) != 0 ||
-        state_to_host(tr, ckpt_async_buffer(a, 0), ckpt_async_buffer(a, 1), ckpt_async_buffer(a, 2), err,
-                      errlen) != 0)
+        state_to_host(tr, ckpt_async_buffer(a, 0), ckpt_async_buffer(a, 1), ckpt_async_buffer(a, 2), err, errlen) != 0)
         return -1;
-    const ckpt_async_job_t job = {.dir = tr->opt->ckpt_dir, .keep = tr->opt->keep, .cfg = &tr->cfg,
-                                  .t = &tr->model.table, .writer = g->dp_rank == 0, .tp_size = g->tp_size,
-                                  .tp_rank = g->tp_rank, .meta = ckpt_meta_at(tr, step)};
+    const ckpt_async_job_t job = {.dir = tr->opt->ckpt_dir,
+                                  .keep = tr->opt->keep,
+                                  .cfg = &tr->cfg,
+                                  .t = &tr->model.table,
+                                  .writer = g->dp_rank == 0,
+                                  .tp_size = g->tp_size,
+                                  .tp_rank = g->tp_rank,
+                                  .meta = ckpt_meta_at(tr, step)};
     if (agree(tr->world, ckpt_async_start(a, &job, err, errlen), err, errlen) != 0)
         return -1;
     snprintf(tr->last_ckpt, sizeof tr->last_ckpt, "%s/step_%08d.h5", tr->opt->ckpt_dir, step);
@@ -463,7 +480,8 @@ static int setup_ckpt_async(trainer_t *tr, char *err, size_t errlen)
     int rc = 0;
     free_state(tr);
     if (!tr->env->thread_multiple)
-        rc = status_set(STATUS_INPUT, err, errlen, "--ckpt-async: this MPI library does not provide "
+        rc = status_set(STATUS_INPUT, err, errlen,
+                        "--ckpt-async: this MPI library does not provide "
                         "MPI_THREAD_MULTIPLE, which the background writer needs; checkpoint without it");
     else if (!(tr->ckpt_async = ckpt_async_create(tr->model.ops, tr->world, tr->model.table.numel, err, errlen)))
         rc = -1;
@@ -533,10 +551,20 @@ static int setup_sync(trainer_t *tr, const dpsync_ops_t *kind, comm_dtype_t gdt,
     }
     if (rc == 0) {
         start[t->n] = t->numel;
-        const dpsync_config_t c = {.ops = m->ops, .dp = g->dp, .shard = g->shard, .replica = g->replica,
-                                   .params = m->params, .grads = m->grads, .n = t->numel, .n_tensors = t->n,
-                                   .tensor_start = start, .tensor_block = block, .tensor_norm = norm, .mode = mode,
-                                   .bucket_bytes = (size_t)(o->bucket_mb * 1048576.0), .dtype = gdt,
+        const dpsync_config_t c = {.ops = m->ops,
+                                   .dp = g->dp,
+                                   .shard = g->shard,
+                                   .replica = g->replica,
+                                   .params = m->params,
+                                   .grads = m->grads,
+                                   .n = t->numel,
+                                   .n_tensors = t->n,
+                                   .tensor_start = start,
+                                   .tensor_block = block,
+                                   .tensor_norm = norm,
+                                   .mode = mode,
+                                   .bucket_bytes = (size_t)(o->bucket_mb * 1048576.0),
+                                   .dtype = gdt,
                                    .mem = mem_process_tracker()};
         if ((rc = dpsync_create(&tr->sync, kind, &c)) != 0)
             snprintf(err, errlen, "%s", tr->sync.err);
@@ -568,8 +596,8 @@ static void presets_with_vocab(int n, char *out, size_t outlen)
  * with it in s and its path in path, 0 when there is none, -1 on error.
  * The data's vocabulary must fit the model's (the token check of
  * tokens_open would catch it too, but could not say why). */
-static int check_data_sidecar(const char *pattern, int vocab, tok_sidecar_t *s, char *path, size_t pathlen,
-                              char *err, size_t errlen)
+static int check_data_sidecar(const char *pattern, int vocab, tok_sidecar_t *s, char *path, size_t pathlen, char *err,
+                              size_t errlen)
 {
     int rc = tok_sidecar_find_glob(pattern, path, pathlen);
     if (rc == 1)
@@ -583,9 +611,10 @@ static int check_data_sidecar(const char *pattern, int vocab, tok_sidecar_t *s, 
     if (s->vocab_size > vocab) {
         char names[256];
         presets_with_vocab(s->vocab_size, names, sizeof names);
-        snprintf(err, errlen, "data %s was made with tokenizer %s (vocabulary %d) but the model's vocabulary is "
-                 "%d: use --vocab-size >= %d or a model preset with one that large (%s)", pattern, s->kind,
-                 s->vocab_size, vocab, s->vocab_size, names);
+        snprintf(err, errlen,
+                 "data %s was made with tokenizer %s (vocabulary %d) but the model's vocabulary is "
+                 "%d: use --vocab-size >= %d or a model preset with one that large (%s)",
+                 pattern, s->kind, s->vocab_size, vocab, s->vocab_size, names);
         return -1;
     }
     return 1;
@@ -655,8 +684,10 @@ static int setup_doc_mask(trainer_t *tr, const tok_sidecar_t *sc, char *err, siz
         return 0;
     const int indexed = data_spec_indexed(o->data, fmt) && (o->val_every == 0 || data_spec_indexed(o->val_data, fmt));
     if (!indexed && (!sc || (sc->doc_start == TOK_NO_ID && sc->doc_end == TOK_NO_ID))) {
-        snprintf(err, errlen, "--doc-mask: data %s records no document boundary (%s): prepare it with a tokenizer "
-                 "that has a document start or end token, or drop --doc-mask", tr->opt->data,
+        snprintf(err, errlen,
+                 "--doc-mask: data %s records no document boundary (%s): prepare it with a tokenizer "
+                 "that has a document start or end token, or drop --doc-mask",
+                 tr->opt->data,
                  sc ? "its tokenizer sidecar names no doc_start or doc_end token" : "it has no tokenizer sidecar");
         return -1;
     }
@@ -693,9 +724,10 @@ static int setup_tokenizer(trainer_t *tr, char *err, size_t errlen)
     if (tr->tokenizer && tr->tokenizer->vocab_size > vocab) {
         char names[256];
         presets_with_vocab(tr->tokenizer->vocab_size, names, sizeof names);
-        snprintf(err, errlen, "--tokenizer %s has vocabulary %d but the model's vocabulary is %d: use --vocab-size "
-                 ">= %d, a model preset with one that large (%s), or another --tokenizer", o->tokenizer,
-                 tr->tokenizer->vocab_size, vocab, tr->tokenizer->vocab_size, names);
+        snprintf(err, errlen,
+                 "--tokenizer %s has vocabulary %d but the model's vocabulary is %d: use --vocab-size "
+                 ">= %d, a model preset with one that large (%s), or another --tokenizer",
+                 o->tokenizer, tr->tokenizer->vocab_size, vocab, tr->tokenizer->vocab_size, names);
         return -1;
     }
     return encode_prompt(tr, err, errlen);
@@ -797,8 +829,9 @@ static int setup_backend(trainer_t *tr, const dpsync_ops_t *kind, char *err, siz
         snprintf(err, errlen, "%s", grid->err);
         return -1;
     }
-    CHECK(agree(tr->world, backend_comm_open(&tr->backend, run->comm, grid, &tr->net, tr->opt->comm_timeout, err, errlen),
-                err, errlen));
+    CHECK(agree(tr->world,
+                backend_comm_open(&tr->backend, run->comm, grid, &tr->net, tr->opt->comm_timeout, err, errlen), err,
+                errlen));
     /* from here on the step loop's groups: NCCL twins under --comm nccl */
     tr->grid = &tr->net;
     return 0;
@@ -848,8 +881,8 @@ static int setup_watch(trainer_t *tr, char *err, size_t errlen)
     const int ng = grid_groups(grid, groups, NULL);
     if (o->trace[0]) {
         char label[96];
-        snprintf(label, sizeof label, "rank %d (tp %d pp %d dp %d)", grid->world_rank, grid->tp_rank,
-                 grid->pp_rank, grid->dp_rank);
+        snprintf(label, sizeof label, "rank %d (tp %d pp %d dp %d)", grid->world_rank, grid->tp_rank, grid->pp_rank,
+                 grid->dp_rank);
         if (!(tr->trace = trace_create(grid->world_rank, label, 0))) {
             snprintf(err, errlen, "out of memory for --trace");
             return -1;
@@ -907,8 +940,8 @@ static int setup_step(trainer_t *tr, char *err, size_t errlen)
     return 0;
 }
 
-int trainer_setup(trainer_t *tr, const run_config_t *run, const launch_env_t *env, grid_t *grid,
-                  char *err, size_t errlen)
+int trainer_setup(trainer_t *tr, const run_config_t *run, const launch_env_t *env, grid_t *grid, char *err,
+                  size_t errlen)
 {
     memset(tr, 0, sizeof *tr);
     tr->run = run;
@@ -951,18 +984,20 @@ void trainer_banner(const trainer_t *tr, FILE *out)
     const grid_t *g = tr->grid;
     int rank0 = tr->env->world_rank == 0;
     if (rank0)
-        fprintf(out, "dtrain %s | %d rank%s: tp %d x pp %d x dp %d | %d thread%s per rank | ddp %s\n",
-                PACKAGE_VERSION, g->world_size, g->world_size == 1 ? "" : "s", g->tp_size, g->pp_size,
-                g->dp_size, tr->threads, tr->threads == 1 ? "" : "s", ddp_mode_names[tr->run->ddp_mode]);
+        fprintf(out, "dtrain %s | %d rank%s: tp %d x pp %d x dp %d | %d thread%s per rank | ddp %s\n", PACKAGE_VERSION,
+                g->world_size, g->world_size == 1 ? "" : "s", g->tp_size, g->pp_size, g->dp_size, tr->threads,
+                tr->threads == 1 ? "" : "s", ddp_mode_names[tr->run->ddp_mode]);
     launch_describe(tr->env, out);
     if (grid_print(g, out) != 0 && rank0)
         fprintf(out, "grid: %s\n", g->err);
     if (!rank0)
         return;
     if (g->tp_size > 1)
-        fprintf(out, "tensor parallel: %d ranks, %d heads, %d KV heads, FFN %d and %d vocabulary rows (of %lld "
-                "padded) per rank%s\n", g->tp_size, c->n_head / g->tp_size, c->n_kv_head / g->tp_size,
-                c->d_ff / g->tp_size, tr->model.v_rows, (long long)param_padded_vocab(c->vocab_size, g->tp_size),
+        fprintf(out,
+                "tensor parallel: %d ranks, %d heads, %d KV heads, FFN %d and %d vocabulary rows (of %lld "
+                "padded) per rank%s\n",
+                g->tp_size, c->n_head / g->tp_size, c->n_kv_head / g->tp_size, c->d_ff / g->tp_size, tr->model.v_rows,
+                (long long)param_padded_vocab(c->vocab_size, g->tp_size),
                 o->sequence_parallel ? ", sequence parallel" : "");
     if (g->pp_size > 1) {
         const int *layers = tr->run->stage_layers;
@@ -974,10 +1009,10 @@ void trainer_banner(const trainer_t *tr, FILE *out)
     }
     tr->sync.ops->banner(&tr->sync, out, ddp_mode_names[tr->run->ddp_mode], comm_dtype_names[tr->run->grad_dtype]);
     fprintf(out, "model %s (%s): L=%d C=%d heads=%d kv_heads=%d ffn=%d vocab=%d | %zu parameters\n", o->model,
-            model_arch_name(c->arch), c->n_layer, c->d_model, c->n_head, c->n_kv_head, c->d_ff,
-            c->vocab_size, model_params_total(c));
-    fprintf(out, "batch: micro %d x seq %d, %d microbatch%s per step x dp %d = %d tokens per step\n",
-            o->micro_batch, o->seq_len, tr->accum, tr->accum == 1 ? "" : "es", tr->grid->dp_size,
+            model_arch_name(c->arch), c->n_layer, c->d_model, c->n_head, c->n_kv_head, c->d_ff, c->vocab_size,
+            model_params_total(c));
+    fprintf(out, "batch: micro %d x seq %d, %d microbatch%s per step x dp %d = %d tokens per step\n", o->micro_batch,
+            o->seq_len, tr->accum, tr->accum == 1 ? "" : "es", tr->grid->dp_size,
             o->micro_batch * o->seq_len * tr->accum * tr->grid->dp_size);
     char dd[2048];
     data_describe(&tr->train, dd, sizeof dd);
@@ -1004,7 +1039,7 @@ void trainer_banner(const trainer_t *tr, FILE *out)
     fprintf(out, "communication: %s\n", tr->backend.comm_desc);
     if (tr->model.lay.bf16)
         fprintf(out, "precision: bf16 matmuls (operands rounded to bf16, fp32 sums; bf16 weight copy and matmul-only "
-                "activations); fp32 master weights, gradients, AdamW state and other activations\n");
+                     "activations); fp32 master weights, gradients, AdamW state and other activations\n");
     else
         fprintf(out, "precision: fp32\n");
     fprintf(out, "configuration:\n");
@@ -1309,8 +1344,11 @@ static int step_gradients(trainer_t *tr, int step, double *bubble_s, char *err, 
                 return -1;
             }
     } else {
-        const pipe_stage_ops_t ops = {.forward = stage_forward, .backward = stage_backward, .input = stage_input,
-                                      .output = stage_output, .grad = stage_grad,
+        const pipe_stage_ops_t ops = {.forward = stage_forward,
+                                      .backward = stage_backward,
+                                      .input = stage_input,
+                                      .output = stage_output,
+                                      .grad = stage_grad,
                                       .n = model_stage_floats(m, tr->opt->micro_batch, tr->opt->seq_len),
                                       .mem = m->ops};
         pipe_stats_t st = {0};
@@ -1379,7 +1417,8 @@ static int stop_requested(trainer_t *tr, int step, char *err, size_t errlen)
                    step, name, tr->last_ckpt);
         else
             printf("stopping at step %d: %s received; nothing saved (no --ckpt-dir), so a rerun starts again "
-                   "from step 0\n", step, name);
+                   "from step 0\n",
+                   step, name);
         fflush(stdout);
     }
     tr->stopped_by = sig;
@@ -1487,8 +1526,10 @@ static int spike_rollback(trainer_t *tr, int step, char *err, size_t errlen)
     else if (tr->start_step > 0 && ckpt_resolve(tr->world, o->resume, o->ckpt_dir, path, sizeof path, err, errlen))
         return -1;
     if (!path[0]) {
-        snprintf(err, errlen, "spike: %d steps skipped in a row (steps %d-%d) and no checkpoint to go back to: "
-                 "stopping (--ckpt-dir DIR --ckpt-every N keep one)", sp->in_row, sp->first_skipped, step + 1);
+        snprintf(err, errlen,
+                 "spike: %d steps skipped in a row (steps %d-%d) and no checkpoint to go back to: "
+                 "stopping (--ckpt-dir DIR --ckpt-every N keep one)",
+                 sp->in_row, sp->first_skipped, step + 1);
         return -1;
     }
     const long long next = step + sp->data_skip + 1; /* the first batch after the skipped ones */
@@ -1499,8 +1540,8 @@ static int spike_rollback(trainer_t *tr, int step, char *err, size_t errlen)
         return -1;
     if (tr->env->world_rank == 0) {
         printf("spike: %d steps skipped in a row (steps %d-%d): back to %s (step %d), continuing on the data after "
-               "the skipped batches (step %d reads batch %lld)\n", sp->in_row, sp->first_skipped, step + 1, path,
-               meta.step, meta.step + 1, next + 1);
+               "the skipped batches (step %d reads batch %lld)\n",
+               sp->in_row, sp->first_skipped, step + 1, path, meta.step, meta.step + 1, next + 1);
         fflush(stdout);
     }
     tr->optim.t = meta.adam_t;
@@ -1514,12 +1555,15 @@ static int spike_rollback(trainer_t *tr, int step, char *err, size_t errlen)
 /* The spike guard's verdict on the step (src/spike.h): go on, or skip the
  * update (the strategy's gather still runs, of unchanged parameters, so
  * every strategy ends the step as after an update), or roll back. */
-static int guard_step(trainer_t *tr, int step, double loss, double norm, spike_action_t *act, char *err,
-                      size_t errlen)
+static int guard_step(trainer_t *tr, int step, double loss, double norm, spike_action_t *act, char *err, size_t errlen)
 {
     const grid_t *g = tr->grid;
-    const spike_ctx_t c = {.world = tr->world, .world_rank = g->world_rank, .tp_rank = g->tp_rank,
-                           .pp_rank = g->pp_rank, .dp_rank = g->dp_rank, .sync = &tr->sync,
+    const spike_ctx_t c = {.world = tr->world,
+                           .world_rank = g->world_rank,
+                           .tp_rank = g->tp_rank,
+                           .pp_rank = g->pp_rank,
+                           .dp_rank = g->dp_rank,
+                           .sync = &tr->sync,
                            .table = &tr->model.table};
     if (spike_check(&tr->spike, &c, step + 1, tr->opt->steps, loss, norm, act, err, errlen) != 0)
         return -1;
@@ -1571,8 +1615,14 @@ static int train_step(trainer_t *tr, int step, step_record_t *r, step_times_t *t
     m->ops->sync(m->ops->ctx); /* the step's time covers its kernels (the optimizer's run ahead of the host) */
     const double dt = now_s() - t0, tokens_step = (double)o->micro_batch * o->seq_len * tr->accum * tr->grid->dp_size;
     tr->steps_done = step + 1;
-    *r = (step_record_t){.step = step + 1, .steps = o->steps, .loss = loss, .val_loss = NAN, .lr = lr,
-                         .grad_norm = norm, .ms = 1e3 * dt, .tokens_per_s = tokens_step / dt};
+    *r = (step_record_t){.step = step + 1,
+                         .steps = o->steps,
+                         .loss = loss,
+                         .val_loss = NAN,
+                         .lr = lr,
+                         .grad_norm = norm,
+                         .ms = 1e3 * dt,
+                         .tokens_per_s = tokens_step / dt};
     t->dt = dt;
     t->comm = tr->sync.ops->comm_s(&tr->sync) + m->tp_comm_s + tr->embed_comm_s;
     return 0;
@@ -1613,8 +1663,8 @@ static int step_stats(trainer_t *tr, step_record_t *r, const step_times_t *st, c
     if (tr->peak_gflops > 0 && rate > tr->peak_gflops) {
         if (tr->env->world_rank == 0 && !tr->peak_rebased)
             printf("mfu: step %d ran at %.1f GFLOP/s per rank, above the peak of %.1f (%s): that peak is too "
-                   "low; MFU is against the fastest step's rate from here on\n", r->step, rate,
-                   tr->peak_gflops, tr->opt->peak_gflops > 0 ? "--peak-gflops" : "sgemm probe");
+                   "low; MFU is against the fastest step's rate from here on\n",
+                   r->step, rate, tr->peak_gflops, tr->opt->peak_gflops > 0 ? "--peak-gflops" : "sgemm probe");
         tr->peak_rebased = 1;
         tr->peak_gflops = rate;
     }
@@ -1656,8 +1706,7 @@ static int report_step(trainer_t *tr, step_record_t *r, int end, char *err, size
 /* After the last step of a run that was not stopped: the summary, the
  * final parameters, the sample and the trace. defer0: the deferred ops'
  * counts after the first step. */
-static int finish_run(trainer_t *tr, int end, double t_run, double loss, const long defer0[2], char *err,
-                      size_t errlen)
+static int finish_run(trainer_t *tr, int end, double t_run, double loss, const long defer0[2], char *err, size_t errlen)
 {
     const run_options_t *o = tr->opt;
     if (tr->env->world_rank == 0) {

@@ -18,31 +18,31 @@
 #include "io/tokenizer.h"
 
 typedef struct trainer {
-    const run_config_t *run; /* the resolved run (options_resolve) */
+    const run_config_t *run;  /* the resolved run (options_resolve) */
     const run_options_t *opt; /* run->opt: what is used as given */
     const launch_env_t *env;
-    grid_t *grid;       /* the step loop's groups: &net once setup has opened them */
-    grid_t net;         /* the caller's grid, with NCCL twins under --comm nccl (backend_comm_open) */
+    grid_t *grid; /* the step loop's groups: &net once setup has opened them */
+    grid_t net;   /* the caller's grid, with NCCL twins under --comm nccl (backend_comm_open) */
     /* the caller's MPI world (its grid's; MPI also under --comm nccl): where
      * the ranks agree (mpi/agree.h) and the world statistics are reduced */
     comm_t *world;
-    backend_t backend;  /* --device: the ops table (rank 0's choice is in the banner) */
+    backend_t backend; /* --device: the ops table (rank 0's choice is in the banner) */
     model_config_t cfg;
     model_t model;
     adamw_t optim;
-    dpsync_t sync;      /* the data-parallel strategy (--zero, --hybrid-shard, --ddp-mode) */
+    dpsync_t sync; /* the data-parallel strategy (--zero, --hybrid-shard, --ddp-mode) */
     lr_schedule_t sched;
-    spike_t spike;      /* --spike-*: skipped steps, rollbacks and the data position after them */
+    spike_t spike; /* --spike-*: skipped steps, rollbacks and the data position after them */
     data_loader_t train, val;
     int has_val;
-    int accum;          /* microbatches per optimizer step */
-    int start_step;     /* steps already done (a resumed checkpoint's) */
-    int steps_done;     /* optimizer steps completed so far */
-    int stopped_by;     /* the signal (SIGUSR1, SIGTERM) that stopped the run early, else 0 */
-    int last_ckpt_step; /* the step of the last checkpoint this run wrote, else -1 */
+    int accum;                         /* microbatches per optimizer step */
+    int start_step;                    /* steps already done (a resumed checkpoint's) */
+    int steps_done;                    /* optimizer steps completed so far */
+    int stopped_by;                    /* the signal (SIGUSR1, SIGTERM) that stopped the run early, else 0 */
+    int last_ckpt_step;                /* the step of the last checkpoint this run wrote, else -1 */
     char last_ckpt[OPT_PATH_MAX + 64]; /* and its path */
     pipe_kind_t pp_kind;
-    int tied;           /* table index of the tied wte (GPT-2, pp > 1, first/last stage), else -1 */
+    int tied; /* table index of the tied wte (GPT-2, pp > 1, first/last stage), else -1 */
     /* the step in progress, for the pipeline's forward/backward callbacks */
     int cur_step, bwd_done;
     double loss_sum;
@@ -91,8 +91,8 @@ typedef struct trainer {
 /* Everything the run needs, on the grid run was resolved for; on failure
  * err holds one line. Local to this rank: the caller agrees on failure
  * across ranks. */
-int trainer_setup(trainer_t *tr, const run_config_t *run, const launch_env_t *env, grid_t *grid,
-                  char *err, size_t errlen);
+int trainer_setup(trainer_t *tr, const run_config_t *run, const launch_env_t *env, grid_t *grid, char *err,
+                  size_t errlen);
 /* Collective (prints the grid); rank 0 writes. */
 void trainer_banner(const trainer_t *tr, FILE *out);
 /* Collective over the DP group: 0 when all replicas hold identical

@@ -38,8 +38,8 @@
 
 enum { REF_B = 2, REF_T = 16 };
 static const uint64_t REF_SEED = 1234;
-static const float ADAM_LR = 1e-3f, ADAM_BETA1 = 0.9f, ADAM_BETA2 = 0.95f, ADAM_EPS = 1e-8f,
-                   ADAM_WD = 0.1f, ADAM_STEP2_SCALE = 0.5f;
+static const float ADAM_LR = 1e-3f, ADAM_BETA1 = 0.9f, ADAM_BETA2 = 0.95f, ADAM_EPS = 1e-8f, ADAM_WD = 0.1f,
+                   ADAM_STEP2_SCALE = 0.5f;
 
 static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 
@@ -55,10 +55,7 @@ static void die(const char *fmt, ...)
     exit(1);
 }
 
-static void usage(void)
-{
-    fputs("usage: ref_dump --model tiny|tiny-llama [--masked] OUTDIR\n", stderr);
-}
+static void usage(void) { fputs("usage: ref_dump --model tiny|tiny-llama [--masked] OUTDIR\n", stderr); }
 
 /* fopen/fwrite/fclose with every return checked. */
 static FILE *open_out(const char *dir, const char *name, char *path, size_t pathlen)
@@ -82,8 +79,7 @@ static void close_out(FILE *f, const char *path)
         die("error closing %s: %s", path, strerror(errno));
 }
 
-static void write_bin(const char *dir, const char *name, const void *data, size_t elsize,
-                      size_t count)
+static void write_bin(const char *dir, const char *name, const void *data, size_t elsize, size_t count)
 {
     char path[4096];
     FILE *f = open_out(dir, name, path, sizeof path);
@@ -103,8 +99,8 @@ static void *xmalloc(size_t bytes)
     return p;
 }
 
-static void write_config(const char *dir, const model_config_t *c, const char *preset, int B,
-                         int T, int masked, float loss, float loss_train)
+static void write_config(const char *dir, const model_config_t *c, const char *preset, int B, int T, int masked,
+                         float loss, float loss_train)
 {
     char path[4096];
     FILE *f = open_out(dir, "config.json", path, sizeof path);
@@ -130,12 +126,10 @@ static void write_config(const char *dir, const model_config_t *c, const char *p
                     "  \"adam\": {\"lr\": %.9g, \"beta1\": %.9g, \"beta2\": %.9g, \"eps\": %.9g, "
                     "\"weight_decay\": %.9g, \"grad_scale\": 1, \"step\": 1, \"step2_grad_scale\": %.9g}\n"
                     "}\n",
-                    preset, model_arch_name(c->arch), c->vocab_size, c->n_layer, c->n_head,
-                    c->n_kv_head, c->d_model, c->d_ff, c->max_seq, (double)c->norm_eps,
-                    (double)c->rope_theta, B, T, masked, (unsigned long long)REF_SEED, (double)loss,
-                    (double)loss_train, (double)ADAM_LR, (double)ADAM_BETA1,
-                    (double)ADAM_BETA2, (double)ADAM_EPS, (double)ADAM_WD,
-                    (double)ADAM_STEP2_SCALE);
+                    preset, model_arch_name(c->arch), c->vocab_size, c->n_layer, c->n_head, c->n_kv_head, c->d_model,
+                    c->d_ff, c->max_seq, (double)c->norm_eps, (double)c->rope_theta, B, T, masked,
+                    (unsigned long long)REF_SEED, (double)loss, (double)loss_train, (double)ADAM_LR, (double)ADAM_BETA1,
+                    (double)ADAM_BETA2, (double)ADAM_EPS, (double)ADAM_WD, (double)ADAM_STEP2_SCALE);
     if (r < 0) {
         fclose(f);
         die("error writing %s", path);
@@ -154,13 +148,11 @@ static void write_params_json(const char *dir, const param_table_t *t)
         if (d->ndim == 1)
             snprintf(shape, sizeof shape, "[%lld]", (long long)d->shape[0]);
         else
-            snprintf(shape, sizeof shape, "[%lld, %lld]", (long long)d->shape[0],
-                     (long long)d->shape[1]);
+            snprintf(shape, sizeof shape, "[%lld, %lld]", (long long)d->shape[0], (long long)d->shape[1]);
         bad = fprintf(f,
                       "  {\"name\": \"%s\", \"shape\": %s, \"offset\": %zu, \"numel\": %zu, "
                       "\"decay\": %d}%s\n",
-                      d->name, shape, d->offset, d->numel, d->decay ? 1 : 0,
-                      k + 1 < t->n ? "," : "") < 0;
+                      d->name, shape, d->offset, d->numel, d->decay ? 1 : 0, k + 1 < t->n ? "," : "") < 0;
     }
     if (!bad)
         bad = fputs("]\n", f) < 0;
@@ -206,8 +198,9 @@ int main(int argc, char **argv)
     if (model_config_check(cfg, err, sizeof err) != 0)
         die("preset %s: %s", model_name, err);
     if (cfg->arch == ARCH_LLAMA && cfg->n_kv_head >= cfg->n_head)
-        fprintf(stderr, "ref_dump: warning: preset %s has n_kv_head %d = n_head %d, so grouped-"
-                        "query attention is not exercised\n",
+        fprintf(stderr,
+                "ref_dump: warning: preset %s has n_kv_head %d = n_head %d, so grouped-"
+                "query attention is not exercised\n",
                 model_name, cfg->n_kv_head, cfg->n_head);
 
     const int B = REF_B, T = REF_T, N = B * T, V = cfg->vocab_size;
@@ -227,8 +220,7 @@ int main(int argc, char **argv)
     const param_table_t *tab = &m.table;
     const size_t P = tab->numel;
     if (P != tab->logical_numel)
-        die("preset %s: the vocabulary is padded in memory; the reference dump needs V a multiple of 128",
-            model_name);
+        die("preset %s: the vocabulary is padded in memory; the reference dump needs V a multiple of 128", model_name);
     float *host = xmalloc(P * sizeof *host);
 
     /* Perturb biases and norm weights (initialised to 0 and 1). */
@@ -267,8 +259,9 @@ int main(int argc, char **argv)
     if (!isfinite(loss) || !isfinite(loss_train))
         die("non-finite loss (%g, %g)", (double)loss, (double)loss_train);
     if (loss_train != loss)
-        fprintf(stderr, "ref_dump: note: training forward loss %.9g differs from evaluation "
-                        "forward loss %.9g\n",
+        fprintf(stderr,
+                "ref_dump: note: training forward loss %.9g differs from evaluation "
+                "forward loss %.9g\n",
                 (double)loss_train, (double)loss);
     if (model_backward(&m, 0, 0, 1) != 0)
         die("model_backward: %s", m.err);
@@ -286,8 +279,7 @@ int main(int argc, char **argv)
     for (int k = 0; k < tab->n; k++) {
         const param_desc_t *d = &tab->p[k];
         ops->adamw(ops->ctx, m.params + d->offset, NULL, m.grads + d->offset, mom + d->offset, var + d->offset,
-                   d->numel, ADAM_LR, ADAM_BETA1, ADAM_BETA2, ADAM_EPS,
-                   d->decay ? ADAM_WD : 0.0f, 1.0f, 1);
+                   d->numel, ADAM_LR, ADAM_BETA1, ADAM_BETA2, ADAM_EPS, d->decay ? ADAM_WD : 0.0f, 1.0f, 1);
     }
     ops->to_host(ops->ctx, host, m.params, P * sizeof *host);
     write_bin(outdir, "params_after.bin", host, sizeof *host, P);
@@ -298,14 +290,13 @@ int main(int argc, char **argv)
     for (int k = 0; k < tab->n; k++) {
         const param_desc_t *d = &tab->p[k];
         ops->adamw(ops->ctx, m.params + d->offset, NULL, m.grads + d->offset, mom + d->offset, var + d->offset,
-                   d->numel, ADAM_LR, ADAM_BETA1, ADAM_BETA2, ADAM_EPS,
-                   d->decay ? ADAM_WD : 0.0f, ADAM_STEP2_SCALE, 2);
+                   d->numel, ADAM_LR, ADAM_BETA1, ADAM_BETA2, ADAM_EPS, d->decay ? ADAM_WD : 0.0f, ADAM_STEP2_SCALE, 2);
     }
     ops->to_host(ops->ctx, host, m.params, P * sizeof *host);
     write_bin(outdir, "params_after2.bin", host, sizeof *host, P);
 
-    printf("ref_dump: %s (%s) B=%d T=%d%s params=%zu loss=%.9g -> %s\n", model_name,
-           model_arch_name(cfg->arch), B, T, masked ? " masked" : "", P, (double)loss, outdir);
+    printf("ref_dump: %s (%s) B=%d T=%d%s params=%zu loss=%.9g -> %s\n", model_name, model_arch_name(cfg->arch), B, T,
+           masked ? " masked" : "", P, (double)loss, outdir);
 
     ops->free(ops->ctx, mom);
     ops->free(ops->ctx, var);

@@ -43,8 +43,8 @@ static int cmd_read(const char *path, char *err, size_t errlen)
         return die(err);
     printf("kind %s\nspec %s\nvocab_path %s\nvocab_sha256 %s\nvocab_size %d\ndoc_start %d\ndoc_end %d\n"
            "data_format %s\ntoken_bytes %d\ntrain %" PRIu64 " %" PRIu64 "\nval %" PRIu64 " %" PRIu64 "\n",
-           s.kind, s.spec, s.vocab_path, s.vocab_sha256, s.vocab_size, (int)s.doc_start, (int)s.doc_end,
-           s.data_format, s.token_bytes, s.docs[0], s.tokens[0], s.docs[1], s.tokens[1]);
+           s.kind, s.spec, s.vocab_path, s.vocab_sha256, s.vocab_size, (int)s.doc_start, (int)s.doc_end, s.data_format,
+           s.token_bytes, s.docs[0], s.tokens[0], s.docs[1], s.tokens[1]);
     return 0;
 }
 
@@ -76,6 +76,6 @@ int main(int argc, char **argv)
         return rc < 0 ? die("path too long") : rc;
     }
     fprintf(stderr, "usage: sidecar_tool write SPEC PATH [FORMAT BYTES TRAIN_DOCS TRAIN_TOKENS VAL_DOCS "
-            "VAL_TOKENS] | read PATH | find DATA | open PATH\n");
+                    "VAL_TOKENS] | read PATH | find DATA | open PATH\n");
     return 2;
 }

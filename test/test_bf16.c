@@ -58,7 +58,7 @@ static uint16_t ref_f32_to_bf16(uint32_t u, const double *tab)
     uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
     uint32_t mag = u & 0x7fffffffu;
     if (mag == 0x7f800000u)
-        return sign | 0x7f80u; /* infinity */
+        return sign | 0x7f80u;                                    /* infinity */
     uint16_t lo = (uint16_t)(mag >> 16), hi = (uint16_t)(lo + 1); /* |x| in [tab[lo], tab[hi]) */
     double a = fabs((double)dt_bits_f32(u));
     double dlo = a - tab[lo], dhi = tab[hi] - a; /* both exact: same binade or subnormal */
@@ -120,8 +120,7 @@ static void check_exhaustive(const double *tab)
         uint32_t u = first_top << 16 | low;
         uint16_t got = dt_f32_to_bf16(dt_bits_f32(u));
         if ((u & 0x7fffffffu) <= 0x7f800000u && got != ref_f32_to_bf16(u, tab)) {
-            printf("      first mismatch: fp32 0x%08x -> 0x%04x, reference 0x%04x\n", u, got,
-                   ref_f32_to_bf16(u, tab));
+            printf("      first mismatch: fp32 0x%08x -> 0x%04x, reference 0x%04x\n", u, got, ref_f32_to_bf16(u, tab));
             break;
         }
     }
@@ -150,8 +149,8 @@ static void check_roundtrip(const double *tab)
     char what[160];
     snprintf(what, sizeof what, "dt_bf16_to_f32 exact on all 65536 bf16 patterns: %d mismatches", bad_decode);
     check(bad_decode == 0, what);
-    snprintf(what, sizeof what, "bf16 -> f32 -> bf16 roundtrip on all 65536 patterns (sNaN comes back quiet): %d mismatches",
-             bad_round);
+    snprintf(what, sizeof what,
+             "bf16 -> f32 -> bf16 roundtrip on all 65536 patterns (sNaN comes back quiet): %d mismatches", bad_round);
     check(bad_round == 0, what);
 }
 
@@ -220,8 +219,8 @@ static void check_ops_casts(const ops_t *ops)
             rng ^= rng >> 12;
             rng ^= rng << 25;
             rng ^= rng >> 27;
-            uint32_t u = i < sizeof special / sizeof special[0] ? special[i]
-                                                                : (uint32_t)((rng * 2685821657736338717ull) >> 32);
+            uint32_t u =
+                i < sizeof special / sizeof special[0] ? special[i] : (uint32_t)((rng * 2685821657736338717ull) >> 32);
             x[i] = dt_bits_f32(u);
         }
         ops->cast_f32_to_bf16(ops->ctx, h, x, n);
@@ -373,8 +372,8 @@ static void check_gemm_shape(const ops_t *ops, int N, int IC, int OC, int with_b
             mag[o] = (pass + 1) * m;
         }
         r = worst_ratio(db, ref, mag, (size_t)OC, N + 1);
-        snprintf(what, sizeof what, "matmul_bwd_bf16 db %dx%dx%d %s (fp32 dout): worst error %.3f of the bound", N,
-                 IC, OC, pass ? "accumulated" : "written", r);
+        snprintf(what, sizeof what, "matmul_bwd_bf16 db %dx%dx%d %s (fp32 dout): worst error %.3f of the bound", N, IC,
+                 OC, pass ? "accumulated" : "written", r);
         check(r <= 1.0, what);
     }
 

@@ -63,8 +63,8 @@ int main(int argc, char **argv)
     const char *kinds[5] = {"world", "tp", "dp", "pp", "embed"};
     int member[5] = {1, 1, 1, 1, g.pp_rank == 0 || g.pp_rank == P - 1};
     int leader[5] = {0, r - g.tp_rank, r - T * g.dp_rank, r - T * D * g.pp_rank, r - T * D * g.pp_rank};
-    /* serial: how many ids a leader m made before the one for kind k */
-    #define COORDS(m) int m##_tp = (m) % T, m##_dp = ((m) / T) % D, m##_pp = (m) / (T * D)
+/* serial: how many ids a leader m made before the one for kind k */
+#define COORDS(m) int m##_tp = (m) % T, m##_dp = ((m) / T) % D, m##_pp = (m) / (T * D)
     unsigned char ids[BOOTSTRAP_MAX_GROUPS * ID_LEN];
     comm_t *list[BOOTSTRAP_MAX_GROUPS];
     const char *names[BOOTSTRAP_MAX_GROUPS];
@@ -86,8 +86,10 @@ int main(int argc, char **argv)
         led += m == r;
         if (m == fail_rank)
             expect_fail = 1;
-        if (n < 0)
-            { k++; continue; }
+        if (n < 0) {
+            k++;
+            continue;
+        }
         if (k >= n || strcmp(names[k], kinds[kind]) != 0) {
             if (!bad++)
                 snprintf(first, sizeof first, "group %d is '%s', expected %s", k, k < n ? names[k] : "(none)",
@@ -128,7 +130,8 @@ int main(int argc, char **argv)
     MPI_Allreduce(&isfail, &nfail, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
     if (r == 0 && nbad == 0)
         printf("test_bootstrap: ok: %d ranks, tp %d x dp %d x pp %d, %d group(s) on rank 0, %d rank(s) saw the "
-               "injected failure\n", W, T, D, P, n < 0 ? k : n, nfail);
+               "injected failure\n",
+               W, T, D, P, n < 0 ? k : n, nfail);
     grid_destroy(&g);
     MPI_Finalize();
     return nbad ? 1 : 0;

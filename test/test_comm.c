@@ -393,12 +393,13 @@ static void check_errors(comm_t *c)
     check(ok, d, "allreduce with an unknown op fails: %.400s", c->err);
 
     MPI_Comm null = MPI_COMM_NULL;
-    check(comm_mpi_create(NULL) == NULL && comm_mpi_create(&null) == NULL, "", "comm_mpi_create(NULL / MPI_COMM_NULL) = NULL");
+    check(comm_mpi_create(NULL) == NULL && comm_mpi_create(&null) == NULL, "",
+          "comm_mpi_create(NULL / MPI_COMM_NULL) = NULL");
 
     ddp_mode_t m = DDP_NAIVE;
-    ok = ddp_mode_parse("flat", &m) == 0 && m == DDP_FLAT && ddp_mode_parse("bucketed", &m) == 0 &&
-         m == DDP_BUCKETED && ddp_mode_parse("naive", &m) == 0 && m == DDP_NAIVE &&
-         ddp_mode_parse("bucket", &m) == -1 && ddp_mode_parse("", &m) == -1;
+    ok = ddp_mode_parse("flat", &m) == 0 && m == DDP_FLAT && ddp_mode_parse("bucketed", &m) == 0 && m == DDP_BUCKETED &&
+         ddp_mode_parse("naive", &m) == 0 && m == DDP_NAIVE && ddp_mode_parse("bucket", &m) == -1 &&
+         ddp_mode_parse("", &m) == -1;
     check(ok, "", "ddp_mode_parse naive|flat|bucketed, rejects others");
 
     float g[10] = {0};
@@ -411,7 +412,8 @@ static void check_errors(comm_t *c)
          ddp_create(&dd, g_ops, NULL, DDP_FLAT, c, g, 10, bad3, 2, 16, COMM_FP32) == -1;
     check(ok, d, "ddp_create rejects descending, out-of-range and non-zero first offsets: %.400s", c->err);
     size_t one[] = {0};
-    ok = ddp_create(&dd, NULL, NULL, DDP_FLAT, c, g, 10, one, 1, 16, COMM_FP32) == -1 && strstr(c->err, "invalid arguments");
+    ok = ddp_create(&dd, NULL, NULL, DDP_FLAT, c, g, 10, one, 1, 16, COMM_FP32) == -1 &&
+         strstr(c->err, "invalid arguments");
     check(ok, "", "ddp_create without an ops table fails: %.400s", c->err);
 }
 
@@ -422,7 +424,8 @@ static void check_subcomm(comm_t *world)
     if (MPI_Comm_compare(*(MPI_Comm *)world->impl, MPI_COMM_WORLD, &res) != MPI_SUCCESS)
         die("MPI_Comm_compare");
     snprintf(d, sizeof d, "compare gives %d", res);
-    check(res == MPI_CONGRUENT && world->rank == g_rank && world->size == g_size && strcmp(world->ops->name, "mpi") == 0,
+    check(res == MPI_CONGRUENT && world->rank == g_rank && world->size == g_size &&
+              strcmp(world->ops->name, "mpi") == 0,
           d, "world comm: impl is a duplicate of MPI_COMM_WORLD, rank %d size %d, name mpi", world->rank, world->size);
 }
 
@@ -454,10 +457,7 @@ static float grad_value(size_t i, int step, int q, int p, comm_dtype_t dt)
     return avg_value(i, step, dt) + (float)(2 * q - (p - 1)) * (float)(dt == COMM_BF16 ? 1 : i % 7 + 1);
 }
 
-static const char *dtype_name(comm_dtype_t dt)
-{
-    return dt == COMM_BF16 ? "bf16" : "fp32";
-}
+static const char *dtype_name(comm_dtype_t dt) { return dt == COMM_BF16 ? "bf16" : "fp32"; }
 
 /* Buckets cover [0, n) from the top down, contiguous, start on tensor
  * boundaries, hold at most cap floats unless a single tensor, and each
@@ -504,10 +504,7 @@ static int buckets_ok(const ddp_t *dd, const size_t *starts, size_t n, size_t ca
     return 1;
 }
 
-static const char *mode_name(ddp_mode_t m)
-{
-    return m == DDP_NAIVE ? "naive" : m == DDP_FLAT ? "flat" : "bucketed";
-}
+static const char *mode_name(ddp_mode_t m) { return m == DDP_NAIVE ? "naive" : m == DDP_FLAT ? "flat" : "bucketed"; }
 
 typedef struct {
     ddp_mode_t mode;
@@ -515,7 +512,7 @@ typedef struct {
 } ddp_cfg_t;
 
 static const ddp_cfg_t ddp_cfgs[] = {
-    {DDP_NAIVE, 4096},   {DDP_FLAT, 4096},     {DDP_BUCKETED, 0},       {DDP_BUCKETED, 256},
+    {DDP_NAIVE, 4096},    {DDP_FLAT, 4096},      {DDP_BUCKETED, 0},       {DDP_BUCKETED, 256},
     {DDP_BUCKETED, 4096}, {DDP_BUCKETED, 20000}, {DDP_BUCKETED, 1 << 20},
 };
 #define N_CFGS ((int)(sizeof ddp_cfgs / sizeof ddp_cfgs[0]))
@@ -556,8 +553,8 @@ static void ddp_exact(comm_t *c, const char *label, comm_dtype_t dt)
             snprintf(d, sizeof d, "%d buckets in mode %s", dd.n_buckets, mode_name(cf->mode));
             ok = 0;
         }
-        if (!check(ok, d, "%s ddp %s %s %zu B: %d buckets of whole tensors, top down, greedy", label,
-                   dtype_name(dt), mode_name(cf->mode), cf->bytes, ok ? dd.n_buckets : -1)) {
+        if (!check(ok, d, "%s ddp %s %s %zu B: %d buckets of whole tensors, top down, greedy", label, dtype_name(dt),
+                   mode_name(cf->mode), cf->bytes, ok ? dd.n_buckets : -1)) {
             ddp_destroy(&dd); /* safe after a failed create too */
             continue;
         }
@@ -605,7 +602,8 @@ static void ddp_exact(comm_t *c, const char *label, comm_dtype_t dt)
                 snprintf(d, sizeof d, "%d buckets launched during backward, want %d", before, want_before);
                 ok = 0;
             }
-            check(ok, d, "%s ddp %s %s %zu B step %d: exact average of %zu floats; %d/%d buckets launched before finish",
+            check(ok, d,
+                  "%s ddp %s %s %zu B step %d: exact average of %zu floats; %d/%d buckets launched before finish",
                   label, dtype_name(dt), mode_name(cf->mode), cf->bytes, step + 1, n, before, dd.n_buckets);
         }
         ddp_destroy(&dd);
@@ -721,10 +719,7 @@ static void ddp_random(comm_t *c, const char *label)
 
 static const double BF16_U = 1.0 / 256.0;
 
-static double gamma_k(int k)
-{
-    return (double)k * BF16_U / (1.0 - (double)k * BF16_U);
-}
+static double gamma_k(int k) { return (double)k * BF16_U / (1.0 - (double)k * BF16_U); }
 
 static uint16_t *halloc(size_t n)
 {
@@ -749,10 +744,7 @@ static int same16(const uint16_t *got, const uint16_t *want, size_t n, char *det
 /* Integers in [-20, 20 + r]: with up to 8 ranks every partial sum is an
  * integer below 256 in magnitude, exact in bf16, so the result is exact
  * whatever order the library sums in. */
-static float small_int(size_t i, int r)
-{
-    return (float)((int)(i % 41) - 20 + r);
-}
+static float small_int(size_t i, int r) { return (float)((int)(i % 41) - 20 + r); }
 
 static void fill_small(uint16_t *x, size_t n, size_t base, int r)
 {
@@ -841,17 +833,14 @@ static void bf16_exact(comm_t *c, const char *label)
 
 /* Rank q's random value i, rounded to bf16: full 8-bit significands over
  * magnitudes 2^-8 .. 2^8 and both signs, so sums round at every step. */
-static uint16_t random_bf16(int q, size_t i)
-{
-    return dt_f32_to_bf16(random_grad(q, i));
-}
+static uint16_t random_bf16(int q, size_t i) { return dt_f32_to_bf16(random_grad(q, i)); }
 
 /* got (n sums of element base+i over the group) against the exact sums:
  * within gamma(p-1) sum |x|; with 2 ranks, exactly bf16(x0 + x1), the op's
  * one addition. *worst: the largest |error| / bound; *rounded: how many
  * differ from the exact sum rounded once (what per-step rounding costs). */
-static int bf16_within(const uint16_t *got, size_t n, size_t base, int p, double *worst, size_t *rounded,
-                       char *d, size_t len)
+static int bf16_within(const uint16_t *got, size_t n, size_t base, int p, double *worst, size_t *rounded, char *d,
+                       size_t len)
 {
     const double g = gamma_k(p - 1);
     for (size_t i = 0; i < n; i++) {
@@ -863,13 +852,12 @@ static int bf16_within(const uint16_t *got, size_t n, size_t base, int p, double
         }
         const double v = (double)dt_bf16_to_f32(got[i]), err = fabs(v - exact), bound = g * abs;
         if (err > bound) {
-            snprintf(d, len, "element %zu: %.9g, exact %.9g, error %.3g > bound %.3g", base + i, v, exact, err,
-                     bound);
+            snprintf(d, len, "element %zu: %.9g, exact %.9g, error %.3g > bound %.3g", base + i, v, exact, err, bound);
             return 0;
         }
         if (p == 2) {
-            uint16_t one = dt_f32_to_bf16(dt_bf16_to_f32(random_bf16(0, base + i)) +
-                                          dt_bf16_to_f32(random_bf16(1, base + i)));
+            uint16_t one =
+                dt_f32_to_bf16(dt_bf16_to_f32(random_bf16(0, base + i)) + dt_bf16_to_f32(random_bf16(1, base + i)));
             if (got[i] != one) {
                 snprintf(d, len, "element %zu: 0x%04x, want bf16(x0 + x1) = 0x%04x", base + i, got[i], one);
                 return 0;
@@ -919,8 +907,10 @@ static void bf16_random(comm_t *c, const char *label)
         size_t rounded = 0;
         ok = ok && bf16_within(buf, n, 0, p, &worst, &rounded, d, sizeof d) && same16(buf, first, n, d, sizeof d) &&
              same_on_every_rank(c, buf, n, d, sizeof d);
-        check(ok, d, "%s %s random n=%zu: within gamma(p-1) sum|x| (worst %.3f of the bound)%s, twice and on every "
-              "rank bit-identical", label, how, n, worst, p == 2 ? ", = bf16(x0 + x1)" : "");
+        check(ok, d,
+              "%s %s random n=%zu: within gamma(p-1) sum|x| (worst %.3f of the bound)%s, twice and on every "
+              "rank bit-identical",
+              label, how, n, worst, p == 2 ? ", = bf16(x0 + x1)" : "");
         info("%s %s random: %zu of %zu sums differ from the exact sum rounded once", label, how, rounded, n);
     }
     for (int nonblocking = 0; nonblocking < 2; nonblocking++) {
@@ -930,10 +920,10 @@ static void bf16_random(comm_t *c, const char *label)
             for (size_t j = 0; j < pn; j++)
                 send[j] = random_bf16(r, j);
             comm_req_t rq = {0};
-            ok = nonblocking ? call_ok(c, c->ops->ireduce_scatter(c, send, piece, n_each, COMM_BF16, &rq), d,
-                                       sizeof d) &&
-                                   call_ok(c, c->ops->wait(&rq), d, sizeof d)
-                             : call_ok(c, c->ops->reduce_scatter(c, send, piece, n_each, COMM_BF16), d, sizeof d);
+            ok = nonblocking
+                     ? call_ok(c, c->ops->ireduce_scatter(c, send, piece, n_each, COMM_BF16, &rq), d, sizeof d) &&
+                           call_ok(c, c->ops->wait(&rq), d, sizeof d)
+                     : call_ok(c, c->ops->reduce_scatter(c, send, piece, n_each, COMM_BF16), d, sizeof d);
             if (ok && run == 0)
                 memcpy(first, piece, n_each * sizeof *piece);
         }
@@ -944,8 +934,10 @@ static void bf16_random(comm_t *c, const char *label)
         double w = worst;
         if (MPI_Allreduce(&w, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD) != MPI_SUCCESS)
             die("MPI_Allreduce(worst)");
-        check(ok, d, "%s %s random n_each=%zu: within gamma(p-1) sum|x| (worst %.3f of the bound)%s, twice "
-              "bit-identical", label, how, n_each, worst, p == 2 ? ", = bf16(x0 + x1)" : "");
+        check(ok, d,
+              "%s %s random n_each=%zu: within gamma(p-1) sum|x| (worst %.3f of the bound)%s, twice "
+              "bit-identical",
+              label, how, n_each, worst, p == 2 ? ", = bf16(x0 + x1)" : "");
     }
     free(buf);
     free(first);
@@ -983,8 +975,8 @@ static void ddp_bf16_random(comm_t *c, const char *label)
             }
             const double err = fabs((double)g[i] - exact / p), bound = p > 1 ? bound_rel * abs / p : 0.0;
             if (err > bound) {
-                snprintf(d, sizeof d, "element %zu: %.9g, exact average %.9g, error %.3g > bound %.3g", i,
-                         (double)g[i], exact / p, err, bound);
+                snprintf(d, sizeof d, "element %zu: %.9g, exact average %.9g, error %.3g > bound %.3g", i, (double)g[i],
+                         exact / p, err, bound);
                 ok = 0;
             } else if (bound > 0.0 && err / bound > worst) {
                 worst = err / bound;
@@ -995,9 +987,10 @@ static void ddp_bf16_random(comm_t *c, const char *label)
         if (MPI_Bcast(r0, (int)n, MPI_FLOAT, 0, *(MPI_Comm *)c->impl) != MPI_SUCCESS)
             die("MPI_Bcast");
         ok = ok && same(g, r0, n, d, sizeof d);
-        check(ok, d, "%s ddp bf16 %s %zu B random: within gamma(p) sum|x|/p of the exact average (worst %.3f of "
-              "the bound)%s, twice bit-identical, replicas agree", label, mode_name(cf.mode), cf.bytes, worst,
-              p == 1 ? ", untouched at one rank" : "");
+        check(ok, d,
+              "%s ddp bf16 %s %zu B random: within gamma(p) sum|x|/p of the exact average (worst %.3f of "
+              "the bound)%s, twice bit-identical, replicas agree",
+              label, mode_name(cf.mode), cf.bytes, worst, p == 1 ? ", untouched at one rank" : "");
     }
     free(g);
     free(first);

@@ -29,18 +29,15 @@ static int usage(void)
 static void put_doc(const corpus_doc_t *d, int want_text)
 {
     if (!want_text) {
-        printf("doc %llu %d %llu -\n", (unsigned long long)d->index, d->file,
-               (unsigned long long)d->line);
+        printf("doc %llu %d %llu -\n", (unsigned long long)d->index, d->file, (unsigned long long)d->line);
         return;
     }
-    printf("doc %llu %d %llu %zu\n", (unsigned long long)d->index, d->file,
-           (unsigned long long)d->line, d->len);
+    printf("doc %llu %d %llu %zu\n", (unsigned long long)d->index, d->file, (unsigned long long)d->line, d->len);
     fwrite(d->text, 1, d->len, stdout);
     putchar('\n');
 }
 
-static int dump(char *const *paths, int n, const corpus_opts_t *o, int rank,
-                int ranks)
+static int dump(char *const *paths, int n, const corpus_opts_t *o, int rank, int ranks)
 {
     char err[1024];
     corpus_t *c;
@@ -58,18 +55,15 @@ static int dump(char *const *paths, int n, const corpus_opts_t *o, int rank,
         if (r <= 0)
             break;
         if (d.index != count) {
-            fprintf(stderr, "index %llu where %llu was due\n",
-                    (unsigned long long)d.index, count);
+            fprintf(stderr, "index %llu where %llu was due\n", (unsigned long long)d.index, count);
             r = -1;
             break;
         }
         /* span: the text's bytes for plain text, its line's (never
          * fewer) for JSONL */
-        if (want && (o->format == CORPUS_TEXT ? d.span != d.len
-                                              : d.span < d.len)) {
-            snprintf(err, sizeof err,
-                     "document %llu: span %zu for a text of %zu bytes",
-                     (unsigned long long)d.index, d.span, d.len);
+        if (want && (o->format == CORPUS_TEXT ? d.span != d.len : d.span < d.len)) {
+            snprintf(err, sizeof err, "document %llu: span %zu for a text of %zu bytes", (unsigned long long)d.index,
+                     d.span, d.len);
             r = -1;
             break;
         }
@@ -113,8 +107,7 @@ int main(int argc, char **argv)
             o.format = CORPUS_JSONL;
             o.jsonl_field = v;
         } else if (strcmp(a, "--sep") == 0) {
-            if (corpus_unescape(v, sep, sizeof sep, &o.separator_len, err,
-                                sizeof err) != 0) {
+            if (corpus_unescape(v, sep, sizeof sep, &o.separator_len, err, sizeof err) != 0) {
                 fprintf(stderr, "%s\n", err);
                 return 2;
             }

@@ -47,8 +47,8 @@ static float grad_of(size_t i, int r, int k) { return 0.25f * (float)((i % 7) + 
  * calls the hook: the top tensors, each block from the last down, the
  * bottom ones. grads: the model's buffer (compact without the blocks when
  * they are lent). */
-static int backward(dpsync_t *s, float *grads, const size_t *start, size_t blo, size_t bhi, int lent, int r,
-                    int k, int accum)
+static int backward(dpsync_t *s, float *grads, const size_t *start, size_t blo, size_t bhi, int lent, int r, int k,
+                    int accum)
 {
     const dpsync_hook_t *h = &s->hook;
     for (int t = NT - 1; t >= 0; t--) {
@@ -97,9 +97,18 @@ static void run_stage(comm_t *world, int stage, int rank)
         host[i] = 0.5f * (float)i;
     }
     const ops_t *cpu = ops_cpu_create();
-    const dpsync_config_t c = {.ops = cpu, .dp = world, .params = params, .grads = grads, .n = n,
-                               .n_tensors = NT, .tensor_start = start, .tensor_block = block, .tensor_norm = norm,
-                               .mode = DDP_BUCKETED, .bucket_bytes = 40, .dtype = COMM_FP32};
+    const dpsync_config_t c = {.ops = cpu,
+                               .dp = world,
+                               .params = params,
+                               .grads = grads,
+                               .n = n,
+                               .n_tensors = NT,
+                               .tensor_start = start,
+                               .tensor_block = block,
+                               .tensor_norm = norm,
+                               .mode = DDP_BUCKETED,
+                               .bucket_bytes = 40,
+                               .dtype = COMM_FP32};
     dpsync_t s;
     int ok = cpu && kind && dpsync_create(&s, kind, &c) == 0;
     check(ok, rank, "dpsync_create", stage);

@@ -76,8 +76,8 @@ static void check_group(int phase, const char *kind, comm_t *c, const int *membe
     rc = c->ops->allgather(c, &me, all, 1, COMM_FP32);
     check(rc == 0, "%s: allgather failed: %s", kind, c->err);
     for (int i = 0; rc == 0 && i < n; i++)
-        check(all[i] == (float)members[i], "%s: group rank %d is world rank %.0f, expected %d", kind, i,
-              (double)all[i], members[i]);
+        check(all[i] == (float)members[i], "%s: group rank %d is world rank %.0f, expected %d", kind, i, (double)all[i],
+              members[i]);
     free(all);
 }
 
@@ -88,10 +88,10 @@ static void check_layout_error(int tp, int pp, int dp, const char *want)
     grid_t h;
     int rc = grid_create(&h, tp, pp, dp);
     check(rc == -1, "grid_create(tp %d, pp %d, dp %d) returned %d, expected -1", tp, pp, dp, rc);
-    check(strcmp(h.err, want) == 0, "grid_create(tp %d, pp %d, dp %d): error '%s', expected '%s'", tp, pp, dp,
-          h.err, want);
-    check(!h.world && !h.tp && !h.dp && !h.pp && !h.embed, "grid_create(tp %d, pp %d, dp %d) left communicators",
-          tp, pp, dp);
+    check(strcmp(h.err, want) == 0, "grid_create(tp %d, pp %d, dp %d): error '%s', expected '%s'", tp, pp, dp, h.err,
+          want);
+    check(!h.world && !h.tp && !h.dp && !h.pp && !h.embed, "grid_create(tp %d, pp %d, dp %d) left communicators", tp,
+          pp, dp);
     grid_destroy(&h);
 }
 
@@ -113,10 +113,7 @@ static void expect_ranks(char *buf, size_t size, int n, int first, int stride)
 /* Lines grid_print writes for ng groups of n: one summary line for groups
  * of one; else one per group, or past 64 groups the first 63, a "more"
  * line and the last. */
-static int kind_lines(int n, int ng)
-{
-    return n == 1 ? 1 : ng <= 64 ? ng : 65;
-}
+static int kind_lines(int n, int ng) { return n == 1 ? 1 : ng <= 64 ? ng : 65; }
 
 /* Rank 0: the printed text has the header, one line per group kind entry,
  * and the exact first and last lines of each kind. */
@@ -131,8 +128,8 @@ static void check_print(const char *text, int T, int D, int P)
     int lines = 0;
     for (const char *p = text; *p; p++)
         lines += *p == '\n';
-    int want_lines = 1 + kind_lines(T, D * P) + kind_lines(D, T * P) + kind_lines(P, T * D) +
-                     kind_lines(P > 1 ? 2 : 1, T * D);
+    int want_lines =
+        1 + kind_lines(T, D * P) + kind_lines(D, T * P) + kind_lines(P, T * D) + kind_lines(P > 1 ? 2 : 1, T * D);
     check(lines == want_lines, "grid_print: %d lines, expected %d", lines, want_lines);
 
     snprintf(want, sizeof want, "grid: %d rank%s = tp %d x dp %d x pp %d on %s", N, N == 1 ? "" : "s", T, D, P,
@@ -197,10 +194,10 @@ int main(int argc, char **argv)
     const int D = N / (T * P);
     const int tp = r % T, dp = (r / T) % D, pp = r / (T * D);
     check(T * D * P == N, "test bug: T %d x D %d x P %d != N %d", T, D, P, N);
-    check(g.world_rank == r && g.world_size == N, "world %d of %d, expected %d of %d", g.world_rank, g.world_size,
-          r, N);
-    check(g.tp_size == T && g.dp_size == D && g.pp_size == P, "sizes tp %d dp %d pp %d, expected %d %d %d",
-          g.tp_size, g.dp_size, g.pp_size, T, D, P);
+    check(g.world_rank == r && g.world_size == N, "world %d of %d, expected %d of %d", g.world_rank, g.world_size, r,
+          N);
+    check(g.tp_size == T && g.dp_size == D && g.pp_size == P, "sizes tp %d dp %d pp %d, expected %d %d %d", g.tp_size,
+          g.dp_size, g.pp_size, T, D, P);
     check(g.tp_rank == tp && g.dp_rank == dp && g.pp_rank == pp, "coords tp %d dp %d pp %d, expected %d %d %d",
           g.tp_rank, g.dp_rank, g.pp_rank, tp, dp, pp);
     check(tp + T * (dp + D * pp) == r, "test bug: rank formula");
@@ -246,8 +243,8 @@ int main(int argc, char **argv)
     /* layout errors, each with its exact message */
     char want[256];
     snprintf(want, sizeof want,
-             "world size %d is not divisible by --tp %d x --pp %d = %d: launch a multiple of %d ranks", N, N + 1,
-             1, N + 1, N + 1);
+             "world size %d is not divisible by --tp %d x --pp %d = %d: launch a multiple of %d ranks", N, N + 1, 1,
+             N + 1, N + 1);
     check_layout_error(N + 1, 1, 0, want);
     snprintf(want, sizeof want,
              "--tp %d x --pp %d x --dp %d = %d ranks, but the world size is %d: launch %d ranks or drop --dp", T, P,

@@ -32,13 +32,10 @@
 
 #define NT 7
 static const h5store_tensor_t TENSORS[NT] = {
-    {"params/wte", 2, {37, 24}, {10, 24}},
-    {"params/h.0.attn.wq", 2, {24, 24}, {0, 0}},
-    {"params/h.0.ln.b", 1, {24, 1}, {5, 0}},
-    {"params/lnf.g", 1, {13, 1}, {0, 0}},
+    {"params/wte", 2, {37, 24}, {10, 24}},   {"params/h.0.attn.wq", 2, {24, 24}, {0, 0}},
+    {"params/h.0.ln.b", 1, {24, 1}, {5, 0}}, {"params/lnf.g", 1, {13, 1}, {0, 0}},
     {"optim/m/big", 2, {301, 17}, {0, 0}}, /* contiguous: the corruption test flips a byte in it */
-    {"scalar", 1, {1, 1}, {0, 0}},
-    {"optim/v/h.0.mlp.w", 2, {64, 7}, {16, 7}},
+    {"scalar", 1, {1, 1}, {0, 0}},           {"optim/v/h.0.mlp.w", 2, {64, 7}, {16, 7}},
 };
 
 static const char *MODEL = "tiny-\xc3\xbc {\"n_layer\": 1, \"d\": 24}"; /* UTF-8 u-umlaut */
@@ -52,7 +49,8 @@ typedef struct ctx {
 #if defined(__GNUC__)
 __attribute__((format(printf, 3, 4)))
 #endif
-static void check(ctx_t *c, int ok, const char *fmt, ...)
+static void
+check(ctx_t *c, int ok, const char *fmt, ...)
 {
     if (ok)
         return;
@@ -73,10 +71,7 @@ static unsigned name_hash(const char *s)
     return h % 997;
 }
 
-static float value(const char *name, int64_t i)
-{
-    return (float)((double)name_hash(name) + (double)i / 7.0);
-}
+static float value(const char *name, int64_t i) { return (float)((double)name_hash(name) + (double)i / 7.0); }
 
 /* [lo, hi) of block b when n is cut into nb nearly equal blocks */
 static void block(int64_t n, int nb, int b, int64_t *lo, int64_t *hi)
@@ -217,8 +212,8 @@ static int mode_crc(ctx_t *c)
         for (int k = 0; k < nl; k++) {
             const size_t len = lens[k];
             uint32_t a = crc32c_update(&sw, 0, buf + off, len);
-            uint32_t b = crc32c_update(&hw, crc32c_update(&hw, 0, buf + off, len / 3), buf + off + len / 3,
-                                       len - len / 3);
+            uint32_t b =
+                crc32c_update(&hw, crc32c_update(&hw, 0, buf + off, len / 3), buf + off + len / 3, len - len / 3);
             uint32_t d = crc32c_update(&hw, 0, buf + off, len);
             bad += (a != b) + (a != d);
             n += 2;
@@ -263,8 +258,9 @@ static int mode_read(ctx_t *c, const char *path, const char *split)
     check(c, n == NT, "catalog has %d tensors, want %d", n, NT);
     for (int i = 0; i < NT; i++) {
         const h5store_tensor_t *t = h5store_find(h, TENSORS[i].name);
-        check(c, t && t->ndim == TENSORS[i].ndim && t->shape[0] == TENSORS[i].shape[0] &&
-                     t->shape[1] == TENSORS[i].shape[1] && t->chunk[0] == TENSORS[i].chunk[0],
+        check(c,
+              t && t->ndim == TENSORS[i].ndim && t->shape[0] == TENSORS[i].shape[0] &&
+                  t->shape[1] == TENSORS[i].shape[1] && t->chunk[0] == TENSORS[i].chunk[0],
               "catalog entry for %s wrong or missing", TENSORS[i].name);
     }
     for (int i = 1; i < n; i++)
@@ -273,8 +269,8 @@ static int mode_read(ctx_t *c, const char *path, const char *split)
     /* attributes */
     int64_t step = 0;
     double lr = 0, stepd = 0;
-    check(c, h5store_get_int(h, "step", &step, err, sizeof err) == 0 && step == STEP, "step %lld: %s",
-          (long long)step, err);
+    check(c, h5store_get_int(h, "step", &step, err, sizeof err) == 0 && step == STEP, "step %lld: %s", (long long)step,
+          err);
     check(c, h5store_get_double(h, "lr", &lr, err, sizeof err) == 0 && lr == LR, "lr %g: %s", lr, err);
     check(c, h5store_get_double(h, "step", &stepd, err, sizeof err) == 0 && stepd == (double)STEP,
           "step as double %g: %s", stepd, err);
@@ -282,7 +278,8 @@ static int mode_read(ctx_t *c, const char *path, const char *split)
           "model '%s': %s", str, err);
     check(c, h5store_get_str(h, "model", str, 8, err, sizeof err) == -1 && strstr(err, "longer than"),
           "short buffer: %s", err);
-    check(c, h5store_get_int(h, "model", &step, err, sizeof err) == -1 && strstr(err, "is a string, expected an integer"),
+    check(c,
+          h5store_get_int(h, "model", &step, err, sizeof err) == -1 && strstr(err, "is a string, expected an integer"),
           "string as int: %s", err);
     check(c, h5store_get_int(h, "nope", &step, err, sizeof err) == -1 && strstr(err, "no attribute nope"),
           "missing attribute: %s", err);
@@ -315,8 +312,10 @@ static int mode_read(ctx_t *c, const char *path, const char *split)
     rc = h5store_read(h, "optim/m/big", w.start, w.count, w.buf, err, sizeof err);
     check(c, rc == 0 && count_bad(&w) == 0, "window read: rc %d %s", rc, err);
     int64_t oob[2] = {300, 0}, two[2] = {2, 17};
-    check(c, h5store_read(h, "optim/m/big", oob, two, w.buf, err, sizeof err) == -1 &&
-                 strstr(err, "outside shape [301,17]"), "out-of-bounds read: %s", err);
+    check(c,
+          h5store_read(h, "optim/m/big", oob, two, w.buf, err, sizeof err) == -1 &&
+              strstr(err, "outside shape [301,17]"),
+          "out-of-bounds read: %s", err);
     free(w.buf);
 
     /* a layout that does not match the file */
@@ -340,7 +339,8 @@ static int mode_read(ctx_t *c, const char *path, const char *split)
     MPI_Allreduce(MPI_IN_PLACE, all, 2, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
     if (c->rank == 0)
         printf("read %s at np %d split %s: %lld elements, %lld differ, read_shards %.3f s; verify: %lld shards, "
-               "%lld bytes\n", path, c->size, split, all[0], all[1], dt, (long long)nsh, (long long)nb);
+               "%lld bytes\n",
+               path, c->size, split, all[0], all[1], dt, (long long)nsh, (long long)nb);
     return 0;
 }
 
@@ -448,10 +448,7 @@ static int mode_many(ctx_t *c, const char *path)
     return 0;
 }
 
-static int exists(const char *p)
-{
-    return access(p, F_OK) == 0;
-}
+static int exists(const char *p) { return access(p, F_OK) == 0; }
 
 /* Expect h5store_write to fail on every rank with the same message
  * containing `want`, leaving neither `path` nor its temp file. */
@@ -512,8 +509,7 @@ static int mode_fail(ctx_t *c, const char *dir)
     s[0] = keep;
 
     /* a missing shard: the tensor is not covered */
-    expect_fail(c, "incomplete cover", path, tmp, TENSORS, NT, s + 1, ns - 1,
-                "tensor params/wte: the shards cover", 1);
+    expect_fail(c, "incomplete cover", path, tmp, TENSORS, NT, s + 1, ns - 1, "tensor params/wte: the shards cover", 1);
 
     if (c->size > 1) {
         /* two ranks write the same rows */

@@ -91,8 +91,8 @@ static void check_slicing(const char *preset, int tp)
         free(buf);
         param_table_free(&part);
     }
-    snprintf(what, sizeof what, "%s at tp %d: %lld of %lld sliced elements differ from the unsliced tensor",
-             preset, tp, mismatches, compared);
+    snprintf(what, sizeof what, "%s at tp %d: %lld of %lld sliced elements differ from the unsliced tensor", preset, tp,
+             mismatches, compared);
     check(mismatches == 0 && compared > 0, what);
     snprintf(what, sizeof what, "%s at tp %d: padding rows all zero (%lld not), embedding slices cover %lld of %d rows",
              preset, tp, pad_nonzero, (long long)vocab_rows, p->cfg.vocab_size);
@@ -188,8 +188,8 @@ static void check_stages(const char *preset)
     for (int i = 0; i < full.n; i++)
         bad += held[i] != 1;
     int want_copies = p->cfg.arch == ARCH_GPT2;
-    snprintf(what, sizeof what, "%s over 3 stages: %d tensors not held exactly once, %d tied copies (want %d)",
-             preset, bad, copies, want_copies);
+    snprintf(what, sizeof what, "%s over 3 stages: %d tensors not held exactly once, %d tied copies (want %d)", preset,
+             bad, copies, want_copies);
     check(bad == 0 && copies == want_copies, what);
     free(held);
     param_table_free(&full);

@@ -30,15 +30,15 @@ typedef struct ctx {
     int checks;
 } ctx_t;
 
-#define CHECK(c, cond, ...)                                                  \
-    do {                                                                     \
-        (c)->checks++;                                                       \
-        if (!(cond)) {                                                       \
-            (c)->failures++;                                                 \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);             \
-            fprintf(stderr, __VA_ARGS__);                                    \
-            fputc('\n', stderr);                                             \
-        }                                                                    \
+#define CHECK(c, cond, ...)                                                                                            \
+    do {                                                                                                               \
+        (c)->checks++;                                                                                                 \
+        if (!(cond)) {                                                                                                 \
+            (c)->failures++;                                                                                           \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                                       \
+            fprintf(stderr, __VA_ARGS__);                                                                              \
+            fputc('\n', stderr);                                                                                       \
+        }                                                                                                              \
     } while (0)
 
 static uint64_t rnd(ctx_t *c)
@@ -51,8 +51,7 @@ static uint64_t rnd(ctx_t *c)
 
 static void die(const char *what, const char *path)
 {
-    fprintf(stderr, "test_megatron: %s '%s': %s\n", what, path,
-            strerror(errno));
+    fprintf(stderr, "test_megatron: %s '%s': %s\n", what, path, strerror(errno));
     exit(1);
 }
 
@@ -76,8 +75,16 @@ static int64_t rand_token(ctx_t *c, const megatron_dtype_t *dt)
 /* Store token v at p in the dtype's little-endian bytes. */
 static void put_token(unsigned char *p, const megatron_dtype_t *dt, int64_t v)
 {
-    union { uint8_t u8; int8_t i8; int16_t i16; uint16_t u16; int32_t i32;
-            int64_t i64; float f32; double f64; } u;
+    union {
+        uint8_t u8;
+        int8_t i8;
+        int16_t i16;
+        uint16_t u16;
+        int32_t i32;
+        int64_t i64;
+        float f32;
+        double f64;
+    } u;
     switch (dt->code) {
     case MEGATRON_UINT8: u.u8 = (uint8_t)v; break;
     case MEGATRON_INT8: u.i8 = (int8_t)v; break;
@@ -93,8 +100,16 @@ static void put_token(unsigned char *p, const megatron_dtype_t *dt, int64_t v)
 
 static int64_t get_token(const unsigned char *p, const megatron_dtype_t *dt)
 {
-    union { uint8_t u8; int8_t i8; int16_t i16; uint16_t u16; int32_t i32;
-            int64_t i64; float f32; double f64; } u;
+    union {
+        uint8_t u8;
+        int8_t i8;
+        int16_t i16;
+        uint16_t u16;
+        int32_t i32;
+        int64_t i64;
+        float f32;
+        double f64;
+    } u;
     memcpy(&u, p, (size_t)dt->itemsize);
     switch (dt->code) {
     case MEGATRON_UINT8: return u.u8;
@@ -132,8 +147,7 @@ static void *xcalloc(size_t n, size_t size)
 /* n_docs documents; seqs_per_doc 1 gives doc = 0..N (dtrain's layout),
  * otherwise each document has 0..3 sequences (Megatron's sentence split,
  * empty documents included). Some sequences are empty. */
-static ds_t make_ds(ctx_t *c, const megatron_dtype_t *dt, size_t n_docs,
-                    int one_per_doc)
+static ds_t make_ds(ctx_t *c, const megatron_dtype_t *dt, size_t n_docs, int one_per_doc)
 {
     ds_t d;
     d.m = n_docs + 1;
@@ -171,8 +185,7 @@ static void write_file(const char *path, const void *p, size_t n)
 
 /* The .bin by hand, the .idx through megatron_idx_write, and the
  * documents as JSON lines of ids. */
-static int write_ds(ctx_t *c, const char *prefix, const megatron_dtype_t *dt,
-                    const ds_t *d, int implicit_docs)
+static int write_ds(ctx_t *c, const char *prefix, const megatron_dtype_t *dt, const ds_t *d, int implicit_docs)
 {
     char path[512], err[512];
     size_t nb = d->n_tok * (size_t)dt->itemsize;
@@ -186,9 +199,8 @@ static int write_ds(ctx_t *c, const char *prefix, const megatron_dtype_t *dt,
     snprintf(path, sizeof path, "%s.idx", prefix);
     /* implicit_docs: one sequence per document, doc_idx left to the
      * writer (NULL) */
-    int rc = megatron_idx_write(path, dt->code, d->len, d->n,
-                                implicit_docs ? NULL : d->doc,
-                                implicit_docs ? 0 : d->m, err, sizeof err);
+    int rc = megatron_idx_write(path, dt->code, d->len, d->n, implicit_docs ? NULL : d->doc, implicit_docs ? 0 : d->m,
+                                err, sizeof err);
     CHECK(c, rc == 0, "megatron_idx_write %s: %s", path, err);
 
     snprintf(path, sizeof path, "%s.jsonl", prefix);
@@ -211,8 +223,7 @@ static int write_ds(ctx_t *c, const char *prefix, const megatron_dtype_t *dt,
 
 /* Read the dataset back through megatron_idx_open: every field and every
  * token as written. */
-static void check_read_back(ctx_t *c, const char *prefix,
-                            const megatron_dtype_t *dt, const ds_t *d)
+static void check_read_back(ctx_t *c, const char *prefix, const megatron_dtype_t *dt, const ds_t *d)
 {
     megatron_idx_t x;
     char err[512], path[512];
@@ -220,21 +231,17 @@ static void check_read_back(ctx_t *c, const char *prefix,
     CHECK(c, rc == 0, "megatron_idx_open %s: %s", prefix, err);
     if (rc != 0)
         return;
-    CHECK(c, x.dtype == dt && x.n_seq == d->n && x.n_doc_idx == d->m &&
-                 x.n_tokens == d->n_tok && x.modes == NULL,
+    CHECK(c, x.dtype == dt && x.n_seq == d->n && x.n_doc_idx == d->m && x.n_tokens == d->n_tok && x.modes == NULL,
           "%s: header fields differ from what was written", prefix);
-    CHECK(c, megatron_idx_n_docs(&x) == d->m - 1, "%s: document count",
-          prefix);
+    CHECK(c, megatron_idx_n_docs(&x) == d->m - 1, "%s: document count", prefix);
     int64_t pos = 0;
     for (size_t i = 0; i < d->n; i++) {
-        CHECK(c, megatron_idx_length(&x, i) == d->len[i] &&
-                     megatron_idx_pointer(&x, i) == pos,
+        CHECK(c, megatron_idx_length(&x, i) == d->len[i] && megatron_idx_pointer(&x, i) == pos,
               "%s: sequence %zu length/pointer", prefix, i);
         pos += (int64_t)d->len[i] * dt->itemsize;
     }
     for (size_t k = 0; k < d->m; k++)
-        CHECK(c, megatron_idx_doc(&x, k) == d->doc[k], "%s: doc index %zu",
-              prefix, k);
+        CHECK(c, megatron_idx_doc(&x, k) == d->doc[k], "%s: doc index %zu", prefix, k);
     /* the tokens through the validated pointers */
     snprintf(path, sizeof path, "%s.bin", prefix);
     FILE *f = fopen(path, "rb");
@@ -248,8 +255,7 @@ static void check_read_back(ctx_t *c, const char *prefix,
     for (size_t i = 0; i < d->n; i++) {
         const unsigned char *s = bin + megatron_idx_pointer(&x, i);
         for (int32_t j = 0; j < d->len[i]; j++, t++)
-            bad += get_token(s + (size_t)j * (size_t)dt->itemsize, dt) !=
-                   d->tok[t];
+            bad += get_token(s + (size_t)j * (size_t)dt->itemsize, dt) != d->tok[t];
     }
     CHECK(c, bad == 0, "%s: %zu tokens differ on read-back", prefix, bad);
     free(bin);
@@ -263,12 +269,16 @@ static void check_writer_errors(ctx_t *c)
 {
     char path[512], tmp[600], err[512];
     int32_t len[3] = {2, 0, 5};
-    int64_t doc_ok[4] = {0, 1, 2, 3}, doc_gap[3] = {0, 2, 1},
-            doc_short[3] = {0, 1, 2};
+    int64_t doc_ok[4] = {0, 1, 2, 3}, doc_gap[3] = {0, 2, 1}, doc_short[3] = {0, 1, 2};
     snprintf(path, sizeof path, "%s/bad.idx", c->dir);
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    struct st { const char *what; int code; const int32_t *len;
-                const int64_t *doc; size_t m; } cases[] = {
+    struct st {
+        const char *what;
+        int code;
+        const int32_t *len;
+        const int64_t *doc;
+        size_t m;
+    } cases[] = {
         {"unknown dtype", 9, len, doc_ok, 4},
         {"decreasing doc index", MEGATRON_UINT16, len, doc_gap, 3},
         {"doc index not ending at N", MEGATRON_UINT16, len, doc_short, 3},
@@ -276,15 +286,12 @@ static void check_writer_errors(ctx_t *c)
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         err[0] = '\0';
-        int rc = megatron_idx_write(path, cases[i].code, cases[i].len, 3,
-                                    cases[i].doc, cases[i].m, err, sizeof err);
-        CHECK(c, rc != 0 && err[0] && !strchr(err, '\n') &&
-                     access(path, F_OK) != 0 && access(tmp, F_OK) != 0,
+        int rc = megatron_idx_write(path, cases[i].code, cases[i].len, 3, cases[i].doc, cases[i].m, err, sizeof err);
+        CHECK(c, rc != 0 && err[0] && !strchr(err, '\n') && access(path, F_OK) != 0 && access(tmp, F_OK) != 0,
               "writer accepted %s or left a file (%s)", cases[i].what, err);
     }
     int32_t neg[3] = {2, -1, 5};
-    int rc = megatron_idx_write(path, MEGATRON_UINT16, neg, 3, doc_ok, 4, err,
-                                sizeof err);
+    int rc = megatron_idx_write(path, MEGATRON_UINT16, neg, 3, doc_ok, 4, err, sizeof err);
     CHECK(c, rc != 0 && access(path, F_OK) != 0, "writer accepted length -1");
 
     /* A 4096-byte file size limit: write(2) fails with EFBIG. */
@@ -300,14 +307,11 @@ static void check_writer_errors(ctx_t *c)
     signal(SIGXFSZ, SIG_IGN);
     setrlimit(RLIMIT_FSIZE, &lim);
     err[0] = '\0';
-    rc = megatron_idx_write(path, MEGATRON_UINT16, big, n, doc, n + 1, err,
-                            sizeof err);
+    rc = megatron_idx_write(path, MEGATRON_UINT16, big, n, doc, n + 1, err, sizeof err);
     setrlimit(RLIMIT_FSIZE, &old);
-    CHECK(c, rc != 0 && strstr(err, "cannot write") && strstr(err, tmp) &&
-                 !strchr(err, '\n'),
+    CHECK(c, rc != 0 && strstr(err, "cannot write") && strstr(err, tmp) && !strchr(err, '\n'),
           "a write past the size limit gave '%s'", err);
-    CHECK(c, access(path, F_OK) != 0 && access(tmp, F_OK) != 0,
-          "a failed write left %s or %s behind", path, tmp);
+    CHECK(c, access(path, F_OK) != 0 && access(tmp, F_OK) != 0, "a failed write left %s or %s behind", path, tmp);
     free(big);
     free(doc);
 }
@@ -332,12 +336,9 @@ static void check_parse_memory(ctx_t *c)
     memcpy(&last_ptr, buf + 34 + 4 * n + 8 * (n - 1), 8);
     memcpy(&last_len, buf + 34 + 4 * (n - 1), 4);
     uint64_t bin = (uint64_t)last_ptr + 2 * (uint64_t)last_len;
-    CHECK(c, megatron_idx_parse(buf, len, bin, &x, err, sizeof err) == 0,
-          "parse of a good index: %s", err);
-    CHECK(c, megatron_idx_parse(buf, len, bin + 2, &x, err, sizeof err) != 0,
-          "parse accepted a .bin 2 bytes too long");
-    CHECK(c, megatron_idx_parse(NULL, 0, 0, &x, err, sizeof err) != 0,
-          "parse accepted nothing");
+    CHECK(c, megatron_idx_parse(buf, len, bin, &x, err, sizeof err) == 0, "parse of a good index: %s", err);
+    CHECK(c, megatron_idx_parse(buf, len, bin + 2, &x, err, sizeof err) != 0, "parse accepted a .bin 2 bytes too long");
+    CHECK(c, megatron_idx_parse(NULL, 0, 0, &x, err, sizeof err) != 0, "parse accepted nothing");
     for (size_t cut = 0; cut < len; cut += 1 + cut / 7)
         CHECK(c, megatron_idx_parse(buf, cut, bin, &x, err, sizeof err) != 0,
               "parse accepted the first %zu of %zu bytes", cut, len);
@@ -346,8 +347,8 @@ static void check_parse_memory(ctx_t *c)
     for (size_t i = 0; i < sizeof offs / sizeof offs[0]; i++) {
         memcpy(bad, buf, len);
         bad[offs[i]] ^= 0x40;
-        CHECK(c, megatron_idx_parse(bad, len, bin, &x, err, sizeof err) != 0,
-              "parse accepted byte %zu flipped", offs[i]);
+        CHECK(c, megatron_idx_parse(bad, len, bin, &x, err, sizeof err) != 0, "parse accepted byte %zu flipped",
+              offs[i]);
     }
 }
 
@@ -370,17 +371,14 @@ static int do_write(ctx_t *c)
         check_read_back(c, prefix, dt, &d);
     free_ds(&d);
 
-    CHECK(c, megatron_dtype(0) == NULL && megatron_dtype(9) == NULL,
-          "unknown dtype codes have a table entry");
-    CHECK(c, megatron_dtype_for_vocab(50257) == MEGATRON_UINT16 &&
-                 megatron_dtype_for_vocab(65499) == MEGATRON_UINT16 &&
-                 megatron_dtype_for_vocab(65500) == MEGATRON_INT32 &&
-                 megatron_dtype_for_vocab(128256) == MEGATRON_INT32,
+    CHECK(c, megatron_dtype(0) == NULL && megatron_dtype(9) == NULL, "unknown dtype codes have a table entry");
+    CHECK(c,
+          megatron_dtype_for_vocab(50257) == MEGATRON_UINT16 && megatron_dtype_for_vocab(65499) == MEGATRON_UINT16 &&
+              megatron_dtype_for_vocab(65500) == MEGATRON_INT32 && megatron_dtype_for_vocab(128256) == MEGATRON_INT32,
           "megatron_dtype_for_vocab does not follow Megatron's < 65500");
     check_parse_memory(c);
     check_writer_errors(c);
-    printf("test_megatron write: %d checks, %d failures\n", c->checks,
-           c->failures);
+    printf("test_megatron write: %d checks, %d failures\n", c->checks, c->failures);
     return c->failures == 0 ? 0 : 1;
 }
 
@@ -392,10 +390,8 @@ static int do_check(const char *path)
         fprintf(stderr, "%s\n", err);
         return 1;
     }
-    printf("OK %s: %" PRIu64 " sequences, %" PRIu64 " documents, %" PRIu64
-           " tokens of %s%s\n",
-           path, x.n_seq, megatron_idx_n_docs(&x), x.n_tokens, x.dtype->name,
-           x.modes ? ", multimodal modes" : "");
+    printf("OK %s: %" PRIu64 " sequences, %" PRIu64 " documents, %" PRIu64 " tokens of %s%s\n", path, x.n_seq,
+           megatron_idx_n_docs(&x), x.n_tokens, x.dtype->name, x.modes ? ", multimodal modes" : "");
     megatron_idx_close(&x);
     return 0;
 }

@@ -22,10 +22,10 @@
 #include <omp.h>
 #endif
 
-#define FWD_TOL 1e-5   /* fp32 forward vs double reference */
-#define BWD_TOL 1e-4   /* fp32 backward vs finite differences in double */
-#define ACC_TOL 1e-6   /* accum = 1 doubling; AdamW state */
-#define FD_H 1e-6      /* central-difference step (inputs are O(1)) */
+#define FWD_TOL 1e-5 /* fp32 forward vs double reference */
+#define BWD_TOL 1e-4 /* fp32 backward vs finite differences in double */
+#define ACC_TOL 1e-6 /* accum = 1 doubling; AdamW state */
+#define FD_H 1e-6    /* central-difference step (inputs are O(1)) */
 
 static const ops_t *ops;
 static int n_fail;
@@ -188,8 +188,7 @@ typedef struct {
     double *in, *w, *b, *R, *out;
 } mm_ctx;
 
-static void ref_matmul(double *out, const double *in, const double *w, const double *b,
-                       int N, int IC, int OC)
+static void ref_matmul(double *out, const double *in, const double *w, const double *b, int N, int IC, int OC)
 {
     for (int n = 0; n < N; n++)
         for (int o = 0; o < OC; o++) {
@@ -213,8 +212,14 @@ static void test_matmul(void)
     size_t nin = (size_t)N * IC, nw = (size_t)OC * IC, nout = (size_t)N * OC;
     float *in = frandv(nin, -1, 1), *w = frandv(nw, -1, 1), *b = frandv(OC, -1, 1);
     float *R = frandv(nout, -1, 1), *out = fnan(nout);
-    mm_ctx c = {N, IC, OC, todouble(in, nin), todouble(w, nw), todouble(b, OC),
-                todouble(R, nout), xmalloc(nout * sizeof(double))};
+    mm_ctx c = {N,
+                IC,
+                OC,
+                todouble(in, nin),
+                todouble(w, nw),
+                todouble(b, OC),
+                todouble(R, nout),
+                xmalloc(nout * sizeof(double))};
 
     ops->matmul_fwd(ops->ctx, out, in, w, b, N, IC, OC);
     loss_matmul(&c);
@@ -246,9 +251,26 @@ static void test_matmul(void)
     ops->matmul_bwd(ops->ctx, NULL, dw3, NULL, R, in, w, N, IC, OC, 0, 0);
     check_true("matmul_bwd din=db=NULL leaves dw identical", memcmp(dw3, dw, nw * 4) == 0);
 
-    free(in); free(w); free(b); free(R); free(out); free(out_nb); free(ref_nb);
-    free(din); free(dw); free(db); free(din2); free(dw2); free(db2); free(dw3); free(g);
-    free(c.in); free(c.w); free(c.b); free(c.R); free(c.out);
+    free(in);
+    free(w);
+    free(b);
+    free(R);
+    free(out);
+    free(out_nb);
+    free(ref_nb);
+    free(din);
+    free(dw);
+    free(db);
+    free(din2);
+    free(dw2);
+    free(db2);
+    free(dw3);
+    free(g);
+    free(c.in);
+    free(c.w);
+    free(c.b);
+    free(c.R);
+    free(c.out);
 }
 
 /* A larger matmul, compared with the exact formulas in double (no FD): the
@@ -291,8 +313,19 @@ static void test_matmul_medium(void)
         r[o] = s;
     }
     check("matmul_bwd 64x96x80 db vs double", rel_err(db, r, OC), FWD_TOL);
-    free(in); free(w); free(b); free(dout); free(out); free(din); free(dw); free(db);
-    free(rin); free(rw); free(rb); free(rout); free(r);
+    free(in);
+    free(w);
+    free(b);
+    free(dout);
+    free(out);
+    free(din);
+    free(dw);
+    free(db);
+    free(rin);
+    free(rw);
+    free(rb);
+    free(rout);
+    free(r);
 }
 
 /* ---- layernorm / rmsnorm --------------------------------------------------------- */
@@ -340,8 +373,16 @@ static void test_norm(int rms)
     const char *op = rms ? "rmsnorm" : "layernorm";
     float *x = frandv(nx, -1.5f, 2.5f), *w = frandv(C, 0.5f, 1.5f), *b = frandv(C, -1, 1);
     float *R = frandv(nx, -1, 1), *out = fnan(nx), *mean = fnan(N), *rstd = fnan(N);
-    norm_ctx c = {N, C, rms, eps, todouble(x, nx), todouble(w, C), todouble(b, C),
-                  todouble(R, nx), xmalloc(nx * sizeof(double)), xmalloc(N * sizeof(double)),
+    norm_ctx c = {N,
+                  C,
+                  rms,
+                  eps,
+                  todouble(x, nx),
+                  todouble(w, C),
+                  todouble(b, C),
+                  todouble(R, nx),
+                  xmalloc(nx * sizeof(double)),
+                  xmalloc(N * sizeof(double)),
                   xmalloc(N * sizeof(double))};
     loss_norm(&c);
     if (rms)
@@ -392,9 +433,29 @@ static void test_norm(int rms)
     snprintf(name, sizeof name, "%s_bwd din accumulates on 2nd call", op);
     check(name, rel_err_d(dd2, dd, nx), FWD_TOL);
     free(dd2);
-    free(x); free(w); free(b); free(R); free(out); free(mean); free(rstd);
-    free(D0); free(din); free(dw); free(db); free(dw2); free(db2); free(din2); free(g); free(dd);
-    free(c.x); free(c.w); free(c.b); free(c.R); free(c.out); free(c.mean); free(c.rstd);
+    free(x);
+    free(w);
+    free(b);
+    free(R);
+    free(out);
+    free(mean);
+    free(rstd);
+    free(D0);
+    free(din);
+    free(dw);
+    free(db);
+    free(dw2);
+    free(db2);
+    free(din2);
+    free(g);
+    free(dd);
+    free(c.x);
+    free(c.w);
+    free(c.b);
+    free(c.R);
+    free(c.out);
+    free(c.mean);
+    free(c.rstd);
 }
 
 /* ---- RoPE and attention ------------------------------------------------------------ */
@@ -430,8 +491,8 @@ static void ref_rope(double *qkv, const int32_t *pos, int B, int T, int NH, int 
             }
 }
 
-static void ref_attention(double *out, double *att, const double *qkv, const int32_t *pos,
-                          int B, int T, int NH, int NKV, int HS)
+static void ref_attention(double *out, double *att, const double *qkv, const int32_t *pos, int B, int T, int NH,
+                          int NKV, int HS)
 {
     int R = (NH + 2 * NKV) * HS;
     double scale = 1.0 / sqrt((double)HS);
@@ -463,8 +524,7 @@ static void ref_attention(double *out, double *att, const double *qkv, const int
                 for (int d = 0; d < HS; d++) {
                     double s = 0.0;
                     for (int j = 0; j <= t; j++)
-                        s += P[(size_t)t * T + j] *
-                             qkv[((size_t)b * T + j) * R + (NH + NKV + kh) * HS + d];
+                        s += P[(size_t)t * T + j] * qkv[((size_t)b * T + j) * R + (NH + NKV + kh) * HS + d];
                     o[d] = s;
                 }
             }
@@ -494,8 +554,9 @@ static void test_rope(const int32_t *pos)
     char name[96];
     size_t nqkv = (size_t)B * T * (NH + 2 * NKV) * HS;
     float *qkv = frandv(nqkv, -1, 1), *R = frandv(nqkv, -1, 1);
-    at_ctx c = {B, T, NH, NKV, HS, 1, 0, theta, todouble(qkv, nqkv), todouble(R, nqkv),
-                xmalloc(nqkv * sizeof(double)), NULL, NULL, pos};
+    at_ctx c = {
+        B,    T,    NH, NKV, HS, 1, 0, theta, todouble(qkv, nqkv), todouble(R, nqkv), xmalloc(nqkv * sizeof(double)),
+        NULL, NULL, pos};
     float *y = fdup(qkv, nqkv);
     ops->rope_fwd(ops->ctx, y, pos, B, T, NH, NKV, HS, theta);
     loss_at(&c);
@@ -511,7 +572,14 @@ static void test_rope(const int32_t *pos)
     ops->rope_bwd(ops->ctx, y, pos, B, T, NH, NKV, HS, theta);
     snprintf(name, sizeof name, "rope_bwd(rope_fwd(x)) = x%s", tag);
     check(name, rel_err(y, c.qkv, nqkv), FWD_TOL);
-    free(qkv); free(R); free(y); free(dy); free(g); free(c.qkv); free(c.R); free(c.tmp);
+    free(qkv);
+    free(R);
+    free(y);
+    free(dy);
+    free(g);
+    free(c.qkv);
+    free(c.R);
+    free(c.tmp);
 }
 
 /* pos: document positions [B*T] (--doc-mask), or NULL for plain causal */
@@ -519,19 +587,30 @@ static void test_attention(int B, int T, int NH, int NKV, int HS, int rope, int 
 {
     const float theta = 10000.0f;
     const int R = (NH + 2 * NKV) * HS;
-    size_t nqkv = (size_t)B * T * R, nout = (size_t)B * T * NH * HS,
-           natt = (size_t)B * NH * T * T, nlse = (size_t)B * NH * T;
+    size_t nqkv = (size_t)B * T * R, nout = (size_t)B * T * NH * HS, natt = (size_t)B * NH * T * T,
+           nlse = (size_t)B * NH * T;
     char tag[96], name[160];
-    snprintf(tag, sizeof tag, "B%d T%d NH%d NKV%d HS%d%s%s%s", B, T, NH, NKV, HS,
-             rope ? " +rope" : "", threads ? " 4thr" : "", pos ? " docs" : "");
+    snprintf(tag, sizeof tag, "B%d T%d NH%d NKV%d HS%d%s%s%s", B, T, NH, NKV, HS, rope ? " +rope" : "",
+             threads ? " 4thr" : "", pos ? " docs" : "");
     int saved = get_threads();
     if (threads)
         set_threads(4);
 
     float *qkv = frandv(nqkv, -1.5f, 1.5f), *dout = frandv(nout, -1, 1);
-    at_ctx c = {B, T, NH, NKV, HS, rope, 1, theta, todouble(qkv, nqkv), todouble(dout, nout),
-                xmalloc(nqkv * sizeof(double)), xmalloc(nout * sizeof(double)),
-                xmalloc(natt * sizeof(double)), pos};
+    at_ctx c = {B,
+                T,
+                NH,
+                NKV,
+                HS,
+                rope,
+                1,
+                theta,
+                todouble(qkv, nqkv),
+                todouble(dout, nout),
+                xmalloc(nqkv * sizeof(double)),
+                xmalloc(nout * sizeof(double)),
+                xmalloc(natt * sizeof(double)),
+                pos};
     loss_at(&c);
 
     float *x = fdup(qkv, nqkv), *out = fnan(nout), *lse = fnan(nlse);
@@ -578,8 +657,19 @@ static void test_attention(int B, int T, int NH, int NKV, int HS, int rope, int 
 
     if (threads)
         set_threads(saved);
-    free(qkv); free(dout); free(x); free(out); free(lse); free(lse_ref); free(dqkv); free(g);
-    free(c.qkv); free(c.R); free(c.tmp); free(c.out); free(c.att);
+    free(qkv);
+    free(dout);
+    free(x);
+    free(out);
+    free(lse);
+    free(lse_ref);
+    free(dqkv);
+    free(g);
+    free(c.qkv);
+    free(c.R);
+    free(c.tmp);
+    free(c.out);
+    free(c.att);
 }
 
 /* ---- GELU / SwiGLU ---------------------------------------------------------------------- */
@@ -612,7 +702,10 @@ static void test_gelu(void)
 {
     const int n = 200;
     float *x = frandv(n, -6, 6), *R = frandv(n, -1, 1), *out = fnan(n), *dx = fnan(n);
-    x[0] = 0.0f; x[1] = -20.0f; x[2] = 20.0f; x[3] = -1e-3f; /* tails and the origin */
+    x[0] = 0.0f;
+    x[1] = -20.0f;
+    x[2] = 20.0f;
+    x[3] = -1e-3f; /* tails and the origin */
     act_ctx c = {n, 0, 0, todouble(x, n), todouble(R, n), xmalloc(n * sizeof(double))};
     loss_act(&c);
     ops->gelu_fwd(ops->ctx, out, x, n);
@@ -625,7 +718,15 @@ static void test_gelu(void)
     float *d2 = fdup(R, n);
     ops->gelu_bwd(ops->ctx, d2, x, d2, n);
     check_true("gelu_bwd dx aliasing dout gives same bits", memcmp(d2, dx, n * 4) == 0);
-    free(x); free(R); free(out); free(dx); free(g); free(d2); free(c.x); free(c.R); free(c.out);
+    free(x);
+    free(R);
+    free(out);
+    free(dx);
+    free(g);
+    free(d2);
+    free(c.x);
+    free(c.R);
+    free(c.out);
 }
 
 /* The fused GEMM + GELU ops are, on the CPU, the separate ops bit for bit
@@ -682,14 +783,33 @@ static void test_matmul_gelu(int N, int IC, int OC)
         ops->matmul_dgelu_bwd_bf16(ops->ctx, din, dw, db, d216, d2, out16, pre, w216, N, OC, OC2, accum);
         ops->matmul_bwd_bf16(ops->ctx, tmp, dw2, db2, d216, d2, out16, w216, N, OC, OC2, 0, accum);
         ops->gelu_bwd(ops->ctx, din2, pre, tmp, (size_t)N * OC);
-        snprintf(what, sizeof what, "matmul_dgelu_bwd_bf16 %dx%dx%d accum %d = matmul_bwd_bf16, gelu_bwd (bits)",
-                 N, OC, OC2, accum);
+        snprintf(what, sizeof what, "matmul_dgelu_bwd_bf16 %dx%dx%d accum %d = matmul_bwd_bf16, gelu_bwd (bits)", N, OC,
+                 OC2, accum);
         check_true(what, !memcmp(din, din2, (size_t)N * OC * 4) && !memcmp(dw, dw2, (size_t)OC2 * OC * 4) &&
                              !memcmp(db, db2, (size_t)OC2 * 4));
     }
-    free(in); free(w); free(b); free(dout); free(pre); free(out); free(pre2); free(out2);
-    free(w2); free(d2); free(din); free(dw); free(db); free(din2); free(dw2); free(db2); free(tmp);
-    free(in16); free(w16); free(out16); free(w216); free(d216);
+    free(in);
+    free(w);
+    free(b);
+    free(dout);
+    free(pre);
+    free(out);
+    free(pre2);
+    free(out2);
+    free(w2);
+    free(d2);
+    free(din);
+    free(dw);
+    free(db);
+    free(din2);
+    free(dw2);
+    free(db2);
+    free(tmp);
+    free(in16);
+    free(w16);
+    free(out16);
+    free(w216);
+    free(d216);
 }
 
 static void test_swiglu(void)
@@ -697,7 +817,8 @@ static void test_swiglu(void)
     const int N = 4, F = 19;
     size_t ngu = (size_t)N * 2 * F, nout = (size_t)N * F;
     float *gu = frandv(ngu, -5, 5), *R = frandv(nout, -1, 1), *out = fnan(nout), *dgu = fnan(ngu);
-    gu[0] = -30.0f; gu[1] = 30.0f;
+    gu[0] = -30.0f;
+    gu[1] = 30.0f;
     act_ctx c = {N, F, 1, todouble(gu, ngu), todouble(R, nout), xmalloc(nout * sizeof(double))};
     loss_act(&c);
     ops->swiglu_fwd(ops->ctx, out, gu, N, F);
@@ -706,7 +827,14 @@ static void test_swiglu(void)
     double *g = xmalloc(ngu * sizeof(double));
     fd_grad(g, c.x, ngu, loss_act, &c);
     check("swiglu_bwd (gate and up) vs FD", rel_err(dgu, g, ngu), BWD_TOL);
-    free(gu); free(R); free(out); free(dgu); free(g); free(c.x); free(c.R); free(c.out);
+    free(gu);
+    free(R);
+    free(out);
+    free(dgu);
+    free(g);
+    free(c.x);
+    free(c.R);
+    free(c.out);
 }
 
 /* ---- embedding ------------------------------------------------------------------------------ */
@@ -734,7 +862,15 @@ static void test_embedding(void)
     size_t nwte = (size_t)V * C, nwpe = (size_t)T * C, nout = (size_t)N * C;
     float *wte = frandv(nwte, -1, 1), *wpe = frandv(nwpe, -1, 1), *R = frandv(nout, -1, 1);
     float *out = fnan(nout);
-    emb_ctx c = {N, T, C, V, tok, NULL, todouble(wte, nwte), todouble(wpe, nwpe), todouble(R, nout),
+    emb_ctx c = {N,
+                 T,
+                 C,
+                 V,
+                 tok,
+                 NULL,
+                 todouble(wte, nwte),
+                 todouble(wpe, nwpe),
+                 todouble(R, nout),
                  xmalloc(nout * sizeof(double))};
     loss_emb(&c);
     ops->embedding_fwd(ops->ctx, out, tok, NULL, wte, wpe, N, T, C, 0, V);
@@ -770,14 +906,15 @@ static void test_embedding(void)
     ops->embedding_fwd(ops->ctx, o0, tok, NULL, wte, wpe, N, T, C, 0, V0);
     ops->embedding_fwd(ops->ctx, o1, tok, NULL, wte + (size_t)V0 * C, NULL, N, T, C, V0, V1);
     ops->add(ops->ctx, o0, o0, o1, nout);
-    check_true("embedding_fwd vocab split in 2 (wpe on one): sum == whole, same bits",
-               memcmp(o0, out, nout * 4) == 0);
+    check_true("embedding_fwd vocab split in 2 (wpe on one): sum == whole, same bits", memcmp(o0, out, nout * 4) == 0);
     ops->embedding_bwd(ops->ctx, d0, NULL, R, tok, NULL, N, T, C, 0, V0, 0);
     ops->embedding_bwd(ops->ctx, d1, NULL, R, tok, NULL, N, T, C, V0, V1, 0);
     check_true("embedding_bwd vocab split in 2: rows == whole's, same bits",
-               memcmp(d0, dwte, (size_t)V0 * C * 4) == 0 &&
-               memcmp(d1, dwte + (size_t)V0 * C, (size_t)V1 * C * 4) == 0);
-    free(o0); free(o1); free(d0); free(d1);
+               memcmp(d0, dwte, (size_t)V0 * C * 4) == 0 && memcmp(d1, dwte + (size_t)V0 * C, (size_t)V1 * C * 4) == 0);
+    free(o0);
+    free(o1);
+    free(d0);
+    free(d1);
 
     /* document positions: wpe rows by position within the document */
     static const int32_t pos[10] = {0, 1, 2, 0, 1, 0, 0, 1, 2, 3};
@@ -791,9 +928,24 @@ static void test_embedding(void)
     fd_grad(g, c.wpe, nwpe, loss_emb, &c);
     check("embedding_bwd dwpe by document position vs FD", rel_err(dp3, g, nwpe), BWD_TOL);
     check_true("embedding_bwd with positions: dwte same bits", memcmp(dw3, dwte, nwte * 4) == 0);
-    free(o3); free(dw3); free(dp3); free(c.wpe);
-    free(wte); free(wpe); free(R); free(out); free(out2); free(dwte); free(dwpe); free(dwte2);
-    free(dwpe2); free(dwte3); free(g); free(c.wte); free(c.R); free(c.out);
+    free(o3);
+    free(dw3);
+    free(dp3);
+    free(c.wpe);
+    free(wte);
+    free(wpe);
+    free(R);
+    free(out);
+    free(out2);
+    free(dwte);
+    free(dwpe);
+    free(dwte2);
+    free(dwpe2);
+    free(dwte3);
+    free(g);
+    free(c.wte);
+    free(c.R);
+    free(c.out);
 }
 
 /* ---- cross-entropy ---------------------------------------------------------------------------- */
@@ -828,8 +980,8 @@ static double loss_ce(void *p)
 }
 
 /* The three cross-entropy passes on an unsplit vocabulary. */
-static void xent_whole(float *losses, float *dlogits, const float *logits, const int32_t *tgt,
-                       int N, int V, int ld, float dloss)
+static void xent_whole(float *losses, float *dlogits, const float *logits, const int32_t *tgt, int N, int V, int ld,
+                       float dloss)
 {
     float *mx = fnan(N), *st = fnan((size_t)2 * N);
     ops->xent_max(ops->ctx, mx, logits, N, V, ld);
@@ -923,7 +1075,10 @@ static void test_cross_entropy(int N, int V, int ld, const int32_t *tgt)
                     gerr = e;
             }
         }
-        free(part[r]); free(rmax[r]); free(st[r]); free(pl[r]);
+        free(part[r]);
+        free(rmax[r]);
+        free(st[r]);
+        free(pl[r]);
     }
     snprintf(name, sizeof name, "cross_entropy vocab split in 3 (padded): losses == whole's %s", tag);
     check_true(name, lsame);
@@ -932,9 +1087,18 @@ static void test_cross_entropy(int N, int V, int ld, const int32_t *tgt)
         gmaxabs = fabs(g[k]) > gmaxabs ? fabs(g[k]) : gmaxabs;
     snprintf(name, sizeof name, "cross_entropy vocab split in 3: dlogits vs FD, padding 0 %s", tag);
     check(name, gerr / gmaxabs, BWD_TOL);
-    free(gmax); free(gst);
-    free(logits); free(losses); free(dl); free(losses_only); free(alias); free(losses2);
-    free(g); free(refloss); free(c.logits); free(c.losses);
+    free(gmax);
+    free(gst);
+    free(logits);
+    free(losses);
+    free(dl);
+    free(losses_only);
+    free(alias);
+    free(losses2);
+    free(g);
+    free(refloss);
+    free(c.logits);
+    free(c.losses);
 }
 
 /* ---- AdamW ------------------------------------------------------------------------------------ */
@@ -990,8 +1154,19 @@ static void test_adamw(void)
     }
     check_true("adamw with p16: p, m, v bit-identical to without", differ == 0);
     check_true("adamw with p16: p16 = bf16(p) bit for bit", bad16 == 0);
-    free(p2); free(m2); free(v2); free(p16);
-    free(p); free(m); free(v); free(rp); free(rm); free(rv); free(p0); free(dp); free(rdp);
+    free(p2);
+    free(m2);
+    free(v2);
+    free(p16);
+    free(p);
+    free(m);
+    free(v);
+    free(rp);
+    free(rm);
+    free(rv);
+    free(p0);
+    free(dp);
+    free(rdp);
 }
 
 /* ---- small ops and memory --------------------------------------------------------------------- */
@@ -1057,7 +1232,9 @@ static void test_misc(void)
         ops->free(ops->ctx, a);
     }
     check_true("alloc 64-byte aligned, copy/to_host/from_host/zero", ok);
-    free(x); free(y); free(z);
+    free(x);
+    free(y);
+    free(z);
 }
 
 /* ---- ops_math.h: the vectorisable exp every softmax/GELU/SiLU uses ------------------------------ */
@@ -1136,7 +1313,13 @@ static void test_determinism(void)
     check_true("bias/norm/embedding grads, sumsq: same bits 1-4 threads", same);
     for (int k = 0; k < 4; k++)
         free(res[k]);
-    free(x); free(w); free(dout); free(mean); free(rstd); free(rrstd); free(tok);
+    free(x);
+    free(w);
+    free(dout);
+    free(mean);
+    free(rstd);
+    free(rrstd);
+    free(tok);
 #endif
 }
 
@@ -1177,7 +1360,16 @@ static void test_doc_mask(void)
     check_true("rope, attention with one document per row: the bits of pos = NULL",
                memcmp(x1, x2, nqkv * 4) == 0 && memcmp(o1, o2, nout * 4) == 0 && memcmp(l1, l2, nlse * 4) == 0 &&
                    memcmp(d1, d2, nqkv * 4) == 0);
-    free(qkv); free(dout); free(x1); free(x2); free(o1); free(o2); free(l1); free(l2); free(d1); free(d2);
+    free(qkv);
+    free(dout);
+    free(x1);
+    free(x2);
+    free(o1);
+    free(o2);
+    free(l1);
+    free(l2);
+    free(d1);
+    free(d2);
 }
 
 int main(void)

@@ -167,7 +167,7 @@ static int schedule_ok(pipe_kind_t k, int P, int s, int M, char *d, size_t dl)
 static int ideal_makespan(pipe_kind_t k, int P, int M, int tf, int tb)
 {
     pipe_action_t a[8][2 * 16];
-    int pc[8] = { 0 }, clock[8] = { 0 }, fend[8][16], bend[8][16];
+    int pc[8] = {0}, clock[8] = {0}, fend[8][16], bend[8][16];
     for (int s = 0; s < P; s++) {
         pipe_schedule(k, P, s, M, a[s]);
         for (int m = 0; m < M; m++)
@@ -206,9 +206,9 @@ static void check_schedules(void)
 {
     pipe_kind_t k = PIPE_GPIPE;
     int ok = pipe_kind_parse("1f1b", &k) == 0 && k == PIPE_1F1B && pipe_kind_parse("gpipe", &k) == 0 &&
-             k == PIPE_GPIPE && pipe_kind_parse("2f2b", &k) == -1 && k == PIPE_GPIPE &&
-             pipe_kind_parse("", &k) == -1 && pipe_kind_parse(NULL, &k) == -1 &&
-             strcmp(pipe_kind_name(PIPE_1F1B), "1f1b") == 0 && strcmp(pipe_kind_name(PIPE_GPIPE), "gpipe") == 0;
+             k == PIPE_GPIPE && pipe_kind_parse("2f2b", &k) == -1 && k == PIPE_GPIPE && pipe_kind_parse("", &k) == -1 &&
+             pipe_kind_parse(NULL, &k) == -1 && strcmp(pipe_kind_name(PIPE_1F1B), "1f1b") == 0 &&
+             strcmp(pipe_kind_name(PIPE_GPIPE), "gpipe") == 0;
     check(ok, "", "pipe_kind_parse: 1f1b, gpipe; 2f2b, \"\" and NULL rejected");
     ok = pipe_slots(PIPE_1F1B, 4, 4, 8) == 0 && pipe_slots(PIPE_1F1B, 4, -1, 8) == 0 &&
          pipe_slots(PIPE_1F1B, 4, 0, 0) == 0 && pipe_schedule(PIPE_1F1B, 0, 0, 8, NULL) == -1 &&
@@ -306,7 +306,7 @@ static void sleep_us(long us)
 {
     if (us <= 0)
         return;
-    struct timespec ts = { us / 1000000, (us % 1000000) * 1000 };
+    struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
     nanosleep(&ts, NULL);
 }
 
@@ -430,8 +430,11 @@ static void synth_free(synth_t *c)
 
 static const pipe_stage_ops_t *synth_ops(size_t n)
 {
-    static pipe_stage_ops_t ops = { .forward = synth_forward, .backward = synth_backward, .input = synth_input,
-                                    .output = synth_output, .grad = synth_grad };
+    static pipe_stage_ops_t ops = {.forward = synth_forward,
+                                   .backward = synth_backward,
+                                   .input = synth_input,
+                                   .output = synth_output,
+                                   .grad = synth_grad};
     ops.n = n;
     return &ops;
 }
@@ -445,7 +448,7 @@ static void run_exact(comm_t *pp, const char *label, pipe_kind_t k, int M, size_
     synth_t c;
     if (!expect || synth_init(&c, k, P, s, M, n, expect) != 0)
         die("out of memory");
-    pipe_stats_t st = { -1.0 };
+    pipe_stats_t st = {-1.0};
     char d[512] = "";
     int ok = pipe_run(pp, k, M, synth_ops(n), &c, &st) == 0;
     if (!ok)
@@ -467,8 +470,8 @@ static void run_exact(comm_t *pp, const char *label, pipe_kind_t k, int M, size_
                 want_loss += (w_of(s, i) * x_at(s, m, i) + b_of(s, i)) * t_of(m, i);
         }
         if (c.dw[i] != (float)dw || c.db[i] != (float)db) {
-            snprintf(d, sizeof d, "element %zu: dw %.9g db %.9g, want %.9g %.9g", i, (double)c.dw[i],
-                     (double)c.db[i], dw, db);
+            snprintf(d, sizeof d, "element %zu: dw %.9g db %.9g, want %.9g %.9g", i, (double)c.dw[i], (double)c.db[i],
+                     dw, db);
             ok = 0;
         }
     }
@@ -476,8 +479,9 @@ static void run_exact(comm_t *pp, const char *label, pipe_kind_t k, int M, size_
         snprintf(d, sizeof d, "loss %.17g, want %.17g", c.loss, want_loss);
         ok = 0;
     }
-    check(ok, d, "%s %s P=%d M=%d n=%zu: dw, db, loss exact on every stage; calls in schedule order; inputs and "
-                 "gradients those of their microbatch",
+    check(ok, d,
+          "%s %s P=%d M=%d n=%zu: dw, db, loss exact on every stage; calls in schedule order; inputs and "
+          "gradients those of their microbatch",
           label, pipe_kind_name(k), P, M, n);
     synth_free(&c);
     free(expect);
@@ -516,7 +520,7 @@ static void report_overlap(comm_t *pp)
 {
     const int P = pp->size, s = pp->rank, M = 8;
     const long tf = 2000, tb = 4000;
-    double wait[2] = { 0, 0 }, wall[2] = { 0, 0 };
+    double wait[2] = {0, 0}, wall[2] = {0, 0};
     for (int kk = 0; kk < 2; kk++) {
         const pipe_kind_t k = kk ? PIPE_GPIPE : PIPE_1F1B;
         pipe_action_t expect[16];
@@ -525,7 +529,7 @@ static void report_overlap(comm_t *pp)
             die("out of memory");
         c.sleep_f_us = tf;
         c.sleep_b_us = tb;
-        pipe_stats_t st = { 0 };
+        pipe_stats_t st = {0};
         int ok = 1;
         for (int rep = 0; rep < 2 && ok; rep++) { /* the first run warms up the connections */
             c.pos = 0;
@@ -535,13 +539,13 @@ static void report_overlap(comm_t *pp)
             ok = pipe_run(pp, k, M, synth_ops(1000), &c, &st) == 0 && !c.err[0];
             wall[kk] = MPI_Wtime() - t0;
         }
-        check(ok, ok ? "" : (c.err[0] ? c.err : pp->err), "overlap run %s P=%d M=%d with sleeps", pipe_kind_name(k),
-              P, M);
+        check(ok, ok ? "" : (c.err[0] ? c.err : pp->err), "overlap run %s P=%d M=%d with sleeps", pipe_kind_name(k), P,
+              M);
         wait[kk] = st.wait_s;
         synth_free(&c);
     }
     double all[4 * 64];
-    double mine[4] = { wait[0], wait[1], wall[0], wall[1] };
+    double mine[4] = {wait[0], wait[1], wall[0], wall[1]};
     if (P > 64)
         return;
     if (MPI_Gather(mine, 4, MPI_DOUBLE, all, 4, MPI_DOUBLE, 0, MPI_COMM_WORLD) != MPI_SUCCESS)
@@ -550,9 +554,9 @@ static void report_overlap(comm_t *pp)
         return;
     /* ideal: stage r starts at r*tf and ends at (M+P-1)(tf+tb) - r*tb, busy M(tf+tb) */
     const double ms = 1e-3, ideal_step = (M + P - 1) * (tf + tb) * ms;
-    printf("info np=%d overlap, M=%d, forward %.0f ms, backward %.0f ms: ideal step %.0f ms\n", P, M, tf * ms,
-           tb * ms, ideal_step);
-    double sum[2] = { 0, 0 }, ideal_sum = 0;
+    printf("info np=%d overlap, M=%d, forward %.0f ms, backward %.0f ms: ideal step %.0f ms\n", P, M, tf * ms, tb * ms,
+           ideal_step);
+    double sum[2] = {0, 0}, ideal_sum = 0;
     for (int r = 0; r < P; r++) {
         const double ideal = ((P - 1) * (tf + tb) - r * tb) * ms;
         printf("info np=%d   stage %d: wait 1f1b %6.1f ms  gpipe %6.1f ms  (ideal %4.0f ms) | step 1f1b %6.1f ms  "
@@ -588,8 +592,8 @@ int main(int argc, char **argv)
     check_errors(self);
 
     const int P = g_size;
-    const int Ms[] = { 1, P, P + 1, 2 * P + 3, 16 };
-    const size_t ns[] = { 1, 1000, 65536 };
+    const int Ms[] = {1, P, P + 1, 2 * P + 3, 16};
+    const size_t ns[] = {1, 1000, 65536};
     for (int kk = 0; kk < 2; kk++)
         for (size_t j = 0; j < sizeof ns / sizeof ns[0]; j++)
             for (size_t i = 0; i < sizeof Ms / sizeof Ms[0]; i++) {

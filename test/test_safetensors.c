@@ -39,15 +39,15 @@
 
 static int failures, checks;
 
-#define CHECK(cond, ...)                                                     \
-    do {                                                                     \
-        checks++;                                                            \
-        if (!(cond)) {                                                       \
-            failures++;                                                      \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);             \
-            fprintf(stderr, __VA_ARGS__);                                    \
-            fputc('\n', stderr);                                             \
-        }                                                                    \
+#define CHECK(cond, ...)                                                                                               \
+    do {                                                                                                               \
+        checks++;                                                                                                      \
+        if (!(cond)) {                                                                                                 \
+            failures++;                                                                                                \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                                       \
+            fprintf(stderr, __VA_ARGS__);                                                                              \
+            fputc('\n', stderr);                                                                                       \
+        }                                                                                                              \
     } while (0)
 
 static void die(const char *what, const char *detail)
@@ -152,11 +152,13 @@ static void unit_parse(void)
     CHECK(st_read_f32(&f, a, 1, 2, 1, 3, 0, d, err, sizeof err) == 0 && d[0] == 5 && d[5] == 11, "block");
     /* transpose [4,3]: rows 2..3, cols 0..1: T[2][0]=2 T[2][1]=6 T[3][0]=3 T[3][1]=7 */
     CHECK(st_read_f32(&f, a, 2, 2, 0, 2, 1, d, err, sizeof err) == 0 && d[0] == 2 && d[1] == 6 && d[2] == 3 &&
-              d[3] == 7, "transposed block: %g %g %g %g", d[0], d[1], d[2], d[3]);
+              d[3] == 7,
+          "transposed block: %g %g %g %g", d[0], d[1], d[2], d[3]);
     CHECK(st_read_f32(&f, bt, 0, 1, 1, 3, 0, d, err, sizeof err) == 0 && d[0] == 11 && d[2] == 13, "1-D bf16");
     CHECK(st_read_f32(&f, bt, 1, 3, 0, 1, 1, d, err, sizeof err) == 0 && d[0] == 11 && d[2] == 13, "1-D transposed");
     CHECK(st_read_f32(&f, a, 2, 2, 0, 1, 0, d, err, sizeof err) != 0 && strchr(err, '\n') == NULL &&
-              strstr(err, "'a'") != NULL, "rows past the end refused: %s", err);
+              strstr(err, "'a'") != NULL,
+          "rows past the end refused: %s", err);
     CHECK(st_read_f32(&f, a, 0, 1, -1, 1, 0, d, err, sizeof err) != 0, "negative col refused");
     CHECK(st_read_f32(&f, a, 0, 1, 3, INT64_MAX, 0, d, err, sizeof err) != 0, "overflowing count refused");
     st_close(&f);
@@ -212,15 +214,16 @@ static void unit_plan(const char *dir)
     st_plan_free(p);
     /* one shard: model.safetensors, no index */
     CHECK(st_plan_make(t, 3, 0, NULL, &p, err, sizeof err) == 0 && st_plan_n_shards(p) == 1 &&
-              strcmp(st_plan_shard_name(p, 0), "model.safetensors") == 0, "single file");
+              strcmp(st_plan_shard_name(p, 0), "model.safetensors") == 0,
+          "single file");
     st_plan_free(p);
 }
 
 static void unit_llmc(void)
 {
     char err[512];
-    llmc_model_t m = {.version = 3, .max_seq = 8, .vocab = 10, .padded_vocab = 16, .n_layer = 2, .n_head = 2,
-                      .d_model = 4};
+    llmc_model_t m = {
+        .version = 3, .max_seq = 8, .vocab = 10, .padded_vocab = 16, .n_layer = 2, .n_head = 2, .d_model = 4};
     CHECK(llmc_model_layout(&m, err, sizeof err) == 0, "layout: %s", err);
     /* 16*4 + 8*4 + 2*(4+4+48+12+16+4+4+4+64+16+64+4) + 4 + 4 */
     CHECK(m.file_size == 1024 + 4 * (64 + 32 + 2 * 244 + 8), "file size %llu", (unsigned long long)m.file_size);
@@ -370,8 +373,13 @@ static int cmd_llmc_write(const char *out, const char *src)
     if (c == NULL)
         die("bad llmc.json", path);
 #define GETI(k) (int)json_integer_value(json_object_get(c, k))
-    llmc_model_t m = {.version = GETI("version"), .max_seq = GETI("maxT"), .vocab = GETI("V"),
-                      .padded_vocab = GETI("Vp"), .n_layer = GETI("L"), .n_head = GETI("NH"), .d_model = GETI("C")};
+    llmc_model_t m = {.version = GETI("version"),
+                      .max_seq = GETI("maxT"),
+                      .vocab = GETI("V"),
+                      .padded_vocab = GETI("Vp"),
+                      .n_layer = GETI("L"),
+                      .n_head = GETI("NH"),
+                      .d_model = GETI("C")};
     json_decref(c);
     snprintf(tmp, sizeof tmp, "%s.tmp", out);
     if (llmc_model_layout(&m, err, sizeof err) != 0 || llmc_model_create(tmp, &m, err, sizeof err) != 0)
@@ -429,8 +437,8 @@ static int cmd_llmc_check(const char *file)
         fprintf(stderr, "%s\n", err);
         return 1;
     }
-    printf("llm.c model: version %d, V %d (Vp %d), maxT %d, L %d, NH %d, C %d\n", m.version, m.vocab,
-           m.padded_vocab, m.max_seq, m.n_layer, m.n_head, m.d_model);
+    printf("llm.c model: version %d, V %d (Vp %d), maxT %d, L %d, NH %d, C %d\n", m.version, m.vocab, m.padded_vocab,
+           m.max_seq, m.n_layer, m.n_head, m.d_model);
     llmc_model_close(&m);
     return 0;
 }

@@ -174,14 +174,31 @@ static int write_run(const char *dir)
 /* metrics_write_tfevents's tags, spelt out (the trainer's contract) */
 static int metrics(const char *dir)
 {
-    static const char *const tags[] = {"train/loss", "val/loss", "train/lr", "train/grad_norm",
-                                       "perf/tokens_per_s", "perf/mfu", "perf/step_ms", "comm/exposed_ms",
-                                       "mem/peak_parameters_bytes", "mem/peak_gradients_bytes",
-                                       "mem/peak_optimizer_bytes", "mem/peak_activations_bytes",
-                                       "mem/peak_communication_bytes", "mem/peak_workspace_bytes",
+    static const char *const tags[] = {"train/loss",
+                                       "val/loss",
+                                       "train/lr",
+                                       "train/grad_norm",
+                                       "perf/tokens_per_s",
+                                       "perf/mfu",
+                                       "perf/step_ms",
+                                       "comm/exposed_ms",
+                                       "mem/peak_parameters_bytes",
+                                       "mem/peak_gradients_bytes",
+                                       "mem/peak_optimizer_bytes",
+                                       "mem/peak_activations_bytes",
+                                       "mem/peak_communication_bytes",
+                                       "mem/peak_workspace_bytes",
                                        "mem/peak_total_bytes"};
-    step_record_t r = {.step = 42, .steps = 100, .loss = 3.25, .val_loss = 3.5, .lr = 3e-4, .grad_norm = 0.75,
-                       .ms = 120.5, .tokens_per_s = 8192, .mfu = 0.4, .comm_ms = 12.25,
+    step_record_t r = {.step = 42,
+                       .steps = 100,
+                       .loss = 3.25,
+                       .val_loss = 3.5,
+                       .lr = 3e-4,
+                       .grad_norm = 0.75,
+                       .ms = 120.5,
+                       .tokens_per_s = 8192,
+                       .mfu = 0.4,
+                       .comm_ms = 12.25,
                        .mem_peak = {1 << 20, 1 << 21, 1 << 22, 3 << 20, 5 << 10, 7 << 10, (15 << 20) + (12 << 10)}};
     char err[ERRLEN], path[4096];
     tfevents_t *w;
@@ -259,12 +276,12 @@ int main(int argc, char **argv)
         return 2;
     }
     const char *mode = argv[1], *dir = argv[2];
-    int rc = strcmp(mode, "golden") == 0  ? golden(dir)
-             : strcmp(mode, "write") == 0 ? write_run(dir)
+    int rc = strcmp(mode, "golden") == 0    ? golden(dir)
+             : strcmp(mode, "write") == 0   ? write_run(dir)
              : strcmp(mode, "metrics") == 0 ? metrics(dir)
-             : strcmp(mode, "fsize") == 0 ? fsize(dir)
-             : strcmp(mode, "open") == 0  ? open_only(dir)
-                                          : 2;
+             : strcmp(mode, "fsize") == 0   ? fsize(dir)
+             : strcmp(mode, "open") == 0    ? open_only(dir)
+                                            : 2;
     if (rc == 2)
         fprintf(stderr, "unknown mode '%s'\n", mode);
     if (strcmp(mode, "open") != 0)

@@ -69,7 +69,7 @@ static double spin(double seconds)
     return trace_now();
 }
 
-static const trace_args_t no_args = { .bytes = -1, .microbatch = -1, .layer = -1, .peer = -1 };
+static const trace_args_t no_args = {.bytes = -1, .microbatch = -1, .layer = -1, .peer = -1};
 
 static void need(comm_t *c, int rc)
 {
@@ -88,7 +88,7 @@ static void window(trace_t *tr, const char *name, double t0)
 static void expect_failure(trace_t *tr, const char *path, int is_dir, const char *label, const char *want)
 {
     char err[512] = "x";
-    int rc = trace_write_merged(tr, &(MPI_Comm){ MPI_COMM_WORLD }, path, err, sizeof err);
+    int rc = trace_write_merged(tr, &(MPI_Comm){MPI_COMM_WORLD}, path, err, sizeof err);
     char detail[700];
     snprintf(detail, sizeof detail, "rc %d: %s", rc, err);
     int ok = rc == -1 && strchr(err, '\n') == NULL && strstr(err, path) && strstr(err, want);
@@ -137,7 +137,7 @@ int main(int argc, char **argv)
     char label[64];
     snprintf(label, sizeof label, "rank %d (test np %d)", r, W);
     trace_t *tr = trace_create(r, label, 0);
-    comm_t *c = comm_mpi_create(&(MPI_Comm){ MPI_COMM_WORLD });
+    comm_t *c = comm_mpi_create(&(MPI_Comm){MPI_COMM_WORLD});
     if (!tr || !c)
         die("create", "out of memory or comm_mpi_create failed");
     snprintf(c->name, sizeof c->name, "world");
@@ -150,7 +150,8 @@ int main(int argc, char **argv)
 
     /* spin: a known compute span */
     double t0 = trace_now(), t1 = spin(0.010 + 0.005 * r);
-    trace_span(tr, TRACE_COMPUTE, "spin", t0, t1, &(trace_args_t){ .bytes = -1, .microbatch = r, .layer = 7, .peer = -1 });
+    trace_span(tr, TRACE_COMPUTE, "spin", t0, t1,
+               &(trace_args_t){.bytes = -1, .microbatch = r, .layer = 7, .peer = -1});
     double spin_us = (t1 - t0) * 1e6;
 
     double tb = trace_now();
@@ -176,7 +177,7 @@ int main(int argc, char **argv)
 
     /* iallreduce completed by test(): window_post brackets the posting call,
      * window_test the test() call that returned done */
-    comm_req_t q = { 0 };
+    comm_req_t q = {0};
     t0 = trace_now();
     need(c, c->ops->iallreduce(c, big, 777, COMM_FP32, COMM_SUM, &q));
     window(tr, "window_post", t0);
@@ -190,7 +191,7 @@ int main(int argc, char **argv)
     }
 
     /* A and B overlap partly: A [a0, a1], B [b0, b1], a0 < b0 < a1 < b1 */
-    comm_req_t qa = { 0 }, qb = { 0 };
+    comm_req_t qa = {0}, qb = {0};
     need(c, c->ops->iallreduce(c, big, 64, COMM_FP32, COMM_SUM, &qa));
     need(c, c->ops->iallreduce(c, big + 64, 96, COMM_FP32, COMM_SUM, &qb));
     need(c, c->ops->wait(&qa));
@@ -216,7 +217,7 @@ int main(int argc, char **argv)
     need(c, c->ops->wait(&q));
     free(h);
 
-    comm_req_t qs = { 0 }, qr = { 0 };
+    comm_req_t qs = {0}, qr = {0};
     need(c, c->ops->irecv(c, rs, (size_t)(100 + prev), COMM_FP32, prev, 5, &qr));
     need(c, c->ops->isend(c, big, (size_t)(100 + r), COMM_FP32, next, 5, &qs));
     need(c, c->ops->wait(&qs));
@@ -235,7 +236,7 @@ int main(int argc, char **argv)
      * bucket each; "bwd h.L" spins 3 + rank ms, then reports tensor L
      * final. Rank 0 is fastest, so its buckets stay in flight across its
      * next bwd span: the iallreduce spans must overlap bwd spans. */
-    size_t starts[4] = { 0, 4096, 8192, 12288 };
+    size_t starts[4] = {0, 4096, 8192, 12288};
     float *grads = calloc(4 * 4096, sizeof *grads);
     const ops_t *cpu = ops_cpu_create();
     ddp_t d;
@@ -247,7 +248,7 @@ int main(int argc, char **argv)
         t0 = trace_now();
         spin(0.003 + 0.001 * r);
         trace_span(tr, TRACE_COMPUTE, "bwd", t0, trace_now(),
-                   &(trace_args_t){ .bytes = -1, .microbatch = 0, .layer = l, .peer = -1 });
+                   &(trace_args_t){.bytes = -1, .microbatch = 0, .layer = l, .peer = -1});
         need(c, ddp_grads_ready(&d, starts[l]));
     }
     need(c, ddp_finish(&d));
@@ -264,7 +265,7 @@ int main(int argc, char **argv)
     check(n_spans == 10 + 22 && trace_dropped(tr) == 0, "span count 32", detail);
 
     char err[512] = "";
-    int rc = trace_write_merged(tr, &(MPI_Comm){ MPI_COMM_WORLD }, out, err, sizeof err);
+    int rc = trace_write_merged(tr, &(MPI_Comm){MPI_COMM_WORLD}, out, err, sizeof err);
     check(rc == 0 && err[0] == '\0', "trace_write_merged", rc ? err : out);
 
     /* expectations for the checker */
@@ -291,7 +292,7 @@ int main(int argc, char **argv)
     for (int i = 0; i < 7; i++)
         trace_span(cap, TRACE_COMPUTE, "capped", i * 1e-3, (i + 1) * 1e-3, NULL);
     check(trace_count(cap) == 4 && trace_dropped(cap) == 3, "cap 4: 4 kept, 3 dropped", NULL);
-    rc = trace_write_merged(cap, &(MPI_Comm){ MPI_COMM_WORLD }, small, err, sizeof err);
+    rc = trace_write_merged(cap, &(MPI_Comm){MPI_COMM_WORLD}, small, err, sizeof err);
     check(rc == 0, "trace_write_merged (capped)", rc ? err : NULL);
 
     expect_failure(tr, bad, 0, "missing directory: clear error", "No such file or directory");

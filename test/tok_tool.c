@@ -129,8 +129,8 @@ static int cmd_roundtrip(tokenizer_t *tk, const char *path)
         size_t i = 0;
         while (i < len && i < out.n && out.data[i] == text[i])
             i++;
-        fprintf(stderr, "tok_tool: round trip of '%s' differs at byte %zu (%zu bytes in, %zu out)\n", path, i,
-                len, out.n);
+        fprintf(stderr, "tok_tool: round trip of '%s' differs at byte %zu (%zu bytes in, %zu out)\n", path, i, len,
+                out.n);
         goto done;
     }
     printf("%zu bytes, %zu ids, round trip exact\n", len, v.n);
@@ -144,9 +144,8 @@ done:
 
 static int cmd_info(const tokenizer_t *tk)
 {
-    printf("kind %s\nspec %s\nvocab_size %d\ndoc_start %d\ndoc_end %d\nvocab_path %s\nvocab_sha256 %s\n",
-           tk->ops->kind, tk->spec, tk->vocab_size, (int)tk->doc_start, (int)tk->doc_end, tk->vocab_path,
-           tk->vocab_sha256);
+    printf("kind %s\nspec %s\nvocab_size %d\ndoc_start %d\ndoc_end %d\nvocab_path %s\nvocab_sha256 %s\n", tk->ops->kind,
+           tk->spec, tk->vocab_size, (int)tk->doc_start, (int)tk->doc_end, tk->vocab_path, tk->vocab_sha256);
     for (int i = 0; i < tk->n_special; i++)
         printf("special %s %d\n", tk->special_name[i], (int)tk->special_id[i]);
     return 0;

@@ -75,13 +75,13 @@
  * q, k, v are strided views of qkv rows of R = (NH + 2 NKV) HS floats, token n = b T + t;
  * query head h reads KV head h / (NH / NKV). */
 
-#define ATT_THREADS 128                  /* threads of the attention kernels: 4 per tile row */
-#define ATT_BR 32 /* query rows per tile */
-#define ATT_BC 32 /* key rows per tile */
-#define ATT_DK 64 /* head-dimension columns per shared-memory chunk */
-#define ATT_CW (ATT_DK / 4)  /* accumulated columns per thread per chunk */
-#define ATT_SW (ATT_BC / 4)  /* scores per thread per tile (and query rows per thread in dK/dV) */
-#define ATT_GROUP 4          /* most chunks of accumulated columns per block (256 columns) */
+#define ATT_THREADS 128     /* threads of the attention kernels: 4 per tile row */
+#define ATT_BR 32           /* query rows per tile */
+#define ATT_BC 32           /* key rows per tile */
+#define ATT_DK 64           /* head-dimension columns per shared-memory chunk */
+#define ATT_CW (ATT_DK / 4) /* accumulated columns per thread per chunk */
+#define ATT_SW (ATT_BC / 4) /* scores per thread per tile (and query rows per thread in dK/dV) */
+#define ATT_GROUP 4         /* most chunks of accumulated columns per block (256 columns) */
 
 static_assert(ATT_THREADS == 4 * ATT_BR && ATT_THREADS == 4 * ATT_BC,
               "attention kernels: one quad of threads per tile row");
@@ -122,10 +122,7 @@ static __device__ float quad_max(float v)
 
 /* First key query row t of a row sees: the start of its document (ps: the row's
  * positions, or NULL: 0). Rows past T (partial tiles) get 0. */
-static __device__ int att_lo(const int32_t *ps, int t, int T)
-{
-    return ps && t < T ? t - ps[t] : 0;
-}
+static __device__ int att_lo(const int32_t *ps, int t, int T) { return ps && t < T ? t - ps[t] : 0; }
 
 /* D = rowsum(a o b) over n columns by a quad: lane q sums columns q, q + 4, ... in order,
  * then quad_sum. n = 0 (a row past T) gives 0. dQ and dK/dV both compute D with this, so
@@ -143,8 +140,7 @@ static __device__ float att_quad_dot(const float *a, const float *b, int n, int 
  * Writes out[b T + t, h HS + columns of the group] and (group 0) lse[b, h, t]. */
 template <int NC>
 __global__ void __launch_bounds__(ATT_THREADS)
-    k_att_fwd(float *out, float *lse, const float *qkv, const int32_t *pos, int T, int NH, int NKV, int HS,
-              float scale)
+    k_att_fwd(float *out, float *lse, const float *qkv, const int32_t *pos, int T, int NH, int NKV, int HS, float scale)
 {
     __shared__ att_chunk_t sQ[ATT_BR];  /* Q chunk of the query tile */
     __shared__ att_chunk_t sKV[ATT_BC]; /* K chunk of the key tile, then its V chunk */
@@ -372,10 +368,10 @@ __global__ void __launch_bounds__(ATT_THREADS)
 {
     __shared__ att_chunk_t sK[ATT_BC], sV[ATT_BC];  /* the key tile's chunks */
     __shared__ att_chunk_t sQ[ATT_BR], sdO[ATT_BR]; /* the query tile's chunks */
-    __shared__ float sPt[ATT_BC][ATT_BR + 1];        /* P^T: [key row][query row] */
-    __shared__ float sdSt[ATT_BC][ATT_BR + 1];       /* dS^T */
-    __shared__ float sL[ATT_BR], sD[ATT_BR];         /* the query tile's lse and D */
-    __shared__ int sLo[ATT_BR];                      /* and its rows' first keys (att_lo) */
+    __shared__ float sPt[ATT_BC][ATT_BR + 1];       /* P^T: [key row][query row] */
+    __shared__ float sdSt[ATT_BC][ATT_BR + 1];      /* dS^T */
+    __shared__ float sL[ATT_BR], sD[ATT_BR];        /* the query tile's lse and D */
+    __shared__ int sLo[ATT_BR];                     /* and its rows' first keys (att_lo) */
     const int nkt = (T + ATT_BC - 1) / ATT_BC, nqt = (T + ATT_BR - 1) / ATT_BR;
     const int kt = (int)(blockIdx.x % (unsigned)nkt);
     const int g0 = (int)(blockIdx.x / (unsigned)nkt) * NC * ATT_DK;
@@ -403,8 +399,7 @@ __global__ void __launch_bounds__(ATT_THREADS)
 
     for (int h = kh * grp; h < (kh + 1) * grp; h++) {
         const float *qs = base + (size_t)h * HS;
-        const float *dos = dout + (size_t)b * T * OC + (size_t)h * HS,
-                    *os = out + (size_t)b * T * OC + (size_t)h * HS;
+        const float *dos = dout + (size_t)b * T * OC + (size_t)h * HS, *os = out + (size_t)b * T * OC + (size_t)h * HS;
         const float *lrow = lse + ((size_t)b * NH + h) * T;
         for (int qt = j0 / ATT_BR; qt < nqt && att_lo(ps, qt * ATT_BR, T) <= jlast; qt++) {
             const int t0 = qt * ATT_BR;
@@ -494,10 +489,7 @@ __global__ void __launch_bounds__(ATT_THREADS)
 }
 
 /* Chunks of accumulated columns per block (the kernels' NC) for head size HS. */
-static int att_nc(int HS)
-{
-    return HS <= ATT_DK ? 1 : HS <= 2 * ATT_DK ? 2 : ATT_GROUP;
-}
+static int att_nc(int HS) { return HS <= ATT_DK ? 1 : HS <= 2 * ATT_DK ? 2 : ATT_GROUP; }
 
 /* Grid x of a kernel with `tiles` row tiles and nc chunks per block: tiles x column
  * groups. Ends the job if it does not fit the grid (T or HS beyond any real model). */

@@ -11,18 +11,21 @@
 
 __global__ void k_cast_f32_to_bf16(uint16_t *out, const float *in, size_t n)
 {
-    GRID_STRIDE(i, n) out[i] = dt_f32_to_bf16(in[i]);
+    GRID_STRIDE (i, n)
+        out[i] = dt_f32_to_bf16(in[i]);
 }
 
 __global__ void k_cast_bf16_to_f32(float *out, const uint16_t *in, size_t n)
 {
-    GRID_STRIDE(i, n) out[i] = dt_bf16_to_f32(in[i]);
+    GRID_STRIDE (i, n)
+        out[i] = dt_bf16_to_f32(in[i]);
 }
 
 /* CUDA's own conversion, for the self-test only (not in the table). */
 __global__ void k_cast_f32_to_bf16_cuda(uint16_t *out, const float *in, size_t n)
 {
-    GRID_STRIDE(i, n) out[i] = __bfloat16_as_ushort(__float2bfloat16_rn(in[i]));
+    GRID_STRIDE (i, n)
+        out[i] = __bfloat16_as_ushort(__float2bfloat16_rn(in[i]));
 }
 
 #endif

@@ -33,10 +33,7 @@ static int col_rows(int N)
     return min_rows > COL_ROWS ? min_rows : COL_ROWS;
 }
 
-static int col_chunks(int N)
-{
-    return N > 0 ? (N + col_rows(N) - 1) / col_rows(N) : 0;
-}
+static int col_chunks(int N) { return N > 0 ? (N + col_rows(N) - 1) / col_rows(N) : 0; }
 
 /* part[k, c] = sum over rows n of chunk k (in order) of x[n, c] */
 __global__ void k_colsum_part(float *part, const float *x, int N, int C, int rows)

@@ -21,8 +21,8 @@
 #ifndef DTRAIN_CUDA_KERNELS_COMMON_CUH
 #define DTRAIN_CUDA_KERNELS_COMMON_CUH
 
-#define THREADS 256                      /* threads of row and elementwise kernels */
-#define MAX_GRID 65535u                  /* cap of grid-stride elementwise grids */
+#define THREADS 256     /* threads of row and elementwise kernels */
+#define MAX_GRID 65535u /* cap of grid-stride elementwise grids */
 
 static unsigned grid_for(size_t n, unsigned threads)
 {
@@ -30,7 +30,7 @@ static unsigned grid_for(size_t n, unsigned threads)
     return b > MAX_GRID ? MAX_GRID : (unsigned)(b ? b : 1);
 }
 
-#define GRID_STRIDE(i, n) \
+#define GRID_STRIDE(i, n)                                                                                              \
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
 
 #endif

@@ -15,23 +15,26 @@
 __global__ void k_fill_rows(float *out, const float *b, int N, int OC)
 {
     size_t n = (size_t)N * OC;
-    GRID_STRIDE(i, n) out[i] = b ? b[i % (size_t)OC] : 0.0f;
+    GRID_STRIDE (i, n)
+        out[i] = b ? b[i % (size_t)OC] : 0.0f;
 }
 
 __global__ void k_gelu_fwd(float *out, const float *x, size_t n)
 {
-    GRID_STRIDE(i, n) out[i] = dt_gelu(x[i]);
+    GRID_STRIDE (i, n)
+        out[i] = dt_gelu(x[i]);
 }
 
 __global__ void k_gelu_bwd(float *dx, const float *x, const float *dout, size_t n)
 {
-    GRID_STRIDE(i, n) dx[i] = dout[i] * dt_gelu_grad(x[i]);
+    GRID_STRIDE (i, n)
+        dx[i] = dout[i] * dt_gelu_grad(x[i]);
 }
 
 __global__ void k_swiglu_fwd(float *out, const float *gu, int N, int F)
 {
     size_t n = (size_t)N * F;
-    GRID_STRIDE(i, n) {
+    GRID_STRIDE (i, n) {
         size_t r = i / (size_t)F, f = i % (size_t)F;
         const float *gr = gu + r * 2 * (size_t)F;
         out[i] = dt_silu(gr[f]) * gr[F + f];
@@ -41,7 +44,7 @@ __global__ void k_swiglu_fwd(float *out, const float *gu, int N, int F)
 __global__ void k_swiglu_bwd(float *dgu, const float *gu, const float *dout, int N, int F)
 {
     size_t n = (size_t)N * F;
-    GRID_STRIDE(i, n) {
+    GRID_STRIDE (i, n) {
         size_t r = i / (size_t)F, f = i % (size_t)F;
         const float *gr = gu + r * 2 * (size_t)F;
         float *dr = dgu + r * 2 * (size_t)F;
@@ -54,17 +57,19 @@ __global__ void k_swiglu_bwd(float *dgu, const float *gu, const float *dout, int
 
 __global__ void k_add(float *out, const float *a, const float *b, size_t n)
 {
-    GRID_STRIDE(i, n) out[i] = a[i] + b[i];
+    GRID_STRIDE (i, n)
+        out[i] = a[i] + b[i];
 }
 
 __global__ void k_scale(float *x, float s, size_t n)
 {
-    GRID_STRIDE(i, n) x[i] *= s;
+    GRID_STRIDE (i, n)
+        x[i] *= s;
 }
 
 __global__ void k_adamw(float *p, uint16_t *p16, const float *gr, float *m, float *v, size_t n, dt_adamw_coef_t k)
 {
-    GRID_STRIDE(i, n) {
+    GRID_STRIDE (i, n) {
         dt_adamw_update(&p[i], &m[i], &v[i], gr[i], &k);
         if (p16)
             p16[i] = dt_f32_to_bf16(p[i]);

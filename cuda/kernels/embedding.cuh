@@ -15,11 +15,11 @@
 
 #include "cuda/kernels/common.cuh"
 
-__global__ void k_embedding_fwd(float *out, const int32_t *tok, const int32_t *pos, const float *wte,
-                                const float *wpe, int N, int T, int C, int v0, int Vl)
+__global__ void k_embedding_fwd(float *out, const int32_t *tok, const int32_t *pos, const float *wte, const float *wpe,
+                                int N, int T, int C, int v0, int Vl)
 {
     size_t total = (size_t)N * C;
-    GRID_STRIDE(i, total) {
+    GRID_STRIDE (i, total) {
         size_t n = i / (size_t)C, c = i % (size_t)C;
         int r = tok[n] - v0;
         int held = r >= 0 && r < Vl;
@@ -47,7 +47,7 @@ __global__ void k_embedding_fwd(float *out, const int32_t *tok, const int32_t *p
 /* key[n] = this rank's row of token n, or Vl when not held; val[n] = n */
 __global__ void k_emb_keys(int *key, int *val, const int32_t *tok, int N, int v0, int Vl)
 {
-    GRID_STRIDE(n, (size_t)N) {
+    GRID_STRIDE (n, (size_t)N) {
         const int r = tok[n] - v0;
         key[n] = r >= 0 && r < Vl ? r : Vl;
         val[n] = (int)n;
@@ -76,7 +76,7 @@ __global__ void k_emb_rows(float *dwte, const float *dout, const int *row, const
 __global__ void k_embedding_bwd_wpe(float *dwpe, const float *dout, int N, int T, int C)
 {
     size_t total = (size_t)T * C;
-    GRID_STRIDE(i, total) {
+    GRID_STRIDE (i, total) {
         size_t t = i / (size_t)C, c = i % (size_t)C;
         float a = dwpe[i];
         for (size_t n = t; n < (size_t)N; n += (size_t)T)

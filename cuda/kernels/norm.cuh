@@ -15,8 +15,8 @@
 #include "cuda/kernels/reduce.cuh"
 #include "cuda/kernels/colsum.cuh"
 
-__global__ void k_layernorm_fwd(float *out, float *mean, float *rstd, const float *x, const float *w,
-                                const float *b, int C, float eps)
+__global__ void k_layernorm_fwd(float *out, float *mean, float *rstd, const float *x, const float *w, const float *b,
+                                int C, float eps)
 {
     const float *xr = x + (size_t)blockIdx.x * C;
     float *o = out + (size_t)blockIdx.x * C;
@@ -38,8 +38,8 @@ __global__ void k_layernorm_fwd(float *out, float *mean, float *rstd, const floa
     }
 }
 
-__global__ void k_layernorm_bwd_dx(float *din, const float *dout, const float *x, const float *w,
-                                   const float *mean, const float *rstd, int C)
+__global__ void k_layernorm_bwd_dx(float *din, const float *dout, const float *x, const float *w, const float *mean,
+                                   const float *rstd, int C)
 {
     size_t off = (size_t)blockIdx.x * C;
     const float *xr = x + off, *gr = dout + off;

@@ -11,7 +11,7 @@
 
 #include "cuda/kernels/common.cuh"
 
-#define SUMSQ_BLOCKS 128                 /* fixed partial count: same bits every run */
+#define SUMSQ_BLOCKS 128 /* fixed partial count: same bits every run */
 
 /* ---- block reductions ---------------------------------------------------------
  * Fixed shape (warp shuffles, then one warp over the warp sums), so the
@@ -85,7 +85,8 @@ __global__ void k_sumsq(double *part, const float *const *xs, const size_t *ns)
     const float *x = xs[blockIdx.y];
     const size_t n = ns[blockIdx.y];
     double s = 0.0;
-    GRID_STRIDE(i, n) s += (double)x[i] * (double)x[i];
+    GRID_STRIDE (i, n)
+        s += (double)x[i] * (double)x[i];
     s = block_sum(s);
     if (threadIdx.x == 0)
         part[(size_t)blockIdx.y * SUMSQ_BLOCKS + blockIdx.x] = s;

@@ -10,12 +10,11 @@
 
 #include "cuda/kernels/common.cuh"
 
-__global__ void k_rope(float *qkv, const int32_t *pos, int N, int T, int NH, int NKV, int HS, float theta,
-                       float dir)
+__global__ void k_rope(float *qkv, const int32_t *pos, int N, int T, int NH, int NKV, int HS, float theta, float dir)
 {
     const int R = (NH + 2 * NKV) * HS, nqk = NH + NKV, half = HS / 2;
     size_t total = (size_t)N * nqk * half;
-    GRID_STRIDE(idx, total) {
+    GRID_STRIDE (idx, total) {
         int i = (int)(idx % (size_t)half);
         size_t rest = idx / (size_t)half;
         int h = (int)(rest % (size_t)nqk);

@@ -62,14 +62,15 @@ static cudaError_t emu_last_error = cudaSuccess;
 static cudaStream_t emu_stream = (cudaStream_t)0x5eed;
 static long emu_launches, emu_bad_stream;
 
-namespace emu {
+namespace emu
+{
 struct Launch {
     dim3 grid, block;
     bool ok;
     Launch(dim3 g, dim3 b, size_t smem, cudaStream_t s) : grid(g), block(b)
     {
-        ok = g.x >= 1 && g.x <= 0x7fffffffu && g.y >= 1 && g.y <= 65535 && g.z >= 1 && g.z <= 65535 &&
-             b.x >= 1 && b.y >= 1 && b.z >= 1 && (size_t)b.x * b.y * b.z <= 1024 && b.z <= 64 && smem <= 48 * 1024;
+        ok = g.x >= 1 && g.x <= 0x7fffffffu && g.y >= 1 && g.y <= 65535 && g.z >= 1 && g.z <= 65535 && b.x >= 1 &&
+             b.y >= 1 && b.z >= 1 && (size_t)b.x * b.y * b.z <= 1024 && b.z <= 64 && smem <= 48 * 1024;
         if (s != emu_stream)
             emu_bad_stream++;
     }
@@ -84,7 +85,7 @@ struct Launch {
         if (!ok) {
             emu_last_error = cudaErrorInvalidConfiguration;
             printf("FAIL: invalid launch configuration grid(%u,%u,%u) block(%u,%u,%u)\n", grid.x, grid.y, grid.z,
-                    block.x, block.y, block.z);
+                   block.x, block.y, block.z);
             return;
         }
         gridDim = grid;
@@ -175,9 +176,9 @@ struct Operand {
 };
 static bool ab_type_ok(cudaDataType_t t) { return t == CUDA_R_32F || t == CUDA_R_16BF; }
 
-static void gemm_core(int64_t m, int64_t n, int64_t k, float alpha, Operand A, Operand B, float beta,
-                      const float *C, int64_t ldc, float *D, int64_t ldd, int epi, const float *bias,
-                      float *aux_out, const float *aux_in, int64_t ldaux)
+static void gemm_core(int64_t m, int64_t n, int64_t k, float alpha, Operand A, Operand B, float beta, const float *C,
+                      int64_t ldc, float *D, int64_t ldd, int epi, const float *bias, float *aux_out,
+                      const float *aux_in, int64_t ldaux)
 {
     /* op(A) by rows and op(B) by columns, widened once: the p loop below
      * runs over contiguous doubles (the sums dominate the test's time) */
@@ -261,17 +262,17 @@ struct EmuPref {
  * sends ops_cuda.cu down a fallback: cublasGemmEx for plain GEMMs, a plain
  * GEMM plus separate kernels (bias rows, GELU, column sums) for epilogues. */
 enum Policy {
-    P_ALL,          /* an algorithm for everything */
-    P_NONE_STATUS,  /* CUBLAS_STATUS_NOT_SUPPORTED for everything */
-    P_NONE_ZERO,    /* success, zero results, for everything */
-    P_EPI_STATUS,   /* NOT_SUPPORTED for any epilogue, plain GEMMs found */
-    P_EPI_STATE,    /* one result whose state is NOT_SUPPORTED for any epilogue */
-    P_PLAIN_ZERO,   /* zero results for plain GEMMs, epilogues found */
-    P_REALISTIC,    /* zero results when any alignment (A, B, C, D, bias, aux) < 16 bytes */
+    P_ALL,         /* an algorithm for everything */
+    P_NONE_STATUS, /* CUBLAS_STATUS_NOT_SUPPORTED for everything */
+    P_NONE_ZERO,   /* success, zero results, for everything */
+    P_EPI_STATUS,  /* NOT_SUPPORTED for any epilogue, plain GEMMs found */
+    P_EPI_STATE,   /* one result whose state is NOT_SUPPORTED for any epilogue */
+    P_PLAIN_ZERO,  /* zero results for plain GEMMs, epilogues found */
+    P_REALISTIC,   /* zero results when any alignment (A, B, C, D, bias, aux) < 16 bytes */
     P_COUNT
 };
-static const char *policy_name[P_COUNT] = {"all",        "none-status", "none-zero", "epi-status",
-                                           "epi-state",  "plain-zero",  "realistic"};
+static const char *policy_name[P_COUNT] = {"all",       "none-status", "none-zero", "epi-status",
+                                           "epi-state", "plain-zero",  "realistic"};
 static Policy emu_policy = P_ALL;
 /* cuBLASLt matmuls by epilogue, cublasGemmEx calls, and those of them on
  * cuBLAS's default workspace (cublasSetStream resets the one set before it:
@@ -315,13 +316,13 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMa
         SHIM_ERR("DescSetAttribute: bad desc or buf");
         return CUBLAS_STATUS_INVALID_VALUE;
     }
-#define SET(field, T)                                                                          \
-    do {                                                                                       \
-        if (sz != sizeof(T)) {                                                                 \
-            SHIM_ERR("DescSetAttribute %d: size %zu, want %zu", (int)attr, sz, sizeof(T));    \
-            return CUBLAS_STATUS_INVALID_VALUE;                                                \
-        }                                                                                      \
-        memcpy(&e->field, buf, sz);                                                            \
+#define SET(field, T)                                                                                                  \
+    do {                                                                                                               \
+        if (sz != sizeof(T)) {                                                                                         \
+            SHIM_ERR("DescSetAttribute %d: size %zu, want %zu", (int)attr, sz, sizeof(T));                             \
+            return CUBLAS_STATUS_INVALID_VALUE;                                                                        \
+        }                                                                                                              \
+        memcpy(&e->field, buf, sz);                                                                                    \
     } while (0)
     switch (attr) {
     case CUBLASLT_MATMUL_DESC_TRANSA: SET(ta, int32_t); break;
@@ -420,8 +421,11 @@ static cublasStatus_t lt_check(const EmuDesc *d, const EmuLayout *a, const EmuLa
             return SHIM_ERR("%s: ld %lld < rows %llu", who, (long long)ls[i]->ld, (unsigned long long)ls[i]->rows),
                    CUBLAS_STATUS_INVALID_VALUE;
     switch (d->epi) {
-    case CUBLASLT_EPILOGUE_DEFAULT: case CUBLASLT_EPILOGUE_BIAS: case CUBLASLT_EPILOGUE_GELU_AUX:
-    case CUBLASLT_EPILOGUE_GELU_AUX_BIAS: case CUBLASLT_EPILOGUE_DGELU: break;
+    case CUBLASLT_EPILOGUE_DEFAULT:
+    case CUBLASLT_EPILOGUE_BIAS:
+    case CUBLASLT_EPILOGUE_GELU_AUX:
+    case CUBLASLT_EPILOGUE_GELU_AUX_BIAS:
+    case CUBLASLT_EPILOGUE_DGELU: break;
     default: return SHIM_ERR("%s: epilogue %u not emulated", who, d->epi), CUBLAS_STATUS_NOT_SUPPORTED;
     }
     if (epi_bias(d->epi) && d->bias_type != -1 && d->bias_type != CUDA_R_32F)
@@ -432,10 +436,9 @@ static cublasStatus_t lt_check(const EmuDesc *d, const EmuLayout *a, const EmuLa
     return CUBLAS_STATUS_SUCCESS;
 }
 
-cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmulDesc_t desc,
-                                              cublasLtMatrixLayout_t A, cublasLtMatrixLayout_t B,
-                                              cublasLtMatrixLayout_t C, cublasLtMatrixLayout_t D,
-                                              cublasLtMatmulPreference_t pref, int req,
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t A,
+                                              cublasLtMatrixLayout_t B, cublasLtMatrixLayout_t C,
+                                              cublasLtMatrixLayout_t D, cublasLtMatmulPreference_t pref, int req,
                                               cublasLtMatmulHeuristicResult_t res[], int *nres)
 {
     const EmuDesc *d = (const EmuDesc *)desc;
@@ -443,8 +446,8 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
     if (!live_has(h) || !live_has(p) || req <= 0)
         return SHIM_ERR("heuristic: handle/pref/req"), CUBLAS_STATUS_INVALID_VALUE;
     int64_t m, n, k;
-    cublasStatus_t st = lt_check(d, (EmuLayout *)A, (EmuLayout *)B, (EmuLayout *)C, (EmuLayout *)D, &m, &n, &k,
-                                 "heuristic");
+    cublasStatus_t st =
+        lt_check(d, (EmuLayout *)A, (EmuLayout *)B, (EmuLayout *)C, (EmuLayout *)D, &m, &n, &k, "heuristic");
     if (st != CUBLAS_STATUS_SUCCESS)
         return st;
     for (int i = 0; i < 4; i++)
@@ -459,9 +462,18 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
     case P_ALL: break;
     case P_NONE_STATUS: return CUBLAS_STATUS_NOT_SUPPORTED;
     case P_NONE_ZERO: found = 0; break;
-    case P_EPI_STATUS: if (!plain) return CUBLAS_STATUS_NOT_SUPPORTED; break;
-    case P_EPI_STATE: if (!plain) state = CUBLAS_STATUS_NOT_SUPPORTED; break;
-    case P_PLAIN_ZERO: if (plain) found = 0; break;
+    case P_EPI_STATUS:
+        if (!plain)
+            return CUBLAS_STATUS_NOT_SUPPORTED;
+        break;
+    case P_EPI_STATE:
+        if (!plain)
+            state = CUBLAS_STATUS_NOT_SUPPORTED;
+        break;
+    case P_PLAIN_ZERO:
+        if (plain)
+            found = 0;
+        break;
     case P_REALISTIC: {
         uint32_t mn = al_bias < al_aux ? al_bias : al_aux;
         for (int i = 0; i < 4; i++)
@@ -537,9 +549,9 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, con
         return SHIM_ERR("matmul: workspace"), CUBLAS_STATUS_INVALID_VALUE;
     emu_lt_matmul[d->epi]++;
     float fa = *(const float *)alpha, fb = *(const float *)beta;
-    gemm_core(m, n, k, fa, Operand{Ap, a->t, a->ld, d->ta == CUBLAS_OP_T}, Operand{Bp, b->t, b->ld, d->tb == CUBLAS_OP_T},
-              fb, (const float *)Cp, c->ld, (float *)Dp, dd->ld, (int)d->epi, d->bias,
-              d->epi == CUBLASLT_EPILOGUE_DGELU ? nullptr : (float *)d->aux,
+    gemm_core(m, n, k, fa, Operand{Ap, a->t, a->ld, d->ta == CUBLAS_OP_T},
+              Operand{Bp, b->t, b->ld, d->tb == CUBLAS_OP_T}, fb, (const float *)Cp, c->ld, (float *)Dp, dd->ld,
+              (int)d->epi, d->bias, d->epi == CUBLASLT_EPILOGUE_DGELU ? nullptr : (float *)d->aux,
               d->epi == CUBLASLT_EPILOGUE_DGELU ? (const float *)d->aux : nullptr, d->auxld);
     return CUBLAS_STATUS_SUCCESS;
 }
@@ -597,8 +609,7 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
         emu_bad_stream++;
     if (Atype != Btype || !ab_type_ok(Atype) || Ctype != CUDA_R_32F || compute != CUBLAS_COMPUTE_32F)
         return SHIM_ERR("GemmEx: types"), CUBLAS_STATUS_NOT_SUPPORTED;
-    if ((ta != CUBLAS_OP_N && ta != CUBLAS_OP_T) || (tb != CUBLAS_OP_N && tb != CUBLAS_OP_T) || m < 0 || n < 0 ||
-        k < 0)
+    if ((ta != CUBLAS_OP_N && ta != CUBLAS_OP_T) || (tb != CUBLAS_OP_N && tb != CUBLAS_OP_T) || m < 0 || n < 0 || k < 0)
         return SHIM_ERR("GemmEx: args"), CUBLAS_STATUS_INVALID_VALUE;
     int ra = ta == CUBLAS_OP_N ? m : k, rb = tb == CUBLAS_OP_N ? k : n;
     if (lda < (ra > 1 ? ra : 1) || ldb < (rb > 1 ? rb : 1) || ldc < (m > 1 ? m : 1))

@@ -244,9 +244,8 @@ static void t_bwd(bool bf16, int N, int IC, int OC, int mask, int acc_din, int a
                         acc_dw);
         GUARDED(matmul_bwd(&emu_g, P(din_e, 1), P(dw_e, 2), P(db_e, 4), dout.f(), in.f(), w.f(), N, IC, OC, acc_din,
                            acc_dw));
-        GUARDED(
-            matmul_bwd(&emu_g, P(din_e2, 1), P(dw_e2, 2), P(db_e2, 4), dout.f(), in.f(), w.f(), N, IC, OC, acc_din,
-                       acc_dw));
+        GUARDED(matmul_bwd(&emu_g, P(din_e2, 1), P(dw_e2, 2), P(db_e2, 4), dout.f(), in.f(), w.f(), N, IC, OC, acc_din,
+                           acc_dw));
     } else if (!gelu) {
         cpu->matmul_bwd_bf16(cpu->ctx, P(din_c, 1), P(dw_c, 2), P(db_c, 4), dout16.h(), dout.f(), in.h(), w.h(), N, IC,
                              OC, acc_din, acc_dw);
@@ -287,18 +286,21 @@ static void t_bwd(bool bf16, int N, int IC, int OC, int mask, int acc_din, int a
 struct Shape {
     int N, IC, OC;
 };
-static const Shape shapes[] = {{1, 1, 1},   {7, 13, 5}, {37, 61, 29}, {64, 96, 160},  {33, 257, 129}, {300, 64, 96},
-                               {0, 5, 3},   {5, 0, 3},  {5, 3, 0},    {16, 8, 8},     {8, 0, 8},      {0, 8, 8},
-                               {4, 8, 0},   {3, 24, 40}, {130, 16, 17}, {257, 9, 24}};
+static const Shape shapes[] = {{1, 1, 1}, {7, 13, 5},  {37, 61, 29},  {64, 96, 160}, {33, 257, 129}, {300, 64, 96},
+                               {0, 5, 3}, {5, 0, 3},   {5, 3, 0},     {16, 8, 8},    {8, 0, 8},      {0, 8, 8},
+                               {4, 8, 0}, {3, 24, 40}, {130, 16, 17}, {257, 9, 24}};
 
 /* which calls each policy must lead to: cuBLASLt without an epilogue, with
  * one, cublasGemmEx */
 static const struct {
     bool lt_plain, lt_epi, gemmex;
 } paths[P_COUNT] = {
-    /* all */ {true, true, false},          /* none-status */ {false, false, true},
-    /* none-zero */ {false, false, true},   /* epi-status */ {true, false, false},
-    /* epi-state */ {true, false, false},   /* plain-zero */ {false, true, true},
+    /* all */ {true, true, false},
+    /* none-status */ {false, false, true},
+    /* none-zero */ {false, false, true},
+    /* epi-status */ {true, false, false},
+    /* epi-state */ {true, false, false},
+    /* plain-zero */ {false, true, true},
     /* realistic: 16-byte aligned shapes on cuBLASLt, the rest on the fallbacks */ {true, true, true},
 };
 

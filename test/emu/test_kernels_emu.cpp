@@ -177,8 +177,8 @@ static void check(const char *what, const char *shape, const float *emu, const f
     for (size_t i = 0; i < n; i++)
         big = std::max(big, (double)fabsf(ref[i]));
     for (size_t i = 0; i < n; i++) {
-        bool ok = tol < 0 ? memcmp(&emu[i], &ref[i], sizeof(float)) == 0
-                          : fabs((double)emu[i] - (double)ref[i]) <= tol * big;
+        bool ok =
+            tol < 0 ? memcmp(&emu[i], &ref[i], sizeof(float)) == 0 : fabs((double)emu[i] - (double)ref[i]) <= tol * big;
         if (!ok) {
             printf("FAIL %s %s: element %zu: %.9g, cpu %.9g (largest %.6g)\n", what, shape, i, emu[i], ref[i], big);
             failed++;
@@ -201,17 +201,15 @@ static const double TOL = 1e-5;
 
 /* ---- attention: the launches of attention_fwd/attention_bwd ---- */
 template <int NC>
-static void att_run(float *out, float *lse, float *dqkv, const float *dout, const float *qkv, const int32_t *pos,
-                    int B, int T, int NH, int NKV, int HS)
+static void att_run(float *out, float *lse, float *dqkv, const float *dout, const float *qkv, const int32_t *pos, int B,
+                    int T, int NH, int NKV, int HS)
 {
     const float scale = 1.0f / sqrtf((float)HS);
     dim3 gq(att_grid_x("attention", (T + ATT_BR - 1) / ATT_BR, NC, HS), (unsigned)NH, (unsigned)B);
     dim3 gk(att_grid_x("attention", (T + ATT_BC - 1) / ATT_BC, NC, HS), (unsigned)NKV, (unsigned)B);
     launch(gq, ATT_THREADS, true, [=] { k_att_fwd<NC>(out, lse, qkv, pos, T, NH, NKV, HS, scale); });
-    launch(gq, ATT_THREADS, true,
-           [=] { k_att_bwd_dq<NC>(dqkv, dout, qkv, out, lse, pos, T, NH, NKV, HS, scale); });
-    launch(gk, ATT_THREADS, true,
-           [=] { k_att_bwd_dkv<NC>(dqkv, dout, qkv, out, lse, pos, T, NH, NKV, HS, scale); });
+    launch(gq, ATT_THREADS, true, [=] { k_att_bwd_dq<NC>(dqkv, dout, qkv, out, lse, pos, T, NH, NKV, HS, scale); });
+    launch(gk, ATT_THREADS, true, [=] { k_att_bwd_dkv<NC>(dqkv, dout, qkv, out, lse, pos, T, NH, NKV, HS, scale); });
 }
 
 /* Document positions (base/ops.h) for rows of T tokens: documents of the
@@ -485,8 +483,8 @@ int main(void)
     test_norms(130, 24); /* two row chunks */
     test_xent(6, 300, 304, 0, false);
     test_xent(5, 37, 40, 20, true);
-    test_embedding(3, 50, 20, 0, 40, true);   /* N > 128 */
-    test_embedding(2, 7, 257, 10, 9, false); /* another rank's slice, C over THREADS */
+    test_embedding(3, 50, 20, 0, 40, true);       /* N > 128 */
+    test_embedding(2, 7, 257, 10, 9, false);      /* another rank's slice, C over THREADS */
     test_embedding(3, 50, 20, 0, 40, true, true); /* wpe by document position */
     test_sumsq();
     printf("%s: %d of %d checks failed\n", failed ? "FAIL" : "PASS", failed, checks);
