@@ -266,7 +266,7 @@ int backend_selftest(int local_rank, FILE *out, char *err, size_t errlen)
 {
 #ifdef HAVE_CUDA
     backend_t b;
-    if (backend_open(&b, "cuda", local_rank, err, errlen) != 0)
+    if (backend_open(&b, BACKEND_CUDA, local_rank, err, errlen) != 0)
         return -1;
     const ops_t *cpu = ops_cpu_create();
     if (!cpu) {
