@@ -7,6 +7,7 @@
  * minutes on two cores: tiny and tiny-llama with the byte tokenizer,
  * tiny-gpt2 with GPT-2's BPE (its 50257-row embedding, tied to the head,
  * is most of its parameters and of its compute). */
+/* clang-format off: one preset a block, its shape on two lines */
 static const model_preset_t presets[] = {
     {"tiny",
      "GPT-2 style, byte vocabulary, 4 layers, d_model 128 (trains in minutes on 2 cores)",
@@ -94,6 +95,7 @@ static const model_preset_t presets[] = {
       .rope_theta = 10000.0f}},
     {NULL, NULL, {0}},
 };
+/* clang-format on */
 
 const model_preset_t *model_presets(void) { return presets; }
 
