@@ -33,6 +33,7 @@
 
 #include "io/crc32c.h"
 #include "io/errmsg.h"
+#include "io/fsutil.h"
 
 #define FILE_VERSION "brain.Event:2"
 #define MAX_SUFFIX 1000 /* files of one second, host and pid tried before giving up */
@@ -190,32 +191,15 @@ static int write_event(tfevents_t *w, double wall_time, int64_t step, const char
 
 /* ---- files ---- */
 
-/* mkdir -p: every prefix ending before a '/', then dir itself. */
+/* mkdir -p (io/fsutil.h), with the directory that failed in the message. */
 static int mkdir_p(const char *dir, char *err, size_t errlen)
 {
-    size_t n = strlen(dir);
-    char *p = malloc(n + 1);
-    if (!p) {
-        seterr(err, errlen, "cannot create directory '%s': out of memory", dir);
-        return -1;
-    }
-    memcpy(p, dir, n + 1);
-    int rc = 0;
-    for (size_t i = 1; i <= n && rc == 0; i++) {
-        if (i < n && (p[i] != '/' || p[i - 1] == '/'))
-            continue;
-        char c = p[i];
-        p[i] = '\0';
-        struct stat st;
-        if (mkdir(p, 0777) != 0 && (errno != EEXIST || stat(p, &st) != 0 || !S_ISDIR(st.st_mode))) {
-            seterr(err, errlen, "cannot create directory '%s': %s", p,
-                   errno == EEXIST ? "a file of that name exists" : strerror(errno));
-            rc = -1;
-        }
-        p[i] = c;
-    }
-    free(p);
-    return rc;
+    char failed[4096];
+    if (fs_mkdir_p(dir, failed, sizeof failed) == 0)
+        return 0;
+    seterr(err, errlen, "cannot create directory '%s': %s", failed,
+           errno == ENOTDIR ? "a file of that name exists" : strerror(errno));
+    return -1;
 }
 
 /* Creates the first free "events.out.tfevents.SECS.HOST.PID.N" in dir. */

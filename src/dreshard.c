@@ -41,7 +41,7 @@
 #include "src/deal.h"
 #include "src/export.h"
 #include "io/safetensors.h"
-#include "src/fsutil.h"
+#include "io/fsutil.h"
 #include "io/h5store.h"
 #include "mpi/agree.h"
 #include "mpi/launch.h"

@@ -17,7 +17,7 @@
 #include "mpi/agree.h"
 #include "mpi/clock.h"
 #include "src/deal.h"
-#include "src/fsutil.h"
+#include "io/fsutil.h"
 #include "io/publish.h"
 
 const char *const export_dtype_names[] = {[EXPORT_F32] = "fp32", [EXPORT_BF16] = "bf16", [EXPORT_F16] = "fp16", NULL};

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "src/flops.h"
-#include "src/fsutil.h"
+#include "io/fsutil.h"
 #include "src/hw.h"
 #include "src/mem.h"
 #include "src/metrics.h"

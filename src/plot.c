@@ -42,7 +42,7 @@
 
 #include "io/errmsg.h"
 #include "io/publish.h"
-#include "src/fsutil.h"
+#include "io/fsutil.h"
 
 #ifndef PACKAGE_VERSION
 #define PACKAGE_VERSION "0.1.0"

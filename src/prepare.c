@@ -10,7 +10,7 @@
 #include "src/prepare.h"
 
 #include "mpi/clock.h"
-#include "src/fsutil.h"
+#include "io/fsutil.h"
 #include "src/optable.h"
 
 #include <errno.h>

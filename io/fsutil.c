@@ -1,4 +1,4 @@
-#include "src/fsutil.h"
+#include "io/fsutil.h"
 
 #include <errno.h>
 #include <stdio.h>
