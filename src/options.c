@@ -234,6 +234,10 @@ static const opt_def_t opt_defs[] = {
      NULL, NULL, 0},
     {"gpu-mem", OPT_REAL, F(gpu_mem), 0, "0", 0, 1e9, NULL,
      "with --plan: device memory per rank in GiB (0 = the hardware profile's)", NULL, NULL, 0},
+    {"plan-doc-len", OPT_INT, F(plan_doc_len), 0, "0", 0, 1 << 24, NULL,
+     "with --plan --doc-mask: mean document length: each sequence cut into documents of N tokens and a last one of "
+     "the rest; attention FLOPs and time count sum(L^2) / seq-len positions per token (0 = one document per sequence)",
+     "N", NULL, 0},
     {"device", OPT_ENUM, F(device), 0, "auto", 0, 0, backend_device_names,
      "compute backend: cpu | cuda (one GPU per rank, chosen by local rank) | auto (cuda when built with it and a GPU "
      "is visible, else cpu)",
@@ -384,6 +388,7 @@ static int check_consistency(const run_options_t *o, char *err, size_t errlen)
                             : o->hw[0]                         ? "hw"
                             : o->plan_dtype != PLAN_DTYPE_AUTO ? "plan-dtype"
                             : o->gpu_mem > 0                   ? "gpu-mem"
+                            : o->plan_doc_len                  ? "plan-doc-len"
                                                                : NULL;
     if (plan_only && !o->plan) {
         snprintf(err, errlen, "--%s is an option of the planner: add --plan (which trains nothing)", plan_only);

@@ -86,7 +86,8 @@ typedef struct run_options {
     int gpus;              /* total devices (0 = --dp or the world size) */
     char hw[OPT_PATH_MAX]; /* profile name or key = value file ("" = h100-sxm) */
     plan_dtype_t plan_dtype;
-    double gpu_mem; /* device memory in GiB (0 = the profile's) */
+    double gpu_mem;   /* device memory in GiB (0 = the profile's) */
+    int plan_doc_len; /* --doc-mask's mean document length in tokens (0 = one document per sequence) */
     /* backend */
     backend_device_t device;
     backend_dtype_t dtype; /* GEMM precision */

@@ -28,6 +28,9 @@ typedef struct plan_in {
     run_config_t run;
     int bf16;     /* bf16 matmuls: dtrain's --dtype bf16, or Megatron's layout */
     int megatron; /* Megatron's bf16 layout (Korthikanti's activations) instead of dtrain's own buffers */
+    int doc_mask; /* --doc-mask: the positions' buffer in the arena, attention within documents */
+    int doc_len;  /* --plan-doc-len: documents of this many tokens (0: one per sequence) */
+    double att_T; /* positions attended per token: sum(L^2) / T over a sequence's documents (T unmasked) */
 } plan_in_t;
 
 /* One pipeline stage (every TP and DP rank of a stage holds the same). */
@@ -267,7 +270,8 @@ static int plan_stage(const plan_in_t *in, int s, int layer_begin, stage_plan_t 
                                 .bf16 = in->bf16 && !in->megatron,
                                 .lent_block_grads = run->zero_stage >= 2,
                                 .lent_block_params = run->zero_stage >= 3,
-                                .recompute = run->recompute};
+                                .recompute = run->recompute,
+                                .doc_mask = in->doc_mask};
     if (!in->megatron)
         plan_arena(in, &lay, sp);
     else
@@ -286,7 +290,7 @@ static void stage_compute(const plan_in_t *in, int s, stage_plan_t *sp)
     const double F = c->d_ff, V = c->vocab_size, T = in->run.seq_len, t = in->run.tp;
     const double mlp = c->arch == ARCH_LLAMA ? 3.0 * C * F : 2.0 * C * F;
     const double P_l = C * (QD + 2.0 * KVD) + QD * C + mlp;
-    const double att = 4.0 * QD * T;
+    const double att = 4.0 * QD * in->att_T;
     const double tok = (double)in->run.micro_batch * T;
     const int last = s == in->run.pp - 1;
     /* flash-style attention recomputes Q K^T in every backward (half of
@@ -462,7 +466,7 @@ static int plan_compute(const plan_in_t *in, plan_t *p, char *err, size_t errlen
     p->margin = p->usable - p->st[p->worst].total;
     p->fits = p->margin >= 0;
     const double tokens = (double)in->run.global_batch * in->run.seq_len;
-    p->flops_step = flops_per_token(in->c, in->run.seq_len) * tokens;
+    p->flops_step = flops_per_token(in->c, in->att_T) * tokens;
     p->t_mb = t_mb;
     p->bubble_frac = (double)(in->run.pp - 1) / (in->run.accum + in->run.pp - 1);
     p->t_bubble = (in->run.pp - 1) * t_mb;
@@ -489,6 +493,32 @@ static void plan_free(plan_t *p)
 
 /* ---- inputs ------------------------------------------------------------------------------ */
 
+/* --doc-mask's attention: each sequence of T tokens cut into documents of
+ * N (--plan-doc-len; 0 = one document of T) and a last one of the T mod N
+ * left, counted at its own length, as the trainer counts every document
+ * (src/docmask.h). Sets the positions attended per token, sum(L^2) / T,
+ * the T that flops_per_token takes. Returns 0 or -1. */
+static int plan_doc_mask(const run_options_t *o, plan_in_t *in, char *err, size_t errlen)
+{
+    const int T = in->run.seq_len, N = o->plan_doc_len;
+    in->doc_mask = o->doc_mask;
+    in->doc_len = N;
+    in->att_T = T;
+    if (N > 0 && !o->doc_mask) {
+        snprintf(err, errlen, "--plan-doc-len %d is the mean document length of --doc-mask: add --doc-mask", N);
+        return -1;
+    }
+    if (N > T) {
+        snprintf(err, errlen, "--plan-doc-len %d exceeds --seq-len %d: a document longer than its sequence", N, T);
+        return -1;
+    }
+    if (N > 0) {
+        const double k = T / N, r = T % N;
+        in->att_T = (k * N * N + r * r) / T;
+    }
+    return 0;
+}
+
 /* Resolves the layout as training would (options_resolve_layout) and
  * fills in. Returns 0 or -1. */
 static int plan_setup(const run_options_t *o, const model_config_t *c, const hw_profile_t *hw, int tp, int pp, int dp,
@@ -502,6 +532,8 @@ static int plan_setup(const run_options_t *o, const model_config_t *c, const hw_
                  c->max_seq);
         return -1;
     }
+    if (plan_doc_mask(o, in, err, errlen) != 0)
+        return -1;
     in->c = c;
     in->hw = hw;
     in->megatron = o->plan_dtype == PLAN_DTYPE_MEGATRON;
@@ -600,6 +632,27 @@ static const char *act_formula(const plan_in_t *in)
     }
 }
 
+/* The plan's --doc-mask line: the documents it assumes and what attention
+ * then computes. */
+static void print_doc_mask(const plan_in_t *in, FILE *out)
+{
+    const int T = in->run.seq_len, N = in->doc_len;
+    if (!in->doc_mask)
+        return;
+    if (N == 0) {
+        fprintf(out, "document masking: one document per sequence assumed (give --plan-doc-len N for documents of "
+                     "mean length N): attention as unmasked\n");
+        return;
+    }
+    fprintf(out,
+            "document masking: documents of mean length %d (--plan-doc-len): each sequence of %d tokens cut into %d "
+            "of %d",
+            N, T, T / N, N);
+    if (T % N)
+        fprintf(out, " and one of %d", T % N);
+    fprintf(out, "; attention over sum(L^2) / T = %.4g positions per token instead of %d\n", in->att_T, T);
+}
+
 static void print_plan_header(const plan_t *p, const run_options_t *o, FILE *out)
 {
     const plan_in_t *in = &p->in;
@@ -620,6 +673,7 @@ static void print_plan_header(const plan_t *p, const run_options_t *o, FILE *out
     fprintf(out, "batch: micro %d x seq %d, %d microbatch%s per step x dp %d = %d sequences, %lld tokens per step\n",
             in->run.micro_batch, in->run.seq_len, in->run.accum, in->run.accum == 1 ? "" : "es", in->run.dp,
             in->run.global_batch, (long long)in->run.global_batch * in->run.seq_len);
+    print_doc_mask(in, out);
     char sd[160];
     lr_schedule_describe(&in->run.sched, sd, sizeof sd);
     fprintf(out, "lr schedule: %s\n", sd);
@@ -730,10 +784,10 @@ static void print_perf(const plan_t *p, FILE *out)
     char b1[32], b2[32], b3[32];
     const double tokens = (double)in->run.global_batch * in->run.seq_len;
     fprintf(out,
-            "\ncompute: %s per step (%s per token: 6 x matmul parameters + 12 x L x h x s, src/flops.c), "
+            "\ncompute: %s per step (%s per token: 6 x matmul parameters + 12 x L x h x %s, src/flops.c), "
             "%s with recomputation\n",
             fmt_flops(b1, sizeof b1, p->flops_step), fmt_flops(b2, sizeof b2, p->flops_step / tokens),
-            fmt_flops(b3, sizeof b3, p->hw_flops_step));
+            in->doc_len ? "sum(L^2)/s" : "s", fmt_flops(b3, sizeof b3, p->hw_flops_step));
     fprintf(out, "bytes sent per step by one rank of stage %d:\n", p->worst);
     const long tp = in->run.tp, dp = in->run.dp, pp = in->run.pp;
     if (in->run.tp > 1)
@@ -824,10 +878,12 @@ static int write_json(const plan_t *p, const run_options_t *o, const char *path,
             "\"flops_per_step\": %.0f, \"hw_flops_per_step\": %.0f, \"bytes_sent\": {\"tp\": %.0f, \"pp\": %.0f, "
             "\"dp\": %.0f, \"embed\": %.0f}, \"step_s\": %.6g, \"compute_s\": %.6g, \"tp_comm_s\": %.6g, "
             "\"bubble_s\": %.6g, \"bubble_fraction\": %.6g, \"pp_comm_s\": %.6g, \"dp_comm_exposed_s\": %.6g, "
-            "\"optimizer_s\": %.6g, \"tokens_per_s\": %.6g, \"mfu\": %.6g, \"hfu\": %.6g}\n",
+            "\"optimizer_s\": %.6g, \"tokens_per_s\": %.6g, \"mfu\": %.6g, \"hfu\": %.6g, \"doc_mask\": %d, "
+            "\"doc_len\": %d, \"attn_positions\": %.17g, \"attn_flops_per_token\": %.0f}\n",
             in->hw->memory, p->usable, p->fits, p->margin, p->flops_step, p->hw_flops_step, w->tp_bytes, w->pp_bytes,
             w->dp_bytes, w->embed_bytes, p->t_step, p->t_compute, p->t_tp, p->t_bubble, p->bubble_frac, p->t_pp,
-            p->t_dp, p->t_opt, p->tokens_s, p->mfu, p->hfu);
+            p->t_dp, p->t_opt, p->tokens_s, p->mfu, p->hfu, in->doc_mask, in->doc_len, in->att_T,
+            flops_per_token(in->c, in->att_T) - flops_per_token(in->c, 0.0));
     if (fclose(f) != 0) {
         snprintf(err, errlen, "--metrics %s: write failed", path);
         return -1;

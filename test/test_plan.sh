@@ -5,7 +5,9 @@
 # ranks), at several layouts; (c)
 # llama-70b on 64 H100s at tp 8 pp 8 fits with ZeRO-1 and recomputation
 # and does not without; (d) slurm/train_70b.sbatch's own arguments fit;
-# (e) bad input is one line and exit 2; --search lists layouts that fit.
+# (e) bad input is one line and exit 2; --search lists layouts that fit;
+# (f) --doc-mask --plan-doc-len N: attention FLOPs per token of documents of
+# N tokens, against sum(L^2) / T computed here.
 . "$top_srcdir/test/common.sh"
 
 # plan_json OUT ARGS...: dtrain --plan ARGS, the plan's JSON in OUT and its
@@ -271,5 +273,38 @@ plan_json "$TMP/h1.json" $L70 --zero 1 --recompute selective && plan_json "$TMP/
 # --gpu-mem overrides the profile's memory
 plan_json "$TMP/g.json" $L70 --zero 1 --recompute selective --gpu-mem 40 &&
     [ "$(jget "$TMP/g.json" fits)" = 0 ] && pass "--gpu-mem 40: the 70B layout that fits in 80 GiB does not in 40" || fail "--gpu-mem 40: fits=$(jget "$TMP/g.json" fits)"
+
+
+# ---- (f) --doc-mask: the planner's mean document length ------------------------------------
+# Attention FLOPs per token are 12 x L x h x T unmasked (src/flops.c); with
+# each sequence of T cut into floor(T/N) documents of N and one of T mod N,
+# T becomes sum(L^2) / T. Computed here from the plan's own L and C (h = C:
+# heads x head size) and compared with its JSON, exactly (integers).
+PD="--model gpt2-124m --micro-batch 2 --global-batch 16 --seq-len 1024 --gpus 8"
+plan_json "$TMP/d0.json" $PD && plan_json "$TMP/dm.json" $PD --doc-mask &&
+    grep -q "^document masking: one document per sequence assumed" "$TMP/dm.json.txt" &&
+    [ "$(jget "$TMP/dm.json" flops_per_step)" = "$(jget "$TMP/d0.json" flops_per_step)" ] &&
+    pass "--plan --doc-mask without --plan-doc-len: one document per sequence, said so, FLOPs as unmasked" ||
+    fail "--plan --doc-mask alone: $(grep '^document' "$TMP/dm.json.txt")"
+for N in 256 300; do
+    plan_json "$TMP/d$N.json" $PD --doc-mask --plan-doc-len $N || continue
+    LC=$(sed -n 's/^dtrain plan: .*: L=\([0-9]*\) C=\([0-9]*\) .*/\1 \2/p' "$TMP/d$N.json.txt")
+    want=$(echo "$LC" | awk -v T=1024 -v N=$N '{ k = int(T / N); r = T - k * N; printf "%.0f", 12 * $1 * $2 * (k * N * N + r * r) / T }')
+    got=$(jget "$TMP/d$N.json" attn_flops_per_token)
+    # the step's FLOPs fall by the attention no longer computed, over 16 x 1024 tokens
+    drop=$(echo "$LC" | awk -v T=1024 -v w="$want" '{ printf "%.0f", (12 * $1 * $2 * T - w) * 16 * T }')
+    d=$(awk -v a="$(jget "$TMP/d0.json" flops_per_step)" -v b="$(jget "$TMP/d$N.json" flops_per_step)" 'BEGIN { printf "%.0f", a - b }')
+    if [ -n "$want" ] && [ "$got" = "$want" ] && [ "$d" = "$drop" ] &&
+        grep -q "^document masking: documents of mean length $N " "$TMP/d$N.json.txt" &&
+        awk -v a="$(jget "$TMP/d0.json" compute_s)" -v b="$(jget "$TMP/d$N.json" compute_s)" 'BEGIN { exit !(b < a) }'; then
+        pass "--plan-doc-len $N at T 1024: attention $got FLOPs per token = 12 L h sum(L^2)/T, step FLOPs $d lower, compute time lower"
+    else
+        fail "--plan-doc-len $N: attention $got FLOPs per token, expected $want; step FLOPs drop $d, expected $drop"
+    fi
+done
+expect_exit2 "--plan-doc-len 2048 exceeds --seq-len 1024" "$DTRAIN" --plan $PD --doc-mask --plan-doc-len 2048
+expect_exit2 "--plan-doc-len 256 is the mean document length of --doc-mask: add --doc-mask" "$DTRAIN" --plan $PD --plan-doc-len 256
+expect_exit2 "--plan-doc-len is an option of the planner" "$DTRAIN" --doc-mask --plan-doc-len 256
+expect_exit2 "--plan-doc-len -1: out of range" "$DTRAIN" --plan $PD --doc-mask --plan-doc-len -1
 
 finish
