@@ -19,6 +19,13 @@
  * batch without positions (the mask does something).
  * Prints one line per check; exits 1 if any fails.
  *
+ * test_docmask --grid tp2sp | pp2 (2 ranks) runs the same model checks at
+ * tp 2 with sequence parallelism (every document of even length: a 1 x L
+ * batch is cut along the sequence) or on two pipeline stages (stage 0 sends
+ * its output to stage 1 and gets its gradient back, one microbatch at a
+ * time); each rank compares its own shard or stage, the worst over ranks
+ * is checked.
+ *
  * test_docmask --bench [T [B [NH [HS]]]] instead times the CPU attention
  * (attention_fwd + attention_bwd, defaults T 1024, B 4, NH 12, HS 64: GPT-2
  * 124M's attention at micro batch 4) unmasked and with documents of mean
@@ -32,6 +39,7 @@
 #include <string.h>
 
 #include "mpi/clock.h"
+#include "mpi/comm.h"
 #include "src/docmask.h"
 #include "src/model.h"
 #include "src/model_config.h"
@@ -41,7 +49,21 @@
 enum { B = 2, T = 150, N = B * T };
 /* document start tokens of each row (-1 ends a list): row 1 begins with the
  * tail of a document, whose t = 0 token is not a start */
-static const int starts[B][6] = {{0, 37, 38, 100, 142, -1}, {20, 84, 85, 86, 120, -1}};
+static const int starts_odd[B][6] = {{0, 37, 38, 100, 142, -1}, {20, 84, 85, 86, 120, -1}};
+/* under sequence parallelism a 1 x L batch needs L a multiple of the TP
+ * size: the same shapes, every length even */
+static const int starts_even[B][6] = {{0, 38, 40, 100, 142, -1}, {20, 84, 86, 88, 120, -1}};
+static const int (*starts)[6] = starts_odd;
+
+/* The grid the model runs on (--grid): tp2 with sequence parallelism, or
+ * two pipeline stages driven by hand (one microbatch at a time, blocking
+ * sends: the schedule is test_pipeline's concern), or one rank. */
+typedef struct grid {
+    int tp, pp, rank;
+    comm_t *tpc; /* the TP group: the world at tp 2 */
+    const char *name;
+} grid_t;
+static grid_t grid = {.tp = 1, .pp = 1, .rank = 0, .tpc = NULL, .name = "1 rank"};
 
 static int n_fail;
 
@@ -55,16 +77,29 @@ static void *xmalloc(size_t n)
     return p;
 }
 
+/* Every rank's worst (max) or all (min over ok flags) */
+static double agree_max(double x)
+{
+    double y = x;
+    if (grid.tp * grid.pp > 1 && MPI_Allreduce(&x, &y, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD) != MPI_SUCCESS)
+        return INFINITY;
+    return y;
+}
+
 static void check(const char *what, double err, double tol)
 {
+    err = agree_max(err);
     int ok = err <= tol;
-    printf("%-64s %.2e (tol %.0e) %s\n", what, err, tol, ok ? "ok" : "FAIL");
+    if (grid.rank == 0)
+        printf("%-64s %.2e (tol %.0e) %s\n", what, err, tol, ok ? "ok" : "FAIL");
     n_fail += !ok;
 }
 
 static void check_true(const char *what, int ok)
 {
-    printf("%-64s %s\n", what, ok ? "ok" : "FAIL");
+    ok = agree_max(!ok) == 0.0;
+    if (grid.rank == 0)
+        printf("%-64s %s\n", what, ok ? "ok" : "FAIL");
     n_fail += !ok;
 }
 
@@ -92,6 +127,17 @@ static int create(model_t *m, const model_config_t *c, const ops_t *ops, model_r
 {
     char err[256];
     model_layout_t lay = model_layout_single(c);
+    lay.part.tp_size = grid.tp;
+    lay.part.tp_rank = grid.tp > 1 ? grid.rank : 0;
+    lay.tp = grid.tpc;
+    lay.sequence_parallel = grid.tp > 1;
+    if (grid.pp > 1) { /* two stages: layers [0, L/2) with the embeddings, the rest with the head */
+        const int half = c->n_layer / 2, last = grid.rank == grid.pp - 1;
+        lay.part.layer_begin = last ? half : 0;
+        lay.part.layer_end = last ? c->n_layer : half;
+        lay.part.has_embed = !last;
+        lay.part.has_head = last;
+    }
     lay.doc_mask = 1;
     lay.recompute = rc;
     if (model_create(m, c, ops, &lay, B, T, err, sizeof err) != 0 || model_init_params(m, 7) != 0) {
@@ -101,13 +147,36 @@ static int create(model_t *m, const model_config_t *c, const ops_t *ops, model_r
     return 0;
 }
 
+/* One microbatch (b x t) forward and backward on the grid; the loss
+ * (the last stage's) on every rank, NAN if anything failed. At pp 2 stage
+ * 0 sends its output to stage 1 and receives dL/d(output) back. */
+static double step(model_t *m, const int32_t *tok, const int32_t *pos, const int32_t *tgt, int b, int t, float dloss,
+                   int accum, int last)
+{
+    const int first_stage = grid.pp == 1 || grid.rank == 0, last_stage = grid.pp == 1 || grid.rank == grid.pp - 1;
+    const int n = (int)model_stage_floats(m, b, t), peer = 1 - grid.rank;
+    int bad = 0;
+    if (!first_stage)
+        bad |=
+            MPI_Recv(model_stage_input(m, 0), n, MPI_FLOAT, peer, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE) != MPI_SUCCESS;
+    double loss = model_forward(m, 0, tok, pos, last_stage ? tgt : NULL, b, t, dloss);
+    if (!last_stage) {
+        bad |= MPI_Send(model_stage_output(m, 0), n, MPI_FLOAT, peer, 0, MPI_COMM_WORLD) != MPI_SUCCESS;
+        bad |= MPI_Recv(model_stage_grad(m), n, MPI_FLOAT, peer, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE) != MPI_SUCCESS;
+    }
+    bad |= model_backward(m, 0, accum, last) != 0;
+    if (!first_stage)
+        bad |= MPI_Send(model_stage_grad(m), n, MPI_FLOAT, peer, 1, MPI_COMM_WORLD) != MPI_SUCCESS;
+    if (grid.pp > 1 && MPI_Bcast(&loss, 1, MPI_DOUBLE, grid.pp - 1, MPI_COMM_WORLD) != MPI_SUCCESS)
+        bad = 1;
+    return bad ? NAN : loss;
+}
+
 /* The packed batch's loss and gradients (host [numel]) with positions pos
  * (NULL: none). */
 static double packed(model_t *m, const int32_t *tok, const int32_t *pos, const int32_t *tgt, float *grads)
 {
-    float loss = model_forward(m, 0, tok, pos, tgt, B, T, 1.0f);
-    if (model_backward(m, 0, 0, 1) != 0)
-        return NAN;
+    double loss = step(m, tok, pos, tgt, B, T, 1.0f, 0, 1);
     m->ops->to_host(m->ops->ctx, grads, m->grads, m->table.numel * sizeof(float));
     return loss;
 }
@@ -122,9 +191,9 @@ static double one_by_one(model_t *m, const int32_t *tok, const int32_t *pos, con
         int L = 1;
         while (n + L < N && (n + L) % T != 0 && pos[n + L] != 0)
             L++;
-        float mean = model_forward(m, 0, tok + n, NULL, tgt + n, 1, L, (float)L / (float)N);
-        if (model_backward(m, 0, !first, 1) != 0)
-            return NAN;
+        /* norm gradients under sequence parallelism are TP-reduced once,
+         * after the last document */
+        double mean = step(m, tok + n, NULL, tgt + n, 1, L, (float)L / (float)N, !first, n + L == N);
         loss += (double)L / N * mean;
         first = 0;
         n += L;
@@ -184,16 +253,17 @@ static void test_model(const char *preset)
     char what[160], name[64];
 
     double lp = packed(&m, tok, pos, tgt, g1), l1 = one_by_one(&m, tok, pos, tgt, g2);
-    snprintf(what, sizeof what, "%s: packed loss %.7f vs one by one %.7f", preset, lp, l1);
+    snprintf(what, sizeof what, "%s %s: packed loss %.7f vs one by one %.7f", preset, grid.name, lp, l1);
     check(what, fabs(lp - l1) / fabs(l1), TOL);
     double w = worst_tensor(&m.table, g2, g1, name, sizeof name);
-    snprintf(what, sizeof what, "%s: every gradient, packed vs one by one (worst %s)", preset, name);
+    snprintf(what, sizeof what, "%s %s: every gradient, packed vs one by one (rank 0's worst %s)", preset, grid.name,
+             name);
     check(what, w, TOL);
 
     /* without positions the same batch attends across documents */
     float *g3 = xmalloc(P * sizeof *g3);
     double lu = packed(&m, tok, NULL, tgt, g3);
-    snprintf(what, sizeof what, "%s: without positions the loss differs (%.7f)", preset, lu);
+    snprintf(what, sizeof what, "%s %s: without positions the loss differs (%.7f)", preset, grid.name, lu);
     check_true(what, fabs(lu - lp) > 1e-4 * fabs(lp));
     model_destroy(&m);
 
@@ -205,7 +275,7 @@ static void test_model(const char *preset)
             continue;
         }
         double lr = packed(&r, tok, pos, tgt, g3);
-        snprintf(what, sizeof what, "%s: --recompute %s: loss and gradients bit-identical", preset,
+        snprintf(what, sizeof what, "%s %s: --recompute %s: loss and gradients bit-identical", preset, grid.name,
                  rc == MODEL_RECOMPUTE_FULL ? "full" : "selective");
         check_true(what, lr == lp && memcmp(g1, g3, P * sizeof *g1) == 0);
         model_destroy(&r);
@@ -273,11 +343,41 @@ static int bench(int argc, char **argv)
     return 0;
 }
 
+/* --grid tp2sp | pp2, on 2 ranks. Returns 0 or -1 (said on stderr). */
+static int grid_setup(const char *name)
+{
+    int size;
+    if (MPI_Comm_rank(MPI_COMM_WORLD, &grid.rank) != MPI_SUCCESS ||
+        MPI_Comm_size(MPI_COMM_WORLD, &size) != MPI_SUCCESS || size != 2) {
+        fprintf(stderr, "test_docmask: --grid %s runs on 2 ranks\n", name);
+        return -1;
+    }
+    if (strcmp(name, "tp2sp") == 0) {
+        const MPI_Comm world = MPI_COMM_WORLD;
+        grid.tp = 2;
+        grid.name = "tp2 sequence-parallel";
+        grid.tpc = comm_mpi_create(&world);
+        starts = starts_even;
+        return grid.tpc ? 0 : -1;
+    }
+    if (strcmp(name, "pp2") == 0) {
+        grid.pp = 2;
+        grid.name = "pp2";
+        return 0;
+    }
+    fprintf(stderr, "test_docmask: --grid %s: tp2sp or pp2\n", name);
+    return -1;
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1 && strcmp(argv[1], "--bench") == 0)
         return bench(argc, argv);
     MPI_Init(&argc, &argv);
+    if (argc > 2 && strcmp(argv[1], "--grid") == 0 && grid_setup(argv[2]) != 0) {
+        MPI_Finalize();
+        return 1;
+    }
     /* positions from tokens: starts at DOC tokens, after doc_end tokens,
      * and at t = 0 of every row */
     const int32_t tk[8] = {5, 9, 1, 9, 9, 2, 7, 3};
@@ -292,7 +392,10 @@ int main(int argc, char **argv)
                docmask_square_sum((const int32_t[]){0, 0, 1, 0, 1, 2, 0, 1}, 8) == 18.0);
     test_model("tiny");
     test_model("tiny-llama");
-    printf("%s\n", n_fail ? "FAILED" : "all checks passed");
+    if (grid.rank == 0)
+        printf("%s\n", n_fail ? "FAILED" : "all checks passed");
+    if (grid.tpc)
+        grid.tpc->ops->destroy(grid.tpc);
     MPI_Finalize();
     return n_fail ? 1 : 0;
 }

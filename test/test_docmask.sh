@@ -4,7 +4,8 @@
 #  - test/test_docmask: at one rank, a packed batch's loss and every
 #    gradient equal those of its documents run one by one (within 1e-6),
 #    for GPT-2 (learned positions) and Llama (RoPE); --recompute selective
-#    and full reuse the mask (bit-identical).
+#    and full reuse the mask (bit-identical); the same checks directly at
+#    tp2 with --sequence-parallel and at pp2 (test_docmask --grid, 2 ranks).
 #  - the layouts agree with --doc-mask as they do without it
 #    (layout_compare's tolerances): tiny and tiny-llama at one rank, dp2,
 #    tp2 with --sequence-parallel, pp2 and ZeRO-2, on the byte corpus with
@@ -23,6 +24,14 @@ if "$top_builddir/test/test_docmask" >"$TMP/unit.log" 2>&1; then
 else
     fail "test_docmask: $(grep FAIL "$TMP/unit.log" | head -n 3)"
 fi
+
+for g in tp2sp pp2; do
+    if timeout 300 "$MPIEXEC" --quiet -np 2 "$top_builddir/test/test_docmask" --grid $g >"$TMP/unit_$g.log" 2>&1; then
+        pass "test_docmask --grid $g: $(grep -c ' ok$' "$TMP/unit_$g.log") checks (packed = one by one, recompute)"
+    else
+        fail "test_docmask --grid $g: $(grep -E 'FAIL|runs on|rror' "$TMP/unit_$g.log" | head -n 3)"
+    fi
+done
 
 # the byte corpus under a sidecar with a document boundary token
 for split in train val; do
