@@ -451,97 +451,138 @@ static void check_gemm16(st_t *s, const char *what, const tp_t *t, const double 
             bad ? " nan/inf" : "");
 }
 
+/* The operands of one t_matmul_bf16 shape: bf16 in, w and dout16 (dout16 =
+ * bf16 of the fp32 dout that db sums), the fp32 rest, the old values of an
+ * accumulate (o_*) and the sums of |products| behind each output (S_*). */
+typedef struct mm16 {
+    int N, IC, OC;
+    tb_t in, w, dout16;
+    tp_t b, out, dout, din, dw, db;
+    float *o_din, *o_dw, *o_db;
+    double *S_out, *S_din, *S_dw, *S_db;
+} mm16_t;
+
+/* One matmul_bwd_bf16 case: which of din, dw, db are wanted, and the two
+ * accumulate flags. */
+typedef struct bw16 {
+    int din, dw, db, acc_din, acc_dw;
+} bw16_t;
+
+/* The tensors, in the order they draw their randoms. */
+static int mm16_new(st_t *s, mm16_t *m)
+{
+    const size_t nin = (size_t)m->N * m->IC, nw = (size_t)m->OC * m->IC, nout = (size_t)m->N * m->OC;
+    return tb_new(s, &m->in, nin, NULL, -1, 1) || tb_new(s, &m->w, nw, NULL, -1, 1) ||
+           tp_new(s, &m->dout, nout, -1, 1) || tb_new(s, &m->dout16, nout, m->dout.h, 0, 0) ||
+           tp_new(s, &m->b, (size_t)m->OC, -1, 1) || tp_new(s, &m->out, nout, -1, 1) ||
+           tp_new(s, &m->din, nin, -1, 1) || tp_new(s, &m->dw, nw, -1, 1) || tp_new(s, &m->db, (size_t)m->OC, -1, 1);
+}
+
+/* sums of |products|: out[n,o] over i of in[n,i] w[o,i]; din[n,i] over o
+ * of dout[n,o] w[o,i]; dw[o,i] over n of dout[n,o] in[n,i]; db[o] over n
+ * of the fp32 |dout[n,o]|. Also allocates o_*. Sets s->oom on failure. */
+static int mm16_sums(st_t *s, mm16_t *m)
+{
+    const int N = m->N, IC = m->IC, OC = m->OC;
+    const size_t nin = (size_t)N * IC, nw = (size_t)OC * IC;
+    int rc = -1;
+    float *a_in = abs_bf16(m->in.h, N, IC, 0), *a_inT = abs_bf16(m->in.h, N, IC, 1);
+    float *a_w = abs_bf16(m->w.h, OC, IC, 0), *a_wT = abs_bf16(m->w.h, OC, IC, 1);
+    float *a_dout = abs_bf16(m->dout16.h, N, OC, 0), *a_doutT = abs_bf16(m->dout16.h, N, OC, 1);
+    m->o_din = malloc((nin ? nin : 1) * sizeof(float));
+    m->o_dw = malloc((nw ? nw : 1) * sizeof(float));
+    m->o_db = malloc((OC > 0 ? (size_t)OC : 1) * sizeof(float));
+    m->S_db = calloc(OC > 0 ? (size_t)OC : 1, sizeof(double));
+    if (!a_in || !a_inT || !a_w || !a_wT || !a_dout || !a_doutT || !m->o_din || !m->o_dw || !m->o_db || !m->S_db)
+        goto out;
+    m->S_out = abs_sums(a_in, a_w, N, OC, IC);
+    m->S_din = abs_sums(a_dout, a_wT, N, IC, OC);
+    m->S_dw = abs_sums(a_doutT, a_inT, OC, IC, N);
+    if (!m->S_out || !m->S_din || !m->S_dw)
+        goto out;
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++)
+            m->S_db[o] += fabs(m->dout.h[(size_t)n * OC + o]);
+    rc = 0;
+out:
+    if (rc != 0)
+        s->oom = 1;
+    free(a_in), free(a_inT), free(a_w), free(a_wT), free(a_dout), free(a_doutT);
+    return rc;
+}
+
+static void mm16_free(st_t *s, mm16_t *m)
+{
+    free(m->o_din), free(m->o_dw), free(m->o_db);
+    free(m->S_out), free(m->S_din), free(m->S_dw), free(m->S_db);
+    tb_free(s, &m->in), tb_free(s, &m->w), tb_free(s, &m->dout16);
+    tp_free(s, &m->b), tp_free(s, &m->out), tp_free(s, &m->dout);
+    tp_free(s, &m->din), tp_free(s, &m->dw), tp_free(s, &m->db);
+}
+
+/* matmul_fwd_bf16 without and with bias. */
+static void mm16_fwd(st_t *s, mm16_t *m, const char *dims)
+{
+    char what[192];
+    for (int bias = 0; bias < 2; bias++) {
+        s->cpu->matmul_fwd_bf16(s->cpu->ctx, m->out.h, m->in.h, m->w.h, bias ? m->b.h : NULL, m->N, m->IC, m->OC);
+        s->gpu->matmul_fwd_bf16(s->gpu->ctx, m->out.d, m->in.d, m->w.d, bias ? m->b.d : NULL, m->N, m->IC, m->OC);
+        snprintf(what, sizeof what, "matmul_fwd_bf16 %s%s", dims, bias ? " +bias" : "");
+        check_gemm16(s, what, &m->out, m->S_out, m->IC, NULL, bias ? m->b.h : NULL, m->OC);
+    }
+}
+
+/* One matmul_bwd_bf16 case. Both sides start from the CPU's outputs of the
+ * previous case (so its rounding differences do not carry into an
+ * accumulate), and these are the old values the bound counts. */
+static void mm16_bwd(st_t *s, mm16_t *m, const bw16_t *c, const char *dims)
+{
+    const int N = m->N, IC = m->IC, OC = m->OC;
+    const size_t nin = (size_t)N * IC, nw = (size_t)OC * IC;
+    char what[192], tag[128];
+    snprintf(tag, sizeof tag, "%s acc %d,%d%s%s", dims, c->acc_din, c->acc_dw, c->din ? "" : " din=NULL",
+             c->dw ? c->db ? "" : " db=NULL" : " dw=db=NULL");
+    memcpy(m->o_din, m->din.h, nin * sizeof(float));
+    memcpy(m->o_dw, m->dw.h, nw * sizeof(float));
+    memcpy(m->o_db, m->db.h, (size_t)OC * sizeof(float));
+    s->gpu->from_host(s->gpu->ctx, m->din.d, m->din.h, nin * sizeof(float));
+    s->gpu->from_host(s->gpu->ctx, m->dw.d, m->dw.h, nw * sizeof(float));
+    s->gpu->from_host(s->gpu->ctx, m->db.d, m->db.h, (size_t)OC * sizeof(float));
+    s->cpu->matmul_bwd_bf16(s->cpu->ctx, c->din ? m->din.h : NULL, c->dw ? m->dw.h : NULL, c->db ? m->db.h : NULL,
+                            m->dout16.h, m->dout.h, m->in.h, m->w.h, N, IC, OC, c->acc_din, c->acc_dw);
+    s->gpu->matmul_bwd_bf16(s->gpu->ctx, c->din ? m->din.d : NULL, c->dw ? m->dw.d : NULL, c->db ? m->db.d : NULL,
+                            m->dout16.d, m->dout.d, m->in.d, m->w.d, N, IC, OC, c->acc_din, c->acc_dw);
+    if (c->din) {
+        snprintf(what, sizeof what, "matmul_bwd_bf16 din %s", tag);
+        check_gemm16(s, what, &m->din, m->S_din, OC, c->acc_din ? m->o_din : NULL, NULL, 1);
+    }
+    if (c->dw) {
+        snprintf(what, sizeof what, "matmul_bwd_bf16 dw %s", tag);
+        check_gemm16(s, what, &m->dw, m->S_dw, N, c->acc_dw ? m->o_dw : NULL, NULL, 1);
+    }
+    if (c->db) {
+        snprintf(what, sizeof what, "matmul_bwd_bf16 db %s", tag);
+        check_gemm16(s, what, &m->db, m->S_db, N, c->acc_dw ? m->o_db : NULL, NULL, 1);
+    }
+}
+
 /* matmul_fwd_bf16 and matmul_bwd_bf16 against the CPU on the same bf16
  * in, w and dout16 (dout16 = bf16 of the fp32 dout that db sums), with and
  * without bias, each accumulate flag, and NULL din/dw/db as the model
  * passes them (first layer: no din; no bias: no db). */
 static void t_matmul_bf16(st_t *s, int N, int IC, int OC)
 {
-    static const struct {
-        int din, dw, db, acc_din, acc_dw;
-    } bw[] = {{1, 1, 1, 0, 0}, {1, 1, 1, 1, 1}, {1, 1, 1, 1, 0}, {1, 1, 1, 0, 1}, {0, 1, 1, 0, 0},
-              {0, 1, 1, 1, 1}, {1, 0, 0, 0, 0}, {1, 0, 0, 1, 1}, {1, 1, 0, 0, 0}, {1, 1, 0, 1, 1}};
-    char what[192], dims[64];
+    static const bw16_t bw[] = {{1, 1, 1, 0, 0}, {1, 1, 1, 1, 1}, {1, 1, 1, 1, 0}, {1, 1, 1, 0, 1}, {0, 1, 1, 0, 0},
+                                {0, 1, 1, 1, 1}, {1, 0, 0, 0, 0}, {1, 0, 0, 1, 1}, {1, 1, 0, 0, 0}, {1, 1, 0, 1, 1}};
+    char dims[64];
     snprintf(dims, sizeof dims, "N=%d IC=%d OC=%d", N, IC, OC);
-    const size_t nin = (size_t)N * IC, nw = (size_t)OC * IC, nout = (size_t)N * OC;
-    tb_t in, w, dout16;
-    tp_t b, out, dout, din, dw, db;
-    float *a_in = NULL, *a_inT = NULL, *a_w = NULL, *a_wT = NULL, *a_dout = NULL, *a_doutT = NULL;
-    float *o_din = NULL, *o_dw = NULL, *o_db = NULL;
-    double *S_out = NULL, *S_din = NULL, *S_dw = NULL, *S_db = NULL;
-    memset(&in, 0, sizeof in), w = dout16 = in;
-    memset(&b, 0, sizeof b), out = dout = din = dw = db = b;
-    if (tb_new(s, &in, nin, NULL, -1, 1) || tb_new(s, &w, nw, NULL, -1, 1) || tp_new(s, &dout, nout, -1, 1) ||
-        tb_new(s, &dout16, nout, dout.h, 0, 0) || tp_new(s, &b, (size_t)OC, -1, 1) || tp_new(s, &out, nout, -1, 1) ||
-        tp_new(s, &din, nin, -1, 1) || tp_new(s, &dw, nw, -1, 1) || tp_new(s, &db, (size_t)OC, -1, 1))
-        goto out;
-    /* sums of |products|: out[n,o] over i of in[n,i] w[o,i]; din[n,i] over
-     * o of dout[n,o] w[o,i]; dw[o,i] over n of dout[n,o] in[n,i]; db[o]
-     * over n of the fp32 |dout[n,o]| */
-    a_in = abs_bf16(in.h, N, IC, 0), a_inT = abs_bf16(in.h, N, IC, 1);
-    a_w = abs_bf16(w.h, OC, IC, 0), a_wT = abs_bf16(w.h, OC, IC, 1);
-    a_dout = abs_bf16(dout16.h, N, OC, 0), a_doutT = abs_bf16(dout16.h, N, OC, 1);
-    o_din = malloc((nin ? nin : 1) * sizeof(float));
-    o_dw = malloc((nw ? nw : 1) * sizeof(float));
-    o_db = malloc((OC > 0 ? (size_t)OC : 1) * sizeof(float));
-    S_db = calloc(OC > 0 ? (size_t)OC : 1, sizeof(double));
-    if (!a_in || !a_inT || !a_w || !a_wT || !a_dout || !a_doutT || !o_din || !o_dw || !o_db || !S_db) {
-        s->oom = 1;
-        goto out;
+    mm16_t m = {.N = N, .IC = IC, .OC = OC};
+    if (mm16_new(s, &m) == 0 && mm16_sums(s, &m) == 0) {
+        mm16_fwd(s, &m, dims);
+        for (size_t v = 0; v < sizeof bw / sizeof bw[0]; v++)
+            mm16_bwd(s, &m, &bw[v], dims);
     }
-    S_out = abs_sums(a_in, a_w, N, OC, IC);
-    S_din = abs_sums(a_dout, a_wT, N, IC, OC);
-    S_dw = abs_sums(a_doutT, a_inT, OC, IC, N);
-    if (!S_out || !S_din || !S_dw) {
-        s->oom = 1;
-        goto out;
-    }
-    for (int n = 0; n < N; n++)
-        for (int o = 0; o < OC; o++)
-            S_db[o] += fabs(dout.h[(size_t)n * OC + o]);
-
-    for (int bias = 0; bias < 2; bias++) {
-        s->cpu->matmul_fwd_bf16(s->cpu->ctx, out.h, in.h, w.h, bias ? b.h : NULL, N, IC, OC);
-        s->gpu->matmul_fwd_bf16(s->gpu->ctx, out.d, in.d, w.d, bias ? b.d : NULL, N, IC, OC);
-        snprintf(what, sizeof what, "matmul_fwd_bf16 %s%s", dims, bias ? " +bias" : "");
-        check_gemm16(s, what, &out, S_out, IC, NULL, bias ? b.h : NULL, OC);
-    }
-    for (size_t v = 0; v < sizeof bw / sizeof bw[0]; v++) {
-        char tag[128];
-        snprintf(tag, sizeof tag, "%s acc %d,%d%s%s", dims, bw[v].acc_din, bw[v].acc_dw, bw[v].din ? "" : " din=NULL",
-                 bw[v].dw ? bw[v].db ? "" : " db=NULL" : " dw=db=NULL");
-        /* both sides start from the CPU's outputs of the previous case (so
-         * its rounding differences do not carry into an accumulate), and
-         * these are the old values the bound counts */
-        memcpy(o_din, din.h, nin * sizeof(float));
-        memcpy(o_dw, dw.h, nw * sizeof(float));
-        memcpy(o_db, db.h, (size_t)OC * sizeof(float));
-        s->gpu->from_host(s->gpu->ctx, din.d, din.h, nin * sizeof(float));
-        s->gpu->from_host(s->gpu->ctx, dw.d, dw.h, nw * sizeof(float));
-        s->gpu->from_host(s->gpu->ctx, db.d, db.h, (size_t)OC * sizeof(float));
-        s->cpu->matmul_bwd_bf16(s->cpu->ctx, bw[v].din ? din.h : NULL, bw[v].dw ? dw.h : NULL, bw[v].db ? db.h : NULL,
-                                dout16.h, dout.h, in.h, w.h, N, IC, OC, bw[v].acc_din, bw[v].acc_dw);
-        s->gpu->matmul_bwd_bf16(s->gpu->ctx, bw[v].din ? din.d : NULL, bw[v].dw ? dw.d : NULL, bw[v].db ? db.d : NULL,
-                                dout16.d, dout.d, in.d, w.d, N, IC, OC, bw[v].acc_din, bw[v].acc_dw);
-        if (bw[v].din) {
-            snprintf(what, sizeof what, "matmul_bwd_bf16 din %s", tag);
-            check_gemm16(s, what, &din, S_din, OC, bw[v].acc_din ? o_din : NULL, NULL, 1);
-        }
-        if (bw[v].dw) {
-            snprintf(what, sizeof what, "matmul_bwd_bf16 dw %s", tag);
-            check_gemm16(s, what, &dw, S_dw, N, bw[v].acc_dw ? o_dw : NULL, NULL, 1);
-        }
-        if (bw[v].db) {
-            snprintf(what, sizeof what, "matmul_bwd_bf16 db %s", tag);
-            check_gemm16(s, what, &db, S_db, N, bw[v].acc_dw ? o_db : NULL, NULL, 1);
-        }
-    }
-out:
-    free(a_in), free(a_inT), free(a_w), free(a_wT), free(a_dout), free(a_doutT);
-    free(o_din), free(o_dw), free(o_db);
-    free(S_out), free(S_din), free(S_dw), free(S_db);
-    tb_free(s, &in), tb_free(s, &w), tb_free(s, &dout16);
-    tp_free(s, &b), tp_free(s, &out), tp_free(s, &dout), tp_free(s, &din), tp_free(s, &dw), tp_free(s, &db);
+    mm16_free(s, &m);
 }
 
 /* The GELU-fused GEMMs (matmul_gelu_fwd*, matmul_dgelu_bwd*) against the

@@ -509,25 +509,131 @@ static int plan_tiles(const h5store_tensor_t *t, int nt, int nranks, tile_t **ou
 
 static double mib(int64_t bytes) { return (double)bytes / 1048576.0; }
 
+/* The target file: its tensors and attributes, the plan's slices and this
+ * rank's share of them, packed into buf. */
+typedef struct out_plan {
+    h5store_tensor_t *t;
+    int nt;
+    h5store_attr_t *attrs; /* its strings are the input's or the caller's layout */
+    int na;
+    tile_t *tiles;
+    int ntiles;
+    h5store_shard_t *shards; /* this rank's */
+    int ns;
+    float *buf;
+} out_plan_t;
+
+static void out_plan_free(out_plan_t *p)
+{
+    free(p->buf);
+    free(p->shards);
+    free(p->tiles);
+    free(p->attrs);
+    free(p->t);
+}
+
+/* The target's attributes: the input's, with the new layout (added when the
+ * input has none) and, with --params-only, content "params". */
+static int out_attrs(const h5store_attr_t *attrs, int na, int params_only, const char *layout, out_plan_t *p, char *err,
+                     size_t errlen)
+{
+    if (!(p->attrs = calloc((size_t)na + 2, sizeof *p->attrs))) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    int n = 0, has_layout = 0;
+    for (int i = 0; i < na; i++) {
+        p->attrs[n] = attrs[i];
+        if (strcmp(attrs[i].key, "layout") == 0) {
+            p->attrs[n] = (h5store_attr_t){.key = "layout", .type = H5STORE_STR, .s = layout};
+            has_layout = 1;
+        } else if (params_only && strcmp(attrs[i].key, "content") == 0) {
+            p->attrs[n] = (h5store_attr_t){.key = "content", .type = H5STORE_STR, .s = "params"};
+        }
+        n++;
+    }
+    if (!has_layout)
+        p->attrs[n++] = (h5store_attr_t){.key = "layout", .type = H5STORE_STR, .s = layout};
+    p->na = n;
+    return 0;
+}
+
+/* This rank's slices of the plan, in plan order, one after another in buf. */
+static int my_slices(int rank, out_plan_t *p, char *err, size_t errlen)
+{
+    int64_t my_bytes = 0;
+    for (int i = 0; i < p->ntiles; i++)
+        if (p->tiles[i].owner == rank) {
+            p->ns++;
+            my_bytes += p->tiles[i].bytes;
+        }
+    p->shards = calloc((size_t)p->ns + 1, sizeof *p->shards);
+    p->buf = malloc((size_t)my_bytes + 1);
+    if (!p->shards || !p->buf) {
+        snprintf(err, errlen, "rank %d: out of memory for its %.1f MiB of slices (run on more ranks)", rank,
+                 mib(my_bytes));
+        return -1;
+    }
+    int k = 0;
+    float *b = p->buf;
+    for (int i = 0; i < p->ntiles; i++) {
+        const tile_t *t = &p->tiles[i];
+        if (t->owner != rank)
+            continue;
+        p->shards[k++] = (h5store_shard_t){
+            .tensor = t->tensor, .start = {t->start[0], t->start[1]}, .count = {t->count[0], t->count[1]}, .buf = b};
+        b += t->count[0] * t->count[1];
+    }
+    return 0;
+}
+
+/* The output: the target's tensors, chunks, attributes and slices. Local to
+ * this rank; the caller agrees on the result. */
+static int plan_output(const reshard_opts_t *o, const comm_t *world, const model_config_t *cfg,
+                       const param_io_group_t *groups, int n_groups, const h5store_attr_t *attrs, int na,
+                       const char *layout, out_plan_t *p, char *err, size_t errlen)
+{
+    const int out_groups = o->params_only ? 1 : n_groups;
+    int rc = param_io_tensors(cfg, groups, out_groups, o->tp, &p->t, &p->nt, err, errlen);
+    if (rc == 0)
+        rc = out_attrs(attrs, na, o->params_only, layout, p, err, errlen);
+    if (rc == 0)
+        rc = plan_tiles(p->t, p->nt, world->size, &p->tiles, &p->ntiles, err, errlen);
+    if (rc == 0)
+        rc = my_slices(world->rank, p, err, errlen);
+    return rc;
+}
+
+/* Rank 0's one-line summary of a finished resharding. */
+static void print_summary(const reshard_opts_t *o, const char *content, int nt_in, int64_t in_shards, int64_t in_bytes,
+                          const char *layout, const out_plan_t *p, int nranks,
+                          const double t[4] /* verify, read, write, start */)
+{
+    int64_t out_bytes = 0;
+    for (int i = 0; i < p->ntiles; i++)
+        out_bytes += p->tiles[i].bytes;
+    printf(PROG ": %s (%s, %d tensors, %" PRId64 " shards, %.1f MiB verified in %.2f s) -> %s (%s, %d "
+                "tensors, %d slices, %.1f MiB) on %d rank%s: read %.2f s, write %.2f s, total %.2f s\n",
+           o->in, content, nt_in, in_shards, mib(in_bytes), t[0], o->out, layout, p->nt, p->ntiles, mib(out_bytes),
+           nranks, nranks == 1 ? "" : "s", t[1], t[2], now_s() - t[3]);
+}
+
 /* The resharding: every step agreed on by all ranks. *status is the exit
  * status on failure (2 for the input and the command line, 1 for writing). */
 static int reshard(const reshard_opts_t *o, comm_t *world, int *status, char *err, size_t errlen)
 {
-    const int rank = world->rank, nranks = world->size;
     char content[64] = "", layout[64];
     model_config_t cfg;
     param_io_group_t groups[3];
-    int n_groups = 0, nt_in = 0, nt_out = 0, ntiles = 0, ns = 0, na = 0, na_out = 0;
-    h5store_tensor_t *t_in = NULL, *t_out = NULL;
-    h5store_attr_t *attrs = NULL, *out_attrs = NULL;
-    h5store_shard_t *shards = NULL;
-    tile_t *tiles = NULL;
-    float *buf = NULL;
-    int64_t in_shards = 0, in_bytes = 0, my_bytes = 0;
-    double t0 = now_s(), t_verify = 0, t_read = 0, t_write = 0;
+    int n_groups = 0, nt_in = 0, na = 0;
+    h5store_tensor_t *t_in = NULL;
+    h5store_attr_t *attrs = NULL;
+    out_plan_t out = {0};
+    int64_t in_shards = 0, in_bytes = 0;
+    double t[4] = {0, 0, 0, now_s()}; /* verify, read, write, start */
     *status = 2;
 
-    int rc = rank == 0 ? check_paths(o, err, errlen) : 0;
+    int rc = world->rank == 0 ? check_paths(o, err, errlen) : 0;
     if (agree(world, rc, err, errlen) != 0)
         return -1;
     h5store_t *h = h5store_open(o->in, MPI_COMM_WORLD, err, errlen);
@@ -542,69 +648,18 @@ static int reshard(const reshard_opts_t *o, comm_t *world, int *status, char *er
     double t1 = now_s();
     if (rc == 0)
         rc = h5store_verify(h, &in_shards, &in_bytes, err, errlen);
-    t_verify = now_s() - t1;
+    t[0] = now_s() - t1;
 
-    /* the output: the target's tensors, chunks, attributes and slices */
-    const int out_groups = o->params_only ? 1 : n_groups;
     snprintf(layout, sizeof layout, "tp %d pp %d dp %d zero %d", o->tp, o->pp, o->dp, o->zero);
     if (rc == 0) {
         *status = 1; /* from here on, failures are the machine's, not the input's */
-        rc = param_io_tensors(&cfg, groups, out_groups, o->tp, &t_out, &nt_out, err, errlen);
-        if (rc == 0 && !(out_attrs = calloc((size_t)na + 2, sizeof *out_attrs))) {
-            snprintf(err, errlen, "out of memory");
-            rc = -1;
-        }
-        if (rc == 0) {
-            int n = 0, has_layout = 0;
-            for (int i = 0; i < na; i++) {
-                out_attrs[n] = attrs[i];
-                if (strcmp(attrs[i].key, "layout") == 0) {
-                    out_attrs[n] = (h5store_attr_t){.key = "layout", .type = H5STORE_STR, .s = layout};
-                    has_layout = 1;
-                } else if (o->params_only && strcmp(attrs[i].key, "content") == 0) {
-                    out_attrs[n] = (h5store_attr_t){.key = "content", .type = H5STORE_STR, .s = "params"};
-                }
-                n++;
-            }
-            if (!has_layout)
-                out_attrs[n++] = (h5store_attr_t){.key = "layout", .type = H5STORE_STR, .s = layout};
-            na_out = n;
-        }
-        if (rc == 0)
-            rc = plan_tiles(t_out, nt_out, nranks, &tiles, &ntiles, err, errlen);
-        if (rc == 0) {
-            for (int i = 0; i < ntiles; i++)
-                if (tiles[i].owner == rank) {
-                    ns++;
-                    my_bytes += tiles[i].bytes;
-                }
-            shards = calloc((size_t)ns + 1, sizeof *shards);
-            buf = malloc((size_t)my_bytes + 1);
-            if (!shards || !buf) {
-                snprintf(err, errlen, "rank %d: out of memory for its %.1f MiB of slices (run on more ranks)", rank,
-                         mib(my_bytes));
-                rc = -1;
-            }
-        }
-        if (rc == 0) {
-            int k = 0;
-            float *p = buf;
-            for (int i = 0; i < ntiles; i++) {
-                if (tiles[i].owner != rank)
-                    continue;
-                shards[k++] = (h5store_shard_t){.tensor = tiles[i].tensor,
-                                                .start = {tiles[i].start[0], tiles[i].start[1]},
-                                                .count = {tiles[i].count[0], tiles[i].count[1]},
-                                                .buf = p};
-                p += tiles[i].count[0] * tiles[i].count[1];
-            }
-        }
+        rc = plan_output(o, world, &cfg, groups, n_groups, attrs, na, layout, &out, err, errlen);
         rc = agree(world, rc, err, errlen);
         if (rc == 0) {
             /* a read error here is the input's again */
             t1 = now_s();
-            rc = h5store_read_shards(h, t_out, nt_out, shards, ns, err, errlen);
-            t_read = now_s() - t1;
+            rc = h5store_read_shards(h, out.t, out.nt, out.shards, out.ns, err, errlen);
+            t[1] = now_s() - t1;
             if (rc != 0)
                 *status = 2;
         }
@@ -616,25 +671,14 @@ static int reshard(const reshard_opts_t *o, comm_t *world, int *status, char *er
     }
     if (rc == 0) {
         t1 = now_s();
-        rc = h5store_write(o->out, MPI_COMM_WORLD, t_out, nt_out, shards, ns, out_attrs, na_out, err, errlen);
-        t_write = now_s() - t1;
+        rc = h5store_write(o->out, MPI_COMM_WORLD, out.t, out.nt, out.shards, out.ns, out.attrs, out.na, err, errlen);
+        t[2] = now_s() - t1;
     }
-    if (rc == 0 && rank == 0) {
-        int64_t out_bytes = 0;
-        for (int i = 0; i < ntiles; i++)
-            out_bytes += tiles[i].bytes;
-        printf(PROG ": %s (%s, %d tensors, %" PRId64 " shards, %.1f MiB verified in %.2f s) -> %s (%s, %d "
-                    "tensors, %d slices, %.1f MiB) on %d rank%s: read %.2f s, write %.2f s, total %.2f s\n",
-               o->in, content, nt_in, in_shards, mib(in_bytes), t_verify, o->out, layout, nt_out, ntiles,
-               mib(out_bytes), nranks, nranks == 1 ? "" : "s", t_read, t_write, now_s() - t0);
-    }
-    free(buf);
-    free(shards);
-    free(tiles);
-    free(out_attrs); /* its strings are attrs' or on the stack */
+    if (rc == 0 && world->rank == 0)
+        print_summary(o, content, nt_in, in_shards, in_bytes, layout, &out, world->size, t);
+    out_plan_free(&out); /* before attrs: its strings are attrs' or on the stack */
     h5store_free_attrs(attrs, na);
     free(t_in);
-    free(t_out);
     return rc;
 }
 
