@@ -120,6 +120,11 @@ static int make_buckets(const ddp_t *d, size_t cap_floats, ddp_bucket_t *out)
     return nb;
 }
 
+size_t ddp_staging_bytes(size_t n, int dp_size, comm_dtype_t dtype)
+{
+    return dtype == COMM_BF16 && dp_size > 1 ? n * sizeof(uint16_t) : 0;
+}
+
 int ddp_create(ddp_t *d, const ops_t *ops, const mem_tracker_t *mem, ddp_mode_t mode, comm_t *dp, float *grads,
                size_t n, const size_t *tensor_start, int n_tensors, size_t bucket_bytes, comm_dtype_t dtype)
 {
@@ -173,13 +178,14 @@ int ddp_create(ddp_t *d, const ops_t *ops, const mem_tracker_t *mem, ddp_mode_t 
         }
         d->n_buckets = nb;
     }
-    if (dtype == COMM_BF16 && dp->size > 1 && n > 0) {
+    const size_t half_bytes = ddp_staging_bytes(n, dp->size, dtype);
+    if (half_bytes > 0) {
         /* no fill needed: a range is cast into it before it is sent */
-        if (!(d->half = ops->alloc(ops->ctx, n * sizeof *d->half))) {
+        if (!(d->half = ops->alloc(ops->ctx, half_bytes))) {
             ddp_destroy(d);
             return set_err(d, "out of memory for the bf16 staging buffer");
         }
-        mem_tracker_count(&d->mem, MEM_COMM, (long long)(n * sizeof *d->half));
+        mem_tracker_count(&d->mem, MEM_COMM, (long long)half_bytes);
     }
     return 0;
 }
@@ -192,7 +198,7 @@ void ddp_destroy(ddp_t *d)
     free(d->tensor_start);
     if (d->half) {
         d->ops->free(d->ops->ctx, d->half);
-        mem_tracker_count(&d->mem, MEM_COMM, -(long long)(d->n * sizeof *d->half));
+        mem_tracker_count(&d->mem, MEM_COMM, -(long long)ddp_staging_bytes(d->n, d->dp->size, d->dtype));
     }
     d->half = NULL;
     d->buckets = NULL;

@@ -73,6 +73,11 @@ int ddp_create(ddp_t *d, const ops_t *ops, const mem_tracker_t *mem, ddp_mode_t 
                size_t n, const size_t *tensor_start, int n_tensors, size_t bucket_bytes, comm_dtype_t dtype);
 void ddp_destroy(ddp_t *d);
 
+/* Bytes of the bf16 staging buffer (MEM_COMM) ddp_create allocates for n
+ * gradients over dp_size ranks: 0 in fp32 or on one rank. The planner
+ * counts the same. */
+size_t ddp_staging_bytes(size_t n, int dp_size, comm_dtype_t dtype);
+
 /* Start of a step's communicating backward (the last microbatch). */
 void ddp_begin(ddp_t *d);
 /* Every gradient at offset >= ready_from is final for this step. Launches

@@ -15,33 +15,21 @@ int shard_fail(dpsync_t *s)
     return -1;
 }
 
-/* The units: each block's tensors together, every other tensor alone;
- * their start offsets into start [n_tensors+1]. Returns the count and the
- * longest block unit in *window. */
+/* The units (zero_cut_units: the planner cuts with it too); their start
+ * offsets into start [n_tensors+1]. Returns the count and the longest
+ * block unit in *window. */
 static int cut_units(dpsync_t *s, const dpsync_config_t *c, size_t *start, size_t *window)
 {
-    int n = 0;
-    s->unit0 = -1;
-    s->n_blocks = 0;
-    for (int i = 0; i < c->n_tensors; i++) {
-        const int blk = c->tensor_block[i];
-        if (i == 0 || blk < 0 || c->tensor_block[i - 1] != blk) {
-            if (blk >= 0 && s->unit0 < 0)
-                s->unit0 = n;
-            s->n_blocks += blk >= 0;
-            start[n++] = c->tensor_start[i];
-        }
-    }
-    start[n] = c->n;
-    *window = 0;
-    for (int u = s->unit0; u >= 0 && u < s->unit0 + s->n_blocks; u++)
-        if (start[u + 1] - start[u] > *window)
-            *window = start[u + 1] - start[u];
+    zero_units_t u;
+    zero_cut_units(&u, c->n, c->n_tensors, c->tensor_start, c->tensor_block, start);
+    s->unit0 = u.block0;
+    s->n_blocks = u.n_blocks;
+    *window = u.window;
     if (s->unit0 >= 0) {
         s->block_lo = start[s->unit0];
         s->block_hi = start[s->unit0 + s->n_blocks];
     }
-    return n;
+    return u.n_units;
 }
 
 /* This rank's piece of every unit, as AdamW sees it: moments in the

@@ -31,6 +31,120 @@ static void buf_free(const zero_t *z, mem_category_t cat, void *p, size_t bytes)
     }
 }
 
+void zero_cut_units(zero_units_t *u, size_t n, int n_tensors, const size_t *tensor_start, const int *tensor_block,
+                    size_t *unit_start)
+{
+    *u = (zero_units_t){.block0 = -1};
+    int k = 0;
+    for (int i = 0; i < n_tensors; i++) {
+        const int blk = tensor_block[i];
+        if (i == 0 || blk < 0 || tensor_block[i - 1] != blk) {
+            if (blk >= 0 && u->block0 < 0)
+                u->block0 = k;
+            u->n_blocks += blk >= 0;
+            unit_start[k++] = tensor_start[i];
+        }
+    }
+    unit_start[k] = n;
+    u->n_units = k;
+    for (int b = u->block0; b >= 0 && b < u->block0 + u->n_blocks; b++)
+        if (unit_start[b + 1] - unit_start[b] > u->window)
+            u->window = unit_start[b + 1] - unit_start[b];
+}
+
+void zero_pieces(const size_t *unit_start, int n_units, size_t S, size_t *chunk, size_t *shard_start, size_t *shard_n,
+                 size_t *stage_n)
+{
+    size_t off = 0, max_c = 0;
+    if (shard_start)
+        shard_start[0] = 0;
+    for (int u = 0; u < n_units; u++) {
+        const size_t c = (unit_start[u + 1] - unit_start[u] + S - 1) / S;
+        if (chunk)
+            chunk[u] = c;
+        off += c;
+        if (shard_start)
+            shard_start[u + 1] = off;
+        if (c > max_c)
+            max_c = c;
+    }
+    *shard_n = off;
+    *stage_n = S * max_c;
+}
+
+/* Each buffer carries one float (or bf16) of padding beyond its content
+ * (stage: at least one element), so that none is empty. */
+void zero_sizes(zero_sizes_t *s, int stage, size_t S, size_t shard_n, size_t stage_n, size_t window_units,
+                comm_dtype_t dtype, int replica_size)
+{
+    *s = (zero_sizes_t){.stage = stage_n ? stage_n : 1};
+    if (stage < 2)
+        return;
+    const size_t c = (window_units + S - 1) / S;
+    s->window_n = S * c;
+    s->grad_shard = shard_n + 1;
+    s->window = s->window_n + 1;
+    s->recv = c + 1;
+    /* bf16 only where a reduction happens: a group of one keeps fp32 */
+    if (dtype == COMM_BF16 && S > 1) {
+        s->hstage = stage_n + 1;
+        s->hwin = s->window_n + 1;
+        s->hrecv = c + 1;
+    }
+    if (dtype == COMM_BF16 && replica_size > 1)
+        s->hshard = shard_n + 1;
+    if (stage >= 3) {
+        s->param_shard = shard_n + 1;
+        s->pwin = s->window_n + 1;
+    }
+}
+
+void zero_buffer_bytes(const zero_sizes_t *s, double bytes[MEM_N_CATEGORIES])
+{
+    const double f = sizeof(float), h = sizeof(uint16_t);
+    bytes[MEM_COMM] += f * (double)s->stage + 2.0 * f * (double)s->recv;
+    bytes[MEM_COMM] += h * ((double)s->hstage + 2.0 * (double)(s->hwin + s->hrecv) + (double)s->hshard);
+    bytes[MEM_GRADS] += f * ((double)s->grad_shard + 2.0 * (double)s->window);
+    bytes[MEM_PARAMS] += f * ((double)s->param_shard + 2.0 * (double)s->pwin);
+}
+
+/* The buffers of z->sizes, in the order they were always allocated.
+ * Returns 0 or -1 (out of memory; zero_destroy frees what was taken). */
+static int alloc_buffers(zero_t *z)
+{
+    const zero_sizes_t *s = &z->sizes;
+    if (!(z->stage_buf = buf_alloc(z, MEM_COMM, s->stage * sizeof(float))))
+        return -1;
+    if (s->grad_shard) {
+        z->grad_shard = buf_alloc(z, MEM_GRADS, s->grad_shard * sizeof(float));
+        for (int k = 0; k < 2; k++) {
+            z->window[k] = buf_alloc(z, MEM_GRADS, s->window * sizeof(float));
+            z->recv[k] = buf_alloc(z, MEM_COMM, s->recv * sizeof(float));
+        }
+        if (!z->grad_shard || !z->window[0] || !z->window[1] || !z->recv[0] || !z->recv[1])
+            return -1;
+    }
+    if (s->hstage) {
+        z->hstage = buf_alloc(z, MEM_COMM, s->hstage * sizeof(uint16_t));
+        for (int k = 0; k < 2; k++) {
+            z->hwin[k] = buf_alloc(z, MEM_COMM, s->hwin * sizeof(uint16_t));
+            z->hrecv[k] = buf_alloc(z, MEM_COMM, s->hrecv * sizeof(uint16_t));
+        }
+        if (!z->hstage || !z->hwin[0] || !z->hwin[1] || !z->hrecv[0] || !z->hrecv[1])
+            return -1;
+    }
+    if (s->hshard && !(z->hshard = buf_alloc(z, MEM_COMM, s->hshard * sizeof(uint16_t))))
+        return -1;
+    if (s->param_shard) {
+        z->param_shard = buf_alloc(z, MEM_PARAMS, s->param_shard * sizeof(float));
+        for (int k = 0; k < 2; k++)
+            z->pwin[k] = buf_alloc(z, MEM_PARAMS, s->pwin * sizeof(float));
+        if (!z->param_shard || !z->pwin[0] || !z->pwin[1])
+            return -1;
+    }
+    return 0;
+}
+
 int zero_create(zero_t *z, const ops_t *ops, const mem_tracker_t *mem, int stage, comm_t *group, size_t n,
                 const size_t *unit_start, int n_units, size_t window_units, comm_t *replica, comm_dtype_t dtype)
 {
@@ -51,83 +165,37 @@ int zero_create(zero_t *z, const ops_t *ops, const mem_tracker_t *mem, int stage
         zero_destroy(z);
         return -1;
     }
-    const size_t S = (size_t)group->size;
-    size_t max_c = 0;
-    z->shard_start[0] = 0;
-    for (int u = 0; u < n_units; u++) {
-        const size_t len = unit_start[u + 1] - unit_start[u];
-        z->unit_start[u] = unit_start[u];
-        z->chunk[u] = (len + S - 1) / S;
-        z->shard_start[u + 1] = z->shard_start[u] + z->chunk[u];
-        if (z->chunk[u] > max_c)
-            max_c = z->chunk[u];
-    }
+    memcpy(z->unit_start, unit_start, (size_t)n_units * sizeof *z->unit_start);
     z->unit_start[n_units] = n;
-    z->shard_n = z->shard_start[n_units];
-    z->stage_n = S * max_c;
-    z->stage_buf = buf_alloc(z, MEM_COMM, (z->stage_n ? z->stage_n : 1) * sizeof(float));
-    if (!z->stage_buf) {
+    const size_t S = (size_t)group->size;
+    zero_pieces(z->unit_start, n_units, S, z->chunk, z->shard_start, &z->shard_n, &z->stage_n);
+    zero_sizes(&z->sizes, stage, S, z->shard_n, z->stage_n, window_units, dtype, replica ? replica->size : 0);
+    z->window_n = z->sizes.window_n;
+    z->window_unit[0] = z->window_unit[1] = -1;
+    z->pwin_unit[0] = z->pwin_unit[1] = -1;
+    if (alloc_buffers(z) != 0) {
         zero_destroy(z);
         return -1;
-    }
-    z->window_unit[0] = z->window_unit[1] = -1;
-    if (stage >= 2) {
-        const size_t c = (window_units + S - 1) / S;
-        z->window_n = S * c;
-        z->grad_shard = buf_alloc(z, MEM_GRADS, (z->shard_n + 1) * sizeof(float));
-        for (int k = 0; k < 2; k++) {
-            z->window[k] = buf_alloc(z, MEM_GRADS, (z->window_n + 1) * sizeof(float));
-            z->recv[k] = buf_alloc(z, MEM_COMM, (c + 1) * sizeof(float));
-        }
-        if (!z->grad_shard || !z->window[0] || !z->window[1] || !z->recv[0] || !z->recv[1]) {
-            zero_destroy(z);
-            return -1;
-        }
-        if (bf16_on(z, group)) {
-            z->hstage = buf_alloc(z, MEM_COMM, (z->stage_n + 1) * sizeof(uint16_t));
-            for (int k = 0; k < 2; k++) {
-                z->hwin[k] = buf_alloc(z, MEM_COMM, (z->window_n + 1) * sizeof(uint16_t));
-                z->hrecv[k] = buf_alloc(z, MEM_COMM, (c + 1) * sizeof(uint16_t));
-            }
-            if (!z->hstage || !z->hwin[0] || !z->hwin[1] || !z->hrecv[0] || !z->hrecv[1]) {
-                zero_destroy(z);
-                return -1;
-            }
-        }
-        if (bf16_on(z, replica) && !(z->hshard = buf_alloc(z, MEM_COMM, (z->shard_n + 1) * sizeof(uint16_t)))) {
-            zero_destroy(z);
-            return -1;
-        }
-    }
-    z->pwin_unit[0] = z->pwin_unit[1] = -1;
-    if (stage >= 3) {
-        z->param_shard = buf_alloc(z, MEM_PARAMS, (z->shard_n + 1) * sizeof(float));
-        for (int k = 0; k < 2; k++)
-            z->pwin[k] = buf_alloc(z, MEM_PARAMS, (z->window_n + 1) * sizeof(float));
-        if (!z->param_shard || !z->pwin[0] || !z->pwin[1]) {
-            zero_destroy(z);
-            return -1;
-        }
     }
     return 0;
 }
 
 void zero_destroy(zero_t *z)
 {
-    buf_free(z, MEM_COMM, z->stage_buf, (z->stage_n ? z->stage_n : 1) * sizeof(float));
-    const size_t c = z->group && z->window_n ? z->window_n / (size_t)z->group->size : 0;
-    buf_free(z, MEM_GRADS, z->grad_shard, (z->shard_n + 1) * sizeof(float));
+    const zero_sizes_t *s = &z->sizes;
+    buf_free(z, MEM_COMM, z->stage_buf, s->stage * sizeof(float));
+    buf_free(z, MEM_GRADS, z->grad_shard, s->grad_shard * sizeof(float));
     for (int k = 0; k < 2; k++) {
-        buf_free(z, MEM_GRADS, z->window[k], (z->window_n + 1) * sizeof(float));
-        buf_free(z, MEM_COMM, z->recv[k], (c + 1) * sizeof(float));
-        buf_free(z, MEM_COMM, z->hwin[k], (z->window_n + 1) * sizeof(uint16_t));
-        buf_free(z, MEM_COMM, z->hrecv[k], (c + 1) * sizeof(uint16_t));
+        buf_free(z, MEM_GRADS, z->window[k], s->window * sizeof(float));
+        buf_free(z, MEM_COMM, z->recv[k], s->recv * sizeof(float));
+        buf_free(z, MEM_COMM, z->hwin[k], s->hwin * sizeof(uint16_t));
+        buf_free(z, MEM_COMM, z->hrecv[k], s->hrecv * sizeof(uint16_t));
     }
-    buf_free(z, MEM_COMM, z->hstage, (z->stage_n + 1) * sizeof(uint16_t));
-    buf_free(z, MEM_COMM, z->hshard, (z->shard_n + 1) * sizeof(uint16_t));
-    buf_free(z, MEM_PARAMS, z->param_shard, (z->shard_n + 1) * sizeof(float));
+    buf_free(z, MEM_COMM, z->hstage, s->hstage * sizeof(uint16_t));
+    buf_free(z, MEM_COMM, z->hshard, s->hshard * sizeof(uint16_t));
+    buf_free(z, MEM_PARAMS, z->param_shard, s->param_shard * sizeof(float));
     for (int k = 0; k < 2; k++)
-        buf_free(z, MEM_PARAMS, z->pwin[k], (z->window_n + 1) * sizeof(float));
+        buf_free(z, MEM_PARAMS, z->pwin[k], s->pwin * sizeof(float));
     free(z->unit_start);
     free(z->chunk);
     free(z->shard_start);

@@ -69,6 +69,48 @@
 #include "base/mem.h"
 #include "base/ops.h"
 
+/* ZeRO's units of a flat buffer of n floats holding n_tensors tensors
+ * (tensor_start: ascending offsets; tensor_block[i]: the block holding
+ * tensor i, or -1): each block's tensors one unit, every other tensor its
+ * own unit. The trainer's strategy (dpsync_shard.c) and the planner both
+ * cut with this. */
+typedef struct zero_units {
+    int n_units;
+    int block0, n_blocks; /* the block units [block0, block0 + n_blocks); block0 -1: none */
+    size_t window;        /* floats of the longest block unit */
+} zero_units_t;
+
+/* unit_start [n_tensors+1] receives the units' start offsets and n. */
+void zero_cut_units(zero_units_t *u, size_t n, int n_tensors, const size_t *tensor_start, const int *tensor_block,
+                    size_t *unit_start);
+
+/* Each unit of L floats cut into S pieces of c = ceil(L/S): chunk[u] and
+ * shard_start[u] (n_units+1 entries; either may be NULL), *shard_n (the
+ * sum of the c) and *stage_n (S x the largest c: the all-gather buffer). */
+void zero_pieces(const size_t *unit_start, int n_units, size_t S, size_t *chunk, size_t *shard_start, size_t *shard_n,
+                 size_t *stage_n);
+
+/* The elements of every buffer zero_create allocates (0: not allocated),
+ * floats unless marked bf16; zero_create allocates exactly these and the
+ * planner (src/plan.c) counts them, so a change here changes both. */
+typedef struct zero_sizes {
+    size_t stage;                    /* MEM_COMM: the all-gather buffer (at least 1) */
+    size_t grad_shard, window, recv; /* stage 2: MEM_GRADS shard and two windows, MEM_COMM two pieces */
+    size_t hstage, hwin, hrecv;      /* stage 2, bf16 over a group > 1: MEM_COMM, bf16 (two hwin, hrecv) */
+    size_t hshard;                   /* stage 2, bf16 over a replica group > 1: MEM_COMM, bf16 */
+    size_t param_shard, pwin;        /* stage 3: MEM_PARAMS shard and two windows */
+    size_t window_n;                 /* stage 2: S x ceil(window_units/S), a window less its padding float */
+} zero_sizes_t;
+
+/* The buffers of a stage over a group of S ranks: shard_n, stage_n as
+ * zero_pieces gives them, window_units the longest unit reduced through
+ * windows (0 below stage 2), replica_size the replica group's (0: none). */
+void zero_sizes(zero_sizes_t *s, int stage, size_t S, size_t shard_n, size_t stage_n, size_t window_units,
+                comm_dtype_t dtype, int replica_size);
+
+/* Their bytes added into bytes[category] (base/mem.h). */
+void zero_buffer_bytes(const zero_sizes_t *s, double bytes[MEM_N_CATEGORIES]);
+
 typedef struct zero {
     const ops_t *ops;  /* the backend owning the buffers */
     mem_tracker_t mem; /* counts the buffers zero_create allocates */
@@ -82,7 +124,8 @@ typedef struct zero {
     size_t shard_n;      /* floats in a shard (pieces padded to c) */
     float *stage_buf;    /* [S * max c] all-gather landing buffer (MEM_COMM) */
     size_t stage_n;
-    double comm_s; /* seconds in this step's gathers */
+    zero_sizes_t sizes; /* what zero_create allocated (zero_destroy frees the same) */
+    double comm_s;      /* seconds in this step's gathers */
     /* stage 2 */
     float *grad_shard; /* [shard_n] the step's summed gradient pieces */
     float *window[2];  /* [window_n] block gradients, zero padded to S*c */

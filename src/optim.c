@@ -132,6 +132,9 @@ static void add_range(adamw_t *a, size_t offset, size_t goff, size_t soff, size_
             (optim_range_t){.offset = offset, .goff = goff, .soff = soff, .n = n, .decay = decay};
 }
 
+/* Each moment holds at least one float, so neither is empty. */
+size_t adamw_state_bytes(size_t n) { return 2 * (n ? n : 1) * sizeof(float); }
+
 int adamw_create(adamw_t *a, const ops_t *ops, const param_table_t *t, const dpsync_optim_view_t *v, double beta1,
                  double beta2, double eps, double weight_decay, double grad_clip)
 {
@@ -143,7 +146,7 @@ int adamw_create(adamw_t *a, const ops_t *ops, const param_table_t *t, const dps
     a->eps = eps;
     a->weight_decay = weight_decay;
     a->grad_clip = grad_clip;
-    size_t bytes = (a->n ? a->n : 1) * sizeof(float);
+    const size_t bytes = adamw_state_bytes(a->n) / 2; /* each moment */
     a->m = ops->alloc(ops->ctx, bytes);
     a->v = ops->alloc(ops->ctx, bytes);
     /* at most one run per (tensor, piece) overlap: tensors + pieces */
@@ -154,7 +157,7 @@ int adamw_create(adamw_t *a, const ops_t *ops, const param_table_t *t, const dps
     }
     ops->zero(ops->ctx, a->m, bytes);
     ops->zero(ops->ctx, a->v, bytes);
-    mem_track(MEM_OPTIM, 2 * (long long)bytes);
+    mem_track(MEM_OPTIM, (long long)adamw_state_bytes(a->n));
     /* each piece, cut at tensor boundaries (decay) */
     int i = 0;
     for (int u = 0; u < v->n_pieces; u++) {
@@ -174,7 +177,7 @@ int adamw_create(adamw_t *a, const ops_t *ops, const param_table_t *t, const dps
 void adamw_destroy(adamw_t *a)
 {
     if (a->m && a->v)
-        mem_track(MEM_OPTIM, -2 * (long long)((a->n ? a->n : 1) * sizeof(float)));
+        mem_track(MEM_OPTIM, -(long long)adamw_state_bytes(a->n));
     if (a->m)
         a->ops->free(a->ops->ctx, a->m);
     if (a->v)

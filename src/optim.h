@@ -76,6 +76,10 @@ int adamw_create(adamw_t *a, const ops_t *ops, const param_table_t *t, const dps
                  double beta2, double eps, double weight_decay, double grad_clip);
 void adamw_destroy(adamw_t *a);
 
+/* Bytes of the AdamW moments (m and v, MEM_OPTIM) adamw_create allocates
+ * for n elements; the planner counts the same. */
+size_t adamw_state_bytes(size_t n);
+
 /* Gradient-norm clipping factor for a global norm: min(1, clip / norm). */
 double adamw_clip_scale(const adamw_t *a, double grad_norm);
 

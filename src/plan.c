@@ -14,7 +14,9 @@
 #include "src/options.h"
 #include "src/optim.h"
 #include "src/params.h"
+#include "mpi/ddp.h"
 #include "mpi/pipeline.h"
+#include "mpi/zero.h"
 
 /* Notation as in Korthikanti et al. 2022: s sequence length, b micro
  * batch, h d_model, a attention heads, t tensor-parallel size, p pipeline
@@ -98,93 +100,98 @@ static double korthikanti_layer(const plan_in_t *in, model_recompute_t rc)
     }
 }
 
-/* A stage's parameters cut into ZeRO's units as the trainer cuts them
- * (each block's tensors together, every other tensor alone), sharded
- * over S ranks: pieces of ceil(L/S) floats. */
+/* A stage's parameters cut into ZeRO's units by the trainer's own
+ * functions (mpi/zero.h: zero_cut_units, zero_pieces) over S ranks. */
 typedef struct stage_units {
-    double n;         /* local parameters */
-    double shard_n;   /* the rank's pieces of every unit */
-    double max_c;     /* the largest piece */
-    double outside;   /* parameters outside the blocks */
-    double window_n;  /* S x the largest block's piece: a gathered block window */
-    double blk_chunk; /* the largest block's piece */
+    size_t n;       /* local parameters */
+    size_t outside; /* parameters outside the blocks */
+    size_t shard_n; /* the rank's pieces of every unit */
+    size_t stage_n; /* S x the largest piece: the all-gather buffer */
+    size_t window;  /* the longest block unit */
 } stage_units_t;
+
+/* The units of table t as the strategy cuts them (train.c's setup_sync
+ * gives it the same offsets and block ids). Returns 0 or -1 (err). */
+static int cut_table(const plan_in_t *in, const param_table_t *t, stage_units_t *u, char *err, size_t errlen)
+{
+    size_t *start = malloc(((size_t)t->n + 1) * sizeof *start), *unit = malloc(((size_t)t->n + 1) * sizeof *unit);
+    int *block = malloc(((size_t)t->n + 1) * sizeof *block);
+    if (!start || !unit || !block) {
+        free(start), free(unit), free(block);
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    for (int i = 0; i < t->n; i++) {
+        start[i] = t->p[i].offset;
+        block[i] = t->p[i].layer >= 0 && t->p[i].layer < in->c->n_layer ? t->p[i].layer : -1;
+    }
+    zero_units_t zu;
+    zero_cut_units(&zu, t->numel, t->n, start, block, unit);
+    zero_pieces(unit, zu.n_units, (size_t)in->run.shard, NULL, NULL, &u->shard_n, &u->stage_n);
+    u->n = t->numel;
+    u->window = zu.window;
+    u->outside = t->numel - (zu.block0 >= 0 ? unit[zu.block0 + zu.n_blocks] - unit[zu.block0] : 0);
+    free(start), free(unit), free(block);
+    return 0;
+}
 
 static int plan_units(const plan_in_t *in, const param_layout_t *part, stage_plan_t *sp, stage_units_t *u, char *err,
                       size_t errlen)
 {
-    const model_config_t *c = in->c;
     param_table_t t;
-    if (param_table_build(&t, c, part, err, errlen) != 0)
+    if (param_table_build(&t, in->c, part, err, errlen) != 0)
         return -1;
-    /* ZeRO's units, as the strategy cuts them (mpi/dpsync_shard.c): each
-     * block's tensors together, every other tensor alone */
-    const double S = in->run.shard;
-    double shard_n = 0, max_c = 0, block_n = 0, window = 0;
-    size_t unit_lo = 0;
-    for (int i = 0; i <= t.n; i++) {
-        const int block = i < t.n && t.p[i].layer >= 0 && t.p[i].layer < c->n_layer;
-        if (i > 0 && (i == t.n || !block || t.p[i - 1].layer != t.p[i].layer ||
-                      !(t.p[i - 1].layer >= 0 && t.p[i - 1].layer < c->n_layer))) {
-            const size_t hi = i < t.n ? t.p[i].offset : t.numel;
-            const double len = (double)(hi - unit_lo), cu = div_up(len, S);
-            const int prev_block = t.p[i - 1].layer >= 0 && t.p[i - 1].layer < c->n_layer;
-            shard_n += cu;
-            max_c = cu > max_c ? cu : max_c;
-            if (prev_block) {
-                block_n += len;
-                window = len > window ? len : window;
-            }
-            unit_lo = hi;
-        }
-        /* GPT-2's head on a later stage is a copy of the first stage's wte */
-        if (i < t.n && !t.p[i].tied_copy)
+    const int rc = cut_table(in, &t, u, err, errlen);
+    /* GPT-2's head on a later stage is a copy of the first stage's wte */
+    for (int i = 0; i < t.n; i++)
+        if (!t.p[i].tied_copy)
             sp->logical += (size_t)t.p[i].shape[0] * (size_t)t.p[i].shape[1];
-    }
-    *u = (stage_units_t){.n = (double)t.numel,
-                         .shard_n = shard_n,
-                         .max_c = max_c,
-                         .outside = (double)t.numel - block_n,
-                         .blk_chunk = div_up(window, S)};
-    u->window_n = S * u->blk_chunk;
     sp->n = t.numel;
-    sp->shard_n = (size_t)shard_n;
+    sp->shard_n = u->shard_n;
     param_table_free(&t);
-    return 0;
+    return rc;
 }
 
 /* Parameters, gradients, optimizer state and ZeRO's staging buffers. */
 static void plan_state_bytes(const plan_in_t *in, const stage_units_t *u, double *mem)
 {
     const int z = in->run.zero_stage;
-    const double n = u->n, shard_n = u->shard_n, outside = u->outside, window_n = u->window_n, S = in->run.shard;
-    const double opt_n = z >= 1 ? shard_n : n;
+    const size_t S = (size_t)in->run.shard;
+    /* ZeRO's buffers as zero_create sizes them (the shard group S, the
+     * replica group dp/S under --hybrid-shard) */
+    zero_sizes_t zs = {0};
+    if (z >= 1)
+        zero_sizes(&zs, z, S, u->shard_n, u->stage_n, z >= 2 ? u->window : 0, in->run.grad_dtype,
+                   in->run.dp / in->run.shard);
+    const double n = (double)u->n, outside = (double)u->outside, shard_n = (double)u->shard_n;
     if (!in->megatron) {
-        /* dtrain's buffers, byte for byte (model.c, optim.c, zero.c); --dtype
-         * bf16 adds the model's bf16 weight copy (params16: every local
-         * parameter, under ZeRO-3 the tensors outside the blocks, whose
-         * gathered windows are rounded per matmul in the workspace) */
-        /* ZeRO-3: the tensors outside the blocks whole, the shard, and two
-         * gathered block windows (the block computing and the next one) */
-        mem[MEM_PARAMS] = z >= 3 ? 4.0 * (outside + shard_n + 1) + 2.0 * 4.0 * (window_n + 1) : 4.0 * n;
+        /* dtrain's buffers, byte for byte: the model's (model.c: its flat
+         * buffers, under ZeRO-2/3 only the tensors outside the blocks;
+         * --dtype bf16's weight copy params16, under ZeRO-3 the tensors
+         * outside the blocks, whose gathered windows are rounded per matmul
+         * in the workspace), then AdamW's moments (optim.c), ZeRO's shards,
+         * windows and staging (zero.c) or ddp.c's bf16 staging */
+        mem[MEM_PARAMS] = 4.0 * (z >= 3 ? outside : n);
         if (in->bf16)
             mem[MEM_PARAMS] += 2.0 * (z >= 3 ? outside : n);
-        mem[MEM_GRADS] = z >= 2 ? 4.0 * (outside + shard_n + 1) + 2.0 * 4.0 * (window_n + 1) : 4.0 * n;
-        mem[MEM_OPTIM] = 2.0 * 4.0 * (opt_n > 0 ? opt_n : 1);
+        mem[MEM_GRADS] = 4.0 * (z >= 2 ? outside : n);
+        mem[MEM_OPTIM] = (double)adamw_state_bytes(z >= 1 ? u->shard_n : u->n);
         if (z >= 1)
-            mem[MEM_COMM] = 4.0 * (S * u->max_c > 0 ? S * u->max_c : 1);
-        if (z >= 2)
-            mem[MEM_COMM] += 2.0 * 4.0 * (u->blk_chunk + 1);
+            zero_buffer_bytes(&zs, mem);
+        if (z <= 1)
+            mem[MEM_COMM] += (double)ddp_staging_bytes(u->n, in->run.dp, in->run.grad_dtype);
     } else {
         /* bf16 weights, fp32 gradients (Megatron's main_grad), fp32 master
-         * weights and AdamW moments: 2 + 4 + 12 bytes per parameter */
+         * weights and AdamW moments: 2 + 4 + 12 bytes per parameter; the
+         * same units and pieces as dtrain's */
+        const double window_n = (double)zs.window_n, opt_n = z >= 1 ? shard_n : n;
         mem[MEM_PARAMS] = z >= 3 ? 2.0 * (outside + shard_n + 2.0 * window_n) : 2.0 * n;
         mem[MEM_GRADS] = z >= 2 ? 4.0 * (outside + shard_n + 2.0 * window_n) : 4.0 * n;
         mem[MEM_OPTIM] = 12.0 * opt_n;
         if (z >= 1)
-            mem[MEM_COMM] = 2.0 * S * u->max_c;
+            mem[MEM_COMM] = 2.0 * (double)u->stage_n;
         if (z >= 2)
-            mem[MEM_COMM] += 2.0 * 4.0 * u->blk_chunk;
+            mem[MEM_COMM] += 2.0 * 4.0 * (window_n / (double)S);
     }
 }
 

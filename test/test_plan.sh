@@ -95,6 +95,11 @@ mem_check 4 --tp 2 --zero 3
 mem_check 4 --pp 2 --zero 3 --recompute full
 mem_check 2 --recompute selective
 mem_check 4 --zero 2 --hybrid-shard 2
+# bf16 reductions: ddp.c's and zero.c's bf16 staging, sized by the functions
+# their allocations use
+mem_check 4 --zero 1 --grad-reduce-dtype bf16
+mem_check 4 --zero 2 --hybrid-shard 2 --grad-reduce-dtype bf16
+mem_check 4 --zero 3 --grad-reduce-dtype bf16
 mem_check --dtype bf16 1
 mem_check --dtype bf16 1 --model tiny-llama --recompute selective
 mem_check --dtype bf16 4 --tp 2 --pp 2
