@@ -273,13 +273,13 @@ static int run_once(const bench_t *bt, size_t count)
     }
 }
 
-/* Runs one op over all sizes; returns the number of wrong values (>= 0),
- * or -1 after an error that every rank has agreed on. */
-static long bench_op(const launch_env_t *env, comm_t *c, op_t op, const bench_opts_t *o)
+/* Both buffers for op's largest size, agreed over all ranks. 0, or -1
+ * after an agreed failure (nothing left allocated). */
+static int alloc_buffers(const launch_env_t *env, bench_t *bt, const bench_opts_t *o)
 {
-    const int p = c->size, rank0 = c->rank == 0;
+    const op_t op = bt->op;
+    const int p = bt->c->size;
     const size_t maxn = op_count(op, o->max_bytes, p);
-    bench_t bt = {.op = op, .c = c};
     size_t na = maxn, nb = 0;
     if (op == OP_REDUCE_SCATTER)
         nb = maxn / (size_t)p;
@@ -287,61 +287,103 @@ static long bench_op(const launch_env_t *env, comm_t *c, op_t op, const bench_op
         na = maxn / (size_t)p, nb = maxn;
     else if (op == OP_SENDRECV)
         nb = maxn;
-    bt.a = malloc((na ? na : 1) * sizeof(float));
-    bt.b = malloc((nb ? nb : 1) * sizeof(float));
+    bt->a = malloc((na ? na : 1) * sizeof(float));
+    bt->b = malloc((nb ? nb : 1) * sizeof(float));
     char msg[600] = "";
-    if (!bt.a || !bt.b)
+    if (!bt->a || !bt->b)
         snprintf(msg, sizeof msg, "%s: out of memory for %zu bytes of buffers (lower --max-bytes)", op_names[op],
                  (na + nb) * sizeof(float));
-    if (launch_any_failed(env, PROG, !bt.a || !bt.b, msg)) {
-        free(bt.a);
-        free(bt.b);
+    if (launch_any_failed(env, PROG, !bt->a || !bt->b, msg)) {
+        free(bt->a);
+        free(bt->b);
         return -1;
     }
-    if (rank0) {
-        printf("# %s: %s, %d rank%s, comm %s, float%s, %ld timed call%s after %ld warm-up, "
-               "time = mean per call (max over ranks)\n",
-               PROG, op_names[op], p, p == 1 ? "" : "s", c->ops->name,
-               op == OP_ALLREDUCE        ? " sum in place"
-               : op == OP_REDUCE_SCATTER ? " sum"
-                                         : "",
-               o->iters, o->iters == 1 ? "" : "s", o->warmup);
-        printf("#\n# %12s %12s %6s %6s %11s %8s %8s %7s\n", "size", "count", "type", "redop", "time", "algbw", "busbw",
-               "#wrong");
-        printf("# %12s %12s %6s %6s %11s %8s %8s %7s\n", "(B)", "(elements)", "", "", "(us)", "(GB/s)", "(GB/s)", "");
-    }
+    return 0;
+}
+
+/* The op's title and the column heads (rank 0 only). */
+static void print_header(const comm_t *c, op_t op, const bench_opts_t *o)
+{
+    const int p = c->size;
+    printf("# %s: %s, %d rank%s, comm %s, float%s, %ld timed call%s after %ld warm-up, "
+           "time = mean per call (max over ranks)\n",
+           PROG, op_names[op], p, p == 1 ? "" : "s", c->ops->name,
+           op == OP_ALLREDUCE        ? " sum in place"
+           : op == OP_REDUCE_SCATTER ? " sum"
+                                     : "",
+           o->iters, o->iters == 1 ? "" : "s", o->warmup);
+    printf("#\n# %12s %12s %6s %6s %11s %8s %8s %7s\n", "size", "count", "type", "redop", "time", "algbw", "busbw",
+           "#wrong");
+    printf("# %12s %12s %6s %6s %11s %8s %8s %7s\n", "(B)", "(elements)", "", "", "(us)", "(GB/s)", "(GB/s)", "");
+}
+
+/* One size of count elements: the checked call, the warm-up, the timed
+ * calls, and rank 0's row. Returns the wrong values summed over ranks and
+ * sets *busbw (GB/s), or -1 after an agreed failure. */
+static long bench_size(const launch_env_t *env, const bench_t *bt, size_t count, const bench_opts_t *o, double *busbw)
+{
+    const op_t op = bt->op;
+    const int p = bt->c->size;
+    fill(bt, count);
+    int failed = run_once(bt, count) != 0;
+    long wrong = failed ? 0 : check(bt, count), wrong_all = 0;
+    if (op == OP_ALLREDUCE) /* in place: keep the timed calls' values finite */
+        memset(bt->a, 0, count * sizeof(float));
+    for (long it = 0; it < o->warmup && !failed; it++)
+        failed = run_once(bt, count) != 0;
+    launch_mpi_check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier");
+    double t0 = MPI_Wtime();
+    for (long it = 0; it < o->iters && !failed; it++)
+        failed = run_once(bt, count) != 0;
+    double t = (MPI_Wtime() - t0) / (double)o->iters, tmax = 0.0;
+    if (launch_any_failed(env, PROG, failed, bt->c->err))
+        return -1;
+    launch_mpi_check(MPI_Allreduce(&t, &tmax, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD), "MPI_Allreduce");
+    launch_mpi_check(MPI_Allreduce(&wrong, &wrong_all, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce");
+    const size_t size = count * sizeof(float);
+    const double algbw = (double)size / 1e9 / tmax;
+    *busbw = algbw * bus_factor(op, p);
+    if (bt->c->rank == 0)
+        printf("  %12zu %12zu %6s %6s %11.2f %8.3f %8.3f %7ld\n", size, count, "float",
+               op == OP_ALLREDUCE || op == OP_REDUCE_SCATTER ? "sum" : "none", tmax * 1e6, algbw, *busbw, wrong_all);
+    fflush(stdout);
+    return wrong_all;
+}
+
+/* The op's verdict and mean bus bandwidth over its rows (rank 0 only). */
+static void print_summary(long wrong_total, double bus_sum, int rows)
+{
+    printf("# Wrong values   : %ld %s\n", wrong_total, wrong_total ? "FAILED" : "OK");
+    if (rows)
+        printf("# Avg bus bandwidth : %.3f GB/s\n#\n", bus_sum / rows);
+    else
+        printf("# no size in [--min-bytes, --max-bytes] holds a float per rank\n#\n");
+    fflush(stdout);
+}
+
+/* Runs one op over all sizes; returns the number of wrong values (>= 0),
+ * or -1 after an error that every rank has agreed on. */
+static long bench_op(const launch_env_t *env, comm_t *c, op_t op, const bench_opts_t *o)
+{
+    const int p = c->size, rank0 = c->rank == 0;
+    bench_t bt = {.op = op, .c = c};
+    if (alloc_buffers(env, &bt, o) != 0)
+        return -1;
+    if (rank0)
+        print_header(c, op, o);
     long wrong_total = 0;
     double bus_sum = 0.0;
     int rows = 0;
     for (size_t bytes = o->min_bytes;;) {
         const size_t count = op_count(op, bytes, p);
         if (count > 0) {
-            fill(&bt, count);
-            int failed = run_once(&bt, count) != 0;
-            long wrong = failed ? 0 : check(&bt, count), wrong_all = 0;
-            if (op == OP_ALLREDUCE) /* in place: keep the timed calls' values finite */
-                memset(bt.a, 0, count * sizeof(float));
-            for (long it = 0; it < o->warmup && !failed; it++)
-                failed = run_once(&bt, count) != 0;
-            launch_mpi_check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier");
-            double t0 = MPI_Wtime();
-            for (long it = 0; it < o->iters && !failed; it++)
-                failed = run_once(&bt, count) != 0;
-            double t = (MPI_Wtime() - t0) / (double)o->iters, tmax = 0.0;
-            if (launch_any_failed(env, PROG, failed, c->err)) {
+            double busbw = 0.0;
+            long wrong_all = bench_size(env, &bt, count, o, &busbw);
+            if (wrong_all < 0) {
                 free(bt.a);
                 free(bt.b);
                 return -1;
             }
-            launch_mpi_check(MPI_Allreduce(&t, &tmax, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD), "MPI_Allreduce");
-            launch_mpi_check(MPI_Allreduce(&wrong, &wrong_all, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce");
-            const size_t size = count * sizeof(float);
-            const double algbw = (double)size / 1e9 / tmax, busbw = algbw * bus_factor(op, p);
-            if (rank0)
-                printf("  %12zu %12zu %6s %6s %11.2f %8.3f %8.3f %7ld\n", size, count, "float",
-                       op == OP_ALLREDUCE || op == OP_REDUCE_SCATTER ? "sum" : "none", tmax * 1e6, algbw, busbw,
-                       wrong_all);
-            fflush(stdout);
             wrong_total += wrong_all;
             bus_sum += busbw;
             rows++;
@@ -351,14 +393,8 @@ static long bench_op(const launch_env_t *env, comm_t *c, op_t op, const bench_op
         size_t next = (size_t)((double)bytes * o->factor);
         bytes = next > bytes ? next : bytes + 1;
     }
-    if (rank0) {
-        printf("# Wrong values   : %ld %s\n", wrong_total, wrong_total ? "FAILED" : "OK");
-        if (rows)
-            printf("# Avg bus bandwidth : %.3f GB/s\n#\n", bus_sum / rows);
-        else
-            printf("# no size in [--min-bytes, --max-bytes] holds a float per rank\n#\n");
-        fflush(stdout);
-    }
+    if (rank0)
+        print_summary(wrong_total, bus_sum, rows);
     free(bt.a);
     free(bt.b);
     return wrong_total;

@@ -130,6 +130,93 @@ static int check_profile(const hw_profile_t *p, const char *path, char *err, siz
     return 0;
 }
 
+/* A profile file being read: its numeric keys, which of them were seen,
+ * and the line being parsed (for messages). */
+typedef struct profile_reader {
+    hw_profile_t *p;
+    const char *path;
+    struct {
+        const char *key;
+        double *field;
+        int required;
+    } keys[9];
+    int nk, lineno, have_gpn;
+    int seen[16];
+} profile_reader_t;
+
+/* `gpus_per_node = N`: a positive integer. 0, or -1 (err). */
+static int parse_gpus_per_node(profile_reader_t *r, const char *val, char *err, size_t errlen)
+{
+    int rc = 0;
+    char *end;
+    long v = strtol(val, &end, 10);
+    if (end == val || *end || v < 1 || v > 1 << 20) {
+        snprintf(err, errlen, "%s:%d: gpus_per_node '%s': expected a positive integer", r->path, r->lineno, val);
+        rc = -1;
+    }
+    r->p->gpus_per_node = (int)v;
+    r->have_gpn = 1;
+    return rc;
+}
+
+/* One line, `key = value` or blank, a # starting a comment; the line is
+ * cut up in place. 0, or -1 (err). */
+static int parse_line(profile_reader_t *r, char *line, char *err, size_t errlen)
+{
+    char *hash = strchr(line, '#');
+    if (hash)
+        *hash = '\0';
+    char *s = trim(line), *eq = strchr(s, '=');
+    if (!*s)
+        return 0;
+    if (!eq) {
+        snprintf(err, errlen, "%s:%d: expected `key = value`, got '%s'", r->path, r->lineno, s);
+        return -1;
+    }
+    *eq = '\0';
+    char *key = trim(s), *val = trim(eq + 1);
+    if (strcmp(key, "name") == 0) {
+        snprintf(r->p->name, sizeof r->p->name, "%.63s", val);
+        return 0;
+    }
+    if (strcmp(key, "gpus_per_node") == 0)
+        return parse_gpus_per_node(r, val, err, errlen);
+    int k = 0;
+    while (k < r->nk && strcmp(r->keys[k].key, key) != 0)
+        k++;
+    if (k == r->nk) {
+        snprintf(err, errlen,
+                 "%s:%d: unknown key '%s' (allowed: name, memory, reserve, peak_fp32, peak_bf16, "
+                 "efficiency, mem_bw, intra_node_bw, inter_node_bw, latency, gpus_per_node)",
+                 r->path, r->lineno, key);
+        return -1;
+    }
+    if (parse_quantity(val, r->keys[k].field) != 0) {
+        snprintf(err, errlen,
+                 "%s:%d: %s '%s': expected a non-negative number with an optional unit "
+                 "(B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)",
+                 r->path, r->lineno, key, val);
+        return -1;
+    }
+    r->seen[k] = 1;
+    return 0;
+}
+
+/* Every required key was given. 0, or -1 (err). */
+static int check_required(const profile_reader_t *r, char *err, size_t errlen)
+{
+    for (int k = 0; k < r->nk; k++)
+        if (r->keys[k].required && !r->seen[k]) {
+            snprintf(err, errlen, "%s: the key '%s' is missing", r->path, r->keys[k].key);
+            return -1;
+        }
+    if (!r->have_gpn) {
+        snprintf(err, errlen, "%s: the key 'gpus_per_node' is missing", r->path);
+        return -1;
+    }
+    return 0;
+}
+
 static int load_file(hw_profile_t *p, const char *path, char *err, size_t errlen)
 {
     FILE *f = fopen(path, "r");
@@ -141,77 +228,32 @@ static int load_file(hw_profile_t *p, const char *path, char *err, size_t errlen
     memset(p, 0, sizeof *p);
     snprintf(p->name, sizeof p->name, "%.63s", path);
     p->efficiency = 0.5;
-    struct {
-        const char *key;
-        double *field;
-        int required;
-    } keys[] = {
-        {"memory", &p->memory, 1},          {"reserve", &p->reserve, 0},        {"peak_fp32", &p->peak_fp32, 0},
-        {"peak_bf16", &p->peak_bf16, 0},    {"efficiency", &p->efficiency, 0},  {"mem_bw", &p->mem_bw, 0},
-        {"intra_node_bw", &p->intra_bw, 1}, {"inter_node_bw", &p->inter_bw, 1}, {"latency", &p->latency, 0},
+    profile_reader_t r = {
+        .p = p,
+        .path = path,
+        .keys =
+            {
+                {"memory", &p->memory, 1},
+                {"reserve", &p->reserve, 0},
+                {"peak_fp32", &p->peak_fp32, 0},
+                {"peak_bf16", &p->peak_bf16, 0},
+                {"efficiency", &p->efficiency, 0},
+                {"mem_bw", &p->mem_bw, 0},
+                {"intra_node_bw", &p->intra_bw, 1},
+                {"inter_node_bw", &p->inter_bw, 1},
+                {"latency", &p->latency, 0},
+            },
     };
-    const int nk = (int)(sizeof keys / sizeof keys[0]);
-    int seen[16] = {0}, have_gpn = 0, lineno = 0, rc = 0;
+    r.nk = (int)(sizeof r.keys / sizeof r.keys[0]);
+    int rc = 0;
     char line[1024];
     while (rc == 0 && fgets(line, sizeof line, f)) {
-        lineno++;
-        char *hash = strchr(line, '#');
-        if (hash)
-            *hash = '\0';
-        char *s = trim(line), *eq = strchr(s, '=');
-        if (!*s)
-            continue;
-        if (!eq) {
-            snprintf(err, errlen, "%s:%d: expected `key = value`, got '%s'", path, lineno, s);
-            rc = -1;
-            break;
-        }
-        *eq = '\0';
-        char *key = trim(s), *val = trim(eq + 1);
-        if (strcmp(key, "name") == 0) {
-            snprintf(p->name, sizeof p->name, "%.63s", val);
-            continue;
-        }
-        if (strcmp(key, "gpus_per_node") == 0) {
-            char *end;
-            long v = strtol(val, &end, 10);
-            if (end == val || *end || v < 1 || v > 1 << 20) {
-                snprintf(err, errlen, "%s:%d: gpus_per_node '%s': expected a positive integer", path, lineno, val);
-                rc = -1;
-            }
-            p->gpus_per_node = (int)v;
-            have_gpn = 1;
-            continue;
-        }
-        int k = 0;
-        while (k < nk && strcmp(keys[k].key, key) != 0)
-            k++;
-        if (k == nk) {
-            snprintf(err, errlen,
-                     "%s:%d: unknown key '%s' (allowed: name, memory, reserve, peak_fp32, peak_bf16, "
-                     "efficiency, mem_bw, intra_node_bw, inter_node_bw, latency, gpus_per_node)",
-                     path, lineno, key);
-            rc = -1;
-        } else if (parse_quantity(val, keys[k].field) != 0) {
-            snprintf(err, errlen,
-                     "%s:%d: %s '%s': expected a non-negative number with an optional unit "
-                     "(B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)",
-                     path, lineno, key, val);
-            rc = -1;
-        } else {
-            seen[k] = 1;
-        }
+        r.lineno++;
+        rc = parse_line(&r, line, err, errlen);
     }
     fclose(f);
-    for (int k = 0; rc == 0 && k < nk; k++)
-        if (keys[k].required && !seen[k]) {
-            snprintf(err, errlen, "%s: the key '%s' is missing", path, keys[k].key);
-            rc = -1;
-        }
-    if (rc == 0 && !have_gpn) {
-        snprintf(err, errlen, "%s: the key 'gpus_per_node' is missing", path);
-        rc = -1;
-    }
+    if (rc == 0)
+        rc = check_required(&r, err, errlen);
     return rc == 0 ? check_profile(p, path, err, errlen) : rc;
 }
 

@@ -367,15 +367,9 @@ model_layout_t model_layout_single(const model_config_t *c)
     return (model_layout_t){.part = param_layout_whole(c), .tp = NULL, .sequence_parallel = 0, .n_slots = 1};
 }
 
-int model_create(model_t *m, const model_config_t *cfg, const ops_t *ops, const model_layout_t *lay, int B, int T,
-                 char *err, size_t errlen)
+/* The run's shapes fit the model and the stage layout. 0, or -1 (err). */
+static int check_shapes(const model_config_t *cfg, const model_layout_t *lay, int B, int T, char *err, size_t errlen)
 {
-    memset(m, 0, sizeof *m);
-    m->cfg = *cfg;
-    m->ops = ops;
-    m->lay = *lay;
-    m->B = B;
-    m->T = T;
     const int P = lay->part.tp_size;
     if (model_config_check(cfg, err, errlen) != 0)
         return -1;
@@ -403,15 +397,30 @@ int model_create(model_t *m, const model_config_t *cfg, const ops_t *ops, const 
                  lay->part.layer_end, lay->n_slots);
         return -1;
     }
-    if (param_table_build(&m->table, cfg, &lay->part, err, errlen) != 0)
-        return -1;
-    m->n_local = lay->part.layer_end - lay->part.layer_begin;
-    m->v_rows = (int)(param_padded_vocab(cfg->vocab_size, P) / P);
-    m->v0 = m->v_rows * lay->part.tp_rank;
-    m->v_held = cfg->vocab_size - m->v0 < 0           ? 0
-                : cfg->vocab_size - m->v0 > m->v_rows ? m->v_rows
-                                                      : cfg->vocab_size - m->v0;
-    const size_t Ls = (size_t)m->n_local, pbytes = m->table.numel * sizeof(float);
+    return 0;
+}
+
+/* This stage's layers and this TP rank's slice of the (padded) vocabulary:
+ * v_rows rows from v0, of which v_held are real tokens. */
+static void set_local_ranges(model_t *m)
+{
+    const int P = m->lay.part.tp_size;
+    m->n_local = m->lay.part.layer_end - m->lay.part.layer_begin;
+    m->v_rows = (int)(param_padded_vocab(m->cfg.vocab_size, P) / P);
+    m->v0 = m->v_rows * m->lay.part.tp_rank;
+    m->v_held = m->cfg.vocab_size - m->v0 < 0           ? 0
+                : m->cfg.vocab_size - m->v0 > m->v_rows ? m->v_rows
+                                                        : m->cfg.vocab_size - m->v0;
+}
+
+/* Host tables: per-layer tensor views, per-slot activation records and
+ * the offset where each local layer's parameters start (Ls + 1 entries).
+ * Returns whether every slot got its records (the rest is checked by
+ * the caller). */
+static int alloc_host_tables(model_t *m)
+{
+    const model_layout_t *lay = &m->lay;
+    const size_t Ls = (size_t)m->n_local;
     m->p.h = calloc(Ls ? Ls : 1, sizeof *m->p.h);
     m->g.h = calloc(Ls ? Ls : 1, sizeof *m->g.h);
     m->slots = calloc((size_t)lay->n_slots, sizeof *m->slots);
@@ -428,6 +437,16 @@ int model_create(model_t *m, const model_config_t *cfg, const ops_t *ops, const 
                 m->layer_start[l] = m->table.p[i].offset;
         }
     }
+    return slots_ok;
+}
+
+/* Backend buffers: parameters and gradients (without lent ZeRO-3 blocks),
+ * their bf16 copy, and, when the slots exist, the activation and
+ * workspace arenas (*acts, *work: NULL when not allocated). */
+static void alloc_backend(model_t *m, int slots_ok, char **acts, char **work)
+{
+    const ops_t *ops = m->ops;
+    const model_layout_t *lay = &m->lay;
     m->params_n = m->layer_start && lay->lent_block_params ? outside_blocks(m) : m->table.numel;
     m->params = backend_alloc(ops, MEM_PARAMS, m->params_n * sizeof(float));
     m->grads_n = m->layer_start && lay->lent_block_grads ? outside_blocks(m) : m->table.numel;
@@ -436,12 +455,31 @@ int model_create(model_t *m, const model_config_t *cfg, const ops_t *ops, const 
         m->params16 = backend_alloc(ops, MEM_PARAMS, m->params_n * sizeof(uint16_t));
         m->params16_stale = 1;
     }
-    char *acts = NULL, *work = NULL;
     if (slots_ok) {
         layout_acts(m, NULL, &m->act_bytes, NULL, &m->work_bytes);
-        acts = backend_alloc(ops, MEM_ACTS, m->act_bytes);
-        work = backend_alloc(ops, MEM_WORKSPACE, m->work_bytes);
+        *acts = backend_alloc(ops, MEM_ACTS, m->act_bytes);
+        *work = backend_alloc(ops, MEM_WORKSPACE, m->work_bytes);
     }
+}
+
+int model_create(model_t *m, const model_config_t *cfg, const ops_t *ops, const model_layout_t *lay, int B, int T,
+                 char *err, size_t errlen)
+{
+    memset(m, 0, sizeof *m);
+    m->cfg = *cfg;
+    m->ops = ops;
+    m->lay = *lay;
+    m->B = B;
+    m->T = T;
+    if (check_shapes(cfg, lay, B, T, err, errlen) != 0)
+        return -1;
+    if (param_table_build(&m->table, cfg, &lay->part, err, errlen) != 0)
+        return -1;
+    set_local_ranges(m);
+    const size_t pbytes = m->table.numel * sizeof(float);
+    int slots_ok = alloc_host_tables(m);
+    char *acts = NULL, *work = NULL;
+    alloc_backend(m, slots_ok, &acts, &work);
     if (!m->p.h || !m->g.h || !slots_ok || !m->layer_start || (pbytes && (!m->params || !m->grads)) ||
         (lay->bf16 && m->params_n && !m->params16) || !acts || !work) {
         snprintf(err, errlen,
