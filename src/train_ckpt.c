@@ -1,0 +1,482 @@
+/* The trainer's checkpoint and parameter I/O: host copies of the state,
+ * --resume, --init-from, checkpoints written now or in the background
+ * (--ckpt-async), --save-params and the spike guard's rollback. */
+#include "src/train.h"
+
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <mpi.h>
+
+#ifdef HAVE_CONFIG_H
+#include "config.h"
+#endif
+#include "src/backend.h"
+#include "mpi/clock.h"
+#include "src/docmask.h"
+#include "src/flops.h"
+#include "src/fsutil.h"
+#include "src/mem.h"
+#include "src/ops_cpu.h"
+#include "src/ckpt.h"
+#include "src/ckpt_async.h"
+#include "mpi/agree.h"
+#include "io/h5store.h"
+#include "src/hf_import.h"
+#include "src/param_io.h"
+#include "src/metrics.h"
+#include "mpi/replica.h"
+#include "src/sample.h"
+#include "io/tok_sidecar.h"
+#include "src/train_internal.h"
+
+/* The parameters from a full flat host copy [table.numel]: the model's
+ * buffer, and what the strategy holds beside it (ZeRO-3: this rank's
+ * pieces of the blocks). */
+static int params_from_host(trainer_t *tr, const float *host)
+{
+    model_params_from_host(&tr->model, host);
+    return tr->sync.ops->params_from_host(&tr->sync, host);
+}
+
+/* The reverse: a full flat host copy. Under ZeRO-3 the blocks are gathered
+ * from the pieces: collective over the shard group. */
+int params_to_host(trainer_t *tr, float *host)
+{
+    model_params_to_host(&tr->model, host);
+    return tr->sync.ops->params_to_host(&tr->sync, host);
+}
+
+/* --init-from: this rank's slices of the file's tensors into host (see
+ * src/hf_import.h); rank 0 reports what the ranks read and held. */
+static int import_params(trainer_t *tr, float *host, char *err, size_t errlen)
+{
+    init_from_report_t rep = {0};
+    int rc = host ? init_from_load(tr->opt->init_from, &tr->cfg, &tr->model.table, host, &rep, err, errlen) : -1;
+    /* [0] MiB read, [1] resident growth MiB, [2] local MiB, [3] largest tensor MiB, [4] staging MiB,
+     * [5] seconds (the slowest rank's: the import is done when it is) */
+    double most[6] = {rep.bytes_read / 1048576.0,     rep.rss_growth_kb / 1024.0,   rep.local_bytes / 1048576.0,
+                      rep.largest_tensor / 1048576.0, rep.staging_peak / 1048576.0, rep.seconds};
+    if (tr->world->ops->allreduce(tr->world, most, 6, COMM_FP64, COMM_MAX) != 0 && rc == 0) {
+        snprintf(err, errlen, "--init-from: the all-reduce of the import report failed: %s", tr->world->err);
+        rc = -1;
+    }
+    if (tr->env->world_rank == 0 && rc == 0)
+        printf("init-from: %s (%s, %d file(s), %s) in %.2f s; per rank at most: %.2f MiB read (its slices), "
+               "resident memory grew %.2f MiB for %.2f MiB of local tensors (largest %.2f MiB), staging %.3f MiB\n",
+               tr->opt->init_from, rep.kind == INIT_FROM_LLMC ? "llm.c" : "Hugging Face", rep.n_files, rep.dtypes,
+               most[5], most[0], most[1], most[2], most[3], most[4]);
+    return rc;
+}
+
+/* --resume wins over --init-from when it finds a checkpoint: a requeued
+ * fine-tuning job continues from its last checkpoint instead of starting
+ * again from the imported weights. Collective. */
+static int resume_will_load(trainer_t *tr)
+{
+    char path[OPT_PATH_MAX + 64], e[256];
+    const run_options_t *o = tr->opt;
+    if (!o->resume[0])
+        return 0;
+    /* an error here is reported by trainer_resume: do not import then either */
+    if (ckpt_resolve(tr->world, o->resume, o->ckpt_dir, path, sizeof path, e, sizeof e) != 0)
+        return 1;
+    if (path[0] && tr->env->world_rank == 0)
+        printf("init-from: --resume found %s: continuing from it, not from %s\n", path, o->init_from);
+    return path[0] != '\0';
+}
+
+/* Parameters from --init-from, or from the counter-based initializer
+ * (every layout and stage starts from the same logical values). Collective:
+ * every rank fails alike, with one line in err. */
+int init_params(trainer_t *tr, uint64_t seed, char *err, size_t errlen)
+{
+    const model_t *m = &tr->model;
+    float *host = malloc(m->table.numel * sizeof *host + 1);
+    int rc = host ? 0 : -1;
+    if (!host)
+        snprintf(err, errlen, "out of memory for the parameters (%zu floats)", m->table.numel);
+    if (tr->opt->init_from[0] && !resume_will_load(tr)) {
+        if (import_params(tr, host, err, errlen) != 0)
+            rc = -1;
+    } else if (host) {
+        param_table_init(&m->table, host, seed);
+    }
+    rc = agree(tr->world, rc, err, errlen);
+    if (rc == 0 && params_from_host(tr, host) != 0) {
+        snprintf(err, errlen, "out of memory for the parameters");
+        rc = -1;
+    }
+    free(host);
+    return rc;
+}
+
+void free_state(trainer_t *tr)
+{
+    free(tr->host_p);
+    free(tr->host_m);
+    free(tr->host_v);
+    tr->host_p = tr->host_m = tr->host_v = NULL;
+}
+
+/* Host copies of parameters and moments for checkpoint I/O (the CPU
+ * backend's memory is host memory, but the ops table does not promise it).
+ * Made once and kept for the run: allocating and faulting in three fresh
+ * buffers at every save cost more than writing the file (gpt2-124m on the
+ * dev VM: ~6 s a save against ~4 s for the file). */
+static int host_state(trainer_t *tr, float **p, float **m, float **v)
+{
+    if (!tr->host_p) {
+        const size_t bytes = tr->model.table.numel * sizeof(float) + 1;
+        tr->host_p = malloc(bytes);
+        tr->host_m = malloc(bytes);
+        tr->host_v = malloc(bytes);
+        if (!tr->host_p || !tr->host_m || !tr->host_v)
+            free_state(tr);
+    }
+    *p = tr->host_p;
+    *m = tr->host_m;
+    *v = tr->host_v;
+    return tr->host_p ? 0 : -1;
+}
+
+/* The moments as full flat host buffers [table.numel] (what a checkpoint
+ * holds) from the optimizer's, which are indexed as the strategy's view:
+ * under ZeRO each rank's pieces, gathered over the shard group so that
+ * the writer (DP rank 0) holds every element. Collective over the shard
+ * group. */
+static int moments_to_host(trainer_t *tr, float *hm, float *hv)
+{
+    dpsync_t *s = &tr->sync;
+    return s->ops->state_to_host(s, tr->optim.m, hm) != 0 || s->ops->state_to_host(s, tr->optim.v, hv) != 0 ? -1 : 0;
+}
+
+/* The reverse, after a checkpoint was read: each rank keeps its pieces. */
+static void moments_from_host(trainer_t *tr, const float *hm, const float *hv)
+{
+    tr->sync.ops->state_from_host(&tr->sync, hm, tr->optim.m);
+    tr->sync.ops->state_from_host(&tr->sync, hv, tr->optim.v);
+}
+
+/* Each dataset's position after `step` steps' batches (a rollback's
+ * skipped batches included): the samples of it the blend drew (a checkpoint's record; the order itself is a function of the
+ * global sample index). */
+static void data_meta(const trainer_t *tr, int step, ckpt_meta_t *meta)
+{
+    const int gb = tr->opt->micro_batch * tr->accum * tr->grid->dp_size;
+    uint64_t count[CKPT_DATA_MAX];
+    meta->n_data = tr->train.n_parts <= CKPT_DATA_MAX ? tr->train.n_parts : 0;
+    if (meta->n_data == 0)
+        return;
+    data_counts(&tr->train, (uint64_t)step * (uint64_t)gb, count);
+    for (int i = 0; i < meta->n_data; i++)
+        meta->data_drawn[i] = (long long)count[i];
+}
+
+/* --resume: the checkpoint's dataset positions against this run's order
+ * (a different blend, global batch or seed gives another): a note when
+ * they differ; the run continues in its own order. */
+static void data_resume_note(trainer_t *tr, const ckpt_meta_t *meta)
+{
+    ckpt_meta_t mine = {0};
+    if (meta->n_data == 0 || tr->env->world_rank != 0)
+        return;
+    data_meta(tr, meta->step + meta->data_skip, &mine);
+    int same = mine.n_data == meta->n_data;
+    for (int i = 0; same && i < mine.n_data; i++)
+        same = mine.data_drawn[i] == meta->data_drawn[i];
+    if (!same)
+        printf("resume: note: the checkpoint drew %lld samples of its first of %d datasets; this run's data order "
+               "draws %lld of %d: the data (or its blend) differs from the checkpoint's run\n",
+               meta->data_drawn[0], meta->n_data, mine.data_drawn[0], mine.n_data);
+}
+
+/* Reads the checkpoint at path into the model and the optimizer's moments
+ * (its run state into *meta, rank 0's read time into *load_s): --resume
+ * and a rollback after loss spikes. Collective. */
+static int load_state(trainer_t *tr, const char *path, ckpt_meta_t *meta, double *load_s, char *err, size_t errlen)
+{
+    model_t *m = &tr->model;
+    float *hp, *hm, *hv;
+    int rc = host_state(tr, &hp, &hm, &hv);
+    if (rc != 0)
+        snprintf(err, errlen, "out of memory for loading %s", path);
+    rc = agree(tr->world, rc, err, errlen);
+    if (rc == 0) {
+        /* padding rows are not in the file: start them from the buffers' zeros */
+        const size_t bytes = m->table.numel * sizeof(float);
+        memset(hp, 0, bytes);
+        memset(hm, 0, bytes);
+        memset(hv, 0, bytes);
+        /* ckpt_load ends in a collective close: rank 0's time is the job's */
+        const double t0 = now_s();
+        rc = ckpt_load(tr->world, path, &tr->cfg, &m->table, hp, hm, hv, meta, err, errlen);
+        *load_s = now_s() - t0;
+    }
+    if (rc == 0) {
+        if (params_from_host(tr, hp) != 0) {
+            snprintf(err, errlen, "out of memory for loading %s", path);
+            rc = -1;
+        }
+        moments_from_host(tr, hm, hv);
+    }
+    return agree(tr->world, rc, err, errlen);
+}
+
+/* --resume: loads the checkpoint it names into the model and optimizer and
+ * sets the step to continue from. Collective. */
+int trainer_resume(trainer_t *tr, char *err, size_t errlen)
+{
+    const run_options_t *o = tr->opt;
+    char path[OPT_PATH_MAX + 64];
+    if (ckpt_resolve(tr->world, o->resume, o->ckpt_dir, path, sizeof path, err, errlen) != 0)
+        return -1;
+    if (!path[0]) {
+        if (tr->env->world_rank == 0)
+            printf("resume: no checkpoint in %s yet, starting from step 0\n", o->ckpt_dir);
+        return 0;
+    }
+    ckpt_meta_t meta;
+    double load_s = 0.0;
+    int rc = load_state(tr, path, &meta, &load_s, err, errlen);
+    if (rc == 0) {
+        tr->optim.t = meta.adam_t;
+        tr->start_step = meta.step;
+        data_resume_note(tr, &meta);
+        tr->steps_done = meta.step;
+        tr->spike.data_skip = meta.data_skip;
+        if (tr->env->world_rank == 0) {
+            printf("resume: %s, step %d, %lld tokens, written at %s; read and verified in %.2f s\n", path, meta.step,
+                   meta.tokens, meta.layout, load_s);
+            const int gb = o->global_batch ? o->global_batch : o->micro_batch * tr->grid->dp_size;
+            if (meta.seed != o->seed || meta.global_batch != gb || meta.seq_len != o->seq_len)
+                printf("resume: note: the checkpoint's run had seed %lld, global batch %d, seq len %d; this run "
+                       "has %lld, %d, %d, so its data order differs from an uninterrupted run\n",
+                       meta.seed, meta.global_batch, meta.seq_len, (long long)o->seed, gb, o->seq_len);
+        }
+    }
+    return rc;
+}
+
+/* The parameters and AdamW moments as full flat host buffers
+ * [table.numel] (on the writer, DP rank 0, every element). Collective. */
+static int state_to_host(trainer_t *tr, float *hp, float *hm, float *hv, char *err, size_t errlen)
+{
+    int rc = 0;
+    /* a replica that writes nothing and gathers for no one copies nothing:
+     * its copy would only take memory bandwidth from the writer's */
+    const int idle = tr->grid->dp_rank != 0 && !tr->sync.ops->shards;
+    /* else collective over the shard group: every rank reaches it */
+    if (!idle && (params_to_host(tr, hp) != 0 || moments_to_host(tr, hm, hv) != 0)) {
+        snprintf(err, errlen, "checkpoint: gathering the sharded parameters or AdamW moments failed: %s",
+                 tr->sync.err[0] ? tr->sync.err : "out of memory");
+        rc = -1;
+    }
+    return agree(tr->world, rc, err, errlen);
+}
+
+/* The run state a checkpoint of `step` completed steps records. */
+static ckpt_meta_t ckpt_meta_at(const trainer_t *tr, int step)
+{
+    const run_options_t *o = tr->opt;
+    const grid_t *g = tr->grid;
+    ckpt_meta_t meta = {.step = step,
+                        .adam_t = tr->optim.t,
+                        .seed = o->seed,
+                        .seq_len = o->seq_len,
+                        .global_batch = o->micro_batch * tr->accum * g->dp_size,
+                        .lr = o->lr,
+                        .min_lr = o->min_lr,
+                        .warmup = o->warmup,
+                        .steps = o->steps,
+                        .tokenizer = tr->data_tokenizer,
+                        .tokenizer_sha256 = tr->data_tokenizer_sha256};
+    meta.tokens = (long long)step * meta.global_batch * o->seq_len;
+    meta.data_skip = tr->spike.data_skip;
+    lr_schedule_record(&tr->sched, meta.lr_schedule, sizeof meta.lr_schedule, &meta.decay_steps, meta.decay_shape,
+                       sizeof meta.decay_shape);
+    data_meta(tr, step + tr->spike.data_skip, &meta);
+    snprintf(meta.layout, sizeof meta.layout, "tp %d pp %d dp %d zero %d", g->tp_size, g->pp_size, g->dp_size,
+             tr->sync.ops->zero);
+    return meta;
+}
+
+/* Writes the checkpoint of `step` completed steps. Collective. */
+static int save_sync(trainer_t *tr, int step, char *err, size_t errlen)
+{
+    const run_options_t *o = tr->opt;
+    const grid_t *g = tr->grid;
+    model_t *m = &tr->model;
+    float *hp, *hm, *hv;
+    int rc = host_state(tr, &hp, &hm, &hv);
+    if (rc != 0)
+        snprintf(err, errlen, "out of memory for a checkpoint");
+    rc = agree(tr->world, rc, err, errlen);
+    if (rc == 0)
+        rc = state_to_host(tr, hp, hm, hv, err, errlen);
+    if (rc == 0) {
+        const ckpt_meta_t meta = ckpt_meta_at(tr, step);
+        char path[OPT_PATH_MAX + 64];
+        double t0 = now_s();
+        rc = ckpt_save(tr->world, o->ckpt_dir, o->keep, &tr->cfg, &m->table, hp, hm, hv, g->dp_rank == 0, g->tp_size,
+                       g->tp_rank, &meta, path, sizeof path, err, errlen);
+        if (rc == 0) {
+            snprintf(tr->last_ckpt, sizeof tr->last_ckpt, "%s", path);
+            tr->last_ckpt_step = step;
+        }
+        if (rc == 0 && tr->env->world_rank == 0)
+            printf("checkpoint: %s (step %d) in %.2f s\n", path, step, now_s() - t0);
+    }
+    return rc;
+}
+
+/* --ckpt-async: waits for the previous write, copies the state into the
+ * writer's host buffers and starts the write; the checkpoint counts as
+ * the last one at once (a failed write ends the run). Collective. */
+static int save_async(trainer_t *tr, int step, char *err, size_t errlen)
+{
+    ckpt_async_t *a = tr->ckpt_async;
+    const grid_t *g = tr->grid;
+    const double t0 = now_s();
+    if (ckpt_async_wait(a, err, errlen) != 0 ||
+        state_to_host(tr, ckpt_async_buffer(a, 0), ckpt_async_buffer(a, 1), ckpt_async_buffer(a, 2), err, errlen) != 0)
+        return -1;
+    const ckpt_async_job_t job = {.dir = tr->opt->ckpt_dir,
+                                  .keep = tr->opt->keep,
+                                  .cfg = &tr->cfg,
+                                  .t = &tr->model.table,
+                                  .writer = g->dp_rank == 0,
+                                  .tp_size = g->tp_size,
+                                  .tp_rank = g->tp_rank,
+                                  .meta = ckpt_meta_at(tr, step)};
+    if (agree(tr->world, ckpt_async_start(a, &job, err, errlen), err, errlen) != 0)
+        return -1;
+    snprintf(tr->last_ckpt, sizeof tr->last_ckpt, "%s/step_%08d.h5", tr->opt->ckpt_dir, step);
+    tr->last_ckpt_step = step;
+    if (tr->env->world_rank == 0)
+        printf("checkpoint: step %d copied to host in %.1f ms, writing %s in the background\n", step,
+               1e3 * (now_s() - t0), tr->last_ckpt);
+    return 0;
+}
+
+/* A checkpoint of `step` completed steps, written now or in the
+ * background (--ckpt-async); the time it held training up goes to the
+ * next step record. Collective. */
+int trainer_save(trainer_t *tr, int step, char *err, size_t errlen)
+{
+    const double t0 = now_s();
+    int rc = tr->ckpt_async ? save_async(tr, step, err, errlen) : save_sync(tr, step, err, errlen);
+    tr->ckpt_stall_s += now_s() - t0;
+    return rc;
+}
+
+/* --ckpt-async: waits for the write in flight (before a stop, the end of
+ * the run, any other HDF5 use); at a step boundary (poll) only collects
+ * one that every rank has finished. Collective; 0 without --ckpt-async. */
+int ckpt_wait(trainer_t *tr, int poll, char *err, size_t errlen)
+{
+    if (!ckpt_async_busy(tr->ckpt_async))
+        return 0;
+    const double t0 = now_s();
+    int rc = poll ? ckpt_async_poll(tr->ckpt_async, err, errlen) : ckpt_async_wait(tr->ckpt_async, err, errlen);
+    tr->ckpt_stall_s += now_s() - t0;
+    return rc;
+}
+
+/* --ckpt-async's writer, after a resume (whose host copies it replaces).
+ * Collective; agreed. */
+int setup_ckpt_async(trainer_t *tr, char *err, size_t errlen)
+{
+    int rc = 0;
+    free_state(tr);
+    if (!tr->env->thread_multiple)
+        rc = status_set(STATUS_INPUT, err, errlen,
+                        "--ckpt-async: this MPI library does not provide "
+                        "MPI_THREAD_MULTIPLE, which the background writer needs; checkpoint without it");
+    else if (!(tr->ckpt_async = ckpt_async_create(tr->model.ops, tr->world, tr->model.table.numel, err, errlen)))
+        rc = -1;
+    return agree(tr->world, rc, err, errlen);
+}
+
+/* --save-params: the parameters alone, as logical tensors. Collective. */
+int trainer_save_params(trainer_t *tr, char *err, size_t errlen)
+{
+    const run_options_t *o = tr->opt;
+    const grid_t *g = tr->grid;
+    model_t *m = &tr->model;
+    float *host = malloc(m->table.numel * sizeof *host + 1);
+    int rc = host ? 0 : -1;
+    if (!host)
+        snprintf(err, errlen, "--save-params: out of memory");
+    rc = agree(tr->world, rc, err, errlen);
+    if (rc == 0) {
+        if (params_to_host(tr, host) != 0) {
+            snprintf(err, errlen, "--save-params: gathering the sharded parameters failed: %s", tr->sync.err);
+            rc = -1;
+        }
+    }
+    rc = agree(tr->world, rc, err, errlen);
+    if (rc == 0) {
+        char layout[64];
+        snprintf(layout, sizeof layout, "tp %d pp %d dp %d zero %d", g->tp_size, g->pp_size, g->dp_size,
+                 tr->sync.ops->zero);
+        h5store_attr_t attrs[PARAM_IO_MODEL_ATTRS + 6];
+        int na = param_io_model_attrs(&tr->cfg, attrs);
+        attrs[na++] = (h5store_attr_t){.key = "content", .type = H5STORE_STR, .s = "params"};
+        attrs[na++] = (h5store_attr_t){.key = "dtrain_version", .type = H5STORE_STR, .s = PACKAGE_VERSION};
+        attrs[na++] = (h5store_attr_t){.key = "layout", .type = H5STORE_STR, .s = layout};
+        attrs[na++] = (h5store_attr_t){.key = "step", .type = H5STORE_INT, .i = tr->steps_done};
+        na += param_io_tokenizer_attrs(tr->data_tokenizer, tr->data_tokenizer_sha256, attrs + na);
+        const param_io_group_t group = {"params", host};
+        rc = param_io_write(tr->world, o->save_params, &tr->cfg, &m->table, &group, 1, g->dp_rank == 0, g->tp_size,
+                            g->tp_rank, attrs, na, err, errlen);
+    }
+    free(host);
+    if (rc == 0 && tr->env->world_rank == 0)
+        printf("parameters written to %s\n", o->save_params);
+    return rc;
+}
+
+/* --spike-max skipped steps in a row, the last 0-based `step`: back to the
+ * last checkpoint (this job's, else the one it resumed from), reading on
+ * from the batch after the skipped ones. Collective. */
+int spike_rollback(trainer_t *tr, int step, char *err, size_t errlen)
+{
+    const run_options_t *o = tr->opt;
+    spike_t *sp = &tr->spike;
+    char path[OPT_PATH_MAX + 64] = "";
+    if (tr->last_ckpt_step >= 0)
+        snprintf(path, sizeof path, "%s", tr->last_ckpt);
+    else if (tr->start_step > 0 && ckpt_resolve(tr->world, o->resume, o->ckpt_dir, path, sizeof path, err, errlen))
+        return -1;
+    if (!path[0]) {
+        snprintf(err, errlen,
+                 "spike: %d steps skipped in a row (steps %d-%d) and no checkpoint to go back to: "
+                 "stopping (--ckpt-dir DIR --ckpt-every N keep one)",
+                 sp->in_row, sp->first_skipped, step + 1);
+        return -1;
+    }
+    const long long next = step + sp->data_skip + 1; /* the first batch after the skipped ones */
+    ckpt_meta_t meta;
+    double load_s;
+    /* the checkpoint may still be in the background writer's hands; HDF5 is one thread's at a time */
+    if (ckpt_wait(tr, 0, err, errlen) != 0 || load_state(tr, path, &meta, &load_s, err, errlen) != 0)
+        return -1;
+    if (tr->env->world_rank == 0) {
+        printf("spike: %d steps skipped in a row (steps %d-%d): back to %s (step %d), continuing on the data after "
+               "the skipped batches (step %d reads batch %lld)\n",
+               sp->in_row, sp->first_skipped, step + 1, path, meta.step, meta.step + 1, next + 1);
+        fflush(stdout);
+    }
+    tr->optim.t = meta.adam_t;
+    tr->steps_done = meta.step;
+    sp->data_skip = next - meta.step;
+    spike_reset(sp);
+    sp->rolled_back = 1;
+    return 0;
+}
