@@ -20,7 +20,7 @@
 #include "mpi/clock.h"
 #include "src/docmask.h"
 #include "src/flops.h"
-#include "src/fsutil.h"
+#include "io/fsutil.h"
 #include "src/mem.h"
 #include "src/ops_cpu.h"
 #include "src/ckpt.h"
