@@ -25,6 +25,10 @@
 # and DIR/logs.tar.gz with every log. Exit status 0 when every step passed,
 # 1 otherwise; without a GPU it says so in one line and exits 1.
 #
+# Each command runs under timeout(1), STEP_TIMEOUT seconds (default 240): a
+# hang is recorded as that step's failure (exit 124) and the next step runs,
+# so a lease always gets results.md back.
+#
 # DEVICE=cpu runs steps 3 and 4 on the CPU to try the script without a GPU
 # (no self-test, no GPU tests); GEMM_ARGS, GELU_ARGS, TRAIN_ARGS (GPT-2
 # 124M) and TINY_ARGS replace the shapes and batches, MODELS the models
@@ -104,6 +108,8 @@ mkdir -p "$logs"
 echo "$me: logs in $logs/, results in $out/results.md"
 failed=0
 t_all=$(date +%s)
+step_timeout=${STEP_TIMEOUT:-240}
+tmo() { timeout -k 10 "$step_timeout" "$@"; }
 declare -A took=()
 stamp() { took[$1]=$(($(date +%s) - $2))s; }
 
@@ -133,7 +139,7 @@ fi
 if [ "$device" = cuda ]; then
     echo "== dtrain --selftest"
     t=$(date +%s)
-    if "$dtrain" --selftest >"$logs/selftest.txt" 2>&1; then selftest="pass: $(tail -n 1 "$logs/selftest.txt")"
+    if tmo "$dtrain" --selftest >"$logs/selftest.txt" 2>&1; then selftest="pass: $(tail -n 1 "$logs/selftest.txt")"
     else selftest="FAIL (exit $?): $(grep -m1 -E '^FAIL|error|selftest' "$logs/selftest.txt" || tail -n 1 "$logs/selftest.txt")"; failed=1; fi
     stamp selftest "$t"
     echo "   $selftest"
@@ -152,7 +158,7 @@ if [ "$device" = cuda ]; then
         echo "== $t1"
         case $t1 in *.sh) cmd=(bash "$top_srcdir/$t1") ;; *) cmd=("$top_builddir/$t1") ;; esac
         rc=0
-        "${cmd[@]}" >"$logs/$name.log" 2>&1 || rc=$?
+        tmo "${cmd[@]}" >"$logs/$name.log" 2>&1 || rc=$?
         case $rc in
             0) verdict=PASS ;;
             77) verdict="SKIP ($(grep -m1 SKIP "$logs/$name.log" || echo 77))" ;;
@@ -170,7 +176,7 @@ t=$(date +%s)
 echo "== dtrain-bench-gemm --device $device --dtype both $gemm_args"
 gemm_rc=0
 # shellcheck disable=SC2086 # gemm_args is a list of options
-"$bench" --device "$device" --dtype both $gemm_args >"$logs/gemm.txt" 2>&1 || gemm_rc=$?
+tmo "$bench" --device "$device" --dtype both $gemm_args >"$logs/gemm.txt" 2>&1 || gemm_rc=$?
 cat "$logs/gemm.txt"
 best() { # dtype: "TFLOP/s NxICxOC" of its fastest row
     awk -v d="$1" '!/^#/ && $1 == d && $2 == "gemm" && $7 + 0 > b { b = $7 + 0; s = $3 "x" $4 "x" $5 } END { if (b) printf "%.4g %s\n", b, s; else print "- -" }' "$logs/gemm.txt"
@@ -187,7 +193,7 @@ where=$(sed -n 's/^# dtrain-bench-gemm: \([^;]*\);.*/\1/p' "$logs/gemm.txt" | he
 echo "== dtrain-bench-gemm --device $device --dtype bf16 --op gelu $gelu_args"
 gelu_rc=0
 # shellcheck disable=SC2086 # gelu_args is a list of options
-"$bench" --device "$device" --dtype bf16 --op gelu $gelu_args >"$logs/gelu.txt" 2>&1 || gelu_rc=$?
+tmo "$bench" --device "$device" --dtype bf16 --op gelu $gelu_args >"$logs/gelu.txt" 2>&1 || gelu_rc=$?
 cat "$logs/gelu.txt"
 us() { # op: "microseconds NxICxOC" of its first row
     awk -v o="$1" '!/^#/ && $2 == o { printf "%.1f %s\n", $6, $3 "x" $4 "x" $5; f = 1; exit } END { if (!f) print "- -" }' "$logs/gelu.txt"
@@ -216,7 +222,7 @@ for model in ${MODELS:-gpt2-124m tiny}; do
         echo "== $model, --device $device --dtype $dt $margs, $steps steps"
         rc=0
         # shellcheck disable=SC2086 # margs is a list of options
-        "$dtrain" --device "$device" --dtype "$dt" --model "$model" $margs --data "$data" --steps "$steps" \
+        tmo "$dtrain" --device "$device" --dtype "$dt" --model "$model" $margs --data "$data" --steps "$steps" \
             --warmup 1 --val-every 0 --sample-tokens 0 --peak-gflops "$(awk -v p="$peak" 'BEGIN { print p * 1000 }')" \
             --metrics "$logs/$tag.json" >"$logs/$tag.txt" 2>&1 || rc=$?
         if [ "$rc" -ne 0 ]; then
@@ -252,7 +258,10 @@ elif [ ! -f "$top_srcdir/test/gpu/hf_logits.sh" ]; then
 else
     echo "== test/gpu/hf_logits.sh"
     rc=0
-    HF_PYTHON=python3 bash "$top_srcdir/test/gpu/hf_logits.sh" >"$logs/hf_logits.log" 2>&1 || rc=$?
+    printf '#!/bin/sh\nLD_LIBRARY_PATH="%s" exec python3 "$@"\n' \
+        "${DTRAIN_BUNDLE_SAVED_LD_LIBRARY_PATH-${LD_LIBRARY_PATH:-}}" >"$work/hf-python3"
+    chmod +x "$work/hf-python3"
+    HF_PYTHON=$work/hf-python3 tmo bash "$top_srcdir/test/gpu/hf_logits.sh" >"$logs/hf_logits.log" 2>&1 || rc=$?
     if [ "$rc" -eq 0 ]; then hf="pass: $(tail -n 1 "$logs/hf_logits.log")"
     else hf="FAIL (exit $rc): $(grep -m1 '^FAIL' "$logs/hf_logits.log" || tail -n 1 "$logs/hf_logits.log")"; failed=1; fi
 fi

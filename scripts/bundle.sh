@@ -289,7 +289,10 @@ if [ "$cuda" = yes ]; then
     for f in test/gpu/test_train_cuda.sh test/gpu/test_nccl.sh; do
         sed 's#/usr/bin/python3#${DTRAIN_PYTHON:-/usr/bin/python3}#g' "$srcdir/$f" >"$B/$f"
     done
-    [ -f "$srcdir/test/gpu/hf_logits.sh" ] && cp "$srcdir/test/gpu/hf_logits.sh" "$B/test/gpu/"
+    for f in test/gpu/hf_logits.sh test/gpu/hf_logits.py test/ref/hf_ref.py; do
+        mkdir -p "$B/$(dirname "$f")"
+        cp "$srcdir/$f" "$B/$f"
+    done
 fi
 
 # ---- env.sh ----
