@@ -140,7 +140,7 @@ if [ "$device" = cuda ]; then
     echo "== dtrain --selftest"
     t=$(date +%s)
     if tmo "$dtrain" --selftest >"$logs/selftest.txt" 2>&1; then selftest="pass: $(tail -n 1 "$logs/selftest.txt")"
-    else selftest="FAIL (exit $?): $(grep -m1 -E '^FAIL|error|selftest' "$logs/selftest.txt" || tail -n 1 "$logs/selftest.txt")"; failed=1; fi
+    else selftest="FAIL (exit $?): $(grep -m1 -E '^FAIL|^dtrain: error' "$logs/selftest.txt" || tail -n 1 "$logs/selftest.txt")"; failed=1; fi
     stamp selftest "$t"
     echo "   $selftest"
 else

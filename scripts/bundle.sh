@@ -321,6 +321,10 @@ if [ "\${DTRAIN_BUNDLE_ACTIVE:-}" != "\$DTRAIN_BUNDLE" ]; then
     export OPAL_SYSCONFDIR=\$DTRAIN_BUNDLE/etc/openmpi
     export PMIX_PREFIX=\$DTRAIN_BUNDLE$pmix_prefix
     export PMIX_MCA_mca_base_component_path=\$DTRAIN_BUNDLE$pmix_prefix/lib/pmix
+    # PMIx also scans its built-in pkglibdir (the system's path) unless told
+    # where it is: a machine with another PMIx there (the GPU machines) then
+    # fails to open that version's components and runs without compression
+    export PMIX_PKGLIBDIR=\$DTRAIN_BUNDLE$pmix_prefix/lib/pmix
     # hwloc's plugins (PCI, GL, OpenCL) are not bundled: an empty directory
     # keeps it from loading another hwloc's plugins from the system
     export HWLOC_PLUGINS_PATH=\$DTRAIN_BUNDLE/usr/lib/x86_64-linux-gnu/hwloc

@@ -77,6 +77,14 @@ W=$(mktemp -d "${TMPDIR:-/tmp}/dtrain-rehearse.XXXXXX")
 if [ -n "${KEEP:-}" ]; then echo "$me: keeping $W (KEEP)"; else trap 'rm -rf "$W"' EXIT; fi
 mkdir -p "$W/in/out"
 chmod 755 "$W" "$W/in" "$W/in/out"
+# A foreign PMIx in the system's path, as the GPU machines have one (another
+# version's pmix_mca_pcompress_zlib.so, needing a symbol the bundle's libpmix
+# lacks): laid over the root's library directory (a read-only overlay, the
+# cached root unchanged); the bundle's PMIx must not load it.
+foreign=$W/foreign/pmix2/lib/pmix
+mkdir -p "$foreign"
+echo 'extern int pmix_output_info(void); int pmix_mca_pcompress_zlib_component(void) { return pmix_output_info(); }' |
+    gcc -x c -shared -fPIC -o "$foreign/pmix_mca_pcompress_zlib.so" - || die "gcc: cannot build the foreign PMIx component"
 
 # The run compared: tiny at 2 ranks, a checkpoint, dreshard, a resumed run.
 # TOP has src/ and data/; mpirun is the one in PATH.
@@ -116,6 +124,9 @@ find "$B" -type f \( -perm -u+x -o -name '*.so*' \) -print0 | { xargs -0 ldd 2>/
     awk '/^\/.*:$/ { f = $1 } /not found/ { print f, $0 }' >"$o/missing.txt"
 echo "ldd: $(grep -c . "$o/missing.txt" || true) missing libraries"
 bash /mnt/train-seq.sh "$B" "$B/examples/tiny.conf" "$o/run"
+# the foreign PMIx component must never have been opened
+ls /usr/lib/x86_64-linux-gnu/pmix2/lib/pmix/pmix_mca_pcompress_zlib.so >"$o/foreign.txt"
+grep -h -i -E 'pmix_mca_base_component_repository_open|usable compression' "$o"/run/*.log >"$o/pmix.txt" || true
 if [ "$kind" = cuda ]; then
     rc=0; dtrain --selftest >"$o/selftest.out" 2>&1 || rc=$?
     echo "$rc" >"$o/selftest.rc"
@@ -152,6 +163,7 @@ enter() { # NAME KIND
         mount -t tmpfs tmpfs "$R/tmp"
         mount -t tmpfs tmpfs "$R/opt"
         mount --bind "$W/in" "$R/mnt"
+        mount -t overlay overlay -o "lowerdir=$W/foreign:$R/usr/lib/x86_64-linux-gnu" "$R/usr/lib/x86_64-linux-gnu"
         if [ -n "$CUDALIBS" ]; then
             mount -t tmpfs tmpfs "$R/usr/local"
             nccl=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib
@@ -203,6 +215,11 @@ rehearse() { # BUILD KIND NAME
             bad "$name: $f differs from the build's run: $(diff <(strip "$W/host-$name/$f") <(strip "$o/run/$f" 2>/dev/null) | head -n 3 | tr '\n' ' ')"
         fi
     done
+    if [ -s "$o/foreign.txt" ] && [ ! -s "$o/pmix.txt" ]; then
+        ok "$name: a foreign PMIx component in the system path ($(cat "$o/foreign.txt")) stays unopened"
+    else
+        bad "$name: the foreign PMIx component: $(head -n 2 "$o/pmix.txt" 2>/dev/null | tr '\n' ' ')"
+    fi
     if cmp -s <(grep -v '^file:' "$W/host-$name/info.txt") <(grep -v '^file:' "$o/run/info.txt" 2>/dev/null); then
         ok "$name: dreshard --info of the tp 2 file identical ($(tail -n 1 "$o/run/info.txt"))"
     else

@@ -112,11 +112,12 @@ layout_compare() {
 # layout_twice FIRST SECOND LABEL: two runs of one layout, bit-identical
 # losses and parameters
 layout_twice() {
-    strip_timing "$1" >"$TMP/twice.a" && strip_timing "$2" >"$TMP/twice.b" &&
-        if cmp -s "$TMP/twice.a" "$TMP/twice.b" &&
-            /usr/bin/python3 "$top_srcdir/test/compare_params.py" "$1.h5" "$2.h5" 0 >/dev/null; then
-            pass "$3 twice: bit-identical losses and parameters"
-        else
-            fail "$3 twice differ"
-        fi
+    strip_timing "$1" >"$TMP/twice.a" && strip_timing "$2" >"$TMP/twice.b" || { fail "$3: no metrics"; return; }
+    if ! cmp -s "$TMP/twice.a" "$TMP/twice.b"; then
+        fail "$3 twice: the losses differ: $(diff "$TMP/twice.a" "$TMP/twice.b" | sed -n 2p | cut -c1-160)"
+    elif ! out=$(/usr/bin/python3 "$top_srcdir/test/compare_params.py" "$1.h5" "$2.h5" 0 2>&1); then
+        fail "$3 twice: the parameters differ: $(echo "$out" | tail -n 1 | cut -c1-160)"
+    else
+        pass "$3 twice: bit-identical losses and parameters"
+    fi
 }

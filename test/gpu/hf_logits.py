@@ -12,8 +12,10 @@ doc/format.md specifies), and checks
   - |DTRAIN_LOSS - transformers' loss| / transformers' loss <= --tol;
   - transformers' logits against test/ref/hf_ref.py's own forward (written
     to Hugging Face's conventions without transformers) on the weights read
-    from DIR with hf_ref.py's safetensors reader: max |difference|, which
-    must be under 1e-9 in float64.
+    from DIR with hf_ref.py's safetensors reader: max |difference| under
+    1e-4. Both run in float64, but transformers 5.17's Llama builds its RoPE
+    frequencies and cos/sin tables in float32 (8.7e-6 on the H200 run of
+    2026-11-26; GPT-2, without RoPE, 1.3e-14).
 
 Prints one line, "ok ..." or "FAIL ...", and exits 0 or 1.
 """
@@ -21,6 +23,9 @@ Prints one line, "ok ..." or "FAIL ...", and exits 0 or 1.
 import argparse
 import os
 import sys
+
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # one line out, not a progress bar
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 import numpy as np
 import torch
@@ -68,7 +73,7 @@ def main():
             worst = max(worst, float((lg - ref_logits[i]).abs().max()))
     hf_loss = sum(hf_losses) / len(hf_losses)
     rel = abs(a.loss - hf_loss) / abs(hf_loss)
-    ok = rel <= a.tol and worst < 1e-9
+    ok = rel <= a.tol and worst < 1e-4
     print("%s %s: transformers %s (%s) loss %.9g, dtrain %.9g, |diff|/|ref| %.3e (tol %.0e); "
           "max |logit diff| transformers vs hf_ref.py %.2e"
           % ("ok  " if ok else "FAIL", a.label or a.dir, __import__("transformers").__version__,

@@ -22,11 +22,13 @@
 #include "base/ops_math.h"
 
 static int nfail;
-static void check(int ok, const char *group, const char *what, int rank)
+/* a failed check names the group's last error, if it has one */
+static void check(int ok, const comm_t *c, const char *what)
 {
     if (!ok) {
         nfail++;
-        fprintf(stderr, "test_nccl_comm: rank %d: FAIL %s on %s\n", rank, what, group);
+        fprintf(stderr, "test_nccl_comm: rank %d: FAIL %s on %s%s%s\n", c->rank, what, c->name, c->err[0] ? ": " : "",
+                c->err);
     }
 }
 
@@ -42,14 +44,14 @@ static void bf16_checks(comm_t *c, uint16_t *hb)
     ok = c->ops->allreduce(c, hb, n, COMM_BF16, COMM_SUM) == 0;
     for (size_t i = 0; ok && i < n; i++)
         ok &= hb[i] == dt_f32_to_bf16((float)(W * (W + 1) / 2 + W * (int)(i % 7)));
-    check(ok, c->name, "allreduce_bf16", r);
-    comm_req_t q;
+    check(ok, c, "allreduce_bf16");
+    comm_req_t q = {0};
     for (size_t i = 0; i < n; i++)
         hb[i] = dt_f32_to_bf16(1.0f);
     ok = c->ops->iallreduce(c, hb, n, COMM_BF16, COMM_SUM, &q) == 0 && c->ops->wait(&q) == 0;
     for (size_t i = 0; ok && i < n; i++)
         ok &= hb[i] == dt_f32_to_bf16((float)W);
-    check(ok, c->name, "iallreduce_bf16 + wait", r);
+    check(ok, c, "iallreduce_bf16 + wait");
     /* reduce_scatter: send[j*n + i] = r + j; rank r gets W(W-1)/2 + W r */
     uint16_t *recv = hb + (size_t)W * n;
     for (int j = 0; j < W; j++)
@@ -59,14 +61,14 @@ static void bf16_checks(comm_t *c, uint16_t *hb)
     ok = c->ops->reduce_scatter(c, hb, recv, n, COMM_BF16) == 0;
     for (size_t i = 0; ok && i < n; i++)
         ok &= recv[i] == want;
-    check(ok, c->name, "reduce_scatter_bf16", r);
+    check(ok, c, "reduce_scatter_bf16");
     ok = c->ops->ireduce_scatter(c, hb, recv, n, COMM_BF16, &q) == 0;
     int done = 0;
     while (ok && !done)
         ok = c->ops->test(&q, &done) == 0;
     for (size_t i = 0; ok && i < n; i++)
         ok &= recv[i] == want;
-    check(ok, c->name, "ireduce_scatter_bf16 + test", r);
+    check(ok, c, "ireduce_scatter_bf16 + test");
     /* in place (ZeRO's call): this rank's piece lands at the start */
     for (int j = 0; j < W; j++)
         for (size_t i = 0; i < n; i++)
@@ -74,11 +76,11 @@ static void bf16_checks(comm_t *c, uint16_t *hb)
     ok = c->ops->reduce_scatter(c, hb, hb, n, COMM_BF16) == 0;
     for (size_t i = 0; ok && i < n; i++)
         ok &= hb[i] == want;
-    check(ok, c->name, "reduce_scatter_bf16 in place", r);
+    check(ok, c, "reduce_scatter_bf16 in place");
     uint16_t host[3] = {dt_f32_to_bf16(1.0f), dt_f32_to_bf16((float)r), dt_f32_to_bf16(-2.0f)};
     ok = c->ops->allreduce(c, host, 3, COMM_BF16, COMM_SUM) == 0 && host[0] == dt_f32_to_bf16((float)W) &&
          host[1] == dt_f32_to_bf16((float)(W * (W - 1) / 2)) && host[2] == dt_f32_to_bf16(-2.0f * (float)W);
-    check(ok, c->name, "allreduce_bf16 of a host (stack) buffer", r);
+    check(ok, c, "allreduce_bf16 of a host (stack) buffer");
 }
 
 static int group_checks(comm_t *c, float *buf, float *buf2, uint16_t *hb)
@@ -95,28 +97,28 @@ static int group_checks(comm_t *c, float *buf, float *buf2, uint16_t *hb)
     int ok = 1;
     for (size_t i = 0; i < n; i++)
         ok &= buf[i] == (float)(W * (W + 1) / 2) + (float)(W * (int)i);
-    check(ok, c->name, "allreduce sum", r);
+    check(ok, c, "allreduce sum");
     for (size_t i = 0; i < n; i++)
         buf[i] = (float)((r * 7 + (int)i) % W);
     ok = c->ops->allreduce(c, buf, n, COMM_FP32, COMM_MAX) == 0;
     for (size_t i = 0; ok && i < n; i++)
         ok &= buf[i] == (float)(W - 1);
-    check(ok, c->name, "allreduce max", r);
+    check(ok, c, "allreduce max");
     /* iallreduce, wait and test */
-    comm_req_t q;
+    comm_req_t q = {0};
     for (size_t i = 0; i < n; i++)
         buf[i] = 1.0f;
     ok = c->ops->iallreduce(c, buf, n, COMM_FP32, COMM_SUM, &q) == 0 && c->ops->wait(&q) == 0;
     for (size_t i = 0; ok && i < n; i++)
         ok &= buf[i] == (float)W;
-    check(ok, c->name, "iallreduce + wait", r);
+    check(ok, c, "iallreduce + wait");
     ok = c->ops->iallreduce(c, buf, n, COMM_FP32, COMM_SUM, &q) == 0;
     int done = 0;
     while (ok && !done)
         ok = c->ops->test(&q, &done) == 0;
     for (size_t i = 0; ok && i < n; i++)
         ok &= buf[i] == (float)(W * W);
-    check(ok, c->name, "iallreduce + test", r);
+    check(ok, c, "iallreduce + test");
     /* reduce_scatter: send[j*n + i] = r + j; rank r gets sum_q (q + r) */
     for (int j = 0; j < W; j++)
         for (size_t i = 0; i < n; i++)
@@ -124,7 +126,7 @@ static int group_checks(comm_t *c, float *buf, float *buf2, uint16_t *hb)
     ok = c->ops->reduce_scatter(c, buf, buf2, n, COMM_FP32) == 0;
     for (size_t i = 0; ok && i < n; i++)
         ok &= buf2[i] == (float)(W * (W - 1) / 2 + W * r);
-    check(ok, c->name, "reduce_scatter", r);
+    check(ok, c, "reduce_scatter");
     /* in place (ZeRO's call): this rank's piece lands at the start */
     for (int j = 0; j < W; j++)
         for (size_t i = 0; i < n; i++)
@@ -132,7 +134,7 @@ static int group_checks(comm_t *c, float *buf, float *buf2, uint16_t *hb)
     ok = c->ops->reduce_scatter(c, buf, buf, n, COMM_FP32) == 0;
     for (size_t i = 0; ok && i < n; i++)
         ok &= buf[i] == (float)(W * (W - 1) / 2 + W * r);
-    check(ok, c->name, "reduce_scatter in place", r);
+    check(ok, c, "reduce_scatter in place");
     /* in place through the host staging path */
     float hrs[8 * 2];
     for (int j = 0; j < W && W <= 8; j++)
@@ -141,7 +143,7 @@ static int group_checks(comm_t *c, float *buf, float *buf2, uint16_t *hb)
     ok = W > 8 || c->ops->reduce_scatter(c, hrs, hrs, 2, COMM_FP32) == 0;
     for (int i = 0; ok && W <= 8 && i < 2; i++)
         ok &= hrs[i] == (float)(W * (W - 1) / 2 + W * (r + i));
-    check(ok, c->name, "reduce_scatter in place, host buffer", r);
+    check(ok, c, "reduce_scatter in place, host buffer");
     /* allgather: rank q's block holds q */
     for (size_t i = 0; i < n; i++)
         buf2[i] = (float)r;
@@ -149,26 +151,26 @@ static int group_checks(comm_t *c, float *buf, float *buf2, uint16_t *hb)
     for (int j = 0; ok && j < W; j++)
         for (size_t i = 0; i < n; i++)
             ok &= buf[(size_t)j * n + i] == (float)j;
-    check(ok, c->name, "allgather", r);
+    check(ok, c, "allgather");
     /* broadcast from the last rank */
     for (size_t i = 0; i < n; i++)
         buf[i] = r == W - 1 ? 42.0f + (float)i : -1.0f;
     ok = c->ops->broadcast(c, buf, n, COMM_FP32, W - 1) == 0;
     for (size_t i = 0; ok && i < n; i++)
         ok &= buf[i] == 42.0f + (float)i;
-    check(ok, c->name, "broadcast", r);
+    check(ok, c, "broadcast");
     /* host buffer: staged */
     float host[3] = {1.0f, (float)r, -2.0f};
     ok = c->ops->allreduce(c, host, 3, COMM_FP32, COMM_SUM) == 0 && host[0] == (float)W &&
          host[1] == (float)(W * (W - 1) / 2) && host[2] == -2.0f * (float)W;
-    check(ok, c->name, "allreduce of a host (stack) buffer", r);
+    check(ok, c, "allreduce of a host (stack) buffer");
     /* ring: send to r+1, receive from r-1 (nonblocking both, then wait).
      * NCCL runs a rank's point-to-point calls in posting order on the
      * group's stream, each waiting for its peer: if every rank posted its
      * receive first, every receive would wait on a send queued behind its
      * peer's own receive. Even ranks send first, odd ranks receive first. */
     if (W > 1) {
-        comm_req_t s, rq;
+        comm_req_t s = {0}, rq = {0};
         for (size_t i = 0; i < n; i++)
             buf[i] = (float)(r * 1000) + (float)i;
         const int to = (r + 1) % W, from = (r + W - 1) % W;
@@ -181,9 +183,9 @@ static int group_checks(comm_t *c, float *buf, float *buf2, uint16_t *hb)
         ok = ok && c->ops->wait(&rq) == 0 && c->ops->wait(&s) == 0;
         for (size_t i = 0; ok && i < n; i++)
             ok &= buf2[i] == (float)(((r + W - 1) % W) * 1000) + (float)i;
-        check(ok, c->name, "isend/irecv ring", r);
+        check(ok, c, "isend/irecv ring");
     }
-    check(c->ops->barrier(c) == 0, c->name, "barrier", r);
+    check(c->ops->barrier(c) == 0, c, "barrier");
     bf16_checks(c, hb);
     return nfail > bad0 ? -1 : 0;
 }

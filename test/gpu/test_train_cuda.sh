@@ -112,7 +112,7 @@ async_pair() { # TAG NP ARGS...
         export DTRAIN_CUDA_SYNC_OPS
         "$MPIEXEC" --quiet -np "$np" "$DTRAIN" $(tiny_args) --device cuda --threads 2 --steps 10 --warmup 2 \
             --micro-batch 2 --seq-len 64 --val-every 10 --val-batches 2 --sample-tokens 0 \
-            --metrics "$TMP/async.$tag.$mode.jsonl" --save-params "$TMP/async.$tag.$mode.h5" "$@" \
+            --metrics "$TMP/async.$tag.$mode.jsonl" --save-params "$TMP/async.$tag.$mode.jsonl.h5" "$@" \
             >"$TMP/async.$tag.$mode.log" 2>&1 ||
             fail "$tag $mode: exit status $? $(tail -n 3 "$TMP/async.$tag.$mode.log")"
     done
