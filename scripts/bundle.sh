@@ -278,7 +278,7 @@ cp "$build"/data/*.tokenizer.json "$B/data/" 2>/dev/null || true
 cp "$srcdir"/examples/*.conf "$B/examples/"
 cp "$srcdir"/examples/data/* "$B/examples/data/"
 cp -r "$tokdir/gpt2" "$B/tokenizers/"
-cp "$srcdir/bench/gpu.sh" "$B/bench/"
+cp "$srcdir/bench/gpu.sh" "$srcdir/bench/gpu_kernels.sh" "$B/bench/"
 [ -f "$srcdir/doc/gpu.md" ] && cp "$srcdir/doc/gpu.md" "$B/README.md"
 # The tests call /usr/bin/python3 for h5py; a GPU machine's python with h5py
 # may live elsewhere (bench/gpu.sh sets DTRAIN_PYTHON)
