@@ -23,7 +23,10 @@
  * A norm's din is measured against max(max |cpu din|, max rstd |w dout|),
  * the largest term it sums: a row of variance ~0 (C = 1) cancels those
  * terms to ~0 in exact arithmetic, and the H200 (2026-11-26) left
- * rstd ulp(w dout) = 1.9e-5 there where the CPU left 0 (an FMA).
+ * rstd ulp(w dout) = 1.9e-5 there where the CPU left 0 (an FMA). The
+ * backward outputs accumulate (+=), so both copies are made equal again
+ * before each call: that residue once carried from layernorm's din into
+ * rmsnorm's comparison (1.6e-5 there).
  *
  * Attention: both sides are fp32, but the CPU takes a two-pass softmax (row
  * max, then sum) and forms P = exp(s - lse), while the GPU's flash kernels
@@ -131,6 +134,11 @@ static int tp_new(st_t *s, tp_t *t, size_t n, float lo, float hi)
     s->gpu->from_host(s->gpu->ctx, t->d, t->h, n * sizeof(float));
     return 0;
 }
+
+/* The GPU copy set to the host copy again: an output a comparison found
+ * different by rounding is re-made equal before an op accumulates into it,
+ * so each comparison measures that op alone. */
+static void tp_sync(st_t *s, const tp_t *t) { s->gpu->from_host(s->gpu->ctx, t->d, t->h, t->n * sizeof(float)); }
 
 static void tp_free(st_t *s, tp_t *t)
 {
@@ -713,6 +721,7 @@ static void t_norms(st_t *s, int N, int C)
     s->gpu->from_host(s->gpu->ctx, mean.d, mean.h, (size_t)N * sizeof(float));
     s->gpu->from_host(s->gpu->ctx, rstd.d, rstd.h, (size_t)N * sizeof(float));
     for (int accum = 0; accum < 2; accum++) {
+        tp_sync(s, &din), tp_sync(s, &dw), tp_sync(s, &db);
         s->cpu->layernorm_bwd(s->cpu->ctx, din.h, dw.h, db.h, dout.h, x.h, w.h, mean.h, rstd.h, N, C, accum);
         s->gpu->layernorm_bwd(s->gpu->ctx, din.d, dw.d, db.d, dout.d, x.d, w.d, mean.d, rstd.d, N, C, accum);
         snprintf(what, sizeof what, "layernorm_bwd din N=%d C=%d accum_dw=%d", N, C, accum);
@@ -730,6 +739,7 @@ static void t_norms(st_t *s, int N, int C)
     check(s, what, &rstd, B_ROW);
     s->gpu->from_host(s->gpu->ctx, rstd.d, rstd.h, (size_t)N * sizeof(float));
     for (int accum = 0; accum < 2; accum++) {
+        tp_sync(s, &din), tp_sync(s, &dw);
         s->cpu->rmsnorm_bwd(s->cpu->ctx, din.h, dw.h, dout.h, x.h, w.h, rstd.h, N, C, accum);
         s->gpu->rmsnorm_bwd(s->gpu->ctx, din.d, dw.d, dout.d, x.d, w.d, rstd.d, N, C, accum);
         snprintf(what, sizeof what, "rmsnorm_bwd din N=%d C=%d accum_dw=%d", N, C, accum);
