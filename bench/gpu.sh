@@ -17,9 +17,9 @@
 #     median ms/step and tokens/s over steps 2..STEPS, MFU against
 #     PEAK_TFLOPS (default 989.4, the H100 SXM dense bf16 peak; also the
 #     H200's) and against the measured bf16 GEMM peak of step 3;
-#  5. Hugging Face: when python3 has transformers and dtrain can export
-#     (dreshard --to-hf, issue 19), test/gpu/hf_logits.sh compares the
-#     logits; until then "skipped: no export yet".
+#  5. Hugging Face: when python3 has torch and transformers,
+#     test/gpu/hf_logits.sh: transformers loads what dtrain trained on the
+#     GPU and exported, and must get dtrain's loss.
 # It writes DIR/results.md (default gpu-bench.XXXXXX/ under the current
 # directory), markdown rows for bench/README.md beside the published anchors,
 # and DIR/logs.tar.gz with every log. Exit status 0 when every step passed,
