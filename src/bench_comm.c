@@ -152,7 +152,6 @@ static void usage(FILE *f)
                "Measure the communicator's collectives (nccl-tests style): time, algbw, busbw, #wrong.\n"
                "\n");
     opt_print_help(&opt_table, f, 18, 0);
-    fprintf(f, "  %-18s print this help and exit\n  %-18s print the version and exit\n", "--help", "--version");
 }
 
 /* Returns 0 to run, 1 for --help/--version (done), 2 with one line in err. */

@@ -178,7 +178,6 @@ static void usage(FILE *f)
                "Time the ops table's GEMMs out[N,OC] = in[N,IC] . w[OC,IC]^T on one device: time, TFLOP/s, #wrong.\n"
                "\n");
     opt_print_help(&opt_table, f, 18, 0);
-    fprintf(f, "  %-18s print this help and exit\n  %-18s print the version and exit\n", "--help", "--version");
 }
 
 /* Returns 0 to run, 1 for --help/--version (done), 2 with one line in err. */

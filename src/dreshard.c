@@ -225,12 +225,9 @@ static void usage(FILE *f)
             "Hugging Face model or an llm.c model file. Any number of ranks M.\n"
             "\n");
     opt_print_help(&opt_table, f, 15, 0);
-    fprintf(f,
-            "  %-15s show this help and exit\n  %-15s show the version and exit\n"
-            "\n"
-            "Exit status: 0; 2 for a bad command line or input (including a damaged input file);\n"
-            "1 when writing the output fails. See dreshard(1).\n",
-            "-h, --help", "--version");
+    fprintf(f, "\n"
+               "Exit status: 0; 2 for a bad command line or input (including a damaged input file);\n"
+               "1 when writing the output fails. See dreshard(1).\n");
 }
 
 /* The combinations: --info alone; --to-hf or --to-llmc with --in and the

@@ -246,6 +246,9 @@ void opt_print_help(const opt_table_t *t, FILE *out, int width, int with_default
             fprintf(out, " [%s]", d->def ? d->def : "");
         fprintf(out, "\n");
     }
+    /* every tool answers these two before its table is parsed */
+    fprintf(out, "  %-*s print this help and exit\n  %-*s print the version and exit\n", width, "-h, --help", width,
+            "--version");
 }
 
 void opt_print_values(const opt_table_t *t, const void *src, FILE *f)

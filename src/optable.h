@@ -85,7 +85,8 @@ int opt_parse_argv(const opt_table_t *t, int argc, char **argv, void *dst, const
 const char *opt_allowed(const opt_def_t *d, const char *sep, char *buf, size_t len);
 
 /* --help rows: "  --name META" padded to width, then the help, its
- * continuation lines indented as far; with_default appends " [default]". */
+ * continuation lines indented as far; with_default appends " [default]".
+ * Ends with the -h/--help and --version rows every tool answers. */
 void opt_print_help(const opt_table_t *t, FILE *out, int width, int with_default);
 
 /* Every option as "  name = value" lines (enums by name). */

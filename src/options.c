@@ -316,8 +316,6 @@ static void print_help(FILE *out)
                  "Train a GPT-2 or Llama style transformer on token shards.\n\n"
                  "Options (default in brackets; config files use the same names without --):\n");
     opt_print_help(&opt_table, out, 24, 1);
-    fprintf(out, "  %-24s %s\n  %-24s %s\n", "--help", "print this help and exit", "--version",
-            "print the version and exit");
     fprintf(out, "\nModel presets:\n");
     for (const model_preset_t *p = model_presets(); p->name; p++)
         fprintf(out, "  %-12s %s\n", p->name, p->about);

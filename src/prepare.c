@@ -172,13 +172,10 @@ static void usage(FILE *f)
                "Tokenize text FILEs into token files for dtrain, llm.c and Megatron-LM.\n"
                "\n");
     opt_print_help(&opt_table, f, 21, 0);
-    fprintf(f,
-            "  %-21s show this help and exit\n  %-21s show the version and exit\n"
-            "\n"
-            "Inputs may be gzip- or zstd-compressed (recognised by content). Beside the\n"
-            "outputs, PREFIX.tokenizer.json names the tokenizer for dtrain.\n"
-            "See dtrain-prepare(1) and doc/data.md.\n",
-            "-h, --help", "--version");
+    fprintf(f, "\n"
+               "Inputs may be gzip- or zstd-compressed (recognised by content). Beside the\n"
+               "outputs, PREFIX.tokenizer.json names the tokenizer for dtrain.\n"
+               "See dtrain-prepare(1) and doc/data.md.\n");
 }
 
 /* jsonl when every input's name says so, text when none does. */
