@@ -161,7 +161,8 @@ static const opt_def_t opt_defs[] = {
      0},
     {"tensorboard", OPT_STR, F(tensorboard), S(tensorboard), "", 0, 0, NULL,
      "write TensorBoard event files into DIR (created with its parents if missing): per step the loss, validation "
-     "loss, learning rate, gradient norm, tokens/s, MFU, memory peaks and exposed communication",
+     "loss, learning rate, gradient norm, tokens/s, MFU, memory peaks and exposed communication (a write that "
+     "fails mid-run warns once; the run goes on without events)",
      "DIR", NULL, 0},
     {"ckpt-dir", OPT_STR, F(ckpt_dir), S(ckpt_dir), "", 0, 0, NULL,
      "write checkpoints (HDF5, any layout loads them) into DIR, created with its parents if missing", "DIR", NULL, 0},

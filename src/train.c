@@ -499,13 +499,23 @@ static double step_flops_token(trainer_t *tr)
     return f;
 }
 
-/* A --tensorboard write failed with err: the option's name before it. -1. */
+/* A --tensorboard write (rank 0's alone) failed with err: one warning,
+ * and no more events. The curves are not the run's state: a weeks-long
+ * run goes on, as under PyTorch's SummaryWriter; a full disk still stops
+ * it, every rank alike, at its next checkpoint. Returns 0. */
 static int tensorboard_failed(trainer_t *tr, char *err, size_t errlen)
 {
-    char why[512];
-    snprintf(why, sizeof why, "%s", err);
-    snprintf(err, errlen, "--tensorboard %s: %s", tr->opt->tensorboard, why);
-    return -1;
+    char ignored[256];
+    fprintf(stderr,
+            "dtrain: warning: --tensorboard %s: %s; training goes on without TensorBoard events from step %d on "
+            "(the log and --metrics keep every step)\n",
+            tr->opt->tensorboard, err, tr->steps_done);
+    fflush(stderr);
+    tfevents_close(tr->tb, ignored, sizeof ignored);
+    tr->tb = NULL;
+    err[0] = '\0';
+    (void)errlen;
+    return 0;
 }
 
 /* The run's end (also by a stop signal), after everything collective: the
