@@ -157,8 +157,10 @@ static const opt_def_t opt_defs[] = {
      "document; the boundaries are a Megatron index's documents, or the doc_start / doc_end tokens the data's "
      "tokenizer sidecar names (other data without them is an error)",
      NULL, NULL, 0},
-    {"metrics", OPT_STR, F(metrics), S(metrics), "", 0, 0, NULL, "write one JSON object per step to FILE", "FILE", NULL,
-     0},
+    {"metrics", OPT_STR, F(metrics), S(metrics), "", 0, 0, NULL,
+     "write one JSON object per step to FILE (non-finite values as null; a write that fails mid-run warns once and "
+     "the run goes on without it)",
+     "FILE", NULL, 0},
     {"tensorboard", OPT_STR, F(tensorboard), S(tensorboard), "", 0, 0, NULL,
      "write TensorBoard event files into DIR (created with its parents if missing): per step the loss, validation "
      "loss, learning rate, gradient norm, tokens/s, MFU, memory peaks and exposed communication (a write that "

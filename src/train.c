@@ -508,7 +508,7 @@ static int tensorboard_failed(trainer_t *tr, char *err, size_t errlen)
     char ignored[256];
     fprintf(stderr,
             "dtrain: warning: --tensorboard %s: %s; training goes on without TensorBoard events from step %d on "
-            "(the log and --metrics keep every step)\n",
+            "(the step lines keep every step)\n",
             tr->opt->tensorboard, err, tr->steps_done);
     fflush(stderr);
     tfevents_close(tr->tb, ignored, sizeof ignored);
