@@ -162,7 +162,7 @@ int ckpt_save(comm_t *world, const char *dir, int keep, const model_config_t *cf
     char name[32];
     snprintf(name, sizeof name, "step_%08d.h5", meta->step);
     snprintf(path_out, path_len, "%s/%s", dir, name);
-    h5store_attr_t attrs[PARAM_IO_MODEL_ATTRS + 22];
+    h5store_attr_t attrs[PARAM_IO_MODEL_ATTRS + 23];
     int na = param_io_model_attrs(cfg, attrs);
     attrs[na++] = (h5store_attr_t){.key = "content", .type = H5STORE_STR, .s = "checkpoint"};
     attrs[na++] = (h5store_attr_t){.key = "format_version", .type = H5STORE_INT, .i = CKPT_FORMAT_VERSION};
@@ -182,6 +182,8 @@ int ckpt_save(comm_t *world, const char *dir, int keep, const model_config_t *cf
     attrs[na++] = (h5store_attr_t){.key = "decay_steps", .type = H5STORE_INT, .i = meta->decay_steps};
     attrs[na++] = (h5store_attr_t){.key = "decay_shape", .type = H5STORE_STR, .s = meta->decay_shape};
     attrs[na++] = (h5store_attr_t){.key = "data_skip", .type = H5STORE_INT, .i = meta->data_skip};
+    if (meta->spike_state[0])
+        attrs[na++] = (h5store_attr_t){.key = "spike_state", .type = H5STORE_STR, .s = meta->spike_state};
     na += param_io_tokenizer_attrs(meta->tokenizer, meta->tokenizer_sha256, attrs + na);
     h5store_attr_t *all = data_attrs(attrs, &na, meta);
     if (!all) {
@@ -316,6 +318,9 @@ int ckpt_load(comm_t *world, const char *path, const model_config_t *cfg, const 
     if (rc == 0 && h5store_has_attr(h, "data_skip") && h5store_get_int(h, "data_skip", &data_skip, err, errlen) != 0)
         rc = -1;
     meta->data_skip = data_skip;
+    if (rc == 0 && h5store_has_attr(h, "spike_state") &&
+        h5store_get_str(h, "spike_state", meta->spike_state, sizeof meta->spike_state, err, errlen) != 0)
+        rc = -1;
     rc = agree(world, rc, err, errlen);
     /* each rank reads its own slices, checking the checksums they cover;
      * whatever no rank's slices covered is then checked too, so every byte

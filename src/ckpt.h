@@ -20,7 +20,8 @@
 #include "src/params.h"
 
 #define CKPT_FORMAT_VERSION 1
-#define CKPT_DATA_MAX 256 /* datasets whose positions a checkpoint records (a blend's limit) */
+#define CKPT_DATA_MAX 256                     /* datasets whose positions a checkpoint records (a blend's limit) */
+#define CKPT_SPIKE_STATE_MAX (64 + 17 * 1024) /* the loss-spike guard's text (src/spike.h's SPIKE_STATE_LEN) */
 
 /* What besides tensors a run needs to continue exactly. The data order and
  * the LR schedule are pure functions of these, so no generator state is
@@ -40,6 +41,9 @@ typedef struct ckpt_meta {
     /* batches passed over by loss-spike rollbacks: step s reads batch
      * s + data_skip (src/spike.h; 0 in older checkpoints) */
     long long data_skip;
+    /* the loss-spike guard's window and run of skips (spike_state_format;
+     * "" when absent: a checkpoint older than the attribute spike_state) */
+    char spike_state[CKPT_SPIKE_STATE_MAX];
     char layout[64];                          /* "tp 2 pp 2 dp 2" of the writer (information) */
     const char *tokenizer, *tokenizer_sha256; /* the data's tokenizer, "" or NULL when unknown */
     int n_data;                               /* datasets of the training data (0: not recorded) */

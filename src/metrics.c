@@ -107,18 +107,34 @@ int metrics_write_tfevents(tfevents_t *w, const step_record_t *r, double wall_ti
     return tfevents_scalars(w, r->step, wall_time, v, n, err, errlen);
 }
 
+/* v in fmt (%.9g where fmt would not fit), or null when it is not finite:
+ * JSON has no nan or inf (a %g of them is no JSON any parser reads). buf
+ * holds 32. */
+static const char *jnum(char *buf, const char *fmt, double v)
+{
+    if (!isfinite(v))
+        return "null";
+    if (snprintf(buf, 32, fmt, v) >= 32)
+        snprintf(buf, 32, "%.9g", v);
+    return buf;
+}
+
 int metrics_write_json(FILE *f, const step_record_t *r)
 {
-    int rc = fprintf(f, "{\"step\": %d, \"loss\": %.9g", r->step, r->loss);
+    char b[13][32];
+    int rc = fprintf(f, "{\"step\": %d, \"loss\": %s", r->step, jnum(b[0], "%.9g", r->loss));
     if (!isnan(r->val_loss))
-        rc = rc < 0 ? rc : fprintf(f, ", \"val_loss\": %.9g", r->val_loss);
+        rc = rc < 0 ? rc : fprintf(f, ", \"val_loss\": %s", jnum(b[1], "%.9g", r->val_loss));
     rc = rc < 0 ? rc
                 : fprintf(f,
-                          ", \"lr\": %.9g, \"grad_norm\": %.9g, \"ms\": %.3f, \"compute_ms_max\": %.3f, "
-                          "\"compute_ms_mean\": %.3f, \"comm_ms\": %.3f, \"comm_ms_mean\": %.3f, \"bubble_max\": %.4f, "
-                          "\"bubble_mean\": %.4f, \"tokens_per_s\": %.3f, \"mfu\": %.6f, \"mem_peak\": {",
-                          r->lr, r->grad_norm, r->ms, r->compute_ms_max, r->compute_ms_mean, r->comm_ms,
-                          r->comm_ms_mean, r->bubble_max, r->bubble_mean, r->tokens_per_s, r->mfu);
+                          ", \"lr\": %s, \"grad_norm\": %s, \"ms\": %s, \"compute_ms_max\": %s, "
+                          "\"compute_ms_mean\": %s, \"comm_ms\": %s, \"comm_ms_mean\": %s, \"bubble_max\": %s, "
+                          "\"bubble_mean\": %s, \"tokens_per_s\": %s, \"mfu\": %s, \"mem_peak\": {",
+                          jnum(b[2], "%.9g", r->lr), jnum(b[3], "%.9g", r->grad_norm), jnum(b[4], "%.3f", r->ms),
+                          jnum(b[5], "%.3f", r->compute_ms_max), jnum(b[6], "%.3f", r->compute_ms_mean),
+                          jnum(b[7], "%.3f", r->comm_ms), jnum(b[8], "%.3f", r->comm_ms_mean),
+                          jnum(b[9], "%.4f", r->bubble_max), jnum(b[10], "%.4f", r->bubble_mean),
+                          jnum(b[11], "%.3f", r->tokens_per_s), jnum(b[12], "%.6f", r->mfu));
     for (int k = 0; k <= MEM_N_CATEGORIES && rc >= 0; k++)
         rc = fprintf(f, "\"%s\": %lld%s", k < MEM_N_CATEGORIES ? mem_category_name((mem_category_t)k) : "total",
                      r->mem_peak[k], k < MEM_N_CATEGORIES ? ", " : "}");

@@ -122,13 +122,17 @@ static const opt_def_t opt_defs[] = {
      "skip a step whose loss is more than Z standard deviations above the mean of the last --spike-window steps' "
      "losses (0 = no such test; a non-finite loss or gradient norm is always skipped)",
      NULL, NULL, 0},
-    {"spike-window", OPT_INT, F(spike_window), 0, "50", 0, 1 << 20, NULL,
+    {"spike-window", OPT_INT, F(spike_window), 0, "50", 0, 1024 /* SPIKE_WINDOW_MAX */, NULL,
      "losses in the window of --spike-z; it judges once it holds 10 of them (or all N when N < 10) (0 = no z test)",
      NULL, NULL, 0},
     {"spike-max", OPT_INT, F(spike_max), 0, "5", 0, INT_MAX, NULL,
      "after N consecutive skipped steps go back to the last checkpoint (--ckpt-dir) and continue on the data after the "
      "skipped batches, or stop when there is none (0 = skip nothing, no z test: a non-finite loss or norm ends the "
      "run)",
+     NULL, NULL, 0},
+    {"spike-rollbacks", OPT_INT, F(spike_rollbacks), 0, "3", 0, INT_MAX, NULL,
+     "stop instead of going back to the same checkpoint (no newer one written since) more than N times: the loss "
+     "keeps spiking past the skipped data (0 = stop at the first --spike-max run of skips)",
      NULL, NULL, 0},
     {"beta1", OPT_REAL, F(beta1), 0, "0.9", 0, 0.999999, NULL, "AdamW beta1", NULL, NULL, 0},
     {"beta2", OPT_REAL, F(beta2), 0, "0.95", 0, 0.999999999, NULL, "AdamW beta2", NULL, NULL, 0},
@@ -153,11 +157,14 @@ static const opt_def_t opt_defs[] = {
      "document; the boundaries are a Megatron index's documents, or the doc_start / doc_end tokens the data's "
      "tokenizer sidecar names (other data without them is an error)",
      NULL, NULL, 0},
-    {"metrics", OPT_STR, F(metrics), S(metrics), "", 0, 0, NULL, "write one JSON object per step to FILE", "FILE", NULL,
-     0},
+    {"metrics", OPT_STR, F(metrics), S(metrics), "", 0, 0, NULL,
+     "write one JSON object per step to FILE (non-finite values as null; a write that fails mid-run warns once and "
+     "the run goes on without it)",
+     "FILE", NULL, 0},
     {"tensorboard", OPT_STR, F(tensorboard), S(tensorboard), "", 0, 0, NULL,
      "write TensorBoard event files into DIR (created with its parents if missing): per step the loss, validation "
-     "loss, learning rate, gradient norm, tokens/s, MFU, memory peaks and exposed communication",
+     "loss, learning rate, gradient norm, tokens/s, MFU, memory peaks and exposed communication (a write that "
+     "fails mid-run warns once; the run goes on without events)",
      "DIR", NULL, 0},
     {"ckpt-dir", OPT_STR, F(ckpt_dir), S(ckpt_dir), "", 0, 0, NULL,
      "write checkpoints (HDF5, any layout loads them) into DIR, created with its parents if missing", "DIR", NULL, 0},

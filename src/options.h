@@ -56,7 +56,7 @@ typedef struct run_options {
     char lr_schedule[16], decay_shape[16];
     int decay_steps;
     double spike_z;
-    int spike_window, spike_max;
+    int spike_window, spike_max, spike_rollbacks;
     /* data */
     char data[OPT_PATH_MAX], val_data[OPT_PATH_MAX];
     tokens_format_t data_format;

@@ -15,8 +15,9 @@
  * JSON: Jansson parses them (nested "mem_peak", escapes) where awk would
  * match text.
  *
- * dtrain prints a non-finite value as nan or inf (%.9g), which is not JSON:
- * those tokens are read as missing values, so a diverged run still plots.
+ * dtrain writes a non-finite value as null (missing); files of an older
+ * dtrain have nan or inf there (%.9g), which is not JSON: those tokens are
+ * read as missing values too, so a diverged run still plots.
  *
  * Exit status: 0; 2 for a bad command line or input (a file missing,
  * without records or with a line that is not a metrics record); 1 when

@@ -66,6 +66,46 @@ void spike_reset(spike_t *s)
     s->in_row = 0;
 }
 
+void spike_state_format(const spike_t *s, char *buf, size_t len)
+{
+    size_t at = (size_t)snprintf(buf, len, "1 %d %d %d", s->in_row, s->first_skipped, s->n);
+    for (int i = 0; i < s->n && at + 17 < len; i++) {
+        uint64_t bits;
+        memcpy(&bits, &s->loss[(s->head - s->n + i + s->window) % s->window], sizeof bits);
+        at += (size_t)snprintf(buf + at, len - at, " %016llx", (unsigned long long)bits);
+    }
+}
+
+int spike_state_parse(spike_t *s, const char *text, char *err, size_t errlen)
+{
+    int version, in_row, first, n, used;
+    spike_reset(s);
+    if (sscanf(text, "%d %d %d %d%n", &version, &in_row, &first, &n, &used) != 4 || version != 1 || in_row < 0 ||
+        n < 0 || n > SPIKE_WINDOW_MAX) {
+        snprintf(err, errlen, "its spike_state attribute '%.40s' is not version 1's \"1 IN_ROW FIRST N LOSSES\"", text);
+        return -1;
+    }
+    const char *p = text + used;
+    for (int i = 0; i < n; i++) {
+        char *end;
+        const unsigned long long bits = strtoull(p, &end, 16);
+        if (end - p != 17) { /* a space and 16 hex digits */
+            snprintf(err, errlen, "its spike_state attribute holds %d of the %d losses it announces", i, n);
+            spike_reset(s);
+            return -1;
+        }
+        p = end;
+        if (i >= n - s->window) { /* the newest that fit this run's window */
+            memcpy(&s->loss[s->head], &bits, sizeof(double));
+            s->head = (s->head + 1) % s->window;
+            s->n++;
+        }
+    }
+    s->in_row = in_row;
+    s->first_skipped = first;
+    return 0;
+}
+
 /* Mean and standard deviation (population) of the window, in ring order
  * from the oldest: the same sums on every rank holding the same losses. */
 static void window_stats(const spike_t *s, double *mean, double *sd)

@@ -35,6 +35,9 @@
 
 #define SPIKE_MIN_COUNT 10 /* accepted losses before the z test judges */
 #define SPIKE_MAX_INJECT 16
+#define SPIKE_WINDOW_MAX 1024 /* --spike-window's bound: the window travels in a checkpoint attribute */
+/* spike_state_format's text: a header, then 17 characters a loss */
+#define SPIKE_STATE_LEN (64 + 17 * SPIKE_WINDOW_MAX)
 
 /* The world's verdict on a step, in the order the max reduction ranks them. */
 typedef enum { SPIKE_UPDATE = 0, SPIKE_HIGH = 1, SPIKE_NONFINITE = 2 } spike_verdict_t;
@@ -52,6 +55,8 @@ typedef struct spike {
     long long data_skip; /* batches passed over by rollbacks: step s reads batch s + data_skip */
     long long skipped;   /* steps skipped in this job */
     int rolled_back;     /* set by the trainer's rollback, for its step loop */
+    int rollbacks;       /* rollbacks since the newest checkpoint was written (--spike-rollbacks) */
+    int max_rollbacks;   /* --spike-rollbacks */
     /* test-only injection (see above): 1-based batches */
     long long nan_batch[SPIKE_MAX_INJECT], spike_batch[SPIKE_MAX_INJECT];
     double spike_factor[SPIKE_MAX_INJECT];
@@ -63,8 +68,19 @@ typedef struct spike {
 int spike_init(spike_t *s, double z, int window, int max, char *err, size_t errlen);
 void spike_free(spike_t *s);
 
-/* Empties the window and the run of skips (after a rollback). */
+/* Empties the window and the run of skips. */
 void spike_reset(spike_t *s);
+
+/* The state a checkpoint records so that a resumed run decides as an
+ * uninterrupted one: "1 IN_ROW FIRST_SKIPPED N" and the window's N
+ * accepted losses, oldest first, each the 16 hex digits of its IEEE-754
+ * bits (exact). buf holds SPIKE_STATE_LEN. */
+void spike_state_format(const spike_t *s, char *buf, size_t len);
+
+/* Restores what spike_state_format wrote (the newest --spike-window
+ * losses of it when this run's window is smaller). Returns 0, or -1 with
+ * one line in err (a malformed text), s then emptied. */
+int spike_state_parse(spike_t *s, const char *text, char *err, size_t errlen);
 
 /* The step's context for spike_check: who this rank is and where its
  * gradients' norm pieces are (the location of a non-finite value). */

@@ -499,13 +499,36 @@ static double step_flops_token(trainer_t *tr)
     return f;
 }
 
-/* A --tensorboard write failed with err: the option's name before it. -1. */
+/* A --tensorboard write (rank 0's alone) failed with err: one warning,
+ * and no more events. The curves are not the run's state: a weeks-long
+ * run goes on, as under PyTorch's SummaryWriter; a full disk still stops
+ * it, every rank alike, at its next checkpoint. Returns 0. */
 static int tensorboard_failed(trainer_t *tr, char *err, size_t errlen)
 {
-    char why[512];
-    snprintf(why, sizeof why, "%s", err);
-    snprintf(err, errlen, "--tensorboard %s: %s", tr->opt->tensorboard, why);
-    return -1;
+    char ignored[256];
+    fprintf(stderr,
+            "dtrain: warning: --tensorboard %s: %s; training goes on without TensorBoard events from step %d on "
+            "(the step lines keep every step)\n",
+            tr->opt->tensorboard, err, tr->steps_done);
+    fflush(stderr);
+    tfevents_close(tr->tb, ignored, sizeof ignored);
+    tr->tb = NULL;
+    err[0] = '\0';
+    (void)errlen;
+    return 0;
+}
+
+/* A --metrics write (rank 0's alone) failed: one warning and no more
+ * lines, as for --tensorboard. */
+static void metrics_failed(trainer_t *tr)
+{
+    fprintf(stderr,
+            "dtrain: warning: --metrics %s: write failed: %s: check free space and permissions; training goes on "
+            "without metrics lines from step %d on\n",
+            tr->opt->metrics, strerror(errno), tr->steps_done);
+    fflush(stderr);
+    fclose(tr->metrics);
+    tr->metrics = NULL;
 }
 
 /* The run's end (also by a stop signal), after everything collective: the
@@ -528,10 +551,8 @@ static int baseline_val(trainer_t *tr, char *err, size_t errlen)
     if (tr->env->world_rank != 0)
         return 0;
     printf("step %*d/%d | val %.6f\n", o->steps >= 10000 ? 6 : 4, 0, o->steps, v);
-    if (tr->metrics && fprintf(tr->metrics, "{\"step\": 0, \"val_loss\": %.9g}\n", v) < 0) {
-        snprintf(err, errlen, "--metrics %s: write failed: %s", o->metrics, strerror(errno));
-        return -1;
-    }
+    if (tr->metrics && (fprintf(tr->metrics, "{\"step\": 0, \"val_loss\": %.9g}\n", v) < 0 || fflush(tr->metrics) != 0))
+        metrics_failed(tr);
     const tfevents_scalar_t v0 = {"val/loss", v};
     if (tr->tb && tfevents_scalars(tr->tb, 0, tfevents_now(), &v0, 1, err, errlen) != 0)
         return tensorboard_failed(tr, err, errlen);
@@ -712,10 +733,8 @@ static int report_step(trainer_t *tr, step_record_t *r, int end, char *err, size
     if (tr->env->world_rank == 0 && tr->spike.in_row == 0) { /* a skipped step has its spike line instead */
         metrics_eta(&tr->eta, r, o->ckpt_dir[0] ? o->ckpt_every : 0, end);
         metrics_print_step(stdout, r);
-        if (tr->metrics && metrics_write_json(tr->metrics, r) != 0) {
-            snprintf(err, errlen, "--metrics %s: write failed: %s", o->metrics, strerror(errno));
-            return -1;
-        }
+        if (tr->metrics && metrics_write_json(tr->metrics, r) != 0)
+            metrics_failed(tr);
         if (tr->tb && metrics_write_tfevents(tr->tb, r, tfevents_now(), err, errlen) != 0)
             return tensorboard_failed(tr, err, errlen);
     }

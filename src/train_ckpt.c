@@ -228,6 +228,31 @@ static int load_state(trainer_t *tr, const char *path, ckpt_meta_t *meta, double
     return agree(tr->world, rc, err, errlen);
 }
 
+_Static_assert(CKPT_SPIKE_STATE_MAX >= SPIKE_STATE_LEN, "a checkpoint holds the spike guard's state");
+
+/* The loss-spike guard's window and run of skips from a checkpoint, so
+ * the run decides as the one that wrote it would have; a checkpoint
+ * older than the record: an empty window (on --resume, one note). Every
+ * rank parses the same text: the same verdict without talking. */
+static int restore_spike(trainer_t *tr, const ckpt_meta_t *meta, const char *path, int resume, char *err, size_t errlen)
+{
+    spike_t *sp = &tr->spike;
+    char why[160];
+    if (!meta->spike_state[0]) {
+        spike_reset(sp);
+        if (resume && tr->env->world_rank == 0 && sp->max > 0 && sp->z > 0 && sp->window > 0)
+            printf("resume: note: %s has no loss-spike window (written before checkpoints recorded it): the "
+                   "--spike-z window starts empty\n",
+                   path);
+        return 0;
+    }
+    if (spike_state_parse(sp, meta->spike_state, why, sizeof why) != 0) {
+        snprintf(err, errlen, "%s: %s; resume from another checkpoint", path, why);
+        return -1;
+    }
+    return 0;
+}
+
 /* --resume: loads the checkpoint it names into the model and optimizer and
  * sets the step to continue from. Collective. */
 int trainer_resume(trainer_t *tr, char *err, size_t errlen)
@@ -250,6 +275,9 @@ int trainer_resume(trainer_t *tr, char *err, size_t errlen)
         data_resume_note(tr, &meta);
         tr->steps_done = meta.step;
         tr->spike.data_skip = meta.data_skip;
+        rc = restore_spike(tr, &meta, path, 1, err, errlen);
+    }
+    if (rc == 0) {
         if (tr->env->world_rank == 0) {
             printf("resume: %s, step %d, %lld tokens, written at %s; read and verified in %.2f s\n", path, meta.step,
                    meta.tokens, meta.layout, load_s);
@@ -298,6 +326,7 @@ static ckpt_meta_t ckpt_meta_at(const trainer_t *tr, int step)
                         .tokenizer_sha256 = tr->data_tokenizer_sha256};
     meta.tokens = (long long)step * meta.global_batch * o->seq_len;
     meta.data_skip = tr->spike.data_skip;
+    spike_state_format(&tr->spike, meta.spike_state, sizeof meta.spike_state);
     lr_schedule_record(&tr->sched, meta.lr_schedule, sizeof meta.lr_schedule, &meta.decay_steps, meta.decay_shape,
                        sizeof meta.decay_shape);
     data_meta(tr, step + tr->spike.data_skip, &meta);
@@ -372,6 +401,8 @@ int trainer_save(trainer_t *tr, int step, char *err, size_t errlen)
     const double t0 = now_s();
     int rc = tr->ckpt_async ? save_async(tr, step, err, errlen) : save_sync(tr, step, err, errlen);
     tr->ckpt_stall_s += now_s() - t0;
+    if (rc == 0)
+        tr->spike.rollbacks = 0; /* --spike-rollbacks counts those to the newest checkpoint */
     return rc;
 }
 
@@ -462,6 +493,15 @@ int spike_rollback(trainer_t *tr, int step, char *err, size_t errlen)
         return -1;
     }
     const long long next = step + sp->data_skip + 1; /* the first batch after the skipped ones */
+    if (sp->rollbacks >= sp->max_rollbacks) {
+        snprintf(err, errlen,
+                 "spike: %d steps skipped in a row (steps %d-%d) after %d rollback%s to %s with no newer checkpoint "
+                 "(--spike-rollbacks %d): stopping; the loss keeps spiking past the skipped data (batch %lld on): "
+                 "lower --lr or raise --warmup and resume, or raise --spike-rollbacks",
+                 sp->in_row, sp->first_skipped, step + 1, sp->rollbacks, sp->rollbacks == 1 ? "" : "s", path,
+                 sp->max_rollbacks, next + 1);
+        return -1;
+    }
     ckpt_meta_t meta;
     double load_s;
     /* the checkpoint may still be in the background writer's hands; HDF5 is one thread's at a time */
@@ -476,7 +516,12 @@ int spike_rollback(trainer_t *tr, int step, char *err, size_t errlen)
     tr->optim.t = meta.adam_t;
     tr->steps_done = meta.step;
     sp->data_skip = next - meta.step;
-    spike_reset(sp);
+    /* the window as at the checkpoint (a resume's), the run of skips
+     * begun anew: the data it came from is left behind */
+    if (restore_spike(tr, &meta, path, 0, err, errlen) != 0)
+        return -1;
+    sp->in_row = 0;
+    sp->rollbacks++;
     sp->rolled_back = 1;
     return 0;
 }

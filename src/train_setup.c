@@ -554,6 +554,7 @@ int trainer_setup(trainer_t *tr, const run_config_t *run, const launch_env_t *en
     tr->sched = run->sched;
     if (spike_init(&tr->spike, run->opt->spike_z, run->opt->spike_window, run->opt->spike_max, err, errlen) != 0)
         return -1;
+    tr->spike.max_rollbacks = run->opt->spike_rollbacks;
     const dpsync_ops_t *kind = dpsync_pick(run->zero_stage);
     if (!kind) {
         snprintf(err, errlen, "internal error: no data-parallel strategy for ZeRO stage %d", run->zero_stage);

@@ -7,7 +7,9 @@
 #    test/tbmin.proto, protoc --decode_raw on every payload), holds one
 #    Event per --metrics line with the same values (test/tfevents_reader.py
 #    --metrics), also when SIGUSR1 stops the run; a DIR that cannot be
-#    made ends the run with one line;
+#    made ends the run with one line; a --tensorboard or --metrics write
+#    that fails mid-run (a file size limit) gives one warning each and the
+#    run completes, exit 0 at dp2;
 #  - the step line's time left to --steps and to the next checkpoint
 #    ("| 2s left, ckpt in 1s"; days and hours for a long --steps);
 #  - --straggler-every: one rank slowed by the test-only delay
@@ -54,6 +56,24 @@ fi
 : >"$TMP/plain"
 expect_exit2 "^dtrain: error: --tensorboard $TMP/plain/sub: cannot create directory '$TMP/plain': a file of that name exists$" \
     "$DTRAIN" $RUN --steps 2 --val-every 0 --tensorboard "$TMP/plain/sub"
+
+# a write failure mid-run: the trainer's processes (not mpiexec's) under a
+# 4-block file size limit with SIGXFSZ ignored, so a write past it fails
+# with EFBIG: one warning from rank 0 per file, no more events or metrics
+# lines, the run goes on to its end and every rank exits 0 (before: rank 0
+# ended alone and rank 1 waited for --comm-timeout)
+"$MPIEXEC" --quiet -np 2 sh -c 'trap "" XFSZ; ulimit -f 4; exec "$@"' sh "$DTRAIN" $RUN --dp 2 --steps 40 \
+    --val-every 0 --comm-timeout 60 --tensorboard "$TMP/full" --metrics "$TMP/full.json" >"$TMP/full.log" 2>&1
+rc=$?
+events=$(ls "$TMP"/full/events.out.tfevents.* 2>/dev/null)
+if [ "$rc" -eq 0 ] && [ "$(grep -c 'warning' "$TMP/full.log")" -eq 2 ] &&
+    grep -q "^dtrain: warning: --tensorboard $TMP/full: cannot write '$events': File too large: check free space and permissions; training goes on without TensorBoard events from step [0-9]* on" "$TMP/full.log" &&
+    grep -q "^dtrain: warning: --metrics $TMP/full.json: write failed: File too large: check free space and permissions; training goes on without metrics lines from step [0-9]* on" "$TMP/full.log" &&
+    grep -q '^step   40/40 ' "$TMP/full.log" && [ "$(wc -c <"$events")" -le 4096 ]; then
+    pass "--tensorboard and --metrics write failures: exit 0, the run completed, $(grep -o 'warning: .*' "$TMP/full.log" | sed "s|$TMP/||g" | tr '\n' ' ')"
+else
+    fail "--tensorboard/--metrics write failure: exit $rc, $(grep -i 'warning\|error' "$TMP/full.log" | head -n 3) $(tail -n 1 "$TMP/full.log")"
+fi
 
 # a stop signal: the run ends at the next step boundary with every reported step in the file
 DTRAIN_TEST_SLOW_RANK=0:200 "$DTRAIN" $RUN --steps 50 --val-every 0 --tensorboard "$TMP/sig" \

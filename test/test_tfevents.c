@@ -13,6 +13,10 @@
  *   metrics DIR   two step records through metrics_write_tfevents (one
  *                 with a validation loss), expected.txt with the tags the
  *                 trainer promises spelt out here; prints the path
+ *   json DIR      metrics_write_json of a finite step record and of one
+ *                 with a nan loss, an infinite gradient norm and a -inf
+ *                 validation loss into DIR/m.jsonl (the shell test parses
+ *                 it as strict JSON: non-finite values are null)
  *   fsize DIR     writes until a 4 KiB file size limit stops it: the error
  *                 on stderr, exit 1
  *   open DIR      open only; the error on stderr, exit 1
@@ -229,6 +233,29 @@ static int metrics(const char *dir)
     return 0;
 }
 
+/* --metrics lines with and without non-finite values (test_tfevents.sh
+ * reads them). */
+static int json(const char *dir)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/m.jsonl", dir);
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        check(0, "cannot create m.jsonl");
+        return 1;
+    }
+    step_record_t r = {
+        .step = 7, .loss = 3.25, .val_loss = NAN, .lr = 3e-4, .grad_norm = 0.75, .ms = 120.5, .mfu = 0.4};
+    check(metrics_write_json(f, &r) == 0, "finite record written");
+    r.step = 8;
+    r.loss = NAN;
+    r.grad_norm = INFINITY;
+    r.val_loss = -INFINITY;
+    check(metrics_write_json(f, &r) == 0, "non-finite record written");
+    check(fclose(f) == 0, "m.jsonl closed");
+    return 0;
+}
+
 /* A 4 KiB file size limit: writes fail with EFBIG (SIGXFSZ ignored). */
 static int fsize(const char *dir)
 {
@@ -272,13 +299,14 @@ static int open_only(const char *dir)
 int main(int argc, char **argv)
 {
     if (argc != 3) {
-        fprintf(stderr, "usage: %s golden|write|metrics|fsize|open DIR\n", argv[0]);
+        fprintf(stderr, "usage: %s golden|write|metrics|json|fsize|open DIR\n", argv[0]);
         return 2;
     }
     const char *mode = argv[1], *dir = argv[2];
     int rc = strcmp(mode, "golden") == 0    ? golden(dir)
              : strcmp(mode, "write") == 0   ? write_run(dir)
              : strcmp(mode, "metrics") == 0 ? metrics(dir)
+             : strcmp(mode, "json") == 0    ? json(dir)
              : strcmp(mode, "fsize") == 0   ? fsize(dir)
              : strcmp(mode, "open") == 0    ? open_only(dir)
                                             : 2;

@@ -6,7 +6,8 @@
 # and /usr/bin/python3 walking the TFRecord framing, recomputing both masked
 # CRC-32Cs of each record with python3-crc32c and parsing each payload with
 # python3-protobuf classes generated from test/tbmin.proto; the trainer's
-# step record (metrics_write_tfevents) with every tag it promises; missing
+# step record (metrics_write_tfevents) with every tag it promises; the
+# --metrics line (metrics_write_json) strict JSON, non-finite values null; missing
 # parent directories made; write and create failures give one line naming
 # the file.
 . "$top_srcdir/test/common.sh"
@@ -113,6 +114,23 @@ if [ "$rc" -eq 0 ] && [ ! -s "$TMP/err" ] && [ -f "$events" ] && ! grep -q '^FAI
     pass "step record as TensorBoard scalars: $out"
 else
     fail "step record as TensorBoard scalars: exit $rc: $(cat "$TMP/out" "$TMP/err" | tr '\n' ' ') ${out:-}"
+fi
+
+# --metrics lines: strict JSON (no nan or inf literals), non-finite values null
+mkdir -p "$TMP/j"
+expect_ok "metrics_write_json" json "$TMP/j"
+if out=$($PY -c '
+import json, sys
+def bad(c): raise ValueError("non-JSON constant " + c)
+r = [json.loads(l, parse_constant=bad) for l in open(sys.argv[1])]
+assert r[0]["loss"] == 3.25 and r[0]["grad_norm"] == 0.75 and "val_loss" not in r[0], r[0]
+assert r[1]["loss"] is None and r[1]["grad_norm"] is None and r[1]["val_loss"] is None, r[1]
+assert r[1]["lr"] == 3e-4 and r[1]["mfu"] == 0.4, r[1]
+print("%d lines, step 8: loss %s, grad_norm %s, val_loss %s" % (len(r), r[1]["loss"], r[1]["grad_norm"], r[1]["val_loss"]))
+' "$TMP/j/m.jsonl" 2>&1); then
+    pass "--metrics JSON with non-finite values parses strictly: $out"
+else
+    fail "--metrics JSON: $out: $(cat "$TMP/j/m.jsonl")"
 fi
 
 # failures: one line naming the file
