@@ -514,36 +514,23 @@ static void will_need(const st_file_t *f, const unsigned char *p, size_t n)
         madvise((void *)lo, hi - lo, MADV_WILLNEED); /* advice: its failure changes nothing */
 }
 
-/* Blocks of at least this many elements are split across the rank's
- * OpenMP threads (--threads): each converts, and faults in, its own rows
- * of dst. */
-#define READ_PAR_MIN (1 << 16)
-
 /* dst row i = source row r0 + i, cols c0 .. c0 + nc (a row of cols). */
 static void read_rows(const unsigned char *base, st_dtype_t d, size_t isz, int64_t cols, int64_t r0, int64_t nr,
                       int64_t c0, int64_t nc, float *dst)
 {
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static) if (nr > 1 && nr * nc >= READ_PAR_MIN)
-#endif
     for (int64_t i = 0; i < nr; i++)
         to_f32(base + ((size_t)(r0 + i) * (size_t)cols + (size_t)c0) * isz, d, nc, dst + i * nc, 1);
 }
 
 /* dst column j = source row c0 + j, its cols r0..; in blocks of 32 x 32 so
  * that the strided writes stay in cache (one source row a column of dst at
- * a time ran at a fraction of the disk's speed). A thread takes 32 source
- * rows at a time and reads them front to back (32 sequential streams: a
- * thread that took 32 columns of every source row instead ran 25 %
- * slower). */
+ * a time ran at a fraction of the disk's speed), 32 source rows at a time
+ * read front to back (32 sequential streams). */
 static void read_transposed(const unsigned char *base, st_dtype_t d, size_t isz, int64_t cols, int64_t r0, int64_t nr,
                             int64_t c0, int64_t nc, float *dst)
 {
     enum { BS = 32 };
     const int64_t groups = (nc + BS - 1) / BS;
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static) if (groups > 1 && nr * nc >= READ_PAR_MIN)
-#endif
     for (int64_t g = 0; g < groups; g++) {
         const int64_t j0 = g * BS, nj = nc - j0 < BS ? nc - j0 : BS;
         for (int64_t i0 = 0; i0 < nr; i0 += BS) {
