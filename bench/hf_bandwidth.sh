@@ -17,7 +17,8 @@
 # that reads one file and writes another cannot beat).
 # Import: `dtrain --init-from DIR` on NP ranks (1: one rank; 2: --tp 2;
 # 4: --tp 2 --pp 2), --threads cores/NP (at least 1: the threads a rank
-# has, which split the import's conversion), page cache dropped first, its "init-from: ... in X s"
+# has; with two or more one faults the destination in while the other
+# copies), page cache dropped first, its "init-from: ... in X s"
 # (the slowest rank's: every rank's slices read and converted) against
 # `dd if=model.safetensors of=/dev/null bs=16M` with the cache dropped.
 # Medians of REPS; GB = 1e9 bytes.
