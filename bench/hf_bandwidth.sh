@@ -16,7 +16,9 @@
 # of=FILE bs=16M conv=fdatasync` (a copy of the input: what any conversion
 # that reads one file and writes another cannot beat).
 # Import: `dtrain --init-from DIR` on NP ranks (1: one rank; 2: --tp 2;
-# 4: --tp 2 --pp 2), page cache dropped first, its "init-from: ... in X s"
+# 4: --tp 2 --pp 2), --threads cores/NP (at least 1: the threads a rank
+# has; with two or more one faults the destination in while the other
+# copies), page cache dropped first, its "init-from: ... in X s"
 # (the slowest rank's: every rank's slices read and converted) against
 # `dd if=model.safetensors of=/dev/null bs=16M` with the cache dropped.
 # Medians of REPS; GB = 1e9 bytes.
@@ -56,6 +58,8 @@ echo "| ranks | export s | GB/s | % of dd write | dd write s | % of dd copy | dd
 echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 for np in $nps; do
     ex="" im="" ddw="" ddc="" ddr=""
+    th=$(($(nproc) / np))
+    [ "$th" -ge 1 ] || th=1
     for r in $(seq "$reps"); do
         rm -rf "$dir/hf" "$dir/dd"
         sync
@@ -75,7 +79,7 @@ for np in $nps; do
         drop
         # shellcheck disable=SC2046
         t=$("$mpiexec" -np "$np" "$dtrain" --init-from "$dir/hf" --data "$data" $(layout "$np") --steps 1 --lr 0 \
-            --min-lr 0 --warmup 0 --micro-batch 1 --seq-len 16 --val-every 0 --sample-tokens 0 --threads 1 \
+            --min-lr 0 --warmup 0 --micro-batch 1 --seq-len 16 --val-every 0 --sample-tokens 0 --threads "$th" \
             --peak-gflops 100 | tee -a "$log" | sed -n 's/^init-from: .* in \([0-9.]*\) s;.*/\1/p')
         im="$im $t"
         drop

@@ -1,7 +1,8 @@
 /* Reading a store: hyperslabs (independent), the shards of a layout and
- * the verification of every checksum (collective). Data pass through the
- * handle's stage a block of rows at a time, and each block's CRCs are
- * taken while it is in cache. */
+ * the verification of every checksum (collective). Data are read a block
+ * of rows at a time (straight into the caller's buffer; the verification
+ * of records no read covered goes through the handle's stage), and each
+ * block's CRCs are taken while it is in cache. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -78,11 +79,11 @@ static int read_region(const entry_t *e, const int64_t start[2], const int64_t c
     return 0;
 }
 
-/* Adds the rows [b0, b0+n) held in the stage (region s, c; rows of c[1]
+/* Adds the rows [b0, b0+n) held at blk (region s, c; rows of c[1]
  * floats) to the CRC of every record inside the region: crcs[k] for the
  * k-th such record. */
 static void block_crcs(h5store_t *h, const entry_t *e, const int64_t s[2], const int64_t c[2], int64_t b0, int64_t n,
-                       uint32_t *crcs)
+                       const float *blk, uint32_t *crcs)
 {
     for (int i = 0, k = 0; i < e->nrec; i++) {
         const srec_t *r = &e->rec[i];
@@ -90,7 +91,7 @@ static void block_crcs(h5store_t *h, const entry_t *e, const int64_t s[2], const
             continue;
         /* the record's rows in this block */
         const int64_t lo = r->s0 > b0 ? r->s0 : b0, hi = r->s0 + r->c0 < b0 + n ? r->s0 + r->c0 : b0 + n;
-        const float *p = h->stage + (lo - b0) * c[1] + (r->s1 - s[1]);
+        const float *p = blk + (lo - b0) * c[1] + (r->s1 - s[1]);
         if (lo < hi && r->c1 == c[1]) /* full rows: one contiguous piece */
             crcs[k] = crc32c_update(&h->crc, crcs[k], p, (size_t)((hi - lo) * c[1]) * sizeof(float));
         else
@@ -113,15 +114,17 @@ static int read_checked(h5store_t *h, hid_t dset, entry_t *e, const int64_t s[2]
         seterr(err, errlen, "tensor %s: out of memory", e->t.name);
         return -1;
     }
-    int rc = ensure_stage(h, c[1], err, errlen);
-    const int64_t rows = h5s_stage_rows(h->stage_n, c[1]);
+    /* straight into buf, a stage's worth of rows at a time, each block's
+     * CRCs taken while it is in cache (through the stage and a copy out of
+     * it cost the export a pass over every byte) */
+    int rc = 0;
+    const int64_t rows = h5s_stage_rows(h5s_stage_elems(), c[1]);
     for (int64_t r0 = 0; r0 < c[0] && rc == 0; r0 += rows) {
         const int64_t n = c[0] - r0 < rows ? c[0] - r0 : rows, b0 = s[0] + r0;
         const int64_t bs[2] = {b0, s[1]}, bc[2] = {n, c[1]};
-        if ((rc = read_slab(h, dset, e, bs, bc, h->stage, err, errlen)) != 0)
+        if ((rc = read_slab(h, dset, e, bs, bc, buf + r0 * c[1], err, errlen)) != 0)
             break;
-        memcpy(buf + r0 * c[1], h->stage, (size_t)(n * c[1]) * sizeof *buf);
-        block_crcs(h, e, s, c, b0, n, crcs);
+        block_crcs(h, e, s, c, b0, n, buf + r0 * c[1], crcs);
     }
     for (int i = 0, k = 0; i < e->nrec && rc == 0; i++) {
         srec_t *r = &e->rec[i];

@@ -139,20 +139,31 @@ float st_f16_to_f32(uint16_t h)
     return dt_bits_f32(sign | ((e + 112) << 23) | (m << 13));
 }
 
-/* n elements of dtype d at src (any alignment) -> dst[i * stride]. */
+/* n elements of dtype d at src (any alignment) -> dst[i * stride]. The
+ * dtype is chosen once per call, not per element, and a contiguous fp32 run
+ * is one memcpy (the per-element branch kept the import's copy from
+ * vectorizing). */
 static void to_f32(const unsigned char *src, st_dtype_t d, int64_t n, float *dst, int64_t stride)
 {
-    for (int64_t i = 0; i < n; i++) {
-        if (d == ST_F32) {
+    if (d == ST_F32 && stride == 1) {
+        memcpy(dst, src, (size_t)n * 4);
+        return;
+    }
+    if (d == ST_F32) {
+        for (int64_t i = 0; i < n; i++)
             memcpy(&dst[i * stride], src + 4 * i, 4);
-        } else if (d == ST_F64) {
+    } else if (d == ST_F64) {
+        for (int64_t i = 0; i < n; i++) {
             double v;
             memcpy(&v, src + 8 * i, 8);
             dst[i * stride] = (float)v;
-        } else {
+        }
+    } else {
+        const int bf16 = d == ST_BF16;
+        for (int64_t i = 0; i < n; i++) {
             uint16_t h;
             memcpy(&h, src + 2 * i, 2);
-            dst[i * stride] = d == ST_BF16 ? dt_bf16_to_f32(h) : st_f16_to_f32(h);
+            dst[i * stride] = bf16 ? dt_bf16_to_f32(h) : st_f16_to_f32(h);
         }
     }
 }
@@ -503,6 +514,34 @@ static void will_need(const st_file_t *f, const unsigned char *p, size_t n)
         madvise((void *)lo, hi - lo, MADV_WILLNEED); /* advice: its failure changes nothing */
 }
 
+/* dst row i = source row r0 + i, cols c0 .. c0 + nc (a row of cols). */
+static void read_rows(const unsigned char *base, st_dtype_t d, size_t isz, int64_t cols, int64_t r0, int64_t nr,
+                      int64_t c0, int64_t nc, float *dst)
+{
+    for (int64_t i = 0; i < nr; i++)
+        to_f32(base + ((size_t)(r0 + i) * (size_t)cols + (size_t)c0) * isz, d, nc, dst + i * nc, 1);
+}
+
+/* dst column j = source row c0 + j, its cols r0..; in blocks of 32 x 32 so
+ * that the strided writes stay in cache (one source row a column of dst at
+ * a time ran at a fraction of the disk's speed), 32 source rows at a time
+ * read front to back (32 sequential streams). */
+static void read_transposed(const unsigned char *base, st_dtype_t d, size_t isz, int64_t cols, int64_t r0, int64_t nr,
+                            int64_t c0, int64_t nc, float *dst)
+{
+    enum { BS = 32 };
+    const int64_t groups = (nc + BS - 1) / BS;
+    for (int64_t g = 0; g < groups; g++) {
+        const int64_t j0 = g * BS, nj = nc - j0 < BS ? nc - j0 : BS;
+        for (int64_t i0 = 0; i0 < nr; i0 += BS) {
+            const int64_t ni = nr - i0 < BS ? nr - i0 : BS;
+            for (int64_t j = j0; j < j0 + nj; j++)
+                to_f32(base + ((size_t)(c0 + j) * (size_t)cols + (size_t)(r0 + i0)) * isz, d, ni, dst + i0 * nc + j,
+                       nc);
+        }
+    }
+}
+
 int st_read_f32(const st_file_t *f, const st_tensor_t *t, int64_t r0, int64_t nr, int64_t c0, int64_t nc, int transpose,
                 float *dst, char *err, size_t errlen)
 {
@@ -537,22 +576,10 @@ int st_read_f32(const st_file_t *f, const st_tensor_t *t, int64_t r0, int64_t nr
     if (f->mapped) /* the source rows the block spans, read ahead in large requests */
         will_need(f, base + (size_t)(transpose ? c0 : r0) * (size_t)cols * isz,
                   (size_t)(transpose ? nc : nr) * (size_t)cols * isz);
-    if (!transpose) { /* dst row i = source row r0 + i, cols c0.. */
-        for (int64_t i = 0; i < nr; i++)
-            to_f32(base + ((size_t)(r0 + i) * (size_t)cols + (size_t)c0) * isz, t->dtype, nc, dst + i * nc, 1);
-        return 0;
-    }
-    /* dst column j = source row c0 + j, its cols r0..; in blocks of 32 x 32
-     * so that the strided writes stay in cache (one source row a column of
-     * dst at a time ran at a fraction of the disk's speed) */
-    enum { BS = 32 };
-    for (int64_t j0 = 0; j0 < nc; j0 += BS)
-        for (int64_t i0 = 0; i0 < nr; i0 += BS) {
-            const int64_t nj = nc - j0 < BS ? nc - j0 : BS, ni = nr - i0 < BS ? nr - i0 : BS;
-            for (int64_t j = j0; j < j0 + nj; j++)
-                to_f32(base + ((size_t)(c0 + j) * (size_t)cols + (size_t)(r0 + i0)) * isz, t->dtype, ni,
-                       dst + i0 * nc + j, nc);
-        }
+    if (transpose)
+        read_transposed(base, t->dtype, isz, cols, r0, nr, c0, nc, dst);
+    else
+        read_rows(base, t->dtype, isz, cols, r0, nr, c0, nc, dst);
     return 0;
 }
 
@@ -1022,7 +1049,7 @@ int st_plan_write_f32(const st_plan_t *p, const char *dir, int i, int64_t r0, in
         return -1;
     }
     char *path = join(dir, p->s[t->shard].name);
-    unsigned char *buf = malloc(WRITE_CHUNK * 4);
+    unsigned char *buf = malloc(WRITE_CHUNK * 4); /* converted rows (bf16, fp16) */
     int fd = path != NULL ? open(path, O_WRONLY | O_CLOEXEC) : -1;
     int rc = fd < 0 || buf == NULL ? -1 : 0;
     if (rc != 0)
@@ -1030,7 +1057,9 @@ int st_plan_write_f32(const st_plan_t *p, const char *dir, int i, int64_t r0, in
                strerror(errno));
     size_t isz = st_dtype_size(t->dtype), n = (size_t)nr * (size_t)t->cols;
     uint64_t off = t->offset + (uint64_t)r0 * (uint64_t)t->cols * isz;
-    for (size_t done = 0; done < n && rc == 0;) {
+    if (t->dtype == ST_F32 && rc == 0) /* the rows are the bytes: no conversion, no copy */
+        rc = pwrite_full(fd, rows, n * isz, off, path, err, errlen);
+    for (size_t done = 0; t->dtype != ST_F32 && done < n && rc == 0;) {
         size_t m = n - done < WRITE_CHUNK ? n - done : WRITE_CHUNK;
         from_f32(rows + done, t->dtype, m, buf);
         rc = pwrite_full(fd, buf, m * isz, off + done * isz, path, err, errlen);

@@ -16,6 +16,7 @@
  * trains without it. */
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +34,12 @@ typedef struct hf_state {
     st_plan_t *plan;
     tokenizer_t *tok;      /* NULL: no tokenizer files */
     int32_t bos, eos, unk; /* TOK_NO_ID when unknown */
+    /* the tokenizer files, written by a thread of rank 0 while the tiles
+     * are (gpt2's tokenizer.json alone took a tenth of a gpt2-124m export) */
+    pthread_t tok_thread;
+    int tok_running, tok_rc;
+    char tok_dir[4200], tok_err[1024];
+    const model_config_t *tok_cfg;
 } hf_state_t;
 
 static st_dtype_t st_dtype(export_dtype_t d) { return d == EXPORT_BF16 ? ST_BF16 : d == EXPORT_F16 ? ST_F16 : ST_F32; }
@@ -366,6 +373,41 @@ static int write_tokenizer(const char *dir, const model_config_t *c, const hf_st
     return rc;
 }
 
+/* ---- the tokenizer thread -------------------------------------------------------- */
+
+static void *tokenizer_thread(void *arg)
+{
+    hf_state_t *s = arg;
+    s->tok_rc = write_tokenizer(s->tok_dir, s->tok_cfg, s, s->tok_err, sizeof s->tok_err);
+    return NULL;
+}
+
+/* The tokenizer files into dir: on a thread when one starts, else here. */
+static int start_tokenizer(hf_state_t *s, const char *dir, const model_config_t *c, char *err, size_t errlen)
+{
+    snprintf(s->tok_dir, sizeof s->tok_dir, "%s", dir);
+    s->tok_cfg = c;
+    s->tok_rc = 0;
+    if (pthread_create(&s->tok_thread, NULL, tokenizer_thread, s) == 0) {
+        s->tok_running = 1;
+        return 0;
+    }
+    return write_tokenizer(dir, c, s, err, errlen);
+}
+
+/* Waits for the tokenizer thread, if one runs; its result (its message
+ * into err unless err is NULL). */
+static int join_tokenizer(hf_state_t *s, char *err, size_t errlen)
+{
+    if (!s->tok_running)
+        return 0;
+    pthread_join(s->tok_thread, NULL);
+    s->tok_running = 0;
+    if (s->tok_rc != 0 && err)
+        snprintf(err, errlen, "%s", s->tok_err);
+    return s->tok_rc;
+}
+
 /* ---- the target ----------------------------------------------------------------- */
 
 static int hf_prepare(export_ctx_t *x, char *err, size_t errlen)
@@ -396,7 +438,10 @@ static int hf_create(export_ctx_t *x, char *err, size_t errlen)
         snprintf(err, errlen, "cannot create directory %s: %s", x->tmp, strerror(errno));
         return -1;
     }
-    return st_plan_create_files(((hf_state_t *)x->impl)->plan, x->tmp, err, errlen);
+    hf_state_t *s = x->impl;
+    if (st_plan_create_files(s->plan, x->tmp, err, errlen) != 0)
+        return -1;
+    return s->tok ? start_tokenizer(s, x->tmp, x->cfg, err, errlen) : 0;
 }
 
 static int hf_write_rows(export_ctx_t *x, int i, int64_t r0, int64_t nr, const float *rows, char *err, size_t errlen)
@@ -425,9 +470,11 @@ static int hf_sync(export_ctx_t *x, char *err, size_t errlen)
  * the final name. */
 static int hf_publish(export_ctx_t *x, char *err, size_t errlen)
 {
-    const hf_state_t *s = x->impl;
+    hf_state_t *s = x->impl;
     const model_config_t *c = x->cfg;
-    int rc = st_plan_write_index(s->plan, x->tmp, err, errlen);
+    int rc = join_tokenizer(s, err, errlen);
+    if (rc == 0)
+        rc = st_plan_write_index(s->plan, x->tmp, err, errlen);
     if (rc == 0)
         rc = write_json(x->tmp, "config.json",
                         c->arch == ARCH_GPT2 ? gpt2_config(c, s, x->opt->dtype) : llama_config(c, s, x->opt->dtype),
@@ -435,12 +482,10 @@ static int hf_publish(export_ctx_t *x, char *err, size_t errlen)
     if (rc == 0)
         rc = write_json(x->tmp, "generation_config.json", generation_config(s), err, errlen);
     if (rc == 0 && s->tok) {
-        rc = write_tokenizer(x->tmp, c, s, err, errlen);
-        if (rc == 0)
-            snprintf(x->note, sizeof x->note, "tokenizer files of %.400s (%s)", s->tok->spec,
-                     strcmp(s->tok->ops->kind, "spm") == 0    ? "tokenizer.model"
-                     : strcmp(s->tok->ops->kind, "gpt2") == 0 ? "vocab.json, merges.txt, tokenizer.json"
-                                                              : "tokenizer.json");
+        snprintf(x->note, sizeof x->note, "tokenizer files of %.400s (%s)", s->tok->spec,
+                 strcmp(s->tok->ops->kind, "spm") == 0    ? "tokenizer.model"
+                 : strcmp(s->tok->ops->kind, "gpt2") == 0 ? "vocab.json, merges.txt, tokenizer.json"
+                                                          : "tokenizer.json");
     }
     st_model_t back;
     if (rc == 0 && (rc = st_model_open(&back, x->tmp, err, errlen)) == 0)
@@ -452,12 +497,17 @@ static int hf_publish(export_ctx_t *x, char *err, size_t errlen)
     return rc == 0 ? export_commit(x->tmp, x->opt->dest, err, errlen) : -1;
 }
 
-static void hf_discard(export_ctx_t *x) { export_remove(x->tmp); }
+static void hf_discard(export_ctx_t *x)
+{
+    join_tokenizer(x->impl, NULL, 0); /* it writes into x->tmp */
+    export_remove(x->tmp);
+}
 
 static void hf_destroy(export_ctx_t *x)
 {
     hf_state_t *s = x->impl;
     if (s) {
+        join_tokenizer(s, NULL, 0);
         st_plan_free(s->plan);
         if (s->tok)
             tokenizer_close(s->tok);
