@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <mpi.h>
 
@@ -22,6 +23,12 @@ struct ckpt_async {
     int running;     /* a write started and not yet collected (main thread only) */
     int threaded;    /* ... by the thread (else it ran in start) */
     atomic_int done; /* the writer's job finished: set by it, read by poll */
+    /* the job's copies: pending from start until the writer made them
+     * (under lock, signalled on copied) */
+    pthread_mutex_t lock;
+    pthread_cond_t copied;
+    int copy_pending;
+    long test_delay_ms; /* DTRAIN_TEST_CKPT_COPY_DELAY_MS: tests only (see create) */
     /* the job and its outcome: written by start before the thread starts,
      * by the writer before it sets done, read by the main thread after it
      * joined */
@@ -61,6 +68,12 @@ ckpt_async_t *ckpt_async_create(const ops_t *ops, comm_t *world, size_t numel, c
     a->world = world;
     a->numel = numel;
     atomic_init(&a->done, 0);
+    pthread_mutex_init(&a->lock, NULL);
+    pthread_cond_init(&a->copied, NULL);
+    /* a test-only delay before the writer's copies, so that a test sees
+     * the copy lag the next step's update (test_ckpt_overlap.sh) */
+    const char *delay = getenv("DTRAIN_TEST_CKPT_COPY_DELAY_MS");
+    a->test_delay_ms = delay ? strtol(delay, NULL, 10) : 0;
     /* MPI_Comm_dup: collective over world, so every rank reaches it */
     a->wcomm = comm_mpi_create(&mc);
     if (a->wcomm)
@@ -82,18 +95,48 @@ ckpt_async_t *ckpt_async_create(const ops_t *ops, comm_t *world, size_t numel, c
 
 float *ckpt_async_buffer(ckpt_async_t *a, int i) { return i >= 0 && i < 3 ? a->buf[i] : NULL; }
 
-/* The writer: ckpt_save over the duplicate communicator. Its agreements
- * make rc and err the same on every rank. */
+/* The writer's first part: the job's copies of the live state into the
+ * host buffers, then the main thread may change that state again. */
+static void writer_copy(ckpt_async_t *a)
+{
+    const ckpt_async_job_t *j = &a->job;
+    if (j->n_copy > 0 && a->test_delay_ms > 0) {
+        const struct timespec ts = {a->test_delay_ms / 1000, (a->test_delay_ms % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    for (int i = 0; i < j->n_copy; i++)
+        memcpy(a->buf[j->copy[i].buf] + j->copy[i].off, j->copy[i].src, j->copy[i].n * sizeof(float));
+    pthread_mutex_lock(&a->lock);
+    a->copy_pending = 0;
+    pthread_cond_broadcast(&a->copied);
+    pthread_mutex_unlock(&a->lock);
+}
+
+/* The writer: the copies, then ckpt_save over the duplicate communicator.
+ * Its agreements make rc and err the same on every rank. */
 static void *writer_main(void *arg)
 {
     ckpt_async_t *a = arg;
     const ckpt_async_job_t *j = &a->job;
     const double t0 = now_s();
+    writer_copy(a);
     a->rc = ckpt_save(a->wcomm, j->dir, j->keep, j->cfg, j->t, a->buf[0], a->buf[1], a->buf[2], j->writer, j->tp_size,
                       j->tp_rank, &j->meta, a->path, sizeof a->path, a->err, sizeof a->err);
     a->seconds = now_s() - t0;
     atomic_store_explicit(&a->done, 1, memory_order_release);
     return NULL;
+}
+
+/* The job's copies stay inside the host buffers. */
+static int copies_fit(const ckpt_async_t *a, const ckpt_async_job_t *job)
+{
+    if (job->n_copy < 0 || job->n_copy > CKPT_ASYNC_COPIES)
+        return 0;
+    for (int i = 0; i < job->n_copy; i++)
+        if (job->copy[i].buf < 0 || job->copy[i].buf > 2 || job->copy[i].off > a->numel ||
+            job->copy[i].n > a->numel - job->copy[i].off)
+            return 0;
+    return 1;
 }
 
 int ckpt_async_start(ckpt_async_t *a, const ckpt_async_job_t *job, char *err, size_t errlen)
@@ -108,7 +151,12 @@ int ckpt_async_start(ckpt_async_t *a, const ckpt_async_job_t *job, char *err, si
     a->job.dir = a->dir;
     a->rc = 0;
     a->err[0] = '\0';
+    if (!copies_fit(a, job)) {
+        snprintf(err, errlen, "checkpoint of step %d: a copy lies outside the host buffers", job->meta.step);
+        return -1;
+    }
     atomic_store_explicit(&a->done, 0, memory_order_relaxed);
+    a->copy_pending = job->n_copy > 0; /* no thread runs yet: no lock needed */
     a->running = 1;
     /* the writers of all ranks meet in the same collectives: a rank whose
      * thread cannot start writes in this thread instead, so the others'
@@ -156,6 +204,18 @@ int ckpt_async_poll(ckpt_async_t *a, char *err, size_t errlen)
 
 int ckpt_async_busy(const ckpt_async_t *a) { return a && a->running; }
 
+double ckpt_async_copied(ckpt_async_t *a)
+{
+    if (!a || !a->running)
+        return 0.0;
+    const double t0 = now_s();
+    pthread_mutex_lock(&a->lock);
+    while (a->copy_pending)
+        pthread_cond_wait(&a->copied, &a->lock);
+    pthread_mutex_unlock(&a->lock);
+    return now_s() - t0;
+}
+
 void ckpt_async_destroy(ckpt_async_t *a)
 {
     if (!a)
@@ -167,5 +227,7 @@ void ckpt_async_destroy(ckpt_async_t *a)
             host_free(a->ops, a->buf[i]);
     if (a->wcomm)
         a->wcomm->ops->destroy(a->wcomm);
+    pthread_cond_destroy(&a->copied);
+    pthread_mutex_destroy(&a->lock);
     free(a);
 }
