@@ -23,11 +23,14 @@ struct ckpt_async {
     int running;     /* a write started and not yet collected (main thread only) */
     int threaded;    /* ... by the thread (else it ran in start) */
     atomic_int done; /* the writer's job finished: set by it, read by poll */
-    /* the job's copies: pending from start until the writer made them
-     * (under lock, signalled on copied) */
+    /* the job's copies: pending from start until they are made (under
+     * lock, signalled on copied); host copies go in chunks that the writer
+     * and a main thread waiting for them claim (next_chunk) */
     pthread_mutex_t lock;
     pthread_cond_t copied;
     int copy_pending;
+    size_t n_chunks;
+    atomic_size_t next_chunk, chunks_done;
     long test_delay_ms; /* DTRAIN_TEST_CKPT_COPY_DELAY_MS: tests only (see create) */
     /* the job and its outcome: written by start before the thread starts,
      * by the writer before it sets done, read by the main thread after it
@@ -68,6 +71,8 @@ ckpt_async_t *ckpt_async_create(const ops_t *ops, comm_t *world, size_t numel, c
     a->world = world;
     a->numel = numel;
     atomic_init(&a->done, 0);
+    atomic_init(&a->next_chunk, 0);
+    atomic_init(&a->chunks_done, 0);
     pthread_mutex_init(&a->lock, NULL);
     pthread_cond_init(&a->copied, NULL);
     /* a test-only delay before the writer's copies, so that a test sees
@@ -95,20 +100,60 @@ ckpt_async_t *ckpt_async_create(const ops_t *ops, comm_t *world, size_t numel, c
 
 float *ckpt_async_buffer(ckpt_async_t *a, int i) { return i >= 0 && i < 3 ? a->buf[i] : NULL; }
 
+/* Host copies go in chunks of 16 MiB (a few ms each): a main thread that
+ * reaches its wait before the writer has made them all makes the rest with
+ * it, so the wait is never longer than the copy at the boundary was. */
+#define COPY_CHUNK ((size_t)4 << 20) /* floats */
+
+static size_t chunks_of(size_t n) { return (n + COPY_CHUNK - 1) / COPY_CHUNK; }
+
+/* Chunk c of the job's copies, counted over the copies in order. */
+static void copy_chunk(ckpt_async_t *a, size_t c)
+{
+    const ckpt_async_copy_t *cp = a->job.copy;
+    while (c >= chunks_of(cp->n)) {
+        c -= chunks_of(cp->n);
+        cp++;
+    }
+    const size_t off = c * COPY_CHUNK, n = cp->n - off < COPY_CHUNK ? cp->n - off : COPY_CHUNK;
+    memcpy(a->buf[cp->buf] + cp->off + off, cp->src + off, n * sizeof(float));
+}
+
+/* Claims and makes chunks until none is left to claim; the thread that
+ * finishes the last one signals copied. Called by the writer and by a
+ * waiting main thread. */
+static void copy_chunks(ckpt_async_t *a)
+{
+    for (;;) {
+        const size_t c = atomic_fetch_add(&a->next_chunk, 1);
+        if (c >= a->n_chunks)
+            return;
+        copy_chunk(a, c);
+        if (atomic_fetch_add(&a->chunks_done, 1) + 1 == a->n_chunks) {
+            pthread_mutex_lock(&a->lock);
+            a->copy_pending = 0;
+            pthread_cond_broadcast(&a->copied);
+            pthread_mutex_unlock(&a->lock);
+        }
+    }
+}
+
 /* The writer's first part: the job's copies of the live state into the
- * host buffers, then the main thread may change that state again. */
+ * host buffers, then the main thread may change that state again; with
+ * device copies, the wait for the main thread to have ended them. */
 static void writer_copy(ckpt_async_t *a)
 {
     const ckpt_async_job_t *j = &a->job;
-    if (j->n_copy > 0 && a->test_delay_ms > 0) {
+    if (!j->device_copy && a->test_delay_ms > 0) {
         const struct timespec ts = {a->test_delay_ms / 1000, (a->test_delay_ms % 1000) * 1000000L};
         nanosleep(&ts, NULL);
     }
-    for (int i = 0; i < j->n_copy; i++)
-        memcpy(a->buf[j->copy[i].buf] + j->copy[i].off, j->copy[i].src, j->copy[i].n * sizeof(float));
+    if (!j->device_copy)
+        copy_chunks(a);
+    /* the main thread may still be making a chunk, or ending device copies */
     pthread_mutex_lock(&a->lock);
-    a->copy_pending = 0;
-    pthread_cond_broadcast(&a->copied);
+    while (a->copy_pending)
+        pthread_cond_wait(&a->copied, &a->lock);
     pthread_mutex_unlock(&a->lock);
 }
 
@@ -156,14 +201,23 @@ int ckpt_async_start(ckpt_async_t *a, const ckpt_async_job_t *job, char *err, si
         return -1;
     }
     atomic_store_explicit(&a->done, 0, memory_order_relaxed);
-    a->copy_pending = job->n_copy > 0; /* no thread runs yet: no lock needed */
+    a->n_chunks = 0;
+    for (int i = 0; i < job->n_copy; i++)
+        a->n_chunks += chunks_of(job->copy[i].n);
+    atomic_store(&a->next_chunk, 0);
+    atomic_store(&a->chunks_done, 0);
+    a->copy_pending = a->n_chunks > 0 || job->device_copy; /* no thread runs yet: no lock needed */
     a->running = 1;
     /* the writers of all ranks meet in the same collectives: a rank whose
-     * thread cannot start writes in this thread instead, so the others'
-     * are not left waiting for it (a slower stall, the same file) */
+     * thread cannot start writes in this thread instead (its device copies
+     * ended first), so the others' are not left waiting for it (a slower
+     * stall, the same file) */
     a->threaded = pthread_create(&a->thread, NULL, writer_main, a) == 0;
-    if (!a->threaded)
+    if (!a->threaded) {
+        if (job->device_copy)
+            (void)ckpt_async_copied(a);
         writer_main(a);
+    }
     return 0;
 }
 
@@ -172,6 +226,7 @@ int ckpt_async_wait(ckpt_async_t *a, char *err, size_t errlen)
     if (!a || !a->running)
         return 0;
     int rc = 0;
+    (void)ckpt_async_copied(a); /* device copies: the writer waits for their end */
     if (a->threaded && pthread_join(a->thread, NULL) != 0) {
         snprintf(err, errlen, "checkpoint of step %d: pthread_join of the writer failed", a->job.meta.step);
         rc = -1;
@@ -209,7 +264,17 @@ double ckpt_async_copied(ckpt_async_t *a)
     if (!a || !a->running)
         return 0.0;
     const double t0 = now_s();
+    if (!a->job.device_copy)
+        copy_chunks(a); /* what the writer has not claimed yet */
     pthread_mutex_lock(&a->lock);
+    if (a->copy_pending && a->job.device_copy) {
+        /* only this thread ends them; the writer waits for the signal */
+        pthread_mutex_unlock(&a->lock);
+        a->ops->to_host_end(a->ops->ctx);
+        pthread_mutex_lock(&a->lock);
+        a->copy_pending = 0;
+        pthread_cond_broadcast(&a->copied);
+    }
     while (a->copy_pending)
         pthread_cond_wait(&a->copied, &a->lock);
     pthread_mutex_unlock(&a->lock);
@@ -220,8 +285,10 @@ void ckpt_async_destroy(ckpt_async_t *a)
 {
     if (!a)
         return;
-    if (a->running && a->threaded)
+    if (a->running && a->threaded) {
+        (void)ckpt_async_copied(a);
         (void)pthread_join(a->thread, NULL);
+    }
     for (int i = 0; i < 3; i++)
         if (a->buf[i])
             host_free(a->ops, a->buf[i]);

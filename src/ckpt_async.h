@@ -10,7 +10,9 @@
  *     fill ckpt_async_buffer(a, 0..2)              params, m, v [numel]
  *       (or name the live state in job.copy: the writer copies it)
  *     ckpt_async_start(a, job)                     returns at once
- *   before anything writes what job.copy names: ckpt_async_copied(a)
+ *   before anything writes what job.copy names (or, with device_copy,
+ *   the sources of the copies begun with ops->to_host_begin):
+ *                                                ckpt_async_copied(a)
  *   per step boundary: ckpt_async_poll(a)          collects a finished write
  *   at a stop, the end, before any other HDF5 use: ckpt_async_wait(a)
  *   ckpt_async_destroy(a)                          joins a write in flight
@@ -56,7 +58,11 @@ typedef struct ckpt_async_copy {
 /* What ckpt_save needs besides the buffers (see ckpt.h). cfg, t and the
  * meta's tokenizer strings must outlive the write. copy[0..n_copy): what
  * the writer copies into the buffers first (n_copy 0: the caller filled
- * them); their sources stay unchanged until ckpt_async_copied returns. */
+ * them); their sources stay unchanged until ckpt_async_copied returns.
+ * device_copy: the caller began copies into the buffers with the ops'
+ * to_host_begin; ckpt_async_copied (on the caller's thread: it alone uses
+ * the backend) ends them with to_host_end, and only then does the writer
+ * read the buffers. */
 typedef struct ckpt_async_job {
     const char *dir; /* copied */
     int keep;
@@ -66,6 +72,7 @@ typedef struct ckpt_async_job {
     ckpt_meta_t meta;
     ckpt_async_copy_t copy[CKPT_ASYNC_COPIES];
     int n_copy;
+    int device_copy;
 } ckpt_async_job_t;
 
 /* Collective over world (an MPI communicator: its duplicate becomes the
@@ -100,9 +107,12 @@ int ckpt_async_poll(ckpt_async_t *a, char *err, size_t errlen);
 /* 1 while a write started and not yet collected by wait or poll. */
 int ckpt_async_busy(const ckpt_async_t *a);
 
-/* Returns once the writer has made the copies of the write in flight (at
+/* Returns once the copies of the write in flight are made (the chunks of
+ * them the writer has not claimed yet this thread makes itself), or
+ * (device_copy) once ops->to_host_end says the device copies are done (at
  * once when none is in flight or it had none): the caller may then change
- * their sources. Seconds it waited. Not collective. The environment's
+ * their sources. Seconds it waited or copied. Not collective; the thread that uses
+ * the backend calls it (wait and destroy call it too). The environment's
  * DTRAIN_TEST_CKPT_COPY_DELAY_MS (tests only) delays the copies, so that
  * a test can tell a missing wait from a fast copy. */
 double ckpt_async_copied(ckpt_async_t *a);

@@ -9,7 +9,10 @@
 # Per layout, 10 steps (micro batch 2 of a global 8: accumulation),
 # checkpoints at 5 and 10, asynchronous against synchronous: every tensor
 # of both checkpoints bit-identical, the same losses. Layouts: 1 rank and
-# pp2 (the overlapped copy), dp2 ZeRO-1 (sharded: the copy stays at the
+# pp2 (the writer's copy), 1 rank and pp2 under DTRAIN_DEFER_OPS=1 (the
+# deferred table: the copy begun on the backend's "side stream" with
+# to_host_begin, as on CUDA, and ended before the update; the writer must
+# wait for that end), dp2 ZeRO-1 (sharded: the copy stays at the
 # boundary, checked too).
 . "$top_srcdir/test/common.sh"
 
@@ -29,21 +32,26 @@ sys.exit(1 if bad or len(names) < 20 else 0)
 PYEOF
 }
 
-for layout in "1 overlap" "2 overlap --pp 2" "2 boundary --dp 2 --zero 1"; do
+export DTRAIN_TEST_CKPT_COPY_DELAY_MS=400 DTRAIN_DEFER_OPS=0
+for layout in "1 overlap" "2 overlap --pp 2" "1 device" "2 device --pp 2" "2 boundary --dp 2 --zero 1"; do
     set -- $layout
     np=$1
     how=$2
     shift 2
-    name="np$np${1:+ $*}"
-    d="$TMP/np$np$(echo "$*" | tr -d ' -')"
-    "$MPIEXEC" --quiet -np "$np" "$DTRAIN" $ARGS "$@" --ckpt-dir "$d/sync" --metrics "$d/sync.json" \
-        >"$d.sync.log" 2>&1 || { fail "$name sync: exit status $? $(tail -n 3 "$d.sync.log")"; continue; }
-    DTRAIN_TEST_CKPT_COPY_DELAY_MS=400 "$MPIEXEC" --quiet -x DTRAIN_TEST_CKPT_COPY_DELAY_MS -np "$np" "$DTRAIN" \
-        $ARGS "$@" --ckpt-dir "$d/async" --ckpt-async --metrics "$d/async.json" >"$d.async.log" 2>&1 ||
+    DTRAIN_DEFER_OPS=0
+    [ "$how" = device ] && DTRAIN_DEFER_OPS=1
+    name="np$np${1:+ $*}$([ "$how" = device ] && echo " deferred ops")"
+    d="$TMP/np$np$(echo "$*" | tr -d ' -')$how"
+    "$MPIEXEC" --quiet -x DTRAIN_DEFER_OPS -np "$np" "$DTRAIN" $ARGS "$@" --ckpt-dir "$d/sync" \
+        --metrics "$d/sync.json" >"$d.sync.log" 2>&1 ||
+        { fail "$name sync: exit status $? $(tail -n 3 "$d.sync.log")"; continue; }
+    "$MPIEXEC" --quiet -x DTRAIN_TEST_CKPT_COPY_DELAY_MS -x DTRAIN_DEFER_OPS -np "$np" "$DTRAIN" $ARGS "$@" \
+        --ckpt-dir "$d/async" --ckpt-async --metrics "$d/async.json" >"$d.async.log" 2>&1 ||
         { fail "$name async: exit status $? $(tail -n 3 "$d.async.log")"; continue; }
     # the path this layout must take
-    if [ "$how" = overlap ]; then want="handed to the writer"; else want="copied to host"; fi
-    if grep -q "^checkpoint: step 5 $want" "$d.async.log"; then
+    if [ "$how" = boundary ]; then want="copied to host"; else want="handed to the writer"; fi
+    if grep -q "^checkpoint: step 5 $want" "$d.async.log" &&
+        { [ "$how" != device ] || grep -q "DTRAIN_DEFER_OPS=1" "$d.async.log"; }; then
         pass "$name: the step-5 checkpoint's copy: $want"
     else
         fail "$name: no 'checkpoint: step 5 $want' line: $(grep '^checkpoint' "$d.async.log" | head -n 2)"
