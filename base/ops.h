@@ -64,6 +64,14 @@ typedef struct ops {
      * members (the CPU): plain host memory serves. Checkpoint copies. */
     void *(*host_alloc)(void *ctx, size_t bytes);
     void (*host_free)(void *ctx, void *p);
+    /* A copy into host_alloc's memory that runs after every op issued
+     * before it and beside the ops issued after it (CUDA: on a side stream
+     * waiting on an event of the compute stream), and the wait for every
+     * such copy begun: once to_host_end returns, the host memory holds the
+     * data, and ops issued after it may change the source. NULL members
+     * (the CPU): none; to_host serves. --ckpt-async's overlapped copy. */
+    void (*to_host_begin)(void *ctx, void *host_dst, const void *src, size_t bytes);
+    void (*to_host_end)(void *ctx);
 
     /* out[N,OC] = in[N,IC] . w[OC,IC]^T (+ b[OC] when b != NULL) */
     void (*matmul_fwd)(void *ctx, float *out, const float *in, const float *w, const float *b, int N, int IC, int OC);

@@ -168,6 +168,31 @@ static void cu_to_host(void *ctx, void *host_dst, const void *src, size_t bytes)
     wait_all(g, "to_host");
 }
 
+/* The side stream waits for what the compute stream has so far (the last
+ * optimizer update), then copies while the compute stream runs on. */
+static void cu_to_host_begin(void *ctx, void *host_dst, const void *src, size_t bytes)
+{
+    cu_t *g = (cu_t *)ctx;
+    if (!bytes)
+        return;
+    if (!g->copy_stream) {
+        ck(cudaStreamCreateWithFlags(&g->copy_stream, cudaStreamNonBlocking), "to_host_begin: cudaStreamCreate");
+        ck(cudaEventCreateWithFlags(&g->copy_after, cudaEventDisableTiming), "to_host_begin: cudaEventCreate");
+    }
+    ck(cudaEventRecord(g->copy_after, g->stream), "to_host_begin: cudaEventRecord");
+    ck(cudaStreamWaitEvent(g->copy_stream, g->copy_after, 0), "to_host_begin: cudaStreamWaitEvent");
+    ck(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDefault, g->copy_stream), "to_host_begin: cudaMemcpyAsync");
+}
+
+/* The host waits for the side stream; the compute stream's later kernels
+ * (enqueued after this returns) cannot overtake the copies. */
+static void cu_to_host_end(void *ctx)
+{
+    cu_t *g = (cu_t *)ctx;
+    if (g->copy_stream)
+        ck(cudaStreamSynchronize(g->copy_stream), "to_host_end: cudaStreamSynchronize");
+}
+
 static void cu_from_host(void *ctx, void *dst, const void *host_src, size_t bytes)
 {
     cu_t *g = (cu_t *)ctx;
@@ -629,6 +654,11 @@ static void cu_release(void *ctx)
     free(g->hpart);
     if (g->ws)
         (void)cudaFree(g->ws);
+    if (g->copy_stream) {
+        (void)cudaStreamSynchronize(g->copy_stream);
+        (void)cudaStreamDestroy(g->copy_stream);
+        (void)cudaEventDestroy(g->copy_after);
+    }
     if (g->stream)
         (void)cudaStreamDestroy(g->stream);
     (void)cudaGetLastError();
@@ -648,6 +678,8 @@ static const ops_t cuda_ops = {
     .zero = cu_zero,
     .host_alloc = cu_host_alloc,
     .host_free = cu_host_free,
+    .to_host_begin = cu_to_host_begin,
+    .to_host_end = cu_to_host_end,
     .matmul_fwd = matmul_fwd,
     .matmul_bwd = matmul_bwd,
     .matmul_fwd_bf16 = matmul_fwd_bf16,

@@ -48,6 +48,8 @@ typedef struct cuda_ctx {
     int sync_ops;   /* every op waits for its kernels (see the header comment) */
     int concurrent; /* cudaDevAttrConcurrentManagedAccess: the host may touch managed memory while kernels run */
     cudaStream_t stream;
+    cudaStream_t copy_stream; /* to_host_begin's side stream, made at its first call */
+    cudaEvent_t copy_after;   /* ... recorded on stream: the copies start after it */
     cublasLtHandle_t lt;
     cublasHandle_t blas; /* for the GEMMs cuBLASLt has no algorithm for (lt_gemm) */
     void *ws;

@@ -17,6 +17,8 @@
  * CUDA's does after its memset. from_host copies the source when called
  * (cudaMemcpyAsync from pageable memory stages the source before it
  * returns), and the copy into backend memory waits in the queue in order.
+ * to_host_begin's copies (CUDA: a side stream) are made only at
+ * to_host_end, the latest moment a GPU could make them.
  *
  * The queue is one growing byte arena of records {run, size, arguments};
  * when it cannot grow, the op runs at once after the queue (correct, only
@@ -46,6 +48,9 @@ typedef struct defer_ctx {
     unsigned char *buf;
     size_t len, cap;
     long ops_run, waits; /* ops_defer_counts */
+    /* to_host_begin's copies, made only at to_host_end: [n_late] of [cap_late] */
+    struct late_copy *late;
+    size_t n_late, cap_late;
 } defer_t;
 
 /* Runs the queue: the host waits here. */
@@ -135,6 +140,40 @@ static void d_to_host(void *ctx, void *host_dst, const void *src, size_t bytes)
     defer_t *q = ctx;
     drain(q);
     q->base->to_host(q->base->ctx, host_dst, src, bytes);
+}
+
+/* to_host_begin: a copy on CUDA's side stream starts after the ops issued
+ * before it and may finish as late as the wait for it; here it is made at
+ * that latest moment, in to_host_end, so that an op that overwrites the
+ * source before the wait, or a reader of the host memory that does not
+ * wait, gets the wrong bytes every time. */
+struct late_copy {
+    void *dst;
+    const void *src;
+    size_t bytes;
+};
+static void d_to_host_begin(void *ctx, void *host_dst, const void *src, size_t bytes)
+{
+    defer_t *q = ctx;
+    drain(q); /* the side stream waits for the compute stream's ops so far */
+    if (q->n_late == q->cap_late) {
+        size_t cap = q->cap_late ? 2 * q->cap_late : 8;
+        struct late_copy *nl = realloc(q->late, cap * sizeof *nl);
+        if (!nl) { /* made now: correct, only less late */
+            q->base->to_host(q->base->ctx, host_dst, src, bytes);
+            return;
+        }
+        q->late = nl;
+        q->cap_late = cap;
+    }
+    q->late[q->n_late++] = (struct late_copy){host_dst, src, bytes};
+}
+static void d_to_host_end(void *ctx)
+{
+    defer_t *q = ctx;
+    for (size_t i = 0; i < q->n_late; i++)
+        q->base->to_host(q->base->ctx, q->late[i].dst, q->late[i].src, q->late[i].bytes);
+    q->n_late = 0;
 }
 
 /* from_host: the source bytes travel in the record, after the arguments */
@@ -700,6 +739,7 @@ static void d_release(void *ctx)
     drain(q);
     ops_release(q->base);
     free(q->buf);
+    free(q->late);
     free(q);
 }
 
@@ -711,6 +751,8 @@ static const ops_t defer_ops = {
     .free = d_free,
     .copy = d_copy,
     .to_host = d_to_host,
+    .to_host_begin = d_to_host_begin,
+    .to_host_end = d_to_host_end,
     .from_host = d_from_host,
     .zero = d_zero,
     .matmul_fwd = d_matmul_fwd,

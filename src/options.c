@@ -174,8 +174,9 @@ static const opt_def_t opt_defs[] = {
      "keep the newest N checkpoints in --ckpt-dir, removing older ones once a new one is complete (0 = all)", NULL,
      NULL, 0},
     {"ckpt-async", OPT_FLAG, F(ckpt_async), 0, "0", 0, 1, NULL,
-     "asynchronous checkpoints: at the step boundary each rank only copies its state into host memory of its own, and "
-     "a background thread writes the same file (same atomic protocol and checksums) while training goes on; the next "
+     "asynchronous checkpoints: at the step boundary each rank only copies its state into host memory of its own "
+     "(without --zero the copy overlaps the next step, which waits for it before its update), and a background thread "
+     "writes the same file (same atomic protocol and checksums) while training goes on; the next "
      "checkpoint, a stop signal and the end of the run wait for it; needs --ckpt-dir",
      NULL, NULL, 0},
     {"stop-at-step", OPT_INT, F(stop_at_step), 0, "0", 0, INT_MAX, NULL,

@@ -578,6 +578,7 @@ static int update_params(trainer_t *tr, int step, double lr, double norm, char *
 {
     model_t *m = &tr->model;
     const dpsync_optim_view_t *v = &tr->sync.view;
+    ckpt_copy_wait(tr); /* --ckpt-async: the writer has copied what the update writes */
     double t_opt = tr->trace ? trace_now() : 0.0;
     /* a view of every parameter keeps the bf16 weights current in the
      * same pass; otherwise the gather writes params, and the bf16 weights

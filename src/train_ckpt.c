@@ -364,34 +364,84 @@ static int save_sync(trainer_t *tr, int step, char *err, size_t errlen)
     return rc;
 }
 
+/* --ckpt-async: the copies state_to_host would make, made while the next
+ * step computes: by the writer from host memory (the CPU backend: into
+ * job->copy), or begun here on the backend's side stream (its
+ * to_host_begin: CUDA, the deferred CPU table) into the writer's pinned
+ * buffers (job->device_copy). 0 when they cannot be: the state is sharded
+ * (ZeRO: its gather is collective over the shard group, which only the
+ * main thread uses), or the backend has neither. Otherwise state_to_host
+ * is three local copies (the replicated strategy: no parameters beside
+ * the model's buffer, moments of view.n == the model's numel), and a
+ * replica that is not DP rank 0 copies nothing. What the next step does
+ * before its update leaves their sources unchanged: the forward and
+ * backward (every micro batch of an accumulation, every stage) read the
+ * fp32 parameters and write activations, gradients and the bf16 copy
+ * (params16, not copied); only adamw_step writes parameters and moments,
+ * and update_params waits for the copies first (ckpt_copy_wait); a
+ * rollback, a stop and the end wait for the whole write. */
+static int overlap_copies(trainer_t *tr, ckpt_async_t *a, ckpt_async_job_t *job)
+{
+    const model_t *m = &tr->model;
+    const dpsync_t *s = &tr->sync;
+    const int device = m->ops->to_host_begin && m->ops->to_host_end;
+    if (s->ops->shards || (!device && strcmp(m->ops->name, "cpu") != 0) || m->lay.lent_block_params ||
+        s->n != m->table.numel)
+        return 0;
+    job->n_copy = 0;
+    if (tr->grid->dp_rank != 0)
+        return 1;
+    const float *src[3] = {m->params, tr->optim.m, tr->optim.v};
+    for (int i = 0; i < 3; i++) {
+        if (device)
+            m->ops->to_host_begin(m->ops->ctx, ckpt_async_buffer(a, i), src[i], m->table.numel * sizeof(float));
+        else
+            job->copy[job->n_copy++] = (ckpt_async_copy_t){.buf = i, .off = 0, .n = m->table.numel, .src = src[i]};
+    }
+    job->device_copy = device;
+    return 1;
+}
+
 /* --ckpt-async: waits for the previous write, copies the state into the
- * writer's host buffers and starts the write; the checkpoint counts as
+ * writer's host buffers (or has the writer copy it while the next step
+ * computes: overlap_copies) and starts the write; the checkpoint counts as
  * the last one at once (a failed write ends the run). Collective. */
 static int save_async(trainer_t *tr, int step, char *err, size_t errlen)
 {
     ckpt_async_t *a = tr->ckpt_async;
     const grid_t *g = tr->grid;
     const double t0 = now_s();
-    if (ckpt_async_wait(a, err, errlen) != 0 ||
+    if (ckpt_async_wait(a, err, errlen) != 0)
+        return -1;
+    ckpt_async_job_t job = {.dir = tr->opt->ckpt_dir,
+                            .keep = tr->opt->keep,
+                            .cfg = &tr->cfg,
+                            .t = &tr->model.table,
+                            .writer = g->dp_rank == 0,
+                            .tp_size = g->tp_size,
+                            .tp_rank = g->tp_rank,
+                            .meta = ckpt_meta_at(tr, step)};
+    /* the same answer on every rank: the strategy and the backend are the run's */
+    const int overlap = overlap_copies(tr, a, &job);
+    if (!overlap &&
         state_to_host(tr, ckpt_async_buffer(a, 0), ckpt_async_buffer(a, 1), ckpt_async_buffer(a, 2), err, errlen) != 0)
         return -1;
-    const ckpt_async_job_t job = {.dir = tr->opt->ckpt_dir,
-                                  .keep = tr->opt->keep,
-                                  .cfg = &tr->cfg,
-                                  .t = &tr->model.table,
-                                  .writer = g->dp_rank == 0,
-                                  .tp_size = g->tp_size,
-                                  .tp_rank = g->tp_rank,
-                                  .meta = ckpt_meta_at(tr, step)};
     if (agree(tr->world, ckpt_async_start(a, &job, err, errlen), err, errlen) != 0)
         return -1;
     snprintf(tr->last_ckpt, sizeof tr->last_ckpt, "%s/step_%08d.h5", tr->opt->ckpt_dir, step);
     tr->last_ckpt_step = step;
     if (tr->env->world_rank == 0)
-        printf("checkpoint: step %d copied to host in %.1f ms, writing %s in the background\n", step,
+        printf("checkpoint: step %d %s in %.1f ms, writing %s in the background\n", step,
+               overlap ? "handed to the writer (the state is copied during the next step)" : "copied to host",
                1e3 * (now_s() - t0), tr->last_ckpt);
     return 0;
 }
+
+/* Before the optimizer update (or anything else that writes the
+ * parameters or moments): the writer has copied them, or the device
+ * copies are done (overlap_copies). The wait is stall: it goes to
+ * ckpt_stall_ms (and, inside the step, to its time too). */
+void ckpt_copy_wait(trainer_t *tr) { tr->ckpt_stall_s += ckpt_async_copied(tr->ckpt_async); }
 
 /* A checkpoint of `step` completed steps, written now or in the
  * background (--ckpt-async); the time it held training up goes to the

@@ -20,6 +20,7 @@ int trainer_resume(trainer_t *tr, char *err, size_t errlen);
 int setup_ckpt_async(trainer_t *tr, char *err, size_t errlen);
 int trainer_save(trainer_t *tr, int step, char *err, size_t errlen);
 int ckpt_wait(trainer_t *tr, int poll, char *err, size_t errlen);
+void ckpt_copy_wait(trainer_t *tr);
 int trainer_save_params(trainer_t *tr, char *err, size_t errlen);
 int spike_rollback(trainer_t *tr, int step, char *err, size_t errlen);
 
