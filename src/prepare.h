@@ -82,6 +82,15 @@ typedef struct prep_run {
  * status (the error line has been printed once). Collective. */
 int prep_documents(prep_run_t *r);
 
+/* prepare_split.c: when every input can be mapped, let the ranks share
+ * finding the documents (each scans 1/N of the bytes) and give c the
+ * feed of their spans. 1 done, 0 the inputs are streamed (some are
+ * compressed or pipes), -1 with err (the same on every rank, or on the
+ * rank that failed: agree on it). Collective. */
+typedef struct prep_window prep_window_t;
+int prep_window_attach(const prep_run_t *r, corpus_t *c, prep_window_t **w, char *err, size_t errlen);
+void prep_window_free(prep_window_t *w);
+
 /* prepare_out.c */
 const char *prep_split_name(prep_split_t s);
 int prep_streams_open(prep_run_t *r, char *err, size_t errlen); /* collective */
