@@ -65,6 +65,11 @@ typedef struct prep_stream {
     void *stage;       /* PREP_STAGE_BYTES: narrowed tokens not yet written */
     size_t staged;     /* tokens in stage */
     uint64_t stage_at; /* token offset of stage's first token */
+    /* Early writeback: this rank's bytes written since the last round
+     * ended, [wb_lo, wb_hi), are handed to the kernel's writeback then, so
+     * the final sync waits for one round's tokens, not all of them. */
+    int wb_fd; /* -1: none */
+    MPI_Offset wb_lo, wb_hi;
 } prep_stream_t;
 
 /* Everything a run holds: no globals. */
@@ -99,6 +104,9 @@ int prep_streams_open(prep_run_t *r, char *err, size_t errlen); /* collective */
  * not adjacent. prep_stream_flush writes what is staged (end of a round). */
 int prep_stream_write(prep_stream_t *st, uint64_t at, const int32_t *ids, size_t n, char *err, size_t errlen);
 int prep_stream_flush(prep_stream_t *st, char *err, size_t errlen);
+/* Start the writeback of what this rank wrote since the last call (end of
+ * a round; advisory: the final sync is what is checked). */
+void prep_stream_writeback(prep_stream_t *st);
 void prep_streams_free(prep_run_t *r);
 int prep_streams_finish(prep_run_t *r);   /* collective; 0 or exit status */
 void prep_streams_abandon(prep_run_t *r); /* collective: remove temporaries */

@@ -282,6 +282,8 @@ int prep_documents(prep_run_t *r)
             status = PREP_EXIT_IO;
             break;
         }
+        for (int s = 0; s < PREP_N_SPLITS; s++)
+            prep_stream_writeback(&r->stream[s]);
         r->n_docs += (uint64_t)n;
     }
 out:
