@@ -720,6 +720,13 @@ static const char *map_open(const corpus_t *c, int f, char *err, size_t errlen)
         return NULL;
     }
     int fd = open(c->paths[f], O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (fd >= 0 && (fstat(fd, &st) != 0 || (uint64_t)st.st_size != size)) {
+        /* mapped bytes past a shrunk file's end would kill the reader */
+        close(fd);
+        seterr(err, errlen, "input '%s' changed size while being read: let it be written in full first", c->paths[f]);
+        return NULL;
+    }
     void *m = fd < 0 ? MAP_FAILED : mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0);
     int e = errno;
     if (fd >= 0)
@@ -756,12 +763,16 @@ static int map_use(corpus_t *c, int f, char *err, size_t errlen)
 /* An uncompressed regular file: 1, its size in *size; 0 not; -1 error. */
 static int map_probe(const char *path, uint64_t *size, char *err, size_t errlen)
 {
+    struct stat st;
+    /* stat first: opening a named pipe (a <(zcat ...) argument) and
+     * closing it again would cut its writer off */
+    if (stat(path, &st) != 0 || !S_ISREG(st.st_mode))
+        return 0;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         seterr(err, errlen, "cannot open input '%s': %s: check the path", path, strerror(errno));
         return -1;
     }
-    struct stat st;
     unsigned char m[4];
     ssize_t got = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) ? pread(fd, m, sizeof m, 0) : -1;
     close(fd);
