@@ -174,7 +174,7 @@ static void fuzz_reader(uint8_t mode, const uint8_t *data, size_t size)
 {
     static const char *const seps[] = {NULL, "\n\n", "ab", "\0"};
     static const size_t sep_lens[] = {0, 2, 2, 1};
-    char path[64], err[1024];
+    char path[64];
     int fd = memfile(data, size, path, sizeof path);
     if (fd < 0)
         return;
