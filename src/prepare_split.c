@@ -113,12 +113,14 @@ int prep_window_attach(const prep_run_t *r, corpus_t *c, prep_window_t **out, ch
     int rc = corpus_map_inputs(c, err, errlen), lo = rc, hi = rc;
     prep_mpi_check(MPI_Allreduce(&rc, &lo, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD), "MPI_Allreduce(mapped)");
     prep_mpi_check(MPI_Allreduce(&rc, &hi, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD), "MPI_Allreduce(mapped)");
-    if (lo != hi && rc >= 0)
+    if (lo < 0) /* the rank that could not open a file says so; the run stops on every rank */
+        return rc < 0 ? -1 : 0;
+    if (lo != hi) {
         snprintf(err, errlen,
                  "the inputs differ between the ranks (compressed or a pipe on some): give every "
                  "rank the same files");
-    if (lo != hi || rc < 0)
         return -1;
+    }
     if (rc == 0)
         return 0; /* streamed: every rank reads compressed inputs whole */
     prep_window_t *w = calloc(1, sizeof *w);
