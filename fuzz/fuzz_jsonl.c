@@ -19,7 +19,12 @@
  *     separator splitting, JSON parsing), in the format, separator, read
  *     size and want_text pattern that the mode byte picks.
  * Besides the sanitizers, it checks the contracts: an error is one
- * non-empty line, indices count up from 0, a text is as long as it says. */
+ * non-empty line, indices count up from 0, a text is as long as it says.
+ * Then, when the file is not compressed, it is read a second time mapped,
+ * its documents found by byte ranges as dtrain-prepare's ranks find them
+ * (corpus_scan over 1 to 4 ranges per window of 1 to 8 bytes a range, from
+ * the input's last byte): every document (line, span, text) and the error,
+ * if any, must be the streamed pass's. */
 #define _GNU_SOURCE /* memfd_create */
 #include "io/corpus.h"
 
@@ -68,6 +73,100 @@ static int memfile(const uint8_t *data, size_t size, char *path, size_t plen)
     return fd;
 }
 
+/* What a pass saw of each document: line, span, and its text's hash. */
+typedef struct seen {
+    uint64_t *v; /* 4 a document */
+    size_t n, cap;
+    int r;
+    char err[1024];
+} seen_t;
+
+static void seen_add(seen_t *s, const corpus_doc_t *d, uint64_t line, int want)
+{
+    if (s->n + 4 > s->cap) {
+        s->cap = s->cap ? 2 * s->cap : 64;
+        s->v = realloc(s->v, s->cap * sizeof *s->v);
+        if (s->v == NULL)
+            abort();
+    }
+    uint64_t h = 1469598103934665603ULL;
+    for (size_t i = 0; want && i < d->len; i++)
+        h = (h ^ (unsigned char)d->text[i]) * 1099511628211ULL;
+    s->v[s->n++] = line;
+    s->v[s->n++] = d->span;
+    s->v[s->n++] = want ? d->len : UINT64_MAX;
+    s->v[s->n++] = h;
+}
+
+/* The mapped pass's feed: windows of k ranges of w bytes, scanned in turn. */
+typedef struct ranges {
+    corpus_t *c;
+    uint64_t total, next, w;
+    int k;
+    corpus_span_t *spans;
+    size_t n, cap;
+} ranges_t;
+
+static int ranges_next(void *ctx, const corpus_span_t **spans, size_t *n, char *err, size_t errlen)
+{
+    ranges_t *f = ctx;
+    f->n = 0;
+    while (f->n == 0 && f->next < f->total) {
+        uint64_t len = f->total - f->next < f->w * (uint64_t)f->k ? f->total - f->next : f->w * (uint64_t)f->k;
+        for (int r = 0; r < f->k; r++) {
+            uint64_t lo = f->next + len / (uint64_t)f->k * (uint64_t)r;
+            uint64_t hi = r + 1 == f->k ? f->next + len : lo + len / (uint64_t)f->k;
+            if (corpus_scan(f->c, lo, hi, &f->spans, &f->n, &f->cap, err, errlen) != 0)
+                return -1;
+        }
+        f->next += len;
+    }
+    *spans = f->spans;
+    *n = f->n;
+    return 0;
+}
+
+/* One pass over the inputs; mapped with k > 0 (0: the file cannot be
+ * mapped, nothing done). */
+static int walk(char **paths, int n_paths, const corpus_opts_t *o, uint8_t mode, int k, uint64_t w, seen_t *s)
+{
+    corpus_t *c;
+    ranges_t f = {0};
+    if (corpus_open(&c, paths, n_paths, o, s->err, sizeof s->err)) {
+        check_err(s->err);
+        s->r = -2;
+        return 1;
+    }
+    if (k > 0) {
+        int m = corpus_map_inputs(c, s->err, sizeof s->err);
+        if (m <= 0) {
+            corpus_close(c);
+            return 0;
+        }
+        f = (ranges_t){c, corpus_mapped_bytes(c), 0, w, k, NULL, 0, 0};
+        corpus_set_feed(c, ranges_next, &f);
+    }
+    corpus_doc_t d;
+    uint64_t n = 0;
+    for (;;) {
+        int want = (mode & 64) || n % 2 == 0;
+        s->r = corpus_next(c, want, &d, s->err, sizeof s->err);
+        if (s->r <= 0)
+            break;
+        if (d.index != n++ || (want && d.len > 0 && d.text == NULL))
+            abort();
+        if (want && d.len > 0) /* touch every byte: ASan checks the range */
+            if (memchr(d.text, 0x7f, d.len) == d.text + d.len)
+                abort();
+        seen_add(s, &d, corpus_doc_line(c, &d), want);
+    }
+    if (s->r < 0)
+        check_err(s->err);
+    corpus_close(c);
+    free(f.spans);
+    return 1;
+}
+
 /* mode bits: 0 JSONL (else text), 1-2 separator (none, "\n\n", "ab",
  * "\0"), 3-5 read size (1 << that: 1 .. 128 bytes), 6 want_text on every
  * document (else every other one), 7 read the file twice. */
@@ -75,7 +174,7 @@ static void fuzz_reader(uint8_t mode, const uint8_t *data, size_t size)
 {
     static const char *const seps[] = {NULL, "\n\n", "ab", "\0"};
     static const size_t sep_lens[] = {0, 2, 2, 1};
-    char path[64], err[1024];
+    char path[64];
     int fd = memfile(data, size, path, sizeof path);
     if (fd < 0)
         return;
@@ -85,29 +184,19 @@ static void fuzz_reader(uint8_t mode, const uint8_t *data, size_t size)
     o.separator = seps[(mode >> 1) & 3];
     o.separator_len = sep_lens[(mode >> 1) & 3];
     o.buf_size = (size_t)1 << ((mode >> 3) & 7);
-    corpus_t *c;
-    if (corpus_open(&c, paths, (mode & 128) ? 2 : 1, &o, err, sizeof err)) {
-        check_err(err);
-        close(fd);
-        return;
+    int n_paths = (mode & 128) ? 2 : 1;
+    seen_t streamed = {0}, mapped = {0};
+    walk(paths, n_paths, &o, mode, 0, 0, &streamed);
+    int k = size ? 1 + data[size - 1] % 4 : 1;
+    uint64_t w = size ? 1 + (data[size - 1] >> 2) % 8 : 1;
+    if (streamed.r != -2 && walk(paths, n_paths, &o, mode, k, w, &mapped)) {
+        if (mapped.r != streamed.r || mapped.n != streamed.n ||
+            (mapped.n && memcmp(mapped.v, streamed.v, mapped.n * sizeof *mapped.v) != 0) ||
+            (mapped.r < 0 && strcmp(mapped.err, streamed.err) != 0))
+            abort(); /* mapped reading by ranges must be streaming's */
     }
-    corpus_doc_t d;
-    uint64_t n = 0;
-    int r;
-    for (;;) {
-        int want = (mode & 64) || n % 2 == 0;
-        r = corpus_next(c, want, &d, err, sizeof err);
-        if (r <= 0)
-            break;
-        if (d.index != n++ || (want && d.len > 0 && d.text == NULL))
-            abort();
-        if (want && d.len > 0) /* touch every byte: ASan checks the range */
-            if (memchr(d.text, 0x7f, d.len) == d.text + d.len)
-                abort();
-    }
-    if (r < 0)
-        check_err(err);
-    corpus_close(c);
+    free(streamed.v);
+    free(mapped.v);
     close(fd);
 }
 

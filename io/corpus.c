@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
@@ -57,6 +58,18 @@ struct corpus {
     char *buf;
     size_t cap, start, end, scan;
     uint64_t line;
+
+    /* Mapped reading (corpus_map_inputs): base[i] is the global offset of
+     * file i's first byte, base[n_paths] the total. map holds file
+     * map_file (-1: none), the one the documents come from now. */
+    int mapped;
+    uint64_t *base;
+    const char *map;
+    int map_file;
+    corpus_feed_fn feed;
+    void *feed_ctx;
+    const corpus_span_t *spans; /* the feed's batch: [span_pos, n_spans) unread */
+    size_t n_spans, span_pos;
 };
 
 #if defined(__GNUC__)
@@ -691,6 +704,293 @@ static int next_whole(corpus_t *c, int want_text, corpus_doc_t *doc, char *err, 
 }
 
 /* ------------------------------------------------------------------ */
+/* Mapped reading: see corpus.h                                        */
+/* ------------------------------------------------------------------ */
+
+static uint64_t file_size(const corpus_t *c, int f) { return c->base[f + 1] - c->base[f]; }
+
+/* File f mapped read-only (a 0-byte file maps to ""). NULL with err. */
+static const char *map_open(const corpus_t *c, int f, char *err, size_t errlen)
+{
+    uint64_t size = file_size(c, f);
+    if (size == 0)
+        return "";
+    if (size > SIZE_MAX) {
+        seterr(err, errlen, "%s: too large to map on this system", c->paths[f]);
+        return NULL;
+    }
+    int fd = open(c->paths[f], O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (fd >= 0 && (fstat(fd, &st) != 0 || (uint64_t)st.st_size != size)) {
+        /* mapped bytes past a shrunk file's end would kill the reader */
+        close(fd);
+        seterr(err, errlen, "input '%s' changed size while being read: let it be written in full first", c->paths[f]);
+        return NULL;
+    }
+    void *m = fd < 0 ? MAP_FAILED : mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0);
+    int e = errno;
+    if (fd >= 0)
+        close(fd);
+    if (m == MAP_FAILED) {
+        seterr(err, errlen, "cannot %s input '%s': %s: check the file", fd < 0 ? "open" : "map", c->paths[f],
+               strerror(e));
+        return NULL;
+    }
+    return m;
+}
+
+static void map_close(const corpus_t *c, int f, const char *m)
+{
+    if (m != NULL && file_size(c, f) > 0)
+        munmap((void *)(uintptr_t)m, (size_t)file_size(c, f));
+}
+
+/* c->map made file f's. */
+static int map_use(corpus_t *c, int f, char *err, size_t errlen)
+{
+    if (c->map_file == f)
+        return 0;
+    map_close(c, c->map_file, c->map);
+    c->map = NULL;
+    c->map_file = -1;
+    c->map = map_open(c, f, err, errlen);
+    if (c->map == NULL)
+        return -1;
+    c->map_file = f;
+    return 0;
+}
+
+/* An uncompressed regular file: 1, its size in *size; 0 not; -1 error. */
+static int map_probe(const char *path, uint64_t *size, char *err, size_t errlen)
+{
+    struct stat st;
+    /* stat first: opening a named pipe (a <(zcat ...) argument) and
+     * closing it again would cut its writer off */
+    if (stat(path, &st) != 0 || !S_ISREG(st.st_mode))
+        return 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        seterr(err, errlen, "cannot open input '%s': %s: check the path", path, strerror(errno));
+        return -1;
+    }
+    unsigned char m[4];
+    ssize_t got = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) ? pread(fd, m, sizeof m, 0) : -1;
+    close(fd);
+    if (got < 0)
+        return 0;
+    if ((got >= 2 && m[0] == 0x1f && m[1] == 0x8b) ||
+        (got >= 4 && m[0] == 0x28 && m[1] == 0xb5 && m[2] == 0x2f && m[3] == 0xfd))
+        return 0;
+    *size = (uint64_t)st.st_size;
+    return 1;
+}
+
+int corpus_map_inputs(corpus_t *c, char *err, size_t errlen)
+{
+    uint64_t *base = calloc((size_t)c->n_paths + 1, sizeof *base);
+    if (base == NULL) {
+        seterr(err, errlen, "corpus_map_inputs: out of memory");
+        return -1;
+    }
+    for (int i = 0; i < c->n_paths; i++) {
+        uint64_t size = 0;
+        int r = map_probe(c->paths[i], &size, err, errlen);
+        if (r <= 0) {
+            free(base);
+            return r;
+        }
+        base[i + 1] = base[i] + size;
+    }
+    free(c->base);
+    c->base = base;
+    c->mapped = 1;
+    return 1;
+}
+
+uint64_t corpus_mapped_bytes(const corpus_t *c) { return c->mapped ? c->base[c->n_paths] : 0; }
+
+void corpus_set_feed(corpus_t *c, corpus_feed_fn fn, void *ctx)
+{
+    c->feed = fn;
+    c->feed_ctx = ctx;
+}
+
+/* The first p' >= p where no separator occurrence starts in [p'-k+1, p'):
+ * a greedy reader is then between separators at p' whatever came before
+ * (a separator it took before p' ended by p'). Periodic separators ("\n\n"
+ * in a run of line ends) make this differ from p. */
+static size_t sync_at(const char *m, size_t size, const char *sep, size_t k, size_t p)
+{
+    while (p > 0 && p < size) {
+        size_t low = p >= k - 1 ? p - (k - 1) : 0, hit = SIZE_MAX;
+        for (size_t q = p; q-- > low;)
+            if (q + k <= size && memcmp(m + q, sep, k) == 0) {
+                hit = q;
+                break;
+            }
+        if (hit == SIZE_MAX)
+            return p;
+        p = hit + k; /* > p: hit >= p - k + 1 */
+    }
+    return p < size ? p : size;
+}
+
+/* One piece [s, e) of file bytes m as a span, by the streaming rules. */
+static int scan_emit(const corpus_t *c, const char *m, uint64_t base, size_t s, size_t e, corpus_span_t **spans,
+                     size_t *n, size_t *cap)
+{
+    if (c->format == CORPUS_JSONL) {
+        if (e > s && m[e - 1] == '\r')
+            e--;
+        if (s == 0 && e - s >= 3 && memcmp(m, "\xef\xbb\xbf", 3) == 0)
+            s += 3;
+        if (is_blank(m + s, e - s))
+            return 0;
+    } else if (e == s) {
+        return 0;
+    }
+    if (*n == *cap) {
+        size_t nc = *cap ? 2 * *cap : 4096;
+        corpus_span_t *p = realloc(*spans, nc * sizeof *p);
+        if (p == NULL)
+            return -1;
+        *spans = p;
+        *cap = nc;
+    }
+    (*spans)[(*n)++] = (corpus_span_t){base + s, e - s};
+    return 0;
+}
+
+/* corpus_scan within file f: the pieces that begin in [lo, hi) of it. */
+static int scan_file(const corpus_t *c, int f, size_t lo, size_t hi, corpus_span_t **spans, size_t *n, size_t *cap,
+                     char *err, size_t errlen)
+{
+    const char *m = map_open(c, f, err, errlen);
+    if (m == NULL)
+        return -1;
+    /* JSONL: documents are lines */
+    const char *sep = c->format == CORPUS_JSONL ? "\n" : c->sep;
+    size_t size = (size_t)file_size(c, f), k = c->format == CORPUS_JSONL ? 1 : c->sep_len;
+    lo = sync_at(m, size, sep, k, lo);
+    hi = sync_at(m, size, sep, k, hi);
+    /* a piece begins at the file's start and after each separator */
+    size_t pos = lo, piece = lo == 0 ? 0 : SIZE_MAX;
+    int rc = 0;
+    while (pos < hi || piece != SIZE_MAX) {
+        /* past hi only to end a piece: separators after it are the next
+         * range's (and one inside a long document would be found again
+         * by every range it spans) */
+        size_t lim = piece != SIZE_MAX || hi + k - 1 >= size ? size : hi + k - 1;
+        const char *hit = find_sep((char *)(uintptr_t)m + pos, lim - pos, sep, k);
+        size_t at = hit ? (size_t)(hit - m) : size;
+        if (piece != SIZE_MAX && scan_emit(c, m, c->base[f], piece, at, spans, n, cap) != 0) {
+            seterr(err, errlen, "%s: out of memory listing its documents", c->paths[f]);
+            rc = -1;
+            break;
+        }
+        if (hit == NULL || at >= hi)
+            break;
+        piece = pos = at + k;
+    }
+    map_close(c, f, m);
+    return rc;
+}
+
+int corpus_scan(corpus_t *c, uint64_t lo, uint64_t hi, corpus_span_t **spans, size_t *n, size_t *cap, char *err,
+                size_t errlen)
+{
+    if (!c->mapped || (c->format == CORPUS_TEXT && c->sep == NULL)) {
+        seterr(err, errlen, "corpus_scan: needs mapped inputs and a separator or JSONL");
+        return -1;
+    }
+    for (int f = 0; f < c->n_paths && lo < hi; f++) {
+        uint64_t b = c->base[f], e = c->base[f + 1];
+        if (e <= lo || b >= hi)
+            continue;
+        size_t flo = (size_t)(lo - b), fhi = (size_t)((hi < e ? hi : e) - b);
+        if (lo < b)
+            flo = 0;
+        if (scan_file(c, f, flo, fhi, spans, n, cap, err, errlen) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* The next span from the feed; 0 when it has no more. */
+static int feed_next(corpus_t *c, corpus_span_t *s, char *err, size_t errlen)
+{
+    while (c->span_pos == c->n_spans) {
+        c->span_pos = c->n_spans = 0;
+        if (c->feed == NULL) {
+            seterr(err, errlen, "corpus_next: mapped reading with a separator needs a feed");
+            return -1;
+        }
+        if (c->feed(c->feed_ctx, &c->spans, &c->n_spans, err, errlen) != 0)
+            return -1;
+        if (c->n_spans == 0)
+            return 0;
+    }
+    *s = c->spans[c->span_pos++];
+    return 1;
+}
+
+/* The next document, mapped: a whole file, or the feed's next span. */
+static int next_mapped(corpus_t *c, int want_text, corpus_doc_t *doc, char *err, size_t errlen)
+{
+    corpus_span_t s;
+    int f = c->file; /* the file of the last document */
+    if (c->format == CORPUS_TEXT && c->sep == NULL) {
+        if (c->n_docs > 0 && ++f >= c->n_paths)
+            return 0;
+        if (file_size(c, f) == 0) {
+            seterr(err, errlen, "%s: empty input (no bytes): remove it from the inputs", c->paths[f]);
+            return -1;
+        }
+        s = (corpus_span_t){c->base[f], file_size(c, f)};
+    } else {
+        int r = feed_next(c, &s, err, errlen);
+        if (r <= 0)
+            return r;
+        while (s.at >= c->base[f + 1])
+            f++;
+    }
+    c->file = f;
+    c->n_docs++;
+    doc->file = f;
+    doc->line = 0;
+    doc->offset = s.at - c->base[f];
+    doc->span = (size_t)s.len;
+    doc->text = NULL;
+    doc->len = 0;
+    if (!want_text)
+        return 1;
+    if (map_use(c, f, err, errlen) != 0)
+        return -1;
+    const char *p = c->map + doc->offset;
+    if (c->format != CORPUS_JSONL) {
+        doc->text = p;
+        doc->len = (size_t)s.len;
+        return 1;
+    }
+    char msg[512];
+    if (jsonl_parse(p, (size_t)s.len, c->field, &c->root, &doc->text, &doc->len, msg, sizeof msg) != 0) {
+        seterr(err, errlen, "%s:%llu: %s", c->paths[f], (unsigned long long)corpus_doc_line(c, doc), msg);
+        return -1;
+    }
+    return 1;
+}
+
+uint64_t corpus_doc_line(corpus_t *c, const corpus_doc_t *doc)
+{
+    if (doc->line != 0 || !c->mapped)
+        return doc->line;
+    char err[256];
+    if (map_use(c, doc->file, err, sizeof err) != 0)
+        return 0;
+    return 1 + count_nl(c->map, (size_t)doc->offset);
+}
+
+/* ------------------------------------------------------------------ */
 /* Public API                                                          */
 /* ------------------------------------------------------------------ */
 
@@ -751,6 +1051,7 @@ int corpus_open(corpus_t **out, char *const *paths, int n_paths, const corpus_op
     c->n_paths = n_paths;
     c->format = o->format;
     c->fd = -1;
+    c->map_file = -1;
     c->chunk = o->buf_size ? o->buf_size : CORPUS_DEFAULT_BUF_SIZE;
     c->in_cap = c->chunk < 4 ? 4 : c->chunk;
     c->in = malloc(c->in_cap);
@@ -784,6 +1085,13 @@ int corpus_next(corpus_t *c, int want_text, corpus_doc_t *doc, char *err, size_t
     }
     json_decref(c->root); /* the previous document's text */
     c->root = NULL;
+    if (c->mapped) {
+        int r = next_mapped(c, want_text, doc, err, errlen);
+        if (r > 0)
+            doc->index = c->index++;
+        c->failed = r < 0;
+        return r;
+    }
     for (;;) {
         if (c->fd < 0) {
             if (c->file >= c->n_paths)
@@ -803,6 +1111,7 @@ int corpus_next(corpus_t *c, int want_text, corpus_doc_t *doc, char *err, size_t
         if (r > 0) {
             doc->index = c->index++;
             doc->file = c->file;
+            doc->offset = 0;
             c->n_docs++;
             return 1;
         }
@@ -818,6 +1127,9 @@ void corpus_close(corpus_t *c)
     if (c == NULL)
         return;
     src_close(c);
+    if (c->mapped)
+        map_close(c, c->map_file, c->map);
+    free(c->base);
     json_decref(c->root);
     free(c->in);
     free(c->buf);

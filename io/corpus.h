@@ -79,7 +79,10 @@ typedef struct corpus_doc {
     uint64_t index;   /* 0-based over all inputs, in input order */
     int file;         /* index into paths */
     uint64_t line;    /* JSONL: 1-based line; TEXT: 1-based line where the
-                       * document starts */
+                       * document starts; 0 from mapped reading, where
+                       * counting lines would cost a pass over every byte:
+                       * corpus_doc_line gives it */
+    uint64_t offset;  /* mapped reading: byte offset of the text in its file */
 } corpus_doc_t;
 
 typedef struct corpus corpus_t;
@@ -94,6 +97,46 @@ int corpus_open(corpus_t **c, char *const *paths, int n_paths, const corpus_opts
 int corpus_next(corpus_t *c, int want_text, corpus_doc_t *doc, char *err, size_t errlen);
 
 void corpus_close(corpus_t *c);
+
+/* Mapped reading, so that N readers share the finding of documents: each
+ * scans 1/N of the bytes (corpus_scan) and the readers swap what they found
+ * (the feed), in place of every reader streaming every byte.
+ *
+ * corpus_map_inputs: 1 when every input is a regular file whose first bytes
+ * are not a gzip or zstd magic; c then maps them (mmap) as it reads and
+ * returns the same documents as streaming would, in the same order, line 0
+ * (see corpus_doc_line). 0: c keeps streaming (compressed inputs, pipes).
+ * -1 with err when a file cannot be opened. Call it before corpus_next.
+ * corpus_mapped_bytes: the inputs' bytes end to end (global offsets).
+ *
+ * With a separator, or JSONL, the documents come from the feed: fn gives
+ * the next batch of spans, in order (*n == 0: no more), each the global
+ * offset and length of one document's text (JSONL: its line without the
+ * LF, a CR before it, a BOM at the start of the file); 0, or -1 with err.
+ * Without a separator (a document per file) c needs no feed. */
+typedef struct corpus_span {
+    uint64_t at;  /* global offset of the first byte */
+    uint64_t len; /* bytes */
+} corpus_span_t;
+typedef int (*corpus_feed_fn)(void *ctx, const corpus_span_t **spans, size_t *n, char *err, size_t errlen);
+int corpus_map_inputs(corpus_t *c, char *err, size_t errlen);
+uint64_t corpus_mapped_bytes(const corpus_t *c);
+void corpus_set_feed(corpus_t *c, corpus_feed_fn fn, void *ctx);
+
+/* The spans of the documents that begin in the global bytes [lo, hi) of
+ * the mapped inputs, appended to *spans (grown by realloc; *n and *cap
+ * its length and size). Each edge moves forward to the first byte where a
+ * reader starting there finds the same separators as one that started at
+ * the file's beginning (leftmost first, not overlapping), so scans of
+ * [a, b) and [b, c) together give exactly the spans of [a, c): ranges
+ * may cut documents, separators and lines anywhere. A document that
+ * begins in the range is followed past hi to its end. 0, or -1 with err. */
+int corpus_scan(corpus_t *c, uint64_t lo, uint64_t hi, corpus_span_t **spans, size_t *n, size_t *cap, char *err,
+                size_t errlen);
+
+/* doc's line (see corpus_doc_t), counted from its file's start when
+ * mapped reading left it 0: for error messages. 0 if it cannot be read. */
+uint64_t corpus_doc_line(corpus_t *c, const corpus_doc_t *doc);
 
 /* C escapes (\n \r \t \\ \0 \xHH) in s to bytes, for --doc-separator: at
  * most outcap bytes to out, their count to *outlen. -1 with err on a bad

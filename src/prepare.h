@@ -65,6 +65,11 @@ typedef struct prep_stream {
     void *stage;       /* PREP_STAGE_BYTES: narrowed tokens not yet written */
     size_t staged;     /* tokens in stage */
     uint64_t stage_at; /* token offset of stage's first token */
+    /* Early writeback: this rank's bytes written since the last round
+     * ended, [wb_lo, wb_hi), are handed to the kernel's writeback then, so
+     * the final sync waits for one round's tokens, not all of them. */
+    int wb_fd; /* -1: none */
+    MPI_Offset wb_lo, wb_hi;
 } prep_stream_t;
 
 /* Everything a run holds: no globals. */
@@ -82,6 +87,15 @@ typedef struct prep_run {
  * status (the error line has been printed once). Collective. */
 int prep_documents(prep_run_t *r);
 
+/* prepare_split.c: when every input can be mapped, let the ranks share
+ * finding the documents (each scans 1/N of the bytes) and give c the
+ * feed of their spans. 1 done, 0 the inputs are streamed (some are
+ * compressed or pipes), -1 with err (the same on every rank, or on the
+ * rank that failed: agree on it). Collective. */
+typedef struct prep_window prep_window_t;
+int prep_window_attach(const prep_run_t *r, corpus_t *c, prep_window_t **w, char *err, size_t errlen);
+void prep_window_free(prep_window_t *w);
+
 /* prepare_out.c */
 const char *prep_split_name(prep_split_t s);
 int prep_streams_open(prep_run_t *r, char *err, size_t errlen); /* collective */
@@ -90,6 +104,9 @@ int prep_streams_open(prep_run_t *r, char *err, size_t errlen); /* collective */
  * not adjacent. prep_stream_flush writes what is staged (end of a round). */
 int prep_stream_write(prep_stream_t *st, uint64_t at, const int32_t *ids, size_t n, char *err, size_t errlen);
 int prep_stream_flush(prep_stream_t *st, char *err, size_t errlen);
+/* Start the writeback of what this rank wrote since the last call (end of
+ * a round; advisory: the final sync is what is checked). */
+void prep_stream_writeback(prep_stream_t *st);
 void prep_streams_free(prep_run_t *r);
 int prep_streams_finish(prep_run_t *r);   /* collective; 0 or exit status */
 void prep_streams_abandon(prep_run_t *r); /* collective: remove temporaries */

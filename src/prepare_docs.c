@@ -122,10 +122,10 @@ oom:
 }
 
 /* Prefix an error with where the document came from. */
-static void doc_error(const prep_run_t *r, const corpus_doc_t *doc, const char *why, char *msg, size_t len)
+static void doc_error(const prep_run_t *r, corpus_t *c, const corpus_doc_t *doc, const char *why, char *msg, size_t len)
 {
     prep_err(msg, len, "%s, document %llu (line %llu): %s", r->o->inputs[doc->file], (unsigned long long)doc->index,
-             (unsigned long long)doc->line, why);
+             (unsigned long long)corpus_doc_line(c, doc), why);
 }
 
 /* Keep and tokenize a document this rank owns. */
@@ -163,7 +163,7 @@ static int64_t read_round(prep_run_t *r, corpus_t *c, deal_t *deal, round_buf_t 
         }
         if (mine && own_doc(r, b, &doc, err, sizeof err) != 0) {
             *err_key = doc.index;
-            doc_error(r, &doc, err, msg, msglen);
+            doc_error(r, c, &doc, err, msg, msglen);
             return -1;
         }
         deal_advance(deal, r->nranks, doc.span);
@@ -249,9 +249,15 @@ int prep_documents(prep_run_t *r)
     const prep_opts_t *o = r->o;
     char msg[PREP_ERRLEN] = "";
     corpus_t *c = NULL;
+    prep_window_t *win = NULL;
     int failed = corpus_open(&c, o->inputs, o->n_inputs, &o->corpus, msg, sizeof msg) != 0;
     if (prep_agree(r, failed, 0, msg))
         return PREP_EXIT_USAGE;
+    failed = prep_window_attach(r, c, &win, msg, sizeof msg) < 0;
+    if (prep_agree(r, failed, 0, msg)) {
+        corpus_close(c);
+        return PREP_EXIT_USAGE;
+    }
     int64_t *counts = malloc(o->round_docs * sizeof *counts);
     round_buf_t b = {0};
     deal_t deal = {0};
@@ -276,11 +282,14 @@ int prep_documents(prep_run_t *r)
             status = PREP_EXIT_IO;
             break;
         }
+        for (int s = 0; s < PREP_N_SPLITS; s++)
+            prep_stream_writeback(&r->stream[s]);
         r->n_docs += (uint64_t)n;
     }
 out:
     round_free(&b);
     free(counts);
     corpus_close(c);
+    prep_window_free(win);
     return status;
 }

@@ -11,7 +11,12 @@
  * with INDEX % N == R are read with their text (want_text = 1), as in
  * dtrain-prepare; the others are written as "doc INDEX FILE LINE -\n".
  * --unescape writes the bytes of ESCAPED. An error: its one line on
- * stderr, exit 2 (the documents before it are on stdout). */
+ * stderr, exit 2 (the documents before it are on stdout).
+ *
+ * --split K [--window W]: mapped reading (when every input can be mapped),
+ * its documents found as K ranks of dtrain-prepare find them: windows of
+ * K * W bytes, each cut into K ranges scanned one after the other; the
+ * output must not change. */
 #include "io/corpus.h"
 
 #include <stdio.h>
@@ -21,7 +26,8 @@
 static int usage(void)
 {
     fprintf(stderr, "usage: test_corpus [--jsonl FIELD] [--sep ESCAPED] "
-                    "[--buf N] [--rank R --ranks N] FILE...\n"
+                    "[--buf N] [--rank R --ranks N]\n"
+                    "                   [--split K [--window W]] FILE...\n"
                     "       test_corpus --unescape ESCAPED\n");
     return 2;
 }
@@ -37,7 +43,36 @@ static void put_doc(const corpus_doc_t *d, int want_text)
     putchar('\n');
 }
 
-static int dump(char *const *paths, int n, const corpus_opts_t *o, int rank, int ranks)
+/* The feed of --split: what prepare_split.c does, without MPI. */
+typedef struct split_feed {
+    corpus_t *c;
+    uint64_t total, next, window;
+    int k;
+    corpus_span_t *spans;
+    size_t n, cap;
+} split_feed_t;
+
+static int split_next(void *ctx, const corpus_span_t **spans, size_t *n, char *err, size_t errlen)
+{
+    split_feed_t *f = ctx;
+    f->n = 0;
+    while (f->n == 0 && f->next < f->total) {
+        uint64_t len =
+            f->total - f->next < f->window * (uint64_t)f->k ? f->total - f->next : f->window * (uint64_t)f->k;
+        for (int r = 0; r < f->k; r++) {
+            uint64_t lo = f->next + len / (uint64_t)f->k * (uint64_t)r;
+            uint64_t hi = r + 1 == f->k ? f->next + len : lo + len / (uint64_t)f->k;
+            if (corpus_scan(f->c, lo, hi, &f->spans, &f->n, &f->cap, err, errlen) != 0)
+                return -1;
+        }
+        f->next += len;
+    }
+    *spans = f->spans;
+    *n = f->n;
+    return 0;
+}
+
+static int dump(char *const *paths, int n, const corpus_opts_t *o, int rank, int ranks, split_feed_t *split)
 {
     char err[1024];
     corpus_t *c;
@@ -48,6 +83,17 @@ static int dump(char *const *paths, int n, const corpus_opts_t *o, int rank, int
     if (corpus_open(&c, paths, n, o, err, sizeof err) != 0) {
         fprintf(stderr, "%s\n", err);
         return 2;
+    }
+    if (split->k > 0) {
+        r = corpus_map_inputs(c, err, sizeof err);
+        if (r < 0) {
+            fprintf(stderr, "%s\n", err);
+            corpus_close(c);
+            return 2;
+        }
+        split->c = c;
+        split->total = corpus_mapped_bytes(c);
+        corpus_set_feed(c, split_next, split);
     }
     for (;;) {
         int want = (int)(count % (unsigned long long)ranks) == rank;
@@ -67,10 +113,12 @@ static int dump(char *const *paths, int n, const corpus_opts_t *o, int rank, int
             r = -1;
             break;
         }
+        d.line = corpus_doc_line(c, &d);
         put_doc(&d, want);
         count++;
     }
     corpus_close(c);
+    free(split->spans);
     fflush(stdout);
     if (r < 0) {
         fprintf(stderr, "%s\n", err);
@@ -97,6 +145,7 @@ int main(int argc, char **argv)
     corpus_opts_t o = {0};
     char sep[256], err[512];
     int rank = 0, ranks = 1, i;
+    split_feed_t split = {.window = (uint64_t)32 << 20};
 
     o.format = CORPUS_TEXT;
     for (i = 1; i < argc && strncmp(argv[i], "--", 2) == 0; i++) {
@@ -118,13 +167,17 @@ int main(int argc, char **argv)
             rank = atoi(v);
         } else if (strcmp(a, "--ranks") == 0) {
             ranks = atoi(v);
+        } else if (strcmp(a, "--split") == 0) {
+            split.k = atoi(v);
+        } else if (strcmp(a, "--window") == 0) {
+            split.window = strtoull(v, NULL, 10);
         } else if (strcmp(a, "--unescape") == 0) {
             return unescape(v);
         } else {
             return usage();
         }
     }
-    if (ranks < 1 || rank < 0 || rank >= ranks)
+    if (ranks < 1 || rank < 0 || rank >= ranks || split.k < 0 || split.window < 1)
         return usage();
-    return dump(argv + i, argc - i, &o, rank, ranks);
+    return dump(argv + i, argc - i, &o, rank, ranks, &split);
 }

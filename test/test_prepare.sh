@@ -219,6 +219,22 @@ for np in 2 3; do
 done
 check "many documents np 2 llmc" "$TMP/many2/llmc" llmc 0.1 500000 '\n\n' "$TMP/many.txt"
 
+# 6c. Uncompressed inputs are mapped and their documents found by byte
+#     ranges, one per rank; compressed ones are streamed whole by every
+#     rank. Both give the same bytes, at 1, 2 and 3 ranks (text cut at
+#     '\n\n', JSONL lines).
+prep "streamed text" $PREP --out "$TMP/str/t" --round-docs 5 --doc-separator '\n\n' "$A.zst"
+prep "streamed jsonl" $PREP --out "$TMP/str/j" --round-docs 3 "$C.gz"
+for np in 1 2 3; do
+    prep "mapped text np $np" $MPI -np $np $PREP --out "$TMP/map$np/t" --round-docs 5 --doc-separator '\n\n' "$A"
+    prep "mapped jsonl np $np" $MPI -np $np $PREP --out "$TMP/map$np/j" --round-docs 3 --input-format jsonl "$C"
+    if diff -r "$TMP/str" "$TMP/map$np" >/dev/null; then
+        pass "mapped inputs at np $np: byte-identical to streamed ($(ls "$TMP/str" | wc -l) files)"
+    else
+        fail "mapped inputs at np $np differ from streamed: $(diff -rq "$TMP/str" "$TMP/map$np" | head -3)"
+    fi
+done
+
 # 7. GPT-2 BPE (when the vocabulary is there): each document starts with
 #    <|endoftext|> 50256 and the rest is the tokenizer's encoding of it.
 if "$top_builddir/test/tok_tool" info gpt2 >/dev/null 2>&1; then
