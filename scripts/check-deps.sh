@@ -32,6 +32,7 @@ libtoolize   libtool               autogen.sh
 pkg-config   pkg-config            configure
 make         build-essential       the build, .ci/run, scripts/quickstart.sh, scripts/bundle.sh, tests (make -C)
 cc           build-essential       the build
+gcc          build-essential       scripts/rehearse-bundle.sh (a foreign PMIx component for the bare root)
 g++          build-essential       test/emu (Makefile.am), tests that build a helper
 strip        build-essential       scripts/rehearse-bundle.sh (binutils)
 readelf      build-essential       scripts/bundle.sh (binutils)
@@ -158,11 +159,13 @@ while read -r w where; do
 done <<<"$words"
 # Python modules imported by the tests and scripts, outside the standard library
 if [ -x /usr/bin/python3 ]; then
-    mods=$(grep -hE '^[[:space:]]*(import|from) [A-Za-z_]' test/*.py test/ref/*.py $files 2>/dev/null |
+    mods=$(grep -hE '^[[:space:]]*(import|from) [A-Za-z_]' test/*.py test/ref/*.py test/gpu/*.py $files 2>/dev/null |
         sed -E 's/^[[:space:]]*(import|from)[[:space:]]+//; s/[[:space:]]+import .*//; s/ as [A-Za-z_]+//g' | tr ',' '\n' |
         sed -E 's/[[:space:]]//g; s/\..*//' | grep -E '^[A-Za-z_][A-Za-z0-9_]*$' | sort -u)
     known=" $(for m in $pymods; do printf '%s ' "${m%%:*}"; done) $pyoptional "
     for m in $(/usr/bin/python3 -c 'import sys; print(" ".join(m for m in sys.argv[1:] if m not in sys.stdlib_module_names))' $mods); do
+        # the tests' own modules (test/megatron_reader.py, test/ref/hf_ref.py, ...)
+        [ -f "test/$m.py" ] || [ -f "test/ref/$m.py" ] || [ -f "test/gpu/$m.py" ] && continue
         case "$known" in *" $m "*) ;; *) problem "Python module $m is imported but not in scripts/check-deps.sh's pymods (and its Debian package in install-deps.sh)" ;; esac
     done
 fi

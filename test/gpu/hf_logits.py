@@ -11,8 +11,8 @@ doc/format.md specifies), and checks
 
   - |DTRAIN_LOSS - transformers' loss| / transformers' loss <= --tol;
   - transformers' logits against test/ref/hf_ref.py's own forward (written
-    to Hugging Face's conventions without transformers) on the weights read
-    from DIR with hf_ref.py's safetensors reader: max |difference| under
+    to Hugging Face's conventions without transformers) on the weights that
+    hf_ref.py's safetensors reader reads in DIR: max |difference| under
     1e-4. Both run in float64, but transformers 5.17's Llama builds its RoPE
     frequencies and cos/sin tables in float32 (8.7e-6 on the H200 run of
     2026-11-26; GPT-2, without RoPE, 1.3e-14).
