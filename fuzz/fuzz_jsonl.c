@@ -27,6 +27,7 @@
  * if any, must be the streamed pass's. */
 #define _GNU_SOURCE /* memfd_create */
 #include "io/corpus.h"
+#include "test/corpus_feed.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -98,40 +99,12 @@ static void seen_add(seen_t *s, const corpus_doc_t *d, uint64_t line, int want)
     s->v[s->n++] = h;
 }
 
-/* The mapped pass's feed: windows of k ranges of w bytes, scanned in turn. */
-typedef struct ranges {
-    corpus_t *c;
-    uint64_t total, next, w;
-    int k;
-    corpus_span_t *spans;
-    size_t n, cap;
-} ranges_t;
-
-static int ranges_next(void *ctx, const corpus_span_t **spans, size_t *n, char *err, size_t errlen)
-{
-    ranges_t *f = ctx;
-    f->n = 0;
-    while (f->n == 0 && f->next < f->total) {
-        uint64_t len = f->total - f->next < f->w * (uint64_t)f->k ? f->total - f->next : f->w * (uint64_t)f->k;
-        for (int r = 0; r < f->k; r++) {
-            uint64_t lo = f->next + len / (uint64_t)f->k * (uint64_t)r;
-            uint64_t hi = r + 1 == f->k ? f->next + len : lo + len / (uint64_t)f->k;
-            if (corpus_scan(f->c, lo, hi, &f->spans, &f->n, &f->cap, err, errlen) != 0)
-                return -1;
-        }
-        f->next += len;
-    }
-    *spans = f->spans;
-    *n = f->n;
-    return 0;
-}
-
 /* One pass over the inputs; mapped with k > 0 (0: the file cannot be
  * mapped, nothing done). */
 static int walk(char **paths, int n_paths, const corpus_opts_t *o, uint8_t mode, int k, uint64_t w, seen_t *s)
 {
     corpus_t *c;
-    ranges_t f = {0};
+    corpus_split_feed_t f = {0};
     if (corpus_open(&c, paths, n_paths, o, s->err, sizeof s->err)) {
         check_err(s->err);
         s->r = -2;
@@ -143,8 +116,8 @@ static int walk(char **paths, int n_paths, const corpus_opts_t *o, uint8_t mode,
             corpus_close(c);
             return 0;
         }
-        f = (ranges_t){c, corpus_mapped_bytes(c), 0, w, k, NULL, 0, 0};
-        corpus_set_feed(c, ranges_next, &f);
+        f = (corpus_split_feed_t){c, corpus_mapped_bytes(c), 0, w, k, NULL, 0, 0};
+        corpus_set_feed(c, corpus_split_feed_next, &f);
     }
     corpus_doc_t d;
     uint64_t n = 0;

@@ -18,6 +18,7 @@
  * K * W bytes, each cut into K ranges scanned one after the other; the
  * output must not change. */
 #include "io/corpus.h"
+#include "test/corpus_feed.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,36 +44,7 @@ static void put_doc(const corpus_doc_t *d, int want_text)
     putchar('\n');
 }
 
-/* The feed of --split: what prepare_split.c does, without MPI. */
-typedef struct split_feed {
-    corpus_t *c;
-    uint64_t total, next, window;
-    int k;
-    corpus_span_t *spans;
-    size_t n, cap;
-} split_feed_t;
-
-static int split_next(void *ctx, const corpus_span_t **spans, size_t *n, char *err, size_t errlen)
-{
-    split_feed_t *f = ctx;
-    f->n = 0;
-    while (f->n == 0 && f->next < f->total) {
-        uint64_t len =
-            f->total - f->next < f->window * (uint64_t)f->k ? f->total - f->next : f->window * (uint64_t)f->k;
-        for (int r = 0; r < f->k; r++) {
-            uint64_t lo = f->next + len / (uint64_t)f->k * (uint64_t)r;
-            uint64_t hi = r + 1 == f->k ? f->next + len : lo + len / (uint64_t)f->k;
-            if (corpus_scan(f->c, lo, hi, &f->spans, &f->n, &f->cap, err, errlen) != 0)
-                return -1;
-        }
-        f->next += len;
-    }
-    *spans = f->spans;
-    *n = f->n;
-    return 0;
-}
-
-static int dump(char *const *paths, int n, const corpus_opts_t *o, int rank, int ranks, split_feed_t *split)
+static int dump(char *const *paths, int n, const corpus_opts_t *o, int rank, int ranks, corpus_split_feed_t *split)
 {
     char err[1024];
     corpus_t *c;
@@ -93,7 +65,7 @@ static int dump(char *const *paths, int n, const corpus_opts_t *o, int rank, int
         }
         split->c = c;
         split->total = corpus_mapped_bytes(c);
-        corpus_set_feed(c, split_next, split);
+        corpus_set_feed(c, corpus_split_feed_next, split);
     }
     for (;;) {
         int want = (int)(count % (unsigned long long)ranks) == rank;
@@ -145,7 +117,7 @@ int main(int argc, char **argv)
     corpus_opts_t o = {0};
     char sep[256], err[512];
     int rank = 0, ranks = 1, i;
-    split_feed_t split = {.window = (uint64_t)32 << 20};
+    corpus_split_feed_t split = {.window = (uint64_t)32 << 20};
 
     o.format = CORPUS_TEXT;
     for (i = 1; i < argc && strncmp(argv[i], "--", 2) == 0; i++) {
