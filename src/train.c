@@ -124,25 +124,27 @@ static const int32_t *batch_positions(trainer_t *tr, const int32_t *tok, int b, 
 }
 
 /* Forward-only pass of one microbatch through the pipeline, in slot 0:
- * stage s receives from s-1, computes, sends to s+1. Returns the loss on
- * the last stage (0 elsewhere); NAN on failure. Collective over PP (and TP). */
-static float pipeline_eval(trainer_t *tr, const int32_t *tok, const int32_t *pos, const int32_t *tgt, int b, int t)
+ * stage s receives from s-1, computes, sends to s+1. *loss: the loss on
+ * the last stage (0 elsewhere; a non-finite loss is a value, not a
+ * failure). Collective over PP (and TP). */
+static status_t pipeline_eval(trainer_t *tr, const int32_t *tok, const int32_t *pos, const int32_t *tgt, int b, int t,
+                              float *loss)
 {
     model_t *m = &tr->model;
     const grid_t *g = tr->grid;
     const size_t n = model_stage_floats(m, b, t);
     if (g->pp_rank > 0 && g->pp->ops->recv(g->pp, model_stage_input(m, 0), n, COMM_FP32, g->pp_rank - 1, TAG_EVAL) != 0)
-        return NAN;
-    float loss = model_forward(m, 0, tok, pos, tgt, b, t, 0.0f);
+        return STATUS_FAIL;
+    *loss = model_forward(m, 0, tok, pos, tgt, b, t, 0.0f);
     if (m->failed)
-        return NAN;
+        return STATUS_FAIL;
     if (g->pp_rank < g->pp_size - 1 &&
         g->pp->ops->send(g->pp, model_stage_output(m, 0), n, COMM_FP32, g->pp_rank + 1, TAG_EVAL) != 0)
-        return NAN;
-    return loss;
+        return STATUS_FAIL;
+    return STATUS_OK;
 }
 
-double trainer_val_loss(trainer_t *tr)
+int trainer_val_loss(trainer_t *tr, double *loss, char *err, size_t errlen)
 {
     const int B = tr->opt->micro_batch, T = tr->opt->seq_len;
     const grid_t *g = tr->grid;
@@ -155,14 +157,15 @@ double trainer_val_loss(trainer_t *tr)
      * multiple of dp, the ranks past the last microbatch evaluate
      * microbatch 0 again and drop the result (skipping it left the others
      * in that all-gather: a hang). After each round the ranks agree
-     * whether any forward failed (NaN: a failed collective or a non-finite
-     * loss); if one did they all stop together, since a rank whose
-     * communicator failed skips the collectives its peers would wait in. */
+     * whether any forward failed (a failed collective or model op; a
+     * non-finite loss is a value, averaged in like any other); if one did
+     * they all stop together, since a rank whose communicator failed skips
+     * the collectives its peers would wait in. */
     const int nb = tr->opt->val_batches;
     const int rounds = (nb + g->dp_size - 1) / g->dp_size;
     float *means = calloc((size_t)nb, sizeof *means);
-    if (!means)
-        return NAN; /* every rank allocates the same few bytes: out of memory here is out of memory everywhere */
+    if (!means) /* every rank allocates the same few bytes: out of memory here is out of memory everywhere */
+        return status_set(STATUS_FAIL, err, errlen, "validation: out of memory");
     int failed = 0;
     for (int r = 0; r < rounds && !failed; r++) {
         const int i = r * g->dp_size + g->dp_rank;
@@ -172,8 +175,8 @@ double trainer_val_loss(trainer_t *tr)
             for (int b = 0; b < B; b++)
                 data_sample(&tr->val, src * B + b, tr->tok + (size_t)b * T, tr->tgt + (size_t)b * T,
                             pos ? pos + (size_t)b * T : NULL);
-            float v = pipeline_eval(tr, tr->tok, pos, tr->tgt, B, T);
-            failed = isnan(v);
+            float v = 0.0f;
+            failed = pipeline_eval(tr, tr->tok, pos, tr->tgt, B, T, &v) != STATUS_OK;
             if (i < nb)
                 means[i] = v;
         }
@@ -183,16 +186,18 @@ double trainer_val_loss(trainer_t *tr)
     if (failed || (g->pp_size > 1 && g->pp->ops->allreduce(g->pp, means, (size_t)nb, COMM_FP32, COMM_SUM) != 0) ||
         (g->dp_size > 1 && g->dp->ops->allreduce(g->dp, means, (size_t)nb, COMM_FP32, COMM_SUM) != 0)) {
         free(means);
-        return NAN;
+        return status_set(STATUS_FAIL, err, errlen, "validation: %s",
+                          tr->model.failed ? tr->model.err : "a forward or its collectives failed on a rank");
     }
     double sum = 0.0;
     for (int i = 0; i < nb; i++)
         sum += means[i];
     free(means);
-    return sum / nb;
+    *loss = sum / nb;
+    return STATUS_OK;
 }
 
-double trainer_grad_norm(trainer_t *tr)
+int trainer_grad_norm(trainer_t *tr, double *norm)
 {
     const grid_t *g = tr->grid;
     /* Each logical parameter counts once (setup_sync's norm flags); the
@@ -210,10 +215,11 @@ double trainer_grad_norm(trainer_t *tr)
         if ((g->tp_size > 1 && g->tp->ops->allreduce(g->tp, &part, 1, COMM_FP32, COMM_SUM) != 0) ||
             (g->pp_size > 1 && g->pp->ops->allreduce(g->pp, &part, 1, COMM_FP32, COMM_SUM) != 0) ||
             (over_dp && over_dp->ops->allreduce(over_dp, &part, 1, COMM_FP32, COMM_SUM) != 0))
-            return NAN;
+            return STATUS_FAIL;
         local = part;
     }
-    return sqrt(local);
+    *norm = sqrt(local);
+    return STATUS_OK;
 }
 
 int trainer_check_replicas(trainer_t *tr, int step, char *err, size_t errlen)
@@ -257,7 +263,8 @@ static int sample_logits(void *ctx, const int32_t *window, int t, int row, float
     trainer_t *tr = ctx;
     model_t *m = &tr->model;
     const grid_t *g = tr->grid;
-    if (isnan(pipeline_eval(tr, window, batch_positions(tr, window, 1, t), NULL, 1, t)))
+    float unused;
+    if (pipeline_eval(tr, window, batch_positions(tr, window, 1, t), NULL, 1, t, &unused) != STATUS_OK)
         return -1;
     if (g->pp_rank == g->pp_size - 1 && model_logits_row(m, 0, row, logits) != 0)
         return -1;
@@ -547,7 +554,9 @@ static int close_tensorboard(trainer_t *tr, int rc, char *err, size_t errlen)
 static int baseline_val(trainer_t *tr, char *err, size_t errlen)
 {
     const run_options_t *o = tr->opt;
-    double v = trainer_val_loss(tr);
+    double v;
+    if (trainer_val_loss(tr, &v, err, errlen) != 0)
+        return -1;
     if (tr->env->world_rank != 0)
         return 0;
     printf("step %*d/%d | val %.6f\n", o->steps >= 10000 ? 6 : 4, 0, o->steps, v);
@@ -646,7 +655,11 @@ static int train_step(trainer_t *tr, int step, step_record_t *r, step_times_t *t
         snprintf(err, errlen, "step %d: loss all-reduce failed", step + 1);
         return -1;
     }
-    double norm = trainer_grad_norm(tr);
+    double norm;
+    if (trainer_grad_norm(tr, &norm) != 0) {
+        snprintf(err, errlen, "step %d: gradient norm all-reduce failed", step + 1);
+        return -1;
+    }
     spike_action_t act;
     if (guard_step(tr, step, loss, norm, &act, err, errlen) != 0)
         return -1;
@@ -725,8 +738,9 @@ static int report_step(trainer_t *tr, step_record_t *r, int end, char *err, size
     const int done = r->step;
     if (o->check_replicas > 0 && done % o->check_replicas == 0 && trainer_check_replicas(tr, done, err, errlen) != 0)
         return -1;
-    if (tr->has_val && (done % o->val_every == 0 || done == end))
-        r->val_loss = trainer_val_loss(tr);
+    if (tr->has_val && (done % o->val_every == 0 || done == end) &&
+        trainer_val_loss(tr, &r->val_loss, err, errlen) != 0)
+        return -1;
     if (ckpt_wait(tr, 1, err, errlen) != 0)
         return -1;
     r->ckpt_stall_ms = 1e3 * tr->ckpt_stall_s;

@@ -98,17 +98,20 @@ void trainer_banner(const trainer_t *tr, FILE *out);
 /* Collective over the DP group: 0 when all replicas hold identical
  * parameters, else -1 with the first differing tensor in err. */
 int trainer_check_replicas(trainer_t *tr, int step, char *err, size_t errlen);
-/* The global gradient norm, every logical parameter counted once.
- * Collective over the TP group (NAN if it failed). */
-double trainer_grad_norm(trainer_t *tr);
+/* *norm: the global gradient norm, every logical parameter counted once
+ * (non-finite when a gradient is: a value the spike guard judges).
+ * Collective over TP, PP and the norm group; -1 when a reduction failed. */
+int trainer_grad_norm(trainer_t *tr, double *norm);
 /* The step loop, validation and the final sample. A SIGUSR1 or SIGTERM
  * (launch_stop_signal on any rank) ends the loop at the next step boundary
  * with a checkpoint (with --ckpt-dir) and returns 0 with stopped_by set:
  * the run is to be continued by a later job with --resume auto. */
 int trainer_run(trainer_t *tr, char *err, size_t errlen);
-/* Mean loss over --val-batches microbatches of the validation set (split
- * over the data-parallel ranks). Collective over the DP group. */
-double trainer_val_loss(trainer_t *tr);
+/* *loss: the mean loss over --val-batches microbatches of the validation
+ * set (split over the data-parallel ranks; non-finite is a value). Collective
+ * over the world; -1 with err on every rank when a forward or a collective
+ * failed on any. */
+int trainer_val_loss(trainer_t *tr, double *loss, char *err, size_t errlen);
 void trainer_teardown(trainer_t *tr);
 
 #endif
