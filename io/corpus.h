@@ -134,6 +134,19 @@ void corpus_set_feed(corpus_t *c, corpus_feed_fn fn, void *ctx);
 int corpus_scan(corpus_t *c, uint64_t lo, uint64_t hi, corpus_span_t **spans, size_t *n, size_t *cap, char *err,
                 size_t errlen);
 
+/* How k readers cut the mapped bytes [0, total) into windows: the window
+ * that starts at `next` holds up to k * per_reader bytes (returned: its
+ * length), of which reader r scans [*lo, *hi) (the last reader takes the
+ * remainder). src/prepare_split.c and the tests that emulate it. */
+static inline uint64_t corpus_window_range(uint64_t total, uint64_t next, uint64_t per_reader, uint64_t k, uint64_t r,
+                                           uint64_t *lo, uint64_t *hi)
+{
+    const uint64_t len = total - next < k * per_reader ? total - next : k * per_reader;
+    *lo = next + len / k * r;
+    *hi = r + 1 == k ? next + len : *lo + len / k;
+    return len;
+}
+
 /* doc's line (see corpus_doc_t), counted from its file's start when
  * mapped reading left it 0: for error messages. 0 if it cannot be read. */
 uint64_t corpus_doc_line(corpus_t *c, const corpus_doc_t *doc);

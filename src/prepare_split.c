@@ -88,9 +88,8 @@ static int feed(void *ctx, const corpus_span_t **spans, size_t *n, char *err, si
     const uint64_t nr = (uint64_t)w->r->nranks, rank = (uint64_t)w->r->rank;
     *n = 0;
     while (*n == 0 && w->next < w->total) {
-        uint64_t len = w->total - w->next < nr * PREP_WINDOW_BYTES ? w->total - w->next : nr * PREP_WINDOW_BYTES;
-        uint64_t lo = w->next + len / nr * rank, hi = rank + 1 == nr ? w->next + len : lo + len / nr;
-        w->next += len;
+        uint64_t lo, hi;
+        w->next += corpus_window_range(w->total, w->next, PREP_WINDOW_BYTES, nr, rank, &lo, &hi);
         w->n_mine = 0;
         int failed = corpus_scan(w->c, lo, hi, &w->mine, &w->n_mine, &w->cap_mine, err, errlen) != 0;
         if (nr == 1) {

@@ -24,11 +24,10 @@ static inline int corpus_split_feed_next(void *ctx, const corpus_span_t **spans,
     corpus_split_feed_t *f = ctx;
     f->n = 0;
     while (f->n == 0 && f->next < f->total) {
-        uint64_t len =
-            f->total - f->next < f->window * (uint64_t)f->k ? f->total - f->next : f->window * (uint64_t)f->k;
+        uint64_t len = 0;
         for (int r = 0; r < f->k; r++) {
-            uint64_t lo = f->next + len / (uint64_t)f->k * (uint64_t)r;
-            uint64_t hi = r + 1 == f->k ? f->next + len : lo + len / (uint64_t)f->k;
+            uint64_t lo, hi;
+            len = corpus_window_range(f->total, f->next, f->window, (uint64_t)f->k, (uint64_t)r, &lo, &hi);
             if (corpus_scan(f->c, lo, hi, &f->spans, &f->n, &f->cap, err, errlen) != 0)
                 return -1;
         }
