@@ -119,6 +119,12 @@ static const char *jnum(char *buf, const char *fmt, double v)
     return buf;
 }
 
+int metrics_write_json_val0(FILE *f, double val_loss)
+{
+    char b[32];
+    return fprintf(f, "{\"step\": 0, \"val_loss\": %s}\n", jnum(b, "%.9g", val_loss)) < 0 || fflush(f) != 0 ? -1 : 0;
+}
+
 int metrics_write_json(FILE *f, const step_record_t *r)
 {
     char b[13][32];

@@ -60,6 +60,9 @@ void metrics_print_step(FILE *out, const step_record_t *r);
  * straggler_host, straggler_ms, straggler_median_ms, straggler_first_step)
  * when reported. Returns 0, or -1 if the write failed. */
 int metrics_write_json(FILE *f, const step_record_t *r);
+/* The untrained model's validation line, {"step": 0, "val_loss": V}, a
+ * non-finite V as null like every record. 0, or -1 if the write failed. */
+int metrics_write_json_val0(FILE *f, double val_loss);
 /* The record as one TensorBoard Event at r->step, stamped wall_time
  * (tfevents_now()): train/loss, val/loss (when computed), train/lr,
  * train/grad_norm, perf/tokens_per_s, perf/mfu (a fraction), perf/step_ms,

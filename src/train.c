@@ -560,7 +560,7 @@ static int baseline_val(trainer_t *tr, char *err, size_t errlen)
     if (tr->env->world_rank != 0)
         return 0;
     printf("step %*d/%d | val %.6f\n", o->steps >= 10000 ? 6 : 4, 0, o->steps, v);
-    if (tr->metrics && (fprintf(tr->metrics, "{\"step\": 0, \"val_loss\": %.9g}\n", v) < 0 || fflush(tr->metrics) != 0))
+    if (tr->metrics && metrics_write_json_val0(tr->metrics, v) != 0)
         metrics_failed(tr);
     const tfevents_scalar_t v0 = {"val/loss", v};
     if (tr->tb && tfevents_scalars(tr->tb, 0, tfevents_now(), &v0, 1, err, errlen) != 0)
