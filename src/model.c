@@ -100,11 +100,33 @@ static float *tensor_at(const model_t *m, float *flat, size_t base_off, const ch
     return i < 0 ? NULL : flat + (m->table.p[i].offset - base_off);
 }
 
-/* Floats of the tensors outside the blocks: embeddings below layer_start[0],
- * final norm and head from layer_start[Ls] up. */
-static size_t outside_blocks(const model_t *m)
+/* Where each of the stage's Ls local layers starts in table t: start[l]
+ * (Ls + 1 entries) is the lowest offset of its tensors, numel where none;
+ * start[Ls] is the final norm's and head's (layer n_layer) on the last
+ * stage. */
+static void layer_starts(const param_table_t *t, const param_layout_t *part, size_t *start)
 {
-    return m->layer_start[0] + (m->table.numel - m->layer_start[m->n_local]);
+    const int Ls = part->layer_end - part->layer_begin;
+    for (int i = 0; i <= Ls; i++)
+        start[i] = t->numel;
+    for (int i = t->n - 1; i >= 0; i--) { /* lowest offset of each layer wins */
+        int l = t->p[i].layer - part->layer_begin;
+        if (t->p[i].layer >= 0 && l >= 0 && l <= Ls)
+            start[l] = t->p[i].offset;
+    }
+}
+
+/* Floats of the fp32 parameter and gradient buffers (start: layer_starts,
+ * Ls + 1 entries): the whole flat table, or under lent blocks only the
+ * tensors outside them, the embeddings below start[0] and the final norm
+ * and head from start[Ls] up. */
+static void state_floats(const param_table_t *t, const model_layout_t *lay, const size_t *start, size_t *params_n,
+                         size_t *grads_n)
+{
+    const int Ls = lay->part.layer_end - lay->part.layer_begin;
+    const size_t outside = start[0] + (t->numel - start[Ls]);
+    *params_n = lay->lent_block_params ? outside : t->numel;
+    *grads_n = lay->lent_block_grads ? outside : t->numel;
 }
 
 /* A non-block tensor in a buffer laid out like the flat one (compact = 0),
@@ -362,6 +384,29 @@ void model_arena_bytes(const model_config_t *cfg, const model_layout_t *lay, int
     layout_acts(&m, NULL, acts, NULL, work);
 }
 
+int model_state_bytes(const model_config_t *cfg, const model_layout_t *lay, size_t *params, size_t *grads, char *err,
+                      size_t errlen)
+{
+    param_table_t t;
+    if (param_table_build(&t, cfg, &lay->part, err, errlen) != 0)
+        return -1;
+    size_t *start = malloc(((size_t)(lay->part.layer_end - lay->part.layer_begin) + 1) * sizeof *start);
+    if (!start) {
+        param_table_free(&t);
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    layer_starts(&t, &lay->part, start);
+    size_t params_n = 0, grads_n = 0;
+    state_floats(&t, lay, start, &params_n, &grads_n);
+    /* alloc_backend's buffers: params, params16 under bf16, grads */
+    *params = params_n * sizeof(float) + (lay->bf16 ? params_n * sizeof(uint16_t) : 0);
+    *grads = grads_n * sizeof(float);
+    free(start);
+    param_table_free(&t);
+    return 0;
+}
+
 model_layout_t model_layout_single(const model_config_t *c)
 {
     return (model_layout_t){.part = param_layout_whole(c), .tp = NULL, .sequence_parallel = 0, .n_slots = 1};
@@ -428,15 +473,8 @@ static int alloc_host_tables(model_t *m)
     for (int k = 0; slots_ok && k < lay->n_slots; k++)
         slots_ok = (m->slots[k].acts = calloc(Ls ? Ls : 1, sizeof(block_acts_t))) != NULL;
     m->layer_start = calloc(Ls + 1, sizeof *m->layer_start);
-    if (m->layer_start) {
-        for (size_t i = 0; i <= Ls; i++)
-            m->layer_start[i] = m->table.numel;
-        for (int i = m->table.n - 1; i >= 0; i--) { /* lowest offset of each layer wins */
-            int l = m->table.p[i].layer - lay->part.layer_begin;
-            if (m->table.p[i].layer >= 0 && l >= 0 && (size_t)l <= Ls)
-                m->layer_start[l] = m->table.p[i].offset;
-        }
-    }
+    if (m->layer_start)
+        layer_starts(&m->table, &lay->part, m->layer_start);
     return slots_ok;
 }
 
@@ -447,9 +485,9 @@ static void alloc_backend(model_t *m, int slots_ok, char **acts, char **work)
 {
     const ops_t *ops = m->ops;
     const model_layout_t *lay = &m->lay;
-    m->params_n = m->layer_start && lay->lent_block_params ? outside_blocks(m) : m->table.numel;
+    if (m->layer_start) /* else model_create fails */
+        state_floats(&m->table, lay, m->layer_start, &m->params_n, &m->grads_n);
     m->params = backend_alloc(ops, MEM_PARAMS, m->params_n * sizeof(float));
-    m->grads_n = m->layer_start && lay->lent_block_grads ? outside_blocks(m) : m->table.numel;
     m->grads = backend_alloc(ops, MEM_GRADS, m->grads_n * sizeof(float));
     if (lay->bf16) {
         m->params16 = backend_alloc(ops, MEM_PARAMS, m->params_n * sizeof(uint16_t));

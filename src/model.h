@@ -200,6 +200,15 @@ void model_destroy(model_t *m);
  * planner (src/plan.c) reports for --plan-dtype fp32 (lay->bf16 = 0). */
 void model_arena_bytes(const model_config_t *cfg, const model_layout_t *lay, int B, int T, size_t *acts, size_t *work);
 
+/* Bytes of the parameter buffers (MEM_PARAMS: the fp32 weights and, with
+ * lay->bf16, their bf16 copy) and the gradient buffer (MEM_GRADS)
+ * model_create allocates for this layout (under lent_block_params /
+ * lent_block_grads only the tensors outside the blocks), computed by the
+ * same code without allocating: what the planner reports. Returns 0, or -1
+ * (err). */
+int model_state_bytes(const model_config_t *cfg, const model_layout_t *lay, size_t *params, size_t *grads, char *err,
+                      size_t errlen);
+
 /* Fills parameters from the counter-based RNG (layout independent).
  * Returns -1 if the host staging buffer cannot be allocated. */
 int model_init_params(model_t *m, uint64_t seed);

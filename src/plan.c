@@ -152,8 +152,10 @@ static int plan_units(const plan_in_t *in, const param_layout_t *part, stage_pla
     return rc;
 }
 
-/* Parameters, gradients, optimizer state and ZeRO's staging buffers. */
-static void plan_state_bytes(const plan_in_t *in, const stage_units_t *u, double *mem)
+/* Parameters, gradients, optimizer state and ZeRO's staging buffers of
+ * the stage the model holds as lay. Returns 0 or -1 (err). */
+static int plan_state_bytes(const plan_in_t *in, const model_layout_t *lay, const stage_units_t *u, double *mem,
+                            char *err, size_t errlen)
 {
     const int z = in->run.zero_stage;
     const size_t S = (size_t)in->run.shard;
@@ -165,16 +167,15 @@ static void plan_state_bytes(const plan_in_t *in, const stage_units_t *u, double
                    in->run.dp / in->run.shard);
     const double n = (double)u->n, outside = (double)u->outside, shard_n = (double)u->shard_n;
     if (!in->megatron) {
-        /* dtrain's buffers, byte for byte: the model's (model.c: its flat
-         * buffers, under ZeRO-2/3 only the tensors outside the blocks;
-         * --dtype bf16's weight copy params16, under ZeRO-3 the tensors
-         * outside the blocks, whose gathered windows are rounded per matmul
-         * in the workspace), then AdamW's moments (optim.c), ZeRO's shards,
-         * windows and staging (zero.c) or ddp.c's bf16 staging */
-        mem[MEM_PARAMS] = 4.0 * (z >= 3 ? outside : n);
-        if (in->bf16)
-            mem[MEM_PARAMS] += 2.0 * (z >= 3 ? outside : n);
-        mem[MEM_GRADS] = 4.0 * (z >= 2 ? outside : n);
+        /* dtrain's buffers, byte for byte: the model's as model_create
+         * allocates them (lay lends the blocks to ZeRO-2/3), then AdamW's
+         * moments (optim.c), ZeRO's shards, windows and staging (zero.c) or
+         * ddp.c's bf16 staging */
+        size_t params = 0, grads = 0;
+        if (model_state_bytes(in->c, lay, &params, &grads, err, errlen) != 0)
+            return -1;
+        mem[MEM_PARAMS] = (double)params;
+        mem[MEM_GRADS] = (double)grads;
         mem[MEM_OPTIM] = (double)adamw_state_bytes(z >= 1 ? u->shard_n : u->n);
         if (z >= 1)
             zero_buffer_bytes(&zs, mem);
@@ -193,6 +194,7 @@ static void plan_state_bytes(const plan_in_t *in, const stage_units_t *u, double
         if (z >= 2)
             mem[MEM_COMM] += 2.0 * 4.0 * (window_n / (double)S);
     }
+    return 0;
 }
 
 /* dtrain's activation arena and workspace for lay, recomputation
@@ -266,10 +268,6 @@ static int plan_stage(const plan_in_t *in, int s, int layer_begin, stage_plan_t 
                                  .layer_end = layer_begin + sp->layers,
                                  .has_embed = s == 0,
                                  .has_head = s == run->pp - 1};
-    stage_units_t u;
-    if (plan_units(in, &part, sp, &u, err, errlen) != 0)
-        return -1;
-    plan_state_bytes(in, &u, sp->mem);
     const model_layout_t lay = {.part = part,
                                 .tp = NULL,
                                 .sequence_parallel = run->sequence_parallel,
@@ -279,6 +277,9 @@ static int plan_stage(const plan_in_t *in, int s, int layer_begin, stage_plan_t 
                                 .lent_block_params = run->zero_stage >= 3,
                                 .recompute = run->recompute,
                                 .doc_mask = in->doc_mask};
+    stage_units_t u;
+    if (plan_units(in, &part, sp, &u, err, errlen) != 0 || plan_state_bytes(in, &lay, &u, sp->mem, err, errlen) != 0)
+        return -1;
     if (!in->megatron)
         plan_arena(in, &lay, sp);
     else
