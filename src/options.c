@@ -329,16 +329,16 @@ static void print_help(FILE *out)
         fprintf(out, "  %-12s %s\n", p->name, p->about);
 }
 
-/* --lr-schedule and its decay (lr_schedule_make's checks); the spike
- * guard's options need no check beyond their ranges (--spike-max 0 turns
- * the whole guard off, the z test included). */
-static int check_schedule_spike(const run_options_t *o, char *err, size_t errlen)
+/* --lr-schedule and its decay, checked and resolved once into o->sched
+ * (lr_schedule_make's checks; options_resolve copies it): at parsing, so
+ * that --plan --search, which resolves only the layouts it tries, reports
+ * a bad schedule too. The spike guard's options need no check beyond
+ * their ranges (--spike-max 0 turns the whole guard off, the z test
+ * included). */
+static int check_schedule_spike(run_options_t *o, char *err, size_t errlen)
 {
-    lr_schedule_t s;
-    if (lr_schedule_make(&s, o->lr_schedule, o->decay_shape, o->lr, o->min_lr, o->warmup, o->steps, o->decay_steps, err,
-                         errlen) != 0)
-        return -1;
-    return 0;
+    return lr_schedule_make(&o->sched, o->lr_schedule, o->decay_shape, o->lr, o->min_lr, o->warmup, o->steps,
+                            o->decay_steps, err, errlen);
 }
 
 /* --ckpt-async changes how --ckpt-dir's checkpoints are written: alone it would be ignored */
@@ -355,8 +355,6 @@ static int check_ckpt_async(const run_options_t *o, char *err, size_t errlen)
 
 static int check_consistency(const run_options_t *o, char *err, size_t errlen)
 {
-    if (check_schedule_spike(o, err, errlen) != 0)
-        return -1;
     if (!model_preset_find(o->model)) {
         char names[256] = "";
         for (const model_preset_t *p = model_presets(); p->name; p++)
@@ -446,7 +444,7 @@ options_status_t options_parse(run_options_t *o, int argc, char **argv, int prin
         snprintf(err, errlen, "--comm nccl runs between GPUs: use it with --device cuda (or auto), or --comm mpi");
         return OPTIONS_ERROR;
     }
-    if (check_consistency(o, err, errlen) != 0)
+    if (check_schedule_spike(o, err, errlen) != 0 || check_consistency(o, err, errlen) != 0)
         return OPTIONS_ERROR;
     return OPTIONS_OK;
 }
@@ -625,8 +623,8 @@ int options_resolve_layout(const run_options_t *o, const model_config_t *c, int 
     rc->dtype = o->dtype;
     rc->comm = o->comm;
     rc->data_format = o->data_format;
-    return lr_schedule_make(&rc->sched, o->lr_schedule, o->decay_shape, o->lr, o->min_lr, o->warmup, o->steps,
-                            o->decay_steps, err, errlen);
+    rc->sched = o->sched;
+    return 0;
 }
 
 int options_resolve(const run_options_t *o, int tp, int pp, int dp, run_config_t *rc, char *err, size_t errlen)

@@ -55,6 +55,8 @@ typedef struct run_options {
      * guard (src/spike.h): see check_schedule_spike in options.c */
     char lr_schedule[16], decay_shape[16];
     int decay_steps;
+    lr_schedule_t
+        sched; /* checked and derived by options_parse from the three above and --lr, --min-lr, --warmup, --steps */
     double spike_z;
     int spike_window, spike_max, spike_rollbacks;
     /* data */
