@@ -36,6 +36,10 @@
 
 typedef struct ops {
     const char *name; /* "cpu", "cuda" */
+    /* 1: alloc's memory is host memory, which the host may read in place
+     * once sync has returned (the CPU tables); 0: only to_host reaches it
+     * (CUDA). The checkpoint writer reads live state in place when 1. */
+    int host_readable;
     /* The backend's state (its workspace, handles, streams, queue): every
      * method takes it first, called as ops->f(ops->ctx, ...). */
     void *ctx;

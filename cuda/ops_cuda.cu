@@ -667,6 +667,7 @@ static void cu_release(void *ctx)
 
 static const ops_t cuda_ops = {
     .name = "cuda",
+    .host_readable = 0,
     .ctx = NULL, /* set per context by ops_cuda_create */
     .release = cu_release,
     .sync = cu_sync,

@@ -1092,6 +1092,7 @@ static void cpu_release(void *ctx)
 
 static const ops_t cpu_ops = {
     .name = "cpu",
+    .host_readable = 1,
     .release = cpu_release,
     .sync = cpu_sync,
     .alloc = cpu_alloc,

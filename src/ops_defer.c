@@ -745,6 +745,7 @@ static void d_release(void *ctx)
 
 static const ops_t defer_ops = {
     .name = "cpu-deferred",
+    .host_readable = 1, /* the base table's memory, once drained */
     .release = d_release,
     .sync = d_sync,
     .alloc = d_alloc,

@@ -365,7 +365,7 @@ static int save_sync(trainer_t *tr, int step, char *err, size_t errlen)
 }
 
 /* --ckpt-async: the copies state_to_host would make, made while the next
- * step computes: by the writer from host memory (the CPU backend: into
+ * step computes: by the writer from host memory (a host_readable backend: into
  * job->copy), or begun here on the backend's side stream (its
  * to_host_begin: CUDA, the deferred CPU table) into the writer's pinned
  * buffers (job->device_copy). 0 when they cannot be: the state is sharded
@@ -385,8 +385,7 @@ static int overlap_copies(trainer_t *tr, ckpt_async_t *a, ckpt_async_job_t *job)
     const model_t *m = &tr->model;
     const dpsync_t *s = &tr->sync;
     const int device = m->ops->to_host_begin && m->ops->to_host_end;
-    if (s->ops->shards || (!device && strcmp(m->ops->name, "cpu") != 0) || m->lay.lent_block_params ||
-        s->n != m->table.numel)
+    if (s->ops->shards || (!device && !m->ops->host_readable) || m->lay.lent_block_params || s->n != m->table.numel)
         return 0;
     job->n_copy = 0;
     if (tr->grid->dp_rank != 0)
