@@ -119,28 +119,37 @@ static const char *jnum(char *buf, const char *fmt, double v)
     return buf;
 }
 
-int metrics_write_json_val0(FILE *f, double val_loss)
+/* ", \"key\": v" with v as jnum writes it, unless an earlier fprintf
+ * failed (rc < 0). Returns fprintf's result, or rc. */
+static int jfield(FILE *f, int rc, const char *key, const char *fmt, double v)
 {
     char b[32];
-    return fprintf(f, "{\"step\": 0, \"val_loss\": %s}\n", jnum(b, "%.9g", val_loss)) < 0 || fflush(f) != 0 ? -1 : 0;
+    return rc < 0 ? rc : fprintf(f, ", \"%s\": %s", key, jnum(b, fmt, v));
+}
+
+int metrics_write_json_val0(FILE *f, double val_loss)
+{
+    int rc = jfield(f, fprintf(f, "{\"step\": 0"), "val_loss", "%.9g", val_loss);
+    return rc < 0 || fprintf(f, "}\n") < 0 || fflush(f) != 0 ? -1 : 0;
 }
 
 int metrics_write_json(FILE *f, const step_record_t *r)
 {
-    char b[13][32];
-    int rc = fprintf(f, "{\"step\": %d, \"loss\": %s", r->step, jnum(b[0], "%.9g", r->loss));
+    int rc = jfield(f, fprintf(f, "{\"step\": %d", r->step), "loss", "%.9g", r->loss);
     if (!isnan(r->val_loss))
-        rc = rc < 0 ? rc : fprintf(f, ", \"val_loss\": %s", jnum(b[1], "%.9g", r->val_loss));
-    rc = rc < 0 ? rc
-                : fprintf(f,
-                          ", \"lr\": %s, \"grad_norm\": %s, \"ms\": %s, \"compute_ms_max\": %s, "
-                          "\"compute_ms_mean\": %s, \"comm_ms\": %s, \"comm_ms_mean\": %s, \"bubble_max\": %s, "
-                          "\"bubble_mean\": %s, \"tokens_per_s\": %s, \"mfu\": %s, \"mem_peak\": {",
-                          jnum(b[2], "%.9g", r->lr), jnum(b[3], "%.9g", r->grad_norm), jnum(b[4], "%.3f", r->ms),
-                          jnum(b[5], "%.3f", r->compute_ms_max), jnum(b[6], "%.3f", r->compute_ms_mean),
-                          jnum(b[7], "%.3f", r->comm_ms), jnum(b[8], "%.3f", r->comm_ms_mean),
-                          jnum(b[9], "%.4f", r->bubble_max), jnum(b[10], "%.4f", r->bubble_mean),
-                          jnum(b[11], "%.3f", r->tokens_per_s), jnum(b[12], "%.6f", r->mfu));
+        rc = jfield(f, rc, "val_loss", "%.9g", r->val_loss);
+    rc = jfield(f, rc, "lr", "%.9g", r->lr);
+    rc = jfield(f, rc, "grad_norm", "%.9g", r->grad_norm);
+    rc = jfield(f, rc, "ms", "%.3f", r->ms);
+    rc = jfield(f, rc, "compute_ms_max", "%.3f", r->compute_ms_max);
+    rc = jfield(f, rc, "compute_ms_mean", "%.3f", r->compute_ms_mean);
+    rc = jfield(f, rc, "comm_ms", "%.3f", r->comm_ms);
+    rc = jfield(f, rc, "comm_ms_mean", "%.3f", r->comm_ms_mean);
+    rc = jfield(f, rc, "bubble_max", "%.4f", r->bubble_max);
+    rc = jfield(f, rc, "bubble_mean", "%.4f", r->bubble_mean);
+    rc = jfield(f, rc, "tokens_per_s", "%.3f", r->tokens_per_s);
+    rc = jfield(f, rc, "mfu", "%.6f", r->mfu);
+    rc = rc < 0 ? rc : fprintf(f, ", \"mem_peak\": {");
     for (int k = 0; k <= MEM_N_CATEGORIES && rc >= 0; k++)
         rc = fprintf(f, "\"%s\": %lld%s", k < MEM_N_CATEGORIES ? mem_category_name((mem_category_t)k) : "total",
                      r->mem_peak[k], k < MEM_N_CATEGORIES ? ", " : "}");
