@@ -1,10 +1,10 @@
 /* libFuzzer harness for io/corpus.c, the reader of untrusted corpora.
  *
- * Links: io/corpus.c (and its header io/corpus.h, hence -Iio).
+ * Links: io/corpus.c and io/errmsg.c (headers by their io/ prefix).
  * Libraries (pkg-config): jansson zlib libzstd.
  * Build and run (clang):
- *   clang -g -O1 -fsanitize=fuzzer,address,undefined -Iio \
- *     fuzz/fuzz_jsonl.c io/corpus.c $(pkg-config --cflags --libs jansson zlib libzstd) \
+ *   clang -g -O1 -fsanitize=fuzzer,address,undefined -I. \
+ *     fuzz/fuzz_jsonl.c io/corpus.c io/errmsg.c $(pkg-config --cflags --libs jansson zlib libzstd) \
  *     -o fuzz_jsonl
  *   ./fuzz_jsonl -runs=1000000 SEED_DIR
  * Seeds worth giving (any file works): a few JSONL lines, and the same

@@ -7,10 +7,11 @@
  * pieces, whole files) that find the next document in c->buf. */
 #include "io/corpus.h"
 
+#include "io/errmsg.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,25 +72,6 @@ struct corpus {
     const corpus_span_t *spans; /* the feed's batch: [span_pos, n_spans) unread */
     size_t n_spans, span_pos;
 };
-
-#if defined(__GNUC__)
-__attribute__((format(printf, 3, 4)))
-#endif
-/* One line into err: control bytes (a newline in a file name, a CR in a
- * JSON error excerpt) become '?' so the message stays one line. */
-static void
-seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err == NULL || errlen == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    for (char *p = err; *p; p++)
-        if ((unsigned char)*p < 0x20 || *p == 0x7f)
-            *p = '?';
-}
 
 /* Line ends in p[0..n). Every document's bytes pass through here, on
  * every rank: blocks of 64 with a fixed trip count, which gcc -O2

@@ -1,10 +1,16 @@
 #include "io/fsutil.h"
 
+#include "io/errmsg.h"
+
 #include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 /* One component: made, or already a directory. */
 static int make_one(const char *dir)
@@ -74,4 +80,33 @@ int fs_mkdir_parent(const char *path, char *failed, size_t failed_len)
     free(dir);
     errno = e;
     return rc;
+}
+
+int fs_map_file(const char *path, const char *what, size_t min, void **map, size_t *size, int *regular, char *err,
+                size_t errlen)
+{
+    *map = NULL;
+    *size = 0;
+    *regular = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        seterr(err, errlen, "cannot open %s '%s': %s", what, path, strerror(errno));
+        return -1;
+    }
+    struct stat st;
+    *regular = fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+    if (!*regular || (uint64_t)st.st_size < (uint64_t)min) {
+        close(fd);
+        return -2;
+    }
+    void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    const int e = errno;
+    close(fd); /* the mapping outlives the descriptor */
+    if (m == MAP_FAILED) {
+        seterr(err, errlen, "cannot map '%s': %s", path, strerror(e));
+        return -1;
+    }
+    *map = m;
+    *size = (size_t)st.st_size;
+    return 0;
 }

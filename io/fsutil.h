@@ -1,4 +1,5 @@
-/* Output paths: make missing directories as `mkdir -p` does. */
+/* Output paths: make missing directories as `mkdir -p` does; input
+ * files: map one whole and read-only. */
 #ifndef DTRAIN_FSUTIL_H
 #define DTRAIN_FSUTIL_H
 
@@ -13,5 +14,14 @@ int fs_mkdir_p(const char *dir, char *failed, size_t failed_len);
 /* fs_mkdir_p of the directory part of the file PATH; nothing to do when
  * PATH has none ("out.h5", "/out.h5"). */
 int fs_mkdir_parent(const char *path, char *failed, size_t failed_len);
+
+/* Maps the regular file PATH whole, read-only and private (the readers of
+ * llm.c models and safetensors files). 0 with *map and *size; -1 with one
+ * line in err ("cannot open WHAT 'PATH': ...", "cannot map 'PATH': ...");
+ * -2, err untouched, when PATH is not a regular file (*regular = 0) or is
+ * shorter than min bytes (*regular = 1): the caller names its format.
+ * Unmap with munmap(*map, *size). */
+int fs_map_file(const char *path, const char *what, size_t min, void **map, size_t *size, int *regular, char *err,
+                size_t errlen);
 
 #endif

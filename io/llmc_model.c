@@ -5,6 +5,7 @@
 #include "io/llmc_model.h"
 
 #include "io/errmsg.h"
+#include "io/fsutil.h"
 #include "io/publish.h"
 #include "base/bf16.h" /* dt_f32_to_bf16, dt_bf16_to_f32 */
 
@@ -126,32 +127,23 @@ int llmc_model_parse(const void *file_bytes, size_t len, llmc_model_t *m, char *
 int llmc_model_open(llmc_model_t *m, const char *path, char *err, size_t errlen)
 {
     memset(m, 0, sizeof *m);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        seterr(err, errlen, "cannot open llm.c model '%s': %s", path, strerror(errno));
-        return -1;
-    }
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size < LLMC_MODEL_HEADER_BYTES) {
+    void *map;
+    size_t size;
+    int regular;
+    const int rc = fs_map_file(path, "llm.c model", LLMC_MODEL_HEADER_BYTES, &map, &size, &regular, err, errlen);
+    if (rc == -2)
         seterr(err, errlen, "'%s': not a regular file of at least %d bytes (not an llm.c model)", path,
                LLMC_MODEL_HEADER_BYTES);
-        close(fd);
+    if (rc != 0)
         return -1;
-    }
-    void *map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
-    close(fd);
-    if (map == MAP_FAILED) {
-        seterr(err, errlen, "cannot map '%s': %s", path, strerror(errno));
-        return -1;
-    }
     char *p = strdup(path);
     if (p == NULL) {
         seterr(err, errlen, "out of memory opening '%s'", path);
-        munmap(map, (size_t)st.st_size);
+        munmap(map, size);
         return -1;
     }
-    if (parse_impl(map, (size_t)st.st_size, p, m, err, errlen) != 0) {
-        munmap(map, (size_t)st.st_size);
+    if (parse_impl(map, size, p, m, err, errlen) != 0) {
+        munmap(map, size);
         free(m->path);
         memset(m, 0, sizeof *m);
         return -1;

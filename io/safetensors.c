@@ -6,6 +6,7 @@
 #include "io/safetensors.h"
 
 #include "io/errmsg.h"
+#include "io/fsutil.h"
 #include "io/publish.h"
 #include "base/bf16.h" /* dt_f32_to_bf16, dt_bf16_to_f32 */
 
@@ -424,26 +425,13 @@ int st_parse_header(const void *file_bytes, size_t len, st_file_t *out, char *er
 int st_open(st_file_t *f, const char *path, char *err, size_t errlen)
 {
     memset(f, 0, sizeof *f);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        seterr(err, errlen, "cannot open safetensors file '%s': %s", path, strerror(errno));
-        return -1;
-    }
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size < 8) {
+    int regular;
+    const int mrc = fs_map_file(path, "safetensors file", 8, &f->map, &f->size, &regular, err, errlen);
+    if (mrc == -2)
         seterr(err, errlen, "'%s': %s, shorter than the 8-byte header length (not a safetensors file)", path,
-               S_ISREG(st.st_mode) ? "a file" : "not a regular file");
-        close(fd);
+               regular ? "a file" : "not a regular file");
+    if (mrc != 0)
         return -1;
-    }
-    void *map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
-    close(fd);
-    if (map == MAP_FAILED) {
-        seterr(err, errlen, "cannot map '%s': %s", path, strerror(errno));
-        return -1;
-    }
-    f->map = map;
-    f->size = (size_t)st.st_size;
     f->mapped = 1;
     f->path = strdup(path);
     if (f->path == NULL) {
@@ -454,7 +442,7 @@ int st_open(st_file_t *f, const char *path, char *err, size_t errlen)
     char *label = malloc(strlen(path) + 3);
     if (label != NULL)
         sprintf(label, "'%s'", path);
-    int rc = label == NULL ? -1 : parse_impl(label, map, f->size, f, err, errlen);
+    int rc = label == NULL ? -1 : parse_impl(label, f->map, f->size, f, err, errlen);
     if (label == NULL)
         seterr(err, errlen, "out of memory opening '%s'", path);
     free(label);
