@@ -71,7 +71,7 @@ static int backward(dpsync_t *s, float *grads, const size_t *start, size_t blo, 
         if (h->grads_ready && (block[t] < 0 || t == 0 || block[t - 1] != block[t]))
             h->grads_ready(h->ctx, start[t]);
     }
-    return dpsync_backward_end(s);
+    return dpsync_backward_end(s, NULL, 0);
 }
 
 static void run_stage(comm_t *world, int stage, int rank)
@@ -110,7 +110,8 @@ static void run_stage(comm_t *world, int stage, int rank)
                                .bucket_bytes = 40,
                                .dtype = COMM_FP32};
     dpsync_t s;
-    int ok = cpu && kind && dpsync_create(&s, kind, &c) == 0;
+    char err[COMM_ERR_MAX] = ""; /* a failed call's message, printed at the end */
+    int ok = cpu && kind && dpsync_create(&s, kind, &c, err, sizeof err) == 0;
     check(ok, rank, "dpsync_create", stage);
     if (!ok)
         goto out;
@@ -118,14 +119,14 @@ static void run_stage(comm_t *world, int stage, int rank)
     for (size_t i = 0; i < n; i++)
         if (!lent_p || i < blo || i >= bhi)
             params[lent_p && i >= bhi ? i - (bhi - blo) : i] = host[i];
-    ok = s.ops->params_from_host(&s, host) == 0;
+    ok = s.ops->params_from_host(&s, host, err, sizeof err) == 0;
     s.ops->step_begin(&s);
     for (int k = 0; k < MICRO && ok; k++) {
         int accum, last;
         s.ops->backward_begin(&s, k, MICRO, &accum, &last);
         ok = backward(&s, grads, start, blo, bhi, lent_g, rank, k, accum) == 0;
     }
-    ok = ok && s.ops->grads_finish(&s) == 0;
+    ok = ok && s.ops->grads_finish(&s, err, sizeof err) == 0;
     check(ok, rank, "a step's backward and grads_finish", stage);
     const dpsync_optim_view_t *v = &s.view;
     size_t covered = 0;
@@ -144,7 +145,7 @@ static void run_stage(comm_t *world, int stage, int rank)
     double part = dpsync_grad_sumsq(&s), ref = 0.0;
     if (s.norm_group) {
         float f = (float)part;
-        s.norm_group->ops->allreduce(s.norm_group, &f, 1, COMM_FP32, COMM_SUM);
+        s.norm_group->ops->allreduce(s.norm_group, &f, 1, COMM_FP32, COMM_SUM, err, sizeof err);
         part = f;
     }
     for (int t = 0; t < NT; t++)
@@ -155,12 +156,12 @@ static void run_stage(comm_t *world, int stage, int rank)
     for (int p = 0; p < v->n_pieces; p++)
         for (size_t j = 0; j < v->pieces[p].n; j++)
             v->params[v->pieces[p].param + j] += 1.0f;
-    ok = s.ops->after_update(&s) == 0;
+    ok = s.ops->after_update(&s, err, sizeof err) == 0;
     float *back = calloc(n, sizeof(float));
     for (size_t i = 0; i < n; i++)
         if (!lent_p || i < blo || i >= bhi)
             back[i] = params[lent_p && i >= bhi ? i - (bhi - blo) : i];
-    ok = ok && s.ops->params_to_host(&s, back) == 0;
+    ok = ok && s.ops->params_to_host(&s, back, err, sizeof err) == 0;
     for (size_t i = 0; i < n && ok; i++)
         ok = back[i] == host[i] + 1.0f;
     check(ok, rank, "after_update: every rank holds the updated parameters", stage);
@@ -177,7 +178,7 @@ static void run_stage(comm_t *world, int stage, int rank)
     for (int p = 0; p < v->n_pieces; p++)
         for (size_t j = 0; j < v->pieces[p].n; j++)
             state[v->pieces[p].state + j] = (float)(v->pieces[p].lo + j);
-    ok = s.ops->state_to_host(&s, state, back) == 0;
+    ok = s.ops->state_to_host(&s, state, back, err, sizeof err) == 0;
     for (size_t i = 0; i < n && ok; i++)
         ok = back[i] == (float)i;
     check(ok, rank, "state_to_host gathers every piece", stage);
@@ -185,6 +186,8 @@ static void run_stage(comm_t *world, int stage, int rank)
     free(back);
     dpsync_destroy(&s);
 out:
+    if (err[0])
+        fprintf(stderr, "test_dpsync: rank %d, zero %d: %s\n", rank, stage, err);
     ops_release(cpu);
     free(params);
     free(grads);
