@@ -12,6 +12,10 @@
  *   - a state buffer indexed like the moments goes to the host whole;
  *   - the global norm's part, summed over norm_group, is the norm of the
  *     average.
+ * And, on a fake group of two whose every operation fails: a failure in
+ * the model's hook (which returns nothing) is held by the strategy and
+ * handed, with the group's message, to dpsync_backward_end's and
+ * grads_finish's callers (replicated and ZeRO-2).
  * Prints one line per check; exits 1 on every rank if any failed. */
 #include <math.h>
 #include <mpi.h>
@@ -195,6 +199,93 @@ out:
     free(expect);
 }
 
+/* ---- a group of two whose every operation fails (local: no MPI) ---- */
+
+#define INJECTED "injected: the peer is gone"
+
+static status_t fk_fail(char *err, size_t errlen) { return status_set(STATUS_FAIL, err, errlen, INJECTED); }
+
+static status_t fk_allreduce(comm_t *c, void *b, size_t n, comm_dtype_t dt, comm_op_t op, char *err, size_t errlen)
+{
+    (void)c, (void)b, (void)n, (void)dt, (void)op;
+    return fk_fail(err, errlen);
+}
+
+static status_t fk_iallreduce(comm_t *c, void *b, size_t n, comm_dtype_t dt, comm_op_t op, comm_req_t *q, char *err,
+                              size_t errlen)
+{
+    (void)q;
+    return fk_allreduce(c, b, n, dt, op, err, errlen);
+}
+
+static status_t fk_reduce_scatter(comm_t *c, const void *s, void *r, size_t n, comm_dtype_t dt, char *err,
+                                  size_t errlen)
+{
+    (void)c, (void)s, (void)r, (void)n, (void)dt;
+    return fk_fail(err, errlen);
+}
+
+static status_t fk_ireduce_scatter(comm_t *c, const void *s, void *r, size_t n, comm_dtype_t dt, comm_req_t *q,
+                                   char *err, size_t errlen)
+{
+    (void)q;
+    return fk_reduce_scatter(c, s, r, n, dt, err, errlen);
+}
+
+static const comm_ops_t failing_ops = {.name = "failing",
+                                       .allreduce = fk_allreduce,
+                                       .iallreduce = fk_iallreduce,
+                                       .reduce_scatter = fk_reduce_scatter,
+                                       .ireduce_scatter = fk_ireduce_scatter,
+                                       .allgather = fk_reduce_scatter,
+                                       .iallgather = fk_ireduce_scatter};
+
+/* One last backward whose hook finds every gradient final at once. */
+static void run_failing(int stage, int rank)
+{
+    comm_t dp = {.ops = &failing_ops, .rank = 0, .size = 2, .name = "dp"};
+    size_t start[NT + 1] = {0};
+    unsigned char norm[NT];
+    for (int t = 0; t < NT; t++) {
+        start[t + 1] = start[t] + numel[t];
+        norm[t] = 1;
+    }
+    const size_t n = start[NT];
+    float *params = calloc(n, sizeof(float)), *grads = calloc(n, sizeof(float));
+    const ops_t *cpu = ops_cpu_create();
+    const dpsync_config_t c = {.ops = cpu,
+                               .dp = &dp,
+                               .params = params,
+                               .grads = grads,
+                               .n = n,
+                               .n_tensors = NT,
+                               .tensor_start = start,
+                               .tensor_block = block,
+                               .tensor_norm = norm,
+                               .mode = DDP_BUCKETED,
+                               .bucket_bytes = 40,
+                               .dtype = COMM_FP32};
+    dpsync_t s;
+    char err[COMM_ERR_MAX] = "", fin[COMM_ERR_MAX] = "";
+    const char *want = stage ? "gradient reduce-scatter failed: " INJECTED : "gradient all-reduce failed: " INJECTED;
+    int ok = params && grads && cpu && dpsync_create(&s, dpsync_pick(stage), &c, err, sizeof err) == STATUS_OK;
+    if (ok) {
+        int accum, last;
+        s.ops->backward_begin(&s, 0, 1, &accum, &last);
+        s.hook.grads_ready(s.hook.ctx, 0); /* returns nothing: the failure is held */
+        ok = dpsync_backward_end(&s, err, sizeof err) == STATUS_FAIL && strcmp(err, want) == 0 &&
+             s.ops->grads_finish(&s, fin, sizeof fin) == STATUS_FAIL && strcmp(fin, want) == 0;
+        dpsync_destroy(&s);
+    }
+    if (!ok)
+        fprintf(stderr, "test_dpsync: zero %d: backward_end '%s', grads_finish '%s', want '%s'\n", stage, err, fin,
+                want);
+    check(ok, rank, "a failing group: the hook's failure reaches backward_end and grads_finish", stage);
+    ops_release(cpu);
+    free(params);
+    free(grads);
+}
+
 int main(int argc, char **argv)
 {
     launch_env_t env;
@@ -205,6 +296,8 @@ int main(int argc, char **argv)
         launch_exit(&env, 1);
     for (int stage = 0; stage <= 3; stage++)
         run_stage(world, stage, env.world_rank);
+    run_failing(0, env.world_rank);
+    run_failing(2, env.world_rank);
     if (env.world_rank == 0)
         printf("%s: dpsync at np %d: %d failure(s)\n", fails ? "FAIL" : "ok", env.world_size, fails);
     world->ops->destroy(world);
