@@ -45,7 +45,7 @@
  * fails with a message naming it.
  *
  * Failure. Every CUDA and NCCL call is checked and turned into one line in
- * comm->err. While waiting, ncclCommGetAsyncError is polled: a failed peer
+ * the caller's error buffer (status.h). While waiting, ncclCommGetAsyncError is polled: a failed peer
  * or network error fails the call instead of hanging; so does the timeout
  * given at creation. The group is then marked failed: every later call,
  * and every poll of a request still in flight on it, fails with that
@@ -83,7 +83,6 @@
 #include <mpi.h>
 #include <nccl.h>
 #include <sched.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -91,6 +90,7 @@
 #include "mpi/agree.h"
 #include "mpi/bootstrap.h"
 #include "mpi/clock.h"
+#include "mpi/status.h"
 #include "mpi/trace.h"
 #include "mpi/watchdog.h"
 
@@ -141,26 +141,18 @@ typedef struct nccl_op {
 
 static nccl_comm_t *nm(comm_t *c) { return (nccl_comm_t *)c; }
 
-static void set_err(comm_t *c, const char *fmt, ...)
+static status_t cuda_fail(comm_t *c, char *err, size_t errlen, cudaError_t rc, const char *what, size_t n)
 {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(c->err, sizeof c->err, fmt, ap);
-    va_end(ap);
-}
-
-static int cuda_fail(comm_t *c, cudaError_t rc, const char *what, size_t n)
-{
-    set_err(c, "NCCL %s on group %s (n=%zu): CUDA: %s (%s)", what, c->name, n, cudaGetErrorString(rc),
-            cudaGetErrorName(rc));
+    status_set(STATUS_FAIL, err, errlen, "NCCL %s on group %s (n=%zu): CUDA: %s (%s)", what, c->name, n,
+               cudaGetErrorString(rc), cudaGetErrorName(rc));
     return -1;
 }
 
-static int nccl_fail(comm_t *c, ncclResult_t rc, const char *what, size_t n)
+static status_t nccl_fail(comm_t *c, char *err, size_t errlen, ncclResult_t rc, const char *what, size_t n)
 {
     const char *last = nm(c)->nc ? ncclGetLastError(nm(c)->nc) : NULL;
-    set_err(c, "NCCL %s on group %s (n=%zu, %d ranks) failed: %s%s%s", what, c->name, n, c->size,
-            ncclGetErrorString(rc), last && *last ? ": " : "", last ? last : "");
+    status_set(STATUS_FAIL, err, errlen, "NCCL %s on group %s (n=%zu, %d ranks) failed: %s%s%s", what, c->name, n,
+               c->size, ncclGetErrorString(rc), last && *last ? ": " : "", last ? last : "");
     return -1;
 }
 
@@ -174,36 +166,37 @@ static int is_device_ptr(const void *p)
     return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
 }
 
-static int failed_before(comm_t *c, const char *what)
+static status_t failed_before(comm_t *c, char *err, size_t errlen, const char *what)
 {
-    set_err(c, "NCCL %s on group %s: the group failed earlier (see the first error)", what, c->name);
+    status_set(STATUS_FAIL, err, errlen, "NCCL %s on group %s: the group failed earlier (see the first error)", what,
+               c->name);
     return -1;
 }
 
 /* One poll of an operation's event: 1 done, 0 not yet, -1 failed (on an
  * asynchronous NCCL error or the timeout the group is marked failed). */
-static int poll_event(comm_t *c, cudaEvent_t ev, const char *what, size_t n, double t0)
+static int poll_event(comm_t *c, char *err, size_t errlen, cudaEvent_t ev, const char *what, size_t n, double t0)
 {
     nccl_comm_t *m = nm(c);
     if (m->failed) /* its operations may never finish: the event says nothing of the data */
-        return failed_before(c, what);
+        return failed_before(c, err, errlen, what);
     cudaError_t q = cudaEventQuery(ev);
     if (q == cudaSuccess)
         return 1;
     if (q != cudaErrorNotReady)
-        return cuda_fail(c, q, what, n);
+        return cuda_fail(c, err, errlen, q, what, n);
     ncclResult_t ae = ncclSuccess;
     ncclResult_t rc = ncclCommGetAsyncError(m->nc, &ae);
     if (rc != ncclSuccess || (ae != ncclSuccess && ae != ncclInProgress)) {
-        nccl_fail(c, rc != ncclSuccess ? rc : ae, what, n);
+        nccl_fail(c, err, errlen, rc != ncclSuccess ? rc : ae, what, n);
         m->failed = 1;
         return -1;
     }
     if (m->timeout_s > 0 && now_s() - t0 > m->timeout_s) {
-        set_err(c,
-                "NCCL %s on group %s (n=%zu, %d ranks) did not finish in %.0f s: a peer is stuck or gone; "
-                "the run stops",
-                what, c->name, n, c->size, m->timeout_s);
+        status_set(STATUS_FAIL, err, errlen,
+                   "NCCL %s on group %s (n=%zu, %d ranks) did not finish in %.0f s: a peer is stuck or gone; "
+                   "the run stops",
+                   what, c->name, n, c->size, m->timeout_s);
         m->failed = 1;
         return -1;
     }
@@ -212,10 +205,10 @@ static int poll_event(comm_t *c, cudaEvent_t ev, const char *what, size_t n, dou
 
 /* Polls until the event is done (0) or the operation failed (-1),
  * driving MPI's progress meanwhile (see the top). */
-static int spin_event(comm_t *c, cudaEvent_t ev, const char *what, size_t n, double t0)
+static status_t spin_event(comm_t *c, char *err, size_t errlen, cudaEvent_t ev, const char *what, size_t n, double t0)
 {
     int st, flag;
-    while ((st = poll_event(c, ev, what, n, t0)) == 0) {
+    while ((st = poll_event(c, err, errlen, ev, what, n, t0)) == 0) {
         /* progress only: a failure here would be MPI's to report at its next real call */
         (void)MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_COMM_WORLD, &flag, MPI_STATUS_IGNORE);
         sched_yield();
@@ -224,10 +217,11 @@ static int spin_event(comm_t *c, cudaEvent_t ev, const char *what, size_t n, dou
 }
 
 /* Blocks until the event; marked on the watchdog as `what` moving bytes. */
-static int wait_event(comm_t *c, cudaEvent_t ev, const char *what, size_t n, double t0, long long bytes, int peer)
+static status_t wait_event(comm_t *c, char *err, size_t errlen, cudaEvent_t ev, const char *what, size_t n, double t0,
+                           long long bytes, int peer)
 {
     watchdog_enter(c->watch, what, c->name, c->size, bytes, peer);
-    int st = spin_event(c, ev, what, n, t0);
+    int st = spin_event(c, err, errlen, ev, what, n, t0);
     watchdog_leave(c->watch);
     return st;
 }
@@ -242,15 +236,17 @@ static void span_record(comm_t *c, const char *what, double t0, long long bytes,
                &(trace_args_t){.bytes = bytes, .microbatch = -1, .layer = -1, .peer = peer});
 }
 
-/* NCCL's type and reduction for o: 0, or -1 with the message in c->err. */
-static int nccl_types(comm_t *c, const nccl_op_t *o, ncclDataType_t *dt, ncclRedOp_t *rop)
+/* NCCL's type and reduction for o: STATUS_OK, or STATUS_FAIL with the
+ * message in err. */
+static status_t nccl_types(comm_t *c, char *err, size_t errlen, const nccl_op_t *o, ncclDataType_t *dt,
+                           ncclRedOp_t *rop)
 {
     static const ncclDataType_t types[COMM_N_DTYPES] = {ncclFloat, ncclBfloat16, ncclInt32,
                                                         ncclInt64, ncclFloat64,  ncclUint8};
     if ((unsigned)o->dt >= COMM_N_DTYPES || (o->dt == COMM_BF16 && o->op != COMM_SUM) ||
         (o->op != COMM_SUM && o->op != COMM_MAX && o->op != COMM_MIN)) {
-        set_err(c, "NCCL %s on group %s (n=%zu): %s", o->what, c->name, o->n,
-                o->dt == COMM_BF16 ? "bf16 reduces with the sum only" : "unknown element type or reduction op");
+        status_set(STATUS_FAIL, err, errlen, "NCCL %s on group %s (n=%zu): %s", o->what, c->name, o->n,
+                   o->dt == COMM_BF16 ? "bf16 reduces with the sum only" : "unknown element type or reduction op");
         return -1;
     }
     *dt = types[o->dt];
@@ -275,19 +271,19 @@ static ncclResult_t enqueue(nccl_comm_t *m, const nccl_op_t *o, void *r, ncclDat
 
 /* The device staging buffer holds at least `need` bytes (see the top for
  * why it grows stream-ordered). */
-static int stage_room(comm_t *c, size_t need, const char *what, size_t n)
+static status_t stage_room(comm_t *c, char *err, size_t errlen, size_t need, const char *what, size_t n)
 {
     nccl_comm_t *m = nm(c);
     if (need <= m->stage_bytes)
         return 0;
     cudaError_t ce;
     if (m->stage && (ce = cudaFreeAsync(m->stage, m->stream)) != cudaSuccess)
-        return cuda_fail(c, ce, what, n);
+        return cuda_fail(c, err, errlen, ce, what, n);
     m->stage = NULL;
     m->stage_bytes = 0;
     if ((ce = cudaMallocAsync(&m->stage, need, m->stream)) != cudaSuccess) {
         m->stage = NULL;
-        return cuda_fail(c, ce, what, n);
+        return cuda_fail(c, err, errlen, ce, what, n);
     }
     m->stage_bytes = need;
     return 0;
@@ -295,19 +291,20 @@ static int stage_room(comm_t *c, size_t need, const char *what, size_t n)
 
 /* The derived fields of o (names, counts, bytes, host or device); refuses
  * a request still in flight and a group that failed earlier. */
-static int op_prepare(comm_t *c, nccl_op_t *o)
+static status_t op_prepare(comm_t *c, char *err, size_t errlen, nccl_op_t *o)
 {
     o->what = comm_op_name(o->k, o->req != NULL, o->dt);
     o->span_t0 = c->trace ? trace_now() : 0.0;
     o->es = comm_dtype_size(o->dt);
     if (o->req && o->req->active) { /* as comm_mpi.c: never drop a request in flight */
-        set_err(c, "NCCL %s on group %s: the request is still in flight (test or wait for it first)", o->what, c->name);
+        status_set(STATUS_FAIL, err, errlen,
+                   "NCCL %s on group %s: the request is still in flight (test or wait for it first)", o->what, c->name);
         return -1;
     }
     if (o->req)
         memset(o->req, 0, sizeof *o->req);
     if (nm(c)->failed)
-        return failed_before(c, o->what);
+        return failed_before(c, err, errlen, o->what);
     const size_t n = o->n, all = (size_t)c->size * n;
     switch (o->k) {
     case COMM_K_ALLREDUCE:
@@ -339,7 +336,7 @@ static int op_prepare(comm_t *c, nccl_op_t *o)
 
 /* A host buffer's way in: its data copied into the staging buffer, which
  * o->s and o->r then point into (in place stays in place). */
-static int stage_in(comm_t *c, nccl_op_t *o)
+static status_t stage_in(comm_t *c, char *err, size_t errlen, nccl_op_t *o)
 {
     nccl_comm_t *m = nm(c);
     cudaError_t ce;
@@ -349,38 +346,40 @@ static int stage_in(comm_t *c, nccl_op_t *o)
      * looked at: wait for that work by polling first. */
     cudaEvent_t pre;
     if ((ce = cudaEventCreateWithFlags(&pre, cudaEventDisableTiming)) != cudaSuccess)
-        return cuda_fail(c, ce, o->what, o->n);
+        return cuda_fail(c, err, errlen, ce, o->what, o->n);
     ce = cudaEventRecord(pre, m->stream);
-    const int ready = ce == cudaSuccess ? spin_event(c, pre, o->what, o->n, now_s()) : cuda_fail(c, ce, o->what, o->n);
+    const int ready = ce == cudaSuccess ? spin_event(c, err, errlen, pre, o->what, o->n, now_s())
+                                        : cuda_fail(c, err, errlen, ce, o->what, o->n);
     (void)cudaEventDestroy(pre);
     if (ready != 0)
         return -1;
     const int inplace = (const void *)o->recv == o->send;
-    if (stage_room(c, (inplace ? (o->sn > o->rn ? o->sn : o->rn) : o->sn + o->rn) * o->es, o->what, o->n) != 0)
+    if (stage_room(c, err, errlen, (inplace ? (o->sn > o->rn ? o->sn : o->rn) : o->sn + o->rn) * o->es, o->what,
+                   o->n) != 0)
         return -1;
     o->s = m->stage;
     o->r = inplace ? m->stage : (char *)m->stage + o->sn * o->es;
     if (o->sn && (ce = cudaMemcpyAsync(m->stage, o->send, o->sn * o->es, cudaMemcpyDefault, m->stream)) != cudaSuccess)
-        return cuda_fail(c, ce, o->what, o->n);
+        return cuda_fail(c, err, errlen, ce, o->what, o->n);
     return 0;
 }
 
 /* The NCCL call on the group's stream, after the compute stream's work,
  * and an event recorded after it into *ev. t0: when it was posted. */
-static int post(comm_t *c, nccl_op_t *o, cudaEvent_t *ev, double *t0)
+static status_t post(comm_t *c, char *err, size_t errlen, nccl_op_t *o, cudaEvent_t *ev, double *t0)
 {
     nccl_comm_t *m = nm(c);
     ncclDataType_t dt;
     ncclRedOp_t rop;
     cudaError_t ce;
-    if (nccl_types(c, o, &dt, &rop) != 0)
+    if (nccl_types(c, err, errlen, o, &dt, &rop) != 0)
         return -1;
     /* after every op issued so far (staging copies included: a device side
      * of a staged operation may be the compute stream's output) */
     if (m->after && ((ce = cudaEventRecord(m->ready, m->after)) != cudaSuccess ||
                      (ce = cudaStreamWaitEvent(m->stream, m->ready, 0)) != cudaSuccess))
-        return cuda_fail(c, ce, o->what, o->n);
-    if (o->host && stage_in(c, o) != 0)
+        return cuda_fail(c, err, errlen, ce, o->what, o->n);
+    if (o->host && stage_in(c, err, errlen, o) != 0)
         return -1;
     /* where NCCL writes: an in-place reduce_scatter's piece in NCCL's form */
     void *nr = o->k == COMM_K_REDUCE_SCATTER && o->r == o->s && c->rank > 0
@@ -389,31 +388,32 @@ static int post(comm_t *c, nccl_op_t *o, cudaEvent_t *ev, double *t0)
     *t0 = now_s();
     ncclResult_t rc = enqueue(m, o, nr, dt, rop);
     if (rc != ncclSuccess)
-        return nccl_fail(c, rc, o->what, o->n);
+        return nccl_fail(c, err, errlen, rc, o->what, o->n);
     if (nr != o->r && (ce = cudaMemcpyAsync(o->r, nr, o->n * o->es, cudaMemcpyDefault, m->stream)) != cudaSuccess)
-        return cuda_fail(c, ce, o->what, o->n);
+        return cuda_fail(c, err, errlen, ce, o->what, o->n);
     if ((ce = cudaEventCreateWithFlags(ev, cudaEventDisableTiming)) != cudaSuccess)
-        return cuda_fail(c, ce, o->what, o->n);
+        return cuda_fail(c, err, errlen, ce, o->what, o->n);
     if ((ce = cudaEventRecord(*ev, m->stream)) != cudaSuccess) {
         (void)cudaEventDestroy(*ev);
-        return cuda_fail(c, ce, o->what, o->n);
+        return cuda_fail(c, err, errlen, ce, o->what, o->n);
     }
     return 0;
 }
 
 /* Blocking, a staged host buffer, or untrackable: waits for the posted
  * operation (its event) and copies a staged result back. */
-static int finish_now(comm_t *c, const nccl_op_t *o, cudaEvent_t ev, double t0)
+static status_t finish_now(comm_t *c, char *err, size_t errlen, const nccl_op_t *o, cudaEvent_t ev, double t0)
 {
     nccl_comm_t *m = nm(c);
     cudaError_t ce;
-    int st = o->host ? spin_event(c, ev, o->what, o->n, t0) : wait_event(c, ev, o->what, o->n, t0, o->bytes, o->peer);
+    int st = o->host ? spin_event(c, err, errlen, ev, o->what, o->n, t0)
+                     : wait_event(c, err, errlen, ev, o->what, o->n, t0, o->bytes, o->peer);
     (void)cudaEventDestroy(ev);
     /* the collective is done: the copy back waits for nothing else */
     if (st == 0 && o->host && o->rn &&
         ((ce = cudaMemcpyAsync(o->recv, o->r, o->rn * o->es, cudaMemcpyDefault, m->stream)) != cudaSuccess ||
          (ce = cudaStreamSynchronize(m->stream)) != cudaSuccess))
-        st = cuda_fail(c, ce, o->what, o->n);
+        st = cuda_fail(c, err, errlen, ce, o->what, o->n);
     if (st == 0)
         span_record(c, o->what, o->span_t0, o->bytes, o->peer);
     return st;
@@ -421,18 +421,18 @@ static int finish_now(comm_t *c, const nccl_op_t *o, cudaEvent_t ev, double t0)
 
 /* Every operation (req == NULL: blocking). A staged one blocks from its
  * first copy to its last and is marked on the watchdog all that time. */
-static int run(comm_t *c, nccl_op_t o)
+static status_t run(comm_t *c, char *err, size_t errlen, nccl_op_t o)
 {
-    if (op_prepare(c, &o) != 0)
+    if (op_prepare(c, err, errlen, &o) != 0)
         return -1;
     if (o.host)
         watchdog_enter(c->watch, o.what, c->name, c->size, o.bytes, o.peer);
     cudaEvent_t ev;
     double t0 = 0.0;
-    int st = post(c, &o, &ev, &t0);
+    int st = post(c, err, errlen, &o, &ev, &t0);
     nccl_req_t *q = st != 0 || !o.req || o.host ? NULL : malloc(sizeof *q);
     if (st == 0 && !q) {
-        st = finish_now(c, &o, ev, t0);
+        st = finish_now(c, err, errlen, &o, ev, t0);
     } else if (q) {
         *q = (nccl_req_t){
             .ev = ev, .what = o.what, .n = o.n, .t0 = t0, .span_t0 = o.span_t0, .bytes = o.bytes, .peer = o.peer};
@@ -454,13 +454,13 @@ static void release(comm_req_t *req)
     req->active = 0;
 }
 
-static int n_test(comm_req_t *req, int *done)
+static status_t n_test(comm_req_t *req, int *done, char *err, size_t errlen)
 {
     *done = 1;
     if (!req->active)
         return 0;
     nccl_req_t *q = req->impl;
-    int st = poll_event(req->comm, q->ev, q->what, q->n, q->t0);
+    int st = poll_event(req->comm, err, errlen, q->ev, q->what, q->n, q->t0);
     if (st == 0) {
         *done = 0;
         return 0;
@@ -468,15 +468,15 @@ static int n_test(comm_req_t *req, int *done)
     if (st > 0)
         span_record(req->comm, q->what, q->span_t0, q->bytes, q->peer);
     release(req);
-    return st < 0 ? -1 : 0;
+    return st < 0 ? STATUS_FAIL : STATUS_OK;
 }
 
-static int n_wait(comm_req_t *req)
+static status_t n_wait(comm_req_t *req, char *err, size_t errlen)
 {
     if (!req->active)
         return 0;
     nccl_req_t *q = req->impl;
-    int st = wait_event(req->comm, q->ev, q->what, q->n, q->t0, q->bytes, q->peer);
+    int st = wait_event(req->comm, err, errlen, q->ev, q->what, q->n, q->t0, q->bytes, q->peer);
     if (st == 0)
         span_record(req->comm, q->what, q->span_t0, q->bytes, q->peer);
     release(req);
@@ -486,61 +486,73 @@ static int n_wait(comm_req_t *req)
 /* the interface's calls: one nccl_op_t each */
 #define OP(...) ((nccl_op_t){__VA_ARGS__})
 
-static int n_allreduce(comm_t *c, void *buf, size_t n, comm_dtype_t dt, comm_op_t op)
+static status_t n_allreduce(comm_t *c, void *buf, size_t n, comm_dtype_t dt, comm_op_t op, char *err, size_t errlen)
 {
-    return run(c, OP(.k = COMM_K_ALLREDUCE, .dt = dt, .send = buf, .recv = buf, .n = n, .op = op));
+    return run(c, err, errlen, OP(.k = COMM_K_ALLREDUCE, .dt = dt, .send = buf, .recv = buf, .n = n, .op = op));
 }
-static int n_iallreduce(comm_t *c, void *buf, size_t n, comm_dtype_t dt, comm_op_t op, comm_req_t *req)
+static status_t n_iallreduce(comm_t *c, void *buf, size_t n, comm_dtype_t dt, comm_op_t op, comm_req_t *req, char *err,
+                             size_t errlen)
 {
-    return run(c, OP(.k = COMM_K_ALLREDUCE, .dt = dt, .send = buf, .recv = buf, .n = n, .op = op, .req = req));
+    return run(c, err, errlen,
+               OP(.k = COMM_K_ALLREDUCE, .dt = dt, .send = buf, .recv = buf, .n = n, .op = op, .req = req));
 }
-static int n_reduce_scatter(comm_t *c, const void *send, void *recv, size_t n_each, comm_dtype_t dt)
+static status_t n_reduce_scatter(comm_t *c, const void *send, void *recv, size_t n_each, comm_dtype_t dt, char *err,
+                                 size_t errlen)
 {
-    return run(c, OP(.k = COMM_K_REDUCE_SCATTER, .dt = dt, .send = send, .recv = recv, .n = n_each));
+    return run(c, err, errlen, OP(.k = COMM_K_REDUCE_SCATTER, .dt = dt, .send = send, .recv = recv, .n = n_each));
 }
-static int n_ireduce_scatter(comm_t *c, const void *send, void *recv, size_t n_each, comm_dtype_t dt, comm_req_t *req)
+static status_t n_ireduce_scatter(comm_t *c, const void *send, void *recv, size_t n_each, comm_dtype_t dt,
+                                  comm_req_t *req, char *err, size_t errlen)
 {
-    return run(c, OP(.k = COMM_K_REDUCE_SCATTER, .dt = dt, .send = send, .recv = recv, .n = n_each, .req = req));
+    return run(c, err, errlen,
+               OP(.k = COMM_K_REDUCE_SCATTER, .dt = dt, .send = send, .recv = recv, .n = n_each, .req = req));
 }
-static int n_allgather(comm_t *c, const void *send, void *recv, size_t n_each, comm_dtype_t dt)
+static status_t n_allgather(comm_t *c, const void *send, void *recv, size_t n_each, comm_dtype_t dt, char *err,
+                            size_t errlen)
 {
-    return run(c, OP(.k = COMM_K_ALLGATHER, .dt = dt, .send = send, .recv = recv, .n = n_each));
+    return run(c, err, errlen, OP(.k = COMM_K_ALLGATHER, .dt = dt, .send = send, .recv = recv, .n = n_each));
 }
-static int n_iallgather(comm_t *c, const void *send, void *recv, size_t n_each, comm_dtype_t dt, comm_req_t *req)
+static status_t n_iallgather(comm_t *c, const void *send, void *recv, size_t n_each, comm_dtype_t dt, comm_req_t *req,
+                             char *err, size_t errlen)
 {
-    return run(c, OP(.k = COMM_K_ALLGATHER, .dt = dt, .send = send, .recv = recv, .n = n_each, .req = req));
+    return run(c, err, errlen,
+               OP(.k = COMM_K_ALLGATHER, .dt = dt, .send = send, .recv = recv, .n = n_each, .req = req));
 }
-static int n_broadcast(comm_t *c, void *buf, size_t n, comm_dtype_t dt, int root)
+static status_t n_broadcast(comm_t *c, void *buf, size_t n, comm_dtype_t dt, int root, char *err, size_t errlen)
 {
-    return run(c, OP(.k = COMM_K_BCAST, .dt = dt, .send = buf, .recv = buf, .n = n, .peer_or_root = root));
+    return run(c, err, errlen, OP(.k = COMM_K_BCAST, .dt = dt, .send = buf, .recv = buf, .n = n, .peer_or_root = root));
 }
 /* tags: see the top */
-static int n_send(comm_t *c, const void *buf, size_t n, comm_dtype_t dt, int peer, int tag)
+static status_t n_send(comm_t *c, const void *buf, size_t n, comm_dtype_t dt, int peer, int tag, char *err,
+                       size_t errlen)
 {
     (void)tag;
-    return run(c, OP(.k = COMM_K_SEND, .dt = dt, .send = buf, .n = n, .peer_or_root = peer));
+    return run(c, err, errlen, OP(.k = COMM_K_SEND, .dt = dt, .send = buf, .n = n, .peer_or_root = peer));
 }
-static int n_recv(comm_t *c, void *buf, size_t n, comm_dtype_t dt, int peer, int tag)
+static status_t n_recv(comm_t *c, void *buf, size_t n, comm_dtype_t dt, int peer, int tag, char *err, size_t errlen)
 {
     (void)tag;
-    return run(c, OP(.k = COMM_K_RECV, .dt = dt, .recv = buf, .n = n, .peer_or_root = peer));
+    return run(c, err, errlen, OP(.k = COMM_K_RECV, .dt = dt, .recv = buf, .n = n, .peer_or_root = peer));
 }
-static int n_isend(comm_t *c, const void *buf, size_t n, comm_dtype_t dt, int peer, int tag, comm_req_t *req)
+static status_t n_isend(comm_t *c, const void *buf, size_t n, comm_dtype_t dt, int peer, int tag, comm_req_t *req,
+                        char *err, size_t errlen)
 {
     (void)tag;
-    return run(c, OP(.k = COMM_K_SEND, .dt = dt, .send = buf, .n = n, .peer_or_root = peer, .req = req));
+    return run(c, err, errlen, OP(.k = COMM_K_SEND, .dt = dt, .send = buf, .n = n, .peer_or_root = peer, .req = req));
 }
-static int n_irecv(comm_t *c, void *buf, size_t n, comm_dtype_t dt, int peer, int tag, comm_req_t *req)
+static status_t n_irecv(comm_t *c, void *buf, size_t n, comm_dtype_t dt, int peer, int tag, comm_req_t *req, char *err,
+                        size_t errlen)
 {
     (void)tag;
-    return run(c, OP(.k = COMM_K_RECV, .dt = dt, .recv = buf, .n = n, .peer_or_root = peer, .req = req));
+    return run(c, err, errlen, OP(.k = COMM_K_RECV, .dt = dt, .recv = buf, .n = n, .peer_or_root = peer, .req = req));
 }
 
 /* NCCL has no barrier: a one-float allreduce on the staging path. */
-static int n_barrier(comm_t *c)
+static status_t n_barrier(comm_t *c, char *err, size_t errlen)
 {
     float one = 1.0f;
-    return run(c, OP(.k = COMM_K_ALLREDUCE, .dt = COMM_FP32, .send = &one, .recv = &one, .n = 1, .op = COMM_SUM));
+    return run(c, err, errlen,
+               OP(.k = COMM_K_ALLREDUCE, .dt = COMM_FP32, .send = &one, .recv = &one, .n = 1, .op = COMM_SUM));
 }
 
 static void n_destroy(comm_t *c)

@@ -20,15 +20,16 @@ status_t agree_rank(comm_t *c, int status, char *msg, size_t len, int *rank)
     int32_t low = status != 0 ? (int32_t)c->rank : INT32_MAX;
     if (rank)
         *rank = -1;
-    if (c->ops->allreduce(c, &low, 1, COMM_INT32, COMM_MIN) != 0)
-        return status_set(STATUS_FAIL, msg, len, "agreeing on the ranks' status failed: %s", c->err);
+    char cerr[COMM_ERR_MAX];
+    if (c->ops->allreduce(c, &low, 1, COMM_INT32, COMM_MIN, cerr, sizeof cerr) != STATUS_OK)
+        return status_set(STATUS_FAIL, msg, len, "agreeing on the ranks' status failed: %s", cerr);
     if (low == INT32_MAX)
         return STATUS_OK;
     verdict_t v = {.status = status_of(status), .msg = "error"};
     if (c->rank == low && msg && len > 0 && msg[0])
         snprintf(v.msg, sizeof v.msg, "%.*s", (int)(len < sizeof v.msg ? len : sizeof v.msg) - 1, msg);
-    if (c->ops->broadcast(c, &v, sizeof v, COMM_BYTE, (int)low) != 0)
-        return status_set(STATUS_FAIL, msg, len, "agreeing on rank %d's error failed: %s", (int)low, c->err);
+    if (c->ops->broadcast(c, &v, sizeof v, COMM_BYTE, (int)low, cerr, sizeof cerr) != STATUS_OK)
+        return status_set(STATUS_FAIL, msg, len, "agreeing on rank %d's error failed: %s", (int)low, cerr);
     v.msg[sizeof v.msg - 1] = '\0';
     if (rank)
         *rank = (int)low;

@@ -9,14 +9,18 @@
  * watchdog). Counts are in elements.
  *
  * Every member of a group enters every collective in the same order.
- * Functions return 0 or -1 with a one-line message in comm->err (the MPI
- * error string and the operation). */
+ * Every operation returns a status_t (mpi/status.h) and, on failure, writes
+ * one line (the operation, its count and group size, the MPI or NCCL error
+ * string) into the caller's err[errlen]; a nonblocking operation's failure
+ * found later is written into the buffer passed to test() or wait(). The
+ * communicator holds no message. */
 #ifndef DTRAIN_COMM_H
 #define DTRAIN_COMM_H
 
 #include <stddef.h>
 #include <stdint.h>
 
+#include "mpi/status.h"
 #include "mpi/trace.h"
 #include "mpi/watchdog.h"
 
@@ -49,6 +53,11 @@ typedef enum {
  * A static string. */
 const char *comm_op_name(comm_kind_t k, int nonblocking, comm_dtype_t dt);
 
+/* An error buffer that holds any message of this layer: what callers
+ * declare for the err argument (char err[COMM_ERR_MAX]). Longer messages
+ * are cut. */
+#define COMM_ERR_MAX 512
+
 typedef struct comm comm_t;
 /* A nonblocking operation in flight. */
 typedef struct comm_req {
@@ -60,29 +69,37 @@ typedef struct comm_req {
 typedef struct comm_ops {
     const char *name; /* "mpi", "nccl" */
     /* in place; bf16 with COMM_SUM only */
-    int (*allreduce)(comm_t *c, void *buf, size_t n, comm_dtype_t dt, comm_op_t op);
-    int (*iallreduce)(comm_t *c, void *buf, size_t n, comm_dtype_t dt, comm_op_t op, comm_req_t *req);
+    status_t (*allreduce)(comm_t *c, void *buf, size_t n, comm_dtype_t dt, comm_op_t op, char *err, size_t errlen);
+    status_t (*iallreduce)(comm_t *c, void *buf, size_t n, comm_dtype_t dt, comm_op_t op, comm_req_t *req, char *err,
+                           size_t errlen);
     /* sum: send holds size*n_each elements; recv gets this rank's n_each;
      * send == recv is in place (MPI_IN_PLACE): the piece lands at the start */
-    int (*reduce_scatter)(comm_t *c, const void *send, void *recv, size_t n_each, comm_dtype_t dt);
-    int (*ireduce_scatter)(comm_t *c, const void *send, void *recv, size_t n_each, comm_dtype_t dt, comm_req_t *req);
+    status_t (*reduce_scatter)(comm_t *c, const void *send, void *recv, size_t n_each, comm_dtype_t dt, char *err,
+                               size_t errlen);
+    status_t (*ireduce_scatter)(comm_t *c, const void *send, void *recv, size_t n_each, comm_dtype_t dt,
+                                comm_req_t *req, char *err, size_t errlen);
     /* send n_each elements; recv holds size*n_each in rank order */
-    int (*allgather)(comm_t *c, const void *send, void *recv, size_t n_each, comm_dtype_t dt);
-    int (*iallgather)(comm_t *c, const void *send, void *recv, size_t n_each, comm_dtype_t dt, comm_req_t *req);
-    int (*broadcast)(comm_t *c, void *buf, size_t n, comm_dtype_t dt, int root);
-    int (*send)(comm_t *c, const void *buf, size_t n, comm_dtype_t dt, int peer, int tag);
-    int (*recv)(comm_t *c, void *buf, size_t n, comm_dtype_t dt, int peer, int tag);
+    status_t (*allgather)(comm_t *c, const void *send, void *recv, size_t n_each, comm_dtype_t dt, char *err,
+                          size_t errlen);
+    status_t (*iallgather)(comm_t *c, const void *send, void *recv, size_t n_each, comm_dtype_t dt, comm_req_t *req,
+                           char *err, size_t errlen);
+    status_t (*broadcast)(comm_t *c, void *buf, size_t n, comm_dtype_t dt, int root, char *err, size_t errlen);
+    status_t (*send)(comm_t *c, const void *buf, size_t n, comm_dtype_t dt, int peer, int tag, char *err,
+                     size_t errlen);
+    status_t (*recv)(comm_t *c, void *buf, size_t n, comm_dtype_t dt, int peer, int tag, char *err, size_t errlen);
     /* Point to point. MPI matches by tag and progresses requests in any
      * order; NCCL has no tags and runs a rank's calls in posting order on
      * the group's stream, each waiting for its peer, so two ranks that
      * both post their receive first deadlock there. Portable callers post
      * in an order that pairs up (one side sends first). */
-    int (*isend)(comm_t *c, const void *buf, size_t n, comm_dtype_t dt, int peer, int tag, comm_req_t *req);
-    int (*irecv)(comm_t *c, void *buf, size_t n, comm_dtype_t dt, int peer, int tag, comm_req_t *req);
+    status_t (*isend)(comm_t *c, const void *buf, size_t n, comm_dtype_t dt, int peer, int tag, comm_req_t *req,
+                      char *err, size_t errlen);
+    status_t (*irecv)(comm_t *c, void *buf, size_t n, comm_dtype_t dt, int peer, int tag, comm_req_t *req, char *err,
+                      size_t errlen);
     /* *done = 1 when finished (the request is then released); drives progress */
-    int (*test)(comm_req_t *req, int *done);
-    int (*wait)(comm_req_t *req);
-    int (*barrier)(comm_t *c);
+    status_t (*test)(comm_req_t *req, int *done, char *err, size_t errlen);
+    status_t (*wait)(comm_req_t *req, char *err, size_t errlen);
+    status_t (*barrier)(comm_t *c, char *err, size_t errlen);
     void (*destroy)(comm_t *c);
 } comm_ops_t;
 
@@ -111,7 +128,6 @@ struct comm {
     void (*device_sync)(void *device_ctx);
     void *device_ctx;
     char name[16]; /* group label for spans: "world", "tp", "dp", "pp", "embed" */
-    char err[512];
 };
 
 /* What the data-parallel gradient reductions (mpi/ddp.c, mpi/zero.c) send,

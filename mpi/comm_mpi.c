@@ -4,8 +4,8 @@
  * comm_mpi_create duplicates the caller's MPI_Comm, so the collectives of
  * this communicator never match traffic on the original, and sets
  * MPI_ERRORS_RETURN on the duplicate: every call's return code is checked
- * and turned into one line in c->err ("MPI_Allreduce(n=..., comm size ...)
- * failed: <MPI_Error_string>").
+ * and turned into one line in the caller's error buffer (status.h):
+ * "MPI_Allreduce(n=..., comm size ...) failed: <MPI_Error_string>".
  *
  * Counts are size_t; MPI's are int. A count above the per-call limit
  * (2^28 elements = 2 GiB of fp64, so that no count of 4-byte units inside
@@ -64,6 +64,7 @@
 #include <string.h>
 
 #include "base/bf16.h"
+#include "mpi/status.h"
 
 #define MAX_COUNT_DEFAULT ((size_t)1 << 28)
 
@@ -105,20 +106,19 @@ static size_t n_chunks(size_t n, size_t max) { return n / max + (n % max != 0); 
 
 static int chunk_len(size_t n, size_t off, size_t max) { return (int)(n - off < max ? n - off : max); }
 
-static int fail(comm_t *c, int rc, const char *what, size_t n, const char *extra)
+static status_t fail(const comm_t *c, char *err, size_t errlen, int rc, const char *what, size_t n, const char *extra)
 {
     char msg[MPI_MAX_ERROR_STRING] = "";
     int len = 0;
     if (MPI_Error_string(rc, msg, &len) != MPI_SUCCESS)
         snprintf(msg, sizeof msg, "MPI error code %d", rc);
-    snprintf(c->err, sizeof c->err, "%s(n=%zu%s, comm size %d) failed: %s", what, n, extra ? extra : "", c->size, msg);
-    return -1;
+    return status_set(STATUS_FAIL, err, errlen, "%s(n=%zu%s, comm size %d) failed: %s", what, n, extra ? extra : "",
+                      c->size, msg);
 }
 
-static int fail_msg(comm_t *c, const char *what, size_t n, const char *msg)
+static status_t fail_msg(const comm_t *c, char *err, size_t errlen, const char *what, size_t n, const char *msg)
 {
-    snprintf(c->err, sizeof c->err, "%s(n=%zu, comm size %d) failed: %s", what, n, c->size, msg);
-    return -1;
+    return status_set(STATUS_FAIL, err, errlen, "%s(n=%zu, comm size %d) failed: %s", what, n, c->size, msg);
 }
 
 /* The user-defined MPI_Op of bf16 sums: inout[i] = bf16(in[i] + inout[i]),
@@ -143,23 +143,24 @@ static int to_mpi_op(comm_op_t op, MPI_Op *out)
     return -1;
 }
 
-/* The MPI view of dt and op: 0, or -1 with the message in c->err (an
- * unknown type or op, or bf16 with another op than the sum). */
-static int red_of(comm_t *c, comm_dtype_t dt, comm_op_t op, const char *what, size_t n, red_t *t)
+/* The MPI view of dt and op: STATUS_OK, or STATUS_FAIL with the message in
+ * err (an unknown type or op, or bf16 with another op than the sum). */
+static status_t red_of(comm_t *c, char *err, size_t errlen, comm_dtype_t dt, comm_op_t op, const char *what, size_t n,
+                       red_t *t)
 {
     static const char *const extra[COMM_N_DTYPES] = {NULL, ", bf16", ", int32", ", int64", ", fp64", ", bytes"};
     if ((unsigned)dt >= COMM_N_DTYPES)
-        return fail_msg(c, what, n, "unknown element type");
+        return fail_msg(c, err, errlen, what, n, "unknown element type");
     const MPI_Datatype type[COMM_N_DTYPES] = {MPI_FLOAT,   MPI_UINT16_T, MPI_INT32_T,
                                               MPI_INT64_T, MPI_DOUBLE,   MPI_UINT8_T};
     *t = (red_t){.type = type[dt], .op = MPI_OP_NULL, .size = comm_dtype_size(dt), .extra = extra[dt]};
     if (dt == COMM_BF16) {
         if (op != COMM_SUM)
-            return fail_msg(c, what, n, "bf16 reduces with the sum only");
+            return fail_msg(c, err, errlen, what, n, "bf16 reduces with the sum only");
         t->op = ((const mpi_comm_t *)c)->bf16_sum;
         return 0;
     }
-    return to_mpi_op(op, &t->op) == 0 ? 0 : fail_msg(c, what, n, "unknown reduction op");
+    return to_mpi_op(op, &t->op) == 0 ? 0 : fail_msg(c, err, errlen, what, n, "unknown reduction op");
 }
 
 /* ------------------------------------------------------------------ trace */
@@ -167,7 +168,7 @@ static int red_of(comm_t *c, comm_dtype_t dt, comm_op_t op, const char *what, si
 static double span_t0(const comm_t *c) { return c->trace ? trace_now() : 0.0; }
 
 /* Records [t0, now] for a call that returned rc; returns rc. */
-static int span_end(comm_t *c, int rc, const char *op, double t0, long long bytes, int peer)
+static status_t span_end(comm_t *c, status_t rc, const char *op, double t0, long long bytes, int peer)
 {
     if (!c->trace || rc != 0)
         return rc;
@@ -190,7 +191,7 @@ static double block_begin(comm_t *c, const char *op, long long bytes, int peer)
 }
 
 /* ... and returned rc. */
-static int block_end(comm_t *c, int rc, const char *op, double t0, long long bytes, int peer)
+static status_t block_end(comm_t *c, status_t rc, const char *op, double t0, long long bytes, int peer)
 {
     watchdog_leave(c->watch);
     return span_end(c, rc, op, t0, bytes, peer);
@@ -198,23 +199,23 @@ static int block_end(comm_t *c, int rc, const char *op, double t0, long long byt
 
 /* Allocates the MPI requests of a nonblocking operation into req; op,
  * bytes and peer (-1: none) name its trace span. */
-static mpi_req_t *req_start(comm_t *c, comm_req_t *req, const char *what, size_t n, size_t nreq, const char *op,
-                            long long bytes, int peer)
+static mpi_req_t *req_start(comm_t *c, char *err, size_t errlen, comm_req_t *req, const char *what, size_t n,
+                            size_t nreq, const char *op, long long bytes, int peer)
 {
     if (c->device_sync)
         c->device_sync(c->device_ctx);
     double t0 = span_t0(c);
     if (req->active) {
-        fail_msg(c, what, n, "the request is still in flight (test or wait for it first)");
+        fail_msg(c, err, errlen, what, n, "the request is still in flight (test or wait for it first)");
         return NULL;
     }
     if (nreq > INT_MAX) {
-        fail_msg(c, what, n, "too many chunks");
+        fail_msg(c, err, errlen, what, n, "too many chunks");
         return NULL;
     }
     mpi_req_t *r = malloc(sizeof *r + nreq * sizeof(MPI_Request));
     if (!r) {
-        fail_msg(c, what, n, "out of memory for the requests");
+        fail_msg(c, err, errlen, what, n, "out of memory for the requests");
         return NULL;
     }
     r->what = what;
@@ -234,40 +235,41 @@ static mpi_req_t *req_start(comm_t *c, comm_req_t *req, const char *what, size_t
 
 /* A posting call failed after some chunks were started: those cannot be
  * cancelled (collectives) and are left to MPI; the handle is released. */
-static int req_abandon(comm_req_t *req)
+static status_t req_abandon(comm_req_t *req)
 {
     free(req->impl);
     req->impl = NULL;
     req->active = 0;
-    return -1;
+    return STATUS_FAIL;
 }
 
 /* ------------------------------------------------------------ collectives */
 
-static int allreduce_run(comm_t *c, void *buf, size_t n, red_t t)
+static status_t allreduce_run(comm_t *c, char *err, size_t errlen, void *buf, size_t n, red_t t)
 {
     const size_t max = maxc(c);
     for (size_t off = 0; off < n; off += max) {
         int rc =
             MPI_Allreduce(MPI_IN_PLACE, (char *)buf + off * t.size, chunk_len(n, off, max), t.type, t.op, mcomm(c));
         if (rc != MPI_SUCCESS)
-            return fail(c, rc, "MPI_Allreduce", n, t.extra);
+            return fail(c, err, errlen, rc, "MPI_Allreduce", n, t.extra);
     }
     return 0;
 }
 
 /* op, bytes: the trace span's name and size */
-static int iallreduce_post(comm_t *c, void *buf, size_t n, red_t t, const char *op, long long bytes, comm_req_t *req)
+static status_t iallreduce_post(comm_t *c, char *err, size_t errlen, void *buf, size_t n, red_t t, const char *op,
+                                long long bytes, comm_req_t *req)
 {
     const size_t max = maxc(c);
-    mpi_req_t *r = req_start(c, req, "MPI_Iallreduce", n, n_chunks(n, max), op, bytes, -1);
+    mpi_req_t *r = req_start(c, err, errlen, req, "MPI_Iallreduce", n, n_chunks(n, max), op, bytes, -1);
     if (!r)
-        return -1;
+        return STATUS_FAIL;
     for (size_t off = 0; off < n; off += max) {
         int rc = MPI_Iallreduce(MPI_IN_PLACE, (char *)buf + off * t.size, chunk_len(n, off, max), t.type, t.op,
                                 mcomm(c), &r->r[r->nreq]);
         if (rc != MPI_SUCCESS) {
-            fail(c, rc, "MPI_Iallreduce", n, t.extra);
+            fail(c, err, errlen, rc, "MPI_Iallreduce", n, t.extra);
             return req_abandon(req);
         }
         r->nreq++;
@@ -275,19 +277,20 @@ static int iallreduce_post(comm_t *c, void *buf, size_t n, red_t t, const char *
     return 0;
 }
 
-static int mpi_iallreduce(comm_t *c, void *buf, size_t n, comm_dtype_t dt, comm_op_t op, comm_req_t *req)
+static status_t mpi_iallreduce(comm_t *c, void *buf, size_t n, comm_dtype_t dt, comm_op_t op, comm_req_t *req,
+                               char *err, size_t errlen)
 {
-    red_t t;
-    if (red_of(c, dt, op, "MPI_Iallreduce", n, &t) != 0)
-        return -1;
-    return iallreduce_post(c, buf, n, t, comm_op_name(COMM_K_ALLREDUCE, 1, dt), nbytes(n, dt), req);
+    red_t t = {0};
+    CHECK(red_of(c, err, errlen, dt, op, "MPI_Iallreduce", n, &t));
+    return iallreduce_post(c, err, errlen, buf, n, t, comm_op_name(COMM_K_ALLREDUCE, 1, dt), nbytes(n, dt), req);
 }
 
 /* Chunked reduce-scatter: recv[off..] of rank d = sum over ranks of
  * send[d*n_each + off ..], one MPI_Reduce (or Ireduce) rooted at d per
  * chunk. In place the blocks are reduced in rank order per chunk, so block
  * 0's chunk (where the result lands) is read before it is overwritten. */
-static int reduce_scatter_chunked(comm_t *c, const void *send, void *recv, size_t n_each, red_t t, mpi_req_t *r)
+static status_t reduce_scatter_chunked(comm_t *c, char *err, size_t errlen, const void *send, void *recv, size_t n_each,
+                                       red_t t, mpi_req_t *r)
 {
     const size_t max = maxc(c);
     const int inplace = send == recv;
@@ -303,7 +306,7 @@ static int reduce_scatter_chunked(comm_t *c, const void *send, void *recv, size_
             int rc = r ? MPI_Ireduce(sbuf, dst, len, t.type, t.op, d, mcomm(c), &r->r[r->nreq])
                        : MPI_Reduce(sbuf, dst, len, t.type, t.op, d, mcomm(c));
             if (rc != MPI_SUCCESS)
-                return fail(c, rc, r ? "MPI_Ireduce" : "MPI_Reduce", n_each, extra);
+                return fail(c, err, errlen, rc, r ? "MPI_Ireduce" : "MPI_Reduce", n_each, extra);
             if (r)
                 r->nreq++;
         }
@@ -311,64 +314,68 @@ static int reduce_scatter_chunked(comm_t *c, const void *send, void *recv, size_
     return 0;
 }
 
-static int reduce_scatter_run(comm_t *c, const void *send, void *recv, size_t n_each, red_t t)
+static status_t reduce_scatter_run(comm_t *c, char *err, size_t errlen, const void *send, void *recv, size_t n_each,
+                                   red_t t)
 {
     if (n_each > maxc(c))
-        return reduce_scatter_chunked(c, send, recv, n_each, t, NULL);
+        return reduce_scatter_chunked(c, err, errlen, send, recv, n_each, t, NULL);
     int rc = MPI_Reduce_scatter_block(send == recv ? MPI_IN_PLACE : send, recv, (int)n_each, t.type, t.op, mcomm(c));
     if (rc != MPI_SUCCESS) {
         char extra[32];
         snprintf(extra, sizeof extra, " per rank%s", t.extra ? t.extra : "");
-        return fail(c, rc, "MPI_Reduce_scatter_block", n_each, extra);
+        return fail(c, err, errlen, rc, "MPI_Reduce_scatter_block", n_each, extra);
     }
     return 0;
 }
 
 /* op: the trace span's name; bytes: the whole send buffer's */
-static int ireduce_scatter_post(comm_t *c, const void *send, void *recv, size_t n_each, red_t t, const char *op,
-                                comm_req_t *req)
+static status_t ireduce_scatter_post(comm_t *c, char *err, size_t errlen, const void *send, void *recv, size_t n_each,
+                                     red_t t, const char *op, comm_req_t *req)
 {
     const long long bytes = (long long)(n_each * (size_t)c->size * t.size);
     if (n_each > maxc(c) && send == recv) {
         /* ordered in-place reductions: run them now, hand back a finished request */
         if (req->active)
-            return fail_msg(c, "MPI_Ireduce", n_each, "the request is still in flight (test or wait for it first)");
+            return fail_msg(c, err, errlen, "MPI_Ireduce", n_each,
+                            "the request is still in flight (test or wait for it first)");
         req->comm = c;
         req->impl = NULL;
         req->active = 0;
         double t0 = block_begin(c, op, bytes, -1);
-        return block_end(c, reduce_scatter_chunked(c, send, recv, n_each, t, NULL), op, t0, bytes, -1);
+        return block_end(c, reduce_scatter_chunked(c, err, errlen, send, recv, n_each, t, NULL), op, t0, bytes, -1);
     }
     size_t nreq = n_each > maxc(c) ? n_chunks(n_each, maxc(c)) * (size_t)c->size : 1;
-    mpi_req_t *r =
-        req_start(c, req, n_each > maxc(c) ? "MPI_Ireduce" : "MPI_Ireduce_scatter_block", n_each, nreq, op, bytes, -1);
+    mpi_req_t *r = req_start(c, err, errlen, req, n_each > maxc(c) ? "MPI_Ireduce" : "MPI_Ireduce_scatter_block",
+                             n_each, nreq, op, bytes, -1);
     if (!r)
-        return -1;
+        return STATUS_FAIL;
     if (n_each > maxc(c))
-        return reduce_scatter_chunked(c, send, recv, n_each, t, r) == 0 ? 0 : req_abandon(req);
+        return reduce_scatter_chunked(c, err, errlen, send, recv, n_each, t, r) == STATUS_OK ? STATUS_OK
+                                                                                             : req_abandon(req);
     int rc = MPI_Ireduce_scatter_block(send == recv ? MPI_IN_PLACE : send, recv, (int)n_each, t.type, t.op, mcomm(c),
                                        &r->r[0]);
     if (rc != MPI_SUCCESS) {
         char extra[32];
         snprintf(extra, sizeof extra, " per rank%s", t.extra ? t.extra : "");
-        fail(c, rc, "MPI_Ireduce_scatter_block", n_each, extra);
+        fail(c, err, errlen, rc, "MPI_Ireduce_scatter_block", n_each, extra);
         return req_abandon(req);
     }
     r->nreq = 1;
     return 0;
 }
 
-static int mpi_ireduce_scatter(comm_t *c, const void *send, void *recv, size_t n_each, comm_dtype_t dt, comm_req_t *req)
+static status_t mpi_ireduce_scatter(comm_t *c, const void *send, void *recv, size_t n_each, comm_dtype_t dt,
+                                    comm_req_t *req, char *err, size_t errlen)
 {
-    red_t t;
-    if (red_of(c, dt, COMM_SUM, "MPI_Ireduce_scatter_block", n_each, &t) != 0)
-        return -1;
-    return ireduce_scatter_post(c, send, recv, n_each, t, comm_op_name(COMM_K_REDUCE_SCATTER, 1, dt), req);
+    red_t t = {0};
+    CHECK(red_of(c, err, errlen, dt, COMM_SUM, "MPI_Ireduce_scatter_block", n_each, &t));
+    return ireduce_scatter_post(c, err, errlen, send, recv, n_each, t, comm_op_name(COMM_K_REDUCE_SCATTER, 1, dt), req);
 }
 
 /* The block type of one chunk of a chunked allgather: len elements whose
  * extent is the block stride (n_each elements), in *strided. */
-static int strided_type(comm_t *c, red_t t, int len, size_t n_each, MPI_Datatype *strided)
+static status_t strided_type(comm_t *c, char *err, size_t errlen, red_t t, int len, size_t n_each,
+                             MPI_Datatype *strided)
 {
     MPI_Datatype block = MPI_DATATYPE_NULL;
     *strided = MPI_DATATYPE_NULL;
@@ -383,13 +390,14 @@ static int strided_type(comm_t *c, red_t t, int len, size_t n_each, MPI_Datatype
         return 0;
     if (*strided != MPI_DATATYPE_NULL)
         MPI_Type_free(strided);
-    return fail(c, rc, "MPI_Type_create_resized", n_each, " per rank, chunked allgather");
+    return fail(c, err, errlen, rc, "MPI_Type_create_resized", n_each, " per rank, chunked allgather");
 }
 
 /* One allgather per chunk: this rank's [off, off+len) into every block's
  * [off, off+len), through a type of len elements whose extent is the block
  * stride. In place the contribution is already at recv + rank*n_each + off. */
-static int allgather_chunks(comm_t *c, const void *send, void *recv, size_t n_each, red_t t, mpi_req_t *r)
+static status_t allgather_chunks(comm_t *c, char *err, size_t errlen, const void *send, void *recv, size_t n_each,
+                                 red_t t, mpi_req_t *r)
 {
     const size_t max = maxc(c);
     const int inplace = send == (const char *)recv + (size_t)c->rank * n_each * t.size;
@@ -398,8 +406,8 @@ static int allgather_chunks(comm_t *c, const void *send, void *recv, size_t n_ea
         int len = chunk_len(n_each, off, max);
         MPI_Datatype strided = MPI_DATATYPE_NULL;
         const int rtype_own = n_each > max;
-        if (rtype_own && strided_type(c, t, len, n_each, &strided) != 0)
-            return -1;
+        if (rtype_own && strided_type(c, err, errlen, t, len, n_each, &strided) != 0)
+            return STATUS_FAIL;
         const void *sbuf = inplace ? MPI_IN_PLACE : (const void *)((const char *)send + off * t.size);
         void *rbuf = (char *)recv + off * t.size;
         int rcount = rtype_own ? 1 : len;
@@ -412,7 +420,7 @@ static int allgather_chunks(comm_t *c, const void *send, void *recv, size_t n_ea
         if (rc != MPI_SUCCESS) {
             char extra[32];
             snprintf(extra, sizeof extra, " per rank%s", t.extra ? t.extra : "");
-            return fail(c, rc, what, n_each, extra);
+            return fail(c, err, errlen, rc, what, n_each, extra);
         }
         if (r)
             r->nreq++;
@@ -420,19 +428,19 @@ static int allgather_chunks(comm_t *c, const void *send, void *recv, size_t n_ea
     return 0;
 }
 
-static int mpi_iallgather(comm_t *c, const void *send, void *recv, size_t n_each, comm_dtype_t dt, comm_req_t *req)
+static status_t mpi_iallgather(comm_t *c, const void *send, void *recv, size_t n_each, comm_dtype_t dt, comm_req_t *req,
+                               char *err, size_t errlen)
 {
-    red_t t;
-    if (red_of(c, dt, COMM_SUM, "MPI_Iallgather", n_each, &t) != 0)
-        return -1;
-    mpi_req_t *r = req_start(c, req, "MPI_Iallgather", n_each, n_chunks(n_each, maxc(c)),
+    red_t t = {0};
+    CHECK(red_of(c, err, errlen, dt, COMM_SUM, "MPI_Iallgather", n_each, &t));
+    mpi_req_t *r = req_start(c, err, errlen, req, "MPI_Iallgather", n_each, n_chunks(n_each, maxc(c)),
                              comm_op_name(COMM_K_ALLGATHER, 1, dt), nbytes(n_each * (size_t)c->size, dt), -1);
     if (!r)
-        return -1;
-    return allgather_chunks(c, send, recv, n_each, t, r) == 0 ? 0 : req_abandon(req);
+        return STATUS_FAIL;
+    return allgather_chunks(c, err, errlen, send, recv, n_each, t, r) == STATUS_OK ? STATUS_OK : req_abandon(req);
 }
 
-static int broadcast_run(comm_t *c, void *buf, size_t n, red_t t, int root)
+static status_t broadcast_run(comm_t *c, char *err, size_t errlen, void *buf, size_t n, red_t t, int root)
 {
     const size_t max = maxc(c);
     for (size_t off = 0; off < n; off += max) {
@@ -440,7 +448,7 @@ static int broadcast_run(comm_t *c, void *buf, size_t n, red_t t, int root)
         if (rc != MPI_SUCCESS) {
             char extra[48];
             snprintf(extra, sizeof extra, "%s, root %d", t.extra ? t.extra : "", root);
-            return fail(c, rc, "MPI_Bcast", n, extra);
+            return fail(c, err, errlen, rc, "MPI_Bcast", n, extra);
         }
     }
     return 0;
@@ -448,14 +456,15 @@ static int broadcast_run(comm_t *c, void *buf, size_t n, red_t t, int root)
 
 /* --------------------------------------------------------- point to point */
 
-static int p2p_fail(comm_t *c, int rc, const char *what, size_t n, red_t t, int peer, int tag)
+static status_t p2p_fail(comm_t *c, char *err, size_t errlen, int rc, const char *what, size_t n, red_t t, int peer,
+                         int tag)
 {
     char extra[64];
     snprintf(extra, sizeof extra, "%s, peer %d, tag %d", t.extra ? t.extra : "", peer, tag);
-    return fail(c, rc, what, n, extra);
+    return fail(c, err, errlen, rc, what, n, extra);
 }
 
-static int send_run(comm_t *c, const void *buf, size_t n, red_t t, int peer, int tag)
+static status_t send_run(comm_t *c, char *err, size_t errlen, const void *buf, size_t n, red_t t, int peer, int tag)
 {
     const size_t max = maxc(c);
     size_t off = 0;
@@ -463,13 +472,13 @@ static int send_run(comm_t *c, const void *buf, size_t n, red_t t, int peer, int
         int rc =
             MPI_Send((const char *)buf + off * t.size, n ? chunk_len(n, off, max) : 0, t.type, peer, tag, mcomm(c));
         if (rc != MPI_SUCCESS)
-            return p2p_fail(c, rc, "MPI_Send", n, t, peer, tag);
+            return p2p_fail(c, err, errlen, rc, "MPI_Send", n, t, peer, tag);
         off += max;
     } while (off < n);
     return 0;
 }
 
-static int recv_run(comm_t *c, void *buf, size_t n, red_t t, int peer, int tag)
+static status_t recv_run(comm_t *c, char *err, size_t errlen, void *buf, size_t n, red_t t, int peer, int tag)
 {
     const size_t max = maxc(c);
     size_t off = 0;
@@ -480,12 +489,12 @@ static int recv_run(comm_t *c, void *buf, size_t n, red_t t, int peer, int tag)
         if (rc == MPI_SUCCESS)
             rc = MPI_Get_count(&st, t.type, &got);
         if (rc != MPI_SUCCESS)
-            return p2p_fail(c, rc, "MPI_Recv", n, t, peer, tag);
+            return p2p_fail(c, err, errlen, rc, "MPI_Recv", n, t, peer, tag);
         if (got != want) {
             char msg[96];
             snprintf(msg, sizeof msg, "peer %d sent %d %s where %d were expected", peer, got,
                      t.extra ? "elements" : "floats", want);
-            return fail_msg(c, "MPI_Recv", n, msg);
+            return fail_msg(c, err, errlen, "MPI_Recv", n, msg);
         }
         off += max;
     } while (off < n);
@@ -493,25 +502,24 @@ static int recv_run(comm_t *c, void *buf, size_t n, red_t t, int peer, int tag)
 }
 
 /* isend (send != NULL) or irecv: one request per chunk */
-static int p2p_post(comm_t *c, const void *send, void *recv, size_t n, comm_dtype_t dt, int peer, int tag,
-                    comm_req_t *req)
+static status_t p2p_post(comm_t *c, char *err, size_t errlen, const void *send, void *recv, size_t n, comm_dtype_t dt,
+                         int peer, int tag, comm_req_t *req)
 {
     const char *what = send ? "MPI_Isend" : "MPI_Irecv";
-    red_t t;
-    if (red_of(c, dt, COMM_SUM, what, n, &t) != 0)
-        return -1;
+    red_t t = {0};
+    CHECK(red_of(c, err, errlen, dt, COMM_SUM, what, n, &t));
     const size_t max = maxc(c);
-    mpi_req_t *r = req_start(c, req, what, n, n ? n_chunks(n, max) : 1,
+    mpi_req_t *r = req_start(c, err, errlen, req, what, n, n ? n_chunks(n, max) : 1,
                              comm_op_name(send ? COMM_K_SEND : COMM_K_RECV, 1, dt), nbytes(n, dt), peer);
     if (!r)
-        return -1;
+        return STATUS_FAIL;
     size_t off = 0;
     do {
         const int len = n ? chunk_len(n, off, max) : 0;
         int rc = send ? MPI_Isend((const char *)send + off * t.size, len, t.type, peer, tag, mcomm(c), &r->r[r->nreq])
                       : MPI_Irecv((char *)recv + off * t.size, len, t.type, peer, tag, mcomm(c), &r->r[r->nreq]);
         if (rc != MPI_SUCCESS) {
-            p2p_fail(c, rc, what, n, t, peer, tag);
+            p2p_fail(c, err, errlen, rc, what, n, t, peer, tag);
             return req_abandon(req);
         }
         r->nreq++;
@@ -520,14 +528,16 @@ static int p2p_post(comm_t *c, const void *send, void *recv, size_t n, comm_dtyp
     return 0;
 }
 
-static int mpi_isend(comm_t *c, const void *buf, size_t n, comm_dtype_t dt, int peer, int tag, comm_req_t *req)
+static status_t mpi_isend(comm_t *c, const void *buf, size_t n, comm_dtype_t dt, int peer, int tag, comm_req_t *req,
+                          char *err, size_t errlen)
 {
-    return p2p_post(c, buf, NULL, n, dt, peer, tag, req);
+    return p2p_post(c, err, errlen, buf, NULL, n, dt, peer, tag, req);
 }
 
-static int mpi_irecv(comm_t *c, void *buf, size_t n, comm_dtype_t dt, int peer, int tag, comm_req_t *req)
+static status_t mpi_irecv(comm_t *c, void *buf, size_t n, comm_dtype_t dt, int peer, int tag, comm_req_t *req,
+                          char *err, size_t errlen)
 {
-    return p2p_post(c, NULL, buf, n, dt, peer, tag, req);
+    return p2p_post(c, err, errlen, NULL, buf, n, dt, peer, tag, req);
 }
 
 /* ------------------------------------------------------------- completion */
@@ -546,7 +556,7 @@ static void req_release(comm_req_t *req)
     req->active = 0;
 }
 
-static int mpi_test(comm_req_t *req, int *done)
+static status_t mpi_test(comm_req_t *req, int *done, char *err, size_t errlen)
 {
     *done = 1;
     if (!req->active)
@@ -557,9 +567,9 @@ static int mpi_test(comm_req_t *req, int *done)
     if (rc != MPI_SUCCESS) {
         char what[64];
         snprintf(what, sizeof what, "MPI_Testall(%s)", r->what);
-        fail(req->comm, rc, what, r->n, NULL);
+        fail(req->comm, err, errlen, rc, what, r->n, NULL);
         req_release(req);
-        return -1;
+        return STATUS_FAIL;
     }
     *done = flag;
     if (flag) {
@@ -569,7 +579,7 @@ static int mpi_test(comm_req_t *req, int *done)
     return 0;
 }
 
-static int mpi_wait(comm_req_t *req)
+static status_t mpi_wait(comm_req_t *req, char *err, size_t errlen)
 {
     if (!req->active)
         return 0;
@@ -580,19 +590,19 @@ static int mpi_wait(comm_req_t *req)
     if (rc != MPI_SUCCESS) {
         char what[64];
         snprintf(what, sizeof what, "MPI_Waitall(%s)", r->what);
-        fail(req->comm, rc, what, r->n, NULL);
+        fail(req->comm, err, errlen, rc, what, r->n, NULL);
         req_release(req);
-        return -1;
+        return STATUS_FAIL;
     }
     req_span(req);
     req_release(req);
     return 0;
 }
 
-static int barrier_run(comm_t *c)
+static status_t barrier_run(comm_t *c, char *err, size_t errlen)
 {
     int rc = MPI_Barrier(mcomm(c));
-    return rc == MPI_SUCCESS ? 0 : fail(c, rc, "MPI_Barrier", 0, NULL);
+    return rc == MPI_SUCCESS ? 0 : fail(c, err, errlen, rc, "MPI_Barrier", 0, NULL);
 }
 
 static void mpi_destroy(comm_t *c)
@@ -613,74 +623,74 @@ static void mpi_destroy(comm_t *c)
 /* Blocking calls: the operation, timed when traced, watched when
  * comm->watch is set. A wrong type or op fails before the watchdog's mark. */
 
-static int mpi_allreduce(comm_t *c, void *buf, size_t n, comm_dtype_t dt, comm_op_t op)
+static status_t mpi_allreduce(comm_t *c, void *buf, size_t n, comm_dtype_t dt, comm_op_t op, char *err, size_t errlen)
 {
-    red_t t;
-    if (red_of(c, dt, op, "MPI_Allreduce", n, &t) != 0)
-        return -1;
+    red_t t = {0};
+    CHECK(red_of(c, err, errlen, dt, op, "MPI_Allreduce", n, &t));
     const char *name = comm_op_name(COMM_K_ALLREDUCE, 0, dt);
     double t0 = block_begin(c, name, nbytes(n, dt), -1);
-    return block_end(c, allreduce_run(c, buf, n, t), name, t0, nbytes(n, dt), -1);
+    return block_end(c, allreduce_run(c, err, errlen, buf, n, t), name, t0, nbytes(n, dt), -1);
 }
 
-static int mpi_reduce_scatter(comm_t *c, const void *send, void *recv, size_t n_each, comm_dtype_t dt)
+static status_t mpi_reduce_scatter(comm_t *c, const void *send, void *recv, size_t n_each, comm_dtype_t dt, char *err,
+                                   size_t errlen)
 {
-    red_t t;
-    if (red_of(c, dt, COMM_SUM, "MPI_Reduce_scatter_block", n_each, &t) != 0)
-        return -1;
+    red_t t = {0};
+    CHECK(red_of(c, err, errlen, dt, COMM_SUM, "MPI_Reduce_scatter_block", n_each, &t));
     const char *name = comm_op_name(COMM_K_REDUCE_SCATTER, 0, dt);
     const long long bytes = nbytes(n_each * (size_t)c->size, dt);
     double t0 = block_begin(c, name, bytes, -1);
-    return block_end(c, reduce_scatter_run(c, send, recv, n_each, t), name, t0, bytes, -1);
+    return block_end(c, reduce_scatter_run(c, err, errlen, send, recv, n_each, t), name, t0, bytes, -1);
 }
 
-static int mpi_allgather(comm_t *c, const void *send, void *recv, size_t n_each, comm_dtype_t dt)
+static status_t mpi_allgather(comm_t *c, const void *send, void *recv, size_t n_each, comm_dtype_t dt, char *err,
+                              size_t errlen)
 {
-    red_t t;
-    if (red_of(c, dt, COMM_SUM, "MPI_Allgather", n_each, &t) != 0)
-        return -1;
+    red_t t = {0};
+    CHECK(red_of(c, err, errlen, dt, COMM_SUM, "MPI_Allgather", n_each, &t));
     const char *name = comm_op_name(COMM_K_ALLGATHER, 0, dt);
     const long long bytes = nbytes(n_each * (size_t)c->size, dt);
     double t0 = block_begin(c, name, bytes, -1);
-    return block_end(c, allgather_chunks(c, send, recv, n_each, t, NULL), name, t0, bytes, -1);
+    return block_end(c, allgather_chunks(c, err, errlen, send, recv, n_each, t, NULL), name, t0, bytes, -1);
 }
 
-static int mpi_broadcast(comm_t *c, void *buf, size_t n, comm_dtype_t dt, int root)
+static status_t mpi_broadcast(comm_t *c, void *buf, size_t n, comm_dtype_t dt, int root, char *err, size_t errlen)
 {
-    red_t t;
-    if (red_of(c, dt, COMM_SUM, "MPI_Bcast", n, &t) != 0)
-        return -1;
+    red_t t = {0};
+    CHECK(red_of(c, err, errlen, dt, COMM_SUM, "MPI_Bcast", n, &t));
     const char *name = comm_op_name(COMM_K_BCAST, 0, dt);
     double t0 = block_begin(c, name, nbytes(n, dt), root);
-    return block_end(c, broadcast_run(c, buf, n, t, root), name, t0, nbytes(n, dt), root);
+    return block_end(c, broadcast_run(c, err, errlen, buf, n, t, root), name, t0, nbytes(n, dt), root);
 }
 
 /* blocking point to point: send != NULL sends, else receives into recv */
-static int p2p_block(comm_t *c, const void *send, void *recv, size_t n, comm_dtype_t dt, int peer, int tag)
+static status_t p2p_block(comm_t *c, const void *send, void *recv, size_t n, comm_dtype_t dt, int peer, int tag,
+                          char *err, size_t errlen)
 {
-    red_t t;
-    if (red_of(c, dt, COMM_SUM, send ? "MPI_Send" : "MPI_Recv", n, &t) != 0)
-        return -1;
+    red_t t = {0};
+    CHECK(red_of(c, err, errlen, dt, COMM_SUM, send ? "MPI_Send" : "MPI_Recv", n, &t));
     const char *name = comm_op_name(send ? COMM_K_SEND : COMM_K_RECV, 0, dt);
     double t0 = block_begin(c, name, nbytes(n, dt), peer);
-    int rc = send ? send_run(c, send, n, t, peer, tag) : recv_run(c, recv, n, t, peer, tag);
+    status_t rc =
+        send ? send_run(c, err, errlen, send, n, t, peer, tag) : recv_run(c, err, errlen, recv, n, t, peer, tag);
     return block_end(c, rc, name, t0, nbytes(n, dt), peer);
 }
 
-static int mpi_send(comm_t *c, const void *buf, size_t n, comm_dtype_t dt, int peer, int tag)
+static status_t mpi_send(comm_t *c, const void *buf, size_t n, comm_dtype_t dt, int peer, int tag, char *err,
+                         size_t errlen)
 {
-    return p2p_block(c, buf, NULL, n, dt, peer, tag);
+    return p2p_block(c, buf, NULL, n, dt, peer, tag, err, errlen);
 }
 
-static int mpi_recv(comm_t *c, void *buf, size_t n, comm_dtype_t dt, int peer, int tag)
+static status_t mpi_recv(comm_t *c, void *buf, size_t n, comm_dtype_t dt, int peer, int tag, char *err, size_t errlen)
 {
-    return p2p_block(c, NULL, buf, n, dt, peer, tag);
+    return p2p_block(c, NULL, buf, n, dt, peer, tag, err, errlen);
 }
 
-static int mpi_barrier(comm_t *c)
+static status_t mpi_barrier(comm_t *c, char *err, size_t errlen)
 {
     double t0 = block_begin(c, "barrier", 0, -1);
-    return block_end(c, barrier_run(c), "barrier", t0, 0, -1);
+    return block_end(c, barrier_run(c, err, errlen), "barrier", t0, 0, -1);
 }
 
 static const comm_ops_t mpi_ops = {

@@ -48,16 +48,16 @@ static float inv_dp(const ddp_t *d) { return 1.0f / (float)d->dp->size; }
 
 /* The all-reduce of [start, start+n) of the gradients: blocking (req NULL)
  * or posted. bf16: rounded into the staging buffer first, reduced there. */
-static int reduce_range(ddp_t *d, size_t start, size_t n, comm_req_t *req)
+static status_t reduce_range(ddp_t *d, size_t start, size_t n, comm_req_t *req, char *err, size_t errlen)
 {
     comm_t *c = d->dp;
     if (d->dtype == COMM_BF16) {
         d->ops->cast_f32_to_bf16(d->ops->ctx, d->half + start, d->grads + start, n);
-        return req ? c->ops->iallreduce(c, d->half + start, n, COMM_BF16, COMM_SUM, req)
-                   : c->ops->allreduce(c, d->half + start, n, COMM_BF16, COMM_SUM);
+        return req ? c->ops->iallreduce(c, d->half + start, n, COMM_BF16, COMM_SUM, req, err, errlen)
+                   : c->ops->allreduce(c, d->half + start, n, COMM_BF16, COMM_SUM, err, errlen);
     }
-    return req ? c->ops->iallreduce(c, d->grads + start, n, COMM_FP32, COMM_SUM, req)
-               : c->ops->allreduce(c, d->grads + start, n, COMM_FP32, COMM_SUM);
+    return req ? c->ops->iallreduce(c, d->grads + start, n, COMM_FP32, COMM_SUM, req, err, errlen)
+               : c->ops->allreduce(c, d->grads + start, n, COMM_FP32, COMM_SUM, err, errlen);
 }
 
 /* [start, start+n) is reduced: widened back from bf16 (bf16 mode), then
@@ -69,11 +69,9 @@ static void range_done(ddp_t *d, size_t start, size_t n, float s)
     d->ops->scale(d->ops->ctx, d->grads + start, s, n);
 }
 
-static int set_err(ddp_t *d, const char *msg)
+static status_t set_err(char *err, size_t errlen, const char *msg)
 {
-    if (d->dp)
-        snprintf(d->dp->err, sizeof d->dp->err, "ddp: %s", msg);
-    return -1;
+    return status_set(STATUS_FAIL, err, errlen, "ddp: %s", msg);
 }
 
 const char *const ddp_mode_names[] = {[DDP_NAIVE] = "naive", [DDP_FLAT] = "flat", [DDP_BUCKETED] = "bucketed", NULL};
@@ -125,8 +123,9 @@ size_t ddp_staging_bytes(size_t n, int dp_size, comm_dtype_t dtype)
     return dtype == COMM_BF16 && dp_size > 1 ? n * sizeof(uint16_t) : 0;
 }
 
-int ddp_create(ddp_t *d, const ops_t *ops, const mem_tracker_t *mem, ddp_mode_t mode, comm_t *dp, float *grads,
-               size_t n, const size_t *tensor_start, int n_tensors, size_t bucket_bytes, comm_dtype_t dtype)
+status_t ddp_create(ddp_t *d, const ops_t *ops, const mem_tracker_t *mem, ddp_mode_t mode, comm_t *dp, float *grads,
+                    size_t n, const size_t *tensor_start, int n_tensors, size_t bucket_bytes, comm_dtype_t dtype,
+                    char *err, size_t errlen)
 {
     memset(d, 0, sizeof *d);
     d->ops = ops;
@@ -138,16 +137,16 @@ int ddp_create(ddp_t *d, const ops_t *ops, const mem_tracker_t *mem, ddp_mode_t 
     d->n = n;
     d->dtype = dtype;
     if (!dp)
-        return -1;
+        return set_err(err, errlen, "no data-parallel group");
     if (mode != DDP_NAIVE && mode != DDP_FLAT && mode != DDP_BUCKETED)
-        return set_err(d, "unknown mode");
+        return set_err(err, errlen, "unknown mode");
     if (dtype != COMM_FP32 && dtype != COMM_BF16)
-        return set_err(d, "unknown reduction dtype");
+        return set_err(err, errlen, "unknown reduction dtype");
     if (!ops || n_tensors < 0 || (n_tensors > 0 && !tensor_start) || (n > 0 && !grads))
-        return set_err(d, "invalid arguments");
+        return set_err(err, errlen, "invalid arguments");
     d->tensor_start = malloc(((size_t)n_tensors + 1) * sizeof *d->tensor_start);
     if (!d->tensor_start)
-        return set_err(d, "out of memory");
+        return set_err(err, errlen, "out of memory");
     for (int t = 0; t < n_tensors; t++) {
         d->tensor_start[t] = tensor_start[t];
         size_t prev = t ? tensor_start[t - 1] : 0;
@@ -156,14 +155,14 @@ int ddp_create(ddp_t *d, const ops_t *ops, const mem_tracker_t *mem, ddp_mode_t 
             snprintf(msg, sizeof msg, "tensor %d starts at %zu: offsets must ascend from 0 and stay within %zu", t,
                      tensor_start[t], n);
             ddp_destroy(d);
-            return set_err(d, msg);
+            return set_err(err, errlen, msg);
         }
     }
     d->tensor_start[n_tensors] = n;
     d->n_tensors = n_tensors;
     if (n_tensors == 0 && n > 0) {
         ddp_destroy(d);
-        return set_err(d, "a non-empty buffer needs at least one tensor");
+        return set_err(err, errlen, "a non-empty buffer needs at least one tensor");
     }
     if (mode == DDP_BUCKETED) {
         size_t cap = bucket_bytes / sizeof(float);
@@ -172,7 +171,7 @@ int ddp_create(ddp_t *d, const ops_t *ops, const mem_tracker_t *mem, ddp_mode_t 
             d->buckets = calloc((size_t)nb, sizeof *d->buckets);
             if (!d->buckets) {
                 ddp_destroy(d);
-                return set_err(d, "out of memory");
+                return set_err(err, errlen, "out of memory");
             }
             make_buckets(d, cap, d->buckets);
         }
@@ -183,7 +182,7 @@ int ddp_create(ddp_t *d, const ops_t *ops, const mem_tracker_t *mem, ddp_mode_t 
         /* no fill needed: a range is cast into it before it is sent */
         if (!(d->half = ops->alloc(ops->ctx, half_bytes))) {
             ddp_destroy(d);
-            return set_err(d, "out of memory for the bf16 staging buffer");
+            return set_err(err, errlen, "out of memory for the bf16 staging buffer");
         }
         mem_tracker_count(&d->mem, MEM_COMM, (long long)half_bytes);
     }
@@ -218,15 +217,14 @@ void ddp_begin(ddp_t *d)
 /* Tests the launched buckets oldest first, scaling each one that has
  * finished; stops at the first still in flight (they finish in order, and
  * one MPI_Test progresses all of them). */
-static int progress(ddp_t *d)
+static status_t progress(ddp_t *d, char *err, size_t errlen)
 {
     for (int b = 0; b < d->next_bucket; b++) {
         ddp_bucket_t *k = &d->buckets[b];
         if (k->launched == BUCKET_DONE)
             continue;
         int done = 0;
-        if (d->dp->ops->test(&k->req, &done) != 0)
-            return -1;
+        CHECK(d->dp->ops->test(&k->req, &done, err, errlen));
         if (!done)
             break;
         range_done(d, k->start, k->n, inv_dp(d));
@@ -235,35 +233,33 @@ static int progress(ddp_t *d)
     return 0;
 }
 
-static int launch_ready(ddp_t *d, size_t ready_from)
+static status_t launch_ready(ddp_t *d, size_t ready_from, char *err, size_t errlen)
 {
     while (d->next_bucket < d->n_buckets && d->buckets[d->next_bucket].start >= ready_from) {
         ddp_bucket_t *k = &d->buckets[d->next_bucket];
-        if (reduce_range(d, k->start, k->n, &k->req) != 0)
-            return -1;
+        CHECK(reduce_range(d, k->start, k->n, &k->req, err, errlen));
         k->launched = BUCKET_IN_FLIGHT;
         d->next_bucket++;
     }
     return 0;
 }
 
-int ddp_grads_ready(ddp_t *d, size_t ready_from)
+status_t ddp_grads_ready(ddp_t *d, size_t ready_from, char *err, size_t errlen)
 {
     if (d->mode != DDP_BUCKETED || d->dp->size == 1)
-        return 0;
-    if (launch_ready(d, ready_from) != 0)
-        return -1;
-    return progress(d);
+        return STATUS_OK;
+    CHECK(launch_ready(d, ready_from, err, errlen));
+    return progress(d, err, errlen);
 }
 
-int ddp_finish(ddp_t *d)
+status_t ddp_finish(ddp_t *d, char *err, size_t errlen)
 {
     if (d->dp->size == 1)
         return 0;
     const float s = inv_dp(d);
     d->ops->sync(d->ops->ctx); /* backward's last kernels are compute, not communication wait */
     double t0 = now_s(), blocked = 0.0;
-    int rc = 0;
+    status_t rc = STATUS_OK;
     switch (d->mode) {
     case DDP_NAIVE:
         for (int t = d->n_tensors - 1; t >= 0 && rc == 0; t--) {
@@ -271,7 +267,7 @@ int ddp_finish(ddp_t *d)
             if (tn == 0)
                 continue;
             double t1 = now_s();
-            rc = reduce_range(d, ts, tn, NULL);
+            rc = reduce_range(d, ts, tn, NULL, err, errlen);
             blocked += now_s() - t1;
             if (rc == 0)
                 range_done(d, ts, tn, s);
@@ -279,21 +275,21 @@ int ddp_finish(ddp_t *d)
         break;
     case DDP_FLAT:
         if (d->n > 0) {
-            rc = reduce_range(d, 0, d->n, NULL);
+            rc = reduce_range(d, 0, d->n, NULL, err, errlen);
             blocked = now_s() - t0;
             if (rc == 0)
                 range_done(d, 0, d->n, s);
         }
         break;
     case DDP_BUCKETED:
-        rc = launch_ready(d, 0);
+        rc = launch_ready(d, 0, err, errlen);
         blocked = now_s() - t0;
         for (int b = 0; b < d->n_buckets && rc == 0; b++) {
             ddp_bucket_t *k = &d->buckets[b];
             if (k->launched == BUCKET_DONE)
                 continue; /* finished and scaled during backward */
             double t1 = now_s();
-            rc = d->dp->ops->wait(&k->req);
+            rc = d->dp->ops->wait(&k->req, err, errlen);
             blocked += now_s() - t1;
             if (rc == 0) {
                 range_done(d, k->start, k->n, s);

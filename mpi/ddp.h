@@ -68,9 +68,11 @@ typedef struct ddp {
  * tensor_start: ascending offsets of the tensors, n_tensors of them,
  * covering [0, n). Bucket boundaries fall on tensor boundaries (a tensor
  * larger than the bucket size is a bucket of its own). dtype: fp32 or bf16
- * reductions (see above). Returns 0 or -1. */
-int ddp_create(ddp_t *d, const ops_t *ops, const mem_tracker_t *mem, ddp_mode_t mode, comm_t *dp, float *grads,
-               size_t n, const size_t *tensor_start, int n_tensors, size_t bucket_bytes, comm_dtype_t dtype);
+ * reductions (see above). Returns a status with one line "ddp: ..." in err
+ * (mpi/status.h, as every fallible function here). */
+status_t ddp_create(ddp_t *d, const ops_t *ops, const mem_tracker_t *mem, ddp_mode_t mode, comm_t *dp, float *grads,
+                    size_t n, const size_t *tensor_start, int n_tensors, size_t bucket_bytes, comm_dtype_t dtype,
+                    char *err, size_t errlen);
 void ddp_destroy(ddp_t *d);
 
 /* Bytes of the bf16 staging buffer (MEM_COMM) ddp_create allocates for n
@@ -83,10 +85,11 @@ void ddp_begin(ddp_t *d);
 /* Every gradient at offset >= ready_from is final for this step. Launches
  * the buckets that became complete (bucketed mode) and tests the ones in
  * flight. Cheap when nothing changed; call it between kernels. */
-int ddp_grads_ready(ddp_t *d, size_t ready_from);
+status_t ddp_grads_ready(ddp_t *d, size_t ready_from, char *err, size_t errlen);
 /* All gradients final: completes communication (naive/flat: does all of
- * it) and scales by 1/dp. Returns 0 or -1 with the message in d->dp->err. */
-int ddp_finish(ddp_t *d);
+ * it) and scales by 1/dp. Returns a status, the communicator's message in
+ * err. */
+status_t ddp_finish(ddp_t *d, char *err, size_t errlen);
 
 /* "naive" / "flat" / "bucketed" -> mode; -1 otherwise. */
 int ddp_mode_parse(const char *s, ddp_mode_t *mode);

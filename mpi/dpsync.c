@@ -15,10 +15,18 @@ const dpsync_ops_t *dpsync_pick(int zero_stage)
     return zero_stage >= 0 && zero_stage < 4 ? by_stage[zero_stage] : NULL;
 }
 
-int dpsync_fail(dpsync_t *s, const char *what, const comm_t *c)
+status_t dpsync_fail(char *err, size_t errlen, const char *what)
 {
-    snprintf(s->err, sizeof s->err, "%s: %.400s", what, c ? c->err : "");
-    return -1;
+    char msg[COMM_ERR_MAX];
+    snprintf(msg, sizeof msg, "%s", err && errlen ? err : "");
+    return status_set(STATUS_FAIL, err, errlen, "%s: %.400s", what, msg);
+}
+
+void dpsync_hold(dpsync_t *s, const char *what, const char *msg)
+{
+    if (s->hook_st != STATUS_OK)
+        return; /* keep the first */
+    s->hook_st = status_set(STATUS_FAIL, s->hook_err, sizeof s->hook_err, "%s: %.400s", what, msg);
 }
 
 /* The norm's pieces never move: the gradients and shards are allocated
@@ -40,7 +48,7 @@ static int norm_pieces(dpsync_t *s, const dpsync_config_t *c)
     return 0;
 }
 
-int dpsync_create(dpsync_t *s, const dpsync_ops_t *ops, const dpsync_config_t *c)
+status_t dpsync_create(dpsync_t *s, const dpsync_ops_t *ops, const dpsync_config_t *c, char *err, size_t errlen)
 {
     memset(s, 0, sizeof *s);
     s->ops = ops;
@@ -50,17 +58,11 @@ int dpsync_create(dpsync_t *s, const dpsync_ops_t *ops, const dpsync_config_t *c
     s->grads = c->grads;
     s->n = c->n;
     s->hook.ctx = s;
-    int rc = ops->create(s, c);
-    if (rc == 0 && norm_pieces(s, c) != 0) {
-        snprintf(s->err, sizeof s->err, "out of memory");
-        rc = -1;
-    }
-    if (rc != 0) {
-        char why[sizeof s->err];
-        memcpy(why, s->err, sizeof why);
+    status_t rc = ops->create(s, c, err, errlen);
+    if (rc == STATUS_OK && norm_pieces(s, c) != 0)
+        rc = status_set(STATUS_FAIL, err, errlen, "out of memory");
+    if (rc != STATUS_OK)
         dpsync_destroy(s);
-        memcpy(s->err, why, sizeof why);
-    }
     return rc;
 }
 
@@ -76,10 +78,13 @@ void dpsync_destroy(dpsync_t *s)
     memset(s, 0, sizeof *s);
 }
 
-int dpsync_backward_end(dpsync_t *s)
+status_t dpsync_backward_end(dpsync_t *s, char *err, size_t errlen)
 {
     s->active = 0;
-    return s->failed ? -1 : 0;
+    const status_t st = s->hook_st;
+    if (st != STATUS_OK)
+        status_set(st, err, errlen, "%s", s->hook_err);
+    return st;
 }
 
 double dpsync_grad_sumsq(dpsync_t *s)
@@ -91,16 +96,20 @@ double dpsync_grad_sumsq(dpsync_t *s)
     return local;
 }
 
-int dpsync_params_from_host_none(dpsync_t *s, const float *host)
+status_t dpsync_params_from_host_none(dpsync_t *s, const float *host, char *err, size_t errlen)
 {
     (void)s;
     (void)host;
-    return 0;
+    (void)err;
+    (void)errlen;
+    return STATUS_OK;
 }
 
-int dpsync_params_to_host_none(dpsync_t *s, float *host)
+status_t dpsync_params_to_host_none(dpsync_t *s, float *host, char *err, size_t errlen)
 {
     (void)s;
     (void)host;
-    return 0;
+    (void)err;
+    (void)errlen;
+    return STATUS_OK;
 }

@@ -30,7 +30,9 @@
  *
  * Memory: the model's buffers and every buffer of the strategies are the
  * backend's (ops.h), moved only through its table; "host" marks host
- * memory (checkpoint copies). Errors: -1 or NULL with one line in err. */
+ * memory (checkpoint copies). Errors: a status_t with one line in the
+ * caller's err[errlen] (mpi/status.h); the hook's failures are held (see
+ * struct dpsync) and reported by dpsync_backward_end. */
 #ifndef DTRAIN_DPSYNC_H
 #define DTRAIN_DPSYNC_H
 
@@ -112,8 +114,8 @@ typedef struct dpsync_ops {
      * every rank runs as many, even where it has no data left */
     int collective_forward;
     /* The strategy's buffers, hook and optimizer view; s's common part is
-     * set. Returns 0 or -1. */
-    int (*create)(dpsync_t *s, const dpsync_config_t *c);
+     * set. */
+    status_t (*create)(dpsync_t *s, const dpsync_config_t *c, char *err, size_t errlen);
     /* Before the step's first forward. */
     void (*step_begin)(dpsync_t *s);
     /* Before backward k of the step's n (k = 0..n-1): whether it adds to
@@ -122,7 +124,7 @@ typedef struct dpsync_ops {
     void (*backward_begin)(dpsync_t *s, int k, int n, int *accum, int *last);
     /* After the last backward: every reduction completed, the gradients
      * (in the optimizer view) are the average over the DP group. */
-    int (*grads_finish)(dpsync_t *s);
+    status_t (*grads_finish)(dpsync_t *s, char *err, size_t errlen);
     /* After grads_finish: the gradients of tensor [off, off+numel) as this
      * rank holds them, [*n] floats (ZeRO-2/3: its piece of the tensor's
      * unit, padding included; callers use it for one-tensor units). */
@@ -132,16 +134,16 @@ typedef struct dpsync_ops {
     int (*norm_piece)(const dpsync_t *s, size_t off, size_t numel, const float **x, size_t *n);
     /* After the optimizer updated its view: the parameters every rank
      * needs are gathered into the model's buffer. Collective. */
-    int (*after_update)(dpsync_t *s);
+    status_t (*after_update)(dpsync_t *s, char *err, size_t errlen);
     /* The parameters the strategy holds beside the model's buffer, from
      * or to a full flat host copy [n] (the model's part is the model's).
      * to_host is collective over the shard group. */
-    int (*params_from_host)(dpsync_t *s, const float *host);
-    int (*params_to_host)(dpsync_t *s, float *host);
+    status_t (*params_from_host)(dpsync_t *s, const float *host, char *err, size_t errlen);
+    status_t (*params_to_host)(dpsync_t *s, float *host, char *err, size_t errlen);
     /* A buffer indexed like the moments ([view.n]) to a full flat host
      * buffer [n] (collective: the writer gets every piece), and back
      * (each rank keeps its pieces). */
-    int (*state_to_host)(dpsync_t *s, const float *state, float *host);
+    status_t (*state_to_host)(dpsync_t *s, const float *state, float *host, char *err, size_t errlen);
     void (*state_from_host)(dpsync_t *s, const float *host, float *state);
     /* Seconds this step blocked in the strategy's communication. */
     double (*comm_s)(const dpsync_t *s);
@@ -165,28 +167,35 @@ struct dpsync {
     int next;                  /* ZeRO-2/3: the highest unit not yet reduced in this backward */
     dpsync_piece_t *pieces;    /* the view's pieces */
     int active;                /* the backward in progress communicates */
-    int failed;                /* a hook's communication failed in this backward */
-    double update_s;           /* this step's after_update */
+    /* The first failure of the hook's communication in this backward, and
+     * its message. Held here, the one place in mpi/ that keeps a message:
+     * the model calls the hook between its kernels, and the hook's
+     * functions return nothing (grads_ready) or a buffer (block_grads,
+     * block_params), so a failure cannot be returned through the model's
+     * backward; dpsync_backward_end hands it to the caller. */
+    status_t hook_st;
+    char hook_err[COMM_ERR_MAX];
+    double update_s; /* this step's after_update */
     /* the gradient norm's pieces, fixed for the run: [n_norm] */
     const float **norm_x;
     size_t *norm_n;
     double *norm_ss;
     int n_norm;
     comm_t *norm_group; /* where the parts are summed besides TP and PP, or NULL */
-    char err[512];
 };
 
 /* The strategy for ZeRO stage 0..3 (0: replicated); NULL otherwise. */
 const dpsync_ops_t *dpsync_pick(int zero_stage);
 
-/* Builds strategy ops over c's buffers and groups. Returns 0, or -1 with
- * one line in s->err (s is then destroyed, and may be destroyed again). */
-int dpsync_create(dpsync_t *s, const dpsync_ops_t *ops, const dpsync_config_t *c);
+/* Builds strategy ops over c's buffers and groups. Returns a status with
+ * one line in err (s is then destroyed, and may be destroyed again). */
+status_t dpsync_create(dpsync_t *s, const dpsync_ops_t *ops, const dpsync_config_t *c, char *err, size_t errlen);
 void dpsync_destroy(dpsync_t *s);
 
-/* After each backward: the hook stops communicating. Returns 0, or -1
- * with s->err when its communication failed. */
-int dpsync_backward_end(dpsync_t *s);
+/* After each backward: the hook stops communicating. Returns the hook's
+ * held failure (it stays held: the run is over), its message copied into
+ * err. */
+status_t dpsync_backward_end(dpsync_t *s, char *err, size_t errlen);
 
 /* This rank's part of the squared global gradient norm: the sum, in
  * double and a fixed order, of the squares of its norm pieces (one sumsq

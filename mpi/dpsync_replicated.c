@@ -11,19 +11,18 @@
 static void ddp_grads_ready_hook(void *ctx, size_t ready_from)
 {
     dpsync_t *s = ctx;
-    if (s->active && !s->failed && ddp_grads_ready(&s->ddp, ready_from) != 0) {
-        s->failed = 1;
-        dpsync_fail(s, "gradient all-reduce failed", s->dp);
-    }
+    char msg[COMM_ERR_MAX];
+    if (s->active && s->hook_st == STATUS_OK && ddp_grads_ready(&s->ddp, ready_from, msg, sizeof msg) != STATUS_OK)
+        dpsync_hold(s, "gradient all-reduce failed", msg);
 }
 
-int ddp_sync_create(dpsync_t *s, const dpsync_config_t *c)
+status_t ddp_sync_create(dpsync_t *s, const dpsync_config_t *c, char *err, size_t errlen)
 {
     s->hook.grads_ready = ddp_grads_ready_hook;
     if (ddp_create(&s->ddp, c->ops, &c->mem, c->mode, c->dp, c->grads, c->n, c->tensor_start, c->n_tensors,
-                   c->bucket_bytes, c->dtype) != 0)
-        return dpsync_fail(s, "cannot set up the data-parallel all-reduce", c->dp);
-    return 0;
+                   c->bucket_bytes, c->dtype, err, errlen) != STATUS_OK)
+        return dpsync_fail(err, errlen, "cannot set up the data-parallel all-reduce");
+    return STATUS_OK;
 }
 
 void ddp_sync_backward_begin(dpsync_t *s, int k, int n, int *accum, int *last)
@@ -36,11 +35,13 @@ void ddp_sync_backward_begin(dpsync_t *s, int k, int n, int *accum, int *last)
     }
 }
 
-int ddp_sync_finish(dpsync_t *s)
+status_t ddp_sync_finish(dpsync_t *s, char *err, size_t errlen)
 {
-    if (s->failed || ddp_finish(&s->ddp) != 0)
-        return dpsync_fail(s, "gradient all-reduce failed", s->dp);
-    return 0;
+    if (s->hook_st != STATUS_OK)
+        return status_set(s->hook_st, err, errlen, "%s", s->hook_err);
+    if (ddp_finish(&s->ddp, err, errlen) != STATUS_OK)
+        return dpsync_fail(err, errlen, "gradient all-reduce failed");
+    return STATUS_OK;
 }
 
 float *ddp_sync_tensor_grads(dpsync_t *s, size_t off, size_t numel, size_t *n)
@@ -63,31 +64,33 @@ void ddp_sync_banner(const dpsync_t *s, FILE *out, const char *mode, const char 
                 s->n, s->dp->size, s->ddp.n_buckets, s->ddp.n_buckets == 1 ? "" : "s", dtype);
 }
 
-static int create(dpsync_t *s, const dpsync_config_t *c)
+static status_t create(dpsync_t *s, const dpsync_config_t *c, char *err, size_t errlen)
 {
     s->pieces = calloc(1, sizeof *s->pieces);
-    if (!s->pieces) {
-        snprintf(s->err, sizeof s->err, "out of memory");
-        return -1;
-    }
+    if (!s->pieces)
+        return status_set(STATUS_FAIL, err, errlen, "out of memory");
     s->pieces[0] = (dpsync_piece_t){.lo = 0, .n = c->n};
     s->view = (dpsync_optim_view_t){
         .params = c->params, .grads = c->grads, .n = c->n, .pieces = s->pieces, .n_pieces = 1, .whole = 1};
-    return ddp_sync_create(s, c);
+    return ddp_sync_create(s, c, err, errlen);
 }
 
 static void step_begin(dpsync_t *s) { (void)s; }
 
-static int after_update(dpsync_t *s)
+static status_t after_update(dpsync_t *s, char *err, size_t errlen)
 {
     (void)s; /* the update wrote every parameter in place */
-    return 0;
+    (void)err;
+    (void)errlen;
+    return STATUS_OK;
 }
 
-static int state_to_host(dpsync_t *s, const float *state, float *host)
+static status_t state_to_host(dpsync_t *s, const float *state, float *host, char *err, size_t errlen)
 {
+    (void)err;
+    (void)errlen;
     s->mem->to_host(s->mem->ctx, host, state, s->n * sizeof(float));
-    return 0;
+    return STATUS_OK;
 }
 
 static void state_from_host(dpsync_t *s, const float *host, float *state)

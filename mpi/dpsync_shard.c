@@ -8,13 +8,6 @@
 #include "mpi/clock.h"
 #include "mpi/dpsync_impl.h"
 
-/* -1 with the shard group's message as it is (the caller names the act). */
-int shard_fail(dpsync_t *s)
-{
-    snprintf(s->err, sizeof s->err, "%s", s->zero.group ? s->zero.group->err : "");
-    return -1;
-}
-
 /* The units (zero_cut_units: the planner cuts with it too); their start
  * offsets into start [n_tensors+1]. Returns the count and the longest
  * block unit in *window. */
@@ -56,22 +49,19 @@ static int make_view(dpsync_t *s, const dpsync_config_t *c, int stage)
     return 0;
 }
 
-int shard_create(dpsync_t *s, const dpsync_config_t *c, int stage)
+status_t shard_create(dpsync_t *s, const dpsync_config_t *c, int stage, char *err, size_t errlen)
 {
     size_t *start = malloc(((size_t)c->n_tensors + 1) * sizeof *start), window = 0;
-    if (!start) {
-        snprintf(s->err, sizeof s->err, "out of memory");
-        return -1;
-    }
+    if (!start)
+        return status_set(STATUS_FAIL, err, errlen, "out of memory");
     const int n = cut_units(s, c, start, &window);
-    int rc = zero_create(&s->zero, c->ops, &c->mem, stage, c->shard ? c->shard : c->dp, c->n, start, n,
-                         stage >= 2 ? window : 0, c->replica, c->dtype);
+    status_t rc = zero_create(&s->zero, c->ops, &c->mem, stage, c->shard ? c->shard : c->dp, c->n, start, n,
+                              stage >= 2 ? window : 0, c->replica, c->dtype, err, errlen);
     free(start);
-    if (rc != 0 || make_view(s, c, stage) != 0) {
-        snprintf(s->err, sizeof s->err, "out of memory for the ZeRO buffers");
-        return -1;
-    }
-    return 0;
+    CHECK(rc);
+    if (make_view(s, c, stage) != 0)
+        return status_set(STATUS_FAIL, err, errlen, "out of memory for the ZeRO buffers");
+    return STATUS_OK;
 }
 
 int shard_is_block(const dpsync_t *s, int u) { return u >= s->unit0 && u < s->unit0 + s->n_blocks; }
@@ -82,11 +72,11 @@ float *shard_outside_at(const dpsync_t *s, float *compact, int u)
     return compact + (off >= s->block_hi ? off - (s->block_hi - s->block_lo) : off);
 }
 
-int shard_state_to_host(dpsync_t *s, const float *state, float *host)
+status_t shard_state_to_host(dpsync_t *s, const float *state, float *host, char *err, size_t errlen)
 {
     memset(host, 0, s->n * sizeof(float));
     zero_shard_to_host(&s->zero, state, host);
-    return zero_allgather_host(&s->zero, host) == 0 ? 0 : shard_fail(s);
+    return zero_allgather_host(&s->zero, host, err, errlen);
 }
 
 void shard_state_from_host(dpsync_t *s, const float *host, float *state)
@@ -94,12 +84,12 @@ void shard_state_from_host(dpsync_t *s, const float *host, float *state)
     zero_shard_from_host(&s->zero, host, state);
 }
 
-int shard_gather_all(dpsync_t *s)
+status_t shard_gather_all(dpsync_t *s, char *err, size_t errlen)
 {
     const double t0 = now_s();
-    int rc = zero_allgather(&s->zero, s->params);
+    status_t rc = zero_allgather(&s->zero, s->params, err, errlen);
     s->update_s = now_s() - t0;
-    return rc == 0 ? 0 : dpsync_fail(s, "ZeRO parameter all-gather failed", s->zero.group);
+    return rc == STATUS_OK ? STATUS_OK : dpsync_fail(err, errlen, "ZeRO parameter all-gather failed");
 }
 
 void shard_banner(const dpsync_t *s, FILE *out, const char *what)

@@ -5,13 +5,12 @@
  * is elementwise, so a step is bit-identical to the replicated one. */
 #include "mpi/dpsync_impl.h"
 
-static int create(dpsync_t *s, const dpsync_config_t *c)
+static status_t create(dpsync_t *s, const dpsync_config_t *c, char *err, size_t errlen)
 {
     /* the all-reduce over the whole DP group; the shards over the shard
      * group (the DP group without --hybrid-shard) */
-    if (shard_create(s, c, 1) != 0)
-        return -1;
-    return ddp_sync_create(s, c);
+    CHECK(shard_create(s, c, 1, err, errlen));
+    return ddp_sync_create(s, c, err, errlen);
 }
 
 static void step_begin(dpsync_t *s) { (void)s; }

@@ -7,26 +7,23 @@
  * zero2_* functions are ZeRO-3's gradient path too (dpsync_zero3.c). */
 #include "mpi/dpsync_impl.h"
 
-static void reduce_failed(dpsync_t *s)
-{
-    s->failed = 1;
-    dpsync_fail(s, "gradient reduce-scatter failed", s->zero.group);
-}
-
 void zero2_reduce_ready(dpsync_t *s, size_t ready_from, int params)
 {
     zero_t *z = &s->zero;
-    if (!s->active || s->failed)
+    char msg[COMM_ERR_MAX];
+    if (!s->active || s->hook_st != STATUS_OK)
         return;
     /* MPI progresses nonblocking collectives only when they are tested */
-    if (zero_grads_progress(z) != 0 || (params && zero_params_progress(z) != 0))
-        reduce_failed(s);
+    if (zero_grads_progress(z, msg, sizeof msg) != STATUS_OK ||
+        (params && zero_params_progress(z, msg, sizeof msg) != STATUS_OK))
+        dpsync_hold(s, "gradient reduce-scatter failed", msg);
     /* units finish from the top down: reduce every one now complete */
-    while (!s->failed && s->next >= 0 && z->unit_start[s->next] >= ready_from) {
+    while (s->hook_st == STATUS_OK && s->next >= 0 && z->unit_start[s->next] >= ready_from) {
         const int u = s->next--;
-        if ((shard_is_block(s, u) ? zero_grads_reduce_window(z, u)
-                                  : zero_grads_reduce(z, u, shard_outside_at(s, s->grads, u))) != 0)
-            reduce_failed(s);
+        if ((shard_is_block(s, u)
+                 ? zero_grads_reduce_window(z, u, msg, sizeof msg)
+                 : zero_grads_reduce(z, u, shard_outside_at(s, s->grads, u), msg, sizeof msg)) != STATUS_OK)
+            dpsync_hold(s, "gradient reduce-scatter failed", msg);
     }
 }
 
@@ -36,24 +33,27 @@ static void grads_ready_hook(void *ctx, size_t ready_from) { zero2_reduce_ready(
 static float *block_grads_hook(void *ctx, int block)
 {
     dpsync_t *s = ctx;
-    float *w = zero_grads_window(&s->zero, s->unit0 + block);
+    char msg[COMM_ERR_MAX];
+    float *w = zero_grads_window(&s->zero, s->unit0 + block, msg, sizeof msg);
     if (!w)
-        reduce_failed(s);
+        dpsync_hold(s, "gradient reduce-scatter failed", msg);
     return w;
 }
 
-int zero2_create(dpsync_t *s, const dpsync_config_t *c, int stage)
+status_t zero2_create(dpsync_t *s, const dpsync_config_t *c, int stage, char *err, size_t errlen)
 {
-    if (shard_create(s, c, stage) != 0)
-        return -1;
+    CHECK(shard_create(s, c, stage, err, errlen));
     s->hook.grads_ready = grads_ready_hook;
     s->hook.block_grads = block_grads_hook;
     /* each rank's sum of squares covers its pieces: summed over the group */
     s->norm_group = s->zero.group->size > 1 ? s->zero.group : NULL;
-    return 0;
+    return STATUS_OK;
 }
 
-static int create(dpsync_t *s, const dpsync_config_t *c) { return zero2_create(s, c, 2); }
+static status_t create(dpsync_t *s, const dpsync_config_t *c, char *err, size_t errlen)
+{
+    return zero2_create(s, c, 2, err, errlen);
+}
 
 void zero2_step_begin(dpsync_t *s) { zero_grads_begin(&s->zero); }
 
@@ -67,16 +67,18 @@ void zero2_backward_begin(dpsync_t *s, int k, int n, int *accum, int *last)
     s->active = 1;
 }
 
-int zero2_finish(dpsync_t *s)
+status_t zero2_finish(dpsync_t *s, char *err, size_t errlen)
 {
     zero_t *z = &s->zero;
-    if (s->failed || zero_grads_finish(z, 1.0f / (float)s->dp->size) != 0)
-        return dpsync_fail(s, "gradient reduce-scatter failed", z->group);
+    if (s->hook_st != STATUS_OK)
+        return status_set(s->hook_st, err, errlen, "%s", s->hook_err);
+    if (zero_grads_finish(z, 1.0f / (float)s->dp->size, err, errlen) != STATUS_OK)
+        return dpsync_fail(err, errlen, "gradient reduce-scatter failed");
     /* HSDP: each shard group reduced its own ranks' gradients; the groups'
      * pieces of the same elements are summed across them */
-    if (zero_grads_replicas(z) != 0)
-        return dpsync_fail(s, "gradient all-reduce across shard groups failed", z->replica);
-    return 0;
+    if (zero_grads_replicas(z, err, errlen) != STATUS_OK)
+        return dpsync_fail(err, errlen, "gradient all-reduce across shard groups failed");
+    return STATUS_OK;
 }
 
 /* wte and its tied copy are one-tensor units of the same length, so this

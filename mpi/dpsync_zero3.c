@@ -12,48 +12,51 @@
 static float *block_params_hook(void *ctx, int block, int next)
 {
     dpsync_t *s = ctx;
-    return zero_params_window(&s->zero, s->unit0 + block, next >= 0 ? s->unit0 + next : -1);
+    char msg[COMM_ERR_MAX];
+    float *w = zero_params_window(&s->zero, s->unit0 + block, next >= 0 ? s->unit0 + next : -1, msg, sizeof msg);
+    if (!w)
+        dpsync_hold(s, "ZeRO parameter all-gather failed", msg);
+    return w;
 }
 
 /* ZeRO-2's, driving the parameter gathers in flight too */
 static void grads_ready_hook(void *ctx, size_t ready_from) { zero2_reduce_ready(ctx, ready_from, 1); }
 
-static int create(dpsync_t *s, const dpsync_config_t *c)
+static status_t create(dpsync_t *s, const dpsync_config_t *c, char *err, size_t errlen)
 {
-    if (zero2_create(s, c, 3) != 0)
-        return -1;
+    CHECK(zero2_create(s, c, 3, err, errlen));
     s->hook.grads_ready = grads_ready_hook;
     s->hook.block_params = block_params_hook;
-    return 0;
+    return STATUS_OK;
 }
 
 /* The blocks stay as pieces until a window gathers them; the tensors
  * outside the blocks are gathered whole into the model's compact buffer. */
-static int after_update(dpsync_t *s)
+static status_t after_update(dpsync_t *s, char *err, size_t errlen)
 {
     zero_t *z = &s->zero;
     const double t0 = now_s();
-    int rc = zero_params_invalidate(z);
-    for (int u = 0; u < z->n_units && rc == 0; u++)
+    status_t rc = zero_params_invalidate(z, err, errlen);
+    for (int u = 0; u < z->n_units && rc == STATUS_OK; u++)
         if (!shard_is_block(s, u))
-            rc = zero_params_gather_unit(z, u, shard_outside_at(s, s->params, u));
+            rc = zero_params_gather_unit(z, u, shard_outside_at(s, s->params, u), err, errlen);
     s->update_s = now_s() - t0;
-    return rc == 0 ? 0 : dpsync_fail(s, "ZeRO parameter all-gather failed", z->group);
+    return rc == STATUS_OK ? STATUS_OK : dpsync_fail(err, errlen, "ZeRO parameter all-gather failed");
 }
 
 /* The blocks' parameters are this rank's pieces of the host copy. */
-static int params_from_host(dpsync_t *s, const float *host)
+static status_t params_from_host(dpsync_t *s, const float *host, char *err, size_t errlen)
 {
     zero_shard_from_host(&s->zero, host, s->zero.param_shard);
-    return zero_params_invalidate(&s->zero) == 0 ? 0 : shard_fail(s);
+    return zero_params_invalidate(&s->zero, err, errlen);
 }
 
 /* ... and are gathered from the pieces into it: collective over the shard
  * group. */
-static int params_to_host(dpsync_t *s, float *host)
+static status_t params_to_host(dpsync_t *s, float *host, char *err, size_t errlen)
 {
     zero_shard_to_host(&s->zero, s->zero.param_shard, host);
-    return zero_allgather_host(&s->zero, host) == 0 ? 0 : shard_fail(s);
+    return zero_allgather_host(&s->zero, host, err, errlen);
 }
 
 static void banner(const dpsync_t *s, FILE *out, const char *mode, const char *dtype)

@@ -24,23 +24,31 @@
 enum { AXIS_TP, AXIS_DP, AXIS_PP, AXIS_EMBED, N_AXES };
 static const char *const axis_name[N_AXES] = {"tp", "dp", "pp", "embed"};
 
-static void set_err(grid_t *g, const char *fmt, ...)
+/* This rank's first error while the grid is built, in the caller's buffer
+ * (err[0] is '\0' until then): later ones are dropped. */
+typedef struct first_err {
+    char *s;
+    size_t len;
+} first_err_t;
+
+static void set_err(first_err_t *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void set_err(first_err_t *e, const char *fmt, ...)
 {
-    if (g->err[0])
+    if (e->s[0])
         return; /* keep the first error */
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(g->err, sizeof g->err, fmt, ap);
+    vsnprintf(e->s, e->len, fmt, ap);
     va_end(ap);
 }
 
-static void mpi_err(grid_t *g, int rc, const char *what)
+static void mpi_err(first_err_t *e, int rc, const char *what)
 {
     char msg[MPI_MAX_ERROR_STRING] = "";
     int len = 0;
     if (MPI_Error_string(rc, msg, &len) != MPI_SUCCESS)
         snprintf(msg, sizeof msg, "MPI error code %d", rc);
-    set_err(g, "grid: %s failed: %s", what, msg);
+    set_err(e, "grid: %s failed: %s", what, msg);
 }
 
 /* The color (group index) and key (rank in the group) of world rank
@@ -109,94 +117,97 @@ static comm_t **axis_slot(grid_t *g, int axis)
 }
 
 /* Checks the layout; fills g's sizes. No communication. */
-static int check_layout(grid_t *g, int tp, int pp, int dp)
+static status_t check_layout(grid_t *g, int tp, int pp, int dp, first_err_t *e)
 {
     int W = g->world_size;
     if (tp < 1 || pp < 1 || dp < 0) {
-        set_err(g, "--tp %d, --pp %d and --dp %d: tp and pp must be >= 1 and dp >= 0 (0 = world size / (tp x pp))", tp,
+        set_err(e, "--tp %d, --pp %d and --dp %d: tp and pp must be >= 1 and dp >= 0 (0 = world size / (tp x pp))", tp,
                 pp, dp);
-        return -1;
+        return STATUS_INPUT;
     }
     long long tpp = (long long)tp * pp;
     if (W % tpp != 0) {
-        set_err(g, "world size %d is not divisible by --tp %d x --pp %d = %lld: launch a multiple of %lld ranks", W, tp,
+        set_err(e, "world size %d is not divisible by --tp %d x --pp %d = %lld: launch a multiple of %lld ranks", W, tp,
                 pp, tpp, tpp);
-        return -1;
+        return STATUS_INPUT;
     }
     if (dp == 0)
         dp = (int)(W / tpp);
     long long total = tpp * dp;
     if (total != W) {
-        set_err(g, "--tp %d x --pp %d x --dp %d = %lld ranks, but the world size is %d: launch %lld ranks or drop --dp",
+        set_err(e, "--tp %d x --pp %d x --dp %d = %lld ranks, but the world size is %d: launch %lld ranks or drop --dp",
                 tp, pp, dp, total, W, total);
-        return -1;
+        return STATUS_INPUT;
     }
     g->tp_size = tp;
     g->pp_size = pp;
     g->dp_size = dp;
-    return 0;
+    return STATUS_OK;
 }
 
 /* Wraps `mc` (if not MPI_COMM_NULL) and frees it. On a member, checks that
  * the wrapped comm has the expected rank and size. */
-static void wrap_split(grid_t *g, int axis, MPI_Comm *mc, int want_rank, int want_size)
+static void wrap_split(grid_t *g, int axis, MPI_Comm *mc, int want_rank, int want_size, first_err_t *e)
 {
     if (*mc == MPI_COMM_NULL)
         return;
     comm_t *c = comm_mpi_create(mc);
     if (!c)
-        set_err(g, "grid: cannot create the %s communicator (comm_mpi_create failed)", axis_name[axis]);
+        set_err(e, "grid: cannot create the %s communicator (comm_mpi_create failed)", axis_name[axis]);
     else if (c->rank != want_rank || c->size != want_size)
-        set_err(g, "grid: %s communicator has rank %d of %d, expected %d of %d", axis_name[axis], c->rank, c->size,
+        set_err(e, "grid: %s communicator has rank %d of %d, expected %d of %d", axis_name[axis], c->rank, c->size,
                 want_rank, want_size);
     if (c)
         snprintf(c->name, sizeof c->name, "%s", axis_name[axis]); /* trace span suffix */
     *axis_slot(g, axis) = c;
     int rc = MPI_Comm_free(mc);
     if (rc != MPI_SUCCESS)
-        mpi_err(g, rc, "MPI_Comm_free");
+        mpi_err(e, rc, "MPI_Comm_free");
 }
 
-/* Collective over the world: if any rank has an error, every rank gets
- * the lowest failing rank's message (prefixed with its rank when the world
- * has more than one) and returns -1. */
-static int agree(grid_t *g)
+/* Collective over the world: if any rank has an error (e->s non-empty),
+ * every rank gets the lowest failing rank's message in e (prefixed with
+ * its rank when the world has more than one) and returns STATUS_FAIL. */
+static status_t agree_world(const grid_t *g, first_err_t *e)
 {
-    int mine = g->err[0] ? g->world_rank : INT_MAX, first = INT_MAX;
+    int mine = e->s[0] ? g->world_rank : INT_MAX, first = INT_MAX;
     int rc = MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     if (rc != MPI_SUCCESS) {
-        mpi_err(g, rc, "MPI_Allreduce(agree)");
-        return -1;
+        e->s[0] = '\0';
+        mpi_err(e, rc, "MPI_Allreduce(agree)");
+        return STATUS_FAIL;
     }
     if (first == INT_MAX)
-        return 0;
-    char msg[sizeof g->err];
-    memcpy(msg, g->err, sizeof msg);
+        return STATUS_OK;
+    char msg[COMM_ERR_MAX];
+    snprintf(msg, sizeof msg, "%s", e->s);
     rc = MPI_Bcast(msg, (int)sizeof msg, MPI_CHAR, first, MPI_COMM_WORLD);
     if (rc != MPI_SUCCESS) {
-        mpi_err(g, rc, "MPI_Bcast(agree)");
-        return -1;
+        e->s[0] = '\0';
+        mpi_err(e, rc, "MPI_Bcast(agree)");
+        return STATUS_FAIL;
     }
     msg[sizeof msg - 1] = '\0';
     if (g->world_size > 1)
-        snprintf(g->err, sizeof g->err, "rank %d: %.*s", first, (int)sizeof g->err - 16, msg);
-    else
-        memcpy(g->err, msg, sizeof g->err);
-    return -1;
+        return status_set(STATUS_FAIL, e->s, e->len, "rank %d: %.*s", first, (int)sizeof msg - 16, msg);
+    return status_set(STATUS_FAIL, e->s, e->len, "%s", msg);
 }
 
-int grid_create(grid_t *g, int tp, int pp, int dp)
+status_t grid_create(grid_t *g, int tp, int pp, int dp, char *err, size_t errlen)
 {
     memset(g, 0, sizeof *g);
+    /* this rank's first error, agreed below */
+    char first[COMM_ERR_MAX] = "";
+    first_err_t e = {first, sizeof first};
     int rc = MPI_Comm_rank(MPI_COMM_WORLD, &g->world_rank);
     if (rc == MPI_SUCCESS)
         rc = MPI_Comm_size(MPI_COMM_WORLD, &g->world_size);
     if (rc != MPI_SUCCESS) {
-        mpi_err(g, rc, "MPI_Comm_rank/size(MPI_COMM_WORLD)");
-        return -1;
+        mpi_err(&e, rc, "MPI_Comm_rank/size(MPI_COMM_WORLD)");
+        return status_set(STATUS_FAIL, err, errlen, "%s", first);
     }
-    if (check_layout(g, tp, pp, dp) != 0)
-        return -1;
+    if (check_layout(g, tp, pp, dp, &e) != STATUS_OK)
+        return status_set(STATUS_INPUT, err, errlen, "%s", first);
 
     const int T = g->tp_size, D = g->dp_size, P = g->pp_size, r = g->world_rank;
     g->tp_rank = r % T;
@@ -205,15 +216,15 @@ int grid_create(grid_t *g, int tp, int pp, int dp)
 
     /* From here on every rank enters the same world collectives (the
      * splits, then agree()) in the same order whatever failed locally, so
-     * every rank returns -1 together. (A split that fails on one member
+     * every rank fails together. (A split that fails on one member
      * only would still leave its group's other members in the dup inside
      * comm_mpi_create; MPI reports such failures on all members.) */
     MPI_Comm world = MPI_COMM_WORLD;
     g->world = comm_mpi_create(&world);
     if (!g->world)
-        set_err(g, "grid: cannot create the world communicator (comm_mpi_create failed)");
+        set_err(&e, "grid: cannot create the world communicator (comm_mpi_create failed)");
     else if (g->world->rank != r || g->world->size != g->world_size)
-        set_err(g, "grid: world communicator has rank %d of %d, expected %d of %d", g->world->rank, g->world->size, r,
+        set_err(&e, "grid: world communicator has rank %d of %d, expected %d of %d", g->world->rank, g->world->size, r,
                 g->world_size);
     if (g->world)
         snprintf(g->world->name, sizeof g->world->name, "world"); /* trace span suffix */
@@ -226,27 +237,24 @@ int grid_create(grid_t *g, int tp, int pp, int dp)
         if (rc != MPI_SUCCESS) {
             char what[64];
             snprintf(what, sizeof what, "MPI_Comm_split(%s)", axis_name[axis]);
-            mpi_err(g, rc, what);
+            mpi_err(&e, rc, what);
             continue; /* sub stays MPI_COMM_NULL */
         }
         if (color == MPI_UNDEFINED) {
             if (sub != MPI_COMM_NULL)
-                set_err(g, "grid: MPI_Comm_split(%s) gave a communicator to a non-member", axis_name[axis]);
+                set_err(&e, "grid: MPI_Comm_split(%s) gave a communicator to a non-member", axis_name[axis]);
             continue;
         }
         /* embed: key 0 is the first stage, the last stage is rank 1 */
         int want_rank = axis == AXIS_EMBED ? (key == 0 ? 0 : 1) : key;
-        wrap_split(g, axis, &sub, want_rank, axis_group_size(axis, T, D, P));
+        wrap_split(g, axis, &sub, want_rank, axis_group_size(axis, T, D, P), &e);
     }
 
-    if (agree(g) != 0) {
-        char msg[sizeof g->err];
-        memcpy(msg, g->err, sizeof msg);
+    if (agree_world(g, &e) != STATUS_OK) {
         grid_destroy(g);
-        memcpy(g->err, msg, sizeof msg);
-        return -1;
+        return status_set(STATUS_FAIL, err, errlen, "%s", first);
     }
-    return 0;
+    return STATUS_OK;
 }
 
 void grid_destroy(grid_t *g)
@@ -262,15 +270,17 @@ void grid_destroy(grid_t *g)
     memset(g, 0, sizeof *g);
 }
 
-int grid_create_shard_group(grid_t *g, int H)
+status_t grid_create_shard_group(grid_t *g, int H, char *err, size_t errlen)
 {
+    char first[COMM_ERR_MAX] = "";
+    first_err_t e = {first, sizeof first};
     const int groups = g->dp_size / H;
     const int color = (g->pp_rank * g->tp_size + g->tp_rank) * groups + g->dp_rank / H;
     MPI_Comm sub = MPI_COMM_NULL;
     int rc = MPI_Comm_split(MPI_COMM_WORLD, color, g->dp_rank % H, &sub);
     if (rc != MPI_SUCCESS) {
-        mpi_err(g, rc, "MPI_Comm_split(shard)");
-        return -1;
+        mpi_err(&e, rc, "MPI_Comm_split(shard)");
+        return status_set(STATUS_FAIL, err, errlen, "%s", first);
     }
     g->shard = comm_mpi_create(&sub);
     if (MPI_Comm_free(&sub) != MPI_SUCCESS && g->shard) {
@@ -279,18 +289,16 @@ int grid_create_shard_group(grid_t *g, int H)
     }
     int ok = g->shard && g->shard->size == H && g->shard->rank == g->dp_rank % H;
     rc = MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    if (rc != MPI_SUCCESS || !ok) {
-        set_err(g, "grid: cannot create the hybrid shard groups of %d ranks", H);
-        return -1;
-    }
+    if (rc != MPI_SUCCESS || !ok)
+        return status_set(STATUS_FAIL, err, errlen, "grid: cannot create the hybrid shard groups of %d ranks", H);
     snprintf(g->shard->name, sizeof g->shard->name, "shard");
     /* the replica group: same (pp, tp) and the same rank within the shard
      * group, ordered by shard group */
     const int rcolor = (g->pp_rank * g->tp_size + g->tp_rank) * H + g->dp_rank % H;
     rc = MPI_Comm_split(MPI_COMM_WORLD, rcolor, g->dp_rank / H, &sub);
     if (rc != MPI_SUCCESS) {
-        mpi_err(g, rc, "MPI_Comm_split(replica)");
-        return -1;
+        mpi_err(&e, rc, "MPI_Comm_split(replica)");
+        return status_set(STATUS_FAIL, err, errlen, "%s", first);
     }
     g->replica = comm_mpi_create(&sub);
     if (MPI_Comm_free(&sub) != MPI_SUCCESS && g->replica) {
@@ -299,12 +307,11 @@ int grid_create_shard_group(grid_t *g, int H)
     }
     ok = g->replica && g->replica->size == groups && g->replica->rank == g->dp_rank / H;
     rc = MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    if (rc != MPI_SUCCESS || !ok) {
-        set_err(g, "grid: cannot create the hybrid replica groups of %d ranks", groups);
-        return -1;
-    }
+    if (rc != MPI_SUCCESS || !ok)
+        return status_set(STATUS_FAIL, err, errlen, "grid: cannot create the hybrid replica groups of %d ranks",
+                          groups);
     snprintf(g->replica->name, sizeof g->replica->name, "replica");
-    return 0;
+    return STATUS_OK;
 }
 
 int grid_groups(const grid_t *g, comm_t **list, const char **names)
@@ -414,7 +421,7 @@ static void print_groups(FILE *out, const grid_t *g, int axis, const char *hosts
     free(distinct);
 }
 
-int grid_print(const grid_t *g, FILE *out)
+status_t grid_print(const grid_t *g, FILE *out, char *err, size_t errlen)
 {
     enum { HOSTLEN = MPI_MAX_PROCESSOR_NAME };
     char me[HOSTLEN];
@@ -430,19 +437,18 @@ int grid_print(const grid_t *g, FILE *out)
         /* the others are entering the gather: end the job, never hang */
         fprintf(stderr, "grid_print: out of memory for %d host names\n", g->world_size);
         MPI_Abort(MPI_COMM_WORLD, 1);
-        return -1;
+        return STATUS_FAIL;
     }
     rc = MPI_Gather(me, HOSTLEN, MPI_CHAR, hosts, HOSTLEN, MPI_CHAR, 0, MPI_COMM_WORLD);
     if (rc != MPI_SUCCESS) {
-        char msg[MPI_MAX_ERROR_STRING] = "";
-        MPI_Error_string(rc, msg, &len);
-        fprintf(stderr, "grid_print: MPI_Gather(host names) failed: %s\n", msg);
+        char first[COMM_ERR_MAX] = "";
+        mpi_err(&(first_err_t){first, sizeof first}, rc, "MPI_Gather(host names)");
         free(hosts);
-        return -1;
+        return status_set(STATUS_FAIL, err, errlen, "%s", first);
     }
     if (!root)
-        return 0;
-    int status = 0;
+        return STATUS_OK;
+    status_t status = STATUS_OK;
     if (out) {
         int nhosts = 0;
         for (int r = 0; r < g->world_size; r++) {
@@ -457,7 +463,7 @@ int grid_print(const grid_t *g, FILE *out)
         for (int axis = 0; axis < N_AXES; axis++)
             print_groups(out, g, axis, hosts, HOSTLEN);
         if (fflush(out) != 0 || ferror(out))
-            status = -1;
+            status = status_set(STATUS_FAIL, err, errlen, "writing the layout failed");
     }
     free(hosts);
     return status;

@@ -20,19 +20,22 @@ typedef struct grid {
                       rank's shard group (grid_create_shard_group); else NULL */
     comm_t *replica; /* with shard: the dp/H ranks holding the same pieces
                         (one per shard group, same rank within it) */
-    char err[512];
 } grid_t;
 
 /* Checks tp * pp * dp == world (dp 0 = world / (tp*pp)) and builds the
- * groups with MPI_Comm_split. Collective over MPI_COMM_WORLD. Returns 0, or
- * -1 with one line in g->err (the same on every rank for layout errors). */
-int grid_create(grid_t *g, int tp, int pp, int dp);
+ * groups with MPI_Comm_split. Collective over MPI_COMM_WORLD. Returns
+ * STATUS_OK; STATUS_INPUT for a layout that does not fit the world (the
+ * same message on every rank, found without communication); or
+ * STATUS_FAIL on every rank with the lowest failing rank's message
+ * ("rank R: ..."). The message goes into err (mpi/status.h). */
+status_t grid_create(grid_t *g, int tp, int pp, int dp, char *err, size_t errlen);
 void grid_destroy(grid_t *g);
 
 /* HSDP: splits each DP group into dp/H groups of H consecutive DP ranks
- * (g->shard), and across them into H replica groups (g->replica). H must divide dp. Collective over MPI_COMM_WORLD. Returns 0,
- * or -1 with one line in g->err. */
-int grid_create_shard_group(grid_t *g, int H);
+ * (g->shard), and across them into H replica groups (g->replica). H must
+ * divide dp. Collective over MPI_COMM_WORLD. Returns a status with one
+ * line in err. */
+status_t grid_create_shard_group(grid_t *g, int H, char *err, size_t errlen);
 
 #define GRID_MAX_GROUPS 7 /* world, tp, dp, pp, embed, shard, replica */
 
@@ -46,6 +49,6 @@ int grid_groups(const grid_t *g, comm_t **list, const char **names);
 /* Prints, on the calling rank, every group of each kind with its world
  * ranks and hosts: "tp group 0: ranks 0,1 (hostA)". Collective (gathers
  * host names); only world rank 0 writes to out. */
-int grid_print(const grid_t *g, FILE *out);
+status_t grid_print(const grid_t *g, FILE *out, char *err, size_t errlen);
 
 #endif

@@ -75,11 +75,11 @@ static void detect_launcher(launch_env_t *env)
 }
 
 /* A failed collective of the launch: MPI errors are not recoverable. */
-static void comm_check(comm_t *c, int rc)
+static void comm_check(status_t rc, const char *err)
 {
-    if (rc == 0)
+    if (rc == STATUS_OK)
         return;
-    fprintf(stderr, "dtrain: MPI error at launch: %s\n", c->err);
+    fprintf(stderr, "dtrain: MPI error at launch: %s\n", err);
     MPI_Abort(MPI_COMM_WORLD, 1);
 }
 
@@ -90,12 +90,13 @@ static void check_local_rank(launch_env_t *env)
 {
     int var = env->local_var ? (int)env_ll(env->local_var, -1) : env->local_rank;
     int32_t first = var != env->local_rank ? env->world_rank : INT32_MAX;
-    comm_check(env->world, env->world->ops->allreduce(env->world, &first, 1, COMM_INT32, COMM_MIN));
+    char cerr[COMM_ERR_MAX];
+    comm_check(env->world->ops->allreduce(env->world, &first, 1, COMM_INT32, COMM_MIN, cerr, sizeof cerr), cerr);
     env->mismatch_rank = first == INT32_MAX ? -1 : (int)first;
     if (first == INT32_MAX)
         return;
     int32_t pair[2] = {env->local_rank, var};
-    comm_check(env->world, env->world->ops->broadcast(env->world, pair, 2, COMM_INT32, (int)first));
+    comm_check(env->world->ops->broadcast(env->world, pair, 2, COMM_INT32, (int)first, cerr, sizeof cerr), cerr);
     env->mismatch_mpi = pair[0];
     env->mismatch_var = pair[1];
 }
@@ -157,7 +158,8 @@ void launch_init(launch_env_t *env, int *argc, char ***argv)
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
     int32_t nodes = env->local_rank == 0;
-    comm_check(env->world, env->world->ops->allreduce(env->world, &nodes, 1, COMM_INT32, COMM_SUM));
+    char cerr[COMM_ERR_MAX];
+    comm_check(env->world->ops->allreduce(env->world, &nodes, 1, COMM_INT32, COMM_SUM, cerr, sizeof cerr), cerr);
     env->n_nodes = (int)nodes;
     detect_launcher(env);
     check_local_rank(env);

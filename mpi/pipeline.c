@@ -131,70 +131,71 @@ typedef struct pipe_exec {
     comm_req_t grad_recv;  /* the next backward's dL/d(output), into grad() */
     float *ring;           /* [R][n]: dL/d(input) copies being sent upstream */
     double wait_s;
+    char *err; /* the caller's error buffer (pipe_run's err, errlen) */
+    size_t errlen;
 } pipe_exec_t;
 
-/* Prefixes pp->err (the comm layer's message) with where it happened. */
-static int fail_at(pipe_exec_t *ex, const char *what, int micro)
+/* Prefixes the comm layer's message, already in ex->err, with where it
+ * happened. */
+static status_t fail_at(pipe_exec_t *ex, const char *what, int micro)
 {
-    char msg[sizeof ex->pp->err];
-    snprintf(msg, sizeof msg, "%s", ex->pp->err);
+    char msg[COMM_ERR_MAX];
+    snprintf(msg, sizeof msg, "%s", ex->err ? ex->err : "");
     if (micro >= 0)
-        snprintf(ex->pp->err, sizeof ex->pp->err, "pipeline stage %d/%d, %s of microbatch %d: %.400s", ex->s, ex->P,
-                 what, micro, msg);
-    else
-        snprintf(ex->pp->err, sizeof ex->pp->err, "pipeline stage %d/%d, %s: %.400s", ex->s, ex->P, what, msg);
-    return -1;
+        return status_set(STATUS_FAIL, ex->err, ex->errlen, "pipeline stage %d/%d, %s of microbatch %d: %.400s", ex->s,
+                          ex->P, what, micro, msg);
+    return status_set(STATUS_FAIL, ex->err, ex->errlen, "pipeline stage %d/%d, %s: %.400s", ex->s, ex->P, what, msg);
 }
 
 /* Waits for req if it is in flight, counting the time blocked. */
-static int wait_timed(pipe_exec_t *ex, comm_req_t *req)
+static status_t wait_timed(pipe_exec_t *ex, comm_req_t *req)
 {
     if (!req->active)
         return 0;
     if (ex->ops->mem)
         ex->ops->mem->sync(ex->ops->mem->ctx); /* running kernels are compute, not bubble */
     double t0 = trace_now();
-    int rc = ex->pp->ops->wait(req);
+    status_t rc = ex->pp->ops->wait(req, ex->err, ex->errlen);
     ex->wait_s += trace_now() - t0;
     return rc;
 }
 
-static int post_act_recv(pipe_exec_t *ex, int m)
+static status_t post_act_recv(pipe_exec_t *ex, int m)
 {
     const int slot = m % ex->S;
     if (ex->pp->ops->irecv(ex->pp, ex->ops->input(ex->ctx, slot), ex->ops->n, COMM_FP32, ex->s - 1, TAG_ACT,
-                           &ex->act_recv[slot]) != 0)
+                           &ex->act_recv[slot], ex->err, ex->errlen) != STATUS_OK)
         return fail_at(ex, "activation receive", m);
     return 0;
 }
 
-static int post_grad_recv(pipe_exec_t *ex, int m)
+static status_t post_grad_recv(pipe_exec_t *ex, int m)
 {
-    if (ex->pp->ops->irecv(ex->pp, ex->ops->grad(ex->ctx), ex->ops->n, COMM_FP32, ex->s + 1, TAG_GRAD,
-                           &ex->grad_recv) != 0)
+    if (ex->pp->ops->irecv(ex->pp, ex->ops->grad(ex->ctx), ex->ops->n, COMM_FP32, ex->s + 1, TAG_GRAD, &ex->grad_recv,
+                           ex->err, ex->errlen) != STATUS_OK)
         return fail_at(ex, "gradient receive", m);
     return 0;
 }
 
 /* One test() on every request in flight: OpenMPI advances transfers only
  * inside MPI calls, so between two callbacks the executor lets it. */
-static int progress(pipe_exec_t *ex, int micro)
+static status_t progress(pipe_exec_t *ex, int micro)
 {
     comm_t *pp = ex->pp;
     int done;
     for (int i = 0; i < ex->S; i++)
-        if ((ex->act_recv[i].active && pp->ops->test(&ex->act_recv[i], &done) != 0) ||
-            (ex->act_send[i].active && pp->ops->test(&ex->act_send[i], &done) != 0))
+        if ((ex->act_recv[i].active && pp->ops->test(&ex->act_recv[i], &done, ex->err, ex->errlen) != 0) ||
+            (ex->act_send[i].active && pp->ops->test(&ex->act_send[i], &done, ex->err, ex->errlen) != 0))
             return fail_at(ex, "progress after", micro);
     for (int i = 0; i < ex->R; i++)
-        if (ex->grad_send[i].active && pp->ops->test(&ex->grad_send[i], &done) != 0)
+        if (ex->grad_send[i].active && pp->ops->test(&ex->grad_send[i], &done, ex->err, ex->errlen) != 0)
             return fail_at(ex, "progress after", micro);
-    if (ex->grad_recv.active && pp->ops->test(&ex->grad_recv, &done) != 0)
+    if (ex->grad_recv.active && pp->ops->test(&ex->grad_recv, &done, ex->err, ex->errlen) != 0)
         return fail_at(ex, "progress after", micro);
     return 0;
 }
 
-static int run_forward(pipe_exec_t *ex, const pipe_action_t *a)
+static status_t run_forward(pipe_exec_t *ex, const pipe_action_t *a)
 {
     const pipe_stage_ops_t *ops = ex->ops;
     if (!ex->first && wait_timed(ex, &ex->act_recv[a->slot]) != 0)
@@ -203,20 +204,18 @@ static int run_forward(pipe_exec_t *ex, const pipe_action_t *a)
      * microbatch's backward; kept as the rule the buffer depends on) */
     if (!ex->last && wait_timed(ex, &ex->act_send[a->slot]) != 0)
         return fail_at(ex, "activation send", a->micro);
-    if (ops->forward(ex->ctx, a->micro, a->slot) != 0) {
-        snprintf(ex->pp->err, sizeof ex->pp->err, "pipeline stage %d/%d: forward of microbatch %d failed", ex->s, ex->P,
-                 a->micro);
-        return -1;
-    }
+    if (ops->forward(ex->ctx, a->micro, a->slot) != 0)
+        return status_set(STATUS_FAIL, ex->err, ex->errlen, "pipeline stage %d/%d: forward of microbatch %d failed",
+                          ex->s, ex->P, a->micro);
     if (!ex->last && ex->pp->ops->isend(ex->pp, ops->output(ex->ctx, a->slot), ops->n, COMM_FP32, ex->s + 1, TAG_ACT,
-                                        &ex->act_send[a->slot]) != 0)
+                                        &ex->act_send[a->slot], ex->err, ex->errlen) != 0)
         return fail_at(ex, "activation send", a->micro);
     return 0;
 }
 
 /* Backwards run in increasing microbatch order, so the next backward is
  * a->micro + 1 and the slot's next microbatch a->micro + S. */
-static int run_backward(pipe_exec_t *ex, const pipe_action_t *a)
+static status_t run_backward(pipe_exec_t *ex, const pipe_action_t *a)
 {
     const pipe_stage_ops_t *ops = ex->ops;
     const size_t n = ops->n;
@@ -227,11 +226,9 @@ static int run_backward(pipe_exec_t *ex, const pipe_action_t *a)
         if (wait_timed(ex, &ex->act_send[a->slot]) != 0)
             return fail_at(ex, "activation send", a->micro);
     }
-    if (ops->backward(ex->ctx, a->micro, a->slot) != 0) {
-        snprintf(ex->pp->err, sizeof ex->pp->err, "pipeline stage %d/%d: backward of microbatch %d failed", ex->s,
-                 ex->P, a->micro);
-        return -1;
-    }
+    if (ops->backward(ex->ctx, a->micro, a->slot) != 0)
+        return status_set(STATUS_FAIL, ex->err, ex->errlen, "pipeline stage %d/%d: backward of microbatch %d failed",
+                          ex->s, ex->P, a->micro);
     if (!ex->first) {
         const int r = a->micro % ex->R;
         float *buf = ex->ring + (size_t)r * n;
@@ -241,15 +238,16 @@ static int run_backward(pipe_exec_t *ex, const pipe_action_t *a)
             ops->mem->to_host(ops->mem->ctx, buf, ops->grad(ex->ctx), n * sizeof *buf);
         else if (n)
             memcpy(buf, ops->grad(ex->ctx), n * sizeof *buf);
-        if (ex->pp->ops->isend(ex->pp, buf, n, COMM_FP32, ex->s - 1, TAG_GRAD, &ex->grad_send[r]) != 0)
+        if (ex->pp->ops->isend(ex->pp, buf, n, COMM_FP32, ex->s - 1, TAG_GRAD, &ex->grad_send[r], ex->err,
+                               ex->errlen) != 0)
             return fail_at(ex, "gradient send", a->micro);
     }
     /* grad() is free again: receive the next backward's gradient into it */
     if (!ex->last && a->micro + 1 < ex->M && post_grad_recv(ex, a->micro + 1) != 0)
-        return -1;
+        return STATUS_FAIL;
     /* the slot is free: receive the activation of its next microbatch */
-    if (!ex->first && a->micro + ex->S < ex->M && post_act_recv(ex, a->micro + ex->S) != 0)
-        return -1;
+    if (!ex->first && a->micro + ex->S < ex->M)
+        CHECK(post_act_recv(ex, a->micro + ex->S));
     return 0;
 }
 
@@ -257,11 +255,11 @@ static int run_backward(pipe_exec_t *ex, const pipe_action_t *a)
  * sends can be (waited for here); a receive left over would be a bug. On
  * failure nothing is waited for (a neighbour that failed too would never
  * match it): one test() each, and *left counts those still in flight. */
-static int drain(pipe_exec_t *ex, int failed, int *left)
+static status_t drain(pipe_exec_t *ex, int failed, int *left)
 {
     /* act_recv[S], act_send[S], grad_send[R] are one block; then grad_recv */
     const int nblock = 2 * ex->S + ex->R;
-    int rc = 0;
+    status_t rc = STATUS_OK;
     *left = 0;
     for (int i = 0; i <= nblock; i++) {
         comm_req_t *req = i < nblock ? &ex->act_recv[i] : &ex->grad_recv;
@@ -276,19 +274,20 @@ static int drain(pipe_exec_t *ex, int failed, int *left)
             continue;
         }
         if (!failed) {
-            snprintf(ex->pp->err, sizeof ex->pp->err,
-                     "pipeline stage %d/%d: a receive is still posted after the schedule", ex->s, ex->P);
-            rc = -1;
+            rc = status_set(STATUS_FAIL, ex->err, ex->errlen,
+                            "pipeline stage %d/%d: a receive is still posted after the schedule", ex->s, ex->P);
             failed = 1;
         }
         int done = 0;
-        if (ex->pp->ops->test(req, &done) == 0 && !done)
+        /* the failure's message is already in err: this test's is not kept */
+        if (ex->pp->ops->test(req, &done, NULL, 0) == STATUS_OK && !done)
             (*left)++;
     }
     return rc;
 }
 
-int pipe_run(comm_t *pp, pipe_kind_t k, int n_micro, const pipe_stage_ops_t *ops, void *ctx, pipe_stats_t *st)
+status_t pipe_run(comm_t *pp, pipe_kind_t k, int n_micro, const pipe_stage_ops_t *ops, void *ctx, pipe_stats_t *st,
+                  char *err, size_t errlen)
 {
     if (st)
         st->wait_s = 0.0;
@@ -296,10 +295,9 @@ int pipe_run(comm_t *pp, pipe_kind_t k, int n_micro, const pipe_stage_ops_t *ops
     const int S = pipe_slots(k, P, s, n_micro);
     if (S < 1 || (k != PIPE_1F1B && k != PIPE_GPIPE) || !ops || !ops->forward || !ops->backward ||
         (s > 0 && !ops->input) || (s < P - 1 && !ops->output) || !ops->grad) {
-        snprintf(pp->err, sizeof pp->err,
-                 "pipeline: bad arguments (kind %d, %d microbatches, stage %d of %d, callbacks %s)", (int)k, n_micro, s,
-                 P, ops ? "incomplete" : "missing");
-        return -1;
+        return status_set(STATUS_FAIL, err, errlen,
+                          "pipeline: bad arguments (kind %d, %d microbatches, stage %d of %d, callbacks %s)", (int)k,
+                          n_micro, s, P, ops ? "incomplete" : "missing");
     }
     pipe_exec_t ex = {.pp = pp,
                       .ops = ops,
@@ -310,24 +308,26 @@ int pipe_run(comm_t *pp, pipe_kind_t k, int n_micro, const pipe_stage_ops_t *ops
                       .S = S,
                       .R = S < 2 ? S : 2,
                       .first = s == 0,
-                      .last = s == P - 1};
+                      .last = s == P - 1,
+                      .err = err,
+                      .errlen = errlen};
     const size_t n = ops->n;
     pipe_action_t *act = malloc((size_t)2 * (size_t)n_micro * sizeof *act);
     /* one block of handles: act_recv[S], act_send[S], grad_send[R] */
     comm_req_t *reqs = calloc((size_t)(2 * S + ex.R), sizeof *reqs);
     ex.ring = ex.first ? NULL : malloc((size_t)ex.R * n * sizeof(float) + 1);
     if (!act || !reqs || (!ex.first && !ex.ring)) {
-        snprintf(pp->err, sizeof pp->err, "pipeline stage %d/%d: out of memory for %d slots of %zu floats", s, P, S, n);
         free(act);
         free(reqs);
         free(ex.ring);
-        return -1;
+        return status_set(STATUS_FAIL, err, errlen, "pipeline stage %d/%d: out of memory for %d slots of %zu floats", s,
+                          P, S, n);
     }
     ex.act_recv = reqs;
     ex.act_send = reqs + S;
     ex.grad_send = reqs + 2 * S;
 
-    int rc = 0;
+    status_t rc = STATUS_OK;
     const int na = pipe_schedule(k, P, s, n_micro, act);
     /* receives that can be posted before any compute: every free slot's
      * activation, and the first backward's gradient */
@@ -343,7 +343,7 @@ int pipe_run(comm_t *pp, pipe_kind_t k, int n_micro, const pipe_stage_ops_t *ops
     }
     int left = 0;
     if (drain(&ex, rc != 0, &left) != 0)
-        rc = -1;
+        rc = STATUS_FAIL;
     free(act);
     if (left == 0) {
         free(reqs);
@@ -354,5 +354,5 @@ int pipe_run(comm_t *pp, pipe_kind_t k, int n_micro, const pipe_stage_ops_t *ops
      * rather than freed under it */
     if (st)
         st->wait_s = ex.wait_s;
-    return rc ? -1 : 0;
+    return rc;
 }

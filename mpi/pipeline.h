@@ -95,12 +95,14 @@ typedef struct pipe_stats {
  * return. Allocates min(slots, 2) * n floats of host send buffers per call
  * (none on stage 0) and frees them before returning. st may be NULL.
  *
- * Returns 0, or -1 with one line in pp->err (a failing callback's own
- * message is the caller's; pp->err then names the action). After a
+ * Returns a status (mpi/status.h) with one line in err (a failing
+ * callback's own message is the caller's; err then names the action:
+ * "pipeline stage 1/2: forward of microbatch 3 failed"). After a
  * failure the caller ends the job (MPI_Abort or an agreed exit): requests
  * a neighbour may never match are not waited for (that could hang), so
  * the executor's send buffers still in flight are left to MPI, and
  * receives may still land in input()/grad(). */
-int pipe_run(comm_t *pp, pipe_kind_t k, int n_micro, const pipe_stage_ops_t *ops, void *ctx, pipe_stats_t *st);
+status_t pipe_run(comm_t *pp, pipe_kind_t k, int n_micro, const pipe_stage_ops_t *ops, void *ctx, pipe_stats_t *st,
+                  char *err, size_t errlen);
 
 #endif

@@ -14,19 +14,18 @@ static uint64_t hash_bytes(const void *p, size_t n)
     return h;
 }
 
-int replica_check(comm_t *c, const float *buf, const size_t *tensor_start, int n_tensors, int *first_bad)
+status_t replica_check(comm_t *c, const float *buf, const size_t *tensor_start, int n_tensors, int *first_bad,
+                       char *err, size_t errlen)
 {
     *first_bad = -1;
     if (c->size == 1)
-        return 0;
+        return STATUS_OK;
     /* each 64-bit hash as four 16-bit pieces: floats represent them exactly,
      * and max(x) == -max(-x) on every piece iff all ranks agree */
     size_t n = (size_t)n_tensors * 4;
     float *hi = malloc(2 * n * sizeof *hi);
-    if (!hi) {
-        strcpy(c->err, "out of memory in the replica check");
-        return -1;
-    }
+    if (!hi)
+        return status_set(STATUS_FAIL, err, errlen, "out of memory in the replica check");
     float *lo = hi + n;
 #pragma omp parallel for schedule(dynamic, 1)
     for (int t = 0; t < n_tensors; t++) {
@@ -36,8 +35,8 @@ int replica_check(comm_t *c, const float *buf, const size_t *tensor_start, int n
             lo[4 * t + k] = -hi[4 * t + k];
         }
     }
-    int rc = c->ops->allreduce(c, hi, 2 * n, COMM_FP32, COMM_MAX);
-    if (rc == 0) {
+    status_t rc = c->ops->allreduce(c, hi, 2 * n, COMM_FP32, COMM_MAX, err, errlen);
+    if (rc == STATUS_OK) {
         for (int t = 0; t < n_tensors && *first_bad < 0; t++)
             for (int k = 0; k < 4; k++)
                 if (hi[4 * t + k] != -lo[4 * t + k]) {
@@ -46,7 +45,5 @@ int replica_check(comm_t *c, const float *buf, const size_t *tensor_start, int n
                 }
     }
     free(hi);
-    if (rc != 0)
-        return -1;
-    return *first_bad >= 0 ? 1 : 0;
+    return rc;
 }

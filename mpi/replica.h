@@ -11,10 +11,11 @@
 
 /* buf: host memory (the hashes are host loops; a backend's buffer is
  * copied out first). tensor_start: [n_tensors+1] ascending offsets into
- * buf. Returns 0 when
- * all replicas agree, 1 when they differ (*first_bad = the lowest tensor
- * index that differs, the same on every rank), -1 on a communication error
- * (message in c->err). Collective over c. */
-int replica_check(comm_t *c, const float *buf, const size_t *tensor_start, int n_tensors, int *first_bad);
+ * buf. Returns STATUS_OK with *first_bad = -1 when all replicas agree, or
+ * the lowest tensor index that differs (the same on every rank); a failed
+ * status (a communication error, out of memory) with its message in err.
+ * Collective over c. */
+status_t replica_check(comm_t *c, const float *buf, const size_t *tensor_start, int n_tensors, int *first_bad,
+                       char *err, size_t errlen);
 
 #endif

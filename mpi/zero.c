@@ -145,8 +145,9 @@ static int alloc_buffers(zero_t *z)
     return 0;
 }
 
-int zero_create(zero_t *z, const ops_t *ops, const mem_tracker_t *mem, int stage, comm_t *group, size_t n,
-                const size_t *unit_start, int n_units, size_t window_units, comm_t *replica, comm_dtype_t dtype)
+status_t zero_create(zero_t *z, const ops_t *ops, const mem_tracker_t *mem, int stage, comm_t *group, size_t n,
+                     const size_t *unit_start, int n_units, size_t window_units, comm_t *replica, comm_dtype_t dtype,
+                     char *err, size_t errlen)
 {
     memset(z, 0, sizeof *z);
     z->ops = ops;
@@ -163,7 +164,7 @@ int zero_create(zero_t *z, const ops_t *ops, const mem_tracker_t *mem, int stage
     z->shard_start = malloc(((size_t)n_units + 1) * sizeof *z->shard_start);
     if (!z->unit_start || !z->chunk || !z->shard_start) {
         zero_destroy(z);
-        return -1;
+        return status_set(STATUS_FAIL, err, errlen, "out of memory for the ZeRO units");
     }
     memcpy(z->unit_start, unit_start, (size_t)n_units * sizeof *z->unit_start);
     z->unit_start[n_units] = n;
@@ -175,9 +176,9 @@ int zero_create(zero_t *z, const ops_t *ops, const mem_tracker_t *mem, int stage
     z->pwin_unit[0] = z->pwin_unit[1] = -1;
     if (alloc_buffers(z) != 0) {
         zero_destroy(z);
-        return -1;
+        return status_set(STATUS_FAIL, err, errlen, "out of memory for the ZeRO buffers");
     }
-    return 0;
+    return STATUS_OK;
 }
 
 void zero_destroy(zero_t *z)
@@ -217,7 +218,7 @@ void zero_piece(const zero_t *z, int u, size_t *lo, size_t *hi)
 /* zero_allgather (buf in backend memory) and zero_allgather_host (buf in
  * host memory): the same gathers through stage_buf, which is the
  * backend's, with the copies in and out chosen by where buf lives. */
-static int allgather_units(zero_t *z, float *buf, int host)
+static status_t allgather_units(zero_t *z, float *buf, int host, char *err, size_t errlen)
 {
     const ops_t *o = z->ops;
     comm_t *c = z->group;
@@ -235,8 +236,7 @@ static int allgather_units(zero_t *z, float *buf, int host)
             o->copy(o->ctx, mine, buf + lo, (hi - lo) * sizeof(float));
         o->zero(o->ctx, mine + (hi - lo), (cu - (hi - lo)) * sizeof(float));
         /* send == recv + rank*c: the communicator's in-place form */
-        if (c->ops->allgather(c, mine, z->stage_buf, cu, COMM_FP32) != 0)
-            return -1;
+        CHECK(c->ops->allgather(c, mine, z->stage_buf, cu, COMM_FP32, err, errlen));
         if (host)
             o->to_host(o->ctx, buf + z->unit_start[u], z->stage_buf, len * sizeof(float));
         else
@@ -245,9 +245,15 @@ static int allgather_units(zero_t *z, float *buf, int host)
     return 0;
 }
 
-int zero_allgather(zero_t *z, float *buf) { return allgather_units(z, buf, 0); }
+status_t zero_allgather(zero_t *z, float *buf, char *err, size_t errlen)
+{
+    return allgather_units(z, buf, 0, err, errlen);
+}
 
-int zero_allgather_host(zero_t *z, float *host) { return allgather_units(z, host, 1); }
+status_t zero_allgather_host(zero_t *z, float *host, char *err, size_t errlen)
+{
+    return allgather_units(z, host, 1, err, errlen);
+}
 
 void zero_shard_from_host(const zero_t *z, const float *host, float *shard)
 {
@@ -307,59 +313,56 @@ static void window_done(zero_t *z, int k)
     z->window_unit[k] = -1;
 }
 
-static int window_drain(zero_t *z, int k)
+static status_t window_drain(zero_t *z, int k, char *err, size_t errlen)
 {
     if (z->window_unit[k] < 0)
         return 0;
     z->ops->sync(z->ops->ctx); /* running kernels are compute, not communication wait */
     double t0 = MPI_Wtime();
-    int rc = z->group->ops->wait(&z->req[k]);
+    status_t rc = z->group->ops->wait(&z->req[k], err, errlen);
     z->wait_s += MPI_Wtime() - t0;
-    if (rc != 0)
-        return -1;
+    CHECK(rc);
     window_done(z, k);
-    return 0;
+    return STATUS_OK;
 }
 
-int zero_grads_progress(zero_t *z)
+status_t zero_grads_progress(zero_t *z, char *err, size_t errlen)
 {
     for (int k = 0; k < 2; k++) {
         if (z->window_unit[k] < 0)
             continue;
         int done = 0;
-        if (z->group->ops->test(&z->req[k], &done) != 0)
-            return -1;
+        CHECK(z->group->ops->test(&z->req[k], &done, err, errlen));
         if (done)
             window_done(z, k);
     }
     return 0;
 }
 
-float *zero_grads_window(zero_t *z, int u)
+float *zero_grads_window(zero_t *z, int u, char *err, size_t errlen)
 {
     const int k = u & 1;
-    return window_drain(z, k) == 0 ? z->window[k] : NULL;
+    return window_drain(z, k, err, errlen) == STATUS_OK ? z->window[k] : NULL;
 }
 
-int zero_grads_reduce_window(zero_t *z, int u)
+status_t zero_grads_reduce_window(zero_t *z, int u, char *err, size_t errlen)
 {
     const int k = u & 1;
     comm_t *c = z->group;
-    int rc;
+    status_t rc;
     if (bf16_on(z, c)) {
         /* the whole send, padding included (zero in both types) */
         z->ops->cast_f32_to_bf16(z->ops->ctx, z->hwin[k], z->window[k], (size_t)c->size * z->chunk[u]);
-        rc = c->ops->ireduce_scatter(c, z->hwin[k], z->hrecv[k], z->chunk[u], COMM_BF16, &z->req[k]);
+        rc = c->ops->ireduce_scatter(c, z->hwin[k], z->hrecv[k], z->chunk[u], COMM_BF16, &z->req[k], err, errlen);
     } else {
-        rc = c->ops->ireduce_scatter(c, z->window[k], z->recv[k], z->chunk[u], COMM_FP32, &z->req[k]);
+        rc = c->ops->ireduce_scatter(c, z->window[k], z->recv[k], z->chunk[u], COMM_FP32, &z->req[k], err, errlen);
     }
-    if (rc != 0)
-        return -1;
+    CHECK(rc);
     z->window_unit[k] = u;
-    return 0;
+    return STATUS_OK;
 }
 
-int zero_grads_reduce(zero_t *z, int u, const float *src)
+status_t zero_grads_reduce(zero_t *z, int u, const float *src, char *err, size_t errlen)
 {
     comm_t *c = z->group;
     const size_t cu = z->chunk[u], len = z->unit_start[u + 1] - z->unit_start[u];
@@ -378,48 +381,46 @@ int zero_grads_reduce(zero_t *z, int u, const float *src)
     }
     z->ops->sync(z->ops->ctx); /* running kernels are compute, not communication wait */
     double t0 = MPI_Wtime();
-    int rc = bf16 ? c->ops->reduce_scatter(c, z->hstage, z->hstage, cu, COMM_BF16)
-                  : c->ops->reduce_scatter(c, z->stage_buf, z->stage_buf, cu, COMM_FP32);
+    status_t rc = bf16 ? c->ops->reduce_scatter(c, z->hstage, z->hstage, cu, COMM_BF16, err, errlen)
+                       : c->ops->reduce_scatter(c, z->stage_buf, z->stage_buf, cu, COMM_FP32, err, errlen);
     z->wait_s += MPI_Wtime() - t0;
-    if (rc != 0)
-        return -1;
+    CHECK(rc);
     if (bf16)
         o->cast_bf16_to_f32(o->ctx, z->stage_buf, z->hstage, cu);
     add_piece(z, u, z->stage_buf);
     return 0;
 }
 
-int zero_grads_finish(zero_t *z, float scale)
+status_t zero_grads_finish(zero_t *z, float scale, char *err, size_t errlen)
 {
-    if (window_drain(z, 0) != 0 || window_drain(z, 1) != 0)
-        return -1;
+    CHECK(window_drain(z, 0, err, errlen));
+    CHECK(window_drain(z, 1, err, errlen));
     z->ops->scale(z->ops->ctx, z->grad_shard, scale, z->shard_n);
     return 0;
 }
 
-int zero_grads_replicas(zero_t *z)
+status_t zero_grads_replicas(zero_t *z, char *err, size_t errlen)
 {
     comm_t *r = z->replica;
     if (!r || z->stage < 2)
         return 0;
     if (!bf16_on(z, r))
-        return r->ops->allreduce(r, z->grad_shard, z->shard_n, COMM_FP32, COMM_SUM);
+        return r->ops->allreduce(r, z->grad_shard, z->shard_n, COMM_FP32, COMM_SUM, err, errlen);
     z->ops->cast_f32_to_bf16(z->ops->ctx, z->hshard, z->grad_shard, z->shard_n);
-    if (r->ops->allreduce(r, z->hshard, z->shard_n, COMM_BF16, COMM_SUM) != 0)
-        return -1;
+    CHECK(r->ops->allreduce(r, z->hshard, z->shard_n, COMM_BF16, COMM_SUM, err, errlen));
     z->ops->cast_bf16_to_f32(z->ops->ctx, z->grad_shard, z->hshard, z->shard_n);
     return 0;
 }
 
 /* ---- stage 3: parameter windows ---- */
 
-static int pwin_wait(zero_t *z, int k)
+static status_t pwin_wait(zero_t *z, int k, char *err, size_t errlen)
 {
     if (!z->pwin_busy[k])
         return 0;
     z->ops->sync(z->ops->ctx); /* running kernels are compute, not communication wait */
     double t0 = MPI_Wtime();
-    int rc = z->group->ops->wait(&z->preq[k]);
+    status_t rc = z->group->ops->wait(&z->preq[k], err, errlen);
     z->gather_s += MPI_Wtime() - t0;
     z->pwin_busy[k] = 0;
     if (rc != 0)
@@ -430,47 +431,47 @@ static int pwin_wait(zero_t *z, int k)
 /* Starts gathering unit u into window k: every rank sends its c-float
  * piece (padded with zeros in the shard), the window receives S*c floats
  * in rank order, which is the unit's flat layout followed by padding. */
-static int pwin_start(zero_t *z, int k, int u)
+static status_t pwin_start(zero_t *z, int k, int u, char *err, size_t errlen)
 {
     comm_t *c = z->group;
     z->pwin_unit[k] = u;
     z->gathers++;
-    if (c->ops->iallgather(c, z->param_shard + z->shard_start[u], z->pwin[k], z->chunk[u], COMM_FP32, &z->preq[k]) !=
-        0) {
+    if (c->ops->iallgather(c, z->param_shard + z->shard_start[u], z->pwin[k], z->chunk[u], COMM_FP32, &z->preq[k], err,
+                           errlen) != STATUS_OK) {
         z->pwin_unit[k] = -1;
-        return -1;
+        return STATUS_FAIL;
     }
     z->pwin_busy[k] = 1;
     return 0;
 }
 
-float *zero_params_window(zero_t *z, int u, int next)
+float *zero_params_window(zero_t *z, int u, int next, char *err, size_t errlen)
 {
     const int k = u & 1;
     if (z->pwin_unit[k] != u) {
-        if (pwin_wait(z, k) != 0 || pwin_start(z, k, u) != 0)
+        if (pwin_wait(z, k, err, errlen) != 0 || pwin_start(z, k, u, err, errlen) != 0)
             return NULL;
     }
-    if (pwin_wait(z, k) != 0)
+    if (pwin_wait(z, k, err, errlen) != 0)
         return NULL;
     if (next >= 0 && (next & 1) != k && z->pwin_unit[next & 1] != next) {
         const int o = next & 1;
-        if (pwin_wait(z, o) != 0 || pwin_start(z, o, next) != 0)
+        if (pwin_wait(z, o, err, errlen) != 0 || pwin_start(z, o, next, err, errlen) != 0)
             return NULL;
     }
     return z->pwin[k];
 }
 
-int zero_params_progress(zero_t *z)
+status_t zero_params_progress(zero_t *z, char *err, size_t errlen)
 {
     for (int k = 0; k < 2; k++) {
         if (!z->pwin_busy[k])
             continue;
         int done = 0;
-        if (z->group->ops->test(&z->preq[k], &done) != 0) {
+        if (z->group->ops->test(&z->preq[k], &done, err, errlen) != STATUS_OK) {
             z->pwin_busy[k] = 0;
             z->pwin_unit[k] = -1;
-            return -1;
+            return STATUS_FAIL;
         }
         if (done)
             z->pwin_busy[k] = 0;
@@ -478,25 +479,25 @@ int zero_params_progress(zero_t *z)
     return 0;
 }
 
-int zero_params_invalidate(zero_t *z)
+status_t zero_params_invalidate(zero_t *z, char *err, size_t errlen)
 {
-    int rc = 0;
+    status_t rc = STATUS_OK;
     for (int k = 0; k < 2; k++) {
-        if (pwin_wait(z, k) != 0)
-            rc = -1;
+        /* both windows are forgotten; the first failure's message stays */
+        if (pwin_wait(z, k, rc == STATUS_OK ? err : NULL, errlen) != STATUS_OK)
+            rc = STATUS_FAIL;
         z->pwin_unit[k] = -1;
     }
     return rc;
 }
 
-int zero_params_gather_unit(zero_t *z, int u, float *dst)
+status_t zero_params_gather_unit(zero_t *z, int u, float *dst, char *err, size_t errlen)
 {
     comm_t *c = z->group;
     const size_t cu = z->chunk[u], len = z->unit_start[u + 1] - z->unit_start[u];
     if (cu == 0)
         return 0;
-    if (c->ops->allgather(c, z->param_shard + z->shard_start[u], z->stage_buf, cu, COMM_FP32) != 0)
-        return -1;
+    CHECK(c->ops->allgather(c, z->param_shard + z->shard_start[u], z->stage_buf, cu, COMM_FP32, err, errlen));
     z->ops->copy(z->ops->ctx, dst, z->stage_buf, len * sizeof(float));
     return 0;
 }

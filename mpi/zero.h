@@ -156,9 +156,12 @@ typedef struct zero {
  * the largest unit stage 2 reduces through windows (a block's length; 0
  * below stage 2). replica: HSDP's replica group (stage 2 and up; NULL
  * without --hybrid-shard). dtype: the gradient reductions' (see above).
- * Returns 0 or -1 (out of memory). */
-int zero_create(zero_t *z, const ops_t *ops, const mem_tracker_t *mem, int stage, comm_t *group, size_t n,
-                const size_t *unit_start, int n_units, size_t window_units, comm_t *replica, comm_dtype_t dtype);
+ * Returns a status, one line in err (out of memory). Every fallible
+ * function here returns a status_t with its message in the caller's
+ * err[errlen] (mpi/status.h); those returning a pointer return NULL. */
+status_t zero_create(zero_t *z, const ops_t *ops, const mem_tracker_t *mem, int stage, comm_t *group, size_t n,
+                     const size_t *unit_start, int n_units, size_t window_units, comm_t *replica, comm_dtype_t dtype,
+                     char *err, size_t errlen);
 void zero_destroy(zero_t *z);
 
 /* This rank's piece of unit u, in flat offsets: [*lo, *hi). */
@@ -166,11 +169,11 @@ void zero_piece(const zero_t *z, int u, size_t *lo, size_t *hi);
 
 /* Every rank's pieces of buf ([n] floats of backend memory; this rank's
  * pieces are current) are gathered into every rank's buf. Collective over
- * the group. Returns 0 or -1 with the message in group->err. */
-int zero_allgather(zero_t *z, float *buf);
+ * the group. */
+status_t zero_allgather(zero_t *z, float *buf, char *err, size_t errlen);
 /* The same on a host buffer (a checkpoint's flat copy), staged through the
  * backend's all-gather buffer with to_host / from_host. */
-int zero_allgather_host(zero_t *z, float *host);
+status_t zero_allgather_host(zero_t *z, float *host, char *err, size_t errlen);
 
 /* Copies between a flat host buffer [n] and a shard [shard_n] of backend
  * memory (z's ops): this rank's pieces. shard_from_host zeroes the shard's
@@ -183,49 +186,49 @@ void zero_grads_begin(zero_t *z);
 
 /* The window for unit u's gradients (u a block unit; windows alternate by
  * u's parity). Waits for the reduce-scatter still using it, if any.
- * NULL on a communication failure (message in group->err). */
-float *zero_grads_window(zero_t *z, int u);
+ * NULL on a communication failure. */
+float *zero_grads_window(zero_t *z, int u, char *err, size_t errlen);
 
 /* Unit u's gradients are complete in its window: starts their
- * reduce-scatter (nonblocking). Returns 0 or -1. */
-int zero_grads_reduce_window(zero_t *z, int u);
+ * reduce-scatter (nonblocking). */
+status_t zero_grads_reduce_window(zero_t *z, int u, char *err, size_t errlen);
 
 /* Drives the reduce-scatters in flight (MPI makes no progress on a
  * nonblocking collective unless it is tested) and banks finished ones.
- * Cheap; call it between kernels. Returns 0 or -1. */
-int zero_grads_progress(zero_t *z);
+ * Cheap; call it between kernels. */
+status_t zero_grads_progress(zero_t *z, char *err, size_t errlen);
 
 /* Unit u's gradients are complete in src ([len] floats of backend memory,
  * not a window): reduce-scatters them now and adds this rank's piece.
- * Returns 0 or -1. */
-int zero_grads_reduce(zero_t *z, int u, const float *src);
+ */
+status_t zero_grads_reduce(zero_t *z, int u, const float *src, char *err, size_t errlen);
 
 /* Completes every reduce-scatter in flight, then multiplies the shard by
- * scale (1/dp: the average). Returns 0 or -1. */
-int zero_grads_finish(zero_t *z, float scale);
+ * scale (1/dp: the average). */
+status_t zero_grads_finish(zero_t *z, float scale, char *err, size_t errlen);
 
 /* HSDP, after zero_grads_finish: each shard group reduced its own ranks'
  * gradients; the groups' pieces of the same elements are summed over the
  * replica group (in the reduction dtype). Nothing without a replica
- * group. Returns 0 or -1 with the message in replica->err. */
-int zero_grads_replicas(zero_t *z);
+ * group. */
+status_t zero_grads_replicas(zero_t *z, char *err, size_t errlen);
 
 /* Stage 3. Block unit u's parameters, gathered (flat layout of the unit
  * from its start); then starts gathering unit `next` (-1: none; must be a
  * block unit of the other parity) into the other window. NULL on a
- * communication failure (message in group->err). */
-float *zero_params_window(zero_t *z, int u, int next);
+ * communication failure. */
+float *zero_params_window(zero_t *z, int u, int next, char *err, size_t errlen);
 
-/* Drives parameter all-gathers in flight. Returns 0 or -1. */
-int zero_params_progress(zero_t *z);
+/* Drives parameter all-gathers in flight. */
+status_t zero_params_progress(zero_t *z, char *err, size_t errlen);
 
 /* The shards changed (an optimizer step, a load): completes gathers in
- * flight and forgets what the windows hold. Returns 0 or -1. */
-int zero_params_invalidate(zero_t *z);
+ * flight and forgets what the windows hold. */
+status_t zero_params_invalidate(zero_t *z, char *err, size_t errlen);
 
 /* Unit u gathered from the parameter shard into dst ([unit length] of
- * backend memory). Blocking. Returns 0 or -1. */
-int zero_params_gather_unit(zero_t *z, int u, float *dst);
+ * backend memory). Blocking. */
+status_t zero_params_gather_unit(zero_t *z, int u, float *dst, char *err, size_t errlen);
 
 /* The unit holding flat offset off. */
 int zero_unit_of(const zero_t *z, size_t off);

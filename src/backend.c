@@ -186,9 +186,10 @@ int backend_comm_open(backend_t *b, backend_comm_t comm, const grid_t *g, grid_t
     const int oom = 0;
 #endif
     int32_t all = want && !bad && !oom && !b->shared_gpu && !host_touch && !uuid_failed;
-    if (g->world->ops->allreduce(g->world, &all, 1, COMM_INT32, COMM_MIN) != 0) {
+    char cerr[COMM_ERR_MAX];
+    if (g->world->ops->allreduce(g->world, &all, 1, COMM_INT32, COMM_MIN, cerr, sizeof cerr) != STATUS_OK) {
         snprintf(err, errlen, "--comm %s: the all-reduce agreeing on the library failed: %s", backend_comm_names[comm],
-                 g->world->err);
+                 cerr);
         return -1;
     }
     if (uuid_failed)

@@ -254,20 +254,21 @@ static long check(const bench_t *bt, size_t count)
     return wrong;
 }
 
-static int run_once(const bench_t *bt, size_t count)
+/* One operation; the communicator's message in err on failure. */
+static status_t run_once(const bench_t *bt, size_t count, char *err, size_t errlen)
 {
     comm_t *c = bt->c;
     const int p = c->size;
     switch (bt->op) {
-    case OP_ALLREDUCE: return c->ops->allreduce(c, bt->a, count, COMM_FP32, COMM_SUM);
-    case OP_REDUCE_SCATTER: return c->ops->reduce_scatter(c, bt->a, bt->b, count / (size_t)p, COMM_FP32);
-    case OP_ALLGATHER: return c->ops->allgather(c, bt->a, bt->b, count / (size_t)p, COMM_FP32);
+    case OP_ALLREDUCE: return c->ops->allreduce(c, bt->a, count, COMM_FP32, COMM_SUM, err, errlen);
+    case OP_REDUCE_SCATTER: return c->ops->reduce_scatter(c, bt->a, bt->b, count / (size_t)p, COMM_FP32, err, errlen);
+    case OP_ALLGATHER: return c->ops->allgather(c, bt->a, bt->b, count / (size_t)p, COMM_FP32, err, errlen);
     default: {
         comm_req_t rs = {0}, rr = {0};
-        if (c->ops->irecv(c, bt->b, count, COMM_FP32, (c->rank + p - 1) % p, 0, &rr) != 0 ||
-            c->ops->isend(c, bt->a, count, COMM_FP32, (c->rank + 1) % p, 0, &rs) != 0)
-            return -1;
-        return c->ops->wait(&rs) == 0 && c->ops->wait(&rr) == 0 ? 0 : -1;
+        CHECK(c->ops->irecv(c, bt->b, count, COMM_FP32, (c->rank + p - 1) % p, 0, &rr, err, errlen));
+        CHECK(c->ops->isend(c, bt->a, count, COMM_FP32, (c->rank + 1) % p, 0, &rs, err, errlen));
+        CHECK(c->ops->wait(&rs, err, errlen));
+        return c->ops->wait(&rr, err, errlen);
     }
     }
 }
@@ -324,18 +325,19 @@ static long bench_size(const launch_env_t *env, const bench_t *bt, size_t count,
     const op_t op = bt->op;
     const int p = bt->c->size;
     fill(bt, count);
-    int failed = run_once(bt, count) != 0;
+    char cerr[COMM_ERR_MAX] = "";
+    int failed = run_once(bt, count, cerr, sizeof cerr) != STATUS_OK;
     long wrong = failed ? 0 : check(bt, count), wrong_all = 0;
     if (op == OP_ALLREDUCE) /* in place: keep the timed calls' values finite */
         memset(bt->a, 0, count * sizeof(float));
     for (long it = 0; it < o->warmup && !failed; it++)
-        failed = run_once(bt, count) != 0;
+        failed = run_once(bt, count, cerr, sizeof cerr) != STATUS_OK;
     launch_mpi_check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier");
     double t0 = MPI_Wtime();
     for (long it = 0; it < o->iters && !failed; it++)
-        failed = run_once(bt, count) != 0;
+        failed = run_once(bt, count, cerr, sizeof cerr) != STATUS_OK;
     double t = (MPI_Wtime() - t0) / (double)o->iters, tmax = 0.0;
-    if (launch_any_failed(env, PROG, failed, bt->c->err))
+    if (launch_any_failed(env, PROG, failed, cerr))
         return -1;
     launch_mpi_check(MPI_Allreduce(&t, &tmax, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD), "MPI_Allreduce");
     launch_mpi_check(MPI_Allreduce(&wrong, &wrong_all, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce");

@@ -241,8 +241,9 @@ int ckpt_resolve(comm_t *world, const char *resume, const char *dir, char *path,
     }
     if (agree(world, rc, err, errlen) != 0)
         return -1;
-    if (world->ops->broadcast(world, path, path_len, COMM_BYTE, 0) != 0) {
-        snprintf(err, errlen, "broadcasting the checkpoint path failed: %s", world->err);
+    char cerr[COMM_ERR_MAX];
+    if (world->ops->broadcast(world, path, path_len, COMM_BYTE, 0, cerr, sizeof cerr) != STATUS_OK) {
+        snprintf(err, errlen, "broadcasting the checkpoint path failed: %s", cerr);
         return -1;
     }
     return 0;

@@ -249,9 +249,11 @@ int ckpt_async_poll(ckpt_async_t *a, char *err, size_t errlen)
     if (!a || !a->running)
         return 0;
     int32_t done = atomic_load_explicit(&a->done, memory_order_acquire);
-    if (a->world->size > 1 && a->world->ops->allreduce(a->world, &done, 1, COMM_INT32, COMM_MIN) != 0) {
+    char cerr[COMM_ERR_MAX];
+    if (a->world->size > 1 &&
+        a->world->ops->allreduce(a->world, &done, 1, COMM_INT32, COMM_MIN, cerr, sizeof cerr) != STATUS_OK) {
         snprintf(err, errlen, "checkpoint of step %d: the all-reduce of the writers' progress failed: %s",
-                 a->job.meta.step, a->world->err);
+                 a->job.meta.step, cerr);
         return -1;
     }
     return done ? ckpt_async_wait(a, err, errlen) : 0;

@@ -403,8 +403,9 @@ static int make_room(export_ctx_t *x, char *err, size_t errlen)
 /* Rank 0's string to every rank. */
 static int bcast_str(comm_t *world, char *s, size_t len, char *err, size_t errlen)
 {
-    if (world->ops->broadcast(world, s, len, COMM_BYTE, 0) != 0) {
-        snprintf(err, errlen, "broadcasting the export's temporary name failed: %s", world->err);
+    char cerr[COMM_ERR_MAX];
+    if (world->ops->broadcast(world, s, len, COMM_BYTE, 0, cerr, sizeof cerr) != STATUS_OK) {
+        snprintf(err, errlen, "broadcasting the export's temporary name failed: %s", cerr);
         return -1;
     }
     return 0;
@@ -511,8 +512,10 @@ int export_run(comm_t *world, const export_target_t *tg, const export_opts_t *o,
             rc = tg->sync(&x, err, errlen);
         /* a damaged input is the input's fault (2), anything else the machine's (1) */
         int32_t any_read_failed = read_failed;
-        if (world->ops->allreduce(world, &any_read_failed, 1, COMM_INT32, COMM_MAX) != 0 && rc == 0) {
-            snprintf(err, errlen, "the all-reduce of the export's read status failed: %s", world->err);
+        char cerr[COMM_ERR_MAX];
+        if (world->ops->allreduce(world, &any_read_failed, 1, COMM_INT32, COMM_MAX, cerr, sizeof cerr) != STATUS_OK &&
+            rc == 0) {
+            snprintf(err, errlen, "the all-reduce of the export's read status failed: %s", cerr);
             rc = -1;
         }
         rc = agree(world, rc, err, errlen);

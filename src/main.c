@@ -59,8 +59,9 @@ int main(int argc, char **argv)
         launch_exit(&env, 1);
 
     grid_t grid;
-    failed = grid_create(&grid, opt.tp, opt.pp, opt.dp) != 0;
-    if (launch_any_failed(&env, "dtrain", failed, grid.err))
+    char gerr[COMM_ERR_MAX] = "";
+    failed = grid_create(&grid, opt.tp, opt.pp, opt.dp, gerr, sizeof gerr) != STATUS_OK;
+    if (launch_any_failed(&env, "dtrain", failed, gerr))
         launch_exit(&env, 2);
 
     /* the run, resolved once for this grid: every component takes its

@@ -23,10 +23,11 @@ static int res_rows(const model_t *m, int n) { return m->lay.sequence_parallel ?
 
 static int tp_active(const model_t *m) { return tp_size(m) > 1 && !m->failed; }
 
-static void tp_fail(model_t *m)
+/* msg: the communicator's message */
+static void tp_fail(model_t *m, const char *msg)
 {
     m->failed = 1;
-    snprintf(m->err, sizeof m->err, "tensor-parallel collective failed: %.400s", m->lay.tp->err);
+    snprintf(m->err, sizeof m->err, "tensor-parallel collective failed: %.400s", msg);
 }
 
 /* Each blocks until the group is done: exposed communication, timed. The
@@ -40,8 +41,9 @@ static void tp_allreduce(model_t *m, float *buf, size_t n, comm_op_t op)
         return;
     m->ops->sync(m->ops->ctx);
     double t0 = trace_now();
-    if (m->lay.tp->ops->allreduce(m->lay.tp, buf, n, COMM_FP32, op) != 0)
-        tp_fail(m);
+    char cerr[COMM_ERR_MAX];
+    if (m->lay.tp->ops->allreduce(m->lay.tp, buf, n, COMM_FP32, op, cerr, sizeof cerr) != STATUS_OK)
+        tp_fail(m, cerr);
     m->tp_comm_s += trace_now() - t0;
 }
 
@@ -52,8 +54,9 @@ static void tp_allgather(model_t *m, float *all, const float *mine, size_t n_eac
         return;
     m->ops->sync(m->ops->ctx);
     double t0 = trace_now();
-    if (m->lay.tp->ops->allgather(m->lay.tp, mine, all, n_each, COMM_FP32) != 0)
-        tp_fail(m);
+    char cerr[COMM_ERR_MAX];
+    if (m->lay.tp->ops->allgather(m->lay.tp, mine, all, n_each, COMM_FP32, cerr, sizeof cerr) != STATUS_OK)
+        tp_fail(m, cerr);
     m->tp_comm_s += trace_now() - t0;
 }
 
@@ -64,8 +67,9 @@ static void tp_reduce_scatter(model_t *m, float *mine, const float *all, size_t 
         return;
     m->ops->sync(m->ops->ctx);
     double t0 = trace_now();
-    if (m->lay.tp->ops->reduce_scatter(m->lay.tp, all, mine, n_each, COMM_FP32) != 0)
-        tp_fail(m);
+    char cerr[COMM_ERR_MAX];
+    if (m->lay.tp->ops->reduce_scatter(m->lay.tp, all, mine, n_each, COMM_FP32, cerr, sizeof cerr) != STATUS_OK)
+        tp_fail(m, cerr);
     m->tp_comm_s += trace_now() - t0;
 }
 

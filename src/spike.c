@@ -180,10 +180,8 @@ static int locate(const spike_ctx_t *c, char *where, size_t len)
         snprintf(where, len, "none in the gradients");
         return 0;
     }
-    if (rank < 0)
-        return -1; /* the agreement's own communication failed */
     snprintf(where, len, "%s", msg);
-    return 0;
+    return rank < 0 ? -1 : 0; /* rank < 0: the agreement's own communication failed (msg says how) */
 }
 
 /* Rank 0's line for a skipped step. */
@@ -210,8 +208,9 @@ int spike_check(spike_t *s, const spike_ctx_t *c, int step, int steps, double lo
     double z;
     int32_t v = (int32_t)judge(s, loss, norm, &z);
     /* the one reduction that decides: every rank skips, or none */
-    if (c->world->size > 1 && c->world->ops->allreduce(c->world, &v, 1, COMM_INT32, COMM_MAX) != 0) {
-        snprintf(err, errlen, "step %d: the all-reduce of the spike verdict failed: %s", step, c->world->err);
+    char cerr[COMM_ERR_MAX];
+    if (c->world->size > 1 && c->world->ops->allreduce(c->world, &v, 1, COMM_INT32, COMM_MAX, cerr, sizeof cerr) != 0) {
+        snprintf(err, errlen, "step %d: the all-reduce of the spike verdict failed: %s", step, cerr);
         return -1;
     }
     *act = SPIKE_GO;
@@ -226,7 +225,7 @@ int spike_check(spike_t *s, const spike_ctx_t *c, int step, int steps, double lo
     }
     char where[300] = "";
     if (v == SPIKE_NONFINITE && locate(c, where, sizeof where) != 0) {
-        snprintf(err, errlen, "step %d: locating the non-finite gradient failed: %s", step, c->world->err);
+        snprintf(err, errlen, "step %d: locating the non-finite gradient failed: %s", step, where);
         return -1;
     }
     if (s->in_row++ == 0)

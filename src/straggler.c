@@ -59,8 +59,9 @@ int straggler_setup(straggler_t *s, comm_t *world, int every, char *err, size_t 
     }
     char mine[STRAGGLER_HOST_MAX];
     host_name(mine);
-    if (world->ops->allgather(world, mine, s->hosts, STRAGGLER_HOST_MAX, COMM_BYTE) != 0) {
-        snprintf(err, errlen, "--straggler-every: the all-gather of the host names failed: %s", world->err);
+    char cerr[COMM_ERR_MAX];
+    if (world->ops->allgather(world, mine, s->hosts, STRAGGLER_HOST_MAX, COMM_BYTE, cerr, sizeof cerr) != STATUS_OK) {
+        snprintf(err, errlen, "--straggler-every: the all-gather of the host names failed: %s", cerr);
         return -1;
     }
     return 0;
@@ -116,9 +117,9 @@ int straggler_step(straggler_t *s, comm_t *world, int step, double compute_s, st
     if (step % s->every != 0)
         return 0;
     double mine = 1e3 * s->sum_s / s->n;
-    if (world->ops->allgather(world, &mine, s->means, 1, COMM_FP64) != 0) {
-        snprintf(err, errlen, "step %d: --straggler-every: the all-gather of the compute times failed: %s", step,
-                 world->err);
+    char cerr[COMM_ERR_MAX];
+    if (world->ops->allgather(world, &mine, s->means, 1, COMM_FP64, cerr, sizeof cerr) != STATUS_OK) {
+        snprintf(err, errlen, "step %d: --straggler-every: the all-gather of the compute times failed: %s", step, cerr);
         return -1;
     }
     if (s->rank == 0)

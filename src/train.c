@@ -49,8 +49,9 @@ void trainer_banner(const trainer_t *tr, FILE *out)
                 g->world_size, g->world_size == 1 ? "" : "s", g->tp_size, g->pp_size, g->dp_size, tr->threads,
                 tr->threads == 1 ? "" : "s", ddp_mode_names[tr->run->ddp_mode]);
     launch_describe(tr->env, out);
-    if (grid_print(g, out) != 0 && rank0)
-        fprintf(out, "grid: %s\n", g->err);
+    char gerr[COMM_ERR_MAX];
+    if (grid_print(g, out, gerr, sizeof gerr) != STATUS_OK && rank0)
+        fprintf(out, "grid: %s\n", gerr);
     if (!rank0)
         return;
     if (g->tp_size > 1)
@@ -133,13 +134,14 @@ static status_t pipeline_eval(trainer_t *tr, const int32_t *tok, const int32_t *
     model_t *m = &tr->model;
     const grid_t *g = tr->grid;
     const size_t n = model_stage_floats(m, b, t);
-    if (g->pp_rank > 0 && g->pp->ops->recv(g->pp, model_stage_input(m, 0), n, COMM_FP32, g->pp_rank - 1, TAG_EVAL) != 0)
+    if (g->pp_rank > 0 &&
+        g->pp->ops->recv(g->pp, model_stage_input(m, 0), n, COMM_FP32, g->pp_rank - 1, TAG_EVAL, NULL, 0) != 0)
         return STATUS_FAIL;
     *loss = model_forward(m, 0, tok, pos, tgt, b, t, 0.0f);
     if (m->failed)
         return STATUS_FAIL;
     if (g->pp_rank < g->pp_size - 1 &&
-        g->pp->ops->send(g->pp, model_stage_output(m, 0), n, COMM_FP32, g->pp_rank + 1, TAG_EVAL) != 0)
+        g->pp->ops->send(g->pp, model_stage_output(m, 0), n, COMM_FP32, g->pp_rank + 1, TAG_EVAL, NULL, 0) != 0)
         return STATUS_FAIL;
     return STATUS_OK;
 }
@@ -180,11 +182,12 @@ int trainer_val_loss(trainer_t *tr, double *loss, char *err, size_t errlen)
             if (i < nb)
                 means[i] = v;
         }
-        if (g->world_size > 1 && tr->world->ops->allreduce(tr->world, &failed, 1, COMM_INT32, COMM_MAX) != 0)
+        if (g->world_size > 1 && tr->world->ops->allreduce(tr->world, &failed, 1, COMM_INT32, COMM_MAX, NULL, 0) != 0)
             failed = 1;
     }
-    if (failed || (g->pp_size > 1 && g->pp->ops->allreduce(g->pp, means, (size_t)nb, COMM_FP32, COMM_SUM) != 0) ||
-        (g->dp_size > 1 && g->dp->ops->allreduce(g->dp, means, (size_t)nb, COMM_FP32, COMM_SUM) != 0)) {
+    if (failed ||
+        (g->pp_size > 1 && g->pp->ops->allreduce(g->pp, means, (size_t)nb, COMM_FP32, COMM_SUM, NULL, 0) != 0) ||
+        (g->dp_size > 1 && g->dp->ops->allreduce(g->dp, means, (size_t)nb, COMM_FP32, COMM_SUM, NULL, 0) != 0)) {
         free(means);
         return status_set(STATUS_FAIL, err, errlen, "validation: %s",
                           tr->model.failed ? tr->model.err : "a forward or its collectives failed on a rank");
@@ -212,9 +215,9 @@ int trainer_grad_norm(trainer_t *tr, double *norm)
     if (g->tp_size > 1 || g->pp_size > 1 || over_dp) {
         /* the communicator carries fp32: ~1e-7 relative, ample for clipping */
         float part = (float)local;
-        if ((g->tp_size > 1 && g->tp->ops->allreduce(g->tp, &part, 1, COMM_FP32, COMM_SUM) != 0) ||
-            (g->pp_size > 1 && g->pp->ops->allreduce(g->pp, &part, 1, COMM_FP32, COMM_SUM) != 0) ||
-            (over_dp && over_dp->ops->allreduce(over_dp, &part, 1, COMM_FP32, COMM_SUM) != 0))
+        if ((g->tp_size > 1 && g->tp->ops->allreduce(g->tp, &part, 1, COMM_FP32, COMM_SUM, NULL, 0) != 0) ||
+            (g->pp_size > 1 && g->pp->ops->allreduce(g->pp, &part, 1, COMM_FP32, COMM_SUM, NULL, 0) != 0) ||
+            (over_dp && over_dp->ops->allreduce(over_dp, &part, 1, COMM_FP32, COMM_SUM, NULL, 0) != 0))
             return STATUS_FAIL;
         local = part;
     }
@@ -231,8 +234,9 @@ int trainer_check_replicas(trainer_t *tr, int step, char *err, size_t errlen)
     const param_table_t *t = &tr->model.table;
     float *host = malloc(t->numel * sizeof *host + 1);
     size_t *start = malloc(((size_t)t->n + 1) * sizeof *start);
-    if (!host || !start || params_to_host(tr, host) != 0) {
-        snprintf(err, errlen, "replica check: %s", host && start ? tr->sync.err : "out of memory");
+    char cerr[COMM_ERR_MAX];
+    if (!host || !start || params_to_host(tr, host, cerr, sizeof cerr) != 0) {
+        snprintf(err, errlen, "replica check: %s", host && start ? cerr : "out of memory");
         free(host);
         free(start);
         return -1;
@@ -240,14 +244,14 @@ int trainer_check_replicas(trainer_t *tr, int step, char *err, size_t errlen)
     for (int i = 0; i < t->n; i++)
         start[i] = t->p[i].offset;
     start[t->n] = t->numel;
-    int rc = replica_check(tr->grid->dp, host, start, t->n, &bad);
+    status_t rc = replica_check(tr->grid->dp, host, start, t->n, &bad, cerr, sizeof cerr);
     free(host);
     free(start);
-    if (rc < 0) {
-        snprintf(err, errlen, "replica check: %s", tr->grid->dp->err);
+    if (rc != STATUS_OK) {
+        snprintf(err, errlen, "replica check: %s", cerr);
         return -1;
     }
-    if (rc > 0) {
+    if (bad >= 0) {
         snprintf(err, errlen, "data-parallel replicas diverged %s %d: tensor %s differs between ranks of the dp group",
                  step ? "after step" : "at", step, tr->model.table.p[bad].name);
         return -1;
@@ -269,7 +273,7 @@ static int sample_logits(void *ctx, const int32_t *window, int t, int row, float
     if (g->pp_rank == g->pp_size - 1 && model_logits_row(m, 0, row, logits) != 0)
         return -1;
     if (g->pp_size > 1 &&
-        g->pp->ops->broadcast(g->pp, logits, (size_t)tr->cfg.vocab_size, COMM_FP32, g->pp_size - 1) != 0)
+        g->pp->ops->broadcast(g->pp, logits, (size_t)tr->cfg.vocab_size, COMM_FP32, g->pp_size - 1, NULL, 0) != 0)
         return -1;
     return 0;
 }
@@ -379,8 +383,7 @@ static int stage_backward(void *ctx, int micro, int slot)
     m->trace_micro = micro;
     int rc = model_backward(m, slot, accum, last);
     tr->bwd_done++;
-    if (dpsync_backward_end(s) != 0) {
-        snprintf(tr->step_err, sizeof tr->step_err, "%s", s->err);
+    if (dpsync_backward_end(s, tr->step_err, sizeof tr->step_err) != 0) {
         return -1;
     }
     if (rc != 0)
@@ -420,14 +423,16 @@ static int step_gradients(trainer_t *tr, int step, double *bubble_s, char *err, 
                                       .n = model_stage_floats(m, tr->opt->micro_batch, tr->opt->seq_len),
                                       .mem = m->ops};
         pipe_stats_t st = {0};
-        if (pipe_run(g->pp, tr->pp_kind, tr->accum, &ops, tr, &st) != 0) {
-            snprintf(err, errlen, "step %d: pipeline: %s", step + 1, tr->step_err[0] ? tr->step_err : g->pp->err);
+        char perr[COMM_ERR_MAX];
+        if (pipe_run(g->pp, tr->pp_kind, tr->accum, &ops, tr, &st, perr, sizeof perr) != 0) {
+            snprintf(err, errlen, "step %d: pipeline: %s", step + 1, tr->step_err[0] ? tr->step_err : perr);
             return -1;
         }
         *bubble_s = st.wait_s;
     }
-    if (tr->sync.ops->grads_finish(&tr->sync) != 0) {
-        snprintf(err, errlen, "step %d: %s", step + 1, tr->sync.err);
+    char cerr[COMM_ERR_MAX];
+    if (tr->sync.ops->grads_finish(&tr->sync, cerr, sizeof cerr) != 0) {
+        snprintf(err, errlen, "step %d: %s", step + 1, cerr);
         return -1;
     }
     if (tr->tied >= 0) {
@@ -438,8 +443,8 @@ static int step_gradients(trainer_t *tr, int step, double *bubble_s, char *err, 
         float *buf = tr->sync.ops->tensor_grads(&tr->sync, d->offset, d->numel, &n);
         m->ops->sync(m->ops->ctx); /* running kernels are compute, not communication */
         double t0 = now_s();
-        if (g->embed->ops->allreduce(g->embed, buf, n, COMM_FP32, COMM_SUM) != 0) {
-            snprintf(err, errlen, "step %d: tied embedding all-reduce failed: %s", step + 1, g->embed->err);
+        if (g->embed->ops->allreduce(g->embed, buf, n, COMM_FP32, COMM_SUM, cerr, sizeof cerr) != 0) {
+            snprintf(err, errlen, "step %d: tied embedding all-reduce failed: %s", step + 1, cerr);
             return -1;
         }
         tr->embed_comm_s = now_s() - t0;
@@ -469,8 +474,10 @@ static int stop_requested(trainer_t *tr, int step, char *err, size_t errlen)
 {
     const run_options_t *o = tr->opt;
     int32_t sig = launch_stop_signal();
-    if (tr->grid->world_size > 1 && tr->world->ops->allreduce(tr->world, &sig, 1, COMM_INT32, COMM_MAX) != 0) {
-        snprintf(err, errlen, "step %d: the all-reduce of the stop signal failed: %s", step, tr->world->err);
+    char cerr[COMM_ERR_MAX];
+    if (tr->grid->world_size > 1 &&
+        tr->world->ops->allreduce(tr->world, &sig, 1, COMM_INT32, COMM_MAX, cerr, sizeof cerr) != 0) {
+        snprintf(err, errlen, "step %d: the all-reduce of the stop signal failed: %s", step, cerr);
         return -1;
     }
     if (sig == 0)
@@ -574,8 +581,8 @@ static int step_loss(trainer_t *tr, double *loss)
 {
     const grid_t *g = tr->grid;
     float lf = g->pp_rank == g->pp_size - 1 ? (float)(tr->loss_sum / tr->accum) : 0.0f;
-    if ((g->pp_size > 1 && g->pp->ops->allreduce(g->pp, &lf, 1, COMM_FP32, COMM_SUM) != 0) ||
-        (g->dp_size > 1 && g->dp->ops->allreduce(g->dp, &lf, 1, COMM_FP32, COMM_SUM) != 0))
+    if ((g->pp_size > 1 && g->pp->ops->allreduce(g->pp, &lf, 1, COMM_FP32, COMM_SUM, NULL, 0) != 0) ||
+        (g->dp_size > 1 && g->dp->ops->allreduce(g->dp, &lf, 1, COMM_FP32, COMM_SUM, NULL, 0) != 0))
         return -1;
     *loss = (double)lf / g->dp_size;
     return 0;
@@ -598,8 +605,9 @@ static int update_params(trainer_t *tr, int step, double lr, double norm, char *
     trace_span(tr->trace, TRACE_COMPUTE, "optimizer", t_opt, tr->trace ? trace_now() : 0.0, NULL);
     if (!v->whole)
         model_params_written(m);
-    if (tr->sync.ops->after_update(&tr->sync) != 0) {
-        snprintf(err, errlen, "step %d: %s", step + 1, tr->sync.err);
+    char cerr[COMM_ERR_MAX];
+    if (tr->sync.ops->after_update(&tr->sync, cerr, sizeof cerr) != 0) {
+        snprintf(err, errlen, "step %d: %s", step + 1, cerr);
         return -1;
     }
     return 0;
@@ -622,8 +630,9 @@ static int guard_step(trainer_t *tr, int step, double loss, double norm, spike_a
         return -1;
     if (*act == SPIKE_ROLLBACK)
         return spike_rollback(tr, step, err, errlen);
-    if (*act == SPIKE_SKIP && tr->sync.ops->after_update(&tr->sync) != 0) {
-        snprintf(err, errlen, "step %d: %s", step + 1, tr->sync.err);
+    char cerr[COMM_ERR_MAX];
+    if (*act == SPIKE_SKIP && tr->sync.ops->after_update(&tr->sync, cerr, sizeof cerr) != 0) {
+        snprintf(err, errlen, "step %d: %s", step + 1, cerr);
         return -1;
     }
     return 0;
@@ -695,16 +704,19 @@ static int step_stats(trainer_t *tr, step_record_t *r, const step_times_t *st, c
     float t[6] = {(float)(dt - st->comm - st->bubble), (float)st->comm, (float)(st->bubble / dt)}, tmax[3];
     memcpy(tmax, t, sizeof tmax);
     memcpy(t + 3, t, sizeof tmax);
-    if (g->world_size > 1 && (g->world->ops->allreduce(g->world, tmax, 3, COMM_FP32, COMM_MAX) != 0 ||
-                              g->world->ops->allreduce(g->world, t + 3, 3, COMM_FP32, COMM_SUM) != 0)) {
-        snprintf(err, errlen, "step %d: timing all-reduce failed: %s", r->step, g->world->err);
+    char cerr[COMM_ERR_MAX];
+    if (g->world_size > 1 &&
+        (g->world->ops->allreduce(g->world, tmax, 3, COMM_FP32, COMM_MAX, cerr, sizeof cerr) != 0 ||
+         g->world->ops->allreduce(g->world, t + 3, 3, COMM_FP32, COMM_SUM, cerr, sizeof cerr) != 0)) {
+        snprintf(err, errlen, "step %d: timing all-reduce failed: %s", r->step, cerr);
         return -1;
     }
     for (int k = 0; k < MEM_N_CATEGORIES; k++)
         r->mem_peak[k] = (long long)mem_peak_bytes((mem_category_t)k);
     r->mem_peak[MEM_N_CATEGORIES] = (long long)mem_total_peak_bytes();
-    if (tr->world->ops->allreduce(tr->world, r->mem_peak, MEM_N_CATEGORIES + 1, COMM_INT64, COMM_MAX) != 0) {
-        snprintf(err, errlen, "step %d: the all-reduce of the memory peaks failed: %s", r->step, tr->world->err);
+    if (tr->world->ops->allreduce(tr->world, r->mem_peak, MEM_N_CATEGORIES + 1, COMM_INT64, COMM_MAX, cerr,
+                                  sizeof cerr) != 0) {
+        snprintf(err, errlen, "step %d: the all-reduce of the memory peaks failed: %s", r->step, cerr);
         return -1;
     }
     r->compute_ms_max = 1e3 * tmax[0];

@@ -38,18 +38,18 @@
 /* The parameters from a full flat host copy [table.numel]: the model's
  * buffer, and what the strategy holds beside it (ZeRO-3: this rank's
  * pieces of the blocks). */
-static int params_from_host(trainer_t *tr, const float *host)
+static int params_from_host(trainer_t *tr, const float *host, char *err, size_t errlen)
 {
     model_params_from_host(&tr->model, host);
-    return tr->sync.ops->params_from_host(&tr->sync, host);
+    return tr->sync.ops->params_from_host(&tr->sync, host, err, errlen);
 }
 
 /* The reverse: a full flat host copy. Under ZeRO-3 the blocks are gathered
  * from the pieces: collective over the shard group. */
-int params_to_host(trainer_t *tr, float *host)
+int params_to_host(trainer_t *tr, float *host, char *err, size_t errlen)
 {
     model_params_to_host(&tr->model, host);
-    return tr->sync.ops->params_to_host(&tr->sync, host);
+    return tr->sync.ops->params_to_host(&tr->sync, host, err, errlen);
 }
 
 /* --init-from: this rank's slices of the file's tensors into host (see
@@ -62,8 +62,9 @@ static int import_params(trainer_t *tr, float *host, char *err, size_t errlen)
      * [5] seconds (the slowest rank's: the import is done when it is) */
     double most[6] = {rep.bytes_read / 1048576.0,     rep.rss_growth_kb / 1024.0,   rep.local_bytes / 1048576.0,
                       rep.largest_tensor / 1048576.0, rep.staging_peak / 1048576.0, rep.seconds};
-    if (tr->world->ops->allreduce(tr->world, most, 6, COMM_FP64, COMM_MAX) != 0 && rc == 0) {
-        snprintf(err, errlen, "--init-from: the all-reduce of the import report failed: %s", tr->world->err);
+    char cerr[COMM_ERR_MAX];
+    if (tr->world->ops->allreduce(tr->world, most, 6, COMM_FP64, COMM_MAX, cerr, sizeof cerr) != STATUS_OK && rc == 0) {
+        snprintf(err, errlen, "--init-from: the all-reduce of the import report failed: %s", cerr);
         rc = -1;
     }
     if (tr->env->world_rank == 0 && rc == 0)
@@ -108,8 +109,9 @@ int init_params(trainer_t *tr, uint64_t seed, char *err, size_t errlen)
         param_table_init(&m->table, host, seed);
     }
     rc = agree(tr->world, rc, err, errlen);
-    if (rc == 0 && params_from_host(tr, host) != 0) {
-        snprintf(err, errlen, "out of memory for the parameters");
+    char cerr[COMM_ERR_MAX];
+    if (rc == 0 && params_from_host(tr, host, cerr, sizeof cerr) != 0) {
+        snprintf(err, errlen, "setting the parameters failed: %s", cerr);
         rc = -1;
     }
     free(host);
@@ -150,10 +152,13 @@ static int host_state(trainer_t *tr, float **p, float **m, float **v)
  * under ZeRO each rank's pieces, gathered over the shard group so that
  * the writer (DP rank 0) holds every element. Collective over the shard
  * group. */
-static int moments_to_host(trainer_t *tr, float *hm, float *hv)
+static int moments_to_host(trainer_t *tr, float *hm, float *hv, char *err, size_t errlen)
 {
     dpsync_t *s = &tr->sync;
-    return s->ops->state_to_host(s, tr->optim.m, hm) != 0 || s->ops->state_to_host(s, tr->optim.v, hv) != 0 ? -1 : 0;
+    return s->ops->state_to_host(s, tr->optim.m, hm, err, errlen) != 0 ||
+                   s->ops->state_to_host(s, tr->optim.v, hv, err, errlen) != 0
+               ? -1
+               : 0;
 }
 
 /* The reverse, after a checkpoint was read: each rank keeps its pieces. */
@@ -219,8 +224,9 @@ static int load_state(trainer_t *tr, const char *path, ckpt_meta_t *meta, double
         *load_s = now_s() - t0;
     }
     if (rc == 0) {
-        if (params_from_host(tr, hp) != 0) {
-            snprintf(err, errlen, "out of memory for loading %s", path);
+        char cerr[COMM_ERR_MAX];
+        if (params_from_host(tr, hp, cerr, sizeof cerr) != 0) {
+            snprintf(err, errlen, "setting the parameters loaded from %s failed: %s", path, cerr);
             rc = -1;
         }
         moments_from_host(tr, hm, hv);
@@ -300,9 +306,11 @@ static int state_to_host(trainer_t *tr, float *hp, float *hm, float *hv, char *e
      * its copy would only take memory bandwidth from the writer's */
     const int idle = tr->grid->dp_rank != 0 && !tr->sync.ops->shards;
     /* else collective over the shard group: every rank reaches it */
-    if (!idle && (params_to_host(tr, hp) != 0 || moments_to_host(tr, hm, hv) != 0)) {
+    char cerr[COMM_ERR_MAX] = "";
+    if (!idle &&
+        (params_to_host(tr, hp, cerr, sizeof cerr) != 0 || moments_to_host(tr, hm, hv, cerr, sizeof cerr) != 0)) {
         snprintf(err, errlen, "checkpoint: gathering the sharded parameters or AdamW moments failed: %s",
-                 tr->sync.err[0] ? tr->sync.err : "out of memory");
+                 cerr[0] ? cerr : "out of memory");
         rc = -1;
     }
     return agree(tr->world, rc, err, errlen);
@@ -495,8 +503,9 @@ int trainer_save_params(trainer_t *tr, char *err, size_t errlen)
         snprintf(err, errlen, "--save-params: out of memory");
     rc = agree(tr->world, rc, err, errlen);
     if (rc == 0) {
-        if (params_to_host(tr, host) != 0) {
-            snprintf(err, errlen, "--save-params: gathering the sharded parameters failed: %s", tr->sync.err);
+        char cerr[COMM_ERR_MAX];
+        if (params_to_host(tr, host, cerr, sizeof cerr) != 0) {
+            snprintf(err, errlen, "--save-params: gathering the sharded parameters failed: %s", cerr);
             rc = -1;
         }
     }

@@ -11,7 +11,7 @@
 #include "src/train.h"
 
 /* src/train_ckpt.c: parameters and state to and from the host */
-int params_to_host(trainer_t *tr, float *host);
+int params_to_host(trainer_t *tr, float *host, char *err, size_t errlen);
 int init_params(trainer_t *tr, uint64_t seed, char *err, size_t errlen);
 void free_state(trainer_t *tr);
 

@@ -109,12 +109,13 @@ static int probe_peak(trainer_t *tr, char *err, size_t errlen)
     const grid_t *g = tr->grid;
     comm_t *w = tr->world;
     flops_probe_t p;
-    if (g->world_size > 1 && w->ops->barrier(w) != 0)
-        return status_set(STATUS_FAIL, err, errlen, "the barrier before the sgemm probe failed: %s", w->err);
+    char cerr[COMM_ERR_MAX];
+    if (g->world_size > 1 && w->ops->barrier(w, cerr, sizeof cerr) != STATUS_OK)
+        return status_set(STATUS_FAIL, err, errlen, "the barrier before the sgemm probe failed: %s", cerr);
     double v[2] = {flops_probe(&p, FLOPS_PROBE_BUDGET_S) == 0 ? p.gflops : 0.0, 0.0};
     v[1] = v[0] > 0 ? 0.0 : 1.0;
-    if (g->world_size > 1 && w->ops->allreduce(w, v, 2, COMM_FP64, COMM_SUM) != 0)
-        return status_set(STATUS_FAIL, err, errlen, "the all-reduce of the sgemm probe failed: %s", w->err);
+    if (g->world_size > 1 && w->ops->allreduce(w, v, 2, COMM_FP64, COMM_SUM, cerr, sizeof cerr) != STATUS_OK)
+        return status_set(STATUS_FAIL, err, errlen, "the all-reduce of the sgemm probe failed: %s", cerr);
     /* a failed probe (out of memory) leaves MFU at 0 */
     tr->peak_gflops = v[1] > 0 ? 0.0 : v[0] / g->world_size;
     int off = flops_probe_describe(&p, tr->peak_how, sizeof tr->peak_how);
@@ -163,8 +164,7 @@ static int setup_sync(trainer_t *tr, const dpsync_ops_t *kind, comm_dtype_t gdt,
                                    .bucket_bytes = (size_t)(o->bucket_mb * 1048576.0),
                                    .dtype = gdt,
                                    .mem = mem_process_tracker()};
-        if ((rc = dpsync_create(&tr->sync, kind, &c)) != 0)
-            snprintf(err, errlen, "%s", tr->sync.err);
+        rc = dpsync_create(&tr->sync, kind, &c, err, errlen);
     } else {
         snprintf(err, errlen, "out of memory");
     }
@@ -422,10 +422,8 @@ static int setup_backend(trainer_t *tr, const dpsync_ops_t *kind, char *err, siz
     const run_config_t *run = tr->run;
     grid_t *grid = tr->grid;
     CHECK(agree(tr->world, backend_open(&tr->backend, run->device, tr->env->local_rank, err, errlen), err, errlen));
-    if (run->hybrid_shard && kind->shards && grid_create_shard_group(grid, run->hybrid_shard) != 0) {
-        snprintf(err, errlen, "%s", grid->err);
-        return -1;
-    }
+    if (run->hybrid_shard && kind->shards)
+        CHECK(grid_create_shard_group(grid, run->hybrid_shard, err, errlen));
     CHECK(agree(tr->world,
                 backend_comm_open(&tr->backend, run->comm, grid, &tr->net, tr->opt->comm_timeout, err, errlen), err,
                 errlen));

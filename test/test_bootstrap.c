@@ -50,9 +50,10 @@ int main(int argc, char **argv)
     int T = argc > 1 ? atoi(argv[1]) : 1, P = argc > 2 ? atoi(argv[2]) : 1;
     int fail_rank = argc > 3 ? atoi(argv[3]) : -1;
     grid_t g;
-    if (grid_create(&g, T, P, 0) != 0) {
+    char gerr[COMM_ERR_MAX] = "";
+    if (grid_create(&g, T, P, 0, gerr, sizeof gerr) != 0) {
         if (r == 0)
-            fprintf(stderr, "test_bootstrap: %s\n", g.err);
+            fprintf(stderr, "test_bootstrap: %s\n", gerr);
         MPI_Finalize();
         return 2;
     }

@@ -95,21 +95,22 @@ static float *falloc(size_t n)
     return p;
 }
 
-/* A comm call that must succeed; its message goes into detail. */
-static int call_ok(comm_t *c, int rc, char *detail, size_t len)
+/* A comm call that must succeed; its message (cerr, the call's error
+ * buffer) goes into detail. */
+static int call_ok(const char *cerr, int rc, char *detail, size_t len)
 {
     if (rc != 0)
-        snprintf(detail, len, "returned %d: %.400s", rc, c->err);
+        snprintf(detail, len, "returned %d: %.400s", rc, cerr);
     return rc == 0;
 }
 
 /* Tests until done; counts the test calls. */
-static int test_loop(comm_t *c, comm_req_t *req, long *calls)
+static int test_loop(comm_t *c, comm_req_t *req, long *calls, char *cerr, size_t errlen)
 {
     int done = 0;
     *calls = 0;
     while (!done) {
-        if (c->ops->test(req, &done) != 0)
+        if (c->ops->test(req, &done, cerr, errlen) != 0)
             return -1;
         ++*calls;
     }
@@ -123,6 +124,7 @@ static int test_loop(comm_t *c, comm_req_t *req, long *calls)
  * takes the sum only. */
 static void run_typed(comm_t *c, const char *label)
 {
+    char cerr[COMM_ERR_MAX] = "";
     const int p = c->size, r = c->rank;
     const size_t n = 2500;
     int32_t *i32 = malloc(n * sizeof *i32);
@@ -137,21 +139,21 @@ static void run_typed(comm_t *c, const char *label)
         i64[i] = ((int64_t)1 << 40) * r + (int64_t)i;
         f64[i] = (double)i + 0.5 * r;
     }
-    int ok = call_ok(c, c->ops->allreduce(c, i32, n, COMM_INT32, COMM_MIN), d, sizeof d) &&
-             call_ok(c, c->ops->allreduce(c, i64, n, COMM_INT64, COMM_MAX), d, sizeof d) &&
-             call_ok(c, c->ops->allreduce(c, f64, n, COMM_FP64, COMM_SUM), d, sizeof d);
+    int ok = call_ok(cerr, c->ops->allreduce(c, i32, n, COMM_INT32, COMM_MIN, cerr, sizeof cerr), d, sizeof d) &&
+             call_ok(cerr, c->ops->allreduce(c, i64, n, COMM_INT64, COMM_MAX, cerr, sizeof cerr), d, sizeof d) &&
+             call_ok(cerr, c->ops->allreduce(c, f64, n, COMM_FP64, COMM_SUM, cerr, sizeof cerr), d, sizeof d);
     for (size_t i = 0; ok && i < n; i++)
         ok = i32[i] == (int32_t)(i % 97) - 40 * (p - 1) && i64[i] == ((int64_t)1 << 40) * (p - 1) + (int64_t)i &&
              f64[i] == (double)p * (double)i + 0.25 * p * (p - 1);
     check(ok, d, "%s allreduce int32 min, int64 max, fp64 sum n=%zu", label, n);
     for (size_t i = 0; i < n; i++)
         u8[i] = (uint8_t)(r == p - 1 ? i * 3 : 0);
-    ok = call_ok(c, c->ops->broadcast(c, u8, n, COMM_BYTE, p - 1), d, sizeof d);
+    ok = call_ok(cerr, c->ops->broadcast(c, u8, n, COMM_BYTE, p - 1, cerr, sizeof cerr), d, sizeof d);
     for (size_t i = 0; ok && i < n; i++)
         ok = u8[i] == (uint8_t)(i * 3);
     for (size_t i = 0; i < n; i++)
         u8[i] = (uint8_t)(r + i);
-    ok = ok && call_ok(c, c->ops->allgather(c, u8, u8 + n, n, COMM_BYTE), d, sizeof d);
+    ok = ok && call_ok(cerr, c->ops->allgather(c, u8, u8 + n, n, COMM_BYTE, cerr, sizeof cerr), d, sizeof d);
     for (size_t i = 0; ok && i < n * (size_t)p; i++)
         ok = u8[n + i] == (uint8_t)(i / n + i % n);
     check(ok, d, "%s broadcast and allgather of bytes n=%zu", label, n);
@@ -162,16 +164,17 @@ static void run_typed(comm_t *c, const char *label)
     for (size_t i = 0; i < n; i++)
         f64[i] = r * 1e6 + (double)i;
     comm_req_t rq = {0};
-    ok = call_ok(c, c->ops->isend(c, f64, n, COMM_FP64, (r + 1) % p, 9, &rq), d, sizeof d) &&
-         call_ok(c, c->ops->recv(c, back, n, COMM_FP64, (r + p - 1) % p, 9), d, sizeof d) &&
-         call_ok(c, c->ops->wait(&rq), d, sizeof d);
+    ok = call_ok(cerr, c->ops->isend(c, f64, n, COMM_FP64, (r + 1) % p, 9, &rq, cerr, sizeof cerr), d, sizeof d) &&
+         call_ok(cerr, c->ops->recv(c, back, n, COMM_FP64, (r + p - 1) % p, 9, cerr, sizeof cerr), d, sizeof d) &&
+         call_ok(cerr, c->ops->wait(&rq, cerr, sizeof cerr), d, sizeof d);
     for (size_t i = 0; ok && i < n; i++)
         ok = back[i] == ((r + p - 1) % p) * 1e6 + (double)i;
     check(ok, d, "%s fp64 isend/recv ring n=%zu", label, n);
     free(back);
     uint16_t h = 0x3f80;
-    ok = c->ops->allreduce(c, &h, 1, COMM_BF16, COMM_MAX) == -1 && strstr(c->err, "bf16 reduces with the sum only");
-    check(ok, c->err, "%s bf16 max refused before any communication", label);
+    ok = c->ops->allreduce(c, &h, 1, COMM_BF16, COMM_MAX, cerr, sizeof cerr) == -1 &&
+         strstr(cerr, "bf16 reduces with the sum only");
+    check(ok, cerr, "%s bf16 max refused before any communication", label);
     free(i32);
     free(i64);
     free(f64);
@@ -182,6 +185,7 @@ static void run_typed(comm_t *c, const char *label)
 
 static void run_collectives(comm_t *c, const char *label)
 {
+    char cerr[COMM_ERR_MAX] = "";
     const int p = c->size, r = c->rank;
     const size_t counts[] = {0, 1, 7, 2500, 65537};
     char d[512];
@@ -195,7 +199,7 @@ static void run_collectives(comm_t *c, const char *label)
             buf[i] = (float)(i % 1000) + 3.0f * (float)r;
             want[i] = (float)p * (float)(i % 1000) + 3.0f * (float)(p * (p - 1) / 2);
         }
-        ok = call_ok(c, c->ops->allreduce(c, buf, n, COMM_FP32, COMM_SUM), d, sizeof d) &&
+        ok = call_ok(cerr, c->ops->allreduce(c, buf, n, COMM_FP32, COMM_SUM, cerr, sizeof cerr), d, sizeof d) &&
              same(buf, want, n, d, sizeof d);
         check(ok, d, "%s allreduce sum n=%zu", label, n);
 
@@ -209,7 +213,7 @@ static void run_collectives(comm_t *c, const char *label)
             }
             want[i] = m;
         }
-        ok = call_ok(c, c->ops->allreduce(c, buf, n, COMM_FP32, COMM_MAX), d, sizeof d) &&
+        ok = call_ok(cerr, c->ops->allreduce(c, buf, n, COMM_FP32, COMM_MAX, cerr, sizeof cerr), d, sizeof d) &&
              same(buf, want, n, d, sizeof d);
         check(ok, d, "%s allreduce max n=%zu", label, n);
 
@@ -229,10 +233,10 @@ static void run_collectives(comm_t *c, const char *label)
             want2[i] = m;
         }
         long calls_a = 0, calls_b = 0;
-        ok = call_ok(c, c->ops->iallreduce(c, buf, n, COMM_FP32, COMM_SUM, &ra), d, sizeof d) &&
-             call_ok(c, c->ops->iallreduce(c, buf2, n, COMM_FP32, COMM_MAX, &rb), d, sizeof d) &&
-             call_ok(c, test_loop(c, &rb, &calls_b), d, sizeof d) &&
-             call_ok(c, test_loop(c, &ra, &calls_a), d, sizeof d);
+        ok = call_ok(cerr, c->ops->iallreduce(c, buf, n, COMM_FP32, COMM_SUM, &ra, cerr, sizeof cerr), d, sizeof d) &&
+             call_ok(cerr, c->ops->iallreduce(c, buf2, n, COMM_FP32, COMM_MAX, &rb, cerr, sizeof cerr), d, sizeof d) &&
+             call_ok(cerr, test_loop(c, &rb, &calls_b, cerr, sizeof cerr), d, sizeof d) &&
+             call_ok(cerr, test_loop(c, &ra, &calls_a, cerr, sizeof cerr), d, sizeof d);
         if (ok && (ra.active || rb.active || ra.impl || rb.impl)) {
             snprintf(d, sizeof d, "finished requests not released (active %d %d)", ra.active, rb.active);
             ok = 0;
@@ -248,22 +252,23 @@ static void run_collectives(comm_t *c, const char *label)
             send[j] = (float)(j % 977) + (float)r;
             fwant[j] = (float)p * (float)(j % 977) + (float)(p * (p - 1) / 2);
         }
-        ok = call_ok(c, c->ops->reduce_scatter(c, send, buf, n, COMM_FP32), d, sizeof d) &&
+        ok = call_ok(cerr, c->ops->reduce_scatter(c, send, buf, n, COMM_FP32, cerr, sizeof cerr), d, sizeof d) &&
              same(buf, fwant + (size_t)r * n, n, d, sizeof d);
         check(ok, d, "%s reduce_scatter n_each=%zu", label, n);
-        ok = call_ok(c, c->ops->allgather(c, buf, full, n, COMM_FP32), d, sizeof d) &&
+        ok = call_ok(cerr, c->ops->allgather(c, buf, full, n, COMM_FP32, cerr, sizeof cerr), d, sizeof d) &&
              same(full, fwant, (size_t)p * n, d, sizeof d);
         check(ok, d, "%s allgather of the scattered sums n_each=%zu", label, n);
 
         /* in place: reduce_scatter(send == recv), allgather(send == recv + rank*n) */
         memcpy(full, send, (size_t)p * n * sizeof *full);
-        ok = call_ok(c, c->ops->reduce_scatter(c, full, full, n, COMM_FP32), d, sizeof d) &&
+        ok = call_ok(cerr, c->ops->reduce_scatter(c, full, full, n, COMM_FP32, cerr, sizeof cerr), d, sizeof d) &&
              same(full, fwant + (size_t)r * n, n, d, sizeof d);
         check(ok, d, "%s reduce_scatter in place n_each=%zu", label, n);
         for (size_t j = 0; j < (size_t)p * n; j++)
             full[j] = -7.0f;
         memcpy(full + (size_t)r * n, fwant + (size_t)r * n, n * sizeof *full);
-        ok = call_ok(c, c->ops->allgather(c, full + (size_t)r * n, full, n, COMM_FP32), d, sizeof d) &&
+        ok = call_ok(cerr, c->ops->allgather(c, full + (size_t)r * n, full, n, COMM_FP32, cerr, sizeof cerr), d,
+                     sizeof d) &&
              same(full, fwant, (size_t)p * n, d, sizeof d);
         check(ok, d, "%s allgather in place n_each=%zu", label, n);
 
@@ -273,8 +278,11 @@ static void run_collectives(comm_t *c, const char *label)
             long calls = 0;
             float *dst = inplace ? full : buf;
             memcpy(full, send, (size_t)p * n * sizeof *full);
-            ok = call_ok(c, c->ops->ireduce_scatter(c, inplace ? full : send, dst, n, COMM_FP32, &rq), d, sizeof d) &&
-                 call_ok(c, c->ops->wait(&rq), d, sizeof d) && same(dst, fwant + (size_t)r * n, n, d, sizeof d);
+            ok = call_ok(cerr,
+                         c->ops->ireduce_scatter(c, inplace ? full : send, dst, n, COMM_FP32, &rq, cerr, sizeof cerr),
+                         d, sizeof d) &&
+                 call_ok(cerr, c->ops->wait(&rq, cerr, sizeof cerr), d, sizeof d) &&
+                 same(dst, fwant + (size_t)r * n, n, d, sizeof d);
             check(ok, d, "%s ireduce_scatter%s + wait n_each=%zu", label, inplace ? " in place" : "", n);
             float *out = inplace ? full : falloc((size_t)p * n);
             for (size_t j = 0; j < (size_t)p * n; j++)
@@ -282,8 +290,9 @@ static void run_collectives(comm_t *c, const char *label)
             if (inplace)
                 memcpy(full + (size_t)r * n, fwant + (size_t)r * n, n * sizeof *full);
             const float *src = inplace ? full + (size_t)r * n : buf;
-            ok = call_ok(c, c->ops->iallgather(c, src, out, n, COMM_FP32, &rq), d, sizeof d) &&
-                 call_ok(c, test_loop(c, &rq, &calls), d, sizeof d) && same(out, fwant, (size_t)p * n, d, sizeof d);
+            ok = call_ok(cerr, c->ops->iallgather(c, src, out, n, COMM_FP32, &rq, cerr, sizeof cerr), d, sizeof d) &&
+                 call_ok(cerr, test_loop(c, &rq, &calls, cerr, sizeof cerr), d, sizeof d) &&
+                 same(out, fwant, (size_t)p * n, d, sizeof d);
             check(ok, d, "%s iallgather%s + test loop n_each=%zu", label, inplace ? " in place" : "", n);
             if (!inplace)
                 free(out);
@@ -303,7 +312,7 @@ static void run_collectives(comm_t *c, const char *label)
                 want[i] = (float)(root * 100000) + (float)(i % 1000);
                 buf[i] = r == root ? want[i] : -1.0f;
             }
-            ok = call_ok(c, c->ops->broadcast(c, buf, n, COMM_FP32, root), d, sizeof d) &&
+            ok = call_ok(cerr, c->ops->broadcast(c, buf, n, COMM_FP32, root, cerr, sizeof cerr), d, sizeof d) &&
                  same(buf, want, n, d, sizeof d);
             check(ok, d, "%s broadcast root %d n=%zu", label, root, n);
         }
@@ -320,11 +329,11 @@ static void run_collectives(comm_t *c, const char *label)
             check(1, "", "%s send/recv ring n=%zu: group of one, nothing to do", label, n);
         } else { /* blocking: even ranks send first, odd ranks receive first */
             if (r % 2 == 0)
-                ok = call_ok(c, c->ops->send(c, out, n, COMM_FP32, right, 5), d, sizeof d) &&
-                     call_ok(c, c->ops->recv(c, buf, n, COMM_FP32, left, 5), d, sizeof d);
+                ok = call_ok(cerr, c->ops->send(c, out, n, COMM_FP32, right, 5, cerr, sizeof cerr), d, sizeof d) &&
+                     call_ok(cerr, c->ops->recv(c, buf, n, COMM_FP32, left, 5, cerr, sizeof cerr), d, sizeof d);
             else
-                ok = call_ok(c, c->ops->recv(c, buf, n, COMM_FP32, left, 5), d, sizeof d) &&
-                     call_ok(c, c->ops->send(c, out, n, COMM_FP32, right, 5), d, sizeof d);
+                ok = call_ok(cerr, c->ops->recv(c, buf, n, COMM_FP32, left, 5, cerr, sizeof cerr), d, sizeof d) &&
+                     call_ok(cerr, c->ops->send(c, out, n, COMM_FP32, right, 5, cerr, sizeof cerr), d, sizeof d);
             ok = ok && same(buf, want, n, d, sizeof d);
             check(ok, d, "%s send/recv ring n=%zu", label, n);
             for (size_t i = 0; i < n; i++)
@@ -332,23 +341,24 @@ static void run_collectives(comm_t *c, const char *label)
         }
         comm_req_t rs = {0}, rr = {0};
         long calls = 0;
-        ok = call_ok(c, c->ops->irecv(c, buf, n, COMM_FP32, left, 9, &rr), d, sizeof d) &&
-             call_ok(c, c->ops->isend(c, out, n, COMM_FP32, right, 9, &rs), d, sizeof d) &&
-             call_ok(c, test_loop(c, &rr, &calls), d, sizeof d) && call_ok(c, c->ops->wait(&rs), d, sizeof d) &&
-             same(buf, want, n, d, sizeof d);
+        ok = call_ok(cerr, c->ops->irecv(c, buf, n, COMM_FP32, left, 9, &rr, cerr, sizeof cerr), d, sizeof d) &&
+             call_ok(cerr, c->ops->isend(c, out, n, COMM_FP32, right, 9, &rs, cerr, sizeof cerr), d, sizeof d) &&
+             call_ok(cerr, test_loop(c, &rr, &calls, cerr, sizeof cerr), d, sizeof d) &&
+             call_ok(cerr, c->ops->wait(&rs, cerr, sizeof cerr), d, sizeof d) && same(buf, want, n, d, sizeof d);
         check(ok, d, "%s isend/irecv ring n=%zu", label, n);
         free(out);
         free(buf);
         free(want);
     }
     char d2[512] = "";
-    check(call_ok(c, c->ops->barrier(c), d2, sizeof d2), d2, "%s barrier", label);
+    check(call_ok(cerr, c->ops->barrier(c, cerr, sizeof cerr), d2, sizeof d2), d2, "%s barrier", label);
 }
 
 /* Chunking: with DTRAIN_COMM_MAX_COUNT=1000 a send of 2500 floats travels
  * as messages of 1000, 1000 and 500 floats on the duplicate MPI_Comm. */
 static void check_chunked_send(comm_t *c, size_t max)
 {
+    char cerr[COMM_ERR_MAX] = "";
     const int p = c->size, r = c->rank;
     if (p < 2)
         return;
@@ -360,7 +370,7 @@ static void check_chunked_send(comm_t *c, size_t max)
     }
     char d[512] = "";
     comm_req_t rs = {0};
-    int ok = call_ok(c, c->ops->isend(c, out, n, COMM_FP32, (r + 1) % p, 3, &rs), d, sizeof d);
+    int ok = call_ok(cerr, c->ops->isend(c, out, n, COMM_FP32, (r + 1) % p, 3, &rs, cerr, sizeof cerr), d, sizeof d);
     MPI_Status st;
     int got = -1;
     if (MPI_Probe((r + p - 1) % p, 3, *(MPI_Comm *)c->impl, &st) != MPI_SUCCESS ||
@@ -370,8 +380,8 @@ static void check_chunked_send(comm_t *c, size_t max)
         snprintf(d, sizeof d, "first message holds %d floats, want %zu", got, max);
         ok = 0;
     }
-    ok = call_ok(c, c->ops->recv(c, in, n, COMM_FP32, (r + p - 1) % p, 3), d, sizeof d) && ok;
-    ok = call_ok(c, c->ops->wait(&rs), d, sizeof d) && ok && same(in, want, n, d, sizeof d);
+    ok = call_ok(cerr, c->ops->recv(c, in, n, COMM_FP32, (r + p - 1) % p, 3, cerr, sizeof cerr), d, sizeof d) && ok;
+    ok = call_ok(cerr, c->ops->wait(&rs, cerr, sizeof cerr), d, sizeof d) && ok && same(in, want, n, d, sizeof d);
     check(ok, d, "chunked: 2500 floats sent as messages of at most %zu (probed), received whole", max);
     free(out);
     free(in);
@@ -380,17 +390,18 @@ static void check_chunked_send(comm_t *c, size_t max)
 
 static void check_errors(comm_t *c)
 {
+    char cerr[COMM_ERR_MAX] = "";
     char d[512] = "";
     float x = 1.0f;
-    int rc = c->ops->send(c, &x, 1, COMM_FP32, c->size + 5, 0);
-    int ok = rc == -1 && strncmp(c->err, "MPI_Send(n=1, peer ", 19) == 0 && strstr(c->err, "comm size") &&
-             strstr(c->err, ") failed: MPI_ERR_RANK") && !strchr(c->err, '\n');
-    snprintf(d, sizeof d, "rc %d, err '%.400s'", rc, c->err);
-    check(ok, d, "send to rank size+5 fails with one line: %.400s", c->err);
-    rc = c->ops->allreduce(c, &x, 1, COMM_FP32, (comm_op_t)99);
-    ok = rc == -1 && strstr(c->err, "MPI_Allreduce(n=1, comm size") && strstr(c->err, "unknown reduction op");
-    snprintf(d, sizeof d, "rc %d, err '%.400s'", rc, c->err);
-    check(ok, d, "allreduce with an unknown op fails: %.400s", c->err);
+    int rc = c->ops->send(c, &x, 1, COMM_FP32, c->size + 5, 0, cerr, sizeof cerr);
+    int ok = rc == -1 && strncmp(cerr, "MPI_Send(n=1, peer ", 19) == 0 && strstr(cerr, "comm size") &&
+             strstr(cerr, ") failed: MPI_ERR_RANK") && !strchr(cerr, '\n');
+    snprintf(d, sizeof d, "rc %d, err '%.400s'", rc, cerr);
+    check(ok, d, "send to rank size+5 fails with one line: %.400s", cerr);
+    rc = c->ops->allreduce(c, &x, 1, COMM_FP32, (comm_op_t)99, cerr, sizeof cerr);
+    ok = rc == -1 && strstr(cerr, "MPI_Allreduce(n=1, comm size") && strstr(cerr, "unknown reduction op");
+    snprintf(d, sizeof d, "rc %d, err '%.400s'", rc, cerr);
+    check(ok, d, "allreduce with an unknown op fails: %.400s", cerr);
 
     MPI_Comm null = MPI_COMM_NULL;
     check(comm_mpi_create(NULL) == NULL && comm_mpi_create(&null) == NULL, "",
@@ -405,16 +416,16 @@ static void check_errors(comm_t *c)
     float g[10] = {0};
     size_t bad1[] = {0, 6, 4}, bad2[] = {0, 4, 11}, bad3[] = {2, 4};
     ddp_t dd;
-    ok = ddp_create(&dd, g_ops, NULL, DDP_BUCKETED, c, g, 10, bad1, 3, 16, COMM_FP32) == -1 &&
-         strstr(c->err, "ddp: tensor 2 starts at 4");
-    snprintf(d, sizeof d, "err '%.400s'", c->err);
-    ok = ok && ddp_create(&dd, g_ops, NULL, DDP_BUCKETED, c, g, 10, bad2, 3, 16, COMM_FP32) == -1 &&
-         ddp_create(&dd, g_ops, NULL, DDP_FLAT, c, g, 10, bad3, 2, 16, COMM_FP32) == -1;
-    check(ok, d, "ddp_create rejects descending, out-of-range and non-zero first offsets: %.400s", c->err);
+    ok = ddp_create(&dd, g_ops, NULL, DDP_BUCKETED, c, g, 10, bad1, 3, 16, COMM_FP32, cerr, sizeof cerr) == -1 &&
+         strstr(cerr, "ddp: tensor 2 starts at 4");
+    snprintf(d, sizeof d, "err '%.400s'", cerr);
+    ok = ok && ddp_create(&dd, g_ops, NULL, DDP_BUCKETED, c, g, 10, bad2, 3, 16, COMM_FP32, cerr, sizeof cerr) == -1 &&
+         ddp_create(&dd, g_ops, NULL, DDP_FLAT, c, g, 10, bad3, 2, 16, COMM_FP32, cerr, sizeof cerr) == -1;
+    check(ok, d, "ddp_create rejects descending, out-of-range and non-zero first offsets: %.400s", cerr);
     size_t one[] = {0};
-    ok = ddp_create(&dd, NULL, NULL, DDP_FLAT, c, g, 10, one, 1, 16, COMM_FP32) == -1 &&
-         strstr(c->err, "invalid arguments");
-    check(ok, "", "ddp_create without an ops table fails: %.400s", c->err);
+    ok = ddp_create(&dd, NULL, NULL, DDP_FLAT, c, g, 10, one, 1, 16, COMM_FP32, cerr, sizeof cerr) == -1 &&
+         strstr(cerr, "invalid arguments");
+    check(ok, "", "ddp_create without an ops table fails: %.400s", cerr);
 }
 
 static void check_subcomm(comm_t *world)
@@ -532,6 +543,7 @@ static size_t layout(size_t *starts)
  * group has more than one rank). */
 static void ddp_exact(comm_t *c, const char *label, comm_dtype_t dt)
 {
+    char cerr[COMM_ERR_MAX] = "";
     const int p = c->size, q = c->rank;
     size_t starts[N_TENSORS];
     const size_t n = layout(starts);
@@ -541,9 +553,10 @@ static void ddp_exact(comm_t *c, const char *label, comm_dtype_t dt)
         const ddp_cfg_t *cf = &ddp_cfgs[k];
         const size_t cap = cf->bytes / sizeof(float);
         ddp_t dd;
-        int ok = ddp_create(&dd, g_ops, NULL, cf->mode, c, g, n, starts, N_TENSORS, cf->bytes, dt) == 0;
+        int ok =
+            ddp_create(&dd, g_ops, NULL, cf->mode, c, g, n, starts, N_TENSORS, cf->bytes, dt, cerr, sizeof cerr) == 0;
         if (!ok)
-            snprintf(d, sizeof d, "ddp_create: %.400s", c->err);
+            snprintf(d, sizeof d, "ddp_create: %.400s", cerr);
         else if ((dd.half != NULL) != (dt == COMM_BF16 && p > 1)) {
             snprintf(d, sizeof d, "bf16 staging buffer %s", dd.half ? "allocated" : "missing");
             ok = 0;
@@ -569,8 +582,8 @@ static void ddp_exact(comm_t *c, const char *label, comm_dtype_t dt)
             for (int t = N_TENSORS - 1; t >= 0 && ok; t--) {
                 for (size_t i = starts[t]; i < starts[t] + tensor_size(t); i++)
                     g[i] = grad_value(i, step, q, p, dt);
-                if (ddp_grads_ready(&dd, starts[t]) != 0) {
-                    snprintf(d, sizeof d, "ddp_grads_ready: %.400s", c->err);
+                if (ddp_grads_ready(&dd, starts[t], cerr, sizeof cerr) != 0) {
+                    snprintf(d, sizeof d, "ddp_grads_ready: %.400s", cerr);
                     ok = 0;
                     break;
                 }
@@ -588,8 +601,8 @@ static void ddp_exact(comm_t *c, const char *label, comm_dtype_t dt)
                 }
             }
             int before = dd.next_bucket;
-            if (ok && ddp_finish(&dd) != 0) {
-                snprintf(d, sizeof d, "ddp_finish: %.400s", c->err);
+            if (ok && ddp_finish(&dd, cerr, sizeof cerr) != 0) {
+                snprintf(d, sizeof d, "ddp_finish: %.400s", cerr);
                 ok = 0;
             }
             ok = ok && same(g, want, n, d, sizeof d);
@@ -633,14 +646,15 @@ static float random_grad(int q, size_t i)
  * and first the first's. Returns 1 when every call succeeded. */
 static int ddp_two_random_steps(ddp_t *dd, float *g, float *first, size_t n, const size_t *starts, int q)
 {
+    char cerr[COMM_ERR_MAX] = "";
     int ok = 1;
     for (int run = 0; run < 2 && ok; run++) {
         for (size_t i = 0; i < n; i++)
             g[i] = random_grad(q, i);
         ddp_begin(dd);
         for (int t = N_TENSORS - 1; t >= 0 && ok; t--)
-            ok = ddp_grads_ready(dd, starts[t]) == 0;
-        ok = ok && ddp_finish(dd) == 0;
+            ok = ddp_grads_ready(dd, starts[t], cerr, sizeof cerr) == 0;
+        ok = ok && ddp_finish(dd, cerr, sizeof cerr) == 0;
         if (run == 0)
             memcpy(first, g, n * sizeof *g);
     }
@@ -652,6 +666,7 @@ static int ddp_two_random_steps(ddp_t *dd, float *g, float *first, size_t n, con
  * holds the same bits. */
 static void ddp_random(comm_t *c, const char *label)
 {
+    char cerr[COMM_ERR_MAX] = "";
     const int q = c->rank;
     size_t starts[N_TENSORS];
     const size_t n = layout(starts);
@@ -659,16 +674,17 @@ static void ddp_random(comm_t *c, const char *label)
     char d[512] = "";
     for (size_t i = 0; i < n; i++) /* the largest |contribution| over the group */
         scale[i] = fabsf(random_grad(q, i));
-    if (c->ops->allreduce(c, scale, n, COMM_FP32, COMM_MAX) != 0)
+    if (c->ops->allreduce(c, scale, n, COMM_FP32, COMM_MAX, cerr, sizeof cerr) != 0)
         die("allreduce(max)");
     for (int k = -1; k < N_CFGS; k++) {
         /* k = -1: flat, the reference */
         const ddp_cfg_t cf = k < 0 ? (ddp_cfg_t){DDP_FLAT, 0} : ddp_cfgs[k];
         ddp_t dd;
-        int ok = ddp_create(&dd, g_ops, NULL, cf.mode, c, g, n, starts, N_TENSORS, cf.bytes, COMM_FP32) == 0 &&
+        int ok = ddp_create(&dd, g_ops, NULL, cf.mode, c, g, n, starts, N_TENSORS, cf.bytes, COMM_FP32, cerr,
+                            sizeof cerr) == 0 &&
                  ddp_two_random_steps(&dd, g, first, n, starts, q);
         if (!ok)
-            snprintf(d, sizeof d, "%.400s", c->err);
+            snprintf(d, sizeof d, "%.400s", cerr);
         ddp_destroy(&dd);
         if (!check(ok, d, "%s ddp %s %zu B random gradients: create, backward, finish", label, mode_name(cf.mode),
                    cf.bytes))
@@ -764,6 +780,7 @@ static void want_small(uint16_t *want, size_t n, size_t base, int p)
 
 static void bf16_exact(comm_t *c, const char *label)
 {
+    char cerr[COMM_ERR_MAX] = "";
     const int p = c->size, r = c->rank;
     const size_t counts[] = {0, 1, 7, 2500, 65537};
     char d[512];
@@ -774,7 +791,7 @@ static void bf16_exact(comm_t *c, const char *label)
 
         fill_small(buf, n, 0, r);
         want_small(want, n, 0, p);
-        ok = call_ok(c, c->ops->allreduce(c, buf, n, COMM_BF16, COMM_SUM), d, sizeof d) &&
+        ok = call_ok(cerr, c->ops->allreduce(c, buf, n, COMM_BF16, COMM_SUM, cerr, sizeof cerr), d, sizeof d) &&
              same16(buf, want, n, d, sizeof d);
         check(ok, d, "%s allreduce_bf16 n=%zu: small integers exact", label, n);
 
@@ -784,9 +801,10 @@ static void bf16_exact(comm_t *c, const char *label)
         fill_small(buf, n, 0, r);
         fill_small(buf2, n, 17, r);
         want_small(want2, n, 17, p);
-        ok = call_ok(c, c->ops->iallreduce(c, buf, n, COMM_BF16, COMM_SUM, &ra), d, sizeof d) &&
-             call_ok(c, c->ops->iallreduce(c, buf2, n, COMM_BF16, COMM_SUM, &rb), d, sizeof d) &&
-             call_ok(c, test_loop(c, &rb, &calls), d, sizeof d) && call_ok(c, test_loop(c, &ra, &calls), d, sizeof d);
+        ok = call_ok(cerr, c->ops->iallreduce(c, buf, n, COMM_BF16, COMM_SUM, &ra, cerr, sizeof cerr), d, sizeof d) &&
+             call_ok(cerr, c->ops->iallreduce(c, buf2, n, COMM_BF16, COMM_SUM, &rb, cerr, sizeof cerr), d, sizeof d) &&
+             call_ok(cerr, test_loop(c, &rb, &calls, cerr, sizeof cerr), d, sizeof d) &&
+             call_ok(cerr, test_loop(c, &ra, &calls, cerr, sizeof cerr), d, sizeof d);
         if (ok && (ra.active || rb.active || ra.impl || rb.impl)) {
             snprintf(d, sizeof d, "finished requests not released (active %d %d)", ra.active, rb.active);
             ok = 0;
@@ -794,8 +812,8 @@ static void bf16_exact(comm_t *c, const char *label)
         ok = ok && same16(buf, want, n, d, sizeof d) && same16(buf2, want2, n, d, sizeof d);
         check(ok, d, "%s iallreduce_bf16 x2 in flight together, test loop, n=%zu: exact", label, n);
         fill_small(buf, n, 0, r);
-        ok = call_ok(c, c->ops->iallreduce(c, buf, n, COMM_BF16, COMM_SUM, &ra), d, sizeof d) &&
-             call_ok(c, c->ops->wait(&ra), d, sizeof d) && same16(buf, want, n, d, sizeof d);
+        ok = call_ok(cerr, c->ops->iallreduce(c, buf, n, COMM_BF16, COMM_SUM, &ra, cerr, sizeof cerr), d, sizeof d) &&
+             call_ok(cerr, c->ops->wait(&ra, cerr, sizeof cerr), d, sizeof d) && same16(buf, want, n, d, sizeof d);
         check(ok, d, "%s iallreduce_bf16 + wait n=%zu: exact", label, n);
 
         /* reduce-scatter: rank r gets block r of the sums, out of place and
@@ -804,19 +822,23 @@ static void bf16_exact(comm_t *c, const char *label)
         uint16_t *send = halloc(pn), *full = halloc(pn), *piece = halloc(n);
         fill_small(send, pn, 0, r);
         want_small(piece, n, (size_t)r * n, p);
-        ok = call_ok(c, c->ops->reduce_scatter(c, send, buf, n, COMM_BF16), d, sizeof d) &&
+        ok = call_ok(cerr, c->ops->reduce_scatter(c, send, buf, n, COMM_BF16, cerr, sizeof cerr), d, sizeof d) &&
              same16(buf, piece, n, d, sizeof d);
         check(ok, d, "%s reduce_scatter_bf16 n_each=%zu: exact", label, n);
         memcpy(full, send, pn * sizeof *full);
-        ok = call_ok(c, c->ops->reduce_scatter(c, full, full, n, COMM_BF16), d, sizeof d) &&
+        ok = call_ok(cerr, c->ops->reduce_scatter(c, full, full, n, COMM_BF16, cerr, sizeof cerr), d, sizeof d) &&
              same16(full, piece, n, d, sizeof d);
         check(ok, d, "%s reduce_scatter_bf16 in place n_each=%zu: exact", label, n);
         for (int inplace = 0; inplace < 2; inplace++) {
             comm_req_t rq = {0};
             memcpy(full, send, pn * sizeof *full);
             uint16_t *dst = inplace ? full : buf;
-            ok = call_ok(c, c->ops->ireduce_scatter(c, inplace ? full : send, dst, n, COMM_BF16, &rq), d, sizeof d) &&
-                 call_ok(c, inplace ? test_loop(c, &rq, &calls) : c->ops->wait(&rq), d, sizeof d) &&
+            ok = call_ok(cerr,
+                         c->ops->ireduce_scatter(c, inplace ? full : send, dst, n, COMM_BF16, &rq, cerr, sizeof cerr),
+                         d, sizeof d) &&
+                 call_ok(cerr,
+                         inplace ? test_loop(c, &rq, &calls, cerr, sizeof cerr) : c->ops->wait(&rq, cerr, sizeof cerr),
+                         d, sizeof d) &&
                  same16(dst, piece, n, d, sizeof d);
             check(ok, d, "%s ireduce_scatter_bf16%s n_each=%zu: exact", label,
                   inplace ? " in place + test loop" : " + wait", n);
@@ -885,6 +907,7 @@ static int same_on_every_rank(comm_t *c, const uint16_t *x, size_t n, char *d, s
 
 static void bf16_random(comm_t *c, const char *label)
 {
+    char cerr[COMM_ERR_MAX] = "";
     const int p = c->size, r = c->rank;
     const size_t n = 65537, n_each = 20000, pn = (size_t)p * n_each;
     uint16_t *buf = halloc(n), *first = halloc(n), *send = halloc(pn), *piece = halloc(n_each);
@@ -897,9 +920,11 @@ static void bf16_random(comm_t *c, const char *label)
                 buf[i] = random_bf16(r, i);
             comm_req_t rq = {0};
             long calls = 0;
-            ok = nonblocking ? call_ok(c, c->ops->iallreduce(c, buf, n, COMM_BF16, COMM_SUM, &rq), d, sizeof d) &&
-                                   call_ok(c, test_loop(c, &rq, &calls), d, sizeof d)
-                             : call_ok(c, c->ops->allreduce(c, buf, n, COMM_BF16, COMM_SUM), d, sizeof d);
+            ok = nonblocking
+                     ? call_ok(cerr, c->ops->iallreduce(c, buf, n, COMM_BF16, COMM_SUM, &rq, cerr, sizeof cerr), d,
+                               sizeof d) &&
+                           call_ok(cerr, test_loop(c, &rq, &calls, cerr, sizeof cerr), d, sizeof d)
+                     : call_ok(cerr, c->ops->allreduce(c, buf, n, COMM_BF16, COMM_SUM, cerr, sizeof cerr), d, sizeof d);
             if (ok && run == 0)
                 memcpy(first, buf, n * sizeof *buf);
         }
@@ -921,9 +946,11 @@ static void bf16_random(comm_t *c, const char *label)
                 send[j] = random_bf16(r, j);
             comm_req_t rq = {0};
             ok = nonblocking
-                     ? call_ok(c, c->ops->ireduce_scatter(c, send, piece, n_each, COMM_BF16, &rq), d, sizeof d) &&
-                           call_ok(c, c->ops->wait(&rq), d, sizeof d)
-                     : call_ok(c, c->ops->reduce_scatter(c, send, piece, n_each, COMM_BF16), d, sizeof d);
+                     ? call_ok(cerr, c->ops->ireduce_scatter(c, send, piece, n_each, COMM_BF16, &rq, cerr, sizeof cerr),
+                               d, sizeof d) &&
+                           call_ok(cerr, c->ops->wait(&rq, cerr, sizeof cerr), d, sizeof d)
+                     : call_ok(cerr, c->ops->reduce_scatter(c, send, piece, n_each, COMM_BF16, cerr, sizeof cerr), d,
+                               sizeof d);
             if (ok && run == 0)
                 memcpy(first, piece, n_each * sizeof *piece);
         }
@@ -952,6 +979,7 @@ static void bf16_random(comm_t *c, const char *label)
  * with one rank the gradients are untouched. */
 static void ddp_bf16_random(comm_t *c, const char *label)
 {
+    char cerr[COMM_ERR_MAX] = "";
     const int p = c->size, q = c->rank;
     size_t starts[N_TENSORS];
     const size_t n = layout(starts);
@@ -961,10 +989,11 @@ static void ddp_bf16_random(comm_t *c, const char *label)
     for (int k = 0; k < N_CFGS; k++) {
         const ddp_cfg_t cf = ddp_cfgs[k];
         ddp_t dd;
-        int ok = ddp_create(&dd, g_ops, NULL, cf.mode, c, g, n, starts, N_TENSORS, cf.bytes, COMM_BF16) == 0 &&
+        int ok = ddp_create(&dd, g_ops, NULL, cf.mode, c, g, n, starts, N_TENSORS, cf.bytes, COMM_BF16, cerr,
+                            sizeof cerr) == 0 &&
                  ddp_two_random_steps(&dd, g, first, n, starts, q);
         if (!ok)
-            snprintf(d, sizeof d, "%.400s", c->err);
+            snprintf(d, sizeof d, "%.400s", cerr);
         ddp_destroy(&dd);
         double worst = 0.0;
         for (size_t i = 0; ok && i < n; i++) {
@@ -999,6 +1028,7 @@ static void ddp_bf16_random(comm_t *c, const char *label)
 
 int main(int argc, char **argv)
 {
+    char cerr[COMM_ERR_MAX] = "";
     int provided = 0;
     if (MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
         fprintf(stderr, "test_comm: MPI_Init_thread failed\n");
@@ -1039,7 +1069,8 @@ int main(int argc, char **argv)
     char d[512] = "";
     int ok = sub->size == want_size && sub->rank == want_rank;
     snprintf(d, sizeof d, "rank %d size %d, want %d %d", sub->rank, sub->size, want_rank, want_size);
-    ok = ok && call_ok(sub, sub->ops->allreduce(sub, &x, 1, COMM_FP32, COMM_SUM), d, sizeof d) && x == want_sum;
+    ok = ok && call_ok(cerr, sub->ops->allreduce(sub, &x, 1, COMM_FP32, COMM_SUM, cerr, sizeof cerr), d, sizeof d) &&
+         x == want_sum;
     if (ok == 0 && d[0] == '\0')
         snprintf(d, sizeof d, "sum %g, want %g", (double)x, (double)want_sum);
     check(ok, d, "MPI_Comm_split by parity: rank/size in group, allreduce of world ranks");

@@ -12,6 +12,10 @@
  *   - a state buffer indexed like the moments goes to the host whole;
  *   - the global norm's part, summed over norm_group, is the norm of the
  *     average.
+ * And, on a fake group of two whose every operation fails: a failure in
+ * the model's hook (which returns nothing) is held by the strategy and
+ * handed, with the group's message, to dpsync_backward_end's and
+ * grads_finish's callers (replicated and ZeRO-2).
  * Prints one line per check; exits 1 on every rank if any failed. */
 #include <math.h>
 #include <mpi.h>
@@ -71,7 +75,7 @@ static int backward(dpsync_t *s, float *grads, const size_t *start, size_t blo, 
         if (h->grads_ready && (block[t] < 0 || t == 0 || block[t - 1] != block[t]))
             h->grads_ready(h->ctx, start[t]);
     }
-    return dpsync_backward_end(s);
+    return dpsync_backward_end(s, NULL, 0);
 }
 
 static void run_stage(comm_t *world, int stage, int rank)
@@ -110,7 +114,8 @@ static void run_stage(comm_t *world, int stage, int rank)
                                .bucket_bytes = 40,
                                .dtype = COMM_FP32};
     dpsync_t s;
-    int ok = cpu && kind && dpsync_create(&s, kind, &c) == 0;
+    char err[COMM_ERR_MAX] = ""; /* a failed call's message, printed at the end */
+    int ok = cpu && kind && dpsync_create(&s, kind, &c, err, sizeof err) == 0;
     check(ok, rank, "dpsync_create", stage);
     if (!ok)
         goto out;
@@ -118,14 +123,14 @@ static void run_stage(comm_t *world, int stage, int rank)
     for (size_t i = 0; i < n; i++)
         if (!lent_p || i < blo || i >= bhi)
             params[lent_p && i >= bhi ? i - (bhi - blo) : i] = host[i];
-    ok = s.ops->params_from_host(&s, host) == 0;
+    ok = s.ops->params_from_host(&s, host, err, sizeof err) == 0;
     s.ops->step_begin(&s);
     for (int k = 0; k < MICRO && ok; k++) {
         int accum, last;
         s.ops->backward_begin(&s, k, MICRO, &accum, &last);
         ok = backward(&s, grads, start, blo, bhi, lent_g, rank, k, accum) == 0;
     }
-    ok = ok && s.ops->grads_finish(&s) == 0;
+    ok = ok && s.ops->grads_finish(&s, err, sizeof err) == 0;
     check(ok, rank, "a step's backward and grads_finish", stage);
     const dpsync_optim_view_t *v = &s.view;
     size_t covered = 0;
@@ -144,7 +149,7 @@ static void run_stage(comm_t *world, int stage, int rank)
     double part = dpsync_grad_sumsq(&s), ref = 0.0;
     if (s.norm_group) {
         float f = (float)part;
-        s.norm_group->ops->allreduce(s.norm_group, &f, 1, COMM_FP32, COMM_SUM);
+        s.norm_group->ops->allreduce(s.norm_group, &f, 1, COMM_FP32, COMM_SUM, err, sizeof err);
         part = f;
     }
     for (int t = 0; t < NT; t++)
@@ -155,12 +160,12 @@ static void run_stage(comm_t *world, int stage, int rank)
     for (int p = 0; p < v->n_pieces; p++)
         for (size_t j = 0; j < v->pieces[p].n; j++)
             v->params[v->pieces[p].param + j] += 1.0f;
-    ok = s.ops->after_update(&s) == 0;
+    ok = s.ops->after_update(&s, err, sizeof err) == 0;
     float *back = calloc(n, sizeof(float));
     for (size_t i = 0; i < n; i++)
         if (!lent_p || i < blo || i >= bhi)
             back[i] = params[lent_p && i >= bhi ? i - (bhi - blo) : i];
-    ok = ok && s.ops->params_to_host(&s, back) == 0;
+    ok = ok && s.ops->params_to_host(&s, back, err, sizeof err) == 0;
     for (size_t i = 0; i < n && ok; i++)
         ok = back[i] == host[i] + 1.0f;
     check(ok, rank, "after_update: every rank holds the updated parameters", stage);
@@ -177,7 +182,7 @@ static void run_stage(comm_t *world, int stage, int rank)
     for (int p = 0; p < v->n_pieces; p++)
         for (size_t j = 0; j < v->pieces[p].n; j++)
             state[v->pieces[p].state + j] = (float)(v->pieces[p].lo + j);
-    ok = s.ops->state_to_host(&s, state, back) == 0;
+    ok = s.ops->state_to_host(&s, state, back, err, sizeof err) == 0;
     for (size_t i = 0; i < n && ok; i++)
         ok = back[i] == (float)i;
     check(ok, rank, "state_to_host gathers every piece", stage);
@@ -185,11 +190,100 @@ static void run_stage(comm_t *world, int stage, int rank)
     free(back);
     dpsync_destroy(&s);
 out:
+    if (err[0])
+        fprintf(stderr, "test_dpsync: rank %d, zero %d: %s\n", rank, stage, err);
     ops_release(cpu);
     free(params);
     free(grads);
     free(host);
     free(expect);
+}
+
+/* ---- a group of two whose every operation fails (local: no MPI) ---- */
+
+#define INJECTED "injected: the peer is gone"
+
+static status_t fk_fail(char *err, size_t errlen) { return status_set(STATUS_FAIL, err, errlen, INJECTED); }
+
+static status_t fk_allreduce(comm_t *c, void *b, size_t n, comm_dtype_t dt, comm_op_t op, char *err, size_t errlen)
+{
+    (void)c, (void)b, (void)n, (void)dt, (void)op;
+    return fk_fail(err, errlen);
+}
+
+static status_t fk_iallreduce(comm_t *c, void *b, size_t n, comm_dtype_t dt, comm_op_t op, comm_req_t *q, char *err,
+                              size_t errlen)
+{
+    (void)q;
+    return fk_allreduce(c, b, n, dt, op, err, errlen);
+}
+
+static status_t fk_reduce_scatter(comm_t *c, const void *s, void *r, size_t n, comm_dtype_t dt, char *err,
+                                  size_t errlen)
+{
+    (void)c, (void)s, (void)r, (void)n, (void)dt;
+    return fk_fail(err, errlen);
+}
+
+static status_t fk_ireduce_scatter(comm_t *c, const void *s, void *r, size_t n, comm_dtype_t dt, comm_req_t *q,
+                                   char *err, size_t errlen)
+{
+    (void)q;
+    return fk_reduce_scatter(c, s, r, n, dt, err, errlen);
+}
+
+static const comm_ops_t failing_ops = {.name = "failing",
+                                       .allreduce = fk_allreduce,
+                                       .iallreduce = fk_iallreduce,
+                                       .reduce_scatter = fk_reduce_scatter,
+                                       .ireduce_scatter = fk_ireduce_scatter,
+                                       .allgather = fk_reduce_scatter,
+                                       .iallgather = fk_ireduce_scatter};
+
+/* One last backward whose hook finds every gradient final at once. */
+static void run_failing(int stage, int rank)
+{
+    comm_t dp = {.ops = &failing_ops, .rank = 0, .size = 2, .name = "dp"};
+    size_t start[NT + 1] = {0};
+    unsigned char norm[NT];
+    for (int t = 0; t < NT; t++) {
+        start[t + 1] = start[t] + numel[t];
+        norm[t] = 1;
+    }
+    const size_t n = start[NT];
+    float *params = calloc(n, sizeof(float)), *grads = calloc(n, sizeof(float));
+    const ops_t *cpu = ops_cpu_create();
+    const dpsync_config_t c = {.ops = cpu,
+                               .dp = &dp,
+                               .params = params,
+                               .grads = grads,
+                               .n = n,
+                               .n_tensors = NT,
+                               .tensor_start = start,
+                               .tensor_block = block,
+                               .tensor_norm = norm,
+                               .mode = DDP_BUCKETED,
+                               .bucket_bytes = 40,
+                               .dtype = COMM_FP32};
+    dpsync_t s;
+    char err[COMM_ERR_MAX] = "", fin[COMM_ERR_MAX] = "";
+    const char *want = stage ? "gradient reduce-scatter failed: " INJECTED : "gradient all-reduce failed: " INJECTED;
+    int ok = params && grads && cpu && dpsync_create(&s, dpsync_pick(stage), &c, err, sizeof err) == STATUS_OK;
+    if (ok) {
+        int accum, last;
+        s.ops->backward_begin(&s, 0, 1, &accum, &last);
+        s.hook.grads_ready(s.hook.ctx, 0); /* returns nothing: the failure is held */
+        ok = dpsync_backward_end(&s, err, sizeof err) == STATUS_FAIL && strcmp(err, want) == 0 &&
+             s.ops->grads_finish(&s, fin, sizeof fin) == STATUS_FAIL && strcmp(fin, want) == 0;
+        dpsync_destroy(&s);
+    }
+    if (!ok)
+        fprintf(stderr, "test_dpsync: zero %d: backward_end '%s', grads_finish '%s', want '%s'\n", stage, err, fin,
+                want);
+    check(ok, rank, "a failing group: the hook's failure reaches backward_end and grads_finish", stage);
+    ops_release(cpu);
+    free(params);
+    free(grads);
 }
 
 int main(int argc, char **argv)
@@ -202,6 +296,8 @@ int main(int argc, char **argv)
         launch_exit(&env, 1);
     for (int stage = 0; stage <= 3; stage++)
         run_stage(world, stage, env.world_rank);
+    run_failing(0, env.world_rank);
+    run_failing(2, env.world_rank);
     if (env.world_rank == 0)
         printf("%s: dpsync at np %d: %d failure(s)\n", fails ? "FAIL" : "ok", env.world_size, fails);
     world->ops->destroy(world);

@@ -63,8 +63,9 @@ static void check_group(int phase, const char *kind, comm_t *c, const int *membe
     for (int i = 0; i < n; i++)
         want += members[i];
     float x = (float)env.world_rank; /* exact: ranks and sums < 2^24 */
-    int rc = c->ops->allreduce(c, &x, 1, COMM_FP32, COMM_SUM);
-    check(rc == 0, "%s: allreduce failed: %s", kind, c->err);
+    char cerr[COMM_ERR_MAX] = "";
+    int rc = c->ops->allreduce(c, &x, 1, COMM_FP32, COMM_SUM, cerr, sizeof cerr);
+    check(rc == 0, "%s: allreduce failed: %s", kind, cerr);
     check(rc == 0 && (long long)x == want && x == (float)want, "%s: SUM of world ranks %.1f, expected %lld", kind,
           (double)x, want);
 
@@ -73,8 +74,8 @@ static void check_group(int phase, const char *kind, comm_t *c, const int *membe
         check(0, "%s: out of memory", kind);
         return;
     }
-    rc = c->ops->allgather(c, &me, all, 1, COMM_FP32);
-    check(rc == 0, "%s: allgather failed: %s", kind, c->err);
+    rc = c->ops->allgather(c, &me, all, 1, COMM_FP32, cerr, sizeof cerr);
+    check(rc == 0, "%s: allgather failed: %s", kind, cerr);
     for (int i = 0; rc == 0 && i < n; i++)
         check(all[i] == (float)members[i], "%s: group rank %d is world rank %.0f, expected %d", kind, i, (double)all[i],
               members[i]);
@@ -86,10 +87,11 @@ static void check_group(int phase, const char *kind, comm_t *c, const int *membe
 static void check_layout_error(int tp, int pp, int dp, const char *want)
 {
     grid_t h;
-    int rc = grid_create(&h, tp, pp, dp);
-    check(rc == -1, "grid_create(tp %d, pp %d, dp %d) returned %d, expected -1", tp, pp, dp, rc);
-    check(strcmp(h.err, want) == 0, "grid_create(tp %d, pp %d, dp %d): error '%s', expected '%s'", tp, pp, dp, h.err,
-          want);
+    char err[COMM_ERR_MAX] = "";
+    int rc = grid_create(&h, tp, pp, dp, err, sizeof err);
+    check(rc == STATUS_INPUT, "grid_create(tp %d, pp %d, dp %d) returned %d, expected STATUS_INPUT (%d)", tp, pp, dp,
+          rc, STATUS_INPUT);
+    check(strcmp(err, want) == 0, "grid_create(tp %d, pp %d, dp %d): error '%s', expected '%s'", tp, pp, dp, err, want);
     check(!h.world && !h.tp && !h.dp && !h.pp && !h.embed, "grid_create(tp %d, pp %d, dp %d) left communicators", tp,
           pp, dp);
     grid_destroy(&h);
@@ -186,9 +188,10 @@ int main(int argc, char **argv)
     }
 
     grid_t g;
-    int rc = grid_create(&g, T, P, 0);
+    char gerr[COMM_ERR_MAX] = "";
+    int rc = grid_create(&g, T, P, 0, gerr, sizeof gerr);
     /* a layout error is the same on every rank: report it once, exit 2 */
-    if (launch_any_failed(&env, "test_grid", rc != 0, g.err))
+    if (launch_any_failed(&env, "test_grid", rc != 0, gerr))
         launch_exit(&env, 2);
 
     const int D = N / (T * P);
@@ -259,7 +262,7 @@ int main(int argc, char **argv)
     FILE *out = r == 0 ? open_memstream(&text, &text_len) : NULL;
     if (r == 0 && !out)
         check(0, "open_memstream failed");
-    rc = grid_print(&g, out);
+    rc = grid_print(&g, out, gerr, sizeof gerr);
     check(rc == 0, "grid_print returned %d", rc);
     if (out) {
         fclose(out);

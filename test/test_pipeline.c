@@ -449,10 +449,10 @@ static void run_exact(comm_t *pp, const char *label, pipe_kind_t k, int M, size_
     if (!expect || synth_init(&c, k, P, s, M, n, expect) != 0)
         die("out of memory");
     pipe_stats_t st = {-1.0};
-    char d[512] = "";
-    int ok = pipe_run(pp, k, M, synth_ops(n), &c, &st) == 0;
+    char d[512] = "", perr[COMM_ERR_MAX] = "";
+    int ok = pipe_run(pp, k, M, synth_ops(n), &c, &st, perr, sizeof perr) == 0;
     if (!ok)
-        snprintf(d, sizeof d, "pipe_run: %.480s", pp->err);
+        snprintf(d, sizeof d, "pipe_run: %.480s", perr);
     else if (c.err[0])
         snprintf(d, sizeof d, "%s", c.err), ok = 0;
     else if (c.pos != 2 * M)
@@ -495,22 +495,22 @@ static void check_errors(comm_t *self)
     synth_t c;
     if (synth_init(&c, PIPE_1F1B, 1, 0, 4, 10, expect) != 0)
         die("out of memory");
-    char d[600] = "";
-    int rc = pipe_run(self, PIPE_1F1B, 0, synth_ops(10), &c, NULL);
-    int ok = rc == -1 && strstr(self->err, "bad arguments") != NULL;
-    snprintf(d, sizeof d, "rc %d, err '%s'", rc, self->err);
-    check(ok, d, "pipe_run with 0 microbatches: -1, '%s'", ok ? self->err : "");
+    char d[600] = "", err[COMM_ERR_MAX] = "";
+    int rc = pipe_run(self, PIPE_1F1B, 0, synth_ops(10), &c, NULL, err, sizeof err);
+    int ok = rc == -1 && strstr(err, "bad arguments") != NULL;
+    snprintf(d, sizeof d, "rc %d, err '%s'", rc, err);
+    check(ok, d, "pipe_run with 0 microbatches: -1, '%s'", ok ? err : "");
     pipe_stage_ops_t no_fwd = *synth_ops(10);
     no_fwd.forward = NULL;
-    rc = pipe_run(self, PIPE_1F1B, 4, &no_fwd, &c, NULL);
-    ok = rc == -1 && strstr(self->err, "bad arguments") != NULL;
-    snprintf(d, sizeof d, "rc %d, err '%s'", rc, self->err);
+    rc = pipe_run(self, PIPE_1F1B, 4, &no_fwd, &c, NULL, err, sizeof err);
+    ok = rc == -1 && strstr(err, "bad arguments") != NULL;
+    snprintf(d, sizeof d, "rc %d, err '%s'", rc, err);
     check(ok, d, "pipe_run without a forward callback: -1");
     c.fail_fwd = 2;
-    rc = pipe_run(self, PIPE_1F1B, 4, synth_ops(10), &c, NULL);
-    ok = rc == -1 && strstr(self->err, "forward of microbatch 2 failed") != NULL && c.pos == 5;
-    snprintf(d, sizeof d, "rc %d after %d calls, err '%s'", rc, c.pos, self->err);
-    check(ok, d, "a forward callback's -1 stops the schedule: '%s'", ok ? self->err : "");
+    rc = pipe_run(self, PIPE_1F1B, 4, synth_ops(10), &c, NULL, err, sizeof err);
+    ok = rc == -1 && strstr(err, "forward of microbatch 2 failed") != NULL && c.pos == 5;
+    snprintf(d, sizeof d, "rc %d after %d calls, err '%s'", rc, c.pos, err);
+    check(ok, d, "a forward callback's -1 stops the schedule: '%s'", ok ? err : "");
     synth_free(&c);
 }
 
@@ -531,16 +531,16 @@ static void report_overlap(comm_t *pp)
         c.sleep_b_us = tb;
         pipe_stats_t st = {0};
         int ok = 1;
+        char perr[COMM_ERR_MAX] = "";
         for (int rep = 0; rep < 2 && ok; rep++) { /* the first run warms up the connections */
             c.pos = 0;
             if (MPI_Barrier(MPI_COMM_WORLD) != MPI_SUCCESS)
                 die("MPI_Barrier");
             const double t0 = MPI_Wtime();
-            ok = pipe_run(pp, k, M, synth_ops(1000), &c, &st) == 0 && !c.err[0];
+            ok = pipe_run(pp, k, M, synth_ops(1000), &c, &st, perr, sizeof perr) == 0 && !c.err[0];
             wall[kk] = MPI_Wtime() - t0;
         }
-        check(ok, ok ? "" : (c.err[0] ? c.err : pp->err), "overlap run %s P=%d M=%d with sleeps", pipe_kind_name(k), P,
-              M);
+        check(ok, ok ? "" : (c.err[0] ? c.err : perr), "overlap run %s P=%d M=%d with sleeps", pipe_kind_name(k), P, M);
         wait[kk] = st.wait_s;
         synth_free(&c);
     }

@@ -23,9 +23,10 @@ int main(int argc, char **argv)
     for (int i = 0; i < 1000; i++)
         buf[i] = 0.001f * (float)i;
     int fails = 0, bad = -2;
-    int rc = c ? replica_check(c, buf, start, NT, &bad) : -1;
+    char err[COMM_ERR_MAX] = "";
+    int rc = c ? replica_check(c, buf, start, NT, &bad, err, sizeof err) : -1;
     if (rc != 0 || bad != -1) {
-        printf("FAIL rank %d: identical replicas: rc %d bad %d\n", env.world_rank, rc, bad);
+        printf("FAIL rank %d: identical replicas: rc %d bad %d %s\n", env.world_rank, rc, bad, err);
         fails++;
     }
     if (env.world_size > 1) {
@@ -38,9 +39,10 @@ int main(int argc, char **argv)
             u ^= 1u;
             memcpy(&buf[905], &u, sizeof u);
         }
-        rc = replica_check(c, buf, start, NT, &bad);
-        if (rc != 1 || bad != 6) {
-            printf("FAIL rank %d: diverged replicas: rc %d first bad tensor %d (want 1, 6)\n", env.world_rank, rc, bad);
+        rc = replica_check(c, buf, start, NT, &bad, err, sizeof err);
+        if (rc != STATUS_OK || bad != 6) {
+            printf("FAIL rank %d: diverged replicas: rc %d first bad tensor %d (want 0, 6) %s\n", env.world_rank, rc,
+                   bad, err);
             fails++;
         }
     }

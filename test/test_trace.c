@@ -71,10 +71,11 @@ static double spin(double seconds)
 
 static const trace_args_t no_args = {.bytes = -1, .microbatch = -1, .layer = -1, .peer = -1};
 
-static void need(comm_t *c, int rc)
+/* cerr: the call's error buffer */
+static void need(const char *cerr, int rc)
 {
     if (rc != 0)
-        die("comm", c->err);
+        die("comm", cerr);
 }
 
 /* The span [t0, now] named name on the compute lane. */
@@ -121,6 +122,7 @@ static void expect_failure(trace_t *tr, const char *path, int is_dir, const char
 
 int main(int argc, char **argv)
 {
+    char cerr[COMM_ERR_MAX] = "";
     if (MPI_Init(&argc, &argv) != MPI_SUCCESS)
         return 1;
     MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
@@ -144,7 +146,7 @@ int main(int argc, char **argv)
 
     /* an untraced call records nothing */
     float one = 1;
-    need(c, c->ops->allreduce(c, &one, 1, COMM_FP32, COMM_SUM));
+    need(cerr, c->ops->allreduce(c, &one, 1, COMM_FP32, COMM_SUM, cerr, sizeof cerr));
     check(trace_count(tr) == 0, "untraced comm records no span", NULL);
     c->trace = tr;
 
@@ -172,19 +174,19 @@ int main(int argc, char **argv)
         rs[i] = 0;
 
     t0 = trace_now();
-    need(c, c->ops->allreduce(c, big, nbig, COMM_FP32, COMM_SUM));
+    need(cerr, c->ops->allreduce(c, big, nbig, COMM_FP32, COMM_SUM, cerr, sizeof cerr));
     window(tr, "window_allreduce", t0);
 
     /* iallreduce completed by test(): window_post brackets the posting call,
      * window_test the test() call that returned done */
     comm_req_t q = {0};
     t0 = trace_now();
-    need(c, c->ops->iallreduce(c, big, 777, COMM_FP32, COMM_SUM, &q));
+    need(cerr, c->ops->iallreduce(c, big, 777, COMM_FP32, COMM_SUM, &q, cerr, sizeof cerr));
     window(tr, "window_post", t0);
     int done = 0, tests = 0;
     while (!done) {
         t0 = trace_now();
-        need(c, c->ops->test(&q, &done));
+        need(cerr, c->ops->test(&q, &done, cerr, sizeof cerr));
         tests++;
         if (done)
             window(tr, "window_test", t0);
@@ -192,45 +194,45 @@ int main(int argc, char **argv)
 
     /* A and B overlap partly: A [a0, a1], B [b0, b1], a0 < b0 < a1 < b1 */
     comm_req_t qa = {0}, qb = {0};
-    need(c, c->ops->iallreduce(c, big, 64, COMM_FP32, COMM_SUM, &qa));
-    need(c, c->ops->iallreduce(c, big + 64, 96, COMM_FP32, COMM_SUM, &qb));
-    need(c, c->ops->wait(&qa));
+    need(cerr, c->ops->iallreduce(c, big, 64, COMM_FP32, COMM_SUM, &qa, cerr, sizeof cerr));
+    need(cerr, c->ops->iallreduce(c, big + 64, 96, COMM_FP32, COMM_SUM, &qb, cerr, sizeof cerr));
+    need(cerr, c->ops->wait(&qa, cerr, sizeof cerr));
     spin(0.002);
-    need(c, c->ops->wait(&qb));
+    need(cerr, c->ops->wait(&qb, cerr, sizeof cerr));
 
-    need(c, c->ops->reduce_scatter(c, rs, rs, 10, COMM_FP32));
-    need(c, c->ops->allgather(c, rs + (size_t)r * 3, rs, 3, COMM_FP32));
-    need(c, c->ops->broadcast(c, big, 50, COMM_FP32, W - 1));
-    need(c, c->ops->ireduce_scatter(c, rs, rs, 10, COMM_FP32, &q));
-    need(c, c->ops->wait(&q));
-    need(c, c->ops->iallgather(c, rs + (size_t)r * 3, rs, 3, COMM_FP32, &q));
-    need(c, c->ops->wait(&q));
+    need(cerr, c->ops->reduce_scatter(c, rs, rs, 10, COMM_FP32, cerr, sizeof cerr));
+    need(cerr, c->ops->allgather(c, rs + (size_t)r * 3, rs, 3, COMM_FP32, cerr, sizeof cerr));
+    need(cerr, c->ops->broadcast(c, big, 50, COMM_FP32, W - 1, cerr, sizeof cerr));
+    need(cerr, c->ops->ireduce_scatter(c, rs, rs, 10, COMM_FP32, &q, cerr, sizeof cerr));
+    need(cerr, c->ops->wait(&q, cerr, sizeof cerr));
+    need(cerr, c->ops->iallgather(c, rs + (size_t)r * 3, rs, 3, COMM_FP32, &q, cerr, sizeof cerr));
+    need(cerr, c->ops->wait(&q, cerr, sizeof cerr));
     /* the bf16 sums: same spans, "_bf16" names, 2 bytes per element */
     uint16_t *h = calloc((size_t)W * 300, sizeof *h);
     if (!h)
         die("calloc", "");
-    need(c, c->ops->allreduce(c, h, 300, COMM_BF16, COMM_SUM));
-    need(c, c->ops->iallreduce(c, h, 200, COMM_BF16, COMM_SUM, &q));
-    need(c, c->ops->wait(&q));
-    need(c, c->ops->reduce_scatter(c, h, h + (size_t)W * 10, 10, COMM_BF16));
-    need(c, c->ops->ireduce_scatter(c, h, h, 10, COMM_BF16, &q));
-    need(c, c->ops->wait(&q));
+    need(cerr, c->ops->allreduce(c, h, 300, COMM_BF16, COMM_SUM, cerr, sizeof cerr));
+    need(cerr, c->ops->iallreduce(c, h, 200, COMM_BF16, COMM_SUM, &q, cerr, sizeof cerr));
+    need(cerr, c->ops->wait(&q, cerr, sizeof cerr));
+    need(cerr, c->ops->reduce_scatter(c, h, h + (size_t)W * 10, 10, COMM_BF16, cerr, sizeof cerr));
+    need(cerr, c->ops->ireduce_scatter(c, h, h, 10, COMM_BF16, &q, cerr, sizeof cerr));
+    need(cerr, c->ops->wait(&q, cerr, sizeof cerr));
     free(h);
 
     comm_req_t qs = {0}, qr = {0};
-    need(c, c->ops->irecv(c, rs, (size_t)(100 + prev), COMM_FP32, prev, 5, &qr));
-    need(c, c->ops->isend(c, big, (size_t)(100 + r), COMM_FP32, next, 5, &qs));
-    need(c, c->ops->wait(&qs));
-    need(c, c->ops->wait(&qr));
+    need(cerr, c->ops->irecv(c, rs, (size_t)(100 + prev), COMM_FP32, prev, 5, &qr, cerr, sizeof cerr));
+    need(cerr, c->ops->isend(c, big, (size_t)(100 + r), COMM_FP32, next, 5, &qs, cerr, sizeof cerr));
+    need(cerr, c->ops->wait(&qs, cerr, sizeof cerr));
+    need(cerr, c->ops->wait(&qr, cerr, sizeof cerr));
 
     if (r % 2 == 0) {
-        need(c, c->ops->send(c, big, (size_t)(20 + r), COMM_FP32, next, 6));
-        need(c, c->ops->recv(c, rs, (size_t)(20 + prev), COMM_FP32, prev, 6));
+        need(cerr, c->ops->send(c, big, (size_t)(20 + r), COMM_FP32, next, 6, cerr, sizeof cerr));
+        need(cerr, c->ops->recv(c, rs, (size_t)(20 + prev), COMM_FP32, prev, 6, cerr, sizeof cerr));
     } else {
-        need(c, c->ops->recv(c, rs, (size_t)(20 + prev), COMM_FP32, prev, 6));
-        need(c, c->ops->send(c, big, (size_t)(20 + r), COMM_FP32, next, 6));
+        need(cerr, c->ops->recv(c, rs, (size_t)(20 + prev), COMM_FP32, prev, 6, cerr, sizeof cerr));
+        need(cerr, c->ops->send(c, big, (size_t)(20 + r), COMM_FP32, next, 6, cerr, sizeof cerr));
     }
-    need(c, c->ops->barrier(c));
+    need(cerr, c->ops->barrier(c, cerr, sizeof cerr));
 
     /* bucketed DDP under a simulated backward: 4 tensors of 4096 floats, one
      * bucket each; "bwd h.L" spins 3 + rank ms, then reports tensor L
@@ -241,17 +243,18 @@ int main(int argc, char **argv)
     const ops_t *cpu = ops_cpu_create();
     ddp_t d;
     if (!grads || !cpu ||
-        ddp_create(&d, cpu, NULL, DDP_BUCKETED, c, grads, 4 * 4096, starts, 4, 4096 * sizeof(float), COMM_FP32) != 0)
-        die("ddp_create", c->err);
+        ddp_create(&d, cpu, NULL, DDP_BUCKETED, c, grads, 4 * 4096, starts, 4, 4096 * sizeof(float), COMM_FP32, cerr,
+                   sizeof cerr) != 0)
+        die("ddp_create", cerr);
     ddp_begin(&d);
     for (int l = 3; l >= 0; l--) {
         t0 = trace_now();
         spin(0.003 + 0.001 * r);
         trace_span(tr, TRACE_COMPUTE, "bwd", t0, trace_now(),
                    &(trace_args_t){.bytes = -1, .microbatch = 0, .layer = l, .peer = -1});
-        need(c, ddp_grads_ready(&d, starts[l]));
+        need(cerr, ddp_grads_ready(&d, starts[l], cerr, sizeof cerr));
     }
-    need(c, ddp_finish(&d));
+    need(cerr, ddp_finish(&d, cerr, sizeof cerr));
     ddp_destroy(&d);
     ops_release(cpu);
     free(grads);

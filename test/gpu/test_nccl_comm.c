@@ -22,69 +22,73 @@
 #include "base/ops_math.h"
 
 static int nfail;
-/* a failed check names the group's last error, if it has one */
-static void check(int ok, const comm_t *c, const char *what)
+/* a failed check names the error of the group's last call (cerr), if it had one */
+static void check(int ok, const comm_t *c, const char *cerr, const char *what)
 {
     if (!ok) {
         nfail++;
-        fprintf(stderr, "test_nccl_comm: rank %d: FAIL %s on %s%s%s\n", c->rank, what, c->name, c->err[0] ? ": " : "",
-                c->err);
+        fprintf(stderr, "test_nccl_comm: rank %d: FAIL %s on %s%s%s\n", c->rank, what, c->name, cerr[0] ? ": " : "",
+                cerr);
     }
 }
 
 /* hb: [(size + 1) * 1000] managed bf16 */
 static void bf16_checks(comm_t *c, uint16_t *hb)
 {
+    char cerr[COMM_ERR_MAX] = "";
     const int r = c->rank, W = c->size;
     const size_t n = 1000;
     int ok;
     /* allreduce: sum_q (q + 1 + i % 7) = W(W+1)/2 + W (i % 7) <= 92 */
     for (size_t i = 0; i < n; i++)
         hb[i] = dt_f32_to_bf16((float)(r + 1 + (int)(i % 7)));
-    ok = c->ops->allreduce(c, hb, n, COMM_BF16, COMM_SUM) == 0;
+    ok = c->ops->allreduce(c, hb, n, COMM_BF16, COMM_SUM, cerr, sizeof cerr) == 0;
     for (size_t i = 0; ok && i < n; i++)
         ok &= hb[i] == dt_f32_to_bf16((float)(W * (W + 1) / 2 + W * (int)(i % 7)));
-    check(ok, c, "allreduce_bf16");
+    check(ok, c, cerr, "allreduce_bf16");
     comm_req_t q = {0};
     for (size_t i = 0; i < n; i++)
         hb[i] = dt_f32_to_bf16(1.0f);
-    ok = c->ops->iallreduce(c, hb, n, COMM_BF16, COMM_SUM, &q) == 0 && c->ops->wait(&q) == 0;
+    ok = c->ops->iallreduce(c, hb, n, COMM_BF16, COMM_SUM, &q, cerr, sizeof cerr) == 0 &&
+         c->ops->wait(&q, cerr, sizeof cerr) == 0;
     for (size_t i = 0; ok && i < n; i++)
         ok &= hb[i] == dt_f32_to_bf16((float)W);
-    check(ok, c, "iallreduce_bf16 + wait");
+    check(ok, c, cerr, "iallreduce_bf16 + wait");
     /* reduce_scatter: send[j*n + i] = r + j; rank r gets W(W-1)/2 + W r */
     uint16_t *recv = hb + (size_t)W * n;
     for (int j = 0; j < W; j++)
         for (size_t i = 0; i < n; i++)
             hb[(size_t)j * n + i] = dt_f32_to_bf16((float)(r + j));
     const uint16_t want = dt_f32_to_bf16((float)(W * (W - 1) / 2 + W * r));
-    ok = c->ops->reduce_scatter(c, hb, recv, n, COMM_BF16) == 0;
+    ok = c->ops->reduce_scatter(c, hb, recv, n, COMM_BF16, cerr, sizeof cerr) == 0;
     for (size_t i = 0; ok && i < n; i++)
         ok &= recv[i] == want;
-    check(ok, c, "reduce_scatter_bf16");
-    ok = c->ops->ireduce_scatter(c, hb, recv, n, COMM_BF16, &q) == 0;
+    check(ok, c, cerr, "reduce_scatter_bf16");
+    ok = c->ops->ireduce_scatter(c, hb, recv, n, COMM_BF16, &q, cerr, sizeof cerr) == 0;
     int done = 0;
     while (ok && !done)
-        ok = c->ops->test(&q, &done) == 0;
+        ok = c->ops->test(&q, &done, cerr, sizeof cerr) == 0;
     for (size_t i = 0; ok && i < n; i++)
         ok &= recv[i] == want;
-    check(ok, c, "ireduce_scatter_bf16 + test");
+    check(ok, c, cerr, "ireduce_scatter_bf16 + test");
     /* in place (ZeRO's call): this rank's piece lands at the start */
     for (int j = 0; j < W; j++)
         for (size_t i = 0; i < n; i++)
             hb[(size_t)j * n + i] = dt_f32_to_bf16((float)(r + j));
-    ok = c->ops->reduce_scatter(c, hb, hb, n, COMM_BF16) == 0;
+    ok = c->ops->reduce_scatter(c, hb, hb, n, COMM_BF16, cerr, sizeof cerr) == 0;
     for (size_t i = 0; ok && i < n; i++)
         ok &= hb[i] == want;
-    check(ok, c, "reduce_scatter_bf16 in place");
+    check(ok, c, cerr, "reduce_scatter_bf16 in place");
     uint16_t host[3] = {dt_f32_to_bf16(1.0f), dt_f32_to_bf16((float)r), dt_f32_to_bf16(-2.0f)};
-    ok = c->ops->allreduce(c, host, 3, COMM_BF16, COMM_SUM) == 0 && host[0] == dt_f32_to_bf16((float)W) &&
-         host[1] == dt_f32_to_bf16((float)(W * (W - 1) / 2)) && host[2] == dt_f32_to_bf16(-2.0f * (float)W);
-    check(ok, c, "allreduce_bf16 of a host (stack) buffer");
+    ok = c->ops->allreduce(c, host, 3, COMM_BF16, COMM_SUM, cerr, sizeof cerr) == 0 &&
+         host[0] == dt_f32_to_bf16((float)W) && host[1] == dt_f32_to_bf16((float)(W * (W - 1) / 2)) &&
+         host[2] == dt_f32_to_bf16(-2.0f * (float)W);
+    check(ok, c, cerr, "allreduce_bf16 of a host (stack) buffer");
 }
 
 static int group_checks(comm_t *c, float *buf, float *buf2, uint16_t *hb)
 {
+    char cerr[COMM_ERR_MAX] = "";
     const int r = c->rank, W = c->size;
     const size_t n = 1000;
     int bad0 = nfail;
@@ -92,78 +96,79 @@ static int group_checks(comm_t *c, float *buf, float *buf2, uint16_t *hb)
     /* allreduce SUM: sum_r (r + 1 + i) = W(W+1)/2 + W i */
     for (size_t i = 0; i < n; i++)
         buf[i] = (float)(r + 1) + (float)i;
-    if (c->ops->allreduce(c, buf, n, COMM_FP32, COMM_SUM) != 0)
-        return snprintf(e, sizeof e, "%s", c->err), fprintf(stderr, "%s\n", e), -1;
+    if (c->ops->allreduce(c, buf, n, COMM_FP32, COMM_SUM, cerr, sizeof cerr) != 0)
+        return snprintf(e, sizeof e, "%s", cerr), fprintf(stderr, "%s\n", e), -1;
     int ok = 1;
     for (size_t i = 0; i < n; i++)
         ok &= buf[i] == (float)(W * (W + 1) / 2) + (float)(W * (int)i);
-    check(ok, c, "allreduce sum");
+    check(ok, c, cerr, "allreduce sum");
     for (size_t i = 0; i < n; i++)
         buf[i] = (float)((r * 7 + (int)i) % W);
-    ok = c->ops->allreduce(c, buf, n, COMM_FP32, COMM_MAX) == 0;
+    ok = c->ops->allreduce(c, buf, n, COMM_FP32, COMM_MAX, cerr, sizeof cerr) == 0;
     for (size_t i = 0; ok && i < n; i++)
         ok &= buf[i] == (float)(W - 1);
-    check(ok, c, "allreduce max");
+    check(ok, c, cerr, "allreduce max");
     /* iallreduce, wait and test */
     comm_req_t q = {0};
     for (size_t i = 0; i < n; i++)
         buf[i] = 1.0f;
-    ok = c->ops->iallreduce(c, buf, n, COMM_FP32, COMM_SUM, &q) == 0 && c->ops->wait(&q) == 0;
+    ok = c->ops->iallreduce(c, buf, n, COMM_FP32, COMM_SUM, &q, cerr, sizeof cerr) == 0 &&
+         c->ops->wait(&q, cerr, sizeof cerr) == 0;
     for (size_t i = 0; ok && i < n; i++)
         ok &= buf[i] == (float)W;
-    check(ok, c, "iallreduce + wait");
-    ok = c->ops->iallreduce(c, buf, n, COMM_FP32, COMM_SUM, &q) == 0;
+    check(ok, c, cerr, "iallreduce + wait");
+    ok = c->ops->iallreduce(c, buf, n, COMM_FP32, COMM_SUM, &q, cerr, sizeof cerr) == 0;
     int done = 0;
     while (ok && !done)
-        ok = c->ops->test(&q, &done) == 0;
+        ok = c->ops->test(&q, &done, cerr, sizeof cerr) == 0;
     for (size_t i = 0; ok && i < n; i++)
         ok &= buf[i] == (float)(W * W);
-    check(ok, c, "iallreduce + test");
+    check(ok, c, cerr, "iallreduce + test");
     /* reduce_scatter: send[j*n + i] = r + j; rank r gets sum_q (q + r) */
     for (int j = 0; j < W; j++)
         for (size_t i = 0; i < n; i++)
             buf[(size_t)j * n + i] = (float)(r + j);
-    ok = c->ops->reduce_scatter(c, buf, buf2, n, COMM_FP32) == 0;
+    ok = c->ops->reduce_scatter(c, buf, buf2, n, COMM_FP32, cerr, sizeof cerr) == 0;
     for (size_t i = 0; ok && i < n; i++)
         ok &= buf2[i] == (float)(W * (W - 1) / 2 + W * r);
-    check(ok, c, "reduce_scatter");
+    check(ok, c, cerr, "reduce_scatter");
     /* in place (ZeRO's call): this rank's piece lands at the start */
     for (int j = 0; j < W; j++)
         for (size_t i = 0; i < n; i++)
             buf[(size_t)j * n + i] = (float)(r + j);
-    ok = c->ops->reduce_scatter(c, buf, buf, n, COMM_FP32) == 0;
+    ok = c->ops->reduce_scatter(c, buf, buf, n, COMM_FP32, cerr, sizeof cerr) == 0;
     for (size_t i = 0; ok && i < n; i++)
         ok &= buf[i] == (float)(W * (W - 1) / 2 + W * r);
-    check(ok, c, "reduce_scatter in place");
+    check(ok, c, cerr, "reduce_scatter in place");
     /* in place through the host staging path */
     float hrs[8 * 2];
     for (int j = 0; j < W && W <= 8; j++)
         for (int i = 0; i < 2; i++)
             hrs[j * 2 + i] = (float)(r + j + i);
-    ok = W > 8 || c->ops->reduce_scatter(c, hrs, hrs, 2, COMM_FP32) == 0;
+    ok = W > 8 || c->ops->reduce_scatter(c, hrs, hrs, 2, COMM_FP32, cerr, sizeof cerr) == 0;
     for (int i = 0; ok && W <= 8 && i < 2; i++)
         ok &= hrs[i] == (float)(W * (W - 1) / 2 + W * (r + i));
-    check(ok, c, "reduce_scatter in place, host buffer");
+    check(ok, c, cerr, "reduce_scatter in place, host buffer");
     /* allgather: rank q's block holds q */
     for (size_t i = 0; i < n; i++)
         buf2[i] = (float)r;
-    ok = c->ops->allgather(c, buf2, buf, n, COMM_FP32) == 0;
+    ok = c->ops->allgather(c, buf2, buf, n, COMM_FP32, cerr, sizeof cerr) == 0;
     for (int j = 0; ok && j < W; j++)
         for (size_t i = 0; i < n; i++)
             ok &= buf[(size_t)j * n + i] == (float)j;
-    check(ok, c, "allgather");
+    check(ok, c, cerr, "allgather");
     /* broadcast from the last rank */
     for (size_t i = 0; i < n; i++)
         buf[i] = r == W - 1 ? 42.0f + (float)i : -1.0f;
-    ok = c->ops->broadcast(c, buf, n, COMM_FP32, W - 1) == 0;
+    ok = c->ops->broadcast(c, buf, n, COMM_FP32, W - 1, cerr, sizeof cerr) == 0;
     for (size_t i = 0; ok && i < n; i++)
         ok &= buf[i] == 42.0f + (float)i;
-    check(ok, c, "broadcast");
+    check(ok, c, cerr, "broadcast");
     /* host buffer: staged */
     float host[3] = {1.0f, (float)r, -2.0f};
-    ok = c->ops->allreduce(c, host, 3, COMM_FP32, COMM_SUM) == 0 && host[0] == (float)W &&
+    ok = c->ops->allreduce(c, host, 3, COMM_FP32, COMM_SUM, cerr, sizeof cerr) == 0 && host[0] == (float)W &&
          host[1] == (float)(W * (W - 1) / 2) && host[2] == -2.0f * (float)W;
-    check(ok, c, "allreduce of a host (stack) buffer");
+    check(ok, c, cerr, "allreduce of a host (stack) buffer");
     /* ring: send to r+1, receive from r-1 (nonblocking both, then wait).
      * NCCL runs a rank's point-to-point calls in posting order on the
      * group's stream, each waiting for its peer: if every rank posted its
@@ -175,17 +180,17 @@ static int group_checks(comm_t *c, float *buf, float *buf2, uint16_t *hb)
             buf[i] = (float)(r * 1000) + (float)i;
         const int to = (r + 1) % W, from = (r + W - 1) % W;
         if (r % 2 == 0)
-            ok = c->ops->isend(c, buf, n, COMM_FP32, to, 7, &s) == 0 &&
-                 c->ops->irecv(c, buf2, n, COMM_FP32, from, 7, &rq) == 0;
+            ok = c->ops->isend(c, buf, n, COMM_FP32, to, 7, &s, cerr, sizeof cerr) == 0 &&
+                 c->ops->irecv(c, buf2, n, COMM_FP32, from, 7, &rq, cerr, sizeof cerr) == 0;
         else
-            ok = c->ops->irecv(c, buf2, n, COMM_FP32, from, 7, &rq) == 0 &&
-                 c->ops->isend(c, buf, n, COMM_FP32, to, 7, &s) == 0;
-        ok = ok && c->ops->wait(&rq) == 0 && c->ops->wait(&s) == 0;
+            ok = c->ops->irecv(c, buf2, n, COMM_FP32, from, 7, &rq, cerr, sizeof cerr) == 0 &&
+                 c->ops->isend(c, buf, n, COMM_FP32, to, 7, &s, cerr, sizeof cerr) == 0;
+        ok = ok && c->ops->wait(&rq, cerr, sizeof cerr) == 0 && c->ops->wait(&s, cerr, sizeof cerr) == 0;
         for (size_t i = 0; ok && i < n; i++)
             ok &= buf2[i] == (float)(((r + W - 1) % W) * 1000) + (float)i;
-        check(ok, c, "isend/irecv ring");
+        check(ok, c, cerr, "isend/irecv ring");
     }
-    check(c->ops->barrier(c) == 0, c, "barrier");
+    check(c->ops->barrier(c, cerr, sizeof cerr) == 0, c, cerr, "barrier");
     bf16_checks(c, hb);
     return nfail > bad0 ? -1 : 0;
 }
@@ -203,8 +208,8 @@ int main(int argc, char **argv)
         launch_exit(&env, 77);
     }
     grid_t g;
-    if (grid_create(&g, env.world_size, 1, 0) != 0) {
-        fprintf(stderr, "test_nccl_comm: %s\n", g.err);
+    if (grid_create(&g, env.world_size, 1, 0, err, sizeof err) != 0) {
+        fprintf(stderr, "test_nccl_comm: %s\n", err);
         launch_exit(&env, 99);
     }
     nccl_grid_t ng;
@@ -227,8 +232,8 @@ int main(int argc, char **argv)
         if (!groups[i]) {
             nfail++;
             fprintf(stderr, "test_nccl_comm: rank %d: group %d missing\n", env.world_rank, i);
-        } else if (group_checks(groups[i], buf, buf2, hb) != 0 && groups[i]->err[0]) {
-            fprintf(stderr, "test_nccl_comm: rank %d: %s\n", env.world_rank, groups[i]->err);
+        } else if (group_checks(groups[i], buf, buf2, hb) != 0 && nfail == 0) {
+            nfail++; /* its first all-reduce failed: printed there, counted here */
         }
     }
     cudaFree(buf);
