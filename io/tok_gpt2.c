@@ -33,10 +33,12 @@ static const tokenizer_ops_t gpt2_ops = {
 };
 
 /* The byte-level alphabet, both ways: byte_cp[b] is the code point that
- * spells byte b; order[i] is the byte of rank i (printable bytes first). */
+ * spells byte b; order[i] is the byte of rank i (printable bytes first);
+ * shifted[k] is the byte that U+0100 + k spells. */
 typedef struct alphabet {
     uint32_t byte_cp[256];
     unsigned char order[256];
+    unsigned char shifted[68];
 } alphabet_t;
 
 static int printable(int c) { return (c >= 0x21 && c <= 0x7e) || (c >= 0xa1 && c <= 0xac) || (c >= 0xae && c <= 0xff); }
@@ -51,22 +53,19 @@ static void alphabet_init(alphabet_t *a)
         }
     for (int c = 0; c < 256; c++)
         if (!printable(c)) {
+            a->shifted[shifted] = (unsigned char)c;
             a->byte_cp[c] = 256 + (uint32_t)shifted++;
             a->order[i++] = (unsigned char)c;
         }
 }
 
-static int cp_byte(uint32_t cp)
+/* The byte code point cp spells, or -1 (a table: the load unspells every
+ * token of encoder.json and vocab.bpe, on every rank). */
+static int cp_byte(const alphabet_t *a, uint32_t cp)
 {
     if (cp < 256)
         return printable((int)cp) ? (int)cp : -1;
-    if (cp >= 256 + 68)
-        return -1;
-    int k = (int)cp - 256; /* the k-th non-printable byte */
-    for (int c = 0; c < 256; c++)
-        if (!printable(c) && k-- == 0)
-            return c;
-    return -1;
+    return cp < 256 + 68 ? a->shifted[cp - 256] : -1;
 }
 
 /* s for an error line: control characters (a JSON key may hold "\n")
@@ -110,7 +109,7 @@ static int utf8_decode(const unsigned char *s, size_t n, uint32_t *cp)
 /* GPT-2 alphabet text s[0..n) -> bytes (at most n of them) in out;
  * returns the byte count, or -1 (*bad = the offending code point, or
  * UINT32_MAX for invalid UTF-8). */
-static long unspell(const char *s, size_t n, unsigned char *out, uint32_t *bad)
+static long unspell(const alphabet_t *a, const char *s, size_t n, unsigned char *out, uint32_t *bad)
 {
     const unsigned char *u = (const unsigned char *)s;
     long k = 0;
@@ -121,7 +120,7 @@ static long unspell(const char *s, size_t n, unsigned char *out, uint32_t *bad)
             *bad = UINT32_MAX;
             return -1;
         }
-        int byte = cp_byte(cp);
+        int byte = cp_byte(a, cp);
         if (byte < 0) {
             *bad = cp;
             return -1;
@@ -174,7 +173,8 @@ static int merges_scan(merges_t *m, const char *path, char *err, size_t errlen)
 }
 
 /* encoder.json -> ranks 0..n_ranks-1 of b, and the id of <|endoftext|>. */
-static int load_encoder(tok_bpe_t *b, json_t *obj, const char *path, int32_t *eot, char *err, size_t errlen)
+static int load_encoder(tok_bpe_t *b, const alphabet_t *a, json_t *obj, const char *path, int32_t *eot, char *err,
+                        size_t errlen)
 {
     int32_t n_ranks = tok_bpe_n_ranks(b);
     const char *key;
@@ -193,13 +193,17 @@ static int load_encoder(tok_bpe_t *b, json_t *obj, const char *path, int32_t *eo
             *eot = (int32_t)id;
             continue;
         }
+        /* GPT-2's keys are short: the stack holds all of them, so the
+         * 50,257 keys cost no malloc each */
         size_t klen = strlen(key);
-        unsigned char *bytes = malloc(klen + 1);
+        unsigned char small[256];
+        unsigned char *bytes = klen < sizeof small ? small : malloc(klen + 1);
         uint32_t bad = 0;
-        long n = bytes ? unspell(key, klen, bytes, &bad) : -2;
+        long n = bytes ? unspell(a, key, klen, bytes, &bad) : -2;
         int32_t other = -1;
         int rc = n > 0 ? tok_bpe_set(b, (int32_t)id, bytes, (size_t)n, &other) : 0;
-        free(bytes);
+        if (bytes != small)
+            free(bytes);
         if (n == -2 || rc < 0) {
             snprintf(err, errlen, "out of memory reading %s", path);
             return -1;
@@ -240,8 +244,8 @@ static int check_bytes(const tok_bpe_t *b, const alphabet_t *a, const char *path
 }
 
 /* Merge line i ("A B") makes rank 256 + i from two earlier tokens. */
-static int check_merges(const tok_bpe_t *b, const merges_t *m, const char *epath, const char *vpath, char *err,
-                        size_t errlen)
+static int check_merges(const tok_bpe_t *b, const alphabet_t *a, const merges_t *m, const char *epath,
+                        const char *vpath, char *err, size_t errlen)
 {
     const char *p = m->text + m->first, *end = m->text + m->len;
     unsigned char buf[512];
@@ -252,21 +256,27 @@ static int check_merges(const tok_bpe_t *b, const merges_t *m, const char *epath
         int line = m->first_line + (int)i;
         size_t la = (size_t)(sp - p), lb = (size_t)(e - sp - 1);
         uint32_t bad;
-        long na = la < sizeof buf / 2 ? unspell(p, la, buf, &bad) : -1;
-        long nb = lb < sizeof buf / 2 && na > 0 ? unspell(sp + 1, lb, buf + na, &bad) : -1;
+        long na = la < sizeof buf / 2 ? unspell(a, p, la, buf, &bad) : -1;
+        long nb = lb < sizeof buf / 2 && na > 0 ? unspell(a, sp + 1, lb, buf + na, &bad) : -1;
         if (na <= 0 || nb <= 0) {
             snprintf(err, errlen, "%s:%d: a token is not spelled in GPT-2's byte alphabet (or too long): %s", vpath,
                      line, FIX_FETCH);
             return -1;
         }
         int32_t ra = tok_bpe_rank(b, buf, (size_t)na), rb = tok_bpe_rank(b, buf + na, (size_t)nb);
-        int32_t rab = tok_bpe_rank(b, buf, (size_t)(na + nb));
         if (ra < 0 || rb < 0 || ra >= 256 + i || rb >= 256 + i) {
             snprintf(err, errlen, "%s:%d: the merge's two tokens must be in %s with ids below %d: %s", vpath, line,
                      epath, 256 + (int)i, FIX_FETCH);
             return -1;
         }
-        if (rab != 256 + i) {
+        /* Every rank has a token (load_encoder filled n_ranks distinct
+         * ones), so A B has rank 256 + i exactly when rank 256 + i's bytes
+         * are A B: a compare instead of a third hash lookup per merge (the
+         * load is paid by every rank, whatever their number). */
+        size_t tlen;
+        const unsigned char *tok = tok_bpe_token(b, 256 + i, &tlen);
+        if (tlen != (size_t)(na + nb) || memcmp(tok, buf, tlen) != 0) {
+            int32_t rab = tok_bpe_rank(b, buf, (size_t)(na + nb));
             snprintf(err, errlen, "%s:%d: the merged token has id %d in %s, not %d (256 + merge index): %s", vpath,
                      line, (int)rab, epath, 256 + (int)i, FIX_FETCH);
             return -1;
@@ -305,8 +315,8 @@ static int load(tokenizer_t *tk, const char *encoder_json, size_t elen, const ch
     alphabet_t a;
     alphabet_init(&a);
     int32_t eot;
-    if (load_encoder(b, obj, epath, &eot, err, errlen) != 0 || check_bytes(b, &a, epath, err, errlen) != 0 ||
-        check_merges(b, &m, epath, vpath, err, errlen) != 0)
+    if (load_encoder(b, &a, obj, epath, &eot, err, errlen) != 0 || check_bytes(b, &a, epath, err, errlen) != 0 ||
+        check_merges(b, &a, &m, epath, vpath, err, errlen) != 0)
         goto out;
     if (tok_bpe_add_special(b, ENDOFTEXT, eot) != 0) {
         snprintf(err, errlen, "out of memory reading %s", epath);
