@@ -47,7 +47,6 @@ typedef struct trainer {
     int cur_step, bwd_done;
     double loss_sum;
     double embed_comm_s; /* this step's tied-embedding all-reduce */
-    char step_err[512];
     int threads;
     double flops_token; /* model FLOPs per token */
     double peak_gflops; /* per rank; raised to a step's rate when a step beats it */
