@@ -38,6 +38,8 @@ struct ckpt_async {
     ckpt_async_job_t job;
     char dir[4096];
     char path[4096 + 64];
+    /* the writer thread's status and message: kept here because the
+     * thread has no caller to return them to (wait and poll hand them on) */
     int rc;
     char err[AGREE_MSG_MAX];
     double seconds;

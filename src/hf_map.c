@@ -5,23 +5,21 @@
 #include <string.h>
 
 #include "io/llmc_model.h"
+#include "mpi/status.h"
 
 typedef struct map_builder {
     hf_map_t *m;
-    int n, cap, failed;
+    int n, cap;
 } map_builder_t;
 
+/* A new zeroed entry, or NULL when out of memory. */
 static hf_map_t *push(map_builder_t *b)
 {
-    if (b->failed)
-        return NULL;
     if (b->n == b->cap) {
         int cap = b->cap ? 2 * b->cap : 64;
         hf_map_t *nm = realloc(b->m, (size_t)cap * sizeof *nm);
-        if (!nm) {
-            b->failed = 1;
+        if (!nm)
             return NULL;
-        }
         b->m = nm;
         b->cap = cap;
     }
@@ -32,13 +30,14 @@ static hf_map_t *push(map_builder_t *b)
 }
 
 /* dtrain tensor name [d0, d1] (d1 = 0: 1-D) from source src [s0, s1]
- * (s1 = 0: 1-D) at row offset off. */
-static hf_map_t *add(map_builder_t *b, const char *name, int64_t d0, int64_t d1, const char *src, int64_t s0,
-                     int64_t s1, int64_t off, unsigned flags)
+ * (s1 = 0: 1-D) at row offset off; *out (when out is not NULL): the new
+ * entry. STATUS_FAIL when out of memory (hf_map_build says so). */
+static status_t add(map_builder_t *b, const char *name, int64_t d0, int64_t d1, const char *src, int64_t s0, int64_t s1,
+                    int64_t off, unsigned flags, hf_map_t **out)
 {
     hf_map_t *e = push(b);
     if (!e)
-        return NULL;
+        return STATUS_FAIL;
     snprintf(e->name, sizeof e->name, "%s", name);
     snprintf(e->src, sizeof e->src, "%s", src);
     e->ndim = d1 ? 2 : 1;
@@ -49,112 +48,122 @@ static hf_map_t *add(map_builder_t *b, const char *name, int64_t d0, int64_t d1,
     e->src_shape[1] = s1 ? s1 : 1;
     e->off = off;
     e->flags = flags;
-    return e;
+    if (out)
+        *out = e;
+    return STATUS_OK;
 }
 
 /* Hugging Face GPT2LMHeadModel: Conv1D weights [in, out], fused c_attn. */
-static void map_gpt2_hf(map_builder_t *b, const model_config_t *c, const char *p)
+static status_t map_gpt2_hf(map_builder_t *b, const model_config_t *c, const char *p)
 {
     const int64_t C = c->d_model, F = c->d_ff, V = c->vocab_size;
     char d[PARAM_NAME_MAX], s[HF_SRC_NAME_MAX];
 #define SRC(fmt, ...) (snprintf(s, sizeof s, "%s" fmt, p, __VA_ARGS__), s)
 #define DST(fmt, ...) (snprintf(d, sizeof d, fmt, __VA_ARGS__), d)
-    add(b, "wte", V, C, SRC("%s", "wte.weight"), V, C, 0, HF_MAP_VOCAB);
-    add(b, "wpe", c->max_seq, C, SRC("%s", "wpe.weight"), c->max_seq, C, 0, 0);
+    CHECK(add(b, "wte", V, C, SRC("%s", "wte.weight"), V, C, 0, HF_MAP_VOCAB, NULL));
+    CHECK(add(b, "wpe", c->max_seq, C, SRC("%s", "wpe.weight"), c->max_seq, C, 0, 0, NULL));
     for (int l = 0; l < c->n_layer; l++) {
-        add(b, DST("h.%d.ln1.w", l), C, 0, SRC("h.%d.ln_1.weight", l), C, 0, 0, 0);
-        add(b, DST("h.%d.ln1.b", l), C, 0, SRC("h.%d.ln_1.bias", l), C, 0, 0, 0);
+        CHECK(add(b, DST("h.%d.ln1.w", l), C, 0, SRC("h.%d.ln_1.weight", l), C, 0, 0, 0, NULL));
+        CHECK(add(b, DST("h.%d.ln1.b", l), C, 0, SRC("h.%d.ln_1.bias", l), C, 0, 0, 0, NULL));
         static const char qkv[] = "qkv";
         for (int k = 0; k < 3; k++)
-            add(b, DST("h.%d.attn.w%c", l, qkv[k]), C, C, SRC("h.%d.attn.c_attn.weight", l), C, 3 * C, k * C,
-                HF_MAP_TRANSPOSE);
+            CHECK(add(b, DST("h.%d.attn.w%c", l, qkv[k]), C, C, SRC("h.%d.attn.c_attn.weight", l), C, 3 * C, k * C,
+                      HF_MAP_TRANSPOSE, NULL));
         for (int k = 0; k < 3; k++)
-            add(b, DST("h.%d.attn.b%c", l, qkv[k]), C, 0, SRC("h.%d.attn.c_attn.bias", l), 3 * C, 0, k * C, 0);
-        add(b, DST("h.%d.attn.wo", l), C, C, SRC("h.%d.attn.c_proj.weight", l), C, C, 0, HF_MAP_TRANSPOSE);
-        add(b, DST("h.%d.attn.bo", l), C, 0, SRC("h.%d.attn.c_proj.bias", l), C, 0, 0, 0);
-        add(b, DST("h.%d.ln2.w", l), C, 0, SRC("h.%d.ln_2.weight", l), C, 0, 0, 0);
-        add(b, DST("h.%d.ln2.b", l), C, 0, SRC("h.%d.ln_2.bias", l), C, 0, 0, 0);
-        add(b, DST("h.%d.mlp.wfc", l), F, C, SRC("h.%d.mlp.c_fc.weight", l), C, F, 0, HF_MAP_TRANSPOSE);
-        add(b, DST("h.%d.mlp.bfc", l), F, 0, SRC("h.%d.mlp.c_fc.bias", l), F, 0, 0, 0);
-        add(b, DST("h.%d.mlp.wproj", l), C, F, SRC("h.%d.mlp.c_proj.weight", l), F, C, 0, HF_MAP_TRANSPOSE);
-        add(b, DST("h.%d.mlp.bproj", l), C, 0, SRC("h.%d.mlp.c_proj.bias", l), C, 0, 0, 0);
+            CHECK(add(b, DST("h.%d.attn.b%c", l, qkv[k]), C, 0, SRC("h.%d.attn.c_attn.bias", l), 3 * C, 0, k * C, 0,
+                      NULL));
+        CHECK(add(b, DST("h.%d.attn.wo", l), C, C, SRC("h.%d.attn.c_proj.weight", l), C, C, 0, HF_MAP_TRANSPOSE, NULL));
+        CHECK(add(b, DST("h.%d.attn.bo", l), C, 0, SRC("h.%d.attn.c_proj.bias", l), C, 0, 0, 0, NULL));
+        CHECK(add(b, DST("h.%d.ln2.w", l), C, 0, SRC("h.%d.ln_2.weight", l), C, 0, 0, 0, NULL));
+        CHECK(add(b, DST("h.%d.ln2.b", l), C, 0, SRC("h.%d.ln_2.bias", l), C, 0, 0, 0, NULL));
+        CHECK(add(b, DST("h.%d.mlp.wfc", l), F, C, SRC("h.%d.mlp.c_fc.weight", l), C, F, 0, HF_MAP_TRANSPOSE, NULL));
+        CHECK(add(b, DST("h.%d.mlp.bfc", l), F, 0, SRC("h.%d.mlp.c_fc.bias", l), F, 0, 0, 0, NULL));
+        CHECK(
+            add(b, DST("h.%d.mlp.wproj", l), C, F, SRC("h.%d.mlp.c_proj.weight", l), F, C, 0, HF_MAP_TRANSPOSE, NULL));
+        CHECK(add(b, DST("h.%d.mlp.bproj", l), C, 0, SRC("h.%d.mlp.c_proj.bias", l), C, 0, 0, 0, NULL));
     }
-    add(b, "lnf.w", C, 0, SRC("%s", "ln_f.weight"), C, 0, 0, 0);
-    add(b, "lnf.b", C, 0, SRC("%s", "ln_f.bias"), C, 0, 0, 0);
+    CHECK(add(b, "lnf.w", C, 0, SRC("%s", "ln_f.weight"), C, 0, 0, 0, NULL));
+    CHECK(add(b, "lnf.b", C, 0, SRC("%s", "ln_f.bias"), C, 0, 0, 0, NULL));
+    return STATUS_OK;
 }
 
 /* Hugging Face LlamaForCausalLM: nn.Linear [out, in], rotate-half q/k rows. */
-static void map_llama_hf(map_builder_t *b, const model_config_t *c)
+static status_t map_llama_hf(map_builder_t *b, const model_config_t *c)
 {
     const int64_t C = c->d_model, F = c->d_ff, V = c->vocab_size, HS = model_head_size(c);
     const int64_t QD = c->n_head * HS, KVD = c->n_kv_head * HS;
     char d[PARAM_NAME_MAX], s[HF_SRC_NAME_MAX];
     const char *p = "model.";
-    add(b, "tok_emb", V, C, SRC("%s", "embed_tokens.weight"), V, C, 0, HF_MAP_VOCAB);
+    CHECK(add(b, "tok_emb", V, C, SRC("%s", "embed_tokens.weight"), V, C, 0, HF_MAP_VOCAB, NULL));
     for (int l = 0; l < c->n_layer; l++) {
-        add(b, DST("h.%d.ln1.w", l), C, 0, SRC("layers.%d.input_layernorm.weight", l), C, 0, 0, 0);
-        hf_map_t *q =
-            add(b, DST("h.%d.attn.wq", l), QD, C, SRC("layers.%d.self_attn.q_proj.weight", l), QD, C, 0, HF_MAP_ROPE);
-        hf_map_t *k =
-            add(b, DST("h.%d.attn.wk", l), KVD, C, SRC("layers.%d.self_attn.k_proj.weight", l), KVD, C, 0, HF_MAP_ROPE);
-        if (q && k)
-            q->head_size = k->head_size = (int)HS;
-        add(b, DST("h.%d.attn.wv", l), KVD, C, SRC("layers.%d.self_attn.v_proj.weight", l), KVD, C, 0, 0);
-        add(b, DST("h.%d.attn.wo", l), C, QD, SRC("layers.%d.self_attn.o_proj.weight", l), C, QD, 0, 0);
-        add(b, DST("h.%d.ln2.w", l), C, 0, SRC("layers.%d.post_attention_layernorm.weight", l), C, 0, 0, 0);
-        add(b, DST("h.%d.mlp.wgate", l), F, C, SRC("layers.%d.mlp.gate_proj.weight", l), F, C, 0, 0);
-        add(b, DST("h.%d.mlp.wup", l), F, C, SRC("layers.%d.mlp.up_proj.weight", l), F, C, 0, 0);
-        add(b, DST("h.%d.mlp.wproj", l), C, F, SRC("layers.%d.mlp.down_proj.weight", l), C, F, 0, 0);
+        CHECK(add(b, DST("h.%d.ln1.w", l), C, 0, SRC("layers.%d.input_layernorm.weight", l), C, 0, 0, 0, NULL));
+        /* each entry is set before the next add, whose realloc may move it */
+        hf_map_t *e;
+        CHECK(add(b, DST("h.%d.attn.wq", l), QD, C, SRC("layers.%d.self_attn.q_proj.weight", l), QD, C, 0, HF_MAP_ROPE,
+                  &e));
+        e->head_size = (int)HS;
+        CHECK(add(b, DST("h.%d.attn.wk", l), KVD, C, SRC("layers.%d.self_attn.k_proj.weight", l), KVD, C, 0,
+                  HF_MAP_ROPE, &e));
+        e->head_size = (int)HS;
+        CHECK(add(b, DST("h.%d.attn.wv", l), KVD, C, SRC("layers.%d.self_attn.v_proj.weight", l), KVD, C, 0, 0, NULL));
+        CHECK(add(b, DST("h.%d.attn.wo", l), C, QD, SRC("layers.%d.self_attn.o_proj.weight", l), C, QD, 0, 0, NULL));
+        CHECK(
+            add(b, DST("h.%d.ln2.w", l), C, 0, SRC("layers.%d.post_attention_layernorm.weight", l), C, 0, 0, 0, NULL));
+        CHECK(add(b, DST("h.%d.mlp.wgate", l), F, C, SRC("layers.%d.mlp.gate_proj.weight", l), F, C, 0, 0, NULL));
+        CHECK(add(b, DST("h.%d.mlp.wup", l), F, C, SRC("layers.%d.mlp.up_proj.weight", l), F, C, 0, 0, NULL));
+        CHECK(add(b, DST("h.%d.mlp.wproj", l), C, F, SRC("layers.%d.mlp.down_proj.weight", l), C, F, 0, 0, NULL));
     }
-    add(b, "lnf.w", C, 0, SRC("%s", "norm.weight"), C, 0, 0, 0);
-    add(b, "lm_head.w", V, C, "lm_head.weight", V, C, 0, HF_MAP_VOCAB);
+    CHECK(add(b, "lnf.w", C, 0, SRC("%s", "norm.weight"), C, 0, 0, 0, NULL));
+    CHECK(add(b, "lm_head.w", V, C, "lm_head.weight", V, C, 0, HF_MAP_VOCAB, NULL));
 #undef SRC
 #undef DST
+    return STATUS_OK;
 }
 
 /* One llm.c entry: tensor id, layer l of it. */
-static void add_llmc(map_builder_t *b, const char *name, int64_t d0, int64_t d1, int id, int l, int64_t s0, int64_t s1,
-                     int64_t off, unsigned flags)
+static status_t add_llmc(map_builder_t *b, const char *name, int64_t d0, int64_t d1, int id, int l, int64_t s0,
+                         int64_t s1, int64_t off, unsigned flags)
 {
-    hf_map_t *e = add(b, name, d0, d1, llmc_tensor_name((llmc_tensor_t)id), s0, s1, off, flags);
-    if (e) {
-        e->llmc_id = id;
-        e->layer = l;
-    }
+    hf_map_t *e;
+    CHECK(add(b, name, d0, d1, llmc_tensor_name((llmc_tensor_t)id), s0, s1, off, flags, &e));
+    e->llmc_id = id;
+    e->layer = l;
+    return STATUS_OK;
 }
 
 /* llm.c: [out, in] like dtrain, layer-stacked, fused qkv rows, Vp rows of wte. */
-static void map_llmc(map_builder_t *b, const model_config_t *c)
+static status_t map_llmc(map_builder_t *b, const model_config_t *c)
 {
     const int64_t C = c->d_model, F = c->d_ff, V = c->vocab_size, Vp = (V + 127) / 128 * 128;
     char d[PARAM_NAME_MAX];
-    add_llmc(b, "wte", V, C, LLMC_WTE, 0, Vp, C, 0, HF_MAP_VOCAB);
-    add_llmc(b, "wpe", c->max_seq, C, LLMC_WPE, 0, c->max_seq, C, 0, 0);
+    CHECK(add_llmc(b, "wte", V, C, LLMC_WTE, 0, Vp, C, 0, HF_MAP_VOCAB));
+    CHECK(add_llmc(b, "wpe", c->max_seq, C, LLMC_WPE, 0, c->max_seq, C, 0, 0));
     for (int l = 0; l < c->n_layer; l++) {
         static const char qkv[] = "qkv";
 #define D(fmt) (snprintf(d, sizeof d, "h.%d." fmt, l), d)
-        add_llmc(b, D("ln1.w"), C, 0, LLMC_LN1W, l, C, 0, 0, 0);
-        add_llmc(b, D("ln1.b"), C, 0, LLMC_LN1B, l, C, 0, 0, 0);
+        CHECK(add_llmc(b, D("ln1.w"), C, 0, LLMC_LN1W, l, C, 0, 0, 0));
+        CHECK(add_llmc(b, D("ln1.b"), C, 0, LLMC_LN1B, l, C, 0, 0, 0));
         for (int k = 0; k < 3; k++) {
             snprintf(d, sizeof d, "h.%d.attn.w%c", l, qkv[k]);
-            add_llmc(b, d, C, C, LLMC_QKVW, l, 3 * C, C, k * C, 0);
+            CHECK(add_llmc(b, d, C, C, LLMC_QKVW, l, 3 * C, C, k * C, 0));
         }
         for (int k = 0; k < 3; k++) {
             snprintf(d, sizeof d, "h.%d.attn.b%c", l, qkv[k]);
-            add_llmc(b, d, C, 0, LLMC_QKVB, l, 3 * C, 0, k * C, 0);
+            CHECK(add_llmc(b, d, C, 0, LLMC_QKVB, l, 3 * C, 0, k * C, 0));
         }
-        add_llmc(b, D("attn.wo"), C, C, LLMC_ATTPROJW, l, C, C, 0, 0);
-        add_llmc(b, D("attn.bo"), C, 0, LLMC_ATTPROJB, l, C, 0, 0, 0);
-        add_llmc(b, D("ln2.w"), C, 0, LLMC_LN2W, l, C, 0, 0, 0);
-        add_llmc(b, D("ln2.b"), C, 0, LLMC_LN2B, l, C, 0, 0, 0);
-        add_llmc(b, D("mlp.wfc"), F, C, LLMC_FCW, l, F, C, 0, 0);
-        add_llmc(b, D("mlp.bfc"), F, 0, LLMC_FCB, l, F, 0, 0, 0);
-        add_llmc(b, D("mlp.wproj"), C, F, LLMC_FCPROJW, l, C, F, 0, 0);
-        add_llmc(b, D("mlp.bproj"), C, 0, LLMC_FCPROJB, l, C, 0, 0, 0);
+        CHECK(add_llmc(b, D("attn.wo"), C, C, LLMC_ATTPROJW, l, C, C, 0, 0));
+        CHECK(add_llmc(b, D("attn.bo"), C, 0, LLMC_ATTPROJB, l, C, 0, 0, 0));
+        CHECK(add_llmc(b, D("ln2.w"), C, 0, LLMC_LN2W, l, C, 0, 0, 0));
+        CHECK(add_llmc(b, D("ln2.b"), C, 0, LLMC_LN2B, l, C, 0, 0, 0));
+        CHECK(add_llmc(b, D("mlp.wfc"), F, C, LLMC_FCW, l, F, C, 0, 0));
+        CHECK(add_llmc(b, D("mlp.bfc"), F, 0, LLMC_FCB, l, F, 0, 0, 0));
+        CHECK(add_llmc(b, D("mlp.wproj"), C, F, LLMC_FCPROJW, l, C, F, 0, 0));
+        CHECK(add_llmc(b, D("mlp.bproj"), C, 0, LLMC_FCPROJB, l, C, 0, 0, 0));
 #undef D
     }
-    add_llmc(b, "lnf.w", C, 0, LLMC_LNFW, 0, C, 0, 0, 0);
-    add_llmc(b, "lnf.b", C, 0, LLMC_LNFB, 0, C, 0, 0, 0);
+    CHECK(add_llmc(b, "lnf.w", C, 0, LLMC_LNFW, 0, C, 0, 0, 0));
+    CHECK(add_llmc(b, "lnf.b", C, 0, LLMC_LNFB, 0, C, 0, 0, 0));
+    return STATUS_OK;
 }
 
 int hf_map_build(const model_config_t *c, hf_format_t fmt, const char *prefix, hf_map_t **out, int *n_out, char *err,
@@ -168,13 +177,10 @@ int hf_map_build(const model_config_t *c, hf_format_t fmt, const char *prefix, h
                  model_arch_name(c->arch), c->d_ff);
         return -1;
     }
-    if (fmt == HF_FMT_LLMC)
-        map_llmc(&b, c);
-    else if (c->arch == ARCH_GPT2)
-        map_gpt2_hf(&b, c, prefix ? prefix : "");
-    else
-        map_llama_hf(&b, c);
-    if (b.failed) {
+    const status_t st = fmt == HF_FMT_LLMC     ? map_llmc(&b, c)
+                        : c->arch == ARCH_GPT2 ? map_gpt2_hf(&b, c, prefix ? prefix : "")
+                                               : map_llama_hf(&b, c);
+    if (st != STATUS_OK) {
         free(b.m);
         snprintf(err, errlen, "out of memory building the tensor map");
         return -1;

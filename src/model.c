@@ -19,15 +19,14 @@ static int fc_width(const model_t *m) { return (m->cfg.arch == ARCH_LLAMA ? 2 : 
 /* Residual-stream rows this rank holds for n tokens. */
 static int res_rows(const model_t *m, int n) { return m->lay.sequence_parallel ? n / tp_size(m) : n; }
 
-/* ---- TP collectives: a failure is remembered, later ones skipped ------------------ */
+/* ---- TP collectives: the first failure ends the pass ----------------------------- */
 
-static int tp_active(const model_t *m) { return tp_size(m) > 1 && !m->failed; }
+static int tp_active(const model_t *m) { return tp_size(m) > 1; }
 
-/* msg: the communicator's message */
-static void tp_fail(model_t *m, const char *msg)
+/* cerr: the communicator's message */
+static status_t tp_fail(const char *cerr, char *err, size_t errlen)
 {
-    m->failed = 1;
-    snprintf(m->err, sizeof m->err, "tensor-parallel collective failed: %.400s", msg);
+    return status_set(STATUS_FAIL, err, errlen, "tensor-parallel collective failed: %.400s", cerr);
 }
 
 /* Each blocks until the group is done: exposed communication, timed. The
@@ -35,42 +34,42 @@ static void tp_fail(model_t *m, const char *msg)
  * kernels still running count as compute, not as communication. */
 
 /* Sum of the partial results of a row-parallel matmul, in place. */
-static void tp_allreduce(model_t *m, float *buf, size_t n, comm_op_t op)
+static status_t tp_allreduce(model_t *m, float *buf, size_t n, comm_op_t op, char *err, size_t errlen)
 {
     if (!tp_active(m))
-        return;
+        return STATUS_OK;
     m->ops->sync(m->ops->ctx);
     double t0 = trace_now();
     char cerr[COMM_ERR_MAX];
-    if (m->lay.tp->ops->allreduce(m->lay.tp, buf, n, COMM_FP32, op, cerr, sizeof cerr) != STATUS_OK)
-        tp_fail(m, cerr);
+    int rc = m->lay.tp->ops->allreduce(m->lay.tp, buf, n, COMM_FP32, op, cerr, sizeof cerr);
     m->tp_comm_s += trace_now() - t0;
+    return rc != 0 ? tp_fail(cerr, err, errlen) : STATUS_OK;
 }
 
 /* all[P*n_each] = every rank's rows in rank order */
-static void tp_allgather(model_t *m, float *all, const float *mine, size_t n_each)
+static status_t tp_allgather(model_t *m, float *all, const float *mine, size_t n_each, char *err, size_t errlen)
 {
     if (!tp_active(m))
-        return;
+        return STATUS_OK;
     m->ops->sync(m->ops->ctx);
     double t0 = trace_now();
     char cerr[COMM_ERR_MAX];
-    if (m->lay.tp->ops->allgather(m->lay.tp, mine, all, n_each, COMM_FP32, cerr, sizeof cerr) != STATUS_OK)
-        tp_fail(m, cerr);
+    int rc = m->lay.tp->ops->allgather(m->lay.tp, mine, all, n_each, COMM_FP32, cerr, sizeof cerr);
     m->tp_comm_s += trace_now() - t0;
+    return rc != 0 ? tp_fail(cerr, err, errlen) : STATUS_OK;
 }
 
 /* mine[n_each] = sum over ranks of rows [r*n_each, (r+1)*n_each) of all */
-static void tp_reduce_scatter(model_t *m, float *mine, const float *all, size_t n_each)
+static status_t tp_reduce_scatter(model_t *m, float *mine, const float *all, size_t n_each, char *err, size_t errlen)
 {
     if (!tp_active(m))
-        return;
+        return STATUS_OK;
     m->ops->sync(m->ops->ctx);
     double t0 = trace_now();
     char cerr[COMM_ERR_MAX];
-    if (m->lay.tp->ops->reduce_scatter(m->lay.tp, all, mine, n_each, COMM_FP32, cerr, sizeof cerr) != STATUS_OK)
-        tp_fail(m, cerr);
+    int rc = m->lay.tp->ops->reduce_scatter(m->lay.tp, all, mine, n_each, COMM_FP32, cerr, sizeof cerr);
     m->tp_comm_s += trace_now() - t0;
+    return rc != 0 ? tp_fail(cerr, err, errlen) : STATUS_OK;
 }
 
 /* A compute span from t0 to now on the trace (no-op without --trace):
@@ -604,20 +603,15 @@ void model_params_to_host(const model_t *m, float *host)
 /* ---- forward --------------------------------------------------------------------------- */
 
 /* ZeRO-3: points block i's parameter tensors at the buffer the lender
- * gathered them into. Returns 0, or -1 with m->failed set. */
-static int lend_params(model_t *m, int i, int next)
+ * gathered them into. */
+static status_t lend_params(model_t *m, int i, int next, char *err, size_t errlen)
 {
     if (!m->lay.lent_block_params)
-        return 0;
-    if (m->failed)
-        return -1;
+        return STATUS_OK;
     float *base = m->hook.block_params ? m->hook.block_params(m->hook.ctx, i, next) : NULL;
-    if (!base || map_block(m, base, m->layer_start[i], i, &m->p.h[i]) != 0) {
-        snprintf(m->err, sizeof m->err, "no parameters for block %d (all-gather failed)", i);
-        m->failed = 1;
-        return -1;
-    }
-    return 0;
+    if (!base || map_block(m, base, m->layer_start[i], i, &m->p.h[i]) != 0)
+        return status_set(STATUS_FAIL, err, errlen, "no parameters for block %d (all-gather failed)", i);
+    return STATUS_OK;
 }
 
 void model_params_written(model_t *m) { m->params16_stale = 1; }
@@ -724,8 +718,8 @@ static void mm_dgelu_bwd(model_t *m, float *din, float *dw, float *db, const flo
 
 /* Norm of this rank's NR rows of x, then all N rows of the result in
  * out[N,C] (gathered under sequence parallelism). */
-static void norm_fwd_gather(model_t *m, float *out, float *mean, float *rstd, const float *x, const float *w,
-                            const float *b, int N, int NR)
+static status_t norm_fwd_gather(model_t *m, float *out, float *mean, float *rstd, const float *x, const float *w,
+                                const float *b, int N, int NR, char *err, size_t errlen)
 {
     const model_config_t *c = &m->cfg;
     const int C = c->d_model;
@@ -734,27 +728,27 @@ static void norm_fwd_gather(model_t *m, float *out, float *mean, float *rstd, co
         m->ops->layernorm_fwd(m->ops->ctx, dst, mean, rstd, x, w, b, NR, C, c->norm_eps);
     else
         m->ops->rmsnorm_fwd(m->ops->ctx, dst, rstd, x, w, NR, C, c->norm_eps);
-    if (m->lay.sequence_parallel)
-        tp_allgather(m, out, m->lnr, (size_t)NR * C);
     (void)N;
+    return m->lay.sequence_parallel ? tp_allgather(m, out, m->lnr, (size_t)NR * C, err, errlen) : STATUS_OK;
 }
 
 /* out[NR,C] = res[NR,C] + (in[N,IC] . w^T + b) summed over TP ranks: the
  * row-parallel matmul (bias added once, by TP rank 0), then the
  * all-reduce, or the reduce-scatter to this rank's rows. */
-static void row_parallel_fwd(model_t *m, float *out, const float *res, const float *in, uint16_t *keep16,
-                             const float *w, const float *b, int N, int NR, int IC)
+static status_t row_parallel_fwd(model_t *m, float *out, const float *res, const float *in, uint16_t *keep16,
+                                 const float *w, const float *b, int N, int NR, int IC, char *err, size_t errlen)
 {
     const int C = m->cfg.d_model;
     const float *bias = m->lay.part.tp_rank == 0 ? b : NULL;
     if (m->lay.sequence_parallel) {
         mm_fwd(m, m->tmp, in, keep16, w, bias, N, IC, C);
-        tp_reduce_scatter(m, out, m->tmp, (size_t)NR * C);
+        CHECK(tp_reduce_scatter(m, out, m->tmp, (size_t)NR * C, err, errlen));
     } else {
         mm_fwd(m, out, in, keep16, w, bias, N, IC, C);
-        tp_allreduce(m, out, (size_t)N * C, COMM_SUM);
+        CHECK(tp_allreduce(m, out, (size_t)N * C, COMM_SUM, err, errlen));
     }
     m->ops->add(m->ops->ctx, out, out, res, (size_t)NR * C);
+    return STATUS_OK;
 }
 
 /* The tensors block i of slot sl is computed into and its backward reads:
@@ -780,8 +774,8 @@ static const int32_t *slot_pos(const model_slot_t *sl) { return sl->has_pos ? sl
  * function: what backward needs, without the MLP's output projection and
  * its collective (which every TP rank then skips alike). pos: the slot's
  * document positions, or NULL. */
-static void block_fwd(model_t *m, const block_acts_t *a, const int32_t *pos, const float *x, float *xout, int i, int b,
-                      int t)
+static status_t block_fwd(model_t *m, const block_acts_t *a, const int32_t *pos, const float *x, float *xout, int i,
+                          int b, int t, char *err, size_t errlen)
 {
     const ops_t *o = m->ops;
     const model_config_t *c = &m->cfg;
@@ -794,14 +788,14 @@ static void block_fwd(model_t *m, const block_acts_t *a, const int32_t *pos, con
     float *ln1 = a->ln1_16 ? m->dln : a->ln1, *ln2 = a->ln2_16 ? m->dln : a->ln2;
     float *act = a->fc_act16 ? m->dbig : a->fc_act;
     /* attention sub-block: res2 = x + wo . attn(norm1(x)) */
-    norm_fwd_gather(m, ln1, a->ln1_mean, a->ln1_rstd, x, w->ln1w, w->ln1b, N, NR);
+    CHECK(norm_fwd_gather(m, ln1, a->ln1_mean, a->ln1_rstd, x, w->ln1w, w->ln1b, N, NR, err, errlen));
     mm_fwd(m, a->qkv, ln1, a->ln1_16, w->wqkv, w->bqkv, N, C, qkv_width(m));
     if (c->arch == ARCH_LLAMA)
         o->rope_fwd(o->ctx, a->qkv, pos, b, t, NH, NKV, HS, c->rope_theta);
     o->attention_fwd(o->ctx, a->atty, a->lse, a->qkv, pos, b, t, NH, NKV, HS);
-    row_parallel_fwd(m, a->res2, x, a->atty, NULL, w->wo, w->bo, N, NR, QD);
+    CHECK(row_parallel_fwd(m, a->res2, x, a->atty, NULL, w->wo, w->bo, N, NR, QD, err, errlen));
     /* MLP sub-block: xout = res2 + wproj . act(fc(norm2(res2))) */
-    norm_fwd_gather(m, ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2w, w->ln2b, N, NR);
+    CHECK(norm_fwd_gather(m, ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2w, w->ln2b, N, NR, err, errlen));
     /* GPT-2's GELU rides on the fc GEMM, except under selective recompute,
      * whose backward recomputes it with gelu_fwd: the forward uses the same
      * op, so that both give the same bits on every backend */
@@ -817,34 +811,37 @@ static void block_fwd(model_t *m, const block_acts_t *a, const int32_t *pos, con
     /* xout is NULL only under full recompute, whose view keeps fc_act in
      * fp32 (dbig2), so fc_act16 never misses its copy */
     if (xout)
-        row_parallel_fwd(m, xout, a->res2, act, a->fc_act16, w->wproj, w->bproj, N, NR, F);
+        CHECK(row_parallel_fwd(m, xout, a->res2, act, a->fc_act16, w->wproj, w->bproj, N, NR, F, err, errlen));
+    return STATUS_OK;
 }
 
 /* x0[NR,C] = embeddings of the tokens: each TP rank looks up the tokens of
  * its vocabulary slice (others give 0) and the ranks' rows are summed. */
-static void embed_fwd(model_t *m, model_slot_t *sl, int b, int t)
+static status_t embed_fwd(model_t *m, model_slot_t *sl, int b, int t, char *err, size_t errlen)
 {
     const int N = b * t, NR = res_rows(m, N), C = m->cfg.d_model;
     const float *wpe = m->lay.part.tp_rank == 0 ? m->p.wpe : NULL; /* added once */
     if (m->lay.sequence_parallel) {
         m->ops->embedding_fwd(m->ops->ctx, m->tmp, sl->tokens, slot_pos(sl), m->p.wte, wpe, N, t, C, m->v0, m->v_held);
-        tp_reduce_scatter(m, sl->x, m->tmp, (size_t)NR * C);
-    } else {
-        m->ops->embedding_fwd(m->ops->ctx, sl->x, sl->tokens, slot_pos(sl), m->p.wte, wpe, N, t, C, m->v0, m->v_held);
-        tp_allreduce(m, sl->x, (size_t)N * C, COMM_SUM);
+        return tp_reduce_scatter(m, sl->x, m->tmp, (size_t)NR * C, err, errlen);
     }
+    m->ops->embedding_fwd(m->ops->ctx, sl->x, sl->tokens, slot_pos(sl), m->p.wte, wpe, N, t, C, m->v0, m->v_held);
+    return tp_allreduce(m, sl->x, (size_t)N * C, COMM_SUM, err, errlen);
 }
 
-/* Final norm, vocabulary-parallel head and cross-entropy (last stage). */
-static float head_fwd(model_t *m, model_slot_t *sl, const int32_t *targets, int b, int t, float dloss)
+/* Final norm, vocabulary-parallel head and cross-entropy (last stage):
+ * *loss as model_forward's. */
+static status_t head_fwd(model_t *m, model_slot_t *sl, const int32_t *targets, int b, int t, float dloss, float *loss,
+                         char *err, size_t errlen)
 {
     const ops_t *o = m->ops;
     const int N = b * t, NR = res_rows(m, N), C = m->cfg.d_model, Vl = m->v_rows;
     const float *xL = sl->x + (size_t)m->n_local * NR * C;
-    norm_fwd_gather(m, sl->lnf, sl->lnf_mean, sl->lnf_rstd, xL, m->p.lnfw, m->p.lnfb, N, NR);
+    *loss = 0.0f;
+    CHECK(norm_fwd_gather(m, sl->lnf, sl->lnf_mean, sl->lnf_rstd, xL, m->p.lnfw, m->p.lnfb, N, NR, err, errlen));
     mm_fwd(m, sl->logits, sl->lnf, NULL, m->p.head, NULL, N, C, Vl);
     if (!targets)
-        return 0.0f;
+        return STATUS_OK;
     /* The loss is the mean over the targets that count (>= 0); the
      * gradient must be of that same mean. */
     int counted = 0;
@@ -853,27 +850,28 @@ static float head_fwd(model_t *m, model_slot_t *sl, const int32_t *targets, int 
     o->from_host(o->ctx, sl->targets, targets, (size_t)N * sizeof(int32_t));
     float *dlogits = dloss > 0 ? sl->logits : NULL;
     o->xent_max(o->ctx, sl->xmax, sl->logits, N, m->v_held, Vl);
-    tp_allreduce(m, sl->xmax, (size_t)N, COMM_MAX);
+    CHECK(tp_allreduce(m, sl->xmax, (size_t)N, COMM_MAX, err, errlen));
     o->xent_sumexp(o->ctx, sl->xstats, dlogits, sl->logits, sl->xmax, sl->targets, m->v0, N, m->v_held, Vl);
-    tp_allreduce(m, sl->xstats, 2 * (size_t)N, COMM_SUM);
+    CHECK(tp_allreduce(m, sl->xstats, 2 * (size_t)N, COMM_SUM, err, errlen));
     o->xent_finish(o->ctx, sl->losses, dlogits, sl->xmax, sl->xstats, sl->targets, m->v0, N, m->v_held, Vl,
                    counted ? dloss / (float)counted : 0.0f);
     sl->has_dlogits = dloss > 0;
     /* reduced on the host in double, in a fixed order */
     float *host = malloc((size_t)N * sizeof(float));
     if (!host)
-        return NAN;
+        return status_set(STATUS_FAIL, err, errlen, "out of memory for the losses of %d tokens", N);
     o->to_host(o->ctx, host, sl->losses, (size_t)N * sizeof(float));
     double sum = 0.0;
     for (int i = 0; i < N; i++)
         if (targets[i] >= 0)
             sum += host[i];
     free(host);
-    return counted ? (float)(sum / counted) : 0.0f;
+    *loss = counted ? (float)(sum / counted) : 0.0f;
+    return STATUS_OK;
 }
 
-float model_forward(model_t *m, int slot, const int32_t *tokens, const int32_t *pos, const int32_t *targets, int b,
-                    int t, float dloss)
+status_t model_forward(model_t *m, int slot, const int32_t *tokens, const int32_t *pos, const int32_t *targets, int b,
+                       int t, float dloss, float *loss, char *err, size_t errlen)
 {
     model_slot_t *sl = &m->slots[slot];
     const int N = b * t;
@@ -881,82 +879,79 @@ float model_forward(model_t *m, int slot, const int32_t *tokens, const int32_t *
     sl->t = t;
     sl->has_dlogits = 0;
     sl->has_pos = pos != NULL;
-    if (pos && !sl->pos) {
-        snprintf(m->err, sizeof m->err, "internal error: document positions without a --doc-mask layout");
-        m->failed = 1;
-        return NAN;
-    }
+    *loss = 0.0f;
+    if (pos && !sl->pos)
+        return status_set(STATUS_FAIL, err, errlen, "internal error: document positions without a --doc-mask layout");
     if (pos)
         m->ops->from_host(m->ops->ctx, sl->pos, pos, (size_t)N * sizeof(int32_t));
     double t0 = span_start(m);
     if (m->lay.part.has_embed) {
         m->ops->from_host(m->ops->ctx, sl->tokens, tokens, (size_t)N * sizeof(int32_t));
-        embed_fwd(m, sl, b, t);
+        CHECK(embed_fwd(m, sl, b, t, err, errlen));
         span_end(m, "fwd embed", -1, t0);
     }
     const size_t nrc = model_stage_floats(m, b, t);
     for (int i = 0; i < m->n_local; i++) {
-        if (lend_params(m, i, i + 1 < m->n_local ? i + 1 : -1) != 0)
-            return NAN;
+        CHECK(lend_params(m, i, i + 1 < m->n_local ? i + 1 : -1, err, errlen));
         t0 = span_start(m);
         const block_acts_t a = block_view(m, sl, i);
-        block_fwd(m, &a, slot_pos(sl), sl->x + (size_t)i * nrc, sl->x + (size_t)(i + 1) * nrc, i, b, t);
+        CHECK(block_fwd(m, &a, slot_pos(sl), sl->x + (size_t)i * nrc, sl->x + (size_t)(i + 1) * nrc, i, b, t, err,
+                        errlen));
         span_end(m, "fwd", m->lay.part.layer_begin + i, t0);
     }
-    float loss = 0.0f;
     if (m->lay.part.has_head) {
         t0 = span_start(m);
-        loss = head_fwd(m, sl, targets, b, t, dloss);
+        CHECK(head_fwd(m, sl, targets, b, t, dloss, loss, err, errlen));
         span_end(m, "fwd head", -1, t0);
     }
-    return m->failed ? NAN : loss;
+    return STATUS_OK;
 }
 
 /* ---- backward -------------------------------------------------------------------------- */
 
-/* All N rows of dres (the residual gradient) for a row-parallel matmul's
- * backward: dres itself, or its all-gather under sequence parallelism. */
-static const float *dres_all_rows(model_t *m, int N, int NR)
+/* *rows: all N rows of dres (the residual gradient) for a row-parallel
+ * matmul's backward: dres itself, or its all-gather under sequence
+ * parallelism (into dfull). */
+static status_t dres_all_rows(model_t *m, int NR, const float **rows, char *err, size_t errlen)
 {
+    *rows = m->lay.sequence_parallel ? m->dfull : m->dres;
     if (!m->lay.sequence_parallel)
-        return m->dres;
-    tp_allgather(m, m->dfull, m->dres, (size_t)NR * m->cfg.d_model);
-    (void)N;
-    return m->dfull;
+        return STATUS_OK;
+    return tp_allgather(m, m->dfull, m->dres, (size_t)NR * m->cfg.d_model, err, errlen);
 }
 
 /* dln[N,C] holds this rank's partial dL/d(norm output) from a
  * column-parallel matmul: sum it over TP ranks and add the norm's backward
  * into dres (this rank's rows). */
-static void norm_bwd_reduce(model_t *m, float *dw, float *db, const float *x, const float *w, const float *mean,
-                            const float *rstd, int N, int NR, int accum)
+static status_t norm_bwd_reduce(model_t *m, float *dw, float *db, const float *x, const float *w, const float *mean,
+                                const float *rstd, int N, int NR, int accum, char *err, size_t errlen)
 {
     const int C = m->cfg.d_model;
     const float *dout = m->dln;
     if (m->lay.sequence_parallel) {
-        tp_reduce_scatter(m, m->dlnr, m->dln, (size_t)NR * C);
+        CHECK(tp_reduce_scatter(m, m->dlnr, m->dln, (size_t)NR * C, err, errlen));
         dout = m->dlnr;
     } else {
-        tp_allreduce(m, m->dln, (size_t)N * C, COMM_SUM);
+        CHECK(tp_allreduce(m, m->dln, (size_t)N * C, COMM_SUM, err, errlen));
     }
     if (m->cfg.arch == ARCH_GPT2)
         m->ops->layernorm_bwd(m->ops->ctx, m->dres, dw, db, dout, x, w, mean, rstd, NR, C, accum);
     else
         m->ops->rmsnorm_bwd(m->ops->ctx, m->dres, dw, dout, x, w, rstd, NR, C, accum);
+    return STATUS_OK;
 }
 
 /* Under sequence parallelism a norm's weight (and bias) gradient is this
  * rank's rows' part: summed over TP once the step's last microbatch is in. */
-static void norm_grads_reduce(model_t *m, float *dw, float *db, int last)
+static status_t norm_grads_reduce(model_t *m, float *dw, float *db, int last, char *err, size_t errlen)
 {
     if (!m->lay.sequence_parallel || !last)
-        return;
-    tp_allreduce(m, dw, (size_t)m->cfg.d_model, COMM_SUM);
-    if (db)
-        tp_allreduce(m, db, (size_t)m->cfg.d_model, COMM_SUM);
+        return STATUS_OK;
+    CHECK(tp_allreduce(m, dw, (size_t)m->cfg.d_model, COMM_SUM, err, errlen));
+    return db ? tp_allreduce(m, db, (size_t)m->cfg.d_model, COMM_SUM, err, errlen) : STATUS_OK;
 }
 
-static void block_bwd(model_t *m, model_slot_t *sl, int i, int accum, int last)
+static status_t block_bwd(model_t *m, model_slot_t *sl, int i, int accum, int last, char *err, size_t errlen)
 {
     const ops_t *o = m->ops;
     const model_config_t *c = &m->cfg;
@@ -971,7 +966,7 @@ static void block_bwd(model_t *m, model_slot_t *sl, int i, int accum, int last)
     /* recompute what the slot dropped, with the forward's kernels on the
      * forward's inputs: the same bits */
     if (rc == MODEL_RECOMPUTE_FULL)
-        block_fwd(m, a, slot_pos(sl), x, NULL, i, b, t);
+        CHECK(block_fwd(m, a, slot_pos(sl), x, NULL, i, b, t, err, errlen));
     else if (rc == MODEL_RECOMPUTE_SELECTIVE && gpt)
         o->gelu_fwd(o->ctx, a->fc_act, a->fc, (size_t)N * F);
     else if (rc == MODEL_RECOMPUTE_SELECTIVE)
@@ -981,86 +976,97 @@ static void block_bwd(model_t *m, model_slot_t *sl, int i, int accum, int last)
      * comes out of the proj GEMM's DGELU epilogue (dbig, which fc_act
      * never is), SwiGLU's from its own kernel */
     float *dfc = gpt ? m->dbig : m->dbig2;
+    const float *dout;
+    CHECK(dres_all_rows(m, NR, &dout, err, errlen));
     if (gpt) {
-        mm_dgelu_bwd(m, dfc, g->wproj, g->bproj, dres_all_rows(m, N, NR), a->fc_act, a->fc_act16, a->fc, w->wproj, N, F,
-                     C, accum);
+        mm_dgelu_bwd(m, dfc, g->wproj, g->bproj, dout, a->fc_act, a->fc_act16, a->fc, w->wproj, N, F, C, accum);
     } else {
-        mm_bwd(m, m->dbig, g->wproj, g->bproj, dres_all_rows(m, N, NR), a->fc_act, a->fc_act16, w->wproj, N, F, C, 0,
-               accum);
+        mm_bwd(m, m->dbig, g->wproj, g->bproj, dout, a->fc_act, a->fc_act16, w->wproj, N, F, C, 0, accum);
         o->swiglu_bwd(o->ctx, dfc, a->fc, m->dbig, N, F);
     }
     mm_bwd(m, m->dln, g->wfc, g->bfc, dfc, a->ln2, a->ln2_16, w->wfc, N, C, fc_width(m), 0, accum);
-    norm_bwd_reduce(m, g->ln2w, g->ln2b, a->res2, w->ln2w, a->ln2_mean, a->ln2_rstd, N, NR, accum);
+    CHECK(norm_bwd_reduce(m, g->ln2w, g->ln2b, a->res2, w->ln2w, a->ln2_mean, a->ln2_rstd, N, NR, accum, err, errlen));
     /* attention: dres becomes dL/dx */
-    mm_bwd(m, m->dbig, g->wo, g->bo, dres_all_rows(m, N, NR), a->atty, NULL, w->wo, N, QD, C, 0, accum);
+    CHECK(dres_all_rows(m, NR, &dout, err, errlen));
+    mm_bwd(m, m->dbig, g->wo, g->bo, dout, a->atty, NULL, w->wo, N, QD, C, 0, accum);
     o->attention_bwd(o->ctx, m->dbig2, m->dbig, a->qkv, a->atty, a->lse, slot_pos(sl), b, t, NH, NKV, HS);
     if (!gpt)
         o->rope_bwd(o->ctx, m->dbig2, slot_pos(sl), b, t, NH, NKV, HS, c->rope_theta);
     mm_bwd(m, m->dln, g->wqkv, g->bqkv, m->dbig2, a->ln1, a->ln1_16, w->wqkv, N, C, qkv_width(m), 0, accum);
-    norm_bwd_reduce(m, g->ln1w, g->ln1b, x, w->ln1w, a->ln1_mean, a->ln1_rstd, N, NR, accum);
-    norm_grads_reduce(m, g->ln1w, g->ln1b, last);
-    norm_grads_reduce(m, g->ln2w, g->ln2b, last);
+    CHECK(norm_bwd_reduce(m, g->ln1w, g->ln1b, x, w->ln1w, a->ln1_mean, a->ln1_rstd, N, NR, accum, err, errlen));
+    CHECK(norm_grads_reduce(m, g->ln1w, g->ln1b, last, err, errlen));
+    return norm_grads_reduce(m, g->ln2w, g->ln2b, last, err, errlen);
 }
 
-int model_backward(model_t *m, int slot, int accum, int last)
+/* Last stage: the output head's and final norm's backward, from the
+ * slot's dlogits; dres then holds dL/d(the last block's output). */
+static status_t head_bwd(model_t *m, model_slot_t *sl, int accum, int last, char *err, size_t errlen)
+{
+    const ops_t *o = m->ops;
+    const int N = sl->b * sl->t, NR = res_rows(m, N), C = m->cfg.d_model;
+    if (!sl->has_dlogits)
+        return status_set(STATUS_FAIL, err, errlen, "internal error: backward without a training forward");
+    double t0 = span_start(m);
+    /* output head and final norm; dres accumulates dL/dx from here down */
+    mm_bwd(m, m->dln, m->g.head, NULL, sl->logits, sl->lnf, NULL, m->p.head, N, C, m->v_rows, 0, accum);
+    o->zero(o->ctx, m->dres, (size_t)NR * C * sizeof(float));
+    const float *xL = sl->x + (size_t)m->n_local * NR * C;
+    CHECK(
+        norm_bwd_reduce(m, m->g.lnfw, m->g.lnfb, xL, m->p.lnfw, sl->lnf_mean, sl->lnf_rstd, N, NR, accum, err, errlen));
+    CHECK(norm_grads_reduce(m, m->g.lnfw, m->g.lnfb, last, err, errlen));
+    sl->has_dlogits = 0;
+    span_end(m, "bwd head", -1, t0);
+    return STATUS_OK;
+}
+
+/* First stage: the embeddings' backward from dres. GPT-2's wte gradient
+ * already holds the output head's part when the head is on this stage,
+ * so the embedding adds to it; wpe is cleared here on the first
+ * microbatch. */
+static status_t embed_bwd(model_t *m, model_slot_t *sl, int accum, char *err, size_t errlen)
 {
     const ops_t *o = m->ops;
     const model_config_t *c = &m->cfg;
-    const int gpt = c->arch == ARCH_GPT2;
-    model_slot_t *sl = &m->slots[slot];
-    const int t = sl->t, N = sl->b * t, NR = res_rows(m, N), C = c->d_model;
+    const int gpt = c->arch == ARCH_GPT2, t = sl->t, N = sl->b * t, NR = res_rows(m, N), C = c->d_model;
+    const int wte_has_head = gpt && m->lay.part.has_head;
     double t0 = span_start(m);
-    if (m->lay.part.has_head) {
-        if (!sl->has_dlogits) {
-            snprintf(m->err, sizeof m->err, "internal error: backward without a training forward");
-            return -1;
-        }
-        /* output head and final norm; dres accumulates dL/dx from here down */
-        mm_bwd(m, m->dln, m->g.head, NULL, sl->logits, sl->lnf, NULL, m->p.head, N, C, m->v_rows, 0, accum);
-        o->zero(o->ctx, m->dres, (size_t)NR * C * sizeof(float));
-        const float *xL = sl->x + (size_t)m->n_local * NR * C;
-        norm_bwd_reduce(m, m->g.lnfw, m->g.lnfb, xL, m->p.lnfw, sl->lnf_mean, sl->lnf_rstd, N, NR, accum);
-        norm_grads_reduce(m, m->g.lnfw, m->g.lnfb, last);
-        sl->has_dlogits = 0;
-        span_end(m, "bwd head", -1, t0);
-    }
-    /* GPT-2's head is wte, which is not final until the embedding's part */
-    if (m->hook.grads_ready && !m->failed)
-        m->hook.grads_ready(m->hook.ctx, m->layer_start[m->n_local]);
+    if (gpt && !accum)
+        o->zero(o->ctx, m->g.wpe, (size_t)c->max_seq * C * sizeof(float));
+    const float *dout;
+    CHECK(dres_all_rows(m, NR, &dout, err, errlen));
+    o->embedding_bwd(o->ctx, m->g.wte, m->g.wpe, dout, sl->tokens, slot_pos(sl), N, t, C, m->v0, m->v_held,
+                     wte_has_head ? 1 : accum);
+    span_end(m, "bwd embed", -1, t0);
+    return STATUS_OK;
+}
 
+status_t model_backward(model_t *m, int slot, int accum, int last, char *err, size_t errlen)
+{
+    model_slot_t *sl = &m->slots[slot];
+    if (m->lay.part.has_head)
+        CHECK(head_bwd(m, sl, accum, last, err, errlen));
+    /* GPT-2's head is wte, which is not final until the embedding's part */
+    if (m->hook.grads_ready)
+        m->hook.grads_ready(m->hook.ctx, m->layer_start[m->n_local]);
     for (int i = m->n_local - 1; i >= 0; i--) {
         if (m->lay.lent_block_grads) {
             float *base = m->hook.block_grads ? m->hook.block_grads(m->hook.ctx, i) : NULL;
-            if (!base || map_block(m, base, m->layer_start[i], i, &m->g.h[i]) != 0) {
-                if (!m->failed)
-                    snprintf(m->err, sizeof m->err, "no gradient buffer for block %d", i);
-                m->failed = 1;
-                break;
-            }
+            if (!base || map_block(m, base, m->layer_start[i], i, &m->g.h[i]) != 0)
+                return status_set(STATUS_FAIL, err, errlen, "no gradient buffer for block %d", i);
         }
-        if (lend_params(m, i, i > 0 ? i - 1 : -1) != 0)
-            break;
-        t0 = span_start(m);
-        block_bwd(m, sl, i, accum, last);
+        CHECK(lend_params(m, i, i > 0 ? i - 1 : -1, err, errlen));
+        double t0 = span_start(m);
+        CHECK(block_bwd(m, sl, i, accum, last, err, errlen));
         span_end(m, "bwd", m->lay.part.layer_begin + i, t0);
-        if (m->hook.grads_ready && !m->failed)
+        if (m->hook.grads_ready)
             m->hook.grads_ready(m->hook.ctx, m->layer_start[i]);
     }
     if (m->lay.part.has_embed) {
-        /* GPT-2's wte gradient already holds the output head's part when
-         * the head is on this stage, so the embedding adds to it; wpe is
-         * cleared here on the first microbatch. */
-        const int wte_has_head = gpt && m->lay.part.has_head;
-        t0 = span_start(m);
-        if (gpt && !accum)
-            o->zero(o->ctx, m->g.wpe, (size_t)c->max_seq * C * sizeof(float));
-        o->embedding_bwd(o->ctx, m->g.wte, m->g.wpe, dres_all_rows(m, N, NR), sl->tokens, slot_pos(sl), N, t, C, m->v0,
-                         m->v_held, wte_has_head ? 1 : accum);
-        span_end(m, "bwd embed", -1, t0);
-        if (m->hook.grads_ready && !m->failed)
+        CHECK(embed_bwd(m, sl, accum, err, errlen));
+        if (m->hook.grads_ready)
             m->hook.grads_ready(m->hook.ctx, 0);
     }
-    return m->failed ? -1 : 0;
+    return STATUS_OK;
 }
 
 size_t model_params_total(const model_config_t *c)
@@ -1091,24 +1097,24 @@ size_t model_stage_floats(const model_t *m, int b, int t)
     return (size_t)res_rows(m, b * t) * (size_t)m->cfg.d_model;
 }
 
-int model_logits_row(model_t *m, int slot, int n, float *host_out)
+status_t model_logits_row(model_t *m, int slot, int n, float *host_out, char *err, size_t errlen)
 {
     const size_t Vl = (size_t)m->v_rows, P = (size_t)tp_size(m);
     const float *row = m->slots[slot].logits + (size_t)n * Vl;
     if (P == 1) {
         m->ops->to_host(m->ops->ctx, host_out, row, (size_t)m->cfg.vocab_size * sizeof(float));
-        return 0;
+        return STATUS_OK;
     }
     float *all = malloc(P * Vl * sizeof *all), *mine = malloc(Vl * sizeof *mine);
-    int rc = -1;
+    status_t rc;
     if (all && mine) {
         m->ops->to_host(m->ops->ctx, mine, row, Vl * sizeof(float));
-        tp_allgather(m, all, mine, Vl);
-        if (!m->failed) {
-            /* rank r's slice starts at logical column r*Vl: the padded layout */
+        rc = tp_allgather(m, all, mine, Vl, err, errlen);
+        /* rank r's slice starts at logical column r*Vl: the padded layout */
+        if (rc == STATUS_OK)
             memcpy(host_out, all, (size_t)m->cfg.vocab_size * sizeof(float));
-            rc = 0;
-        }
+    } else {
+        rc = status_set(STATUS_FAIL, err, errlen, "out of memory for a row of %zu logits", P * Vl);
     }
     free(all);
     free(mine);

@@ -24,6 +24,7 @@
 
 #include "mpi/comm.h"
 #include "mpi/dpsync.h"
+#include "mpi/status.h"
 #include "src/model_config.h"
 #include "base/ops.h"
 #include "src/params.h"
@@ -181,8 +182,6 @@ typedef struct model {
     double tp_comm_s; /* seconds in TP collectives since the caller zeroed it */
     trace_t *trace;   /* NULL, or where per-layer spans go (--trace) */
     int trace_micro;  /* microbatch index the spans are labelled with */
-    int failed;       /* a TP collective failed: err says which */
-    char err[512];
 } model_t;
 
 /* The layout of a single process: the whole model, no TP, one slot. */
@@ -227,14 +226,15 @@ void model_params_written(model_t *m);
  * positions (src/docmask.h), which every stage needs (attention masks,
  * RoPE and learned positions restart at each document); NULL: one document
  * per row, as without --doc-mask. Positions need lay.doc_mask. On the last stage with targets != NULL
- * it returns the mean loss over the counted targets (>= 0), and with
- * dloss > 0 leaves the gradient of dloss * mean loss w.r.t. the logits for
- * model_backward. Elsewhere it returns 0 (and the output is in
- * model_stage_output()). Collective over the TP group; NAN with m->failed
- * set if a collective failed. With sequence parallelism b*t must be a
- * multiple of the TP size. */
-float model_forward(model_t *m, int slot, const int32_t *tokens, const int32_t *pos, const int32_t *targets, int b,
-                    int t, float dloss);
+ * *loss is the mean loss over the counted targets (>= 0; a non-finite
+ * value is a value, not a failure), and with dloss > 0 the gradient of
+ * dloss * mean loss w.r.t. the logits is left for model_backward.
+ * Elsewhere *loss is 0 (and the output is in model_stage_output()).
+ * Collective over the TP group; the first failed collective (or lent
+ * block) ends the pass with its status and one line in err. With sequence
+ * parallelism b*t must be a multiple of the TP size. */
+status_t model_forward(model_t *m, int slot, const int32_t *tokens, const int32_t *pos, const int32_t *targets, int b,
+                       int t, float dloss, float *loss, char *err, size_t errlen);
 
 /* Backward of the forward held in `slot`. Last stage: from its dlogits;
  * other stages: from dL/d(output) the caller put in model_stage_grad().
@@ -242,8 +242,9 @@ float model_forward(model_t *m, int slot, const int32_t *tokens, const int32_t *
  * microbatches). last = 1 on the step's final microbatch: gradients that
  * need a TP reduction (norm weights under sequence parallelism) get it
  * then. On exit model_stage_grad() holds dL/d(stage input) (not on the
- * first stage). Returns 0, or -1 with m->err when a collective failed. */
-int model_backward(model_t *m, int slot, int accum, int last);
+ * first stage). Ends at the first failed collective (or lent block) with
+ * its status and one line in err. */
+status_t model_backward(model_t *m, int slot, int accum, int last, char *err, size_t errlen);
 
 /* The stage's activation interface for the pipeline: [NR,C] floats each. */
 float *model_stage_input(model_t *m, int slot);
@@ -257,7 +258,7 @@ size_t model_params_total(const model_config_t *c);
 
 /* Copies logits row n of slot's last forward, all V columns, to host
  * memory (last stage). Collective over the TP group (gathers the vocab
- * slices). Returns 0 or -1. */
-int model_logits_row(model_t *m, int slot, int n, float *host_out);
+ * slices); on failure one line in err. */
+status_t model_logits_row(model_t *m, int slot, int n, float *host_out, char *err, size_t errlen);
 
 #endif

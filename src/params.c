@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "mpi/status.h"
 #include "src/rng.h"
 
 typedef struct table_builder {
@@ -15,23 +16,17 @@ typedef struct table_builder {
     int n_layer;
     char *err;
     size_t errlen;
-    int failed;
 } table_builder_t;
 
-static void add_param(table_builder_t *b, int layer, const char *suffix, int ndim, int64_t d0, int64_t d1,
-                      tp_split_t split, param_init_t init, float std)
+static status_t add_param(table_builder_t *b, int layer, const char *suffix, int ndim, int64_t d0, int64_t d1,
+                          tp_split_t split, param_init_t init, float std)
 {
-    if (b->failed)
-        return;
     param_table_t *t = b->t;
     if (t->n == b->cap) {
         b->cap = b->cap ? 2 * b->cap : 64;
         param_desc_t *np = realloc(t->p, (size_t)b->cap * sizeof *np);
-        if (!np) {
-            snprintf(b->err, b->errlen, "out of memory building the parameter table");
-            b->failed = 1;
-            return;
-        }
+        if (!np)
+            return status_set(STATUS_FAIL, b->err, b->errlen, "out of memory building the parameter table");
         t->p = np;
     }
     param_desc_t *d = &t->p[t->n];
@@ -59,12 +54,10 @@ static void add_param(table_builder_t *b, int layer, const char *suffix, int ndi
     } else {
         int dim = split == TP_SPLIT_ROWS ? 0 : split == TP_SPLIT_COLS ? 1 : -1;
         if (dim >= 0) {
-            if (d->shape[dim] % b->tp_size != 0) {
-                snprintf(b->err, b->errlen, "tensor %s dimension %d (%lld) is not divisible by --tp %d", d->name, dim,
-                         (long long)d->shape[dim], b->tp_size);
-                b->failed = 1;
-                return;
-            }
+            if (d->shape[dim] % b->tp_size != 0)
+                return status_set(STATUS_FAIL, b->err, b->errlen,
+                                  "tensor %s dimension %d (%lld) is not divisible by --tp %d", d->name, dim,
+                                  (long long)d->shape[dim], b->tp_size);
             d->count[dim] = d->shape[dim] / b->tp_size;
             d->start[dim] = d->count[dim] * b->tp_rank;
         }
@@ -75,6 +68,7 @@ static void add_param(table_builder_t *b, int layer, const char *suffix, int ndi
     t->numel += d->numel;
     t->logical_numel += (size_t)d->shape[0] * (size_t)d->shape[1];
     t->n++;
+    return STATUS_OK;
 }
 
 param_layout_t param_layout_whole(const model_config_t *c)
@@ -87,6 +81,71 @@ int64_t param_padded_vocab(int64_t V, int tp_size)
 {
     int64_t q = 128 * (int64_t)tp_size;
     return (V + q - 1) / q * q;
+}
+
+/* The tensors of the first stage, of block l and of the last stage, in
+ * table order. std: the init's standard deviation; std_out: the scaled one
+ * of GPT-2's projections into the residual stream. */
+static status_t add_embed(table_builder_t *b, const model_config_t *c, float std)
+{
+    const int64_t C = c->d_model, V = c->vocab_size;
+    if (c->arch == ARCH_GPT2) {
+        CHECK(add_param(b, -1, "wte", 2, V, C, TP_SPLIT_VOCAB, INIT_NORMAL, std));
+        CHECK(add_param(b, -1, "wpe", 2, c->max_seq, C, TP_SPLIT_NONE, INIT_NORMAL, std));
+    } else {
+        CHECK(add_param(b, -1, "tok_emb", 2, V, C, TP_SPLIT_VOCAB, INIT_NORMAL, std));
+    }
+    return STATUS_OK;
+}
+
+static status_t add_block(table_builder_t *b, const model_config_t *c, int l, float std, float std_out)
+{
+    const int64_t C = c->d_model, F = c->d_ff;
+    const int64_t HS = model_head_size(c), QD = c->n_head * HS, KVD = c->n_kv_head * HS;
+    CHECK(add_param(b, l, "ln1.w", 1, C, 1, TP_SPLIT_NONE, INIT_ONES, 0));
+    if (c->arch == ARCH_GPT2)
+        CHECK(add_param(b, l, "ln1.b", 1, C, 1, TP_SPLIT_NONE, INIT_ZEROS, 0));
+    CHECK(add_param(b, l, "attn.wq", 2, QD, C, TP_SPLIT_ROWS, INIT_NORMAL, std));
+    CHECK(add_param(b, l, "attn.wk", 2, KVD, C, TP_SPLIT_ROWS, INIT_NORMAL, std));
+    CHECK(add_param(b, l, "attn.wv", 2, KVD, C, TP_SPLIT_ROWS, INIT_NORMAL, std));
+    if (c->arch == ARCH_GPT2) {
+        CHECK(add_param(b, l, "attn.bq", 1, QD, 1, TP_SPLIT_ROWS, INIT_ZEROS, 0));
+        CHECK(add_param(b, l, "attn.bk", 1, KVD, 1, TP_SPLIT_ROWS, INIT_ZEROS, 0));
+        CHECK(add_param(b, l, "attn.bv", 1, KVD, 1, TP_SPLIT_ROWS, INIT_ZEROS, 0));
+    }
+    CHECK(add_param(b, l, "attn.wo", 2, C, QD, TP_SPLIT_COLS, INIT_NORMAL, std_out));
+    if (c->arch == ARCH_GPT2)
+        CHECK(add_param(b, l, "attn.bo", 1, C, 1, TP_SPLIT_NONE, INIT_ZEROS, 0));
+    CHECK(add_param(b, l, "ln2.w", 1, C, 1, TP_SPLIT_NONE, INIT_ONES, 0));
+    if (c->arch == ARCH_GPT2) {
+        CHECK(add_param(b, l, "ln2.b", 1, C, 1, TP_SPLIT_NONE, INIT_ZEROS, 0));
+        CHECK(add_param(b, l, "mlp.wfc", 2, F, C, TP_SPLIT_ROWS, INIT_NORMAL, std));
+        CHECK(add_param(b, l, "mlp.bfc", 1, F, 1, TP_SPLIT_ROWS, INIT_ZEROS, 0));
+        CHECK(add_param(b, l, "mlp.wproj", 2, C, F, TP_SPLIT_COLS, INIT_NORMAL, std_out));
+        CHECK(add_param(b, l, "mlp.bproj", 1, C, 1, TP_SPLIT_NONE, INIT_ZEROS, 0));
+    } else {
+        CHECK(add_param(b, l, "mlp.wgate", 2, F, C, TP_SPLIT_ROWS, INIT_NORMAL, std));
+        CHECK(add_param(b, l, "mlp.wup", 2, F, C, TP_SPLIT_ROWS, INIT_NORMAL, std));
+        CHECK(add_param(b, l, "mlp.wproj", 2, C, F, TP_SPLIT_COLS, INIT_NORMAL, std_out));
+    }
+    return STATUS_OK;
+}
+
+static status_t add_head(table_builder_t *b, const model_config_t *c, int has_embed, float std)
+{
+    const int64_t C = c->d_model, V = c->vocab_size, L = c->n_layer;
+    CHECK(add_param(b, (int)L, "lnf.w", 1, C, 1, TP_SPLIT_NONE, INIT_ONES, 0));
+    if (c->arch == ARCH_GPT2) {
+        CHECK(add_param(b, (int)L, "lnf.b", 1, C, 1, TP_SPLIT_NONE, INIT_ZEROS, 0));
+        /* the tied head: a copy of wte when the embedding is on another stage */
+        if (!has_embed) {
+            CHECK(add_param(b, (int)L, "wte", 2, V, C, TP_SPLIT_VOCAB, INIT_NORMAL, std));
+            b->t->p[b->t->n - 1].tied_copy = 1;
+        }
+    } else {
+        CHECK(add_param(b, (int)L, "lm_head.w", 2, V, C, TP_SPLIT_VOCAB, INIT_NORMAL, std));
+    }
+    return STATUS_OK;
 }
 
 int param_table_build(param_table_t *t, const model_config_t *c, const param_layout_t *lay, char *err, size_t errlen)
@@ -102,68 +161,18 @@ int param_table_build(param_table_t *t, const model_config_t *c, const param_lay
                          .n_layer = c->n_layer,
                          .err = err,
                          .errlen = errlen};
-    const int64_t C = c->d_model, F = c->d_ff, V = c->vocab_size, L = c->n_layer;
-    const int64_t HS = model_head_size(c), QD = c->n_head * HS, KVD = c->n_kv_head * HS;
     const float std = 0.02f;
     /* GPT-2's scaled init of the projections that write into the residual
      * stream keeps its variance from growing with depth. */
-    const float std_out = 0.02f / sqrtf(2.0f * (float)L);
-
-    if (lay->has_embed) {
-        if (c->arch == ARCH_GPT2) {
-            add_param(&b, -1, "wte", 2, V, C, TP_SPLIT_VOCAB, INIT_NORMAL, std);
-            add_param(&b, -1, "wpe", 2, c->max_seq, C, TP_SPLIT_NONE, INIT_NORMAL, std);
-        } else {
-            add_param(&b, -1, "tok_emb", 2, V, C, TP_SPLIT_VOCAB, INIT_NORMAL, std);
-        }
-    }
-    for (int l = lay->layer_begin; l < lay->layer_end; l++) {
-        add_param(&b, l, "ln1.w", 1, C, 1, TP_SPLIT_NONE, INIT_ONES, 0);
-        if (c->arch == ARCH_GPT2)
-            add_param(&b, l, "ln1.b", 1, C, 1, TP_SPLIT_NONE, INIT_ZEROS, 0);
-        add_param(&b, l, "attn.wq", 2, QD, C, TP_SPLIT_ROWS, INIT_NORMAL, std);
-        add_param(&b, l, "attn.wk", 2, KVD, C, TP_SPLIT_ROWS, INIT_NORMAL, std);
-        add_param(&b, l, "attn.wv", 2, KVD, C, TP_SPLIT_ROWS, INIT_NORMAL, std);
-        if (c->arch == ARCH_GPT2) {
-            add_param(&b, l, "attn.bq", 1, QD, 1, TP_SPLIT_ROWS, INIT_ZEROS, 0);
-            add_param(&b, l, "attn.bk", 1, KVD, 1, TP_SPLIT_ROWS, INIT_ZEROS, 0);
-            add_param(&b, l, "attn.bv", 1, KVD, 1, TP_SPLIT_ROWS, INIT_ZEROS, 0);
-        }
-        add_param(&b, l, "attn.wo", 2, C, QD, TP_SPLIT_COLS, INIT_NORMAL, std_out);
-        if (c->arch == ARCH_GPT2)
-            add_param(&b, l, "attn.bo", 1, C, 1, TP_SPLIT_NONE, INIT_ZEROS, 0);
-        add_param(&b, l, "ln2.w", 1, C, 1, TP_SPLIT_NONE, INIT_ONES, 0);
-        if (c->arch == ARCH_GPT2) {
-            add_param(&b, l, "ln2.b", 1, C, 1, TP_SPLIT_NONE, INIT_ZEROS, 0);
-            add_param(&b, l, "mlp.wfc", 2, F, C, TP_SPLIT_ROWS, INIT_NORMAL, std);
-            add_param(&b, l, "mlp.bfc", 1, F, 1, TP_SPLIT_ROWS, INIT_ZEROS, 0);
-            add_param(&b, l, "mlp.wproj", 2, C, F, TP_SPLIT_COLS, INIT_NORMAL, std_out);
-            add_param(&b, l, "mlp.bproj", 1, C, 1, TP_SPLIT_NONE, INIT_ZEROS, 0);
-        } else {
-            add_param(&b, l, "mlp.wgate", 2, F, C, TP_SPLIT_ROWS, INIT_NORMAL, std);
-            add_param(&b, l, "mlp.wup", 2, F, C, TP_SPLIT_ROWS, INIT_NORMAL, std);
-            add_param(&b, l, "mlp.wproj", 2, C, F, TP_SPLIT_COLS, INIT_NORMAL, std_out);
-        }
-    }
-    if (lay->has_head) {
-        add_param(&b, (int)L, "lnf.w", 1, C, 1, TP_SPLIT_NONE, INIT_ONES, 0);
-        if (c->arch == ARCH_GPT2) {
-            add_param(&b, (int)L, "lnf.b", 1, C, 1, TP_SPLIT_NONE, INIT_ZEROS, 0);
-            /* the tied head: a copy of wte when the embedding is on another stage */
-            if (!lay->has_embed) {
-                add_param(&b, (int)L, "wte", 2, V, C, TP_SPLIT_VOCAB, INIT_NORMAL, std);
-                if (!b.failed)
-                    t->p[t->n - 1].tied_copy = 1;
-            }
-        } else {
-            add_param(&b, (int)L, "lm_head.w", 2, V, C, TP_SPLIT_VOCAB, INIT_NORMAL, std);
-        }
-    }
-    if (b.failed) {
+    const float std_out = 0.02f / sqrtf(2.0f * (float)c->n_layer);
+    status_t st = lay->has_embed ? add_embed(&b, c, std) : STATUS_OK;
+    for (int l = lay->layer_begin; l < lay->layer_end && st == STATUS_OK; l++)
+        st = add_block(&b, c, l, std, std_out);
+    if (st == STATUS_OK && lay->has_head)
+        st = add_head(&b, c, lay->has_embed, std);
+    if (st != STATUS_OK)
         param_table_free(t);
-        return -1;
-    }
-    return 0;
+    return st;
 }
 
 void param_table_free(param_table_t *t)

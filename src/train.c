@@ -129,20 +129,19 @@ static const int32_t *batch_positions(trainer_t *tr, const int32_t *tok, int b, 
  * the last stage (0 elsewhere; a non-finite loss is a value, not a
  * failure). Collective over PP (and TP). */
 static status_t pipeline_eval(trainer_t *tr, const int32_t *tok, const int32_t *pos, const int32_t *tgt, int b, int t,
-                              float *loss)
+                              float *loss, char *err, size_t errlen)
 {
     model_t *m = &tr->model;
     const grid_t *g = tr->grid;
     const size_t n = model_stage_floats(m, b, t);
-    if (g->pp_rank > 0 &&
-        g->pp->ops->recv(g->pp, model_stage_input(m, 0), n, COMM_FP32, g->pp_rank - 1, TAG_EVAL, NULL, 0) != 0)
-        return STATUS_FAIL;
-    *loss = model_forward(m, 0, tok, pos, tgt, b, t, 0.0f);
-    if (m->failed)
-        return STATUS_FAIL;
-    if (g->pp_rank < g->pp_size - 1 &&
-        g->pp->ops->send(g->pp, model_stage_output(m, 0), n, COMM_FP32, g->pp_rank + 1, TAG_EVAL, NULL, 0) != 0)
-        return STATUS_FAIL;
+    char cerr[COMM_ERR_MAX];
+    if (g->pp_rank > 0 && g->pp->ops->recv(g->pp, model_stage_input(m, 0), n, COMM_FP32, g->pp_rank - 1, TAG_EVAL, cerr,
+                                           sizeof cerr) != 0)
+        return status_set(STATUS_FAIL, err, errlen, "receiving the previous stage's activations failed: %s", cerr);
+    CHECK(model_forward(m, 0, tok, pos, tgt, b, t, 0.0f, loss, err, errlen));
+    if (g->pp_rank < g->pp_size - 1 && g->pp->ops->send(g->pp, model_stage_output(m, 0), n, COMM_FP32, g->pp_rank + 1,
+                                                        TAG_EVAL, cerr, sizeof cerr) != 0)
+        return status_set(STATUS_FAIL, err, errlen, "sending the activations to the next stage failed: %s", cerr);
     return STATUS_OK;
 }
 
@@ -169,6 +168,7 @@ int trainer_val_loss(trainer_t *tr, double *loss, char *err, size_t errlen)
     if (!means) /* every rank allocates the same few bytes: out of memory here is out of memory everywhere */
         return status_set(STATUS_FAIL, err, errlen, "validation: out of memory");
     int failed = 0;
+    char why[512] = ""; /* this rank's failure, if it had one */
     for (int r = 0; r < rounds && !failed; r++) {
         const int i = r * g->dp_size + g->dp_rank;
         if (i < nb || tr->sync.ops->collective_forward) {
@@ -178,19 +178,22 @@ int trainer_val_loss(trainer_t *tr, double *loss, char *err, size_t errlen)
                 data_sample(&tr->val, src * B + b, tr->tok + (size_t)b * T, tr->tgt + (size_t)b * T,
                             pos ? pos + (size_t)b * T : NULL);
             float v = 0.0f;
-            failed = pipeline_eval(tr, tr->tok, pos, tr->tgt, B, T, &v) != STATUS_OK;
+            failed = pipeline_eval(tr, tr->tok, pos, tr->tgt, B, T, &v, why, sizeof why) != STATUS_OK;
             if (i < nb)
                 means[i] = v;
         }
-        if (g->world_size > 1 && tr->world->ops->allreduce(tr->world, &failed, 1, COMM_INT32, COMM_MAX, NULL, 0) != 0)
+        if (g->world_size > 1 &&
+            tr->world->ops->allreduce(tr->world, &failed, 1, COMM_INT32, COMM_MAX, why, sizeof why) != 0)
             failed = 1;
     }
     if (failed ||
-        (g->pp_size > 1 && g->pp->ops->allreduce(g->pp, means, (size_t)nb, COMM_FP32, COMM_SUM, NULL, 0) != 0) ||
-        (g->dp_size > 1 && g->dp->ops->allreduce(g->dp, means, (size_t)nb, COMM_FP32, COMM_SUM, NULL, 0) != 0)) {
+        (g->pp_size > 1 &&
+         g->pp->ops->allreduce(g->pp, means, (size_t)nb, COMM_FP32, COMM_SUM, why, sizeof why) != 0) ||
+        (g->dp_size > 1 &&
+         g->dp->ops->allreduce(g->dp, means, (size_t)nb, COMM_FP32, COMM_SUM, why, sizeof why) != 0)) {
         free(means);
         return status_set(STATUS_FAIL, err, errlen, "validation: %s",
-                          tr->model.failed ? tr->model.err : "a forward or its collectives failed on a rank");
+                          why[0] ? why : "a forward or its collectives failed on a rank");
     }
     double sum = 0.0;
     for (int i = 0; i < nb; i++)
@@ -200,7 +203,7 @@ int trainer_val_loss(trainer_t *tr, double *loss, char *err, size_t errlen)
     return STATUS_OK;
 }
 
-int trainer_grad_norm(trainer_t *tr, double *norm)
+int trainer_grad_norm(trainer_t *tr, double *norm, char *err, size_t errlen)
 {
     const grid_t *g = tr->grid;
     /* Each logical parameter counts once (setup_sync's norm flags); the
@@ -215,10 +218,12 @@ int trainer_grad_norm(trainer_t *tr, double *norm)
     if (g->tp_size > 1 || g->pp_size > 1 || over_dp) {
         /* the communicator carries fp32: ~1e-7 relative, ample for clipping */
         float part = (float)local;
-        if ((g->tp_size > 1 && g->tp->ops->allreduce(g->tp, &part, 1, COMM_FP32, COMM_SUM, NULL, 0) != 0) ||
-            (g->pp_size > 1 && g->pp->ops->allreduce(g->pp, &part, 1, COMM_FP32, COMM_SUM, NULL, 0) != 0) ||
-            (over_dp && over_dp->ops->allreduce(over_dp, &part, 1, COMM_FP32, COMM_SUM, NULL, 0) != 0))
-            return STATUS_FAIL;
+        if (g->tp_size > 1)
+            CHECK(g->tp->ops->allreduce(g->tp, &part, 1, COMM_FP32, COMM_SUM, err, errlen));
+        if (g->pp_size > 1)
+            CHECK(g->pp->ops->allreduce(g->pp, &part, 1, COMM_FP32, COMM_SUM, err, errlen));
+        if (over_dp)
+            CHECK(over_dp->ops->allreduce(over_dp, &part, 1, COMM_FP32, COMM_SUM, err, errlen));
         local = part;
     }
     *norm = sqrt(local);
@@ -259,23 +264,33 @@ int trainer_check_replicas(trainer_t *tr, int step, char *err, size_t errlen)
     return 0;
 }
 
+/* The context of the callbacks the trainer hands to code that calls back
+ * with an int (sample_generate, the pipeline executor's pipe_stage_ops_t):
+ * the trainer and the caller's error buffer, where a failing callback
+ * writes its one line. */
+typedef struct callback_ctx {
+    trainer_t *tr;
+    char *err;
+    size_t errlen;
+} callback_ctx_t;
+
 /* sample_generate's model: the window through the pipeline, the last
  * stage's logits row gathered over TP and broadcast over PP, so every rank
- * holds it and picks the same token. */
+ * holds it and picks the same token. ctx: a callback_ctx_t. */
 static int sample_logits(void *ctx, const int32_t *window, int t, int row, float *logits)
 {
-    trainer_t *tr = ctx;
-    model_t *m = &tr->model;
+    const callback_ctx_t *c = ctx;
+    trainer_t *tr = c->tr;
     const grid_t *g = tr->grid;
     float unused;
-    if (pipeline_eval(tr, window, batch_positions(tr, window, 1, t), NULL, 1, t, &unused) != STATUS_OK)
-        return -1;
-    if (g->pp_rank == g->pp_size - 1 && model_logits_row(m, 0, row, logits) != 0)
-        return -1;
-    if (g->pp_size > 1 &&
-        g->pp->ops->broadcast(g->pp, logits, (size_t)tr->cfg.vocab_size, COMM_FP32, g->pp_size - 1, NULL, 0) != 0)
-        return -1;
-    return 0;
+    char cerr[COMM_ERR_MAX];
+    CHECK(pipeline_eval(tr, window, batch_positions(tr, window, 1, t), NULL, 1, t, &unused, c->err, c->errlen));
+    if (g->pp_rank == g->pp_size - 1)
+        CHECK(model_logits_row(&tr->model, 0, row, logits, c->err, c->errlen));
+    if (g->pp_size > 1 && g->pp->ops->broadcast(g->pp, logits, (size_t)tr->cfg.vocab_size, COMM_FP32, g->pp_size - 1,
+                                                cerr, sizeof cerr) != 0)
+        return status_set(STATUS_FAIL, c->err, c->errlen, "broadcasting the logits over the pipeline failed: %s", cerr);
+    return STATUS_OK;
 }
 
 /* ids as text: runs of the tokenizer's ids decoded together (a character
@@ -307,20 +322,22 @@ static int print_decoded(tokenizer_t *tk, const int32_t *ids, int n, FILE *out)
 /* Collective over the whole grid: every rank generates (TP and PP ranks
  * together, DP replicas redundantly) from the same prompt ids, world rank
  * 0 prints. */
-static int print_sample(trainer_t *tr, FILE *out)
+static status_t print_sample(trainer_t *tr, FILE *out, char *err, size_t errlen)
 {
     const run_options_t *o = tr->opt;
     const tok_ids_t *p = &tr->prompt_ids;
     tokenizer_t *tk = tr->tokenizer;
     int32_t *seq = malloc((p->n + (size_t)o->sample_tokens) * sizeof *seq);
     if (!seq)
-        return -1;
+        return status_set(STATUS_FAIL, err, errlen, "sampling failed: out of memory");
     const int quantum = o->sequence_parallel ? tr->grid->tp_size : 1;
-    int n = sample_generate(sample_logits, tr, tr->cfg.vocab_size, o->seq_len, quantum, p->id, (int)p->n,
+    char why[512] = "out of memory"; /* sample_generate's own failure; a callback's replaces it */
+    callback_ctx_t c = {.tr = tr, .err = why, .errlen = sizeof why};
+    int n = sample_generate(sample_logits, &c, tr->cfg.vocab_size, o->seq_len, quantum, p->id, (int)p->n,
                             o->sample_tokens, o->temperature, o->top_k, (uint64_t)o->seed, seq);
     if (n < 0 || tr->env->world_rank != 0) {
         free(seq);
-        return n < 0 ? -1 : 0;
+        return n < 0 ? status_set(STATUS_FAIL, err, errlen, "sampling failed: %s", why) : STATUS_OK;
     }
     int rc = 0;
     if (tk) {
@@ -337,14 +354,16 @@ static int print_sample(trainer_t *tr, FILE *out)
     }
     fflush(out);
     free(seq);
-    return rc;
+    return rc != 0 ? status_set(STATUS_FAIL, err, errlen, "sampling failed: out of memory") : STATUS_OK;
 }
 
 /* ---- one step over the pipeline schedule ---------------------------------------------- */
 
+/* ctx: a callback_ctx_t. */
 static int stage_forward(void *ctx, int micro, int slot)
 {
-    trainer_t *tr = ctx;
+    const callback_ctx_t *c = ctx;
+    trainer_t *tr = c->tr;
     const run_options_t *o = tr->opt;
     const grid_t *g = tr->grid;
     model_t *m = &tr->model;
@@ -360,40 +379,39 @@ static int stage_forward(void *ctx, int micro, int slot)
         tr->doc_sq += docmask_square_sum(pos, (size_t)o->micro_batch * o->seq_len);
         tr->doc_tok += (double)o->micro_batch * o->seq_len;
     }
-    float loss = model_forward(m, slot, tr->tok, pos, tr->tgt, o->micro_batch, o->seq_len,
-                               spike_test_dloss(&tr->spike, batch, micro, g->dp_rank, 1.0f / (float)tr->accum));
-    if (m->failed) {
-        snprintf(tr->step_err, sizeof tr->step_err, "%s", m->err);
-        return -1;
-    }
+    float loss;
+    CHECK(model_forward(m, slot, tr->tok, pos, tr->tgt, o->micro_batch, o->seq_len,
+                        spike_test_dloss(&tr->spike, batch, micro, g->dp_rank, 1.0f / (float)tr->accum), &loss, c->err,
+                        c->errlen));
     tr->loss_sum += spike_test_loss(&tr->spike, batch, micro, g->dp_rank, loss);
-    return 0;
+    return STATUS_OK;
 }
 
 /* The strategy says whether this backward adds to the gradients and is
  * the step's last (model_backward's flags), and communicates through the
  * model's hook during it where it needs to. */
+/* ctx: a callback_ctx_t. The strategy's backward_end runs after a failed
+ * backward too (its message then wins: its hook's failure is the cause). */
 static int stage_backward(void *ctx, int micro, int slot)
 {
-    trainer_t *tr = ctx;
+    const callback_ctx_t *c = ctx;
+    trainer_t *tr = c->tr;
     model_t *m = &tr->model;
     dpsync_t *s = &tr->sync;
     int accum, last;
     s->ops->backward_begin(s, tr->bwd_done, tr->accum, &accum, &last);
     m->trace_micro = micro;
-    int rc = model_backward(m, slot, accum, last);
+    const status_t st = model_backward(m, slot, accum, last, c->err, c->errlen);
     tr->bwd_done++;
-    if (dpsync_backward_end(s, tr->step_err, sizeof tr->step_err) != 0) {
-        return -1;
-    }
-    if (rc != 0)
-        snprintf(tr->step_err, sizeof tr->step_err, "%s", m->err);
-    return rc;
+    if (dpsync_backward_end(s, c->err, c->errlen) != 0)
+        return STATUS_FAIL;
+    return st;
 }
 
-static float *stage_input(void *ctx, int slot) { return model_stage_input(&((trainer_t *)ctx)->model, slot); }
-static float *stage_output(void *ctx, int slot) { return model_stage_output(&((trainer_t *)ctx)->model, slot); }
-static float *stage_grad(void *ctx) { return model_stage_grad(&((trainer_t *)ctx)->model); }
+static model_t *ctx_model(void *ctx) { return &((callback_ctx_t *)ctx)->tr->model; }
+static float *stage_input(void *ctx, int slot) { return model_stage_input(ctx_model(ctx), slot); }
+static float *stage_output(void *ctx, int slot) { return model_stage_output(ctx_model(ctx), slot); }
+static float *stage_grad(void *ctx) { return model_stage_grad(ctx_model(ctx)); }
 
 /* Forward and backward of the step's microbatches (the pipeline schedule
  * when pp > 1), then the gradient reductions: DP average, and the tied
@@ -406,14 +424,13 @@ static int step_gradients(trainer_t *tr, int step, double *bubble_s, char *err, 
     tr->bwd_done = 0;
     tr->sync.ops->step_begin(&tr->sync);
     tr->loss_sum = 0.0;
-    tr->step_err[0] = '\0';
     *bubble_s = 0.0;
+    char why[512] = ""; /* a stage callback's failure */
+    callback_ctx_t c = {.tr = tr, .err = why, .errlen = sizeof why};
     if (g->pp_size == 1) {
         for (int micro = 0; micro < tr->accum; micro++)
-            if (stage_forward(tr, micro, 0) != 0 || stage_backward(tr, micro, 0) != 0) {
-                snprintf(err, errlen, "step %d: %s", step + 1, tr->step_err);
-                return -1;
-            }
+            if (stage_forward(&c, micro, 0) != 0 || stage_backward(&c, micro, 0) != 0)
+                return status_set(STATUS_FAIL, err, errlen, "step %d: %s", step + 1, why);
     } else {
         const pipe_stage_ops_t ops = {.forward = stage_forward,
                                       .backward = stage_backward,
@@ -424,10 +441,8 @@ static int step_gradients(trainer_t *tr, int step, double *bubble_s, char *err, 
                                       .mem = m->ops};
         pipe_stats_t st = {0};
         char perr[COMM_ERR_MAX];
-        if (pipe_run(g->pp, tr->pp_kind, tr->accum, &ops, tr, &st, perr, sizeof perr) != 0) {
-            snprintf(err, errlen, "step %d: pipeline: %s", step + 1, tr->step_err[0] ? tr->step_err : perr);
-            return -1;
-        }
+        if (pipe_run(g->pp, tr->pp_kind, tr->accum, &ops, &c, &st, perr, sizeof perr) != 0)
+            return status_set(STATUS_FAIL, err, errlen, "step %d: pipeline: %s", step + 1, why[0] ? why : perr);
         *bubble_s = st.wait_s;
     }
     char cerr[COMM_ERR_MAX];
@@ -576,16 +591,17 @@ static int baseline_val(trainer_t *tr, char *err, size_t errlen)
 }
 
 /* The step's loss, the mean over the global batch: the last stage's
- * microbatch means, summed over PP (others add 0) and DP. 0 or -1. */
-static int step_loss(trainer_t *tr, double *loss)
+ * microbatch means, summed over PP (others add 0) and DP. */
+static status_t step_loss(trainer_t *tr, double *loss, char *err, size_t errlen)
 {
     const grid_t *g = tr->grid;
     float lf = g->pp_rank == g->pp_size - 1 ? (float)(tr->loss_sum / tr->accum) : 0.0f;
-    if ((g->pp_size > 1 && g->pp->ops->allreduce(g->pp, &lf, 1, COMM_FP32, COMM_SUM, NULL, 0) != 0) ||
-        (g->dp_size > 1 && g->dp->ops->allreduce(g->dp, &lf, 1, COMM_FP32, COMM_SUM, NULL, 0) != 0))
-        return -1;
+    if (g->pp_size > 1)
+        CHECK(g->pp->ops->allreduce(g->pp, &lf, 1, COMM_FP32, COMM_SUM, err, errlen));
+    if (g->dp_size > 1)
+        CHECK(g->dp->ops->allreduce(g->dp, &lf, 1, COMM_FP32, COMM_SUM, err, errlen));
     *loss = (double)lf / g->dp_size;
-    return 0;
+    return STATUS_OK;
 }
 
 /* The optimizer step on the strategy's view of this rank's state, then
@@ -659,16 +675,12 @@ static int train_step(trainer_t *tr, int step, step_record_t *r, step_times_t *t
     tr->embed_comm_s = 0.0;
     if (step_gradients(tr, step, &t->bubble, err, errlen) != 0)
         return -1;
-    double loss;
-    if (step_loss(tr, &loss) != 0) {
-        snprintf(err, errlen, "step %d: loss all-reduce failed", step + 1);
-        return -1;
-    }
-    double norm;
-    if (trainer_grad_norm(tr, &norm) != 0) {
-        snprintf(err, errlen, "step %d: gradient norm all-reduce failed", step + 1);
-        return -1;
-    }
+    double loss, norm;
+    char cerr[COMM_ERR_MAX];
+    if (step_loss(tr, &loss, cerr, sizeof cerr) != STATUS_OK)
+        return status_set(STATUS_FAIL, err, errlen, "step %d: loss all-reduce failed: %s", step + 1, cerr);
+    if (trainer_grad_norm(tr, &norm, cerr, sizeof cerr) != STATUS_OK)
+        return status_set(STATUS_FAIL, err, errlen, "step %d: gradient norm all-reduce failed: %s", step + 1, cerr);
     spike_action_t act;
     if (guard_step(tr, step, loss, norm, &act, err, errlen) != 0)
         return -1;
@@ -793,10 +805,8 @@ static int finish_run(trainer_t *tr, int end, double t_run, double loss, const l
     }
     if (o->save_params[0] && trainer_save_params(tr, err, errlen) != 0)
         return -1;
-    if (o->sample_tokens > 0 && print_sample(tr, stdout) != 0) {
-        snprintf(err, errlen, "sampling failed: %s", tr->model.failed ? tr->model.err : "out of memory");
-        return -1;
-    }
+    if (o->sample_tokens > 0)
+        CHECK(print_sample(tr, stdout, err, errlen));
     if (tr->trace && write_trace(tr, err, errlen) != 0)
         return -1;
     return 0;
@@ -816,7 +826,7 @@ int trainer_run(trainer_t *tr, char *err, size_t errlen)
     const int end = o->stop_at_step > 0 && o->stop_at_step < o->steps ? o->stop_at_step : o->steps;
     for (int step = tr->start_step; step < end; step++) {
         step_record_t r;
-        step_times_t t;
+        step_times_t t = {0};
         if (train_step(tr, step, &r, &t, err, errlen) != 0)
             return -1;
         if (tr->spike.rolled_back) { /* on from the checkpoint's step */

@@ -47,7 +47,6 @@ typedef struct trainer {
     int cur_step, bwd_done;
     double loss_sum;
     double embed_comm_s; /* this step's tied-embedding all-reduce */
-    char step_err[512];
     int threads;
     double flops_token; /* model FLOPs per token */
     double peak_gflops; /* per rank; raised to a step's rate when a step beats it */
@@ -100,8 +99,9 @@ void trainer_banner(const trainer_t *tr, FILE *out);
 int trainer_check_replicas(trainer_t *tr, int step, char *err, size_t errlen);
 /* *norm: the global gradient norm, every logical parameter counted once
  * (non-finite when a gradient is: a value the spike guard judges).
- * Collective over TP, PP and the norm group; -1 when a reduction failed. */
-int trainer_grad_norm(trainer_t *tr, double *norm);
+ * Collective over TP, PP and the norm group; STATUS_FAIL with the
+ * communicator's message in err when a reduction failed. */
+int trainer_grad_norm(trainer_t *tr, double *norm, char *err, size_t errlen);
 /* The step loop, validation and the final sample. A SIGUSR1 or SIGTERM
  * (launch_stop_signal on any rank) ends the loop at the next step boundary
  * with a checkpoint (with --ckpt-dir) and returns 0 with stopped_by set:

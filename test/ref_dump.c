@@ -247,15 +247,18 @@ int main(int argc, char **argv)
     write_bin(outdir, "targets.bin", targets, sizeof *targets, (size_t)N);
 
     /* Evaluation forward: logits stay logits. */
-    float loss = model_forward(&m, 0, tokens, NULL, targets, B, T, 0.0f);
+    float loss, loss_train;
+    if (model_forward(&m, 0, tokens, NULL, targets, B, T, 0.0f, &loss, err, sizeof err) != STATUS_OK)
+        die("model_forward: %s", err);
     float *logits = xmalloc((size_t)N * (size_t)V * sizeof *logits);
     for (int n = 0; n < N; n++)
-        if (model_logits_row(&m, 0, n, logits + (size_t)n * (size_t)V) != 0)
-            die("model_logits_row: %s", m.err);
+        if (model_logits_row(&m, 0, n, logits + (size_t)n * (size_t)V, err, sizeof err) != STATUS_OK)
+            die("model_logits_row: %s", err);
     write_bin(outdir, "logits.bin", logits, sizeof *logits, (size_t)N * (size_t)V);
 
     /* Training forward and backward: gradients of the mean loss. */
-    float loss_train = model_forward(&m, 0, tokens, NULL, targets, B, T, 1.0f);
+    if (model_forward(&m, 0, tokens, NULL, targets, B, T, 1.0f, &loss_train, err, sizeof err) != STATUS_OK)
+        die("model_forward: %s", err);
     if (!isfinite(loss) || !isfinite(loss_train))
         die("non-finite loss (%g, %g)", (double)loss, (double)loss_train);
     if (loss_train != loss)
@@ -263,8 +266,8 @@ int main(int argc, char **argv)
                 "ref_dump: note: training forward loss %.9g differs from evaluation "
                 "forward loss %.9g\n",
                 (double)loss_train, (double)loss);
-    if (model_backward(&m, 0, 0, 1) != 0)
-        die("model_backward: %s", m.err);
+    if (model_backward(&m, 0, 0, 1, err, sizeof err) != STATUS_OK)
+        die("model_backward: %s", err);
     float *grads = xmalloc(P * sizeof *grads);
     ops->to_host(ops->ctx, grads, m.grads, P * sizeof *grads);
     write_bin(outdir, "grads.bin", grads, sizeof *grads, P);

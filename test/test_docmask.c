@@ -159,12 +159,15 @@ static double step(model_t *m, const int32_t *tok, const int32_t *pos, const int
     if (!first_stage)
         bad |=
             MPI_Recv(model_stage_input(m, 0), n, MPI_FLOAT, peer, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE) != MPI_SUCCESS;
-    double loss = model_forward(m, 0, tok, pos, last_stage ? tgt : NULL, b, t, dloss);
+    char err[512];
+    float lf = NAN;
+    bad |= model_forward(m, 0, tok, pos, last_stage ? tgt : NULL, b, t, dloss, &lf, err, sizeof err) != STATUS_OK;
+    double loss = lf;
     if (!last_stage) {
         bad |= MPI_Send(model_stage_output(m, 0), n, MPI_FLOAT, peer, 0, MPI_COMM_WORLD) != MPI_SUCCESS;
         bad |= MPI_Recv(model_stage_grad(m), n, MPI_FLOAT, peer, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE) != MPI_SUCCESS;
     }
-    bad |= model_backward(m, 0, accum, last) != 0;
+    bad |= model_backward(m, 0, accum, last, err, sizeof err) != STATUS_OK;
     if (!first_stage)
         bad |= MPI_Send(model_stage_grad(m), n, MPI_FLOAT, peer, 1, MPI_COMM_WORLD) != MPI_SUCCESS;
     if (grid.pp > 1 && MPI_Bcast(&loss, 1, MPI_DOUBLE, grid.pp - 1, MPI_COMM_WORLD) != MPI_SUCCESS)
