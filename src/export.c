@@ -15,6 +15,7 @@
 #include <unistd.h>
 #include <dirent.h>
 
+#include "base/transpose.h"
 #include "mpi/agree.h"
 #include "mpi/clock.h"
 #include "src/deal.h"
@@ -251,21 +252,6 @@ static int read_tile(h5store_t *h, const hf_map_t *map, const export_out_t *o, t
     return 0;
 }
 
-/* dst[j * ld + i] = src[i * n + j] for src [m][n], in 32 x 32 blocks so
- * that both sides stay in cache (a plain double loop strides through dst
- * a row per element and ran at a third of the disk's speed). */
-static void transpose_into(const float *src, int64_t m, int64_t n, float *dst, int64_t ld)
-{
-    enum { BS = 32 };
-    for (int64_t i0 = 0; i0 < m; i0 += BS)
-        for (int64_t j0 = 0; j0 < n; j0 += BS) {
-            const int64_t i1 = i0 + BS < m ? i0 + BS : m, j1 = j0 + BS < n ? j0 + BS : n;
-            for (int64_t j = j0; j < j1; j++)
-                for (int64_t i = i0; i < i1; i++)
-                    dst[j * ld + i] = src[i * n + j];
-        }
-}
-
 /* Tile rows [r0, r0+nr) of output o, [nr][o->cols], from the blocks read
  * for it (in entry order, as read_tile made them). head: one RoPE head's
  * scratch, align * cols floats. */
@@ -284,7 +270,7 @@ static void assemble_tile(const hf_map_t *map, const export_out_t *o, const tile
         if (e->ndim == 1) { /* [R] -> row 0, columns [off, off+R) */
             memcpy(rows + e->off, blk, (size_t)count[0] * sizeof *rows);
         } else if (e->flags & HF_MAP_TRANSPOSE) { /* blk [R][nr] -> rows[j][off + i] */
-            transpose_into(blk, count[0], count[1], rows + e->off, cols);
+            dt_transpose_f32(blk, count[0], count[1], count[1], rows + e->off, cols);
         } else { /* blk [n][cols] -> rows [e->off + start - r0, ...) */
             if (e->flags & HF_MAP_ROPE)
                 hf_rope_to_hf(blk, count[0], count[1], e->head_size, head);
