@@ -21,7 +21,10 @@
 # copies), page cache dropped first, its "init-from: ... in X s"
 # (the slowest rank's: every rank's slices read and converted) against
 # `dd if=model.safetensors of=/dev/null bs=16M` with the cache dropped.
-# Medians of REPS; GB = 1e9 bytes.
+# Both under `mpirun --bind-to none`: Open MPI binds each rank to one core
+# when there are at most two ranks, which leaves the tools' own threads
+# (the export's tile writer and tokenizer, the import's prefault) on the
+# rank's one core while the other idles. Medians of REPS; GB = 1e9 bytes.
 #
 # Environment: DTRAIN, DRESHARD (./src/...), DATA
 # (data/gutenberg-gpt2_train_*.bin), MPIEXEC (mpirun), DIR
@@ -63,7 +66,7 @@ for np in $nps; do
     for r in $(seq "$reps"); do
         rm -rf "$dir/hf" "$dir/dd"
         sync
-        t=$("$mpiexec" -np "$np" "$dreshard" --in "$p" --to-hf "$dir/hf" | tee -a "$log" |
+        t=$("$mpiexec" --bind-to none -np "$np" "$dreshard" --in "$p" --to-hf "$dir/hf" | tee -a "$log" |
             sed -n 's/.*total \([0-9.]*\) s$/\1/p')
         ex="$ex $t"
         bytes=$(cat "$dir"/hf/*.safetensors | wc -c)
@@ -78,7 +81,7 @@ for np in $nps; do
         rm -f "$dir/dd"
         drop
         # shellcheck disable=SC2046
-        t=$("$mpiexec" -np "$np" "$dtrain" --init-from "$dir/hf" --data "$data" $(layout "$np") --steps 1 --lr 0 \
+        t=$("$mpiexec" --bind-to none -np "$np" "$dtrain" --init-from "$dir/hf" --data "$data" $(layout "$np") --steps 1 --lr 0 \
             --min-lr 0 --warmup 0 --micro-batch 1 --seq-len 16 --val-every 0 --sample-tokens 0 --threads "$th" \
             --peak-gflops 100 | tee -a "$log" | sed -n 's/^init-from: .* in \([0-9.]*\) s;.*/\1/p')
         im="$im $t"

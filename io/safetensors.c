@@ -9,6 +9,7 @@
 #include "io/fsutil.h"
 #include "io/publish.h"
 #include "base/bf16.h" /* dt_f32_to_bf16, dt_bf16_to_f32 */
+#include "base/transpose.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -517,6 +518,11 @@ static void read_rows(const unsigned char *base, st_dtype_t d, size_t isz, int64
 static void read_transposed(const unsigned char *base, st_dtype_t d, size_t isz, int64_t cols, int64_t r0, int64_t nr,
                             int64_t c0, int64_t nc, float *dst)
 {
+    const unsigned char *s0 = base + ((size_t)c0 * (size_t)cols + (size_t)r0) * isz;
+    if (d == ST_F32 && ((uintptr_t)s0 & 3) == 0) { /* plain bits: the register transposes */
+        dt_transpose_f32((const float *)(const void *)s0, nc, nr, cols, dst, nc);
+        return;
+    }
     enum { BS = 32 };
     const int64_t groups = (nc + BS - 1) / BS;
     for (int64_t g = 0; g < groups; g++) {
@@ -528,6 +534,59 @@ static void read_transposed(const unsigned char *base, st_dtype_t d, size_t isz,
                        nc);
         }
     }
+}
+
+/* Rows r0.. (columns c0..c0+nc) of an fp32 tensor whose data starts at
+ * byte at of f read with pread straight into dst (one read for whole
+ * rows): no source page mapped, faulted and dropped again, and the
+ * destination filled by the kernel's one copy. 0, or -1 when the file
+ * cannot be read so (reopened by name: another size is another file);
+ * the caller then reads the mapping. */
+static int pread_rows(const st_file_t *f, uint64_t at, int64_t cols, int64_t r0, int64_t nr, int64_t c0, int64_t nc,
+                      float *dst)
+{
+    int fd = open(f->path, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0)
+        return -1;
+    int rc = fstat(fd, &st) == 0 && (size_t)st.st_size == f->size ? 0 : -1;
+    const int whole = c0 == 0 && nc == cols;
+    const size_t row = (size_t)cols * 4, len = whole ? (size_t)nr * row : (size_t)nc * 4;
+    if (rc == 0) /* advice: the rows are read ahead in large requests */
+        (void)posix_fadvise(fd, (off_t)(at + (size_t)r0 * row), (off_t)((size_t)nr * row), POSIX_FADV_WILLNEED);
+    for (int64_t i = 0; rc == 0 && i < (whole ? 1 : nr); i++) {
+        unsigned char *p = (unsigned char *)(dst + (size_t)i * (size_t)nc);
+        uint64_t off = at + (size_t)(r0 + i) * row + (size_t)c0 * 4;
+        for (size_t left = len; rc == 0 && left > 0;) {
+            ssize_t k = pread(fd, p, left, (off_t)off);
+            if (k < 0 && errno == EINTR)
+                continue;
+            if (k <= 0) { /* an error or a file shorter than its size said */
+                rc = -1;
+                break;
+            }
+            p += k;
+            off += (uint64_t)k;
+            left -= (size_t)k;
+        }
+    }
+    close(fd);
+    return rc;
+}
+
+void st_read_ahead(const st_file_t *f, const st_tensor_t *t, int64_t r0, int64_t nr, int64_t c0, int64_t nc,
+                   int transpose)
+{
+    const int64_t rows = t->ndim == 2 ? t->shape[0] : 1, cols = t->ndim == 2   ? t->shape[1]
+                                                                : t->ndim == 1 ? t->shape[0]
+                                                                               : 1;
+    const int64_t sr0 = transpose ? c0 : r0, snr = transpose ? nc : nr; /* the source rows */
+    const size_t isz = st_dtype_size(t->dtype);
+    if (f->map == NULL || !f->mapped || t->ndim > 2 || isz == 0 || !in_range(sr0, snr, rows) ||
+        8 + f->header_len + t->end > f->size)
+        return;
+    will_need(f, (const unsigned char *)f->map + 8 + f->header_len + t->begin + (size_t)sr0 * (size_t)cols * isz,
+              (size_t)snr * (size_t)cols * isz);
 }
 
 int st_read_f32(const st_file_t *f, const st_tensor_t *t, int64_t r0, int64_t nr, int64_t c0, int64_t nc, int transpose,
@@ -561,6 +620,9 @@ int st_read_f32(const st_file_t *f, const st_tensor_t *t, int64_t r0, int64_t nr
     }
     const unsigned char *base = (const unsigned char *)f->map + 8 + f->header_len + t->begin;
     size_t isz = st_dtype_size(t->dtype);
+    if (f->mapped && f->path != NULL && t->dtype == ST_F32 && !transpose &&
+        pread_rows(f, 8 + f->header_len + t->begin, cols, r0, nr, c0, nc, dst) == 0)
+        return 0;
     if (f->mapped) /* the source rows the block spans, read ahead in large requests */
         will_need(f, base + (size_t)(transpose ? c0 : r0) * (size_t)cols * isz,
                   (size_t)(transpose ? nc : nr) * (size_t)cols * isz);

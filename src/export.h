@@ -83,7 +83,9 @@ typedef struct export_target {
     int (*prepare)(export_ctx_t *x, char *err, size_t errlen);
     /* Rank 0: the temporary destination, every file at its full size. */
     int (*create)(export_ctx_t *x, char *err, size_t errlen);
-    /* Any rank: rows [r0, r0+nr) of output i, rows[nr][cols] fp32. */
+    /* Any rank: rows [r0, r0+nr) of output i, rows[nr][cols] fp32. Called
+     * on the rank's tile writer thread (src/export.c), one call at a time,
+     * while the rank's main thread reads the next tile. */
     int (*write_rows)(export_ctx_t *x, int i, int64_t r0, int64_t nr, const float *rows, char *err, size_t errlen);
     /* Every rank that wrote: its writes are durable. */
     int (*sync)(export_ctx_t *x, char *err, size_t errlen);

@@ -285,6 +285,22 @@ static void src_drop_pages(const source_t *s)
             madvise(s->st.files[i].map, s->st.files[i].size, MADV_DONTNEED);
 }
 
+/* Starts the reads of table tensor d's slice (the next one) while the
+ * current one is copied: from a cold page cache the copy otherwise waits
+ * for each tensor's reads in turn. Advice only. */
+static void src_read_ahead(source_t *s, const param_desc_t *d)
+{
+    const hf_map_t *e = hf_map_find(s->map, s->n_map, d->name);
+    const st_file_t *f;
+    const st_tensor_t *t;
+    if (!e || s->kind != INIT_FROM_HF || d->count[0] == 0 || st_model_find(&s->st, e->src, &f, &t) != 0)
+        return;
+    int64_t sr0, snr, sc0, snc;
+    int tr;
+    hf_map_src_block(e, d->start[0], d->count[0], d->start[1], d->count[1], &sr0, &snr, &sc0, &snc, &tr);
+    st_read_ahead(f, t, sr0, snr, sc0, snc, tr);
+}
+
 /* This rank's slice of table tensor d into host. */
 static int load_tensor(source_t *s, const param_desc_t *d, float *host, char *err, size_t errlen)
 {
@@ -460,6 +476,8 @@ int init_from_load(const char *path, const model_config_t *c, const param_table_
     if (rc == 0)
         prefault_start(&pf, host, t->numel * sizeof *host);
     for (int k = 0; rc == 0 && k < t->n; k++) {
+        if (k + 1 < t->n)
+            src_read_ahead(&s, &t->p[k + 1]);
         rc = load_tensor(&s, &t->p[k], host, err, errlen);
         src_drop_pages(&s);
         const uint64_t b = (uint64_t)t->p[k].numel * sizeof(float);
