@@ -213,8 +213,10 @@ void launch_describe(const launch_env_t *env, FILE *out)
 int launch_any_failed(const launch_env_t *env, const char *prog, int failed, const char *msg)
 {
     char buf[AGREE_MSG_MAX] = "";
-    if (failed)
+    if (failed) {
         snprintf(buf, sizeof buf, "%s", msg ? msg : "unknown error");
+        watchdog_note_failure(env->world ? env->world->watch : NULL, buf);
+    }
     int first = -1;
     if (agree_rank(env->world, failed, buf, sizeof buf, &first) == STATUS_OK)
         return 0;

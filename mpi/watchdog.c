@@ -23,6 +23,7 @@ struct watchdog {
     int size, peer;
     long long bytes;
     struct timespec since; /* CLOCK_MONOTONIC at watchdog_enter */
+    char failure[512];     /* watchdog_note_failure's message, or "" */
 };
 
 static double seconds_since(const struct timespec *t0)
@@ -60,8 +61,9 @@ static void fire(watchdog_t *w, double waited_s)
         snprintf(peer, sizeof peer, ", peer %s rank %d", w->group, w->peer);
     fprintf(stderr,
             "dtrain: %s: %s on group %s (%d ranks%s%s%s) has not finished after %.0f s (--comm-timeout %g): "
-            "a peer rank is stuck or dead; aborting the job\n",
-            w->who, w->op, w->group, w->size, what[0] ? ", " : "", what, peer, waited_s, w->timeout_s);
+            "a peer rank is stuck or dead; aborting the job%s%s\n",
+            w->who, w->op, w->group, w->size, what[0] ? ", " : "", what, peer, waited_s, w->timeout_s,
+            w->failure[0] ? "; this rank had failed first: " : "", w->failure);
     fflush(stderr);
     alarm(30); /* should MPI_Abort block, SIGALRM's default action ends the process */
     MPI_Abort(MPI_COMM_WORLD, 1);
@@ -174,5 +176,14 @@ void watchdog_leave(watchdog_t *w)
         return;
     pthread_mutex_lock(&w->lock);
     w->op = NULL;
+    pthread_mutex_unlock(&w->lock);
+}
+
+void watchdog_note_failure(watchdog_t *w, const char *msg)
+{
+    if (!w)
+        return;
+    pthread_mutex_lock(&w->lock);
+    snprintf(w->failure, sizeof w->failure, "%s", msg ? msg : "unknown error");
     pthread_mutex_unlock(&w->lock);
 }

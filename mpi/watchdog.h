@@ -49,4 +49,12 @@ void watchdog_enter(watchdog_t *w, const char *op, const char *group, int size, 
 /* The blocking call returned. */
 void watchdog_leave(watchdog_t *w);
 
+/* This rank has failed with `msg` and is about to wait for its peers to
+ * agree on it (launch_any_failed). A peer stuck elsewhere (the next stage
+ * of a pipeline waiting for activations this rank will never send) never
+ * joins that agreement, so the watchdog ends the job, and the failure
+ * would be lost with it: the abort line then ends with it,
+ * "...; this rank had failed first: MSG". A copy is kept; NULL w is fine. */
+void watchdog_note_failure(watchdog_t *w, const char *msg);
+
 #endif

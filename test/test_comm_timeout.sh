@@ -86,6 +86,20 @@ freeze_run tp2pp2 4 3 'tp|pp|dp|world|embed' --tp 2 --pp 2 --global-batch 4
 # ZeRO-3: parameter all-gathers of the next block
 freeze_run zero3 2 0 'dp|world' --zero 3
 
+# A rank that failed waits in the world agreement while its peer is stuck
+# elsewhere (test_fail_agree.c): the watchdog ends the job, and its line
+# carries the failure, which no agreement can print.
+t0=$(date +%s)
+"$MPIEXEC" --quiet -np 2 "$top_builddir/test/test_fail_agree" 2 >"$TMP/fa.log" 2>&1
+rc=$?
+took=$(($(date +%s) - t0))
+line=$(grep -E "^dtrain: rank 1: .* has not finished after [0-9]+ s \(--comm-timeout 2\): .*aborting the job; this rank had failed first: injected failure on rank 1$" "$TMP/fa.log")
+if [ "$rc" -ne 0 ] && [ "$took" -lt 40 ] && [ -n "$line" ]; then
+    pass "failed rank in the agreement, peer stuck: ended in $took s, status $rc: $line"
+else
+    fail "failed rank in the agreement: status $rc after $took s, no line with the failure: $(tail -n 5 "$TMP/fa.log")"
+fi
+
 # The watchdog changes no number: 10 steps at dp 2 with a watchdog that is
 # armed around every call (timeout 60 s) and without one, bit-identical.
 for t in 0 60; do
