@@ -210,7 +210,7 @@ void launch_describe(const launch_env_t *env, FILE *out)
     }
 }
 
-int launch_any_failed(const launch_env_t *env, const char *prog, int failed, const char *msg)
+status_t launch_any_failed(const launch_env_t *env, const char *prog, int failed, const char *msg)
 {
     char buf[AGREE_MSG_MAX] = "";
     if (failed) {
@@ -218,8 +218,9 @@ int launch_any_failed(const launch_env_t *env, const char *prog, int failed, con
         watchdog_note_failure(env->world ? env->world->watch : NULL, buf);
     }
     int first = -1;
-    if (agree_rank(env->world, failed, buf, sizeof buf, &first) == STATUS_OK)
-        return 0;
+    const status_t st = agree_rank(env->world, failed, buf, sizeof buf, &first);
+    if (st == STATUS_OK)
+        return STATUS_OK;
     if (first < 0) { /* the agreement itself failed: MPI errors are not recoverable */
         fprintf(stderr, "%s: error: %s\n", prog, buf);
         MPI_Abort(MPI_COMM_WORLD, 1);
@@ -231,7 +232,7 @@ int launch_any_failed(const launch_env_t *env, const char *prog, int failed, con
             fprintf(stderr, "%s: error: %s\n", prog, buf);
         fflush(stderr);
     }
-    return 1;
+    return st;
 }
 
 void launch_exit(const launch_env_t *env, int status)

@@ -10,6 +10,7 @@
 #include <stdio.h>
 
 #include "mpi/comm.h"
+#include "mpi/status.h"
 
 typedef enum {
     LAUNCH_SINGLETON, /* ./dtrain with no launcher: one rank */
@@ -62,10 +63,13 @@ int launch_catch_stop_signals(void);
  * point where stopping is safe (the training loop's step boundary). */
 int launch_stop_signal(void);
 
-/* Collective over the world, agree() on env->world: returns 1 if any rank
- * passed failed != 0. Then the lowest failing rank's msg is printed by rank
- * 0 as "<prog>: error: [rank R: ]msg". */
-int launch_any_failed(const launch_env_t *env, const char *prog, int failed, const char *msg);
+/* Collective over the world, agree() on env->world. failed: 0, a
+ * status_t, or any other nonzero value for STATUS_FAIL. Returns STATUS_OK
+ * on every rank when every rank passed 0; otherwise, on every rank, the
+ * lowest failing rank's status (so status_exit_code gives every rank the
+ * same exit code), and rank 0 prints that rank's msg as
+ * "<prog>: error: [rank R: ]msg". */
+status_t launch_any_failed(const launch_env_t *env, const char *prog, int failed, const char *msg);
 
 /* Frees env->world, MPI_Finalize, then exit(status) on every rank. */
 void launch_exit(const launch_env_t *env, int status);

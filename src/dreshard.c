@@ -615,9 +615,10 @@ static void print_summary(const reshard_opts_t *o, const char *content, int nt_i
            nranks, nranks == 1 ? "" : "s", t[1], t[2], now_s() - t[3]);
 }
 
-/* The resharding: every step agreed on by all ranks. *status is the exit
- * status on failure (2 for the input and the command line, 1 for writing). */
-static int reshard(const reshard_opts_t *o, comm_t *world, int *status, char *err, size_t errlen)
+/* The resharding: every step agreed on by all ranks. A failure is
+ * STATUS_INPUT while it is the input's or the command line's (reading,
+ * verifying), STATUS_FAIL once it is the machine's (writing). */
+static status_t reshard(const reshard_opts_t *o, comm_t *world, char *err, size_t errlen)
 {
     char content[64] = "", layout[64];
     model_config_t cfg;
@@ -628,14 +629,14 @@ static int reshard(const reshard_opts_t *o, comm_t *world, int *status, char *er
     out_plan_t out = {0};
     int64_t in_shards = 0, in_bytes = 0;
     double t[4] = {0, 0, 0, now_s()}; /* verify, read, write, start */
-    *status = 2;
+    status_t fail_as = STATUS_INPUT;
 
     int rc = world->rank == 0 ? check_paths(o, err, errlen) : 0;
     if (agree(world, rc, err, errlen) != 0)
-        return -1;
+        return STATUS_INPUT;
     h5store_t *h = h5store_open(o->in, MPI_COMM_WORLD, err, errlen);
     if (!h)
-        return -1;
+        return STATUS_INPUT;
     rc = read_input(h, o->in, &cfg, groups, &n_groups, content, sizeof content, &t_in, &nt_in, err, errlen);
     if (rc == 0)
         rc = options_check_grid(&cfg, o->tp, o->pp, err, errlen);
@@ -649,7 +650,7 @@ static int reshard(const reshard_opts_t *o, comm_t *world, int *status, char *er
 
     snprintf(layout, sizeof layout, "tp %d pp %d dp %d zero %d", o->tp, o->pp, o->dp, o->zero);
     if (rc == 0) {
-        *status = 1; /* from here on, failures are the machine's, not the input's */
+        fail_as = STATUS_FAIL; /* from here on, failures are the machine's, not the input's */
         rc = plan_output(o, world, &cfg, groups, n_groups, attrs, na, layout, &out, err, errlen);
         rc = agree(world, rc, err, errlen);
         if (rc == 0) {
@@ -658,7 +659,7 @@ static int reshard(const reshard_opts_t *o, comm_t *world, int *status, char *er
             rc = h5store_read_shards(h, out.t, out.nt, out.shards, out.ns, err, errlen);
             t[1] = now_s() - t1;
             if (rc != 0)
-                *status = 2;
+                fail_as = STATUS_INPUT;
         }
     }
     char cerr[ERRLEN];
@@ -676,7 +677,7 @@ static int reshard(const reshard_opts_t *o, comm_t *world, int *status, char *er
     out_plan_free(&out); /* before attrs: its strings are attrs' or on the stack */
     h5store_free_attrs(attrs, na);
     free(t_in);
-    return rc;
+    return rc == 0 ? STATUS_OK : fail_as;
 }
 
 /* A string attribute, or "" when the file has none. */
@@ -687,8 +688,10 @@ static int optional_str(h5store_t *h, const char *key, char *out, size_t len, ch
 }
 
 /* --to-hf / --to-llmc: the input checked as for resharding, then
- * export_run. */
-static int export_cmd(const reshard_opts_t *o, comm_t *world, int *status, char *err, size_t errlen)
+ * export_run. STATUS_INPUT for the input and the command line, else
+ * export_run's status (or STATUS_FAIL when closing the input fails after
+ * a complete export). */
+static status_t export_cmd(const reshard_opts_t *o, comm_t *world, char *err, size_t errlen)
 {
     const int rank = world->rank, nranks = world->size;
     char content[64] = "", tok[TOK_PATH_MAX], tok_sha[80];
@@ -697,13 +700,13 @@ static int export_cmd(const reshard_opts_t *o, comm_t *world, int *status, char 
     int n_groups = 0, n_all = 0, n_params = 0;
     h5store_tensor_t *t_all = NULL, *t_params = NULL;
     struct stat st;
-    *status = 2;
+    status_t fail_as = STATUS_INPUT;
     int rc = rank == 0 ? check_input(o->in, &st, err, errlen) : 0;
     if (agree(world, rc, err, errlen) != 0)
-        return -1;
+        return STATUS_INPUT;
     h5store_t *h = h5store_open(o->in, MPI_COMM_WORLD, err, errlen);
     if (!h)
-        return -1;
+        return STATUS_INPUT;
     rc = read_input(h, o->in, &cfg, groups, &n_groups, content, sizeof content, &t_all, &n_all, err, errlen);
     if (rc == 0)
         rc = param_io_tensors(&cfg, groups, 1, 1, &t_params, &n_params, err, errlen);
@@ -734,8 +737,10 @@ static int export_cmd(const reshard_opts_t *o, comm_t *world, int *status, char 
                               .tok_recorded = tok,
                               .tok_sha256 = tok_sha,
                               .max_shard_bytes = o->max_shard_bytes};
-    if (rc == 0)
-        rc = export_run(world, tg, &eo, h, &cfg, t_params, n_params, &rep, status, err, errlen);
+    if (rc == 0) {
+        rc = export_run(world, tg, &eo, h, &cfg, t_params, n_params, &rep, err, errlen);
+        fail_as = rc != 0 ? status_of(rc) : STATUS_FAIL;
+    }
     char cerr[ERRLEN];
     if (h5store_close(h, cerr, sizeof cerr) != 0 && rc == 0) {
         snprintf(err, errlen, "%s", cerr);
@@ -756,7 +761,7 @@ static int export_cmd(const reshard_opts_t *o, comm_t *world, int *status, char 
     }
     free(t_all);
     free(t_params);
-    return rc;
+    return rc == 0 ? STATUS_OK : fail_as;
 }
 
 /* --info: the attributes, the tensors and the checksum verdict. */
@@ -839,14 +844,14 @@ int main(int argc, char **argv)
             fprintf(stderr, PROG ": error: %s\n", err);
         launch_exit(&env, 2);
     }
-    int status = 2, failed;
-    if (o.info)
-        failed = info(o.info, env.world, err, sizeof err) != 0;
+    status_t st_run;
+    if (o.info) /* --info reads only: any failure is the input's */
+        st_run = info(o.info, env.world, err, sizeof err) != 0 ? STATUS_INPUT : STATUS_OK;
     else if (o.to_hf || o.to_llmc)
-        failed = export_cmd(&o, env.world, &status, err, sizeof err) != 0;
+        st_run = export_cmd(&o, env.world, err, sizeof err);
     else
-        failed = reshard(&o, env.world, &status, err, sizeof err) != 0;
-    failed = launch_any_failed(&env, PROG, failed, err);
-    launch_exit(&env, failed ? status : 0);
-    return failed ? status : 0;
+        st_run = reshard(&o, env.world, err, sizeof err);
+    /* the lowest failing rank's status: every rank exits alike */
+    launch_exit(&env, status_exit_code(launch_any_failed(&env, PROG, st_run, err)));
+    return 0;
 }

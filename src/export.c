@@ -582,9 +582,9 @@ static int write_tiles(const export_target_t *tg, export_ctx_t *x, h5store_t *h,
     return rc;
 }
 
-int export_run(comm_t *world, const export_target_t *tg, const export_opts_t *o, h5store_t *h,
-               const model_config_t *cfg, const h5store_tensor_t *params_list, int n_params, export_report_t *rep,
-               int *status, char *err, size_t errlen)
+status_t export_run(comm_t *world, const export_target_t *tg, const export_opts_t *o, h5store_t *h,
+                    const model_config_t *cfg, const h5store_tensor_t *params_list, int n_params, export_report_t *rep,
+                    char *err, size_t errlen)
 {
     const int rank = world->rank, nranks = world->size;
     int n_map = 0, n_tiles = 0, read_failed = 0;
@@ -594,7 +594,7 @@ int export_run(comm_t *world, const export_target_t *tg, const export_opts_t *o,
     tile_t *tiles = NULL;
     const double t0 = now_s();
     memset(rep, 0, sizeof *rep);
-    *status = 2;
+    status_t fail_as = STATUS_INPUT; /* until the writing starts */
 
     int rc = rank == 0 ? check_dest(tg, &x, err, errlen) : 0;
     rc = agree(world, rc, err, errlen);
@@ -630,7 +630,7 @@ int export_run(comm_t *world, const export_target_t *tg, const export_opts_t *o,
         rc = agree(world, rc, err, errlen);
         if (rc == 0)
             rc = agree(world, rank == 0 ? tg->publish(&x, err, errlen) : 0, err, errlen);
-        *status = rc != 0 && any_read_failed ? 2 : 1;
+        fail_as = any_read_failed ? STATUS_INPUT : STATUS_FAIL;
         if (rc != 0 && rank == 0)
             tg->discard(&x);
     }
@@ -644,7 +644,7 @@ int export_run(comm_t *world, const export_target_t *tg, const export_opts_t *o,
     free(map);
     rep->t_total = now_s() - t0;
     rep->t_write = rep->t_total - rep->t_read;
-    return rc;
+    return rc == 0 ? STATUS_OK : fail_as;
 }
 
 /* ---- files ---------------------------------------------------------------------- */

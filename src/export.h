@@ -118,12 +118,12 @@ typedef struct export_report {
  * (their checksum records verified as they are read: the optimizer state
  * of a checkpoint is not read, so not verified)
  * (model cfg; params_list: its "params/<name>" tensors as param_io_tensors
- * gives them) as target tg. *status is the exit status on failure: 2 when
- * the input or the options are wrong, 1 when writing fails. The same
- * status and message on every rank. */
-int export_run(comm_t *world, const export_target_t *tg, const export_opts_t *o, h5store_t *h,
-               const model_config_t *cfg, const h5store_tensor_t *params_list, int n_params, export_report_t *rep,
-               int *status, char *err, size_t errlen);
+ * gives them) as target tg. STATUS_INPUT when the input or the options
+ * are wrong (a damaged tensor included), STATUS_FAIL when writing fails.
+ * The same status and message on every rank. */
+status_t export_run(comm_t *world, const export_target_t *tg, const export_opts_t *o, h5store_t *h,
+                    const model_config_t *cfg, const h5store_tensor_t *params_list, int n_params, export_report_t *rep,
+                    char *err, size_t errlen);
 
 /* Shared by the targets (src/export.c). */
 /* dest's temporary sibling: "<dir>/.<base>.tmp". */
