@@ -44,6 +44,13 @@ status_t agree(comm_t *c, int status, char *msg, size_t len) { return agree_rank
  * verdict. No watchdog: a stuck peer is found by the caller's. */
 status_t agree_mpi(MPI_Comm comm, int status, char *msg, size_t len)
 {
+    return agree_mpi_rank(comm, status, msg, len, NULL);
+}
+
+status_t agree_mpi_rank(MPI_Comm comm, int status, char *msg, size_t len, int *first)
+{
+    if (first)
+        *first = -1;
     int rank = 0, rc;
     if ((rc = MPI_Comm_rank(comm, &rank)) != MPI_SUCCESS)
         return status_set(STATUS_FAIL, msg, len, "agreeing on the ranks' status: MPI_Comm_rank failed (MPI error %d)",
@@ -53,6 +60,8 @@ status_t agree_mpi(MPI_Comm comm, int status, char *msg, size_t len)
         return status_set(STATUS_FAIL, msg, len, "agreeing on the ranks' status failed (MPI_Allreduce error %d)", rc);
     if (low == INT32_MAX)
         return STATUS_OK;
+    if (first)
+        *first = (int)low;
     verdict_t v = {.status = status_of(status), .msg = "error"};
     if (rank == low && msg && len > 0 && msg[0])
         snprintf(v.msg, sizeof v.msg, "%.*s", (int)(len < sizeof v.msg ? len : sizeof v.msg) - 1, msg);

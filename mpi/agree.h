@@ -35,5 +35,8 @@ status_t agree(comm_t *c, int status, char *msg, size_t len);
 /* agree over a bare MPI communicator (no watchdog, no trace span), for
  * code that holds an MPI_Comm rather than a comm_t: the HDF5 store. */
 status_t agree_mpi(MPI_Comm comm, int status, char *msg, size_t len);
+/* agree_mpi with *first, as agree_rank's *rank: the lowest failing rank,
+ * or -1 when all succeeded or the agreement itself failed. */
+status_t agree_mpi_rank(MPI_Comm comm, int status, char *msg, size_t len, int *first);
 
 #endif

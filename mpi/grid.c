@@ -14,6 +14,8 @@
  * message of the lowest failing rank. */
 #include "mpi/grid.h"
 
+#include "mpi/agree.h"
+
 #include <limits.h>
 #include <mpi.h>
 #include <stdarg.h>
@@ -167,30 +169,16 @@ static void wrap_split(grid_t *g, int axis, MPI_Comm *mc, int want_rank, int wan
 
 /* Collective over the world: if any rank has an error (e->s non-empty),
  * every rank gets the lowest failing rank's message in e (prefixed with
- * its rank when the world has more than one) and returns STATUS_FAIL. */
+ * its rank when the world has more than one) and its status. */
 static status_t agree_world(const grid_t *g, first_err_t *e)
 {
-    int mine = e->s[0] ? g->world_rank : INT_MAX, first = INT_MAX;
-    int rc = MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    if (rc != MPI_SUCCESS) {
-        e->s[0] = '\0';
-        mpi_err(e, rc, "MPI_Allreduce(agree)");
-        return STATUS_FAIL;
-    }
-    if (first == INT_MAX)
-        return STATUS_OK;
+    int first = -1;
+    const status_t st = agree_mpi_rank(MPI_COMM_WORLD, e->s[0] ? STATUS_FAIL : STATUS_OK, e->s, e->len, &first);
+    if (st == STATUS_OK || first < 0 || g->world_size == 1)
+        return st;
     char msg[COMM_ERR_MAX];
     snprintf(msg, sizeof msg, "%s", e->s);
-    rc = MPI_Bcast(msg, (int)sizeof msg, MPI_CHAR, first, MPI_COMM_WORLD);
-    if (rc != MPI_SUCCESS) {
-        e->s[0] = '\0';
-        mpi_err(e, rc, "MPI_Bcast(agree)");
-        return STATUS_FAIL;
-    }
-    msg[sizeof msg - 1] = '\0';
-    if (g->world_size > 1)
-        return status_set(STATUS_FAIL, e->s, e->len, "rank %d: %.*s", first, (int)sizeof msg - 16, msg);
-    return status_set(STATUS_FAIL, e->s, e->len, "%s", msg);
+    return status_set(st, e->s, e->len, "rank %d: %.*s", first, (int)sizeof msg - 16, msg);
 }
 
 status_t grid_create(grid_t *g, int tp, int pp, int dp, char *err, size_t errlen)
