@@ -78,6 +78,25 @@ static int backward(dpsync_t *s, float *grads, const size_t *start, size_t blo, 
     return dpsync_backward_end(s, NULL, 0);
 }
 
+/* The strategy's configuration over the NT tensors (start[NT + 1],
+ * norm[NT]): bucketed, 40-byte buckets, fp32. */
+static dpsync_config_t config_of(const ops_t *cpu, comm_t *dp, float *params, float *grads, size_t n,
+                                 const size_t *start, const unsigned char *norm)
+{
+    return (dpsync_config_t){.ops = cpu,
+                             .dp = dp,
+                             .params = params,
+                             .grads = grads,
+                             .n = n,
+                             .n_tensors = NT,
+                             .tensor_start = start,
+                             .tensor_block = block,
+                             .tensor_norm = norm,
+                             .mode = DDP_BUCKETED,
+                             .bucket_bytes = 40,
+                             .dtype = COMM_FP32};
+}
+
 static void run_stage(comm_t *world, int stage, int rank)
 {
     const dpsync_ops_t *kind = dpsync_pick(stage);
@@ -101,18 +120,7 @@ static void run_stage(comm_t *world, int stage, int rank)
         host[i] = 0.5f * (float)i;
     }
     const ops_t *cpu = ops_cpu_create();
-    const dpsync_config_t c = {.ops = cpu,
-                               .dp = world,
-                               .params = params,
-                               .grads = grads,
-                               .n = n,
-                               .n_tensors = NT,
-                               .tensor_start = start,
-                               .tensor_block = block,
-                               .tensor_norm = norm,
-                               .mode = DDP_BUCKETED,
-                               .bucket_bytes = 40,
-                               .dtype = COMM_FP32};
+    const dpsync_config_t c = config_of(cpu, world, params, grads, n, start, norm);
     dpsync_t s;
     char err[COMM_ERR_MAX] = ""; /* a failed call's message, printed at the end */
     int ok = cpu && kind && dpsync_create(&s, kind, &c, err, sizeof err) == 0;
@@ -253,18 +261,7 @@ static void run_failing(int stage, int rank)
     const size_t n = start[NT];
     float *params = calloc(n, sizeof(float)), *grads = calloc(n, sizeof(float));
     const ops_t *cpu = ops_cpu_create();
-    const dpsync_config_t c = {.ops = cpu,
-                               .dp = &dp,
-                               .params = params,
-                               .grads = grads,
-                               .n = n,
-                               .n_tensors = NT,
-                               .tensor_start = start,
-                               .tensor_block = block,
-                               .tensor_norm = norm,
-                               .mode = DDP_BUCKETED,
-                               .bucket_bytes = 40,
-                               .dtype = COMM_FP32};
+    const dpsync_config_t c = config_of(cpu, &dp, params, grads, n, start, norm);
     dpsync_t s;
     char err[COMM_ERR_MAX] = "", fin[COMM_ERR_MAX] = "";
     const char *want = stage ? "gradient reduce-scatter failed: " INJECTED : "gradient all-reduce failed: " INJECTED;
