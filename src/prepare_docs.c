@@ -141,36 +141,49 @@ static int own_doc(prep_run_t *r, round_buf_t *b, const corpus_doc_t *doc, char 
 /* Read a round of documents (see deal_t), tokenizing this rank's. Returns the
  * number of documents read (all ranks read the same), or -1 with *err_key
  * the document index where it failed (UINT64_MAX when the failure is not
- * tied to a document). */
+ * tied to a document). A rank that fails on a document of its own (a
+ * malformed JSONL line, a tokenizer error) keeps reading the round, owning
+ * nothing more, up to the same document as the others: with mapped inputs
+ * reading on may mean a window exchange (prepare_split.c), which every rank
+ * must join before the round's errors are agreed. */
 static int64_t read_round(prep_run_t *r, corpus_t *c, deal_t *deal, round_buf_t *b, int *at_end, uint64_t *err_key,
                           char *msg, size_t msglen)
 {
     int64_t got = 0;
+    int failed = 0;
     char err[PREP_ERRLEN];
     while ((size_t)got < r->o->round_docs && !deal_round_done(deal, r->nranks)) {
         corpus_doc_t doc;
-        uint64_t next = r->n_docs + (uint64_t)got;
-        int mine = deal->owner == r->rank;
+        int mine = !failed && deal->owner == r->rank;
         int rc = corpus_next(c, mine, &doc, err, sizeof err);
         if (rc == 0) {
             *at_end = 1;
             break;
         }
-        if (rc < 0) {
-            *err_key = next;
-            prep_err(msg, msglen, "%s", err);
+        if (rc < 0 && corpus_skip(c) != 0) {
+            /* the reading stopped, at the same document on every rank
+             * (streamed inputs are read whole by each; a mapped window's
+             * failure is shared), or with no collective ahead (streamed) */
+            if (!failed) {
+                *err_key = r->n_docs + (uint64_t)got;
+                prep_err(msg, msglen, "%s", err);
+            }
             return -1;
         }
-        if (mine && own_doc(r, b, &doc, err, sizeof err) != 0) {
+        if (!failed && rc < 0) {
+            *err_key = doc.index;
+            prep_err(msg, msglen, "%s", err);
+            failed = 1;
+        } else if (mine && own_doc(r, b, &doc, err, sizeof err) != 0) {
             *err_key = doc.index;
             doc_error(r, c, &doc, err, msg, msglen);
-            return -1;
+            failed = 1;
         }
         deal_advance(deal, r->nranks, doc.span);
         got++;
     }
     deal_end_round(deal, r->nranks, got, r->o->round_docs);
-    return got;
+    return failed ? -1 : got;
 }
 
 /* Sum the round's per-document token counts over the ranks: counts[i] of
