@@ -36,6 +36,7 @@ struct corpus {
     size_t chunk;   /* bytes per read and per decompression call */
     uint64_t index; /* of the next document */
     int failed;     /* an error was returned: stay stopped */
+    int bad_doc;    /* ... in one document's text, its place known (corpus_skip) */
     json_t *root;   /* JSON object holding the last document's text */
 
     /* The current file. */
@@ -622,6 +623,7 @@ static int next_jsonl(corpus_t *c, int want_text, corpus_doc_t *doc, char *err, 
     char msg[512];
     if (jsonl_parse(p, len, c->field, &c->root, &doc->text, &doc->len, msg, sizeof msg) != 0) {
         seterr(err, errlen, "%s:%llu: %s", cur_path(c), (unsigned long long)line, msg);
+        c->bad_doc = 1;
         return -1;
     }
     return 1;
@@ -946,6 +948,8 @@ static int next_mapped(corpus_t *c, int want_text, corpus_doc_t *doc, char *err,
     doc->len = 0;
     if (!want_text)
         return 1;
+    /* from here on an error is this document's: the next one is found */
+    c->bad_doc = 1;
     if (map_use(c, f, err, errlen) != 0)
         return -1;
     const char *p = c->map + doc->offset;
@@ -1069,7 +1073,9 @@ int corpus_next(corpus_t *c, int want_text, corpus_doc_t *doc, char *err, size_t
     c->root = NULL;
     if (c->mapped) {
         int r = next_mapped(c, want_text, doc, err, errlen);
-        if (r > 0)
+        if (r >= 0)
+            c->bad_doc = 0;
+        if (r > 0 || c->bad_doc)
             doc->index = c->index++;
         c->failed = r < 0;
         return r;
@@ -1088,20 +1094,29 @@ int corpus_next(corpus_t *c, int want_text, corpus_doc_t *doc, char *err, size_t
             r = next_piece(c, want_text, doc, err, errlen);
         else
             r = next_whole(c, want_text, doc, err, errlen);
-        if (r < 0)
-            break;
-        if (r > 0) {
+        if (r > 0 || c->bad_doc) {
             doc->index = c->index++;
             doc->file = c->file;
             doc->offset = 0;
             c->n_docs++;
-            return 1;
+            if (r > 0)
+                return 1;
         }
+        if (r < 0)
+            break;
         src_close(c);
         c->file++;
     }
     c->failed = 1;
     return -1;
+}
+
+int corpus_skip(corpus_t *c)
+{
+    if (!c->failed || !c->bad_doc)
+        return -1;
+    c->failed = c->bad_doc = 0;
+    return 0;
 }
 
 void corpus_close(corpus_t *c)

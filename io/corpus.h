@@ -45,7 +45,8 @@
  *
  * Errors: functions return -1 and write one line (no newline) to err that
  * names the file, the line where known, the problem and the fix; nothing
- * is printed. After an error, corpus_next keeps returning -1. */
+ * is printed. After an error, corpus_next keeps returning -1, unless
+ * corpus_skip says that the error was one document's (see there). */
 #ifndef DTRAIN_CORPUS_H
 #define DTRAIN_CORPUS_H
 
@@ -95,6 +96,14 @@ int corpus_open(corpus_t **c, char *const *paths, int n_paths, const corpus_opts
 /* 1: a document in *doc, 0: end of input, -1: error (err says
  * FILE:LINE: problem; fix). */
 int corpus_next(corpus_t *c, int want_text, corpus_doc_t *doc, char *err, size_t errlen);
+
+/* After corpus_next returned -1 for a document whose text alone is bad (a
+ * malformed JSONL line, or its mapped file could not be mapped), *doc was
+ * filled as with want_text 0 (index, file, line, offset, span): 0, and the
+ * next corpus_next goes on with the following document, so that a rank
+ * can keep counting documents in step with the others. -1: the error
+ * stopped the reading (corpus_next keeps returning -1). */
+int corpus_skip(corpus_t *c);
 
 void corpus_close(corpus_t *c);
 

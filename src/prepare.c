@@ -157,8 +157,10 @@ static const opt_def_t opt_defs[] = {
      fraction_arg, 0},
     {"shard-tokens", OPT_ARG, F(o.shard_tokens), 0, "100000000", 0, 0, NULL,
      "llmc: at most N tokens per shard, shards balanced\n(default 100000000)", "N", shard_arg, 0},
-    {"round-docs", OPT_ARG, F(o.round_docs), 0, "4096", 0, 0, NULL,
-     "at most N documents dealt to the ranks per round\n(default 4096; bounds memory)", "N", round_arg, 0},
+    {"round-docs", OPT_ARG, F(o.round_docs), 0, "65536", 0, 0, NULL,
+     "at most N documents dealt to the ranks per round,\n"
+     "which also ends at 32 MiB of input (default 65536;\nbounds memory)",
+     "N", round_arg, 0},
 };
 /* clang-format on */
 #undef F

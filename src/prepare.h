@@ -27,6 +27,10 @@
 #define PREP_ERRLEN 1024
 #define PREP_PATH_MAX 4096
 #define PREP_STAGE_BYTES ((size_t)1 << 20) /* per split: the largest write */
+/* A round ends at --round-docs documents or this many bytes of input (all
+ * ranks together), whichever comes first: with the round's tokens (4
+ * bytes each while held) this bounds a rank's memory. */
+#define PREP_ROUND_BYTES ((uint64_t)32 << 20)
 
 typedef enum { PREP_FORMAT_LLMC = 0, PREP_FORMAT_MEGATRON = 1 } prep_format_t;
 extern const char *const prep_format_names[]; /* indexed by prep_format_t, NULL-terminated (--format) */
@@ -42,7 +46,7 @@ typedef struct prep_opts {
     prep_format_t format;  /* llmc | megatron */
     double val_fraction;   /* 0 <= F < 1, of documents */
     size_t shard_tokens;   /* llmc: at most this many tokens per shard */
-    size_t round_docs;     /* at most this many documents a round (bounds memory) */
+    size_t round_docs;     /* at most this many documents a round (bounds memory, with PREP_ROUND_BYTES) */
     char *const *inputs;
     int n_inputs;
 } prep_opts_t;

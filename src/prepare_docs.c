@@ -28,15 +28,17 @@ static prep_split_t split_of(uint64_t d, double f)
  * more than a fifth of the tokenizing time on GPT-2). A round ends after
  * DEAL_CYCLES full turns, when every rank has had as many runs (the ranks
  * wait for each other at the end of a round, so the turns must not stop
- * part way), or at round_docs documents. The quantum comes from the
- * previous round's bytes per document, sized so that the turns end a
- * round a little before round_docs does. The first round has no quantum:
+ * part way), or at round_docs documents or PREP_ROUND_BYTES of input,
+ * whichever comes first. The quantum comes from the previous round's
+ * bytes per document, sized so that the turns end a round a little before
+ * either bound does. Large rounds keep the writes few (a rank writes once
+ * per run and split) and the waits at the rounds' ends few. The first round has no quantum:
  * every document is a run, dealt one at a time, as are documents longer
  * than the quantum (whole files), which keeps a few large documents
  * spread over the ranks. Every rank sees the same sizes and makes the
  * same deal; the outputs do not depend on it. */
 #define DEAL_CYCLES 16
-#define DEAL_FILL 0.875 /* of round_docs that the turns are sized for */
+#define DEAL_FILL 0.875 /* of a round's bound that the turns are sized for */
 
 typedef struct deal {
     int owner;        /* rank of the current run */
@@ -61,12 +63,22 @@ static void deal_advance(deal_t *d, int nranks, size_t span)
     }
 }
 
-/* The next quantum from this round's n_docs documents. */
+/* The round's input bounds are reached. */
+static int deal_round_full(const deal_t *d, int64_t n_docs, size_t round_docs)
+{
+    return (size_t)n_docs >= round_docs || d->round >= PREP_ROUND_BYTES;
+}
+
+/* The next quantum from this round's n_docs documents: the turns fill
+ * DEAL_FILL of round_docs documents of this round's mean size, or of
+ * PREP_ROUND_BYTES when that is less. */
 static void deal_end_round(deal_t *d, int nranks, int64_t n_docs, size_t round_docs)
 {
+    double bytes = (double)d->round / (double)(n_docs > 0 ? n_docs : 1) * (double)round_docs;
+    if (bytes > (double)PREP_ROUND_BYTES)
+        bytes = (double)PREP_ROUND_BYTES;
     if (n_docs > 0)
-        d->quantum = (uint64_t)(DEAL_FILL * (double)d->round / (double)n_docs * (double)round_docs /
-                                ((double)nranks * DEAL_CYCLES));
+        d->quantum = (uint64_t)(DEAL_FILL * bytes / ((double)nranks * DEAL_CYCLES));
     d->runs = 0;
     d->round = 0;
 }
@@ -141,36 +153,49 @@ static int own_doc(prep_run_t *r, round_buf_t *b, const corpus_doc_t *doc, char 
 /* Read a round of documents (see deal_t), tokenizing this rank's. Returns the
  * number of documents read (all ranks read the same), or -1 with *err_key
  * the document index where it failed (UINT64_MAX when the failure is not
- * tied to a document). */
+ * tied to a document). A rank that fails on a document of its own (a
+ * malformed JSONL line, a tokenizer error) keeps reading the round, owning
+ * nothing more, up to the same document as the others: with mapped inputs
+ * reading on may mean a window exchange (prepare_split.c), which every rank
+ * must join before the round's errors are agreed. */
 static int64_t read_round(prep_run_t *r, corpus_t *c, deal_t *deal, round_buf_t *b, int *at_end, uint64_t *err_key,
                           char *msg, size_t msglen)
 {
     int64_t got = 0;
+    int failed = 0;
     char err[PREP_ERRLEN];
-    while ((size_t)got < r->o->round_docs && !deal_round_done(deal, r->nranks)) {
+    while (!deal_round_full(deal, got, r->o->round_docs) && !deal_round_done(deal, r->nranks)) {
         corpus_doc_t doc;
-        uint64_t next = r->n_docs + (uint64_t)got;
-        int mine = deal->owner == r->rank;
+        int mine = !failed && deal->owner == r->rank;
         int rc = corpus_next(c, mine, &doc, err, sizeof err);
         if (rc == 0) {
             *at_end = 1;
             break;
         }
-        if (rc < 0) {
-            *err_key = next;
-            prep_err(msg, msglen, "%s", err);
+        if (rc < 0 && corpus_skip(c) != 0) {
+            /* the reading stopped, at the same document on every rank
+             * (streamed inputs are read whole by each; a mapped window's
+             * failure is shared), or with no collective ahead (streamed) */
+            if (!failed) {
+                *err_key = r->n_docs + (uint64_t)got;
+                prep_err(msg, msglen, "%s", err);
+            }
             return -1;
         }
-        if (mine && own_doc(r, b, &doc, err, sizeof err) != 0) {
+        if (!failed && rc < 0) {
+            *err_key = doc.index;
+            prep_err(msg, msglen, "%s", err);
+            failed = 1;
+        } else if (mine && own_doc(r, b, &doc, err, sizeof err) != 0) {
             *err_key = doc.index;
             doc_error(r, c, &doc, err, msg, msglen);
-            return -1;
+            failed = 1;
         }
         deal_advance(deal, r->nranks, doc.span);
         got++;
     }
     deal_end_round(deal, r->nranks, got, r->o->round_docs);
-    return got;
+    return failed ? -1 : got;
 }
 
 /* Sum the round's per-document token counts over the ranks: counts[i] of

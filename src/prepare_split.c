@@ -15,8 +15,12 @@
 #include <string.h>
 
 /* Scanned bytes per rank per exchange: bounds the span lists (16 bytes a
- * document) while keeping the exchanges few (4 on 112 MB at 2 ranks). */
+ * document) while keeping the exchanges few (4 on 112 MB at 2 ranks).
+ * For tests only, the environment variable DTRAIN_PREPARE_WINDOW_BYTES
+ * (every rank the same) makes it smaller, so that a small input spans
+ * many windows (test/test_prepare.sh); it is not a user setting. */
 #define PREP_WINDOW_BYTES ((uint64_t)32 << 20)
+#define PREP_WINDOW_ENV "DTRAIN_PREPARE_WINDOW_BYTES"
 
 struct prep_window {
     const prep_run_t *r;
@@ -24,6 +28,7 @@ struct prep_window {
     MPI_Datatype span_type; /* one corpus_span_t */
     int typed;              /* span_type is committed */
     uint64_t total, next;   /* mapped bytes; start of the next window */
+    uint64_t window;        /* bytes per rank per window */
     corpus_span_t *mine, *all;
     size_t n_mine, cap_mine, cap_all;
     int *counts, *displs; /* per rank, in spans */
@@ -89,7 +94,7 @@ static int feed(void *ctx, const corpus_span_t **spans, size_t *n, char *err, si
     *n = 0;
     while (*n == 0 && w->next < w->total) {
         uint64_t lo, hi;
-        w->next += corpus_window_range(w->total, w->next, PREP_WINDOW_BYTES, nr, rank, &lo, &hi);
+        w->next += corpus_window_range(w->total, w->next, w->window, nr, rank, &lo, &hi);
         w->n_mine = 0;
         int failed = corpus_scan(w->c, lo, hi, &w->mine, &w->n_mine, &w->cap_mine, err, errlen) != 0;
         if (nr == 1) {
@@ -104,6 +109,15 @@ static int feed(void *ctx, const corpus_span_t **spans, size_t *n, char *err, si
         *spans = w->all;
     }
     return 0;
+}
+
+/* PREP_WINDOW_BYTES, or the test's smaller window (see above). */
+static uint64_t window_bytes(void)
+{
+    const char *s = getenv(PREP_WINDOW_ENV);
+    char *end = NULL;
+    unsigned long long v = s != NULL && *s >= '1' && *s <= '9' ? strtoull(s, &end, 10) : 0;
+    return v > 0 && *end == '\0' && v < PREP_WINDOW_BYTES ? (uint64_t)v : PREP_WINDOW_BYTES;
 }
 
 int prep_window_attach(const prep_run_t *r, corpus_t *c, prep_window_t **out, char *err, size_t errlen)
@@ -138,6 +152,7 @@ int prep_window_attach(const prep_run_t *r, corpus_t *c, prep_window_t **out, ch
     w->r = r;
     w->c = c;
     w->total = corpus_mapped_bytes(c);
+    w->window = window_bytes();
     corpus_set_feed(c, feed, w);
     *out = w;
     return 1;

@@ -273,6 +273,26 @@ expect_exit2 "bad.jsonl:2" $MPI -np 2 $PREP --out "$Q" "$TMP/bad.jsonl"
 printf '{"text": "ok"}\n{"body": "x"}\n' >"$TMP/nofield.jsonl"
 expect_exit2 "nofield.jsonl:2" $MPI -np 3 $PREP --out "$Q" "$TMP/nofield.jsonl"
 expect_exit2 "no \"body\" field" $PREP --out "$Q" --jsonl-field body "$C"
+# A bad line one rank owns, with the rest of its round spread over many
+# mapped windows (DTRAIN_PREPARE_WINDOW_BYTES, a test-only knob: 64 bytes
+# per rank): the failing rank must read on to the round's end with the
+# others, through the same window exchanges, or the ranks hang in
+# different collectives (timeout: exit 124). Line 2 is rank 1's, line 3
+# rank 2's at 3 ranks; the gzip copy is streamed, with no exchanges.
+"$PY" - "$TMP" <<'EOF' || exit 1
+import gzip, sys
+for bad in (2, 3):
+    rows = ['{"text": "document %d with a few words"}\n' % i for i in range(60)]
+    rows[bad - 1] = '{"text": "broken"\n'
+    open(sys.argv[1] + "/bad%d.jsonl" % bad, "w").write("".join(rows))
+    with gzip.open(sys.argv[1] + "/bad%d.jsonl.gz" % bad, "wt") as f:
+        f.write("".join(rows))
+EOF
+for np in 2 3; do
+    expect_exit2 "bad2.jsonl:2: not valid JSON" env DTRAIN_PREPARE_WINDOW_BYTES=64 timeout 60 $MPI -np $np $PREP --out "$Q" "$TMP/bad2.jsonl"
+done
+expect_exit2 "bad3.jsonl:3: not valid JSON" env DTRAIN_PREPARE_WINDOW_BYTES=64 timeout 60 $MPI -np 3 $PREP --out "$Q" "$TMP/bad3.jsonl"
+expect_exit2 "bad3.jsonl.gz:3: not valid JSON" timeout 60 $MPI -np 3 $PREP --out "$Q" "$TMP/bad3.jsonl.gz"
 head -c 300 "$C.gz" >"$TMP/cut.jsonl.gz"
 expect_exit2 "cut.jsonl.gz" $MPI -np 2 $PREP --out "$Q" "$TMP/cut.jsonl.gz"
 if ls "$Q"* >/dev/null 2>&1; then fail "failed runs left files: $(ls "$Q"*)"; else pass "no files left by failed runs"; fi
