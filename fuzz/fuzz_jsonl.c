@@ -82,6 +82,19 @@ typedef struct seen {
     char err[1024];
 } seen_t;
 
+static void seen_add(seen_t *s, const corpus_doc_t *d, uint64_t line, int want);
+
+/* A document whose own text was bad (corpus_skip went on): its line,
+ * span, a mark and its message's hash. */
+static void seen_skip(seen_t *s, const corpus_doc_t *d, uint64_t line)
+{
+    corpus_doc_t as_doc = *d;
+    as_doc.text = s->err;
+    as_doc.len = strlen(s->err);
+    seen_add(s, &as_doc, line, 1);
+    s->v[s->n - 2] = UINT64_MAX - 1;
+}
+
 static void seen_add(seen_t *s, const corpus_doc_t *d, uint64_t line, int want)
 {
     if (s->n + 4 > s->cap) {
@@ -124,6 +137,13 @@ static int walk(char **paths, int n_paths, const corpus_opts_t *o, uint8_t mode,
     for (;;) {
         int want = (mode & 64) || n % 2 == 0;
         s->r = corpus_next(c, want, &d, s->err, sizeof s->err);
+        if (s->r < 0 && corpus_skip(c) == 0) { /* one document's error: reading goes on */
+            check_err(s->err);
+            if (d.index != n++)
+                abort();
+            seen_skip(s, &d, corpus_doc_line(c, &d));
+            continue;
+        }
         if (s->r <= 0)
             break;
         if (d.index != n++ || (want && d.len > 0 && d.text == NULL))
