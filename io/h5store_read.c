@@ -439,6 +439,21 @@ static int locate(h5store_t *h, hid_t dset, const entry_t *e, const int64_t s[2]
     return 0;
 }
 
+/* The mapping's page-table entries for n floats at p, made in one call
+ * (MADV_POPULATE_READ, Linux 5.14) instead of a fault per 16 pages as the
+ * checksums first touch them. Advice: a kernel without it leaves the
+ * faults to the readers. */
+static void populate(const float *p, int64_t n)
+{
+#ifdef MADV_POPULATE_READ
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    const uintptr_t lo = (uintptr_t)p & ~(page - 1), hi = (uintptr_t)(p + n);
+    madvise((void *)lo, hi - lo, MADV_POPULATE_READ);
+#else
+    (void)p, (void)n;
+#endif
+}
+
 /* Checks every record inside region s, c, held at p with rows ld floats
  * apart, marking those that match. */
 static int view_crcs(h5store_t *h, entry_t *e, const int64_t s[2], const int64_t c[2], const float *p, int64_t ld,
@@ -486,6 +501,7 @@ int h5store_view(h5store_t *h, const char *name, const int64_t start[2], const i
         rc = -1;
     } else if (locate(h, dset, e, s, c, &off, o, ld) == 0 && off % (int64_t)sizeof(float) == 0) {
         *p = (const float *)(h->map + off) + (s[0] - o[0]) * *ld + (s[1] - o[1]);
+        populate(*p, (c[0] - 1) * *ld + c[1]);
         rc = view_crcs(h, e, s, c, *p, *ld, err, errlen) == 0 ? 1 : -1;
     }
     if (dset >= 0 && H5Dclose(dset) < 0 && rc >= 0) { /* a view (1) is no view if the close failed */
