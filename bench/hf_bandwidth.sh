@@ -17,7 +17,7 @@
 # that reads one file and writes another cannot beat).
 # Import: `dtrain --init-from DIR` on NP ranks (1: one rank; 2: --tp 2;
 # 4: --tp 2 --pp 2), --threads cores/NP (at least 1: the threads a rank
-# has; with two or more one faults the destination in while the other
+# has; with two or more, threads - 1 fault the destination in while one
 # copies), page cache dropped first, its "init-from: ... in X s"
 # (the slowest rank's: every rank's slices read and converted) against
 # `dd if=model.safetensors of=/dev/null bs=16M` with the cache dropped

@@ -113,7 +113,7 @@ int h5store_read(h5store_t *h, const char *name, const int64_t start[2], const i
 
 /* Independent: the hyperslab start/count of `name` (as h5store_read) as a
  * read-only view into a mapping of the file instead of a copy, when the
- * layout allows one: an unallocated-free, unfiltered fp32 dataset whose
+ * layout allows one: an allocated, unfiltered fp32 dataset whose
  * region lies in one chunk (or a contiguous dataset). *p: the region's
  * first element; *ld: floats from one of its rows to the next (1-D: 1).
  * Every recorded shard lying entirely inside the region is checked from
