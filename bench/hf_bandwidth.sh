@@ -17,10 +17,15 @@
 # that reads one file and writes another cannot beat).
 # Import: `dtrain --init-from DIR` on NP ranks (1: one rank; 2: --tp 2;
 # 4: --tp 2 --pp 2), --threads cores/NP (at least 1: the threads a rank
-# has; with two or more one faults the destination in while the other
+# has; with two or more, threads - 1 fault the destination in while one
 # copies), page cache dropped first, its "init-from: ... in X s"
 # (the slowest rank's: every rank's slices read and converted) against
-# `dd if=model.safetensors of=/dev/null bs=16M` with the cache dropped.
+# `dd if=model.safetensors of=/dev/null bs=16M` with the cache dropped
+# (dd read: one 16 MiB buffer reused, in cache), and against
+# `dd if=model.safetensors of=/dev/null bs=SIZE count=1 iflag=fullblock`
+# (dd read whole: the whole file read into one fresh buffer of its size,
+# as the import must keep what it reads, so its fresh memory is faulted in
+# and zeroed as the import's is), the cache dropped before each.
 # Both under `mpirun --bind-to none`: Open MPI binds each rank to one core
 # when there are at most two ranks, which leaves the tools' own threads
 # (the export's tile writer and tokenizer, the import's prefault) on the
@@ -57,10 +62,10 @@ if [ ! -f "$p" ]; then
 fi
 echo "model $model; $(nproc) cores; disk: $(df -h "$dir" | awk 'NR == 2 { print $1 }'); $reps repetitions"
 echo
-echo "| ranks | export s | GB/s | % of dd write | dd write s | % of dd copy | dd copy s | import s | GB/s | % of dd read | dd read s |"
-echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+echo "| ranks | export s | GB/s | % of dd write | dd write s | % of dd copy | dd copy s | import s | GB/s | % of dd read | dd read s | % of dd read whole | dd read whole s |"
+echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 for np in $nps; do
-    ex="" im="" ddw="" ddc="" ddr=""
+    ex="" im="" ddw="" ddc="" ddr="" ddm=""
     th=$(($(nproc) / np))
     [ "$th" -ge 1 ] || th=1
     for r in $(seq "$reps"); do
@@ -89,14 +94,22 @@ for np in $nps; do
         t0=$(now)
         for f in "$dir"/hf/*.safetensors; do dd if="$f" of=/dev/null bs=16M 2>/dev/null; done
         ddr="$ddr $(since "$t0")"
+        drop
+        t0=$(now)
+        for f in "$dir"/hf/*.safetensors; do
+            dd if="$f" of=/dev/null bs="$(wc -c <"$f")" count=1 iflag=fullblock 2>/dev/null
+        done
+        ddm="$ddm $(since "$t0")"
     done
     e=$(echo "$ex" | tr ' ' '\n' | grep . | median)
     w=$(echo "$ddw" | tr ' ' '\n' | grep . | median)
     c=$(echo "$ddc" | tr ' ' '\n' | grep . | median)
     i=$(echo "$im" | tr ' ' '\n' | grep . | median)
     d=$(echo "$ddr" | tr ' ' '\n' | grep . | median)
-    printf "| %d | %.2f | %s | %s | %.2f | %s | %.2f | %.2f | %s | %s | %.2f |\n" "$np" "$e" "$(gbps "$bytes" "$e")" \
-        "$(pct "$w" "$e")" "$w" "$(pct "$c" "$e")" "$c" "$i" "$(gbps "$bytes" "$i")" "$(pct "$d" "$i")" "$d"
+    m=$(echo "$ddm" | tr ' ' '\n' | grep . | median)
+    printf "| %d | %.2f | %s | %s | %.2f | %s | %.2f | %.2f | %s | %s | %.2f | %s | %.2f |\n" "$np" "$e" \
+        "$(gbps "$bytes" "$e")" "$(pct "$w" "$e")" "$w" "$(pct "$c" "$e")" "$c" "$i" "$(gbps "$bytes" "$i")" \
+        "$(pct "$d" "$i")" "$d" "$(pct "$m" "$i")" "$m"
 done
 rm -rf "$dir/dd"
 echo

@@ -155,8 +155,12 @@ hid_t h5s_mpio_fapl(MPI_Comm comm, int collective_metadata, char *err, size_t er
         /* v18+ object headers: attributes over 64 KiB (large checksum
          * tables) go to dense storage instead of failing */
         H5Pset_libver_bounds(fapl, H5F_LIBVER_V18, H5F_LIBVER_LATEST) < 0 ||
-        (collective_metadata &&
-         (H5Pset_all_coll_metadata_ops(fapl, 1) < 0 || H5Pset_coll_metadata_write(fapl, 1) < 0))) {
+        (collective_metadata && (H5Pset_all_coll_metadata_ops(fapl, 1) < 0 || H5Pset_coll_metadata_write(fapl, 1) < 0 ||
+                                 /* the writer: every chunk of 4 KiB or more starts at a multiple
+           * of 64 bytes, so a reader's view of it (h5store_view) is a
+           * float array that SIMD loads and the transposes can take; at
+           * most 63 bytes a chunk (the space bound allows 8 KiB) */
+                                 H5Pset_alignment(fapl, 4096, 64) < 0))) {
         h5s_err(err, errlen, "cannot set up MPI-IO file access");
         (void)h5s_close(fapl, H5Pclose, -1); /* already failing */
         return H5I_INVALID_HID;

@@ -111,6 +111,18 @@ void h5store_free_attrs(h5store_attr_t *attrs, int n_attrs);
 int h5store_read(h5store_t *h, const char *name, const int64_t start[2], const int64_t count[2], float *buf, char *err,
                  size_t errlen);
 
+/* Independent: the hyperslab start/count of `name` (as h5store_read) as a
+ * read-only view into a mapping of the file instead of a copy, when the
+ * layout allows one: an allocated, unfiltered fp32 dataset whose
+ * region lies in one chunk (or a contiguous dataset). *p: the region's
+ * first element; *ld: floats from one of its rows to the next (1-D: 1).
+ * Every recorded shard lying entirely inside the region is checked from
+ * the mapping, as h5store_read checks it. 1: the view; 0: no view (read
+ * with h5store_read); -1: an error (a checksum mismatch included) in err.
+ * The view stays valid until h5store_close. */
+int h5store_view(h5store_t *h, const char *name, const int64_t start[2], const int64_t count[2], const float **p,
+                 int64_t *ld, char *err, size_t errlen);
+
 /* Collective: the reader's side of h5store_write. Checks every tensor in
  * the list is in the file with that ndim and shape ("tensor params/foo:
  * shape [3,4] in file, expected [4,4]"), then reads this rank's shards

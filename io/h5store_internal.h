@@ -66,6 +66,11 @@ struct h5store {
     crc32c_t crc;
     float *stage; /* the staging buffer of reads, stage_n floats (grown on demand) */
     int64_t stage_n;
+    /* h5store_view's read-only mapping of the whole file (made on first
+     * use; NULL when it cannot be: views are then refused) */
+    const unsigned char *map;
+    int64_t map_len, map_base; /* bytes; HDF5's base address (the user block) */
+    int map_tried;
 };
 
 /* ---- h5store.c ---------------------------------------------------- */

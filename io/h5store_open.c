@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "io/errmsg.h"
 #include "io/h5store_internal.h"
@@ -130,6 +131,8 @@ static void free_handle(h5store_t *h)
     free(h->e);
     free(h->list);
     free(h->stage);
+    if (h->map)
+        munmap((void *)h->map, (size_t)h->map_len);
     free(h);
 }
 

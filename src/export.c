@@ -100,7 +100,7 @@ typedef struct tile {
     int64_t r0, nr;
     int64_t bytes; /* fp32 bytes of the tile */
     int owner;
-    int first_shard, n_shards; /* this rank's read blocks for it (owner only) */
+    int n_shards; /* this rank's read blocks for it (owner only) */
 } tile_t;
 
 static int64_t gcd64(int64_t a, int64_t b)
@@ -224,15 +224,26 @@ static int find_param(const h5store_tensor_t *list, int n, const char *name)
     return -1;
 }
 
-/* Tile t's dtrain blocks, in entry order, read into buf (each record of
- * the input that a block covers whole is verified on the way; tiles cover
- * whole records: align_to_records), described in sh[]. Independent. */
+/* One dtrain block of a tile: its first float and the floats from one of
+ * its rows to the next; a view into the input's mapping or the read
+ * buffer. */
+typedef struct tile_blk {
+    const float *p;
+    int64_t ld;
+    int view;
+} tile_blk_t;
+
+/* Tile t's dtrain blocks, in entry order, into blk[]: each a view of the
+ * input's mapping where its layout allows one (no copy: the reads of an
+ * unfiltered fp32 file are the tiles' copies), else read into buf (which
+ * advances); each record of the input that a block covers whole is
+ * verified on the way (tiles cover whole records: align_to_records).
+ * Independent. */
 static int read_tile(h5store_t *h, const hf_map_t *map, const export_out_t *o, tile_t *t, const h5store_tensor_t *plist,
-                     int n_params, float *buf, h5store_shard_t *sh, char *err, size_t errlen)
+                     int n_params, float *buf, tile_blk_t *blk, char *err, size_t errlen)
 {
     int64_t start[2], count[2];
     int ns = 0;
-    t->first_shard = 0;
     for (int k = o->first; k < o->first + o->count; k++) {
         if (!entry_block(&map[k], t->r0, t->nr, start, count))
             continue;
@@ -241,40 +252,56 @@ static int read_tile(h5store_t *h, const hf_map_t *map, const export_out_t *o, t
             snprintf(err, errlen, "tensor params/%s: not in the input", map[k].name);
             return -1;
         }
-        sh[ns] =
-            (h5store_shard_t){.tensor = pi, .start = {start[0], start[1]}, .count = {count[0], count[1]}, .buf = buf};
-        if (h5store_read(h, plist[pi].name, start, count, buf, err, errlen) != 0)
+        const int v = h5store_view(h, plist[pi].name, start, count, &blk[ns].p, &blk[ns].ld, err, errlen);
+        if (v < 0)
             return -1;
-        buf += count[0] * count[1];
+        blk[ns].view = v;
+        if (!v) {
+            if (h5store_read(h, plist[pi].name, start, count, buf, err, errlen) != 0)
+                return -1;
+            blk[ns] = (tile_blk_t){.p = buf, .ld = count[1]};
+            buf += count[0] * count[1];
+        }
         ns++;
     }
     t->n_shards = ns;
     return 0;
 }
 
+/* n rows of cols floats, ld apart at src, into dst (rows back to back). */
+static void copy_rows(float *dst, const float *src, int64_t n, int64_t cols, int64_t ld)
+{
+    if (ld == cols)
+        memcpy(dst, src, (size_t)(n * cols) * sizeof *dst);
+    else
+        for (int64_t r = 0; r < n; r++)
+            memcpy(dst + r * cols, src + r * ld, (size_t)cols * sizeof *dst);
+}
+
 /* Tile rows [r0, r0+nr) of output o, [nr][o->cols], from the blocks read
  * for it (in entry order, as read_tile made them). head: one RoPE head's
  * scratch, align * cols floats. */
-static void assemble_tile(const hf_map_t *map, const export_out_t *o, const tile_t *t, const h5store_shard_t *sh,
+static void assemble_tile(const hf_map_t *map, const export_out_t *o, const tile_t *t, const tile_blk_t *blk,
                           float *rows, float *head)
 {
     const int64_t cols = o->cols;
-    int s = t->first_shard;
+    int s = 0;
     memset(rows, 0, (size_t)(t->nr * cols) * sizeof *rows);
     for (int k = o->first; k < o->first + o->count; k++) {
         const hf_map_t *e = &map[k];
         int64_t start[2], count[2];
         if (!entry_block(e, t->r0, t->nr, start, count))
             continue;
-        float *blk = sh[s++].buf;
-        if (e->ndim == 1) { /* [R] -> row 0, columns [off, off+R) */
-            memcpy(rows + e->off, blk, (size_t)count[0] * sizeof *rows);
+        const tile_blk_t *b = &blk[s++];
+        if (e->ndim == 1) { /* [R] -> row 0, columns [off, off+R) (1-D blocks are contiguous) */
+            memcpy(rows + e->off, b->p, (size_t)count[0] * sizeof *rows);
         } else if (e->flags & HF_MAP_TRANSPOSE) { /* blk [R][nr] -> rows[j][off + i] */
-            dt_transpose_f32(blk, count[0], count[1], count[1], rows + e->off, cols);
-        } else { /* blk [n][cols] -> rows [e->off + start - r0, ...) */
+            dt_transpose_f32(b->p, count[0], count[1], b->ld, rows + e->off, cols);
+        } else { /* blk [n][cols] -> rows [e->off + start - r0, ...), RoPE's order there */
+            float *dst = rows + (e->off + start[0] - t->r0) * cols;
+            copy_rows(dst, b->p, count[0], cols, b->ld);
             if (e->flags & HF_MAP_ROPE)
-                hf_rope_to_hf(blk, count[0], count[1], e->head_size, head);
-            memcpy(rows + (e->off + start[0] - t->r0) * cols, blk, (size_t)(count[0] * cols) * sizeof *rows);
+                hf_rope_to_hf(dst, count[0], count[1], e->head_size, head);
         }
     }
 }
@@ -544,8 +571,8 @@ static int write_tiles(const export_target_t *tg, export_ctx_t *x, h5store_t *h,
     tile_sizes(x, map, t, n_tiles, &most, &most_assembled, &head, &most_entries);
     float *rows[2] = {malloc((size_t)most + 1), malloc((size_t)most + 1)}, *blocks = malloc((size_t)most_assembled + 1);
     float *scratch = malloc((size_t)head * sizeof(float));
-    h5store_shard_t *sh = calloc((size_t)most_entries, sizeof *sh);
-    int rc = rows[0] && rows[1] && blocks && scratch && sh ? 0 : -1;
+    tile_blk_t *blk = calloc((size_t)most_entries, sizeof *blk);
+    int rc = rows[0] && rows[1] && blocks && scratch && blk ? 0 : -1;
     if (rc != 0)
         snprintf(err, errlen, "rank %d: out of memory for a %.1f MiB tile", x->rank, (double)most / 1048576.0);
     tile_writer_t w;
@@ -558,19 +585,24 @@ static int write_tiles(const export_target_t *tg, export_ctx_t *x, h5store_t *h,
         const hf_map_t *e = &map[o->first];
         const int direct = direct_output(map, o);
         double t0 = now_s();
-        rc = read_tile(h, map, o, &t[i], plist, n_params, direct ? rows[b] : blocks, sh, err, errlen);
+        rc = read_tile(h, map, o, &t[i], plist, n_params, direct ? rows[b] : blocks, blk, err, errlen);
         rep->t_read += now_s() - t0;
         rep->in_bytes += t[i].bytes;
         if (rc != 0) {
             *read_failed = 1;
             break;
         }
+        const float *out = rows[b];
         if (!direct)
-            assemble_tile(map, o, &t[i], sh, rows[b], scratch);
-        else if (e->flags & HF_MAP_ROPE)
+            assemble_tile(map, o, &t[i], blk, rows[b], scratch);
+        else if (blk[0].view && blk[0].ld == o->cols && !(e->flags & HF_MAP_ROPE))
+            out = blk[0].p; /* written straight from the input's mapping */
+        else if (blk[0].view)
+            copy_rows(rows[b], blk[0].p, t[i].nr, o->cols, blk[0].ld);
+        if (direct && (e->flags & HF_MAP_ROPE))
             hf_rope_to_hf(rows[b], t[i].nr, o->cols, e->head_size, scratch);
-        rc = writer_post(&w, t[i].out, t[i].r0, t[i].nr, rows[b], err, errlen);
-        b ^= 1;
+        rc = writer_post(&w, t[i].out, t[i].r0, t[i].nr, out, err, errlen);
+        b ^= out == rows[b];
     }
     if (started)
         rc = writer_stop(&w, rc, err, errlen);
@@ -578,7 +610,7 @@ static int write_tiles(const export_target_t *tg, export_ctx_t *x, h5store_t *h,
     free(rows[1]);
     free(blocks);
     free(scratch);
-    free(sh);
+    free(blk);
     return rc;
 }
 

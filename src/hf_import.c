@@ -415,29 +415,38 @@ static void close_source(source_t *s)
 }
 
 /* The import's destination, faulted in ahead of the copy: a rank with
- * more than one thread (--threads) does it on a thread of its own while
- * the copy runs, one with one thread before the copy. MADV_POPULATE_WRITE
+ * more than one thread (--threads) does it on threads of its own while
+ * the copy runs (threads - 1 of them, at most PREFAULT_MAX_THREADS, taking
+ * 64 MiB pieces in turn so that all advance from the front, where the
+ * copy starts), one with one thread before the copy. MADV_POPULATE_WRITE
  * maps 64 MiB a call instead of trapping on every 4 KiB page as the copy
  * first touches it (gpt2-124m, 1 thread: the fill of 498 MB 1.17 s ->
- * 0.95 s, the copy's CPU time 0.49 s -> 0.26 s). No barrier: the copy
- * faults any page it reaches first itself (a split of the copy across
- * OpenMP threads waited at every tensor's barrier for a descheduled
- * thread and ran 2x slower on a loaded machine). Advice: a kernel without
- * it (before 5.14: EINVAL) leaves the faults to the copy. */
-typedef struct prefault {
+ * 0.95 s, the copy's CPU time 0.49 s -> 0.26 s); faulting 498 MB alone
+ * took 0.33-0.45 s on one thread and 0.24-0.32 s on two (2 cores, loaded).
+ * No barrier: the copy faults any page it reaches first itself (a split of
+ * the copy across OpenMP threads waited at every tensor's barrier for a
+ * descheduled thread and ran 2x slower on a loaded machine). Advice: a
+ * kernel without it (before 5.14: EINVAL) leaves the faults to the copy. */
+#define PREFAULT_MAX_THREADS 8
+typedef struct prefault_part {
     void *p;
     size_t bytes;
-    pthread_t thread;
-    int running;
+    int part, parts; /* this thread takes pieces part, part + parts, ... */
+} prefault_part_t;
+
+typedef struct prefault {
+    prefault_part_t part[PREFAULT_MAX_THREADS];
+    pthread_t thread[PREFAULT_MAX_THREADS];
+    int running; /* threads started */
 } prefault_t;
 
 static void *prefault_run(void *arg)
 {
-    const prefault_t *f = arg;
+    const prefault_part_t *f = arg;
 #ifdef MADV_POPULATE_WRITE
     const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), chunk = (uintptr_t)64 << 20;
     const uintptr_t lo = ((uintptr_t)f->p + page - 1) & ~(page - 1), hi = ((uintptr_t)f->p + f->bytes) & ~(page - 1);
-    for (uintptr_t a = lo; a < hi; a += chunk)
+    for (uintptr_t a = lo + (uintptr_t)f->part * chunk; a < hi; a += (uintptr_t)f->parts * chunk)
         madvise((void *)a, hi - a < chunk ? hi - a : chunk, MADV_POPULATE_WRITE);
 #else
     (void)f;
@@ -447,20 +456,29 @@ static void *prefault_run(void *arg)
 
 static void prefault_start(prefault_t *f, void *p, size_t bytes)
 {
-    *f = (prefault_t){.p = p, .bytes = bytes};
     int threads = 1;
 #ifdef _OPENMP
     threads = omp_get_max_threads();
 #endif
-    f->running = threads > 1 && pthread_create(&f->thread, NULL, prefault_run, f) == 0;
-    if (!f->running)
-        prefault_run(f);
+    const int n = threads - 1 < PREFAULT_MAX_THREADS ? threads - 1 : PREFAULT_MAX_THREADS;
+    f->running = 0;
+    for (int i = 0; i < n; i++)
+        f->part[i] = (prefault_part_t){.p = p, .bytes = bytes, .part = i, .parts = n};
+    while (f->running < n && pthread_create(&f->thread[f->running], NULL, prefault_run, &f->part[f->running]) == 0)
+        f->running++;
+    if (f->running == n && n > 0)
+        return;
+    /* none, or fewer threads than asked: the pieces of those missing here */
+    for (int i = f->running; i < (n > 0 ? n : 1); i++) {
+        prefault_part_t one = {.p = p, .bytes = bytes, .part = n > 0 ? i : 0, .parts = n > 0 ? n : 1};
+        prefault_run(&one);
+    }
 }
 
 static void prefault_join(prefault_t *f)
 {
-    if (f->running)
-        pthread_join(f->thread, NULL);
+    for (int i = 0; i < f->running; i++)
+        pthread_join(f->thread[i], NULL);
     f->running = 0;
 }
 
