@@ -83,11 +83,11 @@ static int read_region(const entry_t *e, const int64_t start[2], const int64_t c
     return 0;
 }
 
-/* Adds the rows [b0, b0+n) held at blk (region s, c; rows of c[1]
- * floats) to the CRC of every record inside the region: crcs[k] for the
+/* Adds the rows [b0, b0+n) held at blk (region s, c; rows ld floats
+ * apart) to the CRC of every record inside the region: crcs[k] for the
  * k-th such record. */
 static void block_crcs(h5store_t *h, const entry_t *e, const int64_t s[2], const int64_t c[2], int64_t b0, int64_t n,
-                       const float *blk, uint32_t *crcs)
+                       const float *blk, int64_t ld, uint32_t *crcs)
 {
     for (int i = 0, k = 0; i < e->nrec; i++) {
         const srec_t *r = &e->rec[i];
@@ -95,14 +95,46 @@ static void block_crcs(h5store_t *h, const entry_t *e, const int64_t s[2], const
             continue;
         /* the record's rows in this block */
         const int64_t lo = r->s0 > b0 ? r->s0 : b0, hi = r->s0 + r->c0 < b0 + n ? r->s0 + r->c0 : b0 + n;
-        const float *p = blk + (lo - b0) * c[1] + (r->s1 - s[1]);
-        if (lo < hi && r->c1 == c[1]) /* full rows: one contiguous piece */
-            crcs[k] = crc32c_update(&h->crc, crcs[k], p, (size_t)((hi - lo) * c[1]) * sizeof(float));
+        const float *p = blk + (lo - b0) * ld + (r->s1 - s[1]);
+        if (lo < hi && r->c1 == ld) /* whole stored rows: one contiguous piece */
+            crcs[k] = crc32c_update(&h->crc, crcs[k], p, (size_t)((hi - lo) * ld) * sizeof(float));
         else
-            for (int64_t row = lo; row < hi; row++, p += c[1])
+            for (int64_t row = lo; row < hi; row++, p += ld)
                 crcs[k] = crc32c_update(&h->crc, crcs[k], p, (size_t)r->c1 * sizeof(float));
         k++;
     }
+}
+
+/* The CRCs block_crcs summed for region s, c against the records: marks
+ * those that match, or names the first that does not. */
+static int check_crcs(h5store_t *h, entry_t *e, const int64_t s[2], const int64_t c[2], const uint32_t *crcs, char *err,
+                      size_t errlen)
+{
+    for (int i = 0, k = 0; i < e->nrec; i++) {
+        srec_t *r = &e->rec[i];
+        if (!h5s_rec_inside(r, s, c))
+            continue;
+        r->checked = crcs[k] == (uint32_t)r->crc;
+        if (!r->checked) {
+            mismatch(err, errlen, h, e, r, crcs[k]);
+            return -1;
+        }
+        k++;
+    }
+    return 0;
+}
+
+/* Zeroed CRCs for every record inside region s, c (one more, so never
+ * a zero-byte allocation), or NULL with err. */
+static uint32_t *region_crcs(const entry_t *e, const int64_t s[2], const int64_t c[2], char *err, size_t errlen)
+{
+    int nin = 0;
+    for (int i = 0; i < e->nrec; i++)
+        nin += h5s_rec_inside(&e->rec[i], s, c);
+    uint32_t *crcs = calloc((size_t)nin + 1, sizeof *crcs);
+    if (!crcs)
+        seterr(err, errlen, "tensor %s: out of memory", e->t.name);
+    return crcs;
 }
 
 /* Reads region s, c of the open dataset into buf and checks every
@@ -110,14 +142,9 @@ static void block_crcs(h5store_t *h, const entry_t *e, const int64_t s[2], const
 static int read_checked(h5store_t *h, hid_t dset, entry_t *e, const int64_t s[2], const int64_t c[2], float *buf,
                         char *err, size_t errlen)
 {
-    int nin = 0;
-    for (int i = 0; i < e->nrec; i++)
-        nin += h5s_rec_inside(&e->rec[i], s, c);
-    uint32_t *crcs = calloc((size_t)nin + 1, sizeof *crcs);
-    if (!crcs) {
-        seterr(err, errlen, "tensor %s: out of memory", e->t.name);
+    uint32_t *crcs = region_crcs(e, s, c, err, errlen);
+    if (!crcs)
         return -1;
-    }
     /* straight into buf, a stage's worth of rows at a time, each block's
      * CRCs taken while it is in cache (through the stage and a copy out of
      * it cost the export a pass over every byte) */
@@ -128,19 +155,10 @@ static int read_checked(h5store_t *h, hid_t dset, entry_t *e, const int64_t s[2]
         const int64_t bs[2] = {b0, s[1]}, bc[2] = {n, c[1]};
         if ((rc = read_slab(h, dset, e, bs, bc, buf + r0 * c[1], err, errlen)) != 0)
             break;
-        block_crcs(h, e, s, c, b0, n, buf + r0 * c[1], crcs);
+        block_crcs(h, e, s, c, b0, n, buf + r0 * c[1], c[1], crcs);
     }
-    for (int i = 0, k = 0; i < e->nrec && rc == 0; i++) {
-        srec_t *r = &e->rec[i];
-        if (!h5s_rec_inside(r, s, c))
-            continue;
-        if (crcs[k] != (uint32_t)r->crc) {
-            mismatch(err, errlen, h, e, r, crcs[k]);
-            rc = -1;
-        }
-        r->checked = rc == 0;
-        k++;
-    }
+    if (rc == 0)
+        rc = check_crcs(h, e, s, c, crcs, err, errlen);
     free(crcs);
     return rc;
 }
@@ -459,24 +477,13 @@ static void populate(const float *p, int64_t n)
 static int view_crcs(h5store_t *h, entry_t *e, const int64_t s[2], const int64_t c[2], const float *p, int64_t ld,
                      char *err, size_t errlen)
 {
-    for (int i = 0; i < e->nrec; i++) {
-        srec_t *r = &e->rec[i];
-        if (!h5s_rec_inside(r, s, c))
-            continue;
-        const float *q = p + (r->s0 - s[0]) * ld + (r->s1 - s[1]);
-        uint32_t crc = 0;
-        if (r->c1 == ld) /* whole stored rows: one piece */
-            crc = crc32c_update(&h->crc, 0, q, (size_t)(r->c0 * r->c1) * sizeof(float));
-        else
-            for (int64_t row = 0; row < r->c0; row++, q += ld)
-                crc = crc32c_update(&h->crc, crc, q, (size_t)r->c1 * sizeof(float));
-        if (crc != (uint32_t)r->crc) {
-            mismatch(err, errlen, h, e, r, crc);
-            return -1;
-        }
-        r->checked = 1;
-    }
-    return 0;
+    uint32_t *crcs = region_crcs(e, s, c, err, errlen);
+    if (!crcs)
+        return -1;
+    block_crcs(h, e, s, c, s[0], c[0], p, ld, crcs);
+    const int rc = check_crcs(h, e, s, c, crcs, err, errlen);
+    free(crcs);
+    return rc;
 }
 
 int h5store_view(h5store_t *h, const char *name, const int64_t start[2], const int64_t count[2], const float **p,
