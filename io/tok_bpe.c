@@ -48,8 +48,9 @@ typedef struct heap_entry {
 
 struct tok_bpe {
     int32_t n_ranks;
-    size_t *off;   /* [n_ranks] token bytes at arena + off[r] */
-    uint32_t *len; /* [n_ranks] 0: unset */
+    size_t *off;     /* [n_ranks] token bytes at arena + off[r] */
+    uint32_t *len;   /* [n_ranks] 0: unset */
+    uint32_t *split; /* [n_ranks] the recorded merge's first part, bytes; 0: none (NULL until one is set) */
     unsigned char *arena;
     size_t arena_n, arena_cap;
     slot_t *table; /* open addressing, linear probing */
@@ -126,6 +127,21 @@ tok_bpe_t *tok_bpe_new(int32_t n_ranks)
     return b;
 }
 
+int tok_bpe_set_split(tok_bpe_t *b, int32_t rank, size_t split)
+{
+    if (rank < 0 || rank >= b->n_ranks || split > UINT32_MAX)
+        return -1;
+    if (b->split == NULL && (b->split = calloc((size_t)b->n_ranks + 1, sizeof *b->split)) == NULL)
+        return -1;
+    b->split[rank] = (uint32_t)split;
+    return 0;
+}
+
+size_t tok_bpe_split(const tok_bpe_t *b, int32_t rank)
+{
+    return b->split != NULL && rank >= 0 && rank < b->n_ranks ? b->split[rank] : 0;
+}
+
 void tok_bpe_free(tok_bpe_t *b)
 {
     if (b == NULL)
@@ -146,6 +162,7 @@ void tok_bpe_free(tok_bpe_t *b)
     free(b->heap);
     free(b->off);
     free(b->len);
+    free(b->split);
     free(b->arena);
     free(b->table);
     free(b);

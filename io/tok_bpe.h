@@ -51,6 +51,14 @@ int32_t tok_bpe_rank(const tok_bpe_t *b, const void *bytes, size_t len);
 /* The bytes of a rank (NULL, *len 0 when unset). */
 const unsigned char *tok_bpe_token(const tok_bpe_t *b, int32_t rank, size_t *len);
 
+/* The merge that made a rank, as a vocabulary's merges file gives it:
+ * its first part is the token's first split bytes. tok_bpe_split: that
+ * length, or 0 when no merge was recorded (single bytes; kinds without a
+ * merges file, whose merges tok_hf.c recovers by running BPE). Set: 0, or
+ * -1 when out of memory or out of range. */
+int tok_bpe_set_split(tok_bpe_t *b, int32_t rank, size_t split);
+size_t tok_bpe_split(const tok_bpe_t *b, int32_t rank);
+
 /* After the last tok_bpe_set: 0, or -1 with *missing_rank (>= 0) the first
  * rank without a token, or *missing_byte (>= 0) the first byte value
  * without a single-byte token (the other is -1). */

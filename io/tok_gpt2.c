@@ -244,8 +244,8 @@ static int check_bytes(const tok_bpe_t *b, const alphabet_t *a, const char *path
 }
 
 /* Merge line i ("A B") makes rank 256 + i from two earlier tokens. */
-static int check_merges(const tok_bpe_t *b, const alphabet_t *a, const merges_t *m, const char *epath,
-                        const char *vpath, char *err, size_t errlen)
+static int check_merges(tok_bpe_t *b, const alphabet_t *a, const merges_t *m, const char *epath, const char *vpath,
+                        char *err, size_t errlen)
 {
     const char *p = m->text + m->first, *end = m->text + m->len;
     unsigned char buf[512];
@@ -279,6 +279,10 @@ static int check_merges(const tok_bpe_t *b, const alphabet_t *a, const merges_t 
             int32_t rab = tok_bpe_rank(b, buf, (size_t)(na + nb));
             snprintf(err, errlen, "%s:%d: the merged token has id %d in %s, not %d (256 + merge index): %s", vpath,
                      line, (int)rab, epath, 256 + (int)i, FIX_FETCH);
+            return -1;
+        }
+        if (tok_bpe_set_split(b, 256 + i, (size_t)na) != 0) { /* tokenizer.json's merges, as given */
+            snprintf(err, errlen, "out of memory reading %s", vpath);
             return -1;
         }
         p = e + (nl != NULL);

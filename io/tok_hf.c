@@ -93,7 +93,8 @@ static int vocab_and_merges(const tok_bpe_t *b, json_t *vocab, json_t *merges, c
             snprintf(err, errlen, "out of memory writing tokenizer.json");
             rc = -1;
         } else if (len > 1) {
-            if (merge_of(b, t, len, r, bound, &split) != 0) {
+            split = tok_bpe_split(b, r); /* gpt2: its merges file's; tiktoken: BPE's */
+            if (split == 0 && merge_of(b, t, len, r, bound, &split) != 0) {
                 snprintf(err, errlen,
                          "token %d (%zu bytes) is not the merge of two tokens of lower rank: not a "
                          "BPE vocabulary Hugging Face's BPE model can express",

@@ -67,9 +67,10 @@ typedef struct export_ctx {
     const export_out_t *out;
     int n_out;
     int rank;
-    char tmp[4096]; /* the temporary name dest is renamed from */
-    char note[512]; /* rank 0: one line for the summary (the tokenizer files), or "" */
-    void *impl;     /* the target's own state */
+    char tmp[4096];   /* the temporary name dest is renamed from */
+    char note[512];   /* rank 0: one line for the summary (the tokenizer files), or "" */
+    int input_failed; /* a target's failure was the input's or the options' (exit 2), not the machine's */
+    void *impl;       /* the target's own state */
 } export_ctx_t;
 
 /* A target. Every function returns 0, or -1 with one line in err; the
@@ -79,15 +80,17 @@ typedef struct export_target {
     hf_format_t map_format; /* which hf_map names the outputs */
     const char *map_prefix; /* hf_map_build's prefix */
     /* Every rank: check the options against the model (a dtype the format
-     * lacks, a tokenizer that is not there) and plan; the same on each. */
+     * lacks) and plan; the same on each. */
     int (*prepare)(export_ctx_t *x, char *err, size_t errlen);
-    /* Rank 0: the temporary destination, every file at its full size. */
+    /* Rank 0: the temporary destination, every file at its full size; it
+     * may start work of its own (the HF target's tokenizer thread). */
     int (*create)(export_ctx_t *x, char *err, size_t errlen);
     /* Any rank: rows [r0, r0+nr) of output i, rows[nr][cols] fp32. Called
      * on the rank's tile writer thread (src/export.c), one call at a time,
-     * while the rank's main thread reads the next tile. */
+     * while the rank's main thread reads the next tiles. */
     int (*write_rows)(export_ctx_t *x, int i, int64_t r0, int64_t nr, const float *rows, char *err, size_t errlen);
-    /* Every rank that wrote: its writes are durable. */
+    /* Every rank that wrote: its writes are durable; rank 0's own work
+     * is done (a failure of the input or options sets input_failed). */
     int (*sync)(export_ctx_t *x, char *err, size_t errlen);
     /* Rank 0, after every rank synced: the remaining files (index, config,
      * tokenizer), a check of what was written, then the rename. */

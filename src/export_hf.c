@@ -34,12 +34,14 @@ typedef struct hf_state {
     st_plan_t *plan;
     tokenizer_t *tok;      /* NULL: no tokenizer files */
     int32_t bos, eos, unk; /* TOK_NO_ID when unknown */
-    /* the tokenizer files, written by a thread of rank 0 while the tiles
-     * are (gpt2's tokenizer.json alone took a tenth of a gpt2-124m export) */
+    /* the tokenizer, opened and checked and its files written by a thread
+     * of rank 0 while the tiles are written (gpt2's vocabulary took 43 ms
+     * to open and tokenizer.json 0.1 s to make, a third of a gpt2-124m
+     * export's time before the tiles when both ran first) */
     pthread_t tok_thread;
-    int tok_running, tok_rc;
-    char tok_dir[4200], tok_err[1024];
-    const model_config_t *tok_cfg;
+    int tok_running, tok_rc, tok_input_failed; /* tok_rc: the thread's status; the tokenizer was at fault */
+    char tok_err[1024];
+    export_ctx_t *tok_x;
 } hf_state_t;
 
 static st_dtype_t st_dtype(export_dtype_t d) { return d == EXPORT_BF16 ? ST_BF16 : d == EXPORT_F16 ? ST_F16 : ST_F32; }
@@ -94,7 +96,6 @@ static int open_tokenizer(export_ctx_t *x, hf_state_t *s, char *err, size_t errl
     const export_opts_t *o = x->opt;
     const int is_auto = strcmp(o->tokenizer, "auto") == 0;
     const char *spec = is_auto ? o->tok_recorded : strcmp(o->tokenizer, "none") == 0 ? "" : o->tokenizer;
-    s->bos = s->eos = s->unk = TOK_NO_ID;
     if (!*spec) {
         snprintf(x->note, sizeof x->note, "no tokenizer files (%s)",
                  is_auto ? "the input does not record its data's tokenizer: pass --tokenizer SPEC to add them"
@@ -375,24 +376,36 @@ static int write_tokenizer(const char *dir, const model_config_t *c, const hf_st
 
 /* ---- the tokenizer thread -------------------------------------------------------- */
 
+/* The tokenizer checked against the input and the model, and its files
+ * into the export's directory. */
+static int tokenizer_files(export_ctx_t *x, hf_state_t *s, char *err, size_t errlen)
+{
+    if (open_tokenizer(x, s, err, errlen) != 0) {
+        s->tok_input_failed = 1;
+        return -1;
+    }
+    return s->tok ? write_tokenizer(x->tmp, x->cfg, s, err, errlen) : 0;
+}
+
 static void *tokenizer_thread(void *arg)
 {
     hf_state_t *s = arg;
-    s->tok_rc = write_tokenizer(s->tok_dir, s->tok_cfg, s, s->tok_err, sizeof s->tok_err);
+    s->tok_rc = tokenizer_files(s->tok_x, s, s->tok_err, sizeof s->tok_err);
     return NULL;
 }
 
-/* The tokenizer files into dir: on a thread when one starts, else here. */
-static int start_tokenizer(hf_state_t *s, const char *dir, const model_config_t *c, char *err, size_t errlen)
+/* tokenizer_files on a thread when one starts, else here. */
+static int start_tokenizer(export_ctx_t *x, hf_state_t *s, char *err, size_t errlen)
 {
-    snprintf(s->tok_dir, sizeof s->tok_dir, "%s", dir);
-    s->tok_cfg = c;
+    s->tok_x = x;
     s->tok_rc = 0;
     if (pthread_create(&s->tok_thread, NULL, tokenizer_thread, s) == 0) {
         s->tok_running = 1;
         return 0;
     }
-    return write_tokenizer(dir, c, s, err, errlen);
+    const int rc = tokenizer_files(x, s, err, errlen);
+    x->input_failed = rc != 0 && s->tok_input_failed;
+    return rc;
 }
 
 /* Waits for the tokenizer thread, if one runs; its result (its message
@@ -427,9 +440,10 @@ static int hf_prepare(export_ctx_t *x, char *err, size_t errlen)
                                  .ndim = o->ndim,
                                  .shape = {o->ndim == 1 ? o->cols : o->rows, o->ndim == 1 ? 0 : o->cols}};
     }
-    int rc = st_plan_make(t, x->n_out, x->opt->max_shard_bytes, NULL, &s->plan, err, errlen);
+    s->bos = s->eos = s->unk = TOK_NO_ID;
+    const int rc = st_plan_make(t, x->n_out, x->opt->max_shard_bytes, NULL, &s->plan, err, errlen);
     free(t);
-    return rc == 0 ? open_tokenizer(x, s, err, errlen) : -1;
+    return rc;
 }
 
 static int hf_create(export_ctx_t *x, char *err, size_t errlen)
@@ -441,7 +455,7 @@ static int hf_create(export_ctx_t *x, char *err, size_t errlen)
     hf_state_t *s = x->impl;
     if (st_plan_create_files(s->plan, x->tmp, err, errlen) != 0)
         return -1;
-    return s->tok ? start_tokenizer(s, x->tmp, x->cfg, err, errlen) : 0;
+    return start_tokenizer(x, s, err, errlen);
 }
 
 static int hf_write_rows(export_ctx_t *x, int i, int64_t r0, int64_t nr, const float *rows, char *err, size_t errlen)
@@ -461,7 +475,11 @@ static int hf_write_rows(export_ctx_t *x, int i, int64_t r0, int64_t nr, const f
 
 static int hf_sync(export_ctx_t *x, char *err, size_t errlen)
 {
-    return st_plan_sync(((hf_state_t *)x->impl)->plan, x->tmp, err, errlen);
+    hf_state_t *s = x->impl;
+    if (st_plan_sync(s->plan, x->tmp, err, errlen) != 0)
+        return -1;
+    x->input_failed = join_tokenizer(s, err, errlen) != 0 && s->tok_input_failed;
+    return s->tok_rc;
 }
 
 /* The index, the configs and the tokenizer; then the directory as

@@ -357,17 +357,20 @@ cp "$TMP/last.h5" "$TMP/sha.h5"
 f.attrs['tokenizer_sha256'] = '0' * 64; f.close()" "$TMP/sha.h5"
 expect_exit2 "vocabulary file had sha256 000000000000" ex 2 --in "$TMP/sha.h5" --to-hf "$TMP/x"
 if [ -e "$TMP/x" ] || [ -e "$TMP/.x.tmp" ]; then fail "a refused export left $TMP/x or its temporary"; fi
-# a full disk: exit 1, one line, no directory and no temporary left
+# a full disk: exit 1, one line, no directory and no temporary left; also cut into 4 KiB tiles, so
+# that the tile writer fails with tiles queued behind the one it writes
 mkdir -p "$TMP/small"
 if mount -t tmpfs -o size=64k tmpfs "$TMP/small" 2>/dev/null; then
-    ex 2 --in "$TMP/g.1.h5" --to-hf "$TMP/small/out" >"$TMP/out" 2>"$TMP/err"
-    rc=$?
-    left=$(ls -A "$TMP/small")
-    if [ "$rc" -eq 1 ] && [ "$(wc -l <"$TMP/err")" -eq 1 ] && [ -z "$left" ]; then
-        pass "disk full: exit 1, '$(cat "$TMP/err")', nothing left behind"
-    else
-        fail "disk full: exit $rc, left '$left': $(head -c 400 "$TMP/err")"
-    fi
+    for tiles in "" 4096; do
+        DTRAIN_TEST_EXPORT_TILE_BYTES=$tiles ex 2 --in "$TMP/g.1.h5" --to-hf "$TMP/small/out" >"$TMP/out" 2>"$TMP/err"
+        rc=$?
+        left=$(ls -A "$TMP/small")
+        if [ "$rc" -eq 1 ] && [ "$(wc -l <"$TMP/err")" -eq 1 ] && [ -z "$left" ]; then
+            pass "disk full${tiles:+ ($tiles-byte tiles)}: exit 1, '$(cat "$TMP/err")', nothing left behind"
+        else
+            fail "disk full${tiles:+ ($tiles-byte tiles)}: exit $rc, left '$left': $(head -c 400 "$TMP/err")"
+        fi
+    done
     umount "$TMP/small"
 else
     echo "note: cannot mount a tmpfs here: the full-disk export case is not run"
