@@ -589,6 +589,14 @@ void model_params_from_host(model_t *m, const float *host)
     m->ops->from_host(m->ops->ctx, m->params + lo, host + hi, (m->table.numel - hi) * sizeof(float));
 }
 
+float *model_params_in_place(model_t *m)
+{
+    if (!m->ops->host_readable || m->lay.lent_block_params)
+        return NULL;
+    m->ops->sync(m->ops->ctx); /* host_readable: readable, and writable, once sync has returned */
+    return m->params;
+}
+
 void model_params_to_host(const model_t *m, float *host)
 {
     if (!m->lay.lent_block_params) {

@@ -216,6 +216,11 @@ int model_init_params(model_t *m, uint64_t seed);
  * blocks (the block range of host is neither read nor written). */
 void model_params_from_host(model_t *m, const float *host);
 void model_params_to_host(const model_t *m, float *host);
+/* The parameter buffer itself, when it is host memory in that flat layout
+ * (a host-readable ops table, no lent block params): a loader fills it in
+ * place and then calls model_params_written, instead of filling fresh
+ * memory of the model's size and copying it over. NULL otherwise. */
+float *model_params_in_place(model_t *m);
 /* The caller wrote params other than through the fused AdamW (a ZeRO
  * all-gather): params16 is recast before the next bf16 matmul. */
 void model_params_written(model_t *m);
