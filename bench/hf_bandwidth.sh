@@ -7,7 +7,7 @@
 #
 # The parameter file: one dtrain step at lr 0 with --save-params (the
 # initial weights; the values do not matter).
-# Export: `dreshard --in P.h5 --to-hf DIR` (fp32) on NP ranks, its own
+# Export: `dreshard --in P.h5 --to-hf DIR --dtype DTYPE` on NP ranks, its own
 # "total X s" (from the first check to the renamed, fsynced directory:
 # reading and verifying the input, the transforms, every shard written and
 # fsynced, configs, the read-back check), the input in the page cache
@@ -17,8 +17,7 @@
 # that reads one file and writes another cannot beat).
 # Import: `dtrain --init-from DIR` on NP ranks (1: one rank; 2: --tp 2;
 # 4: --tp 2 --pp 2), --threads cores/NP (at least 1: the threads a rank
-# has; with two or more, threads - 1 fault the destination in while one
-# copies), page cache dropped first, its "init-from: ... in X s"
+# has), page cache dropped first, its "init-from: ... in X s"
 # (the slowest rank's: every rank's slices read and converted) against
 # `dd if=model.safetensors of=/dev/null bs=16M` with the cache dropped
 # (dd read: one 16 MiB buffer reused, in cache), and against
@@ -33,7 +32,10 @@
 #
 # Environment: DTRAIN, DRESHARD (./src/...), DATA
 # (data/gutenberg-gpt2_train_*.bin), MPIEXEC (mpirun), DIR
-# (bench/out/hf-bw: the disk measured), MODEL (gpt2-124m), NPS ("1 2 4").
+# (bench/out/hf-bw: the disk measured), MODEL (gpt2-124m), ARCH (the
+# preset's; llama: the same sizes without GPT-2's transposed Conv1D
+# weights), DTYPE (the export's, fp32; bf16 or fp16: the import then
+# converts), NPS ("1 2 4").
 # Dropping the page cache needs root; without it a note says the reads
 # came from the page cache.
 set -eu
@@ -44,6 +46,8 @@ data=${DATA:-data/gutenberg-gpt2_train_*.bin}
 mpiexec=${MPIEXEC:-mpirun}
 dir=${DIR:-bench/out/hf-bw}
 model=${MODEL:-gpt2-124m}
+arch=${ARCH:+--arch $ARCH}
+dtype=${DTYPE:-fp32}
 nps=${NPS:-"1 2 4"}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
@@ -56,11 +60,12 @@ layout() { case $1 in 1) echo "" ;; 2) echo "--tp 2" ;; *) echo "--tp 2 --pp 2 -
 
 p="$dir/params.h5"
 if [ ! -f "$p" ]; then
-    "$mpiexec" -np 1 "$dtrain" --model "$model" --data "$data" --steps 1 --lr 0 --min-lr 0 --warmup 0 \
+    # shellcheck disable=SC2086
+    "$mpiexec" -np 1 "$dtrain" --model "$model" $arch --data "$data" --steps 1 --lr 0 --min-lr 0 --warmup 0 \
         --micro-batch 1 --seq-len 16 --val-every 0 --sample-tokens 0 --threads 2 --peak-gflops 100 \
         --save-params "$p" >>"$log" 2>&1
 fi
-echo "model $model; $(nproc) cores; disk: $(df -h "$dir" | awk 'NR == 2 { print $1 }'); $reps repetitions"
+echo "model $model${ARCH:+ (--arch $ARCH)}, $dtype; $(nproc) cores; disk: $(df -h "$dir" | awk 'NR == 2 { print $1 }'); $reps repetitions"
 echo
 echo "| ranks | export s | GB/s | % of dd write | dd write s | % of dd copy | dd copy s | import s | GB/s | % of dd read | dd read s | % of dd read whole | dd read whole s |"
 echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
@@ -71,7 +76,7 @@ for np in $nps; do
     for r in $(seq "$reps"); do
         rm -rf "$dir/hf" "$dir/dd"
         sync
-        t=$("$mpiexec" --bind-to none -np "$np" "$dreshard" --in "$p" --to-hf "$dir/hf" | tee -a "$log" |
+        t=$("$mpiexec" --bind-to none -np "$np" "$dreshard" --in "$p" --to-hf "$dir/hf" --dtype "$dtype" | tee -a "$log" |
             sed -n 's/.*total \([0-9.]*\) s$/\1/p')
         ex="$ex $t"
         bytes=$(cat "$dir"/hf/*.safetensors | wc -c)

@@ -10,6 +10,12 @@
 #include "io/publish.h"
 #include "base/bf16.h" /* dt_f32_to_bf16, dt_bf16_to_f32 */
 #include "base/transpose.h"
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
 
 #include <errno.h>
 #include <fcntl.h>
@@ -141,6 +147,72 @@ float st_f16_to_f32(uint16_t h)
     return dt_bits_f32(sign | ((e + 112) << 23) | (m << 13));
 }
 
+/* n bf16 at src (any alignment) -> dst[n]: each the high half of its
+ * fp32, 8 at a time by interleaving with zeros where SSE2 is there (the
+ * scalar loop held a bf16 import to a third of the file's read speed). */
+static void bf16_run_to_f32(const unsigned char *src, int64_t n, float *dst)
+{
+    int64_t i = 0;
+#ifdef __SSE2__
+    const __m128i zero = _mm_setzero_si128();
+    for (; i + 8 <= n; i += 8) {
+        const __m128i h = _mm_loadu_si128((const __m128i *)(const void *)(src + 2 * i));
+        _mm_storeu_si128((__m128i *)(void *)(dst + i), _mm_unpacklo_epi16(zero, h));
+        _mm_storeu_si128((__m128i *)(void *)(dst + i + 4), _mm_unpackhi_epi16(zero, h));
+    }
+#endif
+    for (; i < n; i++) {
+        uint16_t h;
+        memcpy(&h, src + 2 * i, 2);
+        dst[i] = dt_bf16_to_f32(h);
+    }
+}
+
+/* n fp16 at src (any alignment) -> dst[n], 8 at a time by the F16C
+ * instruction on x86-64 CPUs that have it (chosen at run time; the scalar
+ * conversion held an fp16 import to a fifth of the file's read speed);
+ * exact like st_f16_to_f32, whose bits it gives for every input: a group
+ * holding a NaN is converted by st_f16_to_f32 (the instruction would set
+ * a signalling NaN's quiet bit). */
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx,f16c"))) static int64_t f16_run_f16c(const unsigned char *src, int64_t n, float *dst)
+{
+    const __m128i exp = _mm_set1_epi16(0x7c00), man = _mm_set1_epi16(0x03ff), zero = _mm_setzero_si128();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m128i h = _mm_loadu_si128((const __m128i *)(const void *)(src + 2 * i));
+        const __m128i nan =
+            _mm_andnot_si128(_mm_cmpeq_epi16(_mm_and_si128(h, man), zero), _mm_cmpeq_epi16(_mm_and_si128(h, exp), exp));
+        if (_mm_movemask_epi8(nan) != 0)
+            break;
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
+    }
+    return i;
+}
+#endif
+
+static void f16_run_to_f32(const unsigned char *src, int64_t n, float *dst)
+{
+    int64_t i = 0;
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    const int f16c = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+    while (f16c && i < n) {
+        i += f16_run_f16c(src + 2 * i, n - i, dst + i);
+        for (const int64_t end = i + 8 < n ? i + 8 : n; i < end; i++) { /* a group with a NaN, or the tail */
+            uint16_t h;
+            memcpy(&h, src + 2 * i, 2);
+            dst[i] = st_f16_to_f32(h);
+        }
+    }
+#endif
+    for (; i < n; i++) {
+        uint16_t h;
+        memcpy(&h, src + 2 * i, 2);
+        dst[i] = st_f16_to_f32(h);
+    }
+}
+
 /* n elements of dtype d at src (any alignment) -> dst[i * stride]. The
  * dtype is chosen once per call, not per element, and a contiguous fp32 run
  * is one memcpy (the per-element branch kept the import's copy from
@@ -160,12 +232,21 @@ static void to_f32(const unsigned char *src, st_dtype_t d, int64_t n, float *dst
             memcpy(&v, src + 8 * i, 8);
             dst[i * stride] = (float)v;
         }
-    } else {
-        const int bf16 = d == ST_BF16;
+    } else if (d == ST_BF16 && stride == 1) {
+        bf16_run_to_f32(src, n, dst);
+    } else if (d == ST_BF16) {
         for (int64_t i = 0; i < n; i++) {
             uint16_t h;
             memcpy(&h, src + 2 * i, 2);
-            dst[i * stride] = bf16 ? dt_bf16_to_f32(h) : st_f16_to_f32(h);
+            dst[i * stride] = dt_bf16_to_f32(h);
+        }
+    } else if (stride == 1) {
+        f16_run_to_f32(src, n, dst);
+    } else {
+        for (int64_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, src + 2 * i, 2);
+            dst[i * stride] = st_f16_to_f32(h);
         }
     }
 }
@@ -577,40 +658,54 @@ static int pread_rows(const st_file_t *f, uint64_t at, int64_t cols, int64_t r0,
     return rc;
 }
 
-/* The transposed block of an fp32 tensor whose data starts at byte at:
- * source rows c0.. (columns r0..r0+nr) read with pread a group at a time
- * into a buffer that stays in cache, each group transposed into columns
- * of dst[nr][nc]. Transposing from the mapping instead faulted every
- * source page in (and src_drop_pages dropped them again): gpt2-124m's
- * Conv1D matrices loaded at 0.9-1.6 GB/s against 4.1 GB/s for wte's
- * pread. Whole source rows are read when the block is a quarter of one or
- * more (GPT-2's q, k and v are each a third of c_attn's rows: a read per
- * row cost more than reading the rest). 0, or -1 as pread_rows (the
- * caller then reads the mapping). */
-static int pread_transposed(const st_file_t *f, uint64_t at, int64_t cols, int64_t r0, int64_t nr, int64_t c0,
-                            int64_t nc, float *dst)
+/* The block of a tensor of dtype d whose data starts at byte at, as
+ * st_read_f32 gives it, read with pread about 256 KiB of source rows at a
+ * time into a buffer that stays in cache, each group then converted to
+ * fp32 and, transposed, turned into columns of dst[nr][nc] (untransposed
+ * fp32 goes straight into dst: pread_rows). Reading the mapping instead
+ * faulted every source page in (and src_drop_pages dropped them again):
+ * gpt2-124m's fp32 Conv1D matrices loaded at 0.9-1.6 GB/s against 4.1
+ * GB/s for wte's pread, and a bf16 Llama at a third of dd's speed. Whole
+ * source rows are read when the block is a quarter of one or more
+ * (GPT-2's q, k and v are each a third of c_attn's rows: a read per row
+ * cost more than reading the rest). 0, or -1 as pread_rows (the caller
+ * then reads the mapping). */
+static int pread_block(const st_file_t *f, uint64_t at, st_dtype_t d, int64_t cols, int64_t r0, int64_t nr, int64_t c0,
+                       int64_t nc, int transpose, float *dst)
 {
-    const int whole = 4 * nr >= cols;
-    const int64_t width = whole ? cols : nr, group = width >= (1 << 14) ? 4 : (1 << 16) / width / 4 * 4 + 4;
-    float *buf = malloc((size_t)group * (size_t)width * sizeof *buf);
-    int fd = buf != NULL ? open(f->path, O_RDONLY | O_CLOEXEC) : -1;
+    const size_t isz = st_dtype_size(d), row = (size_t)cols * isz;
+    const int64_t s0 = transpose ? c0 : r0, sn = transpose ? nc : nr; /* source rows */
+    const int64_t k0 = transpose ? r0 : c0, kn = transpose ? nr : nc; /* their columns read */
+    const int whole = 4 * kn >= cols;
+    const int64_t width = whole ? cols : kn, group = (1 << 18) / ((int64_t)isz * width) + 1;
+    unsigned char *raw = malloc((size_t)group * (size_t)width * isz);
+    float *wide = d == ST_F32 || !transpose ? (float *)(void *)raw : malloc((size_t)group * (size_t)width * 4);
+    int fd = raw != NULL && wide != NULL ? open(f->path, O_RDONLY | O_CLOEXEC) : -1;
     struct stat st;
     int rc = fd >= 0 && fstat(fd, &st) == 0 && (size_t)st.st_size == f->size ? 0 : -1;
-    const size_t row = (size_t)cols * 4;
     if (rc == 0) /* advice: the rows are read ahead in large requests */
-        (void)posix_fadvise(fd, (off_t)(at + (size_t)c0 * row), (off_t)((size_t)nc * row), POSIX_FADV_WILLNEED);
-    for (int64_t j0 = 0; rc == 0 && j0 < nc; j0 += group) {
-        const int64_t g = nc - j0 < group ? nc - j0 : group;
+        (void)posix_fadvise(fd, (off_t)(at + (size_t)s0 * row), (off_t)((size_t)sn * row), POSIX_FADV_WILLNEED);
+    for (int64_t j0 = 0; rc == 0 && j0 < sn; j0 += group) {
+        const int64_t g = sn - j0 < group ? sn - j0 : group;
         if (whole)
-            rc = pread_full(fd, buf, (size_t)g * row, at + (size_t)(c0 + j0) * row);
+            rc = pread_full(fd, raw, (size_t)g * row, at + (size_t)(s0 + j0) * row);
         for (int64_t j = 0; !whole && rc == 0 && j < g; j++)
-            rc = pread_full(fd, buf + j * nr, (size_t)nr * 4, at + (size_t)(c0 + j0 + j) * row + (size_t)r0 * 4);
-        if (rc == 0)
-            dt_transpose_f32(buf + (whole ? r0 : 0), g, nr, width, dst + j0, nc);
+            rc = pread_full(fd, raw + (size_t)(j * kn) * isz, (size_t)kn * isz,
+                            at + (size_t)(s0 + j0 + j) * row + (size_t)k0 * isz);
+        const size_t skip = whole ? (size_t)k0 : 0; /* the block's first column in a row read */
+        for (int64_t j = 0; rc == 0 && !transpose && j < g; j++)
+            to_f32(raw + ((size_t)(j * width) + skip) * isz, d, kn, dst + (j0 + j) * nc, 1);
+        if (rc == 0 && transpose) {
+            if (d != ST_F32)
+                to_f32(raw, d, g * width, wide, 1);
+            dt_transpose_f32(wide + skip, g, nr, width, dst + j0, nc);
+        }
     }
     if (fd >= 0)
         close(fd);
-    free(buf);
+    if (wide != (float *)(void *)raw)
+        free(wide);
+    free(raw);
     return rc;
 }
 
@@ -660,9 +755,10 @@ int st_read_f32(const st_file_t *f, const st_tensor_t *t, int64_t r0, int64_t nr
     }
     const unsigned char *base = (const unsigned char *)f->map + 8 + f->header_len + t->begin;
     size_t isz = st_dtype_size(t->dtype);
-    if (f->mapped && f->path != NULL && t->dtype == ST_F32 &&
-        (transpose ? pread_transposed(f, 8 + f->header_len + t->begin, cols, r0, nr, c0, nc, dst)
-                   : pread_rows(f, 8 + f->header_len + t->begin, cols, r0, nr, c0, nc, dst)) == 0)
+    const uint64_t at = 8 + f->header_len + t->begin;
+    if (f->mapped && f->path != NULL &&
+        (t->dtype == ST_F32 && !transpose ? pread_rows(f, at, cols, r0, nr, c0, nc, dst)
+                                          : pread_block(f, at, t->dtype, cols, r0, nr, c0, nc, transpose, dst)) == 0)
         return 0;
     if (f->mapped) /* the source rows the block spans, read ahead in large requests */
         will_need(f, base + (size_t)(transpose ? c0 : r0) * (size_t)cols * isz,

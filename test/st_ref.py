@@ -263,7 +263,23 @@ def model_tensors():
             t[name] = (dt, s, s.astype(np.float32))
         else:
             t[name] = (dt, v, v)
+    # every 16-bit pattern, NaNs and subnormals included (the SIMD
+    # conversions' groups with and without a NaN), read bit for bit
+    h = np.arange(65536, dtype=np.uint32)
+    t["h.f16all"] = ("F16", h.astype("<u2").view("<f2").reshape(256, 256),
+                     f16_bits_to_f32(h).reshape(256, 256))
+    t["i.bf16all"] = ("BF16", h.astype("<u2").reshape(256, 256), (h << 16).view("<f4").reshape(256, 256))
     return t
+
+
+def f16_bits_to_f32(h):
+    """IEEE binary16 bit patterns -> their exact binary32 values, from
+    the formats' definitions (a NaN keeps its payload and quiet bit)."""
+    sign, e, m = (h & 0x8000) << 16, (h >> 10) & 0x1F, h & 0x3FF
+    normal = sign | ((e + 112) << 23) | (m << 13)
+    special = sign | 0x7F800000 | (m << 13)
+    sub = (m.astype(np.float32) * np.float32(2.0**-24)).view("<u4") | sign
+    return np.where(e == 0, sub, np.where(e == 31, special, normal)).astype(np.uint32).view("<f4")
 
 
 def cmd_write(d, mode):
