@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -414,75 +415,107 @@ static void close_source(source_t *s)
     free(s->tmp);
 }
 
-/* The import's destination, faulted in ahead of the copy: a rank with
- * more than one thread (--threads) does it on threads of its own while
- * the copy runs (threads - 1 of them, at most PREFAULT_MAX_THREADS, taking
- * 64 MiB pieces in turn so that all advance from the front, where the
- * copy starts), one with one thread before the copy. MADV_POPULATE_WRITE
- * maps 64 MiB a call instead of trapping on every 4 KiB page as the copy
- * first touches it (gpt2-124m, 1 thread: the fill of 498 MB 1.17 s ->
- * 0.95 s, the copy's CPU time 0.49 s -> 0.26 s); faulting 498 MB alone
- * took 0.33-0.45 s on one thread and 0.24-0.32 s on two (2 cores, loaded).
- * No barrier: the copy faults any page it reaches first itself (a split of
- * the copy across OpenMP threads waited at every tensor's barrier for a
- * descheduled thread and ran 2x slower on a loaded machine). Advice: a
- * kernel without it (before 5.14: EINVAL) leaves the faults to the copy. */
-#define PREFAULT_MAX_THREADS 8
-typedef struct prefault_part {
-    void *p;
-    size_t bytes;
-    int part, parts; /* this thread takes pieces part, part + parts, ... */
-} prefault_part_t;
+/* The import's loaders: --threads threads (at most LOADER_MAX) take the
+ * table's tensors in turn from a shared counter, each with its own copy of
+ * the source (its staging, counters and first failure; the files, maps and
+ * name map shared and only read). No barrier between tensors: a thread
+ * descheduled on a loaded machine holds up only its own tensor (a split of
+ * each copy across OpenMP threads waited at every tensor's barrier and ran
+ * 2x slower). On the dev VM's 2 cores, gpt2-124m's fp32 import at 1 rank:
+ * 0.17 s on one thread, whose transposes of the Conv1D matrices a second
+ * thread now shares. A fresh destination (not the model's resident
+ * parameters) is faulted in a tensor at a time with MADV_POPULATE_WRITE
+ * (one call instead of a trap on every 4 KiB page the copy first touches:
+ * the fill of 498 MB 1.17 s -> 0.95 s on one thread); a kernel without it
+ * (before 5.14: EINVAL) leaves the faults to the copy. The first failure
+ * in table order is the one reported, as one thread would: every tensor
+ * before a failing one was taken before it and is finished. */
+#define LOADER_MAX 8
+typedef struct loader {
+    source_t src; /* this thread's copy: own tmp, dtypes and report */
+    init_from_report_t rep;
+    const param_table_t *t;
+    float *host;
+    int fresh;
+    atomic_int *next, *stop;
+    int failed_at; /* the table index of its failure, or t->n */
+    char err[1024];
+} loader_t;
 
-typedef struct prefault {
-    prefault_part_t part[PREFAULT_MAX_THREADS];
-    pthread_t thread[PREFAULT_MAX_THREADS];
-    int running; /* threads started */
-} prefault_t;
-
-static void *prefault_run(void *arg)
+static void populate_dest(const float *p, size_t n)
 {
-    const prefault_part_t *f = arg;
 #ifdef MADV_POPULATE_WRITE
-    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), chunk = (uintptr_t)64 << 20;
-    const uintptr_t lo = ((uintptr_t)f->p + page - 1) & ~(page - 1), hi = ((uintptr_t)f->p + f->bytes) & ~(page - 1);
-    for (uintptr_t a = lo + (uintptr_t)f->part * chunk; a < hi; a += (uintptr_t)f->parts * chunk)
-        madvise((void *)a, hi - a < chunk ? hi - a : chunk, MADV_POPULATE_WRITE);
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    const uintptr_t lo = ((uintptr_t)p + page - 1) & ~(page - 1), hi = ((uintptr_t)(p + n)) & ~(page - 1);
+    if (hi > lo)
+        madvise((void *)lo, hi - lo, MADV_POPULATE_WRITE);
 #else
-    (void)f;
+    (void)p, (void)n;
 #endif
+}
+
+static void *loader_run(void *arg)
+{
+    loader_t *l = arg;
+    const param_table_t *t = l->t;
+    for (;;) {
+        const int k = atomic_fetch_add(l->next, 1);
+        if (k >= t->n || atomic_load(l->stop))
+            break;
+        if (k + 1 < t->n)
+            src_read_ahead(&l->src, &t->p[k + 1]);
+        if (l->fresh)
+            populate_dest(l->host + t->p[k].offset, (size_t)t->p[k].local_rows * (size_t)t->p[k].count[1]);
+        if (load_tensor(&l->src, &t->p[k], l->host, l->err, sizeof l->err) != 0) {
+            l->failed_at = k;
+            atomic_store(l->stop, 1);
+            break;
+        }
+        src_drop_pages(&l->src);
+        const uint64_t b = (uint64_t)t->p[k].numel * sizeof(float);
+        l->rep.largest_tensor = b > l->rep.largest_tensor ? b : l->rep.largest_tensor;
+    }
     return NULL;
 }
 
-static void prefault_start(prefault_t *f, void *p, size_t bytes)
+/* Runs n loaders (the first on this thread) over t; the lowest failure in
+ * err. Merges their reports into s and rep. */
+static int run_loaders(source_t *s, const param_table_t *t, float *host, int fresh, int n, init_from_report_t *rep,
+                       char *err, size_t errlen)
 {
-    int threads = 1;
-#ifdef _OPENMP
-    threads = omp_get_max_threads();
-#endif
-    const int n = threads - 1 < PREFAULT_MAX_THREADS ? threads - 1 : PREFAULT_MAX_THREADS;
-    f->running = 0;
-    for (int i = 0; i < n; i++)
-        f->part[i] = (prefault_part_t){.p = p, .bytes = bytes, .part = i, .parts = n};
-    while (f->running < n && pthread_create(&f->thread[f->running], NULL, prefault_run, &f->part[f->running]) == 0)
-        f->running++;
-    if (f->running == n && n > 0)
-        return;
-    /* none, or fewer threads than asked: the pieces of those missing here */
-    for (int i = f->running; i < (n > 0 ? n : 1); i++) {
-        prefault_part_t one = {.p = p, .bytes = bytes, .part = n > 0 ? i : 0, .parts = n > 0 ? n : 1};
-        prefault_run(&one);
+    loader_t l[LOADER_MAX];
+    pthread_t th[LOADER_MAX];
+    atomic_int next = 0, stop = 0;
+    int started = 1, rc = 0;
+    for (int i = 0; i < n; i++) {
+        l[i] = (loader_t){
+            .src = *s, .t = t, .host = host, .fresh = fresh, .next = &next, .stop = &stop, .failed_at = t->n};
+        l[i].src.rep = &l[i].rep;
+        l[i].src.tmp = NULL, l[i].src.tmp_floats = 0, l[i].src.dtypes = 0;
     }
+    while (started < n && pthread_create(&th[started], NULL, loader_run, &l[started]) == 0)
+        started++;
+    loader_run(&l[0]);
+    int first = t->n;
+    for (int i = 0; i < n; i++) {
+        if (i > 0 && i < started)
+            pthread_join(th[i], NULL);
+        if (i < started && l[i].failed_at < first) {
+            first = l[i].failed_at;
+            snprintf(err, errlen, "%s", l[i].err);
+            rc = -1;
+        }
+        s->dtypes |= l[i].src.dtypes;
+        rep->bytes_read += l[i].rep.bytes_read;
+        rep->staging_peak = l[i].rep.staging_peak > rep->staging_peak ? l[i].rep.staging_peak : rep->staging_peak;
+        rep->largest_tensor =
+            l[i].rep.largest_tensor > rep->largest_tensor ? l[i].rep.largest_tensor : rep->largest_tensor;
+        free(l[i].src.tmp);
+    }
+    return rc;
 }
 
-static void prefault_join(prefault_t *f)
-{
-    for (int i = 0; i < f->running; i++)
-        pthread_join(f->thread[i], NULL);
-    f->running = 0;
-}
-
-int init_from_load(const char *path, const model_config_t *c, const param_table_t *t, float *host,
+int init_from_load(const char *path, const model_config_t *c, const param_table_t *t, float *host, int fresh,
                    init_from_report_t *rep, char *err, size_t errlen)
 {
     memset(rep, 0, sizeof *rep);
@@ -490,18 +523,13 @@ int init_from_load(const char *path, const model_config_t *c, const param_table_
     const long rss0 = reset_peak_rss() == 0 ? proc_status_kb("VmRSS") : -1;
     source_t s = {.path = path, .rep = rep};
     int rc = open_source(&s, path, c, err, errlen);
-    prefault_t pf = {0};
+    int threads = 1;
+#ifdef _OPENMP
+    threads = omp_get_max_threads();
+#endif
+    threads = threads < 1 ? 1 : threads > LOADER_MAX ? LOADER_MAX : threads;
     if (rc == 0)
-        prefault_start(&pf, host, t->numel * sizeof *host);
-    for (int k = 0; rc == 0 && k < t->n; k++) {
-        if (k + 1 < t->n)
-            src_read_ahead(&s, &t->p[k + 1]);
-        rc = load_tensor(&s, &t->p[k], host, err, errlen);
-        src_drop_pages(&s);
-        const uint64_t b = (uint64_t)t->p[k].numel * sizeof(float);
-        rep->largest_tensor = b > rep->largest_tensor ? b : rep->largest_tensor;
-    }
-    prefault_join(&pf);
+        rc = run_loaders(&s, t, host, fresh, threads, rep, err, errlen);
     if (rc == 0 && c->arch == ARCH_GPT2)
         rc = check_gpt2_head(&s, t, host, err, errlen);
     rep->kind = s.kind;

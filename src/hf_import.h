@@ -7,14 +7,14 @@
  * Hugging Face; a file beginning with llm.c's magic 20240326 is llm.c.
  *
  * The model configuration comes from the file. Each rank reads only the
- * hyperslab its parameter table holds of each tensor (fp32 with pread,
- * other dtypes from a memory mapping; see src/hf_map.h for which source
- * element each dtrain element is), straight into the host buffer of its
+ * hyperslab its parameter table holds of each tensor (safetensors with
+ * pread, an llm.c file from a memory mapping; see src/hf_map.h for which
+ * source element each dtrain element is), straight into the host buffer of its
  * local tensors (the model's parameters themselves where they are host
  * memory: model_params_in_place); the only staging is one attention head
  * (the RoPE permutation), one slice of a tensor (comparing a stored GPT-2
- * lm_head with wte) and the 256 KiB of source rows a transposed fp32 read
- * passes through. Whatever dtrain cannot represent is refused with one
+ * lm_head with wte) and the 256 KiB of source rows a safetensors read
+ * passes through (twice that for a transposed bf16 or fp16 one). Whatever dtrain cannot represent is refused with one
  * line naming the file and the field or tensor. */
 #ifndef DTRAIN_HF_IMPORT_H
 #define DTRAIN_HF_IMPORT_H
@@ -53,9 +53,12 @@ typedef struct init_from_report {
 
 /* Fills this rank's slice of every tensor of t (host: [t->numel], the
  * flat buffer's layout; vocabulary padding rows are set to 0) from path,
- * whose model is c. Independent (no MPI). Returns 0, or -1 with one line
- * in err naming the file and the tensor. */
-int init_from_load(const char *path, const model_config_t *c, const param_table_t *t, float *host,
+ * whose model is c, on --threads threads (omp_get_max_threads), each
+ * holding one tensor's staging at a time. fresh: host is memory not yet
+ * faulted in (a loader then faults each tensor's range in one call).
+ * Independent (no MPI). Returns 0, or -1 with one line in err naming the
+ * file and the tensor (the first in t's order that failed). */
+int init_from_load(const char *path, const model_config_t *c, const param_table_t *t, float *host, int fresh,
                    init_from_report_t *rep, char *err, size_t errlen);
 
 #endif

@@ -60,7 +60,8 @@ int params_to_host(trainer_t *tr, float *host, char *err, size_t errlen)
 static int import_params(trainer_t *tr, float *host, char *err, size_t errlen)
 {
     init_from_report_t rep = {0};
-    int rc = host ? init_from_load(tr->opt->init_from, &tr->cfg, &tr->model.table, host, &rep, err, errlen) : -1;
+    const int fresh = host != tr->model.params; /* not the resident parameters themselves */
+    int rc = host ? init_from_load(tr->opt->init_from, &tr->cfg, &tr->model.table, host, fresh, &rep, err, errlen) : -1;
     /* [0] MiB read, [1] resident growth MiB, [2] local MiB, [3] largest tensor MiB, [4] staging MiB,
      * [5] seconds (the slowest rank's: the import is done when it is) */
     double most[6] = {rep.bytes_read / 1048576.0,     rep.rss_growth_kb / 1024.0,   rep.local_bytes / 1048576.0,

@@ -174,6 +174,12 @@ agree "llm.c bf16 (version 5)" "$TMP/gb" "$TMP/g5.bin" "$TMP/gb.tok" 1 && expect
 agree "llm.c bf16 (version 5), tp2 x pp2" "$TMP/gb" "$TMP/g5.bin" "$TMP/gb.tok" 4 --tp 2 --pp 2 --global-batch 4 &&
     to_llmc "llm.c v5 tp2 x pp2" "$TMP/g5.bin" 2 --dtype bf16
 
+# ---- three loader threads (--threads 3): tensors taken in turn, the same weights ----
+agree "gpt2 f32, 3 loader threads" "$TMP/g" "$TMP/g" "$TMP/g.tok" 1 --threads 3 &&
+    same_params "gpt2 f32, 3 loader threads" "$TMP/g.1.h5" "$TMP/last.h5"
+agree "llama bf16, 3 loader threads" "$TMP/lb" "$TMP/lb" "$TMP/lb.tok" 1 --threads 3
+agree "llm.c bf16 (version 5), 3 loader threads" "$TMP/gb" "$TMP/g5.bin" "$TMP/gb.tok" 1 --threads 3
+
 # ---- a converter's bugs would show: the mutated files must fail the check ----
 for m in gt:transpose lr:rope; do
     d=${m%%:*}
