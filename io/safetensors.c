@@ -665,18 +665,20 @@ static int pread_rows(const st_file_t *f, uint64_t at, int64_t cols, int64_t r0,
  * fp32 goes straight into dst: pread_rows). Reading the mapping instead
  * faulted every source page in (and src_drop_pages dropped them again):
  * gpt2-124m's fp32 Conv1D matrices loaded at 0.9-1.6 GB/s against 4.1
- * GB/s for wte's pread, and a bf16 Llama at a third of dd's speed. Whole
- * source rows are read when the block is a quarter of one or more
- * (GPT-2's q, k and v are each a third of c_attn's rows: a read per row
- * cost more than reading the rest). 0, or -1 as pread_rows (the caller
- * then reads the mapping). */
+ * GB/s for wte's pread, and a bf16 Llama at a third of dd's speed. A
+ * block of whole rows is one read per group, a block of part of each row
+ * a read per row: only the block's bytes, so a tensor-parallel rank reads
+ * its own columns of a transposed matrix and not its peers' (reading
+ * whole rows from a quarter of one up made GPT-2's q, k and v a little
+ * faster from the page cache, and read c_attn three times). 0, or -1 as
+ * pread_rows (the caller then reads the mapping). */
 static int pread_block(const st_file_t *f, uint64_t at, st_dtype_t d, int64_t cols, int64_t r0, int64_t nr, int64_t c0,
                        int64_t nc, int transpose, float *dst)
 {
     const size_t isz = st_dtype_size(d), row = (size_t)cols * isz;
     const int64_t s0 = transpose ? c0 : r0, sn = transpose ? nc : nr; /* source rows */
     const int64_t k0 = transpose ? r0 : c0, kn = transpose ? nr : nc; /* their columns read */
-    const int whole = 4 * kn >= cols;
+    const int whole = kn == cols;
     const int64_t width = whole ? cols : kn, group = (1 << 18) / ((int64_t)isz * width) + 1;
     unsigned char *raw = malloc((size_t)group * (size_t)width * isz);
     float *wide = d == ST_F32 || !transpose ? (float *)(void *)raw : malloc((size_t)group * (size_t)width * 4);
