@@ -458,9 +458,12 @@ static void *loader_run(void *arg)
 {
     loader_t *l = arg;
     const param_table_t *t = l->t;
-    for (;;) {
+    /* stop is read before a tensor is taken, never between taking and
+     * loading it: every tensor taken is loaded, so none before a failing
+     * one is skipped */
+    while (!atomic_load(l->stop)) {
         const int k = atomic_fetch_add(l->next, 1);
-        if (k >= t->n || atomic_load(l->stop))
+        if (k >= t->n)
             break;
         if (k + 1 < t->n)
             src_read_ahead(&l->src, &t->p[k + 1]);
