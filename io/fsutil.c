@@ -110,3 +110,11 @@ int fs_map_file(const char *path, const char *what, size_t min, void **map, size
     *size = (size_t)st.st_size;
     return 0;
 }
+
+void fs_advise(const void *p, size_t n, int advice)
+{
+    if (n == 0)
+        return;
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), lo = (uintptr_t)p & ~(page - 1);
+    (void)madvise((void *)lo, (uintptr_t)p + n - lo, advice);
+}

@@ -1,5 +1,5 @@
 /* Output paths: make missing directories as `mkdir -p` does; input
- * files: map one whole and read-only. */
+ * files: map one whole and read-only; advice on mapped pages. */
 #ifndef DTRAIN_FSUTIL_H
 #define DTRAIN_FSUTIL_H
 
@@ -23,5 +23,11 @@ int fs_mkdir_parent(const char *path, char *failed, size_t failed_len);
  * Unmap with munmap(*map, *size). */
 int fs_map_file(const char *path, const char *what, size_t min, void **map, size_t *size, int *regular, char *err,
                 size_t errlen);
+
+/* madvise(advice) over the whole pages [p, p+n) lies on (from p's page
+ * down; the kernel rounds the end up). Advice only: a failure changes
+ * nothing (a kernel without MADV_POPULATE_*, before 5.14, refuses those
+ * with EINVAL and leaves the work to the first touch). n 0: nothing. */
+void fs_advise(const void *p, size_t n, int advice);
 
 #endif

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "io/errmsg.h"
+#include "io/fsutil.h"
 #include "io/h5store_internal.h"
 #include "mpi/agree.h"
 
@@ -459,14 +460,11 @@ static int locate(h5store_t *h, hid_t dset, const entry_t *e, const int64_t s[2]
 
 /* The mapping's page-table entries for n floats at p, made in one call
  * (MADV_POPULATE_READ, Linux 5.14) instead of a fault per 16 pages as the
- * checksums first touch them. Advice: a kernel without it leaves the
- * faults to the readers. */
+ * checksums first touch them. */
 static void populate(const float *p, int64_t n)
 {
 #ifdef MADV_POPULATE_READ
-    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-    const uintptr_t lo = (uintptr_t)p & ~(page - 1), hi = (uintptr_t)(p + n);
-    madvise((void *)lo, hi - lo, MADV_POPULATE_READ);
+    fs_advise(p, (size_t)n * sizeof *p, MADV_POPULATE_READ);
 #else
     (void)p, (void)n;
 #endif

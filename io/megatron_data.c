@@ -3,6 +3,7 @@
 #include "io/megatron_data.h"
 
 #include "io/errmsg.h"
+#include "io/fsutil.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -200,9 +201,6 @@ void megatron_data_prefetch(const megatron_data_t *m, uint64_t off, size_t n)
 {
     if (!m->bin || n == 0)
         return;
-    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
     const size_t w = (size_t)m->idx.dtype->itemsize;
-    uintptr_t a = (uintptr_t)(m->bin + off * w) & ~(page - 1);
-    uintptr_t b = (uintptr_t)(m->bin + (off + n) * w);
-    (void)madvise((void *)a, b - a, MADV_WILLNEED); /* a hint: failure only loses the read-ahead */
+    fs_advise(m->bin + off * w, n * w, MADV_WILLNEED); /* a hint: failure only loses the read-ahead */
 }

@@ -575,15 +575,6 @@ static int in_range(int64_t from, int64_t n, int64_t size)
     return from >= 0 && n >= 0 && from <= size && n <= size - from;
 }
 
-/* Asks the kernel to read [p, p+n) of f's mapping ahead (whole pages). */
-static void will_need(const st_file_t *f, const unsigned char *p, size_t n)
-{
-    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-    const uintptr_t lo = (uintptr_t)p & ~(page - 1), hi = (uintptr_t)p + n;
-    if (n > 0 && lo >= (uintptr_t)f->map)
-        madvise((void *)lo, hi - lo, MADV_WILLNEED); /* advice: its failure changes nothing */
-}
-
 /* dst row i = source row r0 + i, cols c0 .. c0 + nc (a row of cols). */
 static void read_rows(const unsigned char *base, st_dtype_t d, size_t isz, int64_t cols, int64_t r0, int64_t nr,
                       int64_t c0, int64_t nc, float *dst)
@@ -699,8 +690,8 @@ void st_read_ahead(const st_file_t *f, const st_tensor_t *t, int64_t r0, int64_t
     if (f->map == NULL || !f->mapped || t->ndim > 2 || isz == 0 || !in_range(sr0, snr, rows) ||
         8 + f->header_len + t->end > f->size)
         return;
-    will_need(f, (const unsigned char *)f->map + 8 + f->header_len + t->begin + (size_t)sr0 * (size_t)cols * isz,
-              (size_t)snr * (size_t)cols * isz);
+    fs_advise((const unsigned char *)f->map + 8 + f->header_len + t->begin + (size_t)sr0 * (size_t)cols * isz,
+              (size_t)snr * (size_t)cols * isz, MADV_WILLNEED);
 }
 
 int st_read_f32(const st_file_t *f, const st_tensor_t *t, int64_t r0, int64_t nr, int64_t c0, int64_t nc, int transpose,
@@ -738,8 +729,8 @@ int st_read_f32(const st_file_t *f, const st_tensor_t *t, int64_t r0, int64_t nr
     if (f->mapped && f->path != NULL && pread_block(f, at, t->dtype, cols, r0, nr, c0, nc, transpose, dst) == 0)
         return 0;
     if (f->mapped) /* the source rows the block spans, read ahead in large requests */
-        will_need(f, base + (size_t)(transpose ? c0 : r0) * (size_t)cols * isz,
-                  (size_t)(transpose ? nc : nr) * (size_t)cols * isz);
+        fs_advise(base + (size_t)(transpose ? c0 : r0) * (size_t)cols * isz,
+                  (size_t)(transpose ? nc : nr) * (size_t)cols * isz, MADV_WILLNEED);
     if (transpose)
         read_transposed(base, t->dtype, isz, cols, r0, nr, c0, nc, dst);
     else

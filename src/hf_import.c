@@ -18,6 +18,7 @@
 #include "mpi/clock.h"
 #include "src/hf_config.h"
 #include "src/hf_map.h"
+#include "io/fsutil.h"
 #include "io/llmc_model.h"
 #include "io/safetensors.h"
 
@@ -445,10 +446,7 @@ typedef struct loader {
 static void populate_dest(const float *p, size_t n)
 {
 #ifdef MADV_POPULATE_WRITE
-    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-    const uintptr_t lo = ((uintptr_t)p + page - 1) & ~(page - 1), hi = ((uintptr_t)(p + n)) & ~(page - 1);
-    if (hi > lo)
-        madvise((void *)lo, hi - lo, MADV_POPULATE_WRITE);
+    fs_advise(p, n * sizeof *p, MADV_POPULATE_WRITE);
 #else
     (void)p, (void)n;
 #endif
