@@ -14,6 +14,7 @@
 #include <emmintrin.h>
 #endif
 #if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -189,14 +190,34 @@ __attribute__((target("avx,f16c"))) static int64_t f16_run_f16c(const unsigned c
     }
     return i;
 }
+
+/* 1 where the CPU has F16C and AVX and the OS saves the YMM registers, asked
+ * of cpuid and xgetbv directly: clang before 16 rejects "f16c" in
+ * __builtin_cpu_supports. Asked once (the answer cannot change; a race
+ * between threads only asks twice): cpuid traps to the hypervisor in a VM,
+ * and this runs once per row. */
+static int cpu_has_f16c(void)
+{
+    static int known; /* 0 not yet asked, 1 no, 2 yes */
+    int k = __atomic_load_n(&known, __ATOMIC_RELAXED);
+    if (k == 0) {
+        unsigned a, b, c, d, xcr0_lo = 0, xcr0_hi = 0;
+        const unsigned need = bit_OSXSAVE | bit_AVX | bit_F16C;
+        const int cpu = __get_cpuid(1, &a, &b, &c, &d) && (c & need) == need;
+        if (cpu)
+            __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+        k = cpu && (xcr0_lo & 0x6) == 0x6 ? 2 : 1; /* XMM and YMM state enabled */
+        __atomic_store_n(&known, k, __ATOMIC_RELAXED);
+    }
+    return k == 2;
+}
 #endif
 
 static void f16_run_to_f32(const unsigned char *src, int64_t n, float *dst)
 {
     int64_t i = 0;
 #if defined(__x86_64__) && defined(__GNUC__)
-    __builtin_cpu_init();
-    const int f16c = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+    const int f16c = cpu_has_f16c();
     while (f16c && i < n) {
         i += f16_run_f16c(src + 2 * i, n - i, dst + i);
         for (const int64_t end = i + 8 < n ? i + 8 : n; i < end; i++) { /* a group with a NaN, or the tail */
