@@ -10,13 +10,7 @@
 #include "io/publish.h"
 #include "base/bf16.h" /* dt_f32_to_bf16, dt_bf16_to_f32 */
 #include "base/transpose.h"
-#ifdef __SSE2__
-#include <emmintrin.h>
-#endif
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <cpuid.h>
-#include <immintrin.h>
-#endif
+#include "io/st_convert.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -146,130 +140,6 @@ float st_f16_to_f32(uint16_t h)
     if (e == 31)
         return dt_bits_f32(sign | 0x7f800000u | (m << 13));
     return dt_bits_f32(sign | ((e + 112) << 23) | (m << 13));
-}
-
-/* n bf16 at src (any alignment) -> dst[n]: each the high half of its
- * fp32, 8 at a time by interleaving with zeros where SSE2 is there (the
- * scalar loop held a bf16 import to a third of the file's read speed). */
-static void bf16_run_to_f32(const unsigned char *src, int64_t n, float *dst)
-{
-    int64_t i = 0;
-#ifdef __SSE2__
-    const __m128i zero = _mm_setzero_si128();
-    for (; i + 8 <= n; i += 8) {
-        const __m128i h = _mm_loadu_si128((const __m128i *)(const void *)(src + 2 * i));
-        _mm_storeu_si128((__m128i *)(void *)(dst + i), _mm_unpacklo_epi16(zero, h));
-        _mm_storeu_si128((__m128i *)(void *)(dst + i + 4), _mm_unpackhi_epi16(zero, h));
-    }
-#endif
-    for (; i < n; i++) {
-        uint16_t h;
-        memcpy(&h, src + 2 * i, 2);
-        dst[i] = dt_bf16_to_f32(h);
-    }
-}
-
-/* n fp16 at src (any alignment) -> dst[n], 8 at a time by the F16C
- * instruction on x86-64 CPUs that have it (chosen at run time; the scalar
- * conversion held an fp16 import to a fifth of the file's read speed);
- * exact like st_f16_to_f32, whose bits it gives for every input: a group
- * holding a NaN is converted by st_f16_to_f32 (the instruction would set
- * a signalling NaN's quiet bit). */
-#if defined(__x86_64__) && defined(__GNUC__)
-__attribute__((target("avx,f16c"))) static int64_t f16_run_f16c(const unsigned char *src, int64_t n, float *dst)
-{
-    const __m128i exp = _mm_set1_epi16(0x7c00), man = _mm_set1_epi16(0x03ff), zero = _mm_setzero_si128();
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        const __m128i h = _mm_loadu_si128((const __m128i *)(const void *)(src + 2 * i));
-        const __m128i nan =
-            _mm_andnot_si128(_mm_cmpeq_epi16(_mm_and_si128(h, man), zero), _mm_cmpeq_epi16(_mm_and_si128(h, exp), exp));
-        if (_mm_movemask_epi8(nan) != 0)
-            break;
-        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
-    }
-    return i;
-}
-
-/* 1 where the CPU has F16C and AVX and the OS saves the YMM registers, asked
- * of cpuid and xgetbv directly: clang before 16 rejects "f16c" in
- * __builtin_cpu_supports. Asked once (the answer cannot change; a race
- * between threads only asks twice): cpuid traps to the hypervisor in a VM,
- * and this runs once per row. */
-static int cpu_has_f16c(void)
-{
-    static int known; /* 0 not yet asked, 1 no, 2 yes */
-    int k = __atomic_load_n(&known, __ATOMIC_RELAXED);
-    if (k == 0) {
-        unsigned a, b, c, d, xcr0_lo = 0, xcr0_hi = 0;
-        const unsigned need = bit_OSXSAVE | bit_AVX | bit_F16C;
-        const int cpu = __get_cpuid(1, &a, &b, &c, &d) && (c & need) == need;
-        if (cpu)
-            __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
-        k = cpu && (xcr0_lo & 0x6) == 0x6 ? 2 : 1; /* XMM and YMM state enabled */
-        __atomic_store_n(&known, k, __ATOMIC_RELAXED);
-    }
-    return k == 2;
-}
-#endif
-
-static void f16_run_to_f32(const unsigned char *src, int64_t n, float *dst)
-{
-    int64_t i = 0;
-#if defined(__x86_64__) && defined(__GNUC__)
-    const int f16c = cpu_has_f16c();
-    while (f16c && i < n) {
-        i += f16_run_f16c(src + 2 * i, n - i, dst + i);
-        for (const int64_t end = i + 8 < n ? i + 8 : n; i < end; i++) { /* a group with a NaN, or the tail */
-            uint16_t h;
-            memcpy(&h, src + 2 * i, 2);
-            dst[i] = st_f16_to_f32(h);
-        }
-    }
-#endif
-    for (; i < n; i++) {
-        uint16_t h;
-        memcpy(&h, src + 2 * i, 2);
-        dst[i] = st_f16_to_f32(h);
-    }
-}
-
-/* n elements of dtype d at src (any alignment) -> dst[i * stride]. The
- * dtype is chosen once per call, not per element, and a contiguous fp32 run
- * is one memcpy (the per-element branch kept the import's copy from
- * vectorizing). */
-static void to_f32(const unsigned char *src, st_dtype_t d, int64_t n, float *dst, int64_t stride)
-{
-    if (d == ST_F32 && stride == 1) {
-        memcpy(dst, src, (size_t)n * 4);
-        return;
-    }
-    if (d == ST_F32) {
-        for (int64_t i = 0; i < n; i++)
-            memcpy(&dst[i * stride], src + 4 * i, 4);
-    } else if (d == ST_F64) {
-        for (int64_t i = 0; i < n; i++) {
-            double v;
-            memcpy(&v, src + 8 * i, 8);
-            dst[i * stride] = (float)v;
-        }
-    } else if (d == ST_BF16 && stride == 1) {
-        bf16_run_to_f32(src, n, dst);
-    } else if (d == ST_BF16) {
-        for (int64_t i = 0; i < n; i++) {
-            uint16_t h;
-            memcpy(&h, src + 2 * i, 2);
-            dst[i * stride] = dt_bf16_to_f32(h);
-        }
-    } else if (stride == 1) {
-        f16_run_to_f32(src, n, dst);
-    } else {
-        for (int64_t i = 0; i < n; i++) {
-            uint16_t h;
-            memcpy(&h, src + 2 * i, 2);
-            dst[i * stride] = st_f16_to_f32(h);
-        }
-    }
 }
 
 /* n fp32 -> dtype d (F32, BF16, F16) at dst. */
@@ -601,7 +471,7 @@ static void read_rows(const unsigned char *base, st_dtype_t d, size_t isz, int64
                       int64_t c0, int64_t nc, float *dst)
 {
     for (int64_t i = 0; i < nr; i++)
-        to_f32(base + ((size_t)(r0 + i) * (size_t)cols + (size_t)c0) * isz, d, nc, dst + i * nc, 1);
+        st_to_f32(base + ((size_t)(r0 + i) * (size_t)cols + (size_t)c0) * isz, d, nc, dst + i * nc, 1);
 }
 
 /* dst column j = source row c0 + j, its cols r0..; in blocks of 32 x 32 so
@@ -623,8 +493,8 @@ static void read_transposed(const unsigned char *base, st_dtype_t d, size_t isz,
         for (int64_t i0 = 0; i0 < nr; i0 += BS) {
             const int64_t ni = nr - i0 < BS ? nr - i0 : BS;
             for (int64_t j = j0; j < j0 + nj; j++)
-                to_f32(base + ((size_t)(c0 + j) * (size_t)cols + (size_t)(r0 + i0)) * isz, d, ni, dst + i0 * nc + j,
-                       nc);
+                st_to_f32(base + ((size_t)(c0 + j) * (size_t)cols + (size_t)(r0 + i0)) * isz, d, ni, dst + i0 * nc + j,
+                          nc);
         }
     }
 }
@@ -668,7 +538,12 @@ static int pread_block(const st_file_t *f, uint64_t at, st_dtype_t d, int64_t co
     const int64_t s0 = transpose ? c0 : r0, sn = transpose ? nc : nr; /* source rows */
     const int64_t k0 = transpose ? r0 : c0, kn = transpose ? nr : nc; /* their columns read */
     const int direct = d == ST_F32 && !transpose;                     /* read into dst, all rows at once */
-    const int64_t group = direct || kn == 0 ? sn : (1 << 18) / ((int64_t)isz * kn) + 1;
+    int64_t group = direct || kn == 0 ? sn : (1 << 18) / ((int64_t)isz * kn) + 1;
+    /* a transposed group fills whole 64-byte stripes of dst's rows, and
+     * every group after the first starts on one (st_transpose_f32_stream) */
+    const int64_t skew = transpose ? (int64_t)((uintptr_t)dst / sizeof(float) % 16) : 0;
+    if (transpose)
+        group = (group + 15) / 16 * 16;
     unsigned char *raw = direct ? NULL : malloc((size_t)group * (size_t)kn * isz);
     float *wide = d == ST_F32 || !transpose ? (float *)(void *)raw : malloc((size_t)group * (size_t)kn * 4);
     int fd = direct || (raw != NULL && wide != NULL) ? open(f->path, O_RDONLY | O_CLOEXEC) : -1;
@@ -676,8 +551,9 @@ static int pread_block(const st_file_t *f, uint64_t at, st_dtype_t d, int64_t co
     int rc = fd >= 0 && fstat(fd, &st) == 0 && (size_t)st.st_size == f->size ? 0 : -1;
     if (rc == 0) /* advice: the rows are read ahead in large requests */
         (void)posix_fadvise(fd, (off_t)(at + (size_t)s0 * row), (off_t)((size_t)sn * row), POSIX_FADV_WILLNEED);
-    for (int64_t j0 = 0; rc == 0 && j0 < sn; j0 += group) {
-        const int64_t g = sn - j0 < group ? sn - j0 : group;
+    for (int64_t j0 = 0, g = 0; rc == 0 && j0 < sn; j0 += g) {
+        g = j0 == 0 ? group - skew : group;
+        g = sn - j0 < g ? sn - j0 : g;
         unsigned char *in = direct ? (unsigned char *)(dst + j0 * nc) : raw; /* g rows of kn */
         if (kn == cols)                                                      /* whole rows: one read */
             rc = pread_full(fd, in, (size_t)g * row, at + (size_t)(s0 + j0) * row);
@@ -685,11 +561,11 @@ static int pread_block(const st_file_t *f, uint64_t at, st_dtype_t d, int64_t co
             rc = pread_full(fd, in + (size_t)(j * kn) * isz, (size_t)kn * isz,
                             at + (size_t)(s0 + j0 + j) * row + (size_t)k0 * isz);
         for (int64_t j = 0; rc == 0 && !direct && !transpose && j < g; j++)
-            to_f32(raw + (size_t)(j * kn) * isz, d, kn, dst + (j0 + j) * nc, 1);
+            st_to_f32(raw + (size_t)(j * kn) * isz, d, kn, dst + (j0 + j) * nc, 1);
         if (rc == 0 && transpose) {
             if (d != ST_F32)
-                to_f32(raw, d, g * kn, wide, 1);
-            dt_transpose_f32(wide, g, nr, kn, dst + j0, nc);
+                st_to_f32(raw, d, g * kn, wide, 1);
+            st_transpose_f32_stream(wide, g, nr, kn, dst + j0, nc);
         }
     }
     if (fd >= 0)

@@ -28,6 +28,7 @@
 #include "io/llmc_model.h"
 #include "base/ops_math.h"
 #include "io/safetensors.h"
+#include "io/st_convert.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -243,9 +244,43 @@ static void unit_llmc(void)
     CHECK(llmc_model_read_f32(&m, LLMC_N_TENSORS, 0, 0, 1, 0, 4, d, err, sizeof err) != 0, "bad id");
 }
 
+/* st_transpose_f32_stream against the plain double loop, bit for bit (NaN
+ * payloads included), over every alignment of dst within a 64-byte line,
+ * row strides that are and are not multiples of 8 floats, and shapes that
+ * leave a lead, a body of 16-column stripes, a tail and n % 8 rows; the
+ * floats around each destination block must be untouched. */
+static void unit_transpose_stream(void)
+{
+    enum { M = 53, N = 21, PAD = 16 };
+    static float src[M * N], dst[PAD + 64 * (N + 1) + PAD];
+    for (int i = 0; i < M * N; i++)
+        src[i] = f32(0x7f800001u + (uint32_t)i * 2654435761u % 0x7fffffu); /* NaNs with payloads, and others */
+    const int64_t shapes[][2] = {{0, 5}, {1, 1}, {7, 3}, {16, 8}, {17, 9}, {32, 16}, {40, 21}, {53, 21}, {53, 7}};
+    const int64_t ldds[] = {56, 60, 64};
+    int bad = 0, cases = 0;
+    for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++)
+        for (size_t l = 0; l < sizeof ldds / sizeof ldds[0]; l++)
+            for (int off = 0; off < 16; off++) {
+                const int64_t m = shapes[sh][0], n = shapes[sh][1], ldd = ldds[l];
+                for (size_t k = 0; k < sizeof dst / sizeof dst[0]; k++)
+                    dst[k] = f32(0xdeadbeefu);
+                float *d = dst + PAD + off;
+                st_transpose_f32_stream(src, m, n, N, d, ldd);
+                for (int64_t k = 0; k < (int64_t)(sizeof dst / sizeof dst[0]); k++) {
+                    const int64_t at = k - PAD - off, j = at >= 0 ? at / ldd : -1, i = at >= 0 ? at % ldd : -1;
+                    const int inside = j >= 0 && j < n && i < m;
+                    const uint32_t want = inside ? dt_f32_bits(src[i * N + j]) : 0xdeadbeefu;
+                    bad += dt_f32_bits(dst[k]) != want;
+                }
+                cases++;
+            }
+    CHECK(bad == 0, "streamed transpose: %d floats differ over %d cases", bad, cases);
+}
+
 static int cmd_unit(const char *dir)
 {
     unit_f16();
+    unit_transpose_stream();
     unit_parse();
     unit_plan(dir);
     unit_llmc();
