@@ -77,7 +77,8 @@ void llmc_model_close(llmc_model_t *m);
 const char *llmc_tensor_name(llmc_tensor_t id); /* "wte", "qkvw", ... */
 
 /* Rows [r0, r0+nr) x cols [c0, c0+nc) of tensor id's layer `layer` (0 for
- * wte, wpe, lnfw, lnfb), as fp32 into dst [nr][nc]. */
+ * wte, wpe, lnfw, lnfb), as fp32 into dst [nr][nc]: from a file opened by
+ * llmc_model_open with pread (io/st_block.h), from the bytes otherwise. */
 int llmc_model_read_f32(const llmc_model_t *m, llmc_tensor_t id, int layer, int64_t r0, int64_t nr, int64_t c0,
                         int64_t nc, float *dst, char *err, size_t errlen);
 

@@ -10,7 +10,7 @@
 #include "io/publish.h"
 #include "base/bf16.h" /* dt_f32_to_bf16, dt_bf16_to_f32 */
 #include "base/transpose.h"
-#include "io/st_convert.h"
+#include "io/st_block.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -499,83 +499,6 @@ static void read_transposed(const unsigned char *base, st_dtype_t d, size_t isz,
     }
 }
 
-/* n bytes at off of fd into p: 0, or -1 on an error or a file shorter
- * than its size said. */
-static int pread_full(int fd, void *p, size_t n, uint64_t off)
-{
-    for (unsigned char *q = p; n > 0;) {
-        ssize_t k = pread(fd, q, n, (off_t)off);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k <= 0)
-            return -1;
-        q += k;
-        off += (uint64_t)k;
-        n -= (size_t)k;
-    }
-    return 0;
-}
-
-/* The block of a tensor of dtype d whose data starts at byte at of f, as
- * st_read_f32 gives it, read with pread: untransposed fp32 straight into
- * dst (the kernel's one copy), everything else about 256 KiB of source
- * rows at a time into a buffer that stays in cache, then converted to
- * fp32 and, transposed, turned into columns of dst[nr][nc]. Reading the
- * mapping instead faulted every source page in (and src_drop_pages
- * dropped them again): gpt2-124m's fp32 Conv1D matrices loaded at 0.9-1.6
- * GB/s against 4.1 GB/s for wte's pread, and a bf16 Llama at a third of
- * dd's speed. A block of whole rows is one read per group, a block of
- * part of each row a read per row: only the block's bytes, so a
- * tensor-parallel rank reads its own columns of a transposed matrix and
- * not its peers' (reading whole rows from a quarter of one up made GPT-2's
- * q, k and v a little faster from the page cache, and read c_attn three
- * times). 0, or -1 when the file cannot be read so (reopened by name:
- * another size is another file); the caller then reads the mapping. */
-static int pread_block(const st_file_t *f, uint64_t at, st_dtype_t d, int64_t cols, int64_t r0, int64_t nr, int64_t c0,
-                       int64_t nc, int transpose, float *dst)
-{
-    const size_t isz = st_dtype_size(d), row = (size_t)cols * isz;
-    const int64_t s0 = transpose ? c0 : r0, sn = transpose ? nc : nr; /* source rows */
-    const int64_t k0 = transpose ? r0 : c0, kn = transpose ? nr : nc; /* their columns read */
-    const int direct = d == ST_F32 && !transpose;                     /* read into dst, all rows at once */
-    int64_t group = direct || kn == 0 ? sn : (1 << 18) / ((int64_t)isz * kn) + 1;
-    /* a transposed group fills whole 64-byte stripes of dst's rows, and
-     * every group after the first starts on one (st_transpose_f32_stream) */
-    const int64_t skew = transpose ? (int64_t)((uintptr_t)dst / sizeof(float) % 16) : 0;
-    if (transpose)
-        group = (group + 15) / 16 * 16;
-    unsigned char *raw = direct ? NULL : malloc((size_t)group * (size_t)kn * isz);
-    float *wide = d == ST_F32 || !transpose ? (float *)(void *)raw : malloc((size_t)group * (size_t)kn * 4);
-    int fd = direct || (raw != NULL && wide != NULL) ? open(f->path, O_RDONLY | O_CLOEXEC) : -1;
-    struct stat st;
-    int rc = fd >= 0 && fstat(fd, &st) == 0 && (size_t)st.st_size == f->size ? 0 : -1;
-    if (rc == 0) /* advice: the rows are read ahead in large requests */
-        (void)posix_fadvise(fd, (off_t)(at + (size_t)s0 * row), (off_t)((size_t)sn * row), POSIX_FADV_WILLNEED);
-    for (int64_t j0 = 0, g = 0; rc == 0 && j0 < sn; j0 += g) {
-        g = j0 == 0 ? group - skew : group;
-        g = sn - j0 < g ? sn - j0 : g;
-        unsigned char *in = direct ? (unsigned char *)(dst + j0 * nc) : raw; /* g rows of kn */
-        if (kn == cols)                                                      /* whole rows: one read */
-            rc = pread_full(fd, in, (size_t)g * row, at + (size_t)(s0 + j0) * row);
-        for (int64_t j = 0; kn != cols && rc == 0 && j < g; j++)
-            rc = pread_full(fd, in + (size_t)(j * kn) * isz, (size_t)kn * isz,
-                            at + (size_t)(s0 + j0 + j) * row + (size_t)k0 * isz);
-        for (int64_t j = 0; rc == 0 && !direct && !transpose && j < g; j++)
-            st_to_f32(raw + (size_t)(j * kn) * isz, d, kn, dst + (j0 + j) * nc, 1);
-        if (rc == 0 && transpose) {
-            if (d != ST_F32)
-                st_to_f32(raw, d, g * kn, wide, 1);
-            st_transpose_f32_stream(wide, g, nr, kn, dst + j0, nc);
-        }
-    }
-    if (fd >= 0)
-        close(fd);
-    if (wide != (float *)(void *)raw)
-        free(wide);
-    free(raw);
-    return rc;
-}
-
 void st_read_ahead(const st_file_t *f, const st_tensor_t *t, int64_t r0, int64_t nr, int64_t c0, int64_t nc,
                    int transpose)
 {
@@ -623,7 +546,8 @@ int st_read_f32(const st_file_t *f, const st_tensor_t *t, int64_t r0, int64_t nr
     const unsigned char *base = (const unsigned char *)f->map + 8 + f->header_len + t->begin;
     size_t isz = st_dtype_size(t->dtype);
     const uint64_t at = 8 + f->header_len + t->begin;
-    if (f->mapped && f->path != NULL && pread_block(f, at, t->dtype, cols, r0, nr, c0, nc, transpose, dst) == 0)
+    if (f->mapped && f->path != NULL &&
+        st_pread_block(f->path, f->size, at, t->dtype, cols, r0, nr, c0, nc, transpose, dst) == 0)
         return 0;
     if (f->mapped) /* the source rows the block spans, read ahead in large requests */
         fs_advise(base + (size_t)(transpose ? c0 : r0) * (size_t)cols * isz,

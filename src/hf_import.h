@@ -7,14 +7,15 @@
  * Hugging Face; a file beginning with llm.c's magic 20240326 is llm.c.
  *
  * The model configuration comes from the file. Each rank reads only the
- * hyperslab its parameter table holds of each tensor (safetensors with
- * pread, an llm.c file from a memory mapping; see src/hf_map.h for which
+ * hyperslab its parameter table holds of each tensor (with pread, from
+ * safetensors and llm.c files alike: io/st_block.h; see src/hf_map.h for which
  * source element each dtrain element is), straight into the host buffer of its
  * local tensors (the model's parameters themselves where they are host
  * memory: model_params_in_place); the only staging is one attention head
  * (the RoPE permutation), one slice of a tensor (comparing a stored GPT-2
- * lm_head with wte) and the 256 KiB of source rows a safetensors read
- * passes through (twice that for a transposed bf16 or fp16 one). Whatever dtrain cannot represent is refused with one
+ * lm_head with wte) and the 256 KiB of source rows a converted or
+ * transposed read passes through (twice that for a transposed bf16 or
+ * fp16 one). Whatever dtrain cannot represent is refused with one
  * line naming the file and the field or tensor. */
 #ifndef DTRAIN_HF_IMPORT_H
 #define DTRAIN_HF_IMPORT_H

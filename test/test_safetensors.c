@@ -28,7 +28,7 @@
 #include "io/llmc_model.h"
 #include "base/ops_math.h"
 #include "io/safetensors.h"
-#include "io/st_convert.h"
+#include "io/st_block.h"
 
 #include <errno.h>
 #include <jansson.h>
