@@ -18,7 +18,8 @@
 # Import: `dtrain --init-from DIR` on NP ranks (1: one rank; 2: --tp 2;
 # 4: --tp 2 --pp 2), --threads cores/NP (at least 1: the threads a rank
 # has), page cache dropped first, its "init-from: ... in X s"
-# (the slowest rank's: every rank's slices read and converted) against
+# (from a common start until every rank's slices are read and converted)
+# against
 # `dd if=model.safetensors of=/dev/null bs=16M` with the cache dropped
 # (dd read: one 16 MiB buffer reused, in cache), and against
 # `dd if=model.safetensors of=/dev/null bs=SIZE count=1 iflag=fullblock`
