@@ -499,21 +499,6 @@ static void read_transposed(const unsigned char *base, st_dtype_t d, size_t isz,
     }
 }
 
-void st_read_ahead(const st_file_t *f, const st_tensor_t *t, int64_t r0, int64_t nr, int64_t c0, int64_t nc,
-                   int transpose)
-{
-    const int64_t rows = t->ndim == 2 ? t->shape[0] : 1, cols = t->ndim == 2   ? t->shape[1]
-                                                                : t->ndim == 1 ? t->shape[0]
-                                                                               : 1;
-    const int64_t sr0 = transpose ? c0 : r0, snr = transpose ? nc : nr; /* the source rows */
-    const size_t isz = st_dtype_size(t->dtype);
-    if (f->map == NULL || !f->mapped || t->ndim > 2 || isz == 0 || !in_range(sr0, snr, rows) ||
-        8 + f->header_len + t->end > f->size)
-        return;
-    fs_advise((const unsigned char *)f->map + 8 + f->header_len + t->begin + (size_t)sr0 * (size_t)cols * isz,
-              (size_t)snr * (size_t)cols * isz, MADV_WILLNEED);
-}
-
 int st_read_f32(const st_file_t *f, const st_tensor_t *t, int64_t r0, int64_t nr, int64_t c0, int64_t nc, int transpose,
                 float *dst, char *err, size_t errlen)
 {

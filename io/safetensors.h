@@ -94,13 +94,6 @@ int64_t st_numel(const st_tensor_t *t); /* product of the shape (1 for a scalar)
  * touched (a row at a time, the block's columns of it). */
 int st_read_f32(const st_file_t *f, const st_tensor_t *t, int64_t r0, int64_t nr, int64_t c0, int64_t nc, int transpose,
                 float *dst, char *err, size_t errlen);
-/* Asks the kernel to read ahead the source rows that st_read_f32 of the
- * same block will read (advice: nothing happens for a file not mapped or
- * a block outside the tensor), so a reader can start the next block's
- * I/O before it copies this one. */
-void st_read_ahead(const st_file_t *f, const st_tensor_t *t, int64_t r0, int64_t nr, int64_t c0, int64_t nc,
-                   int transpose);
-
 /* A Hugging Face model directory (or one .safetensors file given as dir):
  * model.safetensors.index.json when present (every tensor of its
  * weight_map must be in the shard it names; shard names are plain file

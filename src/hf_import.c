@@ -287,22 +287,6 @@ static void src_drop_pages(const source_t *s)
             madvise(s->st.files[i].map, s->st.files[i].size, MADV_DONTNEED);
 }
 
-/* Starts the reads of table tensor d's slice (the next one) while the
- * current one is copied: from a cold page cache the copy otherwise waits
- * for each tensor's reads in turn. Advice only. */
-static void src_read_ahead(source_t *s, const param_desc_t *d)
-{
-    const hf_map_t *e = hf_map_find(s->map, s->n_map, d->name);
-    const st_file_t *f;
-    const st_tensor_t *t;
-    if (!e || s->kind != INIT_FROM_HF || d->count[0] == 0 || st_model_find(&s->st, e->src, &f, &t) != 0)
-        return;
-    int64_t sr0, snr, sc0, snc;
-    int tr;
-    hf_map_src_block(e, d->start[0], d->count[0], d->start[1], d->count[1], &sr0, &snr, &sc0, &snc, &tr);
-    st_read_ahead(f, t, sr0, snr, sc0, snc, tr);
-}
-
 /* This rank's slice of table tensor d into host. */
 static int load_tensor(source_t *s, const param_desc_t *d, float *host, char *err, size_t errlen)
 {
@@ -463,8 +447,6 @@ static void *loader_run(void *arg)
         const int k = atomic_fetch_add(l->next, 1);
         if (k >= t->n)
             break;
-        if (k + 1 < t->n)
-            src_read_ahead(&l->src, &t->p[k + 1]);
         if (l->fresh)
             populate_dest(l->host + t->p[k].offset, (size_t)t->p[k].local_rows * (size_t)t->p[k].count[1]);
         if (load_tensor(&l->src, &t->p[k], l->host, l->err, sizeof l->err) != 0) {
