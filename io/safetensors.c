@@ -528,9 +528,9 @@ int st_read_f32(const st_file_t *f, const st_tensor_t *t, int64_t r0, int64_t nr
         seterr(err, errlen, "'%s': tensor '%s': file not mapped or tensor outside it", l, nm.s);
         return -1;
     }
-    const unsigned char *base = (const unsigned char *)f->map + 8 + f->header_len + t->begin;
+    const uint64_t at = 8 + f->header_len + t->begin; /* the tensor's first byte in the file */
+    const unsigned char *base = (const unsigned char *)f->map + at;
     size_t isz = st_dtype_size(t->dtype);
-    const uint64_t at = 8 + f->header_len + t->begin;
     if (f->mapped && f->path != NULL &&
         st_pread_block(f->path, f->size, at, t->dtype, cols, r0, nr, c0, nc, transpose, dst) == 0)
         return 0;
