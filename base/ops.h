@@ -1,5 +1,5 @@
 /* The ops table: every numeric kernel the model needs, behind one struct of
- * function pointers. src/ops_cpu.c implements it with cblas_sgemm and OpenMP;
+ * function pointers. src/backend/ops_cpu.c implements it with cblas_sgemm and OpenMP;
  * cuda/ops_cuda.cu (--with-cuda) with cuBLASLt and CUDA kernels. Model code never loops over
  * elements itself.
  *
@@ -19,7 +19,7 @@
  *    streams between calls); they may use threads of their own inside.
  *  - Preconditions the ops do not check (the model and loader guarantee
  *    them): NH % NKV == 0; token ids < V; targets < V or < 0 (ignored).
- *  - Document positions (--doc-mask, src/docmask.h): pos[B*T] int32 in
+ *  - Document positions (--doc-mask, src/model/docmask.h): pos[B*T] int32 in
  *    the backend's memory gives each token's position within its
  *    document, which starts at pos = 0 and counts up by one to the next
  *    document's start: pos[bT] = 0 and pos[bT+t] is 0 or pos[bT+t-1] + 1.
@@ -241,7 +241,7 @@ typedef struct ops {
     void (*cast_bf16_to_f32)(void *ctx, float *out, const uint16_t *in, size_t n);
 } ops_t;
 
-/* Ends a backend made by a backend's constructor (src/ops_cpu.h,
+/* Ends a backend made by a backend's constructor (src/backend/ops_cpu.h,
  * cuda/ops_cuda.h); NULL is a no-op. */
 static inline void ops_release(const ops_t *ops)
 {

@@ -1,4 +1,4 @@
-/* Per-element arithmetic shared by the CPU backend (src/ops_cpu.c) and the
+/* Per-element arithmetic shared by the CPU backend (src/backend/ops_cpu.c) and the
  * CUDA backend (cuda/ops_cuda.cu), so that the CPU tests also exercise the
  * GPU's formulas.
  * Everything here is a static inline function of scalars: no loops, no

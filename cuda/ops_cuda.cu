@@ -19,7 +19,7 @@
  *    free; MPI communicators call ops->sync before touching backend memory
  *    (comm->device_sync) and NCCL ones order their streams after the
  *    compute stream with an event (cuda/nccl_comm.c). The CPU tests check
- *    those waits with the deferred CPU table (src/ops_defer.c).
+ *    those waits with the deferred CPU table (src/backend/ops_defer.c).
  *    DTRAIN_CUDA_SYNC_OPS=1 makes every op wait for its kernels (to tell
  *    an asynchrony bug from a kernel bug), and a device without
  *    concurrentManagedAccess (the host may not touch managed memory while
@@ -59,26 +59,26 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "cuda/device.h"
 #include "base/ops.h"
-#include "cuda/ops_cuda.h"
 #include "base/ops_math.h"
+#include "cuda/device.h"
+#include "cuda/ops_cuda.h"
 
 /* The kernels, one family a file (kernels/common.cuh says what they
  * follow), and the host code the emulation tests compile too: the state
  * and error checks, the GEMM path. */
-#include "cuda/kernels/common.cuh"
-#include "cuda/ops_cuda_state.cuh"
-#include "cuda/kernels/reduce.cuh"
-#include "cuda/kernels/elementwise.cuh"
-#include "cuda/kernels/colsum.cuh"
-#include "cuda/kernels/norm.cuh"
-#include "cuda/kernels/rope.cuh"
 #include "cuda/kernels/attention.cuh"
-#include "cuda/kernels/embedding.cuh"
-#include "cuda/kernels/crossentropy.cuh"
 #include "cuda/kernels/cast.cuh"
+#include "cuda/kernels/colsum.cuh"
+#include "cuda/kernels/common.cuh"
+#include "cuda/kernels/crossentropy.cuh"
+#include "cuda/kernels/elementwise.cuh"
+#include "cuda/kernels/embedding.cuh"
+#include "cuda/kernels/norm.cuh"
+#include "cuda/kernels/reduce.cuh"
+#include "cuda/kernels/rope.cuh"
 #include "cuda/ops_cuda_gemm.cuh"
+#include "cuda/ops_cuda_state.cuh"
 
 /* ---- memory ------------------------------------------------------------------------ */
 

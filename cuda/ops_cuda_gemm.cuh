@@ -14,9 +14,9 @@
 #ifndef DTRAIN_CUDA_OPS_CUDA_GEMM_CUH
 #define DTRAIN_CUDA_OPS_CUDA_GEMM_CUH
 
-#include "cuda/ops_cuda_state.cuh"
-#include "cuda/kernels/elementwise.cuh"
 #include "cuda/kernels/colsum.cuh"
+#include "cuda/kernels/elementwise.cuh"
+#include "cuda/ops_cuda_state.cuh"
 
 #ifndef CU_LAUNCH
 #define CU_LAUNCH(kernel, ...) kernel<<<__VA_ARGS__>>>

@@ -80,9 +80,9 @@
  * GELU-fused GEMMs: the GEMM part at 5e-5; the GELU cuBLASLt's epilogue
  * computes at 1e-3 of the largest value (t_matmul_gelu says why).
  */
-#include "cuda/selftest.h"
-#include "cuda/ops_cuda.h"
 #include "base/ops_math.h"
+#include "cuda/ops_cuda.h"
+#include "cuda/selftest.h"
 
 #include <math.h>
 #include <stdint.h>

@@ -1,12 +1,13 @@
 /* libFuzzer harness: the Hugging Face config.json reader of dtrain
- * --init-from (hf_config_parse, src/hf_config.c).
+ * --init-from (hf_config_parse, src/convert/hf_config.c).
  *
- * Sources: src/hf_config.c src/model_config.c (model_config_check; it
- * needs only libc), and Jansson (-ljansson). src/hf_config.c includes
- * src/options.h for OPT_PATH_MAX only.
+ * Sources: src/convert/hf_config.c, src/model/model_config.c
+ * (model_config_check; it needs only libc), mpi/status.c, and Jansson
+ * (-ljansson).
  *
- *   clang -g -O1 -fsanitize=fuzzer,address,undefined -Isrc \
- *     fuzz/fuzz_hf_config.c src/hf_config.c src/model_config.c -ljansson -o fuzz_hf_config
+ *   clang -g -O1 -fsanitize=fuzzer,address,undefined -I. \
+ *     fuzz/fuzz_hf_config.c src/convert/hf_config.c src/model/model_config.c mpi/status.c \
+ *     -ljansson -o fuzz_hf_config
  *   ./fuzz_hf_config -runs=1000000 -dict=fuzz/hf_config.dict NEW_DIR fuzz/corpus/hf_config
  *
  * The input is the file's bytes, not NUL-terminated (libFuzzer's buffer
@@ -15,7 +16,7 @@
  * size is in the parser's range, the heads divide as attention needs, the
  * floats are positive and finite. A refusal is exactly one non-empty line
  * that begins with the file's name. */
-#include "src/hf_config.h"
+#include "src/convert/hf_config.h"
 
 #include <math.h>
 #include <stdint.h>

@@ -146,7 +146,7 @@ int corpus_scan(corpus_t *c, uint64_t lo, uint64_t hi, corpus_span_t **spans, si
 /* How k readers cut the mapped bytes [0, total) into windows: the window
  * that starts at `next` holds up to k * per_reader bytes (returned: its
  * length), of which reader r scans [*lo, *hi) (the last reader takes the
- * remainder). src/prepare_split.c and the tests that emulate it. */
+ * remainder). src/prepare/prepare_split.c and the tests that emulate it. */
 static inline uint64_t corpus_window_range(uint64_t total, uint64_t next, uint64_t per_reader, uint64_t k, uint64_t r,
                                            uint64_t *lo, uint64_t *hi)
 {

@@ -5,11 +5,11 @@
 #define _GNU_SOURCE /* pwrite, ftruncate, strdup */
 #include "io/llmc_model.h"
 
+#include "base/bf16.h" /* dt_f32_to_bf16, dt_bf16_to_f32 */
 #include "io/errmsg.h"
 #include "io/fsutil.h"
 #include "io/publish.h"
 #include "io/st_block.h"
-#include "base/bf16.h" /* dt_f32_to_bf16, dt_bf16_to_f32 */
 
 #include <errno.h>
 #include <fcntl.h>

@@ -47,7 +47,7 @@ void megatron_data_tokens(const megatron_data_t *m, uint64_t off, size_t n, int3
 int megatron_data_check_vocab(const megatron_data_t *m, uint64_t begin, uint64_t end, int vocab_size, char *err,
                               size_t errlen);
 
-/* Document positions (src/docmask.h) of tokens [off, off + n): 0 at the
+/* Document positions (src/model/docmask.h) of tokens [off, off + n): 0 at the
  * first and at each token where an index document begins, counting up by
  * one otherwise. O(log documents + documents in the range). */
 void megatron_data_positions(const megatron_data_t *m, uint64_t off, size_t n, int32_t *pos);

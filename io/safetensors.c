@@ -5,11 +5,11 @@
 #define _GNU_SOURCE /* qsort_r */
 #include "io/safetensors.h"
 
+#include "base/bf16.h" /* dt_f32_to_bf16, dt_bf16_to_f32 */
+#include "base/transpose.h"
 #include "io/errmsg.h"
 #include "io/fsutil.h"
 #include "io/publish.h"
-#include "base/bf16.h" /* dt_f32_to_bf16, dt_bf16_to_f32 */
-#include "base/transpose.h"
 #include "io/st_block.h"
 
 #include <errno.h>

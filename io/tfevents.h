@@ -21,7 +21,7 @@
  *     if (tfevents_scalars(w, step, tfevents_now(), v, 2, err, errlen) != 0) ...
  *     if (tfevents_close(w, err, errlen) != 0) ...
  *
- * (metrics_write_tfevents, src/metrics.h, turns a step's record into its
+ * (metrics_write_tfevents, src/train/metrics.h, turns a step's record into its
  * scalars.)
  */
 #ifndef DTRAIN_TFEVENTS_H

@@ -32,9 +32,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "mpi/comm.h"
 #include "base/mem.h"
 #include "base/ops.h"
+#include "mpi/comm.h"
 
 typedef enum { DDP_NAIVE = 0, DDP_FLAT, DDP_BUCKETED } ddp_mode_t;
 /* The names of ddp_mode_t, indexed by it, NULL-terminated (--ddp-mode). */

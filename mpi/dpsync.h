@@ -39,11 +39,11 @@
 #include <stddef.h>
 #include <stdio.h>
 
+#include "base/mem.h"
+#include "base/ops.h"
 #include "mpi/comm.h"
 #include "mpi/ddp.h"
 #include "mpi/zero.h"
-#include "base/mem.h"
-#include "base/ops.h"
 
 /* What the model calls during its forward and backward (model.h's one
  * hook). A function is NULL where the strategy lends nothing. */

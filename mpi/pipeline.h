@@ -29,8 +29,8 @@
 
 #include <stddef.h>
 
-#include "mpi/comm.h"
 #include "base/ops.h"
+#include "mpi/comm.h"
 
 typedef enum { PIPE_1F1B = 0, PIPE_GPIPE } pipe_kind_t;
 /* The names of pipe_kind_t, indexed by it, NULL-terminated (--pp-schedule). */

@@ -65,9 +65,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "mpi/comm.h"
 #include "base/mem.h"
 #include "base/ops.h"
+#include "mpi/comm.h"
 
 /* ZeRO's units of a flat buffer of n floats holding n_tensors tensors
  * (tensor_start: ascending offsets; tensor_block[i]: the block holding
@@ -92,7 +92,7 @@ void zero_pieces(const size_t *unit_start, int n_units, size_t S, size_t *chunk,
 
 /* The elements of every buffer zero_create allocates (0: not allocated),
  * floats unless marked bf16; zero_create allocates exactly these and the
- * planner (src/plan.c) counts them, so a change here changes both. */
+ * planner (src/plan/plan.c) counts them, so a change here changes both. */
 typedef struct zero_sizes {
     size_t stage;                    /* MEM_COMM: the all-gather buffer (at least 1) */
     size_t grad_shard, window, recv; /* stage 2: MEM_GRADS shard and two windows, MEM_COMM two pieces */

@@ -14,7 +14,7 @@
  * are dealt out to the ranks by size, each rank reads its slices from the
  * input (any layout wrote it) and writes them into the output through the
  * same collective, atomic h5store_write that dtrain's checkpoints use. The
- * exports (src/export.h) deal out the target's tensors the same way.
+ * exports (src/convert/export.h) deal out the target's tensors the same way.
  *
  * Exit status: 0; 2 when the command line or the input is wrong (unknown
  * option, missing, unreadable or damaged input, a target layout that does
@@ -36,19 +36,19 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "src/ckpt.h"
-#include "mpi/clock.h"
-#include "src/deal.h"
-#include "src/export.h"
-#include "io/safetensors.h"
 #include "io/fsutil.h"
 #include "io/h5store.h"
-#include "mpi/agree.h"
-#include "mpi/launch.h"
-#include "src/optable.h"
-#include "src/options.h"
-#include "src/param_io.h"
+#include "io/safetensors.h"
 #include "io/tokenizer.h"
+#include "mpi/agree.h"
+#include "mpi/clock.h"
+#include "mpi/launch.h"
+#include "src/ckpt/ckpt.h"
+#include "src/ckpt/param_io.h"
+#include "src/cli/optable.h"
+#include "src/convert/deal.h"
+#include "src/convert/export.h"
+#include "src/train/options.h"
 
 #ifndef PACKAGE_VERSION
 #define PACKAGE_VERSION "0.1.0"

@@ -1,12 +1,12 @@
 /* dtrain: train GPT-2 and Llama style transformers. */
 #include <stdio.h>
 
-#include "src/backend.h"
 #include "mpi/grid.h"
 #include "mpi/launch.h"
-#include "src/options.h"
-#include "src/plan.h"
-#include "src/train.h"
+#include "src/backend/backend.h"
+#include "src/plan/plan.h"
+#include "src/train/options.h"
+#include "src/train/train.h"
 
 /* --selftest: every rank tests its own GPU; rank 0 prints its
  * comparisons. Ends the process. */

@@ -22,9 +22,9 @@
 #include <string.h>
 
 #include "mpi/comm.h"
-#include "src/optable.h"
 #include "mpi/launch.h"
-#include "src/strparse.h"
+#include "src/cli/optable.h"
+#include "src/cli/strparse.h"
 
 #ifdef HAVE_CONFIG_H
 #include "config.h"

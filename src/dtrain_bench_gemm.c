@@ -47,13 +47,13 @@
 #ifdef HAVE_CONFIG_H
 #include "config.h"
 #endif
-#include "src/backend.h"
-#include "mpi/clock.h"
 #include "base/ops_math.h"
-#include "src/ops_cpu.h"
-#include "src/optable.h"
-#include "src/rng.h"
-#include "src/strparse.h"
+#include "mpi/clock.h"
+#include "src/backend/backend.h"
+#include "src/backend/ops_cpu.h"
+#include "src/cli/optable.h"
+#include "src/cli/strparse.h"
+#include "src/model/rng.h"
 
 #ifndef PACKAGE_VERSION
 #define PACKAGE_VERSION "0.1.0"

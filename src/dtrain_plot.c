@@ -6,7 +6,7 @@
  * rate, tokens/s and gradient norm against the step, one colour per file,
  * labelled by the file name, so runs at several layouts can be compared.
  * Each file is read with Jansson, one JSON object per line as dtrain writes
- * them (src/metrics.c: "step" and any of "loss", "val_loss", "lr",
+ * them (src/train/metrics.c: "step" and any of "loss", "val_loss", "lr",
  * "grad_norm", "tokens_per_s"; other keys ignored); the series go to
  * temporary files beside a gnuplot script, and gnuplot draws the page into
  * OUT.tmp, which is renamed to OUT once gnuplot has exited 0 without a word
@@ -42,8 +42,8 @@
 #include <unistd.h>
 
 #include "io/errmsg.h"
-#include "io/publish.h"
 #include "io/fsutil.h"
+#include "io/publish.h"
 
 #ifndef PACKAGE_VERSION
 #define PACKAGE_VERSION "0.1.0"

@@ -7,11 +7,11 @@
 #ifdef HAVE_CONFIG_H
 #include "config.h"
 #endif
-#include "src/prepare.h"
+#include "src/prepare/prepare.h"
 
-#include "mpi/clock.h"
 #include "io/fsutil.h"
-#include "src/optable.h"
+#include "mpi/clock.h"
+#include "src/cli/optable.h"
 
 #include <errno.h>
 #include <math.h>

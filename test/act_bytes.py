@@ -11,7 +11,7 @@ operand workspace). MODEL is a preset name known below; SP is
 0 or 1; PP stages get balanced layer counts, the remainder to the first."""
 import sys
 
-PRESETS = {  # arch, V, L, NH, NKV, C, F (src/model_config.c)
+PRESETS = {  # arch, V, L, NH, NKV, C, F (src/model/model_config.c)
     "tiny": ("gpt2", 256, 4, 4, 4, 128, 512),
     "tiny-llama": ("llama", 256, 4, 4, 2, 128, 352),
     "gpt2-124m": ("gpt2", 50257, 12, 12, 12, 768, 3072),

@@ -1,5 +1,5 @@
 /* A corpus feed (io/corpus.h, corpus_set_feed) that does what
- * src/prepare_split.c does, without MPI: the mapped inputs taken in windows
+ * src/prepare/prepare_split.c does, without MPI: the mapped inputs taken in windows
  * of k byte ranges of `window` bytes each, every range scanned in turn as if
  * rank 0, 1, ... k-1 had scanned it. test/test_corpus.c (--split) and
  * fuzz/fuzz_jsonl.c use it to compare the mapped, split reading with the

@@ -30,11 +30,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "src/model.h"
-#include "src/model_config.h"
-#include "src/ops_cpu.h"
-#include "src/params.h"
-#include "src/rng.h"
+#include "src/backend/ops_cpu.h"
+#include "src/model/model.h"
+#include "src/model/model_config.h"
+#include "src/model/params.h"
+#include "src/model/rng.h"
 
 enum { REF_B = 2, REF_T = 16 };
 static const uint64_t REF_SEED = 1234;

@@ -23,7 +23,7 @@
 #include <string.h>
 
 #include "base/ops_math.h"
-#include "src/ops_cpu.h"
+#include "src/backend/ops_cpu.h"
 
 static int failures;
 

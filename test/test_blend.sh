@@ -1,6 +1,6 @@
 #!/bin/sh
 # Megatron indexed datasets as training data (--data-format megatron) and
-# weighted blends (--data "W1 PATH1 W2 PATH2 ..."), src/data.h, src/blend.h:
+# weighted blends (--data "W1 PATH1 W2 PATH2 ..."), src/data/data.h, src/data/blend.h:
 #  - Megatron files written by an independent writer (test/megatron_writer.py)
 #    in every integer dtype train to the same losses as the same tokens in
 #    an llm.c shard; with --doc-mask, the index's documents (split into

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Checkpoints (src/ckpt.c over io/h5store.c):
+# Checkpoints (src/ckpt/ckpt.c over io/h5store.c):
 #  - exact resume: 20 steps straight vs 10 (--stop-at-step) + --resume auto
 #    + 10 at tp2 x pp2: bit-identical losses, final parameters and every
 #    tensor of the step-20 checkpoint (parameters and AdamW moments);

@@ -11,10 +11,10 @@
  * detail, and every rank exits with the same status. */
 #define _POSIX_C_SOURCE 200809L /* setenv, unsetenv */
 
+#include "base/ops_math.h"
 #include "mpi/comm.h"
 #include "mpi/ddp.h"
-#include "base/ops_math.h"
-#include "src/ops_cpu.h"
+#include "src/backend/ops_cpu.h"
 
 #include <math.h>
 #include <mpi.h>

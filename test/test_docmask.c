@@ -40,10 +40,10 @@
 
 #include "mpi/clock.h"
 #include "mpi/comm.h"
-#include "src/docmask.h"
-#include "src/model.h"
-#include "src/model_config.h"
-#include "src/ops_cpu.h"
+#include "src/backend/ops_cpu.h"
+#include "src/model/docmask.h"
+#include "src/model/model.h"
+#include "src/model/model_config.h"
 
 #define TOL 1e-6
 enum { B = 2, T = 150, N = B * T };

@@ -1,5 +1,5 @@
 #!/bin/sh
-# --doc-mask (src/docmask.h): attention within documents, positions
+# --doc-mask (src/model/docmask.h): attention within documents, positions
 # restarting at each document.
 #  - test/test_docmask: at one rank, a packed batch's loss and every
 #    gradient equal those of its documents run one by one (within 1e-6),

@@ -26,7 +26,7 @@
 #include "mpi/comm.h"
 #include "mpi/dpsync.h"
 #include "mpi/launch.h"
-#include "src/ops_cpu.h"
+#include "src/backend/ops_cpu.h"
 
 #define NT 10
 static const size_t numel[NT] = {7, 5, 4, 6, 3, 4, 6, 3, 2, 9};

@@ -12,8 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "src/model_config.h"
-#include "src/params.h"
+#include "src/model/model_config.h"
+#include "src/model/params.h"
 
 static int failures;
 

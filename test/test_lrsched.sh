@@ -2,7 +2,7 @@
 # --lr-schedule: the learning rate of every step of short runs, for each
 # schedule and decay shape, against the formulas computed here in Python
 # (Megatron-LM's optimizer_param_scheduler.py WSD branch and llm.c's
-# schedulers.h, written out independently of src/optim.c); a resume inside
+# schedulers.h, written out independently of src/optim/optim.c); a resume inside
 # a wsd decay bit-identical to the uninterrupted run; the banner and --plan
 # naming the schedule; bad values one line and exit 2.
 . "$top_srcdir/test/common.sh"

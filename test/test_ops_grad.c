@@ -11,7 +11,7 @@
  *   - bit-identical reductions for 1..4 threads.
  * Prints one line per check; exits 1 if any check fails. */
 #include "base/ops_math.h"
-#include "src/ops_cpu.h"
+#include "src/backend/ops_cpu.h"
 
 #include <math.h>
 #include <stdint.h>

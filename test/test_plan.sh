@@ -188,7 +188,7 @@ else
 fi
 
 # ---- FLOPs and the time model ------------------------------------------------------------------
-# FLOPs per step = src/flops.c's per-token count x tokens: for tiny at seq
+# FLOPs per step = src/model/flops.c's per-token count x tokens: for tiny at seq
 # 64, 6 x (4 x 12 x 128^2 + 256 x 128) + 12 x 4 x 128 x 64 = 5,308,416
 plan_json "$TMP/f.json" $(tiny_args) $RUN --hw cpu --peak-gflops 100 && {
     f=$(jget "$TMP/f.json" flops_per_step)
@@ -281,7 +281,7 @@ plan_json "$TMP/g.json" $L70 --zero 1 --recompute selective --gpu-mem 40 &&
 
 
 # ---- (f) --doc-mask: the planner's mean document length ------------------------------------
-# Attention FLOPs per token are 12 x L x h x T unmasked (src/flops.c); with
+# Attention FLOPs per token are 12 x L x h x T unmasked (src/model/flops.c); with
 # each sequence of T cut into floor(T/N) documents of N and one of T mod N,
 # T becomes sum(L^2) / T. Computed here from the plan's own L and C (h = C:
 # heads x head size) and compared with its JSON, exactly (integers).

@@ -1,5 +1,5 @@
 #!/bin/sh
-# dtrain-plot (src/plot.c): the --metrics files of two short runs of the
+# dtrain-plot (src/dtrain_plot.c): the --metrics files of two short runs of the
 # tiny model (one rank, and two data-parallel ranks) drawn on one page:
 # exit 0, nothing printed (gnuplot's warnings would be), an image of the
 # asked size (the PNG's IHDR, the SVG's attributes), no temporary left;

@@ -25,8 +25,8 @@
  *   test_safetensors llmc-check FILE      as check, for llm.c files
  *
  * Exit 0 pass, 1 fail. */
-#include "io/llmc_model.h"
 #include "base/ops_math.h"
+#include "io/llmc_model.h"
 #include "io/safetensors.h"
 #include "io/st_block.h"
 

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Loss spikes and non-finite steps (src/spike.h), with the test-only
+# Loss spikes and non-finite steps (src/train/spike.h), with the test-only
 # injection DTRAIN_TEST_INJECT_NAN / DTRAIN_TEST_INJECT_SPIKE:
 #  - at 1 rank, dp2, tp2 and pp2: the gradients of batch 6 made non-finite
 #    and one microbatch loss of batch 15 times 20; every layout skips exactly steps 6

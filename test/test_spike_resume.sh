@@ -1,6 +1,6 @@
 #!/bin/sh
 # The loss-spike guard across a resume and its bound on rollbacks
-# (src/spike.h, checkpoint attribute spike_state, --spike-rollbacks):
+# (src/train/spike.h, checkpoint attribute spike_state, --spike-rollbacks):
 #  - window: one microbatch loss of batch 15 times 20; a run stopped at its
 #    step-12 checkpoint and resumed skips step 15 as the uninterrupted run
 #    does (with an empty window after the resume it would not judge before

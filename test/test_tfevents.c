@@ -33,7 +33,7 @@
 
 #include "io/crc32c.h"
 #include "io/tfevents.h"
-#include "src/metrics.h"
+#include "src/train/metrics.h"
 
 #define ERRLEN 1024
 #define WALL0 1700000000.0

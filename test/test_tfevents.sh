@@ -104,7 +104,7 @@ else
     fail "python3 reader: $out"
 fi
 
-# the trainer's step record (src/metrics.c): every promised tag, read by python
+# the trainer's step record (src/train/metrics.c): every promised tag, read by python
 mkdir -p "$TMP/m" "$TMP/mpay"
 "$PROG" metrics "$TMP/m" >"$TMP/out" 2>"$TMP/err"
 rc=$?

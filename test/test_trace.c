@@ -30,7 +30,7 @@
 #include "mpi/comm.h"
 #include "mpi/ddp.h"
 #include "mpi/trace.h"
-#include "src/ops_cpu.h"
+#include "src/backend/ops_cpu.h"
 
 #include <dirent.h>
 #include <mpi.h>

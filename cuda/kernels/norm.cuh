@@ -12,8 +12,8 @@
 #ifndef DTRAIN_CUDA_KERNELS_NORM_CUH
 #define DTRAIN_CUDA_KERNELS_NORM_CUH
 
-#include "cuda/kernels/reduce.cuh"
 #include "cuda/kernels/colsum.cuh"
+#include "cuda/kernels/reduce.cuh"
 
 __global__ void k_layernorm_fwd(float *out, float *mean, float *rstd, const float *x, const float *w, const float *b,
                                 int C, float eps)

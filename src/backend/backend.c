@@ -1,7 +1,7 @@
 /* The compute backend of a run (see backend.h). */
-#include "src/backend.h"
+#include "src/backend/backend.h"
 
-#include "src/ops_cpu.h"
+#include "src/backend/ops_cpu.h"
 
 #include <mpi.h>
 #include <stdlib.h>

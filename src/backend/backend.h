@@ -7,8 +7,8 @@
 #include <stddef.h>
 #include <stdio.h>
 
-#include "mpi/grid.h"
 #include "base/ops.h"
+#include "mpi/grid.h"
 
 /* --device: which ops table (auto = cuda when built with it and a GPU is
  * visible, else cpu). */
@@ -42,7 +42,7 @@ int backend_have_cuda(void);
 /* Resolves `device` for the rank with this local
  * rank. auto = cuda when built with it and cudaGetDeviceCount finds a GPU,
  * else cpu. On the CPU, DTRAIN_DEFER_OPS=1 in the environment wraps the
- * table in ops_defer_create (src/ops_cpu.h): a test of the trainer's waits. Returns 0, or -1 with one line in err (--device cuda without a
+ * table in ops_defer_create (src/backend/ops_cpu.h): a test of the trainer's waits. Returns 0, or -1 with one line in err (--device cuda without a
  * CUDA build, or without a usable GPU: the CUDA error string). Local. */
 int backend_open(backend_t *b, backend_device_t device, int local_rank, char *err, size_t errlen);
 

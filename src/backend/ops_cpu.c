@@ -15,7 +15,7 @@
 #ifdef HAVE_CONFIG_H
 #include "config.h"
 #endif
-#include "src/ops_cpu.h"
+#include "src/backend/ops_cpu.h"
 
 #include "base/ops_math.h"
 

@@ -1,6 +1,6 @@
 /* The CPU backends of the ops table (base/ops.h): the CPU ops
- * (src/ops_cpu.c) and the deferred table over another backend
- * (src/ops_defer.c). Each constructor returns a table whose ctx holds the
+ * (src/backend/ops_cpu.c) and the deferred table over another backend
+ * (src/backend/ops_defer.c). Each constructor returns a table whose ctx holds the
  * backend's state; ops_release (base/ops.h) ends it. */
 #ifndef DTRAIN_OPS_CPU_H
 #define DTRAIN_OPS_CPU_H

@@ -27,7 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "src/ops_cpu.h"
+#include "src/backend/ops_cpu.h"
 
 /* A record's runner: calls the base table's op with the record's arguments. */
 typedef void (*run_fn)(const ops_t *base, const void *args);

@@ -1,4 +1,4 @@
-#include "src/ckpt.h"
+#include "src/ckpt/ckpt.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -12,7 +12,7 @@
 
 #include "io/h5store.h"
 #include "mpi/agree.h"
-#include "src/param_io.h"
+#include "src/ckpt/param_io.h"
 
 #ifdef HAVE_CONFIG_H
 #include "config.h"
@@ -109,7 +109,7 @@ void ckpt_remove_stale(const char *dir)
 }
 
 /* attrs[*na] plus data_datasets and data_drawn_<i> (each dataset's samples
- * drawn, src/data.h) in new memory; *na updated. The keys live in a block
+ * drawn, src/data/data.h) in new memory; *na updated. The keys live in a block
  * after the array, freed with it. */
 static h5store_attr_t *data_attrs(const h5store_attr_t *attrs, int *na, const ckpt_meta_t *meta)
 {

@@ -16,12 +16,12 @@
 #include <stddef.h>
 
 #include "mpi/comm.h"
-#include "src/model_config.h"
-#include "src/params.h"
+#include "src/model/model_config.h"
+#include "src/model/params.h"
 
 #define CKPT_FORMAT_VERSION 1
 #define CKPT_DATA_MAX 256                     /* datasets whose positions a checkpoint records (a blend's limit) */
-#define CKPT_SPIKE_STATE_MAX (64 + 17 * 1024) /* the loss-spike guard's text (src/spike.h's SPIKE_STATE_LEN) */
+#define CKPT_SPIKE_STATE_MAX (64 + 17 * 1024) /* the loss-spike guard's text (src/train/spike.h's SPIKE_STATE_LEN) */
 
 /* What besides tensors a run needs to continue exactly. The data order and
  * the LR schedule are pure functions of these, so no generator state is
@@ -39,7 +39,7 @@ typedef struct ckpt_meta {
     char lr_schedule[16], decay_shape[16];
     int decay_steps;
     /* batches passed over by loss-spike rollbacks: step s reads batch
-     * s + data_skip (src/spike.h; 0 in older checkpoints) */
+     * s + data_skip (src/train/spike.h; 0 in older checkpoints) */
     long long data_skip;
     /* the loss-spike guard's window and run of skips (spike_state_format;
      * "" when absent: a checkpoint older than the attribute spike_state) */

@@ -1,4 +1,4 @@
-#include "src/ckpt_async.h"
+#include "src/ckpt/ckpt_async.h"
 
 #include <pthread.h>
 #include <stdatomic.h>

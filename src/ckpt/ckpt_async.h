@@ -36,11 +36,11 @@
 
 #include <stddef.h>
 
-#include "mpi/comm.h"
-#include "src/ckpt.h"
-#include "src/model_config.h"
 #include "base/ops.h"
-#include "src/params.h"
+#include "mpi/comm.h"
+#include "src/ckpt/ckpt.h"
+#include "src/model/model_config.h"
+#include "src/model/params.h"
 
 typedef struct ckpt_async ckpt_async_t;
 

@@ -1,4 +1,4 @@
-#include "src/param_io.h"
+#include "src/ckpt/param_io.h"
 
 #include "mpi/agree.h"
 

@@ -16,8 +16,8 @@
 
 #include "io/h5store.h"
 #include "mpi/comm.h"
-#include "src/model_config.h"
-#include "src/params.h"
+#include "src/model/model_config.h"
+#include "src/model/params.h"
 
 typedef struct param_io_group {
     const char *prefix; /* "params", "optim/m", "optim/v" */

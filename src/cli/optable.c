@@ -1,4 +1,4 @@
-#include "src/optable.h"
+#include "src/cli/optable.h"
 
 #include <errno.h>
 #include <math.h>

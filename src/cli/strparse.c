@@ -1,5 +1,5 @@
 /* trim, parse_long (see strparse.h). */
-#include "src/strparse.h"
+#include "src/cli/strparse.h"
 
 #include <errno.h>
 #include <stdlib.h>

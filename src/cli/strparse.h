@@ -1,7 +1,8 @@
 /* Small text-parsing helpers shared by the parsers of src/: the --config
- * file (options.c), --hw profiles (hw.c) and the benchmark tools'
- * arguments (bench_comm.c, bench_gemm.c). Each caller words its own error
- * messages; these only say whether the text was well formed. */
+ * file (src/train/options.c), --hw profiles (src/plan/hw.c) and the
+ * benchmark tools' arguments (src/dtrain_bench_comm.c,
+ * src/dtrain_bench_gemm.c). Each caller words its own error messages;
+ * these only say whether the text was well formed. */
 #ifndef DTRAIN_STRPARSE_H
 #define DTRAIN_STRPARSE_H
 

@@ -1,4 +1,4 @@
-#include "src/deal.h"
+#include "src/convert/deal.h"
 
 #include <stdlib.h>
 

@@ -1,7 +1,7 @@
 /* The export driver: outputs, tiles, the collective read, the tile
- * transforms and the agreed steps around a target (src/export.h). */
+ * transforms and the agreed steps around a target (src/convert/export.h). */
 #define _GNU_SOURCE /* renameat2 */
-#include "src/export.h"
+#include "src/convert/export.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -16,11 +16,11 @@
 #include <dirent.h>
 
 #include "base/transpose.h"
-#include "mpi/agree.h"
-#include "mpi/clock.h"
-#include "src/deal.h"
 #include "io/fsutil.h"
 #include "io/publish.h"
+#include "mpi/agree.h"
+#include "mpi/clock.h"
+#include "src/convert/deal.h"
 
 const char *const export_dtype_names[] = {[EXPORT_F32] = "fp32", [EXPORT_BF16] = "bf16", [EXPORT_F16] = "fp16", NULL};
 

@@ -1,7 +1,7 @@
 /* Export: a dtrain checkpoint or parameter file written as another
  * framework's model, by dreshard --to-hf DIR and --to-llmc FILE.
  *
- * The driver (src/export.c) is format-blind. src/hf_map.h says where each of
+ * The driver (src/convert/export.c) is format-blind. src/convert/hf_map.h says where each of
  * dtrain's logical tensors goes in the target format; the driver groups
  * those entries into the target's tensors ("outputs": Hugging Face's
  * transformer.h.0.attn.c_attn.weight holds wq, wk and wv; llm.c's qkvw
@@ -13,7 +13,7 @@
  * verified), turns them into the target's orientation (Conv1D transpose,
  * rotate-half row order, fused offsets) and hands the tile to the target. Each target is a
  * table of the functions below in its own file (IOR's aiori.h is the
- * model): src/export_hf.c and src/export_llmc.c.
+ * model): src/convert/export_hf.c and src/convert/export_llmc.c.
  *
  * Atomic: the target writes under a temporary name beside the destination
  * and renames it only when every rank's tiles are written and synced, so
@@ -26,8 +26,8 @@
 
 #include "io/h5store.h"
 #include "mpi/comm.h"
-#include "src/hf_map.h"
-#include "src/model_config.h"
+#include "src/convert/hf_map.h"
+#include "src/model/model_config.h"
 
 /* Row tiles of about this many fp32 bytes: small enough to balance four
  * ranks on a gpt2-124m (50257 x 768 embedding = 147 MiB), large enough that
@@ -86,7 +86,7 @@ typedef struct export_target {
      * may start work of its own (the HF target's tokenizer thread). */
     int (*create)(export_ctx_t *x, char *err, size_t errlen);
     /* Any rank: rows [r0, r0+nr) of output i, rows[nr][cols] fp32. Called
-     * on the rank's tile writer thread (src/export.c), one call at a time,
+     * on the rank's tile writer thread (src/convert/export.c), one call at a time,
      * while the rank's main thread reads the next tiles. */
     int (*write_rows)(export_ctx_t *x, int i, int64_t r0, int64_t nr, const float *rows, char *err, size_t errlen);
     /* Every rank that wrote: its writes are durable; rank 0's own work
@@ -128,7 +128,7 @@ status_t export_run(comm_t *world, const export_target_t *tg, const export_opts_
                     const model_config_t *cfg, const h5store_tensor_t *params_list, int n_params, export_report_t *rep,
                     char *err, size_t errlen);
 
-/* Shared by the targets (src/export.c). */
+/* Shared by the targets (src/convert/export.c). */
 /* dest's temporary sibling: "<dir>/.<base>.tmp". */
 int export_tmp_name(const char *dest, char *tmp, size_t len, char *err, size_t errlen);
 /* rename(tmp, dest) (a file replaces a file atomically); over an existing

@@ -24,11 +24,11 @@
 
 #include <jansson.h>
 
-#include "src/export.h"
 #include "io/publish.h"
 #include "io/safetensors.h"
 #include "io/tok_hf.h"
 #include "io/tokenizer.h"
+#include "src/convert/export.h"
 
 typedef struct hf_state {
     st_plan_t *plan;

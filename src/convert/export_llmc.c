@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "src/export.h"
 #include "io/llmc_model.h"
+#include "src/convert/export.h"
 
 static int llmc_prepare(export_ctx_t *x, char *err, size_t errlen)
 {

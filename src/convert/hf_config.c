@@ -1,6 +1,7 @@
-#include "src/hf_config.h"
+#include "src/convert/hf_config.h"
 
 #include <float.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -8,7 +9,6 @@
 #include <jansson.h>
 
 #include "mpi/status.h"
-#include "src/options.h"
 
 typedef struct cfg_reader {
     json_t *root;
@@ -227,7 +227,7 @@ int hf_config_parse(const char *json, size_t len, const char *path, model_config
  * the reading it is the code the fuzzer runs. */
 int hf_config_read(const char *dir, model_config_t *c, char *err, size_t errlen)
 {
-    char path[OPT_PATH_MAX + 32];
+    char path[PATH_MAX + 32];
     snprintf(path, sizeof path, "%s/config.json", dir);
     json_error_t je;
     json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);

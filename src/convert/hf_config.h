@@ -11,7 +11,7 @@
 
 #include <stddef.h>
 
-#include "src/model_config.h"
+#include "src/model/model_config.h"
 
 /* The model of the config.json text json[0..len) (need not end in a NUL),
  * named path in messages. Returns 0 with *c filled (and passing

@@ -1,6 +1,7 @@
-#include "src/hf_import.h"
+#include "src/convert/hf_import.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -15,12 +16,12 @@
 #include <omp.h>
 #endif
 
-#include "mpi/clock.h"
-#include "src/hf_config.h"
-#include "src/hf_map.h"
 #include "io/fsutil.h"
 #include "io/llmc_model.h"
 #include "io/safetensors.h"
+#include "mpi/clock.h"
+#include "src/convert/hf_config.h"
+#include "src/convert/hf_map.h"
 
 /* ---- recognising PATH ------------------------------------------------------ */
 
@@ -90,59 +91,6 @@ int init_from_probe(const char *path, init_from_kind_t *kind, char *dir, size_t 
              "model.safetensors) nor an llm.c model file (magic %d)",
              path, LLMC_MODEL_MAGIC);
     return -1;
-}
-
-/* ---- the file's model against the explicit options ------------------------ */
-
-static int conflict(char *err, size_t errlen, const char *opt, long long given, long long file, const char *path)
-{
-    snprintf(err, errlen,
-             "--%s %lld conflicts with --init-from %s, whose model has %lld: drop the option "
-             "(the model comes from the file)",
-             opt, given, path, file);
-    return -1;
-}
-
-int init_from_model_config(const run_options_t *o, model_config_t *c, char *err, size_t errlen)
-{
-    init_from_kind_t kind;
-    char dir[OPT_PATH_MAX];
-    if (init_from_probe(o->init_from, &kind, dir, sizeof dir, c, err, errlen) != 0)
-        return -1;
-    const model_preset_t *p = model_preset_find(o->model);
-    if (o->model_set && p &&
-        (p->cfg.arch != c->arch || p->cfg.vocab_size != c->vocab_size || p->cfg.n_layer != c->n_layer ||
-         p->cfg.n_head != c->n_head || p->cfg.n_kv_head != c->n_kv_head || p->cfg.d_model != c->d_model ||
-         p->cfg.d_ff != c->d_ff)) {
-        snprintf(err, errlen,
-                 "--model %s conflicts with --init-from %s, which holds a %s model of %d layers, "
-                 "d_model %d, vocabulary %d: drop --model (the model comes from the file)",
-                 o->model, o->init_from, model_arch_name(c->arch), c->n_layer, c->d_model, c->vocab_size);
-        return -1;
-    }
-    if (o->arch[0] && strcmp(o->arch, model_arch_name(c->arch)) != 0) {
-        snprintf(err, errlen, "--arch %s conflicts with --init-from %s, which holds a %s model: drop --arch", o->arch,
-                 o->init_from, model_arch_name(c->arch));
-        return -1;
-    }
-    const struct {
-        const char *opt;
-        int given, file;
-    } f[] = {
-        {"n-layer", o->n_layer, c->n_layer},
-        {"n-head", o->n_head, c->n_head},
-        {"n-kv-head", o->n_kv_head, c->n_kv_head},
-        {"d-model", o->d_model, c->d_model},
-        {"d-ff", o->d_ff, c->d_ff},
-        {"vocab-size", o->vocab_size, c->vocab_size},
-        {"max-seq-len", o->max_seq_len, c->max_seq},
-    };
-    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
-        if (f[i].given && f[i].given != f[i].file)
-            return conflict(err, errlen, f[i].opt, f[i].given, f[i].file, o->init_from);
-    if (c->arch == ARCH_LLAMA && o->seq_len > c->max_seq)
-        c->max_seq = o->seq_len; /* RoPE has no table of positions to outgrow */
-    return model_config_check(c, err, errlen);
 }
 
 /* ---- reading the slices ----------------------------------------------------- */
@@ -354,7 +302,7 @@ static void report_dtypes(const source_t *s, init_from_report_t *rep)
 
 static int open_source(source_t *s, const char *path, const model_config_t *c, char *err, size_t errlen)
 {
-    char dir[OPT_PATH_MAX];
+    char dir[PATH_MAX];
     model_config_t fc;
     if (init_from_probe(path, &s->kind, dir, sizeof dir, &fc, err, errlen) != 0)
         return -1;

@@ -8,7 +8,7 @@
  *
  * The model configuration comes from the file. Each rank reads only the
  * hyperslab its parameter table holds of each tensor (with pread, from
- * safetensors and llm.c files alike: io/st_block.h; see src/hf_map.h for which
+ * safetensors and llm.c files alike: io/st_block.h; see src/convert/hf_map.h for which
  * source element each dtrain element is), straight into the host buffer of its
  * local tensors (the model's parameters themselves where they are host
  * memory: model_params_in_place); the only staging is one attention head
@@ -23,9 +23,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "src/model_config.h"
-#include "src/options.h"
-#include "src/params.h"
+#include "src/model/model_config.h"
+#include "src/model/params.h"
 
 typedef enum { INIT_FROM_HF = 0, INIT_FROM_LLMC = 1 } init_from_kind_t;
 
@@ -33,12 +32,6 @@ typedef enum { INIT_FROM_HF = 0, INIT_FROM_LLMC = 1 } init_from_kind_t;
  * receives the model directory. Returns 0, or -1 with one line in err. */
 int init_from_probe(const char *path, init_from_kind_t *kind, char *dir, size_t dirlen, model_config_t *c, char *err,
                     size_t errlen);
-
-/* options_model_config under --init-from: the file's model, checked
- * against the explicitly given model options (--model, --arch, --n-layer,
- * ... : any that disagrees is an error), with Llama's max_seq raised to
- * --seq-len as for the presets. */
-int init_from_model_config(const run_options_t *o, model_config_t *c, char *err, size_t errlen);
 
 typedef struct init_from_report {
     init_from_kind_t kind;

@@ -1,4 +1,4 @@
-#include "src/hf_map.h"
+#include "src/convert/hf_map.h"
 
 #include <stdio.h>
 #include <stdlib.h>

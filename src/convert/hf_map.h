@@ -64,8 +64,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "src/model_config.h"
-#include "src/params.h"
+#include "src/model/model_config.h"
+#include "src/model/params.h"
 
 #define HF_SRC_NAME_MAX 96
 

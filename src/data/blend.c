@@ -1,4 +1,4 @@
-#include "src/blend.h"
+#include "src/data/blend.h"
 
 #include <ctype.h>
 #include <math.h>

@@ -1,5 +1,5 @@
 /* Sample order over one dataset or a blend: see data.h. */
-#include "src/data.h"
+#include "src/data/data.h"
 
 #include <fcntl.h>
 #include <stdio.h>
@@ -7,8 +7,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "src/blend.h"
-#include "src/rng.h"
+#include "src/data/blend.h"
+#include "src/model/rng.h"
 
 /* Separates the permutation streams from the initialisation streams
  * (which are keyed by tensor-name hashes). */

@@ -1,7 +1,7 @@
 /* Sample order and batches.
  *
  * A data set (--data, --val-data) is one dataset or a weighted blend of
- * several (src/blend.h). A dataset is a glob of llm.c shards, a raw-u16
+ * several (src/data/blend.h). A dataset is a glob of llm.c shards, a raw-u16
  * file, or Megatron indexed datasets (a prefix, or a glob of .idx files);
  * its files are taken in bytewise path order.
  *
@@ -15,7 +15,7 @@
  * epoch with a new permutation (validation data: file order, no
  * permutation, and also wrapping around).
  *
- * Global sample g is the blend's sample g (src/blend.h: which dataset, and
+ * Global sample g is the blend's sample g (src/data/blend.h: which dataset, and
  * that dataset's how-manyth sample), and a fixed rule maps g to (step,
  * microbatch, data-parallel rank, row):
  *
@@ -24,7 +24,7 @@
  * so every layout trains on the same global batches, and a resumed run on
  * the same ones as an uninterrupted run.
  *
- * Document positions (--doc-mask, src/docmask.h): a Megatron dataset's
+ * Document positions (--doc-mask, src/model/docmask.h): a Megatron dataset's
  * documents come from its index (document_indices: documents, not
  * sentence sequences); other datasets' from the doc_start / doc_end
  * tokens given by data_set_doc_tokens. */
@@ -69,7 +69,7 @@ typedef struct data_loader {
     int dump_fd;                /* DTRAIN_TEST_DUMP_SAMPLES (tests only), -1 = off */
 } data_loader_t;
 
-/* Open / close one dataset (src/data_part.c). */
+/* Open / close one dataset (src/data/data_part.c). */
 int data_part_open(data_part_t *p, const char *path, tokens_format_t fmt, int vocab_size, int T, char *err,
                    size_t errlen);
 void data_part_close(data_part_t *p);

@@ -1,6 +1,6 @@
-/* One dataset of a data set (src/data.h): its files, opened and indexed
+/* One dataset of a data set (src/data/data.h): its files, opened and indexed
  * by sample. */
-#include "src/data.h"
+#include "src/data/data.h"
 
 #include <glob.h>
 #include <stdio.h>
@@ -8,7 +8,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "src/docmask.h"
+#include "src/model/docmask.h"
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 

@@ -1,4 +1,4 @@
-#include "src/docmask.h"
+#include "src/model/docmask.h"
 
 void docmask_positions(const int32_t *tok, int B, int T, int32_t doc_start, int32_t doc_end, int32_t *pos)
 {

@@ -27,7 +27,7 @@ void docmask_positions(const int32_t *tok, int B, int T, int32_t doc_start, int3
 /* Sum over the documents of n tokens (positions pos) of their squared
  * lengths: sum of 2 pos + 1 (a document of L tokens has positions 0..L-1,
  * and 1 + 3 + ... + (2L - 1) = L^2). Rows of T without documents give
- * n T: what the FLOPs convention counts for attention (src/flops.h), so
+ * n T: what the FLOPs convention counts for attention (src/model/flops.h), so
  * flops_per_token(c, sum / n) counts the attention masking computes. */
 double docmask_square_sum(const int32_t *pos, size_t n);
 

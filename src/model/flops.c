@@ -1,5 +1,5 @@
-#include "src/flops.h"
 #include "mpi/clock.h"
+#include "src/model/flops.h"
 
 #include <cblas.h>
 #include <stdio.h>

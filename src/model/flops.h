@@ -4,13 +4,13 @@
 
 #include <stddef.h>
 
-#include "src/model_config.h"
+#include "src/model/model_config.h"
 
 /* Training FLOPs per token: 6 x (parameters in matmuls, output head
  * included) + 12 x L x (NH*HS) x T for attention scores and values, forward
  * and backward (the llm.c / PaLM convention; padding is not counted).
  * Under --doc-mask T is the tokens' mean document length weighted by
- * length, sum of L^2 / sum of L over the documents (src/docmask.h): the
+ * length, sum of L^2 / sum of L over the documents (src/model/docmask.h): the
  * same convention applied to each document, so one document per row
  * gives T itself. */
 double flops_per_token(const model_config_t *c, double T);

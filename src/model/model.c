@@ -1,11 +1,11 @@
-#include "src/model.h"
+#include "src/model/model.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "src/mem.h"
+#include "base/mem.h"
 
 /* ---- local widths ------------------------------------------------------------------ */
 

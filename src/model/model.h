@@ -22,13 +22,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/ops.h"
 #include "mpi/comm.h"
 #include "mpi/dpsync.h"
 #include "mpi/status.h"
-#include "src/model_config.h"
-#include "base/ops.h"
-#include "src/params.h"
 #include "mpi/trace.h"
+#include "src/model/model_config.h"
+#include "src/model/params.h"
 
 /* Pointers into a flat buffer (parameters or their gradients) for one block.
  * wqkv is wq with wk, wv following it; wfc is GPT-2's fc weight or Llama's
@@ -114,7 +114,7 @@ typedef struct model_layout {
      * the block's gathered parameters. */
     int lent_block_params;
     model_recompute_t recompute; /* what the slots keep of each block */
-    /* --doc-mask: forwards may be given document positions (src/docmask.h),
+    /* --doc-mask: forwards may be given document positions (src/model/docmask.h),
      * kept per slot for the backward and for recomputation */
     int doc_mask;
     /* --dtype bf16: every matmul (the blocks' four and the head) rounds its
@@ -196,7 +196,7 @@ void model_destroy(model_t *m);
 /* Bytes of the activation arena (MEM_ACTS) and the workspace arena
  * (MEM_WORKSPACE) model_create allocates for this layout and batch
  * capacity, computed by the same layout code without allocating: what the
- * planner (src/plan.c) reports for --plan-dtype fp32 (lay->bf16 = 0). */
+ * planner (src/plan/plan.c) reports for --plan-dtype fp32 (lay->bf16 = 0). */
 void model_arena_bytes(const model_config_t *cfg, const model_layout_t *lay, int B, int T, size_t *acts, size_t *work);
 
 /* Bytes of the parameter buffers (MEM_PARAMS: the fp32 weights and, with
@@ -228,7 +228,7 @@ void model_params_written(model_t *m);
 /* Forward of one microbatch of b x t tokens into activation slot `slot`.
  * tokens (host, [b*t]) are read by the first stage; other stages read their
  * input from model_stage_input(). pos (host, [b*t]): the tokens' document
- * positions (src/docmask.h), which every stage needs (attention masks,
+ * positions (src/model/docmask.h), which every stage needs (attention masks,
  * RoPE and learned positions restart at each document); NULL: one document
  * per row, as without --doc-mask. Positions need lay.doc_mask. On the last stage with targets != NULL
  * *loss is the mean loss over the counted targets (>= 0; a non-finite

@@ -1,4 +1,4 @@
-#include "src/model_config.h"
+#include "src/model/model_config.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -1,4 +1,4 @@
-#include "src/params.h"
+#include "src/model/params.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "mpi/status.h"
-#include "src/rng.h"
+#include "src/model/rng.h"
 
 typedef struct table_builder {
     param_table_t *t;

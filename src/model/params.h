@@ -10,7 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "src/model_config.h"
+#include "src/model/model_config.h"
 
 #define PARAM_NAME_MAX 48
 

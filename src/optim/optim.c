@@ -1,11 +1,11 @@
-#include "src/optim.h"
+#include "src/optim/optim.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "src/mem.h"
+#include "base/mem.h"
 
 const char *const lr_kind_names[LR_N_KINDS + 1] = {"cosine", "linear", "wsd", "constant", NULL};
 const char *const decay_shape_names[DECAY_N_SHAPES] = {"1-sqrt", "linear", "cosine"};

@@ -6,8 +6,8 @@
 #include <stddef.h>
 
 #include "base/ops.h"
-#include "src/params.h"
 #include "mpi/dpsync.h"
+#include "src/model/params.h"
 
 /* --lr-schedule: what follows the warmup. */
 typedef enum { LR_COSINE, LR_LINEAR, LR_WSD, LR_CONSTANT, LR_N_KINDS } lr_kind_t;

@@ -1,4 +1,4 @@
-#include "src/hw.h"
+#include "src/plan/hw.h"
 
 #include <errno.h>
 #include <math.h>
@@ -15,8 +15,8 @@
 #ifdef HAVE_CONFIG_H
 #include "config.h"
 #endif
-#include "src/flops.h"
-#include "src/strparse.h"
+#include "src/cli/strparse.h"
+#include "src/model/flops.h"
 
 #define GIB 1073741824.0
 

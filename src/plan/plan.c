@@ -1,22 +1,22 @@
-#include "src/plan.h"
+#include "src/plan/plan.h"
 
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "src/flops.h"
+#include "base/mem.h"
 #include "io/fsutil.h"
-#include "src/hw.h"
-#include "src/mem.h"
-#include "src/metrics.h"
-#include "src/model.h"
-#include "src/options.h"
-#include "src/optim.h"
-#include "src/params.h"
 #include "mpi/ddp.h"
 #include "mpi/pipeline.h"
 #include "mpi/zero.h"
+#include "src/model/flops.h"
+#include "src/model/model.h"
+#include "src/model/params.h"
+#include "src/optim/optim.h"
+#include "src/plan/hw.h"
+#include "src/train/metrics.h"
+#include "src/train/options.h"
 
 /* Notation as in Korthikanti et al. 2022: s sequence length, b micro
  * batch, h d_model, a attention heads, t tensor-parallel size, p pipeline
@@ -63,12 +63,6 @@ typedef struct plan {
     double t_mb, t_compute, t_tp, t_bubble, t_pp, t_pp_msg, t_dp, t_dp_total, t_embed, t_opt, t_step;
     double tokens_s, mfu, hfu, bubble_frac;
 } plan_t;
-
-const char *const plan_dtype_names[] = {[PLAN_DTYPE_AUTO] = "",
-                                        [PLAN_DTYPE_FP32] = "fp32",
-                                        [PLAN_DTYPE_BF16] = "bf16",
-                                        [PLAN_DTYPE_MEGATRON] = "megatron",
-                                        NULL};
 
 static double div_up(double a, double b) { return ceil(a / b); }
 static double round64(double bytes) { return ceil(bytes / 64.0) * 64.0; }
@@ -504,7 +498,7 @@ static void plan_free(plan_t *p)
 /* --doc-mask's attention: each sequence of T tokens cut into documents of
  * N (--plan-doc-len; 0 = one document of T) and a last one of the T mod N
  * left, counted at its own length, as the trainer counts every document
- * (src/docmask.h). Sets the positions attended per token, sum(L^2) / T,
+ * (src/model/docmask.h). Sets the positions attended per token, sum(L^2) / T,
  * the T that flops_per_token takes. Returns 0 or -1. */
 static int plan_doc_mask(const run_options_t *o, plan_in_t *in, char *err, size_t errlen)
 {
@@ -792,7 +786,7 @@ static void print_perf(const plan_t *p, FILE *out)
     char b1[32], b2[32], b3[32];
     const double tokens = (double)in->run.global_batch * in->run.seq_len;
     fprintf(out,
-            "\ncompute: %s per step (%s per token: 6 x matmul parameters + 12 x L x h x %s, src/flops.c), "
+            "\ncompute: %s per step (%s per token: 6 x matmul parameters + 12 x L x h x %s, src/model/flops.c), "
             "%s with recomputation\n",
             fmt_flops(b1, sizeof b1, p->flops_step), fmt_flops(b2, sizeof b2, p->flops_step / tokens),
             in->doc_len ? "sum(L^2)/s" : "s", fmt_flops(b3, sizeof b3, p->hw_flops_step));

@@ -18,12 +18,7 @@
 
 #include <stdio.h>
 
-/* --plan-dtype: the precision planned (auto: bf16 on GPU profiles, fp32
- * on cpu; megatron: Megatron-LM's bf16 layout, for comparison). */
-typedef enum { PLAN_DTYPE_AUTO = 0, PLAN_DTYPE_FP32, PLAN_DTYPE_BF16, PLAN_DTYPE_MEGATRON } plan_dtype_t;
-extern const char *const plan_dtype_names[]; /* indexed by plan_dtype_t, NULL-terminated; "" = auto */
-
-typedef struct run_options run_options_t; /* src/options.h */
+#include "src/train/options.h" /* run_options_t, plan_dtype_t */
 
 /* Runs --plan (and --search) for the parsed options. world_size: the MPI
  * world this process is in (dp defaults to world_size / (tp x pp), or 1

@@ -1,6 +1,6 @@
 /* dtrain-prepare: text corpora -> token files, on any number of MPI ranks.
  *
- *   prepare.c       options (resolved once into prep_opts_t) and main
+ *   src/dtrain_prepare.c  options (resolved once into prep_opts_t) and main
  *   prepare_docs.c  the document loop: ranks deal the documents, tokenize
  *                   their own, agree on errors, place every document
  *   prepare_out.c   the outputs: one token stream per split written with

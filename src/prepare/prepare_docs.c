@@ -7,7 +7,7 @@
  * of the round's documents, so every rank knows where each document lands
  * in its split's stream, and each writes its own documents there. Memory
  * per rank is bounded by one round's share of tokens. */
-#include "src/prepare.h"
+#include "src/prepare/prepare.h"
 
 #include <stdio.h>
 #include <stdlib.h>

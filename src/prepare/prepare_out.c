@@ -15,7 +15,7 @@
  * after; the tokenizer sidecar is written last, so a complete sidecar
  * means a complete set of files. */
 #define _GNU_SOURCE /* copy_file_range */
-#include "src/prepare.h"
+#include "src/prepare/prepare.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -8,7 +8,7 @@
  * for an error message (corpus_doc_line). Compressed inputs and pipes
  * cannot be cut by byte ranges: with any of them every rank streams all
  * inputs, as before. */
-#include "src/prepare.h"
+#include "src/prepare/prepare.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,4 +1,4 @@
-#include "src/metrics.h"
+#include "src/train/metrics.h"
 
 #include <math.h>
 

@@ -5,9 +5,9 @@
 
 #include <stdio.h>
 
+#include "base/mem.h"
 #include "io/tfevents.h"
-#include "src/mem.h"
-#include "src/straggler.h"
+#include "src/train/straggler.h"
 
 typedef struct step_record {
     int step, steps; /* 1-based step just finished, total */
@@ -24,7 +24,7 @@ typedef struct step_record {
      * stage (warm-up, cool-down, imbalance); 0 without pipelining */
     double bubble_max, bubble_mean;
     /* high-water marks of the accounting allocator, bytes, max over
-     * ranks: one per category (mem.h order), then the total's */
+     * ranks: one per category (base/mem.h order), then the total's */
     long long mem_peak[MEM_N_CATEGORIES + 1];
     /* ms the checkpoints written since the previous record held training
      * up (the boundary before this step: the whole save, or with

@@ -1,4 +1,4 @@
-#include "src/options.h"
+#include "src/train/options.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -11,15 +11,21 @@
 #ifdef HAVE_CONFIG_H
 #include "config.h"
 #endif
-#include "src/hf_import.h"
-#include "src/optable.h"
-#include "src/optim.h"
-#include "src/strparse.h"
+#include "src/cli/optable.h"
+#include "src/cli/strparse.h"
+#include "src/convert/hf_import.h"
+#include "src/optim/optim.h"
 #ifndef PACKAGE_VERSION
 #define PACKAGE_VERSION "0.1.0"
 #endif
 
 static const char *const arch_choices[] = {"gpt2", "llama", NULL};
+const char *const plan_dtype_names[] = {[PLAN_DTYPE_AUTO] = "",
+                                        [PLAN_DTYPE_FP32] = "fp32",
+                                        [PLAN_DTYPE_BF16] = "bf16",
+                                        [PLAN_DTYPE_MEGATRON] = "megatron",
+                                        NULL};
+
 const char *const options_fsdp_names[] = {[FSDP_UNSET] = "",
                                           [FSDP_NO_SHARD] = "no_shard",
                                           [FSDP_SHARD_GRAD_OP] = "shard_grad_op",
@@ -453,6 +459,62 @@ int options_zero_stage(const run_options_t *o)
 {
     static const int stage[] = {[FSDP_NO_SHARD] = 0, [FSDP_SHARD_GRAD_OP] = 2, [FSDP_FULL_SHARD] = 3};
     return o->fsdp == FSDP_UNSET ? o->zero : stage[o->fsdp];
+}
+
+/* options_model_config under --init-from: the file's model, checked
+ * against the explicitly given model options (--model, --arch, --n-layer,
+ * ... : any that disagrees is an error), with Llama's max_seq raised to
+ * --seq-len as for the presets. */
+static int init_from_conflict(char *err, size_t errlen, const char *opt, long long given, long long file,
+                              const char *path)
+{
+    snprintf(err, errlen,
+             "--%s %lld conflicts with --init-from %s, whose model has %lld: drop the option "
+             "(the model comes from the file)",
+             opt, given, path, file);
+    return -1;
+}
+
+static int init_from_model_config(const run_options_t *o, model_config_t *c, char *err, size_t errlen)
+{
+    init_from_kind_t kind;
+    char dir[OPT_PATH_MAX];
+    if (init_from_probe(o->init_from, &kind, dir, sizeof dir, c, err, errlen) != 0)
+        return -1;
+    const model_preset_t *p = model_preset_find(o->model);
+    if (o->model_set && p &&
+        (p->cfg.arch != c->arch || p->cfg.vocab_size != c->vocab_size || p->cfg.n_layer != c->n_layer ||
+         p->cfg.n_head != c->n_head || p->cfg.n_kv_head != c->n_kv_head || p->cfg.d_model != c->d_model ||
+         p->cfg.d_ff != c->d_ff)) {
+        snprintf(err, errlen,
+                 "--model %s conflicts with --init-from %s, which holds a %s model of %d layers, "
+                 "d_model %d, vocabulary %d: drop --model (the model comes from the file)",
+                 o->model, o->init_from, model_arch_name(c->arch), c->n_layer, c->d_model, c->vocab_size);
+        return -1;
+    }
+    if (o->arch[0] && strcmp(o->arch, model_arch_name(c->arch)) != 0) {
+        snprintf(err, errlen, "--arch %s conflicts with --init-from %s, which holds a %s model: drop --arch", o->arch,
+                 o->init_from, model_arch_name(c->arch));
+        return -1;
+    }
+    const struct {
+        const char *opt;
+        int given, file;
+    } f[] = {
+        {"n-layer", o->n_layer, c->n_layer},
+        {"n-head", o->n_head, c->n_head},
+        {"n-kv-head", o->n_kv_head, c->n_kv_head},
+        {"d-model", o->d_model, c->d_model},
+        {"d-ff", o->d_ff, c->d_ff},
+        {"vocab-size", o->vocab_size, c->vocab_size},
+        {"max-seq-len", o->max_seq_len, c->max_seq},
+    };
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+        if (f[i].given && f[i].given != f[i].file)
+            return init_from_conflict(err, errlen, f[i].opt, f[i].given, f[i].file, o->init_from);
+    if (c->arch == ARCH_LLAMA && o->seq_len > c->max_seq)
+        c->max_seq = o->seq_len; /* RoPE has no table of positions to outgrow */
+    return model_config_check(c, err, errlen);
 }
 
 int options_model_config(const run_options_t *o, model_config_t *c, char *err, size_t errlen)

@@ -11,13 +11,19 @@
 #include "mpi/comm.h"
 #include "mpi/ddp.h"
 #include "mpi/pipeline.h"
-#include "src/backend.h"
-#include "src/model.h"
-#include "src/model_config.h"
-#include "src/optim.h"
-#include "src/plan.h"
+#include "src/backend/backend.h"
+#include "src/model/model.h"
+#include "src/model/model_config.h"
+#include "src/optim/optim.h"
 
 #define OPT_PATH_MAX 1024
+
+/* --plan-dtype: the precision the planner assumes (auto: bf16 on GPU
+ * profiles, fp32 on cpu; megatron: Megatron-LM's bf16 layout, for
+ * comparison). The planner's option, declared here as --fsdp's is: the
+ * planner (src/plan/) sits above the run options and reads them. */
+typedef enum { PLAN_DTYPE_AUTO = 0, PLAN_DTYPE_FP32, PLAN_DTYPE_BF16, PLAN_DTYPE_MEGATRON } plan_dtype_t;
+extern const char *const plan_dtype_names[]; /* indexed by plan_dtype_t, NULL-terminated; "" = auto */
 
 /* --fsdp: PyTorch FSDP's names for ZeRO stages (options_fsdp_stage). */
 typedef enum { FSDP_UNSET = 0, FSDP_NO_SHARD, FSDP_SHARD_GRAD_OP, FSDP_FULL_SHARD } options_fsdp_t;
@@ -51,8 +57,8 @@ typedef struct run_options {
     int warmup;
     double weight_decay, grad_clip, beta1, beta2, adam_eps;
     long long seed;
-    /* the LR schedule's kind and decay (src/optim.h) and the loss-spike
-     * guard (src/spike.h): see check_schedule_spike in options.c */
+    /* the LR schedule's kind and decay (src/optim/optim.h) and the loss-spike
+     * guard (src/train/spike.h): see check_schedule_spike in options.c */
     char lr_schedule[16], decay_shape[16];
     int decay_steps;
     lr_schedule_t
@@ -63,19 +69,19 @@ typedef struct run_options {
     char data[OPT_PATH_MAX], val_data[OPT_PATH_MAX];
     tokens_format_t data_format;
     int val_every, val_batches;
-    int doc_mask; /* --doc-mask: attention within documents (src/docmask.h) */
+    int doc_mask; /* --doc-mask: attention within documents (src/model/docmask.h) */
     /* output */
     char metrics[OPT_PATH_MAX];
     char trace[OPT_PATH_MAX];
-    /* seeing a run: TensorBoard event files (io/tfevents.h), the slowest rank (src/straggler.h) */
+    /* seeing a run: TensorBoard event files (io/tfevents.h), the slowest rank (src/train/straggler.h) */
     char tensorboard[OPT_PATH_MAX]; /* --tensorboard DIR: rank 0's event file, "" = none */
     int straggler_every;            /* name the slowest rank every N steps (0 = never) */
     char save_params[OPT_PATH_MAX];
     char ckpt_dir[OPT_PATH_MAX], resume[OPT_PATH_MAX];
-    char init_from[OPT_PATH_MAX]; /* --init-from: a Hugging Face directory or an llm.c file (src/hf_import.h) */
+    char init_from[OPT_PATH_MAX]; /* --init-from: a Hugging Face directory or an llm.c file (src/convert/hf_import.h) */
     int model_set;                /* --model was given (command line or config file), not defaulted */
     int ckpt_every, keep, stop_at_step;
-    int ckpt_async; /* --ckpt-async: checkpoints written by a background thread (src/ckpt_async.h) */
+    int ckpt_async; /* --ckpt-async: checkpoints written by a background thread (src/ckpt/ckpt_async.h) */
     int sample_tokens, top_k;
     double temperature;
     char prompt[512];
@@ -83,7 +89,7 @@ typedef struct run_options {
     int threads;
     double peak_gflops;
     /* --plan: print the memory, compute and communication plan and exit
-     * (src/plan.h); the options below are the planner's alone */
+     * (src/plan/plan.h); the options below are the planner's alone */
     int plan, search;
     int gpus;              /* total devices (0 = --dp or the world size) */
     char hw[OPT_PATH_MAX]; /* profile name or key = value file ("" = h100-sxm) */

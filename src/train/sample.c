@@ -1,10 +1,10 @@
-#include "src/sample.h"
+#include "src/train/sample.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "src/rng.h"
+#include "src/model/rng.h"
 
 #define SAMPLE_STREAM 0x73616d706c65ull /* "sample" */
 

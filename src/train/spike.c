@@ -1,6 +1,6 @@
 /* Loss spikes and non-finite steps: the window, the decision, the log
  * (see spike.h). */
-#include "src/spike.h"
+#include "src/train/spike.h"
 
 #include <math.h>
 #include <stdio.h>

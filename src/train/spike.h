@@ -31,7 +31,7 @@
 
 #include "mpi/comm.h"
 #include "mpi/dpsync.h"
-#include "src/params.h"
+#include "src/model/params.h"
 
 #define SPIKE_MIN_COUNT 10 /* accepted losses before the z test judges */
 #define SPIKE_MAX_INJECT 16

@@ -1,4 +1,4 @@
-#include "src/straggler.h"
+#include "src/train/straggler.h"
 
 #include <ctype.h>
 #include <stdio.h>

@@ -1,8 +1,8 @@
 /* The trainer's step loop: the pipeline stages' callbacks, one optimizer
  * step, its statistics and report, validation, the gradient norm, the
  * replica check, the sample, the banner and the teardown. Setup is in
- * src/train_setup.c, checkpoints in src/train_ckpt.c. */
-#include "src/train.h"
+ * src/train/train_setup.c, checkpoints in src/train/train_ckpt.c. */
+#include "src/train/train.h"
 
 #include <errno.h>
 #include <math.h>
@@ -17,24 +17,24 @@
 #ifdef HAVE_CONFIG_H
 #include "config.h"
 #endif
-#include "src/backend.h"
-#include "mpi/clock.h"
-#include "src/docmask.h"
-#include "src/flops.h"
+#include "base/mem.h"
 #include "io/fsutil.h"
-#include "src/mem.h"
-#include "src/ops_cpu.h"
-#include "src/ckpt.h"
-#include "src/ckpt_async.h"
-#include "mpi/agree.h"
 #include "io/h5store.h"
-#include "src/hf_import.h"
-#include "src/param_io.h"
-#include "src/metrics.h"
-#include "mpi/replica.h"
-#include "src/sample.h"
 #include "io/tok_sidecar.h"
-#include "src/train_internal.h"
+#include "mpi/agree.h"
+#include "mpi/clock.h"
+#include "mpi/replica.h"
+#include "src/backend/backend.h"
+#include "src/backend/ops_cpu.h"
+#include "src/ckpt/ckpt.h"
+#include "src/ckpt/ckpt_async.h"
+#include "src/ckpt/param_io.h"
+#include "src/convert/hf_import.h"
+#include "src/model/docmask.h"
+#include "src/model/flops.h"
+#include "src/train/metrics.h"
+#include "src/train/sample.h"
+#include "src/train/train_internal.h"
 
 void trainer_banner(const trainer_t *tr, FILE *out)
 {
@@ -629,7 +629,7 @@ static int update_params(trainer_t *tr, int step, double lr, double norm, char *
     return 0;
 }
 
-/* The spike guard's verdict on the step (src/spike.h): go on, or skip the
+/* The spike guard's verdict on the step (src/train/spike.h): go on, or skip the
  * update (the strategy's gather still runs, of unchanged parameters, so
  * every strategy ends the step as after an update), or roll back. */
 static int guard_step(trainer_t *tr, int step, double loss, double norm, spike_action_t *act, char *err, size_t errlen)

@@ -4,18 +4,18 @@
 
 #include <stdio.h>
 
-#include "src/backend.h"
-#include "src/data.h"
+#include "io/tokenizer.h"
 #include "mpi/dpsync.h"
 #include "mpi/grid.h"
 #include "mpi/launch.h"
-#include "src/metrics.h"
-#include "src/model.h"
-#include "src/optim.h"
-#include "src/options.h"
-#include "src/spike.h"
 #include "mpi/pipeline.h"
-#include "io/tokenizer.h"
+#include "src/backend/backend.h"
+#include "src/data/data.h"
+#include "src/model/model.h"
+#include "src/optim/optim.h"
+#include "src/train/metrics.h"
+#include "src/train/options.h"
+#include "src/train/spike.h"
 
 typedef struct trainer {
     const run_config_t *run;  /* the resolved run (options_resolve) */
@@ -56,7 +56,7 @@ typedef struct trainer {
     trace_t *trace;     /* --trace: this rank's spans */
     watchdog_t *watch;  /* --comm-timeout: marks every blocking call of the grid's groups */
     int32_t *tok, *tgt; /* host batch [B*T] */
-    /* --doc-mask: the batch's document positions [B*T] (src/docmask.h), the
+    /* --doc-mask: the batch's document positions [B*T] (src/model/docmask.h), the
      * boundary tokens they come from (-1: none), and this step's sum of
      * squared document lengths over its tokens, for the MFU */
     int32_t *pos, doc_start, doc_end;

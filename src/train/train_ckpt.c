@@ -1,7 +1,7 @@
 /* The trainer's checkpoint and parameter I/O: host copies of the state,
  * --resume, --init-from, checkpoints written now or in the background
  * (--ckpt-async), --save-params and the spike guard's rollback. */
-#include "src/train.h"
+#include "src/train/train.h"
 
 #include <errno.h>
 #include <math.h>
@@ -16,24 +16,24 @@
 #ifdef HAVE_CONFIG_H
 #include "config.h"
 #endif
-#include "src/backend.h"
-#include "mpi/clock.h"
-#include "src/docmask.h"
-#include "src/flops.h"
+#include "base/mem.h"
 #include "io/fsutil.h"
-#include "src/mem.h"
-#include "src/ops_cpu.h"
-#include "src/ckpt.h"
-#include "src/ckpt_async.h"
-#include "mpi/agree.h"
 #include "io/h5store.h"
-#include "src/hf_import.h"
-#include "src/param_io.h"
-#include "src/metrics.h"
-#include "mpi/replica.h"
-#include "src/sample.h"
 #include "io/tok_sidecar.h"
-#include "src/train_internal.h"
+#include "mpi/agree.h"
+#include "mpi/clock.h"
+#include "mpi/replica.h"
+#include "src/backend/backend.h"
+#include "src/backend/ops_cpu.h"
+#include "src/ckpt/ckpt.h"
+#include "src/ckpt/ckpt_async.h"
+#include "src/ckpt/param_io.h"
+#include "src/convert/hf_import.h"
+#include "src/model/docmask.h"
+#include "src/model/flops.h"
+#include "src/train/metrics.h"
+#include "src/train/sample.h"
+#include "src/train/train_internal.h"
 
 /* The parameters from a full flat host copy [table.numel]: the model's
  * buffer, and what the strategy holds beside it (ZeRO-3: this rank's
@@ -56,7 +56,7 @@ int params_to_host(trainer_t *tr, float *host, char *err, size_t errlen)
 }
 
 /* --init-from: this rank's slices of the file's tensors into host (see
- * src/hf_import.h); rank 0 reports what the ranks read and held. */
+ * src/convert/hf_import.h); rank 0 reports what the ranks read and held. */
 static int import_params(trainer_t *tr, float *host, char *err, size_t errlen)
 {
     init_from_report_t rep = {0};

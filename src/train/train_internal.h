@@ -1,6 +1,6 @@
-/* Internal to the trainer's files (src/train.c, src/train_setup.c,
- * src/train_ckpt.c): the functions one of them defines and another calls.
- * Not part of the trainer's interface (src/train.h); nothing else includes
+/* Internal to the trainer's files (src/train/train.c, src/train/train_setup.c,
+ * src/train/train_ckpt.c): the functions one of them defines and another calls.
+ * Not part of the trainer's interface (src/train/train.h); nothing else includes
  * it. The comments at the definitions say what each does. */
 #ifndef DTRAIN_TRAIN_INTERNAL_H
 #define DTRAIN_TRAIN_INTERNAL_H
@@ -8,14 +8,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "src/train.h"
+#include "src/train/train.h"
 
-/* src/train_ckpt.c: parameters and state to and from the host */
+/* src/train/train_ckpt.c: parameters and state to and from the host */
 int params_to_host(trainer_t *tr, float *host, char *err, size_t errlen);
 int init_params(trainer_t *tr, uint64_t seed, char *err, size_t errlen);
 void free_state(trainer_t *tr);
 
-/* src/train_ckpt.c: checkpoints (collective) */
+/* src/train/train_ckpt.c: checkpoints (collective) */
 int trainer_resume(trainer_t *tr, char *err, size_t errlen);
 int setup_ckpt_async(trainer_t *tr, char *err, size_t errlen);
 int trainer_save(trainer_t *tr, int step, char *err, size_t errlen);

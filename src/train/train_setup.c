@@ -1,7 +1,7 @@
 /* trainer_setup and everything it calls: data, tokenizer, document mask,
  * backend, model, data-parallel strategy, watchdog and trace, the step's
  * buffers, the MFU peak and the output paths. */
-#include "src/train.h"
+#include "src/train/train.h"
 
 #include <errno.h>
 #include <math.h>
@@ -16,24 +16,24 @@
 #ifdef HAVE_CONFIG_H
 #include "config.h"
 #endif
-#include "src/backend.h"
-#include "mpi/clock.h"
-#include "src/docmask.h"
-#include "src/flops.h"
+#include "base/mem.h"
 #include "io/fsutil.h"
-#include "src/mem.h"
-#include "src/ops_cpu.h"
-#include "src/ckpt.h"
-#include "src/ckpt_async.h"
-#include "mpi/agree.h"
 #include "io/h5store.h"
-#include "src/hf_import.h"
-#include "src/param_io.h"
-#include "src/metrics.h"
-#include "mpi/replica.h"
-#include "src/sample.h"
 #include "io/tok_sidecar.h"
-#include "src/train_internal.h"
+#include "mpi/agree.h"
+#include "mpi/clock.h"
+#include "mpi/replica.h"
+#include "src/backend/backend.h"
+#include "src/backend/ops_cpu.h"
+#include "src/ckpt/ckpt.h"
+#include "src/ckpt/ckpt_async.h"
+#include "src/ckpt/param_io.h"
+#include "src/convert/hf_import.h"
+#include "src/model/docmask.h"
+#include "src/model/flops.h"
+#include "src/train/metrics.h"
+#include "src/train/sample.h"
+#include "src/train/train_internal.h"
 
 /* Output files are written at the end of the run: refuse at start a path
  * whose directory cannot take them. Empty path: nothing to check. */
@@ -352,7 +352,7 @@ static int setup_observe(trainer_t *tr, char *err, size_t errlen)
     return 0;
 }
 
-/* The training and validation data (src/data.h). Megatron files are
+/* The training and validation data (src/data/data.h). Megatron files are
  * mapped, not read: their tokens are checked against the vocabulary here,
  * each rank checking its share, and the ranks agree on the verdict. */
 static int open_data(trainer_t *tr, char *err, size_t errlen)

@@ -7,7 +7,7 @@
  * GELU-fused), and ops_cuda_create's cuBLAS handle setup (blas_init). It runs
  * against cublaslt_shim.h, a host emulation of cuBLASLt, cuBLAS and the
  * runtime with the documented semantics, and its results are compared with
- * src/ops_cpu.c's (OpenBLAS). No GPU is needed: this checks how the CUDA
+ * src/backend/ops_cpu.c's (OpenBLAS). No GPU is needed: this checks how the CUDA
  * backend maps each op onto column-major GEMMs (transposes, leading
  * dimensions, beta, epilogues and their AUX_LD, the fallbacks when the
  * heuristic finds nothing, alignment-keyed plans), which the GPU tests
@@ -28,7 +28,7 @@
  * Exit 0 when all pass, 1 otherwise. `test_gemm_emu POLICY` runs one policy. */
 #include "cublaslt_shim.h"
 extern "C" {
-#include "src/ops_cpu.h"
+#include "src/backend/ops_cpu.h"
 }
 #include "cuda/device.h"
 

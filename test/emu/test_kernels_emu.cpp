@@ -13,7 +13,7 @@
  * norms' chunked column reductions, embedding_bwd with std::stable_sort,
  * run-length encoding and a scan in place of cub, sumsq's partial fold).
  *
- * Results are compared with src/ops_cpu.c's: attention, norms and the
+ * Results are compared with src/backend/ops_cpu.c's: attention, norms and the
  * cross-entropy to 1e-5 of the largest magnitude (summation order
  * differs), the embedding bit for bit, sumsq to 1e-6 relative. The shapes
  * cover partial tiles, GQA, head sizes over 64 and not a multiple of 4,
@@ -23,7 +23,7 @@
  * Output: one line per failed check, a summary. Exit 0 when all pass. */
 extern "C" {
 #include "base/ops_math.h"
-#include "src/ops_cpu.h"
+#include "src/backend/ops_cpu.h"
 }
 
 #include <algorithm>
@@ -109,13 +109,13 @@ static void cuda_fatal(const char *what, const char *msg)
     exit(2);
 }
 
-#include "cuda/kernels/reduce.cuh"
-#include "cuda/kernels/colsum.cuh"
-#include "cuda/kernels/norm.cuh"
 #include "cuda/kernels/attention.cuh"
-#include "cuda/kernels/rope.cuh"
-#include "cuda/kernels/embedding.cuh"
+#include "cuda/kernels/colsum.cuh"
 #include "cuda/kernels/crossentropy.cuh"
+#include "cuda/kernels/embedding.cuh"
+#include "cuda/kernels/norm.cuh"
+#include "cuda/kernels/reduce.cuh"
+#include "cuda/kernels/rope.cuh"
 
 /* f() run by every thread of every block of grid; with sync, each block's
  * threads run concurrently (std::thread) with barriers for __syncthreads

@@ -15,11 +15,11 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "base/ops_math.h"
 #include "cuda/device.h"
+#include "cuda/nccl_comm.h"
 #include "mpi/grid.h"
 #include "mpi/launch.h"
-#include "cuda/nccl_comm.h"
-#include "base/ops_math.h"
 
 static int nfail;
 /* a failed check names the error of the group's last call (cerr), if it had one */

@@ -10,8 +10,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "src/backend.h"
 #include "cuda/device.h"
+#include "src/backend/backend.h"
 
 int main(int argc, char **argv)
 {

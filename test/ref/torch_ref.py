@@ -289,7 +289,7 @@ def read_token_shards(pattern, fmt):
 
 def val_batch(shards, T, first, B):
     """dtrain's data_sample for samples first .. first+B-1 of an unshuffled
-    loader (src/data.c): sample k is tokens [k*T, k*T+T] of its shard
+    loader (src/data/data.c): sample k is tokens [k*T, k*T+T] of its shard
     (shard s holds (n_s - 1) // T samples), global index modulo the count."""
     counts = [(len(s) - 1) // T if len(s) > 0 else 0 for s in shards]
     total = sum(counts)
