@@ -86,10 +86,10 @@ check() {
                     printf "%s:%s: %s includes \"%s\"\n", file, w[2], room, inc; next
                 }
                 if (inc ~ /_(internal|impl)\.h$/) {
-                    dir = inc; sub(/\/[^\/]*$/, "", dir)
-                    fdir = file; sub(/\/[^\/]*$/, "", fdir)
-                    if (dir != fdir)
-                        printf "%s:%s: includes \"%s\", internal to %s/\n", file, w[2], inc, dir
+                    home = inc; sub(/\/[^\/]*$/, "", home)
+                    fhome = file; sub(/\/[^\/]*$/, "", fhome)
+                    if (home != fhome)
+                        printf "%s:%s: includes \"%s\", internal to %s/\n", file, w[2], inc, home
                 } }')
         if [ -n "$out" ]; then
             echo "$out"
