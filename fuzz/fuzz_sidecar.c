@@ -3,8 +3,9 @@
  *
  * Links: fuzz/fuzz_sidecar.c io/tok_sidecar.c, and Jansson (-ljansson).
  * io/tokenizer.c is not linked (it pulls in every tokenizer kind, the C++
- * SentencePiece one included): tokenizer_open and tokenizer_close, which
- * only tok_sidecar_open_tokenizer calls, are fuzz-only stubs below.
+ * SentencePiece one included): tokenizer_open, tokenizer_close,
+ * tokenizer_builtin_dir and tok_file_sha256, which only
+ * tok_sidecar_open_tokenizer calls, are fuzz-only stubs below.
  *
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -Iio -Isrc \
  *     fuzz/fuzz_sidecar.c io/tok_sidecar.c -ljansson -o fuzz_sidecar
@@ -30,6 +31,16 @@ int tokenizer_open(tokenizer_t **tk, const char *spec, int spm_add_eos, char *er
 }
 
 void tokenizer_close(tokenizer_t *tk) { (void)tk; }
+
+const char *tokenizer_builtin_dir(void) { return "tokenizers"; }
+
+int tok_file_sha256(const char *path, char hex[65], char *err, size_t errlen)
+{
+    (void)path;
+    hex[0] = '\0';
+    snprintf(err, errlen, "no sha256 in the fuzz build");
+    return -1;
+}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -481,26 +481,77 @@ static int relocated_spec(const tok_sidecar_t *s, const char *file, char *out, s
     return n < 0 || (size_t)n >= outlen ? -1 : 0;
 }
 
-/* The spec to open: the recorded one while its vocabulary is where it was,
- * else the vocabulary's base name beside the sidecar. */
+/* Whether file is the vocabulary that made the data: 1 when its sha256 is
+ * the recorded one, -1 when it exists with another, 0 when it cannot be
+ * read. */
+static int same_vocabulary(const tok_sidecar_t *s, const char *file)
+{
+    char hex[65], e[256];
+    if (!readable(file))
+        return 0;
+    return tok_file_sha256(file, hex, e, sizeof e) == 0 && strcmp(hex, s->vocab_sha256) == 0 ? 1 : -1;
+}
+
+/* Appends path to places[0..n) unless it is there already (the same
+ * directory reached twice); returns the new count. */
+#define PLACE_MAX (2 * TOK_PATH_MAX)
+static int add_place(char (*places)[PLACE_MAX], int n, const char *path)
+{
+    for (int i = 0; i < n; i++)
+        if (strcmp(places[i], path) == 0)
+            return n;
+    snprintf(places[n], PLACE_MAX, "%s", path);
+    return n + 1;
+}
+
+/* The spec to open. A sidecar names its vocabulary by identity (kind, file
+ * name, sha256), so data moves between machines without its absolute path:
+ * the file is looked for, in order, beside the sidecar, in
+ * $DTRAIN_TOKENIZERS/KIND/, in the build's tokenizer directory
+ * (DTRAIN_TOKENIZER_DIR/KIND/), and at the path recorded when the data was
+ * prepared; the first with the recorded sha256 is used (doc/data.md,
+ * "Tokenizer sidecars"). */
 static int choose_spec(const tok_sidecar_t *s, const char *sidecar_path, char *spec, size_t speclen, char *err,
                        size_t errlen)
 {
-    if (strcmp(s->kind, "byte") == 0 || readable(s->vocab_path)) {
+    if (strcmp(s->kind, "byte") == 0) {
         snprintf(spec, speclen, "%s", s->spec);
         return 0;
     }
     const char *slash = strrchr(s->vocab_path, '/');
     const char *base = slash ? slash + 1 : s->vocab_path;
-    char dir[TOK_PATH_MAX], beside[2 * TOK_PATH_MAX];
-    if (dir_of(sidecar_path, dir, sizeof dir) == 0 &&
-        snprintf(beside, sizeof beside, "%s/%s", dir, base) < (int)sizeof beside && readable(beside) &&
-        relocated_spec(s, beside, spec, speclen) == 0)
+    const char *env = getenv("DTRAIN_TOKENIZERS");
+    char dir[TOK_PATH_MAX], cand[4][PLACE_MAX], p[PLACE_MAX];
+    int n = 0, other = -1;
+    if (dir_of(sidecar_path, dir, sizeof dir) == 0 && snprintf(p, sizeof p, "%s/%s", dir, base) < (int)sizeof p)
+        n = add_place(cand, n, p);
+    if (env && *env && snprintf(p, sizeof p, "%s/%s/%s", env, s->kind, base) < (int)sizeof p)
+        n = add_place(cand, n, p);
+    if (snprintf(p, sizeof p, "%s/%s/%s", tokenizer_builtin_dir(), s->kind, base) < (int)sizeof p)
+        n = add_place(cand, n, p);
+    n = add_place(cand, n, s->vocab_path);
+    for (int i = 0; i < n; i++) {
+        int same = same_vocabulary(s, cand[i]);
+        if (same < 0 && other < 0)
+            other = i;
+        if (same <= 0)
+            continue;
+        if (strcmp(cand[i], s->vocab_path) == 0)
+            snprintf(spec, speclen, "%s", s->spec);
+        else if (relocated_spec(s, cand[i], spec, speclen) != 0)
+            continue;
         return 0;
+    }
+    char where[4 * 2 * TOK_PATH_MAX + 64];
+    size_t w = 0;
+    for (int i = 0; i < n && w < sizeof where; i++)
+        w += (size_t)snprintf(where + w, sizeof where - w, "%s%s", i == 0 ? "" : i == n - 1 ? " or " : ", ", cand[i]);
     snprintf(err, errlen,
-             "data sidecar %s: its vocabulary %s is missing (nor is %s beside the sidecar): restore "
-             "it, or give --tokenizer SPEC for the tokenizer that made the data (or --tokenizer none)",
-             sidecar_path, s->vocab_path, base);
+             "data sidecar %s: no %s vocabulary with the data's sha256 %.12s... at %s%s%s%s: put the "
+             "vocabulary that made the data in one of those places, or give --tokenizer SPEC for it "
+             "(or --tokenizer none)",
+             sidecar_path, s->kind, s->vocab_sha256, where, other >= 0 ? " (" : "", other >= 0 ? cand[other] : "",
+             other >= 0 ? " is another vocabulary)" : "");
     return -1;
 }
 

@@ -36,7 +36,7 @@
 typedef struct tok_sidecar {
     char kind[16];                 /* byte | gpt2 | tiktoken | spm */
     char spec[TOK_PATH_MAX];       /* canonical tokenizer spec (tokenizer_t.spec) */
-    char vocab_path[TOK_PATH_MAX]; /* absolute path at prepare time ("" for byte) */
+    char vocab_path[TOK_PATH_MAX]; /* absolute path at prepare time ("" for byte): the last place looked */
     char vocab_sha256[65];
     int vocab_size;
     int32_t doc_start, doc_end;  /* TOK_NO_ID when none */
@@ -79,10 +79,13 @@ int tok_sidecar_find(const char *data_file, char *out, size_t outlen);
  * a plain path). */
 int tok_sidecar_find_glob(const char *pattern, char *out, size_t outlen);
 
-/* Opens the tokenizer s names: its vocab_path, else a file of the same
- * base name next to the sidecar (data moved with its vocabulary). The
- * vocabulary's sha256 and size must equal the recorded ones; a mismatch or
- * a missing file is one line naming the fix (--tokenizer SPEC). */
+/* Opens the tokenizer s names, found by identity: the first file of the
+ * recorded base name and sha256 beside the sidecar, in
+ * $DTRAIN_TOKENIZERS/KIND/, in the build's DTRAIN_TOKENIZER_DIR/KIND/, or
+ * at the recorded vocab_path (so data made on one machine trains on
+ * another, and in a bundle). Its size and document start must equal the
+ * recorded ones; a mismatch or no such file is one line naming where it
+ * looked and the fix (--tokenizer SPEC). */
 int tok_sidecar_open_tokenizer(const tok_sidecar_t *s, const char *sidecar_path, tokenizer_t **tk, char *err,
                                size_t errlen);
 

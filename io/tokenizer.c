@@ -97,11 +97,13 @@ out:
     return rc;
 }
 
+const char *tokenizer_builtin_dir(void) { return DTRAIN_TOKENIZER_DIR; }
+
 /* The directory the gpt2 kind reads when the spec names none. */
 static const char *tokenizer_dir(void)
 {
     const char *env = getenv("DTRAIN_TOKENIZERS");
-    return env && *env ? env : DTRAIN_TOKENIZER_DIR;
+    return env && *env ? env : tokenizer_builtin_dir();
 }
 
 static int open_kind(tokenizer_t *tk, const char *spec, int spm_add_eos, char *err, size_t errlen)

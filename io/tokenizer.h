@@ -92,6 +92,10 @@ int tok_ids_push(tok_ids_t *v, int32_t id);
 int tok_ids_reserve(tok_ids_t *v, size_t extra);
 int tok_bytes_append(tok_bytes_t *b, const void *data, size_t n);
 
+/* The tokenizer directory configure was given (DTRAIN_TOKENIZER_DIR),
+ * whatever $DTRAIN_TOKENIZERS says. */
+const char *tokenizer_builtin_dir(void);
+
 /* sha256 of a file as 64 lower-case hex digits + NUL. */
 int tok_file_sha256(const char *path, char hex[65], char *err, size_t errlen);
 

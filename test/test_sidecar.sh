@@ -6,11 +6,15 @@
 #   3. malformed sidecars: one line naming the file and the field;
 #   4. a sidecar whose vocabulary exceeds the model's: dtrain exits 2 with
 #      one line, on 2 ranks; a missing vocabulary file and (gpt2) a sha256
-#      mismatch: one line naming the fix (--tokenizer SPEC); a vocabulary
-#      moved beside the sidecar is found there;
+#      mismatch: one line naming every place looked and the fix
+#      (--tokenizer SPEC); a vocabulary is found by identity (name and
+#      sha256) beside the sidecar, in $DTRAIN_TOKENIZERS/KIND, in the
+#      build's directory, and a same-named file of another sha256 is
+#      passed over;
 #   5. the byte sample is the sampled ids as bytes (what dtrain printed
 #      before tokenizers), prompt first;
-#   6. (gpt2) data with a gpt2 sidecar: the sample is decoded text.
+#   6. (gpt2) data with a gpt2 sidecar: the sample is decoded text, also
+#      when the data moved to where its recorded vocabulary path is gone.
 # Automake protocol: exit 0 pass, 1 fail, 77 skip.
 . "${top_srcdir:-.}/test/common.sh"
 
@@ -146,7 +150,7 @@ edit "$B" "$TMP/v2/u.tokenizer.json" $FAKE "$SHA0"
 expect_exit2 "data $TMP/v2/u_val_\*.bin was made with tokenizer gpt2" "$DTRAIN" --model tiny $RUN \
     --data "$TMP/v2/w_train_*.bin" --val-data "$TMP/v2/u_val_*.bin" --val-every 1
 # a model that covers it: the vocabulary file is missing, which matters only for a sample
-expect_exit2 "its vocabulary /nonexistent/gpt2/encoder.json is missing (nor is encoder.json beside the sidecar): restore it, or give --tokenizer SPEC" \
+expect_exit2 "data sidecar $TMP/d/v.tokenizer.json: no gpt2 vocabulary with the data's sha256 000000000000... at $TMP/d/encoder.json, .* or /nonexistent/gpt2/encoder.json.*: put the vocabulary that made the data in one of those places, or give --tokenizer SPEC" \
     "$MPIEXEC" --quiet -np 2 "$DTRAIN" --model tiny $RUN --vocab-size 50257 $D --sample-tokens 4
 "$DTRAIN" --model tiny $RUN --vocab-size 50257 $D --sample-tokens 0 >"$TMP/out" 2>&1 &&
     pass "no sample: the missing vocabulary is not needed" || fail "--sample-tokens 0: $(tail -n 2 "$TMP/out")"
@@ -159,7 +163,7 @@ if [ "$HAVE_GPT2" = 1 ]; then
         "$DTRAIN" --model tiny $RUN --data "$DATA_TRAIN" --tokenizer "gpt2:$DIR/gpt2"
     # a sidecar naming the real vocabulary with another sha256
     edit "$TMP/g.tokenizer.json" "$TMP/d/v.tokenizer.json" "$SHA0"
-    expect_exit2 "has sha256 196139668be6..., but the data was made with sha256 000000000000...: give --tokenizer SPEC naming the original vocabulary" \
+    expect_exit2 "no gpt2 vocabulary with the data's sha256 000000000000... at .*($DIR/gpt2/encoder.json is another vocabulary)" \
         "$MPIEXEC" --quiet -np 2 "$DTRAIN" --model tiny-gpt2 $RUN $D
     # the vocabulary moved with the data: found beside the sidecar
     mkdir -p "$TMP/moved"
@@ -167,6 +171,30 @@ if [ "$HAVE_GPT2" = 1 ]; then
     edit "$TMP/g.tokenizer.json" "$TMP/moved/m.tokenizer.json" 'spec="gpt2:/gone/gpt2"' 'vocab_path="/gone/gpt2/encoder.json"'
     got=$("$SC" open "$TMP/moved/m.tokenizer.json" 2>&1)
     [ "$got" = "gpt2:$TMP/moved 50257" ] && pass "a moved vocabulary is found beside the sidecar" || fail "moved: '$got'"
+    # data made on another machine (its vocab_path is gone), no vocabulary
+    # beside it: found by identity in $DTRAIN_TOKENIZERS/gpt2 (a bundle's
+    # tokenizers/), then in the build's tokenizer directory
+    mkdir -p "$TMP/tokcopy/gpt2" "$TMP/elsewhere" "$TMP/tampered"
+    cp "$DIR/gpt2/encoder.json" "$DIR/gpt2/vocab.bpe" "$TMP/tokcopy/gpt2/"
+    edit "$TMP/g.tokenizer.json" "$TMP/elsewhere/e.tokenizer.json" 'spec="gpt2:/gone/gpt2"' 'vocab_path="/gone/gpt2/encoder.json"'
+    got=$(DTRAIN_TOKENIZERS="$TMP/tokcopy" "$SC" open "$TMP/elsewhere/e.tokenizer.json" 2>&1)
+    [ "$got" = "gpt2:$TMP/tokcopy/gpt2 50257" ] && pass "a vocabulary is found in \$DTRAIN_TOKENIZERS/gpt2 by its sha256" ||
+        fail "DTRAIN_TOKENIZERS: '$got'"
+    if [ -n "${DTRAIN_TOKENIZERS:-}" ]; then # the harness sets it to the build's directory
+        got=$(env -u DTRAIN_TOKENIZERS "$SC" open "$TMP/elsewhere/e.tokenizer.json" 2>&1)
+        [ "$got" = "gpt2:$DTRAIN_TOKENIZERS/gpt2 50257" ] && pass "without DTRAIN_TOKENIZERS: the build's tokenizer directory" ||
+            fail "builtin directory: '$got'"
+    fi
+    # a file of the right name but another sha256 beside the sidecar is passed over
+    sed 's/"!": 0/"!": 0 /' "$DIR/gpt2/encoder.json" >"$TMP/tampered/encoder.json"
+    cp "$DIR/gpt2/vocab.bpe" "$TMP/tampered/"
+    cp "$TMP/elsewhere/e.tokenizer.json" "$TMP/tampered/e.tokenizer.json"
+    got=$(DTRAIN_TOKENIZERS="$TMP/tokcopy" "$SC" open "$TMP/tampered/e.tokenizer.json" 2>&1)
+    if ! cmp -s "$DIR/gpt2/encoder.json" "$TMP/tampered/encoder.json" && [ "$got" = "gpt2:$TMP/tokcopy/gpt2 50257" ]; then
+        pass "an encoder.json with another sha256 beside the sidecar is passed over"
+    else
+        fail "tampered vocabulary beside the sidecar: '$got'"
+    fi
 fi
 # a moved tiktoken rank file keeps its encoding
 CL="$DIR/tiktoken/cl100k_base.tiktoken"
@@ -219,6 +247,21 @@ if [ "$HAVE_GPT2" = 1 ] && [ -n "${DTRAIN_PREPARE:-}" ] && [ -x "$DTRAIN_PREPARE
         pass "gpt2 sidecar: the sample is decoded text, ALICE. first ($n bytes for 40 tokens)"
     else
         fail "gpt2 sample: $(grep '^tokenizer' "$TMP/g.log"); $n bytes: $(head -c 200 "$TMP/g.txt")"
+    fi
+    # the same data moved to a machine where the vocabulary's old path is
+    # gone (a bundle): trained and decoded with $DTRAIN_TOKENIZERS's copy
+    mkdir -p "$TMP/reloc"
+    cp "$TMP"/g2_*.bin "$TMP/reloc/"
+    edit "$TMP/g2.tokenizer.json" "$TMP/reloc/g2.tokenizer.json" 'spec="gpt2:/build/dir/tokenizers/gpt2"' \
+        'vocab_path="/build/dir/tokenizers/gpt2/encoder.json"'
+    DTRAIN_TOKENIZERS="$TMP/tokcopy" "$MPIEXEC" --quiet -np 2 "$DTRAIN" $(echo "$G" | sed "s|$TMP/g2_|$TMP/reloc/g2_|") \
+        >"$TMP/reloc.log" 2>&1 || fail "relocated gpt2 data: $(tail -n 2 "$TMP/reloc.log")"
+    sample_text "$TMP/reloc.log" >"$TMP/reloc.txt"
+    if grep -q "^tokenizer: gpt2:$TMP/tokcopy/gpt2 (from the data's sidecar $TMP/reloc/g2.tokenizer.json)" "$TMP/reloc.log" &&
+        cmp -s "$TMP/g.txt" "$TMP/reloc.txt"; then
+        pass "relocated data (vocab_path gone) trains on 2 ranks and decodes the same sample"
+    else
+        fail "relocated data: $(grep '^tokenizer' "$TMP/reloc.log"): $(head -c 200 "$TMP/reloc.txt")"
     fi
     # the prompt is the tokenizer's encoding after <|endoftext|>: decoding
     # those ids gives the prompt back, and they are GPT-2's ids
