@@ -20,8 +20,9 @@
  * read as missing values too, so a diverged run still plots.
  *
  * Exit status: 0; 2 for a bad command line or input (a file missing,
- * without records or with a line that is not a metrics record); 1 when
- * gnuplot fails or a file cannot be written. One line on stderr. */
+ * without records or with a line that is not a metrics record, an -o
+ * path whose directory cannot be made or written); 1 when gnuplot fails
+ * or a write fails part way. One line on stderr. */
 #define _POSIX_C_SOURCE 200809L /* getline, mkdtemp, posix_spawn, strcasecmp */
 #ifdef HAVE_CONFIG_H
 #include "config.h"
@@ -105,8 +106,8 @@ static void usage(FILE *f)
                "  --version          show the version and exit\n"
                "\n"
                "Exit status: 0; 2 for a bad command line or input (a missing file, a file without\n"
-               "records, a line that is not a metrics record); 1 when gnuplot fails or reports\n"
-               "anything. See dtrain-plot(1).\n");
+               "records, a line that is not a metrics record, an -o path that cannot be written);\n"
+               "1 when gnuplot fails or reports anything. See dtrain-plot(1).\n");
 }
 
 /* ---- command line ---- */
@@ -311,6 +312,14 @@ static int read_run(run_t *r, char *err, size_t errlen)
         }
         nonfinite_to_null(line, fixed);
         rc = parse_record(r, lineno, fixed, dat, err, errlen);
+        if (rc == BAD_INPUT && line[len - 1] != '\n') {
+            /* no newline and no record: the run stopped while writing its
+             * last line (dtrain of this version writes whole lines) */
+            fprintf(stderr, PROG ": note: %s:%ld: skipped a torn last line (%zd bytes, no newline)\n", r->path,
+                    lineno, len);
+            err[0] = '\0';
+            rc = 0;
+        }
     }
     if (rc == 0 && ferror(in)) {
         seterr(err, errlen, "cannot read '%s': %s", r->path, strerror(errno));
@@ -559,8 +568,18 @@ static int draw(plot_t *p, char *err, size_t errlen)
     char failed[4096];
     if (fs_mkdir_parent(p->o.out, failed, sizeof failed) != 0) {
         seterr(err, errlen, "-o %s: cannot create directory '%s': %s", p->o.out, failed, strerror(errno));
-        return FAILED;
+        return BAD_INPUT;
     }
+    /* gnuplot would say only "cannot open file" of its script's line: the
+     * image's directory is checked here, where the path and the reason can
+     * be named */
+    int fd = open(p->tmpout, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) {
+        seterr(err, errlen, "-o %s: cannot write %s: %s: choose a directory you can write", p->o.out, p->tmpout,
+               strerror(errno));
+        return BAD_INPUT;
+    }
+    close(fd);
     int rc = write_script(p, err, errlen);
     rc = rc ? rc : run_gnuplot(p, err, errlen);
     if (rc == 0 && publish_rename(p->tmpout, p->o.out, err, errlen) != 0)

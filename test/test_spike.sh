@@ -10,7 +10,9 @@
 #  - --spike-max 2 with non-finite batches 8 and 9: back to the step-5
 #    checkpoint, continuing on batch 10, as a run resumed from that
 #    checkpoint with its data_skip set to 4; without a checkpoint, one line
-#    and exit 1; --spike-max 0: the old "training diverged", exit 1.
+#    and exit 1; --spike-max 0: the old "training diverged", exit 1;
+#  - a skipped step still writes its --metrics record, with "skipped" and
+#    the reason.
 . "$top_srcdir/test/common.sh"
 
 PY=/usr/bin/python3
@@ -60,6 +62,15 @@ for layout in "1" "2 --dp 2" "2 --tp 2" "2 --pp 2"; do
         fail "$L: the continuation differs from the reference: $(diff "$TMP/a$tag" "$TMP/b$tag" | head -n 4) ${out:-}"
     fi
 done
+# the skipped steps keep their --metrics records, with the reason
+s6=$(grep '^{"step": 6,' "$TMP/inj1.json")
+s15=$(grep '^{"step": 15,' "$TMP/inj1.json")
+if echo "$s6" | grep -q '"skipped": "nonfinite"}$' && echo "$s15" | grep -q '"skipped": "loss_spike"}$' &&
+    [ "$(grep -c '"skipped"' "$TMP/inj1.json")" -eq 2 ] && [ "$(grep -c '"loss"' "$TMP/inj1.json")" -eq 20 ]; then
+    pass "--metrics: 20 records, steps 6 and 15 with \"skipped\": nonfinite and loss_spike"
+else
+    fail "--metrics records of the skipped steps: '$s6' '$s15'"
+fi
 if [ "$decisions" = "|6 15 |6 15 |6 15 |6 15 " ]; then
     pass "the same decisions at every layout"
 else

@@ -1,6 +1,11 @@
+#define _POSIX_C_SOURCE 200809L /* open_memstream, ftello, fseeko, ftruncate */
 #include "src/train/metrics.h"
 
+#include <errno.h>
 #include <math.h>
+#include <stdlib.h>
+#include <sys/types.h>
+#include <unistd.h>
 
 void metrics_format_bytes(char *buf, size_t len, double bytes)
 {
@@ -88,7 +93,7 @@ int metrics_write_tfevents(tfevents_t *w, const step_record_t *r, double wall_ti
 {
     enum { NMEM = MEM_N_CATEGORIES + 1 };
     char mem_tags[NMEM][64];
-    tfevents_scalar_t v[8 + NMEM];
+    tfevents_scalar_t v[9 + NMEM];
     int n = 0;
     v[n++] = (tfevents_scalar_t){"train/loss", r->loss};
     if (!isnan(r->val_loss))
@@ -99,6 +104,8 @@ int metrics_write_tfevents(tfevents_t *w, const step_record_t *r, double wall_ti
     v[n++] = (tfevents_scalar_t){"perf/mfu", r->mfu};
     v[n++] = (tfevents_scalar_t){"perf/step_ms", r->ms};
     v[n++] = (tfevents_scalar_t){"comm/exposed_ms", r->comm_ms};
+    if (r->skipped)
+        v[n++] = (tfevents_scalar_t){"train/skipped", 1.0};
     for (int k = 0; k < NMEM; k++) {
         snprintf(mem_tags[k], sizeof mem_tags[k], "mem/peak_%s_bytes",
                  k < MEM_N_CATEGORIES ? mem_category_name((mem_category_t)k) : "total");
@@ -127,14 +134,53 @@ static int jfield(FILE *f, int rc, const char *key, const char *fmt, double v)
     return rc < 0 ? rc : fprintf(f, ", \"%s\": %s", key, jnum(b, fmt, v));
 }
 
-int metrics_write_json_val0(FILE *f, double val_loss)
+/* Appends len bytes (one record and its newline) to the unbuffered f
+ * whole or not at all: a write that fails part way (a full disk) is cut
+ * back to where the record began, so the file never ends in a torn line. */
+static int append_whole(FILE *f, const char *text, size_t len)
 {
-    int rc = jfield(f, fprintf(f, "{\"step\": 0"), "val_loss", "%.9g", val_loss);
-    return rc < 0 || fprintf(f, "}\n") < 0 || fflush(f) != 0 ? -1 : 0;
+    const off_t start = ftello(f);
+    if (start < 0)
+        return -1;
+    if (fwrite(text, 1, len, f) == len && fflush(f) == 0)
+        return 0;
+    int saved = errno;
+    clearerr(f);
+    if (ftruncate(fileno(f), start) != 0 || fseeko(f, start, SEEK_SET) != 0) {
+        /* errno of the write is what the caller reports */
+    }
+    errno = saved;
+    return -1;
 }
 
-int metrics_write_json(FILE *f, const step_record_t *r)
+/* Formats one record with fmt_fn into memory, then appends it whole. */
+static int write_record(FILE *f, int (*fmt_fn)(FILE *, const void *), const void *arg)
 {
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *m = open_memstream(&buf, &len);
+    if (!m)
+        return -1;
+    int rc = fmt_fn(m, arg);
+    if (fclose(m) != 0)
+        rc = -1;
+    rc = rc < 0 ? -1 : append_whole(f, buf, len);
+    free(buf);
+    return rc;
+}
+
+static int format_val0(FILE *f, const void *arg)
+{
+    const double val_loss = *(const double *)arg;
+    int rc = jfield(f, fprintf(f, "{\"step\": 0"), "val_loss", "%.9g", val_loss);
+    return rc < 0 || fprintf(f, "}\n") < 0 ? -1 : 0;
+}
+
+int metrics_write_json_val0(FILE *f, double val_loss) { return write_record(f, format_val0, &val_loss); }
+
+static int format_step(FILE *f, const void *arg)
+{
+    const step_record_t *r = arg;
     int rc = jfield(f, fprintf(f, "{\"step\": %d", r->step), "loss", "%.9g", r->loss);
     if (!isnan(r->val_loss))
         rc = jfield(f, rc, "val_loss", "%.9g", r->val_loss);
@@ -161,8 +207,10 @@ int metrics_write_json(FILE *f, const step_record_t *r)
                      ", \"straggler_rank\": %d, \"straggler_host\": \"%s\", \"straggler_ms\": %.3f, "
                      "\"straggler_median_ms\": %.3f, \"straggler_first_step\": %d",
                      g->rank, g->host, g->ms, g->median_ms, g->first);
+    if (rc >= 0 && r->skipped)
+        rc = fprintf(f, ", \"skipped\": \"%s\"", r->skipped);
     rc = rc < 0 ? rc : fprintf(f, "}\n");
-    if (rc < 0 || fflush(f) != 0)
-        return -1;
-    return 0;
+    return rc < 0 ? -1 : 0;
 }
+
+int metrics_write_json(FILE *f, const step_record_t *r) { return write_record(f, format_step, r); }

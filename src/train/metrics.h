@@ -34,6 +34,7 @@ typedef struct step_record {
      * steps' pace (metrics_eta); 0: not shown */
     double left_s, ckpt_left_s;
     straggler_report_t straggler; /* --straggler-every; steps 0: none this step */
+    const char *skipped;          /* NULL, or why the spike guard skipped the update: "loss_spike", "nonfinite" */
 } step_record_t;
 
 /* The recent steps' times, for the time left: the mean of the last
@@ -58,7 +59,11 @@ void metrics_format_duration(char *buf, size_t len, double s);
 void metrics_print_step(FILE *out, const step_record_t *r);
 /* The record as one JSON line; the straggler's fields (straggler_rank,
  * straggler_host, straggler_ms, straggler_median_ms, straggler_first_step)
- * when reported. Returns 0, or -1 if the write failed. */
+ * when reported, and "skipped" with its reason on a skipped step. f is
+ * unbuffered (setvbuf _IONBF): the line is formatted in memory and
+ * appended whole or not at all (a failed write is cut back), so a full
+ * disk never leaves a torn last line. Returns 0, or -1 (errno set) if the
+ * write failed. */
 int metrics_write_json(FILE *f, const step_record_t *r);
 /* The untrained model's validation line, {"step": 0, "val_loss": V}, a
  * non-finite V as null like every record. 0, or -1 if the write failed. */
@@ -68,7 +73,8 @@ int metrics_write_json_val0(FILE *f, double val_loss);
  * train/grad_norm, perf/tokens_per_s, perf/mfu (a fraction), perf/step_ms,
  * comm/exposed_ms (max over ranks), mem/peak_<category>_bytes (the
  * --metrics names: parameters, gradients, ...) and
- * mem/peak_total_bytes. Returns 0, or -1 with one line in err. */
+ * mem/peak_total_bytes, and train/skipped = 1 on a step whose update the
+ * spike guard skipped. Returns 0, or -1 with one line in err. */
 int metrics_write_tfevents(tfevents_t *w, const step_record_t *r, double wall_time, char *err, size_t errlen);
 /* "1.23 GiB" style */
 void metrics_format_bytes(char *buf, size_t len, double bytes);

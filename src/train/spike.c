@@ -38,6 +38,9 @@ static int parse_inject(const char *var, int with_factor, long long *batch, doub
     return 0;
 }
 
+const char *const spike_verdict_names[] = {
+    [SPIKE_UPDATE] = "update", [SPIKE_HIGH] = "loss_spike", [SPIKE_NONFINITE] = "nonfinite"};
+
 int spike_init(spike_t *s, double z, int window, int max, char *err, size_t errlen)
 {
     memset(s, 0, sizeof *s);
@@ -214,6 +217,7 @@ int spike_check(spike_t *s, const spike_ctx_t *c, int step, int steps, double lo
         return -1;
     }
     *act = SPIKE_GO;
+    s->verdict = (spike_verdict_t)v;
     if (v == SPIKE_UPDATE) {
         accept(s, loss);
         return 0;

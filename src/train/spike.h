@@ -41,6 +41,9 @@
 
 /* The world's verdict on a step, in the order the max reduction ranks them. */
 typedef enum { SPIKE_UPDATE = 0, SPIKE_HIGH = 1, SPIKE_NONFINITE = 2 } spike_verdict_t;
+/* indexed by spike_verdict_t: "update", "loss_spike", "nonfinite" (the
+ * --metrics "skipped" reasons) */
+extern const char *const spike_verdict_names[];
 
 /* What the step does. */
 typedef enum { SPIKE_GO = 0, SPIKE_SKIP, SPIKE_ROLLBACK } spike_action_t;
@@ -50,7 +53,8 @@ typedef struct spike {
     int window, max;     /* window 0: no z test; max 0: the guard is off */
     double *loss;        /* [window] ring of accepted losses */
     int n, head;         /* losses held, next slot */
-    int in_row;          /* consecutive skipped steps */
+    spike_verdict_t verdict; /* the world's verdict on the last step judged */
+    int in_row;              /* consecutive skipped steps */
     int first_skipped;   /* 1-based step of the first of them */
     long long data_skip; /* batches passed over by rollbacks: step s reads batch s + data_skip */
     long long skipped;   /* steps skipped in this job */

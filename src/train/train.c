@@ -769,9 +769,12 @@ static int report_step(trainer_t *tr, step_record_t *r, int end, char *err, size
         return -1;
     r->ckpt_stall_ms = 1e3 * tr->ckpt_stall_s;
     tr->ckpt_stall_s = 0.0;
-    if (tr->env->world_rank == 0 && tr->spike.in_row == 0) { /* a skipped step has its spike line instead */
-        metrics_eta(&tr->eta, r, o->ckpt_dir[0] ? o->ckpt_every : 0, end);
-        metrics_print_step(stdout, r);
+    r->skipped = tr->spike.in_row > 0 ? spike_verdict_names[tr->spike.verdict] : NULL;
+    if (tr->env->world_rank == 0) {
+        if (!r->skipped) { /* a skipped step has its spike line instead */
+            metrics_eta(&tr->eta, r, o->ckpt_dir[0] ? o->ckpt_every : 0, end);
+            metrics_print_step(stdout, r);
+        }
         if (tr->metrics && metrics_write_json(tr->metrics, r) != 0)
             metrics_failed(tr);
         if (tr->tb && metrics_write_tfevents(tr->tb, r, tfevents_now(), err, errlen) != 0)
