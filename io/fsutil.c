@@ -82,6 +82,26 @@ int fs_mkdir_parent(const char *path, char *failed, size_t failed_len)
     return rc;
 }
 
+int fs_probe_parent(const char *path, char *dir, size_t dirlen)
+{
+    const char *slash = strrchr(path, '/');
+    int n = !slash          ? snprintf(dir, dirlen, ".")
+            : slash == path ? snprintf(dir, dirlen, "/")
+                            : snprintf(dir, dirlen, "%.*s", (int)(slash - path), path);
+    char probe[4096];
+    if (n < 0 || (size_t)n >= dirlen ||
+        snprintf(probe, sizeof probe, "%s/.dtrain-probe-XXXXXX", dir) >= (int)sizeof probe) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    int fd = mkstemp(probe);
+    if (fd < 0)
+        return -1;
+    close(fd);
+    unlink(probe);
+    return 0;
+}
+
 int fs_map_file(const char *path, const char *what, size_t min, void **map, size_t *size, int *regular, char *err,
                 size_t errlen)
 {

@@ -15,6 +15,13 @@ int fs_mkdir_p(const char *dir, char *failed, size_t failed_len);
  * PATH has none ("out.h5", "/out.h5"). */
 int fs_mkdir_parent(const char *path, char *failed, size_t failed_len);
 
+/* Whether a new file can be made beside PATH: creates and removes a
+ * temporary file in PATH's directory (its name into dir, "." when PATH has
+ * none), so a read-only file system, a directory the user may not write
+ * and a pseudo file system (/sys, /proc) are all found before any work,
+ * where access(2) would pass root. 0, or -1 with errno set. */
+int fs_probe_parent(const char *path, char *dir, size_t dirlen);
+
 /* Maps the regular file PATH whole, read-only and private (the readers of
  * llm.c models and safetensors files). 0 with *map and *size; -1 with one
  * line in err ("cannot open WHAT 'PATH': ...", "cannot map 'PATH': ...");

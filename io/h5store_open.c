@@ -1,11 +1,13 @@
 /* Opening a store: the file (read-only, independent metadata reads) and
  * its catalog, every fp32 1-D or 2-D dataset with its shape, chunk shape
  * and checksum records, sorted by name. Closing it; looking tensors up. */
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 
 #include "io/errmsg.h"
 #include "io/h5store_internal.h"
@@ -159,6 +161,40 @@ static int handle_new(const char *path, MPI_Comm comm, h5store_t **out, char *er
     return 0;
 }
 
+/* The path names a regular file that begins with HDF5's signature (at 0,
+ * or after a user block of 512, 1024, 2048, ... bytes). Checked before
+ * H5Fopen, whose MPI-IO driver would print a line per read of a directory
+ * and whose messages for a short file are HDF5's internals, so that each
+ * case is one line saying what the file is. */
+static int check_file(const char *path, char *err, size_t errlen)
+{
+    static const unsigned char sig[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        seterr(err, errlen, "%s: %s", path, strerror(errno));
+        return -1;
+    }
+    if (S_ISDIR(st.st_mode)) {
+        seterr(err, errlen, "%s is a directory, not a checkpoint or parameter file", path);
+        return -1;
+    }
+    FILE *f = S_ISREG(st.st_mode) ? fopen(path, "rb") : NULL;
+    if (!f) {
+        seterr(err, errlen, "%s: %s", path, S_ISREG(st.st_mode) ? strerror(errno) : "not a regular file");
+        return -1;
+    }
+    int found = 0;
+    for (long off = 0; !found && off + 8 <= (long)st.st_size && off <= (1L << 30); off = off ? 2 * off : 512) {
+        unsigned char b[8];
+        found = fseek(f, off, SEEK_SET) == 0 && fread(b, 1, 8, f) == 8 && memcmp(b, sig, 8) == 0;
+    }
+    fclose(f);
+    if (!found)
+        seterr(err, errlen, "%s is not an HDF5 file (%lld bytes, no HDF5 signature): not a checkpoint or parameter file",
+               path, (long long)st.st_size);
+    return found ? 0 : -1;
+}
+
 /* Collective: the file, read-only. Independent metadata reads: ranks may
  * then read different tensors in different orders without matching
  * collective calls. */
@@ -169,7 +205,9 @@ static int open_file(h5store_t *h, char *err, size_t errlen)
         return -1;
     int rc = 0;
     if ((h->file = H5Fopen(h->path, H5F_ACC_RDONLY, fapl)) < 0) {
-        h5s_err(err, errlen, "cannot open %s", h->path);
+        /* the signature was there: the rest is missing or damaged (HDF5's
+         * own words, "truncated file: eof = ...", name no fix) */
+        seterr(err, errlen, "%s is damaged or incomplete (a truncated copy?): HDF5 cannot open it", h->path);
         rc = -1;
     }
     return h5s_close_msg(fapl, H5Pclose, rc, err, errlen, "H5Pclose");
@@ -226,6 +264,7 @@ h5store_t *h5store_open(const char *path, MPI_Comm comm, char *err, size_t errle
     h5s_quiet_on(&q);
     /* each step agreed on before the next: every rank fails at the same one */
     if (agree_mpi(comm, handle_new(path, comm, &h, msg, sizeof msg), msg, sizeof msg) ||
+        agree_mpi(comm, check_file(path, msg, sizeof msg), msg, sizeof msg) ||
         agree_mpi(comm, open_file(h, msg, sizeof msg), msg, sizeof msg) ||
         agree_mpi(comm, read_catalog(h, msg, sizeof msg), msg, sizeof msg)) {
         if (h) {

@@ -188,7 +188,7 @@ static int open_shard(const char *path, int *fd_out, off_t *size, char *err, siz
     }
     if (!S_ISREG(st.st_mode)) {
         seterr(err, errlen,
-               "token file '%s' is not a regular file: make --data match "
+               "token file '%s' is not a regular file: make the pattern match "
                "only shard files",
                path);
         close(fd);
@@ -222,7 +222,7 @@ static int shard_layout(int fd, off_t size, tokens_format_t fmt, const char *pat
     if (size % 2 != 0) {
         seterr(err, errlen,
                "token file '%s' has an odd size (%lld bytes), so it is "
-               "not a raw uint16 token file: check --data and "
+               "not a raw uint16 token file: check the path and "
                "--data-format",
                path, (long long)size);
         return -1;
@@ -348,16 +348,16 @@ static int expand_pattern(const char *pattern, glob_t *g, char *err, size_t errl
         if (stat(pattern, &st) == 0)
             return 0;
         seterr(err, errlen,
-               "no token files match '%s': run dtrain-prepare or check "
-               "--data",
+               "no token files match '%s': run dtrain-prepare, or check the "
+               "path",
                pattern);
         return -1;
     } else if (grc != 0) {
         int e = errno;
         globfree(g);
         seterr(err, errlen,
-               "cannot expand token file pattern '%s': %s: check that the "
-               "directories in --data exist and are readable",
+               "cannot expand token file pattern '%s': %s: check that its "
+               "directories exist and are readable",
                pattern,
                grc == GLOB_NOSPACE ? "out of memory"
                : e != 0            ? strerror(e)

@@ -301,17 +301,6 @@ static parse_status_t parse_args(int argc, char **argv, reshard_opts_t *o, int p
     return check_combination(o, o->layout_given, err, errlen) == 0 ? PARSE_OK : PARSE_ERROR;
 }
 
-/* The directory part of path ("." when it has none). */
-static void dir_of(const char *path, char *dir, size_t n)
-{
-    snprintf(dir, n, "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (slash)
-        *(slash == dir ? slash + 1 : slash) = '\0';
-    else
-        snprintf(dir, n, ".");
-}
-
 /* Rank 0's checks of the two paths, before any file is opened: the input
  * is a readable file; the output is not the input, does not exist (unless
  * --force) and its directory, made as mkdir -p does when missing, takes
@@ -320,6 +309,11 @@ static int check_input(const char *in, struct stat *in_st, char *err, size_t err
 {
     if (stat(in, in_st) != 0 || access(in, R_OK) != 0) {
         snprintf(err, errlen, "--in %s: %s", in, strerror(errno));
+        return -1;
+    }
+    if (S_ISDIR(in_st->st_mode)) {
+        snprintf(err, errlen, "--in %s is a directory: name a checkpoint or parameter file (%s/step_NNNNNNNN.h5)", in,
+                 in);
         return -1;
     }
     if (!S_ISREG(in_st->st_mode)) {
@@ -362,8 +356,7 @@ static int check_paths(const reshard_opts_t *o, char *err, size_t errlen)
         snprintf(err, errlen, "--out %s: cannot create directory %.512s: %s", o->out, dir, strerror(errno));
         return -1;
     }
-    dir_of(o->out, dir, sizeof dir);
-    if (access(dir, W_OK | X_OK) != 0) {
+    if (fs_probe_parent(o->out, dir, sizeof dir) != 0) {
         snprintf(err, errlen, "--out %s: cannot write into directory %.512s: %s", o->out, dir, strerror(errno));
         return -1;
     }

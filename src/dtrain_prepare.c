@@ -245,6 +245,17 @@ static void parse_args(int rank, int argc, char **argv, prep_opts_t *o)
         die_usage(rank, "--doc-separator is for text inputs: in JSONL every line is a document");
     if (a.sep)
         set_separator(rank, a.sep, o);
+    if (!a.sep && o->corpus.format == CORPUS_TEXT && o->n_inputs == 1 && o->val_fraction > 0.0) {
+        /* one text file is one document, and a validation split needs
+         * several: as nanoGPT's and llm.c's users expect, the file is split,
+         * here at its paragraphs */
+        set_separator(rank, "\\n\\n", o);
+        if (rank == 0)
+            printf(PREP_PROG ": note: one text file and no --doc-separator: its paragraphs (text between blank "
+                             "lines) are the documents, so that --val-fraction %g has some for validation "
+                             "(--doc-separator chooses another split)\n",
+                   o->val_fraction);
+    }
 }
 
 /* Check every input before writing anything, so a typo in the last file
@@ -270,10 +281,15 @@ static int check_inputs(const prep_opts_t *o, char *err, size_t errlen)
 static int make_out_dir(const char *prefix, char *err, size_t errlen)
 {
     char failed[PREP_PATH_MAX];
-    if (fs_mkdir_parent(prefix, failed, sizeof failed) == 0)
-        return 0;
-    prep_err(err, errlen, "--out '%s': cannot create directory '%s': %s", prefix, failed, strerror(errno));
-    return -1;
+    if (fs_mkdir_parent(prefix, failed, sizeof failed) != 0) {
+        prep_err(err, errlen, "--out '%s': cannot create directory '%s': %s", prefix, failed, strerror(errno));
+        return -1;
+    }
+    if (fs_probe_parent(prefix, failed, sizeof failed) != 0) {
+        prep_err(err, errlen, "--out '%s': cannot write into directory '%s': %s", prefix, failed, strerror(errno));
+        return -1;
+    }
+    return 0;
 }
 
 void prep_err(char *err, size_t errlen, const char *fmt, ...)
@@ -339,11 +355,14 @@ static int run(prep_run_t *r)
     failed = tokenizer_open(&r->tk, r->o->tokenizer, r->o->add_eos, err, sizeof err) != 0;
     if (prep_agree(r, failed, 0, err))
         return PREP_EXIT_USAGE;
+    /* an output path that cannot be made or opened is the command line's
+     * to fix (exit 2), found before any work; a write that fails later is
+     * the machine's (exit 1) */
     failed = r->rank == 0 && make_out_dir(r->o->out, err, sizeof err) != 0;
     if (prep_agree(r, failed, 0, err))
-        return PREP_EXIT_IO;
+        return PREP_EXIT_USAGE;
     failed = prep_streams_open(r, err, sizeof err) != 0;
-    int status = prep_agree(r, failed, (uint64_t)r->rank, err) ? PREP_EXIT_IO : 0;
+    int status = prep_agree(r, failed, (uint64_t)r->rank, err) ? PREP_EXIT_USAGE : 0;
     if (status == 0)
         status = prep_documents(r);
     if (status == 0)

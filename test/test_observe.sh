@@ -106,8 +106,9 @@ if echo "$s1" | grep -Eq ' \| MFU [0-9.]+% \| [1-5]s left, ckpt in [1-3]s$' && e
 else
     fail "time left: step 1 '$s1', step 4 '$s4', step 6 '$s6'"
 fi
-# a long --steps, this job 2 of them: days and hours; no --ckpt-dir, no "ckpt in"
-DTRAIN_TEST_SLOW_RANK=0:300 "$DTRAIN" $RUN --steps 1000000 --stop-at-step 2 --val-every 0 >"$TMP/long.log" 2>&1 ||
+# a long --steps, this job 2 of them: days and hours; no --ckpt-every, no "ckpt in"
+DTRAIN_TEST_SLOW_RANK=0:300 "$DTRAIN" $RUN --steps 1000000 --stop-at-step 2 --ckpt-dir "$TMP/long-ck" --val-every 0 \
+    >"$TMP/long.log" 2>&1 ||
     fail "long --steps run: $(tail -n 3 "$TMP/long.log")"
 s1=$(grep '^step      1/1000000 ' "$TMP/long.log")
 if echo "$s1" | grep -Eq ' \| MFU [0-9.]+% \| ([3-9]|[1-9][0-9]+)d[0-2][0-9]h left$'; then

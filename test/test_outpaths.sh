@@ -7,7 +7,11 @@
 #    deep: the run ends 0 and every file is where it was asked for;
 #  - the same options under a regular file (a parent that cannot be a
 #    directory): exit 2 and one line naming the option and the directory;
-#  - dtrain --plan --metrics and dreshard --out (2 ranks) likewise.
+#  - dtrain --plan --metrics and dreshard --out (2 ranks) likewise;
+#  - a directory that exists but takes no new file (/sys, even for root):
+#    dtrain's --save-params, --trace and --metrics, dreshard's --out,
+#    --to-hf and --to-llmc, and dtrain-prepare's --out all exit 2 at start
+#    with one line naming the directory (a probe file, not access(2)).
 . "$top_srcdir/test/common.sh"
 
 W="$TMP/work"
@@ -66,4 +70,30 @@ else
 fi
 expect_exit2 "^dreshard: error: --out $W/afile/x/tp2.h5: Not a directory$" \
     "$MPIEXEC" --quiet -np 2 "$DRESHARD" --in "$W/a/b/c/step_0000000$STEPS.h5" --out "$W/afile/x/tp2.h5" --tp 2
+# ---- a directory that exists but takes no new file (/sys, even for root) ----
+# Found at start by creating a file there, before any work: exit 2 and one
+# line from every program (the convention: an output path that cannot be
+# written is the command line's to fix).
+if ! (: >/sys/dtrain-probe) 2>/dev/null; then
+    PARAMS="$W/s/x/y/p.h5"
+    for c in "$DTRAIN $RUN --save-params /sys/p.h5|--save-params /sys/p.h5: cannot write into directory /sys" \
+        "$DTRAIN $RUN --trace /sys/t.json|--trace /sys/t.json: cannot write into directory /sys" \
+        "$DTRAIN $RUN --metrics /sys/m.json|--metrics /sys/m.json: cannot create" \
+        "$DRESHARD --in $PARAMS --out /sys/x.h5|--out /sys/x.h5: cannot write into directory /sys" \
+        "$DRESHARD --in $PARAMS --to-hf /sys/hf|/sys/hf: cannot write into directory /sys" \
+        "$DRESHARD --in $PARAMS --to-llmc /sys/x.bin|/sys/x.bin: cannot write into directory /sys" \
+        "$DTRAIN_PREPARE --out /sys/x $top_srcdir/examples/data/carroll-alice.txt|--out '/sys/x': cannot write into directory '/sys'"; do
+        cmd=${c%%|*} want=${c#*|}
+        # shellcheck disable=SC2086
+        $cmd >"$TMP/out" 2>"$TMP/err"
+        rc=$?
+        if [ "$rc" -eq 2 ] && [ "$(wc -l <"$TMP/err")" -eq 1 ] && grep -qF -- "$want" "$TMP/err" && ! grep -q "MPI_ERR\|H5FD" "$TMP/err"; then
+            pass "exit 2: $(cat "$TMP/err")"
+        else
+            fail "$cmd: exit $rc, wanted one line with '$want': $(head -c 500 "$TMP/err")"
+        fi
+    done
+else
+    echo "skip: /sys takes new files here"
+fi
 finish

@@ -156,6 +156,19 @@ prep "paragraphs, one shard" $PREP --out "$P" --doc-separator '\n\n' --val-fract
 grep -q "removed (stale" "$TMP/out.log" && pass "stale shards reported removed" || fail "no stale removal: $(cat "$TMP/out.log")"
 check "paragraphs, one shard" "$P" llmc 0.25 100000000 '\n\n' "$A" "$B"
 
+# 2b. One text file, no --doc-separator, the default F 0.1: its paragraphs
+#     are the documents (a note says so), the same output as asking for it.
+prep "one file, no separator" $PREP --out "$TMP/lone" "$A"
+if grep -q "^dtrain-prepare: note: one text file and no --doc-separator: its paragraphs (text between blank lines) are the documents" "$TMP/out.log"; then
+    pass "one text file: the note says it is split at its paragraphs"
+else
+    fail "one text file: no note: $(head -c 300 "$TMP/out.log")"
+fi
+check "one file, no separator" "$TMP/lone" llmc 0.1 100000000 '\n\n' "$A"
+prep "one file, explicit separator" $PREP --out "$TMP/lone2" --doc-separator '\n\n' "$A"
+cmp -s "$TMP/lone_train_000000.bin" "$TMP/lone2_train_000000.bin" && cmp -s "$TMP/lone_val_000000.bin" "$TMP/lone2_val_000000.bin" &&
+    pass "one text file: the same files as --doc-separator '\\n\\n'" || fail "one text file: output differs from --doc-separator '\\n\\n'"
+
 # 3. F = 0: no validation files, the old ones removed.
 prep "F 0" $PREP --out "$P" --val-fraction 0 --doc-separator '\n\n' "$A"
 [ -e "$P"_val_000000.bin ] && fail "F 0 left a val shard" || pass "F 0 removed the val shard"

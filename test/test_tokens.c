@@ -240,7 +240,7 @@ static void test_bad_inputs(ctx_t *c)
 
     path_in(c, "nothing_*.bin", pat, sizeof pat);
     {
-        const char *n[] = {"no token files match", pat, "dtrain-prepare", "--data", NULL};
+        const char *n[] = {"no token files match", pat, "dtrain-prepare", "check the path", NULL};
         expect_error(c, pat, TOKENS_FORMAT_LLMC, 256, n);
     }
 

@@ -206,11 +206,63 @@ int ckpt_save(comm_t *world, const char *dir, int keep, const model_config_t *cf
     return agree(world, rc, err, errlen);
 }
 
+/* The newest step_NNNNNNNN.h5 in dir below step `below`, into path; 0 when
+ * there is none. */
+static int newest_below(const char *dir, int below, char *path, size_t path_len)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return 0;
+    int best = -1;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        int s;
+        char tail;
+        if (sscanf(e->d_name, "step_%d.h5%c", &s, &tail) == 1 && strlen(e->d_name) == 16 && s < below && s > best)
+            best = s;
+    }
+    closedir(d);
+    if (best < 0)
+        return 0;
+    snprintf(path, path_len, "%s/step_%08d.h5", dir, best);
+    return 1;
+}
+
+int ckpt_older(comm_t *world, const char *dir, const char *newer, char *path, size_t path_len, char *err,
+               size_t errlen)
+{
+    int found = 0, step;
+    const char *base = strrchr(newer, '/');
+    base = base ? base + 1 : newer;
+    if (world->rank == 0)
+        found = newest_below(dir, sscanf(base, "step_%d.h5", &step) == 1 ? step : 0, path, path_len);
+    int32_t v = found;
+    char cerr[COMM_ERR_MAX];
+    if (world->ops->broadcast(world, &v, 1, COMM_INT32, 0, cerr, sizeof cerr) != STATUS_OK ||
+        (v && world->ops->broadcast(world, path, path_len, COMM_BYTE, 0, cerr, sizeof cerr) != STATUS_OK)) {
+        snprintf(err, errlen, "broadcasting the older checkpoint's path failed: %s", cerr);
+        return -1;
+    }
+    return v;
+}
+
 int ckpt_resolve(comm_t *world, const char *resume, const char *dir, char *path, size_t path_len, char *err,
                  size_t errlen)
 {
     path[0] = '\0';
     if (strcmp(resume, "auto") != 0) {
+        /* the likeliest slip: the checkpoint directory itself */
+        struct stat st;
+        status_t rc = STATUS_OK;
+        if (world->rank == 0 && stat(resume, &st) == 0 && S_ISDIR(st.st_mode)) {
+            snprintf(err, errlen,
+                     "--resume %s is a directory: to continue from the newest checkpoint in it, use "
+                     "--resume auto --ckpt-dir %s (or name one file, --resume %s/step_NNNNNNNN.h5)",
+                     resume, resume, resume);
+            rc = STATUS_INPUT;
+        }
+        if (agree(world, rc, err, errlen) != 0)
+            return -1;
         snprintf(path, path_len, "%s", resume);
         return 0;
     }

@@ -67,9 +67,17 @@ void ckpt_remove_stale(const char *dir);
 
 /* Collective over world: the checkpoint --resume names. "auto": the file DIR/latest
  * names, or "" (a fresh start) when DIR has no `latest`; anything else is
- * the path itself. Returns 0, or -1 (e.g. `latest` names a missing file). */
+ * the path itself, which must not be a directory. Returns 0, or -1 (e.g.
+ * `latest` names a missing file; --resume DIR, with the fix). */
 int ckpt_resolve(comm_t *world, const char *resume, const char *dir, char *path, size_t path_len, char *err,
                  size_t errlen);
+
+/* Collective over world: the newest checkpoint of dir (step_NNNNNNNN.h5)
+ * older than the file newer names, in path: 1 when there is one, 0 when
+ * not, -1 with err when the broadcast failed. --resume auto falls back to
+ * it when the newest checkpoint does not load. */
+int ckpt_older(comm_t *world, const char *dir, const char *newer, char *path, size_t path_len, char *err,
+               size_t errlen);
 
 /* Collective over world: opens path, checks it is a checkpoint of this format and of
  * cfg's model, verifies every checksum, and reads this rank's slices of the

@@ -405,14 +405,18 @@ static int check_dest(const export_target_t *tg, export_ctx_t *x, char *err, siz
 }
 
 /* Rank 0, once the export is known to go ahead (so a refused one makes no
- * directories): dest's parent made as mkdir -p does, and a temporary left
- * by a killed export removed. */
+ * directories): dest's parent made as mkdir -p does and probed for a new
+ * file, and a temporary left by a killed export removed. */
 static int make_room(export_ctx_t *x, char *err, size_t errlen)
 {
     char failed[PATH_MAX];
     struct stat st;
     if (fs_mkdir_parent(x->opt->dest, failed, sizeof failed) != 0) {
         snprintf(err, errlen, "%s: cannot create directory %.512s: %s", x->opt->dest, failed, strerror(errno));
+        return -1;
+    }
+    if (fs_probe_parent(x->tmp, failed, sizeof failed) != 0) {
+        snprintf(err, errlen, "%s: cannot write into directory %.512s: %s", x->opt->dest, failed, strerror(errno));
         return -1;
     }
     export_remove(x->tmp);
@@ -725,10 +729,12 @@ status_t export_run(comm_t *world, const export_target_t *tg, const export_opts_
         rc = plan_tiles(outs, x.n_out, nranks, o->tile_bytes > 0 ? o->tile_bytes : (int64_t)EXPORT_TILE_BYTES, &tiles,
                         &n_tiles, err, errlen);
     rc = agree(world, rc, err, errlen);
-    if (rc == 0) {
+    /* the destination's directory made and probed before any work: a path
+     * that cannot take the export is the command line's to fix (2) */
+    if (rc == 0)
         rc = agree(world, rank == 0 && make_room(&x, err, errlen) != 0 ? -1 : 0, err, errlen);
-        if (rc == 0)
-            rc = agree(world, rank == 0 ? tg->create(&x, err, errlen) : 0, err, errlen);
+    if (rc == 0) {
+        rc = agree(world, rank == 0 ? tg->create(&x, err, errlen) : 0, err, errlen);
         if (rc == 0)
             rc = write_tiles(tg, &x, h, map, tiles, n_tiles, params_list, n_params, rep, &read_failed, err, errlen);
         if (rc == 0)

@@ -386,6 +386,18 @@ static int check_consistency(const run_options_t *o, char *err, size_t errlen)
         snprintf(err, errlen, "--ckpt-every %d needs --ckpt-dir DIR", o->ckpt_every);
         return -1;
     }
+    if (o->keep > 0 && !o->ckpt_dir[0]) {
+        snprintf(err, errlen, "--keep %d keeps the newest checkpoints of --ckpt-dir: give --ckpt-dir DIR", o->keep);
+        return -1;
+    }
+    if (o->stop_at_step > 0 && !o->ckpt_dir[0]) {
+        /* the job would stop early and throw its steps away */
+        snprintf(err, errlen,
+                 "--stop-at-step %d ends this job early for a later one to continue from its checkpoint: give "
+                 "--ckpt-dir DIR (or --steps %d for a shorter run)",
+                 o->stop_at_step, o->stop_at_step);
+        return -1;
+    }
     if (check_ckpt_async(o, err, errlen) != 0)
         return -1;
     if (strcmp(o->resume, "auto") == 0 && !o->ckpt_dir[0]) {

@@ -278,6 +278,43 @@ static int restore_spike(trainer_t *tr, const ckpt_meta_t *meta, const char *pat
     return 0;
 }
 
+/* --resume auto when the newest checkpoint (path) did not load (err says
+ * why): a requeued job goes on from the newest older one that loads and
+ * verifies, said loudly, rather than stopping for good; path becomes it.
+ * With none, the first failure stands. Collective. */
+static int resume_older(trainer_t *tr, char *path, size_t path_len, ckpt_meta_t *meta, double *load_s, char *err,
+                        size_t errlen)
+{
+    char first[1024], why[1024], tried[OPT_PATH_MAX + 64], older[OPT_PATH_MAX + 64], e[1024];
+    snprintf(first, sizeof first, "%s", err);
+    snprintf(why, sizeof why, "%s", err);
+    snprintf(tried, sizeof tried, "%s", path);
+    for (;;) {
+        int found = ckpt_older(tr->world, tr->opt->ckpt_dir, tried, older, sizeof older, e, sizeof e);
+        if (found < 0) {
+            snprintf(err, errlen, "%s", e);
+            return -1;
+        }
+        if (found == 0) {
+            snprintf(err, errlen, "%s", first);
+            return -1;
+        }
+        if (tr->env->world_rank == 0)
+            fprintf(stderr, "dtrain: warning: --resume auto: %s does not load (%s); trying %s\n", tried, why, older);
+        if (load_state(tr, older, meta, load_s, e, sizeof e) == 0) {
+            if (tr->env->world_rank == 0)
+                fprintf(stderr,
+                        "dtrain: warning: --resume auto: continuing from %s, not from the newest checkpoint %s, "
+                        "which does not load: %s\n",
+                        older, path, first);
+            snprintf(path, path_len, "%s", older);
+            return 0;
+        }
+        snprintf(why, sizeof why, "%s", e);
+        snprintf(tried, sizeof tried, "%s", older);
+    }
+}
+
 /* --resume: loads the checkpoint it names into the model and optimizer and
  * sets the step to continue from. Collective. */
 int trainer_resume(trainer_t *tr, char *err, size_t errlen)
@@ -294,6 +331,8 @@ int trainer_resume(trainer_t *tr, char *err, size_t errlen)
     ckpt_meta_t meta;
     double load_s = 0.0;
     int rc = load_state(tr, path, &meta, &load_s, err, errlen);
+    if (rc != 0 && strcmp(o->resume, "auto") == 0)
+        rc = resume_older(tr, path, sizeof path, &meta, &load_s, err, errlen);
     if (rc == 0) {
         tr->optim.t = meta.adam_t;
         tr->start_step = meta.step;

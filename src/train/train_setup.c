@@ -42,13 +42,7 @@ static int check_writable_dir(const char *opt, const char *path, char *err, size
     if (!path[0])
         return 0;
     char dir[OPT_PATH_MAX];
-    snprintf(dir, sizeof dir, "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (slash)
-        *(slash == dir ? slash + 1 : slash) = '\0';
-    else
-        snprintf(dir, sizeof dir, ".");
-    if (access(dir, W_OK | X_OK) != 0) {
+    if (fs_probe_parent(path, dir, sizeof dir) != 0) {
         snprintf(err, errlen, "%s %s: cannot write into directory %s: %s", opt, path, dir, strerror(errno));
         return -1;
     }
@@ -90,7 +84,9 @@ static int prepare_out_paths(trainer_t *tr, char *err, size_t errlen)
                  check_writable_dir("--save-params", o->save_params, err, errlen) != 0
              ? -1
              : 0;
-    if (rc == 0 && rank0 && dir[0] && access(dir, W_OK | X_OK) != 0) {
+    char probe[OPT_PATH_MAX + 8], parent[OPT_PATH_MAX + 8];
+    if (rc == 0 && rank0 && dir[0] &&
+        (snprintf(probe, sizeof probe, "%s/x", dir), fs_probe_parent(probe, parent, sizeof parent) != 0)) {
         snprintf(err, errlen, "--ckpt-dir %s: not a writable directory: %s", dir, strerror(errno));
         rc = -1;
     }
@@ -362,10 +358,15 @@ static int open_data(trainer_t *tr, char *err, size_t errlen)
     const int vocab = tr->cfg.vocab_size;
     const tokens_format_t fmt = run->data_format;
     int rc = 0;
-    if (data_open(&tr->train, o->data, fmt, vocab, run->seq_len, 1, (uint64_t)o->seed, err, errlen) != 0)
+    char e[1024];
+    if (data_open(&tr->train, o->data, fmt, vocab, run->seq_len, 1, (uint64_t)o->seed, e, sizeof e) != 0) {
+        snprintf(err, errlen, "--data: %s", e);
         rc = -1;
-    else if (o->val_every > 0 && data_open(&tr->val, o->val_data, fmt, vocab, run->seq_len, 0, 0, err, errlen) != 0)
+    } else if (o->val_every > 0 && data_open(&tr->val, o->val_data, fmt, vocab, run->seq_len, 0, 0, e, sizeof e) != 0) {
+        /* which option: the loader's messages name only the path */
+        snprintf(err, errlen, "--val-data: %s", e);
         rc = -1;
+    }
     tr->has_val = rc == 0 && o->val_every > 0;
     const int share = tr->grid->world_rank, shares = tr->grid->world_size;
     if (rc == 0 && (data_check_vocab(&tr->train, vocab, share, shares, err, errlen) != 0 ||
@@ -529,6 +530,11 @@ static int setup_step(trainer_t *tr, char *err, size_t errlen)
         tr->metrics = fopen(o->metrics, "w");
         if (!tr->metrics) {
             snprintf(err, errlen, "--metrics %s: cannot create: %s", o->metrics, strerror(errno));
+            return -1;
+        }
+        /* unbuffered: each record is appended whole by one write (metrics.h) */
+        if (setvbuf(tr->metrics, NULL, _IONBF, 0) != 0) {
+            snprintf(err, errlen, "--metrics %s: cannot make it unbuffered", o->metrics);
             return -1;
         }
     }
