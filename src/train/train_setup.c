@@ -1,10 +1,12 @@
 /* trainer_setup and everything it calls: data, tokenizer, document mask,
  * backend, model, data-parallel strategy, watchdog and trace, the step's
  * buffers, the MFU peak and the output paths. */
+#define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
 #include "src/train/train.h"
 
 #include <errno.h>
 #include <math.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +36,25 @@
 #include "src/train/metrics.h"
 #include "src/train/sample.h"
 #include "src/train/train_internal.h"
+
+/* --threads 0: OpenMP's own choice when OMP_NUM_THREADS is set, else this
+ * node's cores shared by the ranks on it (at most the cores this rank may
+ * run on). Every rank taking every core oversubscribes them, and OpenMP's
+ * spinning threads then stall one another (mpirun -np 4 on 2 cores ran 20x
+ * slower); torchrun sets OMP_NUM_THREADS=1 for the same reason. */
+static int default_threads(int requested, const launch_env_t *env)
+{
+    const char *omp = getenv("OMP_NUM_THREADS");
+    if (requested > 0 || (omp && *omp) || env->local_size <= 1)
+        return requested;
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    cpu_set_t mask;
+    long mine = sched_getaffinity(0, sizeof mask, &mask) == 0 ? CPU_COUNT(&mask) : online;
+    long share = online > 0 ? online / env->local_size : 1;
+    if (share > mine)
+        share = mine;
+    return share > 0 ? (int)share : 1;
+}
 
 /* Output files are written at the end of the run: refuse at start a path
  * whose directory cannot take them. Empty path: nothing to check. */
@@ -551,7 +572,7 @@ int trainer_setup(trainer_t *tr, const run_config_t *run, const launch_env_t *en
     tr->grid = grid;
     tr->world = grid->world;
     tr->last_ckpt_step = -1;
-    tr->threads = ops_cpu_threads(run->opt->threads);
+    tr->threads = ops_cpu_threads(default_threads(run->opt->threads, env));
     tr->cfg = run->model;
     tr->accum = run->accum;
     tr->pp_kind = run->pp_kind;
