@@ -11,9 +11,11 @@
 #   (a .tar.gz, unpacked inside the root as on a GPU machine) runs tiny at 2
 #   ranks with the bundle's mpirun, 30 steps with a checkpoint, dreshard to
 #   tp 2 (and --info), and 10 more steps resumed from the resharded file at
-#   tp 2; the same commands run with the build itself on this machine, and
-#   the losses (every step, validation included) and dreshard --info must be
-#   identical: the same binaries, so bit for bit.
+#   tp 2, then tiny-gpt2 on the bundle's GPT-2 data (whose sidecar names the
+#   build machine's vocabulary path: found by its sha256 in the bundle's
+#   tokenizers/), its sample decoded; the same commands run with the build
+#   itself on this machine, and the losses (every step, validation included)
+#   and dreshard --info must be identical: the same binaries, so bit for bit.
 # --cuda-build DIR (default: build-cuda/ beside the source, when it is a
 #   configured CUDA build): the same for its bundle (--device auto falls
 #   back to the CPU), which must be at most 64 MiB as a tarball; the root
@@ -86,7 +88,8 @@ mkdir -p "$foreign"
 echo 'extern int pmix_output_info(void); int pmix_mca_pcompress_zlib_component(void) { return pmix_output_info(); }' |
     gcc -x c -shared -fPIC -o "$foreign/pmix_mca_pcompress_zlib.so" - || die "gcc: cannot build the foreign PMIx component"
 
-# The run compared: tiny at 2 ranks, a checkpoint, dreshard, a resumed run.
+# The run compared: tiny at 2 ranks, a checkpoint, dreshard, a resumed run,
+# and tiny-gpt2 on the bundle's GPT-2 data.
 # TOP has src/ and data/; mpirun is the one in PATH.
 cat >"$W/in/train-seq.sh" <<'EOF'
 #!/bin/bash
@@ -104,7 +107,12 @@ step train.log mpirun -np 2 src/dtrain "${args[@]}" --steps 30 --val-every 30 --
 step dreshard.log mpirun -np 2 src/dreshard --in "$w/ck/step_00000030.h5" --out "$w/tp2.h5" --tp 2
 step info.txt src/dreshard --info "$w/tp2.h5"
 step resume.log mpirun -np 2 src/dtrain "${args[@]}" --tp 2 --steps 40 --val-every 40 --resume "$w/tp2.h5" --metrics "$w/resume.jsonl"
-echo "ok: train, checkpoint, dreshard, resume at tp 2"
+# GPT-2 BPE data, whose sidecar names the build machine's vocabulary path:
+# found by its sha256 in $DTRAIN_TOKENIZERS (the bundle's tokenizers/)
+step gpt2.log mpirun -np 2 src/dtrain --config "${conf%/*}/tiny-gpt2.conf" --threads 1 --steps 3 --val-every 3 \
+    --val-batches 2 --sample-tokens 8 --metrics "$w/gpt2.jsonl"
+grep -q "^tokenizer: gpt2:" "$w/gpt2.log" || { echo "FAIL gpt2.log: no GPT-2 tokenizer line"; exit 1; }
+echo "ok: train, checkpoint, dreshard, resume at tp 2, tiny-gpt2 with its sample decoded"
 EOF
 
 # What runs inside the root: NAME KIND (cpu|cuda)
@@ -208,7 +216,7 @@ rehearse() { # BUILD KIND NAME
     [ ! -s "$o/missing.txt" ] && ok "$name: every ELF file in the bundle finds its libraries in the bare root" ||
         bad "$name: missing libraries in the bare root: $(head -n 3 "$o/missing.txt")"
     [ ! -s "$o/env.err" ] || bad "$name: env.sh said: $(cat "$o/env.err")"
-    for f in train.jsonl resume.jsonl; do
+    for f in train.jsonl resume.jsonl gpt2.jsonl; do
         if [ -s "$o/run/$f" ] && cmp -s <(strip "$W/host-$name/$f") <(strip "$o/run/$f"); then
             ok "$name: $f: $(wc -l <"$o/run/$f") lines, losses bit-identical to the build's run (last: $(tail -n 1 "$o/run/$f" | sed 's/, "lr".*//; s/[{}"]//g'))"
         else
