@@ -207,7 +207,8 @@ static int open_file(h5store_t *h, char *err, size_t errlen)
     if ((h->file = H5Fopen(h->path, H5F_ACC_RDONLY, fapl)) < 0) {
         /* the signature was there: the rest is missing or damaged (HDF5's
          * own words, "truncated file: eof = ...", name no fix) */
-        seterr(err, errlen, "%s is damaged or incomplete (a truncated copy?): HDF5 cannot open it", h->path);
+        seterr(err, errlen, "%s is damaged or incomplete (a truncated copy?): HDF5 cannot open it; use another copy",
+               h->path);
         rc = -1;
     }
     return h5s_close_msg(fapl, H5Pclose, rc, err, errlen, "H5Pclose");

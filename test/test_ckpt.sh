@@ -140,7 +140,7 @@ f = h5py.File('$TMP/flip.h5', 'r'); off = f['optim/m/h.2.mlp.wfc'].id.get_chunk_
 b = open('$TMP/flip.h5', 'r+b'); b.seek(off + 1000); c = b.read(1); b.seek(off + 1000); b.write(bytes([c[0] ^ 0x10])); b.close()"
 expect_fail_line "checksum mismatch in optim/m/h.2.mlp.wfc" resume_from "$TMP/flip.h5"
 head -c 100000 "$good" >"$TMP/trunc.h5"
-expect_fail_line "truncated file" resume_from "$TMP/trunc.h5"
+expect_fail_line "trunc.h5 is damaged or incomplete (a truncated copy?)" resume_from "$TMP/trunc.h5"
 cp "$good" "$TMP/missing.h5"
 "$PY" -c "import h5py; f = h5py.File('$TMP/missing.h5', 'r+'); del f['optim/v/h.1.ln2.w']; f.close()"
 expect_fail_line "optim/v/h.1.ln2.w" resume_from "$TMP/missing.h5"

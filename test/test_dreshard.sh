@@ -180,7 +180,7 @@ expect_exit2 "--tp 0: out of range" "$DRESHARD" --in "$A" --out "$TMP/x.h5" --tp
 expect_exit2 "--info FILE only prints a file" "$DRESHARD" --info "$A" --out "$TMP/x.h5"
 expect_exit2 "--in $TMP/nope.h5: No such file or directory" dreshard 2 --in "$TMP/nope.h5" --out "$TMP/x.h5"
 echo "not hdf5" >"$TMP/text.h5"
-expect_exit2 "cannot open $TMP/text.h5" dreshard 2 --in "$TMP/text.h5" --out "$TMP/x.h5"
+expect_exit2 "$TMP/text.h5 is not an HDF5 file" dreshard 2 --in "$TMP/text.h5" --out "$TMP/x.h5"
 expect_exit2 "--tp 3 must divide the attention heads (4)" dreshard 2 --in "$A" --out "$TMP/x.h5" --tp 3
 expect_exit2 "--pp 5 exceeds the model's 4 layers" dreshard 2 --in "$A" --out "$TMP/x.h5" --pp 5
 expect_exit2 "--out $TMP/b1.h5 exists: remove it, choose another path, or pass --force" \

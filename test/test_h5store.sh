@@ -158,10 +158,12 @@ fi
 # broken files: one line, every rank the same exit status
 size=$(wc -c <"$TMP/w1.h5")
 head -c $((size / 2)) "$TMP/w1.h5" >"$TMP/trunc.h5"
-expect_err "truncated file" "cannot open $TMP/trunc.h5: .*truncated file" 2 open "$TMP/trunc.h5"
+expect_err "truncated file" "$TMP/trunc.h5 is damaged or incomplete (a truncated copy?): HDF5 cannot open it; use another copy" 2 open "$TMP/trunc.h5"
 head -c 4096 /dev/urandom >"$TMP/garbage.h5"
-expect_err "not HDF5" "cannot open $TMP/garbage.h5: .*signature not found" 2 open "$TMP/garbage.h5"
-expect_err "missing file" "cannot open $TMP/missing.h5: " 2 open "$TMP/missing.h5"
+expect_err "not HDF5" "$TMP/garbage.h5 is not an HDF5 file (4096 bytes, no HDF5 signature)" 2 open "$TMP/garbage.h5"
+expect_err "missing file" "$TMP/missing.h5: No such file or directory" 2 open "$TMP/missing.h5"
+mkdir -p "$TMP/adir"
+expect_err "a directory" "$TMP/adir is a directory, not a checkpoint or parameter file" 2 open "$TMP/adir"
 
 # failed writes leave nothing under the final name and no temp file
 for np in 1 3; do

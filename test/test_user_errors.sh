@@ -49,11 +49,13 @@ one_line "--in $TMP/ck is a directory: name a checkpoint or parameter file ($TMP
     "$DRESHARD" --in "$TMP/ck" --out "$TMP/r.h5"
 
 # ---- missing, not HDF5, truncated ----
-one_line "$TMP/ck/nope.h5: No such file or directory" 2 "$DTRAIN" $RUN --steps 6 --resume "$TMP/ck/nope.h5"
+one_line "--resume $TMP/ck/nope.h5: No such file or directory: name a checkpoint file that exists (DIR/step_NNNNNNNN.h5), or use --resume auto --ckpt-dir DIR" \
+    2 "$DTRAIN" $RUN --steps 6 --resume "$TMP/ck/nope.h5"
+one_line "$TMP/ck/nope.h5: No such file or directory" 2 "$DRESHARD" --info "$TMP/ck/nope.h5"
 printf 'not a checkpoint\n' >"$TMP/text.h5"
 one_line "$TMP/text.h5 is not an HDF5 file (17 bytes, no HDF5 signature)" 2 "$DTRAIN" $RUN --steps 6 --resume "$TMP/text.h5"
 head -c 4096 "$TMP/ck/step_00000004.h5" >"$TMP/short.h5"
-one_line "$TMP/short.h5 is damaged or incomplete (a truncated copy?): HDF5 cannot open it" 2 \
+one_line "$TMP/short.h5 is damaged or incomplete (a truncated copy?): HDF5 cannot open it; use another copy" 2 \
     "$DTRAIN" $RUN --steps 6 --resume "$TMP/short.h5"
 one_line "$TMP/short.h5 is damaged or incomplete" 2 "$DRESHARD" --info "$TMP/short.h5"
 

@@ -260,6 +260,12 @@ int ckpt_resolve(comm_t *world, const char *resume, const char *dir, char *path,
                      "--resume auto --ckpt-dir %s (or name one file, --resume %s/step_NNNNNNNN.h5)",
                      resume, resume, resume);
             rc = STATUS_INPUT;
+        } else if (world->rank == 0 && stat(resume, &st) != 0) {
+            snprintf(err, errlen,
+                     "--resume %s: %s: name a checkpoint file that exists (DIR/step_NNNNNNNN.h5), or use "
+                     "--resume auto --ckpt-dir DIR for the newest in DIR",
+                     resume, strerror(errno));
+            rc = STATUS_INPUT;
         }
         if (agree(world, rc, err, errlen) != 0)
             return -1;
