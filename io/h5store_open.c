@@ -190,8 +190,9 @@ static int check_file(const char *path, char *err, size_t errlen)
     }
     fclose(f);
     if (!found)
-        seterr(err, errlen, "%s is not an HDF5 file (%lld bytes, no HDF5 signature): not a checkpoint or parameter file",
-               path, (long long)st.st_size);
+        seterr(err, errlen,
+               "%s is not an HDF5 file (%lld bytes, no HDF5 signature): not a checkpoint or parameter file", path,
+               (long long)st.st_size);
     return found ? 0 : -1;
 }
 

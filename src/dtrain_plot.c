@@ -315,8 +315,8 @@ static int read_run(run_t *r, char *err, size_t errlen)
         if (rc == BAD_INPUT && line[len - 1] != '\n') {
             /* no newline and no record: the run stopped while writing its
              * last line (dtrain of this version writes whole lines) */
-            fprintf(stderr, PROG ": note: %s:%ld: skipped a torn last line (%zd bytes, no newline)\n", r->path,
-                    lineno, len);
+            fprintf(stderr, PROG ": note: %s:%ld: skipped a torn last line (%zd bytes, no newline)\n", r->path, lineno,
+                    len);
             err[0] = '\0';
             rc = 0;
         }

@@ -228,8 +228,7 @@ static int newest_below(const char *dir, int below, char *path, size_t path_len)
     return 1;
 }
 
-int ckpt_older(comm_t *world, const char *dir, const char *newer, char *path, size_t path_len, char *err,
-               size_t errlen)
+int ckpt_older(comm_t *world, const char *dir, const char *newer, char *path, size_t path_len, char *err, size_t errlen)
 {
     int found = 0, step;
     const char *base = strrchr(newer, '/');

@@ -49,18 +49,18 @@ extern const char *const spike_verdict_names[];
 typedef enum { SPIKE_GO = 0, SPIKE_SKIP, SPIKE_ROLLBACK } spike_action_t;
 
 typedef struct spike {
-    double z;            /* 0: no z test */
-    int window, max;     /* window 0: no z test; max 0: the guard is off */
-    double *loss;        /* [window] ring of accepted losses */
-    int n, head;         /* losses held, next slot */
+    double z;                /* 0: no z test */
+    int window, max;         /* window 0: no z test; max 0: the guard is off */
+    double *loss;            /* [window] ring of accepted losses */
+    int n, head;             /* losses held, next slot */
     spike_verdict_t verdict; /* the world's verdict on the last step judged */
     int in_row;              /* consecutive skipped steps */
-    int first_skipped;   /* 1-based step of the first of them */
-    long long data_skip; /* batches passed over by rollbacks: step s reads batch s + data_skip */
-    long long skipped;   /* steps skipped in this job */
-    int rolled_back;     /* set by the trainer's rollback, for its step loop */
-    int rollbacks;       /* rollbacks since the newest checkpoint was written (--spike-rollbacks) */
-    int max_rollbacks;   /* --spike-rollbacks */
+    int first_skipped;       /* 1-based step of the first of them */
+    long long data_skip;     /* batches passed over by rollbacks: step s reads batch s + data_skip */
+    long long skipped;       /* steps skipped in this job */
+    int rolled_back;         /* set by the trainer's rollback, for its step loop */
+    int rollbacks;           /* rollbacks since the newest checkpoint was written (--spike-rollbacks) */
+    int max_rollbacks;       /* --spike-rollbacks */
     /* test-only injection (see above): 1-based batches */
     long long nan_batch[SPIKE_MAX_INJECT], spike_batch[SPIKE_MAX_INJECT];
     double spike_factor[SPIKE_MAX_INJECT];
