@@ -39,15 +39,18 @@ typedef struct state {
     uint16_t *p16;
 } state_t;
 
+/* 64-byte aligned; C11 wants the size a multiple of the alignment (ASan checks) */
+static void *alloc64(size_t bytes) { return aligned_alloc(64, (bytes + 63) / 64 * 64); }
+
 /* n elements at an offset of off floats from a 64-byte boundary */
 static state_t state_new(size_t n, size_t off)
 {
     state_t s;
-    s.p = (float *)aligned_alloc(64, (n + off + 16) * 4) + off;
-    s.m = (float *)aligned_alloc(64, (n + off + 16) * 4) + off;
-    s.v = (float *)aligned_alloc(64, (n + off + 16) * 4) + off;
-    s.g = (float *)aligned_alloc(64, (n + off + 16) * 4) + off;
-    s.p16 = (uint16_t *)aligned_alloc(64, (n + off + 32) * 2) + off;
+    s.p = (float *)alloc64((n + off + 16) * 4) + off;
+    s.m = (float *)alloc64((n + off + 16) * 4) + off;
+    s.v = (float *)alloc64((n + off + 16) * 4) + off;
+    s.g = (float *)alloc64((n + off + 16) * 4) + off;
+    s.p16 = (uint16_t *)alloc64((n + off + 32) * 2) + off;
     return s;
 }
 
@@ -218,7 +221,7 @@ static void best_of(const char *label, double bytes_per, void (*f)(const bench_a
 static int bench(size_t n, int reps)
 {
     state_t s = state_new(n, 0);
-    float *a = aligned_alloc(64, n * 4), *b = aligned_alloc(64, n * 4), *c = aligned_alloc(64, n * 4);
+    float *a = alloc64(n * 4), *b = alloc64(n * 4), *c = alloc64(n * 4);
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) { /* first touch by the threads that run */
         s.p[i] = 0.5f, s.m[i] = 0.0f, s.v[i] = 0.0f, s.g[i] = 1e-3f, s.p16[i] = 0;
