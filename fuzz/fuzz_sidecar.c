@@ -1,14 +1,15 @@
 /* libFuzzer target: the tokenizer sidecar parser (tok_sidecar_parse), the
  * JSON dtrain reads beside its data files.
  *
- * Links: fuzz/fuzz_sidecar.c io/tok_sidecar.c, and Jansson (-ljansson).
+ * Links: fuzz/fuzz_sidecar.c io/tok_sidecar.c io/fsutil.c io/errmsg.c
+ * io/publish.c, and Jansson (-ljansson).
  * io/tokenizer.c is not linked (it pulls in every tokenizer kind, the C++
  * SentencePiece one included): tokenizer_open, tokenizer_close,
  * tokenizer_builtin_dir and tok_file_sha256, which only
  * tok_sidecar_open_tokenizer calls, are fuzz-only stubs below.
  *
- *   clang -g -O1 -fsanitize=fuzzer,address,undefined -Iio -Isrc \
- *     fuzz/fuzz_sidecar.c io/tok_sidecar.c -ljansson -o fuzz_sidecar
+ *   clang -g -O1 -fsanitize=fuzzer,address,undefined -I. \
+ *     fuzz/fuzz_sidecar.c io/tok_sidecar.c io/fsutil.c io/errmsg.c io/publish.c -ljansson -o fuzz_sidecar
  *   ./fuzz_sidecar -runs=1000000 -dict=fuzz/sidecar.dict NEW_DIR fuzz/corpus/sidecar
  *
  * Each input is parsed; one that parses is formatted again and must parse

@@ -82,15 +82,19 @@ int fs_mkdir_parent(const char *path, char *failed, size_t failed_len)
     return rc;
 }
 
-int fs_probe_parent(const char *path, char *dir, size_t dirlen)
+int fs_dir_of(const char *path, char *dir, size_t dirlen)
 {
     const char *slash = strrchr(path, '/');
     int n = !slash          ? snprintf(dir, dirlen, ".")
             : slash == path ? snprintf(dir, dirlen, "/")
                             : snprintf(dir, dirlen, "%.*s", (int)(slash - path), path);
+    return n < 0 || (size_t)n >= dirlen ? -1 : 0;
+}
+
+int fs_probe_dir(const char *dir)
+{
     char probe[4096];
-    if (n < 0 || (size_t)n >= dirlen ||
-        snprintf(probe, sizeof probe, "%s/.dtrain-probe-XXXXXX", dir) >= (int)sizeof probe) {
+    if (snprintf(probe, sizeof probe, "%s/.dtrain-probe-XXXXXX", dir) >= (int)sizeof probe) {
         errno = ENAMETOOLONG;
         return -1;
     }
@@ -100,6 +104,15 @@ int fs_probe_parent(const char *path, char *dir, size_t dirlen)
     close(fd);
     unlink(probe);
     return 0;
+}
+
+int fs_probe_parent(const char *path, char *dir, size_t dirlen)
+{
+    if (fs_dir_of(path, dir, dirlen) != 0) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    return fs_probe_dir(dir);
 }
 
 int fs_map_file(const char *path, const char *what, size_t min, void **map, size_t *size, int *regular, char *err,

@@ -15,11 +15,17 @@ int fs_mkdir_p(const char *dir, char *failed, size_t failed_len);
  * PATH has none ("out.h5", "/out.h5"). */
 int fs_mkdir_parent(const char *path, char *failed, size_t failed_len);
 
-/* Whether a new file can be made beside PATH: creates and removes a
- * temporary file in PATH's directory (its name into dir, "." when PATH has
- * none), so a read-only file system, a directory the user may not write
- * and a pseudo file system (/sys, /proc) are all found before any work,
- * where access(2) would pass root. 0, or -1 with errno set. */
+/* The directory part of PATH into dir: "." when PATH has none, "/" for a
+ * file in the root. 0, or -1 when it does not fit dirlen. */
+int fs_dir_of(const char *path, char *dir, size_t dirlen);
+
+/* Whether a new file can be made in DIR: creates and removes a temporary
+ * file there, so a read-only file system, a directory the user may not
+ * write and a pseudo file system (/sys, /proc) are all found before any
+ * work, where access(2) would pass root. 0, or -1 with errno set. */
+int fs_probe_dir(const char *dir);
+
+/* fs_probe_dir of PATH's directory (fs_dir_of, its name into dir). */
 int fs_probe_parent(const char *path, char *dir, size_t dirlen);
 
 /* Maps the regular file PATH whole, read-only and private (the readers of

@@ -6,6 +6,7 @@
 #endif
 #include "io/tok_sidecar.h"
 
+#include "io/fsutil.h"
 #include "io/publish.h"
 
 #include <errno.h>
@@ -111,15 +112,6 @@ char *tok_sidecar_format(const tok_sidecar_t *s, const tokenizer_t *tk, char *er
 }
 
 /* The directory part of path ("." when none) into out. */
-static int dir_of(const char *path, char *out, size_t outlen)
-{
-    const char *slash = strrchr(path, '/');
-    int n = !slash          ? snprintf(out, outlen, ".")
-            : slash == path ? snprintf(out, outlen, "/")
-                            : snprintf(out, outlen, "%.*s", (int)(slash - path), path);
-    return n < 0 || (size_t)n >= outlen ? -1 : 0;
-}
-
 int tok_sidecar_write(const char *path, const tok_sidecar_t *s, const tokenizer_t *tk, char *err, size_t errlen)
 {
     char *text = tok_sidecar_format(s, tk, err, errlen);
@@ -466,7 +458,7 @@ static int relocated_spec(const tok_sidecar_t *s, const char *file, char *out, s
     char dir[TOK_PATH_MAX];
     int n;
     if (strcmp(s->kind, "gpt2") == 0) {
-        if (dir_of(file, dir, sizeof dir) != 0)
+        if (fs_dir_of(file, dir, sizeof dir) != 0)
             return -1;
         n = snprintf(out, outlen, "gpt2:%s", dir);
     } else if (strcmp(s->kind, "tiktoken") == 0) {
@@ -523,7 +515,7 @@ static int choose_spec(const tok_sidecar_t *s, const char *sidecar_path, char *s
     const char *env = getenv("DTRAIN_TOKENIZERS");
     char dir[TOK_PATH_MAX], cand[4][PLACE_MAX], p[PLACE_MAX];
     int n = 0, other = -1;
-    if (dir_of(sidecar_path, dir, sizeof dir) == 0 && snprintf(p, sizeof p, "%s/%s", dir, base) < (int)sizeof p)
+    if (fs_dir_of(sidecar_path, dir, sizeof dir) == 0 && snprintf(p, sizeof p, "%s/%s", dir, base) < (int)sizeof p)
         n = add_place(cand, n, p);
     if (env && *env && snprintf(p, sizeof p, "%s/%s/%s", env, s->kind, base) < (int)sizeof p)
         n = add_place(cand, n, p);

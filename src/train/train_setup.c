@@ -105,9 +105,7 @@ static int prepare_out_paths(trainer_t *tr, char *err, size_t errlen)
                  check_writable_dir("--save-params", o->save_params, err, errlen) != 0
              ? -1
              : 0;
-    char probe[OPT_PATH_MAX + 8], parent[OPT_PATH_MAX + 8];
-    if (rc == 0 && rank0 && dir[0] &&
-        (snprintf(probe, sizeof probe, "%s/x", dir), fs_probe_parent(probe, parent, sizeof parent) != 0)) {
+    if (rc == 0 && rank0 && dir[0] && fs_probe_dir(dir) != 0) {
         snprintf(err, errlen, "--ckpt-dir %s: not a writable directory: %s", dir, strerror(errno));
         rc = -1;
     }
