@@ -132,11 +132,43 @@ static void add_range(adamw_t *a, size_t offset, size_t goff, size_t soff, size_
             (optim_range_t){.offset = offset, .goff = goff, .soff = soff, .n = n, .decay = decay};
 }
 
+/* Backend moments for n elements: both zeroed and counted, or neither. */
+static int alloc_moments(const ops_t *ops, size_t n, float **m, float **v)
+{
+    const size_t bytes = adamw_state_bytes(n) / 2; /* each moment */
+    *m = ops->alloc(ops->ctx, bytes);
+    *v = ops->alloc(ops->ctx, bytes);
+    if (!*m || !*v) {
+        if (*m)
+            ops->free(ops->ctx, *m);
+        if (*v)
+            ops->free(ops->ctx, *v);
+        *m = *v = NULL;
+        return -1;
+    }
+    ops->zero(ops->ctx, *m, bytes);
+    ops->zero(ops->ctx, *v, bytes);
+    mem_track(MEM_OPTIM, (long long)adamw_state_bytes(n));
+    return 0;
+}
+
+static void free_moments(const ops_t *ops, size_t n, float *m, float *v)
+{
+    if (m && v)
+        mem_track(MEM_OPTIM, -(long long)adamw_state_bytes(n));
+    if (m)
+        ops->free(ops->ctx, m);
+    if (v)
+        ops->free(ops->ctx, v);
+}
+
 /* Each moment holds at least one float, so neither is empty. */
 size_t adamw_state_bytes(size_t n) { return 2 * (n ? n : 1) * sizeof(float); }
 
+static int offload_setup(adamw_t *a, size_t n_host, int bf16);
+
 int adamw_create(adamw_t *a, const ops_t *ops, const param_table_t *t, const dpsync_optim_view_t *v, double beta1,
-                 double beta2, double eps, double weight_decay, double grad_clip)
+                 double beta2, double eps, double weight_decay, double grad_clip, size_t n_host, int host_bf16)
 {
     memset(a, 0, sizeof *a);
     a->ops = ops;
@@ -146,18 +178,12 @@ int adamw_create(adamw_t *a, const ops_t *ops, const param_table_t *t, const dps
     a->eps = eps;
     a->weight_decay = weight_decay;
     a->grad_clip = grad_clip;
-    const size_t bytes = adamw_state_bytes(a->n) / 2; /* each moment */
-    a->m = ops->alloc(ops->ctx, bytes);
-    a->v = ops->alloc(ops->ctx, bytes);
     /* at most one run per (tensor, piece) overlap: tensors + pieces */
     a->ranges = calloc((size_t)t->n + (size_t)v->n_pieces + 1, sizeof *a->ranges);
-    if (!a->m || !a->v || !a->ranges) {
+    if (!a->ranges) {
         adamw_destroy(a);
         return -1;
     }
-    ops->zero(ops->ctx, a->m, bytes);
-    ops->zero(ops->ctx, a->v, bytes);
-    mem_track(MEM_OPTIM, (long long)adamw_state_bytes(a->n));
     /* each piece, cut at tensor boundaries (decay) */
     int i = 0;
     for (int u = 0; u < v->n_pieces; u++) {
@@ -171,19 +197,149 @@ int adamw_create(adamw_t *a, const ops_t *ops, const param_table_t *t, const dps
             add_range(a, pc->param + (a0 - lo), pc->grad + (a0 - lo), pc->state + (a0 - lo), a1 - a0, t->p[k].decay);
         }
     }
+    /* the host's part first, so that the backend holds only the rest at
+     * any time (its peak counter included) */
+    if ((n_host && offload_setup(a, n_host, host_bf16) != 0) ||
+        (a->n > n_host && alloc_moments(ops, a->n - n_host, &a->m, &a->v) != 0)) {
+        adamw_destroy(a);
+        return -1;
+    }
+    if (n_host)
+        adamw_offload_pull(a, v->params);
     return 0;
+}
+
+static void *host_alloc(const ops_t *ops, size_t bytes, int pinned)
+{
+    if (bytes == 0)
+        return NULL;
+    if (pinned)
+        return ops->host_alloc(ops->ctx, bytes);
+    void *p = NULL;
+    return posix_memalign(&p, 64, bytes) == 0 ? p : NULL;
+}
+
+static void host_free(const ops_t *ops, void *p, int pinned)
+{
+    if (p && pinned)
+        ops->host_free(ops->ctx, p);
+    else
+        free(p);
+}
+
+static void offload_free(const ops_t *ops, adamw_offload_t *h)
+{
+    host_free(ops, h->p, h->pinned);
+    host_free(ops, h->g, h->pinned);
+    host_free(ops, h->m, h->pinned);
+    host_free(ops, h->v, h->pinned);
+    host_free(ops, h->p16, h->pinned);
+    free(h->ranges);
+    memset(h, 0, sizeof *h);
 }
 
 void adamw_destroy(adamw_t *a)
 {
-    if (a->m && a->v)
-        mem_track(MEM_OPTIM, -(long long)adamw_state_bytes(a->n));
-    if (a->m)
-        a->ops->free(a->ops->ctx, a->m);
-    if (a->v)
-        a->ops->free(a->ops->ctx, a->v);
+    if (a->ops)
+        free_moments(a->ops, a->n - a->host.n, a->m, a->v);
+    if (a->ops)
+        offload_free(a->ops, &a->host);
     free(a->ranges);
     memset(a, 0, sizeof *a);
+}
+
+size_t adamw_offload_count(size_t n, double f)
+{
+    const double k = floor(f * (double)n + 0.5);
+    return k <= 0 ? 0 : k >= (double)n ? n : (size_t)k;
+}
+
+size_t adamw_offload_bytes(size_t n_host, int bf16)
+{
+    return n_host * (4 * sizeof(float) + (bf16 ? sizeof(uint16_t) : 0));
+}
+
+/* The runs split at moment index n_host: those below go to the host's
+ * list, the rest stay with their moment offset moved down by n_host. */
+static void split_ranges(adamw_t *a, size_t n_host)
+{
+    adamw_offload_t *h = &a->host;
+    int nd = 0;
+    for (int i = 0; i < a->n_ranges; i++) {
+        optim_range_t r = a->ranges[i];
+        if (r.soff < n_host) {
+            const size_t k = r.soff + r.n <= n_host ? r.n : n_host - r.soff;
+            h->ranges[h->n_ranges++] = (optim_range_t){r.offset, r.goff, r.soff, k, r.decay};
+            r = (optim_range_t){r.offset + k, r.goff + k, r.soff + k, r.n - k, r.decay};
+        }
+        if (r.n > 0)
+            a->ranges[nd++] = (optim_range_t){r.offset, r.goff, r.soff - n_host, r.n, r.decay};
+    }
+    a->n_ranges = nd;
+}
+
+/* Host arrays for the first n_host elements and the runs split between
+ * host and backend. */
+static int offload_setup(adamw_t *a, size_t n_host, int bf16)
+{
+    const ops_t *ops = a->ops;
+    adamw_offload_t *h = &a->host;
+    *h = (adamw_offload_t){.n = n_host, .isa = adamw_host_best(), .pinned = ops->host_alloc && ops->host_free};
+    const size_t bytes = n_host * sizeof(float);
+    h->p = host_alloc(ops, bytes, h->pinned);
+    h->g = host_alloc(ops, bytes, h->pinned);
+    h->m = host_alloc(ops, bytes, h->pinned);
+    h->v = host_alloc(ops, bytes, h->pinned);
+    h->p16 = bf16 ? host_alloc(ops, n_host * sizeof(uint16_t), h->pinned) : NULL;
+    h->ranges = calloc((size_t)a->n_ranges + 1, sizeof *h->ranges);
+    if (!h->p || !h->g || !h->m || !h->v || (bf16 && !h->p16) || !h->ranges)
+        return -1;
+    memset(h->m, 0, bytes); /* a fresh optimizer's moments; a checkpoint's come later */
+    memset(h->v, 0, bytes);
+    split_ranges(a, n_host);
+    return 0;
+}
+
+void adamw_offload_pull(adamw_t *a, const float *params)
+{
+    const adamw_offload_t *h = &a->host;
+    for (int i = 0; i < h->n_ranges; i++) {
+        const optim_range_t *r = &h->ranges[i];
+        a->ops->to_host(a->ops->ctx, h->p + r->soff, params + r->offset, r->n * sizeof(float));
+    }
+}
+
+/* The backend part [n - host.n] of moment `which`, or the host part. */
+static float *moment_dev(const adamw_t *a, int which) { return which ? a->v : a->m; }
+static float *moment_host(const adamw_t *a, int which) { return which ? a->host.v : a->host.m; }
+
+float *adamw_moment_get(adamw_t *a, int which)
+{
+    if (a->host.n == 0)
+        return moment_dev(a, which);
+    const ops_t *ops = a->ops;
+    const size_t n_dev = a->n - a->host.n;
+    float *buf = ops->alloc(ops->ctx, a->n * sizeof(float));
+    if (!buf)
+        return NULL;
+    ops->from_host(ops->ctx, buf, moment_host(a, which), a->host.n * sizeof(float));
+    if (n_dev)
+        ops->copy(ops->ctx, buf + a->host.n, moment_dev(a, which), n_dev * sizeof(float));
+    return buf;
+}
+
+void adamw_moment_put(adamw_t *a, int which, float *buf, int written)
+{
+    if (a->host.n == 0 || !buf)
+        return;
+    const ops_t *ops = a->ops;
+    const size_t n_dev = a->n - a->host.n;
+    if (written) {
+        ops->to_host(ops->ctx, moment_host(a, which), buf, a->host.n * sizeof(float));
+        if (n_dev)
+            ops->copy(ops->ctx, moment_dev(a, which), buf + a->host.n, n_dev * sizeof(float));
+    }
+    ops->free(ops->ctx, buf);
 }
 
 double adamw_clip_scale(const adamw_t *a, double grad_norm)
@@ -193,13 +349,53 @@ double adamw_clip_scale(const adamw_t *a, double grad_norm)
     return 1.0;
 }
 
+/* The offloaded elements' gradients to the host. The copy waits for the
+ * backward; issued before the backend's own ranges, so that on an
+ * asynchronous backend those update while the host does. */
+static void offload_fetch(adamw_t *a, const float *grads)
+{
+    const adamw_offload_t *h = &a->host;
+    for (int i = 0; i < h->n_ranges; i++) {
+        const optim_range_t *r = &h->ranges[i];
+        a->ops->to_host(a->ops->ctx, h->g + r->soff, grads + r->goff, r->n * sizeof(float));
+    }
+}
+
+/* The host AdamW over the offloaded elements, then their parameters (and
+ * bf16 copy) back to the backend. */
+static void offload_update(adamw_t *a, float *params, uint16_t *params16, double lr, double grad_scale)
+{
+    const ops_t *ops = a->ops;
+    const adamw_offload_t *h = &a->host;
+    /* the coefficients exactly as the ops table's adamw computes them */
+    const dt_adamw_coef_t k[2] = {
+        dt_adamw_coef((float)lr, (float)a->beta1, (float)a->beta2, (float)a->eps, 0.0f, (float)grad_scale, a->t),
+        dt_adamw_coef((float)lr, (float)a->beta1, (float)a->beta2, (float)a->eps, (float)a->weight_decay,
+                      (float)grad_scale, a->t)};
+    for (int i = 0; i < h->n_ranges; i++) {
+        const optim_range_t *r = &h->ranges[i];
+        adamw_host(h->isa, h->p + r->soff, params16 ? h->p16 + r->soff : NULL, h->g + r->soff, h->m + r->soff,
+                   h->v + r->soff, r->n, &k[r->decay != 0]);
+    }
+    for (int i = 0; i < h->n_ranges; i++) {
+        const optim_range_t *r = &h->ranges[i];
+        ops->from_host(ops->ctx, params + r->offset, h->p + r->soff, r->n * sizeof(float));
+        if (params16)
+            ops->from_host(ops->ctx, params16 + r->offset, h->p16 + r->soff, r->n * sizeof(uint16_t));
+    }
+}
+
 void adamw_step(adamw_t *a, float *params, uint16_t *params16, const float *grads, double lr, double grad_scale)
 {
     a->t++;
+    if (a->host.n)
+        offload_fetch(a, grads);
     for (int i = 0; i < a->n_ranges; i++) {
         const optim_range_t *r = &a->ranges[i];
         a->ops->adamw(a->ops->ctx, params + r->offset, params16 ? params16 + r->offset : NULL, grads + r->goff,
                       a->m + r->soff, a->v + r->soff, r->n, (float)lr, (float)a->beta1, (float)a->beta2, (float)a->eps,
                       r->decay ? (float)a->weight_decay : 0.0f, (float)grad_scale, a->t);
     }
+    if (a->host.n)
+        offload_update(a, params, params16, lr, grad_scale);
 }

@@ -7,6 +7,7 @@
 
 #include "base/ops.h"
 #include "mpi/dpsync.h"
+#include "src/optim/adamw_host.h"
 #include "src/model/params.h"
 
 /* --lr-schedule: what follows the warmup. */
@@ -57,23 +58,64 @@ typedef struct optim_range {
     int decay;
 } optim_range_t;
 
+/* --offload optimizer (issue 36): elements [0, n) of the view's moment
+ * index keep their moments and their fp32 master parameters in host
+ * memory (pinned where the backend has it) and are updated there by the
+ * host AdamW (adamw_host.h). Each step copies their gradients to the host,
+ * updates, and copies the parameters (and the bf16 copy) back; the
+ * backend's parameters stay a copy the forward reads. */
+typedef struct adamw_offload {
+    size_t n;              /* elements in host memory (0: no offload) */
+    float *p, *g, *m, *v;  /* [n] master parameters, gradient staging, moments */
+    uint16_t *p16;         /* [n] the bf16 copy's staging, or NULL */
+    optim_range_t *ranges; /* soff indexes the arrays above */
+    int n_ranges;
+    adamw_host_isa_t isa;
+    int pinned; /* the arrays come from the backend's host_alloc */
+} adamw_offload_t;
+
 typedef struct adamw {
     const ops_t *ops;
-    float *m, *v; /* [n] first and second moments */
-    size_t n;
-    optim_range_t *ranges;
+    float *m, *v;          /* [n - host.n] first and second moments in backend memory */
+    size_t n;              /* elements of the view: backend ones and host.n host ones */
+    optim_range_t *ranges; /* soff indexes m and v */
     int n_ranges;
+    adamw_offload_t host;
     double beta1, beta2, eps, weight_decay, grad_clip;
     int t; /* steps taken */
 } adamw_t;
+
+/* How many of a view's n elements --offload-fraction f puts in host
+ * memory (the first ones of the moment index): round(f x n). */
+size_t adamw_offload_count(size_t n, double f);
+
+/* Host bytes the offloaded part of n_host elements takes (master
+ * parameters, gradient staging, two moments; the bf16 staging when bf16),
+ * as adamw_create allocates them; the planner counts the same. */
+size_t adamw_offload_bytes(size_t n_host, int bf16);
 
 /* Moments [v->n] for the pieces of the data-parallel strategy's view
  * (mpi/dpsync.h): every parameter when replicated, this rank's ZeRO pieces
  * otherwise; each piece is cut at the table's tensor boundaries (weight
  * decay differs between tensors). adamw_step's params and grads are
- * indexed as the view's (its params and grads). */
+ * indexed as the view's (its params and grads). --offload: the first
+ * n_host elements (adamw_offload_count) live in host memory instead, their
+ * master parameters read from the view's params now; host_bf16: they also
+ * stage the bf16 copy (the update writes params16). -1: out of memory. */
 int adamw_create(adamw_t *a, const ops_t *ops, const param_table_t *t, const dpsync_optim_view_t *v, double beta1,
-                 double beta2, double eps, double weight_decay, double grad_clip);
+                 double beta2, double eps, double weight_decay, double grad_clip, size_t n_host, int host_bf16);
+
+/* The view's parameters were written outside adamw_step (a checkpoint
+ * loaded, a rollback): the host master copy reads them again. */
+void adamw_offload_pull(adamw_t *a, const float *params);
+
+/* Moment `which` (0: m, 1: v) whole, indexed as the view [n], in backend
+ * memory, for the strategy's state_to_host/state_from_host: the backend
+ * array itself when nothing is offloaded, else a temporary that
+ * adamw_moment_put writes back (when written) and frees. NULL: out of
+ * memory. */
+float *adamw_moment_get(adamw_t *a, int which);
+void adamw_moment_put(adamw_t *a, int which, float *buf, int written);
 void adamw_destroy(adamw_t *a);
 
 /* Bytes of the AdamW moments (m and v, MEM_OPTIM) adamw_create allocates
@@ -88,5 +130,7 @@ double adamw_clip_scale(const adamw_t *a, double grad_norm);
  * same pass (ops adamw's p16): pass it only when the ranges cover every
  * parameter (the view's whole), or parts of it would go stale. */
 void adamw_step(adamw_t *a, float *params, uint16_t *params16, const float *grads, double lr, double grad_scale);
+/* Offloaded (a->host.n > 0): params16 non-NULL only when adamw_offload was
+ * told bf16. */
 
 #endif

@@ -38,7 +38,13 @@ static const hw_profile_t builtin[] = {
      .intra_bw = 0.8 * 450e9,
      .inter_bw = 0.8 * 50e9,
      .latency = 15e-6,
-     .gpus_per_node = 8},
+     .gpus_per_node = 8,
+     /* DGX H100: 2 TiB; two Xeon 8480C with 8 DDR5-4800 channels each
+      * (2 x 307 GB/s), 80 % of it as STREAM reaches; PCIe 5.0 x16 per GPU
+      * (64 GB/s each way), 80 % of it */
+     .host_memory = 2048 * GIB,
+     .host_bw = 0.8 * 614e9,
+     .h2d_bw = 0.8 * 64e9},
     {.name = "a100-80g",
      .memory = 80 * GIB,
      .reserve = 4 * GIB,
@@ -49,7 +55,12 @@ static const hw_profile_t builtin[] = {
      .intra_bw = 0.8 * 300e9,
      .inter_bw = 0.8 * 25e9,
      .latency = 15e-6,
-     .gpus_per_node = 8},
+     .gpus_per_node = 8,
+     /* DGX A100: 1 TiB; two EPYC 7742 with 8 DDR4-3200 channels each
+      * (2 x 205 GB/s), 80 %; PCIe 4.0 x16 (32 GB/s each way), 80 % */
+     .host_memory = 1024 * GIB,
+     .host_bw = 0.8 * 410e9,
+     .h2d_bw = 0.8 * 32e9},
 };
 #define N_BUILTIN ((int)(sizeof builtin / sizeof builtin[0]))
 
@@ -66,6 +77,9 @@ static void cpu_profile(hw_profile_t *p, double peak_gflops)
     long cores = sysconf(_SC_NPROCESSORS_ONLN), pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
     p->gpus_per_node = cores > 0 ? (int)cores : 1;
     p->memory = pages > 0 && psz > 0 ? (double)pages * (double)psz / p->gpus_per_node : 8 * GIB;
+    /* the device is the host: the same RAM, copies are memcpy (a read and
+     * a write per byte) */
+    p->host_memory = p->memory * p->gpus_per_node;
     p->reserve = 0.25 * GIB;
     if (peak_gflops <= 0) {
 #ifdef _OPENMP
@@ -86,6 +100,8 @@ static void cpu_profile(hw_profile_t *p, double peak_gflops)
     p->peak_fp32 = p->peak_bf16 = peak_gflops * 1e9; /* the CPU backend computes in fp32 */
     p->efficiency = 0.70;
     p->mem_bw = 35e9;
+    p->host_bw = 35e9;
+    p->h2d_bw = 35e9 / 2;
     p->intra_bw = 1.0e9;
     p->inter_bw = 1.0e9;
     p->latency = 20e-6;
@@ -139,7 +155,7 @@ typedef struct profile_reader {
         const char *key;
         double *field;
         int required;
-    } keys[9];
+    } keys[12];
     int nk, lineno, have_gpn;
     int seen[16];
 } profile_reader_t;
@@ -185,10 +201,11 @@ static int parse_line(profile_reader_t *r, char *line, char *err, size_t errlen)
     while (k < r->nk && strcmp(r->keys[k].key, key) != 0)
         k++;
     if (k == r->nk) {
-        snprintf(err, errlen,
-                 "%s:%d: unknown key '%s' (allowed: name, memory, reserve, peak_fp32, peak_bf16, "
-                 "efficiency, mem_bw, intra_node_bw, inter_node_bw, latency, gpus_per_node)",
-                 r->path, r->lineno, key);
+        snprintf(
+            err, errlen,
+            "%s:%d: unknown key '%s' (allowed: name, memory, reserve, peak_fp32, peak_bf16, "
+            "efficiency, mem_bw, intra_node_bw, inter_node_bw, latency, gpus_per_node, host_memory, host_bw, h2d_bw)",
+            r->path, r->lineno, key);
         return -1;
     }
     if (parse_quantity(val, r->keys[k].field) != 0) {
@@ -242,6 +259,9 @@ static int load_file(hw_profile_t *p, const char *path, char *err, size_t errlen
                 {"intra_node_bw", &p->intra_bw, 1},
                 {"inter_node_bw", &p->inter_bw, 1},
                 {"latency", &p->latency, 0},
+                {"host_memory", &p->host_memory, 0},
+                {"host_bw", &p->host_bw, 0},
+                {"h2d_bw", &p->h2d_bw, 0},
             },
     };
     r.nk = (int)(sizeof r.keys / sizeof r.keys[0]);

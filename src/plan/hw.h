@@ -20,6 +20,10 @@ typedef struct hw_profile {
     double inter_bw;   /* achievable bus bandwidth between nodes, bytes/s per rank */
     double latency;    /* seconds per collective or message, added to each */
     int gpus_per_node; /* ranks per node */
+    /* --offload optimizer (0: unknown, the planner says so) */
+    double host_memory; /* bytes of host memory per node */
+    double host_bw;     /* host memory bytes/s per node, STREAM-triad-like, shared by its ranks */
+    double h2d_bw;      /* host-device copy bytes/s per rank, each direction */
 } hw_profile_t;
 
 /* Fills p from a built-in name or a profile file. peak_gflops > 0

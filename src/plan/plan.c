@@ -49,6 +49,10 @@ typedef struct stage_plan {
     int tp_colls;                                     /* TP collectives per microbatch */
     double tp_bytes, pp_bytes, dp_bytes, embed_bytes; /* sent per step by one rank */
     double t_dp, t_dp_exposed, t_embed, t_opt;
+    /* --offload optimizer: elements in host memory (adamw_offload_count of
+     * the optimizer's), their host bytes, and the update's two sides */
+    size_t n_host;
+    double host_bytes, t_opt_host, t_opt_dev;
 } stage_plan_t;
 
 typedef struct plan {
@@ -170,7 +174,8 @@ static int plan_state_bytes(const plan_in_t *in, const model_layout_t *lay, cons
             return -1;
         mem[MEM_PARAMS] = (double)params;
         mem[MEM_GRADS] = (double)grads;
-        mem[MEM_OPTIM] = (double)adamw_state_bytes(z >= 1 ? u->shard_n : u->n);
+        const size_t opt_n = z >= 1 ? u->shard_n : u->n, n_host = adamw_offload_count(opt_n, in->run.offload_fraction);
+        mem[MEM_OPTIM] = n_host < opt_n ? (double)adamw_state_bytes(opt_n - n_host) : 0.0;
         if (z >= 1)
             zero_buffer_bytes(&zs, mem);
         if (z <= 1)
@@ -182,7 +187,7 @@ static int plan_state_bytes(const plan_in_t *in, const model_layout_t *lay, cons
         const double window_n = (double)zs.window_n, opt_n = z >= 1 ? shard_n : n;
         mem[MEM_PARAMS] = z >= 3 ? 2.0 * (outside + shard_n + 2.0 * window_n) : 2.0 * n;
         mem[MEM_GRADS] = z >= 2 ? 4.0 * (outside + shard_n + 2.0 * window_n) : 4.0 * n;
-        mem[MEM_OPTIM] = 12.0 * opt_n;
+        mem[MEM_OPTIM] = 12.0 * (opt_n - (double)adamw_offload_count((size_t)opt_n, in->run.offload_fraction));
         if (z >= 1)
             mem[MEM_COMM] = 2.0 * (double)u->stage_n;
         if (z >= 2)
@@ -274,6 +279,8 @@ static int plan_stage(const plan_in_t *in, int s, int layer_begin, stage_plan_t 
     stage_units_t u;
     if (plan_units(in, &part, sp, &u, err, errlen) != 0 || plan_state_bytes(in, &lay, &u, sp->mem, err, errlen) != 0)
         return -1;
+    sp->n_host = adamw_offload_count(run->zero_stage >= 1 ? u.shard_n : u.n, run->offload_fraction);
+    sp->host_bytes = (double)adamw_offload_bytes(sp->n_host, lay.bf16 && run->zero_stage == 0);
     if (!in->megatron)
         plan_arena(in, &lay, sp);
     else
@@ -412,7 +419,19 @@ static void stage_dp(const plan_in_t *in, int s, stage_plan_t *sp)
     /* AdamW streams its state once: fp32 p, m, v read and written and g
      * read (28 B per element); bf16 adds the bf16 weight written (30 B) */
     const double opt_n = in->run.zero_stage >= 1 ? (double)sp->shard_n : n;
-    sp->t_opt = hw->mem_bw > 0 ? opt_n * (in->bf16 ? 30.0 : 28.0) / hw->mem_bw : 0.0;
+    const double per = in->bf16 ? 30.0 : 28.0, n_dev = opt_n - (double)sp->n_host;
+    sp->t_opt_dev = hw->mem_bw > 0 ? n_dev * per / hw->mem_bw : 0.0;
+    sp->t_opt = sp->t_opt_dev;
+    if (sp->n_host) {
+        /* --offload: the gradients down (4 B), the host AdamW streaming the
+         * same bytes at the rank's share of the node's host bandwidth, the
+         * weights up (4 B, and the bf16 copy's 2); the backend's part
+         * updates meanwhile */
+        const double h = (double)sp->n_host, up = in->bf16 && in->run.zero_stage == 0 ? 6.0 : 4.0;
+        const double host_bw = hw->host_bw / (hw->gpus_per_node > 0 ? hw->gpus_per_node : 1);
+        sp->t_opt_host = hw->h2d_bw > 0 && host_bw > 0 ? h * (4.0 + up) / hw->h2d_bw + h * per / host_bw : 0.0;
+        sp->t_opt = sp->t_opt_host > sp->t_opt_dev ? sp->t_opt_host : sp->t_opt_dev;
+    }
 }
 
 /* FLOPs, bytes sent and time of stage s (after plan_stage). */
@@ -699,6 +718,56 @@ static void print_plan_header(const plan_t *p, const run_options_t *o, FILE *out
             hw->inter_bw * 1e-9);
 }
 
+/* --offload optimizer: the update's host side (copies and the host
+ * AdamW at the rank's share of the node's bandwidth) beside the device's,
+ * and whether a forward would hide it. The update follows the backward
+ * and is exposed whole in this release (the copies are not yet streamed
+ * per bucket during the backward). */
+static void print_offload_time(const plan_t *p, FILE *out)
+{
+    const hw_profile_t *hw = p->in.hw;
+    const stage_plan_t *w = &p->st[p->worst];
+    const int per_node = hw->gpus_per_node > 0 ? hw->gpus_per_node : 1;
+    char b1[32], b2[32], b3[32];
+    if (hw->host_bw <= 0 || hw->h2d_bw <= 0) {
+        fprintf(out,
+                "  optimizer        %12s  the device's part; the profile gives no host_bw or h2d_bw for the host's\n",
+                fmt_time(b1, sizeof b1, w->t_opt_dev));
+        return;
+    }
+    fprintf(out,
+            "  optimizer        %12s  host: %s (copies at %.0f GB/s, host AdamW at %.1f GB/s: the node's %.0f GB/s "
+            "over %d ranks), beside the device's %s\n",
+            fmt_time(b1, sizeof b1, p->t_opt), fmt_time(b2, sizeof b2, w->t_opt_host), hw->h2d_bw * 1e-9,
+            hw->host_bw / per_node * 1e-9, hw->host_bw * 1e-9, per_node, fmt_time(b3, sizeof b3, w->t_opt_dev));
+    const double fwd = p->t_compute / 3.0; /* a forward is a third of forward + backward */
+    fprintf(out, "  offload          the host update %s a step's forward (%s): %s\n",
+            w->t_opt_host <= fwd ? "fits in" : "exceeds", fmt_time(b1, sizeof b1, fwd),
+            w->t_opt_host <= fwd ? "host bandwidth would hide it once overlapped with the next forward; exposed now"
+                                 : "host bandwidth cannot hide it: lower --offload-fraction or shard over more ranks");
+}
+
+/* --offload optimizer: the host bytes of the worst rank and of a node
+ * full of such ranks, against the profile's host memory. */
+static void print_host_memory(const plan_t *p, FILE *out)
+{
+    const hw_profile_t *hw = p->in.hw;
+    const stage_plan_t *w = &p->st[p->worst];
+    const int per_node = hw->gpus_per_node > 0 ? hw->gpus_per_node : 1;
+    char b1[32], b2[32], b3[32];
+    fprintf(out,
+            "host memory per rank: %s (%zu elements x %d B: fp32 master weights, m, v and the gradients' staging%s); "
+            "a node of %d ranks: %s",
+            fmt_bytes(b1, sizeof b1, w->host_bytes), w->n_host, (int)(w->host_bytes / (double)w->n_host + 0.5),
+            w->host_bytes / (double)w->n_host > 16.5 ? ", the bf16 copy's" : "", per_node,
+            fmt_bytes(b2, sizeof b2, w->host_bytes * per_node));
+    if (hw->host_memory > 0)
+        fprintf(out, " of %s: %s\n", fmt_bytes(b3, sizeof b3, hw->host_memory),
+                w->host_bytes * per_node <= hw->host_memory ? "FITS" : "DOES NOT FIT");
+    else
+        fprintf(out, " (the profile gives no host_memory)\n");
+}
+
 static void print_memory(const plan_t *p, FILE *out)
 {
     const plan_in_t *in = &p->in;
@@ -737,9 +806,11 @@ static void print_memory(const plan_t *p, FILE *out)
                 fprintf(out, "fp32, one per local parameter");
             break;
         case MEM_OPTIM:
-            fprintf(out, "%.0f elements x %d B (%s)%s", opt_n, in->megatron ? 12 : 8,
+            fprintf(out, "%.0f elements x %d B (%s)%s", opt_n - (double)w->n_host, in->megatron ? 12 : 8,
                     in->megatron ? "fp32 master weights, m, v" : "fp32 m, v",
                     in->run.zero_stage >= 1 ? ", the ZeRO shard" : "");
+            if (w->n_host)
+                fprintf(out, "; %zu more in host memory (--offload)", w->n_host);
             break;
         case MEM_ACTS:
             fprintf(out, "%s per layer and microbatch x %d x %d", fmt_bytes(b2, sizeof b2, w->act_layer), w->layers,
@@ -769,6 +840,8 @@ static void print_memory(const plan_t *p, FILE *out)
             fmt_bytes(b3, sizeof b3, hw->memory), fmt_bytes(b4, sizeof b4, hw->reserve));
     fprintf(out, "%s: margin %s (%.1f%% of usable)\n", p->fits ? "FITS" : "DOES NOT FIT",
             fmt_signed_bytes(b1, sizeof b1, p->margin), 100.0 * p->margin / p->usable);
+    if (w->n_host)
+        print_host_memory(p, out);
     if (in->run.pp > 1) {
         fprintf(out, "other stages:");
         for (int s = 0; s < in->run.pp; s++)
@@ -832,8 +905,11 @@ static void print_perf(const plan_t *p, FILE *out)
             fmt_time(b1, sizeof b1, p->t_dp), fmt_time(b2, sizeof b2, p->t_dp_total));
     if (p->t_embed > 0)
         fprintf(out, "  tied embedding   %12s  exposed\n", fmt_time(b1, sizeof b1, p->t_embed));
-    fprintf(out, "  optimizer        %12s  AdamW streaming its state at %.0f GB/s\n", fmt_time(b1, sizeof b1, p->t_opt),
-            hw->mem_bw * 1e-9);
+    if (p->st[p->worst].n_host)
+        print_offload_time(p, out);
+    else
+        fprintf(out, "  optimizer        %12s  AdamW streaming its state at %.0f GB/s\n",
+                fmt_time(b1, sizeof b1, p->t_opt), hw->mem_bw * 1e-9);
     fprintf(out, "  step             %12s  | %.0f tokens/s | %.1f tokens/s per rank | MFU %.1f%% (HFU %.1f%%)\n",
             fmt_time(b1, sizeof b1, p->t_step), p->tokens_s,
             p->tokens_s / ((double)in->run.tp * in->run.pp * in->run.dp), 100.0 * p->mfu, 100.0 * p->hfu);

@@ -32,6 +32,8 @@ const char *const options_fsdp_names[] = {[FSDP_UNSET] = "",
                                           [FSDP_FULL_SHARD] = "full_shard",
                                           NULL};
 
+const char *const options_offload_names[] = {[OFFLOAD_NONE] = "none", [OFFLOAD_OPTIMIZER] = "optimizer", NULL};
+
 /* --config FILE: read now (the command line's other options come after) */
 static int load_config(const char *path, void *dst, void *field, char *err, size_t errlen);
 static const char *const decay_shape_choices[] = {"", "linear", "cosine", "1-sqrt", NULL};
@@ -90,6 +92,14 @@ static const opt_def_t opt_defs[] = {
      NULL, NULL, 0},
     {"bucket-mb", OPT_REAL, F(bucket_mb), 0, "25", 0.001, 1e6, NULL,
      "gradient bucket size in MiB for --ddp-mode bucketed", NULL, NULL, 0},
+    {"offload", OPT_ENUM, F(offload), 0, "none", 0, 0, options_offload_names,
+     "none | optimizer: each rank's AdamW moments and fp32 master weights (its ZeRO shard) in host memory, updated "
+     "there by the vectorised host AdamW; bit-identical to none on the CPU",
+     NULL, NULL, 0},
+    {"offload-fraction", OPT_REAL, F(offload_fraction), 0, "1", 0, 1, NULL,
+     "with --offload optimizer: the fraction of the optimizer state in host memory, the rest updated on the device "
+     "(Megatron's hybrid optimizer)",
+     NULL, NULL, 0},
     {"recompute", OPT_ENUM, F(recompute), 0, "none", 0, 0, model_recompute_names,
      "activation recomputation: none | selective (MLP activation redone in backward; attention keeps no T x T "
      "probabilities in any mode) | full (keep each block's input, redo the block); bit-identical results",
@@ -611,6 +621,15 @@ static int check_layout(const run_options_t *o, const model_config_t *c, int tp,
     }
     if (options_check_grid(c, tp, pp, err, errlen) != 0)
         return -1;
+    if (o->offload == OFFLOAD_NONE && o->offload_fraction != 1.0) {
+        snprintf(err, errlen, "--offload-fraction %g applies to --offload optimizer; add it, or drop the fraction",
+                 o->offload_fraction);
+        return -1;
+    }
+    if (o->offload == OFFLOAD_OPTIMIZER && o->offload_fraction <= 0.0) {
+        snprintf(err, errlen, "--offload-fraction 0 offloads nothing: give a fraction in (0, 1], or drop --offload");
+        return -1;
+    }
     if (o->sequence_parallel && tp == 1) {
         snprintf(err, errlen, "--sequence-parallel shards over the tensor-parallel group: it needs --tp above 1");
         return -1;
@@ -694,6 +713,7 @@ int options_resolve_layout(const run_options_t *o, const model_config_t *c, int 
     rc->recompute = o->recompute;
     rc->ddp_mode = o->ddp_mode;
     rc->grad_dtype = o->grad_reduce_dtype;
+    rc->offload_fraction = o->offload == OFFLOAD_OPTIMIZER ? o->offload_fraction : 0.0;
     rc->device = o->device;
     rc->dtype = o->dtype;
     rc->comm = o->comm;

@@ -31,6 +31,10 @@ extern const char *const options_fsdp_names[]; /* indexed by options_fsdp_t, NUL
 
 /* The parsed options, each as given (the enums by the name tables of
  * their owners' headers); options_resolve derives the run from them. */
+/* --offload: what of the state lives in host memory (issue 36). */
+typedef enum { OFFLOAD_NONE = 0, OFFLOAD_OPTIMIZER } options_offload_t;
+extern const char *const options_offload_names[]; /* indexed by options_offload_t, NULL-terminated */
+
 typedef struct run_options {
     char config[OPT_PATH_MAX];
     char model[64];
@@ -47,6 +51,8 @@ typedef struct run_options {
     options_fsdp_t fsdp;
     int hybrid_shard; /* shard group size (0 = the whole DP group) */
     double bucket_mb;
+    options_offload_t offload;      /* --offload */
+    double offload_fraction;        /* --offload-fraction: of the optimizer state, under --offload optimizer */
     comm_dtype_t grad_reduce_dtype; /* what the data-parallel gradient reductions send */
     int check_replicas;
     double comm_timeout;         /* seconds one communication call may block before the job is ended (0 = never) */
@@ -150,6 +156,9 @@ typedef struct run_config {
     model_recompute_t recompute;
     ddp_mode_t ddp_mode;
     comm_dtype_t grad_dtype;
+    /* --offload optimizer: the fraction of each rank's optimizer elements
+     * (moments and fp32 master weights) kept in host memory; 0: none */
+    double offload_fraction;
     backend_device_t device;
     backend_dtype_t dtype;
     backend_comm_t comm;

@@ -91,6 +91,16 @@ void trainer_banner(const trainer_t *tr, FILE *out)
         metrics_format_bytes(buf, sizeof buf, (double)mem_bytes((mem_category_t)k));
         fprintf(out, " %s %s%s", mem_category_name((mem_category_t)k), buf, k + 1 < MEM_N_CATEGORIES ? "," : "\n");
     }
+    const adamw_offload_t *h = &tr->optim.host;
+    if (h->n) {
+        metrics_format_bytes(buf, sizeof buf, (double)adamw_offload_bytes(h->n, h->p16 != NULL));
+        fprintf(
+            out,
+            "offload: optimizer, %zu of %zu elements per rank (fraction %g) in %s host memory, %s: moments and fp32 "
+            "master weights, updated by the host AdamW (%s)\n",
+            h->n, tr->optim.n, tr->run->offload_fraction, h->pinned ? "pinned" : "plain", buf,
+            adamw_host_isa_names[h->isa]);
+    }
     fprintf(out, "compute: %.1f GFLOP per step, peak %.1f GFLOP/s per rank (%s)\n",
             tr->flops_token * o->micro_batch * o->seq_len * tr->accum * tr->grid->dp_size * 1e-9, tr->peak_gflops,
             tr->peak_how);

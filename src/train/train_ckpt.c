@@ -44,7 +44,10 @@ static int params_from_host(trainer_t *tr, const float *host, char *err, size_t 
         model_params_written(&tr->model);
     else
         model_params_from_host(&tr->model, host);
-    return tr->sync.ops->params_from_host(&tr->sync, host, err, errlen);
+    if (tr->sync.ops->params_from_host(&tr->sync, host, err, errlen) != 0)
+        return -1;
+    adamw_offload_pull(&tr->optim, tr->sync.view.params); /* --offload: the host master copy */
+    return 0;
 }
 
 /* The reverse: a full flat host copy. Under ZeRO-3 the blocks are gathered
@@ -174,17 +177,33 @@ static int host_state(trainer_t *tr, float **p, float **m, float **v)
 static int moments_to_host(trainer_t *tr, float *hm, float *hv, char *err, size_t errlen)
 {
     dpsync_t *s = &tr->sync;
-    return s->ops->state_to_host(s, tr->optim.m, hm, err, errlen) != 0 ||
-                   s->ops->state_to_host(s, tr->optim.v, hv, err, errlen) != 0
-               ? -1
-               : 0;
+    float *host[2] = {hm, hv};
+    for (int k = 0; k < 2; k++) {
+        float *x = adamw_moment_get(&tr->optim, k); /* --offload: a whole copy in backend memory */
+        int rc = x ? 0 : -1;
+        if (!x)
+            snprintf(err, errlen, "out of memory for the optimizer moments");
+        else if (s->ops->state_to_host(s, x, host[k], err, errlen) != 0)
+            rc = -1;
+        adamw_moment_put(&tr->optim, k, x, 0);
+        if (rc != 0)
+            return -1;
+    }
+    return 0;
 }
 
 /* The reverse, after a checkpoint was read: each rank keeps its pieces. */
-static void moments_from_host(trainer_t *tr, const float *hm, const float *hv)
+static int moments_from_host(trainer_t *tr, const float *hm, const float *hv)
 {
-    tr->sync.ops->state_from_host(&tr->sync, hm, tr->optim.m);
-    tr->sync.ops->state_from_host(&tr->sync, hv, tr->optim.v);
+    const float *host[2] = {hm, hv};
+    for (int k = 0; k < 2; k++) {
+        float *x = adamw_moment_get(&tr->optim, k);
+        if (!x)
+            return -1;
+        tr->sync.ops->state_from_host(&tr->sync, host[k], x);
+        adamw_moment_put(&tr->optim, k, x, 1);
+    }
+    return 0;
 }
 
 /* Each dataset's position after `step` steps' batches (a rollback's
@@ -248,7 +267,10 @@ static int load_state(trainer_t *tr, const char *path, ckpt_meta_t *meta, double
             snprintf(err, errlen, "setting the parameters loaded from %s failed: %s", path, cerr);
             rc = -1;
         }
-        moments_from_host(tr, hm, hv);
+        if (rc == 0 && moments_from_host(tr, hm, hv) != 0) {
+            snprintf(err, errlen, "out of memory for the optimizer moments loaded from %s", path);
+            rc = -1;
+        }
     }
     return agree(tr->world, rc, err, errlen);
 }
@@ -451,7 +473,8 @@ static int overlap_copies(trainer_t *tr, ckpt_async_t *a, ckpt_async_job_t *job)
     const model_t *m = &tr->model;
     const dpsync_t *s = &tr->sync;
     const int device = m->ops->to_host_begin && m->ops->to_host_end;
-    if (s->ops->shards || (!device && !m->ops->host_readable) || m->lay.lent_block_params || s->n != m->table.numel)
+    if (s->ops->shards || (!device && !m->ops->host_readable) || m->lay.lent_block_params || s->n != m->table.numel ||
+        tr->optim.host.n) /* --offload: moments in two places */
         return 0;
     job->n_copy = 0;
     if (tr->grid->dp_rank != 0)

@@ -452,6 +452,65 @@ static int setup_backend(trainer_t *tr, const dpsync_ops_t *kind, char *err, siz
     return 0;
 }
 
+/* Bytes of host memory available to this process's node: /proc/meminfo's
+ * MemAvailable, capped by the cgroup's memory.max less memory.current
+ * where one limits the job (a SLURM allocation). 0: unknown. */
+static double host_mem_available(void)
+{
+    double avail = 0, max = 0, cur = 0;
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (f) {
+        char line[256];
+        unsigned long long kb;
+        while (fgets(line, sizeof line, f))
+            if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1)
+                avail = (double)kb * 1024.0;
+        fclose(f);
+    }
+    f = fopen("/sys/fs/cgroup/memory.max", "r");
+    if (f) {
+        if (fscanf(f, "%lf", &max) != 1)
+            max = 0;
+        fclose(f);
+    }
+    f = fopen("/sys/fs/cgroup/memory.current", "r");
+    if (f) {
+        if (fscanf(f, "%lf", &cur) != 1)
+            cur = 0;
+        fclose(f);
+    }
+    if (max > 0 && (avail == 0 || max - cur < avail))
+        avail = max > cur ? max - cur : 0;
+    return avail;
+}
+
+/* --offload optimizer, before any state is allocated: this rank's share
+ * of its node's available host memory must hold the offloaded part of
+ * its optimizer elements (about the stage's parameters, over the shard
+ * group under ZeRO), or the run is refused in one line on every rank. */
+static int check_offload_memory(trainer_t *tr, const model_layout_t *lay, char *err, size_t errlen)
+{
+    const run_config_t *run = tr->run;
+    param_table_t t;
+    int rc = param_table_build(&t, &tr->cfg, &lay->part, err, errlen);
+    if (rc == 0) {
+        const size_t n = run->zero_stage ? (t.numel + (size_t)run->shard - 1) / (size_t)run->shard : t.numel;
+        param_table_free(&t);
+        const double need = (double)adamw_offload_bytes(adamw_offload_count(n, run->offload_fraction), lay->bf16);
+        const double avail = host_mem_available(), gib = 1073741824.0;
+        const int ranks = tr->env->local_size > 0 ? tr->env->local_size : 1;
+        if (avail > 0 && need > avail / ranks) {
+            snprintf(err, errlen,
+                     "--offload optimizer: rank %d needs %.2f GiB of host memory for its optimizer state, but its "
+                     "node has %.2f GiB available for %d rank%s (%.2f GiB each): lower --offload-fraction, shard the "
+                     "state over more ranks (--zero 1 or more), or run fewer ranks per node",
+                     tr->env->world_rank, need / gib, avail / gib, ranks, ranks == 1 ? "" : "s", avail / ranks / gib);
+            rc = -1;
+        }
+    }
+    return agree(tr->world, rc, err, errlen);
+}
+
 /* The model, its ZeRO sharding, its initial (or imported) parameters and
  * the optimizer, plus the per-tensor tables of the norm and the tied
  * embedding. */
@@ -466,17 +525,27 @@ static int setup_model(trainer_t *tr, model_layout_t lay, const dpsync_ops_t *ki
         snprintf(err, errlen, "--dtype bf16: the %s backend has no bf16 GEMM; use --dtype fp32", tr->backend.ops->name);
         return -1;
     }
+    if (run->offload_fraction > 0 && check_offload_memory(tr, &lay, err, errlen) != 0)
+        return -1;
     if (model_create(&tr->model, &tr->cfg, tr->backend.ops, &lay, run->micro_batch, run->seq_len, err, errlen) != 0)
         return -1;
     if (setup_sync(tr, kind, run->grad_dtype, err, errlen) != 0)
         return -1;
     if (init_params(tr, (uint64_t)o->seed, err, errlen) != 0)
         return -1;
-    if (adamw_create(&tr->optim, tr->model.ops, &tr->model.table, &tr->sync.view, o->beta1, o->beta2, o->adam_eps,
-                     o->weight_decay, o->grad_clip) != 0) {
-        snprintf(err, errlen, "out of memory for the optimizer state (%zu parameters)", tr->model.table.numel);
+    /* --offload optimizer: the first --offload-fraction of this rank's
+     * optimizer elements in host memory, staging the bf16 copy when the
+     * update writes it (a view of every parameter) */
+    const dpsync_optim_view_t *v = &tr->sync.view;
+    const size_t n_host = adamw_offload_count(v->n, run->offload_fraction);
+    const int host_bf16 = n_host && tr->model.params16 != NULL && v->whole;
+    int rc = adamw_create(&tr->optim, tr->model.ops, &tr->model.table, v, o->beta1, o->beta2, o->adam_eps,
+                          o->weight_decay, o->grad_clip, n_host, host_bf16);
+    if (rc != 0)
+        snprintf(err, errlen, "out of memory for the optimizer state (%zu parameters%s)", tr->model.table.numel,
+                 n_host ? ", part of it in host memory" : "");
+    if (rc != 0)
         return -1;
-    }
     const param_table_t *t = &tr->model.table;
     /* GPT-2's tied embedding, when the first and last stage differ: the
      * first stage's wte and the last stage's copy, summed over the
