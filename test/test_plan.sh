@@ -98,6 +98,10 @@ mem_check 4 --zero 2 --hybrid-shard 2
 # bf16 reductions: ddp.c's and zero.c's bf16 staging, sized by the functions
 # their allocations use
 mem_check 4 --zero 1 --grad-reduce-dtype bf16
+# --offload optimizer: the device keeps the moments of the elements not
+# offloaded (none at fraction 1), the planner's count exactly
+mem_check 1 --offload optimizer
+mem_check --dtype bf16 4 --zero 2 --pp 2 --offload optimizer --offload-fraction 0.5
 mem_check 4 --zero 2 --hybrid-shard 2 --grad-reduce-dtype bf16
 mem_check 4 --zero 3 --grad-reduce-dtype bf16
 mem_check --dtype bf16 1

@@ -1,0 +1,108 @@
+#!/bin/sh
+# --offload optimizer (issue 36): the moments and fp32 master weights of
+# the first --offload-fraction of each rank's optimizer elements live in
+# host memory and are updated by the host AdamW (src/optim/adamw_host.c),
+# which does the ops table's arithmetic bit for bit. So offload on and off
+# give bit-identical losses, gradient norms and final parameters at:
+#  - 1 rank, fp32 and bf16 (the bf16 copy staged on the host);
+#  - dp2 with ZeRO-1 and gradient accumulation, half the state offloaded;
+#  - dp4 with ZeRO-3 and --hybrid-shard 2, half offloaded;
+#  - tp2 x pp2 (GPT-2's tied embedding across stages), and with bf16 and
+#    ZeRO-2;
+#  - tiny-llama at dp2 with ZeRO-1 and bf16;
+#  - the deferred-ops table playing the device (DTRAIN_DEFER_OPS=1), so
+#    the copies are queued ops as on a GPU.
+# A checkpoint written with offload resumes without it and the reverse,
+# bit-identically to the uninterrupted run; a rollback after non-finite
+# steps (the master copy read back from the checkpoint) equals the same
+# rollback without offload. The banner says what moved; bad combinations
+# and a node whose memory cannot hold the state are refused in one line.
+# (The device bytes equal the planner's: test_plan.sh's mem_check.)
+. "$top_srcdir/test/common.sh"
+
+PY=/usr/bin/python3
+same() { # REF OUT LABEL: bit-identical losses, norms and final parameters
+    strip_timing "$1" >"$TMP/a" && strip_timing "$2" >"$TMP/b"
+    if cmp -s "$TMP/a" "$TMP/b" && out=$("$PY" "$top_srcdir/test/compare_params.py" "$1.h5" "$2.h5" 0 2>&1); then
+        pass "$3: $(grep -c loss "$TMP/a") records, losses, norms and final parameters bit-identical to no offload"
+    else
+        fail "$3: differs from no offload: $(diff "$TMP/a" "$TMP/b" | sed -n 2p | cut -c1-160) ${out:-}"
+    fi
+}
+
+# ---- offload on vs off ----
+n=0
+for layout in "1" "1 --dtype bf16" "2 --zero 1 --offload-fraction 0.5" \
+    "4 --zero 3 --hybrid-shard 2 --offload-fraction 0.5" "4 --tp 2 --pp 2" \
+    "4 --tp 2 --pp 2 --dtype bf16 --zero 2 --offload-fraction 0.5" \
+    "2 --model tiny-llama --zero 1 --dtype bf16"; do
+    set -- $layout
+    np=$1
+    shift
+    ref=$(echo "$*" | sed 's/--offload-fraction [0-9.]*//')
+    n=$((n + 1))
+    layout_run "$TMP/off$n.ref.json" "$np" $ref || continue
+    layout_run "$TMP/off$n.json" "$np" --offload optimizer "$@" || continue
+    same "$TMP/off$n.ref.json" "$TMP/off$n.json" "np $np $* --offload optimizer"
+done
+grep -q "^offload: optimizer, [0-9]* of [0-9]* elements per rank (fraction 0.5) in plain host memory" \
+    "$TMP/off3.json.log" && pass "the banner names the offloaded elements and the fraction" ||
+    fail "banner: $(grep offload: "$TMP/off3.json.log")"
+
+# the deferred-ops table plays the device: copies and updates are queued
+export DTRAIN_DEFER_OPS=1
+layout_run "$TMP/defer.ref.json" 1 --dtype bf16 &&
+    layout_run "$TMP/defer.json" 1 --dtype bf16 --offload optimizer --offload-fraction 0.5 &&
+    same "$TMP/defer.ref.json" "$TMP/defer.json" "DTRAIN_DEFER_OPS=1 bf16 --offload-fraction 0.5"
+unset DTRAIN_DEFER_OPS
+
+# ---- checkpoints: written with offload, resumed without, and the reverse ----
+RUN="$(tiny_args) --threads 1 --steps 20 --warmup 5 --micro-batch 2 --global-batch 8 --seq-len 64 --val-every 0 \
+     --sample-tokens 0 --zero 1"
+run() { # OUT NP ARGS...
+    out=$1
+    np=$2
+    shift 2
+    "$MPIEXEC" --quiet -np "$np" "$DTRAIN" $RUN --metrics "$out" "$@" >"$out.log" 2>&1 ||
+        { fail "np $np $*: exit status $? $(tail -n 3 "$out.log")"; return 1; }
+}
+losses() { sed -n 's/^{"step": \([0-9]*\), "loss": \([^,]*\),.*"grad_norm": \([^,]*\).*/\1 \2 \3/p' "$1"; }
+run "$TMP/full.json" 2 --save-params "$TMP/full.h5"
+for dir in on-off off-on; do
+    first=""
+    second=""
+    [ "$dir" = on-off ] && first="--offload optimizer" || second="--offload optimizer --offload-fraction 0.5"
+    run "$TMP/$dir.1.json" 2 --ckpt-dir "$TMP/$dir" --stop-at-step 10 $first &&
+        run "$TMP/$dir.2.json" 2 --ckpt-dir "$TMP/$dir" --resume auto --save-params "$TMP/$dir.h5" $second || continue
+    losses "$TMP/full.json" | awk '$1 > 10' >"$TMP/a"
+    losses "$TMP/$dir.2.json" >"$TMP/b"
+    if [ "$(wc -l <"$TMP/b")" -eq 10 ] && cmp -s "$TMP/a" "$TMP/b" &&
+        out=$("$PY" "$top_srcdir/test/compare_params.py" "$TMP/full.h5" "$TMP/$dir.h5" 0); then
+        pass "checkpoint at step 10, offload $dir: the 10 resumed losses, norms and final parameters bit-identical ($out)"
+    else
+        fail "checkpoint offload $dir: $(diff "$TMP/a" "$TMP/b" | sed -n 2p) ${out:-}"
+    fi
+done
+
+# ---- a rollback reads the master copy back ----
+R="--spike-max 2 --ckpt-every 5 --zero 0"
+export DTRAIN_TEST_INJECT_NAN=8,9
+run "$TMP/rb.json" 2 $R --ckpt-dir "$TMP/rb" --save-params "$TMP/rb.json.h5" &&
+    run "$TMP/rbo.json" 2 $R --ckpt-dir "$TMP/rbo" --save-params "$TMP/rbo.json.h5" --offload optimizer &&
+    if grep -q "^spike: 2 steps skipped in a row" "$TMP/rbo.json.log"; then
+        same "$TMP/rb.json" "$TMP/rbo.json" "rollback to step 5 after non-finite steps 8-9, offload"
+    else
+        fail "no rollback in the offload run: $(grep spike "$TMP/rbo.json.log" | head -n 2)"
+    fi
+unset DTRAIN_TEST_INJECT_NAN
+
+# ---- refused in one line ----
+expect_exit2 "offload-fraction 0.5 applies to --offload optimizer" \
+    "$MPIEXEC" --quiet -np 2 "$DTRAIN" $RUN --offload-fraction 0.5
+expect_exit2 "offload-fraction 0 offloads nothing" \
+    "$MPIEXEC" --quiet -np 2 "$DTRAIN" $RUN --offload optimizer --offload-fraction 0
+# about 150 GiB of optimizer state on one rank: refused before anything is allocated
+expect_exit2 "offload optimizer: rank 0 needs [0-9.]* GiB of host memory for its optimizer state, but its node has" \
+    "$MPIEXEC" --quiet -np 1 "$DTRAIN" --model gpt2-350m --n-layer 200 --d-model 2048 --n-head 16 --n-kv-head 16 \
+    --d-ff 8192 --steps 2 --offload optimizer
+finish
