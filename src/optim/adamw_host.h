@@ -9,9 +9,7 @@
  * scalar formula (multiplies and adds never fused, sqrt and divide
  * correctly rounded), so p, m, v and p16 are bit-identical to the CPU ops
  * table's adamw whichever path and thread count runs (test_adamw_host).
- *
- * Not yet wired into training: --offload, the gradient and weight streams
- * and the planner's host memory are the next slices of issue 36. */
+ * --offload optimizer's update (optim.c) runs on it. */
 #ifndef DTRAIN_ADAMW_HOST_H
 #define DTRAIN_ADAMW_HOST_H
 
