@@ -39,15 +39,26 @@
  *          rest run at the end. Between F and B at most min(P-s, M)
  *          microbatches (1f1b's); between F and W at most min(P, M) on
  *          every stage (1f1b's first stage, the peak the paper keeps).
- * Forwards and backwards each run in increasing microbatch order on every
- * stage of 1f1b, gpipe and zb-h1, and in one common (chunk, microbatch)
- * order on every stage of interleaved, so the messages between two
- * neighbours arrive in the order the receiver consumes them (MPI does not
- * overtake messages of one source, tag and communicator).
+ *   zbv    Zero Bubble's ZB-V (section 6; PyTorch's ScheduleZBVZeroBubble
+ *          order), V = 2, B and W split: stage s holds chunks s and
+ *          2P-1-s, so the chunks run down the stages and back up, the last
+ *          stage turns around locally and stage 0 computes the loss.
+ *          Warm-up: 2(P-s)-1 forwards of chunk 0, s pairs F1 F0, P-s
+ *          triples F1 B1 W1; steady F0 B0 W0 F1 B1 W1; cool-down s pairs
+ *          B0 B1, P-s pairs B0 W0, then the Ws left. At most
+ *          min(2P, 2M, M+s+1) chunk-microbatches (P stage-microbatches
+ *          once M >= 2P-1: 1f1b's stage 0) between F and W.
+ * Forwards and backwards of a chunk run in increasing microbatch order on
+ * every stage (interleaved: in one common (chunk, microbatch) order), and
+ * every link carries one chunk boundary's messages or, interleaved, the
+ * boundaries in that common order, so the messages between two stages
+ * arrive in the order the receiver consumes them (MPI does not overtake
+ * messages of one source, tag and communicator).
  *
  * Activation slots: microbatch m uses a slot from its forward to the end
  * of its backward (full backward, or W when split). 1f1b, gpipe and zb-h1:
- * slot m % pipe_slots(); interleaved: the lowest slot free at the forward.
+ * slot m % pipe_slots(); interleaved and zbv: the lowest slot free at the
+ * forward.
  * A slot is reused only after its previous holder's backward. */
 #ifndef DTRAIN_PIPELINE_H
 #define DTRAIN_PIPELINE_H
@@ -57,32 +68,32 @@
 #include "base/ops.h"
 #include "mpi/comm.h"
 
-typedef enum { PIPE_1F1B = 0, PIPE_GPIPE, PIPE_INTERLEAVED, PIPE_ZBH1 } pipe_kind_t;
-#define PIPE_N_KINDS 4
+typedef enum { PIPE_1F1B = 0, PIPE_GPIPE, PIPE_INTERLEAVED, PIPE_ZBH1, PIPE_ZBV } pipe_kind_t;
+#define PIPE_N_KINDS 5
 /* The names of the kinds pipe_run executes, indexed by pipe_kind_t,
  * NULL-terminated: --pp-schedule's values ("1f1b", "gpipe"). */
 extern const char *const pipe_kind_names[];
 /* PIPE_BWD is a whole backward (B and W in one action: the non-split
- * schedules); zb-h1 has PIPE_BWD_INPUT (B) and PIPE_BWD_WEIGHT (W). */
+ * schedules); zb-h1 and zbv have PIPE_BWD_INPUT (B) and PIPE_BWD_WEIGHT (W). */
 typedef enum { PIPE_FWD = 0, PIPE_BWD, PIPE_BWD_INPUT, PIPE_BWD_WEIGHT } pipe_op_t;
 
 typedef struct pipe_action {
     pipe_op_t op;
     int micro; /* microbatch index, 0..M-1 */
     int slot;  /* activation slot, 0..pipe_stage_slots()-1 */
-    int chunk; /* the stage's own chunk, 0..V-1 (0 unless interleaved);
-                * its place in the model is pipe_chunk_of() */
+    int chunk; /* the stage's own chunk, 0..V-1 (0 unless interleaved or
+                * zbv); its place in the model is pipe_chunk_of() */
 } pipe_action_t;
 
 /* A schedule's dimensions. */
 typedef struct pipe_shape {
     pipe_kind_t kind;
     int stages; /* P */
-    int virt;   /* V: chunks per stage; interleaved >= 2, the others 1 */
+    int virt;   /* V: chunks per stage; interleaved >= 2, zbv 2, the others 1 */
     int micro;  /* M */
 } pipe_shape_t;
 
-/* Any kind's name ("1f1b", "gpipe", "interleaved", "zb-h1") -> *k, 0; -1
+/* Any kind's name ("1f1b", "gpipe", "interleaved", "zb-h1", "zbv") -> *k, 0; -1
  * for anything else (*k untouched). */
 int pipe_kind_parse(const char *s, pipe_kind_t *k);
 /* The kind's name; "1f1b" for a value out of range. */
@@ -92,7 +103,7 @@ const char *pipe_kind_name(pipe_kind_t k);
  * may be NULL): "interleaved schedule: 6 microbatches is not a multiple
  * of the 4 pipeline stages (Megatron's microbatch groups)". */
 int pipe_shape_check(const pipe_shape_t *sh, char *err, size_t errlen);
-/* Actions in each stage's list: 3*V*M when the backward is split (zb-h1),
+/* Actions in each stage's list: 3*V*M when the backward is split (zb-h1, zbv),
  * else 2*V*M; 0 for a shape pipe_shape_check rejects. */
 int pipe_stage_actions(const pipe_shape_t *sh);
 /* Where the stage's local chunk sits in the model: 0 .. P*V-1. */

@@ -11,7 +11,9 @@
  *                  steps, the fill and drain still P - 1 of them)
  *   zb-h1, M >= P  makespan M T + (P-1)(f + b - w)  (w <= f, w <= b; the
  *                  paper's (P-1)(T_F + T_B - T_W) bubble, a third of
- *                  1f1b's when f = b = w) */
+ *                  1f1b's when f = b = w)
+ *   zbv, M >= 3P/2 makespan (6M + P - 1) f when f = b = w (two chunks of
+ *                  half a stage: P - 1 idle chunk steps) */
 #include "mpi/pipeline.h"
 
 #include <stdarg.h>
@@ -20,8 +22,11 @@
 #include <string.h>
 
 /* Every kind's name, indexed by pipe_kind_t. */
-static const char *const kind_names[PIPE_N_KINDS] = {
-    [PIPE_1F1B] = "1f1b", [PIPE_GPIPE] = "gpipe", [PIPE_INTERLEAVED] = "interleaved", [PIPE_ZBH1] = "zb-h1"};
+static const char *const kind_names[PIPE_N_KINDS] = {[PIPE_1F1B] = "1f1b",
+                                                     [PIPE_GPIPE] = "gpipe",
+                                                     [PIPE_INTERLEAVED] = "interleaved",
+                                                     [PIPE_ZBH1] = "zb-h1",
+                                                     [PIPE_ZBV] = "zbv"};
 const char *const pipe_kind_names[] = {[PIPE_1F1B] = "1f1b", [PIPE_GPIPE] = "gpipe", NULL};
 
 int pipe_kind_parse(const char *s, pipe_kind_t *k)
@@ -37,6 +42,7 @@ int pipe_kind_parse(const char *s, pipe_kind_t *k)
 const char *pipe_kind_name(pipe_kind_t k) { return kind_names[(unsigned)k < PIPE_N_KINDS ? k : PIPE_1F1B]; }
 
 static int imin(int a, int b) { return a < b ? a : b; }
+static int imax(int a, int b) { return a > b ? a : b; }
 
 static void say(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static void say(char *err, size_t errlen, const char *fmt, ...)
@@ -61,6 +67,13 @@ int pipe_shape_check(const pipe_shape_t *sh, char *err, size_t errlen)
             sh->micro);
         return -1;
     }
+    if (sh->kind == PIPE_ZBV) {
+        if (sh->virt != 2) {
+            say(err, errlen, "zbv schedule: two chunks per stage (the V), not %d", sh->virt);
+            return -1;
+        }
+        return 0;
+    }
     if (sh->kind != PIPE_INTERLEAVED) {
         if (sh->virt != 1) {
             say(err, errlen, "%s schedule: one chunk per stage, not %d (only interleaved has virtual stages)", name,
@@ -83,7 +96,7 @@ int pipe_shape_check(const pipe_shape_t *sh, char *err, size_t errlen)
     return 0;
 }
 
-static int split_backward(pipe_kind_t k) { return k == PIPE_ZBH1; }
+static int split_backward(pipe_kind_t k) { return k == PIPE_ZBH1 || k == PIPE_ZBV; }
 
 int pipe_stage_actions(const pipe_shape_t *sh)
 {
@@ -92,7 +105,21 @@ int pipe_stage_actions(const pipe_shape_t *sh)
     return (split_backward(sh->kind) ? 3 : 2) * sh->virt * sh->micro;
 }
 
-int pipe_chunk_of(const pipe_shape_t *sh, int stage, int local) { return local * sh->stages + stage; }
+int pipe_chunk_of(const pipe_shape_t *sh, int stage, int local)
+{
+    if (sh->kind == PIPE_ZBV) /* down the stages, then back up */
+        return local == 0 ? stage : 2 * sh->stages - 1 - stage;
+    return local * sh->stages + stage;
+}
+
+/* The stage holding model chunk c (the inverse of pipe_chunk_of). */
+static int stage_of(const pipe_shape_t *sh, int c)
+{
+    const int P = sh->stages;
+    if (sh->kind == PIPE_ZBV)
+        return c < P ? c : 2 * P - 1 - c;
+    return c % P;
+}
 
 /* Forwards before the first backward's partner forward (Megatron's
  * num_warmup_microbatches), in chunk-microbatches. */
@@ -115,6 +142,7 @@ int pipe_stage_slots(const pipe_shape_t *sh, int stage)
     case PIPE_GPIPE: return M;
     case PIPE_INTERLEAVED: return imin(warmup(sh, stage) + 1, V * M);
     case PIPE_ZBH1: return imin(P, M); /* F..W: s deferred Ws on top of 1f1b's P - s */
+    case PIPE_ZBV: return imin(imin(2 * P, 2 * M), M + stage + 1);
     default: return imin(P - stage, M);
     }
 }
@@ -152,8 +180,9 @@ static pipe_action_t interleaved_step(int P, int V, int k, pipe_op_t op)
     return (pipe_action_t){.op = op, .micro = k / (P * V) * P + k % P, .chunk = op == PIPE_FWD ? local : V - 1 - local};
 }
 
-/* Gives each forward the lowest slot free then, and each backward its
- * forward's slot; -1 when a forward finds none of the n_slots free. */
+/* Gives each forward the lowest slot free then, and each backward (B, W
+ * or whole) its forward's slot, freed by W or the whole backward; -1 when
+ * a forward finds none of the n_slots free. */
 static int assign_lowest_free(pipe_action_t *a, int n, int n_slots, int n_micro)
 {
     int *holder = malloc((size_t)n_slots * sizeof *holder); /* chunk * M + micro, or -1 */
@@ -173,7 +202,8 @@ static int assign_lowest_free(pipe_action_t *a, int n, int n_slots, int n_micro)
             break;
         }
         a[i].slot = q;
-        holder[q] = a[i].op == PIPE_FWD ? key : -1;
+        if (a[i].op != PIPE_BWD_INPUT)
+            holder[q] = a[i].op == PIPE_FWD ? key : -1;
     }
     free(holder);
     return rc;
@@ -225,6 +255,70 @@ static int zb_h1(const pipe_shape_t *sh, int stage, pipe_action_t *out)
     return n;
 }
 
+/* ZBV's builder: appends (op, local chunk, the chunk's next microbatch of
+ * that op) and drops microbatches past M (the order is built for at least
+ * 2P - 1 of them, the fewest that fill the V). */
+typedef struct zbv_builder {
+    pipe_action_t *out;
+    int n, M;
+    int next[3][2]; /* [F, B, W][local chunk]: the next microbatch */
+} zbv_builder_t;
+
+static void zbv_add(zbv_builder_t *z, pipe_op_t op, int local)
+{
+    const int e = op == PIPE_FWD ? 0 : op == PIPE_BWD_INPUT ? 1 : 2;
+    const int m = z->next[e][local]++;
+    if (m < z->M)
+        z->out[z->n++] = (pipe_action_t){.op = op, .micro = m, .chunk = local};
+}
+
+/* ZB-V (Qi et al., section 6; the order of PyTorch's ScheduleZBVZeroBubble):
+ * stage s holds chunk s (local 0, on the way down) and chunk 2P-1-s
+ * (local 1, on the way up), so the last stage turns the V around with no
+ * message and the first stage computes the loss. Warm-up: 2(P-s)-1
+ * forwards of chunk 0, s pairs F1 F0, then P-s triples F1 B1 W1; steady:
+ * F0 B0 W0 F1 B1 W1 until both chunks' forwards are done; cool-down: s
+ * pairs B0 B1, P-s pairs B0 W0, then the Ws left, chunk 1's first. */
+static int zbv_order(const pipe_shape_t *sh, int stage, pipe_action_t *out)
+{
+    const int P = sh->stages, n = imax(2 * P - 1, sh->micro);
+    zbv_builder_t z = {.out = out, .M = sh->micro};
+    int(*nx)[2] = z.next;
+    for (int i = 0; i < 2 * (P - stage) - 1; i++)
+        zbv_add(&z, PIPE_FWD, 0);
+    for (int i = 0; i < stage; i++) {
+        zbv_add(&z, PIPE_FWD, 1);
+        zbv_add(&z, PIPE_FWD, 0);
+    }
+    for (int i = 0; i < P - stage; i++) {
+        zbv_add(&z, PIPE_FWD, 1);
+        zbv_add(&z, PIPE_BWD_INPUT, 1);
+        zbv_add(&z, PIPE_BWD_WEIGHT, 1);
+    }
+    while (nx[0][1] < nx[0][0] || nx[0][0] < n) {
+        if (nx[0][0] < n)
+            zbv_add(&z, PIPE_FWD, 0);
+        zbv_add(&z, PIPE_BWD_INPUT, 0);
+        zbv_add(&z, PIPE_BWD_WEIGHT, 0);
+        zbv_add(&z, PIPE_FWD, 1);
+        zbv_add(&z, PIPE_BWD_INPUT, 1);
+        zbv_add(&z, PIPE_BWD_WEIGHT, 1);
+    }
+    for (int i = 0; i < stage; i++) {
+        zbv_add(&z, PIPE_BWD_INPUT, 0);
+        zbv_add(&z, PIPE_BWD_INPUT, 1);
+    }
+    for (int i = 0; i < P - stage; i++) {
+        zbv_add(&z, PIPE_BWD_INPUT, 0);
+        zbv_add(&z, PIPE_BWD_WEIGHT, 0);
+    }
+    while (nx[2][1] < nx[1][1])
+        zbv_add(&z, PIPE_BWD_WEIGHT, 1);
+    while (nx[2][0] < nx[1][0])
+        zbv_add(&z, PIPE_BWD_WEIGHT, 0);
+    return assign_lowest_free(out, z.n, pipe_stage_slots(sh, stage), sh->micro) == 0 ? z.n : -1;
+}
+
 int pipe_stage_schedule(const pipe_shape_t *sh, int stage, pipe_action_t *out)
 {
     const int slots = pipe_stage_slots(sh, stage);
@@ -233,6 +327,7 @@ int pipe_stage_schedule(const pipe_shape_t *sh, int stage, pipe_action_t *out)
     switch (sh->kind) {
     case PIPE_INTERLEAVED: return interleaved(sh, stage, out);
     case PIPE_ZBH1: return zb_h1(sh, stage, out);
+    case PIPE_ZBV: return zbv_order(sh, stage, out);
     default: return one_f_one_b(warmup(sh, stage), sh->micro, slots, out);
     }
 }
@@ -255,6 +350,7 @@ enum { E_F = 0, E_B, E_W };       /* which end time: forward, B (or whole backwa
 enum { LINK_ACT = 0, LINK_GRAD }; /* activations downstream, gradients upstream */
 
 typedef struct sim {
+    const pipe_shape_t *sh;
     int P, V, M, C; /* C = P*V model chunks */
     pipe_cost_t cost;
     int split;
@@ -292,7 +388,7 @@ static int sim_fail(sim_t *S, int r, const pipe_action_t *a, const char *fmt, ..
     vsnprintf(why, sizeof why, fmt, ap);
     va_end(ap);
     say(S->err, S->errlen, "stage %d action %d (%s of chunk %d microbatch %d): %s", r, S->pc[r], op_name(a->op),
-        a->chunk * S->P + r, a->micro, why);
+        pipe_chunk_of(S->sh, r, a->chunk), a->micro, why);
     return -1;
 }
 
@@ -302,7 +398,7 @@ static int sim_fail(sim_t *S, int r, const pipe_action_t *a, const char *fmt, ..
  * or a same-stage input comes later in the list. */
 static int sim_input(sim_t *S, int r, const pipe_action_t *a, int dir, int from, double *ready)
 {
-    const int key = from * S->M + a->micro, q = from % S->P;
+    const int key = from * S->M + a->micro, q = stage_of(S->sh, from);
     const double t = S->end[dir == LINK_ACT ? E_F : E_B][key];
     const char *what = dir == LINK_ACT ? "output" : "input gradient";
     if (q == r && t < 0)
@@ -345,8 +441,10 @@ static int sim_slot(sim_t *S, int r, const pipe_action_t *a, int key)
 /* After an action: its message, if its consumer is on another stage. */
 static void sim_send(sim_t *S, int r, int dir, int to, int key)
 {
-    const int q = to % S->P;
-    if (to >= 0 && to < S->C && q != r)
+    if (to < 0 || to >= S->C)
+        return;
+    const int q = stage_of(S->sh, to);
+    if (q != r)
         S->seq[dir][key] = S->sent[dir][r * S->P + q]++;
 }
 
@@ -373,7 +471,7 @@ static int sim_step(sim_t *S, int r, const pipe_action_t *a)
         a->op == PIPE_FWD || (S->split ? a->op == PIPE_BWD_INPUT || a->op == PIPE_BWD_WEIGHT : a->op == PIPE_BWD);
     if (!ok_op || a->chunk < 0 || a->chunk >= S->V || a->micro < 0 || a->micro >= S->M)
         return sim_fail(S, r, a, "op %d, chunk or microbatch out of range for this schedule", (int)a->op);
-    const int c = a->chunk * S->P + r, key = c * S->M + a->micro;
+    const int c = pipe_chunk_of(S->sh, r, a->chunk), key = c * S->M + a->micro;
     const int e = a->op == PIPE_FWD ? E_F : a->op == PIPE_BWD_WEIGHT ? E_W : E_B;
     if (S->end[e][key] >= 0)
         return sim_fail(S, r, a, "runs twice");
@@ -418,7 +516,7 @@ static int sim_deadlock(sim_t *S, const pipe_action_t *const *acts, const int *n
         if (S->pc[r] < n_acts[r]) {
             const pipe_action_t *a = &acts[r][S->pc[r]];
             say(S->err + len, S->errlen - len, " stage %d at action %d (%s of chunk %d microbatch %d) waits for %s;", r,
-                S->pc[r], op_name(a->op), a->chunk * S->P + r, a->micro,
+                S->pc[r], op_name(a->op), pipe_chunk_of(S->sh, r, a->chunk), a->micro,
                 a->op == PIPE_FWD ? "an activation" : "a gradient");
         }
     return -1;
@@ -523,7 +621,8 @@ int pipe_simulate(const pipe_shape_t *sh, const pipe_action_t *const *acts, cons
         say(err, errlen, "pipeline simulator: missing lists or result, or a negative cost");
         return -1;
     }
-    sim_t S = {.P = sh->stages,
+    sim_t S = {.sh = sh,
+               .P = sh->stages,
                .V = sh->virt,
                .M = sh->micro,
                .C = sh->stages * sh->virt,

@@ -6,8 +6,9 @@
  *     stage of P 1..8 x M 1..32, op, microbatch, slot, and chunk 0.
  * (b) Shapes refused with one line: interleaved with M % P != 0 or V < 2,
  *     V != 1 for the others, no stages or microbatches.
- * (c) Properties, for 1f1b, gpipe, zb-h1 (V = 1) and interleaved
- *     (V = 2..4, M a multiple of P), P 1..8, M 1..32, every stage, under
+ * (c) Properties, for 1f1b, gpipe, zb-h1 (V = 1), zbv (V = 2) and
+ *     interleaved (V = 2..4, M a multiple of P), P 1..8, M 1..32, every
+ *     stage, under
  *     four sets of costs (f, b, w): pipe_simulate accepts the lists (every
  *     chunk-microbatch's F, B and W, or F and whole backward, exactly once;
  *     F before B before W; cross-stage inputs consumed in the FIFO order
@@ -15,18 +16,23 @@
  *     most slots held on stage r (F to W) equals pipe_stage_slots and
  *       1f1b min(P-r, M), gpipe M, zb-h1 min(P, M),
  *       interleaved min(2(P-r-1) + (V-1)P + 1, V*M) chunk-microbatches,
+ *       zbv min(2P, 2M, M+r+1) chunk-microbatches,
  *     the most between F and B is the same except zb-h1's min(P-r, M);
  *     and the makespan, with T = f + b + w per chunk-microbatch, is
  *       1f1b, gpipe (M+P-1) T; interleaved (V M + P-1) T;
  *       zb-h1, M >= P: M T + (P-1)(f + b - w) (costs with w <= f, b);
- *       zb-h1, M < P: at most 1f1b's,
- *     so with unit costs the bubble is (P-1)/(M+P-1), (P-1)/(VM+P-1) and
- *     (P-1)/(3M+P-1) (a third of 1f1b's idle time).
+ *       zbv, f = b = w, M >= 3P/2: (6M + P-1) f;
+ *       otherwise (zb-h1 M < P, zbv): at most 1f1b's on V chunks a stage,
+ *       (M+P-1) V T,
+ *     so with unit costs the bubble is (P-1)/(M+P-1), (P-1)/(VM+P-1),
+ *     (P-1)/(3M+P-1) (a third of 1f1b's idle time) and (P-1)/(6M+P-1).
  * (d) The checker catches broken lists: interleaved with Megatron's
  *     warm-up count off (+1: a slot still held, more activations than the
  *     stage has; -1 everywhere: the last stage runs the loss chunk's
  *     backward before its forward; -3 on stage 0: deadlock; -2 on stage 1:
  *     slower than the stated makespan), forwards swapped (message order),
+ *     zbv's turn on the last stage run backwards (an input on the same
+ *     stage later in its list),
  *     a W dropped (count), a W before its B, a backward before its F, and
  *     backwards in reverse order (message order).
  * One line per check; exit 1 if any failed. */
@@ -41,7 +47,7 @@
 #define MAX_P 8
 #define MAX_M 32
 #define MAX_V 4
-#define MAX_ACTS (3 * MAX_V * MAX_M)
+#define MAX_ACTS (3 * MAX_V * MAX_M) /* zbv: 3 * 2 * M */
 
 static int g_checks, g_fails;
 
@@ -142,13 +148,14 @@ static void check_shapes(void)
 {
     pipe_kind_t k = PIPE_1F1B;
     int ok = pipe_kind_parse("interleaved", &k) == 0 && k == PIPE_INTERLEAVED && pipe_kind_parse("zb-h1", &k) == 0 &&
-             k == PIPE_ZBH1 && pipe_kind_parse("zbv", &k) == -1 && k == PIPE_ZBH1 &&
+             k == PIPE_ZBH1 && pipe_kind_parse("zbv", &k) == 0 && k == PIPE_ZBV && pipe_kind_parse("zb-h2", &k) == -1 &&
              strcmp(pipe_kind_name(PIPE_INTERLEAVED), "interleaved") == 0 && pipe_kind_names[2] == NULL;
     check(ok, "", "pipe_kind_parse knows every kind; pipe_kind_names (--pp-schedule) lists only 1f1b and gpipe");
     check_shape((pipe_shape_t){PIPE_INTERLEAVED, 4, 2, 6}, "6 microbatches is not a multiple of the 4");
     check_shape((pipe_shape_t){PIPE_INTERLEAVED, 4, 1, 8}, "needs at least 2");
     check_shape((pipe_shape_t){PIPE_ZBH1, 4, 2, 8}, "one chunk per stage");
     check_shape((pipe_shape_t){PIPE_1F1B, 0, 1, 8}, "at least 1");
+    check_shape((pipe_shape_t){PIPE_ZBV, 4, 3, 8}, "two chunks per stage");
     check_shape((pipe_shape_t){PIPE_INTERLEAVED, 4, 3, 12}, NULL);
     pipe_action_t a[8];
     const pipe_shape_t bad = {PIPE_INTERLEAVED, 4, 2, 6};
@@ -184,6 +191,7 @@ static int want_held(const pipe_shape_t *sh, int r)
     case PIPE_GPIPE: return M;
     case PIPE_INTERLEAVED: return imin(2 * (P - r - 1) + (V - 1) * P + 1, V * M);
     case PIPE_ZBH1: return imin(P, M);
+    case PIPE_ZBV: return imin(imin(2 * P, 2 * M), M + r + 1);
     default: return imin(P - r, M);
     }
 }
@@ -193,14 +201,17 @@ static int want_fb(const pipe_shape_t *sh, int r)
     return sh->kind == PIPE_ZBH1 ? imin(sh->stages - r, sh->micro) : want_held(sh, r);
 }
 
-/* The exact makespan the simulation must match; for zb-h1 with M < P, -1
- * (bounded by 1f1b's instead). */
+/* The exact makespan the simulation must match, or -1 where only 1f1b's
+ * on the same work bounds it: zb-h1 with M < P; zbv unless f = b = w and
+ * M >= 3P/2 (PyTorch: "zero bubble" only with equal times). */
 static double want_makespan(const pipe_shape_t *sh, const pipe_cost_t *c)
 {
     const int P = sh->stages, V = sh->virt, M = sh->micro;
     const double T = c->f + c->b + c->w;
     if (sh->kind == PIPE_ZBH1)
         return M >= P ? M * T + (P - 1) * (c->f + c->b - c->w) : -1.0;
+    if (sh->kind == PIPE_ZBV)
+        return c->f == c->b && c->b == c->w && M >= 3 * P / 2 ? (6 * M + P - 1) * c->f : -1.0;
     return (V * M + P - 1) * T;
 }
 
@@ -226,7 +237,7 @@ static int shape_ok(const pipe_shape_t *sh, const pipe_cost_t *cost, lists_t *L,
             return 0;
         }
     const double want = want_makespan(sh, cost);
-    const double bound = (M + P - 1) * (cost->f + cost->b + cost->w); /* 1f1b's */
+    const double bound = (M + P - 1) * sh->virt * (cost->f + cost->b + cost->w); /* 1f1b's, V chunks a stage */
     if ((want >= 0 && res.makespan != want) || (want < 0 && res.makespan > bound)) {
         snprintf(d, dl, "makespan %g, want %g", res.makespan, want >= 0 ? want : bound);
         return 0;
@@ -242,7 +253,8 @@ static void check_kind(pipe_kind_t k, lists_t *L)
 {
     char d[600] = "";
     int ok = 1, shapes = 0;
-    const int v0 = k == PIPE_INTERLEAVED ? 2 : 1, v1 = k == PIPE_INTERLEAVED ? MAX_V : 1;
+    const int v0 = k == PIPE_INTERLEAVED || k == PIPE_ZBV ? 2 : 1;
+    const int v1 = k == PIPE_INTERLEAVED ? MAX_V : v0;
     for (int V = v0; V <= v1 && ok; V++)
         for (int P = 1; P <= MAX_P && ok; P++)
             for (int M = 1; M <= MAX_M && ok; M++) {
@@ -258,10 +270,12 @@ static void check_kind(pipe_kind_t k, lists_t *L)
                                  costs[c].w, why);
                 }
             }
+    char what[64];
+    snprintf(what, sizeof what, ok ? "%d shapes" : "shape %d of those", shapes);
     check(ok, d,
-          "%s: %d shapes (P 1..%d, M 1..%d, V %d..%d) x %d costs: simulated without deadlock or broken rule, "
+          "%s: %s (P 1..%d, M 1..%d, V %d..%d) x %d costs: simulated without deadlock or broken rule, "
           "peak activations and makespan as stated",
-          pipe_kind_name(k), shapes, MAX_P, MAX_M, v0, v1, N_COSTS);
+          pipe_kind_name(k), what, MAX_P, MAX_M, v0, v1, N_COSTS);
 }
 
 /* The bubble with unit costs, against the closed forms, for a few shapes;
@@ -274,10 +288,12 @@ static void check_bubbles(lists_t *L)
     char d[200] = "";
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         const int P = shapes[i][0], V = shapes[i][1], M = shapes[i][2];
-        const pipe_shape_t sh[3] = {{PIPE_1F1B, P, 1, M}, {PIPE_ZBH1, P, 1, M}, {PIPE_INTERLEAVED, P, V, M}};
-        const double want[3] = {(P - 1.0) / (M + P - 1), (P - 1.0) / (3 * M + P - 1), (P - 1.0) / (V * M + P - 1)};
-        double got[3] = {-1, -1, -1};
-        for (int j = 0; j < (V > 1 ? 3 : 2); j++) {
+        const pipe_shape_t sh[4] = {
+            {PIPE_1F1B, P, 1, M}, {PIPE_ZBH1, P, 1, M}, {PIPE_ZBV, P, 2, M}, {PIPE_INTERLEAVED, P, V, M}};
+        const double want[4] = {(P - 1.0) / (M + P - 1), (P - 1.0) / (3 * M + P - 1), (P - 1.0) / (6 * M + P - 1),
+                                (P - 1.0) / (V * M + P - 1)};
+        double got[4] = {-1, -1, -1, -1};
+        for (int j = 0; j < (V > 1 ? 4 : 3); j++) {
             pipe_sim_t res = {0};
             if (build(&sh[j], L) == 0 && pipe_simulate(&sh[j], L->ptr, L->n, &unit, &res, NULL, 0) == 0)
                 got[j] = res.bubble;
@@ -287,12 +303,14 @@ static void check_bubbles(lists_t *L)
                          sh[j].virt, M, got[j], want[j]);
             }
         }
-        printf("info P %d M %2d: bubble 1f1b %.4f  zb-h1 %.4f", P, M, got[0], got[1]);
+        printf("info P %d M %2d: bubble 1f1b %.4f  zb-h1 %.4f  zbv %.4f", P, M, got[0], got[1], got[2]);
         if (V > 1)
-            printf("  interleaved V %d %.4f", V, got[2]);
+            printf("  interleaved V %d %.4f", V, got[3]);
         printf("\n");
     }
-    check(ok, d, "unit-cost bubbles: 1f1b (P-1)/(M+P-1), zb-h1 (P-1)/(3M+P-1), interleaved (P-1)/(VM+P-1)");
+    check(ok, d,
+          "unit-cost bubbles: 1f1b (P-1)/(M+P-1), zb-h1 (P-1)/(3M+P-1), zbv (P-1)/(6M+P-1), interleaved "
+          "(P-1)/(VM+P-1)");
 }
 
 /* ------------------------------------------------ (d) broken lists */
@@ -398,6 +416,11 @@ static void check_broken(lists_t *L)
             break;
         }
     expect_refused(&zb, L, "with a W before its B", "before its B");
+
+    const pipe_shape_t zv = {PIPE_ZBV, 4, 2, 8};
+    build(&zv, L);
+    swap(&L->a[3][0], &L->a[3][1]); /* stage 3 turns the V: chunk 4's F before chunk 3's */
+    expect_refused(&zv, L, "with the turn of the V run backwards", "before the output of chunk 3 on the same stage");
 
     const pipe_shape_t gp = {PIPE_GPIPE, 2, 1, 4};
     build(&gp, L);
