@@ -113,7 +113,7 @@ int pipe_chunk_of(const pipe_shape_t *sh, int stage, int local);
 int pipe_stage_slots(const pipe_shape_t *sh, int stage);
 /* Fills out[0 .. pipe_stage_actions()-1] with the stage's actions in
  * order; returns their number, or -1 for arguments out of range (or out of
- * memory: interleaved's slot assignment allocates one int per slot). */
+ * memory: interleaved's and zbv's slot assignment allocates one int per slot). */
 int pipe_stage_schedule(const pipe_shape_t *sh, int stage, pipe_action_t *out);
 
 /* The one-chunk forms (V = 1), which the executor and the planner use:

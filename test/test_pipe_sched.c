@@ -227,7 +227,7 @@ static int shape_ok(const pipe_shape_t *sh, const pipe_cost_t *cost, lists_t *L,
     pipe_sim_t res = {.held_peak = held, .fb_peak = fb};
     char err[512] = "";
     if (pipe_simulate(sh, L->ptr, L->n, cost, &res, err, sizeof err) != 0) {
-        snprintf(d, dl, "%s", err);
+        snprintf(d, dl, "%.400s", err);
         return 0;
     }
     for (int r = 0; r < P; r++)
@@ -266,8 +266,8 @@ static void check_kind(pipe_kind_t k, lists_t *L)
                     char why[500] = "";
                     ok = shape_ok(&sh, &costs[c], L, why, sizeof why);
                     if (!ok)
-                        snprintf(d, sizeof d, "P %d V %d M %d cost (%g, %g, %g): %s", P, V, M, costs[c].f, costs[c].b,
-                                 costs[c].w, why);
+                        snprintf(d, sizeof d, "P %d V %d M %d cost (%g, %g, %g): %.450s", P, V, M, costs[c].f,
+                                 costs[c].b, costs[c].w, why);
                 }
             }
     char what[64];
