@@ -209,6 +209,8 @@ static int assign_lowest_free(pipe_action_t *a, int n, int n_slots, int n_micro)
     return rc;
 }
 
+/* Megatron's interleaved 1F1B: warm-up forwards, then one forward one
+ * backward, then the backwards left, each in interleaved_step's order. */
 static int interleaved(const pipe_shape_t *sh, int stage, pipe_action_t *out)
 {
     const int P = sh->stages, V = sh->virt, total = V * sh->micro, warm = warmup(sh, stage);
