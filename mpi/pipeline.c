@@ -1,5 +1,6 @@
-/* Pipeline schedules (1f1b, gpipe) and the executor that runs one stage's
- * schedule over the pp communicator. See pipeline.h for the contract.
+/* The executor that runs one stage's schedule (1f1b, gpipe) over the pp
+ * communicator; the schedules themselves are in pipeline_sched.c. See
+ * pipeline.h for the contract.
  *
  * Messages. Activations go downstream with tag TAG_ACT, gradients upstream
  * with TAG_GRAD; every stage sends and receives each direction in
@@ -64,59 +65,6 @@
 
 #define TAG_ACT 0x501  /* activations, stage s -> s+1 */
 #define TAG_GRAD 0x502 /* gradients, stage s+1 -> s */
-
-const char *const pipe_kind_names[] = {[PIPE_1F1B] = "1f1b", [PIPE_GPIPE] = "gpipe", NULL};
-
-int pipe_kind_parse(const char *s, pipe_kind_t *k)
-{
-    for (int i = 0; s && pipe_kind_names[i]; i++)
-        if (strcmp(s, pipe_kind_names[i]) == 0) {
-            *k = (pipe_kind_t)i;
-            return 0;
-        }
-    return -1;
-}
-
-const char *pipe_kind_name(pipe_kind_t k) { return pipe_kind_names[k == PIPE_GPIPE ? PIPE_GPIPE : PIPE_1F1B]; }
-
-int pipe_slots(pipe_kind_t k, int n_stages, int stage, int n_micro)
-{
-    if (n_stages < 1 || stage < 0 || stage >= n_stages || n_micro < 1)
-        return 0;
-    if (k == PIPE_GPIPE)
-        return n_micro;
-    const int in_flight = n_stages - stage;
-    return in_flight < n_micro ? in_flight : n_micro;
-}
-
-int pipe_schedule(pipe_kind_t k, int n_stages, int stage, int n_micro, pipe_action_t *out)
-{
-    const int slots = pipe_slots(k, n_stages, stage, n_micro);
-    if (slots < 1 || (k != PIPE_1F1B && k != PIPE_GPIPE))
-        return -1;
-    /* GPipe has no warm-up limit: every forward runs first */
-    int warm = k == PIPE_GPIPE ? n_micro : n_stages - stage - 1;
-    if (warm > n_micro)
-        warm = n_micro;
-    int n = 0, fwd = 0, bwd = 0;
-    while (fwd < warm) {
-        out[n++] = (pipe_action_t){PIPE_FWD, fwd, fwd % slots};
-        fwd++;
-    }
-    /* steady state: one forward, one backward */
-    while (fwd < n_micro) {
-        out[n++] = (pipe_action_t){PIPE_FWD, fwd, fwd % slots};
-        fwd++;
-        out[n++] = (pipe_action_t){PIPE_BWD, bwd, bwd % slots};
-        bwd++;
-    }
-    /* cool-down */
-    while (bwd < n_micro) {
-        out[n++] = (pipe_action_t){PIPE_BWD, bwd, bwd % slots};
-        bwd++;
-    }
-    return n;
-}
 
 /* ----------------------------------------------------------------- executor */
 
