@@ -878,6 +878,11 @@ static status_t head_fwd(model_t *m, model_slot_t *sl, const int32_t *targets, i
     return STATUS_OK;
 }
 
+void model_token_losses(const model_t *m, int slot, float *out, int n)
+{
+    m->ops->to_host(m->ops->ctx, out, m->slots[slot].losses, (size_t)n * sizeof(float));
+}
+
 status_t model_forward(model_t *m, int slot, const int32_t *tokens, const int32_t *pos, const int32_t *targets, int b,
                        int t, float dloss, float *loss, char *err, size_t errlen)
 {

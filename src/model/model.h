@@ -241,6 +241,11 @@ void model_params_written(model_t *m);
 status_t model_forward(model_t *m, int slot, const int32_t *tokens, const int32_t *pos, const int32_t *targets, int b,
                        int t, float dloss, float *loss, char *err, size_t errlen);
 
+/* The per-token losses [n = b*t] of the last forward in `slot` (the last
+ * stage, with targets; a target < 0 leaves its place unspecified), copied
+ * to the host. --eval-mc's per-completion scores. */
+void model_token_losses(const model_t *m, int slot, float *out, int n);
+
 /* Backward of the forward held in `slot`. Last stage: from its dlogits;
  * other stages: from dL/d(output) the caller put in model_stage_grad().
  * accum = 0 writes parameter gradients, 1 adds to them (later

@@ -63,6 +63,8 @@ void metrics_print_step(FILE *out, const step_record_t *r)
     fprintf(out, "step %*d/%d | loss %.6f", r->steps >= 10000 ? 6 : 4, r->step, r->steps, r->loss);
     if (!isnan(r->val_loss))
         fprintf(out, " | val %.6f", r->val_loss);
+    for (int i = 0; i < r->n_mc; i++)
+        fprintf(out, " | %s acc_norm %.4f acc %.4f", r->mc[i].name, r->mc[i].acc_norm, r->mc[i].acc);
     fprintf(out, " | lr %.3e | norm %.4f | %.1f ms", r->lr, r->grad_norm, r->ms);
     if (r->comm_ms > 0 || r->bubble_max > 0)
         fprintf(out, " (compute %.1f/%.1f, comm wait %.1f/%.1f", r->compute_ms_max, r->compute_ms_mean, r->comm_ms,
@@ -92,8 +94,8 @@ void metrics_print_step(FILE *out, const step_record_t *r)
 int metrics_write_tfevents(tfevents_t *w, const step_record_t *r, double wall_time, char *err, size_t errlen)
 {
     enum { NMEM = MEM_N_CATEGORIES + 1 };
-    char mem_tags[NMEM][64];
-    tfevents_scalar_t v[9 + NMEM];
+    char mem_tags[NMEM][64], mc_tags[2 * METRICS_MC_MAX][96];
+    tfevents_scalar_t v[9 + NMEM + 2 * METRICS_MC_MAX];
     int n = 0;
     v[n++] = (tfevents_scalar_t){"train/loss", r->loss};
     if (!isnan(r->val_loss))
@@ -106,6 +108,12 @@ int metrics_write_tfevents(tfevents_t *w, const step_record_t *r, double wall_ti
     v[n++] = (tfevents_scalar_t){"comm/exposed_ms", r->comm_ms};
     if (r->skipped)
         v[n++] = (tfevents_scalar_t){"train/skipped", 1.0};
+    for (int i = 0; i < r->n_mc; i++) {
+        snprintf(mc_tags[2 * i], sizeof mc_tags[2 * i], "eval/%s/acc", r->mc[i].name);
+        snprintf(mc_tags[2 * i + 1], sizeof mc_tags[2 * i + 1], "eval/%s/acc_norm", r->mc[i].name);
+        v[n++] = (tfevents_scalar_t){mc_tags[2 * i], r->mc[i].acc};
+        v[n++] = (tfevents_scalar_t){mc_tags[2 * i + 1], r->mc[i].acc_norm};
+    }
     for (int k = 0; k < NMEM; k++) {
         snprintf(mem_tags[k], sizeof mem_tags[k], "mem/peak_%s_bytes",
                  k < MEM_N_CATEGORIES ? mem_category_name((mem_category_t)k) : "total");
@@ -209,6 +217,10 @@ static int format_step(FILE *f, const void *arg)
                      g->rank, g->host, g->ms, g->median_ms, g->first);
     if (rc >= 0 && r->skipped)
         rc = fprintf(f, ", \"skipped\": \"%s\"", r->skipped);
+    for (int i = 0; i < r->n_mc && rc >= 0; i++)
+        rc = fprintf(f, "%s\"%s\": {\"acc\": %.6f, \"acc_norm\": %.6f, \"examples\": %d}%s",
+                     i == 0 ? ", \"eval_mc\": {" : ", ", r->mc[i].name, r->mc[i].acc, r->mc[i].acc_norm,
+                     r->mc[i].examples, i + 1 == r->n_mc ? "}" : "");
     rc = rc < 0 ? rc : fprintf(f, "}\n");
     return rc < 0 ? -1 : 0;
 }

@@ -9,6 +9,8 @@
 #include "io/tfevents.h"
 #include "src/train/straggler.h"
 
+#define METRICS_MC_MAX 8 /* --eval-mc files */
+
 typedef struct step_record {
     int step, steps; /* 1-based step just finished, total */
     double loss;     /* mean training loss of the step's global batch */
@@ -35,6 +37,15 @@ typedef struct step_record {
     double left_s, ckpt_left_s;
     straggler_report_t straggler; /* --straggler-every; steps 0: none this step */
     const char *skipped;          /* NULL, or why the spike guard skipped the update: "loss_spike", "nonfinite" */
+    /* --eval-mc: the files scored after this step (n_mc 0: none): name (the
+     * file's base name less its extension), accuracy by the summed loss
+     * (acc) and by the mean loss per token (acc_norm), examples */
+    int n_mc;
+    struct {
+        const char *name;
+        double acc, acc_norm;
+        int examples;
+    } mc[METRICS_MC_MAX];
 } step_record_t;
 
 /* The recent steps' times, for the time left: the mean of the last
@@ -73,8 +84,9 @@ int metrics_write_json_val0(FILE *f, double val_loss);
  * train/grad_norm, perf/tokens_per_s, perf/mfu (a fraction), perf/step_ms,
  * comm/exposed_ms (max over ranks), mem/peak_<category>_bytes (the
  * --metrics names: parameters, gradients, ...) and
- * mem/peak_total_bytes, and train/skipped = 1 on a step whose update the
- * spike guard skipped. Returns 0, or -1 with one line in err. */
+ * mem/peak_total_bytes, train/skipped = 1 on a step whose update the
+ * spike guard skipped, and eval/NAME/acc and eval/NAME/acc_norm for each
+ * --eval-mc file scored. Returns 0, or -1 with one line in err. */
 int metrics_write_tfevents(tfevents_t *w, const step_record_t *r, double wall_time, char *err, size_t errlen);
 /* "1.23 GiB" style */
 void metrics_format_bytes(char *buf, size_t len, double bytes);

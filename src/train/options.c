@@ -34,6 +34,27 @@ const char *const options_fsdp_names[] = {[FSDP_UNSET] = "",
 
 const char *const options_offload_names[] = {[OFFLOAD_NONE] = "none", [OFFLOAD_OPTIMIZER] = "optimizer", NULL};
 
+/* --eval-mc FILE: appended to the list (repeatable; a value may hold
+ * several, joined by ','). */
+static int add_eval_mc(const char *value, void *dst, void *field, char *err, size_t errlen)
+{
+    (void)dst;
+    char *list = field;
+    const size_t have = strlen(list), add = strlen(value);
+    if (add == 0) {
+        snprintf(err, errlen, "--eval-mc: empty file name");
+        return -1;
+    }
+    if (have + (have > 0) + add >= OPT_PATH_MAX) {
+        snprintf(err, errlen, "--eval-mc: the files' names exceed %d characters in all", OPT_PATH_MAX - 1);
+        return -1;
+    }
+    if (have)
+        list[have] = ',';
+    memcpy(list + have + (have > 0), value, add + 1);
+    return 0;
+}
+
 /* --config FILE: read now (the command line's other options come after) */
 static int load_config(const char *path, void *dst, void *field, char *err, size_t errlen);
 static const char *const decay_shape_choices[] = {"", "linear", "cosine", "1-sqrt", NULL};
@@ -168,6 +189,15 @@ static const opt_def_t opt_defs[] = {
      "validate every N steps and at the end (0 = never)", NULL, NULL, 0},
     {"val-batches", OPT_INT, F(val_batches), 0, "16", 1, INT_MAX, NULL,
      "microbatches of validation data per evaluation", NULL, NULL, 0},
+    {"eval-mc", OPT_ARG, F(eval_mc), S(eval_mc), NULL, 0, 0, NULL,
+     "score a multiple-choice eval file (llm.c's format: dtrain-prepare --eval-mc writes one) every --eval-every "
+     "steps: each completion's mean and summed loss after its context, the lowest wins (acc_norm and acc); "
+     "repeatable, or FILE,FILE",
+     "FILE", add_eval_mc, 0},
+    {"eval-every", OPT_INT, F(eval_every), 0, "100", 1, INT_MAX, NULL,
+     "with --eval-mc: score the files every N steps and at the end", NULL, NULL, 0},
+    {"eval-mc-dump", OPT_STR, F(eval_mc_dump), S(eval_mc_dump), "", 0, 0, NULL,
+     "with --eval-mc: append every example's scores to FILE at each evaluation (JSON lines)", "FILE", NULL, 0},
     {"doc-mask", OPT_FLAG, F(doc_mask), 0, "0", 0, 1, NULL,
      "document masking: attention never crosses a document boundary and positions (learned or RoPE) restart at each "
      "document; the boundaries are a Megatron index's documents, or the doc_start / doc_end tokens the data's "
@@ -434,6 +464,10 @@ static int check_consistency(const run_options_t *o, char *err, size_t errlen)
     if (o->fsdp != FSDP_UNSET && o->zero != 0) {
         snprintf(err, errlen, "--fsdp %s and --zero %d both set the sharding stage: give one of them",
                  options_fsdp_names[o->fsdp], o->zero);
+        return -1;
+    }
+    if (o->eval_mc_dump[0] && !o->eval_mc[0]) {
+        snprintf(err, errlen, "--eval-mc-dump %s writes --eval-mc's scores: add --eval-mc FILE", o->eval_mc_dump);
         return -1;
     }
     if (o->val_every > 0 && !o->val_data[0]) {

@@ -75,7 +75,12 @@ typedef struct run_options {
     char data[OPT_PATH_MAX], val_data[OPT_PATH_MAX];
     tokens_format_t data_format;
     int val_every, val_batches;
-    int doc_mask; /* --doc-mask: attention within documents (src/model/docmask.h) */
+    /* --eval-mc FILE (repeatable): multiple-choice eval files, joined by ','
+     * (the form the banner and a --config file show) */
+    char eval_mc[OPT_PATH_MAX];
+    int eval_every;                  /* --eval-every N: score them every N steps and at the end */
+    char eval_mc_dump[OPT_PATH_MAX]; /* --eval-mc-dump FILE: rank 0 appends each example's scores (JSONL) */
+    int doc_mask;                    /* --doc-mask: attention within documents (src/model/docmask.h) */
     /* output */
     char metrics[OPT_PATH_MAX];
     char trace[OPT_PATH_MAX];

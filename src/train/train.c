@@ -138,8 +138,8 @@ static const int32_t *batch_positions(trainer_t *tr, const int32_t *tok, int b, 
  * stage s receives from s-1, computes, sends to s+1. *loss: the loss on
  * the last stage (0 elsewhere; a non-finite loss is a value, not a
  * failure). Collective over PP (and TP). */
-static status_t pipeline_eval(trainer_t *tr, const int32_t *tok, const int32_t *pos, const int32_t *tgt, int b, int t,
-                              float *loss, char *err, size_t errlen)
+status_t pipeline_eval(trainer_t *tr, const int32_t *tok, const int32_t *pos, const int32_t *tgt, int b, int t,
+                       float *loss, char *err, size_t errlen)
 {
     model_t *m = &tr->model;
     const grid_t *g = tr->grid;
@@ -775,6 +775,8 @@ static int report_step(trainer_t *tr, step_record_t *r, int end, char *err, size
     if (tr->has_val && (done % o->val_every == 0 || done == end) &&
         trainer_val_loss(tr, &r->val_loss, err, errlen) != 0)
         return -1;
+    if (tr->mc.n && (done % o->eval_every == 0 || done == end) && trainer_eval_mc(tr, r, err, errlen) != 0)
+        return -1;
     if (ckpt_wait(tr, 1, err, errlen) != 0)
         return -1;
     r->ckpt_stall_ms = 1e3 * tr->ckpt_stall_s;
@@ -876,6 +878,7 @@ void trainer_teardown(trainer_t *tr)
         tr->world->watch = NULL;
     trace_destroy(tr->trace);
     watchdog_stop(tr->watch);
+    mc_eval_close(&tr->mc);
     if (tr->metrics && fclose(tr->metrics) != 0)
         fprintf(stderr, "dtrain: warning: closing --metrics %s failed\n", tr->opt->metrics);
     char tb_err[256]; /* a failed run's file: its one line is the run's error, not this close's */

@@ -13,6 +13,7 @@
 #include "src/data/data.h"
 #include "src/model/model.h"
 #include "src/optim/optim.h"
+#include "src/train/eval_mc.h"
 #include "src/train/metrics.h"
 #include "src/train/options.h"
 #include "src/train/spike.h"
@@ -35,6 +36,7 @@ typedef struct trainer {
     spike_t spike; /* --spike-*: skipped steps, rollbacks and the data position after them */
     data_loader_t train, val;
     int has_val;
+    mc_eval_t mc;                      /* --eval-mc's files (mc.n 0: none) */
     int accum;                         /* microbatches per optimizer step */
     int start_step;                    /* steps already done (a resumed checkpoint's) */
     int steps_done;                    /* optimizer steps completed so far */

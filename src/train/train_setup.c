@@ -96,7 +96,8 @@ static int prepare_out_paths(trainer_t *tr, char *err, size_t errlen)
         rc = make_out_dirs("--ckpt-dir", dir, 1, err, errlen) ||
                      make_out_dirs("--metrics", o->metrics, 0, err, errlen) ||
                      make_out_dirs("--trace", o->trace, 0, err, errlen) ||
-                     make_out_dirs("--save-params", o->save_params, 0, err, errlen)
+                     make_out_dirs("--save-params", o->save_params, 0, err, errlen) ||
+                     make_out_dirs("--eval-mc-dump", o->eval_mc_dump, 0, err, errlen)
                  ? -1
                  : 0;
     if (agree(tr->world, rc, err, errlen) != 0)
@@ -605,6 +606,9 @@ static int setup_step(trainer_t *tr, char *err, size_t errlen)
         snprintf(err, errlen, "out of memory for the batch");
         return -1;
     }
+    if (o->eval_mc[0] && mc_eval_open(&tr->mc, o->eval_mc, tr->cfg.vocab_size, run->seq_len, o->eval_mc_dump,
+                                      tr->env->world_rank == 0, err, errlen) != 0)
+        return -1;
     tr->flops_token = flops_per_token(&tr->cfg, run->seq_len);
     if (o->peak_gflops > 0) {
         tr->peak_gflops = o->peak_gflops;
