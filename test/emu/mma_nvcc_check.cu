@@ -1,0 +1,11 @@
+/* nvcc compiles the warp kernels that test_mma_emu runs in the host
+ * emulation, and with them every primitive of cuda/kernels/mma.cuh, for the
+ * configured architectures (NVCCFLAGS: sm_80 and sm_90 SASS, so ptxas
+ * assembles the inline PTX too), warnings as errors. Built on CUDA builds by
+ * make check; compile-only (no GPU needed): the object is never linked. */
+#include "test/emu/mma_test_kernels.cuh"
+
+template __global__ void k_cp_async_tile<64>(uint16_t *, uint16_t *, const uint16_t *, const uint16_t *, unsigned,
+                                             unsigned, unsigned);
+template __global__ void k_cp_async_tile<128>(uint16_t *, uint16_t *, const uint16_t *, const uint16_t *, unsigned,
+                                              unsigned, unsigned);
