@@ -146,7 +146,7 @@ template <int N> static __device__ inline void cp_async_wait()
 static int mma_emu_mutation;
 
 /* Per-thread exchange slots: one warp's lanes use 32 consecutive ones. */
-static uint32_t mma_emu_slot[1024][10];
+static uint32_t mma_emu_slot[1024][6];
 
 static inline float mma_emu_bf16(uint32_t bits16)
 {
@@ -168,7 +168,7 @@ static inline void mma_emu_aligned(const void *p, const char *what)
 }
 
 /* A[row][k] of the warp's A fragments (lanes' slots 0..3). */
-static inline float mma_emu_a(const uint32_t (*lanes)[10], unsigned row, unsigned k)
+static inline float mma_emu_a(const uint32_t (*lanes)[6], unsigned row, unsigned k)
 {
     unsigned hi_row = row >> 3;
     if (mma_emu_mutation == 1)
@@ -178,7 +178,7 @@ static inline float mma_emu_a(const uint32_t (*lanes)[10], unsigned row, unsigne
 }
 
 /* B[k][n] of the warp's B fragments (slots 4..5). */
-static inline float mma_emu_b(const uint32_t (*lanes)[10], unsigned k, unsigned n)
+static inline float mma_emu_b(const uint32_t (*lanes)[6], unsigned k, unsigned n)
 {
     const unsigned lane = 4 * n + ((k & 7) >> 1), reg = 4 + (k >> 3);
     return mma_emu_bf16(mma_emu_half(lanes[lane][reg], k & 1));
@@ -194,7 +194,7 @@ static inline void mma_m16n8k16_bf16(float d[4], const uint32_t a[4], const uint
     memcpy(mma_emu_slot[threadIdx.x], a, 4 * sizeof(uint32_t));
     memcpy(mma_emu_slot[threadIdx.x] + 4, b, 2 * sizeof(uint32_t));
     __syncwarp();
-    const uint32_t(*lanes)[10] = mma_emu_slot + (threadIdx.x - lane);
+    const uint32_t(*lanes)[6] = mma_emu_slot + (threadIdx.x - lane);
     float out[4];
     for (unsigned i = 0; i < 4; i++) {
         const unsigned row = g + 8 * (i >> 1), col = 2 * t + (i & 1);
@@ -208,7 +208,7 @@ static inline void mma_m16n8k16_bf16(float d[4], const uint32_t a[4], const uint
 }
 
 /* bf16 element e (0..7) of the 16-byte row lane src gave. */
-static inline uint32_t ldm_emu_elem(const uint32_t (*lanes)[10], unsigned src, unsigned e)
+static inline uint32_t ldm_emu_elem(const uint32_t (*lanes)[6], unsigned src, unsigned e)
 {
     return mma_emu_half(lanes[src][e >> 1], e & 1);
 }
@@ -223,7 +223,7 @@ static inline void ldmatrix_emu(uint32_t *r, unsigned nmat, bool trans, const vo
         memcpy(mma_emu_slot[threadIdx.x], row, 16);
     }
     __syncwarp();
-    const uint32_t(*lanes)[10] = mma_emu_slot + (threadIdx.x - lane);
+    const uint32_t(*lanes)[6] = mma_emu_slot + (threadIdx.x - lane);
     const unsigned q = lane >> 2, e = 2 * (lane & 3u); /* row q, elements e, e + 1 (.trans: column q, rows e, e + 1) */
     for (unsigned m = 0; m < nmat; m++) {
         const unsigned skew = mma_emu_mutation == 2 ? 1u : 0u;
