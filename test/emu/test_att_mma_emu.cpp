@@ -102,7 +102,7 @@ int main(void)
     }
     test_att(1, 1, 4, 1, 64);                   /* T = 1, GQA 4:1 */
     test_att(1, 1, 1, 1, 128);                  /* T = 1, HS 128 */
-    test_att(1, 50, 4, 1, 64);                  /* GQA 4:1, a partial tile */
+    test_att(1, 50, 8, 2, 64);                  /* GQA 4:1 in two groups, a partial tile */
     test_att(2, 20, 2, 1, 64);                  /* two batch rows, GQA 2:1 */
     test_att(1, 100, 1, 1, 128);                /* HS 128, two query tiles, a partial one */
     test_att(1, 130, 1, 1, 64, {1, 37, 5, 70}); /* documents across tile edges, single tokens */
