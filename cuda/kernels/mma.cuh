@@ -248,11 +248,15 @@ static inline void ldmatrix_x1_trans(uint32_t r[1], const void *row) { ldmatrix_
 static inline void ldmatrix_x2_trans(uint32_t r[2], const void *row) { ldmatrix_emu(r, 2, true, row); }
 static inline void ldmatrix_x4_trans(uint32_t r[4], const void *row) { ldmatrix_emu(r, 4, true, row); }
 
-/* cp.async: a copy is recorded at issue and lands (source read, destination
- * written) only when a cp_async_wait retires its group, so a kernel that
- * reads a tile before waiting for it reads the old contents, as a fast copy
- * engine could make it do on the device. Per thread: each CUDA thread is
- * its own host thread in the emulation. */
+/* cp.async: on the device the destination is undefined from the issue until
+ * a wait retires the copy. The twin makes both ends of that window show: at
+ * issue it fills the 16 destination bytes with 0xff (bf16 and fp32 NaN), and
+ * the copy lands (source read, destination written) only when a
+ * cp_async_wait retires its group. So a read of the new data before the
+ * wait (a missing wait, or a missing barrier after another thread's wait)
+ * and a read of the old data after the issue (a missing barrier before a
+ * buffer is reused) both read NaN. Per thread: each CUDA thread is its own
+ * host thread in the emulation. */
 struct cp_async_emu_copy {
     void *dst;
     const void *src;
@@ -268,6 +272,7 @@ static inline void cp_async_16_zfill(void *dst, const void *src, unsigned src_by
 {
     mma_emu_aligned(dst, "cp.async destination");
     mma_emu_aligned(src, "cp.async source");
+    memset(dst, 0xff, 16);
     cp_async_emu.open.push_back({dst, src, src_bytes < 16 ? src_bytes : 16});
 }
 

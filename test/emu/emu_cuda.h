@@ -1,11 +1,14 @@
 /* The CUDA dialect on the host, for kernels run in a deterministic schedule:
  * every CUDA thread of a block is a std::thread, but only one runs at a time.
  * A thread runs until it waits at a barrier (__syncthreads, __syncwarp, the
- * two inside __shfl_xor_sync) or ends, then hands the run to the next
- * runnable thread after it in index order (round robin); the last thread to
- * reach a barrier releases the others and runs on. So a run is the same
- * every time, and a kernel that lacks a barrier reads what the threads
- * before the missing barrier have not yet written, every time: a
+ * two inside __shfl_xor_sync) or ends, then hands the run to the
+ * lowest-numbered runnable thread; the last thread to reach a barrier
+ * releases the others and runs on. So warp 0 runs as far ahead as the
+ * barriers let it, then warp 1, and so on: the widest skew between warps
+ * that the barriers allow, the same every run. A kernel that lacks a barrier
+ * then reads, every time, data the lagging warps have not yet written, or
+ * the leading warp overwrites data the lagging warps have yet to read
+ * (cuda/kernels/mma.cuh's cp.async twin poisons a destination at issue): a
  * deterministic failure where free-running threads would race and pass by
  * chance. A barrier that not every thread reaches (all remaining threads
  * waiting) aborts with a message instead of hanging.
@@ -62,11 +65,10 @@ struct emu_barrier {
 };
 static emu_barrier emu_block_bar, emu_warp_bar[32];
 
-/* Hand the run to the next runnable thread after t; emu_s.m held. */
-static void emu_pass(unsigned t)
+/* Hand the run to the lowest-numbered runnable thread; emu_s.m held. */
+static void emu_pass()
 {
-    for (unsigned i = 1; i <= emu_s.n; i++) {
-        const unsigned u = (t + i) % emu_s.n;
+    for (unsigned u = 0; u < emu_s.n; u++) {
         if (emu_s.runnable[u]) {
             emu_s.cur = u;
             emu_s.cv[u].notify_one();
@@ -100,7 +102,7 @@ static void emu_barrier_wait(emu_barrier &b)
     }
     b.waiting.push_back(t);
     emu_s.runnable[t] = 0;
-    emu_pass(t);
+    emu_pass();
     emu_wait_turn(l, t);
 }
 
@@ -144,7 +146,7 @@ template <class F> static void emu_run_block(dim3 block, unsigned threads, const
             f();
             std::unique_lock<std::mutex> l(emu_s.m);
             emu_s.runnable[t] = 0;
-            emu_pass(t);
+            emu_pass();
         });
     for (std::thread &x : th)
         x.join();

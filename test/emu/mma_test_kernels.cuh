@@ -147,8 +147,9 @@ __global__ void k_cp_async_tile(uint16_t *out0, uint16_t *out1, const uint16_t *
  * n8 tiles of accumulators. Grid (ceil(N / 64), ceil(M / 64)); rows past M or
  * N are zero-filled and not stored; K a multiple of GEMM_BK.
  * skip: 0 the kernel as it must be; 1 without cp_async_wait, 2 without the
- * __syncthreads between the wait and the reads (test_mma_emu's proof that
- * the emulation catches either). */
+ * __syncthreads between the wait and the reads, 3 without the __syncthreads
+ * between the reads and the copies that reuse the stage (test_mma_emu's
+ * proof that the emulation catches each). */
 #define GEMM_BM 64
 #define GEMM_BN 64
 #define GEMM_BK 64
@@ -207,7 +208,8 @@ __global__ void __launch_bounds__(CPT_THREADS)
         if (skip != 2)
             __syncthreads(); /* every thread's copies of tile kt have landed */
         gemm_tile_mma(acc, sa[kt % 2], sb[kt % 2], wm0, wn0);
-        __syncthreads(); /* stage kt % 2 is read before tile kt + 2 overwrites it */
+        if (skip != 3)
+            __syncthreads(); /* stage kt % 2 is read before tile kt + 2 overwrites it */
     }
     for (unsigned mt = 0; mt < 2; mt++)
         for (unsigned nt = 0; nt < 4; nt++)

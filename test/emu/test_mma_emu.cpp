@@ -30,9 +30,11 @@
  *      device would be held to).
  * Then the proof that these checks catch broken code: each of (i) A rows g
  * and g + 8 exchanged in the mma twin, (ii) ldmatrix rows taken from the
- * wrong lane, (iii) the GEMM without cp_async_wait and (iv) the GEMM without
- * the __syncthreads after it must make its checks fail (the deterministic
- * schedule makes (iii) and (iv) fail every run, not by chance).
+ * wrong lane, (iii) the GEMM without cp_async_wait, (iv) without the
+ * __syncthreads after it and (v) without the __syncthreads before a stage is
+ * refilled must make its checks fail (the deterministic schedule, warp 0
+ * running ahead, and the cp.async twin's poisoned destinations make (iii) to
+ * (v) fail every run, not by chance).
  *
  * Output: one line per failed check, one per mutation caught, a summary. Exit 0 when all pass. */
 extern "C" {
@@ -250,6 +252,7 @@ int main(void)
     mma_emu_mutation = 0;
     expect_caught("(iii) gemm without cp_async_wait", test_gemm(64, 64, 128, 1));
     expect_caught("(iv) gemm without __syncthreads after the wait", test_gemm(64, 64, 128, 2));
+    expect_caught("(v) gemm without __syncthreads before a stage is reused", test_gemm(64, 64, 192, 3));
     quiet = false;
 
     printf("%s: %d of %d checks failed\n", failed ? "FAIL" : "PASS", failed, checks);
