@@ -14,8 +14,10 @@
  * them (one m16 tile). Q is loaded once (cp.async into a swizzled tile, then
  * ldmatrix into A fragments kept in registers, HS / 16 of them). For each key
  * tile of ATTM_BKV = 64 keys from the first one any row of the block sees up
- * to the causal limit (later tiles are skipped, not masked): K and V are
- * copied by cp.async in two commit groups; S = Q K^T (K tile [key][d] is B in
+ * to the causal limit (later tiles are skipped, not masked), K and V are
+ * copied by cp.async in separate commit groups so that copies overlap math:
+ * V j flies while the scores of tile j are computed, K j + 1 while P V of
+ * tile j is; S = Q K^T (K tile [key][d] is B in
  * [n][k] storage: ldmatrix x4), the online softmax in the base-2 domain
  * (scores times scale log2 e; m the running max, l the running sum, O
  * rescaled by 2^(m_old - m_new)), then O += P V with P's accumulators
@@ -176,26 +178,30 @@ __global__ void __launch_bounds__(ATTM_THREADS)
     const int lo[2] = {ps && t[0] < T ? t[0] - ps[t[0]] : 0, ps && t[1] < T ? t[1] - ps[t[1]] : 0};
     const float sl2 = scale * 1.44269504088896341f; /* log2 e */
 
+    /* copy groups in flight, oldest first, at each wait: {Q, K j0}; then per
+     * tile {K j, V j} at the first wait, {V j} at the second */
+    const int j0 = (ps ? q0 - ps[q0] : 0) / ATTM_BKV; /* document starts never decrease along a row */
     attm_load<HS>(sq, q, R, q0, T);
-    cp_async_wait<0>();
+    attm_load<HS>(sk, k, R, j0 * ATTM_BKV, T);
+    cp_async_wait<1>(); /* Q */
     __syncthreads();
     uint32_t qf[HS / 16][4];
     for (unsigned kk = 0; kk < HS / 16; kk++)
         ldmatrix_x4(qf[kk], &sq[smem_swizzle(16 * warp + lane % 16, 16 * kk + 8 * (lane / 16), HS)]);
 
     float o[HS / 8][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-    const int j0 = (ps ? q0 - ps[q0] : 0) / ATTM_BKV; /* document starts never decrease along a row */
     for (int j = j0; j <= qt; j++) {
-        __syncthreads(); /* the previous tile's K and V are read */
-        attm_load<HS>(sk, k, R, j * ATTM_BKV, T);
-        attm_load<HS>(sv, v, R, j * ATTM_BKV, T);
-        cp_async_wait<1>(); /* K; V still in flight */
+        __syncthreads();                          /* the previous tile's V is read */
+        attm_load<HS>(sv, v, R, j * ATTM_BKV, T); /* flies during the scores */
+        cp_async_wait<1>();                       /* K j */
         __syncthreads();
         float s[ATTM_BKV / 8][4];
         attm_scores<HS>(s, qf, sk, lane);
         attm_softmax<HS>(s, o, m, l, t, lo, j * ATTM_BKV, t4, sl2, j == qt || ps);
-        cp_async_wait<0>();
-        __syncthreads();
+        cp_async_wait<0>(); /* V j */
+        __syncthreads();    /* and every warp's scores have read K j */
+        if (j < qt)
+            attm_load<HS>(sk, k, R, (j + 1) * ATTM_BKV, T); /* flies during P V */
         attm_pv<HS>(o, s, sv, lane);
     }
 
