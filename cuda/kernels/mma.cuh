@@ -36,7 +36,9 @@
  * threads wrote: separate the writes from it with __syncthreads (or
  * __syncwarp within a warp). cp.async copies complete only at a
  * cp_async_wait covering their group, and then only for the issuing thread:
- * __syncthreads after the wait before other threads read them. */
+ * __syncthreads after the wait before other threads read them. A copy may
+ * write its destination at any time from its issue: __syncthreads before
+ * refilling a buffer that other threads may still be reading. */
 #ifndef DTRAIN_CUDA_KERNELS_MMA_CUH
 #define DTRAIN_CUDA_KERNELS_MMA_CUH
 
