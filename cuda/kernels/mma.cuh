@@ -10,7 +10,7 @@
  * includer having defined the CUDA dialect as test/emu/emu_cuda.h does:
  * threadIdx, __syncwarp) each is an emulation twin with the instruction's
  * warp-collective semantics: every lane passes its own registers, the twin
- * gathers the 32 lanes' inputs through a per-warp exchange between two
+ * gathers the 32 lanes' inputs through a per-warp exchange and a
  * __syncwarp, computes the collective result per the PTX ISA fragment layouts
  * and returns this lane's part. test/emu/test_mma_emu.cpp checks the twins
  * element by element against layouts written out independently there.
@@ -147,8 +147,22 @@ template <int N> static __device__ inline void cp_async_wait()
  * the lane of row r + 1. */
 static int mma_emu_mutation;
 
-/* Per-thread exchange slots: one warp's lanes use 32 consecutive ones. */
-static uint32_t mma_emu_slot[1024][6];
+/* Per-thread exchange slots (a warp's lanes use 32 consecutive ones), in two
+ * sets used by alternate collectives: a lane writes set p again (two
+ * collectives on) only after passing the next collective's __syncwarp, which
+ * every lane reaches only after reading set p, so one __syncwarp per
+ * collective suffices. Lanes of a warp run the same collectives (converged),
+ * so their counts agree; each block runs on fresh host threads, from 0. */
+static uint32_t mma_emu_slot[2][1024][6];
+static thread_local unsigned mma_emu_calls;
+
+/* This lane's slot in the current collective. */
+static inline uint32_t *mma_emu_mine() { return mma_emu_slot[mma_emu_calls & 1][threadIdx.x]; }
+
+/* After the __syncwarp: the warp's 32 slots of the current collective, which
+ * this call ends for this lane. */
+typedef const uint32_t (*mma_emu_lanes_t)[6];
+static inline mma_emu_lanes_t mma_emu_warp() { return mma_emu_slot[mma_emu_calls++ & 1] + (threadIdx.x & ~31u); }
 
 static inline float mma_emu_bf16(uint32_t bits16)
 {
@@ -170,7 +184,7 @@ static inline void mma_emu_aligned(const void *p, const char *what)
 }
 
 /* A[row][k] of the warp's A fragments (lanes' slots 0..3). */
-static inline float mma_emu_a(const uint32_t (*lanes)[6], unsigned row, unsigned k)
+static inline float mma_emu_a(mma_emu_lanes_t lanes, unsigned row, unsigned k)
 {
     unsigned hi_row = row >> 3;
     if (mma_emu_mutation == 1)
@@ -180,7 +194,7 @@ static inline float mma_emu_a(const uint32_t (*lanes)[6], unsigned row, unsigned
 }
 
 /* B[k][n] of the warp's B fragments (slots 4..5). */
-static inline float mma_emu_b(const uint32_t (*lanes)[6], unsigned k, unsigned n)
+static inline float mma_emu_b(mma_emu_lanes_t lanes, unsigned k, unsigned n)
 {
     const unsigned lane = 4 * n + ((k & 7) >> 1), reg = 4 + (k >> 3);
     return mma_emu_bf16(mma_emu_half(lanes[lane][reg], k & 1));
@@ -193,10 +207,10 @@ static inline float mma_emu_b(const uint32_t (*lanes)[6], unsigned k, unsigned n
 static inline void mma_m16n8k16_bf16(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4])
 {
     const unsigned lane = threadIdx.x & 31u, g = lane >> 2, t = lane & 3u;
-    memcpy(mma_emu_slot[threadIdx.x], a, 4 * sizeof(uint32_t));
-    memcpy(mma_emu_slot[threadIdx.x] + 4, b, 2 * sizeof(uint32_t));
+    memcpy(mma_emu_mine(), a, 4 * sizeof(uint32_t));
+    memcpy(mma_emu_mine() + 4, b, 2 * sizeof(uint32_t));
     __syncwarp();
-    const uint32_t(*lanes)[6] = mma_emu_slot + (threadIdx.x - lane);
+    const mma_emu_lanes_t lanes = mma_emu_warp();
     float out[4];
     for (unsigned i = 0; i < 4; i++) {
         const unsigned row = g + 8 * (i >> 1), col = 2 * t + (i & 1);
@@ -205,12 +219,11 @@ static inline void mma_m16n8k16_bf16(float d[4], const uint32_t a[4], const uint
             acc += mma_emu_a(lanes, row, k) * mma_emu_b(lanes, k, col);
         out[i] = acc;
     }
-    __syncwarp(); /* every lane has read the slots before any lane reuses them */
     memcpy(d, out, sizeof out);
 }
 
 /* bf16 element e (0..7) of the 16-byte row lane src gave. */
-static inline uint32_t ldm_emu_elem(const uint32_t (*lanes)[6], unsigned src, unsigned e)
+static inline uint32_t ldm_emu_elem(mma_emu_lanes_t lanes, unsigned src, unsigned e)
 {
     return mma_emu_half(lanes[src][e >> 1], e & 1);
 }
@@ -222,10 +235,10 @@ static inline void ldmatrix_emu(uint32_t *r, unsigned nmat, bool trans, const vo
     const unsigned lane = threadIdx.x & 31u;
     if (lane < 8 * nmat) {
         mma_emu_aligned(row, "ldmatrix row");
-        memcpy(mma_emu_slot[threadIdx.x], row, 16);
+        memcpy(mma_emu_mine(), row, 16);
     }
     __syncwarp();
-    const uint32_t(*lanes)[6] = mma_emu_slot + (threadIdx.x - lane);
+    const mma_emu_lanes_t lanes = mma_emu_warp();
     const unsigned q = lane >> 2, e = 2 * (lane & 3u); /* row q, elements e, e + 1 (.trans: column q, rows e, e + 1) */
     for (unsigned m = 0; m < nmat; m++) {
         const unsigned skew = mma_emu_mutation == 2 ? 1u : 0u;
@@ -240,7 +253,6 @@ static inline void ldmatrix_emu(uint32_t *r, unsigned nmat, bool trans, const vo
         }
         r[m] = lo | hi << 16;
     }
-    __syncwarp();
 }
 
 static inline void ldmatrix_x1(uint32_t r[1], const void *row) { ldmatrix_emu(r, 1, false, row); }

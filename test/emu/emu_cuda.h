@@ -1,7 +1,7 @@
 /* The CUDA dialect on the host, for kernels run in a deterministic schedule:
  * every CUDA thread of a block is a std::thread, but only one runs at a time.
  * A thread runs until it waits at a barrier (__syncthreads, __syncwarp, the
- * two inside __shfl_xor_sync) or ends, then hands the run to the
+ * one inside __shfl_xor_sync) or ends, then hands the run to the
  * lowest-numbered runnable thread; the last thread to reach a barrier
  * releases the others and runs on. So warp 0 runs as far ahead as the
  * barriers let it, then warp 1, and so on: the widest skew between warps
@@ -109,18 +109,20 @@ static void emu_barrier_wait(emu_barrier &b)
 static void __syncthreads() { emu_barrier_wait(emu_block_bar); }
 static void __syncwarp(unsigned = 0xffffffffu) { emu_barrier_wait(emu_warp_bar[threadIdx.x >> 5]); }
 
-/* Per-thread slots of the shuffle exchange (blocks of at most 1024 threads). */
-alignas(8) static unsigned char emu_shfl_buf[1024][8];
+/* Per-thread slots of the shuffle exchange (blocks of at most 1024 threads),
+ * two sets used by alternate shuffles so that one __syncwarp a shuffle
+ * suffices (the reasoning of mma.cuh's exchange slots). */
+alignas(8) static unsigned char emu_shfl_buf[2][1024][8];
+static thread_local unsigned emu_shfl_calls;
 
 template <typename T> static T __shfl_xor_sync(unsigned, T v, int o)
 {
     static_assert(sizeof(T) <= 8, "shuffle of a type over 8 bytes");
-    const unsigned t = threadIdx.x;
-    memcpy(emu_shfl_buf[t], &v, sizeof v);
+    const unsigned t = threadIdx.x, set = emu_shfl_calls++ & 1;
+    memcpy(emu_shfl_buf[set][t], &v, sizeof v);
     __syncwarp();
     T r;
-    memcpy(&r, emu_shfl_buf[t ^ (unsigned)o], sizeof r);
-    __syncwarp();
+    memcpy(&r, emu_shfl_buf[set][t ^ (unsigned)o], sizeof r);
     return r;
 }
 
