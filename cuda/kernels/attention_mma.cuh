@@ -8,7 +8,9 @@
  * Launch: k_att_fwd_mma<HS> with HS = 64 or 128 (att_mma_supported), grid
  * (att_mma_tiles(T), NH, B), ATTM_THREADS threads, static shared memory
  * 3 x 64 x HS bf16 (24 KiB at HS 64, 48 KiB at 128). Every out element of
- * rows t < T and every lse element is written (=) by one block.
+ * rows t < T and every lse element is written (=) by one block. Causal work
+ * grows with the query tile, so block x takes query tile
+ * att_mma_tiles(T) - 1 - x: the longest start first.
  *
  * Scheme. A block owns ATTM_BQ = 64 query rows of one head, a warp 16 of
  * them (one m16 tile). Q is loaded once (cp.async into a swizzled tile, then
@@ -17,8 +19,8 @@
  * to the causal limit (later tiles are skipped, not masked), K and V are
  * copied by cp.async in separate commit groups so that copies overlap math:
  * V j flies while the scores of tile j are computed, K j + 1 while P V of
- * tile j is; S = Q K^T (K tile [key][d] is B in
- * [n][k] storage: ldmatrix x4), the online softmax in the base-2 domain
+ * tile j is. S = Q K^T (K tile [key][d] is B in [n][k] storage: ldmatrix
+ * x4), the online softmax in the base-2 domain
  * (scores times scale log2 e; m the running max, l the running sum, O
  * rescaled by 2^(m_old - m_new)), then O += P V with P's accumulators
  * rounded to bf16 and repacked in place as A fragments (the C fragments of
