@@ -49,6 +49,15 @@ grep -q "^offload: optimizer, [0-9]* of [0-9]* elements per rank (fraction 0.5) 
     "$TMP/off3.json.log" && pass "the banner names the offloaded elements and the fraction" ||
     fail "banner: $(grep offload: "$TMP/off3.json.log")"
 
+# the planner's host elements and bytes are the run's (rank 0 at dp2 ZeRO-1, half offloaded)
+"$DTRAIN" --plan $(tiny_args) --micro-batch 2 --global-batch 8 --seq-len 64 --zero 1 --offload optimizer \
+    --offload-fraction 0.5 --gpus 2 --hw cpu --metrics "$TMP/plan.json" >"$TMP/plan.txt" 2>&1 &&
+    planned=$("$PY" -c "import json, sys; d = json.load(open(sys.argv[1])); print(d['host_offload_elements'], \
+d['host_offload_bytes'])" "$TMP/plan.json") &&
+    ran=$(sed -n 's/^offload: optimizer, \([0-9]*\) of .*/\1/p' "$TMP/off3.json.log") &&
+    [ "$planned" = "$ran $((ran * 16))" ] && pass "the planner's host elements and bytes are the run's: $planned" ||
+    fail "planner host '$planned', run '$ran' elements"
+
 # the deferred-ops table plays the device: copies and updates are queued
 export DTRAIN_DEFER_OPS=1
 layout_run "$TMP/defer.ref.json" 1 --dtype bf16 &&

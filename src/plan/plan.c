@@ -957,11 +957,13 @@ static int write_json(const plan_t *p, const run_options_t *o, const char *path,
             "\"dp\": %.0f, \"embed\": %.0f}, \"step_s\": %.6g, \"compute_s\": %.6g, \"tp_comm_s\": %.6g, "
             "\"bubble_s\": %.6g, \"bubble_fraction\": %.6g, \"pp_comm_s\": %.6g, \"dp_comm_exposed_s\": %.6g, "
             "\"optimizer_s\": %.6g, \"tokens_per_s\": %.6g, \"mfu\": %.6g, \"hfu\": %.6g, \"doc_mask\": %d, "
-            "\"doc_len\": %d, \"attn_positions\": %.17g, \"attn_flops_per_token\": %.0f}\n",
+            "\"doc_len\": %d, \"attn_positions\": %.17g, \"attn_flops_per_token\": %.0f, \"offload_fraction\": %g, "
+            "\"host_offload_elements\": %zu, \"host_offload_bytes\": %.0f, \"optimizer_host_s\": %.6g}\n",
             in->hw->memory, p->usable, p->fits, p->margin, p->flops_step, p->hw_flops_step, w->tp_bytes, w->pp_bytes,
             w->dp_bytes, w->embed_bytes, p->t_step, p->t_compute, p->t_tp, p->t_bubble, p->bubble_frac, p->t_pp,
             p->t_dp, p->t_opt, p->tokens_s, p->mfu, p->hfu, in->doc_mask, in->doc_len, in->att_T,
-            flops_per_token(in->c, in->att_T) - flops_per_token(in->c, 0.0));
+            flops_per_token(in->c, in->att_T) - flops_per_token(in->c, 0.0), in->run.offload_fraction, w->n_host,
+            w->host_bytes, w->t_opt_host);
     if (fclose(f) != 0) {
         snprintf(err, errlen, "--metrics %s: write failed", path);
         return -1;
