@@ -16,6 +16,7 @@ export DTRAIN_NODES_ID="t$$"
 BED_HOSTS="$TMP/hostfile"
 BED_MPIEXEC="$TMP/mpiexec-nodes"
 LOCAL_MPIEXEC=$MPIEXEC
+export BED_MPIRUN_ARGS=
 
 bed_nodes() { "$BED_DIR/nodes.sh" "$@"; }
 
