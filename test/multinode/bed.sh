@@ -7,7 +7,8 @@
 #                   and $MPIEXEC replaced by $BED_MPIEXEC, so common.sh's
 #                   layout_run starts its ranks across the nodes; exits 77
 #                   with one line where namespaces cannot be made
-#   $BED_MPIEXEC    mpirun started on node1 with the hostfile; extra mpirun
+#   $BED_MPIEXEC    mpirun started on node1 with the hostfile ($BED_HOSTFILE
+#                   when set, else $BED_HOSTS); extra mpirun
 #                   options in $BED_MPIRUN_ARGS (e.g. --map-by node)
 #   bed_nodes ...   test/multinode/nodes.sh on this bed
 
@@ -16,7 +17,7 @@ export DTRAIN_NODES_ID="t$$"
 BED_HOSTS="$TMP/hostfile"
 BED_MPIEXEC="$TMP/mpiexec-nodes"
 LOCAL_MPIEXEC=$MPIEXEC
-export BED_MPIRUN_ARGS=
+export BED_MPIRUN_ARGS= BED_HOSTFILE=
 
 bed_nodes() { "$BED_DIR/nodes.sh" "$@"; }
 
@@ -47,7 +48,7 @@ bed_up() {
 exec "$BED_DIR/nodes.sh" run node1 env OMPI_MCA_plm_rsh_agent="$BED_DIR/rsh-agent" \\
     OMPI_MCA_plm_rsh_no_tree_spawn=1 OMPI_MCA_btl=self,vader,tcp OMPI_MCA_btl_tcp_if_include=mn0 \\
     OMPI_MCA_oob_tcp_if_include=mn0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \\
-    mpirun --hostfile "$BED_HOSTS" --bind-to none \${BED_MPIRUN_ARGS:-} "\$@"
+    mpirun --hostfile "\${BED_HOSTFILE:-$BED_HOSTS}" --bind-to none \${BED_MPIRUN_ARGS:-} "\$@"
 EOS
     chmod +x "$BED_MPIEXEC"
     MPIEXEC=$BED_MPIEXEC
