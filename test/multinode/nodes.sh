@@ -17,6 +17,7 @@
 #   nodes.sh pids NODE      the processes in NODE's network namespace
 #   nodes.sh kill NODE      SIGKILL every process of NODE (a node lost)
 #   nodes.sh link-down NODE take NODE's link down (a network partition)
+#   nodes.sh link-up NODE   bring it back
 #   nodes.sh down           end every process of the nodes, remove everything
 #
 # DTRAIN_NODES_ID names one test bed (default "dtrain"): beds with different
@@ -148,6 +149,7 @@ run) [ $# -ge 2 ] || die "run NODE CMD..."; run "$@" ;;
 pids) pids "$@" ;;
 kill) kill_node "$1" ;;
 link-down) ip -n "$(ns "$(node_of "$1")")" link set $IFACE down ;;
+link-up) ip -n "$(ns "$(node_of "$1")")" link set $IFACE up ;;
 down) down ;;
-*) die "usage: nodes.sh check | up N | run NODE CMD... | pids NODE | kill NODE | link-down NODE | down" ;;
+*) die "usage: nodes.sh check | up N | run NODE CMD... | pids NODE | kill NODE | link-down|link-up NODE | down" ;;
 esac
