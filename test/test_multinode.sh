@@ -10,13 +10,17 @@
 #    dp2 x tp2 (one replica per node): every step's loss and the final
 #    validation loss within 1e-5 relative of one rank, gradient norms within
 #    1e-4, final parameters within 1e-4 (layout_compare);
-#  - the banner: 4 ranks on 2 nodes, MPI's local ranks (per node: 0,1 on
-#    each) agree with OMPI_COMM_WORLD_LOCAL_RANK, and each group line names
-#    its ranks' hosts (tp group 0 on node1, 1 on node2, pp across both);
-#    no TP warning;
+#  - the banner: 4 ranks on 2 nodes, MPI's local ranks agree with
+#    OMPI_COMM_WORLD_LOCAL_RANK, the host layout "hosts: node1 ranks 0,1
+#    (local 0,1), node2 ranks 2,3 (local 0,1)" (local ranks, by which a GPU
+#    is picked, count from 0 on each node, not by world rank), and each
+#    group line names its ranks' hosts (tp group 0 on node1, 1 on node2, pp
+#    across both); no TP warning;
 #  - TP across nodes (--map-by node: ranks 0,2 on node1, 1,3 on node2, so
 #    every TP group spans both): the run goes on, to the same losses, and
-#    rank 0 prints exactly one warning line naming node1 and node2;
+#    rank 0 prints exactly one warning line naming node1 and node2; the
+#    host layout reads "node1 ranks 0,2 (local 0,1), node2 ranks 1,3
+#    (local 0,1)";
 #    --straggler-every 5 with rank 2 slowed by 150 ms a step names
 #    "rank 2 (node1)": the host of that rank, not of rank 2 under the
 #    default mapping (node2).
@@ -42,6 +46,8 @@ for model in tiny tiny-llama; do
         layout_compare "$ref" "$out" "$model tp2 x pp2 on 2 nodes x 2 ranks, TP inside a node"
     expect_line "$model tp2 x pp2: banner" "$out.log" \
         "^launch: mpirun, 4 ranks on 2 nodes, local ranks agree with OMPI_COMM_WORLD_LOCAL_RANK$"
+    expect_line "$model tp2 x pp2: hosts and local ranks" "$out.log" \
+        "^hosts: node1 ranks 0,1 (local 0,1), node2 ranks 2,3 (local 0,1)$"
     expect_line "$model tp2 x pp2: tp group 0" "$out.log" "^  tp    group 0: ranks 0,1 on node1$"
     expect_line "$model tp2 x pp2: tp group 1" "$out.log" "^  tp    group 1: ranks 2,3 on node2$"
     expect_line "$model tp2 x pp2: pp across nodes" "$out.log" "^  pp    group 0: ranks 0,2 on node1,node2$"
@@ -61,6 +67,8 @@ layout_run "$out" 4 --model tiny --tp 2 --pp 2 --straggler-every 5 &&
 BED_MPIRUN_ARGS=
 expect_line "TP across nodes: the warning" "$out.log" \
     "^dtrain: warning: tensor-parallel group 0 (ranks 0,1) spans hosts node1, node2 (2 of 2 tp groups cross nodes)"
+expect_line "TP across nodes: hosts and local ranks" "$out.log" \
+    "^hosts: node1 ranks 0,2 (local 0,1), node2 ranks 1,3 (local 0,1)$"
 expect_line "TP across nodes: tp group 0 on both" "$out.log" "^  tp    group 0: ranks 0,1 on node1,node2$"
 n=$(grep -c "^straggler: rank 2 (node1) " "$out.log")
 [ "$n" -eq 4 ] && pass "--straggler-every 5: rank 2 (node1) at each of the 4 reports" ||
