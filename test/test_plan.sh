@@ -5,7 +5,10 @@
 # ranks), at several layouts; (c)
 # llama-70b on 64 H100s at tp 8 pp 8 fits with ZeRO-1 and recomputation
 # and does not without; (d) slurm/train_70b.sbatch's own arguments fit;
-# (e) bad input is one line and exit 2; --search lists layouts that fit;
+# (e) bad input is one line and exit 2; --search lists layouts that fit; a
+# hardware file with the H100's numbers at 4 GPUs per node prices tp 8
+# (now across 2 nodes) at the inter-node bandwidth: tp time 5-9x the
+# in-node one;
 # (f) --doc-mask --plan-doc-len N: attention FLOPs per token of documents of
 # N tokens, against sum(L^2) / T computed here.
 . "$top_srcdir/test/common.sh"
