@@ -32,6 +32,7 @@ trap 'exit 130' INT TERM
 
 bed_up() {
     why=$(bed_nodes check) || { echo "$why"; exit 77; }
+    bed_nodes gc
     BED_IS_UP=1
     bed_nodes up "$1" || exit 99
     : >"$BED_HOSTS"

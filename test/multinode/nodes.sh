@@ -19,6 +19,8 @@
 #   nodes.sh link-down NODE take NODE's link down (a network partition)
 #   nodes.sh link-up NODE   bring it back
 #   nodes.sh down           end every process of the nodes, remove everything
+#   nodes.sh gc             remove the beds of tests that died without their
+#                           cleanup (IDs t<PID> whose PID is gone)
 #
 # DTRAIN_NODES_ID names one test bed (default "dtrain"): beds with different
 # IDs coexist (the tests use their PID), so parallel tests never collide.
@@ -140,6 +142,18 @@ down() {
     return 0
 }
 
+# gc: a test killed with SIGKILL (a CI timeout) leaves its bed; its ID is
+# t<PID> (test/multinode/bed.sh), so a bed whose process is gone is stale
+gc() {
+    for d in "${DTRAIN_NODES_RUN:-/run/dtrain-nodes}"/t*; do
+        [ -d "$d" ] || continue
+        id=${d##*/}
+        pid=${id#t}
+        case $pid in '' | *[!0-9]*) continue ;; esac
+        kill -0 "$pid" 2>/dev/null || DTRAIN_NODES_ID=$id "$0" down
+    done
+}
+
 cmd=${1:-}
 [ $# -gt 0 ] && shift
 case $cmd in
@@ -151,5 +165,6 @@ kill) kill_node "$1" ;;
 link-down) ip -n "$(ns "$(node_of "$1")")" link set $IFACE down ;;
 link-up) ip -n "$(ns "$(node_of "$1")")" link set $IFACE up ;;
 down) down ;;
-*) die "usage: nodes.sh check | up N | run NODE CMD... | pids NODE | kill NODE | link-down|link-up NODE | down" ;;
+gc) gc ;;
+*) die "usage: nodes.sh check | up N | run NODE CMD... | pids NODE | kill NODE | link-down|link-up NODE | down | gc" ;;
 esac
