@@ -409,6 +409,58 @@ static void print_groups(FILE *out, const grid_t *g, int axis, const char *hosts
     free(distinct);
 }
 
+/* The distinct hosts of group c of axis, the first max of them into
+ * distinct; how many went in. */
+static int group_hosts(const grid_t *g, int axis, int c, const char *hosts, int hostlen, const char **distinct, int max)
+{
+    const int T = g->tp_size, D = g->dp_size, P = g->pp_size;
+    int nd = 0;
+    for (int i = 0; i < axis_group_size(axis, T, D, P); i++) {
+        const char *h = hosts + (size_t)axis_member(axis, T, D, P, c, i) * (size_t)hostlen;
+        int seen = 0;
+        for (int j = 0; j < nd && !seen; j++)
+            seen = strcmp(distinct[j], h) == 0;
+        if (!seen && nd < max)
+            distinct[nd++] = h;
+    }
+    return nd;
+}
+
+/* TP all-reduces activations in every layer, forward and backward: over an
+ * inter-node link (a tenth of NVLink's bandwidth or less) it dominates the
+ * step. The run is still correct, so it goes on; one line says which group
+ * crosses nodes and how many do. */
+static void warn_tp_across_hosts(const grid_t *g, const char *hosts, int hostlen)
+{
+    const int T = g->tp_size, D = g->dp_size, P = g->pp_size;
+    if (T == 1)
+        return;
+    const char *distinct[GRID_PRINT_MAX_HOSTS + 1];
+    int first = -1, crossing = 0;
+    for (int c = 0; c < axis_group_count(AXIS_TP, T, D, P); c++)
+        if (group_hosts(g, AXIS_TP, c, hosts, hostlen, distinct, 2) > 1 && crossing++ == 0)
+            first = c;
+    if (first < 0)
+        return;
+    const int nd_first = group_hosts(g, AXIS_TP, first, hosts, hostlen, distinct, GRID_PRINT_MAX_HOSTS + 1);
+    strbuf_t b = {0};
+    sb_printf(&b, "dtrain: warning: tensor-parallel group %d (ranks ", first);
+    format_ranks(&b, T, axis_member(AXIS_TP, T, D, P, first, 0), 1);
+    sb_printf(&b, ") spans hosts ");
+    for (int j = 0; j < nd_first && j < GRID_PRINT_MAX_HOSTS; j++)
+        sb_printf(&b, "%s%s", j ? ", " : "", distinct[j]);
+    if (nd_first > GRID_PRINT_MAX_HOSTS)
+        sb_printf(&b, ", ...");
+    sb_printf(&b,
+              " (%d of %d tp groups cross nodes): TP across nodes is bandwidth-bound; place each TP group inside "
+              "a node (consecutive ranks on one node: mpirun --map-by slot, srun --distribution=block)",
+              crossing, axis_group_count(AXIS_TP, T, D, P));
+    if (b.s)
+        fprintf(stderr, "%s\n", b.s);
+    fflush(stderr);
+    free(b.s);
+}
+
 status_t grid_print(const grid_t *g, FILE *out, char *err, size_t errlen)
 {
     enum { HOSTLEN = MPI_MAX_PROCESSOR_NAME };
@@ -437,6 +489,7 @@ status_t grid_print(const grid_t *g, FILE *out, char *err, size_t errlen)
     if (!root)
         return STATUS_OK;
     status_t status = STATUS_OK;
+    warn_tp_across_hosts(g, hosts, HOSTLEN);
     if (out) {
         int nhosts = 0;
         for (int r = 0; r < g->world_size; r++) {

@@ -48,7 +48,10 @@ int grid_groups(const grid_t *g, comm_t **list, const char **names);
 
 /* Prints, on the calling rank, every group of each kind with its world
  * ranks and hosts: "tp group 0: ranks 0,1 (hostA)". Collective (gathers
- * host names); only world rank 0 writes to out. */
+ * host names); only world rank 0 writes to out. When a tensor-parallel
+ * group spans more than one host, rank 0 also writes one warning line to
+ * stderr naming the first such group and its hosts (even when out is
+ * NULL): the run is correct, but TP across nodes is bandwidth-bound. */
 status_t grid_print(const grid_t *g, FILE *out, char *err, size_t errlen);
 
 #endif

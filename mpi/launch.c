@@ -101,6 +101,27 @@ static void check_local_rank(launch_env_t *env)
     env->mismatch_var = pair[1];
 }
 
+/* Gathers each rank's host and local rank on rank 0 for the banner's host
+ * layout. Collective. */
+static void gather_hosts(launch_env_t *env)
+{
+    char me[LAUNCH_HOST_MAX];
+    snprintf(me, sizeof me, "%.*s", LAUNCH_HOST_MAX - 1, env->host);
+    if (env->world_rank == 0) {
+        env->rank_host = malloc((size_t)env->world_size * LAUNCH_HOST_MAX);
+        env->rank_local = malloc((size_t)env->world_size * sizeof *env->rank_local);
+        if (!env->rank_host || !env->rank_local) { /* the others are entering the gather: end, never hang */
+            fprintf(stderr, "dtrain: out of memory for the host names of %d ranks\n", env->world_size);
+            MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+    }
+    launch_mpi_check(
+        MPI_Gather(me, LAUNCH_HOST_MAX, MPI_CHAR, env->rank_host, LAUNCH_HOST_MAX, MPI_CHAR, 0, MPI_COMM_WORLD),
+        "MPI_Gather(host names)");
+    launch_mpi_check(MPI_Gather(&env->local_rank, 1, MPI_INT, env->rank_local, 1, MPI_INT, 0, MPI_COMM_WORLD),
+                     "MPI_Gather(local ranks)");
+}
+
 static void read_slurm_job(launch_env_t *env)
 {
     env_str(env->job_id, sizeof env->job_id, "SLURM_JOB_ID", "SLURM_JOBID");
@@ -163,6 +184,7 @@ void launch_init(launch_env_t *env, int *argc, char ***argv)
     env->n_nodes = (int)nodes;
     detect_launcher(env);
     check_local_rank(env);
+    gather_hosts(env);
     read_slurm_job(env);
 }
 
@@ -174,6 +196,53 @@ static const char *kind_name(launch_kind_t k)
     case LAUNCH_MPIRUN: return "mpirun";
     default: return "unknown launcher";
     }
+}
+
+/* The ranks on host h (local: their local ranks): "0,1", or past 8 of
+ * them "0,2,...,14 (8 ranks)"-style, the first 8 and a count. */
+static void print_on_host(const launch_env_t *env, FILE *out, const char *h, int local)
+{
+    int n = 0;
+    for (int r = 0; r < env->world_size; r++) {
+        if (strcmp(env->rank_host + (size_t)r * LAUNCH_HOST_MAX, h) != 0)
+            continue;
+        if (n < 8)
+            fprintf(out, "%s%d", n ? "," : "", local ? env->rank_local[r] : r);
+        else if (n == 8)
+            fprintf(out, ",...");
+        n++;
+    }
+    if (n > 8)
+        fprintf(out, " (%d ranks)", n);
+}
+
+/* The host layout, rank 0 only, on more than one node: which ranks each
+ * host runs and their local ranks there (a GPU is picked by local rank, so
+ * on every node these must count from 0). At most 16 hosts shown. */
+static void describe_hosts(const launch_env_t *env, FILE *out)
+{
+    if (env->n_nodes < 2 || !env->rank_host || !env->rank_local)
+        return;
+    fprintf(out, "hosts:");
+    int shown = 0;
+    for (int r = 0; r < env->world_size; r++) {
+        const char *h = env->rank_host + (size_t)r * LAUNCH_HOST_MAX;
+        int seen = 0;
+        for (int q = 0; q < r && !seen; q++)
+            seen = strcmp(env->rank_host + (size_t)q * LAUNCH_HOST_MAX, h) == 0;
+        if (seen)
+            continue;
+        if (shown++ == 16) {
+            fprintf(out, ", ... (%d hosts)", env->n_nodes);
+            break;
+        }
+        fprintf(out, "%s %s ranks ", shown > 1 ? "," : "", h);
+        print_on_host(env, out, h, 0);
+        fprintf(out, " (local ");
+        print_on_host(env, out, h, 1);
+        fprintf(out, ")");
+    }
+    fprintf(out, "\n");
 }
 
 void launch_describe(const launch_env_t *env, FILE *out)
@@ -191,6 +260,7 @@ void launch_describe(const launch_env_t *env, FILE *out)
         fprintf(out, ", local ranks agree with %s\n", env->local_var);
     else
         fprintf(out, "\n");
+    describe_hosts(env, out);
     if (!env->job_id[0])
         return;
     fprintf(out, "slurm: job %s, restart %d, %d node%s %s, time limit ", env->job_id, env->restart_count,
@@ -241,6 +311,8 @@ void launch_exit(const launch_env_t *env, int status)
     fflush(stderr);
     if (env->world)
         env->world->ops->destroy(env->world);
+    free(env->rank_host);
+    free(env->rank_local);
     MPI_Finalize();
     exit(status);
 }

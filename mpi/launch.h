@@ -42,14 +42,22 @@ typedef struct launch_env {
     /* MPI provided MPI_THREAD_MULTIPLE (asked for; FUNNELED is the least
      * the program needs without a second MPI thread) */
     int thread_multiple;
+    /* rank 0 only (NULL elsewhere), for the banner's host layout: each
+     * world rank's host (LAUNCH_HOST_MAX bytes each) and local rank */
+    char *rank_host;
+    int *rank_local;
 } launch_env_t;
+
+#define LAUNCH_HOST_MAX 64 /* the banner's host names are cut to 63 bytes */
 
 /* MPI_Init_thread (MULTIPLE where provided), the rank/size queries, the launcher and SLURM
  * job around it. Collective. On failure prints a
  * line and exits 1 (nothing else can be agreed on without MPI). */
 void launch_init(launch_env_t *env, int *argc, char ***argv);
 
-/* Rank 0 writes the launch and SLURM lines of the banner. */
+/* Rank 0 writes the launch and SLURM lines of the banner, and on more
+ * than one node the host layout: "hosts: node1 ranks 0,1 (local 0,1),
+ * node2 ranks 2,3 (local 0,1)". */
 void launch_describe(const launch_env_t *env, FILE *out);
 
 /* Installs the SIGUSR1/SIGTERM handlers that only record the signal (for

@@ -24,6 +24,16 @@ struct watchdog {
     long long bytes;
     struct timespec since; /* CLOCK_MONOTONIC at watchdog_enter */
     char failure[512];     /* watchdog_note_failure's message, or "" */
+    /* who the peers are, for the abort line (watchdog_set_hosts,
+     * watchdog_add_group); absent: the line names group ranks only */
+    char *hosts; /* world_size names of hostlen bytes, by world rank */
+    int hostlen, world_size;
+    struct watch_group {
+        char name[16];
+        int size;
+        int32_t *world; /* world rank of each group rank */
+    } groups[WATCHDOG_MAX_GROUPS];
+    int ngroups;
 };
 
 static double seconds_since(const struct timespec *t0)
@@ -49,6 +59,72 @@ static void human_bytes(char *buf, size_t len, long long b)
         snprintf(buf, len, "%.*f %s", v < 10 ? 1 : 0, v, unit[u]);
 }
 
+static const struct watch_group *find_group(const watchdog_t *w, const char *name)
+{
+    for (int i = 0; i < w->ngroups; i++)
+        if (strcmp(w->groups[i].name, name) == 0)
+            return &w->groups[i];
+    return NULL;
+}
+
+static const char *host_of(const watchdog_t *w, int world_rank)
+{
+    if (!w->hosts || world_rank < 0 || world_rank >= w->world_size)
+        return "?";
+    return w->hosts + (size_t)world_rank * (size_t)w->hostlen;
+}
+
+/* ", peer pp rank 1 = rank 3 on node2": the peer by its group rank, and,
+ * when the group is known, by world rank and host, so the line says which
+ * process (and which machine) stopped answering. */
+static void describe_peer(const watchdog_t *w, char *buf, size_t len)
+{
+    const struct watch_group *g = find_group(w, w->group);
+    int n = snprintf(buf, len, ", peer %s rank %d", w->group, w->peer);
+    if (g && w->peer < g->size && n >= 0 && (size_t)n < len)
+        snprintf(buf + n, len - (size_t)n, " = rank %d on %s", g->world[w->peer], host_of(w, g->world[w->peer]));
+}
+
+/* "; ranks 0,1 on node1, 2,3 on node2": a stuck collective does not say
+ * which member is missing, so the line lists them all by host (at most
+ * 8 ranks a host and 4 hosts shown). */
+static void describe_members(const watchdog_t *w, char *buf, size_t len)
+{
+    const struct watch_group *g = find_group(w, w->group);
+    buf[0] = '\0';
+    if (!g || !w->hosts)
+        return;
+    size_t at = 0;
+    int shown_hosts = 0;
+    for (int i = 0; i < g->size && at < len; i++) {
+        const char *h = host_of(w, g->world[i]);
+        int seen = 0;
+        for (int j = 0; j < i && !seen; j++)
+            seen = strcmp(host_of(w, g->world[j]), h) == 0;
+        if (seen)
+            continue;
+        if (shown_hosts++ == 4) {
+            snprintf(buf + at, len - at, ", ...");
+            return;
+        }
+        int n = snprintf(buf + at, len - at, "%s", i ? ", " : "; ranks ");
+        for (int j = i, k = 0; j < g->size && n >= 0 && at + (size_t)n < len; j++) {
+            if (strcmp(host_of(w, g->world[j]), h) != 0)
+                continue;
+            if (k++ == 8) {
+                n += snprintf(buf + at + n, len - at - (size_t)n, ",...");
+                break;
+            }
+            n += snprintf(buf + at + n, len - at - (size_t)n, "%s%d", k > 1 ? "," : "", g->world[j]);
+        }
+        if (n < 0)
+            return;
+        at += (size_t)n;
+        if (at < len)
+            at += (size_t)snprintf(buf + at, len - at, " on %s", h);
+    }
+}
+
 /* Called with w->lock held and a call in progress for longer than the
  * timeout: prints the line and ends the job. Does not return. */
 static void fire(watchdog_t *w, double waited_s)
@@ -56,9 +132,11 @@ static void fire(watchdog_t *w, double waited_s)
     char what[96] = "";
     if (w->bytes >= 0)
         human_bytes(what, sizeof what, w->bytes);
-    char peer[48] = "";
+    char peer[320] = "";
     if (w->peer >= 0)
-        snprintf(peer, sizeof peer, ", peer %s rank %d", w->group, w->peer);
+        describe_peer(w, peer, sizeof peer);
+    else
+        describe_members(w, peer, sizeof peer);
     fprintf(stderr,
             "dtrain: %s: %s on group %s (%d ranks%s%s%s) has not finished after %.0f s (--comm-timeout %g): "
             "a peer rank is stuck or dead; aborting the job%s%s\n",
@@ -153,7 +231,46 @@ void watchdog_stop(watchdog_t *w)
     pthread_join(w->thread, NULL);
     pthread_cond_destroy(&w->wake);
     pthread_mutex_destroy(&w->lock);
+    for (int i = 0; i < w->ngroups; i++)
+        free(w->groups[i].world);
+    free(w->hosts);
     free(w);
+}
+
+int watchdog_set_hosts(watchdog_t *w, const char *hosts, int hostlen, int world_size)
+{
+    if (!w || hostlen <= 0 || world_size <= 0)
+        return -1;
+    char *copy = malloc((size_t)hostlen * (size_t)world_size);
+    if (!copy)
+        return -1;
+    memcpy(copy, hosts, (size_t)hostlen * (size_t)world_size);
+    for (int r = 0; r < world_size; r++)
+        copy[(size_t)(r + 1) * (size_t)hostlen - 1] = '\0';
+    pthread_mutex_lock(&w->lock);
+    free(w->hosts);
+    w->hosts = copy;
+    w->hostlen = hostlen;
+    w->world_size = world_size;
+    pthread_mutex_unlock(&w->lock);
+    return 0;
+}
+
+int watchdog_add_group(watchdog_t *w, const char *name, int size, const int32_t *world_ranks)
+{
+    if (!w || size <= 0 || w->ngroups == WATCHDOG_MAX_GROUPS)
+        return -1;
+    int32_t *copy = malloc((size_t)size * sizeof *copy);
+    if (!copy)
+        return -1;
+    memcpy(copy, world_ranks, (size_t)size * sizeof *copy);
+    pthread_mutex_lock(&w->lock);
+    struct watch_group *g = &w->groups[w->ngroups++];
+    snprintf(g->name, sizeof g->name, "%s", name);
+    g->size = size;
+    g->world = copy;
+    pthread_mutex_unlock(&w->lock);
+    return 0;
 }
 
 void watchdog_enter(watchdog_t *w, const char *op, const char *group, int size, long long bytes, int peer)

@@ -11,8 +11,12 @@
  * watchdog_enter/watchdog_leave. When one call has lasted longer than the
  * timeout, the thread prints
  *
- *   dtrain: rank 3 (tp 1 pp 1 dp 0, host n07): allreduce on group dp (2 ranks, 4 KiB) has not finished after 600 s
- *   (--comm-timeout 600): a peer rank is stuck or dead; aborting the job
+ *   dtrain: rank 3 (tp 1 pp 1 dp 0, host n07): allreduce on group dp (2 ranks, 4 KiB; ranks 1 on n03, 3 on n07)
+ *   has not finished after 600 s (--comm-timeout 600): a peer rank is stuck or dead; aborting the job
+ *
+ * (a receive names its peer instead: "peer pp rank 1 = rank 5 on n08"; the
+ * world ranks and hosts come from watchdog_set_hosts/watchdog_add_group,
+ * so that on a cluster the line says which machine stopped answering)
  *
  * and calls MPI_Abort, which ends every rank under mpirun and srun alike.
  * The process asks for MPI_THREAD_MULTIPLE (launch.h); where the library
@@ -29,12 +33,26 @@
 #define DTRAIN_WATCHDOG_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 typedef struct watchdog watchdog_t;
+
+#define WATCHDOG_MAX_GROUPS 8 /* the grid's: world, tp, dp, pp, embed, shard, replica */
 
 /* Starts the thread. timeout_s > 0; who names this rank in the message
  * ("rank 3 (tp 1 pp 1 dp 0, host n07)"). NULL with err set on failure. */
 watchdog_t *watchdog_start(double timeout_s, const char *who, char *err, size_t errlen);
+
+/* The host of every world rank (world_size names of hostlen bytes each,
+ * cut to hostlen - 1), copied, for the abort line. Call before the first
+ * watchdog_enter. 0, or -1 (out of memory, a bad size, NULL w). */
+int watchdog_set_hosts(watchdog_t *w, const char *hosts, int hostlen, int world_size);
+
+/* Group `name` ("pp"): the world rank of each of its `size` ranks, in
+ * group rank order, copied, so the abort line names peers by world rank
+ * and host. At most WATCHDOG_MAX_GROUPS; call before the first
+ * watchdog_enter. 0, or -1. */
+int watchdog_add_group(watchdog_t *w, const char *name, int size, const int32_t *world_ranks);
 
 /* Stops and joins the thread, frees w. NULL is fine. */
 void watchdog_stop(watchdog_t *w);

@@ -5,7 +5,10 @@
 # ranks), at several layouts; (c)
 # llama-70b on 64 H100s at tp 8 pp 8 fits with ZeRO-1 and recomputation
 # and does not without; (d) slurm/train_70b.sbatch's own arguments fit;
-# (e) bad input is one line and exit 2; --search lists layouts that fit;
+# (e) bad input is one line and exit 2; --search lists layouts that fit; a
+# hardware file with the H100's numbers at 4 GPUs per node prices tp 8
+# (now across 2 nodes) at the inter-node bandwidth: tp time 5-9x the
+# in-node one;
 # (f) --doc-mask --plan-doc-len N: attention FLOPs per token of documents of
 # N tokens, against sum(L^2) / T computed here.
 . "$top_srcdir/test/common.sh"
@@ -279,6 +282,16 @@ printf '# H100 SXM as a file\nname = my-h100\nmemory = 80GiB\nreserve = 4GiB\npe
 plan_json "$TMP/h1.json" $L70 --zero 1 --recompute selective && plan_json "$TMP/h2.json" $(echo "$L70" | sed 's/--hw h100-sxm//') --hw "$TMP/h100.conf" --zero 1 --recompute selective &&
     [ "$(jget "$TMP/h1.json" step_s)" = "$(jget "$TMP/h2.json" step_s)" ] && [ "$(jget "$TMP/h1.json" mem_worst.total)" = "$(jget "$TMP/h2.json" mem_worst.total)" ] &&
     pass "--hw FILE with the h100-sxm numbers plans the same step time and memory" || fail "--hw FILE vs h100-sxm: $(jget "$TMP/h1.json" step_s) vs $(jget "$TMP/h2.json" step_s)"
+# TP across nodes: the same H100 numbers with 4 GPUs per node put each tp-8
+# group on two nodes, and the planner prices its all-reduces at the
+# inter-node 40 GB/s instead of NVLink's 360 GB/s: the tp time grows by up to
+# 9x (latency terms are the same), nothing else in the compute changes
+sed 's/^gpus_per_node = 8$/gpus_per_node = 4/' "$TMP/h100.conf" >"$TMP/h100x4.conf"
+plan_json "$TMP/x4.json" $(echo "$L70" | sed 's/--hw h100-sxm//') --hw "$TMP/h100x4.conf" --zero 1 --recompute selective &&
+    grep -q "^  tp .* 8 ranks, inter-node:" "$TMP/x4.json.txt" &&
+    awk -v a="$(jget "$TMP/h2.json" tp_comm_s)" -v b="$(jget "$TMP/x4.json" tp_comm_s)" 'BEGIN { exit !(b > 5 * a && b <= 9 * a) }' &&
+    pass "--plan: tp 8 on 4 GPUs per node is priced inter-node: tp time $(jget "$TMP/x4.json" tp_comm_s) s vs $(jget "$TMP/h2.json" tp_comm_s) s inside a node" ||
+    fail "--plan, TP across nodes: tp time $(jget "$TMP/x4.json" tp_comm_s) s vs $(jget "$TMP/h2.json" tp_comm_s) s inside a node; $(grep '^  tp ' "$TMP/x4.json.txt")"
 # --gpu-mem overrides the profile's memory
 plan_json "$TMP/g.json" $L70 --zero 1 --recompute selective --gpu-mem 40 &&
     [ "$(jget "$TMP/g.json" fits)" = 0 ] && pass "--gpu-mem 40: the 70B layout that fits in 80 GiB does not in 40" || fail "--gpu-mem 40: fits=$(jget "$TMP/g.json" fits)"

@@ -557,6 +557,45 @@ static int setup_model(trainer_t *tr, model_layout_t lay, const dpsync_ops_t *ki
     return 0;
 }
 
+/* Tells the watchdog every rank's host and each group's members by world
+ * rank, so that its abort line names the peer that stopped answering and
+ * the machine it runs on. Collective over the world and each group. */
+static int watch_names(trainer_t *tr, comm_t **groups, int ng, char *err, size_t errlen)
+{
+    enum { HOSTLEN = 64 };
+    const int world = tr->grid->world_size;
+    char me[HOSTLEN] = "", cerr[COMM_ERR_MAX];
+    snprintf(me, sizeof me, "%.63s", tr->env->host); /* a longer name is cut: the line still says enough */
+    char *hosts = malloc((size_t)world * HOSTLEN);
+    int32_t *ranks = malloc((size_t)world * sizeof *ranks);
+    int rc = hosts && ranks ? 0 : -1;
+    if (rc != 0)
+        snprintf(err, errlen, "out of memory for the --comm-timeout host table");
+    if (rc == 0 &&
+        tr->world->ops->allgather(tr->world, me, hosts, HOSTLEN, COMM_BYTE, cerr, sizeof cerr) != STATUS_OK) {
+        snprintf(err, errlen, "--comm-timeout: the all-gather of the host names failed: %s", cerr);
+        rc = -1;
+    }
+    if (rc == 0 && watchdog_set_hosts(tr->watch, hosts, HOSTLEN, world) != 0) {
+        snprintf(err, errlen, "out of memory for the --comm-timeout host table");
+        rc = -1;
+    }
+    const int32_t mine = tr->grid->world_rank;
+    for (int i = 0; i < ng && rc == 0; i++) {
+        comm_t *c = groups[i];
+        if (c->ops->allgather(c, &mine, ranks, 1, COMM_INT32, cerr, sizeof cerr) != STATUS_OK) {
+            snprintf(err, errlen, "--comm-timeout: the all-gather of group %s's ranks failed: %s", c->name, cerr);
+            rc = -1;
+        } else if (watchdog_add_group(tr->watch, c->name, c->size, ranks) != 0) {
+            snprintf(err, errlen, "out of memory for the --comm-timeout group table");
+            rc = -1;
+        }
+    }
+    free(ranks);
+    free(hosts);
+    return rc;
+}
+
 /* --trace and --comm-timeout: every group of the grid reports its calls. */
 static int setup_watch(trainer_t *tr, char *err, size_t errlen)
 {
@@ -583,7 +622,8 @@ static int setup_watch(trainer_t *tr, char *err, size_t errlen)
         host[sizeof host - 1] = '\0';
         snprintf(who, sizeof who, "rank %d (tp %d pp %d dp %d, host %s)", grid->world_rank, grid->tp_rank,
                  grid->pp_rank, grid->dp_rank, host);
-        if (!(tr->watch = watchdog_start(o->comm_timeout, who, err, errlen)))
+        if (!(tr->watch = watchdog_start(o->comm_timeout, who, err, errlen)) ||
+            watch_names(tr, groups, ng, err, errlen) != 0)
             return -1;
         for (int i = 0; i < ng; i++)
             groups[i]->watch = tr->watch;
