@@ -182,14 +182,21 @@ int evalmc_load(evalmc_file_t *f, const char *path, char *err, size_t errlen)
         return -1;
     }
     unsigned char *buf = NULL;
-    long len = fseek(fp, 0, SEEK_END) == 0 ? ftell(fp) : -1;
-    if (len >= 0 && fseek(fp, 0, SEEK_SET) == 0)
-        buf = malloc(len > 0 ? (size_t)len : 1);
-    const int ok = buf && fread(buf, 1, (size_t)len, fp) == (size_t)len;
+    const char *why = NULL; /* taken from errno at once: fclose and free may change it */
+    const long len = fseek(fp, 0, SEEK_END) == 0 ? ftell(fp) : -1;
+    if (len < 0 || fseek(fp, 0, SEEK_SET) != 0)
+        why = strerror(errno);
+    else if (!(buf = malloc(len > 0 ? (size_t)len : 1)))
+        why = "out of memory";
+    else {
+        errno = 0;
+        if (fread(buf, 1, (size_t)len, fp) != (size_t)len) /* no errno: it shrank while read */
+            why = errno ? strerror(errno) : "the file changed while it was read";
+    }
     fclose(fp);
-    if (!ok) {
+    if (why) {
         free(buf);
-        snprintf(err, errlen, "cannot read eval file %s: %s", path, buf || len < 0 ? strerror(errno) : "out of memory");
+        snprintf(err, errlen, "cannot read eval file %s: %s", path, why);
         return -1;
     }
     const int rc = evalmc_parse(f, buf, (size_t)len, path, err, errlen);
@@ -227,6 +234,10 @@ int evalmc_write(const char *path, const evalmc_example_t *ex, int n, int versio
     const int w = version == EVALMC_VERSION_U16 ? 2 : 4;
     unsigned char hdr[4 * EVALMC_HEADER_INTS] = {0}, *h = hdr;
     size_t total = 0, longest = 0;
+    if (n < 1) { /* the reader refuses a file that counts no examples */
+        snprintf(err, errlen, "%s: no examples to write", path);
+        return -1;
+    }
     for (int e = 0; e < n; e++) {
         const size_t words = example_words(&ex[e], e, w);
         if (words == 0) {

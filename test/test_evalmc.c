@@ -167,6 +167,11 @@ static void writer_refusals(void)
               "refusal %d: accepted, or not one line naming the file: '%s'", k, err);
         CHECK(stat(path, &st) != 0 && errno == ENOENT, "refusal %d left %s", k, path);
     }
+    /* no examples: a file the reader would refuse ("counts no examples") */
+    err[0] = '\0';
+    CHECK(evalmc_write(path, &x, 0, EVALMC_VERSION_U16, err, sizeof err) != 0 && one_line(err) && strstr(err, path),
+          "0 examples: accepted, or not one line naming the file: '%s'", err);
+    CHECK(stat(path, &st) != 0 && errno == ENOENT, "0 examples left %s", path);
     CHECK(evalmc_write(path, &x, 1, EVALMC_VERSION_U32, err, sizeof err) == 0, "65535 in version 2: %s", err);
     unlink(path);
 }
@@ -342,6 +347,7 @@ static void malformed(int version)
     snprintf(path, sizeof path, "%s/none.bin", dir);
     CHECK(evalmc_load(&f, path, err, sizeof err) != 0 && one_line(err) && strstr(err, "cannot open"),
           "a missing file: '%s'", err);
+    CHECK(evalmc_load(&f, dir, err, sizeof err) != 0 && one_line(err) && strstr(err, dir), "a directory: '%s'", err);
     snprintf(path, sizeof path, "%s/bad.bin", dir);
     unlink(path);
     free(good);
