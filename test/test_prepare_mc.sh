@@ -208,6 +208,8 @@ bad manyendings "33 endings: an example has 2 to 32" \
 bad emptyending "ending 1 is empty" '{"context": "x", "endings": ["a", ""], "label": 0}'
 bad numending "ending 0 is not a string" '{"context": "x", "endings": [7, "b"], "label": 0}'
 bad trailing "bad_trailing.jsonl:2: not JSON" '{"context": "x", "endings": ["a", "b"], "label": 0} x'
+bad control "bad_control.jsonl:2: not JSON" "$(printf '{"context": "a\033\rb", "endings": ["a", "b"], "label": 0}')"
+grep -q "$(printf '\033')" "$TMP/err" && fail "control: the raw ESC byte reached the error line" || pass "control: no raw control byte in the line"
 : >"$TMP/empty.jsonl"
 expect_exit2 "holds no examples" "$PREP" --eval-mc "$TMP/empty.jsonl" --out "$TMP/empty.bin"
 gzip -c "$TMP/mc.jsonl" >"$TMP/mc.jsonl.gz"

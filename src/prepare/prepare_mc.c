@@ -16,6 +16,7 @@
  * tokens), so rank 0 does it all and the others wait for its status. */
 #include "src/prepare/prepare.h"
 
+#include "io/errmsg.h"
 #include "io/evalmc.h"
 
 #include <errno.h>
@@ -109,7 +110,7 @@ static int mc_ending(mc_build_t *b, const json_t *s, evalmc_example_t *x, int c,
     b->end.n = 0;
     if ((b->space && tok_bytes_append(&b->end, " ", 1) != 0) ||
         tok_bytes_append(&b->end, json_string_value(s), json_string_length(s)) != 0) {
-        prep_err(err, errlen, "out of memory");
+        seterr(err, errlen, "out of memory");
         return -1;
     }
     return mc_encode(b, b->end.data, b->end.n, &x->comp_len[c], err, errlen);
@@ -130,57 +131,77 @@ static const char *mc_too_long(const mc_build_t *b, const evalmc_example_t *x)
                                    "2^32-2 in version 2): shorten its context or endings";
 }
 
-/* One JSON line into example b->n. */
-static int mc_line(mc_build_t *b, const char *line, size_t len, const char *path, unsigned long long lno, char *err,
-                   size_t errlen)
+/* Line lno's JSON object, checked: its context, k endings and label.
+ * NULL with err when the line is not an example. */
+static json_t *mc_parse(const char *line, size_t len, const char *path, unsigned long long lno, const json_t **ctx,
+                        const json_t **endings, size_t *k, long long *label, char *err, size_t errlen)
 {
     json_error_t je;
     json_t *o = json_loadb(line, len, JSON_ALLOW_NUL, &je); /* a \u0000 is text, as corpus.c reads it */
-    const json_t *ctx, *endings;
-    long long label = -1;
-    const char *bad = !o ? NULL : !json_is_object(o) ? "not a JSON object" : mc_fields(o, &ctx, &endings, &label);
-    const size_t k = !o || bad ? 0 : json_array_size(endings);
+    const char *bad = !o ? NULL : !json_is_object(o) ? "not a JSON object" : mc_fields(o, ctx, endings, label);
+    *k = !o || bad ? 0 : json_array_size(*endings);
     if (!o)
-        prep_err(err, errlen, MC_AT "not JSON (%s at column %d): each line must be one object", path, lno, je.text,
-                 je.column);
+        seterr(err, errlen, MC_AT "not JSON (%s at column %d): each line must be one object", path, lno, je.text,
+               je.column);
     else if (bad)
-        prep_err(err, errlen, MC_AT "%s: each line needs {\"context\": str, \"endings\": [str, ...], \"label\": int}",
-                 path, lno, bad);
-    else if (k < 2 || k > EVALMC_MAX_COMPLETIONS)
-        prep_err(err, errlen, MC_AT "%zu endings: an example has 2 to %d", path, lno, k, EVALMC_MAX_COMPLETIONS);
-    else if (label < 0 || (size_t)label >= k)
-        prep_err(err, errlen, MC_AT "label %lld is out of range: it indexes the %zu endings from 0 (0 to %zu)", path,
-                 lno, label, k, k - 1);
-    if (!o || bad || k < 2 || k > EVALMC_MAX_COMPLETIONS || label < 0 || (size_t)label >= k) {
+        seterr(err, errlen, MC_AT "%s: each line needs {\"context\": str, \"endings\": [str, ...], \"label\": int}",
+               path, lno, bad);
+    else if (*k < 2 || *k > EVALMC_MAX_COMPLETIONS)
+        seterr(err, errlen, MC_AT "%zu endings: an example has 2 to %d", path, lno, *k, EVALMC_MAX_COMPLETIONS);
+    else if (*label < 0 || (size_t)*label >= *k)
+        seterr(err, errlen, MC_AT "label %lld is out of range: it indexes the %zu endings from 0 (0 to %zu)", path, lno,
+               *label, *k, *k - 1);
+    int ok = o && !bad && *k >= 2 && *k <= EVALMC_MAX_COMPLETIONS && *label >= 0 && (size_t)*label < *k;
+    for (size_t c = 0; c < *k && ok; c++) {
+        const json_t *e = json_array_get(*endings, c);
+        ok = json_is_string(e) && json_string_length(e) > 0;
+        if (!ok)
+            seterr(err, errlen, MC_AT "ending %zu is %s: every ending is a non-empty string", path, lno, c,
+                   json_is_string(e) ? "empty" : "not a string");
+    }
+    if (!ok) {
         json_decref(o);
-        return -1;
+        return NULL;
     }
-    for (size_t c = 0; c < k; c++) {
-        const json_t *s = json_array_get(endings, c);
-        if (!json_is_string(s) || json_string_length(s) == 0) {
-            prep_err(err, errlen, MC_AT "ending %zu is %s: every ending is a non-empty string", path, lno, c,
-                     json_is_string(s) ? "empty" : "not a string");
-            json_decref(o);
-            return -1;
-        }
-    }
+    return o;
+}
+
+/* The checked fields' tokens into example b->n. NULL, or why not. */
+static const char *mc_tokenize(mc_build_t *b, const json_t *ctx, const json_t *endings, size_t k, long long label,
+                               char *tokerr, size_t errlen)
+{
     evalmc_example_t *x = &b->ex[b->n];
     memset(x, 0, sizeof *x);
     x->label = (int)label;
     x->n_comp = (int)k;
     b->at[b->n] = b->ids.n;
-    char tokerr[PREP_ERRLEN] = "";
-    int rc = mc_encode(b, json_string_value(ctx), json_string_length(ctx), &x->ctx_len, tokerr, sizeof tokerr);
+    int rc = mc_encode(b, json_string_value(ctx), json_string_length(ctx), &x->ctx_len, tokerr, errlen);
     for (int c = 0; c < x->n_comp && rc == 0; c++)
-        rc = mc_ending(b, json_array_get(endings, (size_t)c), x, c, tokerr, sizeof tokerr);
-    json_decref(o);
+        rc = mc_ending(b, json_array_get(endings, (size_t)c), x, c, tokerr, errlen);
     const char *why = rc != 0 ? tokerr : mc_too_long(b, x);
     for (int c = 0; c < x->n_comp && !why; c++)
         why = x->comp_len[c] == 0 ? "an ending encodes to no tokens: check the tokenizer" : NULL;
+    return why;
+}
+
+/* One JSON line into example b->n. */
+static int mc_line(mc_build_t *b, const char *line, size_t len, const char *path, unsigned long long lno, char *err,
+                   size_t errlen)
+{
+    const json_t *ctx, *endings;
+    size_t k;
+    long long label = -1;
+    json_t *o = mc_parse(line, len, path, lno, &ctx, &endings, &k, &label, err, errlen);
+    if (!o)
+        return -1;
+    char tokerr[PREP_ERRLEN] = "";
+    const char *why = mc_tokenize(b, ctx, endings, k, label, tokerr, sizeof tokerr);
+    json_decref(o);
     if (why) {
-        prep_err(err, errlen, MC_AT "%s", path, lno, why);
+        seterr(err, errlen, MC_AT "%s", path, lno, why);
         return -1;
     }
+    const evalmc_example_t *x = &b->ex[b->n];
     b->ctx_tokens += (size_t)x->ctx_len;
     b->comp_tokens += b->ids.n - b->at[b->n] - (size_t)x->ctx_len;
     b->min_comp = b->n == 0 || x->n_comp < b->min_comp ? x->n_comp : b->min_comp;
@@ -196,12 +217,12 @@ static int mc_check_plain(FILE *f, const char *path, char *err, size_t errlen)
     unsigned char m[4] = {0};
     const size_t got = fread(m, 1, sizeof m, f);
     if (ferror(f) || fseek(f, 0, SEEK_SET) != 0) {
-        prep_err(err, errlen, "cannot read '%s': %s", path, strerror(errno));
+        seterr(err, errlen, "cannot read '%s': %s", path, strerror(errno));
         return -1;
     }
     if ((got >= 2 && m[0] == 0x1f && m[1] == 0x8b) || (got == 4 && memcmp(m, "\x28\xb5\x2f\xfd", 4) == 0)) {
-        prep_err(err, errlen, "'%s' is %s-compressed: --eval-mc reads plain JSONL; decompress it first", path,
-                 m[0] == 0x1f ? "gzip" : "zstd");
+        seterr(err, errlen, "'%s' is %s-compressed: --eval-mc reads plain JSONL; decompress it first", path,
+               m[0] == 0x1f ? "gzip" : "zstd");
         return -1;
     }
     return 0;
@@ -212,7 +233,7 @@ static int mc_read(mc_build_t *b, const char *path, char *err, size_t errlen)
 {
     FILE *f = fopen(path, "rb");
     if (!f) {
-        prep_err(err, errlen, "cannot open '%s': %s: check the --eval-mc file name", path, strerror(errno));
+        seterr(err, errlen, "cannot open '%s': %s: check the --eval-mc file name", path, strerror(errno));
         return -1;
     }
     char *line = NULL;
@@ -225,25 +246,27 @@ static int mc_read(mc_build_t *b, const char *path, char *err, size_t errlen)
         char *s = line;
         if (lno == 1 && len >= 3 && memcmp(s, "\xef\xbb\xbf", 3) == 0) /* a UTF-8 byte order mark */
             s += 3, len -= 3;
-        if (strspn(s, " \t\r\n") == (size_t)len)
+        while (len > 0 && (s[len - 1] == '\n' || s[len - 1] == '\r')) /* the line end is no part of it */
+            len--;
+        if (strspn(s, " \t\r\n") >= (size_t)len)
             continue;
         if (b->version == EVALMC_VERSION_U16 && b->n == 0xFFFEu) {
-            prep_err(err, errlen,
-                     MC_AT "more than 65,534 examples: a version-1 file numbers them in 16 bits; split the input", path,
-                     lno);
+            seterr(err, errlen,
+                   MC_AT "more than 65,534 examples: a version-1 file numbers them in 16 bits; split the input", path,
+                   lno);
             rc = -1;
         } else if (grow(b) != 0) {
-            prep_err(err, errlen, MC_AT "out of memory after %zu examples", path, lno, b->n);
+            seterr(err, errlen, MC_AT "out of memory after %zu examples", path, lno, b->n);
             rc = -1;
         } else
             rc = mc_line(b, s, (size_t)len, path, lno, err, errlen);
     }
     if (rc == 0 && ferror(f)) {
-        prep_err(err, errlen, "cannot read '%s': %s", path, strerror(errno));
+        seterr(err, errlen, "cannot read '%s': %s", path, strerror(errno));
         rc = -1;
     }
     if (rc == 0 && b->n == 0) {
-        prep_err(err, errlen, "'%s' holds no examples: give one JSON object per line", path);
+        seterr(err, errlen, "'%s' holds no examples: give one JSON object per line", path);
         rc = -1;
     }
     free(line);
