@@ -222,6 +222,24 @@ expect_exit2 "bad_labelhigh.jsonl:3: label 2" $MPIEXEC --quiet -np 2 "$PREP" --e
 [ ! -e "$TMP/bad_np2.bin" ] || fail "2 ranks: an output file was left"
 for f in empty gz none; do [ ! -e "$TMP/$f.bin" ] || fail "$f: an output file was left"; done
 
+# version 1 numbers examples in uint16 below the start marker: 65,535 fit
+"$PY" -c "
+import json, sys
+with open(sys.argv[1], 'w') as f:
+    for i in range(65536):
+        f.write(json.dumps({'context': 'c%d' % i, 'endings': ['a', 'b'], 'label': i % 2}) + '\\n')
+" "$TMP/many.jsonl" && head -n 65535 "$TMP/many.jsonl" >"$TMP/most.jsonl" || exit 1
+if "$PREP" --eval-mc "$TMP/most.jsonl" --out "$TMP/most.bin" >"$TMP/log" 2>&1 &&
+    n=$("$PY" "$TMP/read.py" "$TMP/most.bin" | "$PY" -c 'import json, sys; print(len(json.load(sys.stdin)["examples"]))') &&
+    [ "$n" = 65535 ]; then
+    pass "65,535 examples in version 1, read back"
+else
+    fail "65,535 examples: $(cat "$TMP/log") ${n:-}"
+fi
+expect_exit2 "many.jsonl:65536: more than 65535 examples: a version-1 file numbers them in 16 bits" \
+    "$PREP" --eval-mc "$TMP/many.jsonl" --out "$TMP/many.bin"
+[ ! -e "$TMP/many.bin" ] || fail "65,536 examples: an output file was left"
+
 # an existing file is kept when the new one fails (published atomically)
 cp "$TMP/byte.bin" "$TMP/keep.bin"
 "$PREP" --eval-mc "$TMP/bad_labelhigh.jsonl" --out "$TMP/keep.bin" >/dev/null 2>&1

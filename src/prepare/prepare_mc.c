@@ -12,8 +12,8 @@
  * HellaSwag's own "ctx" stands for "context", and a label may be a string
  * of digits ("3", as some exports write it). Blank lines are skipped.
  *
- * The file is small (HellaSwag's validation set: 10,042 examples, 4 MB of
- * tokens), so rank 0 does it all and the others wait for its status. */
+ * The file is small (HellaSwag's validation set has 10,042 examples), so
+ * rank 0 does it all and the others wait for its status. */
 #include "src/prepare/prepare.h"
 
 #include "io/errmsg.h"
@@ -250,10 +250,11 @@ static int mc_read(mc_build_t *b, const char *path, char *err, size_t errlen)
             len--;
         if (strspn(s, " \t\r\n") >= (size_t)len)
             continue;
-        if (b->version == EVALMC_VERSION_U16 && b->n == 0xFFFEu) {
+        /* the examples are numbered in a word that may not be all ones */
+        if (b->n == (b->version == EVALMC_VERSION_U16 ? 0xFFFFu : (size_t)INT32_MAX)) {
             seterr(err, errlen,
-                   MC_AT "more than 65,534 examples: a version-1 file numbers them in 16 bits; split the input", path,
-                   lno);
+                   MC_AT "more than %zu examples: a version-%d file numbers them in %d bits; split the input", path,
+                   lno, b->n, b->version, b->version == EVALMC_VERSION_U16 ? 16 : 31);
             rc = -1;
         } else if (grow(b) != 0) {
             seterr(err, errlen, MC_AT "out of memory after %zu examples", path, lno, b->n);
