@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "io/publish.h"
 
@@ -183,14 +184,20 @@ int evalmc_load(evalmc_file_t *f, const char *path, char *err, size_t errlen)
     }
     unsigned char *buf = NULL;
     const char *why = NULL; /* taken from errno at once: fclose and free may change it */
-    const long len = fseek(fp, 0, SEEK_END) == 0 ? ftell(fp) : -1;
-    if (len < 0 || fseek(fp, 0, SEEK_SET) != 0)
+    struct stat st;
+    size_t len = 0;
+    /* a directory opens, and its "size" by seeking can be LONG_MAX */
+    if (fstat(fileno(fp), &st) != 0)
         why = strerror(errno);
-    else if (!(buf = malloc(len > 0 ? (size_t)len : 1)))
-        why = "out of memory";
+    else if (!S_ISREG(st.st_mode))
+        why = "not a regular file";
     else {
+        len = (size_t)st.st_size;
+        buf = malloc(len > 0 ? len : 1);
         errno = 0;
-        if (fread(buf, 1, (size_t)len, fp) != (size_t)len) /* no errno: it shrank while read */
+        if (!buf)
+            why = "out of memory";
+        else if (fread(buf, 1, len, fp) != len) /* no errno: it shrank while read */
             why = errno ? strerror(errno) : "the file changed while it was read";
     }
     fclose(fp);
@@ -199,7 +206,7 @@ int evalmc_load(evalmc_file_t *f, const char *path, char *err, size_t errlen)
         snprintf(err, errlen, "cannot read eval file %s: %s", path, why);
         return -1;
     }
-    const int rc = evalmc_parse(f, buf, (size_t)len, path, err, errlen);
+    const int rc = evalmc_parse(f, buf, len, path, err, errlen);
     free(buf);
     return rc;
 }
