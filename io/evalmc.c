@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "io/publish.h"
 
@@ -182,17 +183,30 @@ int evalmc_load(evalmc_file_t *f, const char *path, char *err, size_t errlen)
         return -1;
     }
     unsigned char *buf = NULL;
-    long len = fseek(fp, 0, SEEK_END) == 0 ? ftell(fp) : -1;
-    if (len >= 0 && fseek(fp, 0, SEEK_SET) == 0)
-        buf = malloc(len > 0 ? (size_t)len : 1);
-    const int ok = buf && fread(buf, 1, (size_t)len, fp) == (size_t)len;
+    const char *why = NULL; /* taken from errno at once: fclose and free may change it */
+    struct stat st;
+    size_t len = 0;
+    /* a directory opens, and its "size" by seeking can be LONG_MAX */
+    if (fstat(fileno(fp), &st) != 0)
+        why = strerror(errno);
+    else if (!S_ISREG(st.st_mode))
+        why = "not a regular file";
+    else {
+        len = (size_t)st.st_size;
+        buf = malloc(len > 0 ? len : 1);
+        errno = 0;
+        if (!buf)
+            why = "out of memory";
+        else if (fread(buf, 1, len, fp) != len) /* no errno: it shrank while read */
+            why = errno ? strerror(errno) : "the file changed while it was read";
+    }
     fclose(fp);
-    if (!ok) {
+    if (why) {
         free(buf);
-        snprintf(err, errlen, "cannot read eval file %s: %s", path, buf || len < 0 ? strerror(errno) : "out of memory");
+        snprintf(err, errlen, "cannot read eval file %s: %s", path, why);
         return -1;
     }
-    const int rc = evalmc_parse(f, buf, (size_t)len, path, err, errlen);
+    const int rc = evalmc_parse(f, buf, len, path, err, errlen);
     free(buf);
     return rc;
 }
@@ -227,6 +241,10 @@ int evalmc_write(const char *path, const evalmc_example_t *ex, int n, int versio
     const int w = version == EVALMC_VERSION_U16 ? 2 : 4;
     unsigned char hdr[4 * EVALMC_HEADER_INTS] = {0}, *h = hdr;
     size_t total = 0, longest = 0;
+    if (n < 1) { /* the reader refuses a file that counts no examples */
+        snprintf(err, errlen, "%s: no examples to write", path);
+        return -1;
+    }
     for (int e = 0; e < n; e++) {
         const size_t words = example_words(&ex[e], e, w);
         if (words == 0) {

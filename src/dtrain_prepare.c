@@ -61,11 +61,18 @@ finish_exit(int status)
 
 const char *const prep_format_names[] = {[PREP_FORMAT_LLMC] = "llmc", [PREP_FORMAT_MEGATRON] = "megatron", NULL};
 
+/* The options that shape a corpus's token files, which --eval-mc refuses
+ * (given[i] is set when corpus_only[i] is on the command line). */
+static const char *const corpus_only[] = {"eos",    "input-format", "jsonl-field",  "doc-separator",
+                                          "format", "val-fraction", "shard-tokens", "round-docs"};
+#define N_CORPUS_ONLY (int)(sizeof corpus_only / sizeof *corpus_only)
+
 /* What the table fills: the options, and the two that are resolved once
  * the inputs are known. */
 typedef struct prep_args {
     prep_opts_t o;
     const char *input_format, *sep;
+    int given[N_CORPUS_ONLY];
 } prep_args_t;
 
 static int fraction_arg(const char *s, void *dst, void *field, char *err, size_t errlen)
@@ -130,39 +137,63 @@ static int field_arg(const char *s, void *dst, void *field, char *err, size_t er
     return 0;
 }
 
+static int eval_mc_arg(const char *s, void *dst, void *field, char *err, size_t errlen)
+{
+    (void)dst;
+    if (!*s) {
+        snprintf(err, errlen, "--eval-mc needs the JSONL FILE of examples");
+        return -1;
+    }
+    *(const char **)field = s;
+    return 0;
+}
+
 static const char *const input_format_names[] = {"auto", "text", "jsonl", NULL};
 
 #define F(field) offsetof(prep_args_t, field)
+#define GIVEN(i) (offsetof(prep_args_t, given) + (i) * sizeof(int) + 1)
 /* clang-format off: one option a line, as --help lists them */
 static const opt_def_t opt_defs[] = {
-    {"out", OPT_ARG, F(o.out), 0, NULL, 0, 0, NULL, "output path prefix (missing directories are made)", "PREFIX",
-     out_arg, 0},
+    {"out", OPT_ARG, F(o.out), 0, NULL, 0, 0, NULL,
+     "output path prefix (missing directories are made);\n"
+     "with --eval-mc, the file to write",
+     "PREFIX", out_arg, 0},
     {"tokenizer", OPT_STR, F(o.tokenizer), 0, "byte", 0, 0, NULL,
      "byte (default) | gpt2[:DIR] | tiktoken:FILE[:ENCODING]\n| spm:MODEL  (ENCODING: r50k_base, cl100k_base,\n"
      "o200k_base, llama3; default: FILE's base name)",
      "SPEC", NULL, 0},
-    {"eos", OPT_FLAG, F(o.add_eos), 0, "0", 0, 1, NULL, "spm: an EOS token after each document too", NULL, NULL, 0},
+    {"eos", OPT_FLAG, F(o.add_eos), 0, "0", 0, 1, NULL, "spm: an EOS token after each document too", NULL, NULL,
+     GIVEN(0)},
     {"input-format", OPT_STR, F(input_format), 0, "auto", 0, 0, input_format_names,
-     "auto (default: jsonl for *.jsonl[.gz|.zst], else\ntext) | text | jsonl", "FMT", NULL, 0},
+     "auto (default: jsonl for *.jsonl[.gz|.zst], else\ntext) | text | jsonl", "FMT", NULL, GIVEN(1)},
     {"jsonl-field", OPT_ARG, F(o.corpus.jsonl_field), 0, "text", 0, 0, NULL,
-     "JSONL: the string field holding the text (default text)", "NAME", field_arg, 0},
+     "JSONL: the string field holding the text (default text)", "NAME", field_arg, GIVEN(2)},
     {"doc-separator", OPT_STR, F(sep), 0, NULL, 0, 0, NULL,
      "text: split files into documents at STR (C escapes,\ne.g. '\\n\\n\\n'); default: one document per file", "STR",
-     NULL, 0},
+     NULL, GIVEN(3)},
     {"format", OPT_ENUM, F(o.format), 0, "llmc", 0, 0, prep_format_names,
      "llmc (default): PREFIX_train_NNNNNN.bin, PREFIX_val_...\nmegatron: PREFIX_train.bin/.idx, PREFIX_val.bin/.idx",
-     "FMT", NULL, 0},
+     "FMT", NULL, GIVEN(4)},
     {"val-fraction", OPT_ARG, F(o.val_fraction), 0, "0.1", 0, 0, NULL,
      "fraction of documents for validation, 0 <= F < 1\n(default 0.1; every document where floor(d F) steps up)", "F",
-     fraction_arg, 0},
+     fraction_arg, GIVEN(5)},
     {"shard-tokens", OPT_ARG, F(o.shard_tokens), 0, "100000000", 0, 0, NULL,
-     "llmc: at most N tokens per shard, shards balanced\n(default 100000000)", "N", shard_arg, 0},
+     "llmc: at most N tokens per shard, shards balanced\n(default 100000000)", "N", shard_arg, GIVEN(6)},
     {"round-docs", OPT_ARG, F(o.round_docs), 0, "65536", 0, 0, NULL,
      "at most N documents dealt to the ranks per round,\n"
      "which also ends at 32 MiB of input (default 65536;\nbounds memory)",
-     "N", round_arg, 0},
+     "N", round_arg, GIVEN(7)},
+    {"eval-mc", OPT_ARG, F(o.eval_mc), 0, NULL, 0, 0, NULL,
+     "write one multiple-choice eval file (llm.c's HellaSwag\nformat) to --out from FILE, a JSONL of\n"
+     "{\"context\", \"endings\": [...], \"label\"}; no other FILEs",
+     "FILE", eval_mc_arg, 0},
+    {"eval-mc-space", OPT_INT, F(o.eval_mc_space), 0, "1", 0, 1, NULL,
+     "--eval-mc: 1 (default) encodes each ending as\n\" \" + ending, as llm.c does for GPT-2; 0 as given\n"
+     "(SentencePiece marks word starts itself)",
+     "0|1", NULL, 0},
 };
 /* clang-format on */
+#undef GIVEN
 #undef F
 static const opt_table_t opt_table = {
     .prog = PREP_PROG, .defs = opt_defs, .n = sizeof opt_defs / sizeof opt_defs[0], .positional = 1};
@@ -171,6 +202,7 @@ static void usage(FILE *f)
 {
     fprintf(f, "Usage: " PREP_PROG " --out PREFIX [options] FILE...\n"
                "       mpirun -np N " PREP_PROG " --out PREFIX [options] FILE...\n"
+               "       " PREP_PROG " --eval-mc FILE.jsonl --out FILE.bin [--tokenizer SPEC]\n"
                "Tokenize text FILEs into token files for dtrain, llm.c and Megatron-LM.\n"
                "\n");
     opt_print_help(&opt_table, f, 21, 0);
@@ -217,6 +249,19 @@ static void set_separator(int rank, const char *arg, prep_opts_t *o)
     o->corpus.separator_len = len;
 }
 
+/* --eval-mc writes one file from one JSONL: the corpus options and FILEs
+ * have no meaning there, and are refused rather than ignored. */
+static void check_eval_mc_args(int rank, const prep_args_t *a, int n_pos)
+{
+    if (a->o.out == NULL)
+        die_usage(rank, "--eval-mc needs --out FILE, the eval file to write");
+    if (n_pos > 0)
+        die_usage(rank, "--eval-mc reads only its own FILE: drop the other input files (or run twice)");
+    for (int i = 0; i < N_CORPUS_ONLY; i++)
+        if (a->given[i])
+            die_usage(rank, "--%s shapes corpus token files: --eval-mc does not take it", corpus_only[i]);
+}
+
 static void parse_args(int rank, int argc, char **argv, prep_opts_t *o)
 {
     prep_args_t a;
@@ -234,6 +279,10 @@ static void parse_args(int rank, int argc, char **argv, prep_opts_t *o)
         opt_parse_argv(&opt_table, argc, argv, &a, NULL, NULL, &first, err, sizeof err) != 0)
         die_usage(rank, "%s", err);
     *o = a.o;
+    if (o->eval_mc) {
+        check_eval_mc_args(rank, &a, argc - first);
+        return;
+    }
     if (o->out == NULL)
         die_usage(rank, "--out PREFIX is required");
     if (first >= argc)
@@ -346,8 +395,28 @@ static void print_summary(const prep_run_t *r)
            (double)bytes / 1e6 / s, (double)bytes / 1e6 / s / r->nranks, r->nranks);
 }
 
+/* --eval-mc: the tokenizer and the output's directory checked on rank 0,
+ * which then does the work (prepare_mc.c). */
+static int run_eval_mc(prep_run_t *r)
+{
+    char err[PREP_ERRLEN] = "";
+    struct stat st;
+    int failed = 0;
+    if (r->rank == 0 && stat(r->o->out, &st) == 0 && S_ISDIR(st.st_mode)) {
+        prep_err(err, sizeof err, "--out '%s' is a directory: name the eval file to write", r->o->out);
+        failed = 1;
+    }
+    failed = failed || (r->rank == 0 && (tokenizer_open(&r->tk, r->o->tokenizer, 0, err, sizeof err) != 0 ||
+                                         make_out_dir(r->o->out, err, sizeof err) != 0));
+    if (prep_agree(r, failed, 0, err))
+        return PREP_EXIT_USAGE;
+    return prep_eval_mc(r);
+}
+
 static int run(prep_run_t *r)
 {
+    if (r->o->eval_mc)
+        return run_eval_mc(r);
     char err[PREP_ERRLEN] = "";
     int failed = check_inputs(r->o, err, sizeof err) != 0;
     if (prep_agree(r, failed, 0, err))

@@ -6,6 +6,8 @@
  *   prepare_out.c   the outputs: one token stream per split written with
  *                   MPI-IO at global offsets, then cut into balanced llm.c
  *                   shards or indexed as a Megatron .bin/.idx pair
+ *   prepare_mc.c    --eval-mc: a JSONL of multiple-choice examples to one
+ *                   eval file (io/evalmc.h), on rank 0
  *
  * The output depends only on the global document order, never on the
  * number of ranks: document d goes to validation when
@@ -49,6 +51,8 @@ typedef struct prep_opts {
     size_t round_docs;     /* at most this many documents a round (bounds memory, with PREP_ROUND_BYTES) */
     char *const *inputs;
     int n_inputs;
+    const char *eval_mc; /* --eval-mc: the JSONL of multiple-choice examples (NULL: a corpus run) */
+    int eval_mc_space;   /* --eval-mc-space: 1 encodes " " + ending */
 } prep_opts_t;
 
 /* One split's output while it is being written. */
@@ -90,6 +94,11 @@ typedef struct prep_run {
 /* prepare_docs.c: walk the corpus, tokenize, write. 0 ok; else the exit
  * status (the error line has been printed once). Collective. */
 int prep_documents(prep_run_t *r);
+
+/* prepare_mc.c: --eval-mc, the JSONL o->eval_mc to the eval file o->out
+ * (io/evalmc.h) with r->tk, on rank 0; 0 or the exit status (its error
+ * line printed once). Collective. */
+int prep_eval_mc(prep_run_t *r);
 
 /* prepare_split.c: when every input can be mapped, let the ranks share
  * finding the documents (each scans 1/N of the bytes) and give c the
