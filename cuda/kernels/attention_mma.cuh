@@ -1,9 +1,10 @@
 /* Attention forward on the tensor cores (issue 32): FlashAttention-2 with bf16
  * q, k, v, fp32 accumulation and an fp32 log-sum-exp per query row, built on
- * cuda/kernels/mma.cuh. Not yet dispatched by ops_cuda.cu (the ops table's
- * attention takes fp32 qkv; the bf16 path and the backward come later);
- * test/emu/test_att_mma_emu.cpp runs it in the host emulation against the CPU
- * ops' attention_fwd.
+ * cuda/kernels/mma.cuh and the tile helpers of attention_mma_common.cuh
+ * (shared with the backward, attention_mma_bwd.cuh). Not yet dispatched by
+ * ops_cuda.cu (the ops table's attention takes fp32 qkv; the bf16 path comes
+ * later); test/emu/test_att_mma_emu.cpp runs it in the host emulation
+ * against the CPU ops' attention_fwd.
  *
  * Launch: k_att_fwd_mma<HS> with HS = 64 or 128 (att_mma_supported), grid
  * (att_mma_tiles(T), NH, B), ATTM_THREADS threads, static shared memory
@@ -105,7 +106,7 @@ __global__ void __launch_bounds__(ATTM_THREADS)
     const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32, t4 = lane % 4;
     const int t[2] = {q0 + 16 * (int)warp + (int)(lane / 4), q0 + 16 * (int)warp + (int)(lane / 4) + 8};
     const int lo[2] = {ps && t[0] < T ? t[0] - ps[t[0]] : 0, ps && t[1] < T ? t[1] - ps[t[1]] : 0};
-    const float sl2 = scale * 1.44269504088896341f; /* log2 e */
+    const float sl2 = scale * ATTM_LOG2E;
 
     /* copy groups in flight, oldest first, at each wait: {Q, K j0}; then per
      * tile {K j, V j} at the first wait, {V j} at the second */

@@ -76,8 +76,6 @@
 
 #include "cuda/kernels/attention_mma_common.cuh"
 
-#define ATTM_LOG2E 1.44269504088896341f
-
 /* Query rows per step of k_att_bwd_dkv_mma: 2048 / HS (32 at HS 64, 16 at
  * 128), so that a Q or dO step tile is 4 KiB. */
 static __host__ __device__ constexpr int attmb_bq(int HS) { return 2048 / HS; }
@@ -198,8 +196,9 @@ __global__ void __launch_bounds__(ATTM_THREADS)
     float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
     for (int s = 0; s < steps; s++) {
         const int t0 = k0 + BQ * (s % per_head);
-        const int sn = s + 1, hn = kh * grp + sn / per_head, tn = k0 + BQ * (sn % per_head); /* the next step */
-        cp_async_wait<1>();                                                                  /* dO s (and K, V) */
+        /* the next step's head and first row */
+        const int sn = s + 1, hn = kh * grp + sn / per_head, tn = k0 + BQ * (sn % per_head);
+        cp_async_wait<1>(); /* dO s (and K, V) */
         __syncthreads();
         float p[BQ / 8][4], dp[BQ / 8][4];
         attm_scores_smem<HS, BQ>(dp, sv, 16 * warp, sdo, lane); /* dP^T = V dO^T */

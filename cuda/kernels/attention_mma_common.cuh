@@ -20,9 +20,10 @@
 #include "base/bf16.h"
 #include "cuda/kernels/mma.cuh"
 
-#define ATTM_THREADS 128 /* 4 warps, 16 rows each */
-#define ATTM_BQ 64       /* query rows per forward / dQ block */
-#define ATTM_BKV 64      /* keys per tile */
+#define ATTM_THREADS 128                /* 4 warps, 16 rows each */
+#define ATTM_BQ 64                      /* query rows per forward / dQ block */
+#define ATTM_BKV 64                     /* keys per tile */
+#define ATTM_LOG2E 1.44269504088896341f /* scores go base 2: exp(x) = 2^(x log2 e) */
 
 /* Head sizes the kernels are instantiated for. */
 static inline bool att_mma_supported(int HS) { return HS == 64 || HS == 128; }

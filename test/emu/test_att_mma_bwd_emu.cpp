@@ -26,10 +26,12 @@
  * order, no atomics). And the checks catch a broken kernel: with the
  * backward run mutated (the forward clean) - an mma A fragment's rows g and
  * g + 8 swapped, an ldmatrix row taken from the wrong lane (mma.cuh's
- * mma_emu_mutation 1 and 2), each __syncthreads of a block dropped in turn
- * (emu_cuda.h's emu_drop_syncthreads), each cp_async_wait dropped in turn
- * (mma.cuh's cp_async_emu_drop_wait) - the comparison must fail; each
- * catch is printed with its count of wrong elements.
+ * mma_emu_mutation 1 and 2), each __syncthreads of the kernels dropped in
+ * turn (emu_cuda.h's emu_drop_syncthreads), each cp_async_wait dropped in
+ * turn (mma.cuh's cp_async_emu_drop_wait), every one in each role it plays
+ * (mutations() counts them) - the comparison must fail; each catch is
+ * printed with its count of wrong elements. These hooks live in the
+ * emulation only: the kernels have no test switches.
  *
  * Shapes: T = 1; T not a multiple of the 64-row tiles (and of the 32- and
  * 16-row steps); B = 2; GQA 1:1, 4:1 and 8:1; head sizes 64 and 128;
