@@ -256,36 +256,34 @@ static void expect_caught(problem &p, const std::vector<float> &clean, const cha
     }
 }
 
-/* Each mutation of the two mma kernels, on a shape with a partial tile and
- * several steps and key tiles per block (B = 1, T = 100, one head, HS 64;
- * T past 80 so that the last query tile's rows span several warps: the
- * emulation runs warp 0 ahead, so a race shows in the lagging warps' rows).
+/* Each mutation of the two mma kernels (B = 1, one head, HS 64), each on the
+ * smallest shape that runs every barrier and wait of its code in every role:
+ *   k_att_bwd_dkv_mma at T = 64: one key tile, steps of rows 0 and 32. Per
+ *     step a wait and a barrier for dO, a wait and a barrier for Q and,
+ *     before the next step's refills, a barrier before each: barriers 1 .. 4
+ *     and waits 1, 2 in step 0 (whose first wait also lands K and V),
+ *     barriers 5, 6 and waits 3, 4 in step 1; further steps repeat step 1.
+ *   k_att_bwd_dq_mma at T = 100: query tile 1 (rows 64..99, spanning three
+ *     warps: the emulation runs warp 0 ahead, so a race shows in the lagging
+ *     warps' rows) over key tiles 0 and 1. The staging wait and its barrier,
+ *     the barrier after the fragments, per key tile a wait and a barrier for
+ *     V and for K and, on tile 0 (before the refills), a barrier before
+ *     each: 8 barriers, 5 waits.
  * Barriers and waits are dropped one at a time by their count along a
- * block's run, every block dropping its n-th: each barrier and wait of the
- * code, in every role it plays, once. Counts along the longest block, which
- * the emulation runs first:
- *   k_att_bwd_dkv_mma, key tile 0, steps of rows 0, 32, 64, 96: per step a
- *     wait and a barrier for dO, a wait and a barrier for Q and, before the
- *     next step's refills, a barrier before each. Step 0's (barriers 1 .. 4,
- *     waits 1 .. 2; its first wait also lands K and V) and step 1's waits
- *     and barriers after them (barriers 5, 6, waits 3, 4) cover every role;
- *     later steps repeat step 1's.
- *   k_att_bwd_dq_mma, query tile 1, key tiles 0 and 1: the staging wait and
- *     its barrier, the barrier after the fragments, per key tile a wait and
- *     a barrier for V and for K and, on tile 0 (before the refills), a
- *     barrier before each: all 8 barriers and 5 waits. */
+ * block's run (every block drops its n-th; the counts above are the longest
+ * block's, which the emulation runs first). */
 static void mutations(void)
 {
-    problem p;
-    setup(p, 1, 100, 1, 1, 64, {});
-    std::vector<float> clean;
-    run_backward(p, clean);
     const struct {
         const char *name;
-        int which, barriers, waits;
-    } launches[2] = {{"dkv", L_DKV, 6, 4}, {"dq", L_DQ, 8, 5}};
+        int which, T, barriers, waits;
+    } launches[2] = {{"dkv", L_DKV, 64, 6, 4}, {"dq", L_DQ, 100, 8, 5}};
     char what[96];
     for (const auto &l : launches) {
+        problem p;
+        setup(p, 1, l.T, 1, 1, 64, {});
+        std::vector<float> clean;
+        run_backward(p, clean);
         for (int m = 1; m <= 2; m++) {
             const int mut[3] = {m, 0, 0};
             snprintf(what, sizeof what, "%s: %s", l.name,
