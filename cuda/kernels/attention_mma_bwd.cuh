@@ -65,10 +65,11 @@
  *
  * Rounding: the products of bf16 are exact in fp32. P and dS are rounded to
  * bf16 as the A operands of dV += P^T dO, dK += dS^T Q and dQ += dS K
- * (relative error 2^-9 each), and D is taken from the bf16 out (relative
- * error 2^-9 per term): gradients differ from an fp32 backward of the same
- * bf16 inputs by about 2^-9 of the sums of magnitudes behind them
- * (test_att_mma_bwd_emu states its bound). mma's summation order on the
+ * (relative error 2^-9 each): gradients differ from an fp32 backward of
+ * the same bf16 inputs by about 2^-9 of the sums of magnitudes behind them
+ * (test_att_mma_bwd_emu states its bound). D is formed from the bf16 out,
+ * which against the forward's fp32 out adds 2^-9 relative per term: FA2's
+ * choice too, as out is stored in bf16. mma's summation order on the
  * device is unspecified: fp32 bounds apply there, and bit-identity holds
  * between runs on one device. */
 #ifndef DTRAIN_CUDA_KERNELS_ATTENTION_MMA_BWD_CUH
