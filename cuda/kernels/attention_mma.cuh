@@ -1,9 +1,10 @@
 /* Attention forward on the tensor cores (issue 32): FlashAttention-2 with bf16
  * q, k, v, fp32 accumulation and an fp32 log-sum-exp per query row, built on
- * cuda/kernels/mma.cuh. Not yet dispatched by ops_cuda.cu (the ops table's
- * attention takes fp32 qkv; the bf16 path and the backward come later);
- * test/emu/test_att_mma_emu.cpp runs it in the host emulation against the CPU
- * ops' attention_fwd.
+ * cuda/kernels/mma.cuh and the tile helpers of attention_mma_common.cuh
+ * (shared with the backward, attention_mma_bwd.cuh). Not yet dispatched by
+ * ops_cuda.cu (the ops table's attention takes fp32 qkv; the bf16 path comes
+ * later); test/emu/test_att_mma_emu.cpp runs it in the host emulation
+ * against the CPU ops' attention_fwd.
  *
  * Launch: k_att_fwd_mma<HS> with HS = 64 or 128 (att_mma_supported), grid
  * (att_mma_tiles(T), NH, B), ATTM_THREADS threads, static shared memory
@@ -51,63 +52,7 @@
 #ifndef DTRAIN_CUDA_KERNELS_ATTENTION_MMA_CUH
 #define DTRAIN_CUDA_KERNELS_ATTENTION_MMA_CUH
 
-#include "base/bf16.h"
-#include "cuda/kernels/mma.cuh"
-
-#define ATTM_THREADS 128 /* 4 warps, 16 query rows each */
-#define ATTM_BQ 64       /* query rows per block */
-#define ATTM_BKV 64      /* keys per tile */
-
-/* Head sizes the kernel is instantiated for. */
-static inline bool att_mma_supported(int HS) { return HS == 64 || HS == 128; }
-
-/* Query tiles: grid.x of k_att_fwd_mma. */
-static inline unsigned att_mma_tiles(int T) { return (unsigned)((T + ATTM_BQ - 1) / ATTM_BQ); }
-
-/* cp.async of rows row0 .. row0 + 63 of a [T][HS] view (rows R apart, src at
- * row 0) into the swizzled tile s, zero-filled past T, as one commit group. */
-template <int HS> static __device__ void attm_load(uint16_t *s, const uint16_t *src, size_t R, int row0, int T)
-{
-    for (unsigned i = threadIdx.x; i < ATTM_BKV * HS / 8; i += ATTM_THREADS) {
-        const unsigned r = i / (HS / 8), c = 8 * (i % (HS / 8));
-        const bool in = row0 + (int)r < T;
-        cp_async_16_zfill(&s[smem_swizzle(r, c, HS)], in ? src + (size_t)(row0 + (int)r) * R + c : src, in ? 16 : 0);
-    }
-    cp_async_commit();
-}
-
-static __device__ inline uint32_t attm_pack(float lo, float hi)
-{
-    return (uint32_t)dt_f32_to_bf16(lo) | (uint32_t)dt_f32_to_bf16(hi) << 16;
-}
-
-static __device__ inline float attm_quad_max(float v)
-{
-    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
-    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
-}
-
-static __device__ inline float attm_quad_sum(float v)
-{
-    v += __shfl_xor_sync(0xffffffffu, v, 1);
-    return v + __shfl_xor_sync(0xffffffffu, v, 2);
-}
-
-/* s[nt][i] = the warp's scores of key tile k0 (16 rows x 64 keys, C fragments). */
-template <int HS>
-static __device__ void attm_scores(float (*s)[4], const uint32_t (*qf)[4], const uint16_t *sk, unsigned lane)
-{
-    for (unsigned nt = 0; nt < ATTM_BKV / 8; nt++)
-        for (unsigned i = 0; i < 4; i++)
-            s[nt][i] = 0.0f;
-    for (unsigned kk = 0; kk < HS / 16; kk++)
-        for (unsigned np = 0; np < ATTM_BKV / 16; np++) { /* key tiles 2 np, 2 np + 1 from one x4 */
-            uint32_t b[4];
-            ldmatrix_x4(b, &sk[smem_swizzle(16 * np + lane % 8 + 8 * (lane / 16), 16 * kk + 8 * ((lane / 8) % 2), HS)]);
-            mma_m16n8k16_bf16(s[2 * np], qf[kk], b, s[2 * np]);
-            mma_m16n8k16_bf16(s[2 * np + 1], qf[kk], b + 2, s[2 * np + 1]);
-        }
-}
+#include "cuda/kernels/attention_mma_common.cuh"
 
 /* The online softmax of one key tile for the lane's rows t[0], t[1] (g, g + 8):
  * s (scores) becomes P = 2^(s sl2 - m), m and the lane's part of l are
@@ -145,23 +90,6 @@ static __device__ void attm_softmax(float (*s)[4], float (*o)[4], float *m, floa
     }
 }
 
-/* o += P V for the warp's 16 rows: P from s (bf16-rounded A fragments), V
- * tile [key][d] by ldmatrix x4 .trans. */
-template <int HS> static __device__ void attm_pv(float (*o)[4], const float (*s)[4], const uint16_t *sv, unsigned lane)
-{
-    for (unsigned kk = 0; kk < ATTM_BKV / 16; kk++) {
-        const uint32_t a[4] = {attm_pack(s[2 * kk][0], s[2 * kk][1]), attm_pack(s[2 * kk][2], s[2 * kk][3]),
-                               attm_pack(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                               attm_pack(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-        for (unsigned dp = 0; dp < HS / 16; dp++) { /* d tiles 2 dp, 2 dp + 1 from one x4 .trans */
-            uint32_t b[4];
-            ldmatrix_x4_trans(b, &sv[smem_swizzle(16 * kk + lane % 16, 16 * dp + 8 * (lane / 16), HS)]);
-            mma_m16n8k16_bf16(o[2 * dp], a, b, o[2 * dp]);
-            mma_m16n8k16_bf16(o[2 * dp + 1], a, b + 2, o[2 * dp + 1]);
-        }
-    }
-}
-
 /* out[b T + t, h HS ..] = softmax(scale q_t K^T) V over the keys t sees;
  * lse[(b NH + h) T + t]. qkv: bf16 bits; pos: documents or NULL. */
 template <int HS>
@@ -178,7 +106,7 @@ __global__ void __launch_bounds__(ATTM_THREADS)
     const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32, t4 = lane % 4;
     const int t[2] = {q0 + 16 * (int)warp + (int)(lane / 4), q0 + 16 * (int)warp + (int)(lane / 4) + 8};
     const int lo[2] = {ps && t[0] < T ? t[0] - ps[t[0]] : 0, ps && t[1] < T ? t[1] - ps[t[1]] : 0};
-    const float sl2 = scale * 1.44269504088896341f; /* log2 e */
+    const float sl2 = scale * ATTM_LOG2E;
 
     /* copy groups in flight, oldest first, at each wait: {Q, K j0}; then per
      * tile {K j, V j} at the first wait, {V j} at the second */
@@ -189,7 +117,7 @@ __global__ void __launch_bounds__(ATTM_THREADS)
     __syncthreads();
     uint32_t qf[HS / 16][4];
     for (unsigned kk = 0; kk < HS / 16; kk++)
-        ldmatrix_x4(qf[kk], &sq[smem_swizzle(16 * warp + lane % 16, 16 * kk + 8 * (lane / 16), HS)]);
+        attm_frag_a<HS>(qf[kk], sq, 16 * warp, kk, lane);
 
     float o[HS / 8][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
     for (int j = j0; j <= qt; j++) {
@@ -198,13 +126,13 @@ __global__ void __launch_bounds__(ATTM_THREADS)
         cp_async_wait<1>();                       /* K j */
         __syncthreads();
         float s[ATTM_BKV / 8][4];
-        attm_scores<HS>(s, qf, sk, lane);
+        attm_scores<HS, ATTM_BKV>(s, qf, sk, lane);
         attm_softmax<HS>(s, o, m, l, t, lo, j * ATTM_BKV, t4, sl2, j == qt || ps);
         cp_async_wait<0>(); /* V j */
         __syncthreads();    /* and every warp's scores have read K j */
         if (j < qt)
             attm_load<HS>(sk, k, R, (j + 1) * ATTM_BKV, T); /* flies during P V */
-        attm_pv<HS>(o, s, sv, lane);
+        attm_pv<HS, ATTM_BKV>(o, s, sv, lane);
     }
 
     const size_t OC = (size_t)NH * HS;

@@ -298,8 +298,15 @@ static inline void cp_async_commit()
     cp_async_emu.open.clear();
 }
 
+/* Test hook, 0 in every real use: n > 0 makes each thread skip its n-th
+ * cp_async_wait, as if that wait were missing (test_att_mma_bwd_emu). */
+static unsigned cp_async_emu_drop_wait;
+static thread_local unsigned cp_async_emu_waits;
+
 template <int N> static inline void cp_async_wait()
 {
+    if (cp_async_emu_drop_wait && ++cp_async_emu_waits == cp_async_emu_drop_wait)
+        return;
     std::vector<std::vector<cp_async_emu_copy>> &gs = cp_async_emu.groups;
     while (gs.size() > (size_t)N) {
         for (const cp_async_emu_copy &c : gs.front()) {

@@ -106,7 +106,19 @@ static void emu_barrier_wait(emu_barrier &b)
     emu_wait_turn(l, t);
 }
 
-static void __syncthreads() { emu_barrier_wait(emu_block_bar); }
+/* Test hook, 0 in every real use: n > 0 makes every thread of a block skip
+ * its n-th __syncthreads, as if that barrier were missing from the kernel
+ * (every thread skips the same one, so the others still match up);
+ * test_att_mma_bwd_emu proves its checks catch each missing barrier. */
+static unsigned emu_drop_syncthreads;
+static thread_local unsigned emu_syncthreads_calls;
+
+static void __syncthreads()
+{
+    if (emu_drop_syncthreads && ++emu_syncthreads_calls == emu_drop_syncthreads)
+        return;
+    emu_barrier_wait(emu_block_bar);
+}
 static void __syncwarp(unsigned = 0xffffffffu) { emu_barrier_wait(emu_warp_bar[threadIdx.x >> 5]); }
 
 /* Per-thread slots of the shuffle exchange (blocks of at most 1024 threads),
