@@ -108,10 +108,17 @@ static status_t add_block(table_builder_t *b, const model_config_t *c, int l, fl
     CHECK(add_param(b, l, "attn.wq", 2, QD, C, TP_SPLIT_ROWS, INIT_NORMAL, std));
     CHECK(add_param(b, l, "attn.wk", 2, KVD, C, TP_SPLIT_ROWS, INIT_NORMAL, std));
     CHECK(add_param(b, l, "attn.wv", 2, KVD, C, TP_SPLIT_ROWS, INIT_NORMAL, std));
-    if (c->arch == ARCH_GPT2) {
+    /* GPT-2's and Qwen2's q, k, v biases: split with their weights' rows */
+    if (c->arch == ARCH_GPT2 || c->attn_bias) {
         CHECK(add_param(b, l, "attn.bq", 1, QD, 1, TP_SPLIT_ROWS, INIT_ZEROS, 0));
         CHECK(add_param(b, l, "attn.bk", 1, KVD, 1, TP_SPLIT_ROWS, INIT_ZEROS, 0));
         CHECK(add_param(b, l, "attn.bv", 1, KVD, 1, TP_SPLIT_ROWS, INIT_ZEROS, 0));
+    }
+    /* Qwen3's per-head q and k norms: one [HS] weight each, shared by the
+     * heads, so every TP rank holds all of it */
+    if (c->qk_norm) {
+        CHECK(add_param(b, l, "attn.qnorm", 1, HS, 1, TP_SPLIT_NONE, INIT_ONES, 0));
+        CHECK(add_param(b, l, "attn.knorm", 1, HS, 1, TP_SPLIT_NONE, INIT_ONES, 0));
     }
     CHECK(add_param(b, l, "attn.wo", 2, C, QD, TP_SPLIT_COLS, INIT_NORMAL, std_out));
     if (c->arch == ARCH_GPT2)
