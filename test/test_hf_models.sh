@@ -9,6 +9,9 @@
 #   llama-linear  rope_scaling linear (factor 4, spelled "type")
 #   qwen2         q/k/v projection biases (o none), a sliding_window that
 #                 use_sliding_window false turns off
+#   qwen2-tied    the same with tie_word_embeddings (no lm_head.weight:
+#                 the head is embed_tokens, as in Qwen2.5 0.5B); at pp2 the
+#                 last stage's copy of it sums its gradient with the first's
 #   qwen3         per-head RMSNorm of q and k before RoPE, head_dim 32 at
 #                 hidden_size 64 with 4 heads
 # dtrain's validation loss at step 0 after --init-from must agree within
@@ -111,7 +114,7 @@ EOF
     fi
 }
 
-for m in llama3 llama-linear qwen2 qwen3; do
+for m in llama3 llama-linear qwen2 qwen2-tied qwen3; do
     "$PYTHON_REF" "$REF" write --arch "$m" --out "$TMP/$m" --tokens "$TMP/$m.tok" >/dev/null ||
         { fail "hf_ref.py write --arch $m"; continue; }
     agree "$m 1 rank" "$m" 1 && cp "$TMP/last.h5" "$TMP/$m.1.h5" && round_trip "$m 1 rank" "$m" 2
@@ -131,7 +134,7 @@ ft_run() {
         --save-params "$out.h5" "$@" >"$out.log" 2>&1 ||
         { fail "fine-tune np $np $*: exit status $? $(tail -n 3 "$out.log")"; return 1; }
 }
-for m in llama3 qwen2 qwen3; do
+for m in llama3 qwen2-tied qwen3; do
     ft_run "$TMP/ft.$m.1.json" 1 "$TMP/$m" &&
         ft_run "$TMP/ft.$m.tp2pp2.json" 4 "$TMP/$m" --tp 2 --pp 2 &&
         layout_compare "$TMP/ft.$m.1.json" "$TMP/ft.$m.tp2pp2.json" "fine-tune $m tp2 x pp2 vs 1 rank"

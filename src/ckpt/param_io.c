@@ -38,6 +38,8 @@ int param_io_model_attrs(const model_config_t *cfg, h5store_attr_t *out)
         out[n++] = (h5store_attr_t){.key = "attn_bias", .type = H5STORE_INT, .i = cfg->attn_bias};
     if (cfg->qk_norm)
         out[n++] = (h5store_attr_t){.key = "qk_norm", .type = H5STORE_INT, .i = cfg->qk_norm};
+    if (cfg->tie_embed)
+        out[n++] = (h5store_attr_t){.key = "tie_embed", .type = H5STORE_INT, .i = cfg->tie_embed};
     if (cfg->rope_scaling != ROPE_SCALING_NONE) {
         out[n++] = (h5store_attr_t){
             .key = "rope_scaling", .type = H5STORE_STR, .s = model_rope_scaling_name(cfg->rope_scaling)};
@@ -70,6 +72,9 @@ static int read_model_options(h5store_t *h, model_config_t *cfg, const char *pat
     if (h5store_has_attr(h, "qk_norm") && h5store_get_int(h, "qk_norm", &v, err, errlen) != 0)
         return -1;
     cfg->qk_norm = h5store_has_attr(h, "qk_norm") ? (int)v : 0;
+    if (h5store_has_attr(h, "tie_embed") && h5store_get_int(h, "tie_embed", &v, err, errlen) != 0)
+        return -1;
+    cfg->tie_embed = h5store_has_attr(h, "tie_embed") ? (int)v : 0;
     if (!h5store_has_attr(h, "rope_scaling"))
         return 0;
     if (h5store_get_str(h, "rope_scaling", name, sizeof name, err, errlen) != 0)
@@ -165,13 +170,13 @@ int param_io_check_model(h5store_t *h, const model_config_t *cfg, const char *pa
     if (read_model_options(h, &in_file, path, err, errlen) != 0)
         return -1;
     if (in_file.head_dim != cfg->head_dim || in_file.attn_bias != cfg->attn_bias || in_file.qk_norm != cfg->qk_norm ||
-        in_file.rope_scaling != cfg->rope_scaling) {
+        in_file.rope_scaling != cfg->rope_scaling || in_file.tie_embed != cfg->tie_embed) {
         snprintf(err, errlen,
-                 "%s holds a model with head_dim %d, attn_bias %d, qk_norm %d, rope scaling %s; this run's has %d, "
-                 "%d, %d, %s (same --model as the run that wrote it?)",
-                 path, in_file.head_dim, in_file.attn_bias, in_file.qk_norm,
+                 "%s holds a model with head_dim %d, attn_bias %d, qk_norm %d, tie_embed %d, rope scaling %s; this "
+                 "run's has %d, %d, %d, %d, %s (same --model as the run that wrote it?)",
+                 path, in_file.head_dim, in_file.attn_bias, in_file.qk_norm, in_file.tie_embed,
                  model_rope_scaling_name(in_file.rope_scaling), cfg->head_dim, cfg->attn_bias, cfg->qk_norm,
-                 model_rope_scaling_name(cfg->rope_scaling));
+                 cfg->tie_embed, model_rope_scaling_name(cfg->rope_scaling));
         return -1;
     }
     for (int i = 0; i < n; i++) {

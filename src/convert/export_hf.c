@@ -299,7 +299,7 @@ static json_t *llama_config(const model_config_t *c, const hf_state_t *s, export
     json_object_set_new(j, "attention_dropout", json_real(0.0));
     json_object_set_new(j, "initializer_range", json_real(0.02));
     json_object_set_new(j, "pretraining_tp", json_integer(1));
-    json_object_set_new(j, "tie_word_embeddings", json_false());
+    json_object_set_new(j, "tie_word_embeddings", json_boolean(c->tie_embed));
     json_object_set_new(j, "bos_token_id", id_or_null(s->bos));
     json_object_set_new(j, "eos_token_id", id_or_null(s->eos));
     json_object_set_new(j, "torch_dtype", json_string(torch_dtype(d)));

@@ -227,7 +227,11 @@ static status_t cfg_llama(cfg_reader_t *r, model_config_t *c, const char *arch)
     if (strcmp(act, "silu") != 0)
         return cfg_fail(r, "hidden_act", "dtrain's Llama MLP is SwiGLU with silu only");
     CHECK(cfg_rope_scaling(r, c));
-    CHECK(cfg_refuse_bool(r, "tie_word_embeddings", 1, "true: dtrain's Llama has an untied lm_head"));
+    /* tied (the small Llama 3.2 and Qwen models): the head is tok_emb */
+    json_t *tie = json_object_get(r->root, "tie_word_embeddings");
+    if (tie && !json_is_null(tie) && !json_is_boolean(tie))
+        return cfg_fail(r, "tie_word_embeddings", "not true or false");
+    c->tie_embed = json_is_true(tie);
     /* Llama's and Qwen3's attention_bias also biases o_proj; Qwen2's q, k
      * and v always have biases and o never */
     CHECK(cfg_refuse_bool(r, "attention_bias", 1,

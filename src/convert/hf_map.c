@@ -134,7 +134,8 @@ static status_t map_llama_hf(map_builder_t *b, const model_config_t *c)
         CHECK(add(b, DST("h.%d.mlp.wproj", l), C, F, SRC("layers.%d.mlp.down_proj.weight", l), C, F, 0, 0, NULL));
     }
     CHECK(add(b, "lnf.w", C, 0, SRC("%s", "norm.weight"), C, 0, 0, 0, NULL));
-    CHECK(add(b, "lm_head.w", V, C, "lm_head.weight", V, C, 0, HF_MAP_VOCAB, NULL));
+    if (!c->tie_embed) /* tied: the head is tok_emb, and lm_head.weight, if stored, must equal it */
+        CHECK(add(b, "lm_head.w", V, C, "lm_head.weight", V, C, 0, HF_MAP_VOCAB, NULL));
 #undef SRC
 #undef DST
     return STATUS_OK;

@@ -50,7 +50,7 @@
  *  h.l.mlp.wup       model.layers.l.mlp.up_proj.weight
  *  h.l.mlp.wproj     model.layers.l.mlp.down_proj.weight
  *  lnf.w             model.norm.weight
- *  lm_head.w         lm_head.weight (untied)
+ *  lm_head.w         lm_head.weight (untied; tie_word_embeddings: none, the head is tok_emb)
  *  (R: HF_MAP_ROPE. dtrain rotates interleaved pairs (x[2i], x[2i+1]) of a
  *  head by pos * theta^(-2i/HS); Hugging Face rotates (x[i], x[i+HS/2])
  *  ("rotate_half") by the same angle. So dtrain row h*HS + 2i + j of wq/wk

@@ -187,11 +187,11 @@ static int map_tensors(model_t *m, float *flat, model_tensors_t *t, int compact)
 {
     const model_config_t *c = &m->cfg;
     const int gpt = c->arch == ARCH_GPT2;
-    t->wte = outside_ptr(m, flat, compact, gpt ? "wte" : "tok_emb");
+    t->wte = outside_ptr(m, flat, compact, model_embed_name(c));
     t->wpe = gpt ? outside_ptr(m, flat, compact, "wpe") : NULL;
     t->lnfw = outside_ptr(m, flat, compact, "lnf.w");
     t->lnfb = gpt ? outside_ptr(m, flat, compact, "lnf.b") : NULL;
-    t->head = outside_ptr(m, flat, compact, gpt ? "wte" : "lm_head.w");
+    t->head = outside_ptr(m, flat, compact, model_head_tied(c) ? model_embed_name(c) : "lm_head.w");
     if (!m->lay.part.has_head)
         t->head = NULL;
     if (!m->lay.part.has_embed)
@@ -1088,7 +1088,7 @@ static status_t embed_bwd(model_t *m, model_slot_t *sl, int accum, char *err, si
     const ops_t *o = m->ops;
     const model_config_t *c = &m->cfg;
     const int gpt = c->arch == ARCH_GPT2, t = sl->t, N = sl->b * t, NR = res_rows(m, N), C = c->d_model;
-    const int wte_has_head = gpt && m->lay.part.has_head;
+    const int wte_has_head = model_head_tied(c) && m->lay.part.has_head;
     double t0 = span_start(m);
     if (gpt && !accum)
         o->zero(o->ctx, m->g.wpe, (size_t)c->max_seq * C * sizeof(float));

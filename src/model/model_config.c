@@ -97,9 +97,8 @@ static const model_preset_t presets[] = {
       .norm_eps = 1e-5f,
       .rope_theta = 10000.0f}},
     /* The small real models of issue 39, shapes as their Hugging Face
-     * config.json files give them. All three tie the output head to the
-     * embedding; dtrain's Llama keeps an untied lm_head (V*C more
-     * parameters than the published count). */
+     * config.json files give them; all three tie the output head to the
+     * embedding. */
     {"llama3.2-1b",
      "Llama 3.2 1B: 16 layers, d_model 2048, 32 heads, 8 KV heads, FFN 8192, vocab 128256, llama3 RoPE scaling",
      {.arch = ARCH_LLAMA,
@@ -116,7 +115,8 @@ static const model_preset_t presets[] = {
       .rope_factor = 32.0f,
       .rope_low_freq_factor = 1.0f,
       .rope_high_freq_factor = 4.0f,
-      .rope_original_max_seq = 8192}},
+      .rope_original_max_seq = 8192,
+      .tie_embed = 1}},
     {"qwen2.5-0.5b",
      "Qwen2.5 0.5B: 24 layers, d_model 896, 14 heads, 2 KV heads, FFN 4864, vocab 151936, q/k/v biases",
      {.arch = ARCH_LLAMA,
@@ -129,7 +129,8 @@ static const model_preset_t presets[] = {
       .max_seq = 32768,
       .norm_eps = 1e-6f,
       .rope_theta = 1000000.0f,
-      .attn_bias = 1}},
+      .attn_bias = 1,
+      .tie_embed = 1}},
     {"qwen3-0.6b",
      "Qwen3 0.6B: 28 layers, d_model 1024, 16 heads of 128, 8 KV heads, FFN 3072, vocab 151936, q/k norms",
      {.arch = ARCH_LLAMA,
@@ -143,7 +144,8 @@ static const model_preset_t presets[] = {
       .max_seq = 40960,
       .norm_eps = 1e-6f,
       .rope_theta = 1000000.0f,
-      .qk_norm = 1}},
+      .qk_norm = 1,
+      .tie_embed = 1}},
     {NULL, NULL, {0}},
 };
 /* clang-format on */
@@ -216,7 +218,8 @@ const char *model_config_extras(const model_config_t *c, char *buf, size_t len)
     char hd[32] = "";
     if (c->head_dim)
         snprintf(hd, sizeof hd, " head_dim=%d", c->head_dim);
-    snprintf(buf, len, "%s%s%s%s", hd, c->attn_bias ? " qkv_bias" : "", c->qk_norm ? " qk_norm" : "", scaling);
+    snprintf(buf, len, "%s%s%s%s%s", hd, c->attn_bias ? " qkv_bias" : "", c->qk_norm ? " qk_norm" : "", scaling,
+             c->tie_embed ? " tied_head" : "");
     return buf;
 }
 
@@ -273,8 +276,10 @@ int model_config_check(const model_config_t *c, char *err, size_t errlen)
         snprintf(err, errlen, "--n-layer, --d-ff, --max-seq-len must be positive and --vocab-size above 1");
         return -1;
     }
-    if (c->arch == ARCH_GPT2 && (c->attn_bias || c->qk_norm)) {
-        snprintf(err, errlen, "attention biases and q/k norms are options of the Llama architecture, not GPT-2's");
+    if (c->arch == ARCH_GPT2 && (c->attn_bias || c->qk_norm || c->tie_embed)) {
+        snprintf(err, errlen,
+                 "attention biases, q/k norms and a tie flag are options of the Llama architecture (GPT-2's head is "
+                 "always tied)");
         return -1;
     }
     if (c->attn_bias && c->qk_norm) {

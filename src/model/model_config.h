@@ -38,6 +38,7 @@ typedef struct model_config {
     int rope_original_max_seq;
     int attn_bias; /* Llama only: q, k, v projections have biases (Qwen2; o has none) */
     int qk_norm;   /* Llama only: per-head RMSNorm of q and k over the head size, before RoPE (Qwen3) */
+    int tie_embed; /* Llama only: the output head is tok_emb (tie_word_embeddings; GPT-2's always is) */
 } model_config_t;
 
 typedef struct model_preset {
@@ -68,6 +69,11 @@ int model_rope_scaling_of(const char *name);
  * and the scaling applied, in float as Hugging Face computes them. Both
  * backends rotate pair i of position p by p * inv_freq[i] (ops rope_fwd). */
 void model_rope_inv_freq(const model_config_t *c, float *inv_freq);
+
+/* The token embedding's tensor name, and whether the output head is that
+ * tensor (GPT-2 always, Llama with tie_embed) rather than lm_head.w. */
+static inline const char *model_embed_name(const model_config_t *c) { return c->arch == ARCH_GPT2 ? "wte" : "tok_emb"; }
+static inline int model_head_tied(const model_config_t *c) { return c->arch == ARCH_GPT2 || c->tie_embed; }
 
 /* What a model has beyond its shape line, for banners: "" or e.g.
  * " head_dim=128 qk_norm" or " rope_scaling=llama3(factor 32)". */

@@ -142,15 +142,14 @@ static status_t add_head(table_builder_t *b, const model_config_t *c, int has_em
 {
     const int64_t C = c->d_model, V = c->vocab_size, L = c->n_layer;
     CHECK(add_param(b, (int)L, "lnf.w", 1, C, 1, TP_SPLIT_NONE, INIT_ONES, 0));
-    if (c->arch == ARCH_GPT2) {
+    if (c->arch == ARCH_GPT2)
         CHECK(add_param(b, (int)L, "lnf.b", 1, C, 1, TP_SPLIT_NONE, INIT_ZEROS, 0));
-        /* the tied head: a copy of wte when the embedding is on another stage */
-        if (!has_embed) {
-            CHECK(add_param(b, (int)L, "wte", 2, V, C, TP_SPLIT_VOCAB, INIT_NORMAL, std));
-            b->t->p[b->t->n - 1].tied_copy = 1;
-        }
-    } else {
-        CHECK(add_param(b, (int)L, "lm_head.w", 2, V, C, TP_SPLIT_VOCAB, INIT_NORMAL, std));
+    if (!model_head_tied(c))
+        return add_param(b, (int)L, "lm_head.w", 2, V, C, TP_SPLIT_VOCAB, INIT_NORMAL, std);
+    /* the tied head: a copy of the embedding when that is on another stage */
+    if (!has_embed) {
+        CHECK(add_param(b, (int)L, model_embed_name(c), 2, V, C, TP_SPLIT_VOCAB, INIT_NORMAL, std));
+        b->t->p[b->t->n - 1].tied_copy = 1;
     }
     return STATUS_OK;
 }

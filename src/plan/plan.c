@@ -409,7 +409,7 @@ static void stage_dp(const plan_in_t *in, int s, stage_plan_t *sp)
     sp->t_dp_exposed = (overlapped > overlap_win ? overlapped - overlap_win : 0.0) + exposed_only;
 
     /* GPT-2's tied embedding: the first and last stage sum wte's gradient */
-    if (c->arch == ARCH_GPT2 && in->run.pp > 1 && (s == 0 || last)) {
+    if (model_head_tied(c) && in->run.pp > 1 && (s == 0 || last)) {
         const double Vl = (double)param_padded_vocab(c->vocab_size, in->run.tp) / in->run.tp;
         const double len = in->run.zero_stage >= 2 ? div_up(Vl * C, S) : Vl * C;
         sp->embed_bytes = len * gbytes;

@@ -4,7 +4,7 @@ a PyTorch model written to Hugging Face's modelling conventions computes
 on them. Independent of dtrain's code and of the transformers and
 safetensors packages: the files are written from the formats' specs.
 
-    hf_ref.py write --arch gpt2|llama|llama3|llama-linear|qwen2|qwen3 --out DIR
+    hf_ref.py write --arch gpt2|llama|llama3|llama-linear|qwen2|qwen2-tied|qwen3 --out DIR
                     [--dtype f32|bf16|f16]
                     [--shards N] [--mutate transpose|rope] [--llmc FILE
                     --llmc-version 3|5] [--tokens FILE] [--seed S]
@@ -15,8 +15,9 @@ model.safetensors.index.json) holding random weights under Hugging Face's
 names, with --llmc also llm.c's gpt2 model file of the same weights, and
 with --tokens an llm.c token shard of --batches x --B sequences of --T + 1
 random tokens. llama3 and llama-linear are Llama with rope_scaling
-(Llama 3.1's and linear), qwen2 Qwen2 (q/k/v biases), qwen3 Qwen3 (q/k
-norms, a head_dim of its own). DIR/ref.json gets the loss of each microbatch and their
+(Llama 3.1's and linear), qwen2 Qwen2 (q/k/v biases; qwen2-tied with
+tie_word_embeddings and no lm_head.weight, as Qwen2.5 0.5B), qwen3 Qwen3
+(q/k norms, a head_dim of its own). DIR/ref.json gets the loss of each microbatch and their
 mean ("loss"), which is how dtrain's val_loss averages, in float64 from
 the weights as stored (bf16/fp16 rounded). Prints the mean.
 
@@ -75,6 +76,7 @@ VARIANTS = {
     "llama3": dict(scaling=LLAMA3_SCALING),
     "llama-linear": dict(scaling={"type": "linear", "factor": 4.0}),
     "qwen2": dict(bias=True),
+    "qwen2-tied": dict(bias=True, tied=True),
     "qwen3": dict(qknorm=True, HS=32),
 }
 for _v, _x in VARIANTS.items():
@@ -191,7 +193,8 @@ def llama_weights(s, rng):
         W[p + "mlp.up_proj.weight"] = w(Fm, C)
         W[p + "mlp.down_proj.weight"] = w(C, Fm) / 2
     W["model.norm.weight"] = vec(C)
-    W["lm_head.weight"] = w(V, C)
+    if not s.get("tied"):  # tie_word_embeddings: the head is embed_tokens, not stored
+        W["lm_head.weight"] = w(V, C)
     return W
 
 
@@ -207,7 +210,7 @@ def llama_config(s):
          "hidden_size": s["C"], "intermediate_size": s["Fm"], "num_hidden_layers": s["L"],
          "num_attention_heads": s["NH"], "num_key_value_heads": s["NKV"], "hidden_act": "silu",
          "max_position_embeddings": s["S"], "rms_norm_eps": s["eps"], "rope_theta": s["theta"],
-         "rope_scaling": s.get("scaling"), "tie_word_embeddings": False, "attention_bias": False,
+         "rope_scaling": s.get("scaling"), "tie_word_embeddings": bool(s.get("tied")), "attention_bias": False,
          "torch_dtype": "float32"}
     if s.get("bias"):  # Qwen2Config: no attention_bias key, the biases are the architecture's
         del c["attention_bias"]
@@ -313,7 +316,8 @@ def llama_forward(s, W, tok):
         h = h + lin(y, p + "self_attn.o_proj")
         m = rms(h, p + "post_attention_layernorm")
         h = h + lin(F.silu(lin(m, p + "mlp.gate_proj")) * lin(m, p + "mlp.up_proj"), p + "mlp.down_proj")
-    return rms(h, "norm") @ W["lm_head.weight"].T
+    head = W["model.embed_tokens.weight"] if s.get("tied") else W["lm_head.weight"]
+    return rms(h, "norm") @ head.T
 
 
 def losses(arch, s, W32, tokens, B, T, n):
@@ -414,7 +418,8 @@ def shapes_of_config(cfg):
              NKV=cfg["num_key_value_heads"], L=cfg["num_hidden_layers"], Fm=cfg["intermediate_size"],
              S=cfg["max_position_embeddings"], eps=cfg["rms_norm_eps"], theta=cfg["rope_theta"],
              HS=cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"],
-             bias=cfg["architectures"] == ["Qwen2ForCausalLM"], qknorm=cfg["architectures"] == ["Qwen3ForCausalLM"])
+             bias=cfg["architectures"] == ["Qwen2ForCausalLM"], qknorm=cfg["architectures"] == ["Qwen3ForCausalLM"],
+             tied=bool(cfg.get("tie_word_embeddings")))
     for k, v in (cfg.get("rope_scaling") or {}).items():  # the scaling's keys, type named either way
         s["rope_" + ("type" if k == "rope_type" else k)] = v
     return "llama", s
