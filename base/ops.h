@@ -145,10 +145,30 @@ typedef struct ops {
      * (v untouched). Pairs are (2i, 2i+1) within a head (the interleaved
      * "GPT-J / Meta Llama" convention); position of row n is pos[n], or
      * n % T when pos is NULL (see "Document positions" below);
-     * angle = position * theta^(-2i/HS). rope_bwd applies the inverse
-     * rotation to the gradient, in place. */
-    void (*rope_fwd)(void *ctx, float *qkv, const int32_t *pos, int B, int T, int NH, int NKV, int HS, float theta);
-    void (*rope_bwd)(void *ctx, float *dqkv, const int32_t *pos, int B, int T, int NH, int NKV, int HS, float theta);
+     * angle = position * inv_freq[i], inv_freq[HS/2] in the backend's
+     * memory (the model's table, theta and any scaling applied:
+     * model_rope_inv_freq). rope_bwd applies the inverse rotation to the
+     * gradient, in place. */
+    void (*rope_fwd)(void *ctx, float *qkv, const int32_t *pos, int B, int T, int NH, int NKV, int HS,
+                     const float *inv_freq);
+    void (*rope_bwd)(void *ctx, float *dqkv, const int32_t *pos, int B, int T, int NH, int NKV, int HS,
+                     const float *inv_freq);
+
+    /* Per-head RMSNorm of q and k (Qwen3's q_norm and k_norm), in place on
+     * the q and k heads of qkv[N, (NH+2NKV)*HS] (v untouched): each head's
+     * HS values x become x * rstd * w with w = wq[HS] for the NH q heads
+     * and wk[HS] for the NKV k heads (one weight shared by all heads),
+     * rstd = 1/sqrt(mean(x^2) + eps), RMSNorm's formulas. The heads as
+     * they came in are saved in xin[N, (NH+NKV)*HS] and their rstd in
+     * rstd[N, NH+NKV], for backward. */
+    void (*qknorm_fwd)(void *ctx, float *qkv, float *xin, float *rstd, const float *wq, const float *wk, int N, int NH,
+                       int NKV, int HS, float eps);
+    /* In place on the q and k heads of dqkv (v untouched): dL/d(norm
+     * output) becomes dL/d(norm input) (written, not accumulated);
+     * dwq[HS], dwk[HS] (=|+= by accum_dw) summed over rows and heads in a
+     * fixed order. */
+    void (*qknorm_bwd)(void *ctx, float *dqkv, float *dwq, float *dwk, const float *xin, const float *wq,
+                       const float *wk, const float *rstd, int N, int NH, int NKV, int HS, int accum_dw);
 
     /* Causal self-attention, scale 1/sqrt(HS), flash-attention style: the
      * T x T probabilities are never stored. out[N, NH*HS]; lse[B,NH,T]

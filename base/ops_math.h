@@ -106,19 +106,17 @@ static inline DT_HD void dt_swiglu_grad(float g, float u, float d, float *dg, fl
 }
 
 /* ---- Rotary position embedding -------------------------------------------
- * Pair i of a head (elements 2i, 2i+1) turns by angle pos * theta^(-2i/HS)
- * radians. Computed in float exactly as Meta's Llama and Hugging Face do
- * (inv_freq = 1 / theta^((2i)/HS) in float, angle = float(pos) * inv_freq),
- * so the rounding of large angles matches theirs. */
+ * Pair i of a head (elements 2i, 2i+1) turns by angle pos * inv_freq[i]
+ * radians, inv_freq[i] = theta^(-2i/HS) before any scaling (the model's
+ * table: model_rope_inv_freq). Computed in float exactly as Meta's Llama and
+ * Hugging Face do (inv_freq = 1 / theta^((2i)/HS) in float, angle =
+ * float(pos) * inv_freq), so the rounding of large angles matches theirs. */
 static inline DT_HD float dt_rope_inv_freq(int i, int HS, float theta)
 {
     return 1.0f / powf(theta, (float)(2 * i) / (float)HS);
 }
 
-static inline DT_HD float dt_rope_angle(int pos, int i, int HS, float theta)
-{
-    return (float)pos * dt_rope_inv_freq(i, HS, theta);
-}
+static inline DT_HD float dt_rope_angle(int pos, float inv_freq) { return (float)pos * inv_freq; }
 
 /* Rotate (x0, x1) by the angle whose cosine/sine are (c, s). The backward
  * pass rotates the gradient by the inverse angle: call it with -s. */

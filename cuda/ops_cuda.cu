@@ -278,28 +278,65 @@ static void rmsnorm_bwd(void *ctx, float *din, float *dw, const float *dout, con
     finish(g, "rmsnorm_bwd");
 }
 
+/* ---- q/k norms: one block per (row, q/k head) (kernels/norm.cuh) ---------------------- */
+
+static void qknorm_fwd(void *ctx, float *qkv, float *xin, float *rstd, const float *wq, const float *wk, int N, int NH,
+                       int NKV, int HS, float eps)
+{
+    cu_t *g = (cu_t *)ctx;
+    const int nqk = NH + NKV;
+    if (N <= 0 || HS <= 0)
+        return;
+    k_qknorm_fwd<<<N * nqk, THREADS, 0, g->stream>>>(qkv, xin, rstd, wq, wk, NH, nqk, (NH + 2 * NKV) * HS, HS, eps);
+    finish(g, "qknorm_fwd");
+}
+
+/* dw from the incoming gradient first, then dx over it */
+static void qknorm_bwd(void *ctx, float *dqkv, float *dwq, float *dwk, const float *xin, const float *wq,
+                       const float *wk, const float *rstd, int N, int NH, int NKV, int HS, int accum_dw)
+{
+    cu_t *g = (cu_t *)ctx;
+    const int nqk = NH + NKV, R = (NH + 2 * NKV) * HS;
+    if (HS <= 0)
+        return;
+    const int nk = col_chunks(N), cb = (HS + THREADS - 1) / THREADS;
+    float *pw = NULL;
+    if (nk > 0) {
+        pw = col_part_room(g, 2 * (size_t)nk * HS, "qknorm_bwd");
+        k_qknorm_dw_part<<<dim3((unsigned)cb, (unsigned)nk, 2), THREADS, 0, g->stream>>>(pw, dqkv, xin, rstd, N, NH,
+                                                                                         nqk, R, HS, col_rows(N));
+    }
+    k_colsum_fold<<<cb, THREADS, 0, g->stream>>>(dwq, pw, nk, HS, accum_dw);
+    k_colsum_fold<<<cb, THREADS, 0, g->stream>>>(dwk, pw ? pw + (size_t)nk * HS : NULL, nk, HS, accum_dw);
+    if (N > 0)
+        k_qknorm_bwd_dx<<<N * nqk, THREADS, 0, g->stream>>>(dqkv, xin, wq, wk, rstd, NH, nqk, R, HS);
+    finish(g, "qknorm_bwd");
+}
+
 /* ---- RoPE: one thread per (row, q/k head, pair) --------------------------------------- */
 
 static void rope_run(cu_t *g, const char *op, float *qkv, const int32_t *pos, int B, int T, int NH, int NKV, int HS,
-                     float theta, float dir)
+                     const float *inv_freq, float dir)
 {
     size_t total = (size_t)B * T * (NH + NKV) * (HS / 2);
     if (total == 0)
         return;
-    k_rope<<<grid_for(total, THREADS), THREADS, 0, g->stream>>>(qkv, pos, B * T, T, NH, NKV, HS, theta, dir);
+    k_rope<<<grid_for(total, THREADS), THREADS, 0, g->stream>>>(qkv, pos, B * T, T, NH, NKV, HS, inv_freq, dir);
     finish(g, op);
 }
 
-static void rope_fwd(void *ctx, float *qkv, const int32_t *pos, int B, int T, int NH, int NKV, int HS, float theta)
+static void rope_fwd(void *ctx, float *qkv, const int32_t *pos, int B, int T, int NH, int NKV, int HS,
+                     const float *inv_freq)
 {
     cu_t *g = (cu_t *)ctx;
-    rope_run(g, "rope_fwd", qkv, pos, B, T, NH, NKV, HS, theta, 1.0f);
+    rope_run(g, "rope_fwd", qkv, pos, B, T, NH, NKV, HS, inv_freq, 1.0f);
 }
 
-static void rope_bwd(void *ctx, float *dqkv, const int32_t *pos, int B, int T, int NH, int NKV, int HS, float theta)
+static void rope_bwd(void *ctx, float *dqkv, const int32_t *pos, int B, int T, int NH, int NKV, int HS,
+                     const float *inv_freq)
 {
     cu_t *g = (cu_t *)ctx;
-    rope_run(g, "rope_bwd", dqkv, pos, B, T, NH, NKV, HS, theta, -1.0f);
+    rope_run(g, "rope_bwd", dqkv, pos, B, T, NH, NKV, HS, inv_freq, -1.0f);
 }
 
 /* ---- attention (kernels/attention.cuh) ---------------------------------------------------- */
@@ -695,6 +732,8 @@ static const ops_t cuda_ops = {
     .rmsnorm_bwd = rmsnorm_bwd,
     .rope_fwd = rope_fwd,
     .rope_bwd = rope_bwd,
+    .qknorm_fwd = qknorm_fwd,
+    .qknorm_bwd = qknorm_bwd,
     .attention_fwd = attention_fwd,
     .attention_bwd = attention_bwd,
     .gelu_fwd = gelu_fwd,

@@ -12,7 +12,7 @@
  * two orders of magnitude, so the test also proves it is off.
  *
  *   matmul fwd/bwd .................... 5e-5  (sums of up to ~800 products)
- *   layernorm, rmsnorm, attention fwd
+ *   layernorm, rmsnorm, qknorm, attention fwd
  *   (out; lse in absolute terms) and
  *   bwd (dqkv), rope, cross-entropy ... 1e-5
  *   gelu, swiglu, adamw, sumsq ........ 2e-6  (per element; sumsq: the CPU's
@@ -752,6 +752,52 @@ out:
     tp_free(s, &rstd), tp_free(s, &dout), tp_free(s, &din), tp_free(s, &dw), tp_free(s, &db);
 }
 
+/* Qwen3's q/k norms: in place on the q and k heads of qkv rows, then the
+ * backward from the CPU's saved inputs and rstd on both sides. */
+static void t_qknorm(st_t *s, int N, int NH, int NKV, int HS)
+{
+    char what[128];
+    const size_t R = (size_t)(NH + 2 * NKV) * HS, nqk = (size_t)(NH + NKV);
+    tp_t qkv, xin, rstd, wq, wk, dqkv, dwq, dwk;
+    memset(&qkv, 0, sizeof qkv), xin = rstd = wq = wk = dqkv = dwq = dwk = qkv;
+    if (tp_new(s, &qkv, N * R, -2, 2) || tp_new(s, &xin, N * nqk * HS, 0, 0) || tp_new(s, &rstd, N * nqk, 0, 0) ||
+        tp_new(s, &wq, (size_t)HS, 0.5f, 1.5f) || tp_new(s, &wk, (size_t)HS, 0.5f, 1.5f) ||
+        tp_new(s, &dqkv, N * R, -1, 1) || tp_new(s, &dwq, (size_t)HS, -1, 1) || tp_new(s, &dwk, (size_t)HS, -1, 1))
+        goto out;
+    const float eps = 1e-6f;
+    s->cpu->qknorm_fwd(s->cpu->ctx, qkv.h, xin.h, rstd.h, wq.h, wk.h, N, NH, NKV, HS, eps);
+    s->gpu->qknorm_fwd(s->gpu->ctx, qkv.d, xin.d, rstd.d, wq.d, wk.d, N, NH, NKV, HS, eps);
+    snprintf(what, sizeof what, "qknorm_fwd qkv N=%d NH=%d NKV=%d HS=%d", N, NH, NKV, HS);
+    check(s, what, &qkv, B_ROW);
+    snprintf(what, sizeof what, "qknorm_fwd rstd N=%d NH=%d NKV=%d HS=%d", N, NH, NKV, HS);
+    check(s, what, &rstd, B_ROW);
+    tp_sync(s, &xin), tp_sync(s, &rstd);
+    for (int accum = 0; accum < 2; accum++) {
+        tp_sync(s, &dwq), tp_sync(s, &dwk);
+        float *g0 = malloc(N * R * sizeof(float));
+        if (!g0) {
+            s->oom = 1;
+            goto out;
+        }
+        memcpy(g0, dqkv.h, N * R * sizeof(float));
+        s->cpu->qknorm_bwd(s->cpu->ctx, dqkv.h, dwq.h, dwk.h, xin.h, wq.h, wk.h, rstd.h, N, NH, NKV, HS, accum);
+        s->gpu->qknorm_bwd(s->gpu->ctx, dqkv.d, dwq.d, dwk.d, xin.d, wq.d, wk.d, rstd.d, N, NH, NKV, HS, accum);
+        snprintf(what, sizeof what, "qknorm_bwd dqkv N=%d HS=%d accum_dw=%d", N, HS, accum);
+        check(s, what, &dqkv, B_ROW);
+        snprintf(what, sizeof what, "qknorm_bwd dwq N=%d HS=%d accum_dw=%d", N, HS, accum);
+        check(s, what, &dwq, B_ROW);
+        snprintf(what, sizeof what, "qknorm_bwd dwk N=%d HS=%d accum_dw=%d", N, HS, accum);
+        check(s, what, &dwk, B_ROW);
+        /* the same incoming gradient for the accumulating pass */
+        memcpy(dqkv.h, g0, N * R * sizeof(float));
+        tp_sync(s, &dqkv);
+        free(g0);
+    }
+out:
+    tp_free(s, &qkv), tp_free(s, &xin), tp_free(s, &rstd), tp_free(s, &wq), tp_free(s, &wk);
+    tp_free(s, &dqkv), tp_free(s, &dwq), tp_free(s, &dwk);
+}
+
 /* Document positions (base/ops.h) of n tokens in rows of T: documents of
  * 1, 37, 5, 70, 1, 37, ... tokens, restarting each row, so that they cross
  * tile edges, fill whole tiles and leave single-token documents. */
@@ -780,9 +826,9 @@ static void t_attention(st_t *s, int B, int T, int NH, int NKV, int HS, int docs
     char what[128], dims[80];
     snprintf(dims, sizeof dims, "B=%d T=%d NH=%d NKV=%d HS=%d%s", B, T, NH, NKV, HS, docs ? " docs" : "");
     const size_t R = (size_t)(NH + 2 * NKV) * HS, N = (size_t)B * T, NO = N * NH * HS, NL = (size_t)B * NH * T;
-    tp_t qkv, out, lse, dout, dqkv, out2, lse2, dqkv2;
+    tp_t qkv, out, lse, dout, dqkv, out2, lse2, dqkv2, freq;
     int32_t *pos = NULL, *dpos = NULL;
-    memset(&qkv, 0, sizeof qkv), out = lse = dout = dqkv = out2 = lse2 = dqkv2 = qkv;
+    memset(&qkv, 0, sizeof qkv), out = lse = dout = dqkv = out2 = lse2 = dqkv2 = freq = qkv;
     if (docs) {
         if (!(pos = malloc(N * sizeof *pos))) {
             s->oom = 1;
@@ -792,11 +838,16 @@ static void t_attention(st_t *s, int B, int T, int NH, int NKV, int HS, int docs
     }
     if ((docs && !(dpos = ints_dev(s, pos, N))) || tp_new(s, &qkv, N * R, -1, 1) || tp_new(s, &out, NO, 0, 0) ||
         tp_new(s, &lse, NL, 0, 0) || tp_new(s, &dout, NO, -1, 1) || tp_new(s, &dqkv, N * R, 0, 0) ||
-        tp_new(s, &out2, NO, 0, 0) || tp_new(s, &lse2, NL, 0, 0) || tp_new(s, &dqkv2, N * R, 0, 0))
+        tp_new(s, &out2, NO, 0, 0) || tp_new(s, &lse2, NL, 0, 0) || tp_new(s, &dqkv2, N * R, 0, 0) ||
+        tp_new(s, &freq, (size_t)HS / 2, 0, 0))
         goto out;
-    const float theta = 10000.0f;
-    s->cpu->rope_fwd(s->cpu->ctx, qkv.h, pos, B, T, NH, NKV, HS, theta);
-    s->gpu->rope_fwd(s->gpu->ctx, qkv.d, dpos, B, T, NH, NKV, HS, theta);
+    /* theta 10000, the upper half of the pairs slowed down 8x as a
+     * scaled table (llama3's low frequencies) would be */
+    for (int i = 0; i < HS / 2; i++)
+        freq.h[i] = dt_rope_inv_freq(i, HS, 10000.0f) / (2 * i >= HS / 2 ? 8.0f : 1.0f);
+    tp_sync(s, &freq);
+    s->cpu->rope_fwd(s->cpu->ctx, qkv.h, pos, B, T, NH, NKV, HS, freq.h);
+    s->gpu->rope_fwd(s->gpu->ctx, qkv.d, dpos, B, T, NH, NKV, HS, freq.d);
     snprintf(what, sizeof what, "rope_fwd %s", dims);
     check(s, what, &qkv, B_ROW);
     s->gpu->from_host(s->gpu->ctx, qkv.d, qkv.h, N * R * sizeof(float));
@@ -828,8 +879,8 @@ static void t_attention(st_t *s, int B, int T, int NH, int NKV, int HS, int docs
 
     /* rope_bwd from an identical start: the CPU's attention gradient */
     s->gpu->from_host(s->gpu->ctx, dqkv.d, dqkv.h, N * R * sizeof(float));
-    s->cpu->rope_bwd(s->cpu->ctx, dqkv.h, pos, B, T, NH, NKV, HS, theta);
-    s->gpu->rope_bwd(s->gpu->ctx, dqkv.d, dpos, B, T, NH, NKV, HS, theta);
+    s->cpu->rope_bwd(s->cpu->ctx, dqkv.h, pos, B, T, NH, NKV, HS, freq.h);
+    s->gpu->rope_bwd(s->gpu->ctx, dqkv.d, dpos, B, T, NH, NKV, HS, freq.d);
     snprintf(what, sizeof what, "rope_bwd %s", dims);
     check(s, what, &dqkv, B_ROW);
 out:
@@ -837,7 +888,7 @@ out:
     if (dpos)
         s->gpu->free(s->gpu->ctx, dpos);
     tp_free(s, &qkv), tp_free(s, &out), tp_free(s, &lse), tp_free(s, &dout), tp_free(s, &dqkv);
-    tp_free(s, &out2), tp_free(s, &lse2), tp_free(s, &dqkv2);
+    tp_free(s, &out2), tp_free(s, &lse2), tp_free(s, &dqkv2), tp_free(s, &freq);
 }
 
 static void t_elementwise(st_t *s, size_t n, int F)
@@ -1159,6 +1210,11 @@ int cuda_selftest(const ops_t *gpu, const ops_t *cpu, FILE *out, char *err, size
             t_matmul_gelu(&s, mg[i][0], mg[i][1], mg[i][2], bf16);
     for (size_t i = 0; i < sizeof nc / sizeof nc[0] && !s.oom; i++)
         t_norms(&s, nc[i][0], nc[i][1]);
+    /* q/k norms: Qwen3's head size 128 with GQA; rows over a column chunk */
+    if (!s.oom)
+        t_qknorm(&s, 37, 4, 2, 128);
+    if (!s.oom)
+        t_qknorm(&s, 300, 2, 1, 64);
     for (size_t i = 0; i < sizeof at / sizeof at[0] && !s.oom; i++)
         for (int docs = 0; docs < 2 && !s.oom; docs++)
             t_attention(&s, at[i][0], at[i][1], at[i][2], at[i][3], at[i][4], docs);

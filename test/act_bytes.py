@@ -50,6 +50,8 @@ def stage_bytes(model, B, T, P, sp, Ls, slots, has_head, mode, bf16):
     head = r(N * C) + 2 * r(NR) + r(N * Vl) + 2 * r(N) + r(2 * N) if has_head else 0
     slot = r((Ls + 1) * NR * C) + Ls * block + head + 2 * r(N)
     work = 3 * r(NR * C) + 3 * r(N * C) + 2 * r(N * big)
+    if arch == "llama":  # RoPE's inverse frequencies
+        work += r(HS // 2)
     work += {"none": 0, "selective": 0, "full": core}[mode]
     if bf16:  # one GEMM's input and output gradient (no ZeRO-3 weight here)
         oc = max(C, big, Vl) if has_head else max(C, big)

@@ -389,8 +389,8 @@ bad() {
         --val-every 0 --seq-len 16 --steps 1 --sample-tokens 0 --peak-gflops 100 --threads 1
 }
 bad arch "architectures: 'FalconForCausalLM'"
-bad rope_scaling "config.json: rope_scaling: dtrain implements plain RoPE only"
-bad tied_llama "config.json: tie_word_embeddings: true"
+bad rope_scaling "config.json: rope_scaling.rope_type: 'dynamic': dtrain implements llama3 and linear scaling only"
+bad tied_llama "tensor lm_head.weight differs from model.embed_tokens.weight"
 bad bias "config.json: attention_bias: true"
 bad missing "tensor transformer.h.1.mlp.c_fc.bias (dtrain's h.1.mlp.bfc) is missing"
 bad extra "tensor transformer.h.1.attn.rotary.weight is not part of dtrain's gpt2 model"

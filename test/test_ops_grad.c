@@ -458,11 +458,84 @@ static void test_norm(int rms)
     free(c.rstd);
 }
 
+/* ---- q/k norms (Qwen3) ------------------------------------------------------------- */
+
+/* The reference per head in double: q heads by wq, k heads by wk, v as is;
+ * the loss is <out, R> over all of qkv, so v's gradient must come out 0
+ * (qknorm_bwd leaves v's part of dqkv alone: the caller's). */
+typedef struct {
+    int N, NH, NKV, HS;
+    double eps;
+    double *qkv, *wq, *wk, *R, *out;
+} qkn_ctx;
+
+static double loss_qkn(void *p)
+{
+    qkn_ctx *c = p;
+    const int R = (c->NH + 2 * c->NKV) * c->HS;
+    memcpy(c->out, c->qkv, (size_t)c->N * R * sizeof(double));
+    for (int n = 0; n < c->N; n++)
+        for (int h = 0; h < c->NH + c->NKV; h++) {
+            double *x = c->out + (size_t)n * R + (size_t)h * c->HS, ss = 0.0;
+            const double *w = h < c->NH ? c->wq : c->wk;
+            for (int i = 0; i < c->HS; i++)
+                ss += x[i] * x[i];
+            const double r = 1.0 / sqrt(ss / c->HS + c->eps);
+            for (int i = 0; i < c->HS; i++)
+                x[i] *= r * w[i];
+        }
+    return dot(c->out, c->R, (size_t)c->N * R);
+}
+
+static void test_qknorm(void)
+{
+    const int N = 3, NH = 4, NKV = 2, HS = 6, R = (NH + 2 * NKV) * HS, nqk = NH + NKV;
+    const float eps = 1e-6f;
+    const size_t nx = (size_t)N * R;
+    float *qkv = frandv(nx, -1.5f, 2.0f), *wq = frandv(HS, 0.5f, 1.5f), *wk = frandv(HS, 0.5f, 1.5f);
+    float *Rg = frandv(nx, -1, 1), *y = fdup(qkv, nx), *xin = fnan((size_t)N * nqk * HS), *rstd = fnan((size_t)N * nqk);
+    qkn_ctx c = {N,
+                 NH,
+                 NKV,
+                 HS,
+                 eps,
+                 todouble(qkv, nx),
+                 todouble(wq, HS),
+                 todouble(wk, HS),
+                 todouble(Rg, nx),
+                 xmalloc(nx * sizeof(double))};
+    loss_qkn(&c);
+    ops->qknorm_fwd(ops->ctx, y, xin, rstd, wq, wk, N, NH, NKV, HS, eps);
+    check("qknorm_fwd (q by wq, k by wk; v untouched)", rel_err(y, c.out, nx), FWD_TOL);
+    int saved = 1;
+    for (int n = 0; n < N; n++)
+        for (int k = 0; k < nqk * HS; k++)
+            saved &= xin[(size_t)n * nqk * HS + k] == qkv[(size_t)n * R + k];
+    check_true("qknorm_fwd saves q, k as they came in", saved);
+    /* dqkv = R: q, k parts become the input gradient, v's stays R's */
+    float *dy = fdup(Rg, nx), *dwq = fnan(HS), *dwk = fnan(HS);
+    ops->qknorm_bwd(ops->ctx, dy, dwq, dwk, xin, wq, wk, rstd, N, NH, NKV, HS, 0);
+    double *g = xmalloc(nx * sizeof(double));
+    fd_grad(g, c.qkv, nx, loss_qkn, &c);
+    check("qknorm_bwd dqkv vs FD", rel_err(dy, g, nx), BWD_TOL);
+    fd_grad(g, c.wq, HS, loss_qkn, &c);
+    check("qknorm_bwd dwq vs FD", rel_err(dwq, g, HS), BWD_TOL);
+    fd_grad(g, c.wk, HS, loss_qkn, &c);
+    check("qknorm_bwd dwk vs FD", rel_err(dwk, g, HS), BWD_TOL);
+    float *dy2 = fdup(Rg, nx), *dwq2 = fdup(dwq, HS), *dwk2 = fdup(dwk, HS);
+    ops->qknorm_bwd(ops->ctx, dy2, dwq2, dwk2, xin, wq, wk, rstd, N, NH, NKV, HS, 1);
+    check("qknorm_bwd accum=1 doubles dwq", doubling_err(dwq, dwq2, HS), ACC_TOL);
+    check("qknorm_bwd accum=1 doubles dwk", doubling_err(dwk, dwk2, HS), ACC_TOL);
+    free(qkv), free(wq), free(wk), free(Rg), free(y), free(xin), free(rstd), free(dy), free(dwq), free(dwk);
+    free(dy2), free(dwq2), free(dwk2), free(g);
+    free(c.qkv), free(c.wq), free(c.wk), free(c.R), free(c.out);
+}
+
 /* ---- RoPE and attention ------------------------------------------------------------ */
 
 typedef struct {
     int B, T, NH, NKV, HS, rope, attn;
-    double theta;
+    const float *freq; /* RoPE's inverse frequencies [HS/2] */
     double *qkv, *R, *tmp, *out, *att;
     const int32_t *pos; /* document positions [B*T], or NULL (one document per row) */
 } at_ctx;
@@ -476,14 +549,14 @@ static int ref_sees(const int32_t *pos, int b, int T, int t, int j)
     return j <= t && (!pos || j >= t - pos[(size_t)b * T + t]);
 }
 
-/* pair i of each q and k head turns by pos * theta^(-2i/HS), pos = ref_pos */
-static void ref_rope(double *qkv, const int32_t *pos, int B, int T, int NH, int NKV, int HS, double theta)
+/* pair i of each q and k head turns by pos * freq[i], pos = ref_pos */
+static void ref_rope(double *qkv, const int32_t *pos, int B, int T, int NH, int NKV, int HS, const float *freq)
 {
     int R = (NH + 2 * NKV) * HS;
     for (int n = 0; n < B * T; n++)
         for (int h = 0; h < NH + NKV; h++)
             for (int i = 0; i < HS / 2; i++) {
-                double a = ref_pos(pos, n, T) * pow(theta, -2.0 * i / HS);
+                double a = ref_pos(pos, n, T) * (double)freq[i];
                 double *p = qkv + (size_t)n * R + h * HS + 2 * i;
                 double x0 = p[0], x1 = p[1];
                 p[0] = x0 * cos(a) - x1 * sin(a);
@@ -538,38 +611,49 @@ static double loss_at(void *p)
     size_t nqkv = (size_t)c->B * c->T * (c->NH + 2 * c->NKV) * c->HS;
     memcpy(c->tmp, c->qkv, nqkv * sizeof(double));
     if (c->rope)
-        ref_rope(c->tmp, c->pos, c->B, c->T, c->NH, c->NKV, c->HS, c->theta);
+        ref_rope(c->tmp, c->pos, c->B, c->T, c->NH, c->NKV, c->HS, c->freq);
     if (!c->attn)
         return dot(c->tmp, c->R, nqkv);
     ref_attention(c->out, c->att, c->tmp, c->pos, c->B, c->T, c->NH, c->NKV, c->HS);
     return dot(c->out, c->R, (size_t)c->B * c->T * c->NH * c->HS);
 }
 
+/* A RoPE table for head size HS <= 64: theta 10000, the upper half of the
+ * pairs slowed 8x as a scaled table (llama3's low frequencies) is, so the
+ * ops are seen to read the table rather than a theta. */
+static const float *rope_table(int HS)
+{
+    static float f[32];
+    for (int i = 0; i < HS / 2; i++)
+        f[i] = dt_rope_inv_freq(i, HS, 10000.0f) / (2 * i >= HS / 2 ? 8.0f : 1.0f);
+    return f;
+}
+
 /* pos: document positions of the B = 2, T = 5 rows, or NULL */
 static void test_rope(const int32_t *pos)
 {
     const int B = 2, T = 5, NH = 4, NKV = 2, HS = 8;
-    const float theta = 10000.0f;
+    const float *freq = rope_table(HS);
     const char *tag = pos ? " (documents)" : "";
     char name[96];
     size_t nqkv = (size_t)B * T * (NH + 2 * NKV) * HS;
     float *qkv = frandv(nqkv, -1, 1), *R = frandv(nqkv, -1, 1);
     at_ctx c = {
-        B,    T,    NH, NKV, HS, 1, 0, theta, todouble(qkv, nqkv), todouble(R, nqkv), xmalloc(nqkv * sizeof(double)),
+        B,    T,    NH, NKV, HS, 1, 0, freq, todouble(qkv, nqkv), todouble(R, nqkv), xmalloc(nqkv * sizeof(double)),
         NULL, NULL, pos};
     float *y = fdup(qkv, nqkv);
-    ops->rope_fwd(ops->ctx, y, pos, B, T, NH, NKV, HS, theta);
+    ops->rope_fwd(ops->ctx, y, pos, B, T, NH, NKV, HS, freq);
     loss_at(&c);
     snprintf(name, sizeof name, "rope_fwd (q, k rotated; v untouched)%s", tag);
     check(name, rel_err(y, c.tmp, nqkv), FWD_TOL);
     float *dy = fdup(R, nqkv);
-    ops->rope_bwd(ops->ctx, dy, pos, B, T, NH, NKV, HS, theta);
+    ops->rope_bwd(ops->ctx, dy, pos, B, T, NH, NKV, HS, freq);
     double *g = xmalloc(nqkv * sizeof(double));
     fd_grad(g, c.qkv, nqkv, loss_at, &c);
     snprintf(name, sizeof name, "rope_bwd vs FD%s", tag);
     check(name, rel_err(dy, g, nqkv), BWD_TOL);
     /* the backward is the inverse: rope_bwd(rope_fwd(x)) = x */
-    ops->rope_bwd(ops->ctx, y, pos, B, T, NH, NKV, HS, theta);
+    ops->rope_bwd(ops->ctx, y, pos, B, T, NH, NKV, HS, freq);
     snprintf(name, sizeof name, "rope_bwd(rope_fwd(x)) = x%s", tag);
     check(name, rel_err(y, c.qkv, nqkv), FWD_TOL);
     free(qkv);
@@ -585,7 +669,7 @@ static void test_rope(const int32_t *pos)
 /* pos: document positions [B*T] (--doc-mask), or NULL for plain causal */
 static void test_attention(int B, int T, int NH, int NKV, int HS, int rope, int threads, const int32_t *pos)
 {
-    const float theta = 10000.0f;
+    const float *freq = rope_table(HS);
     const int R = (NH + 2 * NKV) * HS;
     size_t nqkv = (size_t)B * T * R, nout = (size_t)B * T * NH * HS, natt = (size_t)B * NH * T * T,
            nlse = (size_t)B * NH * T;
@@ -604,7 +688,7 @@ static void test_attention(int B, int T, int NH, int NKV, int HS, int rope, int 
                 HS,
                 rope,
                 1,
-                theta,
+                freq,
                 todouble(qkv, nqkv),
                 todouble(dout, nout),
                 xmalloc(nqkv * sizeof(double)),
@@ -615,7 +699,7 @@ static void test_attention(int B, int T, int NH, int NKV, int HS, int rope, int 
 
     float *x = fdup(qkv, nqkv), *out = fnan(nout), *lse = fnan(nlse);
     if (rope)
-        ops->rope_fwd(ops->ctx, x, pos, B, T, NH, NKV, HS, theta);
+        ops->rope_fwd(ops->ctx, x, pos, B, T, NH, NKV, HS, freq);
     ops->attention_fwd(ops->ctx, out, lse, x, pos, B, T, NH, NKV, HS);
     snprintf(name, sizeof name, "attention_fwd out  %s", tag);
     check(name, rel_err(out, c.out, nout), FWD_TOL);
@@ -649,7 +733,7 @@ static void test_attention(int B, int T, int NH, int NKV, int HS, int rope, int 
     float *dqkv = fnan(nqkv);
     ops->attention_bwd(ops->ctx, dqkv, dout, x, out, lse, pos, B, T, NH, NKV, HS);
     if (rope)
-        ops->rope_bwd(ops->ctx, dqkv, pos, B, T, NH, NKV, HS, theta);
+        ops->rope_bwd(ops->ctx, dqkv, pos, B, T, NH, NKV, HS, freq);
     double *g = xmalloc(nqkv * sizeof(double));
     fd_grad(g, c.qkv, nqkv, loss_at, &c);
     snprintf(name, sizeof name, "attention_bwd dqkv vs FD  %s", tag);
@@ -1351,8 +1435,8 @@ static void test_doc_mask(void)
     float *qkv = frandv(nqkv, -1.5f, 1.5f), *dout = frandv(nout, -1, 1);
     float *x1 = fdup(qkv, nqkv), *x2 = fdup(qkv, nqkv);
     float *o1 = fnan(nout), *o2 = fnan(nout), *l1 = fnan(nlse), *l2 = fnan(nlse), *d1 = fnan(nqkv), *d2 = fnan(nqkv);
-    ops->rope_fwd(ops->ctx, x1, NULL, B, t7, NH, NKV, HS, 10000.0f);
-    ops->rope_fwd(ops->ctx, x2, pos_one, B, t7, NH, NKV, HS, 10000.0f);
+    ops->rope_fwd(ops->ctx, x1, NULL, B, t7, NH, NKV, HS, rope_table(HS));
+    ops->rope_fwd(ops->ctx, x2, pos_one, B, t7, NH, NKV, HS, rope_table(HS));
     ops->attention_fwd(ops->ctx, o1, l1, x1, NULL, B, t7, NH, NKV, HS);
     ops->attention_fwd(ops->ctx, o2, l2, x2, pos_one, B, t7, NH, NKV, HS);
     ops->attention_bwd(ops->ctx, d1, dout, x1, o1, l1, NULL, B, t7, NH, NKV, HS);
@@ -1383,6 +1467,7 @@ int main(void)
     test_matmul_medium();
     test_norm(0);
     test_norm(1);
+    test_qknorm();
     test_rope(NULL);
     test_attention(2, 7, 4, 4, 8, 0, 0, NULL);  /* MHA */
     test_attention(2, 7, 4, 2, 8, 0, 0, NULL);  /* GQA, 2 query heads per KV head */

@@ -125,4 +125,62 @@ __global__ void k_rmsnorm_bwd_dw_part(float *pw, const float *dout, const float 
     pw[(size_t)blockIdx.y * C + c] = aw;
 }
 
+/* Qwen3's per-head q/k norms (ops qknorm_fwd/_bwd): one block per (row n,
+ * q or k head h), blockIdx.x = n * nqk + h, nqk = NH + NKV; the head's HS
+ * values lie at qkv + n * R + h * HS, R = (NH + 2 NKV) * HS. */
+__global__ void k_qknorm_fwd(float *qkv, float *xin, float *rstd, const float *wq, const float *wk, int NH, int nqk,
+                             int R, int HS, float eps)
+{
+    const int n = blockIdx.x / nqk, h = blockIdx.x % nqk;
+    float *x = qkv + (size_t)n * R + (size_t)h * HS, *xs = xin + (size_t)blockIdx.x * HS;
+    const float *w = h < NH ? wq : wk;
+    float ss = 0.0f;
+    for (int c = threadIdx.x; c < HS; c += blockDim.x)
+        ss += x[c] * x[c];
+    float r = dt_norm_rstd(block_sum(ss), HS, eps);
+    for (int c = threadIdx.x; c < HS; c += blockDim.x) {
+        xs[c] = x[c];
+        x[c] = x[c] * r * w[c];
+    }
+    if (threadIdx.x == 0)
+        rstd[blockIdx.x] = r;
+}
+
+/* dx over g in place: each thread reads and writes only its own columns,
+ * and block_sum has every thread's reads done before any write. */
+__global__ void k_qknorm_bwd_dx(float *dqkv, const float *xin, const float *wq, const float *wk, const float *rstd,
+                                int NH, int nqk, int R, int HS)
+{
+    const int n = blockIdx.x / nqk, h = blockIdx.x % nqk;
+    float *g = dqkv + (size_t)n * R + (size_t)h * HS;
+    const float *x = xin + (size_t)blockIdx.x * HS, *w = h < NH ? wq : wk;
+    const float r = rstd[blockIdx.x];
+    float s = 0.0f;
+    for (int c = threadIdx.x; c < HS; c += blockDim.x)
+        s += w[c] * g[c] * x[c];
+    float k = dt_rmsnorm_k(r, block_sum(s), HS);
+    for (int c = threadIdx.x; c < HS; c += blockDim.x)
+        g[c] = dt_rmsnorm_dx(r, w[c], g[c], x[c], k);
+}
+
+/* Partial sums of dwq (blockIdx.z = 0: heads [0, NH)) or dwk (1: heads
+ * [NH, nqk)) over chunk blockIdx.y of `rows` rows, all its heads:
+ * pw[z][k][c] for the column reductions (k_colsum_fold). */
+__global__ void k_qknorm_dw_part(float *pw, const float *dqkv, const float *xin, const float *rstd, int N, int NH,
+                                 int nqk, int R, int HS, int rows)
+{
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= HS)
+        return;
+    const int n0 = blockIdx.y * rows, n1 = min(N, n0 + rows);
+    const int h0 = blockIdx.z ? NH : 0, h1 = blockIdx.z ? nqk : NH;
+    float a = 0.0f;
+    for (int n = n0; n < n1; n++)
+        for (int h = h0; h < h1; h++) {
+            const size_t i = (size_t)n * nqk + h;
+            a += dqkv[(size_t)n * R + (size_t)h * HS + c] * xin[i * HS + c] * rstd[i];
+        }
+    pw[((size_t)blockIdx.z * gridDim.y + blockIdx.y) * HS + c] = a;
+}
+
 #endif

@@ -3,14 +3,16 @@
  * grid-stride loop: grid_for(total, THREADS) blocks of THREADS threads.
  * dir = 1 rotates by the position's angles (rope_fwd), dir = -1 by their
  * negatives (rope_bwd, on the gradient). A row's position is pos[n] (its
- * document position), or n % T without pos. Angle and rotation are
- * base/ops_math.h's. */
+ * document position), or n % T without pos; pair i's inverse frequency is
+ * inv_freq[i] (device memory, the model's table, as the CPU reads it).
+ * Angle and rotation are base/ops_math.h's. */
 #ifndef DTRAIN_CUDA_KERNELS_ROPE_CUH
 #define DTRAIN_CUDA_KERNELS_ROPE_CUH
 
 #include "cuda/kernels/common.cuh"
 
-__global__ void k_rope(float *qkv, const int32_t *pos, int N, int T, int NH, int NKV, int HS, float theta, float dir)
+__global__ void k_rope(float *qkv, const int32_t *pos, int N, int T, int NH, int NKV, int HS, const float *inv_freq,
+                       float dir)
 {
     const int R = (NH + 2 * NKV) * HS, nqk = NH + NKV, half = HS / 2;
     size_t total = (size_t)N * nqk * half;
@@ -19,7 +21,7 @@ __global__ void k_rope(float *qkv, const int32_t *pos, int N, int T, int NH, int
         size_t rest = idx / (size_t)half;
         int h = (int)(rest % (size_t)nqk);
         size_t n = rest / (size_t)nqk;
-        float a = dt_rope_angle(pos ? pos[n] : (int)(n % (size_t)T), i, HS, theta);
+        float a = dt_rope_angle(pos ? pos[n] : (int)(n % (size_t)T), inv_freq[i]);
         float c = cosf(a), s = dir * sinf(a);
         float *p = qkv + n * R + (size_t)h * HS + 2 * i;
         dt_rope_rotate(p, p + 1, c, s);

@@ -359,7 +359,8 @@ static void rmsnorm_bwd(void *ctx, float *din, float *dw, const float *dout, con
  * (position, pair), shared by the B rows and all heads at that position;
  * with pos (document positions) parallel over rows, one cos/sin per (row,
  * pair): the same angles for the same positions, so the same bits. */
-static void rope_apply(float *qkv, const int32_t *pos, int B, int T, int NH, int NKV, int HS, float theta, float dir)
+static void rope_apply(float *qkv, const int32_t *pos, int B, int T, int NH, int NKV, int HS, const float *inv_freq,
+                       float dir)
 {
     const int R = (NH + 2 * NKV) * HS, nqk = NH + NKV;
     if (pos) {
@@ -367,7 +368,7 @@ static void rope_apply(float *qkv, const int32_t *pos, int B, int T, int NH, int
         for (int n = 0; n < B * T; n++) {
             float *row = qkv + (size_t)n * R;
             for (int i = 0; i < HS / 2; i++) {
-                float a = dt_rope_angle(pos[n], i, HS, theta);
+                float a = dt_rope_angle(pos[n], inv_freq[i]);
                 float c = cosf(a), s = dir * sinf(a);
                 for (int h = 0; h < nqk; h++) {
                     float *p = row + h * HS + 2 * i;
@@ -380,7 +381,7 @@ static void rope_apply(float *qkv, const int32_t *pos, int B, int T, int NH, int
 #pragma omp parallel for schedule(static)
     for (int t = 0; t < T; t++) {
         for (int i = 0; i < HS / 2; i++) {
-            float a = dt_rope_angle(t, i, HS, theta);
+            float a = dt_rope_angle(t, inv_freq[i]);
             float c = cosf(a), s = dir * sinf(a);
             for (int b = 0; b < B; b++) {
                 float *row = qkv + ((size_t)b * T + t) * R;
@@ -393,14 +394,79 @@ static void rope_apply(float *qkv, const int32_t *pos, int B, int T, int NH, int
     }
 }
 
-static void rope_fwd(void *ctx, float *qkv, const int32_t *pos, int B, int T, int NH, int NKV, int HS, float theta)
+static void rope_fwd(void *ctx, float *qkv, const int32_t *pos, int B, int T, int NH, int NKV, int HS,
+                     const float *inv_freq)
 {
-    rope_apply(qkv, pos, B, T, NH, NKV, HS, theta, 1.0f);
+    rope_apply(qkv, pos, B, T, NH, NKV, HS, inv_freq, 1.0f);
 }
 
-static void rope_bwd(void *ctx, float *dqkv, const int32_t *pos, int B, int T, int NH, int NKV, int HS, float theta)
+static void rope_bwd(void *ctx, float *dqkv, const int32_t *pos, int B, int T, int NH, int NKV, int HS,
+                     const float *inv_freq)
 {
-    rope_apply(dqkv, pos, B, T, NH, NKV, HS, theta, -1.0f);
+    rope_apply(dqkv, pos, B, T, NH, NKV, HS, inv_freq, -1.0f);
+}
+
+/* ---- q/k norms (Qwen3) ------------------------------------------------------------ */
+
+/* Each q and k head of each row of qkv[N, (NH+2NKV)*HS]: saved to xin,
+ * then normalised in place as rmsnorm_fwd does a row. */
+static void qknorm_fwd(void *ctx, float *qkv, float *xin, float *rstd, const float *wq, const float *wk, int N, int NH,
+                       int NKV, int HS, float eps)
+{
+    const int R = (NH + 2 * NKV) * HS, nqk = NH + NKV;
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++)
+        for (int h = 0; h < nqk; h++) {
+            float *x = qkv + (size_t)n * R + (size_t)h * HS, *xs = xin + ((size_t)n * nqk + h) * HS;
+            const float *w = h < NH ? wq : wk;
+            float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+            for (int c = 0; c < HS; c++)
+                ss += x[c] * x[c];
+            float r = dt_norm_rstd(ss, HS, eps);
+#pragma omp simd
+            for (int c = 0; c < HS; c++) {
+                xs[c] = x[c];
+                x[c] = x[c] * r * w[c];
+            }
+            rstd[(size_t)n * nqk + h] = r;
+        }
+}
+
+/* dw first (it reads dqkv before dx overwrites it): column c of dwq sums
+ * g x r over rows then q heads, in that fixed order, likewise dwk; then
+ * each head's dx as rmsnorm_bwd's, written over g. */
+static void qknorm_bwd(void *ctx, float *dqkv, float *dwq, float *dwk, const float *xin, const float *wq,
+                       const float *wk, const float *rstd, int N, int NH, int NKV, int HS, int accum_dw)
+{
+    const int R = (NH + 2 * NKV) * HS, nqk = NH + NKV;
+#pragma omp parallel for schedule(static)
+    for (int k = 0; k < 2 * HS; k++) {
+        const int c = k % HS, h0 = k < HS ? 0 : NH, h1 = k < HS ? NH : nqk;
+        float a = 0.0f;
+        for (int n = 0; n < N; n++)
+            for (int h = h0; h < h1; h++) {
+                const size_t i = (size_t)n * nqk + h;
+                a += dqkv[(size_t)n * R + (size_t)h * HS + c] * xin[i * HS + c] * rstd[i];
+            }
+        float *dw = k < HS ? dwq : dwk;
+        dw[c] = accum_dw ? dw[c] + a : a;
+    }
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++)
+        for (int h = 0; h < nqk; h++) {
+            float *g = dqkv + (size_t)n * R + (size_t)h * HS;
+            const float *x = xin + ((size_t)n * nqk + h) * HS, *w = h < NH ? wq : wk;
+            const float r = rstd[(size_t)n * nqk + h];
+            float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+            for (int c = 0; c < HS; c++)
+                s += w[c] * g[c] * x[c];
+            float kk = dt_rmsnorm_k(r, s, HS);
+#pragma omp simd
+            for (int c = 0; c < HS; c++)
+                g[c] = dt_rmsnorm_dx(r, w[c], g[c], x[c], kk);
+        }
 }
 
 /* ---- attention ---------------------------------------------------------------- */
@@ -1115,6 +1181,8 @@ static const ops_t cpu_ops = {
     .rmsnorm_bwd = rmsnorm_bwd,
     .rope_fwd = rope_fwd,
     .rope_bwd = rope_bwd,
+    .qknorm_fwd = qknorm_fwd,
+    .qknorm_bwd = qknorm_bwd,
     .attention_fwd = attention_fwd,
     .attention_bwd = attention_bwd,
     .gelu_fwd = gelu_fwd,

@@ -434,25 +434,61 @@ typedef struct {
     float *qkv;
     const int32_t *pos;
     int B, T, NH, NKV, HS;
-    float theta;
+    const float *inv_freq;
 } rope_args_t;
 static void r_rope_fwd(const ops_t *b, const void *a_)
 {
     const rope_args_t *a = a_;
-    b->rope_fwd(b->ctx, a->qkv, a->pos, a->B, a->T, a->NH, a->NKV, a->HS, a->theta);
+    b->rope_fwd(b->ctx, a->qkv, a->pos, a->B, a->T, a->NH, a->NKV, a->HS, a->inv_freq);
 }
-static void d_rope_fwd(void *ctx, float *qkv, const int32_t *pos, int B, int T, int NH, int NKV, int HS, float theta)
+static void d_rope_fwd(void *ctx, float *qkv, const int32_t *pos, int B, int T, int NH, int NKV, int HS,
+                       const float *inv_freq)
 {
-    defer(ctx, r_rope_fwd, &(rope_args_t){qkv, pos, B, T, NH, NKV, HS, theta}, sizeof(rope_args_t));
+    defer(ctx, r_rope_fwd, &(rope_args_t){qkv, pos, B, T, NH, NKV, HS, inv_freq}, sizeof(rope_args_t));
 }
 static void r_rope_bwd(const ops_t *b, const void *a_)
 {
     const rope_args_t *a = a_;
-    b->rope_bwd(b->ctx, a->qkv, a->pos, a->B, a->T, a->NH, a->NKV, a->HS, a->theta);
+    b->rope_bwd(b->ctx, a->qkv, a->pos, a->B, a->T, a->NH, a->NKV, a->HS, a->inv_freq);
 }
-static void d_rope_bwd(void *ctx, float *dqkv, const int32_t *pos, int B, int T, int NH, int NKV, int HS, float theta)
+static void d_rope_bwd(void *ctx, float *dqkv, const int32_t *pos, int B, int T, int NH, int NKV, int HS,
+                       const float *inv_freq)
 {
-    defer(ctx, r_rope_bwd, &(rope_args_t){dqkv, pos, B, T, NH, NKV, HS, theta}, sizeof(rope_args_t));
+    defer(ctx, r_rope_bwd, &(rope_args_t){dqkv, pos, B, T, NH, NKV, HS, inv_freq}, sizeof(rope_args_t));
+}
+
+typedef struct {
+    float *qkv, *xin, *rstd;
+    const float *wq, *wk;
+    int N, NH, NKV, HS;
+    float eps;
+} qkn_fwd_args_t;
+static void r_qknorm_fwd(const ops_t *b, const void *a_)
+{
+    const qkn_fwd_args_t *a = a_;
+    b->qknorm_fwd(b->ctx, a->qkv, a->xin, a->rstd, a->wq, a->wk, a->N, a->NH, a->NKV, a->HS, a->eps);
+}
+static void d_qknorm_fwd(void *ctx, float *qkv, float *xin, float *rstd, const float *wq, const float *wk, int N,
+                         int NH, int NKV, int HS, float eps)
+{
+    defer(ctx, r_qknorm_fwd, &(qkn_fwd_args_t){qkv, xin, rstd, wq, wk, N, NH, NKV, HS, eps}, sizeof(qkn_fwd_args_t));
+}
+typedef struct {
+    float *dqkv, *dwq, *dwk;
+    const float *xin, *wq, *wk, *rstd;
+    int N, NH, NKV, HS, accum_dw;
+} qkn_bwd_args_t;
+static void r_qknorm_bwd(const ops_t *b, const void *a_)
+{
+    const qkn_bwd_args_t *a = a_;
+    b->qknorm_bwd(b->ctx, a->dqkv, a->dwq, a->dwk, a->xin, a->wq, a->wk, a->rstd, a->N, a->NH, a->NKV, a->HS,
+                  a->accum_dw);
+}
+static void d_qknorm_bwd(void *ctx, float *dqkv, float *dwq, float *dwk, const float *xin, const float *wq,
+                         const float *wk, const float *rstd, int N, int NH, int NKV, int HS, int accum_dw)
+{
+    defer(ctx, r_qknorm_bwd, &(qkn_bwd_args_t){dqkv, dwq, dwk, xin, wq, wk, rstd, N, NH, NKV, HS, accum_dw},
+          sizeof(qkn_bwd_args_t));
 }
 
 typedef struct {
@@ -770,6 +806,8 @@ static const ops_t defer_ops = {
     .rmsnorm_bwd = d_rmsnorm_bwd,
     .rope_fwd = d_rope_fwd,
     .rope_bwd = d_rope_bwd,
+    .qknorm_fwd = d_qknorm_fwd,
+    .qknorm_bwd = d_qknorm_bwd,
     .attention_fwd = d_attention_fwd,
     .attention_bwd = d_attention_bwd,
     .gelu_fwd = d_gelu_fwd,

@@ -30,7 +30,80 @@ int param_io_model_attrs(const model_config_t *cfg, h5store_attr_t *out)
     out[n++] = (h5store_attr_t){.key = "max_seq", .type = H5STORE_INT, .i = cfg->max_seq};
     out[n++] = (h5store_attr_t){.key = "norm_eps", .type = H5STORE_DOUBLE, .d = cfg->norm_eps};
     out[n++] = (h5store_attr_t){.key = "rope_theta", .type = H5STORE_DOUBLE, .d = cfg->rope_theta};
+    /* written only where they differ from the models that came before
+     * them, so files of those models keep the attributes they had */
+    if (cfg->head_dim)
+        out[n++] = (h5store_attr_t){.key = "head_dim", .type = H5STORE_INT, .i = cfg->head_dim};
+    if (cfg->attn_bias)
+        out[n++] = (h5store_attr_t){.key = "attn_bias", .type = H5STORE_INT, .i = cfg->attn_bias};
+    if (cfg->qk_norm)
+        out[n++] = (h5store_attr_t){.key = "qk_norm", .type = H5STORE_INT, .i = cfg->qk_norm};
+    if (cfg->tie_embed)
+        out[n++] = (h5store_attr_t){.key = "tie_embed", .type = H5STORE_INT, .i = cfg->tie_embed};
+    if (cfg->rope_scaling != ROPE_SCALING_NONE) {
+        out[n++] = (h5store_attr_t){
+            .key = "rope_scaling", .type = H5STORE_STR, .s = model_rope_scaling_name(cfg->rope_scaling)};
+        out[n++] = (h5store_attr_t){.key = "rope_factor", .type = H5STORE_DOUBLE, .d = cfg->rope_factor};
+    }
+    if (cfg->rope_scaling == ROPE_SCALING_LLAMA3) {
+        out[n++] =
+            (h5store_attr_t){.key = "rope_low_freq_factor", .type = H5STORE_DOUBLE, .d = cfg->rope_low_freq_factor};
+        out[n++] =
+            (h5store_attr_t){.key = "rope_high_freq_factor", .type = H5STORE_DOUBLE, .d = cfg->rope_high_freq_factor};
+        out[n++] =
+            (h5store_attr_t){.key = "rope_original_max_seq", .type = H5STORE_INT, .i = cfg->rope_original_max_seq};
+    }
     return n;
+}
+
+/* The optional model attributes (param_io_model_attrs writes them only
+ * when set; a file without them holds a model without them). */
+static int read_model_options(h5store_t *h, model_config_t *cfg, const char *path, char *err, size_t errlen)
+{
+    int64_t v;
+    double d;
+    char name[32];
+    if (h5store_has_attr(h, "head_dim") && h5store_get_int(h, "head_dim", &v, err, errlen) != 0)
+        return -1;
+    cfg->head_dim = h5store_has_attr(h, "head_dim") ? (int)v : 0;
+    if (h5store_has_attr(h, "attn_bias") && h5store_get_int(h, "attn_bias", &v, err, errlen) != 0)
+        return -1;
+    cfg->attn_bias = h5store_has_attr(h, "attn_bias") ? (int)v : 0;
+    if (h5store_has_attr(h, "qk_norm") && h5store_get_int(h, "qk_norm", &v, err, errlen) != 0)
+        return -1;
+    cfg->qk_norm = h5store_has_attr(h, "qk_norm") ? (int)v : 0;
+    if (h5store_has_attr(h, "tie_embed") && h5store_get_int(h, "tie_embed", &v, err, errlen) != 0)
+        return -1;
+    cfg->tie_embed = h5store_has_attr(h, "tie_embed") ? (int)v : 0;
+    if (!h5store_has_attr(h, "rope_scaling"))
+        return 0;
+    if (h5store_get_str(h, "rope_scaling", name, sizeof name, err, errlen) != 0)
+        return -1;
+    const int kind = model_rope_scaling_of(name);
+    if (kind <= ROPE_SCALING_NONE) {
+        snprintf(err, errlen, "%s: attribute rope_scaling '%s' is not linear or llama3", path, name);
+        return -1;
+    }
+    cfg->rope_scaling = (rope_scaling_t)kind;
+    if (h5store_get_double(h, "rope_factor", &d, err, errlen) != 0)
+        return -1;
+    cfg->rope_factor = (float)d;
+    if (kind != ROPE_SCALING_LLAMA3)
+        return 0;
+    if (h5store_get_double(h, "rope_low_freq_factor", &d, err, errlen) != 0)
+        return -1;
+    cfg->rope_low_freq_factor = (float)d;
+    if (h5store_get_double(h, "rope_high_freq_factor", &d, err, errlen) != 0)
+        return -1;
+    cfg->rope_high_freq_factor = (float)d;
+    if (h5store_get_int(h, "rope_original_max_seq", &v, err, errlen) != 0)
+        return -1;
+    if (v <= 0 || v > INT32_MAX) {
+        snprintf(err, errlen, "%s: attribute rope_original_max_seq = %lld is not a length", path, (long long)v);
+        return -1;
+    }
+    cfg->rope_original_max_seq = (int)v;
+    return 0;
 }
 
 int param_io_read_model(h5store_t *h, model_config_t *cfg, const char *path, char *err, size_t errlen)
@@ -77,6 +150,8 @@ int param_io_read_model(h5store_t *h, model_config_t *cfg, const char *path, cha
     cfg->max_seq = (int)max_seq;
     cfg->norm_eps = (float)eps;
     cfg->rope_theta = (float)theta;
+    if (read_model_options(h, cfg, path, err, errlen) != 0)
+        return -1;
     char why[512];
     if (model_config_check(cfg, why, sizeof why) != 0) {
         snprintf(err, errlen, "%s holds an inconsistent model: %s", path, why);
@@ -89,6 +164,21 @@ int param_io_check_model(h5store_t *h, const model_config_t *cfg, const char *pa
 {
     h5store_attr_t want[PARAM_IO_MODEL_ATTRS];
     const int n = param_io_model_attrs(cfg, want);
+    /* the optional attributes both ways: a file's model may have one this
+     * run's lacks, which the loop below would not look for */
+    model_config_t in_file = *cfg;
+    if (read_model_options(h, &in_file, path, err, errlen) != 0)
+        return -1;
+    if (in_file.head_dim != cfg->head_dim || in_file.attn_bias != cfg->attn_bias || in_file.qk_norm != cfg->qk_norm ||
+        in_file.rope_scaling != cfg->rope_scaling || in_file.tie_embed != cfg->tie_embed) {
+        snprintf(err, errlen,
+                 "%s holds a model with head_dim %d, attn_bias %d, qk_norm %d, tie_embed %d, rope scaling %s; this "
+                 "run's has %d, %d, %d, %d, %s (same --model as the run that wrote it?)",
+                 path, in_file.head_dim, in_file.attn_bias, in_file.qk_norm, in_file.tie_embed,
+                 model_rope_scaling_name(in_file.rope_scaling), cfg->head_dim, cfg->attn_bias, cfg->qk_norm,
+                 cfg->tie_embed, model_rope_scaling_name(cfg->rope_scaling));
+        return -1;
+    }
     for (int i = 0; i < n; i++) {
         const h5store_attr_t *a = &want[i];
         if (a->type == H5STORE_STR) {

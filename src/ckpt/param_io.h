@@ -24,10 +24,12 @@ typedef struct param_io_group {
     float *buf;         /* host memory, [table.numel], the flat buffer's layout */
 } param_io_group_t;
 
-/* The model-shape attributes every file carries (arch, sizes, eps, theta):
- * fills out[] (at least PARAM_IO_MODEL_ATTRS entries), returns the count.
- * The strings point into cfg or are static. */
-#define PARAM_IO_MODEL_ATTRS 10
+/* The model-shape attributes every file carries (arch, sizes, eps, theta),
+ * and those of the models that need them (head_dim, attn_bias, qk_norm, tie_embed,
+ * rope_scaling with its parameters: absent means none): fills out[] (at
+ * least PARAM_IO_MODEL_ATTRS entries), returns the count. The strings
+ * point into cfg or are static. */
+#define PARAM_IO_MODEL_ATTRS 19
 int param_io_model_attrs(const model_config_t *cfg, h5store_attr_t *out);
 
 /* The data's tokenizer as the attributes "tokenizer" (its spec) and

@@ -304,6 +304,8 @@ static void assemble_tile(const hf_map_t *map, const export_out_t *o, const tile
         const tile_blk_t *b = &blk[s++];
         if (e->ndim == 1) { /* [R] -> row 0, columns [off, off+R) (1-D blocks are contiguous) */
             memcpy(rows + e->off, b->p, (size_t)count[0] * sizeof *rows);
+            if (e->flags & HF_MAP_ROPE) /* q/k biases and norms: elements in RoPE's order, whole heads */
+                hf_rope_to_hf(rows + e->off, count[0], 1, e->head_size, head);
         } else if (e->flags & HF_MAP_TRANSPOSE) { /* blk [R][nr] -> rows[j][off + i] */
             dt_transpose_f32(b->p, count[0], count[1], b->ld, rows + e->off, cols);
         } else { /* blk [n][cols] -> rows [e->off + start - r0, ...), RoPE's order there */

@@ -255,11 +255,30 @@ static json_t *gpt2_config(const model_config_t *c, const hf_state_t *s, export_
     return j;
 }
 
+/* Hugging Face's rope_scaling object of c's scaling, or null. */
+static json_t *rope_scaling_json(const model_config_t *c)
+{
+    if (c->rope_scaling == ROPE_SCALING_NONE)
+        return json_null();
+    json_t *j = json_object();
+    json_object_set_new(j, "rope_type", json_string(model_rope_scaling_name(c->rope_scaling)));
+    json_object_set_new(j, "factor", json_float(c->rope_factor));
+    if (c->rope_scaling == ROPE_SCALING_LLAMA3) {
+        json_object_set_new(j, "low_freq_factor", json_float(c->rope_low_freq_factor));
+        json_object_set_new(j, "high_freq_factor", json_float(c->rope_high_freq_factor));
+        json_object_set_new(j, "original_max_position_embeddings", json_integer(c->rope_original_max_seq));
+    }
+    return j;
+}
+
 static json_t *llama_config(const model_config_t *c, const hf_state_t *s, export_dtype_t d)
 {
     json_t *j = json_object();
-    json_object_set_new(j, "architectures", json_pack("[s]", "LlamaForCausalLM"));
-    json_object_set_new(j, "model_type", json_string("llama"));
+    /* Qwen2 is Llama with q/k/v biases, Qwen3 Llama with q/k norms */
+    const char *arch = c->attn_bias ? "Qwen2ForCausalLM" : c->qk_norm ? "Qwen3ForCausalLM" : "LlamaForCausalLM";
+    const char *type = c->attn_bias ? "qwen2" : c->qk_norm ? "qwen3" : "llama";
+    json_object_set_new(j, "architectures", json_pack("[s]", arch));
+    json_object_set_new(j, "model_type", json_string(type));
     json_object_set_new(j, "vocab_size", json_integer(c->vocab_size));
     json_object_set_new(j, "hidden_size", json_integer(c->d_model));
     json_object_set_new(j, "intermediate_size", json_integer(c->d_ff));
@@ -270,14 +289,17 @@ static json_t *llama_config(const model_config_t *c, const hf_state_t *s, export
     json_object_set_new(j, "max_position_embeddings", json_integer(c->max_seq));
     json_object_set_new(j, "rms_norm_eps", json_float(c->norm_eps));
     json_object_set_new(j, "rope_theta", json_float(c->rope_theta));
-    json_object_set_new(j, "rope_scaling", json_null());
+    json_object_set_new(j, "rope_scaling", rope_scaling_json(c));
     json_object_set_new(j, "hidden_act", json_string("silu"));
-    json_object_set_new(j, "attention_bias", json_false());
+    if (!c->attn_bias) /* Qwen2's q/k/v biases are implied by its architecture */
+        json_object_set_new(j, "attention_bias", json_false());
+    if (c->attn_bias || c->qk_norm)
+        json_object_set_new(j, "use_sliding_window", json_false());
     json_object_set_new(j, "mlp_bias", json_false());
     json_object_set_new(j, "attention_dropout", json_real(0.0));
     json_object_set_new(j, "initializer_range", json_real(0.02));
     json_object_set_new(j, "pretraining_tp", json_integer(1));
-    json_object_set_new(j, "tie_word_embeddings", json_false());
+    json_object_set_new(j, "tie_word_embeddings", json_boolean(c->tie_embed));
     json_object_set_new(j, "bos_token_id", id_or_null(s->bos));
     json_object_set_new(j, "eos_token_id", id_or_null(s->eos));
     json_object_set_new(j, "torch_dtype", json_string(torch_dtype(d)));

@@ -136,8 +136,82 @@ static status_t cfg_gpt2(cfg_reader_t *r, model_config_t *c)
     return cfg_refuse_bool(r, "add_cross_attention", 1, "true: dtrain has no cross-attention");
 }
 
+/* *out: a number field of the rope_scaling object (required), kept as a
+ * float like rope_theta; min_exclusive: the bound it must exceed. */
+static status_t scaling_real(cfg_reader_t *r, json_t *rs, const char *key, double min_exclusive, float *out)
+{
+    json_t *v = json_object_get(rs, key);
+    char field[64];
+    snprintf(field, sizeof field, "rope_scaling.%s", key);
+    if (!v || !json_is_number(v))
+        return cfg_fail(r, field, "missing, or not a number");
+    double x = json_number_value(v);
+    if (!(x > min_exclusive) || !isfinite(x) || x > FLT_MAX)
+        return cfg_fail(r, field, min_exclusive > 0 ? "must exceed low_freq_factor" : "not a positive number");
+    *out = (float)x;
+    return STATUS_OK;
+}
+
+/* rope_scaling: null, or {rope_type (older files: type): linear | llama3,
+ * factor, and for llama3 low_freq_factor, high_freq_factor,
+ * original_max_position_embeddings}. The other types change more than the
+ * frequencies (attention scaling, per-length tables) and are refused. */
+static status_t cfg_rope_scaling(cfg_reader_t *r, model_config_t *c)
+{
+    json_t *rs = json_object_get(r->root, "rope_scaling");
+    if (!rs || json_is_null(rs))
+        return STATUS_OK;
+    if (!json_is_object(rs))
+        return cfg_fail(r, "rope_scaling", "not an object or null");
+    json_t *ty = json_object_get(rs, "rope_type");
+    if (!ty || json_is_null(ty))
+        ty = json_object_get(rs, "type");
+    const char *name = json_string_value(ty);
+    if (!name)
+        return cfg_fail(r, "rope_scaling.rope_type", "missing, or not a string");
+    if (strcmp(name, "default") == 0)
+        return STATUS_OK;
+    const int kind = model_rope_scaling_of(name);
+    if (kind != ROPE_SCALING_LINEAR && kind != ROPE_SCALING_LLAMA3) {
+        char what[160];
+        snprintf(what, sizeof what,
+                 "'%.40s': dtrain implements llama3 and linear scaling only (not dynamic, yarn, longrope)", name);
+        return cfg_fail(r, "rope_scaling.rope_type", what);
+    }
+    c->rope_scaling = (rope_scaling_t)kind;
+    CHECK(scaling_real(r, rs, "factor", 0, &c->rope_factor));
+    if (kind != ROPE_SCALING_LLAMA3)
+        return STATUS_OK;
+    CHECK(scaling_real(r, rs, "low_freq_factor", 0, &c->rope_low_freq_factor));
+    CHECK(scaling_real(r, rs, "high_freq_factor", (double)c->rope_low_freq_factor, &c->rope_high_freq_factor));
+    json_t *om = json_object_get(rs, "original_max_position_embeddings");
+    if (!om || !json_is_integer(om) || json_integer_value(om) < 1 || json_integer_value(om) > (1 << 30))
+        return cfg_fail(r, "rope_scaling.original_max_position_embeddings", "missing, or not a positive integer");
+    c->rope_original_max_seq = (int)json_integer_value(om);
+    return STATUS_OK;
+}
+
+/* head_dim: absent, d_model / n_head, or (Qwen3) a head size of its own,
+ * which must be even for RoPE's pairs. */
+static status_t cfg_head_dim(cfg_reader_t *r, model_config_t *c)
+{
+    json_t *hd = json_object_get(r->root, "head_dim");
+    if (!hd || json_is_null(hd))
+        return STATUS_OK;
+    if (!json_is_integer(hd) || json_integer_value(hd) < 2 || json_integer_value(hd) > (1 << 20) ||
+        json_integer_value(hd) % 2 != 0)
+        return cfg_fail(r, "head_dim", "not an even integer in [2, 2^20]");
+    const int h = (int)json_integer_value(hd);
+    if (c->d_model % c->n_head != 0 || h != c->d_model / c->n_head)
+        c->head_dim = h;
+    return STATUS_OK;
+}
+
+/* Llama-shaped configs: Llama (2, 3, 3.1: rope_scaling), Mistral, Qwen2
+ * (q/k/v biases) and Qwen3 (per-head q/k norms). */
 static status_t cfg_llama(cfg_reader_t *r, model_config_t *c, const char *arch)
 {
+    const int qwen2 = strcmp(arch, "Qwen2ForCausalLM") == 0, qwen3 = strcmp(arch, "Qwen3ForCausalLM") == 0;
     c->arch = ARCH_LLAMA;
     CHECK(cfg_int(r, "hidden_size", -1, &c->d_model));
     CHECK(cfg_int(r, "intermediate_size", -1, &c->d_ff));
@@ -152,25 +226,31 @@ static status_t cfg_llama(cfg_reader_t *r, model_config_t *c, const char *arch)
     CHECK(cfg_str(r, "hidden_act", "silu", &act));
     if (strcmp(act, "silu") != 0)
         return cfg_fail(r, "hidden_act", "dtrain's Llama MLP is SwiGLU with silu only");
-    json_t *rs = json_object_get(r->root, "rope_scaling");
-    if (rs && !json_is_null(rs))
-        return cfg_fail(r, "rope_scaling", "dtrain implements plain RoPE only (rope_scaling must be null)");
-    CHECK(cfg_refuse_bool(r, "tie_word_embeddings", 1, "true: dtrain's Llama has an untied lm_head"));
-    CHECK(cfg_refuse_bool(r, "attention_bias", 1, "true: dtrain's Llama attention has no biases"));
+    CHECK(cfg_rope_scaling(r, c));
+    /* tied (the small Llama 3.2 and Qwen models): the head is tok_emb */
+    json_t *tie = json_object_get(r->root, "tie_word_embeddings");
+    if (tie && !json_is_null(tie) && !json_is_boolean(tie))
+        return cfg_fail(r, "tie_word_embeddings", "not true or false");
+    c->tie_embed = json_is_true(tie);
+    /* Llama's and Qwen3's attention_bias also biases o_proj; Qwen2's q, k
+     * and v always have biases and o never */
+    CHECK(cfg_refuse_bool(r, "attention_bias", 1,
+                          "true: it biases o_proj as well, and dtrain's Llama has q/k/v biases only (Qwen2's)"));
+    c->attn_bias = qwen2;
+    c->qk_norm = qwen3;
     CHECK(cfg_refuse_bool(r, "mlp_bias", 1, "true: dtrain's Llama MLP has no biases"));
-    /* head_dim * n_head == d_model, without the product (a huge head_dim
-     * would overflow it) */
-    json_t *hd = json_object_get(r->root, "head_dim");
-    if (hd && !json_is_null(hd) && c->n_head > 0 &&
-        (!json_is_integer(hd) || c->d_model % c->n_head != 0 || json_integer_value(hd) != c->d_model / c->n_head))
-        return cfg_fail(r, "head_dim", "differs from hidden_size / num_attention_heads, which dtrain requires");
+    CHECK(cfg_head_dim(r, c));
+    /* Qwen's sliding_window applies only with use_sliding_window true */
+    json_t *use_sw = json_object_get(r->root, "use_sliding_window");
     json_t *sw = json_object_get(r->root, "sliding_window");
+    if ((qwen2 || qwen3) && use_sw && !json_is_null(use_sw) && !json_is_boolean(use_sw))
+        return cfg_fail(r, "use_sliding_window", "not true or false");
+    if ((qwen2 || qwen3) && !json_is_true(use_sw))
+        sw = NULL;
     if (sw && !json_is_null(sw) && (!json_is_integer(sw) || json_integer_value(sw) < c->max_seq))
         return cfg_fail(r, "sliding_window",
                         "a window shorter than max_position_embeddings: dtrain attends to the "
                         "whole sequence");
-    if (strcmp(arch, "Qwen2ForCausalLM") == 0)
-        return cfg_fail(r, "architectures", "Qwen2ForCausalLM has q/k/v projection biases, which dtrain's Llama lacks");
     return STATUS_OK;
 }
 
@@ -189,11 +269,13 @@ static int config_of_json(json_t *root, const char *path, model_config_t *c, cha
     if (strcmp(arch, "GPT2LMHeadModel") == 0 || strcmp(arch, "GPT2Model") == 0) {
         CHECK(cfg_gpt2(&r, c));
     } else if (strcmp(arch, "LlamaForCausalLM") == 0 || strcmp(arch, "MistralForCausalLM") == 0 ||
-               strcmp(arch, "Qwen2ForCausalLM") == 0) {
+               strcmp(arch, "Qwen2ForCausalLM") == 0 || strcmp(arch, "Qwen3ForCausalLM") == 0) {
         CHECK(cfg_llama(&r, c, arch));
     } else {
         char what[160];
-        snprintf(what, sizeof what, "'%s': dtrain imports GPT2LMHeadModel, LlamaForCausalLM and MistralForCausalLM",
+        snprintf(what, sizeof what,
+                 "'%s': dtrain imports GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, "
+                 "Qwen2ForCausalLM and Qwen3ForCausalLM",
                  arch);
         return cfg_fail(&r, "architectures", what);
     }

@@ -1,7 +1,9 @@
 /* The model of a Hugging Face config.json (dtrain --init-from): the
- * GPT2LMHeadModel and Llama-shaped (LlamaForCausalLM, MistralForCausalLM)
- * fields dtrain maps onto model_config_t, and everything in the file that
- * dtrain's models cannot represent (other activations, rope_scaling, biases,
+ * GPT2LMHeadModel and Llama-shaped (LlamaForCausalLM, MistralForCausalLM,
+ * Qwen2ForCausalLM, Qwen3ForCausalLM) fields dtrain maps onto
+ * model_config_t (llama3 and linear rope_scaling, Qwen2's q/k/v biases,
+ * Qwen3's q/k norms and head_dim), and everything in the file that
+ * dtrain's models cannot represent (other activations and rope scalings, o/MLP biases,
  * untied or tied heads against the architecture, sliding windows...).
  *
  * The parser takes bytes and neither prints nor exits, so fuzz/

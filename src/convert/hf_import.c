@@ -187,7 +187,7 @@ static int hf_check_extra(source_t *s, const model_config_t *c, char *err, size_
 {
     for (int i = 0; i < s->st.n_index; i++) {
         const char *name = s->st.index[i].name;
-        int used = hf_map_ignorable(name) || (c->arch == ARCH_GPT2 && strcmp(name, "lm_head.weight") == 0);
+        int used = hf_map_ignorable(name) || (model_head_tied(c) && strcmp(name, "lm_head.weight") == 0);
         for (int k = 0; k < s->n_map && !used; k++)
             used = strcmp(s->map[k].src, name) == 0;
         if (!used) {
@@ -260,14 +260,17 @@ static int load_tensor(source_t *s, const param_desc_t *d, float *host, char *er
     return 0;
 }
 
-/* GPT-2 ties the head to wte: a stored lm_head.weight must equal it. */
-static int check_gpt2_head(source_t *s, const param_table_t *t, const float *host, char *err, size_t errlen)
+/* GPT-2 ties the head to wte, a tied Llama to tok_emb: a stored
+ * lm_head.weight must equal the embedding. */
+static int check_tied_head(source_t *s, const model_config_t *c, const param_table_t *t, const float *host, char *err,
+                           size_t errlen)
 {
-    const int k = param_table_find(t, "wte");
+    const int k = param_table_find(t, model_embed_name(c));
     if (k < 0 || s->kind != INIT_FROM_HF || st_model_find(&s->st, "lm_head.weight", NULL, NULL) != 0)
         return 0;
     const param_desc_t *d = &t->p[k];
-    hf_map_t head = *hf_map_find(s->map, s->n_map, "wte");
+    const hf_map_t *emb = hf_map_find(s->map, s->n_map, model_embed_name(c));
+    hf_map_t head = *emb;
     snprintf(head.src, sizeof head.src, "lm_head.weight");
     const size_t n = (size_t)d->count[0] * (size_t)d->count[1];
     if (src_tmp(s, n, err, errlen) != 0 ||
@@ -275,9 +278,9 @@ static int check_gpt2_head(source_t *s, const param_table_t *t, const float *hos
         return -1;
     if (memcmp(s->tmp, host + d->offset, n * sizeof *host) != 0) {
         snprintf(err, errlen,
-                 "%s: tensor lm_head.weight differs from wte.weight: dtrain's GPT-2 ties the head to "
-                 "the embedding",
-                 s->path);
+                 "%s: tensor lm_head.weight differs from %s: the config ties the head to the embedding "
+                 "(tie_word_embeddings)",
+                 s->path, emb->src);
         return -1;
     }
     return 0;
@@ -326,8 +329,8 @@ static int open_source(source_t *s, const char *path, const model_config_t *c, c
         if (hf_tensor_of(s, &s->map[i], &f, &t, err, errlen) != 0)
             return -1;
     }
-    if (c->arch == ARCH_GPT2) {
-        hf_map_t head = *hf_map_find(s->map, s->n_map, "wte");
+    if (model_head_tied(c)) {
+        hf_map_t head = *hf_map_find(s->map, s->n_map, model_embed_name(c));
         snprintf(head.src, sizeof head.src, "lm_head.weight");
         const st_file_t *f;
         const st_tensor_t *t;
@@ -461,8 +464,8 @@ int init_from_load(const char *path, const model_config_t *c, const param_table_
     threads = threads < 1 ? 1 : threads > LOADER_MAX ? LOADER_MAX : threads;
     if (rc == 0)
         rc = run_loaders(&s, t, host, fresh, threads, rep, err, errlen);
-    if (rc == 0 && c->arch == ARCH_GPT2)
-        rc = check_gpt2_head(&s, t, host, err, errlen);
+    if (rc == 0 && model_head_tied(c))
+        rc = check_tied_head(&s, c, t, host, err, errlen);
     rep->kind = s.kind;
     report_dtypes(&s, rep);
     close_source(&s);

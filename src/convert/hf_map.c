@@ -106,6 +106,26 @@ static status_t map_llama_hf(map_builder_t *b, const model_config_t *c)
                   HF_MAP_ROPE, &e));
         e->head_size = (int)HS;
         CHECK(add(b, DST("h.%d.attn.wv", l), KVD, C, SRC("layers.%d.self_attn.v_proj.weight", l), KVD, C, 0, 0, NULL));
+        /* Qwen2's biases and Qwen3's norm weights are indexed by the
+         * rows (head elements) RoPE pairs up: they move with them */
+        if (c->attn_bias) {
+            CHECK(add(b, DST("h.%d.attn.bq", l), QD, 0, SRC("layers.%d.self_attn.q_proj.bias", l), QD, 0, 0,
+                      HF_MAP_ROPE, &e));
+            e->head_size = (int)HS;
+            CHECK(add(b, DST("h.%d.attn.bk", l), KVD, 0, SRC("layers.%d.self_attn.k_proj.bias", l), KVD, 0, 0,
+                      HF_MAP_ROPE, &e));
+            e->head_size = (int)HS;
+            CHECK(
+                add(b, DST("h.%d.attn.bv", l), KVD, 0, SRC("layers.%d.self_attn.v_proj.bias", l), KVD, 0, 0, 0, NULL));
+        }
+        if (c->qk_norm) {
+            CHECK(add(b, DST("h.%d.attn.qnorm", l), HS, 0, SRC("layers.%d.self_attn.q_norm.weight", l), HS, 0, 0,
+                      HF_MAP_ROPE, &e));
+            e->head_size = (int)HS;
+            CHECK(add(b, DST("h.%d.attn.knorm", l), HS, 0, SRC("layers.%d.self_attn.k_norm.weight", l), HS, 0, 0,
+                      HF_MAP_ROPE, &e));
+            e->head_size = (int)HS;
+        }
         CHECK(add(b, DST("h.%d.attn.wo", l), C, QD, SRC("layers.%d.self_attn.o_proj.weight", l), C, QD, 0, 0, NULL));
         CHECK(
             add(b, DST("h.%d.ln2.w", l), C, 0, SRC("layers.%d.post_attention_layernorm.weight", l), C, 0, 0, 0, NULL));
@@ -114,7 +134,8 @@ static status_t map_llama_hf(map_builder_t *b, const model_config_t *c)
         CHECK(add(b, DST("h.%d.mlp.wproj", l), C, F, SRC("layers.%d.mlp.down_proj.weight", l), C, F, 0, 0, NULL));
     }
     CHECK(add(b, "lnf.w", C, 0, SRC("%s", "norm.weight"), C, 0, 0, 0, NULL));
-    CHECK(add(b, "lm_head.w", V, C, "lm_head.weight", V, C, 0, HF_MAP_VOCAB, NULL));
+    if (!c->tie_embed) /* tied: the head is tok_emb, and lm_head.weight, if stored, must equal it */
+        CHECK(add(b, "lm_head.w", V, C, "lm_head.weight", V, C, 0, HF_MAP_VOCAB, NULL));
 #undef SRC
 #undef DST
     return STATUS_OK;

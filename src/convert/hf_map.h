@@ -35,25 +35,30 @@
  *  (head)            tied to wte; an lm_head.weight in the file must equal wte
  *  (T: HF_MAP_TRANSPOSE; GELU is the tanh form, HF "gelu_new")
  *
- *  dtrain            HF LlamaForCausalLM (and Llama-shaped Mistral)
+ *  dtrain            HF LlamaForCausalLM (and Llama-shaped Mistral, Qwen2, Qwen3)
  *  tok_emb [V,C]     model.embed_tokens.weight
  *  h.l.ln1.w         model.layers.l.input_layernorm.weight
  *  h.l.attn.wq       model.layers.l.self_attn.q_proj.weight   R
  *  h.l.attn.wk       model.layers.l.self_attn.k_proj.weight   R
  *  h.l.attn.wv       model.layers.l.self_attn.v_proj.weight
+ *  h.l.attn.bq/bk/bv model.layers.l.self_attn.q/k/v_proj.bias   R (q, k)  (Qwen2)
+ *  h.l.attn.qnorm    model.layers.l.self_attn.q_norm.weight   R          (Qwen3)
+ *  h.l.attn.knorm    model.layers.l.self_attn.k_norm.weight   R          (Qwen3)
  *  h.l.attn.wo       model.layers.l.self_attn.o_proj.weight
  *  h.l.ln2.w         model.layers.l.post_attention_layernorm.weight
  *  h.l.mlp.wgate     model.layers.l.mlp.gate_proj.weight
  *  h.l.mlp.wup       model.layers.l.mlp.up_proj.weight
  *  h.l.mlp.wproj     model.layers.l.mlp.down_proj.weight
  *  lnf.w             model.norm.weight
- *  lm_head.w         lm_head.weight (untied)
+ *  lm_head.w         lm_head.weight (untied; tie_word_embeddings: none, the head is tok_emb)
  *  (R: HF_MAP_ROPE. dtrain rotates interleaved pairs (x[2i], x[2i+1]) of a
  *  head by pos * theta^(-2i/HS); Hugging Face rotates (x[i], x[i+HS/2])
  *  ("rotate_half") by the same angle. So dtrain row h*HS + 2i + j of wq/wk
  *  is HF row h*HS + j*HS/2 + i, for pair i < HS/2, j in {0, 1}. Both put
  *  query head h's rows at [h*HS, (h+1)*HS) and let KV head h / (NH/NKV)
- *  serve it, as HF's repeat_kv does.)
+ *  serve it, as HF's repeat_kv does. The q/k biases and the q/k norm
+ *  weights, one value per such row, are permuted alike; RMSNorm over a
+ *  head does not depend on the order of its elements.)
  *
  * The source names of HF GPT-2 carry "transformer." when saved from
  * GPT2LMHeadModel and nothing when saved from GPT2Model (the hub's gpt2):

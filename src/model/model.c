@@ -159,6 +159,8 @@ static int map_block(const model_t *m, float *flat, size_t base_off, int i, bloc
     h->bqkv = tensor_at(m, flat, base_off, "h.%d.attn.bq", l);
     h->wo = tensor_at(m, flat, base_off, "h.%d.attn.wo", l);
     h->bo = tensor_at(m, flat, base_off, "h.%d.attn.bo", l);
+    h->qnorm = tensor_at(m, flat, base_off, "h.%d.attn.qnorm", l);
+    h->knorm = tensor_at(m, flat, base_off, "h.%d.attn.knorm", l);
     h->ln2w = tensor_at(m, flat, base_off, "h.%d.ln2.w", l);
     h->ln2b = tensor_at(m, flat, base_off, "h.%d.ln2.b", l);
     h->wfc = tensor_at(m, flat, base_off, gpt ? "h.%d.mlp.wfc" : "h.%d.mlp.wgate", l);
@@ -169,8 +171,8 @@ static int map_block(const model_t *m, float *flat, size_t base_off, int i, bloc
     if (tensor_at(m, flat, base_off, "h.%d.attn.wk", l) != h->wqkv + QD * C ||
         tensor_at(m, flat, base_off, "h.%d.attn.wv", l) != h->wqkv + (QD + KVD) * C)
         return -1;
-    if (gpt && (tensor_at(m, flat, base_off, "h.%d.attn.bk", l) != h->bqkv + QD ||
-                tensor_at(m, flat, base_off, "h.%d.attn.bv", l) != h->bqkv + QD + KVD))
+    if (h->bqkv && (tensor_at(m, flat, base_off, "h.%d.attn.bk", l) != h->bqkv + QD ||
+                    tensor_at(m, flat, base_off, "h.%d.attn.bv", l) != h->bqkv + QD + KVD))
         return -1;
     if (!gpt && tensor_at(m, flat, base_off, "h.%d.mlp.wup", l) != h->wfc + (size_t)ffn(m) * C)
         return -1;
@@ -185,11 +187,11 @@ static int map_tensors(model_t *m, float *flat, model_tensors_t *t, int compact)
 {
     const model_config_t *c = &m->cfg;
     const int gpt = c->arch == ARCH_GPT2;
-    t->wte = outside_ptr(m, flat, compact, gpt ? "wte" : "tok_emb");
+    t->wte = outside_ptr(m, flat, compact, model_embed_name(c));
     t->wpe = gpt ? outside_ptr(m, flat, compact, "wpe") : NULL;
     t->lnfw = outside_ptr(m, flat, compact, "lnf.w");
     t->lnfb = gpt ? outside_ptr(m, flat, compact, "lnf.b") : NULL;
-    t->head = outside_ptr(m, flat, compact, gpt ? "wte" : "lm_head.w");
+    t->head = outside_ptr(m, flat, compact, model_head_tied(c) ? model_embed_name(c) : "lm_head.w");
     if (!m->lay.part.has_head)
         t->head = NULL;
     if (!m->lay.part.has_embed)
@@ -235,6 +237,11 @@ static void carve_block(const model_t *m, char *base, size_t *cursor, block_acts
         s->ln1_mean = carve(base, cursor, NR);
         s->ln1_rstd = carve(base, cursor, NR);
         s->qkv = carve(base, cursor, N * (size_t)qkv_width(m));
+        if (m->cfg.qk_norm) {
+            const size_t nqk = (size_t)heads(m) + (size_t)kv_heads(m);
+            s->qk_in = carve(base, cursor, N * nqk * (size_t)model_head_size(&m->cfg));
+            s->qk_rstd = carve(base, cursor, N * nqk);
+        }
         s->lse = carve(base, cursor, LSE);
         s->atty = carve(base, cursor, N * QD);
         s->res2 = carve(base, cursor, NR * C);
@@ -261,6 +268,7 @@ static void carve_block(const model_t *m, char *base, size_t *cursor, block_acts
  * as in model.h, FW = F (GPT-2) or 2F (Llama), big = max(QKV, FW, QD).
  *   core  = 2 r(N*C) + 4 r(NR) + r(N*QKV) + r(B*NH*T) + r(N*QD) + r(NR*C)
  *           + r(N*FW)
+ *           + r(N*(NH+NKV)*HS) + r(N*(NH+NKV))  (qk_norm: q, k before their norms, rstd)
  *   act   = r(N*F)
  *   (--dtype bf16: 2 h(N*C) for ln1 and ln2 in core, act = h(N*F), with
  *   h() below: the matmul-only inputs are kept in bf16)
@@ -270,7 +278,7 @@ static void carve_block(const model_t *m, char *base, size_t *cursor, block_acts
  *   head  = r(N*C) + 2 r(NR) + r(N*Vl) + 2 r(N) + r(2N)  (last stage only)
  *   slot  = r((Ls+1)*NR*C) + Ls*block + head + 2 r(N)  (+ r(N) with doc_mask)
  *   activations = n_slots * slot
- *   workspace   = 3 r(NR*C) + 3 r(N*C) + 2 r(N*big)
+ *   workspace   = 3 r(NR*C) + 3 r(N*C) + 2 r(N*big) + r(HS/2) (Llama: RoPE's table)
  *                 + 0 (none, selective) | core (full)
  *                 + h(N*IC) + h(N*OC)                (--dtype bf16 only)
  *                 + h(WMAX)        (--dtype bf16 with lent block params only)
@@ -327,6 +335,7 @@ static void layout_acts(model_t *m, char *acts, size_t *acts_bytes, char *work, 
     m->dbig2 = carve(work, &w, N * big);
     m->tmp = carve(work, &w, N * C);
     m->lnr = carve(work, &w, NR * C);
+    m->inv_freq = m->cfg.arch == ARCH_LLAMA ? carve(work, &w, (size_t)model_head_size(&m->cfg) / 2) : NULL;
     carve_block(m, work, &w, &m->racts, rc == MODEL_RECOMPUTE_FULL, 0);
     if (m->lay.bf16) {
         /* bf16 GEMM operands: the widest input and output gradient of any
@@ -503,6 +512,19 @@ static void alloc_backend(model_t *m, int slots_ok, char **acts, char **work)
     }
 }
 
+/* The RoPE table computed once on the host, as both backends then read it. */
+static int fill_rope_table(model_t *m)
+{
+    const size_t n = (size_t)model_head_size(&m->cfg) / 2;
+    float *host = malloc(n * sizeof *host);
+    if (!host)
+        return -1;
+    model_rope_inv_freq(&m->cfg, host);
+    m->ops->from_host(m->ops->ctx, m->inv_freq, host, n * sizeof *host);
+    free(host);
+    return 0;
+}
+
 int model_create(model_t *m, const model_config_t *cfg, const ops_t *ops, const model_layout_t *lay, int B, int T,
                  char *err, size_t errlen)
 {
@@ -534,6 +556,11 @@ int model_create(model_t *m, const model_config_t *cfg, const ops_t *ops, const 
         return -1;
     }
     layout_acts(m, acts, &m->act_bytes, work, &m->work_bytes);
+    if (m->inv_freq && fill_rope_table(m) != 0) {
+        snprintf(err, errlen, "out of memory for RoPE's table of %d frequencies", model_head_size(cfg) / 2);
+        model_destroy(m);
+        return -1;
+    }
     if (map_tensors(m, m->params, &m->p, lay->lent_block_params) != 0 ||
         map_tensors(m, m->grads, &m->g, lay->lent_block_grads) != 0) {
         snprintf(err, errlen, "internal error: parameter table does not keep fused tensors adjacent");
@@ -798,8 +825,11 @@ static status_t block_fwd(model_t *m, const block_acts_t *a, const int32_t *pos,
     /* attention sub-block: res2 = x + wo . attn(norm1(x)) */
     CHECK(norm_fwd_gather(m, ln1, a->ln1_mean, a->ln1_rstd, x, w->ln1w, w->ln1b, N, NR, err, errlen));
     mm_fwd(m, a->qkv, ln1, a->ln1_16, w->wqkv, w->bqkv, N, C, qkv_width(m));
+    /* Qwen3 normalises each q and k head before rotating it */
+    if (c->qk_norm)
+        o->qknorm_fwd(o->ctx, a->qkv, a->qk_in, a->qk_rstd, w->qnorm, w->knorm, N, NH, NKV, HS, c->norm_eps);
     if (c->arch == ARCH_LLAMA)
-        o->rope_fwd(o->ctx, a->qkv, pos, b, t, NH, NKV, HS, c->rope_theta);
+        o->rope_fwd(o->ctx, a->qkv, pos, b, t, NH, NKV, HS, m->inv_freq);
     o->attention_fwd(o->ctx, a->atty, a->lse, a->qkv, pos, b, t, NH, NKV, HS);
     CHECK(row_parallel_fwd(m, a->res2, x, a->atty, NULL, w->wo, w->bo, N, NR, QD, err, errlen));
     /* MLP sub-block: xout = res2 + wproj . act(fc(norm2(res2))) */
@@ -964,6 +994,18 @@ static status_t norm_grads_reduce(model_t *m, float *dw, float *db, int last, ch
     return db ? tp_allreduce(m, db, (size_t)m->cfg.d_model, COMM_SUM, err, errlen) : STATUS_OK;
 }
 
+/* The q/k norm weights are replicated but each TP rank saw only its own
+ * heads: their gradients are partial sums over TP, summed once the step's
+ * last microbatch is in. */
+static status_t qknorm_grads_reduce(model_t *m, const block_tensors_t *g, int last, char *err, size_t errlen)
+{
+    if (tp_size(m) == 1 || !last)
+        return STATUS_OK;
+    const size_t HS = (size_t)model_head_size(&m->cfg);
+    CHECK(tp_allreduce(m, g->qnorm, HS, COMM_SUM, err, errlen));
+    return tp_allreduce(m, g->knorm, HS, COMM_SUM, err, errlen);
+}
+
 static status_t block_bwd(model_t *m, model_slot_t *sl, int i, int accum, int last, char *err, size_t errlen)
 {
     const ops_t *o = m->ops;
@@ -1004,7 +1046,12 @@ static status_t block_bwd(model_t *m, model_slot_t *sl, int i, int accum, int la
     mm_bwd(m, m->dbig, g->wo, g->bo, dout, a->atty, NULL, w->wo, N, QD, C, 0, accum);
     o->attention_bwd(o->ctx, m->dbig2, m->dbig, a->qkv, a->atty, a->lse, slot_pos(sl), b, t, NH, NKV, HS);
     if (!gpt)
-        o->rope_bwd(o->ctx, m->dbig2, slot_pos(sl), b, t, NH, NKV, HS, c->rope_theta);
+        o->rope_bwd(o->ctx, m->dbig2, slot_pos(sl), b, t, NH, NKV, HS, m->inv_freq);
+    if (c->qk_norm) {
+        o->qknorm_bwd(o->ctx, m->dbig2, g->qnorm, g->knorm, a->qk_in, w->qnorm, w->knorm, a->qk_rstd, N, NH, NKV, HS,
+                      accum);
+        CHECK(qknorm_grads_reduce(m, g, last, err, errlen));
+    }
     mm_bwd(m, m->dln, g->wqkv, g->bqkv, m->dbig2, a->ln1, a->ln1_16, w->wqkv, N, C, qkv_width(m), 0, accum);
     CHECK(norm_bwd_reduce(m, g->ln1w, g->ln1b, x, w->ln1w, a->ln1_mean, a->ln1_rstd, N, NR, accum, err, errlen));
     CHECK(norm_grads_reduce(m, g->ln1w, g->ln1b, last, err, errlen));
@@ -1041,7 +1088,7 @@ static status_t embed_bwd(model_t *m, model_slot_t *sl, int accum, char *err, si
     const ops_t *o = m->ops;
     const model_config_t *c = &m->cfg;
     const int gpt = c->arch == ARCH_GPT2, t = sl->t, N = sl->b * t, NR = res_rows(m, N), C = c->d_model;
-    const int wte_has_head = gpt && m->lay.part.has_head;
+    const int wte_has_head = model_head_tied(c) && m->lay.part.has_head;
     double t0 = span_start(m);
     if (gpt && !accum)
         o->zero(o->ctx, m->g.wpe, (size_t)c->max_seq * C * sizeof(float));

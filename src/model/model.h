@@ -35,6 +35,7 @@
  * gate with up following it. NULL where the architecture has no such tensor. */
 typedef struct block_tensors {
     float *ln1w, *ln1b, *wqkv, *bqkv, *wo, *bo;
+    float *qnorm, *knorm; /* [HS] each: Llama with qk_norm (Qwen3) */
     float *ln2w, *ln2b, *wfc, *bfc, *wproj, *bproj;
 } block_tensors_t;
 
@@ -65,7 +66,8 @@ extern const char *const model_recompute_names[];
  * tensors its --recompute mode drops are NULL. */
 typedef struct block_acts {
     float *ln1, *ln1_mean, *ln1_rstd; /* [N,C] (all rows), [NR], [NR] (mean unused by RMSNorm) */
-    float *qkv;                       /* [N,QKV] (Llama: after RoPE) */
+    float *qkv;                       /* [N,QKV] (Llama: after the q/k norms and RoPE) */
+    float *qk_in, *qk_rstd;           /* [N,(NH+NKV)*HS], [N,NH+NKV]: q, k before their norms (qk_norm) */
     float *lse;                       /* [B,NH,T] attention's log-sum-exp per query row */
     float *atty;                      /* [N,QD] attention output before wo */
     float *res2;                      /* [NR,C] residual after attention */
@@ -147,8 +149,9 @@ typedef struct model {
     float *dln;   /* [N,C] */
     float *dlnr;  /* [NR,C] this rank's rows of dln after reduce-scatter */
     float *dbig, *dbig2;
-    float *tmp; /* [N,C] row-parallel partial sums before reduce-scatter */
-    float *lnr; /* [NR,C] a norm's output rows before all-gather */
+    float *inv_freq; /* [HS/2] RoPE's inverse frequencies, scaling applied (Llama; model_rope_inv_freq) */
+    float *tmp;      /* [N,C] row-parallel partial sums before reduce-scatter */
+    float *lnr;      /* [NR,C] a norm's output rows before all-gather */
     /* --recompute: where the dropped tensors of the block being computed
      * live (FULL: all of block_acts_t; SELECTIVE: none). fc_act is never
      * here: it goes to dbig2, free from the activation function's backward

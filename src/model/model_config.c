@@ -1,7 +1,10 @@
 #include "src/model/model_config.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
+
+#include "base/ops_math.h"
 
 /* Shapes follow the published models; the small ones are sized to train in
  * minutes on two cores: tiny and tiny-llama with the byte tokenizer,
@@ -93,6 +96,56 @@ static const model_preset_t presets[] = {
       .max_seq = 4096,
       .norm_eps = 1e-5f,
       .rope_theta = 10000.0f}},
+    /* The small real models of issue 39, shapes as their Hugging Face
+     * config.json files give them; all three tie the output head to the
+     * embedding. */
+    {"llama3.2-1b",
+     "Llama 3.2 1B: 16 layers, d_model 2048, 32 heads, 8 KV heads, FFN 8192, vocab 128256, llama3 RoPE scaling",
+     {.arch = ARCH_LLAMA,
+      .vocab_size = 128256,
+      .n_layer = 16,
+      .n_head = 32,
+      .n_kv_head = 8,
+      .d_model = 2048,
+      .d_ff = 8192,
+      .max_seq = 131072,
+      .norm_eps = 1e-5f,
+      .rope_theta = 500000.0f,
+      .rope_scaling = ROPE_SCALING_LLAMA3,
+      .rope_factor = 32.0f,
+      .rope_low_freq_factor = 1.0f,
+      .rope_high_freq_factor = 4.0f,
+      .rope_original_max_seq = 8192,
+      .tie_embed = 1}},
+    {"qwen2.5-0.5b",
+     "Qwen2.5 0.5B: 24 layers, d_model 896, 14 heads, 2 KV heads, FFN 4864, vocab 151936, q/k/v biases",
+     {.arch = ARCH_LLAMA,
+      .vocab_size = 151936,
+      .n_layer = 24,
+      .n_head = 14,
+      .n_kv_head = 2,
+      .d_model = 896,
+      .d_ff = 4864,
+      .max_seq = 32768,
+      .norm_eps = 1e-6f,
+      .rope_theta = 1000000.0f,
+      .attn_bias = 1,
+      .tie_embed = 1}},
+    {"qwen3-0.6b",
+     "Qwen3 0.6B: 28 layers, d_model 1024, 16 heads of 128, 8 KV heads, FFN 3072, vocab 151936, q/k norms",
+     {.arch = ARCH_LLAMA,
+      .vocab_size = 151936,
+      .n_layer = 28,
+      .n_head = 16,
+      .n_kv_head = 8,
+      .d_model = 1024,
+      .d_ff = 3072,
+      .head_dim = 128,
+      .max_seq = 40960,
+      .norm_eps = 1e-6f,
+      .rope_theta = 1000000.0f,
+      .qk_norm = 1,
+      .tie_embed = 1}},
     {NULL, NULL, {0}},
 };
 /* clang-format on */
@@ -109,10 +162,101 @@ const model_preset_t *model_preset_find(const char *name)
 
 const char *model_arch_name(model_arch_t a) { return a == ARCH_LLAMA ? "llama" : "gpt2"; }
 
+static const char *const rope_scaling_names[] = {
+    [ROPE_SCALING_NONE] = "none", [ROPE_SCALING_LINEAR] = "linear", [ROPE_SCALING_LLAMA3] = "llama3"};
+
+const char *model_rope_scaling_name(rope_scaling_t s)
+{
+    return s >= ROPE_SCALING_NONE && s <= ROPE_SCALING_LLAMA3 ? rope_scaling_names[s] : "?";
+}
+
+int model_rope_scaling_of(const char *name)
+{
+    for (int s = ROPE_SCALING_NONE; s <= ROPE_SCALING_LLAMA3; s++)
+        if (strcmp(name, rope_scaling_names[s]) == 0)
+            return s;
+    return -1;
+}
+
+/* Llama 3.1's scaling of one inverse frequency f, step by step as HF's
+ * _compute_llama3_parameters does it in float32: wavelengths 2 pi / f
+ * above old / low_freq_factor are divided by factor, those below old /
+ * high_freq_factor kept, and the band between blends the two by how
+ * many turns the original context holds. */
+static float llama3_inv_freq(const model_config_t *c, float f)
+{
+    const double old = (double)c->rope_original_max_seq;
+    const double low_wavelen = old / (double)c->rope_low_freq_factor;
+    const double high_wavelen = old / (double)c->rope_high_freq_factor;
+    const float wavelen = (float)(2.0 * M_PI) / f;
+    if ((double)wavelen > low_wavelen)
+        return f / c->rope_factor;
+    if ((double)wavelen < high_wavelen)
+        return f;
+    const float smooth =
+        ((float)old / wavelen - c->rope_low_freq_factor) / (c->rope_high_freq_factor - c->rope_low_freq_factor);
+    return (1.0f - smooth) * f / c->rope_factor + smooth * f;
+}
+
+void model_rope_inv_freq(const model_config_t *c, float *inv_freq)
+{
+    const int HS = model_head_size(c);
+    for (int i = 0; i < HS / 2; i++) {
+        const float f = dt_rope_inv_freq(i, HS, c->rope_theta);
+        inv_freq[i] = c->rope_scaling == ROPE_SCALING_LINEAR   ? f / c->rope_factor
+                      : c->rope_scaling == ROPE_SCALING_LLAMA3 ? llama3_inv_freq(c, f)
+                                                               : f;
+    }
+}
+
+const char *model_config_extras(const model_config_t *c, char *buf, size_t len)
+{
+    char scaling[64] = "";
+    if (c->rope_scaling != ROPE_SCALING_NONE)
+        snprintf(scaling, sizeof scaling, " rope_scaling=%s(factor %g)", model_rope_scaling_name(c->rope_scaling),
+                 (double)c->rope_factor);
+    char hd[32] = "";
+    if (c->head_dim)
+        snprintf(hd, sizeof hd, " head_dim=%d", c->head_dim);
+    snprintf(buf, len, "%s%s%s%s%s", hd, c->attn_bias ? " qkv_bias" : "", c->qk_norm ? " qk_norm" : "", scaling,
+             c->tie_embed ? " tied_head" : "");
+    return buf;
+}
+
+/* The scaling's parameters are usable: positive factors, llama3's high
+ * frequency factor above its low one (the blend divides by their
+ * difference). */
+static int rope_scaling_check(const model_config_t *c, char *err, size_t errlen)
+{
+    if (c->rope_scaling == ROPE_SCALING_NONE)
+        return 0;
+    if (c->arch != ARCH_LLAMA || c->rope_scaling > ROPE_SCALING_LLAMA3 || !(c->rope_factor > 0)) {
+        snprintf(err, errlen, "rope scaling %s needs the Llama architecture and a positive factor (%g)",
+                 model_rope_scaling_name(c->rope_scaling), (double)c->rope_factor);
+        return -1;
+    }
+    if (c->rope_scaling == ROPE_SCALING_LLAMA3 &&
+        (!(c->rope_low_freq_factor > 0) || !(c->rope_high_freq_factor > c->rope_low_freq_factor) ||
+         c->rope_original_max_seq <= 0)) {
+        snprintf(err, errlen,
+                 "llama3 rope scaling needs 0 < low_freq_factor (%g) < high_freq_factor (%g) and a positive "
+                 "original_max_position_embeddings (%d)",
+                 (double)c->rope_low_freq_factor, (double)c->rope_high_freq_factor, c->rope_original_max_seq);
+        return -1;
+    }
+    return 0;
+}
+
 int model_config_check(const model_config_t *c, char *err, size_t errlen)
 {
-    if (c->n_head <= 0 || c->d_model <= 0 || c->d_model % c->n_head != 0) {
+    if (c->n_head <= 0 || c->d_model <= 0 || (!c->head_dim && c->d_model % c->n_head != 0)) {
         snprintf(err, errlen, "--d-model %d must be a positive multiple of --n-head %d", c->d_model, c->n_head);
+        return -1;
+    }
+    if (c->head_dim < 0 || (c->head_dim && c->arch != ARCH_LLAMA) || (int64_t)c->head_dim * c->n_head > (1 << 30)) {
+        snprintf(err, errlen,
+                 "head_dim %d: a head size of its own is for the Llama architecture, and below 2^30 / n_head",
+                 c->head_dim);
         return -1;
     }
     if (c->n_kv_head <= 0 || c->n_head % c->n_kv_head != 0) {
@@ -132,5 +276,16 @@ int model_config_check(const model_config_t *c, char *err, size_t errlen)
         snprintf(err, errlen, "--n-layer, --d-ff, --max-seq-len must be positive and --vocab-size above 1");
         return -1;
     }
-    return 0;
+    if (c->arch == ARCH_GPT2 && (c->attn_bias || c->qk_norm || c->tie_embed)) {
+        snprintf(err, errlen,
+                 "attention biases, q/k norms and a tie flag are options of the Llama architecture (GPT-2's head is "
+                 "always tied)");
+        return -1;
+    }
+    if (c->attn_bias && c->qk_norm) {
+        snprintf(err, errlen,
+                 "q/k/v biases with q/k norms: no Hugging Face model has both (Qwen2 has the biases, Qwen3 the norms)");
+        return -1;
+    }
+    return rope_scaling_check(c, err, errlen);
 }

@@ -108,10 +108,17 @@ static status_t add_block(table_builder_t *b, const model_config_t *c, int l, fl
     CHECK(add_param(b, l, "attn.wq", 2, QD, C, TP_SPLIT_ROWS, INIT_NORMAL, std));
     CHECK(add_param(b, l, "attn.wk", 2, KVD, C, TP_SPLIT_ROWS, INIT_NORMAL, std));
     CHECK(add_param(b, l, "attn.wv", 2, KVD, C, TP_SPLIT_ROWS, INIT_NORMAL, std));
-    if (c->arch == ARCH_GPT2) {
+    /* GPT-2's and Qwen2's q, k, v biases: split with their weights' rows */
+    if (c->arch == ARCH_GPT2 || c->attn_bias) {
         CHECK(add_param(b, l, "attn.bq", 1, QD, 1, TP_SPLIT_ROWS, INIT_ZEROS, 0));
         CHECK(add_param(b, l, "attn.bk", 1, KVD, 1, TP_SPLIT_ROWS, INIT_ZEROS, 0));
         CHECK(add_param(b, l, "attn.bv", 1, KVD, 1, TP_SPLIT_ROWS, INIT_ZEROS, 0));
+    }
+    /* Qwen3's per-head q and k norms: one [HS] weight each, shared by the
+     * heads, so every TP rank holds all of it */
+    if (c->qk_norm) {
+        CHECK(add_param(b, l, "attn.qnorm", 1, HS, 1, TP_SPLIT_NONE, INIT_ONES, 0));
+        CHECK(add_param(b, l, "attn.knorm", 1, HS, 1, TP_SPLIT_NONE, INIT_ONES, 0));
     }
     CHECK(add_param(b, l, "attn.wo", 2, C, QD, TP_SPLIT_COLS, INIT_NORMAL, std_out));
     if (c->arch == ARCH_GPT2)
@@ -135,15 +142,14 @@ static status_t add_head(table_builder_t *b, const model_config_t *c, int has_em
 {
     const int64_t C = c->d_model, V = c->vocab_size, L = c->n_layer;
     CHECK(add_param(b, (int)L, "lnf.w", 1, C, 1, TP_SPLIT_NONE, INIT_ONES, 0));
-    if (c->arch == ARCH_GPT2) {
+    if (c->arch == ARCH_GPT2)
         CHECK(add_param(b, (int)L, "lnf.b", 1, C, 1, TP_SPLIT_NONE, INIT_ZEROS, 0));
-        /* the tied head: a copy of wte when the embedding is on another stage */
-        if (!has_embed) {
-            CHECK(add_param(b, (int)L, "wte", 2, V, C, TP_SPLIT_VOCAB, INIT_NORMAL, std));
-            b->t->p[b->t->n - 1].tied_copy = 1;
-        }
-    } else {
-        CHECK(add_param(b, (int)L, "lm_head.w", 2, V, C, TP_SPLIT_VOCAB, INIT_NORMAL, std));
+    if (!model_head_tied(c))
+        return add_param(b, (int)L, "lm_head.w", 2, V, C, TP_SPLIT_VOCAB, INIT_NORMAL, std);
+    /* the tied head: a copy of the embedding when that is on another stage */
+    if (!has_embed) {
+        CHECK(add_param(b, (int)L, model_embed_name(c), 2, V, C, TP_SPLIT_VOCAB, INIT_NORMAL, std));
+        b->t->p[b->t->n - 1].tied_copy = 1;
     }
     return STATUS_OK;
 }

@@ -409,7 +409,7 @@ static void stage_dp(const plan_in_t *in, int s, stage_plan_t *sp)
     sp->t_dp_exposed = (overlapped > overlap_win ? overlapped - overlap_win : 0.0) + exposed_only;
 
     /* GPT-2's tied embedding: the first and last stage sum wte's gradient */
-    if (c->arch == ARCH_GPT2 && in->run.pp > 1 && (s == 0 || last)) {
+    if (model_head_tied(c) && in->run.pp > 1 && (s == 0 || last)) {
         const double Vl = (double)param_padded_vocab(c->vocab_size, in->run.tp) / in->run.tp;
         const double len = in->run.zero_stage >= 2 ? div_up(Vl * C, S) : Vl * C;
         sp->embed_bytes = len * gbytes;
@@ -681,9 +681,10 @@ static void print_plan_header(const plan_t *p, const run_options_t *o, FILE *out
     const hw_profile_t *hw = in->hw;
     char b1[32], b2[32];
     const double peak = in->bf16 ? hw->peak_bf16 : hw->peak_fp32;
-    fprintf(out, "dtrain plan: model %s (%s): L=%d C=%d heads=%d kv_heads=%d ffn=%d vocab=%d | %zu parameters\n",
+    char extras[128];
+    fprintf(out, "dtrain plan: model %s (%s): L=%d C=%d heads=%d kv_heads=%d ffn=%d vocab=%d%s | %zu parameters\n",
             o->model, model_arch_name(c->arch), c->n_layer, c->d_model, c->n_head, c->n_kv_head, c->d_ff, c->vocab_size,
-            p->params_total);
+            model_config_extras(c, extras, sizeof extras), p->params_total);
     fprintf(out, "layout: tp %d x pp %d x dp %d = %d ranks | zero %d", in->run.tp, in->run.pp, in->run.dp,
             in->run.tp * in->run.pp * in->run.dp, in->run.zero_stage);
     if (in->run.zero_stage > 0)

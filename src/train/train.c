@@ -70,9 +70,10 @@ void trainer_banner(const trainer_t *tr, FILE *out)
         fprintf(out, "\n");
     }
     tr->sync.ops->banner(&tr->sync, out, ddp_mode_names[tr->run->ddp_mode], comm_dtype_names[tr->run->grad_dtype]);
-    fprintf(out, "model %s (%s): L=%d C=%d heads=%d kv_heads=%d ffn=%d vocab=%d | %zu parameters\n", o->model,
+    char extras[128];
+    fprintf(out, "model %s (%s): L=%d C=%d heads=%d kv_heads=%d ffn=%d vocab=%d%s | %zu parameters\n", o->model,
             model_arch_name(c->arch), c->n_layer, c->d_model, c->n_head, c->n_kv_head, c->d_ff, c->vocab_size,
-            model_params_total(c));
+            model_config_extras(c, extras, sizeof extras), model_params_total(c));
     fprintf(out, "batch: micro %d x seq %d, %d microbatch%s per step x dp %d = %d tokens per step\n", o->micro_batch,
             o->seq_len, tr->accum, tr->accum == 1 ? "" : "es", tr->grid->dp_size,
             o->micro_batch * o->seq_len * tr->accum * tr->grid->dp_size);

@@ -552,8 +552,8 @@ static int setup_model(trainer_t *tr, model_layout_t lay, const dpsync_ops_t *ki
      * first stage's wte and the last stage's copy, summed over the
      * embedding group */
     tr->tied = -1;
-    if (tr->cfg.arch == ARCH_GPT2 && grid->pp_size > 1 && grid->embed)
-        tr->tied = param_table_find(t, "wte");
+    if (model_head_tied(&tr->cfg) && grid->pp_size > 1 && grid->embed)
+        tr->tied = param_table_find(t, model_embed_name(&tr->cfg));
     return 0;
 }
 

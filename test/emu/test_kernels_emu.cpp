@@ -237,11 +237,15 @@ static void test_attention(int B, int T, int NH, int NKV, int HS, std::vector<in
     const int32_t *pos = docs.empty() ? NULL : posv.data();
     std::vector<float> qkv = rvec(N * R, -2.0f, 2.0f), dout = rvec(N * OC, -1.0f, 1.0f);
     if (pos) {
-        std::vector<float> rq = qkv;
+        std::vector<float> rq = qkv, freq((size_t)HS / 2);
+        /* theta 10000, the upper half of the pairs slowed 8x like a scaled table */
+        for (int i = 0; i < HS / 2; i++)
+            freq[(size_t)i] = dt_rope_inv_freq(i, HS, 10000.0f) / (2 * i >= HS / 2 ? 8.0f : 1.0f);
         float *pq = qkv.data();
-        cpu->rope_fwd(cpu->ctx, rq.data(), pos, B, T, NH, NKV, HS, 10000.0f);
+        const float *pf = freq.data();
+        cpu->rope_fwd(cpu->ctx, rq.data(), pos, B, T, NH, NKV, HS, pf);
         launch(dim3(grid_for(N * (size_t)(NH + NKV) * (size_t)(HS / 2), THREADS)), THREADS, false,
-               [=] { k_rope(pq, pos, (int)N, T, NH, NKV, HS, 10000.0f, 1.0f); });
+               [=] { k_rope(pq, pos, (int)N, T, NH, NKV, HS, pf, 1.0f); });
         check("rope_fwd", shape, qkv.data(), rq.data(), qkv.size(), TOL);
         qkv = rq;
     }
@@ -323,6 +327,47 @@ static void test_norms(int N, int C)
         check(what, shape, din.data(), rdin.data(), n, TOL);
         snprintf(what, sizeof what, "rmsnorm_bwd dw%s", a);
         check(what, shape, dw.data(), rdw.data(), C, TOL);
+    }
+}
+
+/* ---- q/k norms (Qwen3): the launches of the wrappers ---- */
+static void test_qknorm(int N, int NH, int NKV, int HS)
+{
+    char shape[64];
+    snprintf(shape, sizeof shape, "N=%d NH=%d NKV=%d HS=%d", N, NH, NKV, HS);
+    const float eps = 1e-6f;
+    const int nqk = NH + NKV, R = (NH + 2 * NKV) * HS;
+    const size_t n = (size_t)N * R, ns = (size_t)N * nqk * HS;
+    std::vector<float> x = rvec(n, -2.0f, 2.0f), wq = rvec(HS, 0.5f, 1.5f), wk = rvec(HS, 0.5f, 1.5f);
+    std::vector<float> dout = rvec(n, -1.0f, 1.0f), dw0 = rvec(HS, -1, 1);
+    const int nk = col_chunks(N), cb = (HS + THREADS - 1) / THREADS, rows = col_rows(N);
+    const float *pwq = wq.data(), *pwk = wk.data();
+    std::vector<float> y = x, ry = x, xin(ns), rxin(ns), rstd((size_t)N * nqk), rrstd((size_t)N * nqk);
+    cpu->qknorm_fwd(cpu->ctx, ry.data(), rxin.data(), rrstd.data(), pwq, pwk, N, NH, NKV, HS, eps);
+    float *py = y.data(), *pxin = xin.data(), *pr = rstd.data();
+    launch(dim3(N * nqk), THREADS, true, [=] { k_qknorm_fwd(py, pxin, pr, pwq, pwk, NH, nqk, R, HS, eps); });
+    check("qknorm_fwd qkv", shape, y.data(), ry.data(), n, TOL);
+    check("qknorm_fwd xin", shape, xin.data(), rxin.data(), ns, TOL);
+    check("qknorm_fwd rstd", shape, rstd.data(), rrstd.data(), (size_t)N * nqk, TOL);
+    for (int accum = 0; accum < 2; accum++) {
+        std::vector<float> g = dout, rg = dout, dwq = dw0, dwk = dw0, rdwq = dw0, rdwk = dw0;
+        cpu->qknorm_bwd(cpu->ctx, rg.data(), rdwq.data(), rdwk.data(), rxin.data(), pwq, pwk, rrstd.data(), N, NH, NKV,
+                        HS, accum);
+        std::vector<float> part(2 * (size_t)nk * HS + 1);
+        float *pp = part.data(), *pg = g.data(), *pdq = dwq.data(), *pdk = dwk.data();
+        const float *cx = rxin.data(), *cr = rrstd.data();
+        launch(dim3(cb, nk, 2), THREADS, false, [=] { k_qknorm_dw_part(pp, pg, cx, cr, N, NH, nqk, R, HS, rows); });
+        launch(dim3(cb), THREADS, false, [=] { k_colsum_fold(pdq, pp, nk, HS, accum); });
+        launch(dim3(cb), THREADS, false, [=] { k_colsum_fold(pdk, pp + (size_t)nk * HS, nk, HS, accum); });
+        launch(dim3(N * nqk), THREADS, true, [=] { k_qknorm_bwd_dx(pg, cx, pwq, pwk, cr, NH, nqk, R, HS); });
+        const char *a = accum ? " (accum)" : "";
+        char what[64];
+        snprintf(what, sizeof what, "qknorm_bwd dqkv%s", a);
+        check(what, shape, g.data(), rg.data(), n, TOL);
+        snprintf(what, sizeof what, "qknorm_bwd dwq%s", a);
+        check(what, shape, dwq.data(), rdwq.data(), HS, TOL);
+        snprintf(what, sizeof what, "qknorm_bwd dwk%s", a);
+        check(what, shape, dwk.data(), rdwk.data(), HS, TOL);
     }
 }
 
@@ -479,8 +524,11 @@ int main(void)
     test_attention(2, 100, 4, 2, 16, {1, 37, 5, 70});
     test_attention(1, 97, 2, 1, 70, {40, 1, 30});
     test_attention(1, 70, 2, 2, 6, {3});
-    test_norms(5, 300);  /* C over THREADS: two column blocks */
-    test_norms(130, 24); /* two row chunks */
+    test_norms(5, 300);        /* C over THREADS: two column blocks */
+    test_norms(130, 24);       /* two row chunks */
+    test_qknorm(5, 4, 2, 16);  /* GQA heads */
+    test_qknorm(130, 2, 1, 6); /* two row chunks */
+    test_qknorm(3, 1, 1, 300); /* HS over THREADS */
     test_xent(6, 300, 304, 0, false);
     test_xent(5, 37, 40, 20, true);
     test_embedding(3, 50, 20, 0, 40, true);       /* N > 128 */

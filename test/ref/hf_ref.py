@@ -4,7 +4,8 @@ a PyTorch model written to Hugging Face's modelling conventions computes
 on them. Independent of dtrain's code and of the transformers and
 safetensors packages: the files are written from the formats' specs.
 
-    hf_ref.py write --arch gpt2|llama --out DIR [--dtype f32|bf16|f16]
+    hf_ref.py write --arch gpt2|llama|llama3|llama-linear|qwen2|qwen2-tied|qwen3 --out DIR
+                    [--dtype f32|bf16|f16]
                     [--shards N] [--mutate transpose|rope] [--llmc FILE
                     --llmc-version 3|5] [--tokens FILE] [--seed S]
                     [--B 2 --T 16 --batches 4] [--big]
@@ -13,7 +14,10 @@ writes DIR/config.json and DIR/model.safetensors (or N shards with
 model.safetensors.index.json) holding random weights under Hugging Face's
 names, with --llmc also llm.c's gpt2 model file of the same weights, and
 with --tokens an llm.c token shard of --batches x --B sequences of --T + 1
-random tokens. DIR/ref.json gets the loss of each microbatch and their
+random tokens. llama3 and llama-linear are Llama with rope_scaling
+(Llama 3.1's and linear), qwen2 Qwen2 (q/k/v biases; qwen2-tied with
+tie_word_embeddings and no lm_head.weight, as Qwen2.5 0.5B), qwen3 Qwen3
+(q/k norms, a head_dim of its own). DIR/ref.json gets the loss of each microbatch and their
 mean ("loss"), which is how dtrain's val_loss averages, in float64 from
 the weights as stored (bf16/fp16 rounded). Prints the mean.
 
@@ -61,6 +65,22 @@ SHAPES = {
     "gpt2": dict(vocab=300, C=64, NH=4, L=2, Fm=256, S=64, eps=1e-5),
     "llama": dict(vocab=300, C=64, NH=4, NKV=2, L=2, Fm=160, S=64, eps=1e-5, theta=50000.0),
 }
+# Llama-shaped variants: Llama 3.1's rope_scaling (an original context of
+# 64 puts the head's 8 frequencies in all three of its bands: kept,
+# blended, divided by factor), linear scaling, Qwen2 (q/k/v biases; a
+# sliding_window that use_sliding_window false turns off), Qwen3 (per-head
+# q/k norms, head_dim 32 while hidden_size / heads is 16)
+LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                  "original_max_position_embeddings": 64}
+VARIANTS = {
+    "llama3": dict(scaling=LLAMA3_SCALING),
+    "llama-linear": dict(scaling={"type": "linear", "factor": 4.0}),
+    "qwen2": dict(bias=True),
+    "qwen2-tied": dict(bias=True, tied=True),
+    "qwen3": dict(qknorm=True, HS=32),
+}
+for _v, _x in VARIANTS.items():
+    SHAPES[_v] = dict(SHAPES["llama"], **_x)
 BIG = {"gpt2": dict(vocab=50257, C=256, NH=4, L=2, Fm=1024, S=64, eps=1e-5)}
 
 
@@ -144,9 +164,14 @@ def gpt2_weights(s, rng):
     return W
 
 
+def head_size(s):
+    return s.get("HS") or s["C"] // s["NH"]
+
+
 def llama_weights(s, rng):
-    """HF LlamaForCausalLM: nn.Linear [out, in], q/k rows in rotate-half order."""
-    C, Fm, V, HS = s["C"], s["Fm"], s["vocab"], s["C"] // s["NH"]
+    """HF LlamaForCausalLM: nn.Linear [out, in], q/k rows in rotate-half order;
+    Qwen2 adds q/k/v biases, Qwen3 q_norm/k_norm weights [HS]."""
+    C, Fm, V, HS = s["C"], s["Fm"], s["vocab"], head_size(s)
     w = lambda *shape: (0.3 * rng.standard_normal(shape)).astype(np.float32)
     vec = lambda n: (1.0 + 0.1 * (2 * rng.random(n) - 1)).astype(np.float32)
     W = {"model.embed_tokens.weight": w(V, C)}
@@ -156,13 +181,20 @@ def llama_weights(s, rng):
         W[p + "self_attn.q_proj.weight"] = w(s["NH"] * HS, C)
         W[p + "self_attn.k_proj.weight"] = w(s["NKV"] * HS, C)
         W[p + "self_attn.v_proj.weight"] = w(s["NKV"] * HS, C)
+        if s.get("bias"):
+            for x, n in (("q", s["NH"]), ("k", s["NKV"]), ("v", s["NKV"])):
+                W[p + "self_attn.%s_proj.bias" % x] = w(n * HS)
+        if s.get("qknorm"):
+            W[p + "self_attn.q_norm.weight"] = (0.5 + rng.random(HS)).astype(np.float32)
+            W[p + "self_attn.k_norm.weight"] = (0.5 + rng.random(HS)).astype(np.float32)
         W[p + "self_attn.o_proj.weight"] = w(C, s["NH"] * HS) / 2
         W[p + "post_attention_layernorm.weight"] = vec(C)
         W[p + "mlp.gate_proj.weight"] = w(Fm, C)
         W[p + "mlp.up_proj.weight"] = w(Fm, C)
         W[p + "mlp.down_proj.weight"] = w(C, Fm) / 2
     W["model.norm.weight"] = vec(C)
-    W["lm_head.weight"] = w(V, C)
+    if not s.get("tied"):  # tie_word_embeddings: the head is embed_tokens, not stored
+        W["lm_head.weight"] = w(V, C)
     return W
 
 
@@ -174,12 +206,20 @@ def gpt2_config(s):
 
 
 def llama_config(s):
-    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": s["vocab"],
-            "hidden_size": s["C"], "intermediate_size": s["Fm"], "num_hidden_layers": s["L"],
-            "num_attention_heads": s["NH"], "num_key_value_heads": s["NKV"], "hidden_act": "silu",
-            "max_position_embeddings": s["S"], "rms_norm_eps": s["eps"], "rope_theta": s["theta"],
-            "rope_scaling": None, "tie_word_embeddings": False, "attention_bias": False,
-            "torch_dtype": "float32"}
+    c = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": s["vocab"],
+         "hidden_size": s["C"], "intermediate_size": s["Fm"], "num_hidden_layers": s["L"],
+         "num_attention_heads": s["NH"], "num_key_value_heads": s["NKV"], "hidden_act": "silu",
+         "max_position_embeddings": s["S"], "rms_norm_eps": s["eps"], "rope_theta": s["theta"],
+         "rope_scaling": s.get("scaling"), "tie_word_embeddings": bool(s.get("tied")), "attention_bias": False,
+         "torch_dtype": "float32"}
+    if s.get("bias"):  # Qwen2Config: no attention_bias key, the biases are the architecture's
+        del c["attention_bias"]
+        c.update(architectures=["Qwen2ForCausalLM"], model_type="qwen2", use_sliding_window=False,
+                 sliding_window=s["S"] // 2, max_window_layers=1)
+    if s.get("qknorm"):
+        c.update(architectures=["Qwen3ForCausalLM"], model_type="qwen3", head_dim=head_size(s),
+                 use_sliding_window=False, sliding_window=None)
+    return c
 
 
 # ---- the models, to Hugging Face's modelling conventions (float64) -----------
@@ -219,16 +259,42 @@ def rotate_half(x):
     return torch.cat((-x2, x1), dim=-1)
 
 
+def rope_inv_freq(s, HS):
+    """modeling_rope_utils: _compute_default_rope_parameters, then
+    _compute_linear_scaling_rope_parameters (inv_freq / factor) or
+    _compute_llama3_parameters (low frequencies / factor, high ones kept,
+    the band between blended), here in float64."""
+    inv_freq = 1.0 / (s["theta"] ** (torch.arange(0, HS, 2, dtype=DT) / HS))
+    sc = s.get("scaling")
+    if not sc:
+        return inv_freq
+    kind = sc.get("rope_type", sc.get("type"))
+    if kind == "linear":
+        return inv_freq / sc["factor"]
+    assert kind == "llama3"
+    factor, low, high = sc["factor"], sc["low_freq_factor"], sc["high_freq_factor"]
+    old = sc["original_max_position_embeddings"]
+    low_freq_wavelen, high_freq_wavelen = old / low, old / high
+    wavelen = 2 * math.pi / inv_freq
+    inv_freq_llama = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth_factor = (old / wavelen - low) / (high - low)
+    smoothed = (1 - smooth_factor) * inv_freq_llama / factor + smooth_factor * inv_freq_llama
+    is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium, smoothed, inv_freq_llama)
+
+
 def llama_forward(s, W, tok):
     """modeling_llama: RMSNorm, rotate-half RoPE (cos/sin of cat(freqs, freqs)),
-    repeat_kv for GQA, SwiGLU MLP, untied lm_head."""
+    repeat_kv for GQA, SwiGLU MLP, untied lm_head; modeling_qwen2: q/k/v
+    projections with biases; modeling_qwen3: q_norm/k_norm, RMSNorms over
+    each head's head_dim, on q and k before RoPE."""
     B, T = tok.shape
     C, NH, NKV = s["C"], s["NH"], s["NKV"]
-    HS = C // NH
+    HS = head_size(s)
     g = lambda n: W["model." + n]
-    lin = lambda x, n: x @ g(n + ".weight").T
+    lin = lambda x, n: x @ g(n + ".weight").T + (g(n + ".bias") if "model." + n + ".bias" in W else 0.0)
     rms = lambda x, n: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + s["eps"]) * g(n + ".weight")
-    inv_freq = 1.0 / (s["theta"] ** (torch.arange(0, HS, 2, dtype=DT) / HS))
+    inv_freq = rope_inv_freq(s, HS)
     freqs = torch.arange(T, dtype=DT)[:, None] * inv_freq[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
     cos, sin = emb.cos(), emb.sin()
@@ -236,8 +302,11 @@ def llama_forward(s, W, tok):
     for l in range(s["L"]):
         p = "layers.%d." % l
         a = rms(h, p + "input_layernorm")
-        q = lin(a, p + "self_attn.q_proj").view(B, T, NH, HS).transpose(1, 2)
-        k = lin(a, p + "self_attn.k_proj").view(B, T, NKV, HS).transpose(1, 2)
+        q = lin(a, p + "self_attn.q_proj").view(B, T, NH, HS)
+        k = lin(a, p + "self_attn.k_proj").view(B, T, NKV, HS)
+        if s.get("qknorm"):
+            q, k = rms(q, p + "self_attn.q_norm"), rms(k, p + "self_attn.k_norm")
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = lin(a, p + "self_attn.v_proj").view(B, T, NKV, HS).transpose(1, 2)
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
         rep = NH // NKV
@@ -247,7 +316,8 @@ def llama_forward(s, W, tok):
         h = h + lin(y, p + "self_attn.o_proj")
         m = rms(h, p + "post_attention_layernorm")
         h = h + lin(F.silu(lin(m, p + "mlp.gate_proj")) * lin(m, p + "mlp.up_proj"), p + "mlp.down_proj")
-    return rms(h, "norm") @ W["lm_head.weight"].T
+    head = W["model.embed_tokens.weight"] if s.get("tied") else W["lm_head.weight"]
+    return rms(h, "norm") @ head.T
 
 
 def losses(arch, s, W32, tokens, B, T, n):
@@ -344,9 +414,23 @@ def shapes_of_config(cfg):
     if cfg["architectures"] == ["GPT2LMHeadModel"]:
         return "gpt2", dict(vocab=cfg["vocab_size"], C=cfg["n_embd"], NH=cfg["n_head"], L=cfg["n_layer"],
                             Fm=cfg["n_inner"], S=cfg["n_positions"], eps=cfg["layer_norm_epsilon"])
-    return "llama", dict(vocab=cfg["vocab_size"], C=cfg["hidden_size"], NH=cfg["num_attention_heads"],
-                         NKV=cfg["num_key_value_heads"], L=cfg["num_hidden_layers"], Fm=cfg["intermediate_size"],
-                         S=cfg["max_position_embeddings"], eps=cfg["rms_norm_eps"], theta=cfg["rope_theta"])
+    s = dict(vocab=cfg["vocab_size"], C=cfg["hidden_size"], NH=cfg["num_attention_heads"],
+             NKV=cfg["num_key_value_heads"], L=cfg["num_hidden_layers"], Fm=cfg["intermediate_size"],
+             S=cfg["max_position_embeddings"], eps=cfg["rms_norm_eps"], theta=cfg["rope_theta"],
+             HS=cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"],
+             bias=cfg["architectures"] == ["Qwen2ForCausalLM"], qknorm=cfg["architectures"] == ["Qwen3ForCausalLM"],
+             tied=bool(cfg.get("tie_word_embeddings")))
+    for k, v in (cfg.get("rope_scaling") or {}).items():  # the scaling's keys, type named either way
+        s["rope_" + ("type" if k == "rope_type" else k)] = v
+    return "llama", s
+
+
+def scaling_of_shapes(s):
+    """shapes_of_config's rope_* keys back as a rope_scaling dict (or None)."""
+    sc = {k[5:]: v for k, v in s.items() if k.startswith("rope_")}
+    if "type" in sc:
+        sc["rope_type"] = sc.pop("type")
+    return sc or None
 
 
 def read_tokens(path):
@@ -361,13 +445,16 @@ def cmd_exported(a):
         arch, s = shapes_of_config(json.load(f))
     with open(os.path.join(a.refdir, "config.json")) as f:
         ref_arch, ref_s = shapes_of_config(json.load(f))
-    for k in ref_s:  # eps and theta pass through float32 in dtrain
-        if arch != ref_arch or not math.isclose(s[k], ref_s[k], rel_tol=1e-6):
+    for k in set(ref_s) | set(s):  # eps, theta and the scaling's factors pass through float32 in dtrain
+        same = k in s and k in ref_s and (s[k] == ref_s[k] if isinstance(ref_s[k], (str, bool))
+                                          else math.isclose(s[k], ref_s[k], rel_tol=1e-6))
+        if arch != ref_arch or not same:
             print("FAIL %s: config.json %s %s = %r, the original's %s %r" % (a.dir, arch, k, s.get(k), ref_arch, ref_s[k]))
             return 1
     W = read_model_dir(a.dir)
     with open(os.path.join(a.refdir, "ref.json")) as f:
         ref = json.load(f)
+    ref_s["scaling"] = scaling_of_shapes(ref_s)
     ls, _ = losses(arch, ref_s, W, read_tokens(a.tokens), ref["B"], ref["T"], ref["batches"])
     loss = sum(ls) / len(ls)
     rel = abs(loss - ref["loss"]) / abs(ref["loss"])
@@ -393,6 +480,7 @@ def cmd_write(a):
     s = dict((BIG if a.big else SHAPES)[a.arch])
     rng = np.random.default_rng(a.seed)
     W = gpt2_weights(s, rng) if a.arch == "gpt2" else llama_weights(s, rng)
+    fam = "gpt2" if a.arch == "gpt2" else "llama"
     os.makedirs(a.out, exist_ok=True)
     dtype = {"f32": "F32", "bf16": "BF16", "f16": "F16"}[a.dtype]
     tensors, held = [], {}
@@ -403,7 +491,7 @@ def cmd_write(a):
         if a.mutate == "transpose" and name.endswith("attn.c_proj.weight"):
             file_val = file_val.T.copy()
         if a.mutate == "rope" and (name.endswith("q_proj.weight") or name.endswith("k_proj.weight")):
-            file_val = rope_to_interleaved(file_val, s["C"] // s["NH"])
+            file_val = rope_to_interleaved(file_val, head_size(s))
         if file_val is not held[name]:
             raw = stored(file_val, dtype)[0]
         plain = a.gpt2_plain_names and name.startswith("transformer.")
@@ -413,7 +501,7 @@ def cmd_write(a):
                         stored(W["transformer.wte.weight"], dtype)[0]))
     write_model_dir(a.out, tensors, a.shards)
     with open(os.path.join(a.out, "config.json"), "w") as f:
-        json.dump(gpt2_config(s) if a.arch == "gpt2" else llama_config(s), f, indent=2)
+        json.dump(gpt2_config(s) if fam == "gpt2" else llama_config(s), f, indent=2)
     if a.llmc:
         write_llmc_model(a.llmc, s, held, a.llmc_version)
     if not a.tokens:
@@ -423,7 +511,7 @@ def cmd_write(a):
     write_tokens(a.tokens, tokens)
     if a.llmc and a.llmc_version == 5:  # the reference of what the llm.c file holds
         held = {k: bf16_to_f32(bf16_bits(v)).reshape(v.shape) for k, v in held.items()}
-    ls, logits = losses(a.arch, s, held, tokens, a.B, a.T, a.batches)
+    ls, logits = losses(fam, s, held, tokens, a.B, a.T, a.batches)
     ref = {"arch": a.arch, "dtype": a.dtype, "losses": ls, "loss": sum(ls) / len(ls),
            "B": a.B, "T": a.T, "batches": a.batches, "torch": torch.__version__}
     with open(os.path.join(a.out, "ref.json"), "w") as f:
@@ -453,8 +541,8 @@ def cmd_bad(a):
     dtype = "F32"
     if a.kind == "arch":
         cfg["architectures"] = ["FalconForCausalLM"]
-    elif a.kind == "rope_scaling":
-        cfg["rope_scaling"] = {"type": "linear", "factor": 2.0}
+    elif a.kind == "rope_scaling":  # dtrain has llama3 and linear, not dynamic NTK
+        cfg["rope_scaling"] = {"type": "dynamic", "factor": 2.0}
     elif a.kind == "tied_llama":
         cfg["tie_word_embeddings"] = True
     elif a.kind == "bias":
@@ -495,7 +583,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     w = sub.add_parser("write")
-    w.add_argument("--arch", choices=("gpt2", "llama"), required=True)
+    w.add_argument("--arch", choices=["gpt2", "llama"] + list(VARIANTS), required=True)
     w.add_argument("--out", required=True)
     w.add_argument("--dtype", choices=("f32", "bf16", "f16"), default="f32")
     w.add_argument("--shards", type=int, default=1)
