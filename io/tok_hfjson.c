@@ -466,9 +466,46 @@ static int by_text(const void *x, const void *y)
     return c ? c : (a->len > b->len) - (a->len < b->len);
 }
 
+/* The vocab's text of id (for an error line), or "?". */
+static const char *vocab_text(const json_t *vocab, json_int_t id)
+{
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)vocab, key, v)
+    {
+        if (json_integer_value(v) == id)
+            return key;
+    }
+    return "?";
+}
+
+/* An added token's id must be its own: free in the vocab, or the vocab's
+ * id of the same text; and no other added token's (decoding is by id). */
+static int check_added_id(const hf_tok_t *h, const json_t *vocab, const json_t *added, size_t i, const char *label,
+                          char *err, size_t errlen)
+{
+    const json_t *t = json_array_get(added, i);
+    const char *text = json_string_value(json_object_get(t, "content"));
+    const json_int_t id = json_integer_value(json_object_get(t, "id"));
+    const json_t *own = json_object_get(vocab, text);
+    size_t len;
+    if (tok_bpe_token(h->bpe, (int32_t)id, &len) != NULL && (own == NULL || json_integer_value(own) != id)) {
+        snprintf(err, errlen, "%s: added token '%.60s' has id %d, which vocab token '%.60s' has: fix the file", label,
+                 text, (int)id, vocab_text(vocab, id));
+        return -1;
+    }
+    for (size_t j = 0; j < i; j++)
+        if (json_integer_value(json_object_get(json_array_get(added, j), "id")) == id) {
+            snprintf(err, errlen, "%s: added tokens %zu and %zu both have id %d: fix the file", label, j, i, (int)id);
+            return -1;
+        }
+    return 0;
+}
+
 /* Each added token: special for decoding, and matched in text (unless
  * split_special and it is special). */
-static int read_added(hf_tok_t *h, const json_t *added, int split_special, const char *label, char *err, size_t errlen)
+static int read_added(hf_tok_t *h, const json_t *vocab, const json_t *added, int split_special, const char *label,
+                      char *err, size_t errlen)
 {
     const size_t n = json_array_size(added);
     h->added = calloc(n + 1, sizeof *h->added);
@@ -488,6 +525,8 @@ static int read_added(hf_tok_t *h, const json_t *added, int split_special, const
                      label, i);
             return -1;
         }
+        if (check_added_id(h, vocab, added, i, label, err, errlen) != 0)
+            return -1;
         static const char *const flags[] = {"single_word", "lstrip", "rstrip"};
         for (size_t f = 0; f < sizeof flags / sizeof *flags; f++)
             if (json_is_true(json_object_get(t, flags[f]))) {
@@ -737,7 +776,7 @@ static int read_rest(hf_tok_t *h, const json_t *root, const json_t *cfg, const c
         return -1;
     }
     return read_pre_tokenizer(h->bpe, pt, label, err, errlen) != 0 ||
-                   read_added(h, json_object_get(root, "added_tokens"),
+                   read_added(h, json_object_get(model, "vocab"), json_object_get(root, "added_tokens"),
                               json_is_true(json_object_get(cfg, "split_special_tokens")), label, err, errlen) != 0
                ? -1
                : 0;

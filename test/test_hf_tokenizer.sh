@@ -207,15 +207,17 @@ for b in range(256):
     if b not in bs:
         bs.append(b); cs.append(256 + k); k += 1
 vocab = {chr(c): i for i, c in enumerate(cs)}
-vocab["Ġt"] = 256; vocab["he"] = 257; vocab["Ġthe"] = 258
-base = {"version": "1.0", "added_tokens": [{"id": 259, "content": "<|endoftext|>", "single_word": False, "lstrip": False,
+# "bc" and "xyz" are tokens no merge makes; "bc" ranks before "ab"
+for i, t in enumerate(["Ġt", "he", "Ġthe", "bc", "ab", "aa", "xyz", "xy"]):
+    vocab[t] = 256 + i
+base = {"version": "1.0", "added_tokens": [{"id": 264, "content": "<|endoftext|>", "single_word": False, "lstrip": False,
         "rstrip": False, "normalized": False, "special": True}],
         "normalizer": None,
         "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
         "post_processor": None, "decoder": {"type": "ByteLevel"},
         "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
                   "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
-                  "vocab": vocab, "merges": ["Ġ t", "h e", "Ġt he"]}}
+                  "vocab": vocab, "merges": ["Ġ t", "h e", "Ġt he", "a b", "a a", "x y"]}}
 def put(name, edit):
     t = copy.deepcopy(base)
     edit(t)
@@ -229,6 +231,7 @@ put("metaspace", lambda t: t.update(pre_tokenizer={"type": "Sequence", "pretoken
     {"type": "Metaspace", "replacement": "▁"}]}))
 put("nfkc", lambda t: t.update(normalizer={"type": "NFKC"}))
 put("merge", lambda t: t["model"].update(merges=["Ġ t", "h e", "Ġt hx"]))
+put("collide", lambda t: t["added_tokens"][0].update(id=258))
 put("lstrip", lambda t: t["added_tokens"][0].update(lstrip=True))
 put("removed", lambda t: t.update(pre_tokenizer={"type": "Sequence", "pretokenizers": [
     {"type": "Split", "pattern": {"Regex": "\\s+"}, "behavior": "Removed", "invert": False},
@@ -252,14 +255,22 @@ expect_exit2 "behavior Isolated and invert false (this one has a Regex, Removed)
 expect_exit2 "Split pre-tokenizer pattern does not compile" $PREP --out "$TMP/x" --tokenizer "hf:$B/badregex" "$TMP/t.txt"
 expect_exit2 "no vocab token for the byte 0x00" $PREP --out "$TMP/x" --tokenizer "hf:$B/nobyte" "$TMP/t.txt"
 expect_exit2 "the BPE model sets 'byte_fallback'" $PREP --out "$TMP/x" --tokenizer "hf:$B/fallback" "$TMP/t.txt"
+expect_exit2 "added token '<|endoftext|>' has id 258, which vocab token 'Ġthe' has" $PREP --out "$TMP/x" --tokenizer "hf:$B/collide" "$TMP/t.txt"
 expect_exit2 "bos_token '<|nope|>' is not an added token" $PREP --out "$TMP/x" --tokenizer "hf:$B/ok" "$TMP/t.txt"
 expect_exit2 "tokenizer.json '$TMP/nowhere' not found" $PREP --out "$TMP/x" --tokenizer "hf:$TMP/nowhere" "$TMP/t.txt"
 expect_exit2 "tokenizer 'hf' needs a tokenizer.json" $PREP --out "$TMP/x" --tokenizer "hf:" "$TMP/t.txt"
 head -c 1000 "$DIR/hf/qwen3/tokenizer.json" >"$B/cut.json"
 expect_exit2 "not valid JSON at line" $PREP --out "$TMP/x" --tokenizer "hf:$B/cut.json" "$TMP/t.txt"
-# the small file's merges: ' the' is one token, 'the' two ('t' 'he')
+# The merges list's rule where it differs from tiktoken's (which the three
+# real files, derived from rank tables, never show): "xyz" is a token but no
+# merge makes it (no whole-piece lookup without ignore_merges): xy z; " abc":
+# Ġ ab c, though "bc" ranks before "ab" (only listed pairs merge); " aaa":
+# Ġ aa a (leftmost on a tie); 'the' is t he, ' the' one token.
 rm "$B/ok/tokenizer_config.json"
-got=$("$TOK" encode "hf:$B/ok" "$TMP/t.txt" | tr '\n' ' ')
-[ "$got" = "83 257 258 " ] && pass "a small tokenizer.json: 'the the' -> [$got]" || fail "small tokenizer.json: [$got]"
+printf 'xyz abc aaa\nthe the' >"$TMP/m.txt"
+got=$("$TOK" encode "hf:$B/ok" "$TMP/m.txt" | tr '\n' ' ')
+want="263 89 220 260 66 220 261 64 198 83 257 258 "
+[ "$got" = "$want" ] && pass "merges-list rule on a small tokenizer.json: 'xyz abc aaa\\nthe the' -> [$got]" ||
+    fail "merges-list rule: 'xyz abc aaa\\nthe the' -> [$got], want [$want]"
 
 finish
