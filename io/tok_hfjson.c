@@ -602,24 +602,14 @@ static int longest_added(const hf_tok_t *h, const unsigned char *t, size_t n)
 
 /* ---- encoding ---- */
 
-/* NFC of t[0..n): *out is t itself when nothing can change (no code point
- * from U+0300 up, whose lead bytes are 0xCC and above: everything below
- * is its own NFC and composes with nothing before it), else h->norm with
- * each run of valid UTF-8 normalised and invalid bytes kept. */
-static int nfc(hf_tok_t *h, const char *t, size_t n, const char **out, size_t *outn)
+/* NFC of valid UTF-8 runs of t[0..n), appended to h->norm; invalid bytes
+ * are kept as they are (they stop any composition, as U+FFFD would). */
+static int nfc_span(hf_tok_t *h, const char *t, size_t n)
 {
-    size_t i = 0;
-    while (i < n && (unsigned char)t[i] < 0xcc)
-        i++;
-    if (i == n) {
-        *out = t, *outn = n;
-        return 0;
-    }
-    h->norm.n = 0;
     for (size_t run = 0; run < n;) {
         size_t end = run;
         utf8proc_int32_t cp;
-        utf8proc_ssize_t len = 0;
+        utf8proc_ssize_t len;
         while (end < n &&
                (len = utf8proc_iterate((const utf8proc_uint8_t *)t + end, (utf8proc_ssize_t)(n - end), &cp)) > 0)
             end += (size_t)len;
@@ -632,10 +622,46 @@ static int nfc(hf_tok_t *h, const char *t, size_t n, const char **out, size_t *o
             if (rc != 0)
                 return -1;
         }
-        if (end < n && tok_bytes_append(&h->norm, t + end, 1) != 0) /* an invalid byte */
+        if (end < n && tok_bytes_append(&h->norm, t + end, 1) != 0)
             return -1;
         run = end + (end < n);
     }
+    return 0;
+}
+
+/* NFC of t[0..n). Code points below U+0300 (lead bytes below 0xCC) are
+ * their own NFC, and NFC never joins across an ASCII character's start (it
+ * is a starter nothing before composes with), so only the stretches
+ * between ASCII characters that hold a byte from 0xCC up go through
+ * utf8proc, each with the ASCII character before it (an 'e' before U+0301).
+ * *out is t itself when nothing needs it, else h->norm. */
+static int nfc(hf_tok_t *h, const char *t, size_t n, const char **out, size_t *outn)
+{
+    const unsigned char *u = (const unsigned char *)t;
+    size_t i = 0, done = 0;
+    while (i < n && u[i] < 0xcc)
+        i++;
+    if (i == n) {
+        *out = t, *outn = n;
+        return 0;
+    }
+    h->norm.n = 0;
+    while (i < n) {
+        size_t a = i, b = i;
+        while (a > done && u[a - 1] >= 0x80)
+            a--;
+        if (a > done)
+            a--; /* the ASCII character before */
+        while (b < n && u[b] >= 0x80)
+            b++;
+        if (tok_bytes_append(&h->norm, t + done, a - done) != 0 || nfc_span(h, t + a, b - a) != 0)
+            return -1;
+        done = i = b;
+        while (i < n && u[i] < 0xcc)
+            i++;
+    }
+    if (tok_bytes_append(&h->norm, t + done, n - done) != 0)
+        return -1;
     *out = h->norm.data, *outn = h->norm.n;
     return 0;
 }
