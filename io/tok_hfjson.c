@@ -178,7 +178,9 @@ static int check_normalizer(const json_t *n, int *nfc, const char *label, char *
  * semantics: \s and \S as ECMAScript's (TOK_JS_SPACE), and the case-
  * insensitive contractions group as transformers.js spells it (its
  * PROBLEMATIC_REGEX_MAP: ASCII case only, where PCRE2's (?i) would also
- * match U+017F for 's' and U+212A for 'k'). */
+ * match U+017F for 's' and U+212A for 'k'). Other escapes keep PCRE2's
+ * Unicode meaning (\d is \p{Nd}, as in Hugging Face's Oniguruma; none of
+ * the known files uses \d or \w). -1: out of room; -2: \S in a class. */
 static int js_pattern(const char *in, char *out, size_t cap)
 {
     static const char contractions[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)";
@@ -245,7 +247,8 @@ static int add_split(tok_bpe_t *b, const json_t *split, const char *label, char 
                  label, re ? "a Regex" : "no Regex", behavior ? behavior : "none", FIX_KIND);
         return -1;
     }
-    size_t cap = 8 * strlen(re) + 256;
+    /* \s (2 bytes) grows the most: into "[" TOK_JS_SPACE "]" */
+    size_t cap = (sizeof TOK_JS_SPACE + 2) * strlen(re) + 256;
     char *js = malloc(cap), why[512];
     int rc = js ? js_pattern(re, js, cap) : -1;
     if (rc == 0 && tok_bpe_compile(b, js, why, sizeof why) != 0) {
