@@ -351,7 +351,16 @@ static inline uint64_t pair_key(int32_t left, int32_t right)
     return ((uint64_t)(uint32_t)left + 1) << 32 | (uint32_t)right;
 }
 
-static inline size_t pair_hash(uint64_t key) { return (size_t)((key * 0x9e3779b97f4a7c15ULL) >> 20); }
+/* splitmix64's finalizer: every key bit reaches the low bits the mask
+ * keeps (ids are small and dense; a bare multiply clusters them). */
+static inline size_t pair_hash(uint64_t key)
+{
+    key ^= key >> 30;
+    key *= 0xbf58476d1ce4e5b9ULL;
+    key ^= key >> 27;
+    key *= 0x94d049bb133111ebULL;
+    return (size_t)(key ^ key >> 31);
+}
 
 int tok_bpe_use_merges(tok_bpe_t *b, int32_t n_merges, int whole_first)
 {

@@ -85,18 +85,18 @@ static void alphabet(int byte_of[0x144])
     }
 }
 
-/* Alphabet text s -> bytes in out (at most strlen(s)); the byte count, or
+/* Alphabet text s[0..n) -> bytes in out (at most n); the byte count, or
  * -1 when s holds a character outside the alphabet (every one is below
  * U+0800: one or two UTF-8 bytes). */
-static long unspell(const int byte_of[0x144], const char *s, unsigned char *out)
+static long unspell(const int byte_of[0x144], const char *s, size_t n, unsigned char *out)
 {
-    const unsigned char *u = (const unsigned char *)s;
+    const unsigned char *u = (const unsigned char *)s, *end = u + n;
     long k = 0;
-    while (*u) {
+    while (u < end) {
         unsigned cp;
         if (u[0] < 0x80) {
             cp = *u++;
-        } else if ((u[0] & 0xe0) == 0xc0 && (u[1] & 0xc0) == 0x80) {
+        } else if ((u[0] & 0xe0) == 0xc0 && u + 1 < end && (u[1] & 0xc0) == 0x80) {
             cp = (unsigned)(u[0] & 0x1f) << 6 | (u[1] & 0x3f);
             u += 2;
         } else {
@@ -363,7 +363,7 @@ static tok_bpe_t *read_vocab(const json_t *vocab, const json_t *added, const cha
     json_object_foreach((json_t *)vocab, key, v)
     {
         const int32_t id = (int32_t)json_integer_value(v);
-        long n = strlen(key) < 4096 ? unspell(byte_of, key, bytes) : -1;
+        long n = strlen(key) < 4096 ? unspell(byte_of, key, strlen(key), bytes) : -1;
         if (n <= 0 && is_added(added, key))
             continue;
         int32_t other = -1;
@@ -398,53 +398,56 @@ fail:
     return NULL;
 }
 
-/* One merge, "a b" or ["a", "b"]: the ids of both parts and of the result. */
-static int merge_ids(const json_t *vocab, const json_t *m, int32_t id[3], char *scratch, size_t cap)
+/* One merge, "a b" or ["a", "b"]: the ids of both parts and of the
+ * result, looked up in the rank table b by their bytes (faster than
+ * Jansson's object, 280,000 merges of three lookups each for Llama 3). */
+static int merge_ids(const tok_bpe_t *b, const int byte_of[0x144], const json_t *m, int32_t id[3], unsigned char *bytes,
+                     size_t cap)
 {
-    const char *a, *b;
-    size_t alen, blen;
+    const char *l, *r;
+    size_t llen, rlen;
     if (json_is_string(m)) {
-        a = json_string_value(m);
-        const char *space = strchr(a, ' ');
+        l = json_string_value(m);
+        const char *space = strchr(l, ' ');
         if (space == NULL || strchr(space + 1, ' ') != NULL)
             return -1;
-        alen = (size_t)(space - a);
-        b = space + 1;
+        llen = (size_t)(space - l);
+        r = space + 1;
     } else if (json_array_size(m) == 2 && json_is_string(json_array_get(m, 0)) &&
                json_is_string(json_array_get(m, 1))) {
-        a = json_string_value(json_array_get(m, 0));
-        b = json_string_value(json_array_get(m, 1));
-        alen = strlen(a);
+        l = json_string_value(json_array_get(m, 0));
+        r = json_string_value(json_array_get(m, 1));
+        llen = strlen(l);
     } else {
         return -1;
     }
-    blen = strlen(b);
-    if (alen + blen + 1 > cap)
+    rlen = strlen(r);
+    if (llen + rlen > cap)
         return -1;
-    memcpy(scratch, a, alen);
-    scratch[alen] = '\0';
-    id[0] = (int32_t)json_integer_value(json_object_get(vocab, scratch));
-    id[1] = (int32_t)json_integer_value(json_object_get(vocab, b));
-    memcpy(scratch + alen, b, blen + 1);
-    id[2] = (int32_t)json_integer_value(json_object_get(vocab, scratch));
-    const int known = json_object_get(vocab, scratch) != NULL && json_object_get(vocab, b) != NULL;
-    scratch[alen] = '\0';
-    return known && json_object_get(vocab, scratch) != NULL ? 0 : -1;
+    const long nl = unspell(byte_of, l, llen, bytes), nr = nl < 0 ? -1 : unspell(byte_of, r, rlen, bytes + nl);
+    if (nl <= 0 || nr <= 0)
+        return -1;
+    id[0] = tok_bpe_rank(b, bytes, (size_t)nl);
+    id[1] = tok_bpe_rank(b, bytes + nl, (size_t)nr);
+    id[2] = tok_bpe_rank(b, bytes, (size_t)(nl + nr));
+    return id[0] >= 0 && id[1] >= 0 && id[2] >= 0 ? 0 : -1;
 }
 
 static int read_merges(tok_bpe_t *b, const json_t *model, const char *label, char *err, size_t errlen)
 {
-    const json_t *vocab = json_object_get(model, "vocab"), *merges = json_object_get(model, "merges");
+    const json_t *merges = json_object_get(model, "merges");
     const size_t n = json_array_size(merges);
     if (n > (1 << 28) ||
         tok_bpe_use_merges(b, (int32_t)n, json_is_true(json_object_get(model, "ignore_merges"))) != 0) {
         snprintf(err, errlen, "out of memory reading %s (%zu merges)", label, n);
         return -1;
     }
-    char scratch[8192];
+    int byte_of[0x144];
+    alphabet(byte_of);
+    unsigned char bytes[8192];
     for (size_t i = 0; i < n; i++) {
         int32_t id[3];
-        if (merge_ids(vocab, json_array_get(merges, i), id, scratch, sizeof scratch) != 0) {
+        if (merge_ids(b, byte_of, json_array_get(merges, i), id, bytes, sizeof bytes) != 0) {
             snprintf(err, errlen,
                      "%s: merge %zu is not two vocab tokens whose concatenation is one (\"a b\" or "
                      "[\"a\", \"b\"]): fix the file",
