@@ -354,6 +354,14 @@ static tok_bpe_t *read_vocab(const json_t *vocab, const json_t *added, const cha
         }
         top = json_integer_value(v) > top ? json_integer_value(v) : top;
     }
+    /* ids are dense but for added tokens' (DeepSeek-V3's first three are
+     * both); a sparse file would size the tables by its largest id */
+    const size_t dense = json_object_size(vocab) + json_array_size(added);
+    if ((size_t)(top + 1) > dense) {
+        snprintf(err, errlen, "%s: vocab id %lld with %zu vocab and added tokens: ids must be 0..N-1: fix the file",
+                 label, (long long)top, dense);
+        return NULL;
+    }
     tok_bpe_t *b = tok_bpe_new((int32_t)(top + 1));
     unsigned char *bytes = malloc(4096);
     if (b == NULL || bytes == NULL) {

@@ -232,6 +232,7 @@ put("metaspace", lambda t: t.update(pre_tokenizer={"type": "Sequence", "pretoken
 put("nfkc", lambda t: t.update(normalizer={"type": "NFKC"}))
 put("merge", lambda t: t["model"].update(merges=["Ġ t", "h e", "Ġt hx"]))
 put("collide", lambda t: t["added_tokens"][0].update(id=258))
+put("sparse", lambda t: t["model"]["vocab"].update({"Ġthe": 100000}))
 put("lstrip", lambda t: t["added_tokens"][0].update(lstrip=True))
 put("removed", lambda t: t.update(pre_tokenizer={"type": "Sequence", "pretokenizers": [
     {"type": "Split", "pattern": {"Regex": "\\s+"}, "behavior": "Removed", "invert": False},
@@ -256,6 +257,7 @@ expect_exit2 "Split pre-tokenizer pattern does not compile" $PREP --out "$TMP/x"
 expect_exit2 "no vocab token for the byte 0x00" $PREP --out "$TMP/x" --tokenizer "hf:$B/nobyte" "$TMP/t.txt"
 expect_exit2 "the BPE model sets 'byte_fallback'" $PREP --out "$TMP/x" --tokenizer "hf:$B/fallback" "$TMP/t.txt"
 expect_exit2 "added token '<|endoftext|>' has id 258, which vocab token 'Ġthe' has" $PREP --out "$TMP/x" --tokenizer "hf:$B/collide" "$TMP/t.txt"
+expect_exit2 "vocab id 100000 with 265 vocab and added tokens: ids must be 0..N-1" $PREP --out "$TMP/x" --tokenizer "hf:$B/sparse" "$TMP/t.txt"
 expect_exit2 "bos_token '<|nope|>' is not an added token" $PREP --out "$TMP/x" --tokenizer "hf:$B/ok" "$TMP/t.txt"
 expect_exit2 "tokenizer.json '$TMP/nowhere' not found" $PREP --out "$TMP/x" --tokenizer "hf:$TMP/nowhere" "$TMP/t.txt"
 expect_exit2 "tokenizer 'hf' needs a tokenizer.json" $PREP --out "$TMP/x" --tokenizer "hf:" "$TMP/t.txt"
