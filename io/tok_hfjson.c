@@ -111,6 +111,24 @@ static long unspell(const int byte_of[0x144], const char *s, size_t n, unsigned 
 
 /* ---- reading tokenizer.json ---- */
 
+/* An error line quotes the file (token texts, type names, Jansson's
+ * excerpt), which may hold "\n" or other control bytes: write them as
+ * \xNN so the error stays one line (cut to errlen). */
+static void one_line(char *err, size_t errlen)
+{
+    char copy[1024];
+    snprintf(copy, sizeof copy, "%s", err);
+    size_t k = 0;
+    for (const unsigned char *c = (const unsigned char *)copy; *c && k + 5 < errlen; c++) {
+        if (*c < 0x20 || *c == 0x7f)
+            k += (size_t)snprintf(err + k, errlen - k, "\\x%02x", *c);
+        else
+            err[k++] = (char)*c;
+    }
+    if (errlen > 0)
+        err[k < errlen ? k : errlen - 1] = '\0';
+}
+
 static const char *type_of(const json_t *o)
 {
     const char *t = json_string_value(json_object_get(o, "type"));
@@ -849,6 +867,8 @@ int tok_hfjson_open_mem(tokenizer_t *tk, const char *json, size_t len, const cha
     rc = doc_tokens(tk, cfg, label, err, errlen);
     h = NULL; /* tk owns it */
 out:
+    if (rc != 0)
+        one_line(err, errlen);
     hf_free(h);
     json_decref(root);
     json_decref(cfg);
