@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Tokenizer speed: dtrain-prepare's MB/s per core on the bundled corpus for
-# GPT-2 BPE, cl100k_base and a SentencePiece model, at 1 and 2 ranks, beside
-# the references measured in the same run: js-tiktoken (node) and
-# spm_encode. Run from a build directory after make (and
+# GPT-2 BPE, cl100k_base, a SentencePiece model and the tokenizer.json files
+# of Llama 3.1, Qwen3 and DeepSeek-V3 (hf:NAME), at 1 and 2 ranks, beside the
+# references measured in the same run: js-tiktoken (node), spm_encode and
+# @lenml/tokenizers (node). Run from a build directory after make (and
 # scripts/fetch-tokenizers.sh):
 #   bench/tokenize.sh [REPEAT]     (REPEAT copies of the corpus, default 128: large
 #   enough that loading the vocabulary (a fraction of a second per rank) does
@@ -59,3 +60,16 @@ spm_ref() {
 row "gpt2" gpt2 "$(js gpt2) (js-tiktoken)"
 row "cl100k_base" "tiktoken:$tok/tiktoken/cl100k_base.tiktoken" "$(js cl100k_base) (js-tiktoken)"
 row "spm (BPE, 8000)" "spm:$work/spm.model" "$(spm_ref) (spm_encode)"
+# @lenml/tokenizers on one copy of the corpus (about 0.5 MB/s)
+hf_ref() {
+    node "$src/test/hf_json_ref.mjs" "$tok/node" "$tok/hf/$1/tokenizer.json" "$work/one.txt" "$work/one.ids" 2>&1 |
+        sed -n 's/.*, \([0-9.]*\) MB\/s per core/\1/p'
+}
+cat "$src"/examples/data/*.txt >"$work/one.txt"
+for name in llama3_1 qwen3 deepseek_v3; do
+    if [ -f "$tok/hf/$name/tokenizer.json" ]; then
+        row "hf:$name" "hf:$tok/hf/$name/tokenizer.json" "$(hf_ref "$name") (@lenml/tokenizers)"
+    else
+        echo "| hf:$name | no $tok/hf/$name/tokenizer.json: run scripts/fetch-tokenizers.sh | | | |"
+    fi
+done

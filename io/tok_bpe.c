@@ -1,5 +1,6 @@
 /* The byte-level BPE core (see tok_bpe.h): rank table, PCRE2
- * pre-tokenisation, tiktoken's merge rule, a piece -> ids cache. */
+ * pre-tokenisation (one pattern, or a chain of them), tiktoken's merge rule
+ * or a merges list's, a piece -> ids cache. */
 #ifdef HAVE_CONFIG_H
 #include "config.h"
 #endif
@@ -41,6 +42,13 @@ typedef struct slot {
     int32_t rank; /* -1: empty */
 } slot_t;
 
+/* A merges-list entry: the pair (left, right) of ids, packed as
+ * (left + 1) << 32 | right so that 0 marks an empty slot. */
+typedef struct pair_slot {
+    uint64_t key;
+    int32_t prio; /* the merge's index in the list: lower merges first */
+} pair_slot_t;
+
 typedef struct heap_entry {
     int32_t rank;
     uint32_t left, end; /* the pair is bytes [left, end) */
@@ -61,11 +69,20 @@ struct tok_bpe {
     int32_t *special_id;
     int n_special;
 
-    pcre2_code *re;
-    pcre2_match_data *md;
+    /* the pre-tokenizer: level l splits the pieces of level l - 1 */
+    pcre2_code *re[TOK_BPE_MAX_LEVELS];
+    pcre2_match_data *md[TOK_BPE_MAX_LEVELS];
+    int jit[TOK_BPE_MAX_LEVELS];
+    int n_levels;
     pcre2_match_context *mctx;
     pcre2_jit_stack *jit_stack;
-    int jit;
+
+    /* merges-list mode (NULL pairs: tiktoken's rule, ranks are priorities) */
+    pair_slot_t *pairs;
+    size_t pair_mask;
+    int32_t *merge_result; /* [n_merges] the id merge i makes */
+    int32_t n_merges;
+    int whole_first; /* a piece that is a token is that token, unmerged */
 
     cache_entry_t *cache; /* allocated on first encode */
 
@@ -124,6 +141,7 @@ tok_bpe_t *tok_bpe_new(int32_t n_ranks)
         b->table[i] = (slot_t){0, 0, -1};
     for (int i = 0; i < 256; i++)
         b->byte_rank[i] = -1;
+    b->whole_first = 1;
     return b;
 }
 
@@ -150,10 +168,14 @@ void tok_bpe_free(tok_bpe_t *b)
         free(b->special_name[i]);
     free(b->special_name);
     free(b->special_id);
-    pcre2_match_data_free(b->md);
+    for (int l = 0; l < b->n_levels; l++) {
+        pcre2_match_data_free(b->md[l]);
+        pcre2_code_free(b->re[l]);
+    }
     pcre2_match_context_free(b->mctx);
     pcre2_jit_stack_free(b->jit_stack);
-    pcre2_code_free(b->re);
+    free(b->pairs);
+    free(b->merge_result);
     free(b->cache);
     free(b->start);
     free(b->pair);
@@ -284,9 +306,14 @@ int tok_bpe_compile(tok_bpe_t *b, const char *pattern, char *err, size_t errlen)
 {
     int code;
     PCRE2_SIZE at;
-    b->re = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF,
-                          &code, &at, NULL);
-    if (b->re == NULL) {
+    if (b->n_levels == TOK_BPE_MAX_LEVELS) {
+        snprintf(err, errlen, "more than %d pre-tokenizer patterns: join some into one", TOK_BPE_MAX_LEVELS);
+        return -1;
+    }
+    const int l = b->n_levels;
+    b->re[l] = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED,
+                             PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &code, &at, NULL);
+    if (b->re[l] == NULL) {
         PCRE2_UCHAR msg[256];
         pcre2_get_error_message(code, msg, sizeof msg);
         snprintf(err, errlen, "pre-tokenizer pattern does not compile at offset %zu: %s: fix the pattern", (size_t)at,
@@ -295,14 +322,16 @@ int tok_bpe_compile(tok_bpe_t *b, const char *pattern, char *err, size_t errlen)
     }
     /* Without JIT (a platform PCRE2 has none for) the interpreter gives
      * the same matches, only slower. */
-    b->jit = pcre2_jit_compile(b->re, PCRE2_JIT_COMPLETE) == 0;
-    b->md = pcre2_match_data_create(1, NULL);
-    b->mctx = pcre2_match_context_create(NULL);
-    if (b->md == NULL || b->mctx == NULL) {
+    b->n_levels++;
+    b->jit[l] = pcre2_jit_compile(b->re[l], PCRE2_JIT_COMPLETE) == 0;
+    b->md[l] = pcre2_match_data_create(1, NULL);
+    if (b->mctx == NULL)
+        b->mctx = pcre2_match_context_create(NULL);
+    if (b->md[l] == NULL || b->mctx == NULL) {
         snprintf(err, errlen, "out of memory compiling the pre-tokenizer pattern");
         return -1;
     }
-    if (b->jit) {
+    if (b->jit[l] && b->jit_stack == NULL) {
         /* Long runs (a 100k-letter word, megabytes of spaces) may need more
          * than the default 32 KiB of JIT stack for backtracking. */
         b->jit_stack = pcre2_jit_stack_create(32 * 1024, 16 * 1024 * 1024, NULL);
@@ -313,6 +342,68 @@ int tok_bpe_compile(tok_bpe_t *b, const char *pattern, char *err, size_t errlen)
         pcre2_jit_stack_assign(b->mctx, NULL, b->jit_stack);
     }
     return 0;
+}
+
+/* ---- merges-list mode ---- */
+
+static inline uint64_t pair_key(int32_t left, int32_t right)
+{
+    return ((uint64_t)(uint32_t)left + 1) << 32 | (uint32_t)right;
+}
+
+/* splitmix64's finalizer: every key bit reaches the low bits the mask
+ * keeps (ids are small and dense; a bare multiply clusters them). */
+static inline size_t pair_hash(uint64_t key)
+{
+    key ^= key >> 30;
+    key *= 0xbf58476d1ce4e5b9ULL;
+    key ^= key >> 27;
+    key *= 0x94d049bb133111ebULL;
+    return (size_t)(key ^ key >> 31);
+}
+
+int tok_bpe_use_merges(tok_bpe_t *b, int32_t n_merges, int whole_first)
+{
+    if (n_merges < 0 || n_merges > (1 << 28) || b->pairs != NULL)
+        return -1;
+    size_t cap = 512;
+    while (cap < 2 * (size_t)n_merges)
+        cap *= 2;
+    b->pairs = calloc(cap, sizeof *b->pairs);
+    b->merge_result = malloc(((size_t)n_merges + 1) * sizeof *b->merge_result);
+    if (b->pairs == NULL || b->merge_result == NULL)
+        return -1;
+    b->pair_mask = cap - 1;
+    b->n_merges = n_merges;
+    b->whole_first = whole_first;
+    return 0;
+}
+
+int tok_bpe_set_merge(tok_bpe_t *b, int32_t prio, int32_t left, int32_t right, int32_t result)
+{
+    if (b->pairs == NULL || prio < 0 || prio >= b->n_merges || left < 0 || right < 0 || result < 0)
+        return -1;
+    const uint64_t key = pair_key(left, right);
+    size_t i = pair_hash(key) & b->pair_mask;
+    while (b->pairs[i].key != 0 && b->pairs[i].key != key)
+        i = (i + 1) & b->pair_mask;
+    /* a pair listed twice merges at its last place (Hugging Face's and
+     * transformers.js's maps both keep the last) */
+    b->pairs[i] = (pair_slot_t){key, prio};
+    b->merge_result[prio] = result;
+    return 0;
+}
+
+/* The priority of merging ids left and right, or NO_RANK. */
+static inline int32_t pair_prio(const tok_bpe_t *b, int32_t left, int32_t right)
+{
+    const uint64_t key = pair_key(left, right);
+    for (size_t i = pair_hash(key) & b->pair_mask;; i = (i + 1) & b->pair_mask) {
+        if (b->pairs[i].key == key)
+            return b->pairs[i].prio;
+        if (b->pairs[i].key == 0)
+            return NO_RANK;
+    }
 }
 
 /* ---- merging ---- */
@@ -350,6 +441,18 @@ static inline int32_t pair_rank(const tok_bpe_t *b, const unsigned char *p, size
     return r < 0 ? NO_RANK : r;
 }
 
+/* The priority of merging the parts [from, mid) and [mid, to) whose ids
+ * are left and right: tiktoken's rule (the rank of the bytes together) or
+ * the merges list's (the pair's place in it). */
+static inline int32_t pair_of(const tok_bpe_t *b, const unsigned char *p, size_t from, size_t to, int32_t left,
+                              int32_t right)
+{
+    return b->pairs ? pair_prio(b, left, right) : pair_rank(b, p, from, to);
+}
+
+/* The id a merge of priority prio makes. */
+static inline int32_t merged_id(const tok_bpe_t *b, int32_t prio) { return b->pairs ? b->merge_result[prio] : prio; }
+
 /* tiktoken's scan. Parts i = 0..m-1 are bytes [start[i], start[i+1])
  * with start[m] = n, ids[i] their ranks; pair[i] is the rank of parts i
  * and i+1 together (NO_RANK: none). Returns m, the ids in ids[0..m). */
@@ -361,8 +464,9 @@ static size_t merge_scan(tok_bpe_t *b, const unsigned char *p, size_t n, int32_t
     for (size_t i = 0; i < n; i++) {
         start[i] = (uint32_t)i;
         ids[i] = b->byte_rank[p[i]];
-        pair[i] = i + 1 < n ? pair_rank(b, p, i, i + 2) : NO_RANK;
     }
+    for (size_t i = 0; i < n; i++)
+        pair[i] = i + 1 < n ? pair_of(b, p, i, i + 2, ids[i], ids[i + 1]) : NO_RANK;
     start[n] = (uint32_t)n;
     while (m > 1) {
         size_t best = 0;
@@ -375,14 +479,14 @@ static size_t merge_scan(tok_bpe_t *b, const unsigned char *p, size_t n, int32_t
         if (low == NO_RANK)
             break;
         /* part best absorbs part best+1 */
-        ids[best] = low;
+        ids[best] = merged_id(b, low);
         memmove(start + best + 1, start + best + 2, (m - best - 1) * sizeof *start);
         memmove(ids + best + 1, ids + best + 2, (m - best - 2) * sizeof *ids);
         memmove(pair + best + 1, pair + best + 2, (m - best - 2) * sizeof *pair);
         m--;
-        pair[best] = best + 1 < m ? pair_rank(b, p, start[best], start[best + 2]) : NO_RANK;
+        pair[best] = best + 1 < m ? pair_of(b, p, start[best], start[best + 2], ids[best], ids[best + 1]) : NO_RANK;
         if (best > 0)
-            pair[best - 1] = pair_rank(b, p, start[best - 1], start[best + 1]);
+            pair[best - 1] = pair_of(b, p, start[best - 1], start[best + 1], ids[best - 1], ids[best]);
     }
     return m;
 }
@@ -434,9 +538,10 @@ static heap_entry_t heap_pop(tok_bpe_t *b, size_t *hn)
     return top;
 }
 
-static int push_pair(tok_bpe_t *b, size_t *hn, const unsigned char *p, uint32_t left, uint32_t end)
+static int push_pair(tok_bpe_t *b, size_t *hn, const unsigned char *p, uint32_t left, uint32_t end, const int32_t *ids,
+                     uint32_t mid)
 {
-    int32_t r = pair_rank(b, p, left, end);
+    int32_t r = pair_of(b, p, left, end, ids[left], ids[mid]);
     return r == NO_RANK ? 0 : heap_push(b, hn, (heap_entry_t){r, left, end});
 }
 
@@ -456,7 +561,7 @@ static int merge_heap(tok_bpe_t *b, const unsigned char *p, size_t n, int32_t *i
         ids[i] = b->byte_rank[p[i]];
     }
     for (size_t i = 0; i + 1 < n; i++)
-        if (push_pair(b, &hn, p, (uint32_t)i, (uint32_t)i + 2) != 0)
+        if (push_pair(b, &hn, p, (uint32_t)i, (uint32_t)i + 2, ids, (uint32_t)i + 1) != 0)
             return -1;
     while (hn > 0) {
         heap_entry_t e = heap_pop(b, &hn);
@@ -465,12 +570,12 @@ static int merge_heap(tok_bpe_t *b, const unsigned char *p, size_t n, int32_t *i
             continue; /* one of the two parts has merged since */
         alive[mid] = 0;
         next[e.left] = (int32_t)e.end;
-        ids[e.left] = e.rank;
+        ids[e.left] = merged_id(b, e.rank);
         if (e.end < n)
             prev[e.end] = (int32_t)e.left;
-        if (prev[e.left] >= 0 && push_pair(b, &hn, p, (uint32_t)prev[e.left], e.end) != 0)
+        if (prev[e.left] >= 0 && push_pair(b, &hn, p, (uint32_t)prev[e.left], e.end, ids, e.left) != 0)
             return -1;
-        if (e.end < n && push_pair(b, &hn, p, e.left, (uint32_t)next[e.end]) != 0)
+        if (e.end < n && push_pair(b, &hn, p, e.left, (uint32_t)next[e.end], ids, e.end) != 0)
             return -1;
     }
     size_t m = 0;
@@ -505,7 +610,7 @@ static int encode_piece(tok_bpe_t *b, const unsigned char *p, size_t n, tok_ids_
         out->n += c->nids;
         return 0;
     }
-    int32_t whole = find_slot(b, p, n, h)->rank;
+    int32_t whole = b->whole_first || n == 1 ? find_slot(b, p, n, h)->rank : -1;
     if (whole >= 0) {
         if (c)
             cache_put(c, p, n, &whole, 1);
@@ -545,38 +650,60 @@ static int piece_error(int rc, size_t at, size_t len, char *err, size_t errlen)
     return -1;
 }
 
-int tok_bpe_encode_bytes(tok_bpe_t *b, const char *text, size_t len, tok_ids_t *out, char *err, size_t errlen)
+static int split_level(tok_bpe_t *b, int level, const unsigned char *t, size_t len, size_t at, size_t total,
+                       tok_ids_t *out, char *err, size_t errlen);
+
+/* Piece t[0..len) (at byte `at` of the text, total bytes long) to the next
+ * pattern, or to BPE after the last. */
+static int piece(tok_bpe_t *b, int level, const unsigned char *t, size_t len, size_t at, size_t total, tok_ids_t *out,
+                 char *err, size_t errlen)
 {
-    const unsigned char *t = (const unsigned char *)text;
-    if (b->re == NULL) {
-        snprintf(err, errlen, "BPE tokenizer has no pre-tokenizer pattern");
-        return -1;
-    }
-    if (b->cache == NULL && (b->cache = calloc((size_t)1 << CACHE_BITS, sizeof *b->cache)) == NULL)
-        return piece_error(-1, 0, len, err, errlen);
+    if (level < b->n_levels)
+        return split_level(b, level, t, len, at, total, out, err, errlen);
+    int rc = encode_piece(b, t, len, out);
+    return rc ? piece_error(rc, at, total, err, errlen) : 0;
+}
+
+/* Pattern `level` cuts t[0..len) into its matches and the gaps between
+ * them (transformers.js's regexSplit, Hugging Face's Split "Isolated"). */
+static int split_level(tok_bpe_t *b, int level, const unsigned char *t, size_t len, size_t at, size_t total,
+                       tok_ids_t *out, char *err, size_t errlen)
+{
+    pcre2_code *re = b->re[level];
+    pcre2_match_data *md = b->md[level];
     size_t off = 0, gap = 0; /* gap: the first byte no match has covered yet */
     while (off < len) {
-        int rc = b->jit ? pcre2_jit_match(b->re, t, len, off, 0, b->md, b->mctx)
-                        : pcre2_match(b->re, t, len, off, 0, b->md, b->mctx);
+        int rc = b->jit[level] ? pcre2_jit_match(re, t, len, off, 0, md, b->mctx)
+                               : pcre2_match(re, t, len, off, 0, md, b->mctx);
         if (rc == PCRE2_ERROR_NOMATCH)
             break;
         if (rc < 0)
-            return match_error(off, rc, err, errlen);
-        const PCRE2_SIZE *ov = pcre2_get_ovector_pointer(b->md);
+            return match_error(at + off, rc, err, errlen);
+        const PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
         size_t ms = ov[0], me = ov[1];
-        if (ms > gap && (rc = encode_piece(b, t + gap, ms - gap, out)) != 0)
-            return piece_error(rc, gap, len, err, errlen);
+        if (ms > gap && piece(b, level + 1, t + gap, ms - gap, at + gap, total, out, err, errlen) != 0)
+            return -1;
         if (me == ms) { /* an empty match (a custom pattern): step past it */
             gap = ms;
             off = ms + 1;
             continue;
         }
-        if ((rc = encode_piece(b, t + ms, me - ms, out)) != 0)
-            return piece_error(rc, ms, len, err, errlen);
+        if (piece(b, level + 1, t + ms, me - ms, at + ms, total, out, err, errlen) != 0)
+            return -1;
         gap = off = me;
     }
-    int rc = gap < len ? encode_piece(b, t + gap, len - gap, out) : 0;
-    return rc ? piece_error(rc, gap, len, err, errlen) : 0;
+    return gap < len ? piece(b, level + 1, t + gap, len - gap, at + gap, total, out, err, errlen) : 0;
+}
+
+int tok_bpe_encode_bytes(tok_bpe_t *b, const char *text, size_t len, tok_ids_t *out, char *err, size_t errlen)
+{
+    if (b->n_levels == 0) {
+        snprintf(err, errlen, "BPE tokenizer has no pre-tokenizer pattern");
+        return -1;
+    }
+    if (b->cache == NULL && (b->cache = calloc((size_t)1 << CACHE_BITS, sizeof *b->cache)) == NULL)
+        return piece_error(-1, 0, len, err, errlen);
+    return split_level(b, 0, (const unsigned char *)text, len, 0, len, out, err, errlen);
 }
 
 int tok_bpe_decode_ids(const tok_bpe_t *b, const int32_t *ids, size_t n, tok_bytes_t *out, char *err, size_t errlen)

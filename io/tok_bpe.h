@@ -7,11 +7,18 @@
  *
  * Encoding, as tiktoken does it:
  *   1. pre-tokenise: a PCRE2 pattern (UTF + UCP, JIT) cuts the text into
- *      pieces; bytes no match covers (only invalid UTF-8 can be uncovered)
- *      form pieces of their own, so decode(encode(x)) == x for every x;
+ *      pieces; bytes no match covers (only invalid UTF-8 can be uncovered,
+ *      or any byte by a pattern that does not cover all text) form pieces
+ *      of their own, so decode(encode(x)) == x for every x. A chain of
+ *      patterns (tokenizer.json's Sequence of Split steps) cuts each piece
+ *      of the one before again;
  *   2. each piece: whole-piece rank if it has one, else repeatedly merge the
  *      adjacent pair whose concatenation has the lowest rank (leftmost on a
  *      tie) until no pair has a rank; the parts' ranks are the ids.
+ * Merges-list mode (tokenizer.json's BPE model, tok_bpe_use_merges): step 2
+ * merges the adjacent pair of ids that comes first in the merges list
+ * (leftmost on a tie) into the id the list gives; the whole-piece rank is
+ * tried first only when asked (the model's ignore_merges).
  * A direct-mapped cache of short piece -> ids sits in front of step 2.
  */
 #ifndef DTRAIN_TOK_BPE_H
@@ -64,11 +71,21 @@ size_t tok_bpe_split(const tok_bpe_t *b, int32_t rank);
  * without a single-byte token (the other is -1). */
 int tok_bpe_check(const tok_bpe_t *b, int32_t *missing_rank, int *missing_byte);
 
+/* Merges-list mode: n_merges merges, given by tok_bpe_set_merge (priority
+ * prio in 0..n_merges-1: lower merges first; a pair given twice keeps the
+ * last); whole_first: a piece that is a token is that token without
+ * merging. -1 when out of memory or called twice. */
+int tok_bpe_use_merges(tok_bpe_t *b, int32_t n_merges, int whole_first);
+int tok_bpe_set_merge(tok_bpe_t *b, int32_t prio, int32_t left, int32_t right, int32_t result);
+
 /* A special token: its text (decode only) and id, outside the ranks. */
 int tok_bpe_add_special(tok_bpe_t *b, const char *name, int32_t id);
 
-/* Compile the pre-tokenizer pattern (PCRE2 syntax; UTF, UCP,
- * MATCH_INVALID_UTF, JIT when the platform has it). */
+/* Compile a pre-tokenizer pattern (PCRE2 syntax; UTF, UCP,
+ * MATCH_INVALID_UTF, JIT when the platform has it). Each call adds one to
+ * the chain (at most TOK_BPE_MAX_LEVELS): the second splits the pieces of
+ * the first, and so on. */
+#define TOK_BPE_MAX_LEVELS 8
 int tok_bpe_compile(tok_bpe_t *b, const char *pattern, char *err, size_t errlen);
 
 /* Encode / decode with the table alone (for callers without a tokenizer_t). */

@@ -159,6 +159,13 @@ int tok_hf_tokenizer_json(const tokenizer_t *tk, const char *pattern, char **jso
 {
     *json = NULL;
     const int byte = strcmp(tk->ops->kind, "byte") == 0;
+    if (strcmp(tk->ops->kind, "hf") == 0) {
+        snprintf(
+            err, errlen,
+            "writing back an hf tokenizer's tokenizer.json is not implemented yet: copy %s into the export by hand",
+            tk->vocab_path);
+        return -1;
+    }
     if (!byte && strcmp(tk->ops->kind, "gpt2") != 0 && strcmp(tk->ops->kind, "tiktoken") != 0) {
         snprintf(err, errlen, "a %s tokenizer is not byte-level BPE: no tokenizer.json", tk->ops->kind);
         return -1;

@@ -24,7 +24,7 @@
 #define SIDECAR_MAX_BYTES (4 << 20)
 #define SIDECAR_MAX_SPECIAL (1 << 20)
 
-static const char *const kinds[] = {"byte", "gpt2", "tiktoken", "spm", NULL};
+static const char *const kinds[] = {"byte", "gpt2", "tiktoken", "spm", "hf", NULL};
 static const char *const data_formats[] = {"llmc", "megatron", NULL};
 
 /* ---- writing ---------------------------------------------------------------------------- */
@@ -222,7 +222,7 @@ static int check_sha256(const char *hex, const char *kind, char *err, size_t err
 static int check_tokenizer_fields(const tok_sidecar_t *s, char *err, size_t errlen)
 {
     if (!one_of(s->kind, kinds)) {
-        snprintf(err, errlen, "field 'kind': '%s' is not byte|gpt2|tiktoken|spm", s->kind);
+        snprintf(err, errlen, "field 'kind': '%s' is not byte|gpt2|tiktoken|spm|hf", s->kind);
         return -1;
     }
     size_t k = strlen(s->kind);
@@ -496,13 +496,31 @@ static int add_place(char (*places)[PLACE_MAX], int n, const char *path)
     return n + 1;
 }
 
+/* The hf kind's files are all named tokenizer.json, one directory each
+ * (DIR/hf/NAME/tokenizer.json): appends those under dir/hf/ to places[0..n),
+ * at most max in all; returns the new count. */
+static int add_hf_places(char (*places)[PLACE_MAX], int n, int max, const char *dir)
+{
+    char pattern[PLACE_MAX];
+    glob_t g;
+    if (snprintf(pattern, sizeof pattern, "%s/hf/*/tokenizer.json", dir) >= (int)sizeof pattern ||
+        glob(pattern, 0, NULL, &g) != 0)
+        return n;
+    for (size_t i = 0; i < g.gl_pathc && n < max; i++)
+        n = add_place(places, n, g.gl_pathv[i]);
+    globfree(&g);
+    return n;
+}
+
 /* The spec to open. A sidecar names its vocabulary by identity (kind, file
  * name, sha256), so data moves between machines without its absolute path:
  * the file is looked for, in order, beside the sidecar, in
  * $DTRAIN_TOKENIZERS/KIND/, in the build's tokenizer directory
  * (DTRAIN_TOKENIZER_DIR/KIND/), and at the path recorded when the data was
  * prepared; the first with the recorded sha256 is used (doc/data.md,
- * "Tokenizer sidecars"). */
+ * "Tokenizer sidecars"). The hf kind looks in each KIND/NAME/ (one directory per
+ * tokenizer.json). */
+#define N_PLACES 8
 static int choose_spec(const tok_sidecar_t *s, const char *sidecar_path, char *spec, size_t speclen, char *err,
                        size_t errlen)
 {
@@ -513,14 +531,19 @@ static int choose_spec(const tok_sidecar_t *s, const char *sidecar_path, char *s
     const char *slash = strrchr(s->vocab_path, '/');
     const char *base = slash ? slash + 1 : s->vocab_path;
     const char *env = getenv("DTRAIN_TOKENIZERS");
-    char dir[TOK_PATH_MAX], cand[4][PLACE_MAX], p[PLACE_MAX];
+    char dir[TOK_PATH_MAX], cand[N_PLACES][PLACE_MAX], p[PLACE_MAX];
+    const int hf = strcmp(s->kind, "hf") == 0;
     int n = 0, other = -1;
     if (fs_dir_of(sidecar_path, dir, sizeof dir) == 0 && snprintf(p, sizeof p, "%s/%s", dir, base) < (int)sizeof p)
         n = add_place(cand, n, p);
-    if (env && *env && snprintf(p, sizeof p, "%s/%s/%s", env, s->kind, base) < (int)sizeof p)
+    if (env && *env && !hf && snprintf(p, sizeof p, "%s/%s/%s", env, s->kind, base) < (int)sizeof p)
         n = add_place(cand, n, p);
-    if (snprintf(p, sizeof p, "%s/%s/%s", tokenizer_builtin_dir(), s->kind, base) < (int)sizeof p)
+    if (env && *env && hf)
+        n = add_hf_places(cand, n, N_PLACES / 2, env);
+    if (!hf && snprintf(p, sizeof p, "%s/%s/%s", tokenizer_builtin_dir(), s->kind, base) < (int)sizeof p)
         n = add_place(cand, n, p);
+    if (hf)
+        n = add_hf_places(cand, n, N_PLACES - 1, tokenizer_builtin_dir());
     n = add_place(cand, n, s->vocab_path);
     for (int i = 0; i < n; i++) {
         int same = same_vocabulary(s, cand[i]);
@@ -534,7 +557,7 @@ static int choose_spec(const tok_sidecar_t *s, const char *sidecar_path, char *s
             continue;
         return 0;
     }
-    char where[4 * 2 * TOK_PATH_MAX + 64];
+    char where[N_PLACES * PLACE_MAX + 64];
     size_t w = 0;
     for (int i = 0; i < n && w < sizeof where; i++)
         w += (size_t)snprintf(where + w, sizeof where - w, "%s%s", i == 0 ? "" : i == n - 1 ? " or " : ", ", cand[i]);

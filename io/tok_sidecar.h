@@ -7,7 +7,7 @@
  * and parallel preparation write the same bytes):
  *   {
  *     "format": "dtrain-tokenizer", "version": 1,
- *     "kind": "gpt2",                         byte | gpt2 | tiktoken | spm
+ *     "kind": "gpt2",                         byte | gpt2 | tiktoken | spm | hf
  *     "spec": "gpt2:/abs/tokenizers/gpt2",     what --tokenizer takes
  *     "vocab_path": "/abs/tokenizers/gpt2/encoder.json",   "" for byte
  *     "vocab_sha256": "196139...",             "" for byte
@@ -34,7 +34,7 @@
 #define TOK_SIDECAR_VERSION 1
 
 typedef struct tok_sidecar {
-    char kind[16];                 /* byte | gpt2 | tiktoken | spm */
+    char kind[16];                 /* byte | gpt2 | tiktoken | spm | hf */
     char spec[TOK_PATH_MAX];       /* canonical tokenizer spec (tokenizer_t.spec) */
     char vocab_path[TOK_PATH_MAX]; /* absolute path at prepare time ("" for byte): the last place looked */
     char vocab_sha256[65];

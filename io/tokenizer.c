@@ -4,6 +4,7 @@
 #include "config.h"
 #endif
 #include "io/tokenizer.h"
+#include "io/tok_hfjson.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -99,7 +100,8 @@ out:
 
 const char *tokenizer_builtin_dir(void) { return DTRAIN_TOKENIZER_DIR; }
 
-/* The directory the gpt2 kind reads when the spec names none. */
+/* The directory the gpt2 kind reads when the spec names none (and where
+ * hf:NAME looks). */
 static const char *tokenizer_dir(void)
 {
     const char *env = getenv("DTRAIN_TOKENIZERS");
@@ -154,7 +156,19 @@ static int open_kind(tokenizer_t *tk, const char *spec, int spm_add_eos, char *e
         }
         return tok_spm_open(tk, arg, spm_add_eos, err, errlen);
     }
-    snprintf(err, errlen, "unknown tokenizer '%s': use byte, gpt2[:DIR], tiktoken:FILE[:ENCODING] or spm:MODEL", spec);
+    if (klen == 2 && strncmp(spec, "hf", 2) == 0) {
+        if (!arg || !*arg) {
+            snprintf(err, errlen,
+                     "tokenizer 'hf' needs a tokenizer.json: write --tokenizer hf:PATH/tokenizer.json (or hf:DIR, "
+                     "or hf:NAME for %s/hf/NAME)",
+                     tokenizer_dir());
+            return -1;
+        }
+        return tok_hfjson_open(tk, arg, tokenizer_dir(), err, errlen);
+    }
+    snprintf(err, errlen,
+             "unknown tokenizer '%s': use byte, gpt2[:DIR], tiktoken:FILE[:ENCODING], spm:MODEL or hf:TOKENIZER_JSON",
+             spec);
     return -1;
 }
 

@@ -10,9 +10,12 @@
  *                      with a named encoding (pattern and special tokens)
  *   io/tok_spm.cc      spm        a SentencePiece model (C++ library behind
  *                      an extern "C" wrapper)
+ *   io/tok_hfjson.c    hf         a Hugging Face tokenizer.json holding a
+ *                      byte-level BPE (Llama 3, Qwen2/3, DeepSeek-V3, GPT-2)
  *
  * Spec strings, as `--tokenizer` takes them:
  *   byte | gpt2 | gpt2:DIR | tiktoken:FILE | tiktoken:FILE:ENCODING | spm:MODEL
+ *   | hf:TOKENIZER_JSON | hf:DIR | hf:NAME
  * gpt2 reads DIR/encoder.json and DIR/vocab.bpe; DIR defaults to
  * $DTRAIN_TOKENIZERS/gpt2, else the directory configure was given
  * (DTRAIN_TOKENIZER_DIR). A tiktoken ENCODING (r50k_base, cl100k_base,
@@ -22,6 +25,9 @@
  * Encoding is "ordinary": the text of a special token (say "<|endoftext|>")
  * is encoded as text, never as the special id; special ids enter the stream
  * only where the caller puts them (doc_start / doc_end around documents).
+ * The hf kind is the exception, as its file says: tokenizer.json's added
+ * tokens are matched in the text before BPE (as Hugging Face's tokenizers
+ * and transformers.js do), and BPE never produces them otherwise.
  *
  * Errors: functions return 0, or -1 with one line in err (naming the file
  * and the fix); nothing prints or exits. Not thread-safe: one tokenizer per
@@ -49,7 +55,7 @@ typedef struct tokenizer tokenizer_t;
 
 /* What each kind implements (designated initializers in its own file). */
 typedef struct tokenizer_ops {
-    const char *kind; /* "byte", "gpt2", "tiktoken", "spm" */
+    const char *kind; /* "byte", "gpt2", "tiktoken", "spm", "hf" */
     /* Append the ids of text[0..len) to out. Any bytes are accepted
      * (invalid UTF-8, NUL included) for the byte-level kinds. */
     int (*encode)(tokenizer_t *tk, const char *text, size_t len, tok_ids_t *out, char *err, size_t errlen);

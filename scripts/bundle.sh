@@ -278,6 +278,9 @@ cp "$build"/data/*.tokenizer.json "$B/data/" 2>/dev/null || true
 cp "$srcdir"/examples/*.conf "$B/examples/"
 cp "$srcdir"/examples/data/* "$B/examples/data/"
 cp -r "$tokdir/gpt2" "$B/tokenizers/"
+# the hf kind's tokenizer.json files (about 30 MB), so data prepared with
+# hf:NAME finds its tokenizer in the bundle by sha256
+if [ -d "$tokdir/hf" ]; then cp -r "$tokdir/hf" "$B/tokenizers/"; fi
 cp "$srcdir/bench/gpu.sh" "$srcdir/bench/gpu_kernels.sh" "$B/bench/"
 [ -f "$srcdir/doc/gpu.md" ] && cp "$srcdir/doc/gpu.md" "$B/README.md"
 # The tests call /usr/bin/python3 for h5py; a GPU machine's python with h5py

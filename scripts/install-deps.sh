@@ -17,8 +17,10 @@ packages=(
   # tokenizers and corpus input: PCRE2 (pre-tokenisation), Jansson (JSON),
   # zlib and zstd (compressed inputs; the zstd tool for the tests),
   # SentencePiece (library and spm_train/spm_encode for the tests), OpenSSL's
-  # libcrypto (sha256 of vocabulary files)
+  # libcrypto (sha256 of vocabulary files), utf8proc (NFC for tokenizer.json
+  # files that ask for it)
   libpcre2-dev libjansson-dev zlib1g-dev libzstd-dev zstd libsentencepiece-dev sentencepiece libssl-dev
+  libutf8proc-dev
   # libFuzzer for make fuzz (clang's -fsanitize=fuzzer)
   clang
   # PyTorch reference, checkpoint interop, plots

@@ -159,8 +159,9 @@ static const opt_def_t opt_defs[] = {
      "with --eval-mc, the file to write",
      "PREFIX", out_arg, 0},
     {"tokenizer", OPT_STR, F(o.tokenizer), 0, "byte", 0, 0, NULL,
-     "byte (default) | gpt2[:DIR] | tiktoken:FILE[:ENCODING]\n| spm:MODEL  (ENCODING: r50k_base, cl100k_base,\n"
-     "o200k_base, llama3; default: FILE's base name)",
+     "byte (default) | gpt2[:DIR] | tiktoken:FILE[:ENCODING]\n| spm:MODEL | hf:PATH  (ENCODING: r50k_base,\n"
+     "cl100k_base, o200k_base, llama3; default: FILE's\nbase name. PATH: a byte-level BPE tokenizer.json,\n"
+     "its directory, or NAME of tokenizers/hf/NAME:\nllama3_1, qwen3, deepseek_v3)",
      "SPEC", NULL, 0},
     {"eos", OPT_FLAG, F(o.add_eos), 0, "0", 0, 1, NULL, "spm: an EOS token after each document too", NULL, NULL,
      GIVEN(0)},

@@ -257,7 +257,7 @@ static const opt_def_t opt_defs[] = {
     {"tokenizer", OPT_STR, F(tokenizer), S(tokenizer), "auto", 0, 0, NULL,
      "tokenizer of the sample and --prompt: auto (the one the data's sidecar PREFIX.tokenizer.json names, else byte "
      "for a 256-token vocabulary, else none) | none (the sample prints token ids) | byte | gpt2[:DIR] | "
-     "tiktoken:FILE[:ENCODING] | spm:MODEL",
+     "tiktoken:FILE[:ENCODING] | spm:MODEL | hf:TOKENIZER_JSON",
      "SPEC", NULL, 0},
     {"temperature", OPT_REAL, F(temperature), 0, "0.8", 0, 100, NULL, "sampling temperature (0 = greedy)", NULL, NULL,
      0},
