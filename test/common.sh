@@ -121,3 +121,21 @@ layout_twice() {
         pass "$3 twice: bit-identical losses and parameters"
     fi
 }
+
+# ---- --init-from (test_init_from.sh, test_hf_models.sh) ----
+# init_val0 SOURCE TOKENS NP ARGS...: dtrain's validation loss at step 0
+# after --init-from SOURCE (the 4 microbatches of 2 x 16 tokens that
+# test/ref/hf_ref.py's reference computes), with --save-params of the
+# unchanged weights (lr 0) in $TMP/last.h5
+init_val0() {
+    src=$1
+    tok=$2
+    np=$3
+    shift 3
+    rm -f "$TMP/last.json"
+    "$MPIEXEC" --quiet -np "$np" "$DTRAIN" --init-from "$src" --data "$tok" --val-data "$tok" --steps 1 --lr 0 \
+        --min-lr 0 --warmup 0 --micro-batch 2 --seq-len 16 --val-every 1 --val-batches 4 --sample-tokens 0 \
+        --peak-gflops 100 --threads 1 --metrics "$TMP/last.json" --save-params "$TMP/last.h5" "$@" \
+        >"$TMP/last.log" 2>&1 || { echo "dtrain failed: $(tail -n 2 "$TMP/last.log")" >&2; return 1; }
+    json_field "$TMP/last.json" 0 val_loss
+}

@@ -31,28 +31,13 @@ if ! "$PYTHON_REF" -c 'import torch, numpy' >/dev/null 2>&1; then
     exit 77
 fi
 
-# val0 SOURCE TOKENS NP ARGS...: dtrain's validation loss at step 0 (the 4
-# microbatches of 2 x 16 tokens the reference computes), the unchanged
-# weights (lr 0) saved in $TMP/last.h5
-val0() {
-    src=$1
-    tok=$2
-    np=$3
-    shift 3
-    rm -f "$TMP/last.json"
-    "$MPIEXEC" --quiet -np "$np" "$DTRAIN" --init-from "$src" --data "$tok" --val-data "$tok" --steps 1 --lr 0 \
-        --min-lr 0 --warmup 0 --micro-batch 2 --seq-len 16 --val-every 1 --val-batches 4 --sample-tokens 0 \
-        --peak-gflops 100 --threads 1 --metrics "$TMP/last.json" --save-params "$TMP/last.h5" "$@" \
-        >"$TMP/last.log" 2>&1 || { echo "dtrain failed: $(tail -n 2 "$TMP/last.log")" >&2; return 1; }
-    json_field "$TMP/last.json" 0 val_loss
-}
 
-# agree LABEL MODEL NP ARGS...: val0 of $TMP/MODEL within 1e-5 of its reference
+# agree LABEL MODEL NP ARGS...: init_val0 of $TMP/MODEL within 1e-5 of its reference
 agree() {
     label=$1
     m=$2
     shift 2
-    if loss=$(val0 "$TMP/$m" "$TMP/$m.tok" "$@") &&
+    if loss=$(init_val0 "$TMP/$m" "$TMP/$m.tok" "$@") &&
         out=$("$PYTHON_REF" "$REF" check "$TMP/$m" "$loss" --label "$label"); then
         pass "$(echo "$out" | sed "s/^ok *//")"
     else

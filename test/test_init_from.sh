@@ -41,28 +41,13 @@ write() {
         { fail "hf_ref.py write $name $*"; return 1; }
 }
 
-# val0 SOURCE TOKENS NP ARGS...: dtrain's validation loss at step 0 (the
-# 4 microbatches of 2 x 16 tokens the reference computes), with --save-params
-# of the unchanged weights (lr 0) in $TMP/last.h5
-val0() {
-    src=$1
-    tok=$2
-    np=$3
-    shift 3
-    rm -f "$TMP/last.json"
-    "$MPIEXEC" --quiet -np "$np" "$DTRAIN" --init-from "$src" --data "$tok" --val-data "$tok" --steps 1 --lr 0 \
-        --min-lr 0 --warmup 0 --micro-batch 2 --seq-len 16 --val-every 1 --val-batches 4 --sample-tokens 0 \
-        --peak-gflops 100 --threads 1 --metrics "$TMP/last.json" --save-params "$TMP/last.h5" "$@" \
-        >"$TMP/last.log" 2>&1 || { echo "dtrain failed: $(tail -n 2 "$TMP/last.log")" >&2; return 1; }
-    json_field "$TMP/last.json" 0 val_loss
-}
 
-# agree LABEL DIR SOURCE TOKENS NP ARGS...: val0 within 1e-5 of DIR's reference
+# agree LABEL DIR SOURCE TOKENS NP ARGS...: init_val0 within 1e-5 of DIR's reference
 agree() {
     label=$1
     dir=$2
     shift 2
-    if loss=$(val0 "$@") && out=$("$PYTHON_REF" "$REF" check "$dir" "$loss" --label "$label"); then
+    if loss=$(init_val0 "$@") && out=$("$PYTHON_REF" "$REF" check "$dir" "$loss" --label "$label"); then
         pass "$(echo "$out" | sed "s/^ok *//")"
     else
         fail "$label: ${out:-dtrain failed}"
@@ -164,12 +149,12 @@ agree "llama f16" "$TMP/lh" "$TMP/lh" "$TMP/lh.tok" 1 && to_hf "llama f16" "$TMP
 exported "llama f16 exported" "$TMP/rt" "$TMP/lh" "$TMP/lh.tok"
 
 # ---- llm.c files: the same loss as the Hugging Face directory, and back ----
-hf=$(val0 "$TMP/g" "$TMP/g.tok" 1)
+hf=$(init_val0 "$TMP/g" "$TMP/g.tok" 1)
 agree "llm.c fp32 (version 3)" "$TMP/g" "$TMP/g3.bin" "$TMP/g.tok" 1 && expect_close "llm.c v3 = HF f32" "$hf" "$loss" 1e-7
 same_params "llm.c v3" "$TMP/g.1.h5" "$TMP/last.h5"
 to_llmc "llm.c v3" "$TMP/g3.bin" 1
 to_llmc "llm.c v3" "$TMP/g3.bin" 3
-hf=$(val0 "$TMP/gb" "$TMP/gb.tok" 1)
+hf=$(init_val0 "$TMP/gb" "$TMP/gb.tok" 1)
 agree "llm.c bf16 (version 5)" "$TMP/gb" "$TMP/g5.bin" "$TMP/gb.tok" 1 && expect_close "llm.c v5 = HF bf16" "$hf" "$loss" 1e-7
 agree "llm.c bf16 (version 5), tp2 x pp2" "$TMP/gb" "$TMP/g5.bin" "$TMP/gb.tok" 4 --tp 2 --pp 2 --global-batch 4 &&
     to_llmc "llm.c v5 tp2 x pp2" "$TMP/g5.bin" 2 --dtype bf16
@@ -183,7 +168,7 @@ agree "llm.c bf16 (version 5), 3 loader threads" "$TMP/gb" "$TMP/g5.bin" "$TMP/g
 # ---- a converter's bugs would show: the mutated files must fail the check ----
 for m in gt:transpose lr:rope; do
     d=${m%%:*}
-    loss=$(val0 "$TMP/$d" "$TMP/$d.tok" 1)
+    loss=$(init_val0 "$TMP/$d" "$TMP/$d.tok" 1)
     if out=$("$PYTHON_REF" "$REF" check "$TMP/$d" "$loss" --tol 1e-3 --label "skipped ${m#*:}"); then
         fail "a skipped ${m#*:} went unnoticed: $out"
     else
@@ -224,7 +209,7 @@ ft_run "$TMP/rs.a.json" 2 "$TMP/g" --tp 2 --ckpt-dir "$TMP/ck" --stop-at-step 10
 
 # ---- a trained checkpoint (tp2, with AdamW state) out to Hugging Face and back in: bit for bit ----
 if "$MPIEXEC" --quiet -np 3 "$DRESHARD" --in "$TMP/ck/step_00000010.h5" --to-hf "$TMP/ckhf" >"$TMP/ckhf.log" 2>&1 &&
-    val0 "$TMP/ckhf" "$TMP/g.tok" 2 --pp 2 --global-batch 4 >/dev/null; then
+    init_val0 "$TMP/ckhf" "$TMP/g.tok" 2 --pp 2 --global-batch 4 >/dev/null; then
     same_params "checkpoint (step 10, tp2) -> --to-hf on 3 ranks -> --init-from at pp2" "$TMP/ck/step_00000010.h5" \
         "$TMP/last.h5"
     # the run trained on byte shards: the checkpoint records it, the export carries its tokenizer.json
