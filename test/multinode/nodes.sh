@@ -55,10 +55,14 @@ check() {
         echo "SKIP: cannot make a network namespace: $err"
         exit 77
     fi
-    ok=1
+    ok=1 what="a UTS namespace"
     err=$(ip netns exec "$probe" unshare --uts true 2>&1) || ok=0
+    # the links the bed is made of: a bridge and a veth pair (kernel
+    # modules a container may lack)
+    [ $ok -eq 0 ] || { what="a bridge" && err=$(ip -n "$probe" link add br0 type bridge 2>&1); } || ok=0
+    [ $ok -eq 0 ] || { what="a veth pair" && err=$(ip -n "$probe" link add va type veth peer name vb 2>&1); } || ok=0
     ip netns del "$probe" 2>/dev/null
-    [ $ok -eq 1 ] || { echo "SKIP: cannot make a UTS namespace: $err"; exit 77; }
+    [ $ok -eq 1 ] || { echo "SKIP: cannot make $what: $err"; exit 77; }
 }
 
 # make_node i: node i's namespaces, link, address, hostname and hosts file
