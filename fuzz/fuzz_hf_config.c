@@ -38,7 +38,8 @@ static void check_model(const model_config_t *c)
     if (!in_range(c->vocab_size) || c->vocab_size < 2 || !in_range(c->n_layer) || !in_range(c->n_head) ||
         !in_range(c->n_kv_head) || !in_range(c->d_model) || !in_range(c->d_ff) || !in_range(c->max_seq))
         abort();
-    if (c->d_model % c->n_head != 0 || c->n_head % c->n_kv_head != 0)
+    /* an explicit head_dim (Qwen3's) frees the head size from d_model / n_head */
+    if ((!c->head_dim && c->d_model % c->n_head != 0) || c->head_dim < 0 || c->n_head % c->n_kv_head != 0)
         abort();
     if (!(c->norm_eps > 0) || !isfinite(c->norm_eps))
         abort();
