@@ -83,52 +83,38 @@ assert hdr[3] == longest, "longest field %d, examples' %d" % (hdr[3], longest)
 print(json.dumps({"version": hdr[1], "examples": examples}))
 EOF
 
-# check.py FILE JSONL KIND SPACE [REFDIR]: FILE's examples against the
+# check.py FILE JSONL KIND SPACE VERSION TMP REFDIR REFPY: FILE's examples against the
 # JSONL's, ids from REFDIR/t_N.ids (KIND js) or UTF-8 bytes (KIND byte).
-# texts.py JSONL SPACE DIR writes the strings to encode, DIR/t_N.txt, and
-# prints "IN OUT" pairs for test/tiktoken_ref.mjs.
-cat >"$TMP/texts.py" <<'EOF'
-import json, sys
-def texts(path, space):
-    out = []
-    for line in open(path, encoding="utf-8"):
-        if line.strip():
-            o = json.loads(line)
-            out.append(o.get("context", o.get("ctx")))
-            out += [(" " if space else "") + s for s in o["endings"]]
-    return out
-if __name__ == "__main__":
-    for i, t in enumerate(texts(sys.argv[1], int(sys.argv[2]))):
-        open("%s/t_%d.txt" % (sys.argv[3], i), "w", encoding="utf-8", newline="").write(t)
-        print("%s/t_%d.txt %s/t_%d.ids" % (sys.argv[3], i, sys.argv[3], i))
-EOF
+# test/ref/mc_texts.py JSONL SPACE DIR writes the strings to encode,
+# DIR/t_N.txt, and prints "IN OUT" pairs for test/tiktoken_ref.mjs.
 cat >"$TMP/check.py" <<'EOF'
 import json, subprocess, sys
 sys.path.insert(0, sys.argv[6])
-from texts import texts
+sys.path.insert(0, sys.argv[8])
+from mc_texts import texts
 path, jsonl, kind, space, version = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
-refdir = sys.argv[7] if len(sys.argv) > 7 else None
+refdir = sys.argv[7]
 got = json.loads(subprocess.run([sys.executable, sys.argv[6] + "/read.py", path], check=True,
                                 capture_output=True, text=True).stdout)
 assert got["version"] == version, "version %d, expected %d" % (got["version"], version)
 rows = [json.loads(l) for l in open(jsonl, encoding="utf-8") if l.strip()]
-strings = texts(jsonl, space)
+want_text = texts(jsonl, space)
 def ref(i):
     if kind == "byte":
-        return list(strings[i].encode("utf-8"))
+        return list(want_text[i].encode("utf-8"))
     return [int(x) for x in open("%s/t_%d.ids" % (refdir, i)).read().split()]
 assert len(got["examples"]) == len(rows), "%d examples, expected %d" % (len(got["examples"]), len(rows))
-k, bad, ids, top = 0, 0, 0, 0
+k, bad, ids, largest = 0, 0, 0, 0
 for e, (x, r) in enumerate(zip(got["examples"], rows)):
     if x["label"] != int(r["label"]) or len(x["endings"]) != len(r["endings"]):
         bad += 1
     for seq in [x["ctx"]] + x["endings"]:
         want = ref(k); k += 1
         bad += seq != want; ids += len(seq)
-        top = max([top] + seq)
-print("%d examples, %d sequences, %d ids (largest %d), %d mismatch(es)" % (len(rows), k, ids, top, bad))
+        largest = max([largest] + seq)
+print("%d examples, %d sequences, %d ids (largest %d), %d mismatch(es)" % (len(rows), k, ids, largest, bad))
 # version 2 must carry ids above 65,535 here, or uint32 is chosen but untested
-sys.exit(bad != 0 or (version == 2 and top <= 65535))
+sys.exit(bad != 0 or (version == 2 and largest <= 65535))
 EOF
 
 # prepared LABEL KIND SPACE VERSION OUT ARGS...: prepare, then check
@@ -139,7 +125,7 @@ prepared() {
         fail "$label: dtrain-prepare failed: $(cat "$TMP/log")"
     elif ! grep -q "^$out: 8 examples (2 to 5 endings), .* version $version " "$TMP/log"; then
         fail "$label: summary line: $(cat "$TMP/log")"
-    elif res=$("$PY" "$TMP/check.py" "$out" "$TMP/mc.jsonl" "$kind" "$space" "$version" "$TMP" "$TMP/ref.$label" 2>&1); then
+    elif res=$("$PY" "$TMP/check.py" "$out" "$TMP/mc.jsonl" "$kind" "$space" "$version" "$TMP" "$TMP/ref.$label" "$top_srcdir/test/ref" 2>&1); then
         pass "$label: version $version, $res"
     else
         fail "$label: $res"
@@ -148,7 +134,7 @@ prepared() {
 
 # js_ref LABEL ENCODING SPACE: js-tiktoken's ids of every string, in $TMP/ref.LABEL
 js_ref() {
-    mkdir -p "$TMP/ref.$1" && "$PY" "$TMP/texts.py" "$TMP/mc.jsonl" "$3" "$TMP/ref.$1" >"$TMP/pairs" &&
+    mkdir -p "$TMP/ref.$1" && "$PY" "$top_srcdir/test/ref/mc_texts.py" "$TMP/mc.jsonl" "$3" "$TMP/ref.$1" >"$TMP/pairs" &&
         node "$REF" "$DIR/node" "$2" $(cat "$TMP/pairs") 2>/dev/null
 }
 
