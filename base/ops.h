@@ -33,6 +33,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 typedef struct ops {
     const char *name; /* "cpu", "cuda" */
@@ -267,6 +268,27 @@ static inline void ops_release(const ops_t *ops)
 {
     if (ops && ops->release)
         ops->release(ops->ctx);
+}
+
+/* Host memory that ops->to_host fills fastest: the backend's host_alloc
+ * where it has one (CUDA: pinned), else 64-byte aligned malloc; NULL for 0
+ * bytes or out of memory. Freed with ops_host_free on the same ops. */
+static inline void *ops_host_alloc(const ops_t *ops, size_t bytes)
+{
+    if (bytes == 0)
+        return NULL;
+    if (ops && ops->host_alloc)
+        return ops->host_alloc(ops->ctx, bytes);
+    void *p = NULL;
+    return posix_memalign(&p, 64, bytes) == 0 ? p : NULL;
+}
+
+static inline void ops_host_free(const ops_t *ops, void *p)
+{
+    if (p && ops && ops->host_free)
+        ops->host_free(ops->ctx, p);
+    else
+        free(p);
 }
 
 #endif

@@ -118,10 +118,13 @@ typedef struct dpsync_ops {
     status_t (*create)(dpsync_t *s, const dpsync_config_t *c, char *err, size_t errlen);
     /* Before the step's first forward. */
     void (*step_begin)(dpsync_t *s);
-    /* Before backward k of the step's n (k = 0..n-1): whether it adds to
-     * the gradients (accum) and is the step's last (model_backward's
-     * flags); the hook communicates during it where the strategy says. */
-    void (*backward_begin)(dpsync_t *s, int k, int n, int *accum, int *last);
+    /* Before backward k of the step's n (k = 0..n-1) of the gradients
+     * below flat offset top (n for a whole stage; an interleaved stage's
+     * chunk: model_chunk_top, the chunks above finishing their backwards
+     * first): whether it adds to the gradients (accum) and is the last of
+     * those gradients (model_backward's flags); the hook communicates
+     * during it where the strategy says. */
+    void (*backward_begin)(dpsync_t *s, int k, int n, size_t top, int *accum, int *last);
     /* After the last backward: every reduction completed, the gradients
      * (in the optimizer view) are the average over the DP group. */
     status_t (*grads_finish)(dpsync_t *s, char *err, size_t errlen);
@@ -167,6 +170,7 @@ struct dpsync {
     int next;                  /* ZeRO-2/3: the highest unit not yet reduced in this backward */
     dpsync_piece_t *pieces;    /* the view's pieces */
     int active;                /* the backward in progress communicates */
+    int reducing;              /* replicated, ZeRO-1: this step's all-reduce has begun (ddp_begin) */
     /* The first failure of the hook's communication in this backward, and
      * its message. Held here, the one place in mpi/ that keeps a message:
      * the model calls the hook between its kernels, and the hook's

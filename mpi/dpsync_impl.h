@@ -25,7 +25,8 @@ status_t dpsync_params_to_host_none(dpsync_t *s, float *host, char *err, size_t 
 
 /* ---- dpsync_replicated.c: the gradient all-reduce (ddp.c) ---- */
 status_t ddp_sync_create(dpsync_t *s, const dpsync_config_t *c, char *err, size_t errlen);
-void ddp_sync_backward_begin(dpsync_t *s, int k, int n, int *accum, int *last);
+void ddp_sync_backward_begin(dpsync_t *s, int k, int n, size_t top, int *accum, int *last);
+void ddp_sync_step_begin(dpsync_t *s);
 status_t ddp_sync_finish(dpsync_t *s, char *err, size_t errlen);
 float *ddp_sync_tensor_grads(dpsync_t *s, size_t off, size_t numel, size_t *n);
 int ddp_sync_norm_piece(const dpsync_t *s, size_t off, size_t numel, const float **x, size_t *n);
@@ -56,7 +57,7 @@ status_t zero2_create(dpsync_t *s, const dpsync_config_t *c, int stage, char *er
  * params: also drives ZeRO-3's parameter gathers. */
 void zero2_reduce_ready(dpsync_t *s, size_t ready_from, int params);
 void zero2_step_begin(dpsync_t *s);
-void zero2_backward_begin(dpsync_t *s, int k, int n, int *accum, int *last);
+void zero2_backward_begin(dpsync_t *s, int k, int n, size_t top, int *accum, int *last);
 status_t zero2_finish(dpsync_t *s, char *err, size_t errlen);
 float *zero2_tensor_grads(dpsync_t *s, size_t off, size_t numel, size_t *n);
 int zero2_norm_piece(const dpsync_t *s, size_t off, size_t numel, const float **x, size_t *n);

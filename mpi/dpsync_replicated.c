@@ -25,15 +25,23 @@ status_t ddp_sync_create(dpsync_t *s, const dpsync_config_t *c, char *err, size_
     return STATUS_OK;
 }
 
-void ddp_sync_backward_begin(dpsync_t *s, int k, int n, int *accum, int *last)
+/* The buckets go out from the top of the buffer down as the last
+ * backwards pass them; an interleaved stage has one last backward per
+ * chunk, top chunk first, so the all-reduce begins once per step. */
+void ddp_sync_backward_begin(dpsync_t *s, int k, int n, size_t top, int *accum, int *last)
 {
+    (void)top;
     *accum = k > 0;
     *last = k == n - 1;
     if (*last) {
-        ddp_begin(&s->ddp);
+        if (!s->reducing)
+            ddp_begin(&s->ddp);
+        s->reducing = 1;
         s->active = 1;
     }
 }
+
+void ddp_sync_step_begin(dpsync_t *s) { s->reducing = 0; }
 
 status_t ddp_sync_finish(dpsync_t *s, char *err, size_t errlen)
 {
@@ -75,7 +83,6 @@ static status_t create(dpsync_t *s, const dpsync_config_t *c, char *err, size_t 
     return ddp_sync_create(s, c, err, errlen);
 }
 
-static void step_begin(dpsync_t *s) { (void)s; }
 
 static status_t after_update(dpsync_t *s, char *err, size_t errlen)
 {
@@ -104,7 +111,7 @@ const dpsync_ops_t dpsync_replicated = {
     .name = "replicated",
     .zero = 0,
     .create = create,
-    .step_begin = step_begin,
+    .step_begin = ddp_sync_step_begin,
     .backward_begin = ddp_sync_backward_begin,
     .grads_finish = ddp_sync_finish,
     .tensor_grads = ddp_sync_tensor_grads,

@@ -13,7 +13,6 @@ static status_t create(dpsync_t *s, const dpsync_config_t *c, char *err, size_t 
     return ddp_sync_create(s, c, err, errlen);
 }
 
-static void step_begin(dpsync_t *s) { (void)s; }
 
 static double comm_s(const dpsync_t *s) { return s->ddp.comm_wait_s + s->update_s; }
 
@@ -28,7 +27,7 @@ const dpsync_ops_t dpsync_zero1 = {
     .zero = 1,
     .shards = 1,
     .create = create,
-    .step_begin = step_begin,
+    .step_begin = ddp_sync_step_begin,
     .backward_begin = ddp_sync_backward_begin,
     .grads_finish = ddp_sync_finish,
     .tensor_grads = ddp_sync_tensor_grads,

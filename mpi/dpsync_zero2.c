@@ -57,13 +57,18 @@ static status_t create(dpsync_t *s, const dpsync_config_t *c, char *err, size_t 
 
 void zero2_step_begin(dpsync_t *s) { zero_grads_begin(&s->zero); }
 
-void zero2_backward_begin(dpsync_t *s, int k, int n, int *accum, int *last)
+void zero2_backward_begin(dpsync_t *s, int k, int n, size_t top, int *accum, int *last)
 {
     (void)k;
     (void)n;
     *accum = 0;
     *last = 1;
-    s->next = s->zero.n_units - 1;
+    /* the units below top: an interleaved chunk's backward leaves the
+     * chunks above it alone */
+    int u = s->zero.n_units - 1;
+    while (u >= 0 && s->zero.unit_start[u] >= top)
+        u--;
+    s->next = u;
     s->active = 1;
 }
 

@@ -1,60 +1,45 @@
-/* The executor that runs one stage's schedule (1f1b, gpipe) over the pp
- * communicator; the schedules themselves are in pipeline_sched.c. See
- * pipeline.h for the contract.
+/* The executor that runs one stage's schedule (any kind of
+ * pipeline_sched.c) over the pp communicator. See pipeline.h for the
+ * contract.
  *
- * Messages. Activations go downstream with tag TAG_ACT, gradients upstream
- * with TAG_GRAD; every stage sends and receives each direction in
- * increasing microbatch order, so receives posted in that order match the
- * sends one to one (MPI's non-overtaking rule), however early they are
- * posted. Everything is nonblocking:
+ * Messages. Activations travel with tag TAG_ACT, gradients with TAG_GRAD;
+ * the peer of each is the stage holding the neighbouring chunk
+ * (pipe_stage_of), so under the interleaved schedule stage P-1 sends to
+ * stage 0 and with P = 2 both directions of both tags join the same two
+ * ranks. Every link (peer, tag) carries its messages in the order the
+ * receiver consumes them (the schedules guarantee it, pipe_simulate checks
+ * it), so:
  *
- *   activation receive of microbatch m, into input(m % S)   (stage > 0)
- *     posted at the start for m < S, else right after the backward of
- *     m - S frees the slot; waited for just before forward(m).
- *   activation send of forward(m)'s output(m % S)           (stage < P-1)
- *     posted right after forward(m); waited for just before backward(m)
- *     (where it has always completed: the gradient of m came back, so the
- *     next stage received the activation) and before the slot's next
- *     forward (a no-op after that).
- *   gradient receive of backward(m)'s dL/d(output), into grad()  (stage < P-1)
- *     posted at the start for m = 0, else right after backward(m-1) and
- *     the copy of its dL/d(input) out of grad(); waited for just before
- *     backward(m). Forwards in between must not write grad().
- *   gradient send of backward(m)'s dL/d(input)               (stage > 0)
- *     grad() is copied into send buffer m % R of an executor-owned ring
- *     (R = min(S, 2) buffers of n floats) and sent from there; the copy
- *     first waits for that buffer's previous send (microbatch m - R).
+ *   receives  the stage's incoming messages, listed once in the order its
+ *             actions consume them (the activation of each forward of a
+ *             chunk that is not the model's first, the gradient of each
+ *             backward of a chunk that is not its last), are posted in
+ *             that order into host buffers, at most WINDOW ahead; the
+ *             action waits for the head, copies it into input(slot) or
+ *             grad(), and the next receive is posted into the freed
+ *             buffer. Posting order per link equals sending order, so each
+ *             receive matches its message.
+ *   sends     output(slot) after a forward, grad() after a backward, is
+ *             copied into a buffer of its own and sent at once; the
+ *             buffer returns to the pool when a test() finds the send
+ *             complete. A send never waits.
+ *   local     a boundary between two chunks of this stage (zbv's turn at
+ *             the last stage) is a buffer handed from the producing action
+ *             to the consuming one, indexed by microbatch.
  *
- * Deadlock freedom. A wait can block only on a neighbour: a receive until
- * the neighbour posts the matching send, a send until the neighbour posts
- * the matching receive (messages above MPI's eager limit). The stages form
- * a line, so a deadlock needs two neighbours U = s, D = s+1 each blocked
- * on the other. U blocks on D only in the wait for the gradient of some m
- * before backward(U, m) (its other waits on D, the activation sends, are
- * made after that gradient arrived and have completed by then); U has
- * then finished every action before backward(U, m), received every
- * gradient below m, and posted the gradient receive of m. D blocks on U:
- *  - in the activation receive before forward(D, k): D has not run
- *    backward(D, m) (U still waits for it), so forward(D, k) precedes
- *    backward(D, m) in D's order: k <= m + min(P-D-1, M) for 1f1b, where
- *    U's order has every forward k <= m + min(P-U-1, M) before
- *    backward(U, m), a larger bound; for gpipe U ran every forward before
- *    any backward. So U already sent k: contradiction.
- *  - in the send buffer wait of gradient j before sending gradient j + R:
- *    D has sent gradients 0 .. j+R-1, so the gradient U waits for is
- *    m = j + R > j; U finished backward(U, m-1) and so posted the receive
- *    of every gradient up to m, j among them: contradiction.
- *  - in the final waits for its gradient sends: D has then sent every
- *    gradient, so U is not blocked on D.
- * Hence neither order of waits can close a cycle, for any P, M >= 1 and
- * any R >= 1; progress inside a blocked wait completes matched transfers
- * (OpenMPI progresses every request of the process in any wait). The
- * executor also calls test() on its requests between actions, since
- * OpenMPI has no progress thread.
+ * Deadlock freedom. The only blocking calls are the waits for the head
+ * receive (posted, since the window holds the next messages in consumption
+ * order) and, at the end, for the stage's own sends. A send is posted when
+ * the action producing it ends, without waiting on anything, so the
+ * messages flow exactly as in pipe_simulate's ideal machine, which finishes
+ * for every schedule it accepts: some stage can always run its next
+ * action. OpenMPI has no progress thread, but every wait progresses all of
+ * the process's requests, and the executor test()s its requests between
+ * actions, so a rendezvous send whose receiver waits completes.
  *
- * Memory: the ring (R*n floats, none on stage 0) and 2*S + R + 1 request
- * handles, allocated per call and freed before return, so no state lives
- * between steps. */
+ * Memory: host buffers of n floats, from the backend's host_alloc (pinned
+ * on CUDA) where it has one: WINDOW receives plus the sends in flight, kept
+ * in a free list and freed before returning. */
 #include "mpi/pipeline.h"
 
 #include <stdio.h>
@@ -63,25 +48,49 @@
 
 #include "mpi/trace.h"
 
-#define TAG_ACT 0x501  /* activations, stage s -> s+1 */
-#define TAG_GRAD 0x502 /* gradients, stage s+1 -> s */
+#define TAG_ACT 0x501  /* activations, chunk c -> c+1 */
+#define TAG_GRAD 0x502 /* gradients, chunk c+1 -> c */
+#define WINDOW 4       /* receives posted ahead of their action */
 
-/* ----------------------------------------------------------------- executor */
+/* One message this stage consumes. */
+typedef struct pipe_in {
+    int grad; /* 0: an activation (before a forward), 1: a gradient (before a backward) */
+    int peer; /* sending stage; this stage itself for a local boundary */
+    int micro;
+} pipe_in_t;
+
+/* A host buffer and the request on it. */
+typedef struct pipe_buf {
+    float *data;
+    comm_req_t req;
+} pipe_buf_t;
 
 typedef struct pipe_exec {
     comm_t *pp;
+    const pipe_shape_t *sh;
     const pipe_stage_ops_t *ops;
     void *ctx;
-    int P, s, M, S, R, first, last;
-    comm_req_t *act_recv;  /* [S]: activation receive into input(slot) */
-    comm_req_t *act_send;  /* [S]: activation send of output(slot) */
-    comm_req_t *grad_send; /* [R]: gradient send of ring[r] */
-    comm_req_t grad_recv;  /* the next backward's dL/d(output), into grad() */
-    float *ring;           /* [R][n]: dL/d(input) copies being sent upstream */
+    int P, s, C; /* stages, this stage, model chunks */
+    pipe_in_t *in;
+    int n_in, in_next; /* incoming messages; the next to consume */
+    int in_posted;     /* messages [in_next, in_posted) have receives posted */
+    pipe_buf_t **recv; /* [WINDOW] ring, message i in recv[i % WINDOW] */
+    pipe_buf_t **send; /* sends in flight */
+    int n_send, cap_send;
+    pipe_buf_t **pool; /* free buffers */
+    int n_pool, cap_pool;
+    int n_bufs, peak_bufs;
+    pipe_buf_t **local_act, **local_grad; /* [M]: zbv's turn, by microbatch */
     double wait_s;
-    char *err; /* the caller's error buffer (pipe_run's err, errlen) */
+    char *err;
     size_t errlen;
 } pipe_exec_t;
+
+static const char *op_name(pipe_op_t op)
+{
+    return op == PIPE_FWD ? "forward" : op == PIPE_BWD ? "backward" : op == PIPE_BWD_INPUT ? "input backward"
+                                                                                             : "weight backward";
+}
 
 /* Prefixes the comm layer's message, already in ex->err, with where it
  * happened. */
@@ -95,212 +104,364 @@ static status_t fail_at(pipe_exec_t *ex, const char *what, int micro)
     return status_set(STATUS_FAIL, ex->err, ex->errlen, "pipeline stage %d/%d, %s: %.400s", ex->s, ex->P, what, msg);
 }
 
-/* Waits for req if it is in flight, counting the time blocked. */
-static status_t wait_timed(pipe_exec_t *ex, comm_req_t *req)
+static status_t out_of_memory(pipe_exec_t *ex)
 {
-    if (!req->active)
-        return 0;
+    return status_set(STATUS_FAIL, ex->err, ex->errlen, "pipeline stage %d/%d: out of memory for a message of %zu floats",
+                      ex->s, ex->P, ex->ops->n);
+}
+
+/* ---- buffers ---------------------------------------------------------------------- */
+
+static pipe_buf_t *buf_get(pipe_exec_t *ex)
+{
+    if (ex->n_pool > 0)
+        return ex->pool[--ex->n_pool];
+    if (ex->n_bufs >= ex->cap_pool) { /* the pool can hold every buffer ever made */
+        const int cap = ex->cap_pool ? 2 * ex->cap_pool : 8;
+        pipe_buf_t **p = realloc(ex->pool, (size_t)cap * sizeof *p);
+        if (!p)
+            return NULL;
+        ex->pool = p;
+        ex->cap_pool = cap;
+    }
+    pipe_buf_t *b = calloc(1, sizeof *b);
+    if (!b)
+        return NULL;
+    b->data = ops_host_alloc(ex->ops->mem, ex->ops->n * sizeof(float) + sizeof(float));
+    if (!b->data) {
+        free(b);
+        return NULL;
+    }
+    if (++ex->n_bufs > ex->peak_bufs)
+        ex->peak_bufs = ex->n_bufs;
+    return b;
+}
+
+static void buf_put(pipe_exec_t *ex, pipe_buf_t *b) { ex->pool[ex->n_pool++] = b; }
+
+static void buf_free(pipe_exec_t *ex, pipe_buf_t *b)
+{
+    if (!b)
+        return;
+    ops_host_free(ex->ops->mem, b->data);
+    free(b);
+}
+
+/* device (or host) [n] -> host buffer, and back */
+static void copy_out(const pipe_exec_t *ex, float *host, const float *src)
+{
+    const size_t bytes = ex->ops->n * sizeof(float);
     if (ex->ops->mem)
-        ex->ops->mem->sync(ex->ops->mem->ctx); /* running kernels are compute, not bubble */
-    double t0 = trace_now();
-    status_t rc = ex->pp->ops->wait(req, ex->err, ex->errlen);
-    ex->wait_s += trace_now() - t0;
-    return rc;
+        ex->ops->mem->to_host(ex->ops->mem->ctx, host, src, bytes);
+    else
+        memcpy(host, src, bytes);
 }
 
-static status_t post_act_recv(pipe_exec_t *ex, int m)
+static void copy_in(const pipe_exec_t *ex, float *dst, const float *host)
 {
-    const int slot = m % ex->S;
-    if (ex->pp->ops->irecv(ex->pp, ex->ops->input(ex->ctx, slot), ex->ops->n, COMM_FP32, ex->s - 1, TAG_ACT,
-                           &ex->act_recv[slot], ex->err, ex->errlen) != STATUS_OK)
-        return fail_at(ex, "activation receive", m);
+    const size_t bytes = ex->ops->n * sizeof(float);
+    if (ex->ops->mem)
+        ex->ops->mem->from_host(ex->ops->mem->ctx, dst, host, bytes);
+    else
+        memcpy(dst, host, bytes);
+}
+
+/* ---- messages --------------------------------------------------------------------- */
+
+/* The incoming messages of this stage's action list, in consumption order. */
+static int list_incoming(pipe_exec_t *ex, const pipe_action_t *act, int na)
+{
+    ex->in = malloc((size_t)(na > 0 ? na : 1) * sizeof *ex->in);
+    if (!ex->in)
+        return -1;
+    for (int i = 0; i < na; i++) {
+        const pipe_action_t *a = &act[i];
+        const int c = pipe_chunk_of(ex->sh, ex->s, a->chunk);
+        if (a->op == PIPE_FWD && c > 0)
+            ex->in[ex->n_in++] = (pipe_in_t){.grad = 0, .peer = pipe_stage_of(ex->sh, c - 1), .micro = a->micro};
+        else if ((a->op == PIPE_BWD || a->op == PIPE_BWD_INPUT) && c < ex->C - 1)
+            ex->in[ex->n_in++] = (pipe_in_t){.grad = 1, .peer = pipe_stage_of(ex->sh, c + 1), .micro = a->micro};
+    }
     return 0;
 }
 
-static status_t post_grad_recv(pipe_exec_t *ex, int m)
+/* Posts receives until WINDOW are outstanding (local messages take a
+ * place in the ring but post nothing). */
+static status_t post_receives(pipe_exec_t *ex)
 {
-    if (ex->pp->ops->irecv(ex->pp, ex->ops->grad(ex->ctx), ex->ops->n, COMM_FP32, ex->s + 1, TAG_GRAD, &ex->grad_recv,
-                           ex->err, ex->errlen) != STATUS_OK)
-        return fail_at(ex, "gradient receive", m);
-    return 0;
+    while (ex->in_posted < ex->n_in && ex->in_posted - ex->in_next < WINDOW) {
+        const pipe_in_t *m = &ex->in[ex->in_posted];
+        pipe_buf_t *b = NULL;
+        if (m->peer != ex->s) {
+            if (!(b = buf_get(ex)))
+                return out_of_memory(ex);
+            if (ex->pp->ops->irecv(ex->pp, b->data, ex->ops->n, COMM_FP32, m->peer, m->grad ? TAG_GRAD : TAG_ACT,
+                                   &b->req, ex->err, ex->errlen) != STATUS_OK) {
+                buf_put(ex, b);
+                return fail_at(ex, m->grad ? "gradient receive" : "activation receive", m->micro);
+            }
+        }
+        ex->recv[ex->in_posted % WINDOW] = b;
+        ex->in_posted++;
+    }
+    return STATUS_OK;
 }
 
-/* One test() on every request in flight: OpenMPI advances transfers only
- * inside MPI calls, so between two callbacks the executor lets it. */
+/* Waits for the next incoming message and copies it to dst. */
+static status_t take_incoming(pipe_exec_t *ex, float *dst)
+{
+    const pipe_in_t *m = &ex->in[ex->in_next];
+    const char *what = m->grad ? "gradient receive" : "activation receive";
+    pipe_buf_t *b;
+    if (m->peer == ex->s) { /* handed over by this stage's own earlier action */
+        pipe_buf_t **slot = m->grad ? &ex->local_grad[m->micro] : &ex->local_act[m->micro];
+        b = *slot;
+        *slot = NULL;
+        if (!b)
+            return status_set(STATUS_FAIL, ex->err, ex->errlen,
+                              "pipeline stage %d/%d: internal error: local %s of microbatch %d missing", ex->s, ex->P,
+                              m->grad ? "gradient" : "activation", m->micro);
+    } else {
+        b = ex->recv[ex->in_next % WINDOW];
+        if (ex->ops->mem)
+            ex->ops->mem->sync(ex->ops->mem->ctx); /* running kernels are compute, not bubble */
+        double t0 = trace_now();
+        status_t rc = ex->pp->ops->wait(&b->req, ex->err, ex->errlen);
+        ex->wait_s += trace_now() - t0;
+        if (rc != STATUS_OK)
+            return fail_at(ex, what, m->micro);
+    }
+    ex->recv[ex->in_next % WINDOW] = NULL;
+    ex->in_next++;
+    if (ex->ops->n)
+        copy_in(ex, dst, b->data);
+    buf_put(ex, b);
+    return post_receives(ex);
+}
+
+/* Copies src out and sends it to the stage holding chunk `to` (or hands it
+ * to this stage's consumer). */
+static status_t send_outgoing(pipe_exec_t *ex, const float *src, int to, int grad, int micro)
+{
+    const char *what = grad ? "gradient send" : "activation send";
+    pipe_buf_t *b = buf_get(ex);
+    if (!b)
+        return out_of_memory(ex);
+    if (ex->ops->n)
+        copy_out(ex, b->data, src);
+    const int peer = pipe_stage_of(ex->sh, to);
+    if (peer == ex->s) {
+        pipe_buf_t **slot = grad ? &ex->local_grad[micro] : &ex->local_act[micro];
+        buf_free(ex, *slot); /* NULL: each microbatch crosses the turn once each way */
+        *slot = b;
+        return STATUS_OK;
+    }
+    if (ex->n_send == ex->cap_send) {
+        const int cap = ex->cap_send ? 2 * ex->cap_send : 8;
+        pipe_buf_t **p = realloc(ex->send, (size_t)cap * sizeof *p);
+        if (!p) {
+            buf_put(ex, b);
+            return out_of_memory(ex);
+        }
+        ex->send = p;
+        ex->cap_send = cap;
+    }
+    if (ex->pp->ops->isend(ex->pp, b->data, ex->ops->n, COMM_FP32, peer, grad ? TAG_GRAD : TAG_ACT, &b->req, ex->err,
+                           ex->errlen) != STATUS_OK) {
+        buf_put(ex, b);
+        return fail_at(ex, what, micro);
+    }
+    ex->send[ex->n_send++] = b;
+    return STATUS_OK;
+}
+
+/* One test() on every request in flight (OpenMPI advances transfers only
+ * inside MPI calls); completed sends give their buffers back. */
 static status_t progress(pipe_exec_t *ex, int micro)
 {
     comm_t *pp = ex->pp;
-    int done;
-    for (int i = 0; i < ex->S; i++)
-        if ((ex->act_recv[i].active && pp->ops->test(&ex->act_recv[i], &done, ex->err, ex->errlen) != 0) ||
-            (ex->act_send[i].active && pp->ops->test(&ex->act_send[i], &done, ex->err, ex->errlen) != 0))
+    int done, k = 0;
+    for (int i = 0; i < ex->n_send; i++) {
+        pipe_buf_t *b = ex->send[i];
+        if (pp->ops->test(&b->req, &done, ex->err, ex->errlen) != STATUS_OK)
             return fail_at(ex, "progress after", micro);
-    for (int i = 0; i < ex->R; i++)
-        if (ex->grad_send[i].active && pp->ops->test(&ex->grad_send[i], &done, ex->err, ex->errlen) != 0)
+        if (done)
+            buf_put(ex, b);
+        else
+            ex->send[k++] = b;
+    }
+    ex->n_send = k;
+    for (int i = ex->in_next; i < ex->in_posted; i++) {
+        pipe_buf_t *b = ex->recv[i % WINDOW];
+        if (b && b->req.active && pp->ops->test(&b->req, &done, ex->err, ex->errlen) != STATUS_OK)
             return fail_at(ex, "progress after", micro);
-    if (ex->grad_recv.active && pp->ops->test(&ex->grad_recv, &done, ex->err, ex->errlen) != 0)
-        return fail_at(ex, "progress after", micro);
-    return 0;
+    }
+    return STATUS_OK;
 }
 
-static status_t run_forward(pipe_exec_t *ex, const pipe_action_t *a)
+/* ---- actions ---------------------------------------------------------------------- */
+
+static status_t run_action(pipe_exec_t *ex, const pipe_action_t *a)
 {
     const pipe_stage_ops_t *ops = ex->ops;
-    if (!ex->first && wait_timed(ex, &ex->act_recv[a->slot]) != 0)
-        return fail_at(ex, "activation receive", a->micro);
-    /* the slot's previous output must have left (completed already at that
-     * microbatch's backward; kept as the rule the buffer depends on) */
-    if (!ex->last && wait_timed(ex, &ex->act_send[a->slot]) != 0)
-        return fail_at(ex, "activation send", a->micro);
-    if (ops->forward(ex->ctx, a->micro, a->slot) != 0)
-        return status_set(STATUS_FAIL, ex->err, ex->errlen, "pipeline stage %d/%d: forward of microbatch %d failed",
-                          ex->s, ex->P, a->micro);
-    if (!ex->last && ex->pp->ops->isend(ex->pp, ops->output(ex->ctx, a->slot), ops->n, COMM_FP32, ex->s + 1, TAG_ACT,
-                                        &ex->act_send[a->slot], ex->err, ex->errlen) != 0)
-        return fail_at(ex, "activation send", a->micro);
-    return 0;
+    const int c = pipe_chunk_of(ex->sh, ex->s, a->chunk);
+    int rc;
+    switch (a->op) {
+    case PIPE_FWD:
+        if (c > 0)
+            CHECK(take_incoming(ex, ops->input(ex->ctx, a->slot)));
+        rc = ops->forward(ex->ctx, a->chunk, a->micro, a->slot);
+        break;
+    case PIPE_BWD:
+    case PIPE_BWD_INPUT:
+        if (c < ex->C - 1)
+            CHECK(take_incoming(ex, ops->grad(ex->ctx)));
+        rc = (a->op == PIPE_BWD ? ops->backward : ops->backward_input)(ex->ctx, a->chunk, a->micro, a->slot);
+        break;
+    default:
+        rc = ops->backward_weight(ex->ctx, a->chunk, a->micro, a->slot);
+        break;
+    }
+    if (rc != 0) {
+        if (ex->sh->virt > 1)
+            return status_set(STATUS_FAIL, ex->err, ex->errlen,
+                              "pipeline stage %d/%d: %s of chunk %d microbatch %d failed", ex->s, ex->P,
+                              op_name(a->op), c, a->micro);
+        return status_set(STATUS_FAIL, ex->err, ex->errlen, "pipeline stage %d/%d: %s of microbatch %d failed", ex->s,
+                          ex->P, op_name(a->op), a->micro);
+    }
+    if (a->op == PIPE_FWD && c < ex->C - 1)
+        return send_outgoing(ex, ops->output(ex->ctx, a->slot), c + 1, 0, a->micro);
+    if ((a->op == PIPE_BWD || a->op == PIPE_BWD_INPUT) && c > 0)
+        return send_outgoing(ex, ops->grad(ex->ctx), c - 1, 1, a->micro);
+    return STATUS_OK;
 }
 
-/* Backwards run in increasing microbatch order, so the next backward is
- * a->micro + 1 and the slot's next microbatch a->micro + S. */
-static status_t run_backward(pipe_exec_t *ex, const pipe_action_t *a)
-{
-    const pipe_stage_ops_t *ops = ex->ops;
-    const size_t n = ops->n;
-    if (!ex->last) {
-        if (wait_timed(ex, &ex->grad_recv) != 0)
-            return fail_at(ex, "gradient receive", a->micro);
-        /* done already: the next stage received it before sending this gradient */
-        if (wait_timed(ex, &ex->act_send[a->slot]) != 0)
-            return fail_at(ex, "activation send", a->micro);
-    }
-    if (ops->backward(ex->ctx, a->micro, a->slot) != 0)
-        return status_set(STATUS_FAIL, ex->err, ex->errlen, "pipeline stage %d/%d: backward of microbatch %d failed",
-                          ex->s, ex->P, a->micro);
-    if (!ex->first) {
-        const int r = a->micro % ex->R;
-        float *buf = ex->ring + (size_t)r * n;
-        if (wait_timed(ex, &ex->grad_send[r]) != 0)
-            return fail_at(ex, "gradient send", a->micro - ex->R);
-        if (n && ops->mem)
-            ops->mem->to_host(ops->mem->ctx, buf, ops->grad(ex->ctx), n * sizeof *buf);
-        else if (n)
-            memcpy(buf, ops->grad(ex->ctx), n * sizeof *buf);
-        if (ex->pp->ops->isend(ex->pp, buf, n, COMM_FP32, ex->s - 1, TAG_GRAD, &ex->grad_send[r], ex->err,
-                               ex->errlen) != 0)
-            return fail_at(ex, "gradient send", a->micro);
-    }
-    /* grad() is free again: receive the next backward's gradient into it */
-    if (!ex->last && a->micro + 1 < ex->M && post_grad_recv(ex, a->micro + 1) != 0)
-        return STATUS_FAIL;
-    /* the slot is free: receive the activation of its next microbatch */
-    if (!ex->first && a->micro + ex->S < ex->M)
-        CHECK(post_act_recv(ex, a->micro + ex->S));
-    return 0;
-}
-
-/* Requests still in flight after the schedule. On success only gradient
- * sends can be (waited for here); a receive left over would be a bug. On
- * failure nothing is waited for (a neighbour that failed too would never
- * match it): one test() each, and *left counts those still in flight. */
+/* After the schedule: on success every send is waited for (a receive
+ * still posted would be a bug). On failure nothing is waited for (a
+ * neighbour that failed too would never match it): one test() each, and
+ * *left counts the requests still in flight, whose buffers are then left
+ * to MPI. */
 static status_t drain(pipe_exec_t *ex, int failed, int *left)
 {
-    /* act_recv[S], act_send[S], grad_send[R] are one block; then grad_recv */
-    const int nblock = 2 * ex->S + ex->R;
     status_t rc = STATUS_OK;
     *left = 0;
-    for (int i = 0; i <= nblock; i++) {
-        comm_req_t *req = i < nblock ? &ex->act_recv[i] : &ex->grad_recv;
-        const int is_recv = i < ex->S || i == nblock;
-        if (!req->active)
-            continue;
-        if (!failed && !is_recv) {
-            if (wait_timed(ex, req) != 0) {
+    if (!failed && ex->in_posted > ex->in_next) {
+        rc = status_set(STATUS_FAIL, ex->err, ex->errlen,
+                        "pipeline stage %d/%d: a receive is still posted after the schedule", ex->s, ex->P);
+        failed = 1;
+    }
+    for (int i = 0; i < ex->n_send; i++) {
+        pipe_buf_t *b = ex->send[i];
+        if (!failed) {
+            double t0 = trace_now();
+            if (ex->pp->ops->wait(&b->req, ex->err, ex->errlen) != STATUS_OK) {
                 rc = fail_at(ex, "final send", -1);
                 failed = 1;
             }
-            continue;
-        }
-        if (!failed) {
-            rc = status_set(STATUS_FAIL, ex->err, ex->errlen,
-                            "pipeline stage %d/%d: a receive is still posted after the schedule", ex->s, ex->P);
-            failed = 1;
+            ex->wait_s += trace_now() - t0;
         }
         int done = 0;
-        /* the failure's message is already in err: this test's is not kept */
-        if (ex->pp->ops->test(req, &done, NULL, 0) == STATUS_OK && !done)
+        if (!b->req.active || (ex->pp->ops->test(&b->req, &done, NULL, 0) == STATUS_OK && done))
+            buf_put(ex, b);
+        else
+            (*left)++, ex->send[i] = NULL;
+    }
+    for (int i = ex->in_next; i < ex->in_posted; i++) {
+        pipe_buf_t *b = ex->recv[i % WINDOW];
+        int done = 0;
+        if (!b)
+            continue;
+        if (ex->pp->ops->test(&b->req, &done, NULL, 0) == STATUS_OK && done)
+            buf_put(ex, b);
+        else
             (*left)++;
     }
     return rc;
 }
 
-status_t pipe_run(comm_t *pp, pipe_kind_t k, int n_micro, const pipe_stage_ops_t *ops, void *ctx, pipe_stats_t *st,
+static void exec_free(pipe_exec_t *ex, int M)
+{
+    for (int i = 0; i < ex->n_pool; i++)
+        buf_free(ex, ex->pool[i]);
+    for (int m = 0; ex->local_act && m < M; m++) {
+        buf_free(ex, ex->local_act[m]);
+        buf_free(ex, ex->local_grad[m]);
+    }
+    free(ex->pool);
+    free(ex->send);
+    free(ex->recv);
+    free(ex->in);
+    free(ex->local_act);
+    free(ex->local_grad);
+}
+
+static int ops_complete(const pipe_shape_t *sh, const pipe_stage_ops_t *ops, int s)
+{
+    const int split = sh->kind == PIPE_ZBH1 || sh->kind == PIPE_ZBV;
+    if (!ops || !ops->forward || !ops->grad || (split ? !ops->backward_input || !ops->backward_weight : !ops->backward))
+        return 0;
+    /* a stage's chunks other than the model's first read input(), other
+     * than its last write output() */
+    int needs_in = 0, needs_out = 0;
+    for (int v = 0; v < sh->virt; v++) {
+        const int c = pipe_chunk_of(sh, s, v);
+        needs_in |= c > 0;
+        needs_out |= c < sh->stages * sh->virt - 1;
+    }
+    return (!needs_in || ops->input) && (!needs_out || ops->output);
+}
+
+status_t pipe_run(comm_t *pp, const pipe_shape_t *sh, const pipe_stage_ops_t *ops, void *ctx, pipe_stats_t *st,
                   char *err, size_t errlen)
 {
     if (st)
-        st->wait_s = 0.0;
-    const int P = pp->size, s = pp->rank;
-    const int S = pipe_slots(k, P, s, n_micro);
-    if (S < 1 || (k != PIPE_1F1B && k != PIPE_GPIPE) || !ops || !ops->forward || !ops->backward ||
-        (s > 0 && !ops->input) || (s < P - 1 && !ops->output) || !ops->grad) {
-        return status_set(STATUS_FAIL, err, errlen,
-                          "pipeline: bad arguments (kind %d, %d microbatches, stage %d of %d, callbacks %s)", (int)k,
-                          n_micro, s, P, ops ? "incomplete" : "missing");
-    }
+        *st = (pipe_stats_t){0};
+    const int s = pp->rank;
+    char why[256];
+    if (!sh || sh->stages != pp->size || pipe_shape_check(sh, why, sizeof why) != 0 || !ops_complete(sh, ops, s))
+        return status_set(STATUS_FAIL, err, errlen, "pipeline: bad arguments (%s, stage %d of %d, callbacks %s)",
+                          sh && sh->stages == pp->size && pipe_shape_check(sh, NULL, 0) != 0 ? why : "shape", s,
+                          pp->size, ops ? "incomplete" : "missing");
+    const int na = pipe_stage_actions(sh), M = sh->micro;
     pipe_exec_t ex = {.pp = pp,
+                      .sh = sh,
                       .ops = ops,
                       .ctx = ctx,
-                      .P = P,
+                      .P = sh->stages,
                       .s = s,
-                      .M = n_micro,
-                      .S = S,
-                      .R = S < 2 ? S : 2,
-                      .first = s == 0,
-                      .last = s == P - 1,
+                      .C = sh->stages * sh->virt,
                       .err = err,
                       .errlen = errlen};
-    const size_t n = ops->n;
-    pipe_action_t *act = malloc((size_t)2 * (size_t)n_micro * sizeof *act);
-    /* one block of handles: act_recv[S], act_send[S], grad_send[R] */
-    comm_req_t *reqs = calloc((size_t)(2 * S + ex.R), sizeof *reqs);
-    ex.ring = ex.first ? NULL : malloc((size_t)ex.R * n * sizeof(float) + 1);
-    if (!act || !reqs || (!ex.first && !ex.ring)) {
+    pipe_action_t *act = malloc((size_t)na * sizeof *act);
+    ex.recv = calloc(WINDOW, sizeof *ex.recv);
+    ex.local_act = calloc((size_t)M, sizeof *ex.local_act);
+    ex.local_grad = calloc((size_t)M, sizeof *ex.local_grad);
+    if (!act || !ex.recv || !ex.local_act || !ex.local_grad || pipe_stage_schedule(sh, s, act) != na ||
+        list_incoming(&ex, act, na) != 0) {
         free(act);
-        free(reqs);
-        free(ex.ring);
-        return status_set(STATUS_FAIL, err, errlen, "pipeline stage %d/%d: out of memory for %d slots of %zu floats", s,
-                          P, S, n);
+        exec_free(&ex, M);
+        return status_set(STATUS_FAIL, err, errlen, "pipeline stage %d/%d: out of memory for the schedule of %d actions",
+                          s, ex.P, na);
     }
-    ex.act_recv = reqs;
-    ex.act_send = reqs + S;
-    ex.grad_send = reqs + 2 * S;
-
-    status_t rc = STATUS_OK;
-    const int na = pipe_schedule(k, P, s, n_micro, act);
-    /* receives that can be posted before any compute: every free slot's
-     * activation, and the first backward's gradient */
-    for (int m = 0; rc == 0 && !ex.first && m < S; m++)
-        rc = post_act_recv(&ex, m);
-    if (rc == 0 && !ex.last)
-        rc = post_grad_recv(&ex, 0);
-    for (int i = 0; rc == 0 && i < na; i++) {
-        const pipe_action_t *a = &act[i];
-        rc = a->op == PIPE_FWD ? run_forward(&ex, a) : run_backward(&ex, a);
-        if (rc == 0 && i + 1 < na)
-            rc = progress(&ex, a->micro);
+    status_t rc = post_receives(&ex);
+    for (int i = 0; rc == STATUS_OK && i < na; i++) {
+        rc = run_action(&ex, &act[i]);
+        if (rc == STATUS_OK && i + 1 < na)
+            rc = progress(&ex, act[i].micro);
     }
     int left = 0;
-    if (drain(&ex, rc != 0, &left) != 0)
+    if (drain(&ex, rc != STATUS_OK, &left) != STATUS_OK)
         rc = STATUS_FAIL;
     free(act);
-    if (left == 0) {
-        free(reqs);
-        free(ex.ring);
-    }
-    /* else: after a failure, requests still in flight keep their handles
-     * and the ring; the job ends (pipeline.h), so they are left to MPI
-     * rather than freed under it */
-    if (st)
+    if (st) {
         st->wait_s = ex.wait_s;
+        st->peak_buffers = ex.peak_bufs;
+    }
+    if (left == 0)
+        exec_free(&ex, M);
+    /* else: after a failure, requests still in flight keep their buffers;
+     * the job ends (pipeline.h), so they are left to MPI rather than freed
+     * under it */
     return rc;
 }

@@ -7,9 +7,8 @@
  *
  * Schedules, for stage s of P stages and M microbatches (any M >= 1; the
  * training loop also requires M >= P, since fewer leaves stages idle).
- * pipe_run executes the first two; the others are pure schedules so far
- * (checked by test/test_pipe_sched.c through pipe_simulate), which the
- * executor and the model callbacks do not run yet:
+ * pipe_run executes every kind (test/test_pipeline.c); test/test_pipe_sched.c
+ * checks the schedules themselves through pipe_simulate:
  *   1f1b   Megatron's non-interleaved schedule. Warm-up: min(P-s-1, M)
  *          forwards; steady: one forward then one backward until every
  *          forward has run; cool-down: the remaining backwards. At most
@@ -108,6 +107,8 @@ int pipe_shape_check(const pipe_shape_t *sh, char *err, size_t errlen);
 int pipe_stage_actions(const pipe_shape_t *sh);
 /* Where the stage's local chunk sits in the model: 0 .. P*V-1. */
 int pipe_chunk_of(const pipe_shape_t *sh, int stage, int local);
+/* The stage holding model chunk c (the inverse of pipe_chunk_of). */
+int pipe_stage_of(const pipe_shape_t *sh, int c);
 /* Activation slots the stage needs, the most chunk-microbatches it holds
  * at once (see the schedules above); 0 for arguments out of range. */
 int pipe_stage_slots(const pipe_shape_t *sh, int stage);
@@ -154,53 +155,71 @@ typedef struct pipe_sim {
 int pipe_simulate(const pipe_shape_t *sh, const pipe_action_t *const *acts, const int *n_acts, const pipe_cost_t *cost,
                   pipe_sim_t *res, char *err, size_t errlen);
 
-/* One stage, as the executor sees it. The buffers belong to the caller. */
+/* One stage, as the executor sees it. The buffers belong to the caller.
+ * chunk is the stage's own chunk (pipe_action_t's), 0 for the one-chunk
+ * kinds; slot is the action's activation slot. */
 typedef struct pipe_stage_ops {
-    /* Forward of microbatch `micro` into activation slot `slot`; on a
-     * non-first stage its input is already in input(slot). Must not write
-     * grad(): a gradient receive may be in flight into it. 0 or -1. */
-    int (*forward)(void *ctx, int micro, int slot);
-    /* Backward of that microbatch; on a non-last stage dL/d(output) is
-     * already in grad(); on exit grad() holds dL/d(input), which the
-     * executor copies out and sends upstream from a non-first stage; from
-     * then until the next backward the executor owns grad() (the next
-     * gradient is received into it). The send of output(slot) has
-     * completed on entry, so backward may use output(slot) as scratch;
-     * input(slot) and output(slot) are free once it returns. 0 or -1. */
-    int (*backward)(void *ctx, int micro, int slot);
-    float *(*input)(void *ctx, int slot);  /* [n]: where a received activation goes (non-first stages) */
-    float *(*output)(void *ctx, int slot); /* [n]: a forward's output, sent downstream (non-last stages) */
+    /* Forward of (chunk, micro) into activation slot `slot`; unless the
+     * chunk is the model's first its input is already in input(slot). Must
+     * not write grad(). On return output(slot) holds the chunk's output
+     * (not read for the model's last chunk). 0 or -1. */
+    int (*forward)(void *ctx, int chunk, int micro, int slot);
+    /* Whole backward of (chunk, micro) (1f1b, gpipe, interleaved); unless
+     * the chunk is the model's last, dL/d(output) is already in grad(); on
+     * exit grad() holds dL/d(input) (not read for the model's first
+     * chunk). input(slot) and output(slot) are free once it returns. */
+    int (*backward)(void *ctx, int chunk, int micro, int slot);
+    /* The split backward (zb-h1, zbv): B as backward, but the weight
+     * gradients are left to W, which the same slot's data serves; the slot
+     * is free once W returns. NULL where the stage cannot split: those
+     * kinds are then refused. */
+    int (*backward_input)(void *ctx, int chunk, int micro, int slot);
+    int (*backward_weight)(void *ctx, int chunk, int micro, int slot);
+    float *(*input)(void *ctx, int slot);  /* [n] */
+    float *(*output)(void *ctx, int slot); /* [n] */
     float *(*grad)(void *ctx);             /* [n]: the shared gradient buffer */
     size_t n;                              /* floats per message, both directions */
-    /* The backend whose memory grad() is in: the executor copies each
-     * gradient out into its host send buffers with mem->to_host. NULL:
-     * grad() is host memory. */
+    /* The backend whose memory input(), output() and grad() are in: the
+     * executor moves messages through host buffers with its to_host and
+     * from_host. NULL: they are host memory. */
     const ops_t *mem;
 } pipe_stage_ops_t;
 
 typedef struct pipe_stats {
     /* seconds blocked in wait() on pipeline messages (receives of
-     * activations and gradients, completions of sends whose buffer is
-     * needed again): the stage's pipeline bubble plus exposed transfer */
+     * activations and gradients): the stage's pipeline bubble plus exposed
+     * transfer */
     double wait_s;
+    /* host message buffers of n floats the executor held at most at once
+     * (receives posted ahead, sends in flight) */
+    int peak_buffers;
 } pipe_stats_t;
 
-/* Runs one step's schedule on this stage. pp: the pipeline group (rank =
- * stage, size = stages). Collective over pp: every stage calls it with the
- * same kind (1f1b or gpipe; the schedule-only kinds are refused as bad
- * arguments), n_micro and n. Sends and receives are nonblocking, posted as
- * early as their buffers allow, and all complete before a successful
- * return. Allocates min(slots, 2) * n floats of host send buffers per call
- * (none on stage 0) and frees them before returning. st may be NULL.
+/* Runs one step's schedule of shape sh on this stage. pp: the pipeline
+ * group (rank = stage, size = sh->stages). Collective over pp: every stage
+ * calls it with the same shape and n.
+ *
+ * Messages: after F of chunk c its output goes to the stage holding c+1,
+ * after the (whole or B) backward of c dL/d(input) to the stage holding
+ * c-1 (pipe_stage_of), through host buffers of n floats: the output is
+ * copied out and sent at once (sends never wait for a buffer), and each
+ * stage posts its receives in the order it consumes them, a few ahead, so
+ * a wait blocks only on the message the next action needs, which every
+ * link delivers in that order (pipeline.h's schedules; MPI's non-overtaking
+ * rule). A chunk boundary inside the stage (zbv's turn) is a copy.
+ * Deadlock-free whenever pipe_simulate accepts the schedule: a stage
+ * blocks only on a message whose sender reaches it without waiting on the
+ * blocked stage. All transfers complete before a successful return; the
+ * buffers are allocated per call and freed (st->peak_buffers of them at
+ * most). st may be NULL.
  *
  * Returns a status (mpi/status.h) with one line in err (a failing
  * callback's own message is the caller's; err then names the action:
- * "pipeline stage 1/2: forward of microbatch 3 failed"). After a
+ * "pipeline stage 1/2: forward of chunk 0 microbatch 3 failed"). After a
  * failure the caller ends the job (MPI_Abort or an agreed exit): requests
- * a neighbour may never match are not waited for (that could hang), so
- * the executor's send buffers still in flight are left to MPI, and
- * receives may still land in input()/grad(). */
-status_t pipe_run(comm_t *pp, pipe_kind_t k, int n_micro, const pipe_stage_ops_t *ops, void *ctx, pipe_stats_t *st,
+ * a neighbour may never match are not waited for (that could hang), and
+ * their buffers are left to MPI. */
+status_t pipe_run(comm_t *pp, const pipe_shape_t *sh, const pipe_stage_ops_t *ops, void *ctx, pipe_stats_t *st,
                   char *err, size_t errlen);
 
 #endif

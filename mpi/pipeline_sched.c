@@ -27,7 +27,8 @@ static const char *const kind_names[PIPE_N_KINDS] = {[PIPE_1F1B] = "1f1b",
                                                      [PIPE_INTERLEAVED] = "interleaved",
                                                      [PIPE_ZBH1] = "zb-h1",
                                                      [PIPE_ZBV] = "zbv"};
-const char *const pipe_kind_names[] = {[PIPE_1F1B] = "1f1b", [PIPE_GPIPE] = "gpipe", NULL};
+const char *const pipe_kind_names[] = {[PIPE_1F1B] = "1f1b", [PIPE_GPIPE] = "gpipe", [PIPE_INTERLEAVED] = "interleaved",
+                                       NULL};
 
 int pipe_kind_parse(const char *s, pipe_kind_t *k)
 {
@@ -112,8 +113,7 @@ int pipe_chunk_of(const pipe_shape_t *sh, int stage, int local)
     return local * sh->stages + stage;
 }
 
-/* The stage holding model chunk c (the inverse of pipe_chunk_of). */
-static int stage_of(const pipe_shape_t *sh, int c)
+int pipe_stage_of(const pipe_shape_t *sh, int c)
 {
     const int P = sh->stages;
     if (sh->kind == PIPE_ZBV)
@@ -400,7 +400,7 @@ static int sim_fail(sim_t *S, int r, const pipe_action_t *a, const char *fmt, ..
  * or a same-stage input comes later in the list. */
 static int sim_input(sim_t *S, int r, const pipe_action_t *a, int dir, int from, double *ready)
 {
-    const int key = from * S->M + a->micro, q = stage_of(S->sh, from);
+    const int key = from * S->M + a->micro, q = pipe_stage_of(S->sh, from);
     const double t = S->end[dir == LINK_ACT ? E_F : E_B][key];
     const char *what = dir == LINK_ACT ? "output" : "input gradient";
     if (q == r && t < 0)
@@ -445,7 +445,7 @@ static void sim_send(sim_t *S, int r, int dir, int to, int key)
 {
     if (to < 0 || to >= S->C)
         return;
-    const int q = stage_of(S->sh, to);
+    const int q = pipe_stage_of(S->sh, to);
     if (q != r)
         S->seq[dir][key] = S->sent[dir][r * S->P + q]++;
 }

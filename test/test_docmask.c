@@ -133,8 +133,8 @@ static int create(model_t *m, const model_config_t *c, const ops_t *ops, model_r
     lay.sequence_parallel = grid.tp > 1;
     if (grid.pp > 1) { /* two stages: layers [0, L/2) with the embeddings, the rest with the head */
         const int half = c->n_layer / 2, last = grid.rank == grid.pp - 1;
-        lay.part.layer_begin = last ? half : 0;
-        lay.part.layer_end = last ? c->n_layer : half;
+        lay.part.run_begin[0] = last ? half : 0;
+        lay.part.run_end[0] = last ? c->n_layer : half;
         lay.part.has_embed = !last;
         lay.part.has_head = last;
     }

@@ -135,7 +135,7 @@ static void run_stage(comm_t *world, int stage, int rank)
     s.ops->step_begin(&s);
     for (int k = 0; k < MICRO && ok; k++) {
         int accum, last;
-        s.ops->backward_begin(&s, k, MICRO, &accum, &last);
+        s.ops->backward_begin(&s, k, MICRO, s.n, &accum, &last);
         ok = backward(&s, grads, start, blo, bhi, lent_g, rank, k, accum) == 0;
     }
     ok = ok && s.ops->grads_finish(&s, err, sizeof err) == 0;
@@ -268,7 +268,7 @@ static void run_failing(int stage, int rank)
     int ok = params && grads && cpu && dpsync_create(&s, dpsync_pick(stage), &c, err, sizeof err) == STATUS_OK;
     if (ok) {
         int accum, last;
-        s.ops->backward_begin(&s, 0, 1, &accum, &last);
+        s.ops->backward_begin(&s, 0, 1, s.n, &accum, &last);
         s.hook.grads_ready(s.hook.ctx, 0); /* returns nothing: the failure is held */
         ok = dpsync_backward_end(&s, err, sizeof err) == STATUS_FAIL && strcmp(err, want) == 0 &&
              s.ops->grads_finish(&s, fin, sizeof fin) == STATUS_FAIL && strcmp(fin, want) == 0;

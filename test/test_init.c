@@ -166,8 +166,8 @@ static void check_stages(const char *preset)
     int *held = calloc((size_t)full.n, sizeof *held), copies = 0, bad = 0;
     for (int s = 0; s < 3; s++) {
         param_layout_t lay = param_layout_whole(&p->cfg);
-        lay.layer_begin = bounds[s];
-        lay.layer_end = bounds[s + 1];
+        lay.run_begin[0] = bounds[s];
+        lay.run_end[0] = bounds[s + 1];
         lay.has_embed = s == 0;
         lay.has_head = s == 2;
         if (param_table_build(&st[s], &p->cfg, &lay, err, sizeof err) != 0) {

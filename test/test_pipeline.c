@@ -264,41 +264,43 @@ static void check_schedules(void)
 
 /* ----------------------------------------------- (b) synthetic model */
 
-/* Small integers: every product and sum below stays under 2^24 for P <= 8
- * and M <= 16, so fp32 is exact. */
+/* Small integers: every product and sum below stays under 2^24 for up to
+ * 8 model chunks and M <= 16, so fp32 is exact. g is a model chunk
+ * (pipe_chunk_of), which for the one-chunk kinds is the stage. */
 static float x0_of(int m, size_t i) { return (float)((int)((m + 2 * i) % 5) - 2); }
-static float w_of(int s, size_t i) { return (float)(1 + (int)((s + i) % 2)); }
-static float b_of(int s, size_t i) { return (float)((int)((s + 3 * i) % 3) - 1); }
+static float w_of(int g, size_t i) { return (float)(1 + (int)((g + i) % 2)); }
+static float b_of(int g, size_t i) { return (float)((int)((g + 3 * i) % 3) - 1); }
 static float t_of(int m, size_t i) { return (float)((int)((3 * m + i) % 4) - 1); }
 
-/* The input of stage s for microbatch m, element i. */
-static double x_at(int s, int m, size_t i)
+/* The input of chunk g for microbatch m, element i. */
+static double x_at(int g, int m, size_t i)
 {
     double x = x0_of(m, i);
-    for (int q = 0; q < s; q++)
+    for (int q = 0; q < g; q++)
         x = w_of(q, i) * x + b_of(q, i);
     return x;
 }
 
-/* dL/d(output of stage s) for microbatch m, element i. */
-static double dy_at(int P, int s, int m, size_t i)
+/* dL/d(output of chunk g) for microbatch m, element i, of C chunks. */
+static double dy_at(int C, int g, int m, size_t i)
 {
-    double g = t_of(m, i);
-    for (int q = P - 1; q > s; q--)
-        g *= w_of(q, i);
-    return g;
+    double d = t_of(m, i);
+    for (int q = C - 1; q > g; q--)
+        d *= w_of(q, i);
+    return d;
 }
 
 typedef struct synth {
-    int s, P, M, S;
+    pipe_shape_t sh;
+    int s, C, S, n_act;
     size_t n;
-    float *in, *out, *grad; /* [S][n], [S][n], [n] */
-    float *w, *b, *dw, *db; /* [n] each */
+    float *in, *out, *dys, *grad; /* [S][n] x3, [n] */
+    float *w, *b, *dw, *db;       /* [V][n] each: the stage's chunks */
     double loss;
-    const pipe_action_t *expect; /* pipe_schedule()'s order */
+    const pipe_action_t *expect; /* pipe_stage_schedule()'s order */
     int pos;
     int fail_fwd; /* forward of this microbatch returns -1 (-1: none) */
-    long sleep_f_us, sleep_b_us;
+    long sleep_f_us, sleep_b_us, sleep_w_us;
     char err[256]; /* first violation seen in a callback */
 } synth_t;
 
@@ -320,55 +322,99 @@ static void note(synth_t *c, const char *fmt, ...)
     va_end(ap);
 }
 
-/* The next action must be (op, micro, slot). */
-static void expect_action(synth_t *c, pipe_op_t op, int micro, int slot)
+static const char *op_str(pipe_op_t op)
 {
-    const pipe_action_t *e = c->pos < 2 * c->M ? &c->expect[c->pos] : NULL;
-    if (!e || e->op != op || e->micro != micro || e->slot != slot)
-        note(c, "call %d: %s(micro %d, slot %d), schedule says %s(%d, %d)", c->pos, op == PIPE_FWD ? "fwd" : "bwd",
-             micro, slot, e ? (e->op == PIPE_FWD ? "fwd" : "bwd") : "end", e ? e->micro : -1, e ? e->slot : -1);
+    return op == PIPE_FWD ? "F" : op == PIPE_BWD ? "BW" : op == PIPE_BWD_INPUT ? "B" : "W";
+}
+
+/* The next action must be (op, chunk, micro, slot). */
+static void expect_action(synth_t *c, pipe_op_t op, int chunk, int micro, int slot)
+{
+    const pipe_action_t *e = c->pos < c->n_act ? &c->expect[c->pos] : NULL;
+    if (!e || e->op != op || e->chunk != chunk || e->micro != micro || e->slot != slot)
+        note(c, "call %d: %s(chunk %d, micro %d, slot %d), schedule says %s(%d, %d, %d)", c->pos, op_str(op), chunk,
+             micro, slot, e ? op_str(e->op) : "end", e ? e->chunk : -1, e ? e->micro : -1, e ? e->slot : -1);
     c->pos++;
 }
 
-static int synth_forward(void *ctx, int m, int slot)
+static int synth_forward(void *ctx, int chunk, int m, int slot)
 {
     synth_t *c = ctx;
-    expect_action(c, PIPE_FWD, m, slot);
+    expect_action(c, PIPE_FWD, chunk, m, slot);
     if (m == c->fail_fwd)
         return -1;
+    const int g = pipe_chunk_of(&c->sh, c->s, chunk);
+    const float *w = c->w + (size_t)chunk * c->n, *b = c->b + (size_t)chunk * c->n;
     float *x = c->in + (size_t)slot * c->n, *y = c->out + (size_t)slot * c->n;
     for (size_t i = 0; i < c->n; i++) {
-        if (c->s == 0)
-            x[i] = x0_of(m, i); /* the first stage makes its own input */
-        else if (x[i] != (float)x_at(c->s, m, i))
-            note(c, "fwd %d: input[%zu] = %g, want %g", m, i, (double)x[i], x_at(c->s, m, i));
-        y[i] = c->w[i] * x[i] + c->b[i];
-        if (c->s == c->P - 1)
+        if (g == 0)
+            x[i] = x0_of(m, i); /* the first chunk makes its own input */
+        else if (x[i] != (float)x_at(g, m, i))
+            note(c, "fwd chunk %d micro %d: input[%zu] = %g, want %g", g, m, i, (double)x[i], x_at(g, m, i));
+        y[i] = w[i] * x[i] + b[i];
+        if (g == c->C - 1)
             c->loss += (double)y[i] * t_of(m, i);
     }
     sleep_us(c->sleep_f_us);
     return 0;
 }
 
-static int synth_backward(void *ctx, int m, int slot)
+/* B: dL/d(input) into grad(), dy kept in the slot for W; the output is
+ * dead (NaN). */
+static void synth_b(synth_t *c, int chunk, int m, int slot)
 {
-    synth_t *c = ctx;
-    expect_action(c, PIPE_BWD, m, slot);
-    float *x = c->in + (size_t)slot * c->n, *y = c->out + (size_t)slot * c->n;
-    const int last = c->s == c->P - 1;
+    const int g = pipe_chunk_of(&c->sh, c->s, chunk), last = g == c->C - 1;
+    const float *w = c->w + (size_t)chunk * c->n;
+    float *y = c->out + (size_t)slot * c->n, *dy = c->dys + (size_t)slot * c->n;
     for (size_t i = 0; i < c->n; i++) {
-        const float dy = last ? t_of(m, i) : c->grad[i];
-        if (!last && dy != (float)dy_at(c->P, c->s, m, i))
-            note(c, "bwd %d: grad[%zu] = %g, want %g", m, i, (double)dy, dy_at(c->P, c->s, m, i));
-        c->dw[i] += dy * x[i];
-        c->db[i] += dy;
-        c->grad[i] = c->w[i] * dy;
-        /* the slot is dead: a receive posted into it too early, or a send
-         * of it not yet complete, now sees NaN */
-        x[i] = NAN;
+        dy[i] = last ? t_of(m, i) : c->grad[i];
+        if (!last && dy[i] != (float)dy_at(c->C, g, m, i))
+            note(c, "bwd chunk %d micro %d: grad[%zu] = %g, want %g", g, m, i, (double)dy[i], dy_at(c->C, g, m, i));
+        c->grad[i] = w[i] * dy[i];
         y[i] = NAN;
     }
+}
+
+/* W: the weight gradients from the slot's input and dy; the slot is dead
+ * after it (a receive posted into it too early, or a send of it not yet
+ * complete, sees NaN). */
+static void synth_w(synth_t *c, int chunk, int slot)
+{
+    float *x = c->in + (size_t)slot * c->n, *dy = c->dys + (size_t)slot * c->n;
+    float *dw = c->dw + (size_t)chunk * c->n, *db = c->db + (size_t)chunk * c->n;
+    for (size_t i = 0; i < c->n; i++) {
+        dw[i] += dy[i] * x[i];
+        db[i] += dy[i];
+        x[i] = NAN;
+        dy[i] = NAN;
+    }
+}
+
+static int synth_backward(void *ctx, int chunk, int m, int slot)
+{
+    synth_t *c = ctx;
+    expect_action(c, PIPE_BWD, chunk, m, slot);
+    synth_b(c, chunk, m, slot);
+    synth_w(c, chunk, slot);
+    sleep_us(c->sleep_b_us + c->sleep_w_us);
+    return 0;
+}
+
+static int synth_backward_input(void *ctx, int chunk, int m, int slot)
+{
+    synth_t *c = ctx;
+    expect_action(c, PIPE_BWD_INPUT, chunk, m, slot);
+    synth_b(c, chunk, m, slot);
     sleep_us(c->sleep_b_us);
+    return 0;
+}
+
+static int synth_backward_weight(void *ctx, int chunk, int m, int slot)
+{
+    synth_t *c = ctx;
+    expect_action(c, PIPE_BWD_WEIGHT, chunk, m, slot);
+    synth_w(c, chunk, slot);
+    sleep_us(c->sleep_w_us);
     return 0;
 }
 
@@ -386,41 +432,49 @@ static float *synth_output(void *ctx, int slot)
 
 static float *synth_grad(void *ctx) { return ((synth_t *)ctx)->grad; }
 
-static int synth_init(synth_t *c, pipe_kind_t k, int P, int s, int M, size_t n, pipe_action_t *expect)
+static int synth_init(synth_t *c, const pipe_shape_t *sh, int s, size_t n)
 {
     memset(c, 0, sizeof *c);
+    c->sh = *sh;
     c->s = s;
-    c->P = P;
-    c->M = M;
+    c->C = sh->stages * sh->virt;
     c->n = n;
-    c->S = pipe_slots(k, P, s, M);
+    c->S = pipe_stage_slots(sh, s);
+    c->n_act = pipe_stage_actions(sh);
     c->fail_fwd = -1;
+    pipe_action_t *expect = malloc((size_t)c->n_act * sizeof *expect);
     c->expect = expect;
-    pipe_schedule(k, P, s, M, expect);
-    const size_t S = (size_t)c->S;
+    const size_t S = (size_t)c->S, V = (size_t)sh->virt;
     c->in = malloc(S * n * sizeof(float));
     c->out = malloc(S * n * sizeof(float));
+    c->dys = malloc(S * n * sizeof(float));
     c->grad = malloc(n * sizeof(float));
-    c->w = malloc(n * sizeof(float));
-    c->b = malloc(n * sizeof(float));
-    c->dw = calloc(n, sizeof(float));
-    c->db = calloc(n, sizeof(float));
-    if (!c->in || !c->out || !c->grad || !c->w || !c->b || !c->dw || !c->db)
+    c->w = malloc(V * n * sizeof(float));
+    c->b = malloc(V * n * sizeof(float));
+    c->dw = calloc(V * n, sizeof(float));
+    c->db = calloc(V * n, sizeof(float));
+    if (!expect || !c->in || !c->out || !c->dys || !c->grad || !c->w || !c->b || !c->dw || !c->db ||
+        pipe_stage_schedule(sh, s, expect) != c->n_act)
         return -1;
     for (size_t i = 0; i < S * n; i++)
-        c->in[i] = c->out[i] = NAN;
-    for (size_t i = 0; i < n; i++) {
+        c->in[i] = c->out[i] = c->dys[i] = NAN;
+    for (size_t v = 0; v < V; v++)
+        for (size_t i = 0; i < n; i++) {
+            const int g = pipe_chunk_of(sh, s, (int)v);
+            c->w[v * n + i] = w_of(g, i);
+            c->b[v * n + i] = b_of(g, i);
+        }
+    for (size_t i = 0; i < n; i++)
         c->grad[i] = NAN;
-        c->w[i] = w_of(s, i);
-        c->b[i] = b_of(s, i);
-    }
     return 0;
 }
 
 static void synth_free(synth_t *c)
 {
+    free((void *)c->expect);
     free(c->in);
     free(c->out);
+    free(c->dys);
     free(c->grad);
     free(c->w);
     free(c->b);
@@ -432,6 +486,8 @@ static const pipe_stage_ops_t *synth_ops(size_t n)
 {
     static pipe_stage_ops_t ops = {.forward = synth_forward,
                                    .backward = synth_backward,
+                                   .backward_input = synth_backward_input,
+                                   .backward_weight = synth_backward_weight,
                                    .input = synth_input,
                                    .output = synth_output,
                                    .grad = synth_grad};
@@ -439,75 +495,95 @@ static const pipe_stage_ops_t *synth_ops(size_t n)
     return &ops;
 }
 
+static pipe_shape_t shape(pipe_kind_t k, int P, int V, int M)
+{
+    return (pipe_shape_t){.kind = k, .stages = P, .virt = V, .micro = M};
+}
+
 /* One step of the synthetic model on pp; checks dw, db, the loss and the
  * callbacks' observations against the closed form. */
-static void run_exact(comm_t *pp, const char *label, pipe_kind_t k, int M, size_t n)
+static void run_exact(comm_t *pp, const char *label, const pipe_shape_t *sh, size_t n)
 {
-    const int P = pp->size, s = pp->rank;
-    pipe_action_t *expect = malloc((size_t)2 * M * sizeof *expect);
+    const int s = pp->rank, V = sh->virt, M = sh->micro;
     synth_t c;
-    if (!expect || synth_init(&c, k, P, s, M, n, expect) != 0)
+    if (synth_init(&c, sh, s, n) != 0)
         die("out of memory");
-    pipe_stats_t st = {-1.0};
+    pipe_stats_t st = {-1.0, 0};
     char d[512] = "", perr[COMM_ERR_MAX] = "";
-    int ok = pipe_run(pp, k, M, synth_ops(n), &c, &st, perr, sizeof perr) == 0;
+    int ok = pipe_run(pp, sh, synth_ops(n), &c, &st, perr, sizeof perr) == 0;
     if (!ok)
         snprintf(d, sizeof d, "pipe_run: %.480s", perr);
     else if (c.err[0])
         snprintf(d, sizeof d, "%s", c.err), ok = 0;
-    else if (c.pos != 2 * M)
-        snprintf(d, sizeof d, "%d callbacks, want %d", c.pos, 2 * M), ok = 0;
+    else if (c.pos != c.n_act)
+        snprintf(d, sizeof d, "%d callbacks, want %d", c.pos, c.n_act), ok = 0;
     else if (!(st.wait_s >= 0.0))
         snprintf(d, sizeof d, "wait_s %g", st.wait_s), ok = 0;
     double want_loss = 0.0;
-    for (size_t i = 0; ok && i < n; i++) {
-        double dw = 0.0, db = 0.0;
-        for (int m = 0; m < M; m++) {
-            const double dy = dy_at(P, s, m, i);
-            dw += dy * x_at(s, m, i);
-            db += dy;
-            if (s == P - 1)
-                want_loss += (w_of(s, i) * x_at(s, m, i) + b_of(s, i)) * t_of(m, i);
-        }
-        if (c.dw[i] != (float)dw || c.db[i] != (float)db) {
-            snprintf(d, sizeof d, "element %zu: dw %.9g db %.9g, want %.9g %.9g", i, (double)c.dw[i], (double)c.db[i],
-                     dw, db);
-            ok = 0;
+    for (int v = 0; ok && v < V; v++) {
+        const int g = pipe_chunk_of(sh, s, v);
+        for (size_t i = 0; ok && i < n; i++) {
+            double dw = 0.0, db = 0.0;
+            for (int m = 0; m < M; m++) {
+                const double dy = dy_at(c.C, g, m, i);
+                dw += dy * x_at(g, m, i);
+                db += dy;
+                if (g == c.C - 1)
+                    want_loss += (w_of(g, i) * x_at(g, m, i) + b_of(g, i)) * t_of(m, i);
+            }
+            const size_t j = (size_t)v * n + i;
+            if (c.dw[j] != (float)dw || c.db[j] != (float)db) {
+                snprintf(d, sizeof d, "chunk %d element %zu: dw %.9g db %.9g, want %.9g %.9g", g, i, (double)c.dw[j],
+                         (double)c.db[j], dw, db);
+                ok = 0;
+            }
         }
     }
-    if (ok && s == P - 1 && c.loss != want_loss) {
+    if (ok && c.loss != want_loss) {
         snprintf(d, sizeof d, "loss %.17g, want %.17g", c.loss, want_loss);
         ok = 0;
     }
     check(ok, d,
-          "%s %s P=%d M=%d n=%zu: dw, db, loss exact on every stage; calls in schedule order; inputs and "
-          "gradients those of their microbatch",
-          label, pipe_kind_name(k), P, M, n);
+          "%s %s P=%d V=%d M=%d n=%zu: dw, db, loss exact on every stage; calls in schedule order; inputs and "
+          "gradients those of their microbatch (%d message buffers at most)",
+          label, pipe_kind_name(sh->kind), sh->stages, V, M, n, st.peak_buffers);
     synth_free(&c);
-    free(expect);
 }
 
 /* Bad arguments and a failing callback, on a group of one (no neighbour
  * to leave waiting). */
 static void check_errors(comm_t *self)
 {
-    pipe_action_t expect[8];
     synth_t c;
-    if (synth_init(&c, PIPE_1F1B, 1, 0, 4, 10, expect) != 0)
+    const pipe_shape_t one = shape(PIPE_1F1B, 1, 1, 4);
+    if (synth_init(&c, &one, 0, 10) != 0)
         die("out of memory");
     char d[600] = "", err[COMM_ERR_MAX] = "";
-    int rc = pipe_run(self, PIPE_1F1B, 0, synth_ops(10), &c, NULL, err, sizeof err);
+    const pipe_shape_t zero = shape(PIPE_1F1B, 1, 1, 0);
+    int rc = pipe_run(self, &zero, synth_ops(10), &c, NULL, err, sizeof err);
     int ok = rc == -1 && strstr(err, "bad arguments") != NULL;
     snprintf(d, sizeof d, "rc %d, err '%s'", rc, err);
     check(ok, d, "pipe_run with 0 microbatches: -1, '%s'", ok ? err : "");
     pipe_stage_ops_t no_fwd = *synth_ops(10);
     no_fwd.forward = NULL;
-    rc = pipe_run(self, PIPE_1F1B, 4, &no_fwd, &c, NULL, err, sizeof err);
+    rc = pipe_run(self, &one, &no_fwd, &c, NULL, err, sizeof err);
     ok = rc == -1 && strstr(err, "bad arguments") != NULL;
     snprintf(d, sizeof d, "rc %d, err '%s'", rc, err);
     check(ok, d, "pipe_run without a forward callback: -1");
+    pipe_stage_ops_t no_split = *synth_ops(10);
+    no_split.backward_weight = NULL;
+    const pipe_shape_t zb = shape(PIPE_ZBH1, 1, 1, 4);
+    rc = pipe_run(self, &zb, &no_split, &c, NULL, err, sizeof err);
+    ok = rc == -1 && strstr(err, "bad arguments") != NULL;
+    snprintf(d, sizeof d, "rc %d, err '%s'", rc, err);
+    check(ok, d, "pipe_run of zb-h1 without a weight-backward callback: -1");
+    const pipe_shape_t two = shape(PIPE_1F1B, 2, 1, 4);
+    rc = pipe_run(self, &two, synth_ops(10), &c, NULL, err, sizeof err);
+    ok = rc == -1 && strstr(err, "bad arguments") != NULL;
+    snprintf(d, sizeof d, "rc %d, err '%s'", rc, err);
+    check(ok, d, "pipe_run of a 2-stage shape on a group of 1: -1");
     c.fail_fwd = 2;
-    rc = pipe_run(self, PIPE_1F1B, 4, synth_ops(10), &c, NULL, err, sizeof err);
+    rc = pipe_run(self, &one, synth_ops(10), &c, NULL, err, sizeof err);
     ok = rc == -1 && strstr(err, "forward of microbatch 2 failed") != NULL && c.pos == 5;
     snprintf(d, sizeof d, "rc %d after %d calls, err '%s'", rc, c.pos, err);
     check(ok, d, "a forward callback's -1 stops the schedule: '%s'", ok ? err : "");
@@ -516,58 +592,67 @@ static void check_errors(comm_t *self)
 
 /* ---------------------------------------------------- (c) overlap */
 
+/* Each schedule with sleeps as compute (a stage's forward tf, B tb, W tw,
+ * split over V chunks), M = 2P: the measured idle fraction of the step
+ * (1 - busy / (P * step), busy the sleeps) beside pipe_simulate's for the
+ * same costs. Printed, not asserted: sleeps on an oversubscribed machine
+ * overshoot by scheduler noise. */
 static void report_overlap(comm_t *pp)
 {
-    const int P = pp->size, s = pp->rank, M = 8;
-    const long tf = 2000, tb = 4000;
-    double wait[2] = {0, 0}, wall[2] = {0, 0};
-    for (int kk = 0; kk < 2; kk++) {
-        const pipe_kind_t k = kk ? PIPE_GPIPE : PIPE_1F1B;
-        pipe_action_t expect[16];
+    const int P = pp->size, s = pp->rank, M = 2 * P;
+    const long tf = 2000, tb = 2000, tw = 2000;
+    const pipe_shape_t shapes[] = {shape(PIPE_1F1B, P, 1, M), shape(PIPE_GPIPE, P, 1, M),
+                                   shape(PIPE_INTERLEAVED, P, 2, M), shape(PIPE_ZBH1, P, 1, M),
+                                   shape(PIPE_ZBV, P, 2, M)};
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+        const pipe_shape_t *sh = &shapes[k];
+        if (pipe_shape_check(sh, NULL, 0) != 0)
+            continue;
         synth_t c;
-        if (synth_init(&c, k, P, s, M, 1000, expect) != 0)
+        if (synth_init(&c, sh, s, 1000) != 0)
             die("out of memory");
-        c.sleep_f_us = tf;
-        c.sleep_b_us = tb;
+        c.sleep_f_us = tf / sh->virt;
+        c.sleep_b_us = tb / sh->virt;
+        c.sleep_w_us = tw / sh->virt;
         pipe_stats_t st = {0};
         int ok = 1;
+        double wall = 0.0;
         char perr[COMM_ERR_MAX] = "";
         for (int rep = 0; rep < 2 && ok; rep++) { /* the first run warms up the connections */
             c.pos = 0;
             if (MPI_Barrier(MPI_COMM_WORLD) != MPI_SUCCESS)
                 die("MPI_Barrier");
             const double t0 = MPI_Wtime();
-            ok = pipe_run(pp, k, M, synth_ops(1000), &c, &st, perr, sizeof perr) == 0 && !c.err[0];
-            wall[kk] = MPI_Wtime() - t0;
+            ok = pipe_run(pp, sh, synth_ops(1000), &c, &st, perr, sizeof perr) == 0 && !c.err[0];
+            double mine = MPI_Wtime() - t0;
+            if (MPI_Allreduce(&mine, &wall, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD) != MPI_SUCCESS)
+                die("MPI_Allreduce");
         }
-        check(ok, ok ? "" : (c.err[0] ? c.err : perr), "overlap run %s P=%d M=%d with sleeps", pipe_kind_name(k), P, M);
-        wait[kk] = st.wait_s;
+        check(ok, ok ? "" : (c.err[0] ? c.err : perr), "overlap run %s P=%d V=%d M=%d with sleeps",
+              pipe_kind_name(sh->kind), P, sh->virt, M);
         synth_free(&c);
+        if (g_rank != 0)
+            continue;
+        /* the ideal machine's bubble for the same costs (per chunk) */
+        pipe_action_t *acts[64];
+        int n_acts[64], good = P <= 64;
+        for (int r = 0; good && r < P; r++) {
+            acts[r] = malloc((size_t)pipe_stage_actions(sh) * sizeof **acts);
+            good = acts[r] && (n_acts[r] = pipe_stage_schedule(sh, r, acts[r])) > 0;
+        }
+        const pipe_cost_t cost = {(double)tf / sh->virt, (double)tb / sh->virt, (double)tw / sh->virt};
+        pipe_sim_t sim = {0};
+        char why[256] = "";
+        if (good && pipe_simulate(sh, (const pipe_action_t *const *)acts, n_acts, &cost, &sim, why, sizeof why) == 0) {
+            const double busy = (double)M * (tf + tb + tw) * 1e-6; /* per stage, seconds */
+            printf("info np=%d %-11s V=%d M=%d: step %6.1f ms, bubble measured %4.1f %%, ideal %4.1f %%\n", P,
+                   pipe_kind_name(sh->kind), sh->virt, M, wall * 1e3, 100.0 * (1.0 - busy / wall),
+                   100.0 * sim.bubble);
+        }
+        for (int r = 0; r < P && r < 64; r++)
+            if (good || r < P)
+                free(acts[r]);
     }
-    double all[4 * 64];
-    double mine[4] = {wait[0], wait[1], wall[0], wall[1]};
-    if (P > 64)
-        return;
-    if (MPI_Gather(mine, 4, MPI_DOUBLE, all, 4, MPI_DOUBLE, 0, MPI_COMM_WORLD) != MPI_SUCCESS)
-        die("MPI_Gather");
-    if (g_rank != 0)
-        return;
-    /* ideal: stage r starts at r*tf and ends at (M+P-1)(tf+tb) - r*tb, busy M(tf+tb) */
-    const double ms = 1e-3, ideal_step = (M + P - 1) * (tf + tb) * ms;
-    printf("info np=%d overlap, M=%d, forward %.0f ms, backward %.0f ms: ideal step %.0f ms\n", P, M, tf * ms, tb * ms,
-           ideal_step);
-    double sum[2] = {0, 0}, ideal_sum = 0;
-    for (int r = 0; r < P; r++) {
-        const double ideal = ((P - 1) * (tf + tb) - r * tb) * ms;
-        printf("info np=%d   stage %d: wait 1f1b %6.1f ms  gpipe %6.1f ms  (ideal %4.0f ms) | step 1f1b %6.1f ms  "
-               "gpipe %6.1f ms\n",
-               P, r, all[4 * r] * 1e3, all[4 * r + 1] * 1e3, ideal, all[4 * r + 2] * 1e3, all[4 * r + 3] * 1e3);
-        sum[0] += all[4 * r];
-        sum[1] += all[4 * r + 1];
-        ideal_sum += ideal;
-    }
-    printf("info np=%d   sum of wait_s: 1f1b %.1f ms, gpipe %.1f ms (ideal %.0f ms for both)\n", P, sum[0] * 1e3,
-           sum[1] * 1e3, ideal_sum);
     fflush(stdout);
 }
 
@@ -601,8 +686,27 @@ int main(int argc, char **argv)
                     continue;
                 if (ns[j] == 65536 && Ms[i] == 16 && kk == 1)
                     continue; /* 16 slots of 256 KiB per stage: covered by the smaller runs */
-                run_exact(world, "world", kk ? PIPE_GPIPE : PIPE_1F1B, Ms[i], ns[j]);
+                const pipe_shape_t sh = shape(kk ? PIPE_GPIPE : PIPE_1F1B, P, 1, Ms[i]);
+                run_exact(world, "world", &sh, ns[j]);
             }
+    /* the kinds with chunks or a split backward; at most 8 model chunks
+     * keep the synthetic values exact */
+    for (size_t j = 1; j < sizeof ns / sizeof ns[0]; j++) {
+        const int Mz[] = {1, P, 2 * P + 3, 16};
+        for (size_t i = 0; i < sizeof Mz / sizeof Mz[0]; i++) {
+            pipe_shape_t sh = shape(PIPE_ZBH1, P, 1, Mz[i]);
+            run_exact(world, "world", &sh, ns[j]);
+            sh = shape(PIPE_ZBV, P, 2, Mz[i]);
+            if (2 * P <= 8)
+                run_exact(world, "world", &sh, ns[j]);
+        }
+        for (int V = 2; V <= 4 && V * P <= 8; V++)
+            for (int g = 1; g <= 4; g *= 2) {
+                const pipe_shape_t sh = shape(PIPE_INTERLEAVED, P, V, g * P);
+                if (pipe_shape_check(&sh, NULL, 0) == 0)
+                    run_exact(world, "world", &sh, ns[j]);
+            }
+    }
 
     /* the pipeline in reverse world-rank order, over a communicator whose
      * sends are split into chunks of 1000 floats (several requests each) */
@@ -615,12 +719,18 @@ int main(int argc, char **argv)
     MPI_Comm_free(&rev);
     if (!chunked)
         die("comm_mpi_create(reversed, chunked) failed");
-    run_exact(chunked, "reversed+chunked", PIPE_1F1B, 2 * P + 1, 4500);
-    run_exact(chunked, "reversed+chunked", PIPE_GPIPE, P + 1, 4500);
+    const pipe_shape_t rc1 = shape(PIPE_1F1B, P, 1, 2 * P + 1), rc2 = shape(PIPE_GPIPE, P, 1, P + 1),
+                       rc3 = shape(PIPE_INTERLEAVED, P, 2, 2 * P), rc4 = shape(PIPE_ZBV, P, 2, 2 * P + 1);
+    run_exact(chunked, "reversed+chunked", &rc1, 4500);
+    run_exact(chunked, "reversed+chunked", &rc2, 4500);
+    if (P > 1)
+        run_exact(chunked, "reversed+chunked", &rc3, 4500);
+    run_exact(chunked, "reversed+chunked", &rc4, 4500);
     chunked->ops->destroy(chunked);
 
     /* two steps back to back: nothing of one step is left for the next */
-    run_exact(world, "world (again)", PIPE_1F1B, 2 * P, 65536);
+    const pipe_shape_t again = shape(PIPE_1F1B, P, 1, 2 * P);
+    run_exact(world, "world (again)", &again, 65536);
 
     report_overlap(world);
 

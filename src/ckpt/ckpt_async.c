@@ -45,21 +45,6 @@ struct ckpt_async {
     double seconds;
 };
 
-static void *host_alloc(const ops_t *ops, size_t bytes)
-{
-    if (ops && ops->host_alloc)
-        return ops->host_alloc(ops->ctx, bytes);
-    return aligned_alloc(64, (bytes + 63) & ~(size_t)63);
-}
-
-static void host_free(const ops_t *ops, void *p)
-{
-    if (ops && ops->host_free)
-        ops->host_free(ops->ctx, p);
-    else
-        free(p);
-}
-
 ckpt_async_t *ckpt_async_create(const ops_t *ops, comm_t *world, size_t numel, char *err, size_t errlen)
 {
     ckpt_async_t *a = calloc(1, sizeof *a);
@@ -87,7 +72,7 @@ ckpt_async_t *ckpt_async_create(const ops_t *ops, comm_t *world, size_t numel, c
         snprintf(a->wcomm->name, sizeof a->wcomm->name, "ckpt");
     const size_t bytes = numel * sizeof(float) + 1;
     for (int i = 0; i < 3; i++) {
-        a->buf[i] = host_alloc(ops, bytes);
+        a->buf[i] = ops_host_alloc(ops, bytes);
         if (a->buf[i])
             memset(a->buf[i], 0, bytes); /* the pages, now rather than in the first stall */
     }
@@ -295,7 +280,7 @@ void ckpt_async_destroy(ckpt_async_t *a)
     }
     for (int i = 0; i < 3; i++)
         if (a->buf[i])
-            host_free(a->ops, a->buf[i]);
+            ops_host_free(a->ops, a->buf[i]);
     if (a->wcomm)
         a->wcomm->ops->destroy(a->wcomm);
     pthread_cond_destroy(&a->copied);

@@ -109,13 +109,14 @@ static float *tensor_at(const model_t *m, float *flat, size_t base_off, const ch
  * stage. */
 static void layer_starts(const param_table_t *t, const param_layout_t *part, size_t *start)
 {
-    const int Ls = part->layer_end - part->layer_begin;
+    const int Ls = param_layout_blocks(part);
     for (int i = 0; i <= Ls; i++)
         start[i] = t->numel;
     for (int i = t->n - 1; i >= 0; i--) { /* lowest offset of each layer wins */
-        int l = t->p[i].layer - part->layer_begin;
-        if (t->p[i].layer >= 0 && l >= 0 && l <= Ls)
-            start[l] = t->p[i].offset;
+        /* a tensor of a layer this stage holds no block of is the head's (n_layer) */
+        const int layer = t->p[i].layer, l = layer < 0 ? -1 : param_layout_local(part, layer);
+        if (layer >= 0)
+            start[l >= 0 ? l : Ls] = t->p[i].offset;
     }
 }
 
@@ -126,7 +127,7 @@ static void layer_starts(const param_table_t *t, const param_layout_t *part, siz
 static void state_floats(const param_table_t *t, const model_layout_t *lay, const size_t *start, size_t *params_n,
                          size_t *grads_n)
 {
-    const int Ls = lay->part.layer_end - lay->part.layer_begin;
+    const int Ls = param_layout_blocks(&lay->part);
     const size_t outside = start[0] + (t->numel - start[Ls]);
     *params_n = lay->lent_block_params ? outside : t->numel;
     *grads_n = lay->lent_block_grads ? outside : t->numel;
@@ -152,7 +153,7 @@ static int map_block(const model_t *m, float *flat, size_t base_off, int i, bloc
     const int gpt = c->arch == ARCH_GPT2;
     const size_t C = (size_t)c->d_model, HS = (size_t)model_head_size(c);
     const size_t QD = (size_t)heads(m) * HS, KVD = (size_t)kv_heads(m) * HS;
-    const int l = m->lay.part.layer_begin + i;
+    const int l = param_layout_layer(&m->lay.part, i);
     h->ln1w = tensor_at(m, flat, base_off, "h.%d.ln1.w", l);
     h->ln1b = tensor_at(m, flat, base_off, "h.%d.ln1.b", l);
     h->wqkv = tensor_at(m, flat, base_off, "h.%d.attn.wq", l);
@@ -292,10 +293,21 @@ static void carve_block(const model_t *m, char *base, size_t *cursor, block_acts
  * keeps nothing T x T.) The recomputed fc_act needs no bytes of its own: it
  * lives in dbig2. So selective saves Ls*n_slots*act, full
  * Ls*n_slots*(core + act) - core. */
+/* The most blocks one run (chunk) of the layout has: a slot's capacity. */
+static int run_cap(const param_layout_t *p)
+{
+    int cap = 0;
+    for (int r = 0; r < p->n_runs; r++)
+        if (p->run_end[r] - p->run_begin[r] > cap)
+            cap = p->run_end[r] - p->run_begin[r];
+    return cap;
+}
+
 static void layout_acts(model_t *m, char *acts, size_t *acts_bytes, char *work, size_t *work_bytes)
 {
     const size_t N = (size_t)m->B * (size_t)m->T, NR = (size_t)res_rows(m, (int)N);
-    const size_t C = (size_t)m->cfg.d_model, Ls = (size_t)m->n_local, Vl = (size_t)m->v_rows;
+    /* a slot holds one chunk's blocks: the longest run */
+    const size_t C = (size_t)m->cfg.d_model, Ls = (size_t)run_cap(&m->lay.part), Vl = (size_t)m->v_rows;
     const size_t QKV = (size_t)qkv_width(m), QD = (size_t)heads(m) * (size_t)model_head_size(&m->cfg);
     const size_t FW = (size_t)fc_width(m);
     const model_recompute_t rc = m->lay.recompute;
@@ -391,7 +403,7 @@ void model_arena_bytes(const model_config_t *cfg, const model_layout_t *lay, int
     m.lay = *lay;
     m.B = B;
     m.T = T;
-    m.n_local = lay->part.layer_end - lay->part.layer_begin;
+    m.n_local = param_layout_blocks(&lay->part);
     m.v_rows = (int)(param_padded_vocab(cfg->vocab_size, lay->part.tp_size) / lay->part.tp_size);
     layout_acts(&m, NULL, acts, NULL, work);
 }
@@ -402,7 +414,7 @@ int model_state_bytes(const model_config_t *cfg, const model_layout_t *lay, size
     param_table_t t;
     if (param_table_build(&t, cfg, &lay->part, err, errlen) != 0)
         return -1;
-    size_t *start = malloc(((size_t)(lay->part.layer_end - lay->part.layer_begin) + 1) * sizeof *start);
+    size_t *start = malloc(((size_t)param_layout_blocks(&lay->part) + 1) * sizeof *start);
     if (!start) {
         param_table_free(&t);
         snprintf(err, errlen, "out of memory");
@@ -448,10 +460,9 @@ static int check_shapes(const model_config_t *cfg, const model_layout_t *lay, in
                  T, P);
         return -1;
     }
-    if (lay->n_slots < 1 || lay->part.layer_begin < 0 || lay->part.layer_end > cfg->n_layer ||
-        lay->part.layer_begin > lay->part.layer_end) {
-        snprintf(err, errlen, "internal error: bad stage layout (layers %d..%d, %d slots)", lay->part.layer_begin,
-                 lay->part.layer_end, lay->n_slots);
+    if (lay->n_slots < 1 || param_layout_check(&lay->part, cfg->n_layer) != 0) {
+        snprintf(err, errlen, "internal error: bad stage layout (%d runs of blocks from layer %d, %d slots)",
+                 lay->part.n_runs, lay->part.run_begin[0], lay->n_slots);
         return -1;
     }
     return 0;
@@ -462,7 +473,7 @@ static int check_shapes(const model_config_t *cfg, const model_layout_t *lay, in
 static void set_local_ranges(model_t *m)
 {
     const int P = m->lay.part.tp_size;
-    m->n_local = m->lay.part.layer_end - m->lay.part.layer_begin;
+    m->n_local = param_layout_blocks(&m->lay.part);
     m->v_rows = (int)(param_padded_vocab(m->cfg.vocab_size, P) / P);
     m->v0 = m->v_rows * m->lay.part.tp_rank;
     m->v_held = m->cfg.vocab_size - m->v0 < 0           ? 0
@@ -477,13 +488,13 @@ static void set_local_ranges(model_t *m)
 static int alloc_host_tables(model_t *m)
 {
     const model_layout_t *lay = &m->lay;
-    const size_t Ls = (size_t)m->n_local;
+    const size_t Ls = (size_t)m->n_local, cap = (size_t)run_cap(&lay->part);
     m->p.h = calloc(Ls ? Ls : 1, sizeof *m->p.h);
     m->g.h = calloc(Ls ? Ls : 1, sizeof *m->g.h);
     m->slots = calloc((size_t)lay->n_slots, sizeof *m->slots);
     int slots_ok = m->slots != NULL;
     for (int k = 0; slots_ok && k < lay->n_slots; k++)
-        slots_ok = (m->slots[k].acts = calloc(Ls ? Ls : 1, sizeof(block_acts_t))) != NULL;
+        slots_ok = (m->slots[k].acts = calloc(cap ? cap : 1, sizeof(block_acts_t))) != NULL;
     m->layer_start = calloc(Ls + 1, sizeof *m->layer_start);
     if (m->layer_start)
         layer_starts(&m->table, &lay->part, m->layer_start);
@@ -791,7 +802,7 @@ static status_t row_parallel_fwd(model_t *m, float *out, const float *res, const
  * workspace (fc_act from dbig2, which only a backward uses otherwise). */
 static block_acts_t block_view(const model_t *m, const model_slot_t *sl, int i)
 {
-    block_acts_t a = sl->acts[i];
+    block_acts_t a = sl->acts[i - sl->first];
     const block_acts_t *r = &m->racts;
     if (m->lay.recompute == MODEL_RECOMPUTE_NONE)
         return a;
@@ -874,7 +885,7 @@ static status_t head_fwd(model_t *m, model_slot_t *sl, const int32_t *targets, i
 {
     const ops_t *o = m->ops;
     const int N = b * t, NR = res_rows(m, N), C = m->cfg.d_model, Vl = m->v_rows;
-    const float *xL = sl->x + (size_t)m->n_local * NR * C;
+    const float *xL = sl->x + (size_t)sl->n_blocks * NR * C;
     *loss = 0.0f;
     CHECK(norm_fwd_gather(m, sl->lnf, sl->lnf_mean, sl->lnf_rstd, xL, m->p.lnfw, m->p.lnfb, N, NR, err, errlen));
     mm_fwd(m, sl->logits, sl->lnf, NULL, m->p.head, NULL, N, C, Vl);
@@ -916,10 +927,20 @@ void model_token_losses(const model_t *m, int slot, float *out, int n)
 status_t model_forward(model_t *m, int slot, const int32_t *tokens, const int32_t *pos, const int32_t *targets, int b,
                        int t, float dloss, float *loss, char *err, size_t errlen)
 {
+    return model_forward_chunk(m, 0, slot, tokens, pos, targets, b, t, dloss, loss, err, errlen);
+}
+
+status_t model_forward_chunk(model_t *m, int chunk, int slot, const int32_t *tokens, const int32_t *pos,
+                             const int32_t *targets, int b, int t, float dloss, float *loss, char *err, size_t errlen)
+{
     model_slot_t *sl = &m->slots[slot];
-    const int N = b * t;
+    const param_layout_t *part = &m->lay.part;
+    const int N = b * t, first = param_layout_run_first(part, chunk), end = param_layout_run_first(part, chunk + 1);
     sl->b = b;
     sl->t = t;
+    sl->chunk = chunk;
+    sl->first = first;
+    sl->n_blocks = end - first;
     sl->has_dlogits = 0;
     sl->has_pos = pos != NULL;
     *loss = 0.0f;
@@ -928,21 +949,21 @@ status_t model_forward(model_t *m, int slot, const int32_t *tokens, const int32_
     if (pos)
         m->ops->from_host(m->ops->ctx, sl->pos, pos, (size_t)N * sizeof(int32_t));
     double t0 = span_start(m);
-    if (m->lay.part.has_embed) {
+    if (part->has_embed && chunk == 0) {
         m->ops->from_host(m->ops->ctx, sl->tokens, tokens, (size_t)N * sizeof(int32_t));
         CHECK(embed_fwd(m, sl, b, t, err, errlen));
         span_end(m, "fwd embed", -1, t0);
     }
     const size_t nrc = model_stage_floats(m, b, t);
-    for (int i = 0; i < m->n_local; i++) {
-        CHECK(lend_params(m, i, i + 1 < m->n_local ? i + 1 : -1, err, errlen));
+    for (int i = first; i < end; i++) {
+        CHECK(lend_params(m, i, i + 1 < end ? i + 1 : -1, err, errlen));
         t0 = span_start(m);
         const block_acts_t a = block_view(m, sl, i);
-        CHECK(block_fwd(m, &a, slot_pos(sl), sl->x + (size_t)i * nrc, sl->x + (size_t)(i + 1) * nrc, i, b, t, err,
-                        errlen));
-        span_end(m, "fwd", m->lay.part.layer_begin + i, t0);
+        float *x = sl->x + (size_t)(i - first) * nrc;
+        CHECK(block_fwd(m, &a, slot_pos(sl), x, x + nrc, i, b, t, err, errlen));
+        span_end(m, "fwd", param_layout_layer(part, i), t0);
     }
-    if (m->lay.part.has_head) {
+    if (part->has_head && chunk == part->n_runs - 1) {
         t0 = span_start(m);
         CHECK(head_fwd(m, sl, targets, b, t, dloss, loss, err, errlen));
         span_end(m, "fwd head", -1, t0);
@@ -1016,7 +1037,7 @@ static status_t block_bwd(model_t *m, model_slot_t *sl, int i, int accum, int la
     const block_tensors_t *w = &m->p.h[i];
     const block_tensors_t *g = &m->g.h[i];
     const block_acts_t view = block_view(m, sl, i), *a = &view;
-    const float *x = sl->x + (size_t)i * NR * C;
+    const float *x = sl->x + (size_t)(i - sl->first) * NR * C;
     const model_recompute_t rc = m->lay.recompute;
     /* recompute what the slot dropped, with the forward's kernels on the
      * forward's inputs: the same bits */
@@ -1070,7 +1091,7 @@ static status_t head_bwd(model_t *m, model_slot_t *sl, int accum, int last, char
     /* output head and final norm; dres accumulates dL/dx from here down */
     mm_bwd(m, m->dln, m->g.head, NULL, sl->logits, sl->lnf, NULL, m->p.head, N, C, m->v_rows, 0, accum);
     o->zero(o->ctx, m->dres, (size_t)NR * C * sizeof(float));
-    const float *xL = sl->x + (size_t)m->n_local * NR * C;
+    const float *xL = sl->x + (size_t)sl->n_blocks * NR * C;
     CHECK(
         norm_bwd_reduce(m, m->g.lnfw, m->g.lnfb, xL, m->p.lnfw, sl->lnf_mean, sl->lnf_rstd, N, NR, accum, err, errlen));
     CHECK(norm_grads_reduce(m, m->g.lnfw, m->g.lnfb, last, err, errlen));
@@ -1102,26 +1123,40 @@ static status_t embed_bwd(model_t *m, model_slot_t *sl, int accum, char *err, si
 
 status_t model_backward(model_t *m, int slot, int accum, int last, char *err, size_t errlen)
 {
+    return model_backward_chunk(m, slot, accum, last, err, errlen);
+}
+
+size_t model_chunk_top(const model_t *m, int chunk)
+{
+    return chunk >= m->lay.part.n_runs - 1 ? m->table.numel
+                                           : m->layer_start[param_layout_run_first(&m->lay.part, chunk + 1)];
+}
+
+status_t model_backward_chunk(model_t *m, int slot, int accum, int last, char *err, size_t errlen)
+{
     model_slot_t *sl = &m->slots[slot];
-    if (m->lay.part.has_head)
+    const param_layout_t *part = &m->lay.part;
+    const int chunk = sl->chunk, first = sl->first, end = first + sl->n_blocks;
+    if (part->has_head && chunk == part->n_runs - 1)
         CHECK(head_bwd(m, sl, accum, last, err, errlen));
-    /* GPT-2's head is wte, which is not final until the embedding's part */
+    /* GPT-2's head is wte, which is not final until the embedding's part;
+     * the chunks above this one finished their backwards before it */
     if (m->hook.grads_ready)
-        m->hook.grads_ready(m->hook.ctx, m->layer_start[m->n_local]);
-    for (int i = m->n_local - 1; i >= 0; i--) {
+        m->hook.grads_ready(m->hook.ctx, m->layer_start[end]);
+    for (int i = end - 1; i >= first; i--) {
         if (m->lay.lent_block_grads) {
             float *base = m->hook.block_grads ? m->hook.block_grads(m->hook.ctx, i) : NULL;
             if (!base || map_block(m, base, m->layer_start[i], i, &m->g.h[i]) != 0)
                 return status_set(STATUS_FAIL, err, errlen, "no gradient buffer for block %d", i);
         }
-        CHECK(lend_params(m, i, i > 0 ? i - 1 : -1, err, errlen));
+        CHECK(lend_params(m, i, i > first ? i - 1 : -1, err, errlen));
         double t0 = span_start(m);
         CHECK(block_bwd(m, sl, i, accum, last, err, errlen));
-        span_end(m, "bwd", m->lay.part.layer_begin + i, t0);
+        span_end(m, "bwd", param_layout_layer(&m->lay.part, i), t0);
         if (m->hook.grads_ready)
             m->hook.grads_ready(m->hook.ctx, m->layer_start[i]);
     }
-    if (m->lay.part.has_embed) {
+    if (part->has_embed && chunk == 0) {
         CHECK(embed_bwd(m, sl, accum, err, errlen));
         if (m->hook.grads_ready)
             m->hook.grads_ready(m->hook.ctx, 0);
@@ -1147,7 +1182,7 @@ float *model_stage_input(model_t *m, int slot) { return m->slots[slot].x; }
 float *model_stage_output(model_t *m, int slot)
 {
     const model_slot_t *sl = &m->slots[slot];
-    return m->slots[slot].x + (size_t)m->n_local * model_stage_floats(m, sl->b, sl->t);
+    return m->slots[slot].x + (size_t)sl->n_blocks * model_stage_floats(m, sl->b, sl->t);
 }
 
 float *model_stage_grad(model_t *m) { return m->dres; }

@@ -86,8 +86,11 @@ typedef struct block_acts {
 typedef struct model_slot {
     int b, t; /* shape of the forward held here */
     int has_dlogits;
-    float *x;                         /* [Ls+1][NR,C] residual stream: x[0] stage input, x[i+1] block i's output */
-    block_acts_t *acts;               /* [Ls] */
+    /* the chunk (run of blocks) whose forward the slot holds: local
+     * blocks [first, first + n_blocks); Lc below is the longest run's length */
+    int chunk, first, n_blocks;
+    float *x;                         /* [Lc+1][NR,C] residual stream: x[0] chunk input, x[j+1] block first+j's output */
+    block_acts_t *acts;               /* [Lc] */
     float *lnf, *lnf_mean, *lnf_rstd; /* [N,C], [NR], [NR] (last stage) */
     float *logits;                    /* [N,Vl]; after a training forward it holds dlogits */
     float *losses;                    /* [N] */
@@ -243,6 +246,13 @@ void model_params_written(model_t *m);
  * parallelism b*t must be a multiple of the TP size. */
 status_t model_forward(model_t *m, int slot, const int32_t *tokens, const int32_t *pos, const int32_t *targets, int b,
                        int t, float dloss, float *loss, char *err, size_t errlen);
+/* The same for one chunk of a stage that holds several runs of blocks
+ * (lay.part.n_runs > 1: the interleaved pipeline's virtual stages): run
+ * `chunk`'s blocks, with the embeddings when it is the first stage's chunk
+ * 0 and the head when it is the last stage's last chunk. model_forward is
+ * chunk 0 (the whole stage when it holds one run). */
+status_t model_forward_chunk(model_t *m, int chunk, int slot, const int32_t *tokens, const int32_t *pos,
+                             const int32_t *targets, int b, int t, float dloss, float *loss, char *err, size_t errlen);
 
 /* The per-token losses [n = b*t] of the last forward in `slot` (the last
  * stage, with targets; a target < 0 leaves its place unspecified), copied
@@ -258,6 +268,14 @@ void model_token_losses(const model_t *m, int slot, float *out, int n);
  * first stage). Ends at the first failed collective (or lent block) with
  * its status and one line in err. */
 status_t model_backward(model_t *m, int slot, int accum, int last, char *err, size_t errlen);
+/* The backward of whichever chunk's forward the slot holds (model_backward
+ * is this); accum and last then count that chunk's microbatches. The hook
+ * sees grads_ready() from model_chunk_top(chunk) down to the chunk's first
+ * block (and 0 after the embeddings of chunk 0). */
+status_t model_backward_chunk(model_t *m, int slot, int accum, int last, char *err, size_t errlen);
+/* The flat offset above chunk's gradients: the next chunk's first block,
+ * or the table's end for the last chunk (whose head is below it). */
+size_t model_chunk_top(const model_t *m, int chunk);
 
 /* The stage's activation interface for the pipeline: [NR,C] floats each. */
 float *model_stage_input(model_t *m, int slot);

@@ -71,10 +71,65 @@ static status_t add_param(table_builder_t *b, int layer, const char *suffix, int
     return STATUS_OK;
 }
 
-param_layout_t param_layout_whole(const model_config_t *c)
+param_layout_t param_layout_range(int tp_size, int tp_rank, int begin, int end, int has_embed, int has_head)
 {
-    return (param_layout_t){
-        .tp_size = 1, .tp_rank = 0, .layer_begin = 0, .layer_end = c->n_layer, .has_embed = 1, .has_head = 1};
+    return (param_layout_t){.tp_size = tp_size,
+                            .tp_rank = tp_rank,
+                            .n_runs = 1,
+                            .run_begin = {begin},
+                            .run_end = {end},
+                            .has_embed = has_embed,
+                            .has_head = has_head};
+}
+
+param_layout_t param_layout_whole(const model_config_t *c) { return param_layout_range(1, 0, 0, c->n_layer, 1, 1); }
+
+int param_layout_blocks(const param_layout_t *p)
+{
+    return param_layout_run_first(p, p->n_runs);
+}
+
+int param_layout_run_first(const param_layout_t *p, int k)
+{
+    int n = 0;
+    for (int r = 0; r < k && r < p->n_runs; r++)
+        n += p->run_end[r] - p->run_begin[r];
+    return n;
+}
+
+int param_layout_layer(const param_layout_t *p, int i)
+{
+    for (int r = 0; r < p->n_runs; r++) {
+        const int len = p->run_end[r] - p->run_begin[r];
+        if (i < len)
+            return p->run_begin[r] + i;
+        i -= len;
+    }
+    return -1;
+}
+
+int param_layout_local(const param_layout_t *p, int l)
+{
+    int first = 0;
+    for (int r = 0; r < p->n_runs; r++) {
+        if (l >= p->run_begin[r] && l < p->run_end[r])
+            return first + l - p->run_begin[r];
+        first += p->run_end[r] - p->run_begin[r];
+    }
+    return -1;
+}
+
+int param_layout_check(const param_layout_t *p, int n_layer)
+{
+    if (p->n_runs < 1 || p->n_runs > PARAM_MAX_RUNS)
+        return -1;
+    int lo = 0;
+    for (int r = 0; r < p->n_runs; r++) {
+        if (p->run_begin[r] < lo || p->run_end[r] < p->run_begin[r] || p->run_end[r] > n_layer)
+            return -1;
+        lo = p->run_end[r];
+    }
+    return 0;
 }
 
 int64_t param_padded_vocab(int64_t V, int tp_size)
@@ -172,8 +227,9 @@ int param_table_build(param_table_t *t, const model_config_t *c, const param_lay
      * stream keeps its variance from growing with depth. */
     const float std_out = 0.02f / sqrtf(2.0f * (float)c->n_layer);
     status_t st = lay->has_embed ? add_embed(&b, c, std) : STATUS_OK;
-    for (int l = lay->layer_begin; l < lay->layer_end && st == STATUS_OK; l++)
-        st = add_block(&b, c, l, std, std_out);
+    for (int r = 0; r < lay->n_runs; r++)
+        for (int l = lay->run_begin[r]; l < lay->run_end[r] && st == STATUS_OK; l++)
+            st = add_block(&b, c, l, std, std_out);
     if (st == STATUS_OK && lay->has_head)
         st = add_head(&b, c, lay->has_embed, std);
     if (st != STATUS_OK)

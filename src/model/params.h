@@ -22,12 +22,33 @@ typedef enum {
                           embedding and output head; the padding rows exist only in memory */
 } tp_split_t;
 
+/* Runs of blocks one pipeline stage may hold: one, or under the
+ * interleaved schedule one per virtual stage (chunk). */
+#define PARAM_MAX_RUNS 16
+
 /* Which part of the model one rank holds. */
 typedef struct param_layout {
     int tp_size, tp_rank;
-    int layer_begin, layer_end; /* blocks [begin, end) of this pipeline stage */
-    int has_embed, has_head;    /* first stage: embeddings; last: final norm and head */
+    /* blocks [run_begin[k], run_end[k]) for k < n_runs, ascending and
+     * disjoint (an empty run holds none); local block i counts through
+     * them in order (param_layout_layer) */
+    int n_runs;
+    int run_begin[PARAM_MAX_RUNS], run_end[PARAM_MAX_RUNS];
+    int has_embed, has_head; /* first stage: embeddings; last: final norm and head */
 } param_layout_t;
+
+/* One run of blocks [begin, end). */
+param_layout_t param_layout_range(int tp_size, int tp_rank, int begin, int end, int has_embed, int has_head);
+/* Blocks held (Ls). */
+int param_layout_blocks(const param_layout_t *p);
+/* The model layer of local block i (0 <= i < Ls). */
+int param_layout_layer(const param_layout_t *p, int i);
+/* The local index of model layer l, or -1 where the rank does not hold it. */
+int param_layout_local(const param_layout_t *p, int l);
+/* The local index of run k's first block (k = n_runs: Ls). */
+int param_layout_run_first(const param_layout_t *p, int k);
+/* 0 when the runs are in range, ascending and disjoint; else -1. */
+int param_layout_check(const param_layout_t *p, int n_layer);
 
 typedef enum { INIT_NORMAL = 0, INIT_ZEROS, INIT_ONES } param_init_t;
 

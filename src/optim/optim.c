@@ -209,31 +209,13 @@ int adamw_create(adamw_t *a, const ops_t *ops, const param_table_t *t, const dps
     return 0;
 }
 
-static void *host_alloc(const ops_t *ops, size_t bytes, int pinned)
-{
-    if (bytes == 0)
-        return NULL;
-    if (pinned)
-        return ops->host_alloc(ops->ctx, bytes);
-    void *p = NULL;
-    return posix_memalign(&p, 64, bytes) == 0 ? p : NULL;
-}
-
-static void host_free(const ops_t *ops, void *p, int pinned)
-{
-    if (p && pinned)
-        ops->host_free(ops->ctx, p);
-    else
-        free(p);
-}
-
 static void offload_free(const ops_t *ops, adamw_offload_t *h)
 {
-    host_free(ops, h->p, h->pinned);
-    host_free(ops, h->g, h->pinned);
-    host_free(ops, h->m, h->pinned);
-    host_free(ops, h->v, h->pinned);
-    host_free(ops, h->p16, h->pinned);
+    ops_host_free(ops, h->p);
+    ops_host_free(ops, h->g);
+    ops_host_free(ops, h->m);
+    ops_host_free(ops, h->v);
+    ops_host_free(ops, h->p16);
     free(h->ranges);
     memset(h, 0, sizeof *h);
 }
@@ -286,11 +268,11 @@ static int offload_setup(adamw_t *a, size_t n_host, int bf16)
     adamw_offload_t *h = &a->host;
     *h = (adamw_offload_t){.n = n_host, .isa = adamw_host_best(), .pinned = ops->host_alloc && ops->host_free};
     const size_t bytes = n_host * sizeof(float);
-    h->p = host_alloc(ops, bytes, h->pinned);
-    h->g = host_alloc(ops, bytes, h->pinned);
-    h->m = host_alloc(ops, bytes, h->pinned);
-    h->v = host_alloc(ops, bytes, h->pinned);
-    h->p16 = bf16 ? host_alloc(ops, n_host * sizeof(uint16_t), h->pinned) : NULL;
+    h->p = ops_host_alloc(ops, bytes);
+    h->g = ops_host_alloc(ops, bytes);
+    h->m = ops_host_alloc(ops, bytes);
+    h->v = ops_host_alloc(ops, bytes);
+    h->p16 = bf16 ? ops_host_alloc(ops, n_host * sizeof(uint16_t)) : NULL;
     h->ranges = calloc((size_t)a->n_ranges + 1, sizeof *h->ranges);
     if (!h->p || !h->g || !h->m || !h->v || (bf16 && !h->p16) || !h->ranges)
         return -1;

@@ -209,10 +209,11 @@ static void plan_arena(const plan_in_t *in, const model_layout_t *lay, stage_pla
     model_layout_t one = *lay;
     one.part.has_embed = one.part.has_head = 0;
     one.n_slots = 1;
-    one.part.layer_begin = 0;
-    one.part.layer_end = 1;
+    one.part.n_runs = 1;
+    one.part.run_begin[0] = 0;
+    one.part.run_end[0] = 1;
     model_arena_bytes(c, &one, in->run.micro_batch, in->run.seq_len, &a1, &w_);
-    one.part.layer_end = 2;
+    one.part.run_end[0] = 2;
     model_arena_bytes(c, &one, in->run.micro_batch, in->run.seq_len, &a2, &w_);
     const double C = c->d_model;
     const double per_layer = (double)(a2 - a1) - (round64(4.0 * 3 * NR * C) - round64(4.0 * 2 * NR * C));
@@ -260,13 +261,11 @@ static int plan_stage(const plan_in_t *in, int s, int layer_begin, stage_plan_t 
     const run_config_t *run = &in->run;
     memset(sp, 0, sizeof *sp);
     sp->layers = run->stage_layers[s];
-    sp->slots = pipe_slots(run->pp_kind, run->pp, s, run->accum);
-    const param_layout_t part = {.tp_size = run->tp,
-                                 .tp_rank = 0,
-                                 .layer_begin = layer_begin,
-                                 .layer_end = layer_begin + sp->layers,
-                                 .has_embed = s == 0,
-                                 .has_head = s == run->pp - 1};
+    const pipe_shape_t shape = run_config_pipe_shape(run);
+    sp->slots = pipe_stage_slots(&shape, s);
+    param_layout_t part =
+        param_layout_range(run->tp, 0, layer_begin, layer_begin + sp->layers, s == 0, s == run->pp - 1);
+    run_config_stage_runs(run, s, &part.n_runs, part.run_begin, part.run_end); /* interleaved: its chunks */
     const model_layout_t lay = {.part = part,
                                 .tp = NULL,
                                 .sequence_parallel = run->sequence_parallel,

@@ -89,9 +89,13 @@ static const opt_def_t opt_defs[] = {
     {"pp", OPT_INT, F(pp), 0, "1", 1, 4096, NULL, "pipeline-parallel size: contiguous layer ranges on N stages", NULL,
      NULL, 0},
     {"pp-layers", OPT_STR, F(pp_layers), S(pp_layers), "", 0, 0, NULL,
-     "layers per pipeline stage, e.g. 10,10,12 (empty = balanced)", NULL, NULL, 0},
+     "layers per pipeline stage, e.g. 10,10,12 (empty = balanced); with --pp-virtual V, per chunk (pp x V counts "
+     "in model order)",
+     NULL, NULL, 0},
     {"pp-schedule", OPT_ENUM, F(pp_schedule), 0, "1f1b", 0, 0, pipe_kind_names,
-     "pipeline schedule over a step's microbatches: 1f1b | gpipe", NULL, NULL, 0},
+     "pipeline schedule over a step's microbatches: 1f1b | gpipe | interleaved (with --pp-virtual)", NULL, NULL, 0},
+    {"pp-virtual", OPT_INT, F(pp_virtual), 0, "1", 1, PARAM_MAX_RUNS, NULL,
+     "model chunks per pipeline stage for --pp-schedule interleaved: chunk c on stage c mod pp", NULL, NULL, 0},
     {"dp", OPT_INT, F(dp), 0, "0", 0, 1 << 20, NULL, "data-parallel size (0 = world size / (tp x pp))", NULL, NULL, 0},
     {"ddp-mode", OPT_ENUM, F(ddp_mode), 0, "bucketed", 0, 0, ddp_mode_names,
      "gradient all-reduce: naive (per tensor) | flat (one buffer) | bucketed (overlapped with backward)", NULL, NULL,
@@ -637,6 +641,41 @@ static int accum_steps(const run_options_t *o, int dp)
 
 /* The layout checks that need the model and the grid; one line in err,
  * the same on every rank. */
+/* --pp-schedule interleaved and --pp-virtual: each needs the other, the
+ * chunks need a layer each, and the step's microbatches come in groups of
+ * pp (pipe_shape_check's rule). */
+static int check_virtual(const run_options_t *o, const model_config_t *c, int pp, int dp, char *err, size_t errlen)
+{
+    const int V = o->pp_virtual;
+    if (o->pp_schedule != PIPE_INTERLEAVED) {
+        if (V > 1)
+            snprintf(err, errlen, "--pp-virtual %d applies to --pp-schedule interleaved; add it, or drop --pp-virtual",
+                     V);
+        return V > 1 ? -1 : 0;
+    }
+    if (pp < 2 || V < 2) {
+        snprintf(err, errlen,
+                 "--pp-schedule interleaved needs --pp 2 or more and --pp-virtual 2 or more (got --pp %d "
+                 "--pp-virtual %d); one chunk per stage is --pp-schedule 1f1b",
+                 pp, V);
+        return -1;
+    }
+    if (pp * V > c->n_layer) {
+        snprintf(err, errlen,
+                 "--pp %d x --pp-virtual %d = %d chunks exceeds the model's %d layers: every chunk needs at least one; "
+                 "lower --pp-virtual",
+                 pp, V, pp * V, c->n_layer);
+        return -1;
+    }
+    const pipe_shape_t sh = {.kind = PIPE_INTERLEAVED, .stages = pp, .virt = V, .micro = accum_steps(o, dp)};
+    char why[200];
+    if (pipe_shape_check(&sh, why, sizeof why) != 0) {
+        snprintf(err, errlen, "%s: set --global-batch to a multiple of %d x micro batch x dp", why, pp);
+        return -1;
+    }
+    return 0;
+}
+
 static int check_layout(const run_options_t *o, const model_config_t *c, int tp, int pp, int dp, char *err,
                         size_t errlen)
 {
@@ -653,7 +692,7 @@ static int check_layout(const run_options_t *o, const model_config_t *c, int tp,
             snprintf(err + strlen(err), errlen - strlen(err), " %d", dp);
         return -1;
     }
-    if (options_check_grid(c, tp, pp, err, errlen) != 0)
+    if (options_check_grid(c, tp, pp, err, errlen) != 0 || check_virtual(o, c, pp, dp, err, errlen) != 0)
         return -1;
     if (o->offload == OFFLOAD_NONE && o->offload_fraction != 1.0) {
         snprintf(err, errlen, "--offload-fraction %g applies to --offload optimizer; add it, or drop the fraction",
@@ -685,9 +724,10 @@ static int check_layout(const run_options_t *o, const model_config_t *c, int tp,
     return 0;
 }
 
-/* layers[s] = blocks of pipeline stage s (pp of them): --pp-layers, or
- * balanced. Returns 0, or -1 with one line in err. */
-static int stage_layers(const run_options_t *o, int n_layer, int pp, int *layers, char *err, size_t errlen)
+/* layers[c] = blocks of model chunk c (pp of them, or pp x V under the
+ * interleaved schedule): --pp-layers, or balanced. Returns 0, or -1 with
+ * one line in err. */
+static int chunk_layers(const run_options_t *o, int n_layer, int pp, int *layers, char *err, size_t errlen)
 {
     if (!o->pp_layers[0]) {
         /* balanced; the remainder goes to the first stages, since the last
@@ -716,8 +756,8 @@ static int stage_layers(const run_options_t *o, int n_layer, int pp, int *layers
         p = *end ? end + 1 : end;
     }
     if (n != pp || sum != n_layer) {
-        snprintf(err, errlen, "--pp-layers '%s': needs %d counts (one per stage) summing to the model's %d layers",
-                 o->pp_layers, pp, n_layer);
+        snprintf(err, errlen, "--pp-layers '%s': needs %d counts (one per %s) summing to the model's %d layers",
+                 o->pp_layers, pp, o->pp_virtual > 1 ? "chunk, pp x --pp-virtual" : "stage", n_layer);
         return -1;
     }
     return 0;
@@ -727,9 +767,16 @@ int options_resolve_layout(const run_options_t *o, const model_config_t *c, int 
                            char *err, size_t errlen)
 {
     memset(rc, 0, offsetof(run_config_t, stage_layers));
+    const int V = o->pp_virtual > 1 ? o->pp_virtual : 1;
     if (check_layout(o, c, tp, pp, dp, err, errlen) != 0 ||
-        stage_layers(o, c->n_layer, pp, rc->stage_layers, err, errlen) != 0)
+        chunk_layers(o, c->n_layer, pp * V, rc->chunk_layers, err, errlen) != 0)
         return -1;
+    for (int s = 0; s < pp; s++) {
+        rc->stage_layers[s] = 0;
+        for (int k = 0; k < V; k++)
+            rc->stage_layers[s] += rc->chunk_layers[s + k * pp];
+    }
+    rc->pp_virtual = V;
     rc->opt = o;
     rc->model = *c;
     rc->tp = tp;
@@ -768,8 +815,22 @@ int run_config_stage_begin(const run_config_t *rc, int s)
 {
     int l0 = 0;
     for (int k = 0; k < s; k++)
-        l0 += rc->stage_layers[k];
+        l0 += rc->chunk_layers[k];
     return l0;
+}
+
+void run_config_stage_runs(const run_config_t *rc, int s, int *n_runs, int *begin, int *end)
+{
+    *n_runs = rc->pp_virtual;
+    for (int k = 0; k < rc->pp_virtual; k++) {
+        begin[k] = run_config_stage_begin(rc, s + k * rc->pp);
+        end[k] = begin[k] + rc->chunk_layers[s + k * rc->pp];
+    }
+}
+
+pipe_shape_t run_config_pipe_shape(const run_config_t *rc)
+{
+    return (pipe_shape_t){.kind = rc->pp_kind, .stages = rc->pp, .virt = rc->pp_virtual, .micro = rc->accum};
 }
 
 void options_print(const run_options_t *o, void *file) { opt_print_values(&opt_table, o, file); }

@@ -46,6 +46,7 @@ typedef struct run_options {
     int sequence_parallel;
     char pp_layers[256];
     pipe_kind_t pp_schedule;
+    int pp_virtual; /* model chunks per stage (interleaved schedule) */
     ddp_mode_t ddp_mode;
     int zero; /* ZeRO stage; see options_zero_stage */
     options_fsdp_t fsdp;
@@ -156,6 +157,10 @@ typedef struct run_config {
     /* batch: global_batch = accum x micro_batch x dp sequences per step */
     int micro_batch, seq_len, accum, global_batch;
     int stage_layers[RUN_MAX_STAGES]; /* [pp] blocks of pipeline stage s */
+    /* [pp * pp_virtual] blocks of model chunk c, held by stage c % pp (the
+     * interleaved schedule's virtual stages; pp_virtual 1: stage_layers) */
+    int chunk_layers[RUN_MAX_STAGES];
+    int pp_virtual;
     /* the components' choices */
     pipe_kind_t pp_kind;
     model_recompute_t recompute;
@@ -180,8 +185,13 @@ int options_resolve(const run_options_t *o, int tp, int pp, int dp, run_config_t
 int options_resolve_layout(const run_options_t *o, const model_config_t *c, int tp, int pp, int dp, run_config_t *rc,
                            char *err, size_t errlen);
 
-/* The first block of pipeline stage s. */
+/* The first block of pipeline stage s (of its first chunk). */
 int run_config_stage_begin(const run_config_t *rc, int s);
+/* The runs of blocks stage s holds, one per chunk, as a layout's
+ * (param_layout_t's n_runs, run_begin, run_end). */
+void run_config_stage_runs(const run_config_t *rc, int s, int *n_runs, int *begin, int *end);
+/* The schedule's shape for one step. */
+pipe_shape_t run_config_pipe_shape(const run_config_t *rc);
 
 /* Writes every option as `key = value` lines (the banner and metrics). */
 void options_print(const run_options_t *o, void *file);

@@ -62,11 +62,17 @@ void trainer_banner(const trainer_t *tr, FILE *out)
                 (long long)param_padded_vocab(c->vocab_size, g->tp_size),
                 o->sequence_parallel ? ", sequence parallel" : "");
     if (g->pp_size > 1) {
-        const int *layers = tr->run->stage_layers;
-        fprintf(out, "pipeline: %d stages, %s schedule over %d microbatches, layers", g->pp_size,
-                pipe_kind_name(tr->pp_kind), tr->accum);
-        for (int s = 0, l0 = 0; s < g->pp_size; l0 += layers[s], s++)
-            fprintf(out, "%s %d-%d", s ? " |" : "", l0, l0 + layers[s] - 1);
+        const run_config_t *run = tr->run;
+        fprintf(out, "pipeline: %d stages, %s schedule", g->pp_size, pipe_kind_name(tr->pp_kind));
+        if (run->pp_virtual > 1)
+            fprintf(out, " (%d chunks per stage)", run->pp_virtual);
+        fprintf(out, " over %d microbatches, layers", tr->accum);
+        for (int s = 0; s < g->pp_size; s++) {
+            int n, lo[PARAM_MAX_RUNS], hi[PARAM_MAX_RUNS];
+            run_config_stage_runs(run, s, &n, lo, hi);
+            for (int k = 0; k < n; k++)
+                fprintf(out, "%s%d-%d", k ? "+" : s ? " | " : " ", lo[k], hi[k] - 1);
+        }
         fprintf(out, "\n");
     }
     tr->sync.ops->banner(&tr->sync, out, ddp_mode_names[tr->run->ddp_mode], comm_dtype_names[tr->run->grad_dtype]);
@@ -136,23 +142,29 @@ static const int32_t *batch_positions(trainer_t *tr, const int32_t *tok, int b, 
 }
 
 /* Forward-only pass of one microbatch through the pipeline, in slot 0:
- * stage s receives from s-1, computes, sends to s+1. *loss: the loss on
- * the last stage (0 elsewhere; a non-finite loss is a value, not a
- * failure). Collective over PP (and TP). */
+ * the model's chunks in order (one per stage, or under the interleaved
+ * schedule chunk c on stage c % pp), each receiving from the stage before,
+ * computing, sending to the next. *loss: the loss on the last stage (0
+ * elsewhere; a non-finite loss is a value, not a failure). Collective over
+ * PP (and TP). */
 status_t pipeline_eval(trainer_t *tr, const int32_t *tok, const int32_t *pos, const int32_t *tgt, int b, int t,
                        float *loss, char *err, size_t errlen)
 {
     model_t *m = &tr->model;
     const grid_t *g = tr->grid;
+    const int P = g->pp_size, C = P * tr->run->pp_virtual;
     const size_t n = model_stage_floats(m, b, t);
     char cerr[COMM_ERR_MAX];
-    if (g->pp_rank > 0 && g->pp->ops->recv(g->pp, model_stage_input(m, 0), n, COMM_FP32, g->pp_rank - 1, TAG_EVAL, cerr,
-                                           sizeof cerr) != 0)
-        return status_set(STATUS_FAIL, err, errlen, "receiving the previous stage's activations failed: %s", cerr);
-    CHECK(model_forward(m, 0, tok, pos, tgt, b, t, 0.0f, loss, err, errlen));
-    if (g->pp_rank < g->pp_size - 1 && g->pp->ops->send(g->pp, model_stage_output(m, 0), n, COMM_FP32, g->pp_rank + 1,
-                                                        TAG_EVAL, cerr, sizeof cerr) != 0)
-        return status_set(STATUS_FAIL, err, errlen, "sending the activations to the next stage failed: %s", cerr);
+    *loss = 0.0f;
+    for (int c = g->pp_rank; c < C; c += P) {
+        if (c > 0 && g->pp->ops->recv(g->pp, model_stage_input(m, 0), n, COMM_FP32, (c - 1) % P, TAG_EVAL, cerr,
+                                      sizeof cerr) != 0)
+            return status_set(STATUS_FAIL, err, errlen, "receiving the previous stage's activations failed: %s", cerr);
+        CHECK(model_forward_chunk(m, c / P, 0, tok, pos, tgt, b, t, 0.0f, loss, err, errlen));
+        if (c < C - 1 && g->pp->ops->send(g->pp, model_stage_output(m, 0), n, COMM_FP32, (c + 1) % P, TAG_EVAL, cerr,
+                                          sizeof cerr) != 0)
+            return status_set(STATUS_FAIL, err, errlen, "sending the activations to the next stage failed: %s", cerr);
+    }
     return STATUS_OK;
 }
 
@@ -371,7 +383,7 @@ static status_t print_sample(trainer_t *tr, FILE *out, char *err, size_t errlen)
 /* ---- one step over the pipeline schedule ---------------------------------------------- */
 
 /* ctx: a callback_ctx_t. */
-static int stage_forward(void *ctx, int micro, int slot)
+static int stage_forward(void *ctx, int chunk, int micro, int slot)
 {
     const callback_ctx_t *c = ctx;
     trainer_t *tr = c->tr;
@@ -386,15 +398,16 @@ static int stage_forward(void *ctx, int micro, int slot)
     data_batch(&tr->train, batch, micro, tr->accum, g->dp_rank, g->dp_size, o->micro_batch, tr->tok, tr->tgt, pos);
     trace_span(tr->trace, TRACE_COMPUTE, "data", t_data, tr->trace ? trace_now() : 0.0, NULL);
     m->trace_micro = micro;
-    if (pos) { /* the attention this step computes, for its MFU */
+    if (pos && chunk == 0) { /* the attention this step computes, for its MFU */
         tr->doc_sq += docmask_square_sum(pos, (size_t)o->micro_batch * o->seq_len);
         tr->doc_tok += (double)o->micro_batch * o->seq_len;
     }
     float loss;
-    CHECK(model_forward(m, slot, tr->tok, pos, tr->tgt, o->micro_batch, o->seq_len,
-                        spike_test_dloss(&tr->spike, batch, micro, g->dp_rank, 1.0f / (float)tr->accum), &loss, c->err,
-                        c->errlen));
-    tr->loss_sum += spike_test_loss(&tr->spike, batch, micro, g->dp_rank, loss);
+    CHECK(model_forward_chunk(m, chunk, slot, tr->tok, pos, tr->tgt, o->micro_batch, o->seq_len,
+                              spike_test_dloss(&tr->spike, batch, micro, g->dp_rank, 1.0f / (float)tr->accum), &loss,
+                              c->err, c->errlen));
+    if (chunk == m->lay.part.n_runs - 1) /* the stage's loss (0 off the last stage) comes from its last chunk */
+        tr->loss_sum += spike_test_loss(&tr->spike, batch, micro, g->dp_rank, loss);
     return STATUS_OK;
 }
 
@@ -403,17 +416,18 @@ static int stage_forward(void *ctx, int micro, int slot)
  * model's hook during it where it needs to. */
 /* ctx: a callback_ctx_t. The strategy's backward_end runs after a failed
  * backward too (its message then wins: its hook's failure is the cause). */
-static int stage_backward(void *ctx, int micro, int slot)
+static int stage_backward(void *ctx, int chunk, int micro, int slot)
 {
     const callback_ctx_t *c = ctx;
     trainer_t *tr = c->tr;
     model_t *m = &tr->model;
     dpsync_t *s = &tr->sync;
     int accum, last;
-    s->ops->backward_begin(s, tr->bwd_done, tr->accum, &accum, &last);
+    /* each chunk's backwards count apart: its last is that chunk's step's last */
+    s->ops->backward_begin(s, tr->bwd_done[chunk], tr->accum, model_chunk_top(m, chunk), &accum, &last);
     m->trace_micro = micro;
-    const status_t st = model_backward(m, slot, accum, last, c->err, c->errlen);
-    tr->bwd_done++;
+    const status_t st = model_backward_chunk(m, slot, accum, last, c->err, c->errlen);
+    tr->bwd_done[chunk]++;
     if (dpsync_backward_end(s, c->err, c->errlen) != 0)
         return STATUS_FAIL;
     return st;
@@ -432,7 +446,7 @@ static int step_gradients(trainer_t *tr, int step, double *bubble_s, char *err, 
     model_t *m = &tr->model;
     const grid_t *g = tr->grid;
     tr->cur_step = step;
-    tr->bwd_done = 0;
+    memset(tr->bwd_done, 0, sizeof tr->bwd_done);
     tr->sync.ops->step_begin(&tr->sync);
     tr->loss_sum = 0.0;
     *bubble_s = 0.0;
@@ -440,7 +454,7 @@ static int step_gradients(trainer_t *tr, int step, double *bubble_s, char *err, 
     callback_ctx_t c = {.tr = tr, .err = why, .errlen = sizeof why};
     if (g->pp_size == 1) {
         for (int micro = 0; micro < tr->accum; micro++)
-            if (stage_forward(&c, micro, 0) != 0 || stage_backward(&c, micro, 0) != 0)
+            if (stage_forward(&c, 0, micro, 0) != 0 || stage_backward(&c, 0, micro, 0) != 0)
                 return status_set(STATUS_FAIL, err, errlen, "step %d: %s", step + 1, why);
     } else {
         const pipe_stage_ops_t ops = {.forward = stage_forward,
@@ -450,9 +464,10 @@ static int step_gradients(trainer_t *tr, int step, double *bubble_s, char *err, 
                                       .grad = stage_grad,
                                       .n = model_stage_floats(m, tr->opt->micro_batch, tr->opt->seq_len),
                                       .mem = m->ops};
+        const pipe_shape_t shape = run_config_pipe_shape(tr->run);
         pipe_stats_t st = {0};
         char perr[COMM_ERR_MAX];
-        if (pipe_run(g->pp, tr->pp_kind, tr->accum, &ops, &c, &st, perr, sizeof perr) != 0)
+        if (pipe_run(g->pp, &shape, &ops, &c, &st, perr, sizeof perr) != 0)
             return status_set(STATUS_FAIL, err, errlen, "step %d: pipeline: %s", step + 1, why[0] ? why : perr);
         *bubble_s = st.wait_s;
     }

@@ -160,7 +160,7 @@ static int setup_sync(trainer_t *tr, const dpsync_ops_t *kind, comm_dtype_t gdt,
     for (int i = 0; rc == 0 && i < t->n; i++) {
         const param_desc_t *d = &t->p[i];
         start[i] = d->offset;
-        block[i] = d->layer >= 0 && d->layer < tr->cfg.n_layer ? d->layer - m->lay.part.layer_begin : -1;
+        block[i] = d->layer >= 0 && d->layer < tr->cfg.n_layer ? param_layout_local(&m->lay.part, d->layer) : -1;
         norm[i] = !(d->tied_copy || (d->tp_split == TP_SPLIT_NONE && g->tp_rank != 0));
     }
     if (rc == 0) {
@@ -422,13 +422,13 @@ static model_layout_t stage_layout(const trainer_t *tr, const grid_t *grid, cons
     model_layout_t lay = model_layout_single(&tr->cfg);
     lay.part.tp_size = grid->tp_size;
     lay.part.tp_rank = grid->tp_rank;
-    lay.part.layer_begin = run_config_stage_begin(run, grid->pp_rank);
-    lay.part.layer_end = lay.part.layer_begin + run->stage_layers[grid->pp_rank];
+    run_config_stage_runs(run, grid->pp_rank, &lay.part.n_runs, lay.part.run_begin, lay.part.run_end);
     lay.part.has_embed = grid->pp_rank == 0;
     lay.part.has_head = grid->pp_rank == grid->pp_size - 1;
     lay.sequence_parallel = run->sequence_parallel;
     lay.doc_mask = tr->opt->doc_mask;
-    lay.n_slots = pipe_slots(run->pp_kind, grid->pp_size, grid->pp_rank, run->accum);
+    const pipe_shape_t shape = run_config_pipe_shape(run);
+    lay.n_slots = pipe_stage_slots(&shape, grid->pp_rank);
     /* the strategy's kind decides what the model keeps of the blocks */
     lay.lent_block_grads = kind->lends_block_grads;
     lay.lent_block_params = kind->lends_block_params;
