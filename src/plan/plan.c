@@ -38,6 +38,7 @@ typedef struct plan_in {
 /* One pipeline stage (every TP and DP rank of a stage holds the same). */
 typedef struct stage_plan {
     int layers, slots;
+    int slot_layers; /* blocks one activation slot holds: the stage's longest chunk */
     size_t n;       /* local parameters (floats of the flat buffer) */
     size_t shard_n; /* this rank's ZeRO shard of them (pieces padded) */
     size_t logical; /* logical parameters the stage owns (tied copy not counted) */
@@ -217,7 +218,7 @@ static void plan_arena(const plan_in_t *in, const model_layout_t *lay, stage_pla
     model_arena_bytes(c, &one, in->run.micro_batch, in->run.seq_len, &a2, &w_);
     const double C = c->d_model;
     const double per_layer = (double)(a2 - a1) - (round64(4.0 * 3 * NR * C) - round64(4.0 * 2 * NR * C));
-    const double lx = (double)sp->layers * sp->slots;
+    const double lx = (double)sp->slot_layers * sp->slots;
     sp->act_layer = per_layer;
     sp->act_extra = (double)arena - lx * per_layer;
     sp->mem[MEM_ACTS] = (double)arena;
@@ -266,6 +267,9 @@ static int plan_stage(const plan_in_t *in, int s, int layer_begin, stage_plan_t 
     param_layout_t part =
         param_layout_range(run->tp, 0, layer_begin, layer_begin + sp->layers, s == 0, s == run->pp - 1);
     run_config_stage_runs(run, s, &part.n_runs, part.run_begin, part.run_end); /* interleaved: its chunks */
+    for (int k = 0; k < part.n_runs; k++)
+        if (part.run_end[k] - part.run_begin[k] > sp->slot_layers)
+            sp->slot_layers = part.run_end[k] - part.run_begin[k];
     const model_layout_t lay = {.part = part,
                                 .tp = NULL,
                                 .sequence_parallel = run->sequence_parallel,
@@ -355,7 +359,10 @@ static void stage_tp_pp(const plan_in_t *in, int s, stage_plan_t *sp)
      * and its gradient back; every TP rank sends its rows (all of them
      * without sequence parallelism) */
     const double msg = (in->run.sequence_parallel ? tok / t : tok) * C * abytes;
-    sp->pp_bytes = in->run.accum * msg * ((s < in->run.pp - 1) + (s > 0));
+    /* each of the stage's V chunks sends its output on and its input
+     * gradient back, except the model's last and first chunk */
+    const int V = in->run.pp_virtual;
+    sp->pp_bytes = in->run.accum * msg * (2 * V - (s == in->run.pp - 1) - (s == 0));
 }
 
 /* Data-parallel, tied-embedding and optimizer bytes and time of stage
@@ -488,8 +495,11 @@ static int plan_compute(const plan_in_t *in, plan_t *p, char *err, size_t errlen
     const double tokens = (double)in->run.global_batch * in->run.seq_len;
     p->flops_step = flops_per_token(in->c, in->att_T) * tokens;
     p->t_mb = t_mb;
-    p->bubble_frac = (double)(in->run.pp - 1) / (in->run.accum + in->run.pp - 1);
-    p->t_bubble = (in->run.pp - 1) * t_mb;
+    /* interleaved: the fill and drain are P-1 chunk steps of 1/V of a
+     * stage's microbatch each (Megatron's (p-1)/(v m) of the compute) */
+    const double V = in->run.pp_virtual;
+    p->bubble_frac = (in->run.pp - 1) / (V * in->run.accum + in->run.pp - 1);
+    p->t_bubble = (in->run.pp - 1) * t_mb / V;
     /* pipeline messages overlap the steady state; the fill and the drain
      * wait for them: p-1 hops each way */
     const double tok = (double)in->run.micro_batch * in->run.seq_len;
@@ -497,7 +507,7 @@ static int plan_compute(const plan_in_t *in, plan_t *p, char *err, size_t errlen
         (in->run.sequence_parallel ? tok / in->run.tp : tok) * in->c->d_model * (in->megatron ? 2.0 : 4.0);
     p->t_pp_msg = hw->latency + msg / link_bw(hw, (long)in->run.tp * in->run.dp * in->run.pp);
     p->t_pp = in->run.pp > 1 ? 2.0 * (in->run.pp - 1) * p->t_pp_msg : 0.0;
-    p->t_step = (in->run.accum + in->run.pp - 1) * t_mb + p->t_pp + extra;
+    p->t_step = in->run.accum * t_mb + p->t_bubble + p->t_pp + extra;
     p->tokens_s = tokens / p->t_step;
     const double world = (double)in->run.tp * in->run.pp * in->run.dp;
     p->mfu = p->flops_step / (p->t_step * world * peak);
@@ -813,8 +823,8 @@ static void print_memory(const plan_t *p, FILE *out)
                 fprintf(out, "; %zu more in host memory (--offload)", w->n_host);
             break;
         case MEM_ACTS:
-            fprintf(out, "%s per layer and microbatch x %d x %d", fmt_bytes(b2, sizeof b2, w->act_layer), w->layers,
-                    w->slots);
+            fprintf(out, "%s per layer and microbatch x %d x %d%s", fmt_bytes(b2, sizeof b2, w->act_layer),
+                    w->slot_layers, w->slots, in->run.pp_virtual > 1 ? " chunk slots" : "");
             if (w->act_extra > 0)
                 fprintf(out, " + %s", fmt_bytes(b3, sizeof b3, w->act_extra));
             if (in->megatron)
@@ -897,8 +907,12 @@ static void print_perf(const plan_t *p, FILE *out)
             fmt_time(b2, sizeof b2, p->t_compute / in->run.accum));
     fprintf(out, "  tp communication %12s  blocking collectives inside each microbatch (exposed)\n",
             fmt_time(b1, sizeof b1, p->t_tp));
-    fprintf(out, "  pipeline bubble  %12s  (p-1)/(m+p-1) = %.1f%% of the pipeline's time\n",
-            fmt_time(b1, sizeof b1, p->t_bubble), 100.0 * p->bubble_frac);
+    if (in->run.pp_virtual > 1)
+        fprintf(out, "  pipeline bubble  %12s  (p-1)/(v m+p-1), interleaved v%d = %.1f%% of the pipeline's time\n",
+                fmt_time(b1, sizeof b1, p->t_bubble), in->run.pp_virtual, 100.0 * p->bubble_frac);
+    else
+        fprintf(out, "  pipeline bubble  %12s  (p-1)/(m+p-1) = %.1f%% of the pipeline's time\n",
+                fmt_time(b1, sizeof b1, p->t_bubble), 100.0 * p->bubble_frac);
     fprintf(out, "  pp communication %12s  exposed: fill and drain, %d hops each way (steady state overlapped)\n",
             fmt_time(b1, sizeof b1, p->t_pp), in->run.pp - 1);
     fprintf(out, "  dp communication %12s  exposed, of %s in all (the rest overlapped with backward)\n",
@@ -975,6 +989,7 @@ static int write_json(const plan_t *p, const run_options_t *o, const char *path,
 
 typedef struct candidate {
     int tp, pp, dp, zero, sp, mb;
+    int virt; /* 1: 1f1b; more: the interleaved schedule's chunks per stage */
     model_recompute_t rc;
     double tokens_s, mfu, mem, margin, bubble;
 } candidate_t;
@@ -1019,6 +1034,7 @@ static void search_try(search_t *sr, const run_options_t *t, const model_config_
                                           .zero = t->zero,
                                           .sp = t->sequence_parallel,
                                           .mb = t->micro_batch,
+                                          .virt = t->pp_virtual,
                                           .rc = t->recompute,
                                           .tokens_s = p.tokens_s,
                                           .mfu = p.mfu,
@@ -1029,10 +1045,25 @@ static void search_try(search_t *sr, const run_options_t *t, const model_config_
     plan_free(&p);
 }
 
+static void search_schedule(search_t *sr, const run_options_t *o, run_options_t *t, const model_config_t *c,
+                            const hw_profile_t *hw);
+
 /* Every micro batch, sequence parallelism, ZeRO stage and recomputation
- * policy of one tp x pp x dp layout. */
+ * policy of one tp x pp x dp layout, and with pp > 1 each pipeline
+ * schedule: 1f1b and interleaved with 2 and 4 chunks per stage (where the
+ * layers and microbatches allow them). */
 static void search_layout(search_t *sr, const run_options_t *o, run_options_t *t, const model_config_t *c,
                           const hw_profile_t *hw)
+{
+    for (int v = 1; v <= (t->pp > 1 ? 4 : 1); v *= 2) {
+        t->pp_schedule = v > 1 ? PIPE_INTERLEAVED : PIPE_1F1B;
+        t->pp_virtual = v;
+        search_schedule(sr, o, t, c, hw);
+    }
+}
+
+static void search_schedule(search_t *sr, const run_options_t *o, run_options_t *t, const model_config_t *c,
+                            const hw_profile_t *hw)
 {
     for (int mb = 1; mb <= 16; mb *= 2)
         for (int sp = 0; sp <= (t->tp > 1); sp++)
@@ -1060,13 +1091,16 @@ static void print_search(const search_t *sr, const run_options_t *o, const hw_pr
                                              : "bf16",
             sr->tried, n, fmt_bytes(b1, sizeof b1, hw->memory - hw->reserve));
     if (n > 0)
-        fprintf(out, "  %4s %4s %4s %4s %3s %-9s %5s %12s %7s %10s %10s %7s\n", "tp", "pp", "dp", "zero", "sp",
-                "recompute", "micro", "tokens/s", "MFU", "memory", "margin", "bubble");
-    for (size_t i = 0; i < n && i < SEARCH_SHOW; i++)
-        fprintf(out, "  %4d %4d %4d %4d %3s %-9s %5d %12.0f %6.1f%% %10s %10s %6.1f%%\n", cand[i].tp, cand[i].pp,
-                cand[i].dp, cand[i].zero, cand[i].sp ? "on" : "off", model_recompute_names[cand[i].rc], cand[i].mb,
-                cand[i].tokens_s, 100.0 * cand[i].mfu, fmt_bytes(b1, sizeof b1, cand[i].mem),
+        fprintf(out, "  %4s %4s %4s %-8s %4s %3s %-9s %5s %12s %7s %10s %10s %7s\n", "tp", "pp", "dp", "schedule",
+                "zero", "sp", "recompute", "micro", "tokens/s", "MFU", "memory", "margin", "bubble");
+    for (size_t i = 0; i < n && i < SEARCH_SHOW; i++) {
+        char sched[16];
+        snprintf(sched, sizeof sched, cand[i].virt > 1 ? "inter-v%d" : "1f1b", cand[i].virt);
+        fprintf(out, "  %4d %4d %4d %-8s %4d %3s %-9s %5d %12.0f %6.1f%% %10s %10s %6.1f%%\n", cand[i].tp, cand[i].pp,
+                cand[i].dp, sched, cand[i].zero, cand[i].sp ? "on" : "off", model_recompute_names[cand[i].rc],
+                cand[i].mb, cand[i].tokens_s, 100.0 * cand[i].mfu, fmt_bytes(b1, sizeof b1, cand[i].mem),
                 fmt_bytes(b2, sizeof b2, cand[i].margin), 100.0 * cand[i].bubble);
+    }
     if (n > SEARCH_SHOW)
         fprintf(out, "  ... and %zu more that fit\n", n - SEARCH_SHOW);
     if (n == 0)
