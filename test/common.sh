@@ -72,14 +72,21 @@ SLURM_ON=${SLURM_ON:-}
 # job_field JOB KEY: KEY's value in `scontrol show job` (kept MinJobAge=300 s)
 job_field() { $SLURM_ON scontrol show job -o "$1" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$2=//p"; }
 # wait_job JOB RESTARTS TIMEOUT_S: waits for a final state reached after
-# RESTARTS requeues; prints the state
+# RESTARTS requeues; prints the state. A final state with fewer requeues
+# that lasts 20 s is final too (a requeue passes through PENDING, never a
+# final state): printed as STATE-after-N-restarts.
 wait_job() {
     end=$(($(date +%s) + $3))
+    early=""
     while :; do
         st=$(job_field "$1" JobState)
         case $st in
         COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY | BOOT_FAIL | DEADLINE | PREEMPTED)
-            [ "$(job_field "$1" Restarts)" -ge "$2" ] && { echo "$st"; return; } ;;
+            wj_r=$(job_field "$1" Restarts)
+            [ "$wj_r" -ge "$2" ] && { echo "$st"; return; }
+            [ -n "$early" ] || early=$(($(date +%s) + 20))
+            [ "$(date +%s)" -lt "$early" ] || { echo "$st-after-$wj_r-restarts"; return; } ;;
+        *) early="" ;;
         esac
         [ "$(date +%s)" -lt "$end" ] || { echo "still-$st-after-$3-s"; return; }
         sleep 0.3

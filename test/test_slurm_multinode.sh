@@ -24,6 +24,12 @@
 #    pp 2 (nodes) with TP inside each node, its --sequence-parallel and
 #    --recompute selective as written; COMPLETED, the same losses as one
 #    rank;
+#  - node2 lost mid-run (every process in its namespace killed: slurmd,
+#    step daemon, ranks) at step 12 of a tp2 x pp2 job with --comm-timeout
+#    10 and checkpoints every 5 steps: dtrain's watchdog on node1 ends the
+#    ranks there within 20 s, naming the peers "rank 2 on node2" / "rank 3
+#    on node2"; the job exits 1 without a requeue; no job process is left;
+#    a job on node1 alone (dp 2) resumes from the step-10 checkpoint;
 #  - test-cluster.sh down: no process left on either node.
 # Skipped (77, one line) where network namespaces cannot be made (not
 # root) or SLURM is not installed or its daemons cannot start.
@@ -115,12 +121,14 @@ else
     fail "sbatch -N 2 --ntasks-per-node 2 train_small.sbatch: $st_full: $(grep -v '^step\|^  ' "$TMP/full.out" | tail -n 4)"
 fi
 banner full "$full" 1
-cp "$TMP/logs/full-$full/metrics.restart0.json" "$TMP/full" 2>/dev/null
-layout_compare "$TMP/one" "$TMP/full" "tp2 x pp2 over 2 SLURM nodes x 2 tasks vs one rank, $STEPS steps"
-losses "$TMP/full" >"$TMP/full.losses"
+if [ "$st_full" = COMPLETED ]; then
+    cp "$TMP/logs/full-$full/metrics.restart0.json" "$TMP/full"
+    layout_compare "$TMP/one" "$TMP/full" "tp2 x pp2 over 2 SLURM nodes x 2 tasks vs one rank, $STEPS steps"
+    losses "$TMP/full" >"$TMP/full.losses"
+fi
 
 # ---- preempted across the nodes: checkpoint, requeue, resume ----
-check_preempted pre "$pre" "$st_pre" "$LAUNCH" full
+[ "$st_full" != COMPLETED ] || check_preempted pre "$pre" "$st_pre" "$LAUNCH" full
 banner pre "$pre" 2
 
 # ---- train_70b.sbatch takes its layout from the allocation ----
@@ -132,8 +140,57 @@ else
     fail "train_70b.sbatch on 2 x 2: $st_big: $(grep -E '^(grid|done|dtrain)' "$TMP/big.out" | tr '\n' '|') $(tail -n 3 "$TMP/big.out")"
 fi
 banner big "$big" 1
-cp "$TMP/logs/big-$big/metrics.restart0.json" "$TMP/big" 2>/dev/null
-layout_compare "$TMP/one-llama" "$TMP/big" "train_70b.sbatch's arguments (tp2 x pp2, sequence parallel, selective recompute) on 2 nodes vs one rank, tiny-llama"
+if [ "$st_big" = COMPLETED ]; then
+    cp "$TMP/logs/big-$big/metrics.restart0.json" "$TMP/big"
+    layout_compare "$TMP/one-llama" "$TMP/big" \
+        "train_70b.sbatch's arguments (tp2 x pp2, sequence parallel, selective recompute) on 2 nodes vs one rank, tiny-llama"
+fi
+
+# ---- node2 lost mid-run ----
+# every process of node2 (its slurmd, the step daemon, its two ranks)
+# killed once step 12 is printed; nothing closes the connections of a
+# direct-launched step in a way that ends it, so dtrain's watchdog on node1
+# does, --comm-timeout 10 after the loss, naming the peers; srun then waits
+# KillWait + 2 = 7 s for node2's step daemon, which never answers. SLURM
+# itself notices the node only after SlurmdTimeout (300 s): the job stays
+# COMPLETING until then, and is not requeued (it failed, as a hang does).
+comms() { for p in "$@"; do cat "/proc/$p/comm" 2>/dev/null; done | sort | tr '\n' ' '; }
+lost=$(submit lost $N2 "$S/train_small.sbatch" $ARGS --steps 100000 --val-every 0 --tp 2 --pp 2 --ckpt-every 5 \
+    --comm-timeout 10) || fail "sbatch lost: $lost"
+end=$(($(date +%s) + 120))
+until grep -q '^step *12/' "$TMP/lost.out" 2>/dev/null || [ "$(date +%s)" -ge "$end" ]; do sleep 0.1; done
+t1=$(date +%s)
+bed_nodes kill node2 || fail "node2 lost: processes of node2 survived SIGKILL"
+ranks_gone="" job_gone=""
+while [ $(($(date +%s) - t1)) -le 60 ] && [ -z "$job_gone" ]; do
+    [ -n "$ranks_gone" ] || case " $(comms $(bed_nodes pids node1)) " in *" dtrain "*) ;; *) ranks_gone=$(($(date +%s) - t1)) ;; esac
+    [ "$(job_field "$lost" JobState)" = RUNNING ] || job_gone=$(($(date +%s) - t1))
+    sleep 0.2
+done
+line=$(grep -m 1 -E "^dtrain: rank [01] \(tp [01] pp 0 dp 0, host node1\): [a-z ]+ on group pp \(.*peer pp rank 1 = rank [23] on node2\) has not finished" "$TMP/lost.out")
+# (the batch script: the ranks' 20 s, srun's 7 s wait, a few s of slack)
+if [ -n "$ranks_gone" ] && [ "$ranks_gone" -le 20 ] && [ -n "$job_gone" ] && [ "$job_gone" -le 30 ] &&
+    [ "$(job_field "$lost" ExitCode)" = 1:0 ] &&
+    [ "$(job_field "$lost" Restarts)" = 0 ] && [ -n "$line" ]; then
+    pass "node2 lost: the ranks on node1 ended in $ranks_gone s (<= 20), the batch script in $job_gone s (<= 30), exit code 1, not requeued: $line"
+else
+    fail "node2 lost: ranks ended after '${ranks_gone:-never}' s, script after '${job_gone:-never}' s, exit code $(job_field "$lost" ExitCode), line '$line': $(grep -v '^step\|^  ' "$TMP/lost.out" | tail -n 4)"
+fi
+# left on node1: SLURM's daemons only (node2 has nothing left at all)
+left=$(comms $(bed_nodes pids node1) $(bed_nodes pids node2))
+[ "$left" = "munged slurmctld slurmd slurmscriptd " ] && pass "node2 lost: no job process left on node1 or node2 (node1 runs $left)" ||
+    fail "node2 lost: left on the nodes: $left"
+# the last checkpoint continues on node1 alone, dp 2 (node2 is down)
+last=$(cat "$TMP/lost.ckpt/latest" 2>/dev/null)
+after=$(submit lost -N 1 --ntasks-per-node 2 -w node1 "$S/train_small.sbatch" $ARGS --steps 11 --val-every 0 --dp 2 \
+    --ckpt-every 5) || fail "sbatch after: $after"
+st=$(wait_job "$after" 0 120)
+if [ "$st" = COMPLETED ] && [ "$last" = step_00000010.h5 ] && grep -q "^resume: $TMP/lost.ckpt/step_00000010.h5, step 10," "$TMP/lost.out" &&
+    grep -q "^done: 1 steps" "$TMP/lost.out"; then
+    pass "node2 lost: latest is $last, and a job on node1 alone resumes from it at dp 2: $st"
+else
+    fail "node2 lost: latest '$last', the job on node1: $st: $(grep -E '^(resume|done|dtrain)' "$TMP/lost.out" | tail -n 3 | tr '\n' '|')"
+fi
 
 # ---- nothing left behind ----
 bash "$S/test-cluster.sh" down "$SLURM_LOCAL_DIR" >/dev/null
