@@ -94,7 +94,7 @@ client() {
 }
 
 cluster_up() {
-    local d ncpus ctld_port slurmd_port on nodes head head_addr n name addr state
+    local d ncpus ctld_port slurmd_port on nodes head head_addr n name state
     d=${SLURM_LOCAL_DIR:-$(mktemp -d /tmp/dtrain-slurm.XXXXXX)}
     ncpus=${SLURM_LOCAL_CPUS:-8}
     on=${SLURM_LOCAL_ON:-}
