@@ -52,6 +52,97 @@ expect_exit2() {
     fi
 }
 
+# model_args_of SCRIPT [NODES TASKS]: the dtrain arguments of a batch
+# script's model_args array (slurm/train_70b.sbatch) as its job builds them
+# in an allocation of NODES nodes x TASKS tasks each (default: the script's
+# own #SBATCH --nodes and --ntasks-per-node; the layout comes from
+# SLURM_JOB_NUM_NODES and SLURM_NTASKS), without DTRAIN_CONFIG; one line.
+model_args_of() {
+    mao_n=${2:-$(sed -n 's/^#SBATCH --nodes=//p' "$1")}
+    mao_t=${3:-$(sed -n 's/^#SBATCH --ntasks-per-node=//p' "$1")}
+    env -u DTRAIN_CONFIG SLURM_JOB_NUM_NODES="$mao_n" SLURM_NTASKS=$((mao_n * mao_t)) bash -c '
+        eval "$(sed -n "/^gpus_per_node=/,/^)/p" "$0")" && echo "${model_args[*]}"' "$1"
+}
+
+# ---- SLURM jobs (test_slurm.sh, test_slurm_multinode.sh) ----
+# The client commands (scontrol, scancel) run through $SLURM_ON, a command
+# prefix (empty: here; on simulated nodes: test/multinode/nodes.sh run
+# node1, since only the nodes reach slurmctld).
+SLURM_ON=${SLURM_ON:-}
+# job_field JOB KEY: KEY's value in `scontrol show job` (kept MinJobAge=300 s)
+job_field() { $SLURM_ON scontrol show job -o "$1" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$2=//p"; }
+# wait_job JOB RESTARTS TIMEOUT_S: waits for a final state reached after
+# RESTARTS requeues; prints the state. A final state with fewer requeues
+# that lasts 20 s is final too (a requeue passes through PENDING, never a
+# final state): printed as STATE-after-N-restarts.
+wait_job() {
+    end=$(($(date +%s) + $3))
+    early=""
+    while :; do
+        st=$(job_field "$1" JobState)
+        case $st in
+        COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY | BOOT_FAIL | DEADLINE | PREEMPTED)
+            wj_r=$(job_field "$1" Restarts)
+            [ "$wj_r" -ge "$2" ] && { echo "$st"; return; }
+            [ -n "$early" ] || early=$(($(date +%s) + 20))
+            [ "$(date +%s)" -lt "$early" ] || { echo "$st-after-$wj_r-restarts"; return; } ;;
+        *) early="" ;;
+        esac
+        [ "$(date +%s)" -lt "$end" ] || { echo "still-$st-after-$3-s"; return; }
+        sleep 0.3
+    done
+}
+# signal_at_step JOB NAME STEP: once NAME's log shows STEP, the warning
+# signal to the batch shell
+signal_at_step() {
+    end=$(($(date +%s) + 120))
+    until grep -Eq "^step +$3/" "$TMP/$2.out" 2>/dev/null; do
+        [ "$(date +%s)" -lt "$end" ] || { fail "$2: step $3 not reached in 120 s: $(tail -n 3 "$TMP/$2.out")"; return 1; }
+        sleep 0.2
+    done
+    $SLURM_ON scancel --batch --signal=USR1 "$1" && echo "$2: SIGUSR1 sent to job $1 at step $3"
+}
+# losses FILE...: "step loss val_loss lr grad_norm" of every training step
+# (and the validation loss where there is one)
+losses() {
+    sed -En 's/^\{"step": ([0-9]+), "loss": ([^,]*), ("val_loss": ([^,]*), )?"lr": ([^,]*), "grad_norm": ([^,]*),.*/\1 \2 \4 \5 \6/p' "$@"
+}
+# check_preempted NAME JOB STATE LAUNCH-LINE REF: job NAME (output in
+# $TMP/NAME.out, metrics under $TMP/logs, final parameters in $TMP/NAME.h5),
+# signalled with signal_at_step, stopped with a checkpoint, requeued once,
+# resumed and COMPLETED ($STEPS steps in all), its LAUNCH-LINE in the
+# banner of both attempts; every loss and the final parameters identical
+# to those of the uninterrupted job REF ($TMP/REF.losses, $TMP/REF.h5)
+check_preempted() {
+    name=$1 job=$2 st=$3 launch=$4 cp_ref=$5 out="$TMP/$1.out"
+    stop=$(grep "^stopping at step" "$out")
+    n=$(echo "$stop" | sed -n 's/^stopping at step \([0-9]*\): SIGUSR1 received, checkpoint .*step_0*\([0-9]*\)\.h5 written; requeue to continue.*/\1 \2/p')
+    set -- $n
+    if [ "$st" = COMPLETED ] && [ "$(job_field "$job" Restarts)" = 1 ] && [ "$(grep -c "^stopping at step" "$out")" = 1 ] &&
+        [ -n "${1:-}" ] && [ "$1" = "${2:-}" ] && [ "$1" -ge 3 ] && [ "$1" -lt $STEPS ] &&
+        grep -q "^job $job: dtrain stopped at the warning signal; requeueing (restart 1)" "$out" &&
+        grep -q "^slurm: job $job, restart 1," "$out" && grep -q "^resume: .*step_0*$1\.h5, step $1," "$out" &&
+        [ "$(grep -c "^$launch$" "$out")" = 2 ] && grep -q "^done: $((STEPS - $1)) steps" "$out"; then
+        pass "$name: stopped at step $1 by SIGUSR1 with a checkpoint, requeued, resumed at restart 1, $st"
+    else
+        fail "$name: state $st, restarts $(job_field "$job" Restarts), '$stop': $(grep -E '^(stopping|resume|slurm|launch|done|job)' "$out" | tr '\n' '|')"
+        return
+    fi
+    # the resumed attempt's steps against the reference's, bit for bit
+    losses "$TMP/logs/$name-$job/metrics.restart0.json" "$TMP/logs/$name-$job/metrics.restart1.json" |
+        awk '!seen[$1]++' >"$TMP/$name.losses"
+    if cmp -s "$TMP/$cp_ref.losses" "$TMP/$name.losses" && [ "$(wc -l <"$TMP/$name.losses")" -eq $STEPS ]; then
+        pass "$name: losses, learning rates, gradient norms of all $STEPS steps and the final validation loss bit-identical to the uninterrupted job"
+    else
+        fail "$name: losses differ from the uninterrupted job: $(diff "$TMP/$cp_ref.losses" "$TMP/$name.losses" | head -n 4 | tr '\n' '|')"
+    fi
+    if p=$(/usr/bin/python3 "$top_srcdir/test/compare_params.py" "$TMP/$cp_ref.h5" "$TMP/$name.h5" 0 2>&1); then
+        pass "$name: final parameters bit-identical to the uninterrupted job: $p"
+    else
+        fail "$name: final parameters: $p"
+    fi
+}
+
 # ---- layout equivalence (test_layout_*.sh) ----
 # tiny / tiny-llama, 20 steps at one global batch of 8 sequences of 64
 # tokens, validated at the end, replicas checked every 5 steps.

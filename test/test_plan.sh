@@ -184,8 +184,9 @@ plan_json "$TMP/c.json" $L70BASE --plan-dtype bf16 --zero 1 --recompute selectiv
 
 # ---- (d) slurm/train_70b.sbatch's arguments ------------------------------------------------
 SB="$top_srcdir/slurm/train_70b.sbatch"
-# the job's model_args array (model, layout, batch, recompute), as srun gets it
-args=$(sed -n '/^model_args=(/,/^)/{/^model_args=(/d;/^)/d;s/#.*//;p;}' "$SB" | sed "s|examples/|$top_srcdir/examples/|")
+# the job's model_args array (model, layout, batch, recompute), as srun gets
+# it in the script's own allocation (8 nodes x 8 tasks: tp 8 x pp 8)
+args=$(model_args_of "$SB" | sed "s|examples/|$top_srcdir/examples/|")
 if [ -n "$args" ]; then
     plan_json "$TMP/d.json" $args --plan-dtype bf16 --hw h100-sxm --gpus 64 &&
         [ "$(jget "$TMP/d.json" fits)" = 1 ] && pass "slurm/train_70b.sbatch model_args ($(echo $args | sed "s|$top_srcdir/||")): FITS on 64 x h100-sxm" ||

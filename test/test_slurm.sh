@@ -103,38 +103,6 @@ submit() {
     DTRAIN_CKPT_DIR="$TMP/$name.ckpt" sbatch --parsable -J "$name" -o "$TMP/$name.out" "$S/$script" "$@" \
         --ckpt-every "${CKPT_EVERY:-25}"
 }
-# job_field JOB KEY: KEY's value in `scontrol show job` (kept MinJobAge=300 s)
-job_field() { scontrol show job -o "$1" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$2=//p"; }
-# wait_job JOB RESTARTS TIMEOUT_S: waits for a final state reached after
-# RESTARTS requeues; prints the state
-wait_job() {
-    end=$(($(date +%s) + $3))
-    while :; do
-        st=$(job_field "$1" JobState)
-        case $st in
-        COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY | BOOT_FAIL | DEADLINE | PREEMPTED)
-            [ "$(job_field "$1" Restarts)" -ge "$2" ] && { echo "$st"; return; } ;;
-        esac
-        [ "$(date +%s)" -lt "$end" ] || { echo "still-$st-after-$3-s"; return; }
-        sleep 0.3
-    done
-}
-# signal_at_step JOB NAME STEP: once NAME's log shows STEP, the warning
-# signal to the batch shell
-signal_at_step() {
-    end=$(($(date +%s) + 120))
-    until grep -Eq "^step +$3/" "$TMP/$2.out" 2>/dev/null; do
-        [ "$(date +%s)" -lt "$end" ] || { fail "$2: step $3 not reached in 120 s: $(tail -n 3 "$TMP/$2.out")"; return 1; }
-        sleep 0.2
-    done
-    scancel --batch --signal=USR1 "$1" && echo "$2: SIGUSR1 sent to job $1 at step $3"
-}
-# losses FILE...: "step loss val_loss lr grad_norm" of every training step
-# (and the validation loss where there is one)
-losses() {
-    sed -En 's/^\{"step": ([0-9]+), "loss": ([^,]*), ("val_loss": ([^,]*), )?"lr": ([^,]*), "grad_norm": ([^,]*),.*/\1 \2 \4 \5 \6/p' "$@"
-}
-
 t0=$(date +%s)
 ref=$(submit ref train_small.sbatch "$@" --save-params "$TMP/ref.h5") || fail "sbatch ref"
 srun_j=$(submit srun train_small.sbatch "$@" --save-params "$TMP/srun.h5") || fail "sbatch srun"
@@ -207,39 +175,9 @@ else
 fi
 losses "$metrics" >"$TMP/ref.losses"
 
-# check_preempted NAME JOB STATE LAUNCH-LINE
-check_preempted() {
-    name=$1 job=$2 st=$3 launch=$4 out="$TMP/$1.out"
-    stop=$(grep "^stopping at step" "$out")
-    n=$(echo "$stop" | sed -n 's/^stopping at step \([0-9]*\): SIGUSR1 received, checkpoint .*step_0*\([0-9]*\)\.h5 written; requeue to continue.*/\1 \2/p')
-    set -- $n
-    if [ "$st" = COMPLETED ] && [ "$(job_field "$job" Restarts)" = 1 ] && [ "$(grep -c "^stopping at step" "$out")" = 1 ] &&
-        [ -n "${1:-}" ] && [ "$1" = "${2:-}" ] && [ "$1" -ge 3 ] && [ "$1" -lt $STEPS ] &&
-        grep -q "^job $job: dtrain stopped at the warning signal; requeueing (restart 1)" "$out" &&
-        grep -q "^slurm: job $job, restart 1," "$out" && grep -q "^resume: .*step_0*$1\.h5, step $1," "$out" &&
-        [ "$(grep -c "^$launch$" "$out")" = 2 ] && grep -q "^done: $((STEPS - $1)) steps" "$out"; then
-        pass "$name: stopped at step $1 by SIGUSR1 with a checkpoint, requeued, resumed at restart 1, $st"
-    else
-        fail "$name: state $st, restarts $(job_field "$job" Restarts), '$stop': $(grep -E '^(stopping|resume|slurm|launch|done|job)' "$out" | tr '\n' '|')"
-        return
-    fi
-    # the resumed attempt's steps against the reference's, bit for bit
-    losses "$TMP/logs/$name-$job/metrics.restart0.json" "$TMP/logs/$name-$job/metrics.restart1.json" |
-        awk '!seen[$1]++' >"$TMP/$name.losses"
-    if cmp -s "$TMP/ref.losses" "$TMP/$name.losses" && [ "$(wc -l <"$TMP/$name.losses")" -eq $STEPS ]; then
-        pass "$name: losses, learning rates, gradient norms of all $STEPS steps and the final validation loss bit-identical to the uninterrupted job"
-    else
-        fail "$name: losses differ from the uninterrupted job: $(diff "$TMP/ref.losses" "$TMP/$name.losses" | head -n 4 | tr '\n' '|')"
-    fi
-    if p=$($PY "$top_srcdir/test/compare_params.py" "$TMP/ref.h5" "$TMP/$name.h5" 0 2>&1); then
-        pass "$name: final parameters bit-identical to the uninterrupted job: $p"
-    else
-        fail "$name: final parameters: $p"
-    fi
-}
-check_preempted srun "$srun_j" "$st_srun" "launch: srun, 2 ranks on 1 node, local ranks agree with SLURM_LOCALID"
+check_preempted srun "$srun_j" "$st_srun" "launch: srun, 2 ranks on 1 node, local ranks agree with SLURM_LOCALID" ref
 check_preempted mpirun "$mpi_j" "$st_mpi" \
-    "launch: mpirun, 2 ranks on 1 node, local ranks agree with OMPI_COMM_WORLD_LOCAL_RANK"
+    "launch: mpirun, 2 ranks on 1 node, local ranks agree with OMPI_COMM_WORLD_LOCAL_RANK" ref
 
 # ---- a frozen rank: --comm-timeout ends the step and the job, no requeue ----
 # rank 1 is stopped with SIGSTOP at step 3; rank 0's watchdog names the
@@ -293,14 +231,14 @@ else
     fail "sbatch --test-only accepted '#SBATCH --requeue-typo': $msg"
 fi
 # the options parse and the config loads; only the 64-rank layout is refused
-args=$(sed -n '/^model_args=(/,/^)/{/^model_args=(/d;/^)/d;p;}' "$S/train_70b.sbatch")
+args=$(model_args_of "$S/train_70b.sbatch")
 [ -n "$args" ] || fail "train_70b.sbatch: no model_args"
 cd "$top_srcdir" && expect_exit2 "world size 1 is not divisible by --tp 8 x --pp 8 = 64: launch a multiple of 64 ranks" \
     "$DTRAIN" $args --threads 1
 cd - >/dev/null || exit 1
 
 # ---- nothing left behind ----
-pids="$(cat "$SLURM_LOCAL_DIR/slurmctld.bgpid" "$SLURM_LOCAL_DIR/slurmd.bgpid" "$SLURM_LOCAL_DIR/munge/munged.pid")"
+pids="$(cat "$SLURM_LOCAL_DIR/slurmctld.bgpid" "$SLURM_LOCAL_DIR"/slurmd.*.bgpid "$SLURM_LOCAL_DIR/munge/munged.pid")"
 bash "$S/test-cluster.sh" down "$SLURM_LOCAL_DIR" >/dev/null
 left=""
 for p in $pids; do
