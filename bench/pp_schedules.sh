@@ -2,14 +2,16 @@
 # Pipeline schedules side by side: ms/step, the measured bubble (the
 # metrics' bubble_mean: each rank's seconds blocked on pipeline messages
 # over its step, averaged over the ranks) and activation bytes per rank
-# (mem_peak's activations) for 1f1b, gpipe and interleaved v2 at pp 4 with
-# M = 8 and 16 microbatches, on the CPU (one thread per rank), and each
+# (mem_peak's activations) for 1f1b, gpipe and interleaved v2 at pp PP
+# (default 4; a pipeline's stages must each have a core, so on a 2-core
+# machine PP=2) with M = 8 and 16 microbatches, on the CPU (one thread per
+# rank), and each
 # schedule's ideal bubble for equal stages (1f1b and gpipe (P-1)/(M+P-1),
 # interleaved (P-1)/(V M+P-1)). The schedules run interleaved over ROUNDS
 # rounds so that load from other processes falls on all alike; medians
 # over steps 2..STEPS and over rounds.
 #
-#   bench/pp_schedules.sh [STEPS [ROUNDS [ARGS...]]]   (run from the build directory)
+#   [PP=4] bench/pp_schedules.sh [STEPS [ROUNDS [ARGS...]]]   (run from the build directory)
 #
 # ARGS replace the default shape: an 8-layer tiny-llama at micro batch 4 x
 # seq 128 (e.g. --model gpt2-124m --micro-batch 1 --seq-len 64 for the
@@ -22,7 +24,7 @@ rounds=${2:-2}
 dtrain=${DTRAIN:-./src/dtrain}
 mpiexec=${MPIEXEC:-mpirun}
 data=${DATA:-data/gutenberg_train_*.bin}
-P=4
+P=${PP:-4}
 mb=16 # the micro batch ARGS give, dtrain's default 16 if none (the global batch is M of them)
 prev=""
 for a in "$@"; do
