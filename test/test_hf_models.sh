@@ -216,14 +216,15 @@ if os.path.exists(src_cfg):
         err.append("a special_tokens_map.json beside the source's own tokenizer_config.json")
     how = "tokenizer_config.json copied"
 else:
-    tc = json.load(open(cfg_path))
+    tok_cfg = json.load(open(cfg_path))
     vocab = json.load(open(os.path.join(src, "tokenizer.json")))["added_tokens"]
     name = {t["id"]: t["content"] for t in vocab}
     stm = json.load(open(os.path.join(hf, "special_tokens_map.json")))
-    if tc.get("tokenizer_class") != "PreTrainedTokenizerFast" or tc.get("eos_token") != name.get(want(eos)) \
-            or tc.get("bos_token") != name.get(want(bos)) or stm.get("eos_token") != tc.get("eos_token"):
-        err.append("tokenizer_config.json written: %r" % {k: tc.get(k) for k in ("tokenizer_class", "bos_token", "eos_token")})
-    how = "tokenizer_config.json written (eos_token %s)" % tc.get("eos_token")
+    roles = {k: tok_cfg.get(k) for k in ("tokenizer_class", "bos_token", "eos_token")}
+    if roles != {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": name.get(want(bos)),
+                 "eos_token": name.get(want(eos))} or stm.get("eos_token") != roles["eos_token"]:
+        err.append("tokenizer_config.json written: %r" % roles)
+    how = "tokenizer_config.json written (eos_token %s)" % tok_cfg.get("eos_token")
 for f in ("config.json", "generation_config.json"):
     c = json.load(open(os.path.join(hf, f)))
     if c.get("bos_token_id") != want(bos) or c.get("eos_token_id") != want(eos):
