@@ -238,8 +238,8 @@ static const opt_def_t opt_defs[] = {
      0},
     {"init-from", OPT_STR, F(init_from), S(init_from), "", 0, 0, NULL,
      "start from the weights of a Hugging Face model directory (config.json + model.safetensors or sharded with "
-     "model.safetensors.index.json: GPT2LMHeadModel, LlamaForCausalLM, Llama-shaped MistralForCausalLM; f32, f16 or "
-     "bf16) or an llm.c GPT-2 model file (gpt2_124M.bin, fp32 or bf16): the model comes from the file (a disagreeing "
+     "model.safetensors.index.json: GPT2LMHeadModel, LlamaForCausalLM (rope_scaling llama3 or linear), Llama-shaped "
+     "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM; f32, f16 or bf16) or an llm.c GPT-2 model file (gpt2_124M.bin, fp32 or bf16): the model comes from the file (a disagreeing "
      "--model, --n-layer, ... is an error), every rank reads only its slices, training starts at step 0 with fresh "
      "AdamW state; a checkpoint that --resume finds wins over it",
      "PATH", NULL, 0},
