@@ -47,7 +47,7 @@ for r in $(seq 1 "$rounds"); do
         for sched in 1f1b gpipe interleaved; do
             extra=""
             [ $sched = interleaved ] && extra="--pp-virtual 2"
-            "$mpiexec" --oversubscribe -np $P "$dtrain" --data "$data" --val-every 0 --sample-tokens 0 --steps "$steps" \
+            $mpiexec --oversubscribe -np $P "$dtrain" --data "$data" --val-every 0 --sample-tokens 0 --steps "$steps" \
                 --warmup 1 --threads 1 --pp $P --pp-schedule $sched $extra --global-batch $((M * mb)) \
                 --metrics "$out/m.json" "$@" >"$out/log" 2>&1 || { cat "$out/log"; exit 1; }
             field "$out/m.json" ms | median_of >>"$out/ms.$sched.$M"

@@ -142,20 +142,10 @@ for mk in llama3:noscaling llama-linear:noscaling qwen2:nobias qwen2-tied:nobias
 done
 
 # ---- fine-tuning: 20 steps at tp2 x pp2 equal one rank's ----
-ft_run() {
-    out=$1
-    np=$2
-    src=$3
-    shift 3
-    "$MPIEXEC" --quiet -np "$np" "$DTRAIN" --init-from "$src" --data "$DATA_TRAIN" --val-data "$DATA_VAL" \
-        --peak-gflops 100 --threads 1 --steps 20 --warmup 5 --lr 3e-4 --min-lr 3e-5 --micro-batch 2 --global-batch 8 \
-        --seq-len 32 --val-every 20 --val-batches 4 --sample-tokens 0 --check-replicas 5 --metrics "$out" \
-        --save-params "$out.h5" "$@" >"$out.log" 2>&1 ||
-        { fail "fine-tune np $np $*: exit status $? $(tail -n 3 "$out.log")"; return 1; }
-}
+FT_SEQ_LEN=32 # these models' fine-tuning sequence (finetune_run in common.sh)
 for m in llama3 qwen2-tied qwen3; do
-    ft_run "$TMP/ft.$m.1.json" 1 "$TMP/$m" &&
-        ft_run "$TMP/ft.$m.tp2pp2.json" 4 "$TMP/$m" --tp 2 --pp 2 &&
+    finetune_run "$TMP/ft.$m.1.json" 1 "$TMP/$m" &&
+        finetune_run "$TMP/ft.$m.tp2pp2.json" 4 "$TMP/$m" --tp 2 --pp 2 &&
         layout_compare "$TMP/ft.$m.1.json" "$TMP/ft.$m.tp2pp2.json" "fine-tune $m tp2 x pp2 vs 1 rank"
 done
 
