@@ -89,6 +89,10 @@ typedef struct model_slot {
     /* the chunk (run of blocks) whose forward the slot holds: local
      * blocks [first, first + n_blocks); Lc below is the longest run's length */
     int chunk, first, n_blocks;
+    /* split_backward: [Lc][N, 2C + fc_width + qkv_width] each block's
+     * matmul output gradients from B for W: mlp proj [N,C], fc [N,fcw],
+     * attention proj [N,C], qkv [N,qkvw] */
+    float *wdout;
     float *x;                         /* [Lc+1][NR,C] residual stream: x[0] chunk input, x[j+1] block first+j's output */
     block_acts_t *acts;               /* [Lc] */
     float *lnf, *lnf_mean, *lnf_rstd; /* [N,C], [NR], [NR] (last stage) */
@@ -128,6 +132,14 @@ typedef struct model_layout {
      * except the matmul-only activations (block_acts_t's *16) and the
      * weights' copy params16, which are kept as bf16. */
     int bf16;
+    /* The backward comes in two halves (the zero-bubble pipelines' B and
+     * W): model_backward_input computes every activation gradient and the
+     * norms' and embeddings' weight gradients, keeping each matmul's output
+     * gradient in the slot (slot_t.wdout); model_backward_weight then
+     * computes the matmuls' weight and bias gradients from those and the
+     * slot's kept inputs. Needs every input kept (recompute none) and the
+     * block gradients held (no lent blocks). */
+    int split_backward;
 } model_layout_t;
 
 typedef struct model {
@@ -273,6 +285,12 @@ status_t model_backward(model_t *m, int slot, int accum, int last, char *err, si
  * sees grads_ready() from model_chunk_top(chunk) down to the chunk's first
  * block (and 0 after the embeddings of chunk 0). */
 status_t model_backward_chunk(model_t *m, int slot, int accum, int last, char *err, size_t errlen);
+/* The split backward (lay.split_backward): B, then W of the same slot.
+ * accum and last as model_backward's, for the gradients each half writes;
+ * the hook sees grads_ready() during W only (the gradients are final only
+ * after it). */
+status_t model_backward_input(model_t *m, int slot, int accum, int last, char *err, size_t errlen);
+status_t model_backward_weight(model_t *m, int slot, int accum, char *err, size_t errlen);
 /* The flat offset above chunk's gradients: the next chunk's first block,
  * or the table's end for the last chunk (whose head is below it). */
 size_t model_chunk_top(const model_t *m, int chunk);

@@ -93,7 +93,9 @@ static const opt_def_t opt_defs[] = {
      "in model order)",
      NULL, NULL, 0},
     {"pp-schedule", OPT_ENUM, F(pp_schedule), 0, "1f1b", 0, 0, pipe_kind_names,
-     "pipeline schedule over a step's microbatches: 1f1b | gpipe | interleaved (with --pp-virtual)", NULL, NULL, 0},
+     "pipeline schedule over a step's microbatches: 1f1b | gpipe | interleaved (with --pp-virtual) | zb-h1 (zero "
+     "bubble: backward split into input and weight gradients)",
+     NULL, NULL, 0},
     {"pp-virtual", OPT_INT, F(pp_virtual), 0, "1", 1, PARAM_MAX_RUNS, NULL,
      "model chunks per pipeline stage for --pp-schedule interleaved: chunk c on stage c mod pp", NULL, NULL, 0},
     {"dp", OPT_INT, F(dp), 0, "0", 0, 1 << 20, NULL, "data-parallel size (0 = world size / (tp x pp))", NULL, NULL, 0},
@@ -647,6 +649,15 @@ static int accum_steps(const run_options_t *o, int dp)
 static int check_virtual(const run_options_t *o, const model_config_t *c, int pp, int dp, char *err, size_t errlen)
 {
     const int V = o->pp_virtual;
+    if (o->pp_schedule == PIPE_ZBH1 && (pp < 2 || o->recompute != MODEL_RECOMPUTE_NONE || options_zero_stage(o) > 1)) {
+        /* W needs every matmul input kept and the block gradients held */
+        snprintf(err, errlen,
+                 "--pp-schedule zb-h1 needs --pp 2 or more, --recompute none and --zero 0 or 1 (got --pp %d "
+                 "--recompute %s --zero %d): its weight gradients are computed later from kept activations into "
+                 "gradients the model holds",
+                 pp, model_recompute_names[o->recompute], options_zero_stage(o));
+        return -1;
+    }
     if (o->pp_schedule != PIPE_INTERLEAVED) {
         if (V > 1)
             snprintf(err, errlen, "--pp-virtual %d applies to --pp-schedule interleaved; add it, or drop --pp-virtual",

@@ -433,6 +433,37 @@ static int stage_backward(void *ctx, int chunk, int micro, int slot)
     return st;
 }
 
+/* The split backward (zb-h1). B writes the gradients the whole backward
+ * writes first (norms, embeddings, activations) with the flags a
+ * replicated strategy gives backward k (accumulate from the second, last
+ * on the step's last: the strategies zb-h1 runs with); W runs in the same
+ * microbatch order, and it is W the data-parallel strategy brackets, since
+ * the gradients are final only after it. ctx: a callback_ctx_t. */
+static int stage_backward_input(void *ctx, int chunk, int micro, int slot)
+{
+    const callback_ctx_t *c = ctx;
+    trainer_t *tr = c->tr;
+    const int k = tr->bwd_input_done[chunk]++;
+    tr->model.trace_micro = micro;
+    return model_backward_input(&tr->model, slot, k > 0, k == tr->accum - 1, c->err, c->errlen);
+}
+
+static int stage_backward_weight(void *ctx, int chunk, int micro, int slot)
+{
+    const callback_ctx_t *c = ctx;
+    trainer_t *tr = c->tr;
+    model_t *m = &tr->model;
+    dpsync_t *s = &tr->sync;
+    int accum, last;
+    s->ops->backward_begin(s, tr->bwd_done[chunk], tr->accum, model_chunk_top(m, chunk), &accum, &last);
+    m->trace_micro = micro;
+    const status_t st = model_backward_weight(m, slot, accum, c->err, c->errlen);
+    tr->bwd_done[chunk]++;
+    if (dpsync_backward_end(s, c->err, c->errlen) != 0)
+        return STATUS_FAIL;
+    return st;
+}
+
 static model_t *ctx_model(void *ctx) { return &((callback_ctx_t *)ctx)->tr->model; }
 static float *stage_input(void *ctx, int slot) { return model_stage_input(ctx_model(ctx), slot); }
 static float *stage_output(void *ctx, int slot) { return model_stage_output(ctx_model(ctx), slot); }
@@ -447,6 +478,7 @@ static int step_gradients(trainer_t *tr, int step, double *bubble_s, char *err, 
     const grid_t *g = tr->grid;
     tr->cur_step = step;
     memset(tr->bwd_done, 0, sizeof tr->bwd_done);
+    memset(tr->bwd_input_done, 0, sizeof tr->bwd_input_done);
     tr->sync.ops->step_begin(&tr->sync);
     tr->loss_sum = 0.0;
     *bubble_s = 0.0;
@@ -459,6 +491,8 @@ static int step_gradients(trainer_t *tr, int step, double *bubble_s, char *err, 
     } else {
         const pipe_stage_ops_t ops = {.forward = stage_forward,
                                       .backward = stage_backward,
+                                      .backward_input = stage_backward_input,
+                                      .backward_weight = stage_backward_weight,
                                       .input = stage_input,
                                       .output = stage_output,
                                       .grad = stage_grad,

@@ -47,7 +47,8 @@ typedef struct trainer {
     int tied; /* table index of the tied wte (GPT-2, pp > 1, first/last stage), else -1 */
     /* the step in progress, for the pipeline's forward/backward callbacks */
     int cur_step;
-    int bwd_done[PARAM_MAX_RUNS]; /* this step's backwards so far, per chunk of the stage */
+    int bwd_done[PARAM_MAX_RUNS];       /* this step's (whole or weight) backwards so far, per chunk of the stage */
+    int bwd_input_done[PARAM_MAX_RUNS]; /* ... and input backwards (zb-h1's B) */
     double loss_sum;
     double embed_comm_s; /* this step's tied-embedding all-reduce */
     int threads;

@@ -433,6 +433,7 @@ static model_layout_t stage_layout(const trainer_t *tr, const grid_t *grid, cons
     lay.lent_block_grads = kind->lends_block_grads;
     lay.lent_block_params = kind->lends_block_params;
     lay.recompute = run->recompute;
+    lay.split_backward = run->pp_kind == PIPE_ZBH1;
     return lay;
 }
 
