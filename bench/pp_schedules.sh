@@ -2,12 +2,12 @@
 # Pipeline schedules side by side: ms/step, the measured bubble (the
 # metrics' bubble_mean: each rank's seconds blocked on pipeline messages
 # over its step, averaged over the ranks) and activation bytes per rank
-# (mem_peak's activations) for 1f1b, gpipe and interleaved v2 at pp PP
+# (mem_peak's activations) for 1f1b, gpipe, interleaved v2 and zb-h1 at pp PP
 # (default 4; a pipeline's stages must each have a core, so on a 2-core
 # machine PP=2) with M = 8 and 16 microbatches, on the CPU (one thread per
 # rank), and each
 # schedule's ideal bubble for equal stages (1f1b and gpipe (P-1)/(M+P-1),
-# interleaved (P-1)/(V M+P-1)). The schedules run interleaved over ROUNDS
+# interleaved (P-1)/(V M+P-1), zb-h1 (P-1)/(3M+P-1)). The schedules run interleaved over ROUNDS
 # rounds so that load from other processes falls on all alike; medians
 # over steps 2..STEPS and over rounds.
 #
@@ -44,7 +44,7 @@ field() { # FILE KEY: the key's values over steps 2..
 echo "dtrain $* at pp $P, one thread per rank, $steps steps, $rounds rounds"
 for r in $(seq 1 "$rounds"); do
     for M in 8 16; do
-        for sched in 1f1b gpipe interleaved; do
+        for sched in 1f1b gpipe interleaved zb-h1; do
             extra=""
             [ $sched = interleaved ] && extra="--pp-virtual 2"
             $mpiexec --oversubscribe -np $P "$dtrain" --data "$data" --val-every 0 --sample-tokens 0 --steps "$steps" \
@@ -58,9 +58,10 @@ for r in $(seq 1 "$rounds"); do
 done
 printf '%-12s %3s %10s %10s %10s %14s\n' schedule M ms/step bubble ideal activations
 for M in 8 16; do
-    for sched in 1f1b gpipe interleaved; do
+    for sched in 1f1b gpipe interleaved zb-h1; do
         V=1
         [ $sched = interleaved ] && V=2
+        [ $sched = zb-h1 ] && V=3 # its (p-1)/(3m+p-1) with equal F, B and W
         printf '%-12s %3d %10.1f %9.1f%% %9.1f%% %14s\n' $sched $M "$(median_of <"$out/ms.$sched.$M")" \
             "$(median_of <"$out/bub.$sched.$M" | awk '{ print 100 * $1 }')" \
             "$(awk -v p=$P -v m=$M -v v=$V 'BEGIN { print 100 * (p - 1) / (v * m + p - 1) }')" \
