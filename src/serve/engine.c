@@ -63,7 +63,7 @@ int serve_job_send(serve_model_t *sm, serve_job_kind_t kind, const serve_req_t *
 int serve_job_recv(serve_model_t *sm, serve_job_t *job, serve_req_t *r, char *err, size_t errlen)
 {
     comm_t *w = sm->grid.world;
-    comm_req_t q;
+    comm_req_t q = {0};
     char cerr[COMM_ERR_MAX];
     memset(r, 0, sizeof *r);
     if (w->ops->irecv(w, job, sizeof *job, COMM_BYTE, 0, TAG_JOB, &q, cerr, sizeof cerr) != 0) {

@@ -1,8 +1,11 @@
 #include "src/serve/loop.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include <mpi.h>
 
 #include "mpi/agree.h"
 #include "mpi/clock.h"
@@ -35,6 +38,16 @@ static int stop_check(void *ctx, int row, const int32_t *gen, int n, long *cut)
     return at >= 0;
 }
 
+/* A failure outside a job's agreement (dealing a job out or taking one,
+ * the stop poll): the ranks no longer meet in the same calls, so the job
+ * ends here rather than hang. */
+static void abort_job(const serve_model_t *sm, const char *err)
+{
+    fprintf(stderr, "dtrain-serve: error: rank %d: %s\n", sm->grid.world_rank, err);
+    fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
 /* One request: checked (refused with its 4xx), computed with every rank,
  * answered. -1 when the computation failed on some rank (then answered
  * 500): the ranks cannot be trusted to agree any more. */
@@ -65,9 +78,9 @@ static int handle(serve_model_t *sm, serve_http_t *h, serve_call_t *c, const ser
     const serve_job_t job = serve_job_of(&r, seed);
     stop_ctx_t sc = {.r = &r, .tk = sm->tk};
     const double t0 = now_s();
-    int rc = serve_job_send(sm, SERVE_JOB_RUN, &r, seed, err, errlen);
-    if (rc == 0)
-        rc = serve_engine_run(sm, &job, &r, &out, stop_check, &sc, err, errlen);
+    if (serve_job_send(sm, SERVE_JOB_RUN, &r, seed, err, errlen) != 0)
+        abort_job(sm, err);
+    int rc = serve_engine_run(sm, &job, &r, &out, stop_check, &sc, err, errlen);
     rc = agree(sm->grid.world, rc, err, errlen) == STATUS_OK ? 0 : -1;
     st->busy_s += now_s() - t0;
     if (rc == 0) {
@@ -107,7 +120,7 @@ int serve_lead(serve_model_t *sm, serve_http_t *h, const serve_opts_t *o, serve_
         if (launch_stop_signal() || now_s() - last_poll >= POLL_S) {
             int stop = 0;
             if (poll_stop(sm, &stop, err, errlen) != 0)
-                return -1;
+                abort_job(sm, err);
             last_poll = now_s();
             if (stop)
                 return serve_job_send(sm, SERVE_JOB_STOP, NULL, 0, err, errlen);
@@ -120,15 +133,14 @@ int serve_follow(serve_model_t *sm, char *err, size_t errlen)
     for (;;) {
         serve_job_t job;
         serve_req_t r;
-        if (serve_job_recv(sm, &job, &r, err, errlen) != 0) {
-            serve_req_free(&r);
-            return -1;
-        }
+        if (serve_job_recv(sm, &job, &r, err, errlen) != 0)
+            abort_job(sm, err);
         int rc = 0, stop = 0;
         if (job.kind == SERVE_JOB_STOP)
             return 0;
         if (job.kind == SERVE_JOB_POLL) {
-            rc = serve_job_poll(sm, &stop, err, errlen);
+            if (serve_job_poll(sm, &stop, err, errlen) != 0)
+                abort_job(sm, err);
         } else {
             rc = serve_engine_run(sm, &job, &r, NULL, NULL, NULL, err, errlen);
             rc = agree(sm->grid.world, rc, err, errlen) == STATUS_OK ? 0 : -1;
