@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "src/serve/request.h"
+#include "src/serve/result.h"
 #include "src/serve/serve_model.h"
 
 /* What rank 0 tells the others: a job to run, a poll of their stop
@@ -31,20 +32,6 @@ typedef struct serve_job {
     double temperature;
     uint64_t seed;
 } serve_job_t;
-
-/* The results, on rank 0 (k = max(logprobs, 0) alternatives per position). */
-typedef struct serve_out {
-    int k;
-    double *plp;               /* [total] with echo and logprobs: log p of prompt token j after the ones before (j = 0: NAN) */
-    int32_t *ptop_id;          /* [total * k] the k most likely tokens in place of prompt token j (j = 0: none) */
-    double *ptop_lp;           /* [total * k] */
-    int *gen_n;                /* [n] tokens generated for prompt i */
-    int32_t *gen;              /* [n * max_tokens] */
-    double *glp;               /* [n * max_tokens] log p of each generated token (with logprobs) */
-    int32_t *gtop_id;          /* [n * max_tokens * k] */
-    double *gtop_lp;           /* [n * max_tokens * k] */
-    long *stop_at;             /* [n] the completion's text ends at this byte (a stop sequence began there), else -1 */
-} serve_out_t;
 
 /* Rank 0's part in generation: whether prompt `row`'s completion, its
  * ids gen[0..n) so far, is ended by a stop sequence (then *cut: the bytes
@@ -74,7 +61,5 @@ int serve_engine_run(serve_model_t *sm, const serve_job_t *job, const serve_req_
 /* serve_job_t of a request (what serve_job_send sends). */
 serve_job_t serve_job_of(const serve_req_t *r, uint64_t seed);
 
-int serve_out_alloc(serve_out_t *o, const serve_req_t *r);
-void serve_out_free(serve_out_t *o);
 
 #endif

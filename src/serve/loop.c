@@ -29,9 +29,8 @@ static int stop_check(void *ctx, int row, const int32_t *gen, int n, long *cut)
     if (s->r->n_stop == 0)
         return 0;
     tok_bytes_t b = {0};
-    char why[256];
     long at = -1;
-    if (tokenizer_decode(s->tk, gen, (size_t)n, &b, why, sizeof why) == 0)
+    if (serve_decode(s->tk, gen, (size_t)n, &b) == 0)
         at = serve_stop_find(s->r, b.data ? b.data : "", b.n);
     free(b.data);
     *cut = at;

@@ -20,6 +20,17 @@ __attribute__((format(printf, 3, 4))) static int refuse(char *err, size_t errlen
     return 400;
 }
 
+/* At most 64 bytes of a client's string for a message: printable ASCII
+ * kept, any other byte as '?', so the message stays one line. */
+static const char *quoted(const char *s, size_t len, char *buf, size_t buflen)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < len && n + 1 < buflen && n < 64; i++)
+        buf[n++] = s[i] >= 0x20 && s[i] < 0x7f ? s[i] : '?';
+    buf[n] = '\0';
+    return buf;
+}
+
 static int check_known(json_t *root, char *err, size_t errlen)
 {
     const char *key;
@@ -29,11 +40,12 @@ static int check_known(json_t *root, char *err, size_t errlen)
         int ok = 0;
         for (int i = 0; known[i] && !ok; i++)
             ok = strcmp(key, known[i]) == 0;
+        char q[80];
         if (!ok)
             return refuse(err, errlen,
-                          "unknown field '%.64s': the request takes model, prompt, echo, logprobs, max_tokens, "
+                          "unknown field '%s': the request takes model, prompt, echo, logprobs, max_tokens, "
                           "temperature, top_k, top_p (1), stop, seed, n (1), best_of (1), stream (false)",
-                          key);
+                          quoted(key, strlen(key), q, sizeof q));
     }
     return 0;
 }
@@ -93,8 +105,9 @@ static int check_model(json_t *root, const char *name, char *err, size_t errlen)
     if (!json_is_string(v))
         return refuse(err, errlen, "'model' must be a string");
     if (strcmp(json_string_value(v), name) != 0 || strlen(name) != json_string_length(v)) {
-        snprintf(err, errlen, "model '%.128s' is not served here: this server serves '%s' (GET /v1/models)",
-                 json_string_value(v), name);
+        char q[80];
+        snprintf(err, errlen, "model '%s' is not served here: this server serves '%s' (GET /v1/models)",
+                 quoted(json_string_value(v), json_string_length(v), q, sizeof q), name);
         return 404;
     }
     return 0;
@@ -273,6 +286,9 @@ int serve_req_parse(serve_req_t *r, const char *body, size_t len, const serve_li
     json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
     if (!root) {
         snprintf(err, errlen, "malformed JSON at line %d, column %d: %s", je.line, je.column, je.text);
+        for (char *c = err; *c; c++)
+            if ((unsigned char)*c < 0x20 || *c == 0x7f)
+                *c = '?';
         return 400;
     }
     long long x;
@@ -305,6 +321,10 @@ int serve_req_parse(serve_req_t *r, const char *body, size_t len, const serve_li
     if (rc == 0)
         rc = get_prompts(root, r, lim, tk, err, errlen);
     json_decref(root);
+    /* one line, whatever the parser or the tokenizer quoted of the body */
+    for (char *c = err; rc != 0 && *c; c++)
+        if ((unsigned char)*c < 0x20 || *c == 0x7f)
+            *c = '?';
     return rc;
 }
 

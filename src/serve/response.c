@@ -15,18 +15,36 @@ static int put(json_t *a, json_t *v) { return v && json_array_append_new(a, v) =
 
 static int set(json_t *o, const char *key, json_t *v) { return v && json_object_set_new(o, key, v) == 0 ? 0 : -1; }
 
+int serve_decode(tokenizer_t *tk, const int32_t *ids, size_t n, tok_bytes_t *out)
+{
+    char why[256], mark[32];
+    for (size_t i = 0; i < n;) {
+        size_t j = i;
+        while (j < n && ids[j] >= 0 && ids[j] < tk->vocab_size)
+            j++;
+        if (j > i && tokenizer_decode(tk, ids + i, j - i, out, why, sizeof why) != 0)
+            return -1;
+        if (j < n) {
+            const int k = snprintf(mark, sizeof mark, "[token %d]", (int)ids[j++]);
+            if (tok_bytes_append(out, mark, (size_t)k) != 0)
+                return -1;
+        }
+        i = j;
+    }
+    return 0;
+}
+
 /* A token as OpenAI names it: its text when that is UTF-8 without NUL,
  * else "bytes:" and each byte as \xNN. NULL when out of memory. */
 static char *token_text(tokenizer_t *tk, int32_t id, size_t *len)
 {
     tok_bytes_t b = {0};
-    char why[256], *out = NULL;
-    if (tokenizer_decode(tk, &id, 1, &b, why, sizeof why) != 0) {
-        /* an id beyond the tokenizer (a model's padded rows) */
-        out = malloc(32);
-        if (out)
-            *len = (size_t)snprintf(out, 32, "[token %d]", (int)id);
-    } else if (utf8_valid((const unsigned char *)b.data, b.n)) {
+    char *out = NULL;
+    if (serve_decode(tk, &id, 1, &b) != 0) {
+        free(b.data);
+        return NULL;
+    }
+    if (utf8_valid((const unsigned char *)b.data, b.n)) {
         out = malloc(b.n + 1);
         if (out) {
             memcpy(out, b.data ? b.data : "", b.n);
@@ -86,15 +104,10 @@ static json_t *top_json(tokenizer_t *tk, const int32_t *ids, const double *lps, 
  * own decoding's bytes, one after the other). */
 static int token_bytes(tokenizer_t *tk, const int32_t *ids, int n, tok_bytes_t *all, size_t *start)
 {
-    char why[256];
     for (int i = 0; i < n; i++) {
         start[i] = all->n;
-        if (tokenizer_decode(tk, ids + i, 1, all, why, sizeof why) != 0) {
-            char mark[32];
-            const int k = snprintf(mark, sizeof mark, "[token %d]", (int)ids[i]);
-            if (tok_bytes_append(all, mark, (size_t)k) != 0)
-                return -1;
-        }
+        if (serve_decode(tk, ids + i, 1, all) != 0)
+            return -1;
     }
     return 0;
 }
@@ -158,13 +171,12 @@ static json_t *logprobs_json(const serve_req_t *r, const serve_out_t *o, tokeniz
 static json_t *text_json(const serve_req_t *r, const serve_out_t *o, tokenizer_t *tk, int i)
 {
     tok_bytes_t raw = {0}, text = {0};
-    char why[256];
     int rc = 0;
     if (r->echo)
-        rc = tokenizer_decode(tk, r->tok + r->off[i], (size_t)(r->off[i + 1] - r->off[i]), &raw, why, sizeof why);
+        rc = serve_decode(tk, r->tok + r->off[i], (size_t)(r->off[i + 1] - r->off[i]), &raw);
     const size_t p = raw.n;
     if (rc == 0)
-        rc = tokenizer_decode(tk, o->gen + (size_t)i * r->max_tokens, (size_t)o->gen_n[i], &raw, why, sizeof why);
+        rc = serve_decode(tk, o->gen + (size_t)i * r->max_tokens, (size_t)o->gen_n[i], &raw);
     if (rc == 0 && o->stop_at[i] >= 0 && p + (size_t)o->stop_at[i] < raw.n)
         raw.n = p + (size_t)o->stop_at[i];
     json_t *s = NULL;

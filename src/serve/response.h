@@ -9,8 +9,8 @@
 #include <stddef.h>
 
 #include "io/tokenizer.h"
-#include "src/serve/engine.h"
 #include "src/serve/request.h"
+#include "src/serve/result.h"
 
 /* {"id", "object": "text_completion", "created", "model", "choices":
  * [{"index", "text", "logprobs", "finish_reason"}], "usage"}. */
@@ -23,6 +23,12 @@ char *serve_error_json(int status, const char *message);
 /* {"object": "list", "data": [{"id", "object": "model", "created",
  * "owned_by": "dtrain", "max_model_len"}]}. */
 char *serve_models_json(const char *model, int ctx, long long created);
+
+/* Appends the text of ids[0..n) to out: runs of the tokenizer's ids
+ * decoded together (a character may span tokens), an id beyond it (a
+ * model's padded vocabulary rows) as "[token N]". 0, or -1 (out of
+ * memory, or the tokenizer failed). */
+int serve_decode(tokenizer_t *tk, const int32_t *ids, size_t n, tok_bytes_t *out);
 
 /* The first byte of text[0..n) where one of r's stop sequences begins (the
  * earliest), or -1. */
