@@ -17,6 +17,7 @@ when all passed.
   serve_client.py gen    --port P --prompt TEXT --max-tokens N --expect FILE [--temperature T --top-k K --seed S]
   serve_client.py bad    --port P --model M --vocab V --ctx C --max-body BYTES
   serve_client.py load   --port P --model M --seqs S.json --ref R.json --requests N --clients N [--seconds S]
+  serve_client.py text   --port P --text FILE --ids FILE
 
 S.json: token-id sequences; R.json: test/ref/serve_ref.py's float64
 reference for them. Each sequence gives two (context, continuation) pairs:
@@ -243,10 +244,35 @@ def cmd_load(a):
            ", %d not sent within %g s" % (stats["late"], a.seconds) if stats["late"] else ""))
 
 
+def cmd_text(a):
+    """A text prompt against the same prompt as ids (the server's tokenizer
+    against dtrain's, encoded by test/tok_tool): the same scores, and the
+    echoed text is the prompt."""
+    text = open(a.text, "rb").read().decode("utf-8")
+    ids = [int(x) for x in open(a.ids).read().split()]
+    answers = []
+    for prompt in (text, [ids]):
+        status, out, raw = post(a.port, {"prompt": prompt, "echo": True, "logprobs": 3, "max_tokens": 0})
+        if status != 200:
+            say(False, "text prompt: status %d %s" % (status, raw[:200]))
+            return
+        answers.append(out["choices"][0])
+    t, i = answers
+    lp = t["logprobs"]
+    say(t["text"] == text and i["text"] == text, "echo of a %d-character text prompt (%d ids): the prompt itself"
+        % (len(text), len(ids)))
+    say(lp == i["logprobs"] and len(lp["tokens"]) == len(ids) and lp["text_offset"][0] == 0,
+        "text prompt and its ids: the same %d tokens, log-probabilities, alternatives and offsets" % len(ids))
+    whole = [tok for tok in lp["tokens"] if not tok.startswith("bytes:")]
+    say(len(whole) < len(ids) and "".join(whole) != text,
+        "%d tokens hold part of a character and are named bytes:\\x..: %s"
+        % (len(ids) - len(whole), [tok for tok in lp["tokens"] if tok.startswith("bytes:")][:3]))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    for name in ("loglik", "gen", "bad", "load"):
+    for name in ("loglik", "gen", "bad", "load", "text"):
         p = sub.add_parser(name)
         p.add_argument("--port", type=int, required=True)
         p.add_argument("--model", default=None)
@@ -266,12 +292,15 @@ def main():
             p.add_argument("--vocab", type=int, required=True)
             p.add_argument("--ctx", type=int, required=True)
             p.add_argument("--max-body", type=int, required=True)
+        if name == "text":
+            p.add_argument("--text", required=True)
+            p.add_argument("--ids", required=True)
         if name == "load":
             p.add_argument("--requests", type=int, required=True)
             p.add_argument("--clients", type=int, required=True)
             p.add_argument("--seconds", type=float, default=90.0)
     a = ap.parse_args()
-    {"loglik": cmd_loglik, "gen": cmd_gen, "bad": cmd_bad, "load": cmd_load}[a.cmd](a)
+    {"loglik": cmd_loglik, "gen": cmd_gen, "bad": cmd_bad, "load": cmd_load, "text": cmd_text}[a.cmd](a)
     return 1 if failures else 0
 
 

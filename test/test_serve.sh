@@ -20,9 +20,16 @@
 #  - tp2 x pp2 (4 ranks), from the checkpoint: the same log-likelihoods
 #    and greedy flags; greedy text equal to dtrain's at that layout;
 #    SIGTERM to one rank stops all four, mpiexec exits 0.
+#  - tiny-gpt2 (GPT-2 BPE), exported by dreshard --to-hf and served from
+#    the Hugging Face directory (its tokenizer.json): a text prompt with
+#    curly quotes and accents scores as its ids (dtrain's tokenizer,
+#    test/tok_tool) and echoes as itself; log-likelihoods against the
+#    float64 reference of the --save-params file;
+#  - tiny-llama at tp2: log-likelihoods and greedy flags against its
+#    reference;
 #  - bad command lines and models: exit 2, one line.
 . "$top_srcdir/test/common.sh"
-: "${DTRAIN_SERVE:=$top_builddir/src/dtrain-serve}"
+: "${DTRAIN_SERVE:=$top_builddir/src/dtrain-serve}" "${DRESHARD:=$top_builddir/src/dreshard}"
 PY=/usr/bin/python3
 CLIENT="$PY $top_srcdir/test/serve_client.py"
 
@@ -126,6 +133,56 @@ if start tp2pp2 4 --init-from "$CKPT" --tp 2 --pp 2 --seq-len 128 --model-name t
     client "tp2 x pp2" loglik --port "$PORT" --model tiny --seqs "$TMP/seqs.json" --ref "$TMP/ref.json" --batch 7
     client "tp2 x pp2" gen --port "$PORT" --prompt ALICE. --max-tokens 40 --expect "$TMP/greedy4.txt"
     stop tp2pp2 "$(pgrep -P "$SPID" | tail -n 1)"
+fi
+
+# ---- GPT-2 BPE from a Hugging Face directory; Llama at tp2 ----
+# seqs SHARD N MAX: N sequences of 3 to MAX tokens of a validation shard
+seqs() {
+    "$PY" - "$1" "$2" "$3" <<'PYEOF'
+import json, random, sys
+import numpy as np
+tok = np.fromfile(sys.argv[1], dtype="<u2", offset=1024).astype(int)
+rng = random.Random(38)
+n, most = int(sys.argv[2]), int(sys.argv[3])
+out = []
+for i in range(n):
+    k = 3 + (i * (most - 3)) // (n - 1)
+    at = rng.randrange(0, len(tok) - k)
+    out.append([int(t) for t in tok[at:at + k]])
+json.dump(out, sys.stdout)
+PYEOF
+}
+SMALL="--threads 1 --warmup 1 --micro-batch 2 --global-batch 4 --seq-len 64 --val-every 0 --sample-tokens 0 \
+    --peak-gflops 100"
+if "$MPIEXEC" --quiet -np 1 "$DTRAIN" --model tiny-gpt2 --data "$top_builddir/data/gutenberg-gpt2_train_*.bin" \
+    --steps 2 $SMALL --save-params "$TMP/g.h5" >"$TMP/g.log" 2>&1 &&
+    "$MPIEXEC" --quiet -np 1 "$DRESHARD" --in "$TMP/g.h5" --to-hf "$TMP/ghf" >>"$TMP/g.log" 2>&1; then
+    seqs "$top_builddir/data/gutenberg-gpt2_val_000000.bin" 8 60 >"$TMP/gseqs.json"
+    "$PY" "$top_srcdir/test/ref/serve_ref.py" --params "$TMP/g.h5" --seqs "$TMP/gseqs.json" --out "$TMP/gref.json" \
+        >"$TMP/gref.log" 2>&1 || fail "tiny-gpt2 reference: $(tail -n 3 "$TMP/gref.log")"
+    printf 'Alice said \342\200\234yes\342\200\235 to the na\303\257ve Caf\303\251 \342\200\224 twice.' >"$TMP/text.txt"
+    "$top_builddir/test/tok_tool" encode gpt2 "$TMP/text.txt" >"$TMP/text.ids" || fail "tok_tool encode gpt2"
+    if start gpt2 1 --init-from "$TMP/ghf" --seq-len 64; then
+        grep -q "^tokenizer: hf:.*ghf/tokenizer.json (the model's)" "$TMP/gpt2.log" &&
+            pass "tiny-gpt2 from a Hugging Face directory: $(grep '^tokenizer:' "$TMP/gpt2.log")" ||
+            fail "tiny-gpt2's tokenizer: $(grep '^tokenizer' "$TMP/gpt2.log")"
+        client "tiny-gpt2 hf" text --port "$PORT" --text "$TMP/text.txt" --ids "$TMP/text.ids"
+        client "tiny-gpt2 hf" loglik --port "$PORT" --model ghf --seqs "$TMP/gseqs.json" --ref "$TMP/gref.json"
+        stop gpt2 "$SPID"
+    fi
+else
+    fail "tiny-gpt2 and its export: $(tail -n 3 "$TMP/g.log")"
+fi
+if "$MPIEXEC" --quiet -np 1 "$DTRAIN" --model tiny-llama --steps 5 $SMALL --save-params "$TMP/l.h5" \
+    >"$TMP/l.log" 2>&1; then
+    "$PY" "$top_srcdir/test/ref/serve_ref.py" --params "$TMP/l.h5" --seqs "$TMP/seqs.json" --out "$TMP/lref.json" \
+        >"$TMP/lref.log" 2>&1 || fail "tiny-llama reference: $(tail -n 3 "$TMP/lref.log")"
+    if start llama 2 --init-from "$TMP/l.h5" --tp 2 --seq-len 128; then
+        client "tiny-llama tp2" loglik --port "$PORT" --model l.h5 --seqs "$TMP/seqs.json" --ref "$TMP/lref.json"
+        stop llama "$(pgrep -P "$SPID" | head -n 1)"
+    fi
+else
+    fail "tiny-llama: $(tail -n 3 "$TMP/l.log")"
 fi
 
 # ---- refused in one line ----
