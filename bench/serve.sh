@@ -6,8 +6,10 @@
 # against the forward of a training step at the same batch (B x T: the
 # "fwd" spans of dtrain --trace on rank 0, the fastest of steps 2..6), for
 # tiny (B 16, T 128) and gpt2-124m (B 4, T 64; random weights: speed does
-# not depend on them) at 1 rank (2 threads) and tp2 (2 ranks, 1 thread
-# each). One client, one request at a time, so each time is one request's
+# not depend on them) at 1 rank and tp2 (2 ranks), one thread per rank
+# (THREADS=N for another count: on a machine whose cores other work keeps
+# busy, two OpenMP threads spin in each other's barriers and a generation
+# request took 6x longer than on one). One client, one request at a time, so each time is one request's
 # whole path: HTTP, JSON, the ranks' forwards, the answer. Both sides
 # report their fastest (training step, request) after a warm-up: on a
 # machine shared with other work the fastest is the one least disturbed.
@@ -130,7 +132,8 @@ row() { # model B T P G layout-label np threads serve-args...
     printf '%-10s %-7s %-9s %12.0f %14.0f %11.2f %5.2fx %13.1f %12.3f\n' "$model" "$label" "${b}x$t" "$fwd" "$2" "$1" \
         "$(awk -v a="$2" -v b="$fwd" 'BEGIN { print a / b }')" "$4" "$3"
 }
-row tiny 16 128 32 32 "1 rank" 1 2
-row tiny 16 128 32 32 "tp2" 2 1 --tp 2
-row gpt2-124m 4 64 16 16 "1 rank" 1 2
-row gpt2-124m 4 64 16 16 "tp2" 2 1 --tp 2
+th=${THREADS:-1}
+row tiny 16 128 32 32 "1 rank" 1 "$th"
+row tiny 16 128 32 32 "tp2" 2 "$th" --tp 2
+row gpt2-124m 4 64 16 16 "1 rank" 1 "$th"
+row gpt2-124m 4 64 16 16 "tp2" 2 "$th" --tp 2
