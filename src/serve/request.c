@@ -278,6 +278,21 @@ static int get_prompts(json_t *root, serve_req_t *r, const serve_limits_t *lim, 
     return rc;
 }
 
+/* The answer's size: generated tokens and log-probabilities. */
+static int check_size(const serve_req_t *r, char *err, size_t errlen)
+{
+    const long long gen = (long long)r->n * r->max_tokens;
+    const long long scored = (r->echo ? r->off[r->n] : 0) + gen;
+    if (gen > SERVE_MAX_GENERATED)
+        return refuse(err, errlen, "%d prompts x max_tokens %d: more than %d tokens to generate in one request: "
+                      "send fewer prompts a request", r->n, r->max_tokens, SERVE_MAX_GENERATED);
+    if (r->logprobs >= 0 && scored * (r->logprobs + 1) > SERVE_MAX_LOGPROB_ENTRIES)
+        return refuse(err, errlen, "%lld positions x (logprobs %d + 1): more than %d log-probabilities in one "
+                      "answer: send fewer prompts a request or a lower logprobs", scored, r->logprobs,
+                      SERVE_MAX_LOGPROB_ENTRIES);
+    return 0;
+}
+
 int serve_req_parse(serve_req_t *r, const char *body, size_t len, const serve_limits_t *lim, tokenizer_t *tk,
                     char *err, size_t errlen)
 {
@@ -320,6 +335,8 @@ int serve_req_parse(serve_req_t *r, const char *body, size_t len, const serve_li
         rc = get_stop(root, r, err, errlen);
     if (rc == 0)
         rc = get_prompts(root, r, lim, tk, err, errlen);
+    if (rc == 0)
+        rc = check_size(r, err, errlen);
     json_decref(root);
     /* one line, whatever the parser or the tokenizer quoted of the body */
     for (char *c = err; rc != 0 && *c; c++)

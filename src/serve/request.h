@@ -14,6 +14,11 @@
 #define SERVE_MAX_PROMPTS 65536  /* prompts per request */
 #define SERVE_MAX_LOGPROBS 20    /* alternatives per position (MODEL_TOP_MAX) */
 #define SERVE_DEFAULT_MAX_TOKENS 16
+/* What one answer may hold: generated tokens, and log-probabilities
+ * (scored positions x (logprobs + 1)); beyond them a request is refused
+ * rather than an answer of gigabytes built */
+#define SERVE_MAX_GENERATED (1 << 22)
+#define SERVE_MAX_LOGPROB_ENTRIES (1 << 24)
 
 typedef struct serve_limits {
     int vocab;              /* token ids are below it */
