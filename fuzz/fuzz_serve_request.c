@@ -20,7 +20,10 @@
  *     of valid JSON holding n choices, each with echo's tokens and
  *     logprobs where asked
  *   - utf8_lossy of the body: valid UTF-8 (utf8_valid), offsets that never
- *     decrease and end at the character count. */
+ *     decrease and end at the character count
+ *   - flag bit 1: the body as a POST /tokenize, bit 2 as a POST
+ *     /detokenize (src/serve/tokenize.c): refused with 400 and one line, or
+ *     answered with one line of valid JSON. */
 #include <jansson.h>
 #include <math.h>
 #include <stdint.h>
@@ -29,6 +32,7 @@
 
 #include "src/serve/request.h"
 #include "src/serve/response.h"
+#include "src/serve/tokenize.h"
 #include "src/serve/utf8.h"
 
 static tokenizer_t *tk;
@@ -156,6 +160,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         check_answer(&r, data + 1, n, flags & 1);
     }
     serve_req_free(&r);
+    for (int which = 1; which <= 2; which++) {
+        if (!(flags & (1 << which)))
+            continue;
+        char *json = NULL;
+        const int t = which == 1 ? serve_tokenize(body, n, tk, 64, &json, err, sizeof err)
+                                 : serve_detokenize(body, n, tk, 300, &json, err, sizeof err);
+        if (t != 0 && (t != 400 || json || !err[0] || strchr(err, '\n')))
+            abort();
+        if (t == 0)
+            one_line_json(json);
+        free(json);
+    }
     free(body);
     return 0;
 }

@@ -26,6 +26,7 @@
 #include "src/serve/response.h"
 #include "src/serve/serve_model.h"
 #include "src/serve/serve_options.h"
+#include "src/serve/tokenize.h"
 
 #ifndef PACKAGE_VERSION
 #define PACKAGE_VERSION "0.1.0"
@@ -74,29 +75,33 @@ int main(int argc, char **argv)
         serve_model_close(&sm);
         launch_exit(&env, 2);
     }
-    char *models = NULL;
+    char *models = NULL, *tk_info = NULL;
     serve_http_t *http = NULL;
     int port = 0, rc = 0;
     if (env.world_rank == 0) {
         banner(&sm, &o, &env);
         models = serve_models_json(o.model_name, sm.T, (long long)time(NULL));
+        tk_info = serve_tokenizer_info_json(sm.tk, sm.T);
         const serve_http_config_t hc = {.host = o.host,
                                         .port = o.port,
                                         .max_body = (size_t)o.max_body,
                                         .max_queue = o.max_queue,
-                                        .models_json = models};
-        rc = models ? serve_http_start(&http, &hc, &port, err, sizeof err) : -1;
-        if (!models)
+                                        .models_json = models,
+                                        .tokenizer_info_json = tk_info};
+        rc = models && tk_info ? serve_http_start(&http, &hc, &port, err, sizeof err) : -1;
+        if (!models || !tk_info)
             snprintf(err, sizeof err, "out of memory");
     }
     if (launch_any_failed(&env, PROG, rc, err)) {
         free(models);
+        free(tk_info);
         serve_model_close(&sm);
         launch_exit(&env, 2);
     }
     if (env.world_rank == 0) {
         const int v6 = strchr(o.host, ':') != NULL;
-        printf(PROG ": listening on http://%s%s%s:%d (POST /v1/completions, GET /v1/models, GET /health)\n",
+        printf(PROG ": listening on http://%s%s%s:%d (POST /v1/completions, GET /v1/models, GET /health, "
+                    "GET /tokenizer_info, POST /tokenize, POST /detokenize)\n",
                v6 ? "[" : "", o.host, v6 ? "]" : "", port);
         fflush(stdout);
     }
@@ -111,6 +116,7 @@ int main(int argc, char **argv)
         fflush(stdout);
     }
     free(models);
+    free(tk_info);
     const int failed = launch_any_failed(&env, PROG, rc, err) != STATUS_OK;
     serve_model_close(&sm);
     launch_exit(&env, failed ? 1 : 0);

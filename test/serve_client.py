@@ -18,6 +18,7 @@ when all passed.
   serve_client.py bad    --port P --model M --vocab V --ctx C --max-body BYTES
   serve_client.py load   --port P --model M --seqs S.json --ref R.json --requests N --clients N [--seconds S]
   serve_client.py text   --port P --text FILE --ids FILE
+  serve_client.py remote --port P --text FILE --ids FILE --eos TEXT --eos-id N
 
 S.json: token-id sequences; R.json: test/ref/serve_ref.py's float64
 reference for them. Each sequence gives two (context, continuation) pairs:
@@ -269,10 +270,31 @@ def cmd_text(a):
         % (len(ids) - len(whole), [tok for tok in lp["tokens"] if tok.startswith("bytes:")][:3]))
 
 
+def cmd_remote(a):
+    """The endpoints of lm-evaluation-harness's remote tokenizer backend
+    (lm_eval/utils.py RemoteTokenizer, check_remote_tokenizer_support): the
+    server's tokenizer gives dtrain's ids, and the end-of-text text is its
+    one id, as a Hugging Face tokenizer reads it."""
+    text = open(a.text, "rb").read().decode("utf-8")
+    ids = [int(x) for x in open(a.ids).read().split()]
+    status, info, raw = post(a.port, "", path="/tokenizer_info", method="GET")
+    say(status == 200 and isinstance(info, dict) and info.get("eos_token") == a.eos,
+        "GET /tokenizer_info: %s" % raw[:150])
+    _, tok, raw = post(a.port, {"prompt": text, "add_special_tokens": False}, path="/tokenize")
+    _, eos, _ = post(a.port, {"prompt": a.eos}, path="/tokenize")
+    _, back, _ = post(a.port, {"tokens": ids}, path="/detokenize")
+    say(tok and tok.get("tokens") == ids and eos and eos.get("tokens") == [a.eos_id] and back
+        and back.get("prompt") == text,
+        "POST /tokenize: the text's %d ids are dtrain's, %r is [%d]; POST /detokenize gives the text back"
+        % (len(ids), a.eos, a.eos_id))
+    status, out, raw = post(a.port, {"tokens": [-1]}, path="/detokenize")
+    say(status == 400 and out and "error" in out, "/detokenize of id -1: %d %s" % (status, raw[:100]))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    for name in ("loglik", "gen", "bad", "load", "text"):
+    for name in ("loglik", "gen", "bad", "load", "text", "remote"):
         p = sub.add_parser(name)
         p.add_argument("--port", type=int, required=True)
         p.add_argument("--model", default=None)
@@ -292,15 +314,18 @@ def main():
             p.add_argument("--vocab", type=int, required=True)
             p.add_argument("--ctx", type=int, required=True)
             p.add_argument("--max-body", type=int, required=True)
-        if name == "text":
+        if name in ("text", "remote"):
             p.add_argument("--text", required=True)
             p.add_argument("--ids", required=True)
+        if name == "remote":
+            p.add_argument("--eos", required=True)
+            p.add_argument("--eos-id", type=int, required=True)
         if name == "load":
             p.add_argument("--requests", type=int, required=True)
             p.add_argument("--clients", type=int, required=True)
             p.add_argument("--seconds", type=float, default=90.0)
     a = ap.parse_args()
-    {"loglik": cmd_loglik, "gen": cmd_gen, "bad": cmd_bad, "load": cmd_load, "text": cmd_text}[a.cmd](a)
+    {"loglik": cmd_loglik, "gen": cmd_gen, "bad": cmd_bad, "load": cmd_load, "text": cmd_text, "remote": cmd_remote}[a.cmd](a)
     return 1 if failures else 0
 
 

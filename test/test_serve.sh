@@ -23,8 +23,10 @@
 #  - tiny-gpt2 (GPT-2 BPE), exported by dreshard --to-hf and served from
 #    the Hugging Face directory (its tokenizer.json): a text prompt with
 #    curly quotes and accents scores as its ids (dtrain's tokenizer,
-#    test/tok_tool) and echoes as itself; log-likelihoods against the
-#    float64 reference of the --save-params file;
+#    test/tok_tool) and echoes as itself; the remote tokenizer endpoints
+#    (/tokenizer_info, /tokenize, /detokenize) give dtrain's ids and read
+#    "<|endoftext|>" as its id; log-likelihoods against the float64
+#    reference of the --save-params file;
 #  - tiny-llama at tp2: log-likelihoods and greedy flags against its
 #    reference;
 #  - bad command lines and models: exit 2, one line.
@@ -167,6 +169,8 @@ if "$MPIEXEC" --quiet -np 1 "$DTRAIN" --model tiny-gpt2 --data "$top_builddir/da
             pass "tiny-gpt2 from a Hugging Face directory: $(grep '^tokenizer:' "$TMP/gpt2.log")" ||
             fail "tiny-gpt2's tokenizer: $(grep '^tokenizer' "$TMP/gpt2.log")"
         client "tiny-gpt2 hf" text --port "$PORT" --text "$TMP/text.txt" --ids "$TMP/text.ids"
+        client "tiny-gpt2 hf" remote --port "$PORT" --text "$TMP/text.txt" --ids "$TMP/text.ids" \
+            --eos "<|endoftext|>" --eos-id 50256
         client "tiny-gpt2 hf" loglik --port "$PORT" --model ghf --seqs "$TMP/gseqs.json" --ref "$TMP/gref.json"
         stop gpt2 "$SPID"
     fi

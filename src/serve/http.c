@@ -15,7 +15,18 @@
 
 #include "src/serve/response.h"
 
-typedef enum { R_COMPLETIONS, R_MODELS, R_HEALTH, R_NOT_FOUND, R_BAD_METHOD } route_t;
+typedef enum {
+    R_COMPLETIONS,
+    R_TOKENIZE,
+    R_DETOKENIZE,
+    R_MODELS,
+    R_TOKENIZER_INFO,
+    R_HEALTH,
+    R_NOT_FOUND,
+    R_BAD_METHOD
+} route_t;
+/* the routes queued for the main thread (a body to read) */
+static int queued(route_t r) { return r == R_COMPLETIONS || r == R_TOKENIZE || r == R_DETOKENIZE; }
 typedef enum { S_RECEIVING, S_QUEUED, S_ANSWERED } call_state_t;
 
 struct serve_call {
@@ -33,7 +44,7 @@ struct serve_http {
     struct MHD_Daemon *d;
     size_t max_body;
     int max_queue;
-    const char *models_json;
+    const char *models_json, *tokenizer_info_json;
     pthread_mutex_t lock;
     pthread_cond_t ready;
     serve_call_t **queue; /* ring of max_queue */
@@ -80,8 +91,14 @@ static route_t route_of(const char *url, const char *method)
     const int get = strcmp(method, MHD_HTTP_METHOD_GET) == 0, post = strcmp(method, MHD_HTTP_METHOD_POST) == 0;
     if (strcmp(url, "/v1/completions") == 0)
         return post ? R_COMPLETIONS : R_BAD_METHOD;
+    if (strcmp(url, "/tokenize") == 0)
+        return post ? R_TOKENIZE : R_BAD_METHOD;
+    if (strcmp(url, "/detokenize") == 0)
+        return post ? R_DETOKENIZE : R_BAD_METHOD;
     if (strcmp(url, "/v1/models") == 0)
         return get ? R_MODELS : R_BAD_METHOD;
+    if (strcmp(url, "/tokenizer_info") == 0)
+        return get ? R_TOKENIZER_INFO : R_BAD_METHOD;
     if (strcmp(url, "/health") == 0)
         return get ? R_HEALTH : R_BAD_METHOD;
     return R_NOT_FOUND;
@@ -102,7 +119,7 @@ static enum MHD_Result begin(serve_http_t *h, struct MHD_Connection *conn, const
     h->live++;
     pthread_mutex_unlock(&h->lock);
     const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-    if (c->route == R_COMPLETIONS && cl && strtoull(cl, NULL, 10) > h->max_body) {
+    if (queued(c->route) && cl && strtoull(cl, NULL, 10) > h->max_body) {
         char msg[160];
         snprintf(msg, sizeof msg, "the body of %s bytes exceeds this server's --max-body of %zu bytes", cl,
                  h->max_body);
@@ -114,7 +131,7 @@ static enum MHD_Result begin(serve_http_t *h, struct MHD_Connection *conn, const
 
 static void take_body(serve_http_t *h, serve_call_t *c, const char *data, size_t n)
 {
-    if (c->too_big || c->route != R_COMPLETIONS)
+    if (c->too_big || !queued(c->route))
         return;
     if (c->len + n > h->max_body) {
         c->too_big = 1;
@@ -184,13 +201,19 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         return send_json(conn, MHD_HTTP_OK, strdup("{\"status\":\"ok\"}"));
     case R_MODELS:
         return send_json(conn, MHD_HTTP_OK, strdup(h->models_json));
+    case R_TOKENIZER_INFO:
+        return send_json(conn, MHD_HTTP_OK, strdup(h->tokenizer_info_json));
     case R_NOT_FOUND:
         return send_error(conn, MHD_HTTP_NOT_FOUND,
-                          "no such path: this server answers POST /v1/completions, GET /v1/models, GET /health");
+                          "no such path: this server answers POST /v1/completions, GET /v1/models, GET /health, "
+                          "GET /tokenizer_info, POST /tokenize, POST /detokenize");
     case R_BAD_METHOD:
         return send_error(conn, MHD_HTTP_METHOD_NOT_ALLOWED,
-                          "method not allowed: POST /v1/completions, GET /v1/models, GET /health");
+                          "method not allowed: POST /v1/completions, /tokenize and /detokenize; GET /v1/models, "
+                          "/health and /tokenizer_info");
     case R_COMPLETIONS:
+    case R_TOKENIZE:
+    case R_DETOKENIZE:
         break;
     }
     if (c->too_big) {
@@ -251,6 +274,7 @@ int serve_http_start(serve_http_t **out, const serve_http_config_t *cfg, int *bo
     h->max_body = cfg->max_body;
     h->max_queue = cfg->max_queue;
     h->models_json = cfg->models_json;
+    h->tokenizer_info_json = cfg->tokenizer_info_json;
     pthread_mutex_init(&h->lock, NULL);
     pthread_cond_init(&h->ready, NULL);
     const unsigned flags =
@@ -302,6 +326,13 @@ const char *serve_call_body(const serve_call_t *c, size_t *len)
 {
     *len = c->len;
     return c->body ? c->body : "";
+}
+
+serve_call_kind_t serve_call_kind(const serve_call_t *c)
+{
+    return c->route == R_TOKENIZE     ? SERVE_CALL_TOKENIZE
+           : c->route == R_DETOKENIZE ? SERVE_CALL_DETOKENIZE
+                                      : SERVE_CALL_COMPLETIONS;
 }
 
 void serve_http_answer(serve_http_t *h, serve_call_t *c, int status, char *json)

@@ -12,6 +12,7 @@
 #include "mpi/launch.h"
 #include "src/serve/engine.h"
 #include "src/serve/response.h"
+#include "src/serve/tokenize.h"
 
 #define POLL_S 0.5   /* how often rank 0 asks for the stop signals */
 #define WAIT_MS 100  /* how long it waits for a request between checks of its own */
@@ -55,6 +56,16 @@ static int handle(serve_model_t *sm, serve_http_t *h, serve_call_t *c, const ser
 {
     size_t len;
     const char *body = serve_call_body(c, &len);
+    if (serve_call_kind(c) != SERVE_CALL_COMPLETIONS) { /* rank 0's tokenizer alone */
+        char *json, why[1024];
+        const int code = serve_call_kind(c) == SERVE_CALL_TOKENIZE
+                           ? serve_tokenize(body, len, sm->tk, sm->T, &json, why, sizeof why)
+                           : serve_detokenize(body, len, sm->tk, sm->cfg.vocab_size, &json, why, sizeof why);
+        st->requests++;
+        st->refused += code != 0;
+        serve_http_answer(h, c, code ? code : json ? 200 : 500, code ? serve_error_json(code, why) : json);
+        return 0;
+    }
     const serve_limits_t lim = {.vocab = sm->cfg.vocab_size, .ctx = sm->T, .model_name = o->model_name};
     serve_req_t r;
     serve_out_t out;

@@ -155,6 +155,41 @@ static int get_stop(json_t *root, serve_req_t *r, char *err, size_t errlen)
     return 0;
 }
 
+/* The special token whose text begins text[0..len) (the longest), or -1. */
+static int special_at(const tokenizer_t *tk, const char *text, size_t len, size_t *name_len)
+{
+    int best = -1;
+    *name_len = 0;
+    for (int i = 0; i < tk->n_special; i++) {
+        const size_t n = strlen(tk->special_name[i]);
+        if (n > *name_len && n <= len && memcmp(text, tk->special_name[i], n) == 0) {
+            best = i;
+            *name_len = n;
+        }
+    }
+    return best;
+}
+
+int serve_encode(tokenizer_t *tk, const char *text, size_t len, tok_ids_t *out, char *err, size_t errlen)
+{
+    size_t start = 0;
+    for (size_t i = 0; i <= len; i++) {
+        size_t n = 0;
+        const int sp = i < len ? special_at(tk, text + i, len - i, &n) : -1;
+        if (sp < 0 && i < len)
+            continue;
+        if (i > start && tokenizer_encode(tk, text + start, i - start, out, err, errlen) != 0)
+            return -1;
+        if (sp >= 0 && tok_ids_push(out, tk->special_id[sp]) != 0) {
+            snprintf(err, errlen, "out of memory");
+            return -1;
+        }
+        start = i + n;
+        i = sp >= 0 ? i + n - 1 : i;
+    }
+    return 0;
+}
+
 /* The kinds of "prompt": one text, texts, one token list, token lists. */
 typedef enum { P_TEXT, P_TEXTS, P_IDS, P_ID_LISTS } prompt_kind_t;
 
@@ -210,7 +245,7 @@ static int one_prompt(json_t *item, prompt_kind_t kind, size_t i, const serve_li
             return 400;
         }
         char why[512];
-        if (tokenizer_encode(tk, json_string_value(item), json_string_length(item), ids, why, sizeof why) != 0) {
+        if (serve_encode(tk, json_string_value(item), json_string_length(item), ids, why, sizeof why) != 0) {
             snprintf(err, errlen, "prompt %zu: %s", i, why);
             return 400;
         }

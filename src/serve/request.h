@@ -51,4 +51,10 @@ int serve_req_parse(serve_req_t *r, const char *body, size_t len, const serve_li
                     char *err, size_t errlen);
 void serve_req_free(serve_req_t *r);
 
+/* Appends the ids of text[0..len) to out as a Hugging Face tokenizer and
+ * OpenAI's API read a prompt: each special token's text (GPT-2's
+ * "<|endoftext|>") is that token, the rest is encoded as text. 0, or -1
+ * with one line in err. */
+int serve_encode(tokenizer_t *tk, const char *text, size_t len, tok_ids_t *out, char *err, size_t errlen);
+
 #endif

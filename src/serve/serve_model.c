@@ -235,7 +235,7 @@ int serve_model_open(serve_model_t *sm, const serve_opts_t *o, const launch_env_
     }
     sm->has_grid = 1;
     h5store_t *h = NULL;
-    static char tok[TOK_PATH_MAX], tok_sha[80];
+    char tok[TOK_PATH_MAX], tok_sha[80];
     rc = probe(sm, o, (src_kind_t)kind, &h, tok, tok_sha, err, errlen);
     if (rc == 0 && env->world_rank == 0)
         rc = open_tokenizer(sm, o, tok, tok_sha, err, errlen);
