@@ -310,4 +310,25 @@ size_t model_params_total(const model_config_t *c);
  * slices); on failure one line in err. */
 status_t model_logits_row(model_t *m, int slot, int n, float *host_out, char *err, size_t errlen);
 
+/* The most alternatives model_token_logprobs gives per position. */
+#define MODEL_TOP_MAX 20
+
+/* Log-probabilities from the last forward in `slot` (last stage; a forward
+ * given targets and dloss 0, so its logits are kept), for its first n
+ * positions: lp[i] = log p(targets[i]) (0 where targets[i] < 0; targets as
+ * given to the forward) and, for k from 1 to MODEL_TOP_MAX, the k most
+ * likely tokens, top_id[i*k + j] and top_lp[i*k + j], best first (the
+ * lower id first on a tie). Each log p is logit - logsumexp in double from
+ * the fp32 logits and the forward's row statistics, computed alike for the
+ * target and the top entries, so a target that is the argmax has exactly
+ * its top entry's value. k = 0: lp only. Collective over the TP group (the
+ * vocabulary slices' candidates are gathered). */
+status_t model_token_logprobs(model_t *m, int slot, int n, const int32_t *targets, int k, double *lp, int32_t *top_id,
+                              double *top_lp, char *err, size_t errlen);
+
+/* The k (1 to MODEL_TOP_MAX) largest of x[0..n) as val/id[0..k), best
+ * first, the lower id first on a tie; x[c] is id v0 + c. Fewer than k
+ * values leave id -1 (value -inf) at the end. */
+void model_top_row(const float *x, int n, int v0, int k, float *val, int32_t *id);
+
 #endif

@@ -91,6 +91,11 @@ typedef struct trainer {
     straggler_t strag;
 } trainer_t;
 
+/* --threads 0: OMP_NUM_THREADS when set, else this node's cores shared by
+ * the ranks on it (at most the cores this rank may run on); requested > 0
+ * as given. Local (dtrain-serve takes the same default). */
+int trainer_default_threads(int requested, const launch_env_t *env);
+
 /* Everything the run needs, on the grid run was resolved for; on failure
  * err holds one line. Local to this rank: the caller agrees on failure
  * across ranks. */
