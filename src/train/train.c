@@ -375,14 +375,15 @@ static int stage_forward(void *ctx, int chunk, int micro, int slot)
     return STATUS_OK;
 }
 
-/* The strategy says whether this backward adds to the gradients and is
- * the step's last (model_backward's flags), and communicates through the
- * model's hook during it where it needs to. */
-/* ctx: a callback_ctx_t. The strategy's backward_end runs after a failed
- * backward too (its message then wins: its hook's failure is the cause). */
-static int stage_backward(void *ctx, int chunk, int micro, int slot)
+/* A backward the data-parallel strategy brackets: it says whether the
+ * backward adds to the gradients and is the last of this chunk's
+ * (model_backward's flags), and communicates through the model's hook
+ * during it where it needs to. weight_only: the split backward's W, whose
+ * gradients are the final ones. The strategy's backward_end runs after a
+ * failed backward too (its message then wins: its hook's failure is the
+ * cause). */
+static int bracketed_backward(const callback_ctx_t *c, int chunk, int micro, int slot, int weight_only)
 {
-    const callback_ctx_t *c = ctx;
     trainer_t *tr = c->tr;
     model_t *m = &tr->model;
     dpsync_t *s = &tr->sync;
@@ -390,11 +391,18 @@ static int stage_backward(void *ctx, int chunk, int micro, int slot)
     /* each chunk's backwards count apart: its last is that chunk's step's last */
     s->ops->backward_begin(s, tr->bwd_done[chunk], tr->accum, model_chunk_top(m, chunk), &accum, &last);
     m->trace_micro = micro;
-    const status_t st = model_backward_chunk(m, slot, accum, last, c->err, c->errlen);
+    const status_t st = weight_only ? model_backward_weight(m, slot, accum, c->err, c->errlen)
+                                    : model_backward_chunk(m, slot, accum, last, c->err, c->errlen);
     tr->bwd_done[chunk]++;
     if (dpsync_backward_end(s, c->err, c->errlen) != 0)
         return STATUS_FAIL;
     return st;
+}
+
+/* ctx: a callback_ctx_t. */
+static int stage_backward(void *ctx, int chunk, int micro, int slot)
+{
+    return bracketed_backward(ctx, chunk, micro, slot, 0);
 }
 
 /* The split backward (zb-h1). B writes the gradients the whole backward
@@ -414,18 +422,7 @@ static int stage_backward_input(void *ctx, int chunk, int micro, int slot)
 
 static int stage_backward_weight(void *ctx, int chunk, int micro, int slot)
 {
-    const callback_ctx_t *c = ctx;
-    trainer_t *tr = c->tr;
-    model_t *m = &tr->model;
-    dpsync_t *s = &tr->sync;
-    int accum, last;
-    s->ops->backward_begin(s, tr->bwd_done[chunk], tr->accum, model_chunk_top(m, chunk), &accum, &last);
-    m->trace_micro = micro;
-    const status_t st = model_backward_weight(m, slot, accum, c->err, c->errlen);
-    tr->bwd_done[chunk]++;
-    if (dpsync_backward_end(s, c->err, c->errlen) != 0)
-        return STATUS_FAIL;
-    return st;
+    return bracketed_backward(ctx, chunk, micro, slot, 1);
 }
 
 static model_t *ctx_model(void *ctx) { return &((callback_ctx_t *)ctx)->tr->model; }
