@@ -21,12 +21,13 @@
  *     its send completed or a receive posted too early shows up as NaN.
  *     n = 65536 floats (256 KiB) is far above the shared-memory eager
  *     limit, so sends complete only when matched.
- * (c) Overlap: with sleeps as compute (forward 2 ms, backward 4 ms), M = 8,
- *     each stage's wait_s for 1f1b and gpipe next to the ideal one
- *     ((P-1)(tf+tb) - s*tb: the fill before its first forward plus the
- *     drain of the backwards below it); printed, not asserted (timings on
- *     an oversubscribed machine are noise; (a) checks the schedules'
- *     bubble exactly).
+ * (d) The bubble: each kind at M = 2P and 4P runs through the executor in
+ *     virtual time (every action 1/V units, messages carry their sender's
+ *     clock: check_bubble_virtual); each rank's idle fraction of the step
+ *     equals pipe_simulate's ideal and the schedule's formula exactly.
+ *     `test_pipeline --bubble-wall UNIT_MS` measures it on the wall clock
+ *     with sleeps as compute and asserts 2 points (bench/pp_bubble.sh: a
+ *     benchmark, since waiting ranks poll and load delays their wake-ups).
  *
  * Each check is agreed over all ranks; rank 0 prints one line per check
  * and every rank exits with the same status. */
@@ -301,15 +302,26 @@ typedef struct synth {
     int pos;
     int fail_fwd; /* forward of this microbatch returns -1 (-1: none) */
     long sleep_f_us, sleep_b_us, sleep_w_us;
+    double busy_s; /* seconds measured inside the sleeps (the stage's compute) */
+    /* Virtual time (check_bubble_virtual): when set, the last float of every
+     * message is the sender's clock at the action's end, each action
+     * starts at max(this stage's clock, its message's) and lasts vf, vb
+     * or vw; the values check the first n - 1 floats. */
+    int clocked;
+    double vclock, vf, vb, vw;
     char err[256]; /* first violation seen in a callback */
 } synth_t;
 
-static void sleep_us(long us)
+/* Sleeps us microseconds as a stage's compute and adds the time it really
+ * took (an oversubscribed machine overshoots) to the stage's busy time. */
+static void sleep_us(synth_t *c, long us)
 {
     if (us <= 0)
         return;
     struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
+    const double t0 = MPI_Wtime();
     nanosleep(&ts, NULL);
+    c->busy_s += MPI_Wtime() - t0;
 }
 
 static void note(synth_t *c, const char *fmt, ...)
@@ -346,7 +358,12 @@ static int synth_forward(void *ctx, int chunk, int m, int slot)
     const int g = pipe_chunk_of(&c->sh, c->s, chunk);
     const float *w = c->w + (size_t)chunk * c->n, *b = c->b + (size_t)chunk * c->n;
     float *x = c->in + (size_t)slot * c->n, *y = c->out + (size_t)slot * c->n;
-    for (size_t i = 0; i < c->n; i++) {
+    const size_t nd = c->n - (size_t)c->clocked;
+    if (c->clocked) {
+        c->vclock = fmax(c->vclock, g == 0 ? 0.0 : (double)x[nd]) + c->vf;
+        y[nd] = (float)c->vclock;
+    }
+    for (size_t i = 0; i < nd; i++) {
         if (g == 0)
             x[i] = x0_of(m, i); /* the first chunk makes its own input */
         else if (x[i] != (float)x_at(g, m, i))
@@ -355,7 +372,7 @@ static int synth_forward(void *ctx, int chunk, int m, int slot)
         if (g == c->C - 1)
             c->loss += (double)y[i] * t_of(m, i);
     }
-    sleep_us(c->sleep_f_us);
+    sleep_us(c, c->sleep_f_us);
     return 0;
 }
 
@@ -366,7 +383,12 @@ static void synth_b(synth_t *c, int chunk, int m, int slot)
     const int g = pipe_chunk_of(&c->sh, c->s, chunk), last = g == c->C - 1;
     const float *w = c->w + (size_t)chunk * c->n;
     float *y = c->out + (size_t)slot * c->n, *dy = c->dys + (size_t)slot * c->n;
-    for (size_t i = 0; i < c->n; i++) {
+    const size_t nd = c->n - (size_t)c->clocked;
+    if (c->clocked) {
+        c->vclock = fmax(c->vclock, last ? 0.0 : (double)c->grad[nd]) + c->vb;
+        c->grad[nd] = (float)c->vclock;
+    }
+    for (size_t i = 0; i < nd; i++) {
         dy[i] = last ? t_of(m, i) : c->grad[i];
         if (!last && dy[i] != (float)dy_at(c->C, g, m, i))
             note(c, "bwd chunk %d micro %d: grad[%zu] = %g, want %g", g, m, i, (double)dy[i], dy_at(c->C, g, m, i));
@@ -382,7 +404,8 @@ static void synth_w(synth_t *c, int chunk, int slot)
 {
     float *x = c->in + (size_t)slot * c->n, *dy = c->dys + (size_t)slot * c->n;
     float *dw = c->dw + (size_t)chunk * c->n, *db = c->db + (size_t)chunk * c->n;
-    for (size_t i = 0; i < c->n; i++) {
+    c->vclock += c->vw;
+    for (size_t i = 0; i < c->n - (size_t)c->clocked; i++) {
         dw[i] += dy[i] * x[i];
         db[i] += dy[i];
         x[i] = NAN;
@@ -396,7 +419,9 @@ static int synth_backward(void *ctx, int chunk, int m, int slot)
     expect_action(c, PIPE_BWD, chunk, m, slot);
     synth_b(c, chunk, m, slot);
     synth_w(c, chunk, slot);
-    sleep_us(c->sleep_b_us + c->sleep_w_us);
+    if (c->clocked) /* the executor sends dL/d(input) when the whole backward returns */
+        c->grad[c->n - 1] = (float)c->vclock;
+    sleep_us(c, c->sleep_b_us + c->sleep_w_us);
     return 0;
 }
 
@@ -405,7 +430,7 @@ static int synth_backward_input(void *ctx, int chunk, int m, int slot)
     synth_t *c = ctx;
     expect_action(c, PIPE_BWD_INPUT, chunk, m, slot);
     synth_b(c, chunk, m, slot);
-    sleep_us(c->sleep_b_us);
+    sleep_us(c, c->sleep_b_us);
     return 0;
 }
 
@@ -414,7 +439,7 @@ static int synth_backward_weight(void *ctx, int chunk, int m, int slot)
     synth_t *c = ctx;
     expect_action(c, PIPE_BWD_WEIGHT, chunk, m, slot);
     synth_w(c, chunk, slot);
-    sleep_us(c->sleep_w_us);
+    sleep_us(c, c->sleep_w_us);
     return 0;
 }
 
@@ -592,67 +617,157 @@ static void check_errors(comm_t *self)
 
 /* ---------------------------------------------------- (c) overlap */
 
-/* Each schedule with sleeps as compute (a stage's forward tf, B tb, W tw,
- * split over V chunks), M = 2P: the measured idle fraction of the step
- * (1 - busy / (P * step), busy the sleeps) beside pipe_simulate's for the
- * same costs. Printed, not asserted: sleeps on an oversubscribed machine
- * overshoot by scheduler noise. */
-static void report_overlap(comm_t *pp)
+/* The bubble of an ideal machine, as a fraction of the step, for equal
+ * stages whose forward, B and W each take one unit (split over the V
+ * chunks): 1f1b and gpipe (P-1)/(M+P-1), interleaved (P-1)/(VM+P-1), zb-h1
+ * (P-1)/(3M+P-1) (Qi et al.: (P-1)(F+B-W) of idle per stage); -1 for zbv,
+ * whose published figure assumes other costs (pipe_simulate gives it). */
+static double bubble_formula(const pipe_shape_t *sh)
 {
-    const int P = pp->size, s = pp->rank, M = 2 * P;
-    const long tf = 2000, tb = 2000, tw = 2000;
-    const pipe_shape_t shapes[] = {shape(PIPE_1F1B, P, 1, M), shape(PIPE_GPIPE, P, 1, M),
-                                   shape(PIPE_INTERLEAVED, P, 2, M), shape(PIPE_ZBH1, P, 1, M),
-                                   shape(PIPE_ZBV, P, 2, M)};
-    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
-        const pipe_shape_t *sh = &shapes[k];
-        if (pipe_shape_check(sh, NULL, 0) != 0)
-            continue;
-        synth_t c;
-        if (synth_init(&c, sh, s, 1000) != 0)
-            die("out of memory");
-        c.sleep_f_us = tf / sh->virt;
-        c.sleep_b_us = tb / sh->virt;
-        c.sleep_w_us = tw / sh->virt;
-        pipe_stats_t st = {0};
-        int ok = 1;
-        double wall = 0.0;
-        char perr[COMM_ERR_MAX] = "";
-        for (int rep = 0; rep < 2 && ok; rep++) { /* the first run warms up the connections */
-            c.pos = 0;
-            if (MPI_Barrier(MPI_COMM_WORLD) != MPI_SUCCESS)
-                die("MPI_Barrier");
-            const double t0 = MPI_Wtime();
-            ok = pipe_run(pp, sh, synth_ops(1000), &c, &st, perr, sizeof perr) == 0 && !c.err[0];
-            double mine = MPI_Wtime() - t0;
-            if (MPI_Allreduce(&mine, &wall, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD) != MPI_SUCCESS)
-                die("MPI_Allreduce");
-        }
-        check(ok, ok ? "" : (c.err[0] ? c.err : perr), "overlap run %s P=%d V=%d M=%d with sleeps",
-              pipe_kind_name(sh->kind), P, sh->virt, M);
-        synth_free(&c);
-        if (g_rank != 0)
-            continue;
-        /* the ideal machine's bubble for the same costs (per chunk) */
-        pipe_action_t *acts[64];
-        int n_acts[64], good = P <= 64;
-        for (int r = 0; good && r < P; r++) {
-            acts[r] = malloc((size_t)pipe_stage_actions(sh) * sizeof **acts);
-            good = acts[r] && (n_acts[r] = pipe_stage_schedule(sh, r, acts[r])) > 0;
-        }
-        const pipe_cost_t cost = {(double)tf / sh->virt, (double)tb / sh->virt, (double)tw / sh->virt};
-        pipe_sim_t sim = {0};
-        char why[256] = "";
-        if (good && pipe_simulate(sh, (const pipe_action_t *const *)acts, n_acts, &cost, &sim, why, sizeof why) == 0) {
-            const double busy = (double)M * (tf + tb + tw) * 1e-6; /* per stage, seconds */
-            printf("info np=%d %-11s V=%d M=%d: step %6.1f ms, bubble measured %4.1f %%, ideal %4.1f %%\n", P,
-                   pipe_kind_name(sh->kind), sh->virt, M, wall * 1e3, 100.0 * (1.0 - busy / wall),
-                   100.0 * sim.bubble);
-        }
-        for (int r = 0; r < P && r < 64; r++)
-            if (good || r < P)
-                free(acts[r]);
+    const double P = sh->stages, M = sh->micro, V = sh->virt;
+    switch (sh->kind) {
+    case PIPE_1F1B:
+    case PIPE_GPIPE:
+        return (P - 1) / (M + P - 1);
+    case PIPE_INTERLEAVED:
+        return (P - 1) / (V * M + P - 1);
+    case PIPE_ZBH1:
+        return (P - 1) / (3 * M + P - 1);
+    default:
+        return -1.0;
     }
+}
+
+/* pipe_simulate's bubble for sh with unit costs per stage (1/V per chunk);
+ * -1 when the schedule cannot be built. */
+static double bubble_ideal(const pipe_shape_t *sh)
+{
+    const int P = sh->stages;
+    pipe_action_t **acts = calloc((size_t)P, sizeof *acts);
+    int *n_acts = calloc((size_t)P, sizeof *n_acts), good = acts && n_acts;
+    for (int r = 0; good && r < P; r++) {
+        acts[r] = malloc((size_t)pipe_stage_actions(sh) * sizeof **acts);
+        good = acts[r] && (n_acts[r] = pipe_stage_schedule(sh, r, acts[r])) > 0;
+    }
+    const double u = 1.0 / sh->virt;
+    const pipe_cost_t cost = {u, u, u};
+    pipe_sim_t sim = {0};
+    double bubble = -1.0;
+    if (good && pipe_simulate(sh, (const pipe_action_t *const *)acts, n_acts, &cost, &sim, NULL, 0) == 0)
+        bubble = sim.bubble;
+    for (int r = 0; acts && r < P; r++)
+        free(acts[r]);
+    free(acts);
+    free(n_acts);
+    return bubble;
+}
+
+/* The bubble of the executor's own run in virtual time (synth_t's
+ * clocked mode): every action of a stage costs 1/V units, messages carry
+ * their sender's clock, so the step is the run's critical path through the
+ * messages the executor really exchanged, whatever the machine's load. A
+ * rank's bubble, 1 - (its V*M*3/V units of work) / (the last rank's
+ * clock), must equal pipe_simulate's ideal exactly, and that the
+ * schedule's formula (bubble_formula). Deterministic: the wall-clock form
+ * (measure_bubble) is a benchmark, bench/pp_bubble.sh. */
+static void check_bubble_virtual(comm_t *pp, const int *Ms, int n_ms)
+{
+    const int P = pp->size, s = pp->rank;
+    const pipe_kind_t kinds[] = {PIPE_1F1B, PIPE_GPIPE, PIPE_INTERLEAVED, PIPE_ZBH1, PIPE_ZBV};
+    for (int mi = 0; mi < n_ms; mi++)
+        for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+            const int V = kinds[k] == PIPE_INTERLEAVED || kinds[k] == PIPE_ZBV ? 2 : 1;
+            const pipe_shape_t sh = shape(kinds[k], P, V, Ms[mi]);
+            if (pipe_shape_check(&sh, NULL, 0) != 0 || (kinds[k] == PIPE_ZBV && 2 * P > 8))
+                continue;
+            const double ideal = bubble_ideal(&sh), formula = bubble_formula(&sh);
+            synth_t c;
+            if (synth_init(&c, &sh, s, 64) != 0)
+                die("out of memory");
+            c.clocked = 1;
+            c.vf = c.vb = c.vw = 1.0 / V;
+            char perr[COMM_ERR_MAX] = "";
+            const int ok = pipe_run(pp, &sh, synth_ops(64), &c, NULL, perr, sizeof perr) == 0 && !c.err[0];
+            double step = 0.0;
+            if (MPI_Allreduce(&c.vclock, &step, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD) != MPI_SUCCESS)
+                die("MPI_Allreduce");
+            const double bubble = 1.0 - 3.0 * sh.micro / step;
+            char d[200];
+            snprintf(d, sizeof d, "%s; step %g units, bubble %.6f, ideal %.6f, formula %.6f", ok ? "" : perr, step,
+                     bubble, ideal, formula);
+            check(ok && fabs(bubble - ideal) < 1e-9 && (formula < 0 || fabs(ideal - formula) < 1e-9), d,
+                  "bubble of %s P=%d V=%d M=%d in virtual time: %.2f %% = ideal = formula", pipe_kind_name(sh.kind), P,
+                  V, sh.micro, 100.0 * ideal);
+            synth_free(&c);
+        }
+}
+
+/* The executor's bubble, measured: every schedule runs with sleeps as the
+ * stages' compute (a stage's forward, B and W each `unit_us`, split over
+ * its V chunks), so stages cost the same and a rank asleep leaves the cores
+ * to the others. A rank's bubble is 1 - (its time inside the sleeps) /
+ * (the step: barrier to the last rank's end). Of up to 4 runs after a
+ * warm-up the one with the shortest step counts (noise only adds). Where
+ * `assert_pp` is set each rank's bubble must be within 2 percentage points
+ * of pipe_simulate's ideal for the same costs, and that ideal equal the
+ * schedule's formula (bubble_formula); otherwise both are printed. */
+static void measure_bubble(comm_t *pp, const int *Ms, int n_ms, long unit_us, int assert_pp)
+{
+    const int P = pp->size, s = pp->rank;
+    const pipe_kind_t kinds[] = {PIPE_1F1B, PIPE_GPIPE, PIPE_INTERLEAVED, PIPE_ZBH1, PIPE_ZBV};
+    for (int mi = 0; mi < n_ms; mi++)
+        for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+            const int V = kinds[k] == PIPE_INTERLEAVED || kinds[k] == PIPE_ZBV ? 2 : 1;
+            const pipe_shape_t sh = shape(kinds[k], P, V, Ms[mi]);
+            if (pipe_shape_check(&sh, NULL, 0) != 0)
+                continue;
+            const double ideal = bubble_ideal(&sh), formula = bubble_formula(&sh);
+            synth_t c;
+            if (synth_init(&c, &sh, s, 64) != 0)
+                die("out of memory");
+            c.sleep_f_us = c.sleep_b_us = c.sleep_w_us = unit_us / V;
+            int ok = 1;
+            double best_step = 0.0, best_bubble = 0.0, best_worst = 0.0;
+            char perr[COMM_ERR_MAX] = "";
+            for (int rep = 0; rep < 5 && ok; rep++) {
+                c.pos = 0;
+                c.busy_s = 0.0;
+                if (MPI_Barrier(MPI_COMM_WORLD) != MPI_SUCCESS)
+                    die("MPI_Barrier");
+                const double t0 = MPI_Wtime();
+                ok = pipe_run(pp, &sh, synth_ops(64), &c, NULL, perr, sizeof perr) == 0 && !c.err[0];
+                double mine = MPI_Wtime() - t0, step = 0.0;
+                if (MPI_Allreduce(&mine, &step, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD) != MPI_SUCCESS)
+                    die("MPI_Allreduce");
+                double bubble = 1.0 - c.busy_s / step, worst = 0.0, dev = fabs(bubble - ideal);
+                if (MPI_Allreduce(&dev, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD) != MPI_SUCCESS)
+                    die("MPI_Allreduce");
+                if (rep > 0 && (rep == 1 || step < best_step)) { /* run 0 warms up the connections */
+                    best_step = step;
+                    best_bubble = bubble;
+                    best_worst = worst;
+                }
+            }
+            synth_free(&c);
+            check(ok, ok ? "" : (c.err[0] ? c.err : perr), "bubble run %s P=%d V=%d M=%d with sleeps",
+                  pipe_kind_name(sh.kind), P, V, sh.micro);
+            if (g_rank == 0)
+                printf("info np=%d %-11s V=%d M=%-2d: step %6.1f ms, bubble rank 0 %4.1f %%, worst rank off by %4.1f "
+                       "points, ideal %4.1f %%, formula %s%4.1f %%\n",
+                       P, pipe_kind_name(sh.kind), V, sh.micro, best_step * 1e3, 100.0 * best_bubble,
+                       100.0 * best_worst, 100.0 * ideal, formula < 0 ? "(none) " : "",
+                       100.0 * (formula < 0 ? ideal : formula));
+            if (!assert_pp || !ok)
+                continue;
+            char d[160];
+            snprintf(d, sizeof d, "ideal %.4f, formula %.4f", ideal, formula);
+            check(formula < 0 || fabs(ideal - formula) < 1e-9, d, "ideal bubble of %s P=%d V=%d M=%d is its formula",
+                  pipe_kind_name(sh.kind), P, V, sh.micro);
+            snprintf(d, sizeof d, "a rank's measured bubble is %.1f points from the ideal %.1f %%", 100.0 * best_worst,
+                     100.0 * ideal);
+            check(best_worst <= 0.02, d, "measured bubble of %s P=%d V=%d M=%d within 2 points of %.1f %% on every rank",
+                  pipe_kind_name(sh.kind), P, V, sh.micro, 100.0 * ideal);
+        }
     fflush(stdout);
 }
 
@@ -667,6 +782,22 @@ int main(int argc, char **argv)
     MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &g_size);
     unsetenv("DTRAIN_COMM_MAX_COUNT");
+
+    /* bench/pp_bubble.sh: only the wall-clock bubble, asserted */
+    if (argc > 1 && strcmp(argv[1], "--bubble-wall") == 0) {
+        const long unit_ms = argc > 2 ? atol(argv[2]) : 20;
+        MPI_Comm wm = MPI_COMM_WORLD;
+        comm_t *w = comm_mpi_create(&wm);
+        if (!w || unit_ms < 1)
+            die(w ? "--bubble-wall UNIT_MS: UNIT_MS must be a positive integer" : "comm_mpi_create failed");
+        const int Mw[] = {2 * g_size, 4 * g_size};
+        measure_bubble(w, Mw, 2, unit_ms * 1000, 1);
+        w->ops->destroy(w);
+        if (g_rank == 0)
+            printf("%d checks, %d failure(s)\n", g_checks, g_fails);
+        MPI_Finalize();
+        return g_fails ? 1 : 0;
+    }
 
     check_schedules();
 
@@ -732,7 +863,9 @@ int main(int argc, char **argv)
     const pipe_shape_t again = shape(PIPE_1F1B, P, 1, 2 * P);
     run_exact(world, "world (again)", &again, 65536);
 
-    report_overlap(world);
+    /* the bubble of the executor's run in virtual time: exact */
+    const int Mb[] = {2 * P, 4 * P};
+    check_bubble_virtual(world, Mb, 2);
 
     world->ops->destroy(world);
     self->ops->destroy(self);

@@ -2,8 +2,9 @@
 # Pipeline schedules and executor (test_pipeline.c) at 1, 2, 3 and 4
 # stages: schedule properties for P 1..8 x M 1..16, exact gradients of a
 # synthetic elementwise model through the executor for both schedules and
-# several microbatch counts, and the per-stage wait times of 1f1b and gpipe
-# (printed, not asserted). Each run prints one line per check and exits 1
+# several microbatch counts, and every kind's bubble through the executor
+# in virtual time equal to its formula (the wall-clock measurement is
+# bench/pp_bubble.sh). Each run prints one line per check and exits 1
 # on every rank if any check failed anywhere. A deadlock would hang, so
 # each run is limited to 300 s (about 3 s each on 2 cores).
 . "$top_srcdir/test/common.sh"
