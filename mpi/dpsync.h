@@ -100,6 +100,13 @@ typedef struct dpsync_config {
     ddp_mode_t mode;                  /* replicated and ZeRO-1's all-reduce */
     size_t bucket_bytes;
     comm_dtype_t dtype; /* what gradient reductions send */
+    /* ZeRO-2/3 under a split backward (zb-h1): the model keeps every block
+     * gradient (none lent), they accumulate over the step's microbatches,
+     * and each unit is reduce-scattered from the model's buffer during its
+     * chunk's last backward (the last W), when it is final. The lent
+     * windows cannot serve: B writes a block's norm gradients long before
+     * its W writes the rest. */
+    int keep_block_grads;
 } dpsync_config_t;
 
 typedef struct dpsync dpsync_t;
@@ -170,6 +177,7 @@ struct dpsync {
     int next;                  /* ZeRO-2/3: the highest unit not yet reduced in this backward */
     dpsync_piece_t *pieces;    /* the view's pieces */
     int active;                /* the backward in progress communicates */
+    int accumulate;            /* ZeRO-2/3: dpsync_config_t's keep_block_grads */
     int reducing;              /* replicated, ZeRO-1: this step's all-reduce has begun (ddp_begin) */
     /* The first failure of the hook's communication in this backward, and
      * its message. Held here, the one place in mpi/ that keeps a message:

@@ -3,7 +3,10 @@
  * writes into one of two lent windows, reduce-scattered (nonblocking) as
  * soon as the block is done, and the other units are reduce-scattered
  * from the compact buffer as the backward passes them. Every microbatch
- * is reduced so (accum 0, last 1 each time): the shard accumulates. The
+ * is reduced so (accum 0, last 1 each time): the shard accumulates.
+ * Under a split backward (keep_block_grads) the model keeps a whole
+ * gradient buffer that accumulates over the step instead, and the units
+ * are reduce-scattered from it during each chunk's last backward. The
  * zero2_* functions are ZeRO-3's gradient path too (dpsync_zero3.c). */
 #include "mpi/dpsync_impl.h"
 
@@ -20,9 +23,14 @@ void zero2_reduce_ready(dpsync_t *s, size_t ready_from, int params)
     /* units finish from the top down: reduce every one now complete */
     while (s->hook_st == STATUS_OK && s->next >= 0 && z->unit_start[s->next] >= ready_from) {
         const int u = s->next--;
-        if ((shard_is_block(s, u)
-                 ? zero_grads_reduce_window(z, u, msg, sizeof msg)
-                 : zero_grads_reduce(z, u, shard_outside_at(s, s->grads, u), msg, sizeof msg)) != STATUS_OK)
+        status_t rc;
+        if (s->accumulate) /* the model's whole buffer */
+            rc = zero_grads_reduce(z, u, s->grads + z->unit_start[u], msg, sizeof msg);
+        else if (shard_is_block(s, u))
+            rc = zero_grads_reduce_window(z, u, msg, sizeof msg);
+        else
+            rc = zero_grads_reduce(z, u, shard_outside_at(s, s->grads, u), msg, sizeof msg);
+        if (rc != STATUS_OK)
             dpsync_hold(s, "gradient reduce-scatter failed", msg);
     }
 }
@@ -43,8 +51,9 @@ static float *block_grads_hook(void *ctx, int block)
 status_t zero2_create(dpsync_t *s, const dpsync_config_t *c, int stage, char *err, size_t errlen)
 {
     CHECK(shard_create(s, c, stage, err, errlen));
+    s->accumulate = c->keep_block_grads;
     s->hook.grads_ready = grads_ready_hook;
-    s->hook.block_grads = block_grads_hook;
+    s->hook.block_grads = s->accumulate ? NULL : block_grads_hook;
     /* each rank's sum of squares covers its pieces: summed over the group */
     s->norm_group = s->zero.group->size > 1 ? s->zero.group : NULL;
     return STATUS_OK;
@@ -59,17 +68,17 @@ void zero2_step_begin(dpsync_t *s) { zero_grads_begin(&s->zero); }
 
 void zero2_backward_begin(dpsync_t *s, int k, int n, size_t top, int *accum, int *last)
 {
-    (void)k;
-    (void)n;
-    *accum = 0;
-    *last = 1;
+    /* lent windows: every backward is reduced; kept gradients: they add up
+     * over the step and its last backward reduces them */
+    *accum = s->accumulate ? k > 0 : 0;
+    *last = s->accumulate ? k == n - 1 : 1;
     /* the units below top: an interleaved chunk's backward leaves the
      * chunks above it alone */
     int u = s->zero.n_units - 1;
     while (u >= 0 && s->zero.unit_start[u] >= top)
         u--;
     s->next = u;
-    s->active = 1;
+    s->active = *last;
 }
 
 status_t zero2_finish(dpsync_t *s, char *err, size_t errlen)

@@ -275,7 +275,7 @@ static int plan_stage(const plan_in_t *in, int s, int layer_begin, stage_plan_t 
                                 .sequence_parallel = run->sequence_parallel,
                                 .n_slots = sp->slots,
                                 .bf16 = in->bf16 && !in->megatron,
-                                .lent_block_grads = run->zero_stage >= 2,
+                                .lent_block_grads = run->zero_stage >= 2 && run->pp_kind != PIPE_ZBH1,
                                 .lent_block_params = run->zero_stage >= 3,
                                 .recompute = run->recompute,
                                 .doc_mask = in->doc_mask,

@@ -179,6 +179,7 @@ static int setup_sync(trainer_t *tr, const dpsync_ops_t *kind, comm_dtype_t gdt,
                                    .mode = mode,
                                    .bucket_bytes = (size_t)(o->bucket_mb * 1048576.0),
                                    .dtype = gdt,
+                                   .keep_block_grads = m->lay.split_backward,
                                    .mem = mem_process_tracker()};
         rc = dpsync_create(&tr->sync, kind, &c, err, errlen);
     } else {
@@ -430,10 +431,13 @@ static model_layout_t stage_layout(const trainer_t *tr, const grid_t *grid, cons
     const pipe_shape_t shape = run_config_pipe_shape(run);
     lay.n_slots = pipe_stage_slots(&shape, grid->pp_rank);
     /* the strategy's kind decides what the model keeps of the blocks */
-    lay.lent_block_grads = kind->lends_block_grads;
+    lay.split_backward = run->pp_kind == PIPE_ZBH1;
+    /* a split backward keeps every gradient (dpsync_config_t's
+     * keep_block_grads); the parameters may still be lent, since B reads
+     * them and W does not */
+    lay.lent_block_grads = kind->lends_block_grads && !lay.split_backward;
     lay.lent_block_params = kind->lends_block_params;
     lay.recompute = run->recompute;
-    lay.split_backward = run->pp_kind == PIPE_ZBH1;
     return lay;
 }
 
