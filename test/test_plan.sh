@@ -126,7 +126,8 @@ mem_check 2 --pp 2 --pp-schedule interleaved --pp-virtual 2
 mem_check 4 --pp 2 --pp-schedule interleaved --pp-virtual 2 --zero 2
 mem_check 2 --pp 2 --pp-schedule zb-h1
 mem_check --dtype bf16 4 --tp 2 --pp 2 --pp-schedule zb-h1
-mem_check 4 --pp 2 --pp-schedule zb-h1 --zero 3
+mem_check 4 --pp 2 --pp-schedule zb-h1 --zero 3 --recompute full
+mem_check --dtype bf16 2 --pp 2 --pp-schedule zb-h1 --recompute selective
 mem_check 4 --tp 2 --zero 3
 mem_check 4 --pp 2 --zero 3 --recompute full
 mem_check 2 --recompute selective

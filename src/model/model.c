@@ -1175,13 +1175,30 @@ static float *slot_wdout(const model_t *m, const model_slot_t *sl, int i)
 }
 
 /* The split backward's W of block i: the four matmuls' weight and bias
- * gradients from the output gradients B kept and the slot's inputs. */
-static void block_bwd_weight(model_t *m, const model_slot_t *sl, int i, int accum)
+ * gradients from the output gradients B kept and the slot's inputs. Under
+ * recomputation the inputs a slot does not keep are recomputed first, as
+ * B did (they live in a scratch later Bs overwrite): the activation
+ * function's output (selective) or the whole block's forward (full, with
+ * its parameters lent again under ZeRO-3), with the forward's kernels on
+ * the forward's inputs, so the same bits. */
+static status_t block_bwd_weight(model_t *m, model_slot_t *sl, int i, int next, int accum, char *err, size_t errlen)
 {
+    const ops_t *o = m->ops;
     const model_config_t *c = &m->cfg;
-    const int N = sl->b * sl->t, C = c->d_model, QD = heads(m) * model_head_size(c), F = ffn(m);
+    const int b = sl->b, t = sl->t, N = b * t, C = c->d_model, QD = heads(m) * model_head_size(c), F = ffn(m);
+    const int NR = res_rows(m, N);
     const block_tensors_t *w = &m->p.h[i], *g = &m->g.h[i];
     const block_acts_t view = block_view(m, sl, i), *a = &view;
+    const model_recompute_t rc = m->lay.recompute;
+    if (rc == MODEL_RECOMPUTE_FULL) {
+        CHECK(lend_params(m, i, next, err, errlen));
+        const float *x = sl->x + (size_t)(i - sl->first) * NR * C;
+        CHECK(block_fwd(m, a, slot_pos(sl), x, NULL, i, b, t, err, errlen));
+    } else if (rc == MODEL_RECOMPUTE_SELECTIVE && c->arch == ARCH_GPT2) {
+        o->gelu_fwd(o->ctx, a->fc_act, a->fc, (size_t)N * F);
+    } else if (rc == MODEL_RECOMPUTE_SELECTIVE) {
+        o->swiglu_fwd(o->ctx, a->fc_act, a->fc, N, F);
+    }
     const float *keep = slot_wdout(m, sl, i);
     const float *d_proj = keep, *d_fc = d_proj + (size_t)N * C, *d_o = d_fc + (size_t)N * fc_width(m);
     const float *d_qkv = d_o + (size_t)N * C;
@@ -1189,6 +1206,7 @@ static void block_bwd_weight(model_t *m, const model_slot_t *sl, int i, int accu
     mm_bwd(m, NULL, g->wfc, g->bfc, d_fc, a->ln2, a->ln2_16, w->wfc, N, C, fc_width(m), 0, accum);
     mm_bwd(m, NULL, g->wo, g->bo, d_o, a->atty, NULL, w->wo, N, QD, C, 0, accum);
     mm_bwd(m, NULL, g->wqkv, g->bqkv, d_qkv, a->ln1, a->ln1_16, w->wqkv, N, C, qkv_width(m), 0, accum);
+    return STATUS_OK;
 }
 
 status_t model_backward_chunk(model_t *m, int slot, int accum, int last, char *err, size_t errlen)
@@ -1219,7 +1237,7 @@ status_t model_backward_weight(model_t *m, int slot, int accum, char *err, size_
     if (m->hook.grads_ready)
         m->hook.grads_ready(m->hook.ctx, m->layer_start[end]);
     for (int i = end - 1; i >= first; i--) {
-        block_bwd_weight(m, sl, i, accum);
+        CHECK(block_bwd_weight(m, sl, i, i > first ? i - 1 : -1, accum, err, errlen));
         if (m->hook.grads_ready)
             m->hook.grads_ready(m->hook.ctx, m->layer_start[i]);
     }

@@ -649,13 +649,8 @@ static int accum_steps(const run_options_t *o, int dp)
 static int check_virtual(const run_options_t *o, const model_config_t *c, int pp, int dp, char *err, size_t errlen)
 {
     const int V = o->pp_virtual;
-    if (o->pp_schedule == PIPE_ZBH1 && (pp < 2 || o->recompute != MODEL_RECOMPUTE_NONE)) {
-        /* W reads the matmul inputs the forward kept, after later
-         * microbatches' B have run */
-        snprintf(err, errlen,
-                 "--pp-schedule zb-h1 needs --pp 2 or more and --recompute none (got --pp %d --recompute %s): its "
-                 "weight gradients are computed later from the activations the forward kept",
-                 pp, model_recompute_names[o->recompute]);
+    if (o->pp_schedule == PIPE_ZBH1 && pp < 2) {
+        snprintf(err, errlen, "--pp-schedule zb-h1 needs --pp 2 or more (got --pp %d); drop it or add --pp", pp);
         return -1;
     }
     if (o->pp_schedule != PIPE_INTERLEAVED) {
