@@ -303,12 +303,40 @@ static int run_cap(const param_layout_t *p)
     return cap;
 }
 
-/* Floats of one block's matmul output gradients kept from B for W (the
- * split backward): mlp proj [N,C], fc [N,fcw], attention proj [N,C],
- * qkv [N,qkvw]. */
+/* The split backward keeps each block's four matmul output gradients from
+ * B for W: mlp proj [N,C], fc [N,fcw], attention proj [N,C], qkv
+ * [N,qkvw]. Each waits in a slot buffer B has finished reading when it is
+ * written, where the layout has one of its size, else in the slot's own
+ * wdout; so without recomputation or sequence parallelism zb-h1 holds no
+ * more than a slot:
+ *   proj -> x(i+1), the block's output: the block above (or the head)
+ *           has run its backward [rows: NR = N, no full recomputation]
+ *   fc   -> fc, which B reads only before [no recomputation: selective's
+ *           W recomputes fc_act from fc]
+ *   o    -> res2, read last by the ln2 backward before it [rows]
+ *   qkv  -> qkv, read last by the attention backward [no full recompute]
+ * Full recomputation keeps no block activations in the slot: all four
+ * wait in wdout. */
+typedef struct wdout_at {
+    float *proj, *fc, *o, *qkv;
+} wdout_at_t;
+
+static void wdout_fits(const model_t *m, int *rows, int *fc, int *qkv)
+{
+    const int N = m->B * m->T;
+    const model_recompute_t rc = m->lay.recompute;
+    *rows = rc != MODEL_RECOMPUTE_FULL && res_rows(m, N) == N;
+    *fc = rc == MODEL_RECOMPUTE_NONE;
+    *qkv = rc != MODEL_RECOMPUTE_FULL;
+}
+
+/* Floats of one block's output gradients that wait in wdout. */
 static size_t wdout_floats(const model_t *m, size_t N)
 {
-    return N * (2 * (size_t)m->cfg.d_model + (size_t)fc_width(m) + (size_t)qkv_width(m));
+    int rows, fc, qkv;
+    wdout_fits(m, &rows, &fc, &qkv);
+    return N * ((rows ? 0 : 2 * (size_t)m->cfg.d_model) + (fc ? 0 : (size_t)fc_width(m)) +
+                (qkv ? 0 : (size_t)qkv_width(m)));
 }
 
 static void layout_acts(model_t *m, char *acts, size_t *acts_bytes, char *work, size_t *work_bytes)
@@ -323,13 +351,20 @@ static void layout_acts(model_t *m, char *acts, size_t *acts_bytes, char *work, 
     /* sizing without a model (model_arena_bytes): the pointers land here */
     model_slot_t scratch_slot;
     block_acts_t scratch_acts;
+    /* The head's buffers live from a forward to its backward. Under the
+     * split backward the last stage runs each B right after its F
+     * (zb-h1 has no warm-up there) and B computes the head's weight
+     * gradient too, so one set serves every slot; else one per slot. */
+    const int head_shared = m->lay.part.has_head && m->lay.split_backward;
+    model_slot_t head;
+    memset(&head, 0, sizeof head);
     for (int k = 0; k < m->lay.n_slots; k++) {
         model_slot_t *sl = m->slots ? &m->slots[k] : &scratch_slot;
         sl->x = carve(acts, &a, (Ls + 1) * NR * C);
         for (size_t l = 0; l < Ls; l++)
             carve_block(m, acts, &a, m->slots ? &sl->acts[l] : &scratch_acts, rc != MODEL_RECOMPUTE_FULL,
                         rc == MODEL_RECOMPUTE_NONE);
-        if (m->lay.part.has_head) {
+        if (m->lay.part.has_head && (k == 0 || !head_shared)) {
             sl->lnf = carve(acts, &a, N * C);
             sl->lnf_mean = carve(acts, &a, NR);
             sl->lnf_rstd = carve(acts, &a, NR);
@@ -337,6 +372,15 @@ static void layout_acts(model_t *m, char *acts, size_t *acts_bytes, char *work, 
             sl->losses = carve(acts, &a, N);
             sl->xmax = carve(acts, &a, N);
             sl->xstats = carve(acts, &a, 2 * N);
+            head = *sl;
+        } else if (head_shared) {
+            sl->lnf = head.lnf;
+            sl->lnf_mean = head.lnf_mean;
+            sl->lnf_rstd = head.lnf_rstd;
+            sl->logits = head.logits;
+            sl->losses = head.losses;
+            sl->xmax = head.xmax;
+            sl->xstats = head.xstats;
         }
         sl->tokens = (int32_t *)carve(acts, &a, N);
         sl->targets = (int32_t *)carve(acts, &a, N);
@@ -1037,19 +1081,17 @@ static status_t qknorm_grads_reduce(model_t *m, const block_tensors_t *g, int la
 }
 
 /* The matmul output gradient dout[n] of B kept for W (the split
- * backward), at keep + *at; advances *at. No-op without keep. */
-static void keep_dout(model_t *m, float *keep, size_t *at, const float *dout, size_t n)
+ * backward) at dst; no-op in a whole backward (keep NULL). */
+static void keep_dout(model_t *m, const wdout_at_t *keep, float *dst, const float *dout, size_t n)
 {
-    if (!keep)
-        return;
-    m->ops->copy(m->ops->ctx, keep + *at, dout, n * sizeof(float));
-    *at += n;
+    if (keep)
+        m->ops->copy(m->ops->ctx, dst, dout, n * sizeof(float));
 }
 
 /* keep != NULL: the split backward's B, which leaves the four matmuls'
  * weight and bias gradients to block_bwd_weight and keeps their output
- * gradients in keep ([wdout_floats]) for it. */
-static status_t block_bwd(model_t *m, model_slot_t *sl, int i, int accum, int last, float *keep, char *err,
+ * gradients where keep says (slot_wdout) for it. */
+static status_t block_bwd(model_t *m, model_slot_t *sl, int i, int accum, int last, const wdout_at_t *keep, char *err,
                           size_t errlen)
 {
     const ops_t *o = m->ops;
@@ -1076,10 +1118,9 @@ static status_t block_bwd(model_t *m, model_slot_t *sl, int i, int accum, int la
      * never is), SwiGLU's from its own kernel */
     float *dfc = gpt ? m->dbig : m->dbig2;
     const int wg = keep == NULL; /* this pass writes the matmuls' weight gradients */
-    size_t at = 0;
     const float *dout;
     CHECK(dres_all_rows(m, NR, &dout, err, errlen));
-    keep_dout(m, keep, &at, dout, (size_t)N * C);
+    keep_dout(m, keep, keep ? keep->proj : NULL, dout, (size_t)N * C);
     if (gpt) {
         mm_dgelu_bwd(m, dfc, wg ? g->wproj : NULL, wg ? g->bproj : NULL, dout, a->fc_act, a->fc_act16, a->fc,
                      w->wproj, N, F, C, accum);
@@ -1088,13 +1129,13 @@ static status_t block_bwd(model_t *m, model_slot_t *sl, int i, int accum, int la
                C, 0, accum);
         o->swiglu_bwd(o->ctx, dfc, a->fc, m->dbig, N, F);
     }
-    keep_dout(m, keep, &at, dfc, (size_t)N * fc_width(m));
+    keep_dout(m, keep, keep ? keep->fc : NULL, dfc, (size_t)N * fc_width(m));
     mm_bwd(m, m->dln, wg ? g->wfc : NULL, wg ? g->bfc : NULL, dfc, a->ln2, a->ln2_16, w->wfc, N, C, fc_width(m), 0,
            accum);
     CHECK(norm_bwd_reduce(m, g->ln2w, g->ln2b, a->res2, w->ln2w, a->ln2_mean, a->ln2_rstd, N, NR, accum, err, errlen));
     /* attention: dres becomes dL/dx */
     CHECK(dres_all_rows(m, NR, &dout, err, errlen));
-    keep_dout(m, keep, &at, dout, (size_t)N * C);
+    keep_dout(m, keep, keep ? keep->o : NULL, dout, (size_t)N * C);
     mm_bwd(m, m->dbig, wg ? g->wo : NULL, wg ? g->bo : NULL, dout, a->atty, NULL, w->wo, N, QD, C, 0, accum);
     o->attention_bwd(o->ctx, m->dbig2, m->dbig, a->qkv, a->atty, a->lse, slot_pos(sl), b, t, NH, NKV, HS);
     if (!gpt)
@@ -1104,7 +1145,7 @@ static status_t block_bwd(model_t *m, model_slot_t *sl, int i, int accum, int la
                       accum);
         CHECK(qknorm_grads_reduce(m, g, last, err, errlen));
     }
-    keep_dout(m, keep, &at, m->dbig2, (size_t)N * qkv_width(m));
+    keep_dout(m, keep, keep ? keep->qkv : NULL, m->dbig2, (size_t)N * qkv_width(m));
     mm_bwd(m, m->dln, wg ? g->wqkv : NULL, wg ? g->bqkv : NULL, m->dbig2, a->ln1, a->ln1_16, w->wqkv, N, C,
            qkv_width(m), 0, accum);
     CHECK(norm_bwd_reduce(m, g->ln1w, g->ln1b, x, w->ln1w, a->ln1_mean, a->ln1_rstd, N, NR, accum, err, errlen));
@@ -1114,7 +1155,7 @@ static status_t block_bwd(model_t *m, model_slot_t *sl, int i, int accum, int la
 
 /* Last stage: the output head's and final norm's backward, from the
  * slot's dlogits; dres then holds dL/d(the last block's output). */
-static status_t head_bwd(model_t *m, model_slot_t *sl, int accum, int last, int split, char *err, size_t errlen)
+static status_t head_bwd(model_t *m, model_slot_t *sl, int accum, int last, char *err, size_t errlen)
 {
     const ops_t *o = m->ops;
     const int N = sl->b * sl->t, NR = res_rows(m, N), C = m->cfg.d_model;
@@ -1122,14 +1163,15 @@ static status_t head_bwd(model_t *m, model_slot_t *sl, int accum, int last, int 
         return status_set(STATUS_FAIL, err, errlen, "internal error: backward without a training forward");
     double t0 = span_start(m);
     /* output head and final norm; dres accumulates dL/dx from here down */
-    /* split: the head's weight gradient is W's, from the dlogits the slot keeps */
-    mm_bwd(m, m->dln, split ? NULL : m->g.head, NULL, sl->logits, sl->lnf, NULL, m->p.head, N, C, m->v_rows, 0, accum);
+    /* the head's weight gradient too under the split backward: B frees the
+     * logits for the next microbatch (layout_acts shares them) */
+    mm_bwd(m, m->dln, m->g.head, NULL, sl->logits, sl->lnf, NULL, m->p.head, N, C, m->v_rows, 0, accum);
     o->zero(o->ctx, m->dres, (size_t)NR * C * sizeof(float));
     const float *xL = sl->x + (size_t)sl->n_blocks * NR * C;
     CHECK(
         norm_bwd_reduce(m, m->g.lnfw, m->g.lnfb, xL, m->p.lnfw, sl->lnf_mean, sl->lnf_rstd, N, NR, accum, err, errlen));
     CHECK(norm_grads_reduce(m, m->g.lnfw, m->g.lnfb, last, err, errlen));
-    sl->has_dlogits = split; /* W still reads them */
+    sl->has_dlogits = 0;
     span_end(m, "bwd head", -1, t0);
     return STATUS_OK;
 }
@@ -1168,10 +1210,29 @@ size_t model_chunk_top(const model_t *m, int chunk)
 
 static status_t backward_pass(model_t *m, int slot, int accum, int last, int split, char *err, size_t errlen);
 
-/* Block i's kept matmul output gradients in slot sl (split backward). */
-static float *slot_wdout(const model_t *m, const model_slot_t *sl, int i)
+/* Where block i's kept matmul output gradients wait in slot sl (split
+ * backward; wdout_at_t). */
+static wdout_at_t slot_wdout(const model_t *m, const model_slot_t *sl, int i)
 {
-    return sl->wdout + (size_t)(i - sl->first) * wdout_floats(m, (size_t)m->B * (size_t)m->T);
+    const size_t N = (size_t)m->B * (size_t)m->T, NR = (size_t)res_rows(m, (int)N), C = (size_t)m->cfg.d_model;
+    int rows, fc, qkv;
+    wdout_fits(m, &rows, &fc, &qkv);
+    float *own = sl->wdout + (size_t)(i - sl->first) * wdout_floats(m, N);
+    const block_acts_t a = block_view(m, sl, i);
+    wdout_at_t d;
+    if (rows) {
+        d.proj = sl->x + (size_t)(i + 1 - sl->first) * NR * C;
+        d.o = a.res2;
+    } else {
+        d.proj = own;
+        d.o = own + N * C;
+        own += 2 * N * C;
+    }
+    d.fc = fc ? a.fc : own;
+    if (!fc)
+        own += N * (size_t)fc_width(m);
+    d.qkv = qkv ? a.qkv : own;
+    return d;
 }
 
 /* The split backward's W of block i: the four matmuls' weight and bias
@@ -1199,13 +1260,11 @@ static status_t block_bwd_weight(model_t *m, model_slot_t *sl, int i, int next, 
     } else if (rc == MODEL_RECOMPUTE_SELECTIVE) {
         o->swiglu_fwd(o->ctx, a->fc_act, a->fc, N, F);
     }
-    const float *keep = slot_wdout(m, sl, i);
-    const float *d_proj = keep, *d_fc = d_proj + (size_t)N * C, *d_o = d_fc + (size_t)N * fc_width(m);
-    const float *d_qkv = d_o + (size_t)N * C;
-    mm_bwd(m, NULL, g->wproj, g->bproj, d_proj, a->fc_act, a->fc_act16, w->wproj, N, F, C, 0, accum);
-    mm_bwd(m, NULL, g->wfc, g->bfc, d_fc, a->ln2, a->ln2_16, w->wfc, N, C, fc_width(m), 0, accum);
-    mm_bwd(m, NULL, g->wo, g->bo, d_o, a->atty, NULL, w->wo, N, QD, C, 0, accum);
-    mm_bwd(m, NULL, g->wqkv, g->bqkv, d_qkv, a->ln1, a->ln1_16, w->wqkv, N, C, qkv_width(m), 0, accum);
+    const wdout_at_t d = slot_wdout(m, sl, i);
+    mm_bwd(m, NULL, g->wproj, g->bproj, d.proj, a->fc_act, a->fc_act16, w->wproj, N, F, C, 0, accum);
+    mm_bwd(m, NULL, g->wfc, g->bfc, d.fc, a->ln2, a->ln2_16, w->wfc, N, C, fc_width(m), 0, accum);
+    mm_bwd(m, NULL, g->wo, g->bo, d.o, a->atty, NULL, w->wo, N, QD, C, 0, accum);
+    mm_bwd(m, NULL, g->wqkv, g->bqkv, d.qkv, a->ln1, a->ln1_16, w->wqkv, N, C, qkv_width(m), 0, accum);
     return STATUS_OK;
 }
 
@@ -1226,14 +1285,9 @@ status_t model_backward_weight(model_t *m, int slot, int accum, char *err, size_
     model_slot_t *sl = &m->slots[slot];
     const param_layout_t *part = &m->lay.part;
     const int chunk = sl->chunk, first = sl->first, end = first + sl->n_blocks;
-    if (!m->lay.split_backward || (part->has_head && chunk == part->n_runs - 1 && !sl->has_dlogits))
-        return status_set(STATUS_FAIL, err, errlen, "internal error: a weight backward without its input backward");
+    if (!m->lay.split_backward)
+        return status_set(STATUS_FAIL, err, errlen, "internal error: a weight backward without a split layout");
     double t0 = span_start(m);
-    if (part->has_head && chunk == part->n_runs - 1) {
-        mm_bwd(m, NULL, m->g.head, NULL, sl->logits, sl->lnf, NULL, m->p.head, sl->b * sl->t, m->cfg.d_model,
-               m->v_rows, 0, accum);
-        sl->has_dlogits = 0;
-    }
     if (m->hook.grads_ready)
         m->hook.grads_ready(m->hook.ctx, m->layer_start[end]);
     for (int i = end - 1; i >= first; i--) {
@@ -1257,7 +1311,7 @@ static status_t backward_pass(model_t *m, int slot, int accum, int last, int spl
     const int chunk = sl->chunk, first = sl->first, end = first + sl->n_blocks;
     void (*ready)(void *, size_t) = split ? NULL : m->hook.grads_ready;
     if (part->has_head && chunk == part->n_runs - 1)
-        CHECK(head_bwd(m, sl, accum, last, split, err, errlen));
+        CHECK(head_bwd(m, sl, accum, last, err, errlen));
     /* GPT-2's head is wte, which is not final until the embedding's part;
      * the chunks above this one finished their backwards before it */
     if (ready)
@@ -1270,7 +1324,8 @@ static status_t backward_pass(model_t *m, int slot, int accum, int last, int spl
         }
         CHECK(lend_params(m, i, i > first ? i - 1 : -1, err, errlen));
         double t0 = span_start(m);
-        CHECK(block_bwd(m, sl, i, accum, last, split ? slot_wdout(m, sl, i) : NULL, err, errlen));
+        const wdout_at_t keep = split ? slot_wdout(m, sl, i) : (wdout_at_t){0};
+        CHECK(block_bwd(m, sl, i, accum, last, split ? &keep : NULL, err, errlen));
         span_end(m, "bwd", param_layout_layer(&m->lay.part, i), t0);
         if (ready)
             ready(m->hook.ctx, m->layer_start[i]);
