@@ -25,8 +25,7 @@ static void moe_losses(model_t *m, moe_acts_t *a, const float *stats, int N, flo
         const double f = stats[x] / ((double)N * K), P = stats[E + x] / (double)N;
         aux += f * P;
         auxw[x] = (float)((double)e->aux_coef * dloss * E * f / N);
-        const double kept = (double)(a->hoffs[x + 1] - a->hoffs[x]);
-        busiest = kept > busiest ? kept : busiest;
+        busiest = stats[x] > busiest ? stats[x] : busiest; /* routed, before any capacity drop */
     }
     m->ops->from_host(m->ops->ctx, a->auxw, auxw, (size_t)E * sizeof(float));
     a->zw = (float)((double)e->z_coef * dloss / N);
