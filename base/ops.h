@@ -252,6 +252,69 @@ typedef struct ops {
     /* x[i] *= s */
     void (*scale)(void *ctx, float *x, float s, size_t n);
 
+    /* Mixture-of-experts routing (issue 33). N tokens, E experts, each
+     * token to K of them; the router runs in fp32 whatever --dtype.
+     * An assignment (n, j) is token n's j-th chosen expert: idx[n*K + j]
+     * is that expert e in [0, E) when kept, -(e+1) when capacity dropped
+     * it. Deterministic: no atomics, every sum in a fixed order, the same
+     * bits for any thread count.
+     *
+     * moe_route_fwd: from logits[N,E] (= ln2 . router^T), per token
+     *   lse[n]       = logsumexp(logits[n, :])  (the z-loss's)
+     *   scores[n,e]  = softmax(logits[n])[e]    (sigmoid = 0)
+     *                  1 / (1 + exp(-logits[n,e])) (sigmoid = 1)
+     *   idx[n,0..K)  = the K highest scores, highest first, the lower
+     *                  expert first on a tie
+     *   gate[n,j]    = scores[n, idx[n,j]], divided by their sum over the
+     *                  K when norm_topk.
+     * capacity > 0 then caps each expert at `capacity` assignments per
+     * sequence (rows [b*T, (b+1)*T) of the N = B*T tokens): of an
+     * expert's assignments in a sequence, those with the lowest scores
+     * are dropped (on a tie the later token, then the later j), so what
+     * is dropped depends on the sequence alone, never on the batch or
+     * layout. */
+    void (*moe_route_fwd)(void *ctx, float *scores, float *lse, int32_t *idx, float *gate, const float *logits, int N,
+                          int T, int E, int K, int sigmoid, int norm_topk, int capacity);
+    /* The dispatch order: the M kept assignments sorted by expert, then
+     * token, then j. perm[0..M) holds n*K + j of each in that order,
+     * offs[E+1] each expert's first place in it (offs[E] = M), and
+     * where[n*K + j] its place, or -1 when dropped. */
+    void (*moe_plan)(void *ctx, int32_t *perm, int32_t *offs, int32_t *where, const int32_t *idx, int N, int E, int K);
+    /* Reductions of one routing for the losses and the step line:
+     * stats[e]       = assignments to expert e, dropped or kept (f_e's count)
+     * stats[E + e]   = sum over tokens of p[n,e], p = the scores (softmax)
+     *                  or the scores over their sum (sigmoid; DeepSeek's
+     *                  normalised affinities)
+     * stats[2E]      = sum over tokens of lse[n]^2
+     * stats[2E + 1]  = dropped assignments. */
+    void (*moe_stats)(void *ctx, float *stats, const int32_t *idx, const float *scores, const float *lse, int N, int E,
+                      int K, int sigmoid);
+    /* xe[i, :] = x[perm[i] / K, :] for i < M: each expert's tokens, in a row. */
+    void (*moe_gather)(void *ctx, float *xe, const float *x, const int32_t *perm, int M, int K, int C);
+    /* out[n, :] = sum over j = 0..K-1 of gate[n,j] * ye[where[n*K+j], :]
+     * (dropped assignments skipped; written, in order of j). */
+    void (*moe_combine_fwd)(void *ctx, float *out, const float *ye, const float *gate, const int32_t *where, int N,
+                            int K, int C);
+    /* The combine's backward: dye[where[n*K+j], :] = gate[n,j] * dout[n, :]
+     * and dgate[n,j] = dout[n, :] . ye[where[n*K+j], :] (0 when dropped). */
+    void (*moe_combine_bwd)(void *ctx, float *dye, float *dgate, const float *dout, const float *ye, const float *gate,
+                            const int32_t *where, int N, int K, int C);
+    /* The gather's backward: dx[n, :] (=|+= by accum) sum over j in order
+     * of dxe[where[n*K+j], :]. */
+    void (*moe_scatter_bwd)(void *ctx, float *dx, const float *dxe, const int32_t *where, int N, int K, int C,
+                            int accum);
+    /* dlogits[N,E] (written): the gradient at the router's logits of
+     *   sum_{n,j} dgate[n,j] gate[n,j]                (through the combine)
+     *   + sum_e auxw[e] * sum_n p[n,e]                 (the load-balancing loss,
+     *       auxw[e] = its coefficient x E x f_e / N, f_e fixed)
+     *   + zw * sum_n lse[n]^2                          (the z-loss, zw = its
+     *       coefficient / N)
+     * with p as moe_stats's, gate as moe_route_fwd's (renormalised over
+     * all K chosen when norm_topk, dropped ones included). */
+    void (*moe_route_bwd)(void *ctx, float *dlogits, const float *dgate, const float *logits, const float *scores,
+                          const float *lse, const int32_t *idx, const float *auxw, float zw, int N, int E, int K,
+                          int sigmoid, int norm_topk);
+
     /* bf16 casts, elementwise over n elements; bf16 is stored as its 16-bit
      * pattern (uint16_t, 2 bytes per element), fp32 as float (4 bytes).
      * f32 -> bf16 rounds to nearest even (overflow to +-Inf, NaN stays a

@@ -160,6 +160,8 @@ layout_run() {
 }
 
 # layout_compare REF OUT LABEL [LOSS NORM PARAMS]: every step's loss and
+# (at least LC_MIN_VALUES values, default 41: 20 steps' losses and norms
+# and the validation loss)
 # the final validation loss within LOSS (default 1e-5) relative, the
 # gradient norm within NORM (1e-4: a loss spike amplifies fp32
 # reduction-order noise in the norm about 100-fold), and the final
@@ -186,7 +188,7 @@ layout_compare() {
                         if (k == 3) { if (d > wn) wn = d } else if (d > wl) wl = d } }
                 printf "%.2e %.2e %d\n", wl, wn, n }')
     set -- "$3" $worst
-    if [ "$2" != "missing" ] && [ "${4:-0}" -ge 41 ] &&
+    if [ "$2" != "missing" ] && [ "${4:-0}" -ge "${LC_MIN_VALUES:-41}" ] &&
         awk -v l="$2" -v n="$3" -v tl="$lc_loss" -v tn="$lc_norm" 'BEGIN { exit !(l + 0 < tl + 0 && n + 0 < tn + 0) }'; then
         pass "$1: $4 values, worst relative difference: losses $2 (< $lc_loss), norms $3 (< $lc_norm)"
     else

@@ -119,11 +119,13 @@ fi
 
 # ---- stragglers ----
 host=$(uname -n | tr -c 'A-Za-z0-9._\n-' '?' | cut -c 1-63)
-# straggler LABEL NP SLOW ARGS...: rank SLOW sleeps 100 ms a step; the report at step 5 names it
+# straggler LABEL NP SLOW ARGS...: rank SLOW sleeps 300 ms a step (above a
+# tiny step even on a loaded machine, where the others wait for cores); the
+# report at step 5 names it
 straggler() {
     label=$1 np=$2 slow=$3
     shift 3
-    DTRAIN_TEST_SLOW_RANK=$slow:100 "$MPIEXEC" --quiet -np "$np" "$DTRAIN" $RUN --steps 5 --val-every 0 \
+    DTRAIN_TEST_SLOW_RANK=$slow:300 "$MPIEXEC" --quiet -np "$np" "$DTRAIN" $RUN --steps 5 --val-every 0 \
         --straggler-every 5 --metrics "$TMP/s$np.json" "$@" >"$TMP/s$np.log" 2>&1 ||
         { fail "$label: exit status $? $(tail -n 3 "$TMP/s$np.log")"; return; }
     line=$(grep '^straggler: ' "$TMP/s$np.log")

@@ -16,6 +16,7 @@
 #include "config.h"
 #endif
 #include "src/backend/ops_cpu.h"
+#include "src/backend/ops_cpu_moe.h"
 
 #include "base/ops_math.h"
 
@@ -1200,6 +1201,14 @@ static const ops_t cpu_ops = {
     .scale = scale,
     .cast_f32_to_bf16 = cast_f32_to_bf16,
     .cast_bf16_to_f32 = cast_bf16_to_f32,
+    .moe_route_fwd = cpu_moe_route_fwd,
+    .moe_plan = cpu_moe_plan,
+    .moe_stats = cpu_moe_stats,
+    .moe_gather = cpu_moe_gather,
+    .moe_combine_fwd = cpu_moe_combine_fwd,
+    .moe_combine_bwd = cpu_moe_combine_bwd,
+    .moe_scatter_bwd = cpu_moe_scatter_bwd,
+    .moe_route_bwd = cpu_moe_route_bwd,
 };
 
 const ops_t *ops_cpu_create(void)

@@ -768,6 +768,152 @@ static void d_cast_bf16_to_f32(void *ctx, float *out, const uint16_t *in, size_t
     defer(ctx, r_cast_bf16_to_f32, &(to32_args_t){out, in, n}, sizeof(to32_args_t));
 }
 
+/* ---- mixture of experts ------------------------------------------------------- */
+
+typedef struct {
+    float *scores, *lse;
+    int32_t *idx;
+    float *gate;
+    const float *logits;
+    int N, T, E, K, sigmoid, norm_topk, capacity;
+} moe_route_args_t;
+static void r_moe_route_fwd(const ops_t *b, const void *a_)
+{
+    const moe_route_args_t *a = a_;
+    b->moe_route_fwd(b->ctx, a->scores, a->lse, a->idx, a->gate, a->logits, a->N, a->T, a->E, a->K, a->sigmoid,
+                     a->norm_topk, a->capacity);
+}
+static void d_moe_route_fwd(void *ctx, float *scores, float *lse, int32_t *idx, float *gate, const float *logits, int N,
+                            int T, int E, int K, int sigmoid, int norm_topk, int capacity)
+{
+    defer(ctx, r_moe_route_fwd,
+          &(moe_route_args_t){scores, lse, idx, gate, logits, N, T, E, K, sigmoid, norm_topk, capacity},
+          sizeof(moe_route_args_t));
+}
+
+typedef struct {
+    int32_t *perm, *offs, *where;
+    const int32_t *idx;
+    int N, E, K;
+} moe_plan_args_t;
+static void r_moe_plan(const ops_t *b, const void *a_)
+{
+    const moe_plan_args_t *a = a_;
+    b->moe_plan(b->ctx, a->perm, a->offs, a->where, a->idx, a->N, a->E, a->K);
+}
+static void d_moe_plan(void *ctx, int32_t *perm, int32_t *offs, int32_t *where, const int32_t *idx, int N, int E, int K)
+{
+    defer(ctx, r_moe_plan, &(moe_plan_args_t){perm, offs, where, idx, N, E, K}, sizeof(moe_plan_args_t));
+}
+
+typedef struct {
+    float *stats;
+    const int32_t *idx;
+    const float *scores, *lse;
+    int N, E, K, sigmoid;
+} moe_stats_args_t;
+static void r_moe_stats(const ops_t *b, const void *a_)
+{
+    const moe_stats_args_t *a = a_;
+    b->moe_stats(b->ctx, a->stats, a->idx, a->scores, a->lse, a->N, a->E, a->K, a->sigmoid);
+}
+static void d_moe_stats(void *ctx, float *stats, const int32_t *idx, const float *scores, const float *lse, int N,
+                        int E, int K, int sigmoid)
+{
+    defer(ctx, r_moe_stats, &(moe_stats_args_t){stats, idx, scores, lse, N, E, K, sigmoid}, sizeof(moe_stats_args_t));
+}
+
+typedef struct {
+    float *xe;
+    const float *x;
+    const int32_t *perm;
+    int M, K, C;
+} moe_gather_args_t;
+static void r_moe_gather(const ops_t *b, const void *a_)
+{
+    const moe_gather_args_t *a = a_;
+    b->moe_gather(b->ctx, a->xe, a->x, a->perm, a->M, a->K, a->C);
+}
+static void d_moe_gather(void *ctx, float *xe, const float *x, const int32_t *perm, int M, int K, int C)
+{
+    defer(ctx, r_moe_gather, &(moe_gather_args_t){xe, x, perm, M, K, C}, sizeof(moe_gather_args_t));
+}
+
+typedef struct {
+    float *out;
+    const float *ye, *gate;
+    const int32_t *where;
+    int N, K, C;
+} moe_combine_args_t;
+static void r_moe_combine_fwd(const ops_t *b, const void *a_)
+{
+    const moe_combine_args_t *a = a_;
+    b->moe_combine_fwd(b->ctx, a->out, a->ye, a->gate, a->where, a->N, a->K, a->C);
+}
+static void d_moe_combine_fwd(void *ctx, float *out, const float *ye, const float *gate, const int32_t *where, int N,
+                              int K, int C)
+{
+    defer(ctx, r_moe_combine_fwd, &(moe_combine_args_t){out, ye, gate, where, N, K, C}, sizeof(moe_combine_args_t));
+}
+
+typedef struct {
+    float *dye, *dgate;
+    const float *dout, *ye, *gate;
+    const int32_t *where;
+    int N, K, C;
+} moe_combine_bwd_args_t;
+static void r_moe_combine_bwd(const ops_t *b, const void *a_)
+{
+    const moe_combine_bwd_args_t *a = a_;
+    b->moe_combine_bwd(b->ctx, a->dye, a->dgate, a->dout, a->ye, a->gate, a->where, a->N, a->K, a->C);
+}
+static void d_moe_combine_bwd(void *ctx, float *dye, float *dgate, const float *dout, const float *ye,
+                              const float *gate, const int32_t *where, int N, int K, int C)
+{
+    defer(ctx, r_moe_combine_bwd, &(moe_combine_bwd_args_t){dye, dgate, dout, ye, gate, where, N, K, C},
+          sizeof(moe_combine_bwd_args_t));
+}
+
+typedef struct {
+    float *dx;
+    const float *dxe;
+    const int32_t *where;
+    int N, K, C, accum;
+} moe_scatter_args_t;
+static void r_moe_scatter_bwd(const ops_t *b, const void *a_)
+{
+    const moe_scatter_args_t *a = a_;
+    b->moe_scatter_bwd(b->ctx, a->dx, a->dxe, a->where, a->N, a->K, a->C, a->accum);
+}
+static void d_moe_scatter_bwd(void *ctx, float *dx, const float *dxe, const int32_t *where, int N, int K, int C,
+                              int accum)
+{
+    defer(ctx, r_moe_scatter_bwd, &(moe_scatter_args_t){dx, dxe, where, N, K, C, accum}, sizeof(moe_scatter_args_t));
+}
+
+typedef struct {
+    float *dlogits;
+    const float *dgate, *logits, *scores, *lse;
+    const int32_t *idx;
+    const float *auxw;
+    float zw;
+    int N, E, K, sigmoid, norm_topk;
+} moe_route_bwd_args_t;
+static void r_moe_route_bwd(const ops_t *b, const void *a_)
+{
+    const moe_route_bwd_args_t *a = a_;
+    b->moe_route_bwd(b->ctx, a->dlogits, a->dgate, a->logits, a->scores, a->lse, a->idx, a->auxw, a->zw, a->N, a->E,
+                     a->K, a->sigmoid, a->norm_topk);
+}
+static void d_moe_route_bwd(void *ctx, float *dlogits, const float *dgate, const float *logits, const float *scores,
+                            const float *lse, const int32_t *idx, const float *auxw, float zw, int N, int E, int K,
+                            int sigmoid, int norm_topk)
+{
+    defer(ctx, r_moe_route_bwd,
+          &(moe_route_bwd_args_t){dlogits, dgate, logits, scores, lse, idx, auxw, zw, N, E, K, sigmoid, norm_topk},
+          sizeof(moe_route_bwd_args_t));
+}
+
 /* Runs what is queued, then ends the base table and this one. */
 static void d_release(void *ctx)
 {
@@ -825,6 +971,14 @@ static const ops_t defer_ops = {
     .scale = d_scale,
     .cast_f32_to_bf16 = d_cast_f32_to_bf16,
     .cast_bf16_to_f32 = d_cast_bf16_to_f32,
+    .moe_route_fwd = d_moe_route_fwd,
+    .moe_plan = d_moe_plan,
+    .moe_stats = d_moe_stats,
+    .moe_gather = d_moe_gather,
+    .moe_combine_fwd = d_moe_combine_fwd,
+    .moe_combine_bwd = d_moe_combine_bwd,
+    .moe_scatter_bwd = d_moe_scatter_bwd,
+    .moe_route_bwd = d_moe_route_bwd,
 };
 
 const ops_t *ops_defer_create(const ops_t *base)

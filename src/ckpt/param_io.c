@@ -40,6 +40,17 @@ int param_io_model_attrs(const model_config_t *cfg, h5store_attr_t *out)
         out[n++] = (h5store_attr_t){.key = "qk_norm", .type = H5STORE_INT, .i = cfg->qk_norm};
     if (cfg->tie_embed)
         out[n++] = (h5store_attr_t){.key = "tie_embed", .type = H5STORE_INT, .i = cfg->tie_embed};
+    const moe_config_t *e = &cfg->moe;
+    if (e->experts) { /* the mixture's shape; its loss coefficients and capacity are the run's */
+        out[n++] = (h5store_attr_t){.key = "moe_experts", .type = H5STORE_INT, .i = e->experts};
+        out[n++] = (h5store_attr_t){.key = "moe_top_k", .type = H5STORE_INT, .i = e->top_k};
+        out[n++] = (h5store_attr_t){.key = "moe_ffn", .type = H5STORE_INT, .i = e->ffn};
+        out[n++] = (h5store_attr_t){.key = "moe_every", .type = H5STORE_INT, .i = e->every};
+        out[n++] = (h5store_attr_t){.key = "moe_first_dense", .type = H5STORE_INT, .i = e->first_dense};
+        out[n++] = (h5store_attr_t){.key = "moe_router", .type = H5STORE_STR, .s = model_moe_router_name(e->router)};
+        out[n++] = (h5store_attr_t){.key = "moe_norm_topk", .type = H5STORE_INT, .i = e->norm_topk};
+        out[n++] = (h5store_attr_t){.key = "moe_shared_ffn", .type = H5STORE_INT, .i = e->shared_ffn};
+    }
     if (cfg->rope_scaling != ROPE_SCALING_NONE) {
         out[n++] = (h5store_attr_t){
             .key = "rope_scaling", .type = H5STORE_STR, .s = model_rope_scaling_name(cfg->rope_scaling)};
@@ -54,6 +65,37 @@ int param_io_model_attrs(const model_config_t *cfg, h5store_attr_t *out)
             (h5store_attr_t){.key = "rope_original_max_seq", .type = H5STORE_INT, .i = cfg->rope_original_max_seq};
     }
     return n;
+}
+
+/* The mixture's shape (all zero in a file without moe_experts). */
+static int read_moe(h5store_t *h, moe_config_t *e, const char *path, char *err, size_t errlen)
+{
+    memset(e, 0, sizeof *e);
+    if (!h5store_has_attr(h, "moe_experts"))
+        return 0;
+    const char *keys[] = {"moe_experts", "moe_top_k", "moe_ffn", "moe_every", "moe_first_dense", "moe_norm_topk",
+                          "moe_shared_ffn"};
+    int *dst[] = {&e->experts, &e->top_k, &e->ffn, &e->every, &e->first_dense, &e->norm_topk, &e->shared_ffn};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        int64_t v;
+        if (h5store_get_int(h, keys[i], &v, err, errlen) != 0)
+            return -1;
+        if (v < 0 || v > INT32_MAX) {
+            snprintf(err, errlen, "%s: attribute %s = %lld is not a model size", path, keys[i], (long long)v);
+            return -1;
+        }
+        *dst[i] = (int)v;
+    }
+    char name[32];
+    if (h5store_get_str(h, "moe_router", name, sizeof name, err, errlen) != 0)
+        return -1;
+    const int r = model_moe_router_of(name);
+    if (r < 0) {
+        snprintf(err, errlen, "%s: attribute moe_router '%s' is not softmax or sigmoid", path, name);
+        return -1;
+    }
+    e->router = (moe_router_t)r;
+    return 0;
 }
 
 /* The optional model attributes (param_io_model_attrs writes them only
@@ -75,6 +117,8 @@ static int read_model_options(h5store_t *h, model_config_t *cfg, const char *pat
     if (h5store_has_attr(h, "tie_embed") && h5store_get_int(h, "tie_embed", &v, err, errlen) != 0)
         return -1;
     cfg->tie_embed = h5store_has_attr(h, "tie_embed") ? (int)v : 0;
+    if (read_moe(h, &cfg->moe, path, err, errlen) != 0)
+        return -1;
     if (!h5store_has_attr(h, "rope_scaling"))
         return 0;
     if (h5store_get_str(h, "rope_scaling", name, sizeof name, err, errlen) != 0)
@@ -169,6 +213,11 @@ int param_io_check_model(h5store_t *h, const model_config_t *cfg, const char *pa
     model_config_t in_file = *cfg;
     if (read_model_options(h, &in_file, path, err, errlen) != 0)
         return -1;
+    if (in_file.moe.experts != cfg->moe.experts) {
+        snprintf(err, errlen, "%s holds a model with %d experts per MoE layer, this run's has %d (same --model and --moe-* options as the run that wrote it?)",
+                 path, in_file.moe.experts, cfg->moe.experts);
+        return -1;
+    }
     if (in_file.head_dim != cfg->head_dim || in_file.attn_bias != cfg->attn_bias || in_file.qk_norm != cfg->qk_norm ||
         in_file.rope_scaling != cfg->rope_scaling || in_file.tie_embed != cfg->tie_embed) {
         snprintf(err, errlen,
@@ -243,8 +292,8 @@ int param_io_tensors(const model_config_t *cfg, const param_io_group_t *groups, 
             x->shape[1] = d->shape[1];
             x->chunk[0] = d->shape[0];
             x->chunk[1] = d->shape[1];
-            if (d->tp_split == TP_SPLIT_ROWS)
-                x->chunk[0] = d->shape[0] / tp_size;
+            if (d->tp_split == TP_SPLIT_ROWS) /* a stack of experts: each block's slice */
+                x->chunk[0] = d->shape[0] / (d->groups > 1 ? d->groups : 1) / tp_size;
             else if (d->tp_split == TP_SPLIT_COLS)
                 x->chunk[1] = d->shape[1] / tp_size;
             else if (d->tp_split == TP_SPLIT_VOCAB)
@@ -254,6 +303,16 @@ int param_io_tensors(const model_config_t *cfg, const param_io_group_t *groups, 
     *n_out = whole.n * n_groups;
     param_table_free(&whole);
     return 0;
+}
+
+/* Shards a table's tensors can need, over n_groups groups (a stack of
+ * experts needs one per block). */
+static size_t shard_slots(const param_table_t *t, int n_groups)
+{
+    size_t n = 1;
+    for (int i = 0; i < t->n; i++)
+        n += (size_t)(t->p[i].groups > 1 ? t->p[i].groups : 1) * (size_t)n_groups;
+    return n;
 }
 
 static int tensor_index(const h5store_tensor_t *t, int n, const char *prefix, const char *name)
@@ -285,11 +344,16 @@ static int table_shards(const param_table_t *t, const param_io_group_t *groups, 
                 snprintf(err, errlen, "internal error: tensor %s is not in the model's table", d->name);
                 return -1;
             }
-            /* the real rows come first in the buffer, padding rows after */
-            shards[n++] = (h5store_shard_t){.tensor = k,
-                                            .start = {d->start[0], d->start[1]},
-                                            .count = {d->count[0], d->count[1]},
-                                            .buf = groups[g].buf + d->offset};
+            /* the real rows come first in the buffer, padding rows after;
+             * a stack of experts is one hyperslab per block of rows */
+            const int nb = d->groups > 1 ? d->groups : 1;
+            const int64_t blk = d->shape[0] / nb;
+            for (int j = 0; j < nb; j++)
+                shards[n++] = (h5store_shard_t){
+                    .tensor = k,
+                    .start = {j * blk + d->start[0], d->start[1]},
+                    .count = {d->count[0], d->count[1]},
+                    .buf = groups[g].buf + d->offset + (size_t)j * (size_t)d->count[0] * (size_t)d->count[1]};
         }
     *ns = n;
     return 0;
@@ -300,7 +364,7 @@ int param_io_write(comm_t *world, const char *path, const model_config_t *cfg, c
                    const h5store_attr_t *attrs, int n_attrs, char *err, size_t errlen)
 {
     h5store_tensor_t *tensors = NULL;
-    h5store_shard_t *shards = calloc((size_t)t->n * (size_t)n_groups + 1, sizeof *shards);
+    h5store_shard_t *shards = calloc(shard_slots(t, n_groups), sizeof *shards);
     int nt = 0, ns = 0, rc = 0;
     if (!shards) {
         snprintf(err, errlen, "out of memory");
@@ -328,7 +392,7 @@ int param_io_read(comm_t *world, h5store_t *h, const model_config_t *cfg, const 
                   const param_io_group_t *groups, int n_groups, char *err, size_t errlen)
 {
     h5store_tensor_t *tensors = NULL;
-    h5store_shard_t *shards = calloc((size_t)t->n * (size_t)n_groups + 1, sizeof *shards);
+    h5store_shard_t *shards = calloc(shard_slots(t, n_groups), sizeof *shards);
     int nt = 0, ns = 0, rc = 0;
     if (!shards) {
         snprintf(err, errlen, "out of memory");

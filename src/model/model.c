@@ -6,13 +6,29 @@
 #include <string.h>
 
 #include "base/mem.h"
+#include "src/model/moe.h"
 
 /* ---- local widths ------------------------------------------------------------------ */
 
 static int tp_size(const model_t *m) { return m->lay.part.tp_size; }
 static int heads(const model_t *m) { return m->cfg.n_head / tp_size(m); }
 static int kv_heads(const model_t *m) { return m->cfg.n_kv_head / tp_size(m); }
-static int ffn(const model_t *m) { return m->cfg.d_ff / tp_size(m); }
+/* The widest dense MLP on this rank: d_ff, or a MoE layer's shared
+ * expert (what the slots' fc and fc_act have room for). */
+static int ffn(const model_t *m)
+{
+    const int F = m->cfg.moe.shared_ffn > m->cfg.d_ff ? m->cfg.moe.shared_ffn : m->cfg.d_ff;
+    return F / tp_size(m);
+}
+/* Local block i: a MoE layer, its dense MLP width on this rank (a MoE
+ * layer's shared expert's, 0 for none) and that MLP's fc output width. */
+static int layer_moe(const model_t *m, int i) { return model_layer_moe(&m->cfg, param_layout_layer(&m->lay.part, i)); }
+static int layer_ffn(const model_t *m, int i)
+{
+    return model_layer_ffn(&m->cfg, param_layout_layer(&m->lay.part, i)) / tp_size(m);
+}
+static int layer_fcw(const model_t *m, int i) { return (m->cfg.arch == ARCH_LLAMA ? 2 : 1) * layer_ffn(m, i); }
+static int has_moe(const model_t *m) { return m->cfg.moe.experts > 0; }
 static int qkv_width(const model_t *m) { return (heads(m) + 2 * kv_heads(m)) * model_head_size(&m->cfg); }
 /* Width of the MLP's first matmul output: F (GPT-2) or 2F (Llama gate|up). */
 static int fc_width(const model_t *m) { return (m->cfg.arch == ARCH_LLAMA ? 2 : 1) * ffn(m); }
@@ -168,6 +184,11 @@ static int map_block(const model_t *m, float *flat, size_t base_off, int i, bloc
     h->bfc = tensor_at(m, flat, base_off, "h.%d.mlp.bfc", l);
     h->wproj = tensor_at(m, flat, base_off, "h.%d.mlp.wproj", l);
     h->bproj = tensor_at(m, flat, base_off, "h.%d.mlp.bproj", l);
+    h->router = tensor_at(m, flat, base_off, "h.%d.moe.router", l);
+    h->ewfc = tensor_at(m, flat, base_off, "h.%d.moe.wfc", l);
+    h->ebfc = tensor_at(m, flat, base_off, "h.%d.moe.bfc", l);
+    h->ewproj = tensor_at(m, flat, base_off, "h.%d.moe.wproj", l);
+    h->ebproj = tensor_at(m, flat, base_off, "h.%d.moe.bproj", l);
     /* one GEMM computes q|k|v, and one computes gate|up */
     if (tensor_at(m, flat, base_off, "h.%d.attn.wk", l) != h->wqkv + QD * C ||
         tensor_at(m, flat, base_off, "h.%d.attn.wv", l) != h->wqkv + (QD + KVD) * C)
@@ -175,7 +196,7 @@ static int map_block(const model_t *m, float *flat, size_t base_off, int i, bloc
     if (h->bqkv && (tensor_at(m, flat, base_off, "h.%d.attn.bk", l) != h->bqkv + QD ||
                     tensor_at(m, flat, base_off, "h.%d.attn.bv", l) != h->bqkv + QD + KVD))
         return -1;
-    if (!gpt && tensor_at(m, flat, base_off, "h.%d.mlp.wup", l) != h->wfc + (size_t)ffn(m) * C)
+    if (!gpt && h->wfc && tensor_at(m, flat, base_off, "h.%d.mlp.wup", l) != h->wfc + (size_t)layer_ffn(m, i) * C)
         return -1;
     return 0;
 }
@@ -223,6 +244,25 @@ static uint16_t *carve16(char *base, size_t *cursor, size_t n) { return (uint16_
  * by full recompute) and `act` (the activation function's output). Tensors
  * not carved stay NULL. Under --dtype bf16 the matmul-only inputs ln1,
  * ln2 and fc_act are carved as bf16. */
+/* A MoE model's routing and expert tensors of one block (moe.h's shapes). */
+static void carve_moe(const model_t *m, char *base, size_t *cursor, moe_acts_t *a)
+{
+    const size_t N = (size_t)m->B * (size_t)m->T, E = (size_t)m->cfg.moe.experts, K = (size_t)m->cfg.moe.top_k;
+    const size_t NK = N * K, C = (size_t)m->cfg.d_model;
+    a->logits = carve(base, cursor, N * E);
+    a->scores = carve(base, cursor, N * E);
+    a->lse = carve(base, cursor, N);
+    a->gate = carve(base, cursor, NK);
+    a->idx = (int32_t *)carve(base, cursor, NK);
+    a->perm = (int32_t *)carve(base, cursor, NK);
+    a->where = (int32_t *)carve(base, cursor, NK);
+    a->offs = (int32_t *)carve(base, cursor, E + 1);
+    a->he = carve(base, cursor, NK * (size_t)moe_fcw_local(m));
+    a->ae = carve(base, cursor, NK * (size_t)moe_ffn_local(m));
+    a->ye = carve(base, cursor, NK * C);
+    a->auxw = carve(base, cursor, E);
+}
+
 static void carve_block(const model_t *m, char *base, size_t *cursor, block_acts_t *s, int core, int act)
 {
     const int bf16 = m->lay.bf16;
@@ -248,7 +288,7 @@ static void carve_block(const model_t *m, char *base, size_t *cursor, block_acts
         s->res2 = carve(base, cursor, NR * C);
         if (bf16)
             s->ln2_16 = carve16(base, cursor, N * C);
-        else
+        if (!bf16 || has_moe(m)) /* the router and experts read it in fp32 */
             s->ln2 = carve(base, cursor, N * C);
         s->ln2_mean = carve(base, cursor, NR);
         s->ln2_rstd = carve(base, cursor, NR);
@@ -361,9 +401,14 @@ static void layout_acts(model_t *m, char *acts, size_t *acts_bytes, char *work, 
     for (int k = 0; k < m->lay.n_slots; k++) {
         model_slot_t *sl = m->slots ? &m->slots[k] : &scratch_slot;
         sl->x = carve(acts, &a, (Ls + 1) * NR * C);
-        for (size_t l = 0; l < Ls; l++)
-            carve_block(m, acts, &a, m->slots ? &sl->acts[l] : &scratch_acts, rc != MODEL_RECOMPUTE_FULL,
-                        rc == MODEL_RECOMPUTE_NONE);
+        for (size_t l = 0; l < Ls; l++) {
+            block_acts_t *ba = m->slots ? &sl->acts[l] : &scratch_acts;
+            carve_block(m, acts, &a, ba, rc != MODEL_RECOMPUTE_FULL, rc == MODEL_RECOMPUTE_NONE);
+            if (has_moe(m))
+                carve_moe(m, acts, &a, &ba->moe);
+            if (has_moe(m) && m->moffs_host)
+                ba->moe.hoffs = m->moffs_host + ((size_t)k * Ls + l) * ((size_t)m->cfg.moe.experts + 1);
+        }
         if (m->lay.part.has_head && (k == 0 || !head_shared)) {
             sl->lnf = carve(acts, &a, N * C);
             sl->lnf_mean = carve(acts, &a, NR);
@@ -402,6 +447,16 @@ static void layout_acts(model_t *m, char *acts, size_t *acts_bytes, char *work, 
     m->lnr = carve(work, &w, NR * C);
     m->inv_freq = m->cfg.arch == ARCH_LLAMA ? carve(work, &w, (size_t)model_head_size(&m->cfg) / 2) : NULL;
     carve_block(m, work, &w, &m->racts, rc == MODEL_RECOMPUTE_FULL, 0);
+    if (has_moe(m)) {
+        const size_t K = (size_t)m->cfg.moe.top_k, E = (size_t)m->cfg.moe.experts, FWe = (size_t)moe_fcw_local(m);
+        const size_t wide = FWe > C ? FWe : C;
+        m->mx = carve(work, &w, N * K * C);
+        m->md1 = carve(work, &w, N * K * wide);
+        m->md2 = carve(work, &w, N * K * wide);
+        m->mdgate = carve(work, &w, N * K);
+        m->mdlogits = carve(work, &w, N * E);
+        m->mstats = carve(work, &w, 2 * E + 2);
+    }
     if (m->lay.bf16) {
         /* bf16 GEMM operands: the widest input and output gradient of any
          * matmul on this stage (2 B each, carved as half as many floats) */
@@ -508,6 +563,15 @@ static int check_shapes(const model_config_t *cfg, const model_layout_t *lay, in
                  cfg->n_head, cfg->n_kv_head, cfg->d_ff);
         return -1;
     }
+    if (cfg->moe.experts && (cfg->moe.ffn % P || cfg->moe.shared_ffn % P)) {
+        snprintf(err, errlen, "--tp %d must divide the experts' width --moe-ffn %d and the shared expert's %d", P,
+                 cfg->moe.ffn, cfg->moe.shared_ffn);
+        return -1;
+    }
+    if (cfg->moe.experts && lay->split_backward) {
+        snprintf(err, errlen, "the split backward (--pp-schedule zb-h1) does not handle MoE layers yet");
+        return -1;
+    }
     if (lay->sequence_parallel && ((size_t)B * (size_t)T) % (size_t)P) {
         snprintf(err, errlen, "--sequence-parallel: micro batch x seq len (%d x %d) must be a multiple of --tp %d", B,
                  T, P);
@@ -551,6 +615,13 @@ static int alloc_host_tables(model_t *m)
     m->layer_start = calloc(Ls + 1, sizeof *m->layer_start);
     if (m->layer_start)
         layer_starts(&m->table, &lay->part, m->layer_start);
+    if (has_moe(m)) { /* the routing's host side */
+        const size_t E = (size_t)m->cfg.moe.experts;
+        m->moffs_host = calloc((size_t)lay->n_slots * (cap ? cap : 1) * (E + 1), sizeof *m->moffs_host);
+        m->mstats_host = calloc(2 * E + 2, sizeof *m->mstats_host);
+        m->moe_stats = calloc(Ls ? Ls : 1, sizeof *m->moe_stats);
+        slots_ok = slots_ok && m->moffs_host && m->mstats_host && m->moe_stats;
+    }
     return slots_ok;
 }
 
@@ -600,6 +671,13 @@ int model_create(model_t *m, const model_config_t *cfg, const ops_t *ops, const 
     m->T = T;
     if (check_shapes(cfg, lay, B, T, err, errlen) != 0)
         return -1;
+    if (cfg->moe.experts && !ops->moe_route_fwd) {
+        snprintf(err, errlen,
+                 "this model's MoE layers run on the CPU backend for now (the %s backend has no MoE kernels yet): "
+                 "use --device cpu",
+                 ops->name);
+        return -1;
+    }
     if (param_table_build(&m->table, cfg, &lay->part, err, errlen) != 0)
         return -1;
     set_local_ranges(m);
@@ -650,6 +728,9 @@ void model_destroy(model_t *m)
     free(m->p.h);
     free(m->g.h);
     free(m->layer_start);
+    free(m->moffs_host);
+    free(m->mstats_host);
+    free(m->moe_stats);
     param_table_free(&m->table);
     memset(m, 0, sizeof *m);
 }
@@ -714,6 +795,12 @@ static status_t lend_params(model_t *m, int i, int next, char *err, size_t errle
 }
 
 void model_params_written(model_t *m) { m->params16_stale = 1; }
+
+void model_moe_stats_reset(model_t *m)
+{
+    if (m->moe_stats)
+        memset(m->moe_stats, 0, (size_t)(m->n_local ? m->n_local : 1) * sizeof *m->moe_stats);
+}
 
 /* The bf16 weights of w[OC*IC] (--dtype bf16): its place in params16,
  * brought up to date first if params were written since (one cast of
@@ -859,8 +946,11 @@ static block_acts_t block_view(const model_t *m, const model_slot_t *sl, int i)
     const block_acts_t *r = &m->racts;
     if (m->lay.recompute == MODEL_RECOMPUTE_NONE)
         return a;
-    if (m->lay.recompute == MODEL_RECOMPUTE_FULL)
+    if (m->lay.recompute == MODEL_RECOMPUTE_FULL) {
+        const moe_acts_t moe = a.moe; /* the slot keeps the routing and the experts' tensors */
         a = *r;
+        a.moe = moe;
+    }
     a.fc_act = m->dbig2;
     return a;
 }
@@ -868,23 +958,47 @@ static block_acts_t block_view(const model_t *m, const model_slot_t *sl, int i)
 /* The document positions of the forward held in sl (backend), or NULL. */
 static const int32_t *slot_pos(const model_slot_t *sl) { return sl->has_pos ? sl->pos : NULL; }
 
+/* A MoE layer's feed-forward: xout[NR,C] = res[NR,C] + (the shared
+ * expert's wproj . act[N,F] when F > 0, + the experts' combine of
+ * ln2[N,C]) summed over TP ranks, as row_parallel_fwd sums the dense
+ * MLP's. The combine goes through dfull (backward-only workspace). */
+static status_t moe_block_fwd(model_t *m, moe_acts_t *ma, const block_tensors_t *w, const float *ln2,
+                              const float *act, uint16_t *act16, const float *res, float *xout, int F, int N, int NR,
+                              int t, float dloss, int i, char *err, size_t errlen)
+{
+    const int C = m->cfg.d_model;
+    float *part = m->lay.sequence_parallel ? m->tmp : xout; /* [N,C] this rank's partial sum */
+    if (F > 0)
+        mm_fwd(m, part, act, act16, w->wproj, m->lay.part.tp_rank == 0 ? w->bproj : NULL, N, F, C);
+    if (moe_fwd(m, ma, w, ln2, F > 0 ? m->dfull : part, N, t, dloss, &m->moe_stats[i]) != 0)
+        return status_set(STATUS_FAIL, err, errlen, "out of memory routing block %d's tokens", i);
+    if (F > 0)
+        m->ops->add(m->ops->ctx, part, part, m->dfull, (size_t)N * C);
+    if (m->lay.sequence_parallel)
+        CHECK(tp_reduce_scatter(m, xout, m->tmp, (size_t)NR * C, err, errlen));
+    else
+        CHECK(tp_allreduce(m, xout, (size_t)N * C, COMM_SUM, err, errlen));
+    m->ops->add(m->ops->ctx, xout, xout, res, (size_t)NR * C);
+    return STATUS_OK;
+}
+
 /* Block i's forward from x[NR,C] into the tensors of a, then xout[NR,C].
  * xout == NULL (full recompute in backward) stops after the activation
  * function: what backward needs, without the MLP's output projection and
  * its collective (which every TP rank then skips alike). pos: the slot's
  * document positions, or NULL. */
-static status_t block_fwd(model_t *m, const block_acts_t *a, const int32_t *pos, const float *x, float *xout, int i,
-                          int b, int t, char *err, size_t errlen)
+static status_t block_fwd(model_t *m, const block_acts_t *a, moe_acts_t *ma, float dloss, const int32_t *pos,
+                          const float *x, float *xout, int i, int b, int t, char *err, size_t errlen)
 {
     const ops_t *o = m->ops;
     const model_config_t *c = &m->cfg;
     const int N = b * t, NR = res_rows(m, N), C = c->d_model, HS = model_head_size(c);
-    const int NH = heads(m), NKV = kv_heads(m), QD = NH * HS, F = ffn(m);
+    const int NH = heads(m), NKV = kv_heads(m), QD = NH * HS, F = layer_ffn(m, i);
     const block_tensors_t *w = &m->p.h[i];
     /* --dtype bf16 keeps ln1, ln2 and fc_act only as their bf16 copies
      * (a->*16, made by the matmuls that read them): their fp32 values go
      * to backward-only workspace, dln [N,C] and dbig [N,big] */
-    float *ln1 = a->ln1_16 ? m->dln : a->ln1, *ln2 = a->ln2_16 ? m->dln : a->ln2;
+    float *ln1 = a->ln1_16 ? m->dln : a->ln1, *ln2 = a->ln2 ? a->ln2 : m->dln;
     float *act = a->fc_act16 ? m->dbig : a->fc_act;
     /* attention sub-block: res2 = x + wo . attn(norm1(x)) */
     CHECK(norm_fwd_gather(m, ln1, a->ln1_mean, a->ln1_rstd, x, w->ln1w, w->ln1b, N, NR, err, errlen));
@@ -901,20 +1015,24 @@ static status_t block_fwd(model_t *m, const block_acts_t *a, const int32_t *pos,
     /* GPT-2's GELU rides on the fc GEMM, except under selective recompute,
      * whose backward recomputes it with gelu_fwd: the forward uses the same
      * op, so that both give the same bits on every backend */
-    if (c->arch == ARCH_GPT2 && m->lay.recompute != MODEL_RECOMPUTE_SELECTIVE) {
+    if (F == 0) { /* a MoE layer without a shared expert */
+    } else if (c->arch == ARCH_GPT2 && m->lay.recompute != MODEL_RECOMPUTE_SELECTIVE) {
         mm_gelu_fwd(m, act, a->fc, ln2, a->ln2_16, w->wfc, w->bfc, N, C, F);
     } else {
-        mm_fwd(m, a->fc, ln2, a->ln2_16, w->wfc, w->bfc, N, C, fc_width(m));
+        mm_fwd(m, a->fc, ln2, a->ln2_16, w->wfc, w->bfc, N, C, layer_fcw(m, i));
         if (c->arch == ARCH_GPT2)
             o->gelu_fwd(o->ctx, act, a->fc, (size_t)N * F);
         else
             o->swiglu_fwd(o->ctx, act, a->fc, N, F);
     }
     /* xout is NULL only under full recompute, whose view keeps fc_act in
-     * fp32 (dbig2), so fc_act16 never misses its copy */
-    if (xout)
-        CHECK(row_parallel_fwd(m, xout, a->res2, act, a->fc_act16, w->wproj, w->bproj, N, NR, F, err, errlen));
-    return STATUS_OK;
+     * fp32 (dbig2), so fc_act16 never misses its copy; a MoE layer's
+     * routing and experts are kept in the slot, not recomputed */
+    if (!xout)
+        return STATUS_OK;
+    if (layer_moe(m, i))
+        return moe_block_fwd(m, ma, w, ln2, act, a->fc_act16, a->res2, xout, F, N, NR, t, dloss, i, err, errlen);
+    return row_parallel_fwd(m, xout, a->res2, act, a->fc_act16, w->wproj, w->bproj, N, NR, F, err, errlen);
 }
 
 /* x0[NR,C] = embeddings of the tokens: each TP rank looks up the tokens of
@@ -996,6 +1114,7 @@ status_t model_forward_chunk(model_t *m, int chunk, int slot, const int32_t *tok
     sl->n_blocks = end - first;
     sl->has_dlogits = 0;
     sl->has_pos = pos != NULL;
+    sl->dloss = dloss;
     *loss = 0.0f;
     if (pos && !sl->pos)
         return status_set(STATUS_FAIL, err, errlen, "internal error: document positions without a --doc-mask layout");
@@ -1013,7 +1132,7 @@ status_t model_forward_chunk(model_t *m, int chunk, int slot, const int32_t *tok
         t0 = span_start(m);
         const block_acts_t a = block_view(m, sl, i);
         float *x = sl->x + (size_t)(i - first) * nrc;
-        CHECK(block_fwd(m, &a, slot_pos(sl), x, x + nrc, i, b, t, err, errlen));
+        CHECK(block_fwd(m, &a, &sl->acts[i - first].moe, dloss, slot_pos(sl), x, x + nrc, i, b, t, err, errlen));
         span_end(m, "fwd", param_layout_layer(part, i), t0);
     }
     if (part->has_head && chunk == part->n_runs - 1) {
@@ -1088,6 +1207,18 @@ static void keep_dout(model_t *m, const wdout_at_t *keep, float *dst, const floa
         m->ops->copy(m->ops->ctx, dst, dout, n * sizeof(float));
 }
 
+/* A MoE layer's experts and router backward from dout[N,C] (all rows):
+ * their part of dL/d(ln2) into dln (added to the shared expert's when
+ * dln_written), with dgate summed over TP between the two halves. */
+static status_t moe_block_bwd(model_t *m, const block_acts_t *a, const block_tensors_t *w, const block_tensors_t *g,
+                              const float *dout, int dln_written, int N, int accum, char *err, size_t errlen)
+{
+    moe_bwd_experts(m, &a->moe, w, g, a->ln2, dout, m->dln, dln_written, accum, N);
+    CHECK(tp_allreduce(m, m->mdgate, (size_t)N * (size_t)m->cfg.moe.top_k, COMM_SUM, err, errlen));
+    moe_bwd_router(m, &a->moe, w, g, a->ln2, m->dln, m->lay.part.tp_rank == 0, accum, N);
+    return STATUS_OK;
+}
+
 /* keep != NULL: the split backward's B, which leaves the four matmuls'
  * weight and bias gradients to block_bwd_weight and keeps their output
  * gradients where keep says (slot_wdout) for it. */
@@ -1098,7 +1229,7 @@ static status_t block_bwd(model_t *m, model_slot_t *sl, int i, int accum, int la
     const model_config_t *c = &m->cfg;
     const int gpt = c->arch == ARCH_GPT2;
     const int b = sl->b, t = sl->t, N = b * t, NR = res_rows(m, N), C = c->d_model;
-    const int NH = heads(m), NKV = kv_heads(m), HS = model_head_size(c), QD = NH * HS, F = ffn(m);
+    const int NH = heads(m), NKV = kv_heads(m), HS = model_head_size(c), QD = NH * HS, F = layer_ffn(m, i);
     const block_tensors_t *w = &m->p.h[i];
     const block_tensors_t *g = &m->g.h[i];
     const block_acts_t view = block_view(m, sl, i), *a = &view;
@@ -1107,10 +1238,10 @@ static status_t block_bwd(model_t *m, model_slot_t *sl, int i, int accum, int la
     /* recompute what the slot dropped, with the forward's kernels on the
      * forward's inputs: the same bits */
     if (rc == MODEL_RECOMPUTE_FULL)
-        CHECK(block_fwd(m, a, slot_pos(sl), x, NULL, i, b, t, err, errlen));
-    else if (rc == MODEL_RECOMPUTE_SELECTIVE && gpt)
+        CHECK(block_fwd(m, a, NULL, 0.0f, slot_pos(sl), x, NULL, i, b, t, err, errlen));
+    else if (rc == MODEL_RECOMPUTE_SELECTIVE && gpt && F > 0)
         o->gelu_fwd(o->ctx, a->fc_act, a->fc, (size_t)N * F);
-    else if (rc == MODEL_RECOMPUTE_SELECTIVE)
+    else if (rc == MODEL_RECOMPUTE_SELECTIVE && F > 0)
         o->swiglu_fwd(o->ctx, a->fc_act, a->fc, N, F);
     /* MLP: dres = dL/dxout on entry, dL/dres2 after the norm backward */
     /* dfc[N, fc_width]: the gradient at the activation's input; GPT-2's
@@ -1121,17 +1252,20 @@ static status_t block_bwd(model_t *m, model_slot_t *sl, int i, int accum, int la
     const float *dout;
     CHECK(dres_all_rows(m, NR, &dout, err, errlen));
     keep_dout(m, keep, keep ? keep->proj : NULL, dout, (size_t)N * C);
-    if (gpt) {
+    if (F > 0 && gpt) {
         mm_dgelu_bwd(m, dfc, wg ? g->wproj : NULL, wg ? g->bproj : NULL, dout, a->fc_act, a->fc_act16, a->fc,
                      w->wproj, N, F, C, accum);
-    } else {
+    } else if (F > 0) {
         mm_bwd(m, m->dbig, wg ? g->wproj : NULL, wg ? g->bproj : NULL, dout, a->fc_act, a->fc_act16, w->wproj, N, F,
                C, 0, accum);
         o->swiglu_bwd(o->ctx, dfc, a->fc, m->dbig, N, F);
     }
-    keep_dout(m, keep, keep ? keep->fc : NULL, dfc, (size_t)N * fc_width(m));
-    mm_bwd(m, m->dln, wg ? g->wfc : NULL, wg ? g->bfc : NULL, dfc, a->ln2, a->ln2_16, w->wfc, N, C, fc_width(m), 0,
-           accum);
+    keep_dout(m, keep, keep ? keep->fc : NULL, dfc, (size_t)N * layer_fcw(m, i));
+    if (F > 0)
+        mm_bwd(m, m->dln, wg ? g->wfc : NULL, wg ? g->bfc : NULL, dfc, a->ln2, a->ln2_16, w->wfc, N, C,
+               layer_fcw(m, i), 0, accum);
+    if (layer_moe(m, i))
+        CHECK(moe_block_bwd(m, a, w, g, dout, F > 0, N, accum, err, errlen));
     CHECK(norm_bwd_reduce(m, g->ln2w, g->ln2b, a->res2, w->ln2w, a->ln2_mean, a->ln2_rstd, N, NR, accum, err, errlen));
     /* attention: dres becomes dL/dx */
     CHECK(dres_all_rows(m, NR, &dout, err, errlen));
@@ -1246,7 +1380,7 @@ static status_t block_bwd_weight(model_t *m, model_slot_t *sl, int i, int next, 
 {
     const ops_t *o = m->ops;
     const model_config_t *c = &m->cfg;
-    const int b = sl->b, t = sl->t, N = b * t, C = c->d_model, QD = heads(m) * model_head_size(c), F = ffn(m);
+    const int b = sl->b, t = sl->t, N = b * t, C = c->d_model, QD = heads(m) * model_head_size(c), F = layer_ffn(m, i);
     const int NR = res_rows(m, N);
     const block_tensors_t *w = &m->p.h[i], *g = &m->g.h[i];
     const block_acts_t view = block_view(m, sl, i), *a = &view;
@@ -1254,7 +1388,7 @@ static status_t block_bwd_weight(model_t *m, model_slot_t *sl, int i, int next, 
     if (rc == MODEL_RECOMPUTE_FULL) {
         CHECK(lend_params(m, i, next, err, errlen));
         const float *x = sl->x + (size_t)(i - sl->first) * NR * C;
-        CHECK(block_fwd(m, a, slot_pos(sl), x, NULL, i, b, t, err, errlen));
+        CHECK(block_fwd(m, a, NULL, 0.0f, slot_pos(sl), x, NULL, i, b, t, err, errlen));
     } else if (rc == MODEL_RECOMPUTE_SELECTIVE && c->arch == ARCH_GPT2) {
         o->gelu_fwd(o->ctx, a->fc_act, a->fc, (size_t)N * F);
     } else if (rc == MODEL_RECOMPUTE_SELECTIVE) {
@@ -1262,7 +1396,7 @@ static status_t block_bwd_weight(model_t *m, model_slot_t *sl, int i, int next, 
     }
     const wdout_at_t d = slot_wdout(m, sl, i);
     mm_bwd(m, NULL, g->wproj, g->bproj, d.proj, a->fc_act, a->fc_act16, w->wproj, N, F, C, 0, accum);
-    mm_bwd(m, NULL, g->wfc, g->bfc, d.fc, a->ln2, a->ln2_16, w->wfc, N, C, fc_width(m), 0, accum);
+    mm_bwd(m, NULL, g->wfc, g->bfc, d.fc, a->ln2, a->ln2_16, w->wfc, N, C, layer_fcw(m, i), 0, accum);
     mm_bwd(m, NULL, g->wo, g->bo, d.o, a->atty, NULL, w->wo, N, QD, C, 0, accum);
     mm_bwd(m, NULL, g->wqkv, g->bqkv, d.qkv, a->ln1, a->ln1_16, w->wqkv, N, C, qkv_width(m), 0, accum);
     return STATUS_OK;

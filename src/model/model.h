@@ -36,8 +36,38 @@
 typedef struct block_tensors {
     float *ln1w, *ln1b, *wqkv, *bqkv, *wo, *bo;
     float *qnorm, *knorm; /* [HS] each: Llama with qk_norm (Qwen3) */
-    float *ln2w, *ln2b, *wfc, *bfc, *wproj, *bproj;
+    float *ln2w, *ln2b, *wfc, *bfc, *wproj, *bproj; /* a MoE layer's: its shared expert's (NULL: none) */
+    /* a MoE layer's router [E,C] and experts, stacked by expert (local
+     * widths Fe = moe.ffn/P, FWe = Fe or 2Fe for SwiGLU): ewfc [E][FWe,C]
+     * (Llama: each expert's gate rows, then its up rows), ebfc [E][Fe],
+     * ewproj [E][C,Fe], ebproj [E][C]; NULL in dense layers */
+    float *router, *ewfc, *ebfc, *ewproj, *ebproj;
 } block_tensors_t;
+
+/* A MoE layer's routing and expert activations for one forward (NK =
+ * N*K assignments; expert rows in dispatch order, moe_plan's, of which
+ * the first M = offs[E] are used). Kept in the slot under every
+ * --recompute mode. */
+typedef struct moe_acts {
+    float *logits, *scores;             /* [N,E] the router's, fp32 */
+    float *lse;                         /* [N] */
+    float *gate;                        /* [N,K] */
+    int32_t *idx, *perm, *where, *offs; /* [N,K], [NK], [NK], [E+1] (ops moe_route_fwd, moe_plan) */
+    float *he, *ae, *ye;                /* [NK,FWe] fc output, [NK,Fe] activation, [NK,C] expert output */
+    float *auxw;                        /* [E] the load-balancing loss's gradient weights */
+    int32_t *hoffs;                     /* host [E+1]: offs, the expert GEMMs' row ranges */
+    float zw;                           /* the z-loss's gradient weight */
+} moe_acts_t;
+
+/* A MoE layer's routing over the microbatches since model_moe_stats_reset
+ * (host; summed, divided by micro when read). */
+typedef struct model_moe_stats {
+    double aux, z;     /* the load-balancing loss E sum_e f_e P_e and the z-loss (before their coefficients) */
+    double max_load;   /* the busiest expert's assignments over the mean (1 = balanced) */
+    double dropped;    /* assignments dropped by the capacity */
+    double assigned;   /* assignments made (N * K) */
+    int micro;         /* forwards counted */
+} model_moe_stats_t;
 
 typedef struct model_tensors {
     float *wte;         /* [Vl,C] token embedding (GPT-2: tied with the output head); first stage */
@@ -79,6 +109,11 @@ typedef struct block_acts {
      * the fp32 pointers are then NULL), at half the bytes; NULL in fp32,
      * and fc_act16 also wherever --recompute drops fc_act */
     uint16_t *ln1_16, *ln2_16, *fc_act16;
+    /* a MoE model's routing and experts (every block of a slot has room
+     * for them; dense layers leave them unused). In a MoE model ln2 is
+     * kept in fp32 under --dtype bf16 too: the router and the experts
+     * read it in fp32. */
+    moe_acts_t moe;
 } block_acts_t;
 
 /* Everything one microbatch's forward leaves for its backward. A pipeline
@@ -102,6 +137,7 @@ typedef struct model_slot {
     int32_t *tokens, *targets;        /* [N] backend copies of the batch */
     int32_t *pos;                     /* [N] document positions (lay.doc_mask; else NULL) */
     int has_pos;                      /* the forward held here was given positions: its backward uses them too */
+    float dloss;                      /* the forward's dloss: the MoE losses' gradients scale with it */
 } model_slot_t;
 
 /* Where this rank sits: its TP group and its pipeline stage. */
@@ -166,6 +202,13 @@ typedef struct model {
     float *dbig, *dbig2;
     float *inv_freq; /* [HS/2] RoPE's inverse frequencies, scaling applied (Llama; model_rope_inv_freq) */
     float *tmp;      /* [N,C] row-parallel partial sums before reduce-scatter */
+    /* MoE layers (NK = N*K): the gathered tokens [NK,C], two gradient
+     * buffers [NK, max(C, FWe)], dgate [N,K], dlogits [N,E], the routing
+     * reductions [2E+2] (ops moe_stats) and their host copy */
+    float *mx, *md1, *md2, *mdgate, *mdlogits, *mstats;
+    float *mstats_host;
+    int32_t *moffs_host;            /* [n_slots * Lc * (E+1)]: the slots' hoffs */
+    model_moe_stats_t *moe_stats;   /* [Ls] per local block (dense ones stay 0) */
     float *lnr;      /* [NR,C] a norm's output rows before all-gather */
     /* --recompute: where the dropped tensors of the block being computed
      * live (FULL: all of block_acts_t; SELECTIVE: none). fc_act is never
@@ -201,6 +244,9 @@ typedef struct model {
     trace_t *trace;   /* NULL, or where per-layer spans go (--trace) */
     int trace_micro;  /* microbatch index the spans are labelled with */
 } model_t;
+
+/* Zeroes the MoE layers' routing statistics (model_moe_stats_t). */
+void model_moe_stats_reset(model_t *m);
 
 /* The layout of a single process: the whole model, no TP, one slot. */
 model_layout_t model_layout_single(const model_config_t *c);

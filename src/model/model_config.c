@@ -196,6 +196,56 @@ static const model_preset_t presets[] = {
       .norm_eps = 1e-6f,
       .rope_theta = 1000000.0f,
       .qk_norm = 1}},
+    /* Mixtures of experts (issue 33). tiny-moe is tiny with each MLP
+     * replaced by 8 experts of half its width, 2 per token: the same
+     * active MLP parameters per token (2 x 256 = 512), four times the
+     * stored ones. */
+    {"tiny-moe",
+     "tiny with 8 experts of width 256 per layer, top-2 softmax router (active parameters as tiny's)",
+     {.arch = ARCH_GPT2,
+      .vocab_size = 256,
+      .n_layer = 4,
+      .n_head = 4,
+      .n_kv_head = 4,
+      .d_model = 128,
+      .d_ff = 512,
+      .max_seq = 256,
+      .norm_eps = 1e-5f,
+      .rope_theta = 0,
+      .moe = {.experts = 8, .top_k = 2, .ffn = 256, .every = 1, .norm_topk = 1, .aux_coef = 0.01f,
+              .z_coef = 0.001f}}},
+    /* DeepSeek's shape in small: the first layer dense, then fine-grained
+     * experts (16 of width 64, 4 per token) beside a shared expert, sigmoid
+     * scores renormalised over the chosen */
+    {"tiny-deepseek-moe",
+     "Llama style, 4 layers (first dense), 16 experts of width 64, top-4 sigmoid router, shared expert of width 128",
+     {.arch = ARCH_LLAMA,
+      .vocab_size = 256,
+      .n_layer = 4,
+      .n_head = 4,
+      .n_kv_head = 2,
+      .d_model = 128,
+      .d_ff = 352,
+      .max_seq = 256,
+      .norm_eps = 1e-5f,
+      .rope_theta = 10000.0f,
+      .moe = {.experts = 16, .top_k = 4, .ffn = 64, .every = 1, .first_dense = 1, .router = MOE_ROUTER_SIGMOID,
+              .norm_topk = 1, .shared_ffn = 128, .aux_coef = 0.001f}}},
+    /* mistralai/Mixtral-8x7B-v0.1's config.json shape; the aux coefficient
+     * is transformers' MixtralConfig default */
+    {"mixtral-8x7b",
+     "Mixtral 8x7B: 32 layers, d_model 4096, 32 heads, 8 KV heads, 8 experts of FFN 14336, top-2, vocab 32000",
+     {.arch = ARCH_LLAMA,
+      .vocab_size = 32000,
+      .n_layer = 32,
+      .n_head = 32,
+      .n_kv_head = 8,
+      .d_model = 4096,
+      .d_ff = 14336,
+      .max_seq = 32768,
+      .norm_eps = 1e-5f,
+      .rope_theta = 1000000.0f,
+      .moe = {.experts = 8, .top_k = 2, .ffn = 14336, .every = 1, .norm_topk = 1, .aux_coef = 0.001f}}},
     {NULL, NULL, {0}},
 };
 /* clang-format on */
@@ -211,6 +261,29 @@ const model_preset_t *model_preset_find(const char *name)
 }
 
 const char *model_arch_name(model_arch_t a) { return a == ARCH_LLAMA ? "llama" : "gpt2"; }
+
+int model_moe_layers(const model_config_t *c)
+{
+    int n = 0;
+    for (int l = 0; l < c->n_layer; l++)
+        n += model_layer_moe(c, l);
+    return n;
+}
+
+static const char *const moe_router_names[] = {[MOE_ROUTER_SOFTMAX] = "softmax", [MOE_ROUTER_SIGMOID] = "sigmoid"};
+
+const char *model_moe_router_name(moe_router_t r)
+{
+    return r == MOE_ROUTER_SIGMOID ? moe_router_names[1] : moe_router_names[0];
+}
+
+int model_moe_router_of(const char *name)
+{
+    for (int r = MOE_ROUTER_SOFTMAX; r <= MOE_ROUTER_SIGMOID; r++)
+        if (strcmp(name, moe_router_names[r]) == 0)
+            return r;
+    return -1;
+}
 
 static const char *const rope_scaling_names[] = {
     [ROPE_SCALING_NONE] = "none", [ROPE_SCALING_LINEAR] = "linear", [ROPE_SCALING_LLAMA3] = "llama3"};
@@ -268,8 +341,15 @@ const char *model_config_extras(const model_config_t *c, char *buf, size_t len)
     char hd[32] = "";
     if (c->head_dim)
         snprintf(hd, sizeof hd, " head_dim=%d", c->head_dim);
-    snprintf(buf, len, "%s%s%s%s%s", hd, c->attn_bias ? " qkv_bias" : "", c->qk_norm ? " qk_norm" : "", scaling,
-             c->tie_embed ? " tied_head" : "");
+    char moe[160] = "";
+    const moe_config_t *e = &c->moe;
+    if (e->experts)
+        snprintf(moe, sizeof moe, " moe=%d/%d layers, %d experts x %d, top-%d %s%s%s%s", model_moe_layers(c),
+                 c->n_layer, e->experts, e->ffn, e->top_k, model_moe_router_name(e->router),
+                 e->norm_topk ? " renormalised" : "", e->shared_ffn ? ", shared expert" : "",
+                 e->capacity > 0 ? ", capacity-bound" : "");
+    snprintf(buf, len, "%s%s%s%s%s%s", hd, c->attn_bias ? " qkv_bias" : "", c->qk_norm ? " qk_norm" : "", scaling,
+             c->tie_embed ? " tied_head" : "", moe);
     return buf;
 }
 
@@ -292,6 +372,41 @@ static int rope_scaling_check(const model_config_t *c, char *err, size_t errlen)
                  "llama3 rope scaling needs 0 < low_freq_factor (%g) < high_freq_factor (%g) and a positive "
                  "original_max_position_embeddings (%d)",
                  (double)c->rope_low_freq_factor, (double)c->rope_high_freq_factor, c->rope_original_max_seq);
+        return -1;
+    }
+    return 0;
+}
+
+/* The MoE fields make sense together (all 0 in a dense model). */
+static int moe_check(const model_config_t *c, char *err, size_t errlen)
+{
+    const moe_config_t *e = &c->moe;
+    if (e->experts == 0) {
+        if (e->top_k || e->ffn || e->shared_ffn || e->capacity > 0) {
+            snprintf(err, errlen, "--moe-top-k, --moe-ffn, --moe-shared-ffn and --moe-capacity-factor need "
+                                  "--moe-experts (this model is dense)");
+            return -1;
+        }
+        return 0;
+    }
+    if (e->experts < 2 || e->experts > 4096) {
+        snprintf(err, errlen, "--moe-experts %d: a mixture needs 2 to 4096 experts", e->experts);
+        return -1;
+    }
+    if (e->top_k < 1 || e->top_k > e->experts) {
+        snprintf(err, errlen, "--moe-top-k %d must be between 1 and --moe-experts %d", e->top_k, e->experts);
+        return -1;
+    }
+    if (e->ffn <= 0 || e->shared_ffn < 0 || e->every < 1 || e->first_dense < 0 || e->first_dense >= c->n_layer) {
+        snprintf(err, errlen,
+                 "--moe-ffn %d must be positive, --moe-shared-ffn %d not negative, --moe-every %d at least 1 and "
+                 "--moe-first-dense %d below the %d layers",
+                 e->ffn, e->shared_ffn, e->every, e->first_dense, c->n_layer);
+        return -1;
+    }
+    if (!(e->aux_coef >= 0) || !(e->z_coef >= 0) || !(e->capacity >= 0) || e->capacity > 1e4f) {
+        snprintf(err, errlen, "--moe-aux-coef %g, --moe-z-coef %g and --moe-capacity-factor %g must be 0 or positive",
+                 (double)e->aux_coef, (double)e->z_coef, (double)e->capacity);
         return -1;
     }
     return 0;
@@ -337,5 +452,7 @@ int model_config_check(const model_config_t *c, char *err, size_t errlen)
                  "q/k/v biases with q/k norms: no Hugging Face model has both (Qwen2 has the biases, Qwen3 the norms)");
         return -1;
     }
+    if (moe_check(c, err, errlen) != 0)
+        return -1;
     return rope_scaling_check(c, err, errlen);
 }

@@ -18,6 +18,35 @@ typedef enum { ARCH_GPT2 = 0, ARCH_LLAMA = 1 } model_arch_t;
  *          band between interpolated (HF's _compute_llama3_parameters). */
 typedef enum { ROPE_SCALING_NONE = 0, ROPE_SCALING_LINEAR = 1, ROPE_SCALING_LLAMA3 = 2 } rope_scaling_t;
 
+/* Mixture-of-experts feed-forward layers (issue 33). The router's
+ * scores over the E experts: SOFTMAX (Mixtral, Qwen-MoE) or SIGMOID
+ * (DeepSeek-V3's scores, each expert's on its own). */
+typedef enum { MOE_ROUTER_SOFTMAX = 0, MOE_ROUTER_SIGMOID = 1 } moe_router_t;
+
+/* experts == 0: a dense model (every other field 0). Otherwise layer l is
+ * a MoE layer when l >= first_dense and (l - first_dense) % every == 0;
+ * its feed-forward is the sum, for each token, of its top_k experts'
+ * outputs (each expert the architecture's MLP of width ffn), weighted by
+ * the router's scores of them (renormalised over the k when norm_topk),
+ * plus a shared expert of width shared_ffn (0: none) every token goes
+ * through. The training-side coefficients: aux_coef (Switch's load
+ * balancing loss E * sum_e f_e P_e) and z_coef (ST-MoE's mean
+ * logsumexp(logits)^2) scale the terms added to the optimised loss;
+ * capacity > 0 caps each expert at ceil(capacity * T * top_k / E)
+ * assignments per sequence (dropping the lowest scores), 0 is dropless. */
+typedef struct moe_config {
+    int experts;     /* E */
+    int top_k;       /* K */
+    int ffn;         /* F_e: each routed expert's MLP width */
+    int every;       /* MoE layer period (1: every layer from first_dense on) */
+    int first_dense; /* layers [0, first_dense) stay dense (DeepSeek's first_k_dense_replace) */
+    moe_router_t router;
+    int norm_topk;  /* renormalise the chosen scores to sum 1 (Mixtral; Qwen's norm_topk_prob) */
+    int shared_ffn; /* width of the shared expert in MoE layers (0 = none) */
+    float aux_coef, z_coef;
+    float capacity; /* capacity factor; 0 = dropless */
+} moe_config_t;
+
 typedef struct model_config {
     model_arch_t arch;
     int vocab_size; /* V */
@@ -39,6 +68,7 @@ typedef struct model_config {
     int attn_bias; /* Llama only: q, k, v projections have biases (Qwen2; o has none) */
     int qk_norm;   /* Llama only: per-head RMSNorm of q and k over the head size, before RoPE (Qwen3) */
     int tie_embed; /* Llama only: the output head is tok_emb (tie_word_embeddings; GPT-2's always is) */
+    moe_config_t moe;
 } model_config_t;
 
 typedef struct model_preset {
@@ -74,6 +104,27 @@ void model_rope_inv_freq(const model_config_t *c, float *inv_freq);
  * tensor (GPT-2 always, Llama with tie_embed) rather than lm_head.w. */
 static inline const char *model_embed_name(const model_config_t *c) { return c->arch == ARCH_GPT2 ? "wte" : "tok_emb"; }
 static inline int model_head_tied(const model_config_t *c) { return c->arch == ARCH_GPT2 || c->tie_embed; }
+
+/* Layer l's feed-forward is a mixture of experts. */
+static inline int model_layer_moe(const model_config_t *c, int l)
+{
+    const moe_config_t *e = &c->moe;
+    return e->experts > 0 && l >= e->first_dense && (l - e->first_dense) % e->every == 0;
+}
+
+/* MoE layers among the model's n_layer. */
+int model_moe_layers(const model_config_t *c);
+
+/* Layer l's dense MLP width: d_ff in a dense layer, the shared expert's
+ * width (0: none) in a MoE layer. */
+static inline int model_layer_ffn(const model_config_t *c, int l)
+{
+    return model_layer_moe(c, l) ? c->moe.shared_ffn : c->d_ff;
+}
+
+const char *model_moe_router_name(moe_router_t r);
+/* -1: unknown */
+int model_moe_router_of(const char *name);
 
 /* What a model has beyond its shape line, for banners: "" or e.g.
  * " head_dim=128 qk_norm" or " rope_scaling=llama3(factor 32)". */

@@ -18,8 +18,8 @@ typedef struct table_builder {
     size_t errlen;
 } table_builder_t;
 
-static status_t add_param(table_builder_t *b, int layer, const char *suffix, int ndim, int64_t d0, int64_t d1,
-                          tp_split_t split, param_init_t init, float std)
+static status_t add_param_groups(table_builder_t *b, int layer, const char *suffix, int ndim, int64_t d0, int64_t d1,
+                                 tp_split_t split, int groups, param_init_t init, float std)
 {
     param_table_t *t = b->t;
     if (t->n == b->cap) {
@@ -39,6 +39,7 @@ static status_t add_param(table_builder_t *b, int layer, const char *suffix, int
     d->shape[0] = d0;
     d->shape[1] = ndim == 2 ? d1 : 1;
     d->tp_split = split;
+    d->groups = groups;
     d->layer = layer;
     d->decay = ndim == 2;
     d->init = init;
@@ -53,15 +54,16 @@ static status_t add_param(table_builder_t *b, int layer, const char *suffix, int
         d->count[0] = v0 >= d0 ? 0 : d0 - v0 < d->local_rows ? d0 - v0 : d->local_rows;
     } else {
         int dim = split == TP_SPLIT_ROWS ? 0 : split == TP_SPLIT_COLS ? 1 : -1;
+        const int64_t g = dim == 0 ? groups : 1; /* blocks split apart */
         if (dim >= 0) {
-            if (d->shape[dim] % b->tp_size != 0)
+            if (d->shape[dim] % (g * b->tp_size) != 0)
                 return status_set(STATUS_FAIL, b->err, b->errlen,
                                   "tensor %s dimension %d (%lld) is not divisible by --tp %d", d->name, dim,
-                                  (long long)d->shape[dim], b->tp_size);
-            d->count[dim] = d->shape[dim] / b->tp_size;
+                                  (long long)(d->shape[dim] / g), b->tp_size);
+            d->count[dim] = d->shape[dim] / g / b->tp_size;
             d->start[dim] = d->count[dim] * b->tp_rank;
         }
-        d->local_rows = d->count[0];
+        d->local_rows = d->count[0] * g;
     }
     d->numel = (size_t)d->local_rows * (size_t)d->count[1];
     d->offset = t->numel;
@@ -69,6 +71,12 @@ static status_t add_param(table_builder_t *b, int layer, const char *suffix, int
     t->logical_numel += (size_t)d->shape[0] * (size_t)d->shape[1];
     t->n++;
     return STATUS_OK;
+}
+
+static status_t add_param(table_builder_t *b, int layer, const char *suffix, int ndim, int64_t d0, int64_t d1,
+                          tp_split_t split, param_init_t init, float std)
+{
+    return add_param_groups(b, layer, suffix, ndim, d0, d1, split, 1, init, std);
 }
 
 param_layout_t param_layout_range(int tp_size, int tp_rank, int begin, int end, int has_embed, int has_head)
@@ -153,9 +161,31 @@ static status_t add_embed(table_builder_t *b, const model_config_t *c, float std
     return STATUS_OK;
 }
 
+static status_t add_mlp(table_builder_t *b, const model_config_t *c, int l, int64_t F, float std, float std_out);
+
+/* A MoE layer's router and routed experts, each tensor the E experts'
+ * stacked along dim 0 (logical [E, ...] as [E * rows, cols]): the router
+ * [E, C] replicated over TP, and each expert's MLP split over TP as the
+ * dense one is (expert TP = TP). Llama's wfc holds each expert's gate
+ * rows then its up rows, [E * 2F, C], so one GEMM computes an expert's
+ * gate|up. */
+static status_t add_experts(table_builder_t *b, const model_config_t *c, int l, float std, float std_out)
+{
+    const int64_t C = c->d_model, E = c->moe.experts, F = c->moe.ffn;
+    const int gpt = c->arch == ARCH_GPT2, per = gpt ? 1 : 2;
+    CHECK(add_param(b, l, "moe.router", 2, E, C, TP_SPLIT_NONE, INIT_NORMAL, std));
+    CHECK(add_param_groups(b, l, "moe.wfc", 2, E * per * F, C, TP_SPLIT_ROWS, (int)(E * per), INIT_NORMAL, std));
+    if (gpt)
+        CHECK(add_param_groups(b, l, "moe.bfc", 1, E * F, 1, TP_SPLIT_ROWS, (int)E, INIT_ZEROS, 0));
+    CHECK(add_param(b, l, "moe.wproj", 2, E * C, F, TP_SPLIT_COLS, INIT_NORMAL, std_out));
+    if (gpt)
+        CHECK(add_param(b, l, "moe.bproj", 1, E * C, 1, TP_SPLIT_NONE, INIT_ZEROS, 0));
+    return STATUS_OK;
+}
+
 static status_t add_block(table_builder_t *b, const model_config_t *c, int l, float std, float std_out)
 {
-    const int64_t C = c->d_model, F = c->d_ff;
+    const int64_t C = c->d_model, F = model_layer_ffn(c, l);
     const int64_t HS = model_head_size(c), QD = c->n_head * HS, KVD = c->n_kv_head * HS;
     CHECK(add_param(b, l, "ln1.w", 1, C, 1, TP_SPLIT_NONE, INIT_ONES, 0));
     if (c->arch == ARCH_GPT2)
@@ -179,8 +209,19 @@ static status_t add_block(table_builder_t *b, const model_config_t *c, int l, fl
     if (c->arch == ARCH_GPT2)
         CHECK(add_param(b, l, "attn.bo", 1, C, 1, TP_SPLIT_NONE, INIT_ZEROS, 0));
     CHECK(add_param(b, l, "ln2.w", 1, C, 1, TP_SPLIT_NONE, INIT_ONES, 0));
-    if (c->arch == ARCH_GPT2) {
+    if (c->arch == ARCH_GPT2)
         CHECK(add_param(b, l, "ln2.b", 1, C, 1, TP_SPLIT_NONE, INIT_ZEROS, 0));
+    if (F > 0)
+        CHECK(add_mlp(b, c, l, F, std, std_out));
+    return model_layer_moe(c, l) ? add_experts(b, c, l, std, std_out) : STATUS_OK;
+}
+
+/* The dense MLP of width F: a dense layer's, or a MoE layer's shared
+ * expert. */
+static status_t add_mlp(table_builder_t *b, const model_config_t *c, int l, int64_t F, float std, float std_out)
+{
+    const int64_t C = c->d_model;
+    if (c->arch == ARCH_GPT2) {
         CHECK(add_param(b, l, "mlp.wfc", 2, F, C, TP_SPLIT_ROWS, INIT_NORMAL, std));
         CHECK(add_param(b, l, "mlp.bfc", 1, F, 1, TP_SPLIT_ROWS, INIT_ZEROS, 0));
         CHECK(add_param(b, l, "mlp.wproj", 2, C, F, TP_SPLIT_COLS, INIT_NORMAL, std_out));
@@ -269,7 +310,8 @@ void param_table_init(const param_table_t *t, float *flat, uint64_t seed)
 #pragma omp parallel for schedule(static)
         for (int64_t r = 0; r < d->local_rows; r++)
             for (int64_t s = 0; s < d->count[1]; s++)
-                dst[r * d->count[1] + s] =
-                    r < d->count[0] ? param_init_value(d, seed, d->start[0] + r, d->start[1] + s) : 0.0f;
+                dst[r * d->count[1] + s] = r < d->count[0] * (d->groups > 1 ? d->groups : 1)
+                                               ? param_init_value(d, seed, param_logical_row(d, r), d->start[1] + s)
+                                               : 0.0f;
     }
 }

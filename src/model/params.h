@@ -57,6 +57,12 @@ typedef struct param_desc {
     int ndim;                  /* 1 or 2 */
     int64_t shape[2];          /* logical shape (layout independent) */
     tp_split_t tp_split;
+    /* TP_SPLIT_ROWS of a stack of `groups` equal blocks of rows (a MoE
+     * layer's experts, [E * rows, cols], and Llama's gate and up of each
+     * expert as two blocks): each block is split on its own, so the rank
+     * holds rows [start[0], start[0] + count[0]) of every block, block g's
+     * at local rows [g * count[0], (g+1) * count[0]). 1 elsewhere. */
+    int groups;
     int layer;     /* block index; -1 = input embeddings, n_layer = final norm / head */
     int decay;     /* AdamW weight decay applies (2-D tensors) */
     int norm;      /* a norm's weight or bias: under sequence parallelism each TP
@@ -67,7 +73,7 @@ typedef struct param_desc {
     float init_std; /* for INIT_NORMAL */
     /* This rank's slice: logical hyperslab [start, start+count) */
     int64_t start[2], count[2];
-    int64_t local_rows; /* rows in the buffer: count[0], plus zero padding rows
+    int64_t local_rows; /* rows in the buffer: count[0] (times groups), plus zero padding rows
                            for TP_SPLIT_VOCAB (never trained, never saved) */
     size_t offset;      /* in floats, into the rank's flat parameter buffer */
     size_t numel;       /* local_rows * count[1] */
@@ -98,6 +104,15 @@ int param_table_find(const param_table_t *t, const char *name);
 /* Fills this rank's slice of every tensor from the counter-based RNG keyed by
  * (seed, tensor name, logical element index). */
 void param_table_init(const param_table_t *t, float *flat, uint64_t seed);
+
+/* The logical row of local row r of tensor d (r < the rows it holds). */
+static inline int64_t param_logical_row(const param_desc_t *d, int64_t r)
+{
+    if (d->groups <= 1)
+        return d->start[0] + r;
+    const int64_t blk = d->shape[0] / d->groups;
+    return (r / d->count[0]) * blk + d->start[0] + r % d->count[0];
+}
 
 /* Value of logical element (i, j) of tensor d at initialisation. */
 float param_init_value(const param_desc_t *d, uint64_t seed, int64_t i, int64_t j);

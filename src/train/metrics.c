@@ -65,6 +65,15 @@ void metrics_print_step(FILE *out, const step_record_t *r)
         fprintf(out, " | val %.6f", r->val_loss);
     for (int i = 0; i < r->n_mc; i++)
         fprintf(out, " | %s acc_norm %.4f acc %.4f", r->mc[i].name, r->mc[i].acc_norm, r->mc[i].acc);
+    if (r->n_moe > 0) {
+        double m[4] = {0};
+        for (int i = 0; i < r->n_moe; i++)
+            for (int k = 0; k < 4; k++)
+                m[k] += r->moe_layer[i][k] / r->n_moe;
+        fprintf(out, " | moe aux %.4f z %.3f load %.2f", m[0], m[1], m[2]);
+        if (m[3] > 0)
+            fprintf(out, " dropped %.1f%%", 100.0 * m[3]);
+    }
     fprintf(out, " | lr %.3e | norm %.4f | %.1f ms", r->lr, r->grad_norm, r->ms);
     if (r->comm_ms > 0 || r->bubble_max > 0)
         fprintf(out, " (compute %.1f/%.1f, comm wait %.1f/%.1f", r->compute_ms_max, r->compute_ms_mean, r->comm_ms,
@@ -95,7 +104,7 @@ int metrics_write_tfevents(tfevents_t *w, const step_record_t *r, double wall_ti
 {
     enum { NMEM = MEM_N_CATEGORIES + 1 };
     char mem_tags[NMEM][64], mc_tags[2 * METRICS_MC_MAX][96];
-    tfevents_scalar_t v[9 + NMEM + 2 * METRICS_MC_MAX];
+    tfevents_scalar_t v[13 + NMEM + 2 * METRICS_MC_MAX];
     int n = 0;
     v[n++] = (tfevents_scalar_t){"train/loss", r->loss};
     if (!isnan(r->val_loss))
@@ -113,6 +122,13 @@ int metrics_write_tfevents(tfevents_t *w, const step_record_t *r, double wall_ti
         snprintf(mc_tags[2 * i + 1], sizeof mc_tags[2 * i + 1], "eval/%s/acc_norm", r->mc[i].name);
         v[n++] = (tfevents_scalar_t){mc_tags[2 * i], r->mc[i].acc};
         v[n++] = (tfevents_scalar_t){mc_tags[2 * i + 1], r->mc[i].acc_norm};
+    }
+    static const char *const moe_tags[4] = {"moe/aux", "moe/z", "moe/max_load", "moe/dropped"};
+    for (int k = 0; k < 4 && r->n_moe > 0; k++) { /* means over the MoE layers */
+        double mean = 0.0;
+        for (int i = 0; i < r->n_moe; i++)
+            mean += r->moe_layer[i][k] / r->n_moe;
+        v[n++] = (tfevents_scalar_t){moe_tags[k], mean};
     }
     for (int k = 0; k < NMEM; k++) {
         snprintf(mem_tags[k], sizeof mem_tags[k], "mem/peak_%s_bytes",
@@ -221,6 +237,17 @@ static int format_step(FILE *f, const void *arg)
         rc = fprintf(f, "%s\"%s\": {\"acc\": %.6f, \"acc_norm\": %.6f, \"examples\": %d}%s",
                      i == 0 ? ", \"eval_mc\": {" : ", ", r->mc[i].name, r->mc[i].acc, r->mc[i].acc_norm,
                      r->mc[i].examples, i + 1 == r->n_mc ? "}" : "");
+    static const char *const moe_keys[4] = {"aux", "z", "max_load", "dropped"};
+    for (int k = 0; k < 4 && r->n_moe > 0 && rc >= 0; k++) {
+        rc = fprintf(f, "%s\"%s\": [", k == 0 ? ", \"moe\": {" : ", ", moe_keys[k]);
+        for (int i = 0; i < r->n_moe && rc >= 0; i++)
+            rc = fprintf(f, "%.6g%s", r->moe_layer[i][k], i + 1 < r->n_moe ? ", " : "]");
+    }
+    if (r->n_moe > 0 && rc >= 0) {
+        rc = fprintf(f, ", \"layers\": [");
+        for (int i = 0; i < r->n_moe && rc >= 0; i++)
+            rc = fprintf(f, "%d%s", r->moe_index[i], i + 1 < r->n_moe ? ", " : "]}");
+    }
     rc = rc < 0 ? rc : fprintf(f, "}\n");
     return rc < 0 ? -1 : 0;
 }

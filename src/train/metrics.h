@@ -36,6 +36,13 @@ typedef struct step_record {
      * steps' pace (metrics_eta); 0: not shown */
     double left_s, ckpt_left_s;
     straggler_report_t straggler; /* --straggler-every; steps 0: none this step */
+    /* MoE layers (n_moe of them; 0: a dense model): per layer l of
+     * moe_layer[l] the step's load-balancing loss, z-loss, busiest expert's
+     * tokens over the mean, and dropped share of the assignments (model
+     * layer numbers in moe_index); the step line shows their means */
+    int n_moe;
+    const int *moe_index;
+    const double (*moe_layer)[4];
     const char *skipped;          /* NULL, or why the spike guard skipped the update: "loss_spike", "nonfinite" */
     /* --eval-mc: the files scored after this step (n_mc 0: none): name (the
      * file's base name less its extension), accuracy by the summed loss

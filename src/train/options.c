@@ -20,6 +20,7 @@
 #endif
 
 static const char *const arch_choices[] = {"gpt2", "llama", NULL};
+static const char *const moe_router_choices[] = {"softmax", "sigmoid", NULL};
 const char *const plan_dtype_names[] = {[PLAN_DTYPE_AUTO] = "",
                                         [PLAN_DTYPE_FP32] = "fp32",
                                         [PLAN_DTYPE_BF16] = "bf16",
@@ -78,6 +79,36 @@ static const opt_def_t opt_defs[] = {
      NULL, 0},
     {"d-model", OPT_INT, F(d_model), 0, "0", 0, 1 << 20, NULL, "override the model width (0 = preset)", NULL, NULL, 0},
     {"d-ff", OPT_INT, F(d_ff), 0, "0", 0, 1 << 22, NULL, "override the MLP width (0 = preset)", NULL, NULL, 0},
+    {"moe-experts", OPT_INT, F(moe_experts), 0, "0", 0, 4096, NULL,
+     "mixture of experts: routed experts per MoE layer (0 = the preset's; a dense preset becomes a MoE one)", NULL,
+     NULL, F(moe_given[0]) + 1},
+    {"moe-top-k", OPT_INT, F(moe_top_k), 0, "0", 0, 4096, NULL, "experts each token is routed to (default 2)", NULL,
+     NULL, F(moe_given[1]) + 1},
+    {"moe-ffn", OPT_INT, F(moe_ffn), 0, "0", 0, 1 << 22, NULL, "each expert's MLP width (default --d-ff)", NULL, NULL,
+     F(moe_given[2]) + 1},
+    {"moe-every", OPT_INT, F(moe_every), 0, "1", 1, 1024, NULL,
+     "every N-th layer from --moe-first-dense on is a MoE layer (default 1: all)", NULL, NULL, F(moe_given[3]) + 1},
+    {"moe-first-dense", OPT_INT, F(moe_first_dense), 0, "0", 0, 1024, NULL,
+     "the first N layers keep a dense MLP (DeepSeek's first_k_dense_replace)", NULL, NULL, F(moe_given[4]) + 1},
+    {"moe-router", OPT_STR, F(moe_router), S(moe_router), "", 0, 0, moe_router_choices,
+     "router scores: softmax (Mixtral, Qwen-MoE) | sigmoid (DeepSeek-V3); computed in fp32", NULL, NULL,
+     F(moe_given[5]) + 1},
+    {"moe-norm-topk", OPT_INT, F(moe_norm_topk), 0, "1", 0, 1, NULL,
+     "1: renormalise the chosen experts' scores to sum 1 (Mixtral); 0: use them as they are (Qwen norm_topk_prob "
+     "false)",
+     NULL, NULL, F(moe_given[6]) + 1},
+    {"moe-shared-ffn", OPT_INT, F(moe_shared_ffn), 0, "0", 0, 1 << 22, NULL,
+     "width of a shared expert every token of a MoE layer goes through (0 = none)", NULL, NULL, F(moe_given[7]) + 1},
+    {"moe-aux-coef", OPT_REAL, F(moe_aux_coef), 0, "0.01", 0, 1e6, NULL,
+     "coefficient of the Switch load-balancing loss E * sum_e f_e P_e added per MoE layer", NULL, NULL,
+     F(moe_given[8]) + 1},
+    {"moe-z-coef", OPT_REAL, F(moe_z_coef), 0, "0", 0, 1e6, NULL,
+     "coefficient of the router z-loss mean(logsumexp(logits)^2) added per MoE layer", NULL, NULL,
+     F(moe_given[9]) + 1},
+    {"moe-capacity-factor", OPT_REAL, F(moe_capacity), 0, "0", 0, 1e4, NULL,
+     "cap each expert at ceil(X * seq-len * top-k / experts) tokens per sequence, dropping the lowest router scores "
+     "(0 = dropless)",
+     NULL, NULL, F(moe_given[10]) + 1},
     {"vocab-size", OPT_INT, F(vocab_size), 0, "0", 0, 1 << 24, NULL, "override the vocabulary size (0 = preset)", NULL,
      NULL, 0},
     {"max-seq-len", OPT_INT, F(max_seq_len), 0, "0", 0, 1 << 20, NULL,
@@ -524,6 +555,64 @@ int options_zero_stage(const run_options_t *o)
     return o->fsdp == FSDP_UNSET ? o->zero : stage[o->fsdp];
 }
 
+enum { MOE_EXPERTS, MOE_TOP_K, MOE_FFN, MOE_EVERY, MOE_FIRST_DENSE, MOE_ROUTER, MOE_NORM_TOPK, MOE_SHARED, MOE_AUX,
+       MOE_Z, MOE_CAPACITY };
+
+/* The --moe-* options of the mixture's shape over the preset's. A dense
+ * preset given --moe-experts becomes a mixture with the options'
+ * defaults (top-2 of experts as wide as its MLP, every layer, softmax
+ * renormalised over the chosen, Mixtral's). */
+static void moe_shape_options(const run_options_t *o, model_config_t *c)
+{
+    moe_config_t *e = &c->moe;
+    const int *given = o->moe_given;
+    if (given[MOE_EXPERTS] && o->moe_experts == 0) {
+        memset(e, 0, sizeof *e);
+        return;
+    }
+    if (given[MOE_EXPERTS] && e->experts == 0)
+        *e = (moe_config_t){.top_k = 2, .ffn = c->d_ff, .every = 1, .norm_topk = 1};
+    if (given[MOE_EXPERTS])
+        e->experts = o->moe_experts;
+    if (given[MOE_TOP_K])
+        e->top_k = o->moe_top_k;
+    if (given[MOE_FFN])
+        e->ffn = o->moe_ffn;
+    if (given[MOE_EVERY])
+        e->every = o->moe_every;
+    if (given[MOE_FIRST_DENSE])
+        e->first_dense = o->moe_first_dense;
+    if (given[MOE_ROUTER] && o->moe_router[0])
+        e->router = (moe_router_t)model_moe_router_of(o->moe_router);
+    if (given[MOE_NORM_TOPK])
+        e->norm_topk = o->moe_norm_topk;
+    if (given[MOE_SHARED])
+        e->shared_ffn = o->moe_shared_ffn;
+}
+
+/* The run's side of the mixture: its loss coefficients and capacity (the
+ * options' defaults where neither they nor the preset give one). */
+static void moe_run_options(const run_options_t *o, model_config_t *c)
+{
+    moe_config_t *e = &c->moe;
+    const int *given = o->moe_given;
+    if (e->experts == 0) { /* a dense model: any of these is an error model_config_check reports */
+        if (given[MOE_TOP_K] || given[MOE_FFN] || given[MOE_SHARED] || given[MOE_CAPACITY]) {
+            e->top_k = o->moe_top_k;
+            e->ffn = o->moe_ffn;
+            e->shared_ffn = o->moe_shared_ffn;
+            e->capacity = (float)o->moe_capacity;
+        }
+        return;
+    }
+    if (given[MOE_AUX] || (e->aux_coef == 0 && e->z_coef == 0))
+        e->aux_coef = (float)o->moe_aux_coef;
+    if (given[MOE_Z])
+        e->z_coef = (float)o->moe_z_coef;
+    if (given[MOE_CAPACITY])
+        e->capacity = (float)o->moe_capacity;
+}
+
 /* options_model_config under --init-from: the file's model, checked
  * against the explicitly given model options (--model, --arch, --n-layer,
  * ... : any that disagrees is an error), with Llama's max_seq raised to
@@ -575,8 +664,17 @@ static int init_from_model_config(const run_options_t *o, model_config_t *c, cha
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
         if (f[i].given && f[i].given != f[i].file)
             return init_from_conflict(err, errlen, f[i].opt, f[i].given, f[i].file, o->init_from);
+    for (int i = MOE_EXPERTS; i <= MOE_SHARED; i++)
+        if (o->moe_given[i]) {
+            snprintf(err, errlen,
+                     "the --moe-* options of the mixture's shape conflict with --init-from %s: drop them (the model "
+                     "comes from the file)",
+                     o->init_from);
+            return -1;
+        }
     if (c->arch == ARCH_LLAMA && o->seq_len > c->max_seq)
         c->max_seq = o->seq_len; /* RoPE has no table of positions to outgrow */
+    moe_run_options(o, c);
     return model_config_check(c, err, errlen);
 }
 
@@ -614,6 +712,8 @@ int options_model_config(const run_options_t *o, model_config_t *c, char *err, s
         c->max_seq = o->max_seq_len;
     if (c->arch == ARCH_LLAMA && o->seq_len > c->max_seq)
         c->max_seq = o->seq_len; /* RoPE has no table of positions to outgrow */
+    moe_shape_options(o, c);
+    moe_run_options(o, c);
     return model_config_check(c, err, errlen);
 }
 

@@ -683,6 +683,51 @@ typedef struct step_times {
     double dt, comm, bubble;
 } step_times_t;
 
+/* The MoE layers' routing statistics of the step just run (the model's
+ * since model_moe_stats_reset), per model layer over the world: TP rank 0
+ * of each stage contributes its layers, each data-parallel replica its
+ * own microbatches. Fills r's moe fields (tr->moe_layer holds them).
+ * Collective. */
+enum { MOE_STAT_N = 6 };
+static int moe_step_stats(trainer_t *tr, step_record_t *r, char *err, size_t errlen)
+{
+    const model_t *m = &tr->model;
+    const int L = tr->cfg.n_layer;
+    if (!tr->cfg.moe.experts)
+        return 0;
+    if (!tr->moe_layer && !(tr->moe_layer = calloc((size_t)L * (MOE_STAT_N + 5), sizeof *tr->moe_layer)))
+        return status_set(STATUS_FAIL, err, errlen, "out of memory for the MoE statistics of %d layers", L);
+    double *sum = tr->moe_layer, (*out)[4] = (double (*)[4])(sum + (size_t)L * MOE_STAT_N);
+    int *index = (int *)(sum + (size_t)L * (MOE_STAT_N + 4));
+    memset(sum, 0, (size_t)L * MOE_STAT_N * sizeof *sum);
+    for (int i = 0; i < m->n_local && tr->grid->tp_rank == 0; i++) {
+        const model_moe_stats_t *st = &m->moe_stats[i];
+        double *d = sum + (size_t)param_layout_layer(&m->lay.part, i) * MOE_STAT_N;
+        const double v[MOE_STAT_N] = {st->aux, st->z, st->max_load, st->dropped, st->assigned, st->micro};
+        for (int k = 0; k < MOE_STAT_N; k++)
+            d[k] += v[k];
+    }
+    char cerr[COMM_ERR_MAX];
+    if (tr->world->ops->allreduce(tr->world, sum, (size_t)L * MOE_STAT_N, COMM_FP64, COMM_SUM, cerr, sizeof cerr) !=
+        0)
+        return status_set(STATUS_FAIL, err, errlen, "MoE statistics all-reduce failed: %s", cerr);
+    int n = 0;
+    for (int l = 0; l < L; l++) {
+        const double *d = sum + (size_t)l * MOE_STAT_N;
+        if (!model_layer_moe(&tr->cfg, l) || d[5] == 0)
+            continue;
+        out[n][0] = d[0] / d[5];
+        out[n][1] = d[1] / d[5];
+        out[n][2] = d[2] / d[5];
+        out[n][3] = d[4] > 0 ? d[3] / d[4] : 0.0;
+        index[n++] = l;
+    }
+    r->n_moe = n;
+    r->moe_layer = (const double (*)[4])out;
+    r->moe_index = index;
+    return 0;
+}
+
 /* One optimizer step: gradients, loss, norm, update. Fills r's step,
  * loss, lr, norm and rate, and *t. */
 static int train_step(trainer_t *tr, int step, step_record_t *r, step_times_t *t, char *err, size_t errlen)
@@ -694,6 +739,7 @@ static int train_step(trainer_t *tr, int step, step_record_t *r, step_times_t *t
     double lr = lr_at(&tr->sched, step);
     m->tp_comm_s = 0.0;
     tr->embed_comm_s = 0.0;
+    model_moe_stats_reset(m);
     if (step_gradients(tr, step, &t->bubble, err, errlen) != 0)
         return -1;
     double loss, norm;
@@ -724,7 +770,7 @@ static int train_step(trainer_t *tr, int step, step_record_t *r, step_times_t *t
                          .tokens_per_s = tokens_step / dt};
     t->dt = dt;
     t->comm = tr->sync.ops->comm_s(&tr->sync) + m->tp_comm_s + tr->embed_comm_s;
-    return 0;
+    return moe_step_stats(tr, r, err, errlen);
 }
 
 /* The step's compute, exposed communication and bubble, max and mean over
@@ -895,6 +941,7 @@ void trainer_teardown(trainer_t *tr)
     char tb_err[256]; /* a failed run's file: its one line is the run's error, not this close's */
     tfevents_close(tr->tb, tb_err, sizeof tb_err);
     straggler_free(&tr->strag);
+    free(tr->moe_layer);
     free(tr->tok);
     free(tr->tgt);
     free(tr->pos);

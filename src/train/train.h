@@ -50,6 +50,9 @@ typedef struct trainer {
     int bwd_done[PARAM_MAX_RUNS];       /* this step's (whole or weight) backwards so far, per chunk of the stage */
     int bwd_input_done[PARAM_MAX_RUNS]; /* ... and input backwards (zb-h1's B) */
     double loss_sum;
+    /* MoE layers: the step's routing statistics per model layer
+     * ([n_layer][MOE_STAT_N], summed over the world), reported by step_stats */
+    double *moe_layer;
     double embed_comm_s; /* this step's tied-embedding all-reduce */
     int threads;
     double flops_token; /* model FLOPs per token */
