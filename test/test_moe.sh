@@ -13,7 +13,8 @@
 # on tiny-moe, tp2 and pp2 stay within 1e-7 of one rank for 12 steps and
 # first flip at step 13. The same layout twice is bit-identical, and so
 # are --recompute full and none; a checkpoint written at tp2 x pp2
-# resumes at one rank; bad MoE options exit 2 with one line.
+# resumes at one rank; zb-h1 equals 1f1b bit for bit; bad MoE options
+# exit 2 with one line.
 . "$top_srcdir/test/common.sh"
 
 # ---- one layer against the formulas ----
@@ -74,11 +75,17 @@ layout_run "$TMP/ck.json" 4 $S --model tiny-moe --tp 2 --pp 2 --ckpt-dir "$TMP/c
         fi
     }
 
+# ---- zb-h1: B computes the experts' weight gradients, W the dense and
+# shared-expert matmuls' from the same operands: the 1f1b run bit for bit ----
+for model in tiny-moe tiny-deepseek-moe; do
+    layout_run "$TMP/$model.zb1f1b.json" 2 $S --model $model --pp 2 &&
+        layout_run "$TMP/$model.zb.json" 2 $S --model $model --pp 2 --pp-schedule zb-h1 &&
+        layout_compare "$TMP/$model.zb1f1b.json" "$TMP/$model.zb.json" "$model pp2 zb-h1 vs 1f1b" 1e-12 1e-12 1e-12
+done
+
 # ---- bad input ----
 B="$DTRAIN $(tiny_args) --steps 1"
 expect_exit2 "--moe-top-k 9 must be between 1 and --moe-experts 8" $B --model tiny-moe --moe-top-k 9
 expect_exit2 "need --moe-experts" $B --model tiny --moe-capacity-factor 1.25
 expect_exit2 "--moe-experts 1: a mixture needs 2 to 4096 experts" $B --model tiny --moe-experts 1
-expect_exit2 "zb-h1) does not handle MoE layers" "$MPIEXEC" --quiet -np 2 $B --model tiny-moe --pp 2 --pp-schedule zb-h1 \
-    --micro-batch 2 --global-batch 8 --seq-len 64
 finish

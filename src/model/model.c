@@ -370,12 +370,20 @@ static void wdout_fits(const model_t *m, int *rows, int *fc, int *qkv)
     *qkv = rc != MODEL_RECOMPUTE_FULL;
 }
 
+/* The widest MLP first-matmul output of any layer: a dense layer's, or a
+ * MoE layer's shared expert's (its experts' weight gradients are B's). */
+static size_t max_fcw(const model_t *m)
+{
+    const int F = m->cfg.moe.shared_ffn > m->cfg.d_ff ? m->cfg.moe.shared_ffn : m->cfg.d_ff;
+    return (size_t)((m->cfg.arch == ARCH_LLAMA ? 2 : 1) * (F / tp_size(m)));
+}
+
 /* Floats of one block's output gradients that wait in wdout. */
 static size_t wdout_floats(const model_t *m, size_t N)
 {
     int rows, fc, qkv;
     wdout_fits(m, &rows, &fc, &qkv);
-    return N * ((rows ? 0 : 2 * (size_t)m->cfg.d_model) + (fc ? 0 : (size_t)fc_width(m)) +
+    return N * ((rows ? 0 : 2 * (size_t)m->cfg.d_model) + (fc ? 0 : max_fcw(m)) +
                 (qkv ? 0 : (size_t)qkv_width(m)));
 }
 
@@ -566,10 +574,6 @@ static int check_shapes(const model_config_t *cfg, const model_layout_t *lay, in
     if (cfg->moe.experts && (cfg->moe.ffn % P || cfg->moe.shared_ffn % P)) {
         snprintf(err, errlen, "--tp %d must divide the experts' width --moe-ffn %d and the shared expert's %d", P,
                  cfg->moe.ffn, cfg->moe.shared_ffn);
-        return -1;
-    }
-    if (cfg->moe.experts && lay->split_backward) {
-        snprintf(err, errlen, "the split backward (--pp-schedule zb-h1) does not handle MoE layers yet");
         return -1;
     }
     if (lay->sequence_parallel && ((size_t)B * (size_t)T) % (size_t)P) {
@@ -1364,7 +1368,7 @@ static wdout_at_t slot_wdout(const model_t *m, const model_slot_t *sl, int i)
     }
     d.fc = fc ? a.fc : own;
     if (!fc)
-        own += N * (size_t)fc_width(m);
+        own += N * max_fcw(m);
     d.qkv = qkv ? a.qkv : own;
     return d;
 }
@@ -1389,14 +1393,16 @@ static status_t block_bwd_weight(model_t *m, model_slot_t *sl, int i, int next, 
         CHECK(lend_params(m, i, next, err, errlen));
         const float *x = sl->x + (size_t)(i - sl->first) * NR * C;
         CHECK(block_fwd(m, a, NULL, 0.0f, slot_pos(sl), x, NULL, i, b, t, err, errlen));
-    } else if (rc == MODEL_RECOMPUTE_SELECTIVE && c->arch == ARCH_GPT2) {
+    } else if (rc == MODEL_RECOMPUTE_SELECTIVE && c->arch == ARCH_GPT2 && F > 0) {
         o->gelu_fwd(o->ctx, a->fc_act, a->fc, (size_t)N * F);
-    } else if (rc == MODEL_RECOMPUTE_SELECTIVE) {
+    } else if (rc == MODEL_RECOMPUTE_SELECTIVE && F > 0) {
         o->swiglu_fwd(o->ctx, a->fc_act, a->fc, N, F);
     }
     const wdout_at_t d = slot_wdout(m, sl, i);
-    mm_bwd(m, NULL, g->wproj, g->bproj, d.proj, a->fc_act, a->fc_act16, w->wproj, N, F, C, 0, accum);
-    mm_bwd(m, NULL, g->wfc, g->bfc, d.fc, a->ln2, a->ln2_16, w->wfc, N, C, layer_fcw(m, i), 0, accum);
+    if (F > 0) { /* a dense MLP, or a MoE layer's shared expert */
+        mm_bwd(m, NULL, g->wproj, g->bproj, d.proj, a->fc_act, a->fc_act16, w->wproj, N, F, C, 0, accum);
+        mm_bwd(m, NULL, g->wfc, g->bfc, d.fc, a->ln2, a->ln2_16, w->wfc, N, C, layer_fcw(m, i), 0, accum);
+    }
     mm_bwd(m, NULL, g->wo, g->bo, d.o, a->atty, NULL, w->wo, N, QD, C, 0, accum);
     mm_bwd(m, NULL, g->wqkv, g->bqkv, d.qkv, a->ln1, a->ln1_16, w->wqkv, N, C, qkv_width(m), 0, accum);
     return STATUS_OK;
