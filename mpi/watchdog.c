@@ -34,6 +34,9 @@ struct watchdog {
         int32_t *world; /* world rank of each group rank */
     } groups[WATCHDOG_MAX_GROUPS];
     int ngroups;
+    /* watchdog_on_fire's function, called before the line */
+    void (*on_fire)(void *ctx);
+    void *on_fire_ctx;
 };
 
 static double seconds_since(const struct timespec *t0)
@@ -137,6 +140,8 @@ static void fire(watchdog_t *w, double waited_s)
         describe_peer(w, peer, sizeof peer);
     else
         describe_members(w, peer, sizeof peer);
+    if (w->on_fire)
+        w->on_fire(w->on_fire_ctx);
     fprintf(stderr,
             "dtrain: %s: %s on group %s (%d ranks%s%s%s) has not finished after %.0f s (--comm-timeout %g): "
             "a peer rank is stuck or dead; aborting the job%s%s\n",
@@ -302,5 +307,37 @@ void watchdog_note_failure(watchdog_t *w, const char *msg)
         return;
     pthread_mutex_lock(&w->lock);
     snprintf(w->failure, sizeof w->failure, "%s", msg ? msg : "unknown error");
+    pthread_mutex_unlock(&w->lock);
+}
+
+void watchdog_on_fire(watchdog_t *w, void (*fn)(void *ctx), void *ctx)
+{
+    if (!w)
+        return;
+    pthread_mutex_lock(&w->lock);
+    w->on_fire = fn;
+    w->on_fire_ctx = ctx;
+    pthread_mutex_unlock(&w->lock);
+}
+
+void watchdog_describe_wait(void *ctx, char *buf, size_t len)
+{
+    watchdog_t *w = ctx;
+    buf[0] = '\0';
+    /* never wait: the lock is held for good once the watchdog has fired */
+    if (!w || pthread_mutex_trylock(&w->lock) != 0)
+        return;
+    if (w->op) {
+        char peer[320] = "";
+        const double s = seconds_since(&w->since);
+        if (w->peer >= 0) {
+            describe_peer(w, peer, sizeof peer); /* ", peer pp rank 1 = rank 2 on node2" */
+            snprintf(buf, len, "waiting %.1f s in %s on group %s%s", s, w->op, w->group, peer);
+        } else {
+            describe_members(w, peer, sizeof peer); /* "; ranks 0,1 on node1", or "" */
+            snprintf(buf, len, "waiting %.1f s in %s on group %s%s%s%s", s, w->op, w->group, peer[0] ? " (" : "",
+                     peer[0] ? peer + 2 : "", peer[0] ? ")" : "");
+        }
+    }
     pthread_mutex_unlock(&w->lock);
 }

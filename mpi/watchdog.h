@@ -75,4 +75,15 @@ void watchdog_leave(watchdog_t *w);
  * "...; this rank had failed first: MSG". A copy is kept; NULL w is fine. */
 void watchdog_note_failure(watchdog_t *w, const char *msg);
 
+/* fn(ctx) runs on the watchdog's thread when it fires, before its line
+ * (lostpeer_announce_ending: no rank then prints a second line about the
+ * same loss); NULL removes it. fn must not block. */
+void watchdog_on_fire(watchdog_t *w, void (*fn)(void *ctx), void *ctx);
+
+/* What the main thread is blocked in, for another thread's line (ctx: the
+ * watchdog_t *): "waiting 2.1 s in irecv on group pp, peer pp rank 1 =
+ * rank 2 on node2", or "" when it is in no call or the watchdog is busy
+ * (never waits for its lock). The lostpeer_set_context function. */
+void watchdog_describe_wait(void *ctx, char *buf, size_t len);
+
 #endif
