@@ -42,6 +42,7 @@ struct msg {
     uint32_t token[2]; /* the job's (rank 0's token) */
     uint32_t from, to; /* world ranks */
     uint32_t flag;
+    uint32_t round; /* the asker's round of questions, echoed in the answer */
 };
 
 /* A rank's state in one round of questions */
@@ -67,6 +68,7 @@ struct lostpeer {
     int termed;         /* handled a SIGTERM */
     int judged;         /* judged, or is judging */
     int judge_asked;    /* a rank asked this one to judge */
+    uint32_t round;     /* rounds of questions asked so far: an answer to an earlier one is stale */
     /* one round of questions, by world rank (the start-up check on the
      * main thread, then the thread's: never both, `checked` orders them) */
     unsigned char *state;
@@ -175,8 +177,9 @@ lostpeer_t *lostpeer_open(int rank, int size, const char *who, lostpeer_addr_t *
  * caller asks again. */
 static void send_to(const lostpeer_t *lp, int fd, int to, uint32_t type, int flag)
 {
-    struct msg m = {htonl(MAGIC), htonl(type), {htonl(lp->token[0]), htonl(lp->token[1])},
-                    htonl((uint32_t)lp->rank), htonl((uint32_t)to), htonl((uint32_t)flag)};
+    struct msg m = {htonl(MAGIC),         htonl(type),           {htonl(lp->token[0]), htonl(lp->token[1])},
+                    htonl((uint32_t)lp->rank), htonl((uint32_t)to), htonl((uint32_t)flag),
+                    htonl(lp->round)};
     const lostpeer_addr_t *p = &lp->peers[to];
     struct sockaddr_in a;
     memset(&a, 0, sizeof a);
@@ -210,6 +213,7 @@ static int receive(const lostpeer_t *lp, int fd, struct msg *m, struct sockaddr_
         m->from = ntohl(m->from);
         m->to = ntohl(m->to);
         m->flag = ntohl(m->flag);
+        m->round = ntohl(m->round);
         if (m->from < (uint32_t)lp->size && m->to == (uint32_t)lp->rank)
             return 1;
     }
@@ -226,8 +230,13 @@ static void answer_questions(lostpeer_t *lp)
         if (m.type == VERDICT) {
             atomic_store(&lp->verdict, 1);
         } else if (m.type == ASK) {
-            struct msg r = {htonl(MAGIC), htonl(ANSWER), {htonl(lp->token[0]), htonl(lp->token[1])},
-                            htonl((uint32_t)lp->rank), htonl(m.from), htonl((uint32_t)atomic_load(&lp->verdict))};
+            struct msg r = {htonl(MAGIC),
+                            htonl(ANSWER),
+                            {htonl(lp->token[0]), htonl(lp->token[1])},
+                            htonl((uint32_t)lp->rank),
+                            htonl(m.from),
+                            htonl((uint32_t)atomic_load(&lp->verdict)),
+                            htonl(m.round)};
             (void)sendto(lp->answer_fd, &r, sizeof r, 0, (struct sockaddr *)&from, sizeof from);
             if (m.flag)
                 lp->judge_asked = 1;
@@ -244,8 +253,8 @@ static int read_answers(lostpeer_t *lp, int *verdict)
     struct sockaddr_in from;
     int n = 0;
     while (receive(lp, lp->ask_fd, &m, &from)) {
-        if (m.type != ANSWER || lp->state[m.from] != ASKED)
-            continue; /* a late answer to an earlier round, or a second copy */
+        if (m.type != ANSWER || m.round != lp->round || lp->state[m.from] != ASKED)
+            continue; /* an answer to an earlier round, or a second copy (one per address and asking) */
         lp->state[m.from] = ANSWERED;
         n++;
         if (m.flag)
@@ -264,6 +273,7 @@ static int ask(lostpeer_t *lp, const int *t, int n, int judge, double wait_s, in
     int got = 0;
     for (int at = 0; at < n; at += WINDOW) {
         const int m = n - at < WINDOW ? n - at : WINDOW;
+        lp->round++;
         for (int i = 0; i < m; i++)
             lp->state[t[at + i]] = ASKED;
         int left = m;
@@ -404,9 +414,9 @@ static int lowest_answered(const lostpeer_t *lp, const int *t, int n)
 
 /* At SIGTERM: find the lowest rank still there and have it judge. The
  * lowest rank of each host that answers speaks for the host (its ranks get
- * the same SIGTERM), and asks rank 0 to judge; only when rank 0 does not
- * answer, the lowest of the hosts below it that does. So rank 0 hears
- * from one rank per host, not from every rank. */
+ * the same SIGTERM) and asks rank 0 to judge; only when rank 0 does not
+ * answer, the lowest rank below it that does (WINDOW at a time, upwards).
+ * So rank 0 hears from one rank per host, not from every rank. */
 static void on_term(lostpeer_t *lp)
 {
     const int me = lp->rank, host = lp->rep[me];
@@ -421,12 +431,15 @@ static void on_term(lostpeer_t *lp)
     if (lp->rep[0] != host && ask_one(lp, 0, 1, FIND_WAIT_S, &verdict))
         return; /* rank 0 judges */
     n = 0;
-    for (int r = 1; r < host; r++)
-        if (lp->rep[r] == r)
+    for (int r = 1; r < me; r++)
+        if (lp->rep[r] != host) /* this host's lower ranks did not answer */
             lp->targets[n++] = r;
-    if (n > 0 && ask(lp, lp->targets, n, 0, FIND_WAIT_S, 1, &verdict) > 0) {
-        (void)ask_one(lp, lowest_answered(lp, lp->targets, n), 1, FIND_WAIT_S, &verdict);
-        return;
+    for (int at = 0; at < n; at += WINDOW) {
+        const int m = n - at < WINDOW ? n - at : WINDOW;
+        if (ask(lp, lp->targets + at, m, 0, FIND_WAIT_S, 1, &verdict) > 0) {
+            (void)ask_one(lp, lowest_answered(lp, lp->targets + at, m), 1, FIND_WAIT_S, &verdict);
+            return;
+        }
     }
     judge(lp);
 }
