@@ -31,8 +31,9 @@
 #define RCVBUF (4 << 20)  /* answers to WINDOW questions sent to several addresses each */
 
 /* ASK: are you there (flag: and judge, you are the lowest rank that is);
- * ANSWER: yes (flag: I know the verdict); VERDICT: the job's loss has been
- * judged, or a rank printed a line of its own: print nothing */
+ * ANSWER: yes (flag: I know the verdict); VERDICT: the ranks still there
+ * are known, report nothing (flag: and a rank printed the job's line, the
+ * report's or the watchdog's: print no other) */
 enum { ASK = 1, ANSWER = 2, VERDICT = 3 };
 
 /* One datagram; every field in network byte order. */
@@ -52,7 +53,7 @@ struct lostpeer {
     int rank, size;
     char who[160];
     int answer_fd, ask_fd; /* UDP, bound to every interface */
-    int wake[2];           /* pipe: 'T' at SIGTERM, 'Q' to quit */
+    int wake[2];           /* pipe: 'T' at SIGTERM, 'S' for a survey, 'Q' to quit */
     pthread_t thread;
     int running;
     uint32_t token[2]; /* the job's */
@@ -62,12 +63,20 @@ struct lostpeer {
     int *rep; /* by world rank: the lowest rank on the same host */
     void (*describe)(void *ctx, char *buf, size_t len);
     void *ctx;
-    atomic_int checked; /* lostpeer_check passed: a SIGTERM asks */
-    atomic_int verdict; /* the job's loss is judged, or a rank printed its own line */
+    atomic_int checked;     /* lostpeer_check passed: a SIGTERM asks */
+    atomic_int verdict;     /* a VERDICT came, or this rank judged */
+    atomic_int line;        /* a rank printed the job's line (a VERDICT with the flag, or this one) */
+    atomic_int judge_asked; /* a rank asked this one to judge */
+    pthread_mutex_t rx;     /* reading the answering socket: the thread, and lostpeer_claim_line */
+    /* lostpeer_claim_line's survey, run by the thread: the ranks that did
+     * not answer, described; done when set */
+    pthread_mutex_t survey_mu;
+    pthread_cond_t survey_cv;
+    int survey_done;
+    char survey[256];
     /* the thread's alone */
-    int termed;         /* handled a SIGTERM */
-    int judged;         /* judged, or is judging */
-    int judge_asked;    /* a rank asked this one to judge */
+    int termed; /* handled a SIGTERM */
+    int judged; /* judged, or is judging */
     uint32_t round;     /* rounds of questions asked so far: an answer to an earlier one is stale */
     /* one round of questions, by world rank (the start-up check on the
      * main thread, then the thread's: never both, `checked` orders them) */
@@ -150,6 +159,8 @@ lostpeer_t *lostpeer_open(int rank, int size, const char *who, lostpeer_addr_t *
     lp->rank = rank;
     lp->size = size;
     lp->answer_fd = lp->ask_fd = lp->wake[0] = lp->wake[1] = -1;
+    lp->rx = lp->survey_mu = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
+    lp->survey_cv = (pthread_cond_t)PTHREAD_COND_INITIALIZER;
     snprintf(lp->who, sizeof lp->who, "%s", who);
     memset(mine, 0, sizeof *mine);
     if ((lp->answer_fd = open_udp(err, errlen)) < 0 || (lp->ask_fd = open_udp(err, errlen)) < 0 ||
@@ -219,16 +230,20 @@ static int receive(const lostpeer_t *lp, int fd, struct msg *m, struct sockaddr_
     }
 }
 
-/* Answers every question waiting on the answering socket; a request to
- * judge is left in judge_asked for the thread's loop (it may come in while
- * this thread is asking questions of its own). */
+/* Answers every question waiting on the answering socket and takes in
+ * the verdicts; a request to judge is left in judge_asked for the
+ * thread's loop (it may come in while the thread asks questions of its
+ * own, or on another thread). */
 static void answer_questions(lostpeer_t *lp)
 {
     struct msg m;
     struct sockaddr_in from;
+    pthread_mutex_lock(&lp->rx);
     while (receive(lp, lp->answer_fd, &m, &from)) {
         if (m.type == VERDICT) {
             atomic_store(&lp->verdict, 1);
+            if (m.flag)
+                atomic_store(&lp->line, 1);
         } else if (m.type == ASK) {
             struct msg r = {htonl(MAGIC),
                             htonl(ANSWER),
@@ -239,9 +254,10 @@ static void answer_questions(lostpeer_t *lp)
                             htonl(m.round)};
             (void)sendto(lp->answer_fd, &r, sizeof r, 0, (struct sockaddr *)&from, sizeof from);
             if (m.flag)
-                lp->judge_asked = 1;
+                atomic_store(&lp->judge_asked, 1);
         }
     }
+    pthread_mutex_unlock(&lp->rx);
 }
 
 /* Reads the answers waiting on the asking socket; returns how many of the
@@ -373,13 +389,16 @@ static void report(lostpeer_t *lp, int nlost)
     fflush(stderr);
 }
 
-/* Tells every rank that the verdict is in: none prints after this. */
-static void send_verdict(lostpeer_t *lp)
+/* Tells every rank that the verdict is in (line: and that this rank
+ * printed the job's line): none reports after this. */
+static void send_verdict(lostpeer_t *lp, int line)
 {
     atomic_store(&lp->verdict, 1);
+    if (line)
+        atomic_store(&lp->line, 1);
     for (int r = 0; r < lp->size; r++)
         if (r != lp->rank)
-            send_to(lp, lp->answer_fd, r, VERDICT, 1);
+            send_to(lp, lp->answer_fd, r, VERDICT, line);
 }
 
 /* The lowest rank still there asks every rank and prints those that do
@@ -397,9 +416,10 @@ static void judge(lostpeer_t *lp)
         if (r != lp->rank)
             lp->targets[n++] = r;
     const int got = ask(lp, lp->targets, n, 0, LOSTPEER_WAIT_S, 1, &verdict);
-    if (got < n && !verdict && !atomic_load(&lp->verdict))
+    const int lost = got < n && !verdict && !atomic_load(&lp->verdict);
+    if (lost)
         report(lp, n - got);
-    send_verdict(lp);
+    send_verdict(lp, lost);
 }
 
 /* The lowest rank in t[0..n) that answered the last ask(), or -1. */
@@ -444,6 +464,25 @@ static void on_term(lostpeer_t *lp)
     judge(lp);
 }
 
+/* For lostpeer_claim_line: asks every rank, describes those that do not
+ * answer ("" when all do) and hands the words to the waiting thread. */
+static void survey(lostpeer_t *lp)
+{
+    char what[sizeof lp->survey] = "";
+    int n = 0, verdict = 0;
+    for (int r = 0; r < lp->size; r++)
+        if (r != lp->rank)
+            lp->targets[n++] = r;
+    const int got = ask(lp, lp->targets, n, 0, LOSTPEER_WAIT_S, 1, &verdict);
+    if (got < n)
+        describe_lost(lp, n - got, what, sizeof what);
+    pthread_mutex_lock(&lp->survey_mu);
+    memcpy(lp->survey, what, sizeof what);
+    lp->survey_done = 1;
+    pthread_cond_signal(&lp->survey_cv);
+    pthread_mutex_unlock(&lp->survey_mu);
+}
+
 static void *run(void *arg)
 {
     lostpeer_t *lp = arg;
@@ -460,6 +499,8 @@ static void *run(void *arg)
             for (ssize_t i = 0; i < k; i++) {
                 if (c[i] == 'Q')
                     return NULL;
+                if (c[i] == 'S')
+                    survey(lp);
                 if (c[i] == 'T' && !lp->termed) {
                     lp->termed = 1;
                     on_term(lp);
@@ -468,7 +509,7 @@ static void *run(void *arg)
         }
         if (p[0].revents & POLLIN)
             answer_questions(lp);
-        if (lp->judge_asked && atomic_load(&lp->checked))
+        if (atomic_load(&lp->judge_asked) && atomic_load(&lp->checked))
             judge(lp);
     }
 }
@@ -569,13 +610,36 @@ void lostpeer_set_context(lostpeer_t *lp, void (*describe)(void *ctx, char *buf,
 
 int lostpeer_term_fd(const lostpeer_t *lp) { return lp ? lp->wake[1] : -1; }
 
-void lostpeer_announce_ending(lostpeer_t *lp)
+int lostpeer_claim_line(lostpeer_t *lp, char *silent, size_t len)
 {
-    if (!lp || !lp->running || atomic_exchange(&lp->verdict, 1))
-        return;
-    for (int r = 0; r < lp->size; r++)
-        if (r != lp->rank)
-            send_to(lp, lp->answer_fd, r, VERDICT, 1);
+    if (len > 0)
+        silent[0] = '\0';
+    if (!lp || !lp->running)
+        return 0;
+    /* a verdict that came while this process was stopped (SIGSTOP, then the
+     * launcher's SIGCONT) waits in the socket: read it before deciding */
+    answer_questions(lp);
+    if (atomic_exchange(&lp->line, 1))
+        return 1;
+    send_verdict(lp, 1);
+    /* the survey, on the thread that owns the asking socket; it may be busy
+     * with a SIGTERM's questions for up to a second first */
+    pthread_mutex_lock(&lp->survey_mu);
+    lp->survey_done = 0;
+    pthread_mutex_unlock(&lp->survey_mu);
+    if (write(lp->wake[1], "S", 1) != 1)
+        return 0;
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until); /* pthread_cond_timedwait's clock */
+    until.tv_sec += 2;
+    pthread_mutex_lock(&lp->survey_mu);
+    int rc = 0;
+    while (!lp->survey_done && rc == 0)
+        rc = pthread_cond_timedwait(&lp->survey_cv, &lp->survey_mu, &until);
+    if (lp->survey_done && len > 0)
+        snprintf(silent, len, "%s", lp->survey);
+    pthread_mutex_unlock(&lp->survey_mu);
+    return 0;
 }
 
 void lostpeer_close(lostpeer_t *lp)
@@ -600,5 +664,8 @@ void lostpeer_close(lostpeer_t *lp)
     free(lp->state);
     free(lp->targets);
     free(lp->rep);
+    pthread_mutex_destroy(&lp->rx);
+    pthread_mutex_destroy(&lp->survey_mu);
+    pthread_cond_destroy(&lp->survey_cv);
     free(lp);
 }

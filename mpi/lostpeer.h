@@ -25,9 +25,14 @@
  * whichever ranks are lost (the lost ranks' own lines, where they still
  * run, go to a daemon that is gone).
  *
- * A rank that is ending the job with a line of its own (the watchdog's)
- * announces it to every rank first: the others then print nothing at the
- * SIGTERM that follows, though that rank will by then have exited.
+ * A rank whose watchdog ends the job (--comm-timeout) claims the job's
+ * line first (lostpeer_claim_line): every rank is told, the report then
+ * stays silent at the SIGTERM that follows, and the watchdogs of the other
+ * ranks that waited (ranks frozen and woken by mpirun's SIGCONT among
+ * them) end their ranks without a line of their own. The claim also asks
+ * every rank, so that the watchdog's line names those that no longer
+ * answer (a frozen node's, a lost node's under srun) and not only the
+ * operation it waited in.
  *
  * Each rank has a thread and two UDP sockets bound to every interface: one
  * answers questions, one asks them (so that the startup check on the main
@@ -88,10 +93,16 @@ void lostpeer_set_context(lostpeer_t *lp, void (*describe)(void *ctx, char *buf,
  * write(2) is async-signal-safe), or -1 for a NULL lp. */
 int lostpeer_term_fd(const lostpeer_t *lp);
 
-/* This rank is ending the job with a line of its own: answer "ending" from
- * now on and tell every rank, so that none prints a second line. Any
- * thread; never blocks. NULL is fine. */
-void lostpeer_announce_ending(lostpeer_t *lp);
+/* This rank is about to end the job with a line of its own (the
+ * watchdog's): 1 when another rank printed the job's line already (this
+ * one should then print nothing), else 0, every rank is told, so that
+ * none prints another (the report, or its own watchdog's), and `silent`
+ * gets the ranks that do not answer within LOSTPEER_WAIT_S ("ranks 2,3 on
+ * node2"; "" when all do, or when the thread did not get to it within 2
+ * s). Reads what came in while the process was stopped first: ranks that
+ * were frozen and woken by the launcher's SIGCONT see the line of the rank
+ * that ended the job. Any thread but the report's own. NULL gives 0. */
+int lostpeer_claim_line(lostpeer_t *lp, char *silent, size_t len);
 
 /* Stops and joins the thread, closes the sockets, frees lp. NULL is fine. */
 void lostpeer_close(lostpeer_t *lp);

@@ -12,8 +12,10 @@
  *   staggered    ranks 0,1 get SIGTERM, then are lost, then 2,3 get theirs
  *                (mpirun ends its own node's ranks 2 s before the
  *                others'): no line
- *   ending R     rank R announces a line of its own (the watchdog's) and
- *                is lost; the others get SIGTERM: no line
+ *   ending R     rank R claims the job's line (its watchdog's) and is
+ *                lost; the others get SIGTERM: no line
+ *   claim        rank 0 claims the job's line, then the others try: each
+ *                is told to stay quiet ("claim: rank R: quiet")
  *   badport      rank 0 has a wrong port for rank 3: its start-up check
  *                fails, naming rank 3 ("check: ..." on stdout) */
 #include <signal.h>
@@ -54,7 +56,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "test_lostpeer: needs 4 ranks and the signal handlers\n");
         launch_exit(&env, 2);
     }
-    char who[64], err[256], hosts[4 * HOSTLEN];
+    char who[64], err[256], hosts[4 * HOSTLEN], silent[256];
     snprintf(who, sizeof who, "rank %d", me);
     for (int r = 0; r < n; r++)
         snprintf(hosts + r * HOSTLEN, HOSTLEN, "%s", r < 2 ? "hostA" : "hostB");
@@ -91,8 +93,18 @@ int main(int argc, char **argv)
     } else if (strcmp(mode, "ending") == 0) {
         lost = atoi(arg) == me;
         term = !lost;
-        if (lost)
-            lostpeer_announce_ending(lp);
+        if (lost && lostpeer_claim_line(lp, silent, sizeof silent) != 0) {
+            fprintf(stderr, "test_lostpeer: rank %d: the first claim was refused\n", me);
+            MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+    } else if (strcmp(mode, "claim") == 0) {
+        if (me == 0)
+            printf("claim: rank 0: %s\n", lostpeer_claim_line(lp, silent, sizeof silent) ? "quiet" : "first");
+        pause_s(0.2); /* the verdict's datagrams */
+        launch_mpi_check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier");
+        if (me != 0)
+            printf("claim: rank %d: %s\n", me, lostpeer_claim_line(lp, silent, sizeof silent) ? "quiet" : "first");
+        fflush(stdout);
     } else if (strcmp(mode, "staggered") == 0) {
         if (me < 2) { /* the first node's ranks: SIGTERM, then killed */
             raise(SIGTERM);

@@ -7,7 +7,8 @@
 #  - test_lostpeer (4 ranks playing two hosts): which ranks are named, by
 #    whom, exactly once; no line for preemption, for a launcher that ends
 #    one node's ranks before the others', or after the watchdog's line; the
-#    start-up check names a rank that cannot be reached;
+#    first watchdog line is the job's (the others are told to stay quiet);
+#    the start-up check names a rank that cannot be reached;
 #  - dtrain at tp2 x pp2: ranks 2,3 stopped (SIGSTOP: they answer nothing),
 #    ranks 0,1 get SIGTERM as from mpirun: the line names ranks 2,3 within
 #    1 s (mpirun's SIGKILL follows its SIGTERM after 1 s), with what rank 0
@@ -47,6 +48,14 @@ lp_run "rank 0 lost" "^dtrain: rank 0 on hostA stopped answering: no reply to ra
 lp_run "SIGTERM to every rank" "" all
 lp_run "hostA ended 1 s before hostB" "" staggered
 lp_run "rank 2 printed its own line first" "" ending 2
+
+# the watchdog's line: the first rank to claim it prints, the others not
+"$MPIEXEC" --quiet -np 4 "$LP" claim >"$TMP/claim.log" 2>&1
+if grep -qx 'claim: rank 0: first' "$TMP/claim.log" && [ "$(grep -c '^claim: rank [1-3]: quiet$' "$TMP/claim.log")" -eq 3 ]; then
+    pass "the job's line claimed by rank 0: ranks 1-3 told to stay quiet"
+else
+    fail "claims: $(grep -v ': ok$' "$TMP/claim.log" | head -c 600)"
+fi
 
 "$MPIEXEC" --quiet -np 4 "$LP" badport >"$TMP/bp.log" 2>&1
 if grep -qx 'check: rank 0: rank 3 (host hostB) did not answer over UDP within 3 s' "$TMP/bp.log" &&

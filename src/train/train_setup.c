@@ -557,8 +557,9 @@ static int setup_model(trainer_t *tr, model_layout_t lay, const dpsync_ops_t *ki
     return 0;
 }
 
-/* The watchdog's on-fire function: its line is the job's, none other. */
-static void announce_ending(void *lost) { lostpeer_announce_ending(lost); }
+/* The watchdog's on-fire function: one line for the job, the first, and
+ * the ranks that no longer answer in it. */
+static int claim_line(void *lost, char *silent, size_t len) { return lostpeer_claim_line(lost, silent, len); }
 
 /* Without the lost-peer report: rank 0 says why, once; no rank asks. */
 static void lostpeer_off(trainer_t *tr, int rank, const char *why)
@@ -606,7 +607,7 @@ static int setup_lostpeer(trainer_t *tr, const char *who, const char *hosts, int
         lostpeer_off(tr, first, msg);
         return 0;
     }
-    watchdog_on_fire(tr->watch, announce_ending, tr->lost);
+    watchdog_on_fire(tr->watch, claim_line, tr->lost);
     launch_notify_term(lostpeer_term_fd(tr->lost));
     return 0;
 }
