@@ -75,9 +75,9 @@ struct lostpeer {
     int survey_done;
     char survey[256];
     /* the thread's alone */
-    int termed; /* handled a SIGTERM */
-    int judged; /* judged, or is judging */
-    uint32_t round;     /* rounds of questions asked so far: an answer to an earlier one is stale */
+    int termed;     /* handled a SIGTERM */
+    int judged;     /* judged, or is judging */
+    uint32_t round; /* rounds of questions asked so far: an answer to an earlier one is stale */
     /* one round of questions, by world rank (the start-up check on the
      * main thread, then the thread's: never both, `checked` orders them) */
     unsigned char *state;
@@ -104,7 +104,8 @@ static int open_udp(char *err, size_t errlen)
         return -1;
     }
     int sz = RCVBUF;
-    (void)setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &sz, sizeof sz); /* the kernel's rmem_max caps it: resends cover drops */
+    (void)setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &sz,
+                     sizeof sz); /* the kernel's rmem_max caps it: resends cover drops */
     return fd;
 }
 
@@ -186,11 +187,15 @@ lostpeer_t *lostpeer_open(int rank, int size, const char *who, lostpeer_addr_t *
 /* Sends a datagram of `type` to rank `to` at each of its addresses (and at
  * 127.0.0.1 when it runs on this host). A full socket buffer drops it: the
  * caller asks again. */
-static void send_to(const lostpeer_t *lp, int fd, int to, uint32_t type, int flag)
+static void send_to(const lostpeer_t *lp, int fd, int to, uint32_t type, int flag, uint32_t round)
 {
-    struct msg m = {htonl(MAGIC),         htonl(type),           {htonl(lp->token[0]), htonl(lp->token[1])},
-                    htonl((uint32_t)lp->rank), htonl((uint32_t)to), htonl((uint32_t)flag),
-                    htonl(lp->round)};
+    struct msg m = {htonl(MAGIC),
+                    htonl(type),
+                    {htonl(lp->token[0]), htonl(lp->token[1])},
+                    htonl((uint32_t)lp->rank),
+                    htonl((uint32_t)to),
+                    htonl((uint32_t)flag),
+                    htonl(round)};
     const lostpeer_addr_t *p = &lp->peers[to];
     struct sockaddr_in a;
     memset(&a, 0, sizeof a);
@@ -299,7 +304,7 @@ static int ask(lostpeer_t *lp, const int *t, int n, int judge, double wait_s, in
             if (now >= next) {
                 for (int i = 0; i < m; i++)
                     if (lp->state[t[at + i]] == ASKED)
-                        send_to(lp, lp->ask_fd, t[at + i], ASK, judge);
+                        send_to(lp, lp->ask_fd, t[at + i], ASK, judge, lp->round);
                 next = now + RESEND_S;
             }
             const double until = next < end ? next : end;
@@ -384,7 +389,8 @@ static void report(lostpeer_t *lp, int nlost)
         lp->describe(lp->ctx, doing, sizeof doing);
     if (doing[0])
         snprintf(tail, sizeof tail, "; rank %d was %s", lp->rank, doing);
-    fprintf(stderr, "dtrain: %s stopped answering: no reply to %s within %.1f s when the job was being ended (SIGTERM)%s\n",
+    fprintf(stderr,
+            "dtrain: %s stopped answering: no reply to %s within %.1f s when the job was being ended (SIGTERM)%s\n",
             lost, lp->who, LOSTPEER_WAIT_S, tail);
     fflush(stderr);
 }
@@ -398,7 +404,7 @@ static void send_verdict(lostpeer_t *lp, int line)
         atomic_store(&lp->line, 1);
     for (int r = 0; r < lp->size; r++)
         if (r != lp->rank)
-            send_to(lp, lp->answer_fd, r, VERDICT, line);
+            send_to(lp, lp->answer_fd, r, VERDICT, line, 0);
 }
 
 /* The lowest rank still there asks every rank and prints those that do
@@ -535,15 +541,13 @@ static int find_reps(lostpeer_t *lp)
         order[r] = r;
     qsort_r(order, (size_t)lp->size, sizeof *order, by_host, lp);
     for (int i = 0; i < lp->size; i++)
-        lp->rep[order[i]] = i > 0 && strcmp(host_of(lp, order[i]), host_of(lp, order[i - 1])) == 0
-                                ? lp->rep[order[i - 1]]
-                                : order[i];
+        lp->rep[order[i]] =
+            i > 0 && strcmp(host_of(lp, order[i]), host_of(lp, order[i - 1])) == 0 ? lp->rep[order[i - 1]] : order[i];
     free(order);
     return 0;
 }
 
-int lostpeer_start(lostpeer_t *lp, const lostpeer_addr_t *all, const char *hosts, int hostlen, char *err,
-                   size_t errlen)
+int lostpeer_start(lostpeer_t *lp, const lostpeer_addr_t *all, const char *hosts, int hostlen, char *err, size_t errlen)
 {
     lp->peers = malloc((size_t)lp->size * sizeof *lp->peers);
     lp->hosts = malloc((size_t)lp->size * (size_t)hostlen);

@@ -55,7 +55,7 @@
 
 typedef struct lostpeer lostpeer_t;
 
-#define LOSTPEER_ADDRS 8 /* IPv4 addresses a rank offers; more are left out */
+#define LOSTPEER_ADDRS 8    /* IPv4 addresses a rank offers; more are left out */
 #define LOSTPEER_WAIT_S 0.5 /* how long the judging rank waits for every answer */
 
 /* Where a rank answers, as exchanged at start (fixed size and byte order,
