@@ -2,14 +2,16 @@
 # Pipeline schedules side by side: ms/step, the measured bubble (the
 # metrics' bubble_mean: each rank's seconds blocked on pipeline messages
 # over its step, averaged over the ranks) and activation bytes per rank
-# (mem_peak's activations) for 1f1b, gpipe and interleaved v2 at pp 4 with
-# M = 8 and 16 microbatches, on the CPU (one thread per rank), and each
+# (mem_peak's activations) for 1f1b, gpipe, interleaved v2 and zb-h1 at pp PP
+# (default 4; a pipeline's stages must each have a core, so on a 2-core
+# machine PP=2) with M = 8 and 16 microbatches, on the CPU (one thread per
+# rank), and each
 # schedule's ideal bubble for equal stages (1f1b and gpipe (P-1)/(M+P-1),
-# interleaved (P-1)/(V M+P-1)). The schedules run interleaved over ROUNDS
+# interleaved (P-1)/(V M+P-1), zb-h1 (P-1)/(3M+P-1)). The schedules run interleaved over ROUNDS
 # rounds so that load from other processes falls on all alike; medians
 # over steps 2..STEPS and over rounds.
 #
-#   bench/pp_schedules.sh [STEPS [ROUNDS [ARGS...]]]   (run from the build directory)
+#   [PP=4] bench/pp_schedules.sh [STEPS [ROUNDS [ARGS...]]]   (run from the build directory)
 #
 # ARGS replace the default shape: an 8-layer tiny-llama at micro batch 4 x
 # seq 128 (e.g. --model gpt2-124m --micro-batch 1 --seq-len 64 for the
@@ -22,7 +24,7 @@ rounds=${2:-2}
 dtrain=${DTRAIN:-./src/dtrain}
 mpiexec=${MPIEXEC:-mpirun}
 data=${DATA:-data/gutenberg_train_*.bin}
-P=4
+P=${PP:-4}
 mb=16 # the micro batch ARGS give, dtrain's default 16 if none (the global batch is M of them)
 prev=""
 for a in "$@"; do
@@ -42,10 +44,10 @@ field() { # FILE KEY: the key's values over steps 2..
 echo "dtrain $* at pp $P, one thread per rank, $steps steps, $rounds rounds"
 for r in $(seq 1 "$rounds"); do
     for M in 8 16; do
-        for sched in 1f1b gpipe interleaved; do
+        for sched in 1f1b gpipe interleaved zb-h1; do
             extra=""
             [ $sched = interleaved ] && extra="--pp-virtual 2"
-            "$mpiexec" --oversubscribe -np $P "$dtrain" --data "$data" --val-every 0 --sample-tokens 0 --steps "$steps" \
+            $mpiexec --oversubscribe -np $P "$dtrain" --data "$data" --val-every 0 --sample-tokens 0 --steps "$steps" \
                 --warmup 1 --threads 1 --pp $P --pp-schedule $sched $extra --global-batch $((M * mb)) \
                 --metrics "$out/m.json" "$@" >"$out/log" 2>&1 || { cat "$out/log"; exit 1; }
             field "$out/m.json" ms | median_of >>"$out/ms.$sched.$M"
@@ -56,9 +58,10 @@ for r in $(seq 1 "$rounds"); do
 done
 printf '%-12s %3s %10s %10s %10s %14s\n' schedule M ms/step bubble ideal activations
 for M in 8 16; do
-    for sched in 1f1b gpipe interleaved; do
+    for sched in 1f1b gpipe interleaved zb-h1; do
         V=1
         [ $sched = interleaved ] && V=2
+        [ $sched = zb-h1 ] && V=3 # its (p-1)/(3m+p-1) with equal F, B and W
         printf '%-12s %3d %10.1f %9.1f%% %9.1f%% %14s\n' $sched $M "$(median_of <"$out/ms.$sched.$M")" \
             "$(median_of <"$out/bub.$sched.$M" | awk '{ print 100 * $1 }')" \
             "$(awk -v p=$P -v m=$M -v v=$V 'BEGIN { print 100 * (p - 1) / (v * m + p - 1) }')" \

@@ -58,6 +58,10 @@ typedef struct hf_tok {
     int n_added;
     uint8_t first[32]; /* bit c: some added token starts with byte c */
     tok_bytes_t norm;  /* NFC scratch */
+    /* tokenizer_config.json, for dreshard --to-hf: whether one was read,
+     * and the ids of its bos_token and eos_token (TOK_NO_ID: none) */
+    int config_read;
+    int32_t config_bos, config_eos;
 } hf_tok_t;
 
 static int hf_encode(tokenizer_t *tk, const char *text, size_t len, tok_ids_t *out, char *err, size_t errlen);
@@ -424,39 +428,83 @@ fail:
     return NULL;
 }
 
-/* One merge, "a b" or ["a", "b"]: the ids of both parts and of the
- * result, looked up in the rank table b by their bytes (faster than
- * Jansson's object, 280,000 merges of three lookups each for Llama 3). */
+/* merge_ids's verdicts on one merge */
+enum { MERGE_OK = 0, MERGE_FORM = -1, MERGE_LEFT = -2, MERGE_RIGHT = -3, MERGE_JOINED = -4 };
+
+/* The parts of one merge, "a b" or ["a", "b"]: 0, or -1 when it is
+ * neither form. */
+static int merge_parts(const json_t *m, const char **l, size_t *llen, const char **r, size_t *rlen)
+{
+    if (json_is_string(m)) {
+        *l = json_string_value(m);
+        const char *space = strchr(*l, ' ');
+        if (space == NULL || strchr(space + 1, ' ') != NULL)
+            return -1;
+        *llen = (size_t)(space - *l);
+        *r = space + 1;
+    } else if (json_array_size(m) == 2 && json_is_string(json_array_get(m, 0)) &&
+               json_is_string(json_array_get(m, 1))) {
+        *l = json_string_value(json_array_get(m, 0));
+        *r = json_string_value(json_array_get(m, 1));
+        *llen = strlen(*l);
+    } else {
+        return -1;
+    }
+    *rlen = strlen(*r);
+    return 0;
+}
+
+/* One merge: the ids of both parts and of the result, looked up in the
+ * rank table b by their bytes (faster than Jansson's object, 280,000
+ * merges of three lookups each for Llama 3). A part spelled outside
+ * GPT-2's byte alphabet is no vocab token either. */
 static int merge_ids(const tok_bpe_t *b, const int byte_of[0x144], const json_t *m, int32_t id[3], unsigned char *bytes,
                      size_t cap)
 {
     const char *l, *r;
     size_t llen, rlen;
-    if (json_is_string(m)) {
-        l = json_string_value(m);
-        const char *space = strchr(l, ' ');
-        if (space == NULL || strchr(space + 1, ' ') != NULL)
-            return -1;
-        llen = (size_t)(space - l);
-        r = space + 1;
-    } else if (json_array_size(m) == 2 && json_is_string(json_array_get(m, 0)) &&
-               json_is_string(json_array_get(m, 1))) {
-        l = json_string_value(json_array_get(m, 0));
-        r = json_string_value(json_array_get(m, 1));
-        llen = strlen(l);
-    } else {
-        return -1;
-    }
-    rlen = strlen(r);
+    if (merge_parts(m, &l, &llen, &r, &rlen) != 0)
+        return MERGE_FORM;
     if (llen + rlen > cap)
-        return -1;
-    const long nl = unspell(byte_of, l, llen, bytes), nr = nl < 0 ? -1 : unspell(byte_of, r, rlen, bytes + nl);
-    if (nl <= 0 || nr <= 0)
-        return -1;
-    id[0] = tok_bpe_rank(b, bytes, (size_t)nl);
-    id[1] = tok_bpe_rank(b, bytes + nl, (size_t)nr);
+        return llen > cap / 2 ? MERGE_LEFT : MERGE_RIGHT;
+    const long nl = unspell(byte_of, l, llen, bytes);
+    if (nl <= 0 || (id[0] = tok_bpe_rank(b, bytes, (size_t)nl)) < 0)
+        return MERGE_LEFT;
+    const long nr = unspell(byte_of, r, rlen, bytes + nl);
+    if (nr <= 0 || (id[1] = tok_bpe_rank(b, bytes + nl, (size_t)nr)) < 0)
+        return MERGE_RIGHT;
     id[2] = tok_bpe_rank(b, bytes, (size_t)(nl + nr));
-    return id[0] >= 0 && id[1] >= 0 && id[2] >= 0 ? 0 : -1;
+    return id[2] >= 0 ? MERGE_OK : MERGE_JOINED;
+}
+
+/* n cut to at most max bytes, not inside a UTF-8 sequence of s */
+static int utf8_cut(const char *s, size_t n, size_t max)
+{
+    if (n <= max)
+        return (int)n;
+    while (max > 0 && ((unsigned char)s[max] & 0xc0) == 0x80)
+        max--;
+    return (int)max;
+}
+
+/* One line naming merge i of the file and what is wrong with it. */
+static void merge_error(const json_t *m, size_t i, int why, const char *label, char *err, size_t errlen)
+{
+    const char *l, *r;
+    size_t llen, rlen;
+    if (why == MERGE_FORM || merge_parts(m, &l, &llen, &r, &rlen) != 0) {
+        snprintf(err, errlen, "%s: model.merges[%zu] is not \"a b\" or [\"a\", \"b\"]: fix the file", label, i);
+        return;
+    }
+    const int ll = utf8_cut(l, llen, 80), rl = utf8_cut(r, rlen, 80);
+    if (why == MERGE_JOINED)
+        snprintf(err, errlen,
+                 "%s: model.merges[%zu] \"%.*s %.*s\": the merged token \"%.*s%.*s\" is not in the vocab: fix the "
+                 "file",
+                 label, i, ll, l, rl, r, ll, l, rl, r);
+    else
+        snprintf(err, errlen, "%s: model.merges[%zu] \"%.*s %.*s\": \"%.*s\" is not a vocab token: fix the file",
+                 label, i, ll, l, rl, r, why == MERGE_LEFT ? ll : rl, why == MERGE_LEFT ? l : r);
 }
 
 static int read_merges(tok_bpe_t *b, const json_t *model, const char *label, char *err, size_t errlen)
@@ -473,15 +521,14 @@ static int read_merges(tok_bpe_t *b, const json_t *model, const char *label, cha
     unsigned char bytes[8192];
     for (size_t i = 0; i < n; i++) {
         int32_t id[3];
-        if (merge_ids(b, byte_of, json_array_get(merges, i), id, bytes, sizeof bytes) != 0) {
-            snprintf(err, errlen,
-                     "%s: merge %zu is not two vocab tokens whose concatenation is one (\"a b\" or "
-                     "[\"a\", \"b\"]): fix the file",
-                     label, i);
+        const json_t *m = json_array_get(merges, i);
+        const int why = merge_ids(b, byte_of, m, id, bytes, sizeof bytes);
+        if (why != MERGE_OK) {
+            merge_error(m, i, why, label, err, errlen);
             return -1;
         }
         if (tok_bpe_set_merge(b, (int32_t)i, id[0], id[1], id[2]) != 0) {
-            snprintf(err, errlen, "%s: merge %zu has an id out of range: fix the file", label, i);
+            snprintf(err, errlen, "%s: model.merges[%zu] has an id out of range: fix the file", label, i);
             return -1;
         }
     }
@@ -792,6 +839,10 @@ static int doc_tokens(tokenizer_t *tk, const json_t *cfg, const char *label, cha
     if (cfg && (doc_token(tk, cfg, "bos_token", &bos, label, err, errlen) != 0 ||
                 doc_token(tk, cfg, "eos_token", &eos, label, err, errlen) != 0))
         return -1;
+    hf_tok_t *h = tk->impl;
+    h->config_read = cfg != NULL;
+    h->config_bos = bos;
+    h->config_eos = eos;
     if (!json_is_false(json_object_get(cfg, "add_bos_token")))
         tk->doc_start = bos;
     if (json_is_true(json_object_get(cfg, "add_eos_token")))
@@ -921,4 +972,12 @@ int tok_hfjson_open(tokenizer_t *tk, const char *path, const char *tokdir, char 
     if (rc == 0)
         rc = tok_file_sha256(abs, tk->vocab_sha256, err, errlen);
     return rc;
+}
+
+void tok_hfjson_config(const tokenizer_t *tk, int *read, int32_t *bos, int32_t *eos)
+{
+    const hf_tok_t *h = tk->impl;
+    *read = h->config_read;
+    *bos = h->config_bos;
+    *eos = h->config_eos;
 }

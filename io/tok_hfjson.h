@@ -22,4 +22,10 @@ int tok_hfjson_open(tokenizer_t *tk, const char *path, const char *tokdir, char 
 int tok_hfjson_open_mem(tokenizer_t *tk, const char *json, size_t len, const char *config, size_t config_len,
                         const char *label, char *err, size_t errlen);
 
+/* What tokenizer_config.json beside the file said (dreshard --to-hf
+ * writes it back and names the model's BOS/EOS from it): whether one was
+ * read, and the ids of its bos_token and eos_token (TOK_NO_ID when absent
+ * or null). tk must be an open tokenizer of the hf kind. */
+void tok_hfjson_config(const tokenizer_t *tk, int *read, int32_t *bos, int32_t *eos);
+
 #endif

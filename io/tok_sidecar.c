@@ -519,7 +519,11 @@ static int add_hf_places(char (*places)[PLACE_MAX], int n, int max, const char *
  * (DTRAIN_TOKENIZER_DIR/KIND/), and at the path recorded when the data was
  * prepared; the first with the recorded sha256 is used (doc/data.md,
  * "Tokenizer sidecars"). The hf kind looks in each KIND/NAME/ (one directory per
- * tokenizer.json). */
+ * tokenizer.json), and at the recorded path before them: tokenizer.json
+ * files of one sha256 can sit beside different tokenizer_config.json files
+ * (a base model's and its instruct model's), and the one the data was
+ * prepared with, when it is still there, is the one dreshard --to-hf
+ * writes back. */
 #define N_PLACES 8
 static int choose_spec(const tok_sidecar_t *s, const char *sidecar_path, char *spec, size_t speclen, char *err,
                        size_t errlen)
@@ -538,6 +542,8 @@ static int choose_spec(const tok_sidecar_t *s, const char *sidecar_path, char *s
         n = add_place(cand, n, p);
     if (env && *env && !hf && snprintf(p, sizeof p, "%s/%s/%s", env, s->kind, base) < (int)sizeof p)
         n = add_place(cand, n, p);
+    if (hf)
+        n = add_place(cand, n, s->vocab_path);
     if (env && *env && hf)
         n = add_hf_places(cand, n, N_PLACES / 2, env);
     if (!hf && snprintf(p, sizeof p, "%s/%s/%s", tokenizer_builtin_dir(), s->kind, base) < (int)sizeof p)
@@ -580,11 +586,14 @@ static int check_same(const tok_sidecar_t *s, const char *sidecar_path, const to
                  sidecar_path, tk->vocab_path, tk->vocab_sha256, s->vocab_sha256);
         return -1;
     }
-    if (tk->vocab_size != s->vocab_size || tk->doc_start != s->doc_start) {
+    /* the document tokens too: an hf tokenizer.json takes them from the
+     * tokenizer_config.json beside it, which its sha256 does not cover */
+    if (tk->vocab_size != s->vocab_size || tk->doc_start != s->doc_start || tk->doc_end != s->doc_end) {
         snprintf(err, errlen,
-                 "data sidecar %s: tokenizer %s has vocabulary %d and document start %d, but the "
-                 "data records %d and %d: give --tokenizer SPEC, or re-run dtrain-prepare",
-                 sidecar_path, tk->spec, tk->vocab_size, (int)tk->doc_start, s->vocab_size, (int)s->doc_start);
+                 "data sidecar %s: tokenizer %s has vocabulary %d and document tokens %d, %d, but the "
+                 "data records %d and %d, %d: give --tokenizer SPEC, or re-run dtrain-prepare",
+                 sidecar_path, tk->spec, tk->vocab_size, (int)tk->doc_start, (int)tk->doc_end, s->vocab_size,
+                 (int)s->doc_start, (int)s->doc_end);
         return -1;
     }
     return 0;

@@ -28,7 +28,7 @@ static const char *const kind_names[PIPE_N_KINDS] = {[PIPE_1F1B] = "1f1b",
                                                      [PIPE_ZBH1] = "zb-h1",
                                                      [PIPE_ZBV] = "zbv"};
 const char *const pipe_kind_names[] = {[PIPE_1F1B] = "1f1b", [PIPE_GPIPE] = "gpipe", [PIPE_INTERLEAVED] = "interleaved",
-                                       NULL};
+                                       [PIPE_ZBH1] = "zb-h1", NULL};
 
 int pipe_kind_parse(const char *s, pipe_kind_t *k)
 {

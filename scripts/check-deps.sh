@@ -9,8 +9,10 @@
 #
 # 1. Each command of the tables below is found (PATH, /usr/sbin, /sbin),
 #    each Python module imports in /usr/bin/python3 (the tests' Python);
-#    optional ones (GPU-only tools, not in Debian main) only warn.
-# 2. Each package of the first table is in install-deps.sh's list.
+#    optional ones (GPU-only tools, not in Debian main) only warn; each
+#    library of the libs list is found by pkg-config (configure's check).
+# 2. Each package of the first table and of the libs list is in
+#    install-deps.sh's list.
 # 3. The scan: every word in command position (line start, after | ; & ( !
 #    $( then do else exec xargs timeout N env sudo) of test/, scripts/,
 #    bench/, slurm/, fuzz/run.sh, .ci/run and autogen.sh that is a program
@@ -82,6 +84,10 @@ optional="nvcc nvidia-smi sudo"
 # words that only look like commands in these files (text in messages,
 # awk variables, shell functions of the same name as a program)
 ignore="w write size groups install file test [ exec command gfortran"
+# libraries configure finds with pkg-config (module, Debian package), for
+# the programs it builds: present, and their packages in install-deps.sh
+libs="libmicrohttpd:libmicrohttpd-dev jansson:libjansson-dev libpcre2-8:libpcre2-dev zlib:zlib1g-dev libzstd:libzstd-dev
+sentencepiece:libsentencepiece-dev libcrypto:libssl-dev libutf8proc:libutf8proc-dev"
 # Python modules /usr/bin/python3 must import (Debian package); optional ones warn
 pymods="numpy:python3-numpy h5py:python3-h5py torch:python3-torch crc32c:python3-crc32c google:python3-protobuf"
 pyoptional="transformers safetensors"
@@ -99,8 +105,16 @@ for p in $(echo "$packaged" | awk '{ print $2 }' | sort -u); do
     echo " $(echo $deps) " | grep -q " $p " || problem "package $p (for $(echo "$packaged" | awk -v p="$p" '$2 == p { printf "%s%s", s, $1; s = ", " }')) is not in scripts/install-deps.sh"
 done
 
+for l in $libs; do
+    echo " $(echo $deps) " | grep -q " ${l#*:} " || problem "package ${l#*:} (library ${l%%:*}) is not in scripts/install-deps.sh"
+done
+
 # ---- presence ----
 if [ "${1:-}" != --scan ]; then
+    for l in $libs; do
+        pkg-config --exists "${l%%:*}" 2>/dev/null ||
+            problem "library ${l%%:*} not found by pkg-config: install Debian package ${l#*:} (scripts/install-deps.sh)"
+    done
     for c in $commands $base; do
         command -v "$c" >/dev/null 2>&1 ||
             problem "$c not found: install $(echo "$packaged" | awk -v c="$c" '$1 == c { print "Debian package " $2 " (" substr($0, index($0, $3)) ")" }')$(echo " $base " | grep -q " $c " && echo "it (part of every Debian root)") (scripts/install-deps.sh)"
@@ -171,7 +185,7 @@ if [ -x /usr/bin/python3 ]; then
 fi
 
 if [ "$problems" -eq 0 ]; then
-    echo "check-deps: $(echo $commands $base | wc -w) commands and $(echo $pymods | wc -w) Python modules present, every package in scripts/install-deps.sh, no unlisted command in $(echo $files | wc -w) scripts"
+    echo "check-deps: $(echo $commands $base | wc -w) commands, $(echo $libs | wc -w) libraries and $(echo $pymods | wc -w) Python modules present, every package in scripts/install-deps.sh, no unlisted command in $(echo $files | wc -w) scripts"
     exit 0
 fi
 echo "check-deps: $problems problem(s)"

@@ -21,6 +21,8 @@ packages=(
   # files that ask for it)
   libpcre2-dev libjansson-dev zlib1g-dev libzstd-dev zstd libsentencepiece-dev sentencepiece libssl-dev
   libutf8proc-dev
+  # dtrain-serve's HTTP server
+  libmicrohttpd-dev
   # libFuzzer for make fuzz (clang's -fsanitize=fuzzer)
   clang
   # PyTorch reference, checkpoint interop, plots

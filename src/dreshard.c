@@ -196,7 +196,7 @@ static const opt_def_t opt_defs[] = {
      F(dtype_given) + 1},
     {"tokenizer", OPT_ARG, F(tokenizer), 0, NULL, 0, 0, NULL,
      "--to-hf: auto (default: the data tokenizer the input records), none, or a\n"
-     "dtrain --tokenizer spec (gpt2, tiktoken and spm get Hugging Face files)",
+     "dtrain --tokenizer spec (gpt2, tiktoken and spm get Hugging Face files; hf its own tokenizer.json back)",
      "T", tokenizer_arg, 0},
     {"max-shard-size", OPT_ARG, F(max_shard_bytes), 0, NULL, 0, 0, NULL,
      "--to-hf: safetensors shard size, bytes with an optional KB, MB, GB,\n"

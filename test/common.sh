@@ -230,3 +230,18 @@ init_val0() {
         >"$TMP/last.log" 2>&1 || { echo "dtrain failed: $(tail -n 2 "$TMP/last.log")" >&2; return 1; }
     json_field "$TMP/last.json" 0 val_loss
 }
+
+# finetune_run OUT NP SRC [ARGS...]: 20 fine-tuning steps from --init-from
+# SRC on the bundled corpus at NP ranks (sequence FT_SEQ_LEN, default 64),
+# metrics in OUT, final parameters in OUT.h5, log in OUT.log
+finetune_run() {
+    out=$1
+    np=$2
+    src=$3
+    shift 3
+    "$MPIEXEC" --quiet -np "$np" "$DTRAIN" --init-from "$src" --data "$DATA_TRAIN" --val-data "$DATA_VAL" \
+        --peak-gflops 100 --threads 1 --steps 20 --warmup 5 --lr 3e-4 --min-lr 3e-5 --micro-batch 2 --global-batch 8 \
+        --seq-len "${FT_SEQ_LEN:-64}" --val-every 20 --val-batches 4 --sample-tokens 0 --check-replicas 5 \
+        --metrics "$out" --save-params "$out.h5" "$@" >"$out.log" 2>&1 ||
+        { fail "fine-tune np $np $*: exit status $? $(tail -n 3 "$out.log")"; return 1; }
+}

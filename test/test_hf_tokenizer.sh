@@ -14,9 +14,12 @@
 #   3. decode(encode(x)) == x for random byte strings (invalid UTF-8, NUL),
 #      and for the stress text (== NFC(x) for Qwen3, whose normalizer is NFC);
 #   4. a sidecar finds its tokenizer.json by identity in
-#      $DTRAIN_TOKENIZERS/hf/NAME/;
+#      $DTRAIN_TOKENIZERS/hf/NAME/, the recorded one first while it is
+#      there, and refuses one whose tokenizer_config.json now gives other
+#      document tokens;
 #   5. each tokenizer.json of another kind, or with a feature the kind does
-#      not implement: exit 2, one line naming it.
+#      not implement, or with merges naming unknown tokens: exit 2, one
+#      line naming it (under mpirun -np 2 too, nothing written).
 # Needs tokenizers/hf (scripts/fetch-tokenizers.sh) and node; else exit 77.
 # Automake protocol: exit 0 pass, 1 fail, 77 skip.
 . "${top_srcdir:-.}/test/common.sh"
@@ -196,6 +199,20 @@ sed "s|$DIR/hf/qwen3/tokenizer.json|/gone/qwen3/tokenizer.json|g" "$TMP/q.tokeni
 got=$(DTRAIN_TOKENIZERS="$TMP/tokcopy" "$SC" open "$TMP/elsewhere/e.tokenizer.json" 2>&1)
 [ "$got" = "hf:$TMP/tokcopy/hf/qwen3/tokenizer.json 151669" ] &&
     pass "a tokenizer.json is found in \$DTRAIN_TOKENIZERS/hf/NAME by its sha256" || fail "hf sidecar: '$got'"
+# while the recorded file is there, it wins over a copy of the same sha256
+# elsewhere (whose tokenizer_config.json may be another's)
+mkdir -p "$TMP/rec"
+cp "$DIR/hf/qwen3/tokenizer.json" "$TMP/rec/"
+"$SC" write "hf:$TMP/rec" "$TMP/r.tokenizer.json" llmc 4 1 1 1 1 2>"$TMP/err" || fail "sidecar_tool write: $(cat "$TMP/err")"
+got=$(DTRAIN_TOKENIZERS="$TMP/tokcopy" "$SC" open "$TMP/r.tokenizer.json" 2>&1)
+[ "$got" = "hf:$(cd "$TMP/rec" && pwd -P)/tokenizer.json 151669" ] &&
+    pass "the recorded tokenizer.json comes before \$DTRAIN_TOKENIZERS/hf/NAME's copy of it" || fail "hf sidecar order: '$got'"
+# the document tokens come from tokenizer_config.json, which the sha256
+# does not cover: one changed since (an EOS after each document) is refused
+printf '{"add_eos_token": true, "eos_token": "<|im_end|>"}' >"$TMP/rec/tokenizer_config.json"
+got=$(DTRAIN_TOKENIZERS="$TMP/tokcopy" "$SC" open "$TMP/r.tokenizer.json" 2>&1)
+echo "$got" | grep -q "has vocabulary 151669 and document tokens -1, 151645, but the data records 151669 and -1, 151643" &&
+    pass "a changed tokenizer_config.json: $got" || fail "a changed tokenizer_config.json: '$got'"
 
 # ---- 5. refusals: one line, exit 2 ----
 "$PY" - "$TMP" <<'EOF'
@@ -231,6 +248,9 @@ put("metaspace", lambda t: t.update(pre_tokenizer={"type": "Sequence", "pretoken
     {"type": "Metaspace", "replacement": "▁"}]}))
 put("nfkc", lambda t: t.update(normalizer={"type": "NFKC"}))
 put("merge", lambda t: t["model"].update(merges=["Ġ t", "h e", "Ġt hx"]))
+put("mergeleft", lambda t: t["model"].update(merges=["Ġ t", ["h", "e"], ["zq", "e"]]))
+put("mergejoined", lambda t: t["model"].update(merges=["Ġ t", "h e", "a e"]))
+put("mergeform", lambda t: t["model"].update(merges=["Ġ t", "h e", "a b c"]))
 put("collide", lambda t: t["added_tokens"][0].update(id=258))
 put("sparse", lambda t: t["model"]["vocab"].update({"Ġthe": 100000}))
 put("lstrip", lambda t: t["added_tokens"][0].update(lstrip=True))
@@ -250,7 +270,18 @@ expect_exit2 "model type 'Unigram' is not byte-level BPE" $PREP --out "$TMP/x" -
 expect_exit2 "model type 'WordPiece' is not byte-level BPE" $PREP --out "$TMP/x" --tokenizer "hf:$B/wordpiece" "$TMP/t.txt"
 expect_exit2 "pre-tokenizer 'Metaspace' is not byte-level.*use spm:MODEL" $PREP --out "$TMP/x" --tokenizer "hf:$B/metaspace" "$TMP/t.txt"
 expect_exit2 "normalizer 'NFKC' is not supported" $PREP --out "$TMP/x" --tokenizer "hf:$B/nfkc" "$TMP/t.txt"
-expect_exit2 "merge 2 is not two vocab tokens" $PREP --out "$TMP/x" --tokenizer "hf:$B/merge" "$TMP/t.txt"
+# merges naming unknown tokens: the merge, the token, on every rank of an
+# MPI run, and no shard or sidecar written
+expect_exit2 'model.merges\[2\] "Ġt hx": "hx" is not a vocab token' $PREP --out "$TMP/x" --tokenizer "hf:$B/merge" "$TMP/t.txt"
+expect_exit2 'model.merges\[2\] "zq e": "zq" is not a vocab token' $PREP --out "$TMP/x" --tokenizer "hf:$B/mergeleft" "$TMP/t.txt"
+expect_exit2 'model.merges\[2\] "a e": the merged token "ae" is not in the vocab' $PREP --out "$TMP/x" \
+    --tokenizer "hf:$B/mergejoined" "$TMP/t.txt"
+expect_exit2 'model.merges\[2\] is not "a b" or \["a", "b"\]' $PREP --out "$TMP/x" --tokenizer "hf:$B/mergeform" "$TMP/t.txt"
+mkdir -p "$TMP/mpi"
+expect_exit2 'model.merges\[2\] "Ġt hx": "hx" is not a vocab token' "$MPIEXEC" --quiet -np 2 $PREP --out "$TMP/mpi/x" \
+    --tokenizer "hf:$B/merge" "$TMP/t.txt"
+left=$(ls -A "$TMP/mpi")
+[ -z "$left" ] && pass "bad merges under mpirun -np 2: nothing written" || fail "bad merges under mpirun -np 2 left: $left"
 expect_exit2 "added token '<|endoftext|>' sets lstrip" $PREP --out "$TMP/x" --tokenizer "hf:$B/lstrip" "$TMP/t.txt"
 expect_exit2 "behavior Isolated and invert false (this one has a Regex, Removed)" $PREP --out "$TMP/x" --tokenizer "hf:$B/removed" "$TMP/t.txt"
 expect_exit2 "Split pre-tokenizer pattern does not compile" $PREP --out "$TMP/x" --tokenizer "hf:$B/badregex" "$TMP/t.txt"

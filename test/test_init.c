@@ -202,6 +202,15 @@ int main(void)
     check_count("gpt2-350m", 354823168, 354823168 + 47 * 1024);
     check_count("llama-7b", 6738415616, 6738415616);
     check_count("llama-70b", 68976648192, 68976648192);
+    /* Issue 39's presets, against the totals of their published
+     * safetensors (tied heads counted once); in memory the vocabulary is
+     * padded to a multiple of 128: 151936 is one, 128256 too */
+    check_count("llama3.2-1b", 1235814400, 1235814400);
+    check_count("llama3.1-8b", 8030261248, 8030261248);
+    check_count("llama3.1-70b", 70553706496, 70553706496);
+    check_count("qwen2.5-0.5b", 494032768, 494032768);
+    check_count("qwen3-0.6b", 596049920, 596049920);
+    check_count("qwen3-8b", 8190735360, 8190735360);
     check_slicing("tiny", 2);
     check_slicing("tiny", 4); /* vocab 256 padded to 512: ranks 2, 3 hold padding only */
     check_slicing("tiny-llama", 2);

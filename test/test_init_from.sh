@@ -177,26 +177,15 @@ for m in gt:transpose lr:rope; do
 done
 
 # ---- fine-tuning: 20 steps at tp2 x pp2 equal one rank's ----
-ft_run() {
-    out=$1
-    np=$2
-    src=$3
-    shift 3
-    "$MPIEXEC" --quiet -np "$np" "$DTRAIN" --init-from "$src" --data "$DATA_TRAIN" --val-data "$DATA_VAL" \
-        --peak-gflops 100 --threads 1 --steps 20 --warmup 5 --lr 3e-4 --min-lr 3e-5 --micro-batch 2 --global-batch 8 \
-        --seq-len 64 --val-every 20 --val-batches 4 --sample-tokens 0 --check-replicas 5 --metrics "$out" \
-        --save-params "$out.h5" "$@" >"$out.log" 2>&1 ||
-        { fail "fine-tune np $np $*: exit status $? $(tail -n 3 "$out.log")"; return 1; }
-}
 for m in g l; do
-    ft_run "$TMP/ft.$m.1.json" 1 "$TMP/$m" &&
-        ft_run "$TMP/ft.$m.tp2pp2.json" 4 "$TMP/$m" --tp 2 --pp 2 &&
+    finetune_run "$TMP/ft.$m.1.json" 1 "$TMP/$m" &&
+        finetune_run "$TMP/ft.$m.tp2pp2.json" 4 "$TMP/$m" --tp 2 --pp 2 &&
         layout_compare "$TMP/ft.$m.1.json" "$TMP/ft.$m.tp2pp2.json" "fine-tune $m tp2 x pp2 vs 1 rank"
 done
 
 # ---- --resume wins over --init-from when it finds a checkpoint ----
-ft_run "$TMP/rs.a.json" 2 "$TMP/g" --tp 2 --ckpt-dir "$TMP/ck" --stop-at-step 10 &&
-    ft_run "$TMP/rs.b.json" 2 "$TMP/g" --tp 2 --ckpt-dir "$TMP/ck" --resume auto && {
+finetune_run "$TMP/rs.a.json" 2 "$TMP/g" --tp 2 --ckpt-dir "$TMP/ck" --stop-at-step 10 &&
+    finetune_run "$TMP/rs.b.json" 2 "$TMP/g" --tp 2 --ckpt-dir "$TMP/ck" --resume auto && {
     if grep -q "init-from: --resume found .*step_00000010" "$TMP/rs.b.json.log" &&
         ! grep -q '"step": [1-9],' "$TMP/rs.b.json" && grep -q '"step": 11,' "$TMP/rs.b.json"; then
         pass "--resume auto found the checkpoint of step 10 and continued from step 11, not from --init-from"

@@ -5,6 +5,7 @@
 #
 #   src/*.c   the programs' mains (dtrain.c, dreshard.c, dtrain_*.c)   (top)
 #   src/plan/    the planner              > src/train/
+#   src/serve/   dtrain-serve             > src/train/
 #   src/train/   step loop, options, metrics, spikes, sampling
 #                  > src/cli/ src/optim/ src/data/ src/ckpt/ src/convert/ src/backend/
 #   src/optim/ src/data/ src/ckpt/ src/convert/   each > src/model/
@@ -43,11 +44,12 @@ allowed() {
     src/convert) echo "$BELOW_SRC src/convert src/model" ;;
     src/train) echo "$BELOW_SRC src/train src/cli src/optim src/data src/ckpt src/convert src/backend src/model" ;;
     src/plan) echo "$BELOW_SRC src/plan src/train src/cli src/optim src/data src/ckpt src/convert src/backend src/model" ;;
-    src) echo "$BELOW_SRC cuda src/plan src/train src/cli src/optim src/data src/ckpt src/convert src/backend src/model src/prepare" ;;
+    src/serve) echo "$BELOW_SRC src/serve src/train src/cli src/optim src/data src/ckpt src/convert src/backend src/model" ;;
+    src) echo "$BELOW_SRC cuda src/plan src/serve src/train src/cli src/optim src/data src/ckpt src/convert src/backend src/model src/prepare" ;;
     *) echo "?" ;;
     esac
 }
-ROOMS="base mpi io cuda src/cli src/model src/backend src/prepare src/optim src/data src/ckpt src/convert src/train src/plan src"
+ROOMS="base mpi io cuda src/cli src/model src/backend src/prepare src/optim src/data src/ckpt src/convert src/train src/plan src/serve src"
 
 # check ROOT: prints each violation under ROOT, one line each; returns 1 if any.
 check() {

@@ -150,10 +150,11 @@ static void check_shapes(void)
     int ok = pipe_kind_parse("interleaved", &k) == 0 && k == PIPE_INTERLEAVED && pipe_kind_parse("zb-h1", &k) == 0 &&
              k == PIPE_ZBH1 && pipe_kind_parse("zbv", &k) == 0 && k == PIPE_ZBV && pipe_kind_parse("zb-h2", &k) == -1 &&
              strcmp(pipe_kind_name(PIPE_INTERLEAVED), "interleaved") == 0 &&
-             strcmp(pipe_kind_names[2], "interleaved") == 0 && pipe_kind_names[3] == NULL;
+             strcmp(pipe_kind_names[2], "interleaved") == 0 && strcmp(pipe_kind_names[3], "zb-h1") == 0 &&
+             pipe_kind_names[4] == NULL;
     check(ok, "",
           "pipe_kind_parse knows every kind; pipe_kind_names (--pp-schedule) lists those the trainer runs: 1f1b, "
-          "gpipe, interleaved");
+          "gpipe, interleaved, zb-h1");
     check_shape((pipe_shape_t){PIPE_INTERLEAVED, 4, 2, 6}, "6 microbatches is not a multiple of the 4");
     check_shape((pipe_shape_t){PIPE_INTERLEAVED, 4, 1, 8}, "needs at least 2");
     check_shape((pipe_shape_t){PIPE_ZBH1, 4, 2, 8}, "one chunk per stage");

@@ -10,7 +10,11 @@
  *                           tokenizer.json; tiktoken: tokenizer.json
  *                           (PreTrainedTokenizerFast, io/tok_hf.h); spm:
  *                           tokenizer.model (LlamaTokenizer); each with
- *                           tokenizer_config.json and special_tokens_map.json
+ *                           tokenizer_config.json and special_tokens_map.json;
+ *                           hf: the tokenizer.json it was read from, byte
+ *                           for byte (its sha256 checked against the one
+ *                           recorded), with the tokenizer_config.json that
+ *                           was beside it, or one written as for tiktoken
  * GPT-2's head is tied to wte, so lm_head.weight is not written (as
  * save_pretrained leaves tied weights out). Dropout is written as 0: dtrain
  * trains without it. */
@@ -27,6 +31,7 @@
 #include "io/publish.h"
 #include "io/safetensors.h"
 #include "io/tok_hf.h"
+#include "io/tok_hfjson.h"
 #include "io/tokenizer.h"
 #include "src/convert/export.h"
 
@@ -57,11 +62,23 @@ static const char *torch_dtype(export_dtype_t d)
  * UNK (as GPT-2's tokenizer_config says), tiktoken's first special token
  * (Llama 3's <|begin_of_text|>) is BOS and EOS unless there is an
  * <|end_of_text|>; spm: list_specials gives <unk>, <s>, </s> in that
- * order, each only when the model has it. */
+ * order, each only when the model has it; hf: the document tokens the
+ * data was framed with, else tokenizer_config.json's bos_token and
+ * eos_token (Qwen frames no start: its BOS is null, as its own
+ * config.json has it; DeepSeek-V3 no end: EOS <｜end▁of▁sentence｜>). */
 static void special_roles(hf_state_t *s, const tokenizer_t *tk)
 {
     s->bos = tk->doc_start; /* TOK_NO_ID for byte, which has no special tokens */
     s->eos = s->unk = TOK_NO_ID;
+    if (strcmp(tk->ops->kind, "hf") == 0) {
+        int read;
+        int32_t bos, eos;
+        tok_hfjson_config(tk, &read, &bos, &eos);
+        if (s->bos == TOK_NO_ID)
+            s->bos = bos;
+        s->eos = tk->doc_end != TOK_NO_ID ? tk->doc_end : eos;
+        return;
+    }
     if (strcmp(tk->ops->kind, "gpt2") == 0) {
         s->eos = s->unk = tk->doc_start;
         return;
@@ -120,10 +137,11 @@ static int open_tokenizer(export_ctx_t *x, hf_state_t *s, char *err, size_t errl
         return -1;
     }
     const char *kind = s->tok->ops->kind;
-    if (strcmp(kind, "spm") != 0 && strcmp(kind, "byte") != 0 && !tok_hf_pattern(s->tok)) {
+    if (strcmp(kind, "spm") != 0 && strcmp(kind, "byte") != 0 && strcmp(kind, "hf") != 0 &&
+        !tok_hf_pattern(s->tok)) {
         snprintf(x->note, sizeof x->note,
                  "no tokenizer files: dreshard writes Hugging Face tokenizer files for "
-                 "byte, gpt2, tiktoken and spm tokenizers, not for %s (%s)",
+                 "byte, gpt2, tiktoken, spm and hf tokenizers, not for %s (%s)",
                  kind, spec);
         tokenizer_close(s->tok);
         s->tok = NULL;
@@ -358,6 +376,35 @@ static int write_vocabulary(const char *dir, const tokenizer_t *tk, char *err, s
     return write_tokenizer_json(dir, tk, err, errlen);
 }
 
+/* hf: the tokenizer.json dtrain read, copied byte for byte, and the
+ * copy's sha256 checked against the one taken when the tokenizer was
+ * opened (which --tokenizer auto checked against the input's record): a
+ * file that changed in between is never exported. The tokenizer_config.json
+ * that was read beside it, when one was, is copied too (*config: 1). */
+static int copy_hf_files(const char *dir, const tokenizer_t *tk, int *config, char *err, size_t errlen)
+{
+    char copy[4200], sha[65];
+    snprintf(copy, sizeof copy, "%s/tokenizer.json", dir);
+    if (copy_file(tk->vocab_path, dir, "tokenizer.json", err, errlen) != 0 ||
+        tok_file_sha256(copy, sha, err, errlen) != 0)
+        return -1;
+    if (strcmp(sha, tk->vocab_sha256) != 0) {
+        snprintf(err, errlen,
+                 "%.1000s changed while it was exported (sha256 %.12s... when opened, %.12s... as copied): "
+                 "export again once it no longer changes",
+                 tk->vocab_path, tk->vocab_sha256, sha);
+        return -1;
+    }
+    int32_t bos, eos;
+    tok_hfjson_config(tk, config, &bos, &eos);
+    if (!*config)
+        return 0;
+    char src[TOK_PATH_MAX + 32];
+    const char *slash = strrchr(tk->vocab_path, '/'); /* vocab_path is absolute */
+    snprintf(src, sizeof src, "%.*s/tokenizer_config.json", (int)(slash - tk->vocab_path), tk->vocab_path);
+    return copy_file(src, dir, "tokenizer_config.json", err, errlen);
+}
+
 static const char *tokenizer_class(const tokenizer_t *tk)
 {
     return strcmp(tk->ops->kind, "spm") == 0    ? "LlamaTokenizer"
@@ -369,7 +416,12 @@ static int write_tokenizer(const char *dir, const model_config_t *c, const hf_st
 {
     const tokenizer_t *tk = s->tok;
     const int spm = strcmp(tk->ops->kind, "spm") == 0;
-    int rc = write_vocabulary(dir, tk, err, errlen);
+    int rc, config = 0;
+    if (strcmp(tk->ops->kind, "hf") == 0) {
+        if ((rc = copy_hf_files(dir, tk, &config, err, errlen)) != 0 || config)
+            return rc; /* its own tokenizer_config.json names its special tokens */
+    } else
+        rc = write_vocabulary(dir, tk, err, errlen);
     json_t *map = json_object(), *cfg = json_object();
     set_special(map, "bos_token", tk, s->bos);
     set_special(map, "eos_token", tk, s->eos);
@@ -525,6 +577,7 @@ static int hf_publish(export_ctx_t *x, char *err, size_t errlen)
         snprintf(x->note, sizeof x->note, "tokenizer files of %.400s (%s)", s->tok->spec,
                  strcmp(s->tok->ops->kind, "spm") == 0    ? "tokenizer.model"
                  : strcmp(s->tok->ops->kind, "gpt2") == 0 ? "vocab.json, merges.txt, tokenizer.json"
+                 : strcmp(s->tok->ops->kind, "hf") == 0   ? "tokenizer.json as read, sha256 verified"
                                                           : "tokenizer.json");
     }
     st_model_t back;

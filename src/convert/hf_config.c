@@ -247,10 +247,19 @@ static status_t cfg_llama(cfg_reader_t *r, model_config_t *c, const char *arch)
         return cfg_fail(r, "use_sliding_window", "not true or false");
     if ((qwen2 || qwen3) && !json_is_true(use_sw))
         sw = NULL;
-    if (sw && !json_is_null(sw) && (!json_is_integer(sw) || json_integer_value(sw) < c->max_seq))
-        return cfg_fail(r, "sliding_window",
-                        "a window shorter than max_position_embeddings: dtrain attends to the "
-                        "whole sequence");
+    if (sw && !json_is_null(sw) && !json_is_integer(sw))
+        return cfg_fail(r, "sliding_window", "not an integer or null");
+    /* a window as long as the context never slides; a shorter one would,
+     * and the model dtrain trains and exports would be another */
+    if (sw && json_is_integer(sw) && json_integer_value(sw) < c->max_seq) {
+        char what[256];
+        snprintf(what, sizeof what,
+                 "%lld%s, shorter than max_position_embeddings (%d): sliding-window attention, which dtrain does "
+                 "not implement (it attends to the whole sequence): use a model without it",
+                 (long long)json_integer_value(sw), qwen2 || qwen3 ? " with use_sliding_window true" : "",
+                 c->max_seq);
+        return cfg_fail(r, "sliding_window", what);
+    }
     return STATUS_OK;
 }
 

@@ -181,6 +181,32 @@ static int hf_tensor_of(source_t *s, const hf_map_t *e, const st_file_t **f, con
     return 0;
 }
 
+static int has_suffix(const char *s, const char *suffix)
+{
+    const size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+/* Why a Llama-shaped checkpoint's extra tensor cannot be taken, when it is
+ * one dtrain knows of: a bias or norm that another architecture (or
+ * none) has, which dropping would change the model. */
+static const char *extra_why(const char *name, const model_config_t *c)
+{
+    if (c->arch != ARCH_LLAMA)
+        return "an extra tensor: a different architecture or configuration?";
+    if (has_suffix(name, ".self_attn.o_proj.bias"))
+        return "an o_proj bias, which Qwen2 does not have and dtrain's Llama cannot hold (q/k/v biases "
+               "only): dtrain cannot train this checkpoint";
+    if (has_suffix(name, "_proj.bias") && strstr(name, ".mlp.") != NULL)
+        return "an MLP bias, which dtrain's Llama MLP does not have: dtrain cannot train this checkpoint";
+    if (has_suffix(name, ".self_attn.q_proj.bias") || has_suffix(name, ".self_attn.k_proj.bias") ||
+        has_suffix(name, ".self_attn.v_proj.bias"))
+        return "a q/k/v bias, which only Qwen2ForCausalLM has: is config.json's architectures right?";
+    if (has_suffix(name, ".self_attn.q_norm.weight") || has_suffix(name, ".self_attn.k_norm.weight"))
+        return "a per-head q/k norm, which only Qwen3ForCausalLM has: is config.json's architectures right?";
+    return "an extra tensor: a different architecture or configuration?";
+}
+
 /* Every tensor of the directory is one the map reads, a known buffer, or
  * GPT-2's lm_head (checked against wte later). */
 static int hf_check_extra(source_t *s, const model_config_t *c, char *err, size_t errlen)
@@ -191,10 +217,8 @@ static int hf_check_extra(source_t *s, const model_config_t *c, char *err, size_
         for (int k = 0; k < s->n_map && !used; k++)
             used = strcmp(s->map[k].src, name) == 0;
         if (!used) {
-            snprintf(err, errlen,
-                     "%s: tensor %s is not part of dtrain's %s model (an extra tensor: a different "
-                     "architecture or configuration?)",
-                     s->path, name, model_arch_name(c->arch));
+            snprintf(err, errlen, "%s: tensor %s is not part of dtrain's %s model (%s)", s->path, name,
+                     model_arch_name(c->arch), extra_why(name, c));
             return -1;
         }
     }

@@ -303,6 +303,14 @@ static int run_cap(const param_layout_t *p)
     return cap;
 }
 
+/* Floats of one block's matmul output gradients kept from B for W (the
+ * split backward): mlp proj [N,C], fc [N,fcw], attention proj [N,C],
+ * qkv [N,qkvw]. */
+static size_t wdout_floats(const model_t *m, size_t N)
+{
+    return N * (2 * (size_t)m->cfg.d_model + (size_t)fc_width(m) + (size_t)qkv_width(m));
+}
+
 static void layout_acts(model_t *m, char *acts, size_t *acts_bytes, char *work, size_t *work_bytes)
 {
     const size_t N = (size_t)m->B * (size_t)m->T, NR = (size_t)res_rows(m, (int)N);
@@ -333,6 +341,7 @@ static void layout_acts(model_t *m, char *acts, size_t *acts_bytes, char *work, 
         sl->tokens = (int32_t *)carve(acts, &a, N);
         sl->targets = (int32_t *)carve(acts, &a, N);
         sl->pos = m->lay.doc_mask ? (int32_t *)carve(acts, &a, N) : NULL;
+        sl->wdout = m->lay.split_backward ? carve(acts, &a, Ls * wdout_floats(m, N)) : NULL;
     }
     size_t big = QKV;
     if (FW > big)
@@ -1027,7 +1036,21 @@ static status_t qknorm_grads_reduce(model_t *m, const block_tensors_t *g, int la
     return tp_allreduce(m, g->knorm, HS, COMM_SUM, err, errlen);
 }
 
-static status_t block_bwd(model_t *m, model_slot_t *sl, int i, int accum, int last, char *err, size_t errlen)
+/* The matmul output gradient dout[n] of B kept for W (the split
+ * backward), at keep + *at; advances *at. No-op without keep. */
+static void keep_dout(model_t *m, float *keep, size_t *at, const float *dout, size_t n)
+{
+    if (!keep)
+        return;
+    m->ops->copy(m->ops->ctx, keep + *at, dout, n * sizeof(float));
+    *at += n;
+}
+
+/* keep != NULL: the split backward's B, which leaves the four matmuls'
+ * weight and bias gradients to block_bwd_weight and keeps their output
+ * gradients in keep ([wdout_floats]) for it. */
+static status_t block_bwd(model_t *m, model_slot_t *sl, int i, int accum, int last, float *keep, char *err,
+                          size_t errlen)
 {
     const ops_t *o = m->ops;
     const model_config_t *c = &m->cfg;
@@ -1052,19 +1075,27 @@ static status_t block_bwd(model_t *m, model_slot_t *sl, int i, int accum, int la
      * comes out of the proj GEMM's DGELU epilogue (dbig, which fc_act
      * never is), SwiGLU's from its own kernel */
     float *dfc = gpt ? m->dbig : m->dbig2;
+    const int wg = keep == NULL; /* this pass writes the matmuls' weight gradients */
+    size_t at = 0;
     const float *dout;
     CHECK(dres_all_rows(m, NR, &dout, err, errlen));
+    keep_dout(m, keep, &at, dout, (size_t)N * C);
     if (gpt) {
-        mm_dgelu_bwd(m, dfc, g->wproj, g->bproj, dout, a->fc_act, a->fc_act16, a->fc, w->wproj, N, F, C, accum);
+        mm_dgelu_bwd(m, dfc, wg ? g->wproj : NULL, wg ? g->bproj : NULL, dout, a->fc_act, a->fc_act16, a->fc,
+                     w->wproj, N, F, C, accum);
     } else {
-        mm_bwd(m, m->dbig, g->wproj, g->bproj, dout, a->fc_act, a->fc_act16, w->wproj, N, F, C, 0, accum);
+        mm_bwd(m, m->dbig, wg ? g->wproj : NULL, wg ? g->bproj : NULL, dout, a->fc_act, a->fc_act16, w->wproj, N, F,
+               C, 0, accum);
         o->swiglu_bwd(o->ctx, dfc, a->fc, m->dbig, N, F);
     }
-    mm_bwd(m, m->dln, g->wfc, g->bfc, dfc, a->ln2, a->ln2_16, w->wfc, N, C, fc_width(m), 0, accum);
+    keep_dout(m, keep, &at, dfc, (size_t)N * fc_width(m));
+    mm_bwd(m, m->dln, wg ? g->wfc : NULL, wg ? g->bfc : NULL, dfc, a->ln2, a->ln2_16, w->wfc, N, C, fc_width(m), 0,
+           accum);
     CHECK(norm_bwd_reduce(m, g->ln2w, g->ln2b, a->res2, w->ln2w, a->ln2_mean, a->ln2_rstd, N, NR, accum, err, errlen));
     /* attention: dres becomes dL/dx */
     CHECK(dres_all_rows(m, NR, &dout, err, errlen));
-    mm_bwd(m, m->dbig, g->wo, g->bo, dout, a->atty, NULL, w->wo, N, QD, C, 0, accum);
+    keep_dout(m, keep, &at, dout, (size_t)N * C);
+    mm_bwd(m, m->dbig, wg ? g->wo : NULL, wg ? g->bo : NULL, dout, a->atty, NULL, w->wo, N, QD, C, 0, accum);
     o->attention_bwd(o->ctx, m->dbig2, m->dbig, a->qkv, a->atty, a->lse, slot_pos(sl), b, t, NH, NKV, HS);
     if (!gpt)
         o->rope_bwd(o->ctx, m->dbig2, slot_pos(sl), b, t, NH, NKV, HS, m->inv_freq);
@@ -1073,7 +1104,9 @@ static status_t block_bwd(model_t *m, model_slot_t *sl, int i, int accum, int la
                       accum);
         CHECK(qknorm_grads_reduce(m, g, last, err, errlen));
     }
-    mm_bwd(m, m->dln, g->wqkv, g->bqkv, m->dbig2, a->ln1, a->ln1_16, w->wqkv, N, C, qkv_width(m), 0, accum);
+    keep_dout(m, keep, &at, m->dbig2, (size_t)N * qkv_width(m));
+    mm_bwd(m, m->dln, wg ? g->wqkv : NULL, wg ? g->bqkv : NULL, m->dbig2, a->ln1, a->ln1_16, w->wqkv, N, C,
+           qkv_width(m), 0, accum);
     CHECK(norm_bwd_reduce(m, g->ln1w, g->ln1b, x, w->ln1w, a->ln1_mean, a->ln1_rstd, N, NR, accum, err, errlen));
     CHECK(norm_grads_reduce(m, g->ln1w, g->ln1b, last, err, errlen));
     return norm_grads_reduce(m, g->ln2w, g->ln2b, last, err, errlen);
@@ -1081,7 +1114,7 @@ static status_t block_bwd(model_t *m, model_slot_t *sl, int i, int accum, int la
 
 /* Last stage: the output head's and final norm's backward, from the
  * slot's dlogits; dres then holds dL/d(the last block's output). */
-static status_t head_bwd(model_t *m, model_slot_t *sl, int accum, int last, char *err, size_t errlen)
+static status_t head_bwd(model_t *m, model_slot_t *sl, int accum, int last, int split, char *err, size_t errlen)
 {
     const ops_t *o = m->ops;
     const int N = sl->b * sl->t, NR = res_rows(m, N), C = m->cfg.d_model;
@@ -1089,13 +1122,14 @@ static status_t head_bwd(model_t *m, model_slot_t *sl, int accum, int last, char
         return status_set(STATUS_FAIL, err, errlen, "internal error: backward without a training forward");
     double t0 = span_start(m);
     /* output head and final norm; dres accumulates dL/dx from here down */
-    mm_bwd(m, m->dln, m->g.head, NULL, sl->logits, sl->lnf, NULL, m->p.head, N, C, m->v_rows, 0, accum);
+    /* split: the head's weight gradient is W's, from the dlogits the slot keeps */
+    mm_bwd(m, m->dln, split ? NULL : m->g.head, NULL, sl->logits, sl->lnf, NULL, m->p.head, N, C, m->v_rows, 0, accum);
     o->zero(o->ctx, m->dres, (size_t)NR * C * sizeof(float));
     const float *xL = sl->x + (size_t)sl->n_blocks * NR * C;
     CHECK(
         norm_bwd_reduce(m, m->g.lnfw, m->g.lnfb, xL, m->p.lnfw, sl->lnf_mean, sl->lnf_rstd, N, NR, accum, err, errlen));
     CHECK(norm_grads_reduce(m, m->g.lnfw, m->g.lnfb, last, err, errlen));
-    sl->has_dlogits = 0;
+    sl->has_dlogits = split; /* W still reads them */
     span_end(m, "bwd head", -1, t0);
     return STATUS_OK;
 }
@@ -1132,17 +1166,84 @@ size_t model_chunk_top(const model_t *m, int chunk)
                                            : m->layer_start[param_layout_run_first(&m->lay.part, chunk + 1)];
 }
 
+static status_t backward_pass(model_t *m, int slot, int accum, int last, int split, char *err, size_t errlen);
+
+/* Block i's kept matmul output gradients in slot sl (split backward). */
+static float *slot_wdout(const model_t *m, const model_slot_t *sl, int i)
+{
+    return sl->wdout + (size_t)(i - sl->first) * wdout_floats(m, (size_t)m->B * (size_t)m->T);
+}
+
+/* The split backward's W of block i: the four matmuls' weight and bias
+ * gradients from the output gradients B kept and the slot's inputs. */
+static void block_bwd_weight(model_t *m, const model_slot_t *sl, int i, int accum)
+{
+    const model_config_t *c = &m->cfg;
+    const int N = sl->b * sl->t, C = c->d_model, QD = heads(m) * model_head_size(c), F = ffn(m);
+    const block_tensors_t *w = &m->p.h[i], *g = &m->g.h[i];
+    const block_acts_t view = block_view(m, sl, i), *a = &view;
+    const float *keep = slot_wdout(m, sl, i);
+    const float *d_proj = keep, *d_fc = d_proj + (size_t)N * C, *d_o = d_fc + (size_t)N * fc_width(m);
+    const float *d_qkv = d_o + (size_t)N * C;
+    mm_bwd(m, NULL, g->wproj, g->bproj, d_proj, a->fc_act, a->fc_act16, w->wproj, N, F, C, 0, accum);
+    mm_bwd(m, NULL, g->wfc, g->bfc, d_fc, a->ln2, a->ln2_16, w->wfc, N, C, fc_width(m), 0, accum);
+    mm_bwd(m, NULL, g->wo, g->bo, d_o, a->atty, NULL, w->wo, N, QD, C, 0, accum);
+    mm_bwd(m, NULL, g->wqkv, g->bqkv, d_qkv, a->ln1, a->ln1_16, w->wqkv, N, C, qkv_width(m), 0, accum);
+}
+
 status_t model_backward_chunk(model_t *m, int slot, int accum, int last, char *err, size_t errlen)
+{
+    return backward_pass(m, slot, accum, last, 0, err, errlen);
+}
+
+status_t model_backward_input(model_t *m, int slot, int accum, int last, char *err, size_t errlen)
+{
+    if (!m->lay.split_backward)
+        return status_set(STATUS_FAIL, err, errlen, "internal error: a split backward without a split layout");
+    return backward_pass(m, slot, accum, last, 1, err, errlen);
+}
+
+status_t model_backward_weight(model_t *m, int slot, int accum, char *err, size_t errlen)
 {
     model_slot_t *sl = &m->slots[slot];
     const param_layout_t *part = &m->lay.part;
     const int chunk = sl->chunk, first = sl->first, end = first + sl->n_blocks;
-    if (part->has_head && chunk == part->n_runs - 1)
-        CHECK(head_bwd(m, sl, accum, last, err, errlen));
-    /* GPT-2's head is wte, which is not final until the embedding's part;
-     * the chunks above this one finished their backwards before it */
+    if (!m->lay.split_backward || (part->has_head && chunk == part->n_runs - 1 && !sl->has_dlogits))
+        return status_set(STATUS_FAIL, err, errlen, "internal error: a weight backward without its input backward");
+    double t0 = span_start(m);
+    if (part->has_head && chunk == part->n_runs - 1) {
+        mm_bwd(m, NULL, m->g.head, NULL, sl->logits, sl->lnf, NULL, m->p.head, sl->b * sl->t, m->cfg.d_model,
+               m->v_rows, 0, accum);
+        sl->has_dlogits = 0;
+    }
     if (m->hook.grads_ready)
         m->hook.grads_ready(m->hook.ctx, m->layer_start[end]);
+    for (int i = end - 1; i >= first; i--) {
+        block_bwd_weight(m, sl, i, accum);
+        if (m->hook.grads_ready)
+            m->hook.grads_ready(m->hook.ctx, m->layer_start[i]);
+    }
+    if (part->has_embed && chunk == 0 && m->hook.grads_ready)
+        m->hook.grads_ready(m->hook.ctx, 0);
+    span_end(m, "bwd weights", -1, t0);
+    return STATUS_OK;
+}
+
+/* The whole backward of the slot's chunk, or (split) its B half: the
+ * hook hears of finished gradients only from a whole backward (a split
+ * one's are final after W). */
+static status_t backward_pass(model_t *m, int slot, int accum, int last, int split, char *err, size_t errlen)
+{
+    model_slot_t *sl = &m->slots[slot];
+    const param_layout_t *part = &m->lay.part;
+    const int chunk = sl->chunk, first = sl->first, end = first + sl->n_blocks;
+    void (*ready)(void *, size_t) = split ? NULL : m->hook.grads_ready;
+    if (part->has_head && chunk == part->n_runs - 1)
+        CHECK(head_bwd(m, sl, accum, last, split, err, errlen));
+    /* GPT-2's head is wte, which is not final until the embedding's part;
+     * the chunks above this one finished their backwards before it */
+    if (ready)
+        ready(m->hook.ctx, m->layer_start[end]);
     for (int i = end - 1; i >= first; i--) {
         if (m->lay.lent_block_grads) {
             float *base = m->hook.block_grads ? m->hook.block_grads(m->hook.ctx, i) : NULL;
@@ -1151,15 +1252,15 @@ status_t model_backward_chunk(model_t *m, int slot, int accum, int last, char *e
         }
         CHECK(lend_params(m, i, i > first ? i - 1 : -1, err, errlen));
         double t0 = span_start(m);
-        CHECK(block_bwd(m, sl, i, accum, last, err, errlen));
+        CHECK(block_bwd(m, sl, i, accum, last, split ? slot_wdout(m, sl, i) : NULL, err, errlen));
         span_end(m, "bwd", param_layout_layer(&m->lay.part, i), t0);
-        if (m->hook.grads_ready)
-            m->hook.grads_ready(m->hook.ctx, m->layer_start[i]);
+        if (ready)
+            ready(m->hook.ctx, m->layer_start[i]);
     }
     if (part->has_embed && chunk == 0) {
         CHECK(embed_bwd(m, sl, accum, err, errlen));
-        if (m->hook.grads_ready)
-            m->hook.grads_ready(m->hook.ctx, 0);
+        if (ready)
+            ready(m->hook.ctx, 0);
     }
     return STATUS_OK;
 }

@@ -89,6 +89,10 @@ typedef struct model_slot {
     /* the chunk (run of blocks) whose forward the slot holds: local
      * blocks [first, first + n_blocks); Lc below is the longest run's length */
     int chunk, first, n_blocks;
+    /* split_backward: [Lc][N, 2C + fc_width + qkv_width] each block's
+     * matmul output gradients from B for W: mlp proj [N,C], fc [N,fcw],
+     * attention proj [N,C], qkv [N,qkvw] */
+    float *wdout;
     float *x;                         /* [Lc+1][NR,C] residual stream: x[0] chunk input, x[j+1] block first+j's output */
     block_acts_t *acts;               /* [Lc] */
     float *lnf, *lnf_mean, *lnf_rstd; /* [N,C], [NR], [NR] (last stage) */
@@ -128,6 +132,14 @@ typedef struct model_layout {
      * except the matmul-only activations (block_acts_t's *16) and the
      * weights' copy params16, which are kept as bf16. */
     int bf16;
+    /* The backward comes in two halves (the zero-bubble pipelines' B and
+     * W): model_backward_input computes every activation gradient and the
+     * norms' and embeddings' weight gradients, keeping each matmul's output
+     * gradient in the slot (slot_t.wdout); model_backward_weight then
+     * computes the matmuls' weight and bias gradients from those and the
+     * slot's kept inputs. Needs every input kept (recompute none) and the
+     * block gradients held (no lent blocks). */
+    int split_backward;
 } model_layout_t;
 
 typedef struct model {
@@ -273,6 +285,12 @@ status_t model_backward(model_t *m, int slot, int accum, int last, char *err, si
  * sees grads_ready() from model_chunk_top(chunk) down to the chunk's first
  * block (and 0 after the embeddings of chunk 0). */
 status_t model_backward_chunk(model_t *m, int slot, int accum, int last, char *err, size_t errlen);
+/* The split backward (lay.split_backward): B, then W of the same slot.
+ * accum and last as model_backward's, for the gradients each half writes;
+ * the hook sees grads_ready() during W only (the gradients are final only
+ * after it). */
+status_t model_backward_input(model_t *m, int slot, int accum, int last, char *err, size_t errlen);
+status_t model_backward_weight(model_t *m, int slot, int accum, char *err, size_t errlen);
 /* The flat offset above chunk's gradients: the next chunk's first block,
  * or the table's end for the last chunk (whose head is below it). */
 size_t model_chunk_top(const model_t *m, int chunk);
@@ -291,5 +309,26 @@ size_t model_params_total(const model_config_t *c);
  * memory (last stage). Collective over the TP group (gathers the vocab
  * slices); on failure one line in err. */
 status_t model_logits_row(model_t *m, int slot, int n, float *host_out, char *err, size_t errlen);
+
+/* The most alternatives model_token_logprobs gives per position. */
+#define MODEL_TOP_MAX 20
+
+/* Log-probabilities from the last forward in `slot` (last stage; a forward
+ * given targets and dloss 0, so its logits are kept), for its first n
+ * positions: lp[i] = log p(targets[i]) (0 where targets[i] < 0; targets as
+ * given to the forward) and, for k from 1 to MODEL_TOP_MAX, the k most
+ * likely tokens, top_id[i*k + j] and top_lp[i*k + j], best first (the
+ * lower id first on a tie). Each log p is logit - logsumexp in double from
+ * the fp32 logits and the forward's row statistics, computed alike for the
+ * target and the top entries, so a target that is the argmax has exactly
+ * its top entry's value. k = 0: lp only. Collective over the TP group (the
+ * vocabulary slices' candidates are gathered). */
+status_t model_token_logprobs(model_t *m, int slot, int n, const int32_t *targets, int k, double *lp, int32_t *top_id,
+                              double *top_lp, char *err, size_t errlen);
+
+/* The k (1 to MODEL_TOP_MAX) largest of x[0..n) as val/id[0..k), best
+ * first, the lower id first on a tie; x[c] is id v0 + c. Fewer than k
+ * values leave id -1 (value -inf) at the end. */
+void model_top_row(const float *x, int n, int v0, int k, float *val, int32_t *id);
 
 #endif

@@ -278,7 +278,8 @@ static int plan_stage(const plan_in_t *in, int s, int layer_begin, stage_plan_t 
                                 .lent_block_grads = run->zero_stage >= 2,
                                 .lent_block_params = run->zero_stage >= 3,
                                 .recompute = run->recompute,
-                                .doc_mask = in->doc_mask};
+                                .doc_mask = in->doc_mask,
+                                .split_backward = run->pp_kind == PIPE_ZBH1};
     stage_units_t u;
     if (plan_units(in, &part, sp, &u, err, errlen) != 0 || plan_state_bytes(in, &lay, &u, sp->mem, err, errlen) != 0)
         return -1;
@@ -500,6 +501,12 @@ static int plan_compute(const plan_in_t *in, plan_t *p, char *err, size_t errlen
     const double V = in->run.pp_virtual;
     p->bubble_frac = (in->run.pp - 1) / (V * in->run.accum + in->run.pp - 1);
     p->t_bubble = (in->run.pp - 1) * t_mb / V;
+    if (in->run.pp_kind == PIPE_ZBH1) {
+        /* the Ws fill all but (p-1)(f+b-w) of 1f1b's (p-1)(f+b+w): a third
+         * when forward, B and W cost alike (pipeline_sched.c's table) */
+        p->bubble_frac = (in->run.pp - 1) / (3.0 * in->run.accum + in->run.pp - 1);
+        p->t_bubble = (in->run.pp - 1) * t_mb / 3.0;
+    }
     /* pipeline messages overlap the steady state; the fill and the drain
      * wait for them: p-1 hops each way */
     const double tok = (double)in->run.micro_batch * in->run.seq_len;
@@ -907,7 +914,10 @@ static void print_perf(const plan_t *p, FILE *out)
             fmt_time(b2, sizeof b2, p->t_compute / in->run.accum));
     fprintf(out, "  tp communication %12s  blocking collectives inside each microbatch (exposed)\n",
             fmt_time(b1, sizeof b1, p->t_tp));
-    if (in->run.pp_virtual > 1)
+    if (in->run.pp_kind == PIPE_ZBH1)
+        fprintf(out, "  pipeline bubble  %12s  (p-1)/(3m+p-1), zb-h1 with equal F, B and W = %.1f%% of the pipeline's time\n",
+                fmt_time(b1, sizeof b1, p->t_bubble), 100.0 * p->bubble_frac);
+    else if (in->run.pp_virtual > 1)
         fprintf(out, "  pipeline bubble  %12s  (p-1)/(v m+p-1), interleaved v%d = %.1f%% of the pipeline's time\n",
                 fmt_time(b1, sizeof b1, p->t_bubble), in->run.pp_virtual, 100.0 * p->bubble_frac);
     else

@@ -5,9 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "src/train/forward.h"
 #include "src/train/train_internal.h"
-
-#define TAG_MC 7002 /* unused by pipe_run and the other forward-only passes */
 
 /* The metrics key of path: its base name less the last extension, other
  * characters than [A-Za-z0-9_.-] as '_' (JSON keys and TensorBoard tags). */
@@ -179,7 +178,7 @@ static int run_rows(trainer_t *tr, mc_file_t *m, int rounds, char *why, size_t w
     for (int r = 0; r < rounds && !failed; r++) {
         fill_batch(tr, m, &e, &c, row_of);
         float v = 0.0f;
-        failed = pipeline_eval(tr, tr->tok, NULL, tr->tgt, B, T, &v, why, whylen) != STATUS_OK;
+        failed = forward_pipeline(&tr->model, g, tr->tok, NULL, tr->tgt, B, T, &v, why, whylen) != STATUS_OK;
         if (!failed && last) {
             model_token_losses(&tr->model, 0, loss, B * T);
             for (int b = 0; b < B; b++) {

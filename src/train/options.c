@@ -93,7 +93,9 @@ static const opt_def_t opt_defs[] = {
      "in model order)",
      NULL, NULL, 0},
     {"pp-schedule", OPT_ENUM, F(pp_schedule), 0, "1f1b", 0, 0, pipe_kind_names,
-     "pipeline schedule over a step's microbatches: 1f1b | gpipe | interleaved (with --pp-virtual)", NULL, NULL, 0},
+     "pipeline schedule over a step's microbatches: 1f1b | gpipe | interleaved (with --pp-virtual) | zb-h1 (zero "
+     "bubble: backward split into input and weight gradients)",
+     NULL, NULL, 0},
     {"pp-virtual", OPT_INT, F(pp_virtual), 0, "1", 1, PARAM_MAX_RUNS, NULL,
      "model chunks per pipeline stage for --pp-schedule interleaved: chunk c on stage c mod pp", NULL, NULL, 0},
     {"dp", OPT_INT, F(dp), 0, "0", 0, 1 << 20, NULL, "data-parallel size (0 = world size / (tp x pp))", NULL, NULL, 0},
@@ -239,8 +241,8 @@ static const opt_def_t opt_defs[] = {
      0},
     {"init-from", OPT_STR, F(init_from), S(init_from), "", 0, 0, NULL,
      "start from the weights of a Hugging Face model directory (config.json + model.safetensors or sharded with "
-     "model.safetensors.index.json: GPT2LMHeadModel, LlamaForCausalLM, Llama-shaped MistralForCausalLM; f32, f16 or "
-     "bf16) or an llm.c GPT-2 model file (gpt2_124M.bin, fp32 or bf16): the model comes from the file (a disagreeing "
+     "model.safetensors.index.json: GPT2LMHeadModel, LlamaForCausalLM (rope_scaling llama3 or linear), Llama-shaped "
+     "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM; f32, f16 or bf16) or an llm.c GPT-2 model file (gpt2_124M.bin, fp32 or bf16): the model comes from the file (a disagreeing "
      "--model, --n-layer, ... is an error), every rank reads only its slices, training starts at step 0 with fresh "
      "AdamW state; a checkpoint that --resume finds wins over it",
      "PATH", NULL, 0},
@@ -648,6 +650,15 @@ static int accum_steps(const run_options_t *o, int dp)
 static int check_virtual(const run_options_t *o, const model_config_t *c, int pp, int dp, char *err, size_t errlen)
 {
     const int V = o->pp_virtual;
+    if (o->pp_schedule == PIPE_ZBH1 && (pp < 2 || o->recompute != MODEL_RECOMPUTE_NONE || options_zero_stage(o) > 1)) {
+        /* W needs every matmul input kept and the block gradients held */
+        snprintf(err, errlen,
+                 "--pp-schedule zb-h1 needs --pp 2 or more, --recompute none and --zero 0 or 1 (got --pp %d "
+                 "--recompute %s --zero %d): its weight gradients are computed later from kept activations into "
+                 "gradients the model holds",
+                 pp, model_recompute_names[o->recompute], options_zero_stage(o));
+        return -1;
+    }
     if (o->pp_schedule != PIPE_INTERLEAVED) {
         if (V > 1)
             snprintf(err, errlen, "--pp-virtual %d applies to --pp-schedule interleaved; add it, or drop --pp-virtual",

@@ -71,6 +71,11 @@ int sample_pick(float *logits, int V, double temperature, int top_k, double u)
     return best;
 }
 
+int sample_next(float *logits, int V, double temperature, int top_k, uint64_t seed, int pos)
+{
+    return sample_pick(logits, V, temperature, top_k, rng_uniform(seed, SAMPLE_STREAM, (uint64_t)pos));
+}
+
 int sample_generate(sample_logits_fn logits_of, void *ctx, int V, int max_ctx, int quantum, const int32_t *prompt,
                     int n_prompt, int n_new, double temperature, int top_k, uint64_t seed, int32_t *out)
 {
@@ -95,7 +100,7 @@ int sample_generate(sample_logits_fn logits_of, void *ctx, int V, int max_ctx, i
             n = -1;
             break;
         }
-        out[n] = sample_pick(logits, V, temperature, top_k, rng_uniform(seed, SAMPLE_STREAM, (uint64_t)n));
+        out[n] = sample_next(logits, V, temperature, top_k, seed, n);
         n++;
     }
     free(logits);

@@ -20,4 +20,11 @@ int sample_generate(sample_logits_fn logits_of, void *ctx, int V, int max_ctx, i
 /* Pick a token from logits[V] (modified in place). u is uniform in [0,1). */
 int sample_pick(float *logits, int V, double temperature, int top_k, double u);
 
+/* The token at position pos of a sequence (0-based, prompt included),
+ * picked from that position's logits[V] (modified in place) with the
+ * uniform number sample_generate draws there for seed: a sequence sampled
+ * one token at a time elsewhere (dtrain-serve) picks the tokens
+ * sample_generate would from the same logits. */
+int sample_next(float *logits, int V, double temperature, int top_k, uint64_t seed, int pos);
+
 #endif

@@ -32,6 +32,7 @@
 #include "src/convert/hf_import.h"
 #include "src/model/docmask.h"
 #include "src/model/flops.h"
+#include "src/train/forward.h"
 #include "src/train/metrics.h"
 #include "src/train/sample.h"
 #include "src/train/train_internal.h"
@@ -126,10 +127,6 @@ void trainer_banner(const trainer_t *tr, FILE *out)
     fflush(out);
 }
 
-/* Pipeline tags of the forward-only passes (validation, sampling); the
- * training schedule's messages are pipe_run's own. */
-#define TAG_EVAL 7001
-
 /* --doc-mask: the document positions of a b x t batch of tokens (in
  * tr->pos), which every stage computes from the tokens it draws; NULL
  * without --doc-mask. */
@@ -139,33 +136,6 @@ static const int32_t *batch_positions(trainer_t *tr, const int32_t *tok, int b, 
         return NULL;
     docmask_positions(tok, b, t, tr->doc_start, tr->doc_end, tr->pos);
     return tr->pos;
-}
-
-/* Forward-only pass of one microbatch through the pipeline, in slot 0:
- * the model's chunks in order (one per stage, or under the interleaved
- * schedule chunk c on stage c % pp), each receiving from the stage before,
- * computing, sending to the next. *loss: the loss on the last stage (0
- * elsewhere; a non-finite loss is a value, not a failure). Collective over
- * PP (and TP). */
-status_t pipeline_eval(trainer_t *tr, const int32_t *tok, const int32_t *pos, const int32_t *tgt, int b, int t,
-                       float *loss, char *err, size_t errlen)
-{
-    model_t *m = &tr->model;
-    const grid_t *g = tr->grid;
-    const int P = g->pp_size, C = P * tr->run->pp_virtual;
-    const size_t n = model_stage_floats(m, b, t);
-    char cerr[COMM_ERR_MAX];
-    *loss = 0.0f;
-    for (int c = g->pp_rank; c < C; c += P) {
-        if (c > 0 && g->pp->ops->recv(g->pp, model_stage_input(m, 0), n, COMM_FP32, (c - 1) % P, TAG_EVAL, cerr,
-                                      sizeof cerr) != 0)
-            return status_set(STATUS_FAIL, err, errlen, "receiving the previous stage's activations failed: %s", cerr);
-        CHECK(model_forward_chunk(m, c / P, 0, tok, pos, tgt, b, t, 0.0f, loss, err, errlen));
-        if (c < C - 1 && g->pp->ops->send(g->pp, model_stage_output(m, 0), n, COMM_FP32, (c + 1) % P, TAG_EVAL, cerr,
-                                          sizeof cerr) != 0)
-            return status_set(STATUS_FAIL, err, errlen, "sending the activations to the next stage failed: %s", cerr);
-    }
-    return STATUS_OK;
 }
 
 int trainer_val_loss(trainer_t *tr, double *loss, char *err, size_t errlen)
@@ -201,7 +171,7 @@ int trainer_val_loss(trainer_t *tr, double *loss, char *err, size_t errlen)
                 data_sample(&tr->val, src * B + b, tr->tok + (size_t)b * T, tr->tgt + (size_t)b * T,
                             pos ? pos + (size_t)b * T : NULL);
             float v = 0.0f;
-            failed = pipeline_eval(tr, tr->tok, pos, tr->tgt, B, T, &v, why, sizeof why) != STATUS_OK;
+            failed = forward_pipeline(&tr->model, tr->grid, tr->tok, pos, tr->tgt, B, T, &v, why, sizeof why) != STATUS_OK;
             if (i < nb)
                 means[i] = v;
         }
@@ -304,16 +274,10 @@ static int sample_logits(void *ctx, const int32_t *window, int t, int row, float
 {
     const callback_ctx_t *c = ctx;
     trainer_t *tr = c->tr;
-    const grid_t *g = tr->grid;
     float unused;
-    char cerr[COMM_ERR_MAX];
-    CHECK(pipeline_eval(tr, window, batch_positions(tr, window, 1, t), NULL, 1, t, &unused, c->err, c->errlen));
-    if (g->pp_rank == g->pp_size - 1)
-        CHECK(model_logits_row(&tr->model, 0, row, logits, c->err, c->errlen));
-    if (g->pp_size > 1 && g->pp->ops->broadcast(g->pp, logits, (size_t)tr->cfg.vocab_size, COMM_FP32, g->pp_size - 1,
-                                                cerr, sizeof cerr) != 0)
-        return status_set(STATUS_FAIL, c->err, c->errlen, "broadcasting the logits over the pipeline failed: %s", cerr);
-    return STATUS_OK;
+    CHECK(forward_pipeline(&tr->model, tr->grid, window, batch_positions(tr, window, 1, t), NULL, 1, t, &unused, c->err,
+                           c->errlen));
+    return forward_logits_row(&tr->model, tr->grid, row, logits, c->err, c->errlen);
 }
 
 /* ids as text: runs of the tokenizer's ids decoded together (a character
@@ -433,6 +397,37 @@ static int stage_backward(void *ctx, int chunk, int micro, int slot)
     return st;
 }
 
+/* The split backward (zb-h1). B writes the gradients the whole backward
+ * writes first (norms, embeddings, activations) with the flags a
+ * replicated strategy gives backward k (accumulate from the second, last
+ * on the step's last: the strategies zb-h1 runs with); W runs in the same
+ * microbatch order, and it is W the data-parallel strategy brackets, since
+ * the gradients are final only after it. ctx: a callback_ctx_t. */
+static int stage_backward_input(void *ctx, int chunk, int micro, int slot)
+{
+    const callback_ctx_t *c = ctx;
+    trainer_t *tr = c->tr;
+    const int k = tr->bwd_input_done[chunk]++;
+    tr->model.trace_micro = micro;
+    return model_backward_input(&tr->model, slot, k > 0, k == tr->accum - 1, c->err, c->errlen);
+}
+
+static int stage_backward_weight(void *ctx, int chunk, int micro, int slot)
+{
+    const callback_ctx_t *c = ctx;
+    trainer_t *tr = c->tr;
+    model_t *m = &tr->model;
+    dpsync_t *s = &tr->sync;
+    int accum, last;
+    s->ops->backward_begin(s, tr->bwd_done[chunk], tr->accum, model_chunk_top(m, chunk), &accum, &last);
+    m->trace_micro = micro;
+    const status_t st = model_backward_weight(m, slot, accum, c->err, c->errlen);
+    tr->bwd_done[chunk]++;
+    if (dpsync_backward_end(s, c->err, c->errlen) != 0)
+        return STATUS_FAIL;
+    return st;
+}
+
 static model_t *ctx_model(void *ctx) { return &((callback_ctx_t *)ctx)->tr->model; }
 static float *stage_input(void *ctx, int slot) { return model_stage_input(ctx_model(ctx), slot); }
 static float *stage_output(void *ctx, int slot) { return model_stage_output(ctx_model(ctx), slot); }
@@ -447,6 +442,7 @@ static int step_gradients(trainer_t *tr, int step, double *bubble_s, char *err, 
     const grid_t *g = tr->grid;
     tr->cur_step = step;
     memset(tr->bwd_done, 0, sizeof tr->bwd_done);
+    memset(tr->bwd_input_done, 0, sizeof tr->bwd_input_done);
     tr->sync.ops->step_begin(&tr->sync);
     tr->loss_sum = 0.0;
     *bubble_s = 0.0;
@@ -459,6 +455,8 @@ static int step_gradients(trainer_t *tr, int step, double *bubble_s, char *err, 
     } else {
         const pipe_stage_ops_t ops = {.forward = stage_forward,
                                       .backward = stage_backward,
+                                      .backward_input = stage_backward_input,
+                                      .backward_weight = stage_backward_weight,
                                       .input = stage_input,
                                       .output = stage_output,
                                       .grad = stage_grad,

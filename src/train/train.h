@@ -48,7 +48,8 @@ typedef struct trainer {
     int tied; /* table index of the tied wte (GPT-2, pp > 1, first/last stage), else -1 */
     /* the step in progress, for the pipeline's forward/backward callbacks */
     int cur_step;
-    int bwd_done[PARAM_MAX_RUNS]; /* this step's backwards so far, per chunk of the stage */
+    int bwd_done[PARAM_MAX_RUNS];       /* this step's (whole or weight) backwards so far, per chunk of the stage */
+    int bwd_input_done[PARAM_MAX_RUNS]; /* ... and input backwards (zb-h1's B) */
     double loss_sum;
     double embed_comm_s; /* this step's tied-embedding all-reduce */
     int threads;
@@ -91,6 +92,11 @@ typedef struct trainer {
     step_eta_t eta;
     straggler_t strag;
 } trainer_t;
+
+/* --threads 0: OMP_NUM_THREADS when set, else this node's cores shared by
+ * the ranks on it (at most the cores this rank may run on); requested > 0
+ * as given. Local (dtrain-serve takes the same default). */
+int trainer_default_threads(int requested, const launch_env_t *env);
 
 /* Everything the run needs, on the grid run was resolved for; on failure
  * err holds one line. Local to this rank: the caller agrees on failure

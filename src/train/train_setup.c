@@ -42,7 +42,7 @@
  * run on). Every rank taking every core oversubscribes them, and OpenMP's
  * spinning threads then stall one another (mpirun -np 4 on 2 cores ran 20x
  * slower); torchrun sets OMP_NUM_THREADS=1 for the same reason. */
-static int default_threads(int requested, const launch_env_t *env)
+int trainer_default_threads(int requested, const launch_env_t *env)
 {
     const char *omp = getenv("OMP_NUM_THREADS");
     if (requested > 0 || (omp && *omp) || env->local_size <= 1)
@@ -433,6 +433,7 @@ static model_layout_t stage_layout(const trainer_t *tr, const grid_t *grid, cons
     lay.lent_block_grads = kind->lends_block_grads;
     lay.lent_block_params = kind->lends_block_params;
     lay.recompute = run->recompute;
+    lay.split_backward = run->pp_kind == PIPE_ZBH1;
     return lay;
 }
 
@@ -742,7 +743,7 @@ int trainer_setup(trainer_t *tr, const run_config_t *run, const launch_env_t *en
     tr->grid = grid;
     tr->world = grid->world;
     tr->last_ckpt_step = -1;
-    tr->threads = ops_cpu_threads(default_threads(run->opt->threads, env));
+    tr->threads = ops_cpu_threads(trainer_default_threads(run->opt->threads, env));
     tr->cfg = run->model;
     tr->accum = run->accum;
     tr->pp_kind = run->pp_kind;

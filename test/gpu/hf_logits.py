@@ -56,6 +56,7 @@ def main():
     import json
     with open(os.path.join(a.dir, "config.json")) as f:
         arch, s = hf_ref.shapes_of_config(json.load(f))
+    s["scaling"] = hf_ref.scaling_of_shapes(s)  # Llama 3.1's or linear rope_scaling, as hf_ref's forward takes it
     model = AutoModelForCausalLM.from_pretrained(a.dir, dtype=torch.float64).eval()
     tokens = hf_ref.read_tokens(a.tokens)
     W = hf_ref.read_model_dir(a.dir)

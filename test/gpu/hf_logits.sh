@@ -1,8 +1,10 @@
 #!/bin/sh
 # Hugging Face transformers reads what dtrain trained on the GPU (issue 19's
 # GPU check; bench/gpu.sh step 5). For a small GPT-2 (Conv1D, tied head,
-# vocabulary 300 padded in memory) and a small Llama (GQA 4:2, rotate-half
-# RoPE, untied head): test/ref/hf_ref.py writes random weights under Hugging
+# vocabulary 300 padded in memory), a small Llama (GQA 4:2, rotate-half
+# RoPE, untied head) and issue 39's variants of it (Llama 3.1's and linear
+# rope_scaling, Qwen2's q/k/v biases untied and tied, Qwen3's q/k norms and
+# head_dim; transformers 4.51 or later for Qwen3): test/ref/hf_ref.py writes random weights under Hugging
 # Face's names; dtrain --device cuda starts from them (--init-from) and
 # trains 10 steps (bf16, the GPU's default); dreshard --to-hf --dtype fp32
 # exports the result; dtrain --init-from the export computes its validation
@@ -31,7 +33,7 @@ run() {
         >"$log" 2>&1 || { fail "dtrain $*: exit $?: $(tail -n 2 "$log")"; return 1; }
 }
 
-for arch in gpt2 llama; do
+for arch in gpt2 llama llama3 llama-linear qwen2 qwen2-tied qwen3; do
     d=$TMP/$arch
     "$PY" "$top_srcdir/test/ref/hf_ref.py" write --arch "$arch" --out "$d" --tokens "$d.tok" >"$d.ref" 2>&1 ||
         { fail "$arch: hf_ref.py write: $(tail -n 1 "$d.ref")"; continue; }

@@ -4,9 +4,10 @@ a PyTorch model written to Hugging Face's modelling conventions computes
 on them. Independent of dtrain's code and of the transformers and
 safetensors packages: the files are written from the formats' specs.
 
-    hf_ref.py write --arch gpt2|llama|llama3|llama-linear|qwen2|qwen2-tied|qwen3 --out DIR
+    hf_ref.py write --arch gpt2|llama|llama3|llama-linear|qwen2|qwen2-tied|qwen3|llama3-128k|qwen3-152k
+                    --out DIR
                     [--dtype f32|bf16|f16]
-                    [--shards N] [--mutate transpose|rope] [--llmc FILE
+                    [--shards N] [--mutate transpose|rope|noscaling|noqknorm|nobias] [--llmc FILE
                     --llmc-version 3|5] [--tokens FILE] [--seed S]
                     [--B 2 --T 16 --batches 4] [--big]
 
@@ -17,7 +18,9 @@ with --tokens an llm.c token shard of --batches x --B sequences of --T + 1
 random tokens. llama3 and llama-linear are Llama with rope_scaling
 (Llama 3.1's and linear), qwen2 Qwen2 (q/k/v biases; qwen2-tied with
 tie_word_embeddings and no lm_head.weight, as Qwen2.5 0.5B), qwen3 Qwen3
-(q/k norms, a head_dim of its own). DIR/ref.json gets the loss of each microbatch and their
+(q/k norms, a head_dim of its own); llama3-128k and qwen3-152k the same
+with the real vocabularies (128,256 and 151,936 rows, tied; token files of
+uint32 ids). DIR/ref.json gets the loss of each microbatch and their
 mean ("loss"), which is how dtrain's val_loss averages, in float64 from
 the weights as stored (bf16/fp16 rounded). Prints the mean.
 
@@ -25,7 +28,10 @@ the weights as stored (bf16/fp16 rounded). Prints the mean.
 ref.json keeps the correct model's loss: "transpose" stores each attention
 c_proj.weight (square, so the shape still fits) untransposed, "rope"
 stores q_proj/k_proj rows in dtrain's interleaved order instead of
-rotate-half order. dtrain's loss on such a file must differ from ref.json.
+rotate-half order, "noscaling" drops config.json's rope_scaling (plain
+RoPE), "noqknorm" and "nobias" write a LlamaForCausalLM without Qwen3's
+q/k norms or Qwen2's q/k/v biases. dtrain's loss on such a file must
+differ from ref.json.
 
     hf_ref.py check DIR LOSS [--tol 1e-5]
 
@@ -78,6 +84,11 @@ VARIANTS = {
     "qwen2": dict(bias=True),
     "qwen2-tied": dict(bias=True, tied=True),
     "qwen3": dict(qknorm=True, HS=32),
+    # the real vocabularies, tied as in Llama 3.2 1B and Qwen3 0.6B: ids
+    # past 65,535 (4-byte token files) through vocabulary-parallel
+    # cross-entropy
+    "llama3-128k": dict(scaling=LLAMA3_SCALING, tied=True, vocab=128256),
+    "qwen3-152k": dict(qknorm=True, HS=32, tied=True, vocab=151936),
 }
 for _v, _x in VARIANTS.items():
     SHAPES[_v] = dict(SHAPES["llama"], **_x)
@@ -362,13 +373,16 @@ def write_llmc_model(path, s, W, version):
             f.write(a.astype("<f4").tobytes() if version == 3 else bf16_bits(a).tobytes())
 
 
-def write_tokens(path, tokens):
-    """llm.c token shard: 256 int32 [20240520, 1, count], uint16 tokens."""
+def write_tokens(path, tokens, vocab):
+    """llm.c token shard: 256 int32 [20240520, 1, count], uint16 tokens; for
+    a vocabulary over 65,536 [20240801, 7, count], uint32 tokens
+    (doc/data.md)."""
+    wide = vocab > 65536
     header = np.zeros(256, "<i4")
-    header[:3] = [20240520, 1, len(tokens)]
+    header[:3] = [20240801, 7, len(tokens)] if wide else [20240520, 1, len(tokens)]
     with open(path, "wb") as f:
         f.write(header.tobytes())
-        f.write(tokens.astype("<u2").tobytes())
+        f.write(tokens.astype("<u4" if wide else "<u2").tobytes())
 
 
 # ---- reading an exported directory, from the specs --------------------------------
@@ -437,7 +451,7 @@ def read_tokens(path):
     with open(path, "rb") as f:
         data = f.read()
     header = np.frombuffer(data[:1024], "<i4")
-    return np.frombuffer(data[1024:], "<u2")[:header[2]].astype(np.int64)
+    return np.frombuffer(data[1024:], "<u4" if header[0] == 20240801 else "<u2")[:header[2]].astype(np.int64)
 
 
 def cmd_exported(a):
@@ -494,21 +508,31 @@ def cmd_write(a):
             file_val = rope_to_interleaved(file_val, head_size(s))
         if file_val is not held[name]:
             raw = stored(file_val, dtype)[0]
+        if (a.mutate == "noqknorm" and (name.endswith("q_norm.weight") or name.endswith("k_norm.weight"))) or \
+                (a.mutate == "nobias" and name.endswith("_proj.bias")):
+            continue
         plain = a.gpt2_plain_names and name.startswith("transformer.")
         tensors.append((name[len("transformer."):] if plain else name, dtype, val.shape, raw))
     if a.tied_head and a.arch == "gpt2":
         tensors.append(("lm_head.weight", dtype, W["transformer.wte.weight"].shape,
                         stored(W["transformer.wte.weight"], dtype)[0]))
     write_model_dir(a.out, tensors, a.shards)
+    cfg = gpt2_config(s) if fam == "gpt2" else llama_config(s)
+    if a.mutate == "noscaling":
+        cfg["rope_scaling"] = None
+    if a.mutate in ("noqknorm", "nobias"):  # a plain Llama of the same shapes, head_dim kept
+        for k in ("use_sliding_window", "sliding_window", "max_window_layers"):
+            cfg.pop(k, None)
+        cfg.update(architectures=["LlamaForCausalLM"], model_type="llama", attention_bias=False)
     with open(os.path.join(a.out, "config.json"), "w") as f:
-        json.dump(gpt2_config(s) if fam == "gpt2" else llama_config(s), f, indent=2)
+        json.dump(cfg, f, indent=2)
     if a.llmc:
         write_llmc_model(a.llmc, s, held, a.llmc_version)
     if not a.tokens:
         return 0
     rng_t = np.random.default_rng(a.seed + 1)
     tokens = rng_t.integers(0, s["vocab"], a.batches * a.B * a.T + 1)
-    write_tokens(a.tokens, tokens)
+    write_tokens(a.tokens, tokens, s["vocab"])
     if a.llmc and a.llmc_version == 5:  # the reference of what the llm.c file holds
         held = {k: bf16_to_f32(bf16_bits(v)).reshape(v.shape) for k, v in held.items()}
     ls, logits = losses(fam, s, held, tokens, a.B, a.T, a.batches)
@@ -587,7 +611,7 @@ def main():
     w.add_argument("--out", required=True)
     w.add_argument("--dtype", choices=("f32", "bf16", "f16"), default="f32")
     w.add_argument("--shards", type=int, default=1)
-    w.add_argument("--mutate", choices=("transpose", "rope"))
+    w.add_argument("--mutate", choices=("transpose", "rope", "noscaling", "noqknorm", "nobias"))
     w.add_argument("--llmc")
     w.add_argument("--llmc-version", type=int, choices=(3, 5), default=3)
     w.add_argument("--tokens")
