@@ -2,6 +2,7 @@
 
 #include "mpi/agree.h"
 
+#include <errno.h>
 #include <mpi.h>
 #include <signal.h>
 #include <stdint.h>
@@ -9,13 +10,29 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 /* The one piece of state outside the run context: a signal handler gets no
  * argument to find a context through. Written only by the handler, read by
  * launch_stop_signal; sig_atomic_t makes both async-signal-safe. */
 static volatile sig_atomic_t stop_signal;
+/* launch_notify_term's descriptor, or -1; set by the main thread, read by
+ * the handler */
+static volatile sig_atomic_t term_fd = -1;
 
-static void on_stop_signal(int sig) { stop_signal = sig; }
+static void on_stop_signal(int sig)
+{
+    stop_signal = sig;
+    const int fd = term_fd;
+    if (sig == SIGTERM && fd >= 0) {
+        const int saved = errno; /* the interrupted code may be about to read it */
+        ssize_t n = write(fd, "T", 1);
+        (void)n; /* a full pipe already holds a wake-up */
+        errno = saved;
+    }
+}
+
+void launch_notify_term(int fd) { term_fd = fd; }
 
 int launch_stop_signal(void) { return (int)stop_signal; }
 

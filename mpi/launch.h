@@ -66,6 +66,11 @@ void launch_describe(const launch_env_t *env, FILE *out);
  * them. 0, or -1 when sigaction fails. */
 int launch_catch_stop_signals(void);
 
+/* From now on the SIGTERM handler also writes one byte to fd (a
+ * nonblocking pipe: lostpeer_term_fd), so that a thread waiting on it
+ * wakes at once; -1 stops that. */
+void launch_notify_term(int fd);
+
 /* The signal that asked this rank to stop (SIGUSR1 or SIGTERM), or 0.
  * The handlers only record it: the caller agrees on it across ranks at a
  * point where stopping is safe (the training loop's step boundary). */

@@ -11,6 +11,10 @@
 #include <time.h>
 #include <unistd.h>
 
+/* How long a rank whose watchdog fired after another rank's waits for
+ * that rank to end the job (it asks every rank, up to a second, first). */
+#define QUIET_WAIT_S 10
+
 struct watchdog {
     double timeout_s;
     char who[160];
@@ -34,6 +38,9 @@ struct watchdog {
         int32_t *world; /* world rank of each group rank */
     } groups[WATCHDOG_MAX_GROUPS];
     int ngroups;
+    /* watchdog_on_fire's function, called before the line */
+    int (*on_fire)(void *ctx, char *silent, size_t len);
+    void *on_fire_ctx;
 };
 
 static double seconds_since(const struct timespec *t0)
@@ -137,10 +144,25 @@ static void fire(watchdog_t *w, double waited_s)
         describe_peer(w, peer, sizeof peer);
     else
         describe_members(w, peer, sizeof peer);
+    char silent[256] = "";
+    if (w->on_fire && w->on_fire(w->on_fire_ctx, silent, sizeof silent)) {
+        /* another rank is printing the job's line and ending the job: wait
+         * for its MPI_Abort, which ends this rank too. Aborting at once
+         * would have the launcher wake stopped peers (SIGCONT) before that
+         * rank has asked who no longer answers. Should it never come, end
+         * the job from here after QUIET_WAIT_S. */
+        struct timespec t = {QUIET_WAIT_S, 0};
+        while (nanosleep(&t, &t) != 0 && errno == EINTR) {
+        }
+        alarm(30);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+        _exit(1);
+    }
     fprintf(stderr,
             "dtrain: %s: %s on group %s (%d ranks%s%s%s) has not finished after %.0f s (--comm-timeout %g): "
-            "a peer rank is stuck or dead; aborting the job%s%s\n",
+            "%s%s; aborting the job%s%s\n",
             w->who, w->op, w->group, w->size, what[0] ? ", " : "", what, peer, waited_s, w->timeout_s,
+            silent[0] ? silent : "a peer rank is stuck or dead", silent[0] ? " stopped answering" : "",
             w->failure[0] ? "; this rank had failed first: " : "", w->failure);
     fflush(stderr);
     alarm(30); /* should MPI_Abort block, SIGALRM's default action ends the process */
@@ -302,5 +324,37 @@ void watchdog_note_failure(watchdog_t *w, const char *msg)
         return;
     pthread_mutex_lock(&w->lock);
     snprintf(w->failure, sizeof w->failure, "%s", msg ? msg : "unknown error");
+    pthread_mutex_unlock(&w->lock);
+}
+
+void watchdog_on_fire(watchdog_t *w, int (*fn)(void *ctx, char *silent, size_t len), void *ctx)
+{
+    if (!w)
+        return;
+    pthread_mutex_lock(&w->lock);
+    w->on_fire = fn;
+    w->on_fire_ctx = ctx;
+    pthread_mutex_unlock(&w->lock);
+}
+
+void watchdog_describe_wait(void *ctx, char *buf, size_t len)
+{
+    watchdog_t *w = ctx;
+    buf[0] = '\0';
+    /* never wait: the lock is held for good once the watchdog has fired */
+    if (!w || pthread_mutex_trylock(&w->lock) != 0)
+        return;
+    if (w->op) {
+        char peer[320] = "";
+        const double s = seconds_since(&w->since);
+        if (w->peer >= 0) {
+            describe_peer(w, peer, sizeof peer); /* ", peer pp rank 1 = rank 2 on node2" */
+            snprintf(buf, len, "waiting %.1f s in %s on group %s%s", s, w->op, w->group, peer);
+        } else {
+            describe_members(w, peer, sizeof peer); /* "; ranks 0,1 on node1", or "" */
+            snprintf(buf, len, "waiting %.1f s in %s on group %s%s%s%s", s, w->op, w->group, peer[0] ? " (" : "",
+                     peer[0] ? peer + 2 : "", peer[0] ? ")" : "");
+        }
+    }
     pthread_mutex_unlock(&w->lock);
 }

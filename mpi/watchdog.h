@@ -75,4 +75,18 @@ void watchdog_leave(watchdog_t *w);
  * "...; this rank had failed first: MSG". A copy is kept; NULL w is fine. */
 void watchdog_note_failure(watchdog_t *w, const char *msg);
 
+/* fn(ctx, silent, len) runs on the watchdog's thread when it fires, before
+ * its line; when it returns nonzero the line is not printed
+ * (lostpeer_claim_line: another rank printed the job's line already), the
+ * job is ended all the same. What it writes into silent ("ranks 2,3 on
+ * node2") replaces "a peer rank is stuck or dead" in the line, followed by
+ * "stopped answering". NULL removes it. fn must return within seconds. */
+void watchdog_on_fire(watchdog_t *w, int (*fn)(void *ctx, char *silent, size_t len), void *ctx);
+
+/* What the main thread is blocked in, for another thread's line (ctx: the
+ * watchdog_t *): "waiting 2.1 s in irecv on group pp, peer pp rank 1 =
+ * rank 2 on node2", or "" when it is in no call or the watchdog is busy
+ * (never waits for its lock). The lostpeer_set_context function. */
+void watchdog_describe_wait(void *ctx, char *buf, size_t len);
+
 #endif

@@ -1,6 +1,7 @@
 #!/bin/sh
 # --comm-timeout: a rank whose peer stopped responding ends the job with
-# one line naming the operation it was blocked in, instead of hanging.
+# one line naming the operation it was blocked in and the rank that no
+# longer answers, instead of hanging.
 # The peer is frozen with SIGSTOP in the middle of training (a hung GPU, a
 # node in swap and a dead process look the same from the other ranks).
 # Also: the watchdog changes no number, and a bad value is refused.
@@ -15,7 +16,7 @@ limit=45
 # pid_of TAG RANK: the process of world rank RANK of the job tagged TAG
 pid_of() {
     for p in $(pgrep -x dtrain); do
-        env=$(tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null) || continue
+        env=$({ tr '\0' '\n' <"/proc/$p/environ"; } 2>/dev/null) || continue
         if printf '%s\n' "$env" | grep -qx "DTRAIN_TEST_TAG=$1" &&
             printf '%s\n' "$env" | grep -qx "OMPI_COMM_WORLD_RANK=$2"; then
             echo "$p"
@@ -39,7 +40,7 @@ freeze_run() {
         >"$log" 2>&1 &
     job=$!
     i=0
-    until grep -q '^step *3/' "$log"; do
+    until grep -q '^step *3/' "$log" 2>/dev/null; do
         i=$((i + 1))
         if [ "$i" -gt 600 ] || ! kill -0 "$job" 2>/dev/null; then
             fail "$label: the run did not reach step 3: $(tail -n 3 "$log")"
@@ -69,11 +70,14 @@ freeze_run() {
     took=$(($(date +%s) - t0))
     # the frozen process may outlive mpirun for a moment: never leave it
     p=$(pid_of "$tag" "$rank") && kill -KILL "$p" 2>/dev/null
-    line=$(grep -E "^dtrain: rank [0-9]+ \(tp [0-9]+ pp [0-9]+ dp [0-9]+, host [^)]*\): .* on group ($groups) \([0-9]+ ranks.*\) has not finished after [0-9]+ s \(--comm-timeout $timeout\): a peer rank is stuck or dead; aborting the job$" "$log" | head -n 1)
-    if [ "$rc" -ne 0 ] && [ -n "$line" ]; then
-        pass "$label: rank $rank frozen, job ended in $took s with status $rc: $line"
+    line=$(grep -E "^dtrain: rank [0-9]+ \(tp [0-9]+ pp [0-9]+ dp [0-9]+, host [^)]*\): .* on group ($groups) \([0-9]+ ranks.*\) has not finished after [0-9]+ s \(--comm-timeout $timeout\): rank $rank on $(hostname) stopped answering; aborting the job$" "$log")
+    # one line: the first rank to fire asks every rank (mpi/lostpeer.h) and
+    # names the one that does not answer; the others' watchdogs and the
+    # lost-peer report at mpirun's SIGTERM stay quiet
+    if [ "$rc" -ne 0 ] && [ -n "$line" ] && [ "$(grep -c 'has not finished\|stopped answering' "$log")" -eq 1 ]; then
+        pass "$label: rank $rank frozen, job ended in $took s with status $rc, one line: $line"
     else
-        fail "$label: status $rc after $took s, no watchdog line on group ($groups): $(grep -v '^step' "$log" | tail -n 5)"
+        fail "$label: status $rc after $took s, not one watchdog line on group ($groups) naming rank $rank: $(grep -v '^step' "$log" | tail -n 5)"
     fi
 }
 

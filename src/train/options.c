@@ -165,8 +165,9 @@ static const opt_def_t opt_defs[] = {
     {"check-replicas", OPT_INT, F(check_replicas), 0, "0", 0, INT_MAX, NULL,
      "check data-parallel replicas hold identical parameters every N steps (0 = only at start)", NULL, NULL, 0},
     {"comm-timeout", OPT_REAL, F(comm_timeout), 0, "600", 0, 1e9, NULL,
-     "end the job, naming the operation, when one communication call has blocked this long in seconds: a peer rank is "
-     "stuck or dead (0 = wait forever)",
+     "end the job, naming the operation and the ranks that stopped answering, when one communication call has blocked "
+     "this long in seconds; also names the ranks of a lost node when the launcher ends the job (0 = wait forever, "
+     "name none)",
      NULL, NULL, 0},
     {"steps", OPT_INT, F(steps), 0, "1000", 1, INT_MAX, NULL, "total optimizer steps of the run", NULL, NULL, 0},
     {"micro-batch", OPT_INT, F(micro_batch), 0, "16", 1, 1 << 20, NULL, "sequences per microbatch (per rank)", NULL,

@@ -934,6 +934,12 @@ void trainer_teardown(trainer_t *tr)
     if (tr->world)
         tr->world->watch = NULL;
     trace_destroy(tr->trace);
+    /* the report's thread reads the watchdog, the watchdog's hook the report:
+     * unhook, end the report, then the watchdog */
+    launch_notify_term(-1);
+    watchdog_on_fire(tr->watch, NULL, NULL);
+    lostpeer_close(tr->lost);
+    tr->lost = NULL;
     watchdog_stop(tr->watch);
     mc_eval_close(&tr->mc);
     if (tr->metrics && fclose(tr->metrics) != 0)

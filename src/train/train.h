@@ -8,6 +8,7 @@
 #include "mpi/dpsync.h"
 #include "mpi/grid.h"
 #include "mpi/launch.h"
+#include "mpi/lostpeer.h"
 #include "mpi/pipeline.h"
 #include "src/backend/backend.h"
 #include "src/data/data.h"
@@ -62,6 +63,7 @@ typedef struct trainer {
     FILE *metrics;
     trace_t *trace;     /* --trace: this rank's spans */
     watchdog_t *watch;  /* --comm-timeout: marks every blocking call of the grid's groups */
+    lostpeer_t *lost;   /* with the watchdog: names the ranks gone when the launcher ends the job */
     int32_t *tok, *tgt; /* host batch [B*T] */
     /* --doc-mask: the batch's document positions [B*T] (src/model/docmask.h), the
      * boundary tokens they come from (-1: none), and this step's sum of

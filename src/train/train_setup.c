@@ -562,10 +562,67 @@ static int setup_model(trainer_t *tr, model_layout_t lay, const dpsync_ops_t *ki
     return 0;
 }
 
+/* The watchdog's on-fire function: one line for the job, the first, and
+ * the ranks that no longer answer in it. */
+static int claim_line(void *lost, char *silent, size_t len) { return lostpeer_claim_line(lost, silent, len); }
+
+/* Without the lost-peer report: rank 0 says why, once; no rank asks. */
+static void lostpeer_off(trainer_t *tr, int rank, const char *why)
+{
+    if (tr->grid->world_rank == 0)
+        fprintf(stderr,
+                "dtrain: warning: ranks lost with their node will not be named when the launcher ends the job "
+                "(its own line names the node; --comm-timeout still names a peer that hangs): rank %d: %s\n",
+                rank, why);
+    lostpeer_close(tr->lost);
+    tr->lost = NULL;
+}
+
+/* The lost-peer report (mpi/lostpeer.h), with the watchdog: every rank's
+ * UDP addresses and the start-up check, each agreed, so that the report is
+ * on on every rank or on none. Its failure is no error: the run goes on
+ * without it, and rank 0 says so. hosts: every rank's, hostlen bytes each.
+ * Collective over the world. */
+static int setup_lostpeer(trainer_t *tr, const char *who, const char *hosts, int hostlen, char *err, size_t errlen)
+{
+    const int world = tr->grid->world_size;
+    char msg[AGREE_MSG_MAX] = "", cerr[COMM_ERR_MAX];
+    lostpeer_addr_t mine;
+    int first = -1;
+    tr->lost = lostpeer_open(tr->grid->world_rank, world, who, &mine, msg, sizeof msg);
+    if (agree_rank(tr->world, tr->lost ? 0 : STATUS_FAIL, msg, sizeof msg, &first) != STATUS_OK) {
+        lostpeer_off(tr, first, msg);
+        return 0;
+    }
+    lostpeer_addr_t *all = malloc((size_t)world * sizeof *all);
+    if (!all) {
+        snprintf(err, errlen, "out of memory for %d ranks' addresses", world);
+        return -1;
+    }
+    if (tr->world->ops->allgather(tr->world, &mine, all, sizeof mine, COMM_BYTE, cerr, sizeof cerr) != STATUS_OK) {
+        snprintf(err, errlen, "the all-gather of the ranks' UDP addresses failed: %s", cerr);
+        free(all);
+        return -1;
+    }
+    lostpeer_set_context(tr->lost, watchdog_describe_wait, tr->watch);
+    int bad = lostpeer_start(tr->lost, all, hosts, hostlen, msg, sizeof msg) != 0 ||
+              lostpeer_check(tr->lost, msg, sizeof msg) != 0;
+    free(all);
+    if (agree_rank(tr->world, bad ? STATUS_FAIL : 0, msg, sizeof msg, &first) != STATUS_OK) {
+        lostpeer_off(tr, first, msg);
+        return 0;
+    }
+    watchdog_on_fire(tr->watch, claim_line, tr->lost);
+    launch_notify_term(lostpeer_term_fd(tr->lost));
+    return 0;
+}
+
 /* Tells the watchdog every rank's host and each group's members by world
  * rank, so that its abort line names the peer that stopped answering and
- * the machine it runs on. Collective over the world and each group. */
-static int watch_names(trainer_t *tr, comm_t **groups, int ng, char *err, size_t errlen)
+ * the machine it runs on, and sets up the lost-peer report, whose line
+ * names them too (who: this rank, for it). Collective over the world and
+ * each group. */
+static int watch_names(trainer_t *tr, const char *who, comm_t **groups, int ng, char *err, size_t errlen)
 {
     enum { HOSTLEN = 64 };
     const int world = tr->grid->world_size;
@@ -596,6 +653,8 @@ static int watch_names(trainer_t *tr, comm_t **groups, int ng, char *err, size_t
             rc = -1;
         }
     }
+    if (rc == 0 && setup_lostpeer(tr, who, hosts, HOSTLEN, err, errlen) != 0)
+        rc = -1;
     free(ranks);
     free(hosts);
     return rc;
@@ -628,7 +687,7 @@ static int setup_watch(trainer_t *tr, char *err, size_t errlen)
         snprintf(who, sizeof who, "rank %d (tp %d pp %d dp %d, host %s)", grid->world_rank, grid->tp_rank,
                  grid->pp_rank, grid->dp_rank, host);
         if (!(tr->watch = watchdog_start(o->comm_timeout, who, err, errlen)) ||
-            watch_names(tr, groups, ng, err, errlen) != 0)
+            watch_names(tr, who, groups, ng, err, errlen) != 0)
             return -1;
         for (int i = 0; i < ng; i++)
             groups[i]->watch = tr->watch;
