@@ -128,6 +128,7 @@ mem_check 2 --pp 2 --pp-schedule zb-h1
 mem_check --dtype bf16 4 --tp 2 --pp 2 --pp-schedule zb-h1
 mem_check 4 --pp 2 --pp-schedule zb-h1 --zero 3 --recompute full
 mem_check --dtype bf16 2 --pp 2 --pp-schedule zb-h1 --recompute selective
+mem_check --dtype bf16 4 --tp 2 --sequence-parallel --pp 2 --pp-schedule zb-h1 --recompute selective
 mem_check 4 --tp 2 --zero 3
 mem_check 4 --pp 2 --zero 3 --recompute full
 mem_check 2 --recompute selective
@@ -293,16 +294,26 @@ plan_json "$TMP/z0.json" --model gpt2-124m --gpus 8 --micro-batch 1 --global-bat
 # ---- --search ----------------------------------------------------------------------------------
 "$DTRAIN" --plan --search --config "$top_srcdir/examples/llama-70b.conf" --gpus 64 --global-batch 128 >"$TMP/s.txt" 2>&1 &&
     n=$(sed -n 's/.* layouts planned, \([0-9]*\) fit in .*/\1/p' "$TMP/s.txt") && [ "${n:-0}" -gt 0 ] &&
-    awk '/tokens\/s/ { on = 1; next } on && NF == 12 { print $8 }' "$TMP/s.txt" | sort -c -r -n 2>/dev/null &&
+    [ "$(awk '/tokens\/s/ { on = 1; next } on && NF == 15 { n++ } END { print n + 0 }' "$TMP/s.txt")" -ge 2 ] &&
+    awk '/tokens\/s/ { on = 1; next } on && NF == 15 { print $9 }' "$TMP/s.txt" | sort -c -r -n 2>/dev/null &&
     pass "--search: $n layouts of llama-70b fit on 64 x h100-sxm, listed by predicted tokens/s: $(sed -n '3p' "$TMP/s.txt" | sed 's/  */ /g')" ||
     fail "--search: $(head -n 4 "$TMP/s.txt")"
-# every layout it lists, planned on its own, fits
-sed -n '3p' "$TMP/s.txt" | { read -r tp pp dp z sp rc mb rest
-    spf=""; [ "$sp" = on ] && spf=--sequence-parallel
-    plan_json "$TMP/s1.json" --config "$top_srcdir/examples/llama-70b.conf" --tp "$tp" --pp "$pp" --dp "$dp" --zero "$z" \
-        $spf --recompute "$rc" --micro-batch "$mb" --global-batch 128 &&
-        [ "$(jget "$TMP/s1.json" fits)" = 1 ] && pass "--search's best (tp $tp pp $pp dp $dp zero $z) fits when planned alone" ||
-        fail "--search's best (tp $tp pp $pp dp $dp zero $z): $(grep -E '^(FITS|DOES)' "$TMP/s1.json.txt")"; }
+# the best layout it lists, planned on its own, fits (read in this shell:
+# a pass or fail inside a pipeline's subshell would not count)
+read -r tp pp dp sched z sp rc mb rest <<EOF
+$(sed -n '3p' "$TMP/s.txt")
+EOF
+spf=""
+[ "$sp" = on ] && spf=--sequence-parallel
+case $sched in
+inter-v*) schf="--pp-schedule interleaved --pp-virtual ${sched#inter-v}" ;;
+*) schf="--pp-schedule $sched" ;;
+esac
+plan_json "$TMP/s1.json" --config "$top_srcdir/examples/llama-70b.conf" --tp "$tp" --pp "$pp" --dp "$dp" --zero "$z" \
+    $spf $schf --recompute "$rc" --micro-batch "$mb" --global-batch 128 &&
+    [ "$(jget "$TMP/s1.json" fits)" = 1 ] &&
+    pass "--search's best (tp $tp pp $pp dp $dp $sched zero $z) fits when planned alone" ||
+    fail "--search's best (tp $tp pp $pp dp $dp $sched zero $z): $(grep -E '^(FITS|DOES)' "$TMP/s1.json.txt")"
 
 # one process plans any layout; under mpirun every rank agrees and rank 0 prints
 "$MPIEXEC" --quiet -np 2 "$DTRAIN" --plan --model tiny --tp 2 --hw cpu --peak-gflops 100 >"$TMP/np2.txt" 2>&1 &&

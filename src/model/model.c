@@ -347,14 +347,18 @@ static int run_cap(const param_layout_t *p)
  * B for W: mlp proj [N,C], fc [N,fcw], attention proj [N,C], qkv
  * [N,qkvw]. Each waits in a slot buffer B has finished reading when it is
  * written, where the layout has one of its size, else in the slot's own
- * wdout; so without recomputation or sequence parallelism zb-h1 holds no
- * more than a slot:
+ * wdout; so without recomputation zb-h1 holds no more than a slot:
  *   proj -> x(i+1), the block's output: the block above (or the head)
- *           has run its backward [rows: NR = N, no full recomputation]
- *   fc   -> fc, which B reads only before [no recomputation: selective's
- *           W recomputes fc_act from fc]
+ *           has run its backward [rows: no full recomputation]
+ *   fc   -> fc, which B reads only before [no full recomputation; under
+ *           selective B computes the MLP projection's weight gradient
+ *           itself while its recomputed fc_act is there, so W needs no
+ *           fc_act and no fc]
  *   o    -> res2, read last by the ln2 backward before it [rows]
  *   qkv  -> qkv, read last by the attention backward [no full recompute]
+ * The two [N,C] ones are the residual stream's gradient, of which a rank
+ * holds its NR rows under sequence parallelism: those rows are kept (they
+ * fit x(i+1) and res2), and W all-gathers them over TP again, as B did.
  * Full recomputation keeps no block activations in the slot: all four
  * wait in wdout. */
 typedef struct wdout_at {
@@ -363,10 +367,9 @@ typedef struct wdout_at {
 
 static void wdout_fits(const model_t *m, int *rows, int *fc, int *qkv)
 {
-    const int N = m->B * m->T;
     const model_recompute_t rc = m->lay.recompute;
-    *rows = rc != MODEL_RECOMPUTE_FULL && res_rows(m, N) == N;
-    *fc = rc == MODEL_RECOMPUTE_NONE;
+    *rows = rc != MODEL_RECOMPUTE_FULL;
+    *fc = rc != MODEL_RECOMPUTE_FULL;
     *qkv = rc != MODEL_RECOMPUTE_FULL;
 }
 
@@ -383,8 +386,8 @@ static size_t wdout_floats(const model_t *m, size_t N)
 {
     int rows, fc, qkv;
     wdout_fits(m, &rows, &fc, &qkv);
-    return N * ((rows ? 0 : 2 * (size_t)m->cfg.d_model) + (fc ? 0 : max_fcw(m)) +
-                (qkv ? 0 : (size_t)qkv_width(m)));
+    const size_t NR = (size_t)res_rows(m, (int)N);
+    return (rows ? 0 : 2 * NR * (size_t)m->cfg.d_model) + N * ((fc ? 0 : max_fcw(m)) + (qkv ? 0 : (size_t)qkv_width(m)));
 }
 
 static void layout_acts(model_t *m, char *acts, size_t *acts_bytes, char *work, size_t *work_bytes)
@@ -1253,14 +1256,17 @@ static status_t block_bwd(model_t *m, model_slot_t *sl, int i, int accum, int la
      * never is), SwiGLU's from its own kernel */
     float *dfc = gpt ? m->dbig : m->dbig2;
     const int wg = keep == NULL; /* this pass writes the matmuls' weight gradients */
+    /* ... and the MLP projection's under selective recomputation, where
+     * the fc_act it needs is recomputed here (slot_wdout) */
+    const int wg_proj = wg || rc == MODEL_RECOMPUTE_SELECTIVE;
     const float *dout;
     CHECK(dres_all_rows(m, NR, &dout, err, errlen));
-    keep_dout(m, keep, keep ? keep->proj : NULL, dout, (size_t)N * C);
+    keep_dout(m, wg_proj ? NULL : keep, keep ? keep->proj : NULL, m->dres, (size_t)NR * C); /* this rank's rows */
     if (F > 0 && gpt) {
-        mm_dgelu_bwd(m, dfc, wg ? g->wproj : NULL, wg ? g->bproj : NULL, dout, a->fc_act, a->fc_act16, a->fc,
+        mm_dgelu_bwd(m, dfc, wg_proj ? g->wproj : NULL, wg_proj ? g->bproj : NULL, dout, a->fc_act, a->fc_act16, a->fc,
                      w->wproj, N, F, C, accum);
     } else if (F > 0) {
-        mm_bwd(m, m->dbig, wg ? g->wproj : NULL, wg ? g->bproj : NULL, dout, a->fc_act, a->fc_act16, w->wproj, N, F,
+        mm_bwd(m, m->dbig, wg_proj ? g->wproj : NULL, wg_proj ? g->bproj : NULL, dout, a->fc_act, a->fc_act16, w->wproj, N, F,
                C, 0, accum);
         o->swiglu_bwd(o->ctx, dfc, a->fc, m->dbig, N, F);
     }
@@ -1273,7 +1279,7 @@ static status_t block_bwd(model_t *m, model_slot_t *sl, int i, int accum, int la
     CHECK(norm_bwd_reduce(m, g->ln2w, g->ln2b, a->res2, w->ln2w, a->ln2_mean, a->ln2_rstd, N, NR, accum, err, errlen));
     /* attention: dres becomes dL/dx */
     CHECK(dres_all_rows(m, NR, &dout, err, errlen));
-    keep_dout(m, keep, keep ? keep->o : NULL, dout, (size_t)N * C);
+    keep_dout(m, keep, keep ? keep->o : NULL, m->dres, (size_t)NR * C);
     mm_bwd(m, m->dbig, wg ? g->wo : NULL, wg ? g->bo : NULL, dout, a->atty, NULL, w->wo, N, QD, C, 0, accum);
     o->attention_bwd(o->ctx, m->dbig2, m->dbig, a->qkv, a->atty, a->lse, slot_pos(sl), b, t, NH, NKV, HS);
     if (!gpt)
@@ -1363,8 +1369,8 @@ static wdout_at_t slot_wdout(const model_t *m, const model_slot_t *sl, int i)
         d.o = a.res2;
     } else {
         d.proj = own;
-        d.o = own + N * C;
-        own += 2 * N * C;
+        d.o = own + NR * C;
+        own += 2 * NR * C;
     }
     d.fc = fc ? a.fc : own;
     if (!fc)
@@ -1374,36 +1380,43 @@ static wdout_at_t slot_wdout(const model_t *m, const model_slot_t *sl, int i)
 }
 
 /* The split backward's W of block i: the four matmuls' weight and bias
- * gradients from the output gradients B kept and the slot's inputs. Under
- * recomputation the inputs a slot does not keep are recomputed first, as
- * B did (they live in a scratch later Bs overwrite): the activation
- * function's output (selective) or the whole block's forward (full, with
- * its parameters lent again under ZeRO-3), with the forward's kernels on
- * the forward's inputs, so the same bits. */
+ * gradients from the output gradients B kept and the slot's inputs (the
+ * MLP projection's is B's under selective recomputation: it reads the
+ * recomputed activation). Under full recomputation the block's forward
+ * runs again first, as B ran it (its activations live in a scratch later
+ * Bs overwrite; its parameters lent again under ZeRO-3), with the
+ * forward's kernels on the forward's inputs, so the same bits. */
 static status_t block_bwd_weight(model_t *m, model_slot_t *sl, int i, int next, int accum, char *err, size_t errlen)
 {
-    const ops_t *o = m->ops;
     const model_config_t *c = &m->cfg;
     const int b = sl->b, t = sl->t, N = b * t, C = c->d_model, QD = heads(m) * model_head_size(c), F = layer_ffn(m, i);
     const int NR = res_rows(m, N);
     const block_tensors_t *w = &m->p.h[i], *g = &m->g.h[i];
     const block_acts_t view = block_view(m, sl, i), *a = &view;
     const model_recompute_t rc = m->lay.recompute;
+    /* under selective recomputation the MLP projection's weight gradient
+     * was B's (block_bwd), so W needs no recomputed activation */
+    const int proj_here = F > 0 && rc != MODEL_RECOMPUTE_SELECTIVE;
     if (rc == MODEL_RECOMPUTE_FULL) {
         CHECK(lend_params(m, i, next, err, errlen));
         const float *x = sl->x + (size_t)(i - sl->first) * NR * C;
         CHECK(block_fwd(m, a, NULL, 0.0f, slot_pos(sl), x, NULL, i, b, t, err, errlen));
-    } else if (rc == MODEL_RECOMPUTE_SELECTIVE && c->arch == ARCH_GPT2 && F > 0) {
-        o->gelu_fwd(o->ctx, a->fc_act, a->fc, (size_t)N * F);
-    } else if (rc == MODEL_RECOMPUTE_SELECTIVE && F > 0) {
-        o->swiglu_fwd(o->ctx, a->fc_act, a->fc, N, F);
     }
     const wdout_at_t d = slot_wdout(m, sl, i);
-    if (F > 0) { /* a dense MLP, or a MoE layer's shared expert */
-        mm_bwd(m, NULL, g->wproj, g->bproj, d.proj, a->fc_act, a->fc_act16, w->wproj, N, F, C, 0, accum);
-        mm_bwd(m, NULL, g->wfc, g->bfc, d.fc, a->ln2, a->ln2_16, w->wfc, N, C, layer_fcw(m, i), 0, accum);
+    const float *d_proj = d.proj, *d_o = d.o; /* all rows: gathered again under sequence parallelism */
+    if (proj_here && m->lay.sequence_parallel) {
+        CHECK(tp_allgather(m, m->dfull, d.proj, (size_t)NR * C, err, errlen));
+        d_proj = m->dfull;
     }
-    mm_bwd(m, NULL, g->wo, g->bo, d.o, a->atty, NULL, w->wo, N, QD, C, 0, accum);
+    if (proj_here)
+        mm_bwd(m, NULL, g->wproj, g->bproj, d_proj, a->fc_act, a->fc_act16, w->wproj, N, F, C, 0, accum);
+    if (F > 0) /* a dense MLP, or a MoE layer's shared expert */
+        mm_bwd(m, NULL, g->wfc, g->bfc, d.fc, a->ln2, a->ln2_16, w->wfc, N, C, layer_fcw(m, i), 0, accum);
+    if (m->lay.sequence_parallel) {
+        CHECK(tp_allgather(m, m->dfull, d.o, (size_t)NR * C, err, errlen));
+        d_o = m->dfull;
+    }
+    mm_bwd(m, NULL, g->wo, g->bo, d_o, a->atty, NULL, w->wo, N, QD, C, 0, accum);
     mm_bwd(m, NULL, g->wqkv, g->bqkv, d.qkv, a->ln1, a->ln1_16, w->wqkv, N, C, qkv_width(m), 0, accum);
     return STATUS_OK;
 }

@@ -999,7 +999,8 @@ static int write_json(const plan_t *p, const run_options_t *o, const char *path,
 
 typedef struct candidate {
     int tp, pp, dp, zero, sp, mb;
-    int virt; /* 1: 1f1b; more: the interleaved schedule's chunks per stage */
+    pipe_kind_t kind; /* 1f1b, interleaved or zb-h1 */
+    int virt;         /* the interleaved schedule's chunks per stage; else 1 */
     model_recompute_t rc;
     double tokens_s, mfu, mem, margin, bubble;
 } candidate_t;
@@ -1044,6 +1045,7 @@ static void search_try(search_t *sr, const run_options_t *t, const model_config_
                                           .zero = t->zero,
                                           .sp = t->sequence_parallel,
                                           .mb = t->micro_batch,
+                                          .kind = t->pp_schedule,
                                           .virt = t->pp_virtual,
                                           .rc = t->recompute,
                                           .tokens_s = p.tokens_s,
@@ -1060,14 +1062,19 @@ static void search_schedule(search_t *sr, const run_options_t *o, run_options_t 
 
 /* Every micro batch, sequence parallelism, ZeRO stage and recomputation
  * policy of one tp x pp x dp layout, and with pp > 1 each pipeline
- * schedule: 1f1b and interleaved with 2 and 4 chunks per stage (where the
- * layers and microbatches allow them). */
+ * schedule: 1f1b, interleaved with 2 and 4 chunks per stage (where the
+ * layers and microbatches allow them) and zb-h1. */
 static void search_layout(search_t *sr, const run_options_t *o, run_options_t *t, const model_config_t *c,
                           const hw_profile_t *hw)
 {
     for (int v = 1; v <= (t->pp > 1 ? 4 : 1); v *= 2) {
         t->pp_schedule = v > 1 ? PIPE_INTERLEAVED : PIPE_1F1B;
         t->pp_virtual = v;
+        search_schedule(sr, o, t, c, hw);
+    }
+    if (t->pp > 1) {
+        t->pp_schedule = PIPE_ZBH1;
+        t->pp_virtual = 1;
         search_schedule(sr, o, t, c, hw);
     }
 }
@@ -1105,7 +1112,10 @@ static void print_search(const search_t *sr, const run_options_t *o, const hw_pr
                 "zero", "sp", "recompute", "micro", "tokens/s", "MFU", "memory", "margin", "bubble");
     for (size_t i = 0; i < n && i < SEARCH_SHOW; i++) {
         char sched[16];
-        snprintf(sched, sizeof sched, cand[i].virt > 1 ? "inter-v%d" : "1f1b", cand[i].virt);
+        if (cand[i].kind == PIPE_INTERLEAVED)
+            snprintf(sched, sizeof sched, "inter-v%d", cand[i].virt);
+        else
+            snprintf(sched, sizeof sched, "%s", pipe_kind_name(cand[i].kind));
         fprintf(out, "  %4d %4d %4d %-8s %4d %3s %-9s %5d %12.0f %6.1f%% %10s %10s %6.1f%%\n", cand[i].tp, cand[i].pp,
                 cand[i].dp, sched, cand[i].zero, cand[i].sp ? "on" : "off", model_recompute_names[cand[i].rc],
                 cand[i].mb, cand[i].tokens_s, 100.0 * cand[i].mfu, fmt_bytes(b1, sizeof b1, cand[i].mem),
