@@ -749,6 +749,16 @@ static const ops_t cuda_ops = {
     .adamw = adamw,
     .sumsq = sumsq,
     .scale = scale,
+    /* mixture-of-experts routing: no CUDA kernels yet, so model_create
+     * refuses a MoE model on this backend in one line */
+    .moe_route_fwd = NULL,
+    .moe_plan = NULL,
+    .moe_stats = NULL,
+    .moe_gather = NULL,
+    .moe_combine_fwd = NULL,
+    .moe_combine_bwd = NULL,
+    .moe_scatter_bwd = NULL,
+    .moe_route_bwd = NULL,
     .cast_f32_to_bf16 = cast_f32_to_bf16,
     .cast_bf16_to_f32 = cast_bf16_to_f32,
 };
