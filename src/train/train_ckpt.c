@@ -490,6 +490,14 @@ static int overlap_copies(trainer_t *tr, ckpt_async_t *a, ckpt_async_job_t *job)
     return 1;
 }
 
+/* What this rank writes of a checkpoint (param_io_write): DP rank 0 the
+ * dense tensors, expert-DP rank 0 its experts' slices (without --ep the
+ * same rank). */
+static int ckpt_writer(const grid_t *g)
+{
+    return (g->dp_rank == 0 ? PARAM_IO_WRITE_DENSE : 0) | (g->edp_rank == 0 ? PARAM_IO_WRITE_EXPERTS : 0);
+}
+
 /* --ckpt-async: waits for the previous write, copies the state into the
  * writer's host buffers (or has the writer copy it while the next step
  * computes: overlap_copies) and starts the write; the checkpoint counts as
@@ -505,7 +513,7 @@ static int save_async(trainer_t *tr, int step, char *err, size_t errlen)
                             .keep = tr->opt->keep,
                             .cfg = &tr->cfg,
                             .t = &tr->model.table,
-                            .writer = g->dp_rank == 0,
+                            .writer = ckpt_writer(g),
                             .tp_size = g->tp_size,
                             .tp_rank = g->tp_rank,
                             .meta = ckpt_meta_at(tr, step)};
@@ -603,7 +611,7 @@ int trainer_save_params(trainer_t *tr, char *err, size_t errlen)
         attrs[na++] = (h5store_attr_t){.key = "step", .type = H5STORE_INT, .i = tr->steps_done};
         na += param_io_tokenizer_attrs(tr->data_tokenizer, tr->data_tokenizer_sha256, attrs + na);
         const param_io_group_t group = {"params", host};
-        rc = param_io_write(tr->world, o->save_params, &tr->cfg, &m->table, &group, 1, g->dp_rank == 0, g->tp_size,
+        rc = param_io_write(tr->world, o->save_params, &tr->cfg, &m->table, &group, 1, ckpt_writer(g), g->tp_size,
                             g->tp_rank, attrs, na, err, errlen);
     }
     free(host);
