@@ -10,9 +10,11 @@
 # every loss and the final validation loss within 1e-5 relative, gradient
 # norms and final parameters within 1e-4 (10 steps, as in test_moe.sh:
 # discrete routing flips on last-bit differences later on). The same
-# layout twice is bit-identical. A checkpoint written at ep2 resumes at
-# one rank and one written at one rank resumes at ep2 (expert tensors are
-# logical [E x rows, cols] in the file). Bad --ep exits 2 with one line.
+# layout twice is bit-identical, and so are --recompute full and none. A
+# checkpoint written at ep2 resumes at one rank and one written at one
+# rank resumes at ep2 (expert tensors are logical [E x rows, cols] in the
+# file). Validation with fewer batches than DP ranks does not hang. Bad
+# --ep exits 2 with one line.
 . "$top_srcdir/test/common.sh"
 
 LC_MIN_VALUES=21
@@ -42,6 +44,8 @@ grep -q "dropped" "$TMP/cap.ep2.json.log" && pass "capacity 1 at ep2: the step l
 # ---- determinism ----
 layout_run "$TMP/top2.ep2again.json" 2 $S --model tiny-moe --ep 2 &&
     layout_twice "$TMP/top2.ep2.json" "$TMP/top2.ep2again.json" "tiny-moe ep2"
+layout_run "$TMP/top2.ep2full.json" 2 $S --model tiny-moe --ep 2 --recompute full &&
+    layout_twice "$TMP/top2.ep2.json" "$TMP/top2.ep2full.json" "tiny-moe ep2 --recompute full vs none:"
 
 # ---- checkpoints: ep2 -> one rank, one rank -> ep2 ----
 # resumed NAME FULL RESUMED: the resumed run's 5 losses (steps 6-10) within
@@ -64,6 +68,17 @@ layout_run "$TMP/ck.json" 2 $S --model tiny-moe --ep 2 --ckpt-dir "$TMP/ck" --ck
 layout_run "$TMP/ck1.json" 1 $S --model tiny-moe --ckpt-dir "$TMP/ck1" --ckpt-every 5 &&
     layout_run "$TMP/re2.json" 2 $S --model tiny-moe --ep 2 --resume "$TMP/ck1/step_00000005.h5" &&
     resumed "tiny-moe one-rank checkpoint continued at ep2" "$TMP/ck1.json" "$TMP/re2.json"
+
+# ---- validation: forwards are collective over the EP group, so with 3
+# batches over dp4 the ranks past the last one evaluate one again (a hang
+# otherwise, which --comm-timeout turns into a failure) ----
+if "$MPIEXEC" --quiet -np 4 "$DTRAIN" $(tiny_args) --model tiny-moe --ep 2 --threads 1 --steps 2 --micro-batch 2 \
+    --global-batch 8 --seq-len 64 --val-every 1 --val-batches 3 --sample-tokens 0 --comm-timeout 60 \
+    >"$TMP/val.log" 2>&1 && [ "$(grep -c '| val ' "$TMP/val.log")" -eq 3 ]; then
+    pass "ep2 x dp4 with 3 validation batches: $(grep -c '| val ' "$TMP/val.log") validations, no hang"
+else
+    fail "ep2 x dp4 with 3 validation batches: $(tail -n 2 "$TMP/val.log")"
+fi
 
 # ---- bad input: one line, exit 2, on every rank ----
 B="$DTRAIN $(tiny_args) --steps 1 --micro-batch 2 --seq-len 64"

@@ -226,7 +226,7 @@ typedef struct model {
     int32_t *mperm;
     int32_t *mrcnt_host, *mperm_host, *meoffs_host, *mscnt_host;
     size_t *ma2a_host;
-    double ep_comm_s; /* seconds in the experts' all-to-alls since the caller zeroed it */
+    double ep_comm_s; /* seconds in the experts' all-to-alls since the caller zeroed it (the step's comm wait) */
     model_moe_stats_t *moe_stats;   /* [Ls] per local block (dense ones stay 0) */
     float *lnr;      /* [NR,C] a norm's output rows before all-gather */
     /* --recompute: where the dropped tensors of the block being computed

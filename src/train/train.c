@@ -757,6 +757,7 @@ static int train_step(trainer_t *tr, int step, step_record_t *r, step_times_t *t
     straggler_test_delay(&tr->strag); /* DTRAIN_TEST_SLOW_RANK: tests only */
     double lr = lr_at(&tr->sched, step);
     m->tp_comm_s = 0.0;
+    m->ep_comm_s = 0.0;
     tr->embed_comm_s = 0.0;
     model_moe_stats_reset(m);
     if (step_gradients(tr, step, &t->bubble, err, errlen) != 0)
@@ -788,7 +789,7 @@ static int train_step(trainer_t *tr, int step, step_record_t *r, step_times_t *t
                          .ms = 1e3 * dt,
                          .tokens_per_s = tokens_step / dt};
     t->dt = dt;
-    t->comm = tr->sync.ops->comm_s(&tr->sync) + m->tp_comm_s + tr->embed_comm_s;
+    t->comm = tr->sync.ops->comm_s(&tr->sync) + m->tp_comm_s + m->ep_comm_s + tr->embed_comm_s;
     return moe_step_stats(tr, r, err, errlen);
 }
 
