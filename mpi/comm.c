@@ -24,6 +24,7 @@ const char *comm_op_name(comm_kind_t k, int nonblocking, comm_dtype_t dt)
         {NAMES("allreduce"), NAMES("iallreduce")}, {NAMES("reduce_scatter"), NAMES("ireduce_scatter")},
         {NAMES("allgather"), NAMES("iallgather")}, {NAMES("bcast"), NAMES("ibcast")},
         {NAMES("send"), NAMES("isend")},           {NAMES("recv"), NAMES("irecv")},
+        {NAMES("alltoallv"), NAMES("ialltoallv")},
     };
     if ((unsigned)k >= COMM_N_KINDS || (unsigned)dt >= COMM_N_DTYPES)
         return "?";

@@ -44,6 +44,7 @@ typedef enum {
     COMM_K_BCAST,
     COMM_K_SEND,
     COMM_K_RECV,
+    COMM_K_ALLTOALLV,
     COMM_N_KINDS
 } comm_kind_t;
 
@@ -100,6 +101,14 @@ typedef struct comm_ops {
     status_t (*test)(comm_req_t *req, int *done, char *err, size_t errlen);
     status_t (*wait)(comm_req_t *req, char *err, size_t errlen);
     status_t (*barrier)(comm_t *c, char *err, size_t errlen);
+    /* All-to-all with varying counts (MPI_Alltoallv; --ep's token
+     * dispatch): rank r sends scount[q] elements from send + sdispl[q] to
+     * each rank q and receives rcount[q] elements from q at recv +
+     * rdispl[q] (counts and displacements in elements, size entries each).
+     * Every count and displacement must fit an int: larger ones fail with
+     * one line, not chunked. NULL in tables that lack it (NCCL). */
+    status_t (*alltoallv)(comm_t *c, const void *send, const size_t *scount, const size_t *sdispl, void *recv,
+                          const size_t *rcount, const size_t *rdispl, comm_dtype_t dt, char *err, size_t errlen);
     void (*destroy)(comm_t *c);
 } comm_ops_t;
 
@@ -127,7 +136,7 @@ struct comm {
      * backend's context, base/ops.h). */
     void (*device_sync)(void *device_ctx);
     void *device_ctx;
-    char name[16]; /* group label for spans: "world", "tp", "dp", "pp", "embed" */
+    char name[16]; /* group label for spans: "world", "tp", "dp", "pp", "embed", "ep", "edp" */
 };
 
 /* What the data-parallel gradient reductions (mpi/ddp.c, mpi/zero.c) send,

@@ -693,6 +693,41 @@ static status_t mpi_barrier(comm_t *c, char *err, size_t errlen)
     return block_end(c, barrier_run(c, err, errlen), "barrier", t0, 0, -1);
 }
 
+/* MPI_Alltoallv: its int counts and displacements from the caller's
+ * size_t ones; one over INT_MAX fails the call (no chunking: --ep's
+ * dispatch moves rows of a microbatch, far below it). Bytes for the span
+ * and watchdog: everything this rank sends. */
+static status_t mpi_alltoallv(comm_t *c, const void *send, const size_t *scount, const size_t *sdispl, void *recv,
+                              const size_t *rcount, const size_t *rdispl, comm_dtype_t dt, char *err, size_t errlen)
+{
+    red_t t = {0};
+    size_t total = 0;
+    for (int q = 0; q < c->size; q++)
+        total += scount[q];
+    CHECK(red_of(c, err, errlen, dt, COMM_SUM, "MPI_Alltoallv", total, &t));
+    int *v = malloc(4 * (size_t)c->size * sizeof *v);
+    if (!v)
+        return fail_msg(c, err, errlen, "MPI_Alltoallv", total, "out of memory for the counts");
+    const int n = c->size;
+    for (int q = 0; q < n; q++) {
+        const size_t x[4] = {scount[q], sdispl[q], rcount[q], rdispl[q]};
+        for (int k = 0; k < 4; k++) {
+            if (x[k] > INT_MAX) {
+                free(v);
+                return fail_msg(c, err, errlen, "MPI_Alltoallv", total, "a count or displacement exceeds INT_MAX");
+            }
+            v[k * n + q] = (int)x[k];
+        }
+    }
+    const char *name = comm_op_name(COMM_K_ALLTOALLV, 0, dt);
+    const long long bytes = nbytes(total, dt);
+    double t0 = block_begin(c, name, bytes, -1);
+    int rc = MPI_Alltoallv(send, v, v + n, t.type, recv, v + 2 * n, v + 3 * n, t.type, mcomm(c));
+    free(v);
+    status_t st = rc == MPI_SUCCESS ? STATUS_OK : fail(c, err, errlen, rc, "MPI_Alltoallv", total, t.extra);
+    return block_end(c, st, name, t0, bytes, -1);
+}
+
 static const comm_ops_t mpi_ops = {
     .name = "mpi",
     .allreduce = mpi_allreduce,
@@ -709,6 +744,7 @@ static const comm_ops_t mpi_ops = {
     .test = mpi_test,
     .wait = mpi_wait,
     .barrier = mpi_barrier,
+    .alltoallv = mpi_alltoallv,
     .destroy = mpi_destroy,
 };
 

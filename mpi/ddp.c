@@ -48,9 +48,8 @@ static float inv_dp(const ddp_t *d) { return 1.0f / (float)d->dp->size; }
 
 /* The all-reduce of [start, start+n) of the gradients: blocking (req NULL)
  * or posted. bf16: rounded into the staging buffer first, reduced there. */
-static status_t reduce_range(ddp_t *d, size_t start, size_t n, comm_req_t *req, char *err, size_t errlen)
+static status_t reduce_range(ddp_t *d, comm_t *c, size_t start, size_t n, comm_req_t *req, char *err, size_t errlen)
 {
-    comm_t *c = d->dp;
     if (d->dtype == COMM_BF16) {
         d->ops->cast_f32_to_bf16(d->ops->ctx, d->half + start, d->grads + start, n);
         return req ? c->ops->iallreduce(c, d->half + start, n, COMM_BF16, COMM_SUM, req, err, errlen)
@@ -86,36 +85,66 @@ int ddp_mode_parse(const char *s, ddp_mode_t *mode)
     return -1;
 }
 
-/* Greedy buckets from the top of the buffer down (see the file comment).
- * Called twice: count (out NULL), then fill. */
+/* The group tensor t's gradients are summed over (ddp_set_experts). */
+static comm_t *tensor_comm(const ddp_t *d, int t)
+{
+    return d->tensor_expert && d->tensor_expert[t] ? d->edp : d->dp;
+}
+
+/* Greedy buckets from the top of the buffer down (see the file comment);
+ * a bucket also closes where the tensors' group changes. Called twice:
+ * count (out NULL), then fill. */
 static int make_buckets(const ddp_t *d, size_t cap_floats, ddp_bucket_t *out)
 {
     int nb = 0;
     size_t lo = d->n, hi = d->n; /* current bucket [lo, hi) */
+    comm_t *cur = NULL;          /* its group */
     for (int t = d->n_tensors - 1; t >= 0; t--) {
         size_t ts = d->tensor_start[t], tn = d->tensor_start[t + 1] - ts;
         if (tn == 0)
             continue;
-        if (hi > lo && (hi - lo) + tn > cap_floats) { /* close before overflowing */
+        comm_t *c = tensor_comm(d, t);
+        if (hi > lo && ((hi - lo) + tn > cap_floats || c != cur)) { /* close before overflowing or mixing */
             if (out)
-                out[nb] = (ddp_bucket_t){.start = lo, .n = hi - lo};
+                out[nb] = (ddp_bucket_t){.start = lo, .n = hi - lo, .comm = cur};
             nb++;
             hi = lo;
         }
         lo = ts;
+        cur = c;
         if (hi - lo >= cap_floats) { /* full (or a single large tensor) */
             if (out)
-                out[nb] = (ddp_bucket_t){.start = lo, .n = hi - lo};
+                out[nb] = (ddp_bucket_t){.start = lo, .n = hi - lo, .comm = cur};
             nb++;
             hi = lo;
         }
     }
     if (hi > lo) {
         if (out)
-            out[nb] = (ddp_bucket_t){.start = lo, .n = hi - lo};
+            out[nb] = (ddp_bucket_t){.start = lo, .n = hi - lo, .comm = cur};
         nb++;
     }
     return nb;
+}
+
+/* The bucket table for mode and bucket_bytes (bucketed mode only). */
+static status_t build_buckets(ddp_t *d, size_t bucket_bytes, char *err, size_t errlen)
+{
+    free(d->buckets);
+    d->buckets = NULL;
+    d->n_buckets = 0;
+    if (d->mode != DDP_BUCKETED)
+        return STATUS_OK;
+    size_t cap = bucket_bytes / sizeof(float);
+    int nb = make_buckets(d, cap, NULL);
+    if (nb > 0) {
+        d->buckets = calloc((size_t)nb, sizeof *d->buckets);
+        if (!d->buckets)
+            return set_err(err, errlen, "out of memory");
+        make_buckets(d, cap, d->buckets);
+    }
+    d->n_buckets = nb;
+    return STATUS_OK;
 }
 
 size_t ddp_staging_bytes(size_t n, int dp_size, comm_dtype_t dtype)
@@ -164,18 +193,9 @@ status_t ddp_create(ddp_t *d, const ops_t *ops, const mem_tracker_t *mem, ddp_mo
         ddp_destroy(d);
         return set_err(err, errlen, "a non-empty buffer needs at least one tensor");
     }
-    if (mode == DDP_BUCKETED) {
-        size_t cap = bucket_bytes / sizeof(float);
-        int nb = make_buckets(d, cap, NULL);
-        if (nb > 0) {
-            d->buckets = calloc((size_t)nb, sizeof *d->buckets);
-            if (!d->buckets) {
-                ddp_destroy(d);
-                return set_err(err, errlen, "out of memory");
-            }
-            make_buckets(d, cap, d->buckets);
-        }
-        d->n_buckets = nb;
+    if (build_buckets(d, bucket_bytes, err, errlen) != STATUS_OK) {
+        ddp_destroy(d);
+        return STATUS_FAIL;
     }
     const size_t half_bytes = ddp_staging_bytes(n, dp->size, dtype);
     if (half_bytes > 0) {
@@ -195,6 +215,8 @@ void ddp_destroy(ddp_t *d)
      * and its request is left to MPI. */
     free(d->buckets);
     free(d->tensor_start);
+    free(d->tensor_expert);
+    d->tensor_expert = NULL;
     if (d->half) {
         d->ops->free(d->ops->ctx, d->half);
         mem_tracker_count(&d->mem, MEM_COMM, -(long long)ddp_staging_bytes(d->n, d->dp->size, d->dtype));
@@ -204,6 +226,18 @@ void ddp_destroy(ddp_t *d)
     d->tensor_start = NULL;
     d->n_buckets = 0;
     d->n_tensors = 0;
+}
+
+status_t ddp_set_experts(ddp_t *d, const unsigned char *expert, comm_t *edp, size_t bucket_bytes, char *err,
+                         size_t errlen)
+{
+    if (!edp)
+        return set_err(err, errlen, "no expert-data-parallel group");
+    if (!(d->tensor_expert = malloc((size_t)d->n_tensors + 1)))
+        return set_err(err, errlen, "out of memory");
+    memcpy(d->tensor_expert, expert, (size_t)d->n_tensors);
+    d->edp = edp;
+    return build_buckets(d, bucket_bytes, err, errlen);
 }
 
 void ddp_begin(ddp_t *d)
@@ -224,7 +258,7 @@ static status_t progress(ddp_t *d, char *err, size_t errlen)
         if (k->launched == BUCKET_DONE)
             continue;
         int done = 0;
-        CHECK(d->dp->ops->test(&k->req, &done, err, errlen));
+        CHECK(k->comm->ops->test(&k->req, &done, err, errlen));
         if (!done)
             break;
         range_done(d, k->start, k->n, inv_dp(d));
@@ -237,7 +271,7 @@ static status_t launch_ready(ddp_t *d, size_t ready_from, char *err, size_t errl
 {
     while (d->next_bucket < d->n_buckets && d->buckets[d->next_bucket].start >= ready_from) {
         ddp_bucket_t *k = &d->buckets[d->next_bucket];
-        CHECK(reduce_range(d, k->start, k->n, &k->req, err, errlen));
+        CHECK(reduce_range(d, k->comm, k->start, k->n, &k->req, err, errlen));
         k->launched = BUCKET_IN_FLIGHT;
         d->next_bucket++;
     }
@@ -267,18 +301,28 @@ status_t ddp_finish(ddp_t *d, char *err, size_t errlen)
             if (tn == 0)
                 continue;
             double t1 = now_s();
-            rc = reduce_range(d, ts, tn, NULL, err, errlen);
+            rc = reduce_range(d, tensor_comm(d, t), ts, tn, NULL, err, errlen);
             blocked += now_s() - t1;
             if (rc == 0)
                 range_done(d, ts, tn, s);
         }
         break;
     case DDP_FLAT:
-        if (d->n > 0) {
-            rc = reduce_range(d, 0, d->n, NULL, err, errlen);
-            blocked = now_s() - t0;
-            if (rc == 0)
-                range_done(d, 0, d->n, s);
+        /* the whole buffer in one call; under --ep one per run of tensors
+         * of one group, from the top */
+        for (int t = d->n_tensors - 1; t >= 0 && rc == 0;) {
+            int lo = t;
+            while (lo > 0 && tensor_comm(d, lo - 1) == tensor_comm(d, t))
+                lo--;
+            const size_t ts = d->tensor_start[lo], tn = d->tensor_start[t + 1] - ts;
+            if (tn > 0) {
+                double t1 = now_s();
+                rc = reduce_range(d, tensor_comm(d, t), ts, tn, NULL, err, errlen);
+                blocked += now_s() - t1;
+                if (rc == 0)
+                    range_done(d, ts, tn, s);
+            }
+            t = lo - 1;
         }
         break;
     case DDP_BUCKETED:
@@ -289,7 +333,7 @@ status_t ddp_finish(ddp_t *d, char *err, size_t errlen)
             if (k->launched == BUCKET_DONE)
                 continue; /* finished and scaled during backward */
             double t1 = now_s();
-            rc = d->dp->ops->wait(&k->req, err, errlen);
+            rc = k->comm->ops->wait(&k->req, err, errlen);
             blocked += now_s() - t1;
             if (rc == 0) {
                 range_done(d, k->start, k->n, s);

@@ -42,6 +42,7 @@ extern const char *const ddp_mode_names[];
 
 typedef struct ddp_bucket {
     size_t start, n; /* floats: [start, start+n) of the flat buffer */
+    comm_t *comm;    /* where it is summed: dp, or edp for expert tensors */
     comm_req_t req;
     int launched;
 } ddp_bucket_t;
@@ -61,6 +62,10 @@ typedef struct ddp {
     double comm_wait_s; /* time blocked in ddp_finish this step */
     comm_dtype_t dtype; /* what the all-reduces send */
     uint16_t *half;     /* bf16 and dp > 1 only: [n] staging; gradients [a, b) use half[a, b) */
+    /* --ep (ddp_set_experts): tensor_expert[t] marks a routed expert's
+     * tensor, summed over edp instead of dp; NULL: none */
+    unsigned char *tensor_expert;
+    comm_t *edp;
 } ddp_t;
 
 /* ops: the backend grads belong to. mem: counts the bf16 staging buffer
@@ -74,6 +79,16 @@ status_t ddp_create(ddp_t *d, const ops_t *ops, const mem_tracker_t *mem, ddp_mo
                     size_t n, const size_t *tensor_start, int n_tensors, size_t bucket_bytes, comm_dtype_t dtype,
                     char *err, size_t errlen);
 void ddp_destroy(ddp_t *d);
+
+/* --ep: the tensors marked in expert[n_tensors] (a routed expert's, which
+ * differs across the EP group) are summed over edp, the expert-data-
+ * parallel group, and the rest over dp as before; every gradient is then
+ * scaled by 1/dp alike, since an expert's gradient on its rank already
+ * sums the EP group's tokens (so the sum over edp covers every DP rank's
+ * loss once). Buckets never mix the two groups. Call right after
+ * ddp_create, before the first step. Returns a status (out of memory). */
+status_t ddp_set_experts(ddp_t *d, const unsigned char *expert, comm_t *edp, size_t bucket_bytes, char *err,
+                         size_t errlen);
 
 /* Bytes of the bf16 staging buffer (MEM_COMM) ddp_create allocates for n
  * gradients over dp_size ranks: 0 in fp32 or on one rank. The planner

@@ -37,13 +37,14 @@ static int norm_pieces(dpsync_t *s, const dpsync_config_t *c)
     s->norm_x = malloc(nt * sizeof *s->norm_x);
     s->norm_n = malloc(nt * sizeof *s->norm_n);
     s->norm_ss = malloc(nt * sizeof *s->norm_ss);
-    if (!s->norm_x || !s->norm_n || !s->norm_ss)
+    s->norm_expert = calloc(nt, 1);
+    if (!s->norm_x || !s->norm_n || !s->norm_ss || !s->norm_expert)
         return -1;
     for (int i = 0; i < c->n_tensors; i++) {
         const size_t off = c->tensor_start[i];
         if (c->tensor_norm[i] &&
             s->ops->norm_piece(s, off, c->tensor_start[i + 1] - off, &s->norm_x[s->n_norm], &s->norm_n[s->n_norm]))
-            s->n_norm++;
+            s->norm_expert[s->n_norm++] = c->tensor_expert && c->tensor_expert[i];
     }
     return 0;
 }
@@ -58,6 +59,10 @@ status_t dpsync_create(dpsync_t *s, const dpsync_ops_t *ops, const dpsync_config
     s->grads = c->grads;
     s->n = c->n;
     s->hook.ctx = s;
+    if (c->edp && ops->zero > 0)
+        return status_set(STATUS_INPUT, err, errlen,
+                          "ZeRO stage %d does not shard expert state over the expert-data-parallel group (--ep)",
+                          ops->zero);
     status_t rc = ops->create(s, c, err, errlen);
     if (rc == STATUS_OK && norm_pieces(s, c) != 0)
         rc = status_set(STATUS_FAIL, err, errlen, "out of memory");
@@ -75,6 +80,7 @@ void dpsync_destroy(dpsync_t *s)
     free(s->norm_x);
     free(s->norm_n);
     free(s->norm_ss);
+    free(s->norm_expert);
     memset(s, 0, sizeof *s);
 }
 
@@ -87,12 +93,18 @@ status_t dpsync_backward_end(dpsync_t *s, char *err, size_t errlen)
     return st;
 }
 
-double dpsync_grad_sumsq(dpsync_t *s)
+double dpsync_grad_sumsq(dpsync_t *s, double *expert)
 {
     s->mem->sumsq(s->mem->ctx, s->norm_ss, s->norm_x, s->norm_n, s->n_norm);
-    double local = 0.0;
-    for (int i = 0; i < s->n_norm; i++)
-        local += s->norm_ss[i];
+    double local = 0.0, ex = 0.0;
+    for (int i = 0; i < s->n_norm; i++) {
+        if (expert && s->norm_expert[i])
+            ex += s->norm_ss[i];
+        else
+            local += s->norm_ss[i];
+    }
+    if (expert)
+        *expert = ex;
     return local;
 }
 

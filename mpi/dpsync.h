@@ -97,6 +97,11 @@ typedef struct dpsync_config {
     const size_t *tensor_start;       /* [n_tensors+1] ascending offsets, last = n */
     const int *tensor_block;          /* [n_tensors] the stage's block holding it, or -1 */
     const unsigned char *tensor_norm; /* [n_tensors] 1: counts in the global norm on this rank */
+    /* --ep: [n_tensors] 1 for a routed expert's tensor (different on each
+     * rank of the EP group), averaged over edp (ddp_set_experts) and
+     * counted in the norm's expert part; NULL and NULL without --ep */
+    const unsigned char *tensor_expert;
+    comm_t *edp;
     ddp_mode_t mode;                  /* replicated and ZeRO-1's all-reduce */
     size_t bucket_bytes;
     comm_dtype_t dtype; /* what gradient reductions send */
@@ -192,6 +197,7 @@ struct dpsync {
     const float **norm_x;
     size_t *norm_n;
     double *norm_ss;
+    unsigned char *norm_expert; /* [n_norm] the piece is an expert tensor's */
     int n_norm;
     comm_t *norm_group; /* where the parts are summed besides TP and PP, or NULL */
 };
@@ -211,7 +217,10 @@ status_t dpsync_backward_end(dpsync_t *s, char *err, size_t errlen);
 
 /* This rank's part of the squared global gradient norm: the sum, in
  * double and a fixed order, of the squares of its norm pieces (one sumsq
- * call). The caller sums the parts over TP, PP and then norm_group. */
-double dpsync_grad_sumsq(dpsync_t *s);
+ * call). The caller sums the parts over TP, PP and then norm_group. The
+ * expert tensors' pieces (--ep) are left out and summed into *expert
+ * instead (NULL: counted in the result), which the caller sums over the
+ * EP group first, since each EP rank holds other experts. */
+double dpsync_grad_sumsq(dpsync_t *s, double *expert);
 
 #endif

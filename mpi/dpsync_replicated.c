@@ -20,7 +20,8 @@ status_t ddp_sync_create(dpsync_t *s, const dpsync_config_t *c, char *err, size_
 {
     s->hook.grads_ready = ddp_grads_ready_hook;
     if (ddp_create(&s->ddp, c->ops, &c->mem, c->mode, c->dp, c->grads, c->n, c->tensor_start, c->n_tensors,
-                   c->bucket_bytes, c->dtype, err, errlen) != STATUS_OK)
+                   c->bucket_bytes, c->dtype, err, errlen) != STATUS_OK ||
+        (c->edp && ddp_set_experts(&s->ddp, c->tensor_expert, c->edp, c->bucket_bytes, err, errlen) != STATUS_OK))
         return dpsync_fail(err, errlen, "cannot set up the data-parallel all-reduce");
     return STATUS_OK;
 }

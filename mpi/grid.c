@@ -201,6 +201,8 @@ status_t grid_create(grid_t *g, int tp, int pp, int dp, char *err, size_t errlen
     g->tp_rank = r % T;
     g->dp_rank = (r / T) % D;
     g->pp_rank = r / (T * D);
+    g->ep_size = 1;
+    g->edp_rank = g->dp_rank; /* no --ep: the expert-DP group is the DP group */
 
     /* From here on every rank enters the same world collectives (the
      * splits, then agree()) in the same order whatever failed locally, so
@@ -249,7 +251,7 @@ void grid_destroy(grid_t *g)
 {
     if (!g)
         return;
-    comm_t **all[] = {&g->replica, &g->shard, &g->embed, &g->pp, &g->dp, &g->tp, &g->world};
+    comm_t **all[] = {&g->edp, &g->ep, &g->replica, &g->shard, &g->embed, &g->pp, &g->dp, &g->tp, &g->world};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
         if (*all[i])
             (*all[i])->ops->destroy(*all[i]);
@@ -258,54 +260,80 @@ void grid_destroy(grid_t *g)
     memset(g, 0, sizeof *g);
 }
 
-status_t grid_create_shard_group(grid_t *g, int H, char *err, size_t errlen)
+/* Splits each DP group into dp/H groups of H consecutive DP ranks (*inner,
+ * rank dp % H) and across them into H groups of the dp/H ranks with the
+ * same rank inside (*outer, rank dp / H), named iname and oname (the
+ * spans' and the watchdog's group names). Collective over the world; every
+ * rank agrees on the outcome. */
+static status_t split_dp(grid_t *g, int H, comm_t **inner, comm_t **outer, const char *iname, const char *oname,
+                         const char *what, char *err, size_t errlen)
 {
     char first[COMM_ERR_MAX] = "";
     first_err_t e = {first, sizeof first};
     const int groups = g->dp_size / H;
     const int color = (g->pp_rank * g->tp_size + g->tp_rank) * groups + g->dp_rank / H;
     MPI_Comm sub = MPI_COMM_NULL;
+    char call[64];
+    snprintf(call, sizeof call, "MPI_Comm_split(%s)", iname);
     int rc = MPI_Comm_split(MPI_COMM_WORLD, color, g->dp_rank % H, &sub);
     if (rc != MPI_SUCCESS) {
-        mpi_err(&e, rc, "MPI_Comm_split(shard)");
+        mpi_err(&e, rc, call);
         return status_set(STATUS_FAIL, err, errlen, "%s", first);
     }
-    g->shard = comm_mpi_create(&sub);
-    if (MPI_Comm_free(&sub) != MPI_SUCCESS && g->shard) {
-        g->shard->ops->destroy(g->shard);
-        g->shard = NULL;
+    *inner = comm_mpi_create(&sub);
+    if (MPI_Comm_free(&sub) != MPI_SUCCESS && *inner) {
+        (*inner)->ops->destroy(*inner);
+        *inner = NULL;
     }
-    int ok = g->shard && g->shard->size == H && g->shard->rank == g->dp_rank % H;
+    int ok = *inner && (*inner)->size == H && (*inner)->rank == g->dp_rank % H;
     rc = MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     if (rc != MPI_SUCCESS || !ok)
-        return status_set(STATUS_FAIL, err, errlen, "grid: cannot create the hybrid shard groups of %d ranks", H);
-    snprintf(g->shard->name, sizeof g->shard->name, "shard");
-    /* the replica group: same (pp, tp) and the same rank within the shard
-     * group, ordered by shard group */
+        return status_set(STATUS_FAIL, err, errlen, "grid: cannot create the %s %s groups of %d ranks", what, iname,
+                          H);
+    snprintf((*inner)->name, sizeof (*inner)->name, "%s", iname);
+    /* the outer group: same (pp, tp) and the same rank within the inner
+     * group, ordered by inner group */
     const int rcolor = (g->pp_rank * g->tp_size + g->tp_rank) * H + g->dp_rank % H;
+    snprintf(call, sizeof call, "MPI_Comm_split(%s)", oname);
     rc = MPI_Comm_split(MPI_COMM_WORLD, rcolor, g->dp_rank / H, &sub);
     if (rc != MPI_SUCCESS) {
-        mpi_err(&e, rc, "MPI_Comm_split(replica)");
+        mpi_err(&e, rc, call);
         return status_set(STATUS_FAIL, err, errlen, "%s", first);
     }
-    g->replica = comm_mpi_create(&sub);
-    if (MPI_Comm_free(&sub) != MPI_SUCCESS && g->replica) {
-        g->replica->ops->destroy(g->replica);
-        g->replica = NULL;
+    *outer = comm_mpi_create(&sub);
+    if (MPI_Comm_free(&sub) != MPI_SUCCESS && *outer) {
+        (*outer)->ops->destroy(*outer);
+        *outer = NULL;
     }
-    ok = g->replica && g->replica->size == groups && g->replica->rank == g->dp_rank / H;
+    ok = *outer && (*outer)->size == groups && (*outer)->rank == g->dp_rank / H;
     rc = MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     if (rc != MPI_SUCCESS || !ok)
-        return status_set(STATUS_FAIL, err, errlen, "grid: cannot create the hybrid replica groups of %d ranks",
+        return status_set(STATUS_FAIL, err, errlen, "grid: cannot create the %s %s groups of %d ranks", what, oname,
                           groups);
-    snprintf(g->replica->name, sizeof g->replica->name, "replica");
+    snprintf((*outer)->name, sizeof (*outer)->name, "%s", oname);
+    return STATUS_OK;
+}
+
+status_t grid_create_shard_group(grid_t *g, int H, char *err, size_t errlen)
+{
+    return split_dp(g, H, &g->shard, &g->replica, "shard", "replica", "hybrid", err, errlen);
+}
+
+status_t grid_create_ep_groups(grid_t *g, int N, char *err, size_t errlen)
+{
+    CHECK(split_dp(g, N, &g->ep, &g->edp, "ep", "edp", "expert", err, errlen));
+    g->ep_size = N;
+    g->ep_rank = g->dp_rank % N;
+    g->edp_rank = g->dp_rank / N;
     return STATUS_OK;
 }
 
 int grid_groups(const grid_t *g, comm_t **list, const char **names)
 {
-    comm_t *const all[GRID_MAX_GROUPS] = {g->world, g->tp, g->dp, g->pp, g->embed, g->shard, g->replica};
-    static const char *const kind[GRID_MAX_GROUPS] = {"world", "tp", "dp", "pp", "embed", "shard", "replica"};
+    comm_t *const all[GRID_MAX_GROUPS] = {g->world, g->tp,      g->dp, g->pp, g->embed,
+                                          g->shard, g->replica, g->ep, g->edp};
+    static const char *const kind[GRID_MAX_GROUPS] = {"world", "tp",      "dp", "pp", "embed",
+                                                      "shard", "replica", "ep", "edp"};
     int n = 0;
     for (int i = 0; i < GRID_MAX_GROUPS; i++)
         if (all[i]) {

@@ -20,6 +20,14 @@ typedef struct grid {
                       rank's shard group (grid_create_shard_group); else NULL */
     comm_t *replica; /* with shard: the dp/H ranks holding the same pieces
                         (one per shard group, same rank within it) */
+    /* --ep N (grid_create_ep_groups): Megatron's expert grid, expert-TP =
+     * TP x EP x expert-DP x PP with the dense grid's pipeline groups. The
+     * EP group is N consecutive DP ranks (tp-ep-dp order: ep fastest
+     * inside DP), which split each MoE layer's experts; the expert-DP
+     * group is the dp/N ranks holding the same experts (same tp, pp and
+     * rank within the EP group). Both NULL without --ep; ep_size 1. */
+    comm_t *ep, *edp;
+    int ep_size, ep_rank, edp_rank;
 } grid_t;
 
 /* Checks tp * pp * dp == world (dp 0 = world / (tp*pp)) and builds the
@@ -37,10 +45,16 @@ void grid_destroy(grid_t *g);
  * line in err. */
 status_t grid_create_shard_group(grid_t *g, int H, char *err, size_t errlen);
 
-#define GRID_MAX_GROUPS 7 /* world, tp, dp, pp, embed, shard, replica */
+/* --ep N: splits each DP group into dp/N expert-parallel groups of N
+ * consecutive DP ranks (g->ep) and across them into N expert-data-parallel
+ * groups (g->edp). N must divide dp (options_resolve checked it).
+ * Collective over MPI_COMM_WORLD. Returns a status with one line in err. */
+status_t grid_create_ep_groups(grid_t *g, int N, char *err, size_t errlen);
+
+#define GRID_MAX_GROUPS 9 /* world, tp, dp, pp, embed, shard, replica, ep, edp */
 
 /* The groups of g this rank belongs to, in the fixed kind order world, tp,
- * dp, pp, embed, shard, replica (absent ones skipped): list[i], and
+ * dp, pp, embed, shard, replica, ep, edp (absent ones skipped): list[i], and
  * names[i] ("dp") when names is not NULL. Returns how many. Every rank
  * walks the kinds in the same order and groups of one kind are disjoint,
  * so collectives over them one after another cannot deadlock. */

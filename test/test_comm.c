@@ -20,6 +20,7 @@
 #include <mpi.h>
 #include <stdarg.h>
 #include <stdint.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -182,6 +183,62 @@ static void run_typed(comm_t *c, const char *label)
 }
 
 /* ------------------------------------------------------------ collectives */
+
+/* alltoallv: rank r sends n(r,q) = (r + 2q) % 3 + (r == q) elements (some
+ * none) to rank q, value 1000 r + 100 q + i, and receives them with the
+ * sources laid out in reverse order (the displacements matter); fp32 and
+ * int32, exact. Then a count over INT_MAX fails on every rank, in one
+ * line, before any MPI call. */
+static size_t a2a_n(int r, int q) { return (size_t)((r + 2 * q) % 3 + (r == q)); }
+
+static void check_alltoallv(comm_t *c, const char *label)
+{
+    const int P = c->size, r = c->rank;
+    size_t *v = calloc(4 * (size_t)P, sizeof *v), *scnt = v, *sdsp = v + P, *rcnt = v + 2 * P, *rdsp = v + 3 * P;
+    float *send = falloc(4 * (size_t)P + 1), *recv = falloc(4 * (size_t)P + 1);
+    int32_t *si = calloc(4 * (size_t)P + 1, sizeof *si), *ri = calloc(4 * (size_t)P + 1, sizeof *ri);
+    if (!v || !si || !ri)
+        die("out of memory");
+    size_t ns = 0, nr = 0;
+    for (int q = 0; q < P; q++) {
+        scnt[q] = a2a_n(r, q);
+        sdsp[q] = ns;
+        for (size_t i = 0; i < scnt[q]; i++) {
+            send[ns + i] = (float)(1000 * r + 100 * q + (int)i);
+            si[ns + i] = 1000 * r + 100 * q + (int)i;
+        }
+        ns += scnt[q];
+    }
+    for (int s = P - 1; s >= 0; s--) {
+        rcnt[s] = a2a_n(s, r);
+        rdsp[s] = nr;
+        nr += rcnt[s];
+    }
+    char cerr[COMM_ERR_MAX] = "", d[512] = "";
+    int ok = call_ok(cerr, c->ops->alltoallv(c, send, scnt, sdsp, recv, rcnt, rdsp, COMM_FP32, cerr, sizeof cerr), d,
+                     sizeof d) &&
+             call_ok(cerr, c->ops->alltoallv(c, si, scnt, sdsp, ri, rcnt, rdsp, COMM_INT32, cerr, sizeof cerr), d,
+                     sizeof d);
+    for (int s = 0; ok && s < P; s++)
+        for (size_t i = 0; i < rcnt[s]; i++)
+            if (recv[rdsp[s] + i] != (float)(1000 * s + 100 * r + (int)i) ||
+                ri[rdsp[s] + i] != 1000 * s + 100 * r + (int)i) {
+                snprintf(d, sizeof d, "from rank %d element %zu: %g / %d", s, i, (double)recv[rdsp[s] + i],
+                         (int)ri[rdsp[s] + i]);
+                ok = 0;
+                break;
+            }
+    check(ok, d, "%s alltoallv fp32 and int32, %zu elements sent, %zu received", label, ns, nr);
+    scnt[0] = (size_t)INT_MAX + 1;
+    int rc = c->ops->alltoallv(c, send, scnt, sdsp, recv, rcnt, rdsp, COMM_FP32, cerr, sizeof cerr);
+    check(rc != 0 && strstr(cerr, "MPI_Alltoallv") && strstr(cerr, "exceeds INT_MAX"), cerr,
+          "%s alltoallv with a count over INT_MAX fails in one line", label);
+    free(v);
+    free(send);
+    free(recv);
+    free(si);
+    free(ri);
+}
 
 static void run_collectives(comm_t *c, const char *label)
 {
@@ -352,6 +409,7 @@ static void run_collectives(comm_t *c, const char *label)
     }
     char d2[512] = "";
     check(call_ok(cerr, c->ops->barrier(c, cerr, sizeof cerr), d2, sizeof d2), d2, "%s barrier", label);
+    check_alltoallv(c, label);
 }
 
 /* Chunking: with DTRAIN_COMM_MAX_COUNT=1000 a send of 2500 floats travels

@@ -154,7 +154,7 @@ static void run_stage(comm_t *world, int stage, int rank)
     const long long want = (long long)n * (stage > 0 ? 1 : S);
     check(all == want, rank, "the view's pieces cover every element once per shard group", stage);
     /* the global norm */
-    double part = dpsync_grad_sumsq(&s), ref = 0.0;
+    double part = dpsync_grad_sumsq(&s, NULL), ref = 0.0;
     if (s.norm_group) {
         float f = (float)part;
         s.norm_group->ops->allreduce(s.norm_group, &f, 1, COMM_FP32, COMM_SUM, err, sizeof err);

@@ -205,6 +205,25 @@ int main(int argc, char **argv)
           g.tp_rank, g.dp_rank, g.pp_rank, tp, dp, pp);
     check(tp + T * (dp + D * pp) == r, "test bug: rank formula");
 
+    /* --ep: without it ep_size 1 and the expert-DP rank is the DP rank;
+     * with 2 (where it divides dp) the EP groups are pairs of consecutive
+     * DP ranks and the expert-DP groups the DP ranks of one parity */
+    check(g.ep_size == 1 && g.edp_rank == dp && !g.ep && !g.edp, "no --ep: ep_size %d, edp_rank %d (dp %d)", g.ep_size,
+          g.edp_rank, dp);
+    const int E = D % 2 == 0 ? 2 : 0;
+    if (E) {
+        rc = grid_create_ep_groups(&g, E, gerr, sizeof gerr);
+        check(rc == STATUS_OK, "grid_create_ep_groups(%d): %s", E, gerr);
+        check(g.ep_size == E && g.ep_rank == dp % E && g.edp_rank == dp / E, "ep %d: ep_size %d ep_rank %d edp_rank %d",
+              E, g.ep_size, g.ep_rank, g.edp_rank);
+        comm_t *list[GRID_MAX_GROUPS];
+        const char *names[GRID_MAX_GROUPS];
+        const int ng = grid_groups(&g, list, names);
+        check(ng >= 2 && strcmp(names[ng - 2], "ep") == 0 && strcmp(names[ng - 1], "edp") == 0 &&
+                  strcmp(list[ng - 1]->name, "edp") == 0,
+              "grid_groups: the last two groups are not ep, edp");
+    }
+
     int *m = malloc((size_t)(N < 2 ? 2 : N) * sizeof *m); /* the embed group lists 2 even at N 1 */
     if (!m) {
         fprintf(stderr, "test_grid: rank %d: out of memory\n", r);
@@ -240,6 +259,14 @@ int main(int argc, char **argv)
         } else if (phase == 0) {
             check(g.embed == NULL, "embed: middle stage %d of %d has an embedding communicator", pp, P);
         }
+        if (E) {
+            for (int i = 0; i < E; i++)
+                m[i] = tp + T * (dp / E * E + i + D * pp);
+            check_group(phase, "ep", g.ep, m, E, dp % E);
+            for (int i = 0; i < D / E; i++)
+                m[i] = tp + T * (dp % E + E * i + D * pp);
+            check_group(phase, "edp", g.edp, m, D / E, dp / E);
+        }
     }
     free(m);
 
@@ -272,7 +299,7 @@ int main(int argc, char **argv)
     }
 
     grid_destroy(&g);
-    check(!g.world && !g.tp && !g.dp && !g.pp && !g.embed, "grid_destroy left communicators");
+    check(!g.world && !g.tp && !g.dp && !g.pp && !g.embed && !g.ep && !g.edp, "grid_destroy left communicators");
 
     char msg[600];
     snprintf(msg, sizeof msg, "%d of %d checks failed, first: %s", n_fail, n_checks, first_fail);

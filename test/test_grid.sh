@@ -1,7 +1,8 @@
 #!/bin/sh
 # The process grid at several layouts: test/test_grid checks every rank's
 # coordinates, group sizes and ranks, and group membership by exact sums
-# (see test_grid.c). Layouts that do not fit the world size must exit 2 on
+# (see test_grid.c), and where dp is even the --ep 2 groups (EP and
+# expert-DP) the same way. Layouts that do not fit the world size must exit 2 on
 # every rank with exactly one stderr line (rank 0's) naming the problem.
 . "$top_srcdir/test/common.sh"
 

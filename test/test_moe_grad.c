@@ -301,12 +301,17 @@ static void run_case(const ops_t *ops, case_t k, const char *dump)
                          .ebproj = k.gpt ? xcalloc((size_t)E * C, 4) : NULL};
     float *out = xcalloc((size_t)N * C, 4), *dx = xcalloc((size_t)N * C, 4);
     model_moe_stats_t st = {0};
-    if (moe_fwd(&m, &a, &w, x, out, N, T, (float)DLOSS, &st) != 0) {
+    char err[256];
+    if (moe_fwd(&m, &a, &w, x, out, N, T, (float)DLOSS, &st, err, sizeof err) != STATUS_OK) {
         printf("%s: moe_fwd failed\n", label);
         n_fail++;
         return;
     }
-    moe_bwd_experts(&m, &a, &w, &g, x, R, dx, 0, 0, N);
+    if (moe_bwd_experts(&m, &a, &w, &g, x, R, dx, 0, 0, N, err, sizeof err) != STATUS_OK) {
+        printf("%s: moe_bwd_experts failed: %s\n", label, err);
+        n_fail++;
+        return;
+    }
     moe_bwd_router(&m, &a, &w, &g, x, dx, 1, 0, N);
     ref_t r = {.k = k,
                .x = todouble(x, (size_t)N * C),

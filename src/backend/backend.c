@@ -50,8 +50,9 @@ static void comm_order_after_ops(const backend_t *b, const grid_t *g)
 {
     if (!b->cuda && !b->deferred)
         return;
-    comm_t *const groups[] = {g->world, g->tp, g->dp, g->pp, g->embed, g->shard, g->replica};
-    for (size_t i = 0; i < sizeof groups / sizeof groups[0]; i++)
+    comm_t *groups[GRID_MAX_GROUPS];
+    const int n = grid_groups(g, groups, NULL);
+    for (int i = 0; i < n; i++)
         if (groups[i]) {
             groups[i]->device_sync = b->ops->sync;
             groups[i]->device_ctx = b->ops->ctx;

@@ -296,6 +296,8 @@ int param_io_tensors(const model_config_t *cfg, const param_io_group_t *groups, 
                 x->chunk[0] = d->shape[0] / (d->groups > 1 ? d->groups : 1) / tp_size;
             else if (d->tp_split == TP_SPLIT_COLS)
                 x->chunk[1] = d->shape[1] / tp_size;
+            if (d->expert && d->groups <= 1) /* one expert's rows: the part --ep splits */
+                x->chunk[0] = d->shape[0] / cfg->moe.experts;
             else if (d->tp_split == TP_SPLIT_VOCAB)
                 x->chunk[0] = vrows < d->shape[0] ? vrows : d->shape[0];
         }
@@ -326,10 +328,10 @@ static int tensor_index(const h5store_tensor_t *t, int n, const char *prefix, co
 }
 
 /* This rank's shards: all = every tensor of the table (reading), else only
- * those it writes. */
+ * those it writes (writer: PARAM_IO_WRITE_*). */
 static int table_shards(const param_table_t *t, const param_io_group_t *groups, int n_groups,
-                        const h5store_tensor_t *tensors, int nt, int all, int tp_rank, h5store_shard_t *shards, int *ns,
-                        char *err, size_t errlen)
+                        const h5store_tensor_t *tensors, int nt, int all, int writer, int tp_rank,
+                        h5store_shard_t *shards, int *ns, char *err, size_t errlen)
 {
     int n = 0;
     for (int g = 0; g < n_groups; g++)
@@ -337,7 +339,8 @@ static int table_shards(const param_table_t *t, const param_io_group_t *groups, 
             const param_desc_t *d = &t->p[i];
             if (d->count[0] == 0)
                 continue;
-            if (!all && (d->tied_copy || (d->tp_split == TP_SPLIT_NONE && tp_rank != 0)))
+            if (!all && (d->tied_copy || (d->tp_split == TP_SPLIT_NONE && tp_rank != 0) ||
+                         !(writer & (d->expert ? PARAM_IO_WRITE_EXPERTS : PARAM_IO_WRITE_DENSE))))
                 continue;
             int k = tensor_index(tensors, nt, groups[g].prefix, d->name);
             if (k < 0) {
@@ -345,13 +348,12 @@ static int table_shards(const param_table_t *t, const param_io_group_t *groups, 
                 return -1;
             }
             /* the real rows come first in the buffer, padding rows after;
-             * a stack of experts is one hyperslab per block of rows */
-            const int nb = d->groups > 1 ? d->groups : 1;
-            const int64_t blk = d->shape[0] / nb;
-            for (int j = 0; j < nb; j++)
+             * a stack of experts is one hyperslab per block of rows held */
+            const int64_t blk = d->shape[0] / (d->groups > 1 ? d->groups : 1);
+            for (int j = 0; j < d->held; j++)
                 shards[n++] = (h5store_shard_t){
                     .tensor = k,
-                    .start = {j * blk + d->start[0], d->start[1]},
+                    .start = {(d->group0 + j) * blk + d->start[0], d->start[1]},
                     .count = {d->count[0], d->count[1]},
                     .buf = groups[g].buf + d->offset + (size_t)j * (size_t)d->count[0] * (size_t)d->count[1]};
         }
@@ -373,7 +375,7 @@ int param_io_write(comm_t *world, const char *path, const model_config_t *cfg, c
     if (rc == 0)
         rc = param_io_tensors(cfg, groups, n_groups, tp_size, &tensors, &nt, err, errlen);
     if (rc == 0 && writer)
-        rc = table_shards(t, groups, n_groups, tensors, nt, 0, tp_rank, shards, &ns, err, errlen);
+        rc = table_shards(t, groups, n_groups, tensors, nt, 0, writer, tp_rank, shards, &ns, err, errlen);
     /* a failure above is agreed on, so every rank skips the write together */
     rc = agree(world, rc, err, errlen);
     /* the file is written over world's own MPI communicator (a writer
@@ -401,7 +403,7 @@ int param_io_read(comm_t *world, h5store_t *h, const model_config_t *cfg, const 
     if (rc == 0)
         rc = param_io_tensors(cfg, groups, n_groups, 1, &tensors, &nt, err, errlen);
     if (rc == 0)
-        rc = table_shards(t, groups, n_groups, tensors, nt, 1, 0, shards, &ns, err, errlen);
+        rc = table_shards(t, groups, n_groups, tensors, nt, 1, 0, 0, shards, &ns, err, errlen);
     /* h5store_read_verify checks every listed tensor's shape (the chunk
      * field is not compared, so the reader's layout is free) and every
      * checksum in the file, reading the file once where the ranks' reads

@@ -57,9 +57,13 @@ int param_io_tensors(const model_config_t *cfg, const param_io_group_t *groups, 
 /* Collective over world (a communicator over MPI_COMM_WORLD, which the
  * file is written with): writes the groups of every rank into one
  * new file (atomically, see h5store_write) with the given root attributes.
- * writer = 0 on ranks whose copy another rank writes (DP ranks above 0).
+ * writer: what this rank writes, PARAM_IO_WRITE_DENSE (every tensor but
+ * the routed experts': DP rank 0) | PARAM_IO_WRITE_EXPERTS (its experts'
+ * slices: expert-DP rank 0, which under --ep is one rank per EP rank); 0
+ * on ranks whose copy another rank writes.
  * tp_size/tp_rank: this rank's TP place (the chunking and who writes
  * replicated tensors). Returns 0, or -1 with one line in err on every rank. */
+enum { PARAM_IO_WRITE_DENSE = 1, PARAM_IO_WRITE_EXPERTS = 2 };
 int param_io_write(comm_t *world, const char *path, const model_config_t *cfg, const param_table_t *t,
                    const param_io_group_t *groups, int n_groups, int writer, int tp_size, int tp_rank,
                    const h5store_attr_t *attrs, int n_attrs, char *err, size_t errlen);

@@ -29,6 +29,9 @@ static int layer_ffn(const model_t *m, int i)
 }
 static int layer_fcw(const model_t *m, int i) { return (m->cfg.arch == ARCH_LLAMA ? 2 : 1) * layer_ffn(m, i); }
 static int has_moe(const model_t *m) { return m->cfg.moe.experts > 0; }
+
+/* --ep: the EP group's size (1: none) */
+static size_t ep_size(const model_t *m) { return m->lay.part.ep_size > 1 ? (size_t)m->lay.part.ep_size : 1; }
 static int qkv_width(const model_t *m) { return (heads(m) + 2 * kv_heads(m)) * model_head_size(&m->cfg); }
 /* Width of the MLP's first matmul output: F (GPT-2) or 2F (Llama gate|up). */
 static int fc_width(const model_t *m) { return (m->cfg.arch == ARCH_LLAMA ? 2 : 1) * ffn(m); }
@@ -257,10 +260,14 @@ static void carve_moe(const model_t *m, char *base, size_t *cursor, moe_acts_t *
     a->perm = (int32_t *)carve(base, cursor, NK);
     a->where = (int32_t *)carve(base, cursor, NK);
     a->offs = (int32_t *)carve(base, cursor, E + 1);
-    a->he = carve(base, cursor, NK * (size_t)moe_fcw_local(m));
-    a->ae = carve(base, cursor, NK * (size_t)moe_ffn_local(m));
+    /* R: the expert rows this rank may compute, all of the EP group's
+     * assignments at worst (every token routed to its experts) */
+    const size_t R = ep_size(m) * NK;
+    a->he = carve(base, cursor, R * (size_t)moe_fcw_local(m));
+    a->ae = carve(base, cursor, R * (size_t)moe_ffn_local(m));
     a->ye = carve(base, cursor, NK * C);
     a->auxw = carve(base, cursor, E);
+    a->xr = ep_size(m) > 1 ? carve(base, cursor, R * C) : NULL;
 }
 
 static void carve_block(const model_t *m, char *base, size_t *cursor, block_acts_t *s, int core, int act)
@@ -419,6 +426,8 @@ static void layout_acts(model_t *m, char *acts, size_t *acts_bytes, char *work, 
                 carve_moe(m, acts, &a, &ba->moe);
             if (has_moe(m) && m->moffs_host)
                 ba->moe.hoffs = m->moffs_host + ((size_t)k * Ls + l) * ((size_t)m->cfg.moe.experts + 1);
+            if (has_moe(m) && m->mrcnt_host)
+                ba->moe.hrcnt = m->mrcnt_host + ((size_t)k * Ls + l) * (size_t)m->cfg.moe.experts;
         }
         if (m->lay.part.has_head && (k == 0 || !head_shared)) {
             sl->lnf = carve(acts, &a, N * C);
@@ -460,10 +469,12 @@ static void layout_acts(model_t *m, char *acts, size_t *acts_bytes, char *work, 
     carve_block(m, work, &w, &m->racts, rc == MODEL_RECOMPUTE_FULL, 0);
     if (has_moe(m)) {
         const size_t K = (size_t)m->cfg.moe.top_k, E = (size_t)m->cfg.moe.experts, FWe = (size_t)moe_fcw_local(m);
-        const size_t wide = FWe > C ? FWe : C;
+        const size_t wide = FWe > C ? FWe : C, R = ep_size(m) * N * K;
         m->mx = carve(work, &w, N * K * C);
-        m->md1 = carve(work, &w, N * K * wide);
-        m->md2 = carve(work, &w, N * K * wide);
+        m->md1 = carve(work, &w, R * wide);
+        m->md2 = carve(work, &w, R * wide);
+        m->mrecv = ep_size(m) > 1 ? carve(work, &w, R * C) : NULL;
+        m->mperm = ep_size(m) > 1 ? (int32_t *)carve(work, &w, 2 * R) : NULL;
         m->mdgate = carve(work, &w, N * K);
         m->mdlogits = carve(work, &w, N * E);
         m->mstats = carve(work, &w, 2 * E + 2);
@@ -579,6 +590,13 @@ static int check_shapes(const model_config_t *cfg, const model_layout_t *lay, in
                  cfg->moe.ffn, cfg->moe.shared_ffn);
         return -1;
     }
+    const int EP = lay->part.ep_size > 1 ? lay->part.ep_size : 1;
+    if (EP > 1 && (!cfg->moe.experts || cfg->moe.experts % EP || !lay->ep || lay->ep->size != EP ||
+                   !lay->ep->ops->alltoallv)) {
+        snprintf(err, errlen, "--ep %d needs a MoE model whose experts it divides and an EP group of %d ranks with an "
+                 "all-to-all", EP, EP);
+        return -1;
+    }
     if (lay->sequence_parallel && ((size_t)B * (size_t)T) % (size_t)P) {
         snprintf(err, errlen, "--sequence-parallel: micro batch x seq len (%d x %d) must be a multiple of --tp %d", B,
                  T, P);
@@ -628,6 +646,15 @@ static int alloc_host_tables(model_t *m)
         m->mstats_host = calloc(2 * E + 2, sizeof *m->mstats_host);
         m->moe_stats = calloc(Ls ? Ls : 1, sizeof *m->moe_stats);
         slots_ok = slots_ok && m->moffs_host && m->mstats_host && m->moe_stats;
+        if (ep_size(m) > 1) {
+            const size_t P = ep_size(m), R = P * (size_t)m->B * (size_t)m->T * (size_t)m->cfg.moe.top_k;
+            m->mrcnt_host = calloc((size_t)lay->n_slots * (cap ? cap : 1) * E, sizeof *m->mrcnt_host);
+            m->mperm_host = calloc(2 * R, sizeof *m->mperm_host);
+            m->meoffs_host = calloc(E + 1, sizeof *m->meoffs_host);
+            m->mscnt_host = calloc(E, sizeof *m->mscnt_host);
+            m->ma2a_host = calloc(4 * P, sizeof *m->ma2a_host);
+            slots_ok = slots_ok && m->mrcnt_host && m->mperm_host && m->meoffs_host && m->mscnt_host && m->ma2a_host;
+        }
     }
     return slots_ok;
 }
@@ -738,6 +765,11 @@ void model_destroy(model_t *m)
     free(m->moffs_host);
     free(m->mstats_host);
     free(m->moe_stats);
+    free(m->mrcnt_host);
+    free(m->mperm_host);
+    free(m->meoffs_host);
+    free(m->mscnt_host);
+    free(m->ma2a_host);
     param_table_free(&m->table);
     memset(m, 0, sizeof *m);
 }
@@ -977,8 +1009,7 @@ static status_t moe_block_fwd(model_t *m, moe_acts_t *ma, const block_tensors_t 
     float *part = m->lay.sequence_parallel ? m->tmp : xout; /* [N,C] this rank's partial sum */
     if (F > 0)
         mm_fwd(m, part, act, act16, w->wproj, m->lay.part.tp_rank == 0 ? w->bproj : NULL, N, F, C);
-    if (moe_fwd(m, ma, w, ln2, F > 0 ? m->dfull : part, N, t, dloss, &m->moe_stats[i]) != 0)
-        return status_set(STATUS_FAIL, err, errlen, "out of memory routing block %d's tokens", i);
+    CHECK(moe_fwd(m, ma, w, ln2, F > 0 ? m->dfull : part, N, t, dloss, &m->moe_stats[i], err, errlen));
     if (F > 0)
         m->ops->add(m->ops->ctx, part, part, m->dfull, (size_t)N * C);
     if (m->lay.sequence_parallel)
@@ -1220,7 +1251,7 @@ static void keep_dout(model_t *m, const wdout_at_t *keep, float *dst, const floa
 static status_t moe_block_bwd(model_t *m, const block_acts_t *a, const block_tensors_t *w, const block_tensors_t *g,
                               const float *dout, int dln_written, int N, int accum, char *err, size_t errlen)
 {
-    moe_bwd_experts(m, &a->moe, w, g, a->ln2, dout, m->dln, dln_written, accum, N);
+    CHECK(moe_bwd_experts(m, &a->moe, w, g, a->ln2, dout, m->dln, dln_written, accum, N, err, errlen));
     CHECK(tp_allreduce(m, m->mdgate, (size_t)N * (size_t)m->cfg.moe.top_k, COMM_SUM, err, errlen));
     moe_bwd_router(m, &a->moe, w, g, a->ln2, m->dln, m->lay.part.tp_rank == 0, accum, N);
     return STATUS_OK;

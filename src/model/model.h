@@ -57,6 +57,13 @@ typedef struct moe_acts {
     float *auxw;                        /* [E] the load-balancing loss's gradient weights */
     int32_t *hoffs;                     /* host [E+1]: offs, the expert GEMMs' row ranges */
     float zw;                           /* the z-loss's gradient weight */
+    /* --ep (lay.part.ep_size P > 1; NULL otherwise): the tokens this rank's
+     * El = E/P experts received, expert by expert and within an expert by
+     * source rank, [R,C] (R <= P*NK: he and ae then hold R rows too, ye
+     * stays this rank's own NK), and hrcnt, host [P*El]: rows received
+     * from EP rank s for local expert x at s*El + x */
+    float *xr;
+    int32_t *hrcnt;
 } moe_acts_t;
 
 /* A MoE layer's routing over the microbatches since model_moe_stats_reset
@@ -144,6 +151,7 @@ typedef struct model_slot {
 typedef struct model_layout {
     param_layout_t part; /* tensors held: TP rank, layer range, embed/head */
     comm_t *tp;          /* the TP group; may be NULL when part.tp_size == 1 */
+    comm_t *ep;          /* the EP group (part.ep_size > 1: the experts' all-to-all), else NULL */
     int sequence_parallel;
     int n_slots; /* microbatches in flight on this stage */
     /* Block gradients are not kept (ZeRO-2 and 3: the strategy's
@@ -208,6 +216,17 @@ typedef struct model {
     float *mx, *md1, *md2, *mdgate, *mdlogits, *mstats;
     float *mstats_host;
     int32_t *moffs_host;            /* [n_slots * Lc * (E+1)]: the slots' hoffs */
+    /* --ep: the all-to-all's staging [P*NK, C] (backend), the row
+     * permutation between source and expert order [2 P*NK] (backend: perm
+     * then its inverse), and host scratch: the slots' hrcnt [n_slots * Lc
+     * * E], the permutations [2 P*NK], the expert-order offsets [E+1],
+     * the counts sent [E] and the all-to-all's counts and displacements
+     * [4P] */
+    float *mrecv;
+    int32_t *mperm;
+    int32_t *mrcnt_host, *mperm_host, *meoffs_host, *mscnt_host;
+    size_t *ma2a_host;
+    double ep_comm_s; /* seconds in the experts' all-to-alls since the caller zeroed it (the step's comm wait) */
     model_moe_stats_t *moe_stats;   /* [Ls] per local block (dense ones stay 0) */
     float *lnr;      /* [NR,C] a norm's output rows before all-gather */
     /* --recompute: where the dropped tensors of the block being computed

@@ -3,8 +3,122 @@
 #include <math.h>
 #include <string.h>
 
+#include "mpi/trace.h"
+
 int moe_ffn_local(const model_t *m) { return m->cfg.moe.ffn / m->lay.part.tp_size; }
 int moe_fcw_local(const model_t *m) { return (m->cfg.arch == ARCH_LLAMA ? 2 : 1) * moe_ffn_local(m); }
+
+/* --ep: the EP group's size P (1: none) and this rank's experts El = E/P */
+static int ep_of(const model_t *m) { return m->lay.part.ep_size > 1 ? m->lay.part.ep_size : 1; }
+static int experts_local(const model_t *m) { return m->cfg.moe.experts / ep_of(m); }
+
+/* One all-to-all over the EP group, timed like the TP collectives (the
+ * backend's ops finish first, so their time counts as compute). */
+static status_t ep_alltoallv(model_t *m, const void *send, const size_t *scnt, const size_t *sdsp, void *recv,
+                             const size_t *rcnt, const size_t *rdsp, comm_dtype_t dt, const char *what, char *err,
+                             size_t errlen)
+{
+    m->ops->sync(m->ops->ctx);
+    const double t0 = trace_now();
+    char cerr[COMM_ERR_MAX];
+    comm_t *c = m->lay.ep;
+    const status_t rc = c->ops->alltoallv(c, send, scnt, sdsp, recv, rcnt, rdsp, dt, cerr, sizeof cerr);
+    m->ep_comm_s += trace_now() - t0;
+    return rc != STATUS_OK ? status_set(rc, err, errlen, "expert-parallel all-to-all (%s) failed: %.400s", what, cerr)
+                           : STATUS_OK;
+}
+
+/* The dispatch's layouts in rows times unit, into m->ma2a_host [4P]:
+ * sends (scnt, sdsp: this rank's assignments to EP rank q's experts, a
+ * run of its dispatch order) and receives (rcnt, rdsp: what each source
+ * sends for this rank's experts, source after source). Returns the rows
+ * received, R. */
+static size_t ep_layout(model_t *m, const moe_acts_t *a, size_t unit)
+{
+    const int P = ep_of(m), El = experts_local(m);
+    size_t *scnt = m->ma2a_host, *sdsp = scnt + P, *rcnt = sdsp + P, *rdsp = rcnt + P, R = 0;
+    for (int q = 0; q < P; q++) {
+        sdsp[q] = (size_t)a->hoffs[q * El] * unit;
+        scnt[q] = (size_t)(a->hoffs[(q + 1) * El] - a->hoffs[q * El]) * unit;
+        size_t n = 0;
+        for (int x = 0; x < El; x++)
+            n += (size_t)a->hrcnt[q * El + x];
+        rdsp[q] = R * unit;
+        rcnt[q] = n * unit;
+        R += n;
+    }
+    return R;
+}
+
+/* The received rows from source order (source by source, each source's
+ * rows expert by expert) to expert order (expert by expert, each
+ * expert's rows source by source, so the same routing gives the same
+ * order every time): m->mperm (backend [2R]) = perm, where expert-order
+ * row j is source-order row perm[j], then its inverse; m->meoffs_host
+ * [El+1] each local expert's first expert-order row. */
+static void ep_perm(model_t *m, const moe_acts_t *a, size_t R)
+{
+    const int P = ep_of(m), El = experts_local(m);
+    int32_t *perm = m->mperm_host, *inv = perm + R;
+    int32_t j = 0;
+    for (int x = 0; x < El; x++) {
+        m->meoffs_host[x] = j;
+        int32_t src0 = 0; /* source s's first row in source order */
+        for (int s = 0; s < P; s++) {
+            const int32_t *c = a->hrcnt + (size_t)s * El;
+            int32_t at = src0;
+            for (int y = 0; y < x; y++)
+                at += c[y];
+            for (int32_t k = 0; k < c[x]; k++, j++) {
+                perm[j] = at + k;
+                inv[at + k] = j;
+            }
+            for (int y = 0; y < El; y++)
+                src0 += c[y];
+        }
+    }
+    m->meoffs_host[El] = j;
+    m->ops->from_host(m->ops->ctx, m->mperm, perm, 2 * R * sizeof(int32_t));
+}
+
+/* The forward's dispatch under --ep: each expert's row count to its EP
+ * rank (a->hrcnt receives this rank's), then the tokens m->mx [M,C]
+ * (dispatch order) into a->xr [R,C] in expert order. Returns R in *R. */
+static status_t ep_dispatch(model_t *m, moe_acts_t *a, size_t *R, char *err, size_t errlen)
+{
+    const ops_t *o = m->ops;
+    const int P = ep_of(m), El = experts_local(m), E = m->cfg.moe.experts;
+    const size_t C = (size_t)m->cfg.d_model;
+    for (int x = 0; x < E; x++)
+        m->mscnt_host[x] = a->hoffs[x + 1] - a->hoffs[x];
+    size_t *v = m->ma2a_host;
+    for (int q = 0; q < P; q++) {
+        v[q] = v[2 * P + q] = (size_t)El;
+        v[P + q] = v[3 * P + q] = (size_t)q * El;
+    }
+    CHECK(ep_alltoallv(m, m->mscnt_host, v, v + P, a->hrcnt, v + 2 * P, v + 3 * P, COMM_INT32, "counts", err,
+                       errlen));
+    *R = ep_layout(m, a, C);
+    CHECK(ep_alltoallv(m, m->mx, v, v + P, m->mrecv, v + 2 * P, v + 3 * P, COMM_FP32, "tokens", err, errlen));
+    ep_perm(m, a, *R);
+    o->moe_gather(o->ctx, a->xr, m->mrecv, m->mperm, (int)*R, 1, (int)C);
+    return STATUS_OK;
+}
+
+/* Rows [R,C] in expert order back to their sources: each lands in dst
+ * [M,C] at its assignment's place in the source's dispatch order (the
+ * reverse of ep_dispatch's tokens, its layout and permutation current). */
+static status_t ep_return(model_t *m, const moe_acts_t *a, float *dst, const float *rows, size_t R, const char *what,
+                          char *err, size_t errlen)
+{
+    const ops_t *o = m->ops;
+    const int P = ep_of(m);
+    const size_t C = (size_t)m->cfg.d_model;
+    o->moe_gather(o->ctx, m->mrecv, rows, m->mperm + R, (int)R, 1, (int)C);
+    ep_layout(m, a, C);
+    size_t *v = m->ma2a_host;
+    return ep_alltoallv(m, m->mrecv, v + 2 * P, v + 3 * P, dst, v, v + P, COMM_FP32, what, err, errlen);
+}
 
 /* Each expert's share of the step: the capacity's cap per sequence of t
  * tokens (0: dropless). */
@@ -37,8 +151,8 @@ static void moe_losses(model_t *m, moe_acts_t *a, const float *stats, int N, flo
     st->micro++;
 }
 
-int moe_fwd(model_t *m, moe_acts_t *a, const block_tensors_t *w, const float *ln2, float *out, int N, int t,
-            float dloss, model_moe_stats_t *st)
+status_t moe_fwd(model_t *m, moe_acts_t *a, const block_tensors_t *w, const float *ln2, float *out, int N, int t,
+                 float dloss, model_moe_stats_t *st, char *err, size_t errlen)
 {
     const ops_t *o = m->ops;
     const moe_config_t *e = &m->cfg.moe;
@@ -57,33 +171,51 @@ int moe_fwd(model_t *m, moe_acts_t *a, const block_tensors_t *w, const float *ln
     const int M = a->hoffs[E];
     /* dispatch: xe[M,C], each expert's tokens in a row */
     o->moe_gather(o->ctx, m->mx, ln2, a->perm, M, K, C);
-    /* he[M,FWe] = xe . wfc_e^T (+ bfc_e), expert by expert */
-    for (int x = 0; x < E; x++) {
-        const int r0 = a->hoffs[x], n = a->hoffs[x + 1] - r0;
+    /* the experts' rows: this rank's own (xe, offs over E experts), or
+     * under --ep the R rows its El experts received (a->xr, meoffs) */
+    const float *xe = m->mx;
+    const int32_t *offs = a->hoffs;
+    int El = E;
+    float *ye = a->ye;
+    size_t R = (size_t)M;
+    if (ep_of(m) > 1) {
+        CHECK(ep_dispatch(m, a, &R, err, errlen));
+        xe = a->xr;
+        offs = m->meoffs_host;
+        El = experts_local(m);
+        ye = m->md1; /* [R,C] until sent back */
+    }
+    /* he[R,FWe] = xe . wfc_e^T (+ bfc_e), expert by expert */
+    for (int x = 0; x < El; x++) {
+        const int r0 = offs[x], n = offs[x + 1] - r0;
         if (n > 0)
-            o->matmul_fwd(o->ctx, a->he + (size_t)r0 * FWe, m->mx + (size_t)r0 * C, w->ewfc + (size_t)x * FWe * C,
+            o->matmul_fwd(o->ctx, a->he + (size_t)r0 * FWe, xe + (size_t)r0 * C, w->ewfc + (size_t)x * FWe * C,
                           gpt ? w->ebfc + (size_t)x * Fe : NULL, n, C, FWe);
     }
-    /* ae[M,Fe] = GELU(he) | SwiGLU(gate, up) */
+    /* ae[R,Fe] = GELU(he) | SwiGLU(gate, up) */
     if (gpt)
-        o->gelu_fwd(o->ctx, a->ae, a->he, (size_t)M * Fe);
+        o->gelu_fwd(o->ctx, a->ae, a->he, R * Fe);
     else
-        o->swiglu_fwd(o->ctx, a->ae, a->he, M, Fe);
-    /* ye[M,C] = ae . wproj_e^T (+ bproj_e, added once: by TP rank 0) */
+        o->swiglu_fwd(o->ctx, a->ae, a->he, (int)R, Fe);
+    /* ye[R,C] = ae . wproj_e^T (+ bproj_e, added once: by TP rank 0) */
     const int bias = gpt && m->lay.part.tp_rank == 0;
-    for (int x = 0; x < E; x++) {
-        const int r0 = a->hoffs[x], n = a->hoffs[x + 1] - r0;
+    for (int x = 0; x < El; x++) {
+        const int r0 = offs[x], n = offs[x + 1] - r0;
         if (n > 0)
-            o->matmul_fwd(o->ctx, a->ye + (size_t)r0 * C, a->ae + (size_t)r0 * Fe, w->ewproj + (size_t)x * C * Fe,
+            o->matmul_fwd(o->ctx, ye + (size_t)r0 * C, a->ae + (size_t)r0 * Fe, w->ewproj + (size_t)x * C * Fe,
                           bias ? w->ebproj + (size_t)x * C : NULL, n, Fe, C);
     }
+    /* --ep: the outputs back to their tokens' ranks, a->ye [M,C] */
+    if (ep_of(m) > 1)
+        CHECK(ep_return(m, a, a->ye, ye, R, "expert outputs", err, errlen));
     /* out[n] = sum_j gate[n,j] ye[where[n,j]], in order of j */
     o->moe_combine_fwd(o->ctx, out, a->ye, a->gate, a->where, N, K, C);
-    return 0;
+    return STATUS_OK;
 }
 
-void moe_bwd_experts(model_t *m, const moe_acts_t *a, const block_tensors_t *w, const block_tensors_t *g,
-                     const float *ln2, const float *dout, float *dln, int dln_accum, int accum, int N)
+status_t moe_bwd_experts(model_t *m, const moe_acts_t *a, const block_tensors_t *w, const block_tensors_t *g,
+                         const float *ln2, const float *dout, float *dln, int dln_accum, int accum, int N, char *err,
+                         size_t errlen)
 {
     const ops_t *o = m->ops;
     const moe_config_t *e = &m->cfg.moe;
@@ -91,11 +223,30 @@ void moe_bwd_experts(model_t *m, const moe_acts_t *a, const block_tensors_t *w, 
     const int Fe = moe_ffn_local(m), FWe = moe_fcw_local(m), M = a->hoffs[E];
     /* dye[M,C] (md1) = gate * dout; dgate[N,K] = dout . ye (this rank's part) */
     o->moe_combine_bwd(o->ctx, m->md1, m->mdgate, dout, a->ye, a->gate, a->where, N, K, C);
-    /* the gathered tokens again: xe[M,C] (mx) */
-    o->moe_gather(o->ctx, m->mx, ln2, a->perm, M, K, C);
-    /* proj: dae[M,Fe] (md2; GPT-2: through GELU already, = dhe) */
-    for (int x = 0; x < E; x++) {
-        const int r0 = a->hoffs[x], n = a->hoffs[x + 1] - r0;
+    const float *xe = m->mx;
+    const int32_t *offs = a->hoffs;
+    int El = E;
+    size_t R = (size_t)M;
+    if (ep_of(m) > 1) {
+        /* --ep: dye to the experts' ranks, in expert order into md1 [R,C];
+         * their tokens are the forward's a->xr */
+        R = ep_layout(m, a, (size_t)C);
+        size_t *v = m->ma2a_host;
+        const int P = ep_of(m);
+        CHECK(ep_alltoallv(m, m->md1, v, v + P, m->mrecv, v + 2 * P, v + 3 * P, COMM_FP32, "output gradients", err,
+                           errlen));
+        ep_perm(m, a, R);
+        o->moe_gather(o->ctx, m->md1, m->mrecv, m->mperm, (int)R, 1, C);
+        xe = a->xr;
+        offs = m->meoffs_host;
+        El = experts_local(m);
+    } else {
+        /* the gathered tokens again: xe[M,C] (mx) */
+        o->moe_gather(o->ctx, m->mx, ln2, a->perm, M, K, C);
+    }
+    /* proj: dae[R,Fe] (md2; GPT-2: through GELU already, = dhe) */
+    for (int x = 0; x < El; x++) {
+        const int r0 = offs[x], n = offs[x + 1] - r0;
         float *dw = g->ewproj + (size_t)x * C * Fe, *db = gpt ? g->ebproj + (size_t)x * C : NULL;
         if (gpt)
             o->matmul_dgelu_bwd(o->ctx, m->md2 + (size_t)r0 * Fe, dw, db, m->md1 + (size_t)r0 * C,
@@ -105,22 +256,28 @@ void moe_bwd_experts(model_t *m, const moe_acts_t *a, const block_tensors_t *w, 
             o->matmul_bwd(o->ctx, m->md2 + (size_t)r0 * Fe, dw, db, m->md1 + (size_t)r0 * C, a->ae + (size_t)r0 * Fe,
                           w->ewproj + (size_t)x * C * Fe, n, Fe, C, 0, accum);
     }
-    /* dhe[M,FWe]: GPT-2's is md2; SwiGLU's into md1 */
+    /* dhe[R,FWe]: GPT-2's is md2; SwiGLU's into md1 */
     const float *dhe = m->md2;
     if (!gpt) {
-        o->swiglu_bwd(o->ctx, m->md1, a->he, m->md2, M, Fe);
+        o->swiglu_bwd(o->ctx, m->md1, a->he, m->md2, (int)R, Fe);
         dhe = m->md1;
     }
     float *dxe = gpt ? m->md1 : m->md2;
-    /* fc: dxe[M,C] and the fc weight (and bias) gradients */
-    for (int x = 0; x < E; x++) {
-        const int r0 = a->hoffs[x], n = a->hoffs[x + 1] - r0;
+    /* fc: dxe[R,C] and the fc weight (and bias) gradients */
+    for (int x = 0; x < El; x++) {
+        const int r0 = offs[x], n = offs[x + 1] - r0;
         o->matmul_bwd(o->ctx, dxe + (size_t)r0 * C, g->ewfc + (size_t)x * FWe * C,
-                      gpt ? g->ebfc + (size_t)x * Fe : NULL, dhe + (size_t)r0 * FWe, m->mx + (size_t)r0 * C,
+                      gpt ? g->ebfc + (size_t)x * Fe : NULL, dhe + (size_t)r0 * FWe, xe + (size_t)r0 * C,
                       w->ewfc + (size_t)x * FWe * C, n, C, FWe, 0, accum);
+    }
+    /* --ep: dxe back to the tokens' ranks, [M,C] in dispatch order (mx) */
+    if (ep_of(m) > 1) {
+        CHECK(ep_return(m, a, m->mx, dxe, R, "input gradients", err, errlen));
+        dxe = m->mx;
     }
     /* dln[n] (+)= sum_j dxe[where[n,j]] */
     o->moe_scatter_bwd(o->ctx, dln, dxe, a->where, N, K, C, dln_accum);
+    return STATUS_OK;
 }
 
 void moe_bwd_router(model_t *m, const moe_acts_t *a, const block_tensors_t *w, const block_tensors_t *g,

@@ -9,6 +9,15 @@
  * (dgate, partial over TP) the model makes between moe_bwd_experts and
  * moe_bwd_router.
  *
+ * Expert parallelism (--ep P): this rank holds experts [r E/P, (r+1) E/P)
+ * of EP rank r; each forward routes its own tokens, sends each expert's
+ * rows to the expert's rank (MPI_Alltoallv through comm_t: the counts,
+ * then the rows), computes its experts on what it received, in expert
+ * order with each expert's rows by source rank (a fixed order, so the
+ * same routing gives the same bits), and sends the outputs back, where
+ * the combine is the same ordered sum. Every TP rank of an EP rank does
+ * the same dispatch over its own EP group (the same TP rank's).
+ *
  * Shapes: N tokens (all rows), C d_model, E experts, K per token, NK =
  * N*K, M = the kept assignments (<= NK), Fe = moe.ffn / P, FWe = Fe
  * (GPT-2) or 2 Fe (Llama's gate|up). The experts' GEMMs are fp32 under
@@ -27,16 +36,24 @@ int moe_fcw_local(const model_t *m);
  * routing and activations, and the gradient weights of the layer's losses
  * for dloss (the forward's, 0 for an eval forward). The routing's
  * statistics are added to *st. t: sequence length (the capacity's unit).
- * Returns -1 when the host copy of the routing cannot be made. */
-int moe_fwd(model_t *m, moe_acts_t *a, const block_tensors_t *w, const float *ln2, float *out, int N, int t,
-            float dloss, model_moe_stats_t *st);
+ * Under --ep (lay.part.ep_size > 1) the tokens travel to the ranks of
+ * their experts and the outputs back by all-to-all over lay.ep, counts
+ * first: collective over the EP group. Returns a status, one line in err
+ * (a failed all-to-all). */
+status_t moe_fwd(model_t *m, moe_acts_t *a, const block_tensors_t *w, const float *ln2, float *out, int N, int t,
+                 float dloss, model_moe_stats_t *st, char *err, size_t errlen);
 
 /* From dout[N,C] (all rows, the layer output's gradient): the experts'
  * parameter gradients into g (=|+= by accum), their part of dL/d(ln2)
  * into dln[N,C] (=|+= by dln_accum), and this rank's partial dgate in
- * m->mdgate [N,K], to be summed over TP before moe_bwd_router. */
-void moe_bwd_experts(model_t *m, const moe_acts_t *a, const block_tensors_t *w, const block_tensors_t *g,
-                     const float *ln2, const float *dout, float *dln, int dln_accum, int accum, int N);
+ * m->mdgate [N,K], to be summed over TP before moe_bwd_router. Under
+ * --ep the output gradients travel to the experts' ranks and the input
+ * gradients back, as the forward's tokens and outputs did (collective over
+ * the EP group); the expert gradients are then this rank's experts',
+ * from every token of the EP group routed to them. */
+status_t moe_bwd_experts(model_t *m, const moe_acts_t *a, const block_tensors_t *w, const block_tensors_t *g,
+                         const float *ln2, const float *dout, float *dln, int dln_accum, int accum, int N, char *err,
+                         size_t errlen);
 
 /* The router's backward from m->mdgate (summed over TP) and the losses'
  * weights: the router's weight gradient into g->router (=|+= by accum)

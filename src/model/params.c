@@ -12,6 +12,7 @@ typedef struct table_builder {
     param_table_t *t;
     int cap;
     int tp_size, tp_rank;
+    int ep_size, ep_rank;
     int64_t padded_vocab;
     int n_layer;
     char *err;
@@ -47,6 +48,7 @@ static status_t add_param_groups(table_builder_t *b, int layer, const char *suff
     d->count[0] = d->shape[0];
     d->count[1] = d->shape[1];
     d->norm = init == INIT_ONES || (ndim == 1 && strstr(suffix, "ln") == suffix);
+    d->held = 1;
     if (split == TP_SPLIT_VOCAB) {
         d->local_rows = b->padded_vocab / b->tp_size;
         int64_t v0 = d->local_rows * b->tp_rank;
@@ -63,6 +65,7 @@ static status_t add_param_groups(table_builder_t *b, int layer, const char *suff
             d->count[dim] = d->shape[dim] / g / b->tp_size;
             d->start[dim] = d->count[dim] * b->tp_rank;
         }
+        d->held = (int)g;
         d->local_rows = d->count[0] * g;
     }
     d->numel = (size_t)d->local_rows * (size_t)d->count[1];
@@ -163,6 +166,29 @@ static status_t add_embed(table_builder_t *b, const model_config_t *c, float std
 
 static status_t add_mlp(table_builder_t *b, const model_config_t *c, int l, int64_t F, float std, float std_out);
 
+/* The last tensor added is a routed expert's: under --ep this rank keeps
+ * its experts' part, E/ep of the blocks (a stack of groups) or of the rows
+ * (a tensor of one group, [E * rows, cols]). */
+static void split_experts(table_builder_t *b)
+{
+    param_desc_t *d = &b->t->p[b->t->n - 1];
+    d->expert = 1;
+    if (b->ep_size <= 1)
+        return;
+    b->t->numel -= d->numel;
+    if (d->groups > 1) {
+        d->held = d->groups / b->ep_size;
+        d->group0 = b->ep_rank * d->held;
+        d->local_rows = d->count[0] * d->held;
+    } else {
+        d->count[0] = d->shape[0] / b->ep_size;
+        d->start[0] = d->count[0] * b->ep_rank;
+        d->local_rows = d->count[0];
+    }
+    d->numel = (size_t)d->local_rows * (size_t)d->count[1];
+    b->t->numel += d->numel;
+}
+
 /* A MoE layer's router and routed experts, each tensor the E experts'
  * stacked along dim 0 (logical [E, ...] as [E * rows, cols]): the router
  * [E, C] replicated over TP, and each expert's MLP split over TP as the
@@ -173,13 +199,22 @@ static status_t add_experts(table_builder_t *b, const model_config_t *c, int l, 
 {
     const int64_t C = c->d_model, E = c->moe.experts, F = c->moe.ffn;
     const int gpt = c->arch == ARCH_GPT2, per = gpt ? 1 : 2;
+    if (E % (b->ep_size > 1 ? b->ep_size : 1) != 0)
+        return status_set(STATUS_FAIL, b->err, b->errlen, "--ep %d does not divide the %lld experts", b->ep_size,
+                          (long long)E);
     CHECK(add_param(b, l, "moe.router", 2, E, C, TP_SPLIT_NONE, INIT_NORMAL, std));
     CHECK(add_param_groups(b, l, "moe.wfc", 2, E * per * F, C, TP_SPLIT_ROWS, (int)(E * per), INIT_NORMAL, std));
-    if (gpt)
+    split_experts(b);
+    if (gpt) {
         CHECK(add_param_groups(b, l, "moe.bfc", 1, E * F, 1, TP_SPLIT_ROWS, (int)E, INIT_ZEROS, 0));
+        split_experts(b);
+    }
     CHECK(add_param(b, l, "moe.wproj", 2, E * C, F, TP_SPLIT_COLS, INIT_NORMAL, std_out));
-    if (gpt)
+    split_experts(b);
+    if (gpt) {
         CHECK(add_param(b, l, "moe.bproj", 1, E * C, 1, TP_SPLIT_NONE, INIT_ZEROS, 0));
+        split_experts(b);
+    }
     return STATUS_OK;
 }
 
@@ -259,6 +294,8 @@ int param_table_build(param_table_t *t, const model_config_t *c, const param_lay
     table_builder_t b = {.t = t,
                          .tp_size = lay->tp_size,
                          .tp_rank = lay->tp_rank,
+                         .ep_size = lay->ep_size > 1 ? lay->ep_size : 1,
+                         .ep_rank = lay->ep_size > 1 ? lay->ep_rank : 0,
                          .padded_vocab = param_padded_vocab(c->vocab_size, lay->tp_size),
                          .n_layer = c->n_layer,
                          .err = err,
@@ -310,7 +347,7 @@ void param_table_init(const param_table_t *t, float *flat, uint64_t seed)
 #pragma omp parallel for schedule(static)
         for (int64_t r = 0; r < d->local_rows; r++)
             for (int64_t s = 0; s < d->count[1]; s++)
-                dst[r * d->count[1] + s] = r < d->count[0] * (d->groups > 1 ? d->groups : 1)
+                dst[r * d->count[1] + s] = r < d->count[0] * d->held
                                                ? param_init_value(d, seed, param_logical_row(d, r), d->start[1] + s)
                                                : 0.0f;
     }

@@ -29,6 +29,10 @@ typedef enum {
 /* Which part of the model one rank holds. */
 typedef struct param_layout {
     int tp_size, tp_rank;
+    /* --ep: a MoE layer's experts are split over ep_size ranks, this one
+     * holding experts [ep_rank * E/ep_size, (ep_rank+1) * E/ep_size) (0 is
+     * read as 1: no expert parallelism) */
+    int ep_size, ep_rank;
     /* blocks [run_begin[k], run_end[k]) for k < n_runs, ascending and
      * disjoint (an empty run holds none); local block i counts through
      * them in order (param_layout_layer) */
@@ -63,6 +67,14 @@ typedef struct param_desc {
      * holds rows [start[0], start[0] + count[0]) of every block, block g's
      * at local rows [g * count[0], (g+1) * count[0]). 1 elsewhere. */
     int groups;
+    /* the blocks held: [group0, group0 + held) of the groups (all of them
+     * but under --ep, where a rank holds its experts' blocks); held is 1
+     * for a tensor of one group, whose expert rows --ep splits through
+     * start[0] and count[0] instead */
+    int group0, held;
+    /* a routed expert's tensor (moe.wfc, .bfc, .wproj, .bproj): split over
+     * the EP group, its gradient averaged over the expert-DP group */
+    int expert;
     int layer;     /* block index; -1 = input embeddings, n_layer = final norm / head */
     int decay;     /* AdamW weight decay applies (2-D tensors) */
     int norm;      /* a norm's weight or bias: under sequence parallelism each TP
@@ -111,7 +123,7 @@ static inline int64_t param_logical_row(const param_desc_t *d, int64_t r)
     if (d->groups <= 1)
         return d->start[0] + r;
     const int64_t blk = d->shape[0] / d->groups;
-    return (r / d->count[0]) * blk + d->start[0] + r % d->count[0];
+    return (d->group0 + r / d->count[0]) * blk + d->start[0] + r % d->count[0];
 }
 
 /* Value of logical element (i, j) of tensor d at initialisation. */

@@ -267,6 +267,7 @@ static int plan_stage(const plan_in_t *in, int s, int layer_begin, stage_plan_t 
     param_layout_t part =
         param_layout_range(run->tp, 0, layer_begin, layer_begin + sp->layers, s == 0, s == run->pp - 1);
     run_config_stage_runs(run, s, &part.n_runs, part.run_begin, part.run_end); /* interleaved: its chunks */
+    part.ep_size = run->ep; /* --ep: each rank's experts only (all EP ranks hold as many) */
     for (int k = 0; k < part.n_runs; k++)
         if (part.run_end[k] - part.run_begin[k] > sp->slot_layers)
             sp->slot_layers = part.run_end[k] - part.run_begin[k];

@@ -130,6 +130,10 @@ static const opt_def_t opt_defs[] = {
     {"pp-virtual", OPT_INT, F(pp_virtual), 0, "1", 1, PARAM_MAX_RUNS, NULL,
      "model chunks per pipeline stage for --pp-schedule interleaved: chunk c on stage c mod pp", NULL, NULL, 0},
     {"dp", OPT_INT, F(dp), 0, "0", 0, 1 << 20, NULL, "data-parallel size (0 = world size / (tp x pp))", NULL, NULL, 0},
+    {"ep", OPT_INT, F(ep), 0, "1", 1, 1 << 20, NULL,
+     "expert-parallel size: each MoE layer's experts split over N data-parallel ranks, tokens dispatched to them by "
+     "all-to-all (N divides dp and the experts; expert gradients averaged over the dp/N ranks holding the same ones)",
+     NULL, NULL, 0},
     {"ddp-mode", OPT_ENUM, F(ddp_mode), 0, "bucketed", 0, 0, ddp_mode_names,
      "gradient all-reduce: naive (per tensor) | flat (one buffer) | bucketed (overlapped with backward)", NULL, NULL,
      0},
@@ -783,6 +787,28 @@ static int check_virtual(const run_options_t *o, const model_config_t *c, int pp
     return 0;
 }
 
+/* --ep N: the experts and the data-parallel ranks split in N, on the
+ * strategies that keep the expert state whole on each rank. */
+static int check_ep(const run_options_t *o, const model_config_t *c, int dp, char *err, size_t errlen)
+{
+    if (o->ep <= 1)
+        return 0;
+    if (c->moe.experts == 0)
+        snprintf(err, errlen, "--ep %d splits a mixture's experts over ranks, but the model has none: add "
+                 "--moe-experts E or use a MoE --model (tiny-moe)", o->ep);
+    else if (c->moe.experts % o->ep != 0)
+        snprintf(err, errlen, "--ep %d must divide the model's %d experts", o->ep, c->moe.experts);
+    else if (dp % o->ep != 0)
+        snprintf(err, errlen, "--ep %d must divide the data-parallel size %d (world size / (tp x pp)): launch a "
+                 "multiple of %d x tp x pp ranks or change --ep", o->ep, dp, o->ep);
+    else if (options_zero_stage(o) > 0)
+        snprintf(err, errlen, "--ep %d with --zero %d: ZeRO does not shard expert state over the expert-data-parallel "
+                 "group in this version; use --zero 0 with --ep, or drop --ep", o->ep, options_zero_stage(o));
+    else
+        return 0;
+    return -1;
+}
+
 static int check_layout(const run_options_t *o, const model_config_t *c, int tp, int pp, int dp, char *err,
                         size_t errlen)
 {
@@ -799,7 +825,8 @@ static int check_layout(const run_options_t *o, const model_config_t *c, int tp,
             snprintf(err + strlen(err), errlen - strlen(err), " %d", dp);
         return -1;
     }
-    if (options_check_grid(c, tp, pp, err, errlen) != 0 || check_virtual(o, c, pp, dp, err, errlen) != 0)
+    if (options_check_grid(c, tp, pp, err, errlen) != 0 || check_virtual(o, c, pp, dp, err, errlen) != 0 ||
+        check_ep(o, c, dp, err, errlen) != 0)
         return -1;
     if (o->offload == OFFLOAD_NONE && o->offload_fraction != 1.0) {
         snprintf(err, errlen, "--offload-fraction %g applies to --offload optimizer; add it, or drop the fraction",
@@ -889,6 +916,7 @@ int options_resolve_layout(const run_options_t *o, const model_config_t *c, int 
     rc->tp = tp;
     rc->pp = pp;
     rc->dp = dp;
+    rc->ep = o->ep > 1 ? o->ep : 1;
     rc->sequence_parallel = o->sequence_parallel;
     rc->zero_stage = options_zero_stage(o);
     rc->hybrid_shard = o->hybrid_shard > 0 && o->hybrid_shard < dp && rc->zero_stage > 0 ? o->hybrid_shard : 0;

@@ -49,6 +49,7 @@ typedef struct run_options {
     int moe_given[11];
     /* parallel layout */
     int tp, pp, dp;
+    int ep; /* --ep: expert-parallel size, carved out of dp (1: none) */
     int sequence_parallel;
     char pp_layers[256];
     pipe_kind_t pp_schedule;
@@ -156,6 +157,7 @@ typedef struct run_config {
     model_config_t model;
     /* layout */
     int tp, pp, dp;
+    int ep; /* the EP group's size (dividing dp and the experts); 1: none */
     int sequence_parallel;
     int zero_stage;   /* --zero or --fsdp */
     int hybrid_shard; /* the ZeRO shard group's size when below dp (HSDP), else 0 */

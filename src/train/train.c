@@ -150,7 +150,8 @@ int trainer_val_loss(trainer_t *tr, double *loss, char *err, size_t errlen)
      * runs the same number of forwards: where val_batches is not a
      * multiple of dp, the ranks past the last microbatch evaluate
      * microbatch 0 again and drop the result (skipping it left the others
-     * in that all-gather: a hang). After each round the ranks agree
+     * in that all-gather: a hang). --ep's all-to-alls are collective
+     * over the EP group alike. After each round the ranks agree
      * whether any forward failed (a failed collective or model op; a
      * non-finite loss is a value, averaged in like any other); if one did
      * they all stop together, since a rank whose communicator failed skips
@@ -164,7 +165,7 @@ int trainer_val_loss(trainer_t *tr, double *loss, char *err, size_t errlen)
     char why[512] = ""; /* this rank's failure, if it had one */
     for (int r = 0; r < rounds && !failed; r++) {
         const int i = r * g->dp_size + g->dp_rank;
-        if (i < nb || tr->sync.ops->collective_forward) {
+        if (i < nb || tr->sync.ops->collective_forward || g->ep) {
             const uint64_t src = i < nb ? (uint64_t)i : 0;
             int32_t *pos = tr->opt->doc_mask ? tr->pos : NULL;
             for (int b = 0; b < B; b++)
@@ -206,8 +207,15 @@ int trainer_grad_norm(trainer_t *tr, double *norm, char *err, size_t errlen)
      * The fixed-order sum in double gives the same value on every rank;
      * one sumsq call for all tensors: one wait for the backend, not one
      * per tensor. */
-    double local = dpsync_grad_sumsq(&tr->sync);
+    double expert = 0.0;
+    double local = dpsync_grad_sumsq(&tr->sync, g->ep ? &expert : NULL);
     comm_t *over_dp = tr->sync.norm_group;
+    /* --ep: each EP rank holds other experts, each expert-DP replica the
+     * same ones: their part is summed over the EP group */
+    if (g->ep) {
+        CHECK(g->ep->ops->allreduce(g->ep, &expert, 1, COMM_FP64, COMM_SUM, err, errlen));
+        local += expert;
+    }
     if (g->tp_size > 1 || g->pp_size > 1 || over_dp) {
         /* the communicator carries fp32: ~1e-7 relative, ample for clipping */
         float part = (float)local;
@@ -242,7 +250,18 @@ int trainer_check_replicas(trainer_t *tr, int step, char *err, size_t errlen)
     for (int i = 0; i < t->n; i++)
         start[i] = t->p[i].offset;
     start[t->n] = t->numel;
-    status_t rc = replica_check(tr->grid->dp, host, start, t->n, &bad, cerr, sizeof cerr);
+    /* --ep: the experts' ranks hold different experts, so every tensor is
+     * compared over the expert-DP group (its replicas) and, with the
+     * experts' zeroed, the rest over the DP group */
+    status_t rc = STATUS_OK;
+    if (tr->grid->edp) {
+        rc = replica_check(tr->grid->edp, host, start, t->n, &bad, cerr, sizeof cerr);
+        for (int i = 0; i < t->n; i++)
+            if (t->p[i].expert)
+                memset(host + t->p[i].offset, 0, t->p[i].numel * sizeof *host);
+    }
+    if (rc == STATUS_OK && bad < 0)
+        rc = replica_check(tr->grid->dp, host, start, t->n, &bad, cerr, sizeof cerr);
     free(host);
     free(start);
     if (rc != STATUS_OK) {
@@ -738,6 +757,7 @@ static int train_step(trainer_t *tr, int step, step_record_t *r, step_times_t *t
     straggler_test_delay(&tr->strag); /* DTRAIN_TEST_SLOW_RANK: tests only */
     double lr = lr_at(&tr->sched, step);
     m->tp_comm_s = 0.0;
+    m->ep_comm_s = 0.0;
     tr->embed_comm_s = 0.0;
     model_moe_stats_reset(m);
     if (step_gradients(tr, step, &t->bubble, err, errlen) != 0)
@@ -769,7 +789,7 @@ static int train_step(trainer_t *tr, int step, step_record_t *r, step_times_t *t
                          .ms = 1e3 * dt,
                          .tokens_per_s = tokens_step / dt};
     t->dt = dt;
-    t->comm = tr->sync.ops->comm_s(&tr->sync) + m->tp_comm_s + tr->embed_comm_s;
+    t->comm = tr->sync.ops->comm_s(&tr->sync) + m->tp_comm_s + m->ep_comm_s + tr->embed_comm_s;
     return moe_step_stats(tr, r, err, errlen);
 }
 

@@ -377,14 +377,22 @@ int trainer_resume(trainer_t *tr, char *err, size_t errlen)
     return rc;
 }
 
+/* What this rank writes of a checkpoint (param_io_write): DP rank 0 the
+ * dense tensors, expert-DP rank 0 its experts' slices (without --ep the
+ * same rank). */
+static int ckpt_writer(const grid_t *g)
+{
+    return (g->dp_rank == 0 ? PARAM_IO_WRITE_DENSE : 0) | (g->edp_rank == 0 ? PARAM_IO_WRITE_EXPERTS : 0);
+}
+
 /* The parameters and AdamW moments as full flat host buffers
- * [table.numel] (on the writer, DP rank 0, every element). Collective. */
+ * [table.numel] (on the writers, every element). Collective. */
 static int state_to_host(trainer_t *tr, float *hp, float *hm, float *hv, char *err, size_t errlen)
 {
     int rc = 0;
     /* a replica that writes nothing and gathers for no one copies nothing:
      * its copy would only take memory bandwidth from the writer's */
-    const int idle = tr->grid->dp_rank != 0 && !tr->sync.ops->shards;
+    const int idle = !ckpt_writer(tr->grid) && !tr->sync.ops->shards;
     /* else collective over the shard group: every rank reaches it */
     char cerr[COMM_ERR_MAX] = "";
     if (!idle &&
@@ -440,7 +448,7 @@ static int save_sync(trainer_t *tr, int step, char *err, size_t errlen)
         const ckpt_meta_t meta = ckpt_meta_at(tr, step);
         char path[OPT_PATH_MAX + 64];
         double t0 = now_s();
-        rc = ckpt_save(tr->world, o->ckpt_dir, o->keep, &tr->cfg, &m->table, hp, hm, hv, g->dp_rank == 0, g->tp_size,
+        rc = ckpt_save(tr->world, o->ckpt_dir, o->keep, &tr->cfg, &m->table, hp, hm, hv, ckpt_writer(g), g->tp_size,
                        g->tp_rank, &meta, path, sizeof path, err, errlen);
         if (rc == 0) {
             snprintf(tr->last_ckpt, sizeof tr->last_ckpt, "%s", path);
@@ -477,7 +485,7 @@ static int overlap_copies(trainer_t *tr, ckpt_async_t *a, ckpt_async_job_t *job)
         tr->optim.host.n) /* --offload: moments in two places */
         return 0;
     job->n_copy = 0;
-    if (tr->grid->dp_rank != 0)
+    if (!ckpt_writer(tr->grid))
         return 1;
     const float *src[3] = {m->params, tr->optim.m, tr->optim.v};
     for (int i = 0; i < 3; i++) {
@@ -505,7 +513,7 @@ static int save_async(trainer_t *tr, int step, char *err, size_t errlen)
                             .keep = tr->opt->keep,
                             .cfg = &tr->cfg,
                             .t = &tr->model.table,
-                            .writer = g->dp_rank == 0,
+                            .writer = ckpt_writer(g),
                             .tp_size = g->tp_size,
                             .tp_rank = g->tp_rank,
                             .meta = ckpt_meta_at(tr, step)};
@@ -603,7 +611,7 @@ int trainer_save_params(trainer_t *tr, char *err, size_t errlen)
         attrs[na++] = (h5store_attr_t){.key = "step", .type = H5STORE_INT, .i = tr->steps_done};
         na += param_io_tokenizer_attrs(tr->data_tokenizer, tr->data_tokenizer_sha256, attrs + na);
         const param_io_group_t group = {"params", host};
-        rc = param_io_write(tr->world, o->save_params, &tr->cfg, &m->table, &group, 1, g->dp_rank == 0, g->tp_size,
+        rc = param_io_write(tr->world, o->save_params, &tr->cfg, &m->table, &group, 1, ckpt_writer(g), g->tp_size,
                             g->tp_rank, attrs, na, err, errlen);
     }
     free(host);

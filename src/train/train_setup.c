@@ -156,12 +156,14 @@ static int setup_sync(trainer_t *tr, const dpsync_ops_t *kind, comm_dtype_t gdt,
     size_t *start = malloc(((size_t)t->n + 1) * sizeof *start);
     int *block = malloc(((size_t)t->n + 1) * sizeof *block);
     unsigned char *norm = malloc((size_t)t->n + 1);
-    int rc = start && block && norm ? 0 : -1;
+    unsigned char *expert = malloc((size_t)t->n + 1);
+    int rc = start && block && norm && expert ? 0 : -1;
     for (int i = 0; rc == 0 && i < t->n; i++) {
         const param_desc_t *d = &t->p[i];
         start[i] = d->offset;
         block[i] = d->layer >= 0 && d->layer < tr->cfg.n_layer ? param_layout_local(&m->lay.part, d->layer) : -1;
         norm[i] = !(d->tied_copy || (d->tp_split == TP_SPLIT_NONE && g->tp_rank != 0));
+        expert[i] = (unsigned char)d->expert;
     }
     if (rc == 0) {
         start[t->n] = t->numel;
@@ -176,6 +178,8 @@ static int setup_sync(trainer_t *tr, const dpsync_ops_t *kind, comm_dtype_t gdt,
                                    .tensor_start = start,
                                    .tensor_block = block,
                                    .tensor_norm = norm,
+                                   .tensor_expert = g->edp ? expert : NULL,
+                                   .edp = g->edp,
                                    .mode = mode,
                                    .bucket_bytes = (size_t)(o->bucket_mb * 1048576.0),
                                    .dtype = gdt,
@@ -188,6 +192,7 @@ static int setup_sync(trainer_t *tr, const dpsync_ops_t *kind, comm_dtype_t gdt,
     free(start);
     free(block);
     free(norm);
+    free(expert);
     tr->model.hook = tr->sync.hook;
     return rc;
 }
@@ -423,6 +428,9 @@ static model_layout_t stage_layout(const trainer_t *tr, const grid_t *grid, cons
     model_layout_t lay = model_layout_single(&tr->cfg);
     lay.part.tp_size = grid->tp_size;
     lay.part.tp_rank = grid->tp_rank;
+    /* --ep: the EP group is run->ep consecutive DP ranks (grid_create_ep_groups) */
+    lay.part.ep_size = run->ep;
+    lay.part.ep_rank = grid->dp_rank % run->ep;
     run_config_stage_runs(run, grid->pp_rank, &lay.part.n_runs, lay.part.run_begin, lay.part.run_end);
     lay.part.has_embed = grid->pp_rank == 0;
     lay.part.has_head = grid->pp_rank == grid->pp_size - 1;
@@ -450,6 +458,8 @@ static int setup_backend(trainer_t *tr, const dpsync_ops_t *kind, char *err, siz
     CHECK(agree(tr->world, backend_open(&tr->backend, run->device, tr->env->local_rank, err, errlen), err, errlen));
     if (run->hybrid_shard && kind->shards)
         CHECK(grid_create_shard_group(grid, run->hybrid_shard, err, errlen));
+    if (run->ep > 1)
+        CHECK(grid_create_ep_groups(grid, run->ep, err, errlen));
     CHECK(agree(tr->world,
                 backend_comm_open(&tr->backend, run->comm, grid, &tr->net, tr->opt->comm_timeout, err, errlen), err,
                 errlen));
@@ -526,6 +536,7 @@ static int setup_model(trainer_t *tr, model_layout_t lay, const dpsync_ops_t *ki
     const run_config_t *run = tr->run;
     const grid_t *grid = tr->grid;
     lay.tp = grid->tp;
+    lay.ep = grid->ep;
     lay.bf16 = backend_bf16(&tr->backend, run->dtype);
     if (lay.bf16 && (!tr->backend.ops->matmul_fwd_bf16 || !tr->backend.ops->matmul_bwd_bf16)) {
         snprintf(err, errlen, "--dtype bf16: the %s backend has no bf16 GEMM; use --dtype fp32", tr->backend.ops->name);
