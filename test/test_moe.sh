@@ -82,6 +82,9 @@ for model in tiny-moe tiny-deepseek-moe; do
         layout_run "$TMP/$model.zb.json" 2 $S --model $model --pp 2 --pp-schedule zb-h1 &&
         layout_compare "$TMP/$model.zb1f1b.json" "$TMP/$model.zb.json" "$model pp2 zb-h1 vs 1f1b" 1e-12 1e-12 1e-12
 done
+layout_run "$TMP/ep.1f1b.json" 4 $S --model tiny-moe --pp 2 --ep 2 &&
+    layout_run "$TMP/ep.zb.json" 4 $S --model tiny-moe --pp 2 --ep 2 --pp-schedule zb-h1 &&
+    layout_compare "$TMP/ep.1f1b.json" "$TMP/ep.zb.json" "tiny-moe pp2 x ep2 zb-h1 vs 1f1b" 1e-12 1e-12 1e-12
 
 # ---- bad input ----
 B="$DTRAIN $(tiny_args) --steps 1"
