@@ -662,6 +662,18 @@ static double bubble_ideal(const pipe_shape_t *sh)
     return bubble;
 }
 
+/* The bubble checks' shapes: every kind at P stages and M microbatches,
+ * two chunks per stage where the kind has chunks, k-th of BUBBLE_KINDS;
+ * 0 when the shape cannot be scheduled. */
+#define BUBBLE_KINDS 5
+static int bubble_shape(int k, int P, int M, pipe_shape_t *sh)
+{
+    static const pipe_kind_t kinds[BUBBLE_KINDS] = {PIPE_1F1B, PIPE_GPIPE, PIPE_INTERLEAVED, PIPE_ZBH1, PIPE_ZBV};
+    const int V = kinds[k] == PIPE_INTERLEAVED || kinds[k] == PIPE_ZBV ? 2 : 1;
+    *sh = shape(kinds[k], P, V, M);
+    return pipe_shape_check(sh, NULL, 0) == 0;
+}
+
 /* The bubble of the executor's own run in virtual time (synth_t's
  * clocked mode): every action of a stage costs 1/V units, messages carry
  * their sender's clock, so the step is the run's critical path through the
@@ -673,13 +685,12 @@ static double bubble_ideal(const pipe_shape_t *sh)
 static void check_bubble_virtual(comm_t *pp, const int *Ms, int n_ms)
 {
     const int P = pp->size, s = pp->rank;
-    const pipe_kind_t kinds[] = {PIPE_1F1B, PIPE_GPIPE, PIPE_INTERLEAVED, PIPE_ZBH1, PIPE_ZBV};
     for (int mi = 0; mi < n_ms; mi++)
-        for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
-            const int V = kinds[k] == PIPE_INTERLEAVED || kinds[k] == PIPE_ZBV ? 2 : 1;
-            const pipe_shape_t sh = shape(kinds[k], P, V, Ms[mi]);
-            if (pipe_shape_check(&sh, NULL, 0) != 0 || (kinds[k] == PIPE_ZBV && 2 * P > 8))
+        for (int k = 0; k < BUBBLE_KINDS; k++) {
+            pipe_shape_t sh;
+            if (!bubble_shape(k, P, Ms[mi], &sh) || (sh.kind == PIPE_ZBV && 2 * P > 8))
                 continue;
+            const int V = sh.virt;
             const double ideal = bubble_ideal(&sh), formula = bubble_formula(&sh);
             synth_t c;
             if (synth_init(&c, &sh, s, 64) != 0)
@@ -714,13 +725,12 @@ static void check_bubble_virtual(comm_t *pp, const int *Ms, int n_ms)
 static void measure_bubble(comm_t *pp, const int *Ms, int n_ms, long unit_us, int assert_pp)
 {
     const int P = pp->size, s = pp->rank;
-    const pipe_kind_t kinds[] = {PIPE_1F1B, PIPE_GPIPE, PIPE_INTERLEAVED, PIPE_ZBH1, PIPE_ZBV};
     for (int mi = 0; mi < n_ms; mi++)
-        for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
-            const int V = kinds[k] == PIPE_INTERLEAVED || kinds[k] == PIPE_ZBV ? 2 : 1;
-            const pipe_shape_t sh = shape(kinds[k], P, V, Ms[mi]);
-            if (pipe_shape_check(&sh, NULL, 0) != 0)
+        for (int k = 0; k < BUBBLE_KINDS; k++) {
+            pipe_shape_t sh;
+            if (!bubble_shape(k, P, Ms[mi], &sh))
                 continue;
+            const int V = sh.virt;
             const double ideal = bubble_ideal(&sh), formula = bubble_formula(&sh);
             synth_t c;
             if (synth_init(&c, &sh, s, 64) != 0)
