@@ -89,6 +89,10 @@ freeze_run dp2 2 1 'dp|world'
 freeze_run tp2pp2 4 3 'tp|pp|dp|world|embed' --tp 2 --pp 2 --global-batch 4
 # ZeRO-3: parameter all-gathers of the next block
 freeze_run zero3 2 0 'dp|world' --zero 3
+# expert parallelism: rank 0 waits wherever it next needs rank 1, in a MoE
+# layer's all-to-all over the EP group ("alltoallv ep") or, as often, the
+# gradient all-reduce or the step's world all-reduce
+freeze_run ep2 2 1 'ep|dp|world' --model tiny-moe --ep 2
 
 # A rank that failed waits in the world agreement while its peer is stuck
 # elsewhere (test_fail_agree.c): the watchdog ends the job, and its line

@@ -13,7 +13,8 @@
 # (now across 2 nodes) at the inter-node bandwidth: tp time 5-9x the
 # in-node one;
 # (f) --doc-mask --plan-doc-len N: attention FLOPs per token of documents of
-# N tokens, against sum(L^2) / T computed here.
+# N tokens, against sum(L^2) / T computed here; (g) --ep's all-to-all
+# bytes per step against the count written out here.
 . "$top_srcdir/test/common.sh"
 
 # plan_json OUT ARGS...: dtrain --plan ARGS, the plan's JSON in OUT and its
@@ -133,6 +134,10 @@ mem_check 4 --tp 2 --zero 3
 mem_check 4 --pp 2 --zero 3 --recompute full
 mem_check 2 --recompute selective
 mem_check 4 --zero 2 --hybrid-shard 2
+# --ep: each rank's experts, and the expert activations and all-to-all
+# staging sized for every token of the EP group
+mem_check 2 --model tiny-moe --ep 2
+mem_check 4 --model tiny-moe --ep 2 --tp 2 --sequence-parallel
 # bf16 reductions: ddp.c's and zero.c's bf16 staging, sized by the functions
 # their allocations use
 mem_check 4 --zero 1 --grad-reduce-dtype bf16
@@ -392,5 +397,22 @@ expect_exit2 "--plan-doc-len 2048 exceeds --seq-len 1024" "$DTRAIN" --plan $PD -
 expect_exit2 "--plan-doc-len 256 is the mean document length of --doc-mask: add --doc-mask" "$DTRAIN" --plan $PD --plan-doc-len 256
 expect_exit2 "--plan-doc-len is an option of the planner" "$DTRAIN" --doc-mask --plan-doc-len 256
 expect_exit2 "--plan-doc-len -1: out of range" "$DTRAIN" --plan $PD --doc-mask --plan-doc-len -1
+
+# ---- (g) --ep: the all-to-all bytes of one rank per step ----------------------------------
+# tiny-moe (4 MoE layers, C 128, 8 experts, top-2) at ep2 on 4 ranks
+# (dp 4, expert-DP 2), 2 x 64 tokens, one microbatch: per layer the
+# tokens, outputs and both gradients of the (ep-1)/ep of the 256
+# assignments that leave the rank (fp32 rows of 128) and the 4 experts'
+# int32 counts
+want=$(awk 'BEGIN { printf "%.0f", 4 * 1 * (4 * 0.5 * 128 * 2 * 128 * 4 + 0.5 * 8 * 4) }')
+plan_json "$TMP/ep.json" --model tiny-moe --gpus 4 --ep 2 --micro-batch 2 --global-batch 8 --seq-len 64 --hw cpu &&
+    plan_json "$TMP/ep1.json" --model tiny-moe --gpus 4 --micro-batch 2 --global-batch 8 --seq-len 64 --hw cpu &&
+    if [ "$(jget "$TMP/ep.json" bytes_sent.ep)" = "$want" ] && [ "$(jget "$TMP/ep1.json" bytes_sent.ep)" = 0 ] &&
+        grep -q "^  ep .* 2 ranks, .*: all-to-all of 4 MoE layers' tokens" "$TMP/ep.json.txt" &&
+        grep -q "^  ep communication" "$TMP/ep.json.txt"; then
+        pass "--plan --ep 2: $want all-to-all bytes per step (none without --ep), priced in the step"
+    else
+        fail "--plan --ep 2: all-to-all bytes $(jget "$TMP/ep.json" bytes_sent.ep), expected $want: $(grep '^  ep' "$TMP/ep.json.txt")"
+    fi
 
 finish

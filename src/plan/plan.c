@@ -49,6 +49,8 @@ typedef struct stage_plan {
     double t_comp_mb, t_tp_mb;
     int tp_colls;                                     /* TP collectives per microbatch */
     double tp_bytes, pp_bytes, dp_bytes, embed_bytes; /* sent per step by one rank */
+    double ep_bytes, t_ep_mb; /* --ep: the MoE layers' all-to-alls, per step and their time per microbatch */
+    int moe_layers;           /* MoE layers on the stage */
     double t_dp, t_dp_exposed, t_embed, t_opt;
     /* --offload optimizer: elements in host memory (adamw_offload_count of
      * the optimizer's), their host bytes, and the update's two sides */
@@ -66,6 +68,7 @@ typedef struct plan {
     int fits;
     double flops_step, hw_flops_step;
     double t_mb, t_compute, t_tp, t_bubble, t_pp, t_pp_msg, t_dp, t_dp_total, t_embed, t_opt, t_step;
+    double t_ep; /* --ep: the slowest stage's all-to-alls (blocking, inside each microbatch) */
     double tokens_s, mfu, hfu, bubble_frac;
 } plan_t;
 
@@ -324,6 +327,29 @@ static void stage_compute(const plan_in_t *in, int s, stage_plan_t *sp)
     sp->t_comp_mb = tok / t * (mm_tok / peak_mm + att_tok / peak_att) / hw->efficiency;
 }
 
+/* --ep: each MoE layer's all-to-alls over the EP group per microbatch:
+ * forward the expert row counts (int32) and the tokens out, the outputs
+ * back; backward the output gradients out and the input gradients back
+ * (fp32 rows of C, whatever --dtype). Balanced routing: (ep-1)/ep of a
+ * rank's N k assignments go to other ranks (capacity dropping sends
+ * fewer). The calls block between the layer's kernels, as TP's do. */
+static void stage_ep(const plan_in_t *in, int s, stage_plan_t *sp)
+{
+    const model_config_t *c = in->c;
+    const double ep = in->run.ep;
+    if (ep <= 1 || c->moe.experts == 0)
+        return;
+    int n_runs, begin[PARAM_MAX_RUNS], end[PARAM_MAX_RUNS];
+    run_config_stage_runs(&in->run, s, &n_runs, begin, end);
+    for (int k = 0; k < n_runs; k++)
+        for (int l = begin[k]; l < end[k]; l++)
+            sp->moe_layers += model_layer_moe(c, l) != 0;
+    const double tok = (double)in->run.micro_batch * in->run.seq_len, away = (ep - 1.0) / ep;
+    const double layer = 4.0 * away * tok * c->moe.top_k * c->d_model * 4.0 + away * c->moe.experts * 4.0;
+    sp->t_ep_mb = sp->moe_layers * (5.0 * in->hw->latency + layer / link_bw(in->hw, (long)in->run.tp * in->run.ep));
+    sp->ep_bytes = sp->moe_layers * layer * in->run.accum;
+}
+
 /* Tensor and pipeline parallel bytes and time of stage s. */
 static void stage_tp_pp(const plan_in_t *in, int s, stage_plan_t *sp)
 {
@@ -447,6 +473,7 @@ static void plan_stage_time(const plan_in_t *in, int s, stage_plan_t *sp)
 {
     stage_compute(in, s, sp);
     stage_tp_pp(in, s, sp);
+    stage_ep(in, s, sp);
     stage_dp(in, s, sp);
 }
 
@@ -477,10 +504,11 @@ static int plan_compute(const plan_in_t *in, plan_t *p, char *err, size_t errlen
         if (sp->total > p->st[p->worst].total)
             p->worst = s;
         p->hw_flops_step += sp->flops_mb * in->run.accum * in->run.tp * in->run.dp;
-        if (sp->t_comp_mb + sp->t_tp_mb > t_mb) {
-            t_mb = sp->t_comp_mb + sp->t_tp_mb;
+        if (sp->t_comp_mb + sp->t_tp_mb + sp->t_ep_mb > t_mb) {
+            t_mb = sp->t_comp_mb + sp->t_tp_mb + sp->t_ep_mb;
             p->t_compute = in->run.accum * sp->t_comp_mb;
             p->t_tp = in->run.accum * sp->t_tp_mb;
+            p->t_ep = in->run.accum * sp->t_ep_mb;
         }
         const double e = sp->t_dp_exposed + sp->t_embed + sp->t_opt;
         if (e > extra) {
@@ -902,6 +930,12 @@ static void print_perf(const plan_t *p, FILE *out)
                     ? "; the shard all-reduced across the hybrid groups"
                     : "");
     }
+    if (w->ep_bytes > 0)
+        fprintf(out,
+                "  ep  %11s  %d ranks, %s: all-to-all of %d MoE layer%s' tokens, outputs and their gradients per "
+                "microbatch (balanced routing); the experts' gradients go over the %d expert-DP ranks\n",
+                fmt_bytes(b1, sizeof b1, w->ep_bytes), in->run.ep, link_name(hw, tp * in->run.ep), w->moe_layers,
+                w->moe_layers == 1 ? "" : "s", in->run.dp / in->run.ep);
     if (w->embed_bytes > 0)
         fprintf(out, "  embedding  %s  tied wte gradient summed over the first and last stage\n",
                 fmt_bytes(b1, sizeof b1, w->embed_bytes));
@@ -915,6 +949,9 @@ static void print_perf(const plan_t *p, FILE *out)
             fmt_time(b2, sizeof b2, p->t_compute / in->run.accum));
     fprintf(out, "  tp communication %12s  blocking collectives inside each microbatch (exposed)\n",
             fmt_time(b1, sizeof b1, p->t_tp));
+    if (p->t_ep > 0)
+        fprintf(out, "  ep communication %12s  the MoE layers' all-to-alls inside each microbatch (exposed)\n",
+                fmt_time(b1, sizeof b1, p->t_ep));
     if (in->run.pp_kind == PIPE_ZBH1)
         fprintf(out, "  pipeline bubble  %12s  (p-1)/(3m+p-1), zb-h1 with equal F, B and W = %.1f%% of the pipeline's time\n",
                 fmt_time(b1, sizeof b1, p->t_bubble), 100.0 * p->bubble_frac);
@@ -939,7 +976,8 @@ static void print_perf(const plan_t *p, FILE *out)
             fmt_time(b1, sizeof b1, p->t_step), p->tokens_s,
             p->tokens_s / ((double)in->run.tp * in->run.pp * in->run.dp), 100.0 * p->mfu, 100.0 * p->hfu);
     fprintf(out, "  exposed communication %s, bubble %s\n",
-            fmt_time(b1, sizeof b1, p->t_tp + p->t_pp + p->t_dp + p->t_embed), fmt_time(b2, sizeof b2, p->t_bubble));
+            fmt_time(b1, sizeof b1, p->t_tp + p->t_ep + p->t_pp + p->t_dp + p->t_embed),
+            fmt_time(b2, sizeof b2, p->t_bubble));
 }
 
 /* --metrics FILE under --plan: the plan as one JSON object; "mem_peak" is
@@ -979,13 +1017,13 @@ static int write_json(const plan_t *p, const run_options_t *o, const char *path,
     fprintf(f,
             ", \"device_bytes\": %.0f, \"usable_bytes\": %.0f, \"fits\": %d, \"margin_bytes\": %.0f, "
             "\"flops_per_step\": %.0f, \"hw_flops_per_step\": %.0f, \"bytes_sent\": {\"tp\": %.0f, \"pp\": %.0f, "
-            "\"dp\": %.0f, \"embed\": %.0f}, \"step_s\": %.6g, \"compute_s\": %.6g, \"tp_comm_s\": %.6g, "
+            "\"dp\": %.0f, \"embed\": %.0f, \"ep\": %.0f}, \"step_s\": %.6g, \"compute_s\": %.6g, \"tp_comm_s\": %.6g, "
             "\"bubble_s\": %.6g, \"bubble_fraction\": %.6g, \"pp_comm_s\": %.6g, \"dp_comm_exposed_s\": %.6g, "
             "\"optimizer_s\": %.6g, \"tokens_per_s\": %.6g, \"mfu\": %.6g, \"hfu\": %.6g, \"doc_mask\": %d, "
             "\"doc_len\": %d, \"attn_positions\": %.17g, \"attn_flops_per_token\": %.0f, \"offload_fraction\": %g, "
             "\"host_offload_elements\": %zu, \"host_offload_bytes\": %.0f, \"optimizer_host_s\": %.6g}\n",
             in->hw->memory, p->usable, p->fits, p->margin, p->flops_step, p->hw_flops_step, w->tp_bytes, w->pp_bytes,
-            w->dp_bytes, w->embed_bytes, p->t_step, p->t_compute, p->t_tp, p->t_bubble, p->bubble_frac, p->t_pp,
+            w->dp_bytes, w->embed_bytes, w->ep_bytes, p->t_step, p->t_compute, p->t_tp, p->t_bubble, p->bubble_frac, p->t_pp,
             p->t_dp, p->t_opt, p->tokens_s, p->mfu, p->hfu, in->doc_mask, in->doc_len, in->att_T,
             flops_per_token(in->c, in->att_T) - flops_per_token(in->c, 0.0), in->run.offload_fraction, w->n_host,
             w->host_bytes, w->t_opt_host);
