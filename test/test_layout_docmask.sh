@@ -12,7 +12,8 @@
 #    1.2e-3 to 6.7e-3), so a layout that dropped the mask, or GPT-2's
 #    position restart, could not pass;
 #  - tiny (learned positions): tp2 with --sequence-parallel, pp2 (1F1B
-#    with 4 microbatches, and GPipe), dp2, ZeRO-1/2/3 at dp2, tp2 x pp2 x
+#    with 4 microbatches, GPipe, interleaved v2, and zb-h1 x dp2 with
+#    ZeRO-2), dp2, ZeRO-1/2/3 at dp2, tp2 x pp2 x
 #    dp2 with sequence parallelism (8 ranks) against one rank within
 #    layout_compare's tolerances (losses 1e-5, norms and parameters 1e-4);
 #    ZeRO-1 is bit-identical to --zero 0 at dp2 and --recompute selective
@@ -108,6 +109,10 @@ for z in 2 3; do
 done
 layout_run "$TMP/tiny.gpipe.json" 2 $M --pp 2 --pp-schedule gpipe &&
     layout_compare "$ref" "$TMP/tiny.gpipe.json" "tiny --doc-mask pp2 gpipe"
+layout_run "$TMP/tiny.v2.json" 2 $M --pp 2 --pp-schedule interleaved --pp-virtual 2 &&
+    layout_compare "$ref" "$TMP/tiny.v2.json" "tiny --doc-mask pp2 interleaved v2"
+layout_run "$TMP/tiny.zb.json" 4 $M --pp 2 --pp-schedule zb-h1 --zero 2 &&
+    layout_compare "$ref" "$TMP/tiny.zb.json" "tiny --doc-mask pp2 zb-h1 x dp2 --zero 2"
 layout_run "$TMP/tiny.tp2pp2dp2.json" 8 $M --tp 2 --pp 2 --sequence-parallel --bucket-mb 0.05 &&
     layout_compare "$ref" "$TMP/tiny.tp2pp2dp2.json" "tiny --doc-mask tp2 pp2 dp2 sequence-parallel (8 ranks)"
 layout_run "$TMP/tiny.sel.json" 1 $M --recompute selective &&
