@@ -414,8 +414,7 @@ static void layout_acts(model_t *m, char *acts, size_t *acts_bytes, char *work, 
      * (zb-h1 has no warm-up there) and B computes the head's weight
      * gradient too, so one set serves every slot; else one per slot. */
     const int head_shared = m->lay.part.has_head && m->lay.split_backward;
-    model_slot_t head;
-    memset(&head, 0, sizeof head);
+    const model_slot_t *head = NULL; /* the slot holding the shared set */
     for (int k = 0; k < m->lay.n_slots; k++) {
         model_slot_t *sl = m->slots ? &m->slots[k] : &scratch_slot;
         sl->x = carve(acts, &a, (Ls + 1) * NR * C);
@@ -437,15 +436,15 @@ static void layout_acts(model_t *m, char *acts, size_t *acts_bytes, char *work, 
             sl->losses = carve(acts, &a, N);
             sl->xmax = carve(acts, &a, N);
             sl->xstats = carve(acts, &a, 2 * N);
-            head = *sl;
+            head = sl;
         } else if (head_shared) {
-            sl->lnf = head.lnf;
-            sl->lnf_mean = head.lnf_mean;
-            sl->lnf_rstd = head.lnf_rstd;
-            sl->logits = head.logits;
-            sl->losses = head.losses;
-            sl->xmax = head.xmax;
-            sl->xstats = head.xstats;
+            sl->lnf = head->lnf;
+            sl->lnf_mean = head->lnf_mean;
+            sl->lnf_rstd = head->lnf_rstd;
+            sl->logits = head->logits;
+            sl->losses = head->losses;
+            sl->xmax = head->xmax;
+            sl->xstats = head->xstats;
         }
         sl->tokens = (int32_t *)carve(acts, &a, N);
         sl->targets = (int32_t *)carve(acts, &a, N);
@@ -1238,10 +1237,11 @@ static status_t qknorm_grads_reduce(model_t *m, const block_tensors_t *g, int la
 }
 
 /* The matmul output gradient dout[n] of B kept for W (the split
- * backward) at dst; no-op in a whole backward (keep NULL). */
-static void keep_dout(model_t *m, const wdout_at_t *keep, float *dst, const float *dout, size_t n)
+ * backward) at dst; no-op where dst is NULL (a whole backward, or a
+ * gradient B uses itself). */
+static void keep_dout(model_t *m, float *dst, const float *dout, size_t n)
 {
-    if (keep)
+    if (dst)
         m->ops->copy(m->ops->ctx, dst, dout, n * sizeof(float));
 }
 
@@ -1292,7 +1292,7 @@ static status_t block_bwd(model_t *m, model_slot_t *sl, int i, int accum, int la
     const int wg_proj = wg || rc == MODEL_RECOMPUTE_SELECTIVE;
     const float *dout;
     CHECK(dres_all_rows(m, NR, &dout, err, errlen));
-    keep_dout(m, wg_proj ? NULL : keep, keep ? keep->proj : NULL, m->dres, (size_t)NR * C); /* this rank's rows */
+    keep_dout(m, keep && !wg_proj ? keep->proj : NULL, m->dres, (size_t)NR * C); /* this rank's rows */
     if (F > 0 && gpt) {
         mm_dgelu_bwd(m, dfc, wg_proj ? g->wproj : NULL, wg_proj ? g->bproj : NULL, dout, a->fc_act, a->fc_act16, a->fc,
                      w->wproj, N, F, C, accum);
@@ -1301,7 +1301,7 @@ static status_t block_bwd(model_t *m, model_slot_t *sl, int i, int accum, int la
                C, 0, accum);
         o->swiglu_bwd(o->ctx, dfc, a->fc, m->dbig, N, F);
     }
-    keep_dout(m, keep, keep ? keep->fc : NULL, dfc, (size_t)N * layer_fcw(m, i));
+    keep_dout(m, keep ? keep->fc : NULL, dfc, (size_t)N * layer_fcw(m, i));
     if (F > 0)
         mm_bwd(m, m->dln, wg ? g->wfc : NULL, wg ? g->bfc : NULL, dfc, a->ln2, a->ln2_16, w->wfc, N, C,
                layer_fcw(m, i), 0, accum);
@@ -1310,7 +1310,7 @@ static status_t block_bwd(model_t *m, model_slot_t *sl, int i, int accum, int la
     CHECK(norm_bwd_reduce(m, g->ln2w, g->ln2b, a->res2, w->ln2w, a->ln2_mean, a->ln2_rstd, N, NR, accum, err, errlen));
     /* attention: dres becomes dL/dx */
     CHECK(dres_all_rows(m, NR, &dout, err, errlen));
-    keep_dout(m, keep, keep ? keep->o : NULL, m->dres, (size_t)NR * C);
+    keep_dout(m, keep ? keep->o : NULL, m->dres, (size_t)NR * C);
     mm_bwd(m, m->dbig, wg ? g->wo : NULL, wg ? g->bo : NULL, dout, a->atty, NULL, w->wo, N, QD, C, 0, accum);
     o->attention_bwd(o->ctx, m->dbig2, m->dbig, a->qkv, a->atty, a->lse, slot_pos(sl), b, t, NH, NKV, HS);
     if (!gpt)
@@ -1320,7 +1320,7 @@ static status_t block_bwd(model_t *m, model_slot_t *sl, int i, int accum, int la
                       accum);
         CHECK(qknorm_grads_reduce(m, g, last, err, errlen));
     }
-    keep_dout(m, keep, keep ? keep->qkv : NULL, m->dbig2, (size_t)N * qkv_width(m));
+    keep_dout(m, keep ? keep->qkv : NULL, m->dbig2, (size_t)N * qkv_width(m));
     mm_bwd(m, m->dln, wg ? g->wqkv : NULL, wg ? g->bqkv : NULL, m->dbig2, a->ln1, a->ln1_16, w->wqkv, N, C,
            qkv_width(m), 0, accum);
     CHECK(norm_bwd_reduce(m, g->ln1w, g->ln1b, x, w->ln1w, a->ln1_mean, a->ln1_rstd, N, NR, accum, err, errlen));
