@@ -283,12 +283,7 @@ static parse_status_t parse_args(int argc, char **argv, reshard_opts_t *o, int p
     memset(o, 0, sizeof *o);
     o->tokenizer = "auto";
     o->max_shard_bytes = ST_DEFAULT_SHARD_BYTES;
-    const int help = opt_wants_help(argc, argv);
-    if (help == 1 && print)
-        usage(stdout);
-    if (help == 2 && print)
-        printf(PROG " (dtrain) %s\n", PACKAGE_VERSION);
-    if (help)
+    if (opt_answer_help(argc, argv, print, usage, PROG " (dtrain) " PACKAGE_VERSION))
         return PARSE_EXIT_OK;
     if (opt_defaults(&opt_table, o, err, errlen) != 0 ||
         opt_parse_argv(&opt_table, argc, argv, o, NULL, NULL, NULL, err, errlen) != 0)

@@ -158,12 +158,7 @@ static void usage(FILE *f)
 static int parse_args(int argc, char **argv, bench_opts_t *o, char *err, size_t errlen, int print)
 {
     memset(o, 0, sizeof *o);
-    const int help = opt_wants_help(argc, argv);
-    if (help == 1 && print)
-        usage(stdout);
-    if (help == 2 && print)
-        printf(PROG " " PACKAGE_VERSION "\n");
-    if (help)
+    if (opt_answer_help(argc, argv, print, usage, PROG " " PACKAGE_VERSION))
         return 1;
     if (opt_defaults(&opt_table, o, err, errlen) != 0 ||
         opt_parse_argv(&opt_table, argc, argv, o, NULL, NULL, NULL, err, errlen) != 0)

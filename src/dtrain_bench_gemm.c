@@ -185,12 +185,7 @@ static int parse_args(int argc, char **argv, bench_opts_t *o, char *err, size_t 
 {
     memset(o, 0, sizeof *o);
     o->threads = -1;
-    const int help = opt_wants_help(argc, argv);
-    if (help == 1)
-        usage(stdout);
-    if (help == 2)
-        printf(PROG " " PACKAGE_VERSION "\n");
-    if (help)
+    if (opt_answer_help(argc, argv, 1, usage, PROG " " PACKAGE_VERSION))
         return 1;
     if (opt_defaults(&opt_table, o, err, errlen) != 0 ||
         opt_parse_argv(&opt_table, argc, argv, o, NULL, NULL, NULL, err, errlen) != 0)

@@ -269,12 +269,7 @@ static void parse_args(int rank, int argc, char **argv, prep_opts_t *o)
     char err[PREP_ERRLEN];
     int first = argc;
     memset(&a, 0, sizeof a);
-    const int help = opt_wants_help(argc, argv);
-    if (help == 1 && rank == 0)
-        usage(stdout);
-    if (help == 2 && rank == 0)
-        printf(PREP_PROG " (dtrain) %s\n", PACKAGE_VERSION);
-    if (help)
+    if (opt_answer_help(argc, argv, rank == 0, usage, PREP_PROG " (dtrain) " PACKAGE_VERSION))
         finish_exit(0);
     if (opt_defaults(&opt_table, &a, err, sizeof err) != 0 ||
         opt_parse_argv(&opt_table, argc, argv, &a, NULL, NULL, &first, err, sizeof err) != 0)

@@ -145,6 +145,16 @@ int opt_wants_help(int argc, char **argv)
     return 0;
 }
 
+int opt_answer_help(int argc, char **argv, int print, void (*usage)(FILE *), const char *version)
+{
+    const int help = opt_wants_help(argc, argv);
+    if (help == 1 && print)
+        usage(stdout);
+    if (help == 2 && print)
+        printf("%s\n", version);
+    return help != 0;
+}
+
 /* argv[*i] as an option of t with its value (consuming the next argument
  * when it is not attached with '='). NULL with one line in err. */
 static const opt_def_t *next_option(const opt_table_t *t, int argc, char **argv, int *i, const char **value, char *err,

@@ -72,6 +72,11 @@ int opt_defaults(const opt_table_t *t, void *dst, char *err, size_t errlen);
  * wherever they are. */
 int opt_wants_help(int argc, char **argv);
 
+/* Every program's answer to them: when argv holds --help or --version,
+ * prints (where print is set) usage(stdout) or the line version ("dreshard
+ * (dtrain) 0.1.0") and returns 1, the program being done (exit 0); else 0. */
+int opt_answer_help(int argc, char **argv, int print, void (*usage)(FILE *), const char *version);
+
 /* Parses argv[1..] into dst (defaults already set). Positional arguments
  * (when the table allows them) are moved, in order, to the end of argv;
  * *first_pos is the index of the first (argc when none). only, when not

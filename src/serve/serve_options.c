@@ -83,12 +83,7 @@ static void usage(FILE *f)
 serve_opts_status_t serve_opts_parse(serve_opts_t *o, int argc, char **argv, int print, char *err, size_t errlen)
 {
     memset(o, 0, sizeof *o);
-    const int help = opt_wants_help(argc, argv);
-    if (help == 1 && print)
-        usage(stdout);
-    if (help == 2 && print)
-        printf(PROG " " PACKAGE_VERSION "\n");
-    if (help)
+    if (opt_answer_help(argc, argv, print, usage, PROG " " PACKAGE_VERSION))
         return SERVE_OPTS_EXIT_OK;
     if (opt_defaults(&opt_table, o, err, errlen) != 0 ||
         opt_parse_argv(&opt_table, argc, argv, o, NULL, NULL, NULL, err, errlen) != 0)

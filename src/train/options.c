@@ -525,12 +525,7 @@ options_status_t options_parse(run_options_t *o, int argc, char **argv, int prin
     if (opt_defaults(&opt_table, o, err, errlen) != 0)
         return OPTIONS_ERROR;
     /* --help/--version win wherever they are */
-    const int help = opt_wants_help(argc, argv);
-    if (help == 1 && print)
-        print_help(stdout);
-    if (help == 2 && print)
-        printf("dtrain %s\n", PACKAGE_VERSION);
-    if (help)
+    if (opt_answer_help(argc, argv, print, print_help, "dtrain " PACKAGE_VERSION))
         return OPTIONS_EXIT_OK;
     /* --config first, so that the other command-line options override it */
     if (opt_parse_argv(&opt_table, argc, argv, o, "config", NULL, NULL, err, errlen) != 0 ||
