@@ -702,34 +702,64 @@ typedef struct step_times {
     double dt, comm, bubble;
 } step_times_t;
 
+/* DeepSeek-V3's aux-loss-free balancing: every MoE layer's expert bias
+ * moves by the rate toward balance, b_e += rate * sign(mean - load_e),
+ * from load[n_layer][E], the step's assignments over the world (so every
+ * layout moves it alike), and goes to the model's local layers. */
+static void moe_bias_update(trainer_t *tr, const double *load)
+{
+    const model_config_t *c = &tr->cfg;
+    const int E = c->moe.experts;
+    for (int l = 0; l < c->n_layer; l++) {
+        if (!model_layer_moe(c, l))
+            continue;
+        const double *d = load + (size_t)l * E;
+        double mean = 0.0;
+        for (int x = 0; x < E; x++)
+            mean += d[x];
+        mean /= E;
+        for (int x = 0; x < E; x++)
+            tr->moe_bias[(size_t)l * E + x] += c->moe.bias_rate * (float)((d[x] < mean) - (d[x] > mean));
+    }
+    model_moe_bias_set(&tr->model, tr->moe_bias);
+}
+
 /* The MoE layers' routing statistics of the step just run (the model's
  * since model_moe_stats_reset), per model layer over the world: TP rank 0
  * of each stage contributes its layers, each data-parallel replica its
- * own microbatches. Fills r's moe fields (tr->moe_layer holds them).
- * Collective. */
+ * own microbatches. Fills r's moe fields (tr->moe_layer holds them); with
+ * an expert bias and update set, the same reduction brings the expert
+ * loads for moe_bias_update. Collective. */
 enum { MOE_STAT_N = 6 };
-static int moe_step_stats(trainer_t *tr, step_record_t *r, char *err, size_t errlen)
+static int moe_step_stats(trainer_t *tr, step_record_t *r, int update, char *err, size_t errlen)
 {
     const model_t *m = &tr->model;
-    const int L = tr->cfg.n_layer;
-    if (!tr->cfg.moe.experts)
+    const int L = tr->cfg.n_layer, E = tr->cfg.moe.experts;
+    if (!E)
         return 0;
-    if (!tr->moe_layer && !(tr->moe_layer = calloc((size_t)L * (MOE_STAT_N + 5), sizeof *tr->moe_layer)))
+    const size_t nl = tr->moe_bias ? (size_t)L * E : 0; /* [L][E] loads after the sums */
+    if (!tr->moe_layer && !(tr->moe_layer = calloc((size_t)L * (MOE_STAT_N + 5) + nl, sizeof *tr->moe_layer)))
         return status_set(STATUS_FAIL, err, errlen, "out of memory for the MoE statistics of %d layers", L);
-    double *sum = tr->moe_layer, (*out)[4] = (double (*)[4])(sum + (size_t)L * MOE_STAT_N);
-    int *index = (int *)(sum + (size_t)L * (MOE_STAT_N + 4));
-    memset(sum, 0, (size_t)L * MOE_STAT_N * sizeof *sum);
+    double *sum = tr->moe_layer, *load = sum + (size_t)L * MOE_STAT_N;
+    double(*out)[4] = (double(*)[4])(load + nl);
+    int *index = (int *)(load + nl + (size_t)L * 4);
+    memset(sum, 0, ((size_t)L * MOE_STAT_N + nl) * sizeof *sum);
     for (int i = 0; i < m->n_local && tr->grid->tp_rank == 0; i++) {
         const model_moe_stats_t *st = &m->moe_stats[i];
-        double *d = sum + (size_t)param_layout_layer(&m->lay.part, i) * MOE_STAT_N;
+        const int l = param_layout_layer(&m->lay.part, i);
+        double *d = sum + (size_t)l * MOE_STAT_N;
         const double v[MOE_STAT_N] = {st->aux, st->z, st->max_load, st->dropped, st->assigned, st->micro};
         for (int k = 0; k < MOE_STAT_N; k++)
             d[k] += v[k];
+        for (size_t x = 0; x < nl / (size_t)L; x++)
+            load[(size_t)l * E + x] += m->mload_host[(size_t)i * E + x];
     }
     char cerr[COMM_ERR_MAX];
-    if (tr->world->ops->allreduce(tr->world, sum, (size_t)L * MOE_STAT_N, COMM_FP64, COMM_SUM, cerr, sizeof cerr) !=
-        0)
+    if (tr->world->ops->allreduce(tr->world, sum, (size_t)L * MOE_STAT_N + nl, COMM_FP64, COMM_SUM, cerr,
+                                  sizeof cerr) != 0)
         return status_set(STATUS_FAIL, err, errlen, "MoE statistics all-reduce failed: %s", cerr);
+    if (nl && update && tr->cfg.moe.bias_rate > 0)
+        moe_bias_update(tr, load);
     int n = 0;
     for (int l = 0; l < L; l++) {
         const double *d = sum + (size_t)l * MOE_STAT_N;
@@ -742,7 +772,7 @@ static int moe_step_stats(trainer_t *tr, step_record_t *r, char *err, size_t err
         index[n++] = l;
     }
     r->n_moe = n;
-    r->moe_layer = (const double (*)[4])out;
+    r->moe_layer = (const double(*)[4])out;
     r->moe_index = index;
     return 0;
 }
@@ -790,7 +820,7 @@ static int train_step(trainer_t *tr, int step, step_record_t *r, step_times_t *t
                          .tokens_per_s = tokens_step / dt};
     t->dt = dt;
     t->comm = tr->sync.ops->comm_s(&tr->sync) + m->tp_comm_s + m->ep_comm_s + tr->embed_comm_s;
-    return moe_step_stats(tr, r, err, errlen);
+    return moe_step_stats(tr, r, act == SPIKE_GO, err, errlen);
 }
 
 /* The step's compute, exposed communication and bubble, max and mean over
@@ -968,6 +998,7 @@ void trainer_teardown(trainer_t *tr)
     tfevents_close(tr->tb, tb_err, sizeof tb_err);
     straggler_free(&tr->strag);
     free(tr->moe_layer);
+    free(tr->moe_bias);
     free(tr->tok);
     free(tr->tgt);
     free(tr->pos);
