@@ -699,7 +699,7 @@ static int guard_step(trainer_t *tr, int step, double loss, double norm, spike_a
  * tied-embedding sum) and the pipeline bubble (blocked waiting for a
  * neighbour stage). */
 typedef struct step_times {
-    double dt, comm, bubble;
+    double dt, comm, bubble, a2a; /* a2a: the part of comm in the experts' all-to-alls */
 } step_times_t;
 
 /* DeepSeek-V3's aux-loss-free balancing: every MoE layer's expert bias
@@ -820,6 +820,7 @@ static int train_step(trainer_t *tr, int step, step_record_t *r, step_times_t *t
                          .tokens_per_s = tokens_step / dt};
     t->dt = dt;
     t->comm = tr->sync.ops->comm_s(&tr->sync) + m->tp_comm_s + m->ep_comm_s + tr->embed_comm_s;
+    t->a2a = m->ep_comm_s;
     return moe_step_stats(tr, r, act == SPIKE_GO, err, errlen);
 }
 
@@ -830,13 +831,14 @@ static int step_stats(trainer_t *tr, step_record_t *r, const step_times_t *st, c
 {
     const grid_t *g = tr->grid;
     const double dt = st->dt;
-    float t[6] = {(float)(dt - st->comm - st->bubble), (float)st->comm, (float)(st->bubble / dt)}, tmax[3];
+    float t[8] = {(float)(dt - st->comm - st->bubble), (float)st->comm, (float)(st->bubble / dt), (float)st->a2a},
+          tmax[4];
     memcpy(tmax, t, sizeof tmax);
-    memcpy(t + 3, t, sizeof tmax);
+    memcpy(t + 4, t, sizeof tmax);
     char cerr[COMM_ERR_MAX];
     if (g->world_size > 1 &&
-        (g->world->ops->allreduce(g->world, tmax, 3, COMM_FP32, COMM_MAX, cerr, sizeof cerr) != 0 ||
-         g->world->ops->allreduce(g->world, t + 3, 3, COMM_FP32, COMM_SUM, cerr, sizeof cerr) != 0)) {
+        (g->world->ops->allreduce(g->world, tmax, 4, COMM_FP32, COMM_MAX, cerr, sizeof cerr) != 0 ||
+         g->world->ops->allreduce(g->world, t + 4, 4, COMM_FP32, COMM_SUM, cerr, sizeof cerr) != 0)) {
         snprintf(err, errlen, "step %d: timing all-reduce failed: %s", r->step, cerr);
         return -1;
     }
@@ -851,9 +853,11 @@ static int step_stats(trainer_t *tr, step_record_t *r, const step_times_t *st, c
     r->compute_ms_max = 1e3 * tmax[0];
     r->comm_ms = 1e3 * tmax[1];
     r->bubble_max = tmax[2];
-    r->compute_ms_mean = 1e3 * t[3] / g->world_size;
-    r->comm_ms_mean = 1e3 * t[4] / g->world_size;
-    r->bubble_mean = t[5] / g->world_size;
+    r->a2a_ms = 1e3 * tmax[3];
+    r->compute_ms_mean = 1e3 * t[4] / g->world_size;
+    r->comm_ms_mean = 1e3 * t[5] / g->world_size;
+    r->bubble_mean = t[6] / g->world_size;
+    r->a2a_ms_mean = 1e3 * t[7] / g->world_size;
     /* MFU never exceeds 100 %: a step faster than the peak shows the peak
      * was wrong (a probe disturbed by a neighbour, a --peak-gflops too
      * low), and the peak becomes that step's rate from then on */
