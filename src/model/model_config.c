@@ -231,6 +231,25 @@ static const model_preset_t presets[] = {
       .rope_theta = 10000.0f,
       .moe = {.experts = 16, .top_k = 4, .ffn = 64, .every = 1, .first_dense = 1, .router = MOE_ROUTER_SIGMOID,
               .norm_topk = 1, .shared_ffn = 128, .aux_coef = 0.001f}}},
+    /* Qwen2-MoE's shape in small (Qwen1.5-MoE-A2.7B's choices): q/k/v
+     * biases, softmax scores used as they are (norm_topk_prob false),
+     * and a shared expert scaled per token by its sigmoid gate */
+    {"tiny-qwen-moe",
+     "Qwen2-MoE style: Llama with q/k/v biases, 4 layers, 8 experts of width 64, top-2 softmax (not "
+     "renormalised), gated shared expert of width 128",
+     {.arch = ARCH_LLAMA,
+      .vocab_size = 256,
+      .n_layer = 4,
+      .n_head = 4,
+      .n_kv_head = 2,
+      .d_model = 128,
+      .d_ff = 352,
+      .max_seq = 256,
+      .norm_eps = 1e-6f,
+      .rope_theta = 10000.0f,
+      .attn_bias = 1,
+      .moe = {.experts = 8, .top_k = 2, .ffn = 64, .every = 1, .shared_ffn = 128, .shared_gate = 1,
+              .aux_coef = 0.001f}}},
     /* mistralai/Mixtral-8x7B-v0.1's config.json shape; the aux coefficient
      * is transformers' MixtralConfig default */
     {"mixtral-8x7b",
@@ -346,7 +365,8 @@ const char *model_config_extras(const model_config_t *c, char *buf, size_t len)
     if (e->experts)
         snprintf(moe, sizeof moe, " moe=%d/%d layers, %d experts x %d, top-%d %s%s%s%s", model_moe_layers(c),
                  c->n_layer, e->experts, e->ffn, e->top_k, model_moe_router_name(e->router),
-                 e->norm_topk ? " renormalised" : "", e->shared_ffn ? ", shared expert" : "",
+                 e->norm_topk ? " renormalised" : "",
+                 e->shared_ffn ? (e->shared_gate ? ", gated shared expert" : ", shared expert") : "",
                  e->capacity > 0 ? ", capacity-bound" : "");
     snprintf(buf, len, "%s%s%s%s%s%s", hd, c->attn_bias ? " qkv_bias" : "", c->qk_norm ? " qk_norm" : "", scaling,
              c->tie_embed ? " tied_head" : "", moe);
@@ -382,8 +402,8 @@ static int moe_check(const model_config_t *c, char *err, size_t errlen)
 {
     const moe_config_t *e = &c->moe;
     if (e->experts == 0) {
-        if (e->top_k || e->ffn || e->shared_ffn || e->capacity > 0) {
-            snprintf(err, errlen, "--moe-top-k, --moe-ffn, --moe-shared-ffn and --moe-capacity-factor need "
+        if (e->top_k || e->ffn || e->shared_ffn || e->shared_gate || e->capacity > 0) {
+            snprintf(err, errlen, "--moe-top-k, --moe-ffn, --moe-shared-ffn, --moe-shared-gate and --moe-capacity-factor need "
                                   "--moe-experts (this model is dense)");
             return -1;
         }
@@ -402,6 +422,10 @@ static int moe_check(const model_config_t *c, char *err, size_t errlen)
                  "--moe-ffn %d must be positive, --moe-shared-ffn %d not negative, --moe-every %d at least 1 and "
                  "--moe-first-dense %d below the %d layers",
                  e->ffn, e->shared_ffn, e->every, e->first_dense, c->n_layer);
+        return -1;
+    }
+    if (e->shared_gate && e->shared_ffn == 0) {
+        snprintf(err, errlen, "--moe-shared-gate 1 gates the shared expert: it needs --moe-shared-ffn");
         return -1;
     }
     if (!(e->aux_coef >= 0) || !(e->z_coef >= 0) || !(e->capacity >= 0) || e->capacity > 1e4f) {
