@@ -4,7 +4,8 @@
  *   model.safetensors, or model-0000i-of-0000n.safetensors with
  *     model.safetensors.index.json (io/safetensors.h's plan: shards of
  *     --max-shard-size, 5 GB by default)
- *   config.json             GPT2LMHeadModel or LlamaForCausalLM
+ *   config.json             GPT2LMHeadModel, LlamaForCausalLM (Qwen2/Qwen3), or
+ *                           MixtralForCausalLM / Qwen2MoeForCausalLM (hf_moe_family)
  *   generation_config.json  the tokenizer's BOS/EOS ids when known
  *   tokenizer files         gpt2: vocab.json + merges.txt (GPT2Tokenizer) and
  *                           tokenizer.json; tiktoken: tokenizer.json
