@@ -280,7 +280,8 @@ int hf_map_build(const model_config_t *c, hf_format_t fmt, const char *prefix, h
     *n_out = 0;
     if (fmt == HF_FMT_LLMC && (c->arch != ARCH_GPT2 || c->d_ff != 4 * c->d_model || c->moe.experts)) {
         snprintf(err, errlen,
-                 "llm.c model files hold dense GPT-2 models with d_ff = 4 d_model only (this is %s, d_ff %d%s)",
+                 "llm.c model files hold GPT-2 models with d_ff = 4 d_model only, and no experts (this is %s, d_ff "
+                 "%d%s)",
                  model_arch_name(c->arch), c->d_ff, c->moe.experts ? ", a mixture of experts" : "");
         return -1;
     }

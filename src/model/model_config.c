@@ -403,8 +403,9 @@ static int moe_check(const model_config_t *c, char *err, size_t errlen)
     const moe_config_t *e = &c->moe;
     if (e->experts == 0) {
         if (e->top_k || e->ffn || e->shared_ffn || e->shared_gate || e->capacity > 0) {
-            snprintf(err, errlen, "--moe-top-k, --moe-ffn, --moe-shared-ffn, --moe-shared-gate and --moe-capacity-factor need "
-                                  "--moe-experts (this model is dense)");
+            snprintf(err, errlen,
+                     "--moe-top-k, --moe-ffn, --moe-shared-ffn, --moe-shared-gate and --moe-capacity-factor need "
+                     "--moe-experts (this model is dense)");
             return -1;
         }
         return 0;
