@@ -316,6 +316,15 @@ typedef struct ops {
     void (*moe_route_bwd)(void *ctx, float *dlogits, const float *dgate, const float *logits, const float *scores,
                           const float *lse, const int32_t *idx, const float *auxw, float zw, int N, int E, int K,
                           int sigmoid, int norm_topk);
+    /* The shared expert's gate (Qwen2-MoE's shared_expert_gate), per token:
+     * s[N] holds the gate's logits x . w_gate on entry and their sigmoids
+     * on return; out[n, :] = s[n] * y[n, :] (written; out may be y). */
+    void (*moe_shared_gate_fwd)(void *ctx, float *out, float *s, const float *y, int N, int C);
+    /* Its backward: dy[n, :] = s[n] * dout[n, :] (written) and dz[n] =
+     * s[n] (1 - s[n]) (dout[n, :] . y[n, :]) (written), the gradient at the
+     * logit (a partial sum where y is one TP rank's partial output). */
+    void (*moe_shared_gate_bwd)(void *ctx, float *dy, float *dz, const float *dout, const float *y, const float *s,
+                                int N, int C);
 
     /* bf16 casts, elementwise over n elements; bf16 is stored as its 16-bit
      * pattern (uint16_t, 2 bytes per element), fp32 as float (4 bytes).

@@ -11,7 +11,12 @@
 # between layouts (a reduction order) that moves one token's k-th choice
 # across a near-tie changes the loss by ~1e-4 from that step on; measured
 # on tiny-moe, tp2 and pp2 stay within 1e-7 of one rank for 12 steps and
-# first flip at step 13. The same layout twice is bit-identical, and so
+# first flip at step 13. tiny-qwen-moe (Qwen2-MoE's shape: q/k/v biases,
+# softmax top-2 not renormalised, a shared expert under its sigmoid gate,
+# --moe-shared-gate) trains the same model at tp2 with and without
+# sequence parallelism, pp2, dp2 with ZeRO-3 and ep2, and --recompute
+# full and selective equal none bit for bit (the gate's tensors are kept
+# in the slot). The same layout twice is bit-identical, and so
 # are --recompute full and none; a checkpoint written at tp2 x pp2
 # resumes at one rank; zb-h1 equals 1f1b bit for bit; bad MoE options
 # exit 2 with one line.
@@ -47,6 +52,15 @@ moe_layouts top2 --model tiny-moe
 moe_layouts top1 --model tiny-moe --moe-top-k 1
 moe_layouts cap --model tiny-moe --moe-capacity-factor 1
 moe_layouts deepseek --model tiny-deepseek-moe --moe-z-coef 0.001
+moe_layouts qwen --model tiny-qwen-moe
+layout_run "$TMP/qwen.tp2nosp.json" 2 $S --model tiny-qwen-moe --tp 2 &&
+    layout_compare "$TMP/qwen.1.json" "$TMP/qwen.tp2nosp.json" "qwen tp2"
+layout_run "$TMP/qwen.ep2.json" 2 $S --model tiny-qwen-moe --ep 2 &&
+    layout_compare "$TMP/qwen.1.json" "$TMP/qwen.ep2.json" "qwen ep2"
+for rc in full selective; do
+    layout_run "$TMP/qwen.$rc.json" 1 $S --model tiny-qwen-moe --recompute $rc &&
+        layout_twice "$TMP/qwen.1.json" "$TMP/qwen.$rc.json" "tiny-qwen-moe --recompute $rc vs none:"
+done
 layout_run "$TMP/top2.v2.json" 2 $S --model tiny-moe --pp 2 --pp-schedule interleaved --pp-virtual 2 &&
     layout_compare "$TMP/top2.1.json" "$TMP/top2.v2.json" "top2 pp2 interleaved v2"
 layout_run "$TMP/top2.z1.json" 4 $S --model tiny-moe --tp 2 --zero 1 &&
@@ -77,7 +91,7 @@ layout_run "$TMP/ck.json" 4 $S --model tiny-moe --tp 2 --pp 2 --ckpt-dir "$TMP/c
 
 # ---- zb-h1: B computes the experts' weight gradients, W the dense and
 # shared-expert matmuls' from the same operands: the 1f1b run bit for bit ----
-for model in tiny-moe tiny-deepseek-moe; do
+for model in tiny-moe tiny-deepseek-moe tiny-qwen-moe; do
     layout_run "$TMP/$model.zb1f1b.json" 2 $S --model $model --pp 2 &&
         layout_run "$TMP/$model.zb.json" 2 $S --model $model --pp 2 --pp-schedule zb-h1 &&
         layout_compare "$TMP/$model.zb1f1b.json" "$TMP/$model.zb.json" "$model pp2 zb-h1 vs 1f1b" 1e-12 1e-12 1e-12
@@ -91,4 +105,5 @@ B="$DTRAIN $(tiny_args) --steps 1"
 expect_exit2 "--moe-top-k 9 must be between 1 and --moe-experts 8" $B --model tiny-moe --moe-top-k 9
 expect_exit2 "need --moe-experts" $B --model tiny --moe-capacity-factor 1.25
 expect_exit2 "--moe-experts 1: a mixture needs 2 to 4096 experts" $B --model tiny --moe-experts 1
+expect_exit2 "--moe-shared-gate 1 gates the shared expert: it needs --moe-shared-ffn" $B --model tiny-moe --moe-shared-gate 1
 finish

@@ -9,12 +9,17 @@
  *   aux = E sum_e f_e P_e (f_e: the expert's share of the N*K
  *   assignments, P_e the mean over tokens of p[n,e], p the softmax
  *   scores or the sigmoid scores over their sum); z = mean lse(logits)^2;
+ *   with a gated shared expert (--moe-shared-gate, Qwen2-MoE's):
+ *   out[n] += sigmoid(x_n . wg) (Ws2 act(Ws1 x_n + bs1) + bs2);
  *   L = sum(out o R) + dloss (aux_coef aux + z_coef z).
  * Checks the forward output and the two losses (relative 1e-5), and the
  * gradients of L with respect to the tokens, the router and every expert
  * tensor against central finite differences of the reference (relative
  * 1e-4), for GPT-2 (GELU, biases) and Llama (SwiGLU) experts, softmax and
- * sigmoid routers, with and without renormalisation and capacity.
+ * sigmoid routers, with and without renormalisation and capacity, and
+ * the shared expert's gate and weights (their backward composed as
+ * src/model/model.c composes it: the gate's output gradient into the
+ * shared MLP's backward, the gate's weight from its logits' gradient).
  * With a file argument it also writes one case's tokens, router and the
  * losses moe_fwd reported, for test/moe_losses.py's float64 check.
  * Exits 1 if any check fails. */
@@ -76,15 +81,17 @@ static float *frandv(size_t n, float scale)
 typedef struct cfg {
     int gpt, sigmoid, norm_topk;
     float capacity;
+    int sgate; /* a shared expert of width FS with its sigmoid gate */
 } case_t;
 
-enum { B = 2, T = 6, N = B * T, C = 5, E = 4, K = 2, FE = 3 };
+enum { B = 2, T = 6, N = B * T, C = 5, E = 4, K = 2, FE = 3, FS = 4 };
 static const double AUX = 0.3, ZC = 0.2, DLOSS = 0.7;
 
 /* The reference's inputs in double: x [N,C] then the tensors */
 typedef struct ref {
     case_t k;
     double *x, *router, *w1, *b1, *w2, *b2, *R;
+    double *ws1, *bs1, *ws2, *bs2, *wg; /* the gated shared expert (sgate) */
     double out[N * C], aux, z;
 } ref_t;
 
@@ -109,6 +116,30 @@ static void ref_expert(const ref_t *r, int e, const double *x, double *y)
         for (int f = 0; f < FE; f++)
             s += r->w2[((size_t)e * C + c) * FE + f] * a[f];
         y[c] = s;
+    }
+}
+
+/* The gated shared expert's output for token row x, added to y[C]. */
+static void ref_shared(const ref_t *r, const double *x, double *y)
+{
+    const int FW = r->k.gpt ? FS : 2 * FS;
+    double h[2 * FS], a[FS], z = 0.0;
+    for (int c = 0; c < C; c++)
+        z += r->wg[c] * x[c];
+    const double g = 1.0 / (1.0 + exp(-z));
+    for (int f = 0; f < FW; f++) {
+        double s = r->k.gpt ? r->bs1[f] : 0.0;
+        for (int c = 0; c < C; c++)
+            s += r->ws1[(size_t)f * C + c] * x[c];
+        h[f] = s;
+    }
+    for (int f = 0; f < FS; f++)
+        a[f] = r->k.gpt ? gelu(h[f]) : silu(h[f]) * h[FS + f];
+    for (int c = 0; c < C; c++) {
+        double s = r->k.gpt ? r->bs2[c] : 0.0;
+        for (int f = 0; f < FS; f++)
+            s += r->ws2[(size_t)c * FS + f] * a[f];
+        y[c] += g * s;
     }
 }
 
@@ -179,6 +210,8 @@ static double ref_loss(void *p)
             for (int c = 0; c < C; c++)
                 r->out[n * C + c] += g * y[c];
         }
+        if (r->k.sgate)
+            ref_shared(r, r->x + n * C, r->out + n * C);
         double ssum = 0.0;
         for (int e = 0; e < E; e++)
             ssum += s[n][e];
@@ -247,12 +280,52 @@ static void check_grad(const char *label, const char *what, ref_t *r, double *v,
     check(name, rel_err(got, g, n), BWD_TOL);
 }
 
+/* The gated shared expert as src/model/model.c runs a MoE layer's (its
+ * forward into a->sy, gated into the layer's output out[N,C]; its
+ * backward from the gated output gradient), on the ops: */
+static void shared_fwd(model_t *m, moe_acts_t *a, const block_tensors_t *w, const float *x, float *out, int FSW)
+{
+    const ops_t *o = m->ops;
+    float *h = xcalloc((size_t)N * FSW, 4), *act = xcalloc((size_t)N * FS, 4), *gated = xcalloc((size_t)N * C, 4);
+    o->matmul_fwd(o->ctx, h, x, w->wfc, w->bfc, N, C, FSW);
+    if (m->cfg.arch == ARCH_GPT2)
+        o->gelu_fwd(o->ctx, act, h, (size_t)N * FS);
+    else
+        o->swiglu_fwd(o->ctx, act, h, N, FS);
+    o->matmul_fwd(o->ctx, a->sy, act, w->wproj, w->bproj, N, FS, C);
+    moe_shared_gate_fwd(m, a, w, x, a->sy, gated, N);
+    o->add(o->ctx, out, out, gated, (size_t)N * C);
+}
+
+/* dx (+)= its part of dL/dx from dout = R, the weight gradients into g */
+static void shared_bwd(model_t *m, const moe_acts_t *a, const block_tensors_t *w, const block_tensors_t *g,
+                       const float *x, const float *dout, float *dx, int FSW)
+{
+    const ops_t *o = m->ops;
+    const int gpt = m->cfg.arch == ARCH_GPT2;
+    float *h = xcalloc((size_t)N * FSW, 4), *act = xcalloc((size_t)N * FS, 4), *dact = xcalloc((size_t)N * FS, 4);
+    float *dh = xcalloc((size_t)N * FSW, 4);
+    o->matmul_fwd(o->ctx, h, x, w->wfc, w->bfc, N, C, FSW);
+    if (gpt)
+        o->gelu_fwd(o->ctx, act, h, (size_t)N * FS);
+    else
+        o->swiglu_fwd(o->ctx, act, h, N, FS);
+    moe_shared_gate_bwd(m, a, dout, N);
+    o->matmul_bwd(o->ctx, dact, g->wproj, gpt ? g->bproj : NULL, m->msdy, act, w->wproj, N, FS, C, 0, 0);
+    if (gpt)
+        o->gelu_bwd(o->ctx, dh, h, dact, (size_t)N * FS);
+    else
+        o->swiglu_bwd(o->ctx, dh, h, dact, N, FS);
+    o->matmul_bwd(o->ctx, dx, g->wfc, gpt ? g->bfc : NULL, dh, x, w->wfc, N, C, FSW, 1, 0);
+    moe_shared_gate_bwd_weight(m, w, g, x, dx, 1, 0, N);
+}
+
 static void run_case(const ops_t *ops, case_t k, const char *dump)
 {
-    const int FW = k.gpt ? FE : 2 * FE, NK = N * K, wide = FW > C ? FW : C;
+    const int FW = k.gpt ? FE : 2 * FE, NK = N * K, wide = FW > C ? FW : C, FSW = k.gpt ? FS : 2 * FS;
     char label[96];
-    snprintf(label, sizeof label, "%s %s%s%s", k.gpt ? "gpt2" : "llama", k.sigmoid ? "sigmoid" : "softmax",
-             k.norm_topk ? " norm" : "", k.capacity > 0 ? " capacity" : "");
+    snprintf(label, sizeof label, "%s %s%s%s%s", k.gpt ? "gpt2" : "llama", k.sigmoid ? "sigmoid" : "softmax",
+             k.norm_topk ? " norm" : "", k.capacity > 0 ? " capacity" : "", k.sgate ? " gated-shared" : "");
     model_t m;
     memset(&m, 0, sizeof m);
     m.ops = ops;
@@ -266,7 +339,9 @@ static void run_case(const ops_t *ops, case_t k, const char *dump)
                                .norm_topk = k.norm_topk,
                                .aux_coef = (float)AUX,
                                .z_coef = (float)ZC,
-                               .capacity = k.capacity};
+                               .capacity = k.capacity,
+                               .shared_ffn = k.sgate ? FS : 0,
+                               .shared_gate = k.sgate};
     m.lay.part.tp_size = 1;
     m.mx = xcalloc((size_t)NK * C, sizeof(float));
     m.md1 = xcalloc((size_t)NK * wide, sizeof(float));
@@ -275,6 +350,8 @@ static void run_case(const ops_t *ops, case_t k, const char *dump)
     m.mdlogits = xcalloc((size_t)N * E, sizeof(float));
     m.mstats = xcalloc(2 * E + 2, sizeof(float));
     m.mstats_host = xcalloc(2 * E + 2, sizeof(float));
+    m.msdy = xcalloc((size_t)N * C, sizeof(float));
+    m.msdz = xcalloc(N, sizeof(float));
     moe_acts_t a = {.logits = xcalloc((size_t)N * E, 4),
                     .scores = xcalloc((size_t)N * E, 4),
                     .lse = xcalloc(N, 4),
@@ -287,18 +364,30 @@ static void run_case(const ops_t *ops, case_t k, const char *dump)
                     .ae = xcalloc((size_t)NK * FE, 4),
                     .ye = xcalloc((size_t)NK * C, 4),
                     .auxw = xcalloc(E, 4),
-                    .hoffs = xcalloc(E + 1, 4)};
+                    .hoffs = xcalloc(E + 1, 4),
+                    .sgate = xcalloc(N, 4),
+                    .sy = xcalloc((size_t)N * C, 4)};
     float *x = frandv((size_t)N * C, 1.0f), *R = frandv((size_t)N * C, 1.0f);
     block_tensors_t w = {.router = frandv((size_t)E * C, 1.5f),
                          .ewfc = frandv((size_t)E * FW * C, 0.8f),
                          .ebfc = k.gpt ? frandv((size_t)E * FE, 0.5f) : NULL,
                          .ewproj = frandv((size_t)E * C * FE, 0.8f),
-                         .ebproj = k.gpt ? frandv((size_t)E * C, 0.5f) : NULL};
+                         .ebproj = k.gpt ? frandv((size_t)E * C, 0.5f) : NULL,
+                         .wfc = k.sgate ? frandv((size_t)FSW * C, 0.8f) : NULL,
+                         .bfc = k.sgate && k.gpt ? frandv(FS, 0.5f) : NULL,
+                         .wproj = k.sgate ? frandv((size_t)C * FS, 0.8f) : NULL,
+                         .bproj = k.sgate && k.gpt ? frandv(C, 0.5f) : NULL,
+                         .sgate = k.sgate ? frandv(C, 1.0f) : NULL};
     block_tensors_t g = {.router = xcalloc((size_t)E * C, 4),
                          .ewfc = xcalloc((size_t)E * FW * C, 4),
                          .ebfc = k.gpt ? xcalloc((size_t)E * FE, 4) : NULL,
                          .ewproj = xcalloc((size_t)E * C * FE, 4),
-                         .ebproj = k.gpt ? xcalloc((size_t)E * C, 4) : NULL};
+                         .ebproj = k.gpt ? xcalloc((size_t)E * C, 4) : NULL,
+                         .wfc = xcalloc((size_t)FSW * C, 4),
+                         .bfc = xcalloc(FS, 4),
+                         .wproj = xcalloc((size_t)C * FS, 4),
+                         .bproj = xcalloc(C, 4),
+                         .sgate = xcalloc(C, 4)};
     float *out = xcalloc((size_t)N * C, 4), *dx = xcalloc((size_t)N * C, 4);
     model_moe_stats_t st = {0};
     char err[256];
@@ -313,6 +402,10 @@ static void run_case(const ops_t *ops, case_t k, const char *dump)
         return;
     }
     moe_bwd_router(&m, &a, &w, &g, x, dx, 1, 0, N);
+    if (k.sgate) {
+        shared_fwd(&m, &a, &w, x, out, FSW);
+        shared_bwd(&m, &a, &w, &g, x, R, dx, FSW);
+    }
     ref_t r = {.k = k,
                .x = todouble(x, (size_t)N * C),
                .router = todouble(w.router, (size_t)E * C),
@@ -320,7 +413,12 @@ static void run_case(const ops_t *ops, case_t k, const char *dump)
                .b1 = k.gpt ? todouble(w.ebfc, (size_t)E * FE) : NULL,
                .w2 = todouble(w.ewproj, (size_t)E * C * FE),
                .b2 = k.gpt ? todouble(w.ebproj, (size_t)E * C) : NULL,
-               .R = todouble(R, (size_t)N * C)};
+               .R = todouble(R, (size_t)N * C),
+               .ws1 = k.sgate ? todouble(w.wfc, (size_t)FSW * C) : NULL,
+               .bs1 = k.sgate && k.gpt ? todouble(w.bfc, FS) : NULL,
+               .ws2 = k.sgate ? todouble(w.wproj, (size_t)C * FS) : NULL,
+               .bs2 = k.sgate && k.gpt ? todouble(w.bproj, C) : NULL,
+               .wg = k.sgate ? todouble(w.sgate, C) : NULL};
     ref_loss(&r);
     char name[128];
     snprintf(name, sizeof name, "%s forward output", label);
@@ -339,6 +437,15 @@ static void run_case(const ops_t *ops, case_t k, const char *dump)
     if (k.gpt) {
         check_grad(label, "expert fc bias", &r, r.b1, g.ebfc, (size_t)E * FE);
         check_grad(label, "expert proj bias", &r, r.b2, g.ebproj, (size_t)E * C);
+    }
+    if (k.sgate) {
+        check_grad(label, "shared gate", &r, r.wg, g.sgate, C);
+        check_grad(label, "shared fc", &r, r.ws1, g.wfc, (size_t)FSW * C);
+        check_grad(label, "shared proj", &r, r.ws2, g.wproj, (size_t)C * FS);
+        if (k.gpt) {
+            check_grad(label, "shared fc bias", &r, r.bs1, g.bfc, FS);
+            check_grad(label, "shared proj bias", &r, r.bs2, g.bproj, C);
+        }
     }
     FILE *f = dump ? fopen(dump, "w") : NULL;
     if (f) { /* N C E K sigmoid, x, router, then moe_fwd's two losses */
@@ -366,6 +473,8 @@ int main(int argc, char **argv)
         {.gpt = 1, .sigmoid = 1, .norm_topk = 0},
         {.gpt = 1, .norm_topk = 1, .capacity = 0.5f},
         {.gpt = 0, .sigmoid = 1, .norm_topk = 1, .capacity = 0.5f},
+        {.gpt = 0, .norm_topk = 0, .sgate = 1},
+        {.gpt = 1, .norm_topk = 1, .sgate = 1},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         run_case(ops, cases[i], i == 0 && argc > 1 ? argv[1] : NULL);

@@ -1209,6 +1209,8 @@ static const ops_t cpu_ops = {
     .moe_combine_bwd = cpu_moe_combine_bwd,
     .moe_scatter_bwd = cpu_moe_scatter_bwd,
     .moe_route_bwd = cpu_moe_route_bwd,
+    .moe_shared_gate_fwd = cpu_moe_shared_gate_fwd,
+    .moe_shared_gate_bwd = cpu_moe_shared_gate_bwd,
 };
 
 const ops_t *ops_cpu_create(void)

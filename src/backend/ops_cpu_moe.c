@@ -308,3 +308,33 @@ void cpu_moe_route_bwd(void *ctx, float *dlogits, const float *dgate, const floa
         route_token_bwd(dlogits + (size_t)n * E, dgate + (size_t)n * K, logits + (size_t)n * E,
                         scores + (size_t)n * E, lse[n], idx + (size_t)n * K, auxw, zw, E, K, sigmoid, norm_topk);
 }
+
+void cpu_moe_shared_gate_fwd(void *ctx, float *out, float *s, const float *y, int N, int C)
+{
+    (void)ctx;
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float g = 1.0f / (1.0f + expf(-s[n]));
+        const float *yn = y + (size_t)n * C;
+        float *o = out + (size_t)n * C;
+        s[n] = g;
+        for (int c = 0; c < C; c++)
+            o[c] = g * yn[c];
+    }
+}
+
+void cpu_moe_shared_gate_bwd(void *ctx, float *dy, float *dz, const float *dout, const float *y, const float *s, int N,
+                             int C)
+{
+    (void)ctx;
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *d = dout + (size_t)n * C, *yn = y + (size_t)n * C;
+        float *o = dy + (size_t)n * C, dot = 0.0f;
+        for (int c = 0; c < C; c++) { /* in order: the same bits at every thread count */
+            dot += d[c] * yn[c];
+            o[c] = s[n] * d[c];
+        }
+        dz[n] = s[n] * (1.0f - s[n]) * dot;
+    }
+}

@@ -21,5 +21,8 @@ void cpu_moe_scatter_bwd(void *ctx, float *dx, const float *dxe, const int32_t *
 void cpu_moe_route_bwd(void *ctx, float *dlogits, const float *dgate, const float *logits, const float *scores,
                        const float *lse, const int32_t *idx, const float *auxw, float zw, int N, int E, int K,
                        int sigmoid, int norm_topk);
+void cpu_moe_shared_gate_fwd(void *ctx, float *out, float *s, const float *y, int N, int C);
+void cpu_moe_shared_gate_bwd(void *ctx, float *dy, float *dz, const float *dout, const float *y, const float *s, int N,
+                             int C);
 
 #endif

@@ -914,6 +914,38 @@ static void d_moe_route_bwd(void *ctx, float *dlogits, const float *dgate, const
           sizeof(moe_route_bwd_args_t));
 }
 
+typedef struct {
+    float *out, *s;
+    const float *y;
+    int N, C;
+} moe_sgate_args_t;
+static void r_moe_shared_gate_fwd(const ops_t *b, const void *a_)
+{
+    const moe_sgate_args_t *a = a_;
+    b->moe_shared_gate_fwd(b->ctx, a->out, a->s, a->y, a->N, a->C);
+}
+static void d_moe_shared_gate_fwd(void *ctx, float *out, float *s, const float *y, int N, int C)
+{
+    defer(ctx, r_moe_shared_gate_fwd, &(moe_sgate_args_t){out, s, y, N, C}, sizeof(moe_sgate_args_t));
+}
+
+typedef struct {
+    float *dy, *dz;
+    const float *dout, *y, *s;
+    int N, C;
+} moe_sgate_bwd_args_t;
+static void r_moe_shared_gate_bwd(const ops_t *b, const void *a_)
+{
+    const moe_sgate_bwd_args_t *a = a_;
+    b->moe_shared_gate_bwd(b->ctx, a->dy, a->dz, a->dout, a->y, a->s, a->N, a->C);
+}
+static void d_moe_shared_gate_bwd(void *ctx, float *dy, float *dz, const float *dout, const float *y, const float *s,
+                                  int N, int C)
+{
+    defer(ctx, r_moe_shared_gate_bwd, &(moe_sgate_bwd_args_t){dy, dz, dout, y, s, N, C},
+          sizeof(moe_sgate_bwd_args_t));
+}
+
 /* Runs what is queued, then ends the base table and this one. */
 static void d_release(void *ctx)
 {
@@ -979,6 +1011,8 @@ static const ops_t defer_ops = {
     .moe_combine_bwd = d_moe_combine_bwd,
     .moe_scatter_bwd = d_moe_scatter_bwd,
     .moe_route_bwd = d_moe_route_bwd,
+    .moe_shared_gate_fwd = d_moe_shared_gate_fwd,
+    .moe_shared_gate_bwd = d_moe_shared_gate_bwd,
 };
 
 const ops_t *ops_defer_create(const ops_t *base)

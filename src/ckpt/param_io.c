@@ -50,6 +50,8 @@ int param_io_model_attrs(const model_config_t *cfg, h5store_attr_t *out)
         out[n++] = (h5store_attr_t){.key = "moe_router", .type = H5STORE_STR, .s = model_moe_router_name(e->router)};
         out[n++] = (h5store_attr_t){.key = "moe_norm_topk", .type = H5STORE_INT, .i = e->norm_topk};
         out[n++] = (h5store_attr_t){.key = "moe_shared_ffn", .type = H5STORE_INT, .i = e->shared_ffn};
+        if (e->shared_gate) /* only when set: files of ungated mixtures keep the attributes they had */
+            out[n++] = (h5store_attr_t){.key = "moe_shared_gate", .type = H5STORE_INT, .i = e->shared_gate};
     }
     if (cfg->rope_scaling != ROPE_SCALING_NONE) {
         out[n++] = (h5store_attr_t){
@@ -162,6 +164,16 @@ static int read_moe(h5store_t *h, moe_config_t *e, const char *path, char *err, 
         return -1;
     }
     e->router = (moe_router_t)r;
+    if (h5store_has_attr(h, "moe_shared_gate")) {
+        int64_t v;
+        if (h5store_get_int(h, "moe_shared_gate", &v, err, errlen) != 0)
+            return -1;
+        if (v != 0 && v != 1) {
+            snprintf(err, errlen, "%s: attribute moe_shared_gate = %lld is not 0 or 1", path, (long long)v);
+            return -1;
+        }
+        e->shared_gate = (int)v;
+    }
     return 0;
 }
 
@@ -283,6 +295,13 @@ int param_io_check_model(h5store_t *h, const model_config_t *cfg, const char *pa
     if (in_file.moe.experts != cfg->moe.experts) {
         snprintf(err, errlen, "%s holds a model with %d experts per MoE layer, this run's has %d (same --model and --moe-* options as the run that wrote it?)",
                  path, in_file.moe.experts, cfg->moe.experts);
+        return -1;
+    }
+    if (in_file.moe.shared_gate != cfg->moe.shared_gate) {
+        snprintf(err, errlen,
+                 "%s holds a model with moe_shared_gate %d, this run's has %d (same --model and --moe-* options as the "
+                 "run that wrote it?)",
+                 path, in_file.moe.shared_gate, cfg->moe.shared_gate);
         return -1;
     }
     if (in_file.head_dim != cfg->head_dim || in_file.attn_bias != cfg->attn_bias || in_file.qk_norm != cfg->qk_norm ||

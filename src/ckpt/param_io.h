@@ -29,7 +29,7 @@ typedef struct param_io_group {
  * rope_scaling with its parameters: absent means none): fills out[] (at
  * least PARAM_IO_MODEL_ATTRS entries), returns the count. The strings
  * point into cfg or are static. */
-#define PARAM_IO_MODEL_ATTRS 27
+#define PARAM_IO_MODEL_ATTRS 28
 int param_io_model_attrs(const model_config_t *cfg, h5store_attr_t *out);
 
 /* The data's tokenizer as the attributes "tokenizer" (its spec) and

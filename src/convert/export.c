@@ -53,7 +53,7 @@ static void describe_output(const hf_map_t *map, int first, int count, export_ou
     o->count = count;
     for (int k = first; k < first + count; k++) {
         const hf_map_t *e = &map[k];
-        int64_t end = e->ndim == 1 ? 1 : (e->flags & HF_MAP_TRANSPOSE) ? o->rows : e->off + e->shape[0];
+        int64_t end = e->ndim == 1 ? 1 : (e->flags & HF_MAP_TRANSPOSE) ? o->rows : e->off + e->nrows;
         if (end > o->covered)
             o->covered = end;
         if ((e->flags & HF_MAP_ROPE) && e->head_size > o->align)
@@ -132,7 +132,7 @@ static void align_to_records(const hf_map_t *map, export_out_t *o, h5store_t *h)
             o->align = o->covered;
             return;
         }
-        const int64_t rows = t->chunk[0] > 0 && t->chunk[0] < e->shape[0] ? t->chunk[0] : e->shape[0];
+        const int64_t rows = t->chunk[0] > 0 && t->chunk[0] < e->nrows ? t->chunk[0] : e->nrows;
         o->align = o->align / gcd64(o->align, rows) * rows;
     }
     if (o->align > o->covered)
@@ -186,8 +186,8 @@ static int plan_tiles(const export_out_t *o, int n_out, int nranks, int64_t tile
 /* ---- the dtrain blocks of a tile ------------------------------------------ */
 
 /* The block of dtrain tensor e that tile rows [r0, r0+nr) of its output
- * take: start/count in dtrain's logical coordinates. 0 when the tile takes
- * nothing of e. */
+ * take: start/count in dtrain's logical coordinates (output row off + i
+ * is dtrain row row0 + i). 0 when the tile takes nothing of e. */
 static int entry_block(const hf_map_t *e, int64_t r0, int64_t nr, int64_t start[2], int64_t count[2])
 {
     if (e->ndim == 1) { /* the whole vector, into the output's one row */
@@ -204,10 +204,10 @@ static int entry_block(const hf_map_t *e, int64_t r0, int64_t nr, int64_t start[
         return 1;
     }
     const int64_t lo = r0 > e->off ? r0 : e->off;
-    const int64_t hi = r0 + nr < e->off + e->shape[0] ? r0 + nr : e->off + e->shape[0];
+    const int64_t hi = r0 + nr < e->off + e->nrows ? r0 + nr : e->off + e->nrows;
     if (lo >= hi)
         return 0;
-    start[0] = lo - e->off;
+    start[0] = e->row0 + lo - e->off;
     start[1] = 0;
     count[0] = hi - lo;
     count[1] = e->shape[1];
@@ -308,8 +308,8 @@ static void assemble_tile(const hf_map_t *map, const export_out_t *o, const tile
                 hf_rope_to_hf(rows + e->off, count[0], 1, e->head_size, head);
         } else if (e->flags & HF_MAP_TRANSPOSE) { /* blk [R][nr] -> rows[j][off + i] */
             dt_transpose_f32(b->p, count[0], count[1], b->ld, rows + e->off, cols);
-        } else { /* blk [n][cols] -> rows [e->off + start - r0, ...), RoPE's order there */
-            float *dst = rows + (e->off + start[0] - t->r0) * cols;
+        } else { /* blk [n][cols] -> rows [e->off + start - row0 - r0, ...), RoPE's order there */
+            float *dst = rows + (e->off + start[0] - e->row0 - t->r0) * cols;
             copy_rows(dst, b->p, count[0], cols, b->ld);
             if (e->flags & HF_MAP_ROPE)
                 hf_rope_to_hf(dst, count[0], count[1], e->head_size, head);

@@ -4,7 +4,8 @@
  *   model.safetensors, or model-0000i-of-0000n.safetensors with
  *     model.safetensors.index.json (io/safetensors.h's plan: shards of
  *     --max-shard-size, 5 GB by default)
- *   config.json             GPT2LMHeadModel or LlamaForCausalLM
+ *   config.json             GPT2LMHeadModel, LlamaForCausalLM (Qwen2/Qwen3), or
+ *                           MixtralForCausalLM / Qwen2MoeForCausalLM (hf_moe_family)
  *   generation_config.json  the tokenizer's BOS/EOS ids when known
  *   tokenizer files         gpt2: vocab.json + merges.txt (GPT2Tokenizer) and
  *                           tokenizer.json; tiktoken: tokenizer.json
@@ -289,6 +290,8 @@ static json_t *rope_scaling_json(const model_config_t *c)
     return j;
 }
 
+static json_t *moe_config(const model_config_t *c, json_t *j, int family);
+
 static json_t *llama_config(const model_config_t *c, const hf_state_t *s, export_dtype_t d)
 {
     json_t *j = json_object();
@@ -322,6 +325,46 @@ static json_t *llama_config(const model_config_t *c, const hf_state_t *s, export
     json_object_set_new(j, "eos_token_id", id_or_null(s->eos));
     json_object_set_new(j, "torch_dtype", json_string(torch_dtype(d)));
     json_object_set_new(j, "use_cache", json_true());
+    char why[256];
+    const int family = hf_moe_family(c, why, sizeof why); /* hf_map_build refused the rest */
+    return family == HF_MOE_MIXTRAL || family == HF_MOE_QWEN2 ? moe_config(c, j, family) : j;
+}
+
+/* MixtralForCausalLM's or Qwen2MoeForCausalLM's config.json (family:
+ * hf_moe_family's), the Llama keys of llama_config with the mixture's:
+ * Mixtral's experts are intermediate_size wide; Qwen2-MoE's MoE layers
+ * are every layer but mlp_only_layers (decoder_sparse_step 1), the others
+ * dense MLPs of intermediate_size. */
+static json_t *moe_config(const model_config_t *c, json_t *j, int family)
+{
+    const moe_config_t *e = &c->moe;
+    const int qwen = family == HF_MOE_QWEN2;
+    json_object_set_new(j, "architectures", json_pack("[s]", qwen ? "Qwen2MoeForCausalLM" : "MixtralForCausalLM"));
+    json_object_set_new(j, "model_type", json_string(qwen ? "qwen2_moe" : "mixtral"));
+    json_object_del(j, "head_dim"); /* d_model / n_head: hf_moe_family refuses one of its own */
+    json_object_del(j, "attention_bias");
+    json_object_del(j, "mlp_bias");
+    json_object_del(j, "pretraining_tp");
+    json_object_set_new(j, "num_experts_per_tok", json_integer(e->top_k));
+    json_object_set_new(j, "router_aux_loss_coef", json_float(e->aux_coef));
+    json_object_set_new(j, "output_router_logits", json_false());
+    if (!qwen) {
+        json_object_set_new(j, "intermediate_size", json_integer(e->ffn));
+        json_object_set_new(j, "num_local_experts", json_integer(e->experts));
+        json_object_set_new(j, "router_jitter_noise", json_real(0.0));
+        json_object_set_new(j, "sliding_window", json_null());
+        return j;
+    }
+    json_object_set_new(j, "num_experts", json_integer(e->experts));
+    json_object_set_new(j, "moe_intermediate_size", json_integer(e->ffn));
+    json_object_set_new(j, "shared_expert_intermediate_size", json_integer(e->shared_ffn));
+    json_object_set_new(j, "norm_topk_prob", json_boolean(e->norm_topk));
+    json_object_set_new(j, "decoder_sparse_step", json_integer(1));
+    json_t *dense = json_array();
+    for (int l = 0; l < c->n_layer; l++)
+        if (!model_layer_moe(c, l))
+            json_array_append_new(dense, json_integer(l));
+    json_object_set_new(j, "mlp_only_layers", dense);
     return j;
 }
 

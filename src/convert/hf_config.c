@@ -207,11 +207,111 @@ static status_t cfg_head_dim(cfg_reader_t *r, model_config_t *c)
     return STATUS_OK;
 }
 
+/* *out: a boolean field (def when absent or null). */
+static status_t cfg_bool(cfg_reader_t *r, const char *key, int def, int *out)
+{
+    json_t *v = json_object_get(r->root, key);
+    *out = def;
+    if (!v || json_is_null(v))
+        return STATUS_OK;
+    if (!json_is_boolean(v))
+        return cfg_fail(r, key, "not true or false");
+    *out = json_is_true(v);
+    return STATUS_OK;
+}
+
+/* A number field that must be absent, null or 0 (a training-time option
+ * dtrain does not implement, such as Mixtral's router_jitter_noise). */
+static status_t cfg_zero(cfg_reader_t *r, const char *key, const char *why)
+{
+    json_t *v = json_object_get(r->root, key);
+    if (!v || json_is_null(v))
+        return STATUS_OK;
+    if (!json_is_number(v))
+        return cfg_fail(r, key, "not a number");
+    return json_number_value(v) != 0 ? cfg_fail(r, key, why) : STATUS_OK;
+}
+
+/* MixtralForCausalLM (transformers' MixtralConfig defaults): every layer
+ * a MoE layer of num_local_experts experts as wide as intermediate_size,
+ * num_experts_per_tok per token, softmax scores renormalised over them. */
+static status_t cfg_mixtral(cfg_reader_t *r, model_config_t *c)
+{
+    moe_config_t *e = &c->moe;
+    CHECK(cfg_int(r, "num_local_experts", 8, &e->experts));
+    CHECK(cfg_int(r, "num_experts_per_tok", 2, &e->top_k));
+    CHECK(cfg_zero(r, "router_jitter_noise", "nonzero: dtrain's router adds no noise to its logits"));
+    e->ffn = c->d_ff;
+    e->every = 1;
+    e->router = MOE_ROUTER_SOFTMAX;
+    e->norm_topk = 1;
+    return STATUS_OK;
+}
+
+/* Qwen2-MoE's MoE layers: l is one when (l + 1) % decoder_sparse_step ==
+ * 0 and l is not in mlp_only_layers (modeling_qwen2_moe); dtrain's are
+ * every `every`-th from first_dense. The one pair that gives the same
+ * set, or a refusal. */
+static status_t qwen_moe_layers(cfg_reader_t *r, model_config_t *c)
+{
+    int step;
+    CHECK(cfg_int(r, "decoder_sparse_step", 1, &step));
+    json_t *only = json_object_get(r->root, "mlp_only_layers");
+    if (only && !json_is_null(only) && !json_is_array(only))
+        return cfg_fail(r, "mlp_only_layers", "not a list of layer indices");
+    const int L = c->n_layer;
+    int first = -1, second = -1;
+    for (int pass = 0; pass < 2; pass++) /* pass 0 finds the first two MoE layers, pass 1 checks the pattern */
+        for (int l = 0; l < L; l++) {
+            int sparse = (l + 1) % step == 0;
+            for (size_t k = 0; only && json_is_array(only) && k < json_array_size(only); k++) {
+                json_t *v = json_array_get(only, k);
+                if (!json_is_integer(v))
+                    return cfg_fail(r, "mlp_only_layers", "not a list of layer indices");
+                sparse = sparse && json_integer_value(v) != l;
+            }
+            if (pass == 0 && sparse && first < 0)
+                first = l;
+            else if (pass == 0 && sparse && second < 0)
+                second = l;
+            const int every = second > 0 ? second - first : L;
+            if (pass == 1 && sparse != (first >= 0 && l >= first && (l - first) % every == 0))
+                return cfg_fail(r, "mlp_only_layers",
+                                "with decoder_sparse_step, its MoE layers are not every N-th layer from a first one, "
+                                "the only pattern dtrain has (--moe-every, --moe-first-dense)");
+        }
+    if (first < 0)
+        return cfg_fail(r, "mlp_only_layers", "with decoder_sparse_step, no layer is a MoE layer");
+    c->moe.first_dense = first;
+    c->moe.every = second > 0 ? second - first : L;
+    return STATUS_OK;
+}
+
+/* Qwen2MoeForCausalLM (transformers' Qwen2MoeConfig defaults): Qwen2's
+ * attention, MoE layers of num_experts experts of moe_intermediate_size,
+ * softmax scores renormalised only with norm_topk_prob, a shared expert
+ * of shared_expert_intermediate_size under its sigmoid gate; the other
+ * layers dense MLPs of intermediate_size. */
+static status_t cfg_qwen2_moe(cfg_reader_t *r, model_config_t *c)
+{
+    moe_config_t *e = &c->moe;
+    CHECK(cfg_int(r, "num_experts", 60, &e->experts));
+    CHECK(cfg_int(r, "num_experts_per_tok", 4, &e->top_k));
+    CHECK(cfg_int(r, "moe_intermediate_size", 1408, &e->ffn));
+    CHECK(cfg_int(r, "shared_expert_intermediate_size", 5632, &e->shared_ffn));
+    CHECK(cfg_bool(r, "norm_topk_prob", 0, &e->norm_topk));
+    e->router = MOE_ROUTER_SOFTMAX;
+    e->shared_gate = 1;
+    return qwen_moe_layers(r, c);
+}
+
 /* Llama-shaped configs: Llama (2, 3, 3.1: rope_scaling), Mistral, Qwen2
- * (q/k/v biases) and Qwen3 (per-head q/k norms). */
+ * (q/k/v biases), Qwen3 (per-head q/k norms), and the mixtures Mixtral
+ * (Mistral's attention) and Qwen2-MoE (Qwen2's). */
 static status_t cfg_llama(cfg_reader_t *r, model_config_t *c, const char *arch)
 {
-    const int qwen2 = strcmp(arch, "Qwen2ForCausalLM") == 0, qwen3 = strcmp(arch, "Qwen3ForCausalLM") == 0;
+    const int qwen2_moe = strcmp(arch, "Qwen2MoeForCausalLM") == 0, mixtral = strcmp(arch, "MixtralForCausalLM") == 0;
+    const int qwen2 = strcmp(arch, "Qwen2ForCausalLM") == 0 || qwen2_moe, qwen3 = strcmp(arch, "Qwen3ForCausalLM") == 0;
     c->arch = ARCH_LLAMA;
     CHECK(cfg_int(r, "hidden_size", -1, &c->d_model));
     CHECK(cfg_int(r, "intermediate_size", -1, &c->d_ff));
@@ -238,6 +338,10 @@ static status_t cfg_llama(cfg_reader_t *r, model_config_t *c, const char *arch)
                           "true: it biases o_proj as well, and dtrain's Llama has q/k/v biases only (Qwen2's)"));
     c->attn_bias = qwen2;
     c->qk_norm = qwen3;
+    if (mixtral)
+        CHECK(cfg_mixtral(r, c));
+    if (qwen2_moe)
+        CHECK(cfg_qwen2_moe(r, c));
     CHECK(cfg_refuse_bool(r, "mlp_bias", 1, "true: dtrain's Llama MLP has no biases"));
     CHECK(cfg_head_dim(r, c));
     /* Qwen's sliding_window applies only with use_sliding_window true */
@@ -278,13 +382,14 @@ static int config_of_json(json_t *root, const char *path, model_config_t *c, cha
     if (strcmp(arch, "GPT2LMHeadModel") == 0 || strcmp(arch, "GPT2Model") == 0) {
         CHECK(cfg_gpt2(&r, c));
     } else if (strcmp(arch, "LlamaForCausalLM") == 0 || strcmp(arch, "MistralForCausalLM") == 0 ||
-               strcmp(arch, "Qwen2ForCausalLM") == 0 || strcmp(arch, "Qwen3ForCausalLM") == 0) {
+               strcmp(arch, "Qwen2ForCausalLM") == 0 || strcmp(arch, "Qwen3ForCausalLM") == 0 ||
+               strcmp(arch, "MixtralForCausalLM") == 0 || strcmp(arch, "Qwen2MoeForCausalLM") == 0) {
         CHECK(cfg_llama(&r, c, arch));
     } else {
         char what[160];
         snprintf(what, sizeof what,
                  "'%s': dtrain imports GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, "
-                 "Qwen2ForCausalLM and Qwen3ForCausalLM",
+                 "Qwen2ForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM and Qwen2MoeForCausalLM",
                  arch);
         return cfg_fail(&r, "architectures", what);
     }

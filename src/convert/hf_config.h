@@ -1,6 +1,7 @@
 /* The model of a Hugging Face config.json (dtrain --init-from): the
  * GPT2LMHeadModel and Llama-shaped (LlamaForCausalLM, MistralForCausalLM,
- * Qwen2ForCausalLM, Qwen3ForCausalLM) fields dtrain maps onto
+ * Qwen2ForCausalLM, Qwen3ForCausalLM, and the mixtures of experts
+ * MixtralForCausalLM and Qwen2MoeForCausalLM) fields dtrain maps onto
  * model_config_t (llama3 and linear rope_scaling, Qwen2's q/k/v biases,
  * Qwen3's q/k norms and head_dim), and everything in the file that
  * dtrain's models cannot represent (other activations and rope scalings, o/MLP biases,

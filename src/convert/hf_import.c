@@ -259,28 +259,52 @@ static void src_drop_pages(const source_t *s)
             madvise(s->st.files[i].map, s->st.files[i].size, MADV_DONTNEED);
 }
 
-/* This rank's slice of table tensor d into host. */
+/* Logical rows [r0, r0+n) of dtrain tensor name, columns [c0, c0+cols),
+ * into dst[n][cols] from the map's entries that cover them (one, or for a
+ * MoE expert stack each expert's source tensor). */
+static int load_rows(source_t *s, const char *name, int64_t r0, int64_t n, int64_t c0, int64_t cols, float *dst,
+                     char *err, size_t errlen)
+{
+    int64_t got = 0;
+    for (int i = 0; i < s->n_map; i++) {
+        const hf_map_t *e = &s->map[i];
+        if (strcmp(e->name, name) != 0)
+            continue;
+        const int64_t lo = r0 > e->row0 ? r0 : e->row0;
+        const int64_t hi = r0 + n < e->row0 + e->nrows ? r0 + n : e->row0 + e->nrows;
+        if (lo >= hi)
+            continue;
+        float *out = dst + (lo - r0) * cols;
+        if (src_read(s, e, lo, hi - lo, c0, cols, out, err, errlen) != 0)
+            return -1;
+        if (e->flags & HF_MAP_ROPE) {
+            if (src_tmp(s, (size_t)e->head_size * (size_t)cols, err, errlen) != 0)
+                return -1;
+            hf_rope_to_dtrain(out, hi - lo, cols, e->head_size, s->tmp);
+        }
+        got += hi - lo;
+    }
+    if (got != n) {
+        snprintf(err, errlen, "%s: no source for rows %lld.. of dtrain tensor %s (internal: the map and the table "
+                 "disagree)", s->path, (long long)r0, name);
+        return -1;
+    }
+    return 0;
+}
+
+/* This rank's slice of table tensor d into host: its rows, or each of its
+ * blocks of rows (a MoE expert stack's, param_desc_t groups). */
 static int load_tensor(source_t *s, const param_desc_t *d, float *host, char *err, size_t errlen)
 {
-    const hf_map_t *e = hf_map_find(s->map, s->n_map, d->name);
-    if (!e) {
-        snprintf(err, errlen, "%s: no source for dtrain tensor %s (internal: the map and the table disagree)", s->path,
-                 d->name);
-        return -1;
-    }
     float *dst = host + d->offset;
     const int64_t rows = d->count[0], cols = d->count[1];
+    const int blocks = d->groups > 1 ? d->held : 1;
     /* vocabulary padding rows: memory only, zero */
-    memset(dst + rows * cols, 0, (size_t)(d->local_rows - rows) * (size_t)cols * sizeof *dst);
-    if (rows == 0)
-        return 0;
-    if (src_read(s, e, d->start[0], rows, d->start[1], cols, dst, err, errlen) != 0)
-        return -1;
-    if (e->flags & HF_MAP_ROPE) {
-        if (src_tmp(s, (size_t)e->head_size * (size_t)cols, err, errlen) != 0)
+    memset(dst + rows * blocks * cols, 0, (size_t)(d->local_rows - rows * blocks) * (size_t)cols * sizeof *dst);
+    for (int k = 0; k < blocks && rows > 0; k++)
+        if (load_rows(s, d->name, param_logical_row(d, (int64_t)k * rows), rows, d->start[1], cols,
+                      dst + (int64_t)k * rows * cols, err, errlen) != 0)
             return -1;
-        hf_rope_to_dtrain(dst, rows, cols, e->head_size, s->tmp);
-    }
     return 0;
 }
 
@@ -327,6 +351,26 @@ static void report_dtypes(const source_t *s, init_from_report_t *rep)
                      rep->dtypes[0] ? "+" : "", names[i].n);
 }
 
+/* A MoE checkpoint's routers have as many rows as config.json has
+ * experts: the first that does not is named with both counts. */
+static int check_experts(source_t *s, const model_config_t *c, char *err, size_t errlen)
+{
+    for (int i = 0; i < s->n_map && c->moe.experts; i++) {
+        const hf_map_t *e = &s->map[i];
+        const st_tensor_t *t;
+        if (!has_suffix(e->name, ".moe.router") || st_model_find(&s->st, e->src, NULL, &t) != 0)
+            continue;
+        if (t->ndim == 2 && t->shape[1] == c->d_model && t->shape[0] != c->moe.experts) {
+            snprintf(err, errlen,
+                     "%s: tensor %s routes to %lld experts, config.json's model has %d (num_local_experts or "
+                     "num_experts): the checkpoint and its config disagree",
+                     s->path, e->src, (long long)t->shape[0], c->moe.experts);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 static int open_source(source_t *s, const char *path, const model_config_t *c, char *err, size_t errlen)
 {
     char dir[PATH_MAX];
@@ -344,6 +388,8 @@ static int open_source(source_t *s, const char *path, const model_config_t *c, c
     s->rep->n_files = s->st.n_files;
     const char *prefix = st_model_find(&s->st, "transformer.wte.weight", NULL, NULL) == 0 ? "transformer." : "";
     if (hf_map_build(c, HF_FMT_HF, prefix, &s->map, &s->n_map, err, errlen) != 0)
+        return -1;
+    if (check_experts(s, c, err, errlen) != 0)
         return -1;
     /* validate every tensor's name, dtype and shape (the headers alone)
      * on every rank, so a bad file fails the same way everywhere */

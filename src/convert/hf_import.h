@@ -1,7 +1,8 @@
 /* dtrain --init-from PATH: start a run from a Hugging Face model directory
  * (config.json + model.safetensors, or shards with
  * model.safetensors.index.json; GPT2LMHeadModel, LlamaForCausalLM and the
- * Llama-shaped MistralForCausalLM; F32, F16 or BF16 tensors) or from an
+ * Llama-shaped MistralForCausalLM, Qwen2/Qwen3ForCausalLM,
+ * MixtralForCausalLM and Qwen2MoeForCausalLM; F32, F16 or BF16 tensors) or from an
  * llm.c GPT-2 model file (version 3 fp32, version 5 bf16), recognised by
  * content: a directory, or a config.json / .safetensors file in one, is
  * Hugging Face; a file beginning with llm.c's magic 20240326 is llm.c.

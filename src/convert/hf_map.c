@@ -48,6 +48,8 @@ static status_t add(map_builder_t *b, const char *name, int64_t d0, int64_t d1, 
     e->src_shape[1] = s1 ? s1 : 1;
     e->off = off;
     e->flags = flags;
+    e->row0 = 0;
+    e->nrows = e->shape[0];
     if (out)
         *out = e;
     return STATUS_OK;
@@ -84,6 +86,85 @@ static status_t map_gpt2_hf(map_builder_t *b, const model_config_t *c, const cha
     }
     CHECK(add(b, "lnf.w", C, 0, SRC("%s", "ln_f.weight"), C, 0, 0, 0, NULL));
     CHECK(add(b, "lnf.b", C, 0, SRC("%s", "ln_f.bias"), C, 0, 0, 0, NULL));
+    return STATUS_OK;
+}
+
+int hf_moe_family(const model_config_t *c, char *err, size_t errlen)
+{
+    const moe_config_t *e = &c->moe;
+    const char *why = NULL;
+    if (!e->experts)
+        return HF_MOE_NONE;
+    if (c->arch != ARCH_LLAMA)
+        why = "Hugging Face has no GPT-2 mixture of experts (dtrain's Llama-style ones are MixtralForCausalLM or "
+              "Qwen2MoeForCausalLM)";
+    else if (e->router != MOE_ROUTER_SOFTMAX)
+        why = "its sigmoid router (DeepSeek-V3's) is neither MixtralForCausalLM's nor Qwen2MoeForCausalLM's "
+              "(softmax)";
+    else if (c->qk_norm || c->head_dim)
+        why = "q/k norms or a head_dim of its own: MixtralForCausalLM and Qwen2MoeForCausalLM have neither";
+    else if (e->shared_ffn && !e->shared_gate)
+        why = "a shared expert without --moe-shared-gate: Qwen2MoeForCausalLM's shared expert always has its "
+              "sigmoid gate";
+    else if (e->shared_ffn && !c->attn_bias)
+        why = "a shared expert without q/k/v biases: Qwen2MoeForCausalLM has the biases";
+    else if (!e->shared_ffn && c->attn_bias)
+        why = "q/k/v biases without a shared expert: MixtralForCausalLM has no biases, Qwen2MoeForCausalLM has a "
+              "gated shared expert";
+    else if (!e->shared_ffn && !e->norm_topk)
+        why = "top-k scores not renormalised without a shared expert: MixtralForCausalLM renormalises, "
+              "Qwen2MoeForCausalLM has a gated shared expert";
+    else if (!e->shared_ffn && model_moe_layers(c) != c->n_layer)
+        why = "dense layers without a shared expert: every MixtralForCausalLM layer is a MoE layer, "
+              "Qwen2MoeForCausalLM has a gated shared expert";
+    if (why) {
+        snprintf(err, errlen, "this mixture of experts has no Hugging Face architecture dtrain maps: %s", why);
+        return -1;
+    }
+    return e->shared_ffn ? HF_MOE_QWEN2 : HF_MOE_MIXTRAL;
+}
+
+/* One expert's matrix of a dtrain stack: rows [row0, row0 + n) of
+ * dtrain's name [d0, d1] from source src [n, d1]. */
+static status_t add_piece(map_builder_t *b, const char *name, int64_t d0, int64_t d1, const char *src, int64_t row0,
+                          int64_t n)
+{
+    hf_map_t *e;
+    CHECK(add(b, name, d0, d1, src, n, d1, 0, 0, &e));
+    e->row0 = row0;
+    e->nrows = n;
+    return STATUS_OK;
+}
+
+/* MoE layer l of MixtralForCausalLM or Qwen2MoeForCausalLM (hf_map.h's
+ * table): the router, each expert's gate, up and down projections, and
+ * Qwen2-MoE's shared expert and its gate. */
+static status_t map_moe_layer(map_builder_t *b, const model_config_t *c, int l)
+{
+    const int64_t C = c->d_model, E = c->moe.experts, F = c->moe.ffn, FS = c->moe.shared_ffn;
+    const int qwen = FS > 0;
+    const char *blk = qwen ? "mlp" : "block_sparse_moe";
+    static const char *const proj[2][3] = {{"w1", "w3", "w2"}, {"gate_proj", "up_proj", "down_proj"}};
+    char d[PARAM_NAME_MAX], s[HF_SRC_NAME_MAX];
+#define MSRC(fmt, ...) (snprintf(s, sizeof s, "model.layers.%d.%s." fmt, l, blk, __VA_ARGS__), s)
+#define MDST(what) (snprintf(d, sizeof d, "h.%d.%s", l, what), d)
+    CHECK(add(b, MDST("moe.router"), E, C, MSRC("%s", "gate.weight"), E, C, 0, 0, NULL));
+    for (int64_t x = 0; x < E; x++) {
+        CHECK(add_piece(b, MDST("moe.wfc"), E * 2 * F, C, MSRC("experts.%lld.%s.weight", (long long)x, proj[qwen][0]),
+                        x * 2 * F, F));
+        CHECK(add_piece(b, MDST("moe.wfc"), E * 2 * F, C, MSRC("experts.%lld.%s.weight", (long long)x, proj[qwen][1]),
+                        x * 2 * F + F, F));
+        CHECK(add_piece(b, MDST("moe.wproj"), E * C, F, MSRC("experts.%lld.%s.weight", (long long)x, proj[qwen][2]),
+                        x * C, C));
+    }
+    if (!qwen)
+        return STATUS_OK;
+    CHECK(add(b, MDST("mlp.wgate"), FS, C, MSRC("%s", "shared_expert.gate_proj.weight"), FS, C, 0, 0, NULL));
+    CHECK(add(b, MDST("mlp.wup"), FS, C, MSRC("%s", "shared_expert.up_proj.weight"), FS, C, 0, 0, NULL));
+    CHECK(add(b, MDST("mlp.wproj"), C, FS, MSRC("%s", "shared_expert.down_proj.weight"), C, FS, 0, 0, NULL));
+    CHECK(add(b, MDST("moe.shared_gate"), 1, C, MSRC("%s", "shared_expert_gate.weight"), 1, C, 0, 0, NULL));
+#undef MSRC
+#undef MDST
     return STATUS_OK;
 }
 
@@ -129,6 +210,10 @@ static status_t map_llama_hf(map_builder_t *b, const model_config_t *c)
         CHECK(add(b, DST("h.%d.attn.wo", l), C, QD, SRC("layers.%d.self_attn.o_proj.weight", l), C, QD, 0, 0, NULL));
         CHECK(
             add(b, DST("h.%d.ln2.w", l), C, 0, SRC("layers.%d.post_attention_layernorm.weight", l), C, 0, 0, 0, NULL));
+        if (model_layer_moe(c, l)) {
+            CHECK(map_moe_layer(b, c, l));
+            continue;
+        }
         CHECK(add(b, DST("h.%d.mlp.wgate", l), F, C, SRC("layers.%d.mlp.gate_proj.weight", l), F, C, 0, 0, NULL));
         CHECK(add(b, DST("h.%d.mlp.wup", l), F, C, SRC("layers.%d.mlp.up_proj.weight", l), F, C, 0, 0, NULL));
         CHECK(add(b, DST("h.%d.mlp.wproj", l), C, F, SRC("layers.%d.mlp.down_proj.weight", l), C, F, 0, 0, NULL));
@@ -193,11 +278,15 @@ int hf_map_build(const model_config_t *c, hf_format_t fmt, const char *prefix, h
     map_builder_t b = {0};
     *out = NULL;
     *n_out = 0;
-    if (fmt == HF_FMT_LLMC && (c->arch != ARCH_GPT2 || c->d_ff != 4 * c->d_model)) {
-        snprintf(err, errlen, "llm.c model files hold GPT-2 models with d_ff = 4 d_model only (this is %s, d_ff %d)",
-                 model_arch_name(c->arch), c->d_ff);
+    if (fmt == HF_FMT_LLMC && (c->arch != ARCH_GPT2 || c->d_ff != 4 * c->d_model || c->moe.experts)) {
+        snprintf(err, errlen,
+                 "llm.c model files hold GPT-2 models with d_ff = 4 d_model only, and no experts (this is %s, d_ff "
+                 "%d%s)",
+                 model_arch_name(c->arch), c->d_ff, c->moe.experts ? ", a mixture of experts" : "");
         return -1;
     }
+    if (fmt == HF_FMT_HF && hf_moe_family(c, err, errlen) < 0)
+        return -1;
     const status_t st = fmt == HF_FMT_LLMC     ? map_llmc(&b, c)
                         : c->arch == ARCH_GPT2 ? map_gpt2_hf(&b, c, prefix ? prefix : "")
                                                : map_llama_hf(&b, c);
@@ -222,6 +311,7 @@ const hf_map_t *hf_map_find(const hf_map_t *m, int n, const char *name)
 void hf_map_src_block(const hf_map_t *e, int64_t r0, int64_t nr, int64_t c0, int64_t nc, int64_t *sr0, int64_t *snr,
                       int64_t *sc0, int64_t *snc, int *transpose)
 {
+    r0 -= e->row0; /* the entry's own rows */
     if (e->ndim == 1) { /* a row vector: dtrain element i is column off + i */
         *sr0 = 0;
         *snr = 1;

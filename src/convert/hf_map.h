@@ -60,6 +60,23 @@
  *  weights, one value per such row, are permuted alike; RMSNorm over a
  *  head does not depend on the order of its elements.)
  *
+ *  dtrain (MoE layer l, expert x; F = moe.ffn, FS = moe.shared_ffn)
+ *                    HF MixtralForCausalLM              HF Qwen2MoeForCausalLM
+ *  h.l.moe.router    model.layers.l.block_sparse_moe.   model.layers.l.mlp.gate.weight [E, C]
+ *                    gate.weight [E, C]
+ *  h.l.moe.wfc rows  ...block_sparse_moe.experts.x.     ...mlp.experts.x.gate_proj.weight [F, C]
+ *   [2xF, 2xF+F)     w1.weight [F, C]
+ *   [2xF+F, 2xF+2F)  ...experts.x.w3.weight             ...mlp.experts.x.up_proj.weight
+ *  h.l.moe.wproj     ...experts.x.w2.weight [C, F]      ...mlp.experts.x.down_proj.weight [C, F]
+ *   rows [xC, xC+C)
+ *  h.l.mlp.wgate/    (none: no shared expert)           ...mlp.shared_expert.gate_proj/up_proj/
+ *   wup/wproj                                            down_proj.weight ([FS, C], [C, FS])
+ *  h.l.moe.shared_gate                                  ...mlp.shared_expert_gate.weight [1, C]
+ *  (a MoE Llama with a shared expert is Qwen2-MoE, one without Mixtral:
+ *  hf_moe_family. One dtrain expert stack is many source tensors: an
+ *  entry covers dtrain rows [row0, row0 + nrows) of its tensor; a dense
+ *  layer of a Qwen2-MoE (mlp_only_layers) is a Llama layer.)
+ *
  * The source names of HF GPT-2 carry "transformer." when saved from
  * GPT2LMHeadModel and nothing when saved from GPT2Model (the hub's gpt2):
  * the prefix argument. */
@@ -92,7 +109,21 @@ typedef struct hf_map {
     int64_t src_shape[2];      /* a vector is [n]; src_shape[1] = 1 for 1-D) */
     int64_t off;               /* first row of dtrain's tensor in the source's output dim */
     int head_size;             /* HF_MAP_ROPE: HS */
+    /* the dtrain rows this entry covers, [row0, row0 + nrows): all of them
+     * (0, shape[0]) but for a MoE expert stack, whose every expert's
+     * matrix (Llama: its gate and its up) is a source tensor of its own */
+    int64_t row0, nrows;
 } hf_map_t;
+
+/* The Hugging Face architecture of a mixture of experts. */
+typedef enum { HF_MOE_NONE = 0, HF_MOE_MIXTRAL, HF_MOE_QWEN2 } hf_moe_family_t;
+
+/* c's Hugging Face MoE family (HF_MOE_NONE for a dense model), or -1 with
+ * one line in err naming what neither MixtralForCausalLM (softmax top-k
+ * renormalised, every layer MoE, no shared expert, no biases) nor
+ * Qwen2MoeForCausalLM (softmax, q/k/v biases, a shared expert under its
+ * sigmoid gate) holds. */
+int hf_moe_family(const model_config_t *c, char *err, size_t errlen);
 
 /* Every logical tensor of the whole model c (the table of
  * param_table_build(lay = NULL), in its order; GPT-2's tied head copy is
@@ -106,7 +137,8 @@ int hf_map_build(const model_config_t *c, hf_format_t fmt, const char *prefix, h
 const hf_map_t *hf_map_find(const hf_map_t *m, int n, const char *name);
 
 /* The block of the source to read (or write) for dtrain's logical block
- * rows [r0, r0+nr) x cols [c0, c0+nc) (1-D: c0 = 0, nc = 1), in the
+ * rows [r0, r0+nr) x cols [c0, c0+nc) (1-D: c0 = 0, nc = 1; the rows
+ * within the entry's [row0, row0 + nrows)), in the
  * arguments of st_read_f32 / llmc_model_read_f32: *sr0, *snr, *sc0, *snc
  * and *transpose, so that the result is [nr][nc] in dtrain's orientation.
  * With HF_MAP_ROPE the block's rows must be whole heads and arrive in

@@ -192,6 +192,7 @@ static int map_block(const model_t *m, float *flat, size_t base_off, int i, bloc
     h->ebfc = tensor_at(m, flat, base_off, "h.%d.moe.bfc", l);
     h->ewproj = tensor_at(m, flat, base_off, "h.%d.moe.wproj", l);
     h->ebproj = tensor_at(m, flat, base_off, "h.%d.moe.bproj", l);
+    h->sgate = tensor_at(m, flat, base_off, "h.%d.moe.shared_gate", l);
     /* one GEMM computes q|k|v, and one computes gate|up */
     if (tensor_at(m, flat, base_off, "h.%d.attn.wk", l) != h->wqkv + QD * C ||
         tensor_at(m, flat, base_off, "h.%d.attn.wv", l) != h->wqkv + (QD + KVD) * C)
@@ -268,6 +269,8 @@ static void carve_moe(const model_t *m, char *base, size_t *cursor, moe_acts_t *
     a->ye = carve(base, cursor, NK * C);
     a->auxw = carve(base, cursor, E);
     a->xr = ep_size(m) > 1 ? carve(base, cursor, R * C) : NULL;
+    a->sgate = m->cfg.moe.shared_gate ? carve(base, cursor, N) : NULL;
+    a->sy = m->cfg.moe.shared_gate ? carve(base, cursor, N * C) : NULL;
 }
 
 static void carve_block(const model_t *m, char *base, size_t *cursor, block_acts_t *s, int core, int act)
@@ -478,6 +481,8 @@ static void layout_acts(model_t *m, char *acts, size_t *acts_bytes, char *work, 
         m->mdlogits = carve(work, &w, N * E);
         m->mstats = carve(work, &w, 2 * E + 2);
         m->mbias = model_moe_has_bias(&m->cfg) ? carve(work, &w, (size_t)param_layout_blocks(&m->lay.part) * E) : NULL;
+        m->msdy = m->cfg.moe.shared_gate ? carve(work, &w, N * C) : NULL;
+        m->msdz = m->cfg.moe.shared_gate ? carve(work, &w, N) : NULL;
     }
     if (m->lay.bf16) {
         /* bf16 GEMM operands: the widest input and output gradient of any
@@ -710,6 +715,13 @@ int model_create(model_t *m, const model_config_t *cfg, const ops_t *ops, const 
         snprintf(err, errlen,
                  "this model's MoE layers run on the CPU backend for now (the %s backend has no MoE kernels yet): "
                  "use --device cpu",
+                 ops->name);
+        return -1;
+    }
+    if (cfg->moe.shared_gate && !ops->moe_shared_gate_fwd) {
+        snprintf(err, errlen,
+                 "--moe-shared-gate runs on the CPU backend for now (the %s backend has no kernel for it): use "
+                 "--device cpu",
                  ops->name);
         return -1;
     }
@@ -1013,7 +1025,8 @@ static block_acts_t block_view(const model_t *m, const model_slot_t *sl, int i)
 static const int32_t *slot_pos(const model_slot_t *sl) { return sl->has_pos ? sl->pos : NULL; }
 
 /* A MoE layer's feed-forward: xout[NR,C] = res[NR,C] + (the shared
- * expert's wproj . act[N,F] when F > 0, + the experts' combine of
+ * expert's wproj . act[N,F] when F > 0, times its gate's sigmoid(ln2 .
+ * w_gate) per token under --moe-shared-gate, + the experts' combine of
  * ln2[N,C]) summed over TP ranks, as row_parallel_fwd sums the dense
  * MLP's. The combine goes through dfull (backward-only workspace). */
 static status_t moe_block_fwd(model_t *m, moe_acts_t *ma, const block_tensors_t *w, const float *ln2,
@@ -1022,8 +1035,11 @@ static status_t moe_block_fwd(model_t *m, moe_acts_t *ma, const block_tensors_t 
 {
     const int C = m->cfg.d_model;
     float *part = m->lay.sequence_parallel ? m->tmp : xout; /* [N,C] this rank's partial sum */
-    if (F > 0)
-        mm_fwd(m, part, act, act16, w->wproj, m->lay.part.tp_rank == 0 ? w->bproj : NULL, N, F, C);
+    if (F > 0) /* gated: the output before the gate kept in ma->sy */
+        mm_fwd(m, w->sgate ? ma->sy : part, act, act16, w->wproj, m->lay.part.tp_rank == 0 ? w->bproj : NULL, N, F,
+               C);
+    if (F > 0 && w->sgate)
+        moe_shared_gate_fwd(m, ma, w, ln2, ma->sy, part, N);
     CHECK(moe_fwd(m, ma, w, ln2, F > 0 ? m->dfull : part, N, t, dloss, i, err, errlen));
     if (F > 0)
         m->ops->add(m->ops->ctx, part, part, m->dfull, (size_t)N * C);
@@ -1263,13 +1279,20 @@ static void keep_dout(model_t *m, float *dst, const float *dout, size_t n)
 
 /* A MoE layer's experts and router backward from dout[N,C] (all rows):
  * their part of dL/d(ln2) into dln (added to the shared expert's when
- * dln_written), with dgate summed over TP between the two halves. */
+ * dln_written), with dgate summed over TP between the two halves; then
+ * the shared expert's gate's, from its logits' gradient (m->msdz, from
+ * moe_shared_gate_bwd) summed over TP likewise. */
 static status_t moe_block_bwd(model_t *m, const block_acts_t *a, const block_tensors_t *w, const block_tensors_t *g,
                               const float *dout, int dln_written, int N, int accum, char *err, size_t errlen)
 {
+    const int tp0 = m->lay.part.tp_rank == 0;
     CHECK(moe_bwd_experts(m, &a->moe, w, g, a->ln2, dout, m->dln, dln_written, accum, N, err, errlen));
     CHECK(tp_allreduce(m, m->mdgate, (size_t)N * (size_t)m->cfg.moe.top_k, COMM_SUM, err, errlen));
-    moe_bwd_router(m, &a->moe, w, g, a->ln2, m->dln, m->lay.part.tp_rank == 0, accum, N);
+    moe_bwd_router(m, &a->moe, w, g, a->ln2, m->dln, tp0, accum, N);
+    if (!w->sgate)
+        return STATUS_OK;
+    CHECK(tp_allreduce(m, m->msdz, (size_t)N, COMM_SUM, err, errlen));
+    moe_shared_gate_bwd_weight(m, w, g, a->ln2, m->dln, tp0, accum, N);
     return STATUS_OK;
 }
 
@@ -1308,12 +1331,21 @@ static status_t block_bwd(model_t *m, model_slot_t *sl, int i, int accum, int la
     const int wg_proj = wg || rc == MODEL_RECOMPUTE_SELECTIVE;
     const float *dout;
     CHECK(dres_all_rows(m, NR, &dout, err, errlen));
-    keep_dout(m, keep && !wg_proj ? keep->proj : NULL, m->dres, (size_t)NR * C); /* this rank's rows */
+    /* dsh: the dense MLP's (or shared expert's) output gradient, dout, or
+     * under --moe-shared-gate dout times the gate (m->msdy), whose rows
+     * of this rank W takes as it takes dres's */
+    const float *dsh = dout, *dsh_rows = m->dres;
+    if (F > 0 && w->sgate) {
+        moe_shared_gate_bwd(m, &a->moe, dout, N);
+        dsh = m->msdy;
+        dsh_rows = m->msdy + (m->lay.sequence_parallel ? (size_t)m->lay.part.tp_rank * NR * C : 0);
+    }
+    keep_dout(m, keep && !wg_proj ? keep->proj : NULL, dsh_rows, (size_t)NR * C); /* this rank's rows */
     if (F > 0 && gpt) {
-        mm_dgelu_bwd(m, dfc, wg_proj ? g->wproj : NULL, wg_proj ? g->bproj : NULL, dout, a->fc_act, a->fc_act16, a->fc,
+        mm_dgelu_bwd(m, dfc, wg_proj ? g->wproj : NULL, wg_proj ? g->bproj : NULL, dsh, a->fc_act, a->fc_act16, a->fc,
                      w->wproj, N, F, C, accum);
     } else if (F > 0) {
-        mm_bwd(m, m->dbig, wg_proj ? g->wproj : NULL, wg_proj ? g->bproj : NULL, dout, a->fc_act, a->fc_act16, w->wproj, N, F,
+        mm_bwd(m, m->dbig, wg_proj ? g->wproj : NULL, wg_proj ? g->bproj : NULL, dsh, a->fc_act, a->fc_act16, w->wproj, N, F,
                C, 0, accum);
         o->swiglu_bwd(o->ctx, dfc, a->fc, m->dbig, N, F);
     }

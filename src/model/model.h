@@ -42,6 +42,7 @@ typedef struct block_tensors {
      * (Llama: each expert's gate rows, then its up rows), ebfc [E][Fe],
      * ewproj [E][C,Fe], ebproj [E][C]; NULL in dense layers */
     float *router, *ewfc, *ebfc, *ewproj, *ebproj;
+    float *sgate; /* [1,C] the shared expert's gate (moe.shared_gate); NULL without one */
 } block_tensors_t;
 
 /* A MoE layer's routing and expert activations for one forward (NK =
@@ -64,6 +65,10 @@ typedef struct moe_acts {
      * from EP rank s for local expert x at s*El + x */
     float *xr;
     int32_t *hrcnt;
+    /* --moe-shared-gate (NULL otherwise): the gate's sigmoid per token [N],
+     * and the shared expert's output before it [N,C] (this rank's part,
+     * partial over TP) */
+    float *sgate, *sy;
 } moe_acts_t;
 
 /* A MoE layer's routing over the microbatches since model_moe_stats_reset
@@ -214,6 +219,9 @@ typedef struct model {
      * buffers [NK, max(C, FWe)], dgate [N,K], dlogits [N,E], the routing
      * reductions [2E+2] (ops moe_stats) and their host copy */
     float *mx, *md1, *md2, *mdgate, *mdlogits, *mstats;
+    /* --moe-shared-gate: the gated shared expert's output gradient [N,C]
+     * and the gate logits' [N] (NULL otherwise) */
+    float *msdy, *msdz;
     float *mstats_host;
     int32_t *moffs_host;            /* [n_slots * Lc * (E+1)]: the slots' hoffs */
     /* --ep: the all-to-all's staging [P*NK, C] (backend), the row

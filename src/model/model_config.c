@@ -347,7 +347,8 @@ const char *model_config_extras(const model_config_t *c, char *buf, size_t len)
         snprintf(moe, sizeof moe, " moe=%d/%d layers, %d experts x %d, top-%d %s%s%s%s%s", model_moe_layers(c),
                  c->n_layer, e->experts, e->ffn, e->top_k, model_moe_router_name(e->router),
                  e->norm_topk ? " renormalised" : "", e->bias_rate > 0 ? " bias-balanced" : "",
-                 e->shared_ffn ? ", shared expert" : "", e->capacity > 0 ? ", capacity-bound" : "");
+                 e->shared_ffn ? (e->shared_gate ? ", gated shared expert" : ", shared expert") : "",
+                 e->capacity > 0 ? ", capacity-bound" : "");
     snprintf(buf, len, "%s%s%s%s%s%s", hd, c->attn_bias ? " qkv_bias" : "", c->qk_norm ? " qk_norm" : "", scaling,
              c->tie_embed ? " tied_head" : "", moe);
     return buf;
@@ -382,9 +383,10 @@ static int moe_check(const model_config_t *c, char *err, size_t errlen)
 {
     const moe_config_t *e = &c->moe;
     if (e->experts == 0) {
-        if (e->top_k || e->ffn || e->shared_ffn || e->capacity > 0 || e->bias_rate > 0) {
-            snprintf(err, errlen, "--moe-top-k, --moe-ffn, --moe-shared-ffn, --moe-capacity-factor and --moe-bias-rate "
-                                  "need --moe-experts (this model is dense)");
+        if (e->top_k || e->ffn || e->shared_ffn || e->shared_gate || e->capacity > 0 || e->bias_rate > 0) {
+            snprintf(err, errlen,
+                     "--moe-top-k, --moe-ffn, --moe-shared-ffn, --moe-shared-gate, --moe-capacity-factor and "
+                     "--moe-bias-rate need --moe-experts (this model is dense)");
             return -1;
         }
         return 0;
@@ -402,6 +404,10 @@ static int moe_check(const model_config_t *c, char *err, size_t errlen)
                  "--moe-ffn %d must be positive, --moe-shared-ffn %d not negative, --moe-every %d at least 1 and "
                  "--moe-first-dense %d below the %d layers",
                  e->ffn, e->shared_ffn, e->every, e->first_dense, c->n_layer);
+        return -1;
+    }
+    if (e->shared_gate && e->shared_ffn == 0) {
+        snprintf(err, errlen, "--moe-shared-gate 1 gates the shared expert: it needs --moe-shared-ffn");
         return -1;
     }
     if (!(e->aux_coef >= 0) || !(e->z_coef >= 0) || !(e->capacity >= 0) || e->capacity > 1e4f ||

@@ -29,7 +29,8 @@ typedef enum { MOE_ROUTER_SOFTMAX = 0, MOE_ROUTER_SIGMOID = 1 } moe_router_t;
  * outputs (each expert the architecture's MLP of width ffn), weighted by
  * the router's scores of them (renormalised over the k when norm_topk),
  * plus a shared expert of width shared_ffn (0: none) every token goes
- * through. The training-side coefficients: aux_coef (Switch's load
+ * through, its output scaled per token by sigmoid(x . w_gate) when
+ * shared_gate (Qwen2-MoE's shared_expert_gate, w_gate [1, C]). The training-side coefficients: aux_coef (Switch's load
  * balancing loss E * sum_e f_e P_e) and z_coef (ST-MoE's mean
  * logsumexp(logits)^2) scale the terms added to the optimised loss;
  * capacity > 0 caps each expert at ceil(capacity * T * top_k / E)
@@ -43,6 +44,7 @@ typedef struct moe_config {
     moe_router_t router;
     int norm_topk;  /* renormalise the chosen scores to sum 1 (Mixtral; Qwen's norm_topk_prob) */
     int shared_ffn; /* width of the shared expert in MoE layers (0 = none) */
+    int shared_gate; /* the shared expert's output times sigmoid(x . w_gate) (Qwen2-MoE); needs shared_ffn */
     float aux_coef, z_coef;
     float capacity; /* capacity factor; 0 = dropless */
     /* the sigmoid router's expert bias moves by this after each step,

@@ -294,3 +294,26 @@ void moe_bwd_router(model_t *m, const moe_acts_t *a, const block_tensors_t *w, c
                      e->norm_topk);
     o->matmul_bwd(o->ctx, add_din ? dln : NULL, g->router, NULL, m->mdlogits, ln2, w->router, N, C, E, 1, accum);
 }
+
+void moe_shared_gate_fwd(model_t *m, moe_acts_t *a, const block_tensors_t *w, const float *ln2, const float *y,
+                         float *out, int N)
+{
+    const ops_t *o = m->ops;
+    const int C = m->cfg.d_model;
+    /* sgate[N] = ln2 . w_gate^T, the logits, then their sigmoids */
+    o->matmul_fwd(o->ctx, a->sgate, ln2, w->sgate, NULL, N, C, 1);
+    o->moe_shared_gate_fwd(o->ctx, out, a->sgate, y, N, C);
+}
+
+void moe_shared_gate_bwd(model_t *m, const moe_acts_t *a, const float *dout, int N)
+{
+    m->ops->moe_shared_gate_bwd(m->ops->ctx, m->msdy, m->msdz, dout, a->sy, a->sgate, N, m->cfg.d_model);
+}
+
+void moe_shared_gate_bwd_weight(model_t *m, const block_tensors_t *w, const block_tensors_t *g, const float *ln2,
+                                float *dln, int add_din, int accum, int N)
+{
+    const ops_t *o = m->ops;
+    o->matmul_bwd(o->ctx, add_din ? dln : NULL, g->sgate, NULL, m->msdz, ln2, w->sgate, N, m->cfg.d_model, 1, 1,
+                  accum);
+}

@@ -64,4 +64,24 @@ status_t moe_bwd_experts(model_t *m, const moe_acts_t *a, const block_tensors_t 
 void moe_bwd_router(model_t *m, const moe_acts_t *a, const block_tensors_t *w, const block_tensors_t *g,
                     const float *ln2, float *dln, int add_din, int accum, int N);
 
+/* --moe-shared-gate (Qwen2-MoE's shared_expert_gate): out[N,C] (written;
+ * may be y) = sigmoid(ln2[N,C] . w->sgate^T) * y[N,C], y this rank's
+ * partial shared-expert output (a->sy), scaled per token; a->sgate keeps
+ * the sigmoids. The gate's dot is over all C, so every TP rank computes
+ * the same one (ln2 is whole on each). */
+void moe_shared_gate_fwd(model_t *m, moe_acts_t *a, const block_tensors_t *w, const float *ln2, const float *y,
+                         float *out, int N);
+
+/* Its backward from dout[N,C] (all rows): the shared expert's output
+ * gradient m->msdy [N,C] = s * dout, and this rank's partial gradient at
+ * the gate's logits m->msdz [N], to be summed over TP before
+ * moe_shared_gate_bwd_weight. */
+void moe_shared_gate_bwd(model_t *m, const moe_acts_t *a, const float *dout, int N);
+
+/* From m->msdz summed over TP: the gate's weight gradient into g->sgate
+ * (=|+= by accum; the same on every TP rank) and, when add_din (one TP
+ * rank), its part of dL/d(ln2) added to dln. */
+void moe_shared_gate_bwd_weight(model_t *m, const block_tensors_t *w, const block_tensors_t *g, const float *ln2,
+                                float *dln, int add_din, int accum, int N);
+
 #endif

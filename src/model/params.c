@@ -248,6 +248,11 @@ static status_t add_block(table_builder_t *b, const model_config_t *c, int l, fl
         CHECK(add_param(b, l, "ln2.b", 1, C, 1, TP_SPLIT_NONE, INIT_ZEROS, 0));
     if (F > 0)
         CHECK(add_mlp(b, c, l, F, std, std_out));
+    /* the shared expert's gate [1, C] (Qwen2-MoE's shared_expert_gate):
+     * replicated over TP like the router, which every TP rank's full ln2
+     * rows let each rank apply alike */
+    if (model_layer_moe(c, l) && c->moe.shared_gate)
+        CHECK(add_param(b, l, "moe.shared_gate", 2, 1, C, TP_SPLIT_NONE, INIT_NORMAL, std));
     return model_layer_moe(c, l) ? add_experts(b, c, l, std, std_out) : STATUS_OK;
 }
 

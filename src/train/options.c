@@ -99,6 +99,10 @@ static const opt_def_t opt_defs[] = {
      NULL, NULL, F(moe_given[6]) + 1},
     {"moe-shared-ffn", OPT_INT, F(moe_shared_ffn), 0, "0", 0, 1 << 22, NULL,
      "width of a shared expert every token of a MoE layer goes through (0 = none)", NULL, NULL, F(moe_given[7]) + 1},
+    {"moe-shared-gate", OPT_INT, F(moe_shared_gate), 0, "0", 0, 1, NULL,
+     "1: scale the shared expert's output per token by sigmoid(x . w_gate), a learned [1, d_model] gate (Qwen2-MoE's "
+     "shared_expert_gate)",
+     NULL, NULL, F(moe_given[11]) + 1},
     {"moe-aux-coef", OPT_REAL, F(moe_aux_coef), 0, "0.01", 0, 1e6, NULL,
      "coefficient of the Switch load-balancing loss E * sum_e f_e P_e added per MoE layer", NULL, NULL,
      F(moe_given[8]) + 1},
@@ -112,7 +116,7 @@ static const opt_def_t opt_defs[] = {
     {"moe-bias-rate", OPT_REAL, F(moe_bias_rate), 0, "0", 0, 1, NULL,
      "after each step move each expert's bias by this toward balance, b_e += R sign(mean load - load_e), the bias "
      "selecting experts only (DeepSeek-V3's aux-loss-free balancing, 0.001 there; --moe-router sigmoid)",
-     NULL, NULL, F(moe_given[11]) + 1},
+     NULL, NULL, F(moe_given[12]) + 1},
     {"vocab-size", OPT_INT, F(vocab_size), 0, "0", 0, 1 << 24, NULL, "override the vocabulary size (0 = preset)", NULL,
      NULL, 0},
     {"max-seq-len", OPT_INT, F(max_seq_len), 0, "0", 0, 1 << 20, NULL,
@@ -560,7 +564,7 @@ int options_zero_stage(const run_options_t *o)
 }
 
 enum { MOE_EXPERTS, MOE_TOP_K, MOE_FFN, MOE_EVERY, MOE_FIRST_DENSE, MOE_ROUTER, MOE_NORM_TOPK, MOE_SHARED, MOE_AUX,
-       MOE_Z, MOE_CAPACITY, MOE_BIAS_RATE };
+       MOE_Z, MOE_CAPACITY, MOE_SHARED_GATE, MOE_BIAS_RATE };
 
 /* The --moe-* options of the mixture's shape over the preset's. A dense
  * preset given --moe-experts becomes a mixture with the options'
@@ -592,6 +596,8 @@ static void moe_shape_options(const run_options_t *o, model_config_t *c)
         e->norm_topk = o->moe_norm_topk;
     if (given[MOE_SHARED])
         e->shared_ffn = o->moe_shared_ffn;
+    if (given[MOE_SHARED_GATE])
+        e->shared_gate = o->moe_shared_gate;
 }
 
 /* The run's side of the mixture: its loss coefficients and capacity (the
@@ -601,10 +607,12 @@ static void moe_run_options(const run_options_t *o, model_config_t *c)
     moe_config_t *e = &c->moe;
     const int *given = o->moe_given;
     if (e->experts == 0) { /* a dense model: any of these is an error model_config_check reports */
-        if (given[MOE_TOP_K] || given[MOE_FFN] || given[MOE_SHARED] || given[MOE_CAPACITY] || given[MOE_BIAS_RATE]) {
+        if (given[MOE_TOP_K] || given[MOE_FFN] || given[MOE_SHARED] || given[MOE_SHARED_GATE] ||
+            given[MOE_CAPACITY] || given[MOE_BIAS_RATE]) {
             e->top_k = o->moe_top_k;
             e->ffn = o->moe_ffn;
             e->shared_ffn = o->moe_shared_ffn;
+            e->shared_gate = o->moe_shared_gate;
             e->capacity = (float)o->moe_capacity;
             e->bias_rate = (float)o->moe_bias_rate;
         }
@@ -671,8 +679,8 @@ static int init_from_model_config(const run_options_t *o, model_config_t *c, cha
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
         if (f[i].given && f[i].given != f[i].file)
             return init_from_conflict(err, errlen, f[i].opt, f[i].given, f[i].file, o->init_from);
-    for (int i = MOE_EXPERTS; i <= MOE_SHARED; i++)
-        if (o->moe_given[i]) {
+    for (int i = MOE_EXPERTS; i <= MOE_SHARED_GATE; i++)
+        if (o->moe_given[i] && i != MOE_AUX && i != MOE_Z && i != MOE_CAPACITY) {
             snprintf(err, errlen,
                      "the --moe-* options of the mixture's shape conflict with --init-from %s: drop them (the model "
                      "comes from the file)",

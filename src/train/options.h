@@ -43,10 +43,10 @@ typedef struct run_options {
     int n_layer, n_head, n_kv_head, d_model, d_ff, vocab_size, max_seq_len;
     /* --moe-*: the mixture of experts (moe_config_t), each overriding the
      * preset's where given (moe_given[MOE_OPT_*]) */
-    int moe_experts, moe_top_k, moe_ffn, moe_every, moe_first_dense, moe_norm_topk, moe_shared_ffn;
+    int moe_experts, moe_top_k, moe_ffn, moe_every, moe_first_dense, moe_norm_topk, moe_shared_ffn, moe_shared_gate;
     char moe_router[16];
     double moe_aux_coef, moe_z_coef, moe_capacity, moe_bias_rate;
-    int moe_given[12];
+    int moe_given[13];
     /* parallel layout */
     int tp, pp, dp;
     int ep; /* --ep: expert-parallel size, carved out of dp (1: none) */

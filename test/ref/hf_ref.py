@@ -294,11 +294,18 @@ def rope_inv_freq(s, HS):
     return torch.where(is_medium, smoothed, inv_freq_llama)
 
 
-def llama_forward(s, W, tok):
+def swiglu_mlp(W, p, x):
+    """modeling_llama's LlamaMLP: down(silu(gate(x)) * up(x)), module prefix p."""
+    return F.silu(x @ W[p + "gate_proj.weight"].T) * (x @ W[p + "up_proj.weight"].T) @ W[p + "down_proj.weight"].T
+
+
+def llama_forward(s, W, tok, mlp=None):
     """modeling_llama: RMSNorm, rotate-half RoPE (cos/sin of cat(freqs, freqs)),
     repeat_kv for GQA, SwiGLU MLP, untied lm_head; modeling_qwen2: q/k/v
     projections with biases; modeling_qwen3: q_norm/k_norm, RMSNorms over
-    each head's head_dim, on q and k before RoPE."""
+    each head's head_dim, on q and k before RoPE. mlp(W, l, x): layer l's
+    feed-forward of its normed input x (default: the SwiGLU MLP;
+    test/ref/hf_moe_ref.py's mixtures pass theirs)."""
     B, T = tok.shape
     C, NH, NKV = s["C"], s["NH"], s["NKV"]
     HS = head_size(s)
@@ -326,7 +333,7 @@ def llama_forward(s, W, tok):
         y = causal_attention(q, k, v).transpose(1, 2).reshape(B, T, NH * HS)
         h = h + lin(y, p + "self_attn.o_proj")
         m = rms(h, p + "post_attention_layernorm")
-        h = h + lin(F.silu(lin(m, p + "mlp.gate_proj")) * lin(m, p + "mlp.up_proj"), p + "mlp.down_proj")
+        h = h + (mlp(W, l, m) if mlp else swiglu_mlp(W, "model." + p + "mlp.", m))
     head = W["model.embed_tokens.weight"] if s.get("tied") else W["lm_head.weight"]
     return rms(h, "norm") @ head.T
 
