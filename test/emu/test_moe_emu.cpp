@@ -24,7 +24,8 @@
  * Shapes: N = 1; N = 300 and 600 (not multiples of the 256-thread blocks;
  * N K over the 1024-assignment counting chunk, so several chunks, one
  * boundary inside a token's K choices); E = 8, K = 2 and E = 64, K = 6
- * (Mixtral's and DeepSeek's shapes); K = E = 4; softmax and sigmoid
+ * (Mixtral's and DeepSeek's shapes); K = E = 4; E = 300 (over the
+ * 256 threads of the counting blocks); softmax and sigmoid
  * routers, with and without norm_topk; logits with many exact ties
  * (values on a grid of 4: top-k and capacity ties); capacity tight enough
  * to drop (each such case asserts that something was dropped) and with N
