@@ -76,12 +76,21 @@
  * Point to point. ncclSend/ncclRecv have no tags: messages between two
  * ranks match in the order they are posted, so the tag argument is only
  * checked by the caller's own ordering (the pipeline executor posts in a
- * fixed schedule order on both sides). */
+ * fixed schedule order on both sides).
+ *
+ * All-to-all (alltoallv, --ep's dispatch over the ep group): NCCL has no
+ * alltoallv, so it is a ncclSend and a ncclRecv per peer with a non-zero
+ * count inside one ncclGroupStart/End (NCCL runs the group's transfers
+ * together, so no posting order can deadlock), blocking, with the same
+ * ordering, staging, watchdog, timeout and failure handling as the
+ * collectives above; the dispatch's row counts are host arrays and take
+ * the staging path. */
 #include "cuda/nccl_comm.h"
 
 #include <cuda_runtime.h>
 #include <mpi.h>
 #include <nccl.h>
+#include <limits.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -334,24 +343,30 @@ static status_t op_prepare(comm_t *c, char *err, size_t errlen, nccl_op_t *o)
     return 0;
 }
 
+/* A copy from pageable memory may wait inside the CUDA call for the
+ * stream's earlier work (the compute event, this group's earlier
+ * operations), where neither the timeout nor the peers' errors are looked
+ * at: a staged operation first waits for that work by polling. */
+static status_t stream_drain(comm_t *c, char *err, size_t errlen, const char *what, size_t n)
+{
+    cudaError_t ce;
+    cudaEvent_t pre;
+    if ((ce = cudaEventCreateWithFlags(&pre, cudaEventDisableTiming)) != cudaSuccess)
+        return cuda_fail(c, err, errlen, ce, what, n);
+    ce = cudaEventRecord(pre, nm(c)->stream);
+    const int ready =
+        ce == cudaSuccess ? spin_event(c, err, errlen, pre, what, n, now_s()) : cuda_fail(c, err, errlen, ce, what, n);
+    (void)cudaEventDestroy(pre);
+    return ready;
+}
+
 /* A host buffer's way in: its data copied into the staging buffer, which
  * o->s and o->r then point into (in place stays in place). */
 static status_t stage_in(comm_t *c, char *err, size_t errlen, nccl_op_t *o)
 {
     nccl_comm_t *m = nm(c);
     cudaError_t ce;
-    /* A copy from pageable memory may wait inside the CUDA call for the
-     * stream's earlier work (the compute event, this group's earlier
-     * operations), where neither the timeout nor the peers' errors are
-     * looked at: wait for that work by polling first. */
-    cudaEvent_t pre;
-    if ((ce = cudaEventCreateWithFlags(&pre, cudaEventDisableTiming)) != cudaSuccess)
-        return cuda_fail(c, err, errlen, ce, o->what, o->n);
-    ce = cudaEventRecord(pre, m->stream);
-    const int ready = ce == cudaSuccess ? spin_event(c, err, errlen, pre, o->what, o->n, now_s())
-                                        : cuda_fail(c, err, errlen, ce, o->what, o->n);
-    (void)cudaEventDestroy(pre);
-    if (ready != 0)
+    if (stream_drain(c, err, errlen, o->what, o->n) != 0)
         return -1;
     const int inplace = (const void *)o->recv == o->send;
     if (stage_room(c, err, errlen, (inplace ? (o->sn > o->rn ? o->sn : o->rn) : o->sn + o->rn) * o->es, o->what,
@@ -555,6 +570,132 @@ static status_t n_barrier(comm_t *c, char *err, size_t errlen)
                OP(.k = COMM_K_ALLREDUCE, .dt = COMM_FP32, .send = &one, .recv = &one, .n = 1, .op = COMM_SUM));
 }
 
+/* ---- all-to-all with varying counts (--ep's dispatch) ------------------------ */
+
+/* Counts and displacements as comm_mpi.c checks them (each fits an int:
+ * the interface fails alike on both libraries, though NCCL takes size_t);
+ * *sext, *rext: the elements the send and receive layouts span. */
+static status_t a2a_layout(comm_t *c, char *err, size_t errlen, const char *what, const size_t *scount,
+                           const size_t *sdispl, const size_t *rcount, const size_t *rdispl, size_t *total,
+                           size_t *sext, size_t *rext)
+{
+    *total = *sext = *rext = 0;
+    for (int q = 0; q < c->size; q++) {
+        if (scount[q] > INT_MAX || sdispl[q] > INT_MAX || rcount[q] > INT_MAX || rdispl[q] > INT_MAX) {
+            status_set(STATUS_FAIL, err, errlen, "NCCL %s on group %s (%d ranks): a count or displacement exceeds "
+                       "INT_MAX", what, c->name, c->size);
+            return -1;
+        }
+        *total += scount[q];
+        if (scount[q] && sdispl[q] + scount[q] > *sext)
+            *sext = sdispl[q] + scount[q];
+        if (rcount[q] && rdispl[q] + rcount[q] > *rext)
+            *rext = rdispl[q] + rcount[q];
+    }
+    return 0;
+}
+
+/* One ncclSend and one ncclRecv per peer with a non-zero count (a rank's
+ * own piece included: NCCL pairs a send and a receive to self within a
+ * group), all inside one ncclGroupStart/End on the group's stream. The
+ * group is always ended once started, whatever failed inside it. */
+static status_t a2a_post(comm_t *c, char *err, size_t errlen, const char *what, size_t total, const char *s,
+                         const size_t *scount, const size_t *sdispl, char *r, const size_t *rcount,
+                         const size_t *rdispl, ncclDataType_t dt, size_t es)
+{
+    nccl_comm_t *m = nm(c);
+    ncclResult_t rc = ncclGroupStart();
+    if (rc != ncclSuccess)
+        return nccl_fail(c, err, errlen, rc, what, total);
+    for (int q = 0; q < c->size && rc == ncclSuccess; q++) {
+        if (scount[q])
+            rc = ncclSend(s + sdispl[q] * es, scount[q], dt, q, m->nc, m->stream);
+        if (rc == ncclSuccess && rcount[q])
+            rc = ncclRecv(r + rdispl[q] * es, rcount[q], dt, q, m->nc, m->stream);
+    }
+    const ncclResult_t end = ncclGroupEnd();
+    if (rc != ncclSuccess || end != ncclSuccess)
+        return nccl_fail(c, err, errlen, rc != ncclSuccess ? rc : end, what, total);
+    return 0;
+}
+
+/* The interface's alltoallv (comm.h): counts and displacements in
+ * elements. Blocking: after the compute stream's work (the ordering event
+ * of every operation), waited for on the watchdog as "alltoallv[_type]
+ * <group>" like comm_mpi.c's, with the timeout and the peers' errors
+ * polled. Host buffers (the dispatch's int32 row counts) are staged: the
+ * send layout's span copied into the staging buffer, the received pieces
+ * copied back one by one, so what lies between them in the host buffer
+ * stays as MPI leaves it; the whole staged operation is on the watchdog. */
+static status_t n_alltoallv(comm_t *c, const void *send, const size_t *scount, const size_t *sdispl, void *recv,
+                            const size_t *rcount, const size_t *rdispl, comm_dtype_t dt, char *err, size_t errlen)
+{
+    static const ncclDataType_t types[COMM_N_DTYPES] = {ncclFloat, ncclBfloat16, ncclInt32,
+                                                        ncclInt64, ncclFloat64,  ncclUint8};
+    nccl_comm_t *m = nm(c);
+    const char *what = comm_op_name(COMM_K_ALLTOALLV, 0, dt);
+    const double span_t0 = c->trace ? trace_now() : 0.0;
+    const size_t es = comm_dtype_size(dt);
+    size_t total, sext, rext;
+    if ((unsigned)dt >= COMM_N_DTYPES || es == 0) {
+        status_set(STATUS_FAIL, err, errlen, "NCCL %s on group %s: unknown element type", what, c->name);
+        return -1;
+    }
+    if (m->failed)
+        return failed_before(c, err, errlen, what);
+    CHECK(a2a_layout(c, err, errlen, what, scount, sdispl, rcount, rdispl, &total, &sext, &rext));
+    const long long bytes = (long long)(total * es);
+    const int host = (sext && !is_device_ptr(send)) || (rext && !is_device_ptr(recv));
+    cudaError_t ce;
+    cudaEvent_t ev = NULL;
+    const char *s = send;
+    char *r = recv;
+    int st = 0;
+    if (host)
+        watchdog_enter(c->watch, what, c->name, c->size, bytes, -1);
+    /* after every op issued so far (see post) */
+    if (m->after && ((ce = cudaEventRecord(m->ready, m->after)) != cudaSuccess ||
+                     (ce = cudaStreamWaitEvent(m->stream, m->ready, 0)) != cudaSuccess))
+        st = cuda_fail(c, err, errlen, ce, what, total);
+    if (st == 0 && host) {
+        st = stream_drain(c, err, errlen, what, total);
+        if (st == 0)
+            st = stage_room(c, err, errlen, (sext + rext) * es, what, total);
+        if (st == 0) {
+            s = m->stage;
+            r = (char *)m->stage + sext * es;
+            if (sext && (ce = cudaMemcpyAsync(m->stage, send, sext * es, cudaMemcpyDefault, m->stream)) != cudaSuccess)
+                st = cuda_fail(c, err, errlen, ce, what, total);
+        }
+    }
+    const double t0 = now_s();
+    if (st == 0)
+        st = a2a_post(c, err, errlen, what, total, s, scount, sdispl, r, rcount, rdispl, types[dt], es);
+    if (st == 0 && (ce = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming)) != cudaSuccess) {
+        ev = NULL;
+        st = cuda_fail(c, err, errlen, ce, what, total);
+    }
+    if (st == 0 && (ce = cudaEventRecord(ev, m->stream)) != cudaSuccess)
+        st = cuda_fail(c, err, errlen, ce, what, total);
+    if (st == 0)
+        st = host ? spin_event(c, err, errlen, ev, what, total, t0)
+                  : wait_event(c, err, errlen, ev, what, total, t0, bytes, -1);
+    if (ev)
+        (void)cudaEventDestroy(ev);
+    /* the exchange is done: the copies back wait for nothing else */
+    for (int q = 0; st == 0 && host && q < c->size; q++)
+        if (rcount[q] && (ce = cudaMemcpyAsync((char *)recv + rdispl[q] * es, r + rdispl[q] * es, rcount[q] * es,
+                                               cudaMemcpyDefault, m->stream)) != cudaSuccess)
+            st = cuda_fail(c, err, errlen, ce, what, total);
+    if (st == 0 && host && rext && (ce = cudaStreamSynchronize(m->stream)) != cudaSuccess)
+        st = cuda_fail(c, err, errlen, ce, what, total);
+    if (host)
+        watchdog_leave(c->watch);
+    if (st == 0)
+        span_record(c, what, span_t0, bytes, -1);
+    return st;
+}
+
 static void n_destroy(comm_t *c)
 {
     nccl_comm_t *m = nm(c);
@@ -585,6 +726,7 @@ static const comm_ops_t nccl_ops = {
     .test = n_test,
     .wait = n_wait,
     .barrier = n_barrier,
+    .alltoallv = n_alltoallv,
     .destroy = n_destroy,
 };
 
@@ -617,6 +759,10 @@ static comm_t **slot(nccl_grid_t *ng, const char *name)
         return &ng->embed;
     if (strcmp(name, "shard") == 0)
         return &ng->shard;
+    if (strcmp(name, "ep") == 0)
+        return &ng->ep;
+    if (strcmp(name, "edp") == 0)
+        return &ng->edp;
     return &ng->replica;
 }
 
@@ -698,7 +844,7 @@ int nccl_grid_create(const grid_t *g, nccl_grid_t *ng, void *after_stream, doubl
 
 void nccl_grid_abort(nccl_grid_t *ng)
 {
-    comm_t *all[] = {ng->replica, ng->shard, ng->embed, ng->pp, ng->dp, ng->tp, ng->world};
+    comm_t *all[] = {ng->edp, ng->ep, ng->replica, ng->shard, ng->embed, ng->pp, ng->dp, ng->tp, ng->world};
     const size_t k = sizeof all / sizeof all[0];
     /* the run is already failing: the statuses of the abort add nothing */
     (void)ncclGroupStart();
@@ -715,7 +861,7 @@ void nccl_grid_abort(nccl_grid_t *ng)
 
 void nccl_grid_destroy(nccl_grid_t *ng)
 {
-    comm_t **all[] = {&ng->replica, &ng->shard, &ng->embed, &ng->pp, &ng->dp, &ng->tp, &ng->world};
+    comm_t **all[] = {&ng->edp, &ng->ep, &ng->replica, &ng->shard, &ng->embed, &ng->pp, &ng->dp, &ng->tp, &ng->world};
     /* a group that failed cannot be destroyed (its peers may never finish):
      * abort them all together first */
     int failed = 0;

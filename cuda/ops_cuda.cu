@@ -74,6 +74,7 @@
 #include "cuda/kernels/crossentropy.cuh"
 #include "cuda/kernels/elementwise.cuh"
 #include "cuda/kernels/embedding.cuh"
+#include "cuda/kernels/moe.cuh"
 #include "cuda/kernels/norm.cuh"
 #include "cuda/kernels/reduce.cuh"
 #include "cuda/kernels/rope.cuh"
@@ -567,6 +568,158 @@ static void xent_finish(void *ctx, float *losses, float *dlogits, const float *r
     finish(g, "xent_finish");
 }
 
+/* ---- mixture of experts (kernels/moe.cuh) ------------------------------------------------ */
+
+/* The MoE ops' scratch: at least `bytes`, on the compute stream (grown
+ * stream-ordered, as col_part_room; each op's use ends before the next
+ * op's kernels start). */
+static void *moe_room(cu_t *g, size_t bytes, const char *what)
+{
+    if (bytes > g->moe_cap) {
+        if (g->moe)
+            ck(cudaFreeAsync(g->moe, g->stream), what);
+        g->moe = NULL;
+        g->moe_cap = 0;
+        ck(cudaMallocAsync(&g->moe, bytes, g->stream), what);
+        g->moe_cap = bytes;
+    }
+    return g->moe;
+}
+
+static void moe_route_fwd(void *ctx, float *scores, float *lse, int32_t *idx, float *gate, const float *logits,
+                          const float *bias, int N, int T, int E, int K, int sigmoid, int norm_topk, int capacity)
+{
+    cu_t *g = (cu_t *)ctx;
+    if (N <= 0 || E <= 0)
+        return;
+    k_moe_route<<<grid_for((size_t)N, THREADS), THREADS, 0, g->stream>>>(scores, lse, idx, gate, logits, bias, N, E,
+                                                                         K, sigmoid, norm_topk);
+    const int B = T > 0 ? N / T : 0;
+    if (capacity > 0 && B > 0 && K > 0) {
+        if (B > 65535)
+            cuda_fatal("moe_route_fwd", "more than 65535 sequences in a microbatch: use a smaller --micro-batch");
+        const size_t n = (size_t)B * T * K;
+        int32_t *in = (int32_t *)moe_room(g, n * sizeof(int32_t), "moe_route_fwd");
+        ck(cudaMemcpyAsync(in, idx, n * sizeof(int32_t), cudaMemcpyDefault, g->stream), "moe_route_fwd");
+        k_moe_drop<<<dim3(moe_tiles((size_t)T * K), (unsigned)B), MOE_TILE, 0, g->stream>>>(idx, in, scores, T, E, K,
+                                                                                            capacity);
+    }
+    finish(g, "moe_route_fwd");
+}
+
+static void moe_plan(void *ctx, int32_t *perm, int32_t *offs, int32_t *where, const int32_t *idx, int N, int E, int K)
+{
+    cu_t *g = (cu_t *)ctx;
+    const size_t NK = (size_t)N * (size_t)(K > 0 ? K : 0);
+    const unsigned nc = moe_chunks(NK);
+    if (E <= 0)
+        return;
+    /* the chunk counts, E + 1 ints a chunk */
+    int *cnt = (int *)moe_room(g, (size_t)nc * ((size_t)E + 1) * sizeof(int), "moe_plan");
+    if (nc > 0)
+        k_moe_count<<<nc, THREADS, 0, g->stream>>>(cnt, idx, NK, E, 0);
+    k_moe_offs<<<1, THREADS, 0, g->stream>>>(offs, cnt, (int)nc, E);
+    if (nc > 0)
+        k_moe_place<<<nc, THREADS, 0, g->stream>>>(perm, where, idx, cnt, NK, E);
+    finish(g, "moe_plan");
+}
+
+static void moe_stats(void *ctx, float *stats, const int32_t *idx, const float *scores, const float *lse, int N, int E,
+                      int K, int sigmoid)
+{
+    cu_t *g = (cu_t *)ctx;
+    const size_t NK = (size_t)N * (size_t)(K > 0 ? K : 0);
+    const unsigned nc = moe_chunks(NK);
+    if (E <= 0)
+        return;
+    /* the chunk counts, then (sigmoid) the tokens' score sums, 8-byte aligned */
+    const size_t at = ((size_t)nc * ((size_t)E + 1) * sizeof(int) + 7) & ~(size_t)7;
+    const size_t rs = sigmoid && N > 0 ? (size_t)N * sizeof(double) : 0;
+    char *room = (char *)moe_room(g, at + rs, "moe_stats");
+    int *cnt = (int *)room;
+    double *rowsum = rs ? (double *)(room + at) : NULL;
+    if (nc > 0)
+        k_moe_count<<<nc, THREADS, 0, g->stream>>>(cnt, idx, NK, E, 1);
+    if (rowsum)
+        k_moe_rowsum<<<grid_for((size_t)N, THREADS), THREADS, 0, g->stream>>>(rowsum, scores, N, E);
+    k_moe_psum<<<grid_for((size_t)E, THREADS), THREADS, 0, g->stream>>>(stats, scores, rowsum, N, E);
+    k_moe_stats_fold<<<1, THREADS, 0, g->stream>>>(stats, cnt, (int)nc, lse, N, E);
+    finish(g, "moe_stats");
+}
+
+static void moe_gather(void *ctx, float *xe, const float *x, const int32_t *perm, int M, int K, int C)
+{
+    cu_t *g = (cu_t *)ctx;
+    if (M <= 0 || C <= 0)
+        return;
+    k_moe_gather<<<grid_for((size_t)M * C, THREADS), THREADS, 0, g->stream>>>(xe, x, perm, M, K, C);
+    finish(g, "moe_gather");
+}
+
+static void moe_combine_fwd(void *ctx, float *out, const float *ye, const float *gate, const int32_t *where, int N,
+                            int K, int C)
+{
+    cu_t *g = (cu_t *)ctx;
+    if (N <= 0 || C <= 0)
+        return;
+    k_moe_combine_fwd<<<grid_for((size_t)N * C, THREADS), THREADS, 0, g->stream>>>(out, ye, gate, where, N, K, C);
+    finish(g, "moe_combine_fwd");
+}
+
+static void moe_combine_bwd(void *ctx, float *dye, float *dgate, const float *dout, const float *ye, const float *gate,
+                            const int32_t *where, int N, int K, int C)
+{
+    cu_t *g = (cu_t *)ctx;
+    const size_t NK = (size_t)N * (size_t)(K > 0 ? K : 0);
+    if (NK == 0)
+        return;
+    if (C > 0)
+        k_moe_combine_dye<<<grid_for(NK * C, THREADS), THREADS, 0, g->stream>>>(dye, dout, gate, where, (int)NK, K, C);
+    k_moe_combine_dgate<<<grid_for(NK, THREADS), THREADS, 0, g->stream>>>(dgate, dout, ye, where, (int)NK, K, C);
+    finish(g, "moe_combine_bwd");
+}
+
+static void moe_scatter_bwd(void *ctx, float *dx, const float *dxe, const int32_t *where, int N, int K, int C,
+                            int accum)
+{
+    cu_t *g = (cu_t *)ctx;
+    if (N <= 0 || C <= 0)
+        return;
+    k_moe_scatter_bwd<<<grid_for((size_t)N * C, THREADS), THREADS, 0, g->stream>>>(dx, dxe, where, N, K, C, accum);
+    finish(g, "moe_scatter_bwd");
+}
+
+static void moe_route_bwd(void *ctx, float *dlogits, const float *dgate, const float *logits, const float *scores,
+                          const float *lse, const int32_t *idx, const float *auxw, float zw, int N, int E, int K,
+                          int sigmoid, int norm_topk)
+{
+    cu_t *g = (cu_t *)ctx;
+    if (N <= 0 || E <= 0)
+        return;
+    k_moe_route_bwd<<<grid_for((size_t)N, THREADS), THREADS, 0, g->stream>>>(dlogits, dgate, logits, scores, lse, idx,
+                                                                             auxw, zw, N, E, K, sigmoid, norm_topk);
+    finish(g, "moe_route_bwd");
+}
+
+static void moe_shared_gate_fwd(void *ctx, float *out, float *s, const float *y, int N, int C)
+{
+    cu_t *g = (cu_t *)ctx;
+    if (N <= 0)
+        return;
+    k_moe_shared_gate_fwd<<<N, THREADS, 0, g->stream>>>(out, s, y, C);
+    finish(g, "moe_shared_gate_fwd");
+}
+
+static void moe_shared_gate_bwd(void *ctx, float *dy, float *dz, const float *dout, const float *y, const float *s,
+                                int N, int C)
+{
+    cu_t *g = (cu_t *)ctx;
+    if (N <= 0)
+        return;
+    k_moe_shared_gate_bwd<<<grid_for((size_t)N, THREADS), THREADS, 0, g->stream>>>(dy, dz, dout, y, s, N, C);
+    finish(g, "moe_shared_gate_bwd");
+}
+
 /* ---- optimizer and reductions ---------------------------------------------------------------- */
 
 static void adamw(void *ctx, float *p, uint16_t *p16, const float *gr, float *m, float *v, size_t n, float lr,
@@ -682,6 +835,8 @@ static void cu_release(void *ctx)
         (void)cudaFreeAsync(g->col_part, g->stream);
     if (g->emb)
         (void)cudaFreeAsync(g->emb, g->stream);
+    if (g->moe)
+        (void)cudaFreeAsync(g->moe, g->stream);
     if (g->part)
         (void)cudaFree(g->part);
     if (g->xs)
@@ -749,16 +904,16 @@ static const ops_t cuda_ops = {
     .adamw = adamw,
     .sumsq = sumsq,
     .scale = scale,
-    /* mixture-of-experts routing: no CUDA kernels yet, so model_create
-     * refuses a MoE model on this backend in one line */
-    .moe_route_fwd = NULL,
-    .moe_plan = NULL,
-    .moe_stats = NULL,
-    .moe_gather = NULL,
-    .moe_combine_fwd = NULL,
-    .moe_combine_bwd = NULL,
-    .moe_scatter_bwd = NULL,
-    .moe_route_bwd = NULL,
+    .moe_route_fwd = moe_route_fwd,
+    .moe_plan = moe_plan,
+    .moe_stats = moe_stats,
+    .moe_gather = moe_gather,
+    .moe_combine_fwd = moe_combine_fwd,
+    .moe_combine_bwd = moe_combine_bwd,
+    .moe_scatter_bwd = moe_scatter_bwd,
+    .moe_route_bwd = moe_route_bwd,
+    .moe_shared_gate_fwd = moe_shared_gate_fwd,
+    .moe_shared_gate_bwd = moe_shared_gate_bwd,
     .cast_f32_to_bf16 = cast_f32_to_bf16,
     .cast_bf16_to_f32 = cast_bf16_to_f32,
 };

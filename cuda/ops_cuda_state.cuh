@@ -63,6 +63,8 @@ typedef struct cuda_ctx {
     size_t col_cap;                  /* floats */
     void *emb;                       /* embedding_bwd's grouping buffers (emb_room) */
     size_t emb_cap, emb_scratch_cap; /* tokens, bytes */
+    void *moe;                       /* the MoE ops' scratch (moe_room) */
+    size_t moe_cap;                  /* bytes */
     lt_cache_t plans;                /* the kept cuBLASLt plans (ops_cuda_gemm.cuh) */
 } cu_t;
 

@@ -19,6 +19,11 @@
  *                                              float partials lose ~1e-7)
  *   add, scale, embedding fwd/bwd,
  *   memory round trips ................ 0     (same arithmetic, same order)
+ *   MoE: routing's scores and gates ... 2e-6  (expf); lse 1e-5 absolute;
+ *   the chosen experts, the dispatch
+ *   plan, statistics, gather, combine,
+ *   scatter, router backward without
+ *   the z-loss ........................ 0     (t_moe says why)
  *
  * A norm's din is measured against max(max |cpu din|, max rstd |w dout|),
  * the largest term it sums: a row of variance ~0 (C = 1) cancels those
@@ -1107,6 +1112,175 @@ out:
     tp_free(s, &logits2);
 }
 
+/* ---- mixture of experts ---------------------------------------------------------- */
+
+/* An int32 tensor on both sides (h the CPU's, d the GPU's), the GPU's
+ * copy starting as poison. */
+typedef struct ti {
+    int32_t *h, *d;
+    size_t n;
+} ti_t;
+
+static int ti_new(st_t *s, ti_t *t, size_t n)
+{
+    t->n = n;
+    t->h = malloc((n ? n : 1) * sizeof(int32_t));
+    t->d = s->gpu->alloc(s->gpu->ctx, (n ? n : 1) * sizeof(int32_t));
+    if (!t->h || !t->d) {
+        s->oom = 1;
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++)
+        t->h[i] = 0x7fff7fff;
+    s->gpu->from_host(s->gpu->ctx, t->d, t->h, n * sizeof(int32_t));
+    return 0;
+}
+
+static void ti_free(st_t *s, ti_t *t)
+{
+    free(t->h);
+    if (t->d)
+        s->gpu->free(s->gpu->ctx, t->d);
+    memset(t, 0, sizeof *t);
+}
+
+/* The first n of t compared bit for bit (n <= t->n). */
+static void check_ints(st_t *s, const char *what, const ti_t *t, size_t n)
+{
+    int32_t *g = malloc((n ? n : 1) * sizeof *g);
+    if (!g) {
+        s->oom = 1;
+        return;
+    }
+    s->gpu->to_host(s->gpu->ctx, g, t->d, n * sizeof *g);
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++)
+        bad += g[i] != t->h[i];
+    free(g);
+    check_bits(s, what, bad, n);
+}
+
+/* The eight MoE ops. The router runs on the same logits on both sides:
+ * multiples of 1/16 in [-4, 4], so two experts' scores are equal (a tie,
+ * broken by the lower expert on both) or at least 1/16 apart in logit,
+ * far beyond the ulps by which the GPU's expf/logf differ: idx must then
+ * be the CPU's exactly. Capacity is tried with the sigmoid router only,
+ * where a score depends on its logit alone (a softmax score also on its
+ * token's lse, so two tokens' scores may sit an ulp apart and the GPU
+ * could drop the other one; the emulation test covers softmax capacity
+ * bit for bit). Every later op gets the CPU's routing on both sides, so
+ * it is compared alone: the plan, the statistics, the gather, the
+ * combine, its backward, the scatter and the router's backward without
+ * the z-loss repeat the CPU's operations in the CPU's order (products and
+ * sums unfused), bound 0; the scores, gates and the z-loss term go through
+ * expf, B_ELEM (lse: B_ROW, absolute). The routing and the plan run twice,
+ * bit-identical. */
+static void t_moe(st_t *s, int N, int T, int E, int K, int C, int sigmoid, int norm_topk, int cap)
+{
+    char what[160], dims[96];
+    snprintf(dims, sizeof dims, "N=%d T=%d E=%d K=%d C=%d %s%s cap=%d", N, T, E, K, C, sigmoid ? "sigmoid" : "softmax",
+             norm_topk ? " norm" : "", cap);
+    const size_t NK = (size_t)N * K, NE = (size_t)N * E;
+    tp_t lg, sc, ls, gt, st, x, xe, ye, out, dout, dye, dg, dxe, dx, auxw, dl, g2;
+    ti_t id, id2, perm, offs, where;
+    memset(&lg, 0, sizeof lg), sc = ls = gt = st = x = xe = ye = out = dout = dye = dg = dxe = dx = auxw = dl = g2 = lg;
+    memset(&id, 0, sizeof id), id2 = perm = offs = where = id;
+    if (tp_new(s, &lg, NE, 0, 0) || tp_new(s, &sc, NE, 0, 0) || tp_new(s, &ls, (size_t)N, 0, 0) ||
+        tp_new(s, &gt, NK, 0, 0) || tp_new(s, &g2, NK, 0, 0) || tp_new(s, &st, 2 * (size_t)E + 2, 0, 0) ||
+        ti_new(s, &id, NK) || ti_new(s, &id2, NK) || ti_new(s, &perm, NK + 1) || ti_new(s, &offs, (size_t)E + 1) ||
+        ti_new(s, &where, NK))
+        goto out;
+    for (size_t i = 0; i < NE; i++)
+        lg.h[i] = (float)((int)(frand(s, 0, 1) * 129.0f) - 64) / 16.0f;
+    tp_sync(s, &lg);
+    poison(s, &sc), poison(s, &ls), poison(s, &gt);
+    /* route, twice on the GPU */
+    s->cpu->moe_route_fwd(s->cpu->ctx, sc.h, ls.h, id.h, gt.h, lg.h, NULL, N, T, E, K, sigmoid, norm_topk, cap);
+    s->gpu->moe_route_fwd(s->gpu->ctx, sc.d, ls.d, id.d, gt.d, lg.d, NULL, N, T, E, K, sigmoid, norm_topk, cap);
+    s->gpu->moe_route_fwd(s->gpu->ctx, sc.d, ls.d, id2.d, g2.d, lg.d, NULL, N, T, E, K, sigmoid, norm_topk, cap);
+    snprintf(what, sizeof what, "moe_route_fwd scores %s", dims);
+    check(s, what, &sc, B_ELEM);
+    snprintf(what, sizeof what, "moe_route_fwd lse %s", dims);
+    check_log(s, what, &ls, B_ROW);
+    snprintf(what, sizeof what, "moe_route_fwd idx %s", dims);
+    check_ints(s, what, &id, NK);
+    snprintf(what, sizeof what, "moe_route_fwd gate %s", dims);
+    check(s, what, &gt, B_ELEM);
+    snprintf(what, sizeof what, "moe_route_fwd twice: same gates %s", dims);
+    check_same(s, what, &gt, &g2);
+    memcpy(id2.h, id.h, NK * sizeof(int32_t));
+    snprintf(what, sizeof what, "moe_route_fwd twice: same idx %s", dims);
+    check_ints(s, what, &id2, NK);
+    /* from here on both sides read the CPU's routing */
+    s->gpu->from_host(s->gpu->ctx, id.d, id.h, NK * sizeof(int32_t));
+    tp_sync(s, &sc), tp_sync(s, &ls), tp_sync(s, &gt);
+    size_t dropped = 0;
+    for (size_t a = 0; a < NK; a++)
+        dropped += id.h[a] < 0;
+    fprintf(s->out, "info moe %s: %zu of %zu assignments dropped\n", dims, dropped, NK);
+    s->cpu->moe_plan(s->cpu->ctx, perm.h, offs.h, where.h, id.h, N, E, K);
+    for (int rep = 0; rep < 2; rep++) {
+        s->gpu->moe_plan(s->gpu->ctx, perm.d, offs.d, where.d, id.d, N, E, K);
+        snprintf(what, sizeof what, "moe_plan perm%s %s", rep ? " (again)" : "", dims);
+        check_ints(s, what, &perm, NK + 1);
+        snprintf(what, sizeof what, "moe_plan offs%s %s", rep ? " (again)" : "", dims);
+        check_ints(s, what, &offs, (size_t)E + 1);
+        snprintf(what, sizeof what, "moe_plan where%s %s", rep ? " (again)" : "", dims);
+        check_ints(s, what, &where, NK);
+    }
+    const int M = offs.h[E];
+    s->cpu->moe_stats(s->cpu->ctx, st.h, id.h, sc.h, ls.h, N, E, K, sigmoid);
+    s->gpu->moe_stats(s->gpu->ctx, st.d, id.d, sc.d, ls.d, N, E, K, sigmoid);
+    snprintf(what, sizeof what, "moe_stats %s", dims);
+    check(s, what, &st, B_EXACT);
+    if (tp_new(s, &x, (size_t)N * C, -1, 1) || tp_new(s, &xe, ((size_t)M + 1) * C, 0, 0) ||
+        tp_new(s, &ye, ((size_t)M + 1) * C, -2, 2) || tp_new(s, &out, (size_t)N * C, 0, 0) ||
+        tp_new(s, &dout, (size_t)N * C, -1, 1) || tp_new(s, &dye, ((size_t)M + 1) * C, 0, 0) ||
+        tp_new(s, &dg, NK, 0, 0) || tp_new(s, &dxe, ((size_t)M + 1) * C, -1, 1) ||
+        tp_new(s, &dx, (size_t)N * C, -1, 1) || tp_new(s, &auxw, (size_t)E, 0, 0.05f) || tp_new(s, &dl, NE, 0, 0))
+        goto out;
+    s->cpu->moe_gather(s->cpu->ctx, xe.h, x.h, perm.h, M, K, C);
+    s->gpu->moe_gather(s->gpu->ctx, xe.d, x.d, perm.d, M, K, C);
+    snprintf(what, sizeof what, "moe_gather %s", dims);
+    check(s, what, &xe, B_EXACT);
+    poison(s, &out);
+    s->cpu->moe_combine_fwd(s->cpu->ctx, out.h, ye.h, gt.h, where.h, N, K, C);
+    s->gpu->moe_combine_fwd(s->gpu->ctx, out.d, ye.d, gt.d, where.d, N, K, C);
+    snprintf(what, sizeof what, "moe_combine_fwd %s", dims);
+    check(s, what, &out, B_EXACT);
+    poison(s, &dg);
+    s->cpu->moe_combine_bwd(s->cpu->ctx, dye.h, dg.h, dout.h, ye.h, gt.h, where.h, N, K, C);
+    s->gpu->moe_combine_bwd(s->gpu->ctx, dye.d, dg.d, dout.d, ye.d, gt.d, where.d, N, K, C);
+    snprintf(what, sizeof what, "moe_combine_bwd dye %s", dims);
+    check(s, what, &dye, B_EXACT);
+    snprintf(what, sizeof what, "moe_combine_bwd dgate %s", dims);
+    check(s, what, &dg, B_EXACT);
+    for (int accum = 0; accum < 2; accum++) {
+        s->cpu->moe_scatter_bwd(s->cpu->ctx, dx.h, dxe.h, where.h, N, K, C, accum);
+        s->gpu->moe_scatter_bwd(s->gpu->ctx, dx.d, dxe.d, where.d, N, K, C, accum);
+        snprintf(what, sizeof what, "moe_scatter_bwd accum=%d %s", accum, dims);
+        check(s, what, &dx, B_EXACT);
+        tp_sync(s, &dx);
+    }
+    /* the router's backward from the CPU's dgate: gates, + aux, + z-loss */
+    tp_sync(s, &dg);
+    for (int terms = 0; terms < 3; terms++) {
+        const float zw = terms == 2 ? 0.003f : 0.0f;
+        poison(s, &dl);
+        s->cpu->moe_route_bwd(s->cpu->ctx, dl.h, dg.h, lg.h, sc.h, ls.h, id.h, terms ? auxw.h : NULL, zw, N, E, K,
+                              sigmoid, norm_topk);
+        s->gpu->moe_route_bwd(s->gpu->ctx, dl.d, dg.d, lg.d, sc.d, ls.d, id.d, terms ? auxw.d : NULL, zw, N, E, K,
+                              sigmoid, norm_topk);
+        snprintf(what, sizeof what, "moe_route_bwd%s %s", terms == 2 ? " +aux +z" : terms ? " +aux" : "", dims);
+        check(s, what, &dl, terms == 2 ? B_ELEM : B_EXACT);
+    }
+out:
+    tp_free(s, &lg), tp_free(s, &sc), tp_free(s, &ls), tp_free(s, &gt), tp_free(s, &g2), tp_free(s, &st);
+    tp_free(s, &x), tp_free(s, &xe), tp_free(s, &ye), tp_free(s, &out), tp_free(s, &dout), tp_free(s, &dye);
+    tp_free(s, &dg), tp_free(s, &dxe), tp_free(s, &dx), tp_free(s, &auxw), tp_free(s, &dl);
+    ti_free(s, &id), ti_free(s, &id2), ti_free(s, &perm), ti_free(s, &offs), ti_free(s, &where);
+}
+
 /* bf16 casts. Inputs are raw fp32 bit patterns, not values from frand: every
  * upper half (all signs, exponents, kept mantissas, NaNs and infinities)
  * with the low half 0, 0x7fff, 0x8000 (the ties), 0x8001 and 0xffff, then
@@ -1235,6 +1409,15 @@ int cuda_selftest(const ops_t *gpu, const ops_t *cpu, FILE *out, char *err, size
         t_xent(&s, 23, 50, 50, 0, 50);
     if (!s.oom)
         t_xent(&s, 64, 1000, 1008, 500, 2000);
+    /* MoE {N, T, E, K, C, sigmoid, norm_topk, capacity}: one token; N not a
+     * multiple of the 256-thread blocks; Mixtral's E 8 / K 2 and
+     * DeepSeek's E 64 / K 6 with capacity dropping; many counting chunks
+     * and GPT-2's width */
+    static const int me[][8] = {{1, 1, 8, 2, 16, 0, 1, 0},      {300, 100, 8, 2, 64, 0, 1, 0},
+                                {600, 200, 64, 6, 96, 1, 1, 8}, {4096, 512, 64, 6, 256, 1, 0, 40},
+                                {2048, 1024, 8, 2, 768, 0, 0, 0}};
+    for (size_t i = 0; i < sizeof me / sizeof me[0] && !s.oom; i++)
+        t_moe(&s, me[i][0], me[i][1], me[i][2], me[i][3], me[i][4], me[i][5], me[i][6], me[i][7]);
     if (!s.oom)
         t_bf16(&s, (size_t)1 << 22);
     if (s.oom) {

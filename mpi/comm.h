@@ -106,7 +106,8 @@ typedef struct comm_ops {
      * each rank q and receives rcount[q] elements from q at recv +
      * rdispl[q] (counts and displacements in elements, size entries each).
      * Every count and displacement must fit an int: larger ones fail with
-     * one line, not chunked. NULL in tables that lack it (NCCL). */
+     * one line, not chunked. Both tables have it (NCCL: grouped
+     * ncclSend/ncclRecv); model_create still checks for NULL. */
     status_t (*alltoallv)(comm_t *c, const void *send, const size_t *scount, const size_t *sdispl, void *recv,
                           const size_t *rcount, const size_t *rdispl, comm_dtype_t dt, char *err, size_t errlen);
     void (*destroy)(comm_t *c);

@@ -73,11 +73,11 @@ EOF
 # commands of Essential or required packages (in every Debian root,
 # debootstrap --variant=minbase included): coreutils, util-linux, findutils,
 # diffutils, grep, sed, mawk, tar, gzip, bash, dpkg, apt, libc-bin, mount,
-# hostname, debianutils
+# hostname, debianutils, perl-base (perl: test/emu/moe_mutants.sh)
 base="awk basename bash cat chmod cmp cp cut date dd df diff dirname dpkg dpkg-query apt-get du echo env expr
 find getent grep gzip head hostname id kill ldd ln ls mkdir mktemp mount mv nproc od paste printf pwd
 readlink rm rmdir sed seq setsid sh sha1sum sha256sum sleep sort stat sync tail tar tee timeout touch tr
-true false umount uname uniq wc xargs zcat which nice unshare chroot"
+true false umount uname uniq wc xargs zcat which nice unshare chroot perl"
 # optional: checked for presence with a warning only (GPU machines, not in
 # Debian main; sudo: install-deps.sh also runs as root)
 optional="nvcc nvidia-smi sudo"

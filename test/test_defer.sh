@@ -8,7 +8,10 @@
 # bit, as the plain CPU backend: data parallel with bucketed bf16
 # reductions, tensor parallel with sequence parallelism, 1F1B and GPipe
 # pipelines with the tied embedding, ZeRO-1/2/3 with HSDP and bf16,
-# recomputation, sampling, and a checkpoint saved and resumed.
+# recomputation, sampling, a checkpoint saved and resumed, and MoE layers
+# (the host reads each layer's expert offsets and loss statistics, and
+# writes the loss weights and, under --ep, the all-to-all permutation):
+# tiny-moe at tp2 with capacity dropping, tiny-deepseek-moe at ep2.
 . "$top_srcdir/test/common.sh"
 
 # defer_run OUT NP ARGS...: layout_run with DTRAIN_DEFER_OPS=1
@@ -59,6 +62,8 @@ pair pp2-dp2-1f1b 4 --pp 2 --dp 2 --recompute full --zero 1
 pair pp2-gpipe 2 --pp 2 --pp-schedule gpipe --dtype bf16
 pair zero2 2 --zero 2 --grad-reduce-dtype bf16
 pair zero3-hsdp 4 --zero 3 --hybrid-shard 2 --dtype bf16
+pair moe-tp2-cap 2 --model tiny-moe --tp 2 --moe-capacity-factor 1
+pair moe-ep2 2 --model tiny-deepseek-moe --dp 2 --ep 2 --dtype bf16
 
 # a checkpoint written and read under deferred ops: stop at step 3, resume,
 # and end bit-identical to the uninterrupted plain run

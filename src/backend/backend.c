@@ -235,8 +235,10 @@ int backend_comm_open(backend_t *b, backend_comm_t comm, const grid_t *g, grid_t
     net->embed = ng->embed;
     net->shard = ng->shard;
     net->replica = ng->replica;
-    snprintf(b->comm_desc, sizeof b->comm_desc, "nccl (world, tp, dp, embed%s; a stream per group), mpi (pp)",
-             g->shard ? ", shard, replica" : "");
+    net->ep = ng->ep;
+    net->edp = ng->edp;
+    snprintf(b->comm_desc, sizeof b->comm_desc, "nccl (world, tp, dp, embed%s%s; a stream per group), mpi (pp)",
+             g->shard ? ", shard, replica" : "", g->ep ? ", ep, edp" : "");
 #endif
     return 0; /* without CUDA every rank has all == 0 and returned above */
 }

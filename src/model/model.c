@@ -711,13 +711,6 @@ int model_create(model_t *m, const model_config_t *cfg, const ops_t *ops, const 
     m->T = T;
     if (check_shapes(cfg, lay, B, T, err, errlen) != 0)
         return -1;
-    if (cfg->moe.experts && !ops->moe_route_fwd) {
-        snprintf(err, errlen,
-                 "this model's MoE layers run on the CPU backend for now (the %s backend has no MoE kernels yet): "
-                 "use --device cpu",
-                 ops->name);
-        return -1;
-    }
     if (cfg->moe.shared_gate && !ops->moe_shared_gate_fwd) {
         snprintf(err, errlen,
                  "--moe-shared-gate runs on the CPU backend for now (the %s backend has no kernel for it): use "

@@ -231,6 +231,25 @@ static const model_preset_t presets[] = {
       .rope_theta = 10000.0f,
       .moe = {.experts = 16, .top_k = 4, .ffn = 64, .every = 1, .first_dense = 1, .router = MOE_ROUTER_SIGMOID,
               .norm_topk = 1, .shared_ffn = 128, .aux_coef = 0.001f, .bias_rate = 0.001f}}},
+    /* Qwen2-MoE's shape in small (Qwen1.5-MoE-A2.7B's choices): q/k/v
+     * biases, softmax scores used as they are (norm_topk_prob false),
+     * and a shared expert scaled per token by its sigmoid gate */
+    {"tiny-qwen-moe",
+     "Qwen2-MoE style: Llama with q/k/v biases, 4 layers, 8 experts of width 64, top-2 softmax (not "
+     "renormalised), gated shared expert of width 128",
+     {.arch = ARCH_LLAMA,
+      .vocab_size = 256,
+      .n_layer = 4,
+      .n_head = 4,
+      .n_kv_head = 2,
+      .d_model = 128,
+      .d_ff = 352,
+      .max_seq = 256,
+      .norm_eps = 1e-6f,
+      .rope_theta = 10000.0f,
+      .attn_bias = 1,
+      .moe = {.experts = 8, .top_k = 2, .ffn = 64, .every = 1, .shared_ffn = 128, .shared_gate = 1,
+              .aux_coef = 0.001f}}},
     /* mistralai/Mixtral-8x7B-v0.1's config.json shape; the aux coefficient
      * is transformers' MixtralConfig default */
     {"mixtral-8x7b",

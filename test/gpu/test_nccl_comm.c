@@ -8,9 +8,17 @@
  * sums (ncclBfloat16: allreduce_bf16, iallreduce_bf16 + wait,
  * reduce_scatter_bf16 out of place and in place, ireduce_scatter_bf16 +
  * test, a host buffer) on integers whose partial
- * sums are exact in bf16 (up to 8 ranks). SKIP (77) with the CUDA error
+ * sums are exact in bf16 (up to 8 ranks); alltoallv (grouped
+ * ncclSend/ncclRecv): uneven counts with empty ones and the sources laid
+ * out in reverse with gaps (which must stay untouched), fp32 in managed
+ * memory and int32 in host (stack) arrays through the staging path, all
+ * counts zero, and a count over INT_MAX failing in one line on every rank.
+ * Then a dp grid with --ep's groups (ep over every rank): its NCCL twins
+ * land in ng.ep and ng.edp (not in the replica slot, which stays empty)
+ * and the alltoallv checks pass on ng.ep. SKIP (77) with the CUDA error
  * string when any rank sees no GPU. */
 #include <cuda_runtime.h>
+#include <limits.h>
 #include <mpi.h>
 #include <stdio.h>
 #include <string.h>
@@ -84,6 +92,65 @@ static void bf16_checks(comm_t *c, uint16_t *hb)
          host[0] == dt_f32_to_bf16((float)W) && host[1] == dt_f32_to_bf16((float)(W * (W - 1) / 2)) &&
          host[2] == dt_f32_to_bf16(-2.0f * (float)W);
     check(ok, c, cerr, "allreduce_bf16 of a host (stack) buffer");
+}
+
+/* alltoallv: rank r sends a2a_n(r, q) elements (some none, uneven) to
+ * rank q, value 1000 r + 100 q + i; the receive layout takes the sources
+ * in reverse order with one gap element before each, filled with -7,
+ * which must come back unchanged. buf, buf2: managed, >= 4 W + 1 floats. */
+static size_t a2a_n(int r, int q) { return (size_t)((r + 2 * q) % 3 + (r == q)); }
+
+static void a2a_checks(comm_t *c, float *buf, float *buf2)
+{
+    char cerr[COMM_ERR_MAX] = "";
+    const int r = c->rank, W = c->size;
+    size_t v[4 * 8] = {0};
+    int32_t si[4 * 8 + 1] = {0}, ri[2 * 4 * 8 + 1] = {0};
+    if (W > 8)
+        return; /* the stack tables */
+    size_t *scnt = v, *sdsp = v + W, *rcnt = v + 2 * W, *rdsp = v + 3 * W, ns = 0, nr = 0;
+    for (int q = 0; q < W; q++) {
+        scnt[q] = a2a_n(r, q);
+        sdsp[q] = ns;
+        for (size_t i = 0; i < scnt[q]; i++) {
+            buf[ns + i] = (float)(1000 * r + 100 * q + (int)i);
+            si[ns + i] = 1000 * r + 100 * q + (int)i;
+        }
+        ns += scnt[q];
+    }
+    for (int s = W - 1; s >= 0; s--) {
+        nr++; /* the gap */
+        rcnt[s] = a2a_n(s, r);
+        rdsp[s] = nr;
+        nr += rcnt[s];
+    }
+    for (size_t i = 0; i < nr; i++)
+        buf2[i] = -7.0f, ri[i] = -7;
+    int ok = c->ops->alltoallv(c, buf, scnt, sdsp, buf2, rcnt, rdsp, COMM_FP32, cerr, sizeof cerr) == 0;
+    int oki = ok && c->ops->alltoallv(c, si, scnt, sdsp, ri, rcnt, rdsp, COMM_INT32, cerr, sizeof cerr) == 0;
+    for (int s = 0; s < W; s++) {
+        ok &= buf2[rdsp[s] - 1] == -7.0f;
+        oki &= ri[rdsp[s] - 1] == -7;
+        for (size_t i = 0; i < rcnt[s]; i++) {
+            ok &= buf2[rdsp[s] + i] == (float)(1000 * s + 100 * r + (int)i);
+            oki &= ri[rdsp[s] + i] == 1000 * s + 100 * r + (int)i;
+        }
+    }
+    check(ok, c, cerr, "alltoallv fp32, managed memory, uneven and empty counts, gaps kept");
+    check(oki, c, cerr, "alltoallv_i32, host (stack) arrays through the staging path, gaps kept");
+    /* nothing to move at all */
+    for (int q = 0; q < W; q++)
+        scnt[q] = rcnt[q] = 0;
+    buf2[0] = -7.0f;
+    ok = c->ops->alltoallv(c, buf, scnt, sdsp, buf2, rcnt, rdsp, COMM_FP32, cerr, sizeof cerr) == 0 &&
+         buf2[0] == -7.0f;
+    check(ok, c, cerr, "alltoallv with every count zero");
+    /* every rank: a count over INT_MAX fails before any NCCL call */
+    scnt[0] = (size_t)INT_MAX + 1;
+    cerr[0] = '\0';
+    ok = c->ops->alltoallv(c, buf, scnt, sdsp, buf2, rcnt, rdsp, COMM_FP32, cerr, sizeof cerr) != 0 &&
+         strstr(cerr, "exceeds INT_MAX") != NULL;
+    check(ok, c, ok ? "" : cerr, "alltoallv with a count over INT_MAX fails in one line");
 }
 
 static int group_checks(comm_t *c, float *buf, float *buf2, uint16_t *hb)
@@ -191,6 +258,7 @@ static int group_checks(comm_t *c, float *buf, float *buf2, uint16_t *hb)
         check(ok, c, cerr, "isend/irecv ring");
     }
     check(c->ops->barrier(c, cerr, sizeof cerr) == 0, c, cerr, "barrier");
+    a2a_checks(c, buf, buf2);
     bf16_checks(c, hb);
     return nfail > bad0 ? -1 : 0;
 }
@@ -236,15 +304,35 @@ int main(int argc, char **argv)
             nfail++; /* its first all-reduce failed: printed there, counted here */
         }
     }
+    nccl_grid_destroy(&ng);
+    grid_destroy(&g);
+    /* --ep's groups: a dp W grid, one EP group of every rank */
+    if (grid_create(&g, 1, 1, 0, err, sizeof err) != 0 || grid_create_ep_groups(&g, env.world_size, err, sizeof err) != 0) {
+        fprintf(stderr, "test_nccl_comm: %s\n", err);
+        launch_exit(&env, 99);
+    }
+    if (nccl_grid_create(&g, &ng, NULL, 60.0, err, sizeof err) != 0) {
+        fprintf(stderr, "test_nccl_comm: rank %d: ep grid: %s\n", env.world_rank, err);
+        launch_exit(&env, 1);
+    }
+    if (!ng.ep || !ng.edp || ng.replica || ng.ep->size != env.world_size || strcmp(ng.ep->name, "ep") != 0 ||
+        strcmp(ng.edp->name, "edp") != 0) {
+        nfail++;
+        fprintf(stderr, "test_nccl_comm: rank %d: FAIL the ep grid's NCCL twins: ep %s, edp %s, replica %s\n",
+                env.world_rank, ng.ep ? ng.ep->name : "missing", ng.edp ? ng.edp->name : "missing",
+                ng.replica ? "set (should be absent)" : "absent");
+    } else {
+        a2a_checks(ng.ep, buf, buf2);
+    }
+    nccl_grid_destroy(&ng);
+    grid_destroy(&g);
     cudaFree(buf);
     cudaFree(buf2);
     cudaFree(hb);
-    nccl_grid_destroy(&ng);
-    grid_destroy(&g);
     int total = 0;
     MPI_Allreduce(&nfail, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
     if (env.world_rank == 0)
-        printf("test_nccl_comm: %s: %d rank(s), world and tp groups, %d failure(s)\n", total ? "FAIL" : "ok",
+        printf("test_nccl_comm: %s: %d rank(s), world, tp and ep groups, %d failure(s)\n", total ? "FAIL" : "ok",
                env.world_size, total);
     launch_exit(&env, total ? 1 : 0);
     return 0;

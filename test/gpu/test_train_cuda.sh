@@ -10,6 +10,13 @@
 #    fp32 sums), so the difference is again summation order, made coarser
 #    where an fp32 last-bit difference crosses a bf16 rounding boundary:
 #    the bounds of test_dtype.sh's bf16 layouts, 1e-4 losses, 1e-3 norms.
+# Mixture of experts (issue 33): tiny-moe (GPT-2 experts, softmax top-2)
+# in both precisions and tiny-deepseek-moe (SwiGLU experts, sigmoid
+# top-4, a shared expert) with capacity dropping, 6 steps each, the same
+# bounds; 6 rather than 10 steps because routing is discrete: a last-bit
+# difference that moves one token's k-th choice across a near-tie moves
+# the loss by ~1e-4 from then on (test_moe.sh measured the first such
+# flip between CPU layouts at step 13 of tiny-moe).
 # Then NCCL in the training loop: --comm nccl on one rank bit-identical to
 # --comm mpi; two ranks (dp2, tp2, ZeRO-3) against the CPU, on NCCL with
 # two GPUs, and with one GPU shared by both ranks (the machines lent to
@@ -47,6 +54,29 @@ for model in tiny tiny-llama; do
         fail "$model: no 'precision: bf16' line in the CUDA bf16 run's banner"
 done
 
+moe_pair() { # TAG DTYPE ARGS...: --device cpu and cuda, steps 1, 3, 6 and the validation loss
+    tag=$1
+    dt=$2
+    shift 2
+    for dev in cpu cuda; do
+        "$DTRAIN" $(tiny_args) --device "$dev" --dtype "$dt" --threads 2 --steps 6 --warmup 2 --micro-batch 2 \
+            --seq-len 64 --val-every 6 --val-batches 2 --sample-tokens 0 --metrics "$TMP/moe.$tag.$dev.jsonl" "$@" \
+            >"$TMP/moe.$tag.$dev.log" 2>&1 || fail "$tag --device $dev: exit status $? $(tail -n 3 "$TMP/moe.$tag.$dev.log")"
+    done
+    grep -q "^backend: cuda" "$TMP/moe.$tag.cuda.log" || fail "$tag: no 'backend: cuda' line in the banner"
+    for step in 1 3 6; do
+        expect_close "$tag step $step loss" "$(json_field "$TMP/moe.$tag.cpu.jsonl" $step loss)" \
+            "$(json_field "$TMP/moe.$tag.cuda.jsonl" $step loss)" 1e-4
+        expect_close "$tag step $step grad_norm" "$(json_field "$TMP/moe.$tag.cpu.jsonl" $step grad_norm)" \
+            "$(json_field "$TMP/moe.$tag.cuda.jsonl" $step grad_norm)" 1e-3
+    done
+    expect_close "$tag final val_loss" "$(json_field "$TMP/moe.$tag.cpu.jsonl" 6 val_loss)" \
+        "$(json_field "$TMP/moe.$tag.cuda.jsonl" 6 val_loss)" 1e-4
+}
+moe_pair tiny-moe-fp32 fp32 --model tiny-moe
+moe_pair tiny-moe-bf16 bf16 --model tiny-moe
+moe_pair deepseek-cap fp32 --model tiny-deepseek-moe --moe-capacity-factor 1 --moe-z-coef 0.001
+
 # NCCL in the training loop. One rank: --comm nccl bootstraps, uses and
 # frees NCCL communicators of one rank (the step loop skips most
 # reductions over groups of one, so this checks the plumbing); nothing is
@@ -62,8 +92,9 @@ grep -q "^communication: nccl" "$TMP/comm.nccl.log" && pass "--comm nccl: banner
 strip_timing "$TMP/comm.mpi.jsonl" >"$TMP/comm.a" && strip_timing "$TMP/comm.nccl.jsonl" >"$TMP/comm.b" &&
     cmp -s "$TMP/comm.a" "$TMP/comm.b" && pass "1 rank: --comm nccl bit-identical to --comm mpi" ||
     fail "1 rank: --comm nccl differs from --comm mpi"
-# Two ranks: dp2 (bucketed all-reduce), tp2 and dp2 ZeRO-3 against the
-# same layout on the CPU over MPI (fp32: the 1e-4 / 1e-3 bounds above). On
+# Two ranks: dp2 (bucketed all-reduce), tp2, dp2 ZeRO-3 and tiny-moe with
+# expert parallelism (ep2: the all-to-all, on NCCL with two GPUs) against
+# the same layout on the CPU over MPI (fp32: the 1e-4 / 1e-3 bounds above). On
 # NCCL with two GPUs; with one, both ranks share it and --comm auto keeps
 # MPI (NCCL needs a GPU per rank), which still runs the CUDA ops under the
 # MPI communicators' waits on managed memory.
@@ -78,7 +109,7 @@ if [ "$np2_comm" = mpi ]; then
 else
     [ $rc -eq 0 ] && pass "two GPUs: --comm nccl runs dp2" || fail "--comm nccl dp2: exit $rc: $(tail -n 3 "$TMP/np2.nccl.log")"
 fi
-for lay in "--dp 2 --bucket-mb 0.05" "--tp 2" "--dp 2 --zero 3"; do
+for lay in "--dp 2 --bucket-mb 0.05" "--tp 2" "--dp 2 --zero 3" "--model tiny-moe --dp 2 --ep 2"; do
     tag=$(echo "$lay" | tr -d ' -')
     for dev in cpu cuda; do
         "$MPIEXEC" --quiet -np 2 "$DTRAIN" $(tiny_args) $lay --device $dev --dtype fp32 --threads 2 --steps 10 \
@@ -102,7 +133,9 @@ done
 # kernels and their order are the same, so any difference is a missing
 # wait. One rank (tiny-llama bf16, the MPI communicators' device_sync path),
 # dp2 ZeRO-2 (with two GPUs NCCL events ordering the dp stream, with one
-# the MPI waits) and pp2 (MPI point to point on managed memory).
+# the MPI waits), pp2 (MPI point to point on managed memory) and MoE at
+# ep2 with capacity dropping (the host reads each layer's expert offsets
+# and statistics; the all-to-all on NCCL with two GPUs, else MPI).
 async_pair() { # TAG NP ARGS...
     tag=$1
     np=$2
@@ -125,6 +158,7 @@ async_pair() { # TAG NP ARGS...
 async_pair llama-bf16 1 --model tiny-llama --dtype bf16 --global-batch 4
 async_pair dp2-zero2 2 --dp 2 --zero 2 --dtype bf16 --global-batch 4
 async_pair pp2 2 --pp 2 --dtype bf16 --global-batch 4
+async_pair moe-ep2 2 --model tiny-moe --dp 2 --ep 2 --moe-capacity-factor 1 --global-batch 4
 
 # dtrain --selftest runs the op comparisons and exits 0
 "$DTRAIN" --selftest >"$TMP/selftest" 2>&1 && grep -q "^selftest: .* 0 failed" "$TMP/selftest" &&
