@@ -132,7 +132,8 @@ static const opt_def_t opt_defs[] = {
     {"dp", OPT_INT, F(dp), 0, "0", 0, 1 << 20, NULL, "data-parallel size (0 = world size / (tp x pp))", NULL, NULL, 0},
     {"ep", OPT_INT, F(ep), 0, "1", 1, 1 << 20, NULL,
      "expert-parallel size: each MoE layer's experts split over N data-parallel ranks, tokens dispatched to them by "
-     "all-to-all (N divides dp and the experts; expert gradients averaged over the dp/N ranks holding the same ones)",
+     "all-to-all (N divides dp and the experts; expert gradients averaged, and under --zero their state sharded, over "
+     "the dp/N ranks holding the same ones)",
      NULL, NULL, 0},
     {"ddp-mode", OPT_ENUM, F(ddp_mode), 0, "bucketed", 0, 0, ddp_mode_names,
      "gradient all-reduce: naive (per tensor) | flat (one buffer) | bucketed (overlapped with backward)", NULL, NULL,
