@@ -263,8 +263,10 @@ typedef struct ops {
      *   lse[n]       = logsumexp(logits[n, :])  (the z-loss's)
      *   scores[n,e]  = softmax(logits[n])[e]    (sigmoid = 0)
      *                  1 / (1 + exp(-logits[n,e])) (sigmoid = 1)
-     *   idx[n,0..K)  = the K highest scores, highest first, the lower
-     *                  expert first on a tie
+     *   idx[n,0..K)  = the K highest of scores[n,e] + bias[e], highest
+     *                  first, the lower expert first on a tie (bias: [E],
+     *                  DeepSeek's expert bias, which selects and does not
+     *                  weigh; NULL = none)
      *   gate[n,j]    = scores[n, idx[n,j]], divided by their sum over the
      *                  K when norm_topk.
      * capacity > 0 then caps each expert at `capacity` assignments per
@@ -273,8 +275,8 @@ typedef struct ops {
      * are dropped (on a tie the later token, then the later j), so what
      * is dropped depends on the sequence alone, never on the batch or
      * layout. */
-    void (*moe_route_fwd)(void *ctx, float *scores, float *lse, int32_t *idx, float *gate, const float *logits, int N,
-                          int T, int E, int K, int sigmoid, int norm_topk, int capacity);
+    void (*moe_route_fwd)(void *ctx, float *scores, float *lse, int32_t *idx, float *gate, const float *logits,
+                          const float *bias, int N, int T, int E, int K, int sigmoid, int norm_topk, int capacity);
     /* The dispatch order: the M kept assignments sorted by expert, then
      * token, then j. perm[0..M) holds n*K + j of each in that order,
      * offs[E+1] each expert's first place in it (offs[E] = M), and

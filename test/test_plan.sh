@@ -304,13 +304,13 @@ plan_json "$TMP/z0.json" --model gpt2-124m --gpus 8 --micro-batch 1 --global-bat
 # ---- --search ----------------------------------------------------------------------------------
 "$DTRAIN" --plan --search --config "$top_srcdir/examples/llama-70b.conf" --gpus 64 --global-batch 128 >"$TMP/s.txt" 2>&1 &&
     n=$(sed -n 's/.* layouts planned, \([0-9]*\) fit in .*/\1/p' "$TMP/s.txt") && [ "${n:-0}" -gt 0 ] &&
-    [ "$(awk '/tokens\/s/ { on = 1; next } on && NF == 15 { n++ } END { print n + 0 }' "$TMP/s.txt")" -ge 2 ] &&
-    awk '/tokens\/s/ { on = 1; next } on && NF == 15 { print $9 }' "$TMP/s.txt" | sort -c -r -n 2>/dev/null &&
+    [ "$(awk '/tokens\/s/ { on = 1; next } on && NF == 16 { n++ } END { print n + 0 }' "$TMP/s.txt")" -ge 2 ] &&
+    awk '/tokens\/s/ { on = 1; next } on && NF == 16 { print $10 }' "$TMP/s.txt" | sort -c -r -n 2>/dev/null &&
     pass "--search: $n layouts of llama-70b fit on 64 x h100-sxm, listed by predicted tokens/s: $(sed -n '3p' "$TMP/s.txt" | sed 's/  */ /g')" ||
     fail "--search: $(head -n 4 "$TMP/s.txt")"
 # the best layout it lists, planned on its own, fits (read in this shell:
 # a pass or fail inside a pipeline's subshell would not count)
-read -r tp pp dp sched z sp rc mb rest <<EOF
+read -r tp pp dp ep sched z sp rc mb rest <<EOF
 $(sed -n '3p' "$TMP/s.txt")
 EOF
 spf=""
@@ -418,6 +418,36 @@ plan_json "$TMP/ep.json" --model tiny-moe --gpus 4 --ep 2 --micro-batch 2 --glob
         pass "--plan --ep 2: $want all-to-all bytes per step (none without --ep), priced in the step"
     else
         fail "--plan --ep 2: all-to-all bytes $(jget "$TMP/ep.json" bytes_sent.ep), expected $want: $(grep '^  ep' "$TMP/ep.json.txt")"
+    fi
+
+# ---- (h) a mixture's active parameters and FLOPs ------------------------------------------
+# tiny-moe is tiny (4 layers, C 128, MLP 512) with each MLP replaced by 8
+# GPT-2 experts of width 256, top-2: a token meets the router (C x 8) and
+# two experts whose fc and proj widths add up to tiny's MLP, plus one more
+# proj bias (C). So its active parameters are tiny's + 4 (8 C + C), and
+# its FLOPs per token tiny's + 6 x 4 x 8 C (the router's matmul; biases
+# are not matmul parameters).
+plan_json "$TMP/moe.json" --model tiny-moe --micro-batch 2 --global-batch 8 --seq-len 64 --hw cpu &&
+    plan_json "$TMP/dense.json" --model tiny --micro-batch 2 --global-batch 8 --seq-len 64 --hw cpu &&
+    {
+        act=$(jget "$TMP/moe.json" params_active)
+        want_act=$(($(jget "$TMP/dense.json" params_total) + 4 * (8 * 128 + 128)))
+        df=$(awk -v a="$(jget "$TMP/moe.json" flops_per_step)" -v b="$(jget "$TMP/dense.json" flops_per_step)" 'BEGIN { printf "%.0f", a - b }')
+        want_df=$((6 * 4 * 8 * 128 * 8 * 64))
+        if [ "$act" = "$want_act" ] && [ "$df" = "$want_df" ] &&
+            grep -q "^moe: 4 of 4 layers, 8 experts of width 256, top-2: $(jget "$TMP/moe.json" params_total) parameters, $act active" "$TMP/moe.json.txt"; then
+            pass "--plan tiny-moe: $act active parameters (tiny's + the routers and a bias), step FLOPs tiny's + $df (the routers)"
+        else
+            fail "--plan tiny-moe: active $act (want $want_act), FLOPs over tiny's $df (want $want_df): $(grep '^moe:' "$TMP/moe.json.txt")"
+        fi
+    }
+# --search ranges over --ep for a mixture: ep divides dp and the experts
+"$DTRAIN" --plan --search --model tiny-moe --gpus 4 --global-batch 16 --seq-len 64 --hw cpu >"$TMP/se.txt" 2>&1 &&
+    eps=$(awk 'NR > 2 && $1 ~ /^[0-9]+$/ { print $4 }' "$TMP/se.txt" | sort -u | tr '\n' ' ') &&
+    if echo "$eps" | grep -Eq '(^| )(2|4) '; then
+        pass "--search over tiny-moe on 4 ranks lists ep $eps"
+    else
+        fail "--search over tiny-moe: ep values '$eps': $(head -n 3 "$TMP/se.txt")"
     fi
 
 finish

@@ -20,10 +20,11 @@
 /* The expert of an assignment, kept (idx >= 0) or dropped (-(e+1)). */
 static int expert_of(int32_t idx) { return idx >= 0 ? idx : -idx - 1; }
 
-/* One token: lse, scores[E], the top K (highest score first, the lower
- * expert on a tie) and their gates. taken[E] is scratch. */
-static void route_token(float *s, float *lse, int32_t *idx, float *gate, const float *l, int E, int K, int sigmoid,
-                        int norm_topk, unsigned char *taken)
+/* One token: lse, scores[E], the top K of score + bias (highest first,
+ * the lower expert on a tie; bias NULL: none) and their gates, from the
+ * scores alone. taken[E] is scratch. */
+static void route_token(float *s, float *lse, int32_t *idx, float *gate, const float *l, const float *bias, int E,
+                        int K, int sigmoid, int norm_topk, unsigned char *taken)
 {
     float mx = l[0];
     for (int e = 1; e < E; e++)
@@ -38,9 +39,14 @@ static void route_token(float *s, float *lse, int32_t *idx, float *gate, const f
     float chosen = 0.0f;
     for (int j = 0; j < K; j++) {
         int best = -1;
-        for (int e = 0; e < E; e++)
-            if (!taken[e] && (best < 0 || s[e] > s[best]))
+        float best_v = 0.0f;
+        for (int e = 0; e < E; e++) {
+            const float v = bias ? s[e] + bias[e] : s[e];
+            if (!taken[e] && (best < 0 || v > best_v)) {
                 best = e;
+                best_v = v;
+            }
+        }
         taken[best] = 1;
         idx[j] = best;
         chosen += s[best];
@@ -85,8 +91,8 @@ static void drop_sequence(int32_t *idx, const float *scores, int n0, int T, int 
     }
 }
 
-void cpu_moe_route_fwd(void *ctx, float *scores, float *lse, int32_t *idx, float *gate, const float *logits, int N,
-                       int T, int E, int K, int sigmoid, int norm_topk, int capacity)
+void cpu_moe_route_fwd(void *ctx, float *scores, float *lse, int32_t *idx, float *gate, const float *logits,
+                       const float *bias, int N, int T, int E, int K, int sigmoid, int norm_topk, int capacity)
 {
     (void)ctx;
 #pragma omp parallel
@@ -96,7 +102,7 @@ void cpu_moe_route_fwd(void *ctx, float *scores, float *lse, int32_t *idx, float
         for (int n = 0; n < N; n++)
             if (taken)
                 route_token(scores + (size_t)n * E, lse + n, idx + (size_t)n * K, gate + (size_t)n * K,
-                            logits + (size_t)n * E, E, K, sigmoid, norm_topk, taken);
+                            logits + (size_t)n * E, bias, E, K, sigmoid, norm_topk, taken);
         free(taken);
     }
     if (capacity <= 0 || T <= 0)

@@ -6,7 +6,8 @@
 
 #include <stdint.h>
 
-void cpu_moe_route_fwd(void *ctx, float *scores, float *lse, int32_t *idx, float *gate, const float *logits, int N,
+void cpu_moe_route_fwd(void *ctx, float *scores, float *lse, int32_t *idx, float *gate, const float *logits,
+                       const float *bias, int N,
                        int T, int E, int K, int sigmoid, int norm_topk, int capacity);
 void cpu_moe_plan(void *ctx, int32_t *perm, int32_t *offs, int32_t *where, const int32_t *idx, int N, int E, int K);
 void cpu_moe_stats(void *ctx, float *stats, const int32_t *idx, const float *scores, const float *lse, int N, int E,

@@ -774,20 +774,20 @@ typedef struct {
     float *scores, *lse;
     int32_t *idx;
     float *gate;
-    const float *logits;
+    const float *logits, *bias;
     int N, T, E, K, sigmoid, norm_topk, capacity;
 } moe_route_args_t;
 static void r_moe_route_fwd(const ops_t *b, const void *a_)
 {
     const moe_route_args_t *a = a_;
-    b->moe_route_fwd(b->ctx, a->scores, a->lse, a->idx, a->gate, a->logits, a->N, a->T, a->E, a->K, a->sigmoid,
-                     a->norm_topk, a->capacity);
+    b->moe_route_fwd(b->ctx, a->scores, a->lse, a->idx, a->gate, a->logits, a->bias, a->N, a->T, a->E, a->K,
+                     a->sigmoid, a->norm_topk, a->capacity);
 }
-static void d_moe_route_fwd(void *ctx, float *scores, float *lse, int32_t *idx, float *gate, const float *logits, int N,
-                            int T, int E, int K, int sigmoid, int norm_topk, int capacity)
+static void d_moe_route_fwd(void *ctx, float *scores, float *lse, int32_t *idx, float *gate, const float *logits,
+                            const float *bias, int N, int T, int E, int K, int sigmoid, int norm_topk, int capacity)
 {
     defer(ctx, r_moe_route_fwd,
-          &(moe_route_args_t){scores, lse, idx, gate, logits, N, T, E, K, sigmoid, norm_topk, capacity},
+          &(moe_route_args_t){scores, lse, idx, gate, logits, bias, N, T, E, K, sigmoid, norm_topk, capacity},
           sizeof(moe_route_args_t));
 }
 

@@ -109,16 +109,16 @@ void ckpt_remove_stale(const char *dir)
 }
 
 /* attrs[*na] plus data_datasets and data_drawn_<i> (each dataset's samples
- * drawn, src/data/data.h) in new memory; *na updated. The keys live in a block
- * after the array, freed with it. */
-static h5store_attr_t *data_attrs(const h5store_attr_t *attrs, int *na, const ckpt_meta_t *meta)
+ * drawn, src/data/data.h) in new memory with room for `spare` more; *na
+ * updated. The keys live in a block after the array, freed with it. */
+static h5store_attr_t *data_attrs(const h5store_attr_t *attrs, int *na, const ckpt_meta_t *meta, int spare)
 {
     const int n = meta->n_data, base = *na;
     const size_t key = 24;
-    h5store_attr_t *all = malloc((size_t)(base + 1 + n) * sizeof *all + (size_t)n * key);
+    h5store_attr_t *all = malloc((size_t)(base + 1 + n + spare) * sizeof *all + (size_t)n * key);
     if (!all)
         return NULL;
-    char *keys = (char *)(all + base + 1 + n);
+    char *keys = (char *)(all + base + 1 + n + spare);
     memcpy(all, attrs, (size_t)base * sizeof *all);
     all[base] = (h5store_attr_t){.key = "data_datasets", .type = H5STORE_INT, .i = n};
     for (int i = 0; i < n; i++) {
@@ -185,14 +185,19 @@ int ckpt_save(comm_t *world, const char *dir, int keep, const model_config_t *cf
     if (meta->spike_state[0])
         attrs[na++] = (h5store_attr_t){.key = "spike_state", .type = H5STORE_STR, .s = meta->spike_state};
     na += param_io_tokenizer_attrs(meta->tokenizer, meta->tokenizer_sha256, attrs + na);
-    h5store_attr_t *all = data_attrs(attrs, &na, meta);
-    if (!all) {
+    h5store_attr_t *all = data_attrs(attrs, &na, meta, cfg->n_layer);
+    char *bias_text = NULL;
+    const int nb = all ? param_io_moe_bias_attrs(cfg, meta->moe_bias, all + na, &bias_text) : -1;
+    if (nb < 0) {
+        free(all);
         snprintf(err, errlen, "out of memory for the checkpoint's attributes");
         return -1; /* every rank allocates the same: every rank fails */
     }
+    na += nb;
     const param_io_group_t groups[3] = {{"params", params}, {"optim/m", m}, {"optim/v", v}};
     int wrc = param_io_write(world, path_out, cfg, t, groups, 3, writer, tp_size, tp_rank, all, na, err, errlen);
     free(all);
+    free(bias_text);
     if (wrc != 0)
         return -1;
     /* the file is complete and durable: only now does `latest` move */
@@ -338,7 +343,9 @@ int ckpt_load(comm_t *world, const char *path, const model_config_t *cfg, const 
         return -1;
     char content[32] = "";
     int64_t version = 0, tokens = 0, seed = 0;
+    float *moe_bias = meta->moe_bias;
     memset(meta, 0, sizeof *meta);
+    meta->moe_bias = moe_bias;
     /* the attributes are the same on every rank, so every rank reaches the
      * same verdict without talking */
     int rc = h5store_get_str(h, "content", content, sizeof content, err, errlen);
@@ -379,6 +386,8 @@ int ckpt_load(comm_t *world, const char *path, const model_config_t *cfg, const 
     if (rc == 0 && h5store_has_attr(h, "spike_state") &&
         h5store_get_str(h, "spike_state", meta->spike_state, sizeof meta->spike_state, err, errlen) != 0)
         rc = -1;
+    if (rc == 0 && moe_bias)
+        rc = param_io_read_moe_bias(h, cfg, moe_bias, path, err, errlen);
     rc = agree(world, rc, err, errlen);
     /* each rank reads its own slices, checking the checksums they cover;
      * whatever no rank's slices covered is then checked too, so every byte

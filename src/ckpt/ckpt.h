@@ -48,6 +48,11 @@ typedef struct ckpt_meta {
     const char *tokenizer, *tokenizer_sha256; /* the data's tokenizer, "" or NULL when unknown */
     int n_data;                               /* datasets of the training data (0: not recorded) */
     long long data_drawn[CKPT_DATA_MAX];      /* samples the run drew of each (attributes data_drawn_<i>) */
+    /* the MoE layers' expert bias [n_layer][E] (model_moe_has_bias;
+     * attributes moe_bias_<layer>): what ckpt_save writes, and where
+     * ckpt_load reads it to (zeros from a file without it); NULL: none,
+     * or not read */
+    float *moe_bias;
 } ckpt_meta_t;
 
 /* Collective over world (a communicator over MPI_COMM_WORLD). Writes

@@ -67,6 +67,73 @@ int param_io_model_attrs(const model_config_t *cfg, h5store_attr_t *out)
     return n;
 }
 
+enum { BIAS_KEY = 24, BIAS_NUM = 20 }; /* "moe_bias_<layer>"; one "%a" float and its space */
+
+int param_io_moe_bias_attrs(const model_config_t *cfg, const float *bias, h5store_attr_t *out, char **text)
+{
+    *text = NULL;
+    if (!bias || !model_moe_has_bias(cfg))
+        return 0;
+    const int L = cfg->n_layer, E = cfg->moe.experts;
+    const size_t each = BIAS_KEY + (size_t)E * BIAS_NUM + 1;
+    char *t = malloc((size_t)L * each);
+    if (!t)
+        return -1;
+    int n = 0;
+    for (int l = 0; l < L; l++) {
+        if (!model_layer_moe(cfg, l))
+            continue;
+        char *key = t + (size_t)n * each, *v = key + BIAS_KEY, *at = v;
+        snprintf(key, BIAS_KEY, "moe_bias_%d", l);
+        for (int x = 0; x < E; x++)
+            at += snprintf(at, BIAS_NUM, x ? " %a" : "%a", (double)bias[(size_t)l * E + x]);
+        out[n++] = (h5store_attr_t){.key = key, .type = H5STORE_STR, .s = v};
+    }
+    *text = t;
+    return n;
+}
+
+int param_io_read_moe_bias(h5store_t *h, const model_config_t *cfg, float *bias, const char *path, char *err,
+                           size_t errlen)
+{
+    const int L = cfg->n_layer, E = cfg->moe.experts;
+    memset(bias, 0, (size_t)L * (size_t)E * sizeof *bias);
+    const size_t len = (size_t)E * BIAS_NUM + 1;
+    char *v = malloc(len);
+    if (!v) {
+        snprintf(err, errlen, "out of memory reading the expert bias of %s", path);
+        return -1;
+    }
+    int rc = 0;
+    for (int l = 0; rc == 0 && l < L; l++) {
+        char key[BIAS_KEY];
+        snprintf(key, sizeof key, "moe_bias_%d", l);
+        if (!model_layer_moe(cfg, l) || !h5store_has_attr(h, key))
+            continue;
+        if ((rc = h5store_get_str(h, key, v, len, err, errlen)) != 0)
+            break;
+        const char *p = v;
+        for (int x = 0; rc == 0 && x < E; x++) {
+            char *end;
+            bias[(size_t)l * E + x] = strtof(p, &end);
+            if (end == p) {
+                snprintf(err, errlen, "%s: attribute %s holds fewer than the model's %d experts' biases", path, key,
+                         E);
+                rc = -1;
+            }
+            p = end;
+        }
+        while (rc == 0 && *p == ' ')
+            p++;
+        if (rc == 0 && *p) {
+            snprintf(err, errlen, "%s: attribute %s holds more than the model's %d experts' biases", path, key, E);
+            rc = -1;
+        }
+    }
+    free(v);
+    return rc;
+}
+
 /* The mixture's shape (all zero in a file without moe_experts). */
 static int read_moe(h5store_t *h, moe_config_t *e, const char *path, char *err, size_t errlen)
 {

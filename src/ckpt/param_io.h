@@ -38,6 +38,19 @@ int param_io_model_attrs(const model_config_t *cfg, h5store_attr_t *out);
  * spec is NULL or "". */
 int param_io_tokenizer_attrs(const char *spec, const char *sha256, h5store_attr_t *out);
 
+/* The MoE layers' expert bias (model_moe_has_bias) bias[n_layer][E], as
+ * one attribute per MoE layer, moe_bias_<layer>, its E floats in C99
+ * hexadecimal (exact). Fills out[] (up to n_layer entries), whose keys
+ * and strings live in *text (the caller frees it); returns the count, 0
+ * when bias is NULL or the model has none, or -1 out of memory. */
+int param_io_moe_bias_attrs(const model_config_t *cfg, const float *bias, h5store_attr_t *out, char **text);
+
+/* Reads what param_io_moe_bias_attrs wrote into bias[n_layer][E]; a file
+ * without them (older than the bias, or written with none) gives zeros.
+ * A malformed one is an error naming it. Independent. */
+int param_io_read_moe_bias(h5store_t *h, const model_config_t *cfg, float *bias, const char *path, char *err,
+                           size_t errlen);
+
 /* 0 when the file's model-shape attributes equal cfg's, else -1 with one
  * line naming the first difference ("checkpoint is of d_model 256, this
  * run's model has 128"). Independent. */

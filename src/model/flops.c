@@ -9,13 +9,28 @@
 #include <omp.h>
 #endif
 
+/* An MLP of width F: fc (gate and up for SwiGLU) and proj. */
+static double mlp_params(const model_config_t *c, double F)
+{
+    return (c->arch == ARCH_LLAMA ? 3.0 : 2.0) * c->d_model * F;
+}
+
+double flops_layer_params(const model_config_t *c, int l)
+{
+    const double C = c->d_model, HS = model_head_size(c), QD = c->n_head * HS, KVD = c->n_kv_head * HS;
+    const double attn = C * (QD + 2.0 * KVD) + QD * C;
+    if (!model_layer_moe(c, l))
+        return attn + mlp_params(c, c->d_ff);
+    const moe_config_t *e = &c->moe;
+    return attn + C * e->experts + e->top_k * mlp_params(c, e->ffn) + mlp_params(c, e->shared_ffn);
+}
+
 double flops_per_token(const model_config_t *c, double T)
 {
-    const double C = c->d_model, HS = model_head_size(c), L = c->n_layer;
-    const double QD = c->n_head * HS, KVD = c->n_kv_head * HS, F = c->d_ff, V = c->vocab_size;
-    const double mlp = c->arch == ARCH_LLAMA ? 3.0 * C * F : 2.0 * C * F;
-    const double per_layer = C * (QD + 2.0 * KVD) + QD * C + mlp;
-    const double n_matmul = L * per_layer + V * C;
+    const double HS = model_head_size(c), L = c->n_layer, QD = c->n_head * HS;
+    double n_matmul = (double)c->vocab_size * c->d_model;
+    for (int l = 0; l < c->n_layer; l++)
+        n_matmul += flops_layer_params(c, l);
     return 6.0 * n_matmul + 12.0 * L * QD * T;
 }
 

@@ -6,9 +6,15 @@
 
 #include "src/model/model_config.h"
 
-/* Training FLOPs per token: 6 x (parameters in matmuls, output head
- * included) + 12 x L x (NH*HS) x T for attention scores and values, forward
- * and backward (the llm.c / PaLM convention; padding is not counted).
+/* The matmul parameters layer l applies to each token: attention, and
+ * the dense MLP, or in a MoE layer the router, the top-k routed experts
+ * and the shared expert (the active ones: a token meets k of the E). */
+double flops_layer_params(const model_config_t *c, int l);
+
+/* Training FLOPs per token: 6 x (active parameters in matmuls,
+ * flops_layer_params over the layers, output head included) + 12 x L x
+ * (NH*HS) x T for attention scores and values, forward and backward (the
+ * llm.c / PaLM convention; padding is not counted).
  * Under --doc-mask T is the tokens' mean document length weighted by
  * length, sum of L^2 / sum of L over the documents (src/model/docmask.h): the
  * same convention applied to each document, so one document per row

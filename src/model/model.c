@@ -477,6 +477,7 @@ static void layout_acts(model_t *m, char *acts, size_t *acts_bytes, char *work, 
         m->mdgate = carve(work, &w, N * K);
         m->mdlogits = carve(work, &w, N * E);
         m->mstats = carve(work, &w, 2 * E + 2);
+        m->mbias = model_moe_has_bias(&m->cfg) ? carve(work, &w, (size_t)param_layout_blocks(&m->lay.part) * E) : NULL;
     }
     if (m->lay.bf16) {
         /* bf16 GEMM operands: the widest input and output gradient of any
@@ -644,7 +645,8 @@ static int alloc_host_tables(model_t *m)
         m->moffs_host = calloc((size_t)lay->n_slots * (cap ? cap : 1) * (E + 1), sizeof *m->moffs_host);
         m->mstats_host = calloc(2 * E + 2, sizeof *m->mstats_host);
         m->moe_stats = calloc(Ls ? Ls : 1, sizeof *m->moe_stats);
-        slots_ok = slots_ok && m->moffs_host && m->mstats_host && m->moe_stats;
+        m->mload_host = calloc((Ls ? Ls : 1) * E, sizeof *m->mload_host);
+        slots_ok = slots_ok && m->moffs_host && m->mstats_host && m->moe_stats && m->mload_host;
         if (ep_size(m) > 1) {
             const size_t P = ep_size(m), R = P * (size_t)m->B * (size_t)m->T * (size_t)m->cfg.moe.top_k;
             m->mrcnt_host = calloc((size_t)lay->n_slots * (cap ? cap : 1) * E, sizeof *m->mrcnt_host);
@@ -731,6 +733,8 @@ int model_create(model_t *m, const model_config_t *cfg, const ops_t *ops, const 
         return -1;
     }
     layout_acts(m, acts, &m->act_bytes, work, &m->work_bytes);
+    if (m->mbias) /* no expert bias until model_moe_bias_set */
+        ops->zero(ops->ctx, m->mbias, (size_t)param_layout_blocks(&lay->part) * cfg->moe.experts * sizeof(float));
     if (m->inv_freq && fill_rope_table(m) != 0) {
         snprintf(err, errlen, "out of memory for RoPE's table of %d frequencies", model_head_size(cfg) / 2);
         model_destroy(m);
@@ -764,6 +768,7 @@ void model_destroy(model_t *m)
     free(m->moffs_host);
     free(m->mstats_host);
     free(m->moe_stats);
+    free(m->mload_host);
     free(m->mrcnt_host);
     free(m->mperm_host);
     free(m->meoffs_host);
@@ -836,8 +841,19 @@ void model_params_written(model_t *m) { m->params16_stale = 1; }
 
 void model_moe_stats_reset(model_t *m)
 {
+    const size_t Ls = (size_t)(m->n_local ? m->n_local : 1);
     if (m->moe_stats)
-        memset(m->moe_stats, 0, (size_t)(m->n_local ? m->n_local : 1) * sizeof *m->moe_stats);
+        memset(m->moe_stats, 0, Ls * sizeof *m->moe_stats);
+    if (m->mload_host)
+        memset(m->mload_host, 0, Ls * (size_t)m->cfg.moe.experts * sizeof *m->mload_host);
+}
+
+void model_moe_bias_set(model_t *m, const float *bias)
+{
+    const size_t E = (size_t)m->cfg.moe.experts;
+    for (int i = 0; m->mbias && i < m->n_local; i++)
+        m->ops->from_host(m->ops->ctx, m->mbias + (size_t)i * E,
+                          bias + (size_t)param_layout_layer(&m->lay.part, i) * E, E * sizeof(float));
 }
 
 /* The bf16 weights of w[OC*IC] (--dtype bf16): its place in params16,
@@ -1008,7 +1024,7 @@ static status_t moe_block_fwd(model_t *m, moe_acts_t *ma, const block_tensors_t 
     float *part = m->lay.sequence_parallel ? m->tmp : xout; /* [N,C] this rank's partial sum */
     if (F > 0)
         mm_fwd(m, part, act, act16, w->wproj, m->lay.part.tp_rank == 0 ? w->bproj : NULL, N, F, C);
-    CHECK(moe_fwd(m, ma, w, ln2, F > 0 ? m->dfull : part, N, t, dloss, &m->moe_stats[i], err, errlen));
+    CHECK(moe_fwd(m, ma, w, ln2, F > 0 ? m->dfull : part, N, t, dloss, i, err, errlen));
     if (F > 0)
         m->ops->add(m->ops->ctx, part, part, m->dfull, (size_t)N * C);
     if (m->lay.sequence_parallel)

@@ -228,6 +228,12 @@ typedef struct model {
     size_t *ma2a_host;
     double ep_comm_s; /* seconds in the experts' all-to-alls since the caller zeroed it (the step's comm wait) */
     model_moe_stats_t *moe_stats;   /* [Ls] per local block (dense ones stay 0) */
+    /* the sigmoid router's expert bias (DeepSeek's aux-loss-free
+     * balancing; it selects experts and does not weigh them), backend
+     * [Ls,E], zero until model_moe_bias_set; and each expert's assignments
+     * in the training forwards since model_moe_stats_reset, host [Ls,E] */
+    float *mbias;
+    double *mload_host;
     float *lnr;      /* [NR,C] a norm's output rows before all-gather */
     /* --recompute: where the dropped tensors of the block being computed
      * live (FULL: all of block_acts_t; SELECTIVE: none). fc_act is never
@@ -264,8 +270,13 @@ typedef struct model {
     int trace_micro;  /* microbatch index the spans are labelled with */
 } model_t;
 
-/* Zeroes the MoE layers' routing statistics (model_moe_stats_t). */
+/* Zeroes the MoE layers' routing statistics (model_moe_stats_t and the
+ * expert loads). */
 void model_moe_stats_reset(model_t *m);
+
+/* Sets the MoE layers' expert bias (model_moe_has_bias) from bias[L,E],
+ * every layer of the model (host; the rows of dense layers are ignored). */
+void model_moe_bias_set(model_t *m, const float *bias);
 
 /* The layout of a single process: the whole model, no TP, one slot. */
 model_layout_t model_layout_single(const model_config_t *c);

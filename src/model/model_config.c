@@ -230,7 +230,7 @@ static const model_preset_t presets[] = {
       .norm_eps = 1e-5f,
       .rope_theta = 10000.0f,
       .moe = {.experts = 16, .top_k = 4, .ffn = 64, .every = 1, .first_dense = 1, .router = MOE_ROUTER_SIGMOID,
-              .norm_topk = 1, .shared_ffn = 128, .aux_coef = 0.001f}}},
+              .norm_topk = 1, .shared_ffn = 128, .aux_coef = 0.001f, .bias_rate = 0.001f}}},
     /* mistralai/Mixtral-8x7B-v0.1's config.json shape; the aux coefficient
      * is transformers' MixtralConfig default */
     {"mixtral-8x7b",
@@ -344,10 +344,10 @@ const char *model_config_extras(const model_config_t *c, char *buf, size_t len)
     char moe[160] = "";
     const moe_config_t *e = &c->moe;
     if (e->experts)
-        snprintf(moe, sizeof moe, " moe=%d/%d layers, %d experts x %d, top-%d %s%s%s%s", model_moe_layers(c),
+        snprintf(moe, sizeof moe, " moe=%d/%d layers, %d experts x %d, top-%d %s%s%s%s%s", model_moe_layers(c),
                  c->n_layer, e->experts, e->ffn, e->top_k, model_moe_router_name(e->router),
-                 e->norm_topk ? " renormalised" : "", e->shared_ffn ? ", shared expert" : "",
-                 e->capacity > 0 ? ", capacity-bound" : "");
+                 e->norm_topk ? " renormalised" : "", e->bias_rate > 0 ? " bias-balanced" : "",
+                 e->shared_ffn ? ", shared expert" : "", e->capacity > 0 ? ", capacity-bound" : "");
     snprintf(buf, len, "%s%s%s%s%s%s", hd, c->attn_bias ? " qkv_bias" : "", c->qk_norm ? " qk_norm" : "", scaling,
              c->tie_embed ? " tied_head" : "", moe);
     return buf;
@@ -382,9 +382,9 @@ static int moe_check(const model_config_t *c, char *err, size_t errlen)
 {
     const moe_config_t *e = &c->moe;
     if (e->experts == 0) {
-        if (e->top_k || e->ffn || e->shared_ffn || e->capacity > 0) {
-            snprintf(err, errlen, "--moe-top-k, --moe-ffn, --moe-shared-ffn and --moe-capacity-factor need "
-                                  "--moe-experts (this model is dense)");
+        if (e->top_k || e->ffn || e->shared_ffn || e->capacity > 0 || e->bias_rate > 0) {
+            snprintf(err, errlen, "--moe-top-k, --moe-ffn, --moe-shared-ffn, --moe-capacity-factor and --moe-bias-rate "
+                                  "need --moe-experts (this model is dense)");
             return -1;
         }
         return 0;
@@ -404,9 +404,19 @@ static int moe_check(const model_config_t *c, char *err, size_t errlen)
                  e->ffn, e->shared_ffn, e->every, e->first_dense, c->n_layer);
         return -1;
     }
-    if (!(e->aux_coef >= 0) || !(e->z_coef >= 0) || !(e->capacity >= 0) || e->capacity > 1e4f) {
-        snprintf(err, errlen, "--moe-aux-coef %g, --moe-z-coef %g and --moe-capacity-factor %g must be 0 or positive",
-                 (double)e->aux_coef, (double)e->z_coef, (double)e->capacity);
+    if (!(e->aux_coef >= 0) || !(e->z_coef >= 0) || !(e->capacity >= 0) || e->capacity > 1e4f ||
+        !(e->bias_rate >= 0)) {
+        snprintf(err, errlen,
+                 "--moe-aux-coef %g, --moe-z-coef %g, --moe-capacity-factor %g and --moe-bias-rate %g must be 0 or "
+                 "positive",
+                 (double)e->aux_coef, (double)e->z_coef, (double)e->capacity, (double)e->bias_rate);
+        return -1;
+    }
+    if (e->bias_rate > 0 && e->router != MOE_ROUTER_SIGMOID) {
+        snprintf(err, errlen,
+                 "--moe-bias-rate %g needs --moe-router sigmoid: the expert bias is DeepSeek-V3's, added to sigmoid "
+                 "scores to select experts (use --moe-aux-coef to balance a softmax router)",
+                 (double)e->bias_rate);
         return -1;
     }
     return 0;

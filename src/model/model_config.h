@@ -45,6 +45,9 @@ typedef struct moe_config {
     int shared_ffn; /* width of the shared expert in MoE layers (0 = none) */
     float aux_coef, z_coef;
     float capacity; /* capacity factor; 0 = dropless */
+    /* the sigmoid router's expert bias moves by this after each step,
+     * toward balance (DeepSeek-V3's aux-loss-free gamma); 0 = it stays */
+    float bias_rate;
 } moe_config_t;
 
 typedef struct model_config {
@@ -104,6 +107,14 @@ void model_rope_inv_freq(const model_config_t *c, float *inv_freq);
  * tensor (GPT-2 always, Llama with tie_embed) rather than lm_head.w. */
 static inline const char *model_embed_name(const model_config_t *c) { return c->arch == ARCH_GPT2 ? "wte" : "tok_emb"; }
 static inline int model_head_tied(const model_config_t *c) { return c->arch == ARCH_GPT2 || c->tie_embed; }
+
+/* Whether the MoE layers have an expert bias: the sigmoid router's
+ * (DeepSeek-V3's e_score_correction_bias), zero until --moe-bias-rate
+ * moves it. */
+static inline int model_moe_has_bias(const model_config_t *c)
+{
+    return c->moe.experts > 0 && c->moe.router == MOE_ROUTER_SIGMOID;
+}
 
 /* Layer l's feed-forward is a mixture of experts. */
 static inline int model_layer_moe(const model_config_t *c, int l)

@@ -152,7 +152,7 @@ static void moe_losses(model_t *m, moe_acts_t *a, const float *stats, int N, flo
 }
 
 status_t moe_fwd(model_t *m, moe_acts_t *a, const block_tensors_t *w, const float *ln2, float *out, int N, int t,
-                 float dloss, model_moe_stats_t *st, char *err, size_t errlen)
+                 float dloss, int i, char *err, size_t errlen)
 {
     const ops_t *o = m->ops;
     const moe_config_t *e = &m->cfg.moe;
@@ -160,14 +160,17 @@ status_t moe_fwd(model_t *m, moe_acts_t *a, const block_tensors_t *w, const floa
     const int Fe = moe_ffn_local(m), FWe = moe_fcw_local(m), sig = e->router == MOE_ROUTER_SIGMOID;
     /* route: logits[N,E] = ln2 . router^T in fp32, then the top K */
     o->matmul_fwd(o->ctx, a->logits, ln2, w->router, NULL, N, C, E);
-    o->moe_route_fwd(o->ctx, a->scores, a->lse, a->idx, a->gate, a->logits, N, t, E, K, sig, e->norm_topk,
+    const float *ebias = m->mbias ? m->mbias + (size_t)i * E : NULL;
+    o->moe_route_fwd(o->ctx, a->scores, a->lse, a->idx, a->gate, a->logits, ebias, N, t, E, K, sig, e->norm_topk,
                      moe_capacity(e, t));
     o->moe_plan(o->ctx, a->perm, a->offs, a->where, a->idx, N, E, K);
     o->moe_stats(o->ctx, m->mstats, a->idx, a->scores, a->lse, N, E, K, sig);
     /* the host needs each expert's row count for its GEMMs */
     o->to_host(o->ctx, a->hoffs, a->offs, ((size_t)E + 1) * sizeof(int32_t));
     o->to_host(o->ctx, m->mstats_host, m->mstats, (2 * (size_t)E + 2) * sizeof(float));
-    moe_losses(m, a, m->mstats_host, N, dloss, st);
+    moe_losses(m, a, m->mstats_host, N, dloss, &m->moe_stats[i]);
+    for (int x = 0; x < E && dloss != 0.0f; x++) /* the step's loads, for the expert bias */
+        m->mload_host[(size_t)i * E + x] += m->mstats_host[x];
     const int M = a->hoffs[E];
     /* dispatch: xe[M,C], each expert's tokens in a row */
     o->moe_gather(o->ctx, m->mx, ln2, a->perm, M, K, C);

@@ -32,16 +32,18 @@ int moe_ffn_local(const model_t *m);
 int moe_fcw_local(const model_t *m);
 
 /* out[N,C] (written) = this rank's partial combine of ln2[N,C]'s tokens
- * through the router (w->router) and experts; a (in the slot) receives the
- * routing and activations, and the gradient weights of the layer's losses
- * for dloss (the forward's, 0 for an eval forward). The routing's
- * statistics are added to *st. t: sequence length (the capacity's unit).
+ * through the router (w->router, and the expert bias m->mbias of local
+ * block i under the sigmoid router) and experts; a (in the slot) receives
+ * the routing and activations, and the gradient weights of the layer's
+ * losses for dloss (the forward's, 0 for an eval forward). The routing's
+ * statistics are added to m->moe_stats[i], and under dloss != 0 each
+ * expert's assignments to m->mload_host's row i. t: sequence length (the capacity's unit).
  * Under --ep (lay.part.ep_size > 1) the tokens travel to the ranks of
  * their experts and the outputs back by all-to-all over lay.ep, counts
  * first: collective over the EP group. Returns a status, one line in err
  * (a failed all-to-all). */
 status_t moe_fwd(model_t *m, moe_acts_t *a, const block_tensors_t *w, const float *ln2, float *out, int N, int t,
-                 float dloss, model_moe_stats_t *st, char *err, size_t errlen);
+                 float dloss, int i, char *err, size_t errlen);
 
 /* From dout[N,C] (all rows, the layer output's gradient): the experts'
  * parameter gradients into g (=|+= by accum), their part of dL/d(ln2)

@@ -51,6 +51,7 @@ typedef struct stage_plan {
     double tp_bytes, pp_bytes, dp_bytes, embed_bytes; /* sent per step by one rank */
     double ep_bytes, t_ep_mb; /* --ep: the MoE layers' all-to-alls, per step and their time per microbatch */
     int moe_layers;           /* MoE layers on the stage */
+    double p_layers;          /* the stage's layers' active matmul parameters (flops_layer_params) */
     double t_dp, t_dp_exposed, t_embed, t_opt;
     /* --offload optimizer: elements in host memory (adamw_offload_count of
      * the optimizer's), their host bytes, and the update's two sides */
@@ -282,9 +283,12 @@ static int plan_stage(const plan_in_t *in, int s, int layer_begin, stage_plan_t 
         param_layout_range(run->tp, 0, layer_begin, layer_begin + sp->layers, s == 0, s == run->pp - 1);
     run_config_stage_runs(run, s, &part.n_runs, part.run_begin, part.run_end); /* interleaved: its chunks */
     part.ep_size = run->ep; /* --ep: each rank's experts only (all EP ranks hold as many) */
-    for (int k = 0; k < part.n_runs; k++)
+    for (int k = 0; k < part.n_runs; k++) {
         if (part.run_end[k] - part.run_begin[k] > sp->slot_layers)
             sp->slot_layers = part.run_end[k] - part.run_begin[k];
+        for (int l = part.run_begin[k]; l < part.run_end[k]; l++)
+            sp->p_layers += flops_layer_params(in->c, l);
+    }
     const model_layout_t lay = {.part = part,
                                 .tp = NULL,
                                 .sequence_parallel = run->sequence_parallel,
@@ -314,10 +318,8 @@ static void stage_compute(const plan_in_t *in, int s, stage_plan_t *sp)
 {
     const model_config_t *c = in->c;
     const hw_profile_t *hw = in->hw;
-    const double C = c->d_model, HS = model_head_size(c), QD = c->n_head * HS, KVD = c->n_kv_head * HS;
-    const double F = c->d_ff, V = c->vocab_size, T = in->run.seq_len, t = in->run.tp;
-    const double mlp = c->arch == ARCH_LLAMA ? 3.0 * C * F : 2.0 * C * F;
-    const double P_l = C * (QD + 2.0 * KVD) + QD * C + mlp;
+    const double C = c->d_model, HS = model_head_size(c), QD = c->n_head * HS;
+    const double V = c->vocab_size, T = in->run.seq_len, t = in->run.tp;
     const double att = 4.0 * QD * in->att_T;
     const double tok = (double)in->run.micro_batch * T;
     const int last = s == in->run.pp - 1;
@@ -325,7 +327,7 @@ static void stage_compute(const plan_in_t *in, int s, stage_plan_t *sp)
      * att); selective recompute adds only the activation function's
      * elementwise work, full the whole block forward */
     const int full = in->run.recompute == MODEL_RECOMPUTE_FULL;
-    double mm_tok = sp->layers * (6.0 * P_l + (full ? 2.0 * P_l : 0.0));
+    double mm_tok = 6.0 * sp->p_layers + (full ? 2.0 * sp->p_layers : 0.0);
     const double att_tok = sp->layers * (3.5 * att + (full ? att : 0.0));
     if (last)
         mm_tok += 6.0 * V * C;
@@ -711,6 +713,49 @@ static const char *act_formula(const plan_in_t *in)
 
 /* The plan's --doc-mask line: the documents it assumes and what attention
  * then computes. */
+/* One routed expert's parameters (its fc, proj and GPT-2's biases). */
+static double moe_expert_params(const model_config_t *c)
+{
+    const double gpt = c->arch == ARCH_GPT2, C = c->d_model, Fe = c->moe.ffn;
+    return (gpt ? 2.0 : 3.0) * C * Fe + (gpt ? Fe + C : 0.0);
+}
+
+/* The parameters a token meets: all but the E - k routed experts it is
+ * not sent to in each MoE layer (flops_layer_params' active set). */
+static double params_active(const plan_t *p)
+{
+    const model_config_t *c = p->in.c;
+    return (double)p->params_total -
+           (double)model_moe_layers(c) * (c->moe.experts - c->moe.top_k) * moe_expert_params(c);
+}
+
+/* A mixture's parameters: all, and those a token meets, and the routed
+ * experts' on one rank of the worst stage (1/ep of them, each split over
+ * tp). */
+static void print_moe(const plan_t *p, FILE *out)
+{
+    const plan_in_t *in = &p->in;
+    const model_config_t *c = in->c;
+    const moe_config_t *e = &c->moe;
+    if (!e->experts)
+        return;
+    const double expert = moe_expert_params(c), active = params_active(p);
+    const int n_moe = model_moe_layers(c), ep = in->run.ep > 1 ? in->run.ep : 1;
+    int n_runs, begin[PARAM_MAX_RUNS], end[PARAM_MAX_RUNS], here = 0;
+    run_config_stage_runs(&in->run, p->worst, &n_runs, begin, end);
+    for (int k = 0; k < n_runs; k++)
+        for (int l = begin[k]; l < end[k]; l++)
+            here += model_layer_moe(c, l) != 0;
+    const double on_rank = (double)here * (e->experts / ep) * expert / in->run.tp;
+    char b1[32];
+    fprintf(out,
+            "moe: %d of %d layers, %d experts of width %d, top-%d: %zu parameters, %.0f active per token (%.1f%%); "
+            "on a rank of stage %d: %d experts of each of its %d MoE layer%s, %.0f parameters (%s in fp32)\n",
+            n_moe, c->n_layer, e->experts, e->ffn, e->top_k, p->params_total, active,
+            100.0 * active / (double)p->params_total, p->worst, e->experts / ep, here, here == 1 ? "" : "s", on_rank,
+            fmt_bytes(b1, sizeof b1, 4.0 * on_rank));
+}
+
 static void print_doc_mask(const plan_in_t *in, FILE *out)
 {
     const int T = in->run.seq_len, N = in->doc_len;
@@ -741,8 +786,11 @@ static void print_plan_header(const plan_t *p, const run_options_t *o, FILE *out
     fprintf(out, "dtrain plan: model %s (%s): L=%d C=%d heads=%d kv_heads=%d ffn=%d vocab=%d%s | %zu parameters\n",
             o->model, model_arch_name(c->arch), c->n_layer, c->d_model, c->n_head, c->n_kv_head, c->d_ff, c->vocab_size,
             model_config_extras(c, extras, sizeof extras), p->params_total);
-    fprintf(out, "layout: tp %d x pp %d x dp %d = %d ranks | zero %d", in->run.tp, in->run.pp, in->run.dp,
-            in->run.tp * in->run.pp * in->run.dp, in->run.zero_stage);
+    fprintf(out, "layout: tp %d x pp %d x dp %d = %d ranks", in->run.tp, in->run.pp, in->run.dp,
+            in->run.tp * in->run.pp * in->run.dp);
+    if (in->run.ep > 1)
+        fprintf(out, " | ep %d x expert-dp %d", in->run.ep, in->run.dp / in->run.ep);
+    fprintf(out, " | zero %d", in->run.zero_stage);
     if (in->run.zero_stage > 0)
         fprintf(out, " (sharded over %d rank%s%s)", in->run.shard, in->run.shard == 1 ? "" : "s",
                 in->run.shard < in->run.dp ? ", replicated across the hybrid groups" : "");
@@ -751,6 +799,7 @@ static void print_plan_header(const plan_t *p, const run_options_t *o, FILE *out
     fprintf(out, "batch: micro %d x seq %d, %d microbatch%s per step x dp %d = %d sequences, %lld tokens per step\n",
             in->run.micro_batch, in->run.seq_len, in->run.accum, in->run.accum == 1 ? "" : "es", in->run.dp,
             in->run.global_batch, (long long)in->run.global_batch * in->run.seq_len);
+    print_moe(p, out);
     print_doc_mask(in, out);
     char sd[160];
     lr_schedule_describe(&in->run.sched, sd, sizeof sd);
@@ -916,7 +965,7 @@ static void print_perf(const plan_t *p, FILE *out)
     char b1[32], b2[32], b3[32];
     const double tokens = (double)in->run.global_batch * in->run.seq_len;
     fprintf(out,
-            "\ncompute: %s per step (%s per token: 6 x matmul parameters + 12 x L x h x %s, src/model/flops.c), "
+            "\ncompute: %s per step (%s per token: 6 x active matmul parameters + 12 x L x h x %s, src/model/flops.c), "
             "%s with recomputation\n",
             fmt_flops(b1, sizeof b1, p->flops_step), fmt_flops(b2, sizeof b2, p->flops_step / tokens),
             in->doc_len ? "sum(L^2)/s" : "s", fmt_flops(b3, sizeof b3, p->hw_flops_step));
@@ -1008,11 +1057,12 @@ static int write_json(const plan_t *p, const run_options_t *o, const char *path,
     const plan_in_t *in = &p->in;
     const stage_plan_t *w = &p->st[p->worst];
     fprintf(f,
-            "{\"plan\": 1, \"model\": \"%s\", \"params_total\": %zu, \"tp\": %d, \"pp\": %d, \"dp\": %d, "
-            "\"zero\": %d, \"shard\": %d, \"sequence_parallel\": %d, \"recompute\": \"%s\", \"dtype\": \"%s\", "
+            "{\"plan\": 1, \"model\": \"%s\", \"params_total\": %zu, \"params_active\": %.0f, \"tp\": %d, "
+            "\"pp\": %d, \"dp\": %d, \"ep\": %d, \"zero\": %d, \"shard\": %d, \"sequence_parallel\": %d, \"recompute\": \"%s\", \"dtype\": \"%s\", "
             "\"hw\": \"%s\", \"micro_batch\": %d, \"global_batch\": %d, \"seq_len\": %d, \"microbatches\": %d, "
             "\"worst_stage\": %d, \"in_flight\": %d, \"local_params\": %zu, \"mem_worst\": {",
-            o->model, p->params_total, in->run.tp, in->run.pp, in->run.dp, in->run.zero_stage, in->run.shard,
+            o->model, p->params_total, params_active(p), in->run.tp, in->run.pp, in->run.dp,
+            in->run.ep > 1 ? in->run.ep : 1, in->run.zero_stage, in->run.shard,
             in->run.sequence_parallel, model_recompute_names[in->run.recompute],
             in->megatron ? "megatron"
             : in->bf16   ? "bf16"
@@ -1048,7 +1098,7 @@ static int write_json(const plan_t *p, const run_options_t *o, const char *path,
 /* ---- --search ------------------------------------------------------------------------ */
 
 typedef struct candidate {
-    int tp, pp, dp, zero, sp, mb;
+    int tp, pp, dp, ep, zero, sp, mb;
     pipe_kind_t kind; /* 1f1b, interleaved or zb-h1 */
     int virt;         /* the interleaved schedule's chunks per stage; else 1 */
     model_recompute_t rc;
@@ -1092,6 +1142,7 @@ static void search_try(search_t *sr, const run_options_t *t, const model_config_
         sr->cand[sr->n++] = (candidate_t){.tp = t->tp,
                                           .pp = t->pp,
                                           .dp = t->dp,
+                                          .ep = t->ep > 1 ? t->ep : 1,
                                           .zero = t->zero,
                                           .sp = t->sequence_parallel,
                                           .mb = t->micro_batch,
@@ -1158,16 +1209,16 @@ static void print_search(const search_t *sr, const run_options_t *o, const hw_pr
                                              : "bf16",
             sr->tried, n, fmt_bytes(b1, sizeof b1, hw->memory - hw->reserve));
     if (n > 0)
-        fprintf(out, "  %4s %4s %4s %-8s %4s %3s %-9s %5s %12s %7s %10s %10s %7s\n", "tp", "pp", "dp", "schedule",
-                "zero", "sp", "recompute", "micro", "tokens/s", "MFU", "memory", "margin", "bubble");
+        fprintf(out, "  %4s %4s %4s %4s %-8s %4s %3s %-9s %5s %12s %7s %10s %10s %7s\n", "tp", "pp", "dp", "ep",
+                "schedule", "zero", "sp", "recompute", "micro", "tokens/s", "MFU", "memory", "margin", "bubble");
     for (size_t i = 0; i < n && i < SEARCH_SHOW; i++) {
         char sched[16];
         if (cand[i].kind == PIPE_INTERLEAVED)
             snprintf(sched, sizeof sched, "inter-v%d", cand[i].virt);
         else
             snprintf(sched, sizeof sched, "%s", pipe_kind_name(cand[i].kind));
-        fprintf(out, "  %4d %4d %4d %-8s %4d %3s %-9s %5d %12.0f %6.1f%% %10s %10s %6.1f%%\n", cand[i].tp, cand[i].pp,
-                cand[i].dp, sched, cand[i].zero, cand[i].sp ? "on" : "off", model_recompute_names[cand[i].rc],
+        fprintf(out, "  %4d %4d %4d %4d %-8s %4d %3s %-9s %5d %12.0f %6.1f%% %10s %10s %6.1f%%\n", cand[i].tp,
+                cand[i].pp, cand[i].dp, cand[i].ep, sched, cand[i].zero, cand[i].sp ? "on" : "off", model_recompute_names[cand[i].rc],
                 cand[i].mb, cand[i].tokens_s, 100.0 * cand[i].mfu, fmt_bytes(b1, sizeof b1, cand[i].mem),
                 fmt_bytes(b2, sizeof b2, cand[i].margin), 100.0 * cand[i].bubble);
     }
@@ -1178,7 +1229,8 @@ static void print_search(const search_t *sr, const run_options_t *o, const hw_pr
 }
 
 /* Every layout of --gpus devices: tp within a node and dividing the
- * heads, pp up to the layers, zero 0-3, each recomputation policy,
+ * heads, pp up to the layers, for a mixture of experts every ep dividing
+ * both dp and the experts, zero 0-3, each recomputation policy,
  * sequence parallelism on and off, micro batches 1-16 that divide the
  * global batch; the ones that fit, best predicted tokens/s first. */
 static int plan_search(const run_options_t *o, const model_config_t *c, const hw_profile_t *hw, int print, FILE *out,
@@ -1207,7 +1259,12 @@ static int plan_search(const run_options_t *o, const model_config_t *c, const hw
             t.tp = tp;
             t.pp = pp;
             t.dp = G / (tp * pp);
-            search_layout(&sr, o, &t, c, hw);
+            for (int ep = 1; ep <= t.dp; ep++) {
+                if (t.dp % ep || (ep > 1 && (c->moe.experts == 0 || c->moe.experts % ep)))
+                    continue;
+                t.ep = ep;
+                search_layout(&sr, o, &t, c, hw);
+            }
         }
     }
     qsort(sr.cand, sr.n, sizeof *sr.cand, by_throughput);

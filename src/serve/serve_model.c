@@ -158,6 +158,21 @@ static model_layout_t stage_layout(const serve_model_t *sm)
     return lay;
 }
 
+/* The file's expert bias (param_io_read_moe_bias) into the model. */
+static int moe_bias_load(serve_model_t *sm, h5store_t *h, char *err, size_t errlen)
+{
+    float *bias = malloc((size_t)sm->cfg.n_layer * (size_t)sm->cfg.moe.experts * sizeof *bias);
+    if (!bias) {
+        snprintf(err, errlen, "out of memory for the expert bias");
+        return -1;
+    }
+    const int rc = param_io_read_moe_bias(h, &sm->cfg, bias, "the parameters file", err, errlen);
+    if (rc == 0)
+        model_moe_bias_set(&sm->model, bias);
+    free(bias);
+    return rc;
+}
+
 /* The parameters into this rank's model. Collective. */
 static int load_params(serve_model_t *sm, const serve_opts_t *o, src_kind_t kind, h5store_t *h, char *err,
                        size_t errlen)
@@ -173,6 +188,8 @@ static int load_params(serve_model_t *sm, const serve_opts_t *o, src_kind_t kind
     if (rc == 0 && kind == SRC_H5) {
         const param_io_group_t g = {"params", host};
         rc = param_io_read(sm->grid.world, h, &sm->cfg, &m->table, &g, 1, err, errlen);
+        if (rc == 0 && model_moe_has_bias(&sm->cfg)) /* the trained expert bias routes as in training */
+            rc = agree(sm->grid.world, moe_bias_load(sm, h, err, errlen), err, errlen);
     } else if (rc == 0) {
         init_from_report_t rep;
         rc = agree(sm->grid.world,

@@ -78,6 +78,8 @@ void metrics_print_step(FILE *out, const step_record_t *r)
     if (r->comm_ms > 0 || r->bubble_max > 0)
         fprintf(out, " (compute %.1f/%.1f, comm wait %.1f/%.1f", r->compute_ms_max, r->compute_ms_mean, r->comm_ms,
                 r->comm_ms_mean);
+    if (r->a2a_ms > 0)
+        fprintf(out, " of which all-to-all %.1f/%.1f", r->a2a_ms, r->a2a_ms_mean);
     if (r->bubble_max > 0)
         fprintf(out, ", bubble %.0f%%/%.0f%%", 100.0 * r->bubble_max, 100.0 * r->bubble_mean);
     if (r->comm_ms > 0 || r->bubble_max > 0)
@@ -215,6 +217,10 @@ static int format_step(FILE *f, const void *arg)
     rc = jfield(f, rc, "compute_ms_mean", "%.3f", r->compute_ms_mean);
     rc = jfield(f, rc, "comm_ms", "%.3f", r->comm_ms);
     rc = jfield(f, rc, "comm_ms_mean", "%.3f", r->comm_ms_mean);
+    if (r->a2a_ms > 0) {
+        rc = jfield(f, rc, "a2a_ms", "%.3f", r->a2a_ms);
+        rc = jfield(f, rc, "a2a_ms_mean", "%.3f", r->a2a_ms_mean);
+    }
     rc = jfield(f, rc, "bubble_max", "%.4f", r->bubble_max);
     rc = jfield(f, rc, "bubble_mean", "%.4f", r->bubble_mean);
     rc = jfield(f, rc, "tokens_per_s", "%.3f", r->tokens_per_s);

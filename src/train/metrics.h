@@ -22,6 +22,7 @@ typedef struct step_record {
      * collectives) and less the pipeline bubble; max and mean over ranks */
     double compute_ms_max, compute_ms_mean;
     double comm_ms, comm_ms_mean; /* comm_ms is the max */
+    double a2a_ms, a2a_ms_mean;   /* --ep: the part of comm in the experts' all-to-alls (max, mean) */
     /* fraction of the step a rank spent waiting for a neighbour pipeline
      * stage (warm-up, cool-down, imbalance); 0 without pipelining */
     double bubble_max, bubble_mean;

@@ -109,6 +109,10 @@ static const opt_def_t opt_defs[] = {
      "cap each expert at ceil(X * seq-len * top-k / experts) tokens per sequence, dropping the lowest router scores "
      "(0 = dropless)",
      NULL, NULL, F(moe_given[10]) + 1},
+    {"moe-bias-rate", OPT_REAL, F(moe_bias_rate), 0, "0", 0, 1, NULL,
+     "after each step move each expert's bias by this toward balance, b_e += R sign(mean load - load_e), the bias "
+     "selecting experts only (DeepSeek-V3's aux-loss-free balancing, 0.001 there; --moe-router sigmoid)",
+     NULL, NULL, F(moe_given[11]) + 1},
     {"vocab-size", OPT_INT, F(vocab_size), 0, "0", 0, 1 << 24, NULL, "override the vocabulary size (0 = preset)", NULL,
      NULL, 0},
     {"max-seq-len", OPT_INT, F(max_seq_len), 0, "0", 0, 1 << 20, NULL,
@@ -557,7 +561,7 @@ int options_zero_stage(const run_options_t *o)
 }
 
 enum { MOE_EXPERTS, MOE_TOP_K, MOE_FFN, MOE_EVERY, MOE_FIRST_DENSE, MOE_ROUTER, MOE_NORM_TOPK, MOE_SHARED, MOE_AUX,
-       MOE_Z, MOE_CAPACITY };
+       MOE_Z, MOE_CAPACITY, MOE_BIAS_RATE };
 
 /* The --moe-* options of the mixture's shape over the preset's. A dense
  * preset given --moe-experts becomes a mixture with the options'
@@ -598,11 +602,12 @@ static void moe_run_options(const run_options_t *o, model_config_t *c)
     moe_config_t *e = &c->moe;
     const int *given = o->moe_given;
     if (e->experts == 0) { /* a dense model: any of these is an error model_config_check reports */
-        if (given[MOE_TOP_K] || given[MOE_FFN] || given[MOE_SHARED] || given[MOE_CAPACITY]) {
+        if (given[MOE_TOP_K] || given[MOE_FFN] || given[MOE_SHARED] || given[MOE_CAPACITY] || given[MOE_BIAS_RATE]) {
             e->top_k = o->moe_top_k;
             e->ffn = o->moe_ffn;
             e->shared_ffn = o->moe_shared_ffn;
             e->capacity = (float)o->moe_capacity;
+            e->bias_rate = (float)o->moe_bias_rate;
         }
         return;
     }
@@ -612,6 +617,8 @@ static void moe_run_options(const run_options_t *o, model_config_t *c)
         e->z_coef = (float)o->moe_z_coef;
     if (given[MOE_CAPACITY])
         e->capacity = (float)o->moe_capacity;
+    if (given[MOE_BIAS_RATE])
+        e->bias_rate = (float)o->moe_bias_rate;
 }
 
 /* options_model_config under --init-from: the file's model, checked

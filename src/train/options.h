@@ -45,8 +45,8 @@ typedef struct run_options {
      * preset's where given (moe_given[MOE_OPT_*]) */
     int moe_experts, moe_top_k, moe_ffn, moe_every, moe_first_dense, moe_norm_topk, moe_shared_ffn;
     char moe_router[16];
-    double moe_aux_coef, moe_z_coef, moe_capacity;
-    int moe_given[11];
+    double moe_aux_coef, moe_z_coef, moe_capacity, moe_bias_rate;
+    int moe_given[12];
     /* parallel layout */
     int tp, pp, dp;
     int ep; /* --ep: expert-parallel size, carved out of dp (1: none) */

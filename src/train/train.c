@@ -702,37 +702,67 @@ static int guard_step(trainer_t *tr, int step, double loss, double norm, spike_a
  * tied-embedding sum) and the pipeline bubble (blocked waiting for a
  * neighbour stage). */
 typedef struct step_times {
-    double dt, comm, bubble;
+    double dt, comm, bubble, a2a; /* a2a: the part of comm in the experts' all-to-alls */
 } step_times_t;
+
+/* DeepSeek-V3's aux-loss-free balancing: every MoE layer's expert bias
+ * moves by the rate toward balance, b_e += rate * sign(mean - load_e),
+ * from load[n_layer][E], the step's assignments over the world (so every
+ * layout moves it alike), and goes to the model's local layers. */
+static void moe_bias_update(trainer_t *tr, const double *load)
+{
+    const model_config_t *c = &tr->cfg;
+    const int E = c->moe.experts;
+    for (int l = 0; l < c->n_layer; l++) {
+        if (!model_layer_moe(c, l))
+            continue;
+        const double *d = load + (size_t)l * E;
+        double mean = 0.0;
+        for (int x = 0; x < E; x++)
+            mean += d[x];
+        mean /= E;
+        for (int x = 0; x < E; x++)
+            tr->moe_bias[(size_t)l * E + x] += c->moe.bias_rate * (float)((d[x] < mean) - (d[x] > mean));
+    }
+    model_moe_bias_set(&tr->model, tr->moe_bias);
+}
 
 /* The MoE layers' routing statistics of the step just run (the model's
  * since model_moe_stats_reset), per model layer over the world: TP rank 0
  * of each stage contributes its layers, each data-parallel replica its
- * own microbatches. Fills r's moe fields (tr->moe_layer holds them).
- * Collective. */
+ * own microbatches. Fills r's moe fields (tr->moe_layer holds them); with
+ * an expert bias and update set, the same reduction brings the expert
+ * loads for moe_bias_update. Collective. */
 enum { MOE_STAT_N = 6 };
-static int moe_step_stats(trainer_t *tr, step_record_t *r, char *err, size_t errlen)
+static int moe_step_stats(trainer_t *tr, step_record_t *r, int update, char *err, size_t errlen)
 {
     const model_t *m = &tr->model;
-    const int L = tr->cfg.n_layer;
-    if (!tr->cfg.moe.experts)
+    const int L = tr->cfg.n_layer, E = tr->cfg.moe.experts;
+    if (!E)
         return 0;
-    if (!tr->moe_layer && !(tr->moe_layer = calloc((size_t)L * (MOE_STAT_N + 5), sizeof *tr->moe_layer)))
+    const size_t nl = tr->moe_bias ? (size_t)L * E : 0; /* [L][E] loads after the sums */
+    if (!tr->moe_layer && !(tr->moe_layer = calloc((size_t)L * (MOE_STAT_N + 5) + nl, sizeof *tr->moe_layer)))
         return status_set(STATUS_FAIL, err, errlen, "out of memory for the MoE statistics of %d layers", L);
-    double *sum = tr->moe_layer, (*out)[4] = (double (*)[4])(sum + (size_t)L * MOE_STAT_N);
-    int *index = (int *)(sum + (size_t)L * (MOE_STAT_N + 4));
-    memset(sum, 0, (size_t)L * MOE_STAT_N * sizeof *sum);
+    double *sum = tr->moe_layer, *load = sum + (size_t)L * MOE_STAT_N;
+    double(*out)[4] = (double(*)[4])(load + nl);
+    int *index = (int *)(load + nl + (size_t)L * 4);
+    memset(sum, 0, ((size_t)L * MOE_STAT_N + nl) * sizeof *sum);
     for (int i = 0; i < m->n_local && tr->grid->tp_rank == 0; i++) {
         const model_moe_stats_t *st = &m->moe_stats[i];
-        double *d = sum + (size_t)param_layout_layer(&m->lay.part, i) * MOE_STAT_N;
+        const int l = param_layout_layer(&m->lay.part, i);
+        double *d = sum + (size_t)l * MOE_STAT_N;
         const double v[MOE_STAT_N] = {st->aux, st->z, st->max_load, st->dropped, st->assigned, st->micro};
         for (int k = 0; k < MOE_STAT_N; k++)
             d[k] += v[k];
+        for (size_t x = 0; x < nl / (size_t)L; x++)
+            load[(size_t)l * E + x] += m->mload_host[(size_t)i * E + x];
     }
     char cerr[COMM_ERR_MAX];
-    if (tr->world->ops->allreduce(tr->world, sum, (size_t)L * MOE_STAT_N, COMM_FP64, COMM_SUM, cerr, sizeof cerr) !=
-        0)
+    if (tr->world->ops->allreduce(tr->world, sum, (size_t)L * MOE_STAT_N + nl, COMM_FP64, COMM_SUM, cerr,
+                                  sizeof cerr) != 0)
         return status_set(STATUS_FAIL, err, errlen, "MoE statistics all-reduce failed: %s", cerr);
+    if (nl && update && tr->cfg.moe.bias_rate > 0)
+        moe_bias_update(tr, load);
     int n = 0;
     for (int l = 0; l < L; l++) {
         const double *d = sum + (size_t)l * MOE_STAT_N;
@@ -745,7 +775,7 @@ static int moe_step_stats(trainer_t *tr, step_record_t *r, char *err, size_t err
         index[n++] = l;
     }
     r->n_moe = n;
-    r->moe_layer = (const double (*)[4])out;
+    r->moe_layer = (const double(*)[4])out;
     r->moe_index = index;
     return 0;
 }
@@ -793,7 +823,8 @@ static int train_step(trainer_t *tr, int step, step_record_t *r, step_times_t *t
                          .tokens_per_s = tokens_step / dt};
     t->dt = dt;
     t->comm = tr->sync.ops->comm_s(&tr->sync) + m->tp_comm_s + m->ep_comm_s + tr->embed_comm_s;
-    return moe_step_stats(tr, r, err, errlen);
+    t->a2a = m->ep_comm_s;
+    return moe_step_stats(tr, r, act == SPIKE_GO, err, errlen);
 }
 
 /* The step's compute, exposed communication and bubble, max and mean over
@@ -803,13 +834,14 @@ static int step_stats(trainer_t *tr, step_record_t *r, const step_times_t *st, c
 {
     const grid_t *g = tr->grid;
     const double dt = st->dt;
-    float t[6] = {(float)(dt - st->comm - st->bubble), (float)st->comm, (float)(st->bubble / dt)}, tmax[3];
+    float t[8] = {(float)(dt - st->comm - st->bubble), (float)st->comm, (float)(st->bubble / dt), (float)st->a2a},
+          tmax[4];
     memcpy(tmax, t, sizeof tmax);
-    memcpy(t + 3, t, sizeof tmax);
+    memcpy(t + 4, t, sizeof tmax);
     char cerr[COMM_ERR_MAX];
     if (g->world_size > 1 &&
-        (g->world->ops->allreduce(g->world, tmax, 3, COMM_FP32, COMM_MAX, cerr, sizeof cerr) != 0 ||
-         g->world->ops->allreduce(g->world, t + 3, 3, COMM_FP32, COMM_SUM, cerr, sizeof cerr) != 0)) {
+        (g->world->ops->allreduce(g->world, tmax, 4, COMM_FP32, COMM_MAX, cerr, sizeof cerr) != 0 ||
+         g->world->ops->allreduce(g->world, t + 4, 4, COMM_FP32, COMM_SUM, cerr, sizeof cerr) != 0)) {
         snprintf(err, errlen, "step %d: timing all-reduce failed: %s", r->step, cerr);
         return -1;
     }
@@ -824,9 +856,11 @@ static int step_stats(trainer_t *tr, step_record_t *r, const step_times_t *st, c
     r->compute_ms_max = 1e3 * tmax[0];
     r->comm_ms = 1e3 * tmax[1];
     r->bubble_max = tmax[2];
-    r->compute_ms_mean = 1e3 * t[3] / g->world_size;
-    r->comm_ms_mean = 1e3 * t[4] / g->world_size;
-    r->bubble_mean = t[5] / g->world_size;
+    r->a2a_ms = 1e3 * tmax[3];
+    r->compute_ms_mean = 1e3 * t[4] / g->world_size;
+    r->comm_ms_mean = 1e3 * t[5] / g->world_size;
+    r->bubble_mean = t[6] / g->world_size;
+    r->a2a_ms_mean = 1e3 * t[7] / g->world_size;
     /* MFU never exceeds 100 %: a step faster than the peak shows the peak
      * was wrong (a probe disturbed by a neighbour, a --peak-gflops too
      * low), and the peak becomes that step's rate from then on */
@@ -971,6 +1005,7 @@ void trainer_teardown(trainer_t *tr)
     tfevents_close(tr->tb, tb_err, sizeof tb_err);
     straggler_free(&tr->strag);
     free(tr->moe_layer);
+    free(tr->moe_bias);
     free(tr->tok);
     free(tr->tgt);
     free(tr->pos);

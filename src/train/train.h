@@ -54,6 +54,11 @@ typedef struct trainer {
     /* MoE layers: the step's routing statistics per model layer
      * ([n_layer][MOE_STAT_N], summed over the world), reported by step_stats */
     double *moe_layer;
+    /* the MoE layers' expert bias [n_layer][E] (model_moe_has_bias: every
+     * layer's, alike on every rank; dense layers' rows stay 0), moved
+     * after each step by --moe-bias-rate, saved in checkpoints; then
+     * [n_layer][E] more, the copy an asynchronous checkpoint writes */
+    float *moe_bias;
     double embed_comm_s; /* this step's tied-embedding all-reduce */
     int threads;
     double flops_token; /* model FLOPs per token */

@@ -258,8 +258,11 @@ static int load_state(trainer_t *tr, const char *path, ckpt_meta_t *meta, double
         memset(hv, 0, bytes);
         /* ckpt_load ends in a collective close: rank 0's time is the job's */
         const double t0 = now_s();
+        meta->moe_bias = tr->moe_bias;
         rc = ckpt_load(tr->world, path, &tr->cfg, &m->table, hp, hm, hv, meta, err, errlen);
         *load_s = now_s() - t0;
+        if (rc == 0 && tr->moe_bias)
+            model_moe_bias_set(m, tr->moe_bias);
     }
     if (rc == 0) {
         char cerr[COMM_ERR_MAX];
@@ -422,6 +425,7 @@ static ckpt_meta_t ckpt_meta_at(const trainer_t *tr, int step)
                         .tokenizer_sha256 = tr->data_tokenizer_sha256};
     meta.tokens = (long long)step * meta.global_batch * o->seq_len;
     meta.data_skip = tr->spike.data_skip;
+    meta.moe_bias = tr->moe_bias;
     spike_state_format(&tr->spike, meta.spike_state, sizeof meta.spike_state);
     lr_schedule_record(&tr->sched, meta.lr_schedule, sizeof meta.lr_schedule, &meta.decay_steps, meta.decay_shape,
                        sizeof meta.decay_shape);
@@ -517,6 +521,11 @@ static int save_async(trainer_t *tr, int step, char *err, size_t errlen)
                             .tp_size = g->tp_size,
                             .tp_rank = g->tp_rank,
                             .meta = ckpt_meta_at(tr, step)};
+    if (tr->moe_bias) { /* the next step moves the bias while the writer formats it */
+        const size_t nb = (size_t)tr->cfg.n_layer * tr->cfg.moe.experts;
+        memcpy(tr->moe_bias + nb, tr->moe_bias, nb * sizeof *tr->moe_bias);
+        job.meta.moe_bias = tr->moe_bias + nb;
+    }
     /* the same answer on every rank: the strategy and the backend are the run's */
     const int overlap = overlap_copies(tr, a, &job);
     if (!overlap &&
@@ -603,16 +612,26 @@ int trainer_save_params(trainer_t *tr, char *err, size_t errlen)
         char layout[64];
         snprintf(layout, sizeof layout, "tp %d pp %d dp %d zero %d", g->tp_size, g->pp_size, g->dp_size,
                  tr->sync.ops->zero);
-        h5store_attr_t attrs[PARAM_IO_MODEL_ATTRS + 6];
-        int na = param_io_model_attrs(&tr->cfg, attrs);
-        attrs[na++] = (h5store_attr_t){.key = "content", .type = H5STORE_STR, .s = "params"};
-        attrs[na++] = (h5store_attr_t){.key = "dtrain_version", .type = H5STORE_STR, .s = PACKAGE_VERSION};
-        attrs[na++] = (h5store_attr_t){.key = "layout", .type = H5STORE_STR, .s = layout};
-        attrs[na++] = (h5store_attr_t){.key = "step", .type = H5STORE_INT, .i = tr->steps_done};
-        na += param_io_tokenizer_attrs(tr->data_tokenizer, tr->data_tokenizer_sha256, attrs + na);
-        const param_io_group_t group = {"params", host};
-        rc = param_io_write(tr->world, o->save_params, &tr->cfg, &m->table, &group, 1, ckpt_writer(g), g->tp_size,
-                            g->tp_rank, attrs, na, err, errlen);
+        h5store_attr_t *attrs = malloc((PARAM_IO_MODEL_ATTRS + 6 + (size_t)tr->cfg.n_layer) * sizeof *attrs);
+        char *bias_text = NULL;
+        int na = attrs ? param_io_model_attrs(&tr->cfg, attrs) : 0;
+        const int nb = attrs ? param_io_moe_bias_attrs(&tr->cfg, tr->moe_bias, attrs + na, &bias_text) : -1;
+        rc = nb < 0 ? -1 : 0; /* every rank allocates alike */
+        if (rc != 0)
+            snprintf(err, errlen, "--save-params: out of memory for the attributes");
+        if (rc == 0) {
+            na += nb;
+            attrs[na++] = (h5store_attr_t){.key = "content", .type = H5STORE_STR, .s = "params"};
+            attrs[na++] = (h5store_attr_t){.key = "dtrain_version", .type = H5STORE_STR, .s = PACKAGE_VERSION};
+            attrs[na++] = (h5store_attr_t){.key = "layout", .type = H5STORE_STR, .s = layout};
+            attrs[na++] = (h5store_attr_t){.key = "step", .type = H5STORE_INT, .i = tr->steps_done};
+            na += param_io_tokenizer_attrs(tr->data_tokenizer, tr->data_tokenizer_sha256, attrs + na);
+            const param_io_group_t group = {"params", host};
+            rc = param_io_write(tr->world, o->save_params, &tr->cfg, &m->table, &group, 1, ckpt_writer(g),
+                                g->tp_size, g->tp_rank, attrs, na, err, errlen);
+        }
+        free(attrs);
+        free(bias_text);
     }
     free(host);
     if (rc == 0 && tr->env->world_rank == 0)

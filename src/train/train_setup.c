@@ -547,6 +547,11 @@ static int setup_model(trainer_t *tr, model_layout_t lay, const dpsync_ops_t *ki
         return -1;
     if (model_create(&tr->model, &tr->cfg, tr->backend.ops, &lay, run->micro_batch, run->seq_len, err, errlen) != 0)
         return -1;
+    const size_t nb = model_moe_has_bias(&tr->cfg) ? 2 * (size_t)tr->cfg.n_layer * tr->cfg.moe.experts : 0;
+    if (nb && !(tr->moe_bias = calloc(nb, sizeof *tr->moe_bias))) {
+        snprintf(err, errlen, "out of memory for the expert bias of %d layers", tr->cfg.n_layer);
+        return -1;
+    }
     if (setup_sync(tr, kind, run->grad_dtype, err, errlen) != 0)
         return -1;
     if (init_params(tr, (uint64_t)o->seed, err, errlen) != 0)
