@@ -99,9 +99,10 @@ typedef struct dpsync_config {
     const unsigned char *tensor_norm; /* [n_tensors] 1: counts in the global norm on this rank */
     /* --ep: [n_tensors] 1 for a routed expert's tensor (different on each
      * rank of the EP group), averaged over edp (ddp_set_experts) and
-     * counted in the norm's expert part; NULL and NULL without --ep */
+     * counted in the norm's expert part; ep: the EP group. NULL, NULL and
+     * NULL without --ep. ZeRO shards the expert tensors over edp. */
     const unsigned char *tensor_expert;
-    comm_t *edp;
+    comm_t *edp, *ep;
     ddp_mode_t mode;                  /* replicated and ZeRO-1's all-reduce */
     size_t bucket_bytes;
     comm_dtype_t dtype; /* what gradient reductions send */
@@ -200,6 +201,13 @@ struct dpsync {
     unsigned char *norm_expert; /* [n_norm] the piece is an expert tensor's */
     int n_norm;
     comm_t *norm_group; /* where the parts are summed besides TP and PP, or NULL */
+    /* --ep, where this rank's norm covers whole expert tensors (the
+     * replicated strategy, ZeRO-1): the EP group, over which the expert
+     * part is summed before the rest, since each EP rank holds other
+     * experts and its expert-DP replicas the same ones. NULL where the
+     * expert gradients are pieces over expert-DP (ZeRO-2/3): then every
+     * DP rank holds other pieces and norm_group's sum counts each once. */
+    comm_t *norm_ep;
 };
 
 /* The strategy for ZeRO stage 0..3 (0: replicated); NULL otherwise. */
@@ -219,8 +227,8 @@ status_t dpsync_backward_end(dpsync_t *s, char *err, size_t errlen);
  * double and a fixed order, of the squares of its norm pieces (one sumsq
  * call). The caller sums the parts over TP, PP and then norm_group. The
  * expert tensors' pieces (--ep) are left out and summed into *expert
- * instead (NULL: counted in the result), which the caller sums over the
- * EP group first, since each EP rank holds other experts. */
+ * instead (NULL: counted in the result), which the caller sums over
+ * norm_ep first. */
 double dpsync_grad_sumsq(dpsync_t *s, double *expert);
 
 #endif

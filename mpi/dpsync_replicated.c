@@ -19,6 +19,7 @@ static void ddp_grads_ready_hook(void *ctx, size_t ready_from)
 status_t ddp_sync_create(dpsync_t *s, const dpsync_config_t *c, char *err, size_t errlen)
 {
     s->hook.grads_ready = ddp_grads_ready_hook;
+    s->norm_ep = c->edp ? c->ep : NULL; /* whole expert gradients, other experts on each EP rank */
     if (ddp_create(&s->ddp, c->ops, &c->mem, c->mode, c->dp, c->grads, c->n, c->tensor_start, c->n_tensors,
                    c->bucket_bytes, c->dtype, err, errlen) != STATUS_OK ||
         (c->edp && ddp_set_experts(&s->ddp, c->tensor_expert, c->edp, c->bucket_bytes, err, errlen) != STATUS_OK))

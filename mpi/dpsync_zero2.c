@@ -100,23 +100,25 @@ status_t zero2_finish(dpsync_t *s, char *err, size_t errlen)
 float *zero2_tensor_grads(dpsync_t *s, size_t off, size_t numel, size_t *n)
 {
     const zero_t *z = &s->zero;
-    const int u = zero_unit_of(z, off);
+    const int p = zero_part_of(z, off);
     (void)numel;
-    *n = z->chunk[u];
-    return z->grad_shard + z->shard_start[u];
+    *n = z->chunk[p];
+    return z->grad_shard + z->shard_start[p];
 }
 
-/* This rank's piece of the tensor; the norm group's sum adds the others. */
+/* This rank's piece of the tensor; the norm group's sum adds the others
+ * (an expert tensor's pieces are spread over its expert-DP group, and the
+ * EP ranks hold other experts: the DP group covers both once). */
 int zero2_norm_piece(const dpsync_t *s, size_t off, size_t numel, const float **x, size_t *n)
 {
     const zero_t *z = &s->zero;
-    const int u = zero_unit_of(z, off);
-    size_t lo, hi;
-    zero_piece(z, u, &lo, &hi);
+    const int p = zero_part_of(z, off);
+    size_t lo, hi, skip;
+    zero_piece(z, p, &lo, &hi, &skip);
     const size_t a = off > lo ? off : lo, e = off + numel, b = e < hi ? e : hi;
     if (a >= b)
         return 0;
-    *x = z->grad_shard + z->shard_start[u] + (a - lo);
+    *x = z->grad_shard + z->shard_start[p] + skip + (a - lo);
     *n = b - a;
     return 1;
 }

@@ -2,6 +2,7 @@
  * backend's and is touched only through z->ops (zero.h, "Memory"). */
 #include "mpi/zero.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -31,70 +32,101 @@ static void buf_free(const zero_t *z, mem_category_t cat, void *p, size_t bytes)
     }
 }
 
-void zero_cut_units(zero_units_t *u, size_t n, int n_tensors, const size_t *tensor_start, const int *tensor_block,
-                    size_t *unit_start)
+int zero_cut_units(zero_units_t *u, size_t n, int n_tensors, const size_t *tensor_start, const int *tensor_block,
+                   const unsigned char *tensor_expert, size_t *unit_start, size_t *expert_from)
 {
     *u = (zero_units_t){.block0 = -1};
-    int k = 0;
+    int k = 0, bad = 0;
     for (int i = 0; i < n_tensors; i++) {
         const int blk = tensor_block[i];
+        const int ex = tensor_expert && tensor_expert[i];
         if (i == 0 || blk < 0 || tensor_block[i - 1] != blk) {
             if (blk >= 0 && u->block0 < 0)
                 u->block0 = k;
             u->n_blocks += blk >= 0;
+            if (expert_from && k > 0 && expert_from[k - 1] == SIZE_MAX)
+                expert_from[k - 1] = tensor_start[i]; /* no experts: the unit's end */
             unit_start[k++] = tensor_start[i];
+            if (expert_from)
+                expert_from[k - 1] = SIZE_MAX;
+        } else if (!ex && tensor_expert && tensor_expert[i - 1]) {
+            bad = 1; /* a dense tensor after an expert one in its unit */
         }
+        if (ex && expert_from && expert_from[k - 1] == SIZE_MAX)
+            expert_from[k - 1] = tensor_start[i];
     }
     unit_start[k] = n;
+    if (expert_from && k > 0 && expert_from[k - 1] == SIZE_MAX)
+        expert_from[k - 1] = n;
     u->n_units = k;
     for (int b = u->block0; b >= 0 && b < u->block0 + u->n_blocks; b++)
         if (unit_start[b + 1] - unit_start[b] > u->window)
             u->window = unit_start[b + 1] - unit_start[b];
+    return bad ? -1 : 0;
 }
 
-void zero_pieces(const size_t *unit_start, int n_units, size_t S, size_t *chunk, size_t *shard_start, size_t *shard_n,
-                 size_t *stage_n)
+/* Part p's start and length (expert_from NULL: no expert parts). */
+static void part_span(const size_t *unit_start, const size_t *expert_from, int p, size_t *start, size_t *len)
 {
-    size_t off = 0, max_c = 0;
+    const int u = p / 2;
+    const size_t mid = expert_from ? expert_from[u] : unit_start[u + 1];
+    *start = p & 1 ? mid : unit_start[u];
+    *len = p & 1 ? unit_start[u + 1] - mid : mid - unit_start[u];
+}
+
+void zero_pieces(const zero_units_t *u, const size_t *unit_start, const size_t *expert_from, size_t S, size_t Se,
+                 size_t *chunk, size_t *shard_start, zero_shape_t *shape)
+{
+    *shape = (zero_shape_t){0};
     if (shard_start)
         shard_start[0] = 0;
-    for (int u = 0; u < n_units; u++) {
-        const size_t c = (unit_start[u + 1] - unit_start[u] + S - 1) / S;
+    for (int p = 0; p < 2 * u->n_units; p++) {
+        size_t start, len;
+        part_span(unit_start, expert_from, p, &start, &len);
+        const size_t G = p & 1 ? Se : S, c = (len + G - 1) / G;
         if (chunk)
-            chunk[u] = c;
-        off += c;
+            chunk[p] = c;
+        shape->shard_n += c;
         if (shard_start)
-            shard_start[u + 1] = off;
-        if (c > max_c)
-            max_c = c;
+            shard_start[p + 1] = shape->shard_n;
+        if (G * c > shape->stage_n)
+            shape->stage_n = G * c;
     }
-    *shard_n = off;
-    *stage_n = S * max_c;
+    for (int b = u->block0; b >= 0 && b < u->block0 + u->n_blocks; b++) {
+        size_t s0, l0, s1, l1;
+        part_span(unit_start, expert_from, 2 * b, &s0, &l0);
+        part_span(unit_start, expert_from, 2 * b + 1, &s1, &l1);
+        const size_t c0 = (l0 + S - 1) / S, c1 = (l1 + Se - 1) / Se;
+        if (S * c0 + Se * c1 > shape->window_n)
+            shape->window_n = S * c0 + Se * c1;
+        if (c0 + c1 > shape->window_c)
+            shape->window_c = c0 + c1;
+    }
 }
 
 /* Each buffer carries one float (or bf16) of padding beyond its content
  * (stage: at least one element), so that none is empty. */
-void zero_sizes(zero_sizes_t *s, int stage, size_t S, size_t shard_n, size_t stage_n, size_t window_units,
-                comm_dtype_t dtype, int replica_size)
+void zero_sizes(zero_sizes_t *s, int stage, size_t S, const zero_shape_t *shape, comm_dtype_t dtype,
+                int replica_size)
 {
-    *s = (zero_sizes_t){.stage = stage_n ? stage_n : 1};
+    *s = (zero_sizes_t){.stage = shape->stage_n ? shape->stage_n : 1};
     if (stage < 2)
         return;
-    const size_t c = (window_units + S - 1) / S;
-    s->window_n = S * c;
-    s->grad_shard = shard_n + 1;
+    s->window_n = shape->window_n;
+    s->grad_shard = shape->shard_n + 1;
     s->window = s->window_n + 1;
-    s->recv = c + 1;
-    /* bf16 only where a reduction happens: a group of one keeps fp32 */
+    s->recv = shape->window_c + 1;
+    /* bf16 only where a reduction happens: a group of one keeps fp32 (the
+     * expert group is no larger than the group) */
     if (dtype == COMM_BF16 && S > 1) {
-        s->hstage = stage_n + 1;
+        s->hstage = shape->stage_n + 1;
         s->hwin = s->window_n + 1;
-        s->hrecv = c + 1;
+        s->hrecv = shape->window_c + 1;
     }
     if (dtype == COMM_BF16 && replica_size > 1)
-        s->hshard = shard_n + 1;
+        s->hshard = shape->shard_n + 1;
     if (stage >= 3) {
-        s->param_shard = shard_n + 1;
+        s->param_shard = shape->shard_n + 1;
         s->pwin = s->window_n + 1;
     }
 }
@@ -145,9 +177,9 @@ static int alloc_buffers(zero_t *z)
     return 0;
 }
 
-status_t zero_create(zero_t *z, const ops_t *ops, const mem_tracker_t *mem, int stage, comm_t *group, size_t n,
-                     const size_t *unit_start, int n_units, size_t window_units, comm_t *replica, comm_dtype_t dtype,
-                     char *err, size_t errlen)
+status_t zero_create(zero_t *z, const ops_t *ops, const mem_tracker_t *mem, int stage, comm_t *group, comm_t *egroup,
+                     size_t n, const zero_units_t *units, const size_t *unit_start, const size_t *expert_from,
+                     comm_t *replica, comm_dtype_t dtype, char *err, size_t errlen)
 {
     memset(z, 0, sizeof *z);
     z->ops = ops;
@@ -155,22 +187,30 @@ status_t zero_create(zero_t *z, const ops_t *ops, const mem_tracker_t *mem, int 
         z->mem = *mem;
     z->stage = stage;
     z->group = group;
+    z->egroup = expert_from ? egroup : NULL;
     z->replica = replica;
     z->dtype = dtype;
     z->n = n;
-    z->n_units = n_units;
-    z->unit_start = malloc(((size_t)n_units + 1) * sizeof *z->unit_start);
-    z->chunk = malloc(((size_t)n_units + 1) * sizeof *z->chunk);
-    z->shard_start = malloc(((size_t)n_units + 1) * sizeof *z->shard_start);
-    if (!z->unit_start || !z->chunk || !z->shard_start) {
+    const int nu = units->n_units;
+    z->n_units = nu;
+    z->unit_start = malloc(((size_t)nu + 1) * sizeof *z->unit_start);
+    z->expert_from = malloc(((size_t)nu + 1) * sizeof *z->expert_from);
+    z->chunk = malloc((2 * (size_t)nu + 1) * sizeof *z->chunk);
+    z->shard_start = malloc((2 * (size_t)nu + 1) * sizeof *z->shard_start);
+    if (!z->unit_start || !z->expert_from || !z->chunk || !z->shard_start) {
         zero_destroy(z);
         return status_set(STATUS_FAIL, err, errlen, "out of memory for the ZeRO units");
     }
-    memcpy(z->unit_start, unit_start, (size_t)n_units * sizeof *z->unit_start);
-    z->unit_start[n_units] = n;
-    const size_t S = (size_t)group->size;
-    zero_pieces(z->unit_start, n_units, S, z->chunk, z->shard_start, &z->shard_n, &z->stage_n);
-    zero_sizes(&z->sizes, stage, S, z->shard_n, z->stage_n, window_units, dtype, replica ? replica->size : 0);
+    memcpy(z->unit_start, unit_start, (size_t)nu * sizeof *z->unit_start);
+    z->unit_start[nu] = n;
+    for (int u = 0; u < nu; u++)
+        z->expert_from[u] = z->egroup ? expert_from[u] : z->unit_start[u + 1];
+    const size_t S = (size_t)group->size, Se = z->egroup ? (size_t)z->egroup->size : 1;
+    zero_shape_t shape;
+    zero_pieces(units, z->unit_start, z->expert_from, S, Se, z->chunk, z->shard_start, &shape);
+    z->shard_n = shape.shard_n;
+    z->stage_n = shape.stage_n;
+    zero_sizes(&z->sizes, stage, S, &shape, dtype, replica ? replica->size : 0);
     z->window_n = z->sizes.window_n;
     z->window_unit[0] = z->window_unit[1] = -1;
     z->pwin_unit[0] = z->pwin_unit[1] = -1;
@@ -198,21 +238,58 @@ void zero_destroy(zero_t *z)
     for (int k = 0; k < 2; k++)
         buf_free(z, MEM_PARAMS, z->pwin[k], s->pwin * sizeof(float));
     free(z->unit_start);
+    free(z->expert_from);
     free(z->chunk);
     free(z->shard_start);
     memset(z, 0, sizeof *z);
 }
 
-void zero_piece(const zero_t *z, int u, size_t *lo, size_t *hi)
+/* Part p's group, start and length. */
+static comm_t *part_group(const zero_t *z, int p) { return p & 1 ? z->egroup : z->group; }
+
+static void part_of(const zero_t *z, int p, size_t *start, size_t *len)
 {
-    const size_t len = z->unit_start[u + 1] - z->unit_start[u];
-    size_t a = (size_t)z->group->rank * z->chunk[u], b = a + z->chunk[u];
+    const int u = p / 2;
+    const size_t mid = z->expert_from[u];
+    *start = p & 1 ? mid : z->unit_start[u];
+    *len = p & 1 ? z->unit_start[u + 1] - mid : mid - z->unit_start[u];
+}
+
+/* The padding in front of part p's S_g c floats: only a dense part with
+ * an expert part after it (zero_window). */
+static size_t part_front(const zero_t *z, int p)
+{
+    if ((p & 1) || z->chunk[p + 1] == 0)
+        return 0;
+    size_t start, len;
+    part_of(z, p, &start, &len);
+    return (size_t)z->group->size * z->chunk[p] - len;
+}
+
+void zero_window(const zero_t *z, int u, size_t *front, size_t at[2])
+{
+    *front = part_front(z, 2 * u);
+    at[0] = 0;
+    at[1] = (size_t)z->group->size * z->chunk[2 * u];
+}
+
+void zero_piece(const zero_t *z, int p, size_t *lo, size_t *hi, size_t *skip)
+{
+    size_t start, len;
+    part_of(z, p, &start, &len);
+    const comm_t *g = part_group(z, p);
+    const size_t f = part_front(z, p), c = z->chunk[p];
+    /* the rank's c floats of the padded part: [r c, (r+1) c) less f */
+    size_t a = g ? (size_t)g->rank * c : 0, b = a + c;
+    *skip = a < f ? (f - a < c ? f - a : c) : 0;
+    a = a < f ? 0 : a - f;
+    b = b < f ? 0 : b - f;
     if (a > len)
         a = len;
     if (b > len)
         b = len;
-    *lo = z->unit_start[u] + a;
-    *hi = z->unit_start[u] + b;
+    *lo = start + a;
+    *hi = start + b;
 }
 
 /* zero_allgather (buf in backend memory) and zero_allgather_host (buf in
@@ -221,26 +298,28 @@ void zero_piece(const zero_t *z, int u, size_t *lo, size_t *hi)
 static status_t allgather_units(zero_t *z, float *buf, int host, char *err, size_t errlen)
 {
     const ops_t *o = z->ops;
-    comm_t *c = z->group;
-    for (int u = 0; u < z->n_units; u++) {
-        const size_t cu = z->chunk[u], len = z->unit_start[u + 1] - z->unit_start[u];
+    for (int p = 0; p < 2 * z->n_units; p++) {
+        const size_t cu = z->chunk[p];
         if (cu == 0)
             continue;
-        size_t lo, hi;
-        zero_piece(z, u, &lo, &hi);
+        comm_t *c = part_group(z, p);
+        size_t lo, hi, skip, start, len;
+        zero_piece(z, p, &lo, &hi, &skip);
+        part_of(z, p, &start, &len);
         /* the send piece is padded to c with zeros so every rank sends c */
         float *mine = z->stage_buf + (size_t)c->rank * cu;
+        o->zero(o->ctx, mine, cu * sizeof(float));
         if (host)
-            o->from_host(o->ctx, mine, buf + lo, (hi - lo) * sizeof(float));
+            o->from_host(o->ctx, mine + skip, buf + lo, (hi - lo) * sizeof(float));
         else
-            o->copy(o->ctx, mine, buf + lo, (hi - lo) * sizeof(float));
-        o->zero(o->ctx, mine + (hi - lo), (cu - (hi - lo)) * sizeof(float));
+            o->copy(o->ctx, mine + skip, buf + lo, (hi - lo) * sizeof(float));
         /* send == recv + rank*c: the communicator's in-place form */
         CHECK(c->ops->allgather(c, mine, z->stage_buf, cu, COMM_FP32, err, errlen));
+        const float *from = z->stage_buf + part_front(z, p);
         if (host)
-            o->to_host(o->ctx, buf + z->unit_start[u], z->stage_buf, len * sizeof(float));
+            o->to_host(o->ctx, buf + start, from, len * sizeof(float));
         else
-            o->copy(o->ctx, buf + z->unit_start[u], z->stage_buf, len * sizeof(float));
+            o->copy(o->ctx, buf + start, from, len * sizeof(float));
     }
     return 0;
 }
@@ -257,21 +336,21 @@ status_t zero_allgather_host(zero_t *z, float *host, char *err, size_t errlen)
 
 void zero_shard_from_host(const zero_t *z, const float *host, float *shard)
 {
-    for (int u = 0; u < z->n_units; u++) {
-        size_t lo, hi;
-        zero_piece(z, u, &lo, &hi);
-        float *dst = shard + z->shard_start[u];
-        z->ops->from_host(z->ops->ctx, dst, host + lo, (hi - lo) * sizeof(float));
-        z->ops->zero(z->ops->ctx, dst + (hi - lo), (z->chunk[u] - (hi - lo)) * sizeof(float));
+    for (int p = 0; p < 2 * z->n_units; p++) {
+        size_t lo, hi, skip;
+        zero_piece(z, p, &lo, &hi, &skip);
+        float *dst = shard + z->shard_start[p];
+        z->ops->zero(z->ops->ctx, dst, z->chunk[p] * sizeof(float));
+        z->ops->from_host(z->ops->ctx, dst + skip, host + lo, (hi - lo) * sizeof(float));
     }
 }
 
 void zero_shard_to_host(const zero_t *z, const float *shard, float *host)
 {
-    for (int u = 0; u < z->n_units; u++) {
-        size_t lo, hi;
-        zero_piece(z, u, &lo, &hi);
-        z->ops->to_host(z->ops->ctx, host + lo, shard + z->shard_start[u], (hi - lo) * sizeof(float));
+    for (int p = 0; p < 2 * z->n_units; p++) {
+        size_t lo, hi, skip;
+        zero_piece(z, p, &lo, &hi, &skip);
+        z->ops->to_host(z->ops->ctx, host + lo, shard + z->shard_start[p] + skip, (hi - lo) * sizeof(float));
     }
 }
 
@@ -288,6 +367,12 @@ int zero_unit_of(const zero_t *z, size_t off)
     return lo;
 }
 
+int zero_part_of(const zero_t *z, size_t off)
+{
+    const int u = zero_unit_of(z, off);
+    return 2 * u + (off >= z->expert_from[u]);
+}
+
 void zero_grads_begin(zero_t *z)
 {
     z->ops->zero(z->ops->ctx, z->grad_shard, z->shard_n * sizeof(float));
@@ -295,21 +380,23 @@ void zero_grads_begin(zero_t *z)
     z->gather_s = 0.0;
 }
 
-/* Adds a finished reduce-scatter's piece of unit u to the shard. */
-static void add_piece(zero_t *z, int u, const float *piece)
-{
-    float *dst = z->grad_shard + z->shard_start[u];
-    z->ops->add(z->ops->ctx, dst, dst, piece, z->chunk[u]);
-}
+/* The unit's pieces in the shard, both parts: [shard_start[2u], +n). */
+static size_t unit_pieces(const zero_t *z, int u) { return z->shard_start[2 * u + 2] - z->shard_start[2 * u]; }
 
-/* Window k's reduce-scatter finished: its piece (widened from bf16 when
- * reduced in bf16) added to the shard; the window is free. */
+/* Window k's reduce-scatters finished: its pieces (widened from bf16
+ * where reduced in bf16) added to the shard, where the unit's pieces lie
+ * in the same order as in recv; the window is free. */
 static void window_done(zero_t *z, int k)
 {
     const int u = z->window_unit[k];
-    if (bf16_on(z, z->group))
-        z->ops->cast_bf16_to_f32(z->ops->ctx, z->recv[k], z->hrecv[k], z->chunk[u]);
-    add_piece(z, u, z->recv[k]);
+    for (int g = 0; g < 2; g++) {
+        const int p = 2 * u + g;
+        const size_t r = z->shard_start[p] - z->shard_start[2 * u];
+        if (z->chunk[p] && bf16_on(z, part_group(z, p)))
+            z->ops->cast_bf16_to_f32(z->ops->ctx, z->recv[k] + r, z->hrecv[k] + r, z->chunk[p]);
+    }
+    float *dst = z->grad_shard + z->shard_start[2 * u];
+    z->ops->add(z->ops->ctx, dst, dst, z->recv[k], unit_pieces(z, u));
     z->window_unit[k] = -1;
 }
 
@@ -319,7 +406,15 @@ static status_t window_drain(zero_t *z, int k, char *err, size_t errlen)
         return 0;
     z->ops->sync(z->ops->ctx); /* running kernels are compute, not communication wait */
     double t0 = MPI_Wtime();
-    status_t rc = z->group->ops->wait(&z->req[k], err, errlen);
+    status_t rc = STATUS_OK;
+    for (int g = 0; g < 2; g++)
+        if (z->req_busy[k][g]) {
+            /* both requests are completed; the first failure's message stays */
+            if (part_group(z, 2 * z->window_unit[k] + g)
+                    ->ops->wait(&z->req[k][g], rc == STATUS_OK ? err : NULL, errlen) != STATUS_OK)
+                rc = STATUS_FAIL;
+            z->req_busy[k][g] = 0;
+        }
     z->wait_s += MPI_Wtime() - t0;
     CHECK(rc);
     window_done(z, k);
@@ -331,63 +426,120 @@ status_t zero_grads_progress(zero_t *z, char *err, size_t errlen)
     for (int k = 0; k < 2; k++) {
         if (z->window_unit[k] < 0)
             continue;
-        int done = 0;
-        CHECK(z->group->ops->test(&z->req[k], &done, err, errlen));
-        if (done)
+        for (int g = 0; g < 2; g++) {
+            if (!z->req_busy[k][g])
+                continue;
+            int done = 0;
+            CHECK(part_group(z, 2 * z->window_unit[k] + g)->ops->test(&z->req[k][g], &done, err, errlen));
+            if (done)
+                z->req_busy[k][g] = 0;
+        }
+        if (!z->req_busy[k][0] && !z->req_busy[k][1])
             window_done(z, k);
     }
     return 0;
 }
 
+/* Zeroes window w's padding for unit u (in front of its dense part and
+ * behind each part): the stretches the reduce-scatters and gathers send
+ * beyond the unit's floats, which an earlier unit's may have filled. */
+static void window_pads(const zero_t *z, float *w, int u)
+{
+    size_t f, at[2];
+    zero_window(z, u, &f, at);
+    const ops_t *o = z->ops;
+    if (f)
+        o->zero(o->ctx, w, f * sizeof(float));
+    for (int g = 0; g < 2; g++) {
+        const int p = 2 * u + g;
+        size_t start, len;
+        part_of(z, p, &start, &len);
+        const size_t padded = (size_t)(g ? z->egroup ? z->egroup->size : 1 : z->group->size) * z->chunk[p];
+        const size_t used = (g ? 0 : f) + len;
+        if (padded > used)
+            o->zero(o->ctx, w + at[g] + used, (padded - used) * sizeof(float));
+    }
+}
+
 float *zero_grads_window(zero_t *z, int u, char *err, size_t errlen)
 {
     const int k = u & 1;
-    return window_drain(z, k, err, errlen) == STATUS_OK ? z->window[k] : NULL;
+    if (window_drain(z, k, err, errlen) != STATUS_OK)
+        return NULL;
+    size_t f, at[2];
+    zero_window(z, u, &f, at);
+    if (z->egroup) /* without experts every unit pads behind, where nothing else writes (as always) */
+        window_pads(z, z->window[k], u);
+    return z->window[k] + f;
 }
 
 status_t zero_grads_reduce_window(zero_t *z, int u, char *err, size_t errlen)
 {
     const int k = u & 1;
-    comm_t *c = z->group;
-    status_t rc;
-    if (bf16_on(z, c)) {
-        /* the whole send, padding included (zero in both types) */
-        z->ops->cast_f32_to_bf16(z->ops->ctx, z->hwin[k], z->window[k], (size_t)c->size * z->chunk[u]);
-        rc = c->ops->ireduce_scatter(c, z->hwin[k], z->hrecv[k], z->chunk[u], COMM_BF16, &z->req[k], err, errlen);
-    } else {
-        rc = c->ops->ireduce_scatter(c, z->window[k], z->recv[k], z->chunk[u], COMM_FP32, &z->req[k], err, errlen);
-    }
-    CHECK(rc);
+    size_t f, at[2];
+    zero_window(z, u, &f, at);
     z->window_unit[k] = u;
+    for (int g = 0; g < 2; g++) {
+        const int p = 2 * u + g;
+        if (z->chunk[p] == 0)
+            continue;
+        comm_t *c = part_group(z, p);
+        const size_t r = z->shard_start[p] - z->shard_start[2 * u], cu = z->chunk[p];
+        status_t rc;
+        if (bf16_on(z, c)) {
+            /* the part's whole send, padding included (zero in both types) */
+            z->ops->cast_f32_to_bf16(z->ops->ctx, z->hwin[k] + at[g], z->window[k] + at[g], (size_t)c->size * cu);
+            rc = c->ops->ireduce_scatter(c, z->hwin[k] + at[g], z->hrecv[k] + r, cu, COMM_BF16, &z->req[k][g], err,
+                                         errlen);
+        } else {
+            rc = c->ops->ireduce_scatter(c, z->window[k] + at[g], z->recv[k] + r, cu, COMM_FP32, &z->req[k][g], err,
+                                         errlen);
+        }
+        if (rc != STATUS_OK) {
+            z->window_unit[k] = -1;
+            return rc;
+        }
+        z->req_busy[k][g] = 1;
+    }
     return STATUS_OK;
 }
 
 status_t zero_grads_reduce(zero_t *z, int u, const float *src, char *err, size_t errlen)
 {
-    comm_t *c = z->group;
-    const size_t cu = z->chunk[u], len = z->unit_start[u + 1] - z->unit_start[u];
-    if (cu == 0)
-        return 0;
-    /* stage_buf [S*c] (hstage in bf16): the send, padded; in place, the
-     * rank's piece lands at its start */
-    const int bf16 = bf16_on(z, c);
     const ops_t *o = z->ops;
-    if (bf16) {
-        o->cast_f32_to_bf16(o->ctx, z->hstage, src, len);
-        o->zero(o->ctx, z->hstage + len, ((size_t)c->size * cu - len) * sizeof(uint16_t));
-    } else {
-        o->copy(o->ctx, z->stage_buf, src, len * sizeof(float));
-        o->zero(o->ctx, z->stage_buf + len, ((size_t)c->size * cu - len) * sizeof(float));
+    for (int g = 0; g < 2; g++) {
+        const int p = 2 * u + g;
+        comm_t *c = part_group(z, p);
+        const size_t cu = z->chunk[p], f = part_front(z, p);
+        size_t start, len;
+        part_of(z, p, &start, &len);
+        if (cu == 0)
+            continue;
+        const float *from = src + (start - z->unit_start[u]);
+        const size_t tail = (size_t)c->size * cu - f - len;
+        /* stage_buf [S_g c] (hstage in bf16): the send, padded; in place,
+         * the rank's piece lands at its start */
+        const int bf16 = bf16_on(z, c);
+        if (bf16) {
+            o->zero(o->ctx, z->hstage, f * sizeof(uint16_t));
+            o->cast_f32_to_bf16(o->ctx, z->hstage + f, from, len);
+            o->zero(o->ctx, z->hstage + f + len, tail * sizeof(uint16_t));
+        } else {
+            o->zero(o->ctx, z->stage_buf, f * sizeof(float));
+            o->copy(o->ctx, z->stage_buf + f, from, len * sizeof(float));
+            o->zero(o->ctx, z->stage_buf + f + len, tail * sizeof(float));
+        }
+        o->sync(o->ctx); /* running kernels are compute, not communication wait */
+        double t0 = MPI_Wtime();
+        status_t rc = bf16 ? c->ops->reduce_scatter(c, z->hstage, z->hstage, cu, COMM_BF16, err, errlen)
+                           : c->ops->reduce_scatter(c, z->stage_buf, z->stage_buf, cu, COMM_FP32, err, errlen);
+        z->wait_s += MPI_Wtime() - t0;
+        CHECK(rc);
+        if (bf16)
+            o->cast_bf16_to_f32(o->ctx, z->stage_buf, z->hstage, cu);
+        float *dst = z->grad_shard + z->shard_start[p];
+        o->add(o->ctx, dst, dst, z->stage_buf, cu);
     }
-    z->ops->sync(z->ops->ctx); /* running kernels are compute, not communication wait */
-    double t0 = MPI_Wtime();
-    status_t rc = bf16 ? c->ops->reduce_scatter(c, z->hstage, z->hstage, cu, COMM_BF16, err, errlen)
-                       : c->ops->reduce_scatter(c, z->stage_buf, z->stage_buf, cu, COMM_FP32, err, errlen);
-    z->wait_s += MPI_Wtime() - t0;
-    CHECK(rc);
-    if (bf16)
-        o->cast_bf16_to_f32(o->ctx, z->stage_buf, z->hstage, cu);
-    add_piece(z, u, z->stage_buf);
     return 0;
 }
 
@@ -416,32 +568,49 @@ status_t zero_grads_replicas(zero_t *z, char *err, size_t errlen)
 
 static status_t pwin_wait(zero_t *z, int k, char *err, size_t errlen)
 {
-    if (!z->pwin_busy[k])
+    if (!z->pwin_busy[k][0] && !z->pwin_busy[k][1])
         return 0;
     z->ops->sync(z->ops->ctx); /* running kernels are compute, not communication wait */
     double t0 = MPI_Wtime();
-    status_t rc = z->group->ops->wait(&z->preq[k], err, errlen);
+    status_t rc = STATUS_OK;
+    for (int g = 0; g < 2; g++)
+        if (z->pwin_busy[k][g]) {
+            /* both requests are completed; the first failure's message stays */
+            if (part_group(z, 2 * z->pwin_unit[k] + g)
+                    ->ops->wait(&z->preq[k][g], rc == STATUS_OK ? err : NULL, errlen) != STATUS_OK)
+                rc = STATUS_FAIL;
+            z->pwin_busy[k][g] = 0;
+        }
     z->gather_s += MPI_Wtime() - t0;
-    z->pwin_busy[k] = 0;
     if (rc != 0)
         z->pwin_unit[k] = -1;
     return rc;
 }
 
-/* Starts gathering unit u into window k: every rank sends its c-float
- * piece (padded with zeros in the shard), the window receives S*c floats
- * in rank order, which is the unit's flat layout followed by padding. */
+/* Starts gathering unit u into window k: for each part every rank sends
+ * its c-float piece (padded with zeros in the shard), the part's stretch
+ * of the window (zero_window) receives S_g c floats in rank order, which
+ * is the part's flat layout with its padding. */
 static status_t pwin_start(zero_t *z, int k, int u, char *err, size_t errlen)
 {
-    comm_t *c = z->group;
+    size_t f, at[2];
+    zero_window(z, u, &f, at);
     z->pwin_unit[k] = u;
     z->gathers++;
-    if (c->ops->iallgather(c, z->param_shard + z->shard_start[u], z->pwin[k], z->chunk[u], COMM_FP32, &z->preq[k], err,
-                           errlen) != STATUS_OK) {
-        z->pwin_unit[k] = -1;
-        return STATUS_FAIL;
+    for (int g = 0; g < 2; g++) {
+        const int p = 2 * u + g;
+        if (z->chunk[p] == 0)
+            continue;
+        comm_t *c = part_group(z, p);
+        if (c->ops->iallgather(c, z->param_shard + z->shard_start[p], z->pwin[k] + at[g], z->chunk[p], COMM_FP32,
+                               &z->preq[k][g], err, errlen) != STATUS_OK) {
+            /* a part already posted is completed before the window is given up */
+            (void)pwin_wait(z, k, NULL, 0);
+            z->pwin_unit[k] = -1;
+            return STATUS_FAIL;
+        }
+        z->pwin_busy[k][g] = 1;
     }
-    z->pwin_busy[k] = 1;
     return 0;
 }
 
@@ -459,23 +628,27 @@ float *zero_params_window(zero_t *z, int u, int next, char *err, size_t errlen)
         if (pwin_wait(z, o, err, errlen) != 0 || pwin_start(z, o, next, err, errlen) != 0)
             return NULL;
     }
-    return z->pwin[k];
+    size_t f, at[2];
+    zero_window(z, u, &f, at);
+    return z->pwin[k] + f;
 }
 
 status_t zero_params_progress(zero_t *z, char *err, size_t errlen)
 {
-    for (int k = 0; k < 2; k++) {
-        if (!z->pwin_busy[k])
-            continue;
-        int done = 0;
-        if (z->group->ops->test(&z->preq[k], &done, err, errlen) != STATUS_OK) {
-            z->pwin_busy[k] = 0;
-            z->pwin_unit[k] = -1;
-            return STATUS_FAIL;
+    for (int k = 0; k < 2; k++)
+        for (int g = 0; g < 2; g++) {
+            if (!z->pwin_busy[k][g])
+                continue;
+            int done = 0;
+            if (part_group(z, 2 * z->pwin_unit[k] + g)->ops->test(&z->preq[k][g], &done, err, errlen) != STATUS_OK) {
+                z->pwin_busy[k][g] = 0;
+                (void)pwin_wait(z, k, NULL, 0);
+                z->pwin_unit[k] = -1;
+                return STATUS_FAIL;
+            }
+            if (done)
+                z->pwin_busy[k][g] = 0;
         }
-        if (done)
-            z->pwin_busy[k] = 0;
-    }
     return 0;
 }
 
@@ -493,12 +666,18 @@ status_t zero_params_invalidate(zero_t *z, char *err, size_t errlen)
 
 status_t zero_params_gather_unit(zero_t *z, int u, float *dst, char *err, size_t errlen)
 {
-    comm_t *c = z->group;
-    const size_t cu = z->chunk[u], len = z->unit_start[u + 1] - z->unit_start[u];
-    if (cu == 0)
-        return 0;
-    CHECK(c->ops->allgather(c, z->param_shard + z->shard_start[u], z->stage_buf, cu, COMM_FP32, err, errlen));
-    z->ops->copy(z->ops->ctx, dst, z->stage_buf, len * sizeof(float));
+    for (int g = 0; g < 2; g++) {
+        const int p = 2 * u + g;
+        comm_t *c = part_group(z, p);
+        const size_t cu = z->chunk[p];
+        size_t start, len;
+        part_of(z, p, &start, &len);
+        if (cu == 0)
+            continue;
+        CHECK(c->ops->allgather(c, z->param_shard + z->shard_start[p], z->stage_buf, cu, COMM_FP32, err, errlen));
+        z->ops->copy(z->ops->ctx, dst + (start - z->unit_start[u]), z->stage_buf + part_front(z, p),
+                     len * sizeof(float));
+    }
     return 0;
 }
 

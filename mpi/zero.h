@@ -34,6 +34,13 @@
  *            final norm, head) are gathered whole after each step, as in
  *            stages 1 and 2.
  *
+ * Expert parallelism (--ep, as Megatron's distributed optimizer): a
+ * routed expert's tensors differ across the EP group and are replicated
+ * only over the expert-data-parallel group, so each unit has a second
+ * part, its expert tail, cut over that group instead (zero_pieces); every
+ * operation below works part by part, each over its own group, and
+ * without experts every expert part is empty, which is the layout above.
+ *
  * The update is elementwise, so a ZeRO-1 step is bit-identical to an
  * unsharded one on the same gradients; ZeRO-2 sums gradients in another
  * order (per microbatch, then over ranks), equal to fp32 rounding.
@@ -80,15 +87,32 @@ typedef struct zero_units {
     size_t window;        /* floats of the longest block unit */
 } zero_units_t;
 
-/* unit_start [n_tensors+1] receives the units' start offsets and n. */
-void zero_cut_units(zero_units_t *u, size_t n, int n_tensors, const size_t *tensor_start, const int *tensor_block,
-                    size_t *unit_start);
+/* unit_start [n_tensors+1] receives the units' start offsets and n.
+ * --ep: tensor_expert [n_tensors] marks the routed experts' tensors (NULL:
+ * none), and expert_from [n_tensors] (NULL: not wanted) receives where
+ * each unit's expert tensors begin (the unit's end where it has none).
+ * A unit's expert tensors must be its tail, as a MoE block lists them:
+ * returns -1 where one precedes a dense tensor of its unit, else 0. */
+int zero_cut_units(zero_units_t *u, size_t n, int n_tensors, const size_t *tensor_start, const int *tensor_block,
+                   const unsigned char *tensor_expert, size_t *unit_start, size_t *expert_from);
 
-/* Each unit of L floats cut into S pieces of c = ceil(L/S): chunk[u] and
- * shard_start[u] (n_units+1 entries; either may be NULL), *shard_n (the
- * sum of the c) and *stage_n (S x the largest c: the all-gather buffer). */
-void zero_pieces(const size_t *unit_start, int n_units, size_t S, size_t *chunk, size_t *shard_start, size_t *shard_n,
-                 size_t *stage_n);
+/* The parts: unit u is part 2u, its dense tensors [unit_start[u],
+ * expert_from[u]), sharded over the group of S ranks, and part 2u+1, its
+ * expert tail [expert_from[u], unit_start[u+1]), over the expert group
+ * of Se ranks (--ep: the expert-data-parallel group); either may be
+ * empty (expert_from NULL: every expert part is). A part of L floats over
+ * S_g ranks is cut into pieces of c = ceil(L/S_g): chunk[p] and
+ * shard_start[p] (2 n_units + 1 entries; either may be NULL). A shard is
+ * the pieces of every part in part order. The sizes the buffers follow: */
+typedef struct zero_shape {
+    size_t shard_n;  /* floats in a shard: the sum of the c */
+    size_t stage_n;  /* the largest S_g x c: the all-gather buffer */
+    size_t window_n; /* the block units' longest padded window, S c(dense) + Se c(expert) */
+    size_t window_c; /* ... and their longest pieces, c(dense) + c(expert) */
+} zero_shape_t;
+
+void zero_pieces(const zero_units_t *u, const size_t *unit_start, const size_t *expert_from, size_t S, size_t Se,
+                 size_t *chunk, size_t *shard_start, zero_shape_t *shape);
 
 /* The elements of every buffer zero_create allocates (0: not allocated),
  * floats unless marked bf16; zero_create allocates exactly these and the
@@ -99,14 +123,14 @@ typedef struct zero_sizes {
     size_t hstage, hwin, hrecv;      /* stage 2, bf16 over a group > 1: MEM_COMM, bf16 (two hwin, hrecv) */
     size_t hshard;                   /* stage 2, bf16 over a replica group > 1: MEM_COMM, bf16 */
     size_t param_shard, pwin;        /* stage 3: MEM_PARAMS shard and two windows */
-    size_t window_n;                 /* stage 2: S x ceil(window_units/S), a window less its padding float */
+    size_t window_n;                 /* stage 2: the shape's window_n, a window less its padding float */
 } zero_sizes_t;
 
-/* The buffers of a stage over a group of S ranks: shard_n, stage_n as
- * zero_pieces gives them, window_units the longest unit reduced through
- * windows (0 below stage 2), replica_size the replica group's (0: none). */
-void zero_sizes(zero_sizes_t *s, int stage, size_t S, size_t shard_n, size_t stage_n, size_t window_units,
-                comm_dtype_t dtype, int replica_size);
+/* The buffers of a stage over a group of S ranks (the expert group is no
+ * larger) for the shape zero_pieces gave, replica_size the replica
+ * group's (0: none). */
+void zero_sizes(zero_sizes_t *s, int stage, size_t S, const zero_shape_t *shape, comm_dtype_t dtype,
+                int replica_size);
 
 /* Their bytes added into bytes[category] (base/mem.h). */
 void zero_buffer_bytes(const zero_sizes_t *s, double bytes[MEM_N_CATEGORIES]);
@@ -115,57 +139,74 @@ typedef struct zero {
     const ops_t *ops;  /* the backend owning the buffers */
     mem_tracker_t mem; /* counts the buffers zero_create allocates */
     int stage;
-    comm_t *group; /* sharded over this group (size S, rank r) */
-    size_t n;      /* floats in the flat buffer */
+    comm_t *group;  /* the dense parts sharded over this group (size S, rank r) */
+    comm_t *egroup; /* --ep: the expert parts over this one (the expert-DP group), else NULL */
+    size_t n;       /* floats in the flat buffer */
     int n_units;
     size_t *unit_start;  /* [n_units+1] ascending, unit_start[n_units] = n */
-    size_t *chunk;       /* [n_units] c = ceil(L/S) */
-    size_t *shard_start; /* [n_units+1] where unit u's piece starts in the shard */
+    size_t *expert_from; /* [n_units] where unit u's expert part begins (its end: none) */
+    size_t *chunk;       /* [2 n_units] part p's c = ceil(L/S_g) */
+    size_t *shard_start; /* [2 n_units+1] where part p's piece starts in the shard */
     size_t shard_n;      /* floats in a shard (pieces padded to c) */
-    float *stage_buf;    /* [S * max c] all-gather landing buffer (MEM_COMM) */
+    float *stage_buf;    /* [max S_g c] all-gather landing buffer (MEM_COMM) */
     size_t stage_n;
     zero_sizes_t sizes; /* what zero_create allocated (zero_destroy frees the same) */
     double comm_s;      /* seconds in this step's gathers */
     /* stage 2 */
     float *grad_shard; /* [shard_n] the step's summed gradient pieces */
-    float *window[2];  /* [window_n] block gradients, zero padded to S*c */
-    float *recv[2];    /* [window_n / S] a window's reduced piece */
+    float *window[2];  /* [window_n] block gradients: a unit's parts, each padded to S_g c (zero_window) */
+    float *recv[2];    /* [window_c] a window's reduced pieces */
     size_t window_n;
     int window_unit[2]; /* unit whose reduce-scatter is in flight, or -1 */
-    comm_req_t req[2];
+    comm_req_t req[2][2];
+    int req_busy[2][2]; /* window k's reduce-scatter of its part g is in flight */
     double wait_s;      /* seconds blocked on reduce-scatters this step */
     comm_t *replica;    /* HSDP: the ranks holding the same pieces in the other shard groups, or NULL */
     comm_dtype_t dtype; /* what the gradient reductions send */
     uint16_t *hwin[2];  /* bf16, group > 1: [window_n] a window rounded to bf16 */
-    uint16_t *hrecv[2]; /* ... [window_n / S] its reduced piece */
-    uint16_t *hstage;   /* ... [stage_n] a non-block unit, padded */
+    uint16_t *hrecv[2]; /* ... [window_c] its reduced pieces */
+    uint16_t *hstage;   /* ... [stage_n] a non-block part, padded */
     uint16_t *hshard;   /* bf16, replica > 1: [shard_n] the shard, for the sum across replicas */
     /* stage 3 */
     float *param_shard; /* [shard_n] this rank's pieces of every unit */
-    float *pwin[2];     /* [window_n] a block's gathered parameters */
+    float *pwin[2];     /* [window_n] a block's gathered parameters, laid out as window */
     int pwin_unit[2];   /* unit a window holds or is gathering, or -1 */
-    int pwin_busy[2];   /* its all-gather is in flight */
-    comm_req_t preq[2];
+    int pwin_busy[2][2]; /* its all-gather of part g is in flight */
+    comm_req_t preq[2][2];
     double gather_s;   /* seconds blocked on parameter all-gathers this step */
     long long gathers; /* block all-gathers started (a cache hit starts none) */
 } zero_t;
 
 /* ops: the model's backend (the buffers' memory and the arithmetic on
  * them). mem: counts the buffers allocated here (NULL: not counted).
- * unit_start: n_units+1 ascending offsets covering [0, n]. window_units:
- * the largest unit stage 2 reduces through windows (a block's length; 0
- * below stage 2). replica: HSDP's replica group (stage 2 and up; NULL
- * without --hybrid-shard). dtype: the gradient reductions' (see above).
- * Returns a status, one line in err (out of memory). Every fallible
- * function here returns a status_t with its message in the caller's
- * err[errlen] (mpi/status.h); those returning a pointer return NULL. */
-status_t zero_create(zero_t *z, const ops_t *ops, const mem_tracker_t *mem, int stage, comm_t *group, size_t n,
-                     const size_t *unit_start, int n_units, size_t window_units, comm_t *replica, comm_dtype_t dtype,
-                     char *err, size_t errlen);
+ * units, unit_start, expert_from: zero_cut_units's (expert_from NULL: no
+ * expert parts); egroup: the expert parts' group (NULL without them).
+ * Stage 2 reduces the block units through windows. replica: HSDP's
+ * replica group (stage 2 and up; NULL without --hybrid-shard). dtype: the
+ * gradient reductions' (see above). Returns a status, one line in err
+ * (out of memory). Every fallible function here returns a status_t with
+ * its message in the caller's err[errlen] (mpi/status.h); those returning
+ * a pointer return NULL. */
+status_t zero_create(zero_t *z, const ops_t *ops, const mem_tracker_t *mem, int stage, comm_t *group, comm_t *egroup,
+                     size_t n, const zero_units_t *units, const size_t *unit_start, const size_t *expert_from,
+                     comm_t *replica, comm_dtype_t dtype, char *err, size_t errlen);
 void zero_destroy(zero_t *z);
 
-/* This rank's piece of unit u, in flat offsets: [*lo, *hi). */
-void zero_piece(const zero_t *z, int u, size_t *lo, size_t *hi);
+/* This rank's piece of part p, in flat offsets: [*lo, *hi), at *skip in
+ * its c floats of the shard (nonzero only where the part is padded in
+ * front: a unit's dense part followed by an expert part, see
+ * zero_window). */
+void zero_piece(const zero_t *z, int p, size_t *lo, size_t *hi, size_t *skip);
+
+/* A block unit's window (stage 2's gradient windows, stage 3's parameter
+ * windows) holds its parts one after the other, each padded to S_g c so
+ * that each part's reduce-scatter and all-gather works in place on its
+ * own stretch. The unit's flat layout must be contiguous in it, so a
+ * dense part followed by an expert part is padded in front instead of
+ * behind: the model's pointer is the window plus *front; the expert part
+ * (or a lone part) starts right after the dense one and is padded behind.
+ * *at: where part 2u+g's padded stretch starts in the window. */
+void zero_window(const zero_t *z, int u, size_t *front, size_t at[2]);
 
 /* Every rank's pieces of buf ([n] floats of backend memory; this rank's
  * pieces are current) are gathered into every rank's buf. Collective over
@@ -185,7 +226,7 @@ void zero_shard_to_host(const zero_t *z, const float *shard, float *host);
 void zero_grads_begin(zero_t *z);
 
 /* The window for unit u's gradients (u a block unit; windows alternate by
- * u's parity). Waits for the reduce-scatter still using it, if any.
+ * u's parity), from the unit's start (zero_window's front). Waits for the reduce-scatter still using it, if any.
  * NULL on a communication failure. */
 float *zero_grads_window(zero_t *z, int u, char *err, size_t errlen);
 
@@ -199,12 +240,13 @@ status_t zero_grads_reduce_window(zero_t *z, int u, char *err, size_t errlen);
 status_t zero_grads_progress(zero_t *z, char *err, size_t errlen);
 
 /* Unit u's gradients are complete in src ([len] floats of backend memory,
- * not a window): reduce-scatters them now and adds this rank's piece.
- */
+ * not a window; its flat layout): reduce-scatters each part now and adds
+ * this rank's pieces. */
 status_t zero_grads_reduce(zero_t *z, int u, const float *src, char *err, size_t errlen);
 
 /* Completes every reduce-scatter in flight, then multiplies the shard by
- * scale (1/dp: the average). */
+ * scale (1/dp: the average; also for the expert parts, whose sum over
+ * the expert group already covers every DP rank's tokens once). */
 status_t zero_grads_finish(zero_t *z, float scale, char *err, size_t errlen);
 
 /* HSDP, after zero_grads_finish: each shard group reduced its own ranks'
@@ -214,7 +256,7 @@ status_t zero_grads_finish(zero_t *z, float scale, char *err, size_t errlen);
 status_t zero_grads_replicas(zero_t *z, char *err, size_t errlen);
 
 /* Stage 3. Block unit u's parameters, gathered (flat layout of the unit
- * from its start); then starts gathering unit `next` (-1: none; must be a
+ * from the returned pointer); then starts gathering unit `next` (-1: none; must be a
  * block unit of the other parity) into the other window. NULL on a
  * communication failure. */
 float *zero_params_window(zero_t *z, int u, int next, char *err, size_t errlen);
@@ -230,8 +272,9 @@ status_t zero_params_invalidate(zero_t *z, char *err, size_t errlen);
  * backend memory). Blocking. */
 status_t zero_params_gather_unit(zero_t *z, int u, float *dst, char *err, size_t errlen);
 
-/* The unit holding flat offset off. */
+/* The unit holding flat offset off, and the part. */
 int zero_unit_of(const zero_t *z, size_t off);
+int zero_part_of(const zero_t *z, size_t off);
 
 /* "--zero N" for N in 0..3 and "--fsdp MODE" -> stage; -1 otherwise. */
 int zero_fsdp_stage(const char *mode);

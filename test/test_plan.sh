@@ -138,6 +138,11 @@ mem_check 4 --zero 2 --hybrid-shard 2
 # staging sized for every token of the EP group
 mem_check 2 --model tiny-moe --ep 2
 mem_check 4 --model tiny-moe --ep 2 --tp 2 --sequence-parallel
+# ZeRO with --ep: the dense parts' pieces over dp 4, the experts' over the
+# expert-DP group of 2 (mpi/zero.h's parts), and ZeRO-3's windows holding
+# both parts padded
+mem_check 4 --model tiny-moe --ep 2 --zero 1
+mem_check 4 --model tiny-moe --ep 2 --zero 3
 # bf16 reductions: ddp.c's and zero.c's bf16 staging, sized by the functions
 # their allocations use
 mem_check 4 --zero 1 --grad-reduce-dtype bf16

@@ -104,13 +104,13 @@ static double korthikanti_layer(const plan_in_t *in, model_recompute_t rc)
 }
 
 /* A stage's parameters cut into ZeRO's units by the trainer's own
- * functions (mpi/zero.h: zero_cut_units, zero_pieces) over S ranks. */
+ * functions (mpi/zero.h: zero_cut_units, zero_pieces) over S ranks, the
+ * routed experts' parts over the dp/ep expert-DP ranks under --ep. */
 typedef struct stage_units {
-    size_t n;       /* local parameters */
-    size_t outside; /* parameters outside the blocks */
-    size_t shard_n; /* the rank's pieces of every unit */
-    size_t stage_n; /* S x the largest piece: the all-gather buffer */
-    size_t window;  /* the longest block unit */
+    size_t n;           /* local parameters */
+    size_t outside;     /* parameters outside the blocks */
+    size_t shard_n;     /* the rank's pieces of every unit */
+    zero_shape_t shape; /* the shard, all-gather buffer and windows */
 } stage_units_t;
 
 /* The units of table t as the strategy cuts them (train.c's setup_sync
@@ -124,18 +124,30 @@ static int cut_table(const plan_in_t *in, const param_table_t *t, stage_units_t 
         snprintf(err, errlen, "out of memory");
         return -1;
     }
+    size_t *expert_from = malloc(((size_t)t->n + 1) * sizeof *expert_from);
+    unsigned char *expert = malloc((size_t)t->n + 1);
+    if (!expert_from || !expert) {
+        free(start), free(unit), free(block), free(expert_from), free(expert);
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
     for (int i = 0; i < t->n; i++) {
         start[i] = t->p[i].offset;
         block[i] = t->p[i].layer >= 0 && t->p[i].layer < in->c->n_layer ? t->p[i].layer : -1;
+        expert[i] = (unsigned char)t->p[i].expert;
     }
     zero_units_t zu;
-    zero_cut_units(&zu, t->numel, t->n, start, block, unit);
-    zero_pieces(unit, zu.n_units, (size_t)in->run.shard, NULL, NULL, &u->shard_n, &u->stage_n);
+    const int ep = in->run.ep > 1;
+    int rc = zero_cut_units(&zu, t->numel, t->n, start, block, ep ? expert : NULL, unit, expert_from);
+    if (rc != 0)
+        snprintf(err, errlen, "ZeRO with --ep: a block lists a dense tensor after its expert tensors");
+    zero_pieces(&zu, unit, ep ? expert_from : NULL, (size_t)in->run.shard,
+                ep ? (size_t)(in->run.dp / in->run.ep) : 1, NULL, NULL, &u->shape);
     u->n = t->numel;
-    u->window = zu.window;
+    u->shard_n = u->shape.shard_n;
     u->outside = t->numel - (zu.block0 >= 0 ? unit[zu.block0 + zu.n_blocks] - unit[zu.block0] : 0);
-    free(start), free(unit), free(block);
-    return 0;
+    free(start), free(unit), free(block), free(expert_from), free(expert);
+    return rc;
 }
 
 static int plan_units(const plan_in_t *in, const param_layout_t *part, stage_plan_t *sp, stage_units_t *u, char *err,
@@ -166,8 +178,7 @@ static int plan_state_bytes(const plan_in_t *in, const model_layout_t *lay, cons
      * replica group dp/S under --hybrid-shard) */
     zero_sizes_t zs = {0};
     if (z >= 1)
-        zero_sizes(&zs, z, S, u->shard_n, u->stage_n, z >= 2 ? u->window : 0, in->run.grad_dtype,
-                   in->run.dp / in->run.shard);
+        zero_sizes(&zs, z, S, &u->shape, in->run.grad_dtype, in->run.dp / in->run.shard);
     const double n = (double)u->n, outside = (double)u->outside, shard_n = (double)u->shard_n;
     if (!in->megatron) {
         /* dtrain's buffers, byte for byte: the model's as model_create
@@ -194,9 +205,9 @@ static int plan_state_bytes(const plan_in_t *in, const model_layout_t *lay, cons
         mem[MEM_GRADS] = z >= 2 ? 4.0 * (outside + shard_n + 2.0 * window_n) : 4.0 * n;
         mem[MEM_OPTIM] = 12.0 * (opt_n - (double)adamw_offload_count((size_t)opt_n, in->run.offload_fraction));
         if (z >= 1)
-            mem[MEM_COMM] = 2.0 * (double)u->stage_n;
+            mem[MEM_COMM] = 2.0 * (double)u->shape.stage_n;
         if (z >= 2)
-            mem[MEM_COMM] += 2.0 * 4.0 * (window_n / (double)S);
+            mem[MEM_COMM] += 2.0 * 4.0 * (double)u->shape.window_c;
     }
     return 0;
 }

@@ -140,7 +140,8 @@ static const opt_def_t opt_defs[] = {
     {"dp", OPT_INT, F(dp), 0, "0", 0, 1 << 20, NULL, "data-parallel size (0 = world size / (tp x pp))", NULL, NULL, 0},
     {"ep", OPT_INT, F(ep), 0, "1", 1, 1 << 20, NULL,
      "expert-parallel size: each MoE layer's experts split over N data-parallel ranks, tokens dispatched to them by "
-     "all-to-all (N divides dp and the experts; expert gradients averaged over the dp/N ranks holding the same ones)",
+     "all-to-all (N divides dp and the experts; expert gradients averaged, and under --zero their state sharded, over "
+     "the dp/N ranks holding the same ones)",
      NULL, NULL, 0},
     {"ddp-mode", OPT_ENUM, F(ddp_mode), 0, "bucketed", 0, 0, ddp_mode_names,
      "gradient all-reduce: naive (per tensor) | flat (one buffer) | bucketed (overlapped with backward)", NULL, NULL,
@@ -797,8 +798,10 @@ static int check_virtual(const run_options_t *o, const model_config_t *c, int pp
     return 0;
 }
 
-/* --ep N: the experts and the data-parallel ranks split in N, on the
- * strategies that keep the expert state whole on each rank. */
+/* --ep N: the experts and the data-parallel ranks split in N. ZeRO shards
+ * the expert state over the expert-DP group (mpi/zero.h); hybrid
+ * sharding would need expert shard and replica groups, which the grid
+ * does not make. */
 static int check_ep(const run_options_t *o, const model_config_t *c, int dp, char *err, size_t errlen)
 {
     if (o->ep <= 1)
@@ -811,9 +814,10 @@ static int check_ep(const run_options_t *o, const model_config_t *c, int dp, cha
     else if (dp % o->ep != 0)
         snprintf(err, errlen, "--ep %d must divide the data-parallel size %d (world size / (tp x pp)): launch a "
                  "multiple of %d x tp x pp ranks or change --ep", o->ep, dp, o->ep);
-    else if (options_zero_stage(o) > 0)
-        snprintf(err, errlen, "--ep %d with --zero %d: ZeRO does not shard expert state over the expert-data-parallel "
-                 "group in this version; use --zero 0 with --ep, or drop --ep", o->ep, options_zero_stage(o));
+    else if (o->hybrid_shard > 0 && o->hybrid_shard < dp && options_zero_stage(o) > 0)
+        snprintf(err, errlen, "--ep %d with --hybrid-shard %d: hybrid sharding of the expert state over the "
+                 "expert-data-parallel group is not implemented; drop --hybrid-shard (plain --zero shards it) or --ep",
+                 o->ep, o->hybrid_shard);
     else
         return 0;
     return -1;

@@ -208,12 +208,15 @@ int trainer_grad_norm(trainer_t *tr, double *norm, char *err, size_t errlen)
      * one sumsq call for all tensors: one wait for the backend, not one
      * per tensor. */
     double expert = 0.0;
-    double local = dpsync_grad_sumsq(&tr->sync, g->ep ? &expert : NULL);
+    comm_t *over_ep = tr->sync.norm_ep;
+    double local = dpsync_grad_sumsq(&tr->sync, over_ep ? &expert : NULL);
     comm_t *over_dp = tr->sync.norm_group;
-    /* --ep: each EP rank holds other experts, each expert-DP replica the
-     * same ones: their part is summed over the EP group */
-    if (g->ep) {
-        CHECK(g->ep->ops->allreduce(g->ep, &expert, 1, COMM_FP64, COMM_SUM, err, errlen));
+    /* --ep with whole expert gradients: each EP rank holds other experts,
+     * each expert-DP replica the same ones: their part is summed over the
+     * EP group (under ZeRO-2/3 each DP rank holds other pieces of them,
+     * which the norm group's sum counts once) */
+    if (over_ep) {
+        CHECK(over_ep->ops->allreduce(over_ep, &expert, 1, COMM_FP64, COMM_SUM, err, errlen));
         local += expert;
     }
     if (g->tp_size > 1 || g->pp_size > 1 || over_dp) {
