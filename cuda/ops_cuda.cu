@@ -706,7 +706,7 @@ static void moe_shared_gate_fwd(void *ctx, float *out, float *s, const float *y,
     cu_t *g = (cu_t *)ctx;
     if (N <= 0)
         return;
-    k_moe_shared_gate_fwd<<<N, THREADS, 0, g->stream>>>(out, s, y, C);
+    k_moe_shared_gate_fwd<<<grid_for((size_t)N, THREADS), THREADS, 0, g->stream>>>(out, s, y, N, C);
     finish(g, "moe_shared_gate_fwd");
 }
 

@@ -427,17 +427,15 @@ __global__ void k_moe_route_bwd(float *dlogits, const float *dgate, const float 
 
 /* ---- the shared expert's gate (Qwen2-MoE) ------------------------------------------------ */
 
-/* Row n = blockIdx.x: s[n] = sigmoid(s[n]) and out[n, :] = s[n] y[n, :];
- * every thread reads the logit before thread 0 replaces it. */
-__global__ void k_moe_shared_gate_fwd(float *out, float *s, const float *y, int C)
+/* Token n: s[n] = sigmoid(s[n]) and out[n, :] = s[n] y[n, :]. */
+__global__ void k_moe_shared_gate_fwd(float *out, float *s, const float *y, int N, int C)
 {
-    const size_t n = blockIdx.x;
-    const float g = 1.0f / (1.0f + expf(-s[n]));
-    __syncthreads();
-    if (threadIdx.x == 0)
+    GRID_STRIDE (n, (size_t)N) {
+        const float g = 1.0f / (1.0f + expf(-s[n]));
         s[n] = g;
-    for (int c = threadIdx.x; c < C; c += blockDim.x)
-        out[n * C + c] = moe_mul(g, y[n * C + c]);
+        for (int c = 0; c < C; c++)
+            out[n * C + c] = moe_mul(g, y[n * C + c]);
+    }
 }
 
 /* Token n: dy[n, :] = s[n] dout[n, :] and dz[n] = s (1 - s) (dout . y),

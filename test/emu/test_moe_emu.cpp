@@ -173,6 +173,19 @@ static void emu_scatter_bwd(float *dx, const float *dxe, const int32_t *where, i
                      [=] { k_moe_scatter_bwd(dx, dxe, where, N, K, C, accum); });
 }
 
+/* the shared expert's gate: a thread per token */
+static void emu_shared_gate_fwd(float *out, float *sg, const float *y, int N, int C)
+{
+    if (N > 0)
+        plain_launch(dim3(grid_for((size_t)N, THREADS)), THREADS, [=] { k_moe_shared_gate_fwd(out, sg, y, N, C); });
+}
+static void emu_shared_gate_bwd(float *dy, float *dz, const float *dout, const float *y, const float *sg, int N, int C)
+{
+    if (N > 0)
+        plain_launch(dim3(grid_for((size_t)N, THREADS)), THREADS,
+                     [=] { k_moe_shared_gate_bwd(dy, dz, dout, y, sg, N, C); });
+}
+
 static void emu_route_bwd(float *dlogits, const float *dgate, const float *logits, const float *scores,
                           const float *lse, const int32_t *idx, const float *auxw, float zw, int N, int E, int K,
                           int sigmoid, int norm_topk)
@@ -332,20 +345,32 @@ static void run_case(const moe_case_t &c)
                                            "moe_route_bwd (gates, aux, z)"};
         same(name[terms], sh, dl.data(), rdl.data(), NE);
     }
+    /* the shared expert's gate (Qwen2-MoE), forward and backward */
+    std::vector<float> sy = rvec((size_t)N * C, -2, 2), gz = rvec((size_t)N, -4, 4), rgz = gz;
+    std::vector<float> gout((size_t)N * C, NAN), rgout = gout;
+    cpu->moe_shared_gate_fwd(cpu->ctx, rgout.data(), rgz.data(), sy.data(), N, C);
+    emu_shared_gate_fwd(gout.data(), gz.data(), sy.data(), N, C);
+    same("moe_shared_gate_fwd out", sh, gout.data(), rgout.data(), gout.size());
+    same("moe_shared_gate_fwd s", sh, gz.data(), rgz.data(), (size_t)N);
+    std::vector<float> gdy((size_t)N * C, NAN), rgdy = gdy, gdz((size_t)N, NAN), rgdz = gdz;
+    cpu->moe_shared_gate_bwd(cpu->ctx, rgdy.data(), rgdz.data(), dout.data(), sy.data(), rgz.data(), N, C);
+    emu_shared_gate_bwd(gdy.data(), gdz.data(), dout.data(), sy.data(), rgz.data(), N, C);
+    same("moe_shared_gate_bwd dy", sh, gdy.data(), rgdy.data(), gdy.size());
+    same("moe_shared_gate_bwd dz", sh, gdz.data(), rgdz.data(), (size_t)N);
 }
 
 static const moe_case_t cases[] = {
     /* N  T    E   K  C    sig norm cap ties empty bias */
-    {1, 1, 8, 2, 5, 0, 1, 0, 0, 0},
-    {1, 1, 64, 6, 3, 1, 1, 0, 0, 0},
-    {300, 100, 8, 2, 40, 0, 1, 0, 0, 0},
-    {300, 100, 8, 2, 40, 0, 0, 30, 1, 0},
-    {600, 200, 8, 2, 7, 1, 1, 20, 1, 0},
-    {300, 300, 64, 6, 9, 1, 1, 12, 0, 1},
-    {300, 300, 64, 6, 1, 0, 1, 0, 1, 1},
-    {250, 100, 64, 6, 300, 0, 0, 5, 0, 0},
-    {37, 37, 4, 4, 33, 0, 1, 8, 1, 0},
-    {600, 200, 300, 2, 7, 1, 1, 2, 1, 0},
+    {1, 1, 8, 2, 5, 0, 1, 0, 0, 0, 0},
+    {1, 1, 64, 6, 3, 1, 1, 0, 0, 0, 0},
+    {300, 100, 8, 2, 40, 0, 1, 0, 0, 0, 0},
+    {300, 100, 8, 2, 40, 0, 0, 30, 1, 0, 0},
+    {600, 200, 8, 2, 7, 1, 1, 20, 1, 0, 0},
+    {300, 300, 64, 6, 9, 1, 1, 12, 0, 1, 0},
+    {300, 300, 64, 6, 1, 0, 1, 0, 1, 1, 0},
+    {250, 100, 64, 6, 300, 0, 0, 5, 0, 0, 0},
+    {37, 37, 4, 4, 33, 0, 1, 8, 1, 0, 0},
+    {600, 200, 300, 2, 7, 1, 1, 2, 1, 0, 0},
     {300, 100, 16, 4, 9, 1, 1, 0, 0, 0, 1},
     {300, 100, 16, 4, 9, 1, 1, 0, 1, 0, 1},
 };
@@ -369,7 +394,7 @@ static void barrier_mutations()
                 {K_OFFS, 1, "k_moe_offs, barrier before the scan of the totals"},
                 {K_OFFS, 2, "k_moe_offs, barrier after the scan"},
                 {K_PLACE, 1, "k_moe_place, barrier after the chunk's load"}};
-    const moe_case_t c = {600, 200, 300, 2, 7, 1, 1, 2, 0, 0};
+    const moe_case_t c = {600, 200, 300, 2, 7, 1, 1, 2, 0, 0, 0};
     for (const auto &m : muts) {
         /* in a child: a broken kernel may write anywhere (an offset it
          * scanned before it was written places rows far out of range), and
@@ -377,6 +402,9 @@ static void barrier_mutations()
         fflush(stdout);
         const pid_t pid = fork();
         if (pid == 0) {
+            /* a kernel that wrote anywhere may leave the heap's lock held:
+             * a child that hangs is ended, and counts as caught */
+            alarm(120);
             quiet = true;
             mut_kernel = m.kernel;
             mut_n = m.n;
