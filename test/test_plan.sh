@@ -143,6 +143,9 @@ mem_check 4 --model tiny-moe --ep 2 --tp 2 --sequence-parallel
 # both parts padded
 mem_check 4 --model tiny-moe --ep 2 --zero 1
 mem_check 4 --model tiny-moe --ep 2 --zero 3
+# bf16 experts: their rows' operands in a16/d16 (P N K rows at ep P)
+mem_check --dtype bf16 4 --model tiny-moe --ep 2 --zero 3
+mem_check --dtype bf16 2 --model tiny-deepseek-moe --tp 2 --sequence-parallel
 # bf16 reductions: ddp.c's and zero.c's bf16 staging, sized by the functions
 # their allocations use
 mem_check 4 --zero 1 --grad-reduce-dtype bf16

@@ -498,12 +498,21 @@ static void layout_acts(model_t *m, char *acts, size_t *acts_bytes, char *work, 
             wmax = FW * C;
         if (m->lay.part.has_head && Vl > oc)
             oc = Vl;
-        m->a16 = carve16(work, &w, N * ic);
+        size_t rows_a = N * ic, rows_d = N * oc; /* elements of a16 and d16 */
+        if (has_moe(m)) { /* the experts' R rows: xe [R,C] and ae [R,Fe] in, dhe [R,FWe] and dye [R,C] out */
+            const size_t R = ep_size(m) * N * (size_t)m->cfg.moe.top_k, Fe = (size_t)moe_ffn_local(m);
+            const size_t FWe = (size_t)moe_fcw_local(m);
+            rows_a = R * (Fe > C ? Fe : C) > rows_a ? R * (Fe > C ? Fe : C) : rows_a;
+            rows_d = R * (FWe > C ? FWe : C) > rows_d ? R * (FWe > C ? FWe : C) : rows_d;
+            if (FWe * C > wmax)
+                wmax = FWe * C;
+        }
+        m->a16 = carve16(work, &w, rows_a);
         /* weights come from params16, except lent (ZeRO-3) block weights:
          * those are rounded per call, so only blocks need room here */
         if (m->lay.lent_block_params)
             m->w16 = carve16(work, &w, wmax);
-        m->d16 = carve16(work, &w, N * oc);
+        m->d16 = carve16(work, &w, rows_d);
     }
     *acts_bytes = a;
     *work_bytes = w;
@@ -883,7 +892,7 @@ static const uint16_t *weight16(model_t *m, const float *w, size_t n)
  * weight's bf16 copy is params16's; the input is rounded into keep16, an
  * activation the backward reads again, or with keep16 NULL into the a16
  * workspace. */
-static void mm_fwd(model_t *m, float *out, const float *in, uint16_t *keep16, const float *w, const float *b, int N,
+void model_mm_fwd(model_t *m, float *out, const float *in, uint16_t *keep16, const float *w, const float *b, int N,
                    int IC, int OC)
 {
     const ops_t *o = m->ops;
@@ -932,7 +941,7 @@ static const uint16_t *mm_bwd_operands16(model_t *m, const float *dout, const fl
 /* matmul_bwd in the model's GEMM precision: with bf16, dout, in and w are
  * rounded to bf16 for the two GEMMs (mixed precision's usual backward);
  * the bias gradient sums the fp32 dout. */
-static void mm_bwd(model_t *m, float *din, float *dw, float *db, const float *dout, const float *in,
+void model_mm_bwd(model_t *m, float *din, float *dw, float *db, const float *dout, const float *in,
                    const uint16_t *in16, const float *w, int N, int IC, int OC, int accum_din, int accum_dw)
 {
     const ops_t *o = m->ops;
@@ -948,7 +957,7 @@ static void mm_bwd(model_t *m, float *din, float *dw, float *db, const float *do
 /* mm_bwd of a matmul whose input was gelu(pre), with din[N,IC] the
  * gradient at the GELU's input (written): GPT-2's proj backward and the
  * GELU's as one op (a GEMM with a DGELU epilogue on CUDA). */
-static void mm_dgelu_bwd(model_t *m, float *din, float *dw, float *db, const float *dout, const float *in,
+void model_mm_dgelu_bwd(model_t *m, float *din, float *dw, float *db, const float *dout, const float *in,
                          const uint16_t *in16, const float *pre, const float *w, int N, int IC, int OC, int accum_dw)
 {
     const ops_t *o = m->ops;
@@ -986,10 +995,10 @@ static status_t row_parallel_fwd(model_t *m, float *out, const float *res, const
     const int C = m->cfg.d_model;
     const float *bias = m->lay.part.tp_rank == 0 ? b : NULL;
     if (m->lay.sequence_parallel) {
-        mm_fwd(m, m->tmp, in, keep16, w, bias, N, IC, C);
+        model_mm_fwd(m, m->tmp, in, keep16, w, bias, N, IC, C);
         CHECK(tp_reduce_scatter(m, out, m->tmp, (size_t)NR * C, err, errlen));
     } else {
-        mm_fwd(m, out, in, keep16, w, bias, N, IC, C);
+        model_mm_fwd(m, out, in, keep16, w, bias, N, IC, C);
         CHECK(tp_allreduce(m, out, (size_t)N * C, COMM_SUM, err, errlen));
     }
     m->ops->add(m->ops->ctx, out, out, res, (size_t)NR * C);
@@ -1029,7 +1038,7 @@ static status_t moe_block_fwd(model_t *m, moe_acts_t *ma, const block_tensors_t 
     const int C = m->cfg.d_model;
     float *part = m->lay.sequence_parallel ? m->tmp : xout; /* [N,C] this rank's partial sum */
     if (F > 0) /* gated: the output before the gate kept in ma->sy */
-        mm_fwd(m, w->sgate ? ma->sy : part, act, act16, w->wproj, m->lay.part.tp_rank == 0 ? w->bproj : NULL, N, F,
+        model_mm_fwd(m, w->sgate ? ma->sy : part, act, act16, w->wproj, m->lay.part.tp_rank == 0 ? w->bproj : NULL, N, F,
                C);
     if (F > 0 && w->sgate)
         moe_shared_gate_fwd(m, ma, w, ln2, ma->sy, part, N);
@@ -1064,7 +1073,7 @@ static status_t block_fwd(model_t *m, const block_acts_t *a, moe_acts_t *ma, flo
     float *act = a->fc_act16 ? m->dbig : a->fc_act;
     /* attention sub-block: res2 = x + wo . attn(norm1(x)) */
     CHECK(norm_fwd_gather(m, ln1, a->ln1_mean, a->ln1_rstd, x, w->ln1w, w->ln1b, N, NR, err, errlen));
-    mm_fwd(m, a->qkv, ln1, a->ln1_16, w->wqkv, w->bqkv, N, C, qkv_width(m));
+    model_mm_fwd(m, a->qkv, ln1, a->ln1_16, w->wqkv, w->bqkv, N, C, qkv_width(m));
     /* Qwen3 normalises each q and k head before rotating it */
     if (c->qk_norm)
         o->qknorm_fwd(o->ctx, a->qkv, a->qk_in, a->qk_rstd, w->qnorm, w->knorm, N, NH, NKV, HS, c->norm_eps);
@@ -1081,7 +1090,7 @@ static status_t block_fwd(model_t *m, const block_acts_t *a, moe_acts_t *ma, flo
     } else if (c->arch == ARCH_GPT2 && m->lay.recompute != MODEL_RECOMPUTE_SELECTIVE) {
         mm_gelu_fwd(m, act, a->fc, ln2, a->ln2_16, w->wfc, w->bfc, N, C, F);
     } else {
-        mm_fwd(m, a->fc, ln2, a->ln2_16, w->wfc, w->bfc, N, C, layer_fcw(m, i));
+        model_mm_fwd(m, a->fc, ln2, a->ln2_16, w->wfc, w->bfc, N, C, layer_fcw(m, i));
         if (c->arch == ARCH_GPT2)
             o->gelu_fwd(o->ctx, act, a->fc, (size_t)N * F);
         else
@@ -1121,7 +1130,7 @@ static status_t head_fwd(model_t *m, model_slot_t *sl, const int32_t *targets, i
     const float *xL = sl->x + (size_t)sl->n_blocks * NR * C;
     *loss = 0.0f;
     CHECK(norm_fwd_gather(m, sl->lnf, sl->lnf_mean, sl->lnf_rstd, xL, m->p.lnfw, m->p.lnfb, N, NR, err, errlen));
-    mm_fwd(m, sl->logits, sl->lnf, NULL, m->p.head, NULL, N, C, Vl);
+    model_mm_fwd(m, sl->logits, sl->lnf, NULL, m->p.head, NULL, N, C, Vl);
     if (!targets)
         return STATUS_OK;
     /* The loss is the mean over the targets that count (>= 0); the
@@ -1335,16 +1344,16 @@ static status_t block_bwd(model_t *m, model_slot_t *sl, int i, int accum, int la
     }
     keep_dout(m, keep && !wg_proj ? keep->proj : NULL, dsh_rows, (size_t)NR * C); /* this rank's rows */
     if (F > 0 && gpt) {
-        mm_dgelu_bwd(m, dfc, wg_proj ? g->wproj : NULL, wg_proj ? g->bproj : NULL, dsh, a->fc_act, a->fc_act16, a->fc,
+        model_mm_dgelu_bwd(m, dfc, wg_proj ? g->wproj : NULL, wg_proj ? g->bproj : NULL, dsh, a->fc_act, a->fc_act16, a->fc,
                      w->wproj, N, F, C, accum);
     } else if (F > 0) {
-        mm_bwd(m, m->dbig, wg_proj ? g->wproj : NULL, wg_proj ? g->bproj : NULL, dsh, a->fc_act, a->fc_act16, w->wproj, N, F,
+        model_mm_bwd(m, m->dbig, wg_proj ? g->wproj : NULL, wg_proj ? g->bproj : NULL, dsh, a->fc_act, a->fc_act16, w->wproj, N, F,
                C, 0, accum);
         o->swiglu_bwd(o->ctx, dfc, a->fc, m->dbig, N, F);
     }
     keep_dout(m, keep ? keep->fc : NULL, dfc, (size_t)N * layer_fcw(m, i));
     if (F > 0)
-        mm_bwd(m, m->dln, wg ? g->wfc : NULL, wg ? g->bfc : NULL, dfc, a->ln2, a->ln2_16, w->wfc, N, C,
+        model_mm_bwd(m, m->dln, wg ? g->wfc : NULL, wg ? g->bfc : NULL, dfc, a->ln2, a->ln2_16, w->wfc, N, C,
                layer_fcw(m, i), 0, accum);
     if (layer_moe(m, i))
         CHECK(moe_block_bwd(m, a, w, g, dout, F > 0, N, accum, err, errlen));
@@ -1352,7 +1361,7 @@ static status_t block_bwd(model_t *m, model_slot_t *sl, int i, int accum, int la
     /* attention: dres becomes dL/dx */
     CHECK(dres_all_rows(m, NR, &dout, err, errlen));
     keep_dout(m, keep ? keep->o : NULL, m->dres, (size_t)NR * C);
-    mm_bwd(m, m->dbig, wg ? g->wo : NULL, wg ? g->bo : NULL, dout, a->atty, NULL, w->wo, N, QD, C, 0, accum);
+    model_mm_bwd(m, m->dbig, wg ? g->wo : NULL, wg ? g->bo : NULL, dout, a->atty, NULL, w->wo, N, QD, C, 0, accum);
     o->attention_bwd(o->ctx, m->dbig2, m->dbig, a->qkv, a->atty, a->lse, slot_pos(sl), b, t, NH, NKV, HS);
     if (!gpt)
         o->rope_bwd(o->ctx, m->dbig2, slot_pos(sl), b, t, NH, NKV, HS, m->inv_freq);
@@ -1362,7 +1371,7 @@ static status_t block_bwd(model_t *m, model_slot_t *sl, int i, int accum, int la
         CHECK(qknorm_grads_reduce(m, g, last, err, errlen));
     }
     keep_dout(m, keep ? keep->qkv : NULL, m->dbig2, (size_t)N * qkv_width(m));
-    mm_bwd(m, m->dln, wg ? g->wqkv : NULL, wg ? g->bqkv : NULL, m->dbig2, a->ln1, a->ln1_16, w->wqkv, N, C,
+    model_mm_bwd(m, m->dln, wg ? g->wqkv : NULL, wg ? g->bqkv : NULL, m->dbig2, a->ln1, a->ln1_16, w->wqkv, N, C,
            qkv_width(m), 0, accum);
     CHECK(norm_bwd_reduce(m, g->ln1w, g->ln1b, x, w->ln1w, a->ln1_mean, a->ln1_rstd, N, NR, accum, err, errlen));
     CHECK(norm_grads_reduce(m, g->ln1w, g->ln1b, last, err, errlen));
@@ -1381,7 +1390,7 @@ static status_t head_bwd(model_t *m, model_slot_t *sl, int accum, int last, char
     /* output head and final norm; dres accumulates dL/dx from here down */
     /* the head's weight gradient too under the split backward: B frees the
      * logits for the next microbatch (layout_acts shares them) */
-    mm_bwd(m, m->dln, m->g.head, NULL, sl->logits, sl->lnf, NULL, m->p.head, N, C, m->v_rows, 0, accum);
+    model_mm_bwd(m, m->dln, m->g.head, NULL, sl->logits, sl->lnf, NULL, m->p.head, N, C, m->v_rows, 0, accum);
     o->zero(o->ctx, m->dres, (size_t)NR * C * sizeof(float));
     const float *xL = sl->x + (size_t)sl->n_blocks * NR * C;
     CHECK(
@@ -1481,15 +1490,15 @@ static status_t block_bwd_weight(model_t *m, model_slot_t *sl, int i, int next, 
         d_proj = m->dfull;
     }
     if (proj_here)
-        mm_bwd(m, NULL, g->wproj, g->bproj, d_proj, a->fc_act, a->fc_act16, w->wproj, N, F, C, 0, accum);
+        model_mm_bwd(m, NULL, g->wproj, g->bproj, d_proj, a->fc_act, a->fc_act16, w->wproj, N, F, C, 0, accum);
     if (F > 0) /* a dense MLP, or a MoE layer's shared expert */
-        mm_bwd(m, NULL, g->wfc, g->bfc, d.fc, a->ln2, a->ln2_16, w->wfc, N, C, layer_fcw(m, i), 0, accum);
+        model_mm_bwd(m, NULL, g->wfc, g->bfc, d.fc, a->ln2, a->ln2_16, w->wfc, N, C, layer_fcw(m, i), 0, accum);
     if (m->lay.sequence_parallel) {
         CHECK(tp_allgather(m, m->dfull, d.o, (size_t)NR * C, err, errlen));
         d_o = m->dfull;
     }
-    mm_bwd(m, NULL, g->wo, g->bo, d_o, a->atty, NULL, w->wo, N, QD, C, 0, accum);
-    mm_bwd(m, NULL, g->wqkv, g->bqkv, d.qkv, a->ln1, a->ln1_16, w->wqkv, N, C, qkv_width(m), 0, accum);
+    model_mm_bwd(m, NULL, g->wo, g->bo, d_o, a->atty, NULL, w->wo, N, QD, C, 0, accum);
+    model_mm_bwd(m, NULL, g->wqkv, g->bqkv, d.qkv, a->ln1, a->ln1_16, w->wqkv, N, C, qkv_width(m), 0, accum);
     return STATUS_OK;
 }
 

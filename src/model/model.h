@@ -278,6 +278,19 @@ typedef struct model {
     int trace_micro;  /* microbatch index the spans are labelled with */
 } model_t;
 
+/* The model's GEMMs in its precision, for the layer files (moe.c):
+ * fp32, or under --dtype bf16 with the operands rounded to bf16 and fp32
+ * sums (the weight's copy from params16, or rounded into the w16
+ * workspace for a weight outside the parameters; an input without its
+ * kept copy in16/keep16 rounded into a16, the output gradient into d16).
+ * Shapes as the ops table's matmul_fwd, matmul_bwd and matmul_dgelu_bwd. */
+void model_mm_fwd(model_t *m, float *out, const float *in, uint16_t *keep16, const float *w, const float *b, int N,
+                  int IC, int OC);
+void model_mm_bwd(model_t *m, float *din, float *dw, float *db, const float *dout, const float *in,
+                  const uint16_t *in16, const float *w, int N, int IC, int OC, int accum_din, int accum_dw);
+void model_mm_dgelu_bwd(model_t *m, float *din, float *dw, float *db, const float *dout, const float *in,
+                        const uint16_t *in16, const float *pre, const float *w, int N, int IC, int OC, int accum_dw);
+
 /* Zeroes the MoE layers' routing statistics (model_moe_stats_t and the
  * expert loads). */
 void model_moe_stats_reset(model_t *m);

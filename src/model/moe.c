@@ -192,8 +192,8 @@ status_t moe_fwd(model_t *m, moe_acts_t *a, const block_tensors_t *w, const floa
     for (int x = 0; x < El; x++) {
         const int r0 = offs[x], n = offs[x + 1] - r0;
         if (n > 0)
-            o->matmul_fwd(o->ctx, a->he + (size_t)r0 * FWe, xe + (size_t)r0 * C, w->ewfc + (size_t)x * FWe * C,
-                          gpt ? w->ebfc + (size_t)x * Fe : NULL, n, C, FWe);
+            model_mm_fwd(m, a->he + (size_t)r0 * FWe, xe + (size_t)r0 * C, NULL, w->ewfc + (size_t)x * FWe * C,
+                         gpt ? w->ebfc + (size_t)x * Fe : NULL, n, C, FWe);
     }
     /* ae[R,Fe] = GELU(he) | SwiGLU(gate, up) */
     if (gpt)
@@ -205,8 +205,8 @@ status_t moe_fwd(model_t *m, moe_acts_t *a, const block_tensors_t *w, const floa
     for (int x = 0; x < El; x++) {
         const int r0 = offs[x], n = offs[x + 1] - r0;
         if (n > 0)
-            o->matmul_fwd(o->ctx, ye + (size_t)r0 * C, a->ae + (size_t)r0 * Fe, w->ewproj + (size_t)x * C * Fe,
-                          bias ? w->ebproj + (size_t)x * C : NULL, n, Fe, C);
+            model_mm_fwd(m, ye + (size_t)r0 * C, a->ae + (size_t)r0 * Fe, NULL, w->ewproj + (size_t)x * C * Fe,
+                         bias ? w->ebproj + (size_t)x * C : NULL, n, Fe, C);
     }
     /* --ep: the outputs back to their tokens' ranks, a->ye [M,C] */
     if (ep_of(m) > 1)
@@ -252,12 +252,11 @@ status_t moe_bwd_experts(model_t *m, const moe_acts_t *a, const block_tensors_t 
         const int r0 = offs[x], n = offs[x + 1] - r0;
         float *dw = g->ewproj + (size_t)x * C * Fe, *db = gpt ? g->ebproj + (size_t)x * C : NULL;
         if (gpt)
-            o->matmul_dgelu_bwd(o->ctx, m->md2 + (size_t)r0 * Fe, dw, db, m->md1 + (size_t)r0 * C,
-                                a->ae + (size_t)r0 * Fe, a->he + (size_t)r0 * Fe, w->ewproj + (size_t)x * C * Fe, n,
-                                Fe, C, accum);
+            model_mm_dgelu_bwd(m, m->md2 + (size_t)r0 * Fe, dw, db, m->md1 + (size_t)r0 * C, a->ae + (size_t)r0 * Fe,
+                               NULL, a->he + (size_t)r0 * Fe, w->ewproj + (size_t)x * C * Fe, n, Fe, C, accum);
         else
-            o->matmul_bwd(o->ctx, m->md2 + (size_t)r0 * Fe, dw, db, m->md1 + (size_t)r0 * C, a->ae + (size_t)r0 * Fe,
-                          w->ewproj + (size_t)x * C * Fe, n, Fe, C, 0, accum);
+            model_mm_bwd(m, m->md2 + (size_t)r0 * Fe, dw, db, m->md1 + (size_t)r0 * C, a->ae + (size_t)r0 * Fe, NULL,
+                         w->ewproj + (size_t)x * C * Fe, n, Fe, C, 0, accum);
     }
     /* dhe[R,FWe]: GPT-2's is md2; SwiGLU's into md1 */
     const float *dhe = m->md2;
@@ -269,9 +268,9 @@ status_t moe_bwd_experts(model_t *m, const moe_acts_t *a, const block_tensors_t 
     /* fc: dxe[R,C] and the fc weight (and bias) gradients */
     for (int x = 0; x < El; x++) {
         const int r0 = offs[x], n = offs[x + 1] - r0;
-        o->matmul_bwd(o->ctx, dxe + (size_t)r0 * C, g->ewfc + (size_t)x * FWe * C,
-                      gpt ? g->ebfc + (size_t)x * Fe : NULL, dhe + (size_t)r0 * FWe, xe + (size_t)r0 * C,
-                      w->ewfc + (size_t)x * FWe * C, n, C, FWe, 0, accum);
+        model_mm_bwd(m, dxe + (size_t)r0 * C, g->ewfc + (size_t)x * FWe * C, gpt ? g->ebfc + (size_t)x * Fe : NULL,
+                     dhe + (size_t)r0 * FWe, xe + (size_t)r0 * C, NULL, w->ewfc + (size_t)x * FWe * C, n, C, FWe, 0,
+                     accum);
     }
     /* --ep: dxe back to the tokens' ranks, [M,C] in dispatch order (mx) */
     if (ep_of(m) > 1) {
