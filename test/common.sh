@@ -247,3 +247,31 @@ finetune_run() {
         --metrics "$out" --save-params "$out.h5" "$@" >"$out.log" 2>&1 ||
         { fail "fine-tune np $np $*: exit status $? $(tail -n 3 "$out.log")"; return 1; }
 }
+
+# ---- refused Hugging Face models (test_hf_models.sh, test_hf_moe.sh) ----
+# bad_model NAME FROM EDIT WANT: FROM's weights under its config.json, as
+# the Python statements EDIT change them (c: the config, W: the tensors);
+# dtrain at 2 ranks, asked to write parameters, metrics and checkpoints,
+# must refuse with WANT and leave none of them
+bad_model() {
+    d=$TMP/bad_$1
+    mkdir -p "$d"
+    "$PYTHON_REF" - "$TMP/$2" "$d" "$3" "$top_srcdir/test/ref" <<'EOF' || { fail "bad_model $1: cannot write it"; return; }
+import json, os, sys
+src, dst, edit, ref = sys.argv[1:5]
+sys.path.insert(0, ref)
+import hf_ref
+c = json.load(open(os.path.join(src, "config.json")))
+W = hf_ref.read_model_dir(src)
+exec(edit)
+json.dump(c, open(os.path.join(dst, "config.json"), "w"))
+hf_ref.write_model_dir(dst, [(k, "F32", v.shape, v.astype("<f4").tobytes()) for k, v in W.items()], 1)
+EOF
+    rm -rf "$TMP/bw"
+    mkdir "$TMP/bw"
+    expect_exit2 "$4" "$MPIEXEC" --quiet -np 2 "$DTRAIN" --init-from "$d" --data "$TMP/$2.tok" \
+        --val-every 0 --seq-len 16 --steps 1 --sample-tokens 0 --peak-gflops 100 --threads 1 \
+        --save-params "$TMP/bw/p.h5" --metrics "$TMP/bw/m.json" --ckpt-dir "$TMP/bw/ck" --ckpt-every 1
+    left=$(ls -A "$TMP/bw")
+    [ -z "$left" ] || fail "$1: the refused run left $left"
+}
