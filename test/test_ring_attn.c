@@ -29,6 +29,11 @@
  *     sectioning swapped, partial outputs added without the log-sum-exp
  *     rescale, and each query's document start taken as its chunk's start
  *     where its document began in an earlier chunk.
+ * (e) Edges: rows outside [q0, q0+nq) untouched by the block forward
+ *     and the merge; a row with no valid key (its document starts after
+ *     every key of the block) gets lse = -inf and out = 0 over garbage,
+ *     and merging it changes nothing; two -inf merge to -inf; the block
+ *     backward of keyless rows adds nothing.
  * One line per check; exit 1 if any failed. */
 #include "mpi/cp_sched.h"
 #include "src/backend/ops_cpu.h"
@@ -601,6 +606,116 @@ static void test_mutants(const ops_t *o)
     ref_free(&x);
 }
 
+/* ------------------------------------------------------------ (e) edges */
+
+static void test_edges(const ops_t *o)
+{
+    /* one sequence, 8 query rows at global positions 10..17 against 4
+     * keys at 0..3; query rows 2..5 computed, unmasked; rows 2 and 3 in
+     * a document from 0, rows 4 and 5 in one from 12 (no key) */
+    const int NH = 2, NKV = 1, HS = 4, Tq = 8, Tk = 4, R = (NH + 2 * NKV) * HS, KR = 2 * NKV * HS, OC = NH * HS;
+    float qkv[8 * 16], kv[4 * 8], out[8 * 8], lse[2 * 8], pout[8 * 8], plse[2 * 8], dqkv[8 * 16], dkv[4 * 8],
+        dout[8 * 8];
+    int32_t qpos[8], kpos[4], qdoc[8];
+    for (int i = 0; i < Tq * R; i++)
+        qkv[i] = frand();
+    for (int i = 0; i < Tk * KR; i++)
+        kv[i] = frand();
+    for (int i = 0; i < Tq * OC; i++)
+        dout[i] = frand();
+    for (int t = 0; t < Tq; t++) {
+        qpos[t] = 10 + t;
+        qdoc[t] = t < 4 ? 0 : 12;
+    }
+    for (int k = 0; k < Tk; k++)
+        kpos[k] = k;
+    for (int i = 0; i < Tq * OC; i++)
+        out[i] = NAN;
+    for (int i = 0; i < NH * Tq; i++)
+        lse[i] = NAN;
+    att_block_t k = {.B = 1, .NH = NH, .NKV = NKV, .HS = HS, .Tq = Tq, .q0 = 2, .nq = 4, .Tk = Tk, .k0 = 0, .nk = Tk,
+                     .causal = 0};
+    o->attention_block_fwd(o->ctx, out, lse, qkv, kv, qpos, kpos, qdoc, &k);
+    o->sync(o->ctx);
+    int untouched = 1, keyless = 1, keyed = 1;
+    for (int h = 0; h < NH; h++)
+        for (int t = 0; t < Tq; t++) {
+            float l = lse[h * Tq + t];
+            const float *row = out + t * OC + h * HS;
+            if (t < 2 || t >= 6)
+                untouched &= isnan(l) && isnan(row[0]);
+            else if (t >= 4)
+                keyless &= l == -INFINITY && row[0] == 0.0f && row[HS - 1] == 0.0f;
+            else
+                keyed &= isfinite(l) && isfinite(row[0]);
+        }
+    check(untouched && keyless && keyed,
+          "block forward: rows outside [q0, q0+nq) untouched, keyless rows lse -inf and out 0, the others finite");
+    /* rows 4, 5 alone: a tile with no valid pair, skipped, still written */
+    float out2[8 * 8], lse2[2 * 8];
+    for (int i = 0; i < Tq * OC; i++)
+        out2[i] = NAN;
+    for (int i = 0; i < NH * Tq; i++)
+        lse2[i] = NAN;
+    att_block_t k2 = k;
+    k2.q0 = 4;
+    k2.nq = 2;
+    o->attention_block_fwd(o->ctx, out2, lse2, qkv, kv, qpos, kpos, qdoc, &k2);
+    o->sync(o->ctx);
+    int skipped = 1;
+    for (int h = 0; h < NH; h++)
+        for (int t = 0; t < Tq; t++)
+            skipped &= t >= 4 && t < 6 ? lse2[h * Tq + t] == -INFINITY && out2[t * OC + h * HS] == 0.0f
+                                       : isnan(lse2[h * Tq + t]) && isnan(out2[t * OC + h * HS]);
+    check(skipped, "block forward: a tile with no valid pair gives lse -inf and out 0, other rows untouched");
+
+    /* merge: a keyed partial into keyless rows, then the rows' lse must be
+     * the partial's; merging a keyless partial into them changes nothing */
+    for (int i = 0; i < Tq * OC; i++)
+        pout[i] = out[i];
+    for (int i = 0; i < NH * Tq; i++)
+        plse[i] = lse[i];
+    float acc[8 * 8], accl[2 * 8];
+    for (int t = 0; t < Tq; t++) /* rows outside [2, 6) NaN: the merge must not read or write them */
+        for (int j = 0; j < OC; j++) {
+            acc[t * OC + j] = t >= 2 && t < 6 ? 0.0f : NAN;
+            accl[(j / HS) * Tq + t] = t >= 2 && t < 6 ? -INFINITY : NAN;
+        }
+    o->attention_merge(o->ctx, acc, accl, pout, plse, &k);
+    o->sync(o->ctx);
+    int same = 1;
+    for (int h = 0; h < NH; h++)
+        for (int t = 2; t < 6; t++) {
+            same &= (accl[h * Tq + t] == plse[h * Tq + t]) || (t >= 4 && accl[h * Tq + t] == -INFINITY);
+            for (int e = 0; e < HS; e++)
+                same &= fabsf(acc[t * OC + h * HS + e] - pout[t * OC + h * HS + e]) <= 1e-6f;
+        }
+    int outside = isnan(accl[0]) && isnan(accl[Tq + 7]) && isnan(acc[0]) && isnan(acc[7 * OC + OC - 1]);
+    check(same && outside, "merge: into -inf rows gives the partial (keyless ones stay -inf, out 0); rows outside "
+                           "[q0, q0+nq) untouched");
+
+    /* backward: only rows 2, 3 see keys; rows 4, 5 add nothing (dq 0) */
+    for (int i = 0; i < Tq * R; i++)
+        dqkv[i] = 0.0f;
+    for (int i = 0; i < Tk * KR; i++)
+        dkv[i] = 0.0f;
+    o->attention_block_bwd(o->ctx, dqkv, dkv, dout, qkv, kv, acc, accl, qpos, kpos, qdoc, &k);
+    o->sync(o->ctx);
+    int zero45 = 1, nz23 = 0, kvcols = 1;
+    for (int t = 0; t < Tq; t++)
+        for (int j = 0; j < R; j++) {
+            float d = dqkv[t * R + j];
+            if (j >= OC)
+                kvcols &= d == 0.0f;
+            else if (t < 2 || t >= 4)
+                zero45 &= d == 0.0f;
+            else
+                nz23 += d != 0.0f;
+        }
+    check(zero45 && kvcols && nz23 == 2 * OC,
+          "block backward: dq only on rows with keys, dqkv's k and v columns untouched");
+}
+
 int main(void)
 {
     const ops_t *o = ops_cpu_create();
@@ -612,6 +727,7 @@ int main(void)
     test_group(o);
     test_bits(o);
     test_mutants(o);
+    test_edges(o);
     ops_release(o);
     printf("%d checks, %d failed\n", g_checks, g_fails);
     return g_fails ? 1 : 0;
