@@ -35,6 +35,19 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+/* One block of ring attention (context parallelism, issue 34): the query
+ * rows [q0, q0 + nq) of a local block of Tq rows per sequence against the
+ * key rows [k0, k0 + nk) of a K,V block of Tk rows per sequence (held
+ * locally or received from another rank), for the B sequences of a batch.
+ * mpi/cp_sched.h gives the rows of each ring step. */
+typedef struct att_block {
+    int B, NH, NKV, HS;
+    int Tq, q0, nq; /* query rows per sequence; those computed */
+    int Tk, k0, nk; /* key rows per sequence; those used */
+    int causal;     /* 1: key global position <= query's; 0: every pair (the
+                     * schedule guarantees keys precede queries) */
+} att_block_t;
+
 typedef struct ops {
     const char *name; /* "cpu", "cuda" */
     /* 1: alloc's memory is host memory, which the host may read in place
@@ -187,6 +200,62 @@ typedef struct ops {
      * rowsum(dP o P)); pos as in the forward. */
     void (*attention_bwd)(void *ctx, float *dqkv, const float *dout, const float *qkv, const float *out,
                           const float *lse, const int32_t *pos, int B, int T, int NH, int NKV, int HS);
+
+    /* Ring attention's building blocks (context parallelism, issue 34;
+     * see att_block_t): attention of some query rows against a K,V block
+     * given apart from the queries, partial results merged by their
+     * log-sum-exp, and the matching backward. Scale 1/sqrt(HS) as above;
+     * softmax over the union of the blocks equals attention_fwd over the
+     * whole sequence, within fp32 rounding (test/test_ring_attn.c).
+     *
+     * Shapes (a sequence's rows, then the next sequence's):
+     *   qkv[B*Tq, (NH+2NKV)*HS]  the queries' fused rows; only the q heads are read
+     *   kv[B*Tk, 2*NKV*HS]       [k heads (NKV*HS) | v heads (NKV*HS)] per row:
+     *                            the KV heads only, the block that travels in
+     *                            the ring; query head h uses KV head h/(NH/NKV)
+     *   out[B*Tq, NH*HS], lse[B, NH, Tq] (row t of head h of sequence b at
+     *                            lse[(b*NH + h)*Tq + t], natural log)
+     *   qpos[Tq], kpos[Tk]       int32 global positions (0..T-1 within the
+     *                            whole sequence) of the rows, the same for
+     *                            every sequence; kpos increases along
+     *                            [k0, k0+nk) (the zigzag layout's do)
+     *   qdoc[B*Tq] or NULL       int32 global position where each query's
+     *                            document starts (global t - pos[t] of the
+     *                            docmask positions); NULL: one document.
+     * The keys of query row t are those with qdoc[t] <= kpos <= qpos[t]
+     * (no upper bound when !causal): a contiguous run of the block, found
+     * from kpos; query tiles with no such key are skipped. All pointers are
+     * in the backend's memory.
+     *
+     * attention_block_fwd: for the rows [q0, q0+nq) of every sequence and
+     * head, out = softmax(scale q.k) v and lse = log-sum-exp of the scaled
+     * scores, both over this block's keys only (written; other rows
+     * untouched). A row with no valid key gets lse = -inf and out = 0. */
+    void (*attention_block_fwd)(void *ctx, float *out, float *lse, const float *qkv, const float *kv,
+                                const int32_t *qpos, const int32_t *kpos, const int32_t *qdoc,
+                                const att_block_t *blk);
+    /* Folds a partial result (pout, plse: attention_block_fwd's, laid out
+     * as out and lse) into the running one (out, lse) for the rows [q0,
+     * q0+nq) of every sequence and head (blk's B, NH, HS, Tq, q0, nq; the
+     * rest unused): l = max + log1p(exp(min - max)) of the two lse,
+     * out = exp(lse - l) out + exp(plse - l) pout, lse = l (dt_lse_merge,
+     * base/ops_math.h). Two -inf stay -inf with out unchanged. Called in
+     * a fixed order (the ring's steps), so the result is deterministic. */
+    void (*attention_merge)(void *ctx, float *out, float *lse, const float *pout, const float *plse,
+                            const att_block_t *blk);
+    /* The backward of one block, given the FINAL out and lse of the query
+     * rows (all blocks merged) and dout[B*Tq, NH*HS]: P = exp(scale q.k -
+     * lse) on the block's valid keys, D = rowsum(dout o out),
+     * dS = P o (dout.v - D), and for the rows [q0, q0+nq) and keys
+     * [k0, k0+nk)
+     *   dq  += scale dS k   into the q heads of dqkv[B*Tq, (NH+2NKV)*HS]
+     *                       (its k and v columns untouched)
+     *   dk  += scale dS^T q, dv += P^T dout   into dkv[B*Tk, 2*NKV*HS]
+     *                       (kv's layout: the buffer that travels with K,V)
+     * accumulated, never written, so the ring sums every block's share. */
+    void (*attention_block_bwd)(void *ctx, float *dqkv, float *dkv, const float *dout, const float *qkv,
+                                const float *kv, const float *out, const float *lse, const int32_t *qpos,
+                                const int32_t *kpos, const int32_t *qdoc, const att_block_t *blk);
 
     /* GELU, tanh approximation (GPT-2). out/din are written. */
     void (*gelu_fwd)(void *ctx, float *out, const float *x, size_t n);

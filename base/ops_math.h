@@ -141,6 +141,20 @@ static inline DT_HD void dt_lse_push(float *m, float *s, float x)
     }
 }
 
+/* Merge of two log-sum-exps (ring attention's partial results, base/ops.h
+ * attention_merge): log(e^a + e^b) = max + log1p(exp(min - max)), which
+ * neither overflows nor loses the smaller term; -inf (a block with no key)
+ * is the identity, and two -inf give -inf. The partial outputs then weigh
+ * exp(a - l) and exp(b - l). TransformerEngine's
+ * flash_attn_fwd_softmax_lse_correction uses the same form. */
+static inline DT_HD float dt_lse_merge(float a, float b)
+{
+    float mx = a > b ? a : b, mn = a > b ? b : a;
+    if (mx == -INFINITY)
+        return -INFINITY;
+    return mx + log1pf(dt_expf(mn - mx));
+}
+
 /* ---- LayerNorm / RMSNorm ---------------------------------------------------
  * rstd from a row's sum of squares (of deviations, for LayerNorm) over C. */
 static inline DT_HD float dt_norm_rstd(float ss, int C, float eps) { return 1.0f / sqrtf(ss / (float)C + eps); }

@@ -17,6 +17,7 @@
 #endif
 #include "src/backend/ops_cpu.h"
 #include "src/backend/ops_cpu_moe.h"
+#include "src/backend/ops_cpu_ring.h"
 
 #include "base/ops_math.h"
 
@@ -1186,6 +1187,9 @@ static const ops_t cpu_ops = {
     .qknorm_bwd = qknorm_bwd,
     .attention_fwd = attention_fwd,
     .attention_bwd = attention_bwd,
+    .attention_block_fwd = cpu_attention_block_fwd,
+    .attention_merge = cpu_attention_merge,
+    .attention_block_bwd = cpu_attention_block_bwd,
     .gelu_fwd = gelu_fwd,
     .gelu_bwd = gelu_bwd,
     .swiglu_fwd = swiglu_fwd,

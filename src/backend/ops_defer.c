@@ -526,6 +526,64 @@ static void d_attention_bwd(void *ctx, float *dqkv, const float *dout, const flo
           sizeof(att_bwd_args_t));
 }
 
+/* The ring attention ops take their dimensions by pointer: the record
+ * keeps a copy of the block, since the caller's may be gone by the drain. */
+typedef struct {
+    float *out, *lse;
+    const float *qkv, *kv;
+    const int32_t *qpos, *kpos, *qdoc;
+    att_block_t blk;
+} att_blk_fwd_args_t;
+static void r_attention_block_fwd(const ops_t *b, const void *a_)
+{
+    const att_blk_fwd_args_t *a = a_;
+    b->attention_block_fwd(b->ctx, a->out, a->lse, a->qkv, a->kv, a->qpos, a->kpos, a->qdoc, &a->blk);
+}
+static void d_attention_block_fwd(void *ctx, float *out, float *lse, const float *qkv, const float *kv,
+                                  const int32_t *qpos, const int32_t *kpos, const int32_t *qdoc,
+                                  const att_block_t *blk)
+{
+    defer(ctx, r_attention_block_fwd, &(att_blk_fwd_args_t){out, lse, qkv, kv, qpos, kpos, qdoc, *blk},
+          sizeof(att_blk_fwd_args_t));
+}
+
+typedef struct {
+    float *out, *lse;
+    const float *pout, *plse;
+    att_block_t blk;
+} att_merge_args_t;
+static void r_attention_merge(const ops_t *b, const void *a_)
+{
+    const att_merge_args_t *a = a_;
+    b->attention_merge(b->ctx, a->out, a->lse, a->pout, a->plse, &a->blk);
+}
+static void d_attention_merge(void *ctx, float *out, float *lse, const float *pout, const float *plse,
+                              const att_block_t *blk)
+{
+    defer(ctx, r_attention_merge, &(att_merge_args_t){out, lse, pout, plse, *blk}, sizeof(att_merge_args_t));
+}
+
+typedef struct {
+    float *dqkv, *dkv;
+    const float *dout, *qkv, *kv, *out, *lse;
+    const int32_t *qpos, *kpos, *qdoc;
+    att_block_t blk;
+} att_blk_bwd_args_t;
+static void r_attention_block_bwd(const ops_t *b, const void *a_)
+{
+    const att_blk_bwd_args_t *a = a_;
+    b->attention_block_bwd(b->ctx, a->dqkv, a->dkv, a->dout, a->qkv, a->kv, a->out, a->lse, a->qpos, a->kpos,
+                           a->qdoc, &a->blk);
+}
+static void d_attention_block_bwd(void *ctx, float *dqkv, float *dkv, const float *dout, const float *qkv,
+                                  const float *kv, const float *out, const float *lse, const int32_t *qpos,
+                                  const int32_t *kpos, const int32_t *qdoc, const att_block_t *blk)
+{
+    defer(ctx, r_attention_block_bwd,
+          &(att_blk_bwd_args_t){dqkv, dkv, dout, qkv, kv, out, lse, qpos, kpos, qdoc, *blk},
+          sizeof(att_blk_bwd_args_t));
+}
+
 /* ---- pointwise --------------------------------------------------------------- */
 
 typedef struct {
@@ -988,6 +1046,9 @@ static const ops_t defer_ops = {
     .qknorm_bwd = d_qknorm_bwd,
     .attention_fwd = d_attention_fwd,
     .attention_bwd = d_attention_bwd,
+    .attention_block_fwd = d_attention_block_fwd,
+    .attention_merge = d_attention_merge,
+    .attention_block_bwd = d_attention_block_bwd,
     .gelu_fwd = d_gelu_fwd,
     .gelu_bwd = d_gelu_bwd,
     .swiglu_fwd = d_swiglu_fwd,

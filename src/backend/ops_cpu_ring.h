@@ -1,0 +1,18 @@
+/* The CPU backend's ring attention ops (src/backend/ops_cpu_ring.c), as the
+ * CPU table (src/backend/ops_cpu.c) lists them; each is the ops_t member of
+ * the same name without "cpu_" (base/ops.h, "Ring attention's building
+ * blocks"). */
+#ifndef DTRAIN_OPS_CPU_RING_H
+#define DTRAIN_OPS_CPU_RING_H
+
+#include "base/ops.h"
+
+void cpu_attention_block_fwd(void *ctx, float *out, float *lse, const float *qkv, const float *kv,
+                             const int32_t *qpos, const int32_t *kpos, const int32_t *qdoc, const att_block_t *blk);
+void cpu_attention_merge(void *ctx, float *out, float *lse, const float *pout, const float *plse,
+                         const att_block_t *blk);
+void cpu_attention_block_bwd(void *ctx, float *dqkv, float *dkv, const float *dout, const float *qkv, const float *kv,
+                             const float *out, const float *lse, const int32_t *qpos, const int32_t *kpos,
+                             const int32_t *qdoc, const att_block_t *blk);
+
+#endif
