@@ -256,6 +256,14 @@ typedef struct ops {
     void (*attention_block_bwd)(void *ctx, float *dqkv, float *dkv, const float *dout, const float *qkv,
                                 const float *kv, const float *out, const float *lse, const int32_t *qpos,
                                 const int32_t *kpos, const int32_t *qdoc, const att_block_t *blk);
+    /* The travelling block's layout from the fused rows and back, so the
+     * ring (mpi/cp_ring.h) needs no host copies. N rows (B*Tq):
+     *   kv[N, 2*NKV*HS] = the k and v columns of qkv[N, (NH+2NKV)*HS]
+     *   dqkv[n, NH*HS ..] = dkv[n, ..] (accum 0) or += dkv[n, ..] (accum 1):
+     *       a block's dk and dv into dqkv's k and v columns; its q columns
+     *       untouched. */
+    void (*attention_kv_pack)(void *ctx, float *kv, const float *qkv, int N, int NH, int NKV, int HS);
+    void (*attention_kv_unpack)(void *ctx, float *dqkv, const float *dkv, int N, int NH, int NKV, int HS, int accum);
 
     /* GELU, tanh approximation (GPT-2). out/din are written. */
     void (*gelu_fwd)(void *ctx, float *out, const float *x, size_t n);

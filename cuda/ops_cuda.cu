@@ -891,10 +891,12 @@ static const ops_t cuda_ops = {
     .qknorm_bwd = qknorm_bwd,
     .attention_fwd = attention_fwd,
     .attention_bwd = attention_bwd,
-    /* ring attention's blocks (issue 34): not yet on CUDA; nothing calls them */
+    /* ring attention's blocks (issue 34): not yet on CUDA; the trainer calls none of them */
     .attention_block_fwd = NULL,
     .attention_merge = NULL,
     .attention_block_bwd = NULL,
+    .attention_kv_pack = NULL,
+    .attention_kv_unpack = NULL,
     .gelu_fwd = gelu_fwd,
     .gelu_bwd = gelu_bwd,
     .swiglu_fwd = swiglu_fwd,

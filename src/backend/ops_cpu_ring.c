@@ -288,3 +288,31 @@ void cpu_attention_block_bwd(void *ctx, float *dqkv, float *dkv, const float *do
         fill_nan(dkv, (size_t)B * Tk * KR);
     }
 }
+
+/* kv[N, KR] = the k and v columns of qkv[N, R]: one row's KR floats are
+ * contiguous in both (qkv's k heads then v heads). */
+void cpu_attention_kv_pack(void *ctx, float *kv, const float *qkv, int N, int NH, int NKV, int HS)
+{
+    const size_t R = (size_t)(NH + 2 * NKV) * HS, KR = (size_t)2 * NKV * HS, OC = (size_t)NH * HS;
+#pragma omp parallel for schedule(static)
+    for (long n = 0; n < N; n++)
+        memcpy(kv + (size_t)n * KR, qkv + (size_t)n * R + OC, KR * sizeof(float));
+}
+
+/* dqkv[n, OC .. R) = (or +=) dkv[n, 0 .. KR). */
+void cpu_attention_kv_unpack(void *ctx, float *dqkv, const float *dkv, int N, int NH, int NKV, int HS, int accum)
+{
+    const size_t R = (size_t)(NH + 2 * NKV) * HS, KR = (size_t)2 * NKV * HS, OC = (size_t)NH * HS;
+#pragma omp parallel for schedule(static)
+    for (long n = 0; n < N; n++) {
+        float *d = dqkv + (size_t)n * R + OC;
+        const float *s = dkv + (size_t)n * KR;
+        if (!accum) {
+            memcpy(d, s, KR * sizeof(float));
+            continue;
+        }
+#pragma omp simd
+        for (size_t j = 0; j < KR; j++)
+            d[j] += s[j];
+    }
+}

@@ -14,5 +14,7 @@ void cpu_attention_merge(void *ctx, float *out, float *lse, const float *pout, c
 void cpu_attention_block_bwd(void *ctx, float *dqkv, float *dkv, const float *dout, const float *qkv, const float *kv,
                              const float *out, const float *lse, const int32_t *qpos, const int32_t *kpos,
                              const int32_t *qdoc, const att_block_t *blk);
+void cpu_attention_kv_pack(void *ctx, float *kv, const float *qkv, int N, int NH, int NKV, int HS);
+void cpu_attention_kv_unpack(void *ctx, float *dqkv, const float *dkv, int N, int NH, int NKV, int HS, int accum);
 
 #endif

@@ -584,6 +584,37 @@ static void d_attention_block_bwd(void *ctx, float *dqkv, float *dkv, const floa
           sizeof(att_blk_bwd_args_t));
 }
 
+typedef struct {
+    float *kv;
+    const float *qkv;
+    int N, NH, NKV, HS;
+} att_kv_pack_args_t;
+static void r_attention_kv_pack(const ops_t *b, const void *a_)
+{
+    const att_kv_pack_args_t *a = a_;
+    b->attention_kv_pack(b->ctx, a->kv, a->qkv, a->N, a->NH, a->NKV, a->HS);
+}
+static void d_attention_kv_pack(void *ctx, float *kv, const float *qkv, int N, int NH, int NKV, int HS)
+{
+    defer(ctx, r_attention_kv_pack, &(att_kv_pack_args_t){kv, qkv, N, NH, NKV, HS}, sizeof(att_kv_pack_args_t));
+}
+
+typedef struct {
+    float *dqkv;
+    const float *dkv;
+    int N, NH, NKV, HS, accum;
+} att_kv_unpack_args_t;
+static void r_attention_kv_unpack(const ops_t *b, const void *a_)
+{
+    const att_kv_unpack_args_t *a = a_;
+    b->attention_kv_unpack(b->ctx, a->dqkv, a->dkv, a->N, a->NH, a->NKV, a->HS, a->accum);
+}
+static void d_attention_kv_unpack(void *ctx, float *dqkv, const float *dkv, int N, int NH, int NKV, int HS, int accum)
+{
+    defer(ctx, r_attention_kv_unpack, &(att_kv_unpack_args_t){dqkv, dkv, N, NH, NKV, HS, accum},
+          sizeof(att_kv_unpack_args_t));
+}
+
 /* ---- pointwise --------------------------------------------------------------- */
 
 typedef struct {
@@ -1049,6 +1080,8 @@ static const ops_t defer_ops = {
     .attention_block_fwd = d_attention_block_fwd,
     .attention_merge = d_attention_merge,
     .attention_block_bwd = d_attention_block_bwd,
+    .attention_kv_pack = d_attention_kv_pack,
+    .attention_kv_unpack = d_attention_kv_unpack,
     .gelu_fwd = d_gelu_fwd,
     .gelu_bwd = d_gelu_bwd,
     .swiglu_fwd = d_swiglu_fwd,
