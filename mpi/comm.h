@@ -137,7 +137,7 @@ struct comm {
      * backend's context, base/ops.h). */
     void (*device_sync)(void *device_ctx);
     void *device_ctx;
-    char name[16]; /* group label for spans: "world", "tp", "dp", "pp", "embed", "ep", "edp" */
+    char name[16]; /* group label for spans: "world", "tp", "dp", "pp", "embed", "ep", "edp", "cp" */
 };
 
 /* What the data-parallel gradient reductions (mpi/ddp.c, mpi/zero.c) send,

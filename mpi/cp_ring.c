@@ -24,7 +24,7 @@ struct cp_ring {
     const ops_t *ops;
     cp_ring_shape_t sh;
     int cp, rank, L;
-    size_t n_kv; /* floats a block: B*L*2*NKV*HS */
+    size_t n_kv;       /* floats a block: B*L*2*NKV*HS */
     int32_t *pos_host; /* [cp][L]: global positions of every rank's rows */
     int32_t *pos;      /* the same in the backend's memory */
     float *kv[2], *dacc[2], *dinc, *pout, *plse;
@@ -110,8 +110,8 @@ status_t cp_ring_create(comm_t *comm, const ops_t *ops, const cp_ring_shape_t *s
     if (!r->pos_host || !r->pos || !r->kv[0] || !r->kv[1] || !r->dacc[0] || !r->dacc[1] || !r->dinc || !r->pout ||
         !r->plse) {
         cp_ring_destroy(r);
-        return status_set(STATUS_FAIL, err, errlen, "cp ring: out of memory for the ring's buffers (%zu floats a block)",
-                          r->n_kv);
+        return status_set(STATUS_FAIL, err, errlen,
+                          "cp ring: out of memory for the ring's buffers (%zu floats a block)", r->n_kv);
     }
     for (int q = 0; q < r->cp; q++)
         cp_local_positions(r->cp, sh->T, q, r->pos_host + (size_t)q * r->L);
@@ -128,9 +128,8 @@ static status_t fail_at(const cp_ring_t *r, int step, const char *what, int peer
     char msg[COMM_ERR_MAX];
     snprintf(msg, sizeof msg, "%s", err ? err : "");
     cp_step_t s;
-    const char *kind = step < r->cp && cp_ring_step(r->cp, r->sh.T, r->rank, step, &s) == 0
-                           ? cp_step_kind_name(s.kind)
-                           : "final";
+    const char *kind =
+        step < r->cp && cp_ring_step(r->cp, r->sh.T, r->rank, step, &s) == 0 ? cp_step_kind_name(s.kind) : "final";
     return status_set(STATUS_FAIL, err, errlen, "cp ring rank %d/%d, step %d (%s): %s rank %d: %.400s", r->rank, r->cp,
                       step, kind, what, peer, msg);
 }
@@ -180,8 +179,17 @@ static att_block_t step_block(const cp_ring_t *r, int step, const int32_t **kpos
     cp_step_t s;
     cp_ring_step(r->cp, r->sh.T, r->rank, step, &s); /* in range: step < cp */
     *kpos = r->pos + (size_t)s.src * r->L;
-    return (att_block_t){.B = r->sh.B, .NH = r->sh.NH, .NKV = r->sh.NKV, .HS = r->sh.HS, .Tq = r->L, .q0 = s.q0,
-                         .nq = s.nq, .Tk = r->L, .k0 = s.k0, .nk = s.nk, .causal = s.causal};
+    return (att_block_t){.B = r->sh.B,
+                         .NH = r->sh.NH,
+                         .NKV = r->sh.NKV,
+                         .HS = r->sh.HS,
+                         .Tq = r->L,
+                         .q0 = s.q0,
+                         .nq = s.nq,
+                         .Tk = r->L,
+                         .k0 = s.k0,
+                         .nk = s.nk,
+                         .causal = s.causal};
 }
 
 /* Waits for the step's K,V exchange: the next block is in, the sent
@@ -265,13 +273,12 @@ status_t cp_ring_backward(cp_ring_t *r, float *dqkv, const float *dout, const fl
     for (int i = 0; i < r->cp; i++)
         CHECK(backward_step(r, i, dqkv, dout, qkv, out, lse, qdoc, &waited, st, err, errlen));
     const float *mine = r->dacc[0]; /* cp 1: the only block's gradient */
-    if (r->cp > 1) { /* this rank's block, from r-1 after the last step */
+    if (r->cp > 1) {                /* this rank's block, from r-1 after the last step */
         o->sync(o->ctx);
-        CHECK(ring_wait(r, &r->d_recv, r->cp, "wait for this rank's K,V gradient from", left(r), &waited, err,
-                        errlen));
+        CHECK(ring_wait(r, &r->d_recv, r->cp, "wait for this rank's K,V gradient from", left(r), &waited, err, errlen));
         for (int j = 0; j < 2; j++)
-            CHECK(ring_wait(r, &r->d_send[j], r->cp, "wait for the send of the K,V gradient to", right(r), &waited,
-                            err, errlen));
+            CHECK(ring_wait(r, &r->d_send[j], r->cp, "wait for the send of the K,V gradient to", right(r), &waited, err,
+                            errlen));
         mine = r->dinc;
     }
     o->attention_kv_unpack(o->ctx, dqkv, mine, N, s->NH, s->NKV, s->HS, 0);
