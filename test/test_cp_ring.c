@@ -20,6 +20,8 @@
  *     forward and backward, gradients), time blocked <= the ring's time.
  * (d) A sequence length not divisible by 2cp is refused with one line,
  *     STATUS_INPUT, on every rank.
+ * (e) attention_kv_pack and attention_kv_unpack (accum 0 and 1) on the CPU
+ *     and deferred tables, exactly.
  *
  * `test_cp_ring --freeze RANK --timeout S`: a watchdog (--comm-timeout S)
  * watches the comm (named "cp"); rank RANK writes its pid to the file
@@ -340,6 +342,31 @@ static void test_case(const ops_t *o, const ops_t *defer, const shape_t *s, uint
     whole_free(&w);
 }
 
+/* The pack and unpack ops on their own: kv = qkv's k,v columns; unpack
+ * with accum 0 writes dqkv's k,v columns, with accum 1 adds, q columns
+ * untouched either way (exact: small integers). */
+static void test_pack(const ops_t *o)
+{
+    const int N = 5, NH = 4, NKV = 2, HS = 3, R = (NH + 2 * NKV) * HS, KR = 2 * NKV * HS, OC = NH * HS;
+    float qkv[5 * 24], kv[5 * 12], d[5 * 24];
+    for (int i = 0; i < N * R; i++)
+        qkv[i] = (float)i;
+    o->attention_kv_pack(o->ctx, kv, qkv, N, NH, NKV, HS);
+    for (int i = 0; i < N * R; i++)
+        d[i] = -1.0f;
+    o->attention_kv_unpack(o->ctx, d, kv, N, NH, NKV, HS, 0);
+    o->attention_kv_unpack(o->ctx, d, kv, N, NH, NKV, HS, 1);
+    o->sync(o->ctx);
+    int ok = 1;
+    for (int n = 0; n < N; n++) {
+        for (int j = 0; j < KR; j++)
+            ok &= kv[n * KR + j] == qkv[n * R + OC + j];
+        for (int j = 0; j < R; j++)
+            ok &= d[n * R + j] == (j < OC ? -1.0f : 2.0f * qkv[n * R + j]);
+    }
+    check(ok, "pack: kv is qkv's k,v columns; unpack writes (accum 0) and adds (accum 1) dqkv's k,v columns only");
+}
+
 static void test_refusals(const ops_t *o)
 {
     cp_ring_t *ring = NULL;
@@ -431,6 +458,8 @@ int main(int argc, char **argv)
     if (g_rank == 0)
         printf("     worst over the cases: forward %.2e, backward %.2e (tolerance %.0e)\n", g_worst_fwd, g_worst_bwd,
                TOL);
+    test_pack(o);
+    test_pack(d);
     test_refusals(o);
     if (g_rank == 0)
         printf("%d checks, %d failure(s)\n", g_checks, g_fails);
