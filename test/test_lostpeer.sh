@@ -121,7 +121,7 @@ if start stopped; then
     wait "$job"
     n=$(grep -c 'stopped answering' "$log")
     line=$(grep 'stopped answering' "$log")
-    want="^dtrain: ranks 2,3 on $host stopped answering: no reply to rank 0 \(tp 0 pp 0 dp 0, host $host\)$(echo "$tail_ok" | sed 's/\$$//'); rank 0 was waiting [0-9.]+ s in [a-z ]+ on group [a-z]+"
+    want="^dtrain: ranks 2,3 on $host stopped answering: no reply to rank 0 \(tp 0 pp 0 dp 0, host $host\)$(echo "$tail_ok" | sed 's/\$$//'); rank 0 was waiting [0-9.]+ s in [a-z0-9_ ]+ on group [a-z]+"
     if [ "$n" -eq 1 ] && [ "$dt" -le 1000 ] && echo "$line" | grep -Eq "$want"; then
         pass "dtrain, ranks 2,3 stopped: the line after $dt ms (<= 1000): $line"
     else
