@@ -580,19 +580,7 @@ static void att_grad_row(float *p, float *d, const float *o, const float *dout, 
 {
     int lo, hi;
     att_cols(pos, t, k0, &lo, &hi);
-    float D = 0.0f;
-#pragma omp simd reduction(+ : D)
-    for (int e = 0; e < HS; e++)
-        D += dout[e] * o[e];
-    for (int j = 0; j < lo; j++)
-        p[j] = d[j] = 0.0f;
-#pragma omp simd
-    for (int j = lo; j <= hi; j++) {
-        p[j] = dt_expf(p[j] - lt);
-        d[j] = dt_softmax_grad(p[j], d[j], D);
-    }
-    for (int j = hi + 1; j < nk; j++)
-        p[j] = d[j] = 0.0f;
+    cpu_att_grad_row(p, d, o, dout, lt, lo, hi, nk, HS);
 }
 
 /* dqkv[B*T, R] written. Parallel over (b, kv head): the query heads sharing

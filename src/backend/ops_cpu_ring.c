@@ -204,8 +204,7 @@ void cpu_attention_merge(void *ctx, float *out, float *lse, const float *pout, c
 /* One query row of the backward's tiles: p holds its scaled scores, d its
  * dP = dO V^T, over the tile's n columns: P = exp(s - lt) and dS = P o
  * (dP - D) on its keys [lo, hi], 0 elsewhere; D = rowsum(dO o O). */
-static void ring_grad_row(float *p, float *d, const float *o, const float *dout, float lt, int lo, int hi, int n,
-                          int HS)
+void cpu_att_grad_row(float *p, float *d, const float *o, const float *dout, float lt, int lo, int hi, int n, int HS)
 {
     if (lo > hi) {
         memset(p, 0, (size_t)n * sizeof(float));
@@ -271,7 +270,7 @@ void cpu_attention_block_bwd(void *ctx, float *dqkv, float *dkv, const float *do
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, n, HS, 1.0f, dO + (size_t)r0 * OC, OC, vt, KR,
                             0.0f, dS, ld);
                 for (int t = r0; t < r1; t++)
-                    ring_grad_row(P + (size_t)(t - r0) * ld, dS + (size_t)(t - r0) * ld, O + (size_t)t * OC,
+                    cpu_att_grad_row(P + (size_t)(t - r0) * ld, dS + (size_t)(t - r0) * ld, O + (size_t)t * OC,
                                   dO + (size_t)t * OC, l[t], lo[t - r0] - klo, hi[t - r0] - klo, n, HS);
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, HS, n, scale, dS, ld, kt, KR, 1.0f,
                             dq + (size_t)r0 * R, R);
