@@ -248,7 +248,31 @@ finetune_run() {
         { fail "fine-tune np $np $*: exit status $? $(tail -n 3 "$out.log")"; return 1; }
 }
 
-# ---- refused Hugging Face models (test_hf_models.sh, test_hf_moe.sh) ----
+# ---- Hugging Face models (test_hf_models.sh, test_hf_moe.sh) ----
+# agree LABEL MODEL NP ARGS...: init_val0 of $TMP/MODEL within 1e-5 of its
+# reference's loss (test/ref/hf_ref.py check); status 1 when not
+agree() {
+    label=$1
+    m=$2
+    shift 2
+    if loss=$(init_val0 "$TMP/$m" "$TMP/$m.tok" "$@") &&
+        out=$("$PYTHON_REF" "$top_srcdir/test/ref/hf_ref.py" check "$TMP/$m" "$loss" --label "$label"); then
+        pass "$(echo "$out" | sed "s/^ok *//")"
+    else
+        fail "$label: ${out:-dtrain failed}"
+        return 1
+    fi
+}
+
+# same_params LABEL A B: parameter files A and B bit-identical
+same_params() {
+    if out=$("$PYTHON_REF" "$top_srcdir/test/compare_params.py" "$2" "$3" 0 2>&1); then
+        pass "$1: parameters bit-identical to 1 rank's ($out)"
+    else
+        fail "$1: parameters differ from 1 rank's: $out"
+    fi
+}
+
 # bad_model NAME FROM EDIT WANT: FROM's weights under its config.json, as
 # the Python statements EDIT change them (c: the config, W: the tensors);
 # dtrain at 2 ranks, asked to write parameters, metrics and checkpoints,

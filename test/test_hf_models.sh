@@ -41,26 +41,7 @@ if ! "$PYTHON_REF" -c 'import torch, numpy' >/dev/null 2>&1; then
 fi
 
 
-# agree LABEL MODEL NP ARGS...: init_val0 of $TMP/MODEL within 1e-5 of its reference
-agree() {
-    label=$1
-    m=$2
-    shift 2
-    if loss=$(init_val0 "$TMP/$m" "$TMP/$m.tok" "$@") &&
-        out=$("$PYTHON_REF" "$REF" check "$TMP/$m" "$loss" --label "$label"); then
-        pass "$(echo "$out" | sed "s/^ok *//")"
-    else
-        fail "$label: ${out:-dtrain failed}"
-    fi
-}
 
-same_params() {
-    if out=$("$PYTHON_REF" "$top_srcdir/test/compare_params.py" "$2" "$3" 0 2>&1); then
-        pass "$1: parameters bit-identical to 1 rank's ($out)"
-    else
-        fail "$1: parameters differ from 1 rank's: $out"
-    fi
-}
 
 # round_trip LABEL MODEL NP: dreshard --to-hf of $TMP/last.h5 on NP ranks:
 # the original's tensors byte for byte, its config keys, its loss
