@@ -50,7 +50,7 @@ typedef struct stage_plan {
     int tp_colls;                                     /* TP collectives per microbatch */
     double tp_bytes, pp_bytes, dp_bytes, embed_bytes; /* sent per step by one rank */
     double ep_bytes, t_ep_mb; /* --ep: the MoE layers' all-to-alls, per step and their time per microbatch */
-    int moe_layers;           /* MoE layers on the stage */
+    int moe_layers;           /* MoE layers on the stage (all its chunks) */
     double p_layers;          /* the stage's layers' active matmul parameters (flops_layer_params) */
     double t_dp, t_dp_exposed, t_embed, t_opt;
     /* --offload optimizer: elements in host memory (adamw_offload_count of
@@ -286,8 +286,10 @@ static int plan_stage(const plan_in_t *in, int s, int layer_begin, stage_plan_t 
     for (int k = 0; k < part.n_runs; k++) {
         if (part.run_end[k] - part.run_begin[k] > sp->slot_layers)
             sp->slot_layers = part.run_end[k] - part.run_begin[k];
-        for (int l = part.run_begin[k]; l < part.run_end[k]; l++)
+        for (int l = part.run_begin[k]; l < part.run_end[k]; l++) {
             sp->p_layers += flops_layer_params(in->c, l);
+            sp->moe_layers += model_layer_moe(in->c, l) != 0;
+        }
     }
     const model_layout_t lay = {.part = part,
                                 .tp = NULL,
@@ -352,11 +354,6 @@ static void stage_ep(const plan_in_t *in, int s, stage_plan_t *sp)
     const double ep = in->run.ep;
     if (ep <= 1 || c->moe.experts == 0)
         return;
-    int n_runs, begin[PARAM_MAX_RUNS], end[PARAM_MAX_RUNS];
-    run_config_stage_runs(&in->run, s, &n_runs, begin, end);
-    for (int k = 0; k < n_runs; k++)
-        for (int l = begin[k]; l < end[k]; l++)
-            sp->moe_layers += model_layer_moe(c, l) != 0;
     const double tok = (double)in->run.micro_batch * in->run.seq_len, away = (ep - 1.0) / ep;
     const double layer = 4.0 * away * tok * c->moe.top_k * c->d_model * 4.0 + away * c->moe.experts * 4.0;
     sp->t_ep_mb = sp->moe_layers * (5.0 * in->hw->latency + layer / link_bw(in->hw, (long)in->run.tp * in->run.ep));
@@ -741,11 +738,7 @@ static void print_moe(const plan_t *p, FILE *out)
         return;
     const double expert = moe_expert_params(c), active = params_active(p);
     const int n_moe = model_moe_layers(c), ep = in->run.ep > 1 ? in->run.ep : 1;
-    int n_runs, begin[PARAM_MAX_RUNS], end[PARAM_MAX_RUNS], here = 0;
-    run_config_stage_runs(&in->run, p->worst, &n_runs, begin, end);
-    for (int k = 0; k < n_runs; k++)
-        for (int l = begin[k]; l < end[k]; l++)
-            here += model_layer_moe(c, l) != 0;
+    const int here = p->st[p->worst].moe_layers;
     const double on_rank = (double)here * (e->experts / ep) * expert / in->run.tp;
     char b1[32];
     fprintf(out,
