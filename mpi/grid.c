@@ -260,22 +260,23 @@ void grid_destroy(grid_t *g)
     memset(g, 0, sizeof *g);
 }
 
-/* Splits each DP group into dp/H groups of H consecutive DP ranks (*inner,
- * rank dp % H) and across them into H groups of the dp/H ranks with the
- * same rank inside (*outer, rank dp / H), named iname and oname (the
- * spans' and the watchdog's group names). Collective over the world; every
- * rank agrees on the outcome. */
-static status_t split_dp(grid_t *g, int H, comm_t **inner, comm_t **outer, const char *iname, const char *oname,
-                         const char *what, char *err, size_t errlen)
+/* Splits each line of L ranks (the ranks of one class cls, numbered x =
+ * 0..L-1: a DP group, or with --etp 1 a TP x DP plane) into L/H groups of
+ * H consecutive x (*inner, rank x % H) and across them into H groups of
+ * the L/H ranks with the same rank inside (*outer, rank x / H), named
+ * iname and oname (the spans' and the watchdog's group names). Collective
+ * over the world; every rank agrees on the outcome. */
+static status_t split_line(int cls, int x, int L, int H, comm_t **inner, comm_t **outer, const char *iname,
+                           const char *oname, const char *what, char *err, size_t errlen)
 {
     char first[COMM_ERR_MAX] = "";
     first_err_t e = {first, sizeof first};
-    const int groups = g->dp_size / H;
-    const int color = (g->pp_rank * g->tp_size + g->tp_rank) * groups + g->dp_rank / H;
+    const int groups = L / H;
+    const int color = cls * groups + x / H;
     MPI_Comm sub = MPI_COMM_NULL;
     char call[64];
     snprintf(call, sizeof call, "MPI_Comm_split(%s)", iname);
-    int rc = MPI_Comm_split(MPI_COMM_WORLD, color, g->dp_rank % H, &sub);
+    int rc = MPI_Comm_split(MPI_COMM_WORLD, color, x % H, &sub);
     if (rc != MPI_SUCCESS) {
         mpi_err(&e, rc, call);
         return status_set(STATUS_FAIL, err, errlen, "%s", first);
@@ -285,7 +286,7 @@ static status_t split_dp(grid_t *g, int H, comm_t **inner, comm_t **outer, const
         (*inner)->ops->destroy(*inner);
         *inner = NULL;
     }
-    int ok = *inner && (*inner)->size == H && (*inner)->rank == g->dp_rank % H;
+    int ok = *inner && (*inner)->size == H && (*inner)->rank == x % H;
     rc = MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     if (rc != MPI_SUCCESS || !ok)
         return status_set(STATUS_FAIL, err, errlen, "grid: cannot create the %s %s groups of %d ranks", what, iname,
@@ -293,9 +294,9 @@ static status_t split_dp(grid_t *g, int H, comm_t **inner, comm_t **outer, const
     snprintf((*inner)->name, sizeof (*inner)->name, "%s", iname);
     /* the outer group: same (pp, tp) and the same rank within the inner
      * group, ordered by inner group */
-    const int rcolor = (g->pp_rank * g->tp_size + g->tp_rank) * H + g->dp_rank % H;
+    const int rcolor = cls * H + x % H;
     snprintf(call, sizeof call, "MPI_Comm_split(%s)", oname);
-    rc = MPI_Comm_split(MPI_COMM_WORLD, rcolor, g->dp_rank / H, &sub);
+    rc = MPI_Comm_split(MPI_COMM_WORLD, rcolor, x / H, &sub);
     if (rc != MPI_SUCCESS) {
         mpi_err(&e, rc, call);
         return status_set(STATUS_FAIL, err, errlen, "%s", first);
@@ -305,7 +306,7 @@ static status_t split_dp(grid_t *g, int H, comm_t **inner, comm_t **outer, const
         (*outer)->ops->destroy(*outer);
         *outer = NULL;
     }
-    ok = *outer && (*outer)->size == groups && (*outer)->rank == g->dp_rank / H;
+    ok = *outer && (*outer)->size == groups && (*outer)->rank == x / H;
     rc = MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     if (rc != MPI_SUCCESS || !ok)
         return status_set(STATUS_FAIL, err, errlen, "grid: cannot create the %s %s groups of %d ranks", what, oname,
@@ -316,15 +317,21 @@ static status_t split_dp(grid_t *g, int H, comm_t **inner, comm_t **outer, const
 
 status_t grid_create_shard_group(grid_t *g, int H, char *err, size_t errlen)
 {
-    return split_dp(g, H, &g->shard, &g->replica, "shard", "replica", "hybrid", err, errlen);
+    return split_line(g->pp_rank * g->tp_size + g->tp_rank, g->dp_rank, g->dp_size, H, &g->shard, &g->replica, "shard",
+                      "replica", "hybrid", err, errlen);
 }
 
-status_t grid_create_ep_groups(grid_t *g, int N, char *err, size_t errlen)
+status_t grid_create_ep_groups(grid_t *g, int N, int spans_tp, char *err, size_t errlen)
 {
-    CHECK(split_dp(g, N, &g->ep, &g->edp, "ep", "edp", "expert", err, errlen));
+    /* the line the EP groups are cut from: the DP group, or the stage's
+     * TP x DP plane */
+    const int cls = spans_tp ? g->pp_rank : g->pp_rank * g->tp_size + g->tp_rank;
+    const int x = spans_tp ? g->tp_rank + g->tp_size * g->dp_rank : g->dp_rank;
+    const int L = spans_tp ? g->tp_size * g->dp_size : g->dp_size;
+    CHECK(split_line(cls, x, L, N, &g->ep, &g->edp, "ep", "edp", "expert", err, errlen));
     g->ep_size = N;
-    g->ep_rank = g->dp_rank % N;
-    g->edp_rank = g->dp_rank / N;
+    g->ep_rank = x % N;
+    g->edp_rank = x / N;
     return STATUS_OK;
 }
 

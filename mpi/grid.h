@@ -48,8 +48,14 @@ status_t grid_create_shard_group(grid_t *g, int H, char *err, size_t errlen);
 /* --ep N: splits each DP group into dp/N expert-parallel groups of N
  * consecutive DP ranks (g->ep) and across them into N expert-data-parallel
  * groups (g->edp). N must divide dp (options_resolve checked it).
+ * spans_tp (--etp 1 at tp > 1, whole experts): the groups are cut from
+ * the TP x DP plane of each pipeline stage instead, its ranks numbered
+ * j = tp_rank + tp * dp_rank (world order): the EP group is N consecutive
+ * j (TP ranks first, as Megatron's expert grid with ETP 1), the expert-DP
+ * group the tp*dp/N ranks with the same j mod N; N divides tp * dp, and N
+ * 1 is allowed (the expert-DP group is then the whole plane).
  * Collective over MPI_COMM_WORLD. Returns a status with one line in err. */
-status_t grid_create_ep_groups(grid_t *g, int N, char *err, size_t errlen);
+status_t grid_create_ep_groups(grid_t *g, int N, int spans_tp, char *err, size_t errlen);
 
 #define GRID_MAX_GROUPS 9 /* world, tp, dp, pp, embed, shard, replica, ep, edp */
 

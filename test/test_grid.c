@@ -212,7 +212,7 @@ int main(int argc, char **argv)
           g.edp_rank, dp);
     const int E = D % 2 == 0 ? 2 : 0;
     if (E) {
-        rc = grid_create_ep_groups(&g, E, gerr, sizeof gerr);
+        rc = grid_create_ep_groups(&g, E, 0, gerr, sizeof gerr);
         check(rc == STATUS_OK, "grid_create_ep_groups(%d): %s", E, gerr);
         check(g.ep_size == E && g.ep_rank == dp % E && g.edp_rank == dp / E, "ep %d: ep_size %d ep_rank %d edp_rank %d",
               E, g.ep_size, g.ep_rank, g.edp_rank);

@@ -251,8 +251,8 @@ static uint16_t *carve16(char *base, size_t *cursor, size_t n) { return (uint16_
 /* A MoE model's routing and expert tensors of one block (moe.h's shapes). */
 static void carve_moe(const model_t *m, char *base, size_t *cursor, moe_acts_t *a)
 {
-    const size_t N = (size_t)m->B * (size_t)m->T, E = (size_t)m->cfg.moe.experts, K = (size_t)m->cfg.moe.top_k;
-    const size_t NK = N * K, C = (size_t)m->cfg.d_model;
+    const size_t Nall = (size_t)m->B * (size_t)m->T, E = (size_t)m->cfg.moe.experts, K = (size_t)m->cfg.moe.top_k;
+    const size_t N = (size_t)moe_tokens(m, (int)Nall), NK = N * K, C = (size_t)m->cfg.d_model;
     a->logits = carve(base, cursor, N * E);
     a->scores = carve(base, cursor, N * E);
     a->lse = carve(base, cursor, N);
@@ -269,8 +269,8 @@ static void carve_moe(const model_t *m, char *base, size_t *cursor, moe_acts_t *
     a->ye = carve(base, cursor, NK * C);
     a->auxw = carve(base, cursor, E);
     a->xr = ep_size(m) > 1 ? carve(base, cursor, R * C) : NULL;
-    a->sgate = m->cfg.moe.shared_gate ? carve(base, cursor, N) : NULL;
-    a->sy = m->cfg.moe.shared_gate ? carve(base, cursor, N * C) : NULL;
+    a->sgate = m->cfg.moe.shared_gate ? carve(base, cursor, Nall) : NULL;
+    a->sy = m->cfg.moe.shared_gate ? carve(base, cursor, Nall * C) : NULL;
 }
 
 static void carve_block(const model_t *m, char *base, size_t *cursor, block_acts_t *s, int core, int act)
@@ -471,14 +471,15 @@ static void layout_acts(model_t *m, char *acts, size_t *acts_bytes, char *work, 
     carve_block(m, work, &w, &m->racts, rc == MODEL_RECOMPUTE_FULL, 0);
     if (has_moe(m)) {
         const size_t K = (size_t)m->cfg.moe.top_k, E = (size_t)m->cfg.moe.experts, FWe = (size_t)moe_fcw_local(m);
-        const size_t wide = FWe > C ? FWe : C, R = ep_size(m) * N * K;
-        m->mx = carve(work, &w, N * K * C);
+        const size_t NM = (size_t)moe_tokens(m, (int)N); /* the tokens this rank routes */
+        const size_t wide = FWe > C ? FWe : C, R = ep_size(m) * NM * K;
+        m->mx = carve(work, &w, NM * K * C);
         m->md1 = carve(work, &w, R * wide);
         m->md2 = carve(work, &w, R * wide);
         m->mrecv = ep_size(m) > 1 ? carve(work, &w, R * C) : NULL;
         m->mperm = ep_size(m) > 1 ? (int32_t *)carve(work, &w, 2 * R) : NULL;
-        m->mdgate = carve(work, &w, N * K);
-        m->mdlogits = carve(work, &w, N * E);
+        m->mdgate = carve(work, &w, NM * K);
+        m->mdlogits = carve(work, &w, NM * E);
         m->mstats = carve(work, &w, 2 * E + 2);
         m->mbias = model_moe_has_bias(&m->cfg) ? carve(work, &w, (size_t)param_layout_blocks(&m->lay.part) * E) : NULL;
         m->msdy = m->cfg.moe.shared_gate ? carve(work, &w, N * C) : NULL;
@@ -500,7 +501,8 @@ static void layout_acts(model_t *m, char *acts, size_t *acts_bytes, char *work, 
             oc = Vl;
         size_t rows_a = N * ic, rows_d = N * oc; /* elements of a16 and d16 */
         if (has_moe(m)) { /* the experts' R rows: xe [R,C] and ae [R,Fe] in, dhe [R,FWe] and dye [R,C] out */
-            const size_t R = ep_size(m) * N * (size_t)m->cfg.moe.top_k, Fe = (size_t)moe_ffn_local(m);
+            const size_t R = ep_size(m) * (size_t)moe_tokens(m, (int)N) * (size_t)m->cfg.moe.top_k;
+            const size_t Fe = (size_t)moe_ffn_local(m);
             const size_t FWe = (size_t)moe_fcw_local(m);
             rows_a = R * (Fe > C ? Fe : C) > rows_a ? R * (Fe > C ? Fe : C) : rows_a;
             rows_d = R * (FWe > C ? FWe : C) > rows_d ? R * (FWe > C ? FWe : C) : rows_d;
@@ -599,7 +601,8 @@ static int check_shapes(const model_config_t *cfg, const model_layout_t *lay, in
                  cfg->n_head, cfg->n_kv_head, cfg->d_ff);
         return -1;
     }
-    if (cfg->moe.experts && (cfg->moe.ffn % P || cfg->moe.shared_ffn % P)) {
+    const int whole = lay->part.etp == 1 && P > 1; /* --etp 1: experts not split over TP */
+    if (cfg->moe.experts && ((!whole && cfg->moe.ffn % P) || cfg->moe.shared_ffn % P)) {
         snprintf(err, errlen, "--tp %d must divide the experts' width --moe-ffn %d and the shared expert's %d", P,
                  cfg->moe.ffn, cfg->moe.shared_ffn);
         return -1;
@@ -614,6 +617,10 @@ static int check_shapes(const model_config_t *cfg, const model_layout_t *lay, in
     if (lay->sequence_parallel && ((size_t)B * (size_t)T) % (size_t)P) {
         snprintf(err, errlen, "--sequence-parallel: micro batch x seq len (%d x %d) must be a multiple of --tp %d", B,
                  T, P);
+        return -1;
+    }
+    if (whole && cfg->moe.experts && ((size_t)B * (size_t)T) % (size_t)P) {
+        snprintf(err, errlen, "--etp 1: micro batch x seq len (%d x %d) must be a multiple of --tp %d", B, T, P);
         return -1;
     }
     if (lay->n_slots < 1 || param_layout_check(&lay->part, cfg->n_layer) != 0) {
@@ -662,7 +669,7 @@ static int alloc_host_tables(model_t *m)
         m->mload_host = calloc((Ls ? Ls : 1) * E, sizeof *m->mload_host);
         slots_ok = slots_ok && m->moffs_host && m->mstats_host && m->moe_stats && m->mload_host;
         if (ep_size(m) > 1) {
-            const size_t P = ep_size(m), R = P * (size_t)m->B * (size_t)m->T * (size_t)m->cfg.moe.top_k;
+            const size_t P = ep_size(m), R = P * (size_t)moe_tokens(m, m->B * m->T) * (size_t)m->cfg.moe.top_k;
             m->mrcnt_host = calloc((size_t)lay->n_slots * (cap ? cap : 1) * E, sizeof *m->mrcnt_host);
             m->mperm_host = calloc(2 * R, sizeof *m->mperm_host);
             m->meoffs_host = calloc(E + 1, sizeof *m->meoffs_host);
@@ -1285,12 +1292,18 @@ static void keep_dout(model_t *m, float *dst, const float *dout, size_t n)
  * the shared expert's gate's, from its logits' gradient (m->msdz, from
  * moe_shared_gate_bwd) summed over TP likewise. */
 static status_t moe_block_bwd(model_t *m, const block_acts_t *a, const block_tensors_t *w, const block_tensors_t *g,
-                              const float *dout, int dln_written, int N, int accum, char *err, size_t errlen)
+                              const float *dout, int dln_written, int N, int accum, int last, char *err, size_t errlen)
 {
-    const int tp0 = m->lay.part.tp_rank == 0;
+    const int tp0 = m->lay.part.tp_rank == 0, whole = moe_etp_whole(m);
     CHECK(moe_bwd_experts(m, &a->moe, w, g, a->ln2, dout, m->dln, dln_written, accum, N, err, errlen));
-    CHECK(tp_allreduce(m, m->mdgate, (size_t)N * (size_t)m->cfg.moe.top_k, COMM_SUM, err, errlen));
-    moe_bwd_router(m, &a->moe, w, g, a->ln2, m->dln, tp0, accum, N);
+    /* dgate is partial over TP where each rank holds a slice of every
+     * expert; whole experts give each rank its own rows' whole dgate */
+    if (!whole)
+        CHECK(tp_allreduce(m, m->mdgate, (size_t)N * (size_t)m->cfg.moe.top_k, COMM_SUM, err, errlen));
+    moe_bwd_router(m, &a->moe, w, g, a->ln2, m->dln, tp0 || whole, accum, N);
+    /* whole experts: each TP rank's router gradient is its rows' part */
+    if (whole && last)
+        CHECK(moe_tp_sum(m, g->router, (size_t)m->cfg.moe.experts * (size_t)m->cfg.d_model, err, errlen));
     if (!w->sgate)
         return STATUS_OK;
     CHECK(tp_allreduce(m, m->msdz, (size_t)N, COMM_SUM, err, errlen));
@@ -1356,7 +1369,7 @@ static status_t block_bwd(model_t *m, model_slot_t *sl, int i, int accum, int la
         model_mm_bwd(m, m->dln, wg ? g->wfc : NULL, wg ? g->bfc : NULL, dfc, a->ln2, a->ln2_16, w->wfc, N, C,
                layer_fcw(m, i), 0, accum);
     if (layer_moe(m, i))
-        CHECK(moe_block_bwd(m, a, w, g, dout, F > 0, N, accum, err, errlen));
+        CHECK(moe_block_bwd(m, a, w, g, dout, F > 0, N, accum, last, err, errlen));
     CHECK(norm_bwd_reduce(m, g->ln2w, g->ln2b, a->res2, w->ln2w, a->ln2_mean, a->ln2_rstd, N, NR, accum, err, errlen));
     /* attention: dres becomes dL/dx */
     CHECK(dres_all_rows(m, NR, &dout, err, errlen));

@@ -50,6 +50,7 @@ typedef struct run_options {
     /* parallel layout */
     int tp, pp, dp;
     int ep; /* --ep: expert-parallel size, carved out of dp (1: none) */
+    int etp; /* --etp: expert tensor-parallel size, 1 or tp (0: tp) */
     int sequence_parallel;
     char pp_layers[256];
     pipe_kind_t pp_schedule;
@@ -158,6 +159,10 @@ typedef struct run_config {
     /* layout */
     int tp, pp, dp;
     int ep; /* the EP group's size (dividing dp and the experts); 1: none */
+    /* the experts' TP size: tp (split as the dense MLP) or 1 (whole
+     * experts, the EP group then carved out of the TP x DP plane and
+     * each TP rank routing 1/tp of the tokens: run_config_ep_spans_tp) */
+    int etp;
     int sequence_parallel;
     int zero_stage;   /* --zero or --fsdp */
     int hybrid_shard; /* the ZeRO shard group's size when below dp (HSDP), else 0 */
@@ -197,6 +202,8 @@ int options_resolve_layout(const run_options_t *o, const model_config_t *c, int 
 int run_config_stage_begin(const run_config_t *rc, int s);
 /* The runs of blocks stage s holds, one per chunk, as a layout's
  * (param_layout_t's n_runs, run_begin, run_end). */
+/* --etp 1 at tp > 1: whole experts, the EP group spanning TP ranks. */
+int run_config_ep_spans_tp(const run_config_t *rc);
 void run_config_stage_runs(const run_config_t *rc, int s, int *n_runs, int *begin, int *end);
 /* The schedule's shape for one step. */
 pipe_shape_t run_config_pipe_shape(const run_config_t *rc);

@@ -217,7 +217,10 @@ int trainer_grad_norm(trainer_t *tr, double *norm, char *err, size_t errlen)
      * which the norm group's sum counts once) */
     if (over_ep) {
         CHECK(over_ep->ops->allreduce(over_ep, &expert, 1, COMM_FP64, COMM_SUM, err, errlen));
-        local += expert;
+        /* --etp 1: the EP group spans TP ranks, so each of them now holds
+         * the whole sum, which the TP sum below must count once */
+        if (!run_config_ep_spans_tp(tr->run) || g->tp_rank == 0)
+            local += expert;
     }
     if (g->tp_size > 1 || g->pp_size > 1 || over_dp) {
         /* the communicator carries fp32: ~1e-7 relative, ample for clipping */
@@ -232,6 +235,17 @@ int trainer_grad_norm(trainer_t *tr, double *norm, char *err, size_t errlen)
     }
     *norm = sqrt(local);
     return STATUS_OK;
+}
+
+/* A copy of host [t->numel] with every tensor but the experts' zeroed
+ * (NULL when out of memory). */
+static float *expert_copy(const param_table_t *t, const float *host)
+{
+    float *x = calloc(t->numel + 1, sizeof *x);
+    for (int i = 0; x && i < t->n; i++)
+        if (t->p[i].expert)
+            memcpy(x + t->p[i].offset, host + t->p[i].offset, t->p[i].numel * sizeof *x);
+    return x;
 }
 
 int trainer_check_replicas(trainer_t *tr, int step, char *err, size_t errlen)
@@ -258,7 +272,13 @@ int trainer_check_replicas(trainer_t *tr, int step, char *err, size_t errlen)
      * experts' zeroed, the rest over the DP group */
     status_t rc = STATUS_OK;
     if (tr->grid->edp) {
-        rc = replica_check(tr->grid->edp, host, start, t->n, &bad, cerr, sizeof cerr);
+        /* --etp 1: an expert-DP group spans TP ranks, whose dense slices
+         * differ: compared there with the dense tensors zeroed, on a copy */
+        float *experts = run_config_ep_spans_tp(tr->run) ? expert_copy(t, host) : host;
+        rc = experts ? replica_check(tr->grid->edp, experts, start, t->n, &bad, cerr, sizeof cerr)
+                     : status_set(STATUS_FAIL, cerr, sizeof cerr, "out of memory");
+        if (experts != host)
+            free(experts);
         for (int i = 0; i < t->n; i++)
             if (t->p[i].expert)
                 memset(host + t->p[i].offset, 0, t->p[i].numel * sizeof *host);

@@ -162,7 +162,7 @@ static int setup_sync(trainer_t *tr, const dpsync_ops_t *kind, comm_dtype_t gdt,
         const param_desc_t *d = &t->p[i];
         start[i] = d->offset;
         block[i] = d->layer >= 0 && d->layer < tr->cfg.n_layer ? param_layout_local(&m->lay.part, d->layer) : -1;
-        norm[i] = !(d->tied_copy || (d->tp_split == TP_SPLIT_NONE && g->tp_rank != 0));
+        norm[i] = !(d->tied_copy || (d->tp_split == TP_SPLIT_NONE && !d->ep_spans_tp && g->tp_rank != 0));
         expert[i] = (unsigned char)d->expert;
     }
     if (rc == 0) {
@@ -429,9 +429,12 @@ static model_layout_t stage_layout(const trainer_t *tr, const grid_t *grid, cons
     model_layout_t lay = model_layout_single(&tr->cfg);
     lay.part.tp_size = grid->tp_size;
     lay.part.tp_rank = grid->tp_rank;
-    /* --ep: the EP group is run->ep consecutive DP ranks (grid_create_ep_groups) */
+    /* --ep: the EP group is run->ep consecutive DP ranks, or with --etp 1
+     * ranks of the TP x DP plane (grid_create_ep_groups) */
     lay.part.ep_size = run->ep;
-    lay.part.ep_rank = grid->dp_rank % run->ep;
+    lay.part.ep_rank = run_config_ep_spans_tp(run) ? (grid->tp_rank + grid->tp_size * grid->dp_rank) % run->ep
+                                                   : grid->dp_rank % run->ep;
+    lay.part.etp = run->etp;
     run_config_stage_runs(run, grid->pp_rank, &lay.part.n_runs, lay.part.run_begin, lay.part.run_end);
     lay.part.has_embed = grid->pp_rank == 0;
     lay.part.has_head = grid->pp_rank == grid->pp_size - 1;
@@ -459,8 +462,8 @@ static int setup_backend(trainer_t *tr, const dpsync_ops_t *kind, char *err, siz
     CHECK(agree(tr->world, backend_open(&tr->backend, run->device, tr->env->local_rank, err, errlen), err, errlen));
     if (run->hybrid_shard && kind->shards)
         CHECK(grid_create_shard_group(grid, run->hybrid_shard, err, errlen));
-    if (run->ep > 1)
-        CHECK(grid_create_ep_groups(grid, run->ep, err, errlen));
+    if (run->ep > 1 || run_config_ep_spans_tp(run))
+        CHECK(grid_create_ep_groups(grid, run->ep, run_config_ep_spans_tp(run), err, errlen));
     CHECK(agree(tr->world,
                 backend_comm_open(&tr->backend, run->comm, grid, &tr->net, tr->opt->comm_timeout, err, errlen), err,
                 errlen));
