@@ -145,6 +145,8 @@ mem_check 4 --model tiny-moe --ep 2 --zero 1
 mem_check 4 --model tiny-moe --ep 2 --zero 3
 # bf16 experts: their rows' operands in a16/d16 (P N K rows at ep P)
 mem_check --dtype bf16 4 --model tiny-moe --ep 2 --zero 3
+mem_check 4 --model tiny-moe --tp 2 --etp 1 --ep 2 --zero 3
+mem_check --dtype bf16 2 --model tiny-deepseek-moe --tp 2 --etp 1 --sequence-parallel
 mem_check --dtype bf16 2 --model tiny-deepseek-moe --tp 2 --sequence-parallel
 # bf16 reductions: ddp.c's and zero.c's bf16 staging, sized by the functions
 # their allocations use
@@ -421,6 +423,18 @@ plan_json "$TMP/ep.json" --model tiny-moe --gpus 4 --ep 2 --micro-batch 2 --glob
         pass "--plan --ep 2: $want all-to-all bytes per step (none without --ep), priced in the step"
     else
         fail "--plan --ep 2: all-to-all bytes $(jget "$TMP/ep.json" bytes_sent.ep), expected $want: $(grep '^  ep' "$TMP/ep.json.txt")"
+    fi
+
+# --etp 1 at tp2 x dp2 x ep2: each TP rank routes half the 128 tokens, so
+# the all-to-all carries half as much per rank
+want=$(awk 'BEGIN { printf "%.0f", 4 * 1 * (4 * 0.5 * 64 * 2 * 128 * 4 + 0.5 * 8 * 4) }')
+plan_json "$TMP/etp.json" --model tiny-moe --gpus 4 --tp 2 --etp 1 --ep 2 --micro-batch 2 --global-batch 4 \
+    --seq-len 64 --hw cpu &&
+    if [ "$(jget "$TMP/etp.json" bytes_sent.ep)" = "$want" ] && [ "$(jget "$TMP/etp.json" etp)" = 1 ] &&
+        grep -q "ep 2 x expert-dp 2 (etp 1" "$TMP/etp.json.txt"; then
+        pass "--plan --etp 1 --ep 2 at tp2: $want all-to-all bytes per step (each TP rank's share of the tokens)"
+    else
+        fail "--plan --etp 1: all-to-all bytes $(jget "$TMP/etp.json" bytes_sent.ep), expected $want: $(grep '^layout\|^  ep' "$TMP/etp.json.txt")"
     fi
 
 # ---- (h) a mixture's active parameters and FLOPs ------------------------------------------

@@ -102,6 +102,17 @@ static double korthikanti_layer(const plan_in_t *in, model_recompute_t rc)
         return in->run.sequence_parallel ? sbh / t * (34.0 + 5.0 * as_h) : sbh * (10.0 + 24.0 / t + 5.0 * as_h / t);
     }
 }
+/* The expert-DP group's size: the ranks holding the same experts (dp/ep,
+ * or with --etp 1 tp x dp / ep). */
+static int plan_edp(const run_config_t *r)
+{
+    return (run_config_ep_spans_tp(r) ? r->tp * r->dp : r->dp) / (r->ep > 1 ? r->ep : 1);
+}
+
+/* The consecutive world ranks one EP group spans: tp x ep (an EP group
+ * of DP ranks), or ep (--etp 1: ranks of the TP x DP plane). */
+static long plan_ep_span(const run_config_t *r) { return run_config_ep_spans_tp(r) ? r->ep : (long)r->tp * r->ep; }
+
 
 /* A stage's parameters cut into ZeRO's units by the trainer's own
  * functions (mpi/zero.h: zero_cut_units, zero_pieces) over S ranks, the
@@ -137,12 +148,12 @@ static int cut_table(const plan_in_t *in, const param_table_t *t, stage_units_t 
         expert[i] = (unsigned char)t->p[i].expert;
     }
     zero_units_t zu;
-    const int ep = in->run.ep > 1;
+    const int ep = in->run.ep > 1 || run_config_ep_spans_tp(&in->run);
     int rc = zero_cut_units(&zu, t->numel, t->n, start, block, ep ? expert : NULL, unit, expert_from);
     if (rc != 0)
         snprintf(err, errlen, "ZeRO with --ep: a block lists a dense tensor after its expert tensors");
     zero_pieces(&zu, unit, ep ? expert_from : NULL, (size_t)in->run.shard,
-                ep ? (size_t)(in->run.dp / in->run.ep) : 1, NULL, NULL, &u->shape);
+                ep ? (size_t)plan_edp(&in->run) : 1, NULL, NULL, &u->shape);
     u->n = t->numel;
     u->shard_n = u->shape.shard_n;
     u->outside = t->numel - (zu.block0 >= 0 ? unit[zu.block0 + zu.n_blocks] - unit[zu.block0] : 0);
@@ -283,6 +294,7 @@ static int plan_stage(const plan_in_t *in, int s, int layer_begin, stage_plan_t 
         param_layout_range(run->tp, 0, layer_begin, layer_begin + sp->layers, s == 0, s == run->pp - 1);
     run_config_stage_runs(run, s, &part.n_runs, part.run_begin, part.run_end); /* interleaved: its chunks */
     part.ep_size = run->ep; /* --ep: each rank's experts only (all EP ranks hold as many) */
+    part.etp = run->etp;
     for (int k = 0; k < part.n_runs; k++) {
         if (part.run_end[k] - part.run_begin[k] > sp->slot_layers)
             sp->slot_layers = part.run_end[k] - part.run_begin[k];
@@ -354,9 +366,13 @@ static void stage_ep(const plan_in_t *in, int s, stage_plan_t *sp)
     const double ep = in->run.ep;
     if (ep <= 1 || c->moe.experts == 0)
         return;
-    const double tok = (double)in->run.micro_batch * in->run.seq_len, away = (ep - 1.0) / ep;
+    /* --etp 1: each TP rank routes its 1/tp of the tokens, and the EP
+     * group is ep consecutive ranks of the TP x DP plane */
+    const int whole = run_config_ep_spans_tp(&in->run);
+    const double tok = (double)in->run.micro_batch * in->run.seq_len / (whole ? in->run.tp : 1);
+    const double away = (ep - 1.0) / ep;
     const double layer = 4.0 * away * tok * c->moe.top_k * c->d_model * 4.0 + away * c->moe.experts * 4.0;
-    sp->t_ep_mb = sp->moe_layers * (5.0 * in->hw->latency + layer / link_bw(in->hw, (long)in->run.tp * in->run.ep));
+    sp->t_ep_mb = sp->moe_layers * (5.0 * in->hw->latency + layer / link_bw(in->hw, plan_ep_span(&in->run)));
     sp->ep_bytes = sp->moe_layers * layer * in->run.accum;
 }
 
@@ -739,7 +755,7 @@ static void print_moe(const plan_t *p, FILE *out)
     const double expert = moe_expert_params(c), active = params_active(p);
     const int n_moe = model_moe_layers(c), ep = in->run.ep > 1 ? in->run.ep : 1;
     const int here = p->st[p->worst].moe_layers;
-    const double on_rank = (double)here * (e->experts / ep) * expert / in->run.tp;
+    const double on_rank = (double)here * (e->experts / ep) * expert / in->run.etp;
     char b1[32];
     fprintf(out,
             "moe: %d of %d layers, %d experts of width %d, top-%d: %zu parameters, %.0f active per token (%.1f%%); "
@@ -781,8 +797,9 @@ static void print_plan_header(const plan_t *p, const run_options_t *o, FILE *out
             model_config_extras(c, extras, sizeof extras), p->params_total);
     fprintf(out, "layout: tp %d x pp %d x dp %d = %d ranks", in->run.tp, in->run.pp, in->run.dp,
             in->run.tp * in->run.pp * in->run.dp);
-    if (in->run.ep > 1)
-        fprintf(out, " | ep %d x expert-dp %d", in->run.ep, in->run.dp / in->run.ep);
+    if (in->run.ep > 1 || run_config_ep_spans_tp(&in->run))
+        fprintf(out, " | ep %d x expert-dp %d%s", in->run.ep, plan_edp(&in->run),
+                run_config_ep_spans_tp(&in->run) ? " (etp 1: whole experts, ep over tp x dp)" : "");
     fprintf(out, " | zero %d", in->run.zero_stage);
     if (in->run.zero_stage > 0)
         fprintf(out, " (sharded over %d rank%s%s)", in->run.shard, in->run.shard == 1 ? "" : "s",
@@ -987,8 +1004,8 @@ static void print_perf(const plan_t *p, FILE *out)
         fprintf(out,
                 "  ep  %11s  %d ranks, %s: all-to-all of %d MoE layer%s' tokens, outputs and their gradients per "
                 "microbatch (balanced routing); the experts' gradients go over the %d expert-DP ranks\n",
-                fmt_bytes(b1, sizeof b1, w->ep_bytes), in->run.ep, link_name(hw, tp * in->run.ep), w->moe_layers,
-                w->moe_layers == 1 ? "" : "s", in->run.dp / in->run.ep);
+                fmt_bytes(b1, sizeof b1, w->ep_bytes), in->run.ep, link_name(hw, plan_ep_span(&in->run)), w->moe_layers,
+                w->moe_layers == 1 ? "" : "s", plan_edp(&in->run));
     if (w->embed_bytes > 0)
         fprintf(out, "  embedding  %s  tied wte gradient summed over the first and last stage\n",
                 fmt_bytes(b1, sizeof b1, w->embed_bytes));
@@ -1051,11 +1068,11 @@ static int write_json(const plan_t *p, const run_options_t *o, const char *path,
     const stage_plan_t *w = &p->st[p->worst];
     fprintf(f,
             "{\"plan\": 1, \"model\": \"%s\", \"params_total\": %zu, \"params_active\": %.0f, \"tp\": %d, "
-            "\"pp\": %d, \"dp\": %d, \"ep\": %d, \"zero\": %d, \"shard\": %d, \"sequence_parallel\": %d, \"recompute\": \"%s\", \"dtype\": \"%s\", "
+            "\"pp\": %d, \"dp\": %d, \"ep\": %d, \"etp\": %d, \"zero\": %d, \"shard\": %d, \"sequence_parallel\": %d, \"recompute\": \"%s\", \"dtype\": \"%s\", "
             "\"hw\": \"%s\", \"micro_batch\": %d, \"global_batch\": %d, \"seq_len\": %d, \"microbatches\": %d, "
             "\"worst_stage\": %d, \"in_flight\": %d, \"local_params\": %zu, \"mem_worst\": {",
             o->model, p->params_total, params_active(p), in->run.tp, in->run.pp, in->run.dp,
-            in->run.ep > 1 ? in->run.ep : 1, in->run.zero_stage, in->run.shard,
+            in->run.ep > 1 ? in->run.ep : 1, in->run.etp, in->run.zero_stage, in->run.shard,
             in->run.sequence_parallel, model_recompute_names[in->run.recompute],
             in->megatron ? "megatron"
             : in->bf16   ? "bf16"
@@ -1252,8 +1269,9 @@ static int plan_search(const run_options_t *o, const model_config_t *c, const hw
             t.tp = tp;
             t.pp = pp;
             t.dp = G / (tp * pp);
-            for (int ep = 1; ep <= t.dp; ep++) {
-                if (t.dp % ep || (ep > 1 && (c->moe.experts == 0 || c->moe.experts % ep)))
+            const int plane = t.etp == 1 ? tp * t.dp : t.dp; /* --etp 1: EP groups over TP too */
+            for (int ep = 1; ep <= plane; ep++) {
+                if (plane % ep || (ep > 1 && (c->moe.experts == 0 || c->moe.experts % ep)))
                     continue;
                 t.ep = ep;
                 search_layout(&sr, o, &t, c, hw);

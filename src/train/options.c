@@ -823,7 +823,7 @@ static int check_ep(const run_options_t *o, const model_config_t *c, int tp, int
         snprintf(err, errlen, "--ep %d must divide the model's %d experts", o->ep, c->moe.experts);
     else if (o->ep > 1 && !spans && dp % o->ep != 0)
         snprintf(err, errlen, "--ep %d must divide the data-parallel size %d (world size / (tp x pp)): launch a "
-                 "multiple of %d x tp x pp ranks or change --ep", o->ep, dp, o->ep);
+                 "multiple of %d x tp x pp ranks, change --ep, or cut it across the TP ranks with --etp 1", o->ep, dp, o->ep);
     else if (o->ep > 1 && plane % o->ep != 0)
         snprintf(err, errlen, "--ep %d with --etp 1 must divide tp x dp = %d (world size / pp): launch a multiple of "
                  "%d x pp ranks or change --ep", o->ep, plane, o->ep);
