@@ -203,6 +203,7 @@ status_t grid_create(grid_t *g, int tp, int pp, int dp, char *err, size_t errlen
     g->pp_rank = r / (T * D);
     g->ep_size = 1;
     g->edp_rank = g->dp_rank; /* no --ep: the expert-DP group is the DP group */
+    g->cp_size = 1;
 
     /* From here on every rank enters the same world collectives (the
      * splits, then agree()) in the same order whatever failed locally, so
@@ -251,7 +252,7 @@ void grid_destroy(grid_t *g)
 {
     if (!g)
         return;
-    comm_t **all[] = {&g->edp, &g->ep, &g->replica, &g->shard, &g->embed, &g->pp, &g->dp, &g->tp, &g->world};
+    comm_t **all[] = {&g->cp, &g->edp, &g->ep, &g->replica, &g->shard, &g->embed, &g->pp, &g->dp, &g->tp, &g->world};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
         if (*all[i])
             (*all[i])->ops->destroy(*all[i]);
@@ -292,6 +293,8 @@ static status_t split_line(int cls, int x, int L, int H, comm_t **inner, comm_t 
         return status_set(STATUS_FAIL, err, errlen, "grid: cannot create the %s %s groups of %d ranks", what, iname,
                           H);
     snprintf((*inner)->name, sizeof (*inner)->name, "%s", iname);
+    if (!outer)
+        return STATUS_OK;
     /* the outer group: same (pp, tp) and the same rank within the inner
      * group, ordered by inner group */
     const int rcolor = cls * H + x % H;
@@ -335,12 +338,24 @@ status_t grid_create_ep_groups(grid_t *g, int N, int spans_tp, char *err, size_t
     return STATUS_OK;
 }
 
+status_t grid_create_cp_group(grid_t *g, int N, char *err, size_t errlen)
+{
+    CHECK(split_line(g->pp_rank * g->tp_size + g->tp_rank, g->dp_rank, g->dp_size, N, &g->cp, NULL, "cp", NULL,
+                     "context-parallel", err, errlen));
+    g->cp_size = N;
+    g->cp_rank = g->dp_rank % N;
+    return STATUS_OK;
+}
+
+int grid_data_rank(const grid_t *g) { return g->dp_rank / (g->cp_size > 1 ? g->cp_size : 1); }
+int grid_data_size(const grid_t *g) { return g->dp_size / (g->cp_size > 1 ? g->cp_size : 1); }
+
 int grid_groups(const grid_t *g, comm_t **list, const char **names)
 {
-    comm_t *const all[GRID_MAX_GROUPS] = {g->world, g->tp,      g->dp, g->pp, g->embed,
-                                          g->shard, g->replica, g->ep, g->edp};
-    static const char *const kind[GRID_MAX_GROUPS] = {"world", "tp",      "dp", "pp", "embed",
-                                                      "shard", "replica", "ep", "edp"};
+    comm_t *const all[GRID_MAX_GROUPS] = {g->world, g->tp,      g->dp, g->pp,  g->embed,
+                                          g->shard, g->replica, g->ep, g->edp, g->cp};
+    static const char *const kind[GRID_MAX_GROUPS] = {"world", "tp",      "dp", "pp",  "embed",
+                                                      "shard", "replica", "ep", "edp", "cp"};
     int n = 0;
     for (int i = 0; i < GRID_MAX_GROUPS; i++)
         if (all[i]) {

@@ -29,6 +29,8 @@ static int layer_ffn(const model_t *m, int i)
 }
 static int layer_fcw(const model_t *m, int i) { return (m->cfg.arch == ARCH_LLAMA ? 2 : 1) * layer_ffn(m, i); }
 static int has_moe(const model_t *m) { return m->cfg.moe.experts > 0; }
+/* --cp: the sequence is cut over the CP group, attention by the ring */
+static int cp_on(const model_t *m) { return m->lay.cp_size > 1; }
 
 /* --ep: the EP group's size (1: none) */
 static size_t ep_size(const model_t *m) { return m->lay.part.ep_size > 1 ? (size_t)m->lay.part.ep_size : 1; }
@@ -451,7 +453,8 @@ static void layout_acts(model_t *m, char *acts, size_t *acts_bytes, char *work, 
         }
         sl->tokens = (int32_t *)carve(acts, &a, N);
         sl->targets = (int32_t *)carve(acts, &a, N);
-        sl->pos = m->lay.doc_mask ? (int32_t *)carve(acts, &a, N) : NULL;
+        sl->pos = m->lay.doc_mask || cp_on(m) ? (int32_t *)carve(acts, &a, N) : NULL;
+        sl->qdoc = m->lay.doc_mask && cp_on(m) ? (int32_t *)carve(acts, &a, N) : NULL;
         sl->wdout = m->lay.split_backward ? carve(acts, &a, Ls * wdout_floats(m, N)) : NULL;
     }
     size_t big = QKV;
@@ -756,6 +759,16 @@ int model_create(model_t *m, const model_config_t *cfg, const ops_t *ops, const 
     layout_acts(m, acts, &m->act_bytes, work, &m->work_bytes);
     if (m->mbias) /* no expert bias until model_moe_bias_set */
         ops->zero(ops->ctx, m->mbias, (size_t)param_layout_blocks(&lay->part) * cfg->moe.experts * sizeof(float));
+    if (cp_on(m)) { /* the ring for this micro batch: T/cp local rows of a T-token sequence */
+        const cp_ring_shape_t sh = {.B = B, .T = T * lay->cp_size, .NH = heads(m), .NKV = kv_heads(m),
+                                    .HS = model_head_size(cfg)};
+        if (!lay->cp || cp_ring_create(lay->cp, ops, &sh, &m->ring, err, errlen) != STATUS_OK) {
+            if (!lay->cp)
+                snprintf(err, errlen, "internal error: --cp %d without a CP communicator", lay->cp_size);
+            model_destroy(m);
+            return -1;
+        }
+    }
     if (m->inv_freq && fill_rope_table(m) != 0) {
         snprintf(err, errlen, "out of memory for RoPE's table of %d frequencies", model_head_size(cfg) / 2);
         model_destroy(m);
@@ -795,6 +808,7 @@ void model_destroy(model_t *m)
     free(m->meoffs_host);
     free(m->mscnt_host);
     free(m->ma2a_host);
+    cp_ring_destroy(m->ring);
     param_table_free(&m->table);
     memset(m, 0, sizeof *m);
 }
@@ -1032,6 +1046,22 @@ static block_acts_t block_view(const model_t *m, const model_slot_t *sl, int i)
 
 /* The document positions of the forward held in sl (backend), or NULL. */
 static const int32_t *slot_pos(const model_slot_t *sl) { return sl->has_pos ? sl->pos : NULL; }
+/* --cp with documents: the rows' global document starts, or NULL */
+static const int32_t *slot_qdoc(const model_slot_t *sl) { return sl->has_pos ? sl->qdoc : NULL; }
+
+/* Attention of a block's qkv into atty and lse: the ops' whole-sequence
+ * kernel, or under --cp the ring over the CP group (qdoc: the rows'
+ * document starts). */
+static status_t attention_fwd(model_t *m, const block_acts_t *a, const int32_t *pos, const int32_t *qdoc, int b, int t,
+                              char *err, size_t errlen)
+{
+    const int HS = model_head_size(&m->cfg);
+    if (!cp_on(m)) {
+        m->ops->attention_fwd(m->ops->ctx, a->atty, a->lse, a->qkv, pos, b, t, heads(m), kv_heads(m), HS);
+        return STATUS_OK;
+    }
+    return cp_ring_forward(m->ring, a->atty, a->lse, a->qkv, qdoc, &m->cp_stats, err, errlen);
+}
 
 /* A MoE layer's feed-forward: xout[NR,C] = res[NR,C] + (the shared
  * expert's wproj . act[N,F] when F > 0, times its gate's sigmoid(ln2 .
@@ -1066,7 +1096,8 @@ static status_t moe_block_fwd(model_t *m, moe_acts_t *ma, const block_tensors_t 
  * its collective (which every TP rank then skips alike). pos: the slot's
  * document positions, or NULL. */
 static status_t block_fwd(model_t *m, const block_acts_t *a, moe_acts_t *ma, float dloss, const int32_t *pos,
-                          const float *x, float *xout, int i, int b, int t, char *err, size_t errlen)
+                          const int32_t *qdoc, const float *x, float *xout, int i, int b, int t, char *err,
+                          size_t errlen)
 {
     const ops_t *o = m->ops;
     const model_config_t *c = &m->cfg;
@@ -1086,7 +1117,7 @@ static status_t block_fwd(model_t *m, const block_acts_t *a, moe_acts_t *ma, flo
         o->qknorm_fwd(o->ctx, a->qkv, a->qk_in, a->qk_rstd, w->qnorm, w->knorm, N, NH, NKV, HS, c->norm_eps);
     if (c->arch == ARCH_LLAMA)
         o->rope_fwd(o->ctx, a->qkv, pos, b, t, NH, NKV, HS, m->inv_freq);
-    o->attention_fwd(o->ctx, a->atty, a->lse, a->qkv, pos, b, t, NH, NKV, HS);
+    CHECK(attention_fwd(m, a, pos, qdoc, b, t, err, errlen));
     CHECK(row_parallel_fwd(m, a->res2, x, a->atty, NULL, w->wo, w->bo, N, NR, QD, err, errlen));
     /* MLP sub-block: xout = res2 + wproj . act(fc(norm2(res2))) */
     CHECK(norm_fwd_gather(m, ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2w, w->ln2b, N, NR, err, errlen));
@@ -1179,6 +1210,23 @@ status_t model_forward(model_t *m, int slot, const int32_t *tokens, const int32_
     return model_forward_chunk(m, 0, slot, tokens, pos, targets, b, t, dloss, loss, err, errlen);
 }
 
+/* --cp with documents: the slot's qdoc (backend) from the rows' document
+ * positions pos (host, [b*t]): global position minus position in the
+ * document, the document's global start, which the ring's masks take. */
+static status_t set_qdoc(model_t *m, model_slot_t *sl, const int32_t *pos, int b, int t, char *err, size_t errlen)
+{
+    const int32_t *gpos = cp_ring_positions(m->ring);
+    int32_t *q = malloc((size_t)b * (size_t)t * sizeof *q + 1);
+    if (!q)
+        return status_set(STATUS_FAIL, err, errlen, "out of memory for the document starts of %d rows", b * t);
+    for (int r = 0; r < b; r++)
+        for (int i = 0; i < t; i++)
+            q[(size_t)r * t + i] = gpos[i] - pos[(size_t)r * t + i];
+    m->ops->from_host(m->ops->ctx, sl->qdoc, q, (size_t)b * t * sizeof *q);
+    free(q);
+    return STATUS_OK;
+}
+
 status_t model_forward_chunk(model_t *m, int chunk, int slot, const int32_t *tokens, const int32_t *pos,
                              const int32_t *targets, int b, int t, float dloss, float *loss, char *err, size_t errlen)
 {
@@ -1196,8 +1244,12 @@ status_t model_forward_chunk(model_t *m, int chunk, int slot, const int32_t *tok
     *loss = 0.0f;
     if (pos && !sl->pos)
         return status_set(STATUS_FAIL, err, errlen, "internal error: document positions without a --doc-mask layout");
+    if (cp_on(m) && !pos)
+        return status_set(STATUS_FAIL, err, errlen, "internal error: a --cp forward without its rows' positions");
     if (pos)
         m->ops->from_host(m->ops->ctx, sl->pos, pos, (size_t)N * sizeof(int32_t));
+    if (pos && sl->qdoc)
+        CHECK(set_qdoc(m, sl, pos, b, t, err, errlen));
     double t0 = span_start(m);
     if (part->has_embed && chunk == 0) {
         m->ops->from_host(m->ops->ctx, sl->tokens, tokens, (size_t)N * sizeof(int32_t));
@@ -1210,7 +1262,8 @@ status_t model_forward_chunk(model_t *m, int chunk, int slot, const int32_t *tok
         t0 = span_start(m);
         const block_acts_t a = block_view(m, sl, i);
         float *x = sl->x + (size_t)(i - first) * nrc;
-        CHECK(block_fwd(m, &a, &sl->acts[i - first].moe, dloss, slot_pos(sl), x, x + nrc, i, b, t, err, errlen));
+        CHECK(block_fwd(m, &a, &sl->acts[i - first].moe, dloss, slot_pos(sl), slot_qdoc(sl), x, x + nrc, i, b, t, err,
+                        errlen));
         span_end(m, "fwd", param_layout_layer(part, i), t0);
     }
     if (part->has_head && chunk == part->n_runs - 1) {
@@ -1330,7 +1383,7 @@ static status_t block_bwd(model_t *m, model_slot_t *sl, int i, int accum, int la
     /* recompute what the slot dropped, with the forward's kernels on the
      * forward's inputs: the same bits */
     if (rc == MODEL_RECOMPUTE_FULL)
-        CHECK(block_fwd(m, a, NULL, 0.0f, slot_pos(sl), x, NULL, i, b, t, err, errlen));
+        CHECK(block_fwd(m, a, NULL, 0.0f, slot_pos(sl), slot_qdoc(sl), x, NULL, i, b, t, err, errlen));
     else if (rc == MODEL_RECOMPUTE_SELECTIVE && gpt && F > 0)
         o->gelu_fwd(o->ctx, a->fc_act, a->fc, (size_t)N * F);
     else if (rc == MODEL_RECOMPUTE_SELECTIVE && F > 0)
@@ -1375,7 +1428,11 @@ static status_t block_bwd(model_t *m, model_slot_t *sl, int i, int accum, int la
     CHECK(dres_all_rows(m, NR, &dout, err, errlen));
     keep_dout(m, keep ? keep->o : NULL, m->dres, (size_t)NR * C);
     model_mm_bwd(m, m->dbig, wg ? g->wo : NULL, wg ? g->bo : NULL, dout, a->atty, NULL, w->wo, N, QD, C, 0, accum);
-    o->attention_bwd(o->ctx, m->dbig2, m->dbig, a->qkv, a->atty, a->lse, slot_pos(sl), b, t, NH, NKV, HS);
+    if (cp_on(m))
+        CHECK(cp_ring_backward(m->ring, m->dbig2, m->dbig, a->qkv, a->atty, a->lse, slot_qdoc(sl), &m->cp_stats, err,
+                               errlen));
+    else
+        o->attention_bwd(o->ctx, m->dbig2, m->dbig, a->qkv, a->atty, a->lse, slot_pos(sl), b, t, NH, NKV, HS);
     if (!gpt)
         o->rope_bwd(o->ctx, m->dbig2, slot_pos(sl), b, t, NH, NKV, HS, m->inv_freq);
     if (c->qk_norm) {
@@ -1494,7 +1551,7 @@ static status_t block_bwd_weight(model_t *m, model_slot_t *sl, int i, int next, 
     if (rc == MODEL_RECOMPUTE_FULL) {
         CHECK(lend_params(m, i, next, err, errlen));
         const float *x = sl->x + (size_t)(i - sl->first) * NR * C;
-        CHECK(block_fwd(m, a, NULL, 0.0f, slot_pos(sl), x, NULL, i, b, t, err, errlen));
+        CHECK(block_fwd(m, a, NULL, 0.0f, slot_pos(sl), slot_qdoc(sl), x, NULL, i, b, t, err, errlen));
     }
     const wdout_at_t d = slot_wdout(m, sl, i);
     const float *d_proj = d.proj, *d_o = d.o; /* all rows: gathered again under sequence parallelism */

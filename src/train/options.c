@@ -143,6 +143,11 @@ static const opt_def_t opt_defs[] = {
      "all-to-all (N divides dp and the experts; expert gradients averaged, and under --zero their state sharded, over "
      "the dp/N ranks holding the same ones)",
      NULL, NULL, 0},
+    {"cp", OPT_INT, F(cp), 0, "1", 1, 1 << 16, NULL,
+     "context-parallel size: each sequence cut into 2N chunks over N ranks (rank r holding chunks r and 2N-1-r), "
+     "attention by a ring passing K and V; the grid is TP x CP x DP x PP and gradients and ZeRO state go over DP x "
+     "CP (--seq-len a multiple of 2N)",
+     NULL, NULL, 0},
     {"etp", OPT_INT, F(etp), 0, "0", 0, 1 << 20, NULL,
      "expert tensor-parallel size: --tp (0, the default: each expert split over the TP ranks as the dense MLP is) or "
      "1 (whole experts: each TP rank routes 1/tp of the micro batch's tokens, and the --ep group is N consecutive "
@@ -842,6 +847,31 @@ static int check_ep(const run_options_t *o, const model_config_t *c, int tp, int
     return -1;
 }
 
+/* --cp N: the sequence cut into 2N chunks; what does not compose with it
+ * yet is refused by name. */
+static int check_cp(const run_options_t *o, const model_config_t *c, char *err, size_t errlen)
+{
+    const int N = o->cp;
+    if (N <= 1)
+        return 0;
+    if (o->seq_len % (2 * N) != 0)
+        snprintf(err, errlen, "--cp %d: --seq-len %d must be a multiple of 2 x cp = %d (each rank holds two of the "
+                 "2 x cp equal chunks)", N, o->seq_len, 2 * N);
+    else if (c->moe.experts > 0)
+        snprintf(err, errlen, "--cp %d with a mixture of experts is not implemented (the routing statistics are a "
+                 "whole sequence's): drop --cp or use a dense model", N);
+    else if (o->hybrid_shard > 0)
+        snprintf(err, errlen, "--cp %d with --hybrid-shard is not implemented: plain --zero shards over dp x cp", N);
+    else if (o->sample_tokens > 0)
+        snprintf(err, errlen, "--cp %d: --sample-tokens %d generates from a whole sequence on one rank: add "
+                 "--sample-tokens 0", N, o->sample_tokens);
+    else if (o->eval_mc[0])
+        snprintf(err, errlen, "--cp %d with --eval-mc is not implemented: score the checkpoint without --cp", N);
+    else
+        return 0;
+    return -1;
+}
+
 static int check_layout(const run_options_t *o, const model_config_t *c, int tp, int pp, int dp, char *err,
                         size_t errlen)
 {
@@ -859,7 +889,7 @@ static int check_layout(const run_options_t *o, const model_config_t *c, int tp,
         return -1;
     }
     if (options_check_grid(c, tp, pp, err, errlen) != 0 || check_virtual(o, c, pp, dp, err, errlen) != 0 ||
-        check_ep(o, c, tp, dp, err, errlen) != 0)
+        check_ep(o, c, tp, dp, err, errlen) != 0 || check_cp(o, c, err, errlen) != 0)
         return -1;
     if (o->offload == OFFLOAD_NONE && o->offload_fraction != 1.0) {
         snprintf(err, errlen, "--offload-fraction %g applies to --offload optimizer; add it, or drop the fraction",
@@ -951,6 +981,7 @@ int options_resolve_layout(const run_options_t *o, const model_config_t *c, int 
     rc->dp = dp;
     rc->ep = o->ep > 1 ? o->ep : 1;
     rc->etp = o->etp == 1 ? 1 : tp;
+    rc->cp = o->cp > 1 ? o->cp : 1;
     rc->sequence_parallel = o->sequence_parallel;
     rc->zero_stage = options_zero_stage(o);
     rc->hybrid_shard = o->hybrid_shard > 0 && o->hybrid_shard < dp && rc->zero_stage > 0 ? o->hybrid_shard : 0;

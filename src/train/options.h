@@ -51,6 +51,7 @@ typedef struct run_options {
     int tp, pp, dp;
     int ep; /* --ep: expert-parallel size, carved out of dp (1: none) */
     int etp; /* --etp: expert tensor-parallel size, 1 or tp (0: tp) */
+    int cp;  /* --cp: context-parallel size (1: none) */
     int sequence_parallel;
     char pp_layers[256];
     pipe_kind_t pp_schedule;
@@ -163,6 +164,9 @@ typedef struct run_config {
      * experts, the EP group then carved out of the TP x DP plane and
      * each TP rank routing 1/tp of the tokens: run_config_ep_spans_tp) */
     int etp;
+    /* context parallelism: each sequence over cp ranks (dp above is the
+     * ranks drawing distinct data; the grid's DP axis holds dp x cp) */
+    int cp;
     int sequence_parallel;
     int zero_stage;   /* --zero or --fsdp */
     int hybrid_shard; /* the ZeRO shard group's size when below dp (HSDP), else 0 */

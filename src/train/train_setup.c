@@ -462,6 +462,8 @@ static int setup_backend(trainer_t *tr, const dpsync_ops_t *kind, char *err, siz
     CHECK(agree(tr->world, backend_open(&tr->backend, run->device, tr->env->local_rank, err, errlen), err, errlen));
     if (run->hybrid_shard && kind->shards)
         CHECK(grid_create_shard_group(grid, run->hybrid_shard, err, errlen));
+    if (run->cp > 1)
+        CHECK(grid_create_cp_group(grid, run->cp, err, errlen));
     if (run->ep > 1 || run_config_ep_spans_tp(run))
         CHECK(grid_create_ep_groups(grid, run->ep, run_config_ep_spans_tp(run), err, errlen));
     CHECK(agree(tr->world,
@@ -541,6 +543,9 @@ static int setup_model(trainer_t *tr, model_layout_t lay, const dpsync_ops_t *ki
     const grid_t *grid = tr->grid;
     lay.tp = grid->tp;
     lay.ep = grid->ep;
+    lay.cp = grid->cp;
+    lay.cp_size = grid->cp_size;
+    lay.cp_rank = grid->cp_rank;
     lay.bf16 = backend_bf16(&tr->backend, run->dtype);
     if (lay.bf16 && (!tr->backend.ops->matmul_fwd_bf16 || !tr->backend.ops->matmul_bwd_bf16)) {
         snprintf(err, errlen, "--dtype bf16: the %s backend has no bf16 GEMM; use --dtype fp32", tr->backend.ops->name);
@@ -548,7 +553,9 @@ static int setup_model(trainer_t *tr, model_layout_t lay, const dpsync_ops_t *ki
     }
     if (run->offload_fraction > 0 && check_offload_memory(tr, &lay, err, errlen) != 0)
         return -1;
-    if (model_create(&tr->model, &tr->cfg, tr->backend.ops, &lay, run->micro_batch, run->seq_len, err, errlen) != 0)
+    /* --cp: the model holds T/cp rows of each sequence */
+    if (model_create(&tr->model, &tr->cfg, tr->backend.ops, &lay, run->micro_batch, run->seq_len / run->cp, err,
+                     errlen) != 0)
         return -1;
     const size_t nb = model_moe_has_bias(&tr->cfg) ? 2 * (size_t)tr->cfg.n_layer * tr->cfg.moe.experts : 0;
     if (nb && !(tr->moe_bias = calloc(nb, sizeof *tr->moe_bias))) {
@@ -726,7 +733,13 @@ static int setup_step(trainer_t *tr, char *err, size_t errlen)
     tr->tok = malloc(n * sizeof *tr->tok);
     tr->tgt = malloc(n * sizeof *tr->tgt);
     tr->pos = o->doc_mask ? malloc(n * sizeof *tr->pos) : NULL;
-    if (!tr->tok || !tr->tgt || (o->doc_mask && !tr->pos)) {
+    if (run->cp > 1) {
+        tr->ltok = malloc(n / run->cp * sizeof *tr->ltok);
+        tr->ltgt = malloc(n / run->cp * sizeof *tr->ltgt);
+        tr->lpos = malloc(n / run->cp * sizeof *tr->lpos);
+    }
+    if (!tr->tok || !tr->tgt || (o->doc_mask && !tr->pos) ||
+        (run->cp > 1 && (!tr->ltok || !tr->ltgt || !tr->lpos))) {
         snprintf(err, errlen, "out of memory for the batch");
         return -1;
     }
