@@ -770,6 +770,7 @@ static int guard_step(trainer_t *tr, int step, double loss, double norm, spike_a
  * neighbour stage). */
 typedef struct step_times {
     double dt, comm, bubble, a2a; /* a2a: the part of comm in the experts' all-to-alls */
+    double ring, ring_attn;       /* --cp: the ring's exposed waits (part of comm), and its whole time */
 } step_times_t;
 
 /* DeepSeek-V3's aux-loss-free balancing: every MoE layer's expert bias
@@ -858,6 +859,7 @@ static int train_step(trainer_t *tr, int step, step_record_t *r, step_times_t *t
     double lr = lr_at(&tr->sched, step);
     m->tp_comm_s = 0.0;
     m->ep_comm_s = 0.0;
+    m->cp_stats = (cp_ring_stats_t){0};
     tr->embed_comm_s = 0.0;
     model_moe_stats_reset(m);
     if (step_gradients(tr, step, &t->bubble, err, errlen) != 0)
@@ -889,7 +891,9 @@ static int train_step(trainer_t *tr, int step, step_record_t *r, step_times_t *t
                          .ms = 1e3 * dt,
                          .tokens_per_s = tokens_step / dt};
     t->dt = dt;
-    t->comm = tr->sync.ops->comm_s(&tr->sync) + m->tp_comm_s + m->ep_comm_s + tr->embed_comm_s;
+    t->ring = m->cp_stats.wait_fwd_s + m->cp_stats.wait_bwd_s;
+    t->ring_attn = m->cp_stats.ring_fwd_s + m->cp_stats.ring_bwd_s;
+    t->comm = tr->sync.ops->comm_s(&tr->sync) + m->tp_comm_s + m->ep_comm_s + tr->embed_comm_s + t->ring;
     t->a2a = m->ep_comm_s;
     return moe_step_stats(tr, r, act == SPIKE_GO, err, errlen);
 }
@@ -901,14 +905,16 @@ static int step_stats(trainer_t *tr, step_record_t *r, const step_times_t *st, c
 {
     const grid_t *g = tr->grid;
     const double dt = st->dt;
-    float t[8] = {(float)(dt - st->comm - st->bubble), (float)st->comm, (float)(st->bubble / dt), (float)st->a2a},
-          tmax[4];
+    enum { NT = 6 }; /* compute, comm, bubble, a2a, ring, ring_attn: max, then sum */
+    float t[2 * NT] = {(float)(dt - st->comm - st->bubble), (float)st->comm, (float)(st->bubble / dt), (float)st->a2a,
+                       (float)st->ring, (float)st->ring_attn},
+          tmax[NT];
     memcpy(tmax, t, sizeof tmax);
-    memcpy(t + 4, t, sizeof tmax);
+    memcpy(t + NT, t, sizeof tmax);
     char cerr[COMM_ERR_MAX];
     if (g->world_size > 1 &&
-        (g->world->ops->allreduce(g->world, tmax, 4, COMM_FP32, COMM_MAX, cerr, sizeof cerr) != 0 ||
-         g->world->ops->allreduce(g->world, t + 4, 4, COMM_FP32, COMM_SUM, cerr, sizeof cerr) != 0)) {
+        (g->world->ops->allreduce(g->world, tmax, NT, COMM_FP32, COMM_MAX, cerr, sizeof cerr) != 0 ||
+         g->world->ops->allreduce(g->world, t + NT, NT, COMM_FP32, COMM_SUM, cerr, sizeof cerr) != 0)) {
         snprintf(err, errlen, "step %d: timing all-reduce failed: %s", r->step, cerr);
         return -1;
     }
@@ -924,10 +930,14 @@ static int step_stats(trainer_t *tr, step_record_t *r, const step_times_t *st, c
     r->comm_ms = 1e3 * tmax[1];
     r->bubble_max = tmax[2];
     r->a2a_ms = 1e3 * tmax[3];
-    r->compute_ms_mean = 1e3 * t[4] / g->world_size;
-    r->comm_ms_mean = 1e3 * t[5] / g->world_size;
-    r->bubble_mean = t[6] / g->world_size;
-    r->a2a_ms_mean = 1e3 * t[7] / g->world_size;
+    r->ring_ms = 1e3 * tmax[4];
+    r->ring_attn_ms = 1e3 * tmax[5];
+    r->compute_ms_mean = 1e3 * t[NT] / g->world_size;
+    r->comm_ms_mean = 1e3 * t[NT + 1] / g->world_size;
+    r->bubble_mean = t[NT + 2] / g->world_size;
+    r->a2a_ms_mean = 1e3 * t[NT + 3] / g->world_size;
+    r->ring_ms_mean = 1e3 * t[NT + 4] / g->world_size;
+    r->ring_attn_ms_mean = 1e3 * t[NT + 5] / g->world_size;
     /* MFU never exceeds 100 %: a step faster than the peak shows the peak
      * was wrong (a probe disturbed by a neighbour, a --peak-gflops too
      * low), and the peak becomes that step's rate from then on */
