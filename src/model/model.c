@@ -768,6 +768,8 @@ int model_create(model_t *m, const model_config_t *cfg, const ops_t *ops, const 
             model_destroy(m);
             return -1;
         }
+        m->ring_bytes = cp_ring_bytes(&sh, lay->cp_size); /* counted as communication buffers */
+        mem_track(MEM_COMM, (long long)m->ring_bytes);
     }
     if (m->inv_freq && fill_rope_table(m) != 0) {
         snprintf(err, errlen, "out of memory for RoPE's table of %d frequencies", model_head_size(cfg) / 2);
@@ -809,6 +811,8 @@ void model_destroy(model_t *m)
     free(m->mscnt_host);
     free(m->ma2a_host);
     cp_ring_destroy(m->ring);
+    if (m->ring)
+        mem_track(MEM_COMM, -(long long)m->ring_bytes);
     param_table_free(&m->table);
     memset(m, 0, sizeof *m);
 }

@@ -248,6 +248,7 @@ typedef struct model {
      * shape, and what it cost since the caller zeroed cp_stats (its
      * wait_*_s: the ring's exposed communication) */
     struct cp_ring *ring;
+    size_t ring_bytes; /* its backend buffers (cp_ring_bytes) */
     cp_ring_stats_t cp_stats;
     model_moe_stats_t *moe_stats;   /* [Ls] per local block (dense ones stay 0) */
     /* the sigmoid router's expert bias (DeepSeek's aux-loss-free

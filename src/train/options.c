@@ -310,7 +310,8 @@ static const opt_def_t opt_defs[] = {
      "left out) and its ratio to the median rank (0 = never)",
      NULL, NULL, 0},
     {"sample-tokens", OPT_INT, F(sample_tokens), 0, "256", 0, 1 << 20, NULL,
-     "tokens to generate at the end (0 = no sample)", NULL, NULL, 0},
+     "tokens to generate at the end (0 = no sample; not given, 0 under --cp, whose ranks hold parts of a sequence)",
+     NULL, NULL, F(sample_given) + 1},
     {"prompt", OPT_STR, F(prompt), S(prompt), "ALICE.", 0, 0, NULL,
      "text the sample continues, encoded with --tokenizer after its document start token (without a tokenizer the "
      "sample starts from token 0)",
@@ -565,6 +566,8 @@ options_status_t options_parse(run_options_t *o, int argc, char **argv, int prin
     }
     if (check_schedule_spike(o, err, errlen) != 0 || check_consistency(o, err, errlen) != 0)
         return OPTIONS_ERROR;
+    if (o->cp > 1 && !o->sample_given) /* the default sample needs a whole sequence on one rank */
+        o->sample_tokens = 0;
     return OPTIONS_OK;
 }
 
@@ -862,7 +865,7 @@ static int check_cp(const run_options_t *o, const model_config_t *c, char *err, 
                  "whole sequence's): drop --cp or use a dense model", N);
     else if (o->hybrid_shard > 0)
         snprintf(err, errlen, "--cp %d with --hybrid-shard is not implemented: plain --zero shards over dp x cp", N);
-    else if (o->sample_tokens > 0)
+    else if (o->sample_tokens > 0 && o->sample_given)
         snprintf(err, errlen, "--cp %d: --sample-tokens %d generates from a whole sequence on one rank: add "
                  "--sample-tokens 0", N, o->sample_tokens);
     else if (o->eval_mc[0])
@@ -985,7 +988,7 @@ int options_resolve_layout(const run_options_t *o, const model_config_t *c, int 
     rc->sequence_parallel = o->sequence_parallel;
     rc->zero_stage = options_zero_stage(o);
     rc->hybrid_shard = o->hybrid_shard > 0 && o->hybrid_shard < dp && rc->zero_stage > 0 ? o->hybrid_shard : 0;
-    rc->shard = rc->hybrid_shard ? rc->hybrid_shard : dp;
+    rc->shard = rc->hybrid_shard ? rc->hybrid_shard : dp * rc->cp; /* --cp: ZeRO over dp x cp */
     rc->micro_batch = o->micro_batch;
     rc->seq_len = o->seq_len;
     rc->accum = accum_steps(o, dp);

@@ -104,6 +104,7 @@ typedef struct run_options {
     int ckpt_every, keep, stop_at_step;
     int ckpt_async; /* --ckpt-async: checkpoints written by a background thread (src/ckpt/ckpt_async.h) */
     int sample_tokens, top_k;
+    int sample_given; /* --sample-tokens was given (else 0 under --cp) */
     double temperature;
     char prompt[512];
     char tokenizer[OPT_PATH_MAX]; /* the sample's: auto | none | a tokenizer spec (io/tokenizer.h) */
