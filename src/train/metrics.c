@@ -228,6 +228,8 @@ static int format_step(FILE *f, const void *arg)
         rc = jfield(f, rc, "ring_ms_mean", "%.3f", r->ring_ms_mean);
         rc = jfield(f, rc, "ring_attn_ms", "%.3f", r->ring_attn_ms);
         rc = jfield(f, rc, "ring_attn_ms_mean", "%.3f", r->ring_attn_ms_mean);
+        rc = jfield(f, rc, "ring_busy_ms", "%.3f", r->ring_busy_ms);
+        rc = jfield(f, rc, "ring_busy_ms_mean", "%.3f", r->ring_busy_ms_mean);
     }
     rc = jfield(f, rc, "bubble_max", "%.4f", r->bubble_max);
     rc = jfield(f, rc, "bubble_mean", "%.4f", r->bubble_mean);

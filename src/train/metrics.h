@@ -27,6 +27,9 @@ typedef struct step_record {
      * (exposed: after the step's block was computed), and the ring's whole
      * time, attention compute included (max, mean over ranks) */
     double ring_ms, ring_ms_mean, ring_attn_ms, ring_attn_ms_mean;
+    /* the ring's time less its exposed waits (the attention a rank
+     * computes, max and mean): the CP group's load balance */
+    double ring_busy_ms, ring_busy_ms_mean;
     /* fraction of the step a rank spent waiting for a neighbour pipeline
      * stage (warm-up, cool-down, imbalance); 0 without pipelining */
     double bubble_max, bubble_mean;

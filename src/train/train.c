@@ -905,9 +905,9 @@ static int step_stats(trainer_t *tr, step_record_t *r, const step_times_t *st, c
 {
     const grid_t *g = tr->grid;
     const double dt = st->dt;
-    enum { NT = 6 }; /* compute, comm, bubble, a2a, ring, ring_attn: max, then sum */
+    enum { NT = 7 }; /* compute, comm, bubble, a2a, ring, ring_attn, ring busy: max, then sum */
     float t[2 * NT] = {(float)(dt - st->comm - st->bubble), (float)st->comm, (float)(st->bubble / dt), (float)st->a2a,
-                       (float)st->ring, (float)st->ring_attn},
+                       (float)st->ring, (float)st->ring_attn, (float)(st->ring_attn - st->ring)},
           tmax[NT];
     memcpy(tmax, t, sizeof tmax);
     memcpy(t + NT, t, sizeof tmax);
@@ -938,6 +938,8 @@ static int step_stats(trainer_t *tr, step_record_t *r, const step_times_t *st, c
     r->a2a_ms_mean = 1e3 * t[NT + 3] / g->world_size;
     r->ring_ms_mean = 1e3 * t[NT + 4] / g->world_size;
     r->ring_attn_ms_mean = 1e3 * t[NT + 5] / g->world_size;
+    r->ring_busy_ms = 1e3 * tmax[6];
+    r->ring_busy_ms_mean = 1e3 * t[NT + 6] / g->world_size;
     /* MFU never exceeds 100 %: a step faster than the peak shows the peak
      * was wrong (a probe disturbed by a neighbour, a --peak-gflops too
      * low), and the peak becomes that step's rate from then on */
