@@ -59,8 +59,6 @@ status_t dpsync_create(dpsync_t *s, const dpsync_ops_t *ops, const dpsync_config
     s->grads = c->grads;
     s->n = c->n;
     s->hook.ctx = s;
-    if (c->edp && c->replica)
-        return status_set(STATUS_INPUT, err, errlen, "--hybrid-shard does not compose with --ep");
     status_t rc = ops->create(s, c, err, errlen);
     if (rc == STATUS_OK && norm_pieces(s, c) != 0)
         rc = status_set(STATUS_FAIL, err, errlen, "out of memory");

@@ -103,6 +103,9 @@ typedef struct dpsync_config {
      * NULL without --ep. ZeRO shards the expert tensors over edp. */
     const unsigned char *tensor_expert;
     comm_t *edp, *ep;
+    /* --hybrid-shard with --ep: the expert shard group ZeRO shards the
+     * experts over (their replicas are the dense part's); NULL: edp */
+    comm_t *eshard;
     ddp_mode_t mode;                  /* replicated and ZeRO-1's all-reduce */
     size_t bucket_bytes;
     comm_dtype_t dtype; /* what gradient reductions send */

@@ -63,7 +63,8 @@ status_t shard_create(dpsync_t *s, const dpsync_config_t *c, int stage, char *er
     /* --ep: the experts' parts over the expert-DP group, the rest over the
      * shard group (the DP group without --hybrid-shard) */
     if (rc == STATUS_OK)
-        rc = zero_create(&s->zero, c->ops, &c->mem, stage, c->shard ? c->shard : c->dp, c->edp, c->n, &u, start,
+        rc = zero_create(&s->zero, c->ops, &c->mem, stage, c->shard ? c->shard : c->dp, c->eshard ? c->eshard : c->edp,
+                         c->n, &u, start,
                          c->edp ? expert_from : NULL, c->replica, c->dtype, err, errlen);
     free(start);
     free(expert_from);

@@ -15,6 +15,9 @@
 #include "mpi/grid.h"
 
 #include "mpi/agree.h"
+#include "mpi/watchdog.h"
+
+_Static_assert(WATCHDOG_MAX_GROUPS >= GRID_MAX_GROUPS, "the watchdog must take every group of the grid");
 
 #include <limits.h>
 #include <mpi.h>
@@ -252,7 +255,7 @@ void grid_destroy(grid_t *g)
 {
     if (!g)
         return;
-    comm_t **all[] = {&g->cp, &g->edp, &g->ep, &g->replica, &g->shard, &g->embed, &g->pp, &g->dp, &g->tp, &g->world};
+    comm_t **all[] = {&g->eshard, &g->cp, &g->edp, &g->ep, &g->replica, &g->shard, &g->embed, &g->pp, &g->dp, &g->tp, &g->world};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
         if (*all[i])
             (*all[i])->ops->destroy(*all[i]);
@@ -347,15 +350,24 @@ status_t grid_create_cp_group(grid_t *g, int N, char *err, size_t errlen)
     return STATUS_OK;
 }
 
+status_t grid_create_expert_shard(grid_t *g, int n, char *err, size_t errlen)
+{
+    /* the expert-DP line: same (pp, tp) and place in the EP group, ranks
+     * numbered by edp_rank (grid_create_ep_groups without spans_tp) */
+    const int cls = (g->pp_rank * g->tp_size + g->tp_rank) * g->ep_size + g->ep_rank;
+    return split_line(cls, g->edp_rank, g->dp_size / g->ep_size, n, &g->eshard, NULL, "eshard", NULL,
+                      "expert shard", err, errlen);
+}
+
 int grid_data_rank(const grid_t *g) { return g->dp_rank / (g->cp_size > 1 ? g->cp_size : 1); }
 int grid_data_size(const grid_t *g) { return g->dp_size / (g->cp_size > 1 ? g->cp_size : 1); }
 
 int grid_groups(const grid_t *g, comm_t **list, const char **names)
 {
-    comm_t *const all[GRID_MAX_GROUPS] = {g->world, g->tp,      g->dp, g->pp,  g->embed,
-                                          g->shard, g->replica, g->ep, g->edp, g->cp};
-    static const char *const kind[GRID_MAX_GROUPS] = {"world", "tp",      "dp", "pp",  "embed",
-                                                      "shard", "replica", "ep", "edp", "cp"};
+    comm_t *const all[GRID_MAX_GROUPS] = {g->world, g->tp,      g->dp, g->pp,  g->embed, g->shard,
+                                          g->replica, g->ep, g->edp, g->cp, g->eshard};
+    static const char *const kind[GRID_MAX_GROUPS] = {"world",   "tp", "dp",  "pp", "embed", "shard",
+                                                      "replica", "ep", "edp", "cp", "eshard"};
     int n = 0;
     for (int i = 0; i < GRID_MAX_GROUPS; i++)
         if (all[i]) {

@@ -28,6 +28,11 @@ typedef struct grid {
      * rank within the EP group). Both NULL without --ep; ep_size 1. */
     comm_t *ep, *edp;
     int ep_size, ep_rank, edp_rank;
+    /* --hybrid-shard H with --ep N (grid_create_expert_shard): the H/N
+     * ranks of this rank's expert-DP group inside its shard group, over
+     * which ZeRO shards the experts' state (their replicas across the
+     * shard groups are the dense part's, g->replica); else NULL */
+    comm_t *eshard;
     /* --cp N (grid_create_cp_group): context parallelism. The DP axis
      * then holds DP x CP ranks, CP fastest (world_rank = tp + T * (cp +
      * N * dp + D N pp), Megatron's tp-cp-dp-pp order), so dp, dp_size and
@@ -77,10 +82,15 @@ status_t grid_create_ep_groups(grid_t *g, int N, int spans_tp, char *err, size_t
  * MPI_COMM_WORLD. Returns a status with one line in err. */
 status_t grid_create_cp_group(grid_t *g, int N, char *err, size_t errlen);
 
-#define GRID_MAX_GROUPS 10 /* world, tp, dp, pp, embed, shard, replica, ep, edp, cp */
+/* --hybrid-shard H with --ep N (N dividing H): the expert shard groups,
+ * g->eshard, H/N consecutive ranks of each expert-DP group. Collective
+ * over MPI_COMM_WORLD. Returns a status with one line in err. */
+status_t grid_create_expert_shard(grid_t *g, int n, char *err, size_t errlen);
+
+#define GRID_MAX_GROUPS 11 /* world, tp, dp, pp, embed, shard, replica, ep, edp, cp, eshard */
 
 /* The groups of g this rank belongs to, in the fixed kind order world, tp,
- * dp, pp, embed, shard, replica, ep, edp, cp (absent ones skipped): list[i], and
+ * dp, pp, embed, shard, replica, ep, edp, cp, eshard (absent ones skipped): list[i], and
  * names[i] ("dp") when names is not NULL. Returns how many. Every rank
  * walks the kinds in the same order and groups of one kind are disjoint,
  * so collectives over them one after another cannot deadlock. */

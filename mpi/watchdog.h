@@ -37,7 +37,7 @@
 
 typedef struct watchdog watchdog_t;
 
-#define WATCHDOG_MAX_GROUPS 8 /* the grid's: world, tp, dp, pp, embed, shard, replica */
+#define WATCHDOG_MAX_GROUPS 16 /* at least the grid's GRID_MAX_GROUPS (mpi/grid.h) */
 
 /* Starts the thread. timeout_s > 0; who names this rank in the message
  * ("rank 3 (tp 1 pp 1 dp 0, host n07)"). NULL with err set on failure. */

@@ -29,7 +29,12 @@
 #    (moe.wproj, moe.bproj), which dreshard records per expert chunk and
 #    dtrain per writing rank; at one rank the dreshard copy resumes
 #    bit-identically to the original.
-#  - --hybrid-shard with --ep exits 2 with one line.
+#  - --hybrid-shard with --ep (the experts sharded over the expert-DP
+#    ranks inside each shard group, replicated across the groups with the
+#    dense pieces): ep2 x dp4 with ZeRO-2 and shard groups of 2, ep2 x dp8
+#    with ZeRO-1 and ZeRO-3 and shard groups of 4 (expert shards of 2)
+#    train the one-rank model as above; a shard group that is not a
+#    multiple of the EP group exits 2 with one line.
 . "$top_srcdir/test/common.sh"
 
 PY=/usr/bin/python3
@@ -171,7 +176,23 @@ else
     fail "dreshard: $(cat "$TMP/rs.log")"
 fi
 
+# ---- --hybrid-shard with --ep: the experts sharded over the expert-DP
+# ranks inside each shard group, replicated across the groups as the
+# dense pieces are ----
+zl moe 4 "tiny-moe ep2 x dp4 --zero 2 --hybrid-shard 2 (expert shard 1, replicas 2)" --model tiny-moe --ep 2 --zero 2 \
+    --hybrid-shard 2
+layout_run "$TMP/mb1.1.json" 1 $S --model tiny-moe --micro-batch 1 &&
+    for z in 1 3; do
+        zl mb1 8 "tiny-moe ep2 x dp8 --zero $z --hybrid-shard 4 (expert shard 2, replicas 2)" --model tiny-moe \
+            --micro-batch 1 --ep 2 --zero $z --hybrid-shard 4
+    done
+grep -q "the routed experts' over the 2 expert-data-parallel ranks (--ep), replicated over 2 shard groups" \
+    "$TMP/mb1.8modeltinymoemicrobatch1ep2zero3hybridshard4.json.log" &&
+    pass "ep2 x dp8 --zero 3 --hybrid-shard 4: the banner names the experts' 2-rank shards and 2 replicas" ||
+    fail "ep2 x dp8 --hybrid-shard 4: $(grep ZeRO "$TMP/mb1.8modeltinymoemicrobatch1ep2zero3hybridshard4.json.log")"
+
 # ---- bad input ----
-expect_exit2 "--ep 2 with --hybrid-shard 2: hybrid sharding of the expert state" "$MPIEXEC" --quiet -np 4 "$DTRAIN" \
-    $(tiny_args) --model tiny-moe --steps 1 --micro-batch 2 --seq-len 64 --ep 2 --zero 2 --hybrid-shard 2
+expect_exit2 "--hybrid-shard 2 with --ep 4: the shard group must be a multiple of the EP group" "$MPIEXEC" --quiet \
+    -np 4 "$DTRAIN" $(tiny_args) --model tiny-moe --steps 1 --micro-batch 2 --seq-len 64 --ep 4 --zero 2 \
+    --hybrid-shard 2
 finish

@@ -146,6 +146,7 @@ mem_check 4 --model tiny-moe --ep 2 --zero 3
 # bf16 experts: their rows' operands in a16/d16 (P N K rows at ep P)
 mem_check --dtype bf16 4 --model tiny-moe --ep 2 --zero 3
 mem_check 4 --model tiny-moe --tp 2 --etp 1 --ep 2 --zero 3
+mem_check 4 --model tiny-moe --ep 2 --zero 3 --hybrid-shard 2
 mem_check --dtype bf16 2 --model tiny-deepseek-moe --tp 2 --etp 1 --sequence-parallel
 mem_check --dtype bf16 2 --model tiny-deepseek-moe --tp 2 --sequence-parallel
 # bf16 reductions: ddp.c's and zero.c's bf16 staging, sized by the functions

@@ -124,6 +124,13 @@ static int plan_edp(const run_config_t *r)
     return (run_config_ep_spans_tp(r) ? r->tp * r->dp : r->dp) / (r->ep > 1 ? r->ep : 1);
 }
 
+/* The ranks ZeRO shards the experts' state over: the expert-DP group, or
+ * under --hybrid-shard H its H/ep ranks inside a shard group. */
+static size_t plan_expert_shard(const run_config_t *r)
+{
+    return r->hybrid_shard && r->ep > 1 ? (size_t)(r->hybrid_shard / r->ep) : (size_t)plan_edp(r);
+}
+
 /* The consecutive world ranks one EP group spans: tp x ep (an EP group
  * of DP ranks), or ep (--etp 1: ranks of the TP x DP plane). */
 static long plan_ep_span(const run_config_t *r) { return run_config_ep_spans_tp(r) ? r->ep : (long)r->tp * r->ep; }
@@ -168,7 +175,7 @@ static int cut_table(const plan_in_t *in, const param_table_t *t, stage_units_t 
     if (rc != 0)
         snprintf(err, errlen, "ZeRO with --ep: a block lists a dense tensor after its expert tensors");
     zero_pieces(&zu, unit, ep ? expert_from : NULL, (size_t)in->run.shard,
-                ep ? (size_t)plan_edp(&in->run) : 1, NULL, NULL, &u->shape);
+                ep ? plan_expert_shard(&in->run) : 1, NULL, NULL, &u->shape);
     u->n = t->numel;
     u->shard_n = u->shape.shard_n;
     u->outside = t->numel - (zu.block0 >= 0 ? unit[zu.block0 + zu.n_blocks] - unit[zu.block0] : 0);

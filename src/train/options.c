@@ -841,10 +841,14 @@ static int check_ep(const run_options_t *o, const model_config_t *c, int tp, int
     else if (spans && c->moe.capacity > 0 && o->micro_batch % tp != 0)
         snprintf(err, errlen, "--etp 1 with --moe-capacity-factor: --micro-batch %d must be a multiple of --tp %d "
                  "(capacity is per sequence, and each TP rank routes whole sequences)", o->micro_batch, tp);
-    else if ((o->ep > 1 || spans) && o->hybrid_shard > 0 && o->hybrid_shard < dp && options_zero_stage(o) > 0)
-        snprintf(err, errlen, "--ep %d with --hybrid-shard %d: hybrid sharding of the expert state over the "
-                 "expert-data-parallel group is not implemented; drop --hybrid-shard (plain --zero shards it) or --ep",
-                 o->ep, o->hybrid_shard);
+    else if (spans && o->hybrid_shard > 0 && o->hybrid_shard < dp && options_zero_stage(o) > 0)
+        snprintf(err, errlen, "--etp 1 with --hybrid-shard %d is not implemented: drop --hybrid-shard (plain --zero "
+                 "shards the experts over the expert-DP group) or --etp", o->hybrid_shard);
+    else if (o->ep > 1 && o->hybrid_shard > 0 && o->hybrid_shard < dp && options_zero_stage(o) > 0 &&
+             o->hybrid_shard % o->ep != 0)
+        snprintf(err, errlen, "--hybrid-shard %d with --ep %d: the shard group must be a multiple of the EP group, so "
+                 "that it holds whole EP groups (the experts shard over the %s): give --hybrid-shard a multiple of %d",
+                 o->hybrid_shard, o->ep, "expert-DP ranks inside it", o->ep);
     else
         return 0;
     return -1;
