@@ -20,8 +20,9 @@
  *
  * Shapes: N tokens (all rows), C d_model, E experts, K per token, NK =
  * N*K, M = the kept assignments (<= NK), Fe = moe.ffn / P, FWe = Fe
- * (GPT-2) or 2 Fe (Llama's gate|up). The experts' GEMMs are fp32 under
- * every --dtype in this version. */
+ * (GPT-2) or 2 Fe (Llama's gate|up). The experts' GEMMs are grouped
+ * GEMMs over the local experts' rows (model_gmm_fwd/bwd: ops gmm_*), in
+ * the model's precision (bf16 operands under --dtype bf16). */
 #ifndef DTRAIN_MOE_H
 #define DTRAIN_MOE_H
 
