@@ -141,6 +141,35 @@ typedef struct ops {
                                   const float *dout, const uint16_t *in, const float *pre, const uint16_t *w, int N,
                                   int IC, int OC, int accum_dw);
 
+    /* Grouped GEMMs (the mixture of experts' experts): G groups of rows
+     * with a weight each, all in one call. Group g is the rows [offs[g],
+     * offs[g+1]) of in, out, dout and din (m_g = offs[g+1] - offs[g] rows,
+     * possibly 0), its weight w + g*OC*IC ([OC,IC]) and its bias b + g*OC.
+     * offs is a HOST array of G+1 int32, offs[0] = 0, non-decreasing, read
+     * during the call (the caller may change it at once: a backend that
+     * defers the op copies it). Each group's result is the dense op's on
+     * its rows:
+     *
+     * gmm_fwd: out[rows of g] = in[rows of g] . w_g^T (+ b_g when b != NULL):
+     * matmul_fwd per group. */
+    void (*gmm_fwd)(void *ctx, float *out, const float *in, const float *w, const float *b, const int32_t *offs, int G,
+                    int IC, int OC);
+    /* gmm_bwd: per group, matmul_bwd's din (=|+= by accum_din), dw_g
+     * [OC,IC] and db_g [OC] (=|+= by accum_dw; a group of 0 rows gives
+     * zeros, or leaves them when accumulating), each of din, dw, db NULL
+     * when not wanted. With pre != NULL (accum_din must be 0) din is
+     * matmul_dgelu_bwd's: gelu'(pre) o (dout . w_g), the gradient at the
+     * GELU before a GPT-2 expert's proj, pre [rows, IC] the GELU input. */
+    void (*gmm_bwd)(void *ctx, float *din, float *dw, float *db, const float *dout, const float *in, const float *pre,
+                    const float *w, const int32_t *offs, int G, int IC, int OC, int accum_din, int accum_dw);
+    /* The same with bf16 operands, as matmul_fwd_bf16 / matmul_bwd_bf16
+     * (in, w and dout16 bf16; db the fp32 dout's row sums). */
+    void (*gmm_fwd_bf16)(void *ctx, float *out, const uint16_t *in, const uint16_t *w, const float *b,
+                         const int32_t *offs, int G, int IC, int OC);
+    void (*gmm_bwd_bf16)(void *ctx, float *din, float *dw, float *db, const uint16_t *dout16, const float *dout,
+                         const uint16_t *in, const float *pre, const uint16_t *w, const int32_t *offs, int G, int IC,
+                         int OC, int accum_din, int accum_dw);
+
     /* LayerNorm over the last dim: out = (x - mean) * rstd * w + b.
      * mean[N], rstd[N] are saved for backward. */
     void (*layernorm_fwd)(void *ctx, float *out, float *mean, float *rstd, const float *x, const float *w,

@@ -79,6 +79,7 @@
 #include "cuda/kernels/reduce.cuh"
 #include "cuda/kernels/rope.cuh"
 #include "cuda/ops_cuda_gemm.cuh"
+#include "cuda/ops_cuda_gmm.cuh"
 #include "cuda/ops_cuda_state.cuh"
 
 /* ---- memory ------------------------------------------------------------------------ */
@@ -837,6 +838,9 @@ static void cu_release(void *ctx)
         (void)cudaFreeAsync(g->emb, g->stream);
     if (g->moe)
         (void)cudaFreeAsync(g->moe, g->stream);
+    if (g->gmm_dev)
+        (void)cudaFreeAsync(g->gmm_dev, g->stream);
+    free(g->gmm_host);
     if (g->part)
         (void)cudaFree(g->part);
     if (g->xs)
@@ -881,6 +885,10 @@ static const ops_t cuda_ops = {
     .matmul_gelu_fwd_bf16 = matmul_gelu_fwd_bf16,
     .matmul_dgelu_bwd = matmul_dgelu_bwd,
     .matmul_dgelu_bwd_bf16 = matmul_dgelu_bwd_bf16,
+    .gmm_fwd = gmm_fwd,
+    .gmm_bwd = gmm_bwd,
+    .gmm_fwd_bf16 = gmm_fwd_bf16,
+    .gmm_bwd_bf16 = gmm_bwd_bf16,
     .layernorm_fwd = layernorm_fwd,
     .layernorm_bwd = layernorm_bwd,
     .rmsnorm_fwd = rmsnorm_fwd,

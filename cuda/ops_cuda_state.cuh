@@ -40,6 +40,7 @@ typedef struct lt_cache {
     long made, reused;              /* ops_cuda_gemm_plans */
     long blas;                      /* plain GEMMs run by cublasGemmEx instead (ops_cuda_gemm_plans) */
     long gelu_fused, gelu_separate; /* ops_cuda_gelu_epilogues */
+    long grouped;                   /* cublasGemmGroupedBatchedEx calls (ops_cuda_gmm.cuh) */
 } lt_cache_t;
 
 typedef struct cuda_ctx {
@@ -65,6 +66,9 @@ typedef struct cuda_ctx {
     size_t emb_cap, emb_scratch_cap; /* tokens, bytes */
     void *moe;                       /* the MoE ops' scratch (moe_room) */
     size_t moe_cap;                  /* bytes */
+    void *gmm_host, *gmm_dev;        /* the grouped GEMMs' arrays: pageable host, device (ops_cuda_gmm.cuh) */
+    size_t gmm_host_cap;             /* bytes */
+    size_t gmm_dev_cap;              /* bytes */
     lt_cache_t plans;                /* the kept cuBLASLt plans (ops_cuda_gemm.cuh) */
 } cu_t;
 

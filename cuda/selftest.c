@@ -344,6 +344,48 @@ out:
     tp_free(s, &dout), tp_free(s, &din), tp_free(s, &dw), tp_free(s, &db);
 }
 
+/* The fp32 grouped GEMMs (cuda/ops_cuda_gmm.cuh: cublasGemmGroupedBatchedEx)
+ * against the CPU's: G groups of the row counts rows[] (empty ones too),
+ * weights [G, OC, IC], biases [G, OC]; the forward with and without
+ * biases, the backward written and accumulated, and with the GELU's pre. */
+static void t_gmm(st_t *s, const int *rows, int G, int IC, int OC)
+{
+    char what[160];
+    int32_t offs[17] = {0};
+    for (int g = 0; g < G && g < 16; g++)
+        offs[g + 1] = offs[g] + rows[g];
+    const size_t R = (size_t)offs[G];
+    tp_t in, w, b, out, dout, din, dw, db, pre;
+    memset(&in, 0, sizeof in), w = b = out = dout = din = dw = db = pre = in;
+    if (tp_new(s, &in, R * IC, -1, 1) || tp_new(s, &w, (size_t)G * OC * IC, -1, 1) ||
+        tp_new(s, &b, (size_t)G * OC, -1, 1) || tp_new(s, &out, R * OC, -1, 1) || tp_new(s, &dout, R * OC, -1, 1) ||
+        tp_new(s, &din, R * IC, -1, 1) || tp_new(s, &dw, (size_t)G * OC * IC, -1, 1) ||
+        tp_new(s, &db, (size_t)G * OC, -1, 1) || tp_new(s, &pre, R * IC, -3, 3))
+        goto out;
+    for (int bias = 0; bias < 2; bias++) {
+        s->cpu->gmm_fwd(s->cpu->ctx, out.h, in.h, w.h, bias ? b.h : NULL, offs, G, IC, OC);
+        s->gpu->gmm_fwd(s->gpu->ctx, out.d, in.d, w.d, bias ? b.d : NULL, offs, G, IC, OC);
+        snprintf(what, sizeof what, "gmm_fwd G=%d R=%zu IC=%d OC=%d%s", G, R, IC, OC, bias ? " +bias" : "");
+        check(s, what, &out, B_MATMUL);
+    }
+    for (int mode = 0; mode < 3; mode++) { /* written, accumulated, with pre */
+        const int accum = mode == 1;
+        const float *ph = mode == 2 ? pre.h : NULL, *pd = mode == 2 ? pre.d : NULL;
+        tp_sync(s, &din), tp_sync(s, &dw), tp_sync(s, &db); /* each comparison this op's alone */
+        s->cpu->gmm_bwd(s->cpu->ctx, din.h, dw.h, db.h, dout.h, in.h, ph, w.h, offs, G, IC, OC, accum, accum);
+        s->gpu->gmm_bwd(s->gpu->ctx, din.d, dw.d, db.d, dout.d, in.d, pd, w.d, offs, G, IC, OC, accum, accum);
+        snprintf(what, sizeof what, "gmm_bwd din G=%d R=%zu IC=%d OC=%d mode=%d", G, R, IC, OC, mode);
+        check(s, what, &din, B_MATMUL);
+        snprintf(what, sizeof what, "gmm_bwd dw G=%d R=%zu IC=%d OC=%d mode=%d", G, R, IC, OC, mode);
+        check(s, what, &dw, B_MATMUL);
+        snprintf(what, sizeof what, "gmm_bwd db G=%d R=%zu IC=%d OC=%d mode=%d", G, R, IC, OC, mode);
+        check(s, what, &db, B_MATMUL);
+    }
+out:
+    tp_free(s, &in), tp_free(s, &w), tp_free(s, &b), tp_free(s, &out), tp_free(s, &dout);
+    tp_free(s, &din), tp_free(s, &dw), tp_free(s, &db), tp_free(s, &pre);
+}
+
 /* Kept cuBLASLt plans (cuda/ops_cuda.cu): a GEMM, another shape, the
  * first again. The third call must reuse the first's plan and give its
  * bits exactly; the plans made and reused counters must say so. */
@@ -1374,6 +1416,12 @@ int cuda_selftest(const ops_t *gpu, const ops_t *cpu, FILE *out, char *err, size
         t_matmul(&s, mm[i][0], mm[i][1], mm[i][2]);
     if (!s.oom)
         t_gemm_plans(&s);
+    /* grouped GEMMs: Mixtral-like 8 experts, empty ones among them; odd shapes */
+    static const int gr[][8] = {{64, 0, 200, 1, 37, 0, 128, 9}, {0, 5, 300, 0, 0, 0, 0, 0}};
+    if (!s.oom)
+        t_gmm(&s, gr[0], 8, 96, 160);
+    if (!s.oom)
+        t_gmm(&s, gr[1], 4, 61, 29);
     for (size_t i = 0; i < sizeof mb / sizeof mb[0] && !s.oom; i++)
         t_matmul_bf16(&s, mb[i][0], mb[i][1], mb[i][2]);
     /* GELU-fused GEMMs {N, IC, F}: F a multiple of 8 (the epilogue), one

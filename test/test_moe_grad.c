@@ -268,7 +268,8 @@ static void check_bf16(model_t *m, moe_acts_t *a, const block_tensors_t *w, cons
     m->lay.bf16 = 1;
     m->a16 = xcalloc(NK * wide, sizeof(uint16_t));
     m->d16 = xcalloc(NK * wide, sizeof(uint16_t));
-    m->w16 = xcalloc(FW * C > C * Fe ? FW * C : C * Fe, sizeof(uint16_t)); /* no params16: every weight rounded here */
+    /* no params16: every weight rounded here, all E experts' at once (one grouped GEMM) */
+    m->w16 = xcalloc((size_t)m->cfg.moe.experts * (FW * C > C * Fe ? FW * C : C * Fe), sizeof(uint16_t));
     float *out = xcalloc((size_t)N * C, sizeof(float));
     model_moe_stats_t *st = m->moe_stats, scratch = {0}; /* the fp32 forward's stay for the losses' file */
     m->moe_stats = &scratch;

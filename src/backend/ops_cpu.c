@@ -16,6 +16,7 @@
 #include "config.h"
 #endif
 #include "src/backend/ops_cpu.h"
+#include "src/backend/ops_cpu_gmm.h"
 #include "src/backend/ops_cpu_moe.h"
 #include "src/backend/ops_cpu_ring.h"
 
@@ -63,6 +64,7 @@ typedef struct cpu_ctx {
         float *a, *b;
         size_t na, nb; /* floats */
     } panels;
+    cpu_gmm_ws_t gmm; /* the bf16 grouped GEMMs' widening buffers */
 } cpu_ctx_t;
 
 /* max of x[0..n-1] (-inf for n = 0). Eight running maxima in registers keep
@@ -933,7 +935,7 @@ static void scale(void *ctx, float *x, float s, size_t n)
  * GEMM, in a different order. Widening costs 6 B per operand element against
  * 2*K flops per element; the CPU's bf16 path is for checking the GPU's, not
  * for speed. */
-#define BF16_PANEL ((size_t)4 << 20)
+#define BF16_PANEL CPU_BF16_PANEL /* src/backend/ops_cpu_gmm.h: the grouped GEMMs split alike */
 
 /* dst[r1-r0, c1-c0] = fp32 of src[r0:r1, c0:c1] (src row stride ld) */
 static void widen_block(float *dst, const uint16_t *src, size_t ld, int r0, int r1, int c0, int c1)
@@ -967,11 +969,7 @@ static int panels_reserve(cpu_ctx_t *c, size_t na, size_t nb)
 }
 
 /* Rows per panel of a matrix with `cols` columns. */
-static int panel_rows(int cols, int rows)
-{
-    size_t r = BF16_PANEL / (size_t)(cols > 0 ? cols : 1);
-    return r < 1 ? 1 : r > (size_t)rows ? rows : (int)r;
-}
+static int panel_rows(int cols, int rows) { return cpu_bf16_panel_rows(cols, rows); }
 
 /* Without memory for the panels (BF16_PANEL floats each): one fp32 sum per
  * output element, slow but the same arithmetic. C[M,N] (=|+= by beta)
@@ -1120,6 +1118,34 @@ static void matmul_dgelu_bwd_bf16(void *ctx, float *din, float *dw, float *db, c
         gelu_bwd(ctx, din, pre, din, (size_t)N * IC);
 }
 
+/* ---- grouped GEMMs (src/backend/ops_cpu_gmm.c) ------------------------------------------- */
+
+static void gmm_fwd(void *ctx, float *out, const float *in, const float *w, const float *b, const int32_t *offs, int G,
+                    int IC, int OC)
+{
+    cpu_gmm_fwd(out, in, w, b, offs, G, IC, OC);
+}
+
+static void gmm_bwd(void *ctx, float *din, float *dw, float *db, const float *dout, const float *in, const float *pre,
+                    const float *w, const int32_t *offs, int G, int IC, int OC, int accum_din, int accum_dw)
+{
+    cpu_gmm_bwd(din, dw, db, dout, in, pre, w, offs, G, IC, OC, accum_din, accum_dw);
+}
+
+static void gmm_fwd_bf16(void *ctx, float *out, const uint16_t *in, const uint16_t *w, const float *b,
+                         const int32_t *offs, int G, int IC, int OC)
+{
+    cpu_gmm_fwd_bf16(&((cpu_ctx_t *)ctx)->gmm, out, in, w, b, offs, G, IC, OC);
+}
+
+static void gmm_bwd_bf16(void *ctx, float *din, float *dw, float *db, const uint16_t *dout16, const float *dout,
+                         const uint16_t *in, const float *pre, const uint16_t *w, const int32_t *offs, int G, int IC,
+                         int OC, int accum_din, int accum_dw)
+{
+    cpu_gmm_bwd_bf16(&((cpu_ctx_t *)ctx)->gmm, din, dw, db, dout16, dout, in, pre, w, offs, G, IC, OC, accum_din,
+                     accum_dw);
+}
+
 /* ---- bf16 casts ------------------------------------------------------------------------ */
 
 static void cast_f32_to_bf16(void *ctx, uint16_t *out, const float *in, size_t n)
@@ -1143,6 +1169,7 @@ static void cpu_release(void *ctx)
     cpu_ctx_t *c = ctx;
     free(c->panels.a);
     free(c->panels.b);
+    cpu_gmm_ws_free(&c->gmm);
     free(c);
 }
 
@@ -1165,6 +1192,10 @@ static const ops_t cpu_ops = {
     .matmul_gelu_fwd_bf16 = matmul_gelu_fwd_bf16,
     .matmul_dgelu_bwd = matmul_dgelu_bwd,
     .matmul_dgelu_bwd_bf16 = matmul_dgelu_bwd_bf16,
+    .gmm_fwd = gmm_fwd,
+    .gmm_bwd = gmm_bwd,
+    .gmm_fwd_bf16 = gmm_fwd_bf16,
+    .gmm_bwd_bf16 = gmm_bwd_bf16,
     .layernorm_fwd = layernorm_fwd,
     .layernorm_bwd = layernorm_bwd,
     .rmsnorm_fwd = rmsnorm_fwd,

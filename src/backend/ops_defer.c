@@ -360,6 +360,114 @@ static void d_matmul_bwd_bf16(void *ctx, float *din, float *dw, float *db, const
           sizeof(mm_bwd16_args_t));
 }
 
+/* ---- grouped GEMMs ------------------------------------------------------------ */
+
+/* Queues run with the record *args (args_bytes, a multiple of 4) followed
+ * by a copy of the host array ints[n] (the grouped GEMMs' row offsets,
+ * which the caller may change as soon as the op returns, as a GPU's
+ * would have been read into the launch). 0, or -1 when the arena cannot
+ * grow: the queue has then run, and the caller runs the op at once. */
+static int defer_ints(defer_t *q, run_fn run, const void *args, size_t args_bytes, const int32_t *ints, size_t n)
+{
+    unsigned char *dst = push(q, run, args_bytes + n * sizeof(int32_t));
+    if (!dst) {
+        drain(q);
+        q->ops_run++;
+        return -1;
+    }
+    memcpy(dst, args, args_bytes);
+    memcpy(dst + args_bytes, ints, n * sizeof(int32_t));
+    return 0;
+}
+/* the offsets a record carries after its arguments */
+#define REC_OFFS(a) ((const int32_t *)((const unsigned char *)(a) + sizeof *(a)))
+
+typedef struct {
+    float *out;
+    const float *in, *w, *b;
+    int G, IC, OC, pad_;
+} gmm_fwd_args_t;
+static void r_gmm_fwd(const ops_t *b, const void *a_)
+{
+    const gmm_fwd_args_t *a = a_;
+    b->gmm_fwd(b->ctx, a->out, a->in, a->w, a->b, REC_OFFS(a), a->G, a->IC, a->OC);
+}
+static void d_gmm_fwd(void *ctx, float *out, const float *in, const float *w, const float *b, const int32_t *offs,
+                      int G, int IC, int OC)
+{
+    defer_t *q = ctx;
+    if (defer_ints(q, r_gmm_fwd, &(gmm_fwd_args_t){out, in, w, b, G, IC, OC, 0}, sizeof(gmm_fwd_args_t), offs,
+                   (size_t)G + 1) != 0)
+        q->base->gmm_fwd(q->base->ctx, out, in, w, b, offs, G, IC, OC);
+}
+
+typedef struct {
+    float *out;
+    const uint16_t *in, *w;
+    const float *b;
+    int G, IC, OC, pad_;
+} gmm_fwd16_args_t;
+static void r_gmm_fwd_bf16(const ops_t *b, const void *a_)
+{
+    const gmm_fwd16_args_t *a = a_;
+    b->gmm_fwd_bf16(b->ctx, a->out, a->in, a->w, a->b, REC_OFFS(a), a->G, a->IC, a->OC);
+}
+static void d_gmm_fwd_bf16(void *ctx, float *out, const uint16_t *in, const uint16_t *w, const float *b,
+                           const int32_t *offs, int G, int IC, int OC)
+{
+    defer_t *q = ctx;
+    if (defer_ints(q, r_gmm_fwd_bf16, &(gmm_fwd16_args_t){out, in, w, b, G, IC, OC, 0}, sizeof(gmm_fwd16_args_t), offs,
+                   (size_t)G + 1) != 0)
+        q->base->gmm_fwd_bf16(q->base->ctx, out, in, w, b, offs, G, IC, OC);
+}
+
+typedef struct {
+    float *din, *dw, *db;
+    const float *dout, *in, *pre, *w;
+    int G, IC, OC, accum_din, accum_dw, pad_;
+} gmm_bwd_args_t;
+static void r_gmm_bwd(const ops_t *b, const void *a_)
+{
+    const gmm_bwd_args_t *a = a_;
+    b->gmm_bwd(b->ctx, a->din, a->dw, a->db, a->dout, a->in, a->pre, a->w, REC_OFFS(a), a->G, a->IC, a->OC,
+               a->accum_din, a->accum_dw);
+}
+static void d_gmm_bwd(void *ctx, float *din, float *dw, float *db, const float *dout, const float *in, const float *pre,
+                      const float *w, const int32_t *offs, int G, int IC, int OC, int accum_din, int accum_dw)
+{
+    defer_t *q = ctx;
+    if (defer_ints(q, r_gmm_bwd, &(gmm_bwd_args_t){din, dw, db, dout, in, pre, w, G, IC, OC, accum_din, accum_dw, 0},
+                   sizeof(gmm_bwd_args_t), offs, (size_t)G + 1) != 0)
+        q->base->gmm_bwd(q->base->ctx, din, dw, db, dout, in, pre, w, offs, G, IC, OC, accum_din, accum_dw);
+}
+
+typedef struct {
+    float *din, *dw, *db;
+    const uint16_t *dout16;
+    const float *dout;
+    const uint16_t *in;
+    const float *pre;
+    const uint16_t *w;
+    int G, IC, OC, accum_din, accum_dw, pad_;
+} gmm_bwd16_args_t;
+static void r_gmm_bwd_bf16(const ops_t *b, const void *a_)
+{
+    const gmm_bwd16_args_t *a = a_;
+    b->gmm_bwd_bf16(b->ctx, a->din, a->dw, a->db, a->dout16, a->dout, a->in, a->pre, a->w, REC_OFFS(a), a->G, a->IC,
+                    a->OC, a->accum_din, a->accum_dw);
+}
+static void d_gmm_bwd_bf16(void *ctx, float *din, float *dw, float *db, const uint16_t *dout16, const float *dout,
+                           const uint16_t *in, const float *pre, const uint16_t *w, const int32_t *offs, int G, int IC,
+                           int OC, int accum_din, int accum_dw)
+{
+    defer_t *q = ctx;
+    if (defer_ints(q, r_gmm_bwd_bf16,
+                   &(gmm_bwd16_args_t){din, dw, db, dout16, dout, in, pre, w, G, IC, OC, accum_din, accum_dw, 0},
+                   sizeof(gmm_bwd16_args_t), offs, (size_t)G + 1) != 0)
+        q->base->gmm_bwd_bf16(q->base->ctx, din, dw, db, dout16, dout, in, pre, w, offs, G, IC, OC, accum_din,
+                              accum_dw);
+}
+
 /* ---- norms ------------------------------------------------------------------- */
 
 typedef struct {
@@ -1067,6 +1175,10 @@ static const ops_t defer_ops = {
     .matmul_gelu_fwd_bf16 = d_matmul_gelu_fwd_bf16,
     .matmul_dgelu_bwd = d_matmul_dgelu_bwd,
     .matmul_dgelu_bwd_bf16 = d_matmul_dgelu_bwd_bf16,
+    .gmm_fwd = d_gmm_fwd,
+    .gmm_bwd = d_gmm_bwd,
+    .gmm_fwd_bf16 = d_gmm_fwd_bf16,
+    .gmm_bwd_bf16 = d_gmm_bwd_bf16,
     .layernorm_fwd = d_layernorm_fwd,
     .layernorm_bwd = d_layernorm_bwd,
     .rmsnorm_fwd = d_rmsnorm_fwd,

@@ -339,7 +339,9 @@ static void carve_block(const model_t *m, char *base, size_t *cursor, block_acts
  * max(C, big, Vl on the last stage) and WMAX = max(QKV*C, FW*C): the bf16
  * copies of one GEMM's input and output gradient, and of a ZeRO-3 block's
  * weight (every other weight's bf16 copy is params16, counted as
- * parameters).
+ * parameters). A MoE model widens IC, OC to its experts' rows and WMAX to
+ * a lent block's El local experts' fc weights (El*FWe*C), which one grouped
+ * GEMM reads at once.
  * (dres, dlnr and lnr are the r(NR*C) terms; dfull, dln and tmp the
  * r(N*C) ones; r(B*NH*T) is attention's log-sum-exp: flash-style attention
  * keeps nothing T x T.) The recomputed fc_act needs no bytes of its own: it
@@ -509,8 +511,9 @@ static void layout_acts(model_t *m, char *acts, size_t *acts_bytes, char *work, 
             const size_t FWe = (size_t)moe_fcw_local(m);
             rows_a = R * (Fe > C ? Fe : C) > rows_a ? R * (Fe > C ? Fe : C) : rows_a;
             rows_d = R * (FWe > C ? FWe : C) > rows_d ? R * (FWe > C ? FWe : C) : rows_d;
-            if (FWe * C > wmax)
-                wmax = FWe * C;
+            const size_t El = (size_t)m->cfg.moe.experts / ep_size(m); /* a lent block's experts, at once */
+            if (El * FWe * C > wmax)
+                wmax = El * FWe * C;
         }
         m->a16 = carve16(work, &w, rows_a);
         /* weights come from params16, except lent (ZeRO-3) block weights:
@@ -993,6 +996,37 @@ void model_mm_dgelu_bwd(model_t *m, float *din, float *dw, float *db, const floa
     const uint16_t *w16 = weight16(m, w, (size_t)OC * IC);
     in16 = mm_bwd_operands16(m, dout, in, in16, 1, dw != NULL, N, IC, OC);
     o->matmul_dgelu_bwd_bf16(o->ctx, din, dw, db, m->d16, dout, in16, pre, w16, N, IC, OC, accum_dw);
+}
+
+/* The grouped GEMMs (ops gmm_*) in the model's GEMM precision, for the
+ * experts (moe.c): G groups of rows by offs (host, offs[0] = 0), weights
+ * w[G,OC,IC] in one run (params16's copy, or a lent block's rounded into
+ * w16). Under bf16 the rows' inputs are rounded into a16 and the output
+ * gradient into d16, all groups' at once. */
+void model_gmm_fwd(model_t *m, float *out, const float *in, const float *w, const float *b, const int32_t *offs, int G,
+                   int IC, int OC)
+{
+    const ops_t *o = m->ops;
+    if (!m->lay.bf16) {
+        o->gmm_fwd(o->ctx, out, in, w, b, offs, G, IC, OC);
+        return;
+    }
+    const uint16_t *w16 = weight16(m, w, (size_t)G * OC * IC);
+    o->cast_f32_to_bf16(o->ctx, m->a16, in, (size_t)offs[G] * IC);
+    o->gmm_fwd_bf16(o->ctx, out, m->a16, w16, b, offs, G, IC, OC);
+}
+
+void model_gmm_bwd(model_t *m, float *din, float *dw, float *db, const float *dout, const float *in, const float *pre,
+                   const float *w, const int32_t *offs, int G, int IC, int OC, int accum_dw)
+{
+    const ops_t *o = m->ops;
+    if (!m->lay.bf16) {
+        o->gmm_bwd(o->ctx, din, dw, db, dout, in, pre, w, offs, G, IC, OC, 0, accum_dw);
+        return;
+    }
+    const uint16_t *w16 = din ? weight16(m, w, (size_t)G * OC * IC) : NULL;
+    const uint16_t *in16 = mm_bwd_operands16(m, dout, in, NULL, din != NULL, dw != NULL, offs[G], IC, OC);
+    o->gmm_bwd_bf16(o->ctx, din, dw, db, m->d16, dout, in16, pre, w16, offs, G, IC, OC, 0, accum_dw);
 }
 
 /* Norm of this rank's NR rows of x, then all N rows of the result in

@@ -306,6 +306,16 @@ void model_mm_bwd(model_t *m, float *din, float *dw, float *db, const float *dou
 void model_mm_dgelu_bwd(model_t *m, float *din, float *dw, float *db, const float *dout, const float *in,
                         const uint16_t *in16, const float *pre, const float *w, int N, int IC, int OC, int accum_dw);
 
+/* The grouped GEMMs (ops gmm_fwd/gmm_bwd, base/ops.h) in the model's
+ * precision, as model_mm_*: G groups of rows by the host offsets offs
+ * (offs[0] = 0), weights w[G,OC,IC] and biases b[G,OC]; the backward
+ * writes din (with pre: gelu'(pre) o, as model_mm_dgelu_bwd) and dw, db
+ * (=|+= by accum_dw). */
+void model_gmm_fwd(model_t *m, float *out, const float *in, const float *w, const float *b, const int32_t *offs, int G,
+                   int IC, int OC);
+void model_gmm_bwd(model_t *m, float *din, float *dw, float *db, const float *dout, const float *in, const float *pre,
+                   const float *w, const int32_t *offs, int G, int IC, int OC, int accum_dw);
+
 /* Zeroes the MoE layers' routing statistics (model_moe_stats_t and the
  * expert loads). */
 void model_moe_stats_reset(model_t *m);

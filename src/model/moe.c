@@ -229,13 +229,9 @@ status_t moe_fwd(model_t *m, moe_acts_t *a, const block_tensors_t *w, const floa
         El = experts_local(m);
         ye = m->md1; /* [R,C] until sent back */
     }
-    /* he[R,FWe] = xe . wfc_e^T (+ bfc_e), expert by expert */
-    for (int x = 0; x < El; x++) {
-        const int r0 = offs[x], n = offs[x + 1] - r0;
-        if (n > 0)
-            model_mm_fwd(m, a->he + (size_t)r0 * FWe, xe + (size_t)r0 * C, NULL, w->ewfc + (size_t)x * FWe * C,
-                         gpt ? w->ebfc + (size_t)x * Fe : NULL, n, C, FWe);
-    }
+    /* he[R,FWe] = xe . wfc_e^T (+ bfc_e): every local expert on its rows
+     * (offs), in one grouped GEMM */
+    model_gmm_fwd(m, a->he, xe, w->ewfc, gpt ? w->ebfc : NULL, offs, El, C, FWe);
     /* ae[R,Fe] = GELU(he) | SwiGLU(gate, up) */
     if (gpt)
         o->gelu_fwd(o->ctx, a->ae, a->he, R * Fe);
@@ -244,12 +240,7 @@ status_t moe_fwd(model_t *m, moe_acts_t *a, const block_tensors_t *w, const floa
     /* ye[R,C] = ae . wproj_e^T (+ bproj_e, added once: by TP rank 0, or
      * with whole experts by the one rank that computes the row) */
     const int bias = gpt && (m->lay.part.tp_rank == 0 || moe_etp_whole(m));
-    for (int x = 0; x < El; x++) {
-        const int r0 = offs[x], n = offs[x + 1] - r0;
-        if (n > 0)
-            model_mm_fwd(m, ye + (size_t)r0 * C, a->ae + (size_t)r0 * Fe, NULL, w->ewproj + (size_t)x * C * Fe,
-                         bias ? w->ebproj + (size_t)x * C : NULL, n, Fe, C);
-    }
+    model_gmm_fwd(m, ye, a->ae, w->ewproj, bias ? w->ebproj : NULL, offs, El, Fe, C);
     /* --ep: the outputs back to their tokens' ranks, a->ye [M,C] */
     if (ep_of(m) > 1)
         CHECK(ep_return(m, a, a->ye, ye, R, "expert outputs", err, errlen));
@@ -296,17 +287,11 @@ status_t moe_bwd_experts(model_t *m, const moe_acts_t *a, const block_tensors_t 
         /* the gathered tokens again: xe[M,C] (mx) */
         o->moe_gather(o->ctx, m->mx, ln2, a->perm, M, K, C);
     }
-    /* proj: dae[R,Fe] (md2; GPT-2: through GELU already, = dhe) */
-    for (int x = 0; x < El; x++) {
-        const int r0 = offs[x], n = offs[x + 1] - r0;
-        float *dw = g->ewproj + (size_t)x * C * Fe, *db = gpt ? g->ebproj + (size_t)x * C : NULL;
-        if (gpt)
-            model_mm_dgelu_bwd(m, m->md2 + (size_t)r0 * Fe, dw, db, m->md1 + (size_t)r0 * C, a->ae + (size_t)r0 * Fe,
-                               NULL, a->he + (size_t)r0 * Fe, w->ewproj + (size_t)x * C * Fe, n, Fe, C, accum);
-        else
-            model_mm_bwd(m, m->md2 + (size_t)r0 * Fe, dw, db, m->md1 + (size_t)r0 * C, a->ae + (size_t)r0 * Fe, NULL,
-                         w->ewproj + (size_t)x * C * Fe, n, Fe, C, 0, accum);
-    }
+    /* proj: dae[R,Fe] (md2; GPT-2: through GELU already, = dhe, the
+     * GELU input he its pre) and the proj weight (and bias) gradients,
+     * all local experts in one grouped GEMM */
+    model_gmm_bwd(m, m->md2, g->ewproj, gpt ? g->ebproj : NULL, m->md1, a->ae, gpt ? a->he : NULL, w->ewproj, offs, El,
+                  Fe, C, accum);
     /* dhe[R,FWe]: GPT-2's is md2; SwiGLU's into md1 */
     const float *dhe = m->md2;
     if (!gpt) {
@@ -314,13 +299,8 @@ status_t moe_bwd_experts(model_t *m, const moe_acts_t *a, const block_tensors_t 
         dhe = m->md1;
     }
     float *dxe = gpt ? m->md1 : m->md2;
-    /* fc: dxe[R,C] and the fc weight (and bias) gradients */
-    for (int x = 0; x < El; x++) {
-        const int r0 = offs[x], n = offs[x + 1] - r0;
-        model_mm_bwd(m, dxe + (size_t)r0 * C, g->ewfc + (size_t)x * FWe * C, gpt ? g->ebfc + (size_t)x * Fe : NULL,
-                     dhe + (size_t)r0 * FWe, xe + (size_t)r0 * C, NULL, w->ewfc + (size_t)x * FWe * C, n, C, FWe, 0,
-                     accum);
-    }
+    /* fc: dxe[R,C] and the fc weight (and bias) gradients, grouped */
+    model_gmm_bwd(m, dxe, g->ewfc, gpt ? g->ebfc : NULL, dhe, xe, NULL, w->ewfc, offs, El, C, FWe, accum);
     /* --ep: dxe back to the tokens' ranks, [M,C] in dispatch order (mx) */
     if (ep_of(m) > 1) {
         CHECK(ep_return(m, a, m->mx, dxe, R, "input gradients", err, errlen));

@@ -33,8 +33,9 @@
  * routing and expert buffers), C d_model, E experts, K per token, NK =
  * N*K, M = the kept assignments (<= NK), Fe = moe.ffn / tp (whole
  * experts: moe.ffn), FWe = Fe (GPT-2) or 2 Fe (Llama's gate|up). The
- * experts' GEMMs take the model's GEMM helpers (bf16 operands under
- * --dtype bf16); the router stays fp32. */
+ * experts' GEMMs are grouped GEMMs over the local experts' rows
+ * (model_gmm_fwd/bwd: ops gmm_*), in the model's precision (bf16 operands
+ * under --dtype bf16); the router stays fp32. */
 #ifndef DTRAIN_MOE_H
 #define DTRAIN_MOE_H
 

@@ -129,6 +129,18 @@ cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t s)
     memset(p, v, n);
     return cudaSuccess;
 }
+/* device memory is host memory here; a pageable source is taken before
+ * the call returns, as the runtime's staging does */
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind kind, cudaStream_t s)
+{
+    (void)kind;
+    if (s != emu_stream)
+        emu_bad_stream++;
+    if (n && (!dst || !src))
+        return cudaErrorInvalidValue;
+    memcpy(dst, src, n);
+    return cudaSuccess;
+}
 cudaError_t cudaMallocAsync(void **p, size_t n, cudaStream_t s)
 {
     if (s != emu_stream)
@@ -622,6 +634,61 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
     gemm_core(m, n, k, *(const float *)alpha, Operand{A, Atype, lda, ta == CUBLAS_OP_T},
               Operand{B, Btype, ldb, tb == CUBLAS_OP_T}, *(const float *)beta, (const float *)C, ldc, (float *)C, ldc,
               CUBLASLT_EPILOGUE_DEFAULT, nullptr, nullptr, nullptr, 0);
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+/* cublasGemmGroupedBatchedEx, with the type combinations cuBLAS's
+ * documentation lists for it (A = B = C of CUDA_R_16F, CUDA_R_16BF or
+ * CUDA_R_32F with CUBLAS_COMPUTE_32F, or fp32 with _FAST_TF32): bf16
+ * A/B with an fp32 C, which cublasGemmEx takes, is refused. Host arrays
+ * of group_count shapes, alphas and betas; Aarray, Barray, Carray the
+ * (device) arrays of sum(group_size) pointers, group after group. Empty
+ * problems are refused too (the backend leaves them out). */
+static long emu_grouped, emu_grouped_problems;
+cublasStatus_t cublasGemmGroupedBatchedEx(cublasHandle_t h, const cublasOperation_t ta[], const cublasOperation_t tb[],
+                                          const int m[], const int n[], const int k[], const void *alpha,
+                                          const void *const A[], cudaDataType_t Atype, const int lda[],
+                                          const void *const B[], cudaDataType_t Btype, const int ldb[],
+                                          const void *beta, void *const C[], cudaDataType_t Ctype, const int ldc[],
+                                          int group_count, const int group_size[], cublasComputeType_t compute)
+{
+    if (!live_has(h))
+        return SHIM_ERR("GemmGroupedBatchedEx: handle"), CUBLAS_STATUS_NOT_INITIALIZED;
+    if (h->stream != emu_stream)
+        emu_bad_stream++;
+    const bool types =
+        Atype == Btype && Btype == Ctype &&
+        ((compute == CUBLAS_COMPUTE_32F && (Atype == CUDA_R_16F || Atype == CUDA_R_16BF || Atype == CUDA_R_32F)) ||
+         (compute == CUBLAS_COMPUTE_32F_FAST_TF32 && Atype == CUDA_R_32F));
+    if (!types)
+        return SHIM_ERR("GemmGroupedBatchedEx: types A %d B %d C %d compute %d", (int)Atype, (int)Btype, (int)Ctype,
+                        (int)compute),
+               CUBLAS_STATUS_NOT_SUPPORTED;
+    if (Atype != CUDA_R_32F) /* the emulated GEMM core reads fp32 and bf16 only; C is fp32 */
+        return SHIM_ERR("GemmGroupedBatchedEx: only fp32 is emulated"), CUBLAS_STATUS_NOT_SUPPORTED;
+    if (group_count < 0)
+        return SHIM_ERR("GemmGroupedBatchedEx: group_count %d", group_count), CUBLAS_STATUS_INVALID_VALUE;
+    emu_grouped++;
+    const float *al = (const float *)alpha, *be = (const float *)beta;
+    for (int gi = 0, p = 0; gi < group_count; gi++) {
+        const bool at = ta[gi] == CUBLAS_OP_T, bt = tb[gi] == CUBLAS_OP_T;
+        if ((ta[gi] != CUBLAS_OP_N && !at) || (tb[gi] != CUBLAS_OP_N && !bt) || group_size[gi] < 0)
+            return SHIM_ERR("GemmGroupedBatchedEx: group %d args", gi), CUBLAS_STATUS_INVALID_VALUE;
+        if (m[gi] <= 0 || n[gi] <= 0 || k[gi] <= 0)
+            return SHIM_ERR("GemmGroupedBatchedEx: group %d empty (m %d n %d k %d)", gi, m[gi], n[gi], k[gi]),
+                   CUBLAS_STATUS_INVALID_VALUE;
+        const int ra = at ? k[gi] : m[gi], rb = bt ? n[gi] : k[gi];
+        if (lda[gi] < ra || ldb[gi] < rb || ldc[gi] < m[gi])
+            return SHIM_ERR("GemmGroupedBatchedEx: group %d ld %d %d %d for m %d n %d k %d", gi, lda[gi], ldb[gi],
+                            ldc[gi], m[gi], n[gi], k[gi]),
+                   CUBLAS_STATUS_INVALID_VALUE;
+        for (int j = 0; j < group_size[gi]; j++, p++) {
+            emu_grouped_problems++;
+            gemm_core(m[gi], n[gi], k[gi], al[gi], Operand{A[p], Atype, lda[gi], at}, Operand{B[p], Btype, ldb[gi], bt},
+                      be[gi], (const float *)C[p], ldc[gi], (float *)C[p], ldc[gi], CUBLASLT_EPILOGUE_DEFAULT, nullptr,
+                      nullptr, nullptr, 0);
+        }
+    }
     return CUBLAS_STATUS_SUCCESS;
 }
 

@@ -18,7 +18,12 @@
  * operands, with buffers aligned and misaligned by one element, for:
  *   matmul_fwd, matmul_gelu_fwd: bias and none;
  *   matmul_bwd: every subset of din/dw/db, each accumulate flag;
- *   matmul_dgelu_bwd: din with every subset of dw/db, accumulate dw or not.
+ *   matmul_dgelu_bwd: din with every subset of dw/db, accumulate dw or not;
+ *   gmm_fwd, gmm_bwd (ops_cuda_gmm.cuh, against the CPU's grouped ops): 1
+ *   to 8 groups with empty ones first, between and last, bias or not,
+ *   din with and without dw/db, accumulating, with the GELU's pre, IC = 0
+ *   and OC = 0; fp32 must reach cublasGemmGroupedBatchedEx, whose
+ *   emulation refuses the bf16-in fp32-out types cuBLAS does not list.
  * Each output must match the CPU's to 1e-5 of its largest magnitude (the
  * emulation sums in double, the CPU in fp32), outputs not asked for must be
  * left as they were, a second call (plans reused) must give the same bits,
@@ -33,6 +38,7 @@ extern "C" {
 #include "cuda/device.h"
 
 #include "cuda/ops_cuda_gemm.cuh"
+#include "cuda/ops_cuda_gmm.cuh"
 
 #include <cmath>
 #include <random>
@@ -280,6 +286,81 @@ static void t_bwd(bool bf16, int N, int IC, int OC, int mask, int acc_din, int a
         fail("an input's guard overwritten");
 }
 
+/* The grouped GEMMs (ops_cuda_gmm.cuh's gmm_fwd, gmm_bwd and their bf16
+ * forms) against the CPU's (src/backend/ops_cpu_gmm.c): G groups with the
+ * row counts rows[0..G) (0 allowed), weights [G, OC, IC], biases [G, OC];
+ * outputs as t_fwd/t_bwd check them (mask: 1 din, 2 dw, 4 db). */
+static void t_gmm(bool bf16, const int *rows, int G, int IC, int OC, bool bias, int mask, int acc_din, int acc_dw,
+                  bool pre_on, int off)
+{
+    int32_t offs[16] = {0};
+    for (int x = 0; x < G; x++)
+        offs[x + 1] = offs[x] + rows[x];
+    const int R = offs[G];
+    char nm[200];
+    snprintf(nm, sizeof nm, "gmm%s G=%d R=%d IC=%d OC=%d bias=%d din=%d dw=%d db=%d acc_din=%d acc_dw=%d pre=%d off=%d",
+             bf16 ? "_bf16" : "", G, R, IC, OC, bias, mask & 1, (mask >> 1) & 1, (mask >> 2) & 1, acc_din, acc_dw,
+             pre_on, off);
+    cur_case = nm;
+    n_cases++;
+    const size_t nin = (size_t)R * IC, nw = (size_t)G * OC * IC, nout = (size_t)R * OC, nb = (size_t)G * OC;
+    Buf in, w, b, dout, dout16, pre, out_c, out_e, out_e2;
+    Buf din_c, din_e, din_e2, dw_c, dw_e, dw_e2, db_c, db_e, db_e2;
+    if (bf16) {
+        fill_h(in, nin, off);
+        fill_h(w, nw, off);
+        fill_h(dout16, nout, off);
+    } else {
+        fill_f(in, nin, off, -1, 1);
+        fill_f(w, nw, off, -1, 1);
+    }
+    fill_f(b, nb, off, -1, 1);
+    fill_f(dout, nout, off, -1, 1);
+    fill_f(pre, nin, off, -4, 4);
+    const float *bp = bias ? b.f() : NULL, *pp = pre_on ? pre.f() : NULL;
+    out_set({&out_c, &out_e, &out_e2}, nout, off, false);
+    out_set({&din_c, &din_e, &din_e2}, nin, off, acc_din);
+    out_set({&dw_c, &dw_e, &dw_e2}, nw, off, acc_dw);
+    out_set({&db_c, &db_e, &db_e2}, nb, off, acc_dw);
+#define P(x, bit) ((mask & (bit)) ? (x).f() : NULL)
+    if (bf16) {
+        cpu->gmm_fwd_bf16(cpu->ctx, out_c.f(), in.h(), w.h(), bp, offs, G, IC, OC);
+        GUARDED(gmm_fwd_bf16(&emu_g, out_e.f(), in.h(), w.h(), bp, offs, G, IC, OC));
+        GUARDED(gmm_fwd_bf16(&emu_g, out_e2.f(), in.h(), w.h(), bp, offs, G, IC, OC));
+        cpu->gmm_bwd_bf16(cpu->ctx, P(din_c, 1), P(dw_c, 2), P(db_c, 4), dout16.h(), dout.f(), in.h(), pp, w.h(), offs,
+                          G, IC, OC, acc_din, acc_dw);
+        GUARDED(gmm_bwd_bf16(&emu_g, P(din_e, 1), P(dw_e, 2), P(db_e, 4), dout16.h(), dout.f(), in.h(), pp, w.h(), offs,
+                             G, IC, OC, acc_din, acc_dw));
+        GUARDED(gmm_bwd_bf16(&emu_g, P(din_e2, 1), P(dw_e2, 2), P(db_e2, 4), dout16.h(), dout.f(), in.h(), pp, w.h(),
+                             offs, G, IC, OC, acc_din, acc_dw));
+    } else {
+        cpu->gmm_fwd(cpu->ctx, out_c.f(), in.f(), w.f(), bp, offs, G, IC, OC);
+        GUARDED(gmm_fwd(&emu_g, out_e.f(), in.f(), w.f(), bp, offs, G, IC, OC));
+        GUARDED(gmm_fwd(&emu_g, out_e2.f(), in.f(), w.f(), bp, offs, G, IC, OC));
+        cpu->gmm_bwd(cpu->ctx, P(din_c, 1), P(dw_c, 2), P(db_c, 4), dout.f(), in.f(), pp, w.f(), offs, G, IC, OC,
+                     acc_din, acc_dw);
+        GUARDED(gmm_bwd(&emu_g, P(din_e, 1), P(dw_e, 2), P(db_e, 4), dout.f(), in.f(), pp, w.f(), offs, G, IC, OC,
+                        acc_din, acc_dw));
+        GUARDED(gmm_bwd(&emu_g, P(din_e2, 1), P(dw_e2, 2), P(db_e2, 4), dout.f(), in.f(), pp, w.f(), offs, G, IC, OC,
+                        acc_din, acc_dw));
+    }
+#undef P
+    cmp("out", out_c, out_e, true);
+    cmp("din", din_c, din_e, mask & 1);
+    cmp("dw", dw_c, dw_e, mask & 2);
+    cmp("db", db_c, db_e, mask & 4);
+    same_bits("out", out_e, out_e2);
+    same_bits("din", din_e, din_e2);
+    same_bits("dw", dw_e, dw_e2);
+    same_bits("db", db_e, db_e2);
+    if (!in.guard_ok() || !w.guard_ok() || !b.guard_ok() || !dout.guard_ok() || !pre.guard_ok() ||
+        (bf16 && !dout16.guard_ok()))
+        fail("an input's guard overwritten");
+}
+
+/* the grouped cases' row counts: empty groups first, between and last */
+static const int gmm_rows_[][8] = {{5}, {0, 9}, {3, 0, 17, 1}, {1, 0, 0, 130, 7, 0}, {0, 2, 33, 0, 4, 1, 0, 8}};
+
 /* (N, IC, OC): ones, odd sizes (no multiple of 8 or 16: the alignment and
  * AUX_LD fallbacks), multiples of 8, N > 128 (the column sums' chunks),
  * and empty dimensions (each op's early returns, cuBLAS's refusal of k = 0) */
@@ -365,6 +446,26 @@ int main(int argc, char **argv)
                 }
         long lt_plain = emu_lt_matmul[CUBLASLT_EPILOGUE_DEFAULT] - lt_plain0, lt_epi = lt_epi_count() - lt_epi0,
              gemmex = emu_gemmex - gemmex0;
+        /* the grouped GEMMs: fp32 on cublasGemmGroupedBatchedEx (calls
+         * counted), bf16 on the dense path above (this policy's) */
+        const long grouped0 = emu_grouped, problems0 = emu_grouped_problems;
+        for (int gi = 0; gi < 5; gi++)
+            for (int bf = 0; bf < 2; bf++)
+                for (int off = 0; off < 2; off++) {
+                    const int G = gi < 2 ? gi + 1 : 2 * gi, IC = gi % 2 ? 24 : 13, OC = gi % 2 ? 16 : 29;
+                    for (int mask = 1; mask < 8; mask += 2)
+                        t_gmm(bf, gmm_rows_[gi], G, IC, OC, (mask >> 2) & 1, mask, 0, 0, false, off);
+                    t_gmm(bf, gmm_rows_[gi], G, IC, OC, true, 7, 1, 1, false, off);
+                    t_gmm(bf, gmm_rows_[gi], G, IC, OC, false, 6, 0, 1, false, off);
+                    t_gmm(bf, gmm_rows_[gi], G, IC, OC, true, 7, 0, 0, true, off);
+                    t_gmm(bf, gmm_rows_[gi], G, IC, OC, false, 3, 0, 1, true, off);
+                    t_gmm(bf, gmm_rows_[gi], G, 0, OC, true, 7, 0, 0, false, off); /* IC = 0 */
+                    t_gmm(bf, gmm_rows_[gi], G, IC, 0, false, 7, 0, 0, true, off); /* OC = 0 */
+                }
+        cur_case = policy_name[pol];
+        n_checks++;
+        if (emu_grouped == grouped0)
+            fail("the fp32 grouped GEMMs made no cublasGemmGroupedBatchedEx call");
         cur_case = policy_name[pol];
         n_checks++;
         if ((lt_plain > 0) != paths[pol].lt_plain || (lt_epi > 0) != paths[pol].lt_epi ||
@@ -372,13 +473,15 @@ int main(int argc, char **argv)
             fail("not the paths this policy forces: cuBLASLt plain %ld, with epilogue %ld, cublasGemmEx %ld", lt_plain,
                  lt_epi, gemmex);
         printf("policy %-11s: %ld failed | cuBLASLt plain %ld, with epilogue %ld, cublasGemmEx %ld; GELU fused "
-               "%ld, separate %ld\n",
+               "%ld, separate %ld; grouped %ld calls of %ld problems\n",
                policy_name[pol], n_fail - fail0, lt_plain, lt_epi, gemmex, g->plans.gelu_fused - fused0,
-               g->plans.gelu_separate - separate0);
+               g->plans.gelu_separate - separate0, emu_grouped - grouped0, emu_grouped_problems - problems0);
         fflush(stdout);
     }
     lt_cache_release(g);
-    cublasDestroy(g->blas); /* as ops_release */
+    free(g->gmm_host); /* as ops_release */
+    cudaFreeAsync(g->gmm_dev, g->stream);
+    cublasDestroy(g->blas);
     free(g->ws);
     cublasLtDestroy(g->lt);
     cur_case = "end";
