@@ -65,6 +65,9 @@ typedef struct cuda_ctx {
     size_t emb_cap, emb_scratch_cap; /* tokens, bytes */
     void *moe;                       /* the MoE ops' scratch (moe_room) */
     size_t moe_cap;                  /* bytes */
+    int att_bf16;                    /* --dtype bf16: attention on the tensor cores where the head size allows */
+    void *att;                       /* the tensor-core attention's bf16 copies and D (ops_cuda_attention.cuh) */
+    size_t att_cap;                  /* bytes */
     lt_cache_t plans;                /* the kept cuBLASLt plans (ops_cuda_gemm.cuh) */
 } cu_t;
 

@@ -429,7 +429,7 @@ int main(int argc, char **argv)
         return rc == 1 ? 0 : 2;
     }
     backend_t b;
-    if (backend_open(&b, o.device, 0, err, sizeof err) != 0) {
+    if (backend_open(&b, o.device, BACKEND_DTYPE_AUTO, 0, err, sizeof err) != 0) {
         /* with a CUDA build the line names the CUDA error; say the way out */
         fprintf(stderr, PROG ": %s%s\n", err, backend_have_cuda() ? " (--device cpu times the CPU instead)" : "");
         return 2;
