@@ -952,7 +952,9 @@ extern "C" int ops_cuda_concurrent_managed(const ops_t *ops) { return ((const cu
 
 extern "C" int ops_cuda_synchronous(const ops_t *ops) { return ((const cu_t *)ops->ctx)->sync_ops; }
 
-extern "C" void ops_cuda_attention_path(const ops_t *ops, int HS, char *buf, size_t len)
+extern "C" int ops_cuda_attention_path(const ops_t *ops, int HS, char *buf, size_t len)
 {
-    att_path_describe(((const cu_t *)ops->ctx)->att_bf16, HS, buf, len);
+    const int bf16 = ((const cu_t *)ops->ctx)->att_bf16;
+    att_path_describe(bf16, HS, buf, len);
+    return att_path(bf16, HS) == ATT_PATH_MMA;
 }

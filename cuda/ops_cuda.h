@@ -23,8 +23,9 @@ extern "C" {
 const ops_t *ops_cuda_create(int dev, int bf16, char *err, size_t errlen);
 /* One line for the banner: the kernels attention runs at head size HS on
  * this table, and why (tensor cores, or fp32 for --dtype fp32 or a head
- * size without tensor-core kernels). */
-void ops_cuda_attention_path(const ops_t *ops, int HS, char *buf, size_t len);
+ * size without tensor-core kernels). Returns 1 on the tensor cores (q, k,
+ * v and dout rounded to bf16), else 0. */
+int ops_cuda_attention_path(const ops_t *ops, int HS, char *buf, size_t len);
 /* The compute stream (a cudaStream_t) the ops of this CUDA table enqueue
  * on, for the NCCL communicators to order after. */
 void *ops_cuda_stream(const ops_t *ops);

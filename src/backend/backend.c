@@ -93,16 +93,15 @@ const char *const backend_dtype_names[] = {
 
 int backend_bf16(const backend_t *b) { return b->bf16; }
 
-void backend_attention_desc(const backend_t *b, int head_size, char *buf, size_t len)
+int backend_attention_desc(const backend_t *b, int head_size, char *buf, size_t len)
 {
 #ifdef HAVE_CUDA
-    if (b->cuda) {
-        ops_cuda_attention_path(b->ops, head_size, buf, len);
-        return;
-    }
+    if (b->cuda)
+        return ops_cuda_attention_path(b->ops, head_size, buf, len);
 #endif
     snprintf(buf, len, "fp32 on the CPU (head size %d%s)", head_size,
              b->bf16 ? "; --dtype bf16 rounds only the matmuls' operands there" : "");
+    return 0;
 }
 
 int backend_open(backend_t *b, backend_device_t device, backend_dtype_t dtype, int local_rank, char *err, size_t errlen)

@@ -54,8 +54,9 @@ int backend_open(backend_t *b, backend_device_t device, backend_dtype_t dtype, i
  * opened backend. */
 int backend_bf16(const backend_t *b);
 /* One line for the banner: which attention kernels run at head size
- * head_size on this backend, and why. */
-void backend_attention_desc(const backend_t *b, int head_size, char *buf, size_t len);
+ * head_size on this backend, and why. Returns 1 when that path rounds
+ * q, k, v and dout to bf16 (CUDA's tensor cores), else 0. */
+int backend_attention_desc(const backend_t *b, int head_size, char *buf, size_t len);
 /* Releases the backend's resources, the communicators of
  * backend_comm_open included (safe on a zeroed or failed one). */
 void backend_close(backend_t *b);
