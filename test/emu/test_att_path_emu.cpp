@@ -28,7 +28,7 @@
  * boundaries inside a tile and a key tile skipped; GQA 2:1, 4:1 and 8:1;
  * B = 2; HS 64 and 128; and the fp32 kernels at HS 96 under bf16 and at
  * HS 64 under fp32. Small, as the emulation starts a thread per CUDA
- * thread (about 20 s on two busy cores).
+ * thread (36 s on two cores shared with other builds, load 8).
  *
  * A mutation check: test_att_path_mutants (att_path_mutants.sh) builds
  * this test against broken copies of the dispatch and its pack kernels,
