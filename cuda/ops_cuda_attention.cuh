@@ -12,15 +12,17 @@
  *    deferred tables need no bf16 variant, and CPU results are untouched),
  *    so the bf16 copies are made here, in a buffer of the context:
  *      forward:  k_att_pack_qkv (qkv to bf16), then k_att_fwd_mma;
- *      backward: k_att_pack_qkv again, k_att_bwd_dot (D, and dout to bf16
- *                in the same pass), then k_att_bwd_dkv_mma, k_att_bwd_dq_mma.
- *    k_att_pack_qkv is a separate pass, twice a layer and step: it reads
- *    the fp32 qkv and writes half of that again (6 bytes per element;
- *    GPT-2 124M at 16 x 1024 tokens: 226 MB a call, about 0.05 ms at H200
- *    bandwidth, some 1.2 ms per step over 12 layers). Removing it needs the
+ *      backward: k_att_bwd_dot (D, FlashAttention-2's first backward pass,
+ *                which writes the bf16 copies of qkv and dout on the way),
+ *                then k_att_bwd_dkv_mma, k_att_bwd_dq_mma.
+ *    k_att_pack_qkv is a separate pass, once a layer and step: it reads the
+ *    fp32 qkv and writes half of that again (6 bytes per element; GPT-2
+ *    124M at 16 x 1024 tokens: 226 MB a call, about 0.05 ms at H200
+ *    bandwidth, some 0.6 ms per step over 12 layers). Removing it needs the
  *    producer of qkv (the QKV GEMM's epilogue, RoPE) to write the bf16 copy
  *    and the ops contract to carry it: issue 32's "bf16 step without extra
- *    passes", not done here. dout's copy costs no pass of its own.
+ *    passes", not done here. The backward's copies cost no pass of their
+ *    own (its D pass reads qkv's rows beside out and dout).
  *  - ATT_PATH_FP32 otherwise (--dtype fp32, or another head size): the fp32
  *    CUDA-core kernels of kernels/attention.cuh, any head size, fp32 inputs
  *    read in place.
@@ -54,7 +56,7 @@ static void att_path_describe(int bf16, int HS, char *buf, size_t len)
     if (att_path(bf16, HS) == ATT_PATH_MMA)
         snprintf(buf, len,
                  "tensor cores (FlashAttention-2 with mma.sync, head size %d: bf16 q, k, v and dout, fp32 "
-                 "accumulation, lse, out and dqkv; qkv copied to bf16 by a separate pass in forward and backward)",
+                 "accumulation, lse, out and dqkv; qkv copied to bf16 by a separate pass in the forward)",
                  HS);
     else if (!bf16)
         snprintf(buf, len, "fp32 CUDA cores (--dtype fp32; the tensor-core kernels take bf16)");
@@ -166,12 +168,12 @@ static void att_fwd_mma(cu_t *g, float *out, float *lse, const float *qkv, const
 }
 
 template <int HS>
-static void att_bwd_mma_hs(cu_t *g, const att_bufs_t &m, float *dqkv, const float *dout, const float *out,
-                           const float *lse, const int32_t *pos, int B, int T, int NH, int NKV)
+static void att_bwd_mma_hs(cu_t *g, const att_bufs_t &m, float *dqkv, const float *dout, const float *qkv,
+                           const float *out, const float *lse, const int32_t *pos, int B, int T, int NH, int NKV)
 {
     const float scale = 1.0f / sqrtf((float)HS);
-    CU_LAUNCH(k_att_bwd_dot<HS>, att_mma_dot_blocks((size_t)B * T * NH), ATTM_THREADS, 0, g->stream)
-    (m.D, m.dout16, out, dout, B, T, NH);
+    CU_LAUNCH(k_att_bwd_dot<HS>, att_mma_dot_blocks((size_t)B * T * (NH + 2 * NKV)), ATTM_THREADS, 0, g->stream)
+    (m.D, m.dout16, m.qkv16, out, dout, qkv, B, T, NH, NKV);
     /* after D; they write disjoint columns of dqkv (k and v, then q) */
     CU_LAUNCH(k_att_bwd_dkv_mma<HS>, dim3(att_mma_tiles(T), (unsigned)NKV, (unsigned)B), ATTM_THREADS, 0, g->stream)
     (dqkv, m.qkv16, m.dout16, lse, m.D, pos, T, NH, NKV, scale);
@@ -183,11 +185,10 @@ static void att_bwd_mma(cu_t *g, float *dqkv, const float *dout, const float *qk
                         const int32_t *pos, int B, int T, int NH, int NKV, int HS)
 {
     const att_bufs_t m = att_room(g, 1, B, T, NH, NKV, HS, "attention_bwd");
-    att_pack_qkv(g, m.qkv16, qkv, B, T, NH, NKV, HS);
     if (HS == 64)
-        att_bwd_mma_hs<64>(g, m, dqkv, dout, out, lse, pos, B, T, NH, NKV);
+        att_bwd_mma_hs<64>(g, m, dqkv, dout, qkv, out, lse, pos, B, T, NH, NKV);
     else
-        att_bwd_mma_hs<128>(g, m, dqkv, dout, out, lse, pos, B, T, NH, NKV);
+        att_bwd_mma_hs<128>(g, m, dqkv, dout, qkv, out, lse, pos, B, T, NH, NKV);
 }
 
 /* ---- the ops ---- */

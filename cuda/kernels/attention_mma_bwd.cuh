@@ -5,10 +5,11 @@
  * test/emu/test_att_mma_bwd_emu.cpp runs the kernels in the host emulation
  * against the CPU ops' attention_bwd, test_att_path_emu.cpp the dispatch.
  *
- * Inputs: qkv [B T][R] in bf16 bits, R = (NH + 2 NKV) HS, as the forward
- * reads it; out and dout [B T][NH HS] fp32, the forward's output and its
- * gradient (kernel 1 reads them and writes dout in bf16 for kernels 2 and
- * 3); lse [B][NH][T] fp32 from the forward (natural log). Output: dqkv [B T][R] fp32 in qkv's layout, every element of rows
+ * Inputs: qkv [B T][R] fp32, R = (NH + 2 NKV) HS, as the ops table holds
+ * it; out and dout [B T][NH HS] fp32, the forward's output and its
+ * gradient; lse [B][NH][T] fp32 from the forward (natural log). Kernel 1
+ * reads the fp32 ones and writes the bf16 copies of qkv and dout that
+ * kernels 2 and 3 read. Output: dqkv [B T][R] fp32 in qkv's layout, every element of rows
  * t < T written (=) by exactly one block, as the ops' attention_bwd writes
  * it. fp32 because what it feeds (the QKV projection's backward, the
  * optimizer) takes fp32 gradients today; bf16 comes with the bf16 data path.
@@ -16,9 +17,10 @@
  * Three launches, in order (HS = 64 or 128, att_mma_supported; all
  * ATTM_THREADS threads):
  *   1. k_att_bwd_dot<HS>: D[(b NH + h) T + t] = bf16(dout) . out over the
- *      head's HS (fp32), the rowsum(dP o P) of softmax's backward, and
- *      dout16 = bf16(dout); grid att_mma_dot_blocks(B T NH), a warp per
- *      (token, head) row, about 8 rows a warp.
+ *      head's HS (fp32), the rowsum(dP o P) of softmax's backward, and on
+ *      the way the bf16 copies dout16 and qkv16 that kernels 2 and 3 read;
+ *      grid att_mma_dot_blocks(B T (NH + 2 NKV)), a warp per (token, head)
+ *      row of qkv, about 8 rows a warp.
  *   2. k_att_bwd_dkv_mma<HS>: dK and dV; grid (att_mma_tiles(T), NKV, B),
  *      static shared memory 2 x 64 x HS + 2 x 2048 bf16 and 16 attmb_bq(HS)
  *      bytes (24.5 KiB at HS 64, 40.25 KiB at 128).
@@ -82,33 +84,48 @@
  * 128), so that a Q or dO step tile is 4 KiB. */
 static __host__ __device__ constexpr int attmb_bq(int HS) { return 2048 / HS; }
 
-/* Blocks of k_att_bwd_dot for rows = B T NH (token, head) rows: a warp
- * takes about 8 rows (grid-stride), a few thousand blocks for a GPT-2
- * step, and an eighth of the blocks the emulation starts threads for. */
+/* Blocks of k_att_bwd_dot for rows = B T (NH + 2 NKV) (token, head of
+ * qkv) rows: a warp takes about 8 rows (grid-stride), a few thousand
+ * blocks for a GPT-2 step, and an eighth of the blocks the emulation
+ * starts threads for. */
 static inline unsigned att_mma_dot_blocks(size_t rows)
 {
     const size_t per = 8 * (ATTM_THREADS / 32), b = (rows + per - 1) / per;
     return b > 65535 ? 65535u : b ? (unsigned)b : 1u;
 }
 
-/* D[(b NH + h) T + t] = sum over d of bf16(dout[n, h HS + d]) out[n, h HS + d],
- * n = b T + t, and dout16 = bf16(dout) (the copy kernels 2 and 3 read), in
- * one pass over the fp32 out and dout the ops table gives: a warp per row
- * (rows grid-strided over the warps), lanes strided over d, then a
- * butterfly (fixed order: lane 0's sum, the one stored, is the same every
- * run). D takes the same rounded dout as dP = dO V^T in kernels 2 and 3,
- * so that D = rowsum(dP o P) holds for the values the kernels use; out
- * stays fp32 (the forward's, not rounded). */
+/* One pass over the fp32 tensors the ops table gives, a warp per (token n,
+ * head c) row of qkv (rows grid-strided over the warps, lanes strided over
+ * the head's HS values):
+ *   qkv16 = bf16(qkv), every head (q, k and v): the copy kernels 2 and 3
+ *     read, made here rather than by a pass of its own;
+ *   for a query head c < NH also dout16 = bf16(dout) and
+ *     D[(b NH + c) T + t] = sum over d of bf16(dout[n, c HS + d]) out[n, c HS + d],
+ *     n = b T + t, the rowsum(dP o P) of softmax's backward, summed by a
+ *     butterfly (fixed order: lane 0's sum, the one stored, is the same
+ *     every run).
+ * D takes the same rounded dout as dP = dO V^T in kernels 2 and 3, so that
+ * D = rowsum(dP o P) holds for the values the kernels use; out stays fp32
+ * (the forward's, not rounded). */
 template <int HS>
 __global__ void __launch_bounds__(ATTM_THREADS)
-    k_att_bwd_dot(float *D, uint16_t *dout16, const float *out, const float *dout, int B, int T, int NH)
+    k_att_bwd_dot(float *D, uint16_t *dout16, uint16_t *qkv16, const float *out, const float *dout, const float *qkv,
+                  int B, int T, int NH, int NKV)
 {
     const unsigned lane = threadIdx.x % 32, warps = ATTM_THREADS / 32;
-    const size_t rows = (size_t)B * T * NH;
-    /* row (n NH + h) is warp-uniform: the whole warp loops and shuffles together */
+    const size_t H = (size_t)NH + 2 * (size_t)NKV, rows = (size_t)B * T * H;
+    /* row (n H + c) is warp-uniform: the whole warp loops and shuffles together */
     for (size_t row = (size_t)blockIdx.x * warps + threadIdx.x / 32; row < rows; row += (size_t)gridDim.x * warps) {
-        const float *o = out + row * HS, *g = dout + row * HS;
-        uint16_t *g16 = dout16 + row * HS;
+        const float *x = qkv + row * HS; /* qkv's rows are H heads of HS */
+        uint16_t *x16 = qkv16 + row * HS;
+        for (unsigned e = lane; e < HS; e += 32)
+            x16[e] = dt_f32_to_bf16(x[e]);
+        const size_t n = row / H, c = row % H;
+        if (c >= (size_t)NH)
+            continue;
+        const size_t orow = n * (size_t)NH + c; /* out and dout: NH heads a token */
+        const float *o = out + orow * HS, *g = dout + orow * HS;
+        uint16_t *g16 = dout16 + orow * HS;
         float acc = 0.0f;
         for (unsigned e = lane; e < HS; e += 32) {
             const uint16_t gb = dt_f32_to_bf16(g[e]);
@@ -118,8 +135,8 @@ __global__ void __launch_bounds__(ATTM_THREADS)
         for (int off = 16; off > 0; off /= 2)
             acc += __shfl_xor_sync(0xffffffffu, acc, off);
         if (lane == 0) {
-            const size_t n = row / (size_t)NH, h = row % (size_t)NH, b = n / (size_t)T, t = n % (size_t)T;
-            D[(b * (size_t)NH + h) * (size_t)T + t] = acc;
+            const size_t b = n / (size_t)T, t = n % (size_t)T;
+            D[(b * (size_t)NH + c) * (size_t)T + t] = acc;
         }
     }
 }

@@ -58,7 +58,8 @@ static __device__ inline uint32_t attm_pack(float lo, float hi)
  * 124M's qkv at 16 x 1024 tokens): the ops table hands
  * attention fp32 qkv, and the tensor-core kernels read bf16, so
  * cuda/ops_cuda_attention.cuh runs this separate pass in front of the
- * forward and again in front of the backward (it says what that costs). */
+ * forward (it says what that costs; the backward's copy rides in
+ * k_att_bwd_dot). */
 __global__ void __launch_bounds__(ATTM_THREADS) k_att_pack_qkv(uint16_t *qkv16, const float *qkv, size_t n)
 {
     for (size_t i = (size_t)blockIdx.x * ATTM_THREADS + threadIdx.x; i < n; i += (size_t)gridDim.x * ATTM_THREADS)

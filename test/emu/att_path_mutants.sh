@@ -47,8 +47,10 @@ mutant() {
 d=cuda/ops_cuda_attention.cuh
 mutant "pack: the v heads left out (rows of NH + NKV heads)" $d \
     's/const size_t n = \(size_t\)B \* T \* \(NH \+ 2 \* NKV\) \* HS;/const size_t n = (size_t)B * T * (NH + NKV) * HS;/'
-mutant "backward: the bf16 qkv written one head over" $d \
-    's/att_pack_qkv\(g, m\.qkv16, qkv, B, T, NH, NKV, HS\);\n    if \(HS == 64\)\n        att_bwd_mma_hs/att_pack_qkv(g, m.qkv16 + HS, qkv, B, T, NH, NKV, HS);\n    if (HS == 64)\n        att_bwd_mma_hs/'
+mutant "backward: the D pass's bf16 qkv with adjacent elements swapped" cuda/kernels/attention_mma_bwd.cuh \
+    's/x16\[e\] = dt_f32_to_bf16\(x\[e\]\);/x16[e] = dt_f32_to_bf16(x[e ^ 1]);/'
+mutant "backward: the D pass over B T (NH + NKV) rows, the last tokens left out" cuda/kernels/attention_mma_bwd.cuh \
+    's/rows = \(size_t\)B \* T \* H;/rows = (size_t)B * T * (H - (size_t)NKV);/'
 mutant "forward: head size 64 given the kernel for 128" $d \
     's/CU_LAUNCH\(k_att_fwd_mma<64>/CU_LAUNCH(k_att_fwd_mma<128>/'
 mutant "backward: dQ gridded over the KV heads" $d \

@@ -250,8 +250,7 @@ static void test_path(int B, int T, int NH, int NKV, int HS, int bf16, const std
     from = emu_log.size();
     attention_bwd(&emu_g, dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), pos, B, T, NH, NKV, HS);
     check_log(shape, "attention_bwd", from,
-              mma ? std::vector<std::string>{"k_att_pack_qkv", "k_att_bwd_dot<HS>", "k_att_bwd_dkv_mma<HS>",
-                                             "k_att_bwd_dq_mma<HS>"}
+              mma ? std::vector<std::string>{"k_att_bwd_dot<HS>", "k_att_bwd_dkv_mma<HS>", "k_att_bwd_dq_mma<HS>"}
                   : std::vector<std::string>{"k_att_bwd_dq<NC>", "k_att_bwd_dkv<NC>"});
     cpu->attention_bwd(cpu->ctx, ref.data(), dout_r.data(), qkv_r.data(), out.data(), lse.data(), pos, B, T, NH, NKV,
                        HS);
