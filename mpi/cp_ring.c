@@ -82,6 +82,15 @@ static status_t check_shape(comm_t *comm, const ops_t *ops, const cp_ring_shape_
 
 static void *zalloc(const ops_t *o, size_t bytes) { return o->alloc(o->ctx, bytes ? bytes : sizeof(float)); }
 
+size_t cp_ring_bytes(const cp_ring_shape_t *sh, int cp)
+{
+    const size_t L = (size_t)(sh->T / cp), rows = (size_t)sh->B * L, OC = (size_t)sh->NH * sh->HS;
+    const size_t n_kv = rows * 2 * (size_t)sh->NKV * sh->HS;
+    /* pos, kv[2], dacc[2], dinc, pout, plse: as cp_ring_create */
+    return (size_t)cp * L * sizeof(int32_t) + 5 * n_kv * sizeof(float) + rows * OC * sizeof(float) +
+           rows * (size_t)sh->NH * sizeof(float);
+}
+
 status_t cp_ring_create(comm_t *comm, const ops_t *ops, const cp_ring_shape_t *sh, cp_ring_t **out, char *err,
                         size_t errlen)
 {

@@ -100,6 +100,9 @@ typedef struct cp_ring cp_ring_t;
 status_t cp_ring_create(comm_t *comm, const ops_t *ops, const cp_ring_shape_t *sh, cp_ring_t **out, char *err,
                         size_t errlen);
 void cp_ring_destroy(cp_ring_t *r);
+/* The backend bytes cp_ring_create allocates for sh over cp ranks (the
+ * planner's and the memory accounting's). */
+size_t cp_ring_bytes(const cp_ring_shape_t *sh, int cp);
 
 /* Local rows per sequence (T/cp) and the global position of each:
  * pos[0 .. L-1] (host memory), for the caller's qdoc and its reference. */

@@ -46,6 +46,25 @@ enum { BUCKET_IN_FLIGHT = 1, BUCKET_DONE = 2 };
 
 static float inv_dp(const ddp_t *d) { return 1.0f / (float)d->dp->size; }
 
+/* Something to sum: more than one DP rank, or (--etp 1 at dp 1) more than
+ * one expert-DP rank. */
+static int ddp_idle(const ddp_t *d) { return d->dp->size == 1 && (!d->edp || d->edp->size == 1); }
+
+/* The bf16 staging buffer for d's ranks (ddp_staging_bytes of the larger
+ * group), allocated once. */
+static status_t alloc_half(ddp_t *d, int ranks)
+{
+    const size_t bytes = ddp_staging_bytes(d->n, ranks, d->dtype);
+    if (bytes == 0 || d->half)
+        return STATUS_OK;
+    /* no fill needed: a range is cast into it before it is sent */
+    if (!(d->half = d->ops->alloc(d->ops->ctx, bytes)))
+        return STATUS_FAIL;
+    d->half_bytes = bytes;
+    mem_tracker_count(&d->mem, MEM_COMM, (long long)bytes);
+    return STATUS_OK;
+}
+
 /* The all-reduce of [start, start+n) of the gradients: blocking (req NULL)
  * or posted. bf16: rounded into the staging buffer first, reduced there. */
 static status_t reduce_range(ddp_t *d, comm_t *c, size_t start, size_t n, comm_req_t *req, char *err, size_t errlen)
@@ -197,14 +216,9 @@ status_t ddp_create(ddp_t *d, const ops_t *ops, const mem_tracker_t *mem, ddp_mo
         ddp_destroy(d);
         return STATUS_FAIL;
     }
-    const size_t half_bytes = ddp_staging_bytes(n, dp->size, dtype);
-    if (half_bytes > 0) {
-        /* no fill needed: a range is cast into it before it is sent */
-        if (!(d->half = ops->alloc(ops->ctx, half_bytes))) {
-            ddp_destroy(d);
-            return set_err(err, errlen, "out of memory for the bf16 staging buffer");
-        }
-        mem_tracker_count(&d->mem, MEM_COMM, (long long)half_bytes);
+    if (alloc_half(d, dp->size) != STATUS_OK) {
+        ddp_destroy(d);
+        return set_err(err, errlen, "out of memory for the bf16 staging buffer");
     }
     return 0;
 }
@@ -219,9 +233,10 @@ void ddp_destroy(ddp_t *d)
     d->tensor_expert = NULL;
     if (d->half) {
         d->ops->free(d->ops->ctx, d->half);
-        mem_tracker_count(&d->mem, MEM_COMM, -(long long)ddp_staging_bytes(d->n, d->dp->size, d->dtype));
+        mem_tracker_count(&d->mem, MEM_COMM, -(long long)d->half_bytes);
     }
     d->half = NULL;
+    d->half_bytes = 0;
     d->buckets = NULL;
     d->tensor_start = NULL;
     d->n_buckets = 0;
@@ -237,6 +252,8 @@ status_t ddp_set_experts(ddp_t *d, const unsigned char *expert, comm_t *edp, siz
         return set_err(err, errlen, "out of memory");
     memcpy(d->tensor_expert, expert, (size_t)d->n_tensors);
     d->edp = edp;
+    if (alloc_half(d, edp->size) != STATUS_OK)
+        return set_err(err, errlen, "out of memory for the bf16 staging buffer");
     return build_buckets(d, bucket_bytes, err, errlen);
 }
 
@@ -280,7 +297,7 @@ static status_t launch_ready(ddp_t *d, size_t ready_from, char *err, size_t errl
 
 status_t ddp_grads_ready(ddp_t *d, size_t ready_from, char *err, size_t errlen)
 {
-    if (d->mode != DDP_BUCKETED || d->dp->size == 1)
+    if (d->mode != DDP_BUCKETED || ddp_idle(d))
         return STATUS_OK;
     CHECK(launch_ready(d, ready_from, err, errlen));
     return progress(d, err, errlen);
@@ -288,7 +305,7 @@ status_t ddp_grads_ready(ddp_t *d, size_t ready_from, char *err, size_t errlen)
 
 status_t ddp_finish(ddp_t *d, char *err, size_t errlen)
 {
-    if (d->dp->size == 1)
+    if (ddp_idle(d))
         return 0;
     const float s = inv_dp(d);
     d->ops->sync(d->ops->ctx); /* backward's last kernels are compute, not communication wait */

@@ -61,7 +61,8 @@ typedef struct ddp {
     int next_bucket;    /* first not launched */
     double comm_wait_s; /* time blocked in ddp_finish this step */
     comm_dtype_t dtype; /* what the all-reduces send */
-    uint16_t *half;     /* bf16 and dp > 1 only: [n] staging; gradients [a, b) use half[a, b) */
+    uint16_t *half;     /* bf16 and dp > 1 (or edp > 1) only: [n] staging; gradients [a, b) use half[a, b) */
+    size_t half_bytes;  /* its size, as counted in mem */
     /* --ep (ddp_set_experts): tensor_expert[t] marks a routed expert's
      * tensor, summed over edp instead of dp; NULL: none */
     unsigned char *tensor_expert;

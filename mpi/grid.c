@@ -203,6 +203,7 @@ status_t grid_create(grid_t *g, int tp, int pp, int dp, char *err, size_t errlen
     g->pp_rank = r / (T * D);
     g->ep_size = 1;
     g->edp_rank = g->dp_rank; /* no --ep: the expert-DP group is the DP group */
+    g->cp_size = 1;
 
     /* From here on every rank enters the same world collectives (the
      * splits, then agree()) in the same order whatever failed locally, so
@@ -251,7 +252,7 @@ void grid_destroy(grid_t *g)
 {
     if (!g)
         return;
-    comm_t **all[] = {&g->edp, &g->ep, &g->replica, &g->shard, &g->embed, &g->pp, &g->dp, &g->tp, &g->world};
+    comm_t **all[] = {&g->cp, &g->edp, &g->ep, &g->replica, &g->shard, &g->embed, &g->pp, &g->dp, &g->tp, &g->world};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
         if (*all[i])
             (*all[i])->ops->destroy(*all[i]);
@@ -260,22 +261,23 @@ void grid_destroy(grid_t *g)
     memset(g, 0, sizeof *g);
 }
 
-/* Splits each DP group into dp/H groups of H consecutive DP ranks (*inner,
- * rank dp % H) and across them into H groups of the dp/H ranks with the
- * same rank inside (*outer, rank dp / H), named iname and oname (the
- * spans' and the watchdog's group names). Collective over the world; every
- * rank agrees on the outcome. */
-static status_t split_dp(grid_t *g, int H, comm_t **inner, comm_t **outer, const char *iname, const char *oname,
-                         const char *what, char *err, size_t errlen)
+/* Splits each line of L ranks (the ranks of one class cls, numbered x =
+ * 0..L-1: a DP group, or with --etp 1 a TP x DP plane) into L/H groups of
+ * H consecutive x (*inner, rank x % H) and across them into H groups of
+ * the L/H ranks with the same rank inside (*outer, rank x / H), named
+ * iname and oname (the spans' and the watchdog's group names). Collective
+ * over the world; every rank agrees on the outcome. */
+static status_t split_line(int cls, int x, int L, int H, comm_t **inner, comm_t **outer, const char *iname,
+                           const char *oname, const char *what, char *err, size_t errlen)
 {
     char first[COMM_ERR_MAX] = "";
     first_err_t e = {first, sizeof first};
-    const int groups = g->dp_size / H;
-    const int color = (g->pp_rank * g->tp_size + g->tp_rank) * groups + g->dp_rank / H;
+    const int groups = L / H;
+    const int color = cls * groups + x / H;
     MPI_Comm sub = MPI_COMM_NULL;
     char call[64];
     snprintf(call, sizeof call, "MPI_Comm_split(%s)", iname);
-    int rc = MPI_Comm_split(MPI_COMM_WORLD, color, g->dp_rank % H, &sub);
+    int rc = MPI_Comm_split(MPI_COMM_WORLD, color, x % H, &sub);
     if (rc != MPI_SUCCESS) {
         mpi_err(&e, rc, call);
         return status_set(STATUS_FAIL, err, errlen, "%s", first);
@@ -285,17 +287,19 @@ static status_t split_dp(grid_t *g, int H, comm_t **inner, comm_t **outer, const
         (*inner)->ops->destroy(*inner);
         *inner = NULL;
     }
-    int ok = *inner && (*inner)->size == H && (*inner)->rank == g->dp_rank % H;
+    int ok = *inner && (*inner)->size == H && (*inner)->rank == x % H;
     rc = MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     if (rc != MPI_SUCCESS || !ok)
         return status_set(STATUS_FAIL, err, errlen, "grid: cannot create the %s %s groups of %d ranks", what, iname,
                           H);
     snprintf((*inner)->name, sizeof (*inner)->name, "%s", iname);
+    if (!outer)
+        return STATUS_OK;
     /* the outer group: same (pp, tp) and the same rank within the inner
      * group, ordered by inner group */
-    const int rcolor = (g->pp_rank * g->tp_size + g->tp_rank) * H + g->dp_rank % H;
+    const int rcolor = cls * H + x % H;
     snprintf(call, sizeof call, "MPI_Comm_split(%s)", oname);
-    rc = MPI_Comm_split(MPI_COMM_WORLD, rcolor, g->dp_rank / H, &sub);
+    rc = MPI_Comm_split(MPI_COMM_WORLD, rcolor, x / H, &sub);
     if (rc != MPI_SUCCESS) {
         mpi_err(&e, rc, call);
         return status_set(STATUS_FAIL, err, errlen, "%s", first);
@@ -305,7 +309,7 @@ static status_t split_dp(grid_t *g, int H, comm_t **inner, comm_t **outer, const
         (*outer)->ops->destroy(*outer);
         *outer = NULL;
     }
-    ok = *outer && (*outer)->size == groups && (*outer)->rank == g->dp_rank / H;
+    ok = *outer && (*outer)->size == groups && (*outer)->rank == x / H;
     rc = MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     if (rc != MPI_SUCCESS || !ok)
         return status_set(STATUS_FAIL, err, errlen, "grid: cannot create the %s %s groups of %d ranks", what, oname,
@@ -316,24 +320,42 @@ static status_t split_dp(grid_t *g, int H, comm_t **inner, comm_t **outer, const
 
 status_t grid_create_shard_group(grid_t *g, int H, char *err, size_t errlen)
 {
-    return split_dp(g, H, &g->shard, &g->replica, "shard", "replica", "hybrid", err, errlen);
+    return split_line(g->pp_rank * g->tp_size + g->tp_rank, g->dp_rank, g->dp_size, H, &g->shard, &g->replica, "shard",
+                      "replica", "hybrid", err, errlen);
 }
 
-status_t grid_create_ep_groups(grid_t *g, int N, char *err, size_t errlen)
+status_t grid_create_ep_groups(grid_t *g, int N, int spans_tp, char *err, size_t errlen)
 {
-    CHECK(split_dp(g, N, &g->ep, &g->edp, "ep", "edp", "expert", err, errlen));
+    /* the line the EP groups are cut from: the DP group, or the stage's
+     * TP x DP plane */
+    const int cls = spans_tp ? g->pp_rank : g->pp_rank * g->tp_size + g->tp_rank;
+    const int x = spans_tp ? g->tp_rank + g->tp_size * g->dp_rank : g->dp_rank;
+    const int L = spans_tp ? g->tp_size * g->dp_size : g->dp_size;
+    CHECK(split_line(cls, x, L, N, &g->ep, &g->edp, "ep", "edp", "expert", err, errlen));
     g->ep_size = N;
-    g->ep_rank = g->dp_rank % N;
-    g->edp_rank = g->dp_rank / N;
+    g->ep_rank = x % N;
+    g->edp_rank = x / N;
     return STATUS_OK;
 }
 
+status_t grid_create_cp_group(grid_t *g, int N, char *err, size_t errlen)
+{
+    CHECK(split_line(g->pp_rank * g->tp_size + g->tp_rank, g->dp_rank, g->dp_size, N, &g->cp, NULL, "cp", NULL,
+                     "context-parallel", err, errlen));
+    g->cp_size = N;
+    g->cp_rank = g->dp_rank % N;
+    return STATUS_OK;
+}
+
+int grid_data_rank(const grid_t *g) { return g->dp_rank / (g->cp_size > 1 ? g->cp_size : 1); }
+int grid_data_size(const grid_t *g) { return g->dp_size / (g->cp_size > 1 ? g->cp_size : 1); }
+
 int grid_groups(const grid_t *g, comm_t **list, const char **names)
 {
-    comm_t *const all[GRID_MAX_GROUPS] = {g->world, g->tp,      g->dp, g->pp, g->embed,
-                                          g->shard, g->replica, g->ep, g->edp};
-    static const char *const kind[GRID_MAX_GROUPS] = {"world", "tp",      "dp", "pp", "embed",
-                                                      "shard", "replica", "ep", "edp"};
+    comm_t *const all[GRID_MAX_GROUPS] = {g->world, g->tp,      g->dp, g->pp,  g->embed,
+                                          g->shard, g->replica, g->ep, g->edp, g->cp};
+    static const char *const kind[GRID_MAX_GROUPS] = {"world", "tp",      "dp", "pp",  "embed",
+                                                      "shard", "replica", "ep", "edp", "cp"};
     int n = 0;
     for (int i = 0; i < GRID_MAX_GROUPS; i++)
         if (all[i]) {

@@ -28,7 +28,22 @@ typedef struct grid {
      * rank within the EP group). Both NULL without --ep; ep_size 1. */
     comm_t *ep, *edp;
     int ep_size, ep_rank, edp_rank;
+    /* --cp N (grid_create_cp_group): context parallelism. The DP axis
+     * then holds DP x CP ranks, CP fastest (world_rank = tp + T * (cp +
+     * N * dp + D N pp), Megatron's tp-cp-dp-pp order), so dp, dp_size and
+     * dp_rank above are the DP x CP group's: gradients, ZeRO shards and
+     * loss means run over it as over data-parallel ranks. The CP group
+     * (cp) is N consecutive ranks of it, which share each sequence, each
+     * holding two chunks (mpi/cp_sched.h); grid_data_rank/size give the
+     * rank among the ranks drawing other data. NULL and 1 without --cp. */
+    comm_t *cp;
+    int cp_size, cp_rank;
 } grid_t;
+
+/* The rank and the number of ranks of the DP group that draw distinct
+ * data: dp_rank / cp_size of dp_size / cp_size (the DP rank without --cp). */
+int grid_data_rank(const grid_t *g);
+int grid_data_size(const grid_t *g);
 
 /* Checks tp * pp * dp == world (dp 0 = world / (tp*pp)) and builds the
  * groups with MPI_Comm_split. Collective over MPI_COMM_WORLD. Returns
@@ -48,13 +63,24 @@ status_t grid_create_shard_group(grid_t *g, int H, char *err, size_t errlen);
 /* --ep N: splits each DP group into dp/N expert-parallel groups of N
  * consecutive DP ranks (g->ep) and across them into N expert-data-parallel
  * groups (g->edp). N must divide dp (options_resolve checked it).
+ * spans_tp (--etp 1 at tp > 1, whole experts): the groups are cut from
+ * the TP x DP plane of each pipeline stage instead, its ranks numbered
+ * j = tp_rank + tp * dp_rank (world order): the EP group is N consecutive
+ * j (TP ranks first, as Megatron's expert grid with ETP 1), the expert-DP
+ * group the tp*dp/N ranks with the same j mod N; N divides tp * dp, and N
+ * 1 is allowed (the expert-DP group is then the whole plane).
  * Collective over MPI_COMM_WORLD. Returns a status with one line in err. */
-status_t grid_create_ep_groups(grid_t *g, int N, char *err, size_t errlen);
+status_t grid_create_ep_groups(grid_t *g, int N, int spans_tp, char *err, size_t errlen);
 
-#define GRID_MAX_GROUPS 9 /* world, tp, dp, pp, embed, shard, replica, ep, edp */
+/* --cp N: the CP groups, N consecutive ranks of each DP group (the DP x
+ * CP group, see grid_t); N must divide dp_size. Collective over
+ * MPI_COMM_WORLD. Returns a status with one line in err. */
+status_t grid_create_cp_group(grid_t *g, int N, char *err, size_t errlen);
+
+#define GRID_MAX_GROUPS 10 /* world, tp, dp, pp, embed, shard, replica, ep, edp, cp */
 
 /* The groups of g this rank belongs to, in the fixed kind order world, tp,
- * dp, pp, embed, shard, replica, ep, edp (absent ones skipped): list[i], and
+ * dp, pp, embed, shard, replica, ep, edp, cp (absent ones skipped): list[i], and
  * names[i] ("dp") when names is not NULL. Returns how many. Every rank
  * walks the kinds in the same order and groups of one kind are disjoint,
  * so collectives over them one after another cannot deadlock. */

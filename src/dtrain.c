@@ -58,16 +58,26 @@ int main(int argc, char **argv)
     if (launch_any_failed(&env, "dtrain", failed, "cannot install the SIGUSR1/SIGTERM handlers: sigaction failed"))
         launch_exit(&env, 1);
 
+    /* --cp N: the grid's DP axis holds dp x cp ranks (grid.h), the CP
+     * groups carved out of it by trainer_setup */
+    const int cp = opt.cp > 1 ? opt.cp : 1;
+    if (cp > 1 && (opt.tp < 1 || opt.pp < 1 || env.world_size % (opt.tp * opt.pp * cp) != 0)) {
+        if (env.world_rank == 0)
+            fprintf(stderr, "dtrain: error: world size %d is not divisible by --tp %d x --cp %d x --pp %d = %d: launch "
+                    "a multiple of %d ranks\n", env.world_size, opt.tp, cp, opt.pp, opt.tp * cp * opt.pp,
+                    opt.tp * cp * opt.pp);
+        launch_exit(&env, 2);
+    }
     grid_t grid;
     char gerr[COMM_ERR_MAX] = "";
-    failed = grid_create(&grid, opt.tp, opt.pp, opt.dp, gerr, sizeof gerr) != STATUS_OK;
+    failed = grid_create(&grid, opt.tp, opt.pp, opt.dp * cp, gerr, sizeof gerr) != STATUS_OK;
     if (launch_any_failed(&env, "dtrain", failed, gerr))
         launch_exit(&env, 2);
 
     /* the run, resolved once for this grid: every component takes its
      * part of it; the same options give the same verdict on every rank */
     static run_config_t run; /* static: the stage split makes it 16 KiB */
-    failed = options_resolve(&opt, grid.tp_size, grid.pp_size, grid.dp_size, &run, err, sizeof err) != 0;
+    failed = options_resolve(&opt, grid.tp_size, grid.pp_size, grid.dp_size / cp, &run, err, sizeof err) != 0;
     if (launch_any_failed(&env, "dtrain", failed, err)) {
         grid_destroy(&grid);
         launch_exit(&env, 2);

@@ -212,7 +212,7 @@ int main(int argc, char **argv)
           g.edp_rank, dp);
     const int E = D % 2 == 0 ? 2 : 0;
     if (E) {
-        rc = grid_create_ep_groups(&g, E, gerr, sizeof gerr);
+        rc = grid_create_ep_groups(&g, E, 0, gerr, sizeof gerr);
         check(rc == STATUS_OK, "grid_create_ep_groups(%d): %s", E, gerr);
         check(g.ep_size == E && g.ep_rank == dp % E && g.edp_rank == dp / E, "ep %d: ep_size %d ep_rank %d edp_rank %d",
               E, g.ep_size, g.ep_rank, g.edp_rank);
@@ -266,6 +266,30 @@ int main(int argc, char **argv)
             for (int i = 0; i < D / E; i++)
                 m[i] = tp + T * (dp % E + E * i + D * pp);
             check_group(phase, "edp", g.edp, m, D / E, dp / E);
+        }
+    }
+    /* --etp 1 (spans_tp): the groups come from the TP x DP plane, ranks j
+     * = tp + T dp: EP = 2 consecutive j, expert-DP = the j of one parity */
+    const int plane = T * D, j = tp + T * dp, E1 = plane % 2 == 0 ? 2 : 0;
+    if (E1) {
+        if (g.ep)
+            g.ep->ops->destroy(g.ep);
+        g.ep = NULL;
+        if (g.edp)
+            g.edp->ops->destroy(g.edp);
+        g.edp = NULL;
+        rc = grid_create_ep_groups(&g, E1, 1, gerr, sizeof gerr);
+        check(rc == STATUS_OK, "grid_create_ep_groups(%d, spans_tp): %s", E1, gerr);
+        check(g.ep_size == E1 && g.ep_rank == j % E1 && g.edp_rank == j / E1,
+              "etp 1, ep %d: ep_size %d ep_rank %d edp_rank %d (plane rank %d)", E1, g.ep_size, g.ep_rank, g.edp_rank,
+              j);
+        for (int phase = 0; rc == STATUS_OK && phase < 2; phase++) {
+            for (int i = 0; i < E1; i++)
+                m[i] = j / E1 * E1 + i + plane * pp;
+            check_group(phase, "ep (etp 1)", g.ep, m, E1, j % E1);
+            for (int i = 0; i < plane / E1; i++)
+                m[i] = j % E1 + E1 * i + plane * pp;
+            check_group(phase, "edp (etp 1)", g.edp, m, plane / E1, j / E1);
         }
     }
     free(m);

@@ -145,6 +145,8 @@ mem_check 4 --model tiny-moe --ep 2 --zero 1
 mem_check 4 --model tiny-moe --ep 2 --zero 3
 # bf16 experts: their rows' operands in a16/d16 (P N K rows at ep P)
 mem_check --dtype bf16 4 --model tiny-moe --ep 2 --zero 3
+mem_check 4 --model tiny-moe --tp 2 --etp 1 --ep 2 --zero 3
+mem_check --dtype bf16 2 --model tiny-deepseek-moe --tp 2 --etp 1 --sequence-parallel
 mem_check --dtype bf16 2 --model tiny-deepseek-moe --tp 2 --sequence-parallel
 # bf16 reductions: ddp.c's and zero.c's bf16 staging, sized by the functions
 # their allocations use
@@ -307,13 +309,13 @@ plan_json "$TMP/z0.json" --model gpt2-124m --gpus 8 --micro-batch 1 --global-bat
 # ---- --search ----------------------------------------------------------------------------------
 "$DTRAIN" --plan --search --config "$top_srcdir/examples/llama-70b.conf" --gpus 64 --global-batch 128 >"$TMP/s.txt" 2>&1 &&
     n=$(sed -n 's/.* layouts planned, \([0-9]*\) fit in .*/\1/p' "$TMP/s.txt") && [ "${n:-0}" -gt 0 ] &&
-    [ "$(awk '/tokens\/s/ { on = 1; next } on && NF == 16 { n++ } END { print n + 0 }' "$TMP/s.txt")" -ge 2 ] &&
-    awk '/tokens\/s/ { on = 1; next } on && NF == 16 { print $10 }' "$TMP/s.txt" | sort -c -r -n 2>/dev/null &&
+    [ "$(awk '/tokens\/s/ { on = 1; next } on && NF == 17 { n++ } END { print n + 0 }' "$TMP/s.txt")" -ge 2 ] &&
+    awk '/tokens\/s/ { on = 1; next } on && NF == 17 { print $11 }' "$TMP/s.txt" | sort -c -r -n 2>/dev/null &&
     pass "--search: $n layouts of llama-70b fit on 64 x h100-sxm, listed by predicted tokens/s: $(sed -n '3p' "$TMP/s.txt" | sed 's/  */ /g')" ||
     fail "--search: $(head -n 4 "$TMP/s.txt")"
 # the best layout it lists, planned on its own, fits (read in this shell:
 # a pass or fail inside a pipeline's subshell would not count)
-read -r tp pp dp ep sched z sp rc mb rest <<EOF
+read -r tp pp dp cp ep sched z sp rc mb rest <<EOF
 $(sed -n '3p' "$TMP/s.txt")
 EOF
 spf=""
@@ -322,7 +324,7 @@ case $sched in
 inter-v*) schf="--pp-schedule interleaved --pp-virtual ${sched#inter-v}" ;;
 *) schf="--pp-schedule $sched" ;;
 esac
-plan_json "$TMP/s1.json" --config "$top_srcdir/examples/llama-70b.conf" --tp "$tp" --pp "$pp" --dp "$dp" --zero "$z" \
+plan_json "$TMP/s1.json" --config "$top_srcdir/examples/llama-70b.conf" --tp "$tp" --pp "$pp" --dp "$dp" --cp "$cp" --zero "$z" \
     $spf $schf --recompute "$rc" --micro-batch "$mb" --global-batch 128 &&
     [ "$(jget "$TMP/s1.json" fits)" = 1 ] &&
     pass "--search's best (tp $tp pp $pp dp $dp $sched zero $z) fits when planned alone" ||
@@ -423,6 +425,18 @@ plan_json "$TMP/ep.json" --model tiny-moe --gpus 4 --ep 2 --micro-batch 2 --glob
         fail "--plan --ep 2: all-to-all bytes $(jget "$TMP/ep.json" bytes_sent.ep), expected $want: $(grep '^  ep' "$TMP/ep.json.txt")"
     fi
 
+# --etp 1 at tp2 x dp2 x ep2: each TP rank routes half the 128 tokens, so
+# the all-to-all carries half as much per rank
+want=$(awk 'BEGIN { printf "%.0f", 4 * 1 * (4 * 0.5 * 64 * 2 * 128 * 4 + 0.5 * 8 * 4) }')
+plan_json "$TMP/etp.json" --model tiny-moe --gpus 4 --tp 2 --etp 1 --ep 2 --micro-batch 2 --global-batch 4 \
+    --seq-len 64 --hw cpu &&
+    if [ "$(jget "$TMP/etp.json" bytes_sent.ep)" = "$want" ] && [ "$(jget "$TMP/etp.json" etp)" = 1 ] &&
+        grep -q "ep 2 x expert-dp 2 (etp 1" "$TMP/etp.json.txt"; then
+        pass "--plan --etp 1 --ep 2 at tp2: $want all-to-all bytes per step (each TP rank's share of the tokens)"
+    else
+        fail "--plan --etp 1: all-to-all bytes $(jget "$TMP/etp.json" bytes_sent.ep), expected $want: $(grep '^layout\|^  ep' "$TMP/etp.json.txt")"
+    fi
+
 # ---- (h) a mixture's active parameters and FLOPs ------------------------------------------
 # tiny-moe is tiny (4 layers, C 128, MLP 512) with each MLP replaced by 8
 # GPT-2 experts of width 256, top-2: a token meets the router (C x 8) and
@@ -446,7 +460,7 @@ plan_json "$TMP/moe.json" --model tiny-moe --micro-batch 2 --global-batch 8 --se
     }
 # --search ranges over --ep for a mixture: ep divides dp and the experts
 "$DTRAIN" --plan --search --model tiny-moe --gpus 4 --global-batch 16 --seq-len 64 --hw cpu >"$TMP/se.txt" 2>&1 &&
-    eps=$(awk 'NR > 2 && $1 ~ /^[0-9]+$/ { print $4 }' "$TMP/se.txt" | sort -u | tr '\n' ' ') &&
+    eps=$(awk 'NR > 2 && $1 ~ /^[0-9]+$/ { print $5 }' "$TMP/se.txt" | sort -u | tr '\n' ' ') &&
     if echo "$eps" | grep -Eq '(^| )(2|4) '; then
         pass "--search over tiny-moe on 4 ranks lists ep $eps"
     else

@@ -425,7 +425,7 @@ static int table_shards(const param_table_t *t, const param_io_group_t *groups, 
             const param_desc_t *d = &t->p[i];
             if (d->count[0] == 0)
                 continue;
-            if (!all && (d->tied_copy || (d->tp_split == TP_SPLIT_NONE && tp_rank != 0) ||
+            if (!all && (d->tied_copy || (d->tp_split == TP_SPLIT_NONE && !d->ep_spans_tp && tp_rank != 0) ||
                          !(writer & (d->expert ? PARAM_IO_WRITE_EXPERTS : PARAM_IO_WRITE_DENSE))))
                 continue;
             int k = tensor_index(tensors, nt, groups[g].prefix, d->name);

@@ -29,6 +29,8 @@ static int layer_ffn(const model_t *m, int i)
 }
 static int layer_fcw(const model_t *m, int i) { return (m->cfg.arch == ARCH_LLAMA ? 2 : 1) * layer_ffn(m, i); }
 static int has_moe(const model_t *m) { return m->cfg.moe.experts > 0; }
+/* --cp: the sequence is cut over the CP group, attention by the ring */
+static int cp_on(const model_t *m) { return m->lay.cp_size > 1; }
 
 /* --ep: the EP group's size (1: none) */
 static size_t ep_size(const model_t *m) { return m->lay.part.ep_size > 1 ? (size_t)m->lay.part.ep_size : 1; }
@@ -251,8 +253,8 @@ static uint16_t *carve16(char *base, size_t *cursor, size_t n) { return (uint16_
 /* A MoE model's routing and expert tensors of one block (moe.h's shapes). */
 static void carve_moe(const model_t *m, char *base, size_t *cursor, moe_acts_t *a)
 {
-    const size_t N = (size_t)m->B * (size_t)m->T, E = (size_t)m->cfg.moe.experts, K = (size_t)m->cfg.moe.top_k;
-    const size_t NK = N * K, C = (size_t)m->cfg.d_model;
+    const size_t Nall = (size_t)m->B * (size_t)m->T, E = (size_t)m->cfg.moe.experts, K = (size_t)m->cfg.moe.top_k;
+    const size_t N = (size_t)moe_tokens(m, (int)Nall), NK = N * K, C = (size_t)m->cfg.d_model;
     a->logits = carve(base, cursor, N * E);
     a->scores = carve(base, cursor, N * E);
     a->lse = carve(base, cursor, N);
@@ -269,8 +271,8 @@ static void carve_moe(const model_t *m, char *base, size_t *cursor, moe_acts_t *
     a->ye = carve(base, cursor, NK * C);
     a->auxw = carve(base, cursor, E);
     a->xr = ep_size(m) > 1 ? carve(base, cursor, R * C) : NULL;
-    a->sgate = m->cfg.moe.shared_gate ? carve(base, cursor, N) : NULL;
-    a->sy = m->cfg.moe.shared_gate ? carve(base, cursor, N * C) : NULL;
+    a->sgate = m->cfg.moe.shared_gate ? carve(base, cursor, Nall) : NULL;
+    a->sy = m->cfg.moe.shared_gate ? carve(base, cursor, Nall * C) : NULL;
 }
 
 static void carve_block(const model_t *m, char *base, size_t *cursor, block_acts_t *s, int core, int act)
@@ -451,7 +453,8 @@ static void layout_acts(model_t *m, char *acts, size_t *acts_bytes, char *work, 
         }
         sl->tokens = (int32_t *)carve(acts, &a, N);
         sl->targets = (int32_t *)carve(acts, &a, N);
-        sl->pos = m->lay.doc_mask ? (int32_t *)carve(acts, &a, N) : NULL;
+        sl->pos = m->lay.doc_mask || cp_on(m) ? (int32_t *)carve(acts, &a, N) : NULL;
+        sl->qdoc = m->lay.doc_mask && cp_on(m) ? (int32_t *)carve(acts, &a, N) : NULL;
         sl->wdout = m->lay.split_backward ? carve(acts, &a, Ls * wdout_floats(m, N)) : NULL;
     }
     size_t big = QKV;
@@ -471,14 +474,15 @@ static void layout_acts(model_t *m, char *acts, size_t *acts_bytes, char *work, 
     carve_block(m, work, &w, &m->racts, rc == MODEL_RECOMPUTE_FULL, 0);
     if (has_moe(m)) {
         const size_t K = (size_t)m->cfg.moe.top_k, E = (size_t)m->cfg.moe.experts, FWe = (size_t)moe_fcw_local(m);
-        const size_t wide = FWe > C ? FWe : C, R = ep_size(m) * N * K;
-        m->mx = carve(work, &w, N * K * C);
+        const size_t NM = (size_t)moe_tokens(m, (int)N); /* the tokens this rank routes */
+        const size_t wide = FWe > C ? FWe : C, R = ep_size(m) * NM * K;
+        m->mx = carve(work, &w, NM * K * C);
         m->md1 = carve(work, &w, R * wide);
         m->md2 = carve(work, &w, R * wide);
         m->mrecv = ep_size(m) > 1 ? carve(work, &w, R * C) : NULL;
         m->mperm = ep_size(m) > 1 ? (int32_t *)carve(work, &w, 2 * R) : NULL;
-        m->mdgate = carve(work, &w, N * K);
-        m->mdlogits = carve(work, &w, N * E);
+        m->mdgate = carve(work, &w, NM * K);
+        m->mdlogits = carve(work, &w, NM * E);
         m->mstats = carve(work, &w, 2 * E + 2);
         m->mbias = model_moe_has_bias(&m->cfg) ? carve(work, &w, (size_t)param_layout_blocks(&m->lay.part) * E) : NULL;
         m->msdy = m->cfg.moe.shared_gate ? carve(work, &w, N * C) : NULL;
@@ -500,7 +504,8 @@ static void layout_acts(model_t *m, char *acts, size_t *acts_bytes, char *work, 
             oc = Vl;
         size_t rows_a = N * ic, rows_d = N * oc; /* elements of a16 and d16 */
         if (has_moe(m)) { /* the experts' R rows: xe [R,C] and ae [R,Fe] in, dhe [R,FWe] and dye [R,C] out */
-            const size_t R = ep_size(m) * N * (size_t)m->cfg.moe.top_k, Fe = (size_t)moe_ffn_local(m);
+            const size_t R = ep_size(m) * (size_t)moe_tokens(m, (int)N) * (size_t)m->cfg.moe.top_k;
+            const size_t Fe = (size_t)moe_ffn_local(m);
             const size_t FWe = (size_t)moe_fcw_local(m);
             rows_a = R * (Fe > C ? Fe : C) > rows_a ? R * (Fe > C ? Fe : C) : rows_a;
             rows_d = R * (FWe > C ? FWe : C) > rows_d ? R * (FWe > C ? FWe : C) : rows_d;
@@ -599,7 +604,8 @@ static int check_shapes(const model_config_t *cfg, const model_layout_t *lay, in
                  cfg->n_head, cfg->n_kv_head, cfg->d_ff);
         return -1;
     }
-    if (cfg->moe.experts && (cfg->moe.ffn % P || cfg->moe.shared_ffn % P)) {
+    const int whole = lay->part.etp == 1 && P > 1; /* --etp 1: experts not split over TP */
+    if (cfg->moe.experts && ((!whole && cfg->moe.ffn % P) || cfg->moe.shared_ffn % P)) {
         snprintf(err, errlen, "--tp %d must divide the experts' width --moe-ffn %d and the shared expert's %d", P,
                  cfg->moe.ffn, cfg->moe.shared_ffn);
         return -1;
@@ -614,6 +620,10 @@ static int check_shapes(const model_config_t *cfg, const model_layout_t *lay, in
     if (lay->sequence_parallel && ((size_t)B * (size_t)T) % (size_t)P) {
         snprintf(err, errlen, "--sequence-parallel: micro batch x seq len (%d x %d) must be a multiple of --tp %d", B,
                  T, P);
+        return -1;
+    }
+    if (whole && cfg->moe.experts && ((size_t)B * (size_t)T) % (size_t)P) {
+        snprintf(err, errlen, "--etp 1: micro batch x seq len (%d x %d) must be a multiple of --tp %d", B, T, P);
         return -1;
     }
     if (lay->n_slots < 1 || param_layout_check(&lay->part, cfg->n_layer) != 0) {
@@ -662,7 +672,7 @@ static int alloc_host_tables(model_t *m)
         m->mload_host = calloc((Ls ? Ls : 1) * E, sizeof *m->mload_host);
         slots_ok = slots_ok && m->moffs_host && m->mstats_host && m->moe_stats && m->mload_host;
         if (ep_size(m) > 1) {
-            const size_t P = ep_size(m), R = P * (size_t)m->B * (size_t)m->T * (size_t)m->cfg.moe.top_k;
+            const size_t P = ep_size(m), R = P * (size_t)moe_tokens(m, m->B * m->T) * (size_t)m->cfg.moe.top_k;
             m->mrcnt_host = calloc((size_t)lay->n_slots * (cap ? cap : 1) * E, sizeof *m->mrcnt_host);
             m->mperm_host = calloc(2 * R, sizeof *m->mperm_host);
             m->meoffs_host = calloc(E + 1, sizeof *m->meoffs_host);
@@ -749,6 +759,18 @@ int model_create(model_t *m, const model_config_t *cfg, const ops_t *ops, const 
     layout_acts(m, acts, &m->act_bytes, work, &m->work_bytes);
     if (m->mbias) /* no expert bias until model_moe_bias_set */
         ops->zero(ops->ctx, m->mbias, (size_t)param_layout_blocks(&lay->part) * cfg->moe.experts * sizeof(float));
+    if (cp_on(m)) { /* the ring for this micro batch: T/cp local rows of a T-token sequence */
+        const cp_ring_shape_t sh = {.B = B, .T = T * lay->cp_size, .NH = heads(m), .NKV = kv_heads(m),
+                                    .HS = model_head_size(cfg)};
+        if (!lay->cp || cp_ring_create(lay->cp, ops, &sh, &m->ring, err, errlen) != STATUS_OK) {
+            if (!lay->cp)
+                snprintf(err, errlen, "internal error: --cp %d without a CP communicator", lay->cp_size);
+            model_destroy(m);
+            return -1;
+        }
+        m->ring_bytes = cp_ring_bytes(&sh, lay->cp_size); /* counted as communication buffers */
+        mem_track(MEM_COMM, (long long)m->ring_bytes);
+    }
     if (m->inv_freq && fill_rope_table(m) != 0) {
         snprintf(err, errlen, "out of memory for RoPE's table of %d frequencies", model_head_size(cfg) / 2);
         model_destroy(m);
@@ -788,6 +810,9 @@ void model_destroy(model_t *m)
     free(m->meoffs_host);
     free(m->mscnt_host);
     free(m->ma2a_host);
+    cp_ring_destroy(m->ring);
+    if (m->ring)
+        mem_track(MEM_COMM, -(long long)m->ring_bytes);
     param_table_free(&m->table);
     memset(m, 0, sizeof *m);
 }
@@ -1025,6 +1050,22 @@ static block_acts_t block_view(const model_t *m, const model_slot_t *sl, int i)
 
 /* The document positions of the forward held in sl (backend), or NULL. */
 static const int32_t *slot_pos(const model_slot_t *sl) { return sl->has_pos ? sl->pos : NULL; }
+/* --cp with documents: the rows' global document starts, or NULL */
+static const int32_t *slot_qdoc(const model_slot_t *sl) { return sl->has_pos ? sl->qdoc : NULL; }
+
+/* Attention of a block's qkv into atty and lse: the ops' whole-sequence
+ * kernel, or under --cp the ring over the CP group (qdoc: the rows'
+ * document starts). */
+static status_t attention_fwd(model_t *m, const block_acts_t *a, const int32_t *pos, const int32_t *qdoc, int b, int t,
+                              char *err, size_t errlen)
+{
+    const int HS = model_head_size(&m->cfg);
+    if (!cp_on(m)) {
+        m->ops->attention_fwd(m->ops->ctx, a->atty, a->lse, a->qkv, pos, b, t, heads(m), kv_heads(m), HS);
+        return STATUS_OK;
+    }
+    return cp_ring_forward(m->ring, a->atty, a->lse, a->qkv, qdoc, &m->cp_stats, err, errlen);
+}
 
 /* A MoE layer's feed-forward: xout[NR,C] = res[NR,C] + (the shared
  * expert's wproj . act[N,F] when F > 0, times its gate's sigmoid(ln2 .
@@ -1059,7 +1100,8 @@ static status_t moe_block_fwd(model_t *m, moe_acts_t *ma, const block_tensors_t 
  * its collective (which every TP rank then skips alike). pos: the slot's
  * document positions, or NULL. */
 static status_t block_fwd(model_t *m, const block_acts_t *a, moe_acts_t *ma, float dloss, const int32_t *pos,
-                          const float *x, float *xout, int i, int b, int t, char *err, size_t errlen)
+                          const int32_t *qdoc, const float *x, float *xout, int i, int b, int t, char *err,
+                          size_t errlen)
 {
     const ops_t *o = m->ops;
     const model_config_t *c = &m->cfg;
@@ -1079,7 +1121,7 @@ static status_t block_fwd(model_t *m, const block_acts_t *a, moe_acts_t *ma, flo
         o->qknorm_fwd(o->ctx, a->qkv, a->qk_in, a->qk_rstd, w->qnorm, w->knorm, N, NH, NKV, HS, c->norm_eps);
     if (c->arch == ARCH_LLAMA)
         o->rope_fwd(o->ctx, a->qkv, pos, b, t, NH, NKV, HS, m->inv_freq);
-    o->attention_fwd(o->ctx, a->atty, a->lse, a->qkv, pos, b, t, NH, NKV, HS);
+    CHECK(attention_fwd(m, a, pos, qdoc, b, t, err, errlen));
     CHECK(row_parallel_fwd(m, a->res2, x, a->atty, NULL, w->wo, w->bo, N, NR, QD, err, errlen));
     /* MLP sub-block: xout = res2 + wproj . act(fc(norm2(res2))) */
     CHECK(norm_fwd_gather(m, ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2w, w->ln2b, N, NR, err, errlen));
@@ -1172,6 +1214,23 @@ status_t model_forward(model_t *m, int slot, const int32_t *tokens, const int32_
     return model_forward_chunk(m, 0, slot, tokens, pos, targets, b, t, dloss, loss, err, errlen);
 }
 
+/* --cp with documents: the slot's qdoc (backend) from the rows' document
+ * positions pos (host, [b*t]): global position minus position in the
+ * document, the document's global start, which the ring's masks take. */
+static status_t set_qdoc(model_t *m, model_slot_t *sl, const int32_t *pos, int b, int t, char *err, size_t errlen)
+{
+    const int32_t *gpos = cp_ring_positions(m->ring);
+    int32_t *q = malloc((size_t)b * (size_t)t * sizeof *q + 1);
+    if (!q)
+        return status_set(STATUS_FAIL, err, errlen, "out of memory for the document starts of %d rows", b * t);
+    for (int r = 0; r < b; r++)
+        for (int i = 0; i < t; i++)
+            q[(size_t)r * t + i] = gpos[i] - pos[(size_t)r * t + i];
+    m->ops->from_host(m->ops->ctx, sl->qdoc, q, (size_t)b * t * sizeof *q);
+    free(q);
+    return STATUS_OK;
+}
+
 status_t model_forward_chunk(model_t *m, int chunk, int slot, const int32_t *tokens, const int32_t *pos,
                              const int32_t *targets, int b, int t, float dloss, float *loss, char *err, size_t errlen)
 {
@@ -1189,8 +1248,12 @@ status_t model_forward_chunk(model_t *m, int chunk, int slot, const int32_t *tok
     *loss = 0.0f;
     if (pos && !sl->pos)
         return status_set(STATUS_FAIL, err, errlen, "internal error: document positions without a --doc-mask layout");
+    if (cp_on(m) && !pos)
+        return status_set(STATUS_FAIL, err, errlen, "internal error: a --cp forward without its rows' positions");
     if (pos)
         m->ops->from_host(m->ops->ctx, sl->pos, pos, (size_t)N * sizeof(int32_t));
+    if (pos && sl->qdoc)
+        CHECK(set_qdoc(m, sl, pos, b, t, err, errlen));
     double t0 = span_start(m);
     if (part->has_embed && chunk == 0) {
         m->ops->from_host(m->ops->ctx, sl->tokens, tokens, (size_t)N * sizeof(int32_t));
@@ -1203,7 +1266,8 @@ status_t model_forward_chunk(model_t *m, int chunk, int slot, const int32_t *tok
         t0 = span_start(m);
         const block_acts_t a = block_view(m, sl, i);
         float *x = sl->x + (size_t)(i - first) * nrc;
-        CHECK(block_fwd(m, &a, &sl->acts[i - first].moe, dloss, slot_pos(sl), x, x + nrc, i, b, t, err, errlen));
+        CHECK(block_fwd(m, &a, &sl->acts[i - first].moe, dloss, slot_pos(sl), slot_qdoc(sl), x, x + nrc, i, b, t, err,
+                        errlen));
         span_end(m, "fwd", param_layout_layer(part, i), t0);
     }
     if (part->has_head && chunk == part->n_runs - 1) {
@@ -1285,12 +1349,18 @@ static void keep_dout(model_t *m, float *dst, const float *dout, size_t n)
  * the shared expert's gate's, from its logits' gradient (m->msdz, from
  * moe_shared_gate_bwd) summed over TP likewise. */
 static status_t moe_block_bwd(model_t *m, const block_acts_t *a, const block_tensors_t *w, const block_tensors_t *g,
-                              const float *dout, int dln_written, int N, int accum, char *err, size_t errlen)
+                              const float *dout, int dln_written, int N, int accum, int last, char *err, size_t errlen)
 {
-    const int tp0 = m->lay.part.tp_rank == 0;
+    const int tp0 = m->lay.part.tp_rank == 0, whole = moe_etp_whole(m);
     CHECK(moe_bwd_experts(m, &a->moe, w, g, a->ln2, dout, m->dln, dln_written, accum, N, err, errlen));
-    CHECK(tp_allreduce(m, m->mdgate, (size_t)N * (size_t)m->cfg.moe.top_k, COMM_SUM, err, errlen));
-    moe_bwd_router(m, &a->moe, w, g, a->ln2, m->dln, tp0, accum, N);
+    /* dgate is partial over TP where each rank holds a slice of every
+     * expert; whole experts give each rank its own rows' whole dgate */
+    if (!whole)
+        CHECK(tp_allreduce(m, m->mdgate, (size_t)N * (size_t)m->cfg.moe.top_k, COMM_SUM, err, errlen));
+    moe_bwd_router(m, &a->moe, w, g, a->ln2, m->dln, tp0 || whole, accum, N);
+    /* whole experts: each TP rank's router gradient is its rows' part */
+    if (whole && last)
+        CHECK(moe_tp_sum(m, g->router, (size_t)m->cfg.moe.experts * (size_t)m->cfg.d_model, err, errlen));
     if (!w->sgate)
         return STATUS_OK;
     CHECK(tp_allreduce(m, m->msdz, (size_t)N, COMM_SUM, err, errlen));
@@ -1317,7 +1387,7 @@ static status_t block_bwd(model_t *m, model_slot_t *sl, int i, int accum, int la
     /* recompute what the slot dropped, with the forward's kernels on the
      * forward's inputs: the same bits */
     if (rc == MODEL_RECOMPUTE_FULL)
-        CHECK(block_fwd(m, a, NULL, 0.0f, slot_pos(sl), x, NULL, i, b, t, err, errlen));
+        CHECK(block_fwd(m, a, NULL, 0.0f, slot_pos(sl), slot_qdoc(sl), x, NULL, i, b, t, err, errlen));
     else if (rc == MODEL_RECOMPUTE_SELECTIVE && gpt && F > 0)
         o->gelu_fwd(o->ctx, a->fc_act, a->fc, (size_t)N * F);
     else if (rc == MODEL_RECOMPUTE_SELECTIVE && F > 0)
@@ -1356,13 +1426,17 @@ static status_t block_bwd(model_t *m, model_slot_t *sl, int i, int accum, int la
         model_mm_bwd(m, m->dln, wg ? g->wfc : NULL, wg ? g->bfc : NULL, dfc, a->ln2, a->ln2_16, w->wfc, N, C,
                layer_fcw(m, i), 0, accum);
     if (layer_moe(m, i))
-        CHECK(moe_block_bwd(m, a, w, g, dout, F > 0, N, accum, err, errlen));
+        CHECK(moe_block_bwd(m, a, w, g, dout, F > 0, N, accum, last, err, errlen));
     CHECK(norm_bwd_reduce(m, g->ln2w, g->ln2b, a->res2, w->ln2w, a->ln2_mean, a->ln2_rstd, N, NR, accum, err, errlen));
     /* attention: dres becomes dL/dx */
     CHECK(dres_all_rows(m, NR, &dout, err, errlen));
     keep_dout(m, keep ? keep->o : NULL, m->dres, (size_t)NR * C);
     model_mm_bwd(m, m->dbig, wg ? g->wo : NULL, wg ? g->bo : NULL, dout, a->atty, NULL, w->wo, N, QD, C, 0, accum);
-    o->attention_bwd(o->ctx, m->dbig2, m->dbig, a->qkv, a->atty, a->lse, slot_pos(sl), b, t, NH, NKV, HS);
+    if (cp_on(m))
+        CHECK(cp_ring_backward(m->ring, m->dbig2, m->dbig, a->qkv, a->atty, a->lse, slot_qdoc(sl), &m->cp_stats, err,
+                               errlen));
+    else
+        o->attention_bwd(o->ctx, m->dbig2, m->dbig, a->qkv, a->atty, a->lse, slot_pos(sl), b, t, NH, NKV, HS);
     if (!gpt)
         o->rope_bwd(o->ctx, m->dbig2, slot_pos(sl), b, t, NH, NKV, HS, m->inv_freq);
     if (c->qk_norm) {
@@ -1481,7 +1555,7 @@ static status_t block_bwd_weight(model_t *m, model_slot_t *sl, int i, int next, 
     if (rc == MODEL_RECOMPUTE_FULL) {
         CHECK(lend_params(m, i, next, err, errlen));
         const float *x = sl->x + (size_t)(i - sl->first) * NR * C;
-        CHECK(block_fwd(m, a, NULL, 0.0f, slot_pos(sl), x, NULL, i, b, t, err, errlen));
+        CHECK(block_fwd(m, a, NULL, 0.0f, slot_pos(sl), slot_qdoc(sl), x, NULL, i, b, t, err, errlen));
     }
     const wdout_at_t d = slot_wdout(m, sl, i);
     const float *d_proj = d.proj, *d_o = d.o; /* all rows: gathered again under sequence parallelism */

@@ -24,6 +24,7 @@
 
 #include "base/ops.h"
 #include "mpi/comm.h"
+#include "mpi/cp_ring.h"
 #include "mpi/dpsync.h"
 #include "mpi/status.h"
 #include "mpi/trace.h"
@@ -147,7 +148,8 @@ typedef struct model_slot {
     float *losses;                    /* [N] */
     float *xmax, *xstats;             /* [N], [N,2]: cross-entropy max and {sumexp, target logit} */
     int32_t *tokens, *targets;        /* [N] backend copies of the batch */
-    int32_t *pos;                     /* [N] document positions (lay.doc_mask; else NULL) */
+    int32_t *pos;                     /* [N] document positions (lay.doc_mask), or with --cp the rows' positions; else NULL */
+    int32_t *qdoc;                    /* [N] --cp with doc_mask: each row's global document start (cp_ring's qdoc) */
     int has_pos;                      /* the forward held here was given positions: its backward uses them too */
     float dloss;                      /* the forward's dloss: the MoE losses' gradients scale with it */
 } model_slot_t;
@@ -157,6 +159,13 @@ typedef struct model_layout {
     param_layout_t part; /* tensors held: TP rank, layer range, embed/head */
     comm_t *tp;          /* the TP group; may be NULL when part.tp_size == 1 */
     comm_t *ep;          /* the EP group (part.ep_size > 1: the experts' all-to-all), else NULL */
+    /* --cp: the CP group, over which every sequence is cut (cp_size > 1:
+     * the ring attention of mpi/cp_ring.h), else NULL. The model's t is
+     * then the local rows per sequence (T / cp), every forward needs the
+     * rows' positions (pos: global, or document positions under doc_mask)
+     * and attention runs over the whole sequence by the ring. */
+    comm_t *cp;
+    int cp_size, cp_rank; /* its size and this rank's place (0 and 1: none) */
     int sequence_parallel;
     int n_slots; /* microbatches in flight on this stage */
     /* Block gradients are not kept (ZeRO-2 and 3: the strategy's
@@ -235,6 +244,12 @@ typedef struct model {
     int32_t *mrcnt_host, *mperm_host, *meoffs_host, *mscnt_host;
     size_t *ma2a_host;
     double ep_comm_s; /* seconds in the experts' all-to-alls since the caller zeroed it (the step's comm wait) */
+    /* --cp: the ring attention (mpi/cp_ring.h) for the micro batch's
+     * shape, and what it cost since the caller zeroed cp_stats (its
+     * wait_*_s: the ring's exposed communication) */
+    struct cp_ring *ring;
+    size_t ring_bytes; /* its backend buffers (cp_ring_bytes) */
+    cp_ring_stats_t cp_stats;
     model_moe_stats_t *moe_stats;   /* [Ls] per local block (dense ones stay 0) */
     /* the sigmoid router's expert bias (DeepSeek's aux-loss-free
      * balancing; it selects experts and does not weigh them), backend

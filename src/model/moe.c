@@ -5,7 +5,27 @@
 
 #include "mpi/trace.h"
 
-int moe_ffn_local(const model_t *m) { return m->cfg.moe.ffn / m->lay.part.tp_size; }
+int moe_etp_whole(const model_t *m) { return m->lay.part.etp == 1 && m->lay.part.tp_size > 1; }
+int moe_ffn_local(const model_t *m) { return m->cfg.moe.ffn / (moe_etp_whole(m) ? 1 : m->lay.part.tp_size); }
+int moe_tokens(const model_t *m, int N) { return moe_etp_whole(m) ? N / m->lay.part.tp_size : N; }
+
+/* The first of this rank's moe_tokens rows of N (--etp 1: TP rank r's
+ * r-th share; else 0). */
+static int moe_row0(const model_t *m, int N)
+{
+    return moe_etp_whole(m) ? m->lay.part.tp_rank * (N / m->lay.part.tp_size) : 0;
+}
+
+/* --etp 1: rows [0, r0) and [r0 + n, N) of x[N,C], which other TP ranks
+ * compute, zeroed, so the model's sum over TP assembles every row. */
+static void zero_other_rows(const model_t *m, float *x, int N, int r0, int n)
+{
+    const size_t C = (size_t)m->cfg.d_model;
+    if (r0 > 0)
+        m->ops->zero(m->ops->ctx, x, (size_t)r0 * C * sizeof(float));
+    if (r0 + n < N)
+        m->ops->zero(m->ops->ctx, x + (size_t)(r0 + n) * C, (size_t)(N - r0 - n) * C * sizeof(float));
+}
 int moe_fcw_local(const model_t *m) { return (m->cfg.arch == ARCH_LLAMA ? 2 : 1) * moe_ffn_local(m); }
 
 /* --ep: the EP group's size P (1: none) and this rank's experts El = E/P */
@@ -25,6 +45,20 @@ static status_t ep_alltoallv(model_t *m, const void *send, const size_t *scnt, c
     const status_t rc = c->ops->alltoallv(c, send, scnt, sdsp, recv, rcnt, rdsp, dt, cerr, sizeof cerr);
     m->ep_comm_s += trace_now() - t0;
     return rc != STATUS_OK ? status_set(rc, err, errlen, "expert-parallel all-to-all (%s) failed: %.400s", what, cerr)
+                           : STATUS_OK;
+}
+
+/* --etp 1: x[n] (backend memory) summed over the TP group in place, timed
+ * with the TP collectives. */
+status_t moe_tp_sum(model_t *m, float *x, size_t n, char *err, size_t errlen)
+{
+    m->ops->sync(m->ops->ctx);
+    const double t0 = trace_now();
+    char cerr[COMM_ERR_MAX];
+    comm_t *c = m->lay.tp;
+    const status_t rc = c->ops->allreduce(c, x, n, COMM_FP32, COMM_SUM, cerr, sizeof cerr);
+    m->tp_comm_s += trace_now() - t0;
+    return rc != STATUS_OK ? status_set(rc, err, errlen, "tensor-parallel all-reduce (MoE) failed: %.400s", cerr)
                            : STATUS_OK;
 }
 
@@ -151,13 +185,17 @@ static void moe_losses(model_t *m, moe_acts_t *a, const float *stats, int N, flo
     st->micro++;
 }
 
-status_t moe_fwd(model_t *m, moe_acts_t *a, const block_tensors_t *w, const float *ln2, float *out, int N, int t,
-                 float dloss, int i, char *err, size_t errlen)
+status_t moe_fwd(model_t *m, moe_acts_t *a, const block_tensors_t *w, const float *ln2_all, float *out_all, int N_all,
+                 int t, float dloss, int i, char *err, size_t errlen)
 {
     const ops_t *o = m->ops;
     const moe_config_t *e = &m->cfg.moe;
     const int gpt = m->cfg.arch == ARCH_GPT2, C = m->cfg.d_model, E = e->experts, K = e->top_k;
     const int Fe = moe_ffn_local(m), FWe = moe_fcw_local(m), sig = e->router == MOE_ROUTER_SIGMOID;
+    /* this rank's N tokens: all of them, or under --etp 1 its TP share */
+    const int N = moe_tokens(m, N_all), n0 = moe_row0(m, N_all);
+    const float *ln2 = ln2_all + (size_t)n0 * C;
+    float *out = out_all + (size_t)n0 * C;
     /* route: logits[N,E] = ln2 . router^T in fp32, then the top K */
     o->matmul_fwd(o->ctx, a->logits, ln2, w->router, NULL, N, C, E);
     const float *ebias = m->mbias ? m->mbias + (size_t)i * E : NULL;
@@ -165,10 +203,13 @@ status_t moe_fwd(model_t *m, moe_acts_t *a, const block_tensors_t *w, const floa
                      moe_capacity(e, t));
     o->moe_plan(o->ctx, a->perm, a->offs, a->where, a->idx, N, E, K);
     o->moe_stats(o->ctx, m->mstats, a->idx, a->scores, a->lse, N, E, K, sig);
+    /* --etp 1: the losses are the whole micro batch's, over every TP share */
+    if (moe_etp_whole(m))
+        CHECK(moe_tp_sum(m, m->mstats, 2 * (size_t)E + 2, err, errlen));
     /* the host needs each expert's row count for its GEMMs */
     o->to_host(o->ctx, a->hoffs, a->offs, ((size_t)E + 1) * sizeof(int32_t));
     o->to_host(o->ctx, m->mstats_host, m->mstats, (2 * (size_t)E + 2) * sizeof(float));
-    moe_losses(m, a, m->mstats_host, N, dloss, &m->moe_stats[i]);
+    moe_losses(m, a, m->mstats_host, N_all, dloss, &m->moe_stats[i]);
     for (int x = 0; x < E && dloss != 0.0f; x++) /* the step's loads, for the expert bias */
         m->mload_host[(size_t)i * E + x] += m->mstats_host[x];
     const int M = a->hoffs[E];
@@ -200,8 +241,9 @@ status_t moe_fwd(model_t *m, moe_acts_t *a, const block_tensors_t *w, const floa
         o->gelu_fwd(o->ctx, a->ae, a->he, R * Fe);
     else
         o->swiglu_fwd(o->ctx, a->ae, a->he, (int)R, Fe);
-    /* ye[R,C] = ae . wproj_e^T (+ bproj_e, added once: by TP rank 0) */
-    const int bias = gpt && m->lay.part.tp_rank == 0;
+    /* ye[R,C] = ae . wproj_e^T (+ bproj_e, added once: by TP rank 0, or
+     * with whole experts by the one rank that computes the row) */
+    const int bias = gpt && (m->lay.part.tp_rank == 0 || moe_etp_whole(m));
     for (int x = 0; x < El; x++) {
         const int r0 = offs[x], n = offs[x + 1] - r0;
         if (n > 0)
@@ -213,17 +255,24 @@ status_t moe_fwd(model_t *m, moe_acts_t *a, const block_tensors_t *w, const floa
         CHECK(ep_return(m, a, a->ye, ye, R, "expert outputs", err, errlen));
     /* out[n] = sum_j gate[n,j] ye[where[n,j]], in order of j */
     o->moe_combine_fwd(o->ctx, out, a->ye, a->gate, a->where, N, K, C);
+    if (moe_etp_whole(m))
+        zero_other_rows(m, out_all, N_all, n0, N);
     return STATUS_OK;
 }
 
 status_t moe_bwd_experts(model_t *m, const moe_acts_t *a, const block_tensors_t *w, const block_tensors_t *g,
-                         const float *ln2, const float *dout, float *dln, int dln_accum, int accum, int N, char *err,
-                         size_t errlen)
+                         const float *ln2_all, const float *dout_all, float *dln_all, int dln_accum, int accum, int N_all,
+                         char *err, size_t errlen)
 {
     const ops_t *o = m->ops;
     const moe_config_t *e = &m->cfg.moe;
     const int gpt = m->cfg.arch == ARCH_GPT2, C = m->cfg.d_model, E = e->experts, K = e->top_k;
     const int Fe = moe_ffn_local(m), FWe = moe_fcw_local(m), M = a->hoffs[E];
+    const int N = moe_tokens(m, N_all), n0 = moe_row0(m, N_all);
+    const float *ln2 = ln2_all + (size_t)n0 * C, *dout = dout_all + (size_t)n0 * C;
+    float *dln = dln_all + (size_t)n0 * C;
+    if (moe_etp_whole(m) && !dln_accum) /* the rows other TP ranks' shares fill */
+        zero_other_rows(m, dln_all, N_all, n0, N);
     /* dye[M,C] (md1) = gate * dout; dgate[N,K] = dout . ye (this rank's part) */
     o->moe_combine_bwd(o->ctx, m->md1, m->mdgate, dout, a->ye, a->gate, a->where, N, K, C);
     const float *xe = m->mx;
@@ -283,11 +332,14 @@ status_t moe_bwd_experts(model_t *m, const moe_acts_t *a, const block_tensors_t 
 }
 
 void moe_bwd_router(model_t *m, const moe_acts_t *a, const block_tensors_t *w, const block_tensors_t *g,
-                    const float *ln2, float *dln, int add_din, int accum, int N)
+                    const float *ln2_all, float *dln_all, int add_din, int accum, int N_all)
 {
     const ops_t *o = m->ops;
     const moe_config_t *e = &m->cfg.moe;
     const int C = m->cfg.d_model, E = e->experts, K = e->top_k;
+    const int N = moe_tokens(m, N_all), n0 = moe_row0(m, N_all);
+    const float *ln2 = ln2_all + (size_t)n0 * C;
+    float *dln = dln_all + (size_t)n0 * C;
     o->moe_route_bwd(o->ctx, m->mdlogits, m->mdgate, a->logits, a->scores, a->lse, a->idx,
                      e->aux_coef > 0 ? a->auxw : NULL, a->zw, N, E, K, e->router == MOE_ROUTER_SIGMOID,
                      e->norm_topk);

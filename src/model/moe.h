@@ -18,18 +18,39 @@
  * the combine is the same ordered sum. Every TP rank of an EP rank does
  * the same dispatch over its own EP group (the same TP rank's).
  *
- * Shapes: N tokens (all rows), C d_model, E experts, K per token, NK =
- * N*K, M = the kept assignments (<= NK), Fe = moe.ffn / P, FWe = Fe
- * (GPT-2) or 2 Fe (Llama's gate|up). The experts' GEMMs are fp32 under
- * every --dtype in this version. */
+ * Whole experts (--etp 1 at tp > 1, Megatron's expert TP 1): the EP
+ * group is cut from the TP x DP plane, so TP ranks hold other experts,
+ * each whole. TP rank r routes only rows [r N/tp, (r+1) N/tp) of ln2
+ * (every TP rank holds all N) and writes only those rows of the combine,
+ * the others zeroed, so the model's sum over TP (as for the dense MLP)
+ * assembles the layer's output; the backward likewise fills its rows of
+ * dln. The routing statistics are summed over TP before the losses (the
+ * whole micro batch's, as at --etp tp), and the router's gradient, from
+ * this rank's rows only, is summed over TP by the model once the step's
+ * last micro batch is in.
+ *
+ * Shapes: N tokens (all rows; with --etp 1 this rank's N/tp in the
+ * routing and expert buffers), C d_model, E experts, K per token, NK =
+ * N*K, M = the kept assignments (<= NK), Fe = moe.ffn / tp (whole
+ * experts: moe.ffn), FWe = Fe (GPT-2) or 2 Fe (Llama's gate|up). The
+ * experts' GEMMs take the model's GEMM helpers (bf16 operands under
+ * --dtype bf16); the router stays fp32. */
 #ifndef DTRAIN_MOE_H
 #define DTRAIN_MOE_H
 
 #include "src/model/model.h"
 
+/* --etp 1 at tp > 1: whole experts (expert TP 1), each TP rank routing
+ * its share of the tokens. */
+int moe_etp_whole(const model_t *m);
 /* Expert width on this TP rank, and its fc output width. */
 int moe_ffn_local(const model_t *m);
 int moe_fcw_local(const model_t *m);
+/* The tokens of N this rank routes: N, or N / tp under --etp 1. */
+int moe_tokens(const model_t *m, int N);
+/* x[n] (backend memory) summed over the TP group in place (--etp 1's
+ * router gradient and routing statistics). */
+status_t moe_tp_sum(model_t *m, float *x, size_t n, char *err, size_t errlen);
 
 /* out[N,C] (written) = this rank's partial combine of ln2[N,C]'s tokens
  * through the router (w->router, and the expert bias m->mbias of local

@@ -13,6 +13,7 @@ typedef struct table_builder {
     int cap;
     int tp_size, tp_rank;
     int ep_size, ep_rank;
+    int ep_spans_tp; /* --etp 1 at tp > 1: whole experts */
     int64_t padded_vocab;
     int n_layer;
     char *err;
@@ -169,10 +170,13 @@ static status_t add_mlp(table_builder_t *b, const model_config_t *c, int l, int6
 /* The last tensor added is a routed expert's: under --ep this rank keeps
  * its experts' part, E/ep of the blocks (a stack of groups) or of the rows
  * (a tensor of one group, [E * rows, cols]). */
+static status_t add_expert_mlp(table_builder_t *b, const model_config_t *c, int l, float std, float std_out);
+
 static void split_experts(table_builder_t *b)
 {
     param_desc_t *d = &b->t->p[b->t->n - 1];
     d->expert = 1;
+    d->ep_spans_tp = b->ep_spans_tp;
     if (b->ep_size <= 1)
         return;
     b->t->numel -= d->numel;
@@ -192,17 +196,33 @@ static void split_experts(table_builder_t *b)
 /* A MoE layer's router and routed experts, each tensor the E experts'
  * stacked along dim 0 (logical [E, ...] as [E * rows, cols]): the router
  * [E, C] replicated over TP, and each expert's MLP split over TP as the
- * dense one is (expert TP = TP). Llama's wfc holds each expert's gate
+ * dense one is (expert TP = TP), or with --etp 1 whole (built as at tp 1,
+ * the EP split alone cutting them). Llama's wfc holds each expert's gate
  * rows then its up rows, [E * 2F, C], so one GEMM computes an expert's
  * gate|up. */
 static status_t add_experts(table_builder_t *b, const model_config_t *c, int l, float std, float std_out)
 {
-    const int64_t C = c->d_model, E = c->moe.experts, F = c->moe.ffn;
-    const int gpt = c->arch == ARCH_GPT2, per = gpt ? 1 : 2;
+    const int64_t C = c->d_model, E = c->moe.experts;
     if (E % (b->ep_size > 1 ? b->ep_size : 1) != 0)
         return status_set(STATUS_FAIL, b->err, b->errlen, "--ep %d does not divide the %lld experts", b->ep_size,
                           (long long)E);
     CHECK(add_param(b, l, "moe.router", 2, E, C, TP_SPLIT_NONE, INIT_NORMAL, std));
+    const int tp_size = b->tp_size, tp_rank = b->tp_rank;
+    if (b->ep_spans_tp) {
+        b->tp_size = 1;
+        b->tp_rank = 0;
+    }
+    status_t st = add_expert_mlp(b, c, l, std, std_out);
+    b->tp_size = tp_size;
+    b->tp_rank = tp_rank;
+    return st;
+}
+
+/* The routed experts' MLP tensors of layer l (add_experts). */
+static status_t add_expert_mlp(table_builder_t *b, const model_config_t *c, int l, float std, float std_out)
+{
+    const int64_t C = c->d_model, E = c->moe.experts, F = c->moe.ffn;
+    const int gpt = c->arch == ARCH_GPT2, per = gpt ? 1 : 2;
     CHECK(add_param_groups(b, l, "moe.wfc", 2, E * per * F, C, TP_SPLIT_ROWS, (int)(E * per), INIT_NORMAL, std));
     split_experts(b);
     if (gpt) {
@@ -301,6 +321,7 @@ int param_table_build(param_table_t *t, const model_config_t *c, const param_lay
                          .tp_rank = lay->tp_rank,
                          .ep_size = lay->ep_size > 1 ? lay->ep_size : 1,
                          .ep_rank = lay->ep_size > 1 ? lay->ep_rank : 0,
+                         .ep_spans_tp = lay->etp == 1 && lay->tp_size > 1,
                          .padded_vocab = param_padded_vocab(c->vocab_size, lay->tp_size),
                          .n_layer = c->n_layer,
                          .err = err,

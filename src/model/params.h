@@ -33,6 +33,10 @@ typedef struct param_layout {
      * holding experts [ep_rank * E/ep_size, (ep_rank+1) * E/ep_size) (0 is
      * read as 1: no expert parallelism) */
     int ep_size, ep_rank;
+    /* --etp: the experts' TP size, tp_size (0 is read so: each expert's
+     * MLP split over TP as the dense one) or 1 (whole experts; ep_rank
+     * then counts over the TP x DP plane, so TP ranks hold other experts) */
+    int etp;
     /* blocks [run_begin[k], run_end[k]) for k < n_runs, ascending and
      * disjoint (an empty run holds none); local block i counts through
      * them in order (param_layout_layer) */
@@ -75,6 +79,10 @@ typedef struct param_desc {
     /* a routed expert's tensor (moe.wfc, .bfc, .wproj, .bproj): split over
      * the EP group, its gradient averaged over the expert-DP group */
     int expert;
+    /* an expert tensor under --etp 1 at tp > 1: held whole, and TP ranks
+     * hold other experts (its slice is not replicated over TP, even where
+     * tp_split is TP_SPLIT_NONE) */
+    int ep_spans_tp;
     int layer;     /* block index; -1 = input embeddings, n_layer = final norm / head */
     int decay;     /* AdamW weight decay applies (2-D tensors) */
     int norm;      /* a norm's weight or bias: under sequence parallelism each TP

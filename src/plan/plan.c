@@ -33,7 +33,18 @@ typedef struct plan_in {
     int doc_mask; /* --doc-mask: the positions' buffer in the arena, attention within documents */
     int doc_len;  /* --plan-doc-len: documents of this many tokens (0: one per sequence) */
     double att_T; /* positions attended per token: sum(L^2) / T over a sequence's documents (T unmasked) */
+    /* --cp: the sequence over cp ranks. run.dp is then the DP x CP group
+     * the gradients and ZeRO go over (as the trainer's grid), dp_data the
+     * ranks drawing distinct data, and a rank holds T / cp of each
+     * sequence (local_tokens) */
+    int cp, dp_data;
 } plan_in_t;
+
+/* The tokens of one microbatch on one rank: B T, or B T / cp. */
+static double local_tokens(const plan_in_t *in)
+{
+    return (double)in->run.micro_batch * in->run.seq_len / in->cp;
+}
 
 /* One pipeline stage (every TP and DP rank of a stage holds the same). */
 typedef struct stage_plan {
@@ -50,6 +61,9 @@ typedef struct stage_plan {
     int tp_colls;                                     /* TP collectives per microbatch */
     double tp_bytes, pp_bytes, dp_bytes, embed_bytes; /* sent per step by one rank */
     double ep_bytes, t_ep_mb; /* --ep: the MoE layers' all-to-alls, per step and their time per microbatch */
+    /* --cp: the ring's bytes per step, its whole transfer time and the part
+     * the attention does not hide, per microbatch */
+    double cp_bytes, t_cp_all_mb, t_cp_mb;
     int moe_layers;           /* MoE layers on the stage (all its chunks) */
     double p_layers;          /* the stage's layers' active matmul parameters (flops_layer_params) */
     double t_dp, t_dp_exposed, t_embed, t_opt;
@@ -70,6 +84,7 @@ typedef struct plan {
     double flops_step, hw_flops_step;
     double t_mb, t_compute, t_tp, t_bubble, t_pp, t_pp_msg, t_dp, t_dp_total, t_embed, t_opt, t_step;
     double t_ep; /* --ep: the slowest stage's all-to-alls (blocking, inside each microbatch) */
+    double t_cp, t_cp_all; /* --cp: the slowest stage's exposed ring waits, and its transfers in all */
     double tokens_s, mfu, hfu, bubble_frac;
 } plan_t;
 
@@ -102,6 +117,17 @@ static double korthikanti_layer(const plan_in_t *in, model_recompute_t rc)
         return in->run.sequence_parallel ? sbh / t * (34.0 + 5.0 * as_h) : sbh * (10.0 + 24.0 / t + 5.0 * as_h / t);
     }
 }
+/* The expert-DP group's size: the ranks holding the same experts (dp/ep,
+ * or with --etp 1 tp x dp / ep). */
+static int plan_edp(const run_config_t *r)
+{
+    return (run_config_ep_spans_tp(r) ? r->tp * r->dp : r->dp) / (r->ep > 1 ? r->ep : 1);
+}
+
+/* The consecutive world ranks one EP group spans: tp x ep (an EP group
+ * of DP ranks), or ep (--etp 1: ranks of the TP x DP plane). */
+static long plan_ep_span(const run_config_t *r) { return run_config_ep_spans_tp(r) ? r->ep : (long)r->tp * r->ep; }
+
 
 /* A stage's parameters cut into ZeRO's units by the trainer's own
  * functions (mpi/zero.h: zero_cut_units, zero_pieces) over S ranks, the
@@ -137,12 +163,12 @@ static int cut_table(const plan_in_t *in, const param_table_t *t, stage_units_t 
         expert[i] = (unsigned char)t->p[i].expert;
     }
     zero_units_t zu;
-    const int ep = in->run.ep > 1;
+    const int ep = in->run.ep > 1 || run_config_ep_spans_tp(&in->run);
     int rc = zero_cut_units(&zu, t->numel, t->n, start, block, ep ? expert : NULL, unit, expert_from);
     if (rc != 0)
         snprintf(err, errlen, "ZeRO with --ep: a block lists a dense tensor after its expert tensors");
     zero_pieces(&zu, unit, ep ? expert_from : NULL, (size_t)in->run.shard,
-                ep ? (size_t)(in->run.dp / in->run.ep) : 1, NULL, NULL, &u->shape);
+                ep ? (size_t)plan_edp(&in->run) : 1, NULL, NULL, &u->shape);
     u->n = t->numel;
     u->shard_n = u->shape.shard_n;
     u->outside = t->numel - (zu.block0 >= 0 ? unit[zu.block0 + zu.n_blocks] - unit[zu.block0] : 0);
@@ -219,8 +245,9 @@ static void plan_arena(const plan_in_t *in, const model_layout_t *lay, stage_pla
 {
     const model_config_t *c = in->c;
     size_t arena = 0, work = 0, a1 = 0, a2 = 0, w_ = 0;
-    model_arena_bytes(c, lay, in->run.micro_batch, in->run.seq_len, &arena, &work);
-    const double N = (double)in->run.micro_batch * in->run.seq_len;
+    const int T = in->run.seq_len / in->cp; /* --cp: each rank's rows */
+    model_arena_bytes(c, lay, in->run.micro_batch, T, &arena, &work);
+    const double N = local_tokens(in);
     const double NR = in->run.sequence_parallel ? N / in->run.tp : N;
     model_layout_t one = *lay;
     one.part.has_embed = one.part.has_head = 0;
@@ -228,9 +255,9 @@ static void plan_arena(const plan_in_t *in, const model_layout_t *lay, stage_pla
     one.part.n_runs = 1;
     one.part.run_begin[0] = 0;
     one.part.run_end[0] = 1;
-    model_arena_bytes(c, &one, in->run.micro_batch, in->run.seq_len, &a1, &w_);
+    model_arena_bytes(c, &one, in->run.micro_batch, T, &a1, &w_);
     one.part.run_end[0] = 2;
-    model_arena_bytes(c, &one, in->run.micro_batch, in->run.seq_len, &a2, &w_);
+    model_arena_bytes(c, &one, in->run.micro_batch, T, &a2, &w_);
     const double C = c->d_model;
     const double per_layer = (double)(a2 - a1) - (round64(4.0 * 3 * NR * C) - round64(4.0 * 2 * NR * C));
     const double lx = (double)sp->slot_layers * sp->slots;
@@ -283,6 +310,7 @@ static int plan_stage(const plan_in_t *in, int s, int layer_begin, stage_plan_t 
         param_layout_range(run->tp, 0, layer_begin, layer_begin + sp->layers, s == 0, s == run->pp - 1);
     run_config_stage_runs(run, s, &part.n_runs, part.run_begin, part.run_end); /* interleaved: its chunks */
     part.ep_size = run->ep; /* --ep: each rank's experts only (all EP ranks hold as many) */
+    part.etp = run->etp;
     for (int k = 0; k < part.n_runs; k++) {
         if (part.run_end[k] - part.run_begin[k] > sp->slot_layers)
             sp->slot_layers = part.run_end[k] - part.run_begin[k];
@@ -300,6 +328,7 @@ static int plan_stage(const plan_in_t *in, int s, int layer_begin, stage_plan_t 
                                 .lent_block_params = run->zero_stage >= 3,
                                 .recompute = run->recompute,
                                 .doc_mask = in->doc_mask,
+                                .cp_size = in->cp,
                                 .split_backward = run->pp_kind == PIPE_ZBH1};
     stage_units_t u;
     if (plan_units(in, &part, sp, &u, err, errlen) != 0 || plan_state_bytes(in, &lay, &u, sp->mem, err, errlen) != 0)
@@ -310,6 +339,11 @@ static int plan_stage(const plan_in_t *in, int s, int layer_begin, stage_plan_t 
         plan_arena(in, &lay, sp);
     else
         plan_korthikanti(in, &lay, s, sp);
+    if (in->cp > 1) /* the ring's buffers (cp_ring_bytes), as the model counts them */
+        sp->mem[MEM_COMM] += (double)cp_ring_bytes(&(cp_ring_shape_t){.B = in->run.micro_batch, .T = in->run.seq_len,
+                                                                       .NH = in->c->n_head / in->run.tp, .NKV = in->c->n_kv_head / in->run.tp,
+                                                                       .HS = model_head_size(in->c)},
+                                                   in->cp);
     for (int k = 0; k < MEM_N_CATEGORIES; k++)
         sp->total += sp->mem[k];
     return 0;
@@ -321,9 +355,9 @@ static void stage_compute(const plan_in_t *in, int s, stage_plan_t *sp)
     const model_config_t *c = in->c;
     const hw_profile_t *hw = in->hw;
     const double C = c->d_model, HS = model_head_size(c), QD = c->n_head * HS;
-    const double V = c->vocab_size, T = in->run.seq_len, t = in->run.tp;
+    const double V = c->vocab_size, t = in->run.tp;
     const double att = 4.0 * QD * in->att_T;
-    const double tok = (double)in->run.micro_batch * T;
+    const double tok = local_tokens(in); /* --cp: a rank's share; a token's attention is still over the sequence */
     const int last = s == in->run.pp - 1;
     /* flash-style attention recomputes Q K^T in every backward (half of
      * att); selective recompute adds only the activation function's
@@ -354,9 +388,13 @@ static void stage_ep(const plan_in_t *in, int s, stage_plan_t *sp)
     const double ep = in->run.ep;
     if (ep <= 1 || c->moe.experts == 0)
         return;
-    const double tok = (double)in->run.micro_batch * in->run.seq_len, away = (ep - 1.0) / ep;
+    /* --etp 1: each TP rank routes its 1/tp of the tokens, and the EP
+     * group is ep consecutive ranks of the TP x DP plane */
+    const int whole = run_config_ep_spans_tp(&in->run);
+    const double tok = (double)in->run.micro_batch * in->run.seq_len / (whole ? in->run.tp : 1);
+    const double away = (ep - 1.0) / ep;
     const double layer = 4.0 * away * tok * c->moe.top_k * c->d_model * 4.0 + away * c->moe.experts * 4.0;
-    sp->t_ep_mb = sp->moe_layers * (5.0 * in->hw->latency + layer / link_bw(in->hw, (long)in->run.tp * in->run.ep));
+    sp->t_ep_mb = sp->moe_layers * (5.0 * in->hw->latency + layer / link_bw(in->hw, plan_ep_span(&in->run)));
     sp->ep_bytes = sp->moe_layers * layer * in->run.accum;
 }
 
@@ -365,8 +403,8 @@ static void stage_tp_pp(const plan_in_t *in, int s, stage_plan_t *sp)
 {
     const model_config_t *c = in->c;
     const hw_profile_t *hw = in->hw;
-    const double C = c->d_model, T = in->run.seq_len, t = in->run.tp;
-    const double tok = (double)in->run.micro_batch * T;
+    const double C = c->d_model, t = in->run.tp;
+    const double tok = local_tokens(in);
     const int last = s == in->run.pp - 1;
     /* tensor parallel: per layer two all-reduces forward and two backward
      * of the [s*b, h] activations (with sequence parallelism an all-gather
@@ -478,12 +516,42 @@ static void stage_dp(const plan_in_t *in, int s, stage_plan_t *sp)
     }
 }
 
+/* --cp: the ring attention's K,V blocks (fp32, B T/cp rows of the KV
+ * heads' k and v) per layer and microbatch: forward cp-1 blocks sent,
+ * backward cp-1 blocks and cp block gradients (full recomputation runs
+ * the forward's ring again). Each step's transfer overlaps that step's
+ * block of attention (1/cp of the layer's attention: forward 1 part of
+ * att's 3.5, backward 2.5), so what is exposed is a step's transfer
+ * beyond its block, plus the backward's last gradient. */
+static void stage_cp(const plan_in_t *in, int s, stage_plan_t *sp)
+{
+    (void)s;
+    const model_config_t *c = in->c;
+    const hw_profile_t *hw = in->hw;
+    const double cp = in->cp;
+    if (cp <= 1)
+        return;
+    const double tok = local_tokens(in), t = in->run.tp, HS = model_head_size(c);
+    const double blk = tok * 2.0 * (c->n_kv_head / t) * HS * 4.0;
+    const double xfer = hw->latency + blk / link_bw(hw, (long)in->run.tp * in->cp);
+    const double peak_att = in->megatron ? hw->peak_bf16 : hw->peak_fp32 > 0 ? hw->peak_fp32 : hw->peak_bf16;
+    const double att_layer = tok / t * 4.0 * c->n_head * HS * in->att_T / peak_att / hw->efficiency;
+    const double step_f = att_layer / cp, step_b = 2.5 * att_layer / cp;
+    const int full = in->run.recompute == MODEL_RECOMPUTE_FULL;
+    const double fwd = (cp - 1.0) * (xfer > step_f ? xfer - step_f : 0.0);
+    const double bwd = (cp - 1.0) * (2.0 * xfer > step_b ? 2.0 * xfer - step_b : 0.0) + xfer;
+    sp->t_cp_mb = sp->layers * ((full ? 2.0 : 1.0) * fwd + bwd);
+    sp->t_cp_all_mb = sp->layers * (((full ? 2.0 : 1.0) * (cp - 1.0) + 2.0 * cp - 1.0) * xfer);
+    sp->cp_bytes = in->run.accum * sp->layers * ((full ? 2.0 : 1.0) * (cp - 1.0) + 2.0 * cp - 1.0) * blk;
+}
+
 /* FLOPs, bytes sent and time of stage s (after plan_stage). */
 static void plan_stage_time(const plan_in_t *in, int s, stage_plan_t *sp)
 {
     stage_compute(in, s, sp);
     stage_tp_pp(in, s, sp);
     stage_ep(in, s, sp);
+    stage_cp(in, s, sp);
     stage_dp(in, s, sp);
 }
 
@@ -514,11 +582,13 @@ static int plan_compute(const plan_in_t *in, plan_t *p, char *err, size_t errlen
         if (sp->total > p->st[p->worst].total)
             p->worst = s;
         p->hw_flops_step += sp->flops_mb * in->run.accum * in->run.tp * in->run.dp;
-        if (sp->t_comp_mb + sp->t_tp_mb + sp->t_ep_mb > t_mb) {
-            t_mb = sp->t_comp_mb + sp->t_tp_mb + sp->t_ep_mb;
+        if (sp->t_comp_mb + sp->t_tp_mb + sp->t_ep_mb + sp->t_cp_mb > t_mb) {
+            t_mb = sp->t_comp_mb + sp->t_tp_mb + sp->t_ep_mb + sp->t_cp_mb;
             p->t_compute = in->run.accum * sp->t_comp_mb;
             p->t_tp = in->run.accum * sp->t_tp_mb;
             p->t_ep = in->run.accum * sp->t_ep_mb;
+            p->t_cp = in->run.accum * sp->t_cp_mb;
+            p->t_cp_all = in->run.accum * sp->t_cp_all_mb;
         }
         const double e = sp->t_dp_exposed + sp->t_embed + sp->t_opt;
         if (e > extra) {
@@ -548,7 +618,7 @@ static int plan_compute(const plan_in_t *in, plan_t *p, char *err, size_t errlen
     }
     /* pipeline messages overlap the steady state; the fill and the drain
      * wait for them: p-1 hops each way */
-    const double tok = (double)in->run.micro_batch * in->run.seq_len;
+    const double tok = local_tokens(in);
     const double msg =
         (in->run.sequence_parallel ? tok / in->run.tp : tok) * in->c->d_model * (in->megatron ? 2.0 : 4.0);
     p->t_pp_msg = hw->latency + msg / link_bw(hw, (long)in->run.tp * in->run.dp * in->run.pp);
@@ -603,6 +673,9 @@ static int plan_setup(const run_options_t *o, const model_config_t *c, const hw_
     memset(in, 0, offsetof(plan_in_t, run));
     if (options_resolve_layout(o, c, tp, pp, dp, &in->run, err, errlen) != 0)
         return -1;
+    in->cp = in->run.cp;
+    in->dp_data = in->run.dp;
+    in->run.dp *= in->cp;
     if (c->arch == ARCH_GPT2 && o->seq_len > c->max_seq) {
         snprintf(err, errlen, "--seq-len %d exceeds the model's %d learned positions (--max-seq-len)", o->seq_len,
                  c->max_seq);
@@ -629,15 +702,18 @@ static int plan_setup(const run_options_t *o, const model_config_t *c, const hw_
 /* dp from --gpus, --dp or the world size. */
 static int plan_dp(const run_options_t *o, int world_size, int *dp, char *err, size_t errlen)
 {
-    const int mp = o->tp * o->pp;
+    const int cp = o->cp > 1 ? o->cp : 1, mp = o->tp * o->pp * cp; /* --cp: dp is the ranks drawing distinct data */
+    char cps[24] = "";
+    if (cp > 1)
+        snprintf(cps, sizeof cps, " x --cp %d", cp);
     if (o->gpus) {
         if (o->gpus % mp != 0) {
-            snprintf(err, errlen, "--gpus %d is not a multiple of --tp %d x --pp %d = %d", o->gpus, o->tp, o->pp, mp);
+            snprintf(err, errlen, "--gpus %d is not a multiple of --tp %d x --pp %d%s = %d", o->gpus, o->tp, o->pp, cps, mp);
             return -1;
         }
         if (o->dp && o->dp != o->gpus / mp) {
-            snprintf(err, errlen, "--dp %d disagrees with --gpus %d / (--tp %d x --pp %d) = %d: give one of them",
-                     o->dp, o->gpus, o->tp, o->pp, o->gpus / mp);
+            snprintf(err, errlen, "--dp %d disagrees with --gpus %d / (--tp %d x --pp %d%s) = %d: give one of them",
+                     o->dp, o->gpus, o->tp, o->pp, cps, o->gpus / mp);
             return -1;
         }
         *dp = o->gpus / mp;
@@ -645,8 +721,8 @@ static int plan_dp(const run_options_t *o, int world_size, int *dp, char *err, s
         *dp = o->dp;
     } else if (world_size > 1) {
         if (world_size % mp != 0) {
-            snprintf(err, errlen, "world size %d is not a multiple of --tp %d x --pp %d = %d: give --dp or --gpus",
-                     world_size, o->tp, o->pp, mp);
+            snprintf(err, errlen, "world size %d is not a multiple of --tp %d x --pp %d%s = %d: give --dp or --gpus",
+                     world_size, o->tp, o->pp, cps, mp);
             return -1;
         }
         *dp = world_size / mp;
@@ -739,7 +815,7 @@ static void print_moe(const plan_t *p, FILE *out)
     const double expert = moe_expert_params(c), active = params_active(p);
     const int n_moe = model_moe_layers(c), ep = in->run.ep > 1 ? in->run.ep : 1;
     const int here = p->st[p->worst].moe_layers;
-    const double on_rank = (double)here * (e->experts / ep) * expert / in->run.tp;
+    const double on_rank = (double)here * (e->experts / ep) * expert / in->run.etp;
     char b1[32];
     fprintf(out,
             "moe: %d of %d layers, %d experts of width %d, top-%d: %zu parameters, %.0f active per token (%.1f%%); "
@@ -779,10 +855,15 @@ static void print_plan_header(const plan_t *p, const run_options_t *o, FILE *out
     fprintf(out, "dtrain plan: model %s (%s): L=%d C=%d heads=%d kv_heads=%d ffn=%d vocab=%d%s | %zu parameters\n",
             o->model, model_arch_name(c->arch), c->n_layer, c->d_model, c->n_head, c->n_kv_head, c->d_ff, c->vocab_size,
             model_config_extras(c, extras, sizeof extras), p->params_total);
-    fprintf(out, "layout: tp %d x pp %d x dp %d = %d ranks", in->run.tp, in->run.pp, in->run.dp,
-            in->run.tp * in->run.pp * in->run.dp);
-    if (in->run.ep > 1)
-        fprintf(out, " | ep %d x expert-dp %d", in->run.ep, in->run.dp / in->run.ep);
+    if (in->cp > 1)
+        fprintf(out, "layout: tp %d x cp %d x pp %d x dp %d = %d ranks (gradients and ZeRO over dp x cp = %d)",
+                in->run.tp, in->cp, in->run.pp, in->dp_data, in->run.tp * in->run.pp * in->run.dp, in->run.dp);
+    else
+        fprintf(out, "layout: tp %d x pp %d x dp %d = %d ranks", in->run.tp, in->run.pp, in->run.dp,
+                in->run.tp * in->run.pp * in->run.dp);
+    if (in->run.ep > 1 || run_config_ep_spans_tp(&in->run))
+        fprintf(out, " | ep %d x expert-dp %d%s", in->run.ep, plan_edp(&in->run),
+                run_config_ep_spans_tp(&in->run) ? " (etp 1: whole experts, ep over tp x dp)" : "");
     fprintf(out, " | zero %d", in->run.zero_stage);
     if (in->run.zero_stage > 0)
         fprintf(out, " (sharded over %d rank%s%s)", in->run.shard, in->run.shard == 1 ? "" : "s",
@@ -790,7 +871,7 @@ static void print_plan_header(const plan_t *p, const run_options_t *o, FILE *out
     fprintf(out, " | recompute %s | sequence parallel %s | %s schedule\n", model_recompute_names[in->run.recompute],
             in->run.sequence_parallel ? "on" : "off", pipe_kind_name(in->run.pp_kind));
     fprintf(out, "batch: micro %d x seq %d, %d microbatch%s per step x dp %d = %d sequences, %lld tokens per step\n",
-            in->run.micro_batch, in->run.seq_len, in->run.accum, in->run.accum == 1 ? "" : "es", in->run.dp,
+            in->run.micro_batch, in->run.seq_len, in->run.accum, in->run.accum == 1 ? "" : "es", in->dp_data,
             in->run.global_batch, (long long)in->run.global_batch * in->run.seq_len);
     print_moe(p, out);
     print_doc_mask(in, out);
@@ -923,8 +1004,13 @@ static void print_memory(const plan_t *p, FILE *out)
                 fprintf(out, " (dtrain's arena)");
             break;
         case MEM_COMM:
-            fprintf(out, "%s",
-                    in->run.zero_stage > 0 ? "ZeRO gather / reduce-scatter staging" : "none outside the buffers above");
+            fprintf(out, "%s%s",
+                    in->run.zero_stage > 0 ? "ZeRO gather / reduce-scatter staging"
+                    : in->cp > 1           ? ""
+                                           : "none outside the buffers above",
+                    in->cp > 1 ? (in->run.zero_stage > 0 ? "; the ring's K,V blocks" : "the ring's K,V blocks, their "
+                                                                                        "gradients and partial outputs")
+                               : "");
             break;
         case MEM_WORKSPACE:
             fprintf(out, "backward scratch shared by the microbatches%s",
@@ -983,12 +1069,16 @@ static void print_perf(const plan_t *p, FILE *out)
                     ? "; the shard all-reduced across the hybrid groups"
                     : "");
     }
+    if (w->cp_bytes > 0)
+        fprintf(out, "  cp  %11s  %d ranks, %s: the ring's K,V blocks forward, blocks and their gradients backward, "
+                "each layer and microbatch\n", fmt_bytes(b1, sizeof b1, w->cp_bytes), in->cp,
+                link_name(hw, (long)in->run.tp * in->cp));
     if (w->ep_bytes > 0)
         fprintf(out,
                 "  ep  %11s  %d ranks, %s: all-to-all of %d MoE layer%s' tokens, outputs and their gradients per "
                 "microbatch (balanced routing); the experts' gradients go over the %d expert-DP ranks\n",
-                fmt_bytes(b1, sizeof b1, w->ep_bytes), in->run.ep, link_name(hw, tp * in->run.ep), w->moe_layers,
-                w->moe_layers == 1 ? "" : "s", in->run.dp / in->run.ep);
+                fmt_bytes(b1, sizeof b1, w->ep_bytes), in->run.ep, link_name(hw, plan_ep_span(&in->run)), w->moe_layers,
+                w->moe_layers == 1 ? "" : "s", plan_edp(&in->run));
     if (w->embed_bytes > 0)
         fprintf(out, "  embedding  %s  tied wte gradient summed over the first and last stage\n",
                 fmt_bytes(b1, sizeof b1, w->embed_bytes));
@@ -1005,6 +1095,9 @@ static void print_perf(const plan_t *p, FILE *out)
     if (p->t_ep > 0)
         fprintf(out, "  ep communication %12s  the MoE layers' all-to-alls inside each microbatch (exposed)\n",
                 fmt_time(b1, sizeof b1, p->t_ep));
+    if (in->cp > 1)
+        fprintf(out, "  cp communication %12s  the ring's exposed waits, of %s of K,V transfers (the rest overlapped "
+                "with the attention)\n", fmt_time(b1, sizeof b1, p->t_cp), fmt_time(b2, sizeof b2, p->t_cp_all));
     if (in->run.pp_kind == PIPE_ZBH1)
         fprintf(out, "  pipeline bubble  %12s  (p-1)/(3m+p-1), zb-h1 with equal F, B and W = %.1f%% of the pipeline's time\n",
                 fmt_time(b1, sizeof b1, p->t_bubble), 100.0 * p->bubble_frac);
@@ -1029,7 +1122,7 @@ static void print_perf(const plan_t *p, FILE *out)
             fmt_time(b1, sizeof b1, p->t_step), p->tokens_s,
             p->tokens_s / ((double)in->run.tp * in->run.pp * in->run.dp), 100.0 * p->mfu, 100.0 * p->hfu);
     fprintf(out, "  exposed communication %s, bubble %s\n",
-            fmt_time(b1, sizeof b1, p->t_tp + p->t_ep + p->t_pp + p->t_dp + p->t_embed),
+            fmt_time(b1, sizeof b1, p->t_tp + p->t_ep + p->t_cp + p->t_pp + p->t_dp + p->t_embed),
             fmt_time(b2, sizeof b2, p->t_bubble));
 }
 
@@ -1051,11 +1144,11 @@ static int write_json(const plan_t *p, const run_options_t *o, const char *path,
     const stage_plan_t *w = &p->st[p->worst];
     fprintf(f,
             "{\"plan\": 1, \"model\": \"%s\", \"params_total\": %zu, \"params_active\": %.0f, \"tp\": %d, "
-            "\"pp\": %d, \"dp\": %d, \"ep\": %d, \"zero\": %d, \"shard\": %d, \"sequence_parallel\": %d, \"recompute\": \"%s\", \"dtype\": \"%s\", "
+            "\"pp\": %d, \"dp\": %d, \"cp\": %d, \"ep\": %d, \"etp\": %d, \"zero\": %d, \"shard\": %d, \"sequence_parallel\": %d, \"recompute\": \"%s\", \"dtype\": \"%s\", "
             "\"hw\": \"%s\", \"micro_batch\": %d, \"global_batch\": %d, \"seq_len\": %d, \"microbatches\": %d, "
             "\"worst_stage\": %d, \"in_flight\": %d, \"local_params\": %zu, \"mem_worst\": {",
-            o->model, p->params_total, params_active(p), in->run.tp, in->run.pp, in->run.dp,
-            in->run.ep > 1 ? in->run.ep : 1, in->run.zero_stage, in->run.shard,
+            o->model, p->params_total, params_active(p), in->run.tp, in->run.pp, in->dp_data, in->cp,
+            in->run.ep > 1 ? in->run.ep : 1, in->run.etp, in->run.zero_stage, in->run.shard,
             in->run.sequence_parallel, model_recompute_names[in->run.recompute],
             in->megatron ? "megatron"
             : in->bf16   ? "bf16"
@@ -1071,13 +1164,13 @@ static int write_json(const plan_t *p, const run_options_t *o, const char *path,
     fprintf(f,
             ", \"device_bytes\": %.0f, \"usable_bytes\": %.0f, \"fits\": %d, \"margin_bytes\": %.0f, "
             "\"flops_per_step\": %.0f, \"hw_flops_per_step\": %.0f, \"bytes_sent\": {\"tp\": %.0f, \"pp\": %.0f, "
-            "\"dp\": %.0f, \"embed\": %.0f, \"ep\": %.0f}, \"step_s\": %.6g, \"compute_s\": %.6g, \"tp_comm_s\": %.6g, "
+            "\"dp\": %.0f, \"embed\": %.0f, \"ep\": %.0f, \"cp\": %.0f}, \"cp_comm_s\": %.6g, \"step_s\": %.6g, \"compute_s\": %.6g, \"tp_comm_s\": %.6g, "
             "\"bubble_s\": %.6g, \"bubble_fraction\": %.6g, \"pp_comm_s\": %.6g, \"dp_comm_exposed_s\": %.6g, "
             "\"optimizer_s\": %.6g, \"tokens_per_s\": %.6g, \"mfu\": %.6g, \"hfu\": %.6g, \"doc_mask\": %d, "
             "\"doc_len\": %d, \"attn_positions\": %.17g, \"attn_flops_per_token\": %.0f, \"offload_fraction\": %g, "
             "\"host_offload_elements\": %zu, \"host_offload_bytes\": %.0f, \"optimizer_host_s\": %.6g}\n",
             in->hw->memory, p->usable, p->fits, p->margin, p->flops_step, p->hw_flops_step, w->tp_bytes, w->pp_bytes,
-            w->dp_bytes, w->embed_bytes, w->ep_bytes, p->t_step, p->t_compute, p->t_tp, p->t_bubble, p->bubble_frac, p->t_pp,
+            w->dp_bytes, w->embed_bytes, w->ep_bytes, w->cp_bytes, p->t_cp, p->t_step, p->t_compute, p->t_tp, p->t_bubble, p->bubble_frac, p->t_pp,
             p->t_dp, p->t_opt, p->tokens_s, p->mfu, p->hfu, in->doc_mask, in->doc_len, in->att_T,
             flops_per_token(in->c, in->att_T) - flops_per_token(in->c, 0.0), in->run.offload_fraction, w->n_host,
             w->host_bytes, w->t_opt_host);
@@ -1091,7 +1184,7 @@ static int write_json(const plan_t *p, const run_options_t *o, const char *path,
 /* ---- --search ------------------------------------------------------------------------ */
 
 typedef struct candidate {
-    int tp, pp, dp, ep, zero, sp, mb;
+    int tp, pp, dp, cp, ep, zero, sp, mb;
     pipe_kind_t kind; /* 1f1b, interleaved or zb-h1 */
     int virt;         /* the interleaved schedule's chunks per stage; else 1 */
     model_recompute_t rc;
@@ -1135,6 +1228,7 @@ static void search_try(search_t *sr, const run_options_t *t, const model_config_
         sr->cand[sr->n++] = (candidate_t){.tp = t->tp,
                                           .pp = t->pp,
                                           .dp = t->dp,
+                                          .cp = t->cp > 1 ? t->cp : 1,
                                           .ep = t->ep > 1 ? t->ep : 1,
                                           .zero = t->zero,
                                           .sp = t->sequence_parallel,
@@ -1202,7 +1296,7 @@ static void print_search(const search_t *sr, const run_options_t *o, const hw_pr
                                              : "bf16",
             sr->tried, n, fmt_bytes(b1, sizeof b1, hw->memory - hw->reserve));
     if (n > 0)
-        fprintf(out, "  %4s %4s %4s %4s %-8s %4s %3s %-9s %5s %12s %7s %10s %10s %7s\n", "tp", "pp", "dp", "ep",
+        fprintf(out, "  %4s %4s %4s %4s %4s %-8s %4s %3s %-9s %5s %12s %7s %10s %10s %7s\n", "tp", "pp", "dp", "cp", "ep",
                 "schedule", "zero", "sp", "recompute", "micro", "tokens/s", "MFU", "memory", "margin", "bubble");
     for (size_t i = 0; i < n && i < SEARCH_SHOW; i++) {
         char sched[16];
@@ -1210,8 +1304,8 @@ static void print_search(const search_t *sr, const run_options_t *o, const hw_pr
             snprintf(sched, sizeof sched, "inter-v%d", cand[i].virt);
         else
             snprintf(sched, sizeof sched, "%s", pipe_kind_name(cand[i].kind));
-        fprintf(out, "  %4d %4d %4d %4d %-8s %4d %3s %-9s %5d %12.0f %6.1f%% %10s %10s %6.1f%%\n", cand[i].tp,
-                cand[i].pp, cand[i].dp, cand[i].ep, sched, cand[i].zero, cand[i].sp ? "on" : "off", model_recompute_names[cand[i].rc],
+        fprintf(out, "  %4d %4d %4d %4d %4d %-8s %4d %3s %-9s %5d %12.0f %6.1f%% %10s %10s %6.1f%%\n", cand[i].tp,
+                cand[i].pp, cand[i].dp, cand[i].cp, cand[i].ep, sched, cand[i].zero, cand[i].sp ? "on" : "off", model_recompute_names[cand[i].rc],
                 cand[i].mb, cand[i].tokens_s, 100.0 * cand[i].mfu, fmt_bytes(b1, sizeof b1, cand[i].mem),
                 fmt_bytes(b2, sizeof b2, cand[i].margin), 100.0 * cand[i].bubble);
     }
@@ -1251,12 +1345,20 @@ static int plan_search(const run_options_t *o, const model_config_t *c, const hw
                 continue;
             t.tp = tp;
             t.pp = pp;
-            t.dp = G / (tp * pp);
-            for (int ep = 1; ep <= t.dp; ep++) {
-                if (t.dp % ep || (ep > 1 && (c->moe.experts == 0 || c->moe.experts % ep)))
+            /* --cp: every cp that divides the rest and cuts the sequence
+             * (dense models: a mixture refuses it), each with its dp */
+            for (int cp = 1; cp <= G / (tp * pp); cp++) {
+                if ((G / (tp * pp)) % cp || (cp > 1 && (c->moe.experts > 0 || o->seq_len % (2 * cp))))
                     continue;
-                t.ep = ep;
-                search_layout(&sr, o, &t, c, hw);
+                t.cp = cp;
+                t.dp = G / (tp * pp * cp);
+                const int plane = t.etp == 1 ? tp * t.dp : t.dp; /* --etp 1: EP groups over TP too */
+                for (int ep = 1; ep <= plane; ep++) {
+                    if (plane % ep || (ep > 1 && (cp > 1 || c->moe.experts == 0 || c->moe.experts % ep)))
+                        continue;
+                    t.ep = ep;
+                    search_layout(&sr, o, &t, c, hw);
+                }
             }
         }
     }

@@ -80,6 +80,8 @@ void metrics_print_step(FILE *out, const step_record_t *r)
                 r->comm_ms_mean);
     if (r->a2a_ms > 0)
         fprintf(out, " of which all-to-all %.1f/%.1f", r->a2a_ms, r->a2a_ms_mean);
+    if (r->ring_attn_ms > 0)
+        fprintf(out, " of which ring %.1f/%.1f", r->ring_ms, r->ring_ms_mean);
     if (r->bubble_max > 0)
         fprintf(out, ", bubble %.0f%%/%.0f%%", 100.0 * r->bubble_max, 100.0 * r->bubble_mean);
     if (r->comm_ms > 0 || r->bubble_max > 0)
@@ -220,6 +222,14 @@ static int format_step(FILE *f, const void *arg)
     if (r->a2a_ms > 0) {
         rc = jfield(f, rc, "a2a_ms", "%.3f", r->a2a_ms);
         rc = jfield(f, rc, "a2a_ms_mean", "%.3f", r->a2a_ms_mean);
+    }
+    if (r->ring_attn_ms > 0) {
+        rc = jfield(f, rc, "ring_ms", "%.3f", r->ring_ms);
+        rc = jfield(f, rc, "ring_ms_mean", "%.3f", r->ring_ms_mean);
+        rc = jfield(f, rc, "ring_attn_ms", "%.3f", r->ring_attn_ms);
+        rc = jfield(f, rc, "ring_attn_ms_mean", "%.3f", r->ring_attn_ms_mean);
+        rc = jfield(f, rc, "ring_busy_ms", "%.3f", r->ring_busy_ms);
+        rc = jfield(f, rc, "ring_busy_ms_mean", "%.3f", r->ring_busy_ms_mean);
     }
     rc = jfield(f, rc, "bubble_max", "%.4f", r->bubble_max);
     rc = jfield(f, rc, "bubble_mean", "%.4f", r->bubble_mean);

@@ -23,6 +23,13 @@ typedef struct step_record {
     double compute_ms_max, compute_ms_mean;
     double comm_ms, comm_ms_mean; /* comm_ms is the max */
     double a2a_ms, a2a_ms_mean;   /* --ep: the part of comm in the experts' all-to-alls (max, mean) */
+    /* --cp: the part of comm waiting for the ring attention's messages
+     * (exposed: after the step's block was computed), and the ring's whole
+     * time, attention compute included (max, mean over ranks) */
+    double ring_ms, ring_ms_mean, ring_attn_ms, ring_attn_ms_mean;
+    /* the ring's time less its exposed waits (the attention a rank
+     * computes, max and mean): the CP group's load balance */
+    double ring_busy_ms, ring_busy_ms_mean;
     /* fraction of the step a rank spent waiting for a neighbour pipeline
      * stage (warm-up, cool-down, imbalance); 0 without pipelining */
     double bubble_max, bubble_mean;

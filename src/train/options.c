@@ -143,6 +143,16 @@ static const opt_def_t opt_defs[] = {
      "all-to-all (N divides dp and the experts; expert gradients averaged, and under --zero their state sharded, over "
      "the dp/N ranks holding the same ones)",
      NULL, NULL, 0},
+    {"cp", OPT_INT, F(cp), 0, "1", 1, 1 << 16, NULL,
+     "context-parallel size: each sequence cut into 2N chunks over N ranks (rank r holding chunks r and 2N-1-r), "
+     "attention by a ring passing K and V; the grid is TP x CP x DP x PP and gradients and ZeRO state go over DP x "
+     "CP (--seq-len a multiple of 2N)",
+     NULL, NULL, 0},
+    {"etp", OPT_INT, F(etp), 0, "0", 0, 1 << 20, NULL,
+     "expert tensor-parallel size: --tp (0, the default: each expert split over the TP ranks as the dense MLP is) or "
+     "1 (whole experts: each TP rank routes 1/tp of the micro batch's tokens, and the --ep group is N consecutive "
+     "ranks of the TP x DP plane, N dividing tp x dp)",
+     NULL, NULL, 0},
     {"ddp-mode", OPT_ENUM, F(ddp_mode), 0, "bucketed", 0, 0, ddp_mode_names,
      "gradient all-reduce: naive (per tensor) | flat (one buffer) | bucketed (overlapped with backward)", NULL, NULL,
      0},
@@ -300,7 +310,8 @@ static const opt_def_t opt_defs[] = {
      "left out) and its ratio to the median rank (0 = never)",
      NULL, NULL, 0},
     {"sample-tokens", OPT_INT, F(sample_tokens), 0, "256", 0, 1 << 20, NULL,
-     "tokens to generate at the end (0 = no sample)", NULL, NULL, 0},
+     "tokens to generate at the end (0 = no sample; not given, 0 under --cp, whose ranks hold parts of a sequence)",
+     NULL, NULL, F(sample_given) + 1},
     {"prompt", OPT_STR, F(prompt), S(prompt), "ALICE.", 0, 0, NULL,
      "text the sample continues, encoded with --tokenizer after its document start token (without a tokenizer the "
      "sample starts from token 0)",
@@ -555,6 +566,8 @@ options_status_t options_parse(run_options_t *o, int argc, char **argv, int prin
     }
     if (check_schedule_spike(o, err, errlen) != 0 || check_consistency(o, err, errlen) != 0)
         return OPTIONS_ERROR;
+    if (o->cp > 1 && !o->sample_given) /* the default sample needs a whole sequence on one rank */
+        o->sample_tokens = 0;
     return OPTIONS_OK;
 }
 
@@ -798,26 +811,65 @@ static int check_virtual(const run_options_t *o, const model_config_t *c, int pp
     return 0;
 }
 
-/* --ep N: the experts and the data-parallel ranks split in N. ZeRO shards
- * the expert state over the expert-DP group (mpi/zero.h); hybrid
- * sharding would need expert shard and replica groups, which the grid
- * does not make. */
-static int check_ep(const run_options_t *o, const model_config_t *c, int dp, char *err, size_t errlen)
+/* --ep N: the experts and the data-parallel ranks split in N (with --etp
+ * 1 the ranks of the TP x DP plane). ZeRO shards the expert state over
+ * the expert-DP group (mpi/zero.h); hybrid sharding would need expert
+ * shard and replica groups, which the grid does not make. */
+static int check_ep(const run_options_t *o, const model_config_t *c, int tp, int dp, char *err, size_t errlen)
 {
-    if (o->ep <= 1)
-        return 0;
-    if (c->moe.experts == 0)
+    const int spans = o->etp == 1 && tp > 1, plane = spans ? tp * dp : dp;
+    if (o->etp != 0 && o->etp != 1 && o->etp != tp)
+        snprintf(err, errlen, "--etp %d must be 1 (whole experts) or --tp %d (experts split as the dense MLP)", o->etp,
+                 tp);
+    else if (spans && c->moe.experts == 0)
+        snprintf(err, errlen, "--etp 1 keeps a mixture's experts whole over the TP ranks, but the model has none: "
+                 "drop --etp or use a MoE --model (tiny-moe)");
+    else if (o->ep > 1 && c->moe.experts == 0)
         snprintf(err, errlen, "--ep %d splits a mixture's experts over ranks, but the model has none: add "
                  "--moe-experts E or use a MoE --model (tiny-moe)", o->ep);
-    else if (c->moe.experts % o->ep != 0)
+    else if (o->ep > 1 && c->moe.experts % o->ep != 0)
         snprintf(err, errlen, "--ep %d must divide the model's %d experts", o->ep, c->moe.experts);
-    else if (dp % o->ep != 0)
+    else if (o->ep > 1 && !spans && dp % o->ep != 0)
         snprintf(err, errlen, "--ep %d must divide the data-parallel size %d (world size / (tp x pp)): launch a "
-                 "multiple of %d x tp x pp ranks or change --ep", o->ep, dp, o->ep);
-    else if (o->hybrid_shard > 0 && o->hybrid_shard < dp && options_zero_stage(o) > 0)
+                 "multiple of %d x tp x pp ranks, change --ep, or cut it across the TP ranks with --etp 1", o->ep, dp, o->ep);
+    else if (o->ep > 1 && plane % o->ep != 0)
+        snprintf(err, errlen, "--ep %d with --etp 1 must divide tp x dp = %d (world size / pp): launch a multiple of "
+                 "%d x pp ranks or change --ep", o->ep, plane, o->ep);
+    else if (spans && ((long)o->micro_batch * o->seq_len) % tp != 0)
+        snprintf(err, errlen, "--etp 1: micro batch x seq len (%d x %d) must be a multiple of --tp %d (each TP rank "
+                 "routes an equal share of the tokens)", o->micro_batch, o->seq_len, tp);
+    else if (spans && c->moe.capacity > 0 && o->micro_batch % tp != 0)
+        snprintf(err, errlen, "--etp 1 with --moe-capacity-factor: --micro-batch %d must be a multiple of --tp %d "
+                 "(capacity is per sequence, and each TP rank routes whole sequences)", o->micro_batch, tp);
+    else if ((o->ep > 1 || spans) && o->hybrid_shard > 0 && o->hybrid_shard < dp && options_zero_stage(o) > 0)
         snprintf(err, errlen, "--ep %d with --hybrid-shard %d: hybrid sharding of the expert state over the "
                  "expert-data-parallel group is not implemented; drop --hybrid-shard (plain --zero shards it) or --ep",
                  o->ep, o->hybrid_shard);
+    else
+        return 0;
+    return -1;
+}
+
+/* --cp N: the sequence cut into 2N chunks; what does not compose with it
+ * yet is refused by name. */
+static int check_cp(const run_options_t *o, const model_config_t *c, char *err, size_t errlen)
+{
+    const int N = o->cp;
+    if (N <= 1)
+        return 0;
+    if (o->seq_len % (2 * N) != 0)
+        snprintf(err, errlen, "--cp %d: --seq-len %d must be a multiple of 2 x cp = %d (each rank holds two of the "
+                 "2 x cp equal chunks)", N, o->seq_len, 2 * N);
+    else if (c->moe.experts > 0)
+        snprintf(err, errlen, "--cp %d with a mixture of experts is not implemented (the routing statistics are a "
+                 "whole sequence's): drop --cp or use a dense model", N);
+    else if (o->hybrid_shard > 0)
+        snprintf(err, errlen, "--cp %d with --hybrid-shard is not implemented: plain --zero shards over dp x cp", N);
+    else if (o->sample_tokens > 0 && o->sample_given)
+        snprintf(err, errlen, "--cp %d: --sample-tokens %d generates from a whole sequence on one rank: add "
+                 "--sample-tokens 0", N, o->sample_tokens);
+    else if (o->eval_mc[0])
+        snprintf(err, errlen, "--cp %d with --eval-mc is not implemented: score the checkpoint without --cp", N);
     else
         return 0;
     return -1;
@@ -840,7 +892,7 @@ static int check_layout(const run_options_t *o, const model_config_t *c, int tp,
         return -1;
     }
     if (options_check_grid(c, tp, pp, err, errlen) != 0 || check_virtual(o, c, pp, dp, err, errlen) != 0 ||
-        check_ep(o, c, dp, err, errlen) != 0)
+        check_ep(o, c, tp, dp, err, errlen) != 0 || check_cp(o, c, err, errlen) != 0)
         return -1;
     if (o->offload == OFFLOAD_NONE && o->offload_fraction != 1.0) {
         snprintf(err, errlen, "--offload-fraction %g applies to --offload optimizer; add it, or drop the fraction",
@@ -931,10 +983,12 @@ int options_resolve_layout(const run_options_t *o, const model_config_t *c, int 
     rc->pp = pp;
     rc->dp = dp;
     rc->ep = o->ep > 1 ? o->ep : 1;
+    rc->etp = o->etp == 1 ? 1 : tp;
+    rc->cp = o->cp > 1 ? o->cp : 1;
     rc->sequence_parallel = o->sequence_parallel;
     rc->zero_stage = options_zero_stage(o);
     rc->hybrid_shard = o->hybrid_shard > 0 && o->hybrid_shard < dp && rc->zero_stage > 0 ? o->hybrid_shard : 0;
-    rc->shard = rc->hybrid_shard ? rc->hybrid_shard : dp;
+    rc->shard = rc->hybrid_shard ? rc->hybrid_shard : dp * rc->cp; /* --cp: ZeRO over dp x cp */
     rc->micro_batch = o->micro_batch;
     rc->seq_len = o->seq_len;
     rc->accum = accum_steps(o, dp);
@@ -967,6 +1021,8 @@ int run_config_stage_begin(const run_config_t *rc, int s)
         l0 += rc->chunk_layers[k];
     return l0;
 }
+
+int run_config_ep_spans_tp(const run_config_t *rc) { return rc->etp == 1 && rc->tp > 1; }
 
 void run_config_stage_runs(const run_config_t *rc, int s, int *n_runs, int *begin, int *end)
 {

@@ -50,6 +50,8 @@ typedef struct run_options {
     /* parallel layout */
     int tp, pp, dp;
     int ep; /* --ep: expert-parallel size, carved out of dp (1: none) */
+    int etp; /* --etp: expert tensor-parallel size, 1 or tp (0: tp) */
+    int cp;  /* --cp: context-parallel size (1: none) */
     int sequence_parallel;
     char pp_layers[256];
     pipe_kind_t pp_schedule;
@@ -102,6 +104,7 @@ typedef struct run_options {
     int ckpt_every, keep, stop_at_step;
     int ckpt_async; /* --ckpt-async: checkpoints written by a background thread (src/ckpt/ckpt_async.h) */
     int sample_tokens, top_k;
+    int sample_given; /* --sample-tokens was given (else 0 under --cp) */
     double temperature;
     char prompt[512];
     char tokenizer[OPT_PATH_MAX]; /* the sample's: auto | none | a tokenizer spec (io/tokenizer.h) */
@@ -158,6 +161,13 @@ typedef struct run_config {
     /* layout */
     int tp, pp, dp;
     int ep; /* the EP group's size (dividing dp and the experts); 1: none */
+    /* the experts' TP size: tp (split as the dense MLP) or 1 (whole
+     * experts, the EP group then carved out of the TP x DP plane and
+     * each TP rank routing 1/tp of the tokens: run_config_ep_spans_tp) */
+    int etp;
+    /* context parallelism: each sequence over cp ranks (dp above is the
+     * ranks drawing distinct data; the grid's DP axis holds dp x cp) */
+    int cp;
     int sequence_parallel;
     int zero_stage;   /* --zero or --fsdp */
     int hybrid_shard; /* the ZeRO shard group's size when below dp (HSDP), else 0 */
@@ -197,6 +207,8 @@ int options_resolve_layout(const run_options_t *o, const model_config_t *c, int 
 int run_config_stage_begin(const run_config_t *rc, int s);
 /* The runs of blocks stage s holds, one per chunk, as a layout's
  * (param_layout_t's n_runs, run_begin, run_end). */
+/* --etp 1 at tp > 1: whole experts, the EP group spanning TP ranks. */
+int run_config_ep_spans_tp(const run_config_t *rc);
 void run_config_stage_runs(const run_config_t *rc, int s, int *n_runs, int *begin, int *end);
 /* The schedule's shape for one step. */
 pipe_shape_t run_config_pipe_shape(const run_config_t *rc);

@@ -21,6 +21,7 @@
 #include "io/fsutil.h"
 #include "io/h5store.h"
 #include "io/tok_sidecar.h"
+#include "mpi/cp_sched.h"
 #include "mpi/agree.h"
 #include "mpi/clock.h"
 #include "mpi/replica.h"
@@ -37,6 +38,13 @@
 #include "src/train/sample.h"
 #include "src/train/train_internal.h"
 
+/* " x cp N" for the banner */
+static const char *cp_desc(const grid_t *g, char *buf, size_t n)
+{
+    snprintf(buf, n, " x cp %d", g->cp_size);
+    return buf;
+}
+
 void trainer_banner(const trainer_t *tr, FILE *out)
 {
     const model_config_t *c = &tr->cfg;
@@ -46,9 +54,10 @@ void trainer_banner(const trainer_t *tr, FILE *out)
     const grid_t *g = tr->grid;
     int rank0 = tr->env->world_rank == 0;
     if (rank0)
-        fprintf(out, "dtrain %s | %d rank%s: tp %d x pp %d x dp %d | %d thread%s per rank | ddp %s\n", PACKAGE_VERSION,
-                g->world_size, g->world_size == 1 ? "" : "s", g->tp_size, g->pp_size, g->dp_size, tr->threads,
-                tr->threads == 1 ? "" : "s", ddp_mode_names[tr->run->ddp_mode]);
+        fprintf(out, "dtrain %s | %d rank%s: tp %d x pp %d x dp %d%s | %d thread%s per rank | ddp %s\n", PACKAGE_VERSION,
+                g->world_size, g->world_size == 1 ? "" : "s", g->tp_size, g->pp_size, grid_data_size(g),
+                g->cp_size > 1 ? cp_desc(g, buf, sizeof buf) : "", tr->threads, tr->threads == 1 ? "" : "s",
+                ddp_mode_names[tr->run->ddp_mode]);
     launch_describe(tr->env, out);
     char gerr[COMM_ERR_MAX];
     if (grid_print(g, out, gerr, sizeof gerr) != STATUS_OK && rank0)
@@ -62,6 +71,11 @@ void trainer_banner(const trainer_t *tr, FILE *out)
                 g->tp_size, c->n_head / g->tp_size, c->n_kv_head / g->tp_size, c->d_ff / g->tp_size, tr->model.v_rows,
                 (long long)param_padded_vocab(c->vocab_size, g->tp_size),
                 o->sequence_parallel ? ", sequence parallel" : "");
+    if (g->cp_size > 1)
+        fprintf(out,
+                "context parallel: %d ranks, each holding 2 of %d chunks of %d tokens of every sequence (zigzag), "
+                "attention by a ring of K,V blocks; gradients over dp x cp = %d ranks\n",
+                g->cp_size, 2 * g->cp_size, o->seq_len / (2 * g->cp_size), g->dp_size);
     if (g->pp_size > 1) {
         const run_config_t *run = tr->run;
         fprintf(out, "pipeline: %d stages, %s schedule", g->pp_size, pipe_kind_name(tr->pp_kind));
@@ -82,8 +96,8 @@ void trainer_banner(const trainer_t *tr, FILE *out)
             model_arch_name(c->arch), c->n_layer, c->d_model, c->n_head, c->n_kv_head, c->d_ff, c->vocab_size,
             model_config_extras(c, extras, sizeof extras), model_params_total(c));
     fprintf(out, "batch: micro %d x seq %d, %d microbatch%s per step x dp %d = %d tokens per step\n", o->micro_batch,
-            o->seq_len, tr->accum, tr->accum == 1 ? "" : "es", tr->grid->dp_size,
-            o->micro_batch * o->seq_len * tr->accum * tr->grid->dp_size);
+            o->seq_len, tr->accum, tr->accum == 1 ? "" : "es", grid_data_size(tr->grid),
+            o->micro_batch * o->seq_len * tr->accum * grid_data_size(tr->grid));
     char dd[2048];
     data_describe(&tr->train, dd, sizeof dd);
     fprintf(out, "data: train %s", dd);
@@ -110,7 +124,7 @@ void trainer_banner(const trainer_t *tr, FILE *out)
             adamw_host_isa_names[h->isa]);
     }
     fprintf(out, "compute: %.1f GFLOP per step, peak %.1f GFLOP/s per rank (%s)\n",
-            tr->flops_token * o->micro_batch * o->seq_len * tr->accum * tr->grid->dp_size * 1e-9, tr->peak_gflops,
+            tr->flops_token * o->micro_batch * o->seq_len * tr->accum * grid_data_size(tr->grid) * 1e-9, tr->peak_gflops,
             tr->peak_how);
     char sched[160];
     lr_schedule_describe(&tr->sched, sched, sizeof sched);
@@ -128,6 +142,31 @@ void trainer_banner(const trainer_t *tr, FILE *out)
     fprintf(out, "configuration:\n");
     options_print(o, out);
     fflush(out);
+}
+
+/* --cp: the forward's view of the batch tok, tgt [B*T] and the document
+ * positions pos [B*T] (NULL without --doc-mask): this rank's two chunks
+ * of every sequence (mpi/cp_sched.h) in tr->ltok, ltgt and lpos, the
+ * positions global or the documents'; *t becomes T/cp. Without --cp the
+ * batch itself. */
+static void cp_view(trainer_t *tr, const int32_t **tok, const int32_t **pos, const int32_t **tgt, int B, int *t)
+{
+    const int cp = tr->grid->cp_size, T = *t;
+    if (cp <= 1)
+        return;
+    const int L = T / cp, r = tr->grid->cp_rank;
+    for (int b = 0; b < B; b++)
+        for (int i = 0; i < L; i++) {
+            const size_t g = (size_t)b * T + (size_t)cp_global_pos(cp, T, r, i), l = (size_t)b * L + i;
+            tr->ltok[l] = (*tok)[g];
+            if (*tgt)
+                tr->ltgt[l] = (*tgt)[g];
+            tr->lpos[l] = *pos ? (*pos)[g] : cp_global_pos(cp, T, r, i);
+        }
+    *tok = tr->ltok;
+    *tgt = *tgt ? tr->ltgt : NULL;
+    *pos = tr->lpos;
+    *t = L;
 }
 
 /* --doc-mask: the document positions of a b x t batch of tokens (in
@@ -159,15 +198,15 @@ int trainer_val_loss(trainer_t *tr, double *loss, char *err, size_t errlen)
      * non-finite loss is a value, averaged in like any other); if one did
      * they all stop together, since a rank whose communicator failed skips
      * the collectives its peers would wait in. */
-    const int nb = tr->opt->val_batches;
-    const int rounds = (nb + g->dp_size - 1) / g->dp_size;
+    const int nb = tr->opt->val_batches, dr = grid_data_rank(g), dn = grid_data_size(g);
+    const int rounds = (nb + dn - 1) / dn;
     float *means = calloc((size_t)nb, sizeof *means);
     if (!means) /* every rank allocates the same few bytes: out of memory here is out of memory everywhere */
         return status_set(STATUS_FAIL, err, errlen, "validation: out of memory");
     int failed = 0;
     char why[512] = ""; /* this rank's failure, if it had one */
     for (int r = 0; r < rounds && !failed; r++) {
-        const int i = r * g->dp_size + g->dp_rank;
+        const int i = r * dn + dr;
         if (i < nb || tr->sync.ops->collective_forward || g->ep) {
             const uint64_t src = i < nb ? (uint64_t)i : 0;
             int32_t *pos = tr->opt->doc_mask ? tr->pos : NULL;
@@ -175,7 +214,10 @@ int trainer_val_loss(trainer_t *tr, double *loss, char *err, size_t errlen)
                 data_sample(&tr->val, src * B + b, tr->tok + (size_t)b * T, tr->tgt + (size_t)b * T,
                             pos ? pos + (size_t)b * T : NULL);
             float v = 0.0f;
-            failed = forward_pipeline(&tr->model, tr->grid, tr->tok, pos, tr->tgt, B, T, &v, why, sizeof why) != STATUS_OK;
+            const int32_t *tok = tr->tok, *tgt = tr->tgt, *vpos = pos;
+            int t = T;
+            cp_view(tr, &tok, &vpos, &tgt, B, &t);
+            failed = forward_pipeline(&tr->model, tr->grid, tok, vpos, tgt, B, t, &v, why, sizeof why) != STATUS_OK;
             if (i < nb)
                 means[i] = v;
         }
@@ -196,7 +238,8 @@ int trainer_val_loss(trainer_t *tr, double *loss, char *err, size_t errlen)
     for (int i = 0; i < nb; i++)
         sum += means[i];
     free(means);
-    *loss = sum / nb;
+    /* --cp: each CP rank's mean is over its rows, and they were summed */
+    *loss = sum / nb / g->cp_size;
     return STATUS_OK;
 }
 
@@ -220,7 +263,10 @@ int trainer_grad_norm(trainer_t *tr, double *norm, char *err, size_t errlen)
      * which the norm group's sum counts once) */
     if (over_ep) {
         CHECK(over_ep->ops->allreduce(over_ep, &expert, 1, COMM_FP64, COMM_SUM, err, errlen));
-        local += expert;
+        /* --etp 1: the EP group spans TP ranks, so each of them now holds
+         * the whole sum, which the TP sum below must count once */
+        if (!run_config_ep_spans_tp(tr->run) || g->tp_rank == 0)
+            local += expert;
     }
     if (g->tp_size > 1 || g->pp_size > 1 || over_dp) {
         /* the communicator carries fp32: ~1e-7 relative, ample for clipping */
@@ -235,6 +281,17 @@ int trainer_grad_norm(trainer_t *tr, double *norm, char *err, size_t errlen)
     }
     *norm = sqrt(local);
     return STATUS_OK;
+}
+
+/* A copy of host [t->numel] with every tensor but the experts' zeroed
+ * (NULL when out of memory). */
+static float *expert_copy(const param_table_t *t, const float *host)
+{
+    float *x = calloc(t->numel + 1, sizeof *x);
+    for (int i = 0; x && i < t->n; i++)
+        if (t->p[i].expert)
+            memcpy(x + t->p[i].offset, host + t->p[i].offset, t->p[i].numel * sizeof *x);
+    return x;
 }
 
 int trainer_check_replicas(trainer_t *tr, int step, char *err, size_t errlen)
@@ -261,7 +318,13 @@ int trainer_check_replicas(trainer_t *tr, int step, char *err, size_t errlen)
      * experts' zeroed, the rest over the DP group */
     status_t rc = STATUS_OK;
     if (tr->grid->edp) {
-        rc = replica_check(tr->grid->edp, host, start, t->n, &bad, cerr, sizeof cerr);
+        /* --etp 1: an expert-DP group spans TP ranks, whose dense slices
+         * differ: compared there with the dense tensors zeroed, on a copy */
+        float *experts = run_config_ep_spans_tp(tr->run) ? expert_copy(t, host) : host;
+        rc = experts ? replica_check(tr->grid->edp, experts, start, t->n, &bad, cerr, sizeof cerr)
+                     : status_set(STATUS_FAIL, cerr, sizeof cerr, "out of memory");
+        if (experts != host)
+            free(experts);
         for (int i = 0; i < t->n; i++)
             if (t->p[i].expert)
                 memset(host + t->p[i].offset, 0, t->p[i].numel * sizeof *host);
@@ -384,7 +447,8 @@ static int stage_forward(void *ctx, int chunk, int micro, int slot)
     const int64_t batch = tr->cur_step + tr->spike.data_skip; /* past the batches a rollback skipped */
     const double t_data = tr->trace ? trace_now() : 0.0;
     int32_t *pos = o->doc_mask ? tr->pos : NULL; /* from the data: a Megatron index or the boundary tokens */
-    data_batch(&tr->train, batch, micro, tr->accum, g->dp_rank, g->dp_size, o->micro_batch, tr->tok, tr->tgt, pos);
+    data_batch(&tr->train, batch, micro, tr->accum, grid_data_rank(g), grid_data_size(g), o->micro_batch, tr->tok, tr->tgt,
+               pos);
     trace_span(tr->trace, TRACE_COMPUTE, "data", t_data, tr->trace ? trace_now() : 0.0, NULL);
     m->trace_micro = micro;
     if (pos && chunk == 0) { /* the attention this step computes, for its MFU */
@@ -392,7 +456,10 @@ static int stage_forward(void *ctx, int chunk, int micro, int slot)
         tr->doc_tok += (double)o->micro_batch * o->seq_len;
     }
     float loss;
-    CHECK(model_forward_chunk(m, chunk, slot, tr->tok, pos, tr->tgt, o->micro_batch, o->seq_len,
+    const int32_t *tok = tr->tok, *tgt = tr->tgt, *fpos = pos;
+    int t = o->seq_len;
+    cp_view(tr, &tok, &fpos, &tgt, o->micro_batch, &t);
+    CHECK(model_forward_chunk(m, chunk, slot, tok, fpos, tgt, o->micro_batch, t,
                               spike_test_dloss(&tr->spike, batch, micro, g->dp_rank, 1.0f / (float)tr->accum), &loss,
                               c->err, c->errlen));
     if (chunk == m->lay.part.n_runs - 1) /* the stage's loss (0 off the last stage) comes from its last chunk */
@@ -706,6 +773,7 @@ static int guard_step(trainer_t *tr, int step, double loss, double norm, spike_a
  * neighbour stage). */
 typedef struct step_times {
     double dt, comm, bubble, a2a; /* a2a: the part of comm in the experts' all-to-alls */
+    double ring, ring_attn;       /* --cp: the ring's exposed waits (part of comm), and its whole time */
 } step_times_t;
 
 /* DeepSeek-V3's aux-loss-free balancing: every MoE layer's expert bias
@@ -794,6 +862,7 @@ static int train_step(trainer_t *tr, int step, step_record_t *r, step_times_t *t
     double lr = lr_at(&tr->sched, step);
     m->tp_comm_s = 0.0;
     m->ep_comm_s = 0.0;
+    m->cp_stats = (cp_ring_stats_t){0};
     tr->embed_comm_s = 0.0;
     model_moe_stats_reset(m);
     if (step_gradients(tr, step, &t->bubble, err, errlen) != 0)
@@ -814,7 +883,7 @@ static int train_step(trainer_t *tr, int step, step_record_t *r, step_times_t *t
     if (act == SPIKE_GO && update_params(tr, step, lr, norm, err, errlen) != 0)
         return -1;
     m->ops->sync(m->ops->ctx); /* the step's time covers its kernels (the optimizer's run ahead of the host) */
-    const double dt = now_s() - t0, tokens_step = (double)o->micro_batch * o->seq_len * tr->accum * tr->grid->dp_size;
+    const double dt = now_s() - t0, tokens_step = (double)o->micro_batch * o->seq_len * tr->accum * grid_data_size(tr->grid);
     tr->steps_done = step + 1;
     *r = (step_record_t){.step = step + 1,
                          .steps = o->steps,
@@ -825,7 +894,9 @@ static int train_step(trainer_t *tr, int step, step_record_t *r, step_times_t *t
                          .ms = 1e3 * dt,
                          .tokens_per_s = tokens_step / dt};
     t->dt = dt;
-    t->comm = tr->sync.ops->comm_s(&tr->sync) + m->tp_comm_s + m->ep_comm_s + tr->embed_comm_s;
+    t->ring = m->cp_stats.wait_fwd_s + m->cp_stats.wait_bwd_s;
+    t->ring_attn = m->cp_stats.ring_fwd_s + m->cp_stats.ring_bwd_s;
+    t->comm = tr->sync.ops->comm_s(&tr->sync) + m->tp_comm_s + m->ep_comm_s + tr->embed_comm_s + t->ring;
     t->a2a = m->ep_comm_s;
     return moe_step_stats(tr, r, act == SPIKE_GO, err, errlen);
 }
@@ -837,14 +908,16 @@ static int step_stats(trainer_t *tr, step_record_t *r, const step_times_t *st, c
 {
     const grid_t *g = tr->grid;
     const double dt = st->dt;
-    float t[8] = {(float)(dt - st->comm - st->bubble), (float)st->comm, (float)(st->bubble / dt), (float)st->a2a},
-          tmax[4];
+    enum { NT = 7 }; /* compute, comm, bubble, a2a, ring, ring_attn, ring busy: max, then sum */
+    float t[2 * NT] = {(float)(dt - st->comm - st->bubble), (float)st->comm, (float)(st->bubble / dt), (float)st->a2a,
+                       (float)st->ring, (float)st->ring_attn, (float)(st->ring_attn - st->ring)},
+          tmax[NT];
     memcpy(tmax, t, sizeof tmax);
-    memcpy(t + 4, t, sizeof tmax);
+    memcpy(t + NT, t, sizeof tmax);
     char cerr[COMM_ERR_MAX];
     if (g->world_size > 1 &&
-        (g->world->ops->allreduce(g->world, tmax, 4, COMM_FP32, COMM_MAX, cerr, sizeof cerr) != 0 ||
-         g->world->ops->allreduce(g->world, t + 4, 4, COMM_FP32, COMM_SUM, cerr, sizeof cerr) != 0)) {
+        (g->world->ops->allreduce(g->world, tmax, NT, COMM_FP32, COMM_MAX, cerr, sizeof cerr) != 0 ||
+         g->world->ops->allreduce(g->world, t + NT, NT, COMM_FP32, COMM_SUM, cerr, sizeof cerr) != 0)) {
         snprintf(err, errlen, "step %d: timing all-reduce failed: %s", r->step, cerr);
         return -1;
     }
@@ -860,10 +933,16 @@ static int step_stats(trainer_t *tr, step_record_t *r, const step_times_t *st, c
     r->comm_ms = 1e3 * tmax[1];
     r->bubble_max = tmax[2];
     r->a2a_ms = 1e3 * tmax[3];
-    r->compute_ms_mean = 1e3 * t[4] / g->world_size;
-    r->comm_ms_mean = 1e3 * t[5] / g->world_size;
-    r->bubble_mean = t[6] / g->world_size;
-    r->a2a_ms_mean = 1e3 * t[7] / g->world_size;
+    r->ring_ms = 1e3 * tmax[4];
+    r->ring_attn_ms = 1e3 * tmax[5];
+    r->compute_ms_mean = 1e3 * t[NT] / g->world_size;
+    r->comm_ms_mean = 1e3 * t[NT + 1] / g->world_size;
+    r->bubble_mean = t[NT + 2] / g->world_size;
+    r->a2a_ms_mean = 1e3 * t[NT + 3] / g->world_size;
+    r->ring_ms_mean = 1e3 * t[NT + 4] / g->world_size;
+    r->ring_attn_ms_mean = 1e3 * t[NT + 5] / g->world_size;
+    r->ring_busy_ms = 1e3 * tmax[6];
+    r->ring_busy_ms_mean = 1e3 * t[NT + 6] / g->world_size;
     /* MFU never exceeds 100 %: a step faster than the peak shows the peak
      * was wrong (a probe disturbed by a neighbour, a --peak-gflops too
      * low), and the peak becomes that step's rate from then on */
@@ -924,7 +1003,7 @@ static int finish_run(trainer_t *tr, int end, double t_run, double loss, const l
     if (tr->env->world_rank == 0) {
         double total = now_s() - t_run;
         const int ran = end > tr->start_step ? end - tr->start_step : 0;
-        const double tokens_step = (double)o->micro_batch * o->seq_len * tr->accum * tr->grid->dp_size;
+        const double tokens_step = (double)o->micro_batch * o->seq_len * tr->accum * grid_data_size(tr->grid);
         printf("done: %d steps in %.1f s, final loss %.6f, %.0f tok/s average\n", ran, total, loss,
                ran > 0 ? tokens_step * ran / total : 0.0);
         if (tr->backend.deferred && ran >= 2) {
@@ -1012,6 +1091,9 @@ void trainer_teardown(trainer_t *tr)
     free(tr->tok);
     free(tr->tgt);
     free(tr->pos);
+    free(tr->ltok);
+    free(tr->ltgt);
+    free(tr->lpos);
     free_state(tr);
     ckpt_async_destroy(tr->ckpt_async);
     dpsync_destroy(&tr->sync);

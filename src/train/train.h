@@ -70,6 +70,10 @@ typedef struct trainer {
     watchdog_t *watch;  /* --comm-timeout: marks every blocking call of the grid's groups */
     lostpeer_t *lost;   /* with the watchdog: names the ranks gone when the launcher ends the job */
     int32_t *tok, *tgt; /* host batch [B*T] */
+    /* --cp: this rank's rows of the batch, [B*T/cp] each: its two chunks
+     * of every sequence (mpi/cp_sched.h), with their positions (global, or
+     * the documents' under --doc-mask); NULL without --cp */
+    int32_t *ltok, *ltgt, *lpos;
     /* --doc-mask: the batch's document positions [B*T] (src/model/docmask.h), the
      * boundary tokens they come from (-1: none), and this step's sum of
      * squared document lengths over its tokens, for the MFU */

@@ -211,7 +211,7 @@ static int moments_from_host(trainer_t *tr, const float *hm, const float *hv)
  * global sample index). */
 static void data_meta(const trainer_t *tr, int step, ckpt_meta_t *meta)
 {
-    const int gb = tr->opt->micro_batch * tr->accum * tr->grid->dp_size;
+    const int gb = tr->opt->micro_batch * tr->accum * grid_data_size(tr->grid);
     uint64_t count[CKPT_DATA_MAX];
     meta->n_data = tr->train.n_parts <= CKPT_DATA_MAX ? tr->train.n_parts : 0;
     if (meta->n_data == 0)
@@ -370,7 +370,7 @@ int trainer_resume(trainer_t *tr, char *err, size_t errlen)
         if (tr->env->world_rank == 0) {
             printf("resume: %s, step %d, %lld tokens, written at %s; read and verified in %.2f s\n", path, meta.step,
                    meta.tokens, meta.layout, load_s);
-            const int gb = o->global_batch ? o->global_batch : o->micro_batch * tr->grid->dp_size;
+            const int gb = o->global_batch ? o->global_batch : o->micro_batch * grid_data_size(tr->grid);
             if (meta.seed != o->seed || meta.global_batch != gb || meta.seq_len != o->seq_len)
                 printf("resume: note: the checkpoint's run had seed %lld, global batch %d, seq len %d; this run "
                        "has %lld, %d, %d, so its data order differs from an uninterrupted run\n",
@@ -407,6 +407,15 @@ static int state_to_host(trainer_t *tr, float *hp, float *hm, float *hv, char *e
     return agree(tr->world, rc, err, errlen);
 }
 
+/* The layout a file records ("tp 2 pp 1 dp 2 zero 1", " cp N" appended
+ * under --cp), for a person reading it. */
+static void layout_text(const grid_t *g, int zero, char *out, size_t n)
+{
+    int k = snprintf(out, n, "tp %d pp %d dp %d zero %d", g->tp_size, g->pp_size, grid_data_size(g), zero);
+    if (g->cp_size > 1 && k > 0 && (size_t)k < n)
+        snprintf(out + k, n - (size_t)k, " cp %d", g->cp_size);
+}
+
 /* The run state a checkpoint of `step` completed steps records. */
 static ckpt_meta_t ckpt_meta_at(const trainer_t *tr, int step)
 {
@@ -416,7 +425,7 @@ static ckpt_meta_t ckpt_meta_at(const trainer_t *tr, int step)
                         .adam_t = tr->optim.t,
                         .seed = o->seed,
                         .seq_len = o->seq_len,
-                        .global_batch = o->micro_batch * tr->accum * g->dp_size,
+                        .global_batch = o->micro_batch * tr->accum * grid_data_size(g),
                         .lr = o->lr,
                         .min_lr = o->min_lr,
                         .warmup = o->warmup,
@@ -430,8 +439,7 @@ static ckpt_meta_t ckpt_meta_at(const trainer_t *tr, int step)
     lr_schedule_record(&tr->sched, meta.lr_schedule, sizeof meta.lr_schedule, &meta.decay_steps, meta.decay_shape,
                        sizeof meta.decay_shape);
     data_meta(tr, step + tr->spike.data_skip, &meta);
-    snprintf(meta.layout, sizeof meta.layout, "tp %d pp %d dp %d zero %d", g->tp_size, g->pp_size, g->dp_size,
-             tr->sync.ops->zero);
+    layout_text(g, tr->sync.ops->zero, meta.layout, sizeof meta.layout);
     return meta;
 }
 
@@ -610,8 +618,7 @@ int trainer_save_params(trainer_t *tr, char *err, size_t errlen)
     rc = agree(tr->world, rc, err, errlen);
     if (rc == 0) {
         char layout[64];
-        snprintf(layout, sizeof layout, "tp %d pp %d dp %d zero %d", g->tp_size, g->pp_size, g->dp_size,
-                 tr->sync.ops->zero);
+        layout_text(g, tr->sync.ops->zero, layout, sizeof layout);
         h5store_attr_t *attrs = malloc((PARAM_IO_MODEL_ATTRS + 6 + (size_t)tr->cfg.n_layer) * sizeof *attrs);
         char *bias_text = NULL;
         int na = attrs ? param_io_model_attrs(&tr->cfg, attrs) : 0;

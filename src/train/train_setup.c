@@ -162,7 +162,7 @@ static int setup_sync(trainer_t *tr, const dpsync_ops_t *kind, comm_dtype_t gdt,
         const param_desc_t *d = &t->p[i];
         start[i] = d->offset;
         block[i] = d->layer >= 0 && d->layer < tr->cfg.n_layer ? param_layout_local(&m->lay.part, d->layer) : -1;
-        norm[i] = !(d->tied_copy || (d->tp_split == TP_SPLIT_NONE && g->tp_rank != 0));
+        norm[i] = !(d->tied_copy || (d->tp_split == TP_SPLIT_NONE && !d->ep_spans_tp && g->tp_rank != 0));
         expert[i] = (unsigned char)d->expert;
     }
     if (rc == 0) {
@@ -429,9 +429,12 @@ static model_layout_t stage_layout(const trainer_t *tr, const grid_t *grid, cons
     model_layout_t lay = model_layout_single(&tr->cfg);
     lay.part.tp_size = grid->tp_size;
     lay.part.tp_rank = grid->tp_rank;
-    /* --ep: the EP group is run->ep consecutive DP ranks (grid_create_ep_groups) */
+    /* --ep: the EP group is run->ep consecutive DP ranks, or with --etp 1
+     * ranks of the TP x DP plane (grid_create_ep_groups) */
     lay.part.ep_size = run->ep;
-    lay.part.ep_rank = grid->dp_rank % run->ep;
+    lay.part.ep_rank = run_config_ep_spans_tp(run) ? (grid->tp_rank + grid->tp_size * grid->dp_rank) % run->ep
+                                                   : grid->dp_rank % run->ep;
+    lay.part.etp = run->etp;
     run_config_stage_runs(run, grid->pp_rank, &lay.part.n_runs, lay.part.run_begin, lay.part.run_end);
     lay.part.has_embed = grid->pp_rank == 0;
     lay.part.has_head = grid->pp_rank == grid->pp_size - 1;
@@ -460,8 +463,10 @@ static int setup_backend(trainer_t *tr, const dpsync_ops_t *kind, char *err, siz
                 errlen));
     if (run->hybrid_shard && kind->shards)
         CHECK(grid_create_shard_group(grid, run->hybrid_shard, err, errlen));
-    if (run->ep > 1)
-        CHECK(grid_create_ep_groups(grid, run->ep, err, errlen));
+    if (run->cp > 1)
+        CHECK(grid_create_cp_group(grid, run->cp, err, errlen));
+    if (run->ep > 1 || run_config_ep_spans_tp(run))
+        CHECK(grid_create_ep_groups(grid, run->ep, run_config_ep_spans_tp(run), err, errlen));
     CHECK(agree(tr->world,
                 backend_comm_open(&tr->backend, run->comm, grid, &tr->net, tr->opt->comm_timeout, err, errlen), err,
                 errlen));
@@ -539,6 +544,9 @@ static int setup_model(trainer_t *tr, model_layout_t lay, const dpsync_ops_t *ki
     const grid_t *grid = tr->grid;
     lay.tp = grid->tp;
     lay.ep = grid->ep;
+    lay.cp = grid->cp;
+    lay.cp_size = grid->cp_size;
+    lay.cp_rank = grid->cp_rank;
     lay.bf16 = backend_bf16(&tr->backend);
     if (lay.bf16 && (!tr->backend.ops->matmul_fwd_bf16 || !tr->backend.ops->matmul_bwd_bf16)) {
         snprintf(err, errlen, "--dtype bf16: the %s backend has no bf16 GEMM; use --dtype fp32", tr->backend.ops->name);
@@ -546,7 +554,9 @@ static int setup_model(trainer_t *tr, model_layout_t lay, const dpsync_ops_t *ki
     }
     if (run->offload_fraction > 0 && check_offload_memory(tr, &lay, err, errlen) != 0)
         return -1;
-    if (model_create(&tr->model, &tr->cfg, tr->backend.ops, &lay, run->micro_batch, run->seq_len, err, errlen) != 0)
+    /* --cp: the model holds T/cp rows of each sequence */
+    if (model_create(&tr->model, &tr->cfg, tr->backend.ops, &lay, run->micro_batch, run->seq_len / run->cp, err,
+                     errlen) != 0)
         return -1;
     const size_t nb = model_moe_has_bias(&tr->cfg) ? 2 * (size_t)tr->cfg.n_layer * tr->cfg.moe.experts : 0;
     if (nb && !(tr->moe_bias = calloc(nb, sizeof *tr->moe_bias))) {
@@ -724,7 +734,13 @@ static int setup_step(trainer_t *tr, char *err, size_t errlen)
     tr->tok = malloc(n * sizeof *tr->tok);
     tr->tgt = malloc(n * sizeof *tr->tgt);
     tr->pos = o->doc_mask ? malloc(n * sizeof *tr->pos) : NULL;
-    if (!tr->tok || !tr->tgt || (o->doc_mask && !tr->pos)) {
+    if (run->cp > 1) {
+        tr->ltok = malloc(n / run->cp * sizeof *tr->ltok);
+        tr->ltgt = malloc(n / run->cp * sizeof *tr->ltgt);
+        tr->lpos = malloc(n / run->cp * sizeof *tr->lpos);
+    }
+    if (!tr->tok || !tr->tgt || (o->doc_mask && !tr->pos) ||
+        (run->cp > 1 && (!tr->ltok || !tr->ltgt || !tr->lpos))) {
         snprintf(err, errlen, "out of memory for the batch");
         return -1;
     }

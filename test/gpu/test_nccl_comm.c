@@ -307,7 +307,7 @@ int main(int argc, char **argv)
     nccl_grid_destroy(&ng);
     grid_destroy(&g);
     /* --ep's groups: a dp W grid, one EP group of every rank */
-    if (grid_create(&g, 1, 1, 0, err, sizeof err) != 0 || grid_create_ep_groups(&g, env.world_size, err, sizeof err) != 0) {
+    if (grid_create(&g, 1, 1, 0, err, sizeof err) != 0 || grid_create_ep_groups(&g, env.world_size, 0, err, sizeof err) != 0) {
         fprintf(stderr, "test_nccl_comm: %s\n", err);
         launch_exit(&env, 99);
     }

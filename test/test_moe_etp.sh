@@ -1,0 +1,83 @@
+#!/bin/sh
+# Whole experts over the TP ranks (--etp 1, Megatron's expert TP 1; issue
+# 33): the EP group is cut from the TP x DP plane, each TP rank routes
+# its 1/tp of the micro batch's tokens through whole experts, and the
+# model's sum over TP assembles the layer. tiny-moe (GPT-2 experts,
+# top-2, with and without capacity dropping) and tiny-deepseek-moe
+# (SwiGLU experts, sigmoid top-4 with the expert bias, a shared expert)
+# train the same model as one process at tp2 (ep1: the experts' data
+# parallelism spans the TP ranks), tp2 x ep2 with sequence parallelism,
+# tp2 x dp2 x ep4 with ZeRO-2, tp2 x dp2 x ep2 with ZeRO-1 and ZeRO-3, tp2
+# x dp2 with ZeRO-3 (expert-DP 4 over dp 2) and tp2 x pp2 x ep2: every
+# loss and the final validation loss within 1e-5 relative, gradient norms
+# and final parameters within 1e-4 (10 steps, as test_moe.sh). The same
+# layout twice is bit-identical. A checkpoint written at tp2 x dp2 x ep2
+# with --etp 1 resumes at one rank and at ep2 x tp2 with experts split
+# over TP (--etp 2), and back. Bad --etp exits 2 with one line.
+. "$top_srcdir/test/common.sh"
+
+LC_MIN_VALUES=21
+S="--steps 10 --val-every 10"
+etp_run() { # NAME NP ARGS...: a run against $REF (one rank)
+    name=$1
+    np=$2
+    shift 2
+    layout_run "$TMP/$name.json" "$np" $S "$@" &&
+        layout_compare "$TMP/$REF.json" "$TMP/$name.json" "$name: $*"
+}
+layout_run "$TMP/top2.json" 1 $S --model tiny-moe || finish
+REF=top2
+etp_run top2.tp2 2 --model tiny-moe --tp 2 --etp 1
+etp_run top2.tp2ep2sp 2 --model tiny-moe --tp 2 --etp 1 --ep 2 --sequence-parallel
+etp_run top2.ep4z2 4 --model tiny-moe --tp 2 --etp 1 --ep 4 --zero 2
+etp_run top2.ep2z1 4 --model tiny-moe --tp 2 --etp 1 --ep 2 --zero 1
+etp_run top2.ep2z3 4 --model tiny-moe --tp 2 --etp 1 --ep 2 --zero 3
+etp_run top2.z3 4 --model tiny-moe --tp 2 --etp 1 --zero 3
+etp_run top2.pp2 4 --model tiny-moe --tp 2 --pp 2 --etp 1 --ep 2
+layout_run "$TMP/cap.json" 1 $S --model tiny-moe --moe-capacity-factor 1 && REF=cap &&
+    etp_run cap.tp2ep2 4 --model tiny-moe --moe-capacity-factor 1 --tp 2 --etp 1 --ep 2
+layout_run "$TMP/ds.json" 1 $S --model tiny-deepseek-moe --moe-z-coef 0.001 && REF=ds &&
+    etp_run ds.tp2ep2 4 --model tiny-deepseek-moe --moe-z-coef 0.001 --tp 2 --etp 1 --ep 2 --zero 1
+
+# ---- determinism ----
+layout_run "$TMP/again.json" 4 $S --model tiny-moe --tp 2 --etp 1 --ep 4 --zero 2 &&
+    layout_twice "$TMP/top2.ep4z2.json" "$TMP/again.json" "tiny-moe tp2 x ep4 --etp 1 ZeRO-2"
+
+# ---- checkpoints: --etp 1 <-> one rank and --etp 2 ----
+# resumed NAME FULL RESUMED: the resumed run's 5 losses (steps 6-10) within
+# 1e-5 of the uninterrupted run's
+resumed() {
+    losses "$2" | awk '{ print $1, $2 }' | tail -n 5 >"$TMP/ck.l"
+    losses "$3" | awk '{ print $1, $2 }' >"$TMP/re.l"
+    set -- "$1" $(paste "$TMP/ck.l" "$TMP/re.l" |
+        awk '{ d = $2 - $4; if (d < 0) d = -d; d /= $2; if (d > w) w = d; n++ } END { printf "%.2e %d", w, n }')
+    if [ "$3" -eq 5 ] && [ "$(cut -d' ' -f1 "$TMP/re.l" | tr '\n' ' ')" = "6 7 8 9 10 " ] &&
+        awk -v w="$2" 'BEGIN { exit !(w < 1e-5) }'; then
+        pass "$1: 5 losses within $2 of the uninterrupted run"
+    else
+        fail "$1: worst $2 over $3 losses"
+    fi
+}
+ETP1="--tp 2 --etp 1 --ep 2"
+if layout_run "$TMP/ck.json" 4 $S --model tiny-moe $ETP1 --ckpt-dir "$TMP/ck" --ckpt-every 5; then
+    layout_run "$TMP/re1.json" 1 $S --model tiny-moe --resume "$TMP/ck/step_00000005.h5" &&
+        resumed "tiny-moe --etp 1 checkpoint continued at one rank" "$TMP/ck.json" "$TMP/re1.json"
+    layout_run "$TMP/re2.json" 4 $S --model tiny-moe --tp 2 --ep 2 --resume "$TMP/ck/step_00000005.h5" &&
+        resumed "tiny-moe --etp 1 checkpoint continued at --etp 2 (tp2 x ep2)" "$TMP/ck.json" "$TMP/re2.json"
+fi
+layout_run "$TMP/ck2.json" 4 $S --model tiny-moe --tp 2 --ep 2 --ckpt-dir "$TMP/ck2" --ckpt-every 5 &&
+    layout_run "$TMP/re3.json" 2 $S --model tiny-moe --tp 2 --etp 1 --resume "$TMP/ck2/step_00000005.h5" &&
+    resumed "tiny-moe --etp 2 checkpoint continued at --etp 1 (tp2)" "$TMP/ck2.json" "$TMP/re3.json"
+
+# ---- bad input: one line, exit 2, on every rank ----
+B="$DTRAIN $(tiny_args) --steps 1 --micro-batch 2 --seq-len 64"
+expect_exit2 "--etp 3 must be 1 (whole experts) or --tp 2" "$MPIEXEC" --quiet -np 2 $B --model tiny-moe --tp 2 \
+    --etp 3
+expect_exit2 "--etp 1 keeps a mixture's experts whole over the TP ranks, but the model has none" "$MPIEXEC" --quiet \
+    -np 2 $B --model tiny --tp 2 --etp 1
+expect_exit2 "--ep 8 with --etp 1 must divide tp x dp = 4" "$MPIEXEC" --quiet -np 4 $B --model tiny-moe --tp 2 \
+    --etp 1 --ep 8
+expect_exit2 "--etp 1 with --moe-capacity-factor: --micro-batch 1 must be a multiple of --tp 2" "$MPIEXEC" --quiet \
+    -np 2 $DTRAIN $(tiny_args) --steps 1 --micro-batch 1 --seq-len 64 --model tiny-moe --moe-capacity-factor 1 \
+    --tp 2 --etp 1
+finish
