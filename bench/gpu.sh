@@ -11,7 +11,13 @@
 #  3. dtrain-bench-gemm --device cuda --dtype both: 4096^3, 8192^3 and GPT-2
 #     124M's MLP at 16 x 1024 tokens, fastest bf16 row = the measured cuBLAS
 #     bf16 peak; and --op gelu: GPT-2's fc with its GELU in the GEMM's
-#     epilogue vs a separate kernel;
+#     epilogue vs a separate kernel; and --op attention: the attention ops
+#     alone, causal, forward and backward TFLOP/s in FlashAttention's
+#     convention (4 B S^2 NH HS / 2 forward, 2.5x backward; hidden 2048,
+#     16K tokens) at S 1024..8192, head sizes 64 and 128, under bf16 (the
+#     tensor-core kernels) and, at S 1024 and 2048, under fp32 (the
+#     CUDA-core kernels, for comparison), beside FlashAttention-2's published
+#     H100 figures;
 #  4. training throughput on one GPU, fp32 and bf16: GPT-2 124M (micro batch
 #     16 x 1024) and tiny (micro batch 32 x 256), STEPS steps (default 20):
 #     median ms/step and tokens/s over steps 2..STEPS, MFU against
@@ -30,11 +36,13 @@
 # so a lease always gets results.md back.
 #
 # DEVICE=cpu runs steps 3 and 4 on the CPU to try the script without a GPU
-# (no self-test, no GPU tests); GEMM_ARGS, GELU_ARGS, TRAIN_ARGS (GPT-2
-# 124M) and TINY_ARGS replace the shapes and batches, MODELS the models
-# (default "gpt2-124m tiny"), e.g.
+# (no self-test, no GPU tests; attention at the CPU's small default shapes);
+# GEMM_ARGS, GELU_ARGS, ATT_ARGS, ATT_FP32_ARGS, TRAIN_ARGS (GPT-2 124M) and
+# TINY_ARGS replace the shapes and batches, MODELS the models (default
+# "gpt2-124m tiny"), e.g.
 #   DEVICE=cpu GEMM_ARGS="--shapes 256x256x256 --iters 3" GELU_ARGS="--shapes 256x64x256 --iters 3" \
-#     TRAIN_ARGS="--micro-batch 2 --seq-len 64" TINY_ARGS="--micro-batch 2 --seq-len 64" ./bench/gpu.sh 3
+#     ATT_ARGS="--iters 2 --warmup 1" TRAIN_ARGS="--micro-batch 2 --seq-len 64" \
+#     TINY_ARGS="--micro-batch 2 --seq-len 64" ./bench/gpu.sh 3
 set -euo pipefail
 me=gpu.sh
 die() { echo "$me: $*" >&2; exit 1; }
@@ -58,6 +66,9 @@ gemm_args=${GEMM_ARGS:-}
 gelu_args=${GELU_ARGS:---shapes 16384x768x3072}
 train_args=${TRAIN_ARGS:---micro-batch 16 --seq-len 1024}
 tiny_args=${TINY_ARGS:---micro-batch 32 --seq-len 256}
+att_args=${ATT_ARGS:-}
+if [ "$device" = cuda ]; then att_fp32_def="--seqs 1024,2048 --iters 5 --warmup 1"; else att_fp32_def="--iters 2 --warmup 1"; fi
+att_fp32_args=${ATT_FP32_ARGS:-$att_fp32_def}
 
 # ---- where the programs are: a bundle (env.sh beside bench/) or a build ----
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -207,6 +218,52 @@ case $gelu_rc in
 esac
 stamp gemm "$t"
 
+# ---- 3b. attention alone ----
+t=$(date +%s)
+att_check=
+for dt in bf16 fp32; do
+    if [ "$dt" = bf16 ]; then aargs=$att_args; else aargs=$att_fp32_args; fi
+    echo "== dtrain-bench-gemm --device $device --op attention --dtype $dt $aargs"
+    rc=0
+    # shellcheck disable=SC2086 # aargs is a list of options
+    tmo "$bench" --device "$device" --op attention --dtype "$dt" $aargs >"$logs/attention.$dt.txt" 2>&1 || rc=$?
+    cat "$logs/attention.$dt.txt"
+    case $rc in
+        0) att_check="$att_check$dt 0 wrong; " ;;
+        1) att_check="$att_check$dt WRONG VALUES (exit 1); "; failed=1 ;;
+        *) att_check="$att_check$dt FAILED (exit $rc); "; failed=1 ;;
+    esac
+done
+att_check=${att_check%; }
+att_tf() { # dtype op S HS: its TFLOP/s, or -
+    awk -v d="$1" -v o="$2" -v s="$3" -v h="$4" '!/^#/ && $1 == d && $2 == o && $4 == s && $6 == h { v = $8 } END { print (v == "" ? "-" : v) }' \
+        "$logs/attention.$1.txt" 2>/dev/null || echo -
+}
+att_path() { # dtype HS: the path line
+    sed -n "s/^# --dtype $1, head size $2: \([^(]*\).*/\1/p" "$logs/attention.$1.txt" 2>/dev/null | head -n 1 | sed 's/ *$//'
+}
+# FlashAttention-2 on an H100 SXM5 (the FA3 paper's charts as transcribed in
+# ../shared/notes/anchors-wave3.md 1c): forward hdim 128 causal, forward
+# hdim 64 (non-causal: no causal figure), backward
+fa2() { # HS S: "fwd / bwd"
+    case $1.$2 in
+        64.1024) echo "306 (non-causal) / 238" ;; 64.2048) echo "318 (non-causal) / 264" ;;
+        64.4096) echo "321 (non-causal) / 279" ;; 64.8192) echo "322 (non-causal) / 287" ;;
+        128.1024) echo "260 / 260" ;; 128.2048) echo "298 / 291" ;; 128.4096) echo "319 / 310" ;; 128.8192) echo "333 / 318" ;;
+        *) echo "-" ;;
+    esac
+}
+att_rows=()
+# shellcheck disable=SC2013 # numbers, one a word
+for hs in $(awk '!/^#/ && NF == 10 { print $6 }' "$logs/attention.bf16.txt" 2>/dev/null | sort -un); do
+    # shellcheck disable=SC2013 # numbers, one a word
+    for s in $(awk -v h="$hs" '!/^#/ && NF == 10 && $6 == h { print $4 }' "$logs/attention.bf16.txt" | sort -un); do
+        shape=$(awk -v h="$hs" -v s1="$s" '!/^#/ && $6 == h && $4 == s1 { print "B " $3 " x NH " $5; exit }' "$logs/attention.bf16.txt")
+        att_rows+=("| attention, HS $hs, S $s ($shape, causal; bf16 path: $(att_path bf16 "$hs")) | $(att_tf bf16 attn-fwd "$s" "$hs") / $(att_tf bf16 attn-bwd "$s" "$hs") | $(att_tf fp32 attn-fwd "$s" "$hs") / $(att_tf fp32 attn-bwd "$s" "$hs") | $(fa2 "$hs" "$s") |")
+    done
+done
+stamp attention "$t"
+
 # ---- 4. training throughput ----
 median() { # json key: over steps 2..
     sed -n "s/.*\"$2\": \([0-9.e+-]*\).*/\1/p" "$1" | tail -n +2 | sort -g |
@@ -274,7 +331,7 @@ total=$(($(date +%s) - t_all))
     echo "### GPU checklist: $card"
     echo
     echo "Measured $(date -u +%Y-%m-%d) on $card (${where:-$device}), commit ${commit:-unknown}, from the $where_from:"
-    echo "\`bench/gpu.sh $steps\` in ${total} s (self-test ${took[selftest]:--}, test/gpu ${took[suite]:--}, GEMMs ${took[gemm]:--}, training ${took[train]:--})."
+    echo "\`bench/gpu.sh $steps\` in ${total} s (self-test ${took[selftest]:--}, test/gpu ${took[suite]:--}, GEMMs ${took[gemm]:--}, attention ${took[attention]:--}, training ${took[train]:--})."
     echo
     echo "- dtrain --selftest: $selftest"
     for s in "${suite[@]}"; do echo "- $s"; done
@@ -286,6 +343,12 @@ total=$(($(date +%s) - t_all))
     echo "| fp32 GEMM, no TF32, fastest row | $fp32_best TFLOP/s ($fp32_shape) | | | (datasheet fp32 peak 67 TFLOP/s) |"
     echo "| GPT-2 fc + bias + GELU, bf16, $gelu_shape ($gelu_check): GELU epilogue vs GEMM then GELU kernel | $gelu_fused us vs $gelu_separate us | | | |"
     printf '%s\n' "${train_rows[@]}"
+    echo
+    echo "Attention alone (\`dtrain-bench-gemm --op attention\`, $att_check; forward / backward, FlashAttention's FLOP count; issue 32's target: at least 300 / 250 at S >= 2048, HS 128):"
+    echo
+    echo "| shape and path | dtrain bf16, TFLOP/s | dtrain fp32 kernels, TFLOP/s | FlashAttention-2 on an H100, TFLOP/s |"
+    echo "|---|---:|---:|---:|"
+    printf '%s\n' "${att_rows[@]}"
 } >"$out/results.md"
 tar -C "$work" -czf "$out/logs.tar.gz" logs 2>/dev/null || echo "$me: warning: could not pack the logs" >&2
 echo

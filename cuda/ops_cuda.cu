@@ -24,12 +24,15 @@
  *    an asynchrony bug from a kernel bug), and a device without
  *    concurrentManagedAccess (the host may not touch managed memory while
  *    any kernel runs) gets that mode by itself.
- *  - Attention is a tiled flash-attention kernel set in plain fp32 (no
- *    tensor cores yet): the forward keeps only lse[B, NH, T], the backward
- *    recomputes the probabilities tile by tile (FlashAttention-2: dK/dV per
- *    key tile, dQ in a second kernel, no atomics), so memory is O(T) per
- *    head and results are bit-identical run to run. Details in
- *    kernels/attention.cuh. Not yet run on a GPU.
+ *  - Attention is FlashAttention-2 in two kernel sets: on the tensor cores
+ *    (mma.sync, bf16 q/k/v, fp32 accumulation; kernels/attention_mma*.cuh)
+ *    under --dtype bf16 at head sizes 64 and 128, else in plain fp32 on the
+ *    CUDA cores (kernels/attention.cuh). Both keep only lse[B, NH, T] from
+ *    the forward and recompute the probabilities tile by tile in the
+ *    backward (dK/dV per key tile, dQ in another kernel, no atomics), so
+ *    memory is O(T) per head and results are bit-identical run to run.
+ *    ops_cuda_attention.cuh chooses and launches them. The tensor-core set
+ *    is proven under emulation (test/emu), not yet run on a GPU.
  *  - Reductions over rows (bias and norm-weight gradients) sum fixed
  *    128-row chunks, then the chunks in order; the embedding gradient
  *    groups tokens by row (a stable sort) and adds each row's tokens in
@@ -68,6 +71,8 @@
  * follow), and the host code the emulation tests compile too: the state
  * and error checks, the GEMM path. */
 #include "cuda/kernels/attention.cuh"
+#include "cuda/kernels/attention_mma.cuh"
+#include "cuda/kernels/attention_mma_bwd.cuh"
 #include "cuda/kernels/cast.cuh"
 #include "cuda/kernels/colsum.cuh"
 #include "cuda/kernels/common.cuh"
@@ -78,9 +83,10 @@
 #include "cuda/kernels/norm.cuh"
 #include "cuda/kernels/reduce.cuh"
 #include "cuda/kernels/rope.cuh"
+#include "cuda/ops_cuda_state.cuh"
+#include "cuda/ops_cuda_attention.cuh"
 #include "cuda/ops_cuda_gemm.cuh"
 #include "cuda/ops_cuda_gmm.cuh"
-#include "cuda/ops_cuda_state.cuh"
 
 /* ---- memory ------------------------------------------------------------------------ */
 
@@ -341,63 +347,7 @@ static void rope_bwd(void *ctx, float *dqkv, const int32_t *pos, int B, int T, i
     rope_run(g, "rope_bwd", dqkv, pos, B, T, NH, NKV, HS, inv_freq, -1.0f);
 }
 
-/* ---- attention (kernels/attention.cuh) ---------------------------------------------------- */
-
-/* 0 for an empty call (nothing to write), 1 to run; ends the job where the
- * grid cannot hold the shape (B or NH over 65535: grid y and z), rather
- * than leave out, lse or dqkv unwritten. */
-static int att_dims_ok(const char *op, int B, int T, int NH, int NKV, int HS)
-{
-    if (B <= 0 || T <= 0 || NH <= 0 || NKV <= 0 || HS <= 0)
-        return 0;
-    if (B > 65535 || NH > 65535)
-        cuda_fatal(op, "batch rows or heads over the grid's 65535 limit: use a smaller --micro-batch");
-    return 1;
-}
-
-static void attention_fwd(void *ctx, float *out, float *lse, const float *qkv, const int32_t *pos, int B, int T, int NH,
-                          int NKV, int HS)
-{
-    cu_t *g = (cu_t *)ctx;
-    if (!att_dims_ok("attention_fwd", B, T, NH, NKV, HS))
-        return;
-    const float scale = 1.0f / sqrtf((float)HS);
-    const int nc = att_nc(HS);
-    dim3 grid(att_grid_x("attention_fwd", (T + ATT_BR - 1) / ATT_BR, nc, HS), (unsigned)NH, (unsigned)B);
-    if (nc == 1)
-        k_att_fwd<1><<<grid, ATT_THREADS, 0, g->stream>>>(out, lse, qkv, pos, T, NH, NKV, HS, scale);
-    else if (nc == 2)
-        k_att_fwd<2><<<grid, ATT_THREADS, 0, g->stream>>>(out, lse, qkv, pos, T, NH, NKV, HS, scale);
-    else
-        k_att_fwd<ATT_GROUP><<<grid, ATT_THREADS, 0, g->stream>>>(out, lse, qkv, pos, T, NH, NKV, HS, scale);
-    finish(g, "attention_fwd");
-}
-
-static void attention_bwd(void *ctx, float *dqkv, const float *dout, const float *qkv, const float *out,
-                          const float *lse, const int32_t *pos, int B, int T, int NH, int NKV, int HS)
-{
-    cu_t *g = (cu_t *)ctx;
-    if (!att_dims_ok("attention_bwd", B, T, NH, NKV, HS))
-        return;
-    const float scale = 1.0f / sqrtf((float)HS);
-    const int nc = att_nc(HS);
-    dim3 gq(att_grid_x("attention_bwd", (T + ATT_BR - 1) / ATT_BR, nc, HS), (unsigned)NH, (unsigned)B);
-    dim3 gk(att_grid_x("attention_bwd", (T + ATT_BC - 1) / ATT_BC, nc, HS), (unsigned)NKV, (unsigned)B);
-    /* two kernels writing disjoint columns of dqkv (q, then k and v) */
-    if (nc == 1) {
-        k_att_bwd_dq<1><<<gq, ATT_THREADS, 0, g->stream>>>(dqkv, dout, qkv, out, lse, pos, T, NH, NKV, HS, scale);
-        k_att_bwd_dkv<1><<<gk, ATT_THREADS, 0, g->stream>>>(dqkv, dout, qkv, out, lse, pos, T, NH, NKV, HS, scale);
-    } else if (nc == 2) {
-        k_att_bwd_dq<2><<<gq, ATT_THREADS, 0, g->stream>>>(dqkv, dout, qkv, out, lse, pos, T, NH, NKV, HS, scale);
-        k_att_bwd_dkv<2><<<gk, ATT_THREADS, 0, g->stream>>>(dqkv, dout, qkv, out, lse, pos, T, NH, NKV, HS, scale);
-    } else {
-        k_att_bwd_dq<ATT_GROUP>
-            <<<gq, ATT_THREADS, 0, g->stream>>>(dqkv, dout, qkv, out, lse, pos, T, NH, NKV, HS, scale);
-        k_att_bwd_dkv<ATT_GROUP>
-            <<<gk, ATT_THREADS, 0, g->stream>>>(dqkv, dout, qkv, out, lse, pos, T, NH, NKV, HS, scale);
-    }
-    finish(g, "attention_bwd");
-}
+/* ---- attention: cuda/ops_cuda_attention.cuh (the fp32 and tensor-core paths) ---------------------- */
 
 /* ---- activations, add, scale ----------------------------------------------------------- */
 
@@ -841,6 +791,8 @@ static void cu_release(void *ctx)
     if (g->gmm_dev)
         (void)cudaFreeAsync(g->gmm_dev, g->stream);
     free(g->gmm_host);
+    if (g->att)
+        (void)cudaFreeAsync(g->att, g->stream);
     if (g->part)
         (void)cudaFree(g->part);
     if (g->xs)
@@ -970,7 +922,7 @@ static int cu_open(cu_t *g, int dev, char *err, size_t errlen)
     return 0;
 }
 
-extern "C" const ops_t *ops_cuda_create(int dev, char *err, size_t errlen)
+extern "C" const ops_t *ops_cuda_create(int dev, int bf16, char *err, size_t errlen)
 {
     cu_t *g = (cu_t *)calloc(1, sizeof *g);
     if (!g) {
@@ -979,6 +931,7 @@ extern "C" const ops_t *ops_cuda_create(int dev, char *err, size_t errlen)
     }
     g->ops = cuda_ops;
     g->ops.ctx = g;
+    g->att_bf16 = bf16 != 0;
     if (cu_open(g, dev, err, errlen) != 0) {
         cu_release(g);
         return NULL;
@@ -1006,3 +959,10 @@ extern "C" void ops_cuda_gelu_epilogues(const ops_t *ops, long *fused, long *sep
 extern "C" int ops_cuda_concurrent_managed(const ops_t *ops) { return ((const cu_t *)ops->ctx)->concurrent; }
 
 extern "C" int ops_cuda_synchronous(const ops_t *ops) { return ((const cu_t *)ops->ctx)->sync_ops; }
+
+extern "C" int ops_cuda_attention_path(const ops_t *ops, int HS, char *buf, size_t len)
+{
+    const int bf16 = ((const cu_t *)ops->ctx)->att_bf16;
+    att_path_describe(bf16, HS, buf, len);
+    return att_path(bf16, HS) == ATT_PATH_MMA;
+}

@@ -15,9 +15,17 @@ extern "C" {
 
 /* Makes device `dev` current and creates the backend: its context (the
  * compute stream, the cuBLASLt handle and its workspace, the cuBLAS
- * handle) and the table over it. Returns the table, or NULL with one line
- * in err. ops_release (base/ops.h) ends it. */
-const ops_t *ops_cuda_create(int dev, char *err, size_t errlen);
+ * handle) and the table over it. bf16: the run's --dtype is bf16, so
+ * attention_fwd/bwd take the tensor-core kernels where the head size has
+ * them (bf16 q, k, v; cuda/ops_cuda_attention.cuh), else the fp32 ones.
+ * Returns the table, or NULL with one line in err. ops_release
+ * (base/ops.h) ends it. */
+const ops_t *ops_cuda_create(int dev, int bf16, char *err, size_t errlen);
+/* One line for the banner: the kernels attention runs at head size HS on
+ * this table, and why (tensor cores, or fp32 for --dtype fp32 or a head
+ * size without tensor-core kernels). Returns 1 on the tensor cores (q, k,
+ * v and dout rounded to bf16), else 0. */
+int ops_cuda_attention_path(const ops_t *ops, int HS, char *buf, size_t len);
 /* The compute stream (a cudaStream_t) the ops of this CUDA table enqueue
  * on, for the NCCL communicators to order after. */
 void *ops_cuda_stream(const ops_t *ops);

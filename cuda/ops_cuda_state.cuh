@@ -69,6 +69,9 @@ typedef struct cuda_ctx {
     void *gmm_host, *gmm_dev;        /* the grouped GEMMs' arrays: pageable host, device (ops_cuda_gmm.cuh) */
     size_t gmm_host_cap;             /* bytes */
     size_t gmm_dev_cap;              /* bytes */
+    int att_bf16;                    /* --dtype bf16: attention on the tensor cores where the head size allows */
+    void *att;                       /* the tensor-core attention's bf16 copies and D (ops_cuda_attention.cuh) */
+    size_t att_cap;                  /* bytes */
     lt_cache_t plans;                /* the kept cuBLASLt plans (ops_cuda_gemm.cuh) */
 } cu_t;
 

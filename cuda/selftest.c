@@ -48,6 +48,13 @@
  * GPU outputs start as NaN (every element must be written) and each GPU
  * attention op runs twice, bit-identical (bound 0 ulp).
  *
+ * The tensor-core attention (a second CUDA table made for --dtype bf16,
+ * head sizes 64 and 128) is held to bf16 bounds against the CPU's fp32
+ * attention of the bf16-rounded inputs: out 2^-8 max |v|, lse 1e-5, each of
+ * dq, dk, dv 2^-7 of its largest value plus a floor for dq and dk
+ * (t_attention_mma derives them); run to run 0 ulp. At head size 96 the
+ * same table keeps the fp32 kernels and their 1e-5 bounds.
+ *
  * The bf16 GEMMs (matmul_fwd_bf16, matmul_bwd_bf16) get a bound per
  * element instead, because how close two fp32 sums can be depends on the
  * magnitudes summed. Both backends form the same products of bf16 values,
@@ -938,6 +945,113 @@ out:
     tp_free(s, &out2), tp_free(s, &lse2), tp_free(s, &dqkv2), tp_free(s, &freq);
 }
 
+/* max |gpu - ref| over the columns [c0, c1) of the rows of x[rows, R]
+ * against bound * max |ref| there + floor; NaN or an element left unwritten
+ * fails. One line, err = max |diff| / max |ref|. */
+static void check_cols(st_t *s, const char *what, const float *ref, const float *got, size_t rows, size_t R, size_t c0,
+                       size_t c1, double bound, double floor)
+{
+    double maxref = 0.0, maxdiff = 0.0;
+    int bad = 0;
+    for (size_t n = 0; n < rows; n++)
+        for (size_t c = c0; c < c1; c++) {
+            const double a = ref[n * R + c], b = got[n * R + c];
+            bad |= !isfinite(b);
+            maxref = fabs(a) > maxref ? fabs(a) : maxref;
+            maxdiff = isfinite(b) && fabs(a - b) > maxdiff ? fabs(a - b) : maxdiff;
+        }
+    const int ok = !bad && maxdiff <= bound * maxref + floor;
+    s->run++;
+    if (!ok)
+        s->failed++;
+    fprintf(s->out, "%s %-60s err %.2e (bound %.0e + %.1e abs)%s\n", ok ? "ok  " : "FAIL", what,
+            maxref > 0 ? maxdiff / maxref : maxdiff, bound, floor, bad ? " nan/inf" : "");
+}
+
+/* The tensor-core attention (--dtype bf16, head sizes 64 and 128;
+ * cuda/ops_cuda_attention.cuh) on s->gpu, a table made with bf16: the ops
+ * take fp32 qkv and dout (random, not bf16 values) and round them to bf16
+ * themselves, so the reference is the CPU's fp32 attention of the rounded
+ * values. Bounds, those test/emu/test_att_mma_emu.cpp and
+ * test_att_mma_bwd_emu.cpp derive (P and dS rounded to bf16 as mma
+ * operands, 2^-9 relative each): out within 2^-8 max |v| (check_scaled with
+ * that scale), lse 1e-5 (fp32 order and exp2); the backward from the GPU
+ * forward's out and lse on both sides, dQ, dK and dV each within 2^-7 of
+ * its max |ref| plus, for dQ and dK, 2^-20 HS scale max |dout| max |v| max
+ * |q, k| (the fp32 rounding of dP - D, all there is at T = 1). Each op runs
+ * twice: bit-identical. */
+static void t_attention_mma(st_t *s, int B, int T, int NH, int NKV, int HS, int docs)
+{
+    char what[128], dims[80];
+    snprintf(dims, sizeof dims, "B=%d T=%d NH=%d NKV=%d HS=%d%s", B, T, NH, NKV, HS, docs ? " docs" : "");
+    const size_t R = (size_t)(NH + 2 * NKV) * HS, N = (size_t)B * T, NO = N * NH * HS, NL = (size_t)B * NH * T;
+    tp_t qkv, out, lse, dout, dqkv, out2, lse2, dqkv2;
+    int32_t *pos = NULL, *dpos = NULL;
+    float *qr = NULL, *dr = NULL, *got = NULL;
+    memset(&qkv, 0, sizeof qkv), out = lse = dout = dqkv = out2 = lse2 = dqkv2 = qkv;
+    if (docs) {
+        if (!(pos = malloc(N * sizeof *pos))) {
+            s->oom = 1;
+            return;
+        }
+        doc_positions(pos, N, T);
+    }
+    if ((docs && !(dpos = ints_dev(s, pos, N))) || tp_new(s, &qkv, N * R, -2, 2) || tp_new(s, &out, NO, 0, 0) ||
+        tp_new(s, &lse, NL, 0, 0) || tp_new(s, &dout, NO, -1, 1) || tp_new(s, &dqkv, N * R, 0, 0) ||
+        tp_new(s, &out2, NO, 0, 0) || tp_new(s, &lse2, NL, 0, 0) || tp_new(s, &dqkv2, N * R, 0, 0) ||
+        !(qr = malloc(N * R * sizeof *qr)) || !(dr = malloc(NO * sizeof *dr)) || !(got = malloc(N * R * sizeof *got))) {
+        s->oom = 1;
+        goto out;
+    }
+    double mq = 0.0, mv = 0.0, mdo = 0.0;
+    for (size_t i = 0; i < N * R; i++) {
+        qr[i] = dt_bf16_to_f32(dt_f32_to_bf16(qkv.h[i]));
+        double *m = i % R < (size_t)(NH + NKV) * HS ? &mq : &mv;
+        *m = fabs(qr[i]) > *m ? fabs(qr[i]) : *m;
+    }
+    for (size_t i = 0; i < NO; i++) {
+        dr[i] = dt_bf16_to_f32(dt_f32_to_bf16(dout.h[i]));
+        mdo = fabs(dr[i]) > mdo ? fabs(dr[i]) : mdo;
+    }
+
+    poison(s, &out), poison(s, &lse), poison(s, &out2), poison(s, &lse2);
+    s->cpu->attention_fwd(s->cpu->ctx, out.h, lse.h, qr, pos, B, T, NH, NKV, HS);
+    s->gpu->attention_fwd(s->gpu->ctx, out.d, lse.d, qkv.d, dpos, B, T, NH, NKV, HS);
+    s->gpu->attention_fwd(s->gpu->ctx, out2.d, lse2.d, qkv.d, dpos, B, T, NH, NKV, HS);
+    snprintf(what, sizeof what, "attention_fwd mma out %s", dims);
+    check_scaled(s, what, &out, 1.0 / 256, mv);
+    snprintf(what, sizeof what, "attention_fwd mma lse %s", dims);
+    check_log(s, what, &lse, B_ROW);
+    snprintf(what, sizeof what, "attention_fwd mma out run to run %s", dims);
+    check_same(s, what, &out, &out2);
+    snprintf(what, sizeof what, "attention_fwd mma lse run to run %s", dims);
+    check_same(s, what, &lse, &lse2);
+
+    /* backward from the GPU's forward outputs on both sides */
+    s->gpu->to_host(s->gpu->ctx, out.h, out.d, NO * sizeof(float));
+    s->gpu->to_host(s->gpu->ctx, lse.h, lse.d, NL * sizeof(float));
+    poison(s, &dqkv), poison(s, &dqkv2);
+    s->cpu->attention_bwd(s->cpu->ctx, dqkv.h, dr, qr, out.h, lse.h, pos, B, T, NH, NKV, HS);
+    s->gpu->attention_bwd(s->gpu->ctx, dqkv.d, dout.d, qkv.d, out.d, lse.d, dpos, B, T, NH, NKV, HS);
+    s->gpu->attention_bwd(s->gpu->ctx, dqkv2.d, dout.d, qkv.d, out.d, lse.d, dpos, B, T, NH, NKV, HS);
+    s->gpu->to_host(s->gpu->ctx, got, dqkv.d, N * R * sizeof(float));
+    const double floor_qk = ldexp(HS * mdo * mv * mq / sqrt((double)HS), -20);
+    const size_t c0[4] = {0, (size_t)NH * HS, (size_t)(NH + NKV) * HS, R};
+    static const char *const name[3] = {"dq", "dk", "dv"};
+    for (int gi = 0; gi < 3; gi++) {
+        snprintf(what, sizeof what, "attention_bwd mma %s %s", name[gi], dims);
+        check_cols(s, what, dqkv.h, got, N, R, c0[gi], c0[gi + 1], 1.0 / 128, gi < 2 ? floor_qk : 0.0);
+    }
+    snprintf(what, sizeof what, "attention_bwd mma dqkv run to run %s", dims);
+    check_same(s, what, &dqkv, &dqkv2);
+out:
+    free(pos), free(qr), free(dr), free(got);
+    if (dpos)
+        s->gpu->free(s->gpu->ctx, dpos);
+    tp_free(s, &qkv), tp_free(s, &out), tp_free(s, &lse), tp_free(s, &dout), tp_free(s, &dqkv);
+    tp_free(s, &out2), tp_free(s, &lse2), tp_free(s, &dqkv2);
+}
+
 static void t_elementwise(st_t *s, size_t n, int F)
 {
     char what[128];
@@ -1390,7 +1504,7 @@ out:
         s->gpu->free(s->gpu->ctx, d_h);
 }
 
-int cuda_selftest(const ops_t *gpu, const ops_t *cpu, FILE *out, char *err, size_t errlen)
+int cuda_selftest(const ops_t *gpu, const ops_t *gpu16, const ops_t *cpu, FILE *out, char *err, size_t errlen)
 {
     st_t s = {.cpu = cpu, .gpu = gpu, .out = out, .rng = 0x9E3779B97F4A7C15ull};
     /* N = 300, 1000: bias and norm-weight gradients summed in several
@@ -1440,6 +1554,24 @@ int cuda_selftest(const ops_t *gpu, const ops_t *cpu, FILE *out, char *err, size
     for (size_t i = 0; i < sizeof at / sizeof at[0] && !s.oom; i++)
         for (int docs = 0; docs < 2 && !s.oom; docs++)
             t_attention(&s, at[i][0], at[i][1], at[i][2], at[i][3], at[i][4], docs);
+    /* the same table under --dtype bf16: attention on the tensor cores at
+     * head sizes 64 and 128 {B, T, NH, NKV, HS}: T = 1, T not a multiple
+     * of the 64-row tiles, GQA 4:1 and 8:1, many tiles; another head size
+     * keeps the fp32 kernels and their bounds */
+    static const int am[][5] = {{1, 1, 4, 1, 64},    {1, 1, 1, 1, 128},   {2, 100, 8, 2, 64},
+                                {1, 200, 8, 1, 128}, {2, 1000, 4, 4, 64}, {1, 1100, 4, 2, 128}};
+    s.gpu = gpu16;
+    char path[320];
+    for (int hs = 64; hs <= 128; hs += 32) {
+        ops_cuda_attention_path(gpu16, hs, path, sizeof path);
+        fprintf(out, "info attention at head size %d under --dtype bf16: %s\n", hs, path);
+    }
+    for (size_t i = 0; i < sizeof am / sizeof am[0] && !s.oom; i++)
+        for (int docs = 0; docs < 2 && !s.oom; docs++)
+            t_attention_mma(&s, am[i][0], am[i][1], am[i][2], am[i][3], am[i][4], docs);
+    if (!s.oom)
+        t_attention(&s, 1, 70, 2, 2, 96, 1);
+    s.gpu = gpu;
     if (!s.oom)
         t_elementwise(&s, 7, 7);
     if (!s.oom)

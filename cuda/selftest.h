@@ -9,12 +9,14 @@
 
 #include "base/ops.h"
 
-/* Compares every op of the CUDA table gpu with the CPU table cpu (the
- * caller's: cuda/ does not reach into src/, where the CPU backend lives).
+/* Compares every op of the CUDA table gpu (made for --dtype fp32) with the
+ * CPU table cpu (the caller's: cuda/ does not reach into src/, where the
+ * CPU backend lives), and the attention of gpu16 (a table of the same
+ * device made for --dtype bf16: the tensor-core path) in bf16 bounds.
  * Runs every comparison, one line each on out ("ok   ..." / "FAIL ..."),
  * then a summary line. Returns the number of failed comparisons (0 = the
  * backends agree), or -1 with one line in err when the test itself could
  * not run (out of memory). */
-int cuda_selftest(const ops_t *gpu, const ops_t *cpu, FILE *out, char *err, size_t errlen);
+int cuda_selftest(const ops_t *gpu, const ops_t *gpu16, const ops_t *cpu, FILE *out, char *err, size_t errlen);
 
 #endif

@@ -47,6 +47,9 @@ static void banner(const serve_model_t *sm, const serve_opts_t *o, const launch_
     printf("tokenizer: %s (%s)\n", sm->tk->spec, sm->tk_from);
     printf("context: %d tokens (prompt + max_tokens); batch: %d prompts per forward\n", sm->T, sm->B);
     printf("backend: %s\n", sm->backend.desc);
+    char att[320];
+    backend_attention_desc(&sm->backend, model_head_size(c), att, sizeof att);
+    printf("attention: %s\n", att);
     printf("configuration:\n");
     serve_opts_print(o, stdout);
 }

@@ -1,10 +1,11 @@
 /* Attention forward on the tensor cores (issue 32): FlashAttention-2 with bf16
  * q, k, v, fp32 accumulation and an fp32 log-sum-exp per query row, built on
  * cuda/kernels/mma.cuh and the tile helpers of attention_mma_common.cuh
- * (shared with the backward, attention_mma_bwd.cuh). Not yet dispatched by
- * ops_cuda.cu (the ops table's attention takes fp32 qkv; the bf16 path comes
- * later); test/emu/test_att_mma_emu.cpp runs it in the host emulation
- * against the CPU ops' attention_fwd.
+ * (shared with the backward, attention_mma_bwd.cuh). Dispatched by
+ * cuda/ops_cuda_attention.cuh (attention_fwd under --dtype bf16 at head
+ * sizes 64 and 128, behind k_att_pack_qkv); test/emu/test_att_mma_emu.cpp
+ * runs the kernel in the host emulation against the CPU ops'
+ * attention_fwd, test_att_path_emu.cpp the dispatch.
  *
  * Launch: k_att_fwd_mma<HS> with HS = 64 or 128 (att_mma_supported), grid
  * (att_mma_tiles(T), NH, B), ATTM_THREADS threads, static shared memory

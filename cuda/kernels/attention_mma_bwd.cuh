@@ -1,23 +1,26 @@
 /* Attention backward on the tensor cores (issue 32): FlashAttention-2's
  * backward for the forward of attention_mma.cuh, bf16 inputs, fp32
- * accumulation, no atomics. Not yet dispatched by ops_cuda.cu (the ops
- * table's attention takes fp32 qkv; the bf16 path is a later slice);
- * test/emu/test_att_mma_bwd_emu.cpp runs it in the host emulation against
- * the CPU ops' attention_bwd.
+ * accumulation, no atomics. Dispatched by cuda/ops_cuda_attention.cuh
+ * (attention_bwd under --dtype bf16 at head sizes 64 and 128);
+ * test/emu/test_att_mma_bwd_emu.cpp runs the kernels in the host emulation
+ * against the CPU ops' attention_bwd, test_att_path_emu.cpp the dispatch.
  *
- * Inputs (bf16 bits): qkv [B T][R], R = (NH + 2 NKV) HS, as the forward
- * reads it; out and dout [B T][NH HS], the forward's output (rounded to
- * bf16) and its gradient; lse [B][NH][T] fp32 from the forward (natural
- * log). Output: dqkv [B T][R] fp32 in qkv's layout, every element of rows
+ * Inputs: qkv [B T][R] fp32, R = (NH + 2 NKV) HS, as the ops table holds
+ * it; out and dout [B T][NH HS] fp32, the forward's output and its
+ * gradient; lse [B][NH][T] fp32 from the forward (natural log). Kernel 1
+ * reads the fp32 ones and writes the bf16 copies of qkv and dout that
+ * kernels 2 and 3 read. Output: dqkv [B T][R] fp32 in qkv's layout, every element of rows
  * t < T written (=) by exactly one block, as the ops' attention_bwd writes
  * it. fp32 because what it feeds (the QKV projection's backward, the
  * optimizer) takes fp32 gradients today; bf16 comes with the bf16 data path.
  *
  * Three launches, in order (HS = 64 or 128, att_mma_supported; all
  * ATTM_THREADS threads):
- *   1. k_att_bwd_dot<HS>: D[(b NH + h) T + t] = dout . out over the head's
- *      HS (fp32), the rowsum(dP o P) of softmax's backward; grid
- *      att_mma_dot_blocks(B T NH), a warp per (token, head).
+ *   1. k_att_bwd_dot<HS>: D[(b NH + h) T + t] = bf16(dout) . out over the
+ *      head's HS (fp32), the rowsum(dP o P) of softmax's backward, and on
+ *      the way the bf16 copies dout16 and qkv16 that kernels 2 and 3 read;
+ *      grid att_mma_dot_blocks(B T (NH + 2 NKV)), a warp per (token, head)
+ *      row of qkv, about 8 rows a warp.
  *   2. k_att_bwd_dkv_mma<HS>: dK and dV; grid (att_mma_tiles(T), NKV, B),
  *      static shared memory 2 x 64 x HS + 2 x 2048 bf16 and 16 attmb_bq(HS)
  *      bytes (24.5 KiB at HS 64, 40.25 KiB at 128).
@@ -67,9 +70,9 @@
  * bf16 as the A operands of dV += P^T dO, dK += dS^T Q and dQ += dS K
  * (relative error 2^-9 each): gradients differ from an fp32 backward of
  * the same bf16 inputs by about 2^-9 of the sums of magnitudes behind them
- * (test_att_mma_bwd_emu states its bound). D is formed from the bf16 out,
- * which against the forward's fp32 out adds 2^-9 relative per term: FA2's
- * choice too, as out is stored in bf16. mma's summation order on the
+ * (test_att_mma_bwd_emu states its bound). D is formed from the fp32 out
+ * the ops table keeps (FA2 stores out in bf16 and forms D from that) and
+ * the bf16 dout that dP uses. mma's summation order on the
  * device is unspecified: fp32 bounds apply there, and bit-identity holds
  * between runs on one device. */
 #ifndef DTRAIN_CUDA_KERNELS_ATTENTION_MMA_BWD_CUH
@@ -81,32 +84,60 @@
  * 128), so that a Q or dO step tile is 4 KiB. */
 static __host__ __device__ constexpr int attmb_bq(int HS) { return 2048 / HS; }
 
-/* Blocks of k_att_bwd_dot for rows = B T NH (token, head) rows. */
+/* Blocks of k_att_bwd_dot for rows = B T (NH + 2 NKV) (token, head of
+ * qkv) rows: a warp takes about 8 rows (grid-stride), a few thousand
+ * blocks for a GPT-2 step, and an eighth of the blocks the emulation
+ * starts threads for. */
 static inline unsigned att_mma_dot_blocks(size_t rows)
 {
-    return (unsigned)((rows + ATTM_THREADS / 32 - 1) / (ATTM_THREADS / 32));
+    const size_t per = 8 * (ATTM_THREADS / 32), b = (rows + per - 1) / per;
+    return b > 65535 ? 65535u : b ? (unsigned)b : 1u;
 }
 
-/* D[(b NH + h) T + t] = sum over d of dout[n, h HS + d] out[n, h HS + d],
- * n = b T + t: a warp per row, lanes strided over d, then a butterfly
- * (fixed order: lane 0's sum, the one stored, is the same every run). */
+/* One pass over the fp32 tensors the ops table gives, a warp per (token n,
+ * head c) row of qkv (rows grid-strided over the warps, lanes strided over
+ * the head's HS values):
+ *   qkv16 = bf16(qkv), every head (q, k and v): the copy kernels 2 and 3
+ *     read, made here rather than by a pass of its own;
+ *   for a query head c < NH also dout16 = bf16(dout) and
+ *     D[(b NH + c) T + t] = sum over d of bf16(dout[n, c HS + d]) out[n, c HS + d],
+ *     n = b T + t, the rowsum(dP o P) of softmax's backward, summed by a
+ *     butterfly (fixed order: lane 0's sum, the one stored, is the same
+ *     every run).
+ * D takes the same rounded dout as dP = dO V^T in kernels 2 and 3, so that
+ * D = rowsum(dP o P) holds for the values the kernels use; out stays fp32
+ * (the forward's, not rounded). */
 template <int HS>
 __global__ void __launch_bounds__(ATTM_THREADS)
-    k_att_bwd_dot(float *D, const uint16_t *out, const uint16_t *dout, int B, int T, int NH)
+    k_att_bwd_dot(float *D, uint16_t *dout16, uint16_t *qkv16, const float *out, const float *dout, const float *qkv,
+                  int B, int T, int NH, int NKV)
 {
-    const unsigned lane = threadIdx.x % 32;
-    const size_t row = (size_t)blockIdx.x * (ATTM_THREADS / 32) + threadIdx.x / 32; /* n NH + h */
-    if (row >= (size_t)B * T * NH) /* the whole warp: row is warp-uniform */
-        return;
-    const uint16_t *o = out + row * HS, *g = dout + row * HS;
-    float acc = 0.0f;
-    for (unsigned e = lane; e < HS; e += 32)
-        acc += dt_bf16_to_f32(g[e]) * dt_bf16_to_f32(o[e]);
-    for (int off = 16; off > 0; off /= 2)
-        acc += __shfl_xor_sync(0xffffffffu, acc, off);
-    if (lane == 0) {
-        const size_t n = row / (size_t)NH, h = row % (size_t)NH, b = n / (size_t)T, t = n % (size_t)T;
-        D[(b * (size_t)NH + h) * (size_t)T + t] = acc;
+    const unsigned lane = threadIdx.x % 32, warps = ATTM_THREADS / 32;
+    const size_t H = (size_t)NH + 2 * (size_t)NKV, rows = (size_t)B * T * H;
+    /* row (n H + c) is warp-uniform: the whole warp loops and shuffles together */
+    for (size_t row = (size_t)blockIdx.x * warps + threadIdx.x / 32; row < rows; row += (size_t)gridDim.x * warps) {
+        const float *x = qkv + row * HS; /* qkv's rows are H heads of HS */
+        uint16_t *x16 = qkv16 + row * HS;
+        for (unsigned e = lane; e < HS; e += 32)
+            x16[e] = dt_f32_to_bf16(x[e]);
+        const size_t n = row / H, c = row % H;
+        if (c >= (size_t)NH)
+            continue;
+        const size_t orow = n * (size_t)NH + c; /* out and dout: NH heads a token */
+        const float *o = out + orow * HS, *g = dout + orow * HS;
+        uint16_t *g16 = dout16 + orow * HS;
+        float acc = 0.0f;
+        for (unsigned e = lane; e < HS; e += 32) {
+            const uint16_t gb = dt_f32_to_bf16(g[e]);
+            g16[e] = gb;
+            acc += dt_bf16_to_f32(gb) * o[e];
+        }
+        for (int off = 16; off > 0; off /= 2)
+            acc += __shfl_xor_sync(0xffffffffu, acc, off);
+        if (lane == 0) {
+            const size_t b = n / (size_t)T, t = n % (size_t)T;
+            D[(b * (size_t)NH + c) * (size_t)T + t] = acc;
+        }
     }
 }
 

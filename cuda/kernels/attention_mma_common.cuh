@@ -51,6 +51,27 @@ static __device__ inline uint32_t attm_pack(float lo, float hi)
     return (uint32_t)dt_f32_to_bf16(lo) | (uint32_t)dt_f32_to_bf16(hi) << 16;
 }
 
+/* qkv16[i] = bf16(qkv[i]) for i < n (round to nearest even, base/bf16.h's
+ * bits), a grid-stride loop over att_mma_pack_blocks(n) blocks of
+ * ATTM_THREADS threads (about 128 elements a thread, coalesced: a warp
+ * takes 32 consecutive elements at a time; some 2300 blocks for GPT-2
+ * 124M's qkv at 16 x 1024 tokens): the ops table hands
+ * attention fp32 qkv, and the tensor-core kernels read bf16, so
+ * cuda/ops_cuda_attention.cuh runs this separate pass in front of the
+ * forward (it says what that costs; the backward's copy rides in
+ * k_att_bwd_dot). */
+__global__ void __launch_bounds__(ATTM_THREADS) k_att_pack_qkv(uint16_t *qkv16, const float *qkv, size_t n)
+{
+    for (size_t i = (size_t)blockIdx.x * ATTM_THREADS + threadIdx.x; i < n; i += (size_t)gridDim.x * ATTM_THREADS)
+        qkv16[i] = dt_f32_to_bf16(qkv[i]);
+}
+
+static inline unsigned att_mma_pack_blocks(size_t n)
+{
+    const size_t b = (n + 128 * ATTM_THREADS - 1) / (128 * ATTM_THREADS);
+    return b > 65535 ? 65535u : b ? (unsigned)b : 1u;
+}
+
 static __device__ inline float attm_quad_max(float v)
 {
     v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));

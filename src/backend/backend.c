@@ -61,12 +61,13 @@ static void comm_order_after_ops(const backend_t *b, const grid_t *g)
 
 #ifdef HAVE_CUDA
 /* Takes the GPU of this local rank and sets up the CUDA ops table. */
-static int open_cuda(backend_t *b, int local_rank, char *err, size_t errlen)
+static int open_cuda(backend_t *b, backend_dtype_t dtype, int local_rank, char *err, size_t errlen)
 {
     int dev = cuda_select_device(local_rank, err, errlen);
     if (dev < 0)
         return -1;
-    const ops_t *ops = ops_cuda_create(dev, err, errlen);
+    b->bf16 = dtype != BACKEND_DTYPE_FP32; /* auto: bf16 on CUDA */
+    const ops_t *ops = ops_cuda_create(dev, b->bf16, err, errlen);
     if (!ops)
         return -1;
     char name[200];
@@ -90,26 +91,35 @@ const char *const backend_comm_names[] = {
 const char *const backend_dtype_names[] = {
     [BACKEND_DTYPE_AUTO] = "auto", [BACKEND_DTYPE_FP32] = "fp32", [BACKEND_DTYPE_BF16] = "bf16", NULL};
 
-int backend_bf16(const backend_t *b, backend_dtype_t dtype)
+int backend_bf16(const backend_t *b) { return b->bf16; }
+
+int backend_attention_desc(const backend_t *b, int head_size, char *buf, size_t len)
 {
-    return dtype == BACKEND_DTYPE_BF16 || (dtype == BACKEND_DTYPE_AUTO && b->cuda);
+#ifdef HAVE_CUDA
+    if (b->cuda)
+        return ops_cuda_attention_path(b->ops, head_size, buf, len);
+#endif
+    snprintf(buf, len, "fp32 on the CPU (head size %d%s)", head_size,
+             b->bf16 ? "; --dtype bf16 rounds only the matmuls' operands there" : "");
+    return 0;
 }
 
-int backend_open(backend_t *b, backend_device_t device, int local_rank, char *err, size_t errlen)
+int backend_open(backend_t *b, backend_device_t device, backend_dtype_t dtype, int local_rank, char *err, size_t errlen)
 {
     memset(b, 0, sizeof *b);
     b->device = -1;
+    b->bf16 = dtype == BACKEND_DTYPE_BF16; /* the CPU's auto is fp32; open_cuda sets CUDA's */
     if (device == BACKEND_CPU) {
         return use_cpu(b, "", err, errlen);
     }
 #ifdef HAVE_CUDA
     if (device == BACKEND_CUDA)
-        return open_cuda(b, local_rank, err, errlen);
+        return open_cuda(b, dtype, local_rank, err, errlen);
     /* auto */
     char why[256] = "";
     int n = cuda_device_count(why, sizeof why);
     if (n > 0)
-        return open_cuda(b, local_rank, err, errlen);
+        return open_cuda(b, dtype, local_rank, err, errlen);
     char line[300];
     snprintf(line, sizeof line, "(--device auto: no GPU usable: %s)", n == 0 ? "0 devices visible" : why);
     return use_cpu(b, line, err, errlen);
@@ -271,18 +281,25 @@ void backend_close(backend_t *b)
 int backend_selftest(int local_rank, FILE *out, char *err, size_t errlen)
 {
 #ifdef HAVE_CUDA
-    backend_t b;
-    if (backend_open(&b, BACKEND_CUDA, local_rank, err, errlen) != 0)
+    /* fp32 (every op's fp32 path) and bf16 (the tensor-core attention) */
+    backend_t b, b16;
+    if (backend_open(&b, BACKEND_CUDA, BACKEND_DTYPE_FP32, local_rank, err, errlen) != 0)
         return -1;
+    if (backend_open(&b16, BACKEND_CUDA, BACKEND_DTYPE_BF16, local_rank, err, errlen) != 0) {
+        backend_close(&b);
+        return -1;
+    }
     const ops_t *cpu = ops_cpu_create();
     if (!cpu) {
+        backend_close(&b16);
         backend_close(&b);
         snprintf(err, errlen, "--selftest: out of memory for the CPU backend");
         return -1;
     }
     fprintf(out, "selftest on %s\n", b.desc);
-    int rc = cuda_selftest(b.ops, cpu, out, err, errlen);
+    int rc = cuda_selftest(b.ops, b16.ops, cpu, out, err, errlen);
     ops_release(cpu);
+    backend_close(&b16);
     backend_close(&b);
     return rc;
 #else

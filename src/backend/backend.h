@@ -31,6 +31,7 @@ typedef struct backend {
     int device;     /* CUDA device id, -1 on the CPU */
     int shared_gpu; /* CUDA: another rank of this node uses the same GPU (NCCL cannot; set by backend_comm_open) */
     int no_concurrent_managed; /* CUDA: the host may not touch managed memory while kernels run */
+    int bf16;                  /* --dtype resolved: bf16 GEMMs (and on CUDA tensor-core attention) */
     char desc[448];            /* one line for the banner */
     void *nccl;                /* the NCCL communicators (nccl_grid_t *) under --comm nccl, else NULL */
     char comm_desc[200];       /* one line for the banner: which library each group uses */
@@ -41,13 +42,21 @@ int backend_have_cuda(void);
 
 /* Resolves `device` for the rank with this local
  * rank. auto = cuda when built with it and cudaGetDeviceCount finds a GPU,
- * else cpu. On the CPU, DTRAIN_DEFER_OPS=1 in the environment wraps the
+ * else cpu. dtype is resolved with it, once (backend_bf16), and the CUDA
+ * table takes it: under bf16 its attention runs on the tensor cores where
+ * the head size allows (backend_attention_desc). On the CPU, DTRAIN_DEFER_OPS=1 in the environment wraps the
  * table in ops_defer_create (src/backend/ops_cpu.h): a test of the trainer's waits. Returns 0, or -1 with one line in err (--device cuda without a
  * CUDA build, or without a usable GPU: the CUDA error string). Local. */
-int backend_open(backend_t *b, backend_device_t device, int local_rank, char *err, size_t errlen);
+int backend_open(backend_t *b, backend_device_t device, backend_dtype_t dtype, int local_rank, char *err,
+                 size_t errlen);
 
-/* 1 when --dtype asks for bf16 GEMMs on this opened backend. */
-int backend_bf16(const backend_t *b, backend_dtype_t dtype);
+/* 1 when --dtype (as given to backend_open) asks for bf16 GEMMs on this
+ * opened backend. */
+int backend_bf16(const backend_t *b);
+/* One line for the banner: which attention kernels run at head size
+ * head_size on this backend, and why. Returns 1 when that path rounds
+ * q, k, v and dout to bf16 (CUDA's tensor cores), else 0. */
+int backend_attention_desc(const backend_t *b, int head_size, char *buf, size_t len);
 /* Releases the backend's resources, the communicators of
  * backend_comm_open included (safe on a zeroed or failed one). */
 void backend_close(backend_t *b);

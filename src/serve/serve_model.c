@@ -197,8 +197,7 @@ static int load_params(serve_model_t *sm, const serve_opts_t *o, src_kind_t kind
     }
     double t = now_s() - t0;
     char cerr[COMM_ERR_MAX];
-    if (rc == 0 &&
-        sm->grid.world->ops->allreduce(sm->grid.world, &t, 1, COMM_FP64, COMM_MAX, cerr, sizeof cerr) != 0) {
+    if (rc == 0 && sm->grid.world->ops->allreduce(sm->grid.world, &t, 1, COMM_FP64, COMM_MAX, cerr, sizeof cerr) != 0) {
         snprintf(err, errlen, "the all-reduce of the load time failed: %s", cerr);
         rc = -1;
     }
@@ -255,12 +254,13 @@ int serve_model_open(serve_model_t *sm, const serve_opts_t *o, const launch_env_
     if (rc == 0)
         sm->threads = ops_cpu_threads(trainer_default_threads(o->threads, env));
     if (agree(env->world, rc, err, errlen) == 0 &&
-        agree(env->world, backend_open(&sm->backend, o->device, env->local_rank, err, errlen), err, errlen) == 0 &&
+        agree(env->world, backend_open(&sm->backend, o->device, o->dtype, env->local_rank, err, errlen), err, errlen) ==
+            0 &&
         agree(env->world, backend_comm_open(&sm->backend, BACKEND_COMM_AUTO, &sm->grid, &sm->net, 0, err, errlen), err,
               errlen) == 0) {
         sm->has_net = 1;
         model_layout_t lay = stage_layout(sm);
-        lay.bf16 = backend_bf16(&sm->backend, o->dtype);
+        lay.bf16 = backend_bf16(&sm->backend);
         rc = 0;
         if (lay.bf16 && !sm->backend.ops->matmul_fwd_bf16) {
             snprintf(err, errlen, "--dtype bf16: the %s backend has no bf16 GEMM; use --dtype fp32",

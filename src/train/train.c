@@ -136,6 +136,9 @@ void trainer_banner(const trainer_t *tr, FILE *out)
                      "activations); fp32 master weights, gradients, AdamW state and other activations\n");
     else
         fprintf(out, "precision: fp32\n");
+    char att[320];
+    backend_attention_desc(&tr->backend, model_head_size(&tr->cfg), att, sizeof att);
+    fprintf(out, "attention: %s\n", att);
     fprintf(out, "configuration:\n");
     options_print(o, out);
     fflush(out);

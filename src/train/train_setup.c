@@ -460,7 +460,8 @@ static int setup_backend(trainer_t *tr, const dpsync_ops_t *kind, char *err, siz
 {
     const run_config_t *run = tr->run;
     grid_t *grid = tr->grid;
-    CHECK(agree(tr->world, backend_open(&tr->backend, run->device, tr->env->local_rank, err, errlen), err, errlen));
+    CHECK(agree(tr->world, backend_open(&tr->backend, run->device, run->dtype, tr->env->local_rank, err, errlen), err,
+                errlen));
     if (run->hybrid_shard && kind->shards)
         CHECK(grid_create_shard_group(grid, run->hybrid_shard, err, errlen));
     if (run->cp > 1)
@@ -549,7 +550,7 @@ static int setup_model(trainer_t *tr, model_layout_t lay, const dpsync_ops_t *ki
     lay.cp = grid->cp;
     lay.cp_size = grid->cp_size;
     lay.cp_rank = grid->cp_rank;
-    lay.bf16 = backend_bf16(&tr->backend, run->dtype);
+    lay.bf16 = backend_bf16(&tr->backend);
     if (lay.bf16 && (!tr->backend.ops->matmul_fwd_bf16 || !tr->backend.ops->matmul_bwd_bf16)) {
         snprintf(err, errlen, "--dtype bf16: the %s backend has no bf16 GEMM; use --dtype fp32", tr->backend.ops->name);
         return -1;

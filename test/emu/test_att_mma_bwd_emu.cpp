@@ -3,8 +3,10 @@
  * deterministic thread-block emulation of emu_cuda.h, against
  * src/backend/ops_cpu.c's attention_bwd. qkv random in [-2, 2] and dout in
  * [-1, 1], rounded to bf16, with out and lse from the tensor-core forward
- * (k_att_fwd_mma; out rounded to bf16): the kernels get the bf16 bits, the
- * CPU the same values as fp32 (so both form D from the same out).
+ * (k_att_fwd_mma; out rounded to bf16): k_att_bwd_dot and the CPU get the
+ * values as fp32 (so both form D from the same out), and k_att_bwd_dot
+ * writes the bf16 bits of qkv and dout that kernels 2 and 3 read (the
+ * dispatch, test_att_path_emu.cpp, gives values that are not bf16).
  *
  * Bound: every element of dQ, dK and dV within 2^-7 of the largest |element|
  * of that gradient (per shape and tensor), plus for dQ and dK an absolute
@@ -76,6 +78,8 @@ struct problem {
     std::vector<int32_t> posv;
     const int32_t *pos;
     std::vector<uint16_t> qkv_bf, dout_bf, out_bf; /* out_bf: the tensor-core forward's */
+    std::vector<float> out_f, dout_f, qkv_f;       /* out_bf, dout_bf, qkv_bf widened: what kernel 1 reads */
+    std::vector<uint16_t> dout16, qkv16;           /* kernel 1's bf16 copies, which kernels 2 and 3 read */
     std::vector<float> lse, ref;                   /* lse: the tensor-core forward's; ref: the CPU's dqkv */
     std::vector<float> D;                          /* the backward's D, kept for the mutation runs */
     double floor_qk;                               /* the bound's absolute part for dQ and dK */
@@ -121,6 +125,11 @@ static void setup(problem &p, int B, int T, int NH, int NKV, int HS, const std::
     p.out_bf.resize(out.size());
     for (size_t i = 0; i < out.size(); i++)
         out[i] = dt_bf16_to_f32(p.out_bf[i] = dt_f32_to_bf16(out[i]));
+    p.out_f = out;
+    p.dout_f = dout;
+    p.dout16 = p.dout_bf; /* kernel 1 writes them again, the same bits */
+    p.qkv16 = p.qkv_bf;
+    p.qkv_f = qkv;
 
     p.ref.assign(N * R, NAN);
     cpu->attention_bwd(cpu->ctx, p.ref.data(), dout.data(), qkv.data(), out.data(), p.lse.data(), p.pos, B, T, NH, NKV,
@@ -138,7 +147,9 @@ template <int HS> static void backward(problem &p, std::vector<float> &dqkv, int
 {
     const int B = p.B, T = p.T, NH = p.NH, NKV = p.NKV;
     float *pd = p.D.data(), *pg = dqkv.data();
-    const uint16_t *pq = p.qkv_bf.data(), *po = p.out_bf.data(), *pdo = p.dout_bf.data();
+    const uint16_t *pq = p.qkv16.data(), *pdo = p.dout16.data();
+    uint16_t *pdw = p.dout16.data(), *pqw = p.qkv16.data();
+    const float *pof = p.out_f.data(), *pdof = p.dout_f.data(), *pqf = p.qkv_f.data();
     const float *pl = p.lse.data();
     const int32_t *pos = p.pos;
     const float scale = 1.0f / sqrtf((float)HS);
@@ -150,8 +161,8 @@ template <int HS> static void backward(problem &p, std::vector<float> &dqkv, int
     };
     if (run & L_DOT) {
         hooks(L_DOT);
-        emu_launch(dim3(att_mma_dot_blocks((size_t)B * T * NH)), ATTM_THREADS,
-                   [=] { k_att_bwd_dot<HS>(pd, po, pdo, B, T, NH); });
+        emu_launch(dim3(att_mma_dot_blocks((size_t)B * T * (NH + 2 * NKV))), ATTM_THREADS,
+                   [=] { k_att_bwd_dot<HS>(pd, pdw, pqw, pof, pdof, pqf, B, T, NH, NKV); });
     }
     if (run & L_DKV) {
         hooks(L_DKV);
