@@ -215,6 +215,21 @@ layout_twice() {
     fi
 }
 
+# resumed NAME FULL RESUMED: the resumed run's 5 losses (steps 6-10, from
+# --metrics) within 1e-5 relative of the uninterrupted run's
+resumed() {
+    losses "$2" | awk '{ print $1, $2 }' | tail -n 5 >"$TMP/ck.l"
+    losses "$3" | awk '{ print $1, $2 }' >"$TMP/re.l"
+    set -- "$1" $(paste "$TMP/ck.l" "$TMP/re.l" |
+        awk '{ d = $2 - $4; if (d < 0) d = -d; d /= $2; if (d > w) w = d; n++ } END { printf "%.2e %d", w, n }')
+    if [ "$3" -eq 5 ] && [ "$(cut -d' ' -f1 "$TMP/re.l" | tr '\n' ' ')" = "6 7 8 9 10 " ] &&
+        awk -v w="$2" 'BEGIN { exit !(w < 1e-5) }'; then
+        pass "$1: 5 losses within $2 of the uninterrupted run"
+    else
+        fail "$1: worst $2 over $3 losses"
+    fi
+}
+
 # ---- --init-from (test_init_from.sh, test_hf_models.sh) ----
 # init_val0 SOURCE TOKENS NP ARGS...: dtrain's validation loss at step 0
 # after --init-from SOURCE (the 4 microbatches of 2 x 16 tokens that
