@@ -11,14 +11,19 @@
  *   training: two microbatches, the second accumulated (the head's weight
  *     gradient written by the first forward, added by the second): each
  *     microbatch's per-token losses bit-identical to whole's (each row's
- *     logits come from the same GEMM row, its softmax from the same
- *     reductions), and every gradient tensor within TOL relative (2-norm,
- *     worst tensor; the head's weight gradient sums the rows chunk by
- *     chunk), bit-identical with one chunk (the same GEMMs);
- *   evaluation (dloss 0) of a third batch: losses bit-identical, and the
+ *     softmax from the same reductions) where the chunk is one GEMM of all rows, else within
+ *     1e-6 (the CPU's sgemm sums a row's logits in an order that depends on
+ *     the rows of the GEMM, seen at 7 and 33 rows); every gradient tensor
+ *     within 2e-6 relative (2-norm, worst tensor; the head's weight
+ *     gradient sums the rows chunk by chunk), 1e-2 under bf16 (the blocks'
+ *     bf16 roundings amplify those last bits), the head's weight gradient
+ *     itself within 2e-6 under bf16 too (tiny-llama's own head), and all of
+ *     them bit-identical with one chunk (the same GEMMs);
+ *   evaluation (dloss 0) of a third batch: losses as above, and the
  *     logits of a forward without targets (model_logits_row: the chunk
- *     holding the row, computed from the final norm's output) bit-identical
- *     to whole's at rows 0, 33, 98 and 99;
+ *     holding the row, computed from the final norm's output) equal to
+ *     whole's at rows 0, 33, 98 and 99 (bit-identical or within 1e-6, as
+ *     the losses);
  *   memory: the activation arena smaller by exactly r(N*Vl), the whole
  *     logits, and the workspace larger only by r(rows*Vl) where the
  *     chunk does not fit the backward's scratch (model.c's layout_acts).
@@ -38,6 +43,11 @@
 #include "src/model/model_config.h"
 
 #define TOL 2e-6
+/* bf16: the head's fp32 sums in another order flip some bf16 roundings of
+ * the blocks' backward GEMM operands (2^-8 each), which the four blocks
+ * carry down to the embeddings (tiny's worst, h.0.ln1.w, is 3e-3) */
+#define TOL_BF16 1e-2
+#define LOSS_TOL 1e-6
 enum { B = 2, T = 50, N = B * T, V = 1000 };
 
 static int n_fail;
@@ -112,16 +122,22 @@ static int run(const ops_t *ops, const model_config_t *c, int bf16, int chunk, r
     return bad ? -1 : 0;
 }
 
-/* The worst tensor's ||a - b|| / ||a|| over the parameter table. */
-static double worst_tensor(const model_config_t *c, const float *a, const float *b, const char **name)
+/* The worst tensor's ||a - b|| / ||a|| over the parameter table (only
+ * the tensor `only` when not NULL), its name into name[64]. */
+static double worst_tensor(const model_config_t *c, const float *a, const float *b, const char *only, char *name)
 {
     param_table_t t;
     char err[256];
     double worst = 0.0;
-    *name = "-";
+    snprintf(name, 64, "-");
     if (param_table_build(&t, c, NULL, err, sizeof err) != 0)
         return INFINITY;
     for (int i = 0; i < t.n; i++) {
+        /* GPT-2's key biases: softmax is blind to them, so their gradient
+         * is rounding noise (compare_params.py leaves them out too) */
+        const size_t len = strlen(t.p[i].name);
+        if ((len > 8 && strcmp(t.p[i].name + len - 8, ".attn.bk") == 0) || (only && strcmp(t.p[i].name, only) != 0))
+            continue;
         double d = 0.0, n = 0.0;
         for (size_t j = t.p[i].offset; j < t.p[i].offset + t.p[i].numel; j++) {
             d += ((double)a[j] - b[j]) * ((double)a[j] - b[j]);
@@ -130,10 +146,21 @@ static double worst_tensor(const model_config_t *c, const float *a, const float 
         const double rel = n > 0 ? sqrt(d / n) : sqrt(d);
         if (rel > worst) {
             worst = rel;
-            *name = t.p[i].name;
+            snprintf(name, 64, "%s", t.p[i].name);
         }
     }
     param_table_free(&t);
+    return worst;
+}
+
+/* max over i of |a - b| / max(|a|, 1). */
+static double max_rel(const float *a, const float *b, size_t n)
+{
+    double worst = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        const double d = fabs((double)a[i] - b[i]) / fmax(fabs((double)a[i]), 1.0);
+        worst = d > worst ? d : worst;
+    }
     return worst;
 }
 
@@ -148,10 +175,16 @@ static void compare(const model_config_t *c, const char *label, int bf16, int ch
     else
         snprintf(what, sizeof what, "%s %s chunk %d", label, bf16 ? "bf16" : "fp32", chunk);
     const int one = f->xrows >= N;
-    check(memcmp(w->loss, f->loss, sizeof w->loss) == 0,
-          "%s: per-token losses of two training microbatches and an evaluation bit-identical to whole", what);
-    const char *name;
-    const double rel = worst_tensor(c, w->grads, f->grads, &name);
+    if (one) {
+        check(memcmp(w->loss, f->loss, sizeof w->loss) == 0,
+              "%s: per-token losses of two training microbatches and an evaluation bit-identical to whole", what);
+    } else {
+        const double d = max_rel(&w->loss[0][0], &f->loss[0][0], 3 * N);
+        check(d < LOSS_TOL, "%s: per-token losses of two training microbatches and an evaluation within %g of whole (%.3g)",
+              what, LOSS_TOL, d);
+    }
+    char name[64];
+    const double rel = worst_tensor(c, w->grads, f->grads, NULL, name);
     size_t numel = 0;
     param_table_t t;
     char err[256];
@@ -159,14 +192,25 @@ static void compare(const model_config_t *c, const char *label, int bf16, int ch
         numel = t.numel;
         param_table_free(&t);
     }
+    const double tol = bf16 ? TOL_BF16 : TOL;
     if (one)
         check(memcmp(w->grads, f->grads, numel * sizeof(float)) == 0,
               "%s: gradients after 2 accumulated microbatches bit-identical to whole (one chunk)", what);
     else
-        check(rel < TOL, "%s: gradients after 2 accumulated microbatches within %g of whole (worst %.3g, %s)", what,
-              TOL, rel, name);
-    check(memcmp(w->logits, f->logits, sizeof w->logits) == 0,
-          "%s: logits rows 0, 33, 98, 99 of a forward without targets bit-identical to whole", what);
+        check(rel < tol, "%s: gradients after 2 accumulated microbatches within %g of whole (worst %.3g, %s)", what,
+              tol, rel, name);
+    if (!one && c->arch == ARCH_LLAMA) { /* the classifier's own gradient, before the blocks' bf16 roundings */
+        const double h = worst_tensor(c, w->grads, f->grads, "lm_head.w", name);
+        check(h < TOL, "%s: the head's weight gradient within %g of whole (%.3g)", what, TOL, h);
+    }
+    if (one)
+        check(memcmp(w->logits, f->logits, sizeof w->logits) == 0,
+              "%s: logits rows 0, 33, 98, 99 of a forward without targets bit-identical to whole", what);
+    else {
+        const double d = max_rel(&w->logits[0][0], &f->logits[0][0], 4 * V);
+        check(d < LOSS_TOL, "%s: logits rows 0, 33, 98, 99 of a forward without targets within %g of whole (%.3g)",
+              what, LOSS_TOL, d);
+    }
     const size_t Vl = 1024, logits = r64((size_t)N * Vl);
     check(w->act_bytes - f->act_bytes == logits, "%s: activations %zu bytes, whole's %zu less the logits' %zu", what,
           f->act_bytes, w->act_bytes, logits);

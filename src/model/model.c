@@ -1480,11 +1480,16 @@ static status_t head_bwd(model_t *m, model_slot_t *sl, int accum, int last, char
     if (m->xrows) { /* the fused classifier left dx in lnf and wrote the head's weight gradient */
         dln = sl->lnf;
         m->head_pending--;
-        if (accum != sl->head_accum || (last && m->head_pending > 0))
+        if (accum != sl->head_accum)
             return status_set(STATUS_FAIL, err, errlen,
                               "internal error: the fused classifier %s the head's gradient in a forward whose "
-                              "backward %s (%d later forwards pending)",
-                              sl->head_accum ? "added to" : "wrote", accum ? "adds" : "writes", m->head_pending);
+                              "backward %s",
+                              sl->head_accum ? "added to" : "wrote", accum ? "adds" : "writes");
+        if (last && m->head_pending > 0)
+            return status_set(STATUS_FAIL, err, errlen,
+                              "internal error: the step's last backward while %d later fused forwards' head "
+                              "gradients are pending",
+                              m->head_pending);
         if (last)
             m->head_open = 0;
     } else {
