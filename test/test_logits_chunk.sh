@@ -12,7 +12,9 @@
 # the first backward), pp2 interleaved, pp2 zb-h1 (B right after F), dp2
 # ZeRO-2 (the head's gradient reduce-scattered after every microbatch),
 # full recomputation and --dtype bf16: every loss within 1e-6 relative,
-# gradient norms within 1e-5 and final parameters within 1e-5. Where
+# gradient norms within 1e-5 and final parameters within 1e-5 (bf16: 2e-4,
+# 4e-3 and 1e-2, since the head's fp32 sums in another order flip bf16
+# roundings of the blocks' backward operands; seen 3e-5, 4e-4 and 1e-3). Where
 # test/act_bytes.py has the layout (1F1B), both runs' activation and
 # workspace bytes (--metrics' mem_peak, the maximum over ranks) equal the
 # formula, and at one stage the fused run's activations are below whole's
@@ -42,7 +44,11 @@ for layout in "1 1 0 1 none fp32" "2 2 0 1 none fp32 --tp 2" "2 2 1 1 none fp32 
     tag=$(echo "$np $*" | tr -c 'a-z0-9\n' '_')
     layout_run "$TMP/whole.$tag.json" "$np" "$@" --logits-chunk whole || continue
     layout_run "$TMP/fused.$tag.json" "$np" "$@" --logits-chunk 24 || continue
-    layout_compare "$TMP/whole.$tag.json" "$TMP/fused.$tag.json" "$label --logits-chunk 24 vs whole" 1e-6 1e-5 1e-5
+    if [ "$dtype" = bf16 ]; then # the head's last bits flip bf16 roundings in the blocks' backward
+        layout_compare "$TMP/whole.$tag.json" "$TMP/fused.$tag.json" "$label --logits-chunk 24 vs whole" 2e-4 4e-3 1e-2
+    else
+        layout_compare "$TMP/whole.$tag.json" "$TMP/fused.$tag.json" "$label --logits-chunk 24 vs whole" 1e-6 1e-5 1e-5
+    fi
     [ "$tp" = 0 ] && continue
     whole="$(mem "$TMP/whole.$tag.json" activations) $(mem "$TMP/whole.$tag.json" workspace)"
     fused="$(mem "$TMP/fused.$tag.json" activations) $(mem "$TMP/fused.$tag.json" workspace)"
