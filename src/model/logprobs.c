@@ -121,6 +121,9 @@ status_t model_token_logprobs(model_t *m, int slot, int n, const int32_t *target
     if (!m->lay.part.has_head || sl->has_dlogits || k < 0 || k > MODEL_TOP_MAX || n > sl->b * sl->t)
         return status_set(STATUS_FAIL, err, errlen, "internal error: model_token_logprobs on a stage without the "
                                                     "head, after a training forward, or beyond the forward");
+    if (k > 0 && !sl->logits)
+        return status_set(STATUS_FAIL, err, errlen, "internal error: the top tokens need a layout that keeps the whole "
+                                                    "logits (logits_chunk whole)");
     float *stats = malloc((size_t)n * 3 * sizeof *stats);
     double *lse = malloc((size_t)n * sizeof *lse);
     if (!stats || !lse) {

@@ -328,15 +328,20 @@ static void carve_block(const model_t *m, char *base, size_t *cursor, block_acts
  *   block = core + act  (--recompute none)
  *           core        (selective)
  *           0           (full)
- *   head  = r(N*C) + 2 r(NR) + r(N*Vl) + 2 r(N) + r(2N)  (last stage only)
+ *   head  = r(N*C) + 2 r(NR) + r(N*Vl) + 2 r(N) + r(2N)  (last stage only;
+ *           without the r(N*Vl) logits under the fused classifier)
  *   slot  = r((Ls+1)*NR*C) + Ls*block + head + 2 r(N)  (+ r(N) with doc_mask)
  *   activations = n_slots * slot
  *   workspace   = 3 r(NR*C) + 3 r(N*C) + 2 r(N*big) + r(HS/2) (Llama: RoPE's table)
  *                 + 0 (none, selective) | core (full)
+ *                 + r(X*Vl) where X*Vl > 2 r(N*big)/4 (fused classifier, last
+ *                   stage: X = model_logits_rows, the chunk's logits where
+ *                   they do not fit over dbig and dbig2)
  *                 + h(N*IC) + h(N*OC)                (--dtype bf16 only)
  *                 + h(WMAX)        (--dtype bf16 with lent block params only)
  * where h(n) = r(ceil(n/2)) holds n bf16 values, IC = max(C, QD, F), OC =
- * max(C, big, Vl on the last stage) and WMAX = max(QKV*C, FW*C): the bf16
+ * max(C, big, Vl on the last stage; under the fused classifier N*OC is
+ * max(N*max(C, big), X*Vl) on the last stage) and WMAX = max(QKV*C, FW*C): the bf16
  * copies of one GEMM's input and output gradient, and of a ZeRO-3 block's
  * weight (every other weight's bf16 copy is params16, counted as
  * parameters). A MoE model widens IC, OC to its experts' rows and WMAX to
@@ -421,6 +426,7 @@ static void layout_acts(model_t *m, char *acts, size_t *acts_bytes, char *work, 
      * (zb-h1 has no warm-up there) and B computes the head's weight
      * gradient too, so one set serves every slot; else one per slot. */
     const int head_shared = m->lay.part.has_head && m->lay.split_backward;
+    const int fused = m->lay.part.has_head && m->lay.logits_chunk != MODEL_LOGITS_WHOLE;
     const model_slot_t *head = NULL; /* the slot holding the shared set */
     for (int k = 0; k < m->lay.n_slots; k++) {
         model_slot_t *sl = m->slots ? &m->slots[k] : &scratch_slot;
@@ -439,7 +445,7 @@ static void layout_acts(model_t *m, char *acts, size_t *acts_bytes, char *work, 
             sl->lnf = carve(acts, &a, N * C);
             sl->lnf_mean = carve(acts, &a, NR);
             sl->lnf_rstd = carve(acts, &a, NR);
-            sl->logits = carve(acts, &a, N * Vl);
+            sl->logits = fused ? NULL : carve(acts, &a, N * Vl);
             sl->losses = carve(acts, &a, N);
             sl->xmax = carve(acts, &a, N);
             sl->xstats = carve(acts, &a, 2 * N);
@@ -470,6 +476,13 @@ static void layout_acts(model_t *m, char *acts, size_t *acts_bytes, char *work, 
     m->dlnr = carve(work, &w, NR * C);
     m->dbig = carve(work, &w, N * big);
     m->dbig2 = carve(work, &w, N * big);
+    /* the fused classifier's chunk of logits: over dbig and dbig2 (one
+     * run of 2 r(N*big) bytes) where it fits, else its own */
+    const size_t scratch = 2 * (((N * big * sizeof(float) + 63) & ~(size_t)63) / sizeof(float));
+    m->xrows = fused ? model_logits_rows(m->lay.logits_chunk, N, Vl, scratch) : 0;
+    m->xlogits = NULL;
+    if (fused)
+        m->xlogits = (size_t)m->xrows * Vl <= scratch ? m->dbig : carve(work, &w, (size_t)m->xrows * Vl);
     m->tmp = carve(work, &w, N * C);
     m->lnr = carve(work, &w, NR * C);
     m->inv_freq = m->cfg.arch == ARCH_LLAMA ? carve(work, &w, (size_t)model_head_size(&m->cfg) / 2) : NULL;
@@ -502,9 +515,11 @@ static void layout_acts(model_t *m, char *acts, size_t *acts_bytes, char *work, 
             oc = big;
         if (FW * C > wmax)
             wmax = FW * C;
-        if (m->lay.part.has_head && Vl > oc)
+        if (m->lay.part.has_head && !fused && Vl > oc)
             oc = Vl;
         size_t rows_a = N * ic, rows_d = N * oc; /* elements of a16 and d16 */
+        if (fused && (size_t)m->xrows * Vl > rows_d) /* a chunk's dlogits */
+            rows_d = (size_t)m->xrows * Vl;
         if (has_moe(m)) { /* the experts' R rows: xe [R,C] and ae [R,Fe] in, dhe [R,FWe] and dye [R,C] out */
             const size_t R = ep_size(m) * (size_t)moe_tokens(m, (int)N) * (size_t)m->cfg.moe.top_k;
             const size_t Fe = (size_t)moe_ffn_local(m);
@@ -524,6 +539,16 @@ static void layout_acts(model_t *m, char *acts, size_t *acts_bytes, char *work, 
     }
     *acts_bytes = a;
     *work_bytes = w;
+}
+
+int model_logits_rows(int logits_chunk, size_t N, size_t Vl, size_t scratch)
+{
+    size_t rows = logits_chunk > 0 ? (size_t)logits_chunk : scratch / (Vl ? Vl : 1);
+    if (logits_chunk == MODEL_LOGITS_AUTO && rows < MODEL_LOGITS_MIN_ROWS)
+        rows = MODEL_LOGITS_MIN_ROWS;
+    if (rows > N)
+        rows = N;
+    return rows > 0 ? (int)rows : 1;
 }
 
 static void *backend_alloc(const ops_t *ops, mem_category_t cat, size_t bytes)
@@ -1196,6 +1221,47 @@ static status_t embed_fwd(model_t *m, model_slot_t *sl, int b, int t, char *err,
     return tp_allreduce(m, sl->x, (size_t)N * C, COMM_SUM, err, errlen);
 }
 
+/* The head's logits of rows [r0, r0 + rows) of the slot into logits[rows,
+ * Vl] and their cross-entropy: the row statistics (reduced over TP) and
+ * losses at those rows of the slot's, and with dscale > 0 (the gradient
+ * of dscale * the sum of the losses) dlogits in the logits' place. The
+ * whole classifier is one such call over all N rows; the fused one, one
+ * per chunk. */
+static status_t xent_rows(model_t *m, model_slot_t *sl, float *logits, int r0, int rows, float dscale, char *err,
+                          size_t errlen)
+{
+    const ops_t *o = m->ops;
+    const int C = m->cfg.d_model, Vl = m->v_rows;
+    float *xmax = sl->xmax + r0, *xstats = sl->xstats + 2 * (size_t)r0, *dlogits = dscale > 0 ? logits : NULL;
+    const int32_t *tgt = sl->targets + r0;
+    model_mm_fwd(m, logits, sl->lnf + (size_t)r0 * C, NULL, m->p.head, NULL, rows, C, Vl);
+    o->xent_max(o->ctx, xmax, logits, rows, m->v_held, Vl);
+    CHECK(tp_allreduce(m, xmax, (size_t)rows, COMM_MAX, err, errlen));
+    o->xent_sumexp(o->ctx, xstats, dlogits, logits, xmax, tgt, m->v0, rows, m->v_held, Vl);
+    CHECK(tp_allreduce(m, xstats, 2 * (size_t)rows, COMM_SUM, err, errlen));
+    o->xent_finish(o->ctx, sl->losses + r0, dlogits, xmax, xstats, tgt, m->v0, rows, m->v_held, Vl, dscale);
+    return STATUS_OK;
+}
+
+/* The fused classifier's gradient of one chunk, rows [r0, r0 + rows),
+ * from its dlogits[rows, Vl] (m->xlogits): the head's weight gradient
+ * (=|+= by accum) dlogits^T . lnf rows, then dx = dlogits . head into the
+ * same rows of lnf, which the chunk no longer needs. Under bf16 the
+ * rows' bf16 copy the forward GEMM left in a16 is the input (so lnf is
+ * not read, and dx may overwrite it in the same call); in fp32 the
+ * weight gradient comes first, since the GEMMs may not overlap. */
+static void xent_chunk_bwd(model_t *m, model_slot_t *sl, int r0, int rows, int accum)
+{
+    const int C = m->cfg.d_model, Vl = m->v_rows;
+    float *x = sl->lnf + (size_t)r0 * C;
+    if (m->lay.bf16) {
+        model_mm_bwd(m, x, m->g.head, NULL, m->xlogits, NULL, m->a16, m->p.head, rows, C, Vl, 0, accum);
+        return;
+    }
+    model_mm_bwd(m, NULL, m->g.head, NULL, m->xlogits, x, NULL, m->p.head, rows, C, Vl, 0, accum);
+    model_mm_bwd(m, x, NULL, NULL, m->xlogits, NULL, NULL, m->p.head, rows, C, Vl, 0, 0);
+}
+
 /* Final norm, vocabulary-parallel head and cross-entropy (last stage):
  * *loss as model_forward's. */
 static status_t head_fwd(model_t *m, model_slot_t *sl, const int32_t *targets, int b, int t, float dloss, float *loss,
@@ -1206,7 +1272,8 @@ static status_t head_fwd(model_t *m, model_slot_t *sl, const int32_t *targets, i
     const float *xL = sl->x + (size_t)sl->n_blocks * NR * C;
     *loss = 0.0f;
     CHECK(norm_fwd_gather(m, sl->lnf, sl->lnf_mean, sl->lnf_rstd, xL, m->p.lnfw, m->p.lnfb, N, NR, err, errlen));
-    model_mm_fwd(m, sl->logits, sl->lnf, NULL, m->p.head, NULL, N, C, Vl);
+    if (!m->xrows)
+        model_mm_fwd(m, sl->logits, sl->lnf, NULL, m->p.head, NULL, N, C, Vl);
     if (!targets)
         return STATUS_OK;
     /* The loss is the mean over the targets that count (>= 0); the
@@ -1215,13 +1282,25 @@ static status_t head_fwd(model_t *m, model_slot_t *sl, const int32_t *targets, i
     for (int i = 0; i < N; i++)
         counted += targets[i] >= 0;
     o->from_host(o->ctx, sl->targets, targets, (size_t)N * sizeof(int32_t));
-    float *dlogits = dloss > 0 ? sl->logits : NULL;
-    o->xent_max(o->ctx, sl->xmax, sl->logits, N, m->v_held, Vl);
-    CHECK(tp_allreduce(m, sl->xmax, (size_t)N, COMM_MAX, err, errlen));
-    o->xent_sumexp(o->ctx, sl->xstats, dlogits, sl->logits, sl->xmax, sl->targets, m->v0, N, m->v_held, Vl);
-    CHECK(tp_allreduce(m, sl->xstats, 2 * (size_t)N, COMM_SUM, err, errlen));
-    o->xent_finish(o->ctx, sl->losses, dlogits, sl->xmax, sl->xstats, sl->targets, m->v0, N, m->v_held, Vl,
-                   counted ? dloss / (float)counted : 0.0f);
+    const float dscale = dloss > 0 ? (counted ? dloss / (float)counted : 0.0f) : 0.0f;
+    if (!m->xrows) {
+        CHECK(xent_rows(m, sl, sl->logits, 0, N, dscale, err, errlen));
+    } else {
+        /* one chunk of logits at a time; the head's weight gradient is
+         * written by the step's first training forward, added after */
+        const int accum = m->head_open;
+        for (int r0 = 0; r0 < N; r0 += m->xrows) {
+            const int rows = N - r0 < m->xrows ? N - r0 : m->xrows;
+            CHECK(xent_rows(m, sl, m->xlogits, r0, rows, dscale, err, errlen));
+            if (dloss > 0)
+                xent_chunk_bwd(m, sl, r0, rows, accum || r0 > 0);
+        }
+        if (dloss > 0) {
+            sl->head_accum = accum;
+            m->head_open = 1;
+            m->head_pending++;
+        }
+    }
     sl->has_dlogits = dloss > 0;
     /* reduced on the host in double, in a fixed order */
     float *host = malloc((size_t)N * sizeof(float));
@@ -1326,24 +1405,33 @@ static status_t dres_all_rows(model_t *m, int NR, const float **rows, char *err,
 }
 
 /* dln[N,C] holds this rank's partial dL/d(norm output) from a
- * column-parallel matmul: sum it over TP ranks and add the norm's backward
- * into dres (this rank's rows). */
-static status_t norm_bwd_reduce(model_t *m, float *dw, float *db, const float *x, const float *w, const float *mean,
-                                const float *rstd, int N, int NR, int accum, char *err, size_t errlen)
+ * column-parallel matmul: sum it over TP ranks (in place) and add the
+ * norm's backward into dres (this rank's rows). */
+static status_t norm_bwd_reduce_from(model_t *m, float *dln, float *dw, float *db, const float *x, const float *w,
+                                     const float *mean, const float *rstd, int N, int NR, int accum, char *err,
+                                     size_t errlen)
 {
     const int C = m->cfg.d_model;
-    const float *dout = m->dln;
+    const float *dout = dln;
     if (m->lay.sequence_parallel) {
-        CHECK(tp_reduce_scatter(m, m->dlnr, m->dln, (size_t)NR * C, err, errlen));
+        CHECK(tp_reduce_scatter(m, m->dlnr, dln, (size_t)NR * C, err, errlen));
         dout = m->dlnr;
     } else {
-        CHECK(tp_allreduce(m, m->dln, (size_t)N * C, COMM_SUM, err, errlen));
+        CHECK(tp_allreduce(m, dln, (size_t)N * C, COMM_SUM, err, errlen));
     }
     if (m->cfg.arch == ARCH_GPT2)
         m->ops->layernorm_bwd(m->ops->ctx, m->dres, dw, db, dout, x, w, mean, rstd, NR, C, accum);
     else
         m->ops->rmsnorm_bwd(m->ops->ctx, m->dres, dw, dout, x, w, rstd, NR, C, accum);
     return STATUS_OK;
+}
+
+/* norm_bwd_reduce_from the workspace's dln, where the blocks' backward
+ * leaves it. */
+static status_t norm_bwd_reduce(model_t *m, float *dw, float *db, const float *x, const float *w, const float *mean,
+                                const float *rstd, int N, int NR, int accum, char *err, size_t errlen)
+{
+    return norm_bwd_reduce_from(m, m->dln, dw, db, x, w, mean, rstd, N, NR, accum, err, errlen);
 }
 
 /* Under sequence parallelism a norm's weight (and bias) gradient is this
@@ -1496,13 +1584,31 @@ static status_t head_bwd(model_t *m, model_slot_t *sl, int accum, int last, char
         return status_set(STATUS_FAIL, err, errlen, "internal error: backward without a training forward");
     double t0 = span_start(m);
     /* output head and final norm; dres accumulates dL/dx from here down */
-    /* the head's weight gradient too under the split backward: B frees the
-     * logits for the next microbatch (layout_acts shares them) */
-    model_mm_bwd(m, m->dln, m->g.head, NULL, sl->logits, sl->lnf, NULL, m->p.head, N, C, m->v_rows, 0, accum);
+    float *dln = m->dln;
+    if (m->xrows) { /* the fused classifier left dx in lnf and wrote the head's weight gradient */
+        dln = sl->lnf;
+        m->head_pending--;
+        if (accum != sl->head_accum)
+            return status_set(STATUS_FAIL, err, errlen,
+                              "internal error: the fused classifier %s the head's gradient in a forward whose "
+                              "backward %s",
+                              sl->head_accum ? "added to" : "wrote", accum ? "adds" : "writes");
+        if (last && m->head_pending > 0)
+            return status_set(STATUS_FAIL, err, errlen,
+                              "internal error: the step's last backward while %d later fused forwards' head "
+                              "gradients are pending",
+                              m->head_pending);
+        if (last)
+            m->head_open = 0;
+    } else {
+        /* the head's weight gradient too under the split backward: B frees
+         * the logits for the next microbatch (layout_acts shares them) */
+        model_mm_bwd(m, m->dln, m->g.head, NULL, sl->logits, sl->lnf, NULL, m->p.head, N, C, m->v_rows, 0, accum);
+    }
     o->zero(o->ctx, m->dres, (size_t)NR * C * sizeof(float));
     const float *xL = sl->x + (size_t)sl->n_blocks * NR * C;
-    CHECK(
-        norm_bwd_reduce(m, m->g.lnfw, m->g.lnfb, xL, m->p.lnfw, sl->lnf_mean, sl->lnf_rstd, N, NR, accum, err, errlen));
+    CHECK(norm_bwd_reduce_from(m, dln, m->g.lnfw, m->g.lnfb, xL, m->p.lnfw, sl->lnf_mean, sl->lnf_rstd, N, NR, accum,
+                               err, errlen));
     CHECK(norm_grads_reduce(m, m->g.lnfw, m->g.lnfb, last, err, errlen));
     sl->has_dlogits = 0;
     span_end(m, "bwd head", -1, t0);
@@ -1708,10 +1814,24 @@ size_t model_stage_floats(const model_t *m, int b, int t)
     return (size_t)res_rows(m, b * t) * (size_t)m->cfg.d_model;
 }
 
+/* The fused classifier's logits of row n of the slot's forward: the
+ * chunk holding it, by the training forward's GEMM, into m->xlogits;
+ * returns the row there. */
+static const float *fused_logits_row(model_t *m, const model_slot_t *sl, int n)
+{
+    const int C = m->cfg.d_model, r0 = n - n % m->xrows, N = sl->b * sl->t;
+    const int rows = N - r0 < m->xrows ? N - r0 : m->xrows;
+    model_mm_fwd(m, m->xlogits, sl->lnf + (size_t)r0 * C, NULL, m->p.head, NULL, rows, C, m->v_rows);
+    return m->xlogits + (size_t)(n - r0) * m->v_rows;
+}
+
 status_t model_logits_row(model_t *m, int slot, int n, float *host_out, char *err, size_t errlen)
 {
     const size_t Vl = (size_t)m->v_rows, P = (size_t)tp_size(m);
-    const float *row = m->slots[slot].logits + (size_t)n * Vl;
+    const model_slot_t *sl = &m->slots[slot];
+    if (m->xrows && sl->has_dlogits)
+        return status_set(STATUS_FAIL, err, errlen, "internal error: logits asked of a fused training forward");
+    const float *row = m->xrows ? fused_logits_row(m, sl, n) : sl->logits + (size_t)n * Vl;
     if (P == 1) {
         m->ops->to_host(m->ops->ctx, host_out, row, (size_t)m->cfg.vocab_size * sizeof(float));
         return STATUS_OK;

@@ -133,7 +133,10 @@ typedef struct block_acts {
  * stage keeps several in flight (1F1B: up to the number of stages). */
 typedef struct model_slot {
     int b, t; /* shape of the forward held here */
+    /* after a training forward: the head's gradient waits for the
+     * backward, as dlogits in logits (whole) or dx in lnf (fused) */
     int has_dlogits;
+    int head_accum; /* fused: whether that forward added to the head's weight gradient (else wrote it) */
     /* the chunk (run of blocks) whose forward the slot holds: local
      * blocks [first, first + n_blocks); Lc below is the longest run's length */
     int chunk, first, n_blocks;
@@ -143,8 +146,10 @@ typedef struct model_slot {
     float *wdout;
     float *x;                         /* [Lc+1][NR,C] residual stream: x[0] chunk input, x[j+1] block first+j's output */
     block_acts_t *acts;               /* [Lc] */
-    float *lnf, *lnf_mean, *lnf_rstd; /* [N,C], [NR], [NR] (last stage) */
-    float *logits;                    /* [N,Vl]; after a training forward it holds dlogits */
+    /* [N,C], [NR], [NR] (last stage); after a fused training forward lnf
+     * holds dx = dL/d(lnf), this rank's partial sum over its vocabulary */
+    float *lnf, *lnf_mean, *lnf_rstd;
+    float *logits;                    /* [N,Vl]; after a training forward it holds dlogits; NULL when fused */
     float *losses;                    /* [N] */
     float *xmax, *xstats;             /* [N], [N,2]: cross-entropy max and {sumexp, target logit} */
     int32_t *tokens, *targets;        /* [N] backend copies of the batch */
@@ -198,7 +203,24 @@ typedef struct model_layout {
      * slot's kept inputs. Needs every input kept (recompute none) and the
      * block gradients held (no lent blocks). */
     int split_backward;
+    /* The last stage's classifier (head GEMM, softmax cross-entropy and
+     * their gradient): MODEL_LOGITS_WHOLE keeps each slot's whole logits
+     * [N, Vl] (their gradient in their place after a training forward),
+     * which model_token_logprobs's top tokens need (dtrain-serve);
+     * otherwise the forward runs the fused classifier over chunks of
+     * rows: logits of a chunk, their loss, and in a training forward their
+     * gradient, dx = dlogits . head (kept in the slot for the backward)
+     * and the head's weight gradient, before the next chunk overwrites
+     * them, so that one chunk's logits exist at a time. > 0: rows per
+     * chunk (at most N); MODEL_LOGITS_AUTO: model_logits_rows's choice. */
+    int logits_chunk;
 } model_layout_t;
+
+#define MODEL_LOGITS_WHOLE 0
+#define MODEL_LOGITS_AUTO (-1)
+/* Auto's smallest chunk: its three GEMMs read the head (and its gradient)
+ * once per chunk, so fewer rows would make them memory-bound. */
+#define MODEL_LOGITS_MIN_ROWS 256
 
 typedef struct model {
     model_config_t cfg;
@@ -223,6 +245,16 @@ typedef struct model {
     float *dlnr;  /* [NR,C] this rank's rows of dln after reduce-scatter */
     float *dbig, *dbig2;
     float *inv_freq; /* [HS/2] RoPE's inverse frequencies, scaling applied (Llama; model_rope_inv_freq) */
+    /* the fused classifier (lay.logits_chunk not whole; last stage): rows
+     * per chunk, and one chunk's logits [xrows, Vl], over dbig and dbig2
+     * where they fit (both are free between a block's backward and the
+     * next), else a buffer of their own; xrows 0: whole logits */
+    int xrows;
+    float *xlogits;
+    /* fused: the head's weight gradient holds this step's forwards' part
+     * (a later training forward adds to it), and the training forwards
+     * whose backward has not run yet */
+    int head_open, head_pending;
     float *tmp;      /* [N,C] row-parallel partial sums before reduce-scatter */
     /* MoE layers (NK = N*K): the gathered tokens [NK,C], two gradient
      * buffers [NK, max(C, FWe)], dgate [N,K], dlogits [N,E], the routing
@@ -315,6 +347,12 @@ void model_gmm_fwd(model_t *m, float *out, const float *in, const float *w, cons
                    int IC, int OC);
 void model_gmm_bwd(model_t *m, float *din, float *dw, float *db, const float *dout, const float *in, const float *pre,
                    const float *w, const int32_t *offs, int G, int IC, int OC, int accum_dw);
+/* The rows per chunk of the fused classifier for batch capacity N (B*T)
+ * and lay.logits_chunk (not whole): the chunk given, at most N; auto:
+ * as many rows as fit the backward's scratch dbig and dbig2 (scratch
+ * floats), so that the logits need no memory of their own, but at least
+ * MODEL_LOGITS_MIN_ROWS, and at most N. Vl: this rank's vocabulary rows. */
+int model_logits_rows(int logits_chunk, size_t N, size_t Vl, size_t scratch);
 
 /* Zeroes the MoE layers' routing statistics (model_moe_stats_t and the
  * expert loads). */
@@ -375,6 +413,13 @@ void model_params_written(model_t *m);
  * value is a value, not a failure), and with dloss > 0 the gradient of
  * dloss * mean loss w.r.t. the logits is left for model_backward.
  * Elsewhere *loss is 0 (and the output is in model_stage_output()).
+ * Under the fused classifier (lay.logits_chunk) a training forward also
+ * computes the head's weight gradient: it writes it when it is the first
+ * since model_create or since a backward given last, and adds to it after
+ * (a backward's accum = 0 or 1, as the backward will be given; a
+ * mismatch, or a backward given last while a later training forward's
+ * gradient waits, fails that backward as an internal error). A forward
+ * without targets computes no logits (model_logits_row makes them).
  * Collective over the TP group; the first failed collective (or lent
  * block) ends the pass with its status and one line in err. With sequence
  * parallelism b*t must be a multiple of the TP size. */
@@ -428,7 +473,10 @@ size_t model_stage_floats(const model_t *m, int b, int t);
 size_t model_params_total(const model_config_t *c);
 
 /* Copies logits row n of slot's last forward, all V columns, to host
- * memory (last stage). Collective over the TP group (gathers the vocab
+ * memory (last stage). Under the fused classifier they are computed from
+ * the final norm's output, with the GEMM of the chunk holding row n (the
+ * same bits as the training forward's logits), which a training forward
+ * has overwritten: not after one. Collective over the TP group (gathers the vocab
  * slices); on failure one line in err. */
 status_t model_logits_row(model_t *m, int slot, int n, float *host_out, char *err, size_t errlen);
 

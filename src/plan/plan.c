@@ -334,6 +334,7 @@ static int plan_stage(const plan_in_t *in, int s, int layer_begin, stage_plan_t 
                                 .lent_block_grads = run->zero_stage >= 2 && run->pp_kind != PIPE_ZBH1,
                                 .lent_block_params = run->zero_stage >= 3,
                                 .recompute = run->recompute,
+                                .logits_chunk = run->logits_chunk,
                                 .doc_mask = in->doc_mask,
                                 .cp_size = in->cp,
                                 .split_backward = run->pp_kind == PIPE_ZBH1};

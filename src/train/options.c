@@ -185,6 +185,12 @@ static const opt_def_t opt_defs[] = {
      "activation recomputation: none | selective (MLP activation redone in backward; attention keeps no T x T "
      "probabilities in any mode) | full (keep each block's input, redo the block); bit-identical results",
      NULL, NULL, 0},
+    {"logits-chunk", OPT_STR, F(logits_chunk_arg), S(logits_chunk_arg), "auto", 0, 0, NULL,
+     "the last stage's classifier: ROWS | auto (fused: the logits of ROWS tokens at a time, then at once their "
+     "loss and, in training, their gradient and the head's, so no whole [tokens, vocab] logits buffer exists; auto: "
+     "as many rows as fit the backward's scratch, at least 256) | whole (every microbatch in flight keeps its whole "
+     "logits, as before the fused classifier; same losses, gradients within float rounding)",
+     NULL, NULL, 0},
     {"check-replicas", OPT_INT, F(check_replicas), 0, "0", 0, INT_MAX, NULL,
      "check data-parallel replicas hold identical parameters every N steps (0 = only at start)", NULL, NULL, 0},
     {"comm-timeout", OPT_REAL, F(comm_timeout), 0, "600", 0, 1e9, NULL,
@@ -450,6 +456,23 @@ static int check_schedule_spike(run_options_t *o, char *err, size_t errlen)
                             o->decay_steps, err, errlen);
 }
 
+/* --logits-chunk into o->logits_chunk (model_layout_t's). */
+static int check_logits_chunk(run_options_t *o, char *err, size_t errlen)
+{
+    long rows;
+    if (strcmp(o->logits_chunk_arg, "auto") == 0)
+        o->logits_chunk = MODEL_LOGITS_AUTO;
+    else if (strcmp(o->logits_chunk_arg, "whole") == 0)
+        o->logits_chunk = MODEL_LOGITS_WHOLE;
+    else if (parse_long(o->logits_chunk_arg, 1, INT_MAX, &rows) == 0)
+        o->logits_chunk = (int)rows;
+    else {
+        snprintf(err, errlen, "--logits-chunk '%s': give auto, whole or a number of rows >= 1", o->logits_chunk_arg);
+        return -1;
+    }
+    return 0;
+}
+
 /* --ckpt-async changes how --ckpt-dir's checkpoints are written: alone it would be ignored */
 static int check_ckpt_async(const run_options_t *o, char *err, size_t errlen)
 {
@@ -564,7 +587,8 @@ options_status_t options_parse(run_options_t *o, int argc, char **argv, int prin
         snprintf(err, errlen, "--comm nccl runs between GPUs: use it with --device cuda (or auto), or --comm mpi");
         return OPTIONS_ERROR;
     }
-    if (check_schedule_spike(o, err, errlen) != 0 || check_consistency(o, err, errlen) != 0)
+    if (check_schedule_spike(o, err, errlen) != 0 || check_logits_chunk(o, err, errlen) != 0 ||
+        check_consistency(o, err, errlen) != 0)
         return OPTIONS_ERROR;
     if (o->cp > 1 && !o->sample_given) /* the default sample needs a whole sequence on one rank */
         o->sample_tokens = 0;
@@ -999,6 +1023,7 @@ int options_resolve_layout(const run_options_t *o, const model_config_t *c, int 
     rc->global_batch = rc->accum * o->micro_batch * dp;
     rc->pp_kind = o->pp_schedule;
     rc->recompute = o->recompute;
+    rc->logits_chunk = o->logits_chunk;
     rc->ddp_mode = o->ddp_mode;
     rc->grad_dtype = o->grad_reduce_dtype;
     rc->offload_fraction = o->offload == OFFLOAD_OPTIMIZER ? o->offload_fraction : 0.0;

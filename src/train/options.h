@@ -67,6 +67,10 @@ typedef struct run_options {
     int check_replicas;
     double comm_timeout;         /* seconds one communication call may block before the job is ended (0 = never) */
     model_recompute_t recompute; /* activation recomputation */
+    /* --logits-chunk auto | whole | ROWS as given, and resolved at parsing
+     * into model_layout_t's logits_chunk (MODEL_LOGITS_AUTO, _WHOLE, rows) */
+    char logits_chunk_arg[16];
+    int logits_chunk;
     /* schedule and batch */
     int steps, micro_batch, global_batch, seq_len;
     double lr, min_lr;
@@ -182,6 +186,7 @@ typedef struct run_config {
     /* the components' choices */
     pipe_kind_t pp_kind;
     model_recompute_t recompute;
+    int logits_chunk; /* the last stage's classifier (model_layout_t's) */
     ddp_mode_t ddp_mode;
     comm_dtype_t grad_dtype;
     /* --offload optimizer: the fraction of each rank's optimizer elements

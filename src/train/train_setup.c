@@ -451,6 +451,7 @@ static model_layout_t stage_layout(const trainer_t *tr, const grid_t *grid, cons
     lay.lent_block_grads = kind->lends_block_grads && !lay.split_backward;
     lay.lent_block_params = kind->lends_block_params;
     lay.recompute = run->recompute;
+    lay.logits_chunk = run->logits_chunk;
     return lay;
 }
 
