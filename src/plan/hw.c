@@ -44,7 +44,13 @@ static const hw_profile_t builtin[] = {
       * (64 GB/s each way), 80 % of it */
      .host_memory = 2048 * GIB,
      .host_bw = 0.8 * 614e9,
-     .h2d_bw = 0.8 * 64e9},
+     .h2d_bw = 0.8 * 64e9,
+     /* no GPU measured dtrain's mma kernels yet: the published
+      * FlashAttention-2 class on H100 at head size 128, S >= 2k (forward
+      * causal about 300-335 TFLOP/s, backward 290-320; FA3 paper,
+      * ../shared/notes/anchors-wave3.md 1c), forward and backward
+      * weighted 1 : 2.5 */
+     .att_bf16 = 305e12},
     {.name = "a100-80g",
      .memory = 80 * GIB,
      .reserve = 4 * GIB,
@@ -60,7 +66,10 @@ static const hw_profile_t builtin[] = {
       * (2 x 205 GB/s), 80 %; PCIe 4.0 x16 (32 GB/s each way), 80 % */
      .host_memory = 1024 * GIB,
      .host_bw = 0.8 * 410e9,
-     .h2d_bw = 0.8 * 32e9},
+     .h2d_bw = 0.8 * 32e9,
+     /* FlashAttention-2 on A100: "up to 225 TFLOPs/sec" in GPT training
+      * (its README), its backward somewhat lower: unmeasured for dtrain */
+     .att_bf16 = 180e12},
 };
 #define N_BUILTIN ((int)(sizeof builtin / sizeof builtin[0]))
 
@@ -155,7 +164,7 @@ typedef struct profile_reader {
         const char *key;
         double *field;
         int required;
-    } keys[12];
+    } keys[13];
     int nk, lineno, have_gpn;
     int seen[16];
 } profile_reader_t;
@@ -204,7 +213,8 @@ static int parse_line(profile_reader_t *r, char *line, char *err, size_t errlen)
         snprintf(
             err, errlen,
             "%s:%d: unknown key '%s' (allowed: name, memory, reserve, peak_fp32, peak_bf16, "
-            "efficiency, mem_bw, intra_node_bw, inter_node_bw, latency, gpus_per_node, host_memory, host_bw, h2d_bw)",
+            "efficiency, mem_bw, intra_node_bw, inter_node_bw, latency, gpus_per_node, host_memory, host_bw, h2d_bw, "
+            "att_bf16)",
             r->path, r->lineno, key);
         return -1;
     }
@@ -262,6 +272,7 @@ static int load_file(hw_profile_t *p, const char *path, char *err, size_t errlen
                 {"host_memory", &p->host_memory, 0},
                 {"host_bw", &p->host_bw, 0},
                 {"h2d_bw", &p->h2d_bw, 0},
+                {"att_bf16", &p->att_bf16, 0},
             },
     };
     r.nk = (int)(sizeof r.keys / sizeof r.keys[0]);

@@ -24,6 +24,11 @@ typedef struct hw_profile {
     double host_memory; /* bytes of host memory per node */
     double host_bw;     /* host memory bytes/s per node, STREAM-triad-like, shared by its ranks */
     double h2d_bw;      /* host-device copy bytes/s per rank, each direction */
+    /* --dtype bf16's tensor-core attention (head sizes 64 and 128): the
+     * FLOP/s its forward and backward together achieve (FlashAttention's
+     * FLOP count, 3.5 x the forward's), an achieved rate, not a peak; 0:
+     * none, attention at the fp32 peak times efficiency */
+    double att_bf16;
 } hw_profile_t;
 
 /* Fills p from a built-in name or a profile file. peak_gflops > 0

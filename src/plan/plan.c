@@ -357,6 +357,22 @@ static int plan_stage(const plan_in_t *in, int s, int layer_begin, stage_plan_t 
     return 0;
 }
 
+/* The FLOP/s attention achieves: dtrain's tensor-core kernels under
+ * --dtype bf16 at head sizes 64 and 128 at the profile's att_bf16 (an
+ * achieved rate), else its fp32 kernels at the fp32 peak (CUDA cores)
+ * times the efficiency; Megatron's flash attention at the bf16 peak times
+ * the efficiency (its calibration). */
+static double plan_att_rate(const plan_in_t *in)
+{
+    const hw_profile_t *hw = in->hw;
+    const int HS = model_head_size(in->c), mma = in->bf16 && (HS == 64 || HS == 128);
+    if (in->megatron)
+        return hw->peak_bf16 * hw->efficiency;
+    if (mma && hw->att_bf16 > 0)
+        return hw->att_bf16;
+    return (hw->peak_fp32 > 0 ? hw->peak_fp32 : hw->peak_bf16) * hw->efficiency;
+}
+
 /* FLOPs and compute time of one microbatch on stage s. */
 static void stage_compute(const plan_in_t *in, int s, stage_plan_t *sp)
 {
@@ -376,12 +392,10 @@ static void stage_compute(const plan_in_t *in, int s, stage_plan_t *sp)
     if (last)
         mm_tok += 6.0 * V * C;
     sp->flops_mb = tok * (mm_tok + att_tok) / t;
-    /* matmuls at the precision's peak; dtrain's attention kernels are fp32
-     * under --dtype bf16 too (CUDA cores: the fp32 peak, where the profile
-     * has one), Megatron's flash attention bf16 */
+    /* matmuls at the precision's peak times the efficiency; attention at
+     * att_rate (plan_att_rate) */
     const double peak_mm = in->bf16 ? hw->peak_bf16 : hw->peak_fp32;
-    const double peak_att = in->megatron ? hw->peak_bf16 : hw->peak_fp32 > 0 ? hw->peak_fp32 : hw->peak_bf16;
-    sp->t_comp_mb = tok / t * (mm_tok / peak_mm + att_tok / peak_att) / hw->efficiency;
+    sp->t_comp_mb = tok / t * (mm_tok / (peak_mm * hw->efficiency) + att_tok / plan_att_rate(in));
 }
 
 /* --ep: each MoE layer's all-to-alls over the EP group per microbatch:
@@ -542,8 +556,7 @@ static void stage_cp(const plan_in_t *in, int s, stage_plan_t *sp)
     const double tok = local_tokens(in), t = in->run.tp, HS = model_head_size(c);
     const double blk = tok * 2.0 * (c->n_kv_head / t) * HS * 4.0;
     const double xfer = hw->latency + blk / link_bw(hw, (long)in->run.tp * in->cp);
-    const double peak_att = in->megatron ? hw->peak_bf16 : hw->peak_fp32 > 0 ? hw->peak_fp32 : hw->peak_bf16;
-    const double att_layer = tok / t * 4.0 * c->n_head * HS * in->att_T / peak_att / hw->efficiency;
+    const double att_layer = tok / t * 4.0 * c->n_head * HS * in->att_T / plan_att_rate(in);
     const double step_f = att_layer / cp, step_b = 2.5 * att_layer / cp;
     const int full = in->run.recompute == MODEL_RECOMPUTE_FULL;
     const double fwd = (cp - 1.0) * (xfer > step_f ? xfer - step_f : 0.0);
@@ -894,7 +907,11 @@ static void print_plan_header(const plan_t *p, const run_options_t *o, FILE *out
     else if (in->bf16)
         fprintf(out, "precision: bf16: dtrain's --dtype bf16 as built (fp32 master weights and their bf16 copy, "
                      "fp32 gradients, 8 B of AdamW moments per parameter, the trainer's own activation arena with the "
-                     "matmul-only activations in bf16; bf16 matmuls, fp32 attention)\n");
+                     "matmul-only activations in bf16; bf16 matmuls, %s)\n",
+                plan_att_rate(in) == in->hw->att_bf16
+                    ? "attention on the tensor cores at the profile's att_bf16 (the published FlashAttention-2 "
+                      "class where no GPU measured dtrain's), fp32 activations on the wire"
+                    : "fp32 attention (head size not 64 or 128, or no att_bf16 in the profile)");
     else
         fprintf(out, "precision: fp32: dtrain's CPU backend as built (4 B weights and gradients, 8 B of AdamW "
                      "moments per parameter, the trainer's own activation arena)\n");
