@@ -15,6 +15,11 @@
  *    the largest magnitude of what was added to them, starting from the same
  *    random non-zero values on both sides (accumulated, never written); the k
  *    and v columns of dqkv bit-identical to their start (untouched).
+ *  - whole rings (cp 2 and 4, documents crossing ranks): every rank's
+ *    blocks, merges, backward and unpack through the emulated ops in the
+ *    zigzag schedule, against the CPU's attention_fwd and attention_bwd over
+ *    the whole sequence: out, lse and dqkv within 1e-5 (an independent
+ *    reference: the ring's composition, not just op for op).
  * Every output of the forward starts as NaN on both sides, so an element
  * either fails to write shows. One case runs twice: bit-identical results.
  *
@@ -315,6 +320,112 @@ static void test_block(const block_case &c, bool twice = false)
     }
 }
 
+/* ---- a whole ring, emulated ops against attention over the whole sequence ---- */
+
+/* A CP group of cp ranks in one process, every op the emulated CUDA one: the
+ * zigzag schedule (written here from mpi/cp_sched.h's description: step i
+ * holds rank (r - i) mod cp's block; diagonal causal, lower steps all rows x
+ * the block's first half, upper steps the second half of the rows x the
+ * whole block, both unmasked), the forward's partial results merged in step
+ * order, the backward's dq into each rank's dqkv and dk, dv into the block
+ * owner's dkv, unpacked at the end. The reference is the CPU's attention_fwd
+ * and attention_bwd over the whole sequence (positions as documents when
+ * given), each rank's rows compared: out, lse and dqkv within 1e-5. */
+static void test_ring(int B, int T, int cp, int NH, int NKV, int HS, const std::vector<int> &doclen)
+{
+    const int L = T / cp, c = T / (2 * cp);
+    const size_t R = (size_t)(NH + 2 * NKV) * HS, KR = (size_t)2 * NKV * HS, OC = (size_t)NH * HS;
+    char shape[120];
+    snprintf(shape, sizeof shape, "ring B %d T %d cp %d NH %d NKV %d HS %d%s", B, T, cp, NH, NKV, HS,
+             doclen.empty() ? "" : " docs");
+    /* the whole sequence and its reference */
+    std::vector<float> qkv = randv((size_t)B * T * R, 2.0f), dout = randv((size_t)B * T * OC, 1.0f);
+    std::vector<int32_t> pos; /* docmask positions: t - document start */
+    if (!doclen.empty()) {
+        std::vector<int32_t> all((size_t)T);
+        for (int t = 0; t < T; t++)
+            all[t] = t;
+        const std::vector<int32_t> start = docs(B, T, all, doclen);
+        for (size_t i = 0; i < start.size(); i++)
+            pos.push_back((int32_t)(i % T) - start[i]);
+    }
+    const int32_t *ppos = pos.empty() ? NULL : pos.data();
+    std::vector<float> rout((size_t)B * T * OC), rlse((size_t)B * NH * T), rdq((size_t)B * T * R);
+    cpu->attention_fwd(cpu->ctx, rout.data(), rlse.data(), qkv.data(), ppos, B, T, NH, NKV, HS);
+    cpu->attention_bwd(cpu->ctx, rdq.data(), dout.data(), qkv.data(), rout.data(), rlse.data(), ppos, B, T, NH, NKV, HS);
+
+    /* each rank's rows */
+    std::vector<std::vector<int32_t>> lpos(cp), qdoc(cp);
+    std::vector<std::vector<float>> lqkv(cp), ldout(cp), kv(cp), out(cp), lse(cp), dq(cp), dkv(cp);
+    for (int r = 0; r < cp; r++) {
+        lpos[r] = zigzag(T, cp, r);
+        if (!doclen.empty())
+            qdoc[r] = docs(B, T, lpos[r], doclen);
+        lqkv[r].resize((size_t)B * L * R);
+        ldout[r].resize((size_t)B * L * OC);
+        for (int b = 0; b < B; b++)
+            for (int t = 0; t < L; t++) {
+                const size_t g = (size_t)b * T + lpos[r][t], l = (size_t)b * L + t;
+                memcpy(&lqkv[r][l * R], &qkv[g * R], R * sizeof(float));
+                memcpy(&ldout[r][l * OC], &dout[g * OC], OC * sizeof(float));
+            }
+        kv[r].assign((size_t)B * L * KR, NAN);
+        attention_kv_pack(&emu_g, kv[r].data(), lqkv[r].data(), B * L, NH, NKV, HS);
+        out[r].assign((size_t)B * L * OC, NAN);
+        lse[r].assign((size_t)B * NH * L, NAN);
+        dq[r].assign((size_t)B * L * R, 0.0f);
+        dkv[r].assign((size_t)B * L * KR, 0.0f);
+    }
+    auto step = [&](int r, int i, int *src) {
+        *src = ((r - i) % cp + cp) % cp;
+        att_block_t k = {B, NH, NKV, HS, L, 0, L, L, 0, L, 0};
+        if (i == 0)
+            k.causal = 1;
+        else if (*src < r)
+            k.nk = c;
+        else
+            k.q0 = c, k.nq = c;
+        return k;
+    };
+    std::vector<float> pout((size_t)B * L * OC), plse((size_t)B * NH * L);
+    for (int r = 0; r < cp; r++)
+        for (int i = 0; i < cp; i++) {
+            int src;
+            const att_block_t k = step(r, i, &src);
+            const int32_t *qd = qdoc[r].empty() ? NULL : qdoc[r].data();
+            attention_block_fwd(&emu_g, i ? pout.data() : out[r].data(), i ? plse.data() : lse[r].data(),
+                                lqkv[r].data(), kv[src].data(), lpos[r].data(), lpos[src].data(), qd, &k);
+            if (i)
+                attention_merge(&emu_g, out[r].data(), lse[r].data(), pout.data(), plse.data(), &k);
+        }
+    for (int r = 0; r < cp; r++)
+        for (int i = 0; i < cp; i++) {
+            int src;
+            const att_block_t k = step(r, i, &src);
+            const int32_t *qd = qdoc[r].empty() ? NULL : qdoc[r].data();
+            attention_block_bwd(&emu_g, dq[r].data(), dkv[src].data(), ldout[r].data(), lqkv[r].data(), kv[src].data(),
+                                out[r].data(), lse[r].data(), lpos[r].data(), lpos[src].data(), qd, &k);
+        }
+    /* gather every rank's rows into whole-sequence order and compare */
+    std::vector<float> gout(rout.size()), glse(rlse.size()), gdq(rdq.size());
+    for (int r = 0; r < cp; r++) {
+        attention_kv_unpack(&emu_g, dq[r].data(), dkv[r].data(), B * L, NH, NKV, HS, 0);
+        for (int b = 0; b < B; b++)
+            for (int t = 0; t < L; t++) {
+                const size_t g = (size_t)b * T + lpos[r][t], l = (size_t)b * L + t;
+                memcpy(&gout[g * OC], &out[r][l * OC], OC * sizeof(float));
+                memcpy(&gdq[g * R], &dq[r][l * R], R * sizeof(float));
+                for (int h = 0; h < NH; h++)
+                    glse[((size_t)b * NH + h) * T + lpos[r][t]] = lse[r][((size_t)b * NH + h) * L + t];
+            }
+    }
+    double wo, wl, wd;
+    check(close_to(gout, rout, NULL, OC, 0, OC, 1e-5, &wo), std::string("out of the ") + shape);
+    check(close_to(glse, rlse, NULL, 1, 0, 1, 1e-5, &wl), std::string("lse of the ") + shape);
+    check(close_to(gdq, rdq, NULL, R, 0, R, 1e-5, &wd), std::string("dqkv of the ") + shape);
+    printf("  %s against the whole sequence: worst out %.2e, lse %.2e, dqkv %.2e\n", shape, wo, wl, wd);
+}
+
 int main(int argc, char **argv)
 {
     stop_early = argc > 1 && !strcmp(argv[1], "--stop");
@@ -350,6 +461,11 @@ int main(int argc, char **argv)
     /* head sizes: two 64-column chunks; two column groups (HS > 256) */
     test_block({1, 2, 1, 72, 40, 2, 1, 1, 0, 20, 0, 20, 1, {6, 11}});
     test_block({1, 2, 2, 260, 12, 2, 0, 1, 0, 6, 0, 6, 1, {}});
+
+    /* whole rings: cp 2 and 4, GQA 2:1 and MHA, documents crossing ranks */
+    test_ring(1, 16, 2, 2, 1, 16, {});
+    test_ring(2, 64, 2, 4, 2, 16, {5, 23, 9});
+    test_ring(1, 96, 4, 2, 2, 16, {13, 40, 7});
 
     check(emu_bad_stream == 0, "every launch on the context's stream");
     ops_release(cpu);
