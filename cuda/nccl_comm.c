@@ -765,6 +765,8 @@ static comm_t **slot(nccl_grid_t *ng, const char *name)
         return &ng->edp;
     if (strcmp(name, "eshard") == 0)
         return &ng->eshard;
+    if (strcmp(name, "cp") == 0)
+        return &ng->cp;
     return &ng->replica;
 }
 
@@ -846,7 +848,7 @@ int nccl_grid_create(const grid_t *g, nccl_grid_t *ng, void *after_stream, doubl
 
 void nccl_grid_abort(nccl_grid_t *ng)
 {
-    comm_t *all[] = {ng->eshard, ng->edp, ng->ep, ng->replica, ng->shard, ng->embed, ng->pp, ng->dp, ng->tp, ng->world};
+    comm_t *all[] = {ng->cp, ng->eshard, ng->edp, ng->ep, ng->replica, ng->shard, ng->embed, ng->pp, ng->dp, ng->tp, ng->world};
     const size_t k = sizeof all / sizeof all[0];
     /* the run is already failing: the statuses of the abort add nothing */
     (void)ncclGroupStart();
@@ -863,7 +865,7 @@ void nccl_grid_abort(nccl_grid_t *ng)
 
 void nccl_grid_destroy(nccl_grid_t *ng)
 {
-    comm_t **all[] = {&ng->eshard, &ng->edp, &ng->ep, &ng->replica, &ng->shard, &ng->embed, &ng->pp, &ng->dp, &ng->tp, &ng->world};
+    comm_t **all[] = {&ng->cp, &ng->eshard, &ng->edp, &ng->ep, &ng->replica, &ng->shard, &ng->embed, &ng->pp, &ng->dp, &ng->tp, &ng->world};
     /* a group that failed cannot be destroyed (its peers may never finish):
      * abort them all together first */
     int failed = 0;

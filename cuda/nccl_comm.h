@@ -14,7 +14,7 @@
 
 typedef struct nccl_grid {
     /* the NCCL twin of each grid communicator (NULL where g has none) */
-    comm_t *world, *tp, *dp, *pp, *embed, *shard, *replica, *ep, *edp, *eshard;
+    comm_t *world, *tp, *dp, *pp, *embed, *shard, *replica, *ep, *edp, *eshard, *cp;
 } nccl_grid_t;
 
 /* Collective over MPI_COMM_WORLD; the CUDA device must already be selected

@@ -83,8 +83,10 @@
 #include "cuda/kernels/norm.cuh"
 #include "cuda/kernels/reduce.cuh"
 #include "cuda/kernels/rope.cuh"
+#include "cuda/kernels/ring.cuh"
 #include "cuda/ops_cuda_state.cuh"
 #include "cuda/ops_cuda_attention.cuh"
+#include "cuda/ops_cuda_ring.cuh"
 #include "cuda/ops_cuda_gemm.cuh"
 #include "cuda/ops_cuda_gmm.cuh"
 
@@ -851,12 +853,12 @@ static const ops_t cuda_ops = {
     .qknorm_bwd = qknorm_bwd,
     .attention_fwd = attention_fwd,
     .attention_bwd = attention_bwd,
-    /* ring attention's blocks (issue 34): not yet on CUDA; the trainer calls none of them */
-    .attention_block_fwd = NULL,
-    .attention_merge = NULL,
-    .attention_block_bwd = NULL,
-    .attention_kv_pack = NULL,
-    .attention_kv_unpack = NULL,
+    /* ring attention's blocks (issue 34): cuda/ops_cuda_ring.cuh, fp32 kernels */
+    .attention_block_fwd = attention_block_fwd,
+    .attention_merge = attention_merge,
+    .attention_block_bwd = attention_block_bwd,
+    .attention_kv_pack = attention_kv_pack,
+    .attention_kv_unpack = attention_kv_unpack,
     .gelu_fwd = gelu_fwd,
     .gelu_bwd = gelu_bwd,
     .swiglu_fwd = swiglu_fwd,

@@ -48,6 +48,13 @@
  * GPU outputs start as NaN (every element must be written) and each GPU
  * attention op runs twice, bit-identical (bound 0 ulp).
  *
+ * Ring attention's blocks (context parallelism, t_ring): the block forward
+ * and backward are the same fp32 flash kernels restricted to a K,V block, so
+ * the same bounds (1e-5; lse in absolute terms, -inf exactly where the CPU
+ * has it); the emulation (test/emu/test_ring_emu) measured at most 6e-7.
+ * The merge is the CPU's per-element formula, so B_ELEM (the GPU's expf and
+ * log1pf, an FMA); the K,V pack and unpack are copies and one add, 0 ulp.
+ *
  * The tensor-core attention (a second CUDA table made for --dtype bf16,
  * head sizes 64 and 128) is held to bf16 bounds against the CPU's fp32
  * attention of the bf16-rounded inputs: out 2^-8 max |v|, lse 1e-5, each of
@@ -945,6 +952,143 @@ out:
     tp_free(s, &out2), tp_free(s, &lse2), tp_free(s, &dqkv2), tp_free(s, &freq);
 }
 
+/* Ring attention's blocks (base/ops.h, context parallelism): the K,V pack
+ * and unpack (written and accumulated) at 0 ulp (copies and one add), then
+ * one block of a zigzag layout: rank qr's queries against rank kr's K,V
+ * block (T cut in 2 cp chunks, rank r holding chunks r and 2 cp - 1 - r;
+ * qpos, kpos their global positions), rows [q0, q0 + nq) x keys [k0, k0 +
+ * nk). Forward out and lse at the attention bounds (lse -inf exactly where
+ * the CPU's, the rows with no key in the block; a full block's outputs start
+ * as NaN on the GPU), twice bit-identical; the merge of two such partial
+ * results at B_ELEM (the same per-element formula, the GPU's expf and
+ * log1pf within an ulp or two); the backward accumulated twice into zeroed
+ * dqkv and dkv (so the second call must add, not write) at B_ROW, and a
+ * second GPU pair bit-identical. docs: documents over the whole sequence
+ * (doc_positions), crossing the chunk edges. */
+static void zigzag_positions(int32_t *p, int T, int cp, int r)
+{
+    const int c = T / (2 * cp);
+    for (int t = 0; t < c; t++) {
+        p[t] = r * c + t;
+        p[c + t] = (2 * cp - 1 - r) * c + t;
+    }
+}
+
+static void t_ring(st_t *s, const int *c, int docs)
+{
+    const int B = c[0], T = c[1], cp = c[2], qr = c[3], kr = c[4], NH = c[5], NKV = c[6], HS = c[7];
+    const int L = T / cp;
+    const att_block_t k = {B, NH, NKV, HS, L, c[8], c[9], L, c[10], c[11], c[12]};
+    char what[160], dims[120];
+    snprintf(dims, sizeof dims, "B=%d T=%d cp=%d q%d:%d+%d k%d:%d+%d NH=%d NKV=%d HS=%d%s%s", B, T, cp, qr, k.q0, k.nq,
+             kr, k.k0, k.nk, NH, NKV, HS, k.causal ? " causal" : "", docs ? " docs" : "");
+    const size_t R = (size_t)(NH + 2 * NKV) * HS, KR = (size_t)2 * NKV * HS, N = (size_t)B * L, NO = N * NH * HS,
+                 NL = (size_t)B * NH * L;
+    tp_t qkv, kvsrc, kv, out, lse, out2, lse2, pout, plse, dout, dq, dkv, dq2, dkv2, dun;
+    int32_t *qpos = malloc(2 * (size_t)L * sizeof(int32_t)), *kpos = qpos ? qpos + L : NULL;
+    int32_t *qdoc = NULL, *all = NULL, *dqpos = NULL, *dkpos = NULL, *dqdoc = NULL;
+    memset(&qkv, 0, sizeof qkv);
+    kvsrc = kv = out = lse = out2 = lse2 = pout = plse = dout = dq = dkv = dq2 = dkv2 = dun = qkv;
+    if (!qpos) {
+        s->oom = 1;
+        return;
+    }
+    zigzag_positions(qpos, T, cp, qr);
+    zigzag_positions(kpos, T, cp, kr);
+    if (docs) {
+        qdoc = malloc(N * sizeof *qdoc);
+        all = malloc((size_t)B * T * sizeof *all);
+        if (!qdoc || !all) {
+            s->oom = 1;
+            goto out;
+        }
+        doc_positions(all, (size_t)B * T, T);
+        for (int b = 0; b < B; b++)
+            for (int t = 0; t < L; t++)
+                qdoc[(size_t)b * L + t] = qpos[t] - all[(size_t)b * T + qpos[t]];
+        if (!(dqdoc = ints_dev(s, qdoc, N)))
+            goto out;
+    }
+    if (!(dqpos = ints_dev(s, qpos, (size_t)L)) || !(dkpos = ints_dev(s, kpos, (size_t)L)) ||
+        tp_new(s, &qkv, N * R, -1, 1) || tp_new(s, &kvsrc, N * R, -1, 1) || tp_new(s, &kv, N * KR, 0, 0) ||
+        tp_new(s, &out, NO, 0, 0) || tp_new(s, &lse, NL, 0, 0) || tp_new(s, &out2, NO, 0, 0) ||
+        tp_new(s, &lse2, NL, 0, 0) || tp_new(s, &pout, NO, -1, 1) || tp_new(s, &plse, NL, -4, 4) ||
+        tp_new(s, &dout, NO, -1, 1) || tp_new(s, &dq, N * R, 0, 0) || tp_new(s, &dkv, N * KR, 0, 0) ||
+        tp_new(s, &dq2, N * R, 0, 0) || tp_new(s, &dkv2, N * KR, 0, 0) || tp_new(s, &dun, N * R, -1, 1))
+        goto out;
+
+    /* the travelling block: pack, and its gradient unpacked (=, then +=) */
+    poison(s, &kv);
+    s->cpu->attention_kv_pack(s->cpu->ctx, kv.h, kvsrc.h, (int)N, NH, NKV, HS);
+    s->gpu->attention_kv_pack(s->gpu->ctx, kv.d, kvsrc.d, (int)N, NH, NKV, HS);
+    snprintf(what, sizeof what, "attention_kv_pack %s", dims);
+    check(s, what, &kv, B_EXACT);
+    for (int accum = 0; accum < 2; accum++) {
+        s->cpu->attention_kv_unpack(s->cpu->ctx, dun.h, kvsrc.h, (int)N, NH, NKV, HS, accum);
+        s->gpu->attention_kv_unpack(s->gpu->ctx, dun.d, kvsrc.d, (int)N, NH, NKV, HS, accum);
+        snprintf(what, sizeof what, "attention_kv_unpack accum %d %s", accum, dims);
+        check(s, what, &dun, B_EXACT);
+    }
+
+    /* forward: a full block's outputs start as NaN (all written); a partial
+     * one's equal on both sides (rows outside untouched) */
+    const int full = k.q0 == 0 && k.nq == L;
+    if (full)
+        poison(s, &out), poison(s, &lse), poison(s, &out2), poison(s, &lse2);
+    s->cpu->attention_block_fwd(s->cpu->ctx, out.h, lse.h, qkv.h, kv.h, qpos, kpos, qdoc, &k);
+    s->gpu->attention_block_fwd(s->gpu->ctx, out.d, lse.d, qkv.d, kv.d, dqpos, dkpos, dqdoc, &k);
+    s->gpu->attention_block_fwd(s->gpu->ctx, out2.d, lse2.d, qkv.d, kv.d, dqpos, dkpos, dqdoc, &k);
+    snprintf(what, sizeof what, "attention_block_fwd out %s", dims);
+    check(s, what, &out, B_ROW);
+    snprintf(what, sizeof what, "attention_block_fwd lse %s", dims);
+    check_log(s, what, &lse, B_ROW);
+    snprintf(what, sizeof what, "attention_block_fwd out run to run %s", dims);
+    check_same(s, what, &out, &out2);
+    snprintf(what, sizeof what, "attention_block_fwd lse run to run %s", dims);
+    check_same(s, what, &lse, &lse2);
+
+    /* merge into the CPU's block result a random partial one, -inf in
+     * every third row (and so both -inf where the block had no key) */
+    for (size_t i = 0; i < NL; i += 3)
+        plse.h[i] = -INFINITY;
+    tp_sync(s, &plse), tp_sync(s, &out), tp_sync(s, &lse);
+    s->cpu->attention_merge(s->cpu->ctx, out.h, lse.h, pout.h, plse.h, &k);
+    s->gpu->attention_merge(s->gpu->ctx, out.d, lse.d, pout.d, plse.d, &k);
+    snprintf(what, sizeof what, "attention_merge out %s", dims);
+    check(s, what, &out, B_ELEM);
+    snprintf(what, sizeof what, "attention_merge lse %s", dims);
+    check_log(s, what, &lse, B_ELEM);
+
+    /* backward from the merged (CPU) out and lse, twice into zeroes */
+    tp_sync(s, &out), tp_sync(s, &lse);
+    for (int rep = 0; rep < 2; rep++) {
+        s->cpu->attention_block_bwd(s->cpu->ctx, dq.h, dkv.h, dout.h, qkv.h, kv.h, out.h, lse.h, qpos, kpos, qdoc, &k);
+        s->gpu->attention_block_bwd(s->gpu->ctx, dq.d, dkv.d, dout.d, qkv.d, kv.d, out.d, lse.d, dqpos, dkpos, dqdoc,
+                                    &k);
+        s->gpu->attention_block_bwd(s->gpu->ctx, dq2.d, dkv2.d, dout.d, qkv.d, kv.d, out.d, lse.d, dqpos, dkpos, dqdoc,
+                                    &k);
+    }
+    snprintf(what, sizeof what, "attention_block_bwd dq (twice) %s", dims);
+    check(s, what, &dq, B_ROW);
+    snprintf(what, sizeof what, "attention_block_bwd dkv (twice) %s", dims);
+    check(s, what, &dkv, B_ROW);
+    snprintf(what, sizeof what, "attention_block_bwd dq run to run %s", dims);
+    check_same(s, what, &dq, &dq2);
+    snprintf(what, sizeof what, "attention_block_bwd dkv run to run %s", dims);
+    check_same(s, what, &dkv, &dkv2);
+out:
+    free(qpos), free(qdoc), free(all);
+    if (dqpos)
+        s->gpu->free(s->gpu->ctx, dqpos);
+    if (dkpos)
+        s->gpu->free(s->gpu->ctx, dkpos);
+    if (dqdoc)
+        s->gpu->free(s->gpu->ctx, dqdoc);
+    tp_free(s, &qkv), tp_free(s, &kvsrc), tp_free(s, &kv), tp_free(s, &out), tp_free(s, &lse);
+    tp_free(s, &out2), tp_free(s, &lse2), tp_free(s, &pout), tp_free(s, &plse), tp_free(s, &dout);
+    tp_free(s, &dq), tp_free(s, &dkv), tp_free(s, &dq2), tp_free(s, &dkv2), tp_free(s, &dun);
+}
+
 /* max |gpu - ref| over the columns [c0, c1) of the rows of x[rows, R]
  * against bound * max |ref| there + floor; NaN or an element left unwritten
  * fails. One line, err = max |diff| / max |ref|. */
@@ -1554,6 +1698,22 @@ int cuda_selftest(const ops_t *gpu, const ops_t *gpu16, const ops_t *cpu, FILE *
     for (size_t i = 0; i < sizeof at / sizeof at[0] && !s.oom; i++)
         for (int docs = 0; docs < 2 && !s.oom; docs++)
             t_attention(&s, at[i][0], at[i][1], at[i][2], at[i][3], at[i][4], docs);
+    /* ring attention's blocks {B, T, cp, q rank, k rank, NH, NKV, HS, q0, nq,
+     * k0, nk, causal}: T 2 per rank (rank 0's query at 0 sees none of rank
+     * 1's keys: lse -inf, out 0); the diagonal and off-diagonal blocks of cp
+     * 2 and cp 4 over several 32-row tiles; the schedule's half blocks
+     * (non-causal); GQA 4:1, 2:1, MHA; HS 16, 64, 96 (a partial chunk), 128,
+     * 320 (two column groups) */
+    static const int rg[][13] = {{2, 4, 2, 0, 1, 4, 1, 16, 0, 2, 0, 2, 1},
+                                 {2, 400, 2, 0, 0, 4, 1, 64, 0, 200, 0, 200, 1},
+                                 {1, 400, 2, 0, 1, 4, 2, 128, 0, 200, 0, 200, 1},
+                                 {2, 400, 2, 1, 0, 4, 2, 64, 0, 200, 0, 100, 0},
+                                 {1, 400, 2, 0, 1, 2, 2, 64, 100, 100, 0, 200, 0},
+                                 {1, 512, 4, 3, 1, 4, 1, 96, 0, 128, 0, 128, 1},
+                                 {1, 80, 2, 1, 1, 2, 1, 320, 0, 40, 0, 40, 1}};
+    for (size_t i = 0; i < sizeof rg / sizeof rg[0] && !s.oom; i++)
+        for (int docs = 0; docs < 2 && !s.oom; docs++)
+            t_ring(&s, rg[i], docs);
     /* the same table under --dtype bf16: attention on the tensor cores at
      * head sizes 64 and 128 {B, T, NH, NKV, HS}: T = 1, T not a multiple
      * of the 64-row tiles, GQA 4:1 and 8:1, many tiles; another head size

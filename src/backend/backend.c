@@ -234,7 +234,6 @@ int backend_comm_open(backend_t *b, backend_comm_t comm, const grid_t *g, grid_t
 #ifdef HAVE_CUDA
     grid_t view = *g;
     view.pp = NULL; /* see backend.h: the pipeline stays on MPI */
-    view.cp = NULL; /* --cp's ring is the CPU backend's for now (the CUDA table has no ring ops) */
     if (nccl_grid_create(&view, ng, ops_cuda_stream(b->ops), timeout_s, err, errlen) != 0) {
         free(ng);
         return -1;
@@ -249,8 +248,9 @@ int backend_comm_open(backend_t *b, backend_comm_t comm, const grid_t *g, grid_t
     net->ep = ng->ep;
     net->edp = ng->edp;
     net->eshard = ng->eshard;
-    snprintf(b->comm_desc, sizeof b->comm_desc, "nccl (world, tp, dp, embed%s%s; a stream per group), mpi (pp)",
-             g->shard ? ", shard, replica" : "", g->ep ? ", ep, edp" : "");
+    net->cp = ng->cp; /* --cp's ring: isend/irecv as ncclSend/ncclRecv on the cp group's stream */
+    snprintf(b->comm_desc, sizeof b->comm_desc, "nccl (world, tp, dp, embed%s%s%s; a stream per group), mpi (pp)",
+             g->shard ? ", shard, replica" : "", g->ep ? ", ep, edp" : "", g->cp ? ", cp" : "");
 #endif
     return 0; /* without CUDA every rank has all == 0 and returned above */
 }

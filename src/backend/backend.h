@@ -66,7 +66,7 @@ void backend_close(backend_t *b);
  * deferred) every MPI communicator of g gets device_sync = ops->sync (and
  * device_ctx = ops->ctx), and
  * NCCL twins order their streams after the compute stream with an event; under NCCL its world, tp, dp, embed, shard,
- * replica, ep and edp groups are replaced by NCCL twins bootstrapped from g's MPI
+ * replica, ep, edp, eshard and cp groups are replaced by NCCL twins bootstrapped from g's MPI
  * groups, each on its own CUDA stream, with timeout_s as their timeout
  * (0 = none; see nccl_comm.h). pp stays MPI: the pipeline executor posts
  * receives ahead of sends in an order NCCL's one-queue-per-communicator

@@ -138,6 +138,11 @@ void trainer_banner(const trainer_t *tr, FILE *out)
         fprintf(out, "precision: fp32\n");
     char att[320];
     backend_attention_desc(&tr->backend, model_head_size(&tr->cfg), att, sizeof att);
+    if (tr->run->cp > 1 && tr->backend.cuda) /* the ring's block ops, not attention_fwd, run */
+        snprintf(att, sizeof att,
+                 "ring over the cp group (--cp %d): fp32 CUDA-core block kernels merged by log-sum-exp, whatever "
+                 "--dtype (no tensor-core ring kernels yet)",
+                 tr->run->cp);
     fprintf(out, "attention: %s\n", att);
     fprintf(out, "configuration:\n");
     options_print(o, out);
