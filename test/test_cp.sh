@@ -9,13 +9,16 @@
 # cross the chunk edges in nearly every row, at cp2 and cp4: every loss
 # and the final validation loss within 1e-5 relative, gradient norms and
 # final parameters within 1e-4 (layout_compare). The same layout twice is
-# bit-identical. A checkpoint written at cp4 resumes at one rank (its 5
-# losses within 1e-5 of the uninterrupted run) and one written at one
-# rank resumes at cp2. The activation arena falls as 1/cp: the measured
-# peak at cp2 and cp4 equals the planner's byte for byte and is half and
-# a quarter of one rank's (plus the rows' positions, 4 B each). Bad --cp exits 2 with one
+# bit-identical, and so is the deferred-ops table at cp2 with documents.
+# A checkpoint written at cp4 resumes at one rank (its 5 losses within
+# 1e-5 of the uninterrupted run) and one written at one rank resumes at
+# cp2. The activation arena falls as 1/cp: the measured peak at cp2 and
+# cp4 equals the planner's byte for byte and is half and a quarter of one
+# rank's (plus the rows' positions, 4 B each). Bad --cp exits 2 with one
 # line. test_ring_attn checks the ring's schedule and blocks against the
-# whole-sequence attention; test_cp_ring.sh the ring over MPI.
+# whole-sequence attention; test_cp_ring.sh the ring over MPI; the CUDA
+# ring ops run under emulation in test/emu/test_ring_emu. The CP group's
+# load balance and the ring's overlap are bench/cp.sh's (timings).
 . "$top_srcdir/test/common.sh"
 
 LC_MIN_VALUES=21
@@ -50,6 +53,14 @@ if "$DTRAIN_PREPARE" --out "$P" --format megatron --doc-separator '\n' --val-fra
     done
 else
     fail "dtrain-prepare: $(tail -n 2 "$TMP/prepare.log")"
+fi
+
+# ---- the deferred-ops table (DTRAIN_DEFER_OPS=1: the CPU ops queued as
+# an asynchronous backend's are, so the ring's waits on the backend are
+# exercised) gives the same bits ----
+if [ -f "$TMP/doc.tiny-llama.2.json" ]; then
+    DTRAIN_DEFER_OPS=1 layout_run "$TMP/defer.json" 2 $S --model tiny-llama $D --cp 2 &&
+        layout_twice "$TMP/doc.tiny-llama.2.json" "$TMP/defer.json" "tiny-llama --doc-mask --cp 2 deferred ops vs direct:"
 fi
 
 # ---- determinism ----
