@@ -767,7 +767,9 @@ static comm_t **slot(nccl_grid_t *ng, const char *name)
         return &ng->eshard;
     if (strcmp(name, "cp") == 0)
         return &ng->cp;
-    return &ng->replica;
+    if (strcmp(name, "replica") == 0)
+        return &ng->replica;
+    return NULL; /* a grid group without a twin here: nccl_grid_create refuses it */
 }
 
 int nccl_grid_create(const grid_t *g, nccl_grid_t *ng, void *after_stream, double timeout_s, char *err, size_t errlen)
@@ -803,6 +805,12 @@ int nccl_grid_create(const grid_t *g, nccl_grid_t *ng, void *after_stream, doubl
         failed = 1;
     }
     for (int i = 0; i < n && !failed; i++) {
+        comm_t **at = slot(ng, names[i]);
+        if (!at) {
+            snprintf(err, errlen, "internal error: NCCL setup: no twin slot for the grid's group %s", names[i]);
+            failed = 1;
+            break;
+        }
         nccl_comm_t *m = calloc(1, sizeof *m);
         if (!m) {
             snprintf(err, errlen, "NCCL setup: out of memory");
@@ -817,7 +825,7 @@ int nccl_grid_create(const grid_t *g, nccl_grid_t *ng, void *after_stream, doubl
         m->nc = nc[i];
         nc[i] = NULL;
         m->timeout_s = timeout_s;
-        *slot(ng, names[i]) = &m->pub;
+        *at = &m->pub;
         cudaError_t ce = cudaStreamCreateWithFlags(&m->stream, cudaStreamNonBlocking);
         if (ce != cudaSuccess) {
             m->stream = NULL;
