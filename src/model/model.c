@@ -67,6 +67,11 @@ static status_t tp_allreduce(model_t *m, float *buf, size_t n, comm_op_t op, cha
     return rc != 0 ? tp_fail(cerr, err, errlen) : STATUS_OK;
 }
 
+status_t model_tp_sum(model_t *m, float *buf, size_t n, char *err, size_t errlen)
+{
+    return tp_allreduce(m, buf, n, COMM_SUM, err, errlen);
+}
+
 /* all[P*n_each] = every rank's rows in rank order */
 static status_t tp_allgather(model_t *m, float *all, const float *mine, size_t n_each, char *err, size_t errlen)
 {
@@ -1482,7 +1487,7 @@ static status_t moe_block_bwd(model_t *m, const block_acts_t *a, const block_ten
     moe_bwd_router(m, &a->moe, w, g, a->ln2, m->dln, tp0 || whole, accum, N);
     /* whole experts: each TP rank's router gradient is its rows' part */
     if (whole && last)
-        CHECK(moe_tp_sum(m, g->router, (size_t)m->cfg.moe.experts * (size_t)m->cfg.d_model, err, errlen));
+        CHECK(tp_allreduce(m, g->router, (size_t)m->cfg.moe.experts * (size_t)m->cfg.d_model, COMM_SUM, err, errlen));
     if (!w->sgate)
         return STATUS_OK;
     CHECK(tp_allreduce(m, m->msdz, (size_t)N, COMM_SUM, err, errlen));

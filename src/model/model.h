@@ -338,6 +338,11 @@ void model_mm_bwd(model_t *m, float *din, float *dw, float *db, const float *dou
 void model_mm_dgelu_bwd(model_t *m, float *din, float *dw, float *db, const float *dout, const float *in,
                         const uint16_t *in16, const float *pre, const float *w, int N, int IC, int OC, int accum_dw);
 
+/* buf[n] (backend memory) summed over the TP group in place, timed with
+ * the TP collectives (m->tp_comm_s); no-op at tp 1. For the model's own
+ * files (moe.c: --etp 1's routing statistics). */
+status_t model_tp_sum(model_t *m, float *buf, size_t n, char *err, size_t errlen);
+
 /* The grouped GEMMs (ops gmm_fwd/gmm_bwd, base/ops.h) in the model's
  * precision, as model_mm_*: G groups of rows by the host offsets offs
  * (offs[0] = 0), weights w[G,OC,IC] and biases b[G,OC]; the backward

@@ -48,20 +48,6 @@ static status_t ep_alltoallv(model_t *m, const void *send, const size_t *scnt, c
                            : STATUS_OK;
 }
 
-/* --etp 1: x[n] (backend memory) summed over the TP group in place, timed
- * with the TP collectives. */
-status_t moe_tp_sum(model_t *m, float *x, size_t n, char *err, size_t errlen)
-{
-    m->ops->sync(m->ops->ctx);
-    const double t0 = trace_now();
-    char cerr[COMM_ERR_MAX];
-    comm_t *c = m->lay.tp;
-    const status_t rc = c->ops->allreduce(c, x, n, COMM_FP32, COMM_SUM, cerr, sizeof cerr);
-    m->tp_comm_s += trace_now() - t0;
-    return rc != STATUS_OK ? status_set(rc, err, errlen, "tensor-parallel all-reduce (MoE) failed: %.400s", cerr)
-                           : STATUS_OK;
-}
-
 /* The dispatch's layouts in rows times unit, into m->ma2a_host [4P]:
  * sends (scnt, sdsp: this rank's assignments to EP rank q's experts, a
  * run of its dispatch order) and receives (rcnt, rdsp: what each source
@@ -205,7 +191,7 @@ status_t moe_fwd(model_t *m, moe_acts_t *a, const block_tensors_t *w, const floa
     o->moe_stats(o->ctx, m->mstats, a->idx, a->scores, a->lse, N, E, K, sig);
     /* --etp 1: the losses are the whole micro batch's, over every TP share */
     if (moe_etp_whole(m))
-        CHECK(moe_tp_sum(m, m->mstats, 2 * (size_t)E + 2, err, errlen));
+        CHECK(model_tp_sum(m, m->mstats, 2 * (size_t)E + 2, err, errlen));
     /* the host needs each expert's row count for its GEMMs */
     o->to_host(o->ctx, a->hoffs, a->offs, ((size_t)E + 1) * sizeof(int32_t));
     o->to_host(o->ctx, m->mstats_host, m->mstats, (2 * (size_t)E + 2) * sizeof(float));

@@ -49,9 +49,7 @@ int moe_ffn_local(const model_t *m);
 int moe_fcw_local(const model_t *m);
 /* The tokens of N this rank routes: N, or N / tp under --etp 1. */
 int moe_tokens(const model_t *m, int N);
-/* x[n] (backend memory) summed over the TP group in place (--etp 1's
- * router gradient and routing statistics). */
-status_t moe_tp_sum(model_t *m, float *x, size_t n, char *err, size_t errlen);
+
 
 /* out[N,C] (written) = this rank's partial combine of ln2[N,C]'s tokens
  * through the router (w->router, and the expert bias m->mbias of local
