@@ -50,6 +50,16 @@ int launch_catch_stop_signals(void)
     sa.sa_flags = SA_RESTART;
     if (sigemptyset(&sa.sa_mask) != 0 || sigaction(SIGUSR1, &sa, NULL) != 0 || sigaction(SIGTERM, &sa, NULL) != 0)
         return -1;
+    /* SIGPIPE ignored (as Python, and so Megatron and torchtitan, do): a
+     * write to a socket whose far end died (Open MPI's TCP transport to a
+     * lost node, a dtrain-serve client that hung up) or to a closed stdout
+     * pipe fails with EPIPE instead of killing the rank without a word;
+     * the transport reports the error, or the --comm-timeout watchdog ends
+     * the job with its line naming the lost ranks. */
+    sa.sa_handler = SIG_IGN;
+    sa.sa_flags = 0;
+    if (sigaction(SIGPIPE, &sa, NULL) != 0)
+        return -1;
     return 0;
 }
 

@@ -61,8 +61,9 @@ void launch_init(launch_env_t *env, int *argc, char ***argv);
 void launch_describe(const launch_env_t *env, FILE *out);
 
 /* Installs the SIGUSR1/SIGTERM handlers that only record the signal (for
- * programs that stop cleanly at a safe point; the others keep the default
- * actions). Call after launch_init, so that MPI's handlers do not replace
+ * programs that stop cleanly at a safe point) and ignores SIGPIPE (a write
+ * to a dead peer's socket fails with EPIPE); the others keep the default
+ * actions. Call after launch_init, so that MPI's handlers do not replace
  * them. 0, or -1 when sigaction fails. */
 int launch_catch_stop_signals(void);
 

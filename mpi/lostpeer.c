@@ -23,12 +23,13 @@
 
 #include "mpi/clock.h"
 
-#define MAGIC 0x64744c50u /* "dtLP" */
-#define RESEND_S 0.05     /* a question is asked again this often until answered */
-#define FIND_WAIT_S 0.2   /* how long the search for the judge waits on each step */
-#define CHECK_WAIT_S 3.0  /* the start-up check's patience: the peers' threads may start late */
-#define WINDOW 128        /* ranks asked at once */
-#define RCVBUF (4 << 20)  /* answers to WINDOW questions sent to several addresses each */
+#define MAGIC 0x64744c50u  /* "dtLP" */
+#define RESEND_S 0.05      /* a question is asked again this often until answered */
+#define FIND_WAIT_S 0.2    /* how long the search for the judge waits on each step */
+#define CHECK_WAIT_S 3.0   /* the start-up check's patience: the peers' threads may start late */
+#define CLAIM_SETTLE_S 0.2 /* how long a rank that claimed the line listens for a lower rank's claim */
+#define WINDOW 128         /* ranks asked at once */
+#define RCVBUF (4 << 20)   /* answers to WINDOW questions sent to several addresses each */
 
 /* ASK: are you there (flag: and judge, you are the lowest rank that is);
  * ANSWER: yes (flag: I know the verdict); VERDICT: the ranks still there
@@ -66,6 +67,7 @@ struct lostpeer {
     atomic_int checked;     /* lostpeer_check passed: a SIGTERM asks */
     atomic_int verdict;     /* a VERDICT came, or this rank judged */
     atomic_int line;        /* a rank printed the job's line (a VERDICT with the flag, or this one) */
+    atomic_int line_from;   /* the lowest other rank whose VERDICT had the flag (size: none) */
     atomic_int judge_asked; /* a rank asked this one to judge */
     pthread_mutex_t rx;     /* reading the answering socket: the thread, and lostpeer_claim_line */
     /* lostpeer_claim_line's survey, run by the thread: the ranks that did
@@ -159,6 +161,7 @@ lostpeer_t *lostpeer_open(int rank, int size, const char *who, lostpeer_addr_t *
     }
     lp->rank = rank;
     lp->size = size;
+    atomic_init(&lp->line_from, size);
     lp->answer_fd = lp->ask_fd = lp->wake[0] = lp->wake[1] = -1;
     lp->rx = lp->survey_mu = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
     lp->survey_cv = (pthread_cond_t)PTHREAD_COND_INITIALIZER;
@@ -247,8 +250,12 @@ static void answer_questions(lostpeer_t *lp)
     while (receive(lp, lp->answer_fd, &m, &from)) {
         if (m.type == VERDICT) {
             atomic_store(&lp->verdict, 1);
-            if (m.flag)
+            if (m.flag) {
                 atomic_store(&lp->line, 1);
+                int low = atomic_load(&lp->line_from);
+                while ((int)m.from < low && !atomic_compare_exchange_weak(&lp->line_from, &low, (int)m.from)) {
+                }
+            }
         } else if (m.type == ASK) {
             struct msg r = {htonl(MAGIC),
                             htonl(ANSWER),
@@ -625,6 +632,7 @@ int lostpeer_claim_line(lostpeer_t *lp, char *silent, size_t len)
     answer_questions(lp);
     if (atomic_exchange(&lp->line, 1))
         return 1;
+    const double claimed = now_s();
     send_verdict(lp, 1);
     /* the survey, on the thread that owns the asking socket; it may be busy
      * with a SIGTERM's questions for up to a second first */
@@ -643,7 +651,19 @@ int lostpeer_claim_line(lostpeer_t *lp, char *silent, size_t len)
     if (lp->survey_done && len > 0)
         snprintf(silent, len, "%s", lp->survey);
     pthread_mutex_unlock(&lp->survey_mu);
-    return 0;
+    /* two watchdogs that fire within one datagram's flight of each other
+     * both claimed (a rank waiting on a lost peer and its TP partner
+     * waiting on it time out in the same second): the lower rank prints.
+     * Its VERDICT is sent before its survey, so by the end of this one's,
+     * and at least CLAIM_SETTLE_S after the claim, it is here. */
+    const double settle = claimed + CLAIM_SETTLE_S - now_s();
+    if (settle > 0) {
+        struct timespec t = {0, (long)(settle * 1e9)};
+        while (nanosleep(&t, &t) != 0 && errno == EINTR) {
+        }
+    }
+    answer_questions(lp);
+    return atomic_load(&lp->line_from) < lp->rank;
 }
 
 void lostpeer_close(lostpeer_t *lp)

@@ -94,8 +94,9 @@ void lostpeer_set_context(lostpeer_t *lp, void (*describe)(void *ctx, char *buf,
 int lostpeer_term_fd(const lostpeer_t *lp);
 
 /* This rank is about to end the job with a line of its own (the
- * watchdog's): 1 when another rank printed the job's line already (this
- * one should then print nothing), else 0, every rank is told, so that
+ * watchdog's): 1 when another rank printed the job's line already, or a
+ * lower rank claimed it within 0.2 s of this one (this one should then
+ * print nothing), else 0; every rank is told, so that
  * none prints another (the report, or its own watchdog's), and `silent`
  * gets the ranks that do not answer within LOSTPEER_WAIT_S ("ranks 2,3 on
  * node2"; "" when all do, or when the thread did not get to it within 2

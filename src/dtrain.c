@@ -55,7 +55,8 @@ int main(int argc, char **argv)
     /* from here on SIGUSR1/SIGTERM stop the run at a step boundary, with a
      * checkpoint, instead of killing it */
     int failed = launch_catch_stop_signals() != 0;
-    if (launch_any_failed(&env, "dtrain", failed, "cannot install the SIGUSR1/SIGTERM handlers: sigaction failed"))
+    if (launch_any_failed(&env, "dtrain", failed,
+                          "cannot install the SIGUSR1/SIGTERM handlers or ignore SIGPIPE: sigaction failed"))
         launch_exit(&env, 1);
 
     /* --cp N: the grid's DP axis holds dp x cp ranks (grid.h), the CP
@@ -63,9 +64,10 @@ int main(int argc, char **argv)
     const int cp = opt.cp > 1 ? opt.cp : 1;
     if (cp > 1 && (opt.tp < 1 || opt.pp < 1 || env.world_size % (opt.tp * opt.pp * cp) != 0)) {
         if (env.world_rank == 0)
-            fprintf(stderr, "dtrain: error: world size %d is not divisible by --tp %d x --cp %d x --pp %d = %d: launch "
-                    "a multiple of %d ranks\n", env.world_size, opt.tp, cp, opt.pp, opt.tp * cp * opt.pp,
-                    opt.tp * cp * opt.pp);
+            fprintf(stderr,
+                    "dtrain: error: world size %d is not divisible by --tp %d x --cp %d x --pp %d = %d: launch "
+                    "a multiple of %d ranks\n",
+                    env.world_size, opt.tp, cp, opt.pp, opt.tp * cp * opt.pp, opt.tp * cp * opt.pp);
         launch_exit(&env, 2);
     }
     grid_t grid;

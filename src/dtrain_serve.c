@@ -70,7 +70,7 @@ int main(int argc, char **argv)
     }
     /* a stop signal is a request to stop serving, taken between requests */
     if (launch_any_failed(&env, PROG, launch_catch_stop_signals() != 0,
-                          "cannot install the SIGUSR1/SIGTERM handlers: sigaction failed"))
+                          "cannot install the SIGUSR1/SIGTERM handlers or ignore SIGPIPE: sigaction failed"))
         launch_exit(&env, 1);
 
     static serve_model_t sm;

@@ -16,6 +16,8 @@
  *                lost; the others get SIGTERM: no line
  *   claim        rank 0 claims the job's line, then the others try: each
  *                is told to stay quiet ("claim: rank R: quiet")
+ *   together     every rank claims the line at once (watchdogs that time
+ *                out in the same second): rank 0 alone prints
  *   badport      rank 0 has a wrong port for rank 3: its start-up check
  *                fails, naming rank 3 ("check: ..." on stdout) */
 #include <signal.h>
@@ -104,6 +106,9 @@ int main(int argc, char **argv)
         launch_mpi_check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier");
         if (me != 0)
             printf("claim: rank %d: %s\n", me, lostpeer_claim_line(lp, silent, sizeof silent) ? "quiet" : "first");
+        fflush(stdout);
+    } else if (strcmp(mode, "together") == 0) {
+        printf("claim: rank %d: %s\n", me, lostpeer_claim_line(lp, silent, sizeof silent) ? "quiet" : "first");
         fflush(stdout);
     } else if (strcmp(mode, "staggered") == 0) {
         if (me < 2) { /* the first node's ranks: SIGTERM, then killed */

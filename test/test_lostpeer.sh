@@ -7,7 +7,8 @@
 #  - test_lostpeer (4 ranks playing two hosts): which ranks are named, by
 #    whom, exactly once; no line for preemption, for a launcher that ends
 #    one node's ranks before the others', or after the watchdog's line; the
-#    first watchdog line is the job's (the others are told to stay quiet);
+#    first watchdog line is the job's (the others are told to stay quiet),
+#    and of watchdogs that fire at once the lowest rank's;
 #    the start-up check names a rank that cannot be reached;
 #  - dtrain at tp2 x pp2: ranks 2,3 stopped (SIGSTOP: they answer nothing),
 #    ranks 0,1 get SIGTERM as from mpirun: the line names ranks 2,3 within
@@ -55,6 +56,15 @@ if grep -qx 'claim: rank 0: first' "$TMP/claim.log" && [ "$(grep -c '^claim: ran
     pass "the job's line claimed by rank 0: ranks 1-3 told to stay quiet"
 else
     fail "claims: $(grep -v ': ok$' "$TMP/claim.log" | head -c 600)"
+fi
+
+# every rank's watchdog fires in the same instant (rank 0 waiting on a lost
+# peer, rank 1 on rank 0): the lowest rank prints, the others stay quiet
+"$MPIEXEC" --quiet -np 4 "$LP" together >"$TMP/together.log" 2>&1
+if grep -qx 'claim: rank 0: first' "$TMP/together.log" && [ "$(grep -c '^claim: rank [1-3]: quiet$' "$TMP/together.log")" -eq 3 ]; then
+    pass "the job's line claimed by all 4 ranks at once: rank 0 prints, ranks 1-3 stay quiet"
+else
+    fail "claims at once: $(grep -v ': ok$' "$TMP/together.log" | head -c 600)"
 fi
 
 "$MPIEXEC" --quiet -np 4 "$LP" badport >"$TMP/bp.log" 2>&1
