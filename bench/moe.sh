@@ -13,11 +13,20 @@
 # mixture, 8 experts of width 768, top-4 (active parameters as
 # gpt2-124m's, 198M in all), against gpt2-124m, micro batch 1 x seq 256.
 # One thread per rank.
+#
+# WARM=W (environment; default 0): first train each model W steps on the
+# NP ranks (at --ep 1) and time the runs resumed from that checkpoint
+# (a checkpoint resumes at any --ep), so the router has learned to
+# balance its experts (tiny-moe's busiest expert falls from 2.3x the mean
+# load at step 6 to about 1.4x by step 200): a run spends nearly all its
+# steps there, and the all-to-all waits for the rank with the busiest
+# experts. WARM=0 times the first steps of a fresh model.
 set -eu
 shape=${1:-tiny}
 np=${2:-4}
 steps=${3:-8}
 rounds=${4:-3}
+warm=${WARM:-0}
 dtrain=${DTRAIN:-./src/dtrain}
 data=${DATA:-data/gutenberg_train_*.bin}
 out=$(mktemp -d)
@@ -43,12 +52,25 @@ esac
 median_of() { # values on stdin, one a line
     sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print 0; else if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
+train() { # STEPS ARGS...: one run of NP ranks
+    n=$1
+    shift
+    mpirun --oversubscribe --bind-to none --quiet -np "$np" "$dtrain" --data "$data" --val-every 0 --sample-tokens 0 \
+        --steps "$n" --warmup 1 --threads 1 $batch "$@" >"$out/log" 2>&1 || { cat "$out/log"; exit 1; }
+}
+# with WARM: each model's step-W checkpoint, trained once at --ep 1
+if [ "$warm" -gt 0 ]; then
+    train "$warm" $dense --ckpt-dir "$out/ckpt.dense" --ckpt-every "$warm"
+    train "$warm" $moe --ckpt-dir "$out/ckpt.moe" --ckpt-every "$warm"
+fi
+from() { # dense|moe: the options that resume from its warm checkpoint
+    [ "$warm" -gt 0 ] && echo "--resume $out/ckpt.$1/$(cat "$out/ckpt.$1/latest")"
+    return 0
+}
 run() { # NAME ARGS...: one run's median ms/step and a2a ms/step (step 1 pays for first touch)
     name=$1
     shift
-    mpirun --oversubscribe --bind-to none --quiet -np "$np" "$dtrain" --data "$data" --val-every 0 --sample-tokens 0 \
-        --steps "$steps" --warmup 1 --threads 1 --metrics "$out/m.json" $batch "$@" >"$out/log" 2>&1 ||
-        { cat "$out/log"; exit 1; }
+    train $((warm + steps)) --metrics "$out/m.json" "$@"
     sed -n 's/.*"ms": \([0-9.]*\).*/\1/p' "$out/m.json" | tail -n +2 | median_of >>"$out/ms.$name"
     sed -n 's/.*"a2a_ms": \([0-9.]*\).*/\1/p' "$out/m.json" | tail -n +2 | median_of >>"$out/a2a.$name"
     sed -n 's/.*"tokens_per_s": \([0-9.]*\).*/\1/p' "$out/m.json" | tail -n +2 | median_of >>"$out/tok.$name"
@@ -58,12 +80,12 @@ names="dense"
 for ep in 1 2 4; do
     [ $((np % ep)) -eq 0 ] && names="$names ep$ep"
 done
-echo "mpirun -np $np dtrain $batch --threads 1: $dense against $moe --ep 1|2|4, $steps steps, $rounds rounds"
+echo "mpirun -np $np dtrain $batch --threads 1: $dense against $moe --ep 1|2|4, $steps steps, $rounds rounds$([ "$warm" -gt 0 ] && echo ", from step $warm")"
 for r in $(seq 1 "$rounds"); do
     for n in $names; do
         case $n in
-        dense) run dense $dense ;;
-        ep*) run "$n" $moe --ep "${n#ep}" ;;
+        dense) run dense $dense $(from dense) ;;
+        ep*) run "$n" $moe --ep "${n#ep}" $(from moe) ;;
         esac
     done
 done
