@@ -295,6 +295,19 @@ plan_json "$TMP/f.json" $L70 --zero 1 --recompute selective && {
                 pass "llama-70b without att_bf16 (fp32 attention kernels): MFU $mfun below $mfud" ||
                 fail "llama-70b without att_bf16: MFU $mfun, with it $mfud"
         }
+        # --tp-comm-dtype bf16: the activations' TP bytes halve (the
+        # last stage's cross-entropy statistics stay fp32, so stage 0's
+        # are exactly half), their time about halves, the MFU rises
+        plan_json "$TMP/fb.json" $L70BASE --plan-dtype bf16 --zero 1 --recompute selective --tp-comm-dtype bf16 && {
+            t32=$(jget "$TMP/fd.json" bytes_sent.tp)
+            t16=$(jget "$TMP/fb.json" bytes_sent.tp)
+            mfub=$(jget "$TMP/fb.json" mfu)
+            grep -q "^precision: .*tensor-parallel activations on the wire in bf16 (--tp-comm-dtype bf16))$" \
+                "$TMP/fb.json.txt" && [ "$((t32 / 2))" = "$t16" ] &&
+                awk -v a="$mfub" -v b="$mfud" 'BEGIN { exit !(a > b) }' &&
+                pass "llama-70b --tp-comm-dtype bf16: stage 0 sends $t16 B over TP (fp32 wire $t32), MFU $mfub (fp32 wire $mfud)" ||
+                fail "llama-70b --tp-comm-dtype bf16: tp bytes $t16 vs $t32, MFU $mfub vs $mfud: $(grep '^precision' "$TMP/fb.json.txt")"
+        }
     }
 }
 # ZeRO stages shrink the data-parallel rank's state: optimizer 1/dp at zero 1

@@ -98,6 +98,65 @@ static status_t tp_reduce_scatter(model_t *m, float *mine, const float *all, siz
     return rc != 0 ? tp_fail(cerr, err, errlen) : STATUS_OK;
 }
 
+/* The activations' collectives (the row-parallel sums, sequence
+ * parallelism's gathers and scatters, and their gradients'): fp32, or
+ * under --tp-comm-dtype bf16 rounded into the bf16 GEMM workspaces (a16:
+ * the whole [N*C] side, d16: one rank's piece), sent and summed in bf16,
+ * and widened back. Nothing else uses a16 and d16 between a GEMM and the
+ * next, where these run. */
+static status_t tp_act_sum(model_t *m, float *buf, size_t n, char *err, size_t errlen)
+{
+    if (!m->lay.tp_bf16 || !tp_active(m))
+        return tp_allreduce(m, buf, n, COMM_SUM, err, errlen);
+    const ops_t *o = m->ops;
+    o->cast_f32_to_bf16(o->ctx, m->a16, buf, n);
+    o->sync(o->ctx);
+    double t0 = trace_now();
+    char cerr[COMM_ERR_MAX];
+    int rc = m->lay.tp->ops->allreduce(m->lay.tp, m->a16, n, COMM_BF16, COMM_SUM, cerr, sizeof cerr);
+    m->tp_comm_s += trace_now() - t0;
+    if (rc != 0)
+        return tp_fail(cerr, err, errlen);
+    o->cast_bf16_to_f32(o->ctx, buf, m->a16, n);
+    return STATUS_OK;
+}
+
+/* all[P*n_each] = every rank's mine[n_each], in rank order */
+static status_t tp_act_gather(model_t *m, float *all, const float *mine, size_t n_each, char *err, size_t errlen)
+{
+    if (!m->lay.tp_bf16 || !tp_active(m))
+        return tp_allgather(m, all, mine, n_each, err, errlen);
+    const ops_t *o = m->ops;
+    o->cast_f32_to_bf16(o->ctx, m->d16, mine, n_each);
+    o->sync(o->ctx);
+    double t0 = trace_now();
+    char cerr[COMM_ERR_MAX];
+    int rc = m->lay.tp->ops->allgather(m->lay.tp, m->d16, m->a16, n_each, COMM_BF16, cerr, sizeof cerr);
+    m->tp_comm_s += trace_now() - t0;
+    if (rc != 0)
+        return tp_fail(cerr, err, errlen);
+    o->cast_bf16_to_f32(o->ctx, all, m->a16, n_each * (size_t)tp_size(m));
+    return STATUS_OK;
+}
+
+/* mine[n_each] = the sum over ranks of all's piece r (this rank's) */
+static status_t tp_act_scatter(model_t *m, float *mine, const float *all, size_t n_each, char *err, size_t errlen)
+{
+    if (!m->lay.tp_bf16 || !tp_active(m))
+        return tp_reduce_scatter(m, mine, all, n_each, err, errlen);
+    const ops_t *o = m->ops;
+    o->cast_f32_to_bf16(o->ctx, m->a16, all, n_each * (size_t)tp_size(m));
+    o->sync(o->ctx);
+    double t0 = trace_now();
+    char cerr[COMM_ERR_MAX];
+    int rc = m->lay.tp->ops->reduce_scatter(m->lay.tp, m->a16, m->d16, n_each, COMM_BF16, cerr, sizeof cerr);
+    m->tp_comm_s += trace_now() - t0;
+    if (rc != 0)
+        return tp_fail(cerr, err, errlen);
+    o->cast_bf16_to_f32(o->ctx, mine, m->d16, n_each);
+    return STATUS_OK;
+}
+
 /* A compute span from t0 to now on the trace (no-op without --trace):
  * "fwd h.3", "bwd head". layer -1 = not a block. On an asynchronous
  * backend it waits for the span's kernels, so a traced run measures them
@@ -411,7 +470,8 @@ static size_t wdout_floats(const model_t *m, size_t N)
     int rows, fc, qkv;
     wdout_fits(m, &rows, &fc, &qkv);
     const size_t NR = (size_t)res_rows(m, (int)N);
-    return (rows ? 0 : 2 * NR * (size_t)m->cfg.d_model) + N * ((fc ? 0 : max_fcw(m)) + (qkv ? 0 : (size_t)qkv_width(m)));
+    return (rows ? 0 : 2 * NR * (size_t)m->cfg.d_model) +
+           N * ((fc ? 0 : max_fcw(m)) + (qkv ? 0 : (size_t)qkv_width(m)));
 }
 
 static void layout_acts(model_t *m, char *acts, size_t *acts_bytes, char *work, size_t *work_bytes)
@@ -522,7 +582,7 @@ static void layout_acts(model_t *m, char *acts, size_t *acts_bytes, char *work, 
             wmax = FW * C;
         if (m->lay.part.has_head && !fused && Vl > oc)
             oc = Vl;
-        size_t rows_a = N * ic, rows_d = N * oc; /* elements of a16 and d16 */
+        size_t rows_a = N * ic, rows_d = N * oc;     /* elements of a16 and d16 */
         if (fused && (size_t)m->xrows * Vl > rows_d) /* a chunk's dlogits */
             rows_d = (size_t)m->xrows * Vl;
         if (has_moe(m)) { /* the experts' R rows: xe [R,C] and ae [R,Fe] in, dhe [R,FWe] and dye [R,C] out */
@@ -644,10 +704,12 @@ static int check_shapes(const model_config_t *cfg, const model_layout_t *lay, in
         return -1;
     }
     const int EP = lay->part.ep_size > 1 ? lay->part.ep_size : 1;
-    if (EP > 1 && (!cfg->moe.experts || cfg->moe.experts % EP || !lay->ep || lay->ep->size != EP ||
-                   !lay->ep->ops->alltoallv)) {
-        snprintf(err, errlen, "--ep %d needs a MoE model whose experts it divides and an EP group of %d ranks with an "
-                 "all-to-all", EP, EP);
+    if (EP > 1 &&
+        (!cfg->moe.experts || cfg->moe.experts % EP || !lay->ep || lay->ep->size != EP || !lay->ep->ops->alltoallv)) {
+        snprintf(err, errlen,
+                 "--ep %d needs a MoE model whose experts it divides and an EP group of %d ranks with an "
+                 "all-to-all",
+                 EP, EP);
         return -1;
     }
     if (lay->sequence_parallel && ((size_t)B * (size_t)T) % (size_t)P) {
@@ -793,8 +855,8 @@ int model_create(model_t *m, const model_config_t *cfg, const ops_t *ops, const 
     if (m->mbias) /* no expert bias until model_moe_bias_set */
         ops->zero(ops->ctx, m->mbias, (size_t)param_layout_blocks(&lay->part) * cfg->moe.experts * sizeof(float));
     if (cp_on(m)) { /* the ring for this micro batch: T/cp local rows of a T-token sequence */
-        const cp_ring_shape_t sh = {.B = B, .T = T * lay->cp_size, .NH = heads(m), .NKV = kv_heads(m),
-                                    .HS = model_head_size(cfg)};
+        const cp_ring_shape_t sh = {
+            .B = B, .T = T * lay->cp_size, .NH = heads(m), .NKV = kv_heads(m), .HS = model_head_size(cfg)};
         if (!lay->cp || cp_ring_create(lay->cp, ops, &sh, &m->ring, err, errlen) != STATUS_OK) {
             if (!lay->cp)
                 snprintf(err, errlen, "internal error: --cp %d without a CP communicator", lay->cp_size);
@@ -924,8 +986,8 @@ void model_moe_bias_set(model_t *m, const float *bias)
 {
     const size_t E = (size_t)m->cfg.moe.experts;
     for (int i = 0; m->mbias && i < m->n_local; i++)
-        m->ops->from_host(m->ops->ctx, m->mbias + (size_t)i * E,
-                          bias + (size_t)param_layout_layer(&m->lay.part, i) * E, E * sizeof(float));
+        m->ops->from_host(m->ops->ctx, m->mbias + (size_t)i * E, bias + (size_t)param_layout_layer(&m->lay.part, i) * E,
+                          E * sizeof(float));
 }
 
 /* The bf16 weights of w[OC*IC] (--dtype bf16): its place in params16,
@@ -951,7 +1013,7 @@ static const uint16_t *weight16(model_t *m, const float *w, size_t n)
  * activation the backward reads again, or with keep16 NULL into the a16
  * workspace. */
 void model_mm_fwd(model_t *m, float *out, const float *in, uint16_t *keep16, const float *w, const float *b, int N,
-                   int IC, int OC)
+                  int IC, int OC)
 {
     const ops_t *o = m->ops;
     if (!m->lay.bf16) {
@@ -1000,7 +1062,7 @@ static const uint16_t *mm_bwd_operands16(model_t *m, const float *dout, const fl
  * rounded to bf16 for the two GEMMs (mixed precision's usual backward);
  * the bias gradient sums the fp32 dout. */
 void model_mm_bwd(model_t *m, float *din, float *dw, float *db, const float *dout, const float *in,
-                   const uint16_t *in16, const float *w, int N, int IC, int OC, int accum_din, int accum_dw)
+                  const uint16_t *in16, const float *w, int N, int IC, int OC, int accum_din, int accum_dw)
 {
     const ops_t *o = m->ops;
     if (!m->lay.bf16) {
@@ -1016,7 +1078,7 @@ void model_mm_bwd(model_t *m, float *din, float *dw, float *db, const float *dou
  * gradient at the GELU's input (written): GPT-2's proj backward and the
  * GELU's as one op (a GEMM with a DGELU epilogue on CUDA). */
 void model_mm_dgelu_bwd(model_t *m, float *din, float *dw, float *db, const float *dout, const float *in,
-                         const uint16_t *in16, const float *pre, const float *w, int N, int IC, int OC, int accum_dw)
+                        const uint16_t *in16, const float *pre, const float *w, int N, int IC, int OC, int accum_dw)
 {
     const ops_t *o = m->ops;
     if (!m->lay.bf16) {
@@ -1072,7 +1134,7 @@ static status_t norm_fwd_gather(model_t *m, float *out, float *mean, float *rstd
     else
         m->ops->rmsnorm_fwd(m->ops->ctx, dst, rstd, x, w, NR, C, c->norm_eps);
     (void)N;
-    return m->lay.sequence_parallel ? tp_allgather(m, out, m->lnr, (size_t)NR * C, err, errlen) : STATUS_OK;
+    return m->lay.sequence_parallel ? tp_act_gather(m, out, m->lnr, (size_t)NR * C, err, errlen) : STATUS_OK;
 }
 
 /* out[NR,C] = res[NR,C] + (in[N,IC] . w^T + b) summed over TP ranks: the
@@ -1085,10 +1147,10 @@ static status_t row_parallel_fwd(model_t *m, float *out, const float *res, const
     const float *bias = m->lay.part.tp_rank == 0 ? b : NULL;
     if (m->lay.sequence_parallel) {
         model_mm_fwd(m, m->tmp, in, keep16, w, bias, N, IC, C);
-        CHECK(tp_reduce_scatter(m, out, m->tmp, (size_t)NR * C, err, errlen));
+        CHECK(tp_act_scatter(m, out, m->tmp, (size_t)NR * C, err, errlen));
     } else {
         model_mm_fwd(m, out, in, keep16, w, bias, N, IC, C);
-        CHECK(tp_allreduce(m, out, (size_t)N * C, COMM_SUM, err, errlen));
+        CHECK(tp_act_sum(m, out, (size_t)N * C, err, errlen));
     }
     m->ops->add(m->ops->ctx, out, out, res, (size_t)NR * C);
     return STATUS_OK;
@@ -1136,24 +1198,24 @@ static status_t attention_fwd(model_t *m, const block_acts_t *a, const int32_t *
  * w_gate) per token under --moe-shared-gate, + the experts' combine of
  * ln2[N,C]) summed over TP ranks, as row_parallel_fwd sums the dense
  * MLP's. The combine goes through dfull (backward-only workspace). */
-static status_t moe_block_fwd(model_t *m, moe_acts_t *ma, const block_tensors_t *w, const float *ln2,
-                              const float *act, uint16_t *act16, const float *res, float *xout, int F, int N, int NR,
-                              int t, float dloss, int i, char *err, size_t errlen)
+static status_t moe_block_fwd(model_t *m, moe_acts_t *ma, const block_tensors_t *w, const float *ln2, const float *act,
+                              uint16_t *act16, const float *res, float *xout, int F, int N, int NR, int t, float dloss,
+                              int i, char *err, size_t errlen)
 {
     const int C = m->cfg.d_model;
     float *part = m->lay.sequence_parallel ? m->tmp : xout; /* [N,C] this rank's partial sum */
-    if (F > 0) /* gated: the output before the gate kept in ma->sy */
-        model_mm_fwd(m, w->sgate ? ma->sy : part, act, act16, w->wproj, m->lay.part.tp_rank == 0 ? w->bproj : NULL, N, F,
-               C);
+    if (F > 0)                                              /* gated: the output before the gate kept in ma->sy */
+        model_mm_fwd(m, w->sgate ? ma->sy : part, act, act16, w->wproj, m->lay.part.tp_rank == 0 ? w->bproj : NULL, N,
+                     F, C);
     if (F > 0 && w->sgate)
         moe_shared_gate_fwd(m, ma, w, ln2, ma->sy, part, N);
     CHECK(moe_fwd(m, ma, w, ln2, F > 0 ? m->dfull : part, N, t, dloss, i, err, errlen));
     if (F > 0)
         m->ops->add(m->ops->ctx, part, part, m->dfull, (size_t)N * C);
     if (m->lay.sequence_parallel)
-        CHECK(tp_reduce_scatter(m, xout, m->tmp, (size_t)NR * C, err, errlen));
+        CHECK(tp_act_scatter(m, xout, m->tmp, (size_t)NR * C, err, errlen));
     else
-        CHECK(tp_allreduce(m, xout, (size_t)N * C, COMM_SUM, err, errlen));
+        CHECK(tp_act_sum(m, xout, (size_t)N * C, err, errlen));
     m->ops->add(m->ops->ctx, xout, xout, res, (size_t)NR * C);
     return STATUS_OK;
 }
@@ -1220,10 +1282,10 @@ static status_t embed_fwd(model_t *m, model_slot_t *sl, int b, int t, char *err,
     const float *wpe = m->lay.part.tp_rank == 0 ? m->p.wpe : NULL; /* added once */
     if (m->lay.sequence_parallel) {
         m->ops->embedding_fwd(m->ops->ctx, m->tmp, sl->tokens, slot_pos(sl), m->p.wte, wpe, N, t, C, m->v0, m->v_held);
-        return tp_reduce_scatter(m, sl->x, m->tmp, (size_t)NR * C, err, errlen);
+        return tp_act_scatter(m, sl->x, m->tmp, (size_t)NR * C, err, errlen);
     }
     m->ops->embedding_fwd(m->ops->ctx, sl->x, sl->tokens, slot_pos(sl), m->p.wte, wpe, N, t, C, m->v0, m->v_held);
-    return tp_allreduce(m, sl->x, (size_t)N * C, COMM_SUM, err, errlen);
+    return tp_act_sum(m, sl->x, (size_t)N * C, err, errlen);
 }
 
 /* The head's logits of rows [r0, r0 + rows) of the slot into logits[rows,
@@ -1406,7 +1468,7 @@ static status_t dres_all_rows(model_t *m, int NR, const float **rows, char *err,
     *rows = m->lay.sequence_parallel ? m->dfull : m->dres;
     if (!m->lay.sequence_parallel)
         return STATUS_OK;
-    return tp_allgather(m, m->dfull, m->dres, (size_t)NR * m->cfg.d_model, err, errlen);
+    return tp_act_gather(m, m->dfull, m->dres, (size_t)NR * m->cfg.d_model, err, errlen);
 }
 
 /* dln[N,C] holds this rank's partial dL/d(norm output) from a
@@ -1419,10 +1481,10 @@ static status_t norm_bwd_reduce_from(model_t *m, float *dln, float *dw, float *d
     const int C = m->cfg.d_model;
     const float *dout = dln;
     if (m->lay.sequence_parallel) {
-        CHECK(tp_reduce_scatter(m, m->dlnr, dln, (size_t)NR * C, err, errlen));
+        CHECK(tp_act_scatter(m, m->dlnr, dln, (size_t)NR * C, err, errlen));
         dout = m->dlnr;
     } else {
-        CHECK(tp_allreduce(m, dln, (size_t)N * C, COMM_SUM, err, errlen));
+        CHECK(tp_act_sum(m, dln, (size_t)N * C, err, errlen));
     }
     if (m->cfg.arch == ARCH_GPT2)
         m->ops->layernorm_bwd(m->ops->ctx, m->dres, dw, db, dout, x, w, mean, rstd, NR, C, accum);
@@ -1541,17 +1603,17 @@ static status_t block_bwd(model_t *m, model_slot_t *sl, int i, int accum, int la
     }
     keep_dout(m, keep && !wg_proj ? keep->proj : NULL, dsh_rows, (size_t)NR * C); /* this rank's rows */
     if (F > 0 && gpt) {
-        model_mm_dgelu_bwd(m, dfc, wg_proj ? g->wproj : NULL, wg_proj ? g->bproj : NULL, dsh, a->fc_act, a->fc_act16, a->fc,
-                     w->wproj, N, F, C, accum);
+        model_mm_dgelu_bwd(m, dfc, wg_proj ? g->wproj : NULL, wg_proj ? g->bproj : NULL, dsh, a->fc_act, a->fc_act16,
+                           a->fc, w->wproj, N, F, C, accum);
     } else if (F > 0) {
-        model_mm_bwd(m, m->dbig, wg_proj ? g->wproj : NULL, wg_proj ? g->bproj : NULL, dsh, a->fc_act, a->fc_act16, w->wproj, N, F,
-               C, 0, accum);
+        model_mm_bwd(m, m->dbig, wg_proj ? g->wproj : NULL, wg_proj ? g->bproj : NULL, dsh, a->fc_act, a->fc_act16,
+                     w->wproj, N, F, C, 0, accum);
         o->swiglu_bwd(o->ctx, dfc, a->fc, m->dbig, N, F);
     }
     keep_dout(m, keep ? keep->fc : NULL, dfc, (size_t)N * layer_fcw(m, i));
     if (F > 0)
         model_mm_bwd(m, m->dln, wg ? g->wfc : NULL, wg ? g->bfc : NULL, dfc, a->ln2, a->ln2_16, w->wfc, N, C,
-               layer_fcw(m, i), 0, accum);
+                     layer_fcw(m, i), 0, accum);
     if (layer_moe(m, i))
         CHECK(moe_block_bwd(m, a, w, g, dout, F > 0, N, accum, last, err, errlen));
     CHECK(norm_bwd_reduce(m, g->ln2w, g->ln2b, a->res2, w->ln2w, a->ln2_mean, a->ln2_rstd, N, NR, accum, err, errlen));
@@ -1573,7 +1635,7 @@ static status_t block_bwd(model_t *m, model_slot_t *sl, int i, int accum, int la
     }
     keep_dout(m, keep ? keep->qkv : NULL, m->dbig2, (size_t)N * qkv_width(m));
     model_mm_bwd(m, m->dln, wg ? g->wqkv : NULL, wg ? g->bqkv : NULL, m->dbig2, a->ln1, a->ln1_16, w->wqkv, N, C,
-           qkv_width(m), 0, accum);
+                 qkv_width(m), 0, accum);
     CHECK(norm_bwd_reduce(m, g->ln1w, g->ln1b, x, w->ln1w, a->ln1_mean, a->ln1_rstd, N, NR, accum, err, errlen));
     CHECK(norm_grads_reduce(m, g->ln1w, g->ln1b, last, err, errlen));
     return norm_grads_reduce(m, g->ln2w, g->ln2b, last, err, errlen);
@@ -1705,7 +1767,7 @@ static status_t block_bwd_weight(model_t *m, model_slot_t *sl, int i, int next, 
     const wdout_at_t d = slot_wdout(m, sl, i);
     const float *d_proj = d.proj, *d_o = d.o; /* all rows: gathered again under sequence parallelism */
     if (proj_here && m->lay.sequence_parallel) {
-        CHECK(tp_allgather(m, m->dfull, d.proj, (size_t)NR * C, err, errlen));
+        CHECK(tp_act_gather(m, m->dfull, d.proj, (size_t)NR * C, err, errlen));
         d_proj = m->dfull;
     }
     if (proj_here)
@@ -1713,7 +1775,7 @@ static status_t block_bwd_weight(model_t *m, model_slot_t *sl, int i, int next, 
     if (F > 0) /* a dense MLP, or a MoE layer's shared expert */
         model_mm_bwd(m, NULL, g->wfc, g->bfc, d.fc, a->ln2, a->ln2_16, w->wfc, N, C, layer_fcw(m, i), 0, accum);
     if (m->lay.sequence_parallel) {
-        CHECK(tp_allgather(m, m->dfull, d.o, (size_t)NR * C, err, errlen));
+        CHECK(tp_act_gather(m, m->dfull, d.o, (size_t)NR * C, err, errlen));
         d_o = m->dfull;
     }
     model_mm_bwd(m, NULL, g->wo, g->bo, d_o, a->atty, NULL, w->wo, N, QD, C, 0, accum);

@@ -36,7 +36,7 @@
  * gate with up following it. NULL where the architecture has no such tensor. */
 typedef struct block_tensors {
     float *ln1w, *ln1b, *wqkv, *bqkv, *wo, *bo;
-    float *qnorm, *knorm; /* [HS] each: Llama with qk_norm (Qwen3) */
+    float *qnorm, *knorm;                           /* [HS] each: Llama with qk_norm (Qwen3) */
     float *ln2w, *ln2b, *wfc, *bfc, *wproj, *bproj; /* a MoE layer's: its shared expert's (NULL: none) */
     /* a MoE layer's router [E,C] and experts, stacked by expert (local
      * widths Fe = moe.ffn/P, FWe = Fe or 2Fe for SwiGLU): ewfc [E][FWe,C]
@@ -75,11 +75,11 @@ typedef struct moe_acts {
 /* A MoE layer's routing over the microbatches since model_moe_stats_reset
  * (host; summed, divided by micro when read). */
 typedef struct model_moe_stats {
-    double aux, z;     /* the load-balancing loss E sum_e f_e P_e and the z-loss (before their coefficients) */
-    double max_load;   /* the busiest expert's assignments over the mean (1 = balanced) */
-    double dropped;    /* assignments dropped by the capacity */
-    double assigned;   /* assignments made (N * K) */
-    int micro;         /* forwards counted */
+    double aux, z;   /* the load-balancing loss E sum_e f_e P_e and the z-loss (before their coefficients) */
+    double max_load; /* the busiest expert's assignments over the mean (1 = balanced) */
+    double dropped;  /* assignments dropped by the capacity */
+    double assigned; /* assignments made (N * K) */
+    int micro;       /* forwards counted */
 } model_moe_stats_t;
 
 typedef struct model_tensors {
@@ -144,19 +144,19 @@ typedef struct model_slot {
      * matmul output gradients from B for W: mlp proj [N,C], fc [N,fcw],
      * attention proj [N,C], qkv [N,qkvw] */
     float *wdout;
-    float *x;                         /* [Lc+1][NR,C] residual stream: x[0] chunk input, x[j+1] block first+j's output */
-    block_acts_t *acts;               /* [Lc] */
+    float *x;           /* [Lc+1][NR,C] residual stream: x[0] chunk input, x[j+1] block first+j's output */
+    block_acts_t *acts; /* [Lc] */
     /* [N,C], [NR], [NR] (last stage); after a fused training forward lnf
      * holds dx = dL/d(lnf), this rank's partial sum over its vocabulary */
     float *lnf, *lnf_mean, *lnf_rstd;
-    float *logits;                    /* [N,Vl]; after a training forward it holds dlogits; NULL when fused */
-    float *losses;                    /* [N] */
-    float *xmax, *xstats;             /* [N], [N,2]: cross-entropy max and {sumexp, target logit} */
-    int32_t *tokens, *targets;        /* [N] backend copies of the batch */
-    int32_t *pos;                     /* [N] document positions (lay.doc_mask), or with --cp the rows' positions; else NULL */
-    int32_t *qdoc;                    /* [N] --cp with doc_mask: each row's global document start (cp_ring's qdoc) */
-    int has_pos;                      /* the forward held here was given positions: its backward uses them too */
-    float dloss;                      /* the forward's dloss: the MoE losses' gradients scale with it */
+    float *logits;             /* [N,Vl]; after a training forward it holds dlogits; NULL when fused */
+    float *losses;             /* [N] */
+    float *xmax, *xstats;      /* [N], [N,2]: cross-entropy max and {sumexp, target logit} */
+    int32_t *tokens, *targets; /* [N] backend copies of the batch */
+    int32_t *pos;              /* [N] document positions (lay.doc_mask), or with --cp the rows' positions; else NULL */
+    int32_t *qdoc;             /* [N] --cp with doc_mask: each row's global document start (cp_ring's qdoc) */
+    int has_pos;               /* the forward held here was given positions: its backward uses them too */
+    float dloss;               /* the forward's dloss: the MoE losses' gradients scale with it */
 } model_slot_t;
 
 /* Where this rank sits: its TP group and its pipeline stage. */
@@ -195,6 +195,10 @@ typedef struct model_layout {
      * except the matmul-only activations (block_acts_t's *16) and the
      * weights' copy params16, which are kept as bf16. */
     int bf16;
+    /* --tp-comm-dtype bf16 (needs bf16): the TP collectives of activations
+     * and their gradients round them to bf16 into the a16/d16 workspaces,
+     * send and sum in bf16 (COMM_BF16), and widen the result back */
+    int tp_bf16;
     /* The backward comes in two halves (the zero-bubble pipelines' B and
      * W): model_backward_input computes every activation gradient and the
      * norms' and embeddings' weight gradients, keeping each matmul's output
@@ -255,7 +259,7 @@ typedef struct model {
      * (a later training forward adds to it), and the training forwards
      * whose backward has not run yet */
     int head_open, head_pending;
-    float *tmp;      /* [N,C] row-parallel partial sums before reduce-scatter */
+    float *tmp; /* [N,C] row-parallel partial sums before reduce-scatter */
     /* MoE layers (NK = N*K): the gathered tokens [NK,C], two gradient
      * buffers [NK, max(C, FWe)], dgate [N,K], dlogits [N,E], the routing
      * reductions [2E+2] (ops moe_stats) and their host copy */
@@ -264,7 +268,7 @@ typedef struct model {
      * and the gate logits' [N] (NULL otherwise) */
     float *msdy, *msdz;
     float *mstats_host;
-    int32_t *moffs_host;            /* [n_slots * Lc * (E+1)]: the slots' hoffs */
+    int32_t *moffs_host; /* [n_slots * Lc * (E+1)]: the slots' hoffs */
     /* --ep: the all-to-all's staging [P*NK, C] (backend), the row
      * permutation between source and expert order [2 P*NK] (backend: perm
      * then its inverse), and host scratch: the slots' hrcnt [n_slots * Lc
@@ -282,14 +286,14 @@ typedef struct model {
     struct cp_ring *ring;
     size_t ring_bytes; /* its backend buffers (cp_ring_bytes) */
     cp_ring_stats_t cp_stats;
-    model_moe_stats_t *moe_stats;   /* [Ls] per local block (dense ones stay 0) */
+    model_moe_stats_t *moe_stats; /* [Ls] per local block (dense ones stay 0) */
     /* the sigmoid router's expert bias (DeepSeek's aux-loss-free
      * balancing; it selects experts and does not weigh them), backend
      * [Ls,E], zero until model_moe_bias_set; and each expert's assignments
      * in the training forwards since model_moe_stats_reset, host [Ls,E] */
     float *mbias;
     double *mload_host;
-    float *lnr;      /* [NR,C] a norm's output rows before all-gather */
+    float *lnr; /* [NR,C] a norm's output rows before all-gather */
     /* --recompute: where the dropped tensors of the block being computed
      * live (FULL: all of block_acts_t; SELECTIVE: none). fc_act is never
      * here: it goes to dbig2, free from the activation function's backward

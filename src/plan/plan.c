@@ -41,18 +41,15 @@ typedef struct plan_in {
 } plan_in_t;
 
 /* The tokens of one microbatch on one rank: B T, or B T / cp. */
-static double local_tokens(const plan_in_t *in)
-{
-    return (double)in->run.micro_batch * in->run.seq_len / in->cp;
-}
+static double local_tokens(const plan_in_t *in) { return (double)in->run.micro_batch * in->run.seq_len / in->cp; }
 
 /* One pipeline stage (every TP and DP rank of a stage holds the same). */
 typedef struct stage_plan {
     int layers, slots;
     int slot_layers; /* blocks one activation slot holds: the stage's longest chunk */
-    size_t n;       /* local parameters (floats of the flat buffer) */
-    size_t shard_n; /* this rank's ZeRO shard of them (pieces padded) */
-    size_t logical; /* logical parameters the stage owns (tied copy not counted) */
+    size_t n;        /* local parameters (floats of the flat buffer) */
+    size_t shard_n;  /* this rank's ZeRO shard of them (pieces padded) */
+    size_t logical;  /* logical parameters the stage owns (tied copy not counted) */
     double mem[MEM_N_CATEGORIES], total;
     double act_layer; /* activation bytes of one layer and one microbatch */
     double act_extra; /* activations outside the layers x microbatches product */
@@ -64,8 +61,8 @@ typedef struct stage_plan {
     /* --cp: the ring's bytes per step, its whole transfer time and the part
      * the attention does not hide, per microbatch */
     double cp_bytes, t_cp_all_mb, t_cp_mb;
-    int moe_layers;           /* MoE layers on the stage (all its chunks) */
-    double p_layers;          /* the stage's layers' active matmul parameters (flops_layer_params) */
+    int moe_layers;  /* MoE layers on the stage (all its chunks) */
+    double p_layers; /* the stage's layers' active matmul parameters (flops_layer_params) */
     double t_dp, t_dp_exposed, t_embed, t_opt;
     /* --offload optimizer: elements in host memory (adamw_offload_count of
      * the optimizer's), their host bytes, and the update's two sides */
@@ -83,7 +80,7 @@ typedef struct plan {
     int fits;
     double flops_step, hw_flops_step;
     double t_mb, t_compute, t_tp, t_bubble, t_pp, t_pp_msg, t_dp, t_dp_total, t_embed, t_opt, t_step;
-    double t_ep; /* --ep: the slowest stage's all-to-alls (blocking, inside each microbatch) */
+    double t_ep;           /* --ep: the slowest stage's all-to-alls (blocking, inside each microbatch) */
     double t_cp, t_cp_all; /* --cp: the slowest stage's exposed ring waits, and its transfers in all */
     double tokens_s, mfu, hfu, bubble_frac;
 } plan_t;
@@ -135,7 +132,6 @@ static size_t plan_expert_shard(const run_config_t *r)
  * of DP ranks), or ep (--etp 1: ranks of the TP x DP plane). */
 static long plan_ep_span(const run_config_t *r) { return run_config_ep_spans_tp(r) ? r->ep : (long)r->tp * r->ep; }
 
-
 /* A stage's parameters cut into ZeRO's units by the trainer's own
  * functions (mpi/zero.h: zero_cut_units, zero_pieces) over S ranks, the
  * routed experts' parts over the dp/ep expert-DP ranks under --ep. */
@@ -174,8 +170,8 @@ static int cut_table(const plan_in_t *in, const param_table_t *t, stage_units_t 
     int rc = zero_cut_units(&zu, t->numel, t->n, start, block, ep ? expert : NULL, unit, expert_from);
     if (rc != 0)
         snprintf(err, errlen, "ZeRO with --ep: a block lists a dense tensor after its expert tensors");
-    zero_pieces(&zu, unit, ep ? expert_from : NULL, (size_t)in->run.shard,
-                ep ? plan_expert_shard(&in->run) : 1, NULL, NULL, &u->shape);
+    zero_pieces(&zu, unit, ep ? expert_from : NULL, (size_t)in->run.shard, ep ? plan_expert_shard(&in->run) : 1, NULL,
+                NULL, &u->shape);
     u->n = t->numel;
     u->shard_n = u->shape.shard_n;
     u->outside = t->numel - (zu.block0 >= 0 ? unit[zu.block0 + zu.n_blocks] - unit[zu.block0] : 0);
@@ -348,9 +344,11 @@ static int plan_stage(const plan_in_t *in, int s, int layer_begin, stage_plan_t 
     else
         plan_korthikanti(in, &lay, s, sp);
     if (in->cp > 1) /* the ring's buffers (cp_ring_bytes), as the model counts them */
-        sp->mem[MEM_COMM] += (double)cp_ring_bytes(&(cp_ring_shape_t){.B = in->run.micro_batch, .T = in->run.seq_len,
-                                                                       .NH = in->c->n_head / in->run.tp, .NKV = in->c->n_kv_head / in->run.tp,
-                                                                       .HS = model_head_size(in->c)},
+        sp->mem[MEM_COMM] += (double)cp_ring_bytes(&(cp_ring_shape_t){.B = in->run.micro_batch,
+                                                                      .T = in->run.seq_len,
+                                                                      .NH = in->c->n_head / in->run.tp,
+                                                                      .NKV = in->c->n_kv_head / in->run.tp,
+                                                                      .HS = model_head_size(in->c)},
                                                    in->cp);
     for (int k = 0; k < MEM_N_CATEGORIES; k++)
         sp->total += sp->mem[k];
@@ -434,10 +432,12 @@ static void stage_tp_pp(const plan_in_t *in, int s, stage_plan_t *sp)
      * full recomputation; the vocabulary-parallel embedding's forward
      * all-reduce, the head's backward one and cross-entropy's statistics */
     /* dtrain sends fp32 activations under --dtype bf16 too (the residual
-     * stream is fp32); Megatron bf16 */
+     * stream is fp32) unless --tp-comm-dtype bf16 rounds what TP sends;
+     * Megatron bf16. The pipeline's messages stay fp32. */
     const double abytes = in->megatron ? 2.0 : 4.0;
+    const double tp_abytes = in->megatron || (in->bf16 && in->run.tp_dtype == COMM_BF16) ? 2.0 : 4.0;
     if (in->run.tp > 1) {
-        const double ring = 2.0 * (t - 1.0) / t, act = tok * C * abytes;
+        const double ring = 2.0 * (t - 1.0) / t, act = tok * C * tp_abytes;
         int colls = sp->layers * (in->run.recompute == MODEL_RECOMPUTE_FULL ? 6 : 4);
         double bytes = colls * ring * act;
         if (s == 0) {
@@ -709,6 +709,13 @@ static int plan_setup(const run_options_t *o, const model_config_t *c, const hw_
     in->megatron = o->plan_dtype == PLAN_DTYPE_MEGATRON;
     in->bf16 = in->megatron || o->plan_dtype == PLAN_DTYPE_BF16 ||
                (o->plan_dtype == PLAN_DTYPE_AUTO && strcmp(hw->name, "cpu") != 0);
+    if (o->tp_comm_dtype == COMM_BF16 && !in->bf16) {
+        snprintf(err, errlen,
+                 "--tp-comm-dtype bf16 needs bf16 training, and this plan is fp32 (--hw %s): add "
+                 "--plan-dtype bf16, or drop --tp-comm-dtype",
+                 hw->name);
+        return -1;
+    }
     if ((in->bf16 ? hw->peak_bf16 : hw->peak_fp32) <= 0) {
         snprintf(err, errlen, "--hw %s: the profile has no peak_%s for --plan-dtype %s", hw->name,
                  in->bf16 ? "bf16" : "fp32",
@@ -729,7 +736,8 @@ static int plan_dp(const run_options_t *o, int world_size, int *dp, char *err, s
         snprintf(cps, sizeof cps, " x --cp %d", cp);
     if (o->gpus) {
         if (o->gpus % mp != 0) {
-            snprintf(err, errlen, "--gpus %d is not a multiple of --tp %d x --pp %d%s = %d", o->gpus, o->tp, o->pp, cps, mp);
+            snprintf(err, errlen, "--gpus %d is not a multiple of --tp %d x --pp %d%s = %d", o->gpus, o->tp, o->pp, cps,
+                     mp);
             return -1;
         }
         if (o->dp && o->dp != o->gpus / mp) {
@@ -905,13 +913,16 @@ static void print_plan_header(const plan_t *p, const run_options_t *o, FILE *out
                 "fp32 master weights and AdamW moments (2 + 4 + 12 B per parameter before sharding); activations by "
                 "Korthikanti et al. 2022; bf16 activations and weights on the wire\n");
     else if (in->bf16)
-        fprintf(out, "precision: bf16: dtrain's --dtype bf16 as built (fp32 master weights and their bf16 copy, "
-                     "fp32 gradients, 8 B of AdamW moments per parameter, the trainer's own activation arena with the "
-                     "matmul-only activations in bf16; bf16 matmuls, %s)\n",
+        fprintf(out,
+                "precision: bf16: dtrain's --dtype bf16 as built (fp32 master weights and their bf16 copy, "
+                "fp32 gradients, 8 B of AdamW moments per parameter, the trainer's own activation arena with the "
+                "matmul-only activations in bf16; bf16 matmuls, %s; tensor-parallel activations on the wire "
+                "in %s)\n",
                 plan_att_rate(in) == in->hw->att_bf16
                     ? "attention on the tensor cores at the profile's att_bf16 (the published FlashAttention-2 "
-                      "class where no GPU measured dtrain's), fp32 activations on the wire"
-                    : "fp32 attention (head size not 64 or 128, or no att_bf16 in the profile)");
+                      "class where no GPU measured dtrain's)"
+                    : "fp32 attention (head size not 64 or 128, or no att_bf16 in the profile)",
+                in->run.tp_dtype == COMM_BF16 ? "bf16 (--tp-comm-dtype bf16)" : "fp32");
     else
         fprintf(out, "precision: fp32: dtrain's CPU backend as built (4 B weights and gradients, 8 B of AdamW "
                      "moments per parameter, the trainer's own activation arena)\n");
@@ -1033,8 +1044,9 @@ static void print_memory(const plan_t *p, FILE *out)
                     in->run.zero_stage > 0 ? "ZeRO gather / reduce-scatter staging"
                     : in->cp > 1           ? ""
                                            : "none outside the buffers above",
-                    in->cp > 1 ? (in->run.zero_stage > 0 ? "; the ring's K,V blocks" : "the ring's K,V blocks, their "
-                                                                                        "gradients and partial outputs")
+                    in->cp > 1 ? (in->run.zero_stage > 0 ? "; the ring's K,V blocks"
+                                                         : "the ring's K,V blocks, their "
+                                                           "gradients and partial outputs")
                                : "");
             break;
         case MEM_WORKSPACE:
@@ -1095,9 +1107,10 @@ static void print_perf(const plan_t *p, FILE *out)
                     : "");
     }
     if (w->cp_bytes > 0)
-        fprintf(out, "  cp  %11s  %d ranks, %s: the ring's K,V blocks forward, blocks and their gradients backward, "
-                "each layer and microbatch\n", fmt_bytes(b1, sizeof b1, w->cp_bytes), in->cp,
-                link_name(hw, (long)in->run.tp * in->cp));
+        fprintf(out,
+                "  cp  %11s  %d ranks, %s: the ring's K,V blocks forward, blocks and their gradients backward, "
+                "each layer and microbatch\n",
+                fmt_bytes(b1, sizeof b1, w->cp_bytes), in->cp, link_name(hw, (long)in->run.tp * in->cp));
     if (w->ep_bytes > 0)
         fprintf(out,
                 "  ep  %11s  %d ranks, %s: all-to-all of %d MoE layer%s' tokens, outputs and their gradients per "
@@ -1121,11 +1134,15 @@ static void print_perf(const plan_t *p, FILE *out)
         fprintf(out, "  ep communication %12s  the MoE layers' all-to-alls inside each microbatch (exposed)\n",
                 fmt_time(b1, sizeof b1, p->t_ep));
     if (in->cp > 1)
-        fprintf(out, "  cp communication %12s  the ring's exposed waits, of %s of K,V transfers (the rest overlapped "
-                "with the attention)\n", fmt_time(b1, sizeof b1, p->t_cp), fmt_time(b2, sizeof b2, p->t_cp_all));
+        fprintf(out,
+                "  cp communication %12s  the ring's exposed waits, of %s of K,V transfers (the rest overlapped "
+                "with the attention)\n",
+                fmt_time(b1, sizeof b1, p->t_cp), fmt_time(b2, sizeof b2, p->t_cp_all));
     if (in->run.pp_kind == PIPE_ZBH1)
-        fprintf(out, "  pipeline bubble  %12s  (p-1)/(3m+p-1), zb-h1 with equal F, B and W = %.1f%% of the pipeline's time\n",
-                fmt_time(b1, sizeof b1, p->t_bubble), 100.0 * p->bubble_frac);
+        fprintf(
+            out,
+            "  pipeline bubble  %12s  (p-1)/(3m+p-1), zb-h1 with equal F, B and W = %.1f%% of the pipeline's time\n",
+            fmt_time(b1, sizeof b1, p->t_bubble), 100.0 * p->bubble_frac);
     else if (in->run.pp_virtual > 1)
         fprintf(out, "  pipeline bubble  %12s  (p-1)/(v m+p-1), interleaved v%d = %.1f%% of the pipeline's time\n",
                 fmt_time(b1, sizeof b1, p->t_bubble), in->run.pp_virtual, 100.0 * p->bubble_frac);
@@ -1169,12 +1186,13 @@ static int write_json(const plan_t *p, const run_options_t *o, const char *path,
     const stage_plan_t *w = &p->st[p->worst];
     fprintf(f,
             "{\"plan\": 1, \"model\": \"%s\", \"params_total\": %zu, \"params_active\": %.0f, \"tp\": %d, "
-            "\"pp\": %d, \"dp\": %d, \"cp\": %d, \"ep\": %d, \"etp\": %d, \"zero\": %d, \"shard\": %d, \"sequence_parallel\": %d, \"recompute\": \"%s\", \"dtype\": \"%s\", "
+            "\"pp\": %d, \"dp\": %d, \"cp\": %d, \"ep\": %d, \"etp\": %d, \"zero\": %d, \"shard\": %d, "
+            "\"sequence_parallel\": %d, \"recompute\": \"%s\", \"dtype\": \"%s\", "
             "\"hw\": \"%s\", \"micro_batch\": %d, \"global_batch\": %d, \"seq_len\": %d, \"microbatches\": %d, "
             "\"worst_stage\": %d, \"in_flight\": %d, \"local_params\": %zu, \"mem_worst\": {",
             o->model, p->params_total, params_active(p), in->run.tp, in->run.pp, in->dp_data, in->cp,
-            in->run.ep > 1 ? in->run.ep : 1, in->run.etp, in->run.zero_stage, in->run.shard,
-            in->run.sequence_parallel, model_recompute_names[in->run.recompute],
+            in->run.ep > 1 ? in->run.ep : 1, in->run.etp, in->run.zero_stage, in->run.shard, in->run.sequence_parallel,
+            model_recompute_names[in->run.recompute],
             in->megatron ? "megatron"
             : in->bf16   ? "bf16"
                          : "fp32",
@@ -1189,16 +1207,17 @@ static int write_json(const plan_t *p, const run_options_t *o, const char *path,
     fprintf(f,
             ", \"device_bytes\": %.0f, \"usable_bytes\": %.0f, \"fits\": %d, \"margin_bytes\": %.0f, "
             "\"flops_per_step\": %.0f, \"hw_flops_per_step\": %.0f, \"bytes_sent\": {\"tp\": %.0f, \"pp\": %.0f, "
-            "\"dp\": %.0f, \"embed\": %.0f, \"ep\": %.0f, \"cp\": %.0f}, \"cp_comm_s\": %.6g, \"step_s\": %.6g, \"compute_s\": %.6g, \"tp_comm_s\": %.6g, "
+            "\"dp\": %.0f, \"embed\": %.0f, \"ep\": %.0f, \"cp\": %.0f}, \"cp_comm_s\": %.6g, \"step_s\": %.6g, "
+            "\"compute_s\": %.6g, \"tp_comm_s\": %.6g, "
             "\"bubble_s\": %.6g, \"bubble_fraction\": %.6g, \"pp_comm_s\": %.6g, \"dp_comm_exposed_s\": %.6g, "
             "\"optimizer_s\": %.6g, \"tokens_per_s\": %.6g, \"mfu\": %.6g, \"hfu\": %.6g, \"doc_mask\": %d, "
             "\"doc_len\": %d, \"attn_positions\": %.17g, \"attn_flops_per_token\": %.0f, \"offload_fraction\": %g, "
             "\"host_offload_elements\": %zu, \"host_offload_bytes\": %.0f, \"optimizer_host_s\": %.6g}\n",
             in->hw->memory, p->usable, p->fits, p->margin, p->flops_step, p->hw_flops_step, w->tp_bytes, w->pp_bytes,
-            w->dp_bytes, w->embed_bytes, w->ep_bytes, w->cp_bytes, p->t_cp, p->t_step, p->t_compute, p->t_tp, p->t_bubble, p->bubble_frac, p->t_pp,
-            p->t_dp, p->t_opt, p->tokens_s, p->mfu, p->hfu, in->doc_mask, in->doc_len, in->att_T,
-            flops_per_token(in->c, in->att_T) - flops_per_token(in->c, 0.0), in->run.offload_fraction, w->n_host,
-            w->host_bytes, w->t_opt_host);
+            w->dp_bytes, w->embed_bytes, w->ep_bytes, w->cp_bytes, p->t_cp, p->t_step, p->t_compute, p->t_tp,
+            p->t_bubble, p->bubble_frac, p->t_pp, p->t_dp, p->t_opt, p->tokens_s, p->mfu, p->hfu, in->doc_mask,
+            in->doc_len, in->att_T, flops_per_token(in->c, in->att_T) - flops_per_token(in->c, 0.0),
+            in->run.offload_fraction, w->n_host, w->host_bytes, w->t_opt_host);
     if (fclose(f) != 0) {
         snprintf(err, errlen, "--metrics %s: write failed", path);
         return -1;
@@ -1321,8 +1340,8 @@ static void print_search(const search_t *sr, const run_options_t *o, const hw_pr
                                              : "bf16",
             sr->tried, n, fmt_bytes(b1, sizeof b1, hw->memory - hw->reserve));
     if (n > 0)
-        fprintf(out, "  %4s %4s %4s %4s %4s %-8s %4s %3s %-9s %5s %12s %7s %10s %10s %7s\n", "tp", "pp", "dp", "cp", "ep",
-                "schedule", "zero", "sp", "recompute", "micro", "tokens/s", "MFU", "memory", "margin", "bubble");
+        fprintf(out, "  %4s %4s %4s %4s %4s %-8s %4s %3s %-9s %5s %12s %7s %10s %10s %7s\n", "tp", "pp", "dp", "cp",
+                "ep", "schedule", "zero", "sp", "recompute", "micro", "tokens/s", "MFU", "memory", "margin", "bubble");
     for (size_t i = 0; i < n && i < SEARCH_SHOW; i++) {
         char sched[16];
         if (cand[i].kind == PIPE_INTERLEAVED)
@@ -1330,9 +1349,10 @@ static void print_search(const search_t *sr, const run_options_t *o, const hw_pr
         else
             snprintf(sched, sizeof sched, "%s", pipe_kind_name(cand[i].kind));
         fprintf(out, "  %4d %4d %4d %4d %4d %-8s %4d %3s %-9s %5d %12.0f %6.1f%% %10s %10s %6.1f%%\n", cand[i].tp,
-                cand[i].pp, cand[i].dp, cand[i].cp, cand[i].ep, sched, cand[i].zero, cand[i].sp ? "on" : "off", model_recompute_names[cand[i].rc],
-                cand[i].mb, cand[i].tokens_s, 100.0 * cand[i].mfu, fmt_bytes(b1, sizeof b1, cand[i].mem),
-                fmt_bytes(b2, sizeof b2, cand[i].margin), 100.0 * cand[i].bubble);
+                cand[i].pp, cand[i].dp, cand[i].cp, cand[i].ep, sched, cand[i].zero, cand[i].sp ? "on" : "off",
+                model_recompute_names[cand[i].rc], cand[i].mb, cand[i].tokens_s, 100.0 * cand[i].mfu,
+                fmt_bytes(b1, sizeof b1, cand[i].mem), fmt_bytes(b2, sizeof b2, cand[i].margin),
+                100.0 * cand[i].bubble);
     }
     if (n > SEARCH_SHOW)
         fprintf(out, "  ... and %zu more that fit\n", n - SEARCH_SHOW);

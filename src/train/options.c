@@ -107,8 +107,7 @@ static const opt_def_t opt_defs[] = {
      "coefficient of the Switch load-balancing loss E * sum_e f_e P_e added per MoE layer", NULL, NULL,
      F(moe_given[8]) + 1},
     {"moe-z-coef", OPT_REAL, F(moe_z_coef), 0, "0", 0, 1e6, NULL,
-     "coefficient of the router z-loss mean(logsumexp(logits)^2) added per MoE layer", NULL, NULL,
-     F(moe_given[9]) + 1},
+     "coefficient of the router z-loss mean(logsumexp(logits)^2) added per MoE layer", NULL, NULL, F(moe_given[9]) + 1},
     {"moe-capacity-factor", OPT_REAL, F(moe_capacity), 0, "0", 0, 1e4, NULL,
      "cap each expert at ceil(X * seq-len * top-k / experts) tokens per sequence, dropping the lowest router scores "
      "(0 = dropless)",
@@ -170,6 +169,11 @@ static const opt_def_t opt_defs[] = {
      "what the data-parallel gradient reductions (all-reduce, ZeRO reduce-scatter, HSDP) send and sum in: fp32 | bf16 "
      "(gradients stay fp32 in memory, are rounded to bf16 for the reduction and scaled by 1/dp in fp32 after it; with "
      "dp 1 nothing is reduced, so bf16 changes nothing)",
+     NULL, NULL, 0},
+    {"tp-comm-dtype", OPT_ENUM, F(tp_comm_dtype), 0, "fp32", 0, 0, comm_dtype_names,
+     "what the tensor-parallel activation collectives (the row-parallel sums, sequence parallelism's all-gathers and "
+     "reduce-scatters, forward and backward) send and sum in: fp32 | bf16 (half the bytes, as Megatron's bf16 "
+     "activations; rounded to bf16 before, widened after; needs --dtype bf16; with tp 1 nothing is sent)",
      NULL, NULL, 0},
     {"bucket-mb", OPT_REAL, F(bucket_mb), 0, "25", 0.001, 1e6, NULL,
      "gradient bucket size in MiB for --ddp-mode bucketed", NULL, NULL, 0},
@@ -302,7 +306,8 @@ static const opt_def_t opt_defs[] = {
     {"init-from", OPT_STR, F(init_from), S(init_from), "", 0, 0, NULL,
      "start from the weights of a Hugging Face model directory (config.json + model.safetensors or sharded with "
      "model.safetensors.index.json: GPT2LMHeadModel, LlamaForCausalLM (rope_scaling llama3 or linear), Llama-shaped "
-     "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM; f32, f16 or bf16) or an llm.c GPT-2 model file (gpt2_124M.bin, fp32 or bf16): the model comes from the file (a disagreeing "
+     "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM; f32, f16 or bf16) or an llm.c GPT-2 model file "
+     "(gpt2_124M.bin, fp32 or bf16): the model comes from the file (a disagreeing "
      "--model, --n-layer, ... is an error), every rank reads only its slices, training starts at step 0 with fresh "
      "AdamW state; a checkpoint that --resume finds wins over it",
      "PATH", NULL, 0},
@@ -601,8 +606,21 @@ int options_zero_stage(const run_options_t *o)
     return o->fsdp == FSDP_UNSET ? o->zero : stage[o->fsdp];
 }
 
-enum { MOE_EXPERTS, MOE_TOP_K, MOE_FFN, MOE_EVERY, MOE_FIRST_DENSE, MOE_ROUTER, MOE_NORM_TOPK, MOE_SHARED, MOE_AUX,
-       MOE_Z, MOE_CAPACITY, MOE_SHARED_GATE, MOE_BIAS_RATE };
+enum {
+    MOE_EXPERTS,
+    MOE_TOP_K,
+    MOE_FFN,
+    MOE_EVERY,
+    MOE_FIRST_DENSE,
+    MOE_ROUTER,
+    MOE_NORM_TOPK,
+    MOE_SHARED,
+    MOE_AUX,
+    MOE_Z,
+    MOE_CAPACITY,
+    MOE_SHARED_GATE,
+    MOE_BIAS_RATE
+};
 
 /* The --moe-* options of the mixture's shape over the preset's. A dense
  * preset given --moe-experts becomes a mixture with the options'
@@ -645,8 +663,8 @@ static void moe_run_options(const run_options_t *o, model_config_t *c)
     moe_config_t *e = &c->moe;
     const int *given = o->moe_given;
     if (e->experts == 0) { /* a dense model: any of these is an error model_config_check reports */
-        if (given[MOE_TOP_K] || given[MOE_FFN] || given[MOE_SHARED] || given[MOE_SHARED_GATE] ||
-            given[MOE_CAPACITY] || given[MOE_BIAS_RATE]) {
+        if (given[MOE_TOP_K] || given[MOE_FFN] || given[MOE_SHARED] || given[MOE_SHARED_GATE] || given[MOE_CAPACITY] ||
+            given[MOE_BIAS_RATE]) {
             e->top_k = o->moe_top_k;
             e->ffn = o->moe_ffn;
             e->shared_ffn = o->moe_shared_ffn;
@@ -846,31 +864,45 @@ static int check_ep(const run_options_t *o, const model_config_t *c, int tp, int
         snprintf(err, errlen, "--etp %d must be 1 (whole experts) or --tp %d (experts split as the dense MLP)", o->etp,
                  tp);
     else if (spans && c->moe.experts == 0)
-        snprintf(err, errlen, "--etp 1 keeps a mixture's experts whole over the TP ranks, but the model has none: "
+        snprintf(err, errlen,
+                 "--etp 1 keeps a mixture's experts whole over the TP ranks, but the model has none: "
                  "drop --etp or use a MoE --model (tiny-moe)");
     else if (o->ep > 1 && c->moe.experts == 0)
-        snprintf(err, errlen, "--ep %d splits a mixture's experts over ranks, but the model has none: add "
-                 "--moe-experts E or use a MoE --model (tiny-moe)", o->ep);
+        snprintf(err, errlen,
+                 "--ep %d splits a mixture's experts over ranks, but the model has none: add "
+                 "--moe-experts E or use a MoE --model (tiny-moe)",
+                 o->ep);
     else if (o->ep > 1 && c->moe.experts % o->ep != 0)
         snprintf(err, errlen, "--ep %d must divide the model's %d experts", o->ep, c->moe.experts);
     else if (o->ep > 1 && !spans && dp % o->ep != 0)
-        snprintf(err, errlen, "--ep %d must divide the data-parallel size %d (world size / (tp x pp)): launch a "
-                 "multiple of %d x tp x pp ranks, change --ep, or cut it across the TP ranks with --etp 1", o->ep, dp, o->ep);
+        snprintf(err, errlen,
+                 "--ep %d must divide the data-parallel size %d (world size / (tp x pp)): launch a "
+                 "multiple of %d x tp x pp ranks, change --ep, or cut it across the TP ranks with --etp 1",
+                 o->ep, dp, o->ep);
     else if (o->ep > 1 && plane % o->ep != 0)
-        snprintf(err, errlen, "--ep %d with --etp 1 must divide tp x dp = %d (world size / pp): launch a multiple of "
-                 "%d x pp ranks or change --ep", o->ep, plane, o->ep);
+        snprintf(err, errlen,
+                 "--ep %d with --etp 1 must divide tp x dp = %d (world size / pp): launch a multiple of "
+                 "%d x pp ranks or change --ep",
+                 o->ep, plane, o->ep);
     else if (spans && ((long)o->micro_batch * o->seq_len) % tp != 0)
-        snprintf(err, errlen, "--etp 1: micro batch x seq len (%d x %d) must be a multiple of --tp %d (each TP rank "
-                 "routes an equal share of the tokens)", o->micro_batch, o->seq_len, tp);
+        snprintf(err, errlen,
+                 "--etp 1: micro batch x seq len (%d x %d) must be a multiple of --tp %d (each TP rank "
+                 "routes an equal share of the tokens)",
+                 o->micro_batch, o->seq_len, tp);
     else if (spans && c->moe.capacity > 0 && o->micro_batch % tp != 0)
-        snprintf(err, errlen, "--etp 1 with --moe-capacity-factor: --micro-batch %d must be a multiple of --tp %d "
-                 "(capacity is per sequence, and each TP rank routes whole sequences)", o->micro_batch, tp);
+        snprintf(err, errlen,
+                 "--etp 1 with --moe-capacity-factor: --micro-batch %d must be a multiple of --tp %d "
+                 "(capacity is per sequence, and each TP rank routes whole sequences)",
+                 o->micro_batch, tp);
     else if (spans && o->hybrid_shard > 0 && o->hybrid_shard < dp && options_zero_stage(o) > 0)
-        snprintf(err, errlen, "--etp 1 with --hybrid-shard %d is not implemented: drop --hybrid-shard (plain --zero "
-                 "shards the experts over the expert-DP group) or --etp", o->hybrid_shard);
+        snprintf(err, errlen,
+                 "--etp 1 with --hybrid-shard %d is not implemented: drop --hybrid-shard (plain --zero "
+                 "shards the experts over the expert-DP group) or --etp",
+                 o->hybrid_shard);
     else if (o->ep > 1 && o->hybrid_shard > 0 && o->hybrid_shard < dp && options_zero_stage(o) > 0 &&
              o->hybrid_shard % o->ep != 0)
-        snprintf(err, errlen, "--hybrid-shard %d with --ep %d: the shard group must be a multiple of the EP group, so "
+        snprintf(err, errlen,
+                 "--hybrid-shard %d with --ep %d: the shard group must be a multiple of the EP group, so "
                  "that it holds whole EP groups (the experts shard over the %s): give --hybrid-shard a multiple of %d",
                  o->hybrid_shard, o->ep, "expert-DP ranks inside it", o->ep);
     else
@@ -886,16 +918,22 @@ static int check_cp(const run_options_t *o, const model_config_t *c, char *err, 
     if (N <= 1)
         return 0;
     if (o->seq_len % (2 * N) != 0)
-        snprintf(err, errlen, "--cp %d: --seq-len %d must be a multiple of 2 x cp = %d (each rank holds two of the "
-                 "2 x cp equal chunks)", N, o->seq_len, 2 * N);
+        snprintf(err, errlen,
+                 "--cp %d: --seq-len %d must be a multiple of 2 x cp = %d (each rank holds two of the "
+                 "2 x cp equal chunks)",
+                 N, o->seq_len, 2 * N);
     else if (c->moe.experts > 0)
-        snprintf(err, errlen, "--cp %d with a mixture of experts is not implemented (the routing statistics are a "
-                 "whole sequence's): drop --cp or use a dense model", N);
+        snprintf(err, errlen,
+                 "--cp %d with a mixture of experts is not implemented (the routing statistics are a "
+                 "whole sequence's): drop --cp or use a dense model",
+                 N);
     else if (o->hybrid_shard > 0)
         snprintf(err, errlen, "--cp %d with --hybrid-shard is not implemented: plain --zero shards over dp x cp", N);
     else if (o->sample_tokens > 0 && o->sample_given)
-        snprintf(err, errlen, "--cp %d: --sample-tokens %d generates from a whole sequence on one rank: add "
-                 "--sample-tokens 0", N, o->sample_tokens);
+        snprintf(err, errlen,
+                 "--cp %d: --sample-tokens %d generates from a whole sequence on one rank: add "
+                 "--sample-tokens 0",
+                 N, o->sample_tokens);
     else if (o->eval_mc[0])
         snprintf(err, errlen, "--cp %d with --eval-mc is not implemented: score the checkpoint without --cp", N);
     else
@@ -1026,6 +1064,7 @@ int options_resolve_layout(const run_options_t *o, const model_config_t *c, int 
     rc->logits_chunk = o->logits_chunk;
     rc->ddp_mode = o->ddp_mode;
     rc->grad_dtype = o->grad_reduce_dtype;
+    rc->tp_dtype = o->tp_comm_dtype;
     rc->offload_fraction = o->offload == OFFLOAD_OPTIMIZER ? o->offload_fraction : 0.0;
     rc->device = o->device;
     rc->dtype = o->dtype;

@@ -49,7 +49,7 @@ typedef struct run_options {
     int moe_given[13];
     /* parallel layout */
     int tp, pp, dp;
-    int ep; /* --ep: expert-parallel size, carved out of dp (1: none) */
+    int ep;  /* --ep: expert-parallel size, carved out of dp (1: none) */
     int etp; /* --etp: expert tensor-parallel size, 1 or tp (0: tp) */
     int cp;  /* --cp: context-parallel size (1: none) */
     int sequence_parallel;
@@ -64,6 +64,7 @@ typedef struct run_options {
     options_offload_t offload;      /* --offload */
     double offload_fraction;        /* --offload-fraction: of the optimizer state, under --offload optimizer */
     comm_dtype_t grad_reduce_dtype; /* what the data-parallel gradient reductions send */
+    comm_dtype_t tp_comm_dtype;     /* what the tensor-parallel activation collectives send */
     int check_replicas;
     double comm_timeout;         /* seconds one communication call may block before the job is ended (0 = never) */
     model_recompute_t recompute; /* activation recomputation */
@@ -189,6 +190,7 @@ typedef struct run_config {
     int logits_chunk; /* the last stage's classifier (model_layout_t's) */
     ddp_mode_t ddp_mode;
     comm_dtype_t grad_dtype;
+    comm_dtype_t tp_dtype; /* --tp-comm-dtype */
     /* --offload optimizer: the fraction of each rank's optimizer elements
      * (moments and fp32 master weights) kept in host memory; 0: none */
     double offload_fraction;

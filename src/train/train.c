@@ -54,10 +54,10 @@ void trainer_banner(const trainer_t *tr, FILE *out)
     const grid_t *g = tr->grid;
     int rank0 = tr->env->world_rank == 0;
     if (rank0)
-        fprintf(out, "dtrain %s | %d rank%s: tp %d x pp %d x dp %d%s | %d thread%s per rank | ddp %s\n", PACKAGE_VERSION,
-                g->world_size, g->world_size == 1 ? "" : "s", g->tp_size, g->pp_size, grid_data_size(g),
-                g->cp_size > 1 ? cp_desc(g, buf, sizeof buf) : "", tr->threads, tr->threads == 1 ? "" : "s",
-                ddp_mode_names[tr->run->ddp_mode]);
+        fprintf(out, "dtrain %s | %d rank%s: tp %d x pp %d x dp %d%s | %d thread%s per rank | ddp %s\n",
+                PACKAGE_VERSION, g->world_size, g->world_size == 1 ? "" : "s", g->tp_size, g->pp_size,
+                grid_data_size(g), g->cp_size > 1 ? cp_desc(g, buf, sizeof buf) : "", tr->threads,
+                tr->threads == 1 ? "" : "s", ddp_mode_names[tr->run->ddp_mode]);
     launch_describe(tr->env, out);
     char gerr[COMM_ERR_MAX];
     if (grid_print(g, out, gerr, sizeof gerr) != STATUS_OK && rank0)
@@ -124,16 +124,18 @@ void trainer_banner(const trainer_t *tr, FILE *out)
             adamw_host_isa_names[h->isa]);
     }
     fprintf(out, "compute: %.1f GFLOP per step, peak %.1f GFLOP/s per rank (%s)\n",
-            tr->flops_token * o->micro_batch * o->seq_len * tr->accum * grid_data_size(tr->grid) * 1e-9, tr->peak_gflops,
-            tr->peak_how);
+            tr->flops_token * o->micro_batch * o->seq_len * tr->accum * grid_data_size(tr->grid) * 1e-9,
+            tr->peak_gflops, tr->peak_how);
     char sched[160];
     lr_schedule_describe(&tr->sched, sched, sizeof sched);
     fprintf(out, "lr schedule: %s\n", sched);
     fprintf(out, "backend: %s\n", tr->backend.desc);
     fprintf(out, "communication: %s\n", tr->backend.comm_desc);
     if (tr->model.lay.bf16)
-        fprintf(out, "precision: bf16 matmuls (operands rounded to bf16, fp32 sums; bf16 weight copy and matmul-only "
-                     "activations); fp32 master weights, gradients, AdamW state and other activations\n");
+        fprintf(out,
+                "precision: bf16 matmuls (operands rounded to bf16, fp32 sums; bf16 weight copy and matmul-only "
+                "activations); fp32 master weights, gradients, AdamW state and other activations%s\n",
+                tr->model.lay.tp_bf16 ? "; tensor-parallel activations sent and summed in bf16" : "");
     else
         fprintf(out, "precision: fp32\n");
     char att[320];
@@ -452,8 +454,8 @@ static int stage_forward(void *ctx, int chunk, int micro, int slot)
     const int64_t batch = tr->cur_step + tr->spike.data_skip; /* past the batches a rollback skipped */
     const double t_data = tr->trace ? trace_now() : 0.0;
     int32_t *pos = o->doc_mask ? tr->pos : NULL; /* from the data: a Megatron index or the boundary tokens */
-    data_batch(&tr->train, batch, micro, tr->accum, grid_data_rank(g), grid_data_size(g), o->micro_batch, tr->tok, tr->tgt,
-               pos);
+    data_batch(&tr->train, batch, micro, tr->accum, grid_data_rank(g), grid_data_size(g), o->micro_batch, tr->tok,
+               tr->tgt, pos);
     trace_span(tr->trace, TRACE_COMPUTE, "data", t_data, tr->trace ? trace_now() : 0.0, NULL);
     m->trace_micro = micro;
     if (pos && chunk == 0) { /* the attention this step computes, for its MFU */
@@ -888,7 +890,8 @@ static int train_step(trainer_t *tr, int step, step_record_t *r, step_times_t *t
     if (act == SPIKE_GO && update_params(tr, step, lr, norm, err, errlen) != 0)
         return -1;
     m->ops->sync(m->ops->ctx); /* the step's time covers its kernels (the optimizer's run ahead of the host) */
-    const double dt = now_s() - t0, tokens_step = (double)o->micro_batch * o->seq_len * tr->accum * grid_data_size(tr->grid);
+    const double dt = now_s() - t0,
+                 tokens_step = (double)o->micro_batch * o->seq_len * tr->accum * grid_data_size(tr->grid);
     tr->steps_done = step + 1;
     *r = (step_record_t){.step = step + 1,
                          .steps = o->steps,
@@ -914,9 +917,14 @@ static int step_stats(trainer_t *tr, step_record_t *r, const step_times_t *st, c
     const grid_t *g = tr->grid;
     const double dt = st->dt;
     enum { NT = 7 }; /* compute, comm, bubble, a2a, ring, ring_attn, ring busy: max, then sum */
-    float t[2 * NT] = {(float)(dt - st->comm - st->bubble), (float)st->comm, (float)(st->bubble / dt), (float)st->a2a,
-                       (float)st->ring, (float)st->ring_attn, (float)(st->ring_attn - st->ring)},
-          tmax[NT];
+    float t[2 * NT] = {(float)(dt - st->comm - st->bubble),
+                       (float)st->comm,
+                       (float)(st->bubble / dt),
+                       (float)st->a2a,
+                       (float)st->ring,
+                       (float)st->ring_attn,
+                       (float)(st->ring_attn - st->ring)},
+                tmax[NT];
     memcpy(tmax, t, sizeof tmax);
     memcpy(t + NT, t, sizeof tmax);
     char cerr[COMM_ERR_MAX];

@@ -556,6 +556,13 @@ static int setup_model(trainer_t *tr, model_layout_t lay, const dpsync_ops_t *ki
         snprintf(err, errlen, "--dtype bf16: the %s backend has no bf16 GEMM; use --dtype fp32", tr->backend.ops->name);
         return -1;
     }
+    lay.tp_bf16 = run->tp_dtype == COMM_BF16 && run->tp > 1;
+    if (run->tp_dtype == COMM_BF16 && !lay.bf16) {
+        snprintf(err, errlen,
+                 "--tp-comm-dtype bf16 sends the activations' bf16 copies and needs --dtype bf16 (this run computes "
+                 "in fp32): add --dtype bf16, or drop --tp-comm-dtype");
+        return -1;
+    }
     if (run->offload_fraction > 0 && check_offload_memory(tr, &lay, err, errlen) != 0)
         return -1;
     /* --cp: the model holds T/cp rows of each sequence */
@@ -743,8 +750,7 @@ static int setup_step(trainer_t *tr, char *err, size_t errlen)
         tr->ltgt = malloc(n / run->cp * sizeof *tr->ltgt);
         tr->lpos = malloc(n / run->cp * sizeof *tr->lpos);
     }
-    if (!tr->tok || !tr->tgt || (o->doc_mask && !tr->pos) ||
-        (run->cp > 1 && (!tr->ltok || !tr->ltgt || !tr->lpos))) {
+    if (!tr->tok || !tr->tgt || (o->doc_mask && !tr->pos) || (run->cp > 1 && (!tr->ltok || !tr->ltgt || !tr->lpos))) {
         snprintf(err, errlen, "out of memory for the batch");
         return -1;
     }
