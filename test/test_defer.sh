@@ -58,6 +58,7 @@ else
 fi
 pair dp2-bucketed-bf16 2 --ddp-mode bucketed --bucket-mb 0.05 --dtype bf16 --grad-reduce-dtype bf16
 pair tp2-sp-llama 2 --model tiny-llama --tp 2 --sequence-parallel --recompute selective
+pair tp2-sp-bf16wire 2 --model tiny-llama --tp 2 --sequence-parallel --dtype bf16 --tp-comm-dtype bf16
 pair pp2-dp2-1f1b 4 --pp 2 --dp 2 --recompute full --zero 1
 pair pp2-gpipe 2 --pp 2 --pp-schedule gpipe --dtype bf16
 pair zero2 2 --zero 2 --grad-reduce-dtype bf16
