@@ -14,8 +14,9 @@
 # 1e-5 of the uninterrupted run) and one written at one rank resumes at
 # cp2. The activation arena falls as 1/cp: the measured peak at cp2 and
 # cp4 equals the planner's byte for byte and is half and a quarter of one
-# rank's (plus the rows' positions, 4 B each). Bad --cp exits 2 with one
-# line. test_ring_attn checks the ring's schedule and blocks against the
+# rank's (plus the rows' positions, 4 B each). Mixtures of experts at cp2
+# with and without expert parallelism, TP, PP, DP and ZeRO-1 (below). Bad
+# --cp exits 2 with one line. test_ring_attn checks the ring's schedule and blocks against the
 # whole-sequence attention; test_cp_ring.sh the ring over MPI; the CUDA
 # ring ops run under emulation in test/emu/test_ring_emu. The CP group's
 # load balance and the ring's overlap are bench/cp.sh's (timings).
@@ -37,6 +38,36 @@ cp_layouts() { # MODEL ARGS...: one rank, then the CP layouts against it
 }
 cp_layouts tiny
 cp_layouts tiny-llama
+
+# ---- mixtures of experts: the routing statistics (the aux and z losses,
+# the loads) summed over the CP ranks before the losses, so they are the
+# whole sequences'; the EP groups cut from the DP axis, CP ranks included.
+# tiny-moe (softmax top-2) at cp2, cp2 x ep2, and tp2 x cp2 x ep2 with
+# sequence parallelism; tiny-deepseek-moe (sigmoid router, expert bias,
+# shared expert) at cp2 x dp2 x ep2 with ZeRO-1 and at cp2 x pp2: as one
+# process within layout_compare's bounds, and the step line's MoE
+# statistics equal ----
+moe_cp() { # MODEL LAYOUTS (np:args;...)
+    model=$1
+    layout_run "$TMP/moe.$model.1.json" 1 $S --model "$model" || return
+    ifs=$IFS
+    IFS=';'
+    set -- $2
+    IFS=$ifs
+    for item in "$@"; do
+        np=${item%%:*}
+        lay=${item#*:}
+        name=$(echo "$lay" | tr -d ' -')
+        layout_run "$TMP/moe.$model.$name.json" "$np" $S --model "$model" $lay || continue
+        layout_compare "$TMP/moe.$model.1.json" "$TMP/moe.$model.$name.json" "$model $lay"
+        a=$(grep '^step   10/10' "$TMP/moe.$model.1.json.log" | grep -o 'moe aux [^|]*')
+        b=$(grep '^step   10/10' "$TMP/moe.$model.$name.json.log" | grep -o 'moe aux [^|]*')
+        [ -n "$a" ] && [ "$a" = "$b" ] && pass "$model $lay: step 10's MoE statistics as one process's: $b" ||
+            fail "$model $lay: step 10's MoE statistics '$b', one process '$a'"
+    done
+}
+moe_cp tiny-moe "2:--cp 2;2:--cp 2 --ep 2;4:--tp 2 --cp 2 --ep 2 --sequence-parallel"
+moe_cp tiny-deepseek-moe "4:--cp 2 --ep 2 --zero 1;4:--cp 2 --pp 2"
 
 # ---- --doc-mask: documents cross the chunks' edges ----
 P="$TMP/lines"
@@ -103,11 +134,30 @@ print(json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])["mem_worst"]
         fail "--plan --cp $cp: activations $want B, the run's peak $got"
 done
 
+# the planner with experts under CP: its bytes of every category equal
+# the cp2 x ep2 run's peaks
+if [ -f "$TMP/moe.tiny-moe.cp2ep2.json" ]; then
+    "$DTRAIN" --plan --plan-dtype fp32 --hw cpu --gpus 2 --model tiny-moe --cp 2 --ep 2 --micro-batch 2 \
+        --global-batch 8 --seq-len 64 --metrics "$TMP/planm.json" >"$TMP/planm.txt" 2>&1 &&
+        /usr/bin/python3 - "$TMP/planm.json" "$TMP/moe.tiny-moe.cp2ep2.json" >"$TMP/planm.cmp" <<'PYEOF' &&
+import json, sys
+plan = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])["mem_worst"]
+run = json.loads([l for l in open(sys.argv[2]) if '"mem_peak"' in l][-1])["mem_peak"]
+keys = sorted(k for k in plan if k != "total")
+print(", ".join("%s %s/%s" % (k, plan[k], run.get(k)) for k in keys))
+sys.exit(0 if all(plan[k] == run.get(k) for k in keys) else 1)
+PYEOF
+        pass "--plan tiny-moe --cp 2 --ep 2: planned/measured bytes equal: $(cat "$TMP/planm.cmp")" ||
+        fail "--plan tiny-moe --cp 2 --ep 2: planned/measured: $(cat "$TMP/planm.cmp" "$TMP/planm.txt" 2>/dev/null | tail -n 2)"
+fi
+
 # ---- bad input: one line, exit 2, on every rank ----
 B="$DTRAIN $(tiny_args) --steps 1 --micro-batch 2"
 expect_exit2 "--cp 2: --seq-len 66 must be a multiple of 2 x cp = 4" "$MPIEXEC" --quiet -np 2 $B --seq-len 66 --cp 2
 expect_exit2 "world size 3 is not divisible by --tp 1 x --cp 2 x --pp 1 = 2" "$MPIEXEC" --quiet -np 3 $B \
     --seq-len 64 --cp 2
-expect_exit2 "--cp 2 with a mixture of experts is not implemented" "$MPIEXEC" --quiet -np 2 $B --seq-len 64 --cp 2 \
-    --model tiny-moe
+expect_exit2 "--cp 2 with --moe-capacity-factor is not implemented" "$MPIEXEC" --quiet -np 2 $B --seq-len 64 --cp 2 \
+    --model tiny-moe --moe-capacity-factor 1.5
+expect_exit2 "--ep 4 must divide the data-parallel size 2 (world size / (tp x pp), the CP ranks included)" \
+    "$MPIEXEC" --quiet -np 2 $B --seq-len 64 --cp 2 --model tiny-moe --ep 4
 finish

@@ -279,7 +279,8 @@ typedef struct model {
     int32_t *mperm;
     int32_t *mrcnt_host, *mperm_host, *meoffs_host, *mscnt_host;
     size_t *ma2a_host;
-    double ep_comm_s; /* seconds in the experts' all-to-alls since the caller zeroed it (the step's comm wait) */
+    double
+        ep_comm_s; /* seconds in the experts' all-to-alls (and, under --cp, their statistics' CP sum) since the caller zeroed it (the step's comm wait) */
     /* --cp: the ring attention (mpi/cp_ring.h) for the micro batch's
      * shape, and what it cost since the caller zeroed cp_stats (its
      * wait_*_s: the ring's exposed communication) */

@@ -116,8 +116,7 @@ static status_t ep_dispatch(model_t *m, moe_acts_t *a, size_t *R, char *err, siz
         v[q] = v[2 * P + q] = (size_t)El;
         v[P + q] = v[3 * P + q] = (size_t)q * El;
     }
-    CHECK(ep_alltoallv(m, m->mscnt_host, v, v + P, a->hrcnt, v + 2 * P, v + 3 * P, COMM_INT32, "counts", err,
-                       errlen));
+    CHECK(ep_alltoallv(m, m->mscnt_host, v, v + P, a->hrcnt, v + 2 * P, v + 3 * P, COMM_INT32, "counts", err, errlen));
     *R = ep_layout(m, a, C);
     CHECK(ep_alltoallv(m, m->mx, v, v + P, m->mrecv, v + 2 * P, v + 3 * P, COMM_FP32, "tokens", err, errlen));
     ep_perm(m, a, *R);
@@ -147,28 +146,48 @@ static int moe_capacity(const moe_config_t *e, int t)
     return e->capacity > 0 ? (int)ceil((double)e->capacity * (double)t * e->top_k / e->experts) : 0;
 }
 
-/* The losses from the routing's reductions (stats, host: moe_stats's),
- * their gradient weights into a (auxw through the backend) and *st. */
-static void moe_losses(model_t *m, moe_acts_t *a, const float *stats, int N, float dloss, model_moe_stats_t *st)
+/* The losses from the routing's reductions (stats, host: moe_stats's,
+ * over Ns tokens: the micro batch's, every CP rank's share summed), their
+ * gradient weights into a (auxw through the backend) and *st. Ng: the
+ * tokens of this rank's share (Ns / cp): its gradients are averaged over
+ * the CP ranks with the data-parallel ones, so each holds cp times its
+ * part, as the language-model loss's mean over its own tokens does. */
+static void moe_losses(model_t *m, moe_acts_t *a, const float *stats, double Ns, double Ng, float dloss,
+                       model_moe_stats_t *st)
 {
     const moe_config_t *e = &m->cfg.moe;
     const int E = e->experts, K = e->top_k;
     float auxw[4096];
     double aux = 0.0, busiest = 0.0;
     for (int x = 0; x < E; x++) {
-        const double f = stats[x] / ((double)N * K), P = stats[E + x] / (double)N;
+        const double f = stats[x] / (Ns * K), P = stats[E + x] / Ns;
         aux += f * P;
-        auxw[x] = (float)((double)e->aux_coef * dloss * E * f / N);
+        auxw[x] = (float)((double)e->aux_coef * dloss * E * f / Ng);
         busiest = stats[x] > busiest ? stats[x] : busiest; /* routed, before any capacity drop */
     }
     m->ops->from_host(m->ops->ctx, a->auxw, auxw, (size_t)E * sizeof(float));
-    a->zw = (float)((double)e->z_coef * dloss / N);
+    a->zw = (float)((double)e->z_coef * dloss / Ng);
     st->aux += aux * E;
-    st->z += stats[2 * E] / (double)N;
-    st->max_load += busiest / ((double)N * K / E);
+    st->z += stats[2 * E] / Ns;
+    st->max_load += busiest / (Ns * K / E);
     st->dropped += stats[2 * E + 1];
-    st->assigned += (double)N * K;
+    st->assigned += Ns * K;
     st->micro++;
+}
+
+/* --cp: the routing statistics summed over the CP ranks, which hold the
+ * micro batch's sequences between them; timed with the all-to-alls */
+static status_t cp_sum(model_t *m, float *buf, size_t n, char *err, size_t errlen)
+{
+    comm_t *c = m->lay.cp;
+    m->ops->sync(m->ops->ctx);
+    const double t0 = trace_now();
+    char cerr[COMM_ERR_MAX];
+    const status_t rc = c->ops->allreduce(c, buf, n, COMM_FP32, COMM_SUM, cerr, sizeof cerr);
+    m->ep_comm_s += trace_now() - t0;
+    return rc != STATUS_OK
+               ? status_set(rc, err, errlen, "the MoE routing statistics' sum over --cp failed: %.400s", cerr)
+               : STATUS_OK;
 }
 
 status_t moe_fwd(model_t *m, moe_acts_t *a, const block_tensors_t *w, const float *ln2_all, float *out_all, int N_all,
@@ -192,10 +211,14 @@ status_t moe_fwd(model_t *m, moe_acts_t *a, const block_tensors_t *w, const floa
     /* --etp 1: the losses are the whole micro batch's, over every TP share */
     if (moe_etp_whole(m))
         CHECK(model_tp_sum(m, m->mstats, 2 * (size_t)E + 2, err, errlen));
+    /* --cp: and over the sequences' other chunks */
+    const int cp = m->lay.cp && m->lay.cp_size > 1 ? m->lay.cp_size : 1;
+    if (cp > 1)
+        CHECK(cp_sum(m, m->mstats, 2 * (size_t)E + 2, err, errlen));
     /* the host needs each expert's row count for its GEMMs */
     o->to_host(o->ctx, a->hoffs, a->offs, ((size_t)E + 1) * sizeof(int32_t));
     o->to_host(o->ctx, m->mstats_host, m->mstats, (2 * (size_t)E + 2) * sizeof(float));
-    moe_losses(m, a, m->mstats_host, N_all, dloss, &m->moe_stats[i]);
+    moe_losses(m, a, m->mstats_host, (double)N_all * cp, N_all, dloss, &m->moe_stats[i]);
     for (int x = 0; x < E && dloss != 0.0f; x++) /* the step's loads, for the expert bias */
         m->mload_host[(size_t)i * E + x] += m->mstats_host[x];
     const int M = a->hoffs[E];
@@ -238,8 +261,8 @@ status_t moe_fwd(model_t *m, moe_acts_t *a, const block_tensors_t *w, const floa
 }
 
 status_t moe_bwd_experts(model_t *m, const moe_acts_t *a, const block_tensors_t *w, const block_tensors_t *g,
-                         const float *ln2_all, const float *dout_all, float *dln_all, int dln_accum, int accum, int N_all,
-                         char *err, size_t errlen)
+                         const float *ln2_all, const float *dout_all, float *dln_all, int dln_accum, int accum,
+                         int N_all, char *err, size_t errlen)
 {
     const ops_t *o = m->ops;
     const moe_config_t *e = &m->cfg.moe;
@@ -307,8 +330,7 @@ void moe_bwd_router(model_t *m, const moe_acts_t *a, const block_tensors_t *w, c
     const float *ln2 = ln2_all + (size_t)n0 * C;
     float *dln = dln_all + (size_t)n0 * C;
     o->moe_route_bwd(o->ctx, m->mdlogits, m->mdgate, a->logits, a->scores, a->lse, a->idx,
-                     e->aux_coef > 0 ? a->auxw : NULL, a->zw, N, E, K, e->router == MOE_ROUTER_SIGMOID,
-                     e->norm_topk);
+                     e->aux_coef > 0 ? a->auxw : NULL, a->zw, N, E, K, e->router == MOE_ROUTER_SIGMOID, e->norm_topk);
     o->matmul_bwd(o->ctx, add_din ? dln : NULL, g->router, NULL, m->mdlogits, ln2, w->router, N, C, E, 1, accum);
 }
 
@@ -331,6 +353,5 @@ void moe_shared_gate_bwd_weight(model_t *m, const block_tensors_t *w, const bloc
                                 float *dln, int add_din, int accum, int N)
 {
     const ops_t *o = m->ops;
-    o->matmul_bwd(o->ctx, add_din ? dln : NULL, g->sgate, NULL, m->msdz, ln2, w->sgate, N, m->cfg.d_model, 1, 1,
-                  accum);
+    o->matmul_bwd(o->ctx, add_din ? dln : NULL, g->sgate, NULL, m->msdz, ln2, w->sgate, N, m->cfg.d_model, 1, 1, accum);
 }

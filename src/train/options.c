@@ -859,7 +859,9 @@ static int check_virtual(const run_options_t *o, const model_config_t *c, int pp
  * shard and replica groups, which the grid does not make. */
 static int check_ep(const run_options_t *o, const model_config_t *c, int tp, int dp, char *err, size_t errlen)
 {
-    const int spans = o->etp == 1 && tp > 1, plane = spans ? tp * dp : dp;
+    /* the grid's DP axis, which the EP groups are cut from, holds dp x cp ranks */
+    const int cp = o->cp > 1 ? o->cp : 1, axis = dp * cp;
+    const int spans = o->etp == 1 && tp > 1, plane = spans ? tp * axis : axis;
     if (o->etp != 0 && o->etp != 1 && o->etp != tp)
         snprintf(err, errlen, "--etp %d must be 1 (whole experts) or --tp %d (experts split as the dense MLP)", o->etp,
                  tp);
@@ -874,21 +876,21 @@ static int check_ep(const run_options_t *o, const model_config_t *c, int tp, int
                  o->ep);
     else if (o->ep > 1 && c->moe.experts % o->ep != 0)
         snprintf(err, errlen, "--ep %d must divide the model's %d experts", o->ep, c->moe.experts);
-    else if (o->ep > 1 && !spans && dp % o->ep != 0)
+    else if (o->ep > 1 && !spans && axis % o->ep != 0)
         snprintf(err, errlen,
-                 "--ep %d must divide the data-parallel size %d (world size / (tp x pp)): launch a "
+                 "--ep %d must divide the data-parallel size %d (world size / (tp x pp)%s): launch a "
                  "multiple of %d x tp x pp ranks, change --ep, or cut it across the TP ranks with --etp 1",
-                 o->ep, dp, o->ep);
+                 o->ep, axis, cp > 1 ? ", the CP ranks included" : "", o->ep);
     else if (o->ep > 1 && plane % o->ep != 0)
         snprintf(err, errlen,
                  "--ep %d with --etp 1 must divide tp x dp = %d (world size / pp): launch a multiple of "
                  "%d x pp ranks or change --ep",
                  o->ep, plane, o->ep);
-    else if (spans && ((long)o->micro_batch * o->seq_len) % tp != 0)
+    else if (spans && ((long)o->micro_batch * o->seq_len / cp) % tp != 0)
         snprintf(err, errlen,
-                 "--etp 1: micro batch x seq len (%d x %d) must be a multiple of --tp %d (each TP rank "
+                 "--etp 1: micro batch x seq len%s (%d x %d) must be a multiple of --tp %d (each TP rank "
                  "routes an equal share of the tokens)",
-                 o->micro_batch, o->seq_len, tp);
+                 cp > 1 ? " / cp" : "", o->micro_batch, o->seq_len, tp);
     else if (spans && c->moe.capacity > 0 && o->micro_batch % tp != 0)
         snprintf(err, errlen,
                  "--etp 1 with --moe-capacity-factor: --micro-batch %d must be a multiple of --tp %d "
@@ -922,10 +924,10 @@ static int check_cp(const run_options_t *o, const model_config_t *c, char *err, 
                  "--cp %d: --seq-len %d must be a multiple of 2 x cp = %d (each rank holds two of the "
                  "2 x cp equal chunks)",
                  N, o->seq_len, 2 * N);
-    else if (c->moe.experts > 0)
+    else if (c->moe.experts > 0 && c->moe.capacity > 0)
         snprintf(err, errlen,
-                 "--cp %d with a mixture of experts is not implemented (the routing statistics are a "
-                 "whole sequence's): drop --cp or use a dense model",
+                 "--cp %d with --moe-capacity-factor is not implemented (the capacity ranks a whole sequence's "
+                 "tokens, which the CP ranks hold between them): drop one of them",
                  N);
     else if (o->hybrid_shard > 0)
         snprintf(err, errlen, "--cp %d with --hybrid-shard is not implemented: plain --zero shards over dp x cp", N);
