@@ -15,7 +15,8 @@
 # cp2. The activation arena falls as 1/cp: the measured peak at cp2 and
 # cp4 equals the planner's byte for byte and is half and a quarter of one
 # rank's (plus the rows' positions, 4 B each). Mixtures of experts at cp2
-# with and without expert parallelism, TP, PP, DP and ZeRO-1 (below). Bad
+# with and without expert parallelism, TP, PP, DP and ZeRO-1 and 3 with
+# --hybrid-shard (below); tiny-llama with --hybrid-shard 2 at cp2 x dp2. Bad
 # --cp exits 2 with one line. test_ring_attn checks the ring's schedule and blocks against the
 # whole-sequence attention; test_cp_ring.sh the ring over MPI; the CUDA
 # ring ops run under emulation in test/emu/test_ring_emu. The CP group's
@@ -38,6 +39,10 @@ cp_layouts() { # MODEL ARGS...: one rank, then the CP layouts against it
 }
 cp_layouts tiny
 cp_layouts tiny-llama
+# --hybrid-shard counts ranks of dp x cp: shard groups of whole CP groups,
+# replicated over dp (HSDP, torchtitan's dp_shard_cp)
+layout_run "$TMP/hsdp.json" 4 $S --model tiny-llama --cp 2 --zero 2 --hybrid-shard 2 &&
+    layout_compare "$TMP/tiny-llama.1.json" "$TMP/hsdp.json" "tiny-llama --cp 2 --zero 2 --hybrid-shard 2"
 
 # ---- mixtures of experts: the routing statistics (the aux and z losses,
 # the loads) summed over the CP ranks before the losses, so they are the
@@ -67,7 +72,7 @@ moe_cp() { # MODEL LAYOUTS (np:args;...)
     done
 }
 moe_cp tiny-moe "2:--cp 2;2:--cp 2 --ep 2;4:--tp 2 --cp 2 --ep 2 --sequence-parallel"
-moe_cp tiny-deepseek-moe "4:--cp 2 --ep 2 --zero 1;4:--cp 2 --pp 2"
+moe_cp tiny-deepseek-moe "4:--cp 2 --ep 2 --zero 1;4:--cp 2 --pp 2;4:--cp 2 --ep 2 --zero 3 --hybrid-shard 2"
 
 # ---- --doc-mask: documents cross the chunks' edges ----
 P="$TMP/lines"
@@ -156,6 +161,8 @@ B="$DTRAIN $(tiny_args) --steps 1 --micro-batch 2"
 expect_exit2 "--cp 2: --seq-len 66 must be a multiple of 2 x cp = 4" "$MPIEXEC" --quiet -np 2 $B --seq-len 66 --cp 2
 expect_exit2 "world size 3 is not divisible by --tp 1 x --cp 2 x --pp 1 = 2" "$MPIEXEC" --quiet -np 3 $B \
     --seq-len 64 --cp 2
+expect_exit2 "--cp 4 with --hybrid-shard 2: a shard group must hold whole CP groups" "$MPIEXEC" --quiet -np 4 $B \
+    --seq-len 64 --cp 4 --zero 1 --hybrid-shard 2
 expect_exit2 "--cp 2 with --moe-capacity-factor is not implemented" "$MPIEXEC" --quiet -np 2 $B --seq-len 64 --cp 2 \
     --model tiny-moe --moe-capacity-factor 1.5
 expect_exit2 "--ep 4 must divide the data-parallel size 2 (world size / (tp x pp), the CP ranks included)" \

@@ -1321,8 +1321,11 @@ static void search_schedule(search_t *sr, const run_options_t *o, run_options_t 
                     t->micro_batch = mb;
                     t->sequence_parallel = sp;
                     t->zero = z;
-                    t->hybrid_shard =
-                        z > 0 && o->hybrid_shard > 0 && t->dp % o->hybrid_shard == 0 ? o->hybrid_shard : 0;
+                    t->hybrid_shard = z > 0 && o->hybrid_shard > 0 &&
+                                              (t->dp * (t->cp > 1 ? t->cp : 1)) % o->hybrid_shard == 0 &&
+                                              o->hybrid_shard % (t->cp > 1 ? t->cp : 1) == 0
+                                          ? o->hybrid_shard
+                                          : 0;
                     t->recompute = (model_recompute_t)rc;
                     search_try(sr, t, c, hw);
                 }

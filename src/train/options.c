@@ -162,8 +162,8 @@ static const opt_def_t opt_defs[] = {
     {"fsdp", OPT_ENUM, F(fsdp), 0, "", 0, 0, options_fsdp_names,
      "PyTorch FSDP names for --zero: no_shard (0) | shard_grad_op (2) | full_shard (3)", NULL, NULL, 0},
     {"hybrid-shard", OPT_INT, F(hybrid_shard), 0, "0", 0, 1 << 20, NULL,
-     "shard the ZeRO state within groups of N consecutive data-parallel ranks and replicate it across groups (HSDP; 0 "
-     "= the whole data-parallel group)",
+     "shard the ZeRO state within groups of N consecutive data-parallel ranks (of dp x cp under --cp, N a multiple of "
+     "cp) and replicate it across groups (HSDP; 0 = the whole data-parallel group)",
      NULL, NULL, 0},
     {"grad-reduce-dtype", OPT_ENUM, F(grad_reduce_dtype), 0, "fp32", 0, 0, comm_dtype_names,
      "what the data-parallel gradient reductions (all-reduce, ZeRO reduce-scatter, HSDP) send and sum in: fp32 | bf16 "
@@ -896,12 +896,12 @@ static int check_ep(const run_options_t *o, const model_config_t *c, int tp, int
                  "--etp 1 with --moe-capacity-factor: --micro-batch %d must be a multiple of --tp %d "
                  "(capacity is per sequence, and each TP rank routes whole sequences)",
                  o->micro_batch, tp);
-    else if (spans && o->hybrid_shard > 0 && o->hybrid_shard < dp && options_zero_stage(o) > 0)
+    else if (spans && o->hybrid_shard > 0 && o->hybrid_shard < axis && options_zero_stage(o) > 0)
         snprintf(err, errlen,
                  "--etp 1 with --hybrid-shard %d is not implemented: drop --hybrid-shard (plain --zero "
                  "shards the experts over the expert-DP group) or --etp",
                  o->hybrid_shard);
-    else if (o->ep > 1 && o->hybrid_shard > 0 && o->hybrid_shard < dp && options_zero_stage(o) > 0 &&
+    else if (o->ep > 1 && o->hybrid_shard > 0 && o->hybrid_shard < axis && options_zero_stage(o) > 0 &&
              o->hybrid_shard % o->ep != 0)
         snprintf(err, errlen,
                  "--hybrid-shard %d with --ep %d: the shard group must be a multiple of the EP group, so "
@@ -929,8 +929,11 @@ static int check_cp(const run_options_t *o, const model_config_t *c, char *err, 
                  "--cp %d with --moe-capacity-factor is not implemented (the capacity ranks a whole sequence's "
                  "tokens, which the CP ranks hold between them): drop one of them",
                  N);
-    else if (o->hybrid_shard > 0)
-        snprintf(err, errlen, "--cp %d with --hybrid-shard is not implemented: plain --zero shards over dp x cp", N);
+    else if (o->hybrid_shard > 0 && o->hybrid_shard % N != 0)
+        snprintf(err, errlen,
+                 "--cp %d with --hybrid-shard %d: a shard group must hold whole CP groups (it counts ranks of "
+                 "dp x cp): give --hybrid-shard a multiple of %d",
+                 N, o->hybrid_shard, N);
     else if (o->sample_tokens > 0 && o->sample_given)
         snprintf(err, errlen,
                  "--cp %d: --sample-tokens %d generates from a whole sequence on one rank: add "
@@ -951,12 +954,14 @@ static int check_layout(const run_options_t *o, const model_config_t *c, int tp,
                  o->micro_batch, dp, o->micro_batch * dp);
         return -1;
     }
-    if (o->hybrid_shard > 0 && (dp % o->hybrid_shard != 0 || options_zero_stage(o) == 0)) {
+    /* the shard groups are cut from the grid's DP axis: dp x cp ranks */
+    const int axis = dp * (o->cp > 1 ? o->cp : 1);
+    if (o->hybrid_shard > 0 && (axis % o->hybrid_shard != 0 || options_zero_stage(o) == 0)) {
         snprintf(err, errlen, "--hybrid-shard %d: %s", o->hybrid_shard,
                  options_zero_stage(o) == 0 ? "shards the ZeRO state: it needs --zero 1 or higher"
                                             : "must divide the data-parallel size");
         if (options_zero_stage(o) != 0)
-            snprintf(err + strlen(err), errlen - strlen(err), " %d", dp);
+            snprintf(err + strlen(err), errlen - strlen(err), " %d%s", axis, o->cp > 1 ? " (dp x cp)" : "");
         return -1;
     }
     if (options_check_grid(c, tp, pp, err, errlen) != 0 || check_virtual(o, c, pp, dp, err, errlen) != 0 ||
@@ -1055,7 +1060,7 @@ int options_resolve_layout(const run_options_t *o, const model_config_t *c, int 
     rc->cp = o->cp > 1 ? o->cp : 1;
     rc->sequence_parallel = o->sequence_parallel;
     rc->zero_stage = options_zero_stage(o);
-    rc->hybrid_shard = o->hybrid_shard > 0 && o->hybrid_shard < dp && rc->zero_stage > 0 ? o->hybrid_shard : 0;
+    rc->hybrid_shard = o->hybrid_shard > 0 && o->hybrid_shard < dp * rc->cp && rc->zero_stage > 0 ? o->hybrid_shard : 0;
     rc->shard = rc->hybrid_shard ? rc->hybrid_shard : dp * rc->cp; /* --cp: ZeRO over dp x cp */
     rc->micro_batch = o->micro_batch;
     rc->seq_len = o->seq_len;
