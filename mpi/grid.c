@@ -255,7 +255,8 @@ void grid_destroy(grid_t *g)
 {
     if (!g)
         return;
-    comm_t **all[] = {&g->eshard, &g->cp, &g->edp, &g->ep, &g->replica, &g->shard, &g->embed, &g->pp, &g->dp, &g->tp, &g->world};
+    comm_t **all[] = {&g->eshard, &g->cp, &g->edp, &g->ep, &g->replica, &g->shard,
+                      &g->embed,  &g->pp, &g->dp,  &g->tp, &g->world};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
         if (*all[i])
             (*all[i])->ops->destroy(*all[i]);
@@ -293,9 +294,8 @@ static status_t split_line(int cls, int x, int L, int H, comm_t **inner, comm_t 
     int ok = *inner && (*inner)->size == H && (*inner)->rank == x % H;
     rc = MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     if (rc != MPI_SUCCESS || !ok)
-        return status_set(STATUS_FAIL, err, errlen, "grid: cannot create the %s %s groups of %d ranks", what, iname,
-                          H);
-    snprintf((*inner)->name, sizeof (*inner)->name, "%s", iname);
+        return status_set(STATUS_FAIL, err, errlen, "grid: cannot create the %s %s groups of %d ranks", what, iname, H);
+    snprintf((*inner)->name, sizeof(*inner)->name, "%s", iname);
     if (!outer)
         return STATUS_OK;
     /* the outer group: same (pp, tp) and the same rank within the inner
@@ -317,7 +317,7 @@ static status_t split_line(int cls, int x, int L, int H, comm_t **inner, comm_t 
     if (rc != MPI_SUCCESS || !ok)
         return status_set(STATUS_FAIL, err, errlen, "grid: cannot create the %s %s groups of %d ranks", what, oname,
                           groups);
-    snprintf((*outer)->name, sizeof (*outer)->name, "%s", oname);
+    snprintf((*outer)->name, sizeof(*outer)->name, "%s", oname);
     return STATUS_OK;
 }
 
@@ -350,13 +350,16 @@ status_t grid_create_cp_group(grid_t *g, int N, char *err, size_t errlen)
     return STATUS_OK;
 }
 
-status_t grid_create_expert_shard(grid_t *g, int n, char *err, size_t errlen)
+status_t grid_create_expert_shard(grid_t *g, int n, int spans_tp, char *err, size_t errlen)
 {
-    /* the expert-DP line: same (pp, tp) and place in the EP group, ranks
-     * numbered by edp_rank (grid_create_ep_groups without spans_tp) */
-    const int cls = (g->pp_rank * g->tp_size + g->tp_rank) * g->ep_size + g->ep_rank;
-    return split_line(cls, g->edp_rank, g->dp_size / g->ep_size, n, &g->eshard, NULL, "eshard", NULL,
-                      "expert shard", err, errlen);
+    /* the expert-DP line, ranks numbered by edp_rank: same (pp, tp) and
+     * place in the EP group, or with spans_tp same pp and place in the EP
+     * group (the plane's x = tp + tp dp in grid_create_ep_groups, so a
+     * shard group's H DP ranks are the n = H tp / N consecutive edp ranks) */
+    const int cls = spans_tp ? g->pp_rank * g->ep_size + g->ep_rank
+                             : (g->pp_rank * g->tp_size + g->tp_rank) * g->ep_size + g->ep_rank;
+    const int L = (spans_tp ? g->tp_size * g->dp_size : g->dp_size) / g->ep_size;
+    return split_line(cls, g->edp_rank, L, n, &g->eshard, NULL, "eshard", NULL, "expert shard", err, errlen);
 }
 
 int grid_data_rank(const grid_t *g) { return g->dp_rank / (g->cp_size > 1 ? g->cp_size : 1); }
@@ -364,7 +367,7 @@ int grid_data_size(const grid_t *g) { return g->dp_size / (g->cp_size > 1 ? g->c
 
 int grid_groups(const grid_t *g, comm_t **list, const char **names)
 {
-    comm_t *const all[GRID_MAX_GROUPS] = {g->world, g->tp,      g->dp, g->pp,  g->embed, g->shard,
+    comm_t *const all[GRID_MAX_GROUPS] = {g->world,   g->tp, g->dp,  g->pp, g->embed, g->shard,
                                           g->replica, g->ep, g->edp, g->cp, g->eshard};
     static const char *const kind[GRID_MAX_GROUPS] = {"world",   "tp", "dp",  "pp", "embed", "shard",
                                                       "replica", "ep", "edp", "cp", "eshard"};

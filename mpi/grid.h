@@ -29,7 +29,8 @@ typedef struct grid {
     comm_t *ep, *edp;
     int ep_size, ep_rank, edp_rank;
     /* --hybrid-shard H with --ep N (grid_create_expert_shard): the H/N
-     * ranks of this rank's expert-DP group inside its shard group, over
+     * (--etp 1: H tp/N) ranks of this rank's expert-DP group inside its
+     * shard group, over
      * which ZeRO shards the experts' state (their replicas across the
      * shard groups are the dense part's, g->replica); else NULL */
     comm_t *eshard;
@@ -82,10 +83,13 @@ status_t grid_create_ep_groups(grid_t *g, int N, int spans_tp, char *err, size_t
  * MPI_COMM_WORLD. Returns a status with one line in err. */
 status_t grid_create_cp_group(grid_t *g, int N, char *err, size_t errlen);
 
-/* --hybrid-shard H with --ep N (N dividing H): the expert shard groups,
- * g->eshard, H/N consecutive ranks of each expert-DP group. Collective
- * over MPI_COMM_WORLD. Returns a status with one line in err. */
-status_t grid_create_expert_shard(grid_t *g, int n, char *err, size_t errlen);
+/* --hybrid-shard H with --ep N: the expert shard groups, g->eshard, n
+ * consecutive ranks of each expert-DP group: n = H/N (N dividing H), or
+ * with spans_tp (--etp 1, the EP groups cut from the TP x DP plane, as
+ * grid_create_ep_groups) n = H tp/N, the expert-DP ranks of a shard
+ * group's H x tp slab of the plane. Collective over MPI_COMM_WORLD.
+ * Returns a status with one line in err. */
+status_t grid_create_expert_shard(grid_t *g, int n, int spans_tp, char *err, size_t errlen);
 
 #define GRID_MAX_GROUPS 11 /* world, tp, dp, pp, embed, shard, replica, ep, edp, cp, eshard */
 

@@ -8,7 +8,8 @@
 # train the same model as one process at tp2 (ep1: the experts' data
 # parallelism spans the TP ranks), tp2 x ep2 with sequence parallelism,
 # tp2 x dp2 x ep4, tp2 x dp2 x ep2 with ZeRO-1, 2 and 3, tp2 x dp2 with
-# ZeRO-3 (expert-DP 4 over dp 2) and tp2 x pp2 x ep2: every loss and the
+# ZeRO-3 (expert-DP 4 over dp 2), tp2 x pp2 x ep2 and tp2 x dp4 x ep2 with
+# ZeRO-3 and --hybrid-shard 2: every loss and the
 # final validation loss within 1e-5 relative, gradient norms and final
 # parameters within 1e-4 (10 steps, as test_moe.sh; tp2 x dp2 x ep4 with
 # ZeRO-2 flips one token's routing at a near-tie from step 4 on since the
@@ -42,6 +43,26 @@ layout_run "$TMP/cap.json" 1 $S --model tiny-moe --moe-capacity-factor 1 && REF=
     etp_run cap.tp2ep2 4 --model tiny-moe --moe-capacity-factor 1 --tp 2 --etp 1 --ep 2
 layout_run "$TMP/ds.json" 1 $S --model tiny-deepseek-moe --moe-z-coef 0.001 && REF=ds &&
     etp_run ds.tp2ep2 4 --model tiny-deepseek-moe --moe-z-coef 0.001 --tp 2 --etp 1 --ep 2 --zero 1
+# --hybrid-shard with --etp 1: the experts' state sharded over the
+# expert-DP ranks of a shard group's H x tp slab of the TP x DP plane (H tp
+# / ep of them), replicated with the dense shards across the groups:
+# tp2 x dp4 x ep2, ZeRO-3 over shard groups of 2 (expert shard 2, 2
+# replicas); the planner's bytes equal the run's
+REF=top2
+etp_run top2.hsdp 8 --model tiny-moe --tp 2 --etp 1 --ep 2 --zero 3 --hybrid-shard 2 &&
+    grep -q "^ZeRO-3: .*replicated over 2 shard groups (--hybrid-shard)" "$TMP/top2.hsdp.json.log" &&
+    "$DTRAIN" --plan --plan-dtype fp32 --hw cpu --gpus 8 --model tiny-moe --tp 2 --etp 1 --ep 2 --zero 3 \
+        --hybrid-shard 2 --micro-batch 2 --global-batch 8 --seq-len 64 --metrics "$TMP/hp.json" >"$TMP/hp.txt" 2>&1 &&
+    /usr/bin/python3 - "$TMP/hp.json" "$TMP/top2.hsdp.json" >"$TMP/hp.cmp" <<'PYEOF' &&
+import json, sys
+plan = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])["mem_worst"]
+run = json.loads([l for l in open(sys.argv[2]) if '"mem_peak"' in l][-1])["mem_peak"]
+keys = sorted(k for k in plan if k != "total")
+print(", ".join("%s %s/%s" % (k, plan[k], run.get(k)) for k in keys))
+sys.exit(0 if all(plan[k] == run.get(k) for k in keys) else 1)
+PYEOF
+    pass "tp2 x dp4 --etp 1 --ep 2 --zero 3 --hybrid-shard 2: planned/measured bytes equal: $(cat "$TMP/hp.cmp")" ||
+    fail "tp2 x dp4 --etp 1 --hybrid-shard 2: $(grep ZeRO "$TMP/top2.hsdp.json.log") $(cat "$TMP/hp.cmp" 2>/dev/null)"
 
 # ---- determinism ----
 layout_run "$TMP/again.json" 4 $S --model tiny-moe --tp 2 --etp 1 --ep 2 --zero 2 &&
@@ -67,6 +88,8 @@ expect_exit2 "--etp 1 keeps a mixture's experts whole over the TP ranks, but the
     -np 2 $B --model tiny --tp 2 --etp 1
 expect_exit2 "--ep 8 with --etp 1 must divide tp x dp = 4" "$MPIEXEC" --quiet -np 4 $B --model tiny-moe --tp 2 \
     --etp 1 --ep 8
+expect_exit2 "--hybrid-shard 1 with --etp 1 --ep 4: a shard group's 1 x tp 2 ranks of the TP x DP plane must hold whole EP groups: give --hybrid-shard a multiple of 2" \
+    "$MPIEXEC" --quiet -np 8 $B --model tiny-moe --tp 2 --etp 1 --ep 4 --zero 1 --hybrid-shard 1
 expect_exit2 "--etp 1 with --moe-capacity-factor: --micro-batch 1 must be a multiple of --tp 2" "$MPIEXEC" --quiet \
     -np 2 $DTRAIN $(tiny_args) --steps 1 --micro-batch 1 --seq-len 64 --model tiny-moe --moe-capacity-factor 1 \
     --tp 2 --etp 1

@@ -125,7 +125,10 @@ static int plan_edp(const run_config_t *r)
  * under --hybrid-shard H its H/ep ranks inside a shard group. */
 static size_t plan_expert_shard(const run_config_t *r)
 {
-    return r->hybrid_shard && r->ep > 1 ? (size_t)(r->hybrid_shard / r->ep) : (size_t)plan_edp(r);
+    const int spans = run_config_ep_spans_tp(r);
+    if (r->hybrid_shard && (r->ep > 1 || spans))
+        return (size_t)(r->hybrid_shard * (spans ? r->tp : 1) / (r->ep > 1 ? r->ep : 1));
+    return (size_t)plan_edp(r);
 }
 
 /* The consecutive world ranks one EP group spans: tp x ep (an EP group

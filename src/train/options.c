@@ -857,6 +857,8 @@ static int check_virtual(const run_options_t *o, const model_config_t *c, int pp
  * 1 the ranks of the TP x DP plane). ZeRO shards the expert state over
  * the expert-DP group (mpi/zero.h); hybrid sharding would need expert
  * shard and replica groups, which the grid does not make. */
+static int gcd_int(int a, int b) { return b ? gcd_int(b, a % b) : a; }
+
 static int check_ep(const run_options_t *o, const model_config_t *c, int tp, int dp, char *err, size_t errlen)
 {
     /* the grid's DP axis, which the EP groups are cut from, holds dp x cp ranks */
@@ -896,12 +898,13 @@ static int check_ep(const run_options_t *o, const model_config_t *c, int tp, int
                  "--etp 1 with --moe-capacity-factor: --micro-batch %d must be a multiple of --tp %d "
                  "(capacity is per sequence, and each TP rank routes whole sequences)",
                  o->micro_batch, tp);
-    else if (spans && o->hybrid_shard > 0 && o->hybrid_shard < axis && options_zero_stage(o) > 0)
+    else if (spans && o->ep > 1 && o->hybrid_shard > 0 && o->hybrid_shard < axis && options_zero_stage(o) > 0 &&
+             (o->hybrid_shard * tp) % o->ep != 0)
         snprintf(err, errlen,
-                 "--etp 1 with --hybrid-shard %d is not implemented: drop --hybrid-shard (plain --zero "
-                 "shards the experts over the expert-DP group) or --etp",
-                 o->hybrid_shard);
-    else if (o->ep > 1 && o->hybrid_shard > 0 && o->hybrid_shard < axis && options_zero_stage(o) > 0 &&
+                 "--hybrid-shard %d with --etp 1 --ep %d: a shard group's %d x tp %d ranks of the TP x DP plane "
+                 "must hold whole EP groups: give --hybrid-shard a multiple of %d",
+                 o->hybrid_shard, o->ep, o->hybrid_shard, tp, o->ep / gcd_int(o->ep, tp));
+    else if (!spans && o->ep > 1 && o->hybrid_shard > 0 && o->hybrid_shard < axis && options_zero_stage(o) > 0 &&
              o->hybrid_shard % o->ep != 0)
         snprintf(err, errlen,
                  "--hybrid-shard %d with --ep %d: the shard group must be a multiple of the EP group, so "

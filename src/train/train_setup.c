@@ -469,8 +469,10 @@ static int setup_backend(trainer_t *tr, const dpsync_ops_t *kind, char *err, siz
         CHECK(grid_create_cp_group(grid, run->cp, err, errlen));
     if (run->ep > 1 || run_config_ep_spans_tp(run))
         CHECK(grid_create_ep_groups(grid, run->ep, run_config_ep_spans_tp(run), err, errlen));
-    if (run->hybrid_shard && kind->shards && run->ep > 1) /* check_ep: ep divides the shard group */
-        CHECK(grid_create_expert_shard(grid, run->hybrid_shard / run->ep, err, errlen));
+    /* check_ep: ep divides the shard group (x tp with --etp 1) */
+    const int spans = run_config_ep_spans_tp(run);
+    if (run->hybrid_shard && kind->shards && (run->ep > 1 || spans))
+        CHECK(grid_create_expert_shard(grid, run->hybrid_shard * (spans ? run->tp : 1) / run->ep, spans, err, errlen));
     CHECK(agree(tr->world,
                 backend_comm_open(&tr->backend, run->comm, grid, &tr->net, tr->opt->comm_timeout, err, errlen), err,
                 errlen));
