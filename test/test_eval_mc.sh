@@ -8,7 +8,7 @@
 # dtrain dumps (--eval-mc-dump) equal, example by example, a float64
 # PyTorch computation from the saved parameters (test/ref/mc_ref.py:
 # every summed and mean loss within 1e-5 relative, the same picks) at
-# 1 rank, tp2 x pp2 and tp2 x dp2 with ZeRO-3; the accuracies in
+# 1 rank, tp2 x pp2, tp2 x dp2 with ZeRO-3 and cp2 x dp2 with ZeRO-1; the accuracies in
 # --metrics and the step line are the dump's. Bad input is refused in
 # one line.
 . "$top_srcdir/test/common.sh"
@@ -71,6 +71,9 @@ run one 1 && reference one "1 rank"
 run tp2pp2 4 --tp 2 --pp 2 && reference tp2pp2 "tp2 x pp2"
 run tp2dp2z3 4 --tp 2 --zero 3 && reference tp2dp2z3 "tp2 x dp2, ZeRO-3"
 run llama 2 --model tiny-llama --tp 2 && reference llama "tiny-llama tp2"
+# --cp: each CP rank sums the scored losses of its chunks, the DP x CP sum
+# completes the rows; examples dealt to the data ranks
+run cp2dp2 4 --cp 2 --zero 1 && reference cp2dp2 "cp2 x dp2, ZeRO-1"
 
 # the metrics' accuracies are the dump's picks; the step line shows them
 if [ -f "$TMP/one.json" ]; then

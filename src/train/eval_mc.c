@@ -139,11 +139,11 @@ void mc_row(const evalmc_example_t *x, int c, int t, int32_t *tok, int32_t *tgt)
 }
 
 /* Fills the batch's b rows from the cursor (example *e, completion *c of
- * this DP rank's share), padding rows where it has run out; row_of[b]: the
- * file's row, or -1. */
+ * this data rank's share: the CP ranks of a DP rank share it), padding
+ * rows where it has run out; row_of[b]: the file's row, or -1. */
 static void fill_batch(trainer_t *tr, const mc_file_t *m, int *e, int *c, int *row_of)
 {
-    const int B = tr->run->micro_batch, T = tr->run->seq_len, dp = tr->grid->dp_size;
+    const int B = tr->run->micro_batch, T = tr->run->seq_len, dp = grid_data_size(tr->grid);
     for (int b = 0; b < B; b++) {
         int32_t *tok = tr->tok + (size_t)b * T, *tgt = tr->tgt + (size_t)b * T;
         if (*e >= m->f.n) {
@@ -163,28 +163,32 @@ static void fill_batch(trainer_t *tr, const mc_file_t *m, int *e, int *c, int *r
 }
 
 /* The forwards of one file's rows on this rank; the last stage sums each
- * row's scored losses (in double, in position order) into m->sum. Every
- * rank runs `rounds` forwards; after each, the world agrees whether one
- * failed (as trainer_val_loss does). */
+ * row's scored losses (in double, in position order; under --cp this
+ * rank's chunks' part, which the DP x CP sum completes) into m->sum.
+ * Every rank runs `rounds` forwards; after each, the world agrees whether
+ * one failed (as trainer_val_loss does). */
 static int run_rows(trainer_t *tr, mc_file_t *m, int rounds, char *why, size_t whylen)
 {
     const grid_t *g = tr->grid;
     const int B = tr->run->micro_batch, T = tr->run->seq_len, last = g->pp_rank == g->pp_size - 1;
     float *loss = malloc((size_t)B * T * sizeof *loss);
     int *row_of = malloc((size_t)B * sizeof *row_of);
-    int failed = !loss || !row_of, e = g->dp_rank, c = 0;
+    int failed = !loss || !row_of, e = grid_data_rank(g), c = 0;
     if (failed)
         snprintf(why, whylen, "out of memory");
     for (int r = 0; r < rounds && !failed; r++) {
         fill_batch(tr, m, &e, &c, row_of);
         float v = 0.0f;
-        failed = forward_pipeline(&tr->model, g, tr->tok, NULL, tr->tgt, B, T, &v, why, whylen) != STATUS_OK;
+        const int32_t *tok = tr->tok, *tgt = tr->tgt, *pos = NULL;
+        int t = T;
+        trainer_cp_view(tr, &tok, &pos, &tgt, B, &t);
+        failed = forward_pipeline(&tr->model, g, tok, pos, tgt, B, t, &v, why, whylen) != STATUS_OK;
         if (!failed && last) {
-            model_token_losses(&tr->model, 0, loss, B * T);
+            model_token_losses(&tr->model, 0, loss, B * t);
             for (int b = 0; b < B; b++) {
                 double s = 0.0;
-                for (int i = 0; i < T && row_of[b] >= 0; i++)
-                    s += tr->tgt[(size_t)b * T + i] >= 0 ? (double)loss[(size_t)b * T + i] : 0.0;
+                for (int i = 0; i < t && row_of[b] >= 0; i++)
+                    s += tgt[(size_t)b * t + i] >= 0 ? (double)loss[(size_t)b * t + i] : 0.0;
                 if (row_of[b] >= 0)
                     m->sum[row_of[b]] = s;
             }
@@ -257,7 +261,7 @@ int trainer_eval_mc(trainer_t *tr, step_record_t *r, char *err, size_t errlen)
         char why[512] = "";
         memset(m->sum, 0, (size_t)rows * sizeof *m->sum);
         /* each row's sum from its DP rank's last stage, zeros elsewhere */
-        if (run_rows(tr, m, mc_rounds(m, g->dp_size, tr->run->micro_batch), why, sizeof why) != 0 ||
+        if (run_rows(tr, m, mc_rounds(m, grid_data_size(g), tr->run->micro_batch), why, sizeof why) != 0 ||
             (g->pp_size > 1 &&
              g->pp->ops->allreduce(g->pp, m->sum, (size_t)rows, COMM_FP64, COMM_SUM, why, sizeof why) != 0) ||
             (g->dp_size > 1 &&

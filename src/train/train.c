@@ -156,7 +156,7 @@ void trainer_banner(const trainer_t *tr, FILE *out)
  * of every sequence (mpi/cp_sched.h) in tr->ltok, ltgt and lpos, the
  * positions global or the documents'; *t becomes T/cp. Without --cp the
  * batch itself. */
-static void cp_view(trainer_t *tr, const int32_t **tok, const int32_t **pos, const int32_t **tgt, int B, int *t)
+void trainer_cp_view(trainer_t *tr, const int32_t **tok, const int32_t **pos, const int32_t **tgt, int B, int *t)
 {
     const int cp = tr->grid->cp_size, T = *t;
     if (cp <= 1)
@@ -223,7 +223,7 @@ int trainer_val_loss(trainer_t *tr, double *loss, char *err, size_t errlen)
             float v = 0.0f;
             const int32_t *tok = tr->tok, *tgt = tr->tgt, *vpos = pos;
             int t = T;
-            cp_view(tr, &tok, &vpos, &tgt, B, &t);
+            trainer_cp_view(tr, &tok, &vpos, &tgt, B, &t);
             failed = forward_pipeline(&tr->model, tr->grid, tok, vpos, tgt, B, t, &v, why, sizeof why) != STATUS_OK;
             if (i < nb)
                 means[i] = v;
@@ -465,7 +465,7 @@ static int stage_forward(void *ctx, int chunk, int micro, int slot)
     float loss;
     const int32_t *tok = tr->tok, *tgt = tr->tgt, *fpos = pos;
     int t = o->seq_len;
-    cp_view(tr, &tok, &fpos, &tgt, o->micro_batch, &t);
+    trainer_cp_view(tr, &tok, &fpos, &tgt, o->micro_batch, &t);
     CHECK(model_forward_chunk(m, chunk, slot, tok, fpos, tgt, o->micro_batch, t,
                               spike_test_dloss(&tr->spike, batch, micro, g->dp_rank, 1.0f / (float)tr->accum), &loss,
                               c->err, c->errlen));
