@@ -159,6 +159,21 @@ layout_run() {
         { fail "np $np $*: exit status $? $(tail -n 3 "$out.log")"; return 1; }
 }
 
+# plan_equals_run PLAN RUN: the planner's bytes of every category
+# (--plan --metrics PLAN, its mem_worst) equal the run's measured peaks
+# (--metrics RUN, its last mem_peak); prints them as plan/run and fails
+# on a difference
+plan_equals_run() {
+    /usr/bin/python3 - "$1" "$2" <<'PYEOF'
+import json, sys
+plan = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])["mem_worst"]
+run = json.loads([l for l in open(sys.argv[2]) if '"mem_peak"' in l][-1])["mem_peak"]
+keys = sorted(k for k in plan if k != "total")
+print(", ".join("%s %s/%s" % (k, plan[k], run.get(k)) for k in keys))
+sys.exit(0 if all(plan[k] == run.get(k) for k in keys) else 1)
+PYEOF
+}
+
 # layout_compare REF OUT LABEL [LOSS NORM PARAMS]: every step's loss and
 # (at least LC_MIN_VALUES values, default 41: 20 steps' losses and norms
 # and the validation loss)

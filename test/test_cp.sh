@@ -144,14 +144,7 @@ done
 if [ -f "$TMP/moe.tiny-moe.cp2ep2.json" ]; then
     "$DTRAIN" --plan --plan-dtype fp32 --hw cpu --gpus 2 --model tiny-moe --cp 2 --ep 2 --micro-batch 2 \
         --global-batch 8 --seq-len 64 --metrics "$TMP/planm.json" >"$TMP/planm.txt" 2>&1 &&
-        /usr/bin/python3 - "$TMP/planm.json" "$TMP/moe.tiny-moe.cp2ep2.json" >"$TMP/planm.cmp" <<'PYEOF' &&
-import json, sys
-plan = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])["mem_worst"]
-run = json.loads([l for l in open(sys.argv[2]) if '"mem_peak"' in l][-1])["mem_peak"]
-keys = sorted(k for k in plan if k != "total")
-print(", ".join("%s %s/%s" % (k, plan[k], run.get(k)) for k in keys))
-sys.exit(0 if all(plan[k] == run.get(k) for k in keys) else 1)
-PYEOF
+        plan_equals_run "$TMP/planm.json" "$TMP/moe.tiny-moe.cp2ep2.json" >"$TMP/planm.cmp" &&
         pass "--plan tiny-moe --cp 2 --ep 2: planned/measured bytes equal: $(cat "$TMP/planm.cmp")" ||
         fail "--plan tiny-moe --cp 2 --ep 2: planned/measured: $(cat "$TMP/planm.cmp" "$TMP/planm.txt" 2>/dev/null | tail -n 2)"
 fi

@@ -53,14 +53,7 @@ etp_run top2.hsdp 8 --model tiny-moe --tp 2 --etp 1 --ep 2 --zero 3 --hybrid-sha
     grep -q "^ZeRO-3: .*replicated over 2 shard groups (--hybrid-shard)" "$TMP/top2.hsdp.json.log" &&
     "$DTRAIN" --plan --plan-dtype fp32 --hw cpu --gpus 8 --model tiny-moe --tp 2 --etp 1 --ep 2 --zero 3 \
         --hybrid-shard 2 --micro-batch 2 --global-batch 8 --seq-len 64 --metrics "$TMP/hp.json" >"$TMP/hp.txt" 2>&1 &&
-    /usr/bin/python3 - "$TMP/hp.json" "$TMP/top2.hsdp.json" >"$TMP/hp.cmp" <<'PYEOF' &&
-import json, sys
-plan = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])["mem_worst"]
-run = json.loads([l for l in open(sys.argv[2]) if '"mem_peak"' in l][-1])["mem_peak"]
-keys = sorted(k for k in plan if k != "total")
-print(", ".join("%s %s/%s" % (k, plan[k], run.get(k)) for k in keys))
-sys.exit(0 if all(plan[k] == run.get(k) for k in keys) else 1)
-PYEOF
+    plan_equals_run "$TMP/hp.json" "$TMP/top2.hsdp.json" >"$TMP/hp.cmp" &&
     pass "tp2 x dp4 --etp 1 --ep 2 --zero 3 --hybrid-shard 2: planned/measured bytes equal: $(cat "$TMP/hp.cmp")" ||
     fail "tp2 x dp4 --etp 1 --hybrid-shard 2: $(grep ZeRO "$TMP/top2.hsdp.json.log") $(cat "$TMP/hp.cmp" 2>/dev/null)"
 

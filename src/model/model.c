@@ -54,17 +54,29 @@ static status_t tp_fail(const char *cerr, char *err, size_t errlen)
  * timer starts after ops->sync, so on an asynchronous backend (CUDA) the
  * kernels still running count as compute, not as communication. */
 
-/* Sum of the partial results of a row-parallel matmul, in place. */
-static status_t tp_allreduce(model_t *m, float *buf, size_t n, comm_op_t op, char *err, size_t errlen)
+/* The TP collectives in element type dt (COMM_FP32, or COMM_BF16 for
+ * the bf16 wire below); no-ops at tp 1. */
+typedef enum { TP_SUM, TP_GATHER, TP_SCATTER } tp_kind_t;
+static status_t tp_coll(model_t *m, tp_kind_t k, const void *send, void *recv, size_t n, comm_dtype_t dt, comm_op_t op,
+                        char *err, size_t errlen)
 {
     if (!tp_active(m))
         return STATUS_OK;
+    comm_t *c = m->lay.tp;
     m->ops->sync(m->ops->ctx);
     double t0 = trace_now();
     char cerr[COMM_ERR_MAX];
-    int rc = m->lay.tp->ops->allreduce(m->lay.tp, buf, n, COMM_FP32, op, cerr, sizeof cerr);
+    int rc = k == TP_SUM      ? c->ops->allreduce(c, recv, n, dt, op, cerr, sizeof cerr)
+             : k == TP_GATHER ? c->ops->allgather(c, send, recv, n, dt, cerr, sizeof cerr)
+                              : c->ops->reduce_scatter(c, send, recv, n, dt, cerr, sizeof cerr);
     m->tp_comm_s += trace_now() - t0;
     return rc != 0 ? tp_fail(cerr, err, errlen) : STATUS_OK;
+}
+
+/* Sum of the partial results of a row-parallel matmul, in place. */
+static status_t tp_allreduce(model_t *m, float *buf, size_t n, comm_op_t op, char *err, size_t errlen)
+{
+    return tp_coll(m, TP_SUM, buf, buf, n, COMM_FP32, op, err, errlen);
 }
 
 status_t model_tp_sum(model_t *m, float *buf, size_t n, char *err, size_t errlen)
@@ -75,27 +87,7 @@ status_t model_tp_sum(model_t *m, float *buf, size_t n, char *err, size_t errlen
 /* all[P*n_each] = every rank's rows in rank order */
 static status_t tp_allgather(model_t *m, float *all, const float *mine, size_t n_each, char *err, size_t errlen)
 {
-    if (!tp_active(m))
-        return STATUS_OK;
-    m->ops->sync(m->ops->ctx);
-    double t0 = trace_now();
-    char cerr[COMM_ERR_MAX];
-    int rc = m->lay.tp->ops->allgather(m->lay.tp, mine, all, n_each, COMM_FP32, cerr, sizeof cerr);
-    m->tp_comm_s += trace_now() - t0;
-    return rc != 0 ? tp_fail(cerr, err, errlen) : STATUS_OK;
-}
-
-/* mine[n_each] = sum over ranks of rows [r*n_each, (r+1)*n_each) of all */
-static status_t tp_reduce_scatter(model_t *m, float *mine, const float *all, size_t n_each, char *err, size_t errlen)
-{
-    if (!tp_active(m))
-        return STATUS_OK;
-    m->ops->sync(m->ops->ctx);
-    double t0 = trace_now();
-    char cerr[COMM_ERR_MAX];
-    int rc = m->lay.tp->ops->reduce_scatter(m->lay.tp, all, mine, n_each, COMM_FP32, cerr, sizeof cerr);
-    m->tp_comm_s += trace_now() - t0;
-    return rc != 0 ? tp_fail(cerr, err, errlen) : STATUS_OK;
+    return tp_coll(m, TP_GATHER, mine, all, n_each, COMM_FP32, COMM_SUM, err, errlen);
 }
 
 /* The activations' collectives (the row-parallel sums, sequence
@@ -104,19 +96,15 @@ static status_t tp_reduce_scatter(model_t *m, float *mine, const float *all, siz
  * the whole [N*C] side, d16: one rank's piece), sent and summed in bf16,
  * and widened back. Nothing else uses a16 and d16 between a GEMM and the
  * next, where these run. */
+static int tp_wire16(const model_t *m) { return m->lay.tp_bf16 && tp_active(m); }
+
 static status_t tp_act_sum(model_t *m, float *buf, size_t n, char *err, size_t errlen)
 {
-    if (!m->lay.tp_bf16 || !tp_active(m))
-        return tp_allreduce(m, buf, n, COMM_SUM, err, errlen);
     const ops_t *o = m->ops;
+    if (!tp_wire16(m))
+        return tp_allreduce(m, buf, n, COMM_SUM, err, errlen);
     o->cast_f32_to_bf16(o->ctx, m->a16, buf, n);
-    o->sync(o->ctx);
-    double t0 = trace_now();
-    char cerr[COMM_ERR_MAX];
-    int rc = m->lay.tp->ops->allreduce(m->lay.tp, m->a16, n, COMM_BF16, COMM_SUM, cerr, sizeof cerr);
-    m->tp_comm_s += trace_now() - t0;
-    if (rc != 0)
-        return tp_fail(cerr, err, errlen);
+    CHECK(tp_coll(m, TP_SUM, m->a16, m->a16, n, COMM_BF16, COMM_SUM, err, errlen));
     o->cast_bf16_to_f32(o->ctx, buf, m->a16, n);
     return STATUS_OK;
 }
@@ -124,17 +112,11 @@ static status_t tp_act_sum(model_t *m, float *buf, size_t n, char *err, size_t e
 /* all[P*n_each] = every rank's mine[n_each], in rank order */
 static status_t tp_act_gather(model_t *m, float *all, const float *mine, size_t n_each, char *err, size_t errlen)
 {
-    if (!m->lay.tp_bf16 || !tp_active(m))
-        return tp_allgather(m, all, mine, n_each, err, errlen);
     const ops_t *o = m->ops;
+    if (!tp_wire16(m))
+        return tp_allgather(m, all, mine, n_each, err, errlen);
     o->cast_f32_to_bf16(o->ctx, m->d16, mine, n_each);
-    o->sync(o->ctx);
-    double t0 = trace_now();
-    char cerr[COMM_ERR_MAX];
-    int rc = m->lay.tp->ops->allgather(m->lay.tp, m->d16, m->a16, n_each, COMM_BF16, cerr, sizeof cerr);
-    m->tp_comm_s += trace_now() - t0;
-    if (rc != 0)
-        return tp_fail(cerr, err, errlen);
+    CHECK(tp_coll(m, TP_GATHER, m->d16, m->a16, n_each, COMM_BF16, COMM_SUM, err, errlen));
     o->cast_bf16_to_f32(o->ctx, all, m->a16, n_each * (size_t)tp_size(m));
     return STATUS_OK;
 }
@@ -142,17 +124,11 @@ static status_t tp_act_gather(model_t *m, float *all, const float *mine, size_t 
 /* mine[n_each] = the sum over ranks of all's piece r (this rank's) */
 static status_t tp_act_scatter(model_t *m, float *mine, const float *all, size_t n_each, char *err, size_t errlen)
 {
-    if (!m->lay.tp_bf16 || !tp_active(m))
-        return tp_reduce_scatter(m, mine, all, n_each, err, errlen);
     const ops_t *o = m->ops;
+    if (!tp_wire16(m))
+        return tp_coll(m, TP_SCATTER, all, mine, n_each, COMM_FP32, COMM_SUM, err, errlen);
     o->cast_f32_to_bf16(o->ctx, m->a16, all, n_each * (size_t)tp_size(m));
-    o->sync(o->ctx);
-    double t0 = trace_now();
-    char cerr[COMM_ERR_MAX];
-    int rc = m->lay.tp->ops->reduce_scatter(m->lay.tp, m->a16, m->d16, n_each, COMM_BF16, cerr, sizeof cerr);
-    m->tp_comm_s += trace_now() - t0;
-    if (rc != 0)
-        return tp_fail(cerr, err, errlen);
+    CHECK(tp_coll(m, TP_SCATTER, m->a16, m->d16, n_each, COMM_BF16, COMM_SUM, err, errlen));
     o->cast_bf16_to_f32(o->ctx, mine, m->d16, n_each);
     return STATUS_OK;
 }
