@@ -165,7 +165,7 @@ static void free_moments(const ops_t *ops, size_t n, float *m, float *v)
 /* Each moment holds at least one float, so neither is empty. */
 size_t adamw_state_bytes(size_t n) { return 2 * (n ? n : 1) * sizeof(float); }
 
-static int offload_setup(adamw_t *a, size_t n_host, int bf16);
+static int offload_setup(adamw_t *a, size_t n_host, int bf16, const optim_range_t *cuts, int n_cuts);
 
 int adamw_create(adamw_t *a, const ops_t *ops, const param_table_t *t, const dpsync_optim_view_t *v, double beta1,
                  double beta2, double eps, double weight_decay, double grad_clip, size_t n_host, int host_bf16)
@@ -184,7 +184,15 @@ int adamw_create(adamw_t *a, const ops_t *ops, const param_table_t *t, const dps
         adamw_destroy(a);
         return -1;
     }
-    /* each piece, cut at tensor boundaries (decay) */
+    /* each piece, cut at tensor boundaries (decay); offload keeps the
+     * cuts unmerged too, as the runs its gradient copies go by */
+    const size_t max_cuts = (size_t)t->n + (size_t)v->n_pieces + 1;
+    optim_range_t *cuts = n_host ? calloc(max_cuts, sizeof *cuts) : NULL;
+    int n_cuts = 0;
+    if (n_host && !cuts) {
+        adamw_destroy(a);
+        return -1;
+    }
     int i = 0;
     for (int u = 0; u < v->n_pieces; u++) {
         const dpsync_piece_t *pc = &v->pieces[u];
@@ -195,11 +203,19 @@ int adamw_create(adamw_t *a, const ops_t *ops, const param_table_t *t, const dps
             const size_t a0 = t->p[k].offset > lo ? t->p[k].offset : lo;
             const size_t e = t->p[k].offset + t->p[k].numel, a1 = e < hi ? e : hi;
             add_range(a, pc->param + (a0 - lo), pc->grad + (a0 - lo), pc->state + (a0 - lo), a1 - a0, t->p[k].decay);
+            if (cuts && a1 > a0)
+                cuts[n_cuts++] = (optim_range_t){.offset = pc->param + (a0 - lo),
+                                                 .goff = pc->grad + (a0 - lo),
+                                                 .soff = pc->state + (a0 - lo),
+                                                 .n = a1 - a0,
+                                                 .decay = t->p[k].decay};
         }
     }
     /* the host's part first, so that the backend holds only the rest at
      * any time (its peak counter included) */
-    if ((n_host && offload_setup(a, n_host, host_bf16) != 0) ||
+    const int host_rc = n_host ? offload_setup(a, n_host, host_bf16, cuts, n_cuts) : 0;
+    free(cuts);
+    if (host_rc != 0 ||
         (a->n > n_host && alloc_moments(ops, a->n - n_host, &a->m, &a->v) != 0)) {
         adamw_destroy(a);
         return -1;
@@ -217,11 +233,15 @@ static void offload_free(const ops_t *ops, adamw_offload_t *h)
     ops_host_free(ops, h->v);
     ops_host_free(ops, h->p16);
     free(h->ranges);
+    free(h->segs);
+    free(h->begun);
     memset(h, 0, sizeof *h);
 }
 
 void adamw_destroy(adamw_t *a)
 {
+    if (a->ops && a->host.begun) /* no copy may still write the host arrays */
+        adamw_grads_drop(a);
     if (a->ops)
         free_moments(a->ops, a->n - a->host.n, a->m, a->v);
     if (a->ops)
@@ -260,9 +280,30 @@ static void split_ranges(adamw_t *a, size_t n_host)
     a->n_ranges = nd;
 }
 
+/* The copies' runs: the cuts below moment index n_host (the last one
+ * cut there), in the order of their gradients. */
+static int make_segs(adamw_offload_t *h, const optim_range_t *cuts, int n_cuts)
+{
+    h->segs = calloc((size_t)n_cuts + 1, sizeof *h->segs);
+    h->begun = calloc((size_t)n_cuts + 1, 1);
+    if (!h->segs || !h->begun)
+        return -1;
+    for (int i = 0; i < n_cuts; i++)
+        if (cuts[i].soff < h->n) {
+            optim_range_t r = cuts[i];
+            if (r.soff + r.n > h->n)
+                r.n = h->n - r.soff;
+            h->segs[h->n_segs++] = r;
+        }
+    for (int i = 1; i < h->n_segs; i++)
+        if (h->segs[i].goff < h->segs[i - 1].goff + h->segs[i - 1].n)
+            return -1; /* the views' pieces ascend in gradients too (dpsync.h) */
+    return 0;
+}
+
 /* Host arrays for the first n_host elements and the runs split between
  * host and backend. */
-static int offload_setup(adamw_t *a, size_t n_host, int bf16)
+static int offload_setup(adamw_t *a, size_t n_host, int bf16, const optim_range_t *cuts, int n_cuts)
 {
     const ops_t *ops = a->ops;
     adamw_offload_t *h = &a->host;
@@ -279,7 +320,7 @@ static int offload_setup(adamw_t *a, size_t n_host, int bf16)
     memset(h->m, 0, bytes); /* a fresh optimizer's moments; a checkpoint's come later */
     memset(h->v, 0, bytes);
     split_ranges(a, n_host);
-    return 0;
+    return make_segs(h, cuts, n_cuts);
 }
 
 void adamw_offload_pull(adamw_t *a, const float *params)
@@ -331,16 +372,73 @@ double adamw_clip_scale(const adamw_t *a, double grad_norm)
     return 1.0;
 }
 
-/* The offloaded elements' gradients to the host. The copy waits for the
- * backward; issued before the backend's own ranges, so that on an
- * asynchronous backend those update while the host does. */
+/* Segment i's gradient copy, begun once a step: on the backend's copy
+ * stream where it has one (ended by offload_fetch), else made now. */
+static void seg_copy(adamw_t *a, const float *grads, int i)
+{
+    adamw_offload_t *h = &a->host;
+    const ops_t *ops = a->ops;
+    const optim_range_t *r = &h->segs[i];
+    if (ops->to_host_begin && ops->to_host_end) {
+        ops->to_host_begin(ops->ctx, h->g + r->soff, grads + r->goff, r->n * sizeof(float));
+        h->pending = 1;
+    } else {
+        ops->to_host(ops->ctx, h->g + r->soff, grads + r->goff, r->n * sizeof(float));
+    }
+    h->begun[i] = 1;
+    h->n_begun += r->n;
+}
+
+size_t adamw_grads_final(adamw_t *a, const float *grads, size_t lo, size_t n)
+{
+    adamw_offload_t *h = &a->host;
+    size_t bytes = 0;
+    if (h->n_segs == 0 || n == 0)
+        return 0;
+    /* the first segment not below lo (they ascend) */
+    int i = 0, j = h->n_segs;
+    while (i < j) {
+        const int mid = i + (j - i) / 2;
+        if (h->segs[mid].goff < lo)
+            i = mid + 1;
+        else
+            j = mid;
+    }
+    for (; i < h->n_segs && h->segs[i].goff + h->segs[i].n <= lo + n; i++)
+        if (!h->begun[i]) {
+            seg_copy(a, grads, i);
+            bytes += h->segs[i].n * sizeof(float);
+        }
+    return bytes;
+}
+
+/* Ends the copies begun; the next step begins its own. */
+static void copies_done(adamw_offload_t *h, const ops_t *ops)
+{
+    if (h->pending)
+        ops->to_host_end(ops->ctx);
+    h->pending = 0;
+    h->n_begun = 0;
+    memset(h->begun, 0, (size_t)h->n_segs);
+}
+
+void adamw_grads_drop(adamw_t *a)
+{
+    if (a->host.n)
+        copies_done(&a->host, a->ops);
+}
+
+/* Every offloaded gradient in host memory: the copies no strategy
+ * reported (adamw_grads_final) begun now, after the backward, then all of
+ * them ended. Called before the backend's own ranges are issued, so that
+ * on an asynchronous backend those update while the host does. */
 static void offload_fetch(adamw_t *a, const float *grads)
 {
-    const adamw_offload_t *h = &a->host;
-    for (int i = 0; i < h->n_ranges; i++) {
-        const optim_range_t *r = &h->ranges[i];
-        a->ops->to_host(a->ops->ctx, h->g + r->soff, grads + r->goff, r->n * sizeof(float));
-    }
+    adamw_offload_t *h = &a->host;
+    for (int i = 0; i < h->n_segs && h->n_begun < h->n; i++)
+        if (!h->begun[i])
+            seg_copy(a, grads, i);
+    copies_done(h, a->ops);
 }
 
 /* The host AdamW over the offloaded elements, then their parameters (and

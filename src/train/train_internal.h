@@ -24,6 +24,10 @@ void ckpt_copy_wait(trainer_t *tr);
 int trainer_save_params(trainer_t *tr, char *err, size_t errlen);
 int spike_rollback(trainer_t *tr, int step, char *err, size_t errlen);
 
+/* src/train/train.c: --offload's listener for the gradients the
+ * data-parallel strategy tells final (dpsync_on_final; ctx: the trainer) */
+void trainer_grads_final(void *ctx, size_t lo, size_t n);
+
 /* src/train/eval_mc.c: --eval-mc's scores into r (collective) */
 int trainer_eval_mc(trainer_t *tr, step_record_t *r, char *err, size_t errlen);
 
