@@ -54,6 +54,9 @@ typedef struct defer_ctx {
     /* to_host_begin's copies, made only at to_host_end: [n_late] of [cap_late] */
     struct late_copy *late;
     size_t n_late, cap_late;
+    /* from_host_begin's copies, queued at from_host_end: [n_up] of [cap_up] */
+    struct up_copy *up;
+    size_t n_up, cap_up;
 } defer_t;
 
 /* Runs the queue: the host waits here. */
@@ -228,6 +231,55 @@ static void d_to_host_end(void *ctx)
         q->base->to_host(q->base->ctx, c->dst, c->src, c->bytes);
     }
     q->n_late = 0;
+}
+
+/* from_host_begin: a copy on CUDA's side stream after the ops issued
+ * before it, which the compute stream waits for at from_host_end; here
+ * queued at from_host_end (the latest place the compute stream can take
+ * it) and reading its host source only when the queue runs, so a host
+ * write of the source before the copy is made gives wrong bytes; the
+ * source's checksum at the begin is compared there too, and a change
+ * ends the run with one line. */
+struct up_copy {
+    void *dst;
+    const void *src;
+    size_t bytes;
+    uint64_t sum; /* the source's checksum at from_host_begin */
+};
+static void r_up_copy(const ops_t *b, const void *a_)
+{
+    const struct up_copy *a = a_;
+    if (checksum(a->src, a->bytes) != a->sum) {
+        fprintf(stderr,
+                "dtrain: deferred ops: the source of a from_host_begin copy (%zu bytes) changed before the copy "
+                "was made; keep it until to_host_end or sync returns\n",
+                a->bytes);
+        abort();
+    }
+    b->from_host(b->ctx, a->dst, a->src, a->bytes);
+}
+static void d_from_host_begin(void *ctx, void *dst, const void *host_src, size_t bytes)
+{
+    defer_t *q = ctx;
+    if (q->n_up == q->cap_up) {
+        size_t cap = q->cap_up ? 2 * q->cap_up : 8;
+        struct up_copy *nu = realloc(q->up, cap * sizeof *nu);
+        if (!nu) { /* made in order now: correct, only less late */
+            defer(q, r_up_copy, &(struct up_copy){dst, host_src, bytes, checksum(host_src, bytes)},
+                  sizeof(struct up_copy));
+            return;
+        }
+        q->up = nu;
+        q->cap_up = cap;
+    }
+    q->up[q->n_up++] = (struct up_copy){dst, host_src, bytes, checksum(host_src, bytes)};
+}
+static void d_from_host_end(void *ctx)
+{
+    defer_t *q = ctx;
+    for (size_t i = 0; i < q->n_up; i++)
+        defer(q, r_up_copy, &q->up[i], sizeof q->up[i]);
+    q->n_up = 0;
 }
 
 /* from_host: the source bytes travel in the record, after the arguments */
@@ -1205,6 +1257,7 @@ static void d_release(void *ctx)
     ops_release(q->base);
     free(q->buf);
     free(q->late);
+    free(q->up);
     free(q);
 }
 
@@ -1219,6 +1272,8 @@ static const ops_t defer_ops = {
     .to_host = d_to_host,
     .to_host_begin = d_to_host_begin,
     .to_host_end = d_to_host_end,
+    .from_host_begin = d_from_host_begin,
+    .from_host_end = d_from_host_end,
     .from_host = d_from_host,
     .zero = d_zero,
     .matmul_fwd = d_matmul_fwd,

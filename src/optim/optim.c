@@ -240,8 +240,10 @@ static void offload_free(const ops_t *ops, adamw_offload_t *h)
 
 void adamw_destroy(adamw_t *a)
 {
-    if (a->ops && a->host.begun) /* no copy may still write the host arrays */
+    if (a->ops && a->host.begun) { /* no copy may still use the host arrays */
         adamw_grads_drop(a);
+        a->ops->sync(a->ops->ctx);
+    }
     if (a->ops)
         free_moments(a->ops, a->n - a->host.n, a->m, a->v);
     if (a->ops)
@@ -457,12 +459,20 @@ static void offload_update(adamw_t *a, float *params, uint16_t *params16, double
         adamw_host(h->isa, h->p + r->soff, params16 ? h->p16 + r->soff : NULL, h->g + r->soff, h->m + r->soff,
                    h->v + r->soff, r->n, &k[r->decay != 0]);
     }
+    /* up on the backend's side stream where it has one: the host goes on
+     * at once, the backend's next ops wait for the copies; the host
+     * arrays are written next after the next step's offload_fetch (its
+     * to_host_end) or a sync */
+    const int side = ops->from_host_begin && ops->from_host_end;
+    void (*up)(void *, void *, const void *, size_t) = side ? ops->from_host_begin : ops->from_host;
     for (int i = 0; i < h->n_ranges; i++) {
         const optim_range_t *r = &h->ranges[i];
-        ops->from_host(ops->ctx, params + r->offset, h->p + r->soff, r->n * sizeof(float));
+        up(ops->ctx, params + r->offset, h->p + r->soff, r->n * sizeof(float));
         if (params16)
-            ops->from_host(ops->ctx, params16 + r->offset, h->p16 + r->soff, r->n * sizeof(uint16_t));
+            up(ops->ctx, params16 + r->offset, h->p16 + r->soff, r->n * sizeof(uint16_t));
     }
+    if (side)
+        ops->from_host_end(ops->ctx);
 }
 
 void adamw_step(adamw_t *a, float *params, uint16_t *params16, const float *grads, double lr, double grad_scale)
