@@ -532,15 +532,20 @@ static void stage_dp(const plan_in_t *in, int s, stage_plan_t *sp)
          * bucket (ZeRO 0/1: 25 MiB, --bucket-mb's default) or unit (ZeRO
          * 2/3: a block's, about 1/(layers + 2) of the stage) as its
          * reduction completes during the step's last backward, so what
-         * that backward does not cover and the last stretch's copy are
-         * exposed; then the host AdamW streaming the same bytes at the
+         * that backward does not cover and the last stretch's copy (the
+         * embedding's on the first stage) are exposed; then the host AdamW streaming the same bytes at the
          * rank's share of the node's host bandwidth and the weights up
          * (4 B, and the bf16 copy's 2); the backend's part updates
          * meanwhile */
         const double h = (double)sp->n_host, up = in->bf16 && in->run.zero_stage == 0 ? 6.0 : 4.0;
         const double host_bw = hw->host_bw / (hw->gpus_per_node > 0 ? hw->gpus_per_node : 1);
-        const double stretch = in->run.zero_stage >= 2 ? h * 4.0 / (sp->layers + 2.0) : 25.0 * 1048576.0;
-        const double t_last = (stretch < h * 4.0 ? stretch : h * 4.0) / hw->h2d_bw;
+        /* the last stretch told holds the lowest offsets: the first
+         * stage's embedding, else a bucket or a block's unit; the host's
+         * elements are the first of the shard, so they hold it first */
+        const double emb = s == 0 ? (double)param_padded_vocab(c->vocab_size, in->run.tp) / in->run.tp * C / n : 0.0;
+        const double unit = in->run.zero_stage >= 2 ? 1.0 / (sp->layers + 2.0) : 25.0 * 1048576.0 / (4.0 * n);
+        const double stretch = (emb > unit ? emb : unit) * opt_n;
+        const double t_last = (stretch < h ? stretch : h) * 4.0 / hw->h2d_bw;
         sp->t_d2h = h * 4.0 / hw->h2d_bw;
         sp->t_d2h_exposed = t_last + (sp->t_d2h - t_last > t_bwd ? sp->t_d2h - t_last - t_bwd : 0.0);
         sp->t_opt_host = sp->t_d2h_exposed + h * up / hw->h2d_bw + h * per / host_bw;
