@@ -374,30 +374,54 @@ double adamw_clip_scale(const adamw_t *a, double grad_norm)
     return 1.0;
 }
 
-/* Segment i's gradient copy, begun once a step: on the backend's copy
- * stream where it has one (ended by offload_fetch), else made now. */
-static void seg_copy(adamw_t *a, const float *grads, int i)
+/* Segments [i, e) (none begun yet, each contiguous with the next in both
+ * the gradients and the host arrays) as one copy, begun once a step: on
+ * the backend's copy stream where it has one (ended by offload_fetch),
+ * else made now. Returns its bytes. */
+static size_t copy_run(adamw_t *a, const float *grads, int i, int e)
 {
     adamw_offload_t *h = &a->host;
     const ops_t *ops = a->ops;
     const optim_range_t *r = &h->segs[i];
+    const size_t bytes = (h->segs[e - 1].goff + h->segs[e - 1].n - r->goff) * sizeof(float);
     if (ops->to_host_begin && ops->to_host_end) {
-        ops->to_host_begin(ops->ctx, h->g + r->soff, grads + r->goff, r->n * sizeof(float));
+        ops->to_host_begin(ops->ctx, h->g + r->soff, grads + r->goff, bytes);
         h->pending = 1;
     } else {
-        ops->to_host(ops->ctx, h->g + r->soff, grads + r->goff, r->n * sizeof(float));
+        ops->to_host(ops->ctx, h->g + r->soff, grads + r->goff, bytes);
     }
-    h->begun[i] = 1;
-    h->n_begun += r->n;
+    memset(h->begun + i, 1, (size_t)(e - i));
+    return bytes;
+}
+
+/* Begins the copies of the segments in [i, end) not begun yet, as few
+ * copies as their contiguity allows. Returns their bytes. */
+static size_t copy_segs(adamw_t *a, const float *grads, int i, int end)
+{
+    const adamw_offload_t *h = &a->host;
+    size_t bytes = 0;
+    while (i < end) {
+        if (h->begun[i]) {
+            i++;
+            continue;
+        }
+        int e = i + 1;
+        while (e < end && !h->begun[e] && h->segs[e].goff == h->segs[e - 1].goff + h->segs[e - 1].n &&
+               h->segs[e].soff == h->segs[e - 1].soff + h->segs[e - 1].n)
+            e++;
+        bytes += copy_run(a, grads, i, e);
+        i = e;
+    }
+    return bytes;
 }
 
 size_t adamw_grads_final(adamw_t *a, const float *grads, size_t lo, size_t n)
 {
-    adamw_offload_t *h = &a->host;
-    size_t bytes = 0;
+    const adamw_offload_t *h = &a->host;
     if (h->n_segs == 0 || n == 0)
         return 0;
-    /* the first segment not below lo (they ascend) */
+    /* the segments inside [lo, lo + n): from the first not below lo (they
+     * ascend) */
     int i = 0, j = h->n_segs;
     while (i < j) {
         const int mid = i + (j - i) / 2;
@@ -406,12 +430,10 @@ size_t adamw_grads_final(adamw_t *a, const float *grads, size_t lo, size_t n)
         else
             j = mid;
     }
-    for (; i < h->n_segs && h->segs[i].goff + h->segs[i].n <= lo + n; i++)
-        if (!h->begun[i]) {
-            seg_copy(a, grads, i);
-            bytes += h->segs[i].n * sizeof(float);
-        }
-    return bytes;
+    int end = i;
+    while (end < h->n_segs && h->segs[end].goff + h->segs[end].n <= lo + n)
+        end++;
+    return copy_segs(a, grads, i, end);
 }
 
 /* Ends the copies begun; the next step begins its own. */
@@ -420,7 +442,6 @@ static void copies_done(adamw_offload_t *h, const ops_t *ops)
     if (h->pending)
         ops->to_host_end(ops->ctx);
     h->pending = 0;
-    h->n_begun = 0;
     memset(h->begun, 0, (size_t)h->n_segs);
 }
 
@@ -437,9 +458,7 @@ void adamw_grads_drop(adamw_t *a)
 static void offload_fetch(adamw_t *a, const float *grads)
 {
     adamw_offload_t *h = &a->host;
-    for (int i = 0; i < h->n_segs && h->n_begun < h->n; i++)
-        if (!h->begun[i])
-            seg_copy(a, grads, i);
+    copy_segs(a, grads, 0, h->n_segs);
     copies_done(h, a->ops);
 }
 

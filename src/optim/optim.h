@@ -78,7 +78,6 @@ typedef struct adamw_offload {
     optim_range_t *segs;
     unsigned char *begun;
     int n_segs;
-    size_t n_begun; /* elements whose copy has begun this step */
     int pending;    /* copies begun with to_host_begin and not yet ended */
     adamw_host_isa_t isa;
     int pinned; /* the arrays come from the backend's host_alloc */
