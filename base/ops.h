@@ -90,6 +90,15 @@ typedef struct ops {
      * (the CPU): none; to_host serves. --ckpt-async's overlapped copy. */
     void (*to_host_begin)(void *ctx, void *host_dst, const void *src, size_t bytes);
     void (*to_host_end)(void *ctx);
+    /* The other way: a copy from host_alloc's memory that runs after
+     * every op issued before it (CUDA: on the side stream, behind an event
+     * of the compute stream) and before every op issued after
+     * from_host_end, which makes the compute stream wait for the copies
+     * begun, without the host waiting. The source stays unchanged until a
+     * later to_host_end or sync returns. NULL members (the CPU): none;
+     * from_host serves. --offload's weights up after the host AdamW. */
+    void (*from_host_begin)(void *ctx, void *dst, const void *host_src, size_t bytes);
+    void (*from_host_end)(void *ctx);
 
     /* out[N,OC] = in[N,IC] . w[OC,IC]^T (+ b[OC] when b != NULL) */
     void (*matmul_fwd)(void *ctx, float *out, const float *in, const float *w, const float *b, int N, int IC, int OC);

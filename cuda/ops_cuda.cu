@@ -178,19 +178,28 @@ static void cu_to_host(void *ctx, void *host_dst, const void *src, size_t bytes)
     wait_all(g, "to_host");
 }
 
+/* The side stream (made at the first call) waits for what the compute
+ * stream has so far. */
+static void copy_stream_after(cu_t *g, const char *op)
+{
+    if (!g->copy_stream) {
+        ck(cudaStreamCreateWithFlags(&g->copy_stream, cudaStreamNonBlocking), op);
+        ck(cudaEventCreateWithFlags(&g->copy_after, cudaEventDisableTiming), op);
+        ck(cudaEventCreateWithFlags(&g->copy_done, cudaEventDisableTiming), op);
+    }
+    ck(cudaEventRecord(g->copy_after, g->stream), op);
+    ck(cudaStreamWaitEvent(g->copy_stream, g->copy_after, 0), op);
+}
+
 /* The side stream waits for what the compute stream has so far (the last
- * optimizer update), then copies while the compute stream runs on. */
+ * optimizer update, a bucket's reduction), then copies while the compute
+ * stream runs on. */
 static void cu_to_host_begin(void *ctx, void *host_dst, const void *src, size_t bytes)
 {
     cu_t *g = (cu_t *)ctx;
     if (!bytes)
         return;
-    if (!g->copy_stream) {
-        ck(cudaStreamCreateWithFlags(&g->copy_stream, cudaStreamNonBlocking), "to_host_begin: cudaStreamCreate");
-        ck(cudaEventCreateWithFlags(&g->copy_after, cudaEventDisableTiming), "to_host_begin: cudaEventCreate");
-    }
-    ck(cudaEventRecord(g->copy_after, g->stream), "to_host_begin: cudaEventRecord");
-    ck(cudaStreamWaitEvent(g->copy_stream, g->copy_after, 0), "to_host_begin: cudaStreamWaitEvent");
+    copy_stream_after(g, "to_host_begin");
     ck(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDefault, g->copy_stream), "to_host_begin: cudaMemcpyAsync");
 }
 
@@ -201,6 +210,28 @@ static void cu_to_host_end(void *ctx)
     cu_t *g = (cu_t *)ctx;
     if (g->copy_stream)
         ck(cudaStreamSynchronize(g->copy_stream), "to_host_end: cudaStreamSynchronize");
+}
+
+/* From pinned memory on the side stream, behind the compute stream's ops
+ * so far; the host goes on at once. */
+static void cu_from_host_begin(void *ctx, void *dst, const void *host_src, size_t bytes)
+{
+    cu_t *g = (cu_t *)ctx;
+    if (!bytes)
+        return;
+    copy_stream_after(g, "from_host_begin");
+    ck(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyDefault, g->copy_stream), "from_host_begin: cudaMemcpyAsync");
+}
+
+/* The compute stream's later kernels wait for the side stream's copies;
+ * the host does not. */
+static void cu_from_host_end(void *ctx)
+{
+    cu_t *g = (cu_t *)ctx;
+    if (!g->copy_stream)
+        return;
+    ck(cudaEventRecord(g->copy_done, g->copy_stream), "from_host_end: cudaEventRecord");
+    ck(cudaStreamWaitEvent(g->stream, g->copy_done, 0), "from_host_end: cudaStreamWaitEvent");
 }
 
 static void cu_from_host(void *ctx, void *dst, const void *host_src, size_t bytes)
@@ -808,6 +839,7 @@ static void cu_release(void *ctx)
         (void)cudaStreamSynchronize(g->copy_stream);
         (void)cudaStreamDestroy(g->copy_stream);
         (void)cudaEventDestroy(g->copy_after);
+        (void)cudaEventDestroy(g->copy_done);
     }
     if (g->stream)
         (void)cudaStreamDestroy(g->stream);
@@ -831,6 +863,8 @@ static const ops_t cuda_ops = {
     .host_free = cu_host_free,
     .to_host_begin = cu_to_host_begin,
     .to_host_end = cu_to_host_end,
+    .from_host_begin = cu_from_host_begin,
+    .from_host_end = cu_from_host_end,
     .matmul_fwd = matmul_fwd,
     .matmul_bwd = matmul_bwd,
     .matmul_fwd_bf16 = matmul_fwd_bf16,

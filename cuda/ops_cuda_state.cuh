@@ -51,6 +51,7 @@ typedef struct cuda_ctx {
     cudaStream_t stream;
     cudaStream_t copy_stream; /* to_host_begin's side stream, made at its first call */
     cudaEvent_t copy_after;   /* ... recorded on stream: the copies start after it */
+    cudaEvent_t copy_done;    /* ... recorded on copy_stream: from_host_end's wait */
     cublasLtHandle_t lt;
     cublasHandle_t blas; /* for the GEMMs cuBLASLt has no algorithm for (lt_gemm) */
     void *ws;

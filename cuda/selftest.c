@@ -327,6 +327,32 @@ out:
     tp_free(s, &b);
 }
 
+/* The side stream's copies (--ckpt-async's to_host_begin, --offload's
+ * gradients down and weights up): a buffer down into pinned memory, part
+ * of it up into another, and the compute stream's next op (a scale)
+ * reading what came up once from_host_end has ordered it. */
+static void t_side_copies(st_t *s)
+{
+    const ops_t *g = s->gpu;
+    tp_t a, b;
+    memset(&a, 0, sizeof a), b = a;
+    float *pin = NULL;
+    if (tp_new(s, &a, 1000, -1, 1) || tp_new(s, &b, 1000, 5, 6) || !(pin = ops_host_alloc(g, 1000 * sizeof(float))))
+        goto out;
+    g->to_host_begin(g->ctx, pin, a.d, 1000 * sizeof(float));
+    g->to_host_end(g->ctx);
+    g->from_host_begin(g->ctx, b.d + 200, pin, 500 * sizeof(float));
+    g->from_host_end(g->ctx);
+    g->scale(g->ctx, b.d + 200, 2.0f, 500);
+    for (int i = 0; i < 500; i++)
+        b.h[200 + i] = 2.0f * a.h[i];
+    check(s, "memory: to_host_begin, from_host_begin, an op after from_host_end", &b, B_EXACT);
+out:
+    ops_host_free(g, pin);
+    tp_free(s, &a);
+    tp_free(s, &b);
+}
+
 static void t_matmul(st_t *s, int N, int IC, int OC)
 {
     char what[128];
@@ -1670,6 +1696,7 @@ int cuda_selftest(const ops_t *gpu, const ops_t *gpu16, const ops_t *cpu, FILE *
      * panels, and the empty edges */
     static const int mb[][3] = {{1, 1, 1}, {37, 61, 29}, {128, 768, 2304}, {64, 1024, 4500}, {0, 5, 3}, {5, 0, 3}};
     t_memory(&s);
+    t_side_copies(&s);
     for (size_t i = 0; i < sizeof mm / sizeof mm[0] && !s.oom; i++)
         t_matmul(&s, mm[i][0], mm[i][1], mm[i][2]);
     if (!s.oom)

@@ -265,6 +265,20 @@ void ddp_begin(ddp_t *d)
         d->buckets[b].launched = 0;
 }
 
+void ddp_on_done(ddp_t *d, void (*done)(void *ctx, size_t start, size_t n), void *ctx)
+{
+    d->done = done;
+    d->done_ctx = ctx;
+}
+
+/* Bucket k is the step's final average: marked, and its listener told. */
+static void bucket_final(ddp_t *d, ddp_bucket_t *k)
+{
+    k->launched = BUCKET_DONE;
+    if (d->done)
+        d->done(d->done_ctx, k->start, k->n);
+}
+
 /* Tests the launched buckets oldest first, scaling each one that has
  * finished; stops at the first still in flight (they finish in order, and
  * one MPI_Test progresses all of them). */
@@ -279,7 +293,7 @@ static status_t progress(ddp_t *d, char *err, size_t errlen)
         if (!done)
             break;
         range_done(d, k->start, k->n, inv_dp(d));
-        k->launched = BUCKET_DONE;
+        bucket_final(d, k);
     }
     return 0;
 }
@@ -297,8 +311,13 @@ static status_t launch_ready(ddp_t *d, size_t ready_from, char *err, size_t errl
 
 status_t ddp_grads_ready(ddp_t *d, size_t ready_from, char *err, size_t errlen)
 {
-    if (d->mode != DDP_BUCKETED || ddp_idle(d))
+    if (d->mode != DDP_BUCKETED)
         return STATUS_OK;
+    if (ddp_idle(d)) { /* nothing to sum: a bucket is final once the backward has passed it */
+        while (d->done && d->next_bucket < d->n_buckets && d->buckets[d->next_bucket].start >= ready_from)
+            bucket_final(d, &d->buckets[d->next_bucket++]);
+        return STATUS_OK;
+    }
     CHECK(launch_ready(d, ready_from, err, errlen));
     return progress(d, err, errlen);
 }
@@ -354,7 +373,7 @@ status_t ddp_finish(ddp_t *d, char *err, size_t errlen)
             blocked += now_s() - t1;
             if (rc == 0) {
                 range_done(d, k->start, k->n, s);
-                k->launched = BUCKET_DONE;
+                bucket_final(d, k);
             }
         }
         break;

@@ -67,6 +67,9 @@ typedef struct ddp {
      * tensor, summed over edp instead of dp; NULL: none */
     unsigned char *tensor_expert;
     comm_t *edp;
+    /* ddp_on_done: told [start, start+n) is the step's final average */
+    void (*done)(void *ctx, size_t start, size_t n);
+    void *done_ctx;
 } ddp_t;
 
 /* ops: the backend grads belong to. mem: counts the bf16 staging buffer
@@ -90,6 +93,14 @@ void ddp_destroy(ddp_t *d);
  * ddp_create, before the first step. Returns a status (out of memory). */
 status_t ddp_set_experts(ddp_t *d, const unsigned char *expert, comm_t *edp, size_t bucket_bytes, char *err,
                          size_t errlen);
+
+/* Bucketed mode: done(ctx, start, n) is called once a step for each
+ * bucket as soon as its gradients are the final average (its all-reduce
+ * completed and scaled; on a group of one, as soon as the backward has
+ * finished it), from ddp_grads_ready or ddp_finish, after the ops that
+ * scale it are issued. Other modes call nothing: their reductions run in
+ * ddp_finish, after the backward. */
+void ddp_on_done(ddp_t *d, void (*done)(void *ctx, size_t start, size_t n), void *ctx);
 
 /* Bytes of the bf16 staging buffer (MEM_COMM) ddp_create allocates for n
  * gradients over dp_size ranks: 0 in fp32 or on one rank. The planner

@@ -80,6 +80,13 @@ void dpsync_destroy(dpsync_t *s)
     memset(s, 0, sizeof *s);
 }
 
+status_t dpsync_on_final(dpsync_t *s, dpsync_final_fn fn, void *ctx, char *err, size_t errlen)
+{
+    s->final = fn;
+    s->final_ctx = ctx;
+    return s->ops->watch_final(s, err, errlen);
+}
+
 status_t dpsync_backward_end(dpsync_t *s, char *err, size_t errlen)
 {
     s->active = 0;

@@ -120,6 +120,10 @@ typedef struct dpsync_config {
 
 typedef struct dpsync dpsync_t;
 
+/* Told that view.grads[lo, lo+n) (the optimizer view's gradients) holds
+ * its final value for this step's update (dpsync_on_final). */
+typedef void (*dpsync_final_fn)(void *ctx, size_t lo, size_t n);
+
 typedef struct dpsync_ops {
     const char *name;
     int zero;               /* the ZeRO stage (0-3), for records (a checkpoint's layout) */
@@ -164,6 +168,10 @@ typedef struct dpsync_ops {
      * (each rank keeps its pieces). */
     status_t (*state_to_host)(dpsync_t *s, const float *state, float *host, char *err, size_t errlen);
     void (*state_from_host)(dpsync_t *s, const float *host, float *state);
+    /* Wires s->final into the engine, which tells each bucket or unit
+     * final as its reduction completes during the backward (see
+     * dpsync_on_final). */
+    status_t (*watch_final)(dpsync_t *s, char *err, size_t errlen);
     /* Seconds this step blocked in the strategy's communication. */
     double (*comm_s)(const dpsync_t *s);
     /* Rank 0's banner lines; mode and dtype: the options' names. */
@@ -211,6 +219,10 @@ struct dpsync {
      * expert gradients are pieces over expert-DP (ZeRO-2/3): then every
      * DP rank holds other pieces and norm_group's sum counts each once. */
     comm_t *norm_ep;
+    /* dpsync_on_final's listener, or NULL */
+    dpsync_final_fn final;
+    void *final_ctx;
+    int final_bwd; /* ZeRO-2/3: the backward in progress is its units' last of the step */
 };
 
 /* The strategy for ZeRO stage 0..3 (0: replicated); NULL otherwise. */
@@ -220,6 +232,20 @@ const dpsync_ops_t *dpsync_pick(int zero_stage);
  * one line in err (s is then destroyed, and may be destroyed again). */
 status_t dpsync_create(dpsync_t *s, const dpsync_ops_t *ops, const dpsync_config_t *c, char *err, size_t errlen);
 void dpsync_destroy(dpsync_t *s);
+
+/* Before the first step (--offload's gradient copies): fn(ctx, lo, n) is
+ * told that view.grads[lo, lo+n) is final for the step's update: during
+ * the step's last backward, per bucket (the replicated strategy and
+ * ZeRO-1 in bucketed mode) or per unit (ZeRO-2/3 without
+ * --hybrid-shard) as soon as its reduction completes and is averaged,
+ * after the backend ops that form it are issued; and at the end of
+ * grads_finish the whole view once more, for what nothing told earlier
+ * (naive and flat modes, HSDP's sum across replicas). So every gradient
+ * is told at least once a step, none before it is final; the listener
+ * acts once per element. Not during non-final microbatches of an
+ * accumulation, whose gradients the next backward changes. Returns a
+ * status with one line in err. */
+status_t dpsync_on_final(dpsync_t *s, dpsync_final_fn fn, void *ctx, char *err, size_t errlen);
 
 /* After each backward: the hook stops communicating. Returns the hook's
  * held failure (it stays held: the run is over), its message copied into

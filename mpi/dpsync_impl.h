@@ -31,6 +31,7 @@ status_t ddp_sync_finish(dpsync_t *s, char *err, size_t errlen);
 float *ddp_sync_tensor_grads(dpsync_t *s, size_t off, size_t numel, size_t *n);
 int ddp_sync_norm_piece(const dpsync_t *s, size_t off, size_t numel, const float **x, size_t *n);
 void ddp_sync_banner(const dpsync_t *s, FILE *out, const char *mode, const char *dtype);
+status_t ddp_sync_watch_final(dpsync_t *s, char *err, size_t errlen);
 
 /* ---- dpsync_shard.c: ZeRO's shards (zero.c) ---- */
 /* The units (each block's tensors together, every other tensor alone),
@@ -62,6 +63,7 @@ status_t zero2_finish(dpsync_t *s, char *err, size_t errlen);
 float *zero2_tensor_grads(dpsync_t *s, size_t off, size_t numel, size_t *n);
 int zero2_norm_piece(const dpsync_t *s, size_t off, size_t numel, const float **x, size_t *n);
 double zero2_comm_s(const dpsync_t *s);
+status_t zero2_watch_final(dpsync_t *s, char *err, size_t errlen);
 /* The data-parallel line (dp > 1) and shard_banner's. */
 void zero2_banner(const dpsync_t *s, FILE *out, const char *dtype, const char *what);
 

@@ -51,6 +51,17 @@ status_t ddp_sync_finish(dpsync_t *s, char *err, size_t errlen)
         return status_set(s->hook_st, err, errlen, "%s", s->hook_err);
     if (ddp_finish(&s->ddp, err, errlen) != STATUS_OK)
         return dpsync_fail(err, errlen, "gradient all-reduce failed");
+    if (s->final) /* what no bucket told: the whole flat buffer, the view's gradients */
+        s->final(s->final_ctx, 0, s->n);
+    return STATUS_OK;
+}
+
+/* The buckets tell themselves final as their all-reduces complete. */
+status_t ddp_sync_watch_final(dpsync_t *s, char *err, size_t errlen)
+{
+    (void)err;
+    (void)errlen;
+    ddp_on_done(&s->ddp, s->final, s->final_ctx);
     return STATUS_OK;
 }
 
@@ -123,6 +134,7 @@ const dpsync_ops_t dpsync_replicated = {
     .params_to_host = dpsync_params_to_host_none,
     .state_to_host = state_to_host,
     .state_from_host = state_from_host,
+    .watch_final = ddp_sync_watch_final,
     .comm_s = comm_s,
     .banner = ddp_sync_banner,
 };

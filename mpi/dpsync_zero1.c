@@ -37,6 +37,7 @@ const dpsync_ops_t dpsync_zero1 = {
     .params_to_host = dpsync_params_to_host_none,
     .state_to_host = shard_state_to_host,
     .state_from_host = shard_state_from_host,
+    .watch_final = ddp_sync_watch_final,
     .comm_s = comm_s,
     .banner = banner,
 };

@@ -24,6 +24,8 @@ void zero2_reduce_ready(dpsync_t *s, size_t ready_from, int params)
     while (s->hook_st == STATUS_OK && s->next >= 0 && z->unit_start[s->next] >= ready_from) {
         const int u = s->next--;
         status_t rc;
+        if (s->final_bwd)
+            zero_grads_last(z, u);
         if (s->accumulate) /* the model's whole buffer */
             rc = zero_grads_reduce(z, u, s->grads + z->unit_start[u], msg, sizeof msg);
         else if (shard_is_block(s, u))
@@ -79,6 +81,7 @@ void zero2_backward_begin(dpsync_t *s, int k, int n, size_t top, int *accum, int
         u--;
     s->next = u;
     s->active = *last;
+    s->final_bwd = k == n - 1;
 }
 
 status_t zero2_finish(dpsync_t *s, char *err, size_t errlen)
@@ -92,7 +95,20 @@ status_t zero2_finish(dpsync_t *s, char *err, size_t errlen)
      * pieces of the same elements are summed across them */
     if (zero_grads_replicas(z, err, errlen) != STATUS_OK)
         return dpsync_fail(err, errlen, "gradient all-reduce across shard groups failed");
+    if (s->final) /* what no unit told (HSDP: all of it, now summed across the replicas) */
+        s->final(s->final_ctx, 0, z->shard_n);
     return STATUS_OK;
+}
+
+/* Each unit tells itself final once its last reduce-scatter of the step
+ * is banked, scaled there to the average; under HSDP the sum across the
+ * shard groups comes after the backward, so grads_finish tells it all. */
+status_t zero2_watch_final(dpsync_t *s, char *err, size_t errlen)
+{
+    zero_t *z = &s->zero;
+    if (z->replica && z->stage >= 2)
+        return STATUS_OK;
+    return zero_grads_early(z, 1.0f / (float)s->dp->size, s->final, s->final_ctx, err, errlen);
 }
 
 /* wte and its tied copy are one-tensor units of the same length, so this
@@ -157,6 +173,7 @@ const dpsync_ops_t dpsync_zero2 = {
     .params_to_host = dpsync_params_to_host_none,
     .state_to_host = shard_state_to_host,
     .state_from_host = shard_state_from_host,
+    .watch_final = zero2_watch_final,
     .comm_s = zero2_comm_s,
     .banner = banner,
 };

@@ -83,6 +83,7 @@ const dpsync_ops_t dpsync_zero3 = {
     .params_to_host = params_to_host,
     .state_to_host = shard_state_to_host,
     .state_from_host = shard_state_from_host,
+    .watch_final = zero2_watch_final,
     .comm_s = zero2_comm_s,
     .banner = banner,
 };

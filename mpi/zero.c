@@ -241,6 +241,7 @@ void zero_destroy(zero_t *z)
     free(z->expert_from);
     free(z->chunk);
     free(z->shard_start);
+    free(z->unit_final);
     memset(z, 0, sizeof *z);
 }
 
@@ -375,6 +376,8 @@ int zero_part_of(const zero_t *z, size_t off)
 
 void zero_grads_begin(zero_t *z)
 {
+    if (z->unit_final)
+        memset(z->unit_final, 0, (size_t)z->n_units);
     z->ops->zero(z->ops->ctx, z->grad_shard, z->shard_n * sizeof(float));
     z->wait_s = 0.0;
     z->gather_s = 0.0;
@@ -382,6 +385,36 @@ void zero_grads_begin(zero_t *z)
 
 /* The unit's pieces in the shard, both parts: [shard_start[2u], +n). */
 static size_t unit_pieces(const zero_t *z, int u) { return z->shard_start[2 * u + 2] - z->shard_start[2 * u]; }
+
+status_t zero_grads_early(zero_t *z, float scale, void (*done)(void *ctx, size_t lo, size_t n), void *ctx,
+                          char *err, size_t errlen)
+{
+    free(z->unit_final);
+    if (!(z->unit_final = calloc((size_t)z->n_units + 1, 1)))
+        return status_set(STATUS_FAIL, err, errlen, "out of memory");
+    z->final_scale = scale;
+    z->done = done;
+    z->done_ctx = ctx;
+    return STATUS_OK;
+}
+
+void zero_grads_last(zero_t *z, int u)
+{
+    if (z->unit_final)
+        z->unit_final[u] = 1;
+}
+
+/* Unit u's reduce-scatter is banked in the shard: when it was the step's
+ * last, its pieces are scaled to the average and the listener told. */
+static void unit_banked(zero_t *z, int u)
+{
+    if (!z->unit_final || z->unit_final[u] != 1)
+        return;
+    const size_t lo = z->shard_start[2 * u], n = unit_pieces(z, u);
+    z->ops->scale(z->ops->ctx, z->grad_shard + lo, z->final_scale, n);
+    z->unit_final[u] = 2;
+    z->done(z->done_ctx, lo, n);
+}
 
 /* Window k's reduce-scatters finished: its pieces (widened from bf16
  * where reduced in bf16) added to the shard, where the unit's pieces lie
@@ -398,6 +431,7 @@ static void window_done(zero_t *z, int k)
     float *dst = z->grad_shard + z->shard_start[2 * u];
     z->ops->add(z->ops->ctx, dst, dst, z->recv[k], unit_pieces(z, u));
     z->window_unit[k] = -1;
+    unit_banked(z, u);
 }
 
 static status_t window_drain(zero_t *z, int k, char *err, size_t errlen)
@@ -540,6 +574,7 @@ status_t zero_grads_reduce(zero_t *z, int u, const float *src, char *err, size_t
         float *dst = z->grad_shard + z->shard_start[p];
         o->add(o->ctx, dst, dst, z->stage_buf, cu);
     }
+    unit_banked(z, u);
     return 0;
 }
 
@@ -547,7 +582,23 @@ status_t zero_grads_finish(zero_t *z, float scale, char *err, size_t errlen)
 {
     CHECK(window_drain(z, 0, err, errlen));
     CHECK(window_drain(z, 1, err, errlen));
-    z->ops->scale(z->ops->ctx, z->grad_shard, scale, z->shard_n);
+    if (!z->unit_final) {
+        z->ops->scale(z->ops->ctx, z->grad_shard, scale, z->shard_n);
+        return 0;
+    }
+    /* the runs of units not scaled as they were banked */
+    for (int u = 0; u < z->n_units;) {
+        if (z->unit_final[u] == 2) {
+            u++;
+            continue;
+        }
+        int e = u;
+        while (e < z->n_units && z->unit_final[e] != 2)
+            e++;
+        const size_t lo = z->shard_start[2 * u];
+        z->ops->scale(z->ops->ctx, z->grad_shard + lo, scale, z->shard_start[2 * e] - lo);
+        u = e;
+    }
     return 0;
 }
 

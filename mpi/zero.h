@@ -175,6 +175,12 @@ typedef struct zero {
     comm_req_t preq[2][2];
     double gather_s;   /* seconds blocked on parameter all-gathers this step */
     long long gathers; /* block all-gathers started (a cache hit starts none) */
+    /* zero_grads_early: unit_final[u] 1 once its last reduce-scatter of
+     * the step is issued, 2 once banked and scaled (done told); NULL: off */
+    unsigned char *unit_final;
+    float final_scale;
+    void (*done)(void *ctx, size_t lo, size_t n);
+    void *done_ctx;
 } zero_t;
 
 /* ops: the model's backend (the buffers' memory and the arithmetic on
@@ -246,8 +252,23 @@ status_t zero_grads_reduce(zero_t *z, int u, const float *src, char *err, size_t
 
 /* Completes every reduce-scatter in flight, then multiplies the shard by
  * scale (1/dp: the average; also for the expert parts, whose sum over
- * the expert group already covers every DP rank's tokens once). */
+ * the expert group already covers every DP rank's tokens once); under
+ * zero_grads_early, only the units not scaled already. */
 status_t zero_grads_finish(zero_t *z, float scale, char *err, size_t errlen);
+
+/* Each unit's pieces final as soon as they can be (--offload's gradient
+ * copies, during the backward): once the unit is marked (zero_grads_last)
+ * and its reduce-scatter is banked in the shard, its pieces
+ * [shard_start[2u], shard_start[2u+2]) are multiplied by scale there (the
+ * same product zero_grads_finish forms) and done(ctx, lo, n) is told that
+ * stretch of the shard, after the ops that form it are issued. Not under
+ * HSDP (the sum across the replicas comes last). Returns a status (out of
+ * memory). */
+status_t zero_grads_early(zero_t *z, float scale, void (*done)(void *ctx, size_t lo, size_t n), void *ctx,
+                          char *err, size_t errlen);
+/* Unit u's next reduce-scatter is its last of the step (under
+ * zero_grads_early; a no-op otherwise). */
+void zero_grads_last(zero_t *z, int u);
 
 /* HSDP, after zero_grads_finish: each shard group reduced its own ranks'
  * gradients; the groups' pieces of the same elements are summed over the

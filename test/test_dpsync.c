@@ -11,7 +11,10 @@
  *     parameters (model buffer plus params_to_host) are the updated ones;
  *   - a state buffer indexed like the moments goes to the host whole;
  *   - the global norm's part, summed over norm_group, is the norm of the
- *     average.
+ *     average;
+ *   - dpsync_on_final tells every gradient of the view, none in the first
+ *     microbatch, each holding the average when told (ZeRO-2/3 and one
+ *     rank: some during the last microbatch's backward).
  * And, on a fake group of two whose every operation fails: a failure in
  * the model's hook (which returns nothing) is held by the strategy and
  * handed, with the group's message, to dpsync_backward_end's and
@@ -97,6 +100,31 @@ static dpsync_config_t config_of(const ops_t *cpu, comm_t *dp, float *params, fl
                              .dtype = COMM_FP32};
 }
 
+/* dpsync_on_final's listener: what it was told, when, and whether each
+ * told gradient held its final value then (the CPU ops are synchronous,
+ * so the value is readable at once). */
+typedef struct told {
+    const dpsync_t *s;
+    const float *expect; /* [n] the flat average */
+    long *flat_of;       /* [view gradients] the flat element, or -1 (padding) */
+    unsigned char *told; /* [view gradients] */
+    int phase;           /* 0 first microbatch, 1 last, 2 grads_finish */
+    long early, wrong, during;
+} told_t;
+
+static void on_final(void *ctx, size_t lo, size_t n)
+{
+    told_t *t = ctx;
+    for (size_t i = lo; i < lo + n; i++) {
+        if (t->flat_of[i] < 0)
+            continue;
+        t->told[i] = 1;
+        t->early += t->phase == 0;
+        t->during += t->phase == 1;
+        t->wrong += t->s->view.grads[i] != t->expect[t->flat_of[i]];
+    }
+}
+
 static void run_stage(comm_t *world, int stage, int rank)
 {
     const dpsync_ops_t *kind = dpsync_pick(stage);
@@ -132,14 +160,38 @@ static void run_stage(comm_t *world, int stage, int rank)
         if (!lent_p || i < blo || i >= bhi)
             params[lent_p && i >= bhi ? i - (bhi - blo) : i] = host[i];
     ok = s.ops->params_from_host(&s, host, err, sizeof err) == 0;
+    /* the gradients told final as they become so (--offload's copies) */
+    const size_t vg = stage >= 2 ? s.zero.shard_n : n;
+    told_t tl = {.s = &s, .expect = expect, .flat_of = malloc((vg + 1) * sizeof(long)), .told = calloc(vg + 1, 1)};
+    ok = ok && tl.flat_of && tl.told && dpsync_on_final(&s, on_final, &tl, err, sizeof err) == 0;
+    for (size_t i = 0; ok && i < vg; i++)
+        tl.flat_of[i] = -1;
+    for (int p = 0; ok && p < s.view.n_pieces; p++)
+        for (size_t j = 0; j < s.view.pieces[p].n; j++)
+            tl.flat_of[s.view.pieces[p].grad + j] = (long)(s.view.pieces[p].lo + j);
     s.ops->step_begin(&s);
     for (int k = 0; k < MICRO && ok; k++) {
         int accum, last;
+        tl.phase = k == MICRO - 1;
         s.ops->backward_begin(&s, k, MICRO, s.n, &accum, &last);
         ok = backward(&s, grads, start, blo, bhi, lent_g, rank, k, accum) == 0;
     }
+    tl.phase = 2;
     ok = ok && s.ops->grads_finish(&s, err, sizeof err) == 0;
     check(ok, rank, "a step's backward and grads_finish", stage);
+    long untold = 0;
+    for (size_t i = 0; ok && i < vg; i++)
+        untold += tl.flat_of[i] >= 0 && !tl.told[i];
+    check(ok && untold == 0 && tl.wrong == 0 && tl.early == 0, rank,
+          "dpsync_on_final: every gradient of the view told, each holding the average when told, none in the first "
+          "microbatch",
+          stage);
+    /* ZeRO-2/3 bank the units outside the blocks in the hook (blocking
+     * reduce-scatters); one rank's buckets are final once passed */
+    if (stage >= 2 || world->size == 1)
+        check(tl.during > 0, rank, "dpsync_on_final: gradients told during the last microbatch's backward", stage);
+    free(tl.flat_of);
+    free(tl.told);
     const dpsync_optim_view_t *v = &s.view;
     size_t covered = 0;
     int exact = ok;

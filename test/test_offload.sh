@@ -11,7 +11,12 @@
 #    ZeRO-2;
 #  - tiny-llama at dp2 with ZeRO-1 and bf16;
 #  - the deferred-ops table playing the device (DTRAIN_DEFER_OPS=1), so
-#    the copies are queued ops as on a GPU.
+#    the copies are queued ops as on a GPU, made at the last moment and
+#    their sources checked unchanged from begin to end: at 1 rank, and at
+#    dp2 with 2 microbatches a step under ZeRO-1 (per bucket) and ZeRO-3
+#    (per unit).
+# The gradient copies begin during the backward, as each bucket or unit
+# is final (the --trace's "to_host grads" spans, test/offload_trace.py).
 # A checkpoint written with offload resumes without it and the reverse,
 # bit-identically to the uninterrupted run; a rollback after non-finite
 # steps (the master copy read back from the checkpoint) equals the same
@@ -63,7 +68,40 @@ export DTRAIN_DEFER_OPS=1
 layout_run "$TMP/defer.ref.json" 1 --dtype bf16 &&
     layout_run "$TMP/defer.json" 1 --dtype bf16 --offload optimizer --offload-fraction 0.5 &&
     same "$TMP/defer.ref.json" "$TMP/defer.json" "DTRAIN_DEFER_OPS=1 bf16 --offload-fraction 0.5"
+# ... at dp2 with 2 microbatches a step: the copies begin per bucket as its
+# all-reduce completes (ZeRO-1, 7 buckets) or per unit as its
+# reduce-scatter is banked (ZeRO-3), during the last microbatch's
+# backward, and are made only at to_host_end; the table ends the run if a
+# copy's source changes after its begin (a copy begun before the
+# reduction completed, or in a non-final microbatch)
+for layout in "--zero 1 --bucket-mb 0.25" "--zero 3 --dtype bf16"; do
+    n=$((n + 1))
+    layout_run "$TMP/off$n.ref.json" 2 $layout &&
+        layout_run "$TMP/off$n.json" 2 $layout --offload optimizer --offload-fraction 0.75 &&
+        same "$TMP/off$n.ref.json" "$TMP/off$n.json" "DTRAIN_DEFER_OPS=1 np 2 $layout --offload-fraction 0.75"
+done
 unset DTRAIN_DEFER_OPS
+
+# the copies are issued during the backward: on the trace, each step's
+# first "to_host grads" span begins before its last backward span ends
+# (ZeRO-3's units at dp2, banked as the windows turn over; the buckets of
+# one rank, final once the backward has passed them, nothing being
+# summed), and none before its last microbatch's backward (also ZeRO-1's
+# buckets at dp2, final as the communicator completes their all-reduces:
+# during the backward or in grads_finish)
+for layout in "2 1 --zero 3" "1 1 --bucket-mb 0.25" "2 0 --zero 1 --bucket-mb 0.25"; do
+    set -- $layout
+    np=$1
+    during=$2
+    shift 2
+    n=$((n + 1))
+    layout_run "$TMP/off$n.json" "$np" "$@" --steps 4 --val-every 0 --offload optimizer --trace "$TMP/off$n.trace.json" &&
+        if out=$("$PY" "$top_srcdir/test/offload_trace.py" "$TMP/off$n.trace.json" $((4 / np)) "$during" 2>&1); then
+            pass "np $np $*: the gradient copies begin during the last microbatch's backward: $(echo "$out" | tr '\n' ' ')"
+        else
+            fail "np $np $*: $(echo "$out" | tr '\n' ' ')"
+        fi
+done
 
 # ---- checkpoints: written with offload, resumed without, and the reverse ----
 RUN="$(tiny_args) --threads 1 --steps 20 --warmup 5 --micro-batch 2 --global-batch 8 --seq-len 64 --val-every 0 \

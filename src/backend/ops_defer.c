@@ -18,12 +18,15 @@
  * (cudaMemcpyAsync from pageable memory stages the source before it
  * returns), and the copy into backend memory waits in the queue in order.
  * to_host_begin's copies (CUDA: a side stream) are made only at
- * to_host_end, the latest moment a GPU could make them.
+ * to_host_end, the latest moment a GPU could make them, and their
+ * sources checked unchanged since the moment the copy would start.
  *
  * The queue is one growing byte arena of records {run, size, arguments};
  * when it cannot grow, the op runs at once after the queue (correct, only
  * less deferred). Results are those of the CPU table underneath, bit for
  * bit, whenever the trainer's waits are right. */
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -51,6 +54,9 @@ typedef struct defer_ctx {
     /* to_host_begin's copies, made only at to_host_end: [n_late] of [cap_late] */
     struct late_copy *late;
     size_t n_late, cap_late;
+    /* from_host_begin's copies, queued at from_host_end: [n_up] of [cap_up] */
+    struct up_copy *up;
+    size_t n_up, cap_up;
 } defer_t;
 
 /* Runs the queue: the host waits here. */
@@ -144,36 +150,136 @@ static void d_to_host(void *ctx, void *host_dst, const void *src, size_t bytes)
 
 /* to_host_begin: a copy on CUDA's side stream starts after the ops issued
  * before it and may finish as late as the wait for it; here it is made at
- * that latest moment, in to_host_end, so that an op that overwrites the
- * source before the wait, or a reader of the host memory that does not
- * wait, gets the wrong bytes every time. */
+ * that latest moment, in to_host_end, so that a reader of the host memory
+ * that does not wait gets the wrong bytes every time. Its source must
+ * hold still from the start to the wait (a GPU copy may read it at any
+ * moment between): a record queued in order notes a checksum of the
+ * source when the copy would start (after the ops issued before it), and
+ * to_host_end compares it with the source it copies; a source changed in
+ * between (a gradient copied before its reduction completed, or written
+ * again before the wait) ends the run with one line. Queued, not drained,
+ * so that beginning a copy hides no missing wait elsewhere. */
 struct late_copy {
     void *dst;
     const void *src;
     size_t bytes;
+    uint64_t sum; /* the source's checksum when the copy starts */
 };
+
+/* 64-bit checksum of n bytes: a word at a time, multiplied and folded,
+ * so that a changed float changes it */
+static uint64_t checksum(const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    uint64_t h = 0x9e3779b97f4a7c15u ^ n, w;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        memcpy(&w, b + i, 8);
+        h = (h ^ w) * 0x100000001b3u;
+        h ^= h >> 29;
+    }
+    for (; i < n; i++)
+        h = (h ^ b[i]) * 0x100000001b3u;
+    return h;
+}
+
+typedef struct {
+    defer_t *q;
+    size_t i; /* into q->late */
+} late_start_args_t;
+static void r_late_start(const ops_t *b, const void *a_)
+{
+    const late_start_args_t *a = a_;
+    struct late_copy *c = &a->q->late[a->i];
+    (void)b;
+    c->sum = checksum(c->src, c->bytes);
+}
 static void d_to_host_begin(void *ctx, void *host_dst, const void *src, size_t bytes)
 {
     defer_t *q = ctx;
-    drain(q); /* the side stream waits for the compute stream's ops so far */
     if (q->n_late == q->cap_late) {
         size_t cap = q->cap_late ? 2 * q->cap_late : 8;
         struct late_copy *nl = realloc(q->late, cap * sizeof *nl);
         if (!nl) { /* made now: correct, only less late */
+            drain(q);
             q->base->to_host(q->base->ctx, host_dst, src, bytes);
             return;
         }
         q->late = nl;
         q->cap_late = cap;
     }
-    q->late[q->n_late++] = (struct late_copy){host_dst, src, bytes};
+    q->late[q->n_late] = (struct late_copy){host_dst, src, bytes, 0};
+    /* the side stream starts after the compute stream's ops so far */
+    defer(q, r_late_start, &(late_start_args_t){q, q->n_late}, sizeof(late_start_args_t));
+    q->n_late++;
 }
 static void d_to_host_end(void *ctx)
 {
     defer_t *q = ctx;
-    for (size_t i = 0; i < q->n_late; i++)
-        q->base->to_host(q->base->ctx, q->late[i].dst, q->late[i].src, q->late[i].bytes);
+    if (q->n_late == 0)
+        return;
+    drain(q); /* every copy has started */
+    for (size_t i = 0; i < q->n_late; i++) {
+        const struct late_copy *c = &q->late[i];
+        if (checksum(c->src, c->bytes) != c->sum) {
+            fprintf(stderr,
+                    "dtrain: deferred ops: the source of a to_host_begin copy (%zu bytes) changed before "
+                    "to_host_end; on a GPU the copy could read either value\n",
+                    c->bytes);
+            abort();
+        }
+        q->base->to_host(q->base->ctx, c->dst, c->src, c->bytes);
+    }
     q->n_late = 0;
+}
+
+/* from_host_begin: a copy on CUDA's side stream after the ops issued
+ * before it, which the compute stream waits for at from_host_end; here
+ * queued at from_host_end (the latest place the compute stream can take
+ * it) and reading its host source only when the queue runs, so a host
+ * write of the source before the copy is made gives wrong bytes; the
+ * source's checksum at the begin is compared there too, and a change
+ * ends the run with one line. */
+struct up_copy {
+    void *dst;
+    const void *src;
+    size_t bytes;
+    uint64_t sum; /* the source's checksum at from_host_begin */
+};
+static void r_up_copy(const ops_t *b, const void *a_)
+{
+    const struct up_copy *a = a_;
+    if (checksum(a->src, a->bytes) != a->sum) {
+        fprintf(stderr,
+                "dtrain: deferred ops: the source of a from_host_begin copy (%zu bytes) changed before the copy "
+                "was made; keep it until to_host_end or sync returns\n",
+                a->bytes);
+        abort();
+    }
+    b->from_host(b->ctx, a->dst, a->src, a->bytes);
+}
+static void d_from_host_begin(void *ctx, void *dst, const void *host_src, size_t bytes)
+{
+    defer_t *q = ctx;
+    if (q->n_up == q->cap_up) {
+        size_t cap = q->cap_up ? 2 * q->cap_up : 8;
+        struct up_copy *nu = realloc(q->up, cap * sizeof *nu);
+        if (!nu) { /* made in order now: correct, only less late */
+            defer(q, r_up_copy, &(struct up_copy){dst, host_src, bytes, checksum(host_src, bytes)},
+                  sizeof(struct up_copy));
+            return;
+        }
+        q->up = nu;
+        q->cap_up = cap;
+    }
+    q->up[q->n_up++] = (struct up_copy){dst, host_src, bytes, checksum(host_src, bytes)};
+}
+static void d_from_host_end(void *ctx)
+{
+    defer_t *q = ctx;
+    for (size_t i = 0; i < q->n_up; i++)
+        defer(q, r_up_copy, &q->up[i], sizeof q->up[i]);
+    q->n_up = 0;
 }
 
 /* from_host: the source bytes travel in the record, after the arguments */
@@ -1151,6 +1257,7 @@ static void d_release(void *ctx)
     ops_release(q->base);
     free(q->buf);
     free(q->late);
+    free(q->up);
     free(q);
 }
 
@@ -1165,6 +1272,8 @@ static const ops_t defer_ops = {
     .to_host = d_to_host,
     .to_host_begin = d_to_host_begin,
     .to_host_end = d_to_host_end,
+    .from_host_begin = d_from_host_begin,
+    .from_host_end = d_from_host_end,
     .from_host = d_from_host,
     .zero = d_zero,
     .matmul_fwd = d_matmul_fwd,

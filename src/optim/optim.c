@@ -165,7 +165,7 @@ static void free_moments(const ops_t *ops, size_t n, float *m, float *v)
 /* Each moment holds at least one float, so neither is empty. */
 size_t adamw_state_bytes(size_t n) { return 2 * (n ? n : 1) * sizeof(float); }
 
-static int offload_setup(adamw_t *a, size_t n_host, int bf16);
+static int offload_setup(adamw_t *a, size_t n_host, int bf16, const optim_range_t *cuts, int n_cuts);
 
 int adamw_create(adamw_t *a, const ops_t *ops, const param_table_t *t, const dpsync_optim_view_t *v, double beta1,
                  double beta2, double eps, double weight_decay, double grad_clip, size_t n_host, int host_bf16)
@@ -184,7 +184,15 @@ int adamw_create(adamw_t *a, const ops_t *ops, const param_table_t *t, const dps
         adamw_destroy(a);
         return -1;
     }
-    /* each piece, cut at tensor boundaries (decay) */
+    /* each piece, cut at tensor boundaries (decay); offload keeps the
+     * cuts unmerged too, as the runs its gradient copies go by */
+    const size_t max_cuts = (size_t)t->n + (size_t)v->n_pieces + 1;
+    optim_range_t *cuts = n_host ? calloc(max_cuts, sizeof *cuts) : NULL;
+    int n_cuts = 0;
+    if (n_host && !cuts) {
+        adamw_destroy(a);
+        return -1;
+    }
     int i = 0;
     for (int u = 0; u < v->n_pieces; u++) {
         const dpsync_piece_t *pc = &v->pieces[u];
@@ -195,11 +203,19 @@ int adamw_create(adamw_t *a, const ops_t *ops, const param_table_t *t, const dps
             const size_t a0 = t->p[k].offset > lo ? t->p[k].offset : lo;
             const size_t e = t->p[k].offset + t->p[k].numel, a1 = e < hi ? e : hi;
             add_range(a, pc->param + (a0 - lo), pc->grad + (a0 - lo), pc->state + (a0 - lo), a1 - a0, t->p[k].decay);
+            if (cuts && a1 > a0)
+                cuts[n_cuts++] = (optim_range_t){.offset = pc->param + (a0 - lo),
+                                                 .goff = pc->grad + (a0 - lo),
+                                                 .soff = pc->state + (a0 - lo),
+                                                 .n = a1 - a0,
+                                                 .decay = t->p[k].decay};
         }
     }
     /* the host's part first, so that the backend holds only the rest at
      * any time (its peak counter included) */
-    if ((n_host && offload_setup(a, n_host, host_bf16) != 0) ||
+    const int host_rc = n_host ? offload_setup(a, n_host, host_bf16, cuts, n_cuts) : 0;
+    free(cuts);
+    if (host_rc != 0 ||
         (a->n > n_host && alloc_moments(ops, a->n - n_host, &a->m, &a->v) != 0)) {
         adamw_destroy(a);
         return -1;
@@ -217,11 +233,17 @@ static void offload_free(const ops_t *ops, adamw_offload_t *h)
     ops_host_free(ops, h->v);
     ops_host_free(ops, h->p16);
     free(h->ranges);
+    free(h->segs);
+    free(h->begun);
     memset(h, 0, sizeof *h);
 }
 
 void adamw_destroy(adamw_t *a)
 {
+    if (a->ops && a->host.begun) { /* no copy may still use the host arrays */
+        adamw_grads_drop(a);
+        a->ops->sync(a->ops->ctx);
+    }
     if (a->ops)
         free_moments(a->ops, a->n - a->host.n, a->m, a->v);
     if (a->ops)
@@ -260,9 +282,30 @@ static void split_ranges(adamw_t *a, size_t n_host)
     a->n_ranges = nd;
 }
 
+/* The copies' runs: the cuts below moment index n_host (the last one
+ * cut there), in the order of their gradients. */
+static int make_segs(adamw_offload_t *h, const optim_range_t *cuts, int n_cuts)
+{
+    h->segs = calloc((size_t)n_cuts + 1, sizeof *h->segs);
+    h->begun = calloc((size_t)n_cuts + 1, 1);
+    if (!h->segs || !h->begun)
+        return -1;
+    for (int i = 0; i < n_cuts; i++)
+        if (cuts[i].soff < h->n) {
+            optim_range_t r = cuts[i];
+            if (r.soff + r.n > h->n)
+                r.n = h->n - r.soff;
+            h->segs[h->n_segs++] = r;
+        }
+    for (int i = 1; i < h->n_segs; i++)
+        if (h->segs[i].goff < h->segs[i - 1].goff + h->segs[i - 1].n)
+            return -1; /* the views' pieces ascend in gradients too (dpsync.h) */
+    return 0;
+}
+
 /* Host arrays for the first n_host elements and the runs split between
  * host and backend. */
-static int offload_setup(adamw_t *a, size_t n_host, int bf16)
+static int offload_setup(adamw_t *a, size_t n_host, int bf16, const optim_range_t *cuts, int n_cuts)
 {
     const ops_t *ops = a->ops;
     adamw_offload_t *h = &a->host;
@@ -279,7 +322,7 @@ static int offload_setup(adamw_t *a, size_t n_host, int bf16)
     memset(h->m, 0, bytes); /* a fresh optimizer's moments; a checkpoint's come later */
     memset(h->v, 0, bytes);
     split_ranges(a, n_host);
-    return 0;
+    return make_segs(h, cuts, n_cuts);
 }
 
 void adamw_offload_pull(adamw_t *a, const float *params)
@@ -331,16 +374,92 @@ double adamw_clip_scale(const adamw_t *a, double grad_norm)
     return 1.0;
 }
 
-/* The offloaded elements' gradients to the host. The copy waits for the
- * backward; issued before the backend's own ranges, so that on an
- * asynchronous backend those update while the host does. */
-static void offload_fetch(adamw_t *a, const float *grads)
+/* Segments [i, e) (none begun yet, each contiguous with the next in both
+ * the gradients and the host arrays) as one copy, begun once a step: on
+ * the backend's copy stream where it has one (ended by offload_fetch),
+ * else made now. Returns its bytes. */
+static size_t copy_run(adamw_t *a, const float *grads, int i, int e)
+{
+    adamw_offload_t *h = &a->host;
+    const ops_t *ops = a->ops;
+    const optim_range_t *r = &h->segs[i];
+    const size_t bytes = (h->segs[e - 1].goff + h->segs[e - 1].n - r->goff) * sizeof(float);
+    if (ops->to_host_begin && ops->to_host_end) {
+        ops->to_host_begin(ops->ctx, h->g + r->soff, grads + r->goff, bytes);
+        h->pending = 1;
+    } else {
+        ops->to_host(ops->ctx, h->g + r->soff, grads + r->goff, bytes);
+    }
+    memset(h->begun + i, 1, (size_t)(e - i));
+    return bytes;
+}
+
+/* Begins the copies of the segments in [i, end) not begun yet, as few
+ * copies as their contiguity allows. Returns their bytes. */
+static size_t copy_segs(adamw_t *a, const float *grads, int i, int end)
 {
     const adamw_offload_t *h = &a->host;
-    for (int i = 0; i < h->n_ranges; i++) {
-        const optim_range_t *r = &h->ranges[i];
-        a->ops->to_host(a->ops->ctx, h->g + r->soff, grads + r->goff, r->n * sizeof(float));
+    size_t bytes = 0;
+    while (i < end) {
+        if (h->begun[i]) {
+            i++;
+            continue;
+        }
+        int e = i + 1;
+        while (e < end && !h->begun[e] && h->segs[e].goff == h->segs[e - 1].goff + h->segs[e - 1].n &&
+               h->segs[e].soff == h->segs[e - 1].soff + h->segs[e - 1].n)
+            e++;
+        bytes += copy_run(a, grads, i, e);
+        i = e;
     }
+    return bytes;
+}
+
+size_t adamw_grads_final(adamw_t *a, const float *grads, size_t lo, size_t n)
+{
+    const adamw_offload_t *h = &a->host;
+    if (h->n_segs == 0 || n == 0)
+        return 0;
+    /* the segments inside [lo, lo + n): from the first not below lo (they
+     * ascend) */
+    int i = 0, j = h->n_segs;
+    while (i < j) {
+        const int mid = i + (j - i) / 2;
+        if (h->segs[mid].goff < lo)
+            i = mid + 1;
+        else
+            j = mid;
+    }
+    int end = i;
+    while (end < h->n_segs && h->segs[end].goff + h->segs[end].n <= lo + n)
+        end++;
+    return copy_segs(a, grads, i, end);
+}
+
+/* Ends the copies begun; the next step begins its own. */
+static void copies_done(adamw_offload_t *h, const ops_t *ops)
+{
+    if (h->pending)
+        ops->to_host_end(ops->ctx);
+    h->pending = 0;
+    memset(h->begun, 0, (size_t)h->n_segs);
+}
+
+void adamw_grads_drop(adamw_t *a)
+{
+    if (a->host.n)
+        copies_done(&a->host, a->ops);
+}
+
+/* Every offloaded gradient in host memory: the copies no strategy
+ * reported (adamw_grads_final) begun now, after the backward, then all of
+ * them ended. Called before the backend's own ranges are issued, so that
+ * on an asynchronous backend those update while the host does. */
+static void offload_fetch(adamw_t *a, const float *grads)
+{
+    adamw_offload_t *h = &a->host;
+    copy_segs(a, grads, 0, h->n_segs);
+    copies_done(h, a->ops);
 }
 
 /* The host AdamW over the offloaded elements, then their parameters (and
@@ -359,12 +478,20 @@ static void offload_update(adamw_t *a, float *params, uint16_t *params16, double
         adamw_host(h->isa, h->p + r->soff, params16 ? h->p16 + r->soff : NULL, h->g + r->soff, h->m + r->soff,
                    h->v + r->soff, r->n, &k[r->decay != 0]);
     }
+    /* up on the backend's side stream where it has one: the host goes on
+     * at once, the backend's next ops wait for the copies; the host
+     * arrays are written next after the next step's offload_fetch (its
+     * to_host_end) or a sync */
+    const int side = ops->from_host_begin && ops->from_host_end;
+    void (*up)(void *, void *, const void *, size_t) = side ? ops->from_host_begin : ops->from_host;
     for (int i = 0; i < h->n_ranges; i++) {
         const optim_range_t *r = &h->ranges[i];
-        ops->from_host(ops->ctx, params + r->offset, h->p + r->soff, r->n * sizeof(float));
+        up(ops->ctx, params + r->offset, h->p + r->soff, r->n * sizeof(float));
         if (params16)
-            ops->from_host(ops->ctx, params16 + r->offset, h->p16 + r->soff, r->n * sizeof(uint16_t));
+            up(ops->ctx, params16 + r->offset, h->p16 + r->soff, r->n * sizeof(uint16_t));
     }
+    if (side)
+        ops->from_host_end(ops->ctx);
 }
 
 void adamw_step(adamw_t *a, float *params, uint16_t *params16, const float *grads, double lr, double grad_scale)

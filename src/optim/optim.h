@@ -70,6 +70,15 @@ typedef struct adamw_offload {
     uint16_t *p16;         /* [n] the bf16 copy's staging, or NULL */
     optim_range_t *ranges; /* soff indexes the arrays above */
     int n_ranges;
+    /* The gradient copies: the same elements cut at every tensor and
+     * piece boundary (never merged), ascending in goff, so that each lies
+     * inside any stretch the strategy reports final (adamw_grads_final:
+     * whole tensors or whole ZeRO units); begun[i] marks those whose copy
+     * this step has begun. */
+    optim_range_t *segs;
+    unsigned char *begun;
+    int n_segs;
+    int pending;    /* copies begun with to_host_begin and not yet ended */
     adamw_host_isa_t isa;
     int pinned; /* the arrays come from the backend's host_alloc */
 } adamw_offload_t;
@@ -104,6 +113,20 @@ size_t adamw_offload_bytes(size_t n_host, int bf16);
  * stage the bf16 copy (the update writes params16). -1: out of memory. */
 int adamw_create(adamw_t *a, const ops_t *ops, const param_table_t *t, const dpsync_optim_view_t *v, double beta1,
                  double beta2, double eps, double weight_decay, double grad_clip, size_t n_host, int host_bf16);
+
+/* --offload: the view's gradients [lo, lo + n) are final for this step
+ * (reduced and averaged; the strategy says so as each bucket or unit
+ * completes, during the backward). Begins the copies of the offloaded
+ * elements among them into host memory (the backend's to_host_begin: on
+ * CUDA its copy stream, behind the ops issued so far; to_host where it
+ * has none), each once a step; adamw_step ends them before the host
+ * AdamW and copies there whatever no call reported. Returns the bytes
+ * whose copies began. No-op without offload. */
+size_t adamw_grads_final(adamw_t *a, const float *grads, size_t lo, size_t n);
+
+/* The step ends without an update (the spike guard skipped it): the
+ * copies begun are ended and forgotten, so the next step copies afresh. */
+void adamw_grads_drop(adamw_t *a);
 
 /* The view's parameters were written outside adamw_step (a checkpoint
  * loaded, a rollback): the host master copy reads them again. */

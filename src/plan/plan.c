@@ -68,6 +68,7 @@ typedef struct stage_plan {
      * the optimizer's), their host bytes, and the update's two sides */
     size_t n_host;
     double host_bytes, t_opt_host, t_opt_dev;
+    double t_d2h, t_d2h_exposed; /* the gradients' copies down, and what the last backward leaves exposed */
 } stage_plan_t;
 
 typedef struct plan {
@@ -529,14 +530,28 @@ static void stage_dp(const plan_in_t *in, int s, stage_plan_t *sp)
     const double per = in->bf16 ? 30.0 : 28.0, n_dev = opt_n - (double)sp->n_host;
     sp->t_opt_dev = hw->mem_bw > 0 ? n_dev * per / hw->mem_bw : 0.0;
     sp->t_opt = sp->t_opt_dev;
-    if (sp->n_host) {
-        /* --offload: the gradients down (4 B), the host AdamW streaming the
-         * same bytes at the rank's share of the node's host bandwidth, the
-         * weights up (4 B, and the bf16 copy's 2); the backend's part
-         * updates meanwhile */
+    if (sp->n_host && hw->h2d_bw > 0 && hw->host_bw > 0) {
+        /* --offload: the gradients down (4 B) on the copy stream, each
+         * bucket (ZeRO 0/1: 25 MiB, --bucket-mb's default) or unit (ZeRO
+         * 2/3: a block's, about 1/(layers + 2) of the stage) as its
+         * reduction completes during the step's last backward, so what
+         * that backward does not cover and the last stretch's copy (the
+         * embedding's on the first stage) are exposed; then the host AdamW streaming the same bytes at the
+         * rank's share of the node's host bandwidth and the weights up
+         * (4 B, and the bf16 copy's 2); the backend's part updates
+         * meanwhile */
         const double h = (double)sp->n_host, up = in->bf16 && in->run.zero_stage == 0 ? 6.0 : 4.0;
         const double host_bw = hw->host_bw / (hw->gpus_per_node > 0 ? hw->gpus_per_node : 1);
-        sp->t_opt_host = hw->h2d_bw > 0 && host_bw > 0 ? h * (4.0 + up) / hw->h2d_bw + h * per / host_bw : 0.0;
+        /* the last stretch told holds the lowest offsets: the first
+         * stage's embedding, else a bucket or a block's unit; the host's
+         * elements are the first of the shard, so they hold it first */
+        const double emb = s == 0 ? (double)param_padded_vocab(c->vocab_size, in->run.tp) / in->run.tp * C / n : 0.0;
+        const double unit = in->run.zero_stage >= 2 ? 1.0 / (sp->layers + 2.0) : 25.0 * 1048576.0 / (4.0 * n);
+        const double stretch = (emb > unit ? emb : unit) * opt_n;
+        const double t_last = (stretch < h ? stretch : h) * 4.0 / hw->h2d_bw;
+        sp->t_d2h = h * 4.0 / hw->h2d_bw;
+        sp->t_d2h_exposed = t_last + (sp->t_d2h - t_last > t_bwd ? sp->t_d2h - t_last - t_bwd : 0.0);
+        sp->t_opt_host = sp->t_d2h_exposed + h * up / hw->h2d_bw + h * per / host_bw;
         sp->t_opt = sp->t_opt_host > sp->t_opt_dev ? sp->t_opt_host : sp->t_opt_dev;
     }
 }
@@ -939,9 +954,9 @@ static void print_plan_header(const plan_t *p, const run_options_t *o, FILE *out
 
 /* --offload optimizer: the update's host side (copies and the host
  * AdamW at the rank's share of the node's bandwidth) beside the device's,
- * and whether a forward would hide it. The update follows the backward
- * and is exposed whole in this release (the copies are not yet streamed
- * per bucket during the backward). */
+ * and whether a forward would hide it. The gradients' copies stream
+ * during the last backward (what it leaves exposed counts); the host
+ * AdamW and the weights' copies up follow it. */
 static void print_offload_time(const plan_t *p, FILE *out)
 {
     const hw_profile_t *hw = p->in.hw;
@@ -959,11 +974,15 @@ static void print_offload_time(const plan_t *p, FILE *out)
             "over %d ranks), beside the device's %s\n",
             fmt_time(b1, sizeof b1, p->t_opt), fmt_time(b2, sizeof b2, w->t_opt_host), hw->h2d_bw * 1e-9,
             hw->host_bw / per_node * 1e-9, hw->host_bw * 1e-9, per_node, fmt_time(b3, sizeof b3, w->t_opt_dev));
-    const double fwd = p->t_compute / 3.0; /* a forward is a third of forward + backward */
+    fprintf(out,
+            "  offload copies   %12s  exposed of the gradients' %s down, streamed per %s during the last backward\n",
+            fmt_time(b1, sizeof b1, w->t_d2h_exposed), fmt_time(b2, sizeof b2, w->t_d2h),
+            p->in.run.zero_stage >= 2 ? "unit" : "bucket");
+    const double fwd = p->t_compute / 3.0, after = w->t_opt_host - w->t_d2h_exposed; /* a forward is a third */
     fprintf(out, "  offload          the host update %s a step's forward (%s): %s\n",
-            w->t_opt_host <= fwd ? "fits in" : "exceeds", fmt_time(b1, sizeof b1, fwd),
-            w->t_opt_host <= fwd ? "host bandwidth would hide it once overlapped with the next forward; exposed now"
-                                 : "host bandwidth cannot hide it: lower --offload-fraction or shard over more ranks");
+            after <= fwd ? "fits in" : "exceeds", fmt_time(b1, sizeof b1, fwd),
+            after <= fwd ? "host bandwidth would hide it once overlapped with the next forward; exposed now"
+                         : "host bandwidth cannot hide it: lower --offload-fraction or shard over more ranks");
 }
 
 /* --offload optimizer: the host bytes of the worst rank and of a node
@@ -1215,12 +1234,13 @@ static int write_json(const plan_t *p, const run_options_t *o, const char *path,
             "\"bubble_s\": %.6g, \"bubble_fraction\": %.6g, \"pp_comm_s\": %.6g, \"dp_comm_exposed_s\": %.6g, "
             "\"optimizer_s\": %.6g, \"tokens_per_s\": %.6g, \"mfu\": %.6g, \"hfu\": %.6g, \"doc_mask\": %d, "
             "\"doc_len\": %d, \"attn_positions\": %.17g, \"attn_flops_per_token\": %.0f, \"offload_fraction\": %g, "
-            "\"host_offload_elements\": %zu, \"host_offload_bytes\": %.0f, \"optimizer_host_s\": %.6g}\n",
+            "\"host_offload_elements\": %zu, \"host_offload_bytes\": %.0f, \"optimizer_host_s\": %.6g, "
+            "\"offload_d2h_s\": %.6g, \"offload_d2h_exposed_s\": %.6g}\n",
             in->hw->memory, p->usable, p->fits, p->margin, p->flops_step, p->hw_flops_step, w->tp_bytes, w->pp_bytes,
             w->dp_bytes, w->embed_bytes, w->ep_bytes, w->cp_bytes, p->t_cp, p->t_step, p->t_compute, p->t_tp,
             p->t_bubble, p->bubble_frac, p->t_pp, p->t_dp, p->t_opt, p->tokens_s, p->mfu, p->hfu, in->doc_mask,
             in->doc_len, in->att_T, flops_per_token(in->c, in->att_T) - flops_per_token(in->c, 0.0),
-            in->run.offload_fraction, w->n_host, w->host_bytes, w->t_opt_host);
+            in->run.offload_fraction, w->n_host, w->host_bytes, w->t_opt_host, w->t_d2h, w->t_d2h_exposed);
     if (fclose(f) != 0) {
         snprintf(err, errlen, "--metrics %s: write failed", path);
         return -1;

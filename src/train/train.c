@@ -529,6 +529,33 @@ static float *stage_input(void *ctx, int slot) { return model_stage_input(ctx_mo
 static float *stage_output(void *ctx, int slot) { return model_stage_output(ctx_model(ctx), slot); }
 static float *stage_grad(void *ctx) { return model_stage_grad(ctx_model(ctx)); }
 
+/* --offload: view.grads[lo, lo+n) is final (dpsync_on_final): the
+ * offloaded gradients among them begin their copies to the host (a span
+ * "to_host grads" on the trace's communication row), except the tied
+ * embedding's before its sum over the stages (tied: 1 after it). */
+static void grads_final_copy(trainer_t *tr, size_t lo, size_t n)
+{
+    const double t0 = tr->trace ? trace_now() : 0.0;
+    const size_t bytes = adamw_grads_final(&tr->optim, tr->sync.view.grads, lo, n);
+    if (bytes)
+        trace_span(tr->trace, TRACE_COMM, "to_host grads", t0, tr->trace ? trace_now() : 0.0,
+                   &(trace_args_t){.bytes = (long long)bytes, .microbatch = -1, .layer = -1, .peer = -1});
+}
+
+void trainer_grads_final(void *ctx, size_t lo, size_t n)
+{
+    trainer_t *tr = ctx;
+    const size_t hi = lo + n, a = tr->tied_lo, b = tr->tied_hi;
+    if (b <= a || hi <= a || lo >= b) {
+        grads_final_copy(tr, lo, n);
+        return;
+    }
+    if (lo < a)
+        grads_final_copy(tr, lo, a - lo);
+    if (hi > b)
+        grads_final_copy(tr, b, hi - b);
+}
+
 /* Forward and backward of the step's microbatches (the pipeline schedule
  * when pp > 1), then the gradient reductions: DP average, and the tied
  * embedding's sum over the first and last stage. Returns 0 or -1. */
@@ -583,6 +610,8 @@ static int step_gradients(trainer_t *tr, int step, double *bubble_s, char *err, 
             return -1;
         }
         tr->embed_comm_s = now_s() - t0;
+        if (tr->tied_hi > tr->tied_lo) /* --offload: its copy now */
+            grads_final_copy(tr, tr->tied_lo, tr->tied_hi - tr->tied_lo);
     }
     return 0;
 }
@@ -883,6 +912,8 @@ static int train_step(trainer_t *tr, int step, step_record_t *r, step_times_t *t
     spike_action_t act;
     if (guard_step(tr, step, loss, norm, &act, err, errlen) != 0)
         return -1;
+    if (act != SPIKE_GO) /* --offload: no update takes the gradients copied */
+        adamw_grads_drop(&tr->optim);
     if (act == SPIKE_ROLLBACK) { /* the loop goes on from the checkpoint (tr->spike.rolled_back) */
         *t = (step_times_t){0};
         return 0;

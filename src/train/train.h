@@ -46,6 +46,10 @@ typedef struct trainer {
     char last_ckpt[OPT_PATH_MAX + 64]; /* and its path */
     pipe_kind_t pp_kind;
     int tied; /* table index of the tied wte (GPT-2, pp > 1, first/last stage), else -1 */
+    /* --offload with tied: where its gradients lie in the optimizer view's
+     * [tied_lo, tied_hi): final only after their sum over the stages, so
+     * their copy waits for it (trainer_grads_final) */
+    size_t tied_lo, tied_hi;
     /* the step in progress, for the pipeline's forward/backward callbacks */
     int cur_step;
     int bwd_done[PARAM_MAX_RUNS];       /* this step's (whole or weight) backwards so far, per chunk of the stage */

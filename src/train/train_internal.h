@@ -27,6 +27,10 @@ int spike_rollback(trainer_t *tr, int step, char *err, size_t errlen);
 /* src/train/train.c: --cp's view of a batch (this rank's chunks) */
 void trainer_cp_view(trainer_t *tr, const int32_t **tok, const int32_t **pos, const int32_t **tgt, int B, int *t);
 
+/* src/train/train.c: --offload's listener for the gradients the
+ * data-parallel strategy tells final (dpsync_on_final; ctx: the trainer) */
+void trainer_grads_final(void *ctx, size_t lo, size_t n);
+
 /* src/train/eval_mc.c: --eval-mc's scores into r (collective) */
 int trainer_eval_mc(trainer_t *tr, step_record_t *r, char *err, size_t errlen);
 

@@ -513,6 +513,27 @@ static double host_mem_available(void)
     return avail;
 }
 
+/* --offload: the gradients' copies to the host begin as the strategy
+ * tells each bucket or unit final, during the backward; the tied
+ * embedding's (pp > 1) wait for its sum over the stages. */
+static int setup_offload_copies(trainer_t *tr, char *err, size_t errlen)
+{
+    tr->tied_lo = tr->tied_hi = 0;
+    if (tr->tied >= 0) {
+        const param_desc_t *d = &tr->model.table.p[tr->tied];
+        size_t n;
+        const float *g = tr->sync.ops->tensor_grads(&tr->sync, d->offset, d->numel, &n);
+        tr->tied_lo = (size_t)(g - tr->sync.view.grads);
+        tr->tied_hi = tr->tied_lo + n;
+    }
+    char cerr[COMM_ERR_MAX];
+    if (dpsync_on_final(&tr->sync, trainer_grads_final, tr, cerr, sizeof cerr) != STATUS_OK) {
+        snprintf(err, errlen, "--offload optimizer: %s", cerr);
+        return -1;
+    }
+    return 0;
+}
+
 /* --offload optimizer, before any state is allocated: this rank's share
  * of its node's available host memory must hold the offloaded part of
  * its optimizer elements (about the stage's parameters, over the shard
@@ -600,7 +621,7 @@ static int setup_model(trainer_t *tr, model_layout_t lay, const dpsync_ops_t *ki
     tr->tied = -1;
     if (model_head_tied(&tr->cfg) && grid->pp_size > 1 && grid->embed)
         tr->tied = param_table_find(t, model_embed_name(&tr->cfg));
-    return 0;
+    return n_host ? setup_offload_copies(tr, err, errlen) : 0;
 }
 
 /* The watchdog's on-fire function: one line for the job, the first, and
