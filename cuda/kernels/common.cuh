@@ -30,6 +30,16 @@ static unsigned grid_for(size_t n, unsigned threads)
     return b > MAX_GRID ? MAX_GRID : (unsigned)(b ? b : 1);
 }
 
+/* The bf16 outputs of base/ops.h: with dst16 != NULL, dst16[i] = the bf16
+ * of v, the fp32 value the kernel computed (and writes, where it does),
+ * rounded as cast_f32_to_bf16 rounds (base/bf16.h, which the includer
+ * provides with base/ops_math.h), in the same pass. */
+#define DT_STORE16(dst16, i, v)                                                                                        \
+    do {                                                                                                               \
+        if (dst16)                                                                                                     \
+            (dst16)[i] = dt_f32_to_bf16(v);                                                                            \
+    } while (0)
+
 #define GRID_STRIDE(i, n)                                                                                              \
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
 
