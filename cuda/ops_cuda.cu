@@ -369,7 +369,7 @@ static void gelu_bwd(void *ctx, float *dx, const float *x, const float *dout, si
     cu_t *g = (cu_t *)ctx;
     if (!n)
         return;
-    k_gelu_bwd<<<grid_for(n, THREADS), THREADS, 0, g->stream>>>(dx, NULL, x, dout, n);
+    k_gelu_bwd<<<grid_for(n, THREADS), THREADS, 0, g->stream>>>(dx, (uint16_t *)NULL, x, dout, n);
     finish(g, "gelu_bwd");
 }
 

@@ -169,7 +169,7 @@ static void gmm_bwd_f32(cu_t *g, float *din, float *dw, float *db, const float *
             ck(cudaMemsetAsync(din, 0, (size_t)R * IC * sizeof(float), g->stream), what);
             if (pre)
                 CU_LAUNCH(k_gelu_bwd, grid_for((size_t)R * IC, THREADS), THREADS, 0, g->stream)
-            (din, NULL, pre, din, (size_t)R * IC);
+            (din, (uint16_t *)NULL, pre, din, (size_t)R * IC);
         }
         return;
     }
@@ -187,7 +187,7 @@ static void gmm_bwd_f32(cu_t *g, float *din, float *dw, float *db, const float *
         gmm_grouped(g, what, CUBLAS_OP_N, CUBLAS_OP_N, IC, OC, IC, accum_din ? 1.0f : 0.0f, pr, P);
         if (pre && R > 0)
             CU_LAUNCH(k_gelu_bwd, grid_for((size_t)R * IC, THREADS), THREADS, 0, g->stream)
-        (din, NULL, pre, din, (size_t)R * IC);
+        (din, (uint16_t *)NULL, pre, din, (size_t)R * IC);
     }
     /* dw_g^T[IC,OC] = in^T[IC,n] . dout[n,OC]; a group without rows: 0 */
     if (dw && IC > 0) {

@@ -21,6 +21,8 @@
 #ifndef DTRAIN_CUDA_KERNELS_COMMON_CUH
 #define DTRAIN_CUDA_KERNELS_COMMON_CUH
 
+#include "cuda/kernels/store16.cuh" /* DT_STORE16 */
+
 #define THREADS 256     /* threads of row and elementwise kernels */
 #define MAX_GRID 65535u /* cap of grid-stride elementwise grids */
 
@@ -29,16 +31,6 @@ static unsigned grid_for(size_t n, unsigned threads)
     size_t b = (n + threads - 1) / threads;
     return b > MAX_GRID ? MAX_GRID : (unsigned)(b ? b : 1);
 }
-
-/* The bf16 outputs of base/ops.h: with dst16 != NULL, dst16[i] = the bf16
- * of v, the fp32 value the kernel computed (and writes, where it does),
- * rounded as cast_f32_to_bf16 rounds (base/bf16.h, which the includer
- * provides with base/ops_math.h), in the same pass. */
-#define DT_STORE16(dst16, i, v)                                                                                        \
-    do {                                                                                                               \
-        if (dst16)                                                                                                     \
-            (dst16)[i] = dt_f32_to_bf16(v);                                                                            \
-    } while (0)
 
 #define GRID_STRIDE(i, n)                                                                                              \
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)

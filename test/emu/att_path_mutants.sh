@@ -62,7 +62,7 @@ mutant "backward: D from the fp32 dout, dP from the bf16 one" cuda/kernels/atten
     's/acc \+= dt_bf16_to_f32\(gb\) \* o\[e\];/acc += g[e] * o[e];/'
 # the bf16 outputs (base/ops.h): truncated, not rounded; a kernel's write
 # left out; the v columns' bf16 from dK's values
-mutant "bf16 outputs: truncation, not round to nearest even" cuda/kernels/common.cuh \
+mutant "bf16 outputs: truncation, not round to nearest even" cuda/kernels/store16.cuh \
     's/\(dst16\)\[i\] = dt_f32_to_bf16\(v\);/(dst16)[i] = (uint16_t)(dt_f32_bits(v) >> 16);/'
 mutant "forward (tensor cores): out16 not written" cuda/kernels/attention_mma.cuh \
     's/DT_STORE16\(out16, at \+ 8 \* dt \+ 2 \* t4 \+ e, v\);//'
