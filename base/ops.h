@@ -5,8 +5,17 @@
  *
  * Conventions
  *  - All tensors are fp32, row-major, in the backend's memory, except the
- *    bf16 side of the casts and the bf16 GEMMs' operands (uint16_t bit
- *    patterns, see base/bf16.h).
+ *    bf16 side of the casts, the bf16 GEMMs' operands and the "16" outputs
+ *    below (uint16_t bit patterns, see base/bf16.h).
+ *  - bf16 outputs (--dtype bf16): the ops whose result feeds a bf16 GEMM
+ *    (the norms, GELU, SwiGLU, attention and, backward, the gradients at
+ *    a GEMM's output) take an extra `uint16_t *X16` beside their fp32
+ *    result X, of X's shape. NULL: not wanted. Otherwise the op also
+ *    writes X16[i] = dt_f32_to_bf16(X[i]) of the fp32 value it computed
+ *    (after any accumulation), bit for bit what cast_f32_to_bf16 of X
+ *    would give, in the same pass, so no cast runs in front of the GEMM.
+ *    Where the op's doc says so, X may then be NULL (only the bf16 copy
+ *    wanted). X16 must not overlap any other argument.
  *  - N = B*T rows (tokens). C = model width. Weights are stored [out, in]
  *    (as nn.Linear), so every matmul is a GEMM with no transposed copy.
  *  - "accum" flags: 0 = overwrite the output, 1 = add into it. Parameter
@@ -137,8 +146,10 @@ typedef struct ops {
      * gelu_fwd. */
     void (*matmul_gelu_fwd)(void *ctx, float *out, float *pre, const float *in, const float *w, const float *b, int N,
                             int IC, int OC);
-    void (*matmul_gelu_fwd_bf16)(void *ctx, float *out, float *pre, const uint16_t *in, const uint16_t *w,
-                                 const float *b, int N, int IC, int OC);
+    /* ... and out16 (may be NULL) the bf16 of gelu(pre), the next GEMM's
+     * input; out may be NULL when out16 is not. */
+    void (*matmul_gelu_fwd_bf16)(void *ctx, float *out, uint16_t *out16, float *pre, const uint16_t *in,
+                                 const uint16_t *w, const float *b, int N, int IC, int OC);
     /* The backward of a matmul whose input was gelu(pre): matmul_bwd with
      * din[N,IC] = gelu'(pre[N,IC]) o (dout . w), the gradient at the GELU's
      * input (written, never accumulated), then dw and db as matmul_bwd.
@@ -146,9 +157,11 @@ typedef struct ops {
      * NULL (not wanted), as in matmul_bwd. */
     void (*matmul_dgelu_bwd)(void *ctx, float *din, float *dw, float *db, const float *dout, const float *in,
                              const float *pre, const float *w, int N, int IC, int OC, int accum_dw);
-    void (*matmul_dgelu_bwd_bf16)(void *ctx, float *din, float *dw, float *db, const uint16_t *dout16,
-                                  const float *dout, const uint16_t *in, const float *pre, const uint16_t *w, int N,
-                                  int IC, int OC, int accum_dw);
+    /* ... with din16[N,IC] (may be NULL; only with din) the bf16 of din,
+     * the fc GEMM's output gradient next; it must not overlap dout16. */
+    void (*matmul_dgelu_bwd_bf16)(void *ctx, float *din, uint16_t *din16, float *dw, float *db,
+                                  const uint16_t *dout16, const float *dout, const uint16_t *in, const float *pre,
+                                  const uint16_t *w, int N, int IC, int OC, int accum_dw);
 
     /* Grouped GEMMs (the mixture of experts' experts): G groups of rows
      * with a weight each, all in one call. Group g is the rows [offs[g],
@@ -180,18 +193,25 @@ typedef struct ops {
                          int OC, int accum_din, int accum_dw);
 
     /* LayerNorm over the last dim: out = (x - mean) * rstd * w + b.
-     * mean[N], rstd[N] are saved for backward. */
-    void (*layernorm_fwd)(void *ctx, float *out, float *mean, float *rstd, const float *x, const float *w,
-                          const float *b, int N, int C, float eps);
+     * mean[N], rstd[N] are saved for backward. out16[N,C]: the bf16 of
+     * out (NULL: not wanted); out may be NULL when out16 is not. */
+    void (*layernorm_fwd)(void *ctx, float *out, uint16_t *out16, float *mean, float *rstd, const float *x,
+                          const float *w, const float *b, int N, int C, float eps);
     /* din[N,C] += d/dx (always accumulates: it adds into the residual
-     * gradient); dw[C], db[C] (=|+= by accum_dw). */
-    void (*layernorm_bwd)(void *ctx, float *din, float *dw, float *db, const float *dout, const float *x,
-                          const float *w, const float *mean, const float *rstd, int N, int C, int accum_dw);
-    /* RMSNorm: out = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps). */
-    void (*rmsnorm_fwd)(void *ctx, float *out, float *rstd, const float *x, const float *w, int N, int C, float eps);
-    /* din[N,C] += d/dx (always accumulates); dw[C] (=|+= by accum_dw). */
-    void (*rmsnorm_bwd)(void *ctx, float *din, float *dw, const float *dout, const float *x, const float *w,
-                        const float *rstd, int N, int C, int accum_dw);
+     * gradient); dw[C], db[C] (=|+= by accum_dw). din16[N,C] (NULL: not
+     * wanted) the bf16 of din after the addition: the residual gradient
+     * the next matmul backward takes as its output gradient. */
+    void (*layernorm_bwd)(void *ctx, float *din, uint16_t *din16, float *dw, float *db, const float *dout,
+                          const float *x, const float *w, const float *mean, const float *rstd, int N, int C,
+                          int accum_dw);
+    /* RMSNorm: out = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps); out16
+     * as layernorm_fwd's. */
+    void (*rmsnorm_fwd)(void *ctx, float *out, uint16_t *out16, float *rstd, const float *x, const float *w, int N,
+                        int C, float eps);
+    /* din[N,C] += d/dx (always accumulates); dw[C] (=|+= by accum_dw);
+     * din16 as layernorm_bwd's. */
+    void (*rmsnorm_bwd)(void *ctx, float *din, uint16_t *din16, float *dw, const float *dout, const float *x,
+                        const float *w, const float *rstd, int N, int C, int accum_dw);
 
     /* Rotary position embedding, in place on the q and k parts of qkv
      * (v untouched). Pairs are (2i, 2i+1) within a head (the interleaved
@@ -200,11 +220,13 @@ typedef struct ops {
      * angle = position * inv_freq[i], inv_freq[HS/2] in the backend's
      * memory (the model's table, theta and any scaling applied:
      * model_rope_inv_freq). rope_bwd applies the inverse rotation to the
-     * gradient, in place. */
+     * gradient, in place, and with dqkv16 != NULL writes its bf16
+     * (dqkv16[N, (NH+2NKV)*HS], v columns included), the qkv GEMM's output
+     * gradient. */
     void (*rope_fwd)(void *ctx, float *qkv, const int32_t *pos, int B, int T, int NH, int NKV, int HS,
                      const float *inv_freq);
-    void (*rope_bwd)(void *ctx, float *dqkv, const int32_t *pos, int B, int T, int NH, int NKV, int HS,
-                     const float *inv_freq);
+    void (*rope_bwd)(void *ctx, float *dqkv, uint16_t *dqkv16, const int32_t *pos, int B, int T, int NH, int NKV,
+                     int HS, const float *inv_freq);
 
     /* Per-head RMSNorm of q and k (Qwen3's q_norm and k_norm), in place on
      * the q and k heads of qkv[N, (NH+2NKV)*HS] (v untouched): each head's
@@ -229,15 +251,19 @@ typedef struct ops {
      * one thing backward keeps besides qkv. pos NULL: query t sees keys
      * 0..t of its row. pos[B*T] (document masking): query t sees keys
      * t - pos[bT+t] .. t, those of its own document; tiles with no such
-     * pair are skipped, not computed and masked. */
-    void (*attention_fwd)(void *ctx, float *out, float *lse, const float *qkv, const int32_t *pos, int B, int T, int NH,
-                          int NKV, int HS);
+     * pair are skipped, not computed and masked. out16[N, NH*HS] (NULL:
+     * not wanted) the bf16 of out, the output projection's input; out is
+     * always written (the backward reads it). */
+    void (*attention_fwd)(void *ctx, float *out, uint16_t *out16, float *lse, const float *qkv, const int32_t *pos,
+                          int B, int T, int NH, int NKV, int HS);
     /* dqkv[N,(NH+2NKV)*HS] is written (not accumulated). The probabilities
      * are recomputed blockwise from qkv and lse: P = exp(scale q.k - lse).
      * out is the forward's output, for D = rowsum(dout o out) (which equals
-     * rowsum(dP o P)); pos as in the forward. */
-    void (*attention_bwd)(void *ctx, float *dqkv, const float *dout, const float *qkv, const float *out,
-                          const float *lse, const int32_t *pos, int B, int T, int NH, int NKV, int HS);
+     * rowsum(dP o P)); pos as in the forward. dqkv16 (NULL: not wanted)
+     * receives the bf16 of dqkv, the qkv GEMM's output gradient. */
+    void (*attention_bwd)(void *ctx, float *dqkv, uint16_t *dqkv16, const float *dout, const float *qkv,
+                          const float *out, const float *lse, const int32_t *pos, int B, int T, int NH, int NKV,
+                          int HS);
 
     /* Ring attention's building blocks (context parallelism, issue 34;
      * see att_block_t): attention of some query rows against a K,V block
@@ -303,13 +329,15 @@ typedef struct ops {
     void (*attention_kv_pack)(void *ctx, float *kv, const float *qkv, int N, int NH, int NKV, int HS);
     void (*attention_kv_unpack)(void *ctx, float *dqkv, const float *dkv, int N, int NH, int NKV, int HS, int accum);
 
-    /* GELU, tanh approximation (GPT-2). out/din are written. */
-    void (*gelu_fwd)(void *ctx, float *out, const float *x, size_t n);
+    /* GELU, tanh approximation (GPT-2). out/din are written; out16[n] the
+     * bf16 of out (NULL: not wanted), out may be NULL when out16 is not. */
+    void (*gelu_fwd)(void *ctx, float *out, uint16_t *out16, const float *x, size_t n);
     void (*gelu_bwd)(void *ctx, float *dx, const float *x, const float *dout, size_t n);
     /* SwiGLU: gu[N, 2F] = [gate (F) | up (F)] per row; out[N,F] = silu(gate) * up.
-     * dgu[N,2F] is written. */
-    void (*swiglu_fwd)(void *ctx, float *out, const float *gu, int N, int F);
-    void (*swiglu_bwd)(void *ctx, float *dgu, const float *gu, const float *dout, int N, int F);
+     * dgu[N,2F] is written. out16[N,F] / dgu16[N,2F]: the bf16 of out / dgu
+     * (NULL: not wanted); out may be NULL when out16 is not. */
+    void (*swiglu_fwd)(void *ctx, float *out, uint16_t *out16, const float *gu, int N, int F);
+    void (*swiglu_bwd)(void *ctx, float *dgu, uint16_t *dgu16, const float *gu, const float *dout, int N, int F);
 
     /* out[n] = a[n] + b[n] (out may alias a or b) */
     void (*add)(void *ctx, float *out, const float *a, const float *b, size_t n);
@@ -340,12 +368,14 @@ typedef struct ops {
      * Rows with target < 0 are ignored (loss 0, gradient 0). With expbuf !=
      * NULL (may alias logits) pass 2 keeps the exps there and pass 3 turns
      * them into dlogits = dloss * (softmax - onehot), padding columns 0;
-     * pass dlogits == NULL to xent_finish for losses only. */
+     * pass dlogits == NULL to xent_finish for losses only. dlogits16
+     * (NULL: not wanted; only with dlogits) receives the bf16 of dlogits
+     * [N, ld], the head GEMM's output gradient, padding columns 0. */
     void (*xent_max)(void *ctx, float *rowmax, const float *logits, int N, int Vl, int ld);
     void (*xent_sumexp)(void *ctx, float *stats, float *expbuf, const float *logits, const float *rowmax,
                         const int32_t *targets, int v0, int N, int Vl, int ld);
-    void (*xent_finish)(void *ctx, float *losses, float *dlogits, const float *rowmax, const float *stats,
-                        const int32_t *targets, int v0, int N, int Vl, int ld, float dloss);
+    void (*xent_finish)(void *ctx, float *losses, float *dlogits, uint16_t *dlogits16, const float *rowmax,
+                        const float *stats, const int32_t *targets, int v0, int N, int Vl, int ld, float dloss);
 
     /* AdamW on n contiguous parameters. g is multiplied by grad_scale first
      * (clipping and averaging). Bias-corrected with step t >= 1; decoupled
@@ -446,7 +476,9 @@ typedef struct ops {
      * f32 -> bf16 rounds to nearest even (overflow to +-Inf, NaN stays a
      * quiet NaN); bf16 -> f32 is exact. Same bits on every backend: both use
      * dt_f32_to_bf16 / dt_bf16_to_f32 from base/bf16.h. --dtype bf16 casts
-     * the GEMM operands with cast_f32_to_bf16. out must not overlap in. */
+     * the weights (params16, when no AdamW wrote them) and the GEMM
+     * operands no producer wrote in bf16 (the "16" outputs above) with
+     * cast_f32_to_bf16. out must not overlap in. */
     void (*cast_f32_to_bf16)(void *ctx, uint16_t *out, const float *in, size_t n);
     void (*cast_bf16_to_f32)(void *ctx, float *out, const uint16_t *in, size_t n);
 } ops_t;

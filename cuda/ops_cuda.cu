@@ -254,24 +254,25 @@ static void cu_zero(void *ctx, void *dst, size_t bytes)
 
 /* ---- LayerNorm / RMSNorm: one block per row ------------------------------------------- */
 
-static void layernorm_fwd(void *ctx, float *out, float *mean, float *rstd, const float *x, const float *w,
-                          const float *b, int N, int C, float eps)
+static void layernorm_fwd(void *ctx, float *out, uint16_t *out16, float *mean, float *rstd, const float *x,
+                          const float *w, const float *b, int N, int C, float eps)
 {
     cu_t *g = (cu_t *)ctx;
     if (N <= 0 || C <= 0)
         return;
-    k_layernorm_fwd<<<N, THREADS, 0, g->stream>>>(out, mean, rstd, x, w, b, C, eps);
+    k_layernorm_fwd<<<N, THREADS, 0, g->stream>>>(out, out16, mean, rstd, x, w, b, C, eps);
     finish(g, "layernorm_fwd");
 }
 
-static void layernorm_bwd(void *ctx, float *din, float *dw, float *db, const float *dout, const float *x,
-                          const float *w, const float *mean, const float *rstd, int N, int C, int accum_dw)
+static void layernorm_bwd(void *ctx, float *din, uint16_t *din16, float *dw, float *db, const float *dout,
+                          const float *x, const float *w, const float *mean, const float *rstd, int N, int C,
+                          int accum_dw)
 {
     cu_t *g = (cu_t *)ctx;
     if (C <= 0)
         return;
     if (din && N > 0)
-        k_layernorm_bwd_dx<<<N, THREADS, 0, g->stream>>>(din, dout, x, w, mean, rstd, C);
+        k_layernorm_bwd_dx<<<N, THREADS, 0, g->stream>>>(din, din16, dout, x, w, mean, rstd, C);
     if (dw || db) {
         const int nk = col_chunks(N), cb = (C + THREADS - 1) / THREADS;
         float *pw = NULL, *pb = NULL;
@@ -289,23 +290,24 @@ static void layernorm_bwd(void *ctx, float *din, float *dw, float *db, const flo
     finish(g, "layernorm_bwd");
 }
 
-static void rmsnorm_fwd(void *ctx, float *out, float *rstd, const float *x, const float *w, int N, int C, float eps)
+static void rmsnorm_fwd(void *ctx, float *out, uint16_t *out16, float *rstd, const float *x, const float *w, int N,
+                        int C, float eps)
 {
     cu_t *g = (cu_t *)ctx;
     if (N <= 0 || C <= 0)
         return;
-    k_rmsnorm_fwd<<<N, THREADS, 0, g->stream>>>(out, rstd, x, w, C, eps);
+    k_rmsnorm_fwd<<<N, THREADS, 0, g->stream>>>(out, out16, rstd, x, w, C, eps);
     finish(g, "rmsnorm_fwd");
 }
 
-static void rmsnorm_bwd(void *ctx, float *din, float *dw, const float *dout, const float *x, const float *w,
-                        const float *rstd, int N, int C, int accum_dw)
+static void rmsnorm_bwd(void *ctx, float *din, uint16_t *din16, float *dw, const float *dout, const float *x,
+                        const float *w, const float *rstd, int N, int C, int accum_dw)
 {
     cu_t *g = (cu_t *)ctx;
     if (C <= 0)
         return;
     if (din && N > 0)
-        k_rmsnorm_bwd_dx<<<N, THREADS, 0, g->stream>>>(din, dout, x, w, rstd, C);
+        k_rmsnorm_bwd_dx<<<N, THREADS, 0, g->stream>>>(din, din16, dout, x, w, rstd, C);
     if (dw) {
         const int nk = col_chunks(N), cb = (C + THREADS - 1) / THREADS;
         float *pw = NULL;
@@ -356,13 +358,13 @@ static void qknorm_bwd(void *ctx, float *dqkv, float *dwq, float *dwk, const flo
 
 /* ---- RoPE: one thread per (row, q/k head, pair) --------------------------------------- */
 
-static void rope_run(cu_t *g, const char *op, float *qkv, const int32_t *pos, int B, int T, int NH, int NKV, int HS,
-                     const float *inv_freq, float dir)
+static void rope_run(cu_t *g, const char *op, float *qkv, uint16_t *qkv16, const int32_t *pos, int B, int T, int NH,
+                     int NKV, int HS, const float *inv_freq, float dir)
 {
-    size_t total = (size_t)B * T * (NH + NKV) * (HS / 2);
+    size_t total = (size_t)B * T * (qkv16 ? NH + 2 * NKV : NH + NKV) * (HS / 2); /* k_rope's grid */
     if (total == 0)
         return;
-    k_rope<<<grid_for(total, THREADS), THREADS, 0, g->stream>>>(qkv, pos, B * T, T, NH, NKV, HS, inv_freq, dir);
+    k_rope<<<grid_for(total, THREADS), THREADS, 0, g->stream>>>(qkv, qkv16, pos, B * T, T, NH, NKV, HS, inv_freq, dir);
     finish(g, op);
 }
 
@@ -370,26 +372,26 @@ static void rope_fwd(void *ctx, float *qkv, const int32_t *pos, int B, int T, in
                      const float *inv_freq)
 {
     cu_t *g = (cu_t *)ctx;
-    rope_run(g, "rope_fwd", qkv, pos, B, T, NH, NKV, HS, inv_freq, 1.0f);
+    rope_run(g, "rope_fwd", qkv, NULL, pos, B, T, NH, NKV, HS, inv_freq, 1.0f);
 }
 
-static void rope_bwd(void *ctx, float *dqkv, const int32_t *pos, int B, int T, int NH, int NKV, int HS,
-                     const float *inv_freq)
+static void rope_bwd(void *ctx, float *dqkv, uint16_t *dqkv16, const int32_t *pos, int B, int T, int NH, int NKV,
+                     int HS, const float *inv_freq)
 {
     cu_t *g = (cu_t *)ctx;
-    rope_run(g, "rope_bwd", dqkv, pos, B, T, NH, NKV, HS, inv_freq, -1.0f);
+    rope_run(g, "rope_bwd", dqkv, dqkv16, pos, B, T, NH, NKV, HS, inv_freq, -1.0f);
 }
 
 /* ---- attention: cuda/ops_cuda_attention.cuh (the fp32 and tensor-core paths) ---------------------- */
 
 /* ---- activations, add, scale ----------------------------------------------------------- */
 
-static void gelu_fwd(void *ctx, float *out, const float *x, size_t n)
+static void gelu_fwd(void *ctx, float *out, uint16_t *out16, const float *x, size_t n)
 {
     cu_t *g = (cu_t *)ctx;
     if (!n)
         return;
-    k_gelu_fwd<<<grid_for(n, THREADS), THREADS, 0, g->stream>>>(out, x, n);
+    k_gelu_fwd<<<grid_for(n, THREADS), THREADS, 0, g->stream>>>(out, out16, x, n);
     finish(g, "gelu_fwd");
 }
 
@@ -398,25 +400,25 @@ static void gelu_bwd(void *ctx, float *dx, const float *x, const float *dout, si
     cu_t *g = (cu_t *)ctx;
     if (!n)
         return;
-    k_gelu_bwd<<<grid_for(n, THREADS), THREADS, 0, g->stream>>>(dx, x, dout, n);
+    k_gelu_bwd<<<grid_for(n, THREADS), THREADS, 0, g->stream>>>(dx, (uint16_t *)NULL, x, dout, n);
     finish(g, "gelu_bwd");
 }
 
-static void swiglu_fwd(void *ctx, float *out, const float *gu, int N, int F)
+static void swiglu_fwd(void *ctx, float *out, uint16_t *out16, const float *gu, int N, int F)
 {
     cu_t *g = (cu_t *)ctx;
     if (N <= 0 || F <= 0)
         return;
-    k_swiglu_fwd<<<grid_for((size_t)N * F, THREADS), THREADS, 0, g->stream>>>(out, gu, N, F);
+    k_swiglu_fwd<<<grid_for((size_t)N * F, THREADS), THREADS, 0, g->stream>>>(out, out16, gu, N, F);
     finish(g, "swiglu_fwd");
 }
 
-static void swiglu_bwd(void *ctx, float *dgu, const float *gu, const float *dout, int N, int F)
+static void swiglu_bwd(void *ctx, float *dgu, uint16_t *dgu16, const float *gu, const float *dout, int N, int F)
 {
     cu_t *g = (cu_t *)ctx;
     if (N <= 0 || F <= 0)
         return;
-    k_swiglu_bwd<<<grid_for((size_t)N * F, THREADS), THREADS, 0, g->stream>>>(dgu, gu, dout, N, F);
+    k_swiglu_bwd<<<grid_for((size_t)N * F, THREADS), THREADS, 0, g->stream>>>(dgu, dgu16, gu, dout, N, F);
     finish(g, "swiglu_bwd");
 }
 
@@ -542,13 +544,13 @@ static void xent_sumexp(void *ctx, float *stats, float *expbuf, const float *log
     finish(g, "xent_sumexp");
 }
 
-static void xent_finish(void *ctx, float *losses, float *dlogits, const float *rowmax, const float *stats,
-                        const int32_t *targets, int v0, int N, int Vl, int ld, float dloss)
+static void xent_finish(void *ctx, float *losses, float *dlogits, uint16_t *dlogits16, const float *rowmax,
+                        const float *stats, const int32_t *targets, int v0, int N, int Vl, int ld, float dloss)
 {
     cu_t *g = (cu_t *)ctx;
     if (N <= 0)
         return;
-    k_xent_finish<<<N, THREADS, 0, g->stream>>>(losses, dlogits, rowmax, stats, targets, v0, Vl, ld, dloss);
+    k_xent_finish<<<N, THREADS, 0, g->stream>>>(losses, dlogits, dlogits16, rowmax, stats, targets, v0, Vl, ld, dloss);
     finish(g, "xent_finish");
 }
 

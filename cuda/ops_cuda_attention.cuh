@@ -78,43 +78,46 @@ static int att_dims_ok(const char *op, int B, int T, int NH, int NKV, int HS)
 
 /* ---- the fp32 path (kernels/attention.cuh) ---- */
 
-static void att_fwd_fp32(cu_t *g, float *out, float *lse, const float *qkv, const int32_t *pos, int B, int T, int NH,
-                         int NKV, int HS)
+static void att_fwd_fp32(cu_t *g, float *out, uint16_t *out16, float *lse, const float *qkv, const int32_t *pos, int B,
+                         int T, int NH, int NKV, int HS)
 {
     const float scale = 1.0f / sqrtf((float)HS);
     const int nc = att_nc(HS);
     dim3 grid(att_grid_x("attention_fwd", (T + ATT_BR - 1) / ATT_BR, nc, HS), (unsigned)NH, (unsigned)B);
     if (nc == 1)
-        CU_LAUNCH(k_att_fwd<1>, grid, ATT_THREADS, 0, g->stream)(out, lse, qkv, pos, T, NH, NKV, HS, scale);
+        CU_LAUNCH(k_att_fwd<1>, grid, ATT_THREADS, 0, g->stream)(out, out16, lse, qkv, pos, T, NH, NKV, HS, scale);
     else if (nc == 2)
-        CU_LAUNCH(k_att_fwd<2>, grid, ATT_THREADS, 0, g->stream)(out, lse, qkv, pos, T, NH, NKV, HS, scale);
+        CU_LAUNCH(k_att_fwd<2>, grid, ATT_THREADS, 0, g->stream)(out, out16, lse, qkv, pos, T, NH, NKV, HS, scale);
     else
-        CU_LAUNCH(k_att_fwd<ATT_GROUP>, grid, ATT_THREADS, 0, g->stream)(out, lse, qkv, pos, T, NH, NKV, HS, scale);
+        CU_LAUNCH(k_att_fwd<ATT_GROUP>, grid, ATT_THREADS, 0, g->stream)
+        (out, out16, lse, qkv, pos, T, NH, NKV, HS, scale);
 }
 
 template <int NC>
-static void att_bwd_fp32_nc(cu_t *g, dim3 gq, dim3 gk, float *dqkv, const float *dout, const float *qkv,
-                            const float *out, const float *lse, const int32_t *pos, int T, int NH, int NKV, int HS,
-                            float scale)
+static void att_bwd_fp32_nc(cu_t *g, dim3 gq, dim3 gk, float *dqkv, uint16_t *dqkv16, const float *dout,
+                            const float *qkv, const float *out, const float *lse, const int32_t *pos, int T, int NH,
+                            int NKV, int HS, float scale)
 {
     /* two kernels writing disjoint columns of dqkv (q, then k and v) */
-    CU_LAUNCH(k_att_bwd_dq<NC>, gq, ATT_THREADS, 0, g->stream)(dqkv, dout, qkv, out, lse, pos, T, NH, NKV, HS, scale);
-    CU_LAUNCH(k_att_bwd_dkv<NC>, gk, ATT_THREADS, 0, g->stream)(dqkv, dout, qkv, out, lse, pos, T, NH, NKV, HS, scale);
+    CU_LAUNCH(k_att_bwd_dq<NC>, gq, ATT_THREADS, 0, g->stream)
+    (dqkv, dqkv16, dout, qkv, out, lse, pos, T, NH, NKV, HS, scale);
+    CU_LAUNCH(k_att_bwd_dkv<NC>, gk, ATT_THREADS, 0, g->stream)
+    (dqkv, dqkv16, dout, qkv, out, lse, pos, T, NH, NKV, HS, scale);
 }
 
-static void att_bwd_fp32(cu_t *g, float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
-                         const int32_t *pos, int B, int T, int NH, int NKV, int HS)
+static void att_bwd_fp32(cu_t *g, float *dqkv, uint16_t *dqkv16, const float *dout, const float *qkv, const float *out,
+                         const float *lse, const int32_t *pos, int B, int T, int NH, int NKV, int HS)
 {
     const float scale = 1.0f / sqrtf((float)HS);
     const int nc = att_nc(HS);
     dim3 gq(att_grid_x("attention_bwd", (T + ATT_BR - 1) / ATT_BR, nc, HS), (unsigned)NH, (unsigned)B);
     dim3 gk(att_grid_x("attention_bwd", (T + ATT_BC - 1) / ATT_BC, nc, HS), (unsigned)NKV, (unsigned)B);
     if (nc == 1)
-        att_bwd_fp32_nc<1>(g, gq, gk, dqkv, dout, qkv, out, lse, pos, T, NH, NKV, HS, scale);
+        att_bwd_fp32_nc<1>(g, gq, gk, dqkv, dqkv16, dout, qkv, out, lse, pos, T, NH, NKV, HS, scale);
     else if (nc == 2)
-        att_bwd_fp32_nc<2>(g, gq, gk, dqkv, dout, qkv, out, lse, pos, T, NH, NKV, HS, scale);
+        att_bwd_fp32_nc<2>(g, gq, gk, dqkv, dqkv16, dout, qkv, out, lse, pos, T, NH, NKV, HS, scale);
     else
-        att_bwd_fp32_nc<ATT_GROUP>(g, gq, gk, dqkv, dout, qkv, out, lse, pos, T, NH, NKV, HS, scale);
+        att_bwd_fp32_nc<ATT_GROUP>(g, gq, gk, dqkv, dqkv16, dout, qkv, out, lse, pos, T, NH, NKV, HS, scale);
 }
 
 /* ---- the tensor-core path (kernels/attention_mma*.cuh) ---- */
@@ -154,68 +157,71 @@ static void att_pack_qkv(cu_t *g, uint16_t *qkv16, const float *qkv, int B, int 
     CU_LAUNCH(k_att_pack_qkv, att_mma_pack_blocks(n), ATTM_THREADS, 0, g->stream)(qkv16, qkv, n);
 }
 
-static void att_fwd_mma(cu_t *g, float *out, float *lse, const float *qkv, const int32_t *pos, int B, int T, int NH,
-                        int NKV, int HS)
+static void att_fwd_mma(cu_t *g, float *out, uint16_t *out16, float *lse, const float *qkv, const int32_t *pos, int B,
+                        int T, int NH, int NKV, int HS)
 {
     const att_bufs_t m = att_room(g, 0, B, T, NH, NKV, HS, "attention_fwd");
     att_pack_qkv(g, m.qkv16, qkv, B, T, NH, NKV, HS);
     const float scale = 1.0f / sqrtf((float)HS);
     const dim3 grid(att_mma_tiles(T), (unsigned)NH, (unsigned)B);
     if (HS == 64)
-        CU_LAUNCH(k_att_fwd_mma<64>, grid, ATTM_THREADS, 0, g->stream)(out, lse, m.qkv16, pos, T, NH, NKV, scale);
+        CU_LAUNCH(k_att_fwd_mma<64>, grid, ATTM_THREADS, 0, g->stream)
+        (out, out16, lse, m.qkv16, pos, T, NH, NKV, scale);
     else
-        CU_LAUNCH(k_att_fwd_mma<128>, grid, ATTM_THREADS, 0, g->stream)(out, lse, m.qkv16, pos, T, NH, NKV, scale);
+        CU_LAUNCH(k_att_fwd_mma<128>, grid, ATTM_THREADS, 0, g->stream)
+        (out, out16, lse, m.qkv16, pos, T, NH, NKV, scale);
 }
 
 template <int HS>
-static void att_bwd_mma_hs(cu_t *g, const att_bufs_t &m, float *dqkv, const float *dout, const float *qkv,
-                           const float *out, const float *lse, const int32_t *pos, int B, int T, int NH, int NKV)
+static void att_bwd_mma_hs(cu_t *g, const att_bufs_t &m, float *dqkv, uint16_t *dqkv16, const float *dout,
+                           const float *qkv, const float *out, const float *lse, const int32_t *pos, int B, int T,
+                           int NH, int NKV)
 {
     const float scale = 1.0f / sqrtf((float)HS);
     CU_LAUNCH(k_att_bwd_dot<HS>, att_mma_dot_blocks((size_t)B * T * (NH + 2 * NKV)), ATTM_THREADS, 0, g->stream)
     (m.D, m.dout16, m.qkv16, out, dout, qkv, B, T, NH, NKV);
     /* after D; they write disjoint columns of dqkv (k and v, then q) */
     CU_LAUNCH(k_att_bwd_dkv_mma<HS>, dim3(att_mma_tiles(T), (unsigned)NKV, (unsigned)B), ATTM_THREADS, 0, g->stream)
-    (dqkv, m.qkv16, m.dout16, lse, m.D, pos, T, NH, NKV, scale);
+    (dqkv, dqkv16, m.qkv16, m.dout16, lse, m.D, pos, T, NH, NKV, scale);
     CU_LAUNCH(k_att_bwd_dq_mma<HS>, dim3(att_mma_tiles(T), (unsigned)NH, (unsigned)B), ATTM_THREADS, 0, g->stream)
-    (dqkv, m.qkv16, m.dout16, lse, m.D, pos, T, NH, NKV, scale);
+    (dqkv, dqkv16, m.qkv16, m.dout16, lse, m.D, pos, T, NH, NKV, scale);
 }
 
-static void att_bwd_mma(cu_t *g, float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
-                        const int32_t *pos, int B, int T, int NH, int NKV, int HS)
+static void att_bwd_mma(cu_t *g, float *dqkv, uint16_t *dqkv16, const float *dout, const float *qkv, const float *out,
+                        const float *lse, const int32_t *pos, int B, int T, int NH, int NKV, int HS)
 {
     const att_bufs_t m = att_room(g, 1, B, T, NH, NKV, HS, "attention_bwd");
     if (HS == 64)
-        att_bwd_mma_hs<64>(g, m, dqkv, dout, qkv, out, lse, pos, B, T, NH, NKV);
+        att_bwd_mma_hs<64>(g, m, dqkv, dqkv16, dout, qkv, out, lse, pos, B, T, NH, NKV);
     else
-        att_bwd_mma_hs<128>(g, m, dqkv, dout, qkv, out, lse, pos, B, T, NH, NKV);
+        att_bwd_mma_hs<128>(g, m, dqkv, dqkv16, dout, qkv, out, lse, pos, B, T, NH, NKV);
 }
 
 /* ---- the ops ---- */
 
-static void attention_fwd(void *ctx, float *out, float *lse, const float *qkv, const int32_t *pos, int B, int T, int NH,
-                          int NKV, int HS)
+static void attention_fwd(void *ctx, float *out, uint16_t *out16, float *lse, const float *qkv, const int32_t *pos,
+                          int B, int T, int NH, int NKV, int HS)
 {
     cu_t *g = (cu_t *)ctx;
     if (!att_dims_ok("attention_fwd", B, T, NH, NKV, HS))
         return;
     if (att_path(g->att_bf16, HS) == ATT_PATH_MMA)
-        att_fwd_mma(g, out, lse, qkv, pos, B, T, NH, NKV, HS);
+        att_fwd_mma(g, out, out16, lse, qkv, pos, B, T, NH, NKV, HS);
     else
-        att_fwd_fp32(g, out, lse, qkv, pos, B, T, NH, NKV, HS);
+        att_fwd_fp32(g, out, out16, lse, qkv, pos, B, T, NH, NKV, HS);
     finish(g, "attention_fwd");
 }
 
-static void attention_bwd(void *ctx, float *dqkv, const float *dout, const float *qkv, const float *out,
-                          const float *lse, const int32_t *pos, int B, int T, int NH, int NKV, int HS)
+static void attention_bwd(void *ctx, float *dqkv, uint16_t *dqkv16, const float *dout, const float *qkv,
+                          const float *out, const float *lse, const int32_t *pos, int B, int T, int NH, int NKV, int HS)
 {
     cu_t *g = (cu_t *)ctx;
     if (!att_dims_ok("attention_bwd", B, T, NH, NKV, HS))
         return;
     if (att_path(g->att_bf16, HS) == ATT_PATH_MMA)
-        att_bwd_mma(g, dqkv, dout, qkv, out, lse, pos, B, T, NH, NKV, HS);
+        att_bwd_mma(g, dqkv, dqkv16, dout, qkv, out, lse, pos, B, T, NH, NKV, HS);
     else
-        att_bwd_fp32(g, dqkv, dout, qkv, out, lse, pos, B, T, NH, NKV, HS);
+        att_bwd_fp32(g, dqkv, dqkv16, dout, qkv, out, lse, pos, B, T, NH, NKV, HS);
     finish(g, "attention_bwd");
 }
 

@@ -278,26 +278,31 @@ static void colsum(cu_t *g, float *out, const float *x, int N, int C, int accum,
  * the GELU-fused ops: cuBLASLt's GELU_AUX(_BIAS) epilogue in the forward
  * and DGELU in the backward, where the aux matrix's leading dimension is a
  * multiple of 8 (cuBLASLt's rule) and the heuristic offers a kernel, else
- * the plain GEMM and the elementwise GELU kernel. */
+ * the plain GEMM and the elementwise GELU kernel. A bf16 output of the
+ * GELU (out16, din16: base/ops.h) is written by that elementwise kernel,
+ * after the plain GEMM: the epilogues' D is fp32 here, and the kernel
+ * writes both copies in one pass (no cast after the GEMM). */
 
 /* out[N,OC] = in[N,IC] . w[OC,IC]^T (+ b): column-major
  * out^T[OC,N] = (w^T[IC,OC])^T . in^T[IC,N]. With pre: pre = that sum,
- * out = gelu(pre). */
-static void gemm_fwd(cu_t *g, const char *what, cudaDataType_t ab, float *out, float *pre, const void *in,
-                     const void *w, const float *b, int N, int IC, int OC)
+ * out = gelu(pre) (NULL: not wanted) and out16 its bf16 (NULL: not
+ * wanted). */
+static void gemm_fwd(cu_t *g, const char *what, cudaDataType_t ab, float *out, uint16_t *out16, float *pre,
+                     const void *in, const void *w, const float *b, int N, int IC, int OC)
 {
     if (N <= 0 || OC <= 0)
         return;
     if (pre) {
-        if (IC > 0 && OC % 8 == 0 &&
+        if (!out16 && IC > 0 && OC % 8 == 0 &&
             lt_gemm(g, what, ab, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, 1.0f, w, IC, in, IC, 0.0f, out, OC,
                     b ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX, b, pre) == 0) {
             g->plans.gelu_fused++;
             return;
         }
         g->plans.gelu_separate++;
-        gemm_fwd(g, what, ab, pre, NULL, in, w, b, N, IC, OC);
-        CU_LAUNCH(k_gelu_fwd, grid_for((size_t)N * OC, THREADS), THREADS, 0, g->stream)(out, pre, (size_t)N * OC);
+        gemm_fwd(g, what, ab, pre, NULL, NULL, in, w, b, N, IC, OC);
+        CU_LAUNCH(k_gelu_fwd, grid_for((size_t)N * OC, THREADS), THREADS, 0, g->stream)
+        (out, out16, pre, (size_t)N * OC);
         return;
     }
     /* the bias epilogue where cuBLASLt offers it; otherwise (or for IC 0)
@@ -313,23 +318,24 @@ static void gemm_fwd(cu_t *g, const char *what, cudaDataType_t ab, float *out, f
 
 /* din[N,IC] (=|+= by accum_din) dout[N,OC] . w[OC,IC], dw[OC,IC] (=|+= by
  * accum_dw) dout^T . in[N,IC], from dout_g (dout in the GEMM type ab);
- * db[OC] the column sums of the fp32 dout (colsum). With pre (accum_din 0): din = gelu'(pre) o (dout . w). */
-static void gemm_bwd(cu_t *g, const char *what, cudaDataType_t ab, float *din, float *dw, float *db, const void *dout_g,
-                     const float *dout, const void *in, const void *w, const float *pre, int N, int IC, int OC,
-                     int accum_din, int accum_dw)
+ * db[OC] the column sums of the fp32 dout (colsum). With pre (accum_din 0): din = gelu'(pre) o (dout . w),
+ * and din16 (NULL: not wanted) its bf16. */
+static void gemm_bwd(cu_t *g, const char *what, cudaDataType_t ab, float *din, uint16_t *din16, float *dw, float *db,
+                     const void *dout_g, const float *dout, const void *in, const void *w, const float *pre, int N,
+                     int IC, int OC, int accum_din, int accum_dw)
 {
     if (OC <= 0) { /* an empty sum: din = 0, or unchanged when accumulating */
         if (din && !accum_din && N > 0 && IC > 0) {
             ck(cudaMemsetAsync(din, 0, (size_t)N * IC * sizeof(float), g->stream), what);
             if (pre) /* 0 * gelu'(pre), as the CPU's composition */
                 CU_LAUNCH(k_gelu_bwd, grid_for((size_t)N * IC, THREADS), THREADS, 0, g->stream)
-                (din, pre, din, (size_t)N * IC);
+                (din, din16, pre, din, (size_t)N * IC);
         }
         return;
     }
     /* din^T[IC,N] = w^T[IC,OC] . dout^T[OC,N] (column-major views) */
     if (din && N > 0 && IC > 0) {
-        if (pre && IC % 8 == 0 &&
+        if (pre && !din16 && IC % 8 == 0 &&
             lt_gemm(g, what, ab, CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, 1.0f, w, IC, dout_g, OC, 0.0f, din, IC,
                     CUBLASLT_EPILOGUE_DGELU, NULL, pre) == 0) {
             g->plans.gelu_fused++;
@@ -339,7 +345,7 @@ static void gemm_bwd(cu_t *g, const char *what, cudaDataType_t ab, float *din, f
             if (pre) {
                 g->plans.gelu_separate++;
                 CU_LAUNCH(k_gelu_bwd, grid_for((size_t)N * IC, THREADS), THREADS, 0, g->stream)
-                (din, pre, din, (size_t)N * IC);
+                (din, din16, pre, din, (size_t)N * IC);
             }
         }
     }
@@ -358,7 +364,7 @@ static void gemm_bwd(cu_t *g, const char *what, cudaDataType_t ab, float *din, f
 static void matmul_fwd(void *ctx, float *out, const float *in, const float *w, const float *b, int N, int IC, int OC)
 {
     cu_t *g = (cu_t *)ctx;
-    gemm_fwd(g, "matmul_fwd", CUDA_R_32F, out, NULL, in, w, b, N, IC, OC);
+    gemm_fwd(g, "matmul_fwd", CUDA_R_32F, out, NULL, NULL, in, w, b, N, IC, OC);
     finish(g, "matmul_fwd");
 }
 
@@ -366,7 +372,7 @@ static void matmul_bwd(void *ctx, float *din, float *dw, float *db, const float 
                        int N, int IC, int OC, int accum_din, int accum_dw)
 {
     cu_t *g = (cu_t *)ctx;
-    gemm_bwd(g, "matmul_bwd", CUDA_R_32F, din, dw, db, dout, dout, in, w, NULL, N, IC, OC, accum_din, accum_dw);
+    gemm_bwd(g, "matmul_bwd", CUDA_R_32F, din, NULL, dw, db, dout, dout, in, w, NULL, N, IC, OC, accum_din, accum_dw);
     finish(g, "matmul_bwd");
 }
 
@@ -374,7 +380,7 @@ static void matmul_fwd_bf16(void *ctx, float *out, const uint16_t *in, const uin
                             int OC)
 {
     cu_t *g = (cu_t *)ctx;
-    gemm_fwd(g, "matmul_fwd_bf16", CUDA_R_16BF, out, NULL, in, w, b, N, IC, OC);
+    gemm_fwd(g, "matmul_fwd_bf16", CUDA_R_16BF, out, NULL, NULL, in, w, b, N, IC, OC);
     finish(g, "matmul_fwd_bf16");
 }
 
@@ -382,7 +388,8 @@ static void matmul_bwd_bf16(void *ctx, float *din, float *dw, float *db, const u
                             const uint16_t *in, const uint16_t *w, int N, int IC, int OC, int accum_din, int accum_dw)
 {
     cu_t *g = (cu_t *)ctx;
-    gemm_bwd(g, "matmul_bwd_bf16", CUDA_R_16BF, din, dw, db, dout16, dout, in, w, NULL, N, IC, OC, accum_din, accum_dw);
+    gemm_bwd(g, "matmul_bwd_bf16", CUDA_R_16BF, din, NULL, dw, db, dout16, dout, in, w, NULL, N, IC, OC, accum_din,
+             accum_dw);
     finish(g, "matmul_bwd_bf16");
 }
 
@@ -390,15 +397,15 @@ static void matmul_gelu_fwd(void *ctx, float *out, float *pre, const float *in, 
                             int IC, int OC)
 {
     cu_t *g = (cu_t *)ctx;
-    gemm_fwd(g, "matmul_gelu_fwd", CUDA_R_32F, out, pre, in, w, b, N, IC, OC);
+    gemm_fwd(g, "matmul_gelu_fwd", CUDA_R_32F, out, NULL, pre, in, w, b, N, IC, OC);
     finish(g, "matmul_gelu_fwd");
 }
 
-static void matmul_gelu_fwd_bf16(void *ctx, float *out, float *pre, const uint16_t *in, const uint16_t *w,
-                                 const float *b, int N, int IC, int OC)
+static void matmul_gelu_fwd_bf16(void *ctx, float *out, uint16_t *out16, float *pre, const uint16_t *in,
+                                 const uint16_t *w, const float *b, int N, int IC, int OC)
 {
     cu_t *g = (cu_t *)ctx;
-    gemm_fwd(g, "matmul_gelu_fwd_bf16", CUDA_R_16BF, out, pre, in, w, b, N, IC, OC);
+    gemm_fwd(g, "matmul_gelu_fwd_bf16", CUDA_R_16BF, out, out16, pre, in, w, b, N, IC, OC);
     finish(g, "matmul_gelu_fwd_bf16");
 }
 
@@ -406,16 +413,17 @@ static void matmul_dgelu_bwd(void *ctx, float *din, float *dw, float *db, const 
                              const float *pre, const float *w, int N, int IC, int OC, int accum_dw)
 {
     cu_t *g = (cu_t *)ctx;
-    gemm_bwd(g, "matmul_dgelu_bwd", CUDA_R_32F, din, dw, db, dout, dout, in, w, pre, N, IC, OC, 0, accum_dw);
+    gemm_bwd(g, "matmul_dgelu_bwd", CUDA_R_32F, din, NULL, dw, db, dout, dout, in, w, pre, N, IC, OC, 0, accum_dw);
     finish(g, "matmul_dgelu_bwd");
 }
 
-static void matmul_dgelu_bwd_bf16(void *ctx, float *din, float *dw, float *db, const uint16_t *dout16,
-                                  const float *dout, const uint16_t *in, const float *pre, const uint16_t *w, int N,
-                                  int IC, int OC, int accum_dw)
+static void matmul_dgelu_bwd_bf16(void *ctx, float *din, uint16_t *din16, float *dw, float *db,
+                                  const uint16_t *dout16, const float *dout, const uint16_t *in, const float *pre,
+                                  const uint16_t *w, int N, int IC, int OC, int accum_dw)
 {
     cu_t *g = (cu_t *)ctx;
-    gemm_bwd(g, "matmul_dgelu_bwd_bf16", CUDA_R_16BF, din, dw, db, dout16, dout, in, w, pre, N, IC, OC, 0, accum_dw);
+    gemm_bwd(g, "matmul_dgelu_bwd_bf16", CUDA_R_16BF, din, din16, dw, db, dout16, dout, in, w, pre, N, IC, OC, 0,
+             accum_dw);
     finish(g, "matmul_dgelu_bwd_bf16");
 }
 

@@ -169,7 +169,7 @@ static void gmm_bwd_f32(cu_t *g, float *din, float *dw, float *db, const float *
             ck(cudaMemsetAsync(din, 0, (size_t)R * IC * sizeof(float), g->stream), what);
             if (pre)
                 CU_LAUNCH(k_gelu_bwd, grid_for((size_t)R * IC, THREADS), THREADS, 0, g->stream)
-            (din, pre, din, (size_t)R * IC);
+            (din, (uint16_t *)NULL, pre, din, (size_t)R * IC);
         }
         return;
     }
@@ -187,7 +187,7 @@ static void gmm_bwd_f32(cu_t *g, float *din, float *dw, float *db, const float *
         gmm_grouped(g, what, CUBLAS_OP_N, CUBLAS_OP_N, IC, OC, IC, accum_din ? 1.0f : 0.0f, pr, P);
         if (pre && R > 0)
             CU_LAUNCH(k_gelu_bwd, grid_for((size_t)R * IC, THREADS), THREADS, 0, g->stream)
-        (din, pre, din, (size_t)R * IC);
+        (din, (uint16_t *)NULL, pre, din, (size_t)R * IC);
     }
     /* dw_g^T[IC,OC] = in^T[IC,n] . dout[n,OC]; a group without rows: 0 */
     if (dw && IC > 0) {
@@ -213,7 +213,7 @@ static void gmm_fwd_b16(cu_t *g, float *out, const uint16_t *in, const uint16_t 
                         int G, int IC, int OC)
 {
     for (int x = 0; x < G; x++)
-        gemm_fwd(g, "gmm_fwd_bf16", CUDA_R_16BF, out + (size_t)offs[x] * OC, NULL, in + (size_t)offs[x] * IC,
+        gemm_fwd(g, "gmm_fwd_bf16", CUDA_R_16BF, out + (size_t)offs[x] * OC, NULL, NULL, in + (size_t)offs[x] * IC,
                  w + (size_t)x * OC * IC, b ? b + (size_t)x * OC : NULL, gmm_rows(offs, x), IC, OC);
 }
 
@@ -223,7 +223,7 @@ static void gmm_bwd_b16(cu_t *g, float *din, float *dw, float *db, const uint16_
 {
     for (int x = 0; x < G; x++) {
         const size_t r0 = (size_t)offs[x];
-        gemm_bwd(g, "gmm_bwd_bf16", CUDA_R_16BF, din ? din + r0 * IC : NULL, dw ? dw + (size_t)x * OC * IC : NULL,
+        gemm_bwd(g, "gmm_bwd_bf16", CUDA_R_16BF, din ? din + r0 * IC : NULL, NULL, dw ? dw + (size_t)x * OC * IC : NULL,
                  db ? db + (size_t)x * OC : NULL, dout16 + r0 * OC, dout + r0 * OC, in + r0 * IC,
                  w + (size_t)x * OC * IC, pre ? pre + r0 * IC : NULL, gmm_rows(offs, x), IC, OC, accum_din, accum_dw);
     }

@@ -726,8 +726,8 @@ static void t_matmul_gelu(st_t *s, int N, int IC, int F, int bf16)
         goto out;
     poison(s, &pre), poison(s, &out), poison(s, &din);
     if (bf16) {
-        s->cpu->matmul_gelu_fwd_bf16(s->cpu->ctx, out.h, pre.h, in16.h, w16.h, b.h, N, IC, F);
-        s->gpu->matmul_gelu_fwd_bf16(s->gpu->ctx, out.d, pre.d, in16.d, w16.d, b.d, N, IC, F);
+        s->cpu->matmul_gelu_fwd_bf16(s->cpu->ctx, out.h, NULL, pre.h, in16.h, w16.h, b.h, N, IC, F);
+        s->gpu->matmul_gelu_fwd_bf16(s->gpu->ctx, out.d, NULL, pre.d, in16.d, w16.d, b.d, N, IC, F);
     } else {
         s->cpu->matmul_gelu_fwd(s->cpu->ctx, out.h, pre.h, in.h, w.h, b.h, N, IC, F);
         s->gpu->matmul_gelu_fwd(s->gpu->ctx, out.d, pre.d, in.d, w.d, b.d, N, IC, F);
@@ -745,10 +745,10 @@ static void t_matmul_gelu(st_t *s, int N, int IC, int F, int bf16)
     for (int accum = 0; accum < 2; accum++) {
         poison(s, &din);
         if (bf16) {
-            s->cpu->matmul_dgelu_bwd_bf16(s->cpu->ctx, din.h, dw.h, db.h, dy16.h, dy.h, out16.h, pre.h, w216.h, N, F,
-                                          IC, accum);
-            s->gpu->matmul_dgelu_bwd_bf16(s->gpu->ctx, din.d, dw.d, db.d, dy16.d, dy.d, out16.d, pre.d, w216.d, N, F,
-                                          IC, accum);
+            s->cpu->matmul_dgelu_bwd_bf16(s->cpu->ctx, din.h, NULL, dw.h, db.h, dy16.h, dy.h, out16.h, pre.h, w216.h, N,
+                                          F, IC, accum);
+            s->gpu->matmul_dgelu_bwd_bf16(s->gpu->ctx, din.d, NULL, dw.d, db.d, dy16.d, dy.d, out16.d, pre.d, w216.d, N,
+                                          F, IC, accum);
         } else {
             s->cpu->matmul_dgelu_bwd(s->cpu->ctx, din.h, dw.h, db.h, dy.h, out.h, pre.h, w2.h, N, F, IC, accum);
             s->gpu->matmul_dgelu_bwd(s->gpu->ctx, din.d, dw.d, db.d, dy.d, out.d, pre.d, w2.d, N, F, IC, accum);
@@ -796,8 +796,8 @@ static void t_norms(st_t *s, int N, int C)
         tp_new(s, &din, (size_t)N * C, -1, 1) || tp_new(s, &dw, (size_t)C, -1, 1) || tp_new(s, &db, (size_t)C, -1, 1))
         goto out;
     const float eps = 1e-5f;
-    s->cpu->layernorm_fwd(s->cpu->ctx, out.h, mean.h, rstd.h, x.h, w.h, b.h, N, C, eps);
-    s->gpu->layernorm_fwd(s->gpu->ctx, out.d, mean.d, rstd.d, x.d, w.d, b.d, N, C, eps);
+    s->cpu->layernorm_fwd(s->cpu->ctx, out.h, NULL, mean.h, rstd.h, x.h, w.h, b.h, N, C, eps);
+    s->gpu->layernorm_fwd(s->gpu->ctx, out.d, NULL, mean.d, rstd.d, x.d, w.d, b.d, N, C, eps);
     snprintf(what, sizeof what, "layernorm_fwd out N=%d C=%d", N, C);
     check(s, what, &out, B_ROW);
     snprintf(what, sizeof what, "layernorm_fwd mean N=%d C=%d", N, C);
@@ -809,8 +809,8 @@ static void t_norms(st_t *s, int N, int C)
     s->gpu->from_host(s->gpu->ctx, rstd.d, rstd.h, (size_t)N * sizeof(float));
     for (int accum = 0; accum < 2; accum++) {
         tp_sync(s, &din), tp_sync(s, &dw), tp_sync(s, &db);
-        s->cpu->layernorm_bwd(s->cpu->ctx, din.h, dw.h, db.h, dout.h, x.h, w.h, mean.h, rstd.h, N, C, accum);
-        s->gpu->layernorm_bwd(s->gpu->ctx, din.d, dw.d, db.d, dout.d, x.d, w.d, mean.d, rstd.d, N, C, accum);
+        s->cpu->layernorm_bwd(s->cpu->ctx, din.h, NULL, dw.h, db.h, dout.h, x.h, w.h, mean.h, rstd.h, N, C, accum);
+        s->gpu->layernorm_bwd(s->gpu->ctx, din.d, NULL, dw.d, db.d, dout.d, x.d, w.d, mean.d, rstd.d, N, C, accum);
         snprintf(what, sizeof what, "layernorm_bwd din N=%d C=%d accum_dw=%d", N, C, accum);
         check_scaled(s, what, &din, B_ROW, norm_term_scale(&rstd, &w, &dout, N, C));
         snprintf(what, sizeof what, "layernorm_bwd dw N=%d C=%d accum_dw=%d", N, C, accum);
@@ -818,8 +818,8 @@ static void t_norms(st_t *s, int N, int C)
         snprintf(what, sizeof what, "layernorm_bwd db N=%d C=%d accum_dw=%d", N, C, accum);
         check(s, what, &db, B_ROW);
     }
-    s->cpu->rmsnorm_fwd(s->cpu->ctx, out.h, rstd.h, x.h, w.h, N, C, eps);
-    s->gpu->rmsnorm_fwd(s->gpu->ctx, out.d, rstd.d, x.d, w.d, N, C, eps);
+    s->cpu->rmsnorm_fwd(s->cpu->ctx, out.h, NULL, rstd.h, x.h, w.h, N, C, eps);
+    s->gpu->rmsnorm_fwd(s->gpu->ctx, out.d, NULL, rstd.d, x.d, w.d, N, C, eps);
     snprintf(what, sizeof what, "rmsnorm_fwd out N=%d C=%d", N, C);
     check(s, what, &out, B_ROW);
     snprintf(what, sizeof what, "rmsnorm_fwd rstd N=%d C=%d", N, C);
@@ -827,8 +827,8 @@ static void t_norms(st_t *s, int N, int C)
     s->gpu->from_host(s->gpu->ctx, rstd.d, rstd.h, (size_t)N * sizeof(float));
     for (int accum = 0; accum < 2; accum++) {
         tp_sync(s, &din), tp_sync(s, &dw);
-        s->cpu->rmsnorm_bwd(s->cpu->ctx, din.h, dw.h, dout.h, x.h, w.h, rstd.h, N, C, accum);
-        s->gpu->rmsnorm_bwd(s->gpu->ctx, din.d, dw.d, dout.d, x.d, w.d, rstd.d, N, C, accum);
+        s->cpu->rmsnorm_bwd(s->cpu->ctx, din.h, NULL, dw.h, dout.h, x.h, w.h, rstd.h, N, C, accum);
+        s->gpu->rmsnorm_bwd(s->gpu->ctx, din.d, NULL, dw.d, dout.d, x.d, w.d, rstd.d, N, C, accum);
         snprintf(what, sizeof what, "rmsnorm_bwd din N=%d C=%d accum_dw=%d", N, C, accum);
         check_scaled(s, what, &din, B_ROW, norm_term_scale(&rstd, &w, &dout, N, C));
         snprintf(what, sizeof what, "rmsnorm_bwd dw N=%d C=%d accum_dw=%d", N, C, accum);
@@ -940,9 +940,9 @@ static void t_attention(st_t *s, int B, int T, int NH, int NKV, int HS, int docs
     s->gpu->from_host(s->gpu->ctx, qkv.d, qkv.h, N * R * sizeof(float));
 
     poison(s, &out), poison(s, &lse), poison(s, &out2), poison(s, &lse2);
-    s->cpu->attention_fwd(s->cpu->ctx, out.h, lse.h, qkv.h, pos, B, T, NH, NKV, HS);
-    s->gpu->attention_fwd(s->gpu->ctx, out.d, lse.d, qkv.d, dpos, B, T, NH, NKV, HS);
-    s->gpu->attention_fwd(s->gpu->ctx, out2.d, lse2.d, qkv.d, dpos, B, T, NH, NKV, HS);
+    s->cpu->attention_fwd(s->cpu->ctx, out.h, NULL, lse.h, qkv.h, pos, B, T, NH, NKV, HS);
+    s->gpu->attention_fwd(s->gpu->ctx, out.d, NULL, lse.d, qkv.d, dpos, B, T, NH, NKV, HS);
+    s->gpu->attention_fwd(s->gpu->ctx, out2.d, NULL, lse2.d, qkv.d, dpos, B, T, NH, NKV, HS);
     snprintf(what, sizeof what, "attention_fwd out %s", dims);
     check(s, what, &out, B_ROW);
     snprintf(what, sizeof what, "attention_fwd lse %s", dims);
@@ -956,9 +956,9 @@ static void t_attention(st_t *s, int B, int T, int NH, int NKV, int HS, int docs
     s->gpu->from_host(s->gpu->ctx, out.d, out.h, NO * sizeof(float));
     s->gpu->from_host(s->gpu->ctx, lse.d, lse.h, NL * sizeof(float));
     poison(s, &dqkv), poison(s, &dqkv2);
-    s->cpu->attention_bwd(s->cpu->ctx, dqkv.h, dout.h, qkv.h, out.h, lse.h, pos, B, T, NH, NKV, HS);
-    s->gpu->attention_bwd(s->gpu->ctx, dqkv.d, dout.d, qkv.d, out.d, lse.d, dpos, B, T, NH, NKV, HS);
-    s->gpu->attention_bwd(s->gpu->ctx, dqkv2.d, dout.d, qkv.d, out.d, lse.d, dpos, B, T, NH, NKV, HS);
+    s->cpu->attention_bwd(s->cpu->ctx, dqkv.h, NULL, dout.h, qkv.h, out.h, lse.h, pos, B, T, NH, NKV, HS);
+    s->gpu->attention_bwd(s->gpu->ctx, dqkv.d, NULL, dout.d, qkv.d, out.d, lse.d, dpos, B, T, NH, NKV, HS);
+    s->gpu->attention_bwd(s->gpu->ctx, dqkv2.d, NULL, dout.d, qkv.d, out.d, lse.d, dpos, B, T, NH, NKV, HS);
     snprintf(what, sizeof what, "attention_bwd dqkv %s", dims);
     check(s, what, &dqkv, B_ROW);
     snprintf(what, sizeof what, "attention_bwd dqkv run to run %s", dims);
@@ -966,8 +966,8 @@ static void t_attention(st_t *s, int B, int T, int NH, int NKV, int HS, int docs
 
     /* rope_bwd from an identical start: the CPU's attention gradient */
     s->gpu->from_host(s->gpu->ctx, dqkv.d, dqkv.h, N * R * sizeof(float));
-    s->cpu->rope_bwd(s->cpu->ctx, dqkv.h, pos, B, T, NH, NKV, HS, freq.h);
-    s->gpu->rope_bwd(s->gpu->ctx, dqkv.d, dpos, B, T, NH, NKV, HS, freq.d);
+    s->cpu->rope_bwd(s->cpu->ctx, dqkv.h, NULL, pos, B, T, NH, NKV, HS, freq.h);
+    s->gpu->rope_bwd(s->gpu->ctx, dqkv.d, NULL, dpos, B, T, NH, NKV, HS, freq.d);
     snprintf(what, sizeof what, "rope_bwd %s", dims);
     check(s, what, &dqkv, B_ROW);
 out:
@@ -1185,9 +1185,9 @@ static void t_attention_mma(st_t *s, int B, int T, int NH, int NKV, int HS, int 
     }
 
     poison(s, &out), poison(s, &lse), poison(s, &out2), poison(s, &lse2);
-    s->cpu->attention_fwd(s->cpu->ctx, out.h, lse.h, qr, pos, B, T, NH, NKV, HS);
-    s->gpu->attention_fwd(s->gpu->ctx, out.d, lse.d, qkv.d, dpos, B, T, NH, NKV, HS);
-    s->gpu->attention_fwd(s->gpu->ctx, out2.d, lse2.d, qkv.d, dpos, B, T, NH, NKV, HS);
+    s->cpu->attention_fwd(s->cpu->ctx, out.h, NULL, lse.h, qr, pos, B, T, NH, NKV, HS);
+    s->gpu->attention_fwd(s->gpu->ctx, out.d, NULL, lse.d, qkv.d, dpos, B, T, NH, NKV, HS);
+    s->gpu->attention_fwd(s->gpu->ctx, out2.d, NULL, lse2.d, qkv.d, dpos, B, T, NH, NKV, HS);
     snprintf(what, sizeof what, "attention_fwd mma out %s", dims);
     check_scaled(s, what, &out, 1.0 / 256, mv);
     snprintf(what, sizeof what, "attention_fwd mma lse %s", dims);
@@ -1201,9 +1201,9 @@ static void t_attention_mma(st_t *s, int B, int T, int NH, int NKV, int HS, int 
     s->gpu->to_host(s->gpu->ctx, out.h, out.d, NO * sizeof(float));
     s->gpu->to_host(s->gpu->ctx, lse.h, lse.d, NL * sizeof(float));
     poison(s, &dqkv), poison(s, &dqkv2);
-    s->cpu->attention_bwd(s->cpu->ctx, dqkv.h, dr, qr, out.h, lse.h, pos, B, T, NH, NKV, HS);
-    s->gpu->attention_bwd(s->gpu->ctx, dqkv.d, dout.d, qkv.d, out.d, lse.d, dpos, B, T, NH, NKV, HS);
-    s->gpu->attention_bwd(s->gpu->ctx, dqkv2.d, dout.d, qkv.d, out.d, lse.d, dpos, B, T, NH, NKV, HS);
+    s->cpu->attention_bwd(s->cpu->ctx, dqkv.h, NULL, dr, qr, out.h, lse.h, pos, B, T, NH, NKV, HS);
+    s->gpu->attention_bwd(s->gpu->ctx, dqkv.d, NULL, dout.d, qkv.d, out.d, lse.d, dpos, B, T, NH, NKV, HS);
+    s->gpu->attention_bwd(s->gpu->ctx, dqkv2.d, NULL, dout.d, qkv.d, out.d, lse.d, dpos, B, T, NH, NKV, HS);
     s->gpu->to_host(s->gpu->ctx, got, dqkv.d, N * R * sizeof(float));
     const double floor_qk = ldexp(HS * mdo * mv * mq / sqrt((double)HS), -20);
     const size_t c0[4] = {0, (size_t)NH * HS, (size_t)(NH + NKV) * HS, R};
@@ -1232,20 +1232,20 @@ static void t_elementwise(st_t *s, size_t n, int F)
         tp_new(s, &gu, 2 * (size_t)N * F, -6, 6) || tp_new(s, &dgu, 2 * (size_t)N * F, 0, 0) ||
         tp_new(s, &o2, (size_t)N * F, 0, 0))
         goto out;
-    s->cpu->gelu_fwd(s->cpu->ctx, out.h, x.h, n);
-    s->gpu->gelu_fwd(s->gpu->ctx, out.d, x.d, n);
+    s->cpu->gelu_fwd(s->cpu->ctx, out.h, NULL, x.h, n);
+    s->gpu->gelu_fwd(s->gpu->ctx, out.d, NULL, x.d, n);
     snprintf(what, sizeof what, "gelu_fwd n=%zu", n);
     check(s, what, &out, B_ELEM);
     s->cpu->gelu_bwd(s->cpu->ctx, out.h, x.h, dout.h, n);
     s->gpu->gelu_bwd(s->gpu->ctx, out.d, x.d, dout.d, n);
     snprintf(what, sizeof what, "gelu_bwd n=%zu", n);
     check(s, what, &out, B_ELEM);
-    s->cpu->swiglu_fwd(s->cpu->ctx, o2.h, gu.h, N, F);
-    s->gpu->swiglu_fwd(s->gpu->ctx, o2.d, gu.d, N, F);
+    s->cpu->swiglu_fwd(s->cpu->ctx, o2.h, NULL, gu.h, N, F);
+    s->gpu->swiglu_fwd(s->gpu->ctx, o2.d, NULL, gu.d, N, F);
     snprintf(what, sizeof what, "swiglu_fwd N=%d F=%d", N, F);
     check(s, what, &o2, B_ELEM);
-    s->cpu->swiglu_bwd(s->cpu->ctx, dgu.h, gu.h, dout.h, N, F);
-    s->gpu->swiglu_bwd(s->gpu->ctx, dgu.d, gu.d, dout.d, N, F);
+    s->cpu->swiglu_bwd(s->cpu->ctx, dgu.h, NULL, gu.h, dout.h, N, F);
+    s->gpu->swiglu_bwd(s->gpu->ctx, dgu.d, NULL, gu.d, dout.d, N, F);
     snprintf(what, sizeof what, "swiglu_bwd N=%d F=%d", N, F);
     check(s, what, &dgu, B_ELEM);
     s->cpu->add(s->cpu->ctx, out.h, x.h, y.h, n);
@@ -1416,8 +1416,8 @@ static void t_xent(st_t *s, int N, int Vl, int ld, int v0, int V)
     s->gpu->xent_sumexp(s->gpu->ctx, stats.d, NULL, logits.d, rowmax.d, dtgt, v0, N, Vl, ld);
     snprintf(what, sizeof what, "xent_sumexp stats %s", dims);
     check(s, what, &stats, B_ROW);
-    s->cpu->xent_finish(s->cpu->ctx, losses.h, NULL, rowmax.h, stats.h, tgt, v0, N, Vl, ld, 1.0f);
-    s->gpu->xent_finish(s->gpu->ctx, losses.d, NULL, rowmax.d, stats.d, dtgt, v0, N, Vl, ld, 1.0f);
+    s->cpu->xent_finish(s->cpu->ctx, losses.h, NULL, NULL, rowmax.h, stats.h, tgt, v0, N, Vl, ld, 1.0f);
+    s->gpu->xent_finish(s->gpu->ctx, losses.d, NULL, NULL, rowmax.d, stats.d, dtgt, v0, N, Vl, ld, 1.0f);
     snprintf(what, sizeof what, "xent_finish losses %s", dims);
     check(s, what, &losses, B_ROW);
     /* with gradients, exps kept in place (expbuf aliases the logits) */
@@ -1426,8 +1426,8 @@ static void t_xent(st_t *s, int N, int Vl, int ld, int v0, int V)
     snprintf(what, sizeof what, "xent_sumexp in place exps %s", dims);
     check(s, what, &logits2, B_ROW);
     s->gpu->from_host(s->gpu->ctx, stats.d, stats.h, stats.n * sizeof(float));
-    s->cpu->xent_finish(s->cpu->ctx, losses.h, logits2.h, rowmax.h, stats.h, tgt, v0, N, Vl, ld, 0.25f);
-    s->gpu->xent_finish(s->gpu->ctx, losses.d, logits2.d, rowmax.d, stats.d, dtgt, v0, N, Vl, ld, 0.25f);
+    s->cpu->xent_finish(s->cpu->ctx, losses.h, logits2.h, NULL, rowmax.h, stats.h, tgt, v0, N, Vl, ld, 0.25f);
+    s->gpu->xent_finish(s->gpu->ctx, losses.d, logits2.d, NULL, rowmax.d, stats.d, dtgt, v0, N, Vl, ld, 0.25f);
     snprintf(what, sizeof what, "xent_finish dlogits %s", dims);
     check(s, what, &logits2, B_ROW);
 out:

@@ -379,7 +379,7 @@ static void gemm(const ops_t *ops, const bufs_t *m, const shape_t *s, int bf16, 
         break;
     case ROW_FUSED:
         if (bf16)
-            ops->matmul_gelu_fwd_bf16(ops->ctx, m->out, m->pre, m->in16, m->w16, m->b, s->n, s->ic, s->oc);
+            ops->matmul_gelu_fwd_bf16(ops->ctx, m->out, NULL, m->pre, m->in16, m->w16, m->b, s->n, s->ic, s->oc);
         else
             ops->matmul_gelu_fwd(ops->ctx, m->out, m->pre, m->in, m->w, m->b, s->n, s->ic, s->oc);
         break;
@@ -388,7 +388,7 @@ static void gemm(const ops_t *ops, const bufs_t *m, const shape_t *s, int bf16, 
             ops->matmul_fwd_bf16(ops->ctx, m->pre, m->in16, m->w16, m->b, s->n, s->ic, s->oc);
         else
             ops->matmul_fwd(ops->ctx, m->pre, m->in, m->w, m->b, s->n, s->ic, s->oc);
-        ops->gelu_fwd(ops->ctx, m->out, m->pre, n_out);
+        ops->gelu_fwd(ops->ctx, m->out, NULL, m->pre, n_out);
         break;
     }
 }
@@ -744,9 +744,9 @@ static int att_row(const ops_t *ops, const bench_opts_t *o, const char *dt, int 
                 t0 = now_s();
             }
             if (pass == 0)
-                ops->attention_fwd(ops->ctx, m.out, m.lse, m.qkv, NULL, B, S, NH, NH, HS);
+                ops->attention_fwd(ops->ctx, m.out, NULL, m.lse, m.qkv, NULL, B, S, NH, NH, HS);
             else
-                ops->attention_bwd(ops->ctx, m.dqkv, m.dout, m.qkv, m.out, m.lse, NULL, B, S, NH, NH, HS);
+                ops->attention_bwd(ops->ctx, m.dqkv, NULL, m.dout, m.qkv, m.out, m.lse, NULL, B, S, NH, NH, HS);
         }
         ops->sync(ops->ctx);
         const double t = (now_s() - t0) / (double)o->iters;

@@ -6,8 +6,8 @@ ranks). Standard library only; run with /usr/bin/python3.
     act_bytes.py MODEL B T TP SP PP ACCUM SCHEDULE RECOMPUTE [DTYPE [LOGITS]]
 
 prints "ACTIVATIONS WORKSPACE". DTYPE is fp32 (the default) or bf16
-(--dtype bf16: ln1, ln2 and fc_act kept in bf16, and the bf16 GEMM
-operand workspace). LOGITS is --logits-chunk: auto (the default), whole
+(--dtype bf16: ln1, ln2 and fc_act kept in bf16, the attention output's
+bf16 copy, and the bf16 GEMM operand workspace). LOGITS is --logits-chunk: auto (the default), whole
 or a number of rows. MODEL is a preset name known below; SP is
 0 or 1; PP stages get balanced layer counts, the remainder to the first."""
 import sys
@@ -52,6 +52,8 @@ def stage_bytes(model, B, T, P, sp, Ls, slots, has_head, mode, bf16, chunk="auto
     # attention keeps its log-sum-exp (B*nh*T), nothing T x T
     ln = h(N * C) if bf16 else r(N * C)
     core = 2 * ln + 4 * r(NR) + r(N * QKV) + r(B * nh * T) + r(N * QD) + r(NR * C) + r(N * FW)
+    if bf16:  # the attention output's bf16 copy, kept beside it for wo's backward
+        core += h(N * QD)
     act = h(N * Fl) if bf16 else r(N * Fl)
     block = {"none": core + act, "selective": core, "full": 0}[mode]
     fused = has_head and chunk != "whole"

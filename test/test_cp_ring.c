@@ -164,8 +164,8 @@ static void whole_make(whole_t *w, const shape_t *s, uint64_t seed, const ops_t 
     for (size_t i = 0; i < N * sz_OC(s); i++)
         w->dout[i] = frand();
     w->pos = s->docs ? make_pos(s, g_size) : NULL;
-    o->attention_fwd(o->ctx, w->out, w->lse, w->qkv, w->pos, s->B, s->T, s->NH, s->NKV, s->HS);
-    o->attention_bwd(o->ctx, w->dqkv, w->dout, w->qkv, w->out, w->lse, w->pos, s->B, s->T, s->NH, s->NKV, s->HS);
+    o->attention_fwd(o->ctx, w->out, NULL, w->lse, w->qkv, w->pos, s->B, s->T, s->NH, s->NKV, s->HS);
+    o->attention_bwd(o->ctx, w->dqkv, NULL, w->dout, w->qkv, w->out, w->lse, w->pos, s->B, s->T, s->NH, s->NKV, s->HS);
     o->sync(o->ctx);
 }
 
@@ -320,7 +320,7 @@ static void test_case(const ops_t *o, const ops_t *defer, const shape_t *s, uint
         g_comm->device_sync = NULL;
         g_comm->device_ctx = NULL;
         long n_ops, waits;
-        ops_defer_counts(defer, &n_ops, &waits);
+        ops_defer_counts(defer, &n_ops, &waits, NULL);
         check(same_bits(&l, &l2, s) && n_ops > 0,
               "cp %d: the deferred ops table (%ld ops queued, %ld waits; comm device_sync its sync) gives the CPU "
               "table's bits",

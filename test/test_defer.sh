@@ -11,7 +11,9 @@
 # recomputation, sampling, a checkpoint saved and resumed, and MoE layers
 # (the host reads each layer's expert offsets and loss statistics, and
 # writes the loss weights and, under --ep, the all-to-all permutation):
-# tiny-moe at tp2 with capacity dropping, tiny-deepseek-moe at ep2.
+# tiny-moe at tp2 with capacity dropping, tiny-deepseek-moe at ep2. And the
+# bf16 step's count of cast_f32_to_bf16 calls: none left in tiny's and
+# tiny-llama's.
 . "$top_srcdir/test/common.sh"
 
 # defer_run OUT NP ARGS...: layout_run with DTRAIN_DEFER_OPS=1
@@ -65,6 +67,29 @@ pair zero2 2 --zero 2 --grad-reduce-dtype bf16
 pair zero3-hsdp 4 --zero 3 --hybrid-shard 2 --dtype bf16
 pair moe-tp2-cap 2 --model tiny-moe --tp 2 --moe-capacity-factor 1
 pair moe-ep2 2 --model tiny-deepseek-moe --dp 2 --ep 2 --dtype bf16
+
+# The bf16 data path (issue 32, doc/design.md): the op that produces a
+# GEMM's operand writes its bf16 copy itself, so a training step of tiny
+# and tiny-llama (4 microbatches) calls cast_f32_to_bf16 not once; the
+# weights' copy is the AdamW pass's (steps 2 on are counted, after the
+# first step's one refresh of params16). Before that change it was 288 a
+# step for both (304 with --logits-chunk whole). --logits-chunk whole keeps two casts a microbatch (the
+# head's input and dlogits, rounded for its backward), which shows the
+# count counts.
+casts() {
+    sed -n 's/^deferred ops (rank 0, steps [0-9]*-[0-9]*): \([0-9.]*\) cast_f32_to_bf16 calls per step$/\1/p' "$1"
+}
+for m in tiny tiny-llama; do
+    defer_run "$TMP/$m.casts.json" 1 --model $m --dtype bf16 --steps 3 --warmup 1 --val-every 100 &&
+        defer_run "$TMP/$m.casts-whole.json" 1 --model $m --dtype bf16 --steps 3 --warmup 1 --val-every 100 \
+            --logits-chunk whole &&
+        c=$(casts "$TMP/$m.casts.json.log") && w=$(casts "$TMP/$m.casts-whole.json.log") &&
+        if [ "$c" = "0.0" ] && [ "$w" = "8.0" ]; then
+            pass "$m bf16: $c cast_f32_to_bf16 calls a training step ($w with --logits-chunk whole)"
+        else
+            fail "$m bf16: '$c' cast_f32_to_bf16 calls a training step (want 0.0), '$w' with --logits-chunk whole (want 8.0)"
+        fi
+done
 
 # a checkpoint written and read under deferred ops: stop at step 3, resume,
 # and end bit-identical to the uninterrupted plain run

@@ -294,8 +294,8 @@ static double time_attention(const ops_t *o, const int32_t *pos, const float *qk
     double best = 1e30;
     for (int it = 0; it < 6; it++) {
         double t0 = now_s();
-        o->attention_fwd(o->ctx, out, lse, qkv, pos, b, t, nh, nh, hs);
-        o->attention_bwd(o->ctx, dqkv, dout, qkv, out, lse, pos, b, t, nh, nh, hs);
+        o->attention_fwd(o->ctx, out, NULL, lse, qkv, pos, b, t, nh, nh, hs);
+        o->attention_bwd(o->ctx, dqkv, NULL, dout, qkv, out, lse, pos, b, t, nh, nh, hs);
         double dt = now_s() - t0;
         if (it > 0 && dt < best)
             best = dt;

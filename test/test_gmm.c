@@ -263,7 +263,7 @@ static void dense_bwd(const ops_t *o, const shape_t *s, const data_t *d, float *
         float *x = din ? din + (size_t)r0 * IC : NULL, *ww = dw ? dw + wo : NULL, *bb = db ? db + (size_t)g * OC : NULL;
         const float *pp = d->pre + (size_t)r0 * IC;
         if (s->bf16 && pre)
-            o->matmul_dgelu_bwd_bf16(o->ctx, x, ww, bb, d->dout16 + (size_t)r0 * OC, d->dsum + (size_t)r0 * OC,
+            o->matmul_dgelu_bwd_bf16(o->ctx, x, NULL, ww, bb, d->dout16 + (size_t)r0 * OC, d->dsum + (size_t)r0 * OC,
                                      d->in16 + (size_t)r0 * IC, pp, d->w16 + wo, n, IC, OC, aw);
         else if (s->bf16)
             o->matmul_bwd_bf16(o->ctx, x, ww, bb, d->dout16 + (size_t)r0 * OC, d->dsum + (size_t)r0 * OC,

@@ -316,9 +316,9 @@ static void shared_fwd(model_t *m, moe_acts_t *a, const block_tensors_t *w, cons
     float *h = xcalloc((size_t)N * FSW, 4), *act = xcalloc((size_t)N * FS, 4), *gated = xcalloc((size_t)N * C, 4);
     o->matmul_fwd(o->ctx, h, x, w->wfc, w->bfc, N, C, FSW);
     if (m->cfg.arch == ARCH_GPT2)
-        o->gelu_fwd(o->ctx, act, h, (size_t)N * FS);
+        o->gelu_fwd(o->ctx, act, NULL, h, (size_t)N * FS);
     else
-        o->swiglu_fwd(o->ctx, act, h, N, FS);
+        o->swiglu_fwd(o->ctx, act, NULL, h, N, FS);
     o->matmul_fwd(o->ctx, a->sy, act, w->wproj, w->bproj, N, FS, C);
     moe_shared_gate_fwd(m, a, w, x, a->sy, gated, N);
     o->add(o->ctx, out, out, gated, (size_t)N * C);
@@ -334,15 +334,15 @@ static void shared_bwd(model_t *m, const moe_acts_t *a, const block_tensors_t *w
     float *dh = xcalloc((size_t)N * FSW, 4);
     o->matmul_fwd(o->ctx, h, x, w->wfc, w->bfc, N, C, FSW);
     if (gpt)
-        o->gelu_fwd(o->ctx, act, h, (size_t)N * FS);
+        o->gelu_fwd(o->ctx, act, NULL, h, (size_t)N * FS);
     else
-        o->swiglu_fwd(o->ctx, act, h, N, FS);
+        o->swiglu_fwd(o->ctx, act, NULL, h, N, FS);
     moe_shared_gate_bwd(m, a, dout, N);
     o->matmul_bwd(o->ctx, dact, g->wproj, gpt ? g->bproj : NULL, m->msdy, act, w->wproj, N, FS, C, 0, 0);
     if (gpt)
         o->gelu_bwd(o->ctx, dh, h, dact, (size_t)N * FS);
     else
-        o->swiglu_bwd(o->ctx, dh, h, dact, N, FS);
+        o->swiglu_bwd(o->ctx, dh, NULL, h, dact, N, FS);
     o->matmul_bwd(o->ctx, dx, g->wfc, gpt ? g->bfc : NULL, dh, x, w->wfc, N, C, FSW, 1, 0);
     moe_shared_gate_bwd_weight(m, w, g, x, dx, 1, 0, N);
 }

@@ -386,9 +386,9 @@ static void test_norm(int rms)
                   xmalloc(N * sizeof(double))};
     loss_norm(&c);
     if (rms)
-        ops->rmsnorm_fwd(ops->ctx, out, rstd, x, w, N, C, eps);
+        ops->rmsnorm_fwd(ops->ctx, out, NULL, rstd, x, w, N, C, eps);
     else
-        ops->layernorm_fwd(ops->ctx, out, mean, rstd, x, w, b, N, C, eps);
+        ops->layernorm_fwd(ops->ctx, out, NULL, mean, rstd, x, w, b, N, C, eps);
     snprintf(name, sizeof name, "%s_fwd out", op);
     check(name, rel_err(out, c.out, nx), FWD_TOL);
     snprintf(name, sizeof name, "%s_fwd rstd", op);
@@ -399,9 +399,9 @@ static void test_norm(int rms)
     /* din accumulates onto D0; dw/db overwrite NaN garbage with accum = 0 */
     float *D0 = frandv(nx, -1, 1), *din = fdup(D0, nx), *dw = fnan(C), *db = fnan(C);
     if (rms)
-        ops->rmsnorm_bwd(ops->ctx, din, dw, R, x, w, rstd, N, C, 0);
+        ops->rmsnorm_bwd(ops->ctx, din, NULL, dw, R, x, w, rstd, N, C, 0);
     else
-        ops->layernorm_bwd(ops->ctx, din, dw, db, R, x, w, mean, rstd, N, C, 0);
+        ops->layernorm_bwd(ops->ctx, din, NULL, dw, db, R, x, w, mean, rstd, N, C, 0);
     double *g = xmalloc(nx * sizeof(double)), *dd = xmalloc(nx * sizeof(double));
     for (size_t i = 0; i < nx; i++)
         dd[i] = (double)din[i] - (double)D0[i];
@@ -418,9 +418,9 @@ static void test_norm(int rms)
 
     float *dw2 = fdup(dw, C), *db2 = fdup(db, C), *din2 = fdup(din, nx);
     if (rms)
-        ops->rmsnorm_bwd(ops->ctx, din2, dw2, R, x, w, rstd, N, C, 1);
+        ops->rmsnorm_bwd(ops->ctx, din2, NULL, dw2, R, x, w, rstd, N, C, 1);
     else
-        ops->layernorm_bwd(ops->ctx, din2, dw2, db2, R, x, w, mean, rstd, N, C, 1);
+        ops->layernorm_bwd(ops->ctx, din2, NULL, dw2, db2, R, x, w, mean, rstd, N, C, 1);
     snprintf(name, sizeof name, "%s_bwd accum=1 doubles dw", op);
     check(name, doubling_err(dw, dw2, C), ACC_TOL);
     if (!rms)
@@ -647,13 +647,13 @@ static void test_rope(const int32_t *pos)
     snprintf(name, sizeof name, "rope_fwd (q, k rotated; v untouched)%s", tag);
     check(name, rel_err(y, c.tmp, nqkv), FWD_TOL);
     float *dy = fdup(R, nqkv);
-    ops->rope_bwd(ops->ctx, dy, pos, B, T, NH, NKV, HS, freq);
+    ops->rope_bwd(ops->ctx, dy, NULL, pos, B, T, NH, NKV, HS, freq);
     double *g = xmalloc(nqkv * sizeof(double));
     fd_grad(g, c.qkv, nqkv, loss_at, &c);
     snprintf(name, sizeof name, "rope_bwd vs FD%s", tag);
     check(name, rel_err(dy, g, nqkv), BWD_TOL);
     /* the backward is the inverse: rope_bwd(rope_fwd(x)) = x */
-    ops->rope_bwd(ops->ctx, y, pos, B, T, NH, NKV, HS, freq);
+    ops->rope_bwd(ops->ctx, y, NULL, pos, B, T, NH, NKV, HS, freq);
     snprintf(name, sizeof name, "rope_bwd(rope_fwd(x)) = x%s", tag);
     check(name, rel_err(y, c.qkv, nqkv), FWD_TOL);
     free(qkv);
@@ -700,7 +700,7 @@ static void test_attention(int B, int T, int NH, int NKV, int HS, int rope, int 
     float *x = fdup(qkv, nqkv), *out = fnan(nout), *lse = fnan(nlse);
     if (rope)
         ops->rope_fwd(ops->ctx, x, pos, B, T, NH, NKV, HS, freq);
-    ops->attention_fwd(ops->ctx, out, lse, x, pos, B, T, NH, NKV, HS);
+    ops->attention_fwd(ops->ctx, out, NULL, lse, x, pos, B, T, NH, NKV, HS);
     snprintf(name, sizeof name, "attention_fwd out  %s", tag);
     check(name, rel_err(out, c.out, nout), FWD_TOL);
     /* lse = log sum_{j<=t} exp(q_t . k_j / sqrt(HS)), in double from the
@@ -731,9 +731,9 @@ static void test_attention(int B, int T, int NH, int NKV, int HS, int rope, int 
     check(name, rel_err(lse, lse_ref, nlse), FWD_TOL);
 
     float *dqkv = fnan(nqkv);
-    ops->attention_bwd(ops->ctx, dqkv, dout, x, out, lse, pos, B, T, NH, NKV, HS);
+    ops->attention_bwd(ops->ctx, dqkv, NULL, dout, x, out, lse, pos, B, T, NH, NKV, HS);
     if (rope)
-        ops->rope_bwd(ops->ctx, dqkv, pos, B, T, NH, NKV, HS, freq);
+        ops->rope_bwd(ops->ctx, dqkv, NULL, pos, B, T, NH, NKV, HS, freq);
     double *g = xmalloc(nqkv * sizeof(double));
     fd_grad(g, c.qkv, nqkv, loss_at, &c);
     snprintf(name, sizeof name, "attention_bwd dqkv vs FD  %s", tag);
@@ -792,7 +792,7 @@ static void test_gelu(void)
     x[3] = -1e-3f; /* tails and the origin */
     act_ctx c = {n, 0, 0, todouble(x, n), todouble(R, n), xmalloc(n * sizeof(double))};
     loss_act(&c);
-    ops->gelu_fwd(ops->ctx, out, x, n);
+    ops->gelu_fwd(ops->ctx, out, NULL, x, n);
     check("gelu_fwd vs tanh formula", rel_err(out, c.out, n), FWD_TOL);
     ops->gelu_bwd(ops->ctx, dx, x, R, n);
     double *g = xmalloc(n * sizeof(double));
@@ -826,7 +826,7 @@ static void test_matmul_gelu(int N, int IC, int OC)
     /* forward: pre = in . w^T + b, out = gelu(pre) */
     ops->matmul_gelu_fwd(ops->ctx, out, pre, in, w, b, N, IC, OC);
     ops->matmul_fwd(ops->ctx, pre2, in, w, b, N, IC, OC);
-    ops->gelu_fwd(ops->ctx, out2, pre2, (size_t)N * OC);
+    ops->gelu_fwd(ops->ctx, out2, NULL, pre2, (size_t)N * OC);
     snprintf(what, sizeof what, "matmul_gelu_fwd %dx%dx%d = matmul_fwd, gelu_fwd (bits)", N, IC, OC);
     check_true(what, !memcmp(pre, pre2, (size_t)N * OC * 4) && !memcmp(out, out2, (size_t)N * OC * 4));
     /* backward of a matmul [N,OC] -> [N,OC2] whose input was gelu(pre) */
@@ -855,16 +855,16 @@ static void test_matmul_gelu(int N, int IC, int OC)
     uint16_t *d216 = xmalloc((size_t)N * OC2 * 2);
     ops->cast_f32_to_bf16(ops->ctx, in16, in, (size_t)N * IC);
     ops->cast_f32_to_bf16(ops->ctx, w16, w, (size_t)OC * IC);
-    ops->matmul_gelu_fwd_bf16(ops->ctx, out, pre, in16, w16, b, N, IC, OC);
+    ops->matmul_gelu_fwd_bf16(ops->ctx, out, NULL, pre, in16, w16, b, N, IC, OC);
     ops->matmul_fwd_bf16(ops->ctx, pre2, in16, w16, b, N, IC, OC);
-    ops->gelu_fwd(ops->ctx, out2, pre2, (size_t)N * OC);
+    ops->gelu_fwd(ops->ctx, out2, NULL, pre2, (size_t)N * OC);
     snprintf(what, sizeof what, "matmul_gelu_fwd_bf16 %dx%dx%d = matmul_fwd_bf16, gelu_fwd (bits)", N, IC, OC);
     check_true(what, !memcmp(pre, pre2, (size_t)N * OC * 4) && !memcmp(out, out2, (size_t)N * OC * 4));
     ops->cast_f32_to_bf16(ops->ctx, out16, out, (size_t)N * OC);
     ops->cast_f32_to_bf16(ops->ctx, w216, w2, (size_t)OC2 * OC);
     ops->cast_f32_to_bf16(ops->ctx, d216, d2, (size_t)N * OC2);
     for (int accum = 0; accum <= 1; accum++) {
-        ops->matmul_dgelu_bwd_bf16(ops->ctx, din, dw, db, d216, d2, out16, pre, w216, N, OC, OC2, accum);
+        ops->matmul_dgelu_bwd_bf16(ops->ctx, din, NULL, dw, db, d216, d2, out16, pre, w216, N, OC, OC2, accum);
         ops->matmul_bwd_bf16(ops->ctx, tmp, dw2, db2, d216, d2, out16, w216, N, OC, OC2, 0, accum);
         ops->gelu_bwd(ops->ctx, din2, pre, tmp, (size_t)N * OC);
         snprintf(what, sizeof what, "matmul_dgelu_bwd_bf16 %dx%dx%d accum %d = matmul_bwd_bf16, gelu_bwd (bits)", N, OC,
@@ -905,9 +905,9 @@ static void test_swiglu(void)
     gu[1] = 30.0f;
     act_ctx c = {N, F, 1, todouble(gu, ngu), todouble(R, nout), xmalloc(nout * sizeof(double))};
     loss_act(&c);
-    ops->swiglu_fwd(ops->ctx, out, gu, N, F);
+    ops->swiglu_fwd(ops->ctx, out, NULL, gu, N, F);
     check("swiglu_fwd", rel_err(out, c.out, nout), FWD_TOL);
-    ops->swiglu_bwd(ops->ctx, dgu, gu, R, N, F);
+    ops->swiglu_bwd(ops->ctx, dgu, NULL, gu, R, N, F);
     double *g = xmalloc(ngu * sizeof(double));
     fd_grad(g, c.x, ngu, loss_act, &c);
     check("swiglu_bwd (gate and up) vs FD", rel_err(dgu, g, ngu), BWD_TOL);
@@ -1070,7 +1070,7 @@ static void xent_whole(float *losses, float *dlogits, const float *logits, const
     float *mx = fnan(N), *st = fnan((size_t)2 * N);
     ops->xent_max(ops->ctx, mx, logits, N, V, ld);
     ops->xent_sumexp(ops->ctx, st, dlogits, logits, mx, tgt, 0, N, V, ld);
-    ops->xent_finish(ops->ctx, losses, dlogits, mx, st, tgt, 0, N, V, ld, dloss);
+    ops->xent_finish(ops->ctx, losses, dlogits, NULL, mx, st, tgt, 0, N, V, ld, dloss);
     free(mx);
     free(st);
 }
@@ -1149,7 +1149,7 @@ static void test_cross_entropy(int N, int V, int ld, const int32_t *tgt)
     int lsame = 1;
     for (int r = 0; r < 3; r++) {
         int v0 = r * ldr, vl = V - v0 < 0 ? 0 : V - v0 > ldr ? ldr : V - v0;
-        ops->xent_finish(ops->ctx, pl[r], part[r], gmax, gst, tgt, v0, N, vl, ldr, dloss);
+        ops->xent_finish(ops->ctx, pl[r], part[r], NULL, gmax, gst, tgt, v0, N, vl, ldr, dloss);
         for (int n = 0; n < N; n++) {
             lsame &= fabsf(pl[r][n] - losses[n]) <= 1e-6f * (1.0f + fabsf(losses[n]));
             for (int i = 0; i < ldr; i++) {
@@ -1368,8 +1368,8 @@ static void test_determinism(void)
     int32_t *tok = xmalloc(N * sizeof(int32_t));
     for (int n = 0; n < N; n++)
         tok[n] = (int32_t)((n * 7 + n / 13) % V);
-    ops->layernorm_fwd(ops->ctx, x, mean, rstd, x, w, w, N, C, 1e-5f); /* reuse x as a normalised input */
-    ops->rmsnorm_fwd(ops->ctx, dout, rrstd, dout, w, N, C, 1e-5f);
+    ops->layernorm_fwd(ops->ctx, x, NULL, mean, rstd, x, w, w, N, C, 1e-5f); /* reuse x as a normalised input */
+    ops->rmsnorm_fwd(ops->ctx, dout, NULL, rrstd, dout, w, N, C, 1e-5f);
     size_t nres = (size_t)2 * C + C + OC + (size_t)V * C + (size_t)T * C + 2;
     float *res[4];
     double ss[4];
@@ -1379,8 +1379,8 @@ static void test_determinism(void)
         float *r = res[k] = xmalloc(nres * 4);
         float *din = xmalloc(nx * 4);
         memset(din, 0, nx * 4);
-        ops->layernorm_bwd(ops->ctx, din, r, r + C, dout, x, w, mean, rstd, N, C, 0);
-        ops->rmsnorm_bwd(ops->ctx, din, r + 2 * C, dout, x, w, rrstd, N, C, 0);
+        ops->layernorm_bwd(ops->ctx, din, NULL, r, r + C, dout, x, w, mean, rstd, N, C, 0);
+        ops->rmsnorm_bwd(ops->ctx, din, NULL, r + 2 * C, dout, x, w, rrstd, N, C, 0);
         ops->matmul_bwd(ops->ctx, NULL, NULL, r + 3 * C, dout, x, w, N, C, OC, 0, 0);
         ops->embedding_bwd(ops->ctx, r + 3 * C + OC, r + 3 * C + OC + (size_t)V * C, dout, tok, NULL, N, T, C, 0, V, 0);
         const float *dp = dout;
@@ -1437,10 +1437,10 @@ static void test_doc_mask(void)
     float *o1 = fnan(nout), *o2 = fnan(nout), *l1 = fnan(nlse), *l2 = fnan(nlse), *d1 = fnan(nqkv), *d2 = fnan(nqkv);
     ops->rope_fwd(ops->ctx, x1, NULL, B, t7, NH, NKV, HS, rope_table(HS));
     ops->rope_fwd(ops->ctx, x2, pos_one, B, t7, NH, NKV, HS, rope_table(HS));
-    ops->attention_fwd(ops->ctx, o1, l1, x1, NULL, B, t7, NH, NKV, HS);
-    ops->attention_fwd(ops->ctx, o2, l2, x2, pos_one, B, t7, NH, NKV, HS);
-    ops->attention_bwd(ops->ctx, d1, dout, x1, o1, l1, NULL, B, t7, NH, NKV, HS);
-    ops->attention_bwd(ops->ctx, d2, dout, x2, o2, l2, pos_one, B, t7, NH, NKV, HS);
+    ops->attention_fwd(ops->ctx, o1, NULL, l1, x1, NULL, B, t7, NH, NKV, HS);
+    ops->attention_fwd(ops->ctx, o2, NULL, l2, x2, pos_one, B, t7, NH, NKV, HS);
+    ops->attention_bwd(ops->ctx, d1, NULL, dout, x1, o1, l1, NULL, B, t7, NH, NKV, HS);
+    ops->attention_bwd(ops->ctx, d2, NULL, dout, x2, o2, l2, pos_one, B, t7, NH, NKV, HS);
     check_true("rope, attention with one document per row: the bits of pos = NULL",
                memcmp(x1, x2, nqkv * 4) == 0 && memcmp(o1, o2, nout * 4) == 0 && memcmp(l1, l2, nlse * 4) == 0 &&
                    memcmp(d1, d2, nqkv * 4) == 0);

@@ -426,8 +426,8 @@ static void ref_make(ref_t *x, const shape_t *s, int docs, int cp, const ops_t *
     for (size_t i = 0; i < N * OC; i++)
         x->dout[i] = frand();
     x->pos = make_pos(docs, s->B, s->T, cp);
-    o->attention_fwd(o->ctx, x->out, x->lse, x->qkv, x->pos, s->B, s->T, s->NH, s->NKV, s->HS);
-    o->attention_bwd(o->ctx, x->dqkv, x->dout, x->qkv, x->out, x->lse, x->pos, s->B, s->T, s->NH, s->NKV, s->HS);
+    o->attention_fwd(o->ctx, x->out, NULL, x->lse, x->qkv, x->pos, s->B, s->T, s->NH, s->NKV, s->HS);
+    o->attention_bwd(o->ctx, x->dqkv, NULL, x->dout, x->qkv, x->out, x->lse, x->pos, s->B, s->T, s->NH, s->NKV, s->HS);
     o->sync(o->ctx);
 }
 
@@ -567,7 +567,7 @@ static void test_bits(const ops_t *cpu)
 #endif
     }
     long ops_run, waits;
-    ops_defer_counts(d, &ops_run, &waits);
+    ops_defer_counts(d, &ops_run, &waits, NULL);
     check(same_bits(out[0], out[1], N * sz_OC(&s)) && same_bits(lse[0], lse[1], NL) &&
               same_bits(dqkv[0], dqkv[1], N * sz_R(&s)) && ops_run > 0,
           "deferred table (%ld ops queued, %ld waits): the CPU table's bits at cp 4 with documents", ops_run, waits);

@@ -140,7 +140,8 @@ static __device__ float att_quad_dot(const float *a, const float *b, int n, int 
  * Writes out[b T + t, h HS + columns of the group] and (group 0) lse[b, h, t]. */
 template <int NC>
 __global__ void __launch_bounds__(ATT_THREADS)
-    k_att_fwd(float *out, float *lse, const float *qkv, const int32_t *pos, int T, int NH, int NKV, int HS, float scale)
+    k_att_fwd(float *out, uint16_t *out16, float *lse, const float *qkv, const int32_t *pos, int T, int NH, int NKV,
+              int HS, float scale)
 {
     __shared__ att_chunk_t sQ[ATT_BR];  /* Q chunk of the query tile */
     __shared__ att_chunk_t sKV[ATT_BC]; /* K chunk of the key tile, then its V chunk */
@@ -237,14 +238,18 @@ __global__ void __launch_bounds__(ATT_THREADS)
     }
     if (t < T) {
         const float inv = 1.0f / l;
-        float *o = out + ((size_t)b * T + t) * OC + (size_t)h * HS;
+        const size_t at = ((size_t)b * T + t) * OC + (size_t)h * HS; /* out16: the same place */
+        float *o = out + at;
 #pragma unroll
         for (int c = 0; c < NC; c++)
 #pragma unroll
             for (int i = 0; i < ATT_CW; i++) {
                 const int col = g0 + c * ATT_DK + q + 4 * i;
-                if (col < HS)
-                    o[col] = acc[c][i] * inv;
+                if (col < HS) {
+                    const float v = acc[c][i] * inv;
+                    o[col] = v;
+                    DT_STORE16(out16, at + col, v);
+                }
             }
         if (g0 == 0 && q == 0)
             lse[((size_t)b * NH + h) * T + t] = m + logf(l);
@@ -255,7 +260,7 @@ __global__ void __launch_bounds__(ATT_THREADS)
  * of the group: dqkv[b T + t, h HS + columns]. */
 template <int NC>
 __global__ void __launch_bounds__(ATT_THREADS)
-    k_att_bwd_dq(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
+    k_att_bwd_dq(float *dqkv, uint16_t *dqkv16, const float *dout, const float *qkv, const float *out, const float *lse,
                  const int32_t *pos, int T, int NH, int NKV, int HS, float scale)
 {
     __shared__ att_chunk_t sQ[ATT_BR], sdO[ATT_BR]; /* the query tile's chunks */
@@ -345,14 +350,18 @@ __global__ void __launch_bounds__(ATT_THREADS)
         }
     }
     if (t < T) {
-        float *dq = dqkv + ((size_t)b * T + t) * R + (size_t)h * HS;
+        const size_t at = ((size_t)b * T + t) * R + (size_t)h * HS; /* dqkv16: the same place */
+        float *dq = dqkv + at;
 #pragma unroll
         for (int c = 0; c < NC; c++)
 #pragma unroll
             for (int i = 0; i < ATT_CW; i++) {
                 const int col = g0 + c * ATT_DK + q + 4 * i;
-                if (col < HS)
-                    dq[col] = scale * acc[c][i];
+                if (col < HS) {
+                    const float v = scale * acc[c][i];
+                    dq[col] = v;
+                    DT_STORE16(dqkv16, at + col, v);
+                }
             }
     }
 }
@@ -363,8 +372,8 @@ __global__ void __launch_bounds__(ATT_THREADS)
  * rows t0 + q + 4i. Writes the k and v columns of the group for the tile's keys. */
 template <int NC>
 __global__ void __launch_bounds__(ATT_THREADS)
-    k_att_bwd_dkv(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
-                  const int32_t *pos, int T, int NH, int NKV, int HS, float scale)
+    k_att_bwd_dkv(float *dqkv, uint16_t *dqkv16, const float *dout, const float *qkv, const float *out,
+                  const float *lse, const int32_t *pos, int T, int NH, int NKV, int HS, float scale)
 {
     __shared__ att_chunk_t sK[ATT_BC], sV[ATT_BC];  /* the key tile's chunks */
     __shared__ att_chunk_t sQ[ATT_BR], sdO[ATT_BR]; /* the query tile's chunks */
@@ -474,15 +483,20 @@ __global__ void __launch_bounds__(ATT_THREADS)
         }
     }
     if (j < T) {
-        float *row = dqkv + ((size_t)b * T + j) * R;
+        const size_t at = ((size_t)b * T + j) * R; /* dqkv16: the same places */
+        float *row = dqkv + at;
 #pragma unroll
         for (int c = 0; c < NC; c++)
 #pragma unroll
             for (int i = 0; i < ATT_CW; i++) {
                 const int col = g0 + c * ATT_DK + q + 4 * i;
                 if (col < HS) {
-                    row[(size_t)(NH + kh) * HS + col] = scale * dk[c][i];
-                    row[(size_t)(NH + NKV + kh) * HS + col] = dv[c][i];
+                    const size_t ck = (size_t)(NH + kh) * HS + col, cv = (size_t)(NH + NKV + kh) * HS + col;
+                    const float vk = scale * dk[c][i];
+                    row[ck] = vk;
+                    row[cv] = dv[c][i];
+                    DT_STORE16(dqkv16, at + ck, vk);
+                    DT_STORE16(dqkv16, at + cv, dv[c][i]);
                 }
             }
     }

@@ -95,7 +95,8 @@ static __device__ void attm_softmax(float (*s)[4], float (*o)[4], float *m, floa
  * lse[(b NH + h) T + t]. qkv: bf16 bits; pos: documents or NULL. */
 template <int HS>
 __global__ void __launch_bounds__(ATTM_THREADS)
-    k_att_fwd_mma(float *out, float *lse, const uint16_t *qkv, const int32_t *pos, int T, int NH, int NKV, float scale)
+    k_att_fwd_mma(float *out, uint16_t *out16, float *lse, const uint16_t *qkv, const int32_t *pos, int T, int NH,
+                  int NKV, float scale)
 {
     __shared__ __align__(16) uint16_t sq[ATTM_BQ * HS], sk[ATTM_BKV * HS], sv[ATTM_BKV * HS];
     const int qt = (int)(gridDim.x - 1 - blockIdx.x), h = (int)blockIdx.y, b = (int)blockIdx.z; /* longest first */
@@ -142,11 +143,14 @@ __global__ void __launch_bounds__(ATTM_THREADS)
         if (t[rr] >= T)
             continue;
         const float inv = 1.0f / L;
-        float *orow = out + ((size_t)b * T + t[rr]) * OC + (size_t)h * HS;
-        for (unsigned dt = 0; dt < HS / 8; dt++) {
-            orow[8 * dt + 2 * t4] = o[dt][2 * rr] * inv;
-            orow[8 * dt + 2 * t4 + 1] = o[dt][2 * rr + 1] * inv;
-        }
+        const size_t at = ((size_t)b * T + t[rr]) * OC + (size_t)h * HS; /* out16: the same place */
+        float *orow = out + at;
+        for (unsigned dt = 0; dt < HS / 8; dt++)
+            for (unsigned e = 0; e < 2; e++) {
+                const float v = o[dt][2 * rr + e] * inv;
+                orow[8 * dt + 2 * t4 + e] = v;
+                DT_STORE16(out16, at + 8 * dt + 2 * t4 + e, v);
+            }
         if (t4 == 0)
             lse[((size_t)b * NH + h) * T + t[rr]] = (m[rr] + log2f(L)) * 0.69314718055994531f; /* ln 2 */
     }

@@ -199,8 +199,8 @@ template <int BQ> static __device__ int attmb_rows_end(const int32_t *ps, int k0
  * or NULL. */
 template <int HS>
 __global__ void __launch_bounds__(ATTM_THREADS)
-    k_att_bwd_dkv_mma(float *dqkv, const uint16_t *qkv, const uint16_t *dout, const float *lse, const float *D,
-                      const int32_t *pos, int T, int NH, int NKV, float scale)
+    k_att_bwd_dkv_mma(float *dqkv, uint16_t *dqkv16, const uint16_t *qkv, const uint16_t *dout, const float *lse,
+                      const float *D, const int32_t *pos, int T, int NH, int NKV, float scale)
 {
     constexpr int BQ = attmb_bq(HS);
     __shared__ __align__(16) uint16_t sk[ATTM_BKV * HS], sv[ATTM_BKV * HS], sq[BQ * HS], sdo[BQ * HS];
@@ -251,15 +251,19 @@ __global__ void __launch_bounds__(ATTM_THREADS)
         }
     }
 
-    float *dkb = dqkv + (size_t)b * T * R + (size_t)(NH + kh) * HS, *dvb = dkb + (size_t)NKV * HS;
+    const size_t kb = (size_t)b * T * R + (size_t)(NH + kh) * HS, vb = kb + (size_t)NKV * HS; /* and in dqkv16 */
     for (unsigned rr = 0; rr < 2; rr++) {
         if (key[rr] >= T)
             continue;
-        float *dkr = dkb + (size_t)key[rr] * R, *dvr = dvb + (size_t)key[rr] * R;
+        const size_t kr = kb + (size_t)key[rr] * R, vr = vb + (size_t)key[rr] * R;
         for (unsigned dt = 0; dt < HS / 8; dt++)
             for (unsigned e = 0; e < 2; e++) {
-                dkr[8 * dt + 2 * t4 + e] = dk[dt][2 * rr + e] * scale;
-                dvr[8 * dt + 2 * t4 + e] = dv[dt][2 * rr + e];
+                const unsigned c = 8 * dt + 2 * t4 + e;
+                const float vk = dk[dt][2 * rr + e] * scale, vv = dv[dt][2 * rr + e];
+                dqkv[kr + c] = vk;
+                dqkv[vr + c] = vv;
+                DT_STORE16(dqkv16, kr + c, vk);
+                DT_STORE16(dqkv16, vr + c, vv);
             }
     }
 }
@@ -285,8 +289,8 @@ static __device__ void attmb_grads(float (*s)[4], const float (*dp)[4], const in
  * blockIdx.x (the longest first, as the forward), batch row blockIdx.z. */
 template <int HS>
 __global__ void __launch_bounds__(ATTM_THREADS)
-    k_att_bwd_dq_mma(float *dqkv, const uint16_t *qkv, const uint16_t *dout, const float *lse, const float *D,
-                     const int32_t *pos, int T, int NH, int NKV, float scale)
+    k_att_bwd_dq_mma(float *dqkv, uint16_t *dqkv16, const uint16_t *qkv, const uint16_t *dout, const float *lse,
+                     const float *D, const int32_t *pos, int T, int NH, int NKV, float scale)
 {
     __shared__ __align__(16) uint16_t sk[ATTM_BKV * HS], sv[ATTM_BKV * HS];
     const int qt = (int)(gridDim.x - 1 - blockIdx.x), h = (int)blockIdx.y, b = (int)blockIdx.z;
@@ -351,10 +355,13 @@ __global__ void __launch_bounds__(ATTM_THREADS)
     for (unsigned rr = 0; rr < 2; rr++) {
         if (t[rr] >= T)
             continue;
-        float *dqr = dqkv + ((size_t)b * T + t[rr]) * R + (size_t)h * HS;
+        const size_t at = ((size_t)b * T + t[rr]) * R + (size_t)h * HS; /* dqkv16: the same place */
         for (unsigned dt = 0; dt < HS / 8; dt++)
-            for (unsigned e = 0; e < 2; e++)
-                dqr[8 * dt + 2 * t4 + e] = dq[dt][2 * rr + e] * scale;
+            for (unsigned e = 0; e < 2; e++) {
+                const float v = dq[dt][2 * rr + e] * scale;
+                dqkv[at + 8 * dt + 2 * t4 + e] = v;
+                DT_STORE16(dqkv16, at + 8 * dt + 2 * t4 + e, v);
+            }
     }
 }
 

@@ -19,6 +19,7 @@
 
 #include "base/bf16.h"
 #include "cuda/kernels/mma.cuh"
+#include "cuda/kernels/store16.cuh" /* DT_STORE16 */
 
 #define ATTM_THREADS 128                /* 4 warps, 16 rows each */
 #define ATTM_BQ 64                      /* query rows per forward / dQ block */

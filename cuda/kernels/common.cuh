@@ -21,6 +21,8 @@
 #ifndef DTRAIN_CUDA_KERNELS_COMMON_CUH
 #define DTRAIN_CUDA_KERNELS_COMMON_CUH
 
+#include "cuda/kernels/store16.cuh" /* DT_STORE16 */
+
 #define THREADS 256     /* threads of row and elementwise kernels */
 #define MAX_GRID 65535u /* cap of grid-stride elementwise grids */
 

@@ -48,9 +48,12 @@ __global__ void k_xent_sumexp(float *stats, float *expbuf, const float *logits, 
         stats[2 * n] = (float)s;
 }
 
-__global__ void k_xent_finish(float *losses, float *dlogits, const float *rowmax, const float *stats,
-                              const int32_t *targets, int v0, int Vl, int ld, float dloss)
+/* dlogits16 (DT_STORE16; only with dlogits): the finished row's bf16, in
+ * a last pass over it once thread 0's target correction is in */
+__global__ void k_xent_finish(float *losses, float *dlogits, uint16_t *dlogits16, const float *rowmax,
+                              const float *stats, const int32_t *targets, int v0, int Vl, int ld, float dloss)
 {
+    uint16_t *d16 = dlogits && dlogits16 ? dlogits16 + blockIdx.x * (size_t)ld : NULL;
     const size_t n = blockIdx.x;
     float *d = dlogits ? dlogits + n * ld : NULL;
     const double sum = stats[2 * n];
@@ -58,8 +61,10 @@ __global__ void k_xent_finish(float *losses, float *dlogits, const float *rowmax
         if (threadIdx.x == 0)
             losses[n] = 0.0f;
         if (d)
-            for (int i = threadIdx.x; i < ld; i += blockDim.x)
+            for (int i = threadIdx.x; i < ld; i += blockDim.x) {
                 d[i] = 0.0f;
+                DT_STORE16(d16, i, 0.0f);
+            }
         return;
     }
     if (threadIdx.x == 0)
@@ -73,6 +78,11 @@ __global__ void k_xent_finish(float *losses, float *dlogits, const float *rowmax
     int r = targets[n] - v0;
     if (threadIdx.x == 0 && r >= 0 && r < Vl)
         d[r] -= dloss;
+    if (!d16)
+        return;
+    __syncthreads(); /* d[r] final */
+    for (int i = threadIdx.x; i < ld; i += blockDim.x)
+        DT_STORE16(d16, i, d[i]);
 }
 
 #endif

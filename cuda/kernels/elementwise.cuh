@@ -19,29 +19,43 @@ __global__ void k_fill_rows(float *out, const float *b, int N, int OC)
         out[i] = b ? b[i % (size_t)OC] : 0.0f;
 }
 
-__global__ void k_gelu_fwd(float *out, const float *x, size_t n)
+/* out (NULL: not wanted) and out16 (DT_STORE16) = gelu(x) */
+__global__ void k_gelu_fwd(float *out, uint16_t *out16, const float *x, size_t n)
 {
-    GRID_STRIDE (i, n)
-        out[i] = dt_gelu(x[i]);
+    GRID_STRIDE (i, n) {
+        const float v = dt_gelu(x[i]);
+        if (out)
+            out[i] = v;
+        DT_STORE16(out16, i, v);
+    }
 }
 
-__global__ void k_gelu_bwd(float *dx, const float *x, const float *dout, size_t n)
+/* dx and dx16 (DT_STORE16) = dout gelu'(x); dx may be dout (in place) */
+__global__ void k_gelu_bwd(float *dx, uint16_t *dx16, const float *x, const float *dout, size_t n)
 {
-    GRID_STRIDE (i, n)
-        dx[i] = dout[i] * dt_gelu_grad(x[i]);
+    GRID_STRIDE (i, n) {
+        const float v = dout[i] * dt_gelu_grad(x[i]);
+        dx[i] = v;
+        DT_STORE16(dx16, i, v);
+    }
 }
 
-__global__ void k_swiglu_fwd(float *out, const float *gu, int N, int F)
+/* out[N,F] (NULL: not wanted) and out16 = silu(gate) up of gu[N,2F] */
+__global__ void k_swiglu_fwd(float *out, uint16_t *out16, const float *gu, int N, int F)
 {
     size_t n = (size_t)N * F;
     GRID_STRIDE (i, n) {
         size_t r = i / (size_t)F, f = i % (size_t)F;
         const float *gr = gu + r * 2 * (size_t)F;
-        out[i] = dt_silu(gr[f]) * gr[F + f];
+        const float v = dt_silu(gr[f]) * gr[F + f];
+        if (out)
+            out[i] = v;
+        DT_STORE16(out16, i, v);
     }
 }
 
-__global__ void k_swiglu_bwd(float *dgu, const float *gu, const float *dout, int N, int F)
+/* dgu[N,2F] and dgu16 (DT_STORE16) */
+__global__ void k_swiglu_bwd(float *dgu, uint16_t *dgu16, const float *gu, const float *dout, int N, int F)
 {
     size_t n = (size_t)N * F;
     GRID_STRIDE (i, n) {
@@ -52,6 +66,8 @@ __global__ void k_swiglu_bwd(float *dgu, const float *gu, const float *dout, int
         dt_swiglu_grad(gr[f], gr[F + f], dout[i], &dg, &du);
         dr[f] = dg;
         dr[F + f] = du;
+        DT_STORE16(dgu16, r * 2 * (size_t)F + f, dg);
+        DT_STORE16(dgu16, r * 2 * (size_t)F + F + f, du);
     }
 }
 

@@ -15,11 +15,13 @@
 #include "cuda/kernels/colsum.cuh"
 #include "cuda/kernels/reduce.cuh"
 
-__global__ void k_layernorm_fwd(float *out, float *mean, float *rstd, const float *x, const float *w, const float *b,
-                                int C, float eps)
+/* out (NULL: not wanted) and out16 (DT_STORE16) */
+__global__ void k_layernorm_fwd(float *out, uint16_t *out16, float *mean, float *rstd, const float *x, const float *w,
+                                const float *b, int C, float eps)
 {
     const float *xr = x + (size_t)blockIdx.x * C;
-    float *o = out + (size_t)blockIdx.x * C;
+    float *o = out ? out + (size_t)blockIdx.x * C : NULL;
+    uint16_t *o16 = out16 ? out16 + (size_t)blockIdx.x * C : NULL;
     float s = 0.0f;
     for (int c = threadIdx.x; c < C; c += blockDim.x)
         s += xr[c];
@@ -30,20 +32,26 @@ __global__ void k_layernorm_fwd(float *out, float *mean, float *rstd, const floa
         ss += d * d;
     }
     float r = dt_norm_rstd(block_sum(ss), C, eps);
-    for (int c = threadIdx.x; c < C; c += blockDim.x)
-        o[c] = dt_layernorm_out(xr[c], mu, r, w[c], b[c]);
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        const float v = dt_layernorm_out(xr[c], mu, r, w[c], b[c]);
+        if (o)
+            o[c] = v;
+        DT_STORE16(o16, c, v);
+    }
     if (threadIdx.x == 0) {
         mean[blockIdx.x] = mu;
         rstd[blockIdx.x] = r;
     }
 }
 
-__global__ void k_layernorm_bwd_dx(float *din, const float *dout, const float *x, const float *w, const float *mean,
-                                   const float *rstd, int C)
+/* din += dx, and din16 (DT_STORE16) the sum */
+__global__ void k_layernorm_bwd_dx(float *din, uint16_t *din16, const float *dout, const float *x, const float *w,
+                                   const float *mean, const float *rstd, int C)
 {
     size_t off = (size_t)blockIdx.x * C;
     const float *xr = x + off, *gr = dout + off;
     float *d = din + off;
+    uint16_t *d16 = din16 ? din16 + off : NULL;
     float mu = mean[blockIdx.x], r = rstd[blockIdx.x];
     float sg = 0.0f, sgx = 0.0f;
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
@@ -56,6 +64,7 @@ __global__ void k_layernorm_bwd_dx(float *din, const float *dout, const float *x
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
         float xhat = (xr[c] - mu) * r;
         d[c] += dt_layernorm_dx(gr[c], w[c], xhat, sg, sgx, r);
+        DT_STORE16(d16, c, d[c]);
     }
 }
 
@@ -79,33 +88,42 @@ __global__ void k_layernorm_bwd_dw_part(float *pw, float *pb, const float *dout,
     pb[(size_t)blockIdx.y * C + c] = ab;
 }
 
-__global__ void k_rmsnorm_fwd(float *out, float *rstd, const float *x, const float *w, int C, float eps)
+__global__ void k_rmsnorm_fwd(float *out, uint16_t *out16, float *rstd, const float *x, const float *w, int C,
+                              float eps)
 {
     const float *xr = x + (size_t)blockIdx.x * C;
-    float *o = out + (size_t)blockIdx.x * C;
+    float *o = out ? out + (size_t)blockIdx.x * C : NULL;
+    uint16_t *o16 = out16 ? out16 + (size_t)blockIdx.x * C : NULL;
     float ss = 0.0f;
     for (int c = threadIdx.x; c < C; c += blockDim.x)
         ss += xr[c] * xr[c];
     float r = dt_norm_rstd(block_sum(ss), C, eps);
-    for (int c = threadIdx.x; c < C; c += blockDim.x)
-        o[c] = xr[c] * r * w[c];
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        const float v = xr[c] * r * w[c];
+        if (o)
+            o[c] = v;
+        DT_STORE16(o16, c, v);
+    }
     if (threadIdx.x == 0)
         rstd[blockIdx.x] = r;
 }
 
-__global__ void k_rmsnorm_bwd_dx(float *din, const float *dout, const float *x, const float *w, const float *rstd,
-                                 int C)
+__global__ void k_rmsnorm_bwd_dx(float *din, uint16_t *din16, const float *dout, const float *x, const float *w,
+                                 const float *rstd, int C)
 {
     size_t off = (size_t)blockIdx.x * C;
     const float *xr = x + off, *gr = dout + off;
     float *d = din + off;
+    uint16_t *d16 = din16 ? din16 + off : NULL;
     float r = rstd[blockIdx.x];
     float s = 0.0f;
     for (int c = threadIdx.x; c < C; c += blockDim.x)
         s += w[c] * gr[c] * xr[c];
     float k = dt_rmsnorm_k(r, block_sum(s), C);
-    for (int c = threadIdx.x; c < C; c += blockDim.x)
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
         d[c] += dt_rmsnorm_dx(r, w[c], gr[c], xr[c], k);
+        DT_STORE16(d16, c, d[c]);
+    }
 }
 
 /* The partial sums of dw[c] = sum_n dout * x * rstd over chunk blockIdx.y

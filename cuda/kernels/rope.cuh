@@ -11,20 +11,29 @@
 
 #include "cuda/kernels/common.cuh"
 
-__global__ void k_rope(float *qkv, const int32_t *pos, int N, int T, int NH, int NKV, int HS, const float *inv_freq,
-                       float dir)
+/* With qkv16 != NULL (rope_bwd's bf16 output) the grid covers the v heads'
+ * pairs too, nh = NH + 2 NKV heads a row (else nh = NH + NKV): their
+ * pairs are only rounded into qkv16, the q and k pairs rotated, then
+ * rounded (DT_STORE16). */
+__global__ void k_rope(float *qkv, uint16_t *qkv16, const int32_t *pos, int N, int T, int NH, int NKV, int HS,
+                       const float *inv_freq, float dir)
 {
-    const int R = (NH + 2 * NKV) * HS, nqk = NH + NKV, half = HS / 2;
-    size_t total = (size_t)N * nqk * half;
+    const int R = (NH + 2 * NKV) * HS, nqk = NH + NKV, nh = qkv16 ? NH + 2 * NKV : nqk, half = HS / 2;
+    size_t total = (size_t)N * nh * half;
     GRID_STRIDE (idx, total) {
         int i = (int)(idx % (size_t)half);
         size_t rest = idx / (size_t)half;
-        int h = (int)(rest % (size_t)nqk);
-        size_t n = rest / (size_t)nqk;
-        float a = dt_rope_angle(pos ? pos[n] : (int)(n % (size_t)T), inv_freq[i]);
-        float c = cosf(a), s = dir * sinf(a);
-        float *p = qkv + n * R + (size_t)h * HS + 2 * i;
-        dt_rope_rotate(p, p + 1, c, s);
+        int h = (int)(rest % (size_t)nh);
+        size_t n = rest / (size_t)nh;
+        const size_t at = n * R + (size_t)h * HS + 2 * i;
+        float *p = qkv + at;
+        if (h < nqk) {
+            float a = dt_rope_angle(pos ? pos[n] : (int)(n % (size_t)T), inv_freq[i]);
+            float c = cosf(a), s = dir * sinf(a);
+            dt_rope_rotate(p, p + 1, c, s);
+        }
+        DT_STORE16(qkv16, at, p[0]);
+        DT_STORE16(qkv16, at + 1, p[1]);
     }
 }
 

@@ -50,6 +50,24 @@ static int max_threads(void) { return omp_get_max_threads(); }
 
 static int imin(int a, int b) { return a < b ? a : b; }
 
+/* o16[i] = bf16 of x[i], i < n: an op's bf16 output (base/ops.h), from the
+ * fp32 values it has just written. */
+static void rows16(uint16_t *o16, const float *x, size_t n)
+{
+#pragma omp simd
+    for (size_t i = 0; i < n; i++)
+        o16[i] = dt_f32_to_bf16(x[i]);
+}
+
+/* rows16 of n values, over the threads: the bf16 output of an op whose
+ * fp32 result is written by BLAS calls (attention, the GEMMs' epilogues). */
+static void cast_rows16(uint16_t *o16, const float *x, size_t n)
+{
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; i++)
+        o16[i] = dt_f32_to_bf16(x[i]);
+}
+
 /* The backend's state, every method's ctx; the table is its first member,
  * so ops_release frees both. */
 typedef struct cpu_ctx {
@@ -208,13 +226,14 @@ static void matmul_bwd(void *ctx, float *din, float *dw, float *db, const float 
 /* ---- LayerNorm ---------------------------------------------------------------- */
 
 /* out[N,C] = (x - mean) * rstd * w + b; mean[N], rstd[N] saved. */
-static void layernorm_fwd(void *ctx, float *out, float *mean, float *rstd, const float *x, const float *w,
-                          const float *b, int N, int C, float eps)
+static void layernorm_fwd(void *ctx, float *out, uint16_t *out16, float *mean, float *rstd, const float *x,
+                          const float *w, const float *b, int N, int C, float eps)
 {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         const float *xr = x + (size_t)n * C;
-        float *o = out + (size_t)n * C;
+        float *o = out ? out + (size_t)n * C : NULL;
+        uint16_t *o16 = out16 ? out16 + (size_t)n * C : NULL;
         float s = 0.0f;
 #pragma omp simd reduction(+ : s)
         for (int c = 0; c < C; c++)
@@ -227,9 +246,16 @@ static void layernorm_fwd(void *ctx, float *out, float *mean, float *rstd, const
             ss += d * d;
         }
         float r = dt_norm_rstd(ss, C, eps);
+        if (o) {
 #pragma omp simd
-        for (int c = 0; c < C; c++)
-            o[c] = dt_layernorm_out(xr[c], mu, r, w[c], b[c]);
+            for (int c = 0; c < C; c++)
+                o[c] = dt_layernorm_out(xr[c], mu, r, w[c], b[c]);
+        }
+        if (o16) {
+#pragma omp simd
+            for (int c = 0; c < C; c++)
+                o16[c] = dt_f32_to_bf16(dt_layernorm_out(xr[c], mu, r, w[c], b[c]));
+        }
         mean[n] = mu;
         rstd[n] = r;
     }
@@ -238,8 +264,9 @@ static void layernorm_fwd(void *ctx, float *out, float *mean, float *rstd, const
 /* din[N,C] += (g - mean(g) - xhat * mean(g * xhat)) * rstd with g = dout * w;
  * dw[C] (=|+=) sum_n dout * xhat; db[C] (=|+=) sum_n dout.
  * Rows for din, then column blocks for dw/db (deterministic). */
-static void layernorm_bwd(void *ctx, float *din, float *dw, float *db, const float *dout, const float *x,
-                          const float *w, const float *mean, const float *rstd, int N, int C, int accum_dw)
+static void layernorm_bwd(void *ctx, float *din, uint16_t *din16, float *dw, float *db, const float *dout,
+                          const float *x, const float *w, const float *mean, const float *rstd, int N, int C,
+                          int accum_dw)
 {
     int nblk = (C + COL_BLOCK - 1) / COL_BLOCK;
 #pragma omp parallel
@@ -264,6 +291,8 @@ static void layernorm_bwd(void *ctx, float *din, float *dw, float *db, const flo
                     float xhat = (xr[c] - mu) * r;
                     d[c] += dt_layernorm_dx(g[c], w[c], xhat, sg, sgx, r);
                 }
+                if (din16)
+                    rows16(din16 + (size_t)n * C, d, (size_t)C);
             }
         }
         if (dw || db) {
@@ -294,27 +323,36 @@ static void layernorm_bwd(void *ctx, float *din, float *dw, float *db, const flo
 /* ---- RMSNorm ------------------------------------------------------------------- */
 
 /* out[N,C] = x * rstd * w, rstd[N] = 1/sqrt(mean(x^2) + eps). */
-static void rmsnorm_fwd(void *ctx, float *out, float *rstd, const float *x, const float *w, int N, int C, float eps)
+static void rmsnorm_fwd(void *ctx, float *out, uint16_t *out16, float *rstd, const float *x, const float *w, int N,
+                        int C, float eps)
 {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         const float *xr = x + (size_t)n * C;
-        float *o = out + (size_t)n * C;
+        float *o = out ? out + (size_t)n * C : NULL;
+        uint16_t *o16 = out16 ? out16 + (size_t)n * C : NULL;
         float ss = 0.0f;
 #pragma omp simd reduction(+ : ss)
         for (int c = 0; c < C; c++)
             ss += xr[c] * xr[c];
         float r = dt_norm_rstd(ss, C, eps);
+        if (o) {
 #pragma omp simd
-        for (int c = 0; c < C; c++)
-            o[c] = xr[c] * r * w[c];
+            for (int c = 0; c < C; c++)
+                o[c] = xr[c] * r * w[c];
+        }
+        if (o16) {
+#pragma omp simd
+            for (int c = 0; c < C; c++)
+                o16[c] = dt_f32_to_bf16(xr[c] * r * w[c]);
+        }
         rstd[n] = r;
     }
 }
 
 /* din[N,C] += r * w * g - x * r^3 / C * sum_c(w g x);  dw[C] (=|+=) sum_n g x r. */
-static void rmsnorm_bwd(void *ctx, float *din, float *dw, const float *dout, const float *x, const float *w,
-                        const float *rstd, int N, int C, int accum_dw)
+static void rmsnorm_bwd(void *ctx, float *din, uint16_t *din16, float *dw, const float *dout, const float *x,
+                        const float *w, const float *rstd, int N, int C, int accum_dw)
 {
     int nblk = (C + COL_BLOCK - 1) / COL_BLOCK;
 #pragma omp parallel
@@ -333,6 +371,8 @@ static void rmsnorm_bwd(void *ctx, float *din, float *dw, const float *dout, con
 #pragma omp simd
                 for (int c = 0; c < C; c++)
                     d[c] += dt_rmsnorm_dx(r, w[c], g[c], xr[c], k);
+                if (din16)
+                    rows16(din16 + (size_t)n * C, d, (size_t)C);
             }
         }
         if (dw) {
@@ -404,10 +444,12 @@ static void rope_fwd(void *ctx, float *qkv, const int32_t *pos, int B, int T, in
     rope_apply(qkv, pos, B, T, NH, NKV, HS, inv_freq, 1.0f);
 }
 
-static void rope_bwd(void *ctx, float *dqkv, const int32_t *pos, int B, int T, int NH, int NKV, int HS,
-                     const float *inv_freq)
+static void rope_bwd(void *ctx, float *dqkv, uint16_t *dqkv16, const int32_t *pos, int B, int T, int NH, int NKV,
+                     int HS, const float *inv_freq)
 {
     rope_apply(dqkv, pos, B, T, NH, NKV, HS, inv_freq, -1.0f);
+    if (dqkv16)
+        cast_rows16(dqkv16, dqkv, (size_t)B * T * (NH + 2 * NKV) * HS);
 }
 
 /* ---- q/k norms (Qwen3) ------------------------------------------------------------ */
@@ -540,8 +582,8 @@ static void fill_nan(float *x, size_t n)
  * Per (b, h), per query block: S = Q K^T / sqrt(HS) over keys k0 up to the
  * block's last row, P = exp(S - lse), O = P V; Q, K, V are strided views of
  * qkv (row stride R). */
-static void attention_fwd(void *ctx, float *out, float *lse, const float *qkv, const int32_t *pos, int B, int T, int NH,
-                          int NKV, int HS)
+static void attention_fwd(void *ctx, float *out, uint16_t *out16, float *lse, const float *qkv, const int32_t *pos,
+                          int B, int T, int NH, int NKV, int HS)
 {
     const int R = (NH + 2 * NKV) * HS, OC = NH * HS, grp = NH / NKV;
     const float scale = 1.0f / sqrtf((float)HS);
@@ -572,6 +614,8 @@ static void attention_fwd(void *ctx, float *out, float *lse, const float *qkv, c
         fill_nan(out, (size_t)B * T * OC);
         fill_nan(lse, (size_t)B * NH * T);
     }
+    if (out16)
+        cast_rows16(out16, out, (size_t)B * T * OC);
 }
 
 /* One query row t of the backward's tiles: p holds its scaled scores, d
@@ -591,8 +635,8 @@ static void att_grad_row(float *p, float *d, const float *o, const float *dout, 
  *   P = exp(Q K^T scale - lse);  dP = dO V^T;  D = rowsum(dO o O);
  *   dS = P o (dP - D);  dQ = dS K scale;  dK += dS^T Q scale;  dV += P^T dO.
  * over the block's keys k0..r1-1, as in the forward. */
-static void attention_bwd(void *ctx, float *dqkv, const float *dout, const float *qkv, const float *out,
-                          const float *lse, const int32_t *pos, int B, int T, int NH, int NKV, int HS)
+static void attention_bwd(void *ctx, float *dqkv, uint16_t *dqkv16, const float *dout, const float *qkv,
+                          const float *out, const float *lse, const int32_t *pos, int B, int T, int NH, int NKV, int HS)
 {
     const int R = (NH + 2 * NKV) * HS, OC = NH * HS, grp = NH / NKV;
     const float scale = 1.0f / sqrtf((float)HS);
@@ -641,15 +685,24 @@ static void attention_bwd(void *ctx, float *dqkv, const float *dout, const float
     }
     if (failed)
         fill_nan(dqkv, (size_t)B * T * R);
+    if (dqkv16)
+        cast_rows16(dqkv16, dqkv, (size_t)B * T * R);
 }
 
 /* ---- activations ------------------------------------------------------------------ */
 
-static void gelu_fwd(void *ctx, float *out, const float *x, size_t n)
+static void gelu_fwd(void *ctx, float *out, uint16_t *out16, const float *x, size_t n)
 {
+    if (out) {
 #pragma omp parallel for simd schedule(static)
-    for (size_t i = 0; i < n; i++)
-        out[i] = dt_gelu(x[i]);
+        for (size_t i = 0; i < n; i++)
+            out[i] = dt_gelu(x[i]);
+    }
+    if (out16) {
+#pragma omp parallel for simd schedule(static)
+        for (size_t i = 0; i < n; i++)
+            out16[i] = dt_f32_to_bf16(dt_gelu(x[i]));
+    }
 }
 
 static void gelu_bwd(void *ctx, float *dx, const float *x, const float *dout, size_t n)
@@ -660,19 +713,27 @@ static void gelu_bwd(void *ctx, float *dx, const float *x, const float *dout, si
 }
 
 /* gu[N, 2F] = [gate | up]; out[N, F] = silu(gate) * up. */
-static void swiglu_fwd(void *ctx, float *out, const float *gu, int N, int F)
+static void swiglu_fwd(void *ctx, float *out, uint16_t *out16, const float *gu, int N, int F)
 {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         const float *g = gu + (size_t)n * 2 * F, *u = g + F;
-        float *o = out + (size_t)n * F;
+        float *o = out ? out + (size_t)n * F : NULL;
+        uint16_t *o16 = out16 ? out16 + (size_t)n * F : NULL;
+        if (o) {
 #pragma omp simd
-        for (int f = 0; f < F; f++)
-            o[f] = dt_silu(g[f]) * u[f];
+            for (int f = 0; f < F; f++)
+                o[f] = dt_silu(g[f]) * u[f];
+        }
+        if (o16) {
+#pragma omp simd
+            for (int f = 0; f < F; f++)
+                o16[f] = dt_f32_to_bf16(dt_silu(g[f]) * u[f]);
+        }
     }
 }
 
-static void swiglu_bwd(void *ctx, float *dgu, const float *gu, const float *dout, int N, int F)
+static void swiglu_bwd(void *ctx, float *dgu, uint16_t *dgu16, const float *gu, const float *dout, int N, int F)
 {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
@@ -681,6 +742,8 @@ static void swiglu_bwd(void *ctx, float *dgu, const float *gu, const float *dout
 #pragma omp simd
         for (int f = 0; f < F; f++)
             dt_swiglu_grad(g[f], u[f], d[f], &dg[f], &du[f]);
+        if (dgu16)
+            rows16(dgu16 + (size_t)n * 2 * F, dg, 2 * (size_t)F);
     }
 }
 
@@ -815,8 +878,8 @@ static void xent_sumexp(void *ctx, float *stats, float *expbuf, const float *log
  * (0 for ignored rows, target < 0). With dlogits (holding pass 2's exps):
  * dlogits = dloss * (softmax - onehot) over the Vl real columns; padding
  * columns and ignored rows become 0. */
-static void xent_finish(void *ctx, float *losses, float *dlogits, const float *rowmax, const float *stats,
-                        const int32_t *targets, int v0, int N, int Vl, int ld, float dloss)
+static void xent_finish(void *ctx, float *losses, float *dlogits, uint16_t *dlogits16, const float *rowmax,
+                        const float *stats, const int32_t *targets, int v0, int N, int Vl, int ld, float dloss)
 {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
@@ -826,6 +889,8 @@ static void xent_finish(void *ctx, float *losses, float *dlogits, const float *r
             losses[n] = 0.0f;
             if (d)
                 memset(d, 0, (size_t)ld * sizeof(float));
+            if (d && dlogits16)
+                memset(dlogits16 + (size_t)n * ld, 0, (size_t)ld * sizeof(uint16_t));
             continue;
         }
         losses[n] = dt_xent_loss(rowmax[n], sum, stats[2 * n + 1]);
@@ -839,6 +904,8 @@ static void xent_finish(void *ctx, float *losses, float *dlogits, const float *r
                 d[r] -= dloss;
             for (int i = Vl; i < ld; i++)
                 d[i] = 0.0f;
+            if (dlogits16)
+                rows16(dlogits16 + (size_t)n * ld, d, (size_t)ld);
         }
     }
 }
@@ -1091,14 +1158,14 @@ static void matmul_gelu_fwd(void *ctx, float *out, float *pre, const float *in, 
                             int IC, int OC)
 {
     matmul_fwd(ctx, pre, in, w, b, N, IC, OC);
-    gelu_fwd(ctx, out, pre, (size_t)N * OC);
+    gelu_fwd(ctx, out, NULL, pre, (size_t)N * OC);
 }
 
-static void matmul_gelu_fwd_bf16(void *ctx, float *out, float *pre, const uint16_t *in, const uint16_t *w,
-                                 const float *b, int N, int IC, int OC)
+static void matmul_gelu_fwd_bf16(void *ctx, float *out, uint16_t *out16, float *pre, const uint16_t *in,
+                                 const uint16_t *w, const float *b, int N, int IC, int OC)
 {
     matmul_fwd_bf16(ctx, pre, in, w, b, N, IC, OC);
-    gelu_fwd(ctx, out, pre, (size_t)N * OC);
+    gelu_fwd(ctx, out, out16, pre, (size_t)N * OC);
 }
 
 static void matmul_dgelu_bwd(void *ctx, float *din, float *dw, float *db, const float *dout, const float *in,
@@ -1109,13 +1176,15 @@ static void matmul_dgelu_bwd(void *ctx, float *din, float *dw, float *db, const 
         gelu_bwd(ctx, din, pre, din, (size_t)N * IC);
 }
 
-static void matmul_dgelu_bwd_bf16(void *ctx, float *din, float *dw, float *db, const uint16_t *dout16,
-                                  const float *dout, const uint16_t *in, const float *pre, const uint16_t *w, int N,
-                                  int IC, int OC, int accum_dw)
+static void matmul_dgelu_bwd_bf16(void *ctx, float *din, uint16_t *din16, float *dw, float *db,
+                                  const uint16_t *dout16, const float *dout, const uint16_t *in, const float *pre,
+                                  const uint16_t *w, int N, int IC, int OC, int accum_dw)
 {
     matmul_bwd_bf16(ctx, din, dw, db, dout16, dout, in, w, N, IC, OC, 0, accum_dw);
     if (din)
         gelu_bwd(ctx, din, pre, din, (size_t)N * IC);
+    if (din && din16)
+        cast_rows16(din16, din, (size_t)N * IC);
 }
 
 /* ---- grouped GEMMs (src/backend/ops_cpu_gmm.c) ------------------------------------------- */

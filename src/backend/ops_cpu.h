@@ -21,8 +21,8 @@ int ops_cpu_threads(int requested);
  * wrong numbers. NULL when out of memory. Releasing it runs what is queued
  * and releases base too. */
 const ops_t *ops_defer_create(const ops_t *base);
-/* Ops run and host waits (sync, to_host, sumsq, free) so far by the
- * deferred table d. */
-void ops_defer_counts(const ops_t *d, long *ops, long *waits);
+/* Ops run, host waits (sync, to_host, sumsq, free) and cast_f32_to_bf16
+ * calls (casts16, may be NULL) so far by the deferred table d. */
+void ops_defer_counts(const ops_t *d, long *ops, long *waits, long *casts16);
 
 #endif

@@ -51,6 +51,7 @@ typedef struct defer_ctx {
     unsigned char *buf;
     size_t len, cap;
     long ops_run, waits; /* ops_defer_counts */
+    long casts16;        /* cast_f32_to_bf16 calls queued (ops_defer_counts) */
     /* to_host_begin's copies, made only at to_host_end: [n_late] of [cap_late] */
     struct late_copy *late;
     size_t n_late, cap_late;
@@ -388,7 +389,9 @@ static void d_matmul_gelu_fwd(void *ctx, float *out, float *pre, const float *in
 }
 
 typedef struct {
-    float *out, *pre;
+    float *out;
+    uint16_t *out16;
+    float *pre;
     const uint16_t *in, *w;
     const float *b;
     int N, IC, OC;
@@ -396,12 +399,12 @@ typedef struct {
 static void r_matmul_gelu_fwd_bf16(const ops_t *b, const void *a_)
 {
     const mm_gelu_fwd16_args_t *a = a_;
-    b->matmul_gelu_fwd_bf16(b->ctx, a->out, a->pre, a->in, a->w, a->b, a->N, a->IC, a->OC);
+    b->matmul_gelu_fwd_bf16(b->ctx, a->out, a->out16, a->pre, a->in, a->w, a->b, a->N, a->IC, a->OC);
 }
-static void d_matmul_gelu_fwd_bf16(void *ctx, float *out, float *pre, const uint16_t *in, const uint16_t *w,
-                                   const float *b, int N, int IC, int OC)
+static void d_matmul_gelu_fwd_bf16(void *ctx, float *out, uint16_t *out16, float *pre, const uint16_t *in,
+                                   const uint16_t *w, const float *b, int N, int IC, int OC)
 {
-    defer(ctx, r_matmul_gelu_fwd_bf16, &(mm_gelu_fwd16_args_t){out, pre, in, w, b, N, IC, OC},
+    defer(ctx, r_matmul_gelu_fwd_bf16, &(mm_gelu_fwd16_args_t){out, out16, pre, in, w, b, N, IC, OC},
           sizeof(mm_gelu_fwd16_args_t));
 }
 
@@ -423,7 +426,9 @@ static void d_matmul_dgelu_bwd(void *ctx, float *din, float *dw, float *db, cons
 }
 
 typedef struct {
-    float *din, *dw, *db;
+    float *din;
+    uint16_t *din16;
+    float *dw, *db;
     const uint16_t *dout16;
     const float *dout;
     const uint16_t *in;
@@ -434,15 +439,15 @@ typedef struct {
 static void r_matmul_dgelu_bwd_bf16(const ops_t *b, const void *a_)
 {
     const mm_dgelu_bwd16_args_t *a = a_;
-    b->matmul_dgelu_bwd_bf16(b->ctx, a->din, a->dw, a->db, a->dout16, a->dout, a->in, a->pre, a->w, a->N, a->IC, a->OC,
-                             a->accum_dw);
+    b->matmul_dgelu_bwd_bf16(b->ctx, a->din, a->din16, a->dw, a->db, a->dout16, a->dout, a->in, a->pre, a->w, a->N,
+                             a->IC, a->OC, a->accum_dw);
 }
-static void d_matmul_dgelu_bwd_bf16(void *ctx, float *din, float *dw, float *db, const uint16_t *dout16,
-                                    const float *dout, const uint16_t *in, const float *pre, const uint16_t *w, int N,
-                                    int IC, int OC, int accum_dw)
+static void d_matmul_dgelu_bwd_bf16(void *ctx, float *din, uint16_t *din16, float *dw, float *db,
+                                    const uint16_t *dout16, const float *dout, const uint16_t *in, const float *pre,
+                                    const uint16_t *w, int N, int IC, int OC, int accum_dw)
 {
     defer(ctx, r_matmul_dgelu_bwd_bf16,
-          &(mm_dgelu_bwd16_args_t){din, dw, db, dout16, dout, in, pre, w, N, IC, OC, accum_dw},
+          &(mm_dgelu_bwd16_args_t){din, din16, dw, db, dout16, dout, in, pre, w, N, IC, OC, accum_dw},
           sizeof(mm_dgelu_bwd16_args_t));
 }
 
@@ -577,7 +582,9 @@ static void d_gmm_bwd_bf16(void *ctx, float *din, float *dw, float *db, const ui
 /* ---- norms ------------------------------------------------------------------- */
 
 typedef struct {
-    float *out, *mean, *rstd;
+    float *out;
+    uint16_t *out16;
+    float *mean, *rstd;
     const float *x, *w, *b;
     int N, C;
     float eps;
@@ -585,33 +592,39 @@ typedef struct {
 static void r_layernorm_fwd(const ops_t *b, const void *a_)
 {
     const ln_fwd_args_t *a = a_;
-    b->layernorm_fwd(b->ctx, a->out, a->mean, a->rstd, a->x, a->w, a->b, a->N, a->C, a->eps);
+    b->layernorm_fwd(b->ctx, a->out, a->out16, a->mean, a->rstd, a->x, a->w, a->b, a->N, a->C, a->eps);
 }
-static void d_layernorm_fwd(void *ctx, float *out, float *mean, float *rstd, const float *x, const float *w,
-                            const float *b, int N, int C, float eps)
+static void d_layernorm_fwd(void *ctx, float *out, uint16_t *out16, float *mean, float *rstd, const float *x,
+                            const float *w, const float *b, int N, int C, float eps)
 {
-    defer(ctx, r_layernorm_fwd, &(ln_fwd_args_t){out, mean, rstd, x, w, b, N, C, eps}, sizeof(ln_fwd_args_t));
+    defer(ctx, r_layernorm_fwd, &(ln_fwd_args_t){out, out16, mean, rstd, x, w, b, N, C, eps}, sizeof(ln_fwd_args_t));
 }
 
 typedef struct {
-    float *din, *dw, *db;
+    float *din;
+    uint16_t *din16;
+    float *dw, *db;
     const float *dout, *x, *w, *mean, *rstd;
     int N, C, accum_dw;
 } ln_bwd_args_t;
 static void r_layernorm_bwd(const ops_t *b, const void *a_)
 {
     const ln_bwd_args_t *a = a_;
-    b->layernorm_bwd(b->ctx, a->din, a->dw, a->db, a->dout, a->x, a->w, a->mean, a->rstd, a->N, a->C, a->accum_dw);
+    b->layernorm_bwd(b->ctx, a->din, a->din16, a->dw, a->db, a->dout, a->x, a->w, a->mean, a->rstd, a->N, a->C,
+                     a->accum_dw);
 }
-static void d_layernorm_bwd(void *ctx, float *din, float *dw, float *db, const float *dout, const float *x,
-                            const float *w, const float *mean, const float *rstd, int N, int C, int accum_dw)
+static void d_layernorm_bwd(void *ctx, float *din, uint16_t *din16, float *dw, float *db, const float *dout,
+                            const float *x, const float *w, const float *mean, const float *rstd, int N, int C,
+                            int accum_dw)
 {
-    defer(ctx, r_layernorm_bwd, &(ln_bwd_args_t){din, dw, db, dout, x, w, mean, rstd, N, C, accum_dw},
+    defer(ctx, r_layernorm_bwd, &(ln_bwd_args_t){din, din16, dw, db, dout, x, w, mean, rstd, N, C, accum_dw},
           sizeof(ln_bwd_args_t));
 }
 
 typedef struct {
-    float *out, *rstd;
+    float *out;
+    uint16_t *out16;
+    float *rstd;
     const float *x, *w;
     int N, C;
     float eps;
@@ -619,27 +632,31 @@ typedef struct {
 static void r_rmsnorm_fwd(const ops_t *b, const void *a_)
 {
     const rms_fwd_args_t *a = a_;
-    b->rmsnorm_fwd(b->ctx, a->out, a->rstd, a->x, a->w, a->N, a->C, a->eps);
+    b->rmsnorm_fwd(b->ctx, a->out, a->out16, a->rstd, a->x, a->w, a->N, a->C, a->eps);
 }
-static void d_rmsnorm_fwd(void *ctx, float *out, float *rstd, const float *x, const float *w, int N, int C, float eps)
+static void d_rmsnorm_fwd(void *ctx, float *out, uint16_t *out16, float *rstd, const float *x, const float *w, int N,
+                          int C, float eps)
 {
-    defer(ctx, r_rmsnorm_fwd, &(rms_fwd_args_t){out, rstd, x, w, N, C, eps}, sizeof(rms_fwd_args_t));
+    defer(ctx, r_rmsnorm_fwd, &(rms_fwd_args_t){out, out16, rstd, x, w, N, C, eps}, sizeof(rms_fwd_args_t));
 }
 
 typedef struct {
-    float *din, *dw;
+    float *din;
+    uint16_t *din16;
+    float *dw;
     const float *dout, *x, *w, *rstd;
     int N, C, accum_dw;
 } rms_bwd_args_t;
 static void r_rmsnorm_bwd(const ops_t *b, const void *a_)
 {
     const rms_bwd_args_t *a = a_;
-    b->rmsnorm_bwd(b->ctx, a->din, a->dw, a->dout, a->x, a->w, a->rstd, a->N, a->C, a->accum_dw);
+    b->rmsnorm_bwd(b->ctx, a->din, a->din16, a->dw, a->dout, a->x, a->w, a->rstd, a->N, a->C, a->accum_dw);
 }
-static void d_rmsnorm_bwd(void *ctx, float *din, float *dw, const float *dout, const float *x, const float *w,
-                          const float *rstd, int N, int C, int accum_dw)
+static void d_rmsnorm_bwd(void *ctx, float *din, uint16_t *din16, float *dw, const float *dout, const float *x,
+                          const float *w, const float *rstd, int N, int C, int accum_dw)
 {
-    defer(ctx, r_rmsnorm_bwd, &(rms_bwd_args_t){din, dw, dout, x, w, rstd, N, C, accum_dw}, sizeof(rms_bwd_args_t));
+    defer(ctx, r_rmsnorm_bwd, &(rms_bwd_args_t){din, din16, dw, dout, x, w, rstd, N, C, accum_dw},
+          sizeof(rms_bwd_args_t));
 }
 
 /* ---- rope and attention -------------------------------------------------------- */
@@ -660,15 +677,20 @@ static void d_rope_fwd(void *ctx, float *qkv, const int32_t *pos, int B, int T, 
 {
     defer(ctx, r_rope_fwd, &(rope_args_t){qkv, pos, B, T, NH, NKV, HS, inv_freq}, sizeof(rope_args_t));
 }
+typedef struct {
+    rope_args_t r;
+    uint16_t *dqkv16;
+} rope_bwd_args_t;
 static void r_rope_bwd(const ops_t *b, const void *a_)
 {
-    const rope_args_t *a = a_;
-    b->rope_bwd(b->ctx, a->qkv, a->pos, a->B, a->T, a->NH, a->NKV, a->HS, a->inv_freq);
+    const rope_bwd_args_t *a = a_;
+    b->rope_bwd(b->ctx, a->r.qkv, a->dqkv16, a->r.pos, a->r.B, a->r.T, a->r.NH, a->r.NKV, a->r.HS, a->r.inv_freq);
 }
-static void d_rope_bwd(void *ctx, float *dqkv, const int32_t *pos, int B, int T, int NH, int NKV, int HS,
-                       const float *inv_freq)
+static void d_rope_bwd(void *ctx, float *dqkv, uint16_t *dqkv16, const int32_t *pos, int B, int T, int NH, int NKV,
+                       int HS, const float *inv_freq)
 {
-    defer(ctx, r_rope_bwd, &(rope_args_t){dqkv, pos, B, T, NH, NKV, HS, inv_freq}, sizeof(rope_args_t));
+    defer(ctx, r_rope_bwd, &(rope_bwd_args_t){{dqkv, pos, B, T, NH, NKV, HS, inv_freq}, dqkv16},
+          sizeof(rope_bwd_args_t));
 }
 
 typedef struct {
@@ -706,7 +728,9 @@ static void d_qknorm_bwd(void *ctx, float *dqkv, float *dwq, float *dwk, const f
 }
 
 typedef struct {
-    float *out, *lse;
+    float *out;
+    uint16_t *out16;
+    float *lse;
     const float *qkv;
     const int32_t *pos;
     int B, T, NH, NKV, HS;
@@ -714,16 +738,18 @@ typedef struct {
 static void r_attention_fwd(const ops_t *b, const void *a_)
 {
     const att_fwd_args_t *a = a_;
-    b->attention_fwd(b->ctx, a->out, a->lse, a->qkv, a->pos, a->B, a->T, a->NH, a->NKV, a->HS);
+    b->attention_fwd(b->ctx, a->out, a->out16, a->lse, a->qkv, a->pos, a->B, a->T, a->NH, a->NKV, a->HS);
 }
-static void d_attention_fwd(void *ctx, float *out, float *lse, const float *qkv, const int32_t *pos, int B, int T,
-                            int NH, int NKV, int HS)
+static void d_attention_fwd(void *ctx, float *out, uint16_t *out16, float *lse, const float *qkv, const int32_t *pos,
+                            int B, int T, int NH, int NKV, int HS)
 {
-    defer(ctx, r_attention_fwd, &(att_fwd_args_t){out, lse, qkv, pos, B, T, NH, NKV, HS}, sizeof(att_fwd_args_t));
+    defer(ctx, r_attention_fwd, &(att_fwd_args_t){out, out16, lse, qkv, pos, B, T, NH, NKV, HS},
+          sizeof(att_fwd_args_t));
 }
 
 typedef struct {
     float *dqkv;
+    uint16_t *dqkv16;
     const float *dout, *qkv, *out, *lse;
     const int32_t *pos;
     int B, T, NH, NKV, HS;
@@ -731,12 +757,14 @@ typedef struct {
 static void r_attention_bwd(const ops_t *b, const void *a_)
 {
     const att_bwd_args_t *a = a_;
-    b->attention_bwd(b->ctx, a->dqkv, a->dout, a->qkv, a->out, a->lse, a->pos, a->B, a->T, a->NH, a->NKV, a->HS);
+    b->attention_bwd(b->ctx, a->dqkv, a->dqkv16, a->dout, a->qkv, a->out, a->lse, a->pos, a->B, a->T, a->NH, a->NKV,
+                     a->HS);
 }
-static void d_attention_bwd(void *ctx, float *dqkv, const float *dout, const float *qkv, const float *out,
-                            const float *lse, const int32_t *pos, int B, int T, int NH, int NKV, int HS)
+static void d_attention_bwd(void *ctx, float *dqkv, uint16_t *dqkv16, const float *dout, const float *qkv,
+                            const float *out, const float *lse, const int32_t *pos, int B, int T, int NH, int NKV,
+                            int HS)
 {
-    defer(ctx, r_attention_bwd, &(att_bwd_args_t){dqkv, dout, qkv, out, lse, pos, B, T, NH, NKV, HS},
+    defer(ctx, r_attention_bwd, &(att_bwd_args_t){dqkv, dqkv16, dout, qkv, out, lse, pos, B, T, NH, NKV, HS},
           sizeof(att_bwd_args_t));
 }
 
@@ -833,17 +861,18 @@ static void d_attention_kv_unpack(void *ctx, float *dqkv, const float *dkv, int 
 
 typedef struct {
     float *out;
+    uint16_t *out16;
     const float *x;
     size_t n;
 } gelu_fwd_args_t;
 static void r_gelu_fwd(const ops_t *b, const void *a_)
 {
     const gelu_fwd_args_t *a = a_;
-    b->gelu_fwd(b->ctx, a->out, a->x, a->n);
+    b->gelu_fwd(b->ctx, a->out, a->out16, a->x, a->n);
 }
-static void d_gelu_fwd(void *ctx, float *out, const float *x, size_t n)
+static void d_gelu_fwd(void *ctx, float *out, uint16_t *out16, const float *x, size_t n)
 {
-    defer(ctx, r_gelu_fwd, &(gelu_fwd_args_t){out, x, n}, sizeof(gelu_fwd_args_t));
+    defer(ctx, r_gelu_fwd, &(gelu_fwd_args_t){out, out16, x, n}, sizeof(gelu_fwd_args_t));
 }
 
 typedef struct {
@@ -863,32 +892,34 @@ static void d_gelu_bwd(void *ctx, float *dx, const float *x, const float *dout, 
 
 typedef struct {
     float *out;
+    uint16_t *out16;
     const float *gu;
     int N, F;
 } swiglu_fwd_args_t;
 static void r_swiglu_fwd(const ops_t *b, const void *a_)
 {
     const swiglu_fwd_args_t *a = a_;
-    b->swiglu_fwd(b->ctx, a->out, a->gu, a->N, a->F);
+    b->swiglu_fwd(b->ctx, a->out, a->out16, a->gu, a->N, a->F);
 }
-static void d_swiglu_fwd(void *ctx, float *out, const float *gu, int N, int F)
+static void d_swiglu_fwd(void *ctx, float *out, uint16_t *out16, const float *gu, int N, int F)
 {
-    defer(ctx, r_swiglu_fwd, &(swiglu_fwd_args_t){out, gu, N, F}, sizeof(swiglu_fwd_args_t));
+    defer(ctx, r_swiglu_fwd, &(swiglu_fwd_args_t){out, out16, gu, N, F}, sizeof(swiglu_fwd_args_t));
 }
 
 typedef struct {
     float *dgu;
+    uint16_t *dgu16;
     const float *gu, *dout;
     int N, F;
 } swiglu_bwd_args_t;
 static void r_swiglu_bwd(const ops_t *b, const void *a_)
 {
     const swiglu_bwd_args_t *a = a_;
-    b->swiglu_bwd(b->ctx, a->dgu, a->gu, a->dout, a->N, a->F);
+    b->swiglu_bwd(b->ctx, a->dgu, a->dgu16, a->gu, a->dout, a->N, a->F);
 }
-static void d_swiglu_bwd(void *ctx, float *dgu, const float *gu, const float *dout, int N, int F)
+static void d_swiglu_bwd(void *ctx, float *dgu, uint16_t *dgu16, const float *gu, const float *dout, int N, int F)
 {
-    defer(ctx, r_swiglu_bwd, &(swiglu_bwd_args_t){dgu, gu, dout, N, F}, sizeof(swiglu_bwd_args_t));
+    defer(ctx, r_swiglu_bwd, &(swiglu_bwd_args_t){dgu, dgu16, gu, dout, N, F}, sizeof(swiglu_bwd_args_t));
 }
 
 typedef struct {
@@ -978,6 +1009,7 @@ static void d_xent_sumexp(void *ctx, float *stats, float *expbuf, const float *l
 
 typedef struct {
     float *losses, *dlogits;
+    uint16_t *dlogits16;
     const float *rowmax, *stats;
     const int32_t *targets;
     int v0, N, Vl, ld;
@@ -986,12 +1018,14 @@ typedef struct {
 static void r_xent_finish(const ops_t *b, const void *a_)
 {
     const xfin_args_t *a = a_;
-    b->xent_finish(b->ctx, a->losses, a->dlogits, a->rowmax, a->stats, a->targets, a->v0, a->N, a->Vl, a->ld, a->dloss);
+    b->xent_finish(b->ctx, a->losses, a->dlogits, a->dlogits16, a->rowmax, a->stats, a->targets, a->v0, a->N, a->Vl,
+                   a->ld, a->dloss);
 }
-static void d_xent_finish(void *ctx, float *losses, float *dlogits, const float *rowmax, const float *stats,
-                          const int32_t *targets, int v0, int N, int Vl, int ld, float dloss)
+static void d_xent_finish(void *ctx, float *losses, float *dlogits, uint16_t *dlogits16, const float *rowmax,
+                          const float *stats, const int32_t *targets, int v0, int N, int Vl, int ld, float dloss)
 {
-    defer(ctx, r_xent_finish, &(xfin_args_t){losses, dlogits, rowmax, stats, targets, v0, N, Vl, ld, dloss},
+    defer(ctx, r_xent_finish,
+          &(xfin_args_t){losses, dlogits, dlogits16, rowmax, stats, targets, v0, N, Vl, ld, dloss},
           sizeof(xfin_args_t));
 }
 
@@ -1053,6 +1087,7 @@ static void r_cast_f32_to_bf16(const ops_t *b, const void *a_)
 }
 static void d_cast_f32_to_bf16(void *ctx, uint16_t *out, const float *in, size_t n)
 {
+    ((defer_t *)ctx)->casts16++;
     defer(ctx, r_cast_f32_to_bf16, &(to16_args_t){out, in, n}, sizeof(to16_args_t));
 }
 
@@ -1341,9 +1376,11 @@ const ops_t *ops_defer_create(const ops_t *base)
     return &q->ops;
 }
 
-void ops_defer_counts(const ops_t *d, long *ops, long *waits)
+void ops_defer_counts(const ops_t *d, long *ops, long *waits, long *casts16)
 {
     const defer_t *q = d->ctx;
     *ops = q->ops_run;
     *waits = q->waits;
+    if (casts16)
+        *casts16 = q->casts16;
 }

@@ -337,6 +337,8 @@ static void carve_block(const model_t *m, char *base, size_t *cursor, block_acts
         }
         s->lse = carve(base, cursor, LSE);
         s->atty = carve(base, cursor, N * QD);
+        if (bf16)
+            s->atty16 = carve16(base, cursor, N * QD);
         s->res2 = carve(base, cursor, NR * C);
         if (bf16)
             s->ln2_16 = carve16(base, cursor, N * C);
@@ -363,8 +365,9 @@ static void carve_block(const model_t *m, char *base, size_t *cursor, block_acts
  *           + r(N*FW)
  *           + r(N*(NH+NKV)*HS) + r(N*(NH+NKV))  (qk_norm: q, k before their norms, rstd)
  *   act   = r(N*F)
- *   (--dtype bf16: 2 h(N*C) for ln1 and ln2 in core, act = h(N*F), with
- *   h() below: the matmul-only inputs are kept in bf16)
+ *   (--dtype bf16: 2 h(N*C) for ln1 and ln2 in core, + h(N*QD) for the
+ *   attention output's bf16 copy, act = h(N*F), with h() below: the
+ *   matmul-only inputs are kept in bf16)
  *   block = core + act  (--recompute none)
  *           core        (selective)
  *           0           (full)
@@ -987,7 +990,8 @@ static const uint16_t *weight16(model_t *m, const float *w, size_t n)
  * fp32, or (--dtype bf16) in and w rounded to bf16, fp32 sums. The
  * weight's bf16 copy is params16's; the input is rounded into keep16, an
  * activation the backward reads again, or with keep16 NULL into the a16
- * workspace. */
+ * workspace; in == NULL: keep16 holds it already, written by the op that
+ * produced it (base/ops.h's bf16 outputs), and no cast runs. */
 void model_mm_fwd(model_t *m, float *out, const float *in, uint16_t *keep16, const float *w, const float *b, int N,
                   int IC, int OC)
 {
@@ -998,14 +1002,17 @@ void model_mm_fwd(model_t *m, float *out, const float *in, uint16_t *keep16, con
     }
     const uint16_t *w16 = weight16(m, w, (size_t)OC * IC);
     uint16_t *in16 = keep16 ? keep16 : m->a16;
-    o->cast_f32_to_bf16(o->ctx, in16, in, (size_t)N * IC);
+    if (in)
+        o->cast_f32_to_bf16(o->ctx, in16, in, (size_t)N * IC);
     o->matmul_fwd_bf16(o->ctx, out, in16, w16, b, N, IC, OC);
 }
 
 /* mm_fwd into pre[N,OC] with out[N,OC] = gelu(pre): GPT-2's fc and its
- * GELU as one op, which CUDA runs as one GEMM with a GELU epilogue. */
-static void mm_gelu_fwd(model_t *m, float *out, float *pre, const float *in, uint16_t *keep16, const float *w,
-                        const float *b, int N, int IC, int OC)
+ * GELU as one op, which CUDA runs as one GEMM with a GELU epilogue; under
+ * bf16 out16 receives gelu(pre)'s bf16 (the proj GEMM's input) and out
+ * may be NULL. */
+static void mm_gelu_fwd(model_t *m, float *out, uint16_t *out16, float *pre, const float *in, uint16_t *keep16,
+                        const float *w, const float *b, int N, int IC, int OC)
 {
     const ops_t *o = m->ops;
     if (!m->lay.bf16) {
@@ -1014,21 +1021,29 @@ static void mm_gelu_fwd(model_t *m, float *out, float *pre, const float *in, uin
     }
     const uint16_t *w16 = weight16(m, w, (size_t)OC * IC);
     uint16_t *in16 = keep16 ? keep16 : m->a16;
-    o->cast_f32_to_bf16(o->ctx, in16, in, (size_t)N * IC);
-    o->matmul_gelu_fwd_bf16(o->ctx, out, pre, in16, w16, b, N, IC, OC);
+    if (in)
+        o->cast_f32_to_bf16(o->ctx, in16, in, (size_t)N * IC);
+    o->matmul_gelu_fwd_bf16(o->ctx, out, out16, pre, in16, w16, b, N, IC, OC);
 }
 
-/* The bf16 operands of a matmul backward (--dtype bf16): dout rounded into
- * the d16 workspace when a GEMM reads it, and the input's bf16 copy when
- * dw is wanted: in16 when the forward kept it (in is then not read), else
- * in rounded into the a16 workspace. */
-static const uint16_t *mm_bwd_operands16(model_t *m, const float *dout, const float *in, const uint16_t *in16,
-                                         int want_din, int want_dw, int N, int IC, int OC)
+/* The bf16 output gradient of a matmul backward (--dtype bf16): dout16
+ * when its producer wrote it, else dout[n] rounded into the d16 workspace
+ * when a GEMM reads it (want). */
+static const uint16_t *mm_bwd_dout16(model_t *m, const float *dout, const uint16_t *dout16, int want, size_t n)
 {
-    if (want_din || want_dw)
-        m->ops->cast_f32_to_bf16(m->ops->ctx, m->d16, dout, (size_t)N * OC);
+    if (dout16)
+        return dout16;
+    if (want)
+        m->ops->cast_f32_to_bf16(m->ops->ctx, m->d16, dout, n);
+    return m->d16;
+}
+
+/* The input's bf16 copy when dw is wanted: in16 when the forward kept it
+ * (in is then not read), else in[n] rounded into the a16 workspace. */
+static const uint16_t *mm_bwd_in16(model_t *m, const float *in, const uint16_t *in16, int want_dw, size_t n)
+{
     if (want_dw && !in16) {
-        m->ops->cast_f32_to_bf16(m->ops->ctx, m->a16, in, (size_t)N * IC);
+        m->ops->cast_f32_to_bf16(m->ops->ctx, m->a16, in, n);
         in16 = m->a16;
     }
     return in16;
@@ -1037,8 +1052,9 @@ static const uint16_t *mm_bwd_operands16(model_t *m, const float *dout, const fl
 /* matmul_bwd in the model's GEMM precision: with bf16, dout, in and w are
  * rounded to bf16 for the two GEMMs (mixed precision's usual backward);
  * the bias gradient sums the fp32 dout. */
-void model_mm_bwd(model_t *m, float *din, float *dw, float *db, const float *dout, const float *in,
-                  const uint16_t *in16, const float *w, int N, int IC, int OC, int accum_din, int accum_dw)
+void model_mm_bwd(model_t *m, float *din, float *dw, float *db, const float *dout, const uint16_t *dout16,
+                  const float *in, const uint16_t *in16, const float *w, int N, int IC, int OC, int accum_din,
+                  int accum_dw)
 {
     const ops_t *o = m->ops;
     if (!m->lay.bf16) {
@@ -1046,15 +1062,17 @@ void model_mm_bwd(model_t *m, float *din, float *dw, float *db, const float *dou
         return;
     }
     const uint16_t *w16 = din ? weight16(m, w, (size_t)OC * IC) : NULL;
-    in16 = mm_bwd_operands16(m, dout, in, in16, din != NULL, dw != NULL, N, IC, OC);
-    o->matmul_bwd_bf16(o->ctx, din, dw, db, m->d16, dout, in16, w16, N, IC, OC, accum_din, accum_dw);
+    dout16 = mm_bwd_dout16(m, dout, dout16, din || dw, (size_t)N * OC);
+    in16 = mm_bwd_in16(m, in, in16, dw != NULL, (size_t)N * IC);
+    o->matmul_bwd_bf16(o->ctx, din, dw, db, dout16, dout, in16, w16, N, IC, OC, accum_din, accum_dw);
 }
 
 /* mm_bwd of a matmul whose input was gelu(pre), with din[N,IC] the
  * gradient at the GELU's input (written): GPT-2's proj backward and the
  * GELU's as one op (a GEMM with a DGELU epilogue on CUDA). */
-void model_mm_dgelu_bwd(model_t *m, float *din, float *dw, float *db, const float *dout, const float *in,
-                        const uint16_t *in16, const float *pre, const float *w, int N, int IC, int OC, int accum_dw)
+void model_mm_dgelu_bwd(model_t *m, float *din, uint16_t *din16, float *dw, float *db, const float *dout,
+                        const uint16_t *dout16, const float *in, const uint16_t *in16, const float *pre, const float *w,
+                        int N, int IC, int OC, int accum_dw)
 {
     const ops_t *o = m->ops;
     if (!m->lay.bf16) {
@@ -1062,15 +1080,17 @@ void model_mm_dgelu_bwd(model_t *m, float *din, float *dw, float *db, const floa
         return;
     }
     const uint16_t *w16 = weight16(m, w, (size_t)OC * IC);
-    in16 = mm_bwd_operands16(m, dout, in, in16, 1, dw != NULL, N, IC, OC);
-    o->matmul_dgelu_bwd_bf16(o->ctx, din, dw, db, m->d16, dout, in16, pre, w16, N, IC, OC, accum_dw);
+    dout16 = mm_bwd_dout16(m, dout, dout16, 1, (size_t)N * OC);
+    in16 = mm_bwd_in16(m, in, in16, dw != NULL, (size_t)N * IC);
+    o->matmul_dgelu_bwd_bf16(o->ctx, din, din16, dw, db, dout16, dout, in16, pre, w16, N, IC, OC, accum_dw);
 }
 
 /* The grouped GEMMs (ops gmm_*) in the model's GEMM precision, for the
  * experts (moe.c): G groups of rows by offs (host, offs[0] = 0), weights
  * w[G,OC,IC] in one run (params16's copy, or a lent block's rounded into
- * w16). Under bf16 the rows' inputs are rounded into a16 and the output
- * gradient into d16, all groups' at once. */
+ * w16). Under bf16 the rows' inputs are rounded into a16 (in == NULL:
+ * a16 holds them, written by their producer) and the output gradient
+ * into d16, all groups' at once. */
 void model_gmm_fwd(model_t *m, float *out, const float *in, const float *w, const float *b, const int32_t *offs, int G,
                    int IC, int OC)
 {
@@ -1080,7 +1100,8 @@ void model_gmm_fwd(model_t *m, float *out, const float *in, const float *w, cons
         return;
     }
     const uint16_t *w16 = weight16(m, w, (size_t)G * OC * IC);
-    o->cast_f32_to_bf16(o->ctx, m->a16, in, (size_t)offs[G] * IC);
+    if (in)
+        o->cast_f32_to_bf16(o->ctx, m->a16, in, (size_t)offs[G] * IC);
     o->gmm_fwd_bf16(o->ctx, out, m->a16, w16, b, offs, G, IC, OC);
 }
 
@@ -1093,24 +1114,47 @@ void model_gmm_bwd(model_t *m, float *din, float *dw, float *db, const float *do
         return;
     }
     const uint16_t *w16 = din ? weight16(m, w, (size_t)G * OC * IC) : NULL;
-    const uint16_t *in16 = mm_bwd_operands16(m, dout, in, NULL, din != NULL, dw != NULL, offs[G], IC, OC);
-    o->gmm_bwd_bf16(o->ctx, din, dw, db, m->d16, dout, in16, pre, w16, offs, G, IC, OC, 0, accum_dw);
+    const uint16_t *dout16 = mm_bwd_dout16(m, dout, NULL, din || dw, (size_t)offs[G] * OC);
+    const uint16_t *in16 = mm_bwd_in16(m, in, NULL, dw != NULL, (size_t)offs[G] * IC);
+    o->gmm_bwd_bf16(o->ctx, din, dw, db, dout16, dout, in16, pre, w16, offs, G, IC, OC, 0, accum_dw);
+}
+
+/* The model's norm of the NR rows of x into out[NR,C] and (NULL: not
+ * wanted) its bf16 out16[NR,C]; out may be NULL when out16 is not. */
+static void norm_rows(model_t *m, float *out, uint16_t *out16, float *mean, float *rstd, const float *x, const float *w,
+                      const float *b, int NR)
+{
+    const model_config_t *c = &m->cfg;
+    if (c->arch == ARCH_GPT2)
+        m->ops->layernorm_fwd(m->ops->ctx, out, out16, mean, rstd, x, w, b, NR, c->d_model, c->norm_eps);
+    else
+        m->ops->rmsnorm_fwd(m->ops->ctx, out, out16, rstd, x, w, NR, c->d_model, c->norm_eps);
 }
 
 /* Norm of this rank's NR rows of x, then all N rows of the result in
- * out[N,C] (gathered under sequence parallelism). */
-static status_t norm_fwd_gather(model_t *m, float *out, float *mean, float *rstd, const float *x, const float *w,
-                                const float *b, int N, int NR, char *err, size_t errlen)
+ * out[N,C] and (bf16, NULL: not wanted) out16[N,C], gathered under
+ * sequence parallelism; out NULL: only the bf16 copy is wanted. The norm
+ * writes both itself, except under sequence parallelism with out wanted
+ * too (a MoE model's ln2): the fp32 rows are gathered and out16 cast
+ * from them, the one rounding pass left in the forward. */
+static status_t norm_fwd_gather(model_t *m, float *out, uint16_t *out16, float *mean, float *rstd, const float *x,
+                                const float *w, const float *b, int N, int NR, char *err, size_t errlen)
 {
-    const model_config_t *c = &m->cfg;
-    const int C = c->d_model;
-    float *dst = m->lay.sequence_parallel ? m->lnr : out;
-    if (c->arch == ARCH_GPT2)
-        m->ops->layernorm_fwd(m->ops->ctx, dst, mean, rstd, x, w, b, NR, C, c->norm_eps);
-    else
-        m->ops->rmsnorm_fwd(m->ops->ctx, dst, rstd, x, w, NR, C, c->norm_eps);
-    (void)N;
-    return m->lay.sequence_parallel ? tp_act_gather(m, out, m->lnr, (size_t)NR * C, err, errlen) : STATUS_OK;
+    const size_t nr = (size_t)NR * (size_t)m->cfg.d_model;
+    if (!m->lay.sequence_parallel) {
+        norm_rows(m, out, out16, mean, rstd, x, w, b, NR);
+        return STATUS_OK;
+    }
+    if (!out && nr % 2 == 0) { /* the bf16 rows gathered as they are, two to a float */
+        norm_rows(m, NULL, (uint16_t *)m->lnr, mean, rstd, x, w, b, NR);
+        return tp_allgather(m, (float *)out16, m->lnr, nr / 2, err, errlen);
+    }
+    float *all = out ? out : m->dln; /* dln: free in the forward */
+    norm_rows(m, m->lnr, NULL, mean, rstd, x, w, b, NR);
+    CHECK(tp_act_gather(m, all, m->lnr, nr, err, errlen));
+    if (out16)
+        m->ops->cast_f32_to_bf16(m->ops->ctx, out16, all, (size_t)N * (size_t)m->cfg.d_model);
+    return STATUS_OK;
 }
 
 /* out[NR,C] = res[NR,C] + (in[N,IC] . w^T + b) summed over TP ranks: the
@@ -1134,7 +1178,8 @@ static status_t row_parallel_fwd(model_t *m, float *out, const float *res, const
 
 /* The tensors block i of slot sl is computed into and its backward reads:
  * the slot's own, with the ones --recompute drops taken from the shared
- * workspace (fc_act from dbig2, which only a backward uses otherwise). */
+ * workspace (fc_act from dbig2, which only a backward uses otherwise;
+ * under --dtype bf16 its bf16 copy fc_act16, the only one then made). */
 static block_acts_t block_view(const model_t *m, const model_slot_t *sl, int i)
 {
     block_acts_t a = sl->acts[i - sl->first];
@@ -1146,7 +1191,12 @@ static block_acts_t block_view(const model_t *m, const model_slot_t *sl, int i)
         a = *r;
         a.moe = moe;
     }
-    a.fc_act = m->dbig2;
+    if (m->lay.bf16) {
+        a.fc_act = NULL;
+        a.fc_act16 = (uint16_t *)m->dbig2;
+    } else {
+        a.fc_act = m->dbig2;
+    }
     return a;
 }
 
@@ -1155,18 +1205,22 @@ static const int32_t *slot_pos(const model_slot_t *sl) { return sl->has_pos ? sl
 /* --cp with documents: the rows' global document starts, or NULL */
 static const int32_t *slot_qdoc(const model_slot_t *sl) { return sl->has_pos ? sl->qdoc : NULL; }
 
-/* Attention of a block's qkv into atty and lse: the ops' whole-sequence
- * kernel, or under --cp the ring over the CP group (qdoc: the rows'
- * document starts). */
+/* Attention of a block's qkv into atty, its bf16 copy atty16 (--dtype
+ * bf16) and lse: the ops' whole-sequence kernel, or under --cp the ring
+ * over the CP group (qdoc: the rows' document starts), whose merged
+ * output is then cast to bf16. */
 static status_t attention_fwd(model_t *m, const block_acts_t *a, const int32_t *pos, const int32_t *qdoc, int b, int t,
                               char *err, size_t errlen)
 {
     const int HS = model_head_size(&m->cfg);
     if (!cp_on(m)) {
-        m->ops->attention_fwd(m->ops->ctx, a->atty, a->lse, a->qkv, pos, b, t, heads(m), kv_heads(m), HS);
+        m->ops->attention_fwd(m->ops->ctx, a->atty, a->atty16, a->lse, a->qkv, pos, b, t, heads(m), kv_heads(m), HS);
         return STATUS_OK;
     }
-    return cp_ring_forward(m->ring, a->atty, a->lse, a->qkv, qdoc, &m->cp_stats, err, errlen);
+    CHECK(cp_ring_forward(m->ring, a->atty, a->lse, a->qkv, qdoc, &m->cp_stats, err, errlen));
+    if (a->atty16)
+        m->ops->cast_f32_to_bf16(m->ops->ctx, a->atty16, a->atty, (size_t)b * t * heads(m) * HS);
+    return STATUS_OK;
 }
 
 /* A MoE layer's feed-forward: xout[NR,C] = res[NR,C] + (the shared
@@ -1211,38 +1265,38 @@ static status_t block_fwd(model_t *m, const block_acts_t *a, moe_acts_t *ma, flo
     const int NH = heads(m), NKV = kv_heads(m), QD = NH * HS, F = layer_ffn(m, i);
     const block_tensors_t *w = &m->p.h[i];
     /* --dtype bf16 keeps ln1, ln2 and fc_act only as their bf16 copies
-     * (a->*16, made by the matmuls that read them): their fp32 values go
-     * to backward-only workspace, dln [N,C] and dbig [N,big] */
-    float *ln1 = a->ln1_16 ? m->dln : a->ln1, *ln2 = a->ln2 ? a->ln2 : m->dln;
-    float *act = a->fc_act16 ? m->dbig : a->fc_act;
+     * (a->*16), which the norms and the activation function write
+     * themselves; their fp32 values are not written (NULL here), except
+     * a MoE model's ln2, which its router and experts read in fp32 */
+    float *ln2 = a->ln2, *act = a->fc_act;
     /* attention sub-block: res2 = x + wo . attn(norm1(x)) */
-    CHECK(norm_fwd_gather(m, ln1, a->ln1_mean, a->ln1_rstd, x, w->ln1w, w->ln1b, N, NR, err, errlen));
-    model_mm_fwd(m, a->qkv, ln1, a->ln1_16, w->wqkv, w->bqkv, N, C, qkv_width(m));
+    CHECK(norm_fwd_gather(m, a->ln1, a->ln1_16, a->ln1_mean, a->ln1_rstd, x, w->ln1w, w->ln1b, N, NR, err, errlen));
+    model_mm_fwd(m, a->qkv, a->ln1, a->ln1_16, w->wqkv, w->bqkv, N, C, qkv_width(m));
     /* Qwen3 normalises each q and k head before rotating it */
     if (c->qk_norm)
         o->qknorm_fwd(o->ctx, a->qkv, a->qk_in, a->qk_rstd, w->qnorm, w->knorm, N, NH, NKV, HS, c->norm_eps);
     if (c->arch == ARCH_LLAMA)
         o->rope_fwd(o->ctx, a->qkv, pos, b, t, NH, NKV, HS, m->inv_freq);
     CHECK(attention_fwd(m, a, pos, qdoc, b, t, err, errlen));
-    CHECK(row_parallel_fwd(m, a->res2, x, a->atty, NULL, w->wo, w->bo, N, NR, QD, err, errlen));
+    CHECK(row_parallel_fwd(m, a->res2, x, a->atty16 ? NULL : a->atty, a->atty16, w->wo, w->bo, N, NR, QD, err, errlen));
     /* MLP sub-block: xout = res2 + wproj . act(fc(norm2(res2))) */
-    CHECK(norm_fwd_gather(m, ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2w, w->ln2b, N, NR, err, errlen));
+    CHECK(norm_fwd_gather(m, ln2, a->ln2_16, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2w, w->ln2b, N, NR, err, errlen));
     /* GPT-2's GELU rides on the fc GEMM, except under selective recompute,
      * whose backward recomputes it with gelu_fwd: the forward uses the same
      * op, so that both give the same bits on every backend */
     if (F == 0) { /* a MoE layer without a shared expert */
     } else if (c->arch == ARCH_GPT2 && m->lay.recompute != MODEL_RECOMPUTE_SELECTIVE) {
-        mm_gelu_fwd(m, act, a->fc, ln2, a->ln2_16, w->wfc, w->bfc, N, C, F);
+        mm_gelu_fwd(m, act, a->fc_act16, a->fc, a->ln2_16 ? NULL : ln2, a->ln2_16, w->wfc, w->bfc, N, C, F);
     } else {
-        model_mm_fwd(m, a->fc, ln2, a->ln2_16, w->wfc, w->bfc, N, C, layer_fcw(m, i));
+        model_mm_fwd(m, a->fc, a->ln2_16 ? NULL : ln2, a->ln2_16, w->wfc, w->bfc, N, C, layer_fcw(m, i));
         if (c->arch == ARCH_GPT2)
-            o->gelu_fwd(o->ctx, act, a->fc, (size_t)N * F);
+            o->gelu_fwd(o->ctx, act, a->fc_act16, a->fc, (size_t)N * F);
         else
-            o->swiglu_fwd(o->ctx, act, a->fc, N, F);
+            o->swiglu_fwd(o->ctx, act, a->fc_act16, a->fc, N, F);
     }
-    /* xout is NULL only under full recompute, whose view keeps fc_act in
-     * fp32 (dbig2), so fc_act16 never misses its copy; a MoE layer's
-     * routing and experts are kept in the slot, not recomputed */
+    /* xout is NULL only under full recompute, whose view keeps fc_act (or
+     * its bf16 copy) in dbig2; a MoE layer's routing and experts are kept
+     * in the slot, not recomputed */
     if (!xout)
         return STATUS_OK;
     if (layer_moe(m, i))
@@ -1277,12 +1331,17 @@ static status_t xent_rows(model_t *m, model_slot_t *sl, float *logits, int r0, i
     const int C = m->cfg.d_model, Vl = m->v_rows;
     float *xmax = sl->xmax + r0, *xstats = sl->xstats + 2 * (size_t)r0, *dlogits = dscale > 0 ? logits : NULL;
     const int32_t *tgt = sl->targets + r0;
-    model_mm_fwd(m, logits, sl->lnf + (size_t)r0 * C, NULL, m->p.head, NULL, rows, C, Vl);
+    /* bf16: the final norm wrote lnf's bf16 rows into a16 (head_fwd), and
+     * the fused classifier's dlogits go to d16 as well, which the chunk's
+     * backward reads next (xent_chunk_bwd) */
+    uint16_t *lnf16 = m->lay.bf16 ? m->a16 + (size_t)r0 * C : NULL;
+    uint16_t *dlogits16 = m->lay.bf16 && m->xrows && dlogits ? m->d16 : NULL;
+    model_mm_fwd(m, logits, lnf16 ? NULL : sl->lnf + (size_t)r0 * C, lnf16, m->p.head, NULL, rows, C, Vl);
     o->xent_max(o->ctx, xmax, logits, rows, m->v_held, Vl);
     CHECK(tp_allreduce(m, xmax, (size_t)rows, COMM_MAX, err, errlen));
     o->xent_sumexp(o->ctx, xstats, dlogits, logits, xmax, tgt, m->v0, rows, m->v_held, Vl);
     CHECK(tp_allreduce(m, xstats, 2 * (size_t)rows, COMM_SUM, err, errlen));
-    o->xent_finish(o->ctx, sl->losses + r0, dlogits, xmax, xstats, tgt, m->v0, rows, m->v_held, Vl, dscale);
+    o->xent_finish(o->ctx, sl->losses + r0, dlogits, dlogits16, xmax, xstats, tgt, m->v0, rows, m->v_held, Vl, dscale);
     return STATUS_OK;
 }
 
@@ -1290,19 +1349,21 @@ static status_t xent_rows(model_t *m, model_slot_t *sl, float *logits, int r0, i
  * from its dlogits[rows, Vl] (m->xlogits): the head's weight gradient
  * (=|+= by accum) dlogits^T . lnf rows, then dx = dlogits . head into the
  * same rows of lnf, which the chunk no longer needs. Under bf16 the
- * rows' bf16 copy the forward GEMM left in a16 is the input (so lnf is
- * not read, and dx may overwrite it in the same call); in fp32 the
- * weight gradient comes first, since the GEMMs may not overlap. */
+ * rows' bf16 copy the final norm left in a16 is the input (so lnf is
+ * not read, and dx may overwrite it in the same call) and dlogits' bf16
+ * copy xent_finish left in d16 the output gradient; in fp32 the weight
+ * gradient comes first, since the GEMMs may not overlap. */
 static void xent_chunk_bwd(model_t *m, model_slot_t *sl, int r0, int rows, int accum)
 {
     const int C = m->cfg.d_model, Vl = m->v_rows;
     float *x = sl->lnf + (size_t)r0 * C;
     if (m->lay.bf16) {
-        model_mm_bwd(m, x, m->g.head, NULL, m->xlogits, NULL, m->a16, m->p.head, rows, C, Vl, 0, accum);
+        model_mm_bwd(m, x, m->g.head, NULL, m->xlogits, m->d16, NULL, m->a16 + (size_t)r0 * C, m->p.head, rows, C, Vl,
+                     0, accum);
         return;
     }
-    model_mm_bwd(m, NULL, m->g.head, NULL, m->xlogits, x, NULL, m->p.head, rows, C, Vl, 0, accum);
-    model_mm_bwd(m, x, NULL, NULL, m->xlogits, NULL, NULL, m->p.head, rows, C, Vl, 0, 0);
+    model_mm_bwd(m, NULL, m->g.head, NULL, m->xlogits, NULL, x, NULL, m->p.head, rows, C, Vl, 0, accum);
+    model_mm_bwd(m, x, NULL, NULL, m->xlogits, NULL, NULL, NULL, m->p.head, rows, C, Vl, 0, 0);
 }
 
 /* Final norm, vocabulary-parallel head and cross-entropy (last stage):
@@ -1314,9 +1375,14 @@ static status_t head_fwd(model_t *m, model_slot_t *sl, const int32_t *targets, i
     const int N = b * t, NR = res_rows(m, N), C = m->cfg.d_model, Vl = m->v_rows;
     const float *xL = sl->x + (size_t)sl->n_blocks * NR * C;
     *loss = 0.0f;
-    CHECK(norm_fwd_gather(m, sl->lnf, sl->lnf_mean, sl->lnf_rstd, xL, m->p.lnfw, m->p.lnfb, N, NR, err, errlen));
+    /* bf16: lnf's bf16 copy in a16, the head GEMM's input; lnf itself only
+     * where something reads it: the whole logits' backward, the fused
+     * classifier's logits of a forward that keeps no gradient (sampling) */
+    uint16_t *lnf16 = m->lay.bf16 ? m->a16 : NULL;
+    float *lnf = lnf16 && m->xrows && dloss > 0 && targets ? NULL : sl->lnf;
+    CHECK(norm_fwd_gather(m, lnf, lnf16, sl->lnf_mean, sl->lnf_rstd, xL, m->p.lnfw, m->p.lnfb, N, NR, err, errlen));
     if (!m->xrows)
-        model_mm_fwd(m, sl->logits, sl->lnf, NULL, m->p.head, NULL, N, C, Vl);
+        model_mm_fwd(m, sl->logits, lnf16 ? NULL : sl->lnf, lnf16, m->p.head, NULL, N, C, Vl);
     if (!targets)
         return STATUS_OK;
     /* The loss is the mean over the targets that count (>= 0); the
@@ -1438,9 +1504,13 @@ status_t model_forward_chunk(model_t *m, int chunk, int slot, const int32_t *tok
 
 /* *rows: all N rows of dres (the residual gradient) for a row-parallel
  * matmul's backward: dres itself, or its all-gather under sequence
- * parallelism (into dfull). */
-static status_t dres_all_rows(model_t *m, int NR, const float **rows, char *err, size_t errlen)
+ * parallelism (into dfull); *rows16 their bf16 copy where the norm
+ * backward that last added into dres wrote it (m->dres16, taken), else
+ * NULL. */
+static status_t dres_all_rows(model_t *m, int NR, const float **rows, const uint16_t **rows16, char *err, size_t errlen)
 {
+    *rows16 = m->dres16;
+    m->dres16 = NULL;
     *rows = m->lay.sequence_parallel ? m->dfull : m->dres;
     if (!m->lay.sequence_parallel)
         return STATUS_OK;
@@ -1449,7 +1519,10 @@ static status_t dres_all_rows(model_t *m, int NR, const float **rows, char *err,
 
 /* dln[N,C] holds this rank's partial dL/d(norm output) from a
  * column-parallel matmul: sum it over TP ranks (in place) and add the
- * norm's backward into dres (this rank's rows). */
+ * norm's backward into dres (this rank's rows). Under --dtype bf16
+ * without sequence parallelism (dres then holds all N rows) the norm also
+ * writes dres's bf16 into d16 (m->dres16), the next matmul backward's
+ * output gradient; under sequence parallelism that one casts instead. */
 static status_t norm_bwd_reduce_from(model_t *m, float *dln, float *dw, float *db, const float *x, const float *w,
                                      const float *mean, const float *rstd, int N, int NR, int accum, char *err,
                                      size_t errlen)
@@ -1462,10 +1535,12 @@ static status_t norm_bwd_reduce_from(model_t *m, float *dln, float *dw, float *d
     } else {
         CHECK(tp_act_sum(m, dln, (size_t)N * C, err, errlen));
     }
+    uint16_t *dres16 = m->lay.bf16 && !m->lay.sequence_parallel ? m->d16 : NULL;
     if (m->cfg.arch == ARCH_GPT2)
-        m->ops->layernorm_bwd(m->ops->ctx, m->dres, dw, db, dout, x, w, mean, rstd, NR, C, accum);
+        m->ops->layernorm_bwd(m->ops->ctx, m->dres, dres16, dw, db, dout, x, w, mean, rstd, NR, C, accum);
     else
-        m->ops->rmsnorm_bwd(m->ops->ctx, m->dres, dw, dout, x, w, rstd, NR, C, accum);
+        m->ops->rmsnorm_bwd(m->ops->ctx, m->dres, dres16, dw, dout, x, w, rstd, NR, C, accum);
+    m->dres16 = dres16;
     return STATUS_OK;
 }
 
@@ -1554,9 +1629,9 @@ static status_t block_bwd(model_t *m, model_slot_t *sl, int i, int accum, int la
     if (rc == MODEL_RECOMPUTE_FULL)
         CHECK(block_fwd(m, a, NULL, 0.0f, slot_pos(sl), slot_qdoc(sl), x, NULL, i, b, t, err, errlen));
     else if (rc == MODEL_RECOMPUTE_SELECTIVE && gpt && F > 0)
-        o->gelu_fwd(o->ctx, a->fc_act, a->fc, (size_t)N * F);
+        o->gelu_fwd(o->ctx, a->fc_act, a->fc_act16, a->fc, (size_t)N * F);
     else if (rc == MODEL_RECOMPUTE_SELECTIVE && F > 0)
-        o->swiglu_fwd(o->ctx, a->fc_act, a->fc, N, F);
+        o->swiglu_fwd(o->ctx, a->fc_act, a->fc_act16, a->fc, N, F);
     /* MLP: dres = dL/dxout on entry, dL/dres2 after the norm backward */
     /* dfc[N, fc_width]: the gradient at the activation's input; GPT-2's
      * comes out of the proj GEMM's DGELU epilogue (dbig, which fc_act
@@ -1567,51 +1642,63 @@ static status_t block_bwd(model_t *m, model_slot_t *sl, int i, int accum, int la
      * the fc_act it needs is recomputed here (slot_wdout) */
     const int wg_proj = wg || rc == MODEL_RECOMPUTE_SELECTIVE;
     const float *dout;
-    CHECK(dres_all_rows(m, NR, &dout, err, errlen));
+    const uint16_t *dout16;
+    CHECK(dres_all_rows(m, NR, &dout, &dout16, err, errlen));
     /* dsh: the dense MLP's (or shared expert's) output gradient, dout, or
      * under --moe-shared-gate dout times the gate (m->msdy), whose rows
      * of this rank W takes as it takes dres's */
     const float *dsh = dout, *dsh_rows = m->dres;
+    const uint16_t *dsh16 = dout16;
+    /* bf16: the fc matmul's output gradient as its producer writes it, the
+     * DGELU epilogue into a16 (d16 is its input), SwiGLU's into d16 */
+    uint16_t *dfc16 = m->lay.bf16 ? (gpt ? m->a16 : m->d16) : NULL;
     if (F > 0 && w->sgate) {
         moe_shared_gate_bwd(m, &a->moe, dout, N);
+        dsh16 = NULL;
         dsh = m->msdy;
         dsh_rows = m->msdy + (m->lay.sequence_parallel ? (size_t)m->lay.part.tp_rank * NR * C : 0);
     }
     keep_dout(m, keep && !wg_proj ? keep->proj : NULL, dsh_rows, (size_t)NR * C); /* this rank's rows */
     if (F > 0 && gpt) {
-        model_mm_dgelu_bwd(m, dfc, wg_proj ? g->wproj : NULL, wg_proj ? g->bproj : NULL, dsh, a->fc_act, a->fc_act16,
-                           a->fc, w->wproj, N, F, C, accum);
+        model_mm_dgelu_bwd(m, dfc, dfc16, wg_proj ? g->wproj : NULL, wg_proj ? g->bproj : NULL, dsh, dsh16, a->fc_act,
+                           a->fc_act16, a->fc, w->wproj, N, F, C, accum);
     } else if (F > 0) {
-        model_mm_bwd(m, m->dbig, wg_proj ? g->wproj : NULL, wg_proj ? g->bproj : NULL, dsh, a->fc_act, a->fc_act16,
-                     w->wproj, N, F, C, 0, accum);
-        o->swiglu_bwd(o->ctx, dfc, a->fc, m->dbig, N, F);
+        model_mm_bwd(m, m->dbig, wg_proj ? g->wproj : NULL, wg_proj ? g->bproj : NULL, dsh, dsh16, a->fc_act,
+                     a->fc_act16, w->wproj, N, F, C, 0, accum);
+        o->swiglu_bwd(o->ctx, dfc, dfc16, a->fc, m->dbig, N, F);
     }
     keep_dout(m, keep ? keep->fc : NULL, dfc, (size_t)N * layer_fcw(m, i));
     if (F > 0)
-        model_mm_bwd(m, m->dln, wg ? g->wfc : NULL, wg ? g->bfc : NULL, dfc, a->ln2, a->ln2_16, w->wfc, N, C,
+        model_mm_bwd(m, m->dln, wg ? g->wfc : NULL, wg ? g->bfc : NULL, dfc, dfc16, a->ln2, a->ln2_16, w->wfc, N, C,
                      layer_fcw(m, i), 0, accum);
     if (layer_moe(m, i))
         CHECK(moe_block_bwd(m, a, w, g, dout, F > 0, N, accum, last, err, errlen));
     CHECK(norm_bwd_reduce(m, g->ln2w, g->ln2b, a->res2, w->ln2w, a->ln2_mean, a->ln2_rstd, N, NR, accum, err, errlen));
     /* attention: dres becomes dL/dx */
-    CHECK(dres_all_rows(m, NR, &dout, err, errlen));
+    CHECK(dres_all_rows(m, NR, &dout, &dout16, err, errlen));
     keep_dout(m, keep ? keep->o : NULL, m->dres, (size_t)NR * C);
-    model_mm_bwd(m, m->dbig, wg ? g->wo : NULL, wg ? g->bo : NULL, dout, a->atty, NULL, w->wo, N, QD, C, 0, accum);
+    model_mm_bwd(m, m->dbig, wg ? g->wo : NULL, wg ? g->bo : NULL, dout, dout16, a->atty, a->atty16, w->wo, N, QD, C, 0,
+                 accum);
+    /* bf16: dqkv's bf16 into d16 by its last producer, the attention
+     * (GPT-2) or RoPE (Llama); Qwen3's q/k norms come after, and --cp's
+     * ring has no bf16 output: the qkv matmul casts then */
+    uint16_t *dqkv16 = m->lay.bf16 && !c->qk_norm && !(gpt && cp_on(m)) ? m->d16 : NULL;
     if (cp_on(m))
         CHECK(cp_ring_backward(m->ring, m->dbig2, m->dbig, a->qkv, a->atty, a->lse, slot_qdoc(sl), &m->cp_stats, err,
                                errlen));
     else
-        o->attention_bwd(o->ctx, m->dbig2, m->dbig, a->qkv, a->atty, a->lse, slot_pos(sl), b, t, NH, NKV, HS);
+        o->attention_bwd(o->ctx, m->dbig2, gpt ? dqkv16 : NULL, m->dbig, a->qkv, a->atty, a->lse, slot_pos(sl), b, t,
+                         NH, NKV, HS);
     if (!gpt)
-        o->rope_bwd(o->ctx, m->dbig2, slot_pos(sl), b, t, NH, NKV, HS, m->inv_freq);
+        o->rope_bwd(o->ctx, m->dbig2, dqkv16, slot_pos(sl), b, t, NH, NKV, HS, m->inv_freq);
     if (c->qk_norm) {
         o->qknorm_bwd(o->ctx, m->dbig2, g->qnorm, g->knorm, a->qk_in, w->qnorm, w->knorm, a->qk_rstd, N, NH, NKV, HS,
                       accum);
         CHECK(qknorm_grads_reduce(m, g, last, err, errlen));
     }
     keep_dout(m, keep ? keep->qkv : NULL, m->dbig2, (size_t)N * qkv_width(m));
-    model_mm_bwd(m, m->dln, wg ? g->wqkv : NULL, wg ? g->bqkv : NULL, m->dbig2, a->ln1, a->ln1_16, w->wqkv, N, C,
-                 qkv_width(m), 0, accum);
+    model_mm_bwd(m, m->dln, wg ? g->wqkv : NULL, wg ? g->bqkv : NULL, m->dbig2, dqkv16, a->ln1, a->ln1_16, w->wqkv, N,
+                 C, qkv_width(m), 0, accum);
     CHECK(norm_bwd_reduce(m, g->ln1w, g->ln1b, x, w->ln1w, a->ln1_mean, a->ln1_rstd, N, NR, accum, err, errlen));
     CHECK(norm_grads_reduce(m, g->ln1w, g->ln1b, last, err, errlen));
     return norm_grads_reduce(m, g->ln2w, g->ln2b, last, err, errlen);
@@ -1646,7 +1733,7 @@ static status_t head_bwd(model_t *m, model_slot_t *sl, int accum, int last, char
     } else {
         /* the head's weight gradient too under the split backward: B frees
          * the logits for the next microbatch (layout_acts shares them) */
-        model_mm_bwd(m, m->dln, m->g.head, NULL, sl->logits, sl->lnf, NULL, m->p.head, N, C, m->v_rows, 0, accum);
+        model_mm_bwd(m, m->dln, m->g.head, NULL, sl->logits, NULL, sl->lnf, NULL, m->p.head, N, C, m->v_rows, 0, accum);
     }
     o->zero(o->ctx, m->dres, (size_t)NR * C * sizeof(float));
     const float *xL = sl->x + (size_t)sl->n_blocks * NR * C;
@@ -1672,7 +1759,8 @@ static status_t embed_bwd(model_t *m, model_slot_t *sl, int accum, char *err, si
     if (gpt && !accum)
         o->zero(o->ctx, m->g.wpe, (size_t)c->max_seq * C * sizeof(float));
     const float *dout;
-    CHECK(dres_all_rows(m, NR, &dout, err, errlen));
+    const uint16_t *dout16; /* unused: the embedding is no GEMM */
+    CHECK(dres_all_rows(m, NR, &dout, &dout16, err, errlen));
     o->embedding_bwd(o->ctx, m->g.wte, m->g.wpe, dout, sl->tokens, slot_pos(sl), N, t, C, m->v0, m->v_held,
                      wte_has_head ? 1 : accum);
     span_end(m, "bwd embed", -1, t0);
@@ -1746,16 +1834,18 @@ static status_t block_bwd_weight(model_t *m, model_slot_t *sl, int i, int next, 
         CHECK(tp_act_gather(m, m->dfull, d.proj, (size_t)NR * C, err, errlen));
         d_proj = m->dfull;
     }
+    /* the kept output gradients are fp32: each is cast here (the split
+     * backward's rounding passes, doc/design.md) */
     if (proj_here)
-        model_mm_bwd(m, NULL, g->wproj, g->bproj, d_proj, a->fc_act, a->fc_act16, w->wproj, N, F, C, 0, accum);
+        model_mm_bwd(m, NULL, g->wproj, g->bproj, d_proj, NULL, a->fc_act, a->fc_act16, w->wproj, N, F, C, 0, accum);
     if (F > 0) /* a dense MLP, or a MoE layer's shared expert */
-        model_mm_bwd(m, NULL, g->wfc, g->bfc, d.fc, a->ln2, a->ln2_16, w->wfc, N, C, layer_fcw(m, i), 0, accum);
+        model_mm_bwd(m, NULL, g->wfc, g->bfc, d.fc, NULL, a->ln2, a->ln2_16, w->wfc, N, C, layer_fcw(m, i), 0, accum);
     if (m->lay.sequence_parallel) {
         CHECK(tp_act_gather(m, m->dfull, d.o, (size_t)NR * C, err, errlen));
         d_o = m->dfull;
     }
-    model_mm_bwd(m, NULL, g->wo, g->bo, d_o, a->atty, NULL, w->wo, N, QD, C, 0, accum);
-    model_mm_bwd(m, NULL, g->wqkv, g->bqkv, d.qkv, a->ln1, a->ln1_16, w->wqkv, N, C, qkv_width(m), 0, accum);
+    model_mm_bwd(m, NULL, g->wo, g->bo, d_o, NULL, a->atty, a->atty16, w->wo, N, QD, C, 0, accum);
+    model_mm_bwd(m, NULL, g->wqkv, g->bqkv, d.qkv, NULL, a->ln1, a->ln1_16, w->wqkv, N, C, qkv_width(m), 0, accum);
     return STATUS_OK;
 }
 
@@ -1801,6 +1891,7 @@ static status_t backward_pass(model_t *m, int slot, int accum, int last, int spl
     const param_layout_t *part = &m->lay.part;
     const int chunk = sl->chunk, first = sl->first, end = first + sl->n_blocks;
     void (*ready)(void *, size_t) = split ? NULL : m->hook.grads_ready;
+    m->dres16 = NULL; /* dres came from elsewhere (the next stage) or is set below */
     if (part->has_head && chunk == part->n_runs - 1)
         CHECK(head_bwd(m, sl, accum, last, err, errlen));
     /* GPT-2's head is wte, which is not final until the embedding's part;

@@ -119,9 +119,12 @@ typedef struct block_acts {
     float *fc_act;                    /* [N,F] after GELU / SwiGLU */
     /* --dtype bf16: ln1, ln2 and fc_act are only matmul inputs, so they
      * are kept as the bf16 copies the matmuls read ([N,C], [N,C], [N,F];
-     * the fp32 pointers are then NULL), at half the bytes; NULL in fp32,
-     * and fc_act16 also wherever --recompute drops fc_act */
-    uint16_t *ln1_16, *ln2_16, *fc_act16;
+     * the fp32 pointers are then NULL), at half the bytes, written by the
+     * norms and the activation function themselves (base/ops.h's bf16
+     * outputs); atty16 [N,QD] is the attention's bf16 output beside its
+     * fp32 one (the backward reads both). NULL in fp32; fc_act16 where
+     * --recompute drops fc_act is the view's (block_view: in dbig2). */
+    uint16_t *ln1_16, *ln2_16, *fc_act16, *atty16;
     /* a MoE model's routing and experts (every block of a slot has room
      * for them; dense layers leave them unused). In a MoE model ln2 is
      * kept in fp32 under --dtype bf16 too: the router and the experts
@@ -304,6 +307,11 @@ typedef struct model {
      * input [N*IC], output gradient [N*OC] at the widest, and a lent
      * (ZeRO-3) block weight [OC*IC] (NULL without lent block params) */
     uint16_t *a16, *w16, *d16;
+    /* d16 while it holds the bf16 of dres (all N rows), written there by
+     * the norm backward that last added into dres, for the next matmul
+     * backward that takes dres as its output gradient; NULL otherwise
+     * (consumed once: dres_all_rows) */
+    const uint16_t *dres16;
     /* --dtype bf16: params rounded to bf16 ([params_n], MEM_PARAMS), the
      * weights every matmul reads. Stale after model_params_from_host or
      * model_params_written, and then recast whole at the next matmul. An
@@ -334,14 +342,20 @@ typedef struct model {
  * fp32, or under --dtype bf16 with the operands rounded to bf16 and fp32
  * sums (the weight's copy from params16, or rounded into the w16
  * workspace for a weight outside the parameters; an input without its
- * kept copy in16/keep16 rounded into a16, the output gradient into d16).
- * Shapes as the ops table's matmul_fwd, matmul_bwd and matmul_dgelu_bwd. */
+ * kept copy in16/keep16 rounded into a16, the output gradient without
+ * its producer's bf16 copy dout16 rounded into d16). Under bf16 in ==
+ * NULL means keep16 already holds the input (its producer wrote it), and
+ * dout16 != NULL that it holds dout's bf16: no cast runs for them.
+ * Shapes as the ops table's matmul_fwd, matmul_bwd and matmul_dgelu_bwd;
+ * din16 [N,IC] (NULL: not wanted) receives the bf16 of the dgelu's din. */
 void model_mm_fwd(model_t *m, float *out, const float *in, uint16_t *keep16, const float *w, const float *b, int N,
                   int IC, int OC);
-void model_mm_bwd(model_t *m, float *din, float *dw, float *db, const float *dout, const float *in,
-                  const uint16_t *in16, const float *w, int N, int IC, int OC, int accum_din, int accum_dw);
-void model_mm_dgelu_bwd(model_t *m, float *din, float *dw, float *db, const float *dout, const float *in,
-                        const uint16_t *in16, const float *pre, const float *w, int N, int IC, int OC, int accum_dw);
+void model_mm_bwd(model_t *m, float *din, float *dw, float *db, const float *dout, const uint16_t *dout16,
+                  const float *in, const uint16_t *in16, const float *w, int N, int IC, int OC, int accum_din,
+                  int accum_dw);
+void model_mm_dgelu_bwd(model_t *m, float *din, uint16_t *din16, float *dw, float *db, const float *dout,
+                        const uint16_t *dout16, const float *in, const uint16_t *in16, const float *pre,
+                        const float *w, int N, int IC, int OC, int accum_dw);
 
 /* buf[n] (backend memory) summed over the TP group in place, timed with
  * the TP collectives (m->tp_comm_s); no-op at tp 1. For the model's own

@@ -241,15 +241,17 @@ status_t moe_fwd(model_t *m, moe_acts_t *a, const block_tensors_t *w, const floa
     /* he[R,FWe] = xe . wfc_e^T (+ bfc_e): every local expert on its rows
      * (offs), in one grouped GEMM */
     model_gmm_fwd(m, a->he, xe, w->ewfc, gpt ? w->ebfc : NULL, offs, El, C, FWe);
-    /* ae[R,Fe] = GELU(he) | SwiGLU(gate, up) */
+    /* ae[R,Fe] = GELU(he) | SwiGLU(gate, up), and under --dtype bf16 its
+     * bf16 copy into a16, the proj GEMM's input (the backward reads ae) */
+    uint16_t *ae16 = m->lay.bf16 ? m->a16 : NULL;
     if (gpt)
-        o->gelu_fwd(o->ctx, a->ae, a->he, R * Fe);
+        o->gelu_fwd(o->ctx, a->ae, ae16, a->he, R * Fe);
     else
-        o->swiglu_fwd(o->ctx, a->ae, a->he, (int)R, Fe);
+        o->swiglu_fwd(o->ctx, a->ae, ae16, a->he, (int)R, Fe);
     /* ye[R,C] = ae . wproj_e^T (+ bproj_e, added once: by TP rank 0, or
      * with whole experts by the one rank that computes the row) */
     const int bias = gpt && (m->lay.part.tp_rank == 0 || moe_etp_whole(m));
-    model_gmm_fwd(m, ye, a->ae, w->ewproj, bias ? w->ebproj : NULL, offs, El, Fe, C);
+    model_gmm_fwd(m, ye, ae16 ? NULL : a->ae, w->ewproj, bias ? w->ebproj : NULL, offs, El, Fe, C);
     /* --ep: the outputs back to their tokens' ranks, a->ye [M,C] */
     if (ep_of(m) > 1)
         CHECK(ep_return(m, a, a->ye, ye, R, "expert outputs", err, errlen));
@@ -304,7 +306,7 @@ status_t moe_bwd_experts(model_t *m, const moe_acts_t *a, const block_tensors_t 
     /* dhe[R,FWe]: GPT-2's is md2; SwiGLU's into md1 */
     const float *dhe = m->md2;
     if (!gpt) {
-        o->swiglu_bwd(o->ctx, m->md1, a->he, m->md2, (int)R, Fe);
+        o->swiglu_bwd(o->ctx, m->md1, NULL, a->he, m->md2, (int)R, Fe);
         dhe = m->md1;
     }
     float *dxe = gpt ? m->md1 : m->md2;

@@ -4,7 +4,8 @@
 # pack kernels in cuda/kernels/) with one deliberate bug of the kind the
 # emulation test exists to catch (a wrong q/k/v offset or extent in the
 # pack, a kernel for another head size, a rounding that is not the CPU's, an
-# inconsistent D, a grid over the wrong heads), built into test_att_path_emu
+# inconsistent D, a grid over the wrong heads, a bf16 output left out or
+# truncated), built into test_att_path_emu
 # in place of the real file; the test (with --stop: it ends at the first
 # failing case) must fail on each (a non-zero exit; a crash counts).
 # A mutant whose pattern no longer matches its file fails this script too,
@@ -59,4 +60,16 @@ mutant "pack: bf16 by truncation, not round to nearest even" cuda/kernels/attent
     's/qkv16\[i\] = dt_f32_to_bf16\(qkv\[i\]\);/{ uint32_t u; memcpy(&u, &qkv[i], 4); qkv16[i] = (uint16_t)(u >> 16); }/'
 mutant "backward: D from the fp32 dout, dP from the bf16 one" cuda/kernels/attention_mma_bwd.cuh \
     's/acc \+= dt_bf16_to_f32\(gb\) \* o\[e\];/acc += g[e] * o[e];/'
+# the bf16 outputs (base/ops.h): truncated, not rounded; a kernel's write
+# left out; the v columns' bf16 from dK's values
+mutant "bf16 outputs: truncation, not round to nearest even" cuda/kernels/store16.cuh \
+    's/\(dst16\)\[i\] = dt_f32_to_bf16\(v\);/(dst16)[i] = (uint16_t)(dt_f32_bits(v) >> 16);/'
+mutant "forward (tensor cores): out16 not written" cuda/kernels/attention_mma.cuh \
+    's/DT_STORE16\(out16, at \+ 8 \* dt \+ 2 \* t4 \+ e, v\);//'
+mutant "forward (fp32): out16 not written" cuda/kernels/attention.cuh \
+    's/DT_STORE16\(out16, at \+ col, v\);//'
+mutant "backward (tensor cores): dV's bf16 from dK's value" cuda/kernels/attention_mma_bwd.cuh \
+    's/DT_STORE16\(dqkv16, vr \+ c, vv\);/DT_STORE16(dqkv16, vr + c, vk);/'
+mutant "backward (fp32): dQ's bf16 not written" cuda/kernels/attention.cuh \
+    's/DT_STORE16\(dqkv16, at \+ col, v\);//'
 finish

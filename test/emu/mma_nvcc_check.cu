@@ -14,17 +14,19 @@ template __global__ void k_cp_async_tile<64>(uint16_t *, uint16_t *, const uint1
                                              unsigned, unsigned);
 template __global__ void k_cp_async_tile<128>(uint16_t *, uint16_t *, const uint16_t *, const uint16_t *, unsigned,
                                               unsigned, unsigned);
-template __global__ void k_att_fwd_mma<64>(float *, float *, const uint16_t *, const int32_t *, int, int, int, float);
-template __global__ void k_att_fwd_mma<128>(float *, float *, const uint16_t *, const int32_t *, int, int, int, float);
+template __global__ void k_att_fwd_mma<64>(float *, uint16_t *, float *, const uint16_t *, const int32_t *, int, int,
+                                           int, float);
+template __global__ void k_att_fwd_mma<128>(float *, uint16_t *, float *, const uint16_t *, const int32_t *, int, int,
+                                            int, float);
 template __global__ void k_att_bwd_dot<64>(float *, uint16_t *, uint16_t *, const float *, const float *, const float *,
                                            int, int, int, int);
 template __global__ void k_att_bwd_dot<128>(float *, uint16_t *, uint16_t *, const float *, const float *,
                                             const float *, int, int, int, int);
-template __global__ void k_att_bwd_dkv_mma<64>(float *, const uint16_t *, const uint16_t *, const float *,
+template __global__ void k_att_bwd_dkv_mma<64>(float *, uint16_t *, const uint16_t *, const uint16_t *, const float *,
                                                const float *, const int32_t *, int, int, int, float);
-template __global__ void k_att_bwd_dkv_mma<128>(float *, const uint16_t *, const uint16_t *, const float *,
+template __global__ void k_att_bwd_dkv_mma<128>(float *, uint16_t *, const uint16_t *, const uint16_t *, const float *,
                                                 const float *, const int32_t *, int, int, int, float);
-template __global__ void k_att_bwd_dq_mma<64>(float *, const uint16_t *, const uint16_t *, const float *, const float *,
-                                              const int32_t *, int, int, int, float);
-template __global__ void k_att_bwd_dq_mma<128>(float *, const uint16_t *, const uint16_t *, const float *,
+template __global__ void k_att_bwd_dq_mma<64>(float *, uint16_t *, const uint16_t *, const uint16_t *, const float *,
+                                              const float *, const int32_t *, int, int, int, float);
+template __global__ void k_att_bwd_dq_mma<128>(float *, uint16_t *, const uint16_t *, const uint16_t *, const float *,
                                                const float *, const int32_t *, int, int, int, float);

@@ -119,9 +119,9 @@ static void setup(problem &p, int B, int T, int NH, int NKV, int HS, const std::
     const float scale = 1.0f / sqrtf((float)HS);
     const dim3 grid(att_mma_tiles(T), (unsigned)NH, (unsigned)B);
     if (HS == 64)
-        emu_launch(grid, ATTM_THREADS, [=] { k_att_fwd_mma<64>(po, pl, pq, pos, T, NH, NKV, scale); });
+        emu_launch(grid, ATTM_THREADS, [=] { k_att_fwd_mma<64>(po, NULL, pl, pq, pos, T, NH, NKV, scale); });
     else
-        emu_launch(grid, ATTM_THREADS, [=] { k_att_fwd_mma<128>(po, pl, pq, pos, T, NH, NKV, scale); });
+        emu_launch(grid, ATTM_THREADS, [=] { k_att_fwd_mma<128>(po, NULL, pl, pq, pos, T, NH, NKV, scale); });
     p.out_bf.resize(out.size());
     for (size_t i = 0; i < out.size(); i++)
         out[i] = dt_bf16_to_f32(p.out_bf[i] = dt_f32_to_bf16(out[i]));
@@ -132,8 +132,8 @@ static void setup(problem &p, int B, int T, int NH, int NKV, int HS, const std::
     p.qkv_f = qkv;
 
     p.ref.assign(N * R, NAN);
-    cpu->attention_bwd(cpu->ctx, p.ref.data(), dout.data(), qkv.data(), out.data(), p.lse.data(), p.pos, B, T, NH, NKV,
-                       HS);
+    cpu->attention_bwd(cpu->ctx, p.ref.data(), NULL, dout.data(), qkv.data(), out.data(), p.lse.data(), p.pos, B, T, NH,
+                       NKV, HS);
 }
 
 /* The launches of the backward. */
@@ -167,12 +167,12 @@ template <int HS> static void backward(problem &p, std::vector<float> &dqkv, int
     if (run & L_DKV) {
         hooks(L_DKV);
         emu_launch(dim3(att_mma_tiles(T), (unsigned)NKV, (unsigned)B), ATTM_THREADS,
-                   [=] { k_att_bwd_dkv_mma<HS>(pg, pq, pdo, pl, pd, pos, T, NH, NKV, scale); });
+                   [=] { k_att_bwd_dkv_mma<HS>(pg, NULL, pq, pdo, pl, pd, pos, T, NH, NKV, scale); });
     }
     if (run & L_DQ) {
         hooks(L_DQ);
         emu_launch(dim3(att_mma_tiles(T), (unsigned)NH, (unsigned)B), ATTM_THREADS,
-                   [=] { k_att_bwd_dq_mma<HS>(pg, pq, pdo, pl, pd, pos, T, NH, NKV, scale); });
+                   [=] { k_att_bwd_dq_mma<HS>(pg, NULL, pq, pdo, pl, pd, pos, T, NH, NKV, scale); });
     }
     hooks(0);
 }

@@ -73,15 +73,15 @@ static void test_att(int B, int T, int NH, int NKV, int HS, const std::vector<in
             vmax = std::max(vmax, fabsf(qkv[i]));
     }
     std::vector<float> out(N * OC, NAN), lse((size_t)B * NH * T, NAN), rout(out.size()), rlse(lse.size());
-    cpu->attention_fwd(cpu->ctx, rout.data(), rlse.data(), qkv.data(), pos, B, T, NH, NKV, HS);
+    cpu->attention_fwd(cpu->ctx, rout.data(), NULL, rlse.data(), qkv.data(), pos, B, T, NH, NKV, HS);
     const float scale = 1.0f / sqrtf((float)HS);
     float *po = out.data(), *pl = lse.data();
     const uint16_t *pq = qkv_bf.data();
     const dim3 grid(att_mma_tiles(T), (unsigned)NH, (unsigned)B);
     if (HS == 64)
-        emu_launch(grid, ATTM_THREADS, [=] { k_att_fwd_mma<64>(po, pl, pq, pos, T, NH, NKV, scale); });
+        emu_launch(grid, ATTM_THREADS, [=] { k_att_fwd_mma<64>(po, NULL, pl, pq, pos, T, NH, NKV, scale); });
     else
-        emu_launch(grid, ATTM_THREADS, [=] { k_att_fwd_mma<128>(po, pl, pq, pos, T, NH, NKV, scale); });
+        emu_launch(grid, ATTM_THREADS, [=] { k_att_fwd_mma<128>(po, NULL, pl, pq, pos, T, NH, NKV, scale); });
     double lmax = 0.0;
     for (float x : rlse)
         lmax = std::max(lmax, fabs((double)x));

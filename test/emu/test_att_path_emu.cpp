@@ -19,8 +19,10 @@
  *  - fp32 path (--dtype fp32, or bf16 at another head size): the CPU's
  *    attention of the same fp32 inputs, within 1e-5 of the largest
  *    magnitude (test_kernels_emu's bound for these kernels).
- * Every output starts as NaN and the scratch buffer as NaN bits (an
- * element nobody writes fails). The launches are logged by name: each
+ * The ops' bf16 outputs (out16, dqkv16: base/ops.h) must be, bit for bit,
+ * the rounding of the fp32 outputs the ops wrote beside them, on both
+ * paths. Every output starts as NaN (the bf16 ones as 0xffff) and the
+ * scratch buffer as NaN bits (an element nobody writes fails). The launches are logged by name: each
  * case must run the kernels of its path and no others. One case runs
  * twice: bit-identical outputs, and the scratch reused, not grown.
  *
@@ -144,6 +146,22 @@ static std::vector<int32_t> doc_positions(int B, int T, const std::vector<int> &
 
 static float bf16_round(float x) { return dt_bf16_to_f32(dt_f32_to_bf16(x)); }
 
+/* An op's bf16 output (base/ops.h): got[i] the rounding of the fp32 value
+ * f32[i] it wrote beside it, bit for bit (got starts as 0xffff, so an
+ * element left unwritten fails too). */
+static void check16(const char *op, const char *shape, const std::vector<uint16_t> &got, const std::vector<float> &f32)
+{
+    checks++;
+    size_t bad = 0;
+    for (size_t i = 0; i < got.size(); i++)
+        bad += got[i] != dt_f32_to_bf16(f32[i]);
+    if (bad) {
+        printf("FAIL %s bf16 output %s: %zu of %zu elements not the rounding of the fp32 output\n", op, shape, bad,
+               got.size());
+        failed++;
+    }
+}
+
 /* Elements of got[rows, R] in columns [c0, c1) out of |got - ref| <= rel
  * max |ref| + abs there (NaN fails); worst = max |err| / max |ref|. */
 static size_t count_bad(const float *got, const float *ref, size_t rows, size_t R, size_t c0, size_t c1, double rel,
@@ -223,12 +241,14 @@ static void test_path(int B, int T, int NH, int NKV, int HS, int bf16, const std
     emu_g.att_bf16 = bf16;
     std::vector<float> out(N * OC, NAN), lse(NL, NAN), rout(out.size()), rlse(lse.size());
     size_t from = emu_log.size();
-    attention_fwd(&emu_g, out.data(), lse.data(), qkv.data(), pos, B, T, NH, NKV, HS);
+    std::vector<uint16_t> out16(out.size(), 0xffff);
+    attention_fwd(&emu_g, out.data(), out16.data(), lse.data(), qkv.data(), pos, B, T, NH, NKV, HS);
+    check16("attention_fwd", shape, out16, out);
     const std::string hs = std::to_string(HS), nc = std::to_string(att_nc(HS));
     check_log(shape, "attention_fwd", from,
               mma ? std::vector<std::string>{"k_att_pack_qkv", "k_att_fwd_mma<" + hs + ">"}
                   : std::vector<std::string>{"k_att_fwd<" + nc + ">"});
-    cpu->attention_fwd(cpu->ctx, rout.data(), rlse.data(), qkv_r.data(), pos, B, T, NH, NKV, HS);
+    cpu->attention_fwd(cpu->ctx, rout.data(), NULL, rlse.data(), qkv_r.data(), pos, B, T, NH, NKV, HS);
     double lmax = 0.0, w_out, w_lse;
     for (float x : rlse)
         lmax = std::max(lmax, fabs((double)x));
@@ -248,12 +268,15 @@ static void test_path(int B, int T, int NH, int NKV, int HS, int bf16, const std
     /* backward, from the op's own out and lse on both sides */
     std::vector<float> dqkv(N * R, NAN), ref(N * R, NAN);
     from = emu_log.size();
-    attention_bwd(&emu_g, dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), pos, B, T, NH, NKV, HS);
+    std::vector<uint16_t> dqkv16(dqkv.size(), 0xffff);
+    attention_bwd(&emu_g, dqkv.data(), dqkv16.data(), dout.data(), qkv.data(), out.data(), lse.data(), pos, B, T, NH,
+                  NKV, HS);
+    check16("attention_bwd", shape, dqkv16, dqkv);
     check_log(shape, "attention_bwd", from,
               mma ? std::vector<std::string>{"k_att_bwd_dot<HS>", "k_att_bwd_dkv_mma<HS>", "k_att_bwd_dq_mma<HS>"}
                   : std::vector<std::string>{"k_att_bwd_dq<NC>", "k_att_bwd_dkv<NC>"});
-    cpu->attention_bwd(cpu->ctx, ref.data(), dout_r.data(), qkv_r.data(), out.data(), lse.data(), pos, B, T, NH, NKV,
-                       HS);
+    cpu->attention_bwd(cpu->ctx, ref.data(), NULL, dout_r.data(), qkv_r.data(), out.data(), lse.data(), pos, B, T, NH,
+                       NKV, HS);
     const double floor_qk = mma ? ldexp(HS * mdo * mv * mq / sqrt((double)HS), -20) : 0.0;
     const size_t c0[4] = {0, OC, (size_t)(NH + NKV) * HS, R};
     double worst[3];
@@ -284,8 +307,9 @@ static void test_path(int B, int T, int NH, int NKV, int HS, int bf16, const std
         return;
     const long mallocs = emu_mallocs;
     std::vector<float> out2(out.size(), NAN), lse2(lse.size(), NAN), dqkv2(dqkv.size(), NAN);
-    attention_fwd(&emu_g, out2.data(), lse2.data(), qkv.data(), pos, B, T, NH, NKV, HS);
-    attention_bwd(&emu_g, dqkv2.data(), dout.data(), qkv.data(), out.data(), lse.data(), pos, B, T, NH, NKV, HS);
+    /* without the bf16 outputs: the fp32 ones the same bits */
+    attention_fwd(&emu_g, out2.data(), NULL, lse2.data(), qkv.data(), pos, B, T, NH, NKV, HS);
+    attention_bwd(&emu_g, dqkv2.data(), NULL, dout.data(), qkv.data(), out.data(), lse.data(), pos, B, T, NH, NKV, HS);
     checks++;
     if (memcmp(out.data(), out2.data(), out.size() * sizeof(float)) ||
         memcmp(lse.data(), lse2.data(), lse.size() * sizeof(float)) ||

@@ -154,6 +154,18 @@ static void same_bits(const char *name, const Buf &a, const Buf &b)
         fail("%s: the second call (plans reused) differs in bits from the first", name);
 }
 
+/* An op's bf16 output (base/ops.h): got[i] the rounding dt_f32_to_bf16 of
+ * the fp32 value f32[i] the op computed, bit for bit, for all n. */
+static void same_bf16(const char *name, const std::vector<uint16_t> &got, const float *f32, size_t n)
+{
+    n_checks++;
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++)
+        bad += got[i] != dt_f32_to_bf16(f32[i]);
+    if (bad)
+        fail("%s: %zu of %zu bf16 values are not the rounding of the fp32 ones", name, bad, n);
+}
+
 /* run a CUDA op; a cuda_fatal in it is one failed check */
 #define GUARDED(call)                                                                                                  \
     do {                                                                                                               \
@@ -203,9 +215,17 @@ static void t_fwd(bool bf16, int N, int IC, int OC, bool bias, int off, bool gel
         GUARDED(matmul_gelu_fwd(&emu_g, out_e.f(), pre_e.f(), in.f(), w.f(), bp, N, IC, OC));
         GUARDED(matmul_gelu_fwd(&emu_g, out_e2.f(), pre_e2.f(), in.f(), w.f(), bp, N, IC, OC));
     } else {
-        cpu->matmul_gelu_fwd_bf16(cpu->ctx, out_c.f(), pre_c.f(), in.h(), w.h(), bp, N, IC, OC);
-        GUARDED(matmul_gelu_fwd_bf16(&emu_g, out_e.f(), pre_e.f(), in.h(), w.h(), bp, N, IC, OC));
-        GUARDED(matmul_gelu_fwd_bf16(&emu_g, out_e2.f(), pre_e2.f(), in.h(), w.h(), bp, N, IC, OC));
+        cpu->matmul_gelu_fwd_bf16(cpu->ctx, out_c.f(), NULL, pre_c.f(), in.h(), w.h(), bp, N, IC, OC);
+        GUARDED(matmul_gelu_fwd_bf16(&emu_g, out_e.f(), NULL, pre_e.f(), in.h(), w.h(), bp, N, IC, OC));
+        GUARDED(matmul_gelu_fwd_bf16(&emu_g, out_e2.f(), NULL, pre_e2.f(), in.h(), w.h(), bp, N, IC, OC));
+        /* with the bf16 output (the separate GELU kernel writes it): both
+         * copies, then the bf16 one alone */
+        std::vector<float> o3(nout), p3(nout);
+        std::vector<uint16_t> o16(nout, 0xffff), o16b(nout, 0xffff);
+        GUARDED(matmul_gelu_fwd_bf16(&emu_g, o3.data(), o16.data(), p3.data(), in.h(), w.h(), bp, N, IC, OC));
+        same_bf16("out16", o16, o3.data(), nout);
+        GUARDED(matmul_gelu_fwd_bf16(&emu_g, NULL, o16b.data(), p3.data(), in.h(), w.h(), bp, N, IC, OC));
+        same_bf16("out16 (out NULL)", o16b, o3.data(), nout);
     }
     cmp("out", out_c, out_e, true);
     same_bits("out", out_e, out_e2);
@@ -267,12 +287,18 @@ static void t_bwd(bool bf16, int N, int IC, int OC, int mask, int acc_din, int a
         GUARDED(matmul_dgelu_bwd(&emu_g, P(din_e2, 1), P(dw_e2, 2), P(db_e2, 4), dout.f(), in.f(), pre.f(), w.f(), N,
                                  IC, OC, acc_dw));
     } else {
-        cpu->matmul_dgelu_bwd_bf16(cpu->ctx, P(din_c, 1), P(dw_c, 2), P(db_c, 4), dout16.h(), dout.f(), in.h(), pre.f(),
-                                   w.h(), N, IC, OC, acc_dw);
-        GUARDED(matmul_dgelu_bwd_bf16(&emu_g, P(din_e, 1), P(dw_e, 2), P(db_e, 4), dout16.h(), dout.f(), in.h(),
+        cpu->matmul_dgelu_bwd_bf16(cpu->ctx, P(din_c, 1), NULL, P(dw_c, 2), P(db_c, 4), dout16.h(), dout.f(), in.h(),
+                                   pre.f(), w.h(), N, IC, OC, acc_dw);
+        GUARDED(matmul_dgelu_bwd_bf16(&emu_g, P(din_e, 1), NULL, P(dw_e, 2), P(db_e, 4), dout16.h(), dout.f(),
+                                      in.h(), pre.f(), w.h(), N, IC, OC, acc_dw));
+        GUARDED(matmul_dgelu_bwd_bf16(&emu_g, P(din_e2, 1), NULL, P(dw_e2, 2), P(db_e2, 4), dout16.h(), dout.f(),
+                                      in.h(), pre.f(), w.h(), N, IC, OC, acc_dw));
+        /* din alone with its bf16 output (the separate GELU kernel writes both) */
+        std::vector<float> d3(nin);
+        std::vector<uint16_t> d16(nin, 0xffff);
+        GUARDED(matmul_dgelu_bwd_bf16(&emu_g, d3.data(), d16.data(), NULL, NULL, dout16.h(), dout.f(), in.h(),
                                       pre.f(), w.h(), N, IC, OC, acc_dw));
-        GUARDED(matmul_dgelu_bwd_bf16(&emu_g, P(din_e2, 1), P(dw_e2, 2), P(db_e2, 4), dout16.h(), dout.f(), in.h(),
-                                      pre.f(), w.h(), N, IC, OC, acc_dw));
+        same_bf16("din16", d16, d3.data(), nin);
     }
 #undef P
     /* outputs not asked for compare equal only if both sides left them */

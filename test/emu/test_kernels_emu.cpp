@@ -18,7 +18,11 @@
  * differs), the embedding bit for bit, sumsq to 1e-6 relative. The shapes
  * cover partial tiles, GQA, head sizes over 64 and not a multiple of 4,
  * padding columns (ld > Vl), tokens and targets outside this rank's range,
- * and N > COL_ROWS rows (chunked column reductions).
+ * and N > COL_ROWS rows (chunked column reductions). The bf16 outputs
+ * (base/ops.h: the norms, GELU, SwiGLU, RoPE's gradient, attention,
+ * cross-entropy's dlogits) must be, bit for bit, the rounding of the fp32
+ * values the kernel wrote beside them (check16), and the same when the
+ * fp32 output is not asked for.
  *
  * Output: one line per failed check, a summary. Exit 0 when all pass. */
 extern "C" {
@@ -112,6 +116,7 @@ static void cuda_fatal(const char *what, const char *msg)
 #include "cuda/kernels/attention.cuh"
 #include "cuda/kernels/colsum.cuh"
 #include "cuda/kernels/crossentropy.cuh"
+#include "cuda/kernels/elementwise.cuh"
 #include "cuda/kernels/embedding.cuh"
 #include "cuda/kernels/norm.cuh"
 #include "cuda/kernels/reduce.cuh"
@@ -187,6 +192,20 @@ static void check(const char *what, const char *shape, const float *emu, const f
     }
 }
 
+/* A kernel's bf16 output: got[i] == dt_f32_to_bf16(f32[i]) for all n (got
+ * starts as 0xffff, so an element left unwritten fails too). */
+static void check16(const char *what, const char *shape, const std::vector<uint16_t> &got, const float *f32)
+{
+    checks++;
+    for (size_t i = 0; i < got.size(); i++)
+        if (got[i] != dt_f32_to_bf16(f32[i])) {
+            printf("FAIL %s bf16 %s: element %zu: 0x%04x, the rounding of %.9g is 0x%04x\n", what, shape, i, got[i],
+                   f32[i], dt_f32_to_bf16(f32[i]));
+            failed++;
+            return;
+        }
+}
+
 static std::mt19937 rng(12345);
 static float urand(float lo, float hi) { return std::uniform_real_distribution<float>(lo, hi)(rng); }
 static std::vector<float> rvec(size_t n, float lo, float hi)
@@ -201,15 +220,17 @@ static const double TOL = 1e-5;
 
 /* ---- attention: the launches of attention_fwd/attention_bwd ---- */
 template <int NC>
-static void att_run(float *out, float *lse, float *dqkv, const float *dout, const float *qkv, const int32_t *pos, int B,
-                    int T, int NH, int NKV, int HS)
+static void att_run(float *out, uint16_t *out16, float *lse, float *dqkv, uint16_t *dqkv16, const float *dout,
+                    const float *qkv, const int32_t *pos, int B, int T, int NH, int NKV, int HS)
 {
     const float scale = 1.0f / sqrtf((float)HS);
     dim3 gq(att_grid_x("attention", (T + ATT_BR - 1) / ATT_BR, NC, HS), (unsigned)NH, (unsigned)B);
     dim3 gk(att_grid_x("attention", (T + ATT_BC - 1) / ATT_BC, NC, HS), (unsigned)NKV, (unsigned)B);
-    launch(gq, ATT_THREADS, true, [=] { k_att_fwd<NC>(out, lse, qkv, pos, T, NH, NKV, HS, scale); });
-    launch(gq, ATT_THREADS, true, [=] { k_att_bwd_dq<NC>(dqkv, dout, qkv, out, lse, pos, T, NH, NKV, HS, scale); });
-    launch(gk, ATT_THREADS, true, [=] { k_att_bwd_dkv<NC>(dqkv, dout, qkv, out, lse, pos, T, NH, NKV, HS, scale); });
+    launch(gq, ATT_THREADS, true, [=] { k_att_fwd<NC>(out, out16, lse, qkv, pos, T, NH, NKV, HS, scale); });
+    launch(gq, ATT_THREADS, true,
+           [=] { k_att_bwd_dq<NC>(dqkv, dqkv16, dout, qkv, out, lse, pos, T, NH, NKV, HS, scale); });
+    launch(gk, ATT_THREADS, true,
+           [=] { k_att_bwd_dkv<NC>(dqkv, dqkv16, dout, qkv, out, lse, pos, T, NH, NKV, HS, scale); });
 }
 
 /* Document positions (base/ops.h) for rows of T tokens: documents of the
@@ -245,26 +266,41 @@ static void test_attention(int B, int T, int NH, int NKV, int HS, std::vector<in
         const float *pf = freq.data();
         cpu->rope_fwd(cpu->ctx, rq.data(), pos, B, T, NH, NKV, HS, pf);
         launch(dim3(grid_for(N * (size_t)(NH + NKV) * (size_t)(HS / 2), THREADS)), THREADS, false,
-               [=] { k_rope(pq, pos, (int)N, T, NH, NKV, HS, pf, 1.0f); });
+               [=] { k_rope(pq, NULL, pos, (int)N, T, NH, NKV, HS, pf, 1.0f); });
         check("rope_fwd", shape, qkv.data(), rq.data(), qkv.size(), TOL);
+        /* rope_bwd with its bf16 output: the grid over the v heads too */
+        std::vector<float> g = rvec(N * R, -1.0f, 1.0f), rg = g;
+        std::vector<uint16_t> g16(N * R, 0xffff);
+        float *pg = g.data();
+        uint16_t *pg16 = g16.data();
+        cpu->rope_bwd(cpu->ctx, rg.data(), NULL, pos, B, T, NH, NKV, HS, pf);
+        launch(dim3(grid_for(N * (size_t)(NH + 2 * NKV) * (size_t)(HS / 2), THREADS)), THREADS, false,
+               [=] { k_rope(pg, pg16, pos, (int)N, T, NH, NKV, HS, pf, -1.0f); });
+        check("rope_bwd", shape, g.data(), rg.data(), g.size(), TOL);
+        check16("rope_bwd", shape, g16, g.data());
         qkv = rq;
     }
     std::vector<float> out(N * OC), lse((size_t)B * NH * T), dqkv(N * R, 0.0f);
     std::vector<float> rout(N * OC), rlse(lse.size()), rdqkv(N * R, 0.0f);
-    cpu->attention_fwd(cpu->ctx, rout.data(), rlse.data(), qkv.data(), pos, B, T, NH, NKV, HS);
-    cpu->attention_bwd(cpu->ctx, rdqkv.data(), dout.data(), qkv.data(), rout.data(), rlse.data(), pos, B, T, NH, NKV,
-                       HS);
+    cpu->attention_fwd(cpu->ctx, rout.data(), NULL, rlse.data(), qkv.data(), pos, B, T, NH, NKV, HS);
+    cpu->attention_bwd(cpu->ctx, rdqkv.data(), NULL, dout.data(), qkv.data(), rout.data(), rlse.data(), pos, B, T, NH,
+                       NKV, HS);
     /* the backward from the CPU's forward, so only the backward is compared there */
     const int nc = att_nc(HS);
+    std::vector<uint16_t> out16(out.size(), 0xffff), dqkv16(dqkv.size(), 0xffff);
+    uint16_t *o16 = out16.data(), *d16 = dqkv16.data();
     if (nc == 1)
-        att_run<1>(out.data(), lse.data(), dqkv.data(), dout.data(), qkv.data(), pos, B, T, NH, NKV, HS);
+        att_run<1>(out.data(), o16, lse.data(), dqkv.data(), d16, dout.data(), qkv.data(), pos, B, T, NH, NKV, HS);
     else if (nc == 2)
-        att_run<2>(out.data(), lse.data(), dqkv.data(), dout.data(), qkv.data(), pos, B, T, NH, NKV, HS);
+        att_run<2>(out.data(), o16, lse.data(), dqkv.data(), d16, dout.data(), qkv.data(), pos, B, T, NH, NKV, HS);
     else
-        att_run<ATT_GROUP>(out.data(), lse.data(), dqkv.data(), dout.data(), qkv.data(), pos, B, T, NH, NKV, HS);
+        att_run<ATT_GROUP>(out.data(), o16, lse.data(), dqkv.data(), d16, dout.data(), qkv.data(), pos, B, T, NH, NKV,
+                           HS);
     check("attention_fwd out", shape, out.data(), rout.data(), out.size(), TOL);
     check("attention_fwd lse", shape, lse.data(), rlse.data(), lse.size(), TOL);
     check("attention_bwd dqkv", shape, dqkv.data(), rdqkv.data(), dqkv.size(), TOL);
+    check16("attention_fwd out", shape, out16, out.data());
+    check16("attention_bwd dqkv", shape, dqkv16, dqkv.data());
 }
 
 /* ---- layernorm, rmsnorm: the launches of the wrappers ---- */
@@ -282,20 +318,31 @@ static void test_norms(int N, int C)
     for (int accum = 0; accum < 2; accum++) {
         /* layernorm */
         std::vector<float> out(n), mean(N), rstd(N), rout(n), rmean(N), rrstd(N);
-        cpu->layernorm_fwd(cpu->ctx, rout.data(), rmean.data(), rrstd.data(), px, pw, pb, N, C, eps);
+        cpu->layernorm_fwd(cpu->ctx, rout.data(), NULL, rmean.data(), rrstd.data(), px, pw, pb, N, C, eps);
         float *po = out.data(), *pm = mean.data(), *pr = rstd.data();
-        launch(dim3(N), THREADS, true, [=] { k_layernorm_fwd(po, pm, pr, px, pw, pb, C, eps); });
+        /* accum 1: with the bf16 output, then the bf16 output alone */
+        std::vector<uint16_t> o16(n, 0xffff), o16b(n, 0xffff);
+        uint16_t *p16 = accum ? o16.data() : NULL, *p16b = o16b.data();
+        launch(dim3(N), THREADS, true, [=] { k_layernorm_fwd(po, p16, pm, pr, px, pw, pb, C, eps); });
         if (!accum) {
             check("layernorm_fwd out", shape, out.data(), rout.data(), n, TOL);
             check("layernorm_fwd mean", shape, mean.data(), rmean.data(), N, TOL);
             check("layernorm_fwd rstd", shape, rstd.data(), rrstd.data(), N, TOL);
+        } else {
+            launch(dim3(N), THREADS, true, [=] { k_layernorm_fwd(NULL, p16b, pm, pr, px, pw, pb, C, eps); });
+            check16("layernorm_fwd out", shape, o16, out.data());
+            check16("layernorm_fwd out (out NULL)", shape, o16b, out.data());
         }
         std::vector<float> din = din0, dw = dw0, db = db0, rdin = din0, rdw = dw0, rdb = db0;
-        cpu->layernorm_bwd(cpu->ctx, rdin.data(), rdw.data(), rdb.data(), pg, px, pw, rmean.data(), rrstd.data(), N, C,
-                           accum);
+        cpu->layernorm_bwd(cpu->ctx, rdin.data(), NULL, rdw.data(), rdb.data(), pg, px, pw, rmean.data(), rrstd.data(),
+                           N, C, accum);
         const float *cm = rmean.data(), *cr = rrstd.data();
         float *pdin = din.data(), *pdw = dw.data(), *pdb = db.data();
-        launch(dim3(N), THREADS, true, [=] { k_layernorm_bwd_dx(pdin, pg, px, pw, cm, cr, C); });
+        std::vector<uint16_t> din16(n, 0xffff);
+        uint16_t *pd16 = accum ? din16.data() : NULL;
+        launch(dim3(N), THREADS, true, [=] { k_layernorm_bwd_dx(pdin, pd16, pg, px, pw, cm, cr, C); });
+        if (accum)
+            check16("layernorm_bwd din", shape, din16, din.data());
         std::vector<float> part(2 * (size_t)nk * C + 1);
         float *pp = part.data(), *pq = pp + (size_t)nk * C;
         launch(dim3(cb, nk), THREADS, false, [=] { k_layernorm_bwd_dw_part(pp, pq, pg, px, cm, cr, N, C, rows); });
@@ -311,16 +358,25 @@ static void test_norms(int N, int C)
         check(what, shape, db.data(), rdb.data(), C, TOL);
 
         /* rmsnorm */
-        cpu->rmsnorm_fwd(cpu->ctx, rout.data(), rrstd.data(), px, pw, N, C, eps);
-        launch(dim3(N), THREADS, true, [=] { k_rmsnorm_fwd(po, pr, px, pw, C, eps); });
+        cpu->rmsnorm_fwd(cpu->ctx, rout.data(), NULL, rrstd.data(), px, pw, N, C, eps);
+        std::fill(o16.begin(), o16.end(), 0xffff);
+        std::fill(o16b.begin(), o16b.end(), 0xffff);
+        launch(dim3(N), THREADS, true, [=] { k_rmsnorm_fwd(po, p16, pr, px, pw, C, eps); });
         if (!accum) {
             check("rmsnorm_fwd out", shape, out.data(), rout.data(), n, TOL);
             check("rmsnorm_fwd rstd", shape, rstd.data(), rrstd.data(), N, TOL);
+        } else {
+            launch(dim3(N), THREADS, true, [=] { k_rmsnorm_fwd(NULL, p16b, pr, px, pw, C, eps); });
+            check16("rmsnorm_fwd out", shape, o16, out.data());
+            check16("rmsnorm_fwd out (out NULL)", shape, o16b, out.data());
         }
         din = din0, dw = dw0, rdin = din0, rdw = dw0;
         pdin = din.data(), pdw = dw.data();
-        cpu->rmsnorm_bwd(cpu->ctx, rdin.data(), rdw.data(), pg, px, pw, rrstd.data(), N, C, accum);
-        launch(dim3(N), THREADS, true, [=] { k_rmsnorm_bwd_dx(pdin, pg, px, pw, cr, C); });
+        cpu->rmsnorm_bwd(cpu->ctx, rdin.data(), NULL, rdw.data(), pg, px, pw, rrstd.data(), N, C, accum);
+        std::fill(din16.begin(), din16.end(), 0xffff);
+        launch(dim3(N), THREADS, true, [=] { k_rmsnorm_bwd_dx(pdin, pd16, pg, px, pw, cr, C); });
+        if (accum)
+            check16("rmsnorm_bwd din", shape, din16, din.data());
         launch(dim3(cb, nk), THREADS, false, [=] { k_rmsnorm_bwd_dw_part(pp, pg, px, cr, N, C, rows); });
         launch(dim3(cb), THREADS, false, [=] { k_colsum_fold(pdw, pp, nk, C, accum); });
         snprintf(what, sizeof what, "rmsnorm_bwd din%s", a);
@@ -371,6 +427,46 @@ static void test_qknorm(int N, int NH, int NKV, int HS)
     }
 }
 
+/* ---- GELU and SwiGLU (elementwise.cuh): the CPU ops, and the bf16 outputs ---- */
+static void test_act(int N, int F)
+{
+    char shape[64];
+    snprintf(shape, sizeof shape, "N=%d F=%d", N, F);
+    const size_t n = (size_t)N * F, n2 = 2 * n;
+    const unsigned gb = grid_for(n, THREADS);
+    std::vector<float> x = rvec(n2, -4.0f, 4.0f), dout = rvec(n2, -1.0f, 1.0f);
+    std::vector<float> y(n2), ry(n2), dx(n2), rdx(n2);
+    std::vector<uint16_t> y16(n, 0xffff), y16b(n, 0xffff), dx16(n2, 0xffff);
+    float *px = x.data(), *pd = dout.data(), *py = y.data(), *pdx = dx.data();
+    uint16_t *py16 = y16.data(), *py16b = y16b.data(), *pdx16 = dx16.data();
+    /* GELU over n values: out and out16, then out16 alone; its gradient with dx16 */
+    cpu->gelu_fwd(cpu->ctx, ry.data(), NULL, px, n);
+    launch(dim3(gb), THREADS, false, [=] { k_gelu_fwd(py, py16, px, n); });
+    launch(dim3(gb), THREADS, false, [=] { k_gelu_fwd(NULL, py16b, px, n); });
+    check("gelu_fwd", shape, y.data(), ry.data(), n, TOL);
+    check16("gelu_fwd out", shape, y16, y.data());
+    check16("gelu_fwd out (out NULL)", shape, y16b, y.data());
+    std::vector<uint16_t> g16(n, 0xffff);
+    uint16_t *pg16 = g16.data();
+    cpu->gelu_bwd(cpu->ctx, rdx.data(), px, pd, n);
+    launch(dim3(gb), THREADS, false, [=] { k_gelu_bwd(pdx, pg16, px, pd, n); });
+    check("gelu_bwd", shape, dx.data(), rdx.data(), n, TOL);
+    check16("gelu_bwd dx", shape, g16, dx.data());
+    /* SwiGLU: x as gu[N, 2F] */
+    std::fill(y16.begin(), y16.end(), 0xffff);
+    std::fill(y16b.begin(), y16b.end(), 0xffff);
+    cpu->swiglu_fwd(cpu->ctx, ry.data(), NULL, px, N, F);
+    launch(dim3(gb), THREADS, false, [=] { k_swiglu_fwd(py, py16, px, N, F); });
+    launch(dim3(gb), THREADS, false, [=] { k_swiglu_fwd(NULL, py16b, px, N, F); });
+    check("swiglu_fwd", shape, y.data(), ry.data(), n, TOL);
+    check16("swiglu_fwd out", shape, y16, y.data());
+    check16("swiglu_fwd out (out NULL)", shape, y16b, y.data());
+    cpu->swiglu_bwd(cpu->ctx, rdx.data(), NULL, px, pd, N, F);
+    launch(dim3(gb), THREADS, false, [=] { k_swiglu_bwd(pdx, pdx16, px, pd, N, F); });
+    check("swiglu_bwd", shape, dx.data(), rdx.data(), n2, TOL);
+    check16("swiglu_bwd dgu", shape, dx16, dx.data());
+}
+
 /* ---- cross-entropy: xent_max, xent_sumexp, xent_finish ---- */
 static void test_xent(int N, int Vl, int ld, int v0, bool alias)
 {
@@ -386,7 +482,7 @@ static void test_xent(int N, int Vl, int ld, int v0, bool alias)
     cpu->xent_max(cpu->ctx, rmx.data(), logits.data(), N, Vl, ld);
     cpu->xent_sumexp(cpu->ctx, rst.data(), re.data(), alias ? re.data() : logits.data(), rmx.data(), tgt.data(), v0, N,
                      Vl, ld);
-    cpu->xent_finish(cpu->ctx, rloss.data(), re.data(), rmx.data(), rst.data(), tgt.data(), v0, N, Vl, ld, dloss);
+    cpu->xent_finish(cpu->ctx, rloss.data(), re.data(), NULL, rmx.data(), rst.data(), tgt.data(), v0, N, Vl, ld, dloss);
     float *pm = mx.data(), *ps = st.data(), *pl = loss.data(), *pe = e.data();
     const float *px = alias ? e.data() : logits.data();
     const int32_t *pt = tgt.data();
@@ -394,13 +490,16 @@ static void test_xent(int N, int Vl, int ld, int v0, bool alias)
     check("xent_max", shape, mx.data(), rmx.data(), N, TOL);
     launch(dim3(N), THREADS, true, [=] { k_xent_sumexp(ps, pe, px, pm, pt, v0, Vl, ld); });
     check("xent_sumexp stats", shape, st.data(), rst.data(), st.size(), TOL);
-    launch(dim3(N), THREADS, true, [=] { k_xent_finish(pl, pe, pm, ps, pt, v0, Vl, ld, dloss); });
+    std::vector<uint16_t> e16(e.size(), 0xffff);
+    uint16_t *pe16 = e16.data();
+    launch(dim3(N), THREADS, true, [=] { k_xent_finish(pl, pe, pe16, pm, ps, pt, v0, Vl, ld, dloss); });
     check("xent_finish losses", shape, loss.data(), rloss.data(), N, TOL);
     check("xent_finish dlogits", shape, e.data(), re.data(), e.size(), TOL);
+    check16("xent_finish dlogits", shape, e16, e.data());
     /* losses only */
     std::fill(loss.begin(), loss.end(), 9.0f);
-    cpu->xent_finish(cpu->ctx, rloss.data(), NULL, rmx.data(), rst.data(), pt, v0, N, Vl, ld, dloss);
-    launch(dim3(N), THREADS, true, [=] { k_xent_finish(pl, NULL, pm, ps, pt, v0, Vl, ld, dloss); });
+    cpu->xent_finish(cpu->ctx, rloss.data(), NULL, NULL, rmx.data(), rst.data(), pt, v0, N, Vl, ld, dloss);
+    launch(dim3(N), THREADS, true, [=] { k_xent_finish(pl, NULL, NULL, pm, ps, pt, v0, Vl, ld, dloss); });
     check("xent_finish losses (no dlogits)", shape, loss.data(), rloss.data(), N, TOL);
 }
 
@@ -529,6 +628,7 @@ int main(void)
     test_qknorm(5, 4, 2, 16);  /* GQA heads */
     test_qknorm(130, 2, 1, 6); /* two row chunks */
     test_qknorm(3, 1, 1, 300); /* HS over THREADS */
+    test_act(3, 700); /* grids of several blocks, F not a multiple of THREADS */
     test_xent(6, 300, 304, 0, false);
     test_xent(5, 37, 40, 20, true);
     test_embedding(3, 50, 20, 0, 40, true);       /* N > 128 */

@@ -351,8 +351,9 @@ static void test_ring(int B, int T, int cp, int NH, int NKV, int HS, const std::
     }
     const int32_t *ppos = pos.empty() ? NULL : pos.data();
     std::vector<float> rout((size_t)B * T * OC), rlse((size_t)B * NH * T), rdq((size_t)B * T * R);
-    cpu->attention_fwd(cpu->ctx, rout.data(), rlse.data(), qkv.data(), ppos, B, T, NH, NKV, HS);
-    cpu->attention_bwd(cpu->ctx, rdq.data(), dout.data(), qkv.data(), rout.data(), rlse.data(), ppos, B, T, NH, NKV, HS);
+    cpu->attention_fwd(cpu->ctx, rout.data(), NULL, rlse.data(), qkv.data(), ppos, B, T, NH, NKV, HS);
+    cpu->attention_bwd(cpu->ctx, rdq.data(), NULL, dout.data(), qkv.data(), rout.data(), rlse.data(), ppos, B, T, NH,
+                       NKV, HS);
 
     /* each rank's rows */
     std::vector<std::vector<int32_t>> lpos(cp), qdoc(cp);
