@@ -859,10 +859,13 @@ static int check_virtual(const run_options_t *o, const model_config_t *c, int pp
  * shard and replica groups, which the grid does not make. */
 static int gcd_int(int a, int b) { return b ? gcd_int(b, a % b) : a; }
 
+/* The grid's DP axis, which the EP and hybrid-shard groups are cut from:
+ * dp x cp ranks (dp: the ranks drawing distinct data). */
+static int dp_axis(const run_options_t *o, int dp) { return dp * (o->cp > 1 ? o->cp : 1); }
+
 static int check_ep(const run_options_t *o, const model_config_t *c, int tp, int dp, char *err, size_t errlen)
 {
-    /* the grid's DP axis, which the EP groups are cut from, holds dp x cp ranks */
-    const int cp = o->cp > 1 ? o->cp : 1, axis = dp * cp;
+    const int cp = o->cp > 1 ? o->cp : 1, axis = dp_axis(o, dp);
     const int spans = o->etp == 1 && tp > 1, plane = spans ? tp * axis : axis;
     if (o->etp != 0 && o->etp != 1 && o->etp != tp)
         snprintf(err, errlen, "--etp %d must be 1 (whole experts) or --tp %d (experts split as the dense MLP)", o->etp,
@@ -955,8 +958,7 @@ static int check_layout(const run_options_t *o, const model_config_t *c, int tp,
                  o->micro_batch, dp, o->micro_batch * dp);
         return -1;
     }
-    /* the shard groups are cut from the grid's DP axis: dp x cp ranks */
-    const int axis = dp * (o->cp > 1 ? o->cp : 1);
+    const int axis = dp_axis(o, dp);
     if (o->hybrid_shard > 0 && (axis % o->hybrid_shard != 0 || options_zero_stage(o) == 0)) {
         snprintf(err, errlen, "--hybrid-shard %d: %s", o->hybrid_shard,
                  options_zero_stage(o) == 0 ? "shards the ZeRO state: it needs --zero 1 or higher"
