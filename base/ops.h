@@ -108,6 +108,22 @@ typedef struct ops {
      * from_host serves. --offload's weights up after the host AdamW. */
     void (*from_host_begin)(void *ctx, void *dst, const void *host_src, size_t bytes);
     void (*from_host_end)(void *ctx);
+    /* Graphs (--cuda-graphs; ops_graph_create in src/backend/ops_cpu.h
+     * drives them): graph_begin starts recording the compute stream, so
+     * that the ops issued until graph_end are captured, not run; graph_end
+     * returns the captured work made executable, or NULL when the capture
+     * failed (nothing then ran, and nothing is left recording).
+     * graph_launch runs one after the ops issued so far, graph_free ends
+     * one. A graph holds the pointers its ops were given, the table's own
+     * workspace among them: graph_epoch counts the moves of that
+     * workspace (a buffer grown to a new address), and a graph captured
+     * at another epoch may not be launched. NULL members (the CPU): no
+     * graphs. */
+    void (*graph_begin)(void *ctx);
+    void *(*graph_end)(void *ctx);
+    void (*graph_launch)(void *ctx, void *graph);
+    void (*graph_free)(void *ctx, void *graph);
+    unsigned long (*graph_epoch)(void *ctx);
 
     /* out[N,OC] = in[N,IC] . w[OC,IC]^T (+ b[OC] when b != NULL) */
     void (*matmul_fwd)(void *ctx, float *out, const float *in, const float *w, const float *b, int N, int IC, int OC);

@@ -390,7 +390,10 @@ static status_t post(comm_t *c, char *err, size_t errlen, nccl_op_t *o, cudaEven
     if (nccl_types(c, err, errlen, o, &dt, &rop) != 0)
         return -1;
     /* after every op issued so far (staging copies included: a device side
-     * of a staged operation may be the compute stream's output) */
+     * of a staged operation may be the compute stream's output), those the
+     * graph table still holds first issued */
+    if (m->after && c->device_flush)
+        c->device_flush(c->device_ctx);
     if (m->after && ((ce = cudaEventRecord(m->ready, m->after)) != cudaSuccess ||
                      (ce = cudaStreamWaitEvent(m->stream, m->ready, 0)) != cudaSuccess))
         return cuda_fail(c, err, errlen, ce, o->what, o->n);
@@ -654,6 +657,8 @@ static status_t n_alltoallv(comm_t *c, const void *send, const size_t *scount, c
     if (host)
         watchdog_enter(c->watch, what, c->name, c->size, bytes, -1);
     /* after every op issued so far (see post) */
+    if (m->after && c->device_flush)
+        c->device_flush(c->device_ctx);
     if (m->after && ((ce = cudaEventRecord(m->ready, m->after)) != cudaSuccess ||
                      (ce = cudaStreamWaitEvent(m->stream, m->ready, 0)) != cudaSuccess))
         st = cuda_fail(c, err, errlen, ce, what, total);

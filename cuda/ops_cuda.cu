@@ -243,6 +243,54 @@ static void cu_from_host(void *ctx, void *dst, const void *host_src, size_t byte
     wait_all(g, "from_host");
 }
 
+/* ---- graphs (--cuda-graphs; the graph table of src/backend/ops_defer.c) ------ */
+
+/* Thread-local capture: MPI's and NCCL's threads go on, and a call of this
+ * thread that a capture cannot hold (a wait, an allocation) fails there. */
+static void cu_graph_begin(void *ctx)
+{
+    cu_t *g = (cu_t *)ctx;
+    ck(cudaStreamBeginCapture(g->stream, cudaStreamCaptureModeThreadLocal), "graph_begin: cudaStreamBeginCapture");
+    g->capturing = 1;
+}
+
+/* The capture instantiated, or NULL when it or the instantiation failed
+ * (the error is cleared: the graph table runs the ops plainly instead). */
+static void *cu_graph_end(void *ctx)
+{
+    cu_t *g = (cu_t *)ctx;
+    cudaGraph_t graph = NULL;
+    cudaGraphExec_t exec = NULL;
+    g->capturing = 0;
+    cudaError_t rc = cudaStreamEndCapture(g->stream, &graph);
+    if (rc != cudaSuccess || !graph) {
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    rc = cudaGraphInstantiate(&exec, graph, 0);
+    ck(cudaGraphDestroy(graph), "graph_end: cudaGraphDestroy");
+    if (rc != cudaSuccess) {
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    return (void *)exec;
+}
+
+static void cu_graph_launch(void *ctx, void *graph)
+{
+    cu_t *g = (cu_t *)ctx;
+    ck(cudaGraphLaunch((cudaGraphExec_t)graph, g->stream), "graph_launch: cudaGraphLaunch");
+    finish(g, "graph_launch");
+}
+
+static void cu_graph_free(void *ctx, void *graph)
+{
+    (void)ctx;
+    ck(cudaGraphExecDestroy((cudaGraphExec_t)graph), "graph_free: cudaGraphExecDestroy");
+}
+
+static unsigned long cu_graph_epoch(void *ctx) { return ((const cu_t *)ctx)->epoch; }
+
 static void cu_zero(void *ctx, void *dst, size_t bytes)
 {
     cu_t *g = (cu_t *)ctx;
@@ -459,6 +507,7 @@ static void emb_room(cu_t *g, int N, size_t scratch)
 {
     const char *what = "embedding_bwd";
     if ((size_t)N > g->emb_cap || scratch > g->emb_scratch_cap) {
+        room_moved(g, what);
         const size_t n = (size_t)N > g->emb_cap ? (size_t)N : g->emb_cap;
         const size_t sb = scratch > g->emb_scratch_cap ? scratch : g->emb_scratch_cap;
         if (g->emb)
@@ -562,6 +611,7 @@ static void xent_finish(void *ctx, float *losses, float *dlogits, uint16_t *dlog
 static void *moe_room(cu_t *g, size_t bytes, const char *what)
 {
     if (bytes > g->moe_cap) {
+        room_moved(g, what);
         if (g->moe)
             ck(cudaFreeAsync(g->moe, g->stream), what);
         g->moe = NULL;
@@ -867,6 +917,11 @@ static const ops_t cuda_ops = {
     .to_host_end = cu_to_host_end,
     .from_host_begin = cu_from_host_begin,
     .from_host_end = cu_from_host_end,
+    .graph_begin = cu_graph_begin,
+    .graph_end = cu_graph_end,
+    .graph_launch = cu_graph_launch,
+    .graph_free = cu_graph_free,
+    .graph_epoch = cu_graph_epoch,
     .matmul_fwd = matmul_fwd,
     .matmul_bwd = matmul_bwd,
     .matmul_fwd_bf16 = matmul_fwd_bf16,

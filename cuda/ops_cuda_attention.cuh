@@ -139,6 +139,7 @@ static att_bufs_t att_room(cu_t *g, int bwd, int B, int T, int NH, int NKV, int 
                  at_D = at_dout + att_align(N * (size_t)NH * HS * sizeof(uint16_t)),
                  bytes = bwd ? at_D + (size_t)B * NH * T * sizeof(float) : at_dout;
     if (bytes > g->att_cap) {
+        room_moved(g, what);
         if (g->att)
             ck(cudaFreeAsync(g->att, g->stream), what);
         g->att = NULL;

@@ -63,6 +63,7 @@ static gmm_arrays_t gmm_arrays(cu_t *g, int P, const char *what)
             cuda_fatal(what, "out of host memory for the grouped GEMM's arrays");
     }
     if (ptrs > g->gmm_dev_cap) {
+        room_moved(g, what);
         if (g->gmm_dev)
             ck(cudaFreeAsync(g->gmm_dev, g->stream), what);
         g->gmm_dev = NULL;

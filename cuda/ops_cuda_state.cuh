@@ -74,6 +74,8 @@ typedef struct cuda_ctx {
     void *att;                       /* the tensor-core attention's bf16 copies and D (ops_cuda_attention.cuh) */
     size_t att_cap;                  /* bytes */
     lt_cache_t plans;                /* the kept cuBLASLt plans (ops_cuda_gemm.cuh) */
+    int capturing;                   /* between graph_begin and graph_end (--cuda-graphs) */
+    unsigned long epoch;             /* graph_epoch: moves of the buffers above (room_moved) */
 } cu_t;
 
 /* ---- error checks ------------------------------------------------------------ */
@@ -109,12 +111,25 @@ static void wait_all(cu_t *g, const char *op)
     ck(cudaStreamSynchronize(g->stream), op);
 }
 
+/* A buffer of the context is about to move (grown to a new address):
+ * graphs captured before point at the old one, so graph_epoch advances.
+ * Never while capturing, where the allocation would become the graph's:
+ * the graph table captures a segment only after it ran once with the
+ * same arguments, which grew every buffer it needs (ops_graph_create). */
+static void room_moved(cu_t *g, const char *what)
+{
+    if (g->capturing)
+        cuda_fatal(what, "internal error: a workspace grew while a CUDA graph was being captured");
+    g->epoch++;
+}
+
 /* The column reductions' partial sums: at least n floats, on the compute
  * stream. Grown stream-ordered (cudaFreeAsync/cudaMallocAsync), as cudaFree
  * would wait for the whole device, NCCL kernels of other streams included. */
 static float *col_part_room(cu_t *g, size_t n, const char *what)
 {
     if (n > g->col_cap) {
+        room_moved(g, what);
         if (g->col_part)
             ck(cudaFreeAsync(g->col_part, g->stream), what);
         g->col_part = NULL;

@@ -137,6 +137,13 @@ struct comm {
      * backend's context, base/ops.h). */
     void (*device_sync)(void *device_ctx);
     void *device_ctx;
+    /* Optional: issues the ops the compute backend still holds on the
+     * host (--cuda-graphs queues them into graph segments), without
+     * waiting; set (backend_comm_open) on communicators that order
+     * themselves after the compute stream by an event recorded there
+     * (NCCL), which they call first so the event follows those ops.
+     * Argument: device_ctx. NULL: one branch per call. */
+    void (*device_flush)(void *device_ctx);
     char name[16]; /* group label for spans: "world", "tp", "dp", "pp", "embed", "ep", "edp", "cp" */
 };
 

@@ -29,9 +29,10 @@ int backend_have_cuda(void)
 static int use_cpu(backend_t *b, const char *why, char *err, size_t errlen)
 {
     const char *d = getenv("DTRAIN_DEFER_OPS");
-    b->deferred = d && strcmp(d, "1") == 0;
+    b->graphs = d && strcmp(d, "graphs") == 0;
+    b->deferred = (d && strcmp(d, "1") == 0) || b->graphs;
     const ops_t *cpu = ops_cpu_create();
-    b->ops = cpu && b->deferred ? ops_defer_create(cpu) : cpu;
+    b->ops = cpu && b->graphs ? ops_graph_create(cpu) : cpu && b->deferred ? ops_defer_create(cpu) : cpu;
     if (!b->ops) {
         ops_release(cpu);
         snprintf(err, errlen, "out of memory for the CPU backend");
@@ -40,7 +41,9 @@ static int use_cpu(backend_t *b, const char *why, char *err, size_t errlen)
     b->cuda = 0;
     b->device = -1;
     snprintf(b->desc, sizeof b->desc, "cpu%s%s%s", why[0] ? " " : "", why,
-             b->deferred ? " (ops deferred until the host waits: DTRAIN_DEFER_OPS=1)" : "");
+             b->graphs     ? " (ops deferred and replayed as emulated graphs: DTRAIN_DEFER_OPS=graphs)"
+             : b->deferred ? " (ops deferred until the host waits: DTRAIN_DEFER_OPS=1)"
+                           : "");
     return 0;
 }
 
@@ -59,6 +62,37 @@ static void comm_order_after_ops(const backend_t *b, const grid_t *g)
         }
 }
 
+int backend_use_graphs(backend_t *b, char *err, size_t errlen)
+{
+    if (b->graphs)
+        return 0; /* DTRAIN_DEFER_OPS=graphs: emulated already */
+#ifdef HAVE_CUDA
+    if (b->cuda && ops_cuda_synchronous(b->dev_ops)) {
+        snprintf(err, errlen,
+                 "--cuda-graphs: every op of this GPU waits for its kernels (DTRAIN_CUDA_SYNC_OPS=1 or no "
+                 "concurrent managed access), and a wait cannot be captured: leave out --cuda-graphs");
+        return -1;
+    }
+    if (b->cuda) {
+        const ops_t *g = ops_graph_create(b->dev_ops);
+        if (!g) {
+            snprintf(err, errlen, "--cuda-graphs: out of memory");
+            return -1;
+        }
+        b->ops = g;
+        b->graphs = 1;
+        size_t n = strlen(b->desc);
+        snprintf(b->desc + n, sizeof b->desc - n, "; CUDA graphs of the repeating op sequences");
+        return 0;
+    }
+#endif
+    snprintf(err, errlen,
+             "--cuda-graphs: this rank runs on the CPU (%s), which has no graphs: use --device cuda, or leave "
+             "out --cuda-graphs",
+             b->desc);
+    return -1;
+}
+
 #ifdef HAVE_CUDA
 /* Takes the GPU of this local rank and sets up the CUDA ops table. */
 static int open_cuda(backend_t *b, backend_dtype_t dtype, int local_rank, char *err, size_t errlen)
@@ -73,6 +107,7 @@ static int open_cuda(backend_t *b, backend_dtype_t dtype, int local_rank, char *
     char name[200];
     cuda_device_describe(dev, name, sizeof name);
     b->ops = ops;
+    b->dev_ops = ops;
     b->cuda = 1;
     b->device = dev;
     b->no_concurrent_managed = !ops_cuda_concurrent_managed(ops);
@@ -97,7 +132,7 @@ int backend_attention_desc(const backend_t *b, int head_size, char *buf, size_t 
 {
 #ifdef HAVE_CUDA
     if (b->cuda)
-        return ops_cuda_attention_path(b->ops, head_size, buf, len);
+        return ops_cuda_attention_path(b->dev_ops, head_size, buf, len);
 #endif
     snprintf(buf, len, "fp32 on the CPU (head size %d%s)", head_size,
              b->bf16 ? "; --dtype bf16 rounds only the matmuls' operands there" : "");
@@ -234,7 +269,7 @@ int backend_comm_open(backend_t *b, backend_comm_t comm, const grid_t *g, grid_t
 #ifdef HAVE_CUDA
     grid_t view = *g;
     view.pp = NULL; /* see backend.h: the pipeline stays on MPI */
-    if (nccl_grid_create(&view, ng, ops_cuda_stream(b->ops), timeout_s, err, errlen) != 0) {
+    if (nccl_grid_create(&view, ng, ops_cuda_stream(b->dev_ops), timeout_s, err, errlen) != 0) {
         free(ng);
         return -1;
     }
@@ -249,6 +284,15 @@ int backend_comm_open(backend_t *b, backend_comm_t comm, const grid_t *g, grid_t
     net->edp = ng->edp;
     net->eshard = ng->eshard;
     net->cp = ng->cp; /* --cp's ring: isend/irecv as ncclSend/ncclRecv on the cp group's stream */
+    if (b->graphs) { /* the twins' ordering events follow the ops the graph table holds */
+        comm_t *groups[GRID_MAX_GROUPS];
+        const int n = grid_groups(net, groups, NULL);
+        for (int i = 0; i < n; i++)
+            if (groups[i]) {
+                groups[i]->device_flush = ops_defer_flush;
+                groups[i]->device_ctx = b->ops->ctx;
+            }
+    }
     snprintf(b->comm_desc, sizeof b->comm_desc, "nccl (world, tp, dp, embed%s%s%s; a stream per group), mpi (pp)",
              g->shard ? ", shard, replica" : "", g->ep ? ", ep, edp" : "", g->cp ? ", cp" : "");
 #endif

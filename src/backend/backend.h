@@ -27,7 +27,9 @@ extern const char *const backend_dtype_names[]; /* indexed by backend_dtype_t, N
 typedef struct backend {
     const ops_t *ops;
     int cuda;       /* 1 when the CUDA backend is in use */
-    int deferred;   /* 1 under DTRAIN_DEFER_OPS=1 (the CPU table under ops_defer_create) */
+    int deferred;   /* 1 under DTRAIN_DEFER_OPS=1 or =graphs (the CPU table under ops_defer_create, ops_graph_create) */
+    int graphs;     /* 1 under --cuda-graphs (ops is ops_graph_create over dev_ops) or DTRAIN_DEFER_OPS=graphs */
+    const ops_t *dev_ops; /* CUDA: the CUDA table itself (ops may wrap it); NULL on the CPU */
     int device;     /* CUDA device id, -1 on the CPU */
     int shared_gpu; /* CUDA: another rank of this node uses the same GPU (NCCL cannot; set by backend_comm_open) */
     int no_concurrent_managed; /* CUDA: the host may not touch managed memory while kernels run */
@@ -49,6 +51,14 @@ int backend_have_cuda(void);
  * CUDA build, or without a usable GPU: the CUDA error string). Local. */
 int backend_open(backend_t *b, backend_device_t device, backend_dtype_t dtype, int local_rank, char *err,
                  size_t errlen);
+
+/* --cuda-graphs: wraps the opened CUDA table in ops_graph_create
+ * (src/backend/ops_cpu.h), so that the op sequences that repeat (a
+ * microbatch's forward, its backward) are captured once into CUDA graphs
+ * and launched as one each. Call before backend_comm_open. On the CPU it
+ * fails with one line (DTRAIN_DEFER_OPS=graphs emulates the table there,
+ * and then this returns 0), as on a GPU whose ops are synchronous. */
+int backend_use_graphs(backend_t *b, char *err, size_t errlen);
 
 /* 1 when --dtype (as given to backend_open) asks for bf16 GEMMs on this
  * opened backend. */

@@ -58,20 +58,60 @@ typedef struct defer_ctx {
     /* from_host_begin's copies, queued at from_host_end: [n_up] of [cap_up] */
     struct up_copy *up;
     size_t n_up, cap_up;
+    size_t n_queued; /* records in buf */
+    /* ops_graph_create: the segments seen, and what became of them */
+    int graphs;
+    struct segment *seg; /* [GRAPH_SEGMENTS] */
+    unsigned long clock; /* for the least recently used segment */
+    ops_graph_counts_t gc;
 } defer_t;
 
-/* Runs the queue: the host waits here. */
+/* A segment of the queue (the ops between two drains) as seen before:
+ * its records' bytes are its key, the run functions, pointers and
+ * scalars of every op in order, so a graph is launched only for exactly
+ * the ops it was captured from. */
+typedef struct segment {
+    uint64_t hash;
+    size_t len;           /* bytes of records (0: a free slot) */
+    size_t n_ops;
+    unsigned char *bytes; /* the records */
+    void *graph;          /* executable (the base's; emulated: bytes), or NULL */
+    unsigned long epoch;  /* the base's graph_epoch when captured, or when last run plainly */
+    int ran;              /* ran plainly at `epoch` (the next time it is captured) */
+    int refused;          /* its capture failed: plain from now on */
+    unsigned long used;   /* clock of its last use */
+} segment_t;
+
+/* The records' argument structs below are compared as bytes (a segment's
+ * key), and the bytes a compiler leaves in hidden padding are whatever
+ * the stack held: every struct from here on spells its padding out as
+ * pad_ members, which initializers leave zero. */
+#pragma GCC diagnostic error "-Wpadded"
+
+/* Runs the records of buf[0, len) on the base table. */
+static void run_records(const ops_t *base, const unsigned char *buf, size_t len)
+{
+    /* a record's run never enqueues (it calls the base table), so buf is stable */
+    for (size_t off = 0; off < len;) {
+        const record_t *r = (const record_t *)(buf + off);
+        r->run(base, buf + off + ARGS_OFF);
+        off += r->size;
+    }
+}
+
+static void graph_drain(defer_t *q);
+
+/* Runs the queue: the host waits here (graphs: the queue is issued). */
 static void drain(defer_t *q)
 {
     q->waits++;
-    /* a record's run never enqueues (it calls the base table), so buf is stable */
-    for (size_t off = 0; off < q->len;) {
-        const record_t *r = (const record_t *)(q->buf + off);
-        r->run(q->base, q->buf + off + ARGS_OFF);
-        off += r->size;
-        q->ops_run++;
-    }
+    if (q->graphs && q->len > 0)
+        graph_drain(q);
+    else
+        run_records(q->base, q->buf, q->len);
+    q->ops_run += (long)q->n_queued;
     q->len = 0;
+    q->n_queued = 0;
 }
 
 /* Space for a record with args_bytes of arguments, or NULL when the arena
@@ -90,9 +130,11 @@ static void *push(defer_t *q, run_fn run, size_t args_bytes)
         q->cap = cap;
     }
     record_t *r = (record_t *)(q->buf + q->len);
+    memset(r, 0, size); /* the gaps too: records are compared as bytes (graphs) */
     r->run = run;
     r->size = size;
     q->len += size;
+    q->n_queued++;
     return (unsigned char *)r + ARGS_OFF;
 }
 
@@ -108,6 +150,131 @@ static void defer(defer_t *q, run_fn run, const void *args, size_t args_bytes)
     drain(q);
     run(q->base, args);
     q->ops_run++;
+}
+
+/* ---- graphs (ops_graph_create) ------------------------------------------------ */
+
+/* A segment shorter than this runs plainly: a graph launch costs about
+ * what a few kernel launches do. */
+#define GRAPH_MIN_OPS 8
+/* Segments remembered; the least recently used gives way. A step has a
+ * few (forward, loss, backward, per microbatch flags), plus those that
+ * never repeat (the optimizer's, whose learning rate changes). */
+#define GRAPH_SEGMENTS 64
+
+static uint64_t fnv1a(const unsigned char *p, size_t n)
+{
+    uint64_t h = 0xcbf29ce484222325u;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ p[i]) * 0x100000001b3u;
+    return h;
+}
+
+static unsigned long base_epoch(const defer_t *q)
+{
+    return q->base->graph_epoch ? q->base->graph_epoch(q->base->ctx) : 0;
+}
+
+static void segment_drop(defer_t *q, segment_t *e)
+{
+    if (e->graph && e->graph != e->bytes && q->base->graph_free)
+        q->base->graph_free(q->base->ctx, e->graph);
+    free(e->bytes);
+    memset(e, 0, sizeof *e);
+}
+
+/* The slot holding this queue's key, or NULL. */
+static segment_t *segment_find(defer_t *q, uint64_t h)
+{
+    for (int i = 0; i < GRAPH_SEGMENTS; i++) {
+        segment_t *e = &q->seg[i];
+        if (e->len == q->len && e->hash == h && memcmp(e->bytes, q->buf, q->len) == 0)
+            return e;
+    }
+    return NULL;
+}
+
+/* Remembers the queue as a segment (ran plainly at this epoch), in a free
+ * slot or the least recently used one; nothing when out of memory. */
+static void segment_note(defer_t *q, uint64_t h, unsigned long epoch)
+{
+    segment_t *v = &q->seg[0];
+    for (int i = 0; i < GRAPH_SEGMENTS && v->len; i++)
+        if (!q->seg[i].len || q->seg[i].used < v->used)
+            v = &q->seg[i];
+    segment_drop(q, v);
+    if (!(v->bytes = malloc(q->len)))
+        return;
+    memcpy(v->bytes, q->buf, q->len);
+    *v = (segment_t){.hash = h, .len = q->len, .n_ops = q->n_queued, .bytes = v->bytes, .epoch = epoch, .ran = 1,
+                     .used = q->clock};
+}
+
+/* Captures the segment e (the queue's ops, seen run before at this
+ * epoch, so every workspace they need has its size) and launches it.
+ * Emulated where the base has no graphs: the segment's stored records
+ * are the graph. 0, or -1 when the capture failed (nothing ran). */
+static int segment_capture(defer_t *q, segment_t *e, unsigned long epoch)
+{
+    if (!q->base->graph_begin) {
+        e->graph = e->bytes;
+    } else {
+        q->base->graph_begin(q->base->ctx);
+        run_records(q->base, e->bytes, e->len);
+        e->graph = q->base->graph_end(q->base->ctx);
+        if (!e->graph)
+            return -1;
+    }
+    e->epoch = epoch;
+    q->gc.captures++;
+    return 0;
+}
+
+static void segment_launch(defer_t *q, segment_t *e)
+{
+    if (q->base->graph_launch)
+        q->base->graph_launch(q->base->ctx, e->graph);
+    else
+        run_records(q->base, e->bytes, e->len); /* the stored records, not the queue's: a stale key shows */
+    q->gc.launches++;
+    q->gc.graph_ops += (long)e->n_ops;
+}
+
+/* Issues the queue as a graph where it has run before: the first time a
+ * segment is seen it runs plainly (its ops size the workspace), the
+ * second it is captured, from then on launched; a graph captured before
+ * the workspace moved is dropped and the segment starts over. */
+static void graph_drain(defer_t *q)
+{
+    q->gc.segments++;
+    const unsigned long epoch = base_epoch(q);
+    const uint64_t h = fnv1a(q->buf, q->len);
+    segment_t *e = q->n_queued >= GRAPH_MIN_OPS ? segment_find(q, h) : NULL;
+    q->clock++;
+    if (e && e->graph && e->epoch != epoch) { /* stale: its workspace pointers moved */
+        if (e->graph != e->bytes && q->base->graph_free)
+            q->base->graph_free(q->base->ctx, e->graph);
+        e->graph = NULL;
+        e->ran = 0;
+        q->gc.stale++;
+    }
+    if (e && !e->refused && (e->graph || (e->ran && e->epoch == epoch))) {
+        e->used = q->clock;
+        if (e->graph || segment_capture(q, e, epoch) == 0) {
+            segment_launch(q, e);
+            return;
+        }
+        e->refused = 1;
+        q->gc.refused++;
+    }
+    run_records(q->base, q->buf, q->len);
+    q->gc.plain_ops += (long)q->n_queued;
+    if (!e && q->n_queued >= GRAPH_MIN_OPS)
+        segment_note(q, h, epoch);
+    else if (e && !e->refused) {
+        e->ran = 1;
+        e->epoch = epoch;
+    }
 }
 
 /* ---- memory ------------------------------------------------------------------ */
@@ -327,6 +494,7 @@ typedef struct {
     float *out;
     const float *in, *w, *b;
     int N, IC, OC;
+    int pad_; /* no hidden padding: records are compared as bytes (graphs) */
 } mm_fwd_args_t;
 static void r_matmul_fwd(const ops_t *b, const void *a_)
 {
@@ -335,13 +503,14 @@ static void r_matmul_fwd(const ops_t *b, const void *a_)
 }
 static void d_matmul_fwd(void *ctx, float *out, const float *in, const float *w, const float *b, int N, int IC, int OC)
 {
-    defer(ctx, r_matmul_fwd, &(mm_fwd_args_t){out, in, w, b, N, IC, OC}, sizeof(mm_fwd_args_t));
+    defer(ctx, r_matmul_fwd, &(mm_fwd_args_t){out, in, w, b, N, IC, OC, 0}, sizeof(mm_fwd_args_t));
 }
 
 typedef struct {
     float *din, *dw, *db;
     const float *dout, *in, *w;
     int N, IC, OC, accum_din, accum_dw;
+    int pad_; /* no hidden padding: records are compared as bytes (graphs) */
 } mm_bwd_args_t;
 static void r_matmul_bwd(const ops_t *b, const void *a_)
 {
@@ -351,7 +520,7 @@ static void r_matmul_bwd(const ops_t *b, const void *a_)
 static void d_matmul_bwd(void *ctx, float *din, float *dw, float *db, const float *dout, const float *in,
                          const float *w, int N, int IC, int OC, int accum_din, int accum_dw)
 {
-    defer(ctx, r_matmul_bwd, &(mm_bwd_args_t){din, dw, db, dout, in, w, N, IC, OC, accum_din, accum_dw},
+    defer(ctx, r_matmul_bwd, &(mm_bwd_args_t){din, dw, db, dout, in, w, N, IC, OC, accum_din, accum_dw, 0},
           sizeof(mm_bwd_args_t));
 }
 
@@ -360,6 +529,7 @@ typedef struct {
     const uint16_t *in, *w;
     const float *b;
     int N, IC, OC;
+    int pad_; /* no hidden padding: records are compared as bytes (graphs) */
 } mm_fwd16_args_t;
 static void r_matmul_fwd_bf16(const ops_t *b, const void *a_)
 {
@@ -369,13 +539,14 @@ static void r_matmul_fwd_bf16(const ops_t *b, const void *a_)
 static void d_matmul_fwd_bf16(void *ctx, float *out, const uint16_t *in, const uint16_t *w, const float *b, int N,
                               int IC, int OC)
 {
-    defer(ctx, r_matmul_fwd_bf16, &(mm_fwd16_args_t){out, in, w, b, N, IC, OC}, sizeof(mm_fwd16_args_t));
+    defer(ctx, r_matmul_fwd_bf16, &(mm_fwd16_args_t){out, in, w, b, N, IC, OC, 0}, sizeof(mm_fwd16_args_t));
 }
 
 typedef struct {
     float *out, *pre;
     const float *in, *w, *b;
     int N, IC, OC;
+    int pad_; /* no hidden padding: records are compared as bytes (graphs) */
 } mm_gelu_fwd_args_t;
 static void r_matmul_gelu_fwd(const ops_t *b, const void *a_)
 {
@@ -385,7 +556,7 @@ static void r_matmul_gelu_fwd(const ops_t *b, const void *a_)
 static void d_matmul_gelu_fwd(void *ctx, float *out, float *pre, const float *in, const float *w, const float *b, int N,
                               int IC, int OC)
 {
-    defer(ctx, r_matmul_gelu_fwd, &(mm_gelu_fwd_args_t){out, pre, in, w, b, N, IC, OC}, sizeof(mm_gelu_fwd_args_t));
+    defer(ctx, r_matmul_gelu_fwd, &(mm_gelu_fwd_args_t){out, pre, in, w, b, N, IC, OC, 0}, sizeof(mm_gelu_fwd_args_t));
 }
 
 typedef struct {
@@ -395,6 +566,7 @@ typedef struct {
     const uint16_t *in, *w;
     const float *b;
     int N, IC, OC;
+    int pad_; /* no hidden padding: records are compared as bytes (graphs) */
 } mm_gelu_fwd16_args_t;
 static void r_matmul_gelu_fwd_bf16(const ops_t *b, const void *a_)
 {
@@ -404,7 +576,7 @@ static void r_matmul_gelu_fwd_bf16(const ops_t *b, const void *a_)
 static void d_matmul_gelu_fwd_bf16(void *ctx, float *out, uint16_t *out16, float *pre, const uint16_t *in,
                                    const uint16_t *w, const float *b, int N, int IC, int OC)
 {
-    defer(ctx, r_matmul_gelu_fwd_bf16, &(mm_gelu_fwd16_args_t){out, out16, pre, in, w, b, N, IC, OC},
+    defer(ctx, r_matmul_gelu_fwd_bf16, &(mm_gelu_fwd16_args_t){out, out16, pre, in, w, b, N, IC, OC, 0},
           sizeof(mm_gelu_fwd16_args_t));
 }
 
@@ -457,6 +629,7 @@ typedef struct {
     const float *dout;
     const uint16_t *in, *w;
     int N, IC, OC, accum_din, accum_dw;
+    int pad_; /* no hidden padding: records are compared as bytes (graphs) */
 } mm_bwd16_args_t;
 static void r_matmul_bwd_bf16(const ops_t *b, const void *a_)
 {
@@ -467,7 +640,7 @@ static void r_matmul_bwd_bf16(const ops_t *b, const void *a_)
 static void d_matmul_bwd_bf16(void *ctx, float *din, float *dw, float *db, const uint16_t *dout16, const float *dout,
                               const uint16_t *in, const uint16_t *w, int N, int IC, int OC, int accum_din, int accum_dw)
 {
-    defer(ctx, r_matmul_bwd_bf16, &(mm_bwd16_args_t){din, dw, db, dout16, dout, in, w, N, IC, OC, accum_din, accum_dw},
+    defer(ctx, r_matmul_bwd_bf16, &(mm_bwd16_args_t){din, dw, db, dout16, dout, in, w, N, IC, OC, accum_din, accum_dw, 0},
           sizeof(mm_bwd16_args_t));
 }
 
@@ -480,7 +653,9 @@ static void d_matmul_bwd_bf16(void *ctx, float *din, float *dw, float *db, const
  * grow: the queue has then run, and the caller runs the op at once. */
 static int defer_ints(defer_t *q, run_fn run, const void *args, size_t args_bytes, const int32_t *ints, size_t n)
 {
-    unsigned char *dst = push(q, run, args_bytes + n * sizeof(int32_t));
+    /* graphs: CUDA's grouped GEMMs stage pointer tables from host memory
+     * when they run, which a graph cannot replay: they run outside, now */
+    unsigned char *dst = q->graphs ? NULL : push(q, run, args_bytes + n * sizeof(int32_t));
     if (!dst) {
         drain(q);
         q->ops_run++;
@@ -588,6 +763,7 @@ typedef struct {
     const float *x, *w, *b;
     int N, C;
     float eps;
+    int pad_; /* no hidden padding: records are compared as bytes (graphs) */
 } ln_fwd_args_t;
 static void r_layernorm_fwd(const ops_t *b, const void *a_)
 {
@@ -597,7 +773,7 @@ static void r_layernorm_fwd(const ops_t *b, const void *a_)
 static void d_layernorm_fwd(void *ctx, float *out, uint16_t *out16, float *mean, float *rstd, const float *x,
                             const float *w, const float *b, int N, int C, float eps)
 {
-    defer(ctx, r_layernorm_fwd, &(ln_fwd_args_t){out, out16, mean, rstd, x, w, b, N, C, eps}, sizeof(ln_fwd_args_t));
+    defer(ctx, r_layernorm_fwd, &(ln_fwd_args_t){out, out16, mean, rstd, x, w, b, N, C, eps, 0}, sizeof(ln_fwd_args_t));
 }
 
 typedef struct {
@@ -606,6 +782,7 @@ typedef struct {
     float *dw, *db;
     const float *dout, *x, *w, *mean, *rstd;
     int N, C, accum_dw;
+    int pad_; /* no hidden padding: records are compared as bytes (graphs) */
 } ln_bwd_args_t;
 static void r_layernorm_bwd(const ops_t *b, const void *a_)
 {
@@ -617,7 +794,7 @@ static void d_layernorm_bwd(void *ctx, float *din, uint16_t *din16, float *dw, f
                             const float *x, const float *w, const float *mean, const float *rstd, int N, int C,
                             int accum_dw)
 {
-    defer(ctx, r_layernorm_bwd, &(ln_bwd_args_t){din, din16, dw, db, dout, x, w, mean, rstd, N, C, accum_dw},
+    defer(ctx, r_layernorm_bwd, &(ln_bwd_args_t){din, din16, dw, db, dout, x, w, mean, rstd, N, C, accum_dw, 0},
           sizeof(ln_bwd_args_t));
 }
 
@@ -628,6 +805,7 @@ typedef struct {
     const float *x, *w;
     int N, C;
     float eps;
+    int pad_; /* no hidden padding: records are compared as bytes (graphs) */
 } rms_fwd_args_t;
 static void r_rmsnorm_fwd(const ops_t *b, const void *a_)
 {
@@ -637,7 +815,7 @@ static void r_rmsnorm_fwd(const ops_t *b, const void *a_)
 static void d_rmsnorm_fwd(void *ctx, float *out, uint16_t *out16, float *rstd, const float *x, const float *w, int N,
                           int C, float eps)
 {
-    defer(ctx, r_rmsnorm_fwd, &(rms_fwd_args_t){out, out16, rstd, x, w, N, C, eps}, sizeof(rms_fwd_args_t));
+    defer(ctx, r_rmsnorm_fwd, &(rms_fwd_args_t){out, out16, rstd, x, w, N, C, eps, 0}, sizeof(rms_fwd_args_t));
 }
 
 typedef struct {
@@ -646,6 +824,7 @@ typedef struct {
     float *dw;
     const float *dout, *x, *w, *rstd;
     int N, C, accum_dw;
+    int pad_; /* no hidden padding: records are compared as bytes (graphs) */
 } rms_bwd_args_t;
 static void r_rmsnorm_bwd(const ops_t *b, const void *a_)
 {
@@ -655,7 +834,7 @@ static void r_rmsnorm_bwd(const ops_t *b, const void *a_)
 static void d_rmsnorm_bwd(void *ctx, float *din, uint16_t *din16, float *dw, const float *dout, const float *x,
                           const float *w, const float *rstd, int N, int C, int accum_dw)
 {
-    defer(ctx, r_rmsnorm_bwd, &(rms_bwd_args_t){din, din16, dw, dout, x, w, rstd, N, C, accum_dw},
+    defer(ctx, r_rmsnorm_bwd, &(rms_bwd_args_t){din, din16, dw, dout, x, w, rstd, N, C, accum_dw, 0},
           sizeof(rms_bwd_args_t));
 }
 
@@ -664,8 +843,8 @@ static void d_rmsnorm_bwd(void *ctx, float *din, uint16_t *din16, float *dw, con
 typedef struct {
     float *qkv;
     const int32_t *pos;
-    int B, T, NH, NKV, HS;
     const float *inv_freq;
+    int B, T, NH, NKV, HS, pad_;
 } rope_args_t;
 static void r_rope_fwd(const ops_t *b, const void *a_)
 {
@@ -675,7 +854,7 @@ static void r_rope_fwd(const ops_t *b, const void *a_)
 static void d_rope_fwd(void *ctx, float *qkv, const int32_t *pos, int B, int T, int NH, int NKV, int HS,
                        const float *inv_freq)
 {
-    defer(ctx, r_rope_fwd, &(rope_args_t){qkv, pos, B, T, NH, NKV, HS, inv_freq}, sizeof(rope_args_t));
+    defer(ctx, r_rope_fwd, &(rope_args_t){qkv, pos, inv_freq, B, T, NH, NKV, HS, 0}, sizeof(rope_args_t));
 }
 typedef struct {
     rope_args_t r;
@@ -689,7 +868,7 @@ static void r_rope_bwd(const ops_t *b, const void *a_)
 static void d_rope_bwd(void *ctx, float *dqkv, uint16_t *dqkv16, const int32_t *pos, int B, int T, int NH, int NKV,
                        int HS, const float *inv_freq)
 {
-    defer(ctx, r_rope_bwd, &(rope_bwd_args_t){{dqkv, pos, B, T, NH, NKV, HS, inv_freq}, dqkv16},
+    defer(ctx, r_rope_bwd, &(rope_bwd_args_t){{dqkv, pos, inv_freq, B, T, NH, NKV, HS, 0}, dqkv16},
           sizeof(rope_bwd_args_t));
 }
 
@@ -698,6 +877,7 @@ typedef struct {
     const float *wq, *wk;
     int N, NH, NKV, HS;
     float eps;
+    int pad_; /* no hidden padding: records are compared as bytes (graphs) */
 } qkn_fwd_args_t;
 static void r_qknorm_fwd(const ops_t *b, const void *a_)
 {
@@ -707,12 +887,13 @@ static void r_qknorm_fwd(const ops_t *b, const void *a_)
 static void d_qknorm_fwd(void *ctx, float *qkv, float *xin, float *rstd, const float *wq, const float *wk, int N,
                          int NH, int NKV, int HS, float eps)
 {
-    defer(ctx, r_qknorm_fwd, &(qkn_fwd_args_t){qkv, xin, rstd, wq, wk, N, NH, NKV, HS, eps}, sizeof(qkn_fwd_args_t));
+    defer(ctx, r_qknorm_fwd, &(qkn_fwd_args_t){qkv, xin, rstd, wq, wk, N, NH, NKV, HS, eps, 0}, sizeof(qkn_fwd_args_t));
 }
 typedef struct {
     float *dqkv, *dwq, *dwk;
     const float *xin, *wq, *wk, *rstd;
     int N, NH, NKV, HS, accum_dw;
+    int pad_; /* no hidden padding: records are compared as bytes (graphs) */
 } qkn_bwd_args_t;
 static void r_qknorm_bwd(const ops_t *b, const void *a_)
 {
@@ -723,7 +904,7 @@ static void r_qknorm_bwd(const ops_t *b, const void *a_)
 static void d_qknorm_bwd(void *ctx, float *dqkv, float *dwq, float *dwk, const float *xin, const float *wq,
                          const float *wk, const float *rstd, int N, int NH, int NKV, int HS, int accum_dw)
 {
-    defer(ctx, r_qknorm_bwd, &(qkn_bwd_args_t){dqkv, dwq, dwk, xin, wq, wk, rstd, N, NH, NKV, HS, accum_dw},
+    defer(ctx, r_qknorm_bwd, &(qkn_bwd_args_t){dqkv, dwq, dwk, xin, wq, wk, rstd, N, NH, NKV, HS, accum_dw, 0},
           sizeof(qkn_bwd_args_t));
 }
 
@@ -734,6 +915,7 @@ typedef struct {
     const float *qkv;
     const int32_t *pos;
     int B, T, NH, NKV, HS;
+    int pad_; /* no hidden padding: records are compared as bytes (graphs) */
 } att_fwd_args_t;
 static void r_attention_fwd(const ops_t *b, const void *a_)
 {
@@ -743,7 +925,7 @@ static void r_attention_fwd(const ops_t *b, const void *a_)
 static void d_attention_fwd(void *ctx, float *out, uint16_t *out16, float *lse, const float *qkv, const int32_t *pos,
                             int B, int T, int NH, int NKV, int HS)
 {
-    defer(ctx, r_attention_fwd, &(att_fwd_args_t){out, out16, lse, qkv, pos, B, T, NH, NKV, HS},
+    defer(ctx, r_attention_fwd, &(att_fwd_args_t){out, out16, lse, qkv, pos, B, T, NH, NKV, HS, 0},
           sizeof(att_fwd_args_t));
 }
 
@@ -753,6 +935,7 @@ typedef struct {
     const float *dout, *qkv, *out, *lse;
     const int32_t *pos;
     int B, T, NH, NKV, HS;
+    int pad_; /* no hidden padding: records are compared as bytes (graphs) */
 } att_bwd_args_t;
 static void r_attention_bwd(const ops_t *b, const void *a_)
 {
@@ -764,7 +947,7 @@ static void d_attention_bwd(void *ctx, float *dqkv, uint16_t *dqkv16, const floa
                             const float *out, const float *lse, const int32_t *pos, int B, int T, int NH, int NKV,
                             int HS)
 {
-    defer(ctx, r_attention_bwd, &(att_bwd_args_t){dqkv, dqkv16, dout, qkv, out, lse, pos, B, T, NH, NKV, HS},
+    defer(ctx, r_attention_bwd, &(att_bwd_args_t){dqkv, dqkv16, dout, qkv, out, lse, pos, B, T, NH, NKV, HS, 0},
           sizeof(att_bwd_args_t));
 }
 
@@ -775,6 +958,7 @@ typedef struct {
     const float *qkv, *kv;
     const int32_t *qpos, *kpos, *qdoc;
     att_block_t blk;
+    int pad_; /* no hidden padding: records are compared as bytes (graphs) */
 } att_blk_fwd_args_t;
 static void r_attention_block_fwd(const ops_t *b, const void *a_)
 {
@@ -785,7 +969,7 @@ static void d_attention_block_fwd(void *ctx, float *out, float *lse, const float
                                   const int32_t *qpos, const int32_t *kpos, const int32_t *qdoc,
                                   const att_block_t *blk)
 {
-    defer(ctx, r_attention_block_fwd, &(att_blk_fwd_args_t){out, lse, qkv, kv, qpos, kpos, qdoc, *blk},
+    defer(ctx, r_attention_block_fwd, &(att_blk_fwd_args_t){out, lse, qkv, kv, qpos, kpos, qdoc, *blk, 0},
           sizeof(att_blk_fwd_args_t));
 }
 
@@ -793,6 +977,7 @@ typedef struct {
     float *out, *lse;
     const float *pout, *plse;
     att_block_t blk;
+    int pad_; /* no hidden padding: records are compared as bytes (graphs) */
 } att_merge_args_t;
 static void r_attention_merge(const ops_t *b, const void *a_)
 {
@@ -802,7 +987,7 @@ static void r_attention_merge(const ops_t *b, const void *a_)
 static void d_attention_merge(void *ctx, float *out, float *lse, const float *pout, const float *plse,
                               const att_block_t *blk)
 {
-    defer(ctx, r_attention_merge, &(att_merge_args_t){out, lse, pout, plse, *blk}, sizeof(att_merge_args_t));
+    defer(ctx, r_attention_merge, &(att_merge_args_t){out, lse, pout, plse, *blk, 0}, sizeof(att_merge_args_t));
 }
 
 typedef struct {
@@ -810,6 +995,7 @@ typedef struct {
     const float *dout, *qkv, *kv, *out, *lse;
     const int32_t *qpos, *kpos, *qdoc;
     att_block_t blk;
+    int pad_; /* no hidden padding: records are compared as bytes (graphs) */
 } att_blk_bwd_args_t;
 static void r_attention_block_bwd(const ops_t *b, const void *a_)
 {
@@ -822,7 +1008,7 @@ static void d_attention_block_bwd(void *ctx, float *dqkv, float *dkv, const floa
                                   const int32_t *kpos, const int32_t *qdoc, const att_block_t *blk)
 {
     defer(ctx, r_attention_block_bwd,
-          &(att_blk_bwd_args_t){dqkv, dkv, dout, qkv, kv, out, lse, qpos, kpos, qdoc, *blk},
+          &(att_blk_bwd_args_t){dqkv, dkv, dout, qkv, kv, out, lse, qpos, kpos, qdoc, *blk, 0},
           sizeof(att_blk_bwd_args_t));
 }
 
@@ -845,6 +1031,7 @@ typedef struct {
     float *dqkv;
     const float *dkv;
     int N, NH, NKV, HS, accum;
+    int pad_; /* no hidden padding: records are compared as bytes (graphs) */
 } att_kv_unpack_args_t;
 static void r_attention_kv_unpack(const ops_t *b, const void *a_)
 {
@@ -853,7 +1040,7 @@ static void r_attention_kv_unpack(const ops_t *b, const void *a_)
 }
 static void d_attention_kv_unpack(void *ctx, float *dqkv, const float *dkv, int N, int NH, int NKV, int HS, int accum)
 {
-    defer(ctx, r_attention_kv_unpack, &(att_kv_unpack_args_t){dqkv, dkv, N, NH, NKV, HS, accum},
+    defer(ctx, r_attention_kv_unpack, &(att_kv_unpack_args_t){dqkv, dkv, N, NH, NKV, HS, accum, 0},
           sizeof(att_kv_unpack_args_t));
 }
 
@@ -944,6 +1131,7 @@ typedef struct {
     const int32_t *tok, *pos;
     const float *wte, *wpe;
     int N, T, C, v0, Vl;
+    int pad_; /* no hidden padding: records are compared as bytes (graphs) */
 } emb_fwd_args_t;
 static void r_embedding_fwd(const ops_t *b, const void *a_)
 {
@@ -953,7 +1141,7 @@ static void r_embedding_fwd(const ops_t *b, const void *a_)
 static void d_embedding_fwd(void *ctx, float *out, const int32_t *tok, const int32_t *pos, const float *wte,
                             const float *wpe, int N, int T, int C, int v0, int Vl)
 {
-    defer(ctx, r_embedding_fwd, &(emb_fwd_args_t){out, tok, pos, wte, wpe, N, T, C, v0, Vl}, sizeof(emb_fwd_args_t));
+    defer(ctx, r_embedding_fwd, &(emb_fwd_args_t){out, tok, pos, wte, wpe, N, T, C, v0, Vl, 0}, sizeof(emb_fwd_args_t));
 }
 
 typedef struct {
@@ -978,6 +1166,7 @@ typedef struct {
     float *rowmax;
     const float *logits;
     int N, Vl, ld;
+    int pad_; /* no hidden padding: records are compared as bytes (graphs) */
 } xmax_args_t;
 static void r_xent_max(const ops_t *b, const void *a_)
 {
@@ -986,7 +1175,7 @@ static void r_xent_max(const ops_t *b, const void *a_)
 }
 static void d_xent_max(void *ctx, float *rowmax, const float *logits, int N, int Vl, int ld)
 {
-    defer(ctx, r_xent_max, &(xmax_args_t){rowmax, logits, N, Vl, ld}, sizeof(xmax_args_t));
+    defer(ctx, r_xent_max, &(xmax_args_t){rowmax, logits, N, Vl, ld, 0}, sizeof(xmax_args_t));
 }
 
 typedef struct {
@@ -1014,6 +1203,7 @@ typedef struct {
     const int32_t *targets;
     int v0, N, Vl, ld;
     float dloss;
+    int pad_; /* no hidden padding: records are compared as bytes (graphs) */
 } xfin_args_t;
 static void r_xent_finish(const ops_t *b, const void *a_)
 {
@@ -1025,7 +1215,7 @@ static void d_xent_finish(void *ctx, float *losses, float *dlogits, uint16_t *dl
                           const float *stats, const int32_t *targets, int v0, int N, int Vl, int ld, float dloss)
 {
     defer(ctx, r_xent_finish,
-          &(xfin_args_t){losses, dlogits, dlogits16, rowmax, stats, targets, v0, N, Vl, ld, dloss},
+          &(xfin_args_t){losses, dlogits, dlogits16, rowmax, stats, targets, v0, N, Vl, ld, dloss, 0},
           sizeof(xfin_args_t));
 }
 
@@ -1039,6 +1229,7 @@ typedef struct {
     size_t n;
     float lr, beta1, beta2, eps, wd, grad_scale;
     int t;
+    int pad_; /* no hidden padding: records are compared as bytes (graphs) */
 } adamw_args_t;
 static void r_adamw(const ops_t *b, const void *a_)
 {
@@ -1049,7 +1240,7 @@ static void r_adamw(const ops_t *b, const void *a_)
 static void d_adamw(void *ctx, float *p, uint16_t *p16, const float *g, float *m, float *v, size_t n, float lr,
                     float beta1, float beta2, float eps, float wd, float grad_scale, int t)
 {
-    defer(ctx, r_adamw, &(adamw_args_t){p, p16, g, m, v, n, lr, beta1, beta2, eps, wd, grad_scale, t},
+    defer(ctx, r_adamw, &(adamw_args_t){p, p16, g, m, v, n, lr, beta1, beta2, eps, wd, grad_scale, t, 0},
           sizeof(adamw_args_t));
 }
 
@@ -1062,8 +1253,9 @@ static void d_sumsq(void *ctx, double *out, const float *const *x, const size_t 
 
 typedef struct {
     float *x;
-    float s;
     size_t n;
+    float s;
+    int pad_;
 } scale_args_t;
 static void r_scale(const ops_t *b, const void *a_)
 {
@@ -1072,7 +1264,7 @@ static void r_scale(const ops_t *b, const void *a_)
 }
 static void d_scale(void *ctx, float *x, float s, size_t n)
 {
-    defer(ctx, r_scale, &(scale_args_t){x, s, n}, sizeof(scale_args_t));
+    defer(ctx, r_scale, &(scale_args_t){x, n, s, 0}, sizeof(scale_args_t));
 }
 
 typedef struct {
@@ -1114,6 +1306,7 @@ typedef struct {
     float *gate;
     const float *logits, *bias;
     int N, T, E, K, sigmoid, norm_topk, capacity;
+    int pad_; /* no hidden padding: records are compared as bytes (graphs) */
 } moe_route_args_t;
 static void r_moe_route_fwd(const ops_t *b, const void *a_)
 {
@@ -1125,7 +1318,7 @@ static void d_moe_route_fwd(void *ctx, float *scores, float *lse, int32_t *idx, 
                             const float *bias, int N, int T, int E, int K, int sigmoid, int norm_topk, int capacity)
 {
     defer(ctx, r_moe_route_fwd,
-          &(moe_route_args_t){scores, lse, idx, gate, logits, bias, N, T, E, K, sigmoid, norm_topk, capacity},
+          &(moe_route_args_t){scores, lse, idx, gate, logits, bias, N, T, E, K, sigmoid, norm_topk, capacity, 0},
           sizeof(moe_route_args_t));
 }
 
@@ -1133,6 +1326,7 @@ typedef struct {
     int32_t *perm, *offs, *where;
     const int32_t *idx;
     int N, E, K;
+    int pad_; /* no hidden padding: records are compared as bytes (graphs) */
 } moe_plan_args_t;
 static void r_moe_plan(const ops_t *b, const void *a_)
 {
@@ -1141,7 +1335,7 @@ static void r_moe_plan(const ops_t *b, const void *a_)
 }
 static void d_moe_plan(void *ctx, int32_t *perm, int32_t *offs, int32_t *where, const int32_t *idx, int N, int E, int K)
 {
-    defer(ctx, r_moe_plan, &(moe_plan_args_t){perm, offs, where, idx, N, E, K}, sizeof(moe_plan_args_t));
+    defer(ctx, r_moe_plan, &(moe_plan_args_t){perm, offs, where, idx, N, E, K, 0}, sizeof(moe_plan_args_t));
 }
 
 typedef struct {
@@ -1166,6 +1360,7 @@ typedef struct {
     const float *x;
     const int32_t *perm;
     int M, K, C;
+    int pad_; /* no hidden padding: records are compared as bytes (graphs) */
 } moe_gather_args_t;
 static void r_moe_gather(const ops_t *b, const void *a_)
 {
@@ -1174,7 +1369,7 @@ static void r_moe_gather(const ops_t *b, const void *a_)
 }
 static void d_moe_gather(void *ctx, float *xe, const float *x, const int32_t *perm, int M, int K, int C)
 {
-    defer(ctx, r_moe_gather, &(moe_gather_args_t){xe, x, perm, M, K, C}, sizeof(moe_gather_args_t));
+    defer(ctx, r_moe_gather, &(moe_gather_args_t){xe, x, perm, M, K, C, 0}, sizeof(moe_gather_args_t));
 }
 
 typedef struct {
@@ -1182,6 +1377,7 @@ typedef struct {
     const float *ye, *gate;
     const int32_t *where;
     int N, K, C;
+    int pad_; /* no hidden padding: records are compared as bytes (graphs) */
 } moe_combine_args_t;
 static void r_moe_combine_fwd(const ops_t *b, const void *a_)
 {
@@ -1191,7 +1387,7 @@ static void r_moe_combine_fwd(const ops_t *b, const void *a_)
 static void d_moe_combine_fwd(void *ctx, float *out, const float *ye, const float *gate, const int32_t *where, int N,
                               int K, int C)
 {
-    defer(ctx, r_moe_combine_fwd, &(moe_combine_args_t){out, ye, gate, where, N, K, C}, sizeof(moe_combine_args_t));
+    defer(ctx, r_moe_combine_fwd, &(moe_combine_args_t){out, ye, gate, where, N, K, C, 0}, sizeof(moe_combine_args_t));
 }
 
 typedef struct {
@@ -1199,6 +1395,7 @@ typedef struct {
     const float *dout, *ye, *gate;
     const int32_t *where;
     int N, K, C;
+    int pad_; /* no hidden padding: records are compared as bytes (graphs) */
 } moe_combine_bwd_args_t;
 static void r_moe_combine_bwd(const ops_t *b, const void *a_)
 {
@@ -1208,7 +1405,7 @@ static void r_moe_combine_bwd(const ops_t *b, const void *a_)
 static void d_moe_combine_bwd(void *ctx, float *dye, float *dgate, const float *dout, const float *ye,
                               const float *gate, const int32_t *where, int N, int K, int C)
 {
-    defer(ctx, r_moe_combine_bwd, &(moe_combine_bwd_args_t){dye, dgate, dout, ye, gate, where, N, K, C},
+    defer(ctx, r_moe_combine_bwd, &(moe_combine_bwd_args_t){dye, dgate, dout, ye, gate, where, N, K, C, 0},
           sizeof(moe_combine_bwd_args_t));
 }
 
@@ -1284,11 +1481,82 @@ static void d_moe_shared_gate_bwd(void *ctx, float *dy, float *dz, const float *
           sizeof(moe_sgate_bwd_args_t));
 }
 
+/* ---- the graph table's memory ops: the base's, after the queue ---------------- */
+
+static void g_sync(void *ctx)
+{
+    defer_t *q = ctx;
+    drain(q);
+    q->base->sync(q->base->ctx);
+}
+
+/* from_host's source differs every step (the tokens), so it stays out of
+ * the segments: the queue is issued, then the copy (CUDA: stream-ordered
+ * after it). */
+static void g_from_host(void *ctx, void *dst, const void *host_src, size_t bytes)
+{
+    defer_t *q = ctx;
+    drain(q);
+    q->base->from_host(q->base->ctx, dst, host_src, bytes);
+}
+
+/* The side-stream copies follow the ops issued before them: issued after
+ * the queue; where the base has none, the plain copies serve. */
+static void g_to_host_begin(void *ctx, void *host_dst, const void *src, size_t bytes)
+{
+    defer_t *q = ctx;
+    drain(q);
+    if (q->base->to_host_begin)
+        q->base->to_host_begin(q->base->ctx, host_dst, src, bytes);
+    else
+        q->base->to_host(q->base->ctx, host_dst, src, bytes);
+}
+static void g_to_host_end(void *ctx)
+{
+    const defer_t *q = ctx;
+    if (q->base->to_host_end)
+        q->base->to_host_end(q->base->ctx);
+}
+static void g_from_host_begin(void *ctx, void *dst, const void *host_src, size_t bytes)
+{
+    defer_t *q = ctx;
+    drain(q);
+    if (q->base->from_host_begin)
+        q->base->from_host_begin(q->base->ctx, dst, host_src, bytes);
+    else
+        q->base->from_host(q->base->ctx, dst, host_src, bytes);
+}
+/* the ops queued after it are issued after it: the compute stream's wait
+ * comes first */
+static void g_from_host_end(void *ctx)
+{
+    defer_t *q = ctx;
+    drain(q);
+    if (q->base->from_host_end)
+        q->base->from_host_end(q->base->ctx);
+}
+
+/* host_alloc's memory is the base's (pinned on CUDA) */
+static void *g_host_alloc(void *ctx, size_t bytes)
+{
+    const defer_t *q = ctx;
+    return q->base->host_alloc(q->base->ctx, bytes);
+}
+static void g_host_free(void *ctx, void *p)
+{
+    const defer_t *q = ctx;
+    q->base->host_free(q->base->ctx, p);
+}
+
 /* Runs what is queued, then ends the base table and this one. */
 static void d_release(void *ctx)
 {
     defer_t *q = ctx;
     drain(q);
+    if (q->seg)
+        for (int i = 0; i < GRAPH_SEGMENTS; i++)
+            segment_drop(q, &q->seg[i]);
+    free(q->seg);
     ops_release(q->base);
     free(q->buf);
     free(q->late);
@@ -1374,6 +1642,48 @@ const ops_t *ops_defer_create(const ops_t *base)
     q->ops.ctx = q;
     q->base = base;
     return &q->ops;
+}
+
+const ops_t *ops_graph_create(const ops_t *base)
+{
+    defer_t *q = calloc(1, sizeof *q);
+    segment_t *seg = calloc(GRAPH_SEGMENTS, sizeof *seg);
+    if (!q || !seg) {
+        free(q);
+        free(seg);
+        return NULL;
+    }
+    q->ops = defer_ops;
+    q->ops.name = base->name;
+    q->ops.host_readable = base->host_readable;
+    q->ops.sync = g_sync;
+    q->ops.from_host = g_from_host;
+    q->ops.to_host_begin = g_to_host_begin;
+    q->ops.to_host_end = g_to_host_end;
+    q->ops.from_host_begin = g_from_host_begin;
+    q->ops.from_host_end = g_from_host_end;
+    q->ops.host_alloc = base->host_alloc ? g_host_alloc : NULL;
+    q->ops.host_free = base->host_free ? g_host_free : NULL;
+    q->ops.ctx = q;
+    q->base = base;
+    q->graphs = 1;
+    q->seg = seg;
+    return &q->ops;
+}
+
+void ops_graph_counts(const ops_t *d, ops_graph_counts_t *c)
+{
+    const defer_t *q = d->ctx;
+    *c = q->gc;
+}
+
+void ops_defer_flush(void *ctx)
+{
+    defer_t *q = ctx;
+    if (q->len > 0) {
+        drain(q);
+        q->waits--; /* issued, not waited for */
+    }
 }
 
 void ops_defer_counts(const ops_t *d, long *ops, long *waits, long *casts16)

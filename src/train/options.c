@@ -380,6 +380,12 @@ static const opt_def_t opt_defs[] = {
      "cuda) | mpi | auto (nccl when every rank runs on cuda on a GPU of its own and there is more than one rank, else "
      "mpi); the pipeline's point-to-point messages always use MPI",
      NULL, NULL, 0},
+    {"cuda-graphs", OPT_FLAG, F(cuda_graphs), 0, "0", 0, 1, NULL,
+     "with --device cuda: capture the op sequences that repeat from step to step (a microbatch's forward, loss and "
+     "backward between the host's waits and the communication) into CUDA graphs, each launched as one, so small "
+     "models are bound by the GPU, not by kernel launches; a sequence is captured the second time it is seen and "
+     "captured again when its shapes, pointers or the backend's workspace change",
+     NULL, NULL, 0},
     {"selftest", OPT_FLAG, F(selftest), 0, "0", 0, 1, NULL,
      "compare every CUDA op with the CPU op on random inputs (stated error bounds), print the results and exit (0 = "
      "all agree)",

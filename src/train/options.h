@@ -127,6 +127,7 @@ typedef struct run_options {
     backend_device_t device;
     backend_dtype_t dtype; /* GEMM precision */
     backend_comm_t comm;   /* the collectives' library */
+    int cuda_graphs;       /* --cuda-graphs: the CUDA table under the graph table (backend_use_graphs) */
     int selftest;          /* --selftest: compare every CUDA op with the CPU op, exit */
 } run_options_t;
 

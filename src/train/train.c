@@ -1038,6 +1038,20 @@ static int report_step(trainer_t *tr, step_record_t *r, int end, char *err, size
     return 0;
 }
 
+/* --cuda-graphs: what ran inside graphs from the second step on (the
+ * first runs every segment plainly; the second captures them). */
+static void print_graph_counts(const trainer_t *tr, int end, int ran)
+{
+    ops_graph_counts_t c, c0 = tr->graph0;
+    ops_graph_counts(tr->backend.ops, &c);
+    const double steps = ran - 1, in = (double)(c.graph_ops - c0.graph_ops) / steps,
+                 out = (double)(c.plain_ops - c0.plain_ops) / steps;
+    printf("graphs (rank 0, steps %d-%d): %.1f of %.1f ops per step inside %.1f graph launches; %ld captured, %ld "
+           "dropped as stale, %ld captures failed\n",
+           tr->start_step + 2, end, in, in + out, (double)(c.launches - c0.launches) / steps, c.captures, c.stale,
+           c.refused);
+}
+
 /* After the last step of a run that was not stopped: the summary, the
  * final parameters, the sample and the trace. defer0: the deferred ops'
  * counts after the first step. */
@@ -1060,6 +1074,8 @@ static int finish_run(trainer_t *tr, int end, double t_run, double loss, const l
             printf("deferred ops (rank 0, steps %d-%d): %.1f cast_f32_to_bf16 calls per step\n", tr->start_step + 2,
                    end, (double)(casts - defer0[2]) / (ran - 1));
         }
+        if (tr->backend.graphs && ran >= 2)
+            print_graph_counts(tr, end, ran);
     }
     if (o->save_params[0] && trainer_save_params(tr, err, errlen) != 0)
         return -1;
@@ -1097,6 +1113,8 @@ int trainer_run(trainer_t *tr, char *err, size_t errlen)
         loss = r.loss;
         if (tr->backend.deferred && step == tr->start_step)
             ops_defer_counts(tr->backend.ops, &defer0[0], &defer0[1], &defer0[2]);
+        if (tr->backend.graphs && step == tr->start_step)
+            ops_graph_counts(tr->backend.ops, &tr->graph0);
         if (step + 1 < end && stop_requested(tr, step + 1, err, errlen) != 0)
             return -1;
         if (tr->stopped_by)

@@ -11,6 +11,7 @@
 #include "mpi/lostpeer.h"
 #include "mpi/pipeline.h"
 #include "src/backend/backend.h"
+#include "src/backend/ops_cpu.h"
 #include "src/data/data.h"
 #include "src/model/model.h"
 #include "src/optim/optim.h"
@@ -29,6 +30,7 @@ typedef struct trainer {
      * the ranks agree (mpi/agree.h) and the world statistics are reduced */
     comm_t *world;
     backend_t backend; /* --device: the ops table (rank 0's choice is in the banner) */
+    ops_graph_counts_t graph0; /* --cuda-graphs: the graph table's counts after the first step */
     model_config_t cfg;
     model_t model;
     adamw_t optim;

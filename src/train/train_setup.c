@@ -463,6 +463,8 @@ static int setup_backend(trainer_t *tr, const dpsync_ops_t *kind, char *err, siz
     grid_t *grid = tr->grid;
     CHECK(agree(tr->world, backend_open(&tr->backend, run->device, run->dtype, tr->env->local_rank, err, errlen), err,
                 errlen));
+    if (tr->opt->cuda_graphs)
+        CHECK(agree(tr->world, backend_use_graphs(&tr->backend, err, errlen), err, errlen));
     if (run->hybrid_shard && kind->shards)
         CHECK(grid_create_shard_group(grid, run->hybrid_shard, err, errlen));
     if (run->cp > 1)
