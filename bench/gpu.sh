@@ -274,21 +274,27 @@ if [ "$device" = cuda ]; then on="1 GPU"; else on=CPU; fi
 t=$(date +%s)
 for model in ${MODELS:-gpt2-124m tiny}; do
     if [ "$model" = tiny ]; then margs=$tiny_args; else margs=$train_args; fi
-    for dt in bf16 fp32; do
-        tag=$model.$dt
-        echo "== $model, --device $device --dtype $dt $margs, $steps steps"
+    # bf16 with and without --cuda-graphs (CUDA only: the CPU has none)
+    variants="bf16 fp32"
+    if [ "$device" = cuda ]; then variants="bf16 bf16+graphs fp32"; fi
+    for variant in $variants; do
+        dt=${variant%%+*}
+        graphs=""
+        if [ "$variant" != "$dt" ]; then graphs=--cuda-graphs; fi
+        tag=$model.${variant/+/-}
+        echo "== $model, --device $device --dtype $dt $graphs $margs, $steps steps"
         rc=0
-        # shellcheck disable=SC2086 # margs is a list of options
-        tmo "$dtrain" --device "$device" --dtype "$dt" --model "$model" $margs --data "$data" --steps "$steps" \
+        # shellcheck disable=SC2086 # margs is a list of options, graphs empty or one
+        tmo "$dtrain" --device "$device" --dtype "$dt" $graphs --model "$model" $margs --data "$data" --steps "$steps" \
             --warmup 1 --val-every 0 --sample-tokens 0 --peak-gflops "$(awk -v p="$peak" 'BEGIN { print p * 1000 }')" \
             --metrics "$logs/$tag.json" >"$logs/$tag.txt" 2>&1 || rc=$?
         if [ "$rc" -ne 0 ]; then
             failed=1
-            train_rows+=("| $model, $on, $dt, \`$margs\` | FAILED (exit $rc): $(grep -m1 -iE 'error|dtrain:' "$logs/$tag.txt" | cut -c1-160) | | |")
+            train_rows+=("| $model, $on, $variant, \`$margs\` | FAILED (exit $rc): $(grep -m1 -iE 'error|dtrain:' "$logs/$tag.txt" | cut -c1-160) | | |")
             tail -n 5 "$logs/$tag.txt"
             continue
         fi
-        grep -E "^(backend|precision|compute):" "$logs/$tag.txt" || true
+        grep -E "^(backend|precision|compute):|^graphs " "$logs/$tag.txt" || true
         ms=$(awk -v m="$(median "$logs/$tag.json" ms)" 'BEGIN { printf "%.1f", m }')
         tps=$(awk -v v="$(median "$logs/$tag.json" tokens_per_s)" 'BEGIN { printf "%.0f", v }')
         mfu=$(median "$logs/$tag.json" mfu)
@@ -296,7 +302,7 @@ for model in ${MODELS:-gpt2-124m tiny}; do
         mfu_meas=$(awk -v m="$mfu" -v p="$peak" -v g="$bf16_best" 'BEGIN { if (g + 0 > 0) printf "%.1f %%", 100 * m * p / g; else print "-" }')
         if [ "$model" = gpt2-124m ]; then anchor="llm.c: about 1.75M tokens/s on 8 A100s (about 218K per GPU); Megatron-LM about 42 % MFU at 70B"
         else anchor=""; fi
-        train_rows+=("| $model, $on, $dt, \`$margs\` | $ms ms/step, $tps tokens/s | $mfu_peak % | $mfu_meas | $anchor |")
+        train_rows+=("| $model, $on, $variant, \`$margs\` | $ms ms/step, $tps tokens/s | $mfu_peak % | $mfu_meas | $anchor |")
         echo "   $ms ms/step, $tps tokens/s, MFU $mfu_peak % of $peak TFLOP/s, $mfu_meas of the measured bf16 GEMM peak"
     done
 done

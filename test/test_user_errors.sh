@@ -131,4 +131,8 @@ if [ "$rc" -eq 0 ] && [ -s "$TMP/torn.png" ] &&
 else
     fail "dtrain-plot on a torn last line: exit $rc: $(cat "$TMP/err")"
 fi
+
+# ---- --cuda-graphs on the CPU: the CPU has no graphs (DTRAIN_DEFER_OPS=graphs emulates them for tests) ----
+one_line "--cuda-graphs: this rank runs on the CPU (cpu), which has no graphs: use --device cuda, or leave out --cuda-graphs" \
+    2 "$DTRAIN" $RUN --device cpu --cuda-graphs
 finish
