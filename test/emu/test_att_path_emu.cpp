@@ -87,7 +87,10 @@ struct cu_t {
     int att_bf16;
     void *att;
     size_t att_cap;
+    unsigned long epoch; /* graph_epoch */
 };
+/* cuda/ops_cuda_state.cuh's: a grown buffer moves the graphs' epoch */
+static void room_moved(cu_t *g, const char *) { g->epoch++; }
 
 static void ck(cudaError_t rc, const char *what)
 {
