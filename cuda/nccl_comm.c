@@ -774,6 +774,11 @@ static status_t n_alltoallv(comm_t *c, const void *send, const size_t *scount, c
     }
     if (m->failed)
         return failed_before(c, err, errlen, what);
+    if (m->grouped) {
+        status_set(STATUS_FAIL, err, errlen, "NCCL %s on group %s: inside a group (only isend and irecv)", what,
+                   c->name);
+        return -1;
+    }
     CHECK(a2a_layout(c, err, errlen, what, scount, sdispl, rcount, rdispl, &total, &sext, &rext));
     const long long bytes = (long long)(total * es);
     const int host = (sext && !is_device_ptr(send)) || (rext && !is_device_ptr(recv));
