@@ -59,12 +59,14 @@
  * abort): tearing down (cudaFree, ncclCommDestroy) with NCCL kernels still
  * waiting on peers that have left would hang.
  *
- * MPI progress. The pipeline's transfers stay on MPI (backend.h), and
- * OpenMPI moves a large message only while some MPI call runs on both
- * sides. A rank spinning here on a tensor-parallel NCCL wait would leave
- * its pipeline sends unmoved, and a peer stage waiting for one of them
- * could be the very rank this wait depends on: a cycle. So every poll also
- * calls MPI_Iprobe (a no-op that drives MPI's progress engine).
+ * MPI progress. OpenMPI moves a large message only while some MPI call
+ * runs on both sides. When the pipeline's transfers ran on MPI beside the
+ * NCCL groups, a rank spinning here on a tensor-parallel NCCL wait would
+ * have left its pipeline sends unmoved, and a peer stage waiting for one of
+ * them could be the very rank this wait depends on: a cycle. pp has an
+ * NCCL twin now (backend.c), but every poll still calls MPI_Iprobe (a
+ * no-op that drives MPI's progress engine), so a group left on MPI never
+ * depends on a rank that spins here.
  *
  * Types. comm_dtype_t maps to ncclFloat, ncclBfloat16, ncclInt32,
  * ncclInt64, ncclFloat64 and ncclUint8. bf16 sums pass the bit patterns as
@@ -75,8 +77,14 @@
  *
  * Point to point. ncclSend/ncclRecv have no tags: messages between two
  * ranks match in the order they are posted, so the tag argument is only
- * checked by the caller's own ordering (the pipeline executor posts in a
- * fixed schedule order on both sides).
+ * checked by the caller's own ordering (comm.h's `inorder`, set in this
+ * table: the pipeline executor posts in its plan's order on both sides,
+ * mpi/pipeline.c). group_begin/group_end are ncclGroupStart/End: the
+ * stream is ordered after the compute stream once, at group_begin; the
+ * isends and irecvs between them are enqueued by NCCL at ncclGroupEnd, so
+ * their requests get their events only then (a request of an open group
+ * fails test and wait); a failing ncclGroupEnd marks the group failed.
+ * Inside a group a host buffer is refused: its staging would block.
  *
  * All-to-all (alltoallv, --ep's dispatch over the ep group): NCCL has no
  * alltoallv, so it is a ncclSend and a ncclRecv per peer with a non-zero
@@ -112,11 +120,14 @@ typedef struct nccl_comm {
     double timeout_s;
     void *stage; /* device staging for host buffers */
     size_t stage_bytes;
-    int failed; /* an operation failed or timed out: see the top */
+    int failed;   /* an operation failed or timed out: see the top */
+    int grouped;  /* between group_begin and group_end */
+    comm_req_t **gq; /* the open group's requests, their events recorded at group_end */
+    int n_gq, cap_gq;
 } nccl_comm_t;
 
 typedef struct nccl_req {
-    cudaEvent_t ev;
+    cudaEvent_t ev; /* NULL while its group is open */
     const char *what; /* trace and watchdog name: "iallreduce" */
     size_t n;
     double t0;      /* for the timeout (now_s) */
@@ -437,12 +448,56 @@ static status_t finish_now(comm_t *c, char *err, size_t errlen, const nccl_op_t 
     return st;
 }
 
+/* Inside group_begin/group_end: an isend or irecv of device memory, its
+ * NCCL call deferred by NCCL to ncclGroupEnd; its request gets its event
+ * there (an event recorded now would precede the group's kernel). The
+ * ordering after the compute stream was made by group_begin. */
+static status_t run_grouped(comm_t *c, char *err, size_t errlen, nccl_op_t *o)
+{
+    nccl_comm_t *m = nm(c);
+    ncclDataType_t dt;
+    ncclRedOp_t rop;
+    if ((o->k != COMM_K_SEND && o->k != COMM_K_RECV) || !o->req || o->host) {
+        status_set(STATUS_FAIL, err, errlen,
+                   "NCCL %s on group %s: inside a group only isend and irecv of device memory", o->what, c->name);
+        return -1;
+    }
+    if (nccl_types(c, err, errlen, o, &dt, &rop) != 0)
+        return -1;
+    if (m->n_gq == m->cap_gq) {
+        const int cap = m->cap_gq ? 2 * m->cap_gq : 8;
+        comm_req_t **p = realloc(m->gq, (size_t)cap * sizeof *p);
+        if (!p) {
+            status_set(STATUS_FAIL, err, errlen, "NCCL %s on group %s: out of memory", o->what, c->name);
+            return -1;
+        }
+        m->gq = p;
+        m->cap_gq = cap;
+    }
+    nccl_req_t *q = malloc(sizeof *q);
+    if (!q) {
+        status_set(STATUS_FAIL, err, errlen, "NCCL %s on group %s: out of memory", o->what, c->name);
+        return -1;
+    }
+    ncclResult_t rc = enqueue(m, o, o->r, dt, rop);
+    if (rc != ncclSuccess) {
+        free(q);
+        return nccl_fail(c, err, errlen, rc, o->what, o->n);
+    }
+    *q = (nccl_req_t){.ev = NULL, .what = o->what, .n = o->n, .span_t0 = o->span_t0, .bytes = o->bytes, .peer = o->peer};
+    *o->req = (comm_req_t){.comm = c, .impl = q, .active = 1};
+    m->gq[m->n_gq++] = o->req;
+    return 0;
+}
+
 /* Every operation (req == NULL: blocking). A staged one blocks from its
  * first copy to its last and is marked on the watchdog all that time. */
 static status_t run(comm_t *c, char *err, size_t errlen, nccl_op_t o)
 {
     if (op_prepare(c, err, errlen, &o) != 0)
         return -1;
+    if (nm(c)->grouped)
+        return run_grouped(c, err, errlen, &o);
     if (o.host)
         watchdog_enter(c->watch, o.what, c->name, c->size, o.bytes, o.peer);
     cudaEvent_t ev;
@@ -465,11 +520,21 @@ static void release(comm_req_t *req)
 {
     nccl_req_t *q = req->impl;
     if (q) {
-        (void)cudaEventDestroy(q->ev);
+        if (q->ev)
+            (void)cudaEventDestroy(q->ev);
         free(q);
     }
     req->impl = NULL;
     req->active = 0;
+}
+
+/* A request of a group still open has no event yet. */
+static status_t still_grouped(comm_req_t *req, char *err, size_t errlen)
+{
+    nccl_req_t *q = req->impl;
+    status_set(STATUS_FAIL, err, errlen, "NCCL %s on group %s: tested or waited for inside its open group", q->what,
+               req->comm->name);
+    return -1;
 }
 
 static status_t n_test(comm_req_t *req, int *done, char *err, size_t errlen)
@@ -478,6 +543,10 @@ static status_t n_test(comm_req_t *req, int *done, char *err, size_t errlen)
     if (!req->active)
         return 0;
     nccl_req_t *q = req->impl;
+    if (!q->ev && !nm(req->comm)->failed) {
+        *done = 0;
+        return still_grouped(req, err, errlen);
+    }
     int st = poll_event(req->comm, err, errlen, q->ev, q->what, q->n, q->t0);
     if (st == 0) {
         *done = 0;
@@ -494,6 +563,8 @@ static status_t n_wait(comm_req_t *req, char *err, size_t errlen)
     if (!req->active)
         return 0;
     nccl_req_t *q = req->impl;
+    if (!q->ev && !nm(req->comm)->failed)
+        return still_grouped(req, err, errlen);
     int st = wait_event(req->comm, err, errlen, q->ev, q->what, q->n, q->t0, q->bytes, q->peer);
     if (st == 0)
         span_record(req->comm, q->what, q->span_t0, q->bytes, q->peer);
@@ -563,6 +634,68 @@ static status_t n_irecv(comm_t *c, void *buf, size_t n, comm_dtype_t dt, int pee
 {
     (void)tag;
     return run(c, err, errlen, OP(.k = COMM_K_RECV, .dt = dt, .recv = buf, .n = n, .peer_or_root = peer, .req = req));
+}
+
+/* comm.h's grouping: ncclGroupStart after ordering the group's stream
+ * behind the compute stream's work so far (the transfers' buffers were
+ * written there), ncclGroupEnd, then one event per request. */
+static status_t n_group_begin(comm_t *c, char *err, size_t errlen)
+{
+    nccl_comm_t *m = nm(c);
+    cudaError_t ce;
+    if (m->grouped) {
+        status_set(STATUS_FAIL, err, errlen, "NCCL group on group %s: a group is already open", c->name);
+        return -1;
+    }
+    if (m->failed)
+        return failed_before(c, err, errlen, "group");
+    if (m->after && c->device_flush) /* the graph table's ops first (see post) */
+        c->device_flush(c->device_ctx);
+    if (m->after && ((ce = cudaEventRecord(m->ready, m->after)) != cudaSuccess ||
+                     (ce = cudaStreamWaitEvent(m->stream, m->ready, 0)) != cudaSuccess))
+        return cuda_fail(c, err, errlen, ce, "group", 0);
+    ncclResult_t rc = ncclGroupStart();
+    if (rc != ncclSuccess)
+        return nccl_fail(c, err, errlen, rc, "ncclGroupStart", 0);
+    m->grouped = 1;
+    m->n_gq = 0;
+    return 0;
+}
+
+/* A failure here marks the group failed: the requests of the group may
+ * never complete, and every poll of them then fails (see the top). */
+static status_t n_group_end(comm_t *c, char *err, size_t errlen)
+{
+    nccl_comm_t *m = nm(c);
+    if (!m->grouped) {
+        status_set(STATUS_FAIL, err, errlen, "NCCL group on group %s: no group is open", c->name);
+        return -1;
+    }
+    m->grouped = 0;
+    ncclResult_t rc = ncclGroupEnd();
+    int st = 0;
+    if (rc != ncclSuccess) {
+        st = nccl_fail(c, err, errlen, rc, "ncclGroupEnd", (size_t)m->n_gq);
+        m->failed = 1;
+    }
+    const double t0 = now_s();
+    for (int i = 0; i < m->n_gq; i++) {
+        nccl_req_t *q = m->gq[i]->impl;
+        cudaError_t ce = cudaSuccess;
+        q->t0 = t0;
+        if (st == 0 && (ce = cudaEventCreateWithFlags(&q->ev, cudaEventDisableTiming)) != cudaSuccess)
+            q->ev = NULL;
+        if (st == 0 && ce == cudaSuccess && (ce = cudaEventRecord(q->ev, m->stream)) != cudaSuccess) {
+            (void)cudaEventDestroy(q->ev);
+            q->ev = NULL;
+        }
+        if (st == 0 && ce != cudaSuccess) {
+            st = cuda_fail(c, err, errlen, ce, q->what, q->n);
+            m->failed = 1;
+        }
+    }
+    m->n_gq = 0;
+    return st;
 }
 
 /* NCCL has no barrier: a one-float allreduce on the staging path. */
@@ -646,6 +779,11 @@ static status_t n_alltoallv(comm_t *c, const void *send, const size_t *scount, c
     }
     if (m->failed)
         return failed_before(c, err, errlen, what);
+    if (m->grouped) {
+        status_set(STATUS_FAIL, err, errlen, "NCCL %s on group %s: inside a group (only isend and irecv)", what,
+                   c->name);
+        return -1;
+    }
     CHECK(a2a_layout(c, err, errlen, what, scount, sdispl, rcount, rdispl, &total, &sext, &rext));
     const long long bytes = (long long)(total * es);
     const int host = (sext && !is_device_ptr(send)) || (rext && !is_device_ptr(recv));
@@ -712,11 +850,15 @@ static void n_destroy(comm_t *c)
         (void)cudaEventDestroy(m->ready);
     if (m->stream)
         (void)cudaStreamDestroy(m->stream);
+    free(m->gq);
     free(m);
 }
 
 static const comm_ops_t nccl_ops = {
     .name = "nccl",
+    .inorder = 1,
+    .group_begin = n_group_begin,
+    .group_end = n_group_end,
     .allreduce = n_allreduce,
     .iallreduce = n_iallreduce,
     .reduce_scatter = n_reduce_scatter,

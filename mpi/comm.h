@@ -68,7 +68,21 @@ typedef struct comm_req {
 } comm_req_t;
 
 typedef struct comm_ops {
-    const char *name; /* "mpi", "nccl" */
+    const char *name; /* "mpi", "nccl", "mpi-inorder" (mpi/comm_inorder.h) */
+    /* Point to point in posting order (NCCL's semantics; 0 for MPI's).
+     * MPI matches by (source, tag) and progresses every posted request
+     * independently, so a receive posted early never holds back a later
+     * send. With this set, a rank's point-to-point launches on the
+     * communicator run one after another in posting order, each complete
+     * (every send and receive in it matched by its peer) before the next
+     * begins; the k-th send from p to q matches q's k-th receive from p,
+     * whatever the tags (there are none on NCCL); and its buffers must be
+     * the compute backend's memory (NCCL reads device memory; a host
+     * buffer would be staged and the call made blocking). A launch is one
+     * isend or irecv, or every isend and irecv between group_begin and
+     * group_end. Callers that pre-post receives (mpi/pipeline.c's MPI
+     * path) take another path when it is set; see mpi/pipeline.c. */
+    int inorder;
     /* in place; bf16 with COMM_SUM only */
     status_t (*allreduce)(comm_t *c, void *buf, size_t n, comm_dtype_t dt, comm_op_t op, char *err, size_t errlen);
     status_t (*iallreduce)(comm_t *c, void *buf, size_t n, comm_dtype_t dt, comm_op_t op, comm_req_t *req, char *err,
@@ -90,13 +104,28 @@ typedef struct comm_ops {
     status_t (*recv)(comm_t *c, void *buf, size_t n, comm_dtype_t dt, int peer, int tag, char *err, size_t errlen);
     /* Point to point. MPI matches by tag and progresses requests in any
      * order; NCCL has no tags and runs a rank's calls in posting order on
-     * the group's stream, each waiting for its peer, so two ranks that
-     * both post their receive first deadlock there. Portable callers post
-     * in an order that pairs up (one side sends first). */
+     * the group's stream, each waiting for its peer (`inorder` above), so
+     * two ranks that both post their receive first deadlock there.
+     * Portable callers post in an order that pairs up (one side sends
+     * first), or pair the two in one group (group_begin). */
     status_t (*isend)(comm_t *c, const void *buf, size_t n, comm_dtype_t dt, int peer, int tag, comm_req_t *req,
                       char *err, size_t errlen);
     status_t (*irecv)(comm_t *c, void *buf, size_t n, comm_dtype_t dt, int peer, int tag, comm_req_t *req, char *err,
                       size_t errlen);
+    /* Grouping (NCCL: ncclGroupStart/ncclGroupEnd). Between group_begin
+     * and group_end only isend and irecv may be called on c; they form one
+     * launch, in which the transfers run together: with `inorder` the
+     * launch completes once every one of them is matched, so a rank may
+     * pair its send to a peer with its receive from that peer (or any
+     * other) in one group where two single launches, each waiting for the
+     * peer's, could deadlock. Sends and receives to one peer within a
+     * group still match in posting order. Their requests are tested and
+     * waited for as usual, only after group_end (a request of an open
+     * group fails test and wait), and complete together. group_end is
+     * called once group_begin succeeded, whatever failed between. MPI:
+     * both are no-ops (its requests progress independently anyway). */
+    status_t (*group_begin)(comm_t *c, char *err, size_t errlen);
+    status_t (*group_end)(comm_t *c, char *err, size_t errlen);
     /* *done = 1 when finished (the request is then released); drives progress */
     status_t (*test)(comm_req_t *req, int *done, char *err, size_t errlen);
     status_t (*wait)(comm_req_t *req, char *err, size_t errlen);

@@ -39,7 +39,54 @@
  *
  * Memory: host buffers of n floats, from the backend's host_alloc (pinned
  * on CUDA) where it has one: WINDOW receives plus the sends in flight, kept
- * in a free list and freed before returning. */
+ * in a free list and freed before returning.
+ *
+ * In-order communicators (comm.h's `inorder`: NCCL, or the emulation of
+ * mpi/comm_inorder.h). There a posted receive holds back every later
+ * launch of the rank until its message arrives, sends complete only when
+ * received, and messages match by order alone, so the window above
+ * deadlocks: both stages of a P = 2 pipeline post their first receive and
+ * then wait on it, each with the send the other needs queued behind it
+ * (test/test_pp_inorder.sh shows it). On these the stage instead posts its
+ * messages in one global order, pipe_stage_transfers(): the order in which
+ * pipe_simulate's ideal machine (every action taking one unit; a whole
+ * backward two) sends them, ties broken by the sender. Before action i it
+ * posts, from where it stopped, every receive and every send of an action
+ * before i, up to the first send of an action not yet run; the transfers
+ * go in launches that each end at a receive (ncclGroupStart/End: the sends
+ * ahead of a receive and that receive together, Megatron's
+ * send_forward_recv_backward where the plan pairs them), receives into
+ * buffers of their own, outputs copied into buffers of their own as each
+ * action ends (the plan may post them later). The action waits for its own
+ * input's launch. Messages live in the backend's memory (ops->alloc, moved
+ * with ops->copy on the compute stream, which the communicator's stream
+ * follows), where NCCL reads and writes them and no host touches them.
+ *
+ * Why that cannot deadlock, for every schedule pipe_simulate accepts (all
+ * kinds, any P, V, M). Let < be the plan's order of messages, the same at
+ * both ends of each (every stage runs the same simulation), and so on
+ * each link (p, q) the same sequence at both ends: the k-th send matches
+ * the k-th receive whatever their kinds, and every stage posts in <
+ * order, so its launches are consecutive runs of its list. In the ideal
+ * run an action's input is sent no later than it starts and its output
+ * when it ends, one unit or more later: input(a) < output(a), and outputs
+ * of one stage follow its action order. Claim: every message m completes.
+ * Induction on <, all messages before m completing. The sender reaches the
+ * posting of m: its host blocks only in waits for its actions' inputs up
+ * to the action producing m, which are messages before m; its launches
+ * before m's hold messages before m. The receiver posts m once every
+ * message before m in its list is posted: receives need nothing, and each
+ * of its sends before m is an output of an action whose inputs precede it,
+ * hence precede m, hence completed; its host waits only for launches that
+ * end at a receive it needs, and every such launch before m's holds only
+ * messages before m. So both launches holding m start (their predecessors
+ * on each stream hold messages before m, completed) and m completes. A
+ * launch may hold messages after m (the sends ahead of its receive, none
+ * after it); they do not delay m, only the launch's end, which the host
+ * waits for only where it needs the launch's receive, and that receive is
+ * the launch's last message. The MPI path is untouched by this, and the
+ * ideal run's costs only choose an order, never whether it is safe: any
+ * positive costs would do. */
 #include "mpi/pipeline.h"
 
 #include <stdio.h>
@@ -81,6 +128,15 @@ typedef struct pipe_exec {
     int n_pool, cap_pool;
     int n_bufs, peak_bufs;
     pipe_buf_t **local_act, **local_grad; /* [M]: zbv's turn, by microbatch */
+    /* in-order communicators (see the top): the stage's messages in
+     * posting order, the next to post, and by action index the posted
+     * receive it consumes and the copied-out message it produced and that
+     * is not posted yet */
+    int inorder;
+    pipe_xfer_t *x;
+    int nx, x_next;
+    pipe_buf_t **in_at, **out_at; /* [na] each */
+    int na, cur; /* actions; the one running */
     double wait_s;
     char *err;
     size_t errlen;
@@ -127,7 +183,11 @@ static pipe_buf_t *buf_get(pipe_exec_t *ex)
     pipe_buf_t *b = calloc(1, sizeof *b);
     if (!b)
         return NULL;
-    b->data = ops_host_alloc(ex->ops->mem, ex->ops->n * sizeof(float) + sizeof(float));
+    const size_t bytes = ex->ops->n * sizeof(float) + sizeof(float);
+    if (!ex->inorder)
+        b->data = ops_host_alloc(ex->ops->mem, bytes);
+    else /* the backend's own memory, which NCCL reads and writes */
+        b->data = ex->ops->mem ? ex->ops->mem->alloc(ex->ops->mem->ctx, bytes) : malloc(bytes);
     if (!b->data) {
         free(b);
         return NULL;
@@ -143,27 +203,40 @@ static void buf_free(pipe_exec_t *ex, pipe_buf_t *b)
 {
     if (!b)
         return;
-    ops_host_free(ex->ops->mem, b->data);
+    if (!ex->inorder)
+        ops_host_free(ex->ops->mem, b->data);
+    else if (ex->ops->mem)
+        ex->ops->mem->free(ex->ops->mem->ctx, b->data);
+    else
+        free(b->data);
     free(b);
 }
 
-/* device (or host) [n] -> host buffer, and back */
-static void copy_out(const pipe_exec_t *ex, float *host, const float *src)
+/* device (or host) [n] -> message buffer, and back: to and from the host
+ * (MPI), or within the backend's memory (in-order: a copy on the compute
+ * stream, which the communicator's stream follows, see comm.h) */
+static void copy_out(const pipe_exec_t *ex, float *buf, const float *src)
 {
     const size_t bytes = ex->ops->n * sizeof(float);
-    if (ex->ops->mem)
-        ex->ops->mem->to_host(ex->ops->mem->ctx, host, src, bytes);
+    const ops_t *o = ex->ops->mem;
+    if (o && ex->inorder)
+        o->copy(o->ctx, buf, src, bytes);
+    else if (o)
+        o->to_host(o->ctx, buf, src, bytes);
     else
-        memcpy(host, src, bytes);
+        memcpy(buf, src, bytes);
 }
 
-static void copy_in(const pipe_exec_t *ex, float *dst, const float *host)
+static void copy_in(const pipe_exec_t *ex, float *dst, const float *buf)
 {
     const size_t bytes = ex->ops->n * sizeof(float);
-    if (ex->ops->mem)
-        ex->ops->mem->from_host(ex->ops->mem->ctx, dst, host, bytes);
+    const ops_t *o = ex->ops->mem;
+    if (o && ex->inorder)
+        o->copy(o->ctx, dst, buf, bytes);
+    else if (o)
+        o->from_host(o->ctx, dst, buf, bytes);
     else
-        memcpy(dst, host, bytes);
+        memcpy(dst, buf, bytes);
 }
 
 /* ---- messages --------------------------------------------------------------------- */
@@ -189,7 +262,7 @@ static int list_incoming(pipe_exec_t *ex, const pipe_action_t *act, int na)
  * place in the ring but post nothing). */
 static status_t post_receives(pipe_exec_t *ex)
 {
-    while (ex->in_posted < ex->n_in && ex->in_posted - ex->in_next < WINDOW) {
+    while (!ex->inorder && ex->in_posted < ex->n_in && ex->in_posted - ex->in_next < WINDOW) {
         const pipe_in_t *m = &ex->in[ex->in_posted];
         pipe_buf_t *b = NULL;
         if (m->peer != ex->s) {
@@ -222,7 +295,11 @@ static status_t take_incoming(pipe_exec_t *ex, float *dst)
                               "pipeline stage %d/%d: internal error: local %s of microbatch %d missing", ex->s, ex->P,
                               m->grad ? "gradient" : "activation", m->micro);
     } else {
-        b = ex->recv[ex->in_next % WINDOW];
+        b = ex->inorder ? ex->in_at[ex->cur] : ex->recv[ex->in_next % WINDOW];
+        if (!b) /* pipe_stage_transfers lists every remote input before its action's output */
+            return status_set(STATUS_FAIL, ex->err, ex->errlen,
+                              "pipeline stage %d/%d: internal error: the %s of microbatch %d was not posted", ex->s,
+                              ex->P, what, m->micro);
         if (ex->ops->mem)
             ex->ops->mem->sync(ex->ops->mem->ctx); /* running kernels are compute, not bubble */
         double t0 = trace_now();
@@ -230,8 +307,11 @@ static status_t take_incoming(pipe_exec_t *ex, float *dst)
         ex->wait_s += trace_now() - t0;
         if (rc != STATUS_OK)
             return fail_at(ex, what, m->micro);
+        if (ex->inorder)
+            ex->in_at[ex->cur] = NULL;
     }
-    ex->recv[ex->in_next % WINDOW] = NULL;
+    if (!ex->inorder)
+        ex->recv[ex->in_next % WINDOW] = NULL;
     ex->in_next++;
     if (ex->ops->n)
         copy_in(ex, dst, b->data);
@@ -239,23 +319,10 @@ static status_t take_incoming(pipe_exec_t *ex, float *dst)
     return post_receives(ex);
 }
 
-/* Copies src out and sends it to the stage holding chunk `to` (or hands it
- * to this stage's consumer). */
-static status_t send_outgoing(pipe_exec_t *ex, const float *src, int to, int grad, int micro)
+/* isend of b to peer; b joins the sends in flight. */
+static status_t post_send(pipe_exec_t *ex, pipe_buf_t *b, int peer, int grad, int micro)
 {
     const char *what = grad ? "gradient send" : "activation send";
-    pipe_buf_t *b = buf_get(ex);
-    if (!b)
-        return out_of_memory(ex);
-    if (ex->ops->n)
-        copy_out(ex, b->data, src);
-    const int peer = pipe_stage_of(ex->sh, to);
-    if (peer == ex->s) {
-        pipe_buf_t **slot = grad ? &ex->local_grad[micro] : &ex->local_act[micro];
-        buf_free(ex, *slot); /* NULL: each microbatch crosses the turn once each way */
-        *slot = b;
-        return STATUS_OK;
-    }
     if (ex->n_send == ex->cap_send) {
         const int cap = ex->cap_send ? 2 * ex->cap_send : 8;
         pipe_buf_t **p = realloc(ex->send, (size_t)cap * sizeof *p);
@@ -273,6 +340,81 @@ static status_t send_outgoing(pipe_exec_t *ex, const float *src, int to, int gra
     }
     ex->send[ex->n_send++] = b;
     return STATUS_OK;
+}
+
+/* Copies src out and sends it to the stage holding chunk `to` (or hands it
+ * to this stage's consumer). */
+static status_t send_outgoing(pipe_exec_t *ex, const float *src, int to, int grad, int micro)
+{
+    pipe_buf_t *b = buf_get(ex);
+    if (!b)
+        return out_of_memory(ex);
+    if (ex->ops->n)
+        copy_out(ex, b->data, src);
+    const int peer = pipe_stage_of(ex->sh, to);
+    if (peer == ex->s) {
+        pipe_buf_t **slot = grad ? &ex->local_grad[micro] : &ex->local_act[micro];
+        buf_free(ex, *slot); /* NULL: each microbatch crosses the turn once each way */
+        *slot = b;
+        return STATUS_OK;
+    }
+    if (ex->inorder) { /* posted in its place in the plan, before the next action */
+        ex->out_at[ex->cur] = b;
+        return STATUS_OK;
+    }
+    return post_send(ex, b, peer, grad, micro);
+}
+
+/* In-order communicators: posts the plan's messages from x_next on, up to
+ * the first send of an action that has not run (index >= upto), in
+ * launches that each end at a receive (see the top); a receive goes into
+ * a buffer of its own, found by its consuming action in in_at[]. */
+static status_t post_ordered(pipe_exec_t *ex, int upto)
+{
+    comm_t *pp = ex->pp;
+    status_t rc = STATUS_OK;
+    while (rc == STATUS_OK && ex->x_next < ex->nx) {
+        const pipe_xfer_t *x = &ex->x[ex->x_next];
+        if (x->send && x->action >= upto)
+            break;
+        if (pp->ops->group_begin(pp, ex->err, ex->errlen) != STATUS_OK)
+            return fail_at(ex, "group of transfers", x->micro);
+        /* the sends ahead of the next receive, then that receive */
+        for (; rc == STATUS_OK && ex->x_next < ex->nx; ex->x_next++) {
+            x = &ex->x[ex->x_next];
+            if (x->send && x->action >= upto)
+                break;
+            if (x->send) {
+                pipe_buf_t *b = ex->out_at[x->action];
+                ex->out_at[x->action] = NULL;
+                rc = b ? post_send(ex, b, x->peer, x->grad, x->micro)
+                       : status_set(STATUS_FAIL, ex->err, ex->errlen,
+                                    "pipeline stage %d/%d: internal error: no message from action %d", ex->s, ex->P,
+                                    x->action);
+                continue;
+            }
+            pipe_buf_t *b = buf_get(ex);
+            if (!b) {
+                rc = out_of_memory(ex);
+                break;
+            }
+            if (pp->ops->irecv(pp, b->data, ex->ops->n, COMM_FP32, x->peer, x->grad ? TAG_GRAD : TAG_ACT, &b->req,
+                               ex->err, ex->errlen) != STATUS_OK) {
+                buf_put(ex, b);
+                rc = fail_at(ex, x->grad ? "gradient receive" : "activation receive", x->micro);
+                break;
+            }
+            ex->in_at[x->action] = b;
+            ex->x_next++;
+            break; /* a receive ends the launch */
+        }
+        char gerr[COMM_ERR_MAX];
+        if (pp->ops->group_end(pp, gerr, sizeof gerr) != STATUS_OK && rc == STATUS_OK) {
+            snprintf(ex->err, ex->errlen, "%s", gerr);
+            rc = fail_at(ex, "group of transfers", x->micro);
+        }
+    }
+    return rc;
 }
 
 /* One test() on every request in flight (OpenMPI advances transfers only
@@ -346,6 +488,12 @@ static status_t drain(pipe_exec_t *ex, int failed, int *left)
 {
     status_t rc = STATUS_OK;
     *left = 0;
+    if (!failed && ex->inorder && ex->x_next < ex->nx) {
+        rc = status_set(STATUS_FAIL, ex->err, ex->errlen,
+                        "pipeline stage %d/%d: internal error: %d of %d planned transfers were never posted", ex->s,
+                        ex->P, ex->nx - ex->x_next, ex->nx);
+        failed = 1;
+    }
     if (!failed && ex->in_posted > ex->in_next) {
         rc = status_set(STATUS_FAIL, ex->err, ex->errlen,
                         "pipeline stage %d/%d: a receive is still posted after the schedule", ex->s, ex->P);
@@ -377,6 +525,16 @@ static status_t drain(pipe_exec_t *ex, int failed, int *left)
         else
             (*left)++;
     }
+    for (int i = 0; ex->inorder && i < ex->na; i++) { /* only after a failure */
+        pipe_buf_t *b = ex->in_at[i];
+        int done = 0;
+        if (b && ex->pp->ops->test(&b->req, &done, NULL, 0) == STATUS_OK && done)
+            buf_put(ex, b), ex->in_at[i] = NULL;
+        else if (b)
+            (*left)++;
+        if (ex->out_at[i]) /* copied out, never posted */
+            buf_put(ex, ex->out_at[i]), ex->out_at[i] = NULL;
+    }
     return rc;
 }
 
@@ -394,6 +552,9 @@ static void exec_free(pipe_exec_t *ex, int M)
     free(ex->in);
     free(ex->local_act);
     free(ex->local_grad);
+    free(ex->x);
+    free(ex->in_at);
+    free(ex->out_at);
 }
 
 static int ops_complete(const pipe_shape_t *sh, const pipe_stage_ops_t *ops, int s)
@@ -431,25 +592,42 @@ status_t pipe_run(comm_t *pp, const pipe_shape_t *sh, const pipe_stage_ops_t *op
                       .P = sh->stages,
                       .s = s,
                       .C = sh->stages * sh->virt,
+                      .inorder = pp->ops->inorder,
+                      .na = na,
                       .err = err,
                       .errlen = errlen};
     pipe_action_t *act = malloc((size_t)na * sizeof *act);
     ex.recv = calloc(WINDOW, sizeof *ex.recv);
     ex.local_act = calloc((size_t)M, sizeof *ex.local_act);
     ex.local_grad = calloc((size_t)M, sizeof *ex.local_grad);
-    if (!act || !ex.recv || !ex.local_act || !ex.local_grad || pipe_stage_schedule(sh, s, act) != na ||
-        list_incoming(&ex, act, na) != 0) {
+    if (ex.inorder) {
+        ex.in_at = calloc((size_t)na, sizeof *ex.in_at);
+        ex.out_at = calloc((size_t)na, sizeof *ex.out_at);
+    }
+    if (!act || !ex.recv || !ex.local_act || !ex.local_grad || (ex.inorder && (!ex.in_at || !ex.out_at)) ||
+        pipe_stage_schedule(sh, s, act) != na || list_incoming(&ex, act, na) != 0) {
         free(act);
         exec_free(&ex, M);
         return status_set(STATUS_FAIL, err, errlen, "pipeline stage %d/%d: out of memory for the schedule of %d actions",
                           s, ex.P, na);
     }
+    if (ex.inorder && (ex.nx = pipe_stage_transfers(sh, s, &ex.x, why, sizeof why)) < 0) {
+        free(act);
+        exec_free(&ex, M);
+        return status_set(STATUS_FAIL, err, errlen, "pipeline stage %d/%d: %s", s, ex.P, why);
+    }
     status_t rc = post_receives(&ex);
     for (int i = 0; rc == STATUS_OK && i < na; i++) {
-        rc = run_action(&ex, &act[i]);
+        ex.cur = i;
+        if (ex.inorder)
+            rc = post_ordered(&ex, i);
+        if (rc == STATUS_OK)
+            rc = run_action(&ex, &act[i]);
         if (rc == STATUS_OK && i + 1 < na)
             rc = progress(&ex, act[i].micro);
     }
+    if (rc == STATUS_OK && ex.inorder)
+        rc = post_ordered(&ex, na); /* the last actions' sends */
     int left = 0;
     if (drain(&ex, rc != STATUS_OK, &left) != STATUS_OK)
         rc = STATUS_FAIL;

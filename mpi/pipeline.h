@@ -155,6 +155,30 @@ typedef struct pipe_sim {
 int pipe_simulate(const pipe_shape_t *sh, const pipe_action_t *const *acts, const int *n_acts, const pipe_cost_t *cost,
                   pipe_sim_t *res, char *err, size_t errlen);
 
+/* One message of a stage's in-order plan (pipe_stage_transfers). */
+typedef struct pipe_xfer {
+    int send;    /* 1: this stage sends it, 0: receives it */
+    int peer;    /* the other stage */
+    int grad;    /* 1: a gradient (upstream), 0: an activation (downstream) */
+    int micro;   /* its microbatch */
+    int action;  /* index in this stage's action list of the action that
+                  * produces it (send) or consumes it (receive) */
+    int sender;  /* the sending stage */
+    double time; /* when the ideal run sends it */
+} pipe_xfer_t;
+
+/* The messages stage `stage` sends and receives in one step of shape sh,
+ * in the order a communicator with in-order point to point (comm.h's
+ * `inorder`: NCCL) must see them posted: the order in which the ideal
+ * machine of pipe_simulate (costs f = b = w = 1) sends them, ties between
+ * stages broken by the sender. Every stage computes the same run, so the
+ * two ends of each message place it alike, and the k-th message on each
+ * link (sender, receiver) is the same at both ends whatever its kind.
+ * pipeline.c explains why posting in this order cannot deadlock. A
+ * boundary between two chunks of one stage is no message. *out: malloc'd,
+ * the caller frees it. Returns the count, or -1 with one line in err. */
+int pipe_stage_transfers(const pipe_shape_t *sh, int stage, pipe_xfer_t **out, char *err, size_t errlen);
+
 /* One stage, as the executor sees it. The buffers belong to the caller.
  * chunk is the stage's own chunk (pipe_action_t's), 0 for the one-chunk
  * kinds; slot is the action's activation slot. */
@@ -181,7 +205,9 @@ typedef struct pipe_stage_ops {
     size_t n;                              /* floats per message, both directions */
     /* The backend whose memory input(), output() and grad() are in: the
      * executor moves messages through host buffers with its to_host and
-     * from_host. NULL: they are host memory. */
+     * from_host, or, on an in-order communicator (NCCL), through buffers
+     * of the backend's own memory with its copy. NULL: they are host
+     * memory. */
     const ops_t *mem;
 } pipe_stage_ops_t;
 

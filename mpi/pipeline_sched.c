@@ -651,3 +651,102 @@ int pipe_simulate(const pipe_shape_t *sh, const pipe_action_t *const *acts, cons
     sim_free(&S);
     return rc;
 }
+
+/* ------------------------------------------------- in-order transfers */
+
+/* The ideal run's order of messages: by the time they are sent (their
+ * producing action's end), then by sender. One action sends at most one
+ * message and a stage's actions end at distinct times (every cost is
+ * positive), so no two messages compare equal. */
+static int xfer_cmp(const void *pa, const void *pb)
+{
+    const pipe_xfer_t *a = pa, *b = pb;
+    if (a->time != b->time)
+        return a->time < b->time ? -1 : 1;
+    return (a->sender > b->sender) - (a->sender < b->sender);
+}
+
+/* Adds the message of model chunk `from` to chunk `to` (act: F's output
+ * downstream, else B's gradient upstream) for microbatch m to stage r's
+ * list if r sends or receives it (a boundary inside one stage is no
+ * message). */
+static void xfer_add(const sim_t *S, int r, int act, int from, int to, int m, int action, pipe_xfer_t *out, int *n)
+{
+    const int p = pipe_stage_of(S->sh, from), q = pipe_stage_of(S->sh, to);
+    if (p == q || (p != r && q != r))
+        return;
+    out[(*n)++] = (pipe_xfer_t){.send = p == r,
+                                .peer = p == r ? q : p,
+                                .grad = !act,
+                                .micro = m,
+                                .action = action,
+                                .sender = p,
+                                .time = S->end[act ? E_F : E_B][(size_t)from * S->M + m]};
+}
+
+int pipe_stage_transfers(const pipe_shape_t *sh, int stage, pipe_xfer_t **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    if (pipe_shape_check(sh, err, errlen) != 0)
+        return -1;
+    if (stage < 0 || stage >= sh->stages) {
+        say(err, errlen, "pipeline transfers: stage %d of %d", stage, sh->stages);
+        return -1;
+    }
+    const int P = sh->stages, na = pipe_stage_actions(sh);
+    pipe_action_t *all = malloc((size_t)P * na * sizeof *all);
+    const pipe_action_t **acts = malloc((size_t)P * sizeof *acts);
+    int *n_acts = malloc((size_t)P * sizeof *n_acts);
+    pipe_xfer_t *x = malloc((size_t)2 * na * sizeof *x + 1);
+    int rc = all && acts && n_acts && x ? 0 : -1;
+    if (rc != 0)
+        say(err, errlen, "pipeline transfers: out of memory for %d stages x %d actions", P, na);
+    for (int r = 0; rc == 0 && r < P; r++) {
+        acts[r] = all + (size_t)r * na;
+        n_acts[r] = pipe_stage_schedule(sh, r, all + (size_t)r * na);
+        if (n_acts[r] != na) {
+            say(err, errlen, "pipeline transfers: no schedule for stage %d", r);
+            rc = -1;
+        }
+    }
+    sim_t S = {.sh = sh,
+               .P = P,
+               .V = sh->virt,
+               .M = sh->micro,
+               .C = P * sh->virt,
+               .cost = {1.0, 1.0, 1.0},
+               .split = split_backward(sh->kind),
+               .err = err,
+               .errlen = errlen};
+    if (rc == 0)
+        rc = sim_prepare(&S, sh, n_acts);
+    if (rc == 0)
+        rc = sim_run(&S, acts, n_acts);
+    int n = 0;
+    for (int i = 0; rc == 0 && i < na; i++) {
+        const pipe_action_t *a = &acts[stage][i];
+        const int c = pipe_chunk_of(sh, stage, a->chunk);
+        if (a->op == PIPE_FWD) {
+            if (c > 0)
+                xfer_add(&S, stage, 1, c - 1, c, a->micro, i, x, &n);
+            if (c < S.C - 1)
+                xfer_add(&S, stage, 1, c, c + 1, a->micro, i, x, &n);
+        } else if (a->op != PIPE_BWD_WEIGHT) {
+            if (c < S.C - 1)
+                xfer_add(&S, stage, 0, c + 1, c, a->micro, i, x, &n);
+            if (c > 0)
+                xfer_add(&S, stage, 0, c, c - 1, a->micro, i, x, &n);
+        }
+    }
+    sim_free(&S);
+    free(all);
+    free(acts);
+    free(n_acts);
+    if (rc != 0) {
+        free(x);
+        return -1;
+    }
+    qsort(x, (size_t)n, sizeof *x, xfer_cmp);
+    *out = x;
+    return n;
+}

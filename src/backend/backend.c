@@ -3,6 +3,8 @@
 
 #include "src/backend/ops_cpu.h"
 
+#include "mpi/comm_inorder.h"
+
 #include <mpi.h>
 #include <stdlib.h>
 #include <string.h>
@@ -110,7 +112,6 @@ static int open_cuda(backend_t *b, backend_dtype_t dtype, int local_rank, char *
     b->dev_ops = ops;
     b->cuda = 1;
     b->device = dev;
-    b->no_concurrent_managed = !ops_cuda_concurrent_managed(ops);
     snprintf(b->desc, sizeof b->desc, "cuda (device %d of local rank %d: %s)%s", dev, local_rank, name,
              ops_cuda_synchronous(ops) ? "; every op waits for its kernels (DTRAIN_CUDA_SYNC_OPS=1 or no concurrent "
                                          "managed access)"
@@ -204,6 +205,21 @@ static int find_shared_gpu(backend_t *b, char *err, size_t errlen)
 }
 #endif
 
+/* DTRAIN_COMM_INORDER (mpi/comm_inorder.h): the pipeline group of *net
+ * becomes the in-order emulation over g's MPI pp group, which b owns.
+ * Collective over the pp group. */
+static int inorder_pp(backend_t *b, const grid_t *g, grid_t *net, int flagged, char *err, size_t errlen)
+{
+    if (!g->pp)
+        return 0;
+    if (!(b->inorder_pp = comm_inorder_create(g->pp, flagged, err, errlen)))
+        return -1;
+    net->pp = b->inorder_pp;
+    snprintf(b->comm_desc, sizeof b->comm_desc, "mpi (every group; pp with NCCL's in-order point to point%s: "
+             "DTRAIN_COMM_INORDER=%s)", flagged ? "" : ", not announced", flagged ? "1" : "unflagged");
+    return 0;
+}
+
 int backend_comm_open(backend_t *b, backend_comm_t comm, const grid_t *g, grid_t *net, double timeout_s, char *err,
                       size_t errlen)
 {
@@ -217,13 +233,12 @@ int backend_comm_open(backend_t *b, backend_comm_t comm, const grid_t *g, grid_t
 #endif
     comm_order_after_ops(b, g);
     snprintf(b->comm_desc, sizeof b->comm_desc, "mpi (every group)");
+    const int inorder = comm_inorder_env(err, errlen);
+    if (inorder < 0)
+        return -1; /* the same environment on every rank: all return here */
     const int nccl = comm == BACKEND_COMM_NCCL;
     const int want = nccl || (comm == BACKEND_COMM_AUTO && b->cuda && g->world_size > 1);
-    /* without concurrent managed access the host may not touch managed
-     * memory while any kernel runs, NCCL's on their own streams included,
-     * and the pipeline's MPI transfers do exactly that */
-    const int host_touch = b->no_concurrent_managed && g->pp_size > 1;
-    const int bad = nccl && (!b->cuda || b->shared_gpu || host_touch);
+    const int bad = nccl && (!b->cuda || b->shared_gpu);
 #ifdef HAVE_CUDA
     /* allocated before agreeing, so a failure here cannot leave peers in NCCL's bootstrap */
     nccl_grid_t *ng = want && !bad && !uuid_failed ? calloc(1, sizeof *ng) : NULL;
@@ -231,7 +246,7 @@ int backend_comm_open(backend_t *b, backend_comm_t comm, const grid_t *g, grid_t
 #else
     const int oom = 0;
 #endif
-    int32_t all = want && !bad && !oom && !b->shared_gpu && !host_touch && !uuid_failed;
+    int32_t all = want && !bad && !oom && !b->shared_gpu && !uuid_failed;
     char cerr[COMM_ERR_MAX];
     if (g->world->ops->allreduce(g->world, &all, 1, COMM_INT32, COMM_MIN, cerr, sizeof cerr) != STATUS_OK) {
         snprintf(err, errlen, "--comm %s: the all-reduce agreeing on the library failed: %s", backend_comm_names[comm],
@@ -247,10 +262,6 @@ int backend_comm_open(backend_t *b, backend_comm_t comm, const grid_t *g, grid_t
             snprintf(err, errlen,
                      "--comm nccl: another rank of this node uses the same GPU, and NCCL needs a GPU "
                      "per rank: start at most one rank per GPU, or use --comm mpi");
-        else if (bad)
-            snprintf(err, errlen,
-                     "--comm nccl with --pp > 1: this GPU has no concurrent managed memory access, so "
-                     "the pipeline's MPI transfers may not run beside NCCL's kernels: use --comm mpi");
         else
             snprintf(err, errlen, "--comm %s: out of memory", backend_comm_names[comm]);
         return -1; /* the others continue on MPI; the caller's agreement ends the job */
@@ -261,21 +272,18 @@ int backend_comm_open(backend_t *b, backend_comm_t comm, const grid_t *g, grid_t
 #endif
         if (want)
             snprintf(b->comm_desc, sizeof b->comm_desc, "mpi (every group: %s)",
-                     b->shared_gpu ? "ranks of a node share a GPU"
-                     : host_touch  ? "no concurrent managed memory access beside the pipeline's MPI transfers"
-                                   : "not every rank can use NCCL");
-        return 0;
+                     b->shared_gpu ? "ranks of a node share a GPU" : "not every rank can use NCCL");
+        return inorder ? inorder_pp(b, g, net, inorder == 1, err, errlen) : 0;
     }
 #ifdef HAVE_CUDA
-    grid_t view = *g;
-    view.pp = NULL; /* see backend.h: the pipeline stays on MPI */
-    if (nccl_grid_create(&view, ng, ops_cuda_stream(b->dev_ops), timeout_s, err, errlen) != 0) {
+    if (nccl_grid_create(g, ng, ops_cuda_stream(b->dev_ops), timeout_s, err, errlen) != 0) {
         free(ng);
         return -1;
     }
     b->nccl = ng;
     net->world = ng->world;
     net->tp = ng->tp;
+    net->pp = ng->pp; /* the pipeline: ncclSend/ncclRecv in the plan's order (mpi/pipeline.c) */
     net->dp = ng->dp;
     net->embed = ng->embed;
     net->shard = ng->shard;
@@ -293,7 +301,7 @@ int backend_comm_open(backend_t *b, backend_comm_t comm, const grid_t *g, grid_t
                 groups[i]->device_ctx = b->ops->ctx;
             }
     }
-    snprintf(b->comm_desc, sizeof b->comm_desc, "nccl (world, tp, dp, embed%s%s%s; a stream per group), mpi (pp)",
+    snprintf(b->comm_desc, sizeof b->comm_desc, "nccl (world, tp, pp, dp, embed%s%s%s; a stream per group)",
              g->shard ? ", shard, replica" : "", g->ep ? ", ep, edp" : "", g->cp ? ", cp" : "");
 #endif
     return 0; /* without CUDA every rank has all == 0 and returned above */
@@ -311,6 +319,8 @@ void backend_comm_abort(backend_t *b)
 
 void backend_close(backend_t *b)
 {
+    if (b->inorder_pp)
+        b->inorder_pp->ops->destroy(b->inorder_pp);
 #ifdef HAVE_CUDA
     if (b->nccl) {
         nccl_grid_destroy(b->nccl);

@@ -32,10 +32,10 @@ typedef struct backend {
     const ops_t *dev_ops; /* CUDA: the CUDA table itself (ops may wrap it); NULL on the CPU */
     int device;     /* CUDA device id, -1 on the CPU */
     int shared_gpu; /* CUDA: another rank of this node uses the same GPU (NCCL cannot; set by backend_comm_open) */
-    int no_concurrent_managed; /* CUDA: the host may not touch managed memory while kernels run */
     int bf16;                  /* --dtype resolved: bf16 GEMMs (and on CUDA tensor-core attention) */
     char desc[448];            /* one line for the banner */
     void *nccl;                /* the NCCL communicators (nccl_grid_t *) under --comm nccl, else NULL */
+    comm_t *inorder_pp;        /* DTRAIN_COMM_INORDER's emulated pp group (backend_comm_open), else NULL */
     char comm_desc[200];       /* one line for the banner: which library each group uses */
 } backend_t;
 
@@ -75,18 +75,20 @@ void backend_close(backend_t *b);
  * becomes a copy of *g; where the backend's ops are asynchronous (CUDA,
  * deferred) every MPI communicator of g gets device_sync = ops->sync (and
  * device_ctx = ops->ctx), and
- * NCCL twins order their streams after the compute stream with an event; under NCCL its world, tp, dp, embed, shard,
- * replica, ep, edp, eshard and cp groups are replaced by NCCL twins bootstrapped from g's MPI
- * groups, each on its own CUDA stream, with timeout_s as their timeout
- * (0 = none; see nccl_comm.h). pp stays MPI: the pipeline executor posts
- * receives ahead of sends in an order NCCL's one-queue-per-communicator
- * point to point does not tolerate (doc/design.md, "NCCL in training"). auto = nccl when
+ * NCCL twins order their streams after the compute stream with an event; under NCCL every group of g
+ * (world, tp, pp, dp, embed, shard, replica, ep, edp, eshard, cp) is replaced by an NCCL twin
+ * bootstrapped from g's MPI group, each on its own CUDA stream, with timeout_s as its timeout
+ * (0 = none; see nccl_comm.h). pp's twin has in-order point to point (comm.h's `inorder`), which
+ * the pipeline executor and the pipelined forward post for (doc/design.md, "NCCL in training").
+ * auto = nccl when
  * every rank opened CUDA, no two ranks of a node use the same physical GPU
  * (compared by UUID; NCCL refuses two ranks of a communicator on one GPU,
- * and CUDA_VISIBLE_DEVICES or --gpu-bind may number each rank's GPU 0), the pipeline's MPI
- * transfers may run beside NCCL's kernels (concurrent managed access, or
- * no pipeline), and there is more than one rank; the ranks agree
+ * and CUDA_VISIBLE_DEVICES or --gpu-bind may number each rank's GPU 0),
+ * and there is more than one rank; the ranks agree
  * on it, so a mixed job falls back to MPI everywhere instead of hanging.
+ * On MPI, DTRAIN_COMM_INORDER=1 (or =unflagged) makes *net's pp the
+ * emulation of NCCL's point-to-point semantics (mpi/comm_inorder.h), for
+ * the CPU tests; another value fails on every rank.
  * nccl on a rank without CUDA or on a shared GPU fails there (the others continue on MPI and
  * the caller's agreement ends the job). Collective over MPI_COMM_WORLD.
  * The twins belong to b: backend_close frees them, g keeps its own. */

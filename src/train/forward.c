@@ -8,7 +8,14 @@ status_t forward_pipeline(model_t *m, const grid_t *g, const int32_t *tok, const
                           int b, int t, float *loss, char *err, size_t errlen)
 {
     /* the model's chunks in order: one per stage, or under the interleaved
-     * schedule chunk c on stage c % pp (the stage holds n_runs of them) */
+     * schedule chunk c on stage c % pp (the stage holds n_runs of them).
+     * One activation travels at a time, chunk c to c+1 around the stages,
+     * so blocking calls suffice on every communicator, the in-order ones
+     * (comm.h: NCCL) included, with no group: a stage posts its receive
+     * and waits in it until the token reaches it, computes, and sends to
+     * the next stage, which has run its earlier chunks (the token passed
+     * them before) and waits in exactly that receive; on each link both
+     * ends post the same sequence, send k matching receive k. */
     const int P = g->pp_size, C = P * m->lay.part.n_runs;
     const size_t n = model_stage_floats(m, b, t);
     char cerr[COMM_ERR_MAX];

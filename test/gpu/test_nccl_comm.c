@@ -4,7 +4,9 @@
  * allreduce SUM and MAX, iallreduce + wait and + test polling,
  * reduce_scatter (out of place, and in place as ZeRO calls it: send ==
  * recv, the piece at the start), allgather, broadcast, a host (stack)
- * buffer through the staging path, a send/recv ring, barrier; the bf16
+ * buffer through the staging path, a send/recv ring, the same ring with
+ * every receive posted first inside one group (ncclGroupStart/End, as
+ * the pipeline posts), barrier; the bf16
  * sums (ncclBfloat16: allreduce_bf16, iallreduce_bf16 + wait,
  * reduce_scatter_bf16 out of place and in place, ireduce_scatter_bf16 +
  * test, a host buffer) on integers whose partial
@@ -256,6 +258,25 @@ static int group_checks(comm_t *c, float *buf, float *buf2, uint16_t *hb)
         for (size_t i = 0; ok && i < n; i++)
             ok &= buf2[i] == (float)(((r + W - 1) % W) * 1000) + (float)i;
         check(ok, c, cerr, "isend/irecv ring");
+        /* the same ring with every rank posting its receive first, both in
+         * one group (comm.h's group_begin/group_end: ncclGroupStart/End,
+         * the pipeline executor's launches): only the group makes this
+         * order safe; a request of the open group refuses test */
+        for (size_t i = 0; i < n; i++)
+            buf[i] = (float)(r * 1000 + 7) + (float)i;
+        int gdone = 1;
+        char terr[COMM_ERR_MAX] = "";
+        ok = c->ops->inorder == 1 && c->ops->group_begin(c, cerr, sizeof cerr) == 0;
+        if (ok) {
+            ok = c->ops->irecv(c, buf2, n, COMM_FP32, from, 7, &rq, cerr, sizeof cerr) == 0 &&
+                 c->ops->isend(c, buf, n, COMM_FP32, to, 7, &s, cerr, sizeof cerr) == 0;
+            ok = ok && c->ops->test(&rq, &gdone, terr, sizeof terr) != 0 && gdone == 0;
+            ok = c->ops->group_end(c, cerr, sizeof cerr) == 0 && ok;
+        }
+        ok = ok && c->ops->wait(&rq, cerr, sizeof cerr) == 0 && c->ops->wait(&s, cerr, sizeof cerr) == 0;
+        for (size_t i = 0; ok && i < n; i++)
+            ok &= buf2[i] == (float)(((r + W - 1) % W) * 1000 + 7) + (float)i;
+        check(ok, c, cerr, "grouped ring, every receive posted first");
     }
     check(c->ops->barrier(c, cerr, sizeof cerr) == 0, c, cerr, "barrier");
     a2a_checks(c, buf, buf2);
