@@ -1049,7 +1049,6 @@ extern "C" void ops_cuda_gelu_epilogues(const ops_t *ops, long *fused, long *sep
     *separate = g->plans.gelu_separate;
 }
 
-extern "C" int ops_cuda_concurrent_managed(const ops_t *ops) { return ((const cu_t *)ops->ctx)->concurrent; }
 
 extern "C" int ops_cuda_synchronous(const ops_t *ops) { return ((const cu_t *)ops->ctx)->sync_ops; }
 

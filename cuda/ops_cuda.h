@@ -40,10 +40,6 @@ void ops_cuda_gelu_epilogues(const ops_t *ops, long *fused, long *separate);
 /* 1 when every op waits for its kernels (DTRAIN_CUDA_SYNC_OPS=1, or a
  * device without concurrent managed access), for the banner. */
 int ops_cuda_synchronous(const ops_t *ops);
-/* 1 when the host may touch managed memory while kernels run
- * (cudaDevAttrConcurrentManagedAccess). Without it the synchronous mode
- * covers the compute stream only, not NCCL kernels on other streams. */
-int ops_cuda_concurrent_managed(const ops_t *ops);
 /* For the self-test only: out[n] = the bits of CUDA's own
  * __float2bfloat16_rn(in[n]) (cuda_bf16.h), device pointers of ops;
  * returns when out is written. Lets cuda/selftest.c check cast_f32_to_bf16
