@@ -122,9 +122,13 @@ graph_pair dp1-sample 1 --sample-tokens 24 &&
     else
         fail "1 rank graphs: '$g' ops a step inside graphs: $(grep '^graphs' "$TMP/dp1-sample.graphs.json.log")"
     fi
-graph_pair tp2-sp-llama 2 --model tiny-llama --tp 2 --sequence-parallel --recompute selective
-graph_pair pp2-dp2-1f1b 4 --pp 2 --dp 2 --recompute full --zero 1
-graph_pair moe-ep2 2 --model tiny-deepseek-moe --dp 2 --ep 2 --dtype bf16
+# the sanitizer build (CI's time budget) runs the one-rank pair; test_graphs
+# covers the table's own paths there
+if ! ldd "$DTRAIN" 2>/dev/null | grep -q libasan; then
+    graph_pair tp2-sp-llama 2 --model tiny-llama --tp 2 --sequence-parallel --recompute selective
+    graph_pair pp2-dp2-1f1b 4 --pp 2 --dp 2 --recompute full --zero 1
+    graph_pair moe-ep2 2 --model tiny-deepseek-moe --dp 2 --ep 2 --dtype bf16
+fi
 
 # a checkpoint written and read under deferred ops: stop at step 3, resume,
 # and end bit-identical to the uninterrupted plain run
