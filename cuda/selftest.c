@@ -102,6 +102,7 @@
 #include "base/ops_math.h"
 #include "cuda/ops_cuda.h"
 #include "cuda/selftest.h"
+#include "src/backend/ops_cpu.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -351,6 +352,83 @@ out:
     ops_host_free(g, pin);
     tp_free(s, &a);
     tp_free(s, &b);
+}
+
+/* --cuda-graphs' nine ops of a block-like sequence on o (x[N,C] in, out
+ * [N,C] out), between a copy in and a wait */
+typedef struct {
+    tp_t x, w, b, lnw, lnb, mean, rstd, y1, y2, y3, out;
+} graph_bufs_t;
+static void graph_seq(const ops_t *o, const graph_bufs_t *t, int N, int C)
+{
+    const size_t n = (size_t)N * C;
+    o->from_host(o->ctx, t->x.d, t->x.h, n * sizeof(float));
+    o->layernorm_fwd(o->ctx, t->y1.d, NULL, t->mean.d, t->rstd.d, t->x.d, t->lnw.d, t->lnb.d, N, C, 1e-5f);
+    o->matmul_fwd(o->ctx, t->y2.d, t->y1.d, t->w.d, t->b.d, N, C, C);
+    o->gelu_fwd(o->ctx, t->y3.d, NULL, t->y2.d, n);
+    o->matmul_fwd(o->ctx, t->y1.d, t->y3.d, t->w.d, t->b.d, N, C, C);
+    o->add(o->ctx, t->y2.d, t->y1.d, t->x.d, n);
+    o->scale(o->ctx, t->y2.d, 0.5f, n);
+    o->layernorm_fwd(o->ctx, t->y3.d, NULL, t->mean.d, t->rstd.d, t->y2.d, t->lnw.d, t->lnb.d, N, C, 1e-5f);
+    o->add(o->ctx, t->out.d, t->y3.d, t->y2.d, n);
+    o->scale(o->ctx, t->out.d, 2.0f, n);
+    o->sync(o->ctx);
+}
+
+/* --cuda-graphs: graph_seq through the graph table (ops_graph_create over
+ * this CUDA table) on a new input each time, bit for bit the plain table's
+ * result on the same input: the first time plainly, the second captured
+ * and launched, the third launched (a graph reads the memory it points
+ * at, not what it held at capture); then a larger layernorm_bwd on the
+ * plain table grows the column-reduction buffer, which moves the table's
+ * epoch, and the fourth time the graph is dropped and the sequence runs
+ * plainly. The graph table's counts say which path ran. */
+static void t_graphs(st_t *s, int N, int C)
+{
+    const ops_t *g = s->gpu, *gt = ops_graph_create(g, 0);
+    const size_t n = (size_t)N * C, NB = 8192, CB = 1024;
+    graph_bufs_t t;
+    tp_t ref, bx, bd, bdx, bdw, bdb, bm, br;
+    memset(&t, 0, sizeof t);
+    memset(&ref, 0, sizeof ref), bx = bd = bdx = bdw = bdb = bm = br = ref;
+    if (!gt || tp_new(s, &t.x, n, -1, 1) || tp_new(s, &t.w, (size_t)C * C, -0.1f, 0.1f) ||
+        tp_new(s, &t.b, C, -0.1f, 0.1f) || tp_new(s, &t.lnw, C, 0.5f, 1.5f) || tp_new(s, &t.lnb, C, -0.1f, 0.1f) ||
+        tp_new(s, &t.mean, N, 0, 0) || tp_new(s, &t.rstd, N, 0, 0) || tp_new(s, &t.y1, n, 0, 0) ||
+        tp_new(s, &t.y2, n, 0, 0) || tp_new(s, &t.y3, n, 0, 0) || tp_new(s, &t.out, n, 0, 0) ||
+        tp_new(s, &ref, n, 0, 0)) {
+        s->oom = 1;
+        goto out;
+    }
+    static const char *const what[] = {"graphs: seen once, run plainly", "graphs: seen twice, captured, launched",
+                                       "graphs: launched on a new input", "graphs: after the workspace moved"};
+    for (int k = 0; k < 4 && !s->oom; k++) {
+        for (size_t i = 0; i < n; i++)
+            t.x.h[i] = frand(s, -1, 1);
+        graph_seq(g, &t, N, C);
+        g->to_host(g->ctx, ref.h, t.out.d, n * sizeof(float));
+        if (k == 3) { /* grow the column partials: NB rows of CB */
+            if (tp_new(s, &bx, NB * CB, -1, 1) || tp_new(s, &bd, NB * CB, -1, 1) || tp_new(s, &bdx, NB * CB, 0, 0) ||
+                tp_new(s, &bdw, CB, 0, 0) || tp_new(s, &bdb, CB, 0, 0) || tp_new(s, &bm, NB, 0, 0) ||
+                tp_new(s, &br, NB, 1, 2))
+                break;
+            g->layernorm_bwd(g->ctx, bdx.d, NULL, bdw.d, bdb.d, bd.d, bx.d, t.lnw.d, bm.d, br.d, (int)NB, (int)CB, 0);
+        }
+        graph_seq(gt, &t, N, C);
+        memcpy(t.out.h, ref.h, n * sizeof(float));
+        check(s, what[k], &t.out, B_EXACT);
+    }
+    ops_graph_counts_t c;
+    ops_graph_counts(gt, &c);
+    check_val(s, "graphs: 1 capture", 1, (double)c.captures, 0);
+    check_val(s, "graphs: 2 launches", 2, (double)c.launches, 0);
+    check_val(s, "graphs: 1 dropped as stale", 1, (double)c.stale, 0);
+    check_val(s, "graphs: no failed capture", 0, (double)c.refused, 0);
+out:
+    ops_release(gt);
+    tp_t *all[] = {&t.x, &t.w, &t.b, &t.lnw, &t.lnb, &t.mean, &t.rstd, &t.y1, &t.y2, &t.y3, &t.out,
+                   &ref, &bx, &bd, &bdx, &bdw, &bdb, &bm, &br};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        tp_free(s, all[i]);
 }
 
 static void t_matmul(st_t *s, int N, int IC, int OC)
@@ -1787,6 +1865,9 @@ int cuda_selftest(const ops_t *gpu, const ops_t *gpu16, const ops_t *cpu, FILE *
         t_moe(&s, me[i][0], me[i][1], me[i][2], me[i][3], me[i][4], me[i][5], me[i][6], me[i][7]);
     if (!s.oom)
         t_bf16(&s, (size_t)1 << 22);
+    /* last: it grows the column partials (see t_graphs) */
+    if (!s.oom)
+        t_graphs(&s, 100, 96);
     if (s.oom) {
         snprintf(err, errlen, "selftest: out of memory (host or device)");
         return -1;

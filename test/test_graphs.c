@@ -152,7 +152,7 @@ int main(void)
                     .graph_free = f_graph_free,
                     .graph_epoch = f_graph_epoch};
     f.ops.ctx = &f;
-    const ops_t *o = ops_graph_create(&f.ops);
+    const ops_t *o = ops_graph_create(&f.ops, 1);
     if (!o) {
         printf("FAIL: ops_graph_create\n");
         return 1;

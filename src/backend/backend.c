@@ -34,7 +34,7 @@ static int use_cpu(backend_t *b, const char *why, char *err, size_t errlen)
     b->graphs = d && strcmp(d, "graphs") == 0;
     b->deferred = (d && strcmp(d, "1") == 0) || b->graphs;
     const ops_t *cpu = ops_cpu_create();
-    b->ops = cpu && b->graphs ? ops_graph_create(cpu) : cpu && b->deferred ? ops_defer_create(cpu) : cpu;
+    b->ops = cpu && b->graphs ? ops_graph_create(cpu, 1) : cpu && b->deferred ? ops_defer_create(cpu) : cpu;
     if (!b->ops) {
         ops_release(cpu);
         snprintf(err, errlen, "out of memory for the CPU backend");
@@ -76,7 +76,7 @@ int backend_use_graphs(backend_t *b, char *err, size_t errlen)
         return -1;
     }
     if (b->cuda) {
-        const ops_t *g = ops_graph_create(b->dev_ops);
+        const ops_t *g = ops_graph_create(b->dev_ops, 1);
         if (!g) {
             snprintf(err, errlen, "--cuda-graphs: out of memory");
             return -1;

@@ -34,8 +34,9 @@ const ops_t *ops_defer_create(const ops_t *base);
  * the graph, and a launch runs them. The copies that cross the host
  * (from_host, the begin/end copies) and the grouped GEMMs, which stage
  * host memory when they run, issue the queue and run outside. NULL when
- * out of memory; releasing it releases base too. */
-const ops_t *ops_graph_create(const ops_t *base);
+ * out of memory; releasing it releases base too when own_base is 1 (0:
+ * the caller keeps base, as --selftest's graph case does). */
+const ops_t *ops_graph_create(const ops_t *base, int own_base);
 typedef struct ops_graph_counts {
     long segments;  /* queues issued */
     long captures;  /* graphs captured */

@@ -59,6 +59,7 @@ typedef struct defer_ctx {
     struct up_copy *up;
     size_t n_up, cap_up;
     size_t n_queued; /* records in buf */
+    int borrowed;    /* release leaves base alone (ops_graph_create's own_base 0) */
     /* ops_graph_create: the segments seen, and what became of them */
     int graphs;
     struct segment *seg; /* [GRAPH_SEGMENTS] */
@@ -1557,7 +1558,8 @@ static void d_release(void *ctx)
         for (int i = 0; i < GRAPH_SEGMENTS; i++)
             segment_drop(q, &q->seg[i]);
     free(q->seg);
-    ops_release(q->base);
+    if (!q->borrowed)
+        ops_release(q->base);
     free(q->buf);
     free(q->late);
     free(q->up);
@@ -1644,7 +1646,7 @@ const ops_t *ops_defer_create(const ops_t *base)
     return &q->ops;
 }
 
-const ops_t *ops_graph_create(const ops_t *base)
+const ops_t *ops_graph_create(const ops_t *base, int own_base)
 {
     defer_t *q = calloc(1, sizeof *q);
     segment_t *seg = calloc(GRAPH_SEGMENTS, sizeof *seg);
@@ -1667,6 +1669,7 @@ const ops_t *ops_graph_create(const ops_t *base)
     q->ops.ctx = q;
     q->base = base;
     q->graphs = 1;
+    q->borrowed = !own_base;
     q->seg = seg;
     return &q->ops;
 }
