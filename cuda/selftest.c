@@ -102,7 +102,6 @@
 #include "base/ops_math.h"
 #include "cuda/ops_cuda.h"
 #include "cuda/selftest.h"
-#include "src/backend/ops_cpu.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -118,6 +117,7 @@
 
 typedef struct st {
     const ops_t *cpu, *gpu;
+    const ops_t *graphs; /* the caller's graph table over gpu, or NULL (t_graphs) */
     FILE *out;
     uint64_t rng;
     int run, failed, oom;
@@ -375,23 +375,23 @@ static void graph_seq(const ops_t *o, const graph_bufs_t *t, int N, int C)
     o->sync(o->ctx);
 }
 
-/* --cuda-graphs: graph_seq through the graph table (ops_graph_create over
- * this CUDA table) on a new input each time, bit for bit the plain table's
+/* --cuda-graphs: graph_seq through the caller's graph table over this
+ * CUDA table on a new input each time, bit for bit the plain table's
  * result on the same input: the first time plainly, the second captured
  * and launched, the third launched (a graph reads the memory it points
  * at, not what it held at capture); then a larger layernorm_bwd on the
  * plain table grows the column-reduction buffer, which moves the table's
  * epoch, and the fourth time the graph is dropped and the sequence runs
- * plainly. The graph table's counts say which path ran. */
+ * plainly. The caller checks the graph table's counts (which path ran). */
 static void t_graphs(st_t *s, int N, int C)
 {
-    const ops_t *g = s->gpu, *gt = ops_graph_create(g, 0);
+    const ops_t *g = s->gpu, *gt = s->graphs;
     const size_t n = (size_t)N * C, NB = 8192, CB = 1024;
     graph_bufs_t t;
     tp_t ref, bx, bd, bdx, bdw, bdb, bm, br;
     memset(&t, 0, sizeof t);
     memset(&ref, 0, sizeof ref), bx = bd = bdx = bdw = bdb = bm = br = ref;
-    if (!gt || tp_new(s, &t.x, n, -1, 1) || tp_new(s, &t.w, (size_t)C * C, -0.1f, 0.1f) ||
+    if (tp_new(s, &t.x, n, -1, 1) || tp_new(s, &t.w, (size_t)C * C, -0.1f, 0.1f) ||
         tp_new(s, &t.b, C, -0.1f, 0.1f) || tp_new(s, &t.lnw, C, 0.5f, 1.5f) || tp_new(s, &t.lnb, C, -0.1f, 0.1f) ||
         tp_new(s, &t.mean, N, 0, 0) || tp_new(s, &t.rstd, N, 0, 0) || tp_new(s, &t.y1, n, 0, 0) ||
         tp_new(s, &t.y2, n, 0, 0) || tp_new(s, &t.y3, n, 0, 0) || tp_new(s, &t.out, n, 0, 0) ||
@@ -417,14 +417,7 @@ static void t_graphs(st_t *s, int N, int C)
         memcpy(t.out.h, ref.h, n * sizeof(float));
         check(s, what[k], &t.out, B_EXACT);
     }
-    ops_graph_counts_t c;
-    ops_graph_counts(gt, &c);
-    check_val(s, "graphs: 1 capture", 1, (double)c.captures, 0);
-    check_val(s, "graphs: 2 launches", 2, (double)c.launches, 0);
-    check_val(s, "graphs: 1 dropped as stale", 1, (double)c.stale, 0);
-    check_val(s, "graphs: no failed capture", 0, (double)c.refused, 0);
 out:
-    ops_release(gt);
     tp_t *all[] = {&t.x, &t.w, &t.b, &t.lnw, &t.lnb, &t.mean, &t.rstd, &t.y1, &t.y2, &t.y3, &t.out,
                    &ref, &bx, &bd, &bdx, &bdw, &bdb, &bm, &br};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
@@ -1752,9 +1745,10 @@ out:
         s->gpu->free(s->gpu->ctx, d_h);
 }
 
-int cuda_selftest(const ops_t *gpu, const ops_t *gpu16, const ops_t *cpu, FILE *out, char *err, size_t errlen)
+int cuda_selftest(const ops_t *gpu, const ops_t *gpu16, const ops_t *cpu, const ops_t *graphs, FILE *out, char *err,
+                  size_t errlen)
 {
-    st_t s = {.cpu = cpu, .gpu = gpu, .out = out, .rng = 0x9E3779B97F4A7C15ull};
+    st_t s = {.cpu = cpu, .gpu = gpu, .graphs = graphs, .out = out, .rng = 0x9E3779B97F4A7C15ull};
     /* N = 300, 1000: bias and norm-weight gradients summed in several
      * 128-row chunks (the GPU's column reductions) */
     static const int mm[][3] = {{1, 1, 1},      {7, 13, 5},    {64, 96, 160}, {33, 257, 129},
@@ -1866,7 +1860,7 @@ int cuda_selftest(const ops_t *gpu, const ops_t *gpu16, const ops_t *cpu, FILE *
     if (!s.oom)
         t_bf16(&s, (size_t)1 << 22);
     /* last: it grows the column partials (see t_graphs) */
-    if (!s.oom)
+    if (!s.oom && graphs)
         t_graphs(&s, 100, 96);
     if (s.oom) {
         snprintf(err, errlen, "selftest: out of memory (host or device)");

@@ -14,9 +14,15 @@
  * CPU backend lives), and the attention of gpu16 (a table of the same
  * device made for --dtype bf16: the tensor-core path) in bf16 bounds.
  * Runs every comparison, one line each on out ("ok   ..." / "FAIL ..."),
- * then a summary line. Returns the number of failed comparisons (0 = the
- * backends agree), or -1 with one line in err when the test itself could
- * not run (out of memory). */
-int cuda_selftest(const ops_t *gpu, const ops_t *gpu16, const ops_t *cpu, FILE *out, char *err, size_t errlen);
+ * then a summary line. graphs: the caller's graph table over gpu
+ * (ops_graph_create with own_base 0, src/backend: --cuda-graphs), whose
+ * results must equal gpu's bit for bit (four runs of one op sequence:
+ * plain, captured, launched, and after gpu's workspace moved: the caller
+ * checks its counts for 1 capture, 2 launches, 1 stale); NULL skips it.
+ * Returns the number of failed comparisons (0 = the backends agree), or
+ * -1 with one line in err when the test itself could not run (out of
+ * memory). */
+int cuda_selftest(const ops_t *gpu, const ops_t *gpu16, const ops_t *cpu, const ops_t *graphs, FILE *out, char *err,
+                  size_t errlen);
 
 #endif

@@ -332,6 +332,21 @@ void backend_close(backend_t *b)
     b->device = -1;
 }
 
+#ifdef HAVE_CUDA
+/* After cuda_selftest's graph case: which paths its four runs took (one
+ * line as its comparisons print). Returns 1 when they are not plain,
+ * captured, launched, dropped as stale, else 0. */
+static int graph_counts_check(const ops_t *graphs, FILE *out)
+{
+    ops_graph_counts_t c;
+    ops_graph_counts(graphs, &c);
+    const int ok = c.captures == 1 && c.launches == 2 && c.stale == 1 && c.refused == 0;
+    fprintf(out, "%s %-60s %ld captures, %ld launches, %ld stale, %ld failed (want 1, 2, 1, 0)\n", ok ? "ok  " : "FAIL",
+            "graphs: the paths the four runs took", c.captures, c.launches, c.stale, c.refused);
+    return !ok;
+}
+#endif
+
 int backend_selftest(int local_rank, FILE *out, char *err, size_t errlen)
 {
 #ifdef HAVE_CUDA
@@ -351,7 +366,13 @@ int backend_selftest(int local_rank, FILE *out, char *err, size_t errlen)
         return -1;
     }
     fprintf(out, "selftest on %s\n", b.desc);
-    int rc = cuda_selftest(b.ops, b16.ops, cpu, out, err, errlen);
+    const ops_t *graphs = ops_graph_create(b.ops, 0);
+    int rc = graphs ? cuda_selftest(b.ops, b16.ops, cpu, graphs, out, err, errlen) : -1;
+    if (!graphs)
+        snprintf(err, errlen, "--selftest: out of memory for the graph table");
+    if (rc >= 0)
+        rc += graph_counts_check(graphs, out);
+    ops_release(graphs);
     ops_release(cpu);
     backend_close(&b16);
     backend_close(&b);
