@@ -34,7 +34,9 @@
  *    ops_cuda_attention.cuh chooses and launches them. The tensor-core set
  *    is proven under emulation (test/emu), not yet run on a GPU.
  *  - Reductions over rows (bias and norm-weight gradients) sum fixed
- *    128-row chunks, then the chunks in order; the embedding gradient
+ *    128-row chunks, then the chunks in order; the norms' backward sums
+ *    its chunks inside its one pass for dx (kernels/norm.cuh, bits
+ *    unchanged from a separate pass); the embedding gradient
  *    groups tokens by row (a stable sort) and adds each row's tokens in
  *    token order. Deterministic, no atomics, and the embedding gradients
  *    are the CPU backend's bits. Details in kernels/colsum.cuh and
@@ -300,7 +302,7 @@ static void cu_zero(void *ctx, void *dst, size_t bytes)
     finish(g, "zero");
 }
 
-/* ---- LayerNorm / RMSNorm: one block per row ------------------------------------------- */
+/* ---- LayerNorm / RMSNorm: forward a block per row, backward a block per chunk of rows --- */
 
 static void layernorm_fwd(void *ctx, float *out, uint16_t *out16, float *mean, float *rstd, const float *x,
                           const float *w, const float *b, int N, int C, float eps)
@@ -312,6 +314,11 @@ static void layernorm_fwd(void *ctx, float *out, uint16_t *out16, float *mean, f
     finish(g, "layernorm_fwd");
 }
 
+/* One full pass over [N, C] (k_layernorm_bwd: dx, and the partial sums of
+ * dw and db over each chunk of rows; a step's second read of its rows
+ * hits the cache), then the fold of the partials, a pass over [chunks, C].
+ * It was two full passes: a kernel per row for dx, then the partial sums
+ * reading dout and x again. */
 static void layernorm_bwd(void *ctx, float *din, uint16_t *din16, float *dw, float *db, const float *dout,
                           const float *x, const float *w, const float *mean, const float *rstd, int N, int C,
                           int accum_dw)
@@ -319,22 +326,18 @@ static void layernorm_bwd(void *ctx, float *din, uint16_t *din16, float *dw, flo
     cu_t *g = (cu_t *)ctx;
     if (C <= 0)
         return;
-    if (din && N > 0)
-        k_layernorm_bwd_dx<<<N, THREADS, 0, g->stream>>>(din, din16, dout, x, w, mean, rstd, C);
-    if (dw || db) {
-        const int nk = col_chunks(N), cb = (C + THREADS - 1) / THREADS;
-        float *pw = NULL, *pb = NULL;
-        if (nk > 0) {
-            pw = col_part_room(g, 2 * (size_t)nk * C, "layernorm_bwd");
-            pb = pw + (size_t)nk * C;
-            k_layernorm_bwd_dw_part<<<dim3((unsigned)cb, (unsigned)nk), THREADS, 0, g->stream>>>(
-                pw, pb, dout, x, mean, rstd, N, C, col_rows(N));
-        }
-        if (dw)
-            k_colsum_fold<<<cb, THREADS, 0, g->stream>>>(dw, pw, nk, C, accum_dw);
-        if (db)
-            k_colsum_fold<<<cb, THREADS, 0, g->stream>>>(db, pb, nk, C, accum_dw);
+    const int nk = col_chunks(N), cb = (C + THREADS - 1) / THREADS;
+    float *pw = NULL, *pb = NULL;
+    if ((dw || db) && nk > 0) {
+        pw = col_part_room(g, 2 * (size_t)nk * C, "layernorm_bwd");
+        pb = pw + (size_t)nk * C;
     }
+    if (nk > 0 && (din || pw))
+        k_layernorm_bwd<<<nk, THREADS, 0, g->stream>>>(din, din16, pw, pb, dout, x, w, mean, rstd, N, C, col_rows(N));
+    if (dw)
+        k_colsum_fold<<<cb, THREADS, 0, g->stream>>>(dw, pw, nk, C, accum_dw);
+    if (db)
+        k_colsum_fold<<<cb, THREADS, 0, g->stream>>>(db, pb, nk, C, accum_dw);
     finish(g, "layernorm_bwd");
 }
 
@@ -348,24 +351,19 @@ static void rmsnorm_fwd(void *ctx, float *out, uint16_t *out16, float *rstd, con
     finish(g, "rmsnorm_fwd");
 }
 
+/* As layernorm_bwd: one pass (k_rmsnorm_bwd), then the fold of dw's partials. */
 static void rmsnorm_bwd(void *ctx, float *din, uint16_t *din16, float *dw, const float *dout, const float *x,
                         const float *w, const float *rstd, int N, int C, int accum_dw)
 {
     cu_t *g = (cu_t *)ctx;
     if (C <= 0)
         return;
-    if (din && N > 0)
-        k_rmsnorm_bwd_dx<<<N, THREADS, 0, g->stream>>>(din, din16, dout, x, w, rstd, C);
-    if (dw) {
-        const int nk = col_chunks(N), cb = (C + THREADS - 1) / THREADS;
-        float *pw = NULL;
-        if (nk > 0) {
-            pw = col_part_room(g, (size_t)nk * C, "rmsnorm_bwd");
-            k_rmsnorm_bwd_dw_part<<<dim3((unsigned)cb, (unsigned)nk), THREADS, 0, g->stream>>>(pw, dout, x, rstd, N, C,
-                                                                                               col_rows(N));
-        }
+    const int nk = col_chunks(N), cb = (C + THREADS - 1) / THREADS;
+    float *pw = dw && nk > 0 ? col_part_room(g, (size_t)nk * C, "rmsnorm_bwd") : NULL;
+    if (nk > 0 && (din || pw))
+        k_rmsnorm_bwd<<<nk, THREADS, 0, g->stream>>>(din, din16, pw, dout, x, w, rstd, N, C, col_rows(N));
+    if (dw)
         k_colsum_fold<<<cb, THREADS, 0, g->stream>>>(dw, pw, nk, C, accum_dw);
-    }
     finish(g, "rmsnorm_bwd");
 }
 

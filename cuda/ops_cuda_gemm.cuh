@@ -1,8 +1,8 @@
 /* The CUDA backend's matmuls: the ops table's matmul entries on cuBLASLt
- * (planned once per distinct GEMM, the BIAS, GELU_AUX_BIAS and DGELU
- * epilogues), cublasGemmEx where cuBLASLt has no algorithm, the bias-row
- * and separate GELU kernels where no epilogue serves, and the column sums
- * of the bias gradient.
+ * (planned once per distinct GEMM, the BIAS, GELU_AUX_BIAS, DGELU and
+ * BGRADB epilogues), cublasGemmEx where cuBLASLt has no algorithm, and the
+ * bias-row, separate GELU and column-sum (bias gradient) kernels where no
+ * epilogue serves.
  *
  * Host code, included by cuda/ops_cuda.cu after ops_cuda_state.cuh and the
  * kernel families it launches, and compiled by test/emu/test_gemm_emu.cpp
@@ -87,7 +87,12 @@ static void lt_cache_release(cu_t *g)
     memset(&g->plans, 0, sizeof g->plans);
 }
 
-static int epi_has_bias(int epi) { return epi == CUBLASLT_EPILOGUE_BIAS || epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS; }
+/* The epilogues with a bias vector (CUBLASLT_MATMUL_DESC_BIAS_POINTER):
+ * read by BIAS and GELU_AUX_BIAS, written by BGRADB (the bias gradient). */
+static int epi_has_bias(int epi)
+{
+    return epi == CUBLASLT_EPILOGUE_BIAS || epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || epi == CUBLASLT_EPILOGUE_BGRADB;
+}
 
 static int epi_has_aux(int epi)
 {
@@ -127,8 +132,9 @@ static void lt_plan_make(cu_t *g, lt_plan_t *p, const lt_key_t *key, const float
         ckb(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi), what);
     }
     if (epi_has_bias(key->epi)) {
-        /* The bias is fp32. That is cuBLASLt's default (the type of D),
-         * stated anyway so that bf16 A/B never suggest a bf16 bias. */
+        /* The bias (and BGRADB's bias gradient) is fp32. That is
+         * cuBLASLt's default (the type of D), stated anyway so that bf16
+         * A/B never suggest a bf16 bias. */
         int32_t bias_type = CUDA_R_32F;
         ckb(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type),
             what);
@@ -204,6 +210,9 @@ static const lt_plan_t *lt_plan(cu_t *g, const lt_key_t *key, const float *bias,
  *   CUBLASLT_EPILOGUE_BIAS           + bias[m] per column (beta 0)
  *   CUBLASLT_EPILOGUE_GELU_AUX(_BIAS) aux = the sum (+ bias), C = gelu(aux)
  *   CUBLASLT_EPILOGUE_DGELU          C = the product o gelu'(aux) (beta 0)
+ *   CUBLASLT_EPILOGUE_BGRADB         C as DEFAULT; bias[j] = sum over p of
+ *                                    op(B)[p, j], j < n, written (not
+ *                                    added); op(B) = B^T (see gemm_bwd)
  * with aux[m, n] fp32 and leading dimension ldc. Row-major callers pass
  * transposes. A and B are of type ab: CUDA_R_32F (the fp32 GEMMs) or
  * CUDA_R_16BF (the bf16 GEMMs, uint16_t bit patterns). C (= D), alpha,
@@ -316,10 +325,59 @@ static void gemm_fwd(cu_t *g, const char *what, cudaDataType_t ab, float *out, u
                 CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL);
 }
 
+/* dw^T[IC,OC] = in^T[IC,N] . dout[N,OC] (=|+= by accum_dw), N > 0, and
+ * with db (NULL: not wanted) its bias gradient db[OC] = the column sums of
+ * dout_g by the BGRADB epilogue (=|+= by accum_dw). Returns 1 when the
+ * epilogue wrote db, 0 when db is still to do (the plain GEMM ran:
+ * cuBLASLt offered no algorithm for the epilogue, or db is NULL).
+ *
+ * BGRADB, as cuBLASLt documents it (the CUDA 13 toolkit's cublasLt.h: the
+ * comments of cublasLtEpilogue_t's BGRADB and of
+ * CUBLASLT_MATMUL_DESC_BIAS_POINTER / _BIAS_DATA_TYPE): "bias gradient
+ * based on the input matrix B. The bias size corresponds to the number of
+ * columns of the matrix D. The reduction happens over the GEMM's k
+ * dimension", stored through BIAS_POINTER (a void * for the gradient: an
+ * output), its elements of the output's type (fp32 D, so BIAS_DATA_TYPE
+ * fp32, as lt_plan_make sets for every bias). Here B = dout_g with
+ * op(B) = T, k = N rows and D's columns the OC outputs: the reduction is
+ * exactly db. NVIDIA's nvmath-python plans BGRADB with TRANSB = T always
+ * (its matmul planner transposes B for this epilogue), the form used
+ * here, and refuses K = 1 for it before cuBLASLt 12.3.4 (CUDA 13 here is
+ * later). The epilogue writes
+ * the bias gradient (it has no accumulate, unlike the GEMM's beta), so
+ * with accum_dw it goes to scratch (the column sums' partial buffer, one
+ * chunk) and k_colsum_fold adds it into db: the same operation as
+ * colsum's fold. Under bf16 the epilogue sums the bf16 dout (B), where
+ * colsum sums the fp32 one: db then differs by the bf16 rounding of dout,
+ * |delta db[j]| <= 2^-8 sum_n |dout[n, j]| beyond summation order
+ * (doc/design.md; test_gemm_emu holds it to that). */
+static int dw_gemm(cu_t *g, const char *what, cudaDataType_t ab, float *dw, float *db, const void *dout_g,
+                   const void *in, int N, int IC, int OC, int accum_dw)
+{
+    const float beta = accum_dw ? 1.0f : 0.0f;
+    if (db) {
+        float *bg = accum_dw ? col_part_room(g, (size_t)OC, what) : db;
+        if (lt_gemm(g, what, ab, CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, N, 1.0f, in, IC, dout_g, OC, beta, dw, IC,
+                    CUBLASLT_EPILOGUE_BGRADB, bg, NULL) == 0) {
+            if (accum_dw)
+                CU_LAUNCH(k_colsum_fold, (OC + THREADS - 1) / THREADS, THREADS, 0, g->stream)(db, bg, 1, OC, 1);
+            g->plans.bgrad_fused++;
+            return 1;
+        }
+        g->plans.bgrad_separate++;
+    }
+    lt_gemm(g, what, ab, CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, N, 1.0f, in, IC, dout_g, OC, beta, dw, IC,
+            CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL);
+    return 0;
+}
+
 /* din[N,IC] (=|+= by accum_din) dout[N,OC] . w[OC,IC], dw[OC,IC] (=|+= by
  * accum_dw) dout^T . in[N,IC], from dout_g (dout in the GEMM type ab);
- * db[OC] the column sums of the fp32 dout (colsum). With pre (accum_din 0): din = gelu'(pre) o (dout . w),
- * and din16 (NULL: not wanted) its bf16. */
+ * db[OC] (=|+= by accum_dw) the column sums of dout: by the dW GEMM's
+ * BGRADB epilogue where dw is wanted too and cuBLASLt offers it (it sums
+ * dout_g, so under bf16 the bf16 dout; dw_gemm), else by colsum of the
+ * fp32 dout. With pre (accum_din 0): din = gelu'(pre) o (dout . w), and
+ * din16 (NULL: not wanted) its bf16. */
 static void gemm_bwd(cu_t *g, const char *what, cudaDataType_t ab, float *din, uint16_t *din16, float *dw, float *db,
                      const void *dout_g, const float *dout, const void *in, const void *w, const float *pre, int N,
                      int IC, int OC, int accum_din, int accum_dw)
@@ -349,12 +407,10 @@ static void gemm_bwd(cu_t *g, const char *what, cudaDataType_t ab, float *din, u
             }
         }
     }
-    /* dw^T[IC,OC] = in^T[IC,N] . dout[N,OC] */
     if (dw && IC > 0) {
-        if (N > 0)
-            lt_gemm(g, what, ab, CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, N, 1.0f, in, IC, dout_g, OC, accum_dw ? 1.0f : 0.0f,
-                    dw, IC, CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL);
-        else if (!accum_dw)
+        if (N > 0 && dw_gemm(g, what, ab, dw, db, dout_g, in, N, IC, OC, accum_dw))
+            db = NULL; /* the epilogue wrote it */
+        else if (N <= 0 && !accum_dw)
             ck(cudaMemsetAsync(dw, 0, (size_t)OC * IC * sizeof(float), g->stream), what);
     }
     if (db)

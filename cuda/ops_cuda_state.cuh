@@ -40,6 +40,7 @@ typedef struct lt_cache {
     long made, reused;              /* ops_cuda_gemm_plans */
     long blas;                      /* plain GEMMs run by cublasGemmEx instead (ops_cuda_gemm_plans) */
     long gelu_fused, gelu_separate; /* ops_cuda_gelu_epilogues */
+    long bgrad_fused, bgrad_separate; /* db by the dW GEMM's BGRADB epilogue, or by colsum (ops_cuda_gemm.cuh) */
     long grouped;                   /* cublasGemmGroupedBatchedEx calls (ops_cuda_gmm.cuh) */
 } lt_cache_t;
 

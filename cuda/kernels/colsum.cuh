@@ -1,8 +1,9 @@
 /* Column reductions: the sum over the N rows of an [N, C] matrix per
- * column, in chunks of rows (the scheme below). k_colsum_part (and the
- * norms' k_*_bwd_dw_part, kernels/norm.cuh) write each chunk's sums, grid
- * (ceil(C / THREADS), col_chunks(N)) of THREADS threads, a thread per
- * column; k_colsum_fold writes or adds (accum) the sum of the chunks, grid
+ * column, in chunks of rows (the scheme below). k_colsum_part writes each
+ * chunk's sums, grid (ceil(C / THREADS), col_chunks(N)) of THREADS
+ * threads, a thread per column (the norms' backward, kernels/norm.cuh,
+ * writes the same sums a block per chunk, inside its pass for dx);
+ * k_colsum_fold writes or adds (accum) the sum of the chunks, grid
  * ceil(C / THREADS). The partial-sum buffer and the launches are host code
  * (cuda/ops_cuda_state.cuh's col_part_room, cuda/ops_cuda_gemm.cuh's
  * colsum, ops_cuda.cu's norm wrappers). */

@@ -1,14 +1,27 @@
 /* LayerNorm and RMSNorm.
  *
- * Forward and input gradient: one block per row (grid N, THREADS threads),
- * the row's sums by block_sum. The forward writes out and the per-row
- * rstd (and LayerNorm's mean), which the backward reads; k_*_bwd_dx adds
- * into din (+=, as base/ops.h has it: the residual stream's gradient is
- * already there). The weight (and LayerNorm bias) gradients are column
- * reductions (kernels/colsum.cuh): k_*_bwd_dw_part writes each chunk's
- * partial sums, grid (ceil(C / THREADS), col_chunks(N)), a thread per
- * column; k_colsum_fold then writes or adds them (accum_dw). The formulas
- * per element are base/ops_math.h's. */
+ * Forward: one block per row (grid N, THREADS threads), the row's sums by
+ * block_sum; it writes out and the per-row rstd (and LayerNorm's mean),
+ * which the backward reads.
+ *
+ * Backward: one pass over [N, C]. k_*_bwd takes the column reductions'
+ * chunks of rows (kernels/colsum.cuh: grid col_chunks(N), `rows` =
+ * col_rows(N) rows a block, THREADS threads) and, NORM_STEP rows at a time,
+ *  - sums each row as one block per row would (thread t over columns t,
+ *    t + THREADS, ... in order, then block_sum's tree; block_sum_n does
+ *    the step's rows at once), and adds dx into din (+=, as base/ops.h has
+ *    it: the residual stream's gradient is already there), and din16;
+ *  - adds the same rows' dout * xhat (and dout: LayerNorm's db) into its
+ *    columns' partial sums pw[chunk, c] (pb), rows in order, the sums a
+ *    thread per column over the chunk would make.
+ * The second read of a step's rows (dx after the row sums) comes from the
+ * cache. k_colsum_fold then writes or adds the chunks' sums (accum_dw), a
+ * pass over [chunks, C]. Before this kernel the backward was a kernel per
+ * row (dx) and a second full read of dout and x for the partial sums: the
+ * bits of dx, of the partials and so of dw and db are those of that pair
+ * (test/emu/test_kernels_emu.cpp keeps it and compares bit for bit).
+ * din NULL: only the partial sums; pw NULL: only dx. The formulas per
+ * element are base/ops_math.h's. */
 #ifndef DTRAIN_CUDA_KERNELS_NORM_CUH
 #define DTRAIN_CUDA_KERNELS_NORM_CUH
 
@@ -44,48 +57,73 @@ __global__ void k_layernorm_fwd(float *out, uint16_t *out16, float *mean, float 
     }
 }
 
-/* din += dx, and din16 (DT_STORE16) the sum */
-__global__ void k_layernorm_bwd_dx(float *din, uint16_t *din16, const float *dout, const float *x, const float *w,
-                                   const float *mean, const float *rstd, int C)
-{
-    size_t off = (size_t)blockIdx.x * C;
-    const float *xr = x + off, *gr = dout + off;
-    float *d = din + off;
-    uint16_t *d16 = din16 ? din16 + off : NULL;
-    float mu = mean[blockIdx.x], r = rstd[blockIdx.x];
-    float sg = 0.0f, sgx = 0.0f;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) {
-        float gw = gr[c] * w[c];
-        sg += gw;
-        sgx += gw * (xr[c] - mu) * r;
-    }
-    sg = block_sum(sg) / (float)C;
-    sgx = block_sum(sgx) / (float)C;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) {
-        float xhat = (xr[c] - mu) * r;
-        d[c] += dt_layernorm_dx(gr[c], w[c], xhat, sg, sgx, r);
-        DT_STORE16(d16, c, d[c]);
-    }
-}
+/* Rows per step of the backward kernels: the step's loads are in flight
+ * together and its row sums share one block reduction. */
+#define NORM_STEP 8
 
-/* The partial sums of dw[c] = sum_n dout * xhat and db[c] = sum_n dout
- * over chunk blockIdx.y of `rows` rows (see the column reductions):
- * pw[k, c] and pb[k, c]. */
-__global__ void k_layernorm_bwd_dw_part(float *pw, float *pb, const float *dout, const float *x, const float *mean,
-                                        const float *rstd, int N, int C, int rows)
+/* Over rows [blockIdx.x * rows, min(N, (blockIdx.x + 1) * rows)):
+ * din += dx (din16 its bf16) and, with pw, pw[blockIdx.x, c] = the sum
+ * over those rows of dout * xhat, pb[blockIdx.x, c] of dout (see above). */
+__global__ void k_layernorm_bwd(float *din, uint16_t *din16, float *pw, float *pb, const float *dout, const float *x,
+                                const float *w, const float *mean, const float *rstd, int N, int C, int rows)
 {
-    const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C)
-        return;
-    const int n0 = blockIdx.y * rows, n1 = min(N, n0 + rows);
-    float aw = 0.0f, ab = 0.0f;
-    for (int n = n0; n < n1; n++) {
-        size_t i = (size_t)n * C + c;
-        aw += dout[i] * (x[i] - mean[n]) * rstd[n];
-        ab += dout[i];
+    const int n0 = blockIdx.x * rows, n1 = min(N, n0 + rows);
+    for (int n = n0; n < n1; n += NORM_STEP) {
+        const int nr = min(NORM_STEP, n1 - n);
+        float mu[NORM_STEP], rs[NORM_STEP], sums[2 * NORM_STEP]; /* sums: sg of each row, then sgx */
+#pragma unroll
+        for (int r = 0; r < NORM_STEP; r++) {
+            mu[r] = r < nr ? mean[n + r] : 0.0f;
+            rs[r] = r < nr ? rstd[n + r] : 0.0f;
+            sums[r] = sums[NORM_STEP + r] = 0.0f;
+        }
+        if (din) {
+            for (int c = threadIdx.x; c < C; c += blockDim.x) {
+                const float wc = w[c];
+#pragma unroll
+                for (int r = 0; r < NORM_STEP; r++) {
+                    if (r >= nr) /* the chunk ends within the step */
+                        break;
+                    const size_t i = (size_t)(n + r) * C + c;
+                    const float gw = dout[i] * wc;
+                    sums[r] += gw;
+                    sums[NORM_STEP + r] += gw * (x[i] - mu[r]) * rs[r];
+                }
+            }
+            block_sum_n(sums);
+#pragma unroll
+            for (int r = 0; r < 2 * NORM_STEP; r++)
+                sums[r] /= (float)C;
+        }
+        for (int c = threadIdx.x; c < C; c += blockDim.x) {
+            const float wc = w[c];
+            const size_t p = (size_t)blockIdx.x * C + c;
+            float aw = 0.0f, ab = 0.0f;
+            if (pw && n > n0) {
+                aw = pw[p];
+                ab = pb[p];
+            }
+#pragma unroll
+            for (int r = 0; r < NORM_STEP; r++) {
+                if (r >= nr) /* the chunk ends within the step */
+                    break;
+                const size_t i = (size_t)(n + r) * C + c;
+                const float g = dout[i], xv = x[i];
+                if (din) {
+                    const float xhat = (xv - mu[r]) * rs[r];
+                    const float v = din[i] + dt_layernorm_dx(g, wc, xhat, sums[r], sums[NORM_STEP + r], rs[r]);
+                    din[i] = v;
+                    DT_STORE16(din16, i, v);
+                }
+                aw += g * (xv - mu[r]) * rs[r];
+                ab += g;
+            }
+            if (pw) {
+                pw[p] = aw;
+                pb[p] = ab;
+            }
+        }
     }
-    pw[(size_t)blockIdx.y * C + c] = aw;
-    pb[(size_t)blockIdx.y * C + c] = ab;
 }
 
 __global__ void k_rmsnorm_fwd(float *out, uint16_t *out16, float *rstd, const float *x, const float *w, int C,
@@ -108,39 +146,57 @@ __global__ void k_rmsnorm_fwd(float *out, uint16_t *out16, float *rstd, const fl
         rstd[blockIdx.x] = r;
 }
 
-__global__ void k_rmsnorm_bwd_dx(float *din, uint16_t *din16, const float *dout, const float *x, const float *w,
-                                 const float *rstd, int C)
+/* As k_layernorm_bwd: din += dx (din16) and, with pw,
+ * pw[blockIdx.x, c] = sum over the block's rows of dout * x * rstd. */
+__global__ void k_rmsnorm_bwd(float *din, uint16_t *din16, float *pw, const float *dout, const float *x, const float *w,
+                              const float *rstd, int N, int C, int rows)
 {
-    size_t off = (size_t)blockIdx.x * C;
-    const float *xr = x + off, *gr = dout + off;
-    float *d = din + off;
-    uint16_t *d16 = din16 ? din16 + off : NULL;
-    float r = rstd[blockIdx.x];
-    float s = 0.0f;
-    for (int c = threadIdx.x; c < C; c += blockDim.x)
-        s += w[c] * gr[c] * xr[c];
-    float k = dt_rmsnorm_k(r, block_sum(s), C);
-    for (int c = threadIdx.x; c < C; c += blockDim.x) {
-        d[c] += dt_rmsnorm_dx(r, w[c], gr[c], xr[c], k);
-        DT_STORE16(d16, c, d[c]);
+    const int n0 = blockIdx.x * rows, n1 = min(N, n0 + rows);
+    for (int n = n0; n < n1; n += NORM_STEP) {
+        const int nr = min(NORM_STEP, n1 - n);
+        float rs[NORM_STEP], k[NORM_STEP];
+#pragma unroll
+        for (int r = 0; r < NORM_STEP; r++) {
+            rs[r] = r < nr ? rstd[n + r] : 0.0f;
+            k[r] = 0.0f;
+        }
+        if (din) {
+            for (int c = threadIdx.x; c < C; c += blockDim.x) {
+                const float wc = w[c];
+#pragma unroll
+                for (int r = 0; r < NORM_STEP; r++) {
+                    if (r >= nr) /* the chunk ends within the step */
+                        break;
+                    const size_t i = (size_t)(n + r) * C + c;
+                    k[r] += wc * dout[i] * x[i];
+                }
+            }
+            block_sum_n(k);
+#pragma unroll
+            for (int r = 0; r < NORM_STEP; r++)
+                k[r] = dt_rmsnorm_k(rs[r], k[r], C);
+        }
+        for (int c = threadIdx.x; c < C; c += blockDim.x) {
+            const float wc = w[c];
+            const size_t p = (size_t)blockIdx.x * C + c;
+            float aw = pw && n > n0 ? pw[p] : 0.0f;
+#pragma unroll
+            for (int r = 0; r < NORM_STEP; r++) {
+                if (r >= nr) /* the chunk ends within the step */
+                    break;
+                const size_t i = (size_t)(n + r) * C + c;
+                const float g = dout[i], xv = x[i];
+                if (din) {
+                    const float v = din[i] + dt_rmsnorm_dx(rs[r], wc, g, xv, k[r]);
+                    din[i] = v;
+                    DT_STORE16(din16, i, v);
+                }
+                aw += g * xv * rs[r];
+            }
+            if (pw)
+                pw[p] = aw;
+        }
     }
-}
-
-/* The partial sums of dw[c] = sum_n dout * x * rstd over chunk blockIdx.y
- * of `rows` rows (see the column reductions): pw[k, c]. */
-__global__ void k_rmsnorm_bwd_dw_part(float *pw, const float *dout, const float *x, const float *rstd, int N, int C,
-                                      int rows)
-{
-    const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C)
-        return;
-    const int n0 = blockIdx.y * rows, n1 = min(N, n0 + rows);
-    float aw = 0.0f;
-    for (int n = n0; n < n1; n++) {
-        size_t i = (size_t)n * C + c;
-        aw += dout[i] * x[i] * rstd[n];
-    }
-    pw[(size_t)blockIdx.y * C + c] = aw;
 }
 
 /* Qwen3's per-head q/k norms (ops qknorm_fwd/_bwd): one block per (row n,

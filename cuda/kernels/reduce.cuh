@@ -1,7 +1,8 @@
 /* Block reductions, and the sum of squares of the gradient norm.
  *
- * warp_sum, warp_max, block_sum, block_max: every thread of the block (of
- * the warp) calls them and gets the result; they synchronise the block.
+ * warp_sum, warp_max, block_sum, block_sum_n, block_max: every thread of
+ * the block (of the warp) calls them and gets the result; they synchronise
+ * the block.
  * k_sumsq: grid (SUMSQ_BLOCKS, vectors), THREADS threads; each vector's
  * squares summed in double into its SUMSQ_BLOCKS partial sums, which the
  * host adds in order (ops_cuda.cu's sumsq). Fixed shapes and orders
@@ -52,6 +53,33 @@ template <typename T> __device__ T block_sum(T v)
     T r = res;
     __syncthreads(); /* sh and res may be reused by the next call */
     return r;
+}
+
+/* block_sum of each of v[0..V) at once, each by block_sum's tree (warp
+ * shuffles, then warp 0 over the warp sums in order), so v[i] gets the
+ * bits block_sum(v[i]) would: V sums for the synchronisations of one. */
+template <typename T, int V> __device__ void block_sum_n(T (&v)[V])
+{
+    __shared__ T sh[V][32];
+    __shared__ T res[V];
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    for (int i = 0; i < V; i++)
+        v[i] = warp_sum(v[i]);
+    if (lane == 0)
+        for (int i = 0; i < V; i++)
+            sh[i][wid] = v[i];
+    __syncthreads();
+    if (wid == 0)
+        for (int i = 0; i < V; i++) {
+            T s = lane < nw ? sh[i][lane] : (T)0;
+            s = warp_sum(s);
+            if (lane == 0)
+                res[i] = s;
+        }
+    __syncthreads();
+    for (int i = 0; i < V; i++)
+        v[i] = res[i];
+    __syncthreads(); /* sh and res may be reused by the next call */
 }
 
 __device__ float block_max(float v)

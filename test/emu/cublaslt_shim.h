@@ -9,7 +9,12 @@
  *    beta == 0), then the epilogue: BIAS adds bias[i] (length: rows of D) to
  *    every column; GELU_AUX(_BIAS) stores the GELU input (after the bias)
  *    to aux[i + j*AUX_LD] and writes gelu(x) to D; DGELU writes
- *    x * gelu'(aux[i + j*AUX_LD]).
+ *    x * gelu'(aux[i + j*AUX_LD]); BGRADB leaves D plain and writes
+ *    bias[j] = sum over p < k of op(B)[p, j] for j < n (cublasLt.h:
+ *    "bias gradient based on the input matrix B. The bias size corresponds
+ *    to the number of columns of the matrix D. The reduction happens over
+ *    the GEMM's k dimension", stored through BIAS_POINTER, elements of the
+ *    output's type), overwriting it: the epilogue has no accumulate.
  *  - CUDA_R_16BF operands are bf16 bit patterns (uint16_t), widened exactly.
  *  - sums in double, rounded to fp32 before alpha/beta and the epilogue, so
  *    a difference from the CPU ops is the CPU's own fp32 rounding.
@@ -18,7 +23,12 @@
  *    (emu_shim_errors, one line each): attribute sizes that do not match
  *    (cublasLtMatmulDescSetAttribute: INVALID_VALUE), AUX_LD not a multiple
  *    of 8 or below the rows, layouts inconsistent with m, n, k, ld < rows,
- *    in-place C/D with different ld, empty GEMMs, handles not live.
+ *    in-place C/D with different ld, empty GEMMs, handles not live, a bias
+ *    type other than D's (fp32), BGRADB with op(B) = N (NVIDIA's
+ *    nvmath-python plans BGRADB with TRANSB = T only; NOT_SUPPORTED here)
+ *    or without a bias pointer. BGRADB with alpha != 1 is refused as not
+ *    emulated: the documentation does not say whether alpha scales the
+ *    bias gradient.
  *  - the algorithm a heuristic returns remembers the preference's
  *    alignments and the bias/aux alignments it was asked for, and
  *    cublasLtMatmul refuses pointers less aligned than that (a real kernel
@@ -289,7 +299,7 @@ static Policy emu_policy = P_ALL;
 /* cuBLASLt matmuls by epilogue, cublasGemmEx calls, and those of them on
  * cuBLAS's default workspace (cublasSetStream resets the one set before it:
  * the default pool allocates, mid-run, behind the stream's back) */
-static long emu_lt_matmul[CUBLASLT_EPILOGUE_DGELU + 1], emu_gemmex, emu_gemmex_default_ws;
+static long emu_lt_matmul[CUBLASLT_EPILOGUE_BGRADB + 1], emu_gemmex, emu_gemmex_default_ws;
 
 /* algo.data[0] of an algorithm the heuristic returned; [1..7] its problem */
 #define ALGO_MAGIC 0x4c54454d55ull
@@ -397,7 +407,11 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p
     return CUBLAS_STATUS_SUCCESS;
 }
 
-static bool epi_bias(uint32_t e) { return e == CUBLASLT_EPILOGUE_BIAS || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS; }
+/* the epilogues with a bias vector: read (BIAS, GELU_AUX_BIAS) or written (BGRADB) */
+static bool epi_bias(uint32_t e)
+{
+    return e == CUBLASLT_EPILOGUE_BIAS || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || e == CUBLASLT_EPILOGUE_BGRADB;
+}
 static bool epi_aux(uint32_t e)
 {
     return e == CUBLASLT_EPILOGUE_GELU_AUX || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || e == CUBLASLT_EPILOGUE_DGELU;
@@ -438,6 +452,10 @@ static cublasStatus_t lt_check(const EmuDesc *d, const EmuLayout *a, const EmuLa
     case CUBLASLT_EPILOGUE_GELU_AUX:
     case CUBLASLT_EPILOGUE_GELU_AUX_BIAS:
     case CUBLASLT_EPILOGUE_DGELU: break;
+    case CUBLASLT_EPILOGUE_BGRADB:
+        if (d->tb != CUBLAS_OP_T)
+            return SHIM_ERR("%s: BGRADB with op(B) = N", who), CUBLAS_STATUS_NOT_SUPPORTED;
+        break;
     default: return SHIM_ERR("%s: epilogue %u not emulated", who, d->epi), CUBLAS_STATUS_NOT_SUPPORTED;
     }
     if (epi_bias(d->epi) && d->bias_type != -1 && d->bias_type != CUDA_R_32F)
@@ -559,8 +577,19 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, con
     }
     if (wsz && !ws)
         return SHIM_ERR("matmul: workspace"), CUBLAS_STATUS_INVALID_VALUE;
-    emu_lt_matmul[d->epi]++;
     float fa = *(const float *)alpha, fb = *(const float *)beta;
+    if (d->epi == CUBLASLT_EPILOGUE_BGRADB && fa != 1.0f)
+        return SHIM_ERR("matmul: BGRADB with alpha %g not emulated", fa), CUBLAS_STATUS_NOT_SUPPORTED;
+    emu_lt_matmul[d->epi]++;
+    if (d->epi == CUBLASLT_EPILOGUE_BGRADB) { /* in double, rounded once, as the GEMM's sums */
+        const Operand Bo{Bp, b->t, b->ld, true};
+        for (int64_t j = 0; j < n; j++) {
+            double acc = 0.0;
+            for (int64_t p = 0; p < k; p++)
+                acc += Bo.at(p, j);
+            ((float *)d->bias)[j] = (float)acc;
+        }
+    }
     gemm_core(m, n, k, fa, Operand{Ap, a->t, a->ld, d->ta == CUBLAS_OP_T},
               Operand{Bp, b->t, b->ld, d->tb == CUBLAS_OP_T}, fb, (const float *)Cp, c->ld, (float *)Dp, dd->ld,
               (int)d->epi, d->bias, d->epi == CUBLASLT_EPILOGUE_DGELU ? nullptr : (float *)d->aux,

@@ -27,7 +27,10 @@
  * Each output must match the CPU's to 1e-5 of its largest magnitude (the
  * emulation sums in double, the CPU in fp32), outputs not asked for must be
  * left as they were, a second call (plans reused) must give the same bits,
- * and the policy must have taken the path it forces.
+ * and the policy must have taken the path it forces. db with dw comes from
+ * the dW GEMM's BGRADB epilogue where the policy offers it: under bf16 it
+ * sums dout16 = bf16(dout), so it must be within 2^-8 sum |dout| of the
+ * CPU's and, to 1e-5, the sum of the widened dout16 (cmp_db16).
  *
  * Output: one line per failed check, one per policy (what ran), a summary.
  * Exit 0 when all pass, 1 otherwise. `test_gemm_emu POLICY` runs one policy. */
@@ -93,6 +96,13 @@ static void fill_h(Buf &b, size_t n, int off)
     b.alloc(n, 2, off);
     for (size_t i = 0; i < n; i++)
         b.h()[i] = dt_f32_to_bf16(urand(-1, 1));
+}
+/* dout16 as the model has it: the bf16 rounding of the fp32 dout */
+static void round_h(Buf &b, const Buf &f, size_t n, int off)
+{
+    b.alloc(n, 2, off);
+    for (size_t i = 0; i < n; i++)
+        b.h()[i] = dt_f32_to_bf16(f.f()[i]);
 }
 /* identical output arrays for each side: NaN where the op writes (so an
  * element left unwritten shows), random where it accumulates */
@@ -164,6 +174,44 @@ static void same_bf16(const char *name, const std::vector<uint16_t> &got, const 
         bad += got[i] != dt_f32_to_bf16(f32[i]);
     if (bad)
         fail("%s: %zu of %zu bf16 values are not the rounding of the fp32 ones", name, bad, n);
+}
+
+/* db[G, OC] under bf16 operands, against the CPU's (the row sums of the
+ * fp32 dout over each group's rows offs[x] .. offs[x+1]): the BGRADB
+ * epilogue sums the bf16 dout16 = bf16(dout) instead, so db may differ by
+ * the bf16 rounding of dout, at most 2^-8 sum_n |dout[n, j]| (8
+ * significant bits), beyond the 1e-5 of summation order. And the path's
+ * own sum, to 1e-5: fused 1, the sums of the widened dout16 (the
+ * epilogue's), 0 the CPU's (colsum of the fp32 dout), 2 either (the
+ * grouped ops choose per group). acc0: db before the call (accumulating),
+ * else NULL. */
+static void cmp_db16(const Buf &cpu, const Buf &emu, const Buf &dout, const Buf &dout16, const float *acc0,
+                     const int32_t *offs, int G, int OC, int fused)
+{
+    n_checks++;
+    double mx = 0;
+    for (size_t i = 0; i < cpu.n; i++)
+        mx = fmax(mx, fabs(cpu.f()[i]));
+    for (int x = 0; x < G; x++)
+        for (int j = 0; j < OC; j++) {
+            double abs_sum = 0, s16 = acc0 ? acc0[(size_t)x * OC + j] : 0.0;
+            for (int r = offs[x]; r < offs[x + 1]; r++) {
+                abs_sum += fabs(dout.f()[(size_t)r * OC + j]);
+                s16 += dt_bf16_to_f32(dout16.h()[(size_t)r * OC + j]);
+            }
+            const size_t i = (size_t)x * OC + j;
+            const double c = cpu.f()[i], e = emu.f()[i], tol = 1e-5 * mx;
+            if (!(fabs(e - c) <= ldexp(abs_sum, -8) + tol)) {
+                fail("db[%d, %d]: cuda %.9g, cpu %.9g: beyond the bf16 bound %.3g", x, j, e, c, ldexp(abs_sum, -8) + tol);
+                return;
+            }
+            const bool is16 = fabs(e - s16) <= tol, is32 = fabs(e - c) <= tol;
+            if (!(fused == 2 ? is16 || is32 : fused ? is16 : is32)) {
+                fail("db[%d, %d]: cuda %.9g, not the %s sum (bf16 dout %.9g, fp32 dout %.9g)", x, j, e,
+                     fused == 2 ? "epilogue's or colsum's" : fused ? "epilogue's" : "colsum's", s16, c);
+                return;
+            }
+        }
 }
 
 /* run a CUDA op; a cuda_fatal in it is one failed check */
@@ -239,8 +287,10 @@ static void t_fwd(bool bf16, int N, int IC, int OC, bool bias, int off, bool gel
 
 /* matmul_bwd[_bf16] or matmul_dgelu_bwd[_bf16], the outputs in mask (bit 0
  * din (N, IC), 1 dw (OC, IC), 2 db (OC)) from dout (N, OC), in, w and, for
- * dgelu, pre (N, IC). The bf16 ops take dout twice: dout16 for the GEMMs,
- * the fp32 dout for db; the two are independent here, so a mix-up shows. */
+ * dgelu, pre (N, IC). The bf16 ops take dout twice: dout16, its bf16
+ * rounding, for the GEMMs (and db by the BGRADB epilogue), the fp32 dout
+ * for db by colsum; a GEMM on the fp32 dout would miss by its rounding,
+ * far over 1e-5. db under bf16: cmp_db16. */
 static void t_bwd(bool bf16, int N, int IC, int OC, int mask, int acc_din, int acc_dw, int off, bool gelu)
 {
     char nm[200];
@@ -253,7 +303,7 @@ static void t_bwd(bool bf16, int N, int IC, int OC, int mask, int acc_din, int a
     Buf dout, dout16, in, w, pre, din_c, din_e, din_e2, dw_c, dw_e, dw_e2, db_c, db_e, db_e2;
     fill_f(dout, nout, off, -1, 1);
     if (bf16) {
-        fill_h(dout16, nout, off);
+        round_h(dout16, dout, nout, off);
         fill_h(in, nin, off);
         fill_h(w, nw, off);
     } else {
@@ -264,12 +314,18 @@ static void t_bwd(bool bf16, int N, int IC, int OC, int mask, int acc_din, int a
     out_set({&din_c, &din_e, &din_e2}, nin, off, acc_din);
     out_set({&dw_c, &dw_e, &dw_e2}, nw, off, acc_dw);
     out_set({&db_c, &db_e, &db_e2}, OC, off, acc_dw);
+    const std::vector<float> db0(db_c.f(), db_c.f() + OC);
+    /* which path wrote db on the first call: the epilogue or colsum */
+    const long bgrad0 = emu_g.plans.bgrad_fused, sep0 = emu_g.plans.bgrad_separate;
+    long bgrad1 = 0, sep1 = 0;
 #define P(b, bit) ((mask & (bit)) ? (b).f() : NULL)
+#define FIRST_PATH() (bgrad1 = emu_g.plans.bgrad_fused - bgrad0, sep1 = emu_g.plans.bgrad_separate - sep0)
     if (!gelu && !bf16) {
         cpu->matmul_bwd(cpu->ctx, P(din_c, 1), P(dw_c, 2), P(db_c, 4), dout.f(), in.f(), w.f(), N, IC, OC, acc_din,
                         acc_dw);
         GUARDED(matmul_bwd(&emu_g, P(din_e, 1), P(dw_e, 2), P(db_e, 4), dout.f(), in.f(), w.f(), N, IC, OC, acc_din,
                            acc_dw));
+        FIRST_PATH();
         GUARDED(matmul_bwd(&emu_g, P(din_e2, 1), P(dw_e2, 2), P(db_e2, 4), dout.f(), in.f(), w.f(), N, IC, OC, acc_din,
                            acc_dw));
     } else if (!gelu) {
@@ -277,6 +333,7 @@ static void t_bwd(bool bf16, int N, int IC, int OC, int mask, int acc_din, int a
                              OC, acc_din, acc_dw);
         GUARDED(matmul_bwd_bf16(&emu_g, P(din_e, 1), P(dw_e, 2), P(db_e, 4), dout16.h(), dout.f(), in.h(), w.h(), N, IC,
                                 OC, acc_din, acc_dw));
+        FIRST_PATH();
         GUARDED(matmul_bwd_bf16(&emu_g, P(din_e2, 1), P(dw_e2, 2), P(db_e2, 4), dout16.h(), dout.f(), in.h(), w.h(), N,
                                 IC, OC, acc_din, acc_dw));
     } else if (!bf16) {
@@ -284,6 +341,7 @@ static void t_bwd(bool bf16, int N, int IC, int OC, int mask, int acc_din, int a
                               OC, acc_dw);
         GUARDED(matmul_dgelu_bwd(&emu_g, P(din_e, 1), P(dw_e, 2), P(db_e, 4), dout.f(), in.f(), pre.f(), w.f(), N, IC,
                                  OC, acc_dw));
+        FIRST_PATH();
         GUARDED(matmul_dgelu_bwd(&emu_g, P(din_e2, 1), P(dw_e2, 2), P(db_e2, 4), dout.f(), in.f(), pre.f(), w.f(), N,
                                  IC, OC, acc_dw));
     } else {
@@ -291,6 +349,7 @@ static void t_bwd(bool bf16, int N, int IC, int OC, int mask, int acc_din, int a
                                    pre.f(), w.h(), N, IC, OC, acc_dw);
         GUARDED(matmul_dgelu_bwd_bf16(&emu_g, P(din_e, 1), NULL, P(dw_e, 2), P(db_e, 4), dout16.h(), dout.f(),
                                       in.h(), pre.f(), w.h(), N, IC, OC, acc_dw));
+        FIRST_PATH();
         GUARDED(matmul_dgelu_bwd_bf16(&emu_g, P(din_e2, 1), NULL, P(dw_e2, 2), P(db_e2, 4), dout16.h(), dout.f(),
                                       in.h(), pre.f(), w.h(), N, IC, OC, acc_dw));
         /* din alone with its bf16 output (the separate GELU kernel writes both) */
@@ -301,10 +360,22 @@ static void t_bwd(bool bf16, int N, int IC, int OC, int mask, int acc_din, int a
         same_bf16("din16", d16, d3.data(), nin);
     }
 #undef P
+#undef FIRST_PATH
     /* outputs not asked for compare equal only if both sides left them */
     cmp("din", din_c, din_e, mask & 1);
     cmp("dw", dw_c, dw_e, mask & 2);
-    cmp("db", db_c, db_e, mask & 4);
+    if (bf16 && (mask & 4)) {
+        const int32_t offs[2] = {0, N};
+        cmp_db16(db_c, db_e, dout, dout16, acc_dw ? db0.data() : NULL, offs, 1, OC, bgrad1 > 0 ? 1 : 0);
+    } else {
+        cmp("db", db_c, db_e, mask & 4);
+    }
+    /* db by the dW GEMM's epilogue exactly when dw and db are both wanted
+     * (N, IC, OC > 0) and cuBLASLt offered the epilogue, else by colsum */
+    n_checks++;
+    const bool both = (mask & 6) == 6 && N > 0 && IC > 0 && OC > 0;
+    if (bgrad1 + sep1 != (both ? 1 : 0))
+        fail("db: %ld epilogue and %ld separate dW GEMMs counted, expected %d", bgrad1, sep1, both ? 1 : 0);
     same_bits("din", din_e, din_e2);
     same_bits("dw", dw_e, dw_e2);
     same_bits("db", db_e, db_e2);
@@ -332,22 +403,23 @@ static void t_gmm(bool bf16, const int *rows, int G, int IC, int OC, bool bias, 
     const size_t nin = (size_t)R * IC, nw = (size_t)G * OC * IC, nout = (size_t)R * OC, nb = (size_t)G * OC;
     Buf in, w, b, dout, dout16, pre, out_c, out_e, out_e2;
     Buf din_c, din_e, din_e2, dw_c, dw_e, dw_e2, db_c, db_e, db_e2;
+    fill_f(dout, nout, off, -1, 1);
     if (bf16) {
         fill_h(in, nin, off);
         fill_h(w, nw, off);
-        fill_h(dout16, nout, off);
+        round_h(dout16, dout, nout, off);
     } else {
         fill_f(in, nin, off, -1, 1);
         fill_f(w, nw, off, -1, 1);
     }
     fill_f(b, nb, off, -1, 1);
-    fill_f(dout, nout, off, -1, 1);
     fill_f(pre, nin, off, -4, 4);
     const float *bp = bias ? b.f() : NULL, *pp = pre_on ? pre.f() : NULL;
     out_set({&out_c, &out_e, &out_e2}, nout, off, false);
     out_set({&din_c, &din_e, &din_e2}, nin, off, acc_din);
     out_set({&dw_c, &dw_e, &dw_e2}, nw, off, acc_dw);
     out_set({&db_c, &db_e, &db_e2}, nb, off, acc_dw);
+    const std::vector<float> db0(db_c.f(), db_c.f() + nb);
 #define P(x, bit) ((mask & (bit)) ? (x).f() : NULL)
     if (bf16) {
         cpu->gmm_fwd_bf16(cpu->ctx, out_c.f(), in.h(), w.h(), bp, offs, G, IC, OC);
@@ -374,7 +446,10 @@ static void t_gmm(bool bf16, const int *rows, int G, int IC, int OC, bool bias, 
     cmp("out", out_c, out_e, true);
     cmp("din", din_c, din_e, mask & 1);
     cmp("dw", dw_c, dw_e, mask & 2);
-    cmp("db", db_c, db_e, mask & 4);
+    if (bf16 && (mask & 4))
+        cmp_db16(db_c, db_e, dout, dout16, acc_dw ? db0.data() : NULL, offs, G, OC, 2);
+    else
+        cmp("db", db_c, db_e, mask & 4);
     same_bits("out", out_e, out_e2);
     same_bits("din", din_e, din_e2);
     same_bits("dw", dw_e, dw_e2);
@@ -398,23 +473,25 @@ static const Shape shapes[] = {{1, 1, 1}, {7, 13, 5},  {37, 61, 29},  {64, 96, 1
                                {4, 8, 0}, {3, 24, 40}, {130, 16, 17}, {257, 9, 24}};
 
 /* which calls each policy must lead to: cuBLASLt without an epilogue, with
- * one, cublasGemmEx */
+ * one, cublasGemmEx; db by the BGRADB epilogue, by colsum after a plain dW
+ * GEMM */
 static const struct {
-    bool lt_plain, lt_epi, gemmex;
+    bool lt_plain, lt_epi, gemmex, bgrad_fused, bgrad_separate;
 } paths[P_COUNT] = {
-    /* all */ {true, true, false},
-    /* none-status */ {false, false, true},
-    /* none-zero */ {false, false, true},
-    /* epi-status */ {true, false, false},
-    /* epi-state */ {true, false, false},
-    /* plain-zero */ {false, true, true},
-    /* realistic: 16-byte aligned shapes on cuBLASLt, the rest on the fallbacks */ {true, true, true},
+    /* all */ {true, true, false, true, false},
+    /* none-status */ {false, false, true, false, true},
+    /* none-zero */ {false, false, true, false, true},
+    /* epi-status */ {true, false, false, false, true},
+    /* epi-state */ {true, false, false, false, true},
+    /* plain-zero */ {false, true, true, true, false},
+    /* realistic: 16-byte aligned shapes on cuBLASLt, the rest on the fallbacks */ {true, true, true, true, true},
 };
 
 static long lt_epi_count(void)
 {
     return emu_lt_matmul[CUBLASLT_EPILOGUE_BIAS] + emu_lt_matmul[CUBLASLT_EPILOGUE_GELU_AUX] +
-           emu_lt_matmul[CUBLASLT_EPILOGUE_GELU_AUX_BIAS] + emu_lt_matmul[CUBLASLT_EPILOGUE_DGELU];
+           emu_lt_matmul[CUBLASLT_EPILOGUE_GELU_AUX_BIAS] + emu_lt_matmul[CUBLASLT_EPILOGUE_DGELU] +
+           emu_lt_matmul[CUBLASLT_EPILOGUE_BGRADB];
 }
 
 int main(int argc, char **argv)
@@ -453,7 +530,8 @@ int main(int argc, char **argv)
         emu_policy = (Policy)pol;
         lt_cache_release(g); /* plans made under another policy */
         long fail0 = n_fail, lt_plain0 = emu_lt_matmul[CUBLASLT_EPILOGUE_DEFAULT], lt_epi0 = lt_epi_count(),
-             gemmex0 = emu_gemmex, fused0 = g->plans.gelu_fused, separate0 = g->plans.gelu_separate;
+             gemmex0 = emu_gemmex, fused0 = g->plans.gelu_fused, separate0 = g->plans.gelu_separate,
+             bgrad0 = g->plans.bgrad_fused, bsep0 = g->plans.bgrad_separate;
         cur_case = policy_name[pol];
         for (const Shape &s : shapes)
             for (int bf = 0; bf < 2; bf++)
@@ -471,7 +549,8 @@ int main(int argc, char **argv)
                             t_bwd(bf, s.N, s.IC, s.OC, mask, 0, aw, off, true);
                 }
         long lt_plain = emu_lt_matmul[CUBLASLT_EPILOGUE_DEFAULT] - lt_plain0, lt_epi = lt_epi_count() - lt_epi0,
-             gemmex = emu_gemmex - gemmex0;
+             gemmex = emu_gemmex - gemmex0, bgrad = g->plans.bgrad_fused - bgrad0,
+             bsep = g->plans.bgrad_separate - bsep0;
         /* the grouped GEMMs: fp32 on cublasGemmGroupedBatchedEx (calls
          * counted), bf16 on the dense path above (this policy's) */
         const long grouped0 = emu_grouped, problems0 = emu_grouped_problems;
@@ -495,13 +574,16 @@ int main(int argc, char **argv)
         cur_case = policy_name[pol];
         n_checks++;
         if ((lt_plain > 0) != paths[pol].lt_plain || (lt_epi > 0) != paths[pol].lt_epi ||
-            (gemmex > 0) != paths[pol].gemmex)
-            fail("not the paths this policy forces: cuBLASLt plain %ld, with epilogue %ld, cublasGemmEx %ld", lt_plain,
-                 lt_epi, gemmex);
+            (gemmex > 0) != paths[pol].gemmex || (bgrad > 0) != paths[pol].bgrad_fused ||
+            (bsep > 0) != paths[pol].bgrad_separate)
+            fail("not the paths this policy forces: cuBLASLt plain %ld, with epilogue %ld, cublasGemmEx %ld; db by "
+                 "BGRADB %ld, by colsum %ld",
+                 lt_plain, lt_epi, gemmex, bgrad, bsep);
         printf("policy %-11s: %ld failed | cuBLASLt plain %ld, with epilogue %ld, cublasGemmEx %ld; GELU fused "
-               "%ld, separate %ld; grouped %ld calls of %ld problems\n",
+               "%ld, separate %ld; db by BGRADB %ld, by colsum %ld; grouped %ld calls of %ld problems\n",
                policy_name[pol], n_fail - fail0, lt_plain, lt_epi, gemmex, g->plans.gelu_fused - fused0,
-               g->plans.gelu_separate - separate0, emu_grouped - grouped0, emu_grouped_problems - problems0);
+               g->plans.gelu_separate - separate0, bgrad, bsep, emu_grouped - grouped0,
+               emu_grouped_problems - problems0);
         fflush(stdout);
     }
     lt_cache_release(g);

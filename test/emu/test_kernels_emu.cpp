@@ -11,7 +11,8 @@
  * one after another on the calling thread (a __syncthreads there aborts).
  * The launches mirror the host wrappers' grids (attention_fwd/bwd, the
  * norms' chunked column reductions, embedding_bwd with std::stable_sort,
- * run-length encoding and a scan in place of cub, sumsq's partial fold).
+ * run-length encoding and a scan in place of cub, sumsq's partial fold);
+ * a launch configuration CUDA would refuse aborts.
  *
  * Results are compared with src/backend/ops_cpu.c's: attention, norms and the
  * cross-entropy to 1e-5 of the largest magnitude (summation order
@@ -127,6 +128,13 @@ static void cuda_fatal(const char *what, const char *msg)
  * and the warp shuffles. */
 template <class F> static void launch(dim3 grid, unsigned threads, bool sync, F f)
 {
+    /* the launch configurations CUDA accepts (else cudaErrorInvalidConfiguration) */
+    if (threads == 0 || threads > 1024 || grid.x == 0 || grid.x > 0x7fffffffu || grid.y == 0 || grid.y > 65535 ||
+        grid.z == 0 || grid.z > 65535) {
+        fprintf(stderr, "test_kernels_emu: invalid launch configuration grid(%u,%u,%u) block %u\n", grid.x, grid.y,
+                grid.z, threads);
+        abort();
+    }
     gridDim = grid;
     blockDim = dim3(threads);
     for (unsigned z = 0; z < grid.z; z++)
@@ -304,7 +312,171 @@ static void test_attention(int B, int T, int NH, int NKV, int HS, std::vector<in
 }
 
 /* ---- layernorm, rmsnorm: the launches of the wrappers ---- */
-static void test_norms(int N, int C)
+
+/* The norms' backward before it was one pass (kernels/norm.cuh): a block
+ * per row for dx, then the chunks' partial sums of dw (and db), a thread
+ * per column. Kept here, as they were, as the reference the fused kernels
+ * must match bit for bit. */
+__global__ void k_old_layernorm_bwd_dx(float *din, uint16_t *din16, const float *dout, const float *x, const float *w,
+                                       const float *mean, const float *rstd, int C)
+{
+    size_t off = (size_t)blockIdx.x * C;
+    const float *xr = x + off, *gr = dout + off;
+    float *d = din + off;
+    uint16_t *d16 = din16 ? din16 + off : NULL;
+    float mu = mean[blockIdx.x], r = rstd[blockIdx.x];
+    float sg = 0.0f, sgx = 0.0f;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float gw = gr[c] * w[c];
+        sg += gw;
+        sgx += gw * (xr[c] - mu) * r;
+    }
+    sg = block_sum(sg) / (float)C;
+    sgx = block_sum(sgx) / (float)C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float xhat = (xr[c] - mu) * r;
+        d[c] += dt_layernorm_dx(gr[c], w[c], xhat, sg, sgx, r);
+        DT_STORE16(d16, c, d[c]);
+    }
+}
+__global__ void k_old_layernorm_bwd_dw_part(float *pw, float *pb, const float *dout, const float *x, const float *mean,
+                                            const float *rstd, int N, int C, int rows)
+{
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C)
+        return;
+    const int n0 = blockIdx.y * rows, n1 = min(N, n0 + rows);
+    float aw = 0.0f, ab = 0.0f;
+    for (int n = n0; n < n1; n++) {
+        size_t i = (size_t)n * C + c;
+        aw += dout[i] * (x[i] - mean[n]) * rstd[n];
+        ab += dout[i];
+    }
+    pw[(size_t)blockIdx.y * C + c] = aw;
+    pb[(size_t)blockIdx.y * C + c] = ab;
+}
+__global__ void k_old_rmsnorm_bwd_dx(float *din, uint16_t *din16, const float *dout, const float *x, const float *w,
+                                     const float *rstd, int C)
+{
+    size_t off = (size_t)blockIdx.x * C;
+    const float *xr = x + off, *gr = dout + off;
+    float *d = din + off;
+    uint16_t *d16 = din16 ? din16 + off : NULL;
+    float r = rstd[blockIdx.x];
+    float s = 0.0f;
+    for (int c = threadIdx.x; c < C; c += blockDim.x)
+        s += w[c] * gr[c] * xr[c];
+    float k = dt_rmsnorm_k(r, block_sum(s), C);
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        d[c] += dt_rmsnorm_dx(r, w[c], gr[c], xr[c], k);
+        DT_STORE16(d16, c, d[c]);
+    }
+}
+__global__ void k_old_rmsnorm_bwd_dw_part(float *pw, const float *dout, const float *x, const float *rstd, int N, int C,
+                                          int rows)
+{
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C)
+        return;
+    const int n0 = blockIdx.y * rows, n1 = min(N, n0 + rows);
+    float aw = 0.0f;
+    for (int n = n0; n < n1; n++) {
+        size_t i = (size_t)n * C + c;
+        aw += dout[i] * x[i] * rstd[n];
+    }
+    pw[(size_t)blockIdx.y * C + c] = aw;
+}
+
+/* One norm backward, as ops_cuda.cu's wrappers launch it (new: the fused
+ * kernel; old: the reference pair above), then the fold into dw (db).
+ * din, pd16, dw, db NULL: not wanted. part: room for the partials. */
+struct NormBwd {
+    bool rms;
+    const float *dout, *x, *w, *mean, *rstd;
+    int N, C, accum;
+};
+static void norm_bwd_run(const NormBwd &a, bool old, float *din, uint16_t *d16, float *dw, float *db, float *part)
+{
+    const int N = a.N, C = a.C, nk = col_chunks(N), cb = (C + THREADS - 1) / THREADS, rows = col_rows(N);
+    const float *g = a.dout, *x = a.x, *w = a.w, *m = a.mean, *r = a.rstd;
+    float *pw = (dw || db) && nk > 0 ? part : NULL, *pb = pw ? pw + (size_t)nk * C : NULL;
+    if (old) {
+        if (din && N > 0 && a.rms)
+            launch(dim3(N), THREADS, true, [=] { k_old_rmsnorm_bwd_dx(din, d16, g, x, w, r, C); });
+        else if (din && N > 0)
+            launch(dim3(N), THREADS, true, [=] { k_old_layernorm_bwd_dx(din, d16, g, x, w, m, r, C); });
+        if (pw && a.rms)
+            launch(dim3(cb, nk), THREADS, false, [=] { k_old_rmsnorm_bwd_dw_part(pw, g, x, r, N, C, rows); });
+        else if (pw)
+            launch(dim3(cb, nk), THREADS, false, [=] { k_old_layernorm_bwd_dw_part(pw, pb, g, x, m, r, N, C, rows); });
+    } else if (nk > 0 && (din || pw)) {
+        if (a.rms)
+            launch(dim3(nk), THREADS, true, [=] { k_rmsnorm_bwd(din, d16, pw, g, x, w, r, N, C, rows); });
+        else
+            launch(dim3(nk), THREADS, true, [=] { k_layernorm_bwd(din, d16, pw, pb, g, x, w, m, r, N, C, rows); });
+    }
+    const int acc = a.accum;
+    if (dw)
+        launch(dim3(cb), THREADS, false, [=] { k_colsum_fold(dw, pw, nk, C, acc); });
+    if (db)
+        launch(dim3(cb), THREADS, false, [=] { k_colsum_fold(db, pb, nk, C, acc); });
+}
+
+/* The fused backward against the reference pair, bit for bit: din, din16,
+ * every chunk's partial sums, dw and db; with din alone, and the partials
+ * alone (din NULL). */
+static void norm_bwd_bits(const char *what, const char *shape, const NormBwd &a, const std::vector<float> &din0,
+                          const std::vector<float> &dw0)
+{
+    const size_t n = (size_t)a.N * a.C, np = 2 * (size_t)col_chunks(a.N) * a.C + 1;
+    char nm[96];
+    /* all outputs, din16 too */
+    std::vector<float> din[2] = {din0, din0}, dw[2] = {dw0, dw0}, db[2] = {dw0, dw0}, part[2];
+    std::vector<uint16_t> d16[2];
+    for (int o = 0; o < 2; o++) {
+        part[o].assign(np, -7.0f);
+        d16[o].assign(n, 0xffff);
+        norm_bwd_run(a, o, din[o].data(), d16[o].data(), dw[o].data(), a.rms ? NULL : db[o].data(), part[o].data());
+    }
+    snprintf(nm, sizeof nm, "%s fused = old: din", what);
+    check(nm, shape, din[0].data(), din[1].data(), n, -1);
+    checks++;
+    if (d16[0] != d16[1]) {
+        printf("FAIL %s fused = old: din16 %s\n", what, shape);
+        failed++;
+    }
+    snprintf(nm, sizeof nm, "%s fused = old: partial sums", what);
+    check(nm, shape, part[0].data(), part[1].data(), np, -1);
+    snprintf(nm, sizeof nm, "%s fused = old: dw", what);
+    check(nm, shape, dw[0].data(), dw[1].data(), a.C, -1);
+    if (!a.rms) {
+        snprintf(nm, sizeof nm, "%s fused = old: db", what);
+        check(nm, shape, db[0].data(), db[1].data(), a.C, -1);
+    }
+    /* din alone (no partials: the part buffer must stay as it was), then the partials alone */
+    std::vector<float> din1 = din0, p1(np, -7.0f), dw1 = dw0, db1 = dw0;
+    norm_bwd_run(a, false, din1.data(), NULL, NULL, NULL, p1.data());
+    snprintf(nm, sizeof nm, "%s fused, din alone", what);
+    check(nm, shape, din1.data(), din[1].data(), n, -1);
+    checks++;
+    for (float v : p1)
+        if (v != -7.0f) {
+            printf("FAIL %s fused, din alone, wrote partial sums %s\n", what, shape);
+            failed++;
+            break;
+        }
+    norm_bwd_run(a, false, NULL, NULL, dw1.data(), a.rms ? NULL : db1.data(), p1.data());
+    snprintf(nm, sizeof nm, "%s fused, dw alone", what);
+    check(nm, shape, dw1.data(), dw[1].data(), a.C, -1);
+    if (!a.rms) {
+        snprintf(nm, sizeof nm, "%s fused, db alone", what);
+        check(nm, shape, db1.data(), db[1].data(), a.C, -1);
+    }
+}
+
+/* bits: also the fused backward against the reference pair, bit for bit
+ * (slow under the emulation: the reference's dx runs a block per row) */
+static void test_norms(int N, int C, bool bits = true)
 {
     char shape[64];
     snprintf(shape, sizeof shape, "N=%d C=%d", N, C);
@@ -313,8 +485,9 @@ static void test_norms(int N, int C)
     std::vector<float> x = rvec(n, -2.0f, 2.0f), w = rvec(C, 0.5f, 1.5f), b = rvec(C, -0.5f, 0.5f);
     std::vector<float> dout = rvec(n, -1.0f, 1.0f), din0 = rvec(n, -0.5f, 0.5f), dw0 = rvec(C, -1, 1),
                        db0 = rvec(C, -1, 1);
-    const int nk = col_chunks(N), cb = (C + THREADS - 1) / THREADS, rows = col_rows(N);
+    const int nk = col_chunks(N);
     const float *px = x.data(), *pw = w.data(), *pb = b.data(), *pg = dout.data();
+    std::vector<float> part(2 * (size_t)nk * C + 1);
     for (int accum = 0; accum < 2; accum++) {
         /* layernorm */
         std::vector<float> out(n), mean(N), rstd(N), rout(n), rmean(N), rrstd(N);
@@ -336,18 +509,11 @@ static void test_norms(int N, int C)
         std::vector<float> din = din0, dw = dw0, db = db0, rdin = din0, rdw = dw0, rdb = db0;
         cpu->layernorm_bwd(cpu->ctx, rdin.data(), NULL, rdw.data(), rdb.data(), pg, px, pw, rmean.data(), rrstd.data(),
                            N, C, accum);
-        const float *cm = rmean.data(), *cr = rrstd.data();
-        float *pdin = din.data(), *pdw = dw.data(), *pdb = db.data();
         std::vector<uint16_t> din16(n, 0xffff);
-        uint16_t *pd16 = accum ? din16.data() : NULL;
-        launch(dim3(N), THREADS, true, [=] { k_layernorm_bwd_dx(pdin, pd16, pg, px, pw, cm, cr, C); });
+        const NormBwd ln = {false, pg, px, pw, rmean.data(), rrstd.data(), N, C, accum};
+        norm_bwd_run(ln, false, din.data(), accum ? din16.data() : NULL, dw.data(), db.data(), part.data());
         if (accum)
             check16("layernorm_bwd din", shape, din16, din.data());
-        std::vector<float> part(2 * (size_t)nk * C + 1);
-        float *pp = part.data(), *pq = pp + (size_t)nk * C;
-        launch(dim3(cb, nk), THREADS, false, [=] { k_layernorm_bwd_dw_part(pp, pq, pg, px, cm, cr, N, C, rows); });
-        launch(dim3(cb), THREADS, false, [=] { k_colsum_fold(pdw, pp, nk, C, accum); });
-        launch(dim3(cb), THREADS, false, [=] { k_colsum_fold(pdb, pq, nk, C, accum); });
         const char *a = accum ? " (accum)" : "";
         char what[64];
         snprintf(what, sizeof what, "layernorm_bwd din%s", a);
@@ -356,6 +522,8 @@ static void test_norms(int N, int C)
         check(what, shape, dw.data(), rdw.data(), C, TOL);
         snprintf(what, sizeof what, "layernorm_bwd db%s", a);
         check(what, shape, db.data(), rdb.data(), C, TOL);
+        if (bits && accum) /* with din16; the fold (accum_dw) is the same kernel either way */
+            norm_bwd_bits("layernorm_bwd (accum)", shape, ln, din0, dw0);
 
         /* rmsnorm */
         cpu->rmsnorm_fwd(cpu->ctx, rout.data(), NULL, rrstd.data(), px, pw, N, C, eps);
@@ -371,18 +539,18 @@ static void test_norms(int N, int C)
             check16("rmsnorm_fwd out (out NULL)", shape, o16b, out.data());
         }
         din = din0, dw = dw0, rdin = din0, rdw = dw0;
-        pdin = din.data(), pdw = dw.data();
         cpu->rmsnorm_bwd(cpu->ctx, rdin.data(), NULL, rdw.data(), pg, px, pw, rrstd.data(), N, C, accum);
         std::fill(din16.begin(), din16.end(), 0xffff);
-        launch(dim3(N), THREADS, true, [=] { k_rmsnorm_bwd_dx(pdin, pd16, pg, px, pw, cr, C); });
+        const NormBwd rms = {true, pg, px, pw, NULL, rrstd.data(), N, C, accum};
+        norm_bwd_run(rms, false, din.data(), accum ? din16.data() : NULL, dw.data(), NULL, part.data());
         if (accum)
             check16("rmsnorm_bwd din", shape, din16, din.data());
-        launch(dim3(cb, nk), THREADS, false, [=] { k_rmsnorm_bwd_dw_part(pp, pg, px, cr, N, C, rows); });
-        launch(dim3(cb), THREADS, false, [=] { k_colsum_fold(pdw, pp, nk, C, accum); });
         snprintf(what, sizeof what, "rmsnorm_bwd din%s", a);
         check(what, shape, din.data(), rdin.data(), n, TOL);
         snprintf(what, sizeof what, "rmsnorm_bwd dw%s", a);
         check(what, shape, dw.data(), rdw.data(), C, TOL);
+        if (bits && accum)
+            norm_bwd_bits("rmsnorm_bwd (accum)", shape, rms, din0, dw0);
     }
 }
 
@@ -623,8 +791,15 @@ int main(void)
     test_attention(2, 100, 4, 2, 16, {1, 37, 5, 70});
     test_attention(1, 97, 2, 1, 70, {40, 1, 30});
     test_attention(1, 70, 2, 2, 6, {3});
-    test_norms(5, 300);        /* C over THREADS: two column blocks */
-    test_norms(130, 24);       /* two row chunks */
+    /* norms: C over THREADS (two column blocks), one row, two row chunks
+     * the second ending mid-step (130 = 128 + 2, 137 = 128 + 8 + 1) with C
+     * not a multiple of THREADS, a llama-70b-wide C (8192) over three
+     * steps, the last partial */
+    test_norms(5, 300);
+    test_norms(1, 300);
+    test_norms(130, 24, false); /* against the CPU only: 137 is the bits' two-chunk case */
+    test_norms(137, 777);
+    test_norms(20, 8192);
     test_qknorm(5, 4, 2, 16);  /* GQA heads */
     test_qknorm(130, 2, 1, 6); /* two row chunks */
     test_qknorm(3, 1, 1, 300); /* HS over THREADS */
