@@ -138,10 +138,13 @@ typedef struct ops {
     /* The same GEMMs with bf16 operands (--dtype bf16): in, w and dout16 are
      * bf16 bit patterns (uint16_t); products are exact in fp32 and summed in
      * fp32; out, din, dw, db and the bias b are fp32. db is the row sum of
-     * the fp32 dout (the bf16 copy dout16 feeds only the two GEMMs). The
-     * backends agree up to fp32 summation order: the CPU widens the bf16
-     * operands to fp32 (exact) and calls cblas_sgemm; CUDA runs cuBLASLt
-     * with bf16 A/B, fp32 C/D and CUBLAS_COMPUTE_32F. */
+     * dout: on the CPU of the fp32 dout; on CUDA, where cuBLASLt's BGRADB
+     * epilogue forms it inside the dw GEMM, of the bf16 dout16 the GEMM
+     * reads (within 2^-8 sum|dout| per element of the fp32 sum; the fp32
+     * dout where no epilogue algorithm exists). Otherwise the backends
+     * agree up to fp32 summation order: the CPU widens the bf16 operands
+     * to fp32 (exact) and calls cblas_sgemm; CUDA runs cuBLASLt with bf16
+     * A/B, fp32 C/D and CUBLAS_COMPUTE_32F. */
     void (*matmul_fwd_bf16)(void *ctx, float *out, const uint16_t *in, const uint16_t *w, const float *b, int N, int IC,
                             int OC);
     void (*matmul_bwd_bf16)(void *ctx, float *din, float *dw, float *db, const uint16_t *dout16, const float *dout,
