@@ -203,7 +203,7 @@ static void check_log(const char *shape, const char *op, size_t from, const std:
     }
 }
 
-static cu_t emu_g = {emu_stream, 0, NULL, 0};
+static cu_t emu_g = {emu_stream, 0, NULL, 0, 0};
 
 /* --stop (the mutation check): end at the first case that fails. */
 static bool stop_early;
