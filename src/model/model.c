@@ -185,6 +185,42 @@ static status_t tp_dgrad_end(model_t *m, tp_dgrad_t *p, int N, int NR, char *err
     return STATUS_OK;
 }
 
+/* --tp-comm-overlap under sequence parallelism: the gather of dres (this
+ * rank's rows of the attention output's gradient) into dfull2, posted
+ * before the MLP's deferred weight-gradient GEMM (which reads dfull) and
+ * waited for after it; staged in tpo16 under the bf16 wire (that GEMM
+ * rounds its output gradient into d16). */
+static status_t tp_gather_begin(model_t *m, tp_dgrad_t *p, int N, int NR, char *err, size_t errlen)
+{
+    comm_t *c = m->lay.tp;
+    const size_t C = (size_t)m->cfg.d_model, n = (size_t)N * C, nr = (size_t)NR * C;
+    const int w16 = tp_wire16(m);
+    if (w16)
+        m->ops->cast_f32_to_bf16(m->ops->ctx, m->tpo16 + n, m->dres, nr);
+    char cerr[COMM_ERR_MAX];
+    const double t0 = trace_now();
+    const int rc = w16 ? c->ops->iallgather(c, m->tpo16 + n, m->tpo16, nr, COMM_BF16, &p->req, cerr, sizeof cerr)
+                       : c->ops->iallgather(c, m->dres, m->dfull2, nr, COMM_FP32, &p->req, cerr, sizeof cerr);
+    m->tp_comm_s += trace_now() - t0;
+    p->active = rc == 0;
+    return rc != 0 ? tp_fail(cerr, err, errlen) : STATUS_OK;
+}
+
+static status_t tp_gather_end(model_t *m, tp_dgrad_t *p, int N, char *err, size_t errlen)
+{
+    comm_t *c = m->lay.tp;
+    char cerr[COMM_ERR_MAX];
+    const double t0 = trace_now();
+    const int rc = c->ops->wait(&p->req, cerr, sizeof cerr);
+    m->tp_comm_s += trace_now() - t0;
+    p->active = 0;
+    if (rc != 0)
+        return tp_fail(cerr, err, errlen);
+    if (tp_wire16(m))
+        m->ops->cast_bf16_to_f32(m->ops->ctx, m->dfull2, m->tpo16, (size_t)N * m->cfg.d_model);
+    return STATUS_OK;
+}
+
 /* A compute span from t0 to now on the trace (no-op without --trace):
  * "fwd h.3", "bwd head". layer -1 = not a block. On an asynchronous
  * backend it waits for the span's kernels, so a traced run measures them
@@ -636,6 +672,7 @@ static void layout_acts(model_t *m, char *acts, size_t *acts_bytes, char *work, 
     /* --tp-comm-overlap's bf16 staging: the weight-gradient GEMM it runs
      * beside reads a16 and d16 */
     m->tpo16 = m->lay.tp_overlap && m->lay.tp_bf16 ? carve16(work, &w, N * C + NR * C) : NULL;
+    m->dfull2 = m->lay.tp_overlap && m->lay.sequence_parallel ? carve(work, &w, N * C) : NULL;
     *acts_bytes = a;
     *work_bytes = w;
 }
@@ -1621,6 +1658,42 @@ static status_t norm_bwd_reduce(model_t *m, tp_dgrad_t *pending, float *dw, floa
     return STATUS_OK;
 }
 
+/* A row-parallel matmul's weight-gradient GEMM held back (the MLP's
+ * second under --tp-comm-overlap with sequence parallelism) to run beside
+ * the attention's gather: its arguments, as model_mm_bwd takes them. */
+typedef struct tp_wgrad {
+    int active;
+    float *dw, *db;
+    const float *dout, *in, *w;
+    const uint16_t *dout16, *in16;
+    int N, IC, OC, accum;
+    /* Llama under recomputation: the input (the SwiGLU output, in the
+     * dbig2 workspace) was overwritten by its backward since; recomputed
+     * from gu[N, 2 IC] first, the same bits */
+    const float *gu;
+} tp_wgrad_t;
+
+/* The block's attention output gradient gathered (dres_all_rows), with a
+ * held-back weight-gradient GEMM run while the gather is in flight. */
+static status_t dres_all_rows_beside(model_t *m, tp_wgrad_t *held, int N, int NR, const float **rows,
+                                     const uint16_t **rows16, char *err, size_t errlen)
+{
+    if (!held->active)
+        return dres_all_rows(m, NR, rows, rows16, err, errlen);
+    tp_dgrad_t p = {0};
+    CHECK(tp_gather_begin(m, &p, N, NR, err, errlen));
+    if (held->gu)
+        m->ops->swiglu_fwd(m->ops->ctx, (float *)held->in, (uint16_t *)held->in16, held->gu, held->N, held->IC);
+    model_mm_bwd(m, NULL, held->dw, held->db, held->dout, held->dout16, held->in, held->in16, held->w, held->N,
+                 held->IC, held->OC, 0, held->accum);
+    held->active = 0;
+    CHECK(tp_gather_end(m, &p, N, err, errlen));
+    *rows = m->dfull2;
+    *rows16 = NULL; /* as dres_all_rows under sequence parallelism */
+    m->dres16 = NULL;
+    return STATUS_OK;
+}
+
 /* The backward of a column-parallel matmul (qkv, a dense MLP's first):
  * din (dln, its TP partial sum) and, when wg, the weight and bias
  * gradients. Under --tp-comm-overlap the input gradient's reduction is
@@ -1747,12 +1820,18 @@ static status_t block_bwd(model_t *m, model_slot_t *sl, int i, int accum, int la
         dsh_rows = m->msdy + (m->lay.sequence_parallel ? (size_t)m->lay.part.tp_rank * NR * C : 0);
     }
     keep_dout(m, keep && !wg_proj ? keep->proj : NULL, dsh_rows, (size_t)NR * C); /* this rank's rows */
+    /* --tp-comm-overlap under sequence parallelism: the MLP projection's
+     * weight gradient waits for the attention's gather to run beside it */
+    tp_wgrad_t held = {0};
+    if (m->lay.tp_overlap && m->lay.sequence_parallel && wg && F > 0 && !layer_moe(m, i) && !w->sgate)
+        held = (tp_wgrad_t){1,        g->wproj, g->bproj, dsh, a->fc_act, w->wproj, dsh16, a->fc_act16, N, F, C, accum,
+                            !gpt && rc != MODEL_RECOMPUTE_NONE ? a->fc : NULL};
+    float *dw_proj = wg_proj && !held.active ? g->wproj : NULL, *db_proj = wg_proj && !held.active ? g->bproj : NULL;
     if (F > 0 && gpt) {
-        model_mm_dgelu_bwd(m, dfc, dfc16, wg_proj ? g->wproj : NULL, wg_proj ? g->bproj : NULL, dsh, dsh16, a->fc_act,
-                           a->fc_act16, a->fc, w->wproj, N, F, C, accum);
+        model_mm_dgelu_bwd(m, dfc, dfc16, dw_proj, db_proj, dsh, dsh16, a->fc_act, a->fc_act16, a->fc, w->wproj, N, F,
+                           C, accum);
     } else if (F > 0) {
-        model_mm_bwd(m, m->dbig, wg_proj ? g->wproj : NULL, wg_proj ? g->bproj : NULL, dsh, dsh16, a->fc_act,
-                     a->fc_act16, w->wproj, N, F, C, 0, accum);
+        model_mm_bwd(m, m->dbig, dw_proj, db_proj, dsh, dsh16, a->fc_act, a->fc_act16, w->wproj, N, F, C, 0, accum);
         o->swiglu_bwd(o->ctx, dfc, dfc16, a->fc, m->dbig, N, F);
     }
     keep_dout(m, keep ? keep->fc : NULL, dfc, (size_t)N * layer_fcw(m, i));
@@ -1769,7 +1848,7 @@ static status_t block_bwd(model_t *m, model_slot_t *sl, int i, int accum, int la
     CHECK(norm_bwd_reduce(m, &pending, g->ln2w, g->ln2b, a->res2, w->ln2w, a->ln2_mean, a->ln2_rstd, N, NR, accum,
                           err, errlen));
     /* attention: dres becomes dL/dx */
-    CHECK(dres_all_rows(m, NR, &dout, &dout16, err, errlen));
+    CHECK(dres_all_rows_beside(m, &held, N, NR, &dout, &dout16, err, errlen));
     keep_dout(m, keep ? keep->o : NULL, m->dres, (size_t)NR * C);
     model_mm_bwd(m, m->dbig, wg ? g->wo : NULL, wg ? g->bo : NULL, dout, dout16, a->atty, a->atty16, w->wo, N, QD, C, 0,
                  accum);

@@ -255,6 +255,7 @@ typedef struct model {
     float *dres;  /* [NR,C] dL/d(residual): holds dL/d(stage output) on entry to a
                       middle stage's backward, dL/d(stage input) on exit */
     float *dfull; /* [N,C] all rows of dres (sequence parallel) */
+    float *dfull2; /* [N,C] --tp-comm-overlap under SP: the attention's gathered dres while dfull still feeds a GEMM */
     float *dln;   /* [N,C] */
     float *dlnr;  /* [NR,C] this rank's rows of dln after reduce-scatter */
     float *dbig, *dbig2;

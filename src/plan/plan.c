@@ -429,8 +429,12 @@ static void stage_ep(const plan_in_t *in, int s, stage_plan_t *sp)
  * dense MLP's first matmul's, reduces its input gradient (one collective
  * of t_coll) while its weight-gradient GEMM (2 tokens x C x the matmul's
  * local width FLOPs, at the matmuls' rate) runs: hidden, the shorter of
- * the two. The GEMM is taken at its full rate beside the collective
- * (NCCL's kernels take a few SMs: not modelled). */
+ * the two (t_coll: one all-reduce, or one reduce-scatter or all-gather
+ * under sequence parallelism); under sequence parallelism a dense layer's attention gather
+ * also runs beside the MLP's second matmul's weight-gradient GEMM. None
+ * under zb-h1, whose W pass holds the weight gradients. The GEMM is
+ * taken at its full rate beside the collective (NCCL's kernels take a
+ * few SMs: not modelled). */
 static double tp_overlap_hidden(const plan_in_t *in, const stage_plan_t *sp, double t_coll)
 {
     const model_config_t *c = in->c;
@@ -440,8 +444,12 @@ static double tp_overlap_hidden(const plan_in_t *in, const stage_plan_t *sp, dou
     const double qkv = (c->n_head + 2.0 * c->n_kv_head) * HS / t;
     const double fc = (c->arch == ARCH_LLAMA ? 2.0 : 1.0) * c->d_ff / t;
     const double t_qkv = 2.0 * tok * C * qkv / rate, t_fc = 2.0 * tok * C * fc / rate;
-    const double dense = sp->layers - sp->moe_layers;
-    return sp->layers * fmin(t_coll, t_qkv) + (c->d_ff > 0 ? dense * fmin(t_coll, t_fc) : 0.0);
+    const double t_proj = 2.0 * tok * C * c->d_ff / t / rate;
+    const double dense = c->d_ff > 0 && !c->moe.shared_gate ? sp->layers - sp->moe_layers : 0.0;
+    if (in->run.pp_kind == PIPE_ZBH1)
+        return 0.0;
+    return sp->layers * fmin(t_coll, t_qkv) + dense * fmin(t_coll, t_fc) +
+           (in->run.sequence_parallel ? dense * fmin(t_coll, t_proj) : 0.0);
 }
 
 /* Tensor and pipeline parallel bytes and time of stage s. */
@@ -477,8 +485,11 @@ static void stage_tp_pp(const plan_in_t *in, int s, stage_plan_t *sp)
         sp->tp_colls = colls;
         sp->t_tp_mb = colls * hw->latency + bytes / link_bw(hw, in->run.tp);
         sp->tp_bytes = bytes * in->run.accum;
+        /* one overlapped collective: an all-reduce, or under sequence
+         * parallelism a reduce-scatter or all-gather (half its bytes) */
+        const double one = (in->run.sequence_parallel ? ring / 2.0 : ring) * act;
         if (in->run.tp_overlap && !in->megatron)
-            sp->t_tp_mb -= tp_overlap_hidden(in, sp, hw->latency + ring * act / link_bw(hw, in->run.tp));
+            sp->t_tp_mb -= tp_overlap_hidden(in, sp, hw->latency + one / link_bw(hw, in->run.tp));
     }
 
     /* pipeline: each microbatch's [rows, h] activation to the next stage

@@ -995,6 +995,12 @@ static int check_layout(const run_options_t *o, const model_config_t *c, int tp,
         snprintf(err, errlen, "--tp-comm-overlap overlaps tensor-parallel collectives: it needs --tp above 1");
         return -1;
     }
+    if (o->tp_comm_overlap && o->pp_schedule == PIPE_ZBH1) {
+        snprintf(err, errlen,
+                 "--tp-comm-overlap runs the input gradients' reductions beside the weight-gradient GEMMs, which "
+                 "--pp-schedule zb-h1 moves to its own pass: drop one of them");
+        return -1;
+    }
     if (o->sequence_parallel && tp == 1) {
         snprintf(err, errlen, "--sequence-parallel shards over the tensor-parallel group: it needs --tp above 1");
         return -1;
