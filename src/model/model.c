@@ -133,6 +133,94 @@ static status_t tp_act_scatter(model_t *m, float *mine, const float *all, size_t
     return STATUS_OK;
 }
 
+/* --tp-comm-overlap: a column-parallel matmul's input gradient dln[N*C]
+ * (partial sums over TP) reduced beside its weight-gradient GEMM. begin
+ * posts the reduce-scatter into dlnr (sequence parallelism) or the
+ * all-reduce in place, staged in tpo16 under the bf16 wire; end waits for
+ * it (the wait is the exposed TP time) and widens the bf16 result. The
+ * sums are the blocking collectives'. */
+typedef struct tp_dgrad {
+    comm_req_t req;
+    int active;
+} tp_dgrad_t;
+
+static status_t tp_dgrad_begin(model_t *m, tp_dgrad_t *p, int N, int NR, char *err, size_t errlen)
+{
+    comm_t *c = m->lay.tp;
+    const size_t C = (size_t)m->cfg.d_model, n = (size_t)N * C, nr = (size_t)NR * C;
+    const int sp = m->lay.sequence_parallel, w16 = tp_wire16(m);
+    const comm_dtype_t dt = w16 ? COMM_BF16 : COMM_FP32;
+    void *send = m->dln;
+    if (w16) {
+        m->ops->cast_f32_to_bf16(m->ops->ctx, m->tpo16, m->dln, n);
+        send = m->tpo16;
+    }
+    char cerr[COMM_ERR_MAX];
+    const double t0 = trace_now();
+    int rc = sp ? c->ops->ireduce_scatter(c, send, w16 ? (void *)(m->tpo16 + n) : (void *)m->dlnr, nr, dt, &p->req,
+                                          cerr, sizeof cerr)
+                : c->ops->iallreduce(c, send, n, dt, COMM_SUM, &p->req, cerr, sizeof cerr);
+    m->tp_comm_s += trace_now() - t0; /* posting (on MPI it waits for the ops issued so far) */
+    p->active = rc == 0;
+    return rc != 0 ? tp_fail(cerr, err, errlen) : STATUS_OK;
+}
+
+static status_t tp_dgrad_end(model_t *m, tp_dgrad_t *p, int N, int NR, char *err, size_t errlen)
+{
+    comm_t *c = m->lay.tp;
+    const size_t C = (size_t)m->cfg.d_model, n = (size_t)N * C;
+    char cerr[COMM_ERR_MAX];
+    const double t0 = trace_now();
+    const int rc = c->ops->wait(&p->req, cerr, sizeof cerr);
+    m->tp_comm_s += trace_now() - t0;
+    p->active = 0;
+    if (rc != 0)
+        return tp_fail(cerr, err, errlen);
+    if (tp_wire16(m)) {
+        if (m->lay.sequence_parallel)
+            m->ops->cast_bf16_to_f32(m->ops->ctx, m->dlnr, m->tpo16 + n, (size_t)NR * C);
+        else
+            m->ops->cast_bf16_to_f32(m->ops->ctx, m->dln, m->tpo16, n);
+    }
+    return STATUS_OK;
+}
+
+/* --tp-comm-overlap under sequence parallelism: the gather of dres (this
+ * rank's rows of the attention output's gradient) into dfull2, posted
+ * before the MLP's deferred weight-gradient GEMM (which reads dfull) and
+ * waited for after it; staged in tpo16 under the bf16 wire (that GEMM
+ * rounds its output gradient into d16). */
+static status_t tp_gather_begin(model_t *m, tp_dgrad_t *p, int N, int NR, char *err, size_t errlen)
+{
+    comm_t *c = m->lay.tp;
+    const size_t C = (size_t)m->cfg.d_model, n = (size_t)N * C, nr = (size_t)NR * C;
+    const int w16 = tp_wire16(m);
+    if (w16)
+        m->ops->cast_f32_to_bf16(m->ops->ctx, m->tpo16 + n, m->dres, nr);
+    char cerr[COMM_ERR_MAX];
+    const double t0 = trace_now();
+    const int rc = w16 ? c->ops->iallgather(c, m->tpo16 + n, m->tpo16, nr, COMM_BF16, &p->req, cerr, sizeof cerr)
+                       : c->ops->iallgather(c, m->dres, m->dfull2, nr, COMM_FP32, &p->req, cerr, sizeof cerr);
+    m->tp_comm_s += trace_now() - t0;
+    p->active = rc == 0;
+    return rc != 0 ? tp_fail(cerr, err, errlen) : STATUS_OK;
+}
+
+static status_t tp_gather_end(model_t *m, tp_dgrad_t *p, int N, char *err, size_t errlen)
+{
+    comm_t *c = m->lay.tp;
+    char cerr[COMM_ERR_MAX];
+    const double t0 = trace_now();
+    const int rc = c->ops->wait(&p->req, cerr, sizeof cerr);
+    m->tp_comm_s += trace_now() - t0;
+    p->active = 0;
+    if (rc != 0)
+        return tp_fail(cerr, err, errlen);
+    if (tp_wire16(m))
+        m->ops->cast_bf16_to_f32(m->ops->ctx, m->dfull2, m->tpo16, (size_t)N * m->cfg.d_model);
+    return STATUS_OK;
+}
+
 /* A compute span from t0 to now on the trace (no-op without --trace):
  * "fwd h.3", "bwd head". layer -1 = not a block. On an asynchronous
  * backend it waits for the span's kernels, so a traced run measures them
@@ -581,6 +669,10 @@ static void layout_acts(model_t *m, char *acts, size_t *acts_bytes, char *work, 
             m->w16 = carve16(work, &w, wmax);
         m->d16 = carve16(work, &w, rows_d);
     }
+    /* --tp-comm-overlap's bf16 staging: the weight-gradient GEMM it runs
+     * beside reads a16 and d16 */
+    m->tpo16 = m->lay.tp_overlap && m->lay.tp_bf16 ? carve16(work, &w, N * C + NR * C) : NULL;
+    m->dfull2 = m->lay.tp_overlap && m->lay.sequence_parallel ? carve(work, &w, N * C) : NULL;
     *acts_bytes = a;
     *work_bytes = w;
 }
@@ -1517,12 +1609,26 @@ static status_t dres_all_rows(model_t *m, int NR, const float **rows, const uint
     return tp_act_gather(m, m->dfull, m->dres, (size_t)NR * m->cfg.d_model, err, errlen);
 }
 
+/* The norm's backward from its output gradient dout[NR, C], reduced, into
+ * dres (this rank's rows). Under --dtype bf16 without sequence
+ * parallelism (dres then holds all N rows) the norm also writes dres's
+ * bf16 into d16 (m->dres16), the next matmul backward's output gradient;
+ * under sequence parallelism that one casts instead. */
+static void norm_bwd_apply(model_t *m, const float *dout, float *dw, float *db, const float *x, const float *w,
+                           const float *mean, const float *rstd, int NR, int accum)
+{
+    const int C = m->cfg.d_model;
+    uint16_t *dres16 = m->lay.bf16 && !m->lay.sequence_parallel ? m->d16 : NULL;
+    if (m->cfg.arch == ARCH_GPT2)
+        m->ops->layernorm_bwd(m->ops->ctx, m->dres, dres16, dw, db, dout, x, w, mean, rstd, NR, C, accum);
+    else
+        m->ops->rmsnorm_bwd(m->ops->ctx, m->dres, dres16, dw, dout, x, w, rstd, NR, C, accum);
+    m->dres16 = dres16;
+}
+
 /* dln[N,C] holds this rank's partial dL/d(norm output) from a
  * column-parallel matmul: sum it over TP ranks (in place) and add the
- * norm's backward into dres (this rank's rows). Under --dtype bf16
- * without sequence parallelism (dres then holds all N rows) the norm also
- * writes dres's bf16 into d16 (m->dres16), the next matmul backward's
- * output gradient; under sequence parallelism that one casts instead. */
+ * norm's backward into dres (norm_bwd_apply). */
 static status_t norm_bwd_reduce_from(model_t *m, float *dln, float *dw, float *db, const float *x, const float *w,
                                      const float *mean, const float *rstd, int N, int NR, int accum, char *err,
                                      size_t errlen)
@@ -1535,21 +1641,76 @@ static status_t norm_bwd_reduce_from(model_t *m, float *dln, float *dw, float *d
     } else {
         CHECK(tp_act_sum(m, dln, (size_t)N * C, err, errlen));
     }
-    uint16_t *dres16 = m->lay.bf16 && !m->lay.sequence_parallel ? m->d16 : NULL;
-    if (m->cfg.arch == ARCH_GPT2)
-        m->ops->layernorm_bwd(m->ops->ctx, m->dres, dres16, dw, db, dout, x, w, mean, rstd, NR, C, accum);
-    else
-        m->ops->rmsnorm_bwd(m->ops->ctx, m->dres, dres16, dw, dout, x, w, rstd, NR, C, accum);
-    m->dres16 = dres16;
+    norm_bwd_apply(m, dout, dw, db, x, w, mean, rstd, NR, accum);
     return STATUS_OK;
 }
 
 /* norm_bwd_reduce_from the workspace's dln, where the blocks' backward
- * leaves it. */
-static status_t norm_bwd_reduce(model_t *m, float *dw, float *db, const float *x, const float *w, const float *mean,
-                                const float *rstd, int N, int NR, int accum, char *err, size_t errlen)
+ * leaves it; or, where --tp-comm-overlap's reduction of it is pending
+ * (tp_dgrad_begin), its end. */
+static status_t norm_bwd_reduce(model_t *m, tp_dgrad_t *pending, float *dw, float *db, const float *x, const float *w,
+                                const float *mean, const float *rstd, int N, int NR, int accum, char *err, size_t errlen)
 {
-    return norm_bwd_reduce_from(m, m->dln, dw, db, x, w, mean, rstd, N, NR, accum, err, errlen);
+    if (!pending->active)
+        return norm_bwd_reduce_from(m, m->dln, dw, db, x, w, mean, rstd, N, NR, accum, err, errlen);
+    CHECK(tp_dgrad_end(m, pending, N, NR, err, errlen));
+    norm_bwd_apply(m, m->lay.sequence_parallel ? m->dlnr : m->dln, dw, db, x, w, mean, rstd, NR, accum);
+    return STATUS_OK;
+}
+
+/* A row-parallel matmul's weight-gradient GEMM held back (the MLP's
+ * second under --tp-comm-overlap with sequence parallelism) to run beside
+ * the attention's gather: its arguments, as model_mm_bwd takes them. */
+typedef struct tp_wgrad {
+    int active;
+    float *dw, *db;
+    const float *dout, *in, *w;
+    const uint16_t *dout16, *in16;
+    int N, IC, OC, accum;
+    /* Llama under recomputation: the input (the SwiGLU output, in the
+     * dbig2 workspace) was overwritten by its backward since; recomputed
+     * from gu[N, 2 IC] first, the same bits */
+    const float *gu;
+} tp_wgrad_t;
+
+/* The block's attention output gradient gathered (dres_all_rows), with a
+ * held-back weight-gradient GEMM run while the gather is in flight. */
+static status_t dres_all_rows_beside(model_t *m, tp_wgrad_t *held, int N, int NR, const float **rows,
+                                     const uint16_t **rows16, char *err, size_t errlen)
+{
+    if (!held->active)
+        return dres_all_rows(m, NR, rows, rows16, err, errlen);
+    tp_dgrad_t p = {0};
+    CHECK(tp_gather_begin(m, &p, N, NR, err, errlen));
+    if (held->gu)
+        m->ops->swiglu_fwd(m->ops->ctx, (float *)held->in, (uint16_t *)held->in16, held->gu, held->N, held->IC);
+    model_mm_bwd(m, NULL, held->dw, held->db, held->dout, held->dout16, held->in, held->in16, held->w, held->N,
+                 held->IC, held->OC, 0, held->accum);
+    held->active = 0;
+    CHECK(tp_gather_end(m, &p, N, err, errlen));
+    *rows = m->dfull2;
+    *rows16 = NULL; /* as dres_all_rows under sequence parallelism */
+    m->dres16 = NULL;
+    return STATUS_OK;
+}
+
+/* The backward of a column-parallel matmul (qkv, a dense MLP's first):
+ * din (dln, its TP partial sum) and, when wg, the weight and bias
+ * gradients. Under --tp-comm-overlap the input gradient's reduction is
+ * posted between the two GEMMs (pending: norm_bwd_reduce ends it). */
+static status_t column_parallel_bwd(model_t *m, tp_dgrad_t *pending, float *dw, float *db, const float *dout,
+                                    const uint16_t *dout16, const float *in, const uint16_t *in16, const float *w,
+                                    int N, int NR, int IC, int OC, int accum, char *err, size_t errlen)
+{
+    pending->active = 0;
+    if (!m->lay.tp_overlap || !dw) {
+        model_mm_bwd(m, m->dln, dw, db, dout, dout16, in, in16, w, N, IC, OC, 0, accum);
+        return STATUS_OK;
+    }
+    model_mm_bwd(m, m->dln, NULL, NULL, dout, dout16, in, in16, w, N, IC, OC, 0, accum);
+    CHECK(tp_dgrad_begin(m, pending, N, NR, err, errlen));
+    model_mm_bwd(m, NULL, dw, db, dout, dout16, in, in16, w, N, IC, OC, 0, accum);
+    return STATUS_OK;
 }
 
 /* Under sequence parallelism a norm's weight (and bias) gradient is this
@@ -1659,23 +1820,35 @@ static status_t block_bwd(model_t *m, model_slot_t *sl, int i, int accum, int la
         dsh_rows = m->msdy + (m->lay.sequence_parallel ? (size_t)m->lay.part.tp_rank * NR * C : 0);
     }
     keep_dout(m, keep && !wg_proj ? keep->proj : NULL, dsh_rows, (size_t)NR * C); /* this rank's rows */
+    /* --tp-comm-overlap under sequence parallelism: the MLP projection's
+     * weight gradient waits for the attention's gather to run beside it */
+    tp_wgrad_t held = {0};
+    if (m->lay.tp_overlap && m->lay.sequence_parallel && wg && F > 0 && !layer_moe(m, i) && !w->sgate)
+        held = (tp_wgrad_t){1,        g->wproj, g->bproj, dsh, a->fc_act, w->wproj, dsh16, a->fc_act16, N, F, C, accum,
+                            !gpt && rc != MODEL_RECOMPUTE_NONE ? a->fc : NULL};
+    float *dw_proj = wg_proj && !held.active ? g->wproj : NULL, *db_proj = wg_proj && !held.active ? g->bproj : NULL;
     if (F > 0 && gpt) {
-        model_mm_dgelu_bwd(m, dfc, dfc16, wg_proj ? g->wproj : NULL, wg_proj ? g->bproj : NULL, dsh, dsh16, a->fc_act,
-                           a->fc_act16, a->fc, w->wproj, N, F, C, accum);
+        model_mm_dgelu_bwd(m, dfc, dfc16, dw_proj, db_proj, dsh, dsh16, a->fc_act, a->fc_act16, a->fc, w->wproj, N, F,
+                           C, accum);
     } else if (F > 0) {
-        model_mm_bwd(m, m->dbig, wg_proj ? g->wproj : NULL, wg_proj ? g->bproj : NULL, dsh, dsh16, a->fc_act,
-                     a->fc_act16, w->wproj, N, F, C, 0, accum);
+        model_mm_bwd(m, m->dbig, dw_proj, db_proj, dsh, dsh16, a->fc_act, a->fc_act16, w->wproj, N, F, C, 0, accum);
         o->swiglu_bwd(o->ctx, dfc, dfc16, a->fc, m->dbig, N, F);
     }
     keep_dout(m, keep ? keep->fc : NULL, dfc, (size_t)N * layer_fcw(m, i));
-    if (F > 0)
+    /* a MoE layer's experts add to dln after the dense part: no overlap there */
+    tp_dgrad_t pending = {0};
+    if (F > 0 && !layer_moe(m, i))
+        CHECK(column_parallel_bwd(m, &pending, wg ? g->wfc : NULL, wg ? g->bfc : NULL, dfc, dfc16, a->ln2, a->ln2_16,
+                                  w->wfc, N, NR, C, layer_fcw(m, i), accum, err, errlen));
+    else if (F > 0)
         model_mm_bwd(m, m->dln, wg ? g->wfc : NULL, wg ? g->bfc : NULL, dfc, dfc16, a->ln2, a->ln2_16, w->wfc, N, C,
                      layer_fcw(m, i), 0, accum);
     if (layer_moe(m, i))
         CHECK(moe_block_bwd(m, a, w, g, dout, F > 0, N, accum, last, err, errlen));
-    CHECK(norm_bwd_reduce(m, g->ln2w, g->ln2b, a->res2, w->ln2w, a->ln2_mean, a->ln2_rstd, N, NR, accum, err, errlen));
+    CHECK(norm_bwd_reduce(m, &pending, g->ln2w, g->ln2b, a->res2, w->ln2w, a->ln2_mean, a->ln2_rstd, N, NR, accum,
+                          err, errlen));
     /* attention: dres becomes dL/dx */
-    CHECK(dres_all_rows(m, NR, &dout, &dout16, err, errlen));
+    CHECK(dres_all_rows_beside(m, &held, N, NR, &dout, &dout16, err, errlen));
     keep_dout(m, keep ? keep->o : NULL, m->dres, (size_t)NR * C);
     model_mm_bwd(m, m->dbig, wg ? g->wo : NULL, wg ? g->bo : NULL, dout, dout16, a->atty, a->atty16, w->wo, N, QD, C, 0,
                  accum);
@@ -1697,9 +1870,10 @@ static status_t block_bwd(model_t *m, model_slot_t *sl, int i, int accum, int la
         CHECK(qknorm_grads_reduce(m, g, last, err, errlen));
     }
     keep_dout(m, keep ? keep->qkv : NULL, m->dbig2, (size_t)N * qkv_width(m));
-    model_mm_bwd(m, m->dln, wg ? g->wqkv : NULL, wg ? g->bqkv : NULL, m->dbig2, dqkv16, a->ln1, a->ln1_16, w->wqkv, N,
-                 C, qkv_width(m), 0, accum);
-    CHECK(norm_bwd_reduce(m, g->ln1w, g->ln1b, x, w->ln1w, a->ln1_mean, a->ln1_rstd, N, NR, accum, err, errlen));
+    CHECK(column_parallel_bwd(m, &pending, wg ? g->wqkv : NULL, wg ? g->bqkv : NULL, m->dbig2, dqkv16, a->ln1,
+                              a->ln1_16, w->wqkv, N, NR, C, qkv_width(m), accum, err, errlen));
+    CHECK(norm_bwd_reduce(m, &pending, g->ln1w, g->ln1b, x, w->ln1w, a->ln1_mean, a->ln1_rstd, N, NR, accum, err,
+                          errlen));
     CHECK(norm_grads_reduce(m, g->ln1w, g->ln1b, last, err, errlen));
     return norm_grads_reduce(m, g->ln2w, g->ln2b, last, err, errlen);
 }

@@ -202,6 +202,13 @@ typedef struct model_layout {
      * and their gradients round them to bf16 into the a16/d16 workspaces,
      * send and sum in bf16 (COMM_BF16), and widen the result back */
     int tp_bf16;
+    /* --tp-comm-overlap (tp > 1): the backward of a column-parallel matmul
+     * (qkv, and a dense MLP's first) posts its input gradient's TP
+     * reduce-scatter (all-reduce without sequence parallelism) after the
+     * input-gradient GEMM, runs the weight-gradient GEMM, then waits; under
+     * tp_bf16 the collective stages in its own bf16 buffer (tpo16), since
+     * that GEMM reads a16/d16 */
+    int tp_overlap;
     /* The backward comes in two halves (the zero-bubble pipelines' B and
      * W): model_backward_input computes every activation gradient and the
      * norms' and embeddings' weight gradients, keeping each matmul's output
@@ -248,6 +255,7 @@ typedef struct model {
     float *dres;  /* [NR,C] dL/d(residual): holds dL/d(stage output) on entry to a
                       middle stage's backward, dL/d(stage input) on exit */
     float *dfull; /* [N,C] all rows of dres (sequence parallel) */
+    float *dfull2; /* [N,C] --tp-comm-overlap under SP: the attention's gathered dres while dfull still feeds a GEMM */
     float *dln;   /* [N,C] */
     float *dlnr;  /* [NR,C] this rank's rows of dln after reduce-scatter */
     float *dbig, *dbig2;
@@ -307,6 +315,7 @@ typedef struct model {
      * input [N*IC], output gradient [N*OC] at the widest, and a lent
      * (ZeRO-3) block weight [OC*IC] (NULL without lent block params) */
     uint16_t *a16, *w16, *d16;
+    uint16_t *tpo16; /* --tp-comm-overlap under tp_bf16: [N*C] sent, [NR*C] received (model_layout_t's tp_overlap) */
     /* d16 while it holds the bf16 of dres (all N rows), written there by
      * the norm backward that last added into dres, for the next matmul
      * backward that takes dres as its output gradient; NULL otherwise

@@ -331,6 +331,8 @@ static int plan_stage(const plan_in_t *in, int s, int layer_begin, stage_plan_t 
                                 .sequence_parallel = run->sequence_parallel,
                                 .n_slots = sp->slots,
                                 .bf16 = in->bf16 && !in->megatron,
+                                .tp_bf16 = in->bf16 && !in->megatron && run->tp_dtype == COMM_BF16 && run->tp > 1,
+                                .tp_overlap = run->tp_overlap && run->tp > 1,
                                 .lent_block_grads = run->zero_stage >= 2 && run->pp_kind != PIPE_ZBH1,
                                 .lent_block_params = run->zero_stage >= 3,
                                 .recompute = run->recompute,
@@ -422,6 +424,34 @@ static void stage_ep(const plan_in_t *in, int s, stage_plan_t *sp)
     sp->ep_bytes = sp->moe_layers * layer * in->run.accum;
 }
 
+/* --tp-comm-overlap: per microbatch, the part of stage sp's TP time that
+ * runs beside weight-gradient GEMMs. Each layer's qkv backward, and a
+ * dense MLP's first matmul's, reduces its input gradient (one collective
+ * of t_coll) while its weight-gradient GEMM (2 tokens x C x the matmul's
+ * local width FLOPs, at the matmuls' rate) runs: hidden, the shorter of
+ * the two (t_coll: one all-reduce, or one reduce-scatter or all-gather
+ * under sequence parallelism); under sequence parallelism a dense layer's attention gather
+ * also runs beside the MLP's second matmul's weight-gradient GEMM. None
+ * under zb-h1, whose W pass holds the weight gradients. The GEMM is
+ * taken at its full rate beside the collective (NCCL's kernels take a
+ * few SMs: not modelled). */
+static double tp_overlap_hidden(const plan_in_t *in, const stage_plan_t *sp, double t_coll)
+{
+    const model_config_t *c = in->c;
+    const hw_profile_t *hw = in->hw;
+    const double t = in->run.tp, tok = local_tokens(in), C = c->d_model, HS = model_head_size(c);
+    const double rate = (in->bf16 ? hw->peak_bf16 : hw->peak_fp32) * hw->efficiency;
+    const double qkv = (c->n_head + 2.0 * c->n_kv_head) * HS / t;
+    const double fc = (c->arch == ARCH_LLAMA ? 2.0 : 1.0) * c->d_ff / t;
+    const double t_qkv = 2.0 * tok * C * qkv / rate, t_fc = 2.0 * tok * C * fc / rate;
+    const double t_proj = 2.0 * tok * C * c->d_ff / t / rate;
+    const double dense = c->d_ff > 0 && !c->moe.shared_gate ? sp->layers - sp->moe_layers : 0.0;
+    if (in->run.pp_kind == PIPE_ZBH1)
+        return 0.0;
+    return sp->layers * fmin(t_coll, t_qkv) + dense * fmin(t_coll, t_fc) +
+           (in->run.sequence_parallel ? dense * fmin(t_coll, t_proj) : 0.0);
+}
+
 /* Tensor and pipeline parallel bytes and time of stage s. */
 static void stage_tp_pp(const plan_in_t *in, int s, stage_plan_t *sp)
 {
@@ -455,6 +485,11 @@ static void stage_tp_pp(const plan_in_t *in, int s, stage_plan_t *sp)
         sp->tp_colls = colls;
         sp->t_tp_mb = colls * hw->latency + bytes / link_bw(hw, in->run.tp);
         sp->tp_bytes = bytes * in->run.accum;
+        /* one overlapped collective: an all-reduce, or under sequence
+         * parallelism a reduce-scatter or all-gather (half its bytes) */
+        const double one = (in->run.sequence_parallel ? ring / 2.0 : ring) * act;
+        if (in->run.tp_overlap && !in->megatron)
+            sp->t_tp_mb -= tp_overlap_hidden(in, sp, hw->latency + one / link_bw(hw, in->run.tp));
     }
 
     /* pipeline: each microbatch's [rows, h] activation to the next stage
@@ -1150,8 +1185,10 @@ static void print_perf(const plan_t *p, FILE *out)
     fprintf(out, "  compute          %12s  %d microbatch%s x %s on the slowest stage\n",
             fmt_time(b1, sizeof b1, p->t_compute), in->run.accum, in->run.accum == 1 ? "" : "es",
             fmt_time(b2, sizeof b2, p->t_compute / in->run.accum));
-    fprintf(out, "  tp communication %12s  blocking collectives inside each microbatch (exposed)\n",
-            fmt_time(b1, sizeof b1, p->t_tp));
+    fprintf(out, "  tp communication %12s  %s\n", fmt_time(b1, sizeof b1, p->t_tp),
+            in->run.tp_overlap ? "collectives inside each microbatch, exposed (the input gradients' reductions "
+                                 "beside the weight-gradient GEMMs: --tp-comm-overlap)"
+                               : "blocking collectives inside each microbatch (exposed)");
     if (p->t_ep > 0)
         fprintf(out, "  ep communication %12s  the MoE layers' all-to-alls inside each microbatch (exposed)\n",
                 fmt_time(b1, sizeof b1, p->t_ep));

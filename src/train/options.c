@@ -175,6 +175,12 @@ static const opt_def_t opt_defs[] = {
      "reduce-scatters, forward and backward) send and sum in: fp32 | bf16 (half the bytes, as Megatron's bf16 "
      "activations; rounded to bf16 before, widened after; needs --dtype bf16; with tp 1 nothing is sent)",
      NULL, NULL, 0},
+    {"tp-comm-overlap", OPT_FLAG, F(tp_comm_overlap), 0, "0", 0, 1, NULL,
+     "with --tp: in the backward of each column-parallel matmul (attention's qkv, the MLP's first), start the "
+     "input gradient's tensor-parallel reduce-scatter (all-reduce without --sequence-parallel) before the weight "
+     "gradient's GEMM and wait for it after, so the two overlap (Megatron's overlap of the dgrad reduction with the "
+     "wgrad GEMM); the same sums",
+     NULL, NULL, 0},
     {"bucket-mb", OPT_REAL, F(bucket_mb), 0, "25", 0.001, 1e6, NULL,
      "gradient bucket size in MiB for --ddp-mode bucketed", NULL, NULL, 0},
     {"offload", OPT_ENUM, F(offload), 0, "none", 0, 0, options_offload_names,
@@ -985,6 +991,16 @@ static int check_layout(const run_options_t *o, const model_config_t *c, int tp,
         snprintf(err, errlen, "--offload-fraction 0 offloads nothing: give a fraction in (0, 1], or drop --offload");
         return -1;
     }
+    if (o->tp_comm_overlap && tp == 1) {
+        snprintf(err, errlen, "--tp-comm-overlap overlaps tensor-parallel collectives: it needs --tp above 1");
+        return -1;
+    }
+    if (o->tp_comm_overlap && o->pp_schedule == PIPE_ZBH1) {
+        snprintf(err, errlen,
+                 "--tp-comm-overlap runs the input gradients' reductions beside the weight-gradient GEMMs, which "
+                 "--pp-schedule zb-h1 moves to its own pass: drop one of them");
+        return -1;
+    }
     if (o->sequence_parallel && tp == 1) {
         snprintf(err, errlen, "--sequence-parallel shards over the tensor-parallel group: it needs --tp above 1");
         return -1;
@@ -1081,6 +1097,7 @@ int options_resolve_layout(const run_options_t *o, const model_config_t *c, int 
     rc->ddp_mode = o->ddp_mode;
     rc->grad_dtype = o->grad_reduce_dtype;
     rc->tp_dtype = o->tp_comm_dtype;
+    rc->tp_overlap = o->tp_comm_overlap;
     rc->offload_fraction = o->offload == OFFLOAD_OPTIMIZER ? o->offload_fraction : 0.0;
     rc->device = o->device;
     rc->dtype = o->dtype;

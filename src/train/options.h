@@ -65,6 +65,7 @@ typedef struct run_options {
     double offload_fraction;        /* --offload-fraction: of the optimizer state, under --offload optimizer */
     comm_dtype_t grad_reduce_dtype; /* what the data-parallel gradient reductions send */
     comm_dtype_t tp_comm_dtype;     /* what the tensor-parallel activation collectives send */
+    int tp_comm_overlap;            /* --tp-comm-overlap */
     int check_replicas;
     double comm_timeout;         /* seconds one communication call may block before the job is ended (0 = never) */
     model_recompute_t recompute; /* activation recomputation */
@@ -192,6 +193,9 @@ typedef struct run_config {
     ddp_mode_t ddp_mode;
     comm_dtype_t grad_dtype;
     comm_dtype_t tp_dtype; /* --tp-comm-dtype */
+    /* --tp-comm-overlap: a column-parallel matmul's input-gradient
+     * collective runs beside its weight-gradient GEMM (model_layout_t's) */
+    int tp_overlap;
     /* --offload optimizer: the fraction of each rank's optimizer elements
      * (moments and fp32 master weights) kept in host memory; 0: none */
     double offload_fraction;

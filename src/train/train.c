@@ -130,7 +130,9 @@ void trainer_banner(const trainer_t *tr, FILE *out)
     lr_schedule_describe(&tr->sched, sched, sizeof sched);
     fprintf(out, "lr schedule: %s\n", sched);
     fprintf(out, "backend: %s\n", tr->backend.desc);
-    fprintf(out, "communication: %s\n", tr->backend.comm_desc);
+    fprintf(out, "communication: %s%s\n", tr->backend.comm_desc,
+            tr->model.lay.tp_overlap ? "; tp's backward reductions beside the weight-gradient GEMMs (--tp-comm-overlap)"
+                                     : "");
     if (tr->model.lay.bf16)
         fprintf(out,
                 "precision: bf16 matmuls (operands rounded to bf16, fp32 sums; bf16 weight copy and matmul-only "

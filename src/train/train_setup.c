@@ -582,6 +582,7 @@ static int setup_model(trainer_t *tr, model_layout_t lay, const dpsync_ops_t *ki
         return -1;
     }
     lay.tp_bf16 = run->tp_dtype == COMM_BF16 && run->tp > 1;
+    lay.tp_overlap = run->tp_overlap && run->tp > 1;
     if (run->tp_dtype == COMM_BF16 && !lay.bf16) {
         snprintf(err, errlen,
                  "--tp-comm-dtype bf16 sends the activations' bf16 copies and needs --dtype bf16 (this run computes "
