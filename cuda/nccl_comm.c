@@ -565,6 +565,10 @@ static status_t n_wait(comm_req_t *req, char *err, size_t errlen)
     nccl_req_t *q = req->impl;
     if (!q->ev && !nm(req->comm)->failed)
         return still_grouped(req, err, errlen);
+    /* the host blocks here: what the graph table holds (the GEMMs meant
+     * to run beside this operation) is issued first */
+    if (req->comm->device_flush)
+        req->comm->device_flush(req->comm->device_ctx);
     int st = wait_event(req->comm, err, errlen, q->ev, q->what, q->n, q->t0, q->bytes, q->peer);
     if (st == 0)
         span_record(req->comm, q->what, q->span_t0, q->bytes, q->peer);
