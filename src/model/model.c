@@ -165,17 +165,22 @@ static status_t tp_dgrad_begin(model_t *m, tp_dgrad_t *p, int N, int NR, char *e
     return rc != 0 ? tp_fail(cerr, err, errlen) : STATUS_OK;
 }
 
-static status_t tp_dgrad_end(model_t *m, tp_dgrad_t *p, int N, int NR, char *err, size_t errlen)
+/* The wait for a posted TP collective: the exposed TP time. */
+static status_t tp_pending_wait(model_t *m, tp_dgrad_t *p, char *err, size_t errlen)
 {
     comm_t *c = m->lay.tp;
-    const size_t C = (size_t)m->cfg.d_model, n = (size_t)N * C;
     char cerr[COMM_ERR_MAX];
     const double t0 = trace_now();
     const int rc = c->ops->wait(&p->req, cerr, sizeof cerr);
     m->tp_comm_s += trace_now() - t0;
     p->active = 0;
-    if (rc != 0)
-        return tp_fail(cerr, err, errlen);
+    return rc != 0 ? tp_fail(cerr, err, errlen) : STATUS_OK;
+}
+
+static status_t tp_dgrad_end(model_t *m, tp_dgrad_t *p, int N, int NR, char *err, size_t errlen)
+{
+    const size_t C = (size_t)m->cfg.d_model, n = (size_t)N * C;
+    CHECK(tp_pending_wait(m, p, err, errlen));
     if (tp_wire16(m)) {
         if (m->lay.sequence_parallel)
             m->ops->cast_bf16_to_f32(m->ops->ctx, m->dlnr, m->tpo16 + n, (size_t)NR * C);
@@ -208,14 +213,7 @@ static status_t tp_gather_begin(model_t *m, tp_dgrad_t *p, int N, int NR, char *
 
 static status_t tp_gather_end(model_t *m, tp_dgrad_t *p, int N, char *err, size_t errlen)
 {
-    comm_t *c = m->lay.tp;
-    char cerr[COMM_ERR_MAX];
-    const double t0 = trace_now();
-    const int rc = c->ops->wait(&p->req, cerr, sizeof cerr);
-    m->tp_comm_s += trace_now() - t0;
-    p->active = 0;
-    if (rc != 0)
-        return tp_fail(cerr, err, errlen);
+    CHECK(tp_pending_wait(m, p, err, errlen));
     if (tp_wire16(m))
         m->ops->cast_bf16_to_f32(m->ops->ctx, m->dfull2, m->tpo16, (size_t)N * m->cfg.d_model);
     return STATUS_OK;
