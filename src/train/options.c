@@ -382,9 +382,10 @@ static const opt_def_t opt_defs[] = {
      "fp32 on cpu)",
      NULL, NULL, 0},
     {"comm", OPT_ENUM, F(comm), 0, "auto", 0, 0, backend_comm_names,
-     "communication library of the tp, dp, embedding, ZeRO and world collectives: nccl (GPU to GPU, needs --device "
-     "cuda) | mpi | auto (nccl when every rank runs on cuda on a GPU of its own and there is more than one rank, else "
-     "mpi); the pipeline's point-to-point messages always use MPI",
+     "communication library of the tp, dp, pipeline, embedding, ZeRO, expert, context and world groups: nccl (GPU "
+     "to GPU, needs --device cuda; the pipeline's messages as ncclSend/ncclRecv in one global order, paired in "
+     "groups) | mpi | auto (nccl when every rank runs on cuda on a GPU of its own and there is more than one rank, "
+     "else mpi)",
      NULL, NULL, 0},
     {"cuda-graphs", OPT_FLAG, F(cuda_graphs), 0, "0", 0, 1, NULL,
      "with --device cuda: capture the op sequences that repeat from step to step (a microbatch's forward, loss and "
