@@ -1008,7 +1008,6 @@ static int cu_open(cu_t *g, int dev, char *err, size_t errlen)
     }
     const char *s = getenv("DTRAIN_CUDA_SYNC_OPS");
     g->sync_ops = !concurrent || (s && strcmp(s, "1") == 0);
-    g->concurrent = concurrent;
     g->dev = dev;
     return 0;
 }

@@ -48,7 +48,6 @@ typedef struct cuda_ctx {
     ops_t ops; /* the table; ops.ctx points here, so ops_release frees both */
     int dev;
     int sync_ops;   /* every op waits for its kernels (see the header comment) */
-    int concurrent; /* cudaDevAttrConcurrentManagedAccess: the host may touch managed memory while kernels run */
     cudaStream_t stream;
     cudaStream_t copy_stream; /* to_host_begin's side stream, made at its first call */
     cudaEvent_t copy_after;   /* ... recorded on stream: the copies start after it */
