@@ -102,10 +102,9 @@ static void run_records(const ops_t *base, const unsigned char *buf, size_t len)
 
 static void graph_drain(defer_t *q);
 
-/* Runs the queue: the host waits here (graphs: the queue is issued). */
-static void drain(defer_t *q)
+/* Runs the queue (graphs: issues it as segments). */
+static void issue(defer_t *q)
 {
-    q->waits++;
     if (q->graphs && q->len > 0)
         graph_drain(q);
     else
@@ -113,6 +112,13 @@ static void drain(defer_t *q)
     q->ops_run += (long)q->n_queued;
     q->len = 0;
     q->n_queued = 0;
+}
+
+/* The host waits here: the queue runs first. */
+static void drain(defer_t *q)
+{
+    q->waits++;
+    issue(q);
 }
 
 /* Space for a record with args_bytes of arguments, or NULL when the arena
@@ -176,10 +182,17 @@ static unsigned long base_epoch(const defer_t *q)
     return q->base->graph_epoch ? q->base->graph_epoch(q->base->ctx) : 0;
 }
 
-static void segment_drop(defer_t *q, segment_t *e)
+/* Ends e's graph (an emulated one is its bytes: nothing to end). */
+static void segment_free_graph(defer_t *q, segment_t *e)
 {
     if (e->graph && e->graph != e->bytes && q->base->graph_free)
         q->base->graph_free(q->base->ctx, e->graph);
+    e->graph = NULL;
+}
+
+static void segment_drop(defer_t *q, segment_t *e)
+{
+    segment_free_graph(q, e);
     free(e->bytes);
     memset(e, 0, sizeof *e);
 }
@@ -204,10 +217,11 @@ static void segment_note(defer_t *q, uint64_t h, unsigned long epoch)
         if (!q->seg[i].len || q->seg[i].used < v->used)
             v = &q->seg[i];
     segment_drop(q, v);
-    if (!(v->bytes = malloc(q->len)))
+    unsigned char *bytes = malloc(q->len);
+    if (!bytes)
         return;
-    memcpy(v->bytes, q->buf, q->len);
-    *v = (segment_t){.hash = h, .len = q->len, .n_ops = q->n_queued, .bytes = v->bytes, .epoch = epoch, .ran = 1,
+    memcpy(bytes, q->buf, q->len);
+    *v = (segment_t){.hash = h, .len = q->len, .n_ops = q->n_queued, .bytes = bytes, .epoch = epoch, .ran = 1,
                      .used = q->clock};
 }
 
@@ -249,13 +263,12 @@ static void graph_drain(defer_t *q)
 {
     q->gc.segments++;
     const unsigned long epoch = base_epoch(q);
-    const uint64_t h = fnv1a(q->buf, q->len);
-    segment_t *e = q->n_queued >= GRAPH_MIN_OPS ? segment_find(q, h) : NULL;
+    const int long_enough = q->n_queued >= GRAPH_MIN_OPS;
+    const uint64_t h = long_enough ? fnv1a(q->buf, q->len) : 0;
+    segment_t *e = long_enough ? segment_find(q, h) : NULL;
     q->clock++;
     if (e && e->graph && e->epoch != epoch) { /* stale: its workspace pointers moved */
-        if (e->graph != e->bytes && q->base->graph_free)
-            q->base->graph_free(q->base->ctx, e->graph);
-        e->graph = NULL;
+        segment_free_graph(q, e);
         e->ran = 0;
         q->gc.stale++;
     }
@@ -270,7 +283,7 @@ static void graph_drain(defer_t *q)
     }
     run_records(q->base, q->buf, q->len);
     q->gc.plain_ops += (long)q->n_queued;
-    if (!e && q->n_queued >= GRAPH_MIN_OPS)
+    if (!e && long_enough)
         segment_note(q, h, epoch);
     else if (e && !e->refused) {
         e->ran = 1;
@@ -1648,14 +1661,14 @@ const ops_t *ops_defer_create(const ops_t *base)
 
 const ops_t *ops_graph_create(const ops_t *base, int own_base)
 {
-    defer_t *q = calloc(1, sizeof *q);
+    const ops_t *d = ops_defer_create(base);
     segment_t *seg = calloc(GRAPH_SEGMENTS, sizeof *seg);
-    if (!q || !seg) {
-        free(q);
+    if (!d || !seg) {
+        free(d ? d->ctx : NULL);
         free(seg);
         return NULL;
     }
-    q->ops = defer_ops;
+    defer_t *q = d->ctx;
     q->ops.name = base->name;
     q->ops.host_readable = base->host_readable;
     q->ops.sync = g_sync;
@@ -1666,8 +1679,6 @@ const ops_t *ops_graph_create(const ops_t *base, int own_base)
     q->ops.from_host_end = g_from_host_end;
     q->ops.host_alloc = base->host_alloc ? g_host_alloc : NULL;
     q->ops.host_free = base->host_free ? g_host_free : NULL;
-    q->ops.ctx = q;
-    q->base = base;
     q->graphs = 1;
     q->borrowed = !own_base;
     q->seg = seg;
@@ -1680,14 +1691,7 @@ void ops_graph_counts(const ops_t *d, ops_graph_counts_t *c)
     *c = q->gc;
 }
 
-void ops_defer_flush(void *ctx)
-{
-    defer_t *q = ctx;
-    if (q->len > 0) {
-        drain(q);
-        q->waits--; /* issued, not waited for */
-    }
-}
+void ops_defer_flush(void *ctx) { issue(ctx); }
 
 void ops_defer_counts(const ops_t *d, long *ops, long *waits, long *casts16)
 {

@@ -1692,16 +1692,16 @@ static status_t dres_all_rows_beside(model_t *m, tp_wgrad_t *held, int N, int NR
     return STATUS_OK;
 }
 
-/* The backward of a column-parallel matmul (qkv, a dense MLP's first):
- * din (dln, its TP partial sum) and, when wg, the weight and bias
+/* The backward of a column-parallel matmul (qkv, an MLP's first): din
+ * (dln, its TP partial sum) and, when wanted, the weight and bias
  * gradients. Under --tp-comm-overlap the input gradient's reduction is
- * posted between the two GEMMs (pending: norm_bwd_reduce ends it). */
+ * posted between the two GEMMs (pending: norm_bwd_reduce ends it);
+ * pending NULL: no overlap (a MoE layer, whose experts add to dln after). */
 static status_t column_parallel_bwd(model_t *m, tp_dgrad_t *pending, float *dw, float *db, const float *dout,
                                     const uint16_t *dout16, const float *in, const uint16_t *in16, const float *w,
                                     int N, int NR, int IC, int OC, int accum, char *err, size_t errlen)
 {
-    pending->active = 0;
-    if (!m->lay.tp_overlap || !dw) {
+    if (!pending || !m->lay.tp_overlap || !dw) {
         model_mm_bwd(m, m->dln, dw, db, dout, dout16, in, in16, w, N, IC, OC, 0, accum);
         return STATUS_OK;
     }
@@ -1835,12 +1835,9 @@ static status_t block_bwd(model_t *m, model_slot_t *sl, int i, int accum, int la
     keep_dout(m, keep ? keep->fc : NULL, dfc, (size_t)N * layer_fcw(m, i));
     /* a MoE layer's experts add to dln after the dense part: no overlap there */
     tp_dgrad_t pending = {0};
-    if (F > 0 && !layer_moe(m, i))
-        CHECK(column_parallel_bwd(m, &pending, wg ? g->wfc : NULL, wg ? g->bfc : NULL, dfc, dfc16, a->ln2, a->ln2_16,
-                                  w->wfc, N, NR, C, layer_fcw(m, i), accum, err, errlen));
-    else if (F > 0)
-        model_mm_bwd(m, m->dln, wg ? g->wfc : NULL, wg ? g->bfc : NULL, dfc, dfc16, a->ln2, a->ln2_16, w->wfc, N, C,
-                     layer_fcw(m, i), 0, accum);
+    if (F > 0)
+        CHECK(column_parallel_bwd(m, layer_moe(m, i) ? NULL : &pending, wg ? g->wfc : NULL, wg ? g->bfc : NULL, dfc,
+                                  dfc16, a->ln2, a->ln2_16, w->wfc, N, NR, C, layer_fcw(m, i), accum, err, errlen));
     if (layer_moe(m, i))
         CHECK(moe_block_bwd(m, a, w, g, dout, F > 0, N, accum, last, err, errlen));
     CHECK(norm_bwd_reduce(m, &pending, g->ln2w, g->ln2b, a->res2, w->ln2w, a->ln2_mean, a->ln2_rstd, N, NR, accum,

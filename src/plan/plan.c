@@ -437,6 +437,8 @@ static void stage_ep(const plan_in_t *in, int s, stage_plan_t *sp)
  * few SMs: not modelled). */
 static double tp_overlap_hidden(const plan_in_t *in, const stage_plan_t *sp, double t_coll)
 {
+    if (in->run.pp_kind == PIPE_ZBH1)
+        return 0.0;
     const model_config_t *c = in->c;
     const hw_profile_t *hw = in->hw;
     const double t = in->run.tp, tok = local_tokens(in), C = c->d_model, HS = model_head_size(c);
@@ -446,8 +448,6 @@ static double tp_overlap_hidden(const plan_in_t *in, const stage_plan_t *sp, dou
     const double t_qkv = 2.0 * tok * C * qkv / rate, t_fc = 2.0 * tok * C * fc / rate;
     const double t_proj = 2.0 * tok * C * c->d_ff / t / rate;
     const double dense = c->d_ff > 0 && !c->moe.shared_gate ? sp->layers - sp->moe_layers : 0.0;
-    if (in->run.pp_kind == PIPE_ZBH1)
-        return 0.0;
     return sp->layers * fmin(t_coll, t_qkv) + dense * fmin(t_coll, t_fc) +
            (in->run.sequence_parallel ? dense * fmin(t_coll, t_proj) : 0.0);
 }
