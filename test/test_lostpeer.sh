@@ -117,9 +117,27 @@ start() {
 
 ms() { echo $(($(date +%s%N) / 1000000)); }
 
+# stopped PID...: every thread of every PID is in the stopped state (T), so
+# that none can still answer a question (a SIGSTOP takes effect on each
+# thread only when it next runs, which on a loaded machine is not at once)
+stopped() {
+    for p in "$@"; do
+        for t in /proc/"$p"/task/*/stat; do
+            # the state follows the command name's closing parenthesis
+            st=$(sed 's/.*) //' "$t" 2>/dev/null | cut -d' ' -f1)
+            [ "$st" = T ] || [ "$st" = t ] || return 1
+        done
+    done
+}
+
 # ranks 2,3 stopped, ranks 0,1 get SIGTERM: the line within 1 s
 if start stopped; then
     kill -STOP "$p2" "$p3"
+    i=0
+    until stopped "$p2" "$p3" || [ "$i" -gt 100 ]; do
+        i=$((i + 1))
+        sleep 0.02
+    done
     t0=$(ms)
     kill -TERM "$p0" "$p1"
     until grep -q 'stopped answering' "$log" || [ $(($(ms) - t0)) -gt 5000 ]; do
