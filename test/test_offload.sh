@@ -10,6 +10,14 @@
 #  - tp2 x pp2 (GPT-2's tied embedding across stages), and with bf16 and
 #    ZeRO-2;
 #  - tiny-llama at dp2 with ZeRO-1 and bf16;
+#  - with the whole state offloaded under bf16 (ZeRO 0-2), the fp32
+#    weights themselves in host memory as the master copy, the device
+#    holding their bf16 copy and the fp32 tensors other ops read: at 1
+#    rank, tiny-llama at dp2 with ZeRO-1, tp2 x pp2 with ZeRO-2 (the tied
+#    embedding), tiny-moe at ep2 (router and experts), and under the
+#    deferred-ops table at 1 rank and dp2 with ZeRO-1; the device's
+#    parameter bytes fall by the fp32 weights less those copies, and the
+#    planner's host bytes are the run's;
 #  - the deferred-ops table playing the device (DTRAIN_DEFER_OPS=1), so
 #    the copies are queued ops as on a GPU, made at the last moment and
 #    their sources checked unchanged from begin to end: at 1 rank, and at
@@ -17,7 +25,8 @@
 #    (per unit).
 # The gradient copies begin during the backward, as each bucket or unit
 # is final (the --trace's "to_host grads" spans, test/offload_trace.py).
-# A checkpoint written with offload resumes without it and the reverse,
+# A checkpoint written with offload resumes without it and the reverse
+# (and one written with the bf16 run's host weights without them),
 # bit-identically to the uninterrupted run; a rollback after non-finite
 # steps (the master copy read back from the checkpoint) equals the same
 # rollback without offload. The banner says what moved; bad combinations
@@ -40,7 +49,8 @@ n=0
 for layout in "1" "1 --dtype bf16" "2 --zero 1 --offload-fraction 0.5" \
     "4 --zero 3 --hybrid-shard 2 --offload-fraction 0.5" "4 --tp 2 --pp 2" \
     "4 --tp 2 --pp 2 --dtype bf16 --zero 2 --offload-fraction 0.5" \
-    "2 --model tiny-llama --zero 1 --dtype bf16"; do
+    "2 --model tiny-llama --zero 1 --dtype bf16" "4 --tp 2 --pp 2 --dtype bf16 --zero 2" \
+    "2 --model tiny-moe --ep 2 --dtype bf16"; do
     set -- $layout
     np=$1
     shift
@@ -63,11 +73,37 @@ d['host_offload_bytes'])" "$TMP/plan.json") &&
     [ "$planned" = "$ran $((ran * 16))" ] && pass "the planner's host elements and bytes are the run's: $planned" ||
     fail "planner host '$planned', run '$ran' elements"
 
+# bf16 with everything offloaded: the fp32 weights are the host's master
+# copy; the device's parameter bytes are the bf16 copy and the fp32
+# tensors other ops read (off2: 1 rank; off1 the same without bf16)
+mem_params() { sed -n 's/^memory per rank: parameters \([0-9.]* [KMG]*i*B\),.*/\1/p' "$1"; }
+host_line=$(grep '^offload: the fp32 weights' "$TMP/off2.json.log")
+dev_n=$(echo "$host_line" | sed -n 's/.* and the \([0-9]*\) fp32 elements .*/\1/p')
+numel=$(sed -n 's/^offload: optimizer, [0-9]* of \([0-9]*\) elements.*/\1/p' "$TMP/off2.json.log")
+if [ -n "$dev_n" ] && [ -n "$numel" ] && [ "$dev_n" -lt "$numel" ] &&
+    ! grep -q '^offload: the fp32 weights' "$TMP/off2.ref.json.log" "$TMP/off1.json.log" "$TMP/off3.json.log"; then
+    pass "bf16, fraction 1: $host_line (device parameters $(mem_params "$TMP/off2.json.log"), $(mem_params "$TMP/off2.ref.json.log") without offload)"
+else
+    fail "bf16 weights-on-host banner: '$host_line' (elements $numel)"
+fi
+"$DTRAIN" --plan $(tiny_args) --micro-batch 2 --global-batch 8 --seq-len 64 --offload optimizer --plan-dtype bf16 \
+    --gpus 1 --hw cpu --metrics "$TMP/plan1.json" >"$TMP/plan1.txt" 2>&1 &&
+    planned=$("$PY" -c "import json, sys; d = json.load(open(sys.argv[1])); print(d['host_offload_bytes'])" \
+        "$TMP/plan1.json") &&
+    [ "$planned" = "$((numel * 18))" ] &&
+    pass "the planner's host bytes under bf16 with host weights are the run's: $planned (18 B per parameter)" ||
+    fail "planner host bytes '$planned', want $((numel * 18)) for $numel elements"
+
 # the deferred-ops table plays the device: copies and updates are queued
 export DTRAIN_DEFER_OPS=1
 layout_run "$TMP/defer.ref.json" 1 --dtype bf16 &&
     layout_run "$TMP/defer.json" 1 --dtype bf16 --offload optimizer --offload-fraction 0.5 &&
     same "$TMP/defer.ref.json" "$TMP/defer.json" "DTRAIN_DEFER_OPS=1 bf16 --offload-fraction 0.5"
+layout_run "$TMP/defer1.json" 1 --dtype bf16 --offload optimizer &&
+    same "$TMP/defer.ref.json" "$TMP/defer1.json" "DTRAIN_DEFER_OPS=1 bf16, the fp32 weights on the host"
+layout_run "$TMP/deferz.ref.json" 2 --dtype bf16 --zero 1 &&
+    layout_run "$TMP/deferz.json" 2 --dtype bf16 --zero 1 --offload optimizer &&
+    same "$TMP/deferz.ref.json" "$TMP/deferz.json" "DTRAIN_DEFER_OPS=1 np 2 ZeRO-1 bf16, the fp32 weights on the host"
 # ... at dp2 with 2 microbatches a step: the copies begin per bucket as its
 # all-reduce completes (ZeRO-1, 7 buckets) or per unit as its
 # reduce-scatter is banked (ZeRO-3), during the last microbatch's
@@ -115,16 +151,24 @@ run() { # OUT NP ARGS...
 }
 losses() { sed -n 's/^{"step": \([0-9]*\), "loss": \([^,]*\),.*"grad_norm": \([^,]*\).*/\1 \2 \3/p' "$1"; }
 run "$TMP/full.json" 2 --save-params "$TMP/full.h5"
-for dir in on-off off-on; do
+run "$TMP/full16.json" 2 --save-params "$TMP/full16.h5" --dtype bf16
+# bf16-on-off: written with the fp32 weights on the host (bf16, fraction 1)
+for dir in on-off off-on bf16-on-off; do
     first=""
     second=""
-    [ "$dir" = on-off ] && first="--offload optimizer" || second="--offload optimizer --offload-fraction 0.5"
-    run "$TMP/$dir.1.json" 2 --ckpt-dir "$TMP/$dir" --stop-at-step 10 $first &&
-        run "$TMP/$dir.2.json" 2 --ckpt-dir "$TMP/$dir" --resume auto --save-params "$TMP/$dir.h5" $second || continue
-    losses "$TMP/full.json" | awk '$1 > 10' >"$TMP/a"
+    dt=""
+    full=full
+    case $dir in
+    on-off) first="--offload optimizer" ;;
+    off-on) second="--offload optimizer --offload-fraction 0.5" ;;
+    bf16-on-off) first="--offload optimizer" dt="--dtype bf16" full=full16 ;;
+    esac
+    run "$TMP/$dir.1.json" 2 --ckpt-dir "$TMP/$dir" --stop-at-step 10 $dt $first &&
+        run "$TMP/$dir.2.json" 2 --ckpt-dir "$TMP/$dir" --resume auto --save-params "$TMP/$dir.h5" $dt $second || continue
+    losses "$TMP/$full.json" | awk '$1 > 10' >"$TMP/a"
     losses "$TMP/$dir.2.json" >"$TMP/b"
     if [ "$(wc -l <"$TMP/b")" -eq 10 ] && cmp -s "$TMP/a" "$TMP/b" &&
-        out=$("$PY" "$top_srcdir/test/compare_params.py" "$TMP/full.h5" "$TMP/$dir.h5" 0); then
+        out=$("$PY" "$top_srcdir/test/compare_params.py" "$TMP/$full.h5" "$TMP/$dir.h5" 0); then
         pass "checkpoint at step 10, offload $dir: the 10 resumed losses, norms and final parameters bit-identical ($out)"
     else
         fail "checkpoint offload $dir: $(diff "$TMP/a" "$TMP/b" | sed -n 2p) ${out:-}"
@@ -140,6 +184,15 @@ run "$TMP/rb.json" 2 $R --ckpt-dir "$TMP/rb" --save-params "$TMP/rb.json.h5" &&
         same "$TMP/rb.json" "$TMP/rbo.json" "rollback to step 5 after non-finite steps 8-9, offload"
     else
         fail "no rollback in the offload run: $(grep spike "$TMP/rbo.json.log" | head -n 2)"
+    fi
+# ... and under bf16 with the fp32 weights on the host (rewritten in place)
+run "$TMP/rb16.json" 2 $R --dtype bf16 --ckpt-dir "$TMP/rb16" --save-params "$TMP/rb16.json.h5" &&
+    run "$TMP/rbo16.json" 2 $R --dtype bf16 --ckpt-dir "$TMP/rbo16" --save-params "$TMP/rbo16.json.h5" \
+        --offload optimizer &&
+    if grep -q "^spike: 2 steps skipped in a row" "$TMP/rbo16.json.log"; then
+        same "$TMP/rb16.json" "$TMP/rbo16.json" "rollback to step 5 after non-finite steps 8-9, bf16, host weights"
+    else
+        fail "no rollback in the bf16 offload run: $(grep spike "$TMP/rbo16.json.log" | head -n 2)"
     fi
 unset DTRAIN_TEST_INJECT_NAN
 

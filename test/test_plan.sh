@@ -156,6 +156,10 @@ mem_check 4 --zero 1 --grad-reduce-dtype bf16
 # offloaded (none at fraction 1), the planner's count exactly
 mem_check 1 --offload optimizer
 mem_check --dtype bf16 4 --zero 2 --pp 2 --offload optimizer --offload-fraction 0.5
+# ... all of it under bf16: the fp32 weights are the host's master copy, the
+# device keeps their bf16 copy and the fp32 tensors other ops read
+mem_check --dtype bf16 1 --offload optimizer
+mem_check --dtype bf16 4 --model tiny-llama --tp 2 --pp 2 --zero 1 --offload optimizer
 mem_check 4 --zero 2 --hybrid-shard 2 --grad-reduce-dtype bf16
 mem_check 4 --zero 3 --grad-reduce-dtype bf16
 mem_check --dtype bf16 1

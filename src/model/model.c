@@ -280,6 +280,61 @@ static void state_floats(const param_table_t *t, const model_layout_t *lay, cons
     *grads_n = lay->lent_block_grads ? outside : t->numel;
 }
 
+/* lay.params_host: whether tensor d is read in fp32 by an op other than
+ * the matmuls (then the device keeps a copy of it): every tensor but the
+ * matmul weights, which are read from params16 only, and a last stage's
+ * tied embedding, which is only its head there. */
+static int read_in_fp32(const param_desc_t *d, const model_layout_t *lay)
+{
+    static const char *const matmul[] = {"attn.wq", "attn.wk",  "attn.wv",   "attn.wo", "mlp.wfc",
+                                         "mlp.wgate", "mlp.wup", "mlp.wproj", "moe.wfc", "moe.wproj"};
+    const char *name = d->name;
+    if (strcmp(name, "lm_head.w") == 0)
+        return 0;
+    if ((strcmp(name, "wte") == 0 || strcmp(name, "tok_emb") == 0) && !lay->part.has_embed)
+        return 0;
+    if (d->layer >= 0 && strncmp(name, "h.", 2) == 0) {
+        const char *dot = strchr(name + 2, '.');
+        for (size_t k = 0; dot && k < sizeof matmul / sizeof *matmul; k++)
+            if (strcmp(dot + 1, matmul[k]) == 0)
+                return 0;
+    }
+    return 1;
+}
+
+/* lay.params_host: the runs of tensors read in fp32 (read_in_fp32),
+ * adjacent in params and in weights_dev, as (flat offset, offset there,
+ * floats) triples into runs (NULL: count only; at most t->n triples);
+ * each run starts there at the same offset modulo 16 floats (64 bytes) as
+ * in params, so that the copies keep params' alignment. Returns the runs;
+ * *floats: weights_dev's length. */
+static int weights_dev_runs(const param_table_t *t, const model_layout_t *lay, size_t *runs, size_t *floats)
+{
+    int n = 0;
+    size_t at = 0, end = (size_t)-1;
+    for (int i = 0; i < t->n; i++) {
+        const param_desc_t *d = &t->p[i];
+        if (d->numel == 0 || !read_in_fp32(d, lay))
+            continue;
+        if (n > 0 && d->offset == end) { /* extends the run */
+            if (runs)
+                runs[3 * (n - 1) + 2] += d->numel;
+        } else {
+            at += (d->offset - at) % 16;
+            if (runs) {
+                runs[3 * n] = d->offset;
+                runs[3 * n + 1] = at;
+                runs[3 * n + 2] = d->numel;
+            }
+            n++;
+        }
+        at += d->numel;
+        end = d->offset + d->numel;
+    }
+    *floats = at;
+    return n;
+}
+
 /* A non-block tensor in a buffer laid out like the flat one (compact = 0),
  * or holding only the non-block tensors, the upper ones moved down to
  * follow the embeddings (compact = 1: the lent-gradient layout). */
@@ -357,6 +412,55 @@ static int map_tensors(model_t *m, float *flat, model_tensors_t *t, int compact)
             return -1;
     }
     return 0;
+}
+
+/* lay.params_host: p at flat offset off, or its place in weights_dev when
+ * its tensor is read in fp32 there (a run holds it). */
+static float *dev_copy_of(const model_t *m, float *p)
+{
+    if (!p)
+        return NULL;
+    const size_t off = (size_t)(p - m->params);
+    for (int k = 0; k < m->n_weights_runs; k++) {
+        const size_t *r = &m->weights_runs[3 * k];
+        if (off >= r[0] && off < r[0] + r[2])
+            return m->weights_dev + r[1] + (off - r[0]);
+    }
+    return p;
+}
+
+/* lay.params_host: the pointers of the tensors read in fp32 at their
+ * copies in weights_dev; the matmul weights' stay in params, where
+ * weight16 finds their place in params16 (the head too, also when tied to
+ * the embedding, whose lookup reads the copy). Returns -1 where the
+ * layout cannot hold its parameters on the host. */
+static int point_at_weights_dev(model_t *m)
+{
+    if (!m->lay.bf16 || m->lay.lent_block_params)
+        return -1;
+    model_tensors_t *t = &m->p;
+    t->wte = dev_copy_of(m, t->wte);
+    t->wpe = dev_copy_of(m, t->wpe);
+    t->lnfw = dev_copy_of(m, t->lnfw);
+    t->lnfb = dev_copy_of(m, t->lnfb);
+    for (int i = 0; i < m->n_local; i++) {
+        block_tensors_t *h = &t->h[i];
+        float **fp32[] = {&h->ln1w, &h->ln1b,  &h->bqkv, &h->bo,   &h->qnorm,  &h->knorm, &h->ln2w,
+                          &h->ln2b, &h->bfc,   &h->bproj, &h->router, &h->ebfc, &h->ebproj, &h->sgate};
+        for (size_t k = 0; k < sizeof fp32 / sizeof *fp32; k++)
+            *fp32[k] = dev_copy_of(m, *fp32[k]);
+    }
+    return 0;
+}
+
+/* lay.params_host: weights_dev from params, after a write of params
+ * (ordered after the ops that wrote it) */
+static void refresh_weights_dev(model_t *m)
+{
+    for (int k = 0; m->lay.params_host && k < m->n_weights_runs; k++) {
+        const size_t *r = &m->weights_runs[3 * k];
+        m->ops->copy(m->ops->ctx, m->weights_dev + r[1], m->params + r[0], r[2] * sizeof(float));
+    }
 }
 
 /* ---- activation arenas ----------------------------------------------------------------- */
@@ -719,8 +823,8 @@ void model_arena_bytes(const model_config_t *cfg, const model_layout_t *lay, int
     layout_acts(&m, NULL, acts, NULL, work);
 }
 
-int model_state_bytes(const model_config_t *cfg, const model_layout_t *lay, size_t *params, size_t *grads, char *err,
-                      size_t errlen)
+int model_state_bytes(const model_config_t *cfg, const model_layout_t *lay, size_t *params, size_t *grads, size_t *host,
+                      char *err, size_t errlen)
 {
     param_table_t t;
     if (param_table_build(&t, cfg, &lay->part, err, errlen) != 0)
@@ -734,9 +838,17 @@ int model_state_bytes(const model_config_t *cfg, const model_layout_t *lay, size
     layer_starts(&t, &lay->part, start);
     size_t params_n = 0, grads_n = 0;
     state_floats(&t, lay, start, &params_n, &grads_n);
-    /* alloc_backend's buffers: params, params16 under bf16, grads */
-    *params = params_n * sizeof(float) + (lay->bf16 ? params_n * sizeof(uint16_t) : 0);
+    /* alloc_backend's buffers: params (or under params_host weights_dev),
+     * params16 under bf16, grads */
+    size_t dev_n = params_n;
+    if (lay->params_host)
+        (void)weights_dev_runs(&t, lay, NULL, &dev_n);
+    if (lay->params_host && dev_n == 0)
+        dev_n = 1;
+    *params = dev_n * sizeof(float) + (lay->bf16 ? params_n * sizeof(uint16_t) : 0);
     *grads = grads_n * sizeof(float);
+    if (host)
+        *host = lay->params_host ? params_n * sizeof(float) : 0;
     free(start);
     param_table_free(&t);
     return 0;
@@ -857,7 +969,18 @@ static void alloc_backend(model_t *m, int slots_ok, char **acts, char **work)
     const model_layout_t *lay = &m->lay;
     if (m->layer_start) /* else model_create fails */
         state_floats(&m->table, lay, m->layer_start, &m->params_n, &m->grads_n);
-    m->params = backend_alloc(ops, MEM_PARAMS, m->params_n * sizeof(float));
+    if (lay->params_host) { /* host memory, not the device's: not counted in MEM_PARAMS */
+        m->params = ops_host_alloc(ops, m->params_n * sizeof(float));
+        if (m->params)
+            memset(m->params, 0, m->params_n * sizeof(float));
+        m->n_weights_runs = weights_dev_runs(&m->table, lay, NULL, &m->weights_dev_n);
+        m->weights_runs = malloc(((size_t)m->n_weights_runs * 3 + 1) * sizeof *m->weights_runs);
+        if (m->weights_runs)
+            weights_dev_runs(&m->table, lay, m->weights_runs, &m->weights_dev_n);
+        m->weights_dev = backend_alloc(ops, MEM_PARAMS, (m->weights_dev_n ? m->weights_dev_n : 1) * sizeof(float));
+    } else {
+        m->params = backend_alloc(ops, MEM_PARAMS, m->params_n * sizeof(float));
+    }
     m->grads = backend_alloc(ops, MEM_GRADS, m->grads_n * sizeof(float));
     if (lay->bf16) {
         m->params16 = backend_alloc(ops, MEM_PARAMS, m->params_n * sizeof(uint16_t));
@@ -909,7 +1032,8 @@ int model_create(model_t *m, const model_config_t *cfg, const ops_t *ops, const 
     char *acts = NULL, *work = NULL;
     alloc_backend(m, slots_ok, &acts, &work);
     if (!m->p.h || !m->g.h || !slots_ok || !m->layer_start || (pbytes && (!m->params || !m->grads)) ||
-        (lay->bf16 && m->params_n && !m->params16) || !acts || !work) {
+        (lay->bf16 && m->params_n && !m->params16) || (lay->params_host && (!m->weights_runs || !m->weights_dev)) ||
+        !acts || !work) {
         snprintf(err, errlen,
                  "out of memory: the model needs %.1f MiB of parameters+gradients and "
                  "%.1f MiB of activations at micro batch %d x seq %d; lower --micro-batch or --seq-len",
@@ -946,13 +1070,26 @@ int model_create(model_t *m, const model_config_t *cfg, const ops_t *ops, const 
         model_destroy(m);
         return -1;
     }
+    if (lay->params_host && point_at_weights_dev(m) != 0) {
+        snprintf(err, errlen, "internal error: --offload optimizer under bf16 needs bf16 and every block's parameters");
+        model_destroy(m);
+        return -1;
+    }
     return 0;
 }
 
 void model_destroy(model_t *m)
 {
     const ops_t *ops = m->ops;
-    backend_free(ops, MEM_PARAMS, m->params, m->params_n * sizeof(float));
+    if (m->lay.params_host) {
+        if (m->params)
+            ops->sync(ops->ctx); /* no copy may still read it */
+        ops_host_free(ops, m->params);
+        backend_free(ops, MEM_PARAMS, m->weights_dev, (m->weights_dev_n ? m->weights_dev_n : 1) * sizeof(float));
+        free(m->weights_runs);
+    } else {
+        backend_free(ops, MEM_PARAMS, m->params, m->params_n * sizeof(float));
+    }
     backend_free(ops, MEM_PARAMS, m->params16, m->params_n * sizeof(uint16_t));
     backend_free(ops, MEM_GRADS, m->grads, m->grads_n * sizeof(float));
     if (m->slots && m->slots[0].x)
@@ -1000,6 +1137,7 @@ void model_params_from_host(model_t *m, const float *host)
     m->params16_stale = 1;
     if (!m->lay.lent_block_params) {
         m->ops->from_host(m->ops->ctx, m->params, host, m->table.numel * sizeof(float));
+        refresh_weights_dev(m);
         return;
     }
     const size_t lo = m->layer_start[0], hi = m->layer_start[m->n_local];
@@ -1040,7 +1178,13 @@ static status_t lend_params(model_t *m, int i, int next, char *err, size_t errle
     return STATUS_OK;
 }
 
-void model_params_written(model_t *m) { m->params16_stale = 1; }
+void model_params_written(model_t *m)
+{
+    m->params16_stale = 1;
+    refresh_weights_dev(m);
+}
+
+void model_params_updated(model_t *m) { refresh_weights_dev(m); }
 
 void model_moe_stats_reset(model_t *m)
 {

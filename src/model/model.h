@@ -228,6 +228,15 @@ typedef struct model_layout {
      * them, so that one chunk's logits exist at a time. > 0: rows per
      * chunk (at most N); MODEL_LOGITS_AUTO: model_logits_rows's choice. */
     int logits_chunk;
+    /* --offload optimizer under bf16 with the whole state offloaded
+     * (src/train/options.h run_weights_on_host): params lives in host
+     * memory (the backend's host_alloc: pinned, and on CUDA mapped into
+     * the device's address space), where it is the optimizer's master
+     * copy; the device holds params16, which every matmul reads, and a
+     * copy (weights_dev) of the tensors other ops read in fp32:
+     * embeddings, norms, biases, the router. Needs bf16 and every block's
+     * parameters held (no lent_block_params). */
+    int params_host;
 } model_layout_t;
 
 #define MODEL_LOGITS_WHOLE 0
@@ -328,6 +337,15 @@ typedef struct model {
      * current by writing it in the same pass (ops adamw's p16). */
     uint16_t *params16;
     int params16_stale;
+    /* lay.params_host: the fp32 tensors ops other than the matmuls read
+     * ([weights_dev_n] floats, MEM_PARAMS), copied from params after
+     * every write of it by runs of tensors adjacent in both
+     * (weights_runs[3 k]: flat offset, offset here, floats); p's pointers
+     * to those tensors point here, the matmul weights' into params */
+    float *weights_dev;
+    size_t weights_dev_n;
+    size_t *weights_runs;
+    int n_weights_runs;
     size_t act_bytes, work_bytes;
     /* layer_start[i]: flat offset of local block i's first tensor; [Ls]: the
      * final norm's (the head and final norm lie above it, embeddings below [0]) */
@@ -411,13 +429,15 @@ void model_destroy(model_t *m);
 void model_arena_bytes(const model_config_t *cfg, const model_layout_t *lay, int B, int T, size_t *acts, size_t *work);
 
 /* Bytes of the parameter buffers (MEM_PARAMS: the fp32 weights and, with
- * lay->bf16, their bf16 copy) and the gradient buffer (MEM_GRADS)
- * model_create allocates for this layout (under lent_block_params /
- * lent_block_grads only the tensors outside the blocks), computed by the
- * same code without allocating: what the planner reports. Returns 0, or -1
+ * lay->bf16, their bf16 copy; under lay->params_host the bf16 copy and
+ * weights_dev) and the gradient buffer (MEM_GRADS) model_create allocates
+ * for this layout (under lent_block_params / lent_block_grads only the
+ * tensors outside the blocks), computed by the same code without
+ * allocating: what the planner reports. *host (may be NULL): the bytes of
+ * params in host memory (lay->params_host), else 0. Returns 0, or -1
  * (err). */
-int model_state_bytes(const model_config_t *cfg, const model_layout_t *lay, size_t *params, size_t *grads, char *err,
-                      size_t errlen);
+int model_state_bytes(const model_config_t *cfg, const model_layout_t *lay, size_t *params, size_t *grads, size_t *host,
+                      char *err, size_t errlen);
 
 /* Fills parameters from the counter-based RNG (layout independent).
  * Returns -1 if the host staging buffer cannot be allocated. */
@@ -433,8 +453,13 @@ void model_params_to_host(const model_t *m, float *host);
  * memory of the model's size and copying it over. NULL otherwise. */
 float *model_params_in_place(model_t *m);
 /* The caller wrote params other than through the fused AdamW (a ZeRO
- * all-gather): params16 is recast before the next bf16 matmul. */
+ * all-gather): params16 is recast before the next bf16 matmul (and under
+ * lay.params_host the device's fp32 copies are refreshed now). */
 void model_params_written(model_t *m);
+/* The optimizer wrote params and kept params16 current (lay.params_host:
+ * the host AdamW): the device's fp32 copies are refreshed. No-op without
+ * params_host. */
+void model_params_updated(model_t *m);
 
 /* Forward of one microbatch of b x t tokens into activation slot `slot`.
  * tokens (host, [b*t]) are read by the first stage; other stages read their

@@ -165,10 +165,12 @@ static void free_moments(const ops_t *ops, size_t n, float *m, float *v)
 /* Each moment holds at least one float, so neither is empty. */
 size_t adamw_state_bytes(size_t n) { return 2 * (n ? n : 1) * sizeof(float); }
 
-static int offload_setup(adamw_t *a, size_t n_host, int bf16, const optim_range_t *cuts, int n_cuts);
+static int offload_setup(adamw_t *a, size_t n_host, int bf16, int params_master, const optim_range_t *cuts,
+                         int n_cuts);
 
 int adamw_create(adamw_t *a, const ops_t *ops, const param_table_t *t, const dpsync_optim_view_t *v, double beta1,
-                 double beta2, double eps, double weight_decay, double grad_clip, size_t n_host, int host_bf16)
+                 double beta2, double eps, double weight_decay, double grad_clip, size_t n_host, int host_bf16,
+                 int params_master)
 {
     memset(a, 0, sizeof *a);
     a->ops = ops;
@@ -213,7 +215,7 @@ int adamw_create(adamw_t *a, const ops_t *ops, const param_table_t *t, const dps
     }
     /* the host's part first, so that the backend holds only the rest at
      * any time (its peak counter included) */
-    const int host_rc = n_host ? offload_setup(a, n_host, host_bf16, cuts, n_cuts) : 0;
+    const int host_rc = n_host ? offload_setup(a, n_host, host_bf16, params_master, cuts, n_cuts) : 0;
     free(cuts);
     if (host_rc != 0 ||
         (a->n > n_host && alloc_moments(ops, a->n - n_host, &a->m, &a->v) != 0)) {
@@ -258,9 +260,9 @@ size_t adamw_offload_count(size_t n, double f)
     return k <= 0 ? 0 : k >= (double)n ? n : (size_t)k;
 }
 
-size_t adamw_offload_bytes(size_t n_host, int bf16)
+size_t adamw_offload_bytes(size_t n_host, int bf16, int params_master)
 {
-    return n_host * (4 * sizeof(float) + (bf16 ? sizeof(uint16_t) : 0));
+    return n_host * ((params_master ? 3 : 4) * sizeof(float) + (bf16 ? sizeof(uint16_t) : 0));
 }
 
 /* The runs split at moment index n_host: those below go to the host's
@@ -305,19 +307,23 @@ static int make_segs(adamw_offload_t *h, const optim_range_t *cuts, int n_cuts)
 
 /* Host arrays for the first n_host elements and the runs split between
  * host and backend. */
-static int offload_setup(adamw_t *a, size_t n_host, int bf16, const optim_range_t *cuts, int n_cuts)
+static int offload_setup(adamw_t *a, size_t n_host, int bf16, int params_master, const optim_range_t *cuts,
+                         int n_cuts)
 {
     const ops_t *ops = a->ops;
     adamw_offload_t *h = &a->host;
-    *h = (adamw_offload_t){.n = n_host, .isa = adamw_host_best(), .pinned = ops->host_alloc && ops->host_free};
+    *h = (adamw_offload_t){.n = n_host,
+                           .isa = adamw_host_best(),
+                           .pinned = ops->host_alloc && ops->host_free,
+                           .params_are_master = params_master};
     const size_t bytes = n_host * sizeof(float);
-    h->p = ops_host_alloc(ops, bytes);
+    h->p = params_master ? NULL : ops_host_alloc(ops, bytes);
     h->g = ops_host_alloc(ops, bytes);
     h->m = ops_host_alloc(ops, bytes);
     h->v = ops_host_alloc(ops, bytes);
     h->p16 = bf16 ? ops_host_alloc(ops, n_host * sizeof(uint16_t)) : NULL;
     h->ranges = calloc((size_t)a->n_ranges + 1, sizeof *h->ranges);
-    if (!h->p || !h->g || !h->m || !h->v || (bf16 && !h->p16) || !h->ranges)
+    if ((!params_master && !h->p) || !h->g || !h->m || !h->v || (bf16 && !h->p16) || !h->ranges)
         return -1;
     memset(h->m, 0, bytes); /* a fresh optimizer's moments; a checkpoint's come later */
     memset(h->v, 0, bytes);
@@ -328,7 +334,7 @@ static int offload_setup(adamw_t *a, size_t n_host, int bf16, const optim_range_
 void adamw_offload_pull(adamw_t *a, const float *params)
 {
     const adamw_offload_t *h = &a->host;
-    for (int i = 0; i < h->n_ranges; i++) {
+    for (int i = 0; i < h->n_ranges && !h->params_are_master; i++) {
         const optim_range_t *r = &h->ranges[i];
         a->ops->to_host(a->ops->ctx, h->p + r->soff, params + r->offset, r->n * sizeof(float));
     }
@@ -473,10 +479,18 @@ static void offload_update(adamw_t *a, float *params, uint16_t *params16, double
         dt_adamw_coef((float)lr, (float)a->beta1, (float)a->beta2, (float)a->eps, 0.0f, (float)grad_scale, a->t),
         dt_adamw_coef((float)lr, (float)a->beta1, (float)a->beta2, (float)a->eps, (float)a->weight_decay,
                       (float)grad_scale, a->t)};
+    /* params as the master copy: the host writes them, so no backend op
+     * may still read them (a gather's copy, the fp32 copies' refresh, a
+     * recast). Those ran before the backward, whose gradients were
+     * copied here, and the norm was read before the update, so this
+     * wait costs nothing; it keeps the host's writes safe on its own */
+    if (h->params_are_master)
+        ops->sync(ops->ctx);
     for (int i = 0; i < h->n_ranges; i++) {
         const optim_range_t *r = &h->ranges[i];
-        adamw_host(h->isa, h->p + r->soff, params16 ? h->p16 + r->soff : NULL, h->g + r->soff, h->m + r->soff,
-                   h->v + r->soff, r->n, &k[r->decay != 0]);
+        float *p = h->params_are_master ? params + r->offset : h->p + r->soff;
+        adamw_host(h->isa, p, params16 ? h->p16 + r->soff : NULL, h->g + r->soff, h->m + r->soff, h->v + r->soff, r->n,
+                   &k[r->decay != 0]);
     }
     /* up on the backend's side stream where it has one: the host goes on
      * at once, the backend's next ops wait for the copies; the host
@@ -486,7 +500,8 @@ static void offload_update(adamw_t *a, float *params, uint16_t *params16, double
     void (*up)(void *, void *, const void *, size_t) = side ? ops->from_host_begin : ops->from_host;
     for (int i = 0; i < h->n_ranges; i++) {
         const optim_range_t *r = &h->ranges[i];
-        up(ops->ctx, params + r->offset, h->p + r->soff, r->n * sizeof(float));
+        if (!h->params_are_master)
+            up(ops->ctx, params + r->offset, h->p + r->soff, r->n * sizeof(float));
         if (params16)
             up(ops->ctx, params16 + r->offset, h->p16 + r->soff, r->n * sizeof(uint16_t));
     }

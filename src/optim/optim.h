@@ -81,6 +81,10 @@ typedef struct adamw_offload {
     int pending;    /* copies begun with to_host_begin and not yet ended */
     adamw_host_isa_t isa;
     int pinned; /* the arrays come from the backend's host_alloc */
+    /* the master parameters are the view's params themselves, host memory
+     * (model_layout_t params_host): p is NULL, the host AdamW updates
+     * params in place and only the bf16 copy goes back to the backend */
+    int params_are_master;
 } adamw_offload_t;
 
 typedef struct adamw {
@@ -99,9 +103,10 @@ typedef struct adamw {
 size_t adamw_offload_count(size_t n, double f);
 
 /* Host bytes the offloaded part of n_host elements takes (master
- * parameters, gradient staging, two moments; the bf16 staging when bf16),
- * as adamw_create allocates them; the planner counts the same. */
-size_t adamw_offload_bytes(size_t n_host, int bf16);
+ * parameters unless params_master, gradient staging, two moments; the
+ * bf16 staging when bf16), as adamw_create allocates them; the planner
+ * counts the same. */
+size_t adamw_offload_bytes(size_t n_host, int bf16, int params_master);
 
 /* Moments [v->n] for the pieces of the data-parallel strategy's view
  * (mpi/dpsync.h): every parameter when replicated, this rank's ZeRO pieces
@@ -110,9 +115,12 @@ size_t adamw_offload_bytes(size_t n_host, int bf16);
  * indexed as the view's (its params and grads). --offload: the first
  * n_host elements (adamw_offload_count) live in host memory instead, their
  * master parameters read from the view's params now; host_bf16: they also
- * stage the bf16 copy (the update writes params16). -1: out of memory. */
+ * stage the bf16 copy (the update writes params16); params_master: the
+ * view's params are host memory and are the master copy themselves
+ * (model_layout_t params_host; n_host must be v->n). -1: out of memory. */
 int adamw_create(adamw_t *a, const ops_t *ops, const param_table_t *t, const dpsync_optim_view_t *v, double beta1,
-                 double beta2, double eps, double weight_decay, double grad_clip, size_t n_host, int host_bf16);
+                 double beta2, double eps, double weight_decay, double grad_clip, size_t n_host, int host_bf16,
+                 int params_master);
 
 /* --offload: the view's gradients [lo, lo + n) are final for this step
  * (reduced and averaged; the strategy says so as each bucket or unit
@@ -129,7 +137,8 @@ size_t adamw_grads_final(adamw_t *a, const float *grads, size_t lo, size_t n);
 void adamw_grads_drop(adamw_t *a);
 
 /* The view's parameters were written outside adamw_step (a checkpoint
- * loaded, a rollback): the host master copy reads them again. */
+ * loaded, a rollback): the host master copy reads them again (no-op when
+ * the params are the master copy). */
 void adamw_offload_pull(adamw_t *a, const float *params);
 
 /* Moment `which` (0: m, 1: v) whole, indexed as the view [n], in backend

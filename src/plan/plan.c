@@ -219,7 +219,7 @@ static int plan_state_bytes(const plan_in_t *in, const model_layout_t *lay, cons
          * moments (optim.c), ZeRO's shards, windows and staging (zero.c) or
          * ddp.c's bf16 staging */
         size_t params = 0, grads = 0;
-        if (model_state_bytes(in->c, lay, &params, &grads, err, errlen) != 0)
+        if (model_state_bytes(in->c, lay, &params, &grads, NULL, err, errlen) != 0)
             return -1;
         mem[MEM_PARAMS] = (double)params;
         mem[MEM_GRADS] = (double)grads;
@@ -339,12 +339,16 @@ static int plan_stage(const plan_in_t *in, int s, int layer_begin, stage_plan_t 
                                 .logits_chunk = run->logits_chunk,
                                 .doc_mask = in->doc_mask,
                                 .cp_size = in->cp,
-                                .split_backward = run->pp_kind == PIPE_ZBH1};
+                                .split_backward = run->pp_kind == PIPE_ZBH1,
+                                .params_host = !in->megatron && run_config_weights_on_host(run, in->bf16)};
     stage_units_t u;
     if (plan_units(in, &part, sp, &u, err, errlen) != 0 || plan_state_bytes(in, &lay, &u, sp->mem, err, errlen) != 0)
         return -1;
     sp->n_host = adamw_offload_count(run->zero_stage >= 1 ? u.shard_n : u.n, run->offload_fraction);
-    sp->host_bytes = (double)adamw_offload_bytes(sp->n_host, lay.bf16 && run->zero_stage == 0);
+    /* train_setup's adamw_create and model_create: the state, and under
+     * params_host the fp32 weights (the local parameters) as its master */
+    sp->host_bytes = (double)adamw_offload_bytes(sp->n_host, lay.bf16 && run->zero_stage == 0, lay.params_host) +
+                     (lay.params_host ? (double)u.n * sizeof(float) : 0.0);
     if (!in->megatron)
         plan_arena(in, &lay, sp);
     else

@@ -1126,6 +1126,11 @@ int run_config_stage_begin(const run_config_t *rc, int s)
 
 int run_config_ep_spans_tp(const run_config_t *rc) { return rc->etp == 1 && rc->tp > 1; }
 
+int run_config_weights_on_host(const run_config_t *rc, int bf16)
+{
+    return bf16 && rc->offload_fraction >= 1.0 && rc->zero_stage <= 2;
+}
+
 void run_config_stage_runs(const run_config_t *rc, int s, int *n_runs, int *begin, int *end)
 {
     *n_runs = rc->pp_virtual;

@@ -221,6 +221,11 @@ int run_config_stage_begin(const run_config_t *rc, int s);
  * (param_layout_t's n_runs, run_begin, run_end). */
 /* --etp 1 at tp > 1: whole experts, the EP group spanning TP ranks. */
 int run_config_ep_spans_tp(const run_config_t *rc);
+/* --offload optimizer with the whole state offloaded (fraction 1), a run
+ * computing in bf16, and every block's parameters held (ZeRO 0-2): the
+ * fp32 weights live in host memory as the optimizer's master copy and the
+ * device keeps their bf16 copy (model_layout_t params_host). */
+int run_config_weights_on_host(const run_config_t *rc, int bf16);
 void run_config_stage_runs(const run_config_t *rc, int s, int *n_runs, int *begin, int *end);
 /* The schedule's shape for one step. */
 pipe_shape_t run_config_pipe_shape(const run_config_t *rc);

@@ -115,13 +115,20 @@ void trainer_banner(const trainer_t *tr, FILE *out)
     }
     const adamw_offload_t *h = &tr->optim.host;
     if (h->n) {
-        metrics_format_bytes(buf, sizeof buf, (double)adamw_offload_bytes(h->n, h->p16 != NULL));
+        metrics_format_bytes(buf, sizeof buf, (double)adamw_offload_bytes(h->n, h->p16 != NULL, h->params_are_master));
         fprintf(
             out,
             "offload: optimizer, %zu of %zu elements per rank (fraction %g) in %s host memory, %s: moments and fp32 "
             "master weights, updated by the host AdamW (%s)\n",
             h->n, tr->optim.n, tr->run->offload_fraction, h->pinned ? "pinned" : "plain", buf,
             adamw_host_isa_names[h->isa]);
+        if (h->params_are_master) {
+            metrics_format_bytes(buf, sizeof buf, (double)tr->model.params_n * sizeof(float));
+            fprintf(out,
+                    "offload: the fp32 weights (%s) are the master copy in host memory; the device holds their bf16 "
+                    "copy and the %zu fp32 elements other ops than the matmuls read\n",
+                    buf, tr->model.weights_dev_n);
+        }
     }
     fprintf(out, "compute: %.1f GFLOP per step, peak %.1f GFLOP/s per rank (%s)\n",
             tr->flops_token * o->micro_batch * o->seq_len * tr->accum * grid_data_size(tr->grid) * 1e-9,
@@ -770,13 +777,17 @@ static int update_params(trainer_t *tr, int step, double lr, double norm, char *
     if (tr->trace)
         m->ops->sync(m->ops->ctx); /* the span measures the kernels (see model.c span_end) */
     trace_span(tr->trace, TRACE_COMPUTE, "optimizer", t_opt, tr->trace ? trace_now() : 0.0, NULL);
-    if (!v->whole)
-        model_params_written(m);
     char cerr[COMM_ERR_MAX];
     if (tr->sync.ops->after_update(&tr->sync, cerr, sizeof cerr) != 0) {
         snprintf(err, errlen, "step %d: %s", step + 1, cerr);
         return -1;
     }
+    /* after the gather: under --offload with host weights, the device's
+     * fp32 copies are taken from the params it wrote */
+    if (!v->whole)
+        model_params_written(m);
+    else
+        model_params_updated(m);
     return 0;
 }
 

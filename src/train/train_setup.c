@@ -547,8 +547,11 @@ static int check_offload_memory(trainer_t *tr, const model_layout_t *lay, char *
     int rc = param_table_build(&t, &tr->cfg, &lay->part, err, errlen);
     if (rc == 0) {
         const size_t n = run->zero_stage ? (t.numel + (size_t)run->shard - 1) / (size_t)run->shard : t.numel;
+        /* under params_host the fp32 weights too, as the master copy */
+        const double need =
+            (double)adamw_offload_bytes(adamw_offload_count(n, run->offload_fraction), lay->bf16, lay->params_host) +
+            (lay->params_host ? (double)t.numel * sizeof(float) : 0.0);
         param_table_free(&t);
-        const double need = (double)adamw_offload_bytes(adamw_offload_count(n, run->offload_fraction), lay->bf16);
         const double avail = host_mem_available(), gib = 1073741824.0;
         const int ranks = tr->env->local_size > 0 ? tr->env->local_size : 1;
         if (avail > 0 && need > avail / ranks) {
@@ -589,6 +592,7 @@ static int setup_model(trainer_t *tr, model_layout_t lay, const dpsync_ops_t *ki
                  "in fp32): add --dtype bf16, or drop --tp-comm-dtype");
         return -1;
     }
+    lay.params_host = run_config_weights_on_host(run, lay.bf16);
     if (run->offload_fraction > 0 && check_offload_memory(tr, &lay, err, errlen) != 0)
         return -1;
     /* --cp: the model holds T/cp rows of each sequence */
@@ -611,7 +615,7 @@ static int setup_model(trainer_t *tr, model_layout_t lay, const dpsync_ops_t *ki
     const size_t n_host = adamw_offload_count(v->n, run->offload_fraction);
     const int host_bf16 = n_host && tr->model.params16 != NULL && v->whole;
     int rc = adamw_create(&tr->optim, tr->model.ops, &tr->model.table, v, o->beta1, o->beta2, o->adam_eps,
-                          o->weight_decay, o->grad_clip, n_host, host_bf16);
+                          o->weight_decay, o->grad_clip, n_host, host_bf16, tr->model.lay.params_host);
     if (rc != 0)
         snprintf(err, errlen, "out of memory for the optimizer state (%zu parameters%s)", tr->model.table.numel,
                  n_host ? ", part of it in host memory" : "");
