@@ -68,6 +68,7 @@ typedef struct stage_plan {
      * the optimizer's), their host bytes, and the update's two sides */
     size_t n_host;
     double host_bytes, t_opt_host, t_opt_dev;
+    double host_weights; /* of host_bytes: the fp32 weights as the master copy (model_layout_t params_host) */
     double t_d2h, t_d2h_exposed; /* the gradients' copies down, and what the last backward leaves exposed */
 } stage_plan_t;
 
@@ -347,8 +348,9 @@ static int plan_stage(const plan_in_t *in, int s, int layer_begin, stage_plan_t 
     sp->n_host = adamw_offload_count(run->zero_stage >= 1 ? u.shard_n : u.n, run->offload_fraction);
     /* train_setup's adamw_create and model_create: the state, and under
      * params_host the fp32 weights (the local parameters) as its master */
-    sp->host_bytes = (double)adamw_offload_bytes(sp->n_host, lay.bf16 && run->zero_stage == 0, lay.params_host) +
-                     (lay.params_host ? (double)u.n * sizeof(float) : 0.0);
+    sp->host_weights = lay.params_host ? (double)u.n * sizeof(float) : 0.0;
+    sp->host_bytes =
+        (double)adamw_offload_bytes(sp->n_host, lay.bf16 && run->zero_stage == 0, lay.params_host) + sp->host_weights;
     if (!in->megatron)
         plan_arena(in, &lay, sp);
     else
@@ -578,8 +580,14 @@ static void stage_dp(const plan_in_t *in, int s, stage_plan_t *sp)
          * embedding's on the first stage) are exposed; then the host AdamW streaming the same bytes at the
          * rank's share of the node's host bandwidth and the weights up
          * (4 B, and the bf16 copy's 2); the backend's part updates
-         * meanwhile */
-        const double h = (double)sp->n_host, up = in->bf16 && in->run.zero_stage == 0 ? 6.0 : 4.0;
+         * meanwhile. With the weights on the host (params_host) only the
+         * bf16 copy goes up (ZeRO-0), or nothing, and ZeRO-1/2's gather
+         * writes every local weight to the host (4 B) and the bf16 copy
+         * is recast from there (4 B) */
+        const int host_w = sp->host_weights > 0, z = in->run.zero_stage;
+        const double h = (double)sp->n_host;
+        const double up = host_w ? (z == 0 ? 2.0 : 0.0) : in->bf16 && z == 0 ? 6.0 : 4.0;
+        const double gather_host = host_w && z >= 1 ? n * 8.0 / hw->h2d_bw : 0.0;
         const double host_bw = hw->host_bw / (hw->gpus_per_node > 0 ? hw->gpus_per_node : 1);
         /* the last stretch told holds the lowest offsets: the first
          * stage's embedding, else a bucket or a block's unit; the host's
@@ -590,7 +598,7 @@ static void stage_dp(const plan_in_t *in, int s, stage_plan_t *sp)
         const double t_last = (stretch < h ? stretch : h) * 4.0 / hw->h2d_bw;
         sp->t_d2h = h * 4.0 / hw->h2d_bw;
         sp->t_d2h_exposed = t_last + (sp->t_d2h - t_last > t_bwd ? sp->t_d2h - t_last - t_bwd : 0.0);
-        sp->t_opt_host = sp->t_d2h_exposed + h * up / hw->h2d_bw + h * per / host_bw;
+        sp->t_opt_host = sp->t_d2h_exposed + h * up / hw->h2d_bw + h * per / host_bw + gather_host;
         sp->t_opt = sp->t_opt_host > sp->t_opt_dev ? sp->t_opt_host : sp->t_opt_dev;
     }
 }
@@ -1032,12 +1040,20 @@ static void print_host_memory(const plan_t *p, FILE *out)
     const stage_plan_t *w = &p->st[p->worst];
     const int per_node = hw->gpus_per_node > 0 ? hw->gpus_per_node : 1;
     char b1[32], b2[32], b3[32];
-    fprintf(out,
-            "host memory per rank: %s (%zu elements x %d B: fp32 master weights, m, v and the gradients' staging%s); "
-            "a node of %d ranks: %s",
-            fmt_bytes(b1, sizeof b1, w->host_bytes), w->n_host, (int)(w->host_bytes / (double)w->n_host + 0.5),
-            w->host_bytes / (double)w->n_host > 16.5 ? ", the bf16 copy's" : "", per_node,
-            fmt_bytes(b2, sizeof b2, w->host_bytes * per_node));
+    const double state = w->host_bytes - w->host_weights, per = state / (double)w->n_host;
+    if (w->host_weights > 0)
+        fprintf(out,
+                "host memory per rank: %s (the %s fp32 weights, the master copy; %zu elements x %d B: m, v and the "
+                "gradients' staging%s); a node of %d ranks: %s",
+                fmt_bytes(b1, sizeof b1, w->host_bytes), fmt_bytes(b3, sizeof b3, w->host_weights), w->n_host,
+                (int)(per + 0.5), per > 12.5 ? ", the bf16 copy's" : "", per_node,
+                fmt_bytes(b2, sizeof b2, w->host_bytes * per_node));
+    else
+        fprintf(out,
+                "host memory per rank: %s (%zu elements x %d B: fp32 master weights, m, v and the gradients' "
+                "staging%s); a node of %d ranks: %s",
+                fmt_bytes(b1, sizeof b1, w->host_bytes), w->n_host, (int)(per + 0.5),
+                per > 16.5 ? ", the bf16 copy's" : "", per_node, fmt_bytes(b2, sizeof b2, w->host_bytes * per_node));
     if (hw->host_memory > 0)
         fprintf(out, " of %s: %s\n", fmt_bytes(b3, sizeof b3, hw->host_memory),
                 w->host_bytes * per_node <= hw->host_memory ? "FITS" : "DOES NOT FIT");
@@ -1067,6 +1083,10 @@ static void print_memory(const plan_t *p, FILE *out)
                 fprintf(out, "%s: a shard of %zu, the tensors outside the blocks%s, two gathered blocks",
                         in->megatron ? "bf16" : "fp32", w->shard_n,
                         in->bf16 && !in->megatron ? " (and their bf16 copy)" : "");
+            else if (w->host_weights > 0)
+                fprintf(out, "%zu local parameters x 2 B (bf16; their fp32 in host memory), and the fp32 of the "
+                        "embeddings, norms and biases",
+                        w->n);
             else
                 fprintf(out, "%zu local parameters x %d B (%s)", w->n,
                         in->megatron ? 2

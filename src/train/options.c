@@ -185,7 +185,8 @@ static const opt_def_t opt_defs[] = {
      "gradient bucket size in MiB for --ddp-mode bucketed", NULL, NULL, 0},
     {"offload", OPT_ENUM, F(offload), 0, "none", 0, 0, options_offload_names,
      "none | optimizer: each rank's AdamW moments and fp32 master weights (its ZeRO shard) in host memory, updated "
-     "there by the vectorised host AdamW; bit-identical to none on the CPU",
+     "there by the vectorised host AdamW; bit-identical to none on the CPU. Under --dtype bf16 with fraction 1 and "
+     "--zero 0-2 the fp32 weights themselves move to the host and the device keeps their bf16 copy",
      NULL, NULL, 0},
     {"offload-fraction", OPT_REAL, F(offload_fraction), 0, "1", 0, 1, NULL,
      "with --offload optimizer: the fraction of the optimizer state in host memory, the rest updated on the device "
