@@ -202,10 +202,13 @@ static int plan_units(const plan_in_t *in, const param_layout_t *part, stage_pla
 }
 
 /* Parameters, gradients, optimizer state and ZeRO's staging buffers of
- * the stage the model holds as lay. Returns 0 or -1 (err). */
+ * the stage the model holds as lay; *host_weights: the bytes of its fp32
+ * weights in host memory (lay->params_host), else 0. Returns 0 or -1
+ * (err). */
 static int plan_state_bytes(const plan_in_t *in, const model_layout_t *lay, const stage_units_t *u, double *mem,
-                            char *err, size_t errlen)
+                            double *host_weights, char *err, size_t errlen)
 {
+    *host_weights = 0.0;
     const int z = in->run.zero_stage;
     const size_t S = (size_t)in->run.shard;
     /* ZeRO's buffers as zero_create sizes them (the shard group S, the
@@ -219,9 +222,10 @@ static int plan_state_bytes(const plan_in_t *in, const model_layout_t *lay, cons
          * allocates them (lay lends the blocks to ZeRO-2/3), then AdamW's
          * moments (optim.c), ZeRO's shards, windows and staging (zero.c) or
          * ddp.c's bf16 staging */
-        size_t params = 0, grads = 0;
-        if (model_state_bytes(in->c, lay, &params, &grads, NULL, err, errlen) != 0)
+        size_t params = 0, grads = 0, host = 0;
+        if (model_state_bytes(in->c, lay, &params, &grads, &host, err, errlen) != 0)
             return -1;
+        *host_weights = (double)host;
         mem[MEM_PARAMS] = (double)params;
         mem[MEM_GRADS] = (double)grads;
         const size_t opt_n = z >= 1 ? u->shard_n : u->n, n_host = adamw_offload_count(opt_n, in->run.offload_fraction);
@@ -343,12 +347,12 @@ static int plan_stage(const plan_in_t *in, int s, int layer_begin, stage_plan_t 
                                 .split_backward = run->pp_kind == PIPE_ZBH1,
                                 .params_host = !in->megatron && run_config_weights_on_host(run, in->bf16)};
     stage_units_t u;
-    if (plan_units(in, &part, sp, &u, err, errlen) != 0 || plan_state_bytes(in, &lay, &u, sp->mem, err, errlen) != 0)
+    if (plan_units(in, &part, sp, &u, err, errlen) != 0 ||
+        plan_state_bytes(in, &lay, &u, sp->mem, &sp->host_weights, err, errlen) != 0)
         return -1;
     sp->n_host = adamw_offload_count(run->zero_stage >= 1 ? u.shard_n : u.n, run->offload_fraction);
     /* train_setup's adamw_create and model_create: the state, and under
-     * params_host the fp32 weights (the local parameters) as its master */
-    sp->host_weights = lay.params_host ? (double)u.n * sizeof(float) : 0.0;
+     * params_host the fp32 weights as its master */
     sp->host_bytes =
         (double)adamw_offload_bytes(sp->n_host, lay.bf16 && run->zero_stage == 0, lay.params_host) + sp->host_weights;
     if (!in->megatron)
