@@ -91,7 +91,10 @@ banner() {
         [ "$(grep -Ec "^slurm: job $2, restart [0-9], 2 nodes node\[1-2\], " "$out")" -eq "$3" ]; then
         pass "$1: 4 ranks over node1 and node2 in each of $3 attempt(s): $(grep -E '^(launch|hosts|slurm):' "$out" | head -n 3 | tr '\n' '|')"
     else
-        fail "$1: banner: $(grep -E '^(launch|hosts|slurm):' "$out" | tr '\n' '|') $(grep -i error "$out" | head -n 3)"
+        # a crash's frames as OpenMPI's handler prints them, so that a
+        # failure in CI says where (the job's files go with $TMP)
+        fail "$1: banner: $(grep -E '^(launch|hosts|slurm):' "$out" | tr '\n' '|') $(grep -i error "$out" | head -n 3)" \
+            "$(grep -E '^\[[^]]*\] (\*\*\*|\[ *[0-9]+\])' "$out" | head -n 16)"
     fi
 }
 
