@@ -303,12 +303,12 @@ static int read_in_fp32(const param_desc_t *d, const model_layout_t *lay)
 }
 
 /* lay.params_host: the runs of tensors read in fp32 (read_in_fp32),
- * adjacent in params and in weights_dev, as (flat offset, offset there,
- * floats) triples into runs (NULL: count only; at most t->n triples);
- * each run starts there at the same offset modulo 16 floats (64 bytes) as
- * in params, so that the copies keep params' alignment. Returns the runs;
- * *floats: weights_dev's length. */
-static int weights_dev_runs(const param_table_t *t, const model_layout_t *lay, size_t *runs, size_t *floats)
+ * adjacent in params and in weights_dev, into runs (NULL: count only; at
+ * most t->n); each run starts there at the same offset modulo 16 floats
+ * (64 bytes) as in params, so that the copies keep params' alignment.
+ * Returns the runs; *floats: weights_dev's length. */
+static int weights_dev_runs(const param_table_t *t, const model_layout_t *lay, struct weights_run *runs,
+                            size_t *floats)
 {
     int n = 0;
     size_t at = 0, end = (size_t)-1;
@@ -318,14 +318,11 @@ static int weights_dev_runs(const param_table_t *t, const model_layout_t *lay, s
             continue;
         if (n > 0 && d->offset == end) { /* extends the run */
             if (runs)
-                runs[3 * (n - 1) + 2] += d->numel;
+                runs[n - 1].n += d->numel;
         } else {
             at += (d->offset - at) % 16;
-            if (runs) {
-                runs[3 * n] = d->offset;
-                runs[3 * n + 1] = at;
-                runs[3 * n + 2] = d->numel;
-            }
+            if (runs)
+                runs[n] = (struct weights_run){.flat = d->offset, .dev = at, .n = d->numel};
             n++;
         }
         at += d->numel;
@@ -334,6 +331,9 @@ static int weights_dev_runs(const param_table_t *t, const model_layout_t *lay, s
     *floats = at;
     return n;
 }
+
+/* Bytes of weights_dev for n floats: at least one, so it is never empty. */
+static size_t weights_dev_bytes(size_t n) { return (n ? n : 1) * sizeof(float); }
 
 /* A non-block tensor in a buffer laid out like the flat one (compact = 0),
  * or holding only the non-block tensors, the upper ones moved down to
@@ -422,9 +422,9 @@ static float *dev_copy_of(const model_t *m, float *p)
         return NULL;
     const size_t off = (size_t)(p - m->params);
     for (int k = 0; k < m->n_weights_runs; k++) {
-        const size_t *r = &m->weights_runs[3 * k];
-        if (off >= r[0] && off < r[0] + r[2])
-            return m->weights_dev + r[1] + (off - r[0]);
+        const struct weights_run *r = &m->weights_runs[k];
+        if (off >= r->flat && off < r->flat + r->n)
+            return m->weights_dev + r->dev + (off - r->flat);
     }
     return p;
 }
@@ -458,8 +458,8 @@ static int point_at_weights_dev(model_t *m)
 static void refresh_weights_dev(model_t *m)
 {
     for (int k = 0; m->lay.params_host && k < m->n_weights_runs; k++) {
-        const size_t *r = &m->weights_runs[3 * k];
-        m->ops->copy(m->ops->ctx, m->weights_dev + r[1], m->params + r[0], r[2] * sizeof(float));
+        const struct weights_run *r = &m->weights_runs[k];
+        m->ops->copy(m->ops->ctx, m->weights_dev + r->dev, m->params + r->flat, r->n * sizeof(float));
     }
 }
 
@@ -840,12 +840,11 @@ int model_state_bytes(const model_config_t *cfg, const model_layout_t *lay, size
     state_floats(&t, lay, start, &params_n, &grads_n);
     /* alloc_backend's buffers: params (or under params_host weights_dev),
      * params16 under bf16, grads */
-    size_t dev_n = params_n;
+    size_t dev_n = 0;
     if (lay->params_host)
         (void)weights_dev_runs(&t, lay, NULL, &dev_n);
-    if (lay->params_host && dev_n == 0)
-        dev_n = 1;
-    *params = dev_n * sizeof(float) + (lay->bf16 ? params_n * sizeof(uint16_t) : 0);
+    *params = (lay->params_host ? weights_dev_bytes(dev_n) : params_n * sizeof(float)) +
+              (lay->bf16 ? params_n * sizeof(uint16_t) : 0);
     *grads = grads_n * sizeof(float);
     if (host)
         *host = lay->params_host ? params_n * sizeof(float) : 0;
@@ -974,10 +973,10 @@ static void alloc_backend(model_t *m, int slots_ok, char **acts, char **work)
         if (m->params)
             memset(m->params, 0, m->params_n * sizeof(float));
         m->n_weights_runs = weights_dev_runs(&m->table, lay, NULL, &m->weights_dev_n);
-        m->weights_runs = malloc(((size_t)m->n_weights_runs * 3 + 1) * sizeof *m->weights_runs);
+        m->weights_runs = malloc(((size_t)m->n_weights_runs + 1) * sizeof *m->weights_runs);
         if (m->weights_runs)
             weights_dev_runs(&m->table, lay, m->weights_runs, &m->weights_dev_n);
-        m->weights_dev = backend_alloc(ops, MEM_PARAMS, (m->weights_dev_n ? m->weights_dev_n : 1) * sizeof(float));
+        m->weights_dev = backend_alloc(ops, MEM_PARAMS, weights_dev_bytes(m->weights_dev_n));
     } else {
         m->params = backend_alloc(ops, MEM_PARAMS, m->params_n * sizeof(float));
     }
@@ -1085,7 +1084,7 @@ void model_destroy(model_t *m)
         if (m->params)
             ops->sync(ops->ctx); /* no copy may still read it */
         ops_host_free(ops, m->params);
-        backend_free(ops, MEM_PARAMS, m->weights_dev, (m->weights_dev_n ? m->weights_dev_n : 1) * sizeof(float));
+        backend_free(ops, MEM_PARAMS, m->weights_dev, weights_dev_bytes(m->weights_dev_n));
         free(m->weights_runs);
     } else {
         backend_free(ops, MEM_PARAMS, m->params, m->params_n * sizeof(float));

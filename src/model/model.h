@@ -229,7 +229,7 @@ typedef struct model_layout {
      * chunk (at most N); MODEL_LOGITS_AUTO: model_logits_rows's choice. */
     int logits_chunk;
     /* --offload optimizer under bf16 with the whole state offloaded
-     * (src/train/options.h run_weights_on_host): params lives in host
+     * (src/train/options.h run_config_weights_on_host): params lives in host
      * memory (the backend's host_alloc: pinned, and on CUDA mapped into
      * the device's address space), where it is the optimizer's master
      * copy; the device holds params16, which every matmul reads, and a
@@ -339,12 +339,13 @@ typedef struct model {
     int params16_stale;
     /* lay.params_host: the fp32 tensors ops other than the matmuls read
      * ([weights_dev_n] floats, MEM_PARAMS), copied from params after
-     * every write of it by runs of tensors adjacent in both
-     * (weights_runs[3 k]: flat offset, offset here, floats); p's pointers
+     * every write of it by runs of tensors adjacent in both; p's pointers
      * to those tensors point here, the matmul weights' into params */
     float *weights_dev;
     size_t weights_dev_n;
-    size_t *weights_runs;
+    struct weights_run {
+        size_t flat, dev, n; /* floats [flat, flat + n) of params at [dev, dev + n) of weights_dev */
+    } *weights_runs;
     int n_weights_runs;
     size_t act_bytes, work_bytes;
     /* layer_start[i]: flat offset of local block i's first tensor; [Ls]: the

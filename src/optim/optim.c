@@ -334,7 +334,9 @@ static int offload_setup(adamw_t *a, size_t n_host, int bf16, int params_master,
 void adamw_offload_pull(adamw_t *a, const float *params)
 {
     const adamw_offload_t *h = &a->host;
-    for (int i = 0; i < h->n_ranges && !h->params_are_master; i++) {
+    if (h->params_are_master) /* the params are the master copy: nothing to read */
+        return;
+    for (int i = 0; i < h->n_ranges; i++) {
         const optim_range_t *r = &h->ranges[i];
         a->ops->to_host(a->ops->ctx, h->p + r->soff, params + r->offset, r->n * sizeof(float));
     }

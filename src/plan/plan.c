@@ -1044,20 +1044,20 @@ static void print_host_memory(const plan_t *p, FILE *out)
     const stage_plan_t *w = &p->st[p->worst];
     const int per_node = hw->gpus_per_node > 0 ? hw->gpus_per_node : 1;
     char b1[32], b2[32], b3[32];
-    const double state = w->host_bytes - w->host_weights, per = state / (double)w->n_host;
+    /* per offloaded element: m, v, the gradient's staging, the master
+     * weight unless the weights are (host_weights), the bf16 copy's staging */
+    const double per = (w->host_bytes - w->host_weights) / (double)w->n_host;
+    const double base = w->host_weights > 0 ? 12.0 : 16.0;
+    char weights[96] = "";
     if (w->host_weights > 0)
-        fprintf(out,
-                "host memory per rank: %s (the %s fp32 weights, the master copy; %zu elements x %d B: m, v and the "
-                "gradients' staging%s); a node of %d ranks: %s",
-                fmt_bytes(b1, sizeof b1, w->host_bytes), fmt_bytes(b3, sizeof b3, w->host_weights), w->n_host,
-                (int)(per + 0.5), per > 12.5 ? ", the bf16 copy's" : "", per_node,
-                fmt_bytes(b2, sizeof b2, w->host_bytes * per_node));
-    else
-        fprintf(out,
-                "host memory per rank: %s (%zu elements x %d B: fp32 master weights, m, v and the gradients' "
-                "staging%s); a node of %d ranks: %s",
-                fmt_bytes(b1, sizeof b1, w->host_bytes), w->n_host, (int)(per + 0.5),
-                per > 16.5 ? ", the bf16 copy's" : "", per_node, fmt_bytes(b2, sizeof b2, w->host_bytes * per_node));
+        snprintf(weights, sizeof weights, "the %s fp32 weights, the master copy; ",
+                 fmt_bytes(b3, sizeof b3, w->host_weights));
+    fprintf(out,
+            "host memory per rank: %s (%s%zu elements x %d B: %sm, v and the gradients' staging%s); a node of %d "
+            "ranks: %s",
+            fmt_bytes(b1, sizeof b1, w->host_bytes), weights, w->n_host, (int)(per + 0.5),
+            w->host_weights > 0 ? "" : "fp32 master weights, ", per > base + 0.5 ? ", the bf16 copy's" : "", per_node,
+            fmt_bytes(b2, sizeof b2, w->host_bytes * per_node));
     if (hw->host_memory > 0)
         fprintf(out, " of %s: %s\n", fmt_bytes(b3, sizeof b3, hw->host_memory),
                 w->host_bytes * per_node <= hw->host_memory ? "FITS" : "DOES NOT FIT");

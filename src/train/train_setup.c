@@ -554,21 +554,19 @@ static int check_offload_memory(trainer_t *tr, const model_layout_t *lay, char *
         param_table_free(&t);
         const double avail = host_mem_available(), gib = 1073741824.0;
         const int ranks = tr->env->local_size > 0 ? tr->env->local_size : 1;
-        if (avail > 0 && need > avail / ranks && lay->params_host) {
+        if (avail > 0 && need > avail / ranks) {
+            const int w = lay->params_host; /* what needs the memory, and what frees some */
             snprintf(err, errlen,
-                     "--offload optimizer: rank %d needs %.2f GiB of host memory for its optimizer state and its fp32 "
-                     "weights (under --dtype bf16 with the whole state offloaded they are the host's master copy), "
-                     "but its node has %.2f GiB available for %d rank%s (%.2f GiB each): lower --offload-fraction "
-                     "below 1 (the fp32 weights then stay on the device), shard them with --zero 3, or run fewer "
-                     "ranks per node",
-                     tr->env->world_rank, need / gib, avail / gib, ranks, ranks == 1 ? "" : "s", avail / ranks / gib);
-            rc = -1;
-        } else if (avail > 0 && need > avail / ranks) {
-            snprintf(err, errlen,
-                     "--offload optimizer: rank %d needs %.2f GiB of host memory for its optimizer state, but its "
-                     "node has %.2f GiB available for %d rank%s (%.2f GiB each): lower --offload-fraction, shard the "
-                     "state over more ranks (--zero 1 or more), or run fewer ranks per node",
-                     tr->env->world_rank, need / gib, avail / gib, ranks, ranks == 1 ? "" : "s", avail / ranks / gib);
+                     "--offload optimizer: rank %d needs %.2f GiB of host memory for its optimizer state%s, but its "
+                     "node has %.2f GiB available for %d rank%s (%.2f GiB each): %s, or run fewer ranks per node",
+                     tr->env->world_rank, need / gib,
+                     w ? " and its fp32 weights (under --dtype bf16 with the whole state offloaded they are the host's "
+                         "master copy)"
+                       : "",
+                     avail / gib, ranks, ranks == 1 ? "" : "s", avail / ranks / gib,
+                     w ? "lower --offload-fraction below 1 (the fp32 weights then stay on the device), shard them with "
+                         "--zero 3"
+                       : "lower --offload-fraction, shard the state over more ranks (--zero 1 or more)");
             rc = -1;
         }
     }
